@@ -1,0 +1,121 @@
+"""Belief-attention, belief-attention* and the exclusive (per-head only) form.
+
+Paper: "BeliefFormer: Belief Attention in Transformer" (``shared/papers/001_*``).
+
+- ``belief`` (eq. 10-12): global projection per token,
+  ``alpha_i = <MH_i, V_i> / <V_i, V_i>``, ``Delta = MH - alpha * V``, ``X <- X + Delta W^o``.
+- ``belief-star`` (eq. 13-15): adds the per-head projection
+  ``beta_{m,i} = <H_{m,i}, V_{m,i}> / <V_{m,i}, V_{m,i}>``, ``Delta^s_m = H_m - beta_m * V_m`` and
+  ``X <- X + Delta W^o + Concat(Delta^s) W^s`` (``W^s`` is ``proj_s``).
+- ``exclusive``: the per-head projection alone, ``X <- X + Concat(Delta^s) W^o`` -- the ``W = 0`` special
+  case of Remark 1 in "Improved Belief-Attention in Vision Tasks" (``shared/papers/000_*``).
+
+Numerics (SPEC decision 1): the divisor is ``<V, V> + eps``, and the two inner products and the division run
+in fp32 through explicit casts even when the model runs in fp16/bf16, so a zero value row gives
+``alpha = 0`` (finite) and squares of 16-bit activations cannot overflow. The projection is its own
+sub-module (``attn.projection``, ``attn.head_projection``) so its exported ONNX nodes carry that name.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+from torch import nn
+
+from .standard import StandardAttention, merge_heads
+
+__all__ = ["OrthogonalProjection", "BeliefAttention", "BeliefStarAttention", "ExclusiveAttention",
+           "DEFAULT_EPS"]
+
+#: Default epsilon added to <V, V>; small against any non-degenerate fp32 <V, V>.
+DEFAULT_EPS = 1e-6
+
+
+class OrthogonalProjection(nn.Module):
+    """Split ``a`` into its parts perpendicular and parallel to ``v``, row by row (last dim).
+
+    ``coef = <a, v> / (<v, v> + eps)``, ``parallel = coef * v``, ``perpendicular = a - parallel``
+    (BeliefFormer eq. 10 and 13; Belief2 eq. 14). Computed in fp32; results are cast back to ``a.dtype``.
+    In ONNX this is ``Mul``/``ReduceSum`` (twice), ``Add`` (eps), ``Div``, ``Mul``, ``Sub``.
+
+    Args:
+        eps: Added to ``<v, v>`` so that a zero row of ``v`` gives ``coef = 0`` instead of NaN.
+    """
+
+    def __init__(self, eps: float = DEFAULT_EPS) -> None:
+        super().__init__()
+        if not eps > 0:
+            raise ValueError(f"eps must be > 0, got {eps}")
+        self.eps = float(eps)
+
+    def forward(self, a: torch.Tensor, v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Return ``(perpendicular, parallel)``, both shaped and typed like ``a``."""
+        out_dtype = a.dtype
+        a32, v32 = a.float(), v.float()
+        dot_av = (a32 * v32).sum(dim=-1, keepdim=True)
+        dot_vv = (v32 * v32).sum(dim=-1, keepdim=True)
+        coef = dot_av / (dot_vv + self.eps)
+        parallel = coef * v32
+        perpendicular = a32 - parallel
+        return perpendicular.to(out_dtype), parallel.to(out_dtype)
+
+    def extra_repr(self) -> str:
+        return f"eps={self.eps:g}"
+
+
+class BeliefAttention(StandardAttention):
+    """Belief-attention (BeliefFormer eq. 10-12): the global projection; no extra parameters.
+
+    Args:
+        eps: Epsilon of the projection's divisor ``<V, V> + eps``.
+        **kwargs: ``timm.layers.Attention`` keywords (see :class:`StandardAttention`).
+    """
+
+    def __init__(self, dim: int, num_heads: int = 8, eps: float = DEFAULT_EPS, **kwargs) -> None:
+        super().__init__(dim, num_heads=num_heads, **kwargs)
+        self.projection = OrthogonalProjection(eps)
+
+    def _combine(self, x: torch.Tensor, h: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        delta, _ = self.projection(merge_heads(h), merge_heads(v))
+        return self.proj(self._post(x, delta))
+
+
+class BeliefStarAttention(StandardAttention):
+    """Belief-attention* (BeliefFormer eq. 13-15): global and per-head projections, extra ``proj_s``.
+
+    Args:
+        eps: Epsilon of both projections' divisors.
+        **kwargs: ``timm.layers.Attention`` keywords (see :class:`StandardAttention`).
+    """
+
+    def __init__(self, dim: int, num_heads: int = 8, eps: float = DEFAULT_EPS, proj_bias: bool = True,
+                 device=None, dtype=None, **kwargs) -> None:
+        super().__init__(dim, num_heads=num_heads, proj_bias=proj_bias, device=device, dtype=dtype, **kwargs)
+        self.projection = OrthogonalProjection(eps)
+        self.head_projection = OrthogonalProjection(eps)
+        self.proj_s = nn.Linear(self.attn_dim, self.dim_out, bias=proj_bias, device=device, dtype=dtype)
+
+    def _combine(self, x: torch.Tensor, h: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        delta, _ = self.projection(merge_heads(h), merge_heads(v))
+        delta_s, _ = self.head_projection(h, v)
+        return self.proj(self._post(x, delta)) + self.proj_s(merge_heads(delta_s))
+
+
+class ExclusiveAttention(StandardAttention):
+    """Per-head projection only (Belief2 paper, Remark 1: belief-attention with ``W = 0``).
+
+    ``X <- X + Concat(Delta^s_1..Delta^s_M) W^o``; no extra parameters.
+
+    Args:
+        eps: Epsilon of the projection's divisor.
+        **kwargs: ``timm.layers.Attention`` keywords (see :class:`StandardAttention`).
+    """
+
+    def __init__(self, dim: int, num_heads: int = 8, eps: float = DEFAULT_EPS, **kwargs) -> None:
+        super().__init__(dim, num_heads=num_heads, **kwargs)
+        self.head_projection = OrthogonalProjection(eps)
+
+    def _combine(self, x: torch.Tensor, h: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        delta_s, _ = self.head_projection(h, v)
+        return self.proj(self._post(x, merge_heads(delta_s)))

@@ -1,0 +1,75 @@
+"""Belief2-attention.
+
+Paper: "Improved Belief-Attention in Vision Tasks" (``shared/papers/000_*``), eq. 11-15 and Proposition 1.
+
+- eq. 11: ``H_m = softmax((Q_m K_m^T + Z_m Z_m^T) / sqrt(d)) V_m`` with ``Z_m = X W^Z_m`` (optional, ``zz``).
+  Since ``Q K^T + Z Z^T = [Q|Z] [K|Z]^T``, the scores go through one fused attention call with
+  query/key width 2d and scale ``1/sqrt(d)`` (SPEC decision 3).
+- eq. 12-14: ``MH = Concat(H)``, ``V = Concat(V_m)``, ``Delta = MH - alpha * V`` with
+  ``alpha_i = <MH_i, V_i> / (<V_i, V_i> + eps)``.
+- eq. 15: ``X <- X + Delta W + phi(alpha * V) W^p`` (``W`` is ``proj``, ``W^p`` is ``proj_p``).
+
+Proposition 1: with ``phi = identity``, ``zz`` off and ``W^p = W`` (``proj_p.bias = 0``, so the bias is
+counted once) the update equals standard attention; :func:`attnzoo.models.convert_to_belief2` builds that.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .belief import DEFAULT_EPS, OrthogonalProjection
+from .standard import StandardAttention, merge_heads
+
+__all__ = ["Belief2Attention", "PHI_CHOICES", "belief2_extra_params"]
+
+PHI_CHOICES = {"identity": nn.Identity, "gelu": nn.GELU, "silu": nn.SiLU}
+
+
+def belief2_extra_params(dim: int, zz: bool, proj_bias: bool = True) -> int:
+    """Parameters Belief2 adds to one standard attention block of width ``dim``: ``W^p`` (+ ``W^Z``)."""
+    return dim * dim + (dim if proj_bias else 0) + (dim * dim if zz else 0)
+
+
+class Belief2Attention(StandardAttention):
+    """Belief2-attention (eq. 11-15).
+
+    Args:
+        phi: Activation on the projected component: ``identity``, ``gelu`` or ``silu``.
+        zz: Add ``Z Z^T`` to the scores (eq. 11); creates ``z`` (``W^Z``, D x D, no bias).
+        eps: Epsilon of the projection's divisor.
+        **kwargs: ``timm.layers.Attention`` keywords (see :class:`StandardAttention`).
+    """
+
+    def __init__(self, dim: int, num_heads: int = 8, phi: str = "gelu", zz: bool = True,
+                 eps: float = DEFAULT_EPS, proj_bias: bool = True, qk_norm: bool = False,
+                 device=None, dtype=None, **kwargs) -> None:
+        if phi not in PHI_CHOICES:
+            raise ValueError(f"unknown phi {phi!r}; valid: {', '.join(PHI_CHOICES)}")
+        super().__init__(dim, num_heads=num_heads, proj_bias=proj_bias, qk_norm=qk_norm,
+                         device=device, dtype=dtype, **kwargs)
+        self.phi_name = phi
+        self.zz = bool(zz)
+        self.z: Optional[nn.Linear] = (
+            nn.Linear(dim, self.attn_dim, bias=False, device=device, dtype=dtype) if zz else None)
+        self.projection = OrthogonalProjection(eps)
+        self.phi = PHI_CHOICES[phi]()
+        self.proj_p = nn.Linear(self.attn_dim, self.dim_out, bias=proj_bias, device=device, dtype=dtype)
+
+    def _scores_attention(self, x, q, k, v, attn_mask, is_causal):
+        if self.z is None:
+            return self._sdpa(q, k, v, attn_mask, is_causal)
+        B, N, _ = x.shape
+        z = self.z(x).reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2)
+        # [Q|Z][K|Z]^T = Q K^T + Z Z^T; the scale stays 1/sqrt(d) with d the original head width.
+        return self._sdpa(torch.cat([q, z], dim=-1), torch.cat([k, z], dim=-1), v, attn_mask, is_causal,
+                          scale=self.scale)
+
+    def _combine(self, x: torch.Tensor, h: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        delta, parallel = self.projection(merge_heads(h), merge_heads(v))
+        return self.proj(self._post(x, delta)) + self.proj_p(self.phi(parallel))
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", phi={self.phi_name}, zz={self.zz}"

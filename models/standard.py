@@ -1,0 +1,183 @@
+"""Standard multi-head self-attention, the base every variant in attnzoo extends.
+
+Scores ``S_m = Q_m K_m^T / sqrt(d)``, ``H_m = softmax(S_m) V_m``, output ``Concat(H_1..H_M) W^o``
+(Vaswani et al. 2017; WAFE paper eq. 1 calls this ``WAFE_dot``; Horizontal/Vertical paper eq. 1-3).
+
+The class is a drop-in replacement for ``timm.layers.Attention`` (timm >= 1.0.23): the same constructor
+keywords, the same parameter names (``qkv``, ``proj``) and ``forward(x, attn_mask=None, is_causal=False)``.
+Variants override the small hooks below (``_scores_attention``, ``_combine``) rather than ``forward``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple, Type
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["StandardAttention", "apply_attn_mask", "split_heads", "merge_heads"]
+
+
+def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """(B, N, M*d) -> (B, M, N, d)."""
+    B, N, C = x.shape
+    return x.reshape(B, N, num_heads, C // num_heads).transpose(1, 2)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """(B, M, N, d) -> (B, N, M*d)."""
+    B, M, N, d = x.shape
+    return x.transpose(1, 2).reshape(B, N, M * d)
+
+
+def apply_attn_mask(
+        scores: torch.Tensor,
+        attn_mask: Optional[torch.Tensor],
+        is_causal: bool,
+) -> torch.Tensor:
+    """Add a boolean (True = keep) or additive float mask, and/or a causal mask, to attention scores."""
+    if is_causal:
+        n_q, n_k = scores.shape[-2:]
+        keep = torch.ones(n_q, n_k, dtype=torch.bool, device=scores.device).tril()
+        scores = scores.masked_fill(~keep, float("-inf"))
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        else:
+            scores = scores + attn_mask
+    return scores
+
+
+class StandardAttention(nn.Module):
+    """Multi-head self-attention with timm's constructor keywords and parameter names.
+
+    Args:
+        dim: Token width D.
+        num_heads: Number of heads M.
+        attn_head_dim: Head width d (default D / M).
+        dim_out: Output width (default D).
+        qkv_bias: Bias in the fused ``qkv`` projection.
+        qk_norm: Normalise q and k per head with ``norm_layer``.
+        scale_norm: Normalise the attention output before ``proj`` with ``norm_layer``.
+        proj_bias: Bias in ``proj``.
+        gated: Sigmoid gate on the attention output (timm's ``gated`` option).
+        attn_drop: Dropout on attention weights.
+        proj_drop: Dropout after the output projection.
+        norm_layer: Normalisation constructor for ``qk_norm`` / ``scale_norm``.
+    """
+
+    def __init__(
+            self,
+            dim: int,
+            num_heads: int = 8,
+            attn_head_dim: Optional[int] = None,
+            dim_out: Optional[int] = None,
+            qkv_bias: bool = False,
+            qk_norm: bool = False,
+            scale_norm: bool = False,
+            proj_bias: bool = True,
+            gated: bool = False,
+            attn_drop: float = 0.0,
+            proj_drop: float = 0.0,
+            norm_layer: Optional[Type[nn.Module]] = None,
+            device=None,
+            dtype=None,
+    ) -> None:
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        dim_out = dim_out or dim
+        if attn_head_dim is None:
+            if dim % num_heads != 0:
+                raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
+            attn_head_dim = dim // num_heads
+        if (qk_norm or scale_norm) and norm_layer is None:
+            raise ValueError("norm_layer must be given when qk_norm or scale_norm is True")
+        self.dim = dim
+        self.dim_out = dim_out
+        self.num_heads = num_heads
+        self.head_dim = attn_head_dim
+        self.attn_dim = num_heads * attn_head_dim
+        self.scale = attn_head_dim ** -0.5
+
+        self.qkv = nn.Linear(dim, self.attn_dim * 3, bias=qkv_bias, **dd)
+        self.q_norm = norm_layer(attn_head_dim, **dd) if qk_norm else nn.Identity()
+        self.k_norm = norm_layer(attn_head_dim, **dd) if qk_norm else nn.Identity()
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.norm = norm_layer(self.attn_dim, **dd) if scale_norm else nn.Identity()
+        self.gate = nn.Linear(dim, self.attn_dim, bias=qkv_bias, **dd) if gated else None
+        self.proj = nn.Linear(self.attn_dim, dim_out, bias=proj_bias, **dd)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    # ----------------------------------------------------------------- hooks
+    def _project_qkv(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """X -> Q, K, V, each (B, M, N, d). One MatMul and one Split in the exported graph."""
+        B, N, _ = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        return self.q_norm(q), self.k_norm(k), v
+
+    def _sdpa(
+            self,
+            q: torch.Tensor,
+            k: torch.Tensor,
+            v: torch.Tensor,
+            attn_mask: Optional[torch.Tensor],
+            is_causal: bool,
+            scale: Optional[float] = None,
+    ) -> torch.Tensor:
+        """Fused ``softmax(q k^T * scale + mask) v`` through ``F.scaled_dot_product_attention``."""
+        return F.scaled_dot_product_attention(
+            q, k, v,
+            attn_mask=attn_mask,
+            dropout_p=self.attn_drop.p if self.training else 0.0,
+            is_causal=is_causal,
+            scale=self.scale if scale is None else scale,
+        )
+
+    def _softmax_attend(self, scores: torch.Tensor, v: torch.Tensor,
+                        attn_mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:
+        """Explicit ``softmax(scores + mask) v`` for score functions no fused kernel takes."""
+        scores = apply_attn_mask(scores, attn_mask, is_causal)
+        attn = self.attn_drop(scores.softmax(dim=-1))
+        return attn @ v
+
+    def _scores_attention(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          attn_mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:
+        """Per-head outputs H_m, (B, M, N, d). Variants with other scores override this."""
+        return self._sdpa(q, k, v, attn_mask, is_causal)
+
+    def _combine(self, x: torch.Tensor, h: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Per-head outputs -> block update (before ``proj_drop``). Standard: ``Concat(H) W^o``."""
+        return self.proj(self._post(x, merge_heads(h)))
+
+    def _post(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """timm's optional ``scale_norm`` and ``gated`` steps, applied to the signal fed to ``proj``."""
+        y = self.norm(y)
+        if self.gate is not None:
+            y = y * self.gate(x).sigmoid()
+        return y
+
+    def _value(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Hook for variants that transform the value tensor (MABViT)."""
+        return v
+
+    # --------------------------------------------------------------- forward
+    def forward(
+            self,
+            x: torch.Tensor,
+            attn_mask: Optional[torch.Tensor] = None,
+            is_causal: bool = False,
+    ) -> torch.Tensor:
+        """Apply attention to tokens ``x`` of shape (B, N, D); returns (B, N, dim_out)."""
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(
+                f"{type(self).__name__} expects tokens of shape (batch, tokens, {self.dim}), "
+                f"got {tuple(x.shape)}")
+        q, k, v = self._project_qkv(x)
+        v = self._value(x, v)
+        h = self._scores_attention(x, q, k, v, attn_mask, is_causal)
+        return self.proj_drop(self._combine(x, h, v))
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, num_heads={self.num_heads}, head_dim={self.head_dim}"
