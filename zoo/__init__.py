@@ -1,0 +1,55 @@
+"""The trained model zoo shipped with attnzoo: one classifier and one segmenter per variant on ``shapes``,
+plus ``digits`` classifiers, each a ``.safetensors`` file (config in its metadata) listed in ``manifest.json``.
+
+>>> from attnzoo import zoo
+>>> model, config = zoo.load("belief2", "cls")          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+from torch import nn
+
+__all__ = ["ZOO_DIR", "manifest", "entries", "checkpoint_path", "load", "available"]
+
+ZOO_DIR = Path(__file__).resolve().parent
+_MANIFEST = ZOO_DIR / "manifest.json"
+
+
+def manifest() -> Dict[str, Any]:
+    """The parsed ``manifest.json`` (``{"models": [...], "recipe": {...}}``); empty when no zoo is built."""
+    if not _MANIFEST.is_file():
+        return {"models": []}
+    return json.loads(_MANIFEST.read_text())
+
+
+def entries() -> List[Dict[str, Any]]:
+    """Manifest rows: variant, task, data, file, sha256, params, test metric, train time, ..."""
+    return list(manifest().get("models", []))
+
+
+def available(task: str = None, data: str = "shapes") -> List[str]:
+    """Variants that have a zoo model for ``task`` (any task when None) trained on ``data``."""
+    return [e["variant"] for e in entries() if (task is None or e["task"] == task) and e["data"] == data]
+
+
+def checkpoint_path(variant: str, task: str = "cls", data: str = "shapes") -> Path:
+    """Path of the zoo checkpoint; ``ValueError`` naming what the zoo has when there is none."""
+    from attnzoo.models import canonical_name
+
+    name = canonical_name(variant)
+    for e in entries():
+        if e["variant"] == name and e["task"] == task and e["data"] == data:
+            return ZOO_DIR / e["file"]
+    have = sorted(f"{e['variant']}/{e['task']}/{e['data']}" for e in entries()) or ["nothing (zoo not built)"]
+    raise ValueError(f"the zoo has no {task!r} model of {name!r} trained on {data!r}; it has: {', '.join(have)}")
+
+
+def load(variant: str, task: str = "cls", data: str = "shapes") -> Tuple[nn.Module, Dict[str, Any]]:
+    """Load a zoo model in eval mode with its config (class names, mean/std, metrics ...)."""
+    from attnzoo.checkpoint import load_checkpoint
+
+    return load_checkpoint(checkpoint_path(variant, task, data))
