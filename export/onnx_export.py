@@ -1,0 +1,317 @@
+"""ONNX export: dynamo exporter, module-path node names, the metadata contract, optional fp16 graph.
+
+The exported graph keeps every op ordinary ONNX (attention decomposes into MatMul/Softmax/MatMul at opset
+20; the orthogonal projection stays Mul/ReduceSum/Add/Div/Mul/Sub). Each node is renamed from the module
+path the exporter records in its ``pkg.torch.onnx.name_scopes`` metadata, e.g.
+``blocks.3.attn.projection/Div``, so profilers and graph viewers show where an op comes from.
+
+Metadata (``metadata_props``, all strings): ``attnzoo.config`` (JSON of the checkpoint config) and the flat
+keys ``variant``, ``task``, ``arch``, ``options``, ``class_names``, ``input_size``, ``mean``, ``std``, ``eps``,
+``attnzoo_version``, ``checkpoint_sha256``, ``dtype``. Input ``image`` (batch, 3, H, W) float32, output
+``logits`` float32, for both dtypes (an fp16 graph casts at its input and output).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import logging
+import os
+import tempfile
+import warnings
+from collections import Counter
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
+
+import onnx
+import torch
+from torch import nn
+
+__all__ = ["export_onnx", "make_session", "read_metadata", "metadata_props", "projection_scopes",
+           "op_histogram", "INPUT_NAME", "OUTPUT_NAME", "BATCH_DIM", "SUPPORTED_OPSETS", "DTYPES", "FP32_OPS"]
+
+INPUT_NAME = "image"
+OUTPUT_NAME = "logits"
+BATCH_DIM = "batch"
+#: Opsets the torch dynamo exporter and ONNX Runtime both handle for these models.
+SUPPORTED_OPSETS: Tuple[int, ...] = (18, 19, 20, 21, 22, 23)
+DTYPES = ("fp32", "fp16")
+#: Op types kept in fp32 (explicit Cast nodes around them) in an fp16 graph, besides the projection.
+FP32_OPS: Tuple[str, ...] = ("LayerNormalization", "Softmax")
+#: Protobuf's hard limit: bigger models keep their weights in an external data file.
+_PROTO_LIMIT = 2 ** 31 - 1
+_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
+_DROP_NODE_METADATA = ("pkg.torch.onnx.stack_trace", "pkg.torch.onnx.fx_node")
+_PROJECTION_MODULES = ("projection", "head_projection")
+
+
+def _module_path(node: onnx.NodeProto) -> str:
+    """Deepest module path of a node from its ``name_scopes`` metadata ('' at the root)."""
+    for prop in node.metadata_props:
+        if prop.key == _SCOPES_KEY:
+            scopes = ast.literal_eval(prop.value)  # a list literal written by the exporter
+            modules = [s for s in scopes[:-1] if s and not s.startswith("_")]  # last entry: the fx node
+            return modules[-1] if modules else ""
+    return ""
+
+
+def _rename_nodes(graph: onnx.GraphProto) -> None:
+    """Name every node ``<module path>/<OpType>[_k]`` and drop bulky per-node metadata (stack traces)."""
+    seen: Counter = Counter()
+    for node in graph.node:
+        base = f"{_module_path(node)}/{node.op_type}"
+        node.name = base if not seen[base] else f"{base}_{seen[base]}"
+        seen[base] += 1
+        keep = [p for p in node.metadata_props if p.key not in _DROP_NODE_METADATA]
+        del node.metadata_props[:]
+        node.metadata_props.extend(keep)
+
+
+def projection_scopes(name: str) -> bool:
+    """True when a node name lies under an ``OrthogonalProjection`` module (``.projection/`` etc.)."""
+    scope = name.rsplit("/", 1)[0]
+    return scope.rsplit(".", 1)[-1] in _PROJECTION_MODULES
+
+
+def _to_fp16(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """fp16 graph with LayerNorm, softmax and the projection kept in fp32 behind explicit Cast nodes.
+
+    Uses ONNX Runtime's float16 converter (``onnxruntime.transformers.float16``); the image input and the
+    logits output stay float32 (the graph casts them).
+    """
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    keep = [n.name for n in proto.graph.node if projection_scopes(n.name)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.getLogger("onnxruntime.transformers.float16").setLevel(logging.ERROR)
+        out = convert_float_to_float16(proto, keep_io_types=True, op_block_list=list(FP32_OPS),
+                                       node_block_list=keep)
+    _dedupe_casts(out.graph)
+    _drop_round_trips(out)
+    _name_casts(out.graph)
+    return out
+
+
+def _dedupe_casts(graph: onnx.GraphProto) -> None:
+    """Keep one Cast per (input, target type): the converter inserts one per consumer, some under the same
+    output name (which ONNX forbids)."""
+    first: Dict[Tuple[str, int], str] = {}
+    rename: Dict[str, str] = {}
+    nodes = []
+    for node in graph.node:
+        node.input[:] = [rename.get(i, i) for i in node.input]
+        if node.op_type == "Cast":
+            key = (node.input[0], onnx.helper.get_node_attr_value(node, "to"))
+            if key in first:
+                rename[node.output[0]] = first[key]
+                continue
+            first[key] = node.output[0]
+        nodes.append(node)
+    for out in graph.output:
+        if out.name in rename:
+            raise ValueError(f"fp16 conversion: graph output {out.name} produced by a duplicate Cast")
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+def _drop_round_trips(proto: onnx.ModelProto) -> None:
+    """Remove fp32 -> fp16 -> fp32 Cast pairs between two fp32 nodes (the converter casts every blocked
+    node's output to fp16, which would round the projection's inner products), then dead Casts."""
+    graph = proto.graph
+    inferred = onnx.shape_inference.infer_shapes(proto).graph
+    types = {v.name: v.type.tensor_type.elem_type
+             for v in [*inferred.value_info, *inferred.input, *inferred.output]}
+    types.update({t.name: t.data_type for t in graph.initializer})
+    producer = {o: n for n in graph.node for o in n.output}
+    outputs = {o.name for o in graph.output}
+    fp32, fp16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
+    rename: Dict[str, str] = {}
+    for node in graph.node:
+        src = producer.get(node.input[0]) if node.op_type == "Cast" else None
+        if (src is not None and src.op_type == "Cast" and node.output[0] not in outputs
+                and onnx.helper.get_node_attr_value(node, "to") == fp32
+                and onnx.helper.get_node_attr_value(src, "to") == fp16 and types.get(src.input[0]) == fp32):
+            rename[node.output[0]] = src.input[0]
+    for node in graph.node:
+        node.input[:] = [rename.get(i, i) for i in node.input]
+    while True:  # drop Casts nobody reads
+        used = {i for n in graph.node for i in n.input} | outputs
+        dead = [n for n in graph.node if n.op_type == "Cast" and n.output[0] not in used]
+        if not dead:
+            break
+        for n in dead:
+            graph.node.remove(n)
+
+
+def _name_casts(graph: onnx.GraphProto) -> None:
+    """Name the converter's Cast nodes ``<scope of the node they feed>/Cast[_k]``; keep names unique."""
+    consumers: Dict[str, str] = {}
+    producers = {o: n.name for n in graph.node for o in n.output}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, node.name)
+    seen = Counter(n.name for n in graph.node if "/" in n.name)
+    for node in graph.node:
+        if "/" in node.name:
+            continue
+        near = consumers.get(node.output[0], "") or producers.get(node.input[0], "")
+        scope = near.rsplit("/", 1)[0] if "/" in near else ""
+        base = f"{scope}/{node.op_type}"
+        while base in seen:
+            base = f"{scope}/{node.op_type}_{seen[f'{scope}/{node.op_type}#']}"
+            seen[f"{scope}/{node.op_type}#"] += 1
+        node.name = base
+        seen[base] += 1
+
+
+def _metadata(config: Mapping[str, Any], input_hw: Tuple[int, int], dtype: str,
+              checkpoint_sha256: str) -> Dict[str, str]:
+    """The metadata_props contract shared with the benchmarks and the demo."""
+    from attnzoo import __version__
+    from attnzoo.models import PROJECTION_VARIANTS
+    from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD
+
+    config = dict(config)
+    config.setdefault("class_names", [str(i) for i in range(int(config["num_classes"]))])
+    config.setdefault("mean", list(DEFAULT_MEAN))
+    config.setdefault("std", list(DEFAULT_STD))
+    options = dict(config.get("options", {}))
+    eps = options.get("eps") if config["variant"] in PROJECTION_VARIANTS else None
+    return {
+        "attnzoo.config": json.dumps(config),
+        "variant": str(config["variant"]),
+        "task": str(config["task"]),
+        "arch": str(config["arch"]),
+        "options": json.dumps(options),
+        "class_names": json.dumps(list(config["class_names"])),
+        "input_size": json.dumps([int(input_hw[0]), int(input_hw[1])]),
+        "mean": json.dumps([float(m) for m in config["mean"]]),
+        "std": json.dumps([float(s) for s in config["std"]]),
+        "eps": "" if eps is None else repr(float(eps)),
+        "attnzoo_version": __version__,
+        "checkpoint_sha256": checkpoint_sha256,
+        "dtype": dtype,
+    }
+
+
+def _save_atomic(proto: onnx.ModelProto, path: Path) -> None:
+    """Save through a temporary file and a rename; weights go to ``<name>.data`` only past 2 GB."""
+    external = proto.ByteSize() > _PROTO_LIMIT
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    data_name = f"{path.name}.data"
+    try:
+        if external:
+            onnx.save_model(proto, tmp, save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=data_name)
+        else:
+            onnx.save_model(proto, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def export_onnx(
+        model: nn.Module,
+        path: Union[str, Path],
+        *,
+        config: Mapping[str, Any],
+        opset: int = 20,
+        dtype: str = "fp32",
+        input_hw: Optional[Tuple[int, int]] = None,
+        checkpoint_sha256: str = "",
+) -> Path:
+    """Export ``model`` to ``path`` as ONNX with a dynamic batch dimension and the attnzoo metadata.
+
+    Args:
+        model: A model from ``attnzoo.models.create_model`` (or a loaded checkpoint); exported in eval mode.
+        path: Output ``.onnx`` file (written through a temporary file and a rename).
+        config: The checkpoint config (variant, options, task, arch, num_classes, img_size, class_names,
+            mean, std ...); stored as metadata.
+        opset: ONNX opset (``SUPPORTED_OPSETS``).
+        dtype: ``fp32`` or ``fp16`` (LayerNorm, softmax and the projection stay fp32 via Cast nodes).
+        input_hw: Input (H, W); default ``(img_size, img_size)``. Segmenters take non-square sizes.
+        checkpoint_sha256: sha256 of the source checkpoint ('' for a fresh model).
+
+    Returns:
+        The written path.
+
+    Raises:
+        ValueError: unsupported opset or dtype, or the exporter failed.
+    """
+    if opset not in SUPPORTED_OPSETS:
+        raise ValueError(f"unsupported opset {opset}; supported: {', '.join(map(str, SUPPORTED_OPSETS))}")
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
+    path = Path(path)
+    hw = tuple(input_hw) if input_hw else (int(config["img_size"]),) * 2
+    model = model.eval()
+    example = torch.randn(2, 3, *hw)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            program = torch.onnx.export(
+                model, (example,), input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+                dynamic_shapes=({0: torch.export.Dim(BATCH_DIM, min=1, max=65536)},), opset_version=opset,
+                dynamo=True, optimize=True, verbose=False, report=False)
+        except Exception as exc:  # the exporter raises many types; report one line
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ValueError(f"torch.onnx.export failed at opset {opset}: {first}") from exc
+    proto = program.model_proto
+    _rename_nodes(proto.graph)
+    if dtype == "fp16":
+        proto = _to_fp16(proto)
+    proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param = BATCH_DIM
+    proto.graph.output[0].type.tensor_type.shape.dim[0].dim_param = BATCH_DIM
+    del proto.metadata_props[:]
+    onnx.helper.set_model_props(proto, _metadata(config, hw, dtype, checkpoint_sha256))
+    proto.doc_string = f"attnzoo {config['variant']} ({config['task']}, {config['arch']}), {dtype}"
+    _save_atomic(proto, path)
+    return path
+
+
+def metadata_props(path: Union[str, Path]) -> Dict[str, str]:
+    """All ``metadata_props`` of an ONNX file as a dict of strings (weights are not loaded)."""
+    proto = onnx.load(str(path), load_external_data=False)
+    return {p.key: p.value for p in proto.metadata_props}
+
+
+def read_metadata(path: Union[str, Path]) -> Dict[str, Any]:
+    """The checkpoint config stored in an attnzoo ONNX file (``attnzoo.config``), parsed.
+
+    Raises:
+        ValueError: the file has no attnzoo metadata.
+    """
+    props = metadata_props(path)
+    if "attnzoo.config" not in props:
+        raise ValueError(f"{path}: no attnzoo.config in its metadata (not exported by attnzoo)")
+    return json.loads(props["attnzoo.config"])
+
+
+def make_session(path: Union[str, Path], threads: Optional[int] = None,
+                 providers: Optional[Sequence[str]] = None):
+    """ONNX Runtime session: CUDA provider first when available, else CPU.
+
+    Args:
+        path: The ``.onnx`` file.
+        threads: Intra-op threads (``None``: ONNX Runtime's default).
+        providers: Explicit provider list (overrides the default choice).
+    """
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    if threads:
+        opts.intra_op_num_threads = int(threads)
+        opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    if providers is None:
+        available = ort.get_available_providers()
+        providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
+    return ort.InferenceSession(str(path), sess_options=opts, providers=list(providers))
+
+
+def op_histogram(proto: onnx.ModelProto) -> Dict[str, int]:
+    """Op type -> count, most frequent first."""
+    return dict(Counter(n.op_type for n in proto.graph.node).most_common())
