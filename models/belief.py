@@ -36,7 +36,8 @@ class OrthogonalProjection(nn.Module):
     """Split ``a`` into its parts perpendicular and parallel to ``v``, row by row (last dim).
 
     ``coef = <a, v> / (<v, v> + eps)``, ``parallel = coef * v``, ``perpendicular = a - parallel``
-    (BeliefFormer eq. 10 and 13; Belief2 eq. 14). Computed in fp32; results are cast back to ``a.dtype``.
+    (BeliefFormer eq. 10 and 13; Belief2 eq. 14). Computed in at least fp32 (16-bit inputs are cast up by
+    explicit ``Cast`` nodes in an exported graph); results are cast back to ``a.dtype``.
     In ONNX this is ``Mul``/``ReduceSum`` (twice), ``Add`` (eps), ``Div``, ``Mul``, ``Sub``.
 
     Args:
@@ -52,7 +53,8 @@ class OrthogonalProjection(nn.Module):
     def forward(self, a: torch.Tensor, v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Return ``(perpendicular, parallel)``, both shaped and typed like ``a``."""
         out_dtype = a.dtype
-        a32, v32 = a.float(), v.float()
+        compute = torch.promote_types(a.dtype, torch.float32)  # fp16/bf16 -> fp32; fp32/fp64 unchanged
+        a32, v32 = a.to(compute), v.to(compute)
         dot_av = (a32 * v32).sum(dim=-1, keepdim=True)
         dot_vv = (v32 * v32).sum(dim=-1, keepdim=True)
         coef = dot_av / (dot_vv + self.eps)

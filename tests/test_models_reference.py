@@ -1,0 +1,175 @@
+"""Every variant against an explicit, slow reference written from its paper's equations (float64).
+
+The references below do not call any attnzoo code: they read the layer's weight tensors and evaluate the
+equations token by token / head by head with plain torch arithmetic in float64.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnzoo.models import VARIANT_NAMES, create_attention
+
+D, M, N, B = 32, 4, 7, 2
+d = D // M
+EPS = 1e-6
+
+
+def _lin(x, layer):
+    """x W^T + b in float64 from a layer's parameters."""
+    y = x @ layer.weight.double().T
+    return y + layer.bias.double() if layer.bias is not None else y
+
+
+def _heads(attn, x):
+    """Q_m, K_m, V_m (lists over heads of (B, N, d)) from the fused qkv weight; timm's layout [Q | K | V]."""
+    qkv = _lin(x, attn.qkv)
+    q, k, v = qkv[..., :D], qkv[..., D:2 * D], qkv[..., 2 * D:]
+    split = lambda t: [t[..., m * d:(m + 1) * d] for m in range(M)]  # noqa: E731
+    return split(q), split(k), split(v)
+
+
+def _softmax_rows(s):
+    s = s - s.max(dim=-1, keepdim=True).values
+    e = s.exp()
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+def _dot_scores(q, k, sign=1.0):
+    return sign * (q @ k.transpose(-1, -2)) / math.sqrt(d)
+
+
+def _pairwise(q, k, p):
+    """S[i, j] = ||q_i - k_j||_p^p, by explicit loops over i and j."""
+    out = torch.empty(q.shape[0], q.shape[1], k.shape[1], dtype=q.dtype)
+    for i in range(q.shape[1]):
+        for j in range(k.shape[1]):
+            diff = q[:, i] - k[:, j]
+            out[:, i, j] = (diff.abs() if p == 1 else diff * diff).sum(-1)
+    return out
+
+
+def _project(a, v):
+    """Per-row orthogonal projection (BeliefFormer eq. 10/13 with <v,v> + eps): returns (perp, parallel)."""
+    coef = (a * v).sum(-1, keepdim=True) / ((v * v).sum(-1, keepdim=True) + EPS)
+    return a - coef * v, coef * v
+
+
+def reference(name, attn, x):
+    """The variant's update written from its equations (SPEC.md table), float64."""
+    Q, K, V = _heads(attn, x)
+    if name == "mabvit-glu":  # V = (X W^a) * SiLU(X W^b)
+        gate = _lin(x, attn.v_gate)
+        V = [V[m] * F.silu(gate[..., m * d:(m + 1) * d]) for m in range(M)]
+    elif name == "mabvit-gelu":  # V = GELU(X W^V)
+        V = [F.gelu(v) for v in V]
+    H = []
+    for m in range(M):
+        q, k, v = Q[m], K[m], V[m]
+        if name == "anti-wafe-dot":
+            s = _dot_scores(q, k, -1.0)
+        elif name in ("wafe-mse", "anti-wafe-mse"):
+            s = (1.0 if name.startswith("anti") else -1.0) * _pairwise(q, k, 2) / d
+        elif name in ("wafe-mae", "anti-wafe-mae"):
+            s = (1.0 if name.startswith("anti") else -1.0) * _pairwise(q, k, 1) / d
+        elif name == "belief2":  # eq. 11: (Q K^T + Z Z^T) / sqrt(d)
+            z = _lin(x, attn.z)[..., m * d:(m + 1) * d]
+            s = (q @ k.transpose(-1, -2) + z @ z.transpose(-1, -2)) / math.sqrt(d)
+        else:
+            s = _dot_scores(q, k)
+        H.append(_softmax_rows(s) @ v)
+    MH, Vc = torch.cat(H, -1), torch.cat(V, -1)
+    if name in ("standard", "mabvit-glu", "mabvit-gelu") or "wafe" in name:
+        return _lin(MH, attn.proj)
+    if name == "belief":  # eq. 10-12
+        return _lin(_project(MH, Vc)[0], attn.proj)
+    if name == "belief-star":  # eq. 13-15
+        delta_s = torch.cat([_project(H[m], V[m])[0] for m in range(M)], -1)
+        return _lin(_project(MH, Vc)[0], attn.proj) + _lin(delta_s, attn.proj_s)
+    if name == "exclusive":  # Remark 1
+        return _lin(torch.cat([_project(H[m], V[m])[0] for m in range(M)], -1), attn.proj)
+    if name == "belief2":  # eq. 15 with phi = GELU (the default)
+        perp, par = _project(MH, Vc)
+        return _lin(perp, attn.proj) + _lin(F.gelu(par), attn.proj_p)
+    # horizontal / vertical (HV paper eq. 5-8), per token
+    Y = MH
+    if name in ("horizontal", "horizontal-vertical"):
+        a_x = x @ attn.head_a2.weight.double().T
+        b = torch.stack([
+            F.relu(H[m] @ attn.head_a1.weight.double().T + a_x) @ attn.head_b.weight.double()[0]
+            + attn.head_b.bias.double()[0] for m in range(M)], dim=-1)  # (B, N, M)
+        alpha = _softmax_rows(b)
+        Y = torch.cat([alpha[..., m:m + 1] * H[m] for m in range(M)], -1)
+    Y = _lin(Y, attn.proj)
+    if name in ("vertical", "horizontal-vertical"):
+        U = F.relu(x @ attn.chan_u1.weight.double().T + Y @ attn.chan_u2.weight.double().T)
+        Y = torch.sigmoid(_lin(U, attn.chan_u)) * Y
+    return Y
+
+
+def _layer(name, seed=0, **opts):
+    torch.manual_seed(seed)
+    attn = create_attention(name, D, M, qkv_bias=True, **opts).eval()
+    with torch.no_grad():  # non-trivial biases everywhere
+        for p in attn.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return attn
+
+
+@pytest.mark.parametrize("name", VARIANT_NAMES)
+def test_matches_reference_fp32(name):
+    attn = _layer(name)
+    x = torch.randn(B, N, D)
+    with torch.no_grad():
+        out = attn(x)
+    ref = reference(name, attn, x.double())
+    assert out.dtype == torch.float32 and out.shape == (B, N, D)
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["wafe-mae", "anti-wafe-mae"])
+def test_mae_broadcast_path_matches_reference(name):
+    attn = _layer(name, mae_impl="broadcast")
+    x = torch.randn(B, N, D)
+    with torch.no_grad():
+        out = attn(x)
+    torch.testing.assert_close(out.double(), reference(name, attn, x.double()), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("phi,fn", [("identity", lambda t: t), ("silu", F.silu)])
+def test_belief2_phi_options(phi, fn):
+    attn = _layer("belief2", phi=phi, zz=False)
+    x = torch.randn(B, N, D)
+    Q, K, V = _heads(attn, x.double())
+    MH = torch.cat([_softmax_rows(_dot_scores(Q[m], K[m])) @ V[m] for m in range(M)], -1)
+    perp, par = _project(MH, torch.cat(V, -1))
+    ref = _lin(perp, attn.proj) + _lin(fn(par), attn.proj_p)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x).double(), ref, rtol=0, atol=1e-5)
+
+
+def test_fused_zz_equals_explicit_scores():
+    """[Q|Z][K|Z]^T through the fused kernel == softmax((QK^T + ZZ^T)/sqrt(d)) V computed explicitly."""
+    attn = _layer("belief2")
+    x = torch.randn(B, N, D)
+    with torch.no_grad():
+        q, k, v = attn._project_qkv(x)
+        fused = attn._scores_attention(x, q, k, v, None, False)
+        z = attn.z(x).reshape(B, N, M, d).transpose(1, 2)
+        explicit = ((q @ k.transpose(-1, -2) + z @ z.transpose(-1, -2)) / math.sqrt(d)).softmax(-1) @ v
+    torch.testing.assert_close(fused, explicit, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("name,sign", [("wafe-mse", -1.0), ("anti-wafe-mse", 1.0)])
+def test_fused_mse_equals_pairwise(name, sign):
+    """Query scale 2/d plus the per-key bias -||k||^2/d == softmax(-||q_i - k_j||^2 / d) (row constant cancels)."""
+    attn = _layer(name)
+    x = torch.randn(B, N, D)
+    with torch.no_grad():
+        q, k, v = attn._project_qkv(x)
+        fused = attn._scores_attention(x, q, k, v, None, False)
+        dist = ((q.unsqueeze(-2) - k.unsqueeze(-3)) ** 2).sum(-1)
+        explicit = (sign * dist / d).softmax(-1) @ v
+    torch.testing.assert_close(fused, explicit, rtol=0, atol=1e-6)
