@@ -14,8 +14,8 @@ keys ``variant``, ``task``, ``arch``, ``options``, ``class_names``, ``input_size
 from __future__ import annotations
 
 import ast
+import copy
 import json
-import logging
 import os
 import tempfile
 import warnings
@@ -25,6 +25,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import onnx
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["export_onnx", "make_session", "read_metadata", "metadata_props", "projection_scopes",
@@ -36,7 +37,7 @@ BATCH_DIM = "batch"
 #: Opsets the torch dynamo exporter and ONNX Runtime both handle for these models.
 SUPPORTED_OPSETS: Tuple[int, ...] = (18, 19, 20, 21, 22, 23)
 DTYPES = ("fp32", "fp16")
-#: Op types kept in fp32 (explicit Cast nodes around them) in an fp16 graph, besides the projection.
+#: Op types computed in fp32 (explicit Cast nodes around them) in an fp16 graph, besides the projection.
 FP32_OPS: Tuple[str, ...] = ("LayerNormalization", "Softmax")
 #: Protobuf's hard limit: bigger models keep their weights in an external data file.
 _PROTO_LIMIT = 2 ** 31 - 1
@@ -73,96 +74,57 @@ def projection_scopes(name: str) -> bool:
     return scope.rsplit(".", 1)[-1] in _PROJECTION_MODULES
 
 
-def _to_fp16(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """fp16 graph with LayerNorm, softmax and the projection kept in fp32 behind explicit Cast nodes.
+class _FP32LayerNorm(nn.Module):
+    """LayerNorm computed in fp32 inside an fp16 model: Cast -> LayerNormalization (fp32) -> Cast."""
 
-    Uses ONNX Runtime's float16 converter (``onnxruntime.transformers.float16``); the image input and the
-    logits output stay float32 (the graph casts them).
-    """
-    from onnxruntime.transformers.float16 import convert_float_to_float16
+    def __init__(self, norm: nn.LayerNorm) -> None:
+        super().__init__()
+        self.normalized_shape = tuple(norm.normalized_shape)
+        self.eps = norm.eps
+        self.weight = None if norm.weight is None else nn.Parameter(norm.weight.detach().float())
+        self.bias = None if norm.bias is None else nn.Parameter(norm.bias.detach().float())
 
-    keep = [n.name for n in proto.graph.node if projection_scopes(n.name)]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        logging.getLogger("onnxruntime.transformers.float16").setLevel(logging.ERROR)
-        out = convert_float_to_float16(proto, keep_io_types=True, op_block_list=list(FP32_OPS),
-                                       node_block_list=keep)
-    _dedupe_casts(out.graph)
-    _drop_round_trips(out)
-    _name_casts(out.graph)
-    return out
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x.float(), self.normalized_shape, self.weight, self.bias, self.eps).to(x.dtype)
 
 
-def _dedupe_casts(graph: onnx.GraphProto) -> None:
-    """Keep one Cast per (input, target type): the converter inserts one per consumer, some under the same
-    output name (which ONNX forbids)."""
-    first: Dict[Tuple[str, int], str] = {}
-    rename: Dict[str, str] = {}
-    nodes = []
+def _fp16_model(model: nn.Module) -> nn.Module:
+    """A half-precision copy of ``model`` whose LayerNorms run in fp32 (the projection casts itself)."""
+    half = copy.deepcopy(model).half().eval()
+    for name, module in list(half.named_modules()):
+        if isinstance(module, nn.LayerNorm):
+            parent, _, attr = name.rpartition(".")
+            setattr(half.get_submodule(parent) if parent else half, attr, _FP32LayerNorm(module))
+    return half
+
+
+def _cast(name: str, src: str, dst: str, to: int) -> onnx.NodeProto:
+    return onnx.helper.make_node("Cast", [src], [dst], name=name, to=to)
+
+
+def _fp32_softmax_and_io(graph: onnx.GraphProto) -> None:
+    """Wrap every Softmax in Cast-to-fp32 / Cast-to-fp16, and give the fp16 graph fp32 input and output."""
+    fp32, fp16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
+    inp, out = graph.input[0], graph.output[0]
+    nodes = [_cast("input/Cast", inp.name, f"{inp.name}_fp16", fp16)]
     for node in graph.node:
-        node.input[:] = [rename.get(i, i) for i in node.input]
-        if node.op_type == "Cast":
-            key = (node.input[0], onnx.helper.get_node_attr_value(node, "to"))
-            if key in first:
-                rename[node.output[0]] = first[key]
-                continue
-            first[key] = node.output[0]
+        node.input[:] = [f"{inp.name}_fp16" if i == inp.name else i for i in node.input]
+        if node.op_type == "Softmax":
+            scope = node.name.rsplit("/", 1)[0]
+            x, y = node.input[0], node.output[0]
+            nodes.append(_cast(f"{scope}/Cast_softmax_in", x, f"{x}_fp32", fp32))
+            node.input[0], node.output[0] = f"{x}_fp32", f"{y}_fp32"
+            nodes += [node, _cast(f"{scope}/Cast_softmax_out", f"{y}_fp32", y, fp16)]
+            continue
+        node.output[:] = [f"{out.name}_fp16" if o == out.name else o for o in node.output]
         nodes.append(node)
-    for out in graph.output:
-        if out.name in rename:
-            raise ValueError(f"fp16 conversion: graph output {out.name} produced by a duplicate Cast")
+    nodes.append(_cast("output/Cast", f"{out.name}_fp16", out.name, fp32))
+    inp.type.tensor_type.elem_type = fp32
+    out.type.tensor_type.elem_type = fp32
     del graph.node[:]
     graph.node.extend(nodes)
-
-
-def _drop_round_trips(proto: onnx.ModelProto) -> None:
-    """Remove fp32 -> fp16 -> fp32 Cast pairs between two fp32 nodes (the converter casts every blocked
-    node's output to fp16, which would round the projection's inner products), then dead Casts."""
-    graph = proto.graph
-    inferred = onnx.shape_inference.infer_shapes(proto).graph
-    types = {v.name: v.type.tensor_type.elem_type
-             for v in [*inferred.value_info, *inferred.input, *inferred.output]}
-    types.update({t.name: t.data_type for t in graph.initializer})
-    producer = {o: n for n in graph.node for o in n.output}
-    outputs = {o.name for o in graph.output}
-    fp32, fp16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
-    rename: Dict[str, str] = {}
-    for node in graph.node:
-        src = producer.get(node.input[0]) if node.op_type == "Cast" else None
-        if (src is not None and src.op_type == "Cast" and node.output[0] not in outputs
-                and onnx.helper.get_node_attr_value(node, "to") == fp32
-                and onnx.helper.get_node_attr_value(src, "to") == fp16 and types.get(src.input[0]) == fp32):
-            rename[node.output[0]] = src.input[0]
-    for node in graph.node:
-        node.input[:] = [rename.get(i, i) for i in node.input]
-    while True:  # drop Casts nobody reads
-        used = {i for n in graph.node for i in n.input} | outputs
-        dead = [n for n in graph.node if n.op_type == "Cast" and n.output[0] not in used]
-        if not dead:
-            break
-        for n in dead:
-            graph.node.remove(n)
-
-
-def _name_casts(graph: onnx.GraphProto) -> None:
-    """Name the converter's Cast nodes ``<scope of the node they feed>/Cast[_k]``; keep names unique."""
-    consumers: Dict[str, str] = {}
-    producers = {o: n.name for n in graph.node for o in n.output}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, node.name)
-    seen = Counter(n.name for n in graph.node if "/" in n.name)
-    for node in graph.node:
-        if "/" in node.name:
-            continue
-        near = consumers.get(node.output[0], "") or producers.get(node.input[0], "")
-        scope = near.rsplit("/", 1)[0] if "/" in near else ""
-        base = f"{scope}/{node.op_type}"
-        while base in seen:
-            base = f"{scope}/{node.op_type}_{seen[f'{scope}/{node.op_type}#']}"
-            seen[f"{scope}/{node.op_type}#"] += 1
-        node.name = base
-        seen[base] += 1
+    for info in [v for v in graph.value_info if v.name in (inp.name, out.name)]:
+        graph.value_info.remove(info)
 
 
 def _metadata(config: Mapping[str, Any], input_hw: Tuple[int, int], dtype: str,
@@ -247,8 +209,8 @@ def export_onnx(
         raise ValueError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
     path = Path(path)
     hw = tuple(input_hw) if input_hw else (int(config["img_size"]),) * 2
-    model = model.eval()
-    example = torch.randn(2, 3, *hw)
+    model = model.eval() if dtype == "fp32" else _fp16_model(model)
+    example = torch.randn(2, 3, *hw, dtype=torch.float32 if dtype == "fp32" else torch.float16)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -262,7 +224,7 @@ def export_onnx(
     proto = program.model_proto
     _rename_nodes(proto.graph)
     if dtype == "fp16":
-        proto = _to_fp16(proto)
+        _fp32_softmax_and_io(proto.graph)
     proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param = BATCH_DIM
     proto.graph.output[0].type.tensor_type.shape.dim[0].dim_param = BATCH_DIM
     del proto.metadata_props[:]
