@@ -1,0 +1,167 @@
+"""Verification of every export: ONNX Runtime against eager PyTorch on real and random inputs.
+
+Real inputs are ``shapes`` test images (``attnzoo.training.data.shapes_images``) normalised with the model's
+mean/std by :func:`attnzoo.preprocess.normalize`; random inputs are standard normal. Batch sizes always include
+1 and 3, which the export (traced at batch 2) never saw.
+
+Tolerances: fp32 ``max |onnx - eager| <= 1e-4`` on the logits and the same top-1 class for every input
+(classification). fp16 (compared with the fp32 eager model): ``max |err| <= 1e-2 * max(1, max |logit|)``;
+top-1 agreement is reported, not required (ties under fp16 rounding).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import onnx
+import torch
+from torch import nn
+
+from .check import check_projection
+from .onnx_export import BATCH_DIM, export_onnx, make_session, op_histogram
+
+__all__ = ["FP32_ATOL", "FP16_RTOL", "EXTRA_BATCH_SIZES", "verify_onnx", "export_verified", "report_path",
+           "summary", "VerificationError"]
+
+FP32_ATOL = 1e-4
+FP16_RTOL = 1e-2
+#: Batch sizes verified on top of the requested ones (the export traces batch 2).
+EXTRA_BATCH_SIZES: Tuple[int, ...] = (1, 3)
+
+
+class VerificationError(RuntimeError):
+    """The exported graph does not match the eager model (or its projection check failed)."""
+
+
+def report_path(onnx_path: Union[str, Path]) -> Path:
+    """``model.onnx`` -> ``model.report.json``."""
+    return Path(onnx_path).with_suffix(".report.json")
+
+
+def _inputs(config: Mapping[str, Any], hw: Tuple[int, int], n: int, seed: int) -> Dict[str, np.ndarray]:
+    """``real`` (normalised shapes test images, cropped to (H, W)) and ``random`` float32 NCHW batches."""
+    from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
+    from attnzoo.training.data import shapes_images
+
+    h, w = hw
+    images = shapes_images(n, img_size=max(h, w), split="test", seed=seed, task=config["task"])[0]
+    real = normalize(images[:, :h, :w], config.get("mean", DEFAULT_MEAN), config.get("std", DEFAULT_STD))
+    rand = np.random.default_rng(seed).standard_normal((n, 3, h, w)).astype(np.float32)
+    return {"real": real, "random": rand}
+
+
+def _compare(out: np.ndarray, ref: np.ndarray, task: str) -> Dict[str, Any]:
+    """Errors and top-1 agreement (per image for cls, per pixel for seg)."""
+    err = np.abs(out.astype(np.float64) - ref.astype(np.float64))
+    return {"max_abs_err": float(err.max()), "mean_abs_err": float(err.mean()),
+            "max_abs_logit": float(np.abs(ref).max()), "finite": bool(np.isfinite(out).all()),
+            "top1_agree": float((out.argmax(1) == ref.argmax(1)).mean())}
+
+
+def verify_onnx(model: nn.Module, path: Union[str, Path], config: Mapping[str, Any], *,
+                batch_sizes: Sequence[int] = (1, 8), dtype: str = "fp32", input_hw: Optional[Tuple[int, int]] = None,
+                seed: int = 0, threads: Optional[int] = None) -> Dict[str, Any]:
+    """Compare the ONNX file with the eager fp32 ``model``; returns the parity part of the report.
+
+    The result has ``passed`` and ``failures``; nothing is raised for a mismatch.
+    """
+    hw = tuple(input_hw) if input_hw else (int(config["img_size"]),) * 2
+    sizes = sorted(set(int(b) for b in batch_sizes) | set(EXTRA_BATCH_SIZES))
+    session = make_session(path, threads=threads)
+    batch_dim = session.get_inputs()[0].shape[0]
+    failures = [] if isinstance(batch_dim, str) else [f"input batch dimension is fixed ({batch_dim}), not symbolic"]
+    data = _inputs(config, hw, max(sizes), seed)
+    model = model.float().eval()
+    rows = []
+    for b in sizes:
+        row: Dict[str, Any] = {"batch": b}
+        for kind, x in data.items():
+            with torch.no_grad():
+                ref = model(torch.from_numpy(x[:b])).numpy()
+            out = session.run(None, {session.get_inputs()[0].name: x[:b]})[0]
+            if out.shape != ref.shape:
+                failures.append(f"batch {b} {kind}: output shape {out.shape}, eager {ref.shape}")
+                continue
+            row[kind] = stats = _compare(out, ref, config["task"])
+            tol = FP32_ATOL if dtype == "fp32" else FP16_RTOL * max(1.0, stats["max_abs_logit"])
+            stats["tolerance"] = tol
+            if not stats["finite"]:
+                failures.append(f"batch {b} {kind}: non-finite logits")
+            elif stats["max_abs_err"] > tol:
+                failures.append(f"batch {b} {kind}: max abs err {stats['max_abs_err']:.3g} > {tol:.3g}")
+            if dtype == "fp32" and config["task"] == "cls" and stats["top1_agree"] < 1.0:
+                failures.append(f"batch {b} {kind}: top-1 differs on {1 - stats['top1_agree']:.1%} of inputs")
+        rows.append(row)
+    return {"passed": not failures, "failures": failures, "batch_sizes": sizes, "batch_dim": batch_dim,
+            "providers": session.get_providers(), "per_batch": rows,
+            "max_abs_err": max((r[k]["max_abs_err"] for r in rows for k in data if k in r), default=float("nan")),
+            "tolerance": {"fp32_atol": FP32_ATOL} if dtype == "fp32" else {"fp16_rtol": FP16_RTOL}}
+
+
+def export_verified(model: nn.Module, out: Union[str, Path], config: Mapping[str, Any], *, opset: int = 20,
+                    dtype: str = "fp32", input_hw: Optional[Tuple[int, int]] = None,
+                    batch_sizes: Sequence[int] = (1, 8), checkpoint_sha256: str = "",
+                    threads: Optional[int] = None) -> Dict[str, Any]:
+    """Export, check the projection, verify parity; only a passing model reaches ``out``.
+
+    The report (``<out>.report.json``) is written either way; on failure the ONNX file is deleted and
+    :class:`VerificationError` is raised.
+    """
+    from attnzoo.checkpoint import atomic_write_text, sha256_file
+
+    out = Path(out)
+    fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.stem}.", suffix=".onnx")
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        start = time.perf_counter()
+        export_onnx(model, tmp, config=config, opset=opset, dtype=dtype, input_hw=input_hw,
+                    checkpoint_sha256=checkpoint_sha256)
+        export_s = time.perf_counter() - start
+        proto = onnx.load(str(tmp))
+        hw = json.loads({p.key: p.value for p in proto.metadata_props}["input_size"])
+        projection = check_projection(proto, dict(config), dtype)
+        parity = verify_onnx(model, tmp, config, batch_sizes=batch_sizes, dtype=dtype, input_hw=hw,
+                             threads=threads)
+        dim = proto.graph.input[0].type.tensor_type.shape.dim[0]
+        report = {
+            "path": str(out), "variant": config["variant"], "task": config["task"], "arch": config["arch"],
+            "dtype": dtype, "opset": opset, "input_size": hw, "batch_dim": dim.dim_param or dim.dim_value,
+            "file_size": tmp.stat().st_size, "sha256": sha256_file(tmp), "checkpoint_sha256": checkpoint_sha256,
+            "export_time_s": round(export_s, 3), "num_nodes": len(proto.graph.node),
+            "op_histogram": op_histogram(proto), "projection": projection, "parity": parity,
+            "onnxruntime": __import__("onnxruntime").__version__, "torch": torch.__version__,
+        }
+        failures = list(parity["failures"]) + list(projection["failures"])
+        if report["batch_dim"] != BATCH_DIM:
+            failures.append(f"input batch dimension is {report['batch_dim']!r}, not {BATCH_DIM!r}")
+        report.update(passed=not failures, failures=failures)
+        atomic_write_text(report_path(out), json.dumps(report, indent=2) + "\n")
+        if failures:
+            raise VerificationError(f"{out.name} failed verification ({'; '.join(failures[:3])}); "
+                                    f"see {report_path(out)}")
+        os.replace(tmp, out)
+        return report
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def summary(report: Mapping[str, Any]) -> str:
+    """A few lines for the terminal."""
+    par, proj = report["parity"], report["projection"]
+    lines = [f"{report['path']}: {report['variant']} {report['task']} {report['arch']} {report['dtype']} "
+             f"opset {report['opset']}, {report['num_nodes']} nodes, {report['file_size'] / 1e6:.2f} MB, "
+             f"export {report['export_time_s']:.1f} s",
+             f"  parity vs eager ({', '.join(par['providers'])}): batch sizes {par['batch_sizes']} "
+             f"(dynamic '{report['batch_dim']}'), max abs err {par['max_abs_err']:.2e} "
+             f"(tolerance {next(iter(par['tolerance'].values())):g}{'' if report['dtype'] == 'fp32' else ' x max|logit|'})"]
+    if proj["blocks"]:
+        lines.append("  projection nodes per block: " + ", ".join(f"{b}={n}" for b, n in proj["nodes_per_block"].items()))
+    lines.append(f"  {'PASSED' if report['passed'] else 'FAILED: ' + '; '.join(report['failures'])}")
+    return "\n".join(lines)
