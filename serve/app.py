@@ -1,0 +1,330 @@
+"""The Gradio ``Blocks`` demo: Classify, Segment and Compare tabs over a list of :class:`ServedModel`.
+
+Handlers take raw upload payloads (``preprocess=False``) and decode them with :mod:`attnzoo.preprocess`, so
+any image mode is accepted and an unreadable file becomes a ``gr.Error`` message. Every model call runs in
+one queue (``concurrency_id="models"``, one at a time) so concurrent users do not oversubscribe the CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+from PIL import Image
+
+import attnzoo.serve  # noqa: F401  (sets the offline environment before gradio is imported)
+import gradio as gr
+
+from attnzoo.preprocess import fit_size, load_image
+
+from . import examples as ex
+from .backends import ServedModel
+from .predict import (background_classes, class_iou, classify, dominant_classes, overlay, palette,
+                      pixel_shares, segment, topk_chart)
+
+__all__ = ["build_demo", "launch", "MAX_FILE_SIZE", "DISPLAY_MAX_SIDE"]
+
+MAX_FILE_SIZE = "10mb"
+#: Overlays are shown at the image's size, downscaled past this side.
+DISPLAY_MAX_SIDE = 2048
+QUEUE = "models"
+LEGEND_HEADERS = ["colour", "class", "pixels %", "IoU"]
+COMPARE_HEADERS = ["variant", "prediction", "score", "latency (ms)"]
+CSS = ".pixelated img { image-rendering: pixelated; }"
+
+
+def _user_errors(fn):
+    """Turn ``ValueError`` into a ``gr.Error`` with its message; anything else into a one-line ``gr.Error``
+    (the traceback goes to the server's stderr, never to the user)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except gr.Error:
+            raise
+        except (ValueError, Image.DecompressionBombError) as exc:
+            raise gr.Error(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+        except Exception as exc:
+            traceback.print_exc(file=sys.stderr)
+            raise gr.Error(f"internal error ({type(exc).__name__}); see the server log") from None
+
+    return wrapper
+
+
+def _read_upload(payload: Any) -> Image.Image:
+    """Raw ``gr.Image`` payload (dict with ``path``, or a path) -> RGB PIL image; ``ValueError`` if none."""
+    name = None
+    if isinstance(payload, dict):
+        name = payload.get("orig_name")
+        payload = payload.get("path")
+    if not payload:
+        raise ValueError("no image: upload one (or pick an example) first")
+    try:
+        img = load_image(payload)
+    except ValueError:
+        raise ValueError(f"cannot read image {name or Path(payload).name!r}: not an image file, or a damaged "
+                         "one (PNG, JPEG, WebP, BMP, GIF, TIFF ... are read)") from None
+    if img.width * img.height == 0:
+        raise ValueError("cannot read image: it has no pixels")
+    return img
+
+
+def _display_image(img: Image.Image) -> np.ndarray:
+    """The image as shown under its overlay: its own size, downscaled past ``DISPLAY_MAX_SIDE``."""
+    h, w = fit_size((img.height, img.width), DISPLAY_MAX_SIDE)
+    return np.asarray(img if (h, w) == (img.height, img.width) else img.resize((w, h), Image.BILINEAR))
+
+
+def _swatch(colour: Sequence[int], uncoloured: bool) -> str:
+    hexcode = "#%02x%02x%02x" % tuple(int(c) for c in colour)
+    if uncoloured:
+        return "<span title='not coloured'>&mdash;</span>"
+    return (f"<span style='display:inline-block;width:1.2em;height:1.2em;border-radius:3px;"
+            f"background:{hexcode}' title='{hexcode}'></span>")
+
+
+class DemoModels:
+    """The served models by task and name, with the class colours of each segmenter."""
+
+    def __init__(self, models: Sequence[ServedModel]) -> None:
+        self.by_task: Dict[str, Dict[str, ServedModel]] = {"cls": {}, "seg": {}}
+        for m in models:
+            self.by_task.setdefault(m.task, {})[m.name] = m
+
+    def names(self, task: str) -> List[str]:
+        return list(self.by_task.get(task, {}))
+
+    def get(self, task: str, name: Optional[str]) -> ServedModel:
+        table = self.by_task.get(task, {})
+        if not table:
+            raise ValueError(f"no {'classification' if task == 'cls' else 'segmentation'} models are served")
+        if name not in table:
+            raise ValueError(f"unknown variant {name!r}; valid: {', '.join(table)}")
+        return table[name]
+
+
+# ----------------------------------------------------------------------------------------------- handlers
+def _classify(models: DemoModels, img: Image.Image, variant: str) -> Tuple[Dict[str, float], float, str]:
+    model = models.get("cls", variant)
+    probs, ms = classify(model, img)
+    entry = ex.find_example(img)
+    note = f"Example image; true class: **{entry['label']}**." if entry and entry.get("label") else ""
+    return probs, round(ms, 3), note
+
+
+def _segment_state(models: DemoModels, img: Image.Image, variant: str, max_side: Optional[int]) -> Dict:
+    """Run a segmenter; the state keeps everything the opacity slider needs to redraw without the model."""
+    model = models.get("seg", variant)
+    mask, ms = segment(model, img, max_side=max_side)
+    shown = _display_image(img)
+    if shown.shape[:2] != mask.shape:
+        mask = np.asarray(Image.fromarray(mask).resize((shown.shape[1], shown.shape[0]), Image.NEAREST))
+    k = len(model.class_names)
+    entry = ex.find_example(img)
+    truth = ex.true_mask(entry) if entry else None
+    iou = class_iou(mask, truth, k) if truth is not None and truth.shape == mask.shape else None
+    return {"image": shown, "mask": mask, "colours": palette(k), "skip": background_classes(model.class_names),
+            "names": model.class_names, "iou": iou, "ms": ms}
+
+
+def _legend(state: Dict) -> List[List[Any]]:
+    """Legend rows (colour swatch, class, pixel share %, IoU or None), largest share first."""
+    shares = pixel_shares(state["mask"], len(state["names"]))
+    iou = state["iou"] or {}
+    rows = []
+    for c in np.argsort(-shares, kind="stable"):
+        c = int(c)
+        if shares[c] > 0 or c in iou:
+            rows.append([_swatch(state["colours"][c], c in state["skip"]), state["names"][c],
+                         round(100 * float(shares[c]), 2), round(iou[c], 3) if c in iou else None])
+    return rows
+
+
+def _iou_note(state: Dict) -> str:
+    if not state["iou"]:
+        return ""
+    mean = float(np.mean(list(state["iou"].values())))
+    return f"Example image with a true mask: mean IoU over its classes **{mean:.3f}** (per class in the legend)."
+
+
+def _compare_one(models: DemoModels, task: str, name: str, img: Image.Image, max_side: Optional[int]
+                 ) -> Tuple[np.ndarray, str, List[Any]]:
+    """One Compare gallery item (picture, caption) and table row; a failing model reports its error."""
+    try:
+        if task == "cls":
+            probs, ms = classify(models.get("cls", name), img)
+            top, p = next(iter(probs.items()))
+            return topk_chart(probs, name), f"{name}: {top} ({p:.0%}) · {ms:.1f} ms", [name, top, round(p, 4),
+                                                                                       round(ms, 3)]
+        state = _segment_state(models, img, name, max_side)
+        dom = dominant_classes(pixel_shares(state["mask"], len(state["names"])), state["names"])
+        text = ", ".join(f"{c} {s:.0%}" for c, s in dom)
+        pic = overlay(state["image"], state["mask"], state["colours"], 0.6, state["skip"])
+        return pic, f"{name}: {text} · {state['ms']:.1f} ms", [name, text, round(dom[0][1], 4),
+                                                              round(state["ms"], 3)]
+    except ValueError as exc:
+        blank = np.full((64, 64, 3), 255, np.uint8)
+        return blank, f"{name}: error: {exc}", [name, f"error: {exc}", None, None]
+
+
+# ------------------------------------------------------------------------------------------------- layout
+def _variant_dropdown(models: DemoModels, task: str) -> gr.Dropdown:
+    names = models.names(task)
+    return gr.Dropdown(names, value=names[0] if names else None, label="variant", interactive=bool(names))
+
+
+def _no_models_note(models: DemoModels, task: str) -> None:
+    if not models.names(task):
+        kind = "classification" if task == "cls" else "segmentation"
+        gr.Markdown(f"**No {kind} models are served** (the models folder has none).")
+
+
+def _classify_tab(models: DemoModels) -> None:
+    _no_models_note(models, "cls")
+    with gr.Row():
+        with gr.Column():
+            with gr.Tabs():
+                with gr.Tab("Upload"):
+                    image = gr.Image(type="filepath", sources=["upload", "clipboard"], label="image",
+                                     elem_id="cls-image", elem_classes="pixelated")
+                    button = gr.Button("Classify", variant="primary", elem_id="cls-button")
+                with gr.Tab("Draw"):
+                    sketch = gr.Sketchpad(type="numpy", image_mode="RGBA", canvas_size=(320, 320), label="draw")
+                    sketch_button = gr.Button("Classify drawing", variant="primary")
+            variant = _variant_dropdown(models, "cls")
+            if ex.example_paths("cls"):
+                gr.Examples(ex.example_paths("cls"), inputs=image, label="shapes examples")
+        with gr.Column():
+            label = gr.Label(num_top_classes=5, label="top-5", elem_id="cls-label")
+            latency = gr.Number(label="model latency (ms)", precision=3, elem_id="cls-latency")
+            note = gr.Markdown()
+
+    @_user_errors
+    def run(payload, name):
+        return _classify(models, _read_upload(payload), name)
+
+    @_user_errors
+    def run_sketch(value, name):
+        layer = (value or {}).get("composite")
+        if layer is None or np.asarray(layer).size == 0:
+            raise ValueError("nothing drawn yet: draw on the canvas first")
+        return _classify(models, load_image(np.asarray(layer)), name)
+
+    button.click(run, [image, variant], [label, latency, note], api_name="classify", preprocess=False,
+                 concurrency_id=QUEUE, concurrency_limit=1)
+    sketch_button.click(run_sketch, [sketch, variant], [label, latency, note], api_name="classify_drawing",
+                        concurrency_id=QUEUE, concurrency_limit=1)
+
+
+def _segment_tab(models: DemoModels, max_side: Optional[int]) -> None:
+    _no_models_note(models, "seg")
+    state = gr.State(None)
+    with gr.Row():
+        with gr.Column():
+            image = gr.Image(type="filepath", sources=["upload", "clipboard"], label="image", elem_id="seg-image",
+                             elem_classes="pixelated")
+            variant = _variant_dropdown(models, "seg")
+            button = gr.Button("Segment", variant="primary", elem_id="seg-button")
+            if ex.example_paths("seg"):
+                gr.Examples(ex.example_paths("seg"), inputs=image, label="shapes examples (with true masks)")
+        with gr.Column():
+            shown = gr.Image(label="mask overlay", format="png", interactive=False, elem_id="seg-overlay",
+                             elem_classes="pixelated")
+            opacity = gr.Slider(0.0, 1.0, value=0.6, step=0.05, label="mask opacity (redraws without the model)")
+            latency = gr.Number(label="model latency (ms)", precision=3, elem_id="seg-latency")
+            legend = gr.Dataframe(headers=LEGEND_HEADERS, datatype=["html", "str", "number", "number"],
+                                  label="legend: class colour, share of pixels, IoU (example images)",
+                                  interactive=False, elem_id="seg-legend")
+            note = gr.Markdown()
+
+    @_user_errors
+    def run(payload, name, alpha):
+        st = _segment_state(models, _read_upload(payload), name, max_side)
+        pic = overlay(st["image"], st["mask"], st["colours"], alpha, st["skip"])
+        return pic, _legend(st), round(st["ms"], 3), _iou_note(st), st
+
+    def redraw(st, alpha):
+        if not st:
+            return gr.skip()
+        return overlay(st["image"], st["mask"], st["colours"], alpha, st["skip"])
+
+    button.click(run, [image, variant, opacity], [shown, legend, latency, note, state], api_name="segment",
+                 preprocess=False, concurrency_id=QUEUE, concurrency_limit=1)
+    opacity.change(redraw, [state, opacity], shown, api_name="overlay", trigger_mode="always_last",
+                   show_progress="hidden")
+
+
+def _compare_tab(models: DemoModels, max_side: Optional[int]) -> None:
+    tasks = [t for t in ("cls", "seg") if models.names(t)]
+    choices = [("Classify", "cls"), ("Segment", "seg")]
+    with gr.Row():
+        with gr.Column(scale=1):
+            image = gr.Image(type="filepath", sources=["upload", "clipboard"], label="image", elem_id="cmp-image",
+                             elem_classes="pixelated")
+            task = gr.Radio([c for c in choices if c[1] in tasks], value=tasks[0] if tasks else None,
+                            label="task")
+            button = gr.Button("Run every variant", variant="primary", elem_id="cmp-button")
+            if ex.example_paths():
+                gr.Examples(ex.example_paths(), inputs=image, label="shapes examples")
+        with gr.Column(scale=2):
+            gallery = gr.Gallery(label="one result per variant", columns=4, format="png", object_fit="contain",
+                                 elem_id="cmp-gallery", elem_classes="pixelated", height="auto")
+            table = gr.Dataframe(headers=COMPARE_HEADERS, label="results", interactive=False, elem_id="cmp-table")
+
+    @_user_errors
+    def run(payload, which):
+        if which not in ("cls", "seg"):
+            raise ValueError(f"unknown task {which!r}; valid: cls, seg")
+        img = _read_upload(payload)
+        names = models.names(which)
+        if not names:
+            raise ValueError(f"no {which} models are served")
+        results = [_compare_one(models, which, n, img, max_side) for n in names]
+        return [(pic, caption) for pic, caption, _ in results], [row for _, _, row in results]
+
+    button.click(run, [image, task], [gallery, table], api_name="compare", preprocess=False,
+                 concurrency_id=QUEUE, concurrency_limit=1)
+
+
+def _header(models: DemoModels, backend: str, source: str) -> str:
+    n_cls, n_seg = len(models.names("cls")), len(models.names("seg"))
+    return (f"# attnzoo demo\nAttention variants side by side: {n_cls} classifiers, {n_seg} segmenters, "
+            f"served by **{backend}** from {source}. Everything runs on this machine; nothing leaves it.")
+
+
+def build_demo(models: Sequence[ServedModel], *, source: str = "the zoo", seg_max_side: Optional[int] = None
+               ) -> gr.Blocks:
+    """The demo's ``gr.Blocks`` (queued; launch it with :func:`launch`).
+
+    Args:
+        models: The served models (:func:`attnzoo.serve.load_models`).
+        source: Where they came from, for the header.
+        seg_max_side: Longest image side segmenters see (default: each model's input size).
+    """
+    table = DemoModels(models)
+    backend = models[0].backend if models else "none"
+    with gr.Blocks(title="attnzoo demo", analytics_enabled=False) as demo:
+        gr.Markdown(_header(table, backend, source))
+        with gr.Tab("Classify"):
+            _classify_tab(table)
+        with gr.Tab("Segment"):
+            _segment_tab(table, seg_max_side)
+        with gr.Tab("Compare"):
+            _compare_tab(table, seg_max_side)
+    demo.queue(max_size=64, default_concurrency_limit=1)
+    return demo
+
+
+def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, *, block: bool = True, **kwargs):
+    """Launch offline: no share link, uploads capped at ``MAX_FILE_SIZE``, local fonts only, no SSR."""
+    theme = gr.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"],
+                              font_mono=["ui-monospace", "monospace"])
+    return demo.launch(server_name=host, server_port=port, share=False, max_file_size=MAX_FILE_SIZE,
+                       prevent_thread_lock=not block, ssr_mode=False, show_error=False, theme=theme, css=CSS,
+                       footer_links=["api"], quiet=not block, **kwargs)

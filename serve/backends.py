@@ -1,0 +1,255 @@
+"""The models the demo serves: ONNX files (ONNX Runtime on the CPU, or its TensorRT provider) or checkpoints
+(PyTorch), each wrapped as a :class:`ServedModel` that maps a float32 batch (N, 3, H, W) to logits.
+
+Everything the demo needs (task, class names, input size, mean/std) comes from the ONNX metadata written by
+``export-model`` or from the checkpoint config, so any folder of exported models can be served. By default the
+zoo's checkpoints are exported once into a cache folder keyed by the zoo manifest's hash and reused later.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+__all__ = ["BACKENDS", "ServedModel", "load_models", "load_onnx_dir", "load_checkpoint_dir", "load_zoo_torch",
+           "export_zoo", "default_cache_dir", "backend_problem"]
+
+BACKENDS = ("onnxruntime", "pytorch", "tensorrt")
+CACHE_ENV = "ATTNZOO_CACHE"
+_TRT_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
+
+
+@dataclass
+class ServedModel:
+    """One servable model.
+
+    Attributes:
+        name: Label shown in the variant dropdowns (the variant, or the file name when variants repeat).
+        variant: Attention variant.
+        task: ``cls`` or ``seg``.
+        class_names: Class names, index = logit channel.
+        input_size: (H, W) the model was exported / trained at.
+        mean, std: Normalisation.
+        fixed_size: True when the backend only takes ``input_size`` inputs (exported ONNX); segmentation then
+            pads or tiles with windows of that size.
+        run: Float32 (N, 3, H, W) -> float32 logits (N, K) or (N, K, H, W).
+        source: File it was loaded from.
+        backend: ``onnxruntime``, ``pytorch`` or ``tensorrt``.
+        arch: Architecture name (``micro`` ...), from the metadata.
+    """
+
+    name: str
+    variant: str
+    task: str
+    class_names: List[str]
+    input_size: Tuple[int, int]
+    mean: Tuple[float, ...]
+    std: Tuple[float, ...]
+    fixed_size: bool
+    run: Callable[[np.ndarray], np.ndarray] = field(repr=False)
+    source: str = ""
+    backend: str = "onnxruntime"
+    arch: str = ""
+
+
+def backend_problem(backend: str) -> Optional[str]:
+    """Why ``backend`` cannot run here (one line), or None when it can."""
+    if backend not in BACKENDS:
+        return f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}"
+    if backend == "tensorrt":
+        import onnxruntime as ort
+
+        have = ort.get_available_providers()
+        if "TensorrtExecutionProvider" not in have:
+            return ("the tensorrt backend needs an NVIDIA GPU and onnxruntime-gpu built with TensorRT "
+                    f"(TensorrtExecutionProvider); this onnxruntime has: {', '.join(have)}. "
+                    "Use --backend onnxruntime (CPU) instead.")
+    return None
+
+
+def _onnx_runner(path: Path, providers: Sequence[str], threads: Optional[int]) -> Tuple[Callable, bool]:
+    """A reused ONNX Runtime session as ``run(x) -> logits``, and whether its H, W are fixed."""
+    from attnzoo.export import INPUT_NAME, OUTPUT_NAME, make_session
+
+    session = make_session(path, threads=threads, providers=list(providers))
+    inp = session.get_inputs()[0]
+    dtype = np.float16 if "float16" in inp.type else np.float32
+    fixed = all(isinstance(d, int) for d in inp.shape[2:])
+
+    def run(x: np.ndarray) -> np.ndarray:
+        return session.run([OUTPUT_NAME], {INPUT_NAME: x.astype(dtype, copy=False)})[0].astype(np.float32)
+
+    return run, fixed
+
+
+def _torch_runner(model) -> Callable:
+    """An eval-mode PyTorch model as ``run(x) -> logits``."""
+    import torch
+
+    def run(x: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return model(torch.from_numpy(np.ascontiguousarray(x))).float().numpy()
+
+    return run
+
+
+def _from_config(config: Dict, run: Callable, fixed: bool, source: Path, backend: str,
+                 input_size: Optional[Sequence[int]] = None) -> ServedModel:
+    from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD
+
+    size = input_size or (config["img_size"], config["img_size"])
+    names = [str(c) for c in config.get("class_names") or range(int(config["num_classes"]))]
+    return ServedModel(
+        name=str(config["variant"]), variant=str(config["variant"]), task=str(config["task"]), class_names=names,
+        input_size=(int(size[0]), int(size[1])), mean=tuple(config.get("mean", DEFAULT_MEAN)),
+        std=tuple(config.get("std", DEFAULT_STD)), fixed_size=fixed, run=run, source=str(source),
+        backend=backend, arch=str(config.get("arch", "")))
+
+
+def _unique_names(models: List[ServedModel]) -> List[ServedModel]:
+    """Label each model by its variant, or by its file name where a variant appears twice for a task."""
+    counts = Counter((m.task, m.variant) for m in models)
+    for m in models:
+        if counts[(m.task, m.variant)] > 1:
+            m.name = Path(m.source).stem
+    return sorted(models, key=lambda m: (m.task, m.name))
+
+
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def load_onnx_dir(directory: Path, backend: str = "onnxruntime", threads: Optional[int] = None
+                  ) -> List[ServedModel]:
+    """Every attnzoo ``.onnx`` file of ``directory`` (files without attnzoo metadata are skipped with a
+    warning), one reused session each."""
+    from attnzoo.export import metadata_props, read_metadata
+
+    providers = _TRT_PROVIDERS if backend == "tensorrt" else ("CPUExecutionProvider",)
+    models = []
+    for path in sorted(Path(directory).glob("*.onnx")):
+        try:
+            config = read_metadata(path)
+            input_size = json.loads(metadata_props(path).get("input_size", "null"))
+            run, fixed = _onnx_runner(path, providers, threads)
+        except Exception as exc:  # onnx / onnxruntime raise their own types; skip the file, say why
+            _warn(f"skipping {path.name}: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}")
+            continue
+        models.append(_from_config(config, run, fixed, path, backend, input_size))
+    return models
+
+
+def load_checkpoint_dir(directory: Path) -> List[ServedModel]:
+    """Every ``.safetensors`` checkpoint of ``directory``, run by PyTorch (segmenters take any size)."""
+    from attnzoo.checkpoint import load_checkpoint
+
+    models = []
+    for path in sorted(Path(directory).glob("*.safetensors")):
+        try:
+            model, config = load_checkpoint(path)
+        except ValueError as exc:
+            _warn(f"skipping {path.name}: {exc}")
+            continue
+        models.append(_from_config(config, _torch_runner(model), config["task"] == "cls", path, "pytorch"))
+    return models
+
+
+def _zoo_rows(data: str) -> List[Dict]:
+    from attnzoo import zoo
+
+    rows = [e for e in zoo.entries() if e["data"] == data]
+    if not rows:
+        have = sorted({e["data"] for e in zoo.entries()})
+        raise ValueError(f"the zoo has no models trained on {data!r} (it has: {', '.join(have) or 'none'}); "
+                         "serve a folder of exported models with --models DIR")
+    return rows
+
+
+def load_zoo_torch(data: str = "shapes") -> List[ServedModel]:
+    """The zoo's checkpoints trained on ``data``, run by PyTorch."""
+    from attnzoo import zoo
+
+    models = []
+    for e in _zoo_rows(data):
+        model, config = zoo.load(e["variant"], e["task"], data)
+        path = zoo.checkpoint_path(e["variant"], e["task"], data)
+        models.append(_from_config(config, _torch_runner(model), config["task"] == "cls", path, "pytorch"))
+    return models
+
+
+def default_cache_dir() -> Path:
+    """``$ATTNZOO_CACHE`` or ``$XDG_CACHE_HOME/attnzoo`` or ``~/.cache/attnzoo``."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "attnzoo"
+
+
+def export_zoo(data: str = "shapes", cache_dir: Optional[Path] = None) -> Path:
+    """Export the zoo's models trained on ``data`` to ONNX once; return the folder.
+
+    The folder is ``<cache>/onnx/<first 12 hex of the manifest's sha256>``, so a new zoo gets a new folder; a
+    file whose ``checkpoint_sha256`` metadata matches its checkpoint is reused. A tqdm bar shows the exports.
+    """
+    from tqdm import tqdm
+
+    from attnzoo import zoo
+    from attnzoo.export import export_onnx, metadata_props
+
+    rows = _zoo_rows(data)
+    digest = hashlib.sha256(json.dumps(zoo.manifest(), sort_keys=True).encode()).hexdigest()[:12]
+    folder = Path(cache_dir or default_cache_dir()) / "onnx" / digest
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def fresh(path: Path, sha: str) -> bool:
+        try:
+            return path.is_file() and metadata_props(path).get("checkpoint_sha256") == sha
+        except Exception:  # a damaged file is exported again
+            return False
+
+    todo = [e for e in rows if not fresh(folder / f"{e['variant']}_{e['task']}_{data}.onnx", e["sha256"])]
+    for e in tqdm(todo, desc=f"exporting zoo models to ONNX ({folder})", unit="model", disable=not todo):
+        model, config = zoo.load(e["variant"], e["task"], data)
+        export_onnx(model, folder / f"{e['variant']}_{e['task']}_{data}.onnx", config=config,
+                    checkpoint_sha256=e["sha256"])
+    return folder
+
+
+def load_models(models_dir: Optional[Path] = None, backend: str = "onnxruntime", data: str = "shapes",
+                cache_dir: Optional[Path] = None, threads: Optional[int] = None) -> List[ServedModel]:
+    """The models to serve.
+
+    Args:
+        models_dir: A folder of ``.onnx`` files from ``export-model`` (``.safetensors`` checkpoints with the
+            pytorch backend); None serves the zoo.
+        backend: ``onnxruntime`` (CPU), ``pytorch`` or ``tensorrt`` (ONNX Runtime's TensorRT provider).
+        data: Which zoo models (trained on this data set) to serve when ``models_dir`` is None.
+        cache_dir: Root of the ONNX export cache for the zoo (default :func:`default_cache_dir`).
+        threads: ONNX Runtime intra-op threads per session (None: its default).
+
+    Raises:
+        ValueError: the backend cannot run here, the folder is missing, or nothing servable was found.
+    """
+    problem = backend_problem(backend)
+    if problem:
+        raise ValueError(problem)
+    if models_dir is not None and not Path(models_dir).is_dir():
+        raise ValueError(f"models folder not found: {models_dir}")
+    if backend == "pytorch":
+        models = load_checkpoint_dir(Path(models_dir)) if models_dir else load_zoo_torch(data)
+        wanted = ".safetensors checkpoints"
+    else:
+        folder = Path(models_dir) if models_dir else export_zoo(data, cache_dir)
+        models = load_onnx_dir(folder, backend, threads)
+        wanted = ".onnx files exported by export-model"
+    if not models:
+        raise ValueError(f"no servable models in {models_dir or 'the zoo'} (expected {wanted})")
+    return _unique_names(models)

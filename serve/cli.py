@@ -1,0 +1,68 @@
+"""``serve-demo``: the Gradio demo on http://127.0.0.1:7860 (offline, CPU by default).
+
+Examples::
+
+    serve-demo                                   # the zoo's models, exported to ONNX once, on ONNX Runtime (CPU)
+    serve-demo --models exported/ --port 8000    # any folder of .onnx files from export-model
+    serve-demo --backend pytorch                 # the zoo checkpoints run by PyTorch
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import List, Optional
+
+from .backends import BACKENDS, CACHE_ENV, load_models
+
+__all__ = ["main", "build_parser"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``serve-demo`` argument parser."""
+    p = argparse.ArgumentParser(prog="serve-demo", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=7860, help="port (default 7860)")
+    p.add_argument("--models", type=Path, default=None, metavar="DIR",
+                   help="serve this folder of .onnx files from export-model (.safetensors checkpoints with "
+                        "--backend pytorch) instead of the zoo")
+    p.add_argument("--backend", default="onnxruntime", choices=BACKENDS,
+                   help="onnxruntime (CPU, default), pytorch, or tensorrt (needs onnxruntime-gpu with TensorRT)")
+    p.add_argument("--data", default="shapes", help="which zoo models to serve: those trained on this data set")
+    p.add_argument("--cache-dir", type=Path, default=None,
+                   help=f"where the zoo's ONNX exports are kept (default ${CACHE_ENV} or ~/.cache/attnzoo)")
+    p.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads per model call")
+    p.add_argument("--seg-max-side", type=int, default=None, metavar="PX",
+                   help="downscale images for segmentation to this longest side (default: the model's input "
+                        "size); larger values run sliding windows")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """Entry point of ``serve-demo``."""
+    args = build_parser().parse_args(argv)
+    if not 0 < args.port < 65536:
+        raise SystemExit(f"error: --port must be in 1..65535, got {args.port}")
+    for flag, value in (("--threads", args.threads), ("--seg-max-side", args.seg_max_side)):
+        if value is not None and value < 1:
+            raise SystemExit(f"error: {flag} must be at least 1, got {value}")
+    try:
+        models = load_models(args.models, args.backend, data=args.data, cache_dir=args.cache_dir,
+                             threads=args.threads)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    from .app import build_demo, launch
+
+    source = f"`{args.models}`" if args.models else f"the zoo ({args.data})"
+    demo = build_demo(models, source=source, seg_max_side=args.seg_max_side)
+    print(f"serving {len(models)} models with {args.backend} on http://{args.host}:{args.port}")
+    try:
+        launch(demo, args.host, args.port)
+    except OSError as exc:  # port taken, address not available
+        raise SystemExit(f"error: cannot listen on {args.host}:{args.port}: {exc}") from None
+
+
+if __name__ == "__main__":
+    main()

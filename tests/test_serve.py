@@ -1,0 +1,368 @@
+"""The Gradio demo: launched on a free port with a small folder of exported models, called through
+gradio_client (every endpoint, images of every mode, bad files) and, when Debian's chromium is installed,
+through a real browser with every non-local request aborted."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import attnzoo.serve  # noqa: F401  (offline environment first)
+from attnzoo.serve import backends, examples, predict
+from attnzoo.serve.backends import ServedModel, load_models
+from attnzoo.preprocess import fit_size
+from attnzoo.serve.app import DISPLAY_MAX_SIDE
+from attnzoo.serve.cli import main as cli_main
+
+gradio_client = pytest.importorskip("gradio_client")
+from gradio_client import Client, handle_file  # noqa: E402
+from gradio_client.exceptions import AppError  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = Path("/usr/bin/chromium")
+SHAPES = ["circle", "square", "triangle", "star", "hexagon", "cross", "ring"]
+SERVED = [("standard", "cls"), ("belief2", "cls"), ("standard", "seg")]
+
+
+def _make_model(variant: str, task: str):
+    """The zoo's model when the zoo has it, else a random-init micro model with the shapes classes."""
+    import torch
+
+    from attnzoo import zoo
+    from attnzoo.models import create_model
+
+    if variant in zoo.available(task, "shapes"):
+        return zoo.load(variant, task, "shapes")
+    names = SHAPES if task == "cls" else ["background", *SHAPES]
+    torch.manual_seed(0)
+    model = create_model(variant, task=task, num_classes=len(names)).eval()
+    return model, {**model.attnzoo_config, "class_names": names, "mean": [0.5] * 3, "std": [0.5] * 3}
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory) -> Path:
+    """Two classifiers and one segmenter exported to ONNX, plus the checkpoints (pytorch backend)."""
+    from attnzoo.checkpoint import save_checkpoint
+    from attnzoo.export import export_onnx
+
+    folder = tmp_path_factory.mktemp("models")
+    for variant, task in SERVED:
+        model, config = _make_model(variant, task)
+        save_checkpoint(model, folder / f"{variant}_{task}.safetensors", class_names=config["class_names"],
+                        mean=config["mean"], std=config["std"])
+        export_onnx(model, folder / f"{variant}_{task}.onnx", config=config)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def served(models_dir):
+    """The served models, each wrapped to count its calls."""
+    models = load_models(models_dir)
+    for m in models:
+        m.calls = 0
+
+        def counted(x, _run=m.run, _m=m):
+            _m.calls += 1
+            return _run(x)
+
+        m.run = counted
+    return models
+
+
+@pytest.fixture(scope="module")
+def server(served):
+    """The demo on a free port of 127.0.0.1 (in this process); yields its URL."""
+    from attnzoo.serve.app import build_demo, launch
+
+    demo = build_demo(served, source="test models")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    launch(demo, "127.0.0.1", port, block=False)
+    yield f"http://127.0.0.1:{port}/"
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def client(server) -> Client:
+    return Client(server, verbose=False)
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> dict:
+    """Files of every kind the demo must take (and some it must refuse)."""
+    d = tmp_path_factory.mktemp("images")
+    rng = np.random.default_rng(0)
+    rgb = rng.integers(0, 256, (40, 56, 3), dtype=np.uint8)
+    files = {"example": Path(examples.example_paths("seg")[0])}
+    Image.fromarray(rgb).save(d / "rgb.png")
+    Image.fromarray(np.dstack([rgb, rng.integers(0, 256, (40, 56, 1), dtype=np.uint8)])).save(d / "rgba.png")
+    Image.fromarray(rgb[..., 0]).save(d / "gray.png")
+    Image.fromarray((rng.integers(0, 65536, (33, 21))).astype(np.uint16)).save(d / "gray16.png")
+    Image.fromarray(rgb).convert("P", palette=Image.ADAPTIVE).save(d / "palette.png")
+    Image.new("RGB", (1, 1), (200, 30, 30)).save(d / "one.png")
+    yy, xx = np.mgrid[0:1500, 0:2400]
+    Image.fromarray(np.dstack([xx % 256, yy % 256, (xx + yy) % 256]).astype(np.uint8)).save(d / "large.jpg")
+    for name in ("rgb", "rgba", "gray", "gray16", "palette", "one", "large"):
+        files[name] = next(d.glob(f"{name}.*"))
+    (d / "text.png").write_text("this is not an image\n")
+    (d / "truncated.png").write_bytes((d / "rgb.png").read_bytes()[:200])
+    files["bad"] = [d / "text.png", d / "truncated.png"]
+    return files
+
+
+GOOD = ("example", "rgb", "rgba", "gray", "gray16", "palette", "one", "large")
+
+
+# ------------------------------------------------------------------------------------------- client tests
+@pytest.mark.parametrize("name", GOOD)
+def test_classify_endpoint(client, images, name):
+    label, latency, _ = client.predict(handle_file(images[name]), "standard", api_name="/classify")
+    conf = [c["confidence"] for c in label["confidences"]]
+    assert [c["label"] for c in label["confidences"]][0] == label["label"]
+    assert len(conf) == 5 and {c["label"] for c in label["confidences"]} <= set(SHAPES)
+    assert conf == sorted(conf, reverse=True) and all(0 <= p <= 1 for p in conf)
+    # top-5 of 7 probabilities: at least 5/7 of the mass, at most all of it
+    assert 5 / 7 - 1e-6 <= sum(conf) <= 1 + 1e-6
+    assert isinstance(latency, float) and 0 < latency < 60_000
+
+
+def test_classify_reports_true_class_of_an_example(client):
+    path = examples.example_paths("cls")[0]
+    entry = examples.find_example(Image.open(path))
+    _, _, note = client.predict(handle_file(path), "belief2", api_name="/classify")
+    assert entry["label"] in note
+
+
+@pytest.mark.parametrize("name", GOOD)
+def test_segment_endpoint(client, images, name):
+    shown, legend, latency, _ = client.predict(handle_file(images[name]), "standard", 0.6, api_name="/segment")
+    with Image.open(images[name]) as src:
+        w, h = src.size
+    if max(w, h) > DISPLAY_MAX_SIDE:  # shown downscaled past 2048 px, aspect kept
+        h, w = fit_size((h, w), DISPLAY_MAX_SIDE)
+    assert Image.open(shown).size == (w, h)  # the overlay has the image's size
+    rows = legend["data"]
+    assert legend["headers"] == ["colour", "class", "pixels %", "IoU"]
+    assert {r[1] for r in rows} <= {"background", *SHAPES}
+    assert sum(r[2] for r in rows) == pytest.approx(100, abs=0.1)
+    assert isinstance(latency, float) and latency > 0
+
+
+def test_segment_example_shows_iou(client, images):
+    _, legend, _, note = client.predict(handle_file(images["example"]), "standard", 0.6, api_name="/segment")
+    ious = [r[3] for r in legend["data"]]
+    assert ious and all(v is not None and 0 <= v <= 1 for v in ious)
+    assert "mean IoU" in note
+
+
+def test_opacity_slider_redraws_without_the_model(client, served, images):
+    seg = next(m for m in served if m.task == "seg")
+    shown, *_ = client.predict(handle_file(images["rgb"]), "standard", 0.6, api_name="/segment")
+    calls = seg.calls
+    clear = client.predict(0.0, api_name="/overlay")
+    solid = client.predict(1.0, api_name="/overlay")
+    assert seg.calls == calls  # the slider did not run the model
+    original = np.asarray(Image.open(images["rgb"]).convert("RGB"))
+    np.testing.assert_array_equal(np.asarray(Image.open(clear).convert("RGB")), original)
+    assert not np.array_equal(np.asarray(Image.open(solid).convert("RGB")), original)
+    assert not np.array_equal(np.asarray(Image.open(shown).convert("RGB")), original)
+
+
+@pytest.mark.parametrize("task", ["cls", "seg"])
+def test_compare_endpoint(client, served, images, task):
+    gallery, table = client.predict(handle_file(images["example"]), task, api_name="/compare")
+    names = sorted(m.name for m in served if m.task == task)
+    assert len(gallery) == len(names) == len(table["data"])
+    for item, row, name in zip(gallery, table["data"], names):
+        assert item["caption"].startswith(f"{name}: ") and item["caption"].endswith(" ms")
+        assert row[0] == name and row[3] > 0 and 0 < row[2] <= 1
+        assert Image.open(item["image"]).size[0] > 0
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_unreadable_file_is_a_clear_error(client, images, which):
+    for api, args in (("/classify", ("standard",)), ("/segment", ("standard", 0.5)), ("/compare", ("cls",))):
+        with pytest.raises(AppError, match="cannot read image"):
+            client.predict(handle_file(images["bad"][which]), *args, api_name=api)
+
+
+def test_unknown_variant_lists_the_valid_ones(client, images):
+    with pytest.raises(AppError, match="unknown variant 'nope'; valid: belief2, standard"):
+        client.predict(handle_file(images["rgb"]), "nope", api_name="/classify")
+
+
+def test_upload_size_is_capped(client, tmp_path):
+    big = tmp_path / "big.png"
+    big.write_bytes(b"\x89PNG" + os.urandom(11 * 1024 * 1024))
+    with pytest.raises(Exception, match="exceeds the maximum file size"):
+        client.predict(handle_file(big), "standard", api_name="/classify")
+
+
+def test_classify_drawing(client, tmp_path):
+    canvas = np.zeros((64, 64, 4), np.uint8)
+    canvas[16:48, 16:48] = (0, 0, 0, 255)  # a black square drawn on a transparent canvas
+    Image.fromarray(canvas).save(tmp_path / "drawing.png")
+    value = {"background": None, "layers": [], "composite": handle_file(tmp_path / "drawing.png")}
+    label, latency, _ = client.predict(value, "standard", api_name="/classify_drawing")
+    assert len(label["confidences"]) == 5 and latency > 0
+
+
+# ------------------------------------------------------------------------------------ in-process tests
+def test_classify_probabilities_sum_to_one(served, images):
+    model = next(m for m in served if m.task == "cls")
+    probs, ms = predict.classify(model, images["rgba"], k=100)
+    assert set(probs) == set(SHAPES) and sum(probs.values()) == pytest.approx(1.0, abs=1e-6) and ms > 0
+
+
+def test_sliding_windows_on_a_fixed_size_model(served, images):
+    seg = next(m for m in served if m.task == "seg")
+    assert seg.fixed_size and seg.input_size == (32, 32)
+    mask, _ = predict.segment(seg, images["large"], max_side=100)  # 100 x 63 px -> 4 x 3 windows
+    assert mask.shape == (1500, 2400) and mask.max() < len(seg.class_names)
+
+
+def test_pytorch_backend_matches_onnxruntime(models_dir, served, images):
+    torch_models = {(m.task, m.name): m for m in load_models(models_dir, backend="pytorch")}
+    assert {(m.task, m.name) for m in served} == set(torch_models)
+    for m in served:
+        ref = torch_models[(m.task, m.name)]
+        if m.task == "cls":
+            a, b = predict.classify(m, images["rgb"])[0], predict.classify(ref, images["rgb"])[0]
+            assert list(a) == list(b) and np.allclose(list(a.values()), list(b.values()), atol=1e-4)
+        else:
+            a, b = predict.segment(m, images["example"])[0], predict.segment(ref, images["example"])[0]
+            assert (a == b).mean() > 0.99
+
+
+def test_non_finite_outputs_are_refused():
+    model = ServedModel(name="nan", variant="standard", task="cls", class_names=SHAPES, input_size=(32, 32),
+                        mean=(0.5,) * 3, std=(0.5,) * 3, fixed_size=True,
+                        run=lambda x: np.full((x.shape[0], 7), np.nan, np.float32))
+    with pytest.raises(ValueError, match="non-finite"):
+        predict.classify(model, Image.new("RGB", (8, 8)))
+
+
+def test_shipped_examples_match_their_index():
+    idx = examples.index()
+    assert {e["task"] for e in idx["examples"]} == {"cls", "seg"}
+    for e in idx["examples"]:
+        img = Image.open(examples.EXAMPLES_DIR / e["image"])
+        assert examples.find_example(img) == e
+        if e["task"] == "seg":
+            mask = examples.true_mask(e)
+            assert mask.shape == (img.height, img.width) and mask.max() <= len(idx["classes"]["seg"]) - 1
+            names = {idx["classes"]["seg"][c] for c in np.unique(mask)}
+            assert names == set(e["classes"])
+
+
+def test_examples_are_regenerated_identically(tmp_path):
+    data = examples.generate(tmp_path, n_cls=1, n_seg=1)
+    shipped = {e["image"]: e for e in examples.index()["examples"]}
+    for e in data["examples"]:
+        assert e == shipped[e["image"]]
+
+
+def test_zoo_export_cache_is_reused(monkeypatch, tmp_path):
+    from attnzoo import zoo
+
+    model, config = _make_model("standard", "cls")
+    rows = [{"variant": "standard", "task": "cls", "data": "toy", "sha256": "abc"}]
+    monkeypatch.setattr(zoo, "entries", lambda: rows)
+    monkeypatch.setattr(zoo, "manifest", lambda: {"models": rows})
+    monkeypatch.setattr(zoo, "load", lambda *a: (model, config))
+    folder = backends.export_zoo("toy", tmp_path)
+    path = folder / "standard_cls_toy.onnx"
+    stamp = path.stat().st_mtime_ns
+    assert backends.export_zoo("toy", tmp_path) == folder and path.stat().st_mtime_ns == stamp
+    with pytest.raises(ValueError, match="no models trained on 'nothing'"):
+        backends.export_zoo("nothing", tmp_path)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--models", "/no/such/dir"], "error: models folder not found"),
+    (["--port", "0"], "error: --port must be in 1..65535"),
+    (["--seg-max-side", "0"], "error: --seg-max-side must be at least 1"),
+])
+def test_cli_errors_are_one_line(argv, message):
+    with pytest.raises(SystemExit) as info:
+        cli_main(argv)
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+def test_cli_tensorrt_needs_its_provider(tmp_path):
+    import onnxruntime as ort
+
+    if "TensorrtExecutionProvider" in ort.get_available_providers():
+        pytest.skip("TensorRT is available here")
+    with pytest.raises(SystemExit, match="error: the tensorrt backend needs"):
+        cli_main(["--models", str(tmp_path), "--backend", "tensorrt"])
+
+
+def test_cli_empty_folder(tmp_path):
+    with pytest.raises(SystemExit, match="error: no servable models"):
+        cli_main(["--models", str(tmp_path)])
+
+
+# ------------------------------------------------------------------------------------------- browser test
+@pytest.mark.browser
+def test_browser_classify_and_segment(server):
+    """Chromium (Debian's, no download) with every non-local request aborted: classify and segment an example,
+    wait for the five labels and the overlay, save screenshots to test-artifacts/ (and docs/demo.png when
+    ATTNZOO_UPDATE_SCREENSHOT=1)."""
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    out = ROOT / "test-artifacts"
+    out.mkdir(exist_ok=True)
+    blocked = []
+
+    def guard(route):
+        host = route.request.url.split("/")[2].split(":")[0] if "://" in route.request.url else "127.0.0.1"
+        if host in ("127.0.0.1", "localhost"):
+            route.continue_()
+        else:
+            blocked.append(route.request.url)
+            route.abort()
+
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.route("**/*", guard)
+            page.goto(server, wait_until="networkidle")
+            page.locator("#cls-image input[type=file]").set_input_files(examples.example_paths("cls")[0])
+            page.locator("#cls-button").click()
+            labels = page.locator("#cls-label .label-row, #cls-label button, #cls-label [data-testid]")
+            page.wait_for_function(
+                "() => document.querySelectorAll('#cls-label .confidence-set, #cls-label .label-row').length >= 5"
+                " || document.querySelector('#cls-label')?.innerText.split('%').length > 5", timeout=30_000)
+            text = page.locator("#cls-label").inner_text()
+            assert sum(name in text for name in SHAPES) >= 5, text
+            page.screenshot(path=str(out / "demo-classify.png"), full_page=True)
+
+            page.get_by_role("tab", name="Segment").click()
+            page.locator("#seg-image input[type=file]").set_input_files(examples.example_paths("seg")[0])
+            page.locator("#seg-button").click()
+            page.wait_for_selector("#seg-overlay img", timeout=30_000)
+            page.wait_for_function("() => document.querySelector('#seg-legend')?.innerText.includes('%')"
+                                   " && document.querySelectorAll('#seg-legend tbody tr').length > 0",
+                                   timeout=30_000)
+            assert "background" in page.locator("#seg-legend").inner_text() or labels is not None
+            shot = out / "demo.png"
+            page.screenshot(path=str(shot), full_page=True)
+        finally:
+            browser.close()
+    assert shot.stat().st_size > 10_000
+    assert not blocked, f"the page tried to reach other hosts: {blocked[:5]}"
+    if os.environ.get("ATTNZOO_UPDATE_SCREENSHOT") == "1":
+        (ROOT / "docs").mkdir(exist_ok=True)
+        shutil.copyfile(shot, ROOT / "docs" / "demo.png")
