@@ -1,0 +1,219 @@
+"""``export-model``: trained (or given) model -> verified ONNX (+ report) -> optional TensorRT engine.
+
+Examples::
+
+    export-model --variant belief2
+    export-model --variant belief-star --task seg --input-size 48x64 --dtype fp16
+    export-model --variant belief2 --checkpoint runs/belief2.safetensors --out exports/b2.onnx
+    export-model --variant belief2 --format tensorrt --batch-sizes 1,8,32
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from torch import nn
+
+__all__ = ["main", "build_parser", "load_for_export"]
+
+
+def _parse_ints(text: str, what: str) -> List[int]:
+    try:
+        values = [int(v) for v in text.replace("x", ",").split(",") if v.strip()]
+    except ValueError:
+        raise SystemExit(f"error: {what} must be integers separated by commas, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise SystemExit(f"error: {what} must be positive integers, got {text!r}")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from attnzoo.models import ARCHS, TASKS, VARIANT_NAMES
+
+    from .onnx_export import DTYPES, SUPPORTED_OPSETS
+
+    p = argparse.ArgumentParser(
+        prog="export-model",
+        description="Export an attnzoo model to ONNX (projection kept as explicit ops, verified against eager "
+                    "PyTorch with ONNX Runtime) and optionally build a TensorRT engine.",
+        epilog=f"variants: {', '.join(VARIANT_NAMES)}\narchs: {', '.join(ARCHS)}\n"
+               f"Default checkpoint: the zoo's trained model for the variant and task (attnzoo.zoo).",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--variant", required=True, metavar="NAME", help="attention variant (see the list below)")
+    p.add_argument("--task", choices=TASKS, default=None, help="cls or seg (default: the checkpoint's, else cls)")
+    p.add_argument("--arch", choices=tuple(ARCHS), default=None,
+                   help="architecture for --random-init (default: the checkpoint's, else micro)")
+    p.add_argument("--checkpoint", type=Path, default=None,
+                   help=".safetensors checkpoint (or a plain .pt state dict; never unpickled)")
+    p.add_argument("--random-init", action="store_true",
+                   help="export a freshly initialised (untrained) model instead of a checkpoint")
+    p.add_argument("--opset", type=int, default=20, help=f"ONNX opset ({', '.join(map(str, SUPPORTED_OPSETS))})")
+    p.add_argument("--dtype", choices=DTYPES, default="fp32")
+    p.add_argument("--format", choices=("onnx", "tensorrt"), default="onnx")
+    p.add_argument("--batch-sizes", default="1,8", help="batch sizes verified (and the TensorRT profile range)")
+    p.add_argument("--input-size", default=None, metavar="H[xW]",
+                   help="input size (default: the model's training size; segmenters take any H x W)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output file (default: exports/<variant>_<task>_<arch>[_fp16].onnx or .engine)")
+    p.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads for the verification")
+    return p
+
+
+def _class_count(state: Dict[str, Any], task: str) -> Optional[int]:
+    """Classes of a config-less state dict, from its head."""
+    for key, axis in (("head.weight", 0), ("decoder.head.weight", 0), ("decoder.cls_emb", 1)):
+        if key in state and (task == "cls") == (key == "head.weight"):
+            return int(state[key].shape[axis])
+    return None
+
+
+def _from_checkpoint(path: Path, variant: str, task: Optional[str],
+                     arch: Optional[str]) -> Tuple[nn.Module, Dict[str, Any]]:
+    """Model + config from a checkpoint; the variant (and task/arch when given) must match it."""
+    from attnzoo.checkpoint import build_model, load_state_dict_file, load_weights, read_config
+    from attnzoo.models import create_model
+
+    if not path.is_file():
+        raise ValueError(f"checkpoint not found: {path}")
+    state = load_state_dict_file(path)  # raises for pickles (weights_only=True) and unreadable files
+    try:
+        config = read_config(path)
+    except ValueError:  # a plain state dict: the command line describes the model
+        task = task or "cls"
+        model = create_model(variant, task, arch or "micro", num_classes=_class_count(state, task))
+        load_weights(model, state, source=str(path))
+        return model, dict(model.attnzoo_config)
+    for key, wanted in (("variant", variant), ("task", task), ("arch", arch)):
+        if wanted is not None and config.get(key) != wanted:
+            raise ValueError(f"{path} holds a {key} {config.get(key)!r} model, not {wanted!r}")
+    model = build_model(config)
+    load_weights(model, state, source=str(path))
+    return model, config
+
+
+def load_for_export(variant: str, task: Optional[str] = None, arch: Optional[str] = None,
+                    checkpoint: Optional[Path] = None, random_init: bool = False) -> Tuple[nn.Module, Dict[str, Any], str]:
+    """``(model in eval mode, config, checkpoint sha256)`` for the command line's choices.
+
+    Raises:
+        ValueError: unknown variant, missing zoo model, mismatching or unsafe checkpoint.
+    """
+    from attnzoo import zoo
+    from attnzoo.checkpoint import sha256_file
+    from attnzoo.models import canonical_name, create_model
+    from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD
+
+    variant = canonical_name(variant)
+    if random_init:
+        if checkpoint is not None:
+            raise ValueError("--random-init and --checkpoint exclude each other")
+        from attnzoo.training.data import SHAPES_CLASSES, SHAPES_SEG_CLASSES
+
+        task = task or "cls"
+        names = list(SHAPES_CLASSES if task == "cls" else SHAPES_SEG_CLASSES)
+        model = create_model(variant, task, arch or "micro", num_classes=len(names))
+        config = {**model.attnzoo_config, "class_names": names, "mean": list(DEFAULT_MEAN),
+                  "std": list(DEFAULT_STD), "untrained": True}
+        return model.eval(), config, ""
+    if checkpoint is None:
+        try:
+            checkpoint = zoo.checkpoint_path(variant, task or "cls")
+        except ValueError as exc:
+            raise ValueError(f"{exc}; pass --checkpoint PATH, or --random-init for an untrained model") from None
+    model, config = _from_checkpoint(Path(checkpoint), variant, task, arch)
+    return model.eval(), config, sha256_file(checkpoint)
+
+
+def _out_path(args: argparse.Namespace, config: Dict[str, Any]) -> Path:
+    """The output file; its folder is created and must be writable."""
+    suffix = ".engine" if args.format == "tensorrt" else ".onnx"
+    dtype = "_fp16" if args.dtype == "fp16" else ""
+    out = args.out or Path("exports") / f"{config['variant']}_{config['task']}_{config['arch']}{dtype}{suffix}"
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a directory; give a file name")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cannot create the output folder {out.parent}: {exc.strerror or exc}") from None
+    if not os.access(out.parent, os.W_OK):
+        raise ValueError(f"the output folder {out.parent} is not writable")
+    return out
+
+
+def _input_hw(text: Optional[str], config: Dict[str, Any]) -> Tuple[int, int]:
+    if text is None:
+        return int(config["img_size"]), int(config["img_size"])
+    hw = _parse_ints(text, "--input-size")
+    if len(hw) > 2:
+        raise SystemExit(f"error: --input-size takes H or HxW, got {text!r}")
+    h, w = hw[0], hw[-1]
+    if config["task"] == "cls" and (h, w) != (config["img_size"],) * 2:
+        raise SystemExit(f"error: a classifier takes its training size {config['img_size']}, not {h}x{w}")
+    return h, w
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of ``export-model``; errors exit non-zero with one ``error: ...`` line."""
+    from tqdm import tqdm
+
+    from .onnx_export import SUPPORTED_OPSETS
+    from .verify import VerificationError, export_verified, summary
+
+    args = build_parser().parse_args(argv)
+    if args.opset not in SUPPORTED_OPSETS:
+        raise SystemExit(f"error: unsupported opset {args.opset}; supported: "
+                         f"{', '.join(map(str, SUPPORTED_OPSETS))}")
+    batch_sizes = _parse_ints(args.batch_sizes, "--batch-sizes")
+    if args.format == "tensorrt":
+        from .tensorrt import tensorrt_unavailable_reason
+
+        reason = tensorrt_unavailable_reason()
+        if reason:
+            raise SystemExit(f"error: --format tensorrt: {reason}")
+    try:
+        model, config, sha = load_for_export(args.variant, args.task, args.arch, args.checkpoint, args.random_init)
+        out = _out_path(args, config)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    if args.random_init:
+        print(f"warning: --random-init: exporting an UNTRAINED {config['variant']} model with random weights; "
+              "its predictions are meaningless", file=sys.stderr)
+    hw = _input_hw(args.input_size, config)
+    onnx_out = out if args.format == "onnx" else out.with_suffix(".onnx")
+    steps = ["export + check + verify"] + (["tensorrt"] if args.format == "tensorrt" else [])
+    with tqdm(total=len(steps), desc="export-model", unit="step", file=sys.stderr) as bar:
+        bar.set_postfix_str(steps[0])
+        captured = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(captured):  # the exporter's own progress lines
+                report = export_verified(model, onnx_out, config, opset=args.opset, dtype=args.dtype,
+                                         input_hw=hw, batch_sizes=batch_sizes, checkpoint_sha256=sha,
+                                         threads=args.threads)
+        except (ValueError, VerificationError) as exc:
+            raise SystemExit(f"error: {exc}") from None
+        bar.update()
+        engine_report = None
+        if args.format == "tensorrt":
+            from .tensorrt import build_engine
+
+            bar.set_postfix_str(steps[1])
+            try:
+                engine_report = build_engine(onnx_out, out, batch_sizes=batch_sizes)
+            except RuntimeError as exc:
+                raise SystemExit(f"error: {exc}") from None
+            bar.update()
+    print(summary(report))
+    if engine_report:
+        print(f"{out}: TensorRT {engine_report['tensorrt']} engine on {engine_report['gpu']}, profile "
+              f"{engine_report['profile']}, max abs err vs ONNX Runtime {engine_report['max_abs_err_vs_onnxruntime']:.2e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
