@@ -35,7 +35,8 @@ DISPLAY_MAX_SIDE = 2048
 QUEUE = "models"
 LEGEND_HEADERS = ["colour", "class", "pixels %", "IoU"]
 COMPARE_HEADERS = ["variant", "prediction", "score", "latency (ms)"]
-CSS = ".pixelated img { image-rendering: pixelated; }"
+#: Small images (the shapes scenes are 128 px) are shown enlarged with crisp pixels.
+CSS = ".pixelated img { image-rendering: pixelated; min-height: 288px; object-fit: contain; }"
 
 
 def _user_errors(fn):
@@ -274,7 +275,7 @@ def _compare_tab(models: DemoModels, max_side: Optional[int]) -> None:
                 gr.Examples(ex.example_paths(), inputs=image, label="shapes examples")
         with gr.Column(scale=2):
             gallery = gr.Gallery(label="one result per variant", columns=4, format="png", object_fit="contain",
-                                 elem_id="cmp-gallery", elem_classes="pixelated", height="auto")
+                                 elem_id="cmp-gallery", height="auto")
             table = gr.Dataframe(headers=COMPARE_HEADERS, label="results", interactive=False, elem_id="cmp-table")
 
     @_user_errors

@@ -115,12 +115,16 @@ def _from_config(config: Dict, run: Callable, fixed: bool, source: Path, backend
 
 
 def _unique_names(models: List[ServedModel]) -> List[ServedModel]:
-    """Label each model by its variant, or by its file name where a variant appears twice for a task."""
+    """Label each model by its variant, or by its file name where a variant appears twice for a task; sort
+    them in ``VARIANT_NAMES`` order."""
     counts = Counter((m.task, m.variant) for m in models)
     for m in models:
         if counts[(m.task, m.variant)] > 1:
             m.name = Path(m.source).stem
-    return sorted(models, key=lambda m: (m.task, m.name))
+    from attnzoo.models import VARIANT_NAMES
+
+    order = {v: i for i, v in enumerate(VARIANT_NAMES)}  # standard first, then the papers' variants
+    return sorted(models, key=lambda m: (m.task, order.get(m.variant, len(order)), m.name))
 
 
 def _warn(message: str) -> None:
@@ -252,4 +256,6 @@ def load_models(models_dir: Optional[Path] = None, backend: str = "onnxruntime",
         wanted = ".onnx files exported by export-model"
     if not models:
         raise ValueError(f"no servable models in {models_dir or 'the zoo'} (expected {wanted})")
+    for m in models:  # the first call allocates; do it now so the first latency shown is a real one
+        m.run(np.zeros((1, 3, *m.input_size), np.float32))
     return _unique_names(models)
