@@ -24,7 +24,8 @@ __all__ = ["BACKENDS", "ServedModel", "load_models", "load_onnx_dir", "load_chec
 
 BACKENDS = ("onnxruntime", "pytorch", "tensorrt")
 CACHE_ENV = "ATTNZOO_CACHE"
-_TRT_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
+#: Most sliding windows run in one call (the TensorRT profile's largest batch).
+SLIDING_BATCH = 16
 
 
 @dataclass
@@ -65,13 +66,11 @@ def backend_problem(backend: str) -> Optional[str]:
     if backend not in BACKENDS:
         return f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}"
     if backend == "tensorrt":
-        import onnxruntime as ort
+        from attnzoo.export.tensorrt import tensorrt_unavailable_reason
 
-        have = ort.get_available_providers()
-        if "TensorrtExecutionProvider" not in have:
-            return ("the tensorrt backend needs an NVIDIA GPU and onnxruntime-gpu built with TensorRT "
-                    f"(TensorrtExecutionProvider); this onnxruntime has: {', '.join(have)}. "
-                    "Use --backend onnxruntime (CPU) instead.")
+        reason = tensorrt_unavailable_reason()
+        if reason:
+            return f"the tensorrt backend is not available: {reason}; use --backend onnxruntime (CPU) instead"
     return None
 
 
@@ -88,6 +87,22 @@ def _onnx_runner(path: Path, providers: Sequence[str], threads: Optional[int]) -
         return session.run([OUTPUT_NAME], {INPUT_NAME: x.astype(dtype, copy=False)})[0].astype(np.float32)
 
     return run, fixed
+
+
+def _tensorrt_runner(path: Path, cache_dir: Optional[Path]) -> Tuple[Callable, bool]:
+    """A TensorRT engine built once from an ONNX file (cached under ``<cache>/tensorrt``, keyed by the file's
+    hash, checked against ONNX Runtime by the builder) as ``run(x) -> logits``; H, W are fixed."""
+    from attnzoo.checkpoint import sha256_file
+    from attnzoo.export.tensorrt import build_engine, load_engine, run_engine
+
+    engine_path = (Path(cache_dir or default_cache_dir()) / "tensorrt"
+                   / f"{path.stem}-{sha256_file(path)[:16]}.engine")
+    if not engine_path.is_file():
+        engine_path.parent.mkdir(parents=True, exist_ok=True)
+        build_engine(path, engine_path, batch_sizes=(1, SLIDING_BATCH))
+    engine = load_engine(engine_path)
+    context = engine.create_execution_context()
+    return (lambda x: run_engine(engine, x, context)), True
 
 
 def _torch_runner(model) -> Callable:
@@ -131,22 +146,27 @@ def _warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
-def load_onnx_dir(directory: Path, backend: str = "onnxruntime", threads: Optional[int] = None
-                  ) -> List[ServedModel]:
+def load_onnx_dir(directory: Path, backend: str = "onnxruntime", threads: Optional[int] = None,
+                  cache_dir: Optional[Path] = None) -> List[ServedModel]:
     """Every attnzoo ``.onnx`` file of ``directory`` (files without attnzoo metadata are skipped with a
-    warning), one reused session each."""
+    warning), each with one reused ONNX Runtime session (CPU) or TensorRT engine."""
+    from tqdm import tqdm
+
     from attnzoo.export import metadata_props, read_metadata
 
-    providers = _TRT_PROVIDERS if backend == "tensorrt" else ("CPUExecutionProvider",)
     models = []
-    for path in sorted(Path(directory).glob("*.onnx")):
+    paths = sorted(Path(directory).glob("*.onnx"))
+    for path in tqdm(paths, desc=f"loading models ({backend})", unit="model", disable=len(paths) < 4):
         try:
             config = read_metadata(path)
             input_size = json.loads(metadata_props(path).get("input_size", "null"))
-            run, fixed = _onnx_runner(path, providers, threads)
-        except Exception as exc:  # onnx / onnxruntime raise their own types; skip the file, say why
+        except Exception as exc:  # onnx raises its own types; skip the file, say why
             _warn(f"skipping {path.name}: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}")
             continue
+        if backend == "tensorrt":
+            run, fixed = _tensorrt_runner(path, cache_dir)
+        else:
+            run, fixed = _onnx_runner(path, ("CPUExecutionProvider",), threads)
         models.append(_from_config(config, run, fixed, path, backend, input_size))
     return models
 
@@ -234,9 +254,9 @@ def load_models(models_dir: Optional[Path] = None, backend: str = "onnxruntime",
     Args:
         models_dir: A folder of ``.onnx`` files from ``export-model`` (``.safetensors`` checkpoints with the
             pytorch backend); None serves the zoo.
-        backend: ``onnxruntime`` (CPU), ``pytorch`` or ``tensorrt`` (ONNX Runtime's TensorRT provider).
+        backend: ``onnxruntime`` (CPU), ``pytorch`` or ``tensorrt`` (engines built once, cached).
         data: Which zoo models (trained on this data set) to serve when ``models_dir`` is None.
-        cache_dir: Root of the ONNX export cache for the zoo (default :func:`default_cache_dir`).
+        cache_dir: Root of the zoo's ONNX exports and the TensorRT engines (default :func:`default_cache_dir`).
         threads: ONNX Runtime intra-op threads per session (None: its default).
 
     Raises:
@@ -252,7 +272,7 @@ def load_models(models_dir: Optional[Path] = None, backend: str = "onnxruntime",
         wanted = ".safetensors checkpoints"
     else:
         folder = Path(models_dir) if models_dir else export_zoo(data, cache_dir)
-        models = load_onnx_dir(folder, backend, threads)
+        models = load_onnx_dir(folder, backend, threads, cache_dir)
         wanted = ".onnx files exported by export-model"
     if not models:
         raise ValueError(f"no servable models in {models_dir or 'the zoo'} (expected {wanted})")

@@ -29,10 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve this folder of .onnx files from export-model (.safetensors checkpoints with "
                         "--backend pytorch) instead of the zoo")
     p.add_argument("--backend", default="onnxruntime", choices=BACKENDS,
-                   help="onnxruntime (CPU, default), pytorch, or tensorrt (needs onnxruntime-gpu with TensorRT)")
+                   help="onnxruntime (CPU, default), pytorch, or tensorrt (needs the tensorrt package and an NVIDIA "
+                        "GPU; engines are built once into the cache folder)")
     p.add_argument("--data", default="shapes", help="which zoo models to serve: those trained on this data set")
     p.add_argument("--cache-dir", type=Path, default=None,
-                   help=f"where the zoo's ONNX exports are kept (default ${CACHE_ENV} or ~/.cache/attnzoo)")
+                   help=f"where the zoo's ONNX exports and TensorRT engines are kept (default ${CACHE_ENV} or "
+                        "~/.cache/attnzoo)")
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads per model call")
     p.add_argument("--seg-max-side", type=int, default=None, metavar="PX",
                    help="downscale images for segmentation to this longest side (default: the model's input "

@@ -15,7 +15,7 @@ from PIL import Image
 
 from attnzoo.preprocess import ImageLike, load_image, preprocess
 
-from .backends import ServedModel
+from .backends import SLIDING_BATCH, ServedModel
 
 __all__ = ["classify", "segment", "sliding_logits", "softmax", "palette", "overlay", "pixel_shares",
            "class_iou", "dominant_classes", "topk_chart", "background_classes"]
@@ -59,7 +59,7 @@ def _starts(length: int, window: int) -> List[int]:
     return sorted(set(list(range(0, length - window, stride)) + [length - window]))
 
 
-def sliding_logits(model: ServedModel, x: np.ndarray, batch: int = 16) -> np.ndarray:
+def sliding_logits(model: ServedModel, x: np.ndarray, batch: int = SLIDING_BATCH) -> np.ndarray:
     """(1, 3, H, W) -> (1, K, H, W) logits, averaging windows of the model's input size.
 
     A model that takes any size sees images no larger than its window in one pass. A fixed-size model (an

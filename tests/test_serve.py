@@ -299,13 +299,32 @@ def test_cli_errors_are_one_line(argv, message):
     assert str(info.value).startswith(message) and "\n" not in str(info.value)
 
 
-def test_cli_tensorrt_needs_its_provider(tmp_path):
-    import onnxruntime as ort
+def test_cli_tensorrt_says_why_it_is_unavailable(tmp_path):
+    from attnzoo.export.tensorrt import tensorrt_unavailable_reason
 
-    if "TensorrtExecutionProvider" in ort.get_available_providers():
+    if tensorrt_unavailable_reason() is None:
         pytest.skip("TensorRT is available here")
-    with pytest.raises(SystemExit, match="error: the tensorrt backend needs"):
+    with pytest.raises(SystemExit, match="error: the tensorrt backend is not available: .*use --backend onnxruntime"):
         cli_main(["--models", str(tmp_path), "--backend", "tensorrt"])
+
+
+@pytest.mark.tensorrt
+def test_tensorrt_backend_matches_onnxruntime(models_dir, served, images, tmp_path):
+    from attnzoo.export.tensorrt import tensorrt_unavailable_reason
+
+    reason = tensorrt_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    engines = {(m.task, m.name): m for m in load_models(models_dir, backend="tensorrt", cache_dir=tmp_path)}
+    for m in served:
+        ref = engines[(m.task, m.name)]
+        if m.task == "cls":
+            a, b = predict.classify(m, images["rgb"])[0], predict.classify(ref, images["rgb"])[0]
+            assert list(a) == list(b) and np.allclose(list(a.values()), list(b.values()), atol=1e-3)
+        else:
+            a, b = predict.segment(m, images["large"], max_side=100)[0], predict.segment(ref, images["large"],
+                                                                                        max_side=100)[0]
+            assert (a == b).mean() > 0.99
 
 
 def test_cli_empty_folder(tmp_path):
