@@ -25,7 +25,7 @@ from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, load_image, normalize
 __all__ = ["SHAPES_CLASSES", "SHAPES_SEG_CLASSES", "DIGITS_CLASSES", "SPLITS", "BUILTIN_DATA", "ImageSet",
            "TensorDataset", "shapes_images", "shapes", "digits", "imagefolder", "ade_folder", "load_data"]
 
-SHAPES_CLASSES: List[str] = ["circle", "square", "triangle", "star", "hexagon", "cross", "ring"]
+SHAPES_CLASSES: List[str] = ["circle", "square", "triangle", "star", "cross", "ring"]
 SHAPES_SEG_CLASSES: List[str] = ["background", *SHAPES_CLASSES]
 DIGITS_CLASSES: List[str] = [str(d) for d in range(10)]
 SPLITS: Tuple[str, ...] = ("train", "val", "test")
@@ -120,14 +120,14 @@ def _draw_shape(draws: Sequence[ImageDraw.ImageDraw], fills: Sequence, kind: str
 
 def _background(rng: np.random.Generator, size: int) -> np.ndarray:
     """A float (size, size, 3) background: a two-colour gradient plus stripes, checks or blotches."""
-    c0, c1 = rng.uniform(0, 255, 3), rng.uniform(0, 255, 3)
+    c0, c1 = rng.uniform(0, 110, 3), rng.uniform(0, 110, 3)
     yy, xx = np.mgrid[0:size, 0:size] / max(size - 1, 1)
     t = rng.uniform(0, 2 * math.pi)
     ramp = (np.cos(t) * xx + np.sin(t) * yy)
     ramp = (ramp - ramp.min()) / max(float(np.ptp(ramp)), 1e-6)
     bg = c0 + (c1 - c0) * ramp[..., None] * rng.uniform(0.0, 0.6)
     kind = rng.integers(4)
-    amp = rng.uniform(10, 40)
+    amp = rng.uniform(5, 20)
     if kind == 1:  # stripes
         period = rng.uniform(3, 9) * size / 32
         u = np.cos(rng.uniform(0, math.pi)) * xx + np.sin(rng.uniform(0, math.pi)) * yy
@@ -144,14 +144,9 @@ def _background(rng: np.random.Generator, size: int) -> np.ndarray:
     return bg
 
 
-def _object_colour(rng: np.random.Generator, bg_mean: np.ndarray) -> Tuple[int, int, int]:
-    """A random colour that stands out from the background's mean colour."""
-    colour = rng.uniform(0, 255, 3)
-    for _ in range(30):
-        if np.abs(colour - bg_mean).sum() > 150:
-            break
-        colour = rng.uniform(0, 255, 3)
-    return tuple(int(c) for c in colour)
+def _object_colour(rng: np.random.Generator) -> Tuple[int, int, int]:
+    """A random bright colour (objects are brighter than the darker backgrounds)."""
+    return tuple(int(c) for c in rng.uniform(150, 255, 3))
 
 
 def _shapes_one(rng: np.random.Generator, img_size: int, task: str) -> Tuple[np.ndarray, np.ndarray]:
@@ -162,10 +157,9 @@ def _shapes_one(rng: np.random.Generator, img_size: int, task: str) -> Tuple[np.
     canvas = Image.fromarray(np.clip(bg, 0, 255).astype(np.uint8))
     mask = Image.new("L", (big, big), 0)
     draw_img, draw_mask = ImageDraw.Draw(canvas), ImageDraw.Draw(mask)
-    bg_mean = bg.reshape(-1, 3).mean(0)
     if task == "cls":  # small distractors first, then one dominant object on top
         objects = [(rng.uniform(0.08, 0.14), False) for _ in range(int(rng.integers(0, 3)))]
-        objects.append((rng.uniform(0.25, 0.42), True))
+        objects.append((rng.uniform(0.3, 0.45), True))
     else:  # several objects of similar size that may overlap
         objects = [(rng.uniform(0.12, 0.3), False) for _ in range(int(rng.integers(2, 5)))]
     for rel, dominant in objects:
@@ -175,7 +169,7 @@ def _shapes_one(rng: np.random.Generator, img_size: int, task: str) -> Tuple[np.
         lo, hi = (r, big - r) if dominant else (0.3 * r, big - 0.3 * r)
         cx, cy = rng.uniform(lo, hi, 2)
         angle = rng.uniform(0, 2 * math.pi)
-        colour = _object_colour(rng, bg_mean)
+        colour = _object_colour(rng)
         _draw_shape([draw_img, draw_mask], [colour, k + 1], kind, cx, cy, r, angle)
         if kind == "ring":  # punch the hole: the background shows through
             hole = 0.55 * r
@@ -185,7 +179,7 @@ def _shapes_one(rng: np.random.Generator, img_size: int, task: str) -> Tuple[np.
             canvas.paste(Image.fromarray(np.clip(bg, 0, 255).astype(np.uint8)), (0, 0), hole_mask)
             draw_mask.ellipse(hole_box, fill=0)
     img = np.asarray(canvas.resize((img_size, img_size), Image.BOX), dtype=np.float64)
-    img = img + rng.normal(0, rng.uniform(0, 12), img.shape)
+    img = img + rng.normal(0, rng.uniform(0, 8), img.shape)
     small_mask = np.asarray(mask.resize((img_size, img_size), Image.NEAREST), dtype=np.uint8)
     return np.clip(img + 0.5, 0, 255).astype(np.uint8), small_mask
 

@@ -1,0 +1,103 @@
+"""Command lines ``train-model`` and ``evaluate-model``.
+
+    train-model --variant belief2 --task cls --data shapes --epochs 5 --out runs
+    evaluate-model runs/belief2_cls_shapes.safetensors --limit 500
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import List, Optional
+
+from attnzoo.training.train import TrainConfig, evaluate_checkpoint, train
+
+__all__ = ["main", "evaluate_main"]
+
+
+def _parse_options(items: List[str]) -> dict:
+    """``KEY=VALUE`` pairs; values parsed as JSON when possible (``eps=1e-6``, ``zz=false``)."""
+    options = {}
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"--option expects KEY=VALUE, got {item!r}")
+        key, value = item.split("=", 1)
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
+
+
+def _train_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="train-model", description="Train an attnzoo model (AdamW, cosine "
+                                "schedule with warm-up, validation each epoch, resumable).")
+    p.add_argument("--variant", required=True, help="attention variant (see attnzoo.models.VARIANTS)")
+    p.add_argument("--task", choices=("cls", "seg"), default="cls")
+    p.add_argument("--data", default="shapes",
+                   help="shapes, digits, a class-per-folder image folder or an ADE20K-layout folder")
+    p.add_argument("--arch", default="micro", help="micro, tiny, small or base")
+    p.add_argument("--img-size", type=int, default=None, help="input size (default 32)")
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--weight-decay", type=float, default=0.05)
+    p.add_argument("--warmup-epochs", type=float, default=0.5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--train-size", type=int, default=None, help="train images (default: all / 8000 shapes)")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="variant option, e.g. --option eps=1e-6 --option param_matched=true")
+    p.add_argument("--out", default="runs", help="output folder")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--resume", action="store_true", help="continue from the saved state in --out")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """``train-model``: train one model and write ``<out>/<variant>_<task>_<data>.safetensors`` + ``.json``."""
+    args = _train_parser().parse_args(argv)
+    try:
+        if args.epochs < 1 or args.batch_size < 1 or args.lr <= 0:
+            raise ValueError("--epochs and --batch-size must be >= 1 and --lr > 0")
+        cfg = TrainConfig(variant=args.variant, task=args.task, data=args.data, arch=args.arch,
+                          img_size=args.img_size, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                          weight_decay=args.weight_decay, warmup_epochs=args.warmup_epochs, seed=args.seed,
+                          train_size=args.train_size, options=_parse_options(args.option), out=args.out,
+                          threads=args.threads)
+        result = train(cfg, resume=args.resume, progress=not args.no_progress)
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise SystemExit(f"error: {exc}") from None
+    print(f"saved {result['path']}  val {result['metric_name']} {result['val_metric']:.2f}  "
+          f"({result['train_time_s']:.0f} s)")
+    return 0
+
+
+def evaluate_main(argv: Optional[List[str]] = None) -> int:
+    """``evaluate-model``: top-1 (cls) or mIoU + per-class IoU (seg) of a checkpoint on the test split."""
+    p = argparse.ArgumentParser(prog="evaluate-model", description="Re-evaluate a checkpoint on the test split.")
+    p.add_argument("checkpoint", help=".safetensors written by train-model (or a zoo file)")
+    p.add_argument("--data", default=None, help="data source (default: the one recorded in the checkpoint)")
+    p.add_argument("--split", choices=("train", "val", "test"), default="test")
+    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N images")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = p.parse_args(argv)
+    try:
+        if args.limit is not None and args.limit < 1:
+            raise ValueError("--limit must be >= 1")
+        result = evaluate_checkpoint(args.checkpoint, data=args.data, limit=args.limit, split=args.split)
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise SystemExit(f"error: {exc}") from None
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"{args.checkpoint}: {result['metric_name']} {result['metric']:.2f} on {result['n_images']} "
+          f"{args.split} images of {result['data']}")
+    for name, iou in (result.get("per_class_iou") or {}).items():
+        print(f"  {name:>12s}  IoU {'-' if iou is None else f'{iou:.2f}'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

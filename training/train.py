@@ -1,0 +1,271 @@
+"""Training and evaluation: AdamW, cosine schedule with linear warm-up, a held-out evaluation each epoch,
+deterministic with a seed and resumable from a safetensors + JSON state (never a pickle).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from tqdm import tqdm
+
+from attnzoo.checkpoint import atomic_write_text, load_checkpoint, read_config, save_checkpoint
+from attnzoo.models import canonical_name, count_params, create_model
+from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD
+from attnzoo.training.data import BUILTIN_DATA, ImageSet, TensorDataset, load_data
+
+__all__ = ["TrainConfig", "train", "evaluate", "evaluate_checkpoint", "checkpoint_name", "metric_name"]
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines a training run (saved in the checkpoint's JSON)."""
+
+    variant: str
+    task: str = "cls"
+    data: str = "shapes"
+    arch: str = "micro"
+    img_size: Optional[int] = None
+    epochs: int = 10
+    batch_size: int = 128
+    lr: float = 2e-3
+    weight_decay: float = 0.05
+    warmup_epochs: float = 1.0
+    min_lr_ratio: float = 0.01
+    seed: int = 0
+    train_size: Optional[int] = None  # images in the train split (None: the data set's default / all)
+    val_size: Optional[int] = None
+    options: Dict[str, Any] = field(default_factory=dict)
+    out: str = "runs"
+    threads: Optional[int] = None
+
+
+def metric_name(task: str) -> str:
+    """``top1`` for classification, ``miou`` for segmentation (both in percent)."""
+    return "top1" if task == "cls" else "miou"
+
+
+def data_tag(data: str) -> str:
+    """Short name of a data source for file names: ``shapes``, ``digits`` or the folder's name."""
+    return data if data in BUILTIN_DATA else Path(data).resolve().name
+
+
+def checkpoint_name(cfg: TrainConfig) -> str:
+    """``<variant>_<task>_<data>``."""
+    return f"{canonical_name(cfg.variant)}_{cfg.task}_{data_tag(cfg.data)}"
+
+
+# ---------------------------------------------------------------------------------------------- metrics
+
+
+@torch.no_grad()
+def _confusion(model: nn.Module, ds: TensorDataset, num_classes: int, batch_size: int) -> torch.Tensor:
+    """Confusion matrix (true x predicted) over a data set; pixels for seg, images for cls."""
+    conf = torch.zeros(num_classes, num_classes, dtype=torch.int64)
+    model.eval()
+    for start in range(0, len(ds), batch_size):
+        x, y = ds.x[start:start + batch_size], ds.y[start:start + batch_size]
+        pred = model(x).argmax(1)
+        conf += torch.bincount((y * num_classes + pred).reshape(-1),
+                               minlength=num_classes ** 2).reshape(num_classes, num_classes)
+    return conf
+
+
+def metrics_from_confusion(conf: torch.Tensor, task: str, class_names) -> Dict[str, Any]:
+    """Top-1 (cls) or mIoU with per-class IoU (seg), in percent. mIoU averages the classes that occur in
+    the ground truth or the prediction."""
+    conf = conf.double()
+    if task == "cls":
+        total = conf.sum().item()
+        return {"metric_name": "top1", "metric": 100.0 * conf.diag().sum().item() / max(total, 1.0),
+                "n": int(total)}
+    inter = conf.diag()
+    union = conf.sum(0) + conf.sum(1) - inter
+    iou = {name: (100.0 * inter[k].item() / union[k].item() if union[k] > 0 else None)
+           for k, name in enumerate(class_names)}
+    valid = [v for v in iou.values() if v is not None]
+    return {"metric_name": "miou", "metric": float(np.mean(valid)) if valid else 0.0,
+            "pixel_acc": 100.0 * inter.sum().item() / max(conf.sum().item(), 1.0), "per_class_iou": iou}
+
+
+def evaluate(model: nn.Module, data: ImageSet, task: str, mean=DEFAULT_MEAN, std=DEFAULT_STD,
+             batch_size: int = 256) -> Dict[str, Any]:
+    """Top-1 / mIoU of ``model`` on ``data`` (``metric`` in percent, plus per-class IoU for seg)."""
+    ds = TensorDataset(data, task, mean, std)
+    k = len(data.class_names)
+    out = metrics_from_confusion(_confusion(model, ds, k, batch_size), task, data.class_names)
+    out["n_images"] = len(data)
+    return out
+
+
+def evaluate_checkpoint(path, data: Optional[str] = None, limit: Optional[int] = None,
+                        split: str = "test", batch_size: int = 256) -> Dict[str, Any]:
+    """Re-evaluate a checkpoint on ``split`` of its own training data (or ``data``), from the file alone."""
+    config = read_config(path)
+    model, config = load_checkpoint(path)
+    source = data or config.get("data")
+    if not source:
+        raise ValueError(f"{path}: the checkpoint does not record its data; pass --data")
+    ds = load_data(source, split, config["task"], config["img_size"], n=limit,
+                   seed=int(config.get("data_seed", 0)))
+    if len(ds.class_names) != config["num_classes"]:
+        raise ValueError(f"data {source!r} has {len(ds.class_names)} classes, the checkpoint "
+                         f"{config['num_classes']}")
+    result = evaluate(model, ds, config["task"], config["mean"], config["std"], batch_size)
+    result.update(checkpoint=str(path), data=source, split=split)
+    return result
+
+
+# --------------------------------------------------------------------------------------------- training
+
+
+def _lr_lambda(total_steps: int, warmup_steps: int, min_ratio: float):
+    def fn(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        t = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
+    return fn
+
+
+def _state_paths(out_dir: Path, name: str) -> Tuple[Path, Path]:
+    return out_dir / f"{name}.state.safetensors", out_dir / f"{name}.state.json"
+
+
+def _save_state(out_dir: Path, name: str, model, opt, sched, epoch: int, history, elapsed: float,
+                cfg: TrainConfig) -> None:
+    """Resumable state: model + AdamW moments as safetensors, everything else as JSON; atomic writes."""
+    tensors = {f"model.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
+    opt_sd = opt.state_dict()
+    for idx, st in opt_sd["state"].items():
+        for key, val in st.items():
+            tensors[f"opt.{idx}.{key}"] = torch.as_tensor(val).detach().contiguous().reshape(-1) \
+                if key == "step" else val.detach().contiguous()
+    st_path, js_path = _state_paths(out_dir, name)
+    tmp = st_path.with_name(st_path.name + ".tmp")
+    save_file(tensors, str(tmp))
+    tmp.replace(st_path)
+    sched_sd = {k: v for k, v in sched.state_dict().items() if k != "lr_lambdas"}
+    atomic_write_text(js_path, json.dumps({"epoch": epoch, "history": history, "elapsed": elapsed,
+                                           "param_groups": opt_sd["param_groups"], "scheduler": sched_sd,
+                                           "config": asdict(cfg)}, indent=1))
+
+
+def _load_state(out_dir: Path, name: str, model, opt, sched, cfg: TrainConfig):
+    """Restore what :func:`_save_state` wrote; ``None`` when there is nothing to resume."""
+    st_path, js_path = _state_paths(out_dir, name)
+    if not (st_path.is_file() and js_path.is_file()):
+        return None
+    meta = json.loads(js_path.read_text())
+    saved = {k: v for k, v in meta["config"].items() if k not in ("out", "threads", "epochs")}
+    now = {k: v for k, v in asdict(cfg).items() if k not in ("out", "threads", "epochs")}
+    if saved != now:
+        diff = sorted(k for k in now if saved.get(k) != now[k])
+        raise ValueError(f"cannot resume {st_path}: it was trained with different settings ({', '.join(diff)})")
+    tensors = load_file(str(st_path))
+    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    state: Dict[int, Dict[str, torch.Tensor]] = {}
+    for key, val in tensors.items():
+        if key.startswith("opt."):
+            _, idx, sub = key.split(".", 2)
+            state.setdefault(int(idx), {})[sub] = val.reshape(()) if sub == "step" else val
+    opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+    sd = sched.state_dict()
+    sd.update(meta["scheduler"])
+    sched.load_state_dict(sd)
+    return meta
+
+
+def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, train_data: Optional[ImageSet] = None,
+          val_data: Optional[ImageSet] = None, max_steps: Optional[int] = None) -> Dict[str, Any]:
+    """Train one model and save it as ``<out>/<variant>_<task>_<data>.safetensors`` (+ ``.json``).
+
+    Args:
+        cfg: The run's settings.
+        resume: Continue from ``<name>.state.*`` in ``cfg.out`` when present.
+        progress: Show a tqdm bar.
+        train_data, val_data: Pre-loaded splits (the zoo builder shares them); loaded from ``cfg.data``
+            when None.
+        max_steps: Stop after this many optimisation steps (tests).
+
+    Returns:
+        The saved config (with history, test-free validation metric, train time, file path).
+    """
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    variant = canonical_name(cfg.variant)
+    img_size = cfg.img_size or 32
+    if train_data is None:
+        train_data = load_data(cfg.data, "train", cfg.task, img_size, cfg.train_size, seed=0)
+    if val_data is None:
+        val_data = load_data(cfg.data, "val", cfg.task, img_size, cfg.val_size, seed=0)
+    model = create_model(variant, cfg.task, cfg.arch, num_classes=len(train_data.class_names),
+                         img_size=img_size, **cfg.options)
+    ds = TensorDataset(train_data, cfg.task)
+    steps_per_epoch = math.ceil(len(ds) / cfg.batch_size)
+    total = steps_per_epoch * cfg.epochs
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, _lr_lambda(total, max(1, int(cfg.warmup_epochs * steps_per_epoch)), cfg.min_lr_ratio))
+    out_dir = Path(cfg.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = checkpoint_name(cfg)
+    history, start_epoch, elapsed = [], 0, 0.0
+    if resume:
+        meta = _load_state(out_dir, name, model, opt, sched, cfg)
+        if meta is not None:
+            history, start_epoch, elapsed = meta["history"], meta["epoch"], meta["elapsed"]
+    loss_fn = nn.CrossEntropyLoss()
+    step = 0
+    for epoch in range(start_epoch, cfg.epochs):
+        t0 = time.perf_counter()
+        model.train()
+        order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(cfg.seed * 1000 + epoch))
+        bar = tqdm(range(steps_per_epoch), desc=f"{name} {epoch + 1}/{cfg.epochs}", disable=not progress,
+                   leave=False, mininterval=2.0)
+        losses = []
+        for i in bar:
+            idx = order[i * cfg.batch_size:(i + 1) * cfg.batch_size]
+            loss = loss_fn(model(ds.x[idx]), ds.y[idx])
+            if not torch.isfinite(loss):
+                raise RuntimeError(f"{name}: loss became {loss.item()} at epoch {epoch + 1} step {i}")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            losses.append(loss.item())
+            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
+            step += 1
+            if max_steps is not None and step >= max_steps:
+                break
+        val = evaluate(model, val_data, cfg.task)
+        elapsed += time.perf_counter() - t0
+        history.append({"epoch": epoch + 1, "train_loss": float(np.mean(losses)), "val": val["metric"],
+                        "lr": sched.get_last_lr()[0], "losses_first_last": [losses[0], losses[-1]]})
+        if progress:
+            tqdm.write(f"{name} epoch {epoch + 1}/{cfg.epochs} loss {history[-1]['train_loss']:.4f} "
+                       f"val {val['metric_name']} {val['metric']:.2f}")
+        _save_state(out_dir, name, model, opt, sched, epoch + 1, history, elapsed, cfg)
+        if max_steps is not None and step >= max_steps:
+            break
+    extra = {"data": cfg.data, "data_seed": 0, "seed": cfg.seed, "epochs": cfg.epochs,
+             "train_size": len(train_data), "recipe": asdict(cfg), "history": history,
+             "val_metric": history[-1]["val"] if history else None, "metric_name": metric_name(cfg.task),
+             "train_time_s": round(elapsed, 1), "params": count_params(model)}
+    path = out_dir / f"{name}.safetensors"
+    saved = save_checkpoint(model, path, class_names=train_data.class_names, extra=extra)
+    if history and history[-1]["epoch"] == cfg.epochs:  # the run is complete: nothing left to resume
+        for p in _state_paths(out_dir, name):
+            p.unlink(missing_ok=True)
+    saved["path"] = str(path)
+    return saved
