@@ -1,0 +1,315 @@
+"""Tests of attnzoo.export: ONNX export, the projection checker, verification, fp16, the CLI, TensorRT."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from attnzoo.checkpoint import save_checkpoint, sha256_file
+from attnzoo.export import (BATCH_DIM, assert_projection, check_projection, export_verified, make_session,
+                            metadata_props, read_metadata, report_path)
+from attnzoo.export import verify as verify_mod
+from attnzoo.export.check import PROJECTION_MODULES, REQUIRED_OPS, ProjectionCheckError
+from attnzoo.export.cli import main
+from attnzoo.export.tensorrt import INSTALL_HINT, build_engine, tensorrt_unavailable_reason
+from attnzoo.models import ARCHS, PROJECTION_VARIANTS, VARIANT_NAMES, create_model
+
+DEPTH = ARCHS["micro"]["depth"]
+SEG_HW = (24, 40)  # non-square, not the training size
+CONTRACT_KEYS = {"attnzoo.config", "variant", "task", "arch", "options", "class_names", "input_size", "mean",
+                 "std", "eps", "attnzoo_version", "checkpoint_sha256", "dtype"}
+# The fast set: standard and every projection variant; the full matrix runs with -m slow.
+FAST_CLS = ("standard", *PROJECTION_VARIANTS)
+FAST_SEG = ("belief2", "exclusive")
+# models/wafe.py passes a negative sdpa scale for anti-wafe-mse; torch's ONNX decomposition of sdpa takes
+# sqrt(scale) and yields NaN. The verification catches it (the export is refused), see the final report.
+KNOWN_BAD = {"anti-wafe-mse": "sdpa with a negative scale exports as sqrt(scale) = NaN (models/wafe.py)"}
+
+
+def _params(names, fast):
+    out = []
+    for name in names:
+        marks = [] if name in fast else [pytest.mark.slow]
+        if name in KNOWN_BAD:
+            marks.append(pytest.mark.xfail(reason=KNOWN_BAD[name], raises=verify_mod.VerificationError))
+        out.append(pytest.param(name, marks=marks))
+    return out
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """Cache of verified exports: (variant, task, dtype) -> (model, path, report)."""
+    root = tmp_path_factory.mktemp("exports")
+    cache = {}
+
+    def get(variant, task="cls", dtype="fp32"):
+        key = (variant, task, dtype)
+        if key not in cache:
+            torch.manual_seed(0)
+            model = create_model(variant, task, "micro", num_classes=5)
+            path = root / f"{variant}_{task}_{dtype}.onnx"
+            report = export_verified(model, path, model.attnzoo_config, dtype=dtype, batch_sizes=(1,),
+                                     input_hw=SEG_HW if task == "seg" else None)
+            cache[key] = (model, path, report)
+        return cache[key]
+
+    return get
+
+
+def _assert_projection_found(report, variant, task):
+    proj = report["projection"]
+    assert proj["ok"], proj["failures"]
+    prefix = "encoder.blocks" if task == "seg" else "blocks"
+    modules = PROJECTION_MODULES.get(variant, ())
+    expected = {f"{prefix}.{i}.attn.{m}" for i in range(DEPTH) for m in modules}
+    assert set(proj["blocks"]) == expected
+    for scope, found in proj["blocks"].items():
+        for op, need in REQUIRED_OPS.items():
+            assert found["ops"].get(op, 0) >= need, (scope, op)
+        assert all(name.startswith(scope + "/") for name in found["nodes"])
+
+
+@pytest.mark.parametrize("variant", _params(VARIANT_NAMES, FAST_CLS))
+def test_export_cls_parity_and_projection(exported, variant):
+    model, path, report = exported(variant)
+    assert path.is_file() and report["passed"], report["failures"]
+    for row in report["parity"]["per_batch"]:
+        for kind in ("real", "random"):
+            assert row[kind]["max_abs_err"] <= 1e-4
+            assert row[kind]["top1_agree"] == 1.0
+    assert report["parity"]["batch_sizes"] == [1, 3]  # 2 is the traced size; neither of these was
+    _assert_projection_found(report, variant, "cls")
+    assert CONTRACT_KEYS <= set(metadata_props(path))
+    saved = json.loads(report_path(path).read_text())
+    assert saved["sha256"] == sha256_file(path) and saved["opset"] == 20 and saved["op_histogram"]
+
+
+@pytest.mark.parametrize("variant", _params(VARIANT_NAMES, FAST_SEG))
+def test_export_seg_non_square(exported, variant):
+    model, path, report = exported(variant, "seg")
+    assert report["passed"], report["failures"]
+    assert report["input_size"] == list(SEG_HW)
+    _assert_projection_found(report, variant, "seg")
+    x = np.random.default_rng(1).standard_normal((2, 3, *SEG_HW)).astype(np.float32)
+    out = make_session(path).run(None, {"image": x})[0]
+    assert out.shape == (2, 5, *SEG_HW)
+
+
+def test_metadata_contract(exported):
+    model, path, _ = exported("belief2")
+    props = metadata_props(path)
+    config = read_metadata(path)
+    assert config["variant"] == props["variant"] == "belief2"
+    assert json.loads(props["input_size"]) == [32, 32]
+    assert float(props["eps"]) == config["options"]["eps"]
+    assert json.loads(props["class_names"]) == config["class_names"] and len(config["class_names"]) == 5
+    assert props["dtype"] == "fp32"
+    assert metadata_props(exported("standard")[1])["eps"] == ""
+
+
+def test_node_names_carry_module_path(exported):
+    proto = onnx.load(str(exported("belief2")[1]))
+    names = [n.name for n in proto.graph.node]
+    assert len(names) == len(set(names))
+    assert "blocks.3.attn.projection/Div" in names
+    assert any(n.startswith("blocks.0.attn/") and n.endswith("Softmax") for n in names)
+
+
+def test_dynamic_batch_is_dynamic(exported):
+    model, path, _ = exported("belief")
+    proto = onnx.load(str(path))
+    assert proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param == BATCH_DIM
+    session = make_session(path)
+    assert session.get_inputs()[0].shape[0] == BATCH_DIM
+    for batch in (5, 16):  # neither traced nor verified during the export
+        x = torch.randn(batch, 3, 32, 32)
+        out = session.run(None, {"image": x.numpy()})[0]
+        with torch.no_grad():
+            ref = model(x).numpy()
+        assert out.shape == (batch, 5)
+        assert np.abs(out - ref).max() <= 1e-4
+
+
+def _bypass(proto: onnx.ModelProto, name: str) -> onnx.ModelProto:
+    """Remove node ``name``; its consumers read its first non-constant input instead."""
+    proto = onnx.ModelProto.FromString(proto.SerializeToString())
+    node = next(n for n in proto.graph.node if n.name == name)
+    src = node.input[0]
+    proto.graph.node.remove(node)
+    for other in proto.graph.node:
+        other.input[:] = [src if i == node.output[0] else i for i in other.input]
+    return proto
+
+
+@pytest.mark.parametrize("op", ["ReduceSum_1", "Add", "Div", "Mul_2", "Sub"])
+def test_checker_fails_when_a_projection_op_is_removed(exported, op):
+    proto = onnx.load(str(exported("belief2")[1]))
+    assert check_projection(proto)["ok"]
+    broken = _bypass(proto, f"blocks.2.attn.projection/{op}")
+    result = check_projection(broken)
+    assert not result["ok"]
+    assert all(f.startswith("blocks.2.attn.projection") for f in result["failures"])
+    with pytest.raises(ProjectionCheckError, match="blocks.2.attn.projection"):
+        assert_projection(broken)
+
+
+def test_checker_fails_without_the_projection_scope(exported):
+    proto = onnx.load(str(exported("exclusive")[1]))
+    for node in proto.graph.node:  # an exporter that lost the module names
+        node.name = node.name.replace("head_projection", "anonymous")
+    result = check_projection(proto)
+    assert not result["ok"] and len(result["failures"]) == DEPTH
+
+
+def test_fp16_graph_keeps_fp32_islands(exported):
+    try:
+        model, path, report = exported("belief-star", "cls", "fp16")
+    except Exception as exc:  # ONNX Runtime's CPU provider lacks an fp16 kernel
+        if "NOT_IMPLEMENTED" in str(exc):
+            pytest.skip(f"ONNX Runtime CPU cannot run this fp16 graph: {str(exc).splitlines()[0]}")
+        raise
+    assert report["passed"], report["failures"]
+    assert report["parity"]["max_abs_err"] <= verify_mod.FP16_RTOL * max(
+        1.0, max(r["real"]["max_abs_logit"] for r in report["parity"]["per_batch"]))
+    proto = onnx.load(str(path))
+    assert metadata_props(path)["dtype"] == "fp16"
+    assert any(t.data_type == onnx.TensorProto.FLOAT16 for t in proto.graph.initializer)
+    casts = [n.name for n in proto.graph.node if n.op_type == "Cast"]
+    for i in range(DEPTH):
+        assert any(c.startswith(f"blocks.{i}.attn.projection/") for c in casts)
+        assert any(c.startswith(f"blocks.{i}.norm1/") for c in casts)
+        assert f"blocks.{i}.attn/Cast_softmax_in" in casts
+    assert proto.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    _assert_projection_found(report, "belief-star", "cls")  # includes: every projection op computes in fp32
+
+
+def test_failed_verification_leaves_no_model(tmp_path, monkeypatch):
+    monkeypatch.setattr(verify_mod, "FP32_ATOL", -1.0)  # no export can pass
+    model = create_model("belief", "cls", "micro", num_classes=3)
+    out = tmp_path / "m.onnx"
+    with pytest.raises(verify_mod.VerificationError, match="failed verification"):
+        export_verified(model, out, model.attnzoo_config, batch_sizes=(1,))
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["m.report.json"]
+    assert json.loads((tmp_path / "m.report.json").read_text())["passed"] is False
+
+
+# ----------------------------------------------------------------------------------------------------- CLI
+
+
+def _cli_error(args, capsys=None) -> str:
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    assert info.value.code not in (0, None)
+    return str(info.value.code)
+
+
+def test_cli_exports_a_checkpoint(tmp_path, capsys):
+    model = create_model("belief2", "cls", "micro", num_classes=3)
+    ckpt = tmp_path / "b2.safetensors"
+    save_checkpoint(model, ckpt, class_names=["a", "b", "c"])
+    out = tmp_path / "out" / "b2.onnx"
+    assert main(["--variant", "belief2", "--checkpoint", str(ckpt), "--out", str(out),
+                 "--batch-sizes", "1"]) == 0
+    props = metadata_props(out)
+    assert props["checkpoint_sha256"] == sha256_file(ckpt)
+    assert json.loads(props["class_names"]) == ["a", "b", "c"]
+    assert "PASSED" in capsys.readouterr().out
+    assert sorted(p.name for p in out.parent.iterdir()) == ["b2.onnx", "b2.report.json"]
+
+
+def test_cli_bad_inputs(tmp_path, monkeypatch):
+    from attnzoo import zoo
+
+    assert "valid variants: " in _cli_error(["--variant", "nope", "--random-init"])
+    assert "supported: 18" in _cli_error(["--variant", "belief", "--random-init", "--opset", "9"])
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    assert "cannot create the output folder" in _cli_error(
+        ["--variant", "belief", "--random-init", "--out", str(blocker / "sub" / "m.onnx")])
+    assert "exclude each other" in _cli_error(
+        ["--variant", "belief", "--random-init", "--checkpoint", str(blocker)])
+    assert "positive integers" in _cli_error(["--variant", "belief", "--random-init", "--batch-sizes", "0,x"])
+
+    def no_zoo(*args, **kwargs):
+        raise ValueError("the zoo has no 'cls' model of 'belief'")
+
+    monkeypatch.setattr(zoo, "checkpoint_path", no_zoo)
+    assert "--random-init" in _cli_error(["--variant", "belief"])
+    assert list(tmp_path.iterdir()) == [blocker]
+
+
+def test_cli_unknown_arch_and_task_list_choices(capsys):
+    for args in (["--arch", "huge"], ["--task", "det"]):
+        with pytest.raises(SystemExit) as info:
+            main(["--variant", "belief", "--random-init", *args])
+        assert info.value.code == 2
+        assert "choose from" in capsys.readouterr().err
+
+
+class _Evil:
+    """A pickle that would create a file when unpickled."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_cli_refuses_pickles_and_mismatched_checkpoints(tmp_path):
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.pt"
+    evil.write_bytes(pickle.dumps({"head.weight": _Evil(marker)}))
+    msg = _cli_error(["--variant", "belief", "--checkpoint", str(evil), "--out", str(tmp_path / "e.onnx")])
+    assert "refused to load" in msg and not marker.exists()
+
+    standard = create_model("standard", "cls", "micro", num_classes=3)
+    plain = tmp_path / "standard_state.pt"
+    torch.save(standard.state_dict(), plain)
+    msg = _cli_error(["--variant", "belief2", "--checkpoint", str(plain), "--out", str(tmp_path / "p.onnx")])
+    assert "missing keys" in msg and "proj_p" in msg
+
+    ckpt = tmp_path / "belief.safetensors"
+    save_checkpoint(create_model("belief", "cls", "micro", num_classes=3), ckpt, class_names="abc")
+    msg = _cli_error(["--variant", "belief2", "--checkpoint", str(ckpt), "--out", str(tmp_path / "c.onnx")])
+    assert "'belief'" in msg and "'belief2'" in msg
+    assert not list(tmp_path.glob("*.onnx"))
+
+
+def test_cli_help_lists_variants_and_archs(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    assert all(v in text for v in VARIANT_NAMES) and all(a in text for a in ARCHS)
+
+
+# ------------------------------------------------------------------------------------------------ TensorRT
+
+TRT_REASON = tensorrt_unavailable_reason()
+
+
+def test_cli_tensorrt_missing_names_the_install_command():
+    if TRT_REASON is None:
+        pytest.skip("tensorrt and a GPU are available here")
+    msg = _cli_error(["--variant", "belief2", "--random-init", "--format", "tensorrt"])
+    assert INSTALL_HINT in msg or "GPU" in msg
+
+
+@pytest.mark.tensorrt
+@pytest.mark.skipif(TRT_REASON is not None, reason=str(TRT_REASON))
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_tensorrt_engine_matches_onnxruntime(exported, tmp_path, dtype):
+    _, path, _ = exported("belief2", "cls", dtype)
+    report = build_engine(path, tmp_path / "b2.engine", batch_sizes=(1, 4, 8),
+                          timing_cache=tmp_path / "timing.cache")
+    assert report["passed"] and (tmp_path / "b2.engine").stat().st_size > 0
+    assert report["profile"] == {"min": 1, "opt": 4, "max": 8}
+    assert (tmp_path / "timing.cache").is_file()
