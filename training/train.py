@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm import tqdm
 
-from attnzoo.checkpoint import atomic_write_text, load_checkpoint, read_config, save_checkpoint
+from attnzoo.checkpoint import atomic_write_text, load_checkpoint, save_checkpoint
 from attnzoo.models import canonical_name, count_params, create_model
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD
 from attnzoo.training.data import BUILTIN_DATA, ImageSet, TensorDataset, load_data
@@ -109,7 +109,6 @@ def evaluate(model: nn.Module, data: ImageSet, task: str, mean=DEFAULT_MEAN, std
 def evaluate_checkpoint(path, data: Optional[str] = None, limit: Optional[int] = None,
                         split: str = "test", batch_size: int = 256) -> Dict[str, Any]:
     """Re-evaluate a checkpoint on ``split`` of its own training data (or ``data``), from the file alone."""
-    config = read_config(path)
     model, config = load_checkpoint(path)
     source = data or config.get("data")
     if not source:
