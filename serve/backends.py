@@ -74,11 +74,11 @@ def backend_problem(backend: str) -> Optional[str]:
     return None
 
 
-def _onnx_runner(path: Path, providers: Sequence[str], threads: Optional[int]) -> Tuple[Callable, bool]:
-    """A reused ONNX Runtime session as ``run(x) -> logits``, and whether its H, W are fixed."""
+def _onnx_runner(path: Path, threads: Optional[int]) -> Tuple[Callable, bool]:
+    """A reused ONNX Runtime CPU session as ``run(x) -> logits``, and whether its H, W are fixed."""
     from attnzoo.export import INPUT_NAME, OUTPUT_NAME, make_session
 
-    session = make_session(path, threads=threads, providers=list(providers))
+    session = make_session(path, threads=threads, providers=["CPUExecutionProvider"])
     inp = session.get_inputs()[0]
     dtype = np.float16 if "float16" in inp.type else np.float32
     fixed = all(isinstance(d, int) for d in inp.shape[2:])
@@ -160,13 +160,10 @@ def load_onnx_dir(directory: Path, backend: str = "onnxruntime", threads: Option
         try:
             config = read_metadata(path)
             input_size = json.loads(metadata_props(path).get("input_size", "null"))
-        except Exception as exc:  # onnx raises its own types; skip the file, say why
+            run, fixed = _tensorrt_runner(path, cache_dir) if backend == "tensorrt" else _onnx_runner(path, threads)
+        except Exception as exc:  # onnx, onnxruntime and tensorrt raise their own types; skip the file, say why
             _warn(f"skipping {path.name}: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}")
             continue
-        if backend == "tensorrt":
-            run, fixed = _tensorrt_runner(path, cache_dir)
-        else:
-            run, fixed = _onnx_runner(path, ("CPUExecutionProvider",), threads)
         models.append(_from_config(config, run, fixed, path, backend, input_size))
     return models
 

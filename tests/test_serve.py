@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import socket
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -63,16 +64,25 @@ def models_dir(tmp_path_factory) -> Path:
     return folder
 
 
+ACTIVE = {"now": 0, "max": 0, "delay": 0.0}
+
+
 @pytest.fixture(scope="module")
 def served(models_dir):
-    """The served models, each wrapped to count its calls."""
+    """The served models, each wrapped to count its calls and how many model calls run at once."""
     models = load_models(models_dir)
     for m in models:
         m.calls = 0
 
         def counted(x, _run=m.run, _m=m):
             _m.calls += 1
-            return _run(x)
+            ACTIVE["now"] += 1
+            ACTIVE["max"] = max(ACTIVE["max"], ACTIVE["now"])
+            try:
+                time.sleep(ACTIVE["delay"])
+                return _run(x)
+            finally:
+                ACTIVE["now"] -= 1
 
         m.run = counted
     return models
@@ -325,6 +335,33 @@ def test_tensorrt_backend_matches_onnxruntime(models_dir, served, images, tmp_pa
             a, b = predict.segment(m, images["large"], max_side=100)[0], predict.segment(ref, images["large"],
                                                                                         max_side=100)[0]
             assert (a == b).mean() > 0.99
+
+
+def test_folder_skips_files_that_are_not_attnzoo_models(models_dir, tmp_path, capsys):
+    import onnx
+
+    shutil.copy(models_dir / "standard_cls.onnx", tmp_path / "good.onnx")
+    (tmp_path / "junk.onnx").write_bytes(b"not a model")
+    bare = onnx.load(str(models_dir / "standard_cls.onnx"))
+    del bare.metadata_props[:]
+    onnx.save(bare, str(tmp_path / "bare.onnx"))
+    models = load_models(tmp_path)
+    assert [Path(m.source).name for m in models] == ["good.onnx"]
+    err = capsys.readouterr().err
+    assert "warning: skipping junk.onnx" in err and "warning: skipping bare.onnx: " in err
+
+
+def test_concurrent_requests_share_one_queue(server, images, monkeypatch):
+    """Four users at once on three endpoints: all answered, and never two model calls at the same time."""
+    monkeypatch.setitem(ACTIVE, "delay", 0.05)
+    monkeypatch.setitem(ACTIVE, "max", 0)
+    calls = [("/classify", ("standard",)), ("/segment", ("standard", 0.5)), ("/compare", ("cls",)),
+             ("/classify", ("belief2",))]
+    jobs = [Client(server, verbose=False).submit(handle_file(images["rgb"]), *args, api_name=api)
+            for api, args in calls]
+    for job in jobs:
+        assert job.result(timeout=60)
+    assert ACTIVE["max"] == 1
 
 
 def test_cli_empty_folder(tmp_path):
