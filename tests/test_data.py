@@ -155,3 +155,19 @@ def test_ade_folder_bad_cases(tmp_path):
     with pytest.raises(ValueError, match="img0.png.*cannot read"):
         for split in ("train", "val", "test"):
             ade_folder(unreadable, split)
+
+
+def test_folders_with_split_subfolders(tmp_path):
+    for split, n in (("train", 4), ("val", 2)):
+        for cls in ("a", "b"):
+            for i in range(n):
+                _write_png(tmp_path / "cls" / split / cls / f"{i}.png")
+        _ade(tmp_path / "stage" / split, n=n)  # flat layout, moved into training/ and validation/
+        for kind in ("images", "annotations"):
+            dst = tmp_path / "ade" / kind / {"train": "training", "val": "validation"}[split]
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / "stage" / split / kind).rename(dst)
+    assert len(imagefolder(tmp_path / "cls", "train")) == 8
+    assert len(imagefolder(tmp_path / "cls", "test")) == 4  # no test/: falls back to val/
+    assert len(ade_folder(tmp_path / "ade", "train")) == 4
+    assert len(ade_folder(tmp_path / "ade", "val")) == 2

@@ -275,7 +275,7 @@ def _read_resized(path: Path, img_size: int) -> np.ndarray:
     return np.asarray(img.resize((img_size, img_size), Image.BILINEAR), dtype=np.uint8)
 
 
-def _split_root(root: Path, split: str, names: Sequence[str]) -> Optional[Path]:
+def _split_root(root: Path, names: Sequence[str]) -> Optional[Path]:
     """``root/<name>`` for the first of ``names`` that exists (e.g. ``val`` or ``validation``)."""
     for name in names:
         if (root / name).is_dir():
@@ -298,13 +298,13 @@ def imagefolder(root, split: str, task: str = "cls", img_size: int = 32, n: Opti
     root = Path(root)
     if not root.is_dir():
         raise ValueError(f"data folder not found: {root}")
-    has_splits = _split_root(root, "train", _SPLIT_DIRS["train"]) is not None
+    has_splits = _split_root(root, _SPLIT_DIRS["train"]) is not None
     base = root
     if has_splits:
-        base = _split_root(root, split, _SPLIT_DIRS[split]) or _split_root(root, "val", _SPLIT_DIRS["val"])
+        base = _split_root(root, _SPLIT_DIRS[split]) or _split_root(root, _SPLIT_DIRS["val"])
         if base is None:
             raise ValueError(f"{root}: has a train/ folder but no {split}/ or val/ folder")
-    class_root = _split_root(root, "train", _SPLIT_DIRS["train"]) if has_splits else root
+    class_root = _split_root(root, _SPLIT_DIRS["train"]) if has_splits else root
     classes = sorted(p.name for p in class_root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not classes:
         raise ValueError(f"{class_root}: no class sub-folders (expected {class_root}/<class>/<image>)")
@@ -354,9 +354,9 @@ def ade_folder(root, split: str, task: str = "seg", img_size: int = 32, n: Optio
     img_dir, ann_dir = root / "images", root / "annotations"
     if not img_dir.is_dir() or not ann_dir.is_dir():
         raise ValueError(f"{root}: an ade-folder needs images/ and annotations/ sub-folders")
-    has_splits = _split_root(img_dir, "train", _SPLIT_DIRS["train"]) is not None
+    has_splits = _split_root(img_dir, _SPLIT_DIRS["train"]) is not None
     if has_splits:
-        sub = _split_root(img_dir, split, _SPLIT_DIRS[split]) or _split_root(img_dir, "val", _SPLIT_DIRS["val"])
+        sub = _split_root(img_dir, _SPLIT_DIRS[split]) or _split_root(img_dir, _SPLIT_DIRS["val"])
         if sub is None:
             raise ValueError(f"{img_dir}: has a training/ folder but no {split} or validation folder")
         img_dir, ann_dir = sub, ann_dir / sub.name
