@@ -34,7 +34,8 @@ MAX_FILE_SIZE = "10mb"
 DISPLAY_MAX_SIDE = 2048
 QUEUE = "models"
 LEGEND_HEADERS = ["colour", "class", "pixels %", "IoU"]
-COMPARE_HEADERS = ["variant", "prediction", "score", "latency (ms)"]
+COMPARE_HEADERS = ["variant", "prediction", "probability / pixel share", "latency (ms)",
+                   "example: top-1 correct / mean IoU"]
 #: Small images (the shapes scenes are 128 px) are shown enlarged with crisp pixels.
 CSS = ".pixelated img { image-rendering: pixelated; min-height: 288px; object-fit: contain; }"
 
@@ -156,22 +157,27 @@ def _iou_note(state: Dict) -> str:
 
 def _compare_one(models: DemoModels, task: str, name: str, img: Image.Image, max_side: Optional[int]
                  ) -> Tuple[np.ndarray, str, List[Any]]:
-    """One Compare gallery item (picture, caption) and table row; a failing model reports its error."""
+    """One Compare gallery item (picture, caption) and table row; a failing model reports its error.
+
+    For a shipped example the last column is 1/0 (top-1 correct) or the mean IoU over its true classes."""
     try:
         if task == "cls":
-            probs, ms = classify(models.get("cls", name), img)
+            probs, ms, _ = _classify(models, img, name)
             top, p = next(iter(probs.items()))
+            entry = ex.find_example(img)
+            truth = float(top == entry["label"]) if entry and entry.get("label") else None
             return topk_chart(probs, name), f"{name}: {top} ({p:.0%}) · {ms:.1f} ms", [name, top, round(p, 4),
-                                                                                       round(ms, 3)]
+                                                                                       ms, truth]
         state = _segment_state(models, img, name, max_side)
         dom = dominant_classes(pixel_shares(state["mask"], len(state["names"])), state["names"])
         text = ", ".join(f"{c} {s:.0%}" for c, s in dom)
         pic = overlay(state["image"], state["mask"], state["colours"], 0.6, state["skip"])
+        miou = round(float(np.mean(list(state["iou"].values()))), 4) if state["iou"] else None
         return pic, f"{name}: {text} · {state['ms']:.1f} ms", [name, text, round(dom[0][1], 4),
-                                                              round(state["ms"], 3)]
+                                                              round(state["ms"], 3), miou]
     except ValueError as exc:
         blank = np.full((64, 64, 3), 255, np.uint8)
-        return blank, f"{name}: error: {exc}", [name, f"error: {exc}", None, None]
+        return blank, f"{name}: error: {exc}", [name, f"error: {exc}", None, None, None]
 
 
 # ------------------------------------------------------------------------------------------------- layout

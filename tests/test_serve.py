@@ -190,13 +190,17 @@ def test_opacity_slider_redraws_without_the_model(client, served, images):
 
 @pytest.mark.parametrize("task", ["cls", "seg"])
 def test_compare_endpoint(client, served, images, task):
-    gallery, table = client.predict(handle_file(images["example"]), task, api_name="/compare")
+    path = examples.example_paths(task)[0]
+    gallery, table = client.predict(handle_file(path), task, api_name="/compare")
     names = [m.name for m in served if m.task == task]
     assert len(gallery) == len(names) == len(table["data"])
     for item, row, name in zip(gallery, table["data"], names):
         assert item["caption"].startswith(f"{name}: ") and item["caption"].endswith(" ms")
         assert row[0] == name and row[3] > 0 and 0 < row[2] <= 1
+        assert row[4] in (0.0, 1.0) if task == "cls" else 0 <= row[4] <= 1  # the example's truth is known
         assert Image.open(item["image"]).size[0] > 0
+    _, table = client.predict(handle_file(images["rgb"]), task, api_name="/compare")
+    assert [row[4] for row in table["data"]] == [None] * len(names)
 
 
 @pytest.mark.parametrize("which", [0, 1])
@@ -241,81 +245,22 @@ def test_sliding_windows_on_a_fixed_size_model(served, images):
     assert mask.shape == (1500, 2400) and mask.max() < len(seg.class_names)
 
 
-def test_pytorch_backend_matches_onnxruntime(models_dir, served, images):
-    torch_models = {(m.task, m.name): m for m in load_models(models_dir, backend="pytorch")}
-    assert {(m.task, m.name) for m in served} == set(torch_models)
+def _assert_same_predictions(served, others, images, atol):
+    """``others`` (another backend) give the served ONNX Runtime models' top-5 and masks (sliding windows)."""
+    other = {(m.task, m.name): m for m in others}
+    assert {(m.task, m.name) for m in served} == set(other)
     for m in served:
-        ref = torch_models[(m.task, m.name)]
+        ref = other[(m.task, m.name)]
         if m.task == "cls":
             a, b = predict.classify(m, images["rgb"])[0], predict.classify(ref, images["rgb"])[0]
-            assert list(a) == list(b) and np.allclose(list(a.values()), list(b.values()), atol=1e-4)
+            assert list(a) == list(b) and np.allclose(list(a.values()), list(b.values()), atol=atol)
         else:
-            a, b = predict.segment(m, images["example"])[0], predict.segment(ref, images["example"])[0]
+            a, b = (predict.segment(x, images["large"], max_side=100)[0] for x in (m, ref))
             assert (a == b).mean() > 0.99
 
 
-def test_non_finite_outputs_are_refused():
-    model = ServedModel(name="nan", variant="standard", task="cls", class_names=SHAPES, input_size=(32, 32),
-                        mean=(0.5,) * 3, std=(0.5,) * 3, fixed_size=True,
-                        run=lambda x: np.full((x.shape[0], len(SHAPES)), np.nan, np.float32))
-    with pytest.raises(ValueError, match="non-finite"):
-        predict.classify(model, Image.new("RGB", (8, 8)))
-
-
-def test_shipped_examples_match_their_index():
-    idx = examples.index()
-    assert {e["task"] for e in idx["examples"]} == {"cls", "seg"}
-    for e in idx["examples"]:
-        img = Image.open(examples.EXAMPLES_DIR / e["image"])
-        assert examples.find_example(img) == e
-        if e["task"] == "seg":
-            mask = examples.true_mask(e)
-            assert mask.shape == (img.height, img.width) and mask.max() <= len(idx["classes"]["seg"]) - 1
-            names = {idx["classes"]["seg"][c] for c in np.unique(mask)}
-            assert names == set(e["classes"])
-
-
-def test_examples_are_regenerated_identically(tmp_path):
-    data = examples.generate(tmp_path, n_cls=1, n_seg=1)
-    shipped = {e["image"]: e for e in examples.index()["examples"]}
-    for e in data["examples"]:
-        assert e == shipped[e["image"]]
-
-
-def test_zoo_export_cache_is_reused(monkeypatch, tmp_path):
-    from attnzoo import zoo
-
-    model, config = _make_model("standard", "cls")
-    rows = [{"variant": "standard", "task": "cls", "data": "toy", "sha256": "abc"}]
-    monkeypatch.setattr(zoo, "entries", lambda: rows)
-    monkeypatch.setattr(zoo, "manifest", lambda: {"models": rows})
-    monkeypatch.setattr(zoo, "load", lambda *a: (model, config))
-    folder = backends.export_zoo("toy", tmp_path)
-    path = folder / "standard_cls_toy.onnx"
-    stamp = path.stat().st_mtime_ns
-    assert backends.export_zoo("toy", tmp_path) == folder and path.stat().st_mtime_ns == stamp
-    with pytest.raises(ValueError, match="no models trained on 'nothing'"):
-        backends.export_zoo("nothing", tmp_path)
-
-
-@pytest.mark.parametrize("argv, message", [
-    (["--models", "/no/such/dir"], "error: models folder not found"),
-    (["--port", "0"], "error: --port must be in 1..65535"),
-    (["--seg-max-side", "0"], "error: --seg-max-side must be at least 1"),
-])
-def test_cli_errors_are_one_line(argv, message):
-    with pytest.raises(SystemExit) as info:
-        cli_main(argv)
-    assert str(info.value).startswith(message) and "\n" not in str(info.value)
-
-
-def test_cli_tensorrt_says_why_it_is_unavailable(tmp_path):
-    from attnzoo.export.tensorrt import tensorrt_unavailable_reason
-
-    if tensorrt_unavailable_reason() is None:
-        pytest.skip("TensorRT is available here")
-    with pytest.raises(SystemExit, match="error: the tensorrt backend is not available: .*use --backend onnxruntime"):
-        cli_main(["--models", str(tmp_path), "--backend", "tensorrt"])
+def test_pytorch_backend_matches_onnxruntime(models_dir, served, images):
+    _assert_same_predictions(served, load_models(models_dir, backend="pytorch"), images, atol=1e-4)
 
 
 @pytest.mark.tensorrt
@@ -325,16 +270,9 @@ def test_tensorrt_backend_matches_onnxruntime(models_dir, served, images, tmp_pa
     reason = tensorrt_unavailable_reason()
     if reason:
         pytest.skip(reason)
-    engines = {(m.task, m.name): m for m in load_models(models_dir, backend="tensorrt", cache_dir=tmp_path)}
-    for m in served:
-        ref = engines[(m.task, m.name)]
-        if m.task == "cls":
-            a, b = predict.classify(m, images["rgb"])[0], predict.classify(ref, images["rgb"])[0]
-            assert list(a) == list(b) and np.allclose(list(a.values()), list(b.values()), atol=1e-3)
-        else:
-            a, b = predict.segment(m, images["large"], max_side=100)[0], predict.segment(ref, images["large"],
-                                                                                        max_side=100)[0]
-            assert (a == b).mean() > 0.99
+    engines = load_models(models_dir, backend="tensorrt", cache_dir=tmp_path)
+    assert all(m.backend == "tensorrt" for m in engines)
+    _assert_same_predictions(served, engines, images, atol=1e-3)
 
 
 def test_folder_skips_files_that_are_not_attnzoo_models(models_dir, tmp_path, capsys):
