@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["export_onnx", "make_session", "read_metadata", "metadata_props", "projection_scopes",
+__all__ = ["export_onnx", "make_session", "read_metadata", "metadata_props",
            "op_histogram", "INPUT_NAME", "OUTPUT_NAME", "BATCH_DIM", "SUPPORTED_OPSETS", "DTYPES", "FP32_OPS"]
 
 INPUT_NAME = "image"
@@ -43,7 +43,6 @@ FP32_OPS: Tuple[str, ...] = ("LayerNormalization", "Softmax")
 _PROTO_LIMIT = 2 ** 31 - 1
 _SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 _DROP_NODE_METADATA = ("pkg.torch.onnx.stack_trace", "pkg.torch.onnx.fx_node")
-_PROJECTION_MODULES = ("projection", "head_projection")
 
 
 def _module_path(node: onnx.NodeProto) -> str:
@@ -66,12 +65,6 @@ def _rename_nodes(graph: onnx.GraphProto) -> None:
         keep = [p for p in node.metadata_props if p.key not in _DROP_NODE_METADATA]
         del node.metadata_props[:]
         node.metadata_props.extend(keep)
-
-
-def projection_scopes(name: str) -> bool:
-    """True when a node name lies under an ``OrthogonalProjection`` module (``.projection/`` etc.)."""
-    scope = name.rsplit("/", 1)[0]
-    return scope.rsplit(".", 1)[-1] in _PROJECTION_MODULES
 
 
 class _FP32LayerNorm(nn.Module):
@@ -110,11 +103,10 @@ def _fp32_softmax_and_io(graph: onnx.GraphProto) -> None:
     for node in graph.node:
         node.input[:] = [f"{inp.name}_fp16" if i == inp.name else i for i in node.input]
         if node.op_type == "Softmax":
-            scope = node.name.rsplit("/", 1)[0]
             x, y = node.input[0], node.output[0]
-            nodes.append(_cast(f"{scope}/Cast_softmax_in", x, f"{x}_fp32", fp32))
+            nodes.append(_cast(f"{node.name}_cast_in", x, f"{x}_fp32", fp32))
             node.input[0], node.output[0] = f"{x}_fp32", f"{y}_fp32"
-            nodes += [node, _cast(f"{scope}/Cast_softmax_out", f"{y}_fp32", y, fp16)]
+            nodes += [node, _cast(f"{node.name}_cast_out", f"{y}_fp32", y, fp16)]
             continue
         node.output[:] = [f"{out.name}_fp16" if o == out.name else o for o in node.output]
         nodes.append(node)

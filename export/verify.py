@@ -56,7 +56,7 @@ def _inputs(config: Mapping[str, Any], hw: Tuple[int, int], n: int, seed: int) -
     return {"real": real, "random": rand}
 
 
-def _compare(out: np.ndarray, ref: np.ndarray, task: str) -> Dict[str, Any]:
+def _compare(out: np.ndarray, ref: np.ndarray) -> Dict[str, Any]:
     """Errors and top-1 agreement (per image for cls, per pixel for seg)."""
     err = np.abs(out.astype(np.float64) - ref.astype(np.float64))
     return {"max_abs_err": float(err.max()), "mean_abs_err": float(err.mean()),
@@ -88,7 +88,7 @@ def verify_onnx(model: nn.Module, path: Union[str, Path], config: Mapping[str, A
             if out.shape != ref.shape:
                 failures.append(f"batch {b} {kind}: output shape {out.shape}, eager {ref.shape}")
                 continue
-            row[kind] = stats = _compare(out, ref, config["task"])
+            row[kind] = stats = _compare(out, ref)
             tol = FP32_ATOL if dtype == "fp32" else FP16_RTOL * max(1.0, stats["max_abs_logit"])
             stats["tolerance"] = tol
             if not stats["finite"]:

@@ -184,7 +184,7 @@ def test_fp16_graph_keeps_fp32_islands(exported):
     for i in range(DEPTH):
         assert any(c.startswith(f"blocks.{i}.attn.projection/") for c in casts)
         assert any(c.startswith(f"blocks.{i}.norm1/") for c in casts)
-        assert f"blocks.{i}.attn/Cast_softmax_in" in casts
+        assert f"blocks.{i}.attn/Softmax_cast_in" in casts
     assert proto.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
     _assert_projection_found(report, "belief-star", "cls")  # includes: every projection op computes in fp32
 
@@ -313,3 +313,12 @@ def test_tensorrt_engine_matches_onnxruntime(exported, tmp_path, dtype):
     assert report["passed"] and (tmp_path / "b2.engine").stat().st_size > 0
     assert report["profile"] == {"min": 1, "opt": 4, "max": 8}
     assert (tmp_path / "timing.cache").is_file()
+
+
+@pytest.mark.slow
+def test_export_seg_mask_decoder(tmp_path):
+    model = create_model("belief-star", "seg", "micro", num_classes=4, decoder="mask")
+    report = export_verified(model, tmp_path / "mask.onnx", model.attnzoo_config, batch_sizes=(1,),
+                             input_hw=SEG_HW)
+    assert report["passed"], report["failures"]
+    _assert_projection_found(report, "belief-star", "seg")
