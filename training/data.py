@@ -283,6 +283,17 @@ def _split_root(root: Path, names: Sequence[str]) -> Optional[Path]:
     return None
 
 
+def _folder_indices(root: Path, count: int, split: str, has_splits: bool, n: Optional[int],
+                    seed: int) -> np.ndarray:
+    """All files of a split folder, or the split's share of a flat folder; at most ``n``; never empty."""
+    idx = np.arange(count) if has_splits else _split_indices(count, split, seed)
+    if n is not None:
+        idx = idx[:n]
+    if len(idx) == 0:
+        raise ValueError(f"{root}: the {split} split is empty (too few images)")
+    return idx
+
+
 _SPLIT_DIRS = {"train": ("train", "training"), "val": ("val", "validation"), "test": ("test", "testing")}
 
 
@@ -318,11 +329,7 @@ def imagefolder(root, split: str, task: str = "cls", img_size: int = 32, n: Opti
         labels += [k] * len(found)
     if not files:
         raise ValueError(f"{base}: no images found")
-    idx = np.arange(len(files)) if has_splits else _split_indices(len(files), split, seed)
-    if n is not None:
-        idx = idx[:n]
-    if len(idx) == 0:
-        raise ValueError(f"{root}: the {split} split is empty (too few images)")
+    idx = _folder_indices(root, len(files), split, has_splits, n, seed)
     images = np.stack([_read_resized(files[i], img_size) for i in idx])
     return ImageSet(images, np.asarray(labels, np.int64)[idx], None, classes, str(root))
 
@@ -363,11 +370,7 @@ def ade_folder(root, split: str, task: str = "seg", img_size: int = 32, n: Optio
     files = _image_files(img_dir)
     if not files:
         raise ValueError(f"{img_dir}: no images found")
-    idx = np.arange(len(files)) if has_splits else _split_indices(len(files), split, seed)
-    if n is not None:
-        idx = idx[:n]
-    if len(idx) == 0:
-        raise ValueError(f"{root}: the {split} split is empty (too few images)")
+    idx = _folder_indices(root, len(files), split, has_splits, n, seed)
     images, masks = [], []
     for i in idx:
         path = files[i]
