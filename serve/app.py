@@ -188,8 +188,8 @@ def _variant_dropdown(models: DemoModels, task: str) -> gr.Dropdown:
 
 def _no_models_note(models: DemoModels, task: str) -> None:
     if not models.names(task):
-        kind = "classification" if task == "cls" else "segmentation"
-        gr.Markdown(f"**No {kind} models are served** (the models folder has none).")
+        kind = "classifier" if task == "cls" else "segmenter"
+        gr.Markdown(f"**No {kind} is served** here: none of the served models is a {kind}.")
 
 
 def _classify_tab(models: DemoModels) -> None:
@@ -200,16 +200,18 @@ def _classify_tab(models: DemoModels) -> None:
                 with gr.Tab("Upload"):
                     image = gr.Image(type="filepath", sources=["upload", "clipboard"], label="image",
                                      elem_id="cls-image", elem_classes="pixelated")
-                    button = gr.Button("Classify", variant="primary", elem_id="cls-button")
+                    button = gr.Button("Classify", variant="primary", elem_id="cls-button",
+                                       interactive=bool(models.names("cls")))
                 with gr.Tab("Draw"):
                     sketch = gr.Sketchpad(type="numpy", image_mode="RGBA", canvas_size=(320, 320), label="draw")
-                    sketch_button = gr.Button("Classify drawing", variant="primary")
+                    sketch_button = gr.Button("Classify drawing", variant="primary",
+                                              interactive=bool(models.names("cls")))
             variant = _variant_dropdown(models, "cls")
             if ex.example_paths("cls"):
                 gr.Examples(ex.example_paths("cls"), inputs=image, label="shapes examples")
         with gr.Column():
             label = gr.Label(num_top_classes=5, label="top-5", elem_id="cls-label")
-            latency = gr.Number(label="model latency (ms)", precision=3, elem_id="cls-latency")
+            latency = gr.Number(None, label="model latency (ms)", precision=3, elem_id="cls-latency")
             note = gr.Markdown()
 
     @_user_errors
@@ -237,14 +239,15 @@ def _segment_tab(models: DemoModels, max_side: Optional[int]) -> None:
             image = gr.Image(type="filepath", sources=["upload", "clipboard"], label="image", elem_id="seg-image",
                              elem_classes="pixelated")
             variant = _variant_dropdown(models, "seg")
-            button = gr.Button("Segment", variant="primary", elem_id="seg-button")
+            button = gr.Button("Segment", variant="primary", elem_id="seg-button",
+                               interactive=bool(models.names("seg")))
             if ex.example_paths("seg"):
                 gr.Examples(ex.example_paths("seg"), inputs=image, label="shapes examples (with true masks)")
         with gr.Column():
             shown = gr.Image(label="mask overlay", format="png", interactive=False, elem_id="seg-overlay",
                              elem_classes="pixelated")
             opacity = gr.Slider(0.0, 1.0, value=0.6, step=0.05, label="mask opacity (redraws without the model)")
-            latency = gr.Number(label="model latency (ms)", precision=3, elem_id="seg-latency")
+            latency = gr.Number(None, label="model latency (ms)", precision=3, elem_id="seg-latency")
             legend = gr.Dataframe(headers=LEGEND_HEADERS, datatype=["html", "str", "number", "number"],
                                   label="legend: class colour, share of pixels, IoU (example images)",
                                   interactive=False, elem_id="seg-legend")
@@ -276,7 +279,7 @@ def _compare_tab(models: DemoModels, max_side: Optional[int]) -> None:
                              elem_classes="pixelated")
             task = gr.Radio([c for c in choices if c[1] in tasks], value=tasks[0] if tasks else None,
                             label="task")
-            button = gr.Button("Run every variant", variant="primary", elem_id="cmp-button")
+            button = gr.Button("Run every variant", variant="primary", elem_id="cmp-button", interactive=bool(tasks))
             if ex.example_paths():
                 gr.Examples(ex.example_paths(), inputs=image, label="shapes examples")
         with gr.Column(scale=2):

@@ -231,6 +231,20 @@ def test_classify_drawing(client, tmp_path):
     assert len(label["confidences"]) == 5 and latency > 0
 
 
+def test_demo_without_classifiers(served, images):
+    from attnzoo.serve.app import build_demo, launch
+
+    demo = build_demo([m for m in served if m.task == "seg"], source="segmenters only")
+    _, url, _ = launch(demo, "127.0.0.1", None, block=False)
+    try:
+        only_seg = Client(url, verbose=False)
+        with pytest.raises(AppError, match="no classification models are served"):
+            only_seg.predict(handle_file(images["rgb"]), None, api_name="/classify")
+        assert only_seg.predict(handle_file(images["rgb"]), "seg", api_name="/compare")[1]["data"]
+    finally:
+        demo.close()
+
+
 # ------------------------------------------------------------------------------------ in-process tests
 def test_classify_probabilities_sum_to_one(served, images):
     model = next(m for m in served if m.task == "cls")
@@ -273,6 +287,70 @@ def test_tensorrt_backend_matches_onnxruntime(models_dir, served, images, tmp_pa
     engines = load_models(models_dir, backend="tensorrt", cache_dir=tmp_path)
     assert all(m.backend == "tensorrt" for m in engines)
     _assert_same_predictions(served, engines, images, atol=1e-3)
+
+
+def test_non_finite_outputs_are_refused():
+    model = ServedModel(name="nan", variant="standard", task="cls", class_names=SHAPES, input_size=(32, 32),
+                        mean=(0.5,) * 3, std=(0.5,) * 3, fixed_size=True,
+                        run=lambda x: np.full((x.shape[0], len(SHAPES)), np.nan, np.float32))
+    with pytest.raises(ValueError, match="non-finite"):
+        predict.classify(model, Image.new("RGB", (8, 8)))
+
+
+def test_shipped_examples_match_their_index():
+    idx = examples.index()
+    assert {e["task"] for e in idx["examples"]} == {"cls", "seg"}
+    for e in idx["examples"]:
+        img = Image.open(examples.EXAMPLES_DIR / e["image"])
+        assert examples.find_example(img) == e
+        if e["task"] == "seg":
+            mask = examples.true_mask(e)
+            assert mask.shape == (img.height, img.width) and mask.max() <= len(idx["classes"]["seg"]) - 1
+            names = {idx["classes"]["seg"][c] for c in np.unique(mask)}
+            assert names == set(e["classes"])
+
+
+def test_examples_are_regenerated_identically(tmp_path):
+    data = examples.generate(tmp_path, n_cls=1, n_seg=1)
+    shipped = {e["image"]: e for e in examples.index()["examples"]}
+    for e in data["examples"]:
+        assert e == shipped[e["image"]]
+
+
+def test_zoo_export_cache_is_reused(monkeypatch, tmp_path):
+    from attnzoo import zoo
+
+    model, config = _make_model("standard", "cls")
+    rows = [{"variant": "standard", "task": "cls", "data": "toy", "sha256": "abc"}]
+    monkeypatch.setattr(zoo, "entries", lambda: rows)
+    monkeypatch.setattr(zoo, "manifest", lambda: {"models": rows})
+    monkeypatch.setattr(zoo, "load", lambda *a: (model, config))
+    folder = backends.export_zoo("toy", tmp_path)
+    path = folder / "standard_cls_toy.onnx"
+    stamp = path.stat().st_mtime_ns
+    assert backends.export_zoo("toy", tmp_path) == folder and path.stat().st_mtime_ns == stamp
+    with pytest.raises(ValueError, match="no models trained on 'nothing'"):
+        backends.export_zoo("nothing", tmp_path)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--models", "/no/such/dir"], "error: models folder not found"),
+    (["--port", "0"], "error: --port must be in 1..65535"),
+    (["--seg-max-side", "0"], "error: --seg-max-side must be at least 1"),
+])
+def test_cli_errors_are_one_line(argv, message):
+    with pytest.raises(SystemExit) as info:
+        cli_main(argv)
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+def test_cli_tensorrt_says_why_it_is_unavailable(tmp_path):
+    from attnzoo.export.tensorrt import tensorrt_unavailable_reason
+
+    if tensorrt_unavailable_reason() is None:
+        pytest.skip("TensorRT is available here")
+    with pytest.raises(SystemExit, match="error: the tensorrt backend is not available: .*use --backend onnxruntime"):
+        cli_main(["--models", str(tmp_path), "--backend", "tensorrt"])
 
 
 def test_folder_skips_files_that_are_not_attnzoo_models(models_dir, tmp_path, capsys):
