@@ -221,9 +221,10 @@ def _classify_tab(models: DemoModels) -> None:
     @_user_errors
     def run_sketch(value, name):
         layer = (value or {}).get("composite")
-        if layer is None or np.asarray(layer).size == 0:
+        pixels = np.asarray(layer) if layer is not None else np.zeros((0, 0, 4), np.uint8)
+        if pixels.size == 0 or (pixels.ndim == 3 and pixels.shape[-1] == 4 and not pixels[..., 3].any()):
             raise ValueError("nothing drawn yet: draw on the canvas first")
-        return _classify(models, load_image(np.asarray(layer)), name)
+        return _classify(models, load_image(pixels), name)
 
     button.click(run, [image, variant], [label, latency, note], api_name="classify", preprocess=False,
                  concurrency_id=QUEUE, concurrency_limit=1)

@@ -229,6 +229,10 @@ def test_classify_drawing(client, tmp_path):
     value = {"background": None, "layers": [], "composite": handle_file(tmp_path / "drawing.png")}
     label, latency, _ = client.predict(value, "standard", api_name="/classify_drawing")
     assert len(label["confidences"]) == 5 and latency > 0
+    Image.fromarray(np.zeros((64, 64, 4), np.uint8)).save(tmp_path / "empty.png")
+    value["composite"] = handle_file(tmp_path / "empty.png")
+    with pytest.raises(AppError, match="nothing drawn yet"):
+        client.predict(value, "standard", api_name="/classify_drawing")
 
 
 def test_demo_without_classifiers(served, images):
