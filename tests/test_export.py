@@ -203,7 +203,7 @@ def test_failed_verification_leaves_no_model(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------------------------------- CLI
 
 
-def _cli_error(args, capsys=None) -> str:
+def _cli_error(args) -> str:
     with pytest.raises(SystemExit) as info:
         main(args)
     assert info.value.code not in (0, None)
