@@ -351,6 +351,18 @@ def _read_mask(path: Path, size: Tuple[int, int]) -> np.ndarray:
     return arr.astype(np.uint8)
 
 
+def _max_class(ann_root: Path) -> int:
+    """Largest class index over every annotation PNG under ``ann_root`` (at least 1)."""
+    top = 1
+    for path in sorted(ann_root.rglob("*.png")):
+        try:
+            with Image.open(path) as m:
+                top = max(top, int(np.asarray(m).max(initial=0)))
+        except OSError:  # reported with its name when its split is loaded
+            continue
+    return top
+
+
 def ade_folder(root, split: str, task: str = "seg", img_size: int = 32, n: Optional[int] = None,
                seed: int = 0) -> ImageSet:
     """ADE20K-layout segmentation data: ``images/`` and ``annotations/`` (index PNGs, 0 = background/other,
@@ -393,8 +405,8 @@ def ade_folder(root, split: str, task: str = "seg", img_size: int = 32, n: Optio
     k_max = int(masks_arr.max())
     if k_max >= len(names):
         raise ValueError(f"{root}: mask class index {k_max} but classes.txt names only {len(names)} classes")
-    if not names_file.is_file():
-        names = names[:max(k_max + 1, 2)]
+    if not names_file.is_file():  # the same classes for every split: the largest index of all annotations
+        names = names[:max(_max_class(root / "annotations"), k_max) + 1]
     counts = np.stack([np.bincount(m.ravel(), minlength=len(names))[1:] for m in masks_arr])
     return ImageSet(np.stack(images), counts.argmax(1).astype(np.int64), masks_arr, names, str(root))
 
