@@ -1,0 +1,12 @@
+"""attnzoo.benchmarks: ``bench-latency``, latency of every attention variant on every backend.
+
+Timing follows trtexec (warm-up, a minimum time and iteration count, percentiles, CUDA events on the GPU);
+every backend passes a parity gate against eager fp32 before it is timed; variant overheads and speed-ups are
+measured from alternating A B A B runs. See :mod:`attnzoo.benchmarks.run` for the procedure.
+"""
+
+from .backends import BACKENDS, DTYPES, TOLERANCES, check_parity, parity_error, unavailable_reason
+from .stats import ratio_stats, summarize
+
+__all__ = ["BACKENDS", "DTYPES", "TOLERANCES", "summarize", "ratio_stats", "check_parity", "parity_error",
+           "unavailable_reason"]

@@ -1,0 +1,289 @@
+"""Backends: what is installed, how each one runs a model on device-resident inputs, and the parity gate.
+
+A :class:`Runner` wraps one built model: ``fn()`` is one timed inference on inputs that already sit where the
+backend computes (host memory for the CPU, device memory for CUDA), ``output()`` returns the logits as
+float32 NumPy for the parity check, ``memory()`` the peak memory after timing.
+
+Backends: ``eager`` and ``compile`` (PyTorch, the same weights), ``ort-cpu`` (ONNX Runtime CPU with the tuned
+settings of :mod:`attnzoo.benchmarks.ort_cpu`), ``ort-cuda`` and ``ort-trt`` (ONNX Runtime CUDA / TensorRT
+execution providers with I/O binding), ``tensorrt`` (an engine built from the ONNX file, run from a CUDA
+graph). Dtypes: ``fp32``, ``fp16``, ``bf16`` and ``int8`` (dynamic int8 quantization, ONNX Runtime CPU only).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, Optional, Tuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from .env import cpu_info
+
+__all__ = ["BACKENDS", "DTYPES", "TOLERANCES", "Runner", "unavailable_reason", "build_runner", "parity_error",
+           "check_parity", "torch_device"]
+
+BACKENDS: Tuple[str, ...] = ("eager", "compile", "ort-cpu", "ort-cuda", "ort-trt", "tensorrt")
+DTYPES: Tuple[str, ...] = ("fp32", "fp16", "bf16", "int8")
+#: Parity tolerance per dtype: max |out - ref| / max |ref| against eager fp32 on the same input.
+TOLERANCES: Dict[str, float] = {"fp32": 1e-3, "fp16": 3e-2, "bf16": 6e-2, "int8": 1.5e-1}
+_TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class Runner:
+    """One built model on one backend.
+
+    Attributes:
+        fn: One inference on resident inputs (the timed call).
+        output: One inference returning float32 logits on the host (for the parity gate).
+        cuda: Time with CUDA events (GPU backends).
+        memory: ``() -> (peak MB, what was measured)``; ``None``: the caller measures host RSS.
+        cuda_graph: ``fn`` replays a CUDA graph.
+        info: Backend settings worth reporting (providers, optimisation level, threads ...).
+    """
+
+    fn: Callable[[], object]
+    output: Callable[[], np.ndarray]
+    cuda: bool = False
+    memory: Optional[Callable[[], Tuple[float, str]]] = None
+    cuda_graph: bool = False
+    info: Dict[str, object] = field(default_factory=dict)
+
+
+def torch_device(requested: str = "auto") -> torch.device:
+    """``auto``: CUDA when available, else CPU."""
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(requested)
+
+
+def _ort_providers() -> Tuple[str, ...]:
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return ()
+    return tuple(ort.get_available_providers())
+
+
+def unavailable_reason(backend: str, dtype: str, device: torch.device) -> Optional[str]:
+    """Why ``backend`` cannot run ``dtype`` on this machine, or ``None`` when it can."""
+    cuda = torch.cuda.is_available()
+    if backend in ("eager", "compile"):
+        if dtype == "int8":
+            return "int8 is an ONNX Runtime CPU path (dynamic quantization); no PyTorch int8 path here"
+        if device.type == "cpu" and dtype == "fp16" and not {"avx512_fp16", "amx_fp16"} & set(
+                cpu_info()["flags"]):
+            return "fp16 on this CPU has no native kernels (no avx512_fp16/amx_fp16); use bf16"
+        if backend == "compile":
+            if device.type == "cpu" and not (shutil.which("g++") or shutil.which("c++")):
+                return "torch.compile on the CPU needs a C++ compiler (g++), none found"
+            if device.type == "cuda" and importlib.util.find_spec("triton") is None:
+                return "torch.compile on CUDA needs triton, not installed"
+        return None
+    providers = _ort_providers()
+    if backend == "ort-cpu":
+        if "CPUExecutionProvider" not in providers:
+            return "onnxruntime is not installed"
+        if dtype in ("fp16", "bf16"):
+            return f"ONNX Runtime's CPU kernels are fp32 (a {dtype} graph runs as casts); int8 is the CPU fast path"
+        return None
+    if dtype == "int8":
+        return "int8 needs calibration for GPU backends; only ort-cpu runs dynamic int8"
+    if not cuda:
+        return "no CUDA GPU on this machine"
+    if backend == "ort-cuda":
+        if "CUDAExecutionProvider" not in providers:
+            return "onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)"
+        return "bf16 ONNX graphs are not exported (export dtypes: fp32, fp16)" if dtype == "bf16" else None
+    if backend == "ort-trt":
+        if "TensorrtExecutionProvider" not in providers:
+            return "onnxruntime has no TensorrtExecutionProvider (onnxruntime-gpu with TensorRT libraries)"
+        return "bf16 is not a TensorRT execution provider option" if dtype == "bf16" else None
+    if backend == "tensorrt":
+        return None if importlib.util.find_spec("tensorrt") else "the tensorrt Python package is not installed"
+    raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
+
+
+# ---------------------------------------------------------------------------------------------- parity
+def parity_error(out: np.ndarray, ref: np.ndarray) -> float:
+    """max |out - ref| / max |ref|; ``inf`` on a shape mismatch or any non-finite output."""
+    out = np.asarray(out, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    if out.shape != ref.shape or not np.all(np.isfinite(out)):
+        return float("inf")
+    return float(np.max(np.abs(out - ref)) / max(float(np.max(np.abs(ref))), 1e-12))
+
+
+def check_parity(out: np.ndarray, ref: np.ndarray, dtype: str) -> Tuple[bool, float]:
+    """(passes, relative error) of a backend's output against eager fp32 with the dtype's tolerance."""
+    err = parity_error(out, ref)
+    return err <= TOLERANCES[dtype], err
+
+
+# --------------------------------------------------------------------------------------------- runners
+def _torch_runner(model: nn.Module, x: torch.Tensor, dtype: str, device: torch.device,
+                  compile_model: bool) -> Runner:
+    """Eager or ``torch.compile`` PyTorch on a private copy of the model (so its memory is counted)."""
+    tdtype = _TORCH_DTYPES[dtype]
+    net = copy.deepcopy(model).to(device=device, dtype=tdtype).eval()
+    xin = x.to(device=device, dtype=tdtype)
+    info: Dict[str, object] = {"device": str(device)}
+    graph = False
+    if compile_model:
+        mode = "reduce-overhead" if device.type == "cuda" else "default"  # reduce-overhead = CUDA graphs
+        net = torch.compile(net, mode=mode, dynamic=False)
+        info["compile_mode"] = mode
+        graph = device.type == "cuda"
+
+    @torch.inference_mode()
+    def fn():
+        return net(xin)
+
+    def output() -> np.ndarray:
+        return fn().float().cpu().numpy()
+
+    cuda = device.type == "cuda"
+    return Runner(fn, output, cuda=cuda, memory=_torch_cuda_memory if cuda else None, cuda_graph=graph,
+                  info=info)
+
+
+def _torch_cuda_memory() -> Tuple[float, str]:
+    return torch.cuda.max_memory_allocated() / 2 ** 20, "torch.cuda.max_memory_allocated"
+
+
+def _device_memory_used() -> Tuple[float, str]:
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / 2 ** 20, "device memory in use (mem_get_info)"
+
+
+def _ort_cpu_runner(onnx_path: Path, x: torch.Tensor, dtype: str, threads: int, cache_dir: Path) -> Runner:
+    from .ort_cpu import quantize_int8, tuned_cpu_session
+
+    if dtype == "int8":
+        onnx_path = quantize_int8(onnx_path, cache_dir / f"{onnx_path.stem}.int8.onnx")
+    sess, info = tuned_cpu_session(onnx_path, threads, cache_dir)
+    feed = {sess.get_inputs()[0].name: x.numpy()}
+
+    def fn():
+        return sess.run(None, feed)
+
+    return Runner(fn, lambda: np.asarray(fn()[0], dtype=np.float32), info=info)
+
+
+def _ort_gpu_runner(onnx_path: Path, x: torch.Tensor, dtype: str, tensorrt_ep: bool, cache_dir: Path,
+                    out_shape: Tuple[int, ...]) -> Runner:
+    """ONNX Runtime with the CUDA or TensorRT EP; I/O bound to torch CUDA tensors, CUDA graph when allowed."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if tensorrt_ep:
+        opts = {"trt_fp16_enable": dtype == "fp16", "trt_engine_cache_enable": True,
+                "trt_engine_cache_path": str(cache_dir / "ort-trt"), "trt_cuda_graph_enable": True}
+        (cache_dir / "ort-trt").mkdir(parents=True, exist_ok=True)
+        providers = [("TensorrtExecutionProvider", opts), "CUDAExecutionProvider"]
+    else:
+        providers = [("CUDAExecutionProvider", {"enable_cuda_graph": "1"})]
+    sess = ort.InferenceSession(str(onnx_path), so, providers=providers)
+    xin = x.to("cuda").contiguous()
+    out_meta = sess.get_outputs()[0]
+    yout = torch.empty(out_shape, device="cuda", dtype=torch.float32)
+    binding = sess.io_binding()
+    binding.bind_input(sess.get_inputs()[0].name, "cuda", 0, np.float32, tuple(xin.shape), xin.data_ptr())
+    binding.bind_output(out_meta.name, "cuda", 0, np.float32, out_shape, yout.data_ptr())
+
+    def fn():
+        sess.run_with_iobinding(binding)
+
+    def output() -> np.ndarray:
+        fn()
+        torch.cuda.synchronize()
+        return yout.cpu().numpy()
+
+    return Runner(fn, output, cuda=True, memory=_device_memory_used, cuda_graph=True,
+                  info={"providers": sess.get_providers()})
+
+
+def _tensorrt_runner(onnx_path: Path, x: torch.Tensor, dtype: str, cache_dir: Path) -> Runner:
+    """A TensorRT engine for this batch size, its execution captured once in a CUDA graph and replayed."""
+    import tensorrt as trt
+
+    logger = trt.Logger(trt.Logger.ERROR)
+    builder = trt.Builder(logger)
+    network = builder.create_network(0)
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(onnx_path)):
+        raise RuntimeError(f"TensorRT cannot parse {onnx_path}: {parser.get_error(0)}")
+    config = builder.create_builder_config()
+    if dtype == "fp16":
+        config.set_flag(trt.BuilderFlag.FP16)
+    elif dtype == "bf16":
+        config.set_flag(trt.BuilderFlag.BF16)
+    profile = builder.create_optimization_profile()
+    name = network.get_input(0).name
+    profile.set_shape(name, tuple(x.shape), tuple(x.shape), tuple(x.shape))
+    config.add_optimization_profile(profile)
+    serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        raise RuntimeError(f"TensorRT failed to build an engine from {onnx_path}")
+    engine = trt.Runtime(logger).deserialize_cuda_engine(serialized)
+    context = engine.create_execution_context()
+    context.set_input_shape(name, tuple(x.shape))
+    xin = x.to("cuda").contiguous()
+    out_name = network.get_output(0).name
+    yout = torch.empty(tuple(context.get_tensor_shape(out_name)), device="cuda", dtype=torch.float32)
+    context.set_tensor_address(name, xin.data_ptr())
+    context.set_tensor_address(out_name, yout.data_ptr())
+    stream = torch.cuda.Stream()
+
+    def enqueue():
+        context.execute_async_v3(stream.cuda_stream)
+
+    with torch.cuda.stream(stream):
+        enqueue()  # TensorRT sets itself up on the first enqueue; it must precede the capture
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        enqueue()
+
+    def output() -> np.ndarray:
+        graph.replay()
+        torch.cuda.synchronize()
+        return yout.cpu().numpy()
+
+    return Runner(graph.replay, output, cuda=True, memory=_device_memory_used, cuda_graph=True,
+                  info={"tensorrt": trt.__version__})
+
+
+def build_runner(backend: str, model: nn.Module, onnx_path: Optional[Path], x: torch.Tensor, dtype: str, *,
+                 threads: int, device: torch.device, cache_dir: Path, out_shape: Tuple[int, ...]) -> Runner:
+    """Build ``backend`` for one model and one input batch ``x`` (float32, on the CPU).
+
+    Args:
+        backend: One of ``BACKENDS``.
+        model: The PyTorch model (fp32, CPU); eager and compile run a copy of it.
+        onnx_path: Its fp32 export (``int8`` is quantized from it) or fp16 export for GPU fp16.
+        x: Input batch.
+        dtype: One of ``DTYPES``.
+        threads: Intra-op threads for the CPU backends.
+        device: Device of eager / compile.
+        cache_dir: Where optimized models and engines are written.
+        out_shape: Shape of the logits (for GPU output buffers).
+    """
+    if backend in ("eager", "compile"):
+        return _torch_runner(model, x, dtype, device, backend == "compile")
+    if onnx_path is None:
+        raise ValueError(f"backend {backend} needs the exported ONNX file")
+    if backend == "ort-cpu":
+        return _ort_cpu_runner(onnx_path, x, dtype, threads, cache_dir)
+    if backend in ("ort-cuda", "ort-trt"):
+        return _ort_gpu_runner(onnx_path, x, dtype, backend == "ort-trt", cache_dir, out_shape)
+    if backend == "tensorrt":
+        return _tensorrt_runner(onnx_path, x, dtype, cache_dir)
+    raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")

@@ -1,0 +1,132 @@
+"""``bench-latency``: latency of attention variants on every backend, measured the way trtexec does.
+
+Example::
+
+    bench-latency --arch tiny --batch-sizes 1,8 --backends eager,compile,ort-cpu --min-time 1 \\
+        --out benchmarks/results/cpu-tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from .backends import BACKENDS, DTYPES
+
+__all__ = ["main", "build_parser", "parse_settings"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bench-latency", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--variants", default="all", help="'all' or comma-separated variant names")
+    p.add_argument("--task", default="cls", choices=("cls", "seg"))
+    p.add_argument("--arch", default="tiny", choices=("micro", "tiny", "small", "base"))
+    p.add_argument("--backends", default="eager,compile,ort-cpu,ort-cuda,ort-trt,tensorrt",
+                   help=f"comma-separated, from: {', '.join(BACKENDS)}")
+    p.add_argument("--dtype", default="fp32", help=f"comma-separated, from: {', '.join(DTYPES)}")
+    p.add_argument("--batch-sizes", default="1,8,32", help="comma-separated positive integers")
+    p.add_argument("--threads", type=int, default=None,
+                   help="intra-op threads for PyTorch and ONNX Runtime (default: the usable cores)")
+    p.add_argument("--min-time", type=float, default=3.0, help="seconds timed per measurement (>= 10 iterations)")
+    p.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder")
+    p.add_argument("--cache-dir", type=Path, default=None,
+                   help="exported / optimized models (default: $XDG_CACHE_HOME/attnzoo/bench-latency)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="device of eager/compile")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random-init weights and the inputs")
+    p.add_argument("--compile-budget", type=float, default=600.0,
+                   help="seconds of torch.compile compilation allowed; later compile jobs are skipped")
+    p.add_argument("--profile", action="store_true",
+                   help="profile ONNX Runtime CPU ops (naive vs tuned session) -> ort_profile.md")
+    p.add_argument("--no-pair-eager", action="store_true", help="skip the backend/eager A B A B speed-up run")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def _names(value: str, valid: Sequence[str], kind: str) -> List[str]:
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    bad = [n for n in names if n not in valid]
+    if bad or not names:
+        raise SystemExit(f"error: unknown {kind} {', '.join(map(repr, bad)) or '(none given)'}; "
+                         f"valid: {', '.join(valid)}")
+    return list(dict.fromkeys(names))
+
+
+def _variants(value: str) -> List[str]:
+    from attnzoo.models import VARIANT_NAMES, VARIANTS, canonical_name
+
+    if value.strip() == "all":
+        return list(VARIANT_NAMES)
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    bad = []
+    out = []
+    for n in names:
+        try:
+            out.append(canonical_name(n))
+        except ValueError:
+            bad.append(n)
+    if bad or not names:
+        raise SystemExit(f"error: unknown variant {', '.join(map(repr, bad)) or '(none given)'}; "
+                         f"valid: all, {', '.join(sorted(VARIANTS))}")
+    return list(dict.fromkeys(out))
+
+
+def _batches(value: str) -> List[int]:
+    try:
+        sizes = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or any(b < 1 for b in sizes):
+        raise SystemExit(f"error: --batch-sizes must be comma-separated positive integers, got {value!r}")
+    return list(dict.fromkeys(sizes))
+
+
+def parse_settings(argv: Optional[Sequence[str]] = None):
+    """Command line -> :class:`attnzoo.benchmarks.run.Settings` (``SystemExit`` with one line on bad input)."""
+    from .run import Settings
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = build_parser().parse_args(argv)
+    if not a.min_time > 0:
+        raise SystemExit(f"error: --min-time must be > 0, got {a.min_time}")
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = a.threads if a.threads is not None else usable
+    if threads < 1:
+        raise SystemExit(f"error: --threads must be >= 1, got {threads}")
+    out = a.out
+    cache = a.cache_dir or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnzoo" / \
+        "bench-latency"
+    return Settings(variants=_variants(a.variants), backends=_names(a.backends, BACKENDS, "backend"),
+                    dtypes=_names(a.dtype, DTYPES, "dtype"), batch_sizes=_batches(a.batch_sizes), task=a.task,
+                    arch=a.arch, threads=threads, min_time=a.min_time, out=out, cache_dir=cache, device=a.device,
+                    seed=a.seed, compile_budget=a.compile_budget, profile=a.profile,
+                    pair_eager=not a.no_pair_eager, progress=not a.no_progress,
+                    command=shlex.join(["bench-latency", *argv]))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of ``bench-latency``."""
+    settings = parse_settings(argv)
+    if settings.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("error: --device cuda but no CUDA GPU is available")
+    from .report import markdown, write_outputs, write_profile
+    from .run import run_benchmark
+
+    result = run_benchmark(settings)
+    files = write_outputs(result, settings.out)
+    if result["ort_profile"]:
+        files["profile"] = write_profile(result["ort_profile"], settings.out / "ort_profile.md")
+    print(markdown(result))
+    print("wrote " + ", ".join(str(p) for p in files.values()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""The machine a benchmark ran on: CPU model and flags, cores, load, GPU, library versions."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from typing import Any, Dict, List, Optional
+
+__all__ = ["environment", "cpu_info", "gpu_info", "load_average", "rss_bytes"]
+
+#: CPU flags that decide which fast paths exist (AVX-512, VNNI, bf16, AMX).
+KEY_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16",
+             "amx_tile", "amx_int8", "amx_bf16")
+
+
+def cpu_info() -> Dict[str, Any]:
+    """Model name, all flags, the key flags present, logical cores and the cores this process may use."""
+    model, flags = platform.processor() or platform.machine(), []
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name" and model in ("", platform.machine(), platform.processor()):
+                    model = value.strip()
+                elif key in ("flags", "Features") and not flags:
+                    flags = value.split()
+    except OSError:
+        pass
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"model": model, "logical_cores": os.cpu_count(), "usable_cores": usable,
+            "key_flags": [f for f in KEY_FLAGS if f in flags], "flags": flags}
+
+
+def gpu_info() -> Optional[Dict[str, Any]]:
+    """Name, memory, compute capability, driver and CUDA versions of GPU 0, or ``None`` without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(0)
+    info: Dict[str, Any] = {"name": props.name, "memory_gib": round(props.total_memory / 2 ** 30, 1),
+                            "capability": f"{props.major}.{props.minor}", "cuda_runtime": torch.version.cuda,
+                            "count": torch.cuda.device_count(), "driver": None}
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20, check=True).stdout
+            info["driver"] = out.strip().splitlines()[0] if out.strip() else None
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return info
+
+
+def _version(module: str) -> Optional[str]:
+    try:
+        return str(importlib.import_module(module).__version__)
+    except Exception:  # not installed, or broken install: report it as absent
+        return None
+
+
+def load_average() -> List[float]:
+    """1, 5 and 15 minute load averages (empty where the OS has none)."""
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process now (Linux ``/proc/self/statm``; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def environment() -> Dict[str, Any]:
+    """Everything needed to compare two result files: hardware, load, versions, thread settings."""
+    import torch
+
+    ort = None
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        pass
+    return {
+        "cpu": cpu_info(),
+        "gpu": gpu_info(),
+        "load_average": load_average(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "versions": {name: _version(name) for name in
+                     ("torch", "onnxruntime", "onnx", "tensorrt", "timm", "numpy", "triton")},
+        "ort_providers": ort.get_available_providers() if ort else [],
+        "torch_threads": torch.get_num_threads(),
+    }

@@ -1,0 +1,162 @@
+"""ONNX Runtime on the CPU: tuned sessions, a saved optimized model, dynamic int8, and the op profiler.
+
+Tuning (measured in ``benchmarks/results/cpu-tiny``): all graph optimizations (``ORT_ENABLE_ALL``: constant
+folding, MatMul+Add -> Gemm/FusedMatMul, BiasGelu, SkipLayerNormalization, NCHWc layouts), intra-op threads =
+the cores given, one inter-op thread, sequential execution, and no thread spinning once a run ends (the
+spinning threads would steal the cores PyTorch or a neighbour needs on a shared machine). The portable
+``ORT_ENABLE_EXTENDED`` result is saved once (``<name>.ort.onnx``) so later sessions skip the graph work.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+__all__ = ["session_options", "tuned_cpu_session", "naive_cpu_session", "quantize_int8", "profile_ops",
+           "LEVELS"]
+
+LEVELS = ("disable", "basic", "extended", "all")
+
+
+def session_options(threads: Optional[int], level: str = "all", optimized_path: Optional[Path] = None,
+                    profile_prefix: Optional[str] = None, spin: bool = False):
+    """``onnxruntime.SessionOptions`` for one CPU session.
+
+    Args:
+        threads: Intra-op threads (``None``: ONNX Runtime's default, one per core).
+        level: Graph optimization level, one of ``LEVELS``.
+        optimized_path: Save the optimized graph here.
+        profile_prefix: Turn the profiler on, writing ``<prefix>_<date>.json``.
+        spin: Let idle intra-op threads spin (ONNX Runtime's default; off here).
+    """
+    import onnxruntime as ort
+
+    levels = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+              "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+              "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+              "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+    so = ort.SessionOptions()
+    so.graph_optimization_level = levels[level]
+    so.log_severity_level = 3
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if threads:
+        so.intra_op_num_threads = int(threads)
+        so.inter_op_num_threads = 1
+    if not spin:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if optimized_path is not None:
+        so.optimized_model_filepath = str(optimized_path)
+    if profile_prefix is not None:
+        so.enable_profiling = True
+        so.profile_file_prefix = profile_prefix
+    return so
+
+
+def _session(path: Path, so):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def tuned_cpu_session(onnx_path: Path, threads: int, cache_dir: Path):
+    """The benchmark's ``ort-cpu`` session and a dict describing its settings.
+
+    The first call writes the ``ORT_ENABLE_EXTENDED``-optimized graph to ``cache_dir``; the session then
+    loads it with ``ORT_ENABLE_ALL`` (the machine-specific layout passes are redone at load time).
+    """
+    onnx_path = Path(onnx_path)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    optimized = cache_dir / f"{onnx_path.stem}.ort.onnx"
+    if not optimized.exists() or optimized.stat().st_mtime < onnx_path.stat().st_mtime:
+        tmp = optimized.with_name(f".{optimized.name}.{os.getpid()}.tmp.onnx")
+        _session(onnx_path, session_options(threads, "extended", optimized_path=tmp))
+        os.replace(tmp, optimized)
+    sess = _session(optimized, session_options(threads, "all"))
+    info = {"optimized_model": optimized.name, "graph_optimization": "extended (saved) + all",
+            "intra_op_threads": threads, "execution_mode": "sequential", "spinning": False}
+    return sess, info
+
+
+def naive_cpu_session(onnx_path: Path, profile_prefix: Optional[str] = None):
+    """ONNX Runtime's out-of-the-box CPU session on the unmodified export (the profiling baseline)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if profile_prefix is not None:
+        so.enable_profiling = True
+        so.profile_file_prefix = profile_prefix
+    return _session(Path(onnx_path), so)
+
+
+def quantize_int8(onnx_path: Path, out_path: Path) -> Path:
+    """Dynamic int8 quantization of the MatMul/Gemm weights (activations quantized per run, u8 x s8 -> VNNI).
+
+    The orthogonal projection (Mul/ReduceSum/Div) and every non-matmul op stay fp32. Cached by mtime. The
+    export's ``value_info`` is dropped first (with it the quantizer's shape inference fails with "Inferred
+    shape and existing shape differ"); ONNX shape inference recomputes it.
+    """
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    onnx_path, out_path = Path(onnx_path), Path(out_path)
+    if out_path.exists() and out_path.stat().st_mtime >= onnx_path.stat().st_mtime:
+        return out_path
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp.onnx")
+    logging.getLogger("onnxruntime.quantization").setLevel(logging.ERROR)
+    proto = onnx.load(str(onnx_path))
+    del proto.graph.value_info[:]
+    try:
+        quantize_dynamic(proto, str(tmp), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
+        os.replace(tmp, out_path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out_path
+
+
+def _aggregate(profile_file: str, skip_runs: int) -> Tuple[int, Dict[str, float], List[Tuple[str, str, float]]]:
+    """ORT profile JSON -> (runs counted, op type -> ms per run, top nodes as (name, op, ms per run)).
+
+    The first ``skip_runs`` runs (warm-up) are left out using the profiler's ``model_run`` events.
+    """
+    with open(profile_file, encoding="utf-8") as fh:
+        events = json.load(fh)
+    runs = sorted((ev["ts"], ev["ts"] + ev["dur"]) for ev in events
+                  if ev.get("cat") == "Session" and ev.get("name") == "model_run")
+    start = runs[skip_runs - 1][1] if 0 < skip_runs <= len(runs) else 0
+    counted = max(len(runs) - skip_runs, 1)
+    by_op: Dict[str, float] = defaultdict(float)
+    by_node: Dict[Tuple[str, str], float] = defaultdict(float)
+    for ev in events:
+        if ev.get("cat") == "Node" and ev.get("name", "").endswith("_kernel_time") and ev["ts"] >= start:
+            op = ev.get("args", {}).get("op_name", "?")
+            by_op[op] += ev["dur"] / 1e3 / counted
+            by_node[(ev["name"][:-len("_kernel_time")], op)] += ev["dur"] / 1e3 / counted
+    top = sorted(((n, op, ms) for (n, op), ms in by_node.items()), key=lambda t: -t[2])[:15]
+    return counted, dict(sorted(by_op.items(), key=lambda kv: -kv[1])), top
+
+
+def profile_ops(sess_factory, x: np.ndarray, runs: int = 10, warmup: int = 3) -> Dict[str, object]:
+    """Profile ``runs`` inferences (after ``warmup``) of a session built by ``sess_factory(profile_prefix)``.
+
+    Returns:
+        ``{"runs": n, "ms_per_run": summed kernel ms, "ops": {op type: ms per run},
+        "top_nodes": [[node, op, ms] ...]}``; the profiler's JSON file is deleted afterwards.
+    """
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        sess = sess_factory(str(Path(tmp) / "ort_profile"))
+        feed = {sess.get_inputs()[0].name: x}
+        for _ in range(warmup + runs):
+            sess.run(None, feed)
+        counted, ops, top = _aggregate(sess.end_profiling(), warmup)
+    return {"runs": counted, "ms_per_run": float(sum(ops.values())), "ops": ops,
+            "top_nodes": [list(t) for t in top]}

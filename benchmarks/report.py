@@ -1,0 +1,263 @@
+"""Benchmark output: markdown tables, CSV, JSON (with the environment) and PNG charts."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Sequence
+
+__all__ = ["ROW_FIELDS", "OVERHEAD_FIELDS", "markdown", "write_outputs", "plot_latency", "plot_overhead",
+           "profile_markdown", "write_profile"]
+
+#: Columns of a latency row (CSV and JSON ``results``), in order.
+ROW_FIELDS = ("variant", "task", "arch", "backend", "dtype", "batch", "status", "reason", "parity_error",
+              "parity_tol", "iterations", "min_ms", "median_ms", "mean_ms", "p90_ms", "p95_ms", "p99_ms",
+              "max_ms", "cv", "throughput_img_s", "peak_mem_mb", "mem_kind", "speedup_vs_eager",
+              "speedup_pair_median", "speedup_pair_q1", "speedup_pair_q3", "speedup_pairs", "cuda_graph",
+              "build_s", "load_1min")
+#: Columns of an overhead row (variant against standard, A B A B alternation).
+OVERHEAD_FIELDS = ("variant", "backend", "dtype", "batch", "pairs", "ratio_median", "ratio_q1", "ratio_q3",
+                   "ratio_iqr", "variant_median_ms", "standard_median_ms")
+
+
+def _fmt(v: Any, digits: int = 2) -> str:
+    if v is None or v == "":
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return "-" if math.isnan(v) else f"{v:.{digits}f}"
+    return str(v)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def markdown(result: Mapping[str, Any]) -> str:
+    """All tables of a run: latency, speed-up pivot, overhead vs standard, skipped and failed backends."""
+    rows = result["results"]
+    ok = [r for r in rows if r["status"] == "ok"]
+    parts = [f"# bench-latency: {result['settings']['task']} / {result['settings']['arch']}", "",
+             f"Command: `{result['command']}`", "", result["note"], ""]
+    env = result["environment"]
+    gpu = env.get("gpu")
+    parts.append(f"CPU: {env['cpu']['model']} ({env['cpu']['usable_cores']} usable cores; "
+                 f"{', '.join(env['cpu']['key_flags']) or 'no AVX-512/VNNI/AMX'}); GPU: "
+                 f"{gpu['name'] + ' driver ' + str(gpu['driver']) if gpu else 'none'}; load average at start "
+                 f"{env['load_average']}, at end {result.get('load_average_end')}; threads {result['settings']['threads']}.")
+    parts += ["", "## Latency (ms; throughput in images/s)", ""]
+    header = ["variant", "backend", "dtype", "batch", "median", "min", "mean", "p90", "p95", "p99", "CV",
+              "img/s", "mem MB", "x eager", "x eager (pairs) [Q1, Q3]", "parity err"]
+    parts.append(_table(header, [[r["variant"], r["backend"], r["dtype"], str(r["batch"]), _fmt(r["median_ms"]),
+                                  _fmt(r["min_ms"]), _fmt(r["mean_ms"]), _fmt(r["p90_ms"]), _fmt(r["p95_ms"]),
+                                  _fmt(r["p99_ms"]), _fmt(r["cv"], 3), _fmt(r["throughput_img_s"], 1),
+                                  _fmt(r["peak_mem_mb"], 1), _fmt(r["speedup_vs_eager"]), _pair(r),
+                                  f"{r['parity_error']:.1e}"] for r in ok]))
+    pivot = _speedup_pivot(ok)
+    if pivot:
+        parts += ["", "## Speed-up over eager fp32 PyTorch (same variant and batch; median of per-pair ratios of "
+                  "an eager/backend A B A B run, else ratio of medians)", "",
+                  pivot]
+    over = result.get("overheads", [])
+    if over:
+        parts += ["", "## Overhead vs standard (median of per-pair ratios of an A B A B run; [Q1, Q3])", ""]
+        parts.append(_table(["variant", "backend", "dtype", "batch", "ratio", "Q1", "Q3", "pairs"],
+                            [[o["variant"], o["backend"], o["dtype"], str(o["batch"]), _fmt(o["ratio_median"], 3),
+                              _fmt(o["ratio_q1"], 3), _fmt(o["ratio_q3"], 3), str(o["pairs"])] for o in over]))
+    bad = [r for r in rows if r["status"] != "ok"]
+    if bad:
+        parts += ["", "## Skipped and failed", ""]
+        seen = set()
+        lines = []
+        for r in bad:
+            key = (r["backend"], r["dtype"], r["status"], r["reason"])
+            if r["status"] == "skipped" and key in seen:
+                continue
+            seen.add(key)
+            who = "all variants" if r["status"] == "skipped" else f"{r['variant']} b{r['batch']}"
+            lines.append([r["backend"], r["dtype"], r["status"], who, r["reason"]])
+        parts.append(_table(["backend", "dtype", "status", "where", "reason"], lines))
+    return "\n".join(parts) + "\n"
+
+
+def _pair(r: Mapping[str, Any]) -> str:
+    if r.get("speedup_pair_median") is None:
+        return "-"
+    return f"{r['speedup_pair_median']:.2f} [{r['speedup_pair_q1']:.2f}, {r['speedup_pair_q3']:.2f}]"
+
+
+def _speedup_pivot(ok: List[Mapping[str, Any]]) -> str:
+    cols = sorted({(r["backend"], r["dtype"], r["batch"]) for r in ok
+                   if r["speedup_vs_eager"] is not None and r["backend"] != "eager"},
+                  key=lambda c: (c[2], c[0], c[1]))
+    if not cols:
+        return ""
+    variants = list(dict.fromkeys(r["variant"] for r in ok))
+    lookup = {(r["variant"], r["backend"], r["dtype"], r["batch"]):
+              r["speedup_pair_median"] if r.get("speedup_pair_median") is not None else r["speedup_vs_eager"]
+              for r in ok}
+    rows = [[v] + [_fmt(lookup.get((v, *c))) for c in cols] for v in variants]
+    return _table(["variant"] + [f"{b} {d} b{n}" for b, d, n in cols], rows)
+
+
+def _csv(rows: Sequence[Mapping[str, Any]], fields: Sequence[str]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(fields), extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_outputs(result: Mapping[str, Any], out_dir: Path) -> Dict[str, Path]:
+    """Write ``results.md``, ``results.csv``, ``overheads.csv``, ``results.json`` and the PNG charts."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = {"markdown": out_dir / "results.md", "csv": out_dir / "results.csv",
+             "overheads_csv": out_dir / "overheads.csv", "json": out_dir / "results.json"}
+    _atomic_write(files["markdown"], markdown(result).encode())
+    _atomic_write(files["csv"], _csv(result["results"], ROW_FIELDS).encode())
+    _atomic_write(files["overheads_csv"], _csv(result.get("overheads", []), OVERHEAD_FIELDS).encode())
+    _atomic_write(files["json"], (json.dumps(result, indent=1, allow_nan=False, default=str) + "\n").encode())
+    ok = [r for r in result["results"] if r["status"] == "ok"]
+    if ok:
+        files["latency_png"] = plot_latency(ok, out_dir / "latency.png")
+    if result.get("overheads"):
+        files["overhead_png"] = plot_overhead(result["overheads"], out_dir / "overhead.png")
+    return files
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save_fig(fig, path: Path) -> Path:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    _atomic_write(path, buf.getvalue())
+    return path
+
+
+def plot_latency(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Median latency (bars) with p90 (whisker) per variant, one bar per backend/dtype, one panel per batch."""
+    plt = _pyplot()
+    batches = sorted({r["batch"] for r in rows})
+    series = list(dict.fromkeys((r["backend"], r["dtype"]) for r in rows))
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    lookup = {(r["variant"], r["backend"], r["dtype"], r["batch"]): r for r in rows}
+    fig, axes = plt.subplots(len(batches), 1, figsize=(max(8, 0.75 * len(variants) + 3), 3.6 * len(batches)),
+                             squeeze=False)
+    width = 0.8 / max(len(series), 1)
+    for ax, batch in zip(axes[:, 0], batches):
+        for i, (backend, dtype) in enumerate(series):
+            xs, med, err = [], [], []
+            for j, v in enumerate(variants):
+                r = lookup.get((v, backend, dtype, batch))
+                if r:
+                    xs.append(j + (i - (len(series) - 1) / 2) * width)
+                    med.append(r["median_ms"])
+                    err.append(r["p90_ms"] - r["median_ms"])
+            ax.bar(xs, med, width, yerr=[[0] * len(err), err], capsize=2, label=f"{backend} {dtype}")
+        ax.set_title(f"batch {batch}: median latency (whisker: p90)")
+        ax.set_ylabel("ms")
+        ax.set_xticks(range(len(variants)))
+        ax.set_xticklabels(variants, rotation=35, ha="right", fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = _save_fig(fig, path)
+    plt.close(fig)
+    return path
+
+
+def plot_overhead(overheads: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Latency ratio to standard (median of pairs, whiskers Q1..Q3) per variant, per backend/dtype/batch."""
+    plt = _pyplot()
+    series = list(dict.fromkeys((o["backend"], o["dtype"], o["batch"]) for o in overheads))
+    variants = list(dict.fromkeys(o["variant"] for o in overheads))
+    lookup = {(o["variant"], o["backend"], o["dtype"], o["batch"]): o for o in overheads}
+    fig, ax = plt.subplots(figsize=(max(8, 0.75 * len(variants) + 3), 4.2))
+    width = 0.8 / max(len(series), 1)
+    for i, key in enumerate(series):
+        xs, med, lo, hi = [], [], [], []
+        for j, v in enumerate(variants):
+            o = lookup.get((v, *key))
+            if o:
+                xs.append(j + (i - (len(series) - 1) / 2) * width)
+                med.append(o["ratio_median"])
+                lo.append(o["ratio_median"] - o["ratio_q1"])
+                hi.append(o["ratio_q3"] - o["ratio_median"])
+        ax.errorbar(xs, med, yerr=[lo, hi], fmt="o", ms=4, capsize=2, label=f"{key[0]} {key[1]} b{key[2]}")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_title("latency / standard latency (A B A B pairs; whiskers: Q1..Q3)")
+    ax.set_ylabel("ratio")
+    ax.set_xticks(range(len(variants)))
+    ax.set_xticklabels(variants, rotation=35, ha="right", fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = _save_fig(fig, path)
+    plt.close(fig)
+    return path
+
+
+def _op_table(naive: Mapping[str, Any], tuned: Mapping[str, Any], top: int = 12) -> str:
+    ops = list(dict.fromkeys([*list(naive["ops"])[:top], *list(tuned["ops"])[:top]]))
+    rows = []
+    for op in ops:
+        cells = [op]
+        for prof in (naive, tuned):
+            ms = prof["ops"].get(op)
+            cells.append("-" if ms is None else f"{ms:.2f} ({100 * ms / prof['ms_per_run']:.0f}%)")
+        rows.append(cells)
+    return _table(["op type", "naive ms/run (share)", "tuned ms/run (share)"], rows)
+
+
+def profile_markdown(profiles: Sequence[Mapping[str, Any]]) -> str:
+    """ONNX Runtime profiler summary: naive session (defaults, unmodified export) vs the tuned ``ort-cpu``."""
+    parts = ["# ONNX Runtime CPU profile (ORT profiler, kernel time per run summed by op type)", "",
+             "naive = `InferenceSession(export)` with ONNX Runtime's defaults; tuned = the `ort-cpu` backend "
+             "(saved ORT_ENABLE_EXTENDED graph loaded with ORT_ENABLE_ALL, intra-op threads = cores, sequential, "
+             "no spinning). Kernel time excludes the session's own overhead between kernels.", "",
+             _table(["variant", "batch", "naive ms/run", "tuned ms/run", "naive top ops", "tuned top ops"],
+                    [[p["variant"], str(p["batch"]), f"{p['naive']['ms_per_run']:.2f}",
+                      f"{p['tuned']['ms_per_run']:.2f}", _top3(p["naive"]), _top3(p["tuned"])] for p in profiles])]
+    for p in profiles:
+        if p["variant"] == "standard":
+            parts += ["", f"## standard, batch {p['batch']}", "", _op_table(p["naive"], p["tuned"]), "",
+                      "Slowest tuned nodes: " + "; ".join(f"`{n}` ({op}) {ms:.2f} ms"
+                                                          for n, op, ms in p["tuned"]["top_nodes"][:6])]
+    return "\n".join(parts) + "\n"
+
+
+def _top3(prof: Mapping[str, Any]) -> str:
+    total = prof["ms_per_run"] or 1.0
+    return ", ".join(f"{op} {100 * ms / total:.0f}%" for op, ms in list(prof["ops"].items())[:3])
+
+
+def write_profile(profiles: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Write :func:`profile_markdown` to ``path``."""
+    _atomic_write(path, profile_markdown(profiles).encode())
+    return path

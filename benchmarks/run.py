@@ -1,0 +1,271 @@
+"""The benchmark run: build, export, parity-check, time and compare every (variant, backend, dtype, batch).
+
+For each variant: a seeded random-init model (no trained weights exist for tiny/small/base), exported once
+per dtype with :func:`attnzoo.export.export_onnx`; ONNX Runtime and TensorRT run that file, eager and compile
+the same weights in PyTorch. For each batch size the eager fp32 output on the CPU is the parity reference.
+Each runnable backend is then (1) checked against it, (2) timed alone (warm-up >= 200 ms, then >= min_time s
+and >= 10 iterations), (3) timed alternating with eager fp32 of the same variant (speed-up with its spread)
+and (4) alternating with ``standard`` on the same backend, dtype and batch (variant overhead).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from .backends import TOLERANCES, Runner, build_runner, check_parity, torch_device, unavailable_reason
+from .env import environment, load_average
+from .ort_cpu import naive_cpu_session, profile_ops, tuned_cpu_session
+from .stats import ratio_stats, summarize
+from .timing import PeakRSS, measure, measure_pair
+
+__all__ = ["Settings", "run_benchmark", "NOTE", "ONNX_BACKENDS"]
+
+ONNX_BACKENDS = ("ort-cpu", "ort-cuda", "ort-trt", "tensorrt")
+NOTE = ("Models: attnzoo.models.create_model(variant, task, arch) with a seeded random init (torch.manual_seed), "
+        "because trained weights exist only for the micro zoo; latency does not depend on the weight values. "
+        "ONNX Runtime / TensorRT run the file written by attnzoo.export.export_onnx from those weights; eager "
+        "and compile run the same weights in PyTorch. x eager = median eager fp32 / median backend from separate "
+        "runs; x eager (pairs) = median [Q1, Q3] of per-pair ratios from an eager/backend A B A B run (robust to load changes).")
+
+
+@dataclass
+class Settings:
+    """What to run (the parsed command line)."""
+
+    variants: Sequence[str]
+    backends: Sequence[str]
+    dtypes: Sequence[str]
+    batch_sizes: Sequence[int]
+    task: str = "cls"
+    arch: str = "tiny"
+    threads: int = 1
+    min_time: float = 3.0
+    out: Path = Path("bench-out")
+    cache_dir: Path = Path("bench-cache")
+    device: str = "auto"
+    seed: int = 0
+    compile_budget: float = 600.0
+    profile: bool = False
+    pair_eager: bool = True
+    command: str = ""
+    progress: bool = True
+    #: Test hook: backend -> function applied to its parity output (to prove the gate rejects a bad backend).
+    perturb: Dict[str, Any] = field(default_factory=dict)
+
+
+def _row(variant: str, s: Settings, backend: str, dtype: str, batch: int, status: str, reason: str = "",
+         **extra: Any) -> Dict[str, Any]:
+    row = {"variant": variant, "task": s.task, "arch": s.arch, "backend": backend, "dtype": dtype, "batch": batch,
+           "status": status, "reason": reason, "parity_error": None, "parity_tol": TOLERANCES[dtype],
+           "iterations": None, "min_ms": None, "median_ms": None, "mean_ms": None, "p90_ms": None,
+           "p95_ms": None, "p99_ms": None, "max_ms": None, "cv": None, "throughput_img_s": None,
+           "peak_mem_mb": None, "mem_kind": None, "speedup_vs_eager": None, "speedup_pair_median": None,
+           "speedup_pair_q1": None, "speedup_pair_q3": None, "speedup_pairs": None,
+           "cuda_graph": None, "build_s": None, "load_1min": (load_average() or [None])[0], "info": {}}
+    row.update(extra)
+    return row
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:300]
+
+
+class _Bench:
+    """State of one run: models, exports, references, the standard and eager runners kept for A/B pairs."""
+
+    def __init__(self, s: Settings) -> None:
+        self.s = s
+        self.device = torch_device(s.device)
+        self.rows: List[Dict[str, Any]] = []
+        self.overheads: List[Dict[str, Any]] = []
+        self.profiles: List[Dict[str, Any]] = []
+        self.standard: Dict[Tuple[str, str, int], Runner] = {}
+        self.compile_spent = 0.0
+        self.compile_count = 0
+        self.combos = [(b, d) for b in s.backends for d in s.dtypes]
+        self.skip = {c: unavailable_reason(c[0], c[1], self.device) for c in self.combos}
+        if ("eager", "fp32") not in self.combos or self.skip.get(("eager", "fp32")):
+            self.combos.insert(0, ("eager", "fp32"))  # the reference backend always runs
+            self.skip[("eager", "fp32")] = None
+        self.combos.sort(key=lambda c: c != ("eager", "fp32"))
+
+    # ---------------------------------------------------------------------------------------- models
+    def model(self, variant: str):
+        from attnzoo.models import create_model
+
+        torch.manual_seed(self.s.seed)
+        return create_model(variant, task=self.s.task, arch=self.s.arch).eval()
+
+    def export(self, model, variant: str, dtype: str) -> Path:
+        from attnzoo.export import export_onnx
+
+        cfg = model.attnzoo_config
+        path = self.s.cache_dir / f"{variant}_{self.s.task}_{self.s.arch}_{dtype}.onnx"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return export_onnx(model, path, config=cfg, dtype=dtype, input_hw=(cfg["img_size"], cfg["img_size"]))
+
+    def inputs(self, model, batch: int) -> torch.Tensor:
+        size = model.attnzoo_config["img_size"]
+        gen = torch.Generator().manual_seed(self.s.seed + batch)
+        return torch.randn(batch, 3, size, size, generator=gen)
+
+    # ------------------------------------------------------------------------------------------- jobs
+    def job(self, variant: str, backend: str, dtype: str, batch: int, model, onnx: Dict[str, Path],
+            x: torch.Tensor, ref: np.ndarray, eager: Optional[Runner]) -> Optional[Runner]:
+        """Build, check, time one combination; append its row (and overhead row). Returns the runner."""
+        s = self.s
+        if backend == "compile" and self.compile_spent >= s.compile_budget:
+            each = self.compile_spent / max(self.compile_count, 1)
+            self.rows.append(_row(variant, s, backend, dtype, batch, "skipped",
+                                  f"--compile-budget {s.compile_budget:g} s spent ({self.compile_count} "
+                                  f"compile(s), {each:.0f} s each on this machine)"))
+            return None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        rss = PeakRSS()
+        t0 = time.perf_counter()
+        try:
+            src = onnx.get("fp16" if dtype == "fp16" else "fp32")
+            runner = build_runner(backend, model, src, x, dtype, threads=s.threads, device=self.device,
+                                  cache_dir=s.cache_dir, out_shape=tuple(ref.shape))
+            out = runner.output()
+        except Exception as exc:  # any backend failure is a result to report, not a crash
+            self.rows.append(_row(variant, s, backend, dtype, batch, "failed", f"build/run: {_first_line(exc)}"))
+            return None
+        build_s = time.perf_counter() - t0
+        if backend == "compile":
+            self.compile_spent += build_s
+            self.compile_count += 1
+        if backend in s.perturb:
+            out = s.perturb[backend](out)
+        ok, err = check_parity(out, ref, dtype)
+        common = dict(parity_error=err if math.isfinite(err) else None, build_s=build_s, info=runner.info,
+                      cuda_graph=runner.cuda_graph)
+        if not ok:
+            self.rows.append(_row(variant, s, backend, dtype, batch, "failed",
+                                  f"parity: max|out-ref|/max|ref| = {err:.3g} > {TOLERANCES[dtype]:g}", **common))
+            return None
+        with rss:
+            samples = measure(runner.fn, s.min_time, cuda=runner.cuda)
+        mem, kind = runner.memory() if runner.memory else (rss.delta_mb, "RSS delta (peak - before build)")
+        row = _row(variant, s, backend, dtype, batch, "ok", **common, **summarize(samples, batch),
+                   peak_mem_mb=mem, mem_kind=kind)
+        if eager is not None and eager is not runner and s.pair_eager:
+            a, b = measure_pair(eager.fn, runner.fn, s.min_time, cuda_a=eager.cuda, cuda_b=runner.cuda)
+            pair = ratio_stats(b, a)  # eager time / backend time = speed-up
+            row.update(speedup_pair_median=pair["ratio_median"], speedup_pair_q1=pair["ratio_q1"],
+                       speedup_pair_q3=pair["ratio_q3"], speedup_pairs=pair["pairs"])
+        self.rows.append(row)
+        std = self.standard.get((backend, dtype, batch))
+        if variant == "standard":
+            self.standard[(backend, dtype, batch)] = runner
+        elif std is not None:
+            a, b = measure_pair(std.fn, runner.fn, s.min_time, cuda_a=std.cuda, cuda_b=runner.cuda)
+            self.overheads.append({"variant": variant, "backend": backend, "dtype": dtype, "batch": batch,
+                                   **ratio_stats(a, b), "variant_median_ms": float(np.median(b) * 1e3),
+                                   "standard_median_ms": float(np.median(a) * 1e3)})
+        return runner
+
+    def profile(self, variant: str, onnx_path: Path, x: torch.Tensor) -> None:
+        """ORT profiler: per-op-type time of the naive session and of the tuned ``ort-cpu`` session."""
+        xs = x.numpy()
+        naive = profile_ops(lambda prefix: naive_cpu_session(onnx_path, prefix), xs)
+        tuned = profile_ops(lambda prefix: _tuned_profiled(onnx_path, self.s, prefix), xs)
+        self.profiles.append({"variant": variant, "batch": int(x.shape[0]), "naive": naive, "tuned": tuned})
+
+    def variant(self, variant: str, bar) -> None:
+        model = self.model(variant)
+        needed = {("fp16" if d == "fp16" else "fp32") for b, d in self.combos
+                  if b in ONNX_BACKENDS and not self.skip[(b, d)]}
+        onnx: Dict[str, Path] = {}
+        for dtype in sorted(needed):
+            try:
+                onnx[dtype] = self.export(model, variant, dtype)
+            except Exception as exc:  # reported on every ONNX row of this variant below
+                onnx[dtype + ":error"] = _first_line(exc)  # type: ignore[assignment]
+        for batch in self.s.batch_sizes:
+            x = self.inputs(model, batch)
+            with torch.inference_mode():
+                ref = model(x).float().numpy()
+            eager = None
+            for backend, dtype in self.combos:
+                reason = self.skip[(backend, dtype)]
+                if reason:
+                    self.rows.append(_row(variant, self.s, backend, dtype, batch, "skipped", reason))
+                    continue
+                src = "fp16" if dtype == "fp16" else "fp32"
+                if backend in ONNX_BACKENDS and src not in onnx:
+                    self.rows.append(_row(variant, self.s, backend, dtype, batch, "failed",
+                                          f"export: {onnx.get(src + ':error')}"))
+                    bar.update(1)
+                    continue
+                bar.set_postfix_str(f"{variant} {backend} {dtype} b{batch}")
+                runner = self.job(variant, backend, dtype, batch, model, onnx, x, ref, eager)
+                if (backend, dtype) == ("eager", "fp32"):
+                    eager = runner
+                bar.update(1)
+            if self.s.profile and "fp32" in onnx:
+                self.profile(variant, onnx["fp32"], x)
+            del eager
+        del model
+
+
+def _tuned_profiled(onnx_path: Path, s: Settings, prefix: str):
+    """The tuned ``ort-cpu`` session with the profiler on."""
+    from .ort_cpu import session_options, _session
+
+    tuned, _ = tuned_cpu_session(onnx_path, s.threads, s.cache_dir)  # makes sure the optimized file exists
+    del tuned
+    so = session_options(s.threads, "all", profile_prefix=prefix)
+    return _session(s.cache_dir / f"{Path(onnx_path).stem}.ort.onnx", so)
+
+
+def _speedups(rows: List[Dict[str, Any]]) -> None:
+    """Fill ``speedup_vs_eager`` = eager fp32 median / row median (same variant, batch)."""
+    eager = {(r["variant"], r["batch"]): r["median_ms"] for r in rows
+             if r["status"] == "ok" and (r["backend"], r["dtype"]) == ("eager", "fp32")}
+    for r in rows:
+        base = eager.get((r["variant"], r["batch"]))
+        if r["status"] == "ok" and base:
+            r["speedup_vs_eager"] = base / r["median_ms"]
+
+
+def run_benchmark(s: Settings) -> Dict[str, Any]:
+    """Run everything in ``s``; return the result dict written to ``results.json``."""
+    torch.set_num_threads(s.threads)
+    env = environment()
+    bench = _Bench(s)
+    variants = list(dict.fromkeys(["standard", *s.variants]))  # standard first: the overhead baseline
+    runnable = sum(1 for c in bench.combos if not bench.skip[c])
+    started = time.time()
+    with tqdm(total=len(variants) * len(s.batch_sizes) * runnable, desc="bench-latency", unit="job",
+              disable=not s.progress, dynamic_ncols=True) as bar:
+        for variant in variants:
+            bench.variant(variant, bar)
+    _speedups(bench.rows)
+    return {
+        "command": s.command,
+        "note": NOTE,
+        "settings": {"variants": variants, "standard_added": "standard" not in s.variants,
+                     "backends": list(s.backends), "dtypes": list(s.dtypes), "batch_sizes": list(s.batch_sizes),
+                     "task": s.task, "arch": s.arch, "threads": s.threads, "min_time_s": s.min_time,
+                     "warmup_s": 0.2, "min_iterations": 10, "device": str(bench.device), "seed": s.seed,
+                     "compile_budget_s": s.compile_budget, "tolerances": TOLERANCES},
+        "environment": env,
+        "load_average_end": load_average(),
+        "wall_time_s": time.time() - started,
+        "results": bench.rows,
+        "overheads": bench.overheads,
+        "ort_profile": bench.profiles,
+    }

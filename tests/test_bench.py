@@ -1,0 +1,142 @@
+"""bench-latency: statistics, the parity gate, a short end-to-end run, and errors on bad names."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from attnzoo.benchmarks import check_parity, ratio_stats, summarize
+from attnzoo.benchmarks.cli import main, parse_settings
+from attnzoo.benchmarks.report import OVERHEAD_FIELDS, ROW_FIELDS
+from attnzoo.benchmarks.run import run_benchmark
+
+
+def test_summarize_known_percentiles():
+    samples = np.arange(1, 101) / 1e3  # 1 .. 100 ms
+    s = summarize(samples, batch_size=4)
+    assert s["iterations"] == 100
+    assert s["min_ms"] == pytest.approx(1.0)
+    assert s["max_ms"] == pytest.approx(100.0)
+    assert s["median_ms"] == pytest.approx(50.5)
+    assert s["mean_ms"] == pytest.approx(50.5)
+    assert s["p90_ms"] == pytest.approx(90.1)  # linear interpolation: 1 + 0.90 * 99
+    assert s["p95_ms"] == pytest.approx(95.05)
+    assert s["p99_ms"] == pytest.approx(99.01)
+    assert s["cv"] == pytest.approx(np.std(np.arange(1, 101), ddof=1) / 50.5)
+    assert s["throughput_img_s"] == pytest.approx(4 / 0.0505)
+
+
+def test_summarize_rejects_bad_samples():
+    with pytest.raises(ValueError):
+        summarize([0.01], 1)
+    with pytest.raises(ValueError):
+        summarize([0.01, float("nan")], 1)
+
+
+def test_ratio_stats_pairs():
+    r = ratio_stats([1.0, 1.0, 2.0, 2.0], [1.0, 2.0, 6.0, 8.0])  # ratios 1, 2, 3, 4
+    assert r["pairs"] == 4
+    assert r["ratio_median"] == pytest.approx(2.5)
+    assert r["ratio_q1"] == pytest.approx(1.75)
+    assert r["ratio_q3"] == pytest.approx(3.25)
+    assert r["ratio_iqr"] == pytest.approx(1.5)
+    with pytest.raises(ValueError):
+        ratio_stats([1.0, 2.0], [1.0])
+
+
+def test_check_parity_tolerances():
+    ref = np.linspace(-2, 2, 40, dtype=np.float32).reshape(2, 20)
+    assert check_parity(ref + 1e-5, ref, "fp32")[0]
+    ok, err = check_parity(ref + 0.01, ref, "fp32")
+    assert not ok and err == pytest.approx(0.005, rel=1e-3)
+    assert check_parity(ref + 0.01, ref, "fp16")[0]  # fp16 has the looser tolerance
+    assert not check_parity(np.full_like(ref, np.nan), ref, "int8")[0]
+    assert not check_parity(ref[:1], ref, "fp32")[0]  # wrong shape
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    args = ["--arch", "micro", "--variants", "belief,standard", "--backends", "eager,ort-cpu,ort-cuda",
+            "--dtype", "fp32", "--batch-sizes", "1,2", "--min-time", "0.05", "--threads", "1", "--out",
+            str(out), "--cache-dir", str(out / "cache"), "--no-progress", "--profile"]
+    assert main(args) == 0
+    return out, json.loads((out / "results.json").read_text())
+
+
+def test_short_run_writes_every_field(short_run):
+    out, res = short_run
+    for name in ("results.md", "results.csv", "overheads.csv", "latency.png", "overhead.png", "ort_profile.md"):
+        assert (out / name).stat().st_size > 0, name
+    assert set(res) >= {"command", "note", "settings", "environment", "load_average_end", "results", "overheads",
+                        "ort_profile", "wall_time_s"}
+    env = res["environment"]
+    assert env["cpu"]["model"] and env["cpu"]["usable_cores"] >= 1 and isinstance(env["cpu"]["flags"], list)
+    assert set(env["versions"]) >= {"torch", "onnxruntime", "tensorrt"} and env["versions"]["torch"]
+    assert "gpu" in env and len(env["load_average"]) == 3
+    ok = [r for r in res["results"] if r["status"] == "ok"]
+    assert {(r["variant"], r["backend"], r["batch"]) for r in ok} == {
+        (v, b, n) for v in ("standard", "belief") for b in ("eager", "ort-cpu") for n in (1, 2)}
+    for r in ok:
+        assert set(ROW_FIELDS) <= set(r)
+        assert r["iterations"] >= 10 and r["parity_error"] <= r["parity_tol"]
+        assert r["min_ms"] <= r["median_ms"] <= r["p90_ms"] <= r["p95_ms"] <= r["p99_ms"] <= r["max_ms"]
+        assert r["throughput_img_s"] > 0 and r["cv"] >= 0 and r["peak_mem_mb"] is not None
+        if r["backend"] == "ort-cpu":
+            assert r["speedup_vs_eager"] > 0 and r["speedup_pairs"] >= 10
+    over = res["overheads"]
+    assert {(o["variant"], o["backend"], o["batch"]) for o in over} == {
+        ("belief", b, n) for b in ("eager", "ort-cpu") for n in (1, 2)}
+    for o in over:
+        assert set(OVERHEAD_FIELDS) <= set(o) and o["pairs"] >= 10 and o["ratio_q1"] <= o["ratio_q3"]
+    assert {(p["variant"], p["batch"]) for p in res["ort_profile"]} == {(v, n) for v in ("standard", "belief")
+                                                                        for n in (1, 2)}
+    assert all(p["naive"]["ops"] and p["tuned"]["ops"] for p in res["ort_profile"])
+
+
+def test_missing_backend_is_listed_not_dropped(short_run):
+    _, res = short_run
+    cuda = [r for r in res["results"] if r["backend"] == "ort-cuda"]
+    assert len(cuda) == 4  # 2 variants x 2 batch sizes, each with its status
+    for r in cuda:
+        assert r["status"] in ("skipped", "ok", "failed") and (r["status"] == "ok" or r["reason"])
+    md = (short_run[0] / "results.md").read_text()
+    assert "ort-cuda" in md
+
+
+def test_parity_gate_rejects_perturbed_backend(tmp_path):
+    s = parse_settings(["--arch", "micro", "--variants", "standard", "--backends", "eager,ort-cpu",
+                        "--batch-sizes", "1", "--min-time", "0.02", "--threads", "1", "--out", str(tmp_path),
+                        "--cache-dir", str(tmp_path / "cache"), "--no-progress", "--no-pair-eager"])
+    s.perturb = {"ort-cpu": lambda out: out + 0.05 * np.abs(out).max()}
+    res = run_benchmark(s)
+    row = next(r for r in res["results"] if r["backend"] == "ort-cpu")
+    assert row["status"] == "failed" and row["reason"].startswith("parity")
+    assert row["median_ms"] is None and row["iterations"] is None  # not timed
+    eager = next(r for r in res["results"] if r["backend"] == "eager")
+    assert eager["status"] == "ok"
+
+
+@pytest.mark.parametrize("flag,value,needle", [
+    ("--backends", "eager,warp-drive", "unknown backend 'warp-drive'; valid: eager, compile, ort-cpu"),
+    ("--variants", "standard,nope", "unknown variant 'nope'; valid: all, "),
+    ("--dtype", "fp8", "unknown dtype 'fp8'; valid: fp32, fp16, bf16, int8"),
+    ("--batch-sizes", "1,0", "--batch-sizes must be comma-separated positive integers"),
+])
+def test_bad_names_give_one_clear_error(flag, value, needle):
+    with pytest.raises(SystemExit) as exc:
+        parse_settings([flag, value])
+    assert str(exc.value).startswith("error: ") and needle in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+def test_cli_exit_code_and_single_line():
+    proc = subprocess.run([sys.executable, "-m", "attnzoo.benchmarks.cli", "--backends", "foo"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines() == [
+        "error: unknown backend 'foo'; valid: eager, compile, ort-cpu, ort-cuda, ort-trt, tensorrt"]
