@@ -10,7 +10,6 @@ import shutil
 import socket
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
@@ -22,6 +21,7 @@ from attnzoo.serve.backends import ServedModel, load_models
 from attnzoo.preprocess import fit_size
 from attnzoo.serve.app import DISPLAY_MAX_SIDE
 from attnzoo.serve.cli import main as cli_main
+from attnzoo.serve.screenshot import CHROMIUM
 from attnzoo.training.data import SHAPES_CLASSES, SHAPES_SEG_CLASSES
 
 gradio_client = pytest.importorskip("gradio_client")
@@ -29,7 +29,6 @@ from gradio_client import Client, handle_file  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = Path("/usr/bin/chromium")
 SHAPES = list(SHAPES_CLASSES)
 SERVED = [("standard", "cls"), ("belief2", "cls"), ("standard", "seg")]
 
@@ -393,53 +392,15 @@ def test_cli_empty_folder(tmp_path):
 @pytest.mark.browser
 def test_browser_classify_and_segment(server):
     """Chromium (Debian's, no download) with every non-local request aborted: classify and segment an example,
-    wait for the five labels and the overlay, save screenshots to test-artifacts/ (and docs/demo.png when
-    ATTNZOO_UPDATE_SCREENSHOT=1)."""
+    see the five labels and the overlay; screenshots go to test-artifacts/."""
     if not CHROMIUM.exists():
         pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    out = ROOT / "test-artifacts"
-    out.mkdir(exist_ok=True)
-    blocked = []
+    pytest.importorskip("playwright.sync_api")
+    from attnzoo.serve.screenshot import capture
 
-    def guard(route):
-        if urlsplit(route.request.url).hostname in (None, "127.0.0.1"):  # None: data: and blob: URLs
-            route.continue_()
-        else:
-            blocked.append(route.request.url)
-            route.abort()
-
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            page.route("**/*", guard)
-            page.goto(server, wait_until="load")
-            page.locator("#cls-image input[type=file]").set_input_files(examples.example_paths("cls")[0])
-            page.locator("#cls-button").click()
-            bars = page.locator("#cls-label [data-testid$='-confidence-set']")
-            page.wait_for_function("() => document.querySelectorAll("
-                                   "\"#cls-label [data-testid$='-confidence-set']\").length === 5", timeout=30_000)
-            shown = {bars.nth(i).get_attribute("data-testid").removesuffix("-confidence-set") for i in range(5)}
-            assert shown <= set(SHAPES) and len(shown) == 5
-            page.screenshot(path=str(out / "demo-classify.png"), full_page=True)
-
-            page.get_by_role("tab", name="Segment").click()
-            page.locator("#seg-image input[type=file]").set_input_files(examples.example_paths("seg")[0])
-            page.locator("#seg-button").click()
-            page.wait_for_selector("#seg-overlay img[src]", timeout=30_000)
-            page.wait_for_function("() => document.querySelectorAll('#seg-legend tbody tr').length > 0"
-                                   " && document.querySelector('#seg-legend').innerText.includes('background')",
-                                   timeout=30_000)
-            size = page.eval_on_selector("#seg-overlay img", "img => [img.naturalWidth, img.naturalHeight]")
-            assert tuple(size) == Image.open(examples.example_paths("seg")[0]).size
-            shot = out / "demo.png"
-            page.screenshot(path=str(shot), full_page=True)
-        finally:
-            browser.close()
-    assert shot.stat().st_size > 10_000
-    assert not blocked, f"the page tried to reach other hosts: {blocked[:5]}"
-    if os.environ.get("ATTNZOO_UPDATE_SCREENSHOT") == "1":
-        (ROOT / "docs").mkdir(exist_ok=True)
-        shutil.copyfile(shot, ROOT / "docs" / "demo.png")
+    report = capture(server, ROOT / "test-artifacts")
+    assert len(report["labels"]) == 5 and set(report["labels"]) <= set(SHAPES)
+    assert report["overlay_size"] == Image.open(examples.example_paths("seg")[0]).size
+    assert "background" in report["legend"]  # the example's true mask has background: its IoU row is shown
+    assert all(f.stat().st_size > 10_000 for f in report["files"]) and len(report["files"]) == 2
+    assert not report["blocked"], f"the page tried to reach other hosts: {report['blocked'][:5]}"
