@@ -66,7 +66,8 @@ class WAFEAttention(StandardAttention):
             if attn_mask is not None:
                 key_bias = key_bias + (torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(
                     ~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else attn_mask)
-            return self._sdpa(q, k, v, key_bias, is_causal, scale=-2.0 * sign / d)
+            # Keep the kernel's scale positive (torch's ONNX decomposition takes sqrt(scale)): flip q instead.
+            return self._sdpa(-q if self.anti else q, k, v, key_bias, is_causal, scale=2.0 / d)
         # mae
         impl = self.mae_impl
         if impl == "auto":

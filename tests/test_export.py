@@ -25,19 +25,16 @@ SEG_HW = (24, 40)  # non-square, not the training size
 CONTRACT_KEYS = {"attnzoo.config", "variant", "task", "arch", "options", "class_names", "input_size", "mean",
                  "std", "eps", "attnzoo_version", "checkpoint_sha256", "dtype"}
 # The fast set: standard and every projection variant; the full matrix runs with -m slow.
-FAST_CLS = ("standard", *PROJECTION_VARIANTS)
+# anti-wafe-mse guards the fused-MSE path (a negative sdpa scale once exported as sqrt(scale) = NaN);
+# wafe-mae guards the broadcast pairwise-L1 export.
+FAST_CLS = ("standard", *PROJECTION_VARIANTS, "anti-wafe-mse", "wafe-mae")
 FAST_SEG = ("belief2", "exclusive")
-# models/wafe.py passes a negative sdpa scale for anti-wafe-mse; torch's ONNX decomposition of sdpa takes
-# sqrt(scale) and yields NaN. The verification catches it (the export is refused), see the final report.
-KNOWN_BAD = {"anti-wafe-mse": "sdpa with a negative scale exports as sqrt(scale) = NaN (models/wafe.py)"}
 
 
 def _params(names, fast):
     out = []
     for name in names:
         marks = [] if name in fast else [pytest.mark.slow]
-        if name in KNOWN_BAD:
-            marks.append(pytest.mark.xfail(reason=KNOWN_BAD[name], raises=verify_mod.VerificationError))
         out.append(pytest.param(name, marks=marks))
     return out
 
