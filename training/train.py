@@ -196,7 +196,7 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, train_d
         max_steps: Stop after this many optimisation steps (tests).
 
     Returns:
-        The saved config (with history, test-free validation metric, train time, file path).
+        The saved config (with history, validation metric, train time and the file's path).
     """
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -257,7 +257,8 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, train_d
         _save_state(out_dir, name, model, opt, sched, epoch + 1, history, elapsed, cfg)
         if max_steps is not None and step >= max_steps:
             break
-    extra = {"data": cfg.data, "data_seed": 0, "seed": cfg.seed, "epochs": cfg.epochs,
+    data_source = cfg.data if cfg.data in BUILTIN_DATA else str(Path(cfg.data).resolve())
+    extra = {"data": data_source, "data_seed": 0, "seed": cfg.seed, "epochs": cfg.epochs,
              "train_size": len(train_data), "recipe": asdict(cfg), "history": history,
              "val_metric": history[-1]["val"] if history else None, "metric_name": metric_name(cfg.task),
              "train_time_s": round(elapsed, 1), "params": count_params(model)}
