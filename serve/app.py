@@ -8,7 +8,7 @@ one queue (``concurrency_id="models"``, one at a time) so concurrent users do no
 from __future__ import annotations
 
 import functools
-import html
+import socket
 import sys
 import traceback
 from pathlib import Path
@@ -27,7 +27,7 @@ from .backends import ServedModel
 from .predict import (background_classes, class_iou, classify, dominant_classes, overlay, palette,
                       pixel_shares, segment, topk_chart)
 
-__all__ = ["build_demo", "launch", "MAX_FILE_SIZE", "DISPLAY_MAX_SIDE"]
+__all__ = ["build_demo", "launch", "free_port", "MAX_FILE_SIZE", "DISPLAY_MAX_SIDE"]
 
 MAX_FILE_SIZE = "10mb"
 #: Overlays are shown at the image's size, downscaled past this side.
@@ -330,6 +330,13 @@ def build_demo(models: Sequence[ServedModel], *, source: str = "the zoo", seg_ma
             _compare_tab(table, seg_max_side)
     demo.queue(max_size=64, default_concurrency_limit=1)
     return demo
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, *, block: bool = True, **kwargs):

@@ -10,7 +10,6 @@ The browser test (``tests/test_serve.py``) uses :func:`capture` and checks what 
 from __future__ import annotations
 
 import argparse
-import socket
 from pathlib import Path
 from typing import Dict, List, Optional
 from urllib.parse import urlsplit
@@ -91,7 +90,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--models", type=Path, default=None, help="folder of exported models (default: the zoo)")
     parser.add_argument("--out", type=Path, default=Path("docs/demo.png"))
     args = parser.parse_args(argv)
-    from .app import build_demo, launch
+    from .app import build_demo, free_port, launch
     from .backends import load_models
 
     try:
@@ -99,9 +98,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
     demo = build_demo(models, source=f"`{args.models}`" if args.models else "the zoo (shapes)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     launch(demo, "127.0.0.1", port, block=False)
     try:
         tmp = args.out.parent / ".screenshots"

@@ -4,10 +4,8 @@ through a real browser with every non-local request aborted."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import socket
 import time
 from pathlib import Path
 
@@ -90,12 +88,10 @@ def served(models_dir):
 @pytest.fixture(scope="module")
 def server(served):
     """The demo on a free port of 127.0.0.1 (in this process); yields its URL."""
-    from attnzoo.serve.app import build_demo, launch
+    from attnzoo.serve.app import build_demo, free_port, launch
 
     demo = build_demo(served, source="test models")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     launch(demo, "127.0.0.1", port, block=False)
     yield f"http://127.0.0.1:{port}/"
     demo.close()
