@@ -20,9 +20,9 @@ __all__ = ["main", "build_parser"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``serve-demo`` argument parser."""
-    p = argparse.ArgumentParser(prog="serve-demo", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
+    p = argparse.ArgumentParser(prog="serve-demo", formatter_class=argparse.RawDescriptionHelpFormatter,
+                                description="The attnzoo Gradio demo (offline; ONNX Runtime on the CPU by default).",
+                                epilog="examples:\n" + __doc__.split("Examples::\n\n", 1)[1])
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=7860, help="port (default 7860)")
     p.add_argument("--models", type=Path, default=None, metavar="DIR",
