@@ -6,11 +6,8 @@ No pickle from a user file is ever executed: ``.safetensors`` is read with safet
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import pickle
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
@@ -19,6 +16,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from attnzoo.fileio import atomic_path, atomic_write_text, sha256_file
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD
 
 __all__ = ["save_checkpoint", "load_checkpoint", "read_config", "load_state_dict_file", "build_model",
@@ -26,28 +24,6 @@ __all__ = ["save_checkpoint", "load_checkpoint", "read_config", "load_state_dict
 
 CONFIG_KEY = "attnzoo_config"
 _MODEL_KEYS = ("variant", "task", "arch", "num_classes", "img_size", "decoder")
-
-
-def sha256_file(path: Union[str, Path]) -> str:
-    """Hex sha256 of a file."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def atomic_write_text(path: Union[str, Path], text: str) -> None:
-    """Write a text file through a temporary file and a rename, so no half-written file is left."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save_checkpoint(model: nn.Module, path: Union[str, Path], *, class_names, mean=DEFAULT_MEAN,
@@ -71,14 +47,8 @@ def save_checkpoint(model: nn.Module, path: Union[str, Path], *, class_names, me
               "std": [float(s) for s in std]}
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(state, tmp, metadata={CONFIG_KEY: json.dumps(config)})
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp:
+        save_file(state, str(tmp), metadata={CONFIG_KEY: json.dumps(config)})
     full = {**config, **dict(extra or {})}
     atomic_write_text(path.with_suffix(".json"), json.dumps(full, indent=2) + "\n")
     return full

@@ -58,7 +58,7 @@ def load_image(source: ImageLike) -> Image.Image:
         else:
             img = Image.open(Path(source))
         img.load()
-    except (UnidentifiedImageError, OSError, TypeError, ValueError) as exc:
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, TypeError, ValueError) as exc:
         raise ValueError(f"cannot read image: {exc}") from exc
     return to_rgb(img)
 

@@ -105,7 +105,7 @@ def load_for_export(variant: str, task: Optional[str] = None, arch: Optional[str
         ValueError: unknown variant, missing zoo model, mismatching or unsafe checkpoint.
     """
     from attnzoo import zoo
-    from attnzoo.checkpoint import sha256_file
+    from attnzoo.fileio import sha256_file
     from attnzoo.models import canonical_name, create_model
     from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD
 

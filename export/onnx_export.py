@@ -16,8 +16,6 @@ from __future__ import annotations
 import ast
 import copy
 import json
-import os
-import tempfile
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -27,6 +25,8 @@ import onnx
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from attnzoo.fileio import atomic_path
 
 __all__ = ["export_onnx", "make_session", "read_metadata", "metadata_props",
            "op_histogram", "INPUT_NAME", "OUTPUT_NAME", "BATCH_DIM", "SUPPORTED_OPSETS", "DTYPES", "FP32_OPS"]
@@ -152,19 +152,12 @@ def _metadata(config: Mapping[str, Any], input_hw: Tuple[int, int], dtype: str,
 def _save_atomic(proto: onnx.ModelProto, path: Path) -> None:
     """Save through a temporary file and a rename; weights go to ``<name>.data`` only past 2 GB."""
     external = proto.ByteSize() > _PROTO_LIMIT
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    data_name = f"{path.name}.data"
-    try:
+    with atomic_path(path) as tmp:
         if external:
-            onnx.save_model(proto, tmp, save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=data_name)
+            onnx.save_model(proto, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=f"{path.name}.data")
         else:
-            onnx.save_model(proto, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+            onnx.save_model(proto, str(tmp))
 
 
 def export_onnx(

@@ -13,14 +13,14 @@ torch CUDA tensors, so no pycuda / cuda-python is needed.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Union
 
 import numpy as np
 import torch
+
+from attnzoo.fileio import atomic_write_bytes
 
 from .onnx_export import INPUT_NAME, OUTPUT_NAME, make_session, metadata_props
 
@@ -62,17 +62,6 @@ def engine_report_path(engine_path: Union[str, Path]) -> Path:
     return Path(str(engine_path) + ".json")
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def profile_batches(batch_sizes: Sequence[int]) -> tuple:
     """(min, opt, max) batch of the optimization profile: opt is the median requested size."""
     sizes = sorted(set(int(b) for b in batch_sizes))
@@ -103,7 +92,7 @@ def _build(trt, onnx_path: Path, hw: Sequence[int], batch_sizes: Sequence[int], 
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         raise RuntimeError(f"TensorRT failed to build an engine from {onnx_path} (see the log above)")
-    _write_atomic(timing_cache, bytes(config.get_timing_cache().serialize()))
+    atomic_write_bytes(timing_cache, bytes(config.get_timing_cache().serialize()))
     return bytes(serialized)
 
 
@@ -177,11 +166,11 @@ def build_engine(onnx_path: Union[str, Path], engine_path: Union[str, Path], *, 
               "max_abs_err_vs_onnxruntime": err, "tolerance": tol, "passed": bool(np.isfinite(out).all()
                                                                                   and err <= tol),
               "engine_size": len(blob), "metadata": props}
-    from attnzoo.checkpoint import atomic_write_text
+    from attnzoo.fileio import atomic_write_text
 
     atomic_write_text(engine_report_path(engine_path), json.dumps(report, indent=2) + "\n")
     if not report["passed"]:
         raise RuntimeError(f"TensorRT engine differs from ONNX Runtime: max abs err {err:.3g} > {tol:.3g}; "
                            f"engine not saved (see {engine_report_path(engine_path)})")
-    _write_atomic(engine_path, blob)
+    atomic_write_bytes(engine_path, blob)
     return report

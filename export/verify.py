@@ -12,8 +12,6 @@ top-1 agreement is reported, not required (ties under fp16 rounding).
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
@@ -113,13 +111,10 @@ def export_verified(model: nn.Module, out: Union[str, Path], config: Mapping[str
     The report (``<out>.report.json``) is written either way; on failure the ONNX file is deleted and
     :class:`VerificationError` is raised.
     """
-    from attnzoo.checkpoint import atomic_write_text, sha256_file
+    from attnzoo.fileio import atomic_path, atomic_write_text, sha256_file
 
     out = Path(out)
-    fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.stem}.", suffix=".onnx")
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
+    with atomic_path(out) as tmp:  # only a model that passes is renamed to `out`
         start = time.perf_counter()
         export_onnx(model, tmp, config=config, opset=opset, dtype=dtype, input_hw=input_hw,
                     checkpoint_sha256=checkpoint_sha256)
@@ -146,10 +141,7 @@ def export_verified(model: nn.Module, out: Union[str, Path], config: Mapping[str
         if failures:
             raise VerificationError(f"{out.name} failed verification ({'; '.join(failures[:3])}); "
                                     f"see {report_path(out)}")
-        os.replace(tmp, out)
-        return report
-    finally:
-        tmp.unlink(missing_ok=True)
+    return report
 
 
 def summary(report: Mapping[str, Any]) -> str:

@@ -92,7 +92,7 @@ def _onnx_runner(path: Path, threads: Optional[int]) -> Tuple[Callable, bool]:
 def _tensorrt_runner(path: Path, cache_dir: Optional[Path]) -> Tuple[Callable, bool]:
     """A TensorRT engine built once from an ONNX file (cached under ``<cache>/tensorrt``, keyed by the file's
     hash, checked against ONNX Runtime by the builder) as ``run(x) -> logits``; H, W are fixed."""
-    from attnzoo.checkpoint import sha256_file
+    from attnzoo.fileio import sha256_file
     from attnzoo.export.tensorrt import build_engine, load_engine, run_engine
 
     engine_path = (Path(cache_dir or default_cache_dir()) / "tensorrt"

@@ -17,7 +17,7 @@ from typing import Dict, List, Optional
 import numpy as np
 from PIL import Image
 
-from attnzoo.checkpoint import atomic_write_text
+from attnzoo.fileio import atomic_write_text
 
 __all__ = ["EXAMPLES_DIR", "pixel_hash", "index", "example_paths", "find_example", "true_mask", "generate"]
 
@@ -91,7 +91,6 @@ def generate(folder: Path = EXAMPLES_DIR, n_cls: int = 4, n_seg: int = 4, img_si
             "classes": {"cls": list(SHAPES_CLASSES), "seg": list(SHAPES_SEG_CLASSES)},
             "examples": entries}
     atomic_write_text(folder / INDEX_NAME, json.dumps(data, indent=2) + "\n")
-    (folder / INDEX_NAME).chmod(0o644)  # mkstemp files are private; package data must be readable
     index.cache_clear()
     return data
 
