@@ -176,27 +176,41 @@ def _ort_cpu_runner(onnx_path: Path, x: torch.Tensor, dtype: str, threads: int, 
     return Runner(fn, lambda: np.asarray(fn()[0], dtype=np.float32), info=info)
 
 
-def _ort_gpu_runner(onnx_path: Path, x: torch.Tensor, dtype: str, tensorrt_ep: bool, cache_dir: Path,
-                    out_shape: Tuple[int, ...]) -> Runner:
-    """ONNX Runtime with the CUDA or TensorRT EP; I/O bound to torch CUDA tensors, CUDA graph when allowed."""
+def _ort_gpu_session(onnx_path: Path, dtype: str, tensorrt_ep: bool, cache_dir: Path, graph: bool):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.log_severity_level = 3
     if tensorrt_ep:
-        opts = {"trt_fp16_enable": dtype == "fp16", "trt_engine_cache_enable": True,
-                "trt_engine_cache_path": str(cache_dir / "ort-trt"), "trt_cuda_graph_enable": True}
         (cache_dir / "ort-trt").mkdir(parents=True, exist_ok=True)
+        opts = {"trt_fp16_enable": dtype == "fp16", "trt_engine_cache_enable": True,
+                "trt_engine_cache_path": str(cache_dir / "ort-trt"), "trt_cuda_graph_enable": graph}
         providers = [("TensorrtExecutionProvider", opts), "CUDAExecutionProvider"]
     else:
-        providers = [("CUDAExecutionProvider", {"enable_cuda_graph": "1"})]
-    sess = ort.InferenceSession(str(onnx_path), so, providers=providers)
+        providers = [("CUDAExecutionProvider", {"enable_cuda_graph": "1" if graph else "0"})]
+    return ort.InferenceSession(str(onnx_path), so, providers=providers)
+
+
+def _ort_gpu_runner(onnx_path: Path, x: torch.Tensor, dtype: str, tensorrt_ep: bool, cache_dir: Path,
+                    out_shape: Tuple[int, ...]) -> Runner:
+    """ONNX Runtime with the CUDA or TensorRT EP; I/O bound to torch CUDA tensors.
+
+    A CUDA graph is tried first; ONNX Runtime refuses it when some nodes (shape arithmetic) run on the CPU,
+    and then the session is rebuilt without one (``cuda_graph`` False in the row).
+    """
     xin = x.to("cuda").contiguous()
-    out_meta = sess.get_outputs()[0]
     yout = torch.empty(out_shape, device="cuda", dtype=torch.float32)
-    binding = sess.io_binding()
-    binding.bind_input(sess.get_inputs()[0].name, "cuda", 0, np.float32, tuple(xin.shape), xin.data_ptr())
-    binding.bind_output(out_meta.name, "cuda", 0, np.float32, out_shape, yout.data_ptr())
+    for graph in (True, False):
+        try:
+            sess = _ort_gpu_session(onnx_path, dtype, tensorrt_ep, cache_dir, graph)
+            binding = sess.io_binding()
+            binding.bind_input(sess.get_inputs()[0].name, "cuda", 0, np.float32, tuple(xin.shape), xin.data_ptr())
+            binding.bind_output(sess.get_outputs()[0].name, "cuda", 0, np.float32, out_shape, yout.data_ptr())
+            sess.run_with_iobinding(binding)  # with a graph: the capture run
+            break
+        except Exception:  # noqa: BLE001 -- the graph-less retry reports its own failure
+            if not graph:
+                raise
 
     def fn():
         sess.run_with_iobinding(binding)
@@ -206,7 +220,7 @@ def _ort_gpu_runner(onnx_path: Path, x: torch.Tensor, dtype: str, tensorrt_ep: b
         torch.cuda.synchronize()
         return yout.cpu().numpy()
 
-    return Runner(fn, output, cuda=True, memory=_device_memory_used, cuda_graph=True,
+    return Runner(fn, output, cuda=True, memory=_device_memory_used, cuda_graph=graph,
                   info={"providers": sess.get_providers()})
 
 

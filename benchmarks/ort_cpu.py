@@ -64,20 +64,24 @@ def _session(path: Path, so):
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
-def tuned_cpu_session(onnx_path: Path, threads: int, cache_dir: Path):
+def tuned_cpu_session(onnx_path: Path, threads: int, cache_dir: Path, profile_prefix: Optional[str] = None):
     """The benchmark's ``ort-cpu`` session and a dict describing its settings.
 
     The first call writes the ``ORT_ENABLE_EXTENDED``-optimized graph to ``cache_dir``; the session then
     loads it with ``ORT_ENABLE_ALL`` (the machine-specific layout passes are redone at load time).
+    ``profile_prefix`` turns ONNX Runtime's profiler on.
     """
     onnx_path = Path(onnx_path)
     cache_dir.mkdir(parents=True, exist_ok=True)
     optimized = cache_dir / f"{onnx_path.stem}.ort.onnx"
     if not optimized.exists() or optimized.stat().st_mtime < onnx_path.stat().st_mtime:
         tmp = optimized.with_name(f".{optimized.name}.{os.getpid()}.tmp.onnx")
-        _session(onnx_path, session_options(threads, "extended", optimized_path=tmp))
-        os.replace(tmp, optimized)
-    sess = _session(optimized, session_options(threads, "all"))
+        try:
+            _session(onnx_path, session_options(threads, "extended", optimized_path=tmp))
+            os.replace(tmp, optimized)
+        finally:
+            tmp.unlink(missing_ok=True)
+    sess = _session(optimized, session_options(threads, "all", profile_prefix=profile_prefix))
     info = {"optimized_model": optimized.name, "graph_optimization": "extended (saved) + all",
             "intra_op_threads": threads, "execution_mode": "sequential", "spinning": False}
     return sess, info

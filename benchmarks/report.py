@@ -52,7 +52,8 @@ def markdown(result: Mapping[str, Any]) -> str:
     parts.append(f"CPU: {env['cpu']['model']} ({env['cpu']['usable_cores']} usable cores; "
                  f"{', '.join(env['cpu']['key_flags']) or 'no AVX-512/VNNI/AMX'}); GPU: "
                  f"{gpu['name'] + ' driver ' + str(gpu['driver']) if gpu else 'none'}; load average at start "
-                 f"{env['load_average']}, at end {result.get('load_average_end')}; threads {result['settings']['threads']}.")
+                 f"{env['load_average']}, at end {result.get('load_average_end')}; "
+                 f"threads {result['settings']['threads']}.")
     parts += ["", "## Latency (ms; throughput in images/s)", ""]
     header = ["variant", "backend", "dtype", "batch", "median", "min", "mean", "p90", "p95", "p99", "CV",
               "img/s", "mem MB", "x eager", "x eager (pairs) [Q1, Q3]", "parity err"]

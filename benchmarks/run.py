@@ -34,7 +34,8 @@ NOTE = ("Models: attnzoo.models.create_model(variant, task, arch) with a seeded 
         "because trained weights exist only for the micro zoo; latency does not depend on the weight values. "
         "ONNX Runtime / TensorRT run the file written by attnzoo.export.export_onnx from those weights; eager "
         "and compile run the same weights in PyTorch. x eager = median eager fp32 / median backend from separate "
-        "runs; x eager (pairs) = median [Q1, Q3] of per-pair ratios from an eager/backend A B A B run (robust to load changes).")
+        "runs; x eager (pairs) = median [Q1, Q3] of per-pair ratios from an eager/backend A B A B run (robust "
+        "to load changes).")
 
 
 @dataclass
@@ -78,6 +79,14 @@ def _row(variant: str, s: Settings, backend: str, dtype: str, batch: int, status
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:300]
+
+
+def _parity_reason(out: np.ndarray, ref: np.ndarray, err: float, dtype: str) -> str:
+    if np.shape(out) != ref.shape:
+        return f"parity: output shape {np.shape(out)} != eager {ref.shape}"
+    if not np.all(np.isfinite(out)):
+        return f"parity: {int(np.size(out) - np.isfinite(out).sum())} of {np.size(out)} outputs are NaN/inf"
+    return f"parity: max|out-ref|/max|ref| = {err:.3g} > {TOLERANCES[dtype]:g}"
 
 
 class _Bench:
@@ -153,12 +162,12 @@ class _Bench:
         common = dict(parity_error=err if math.isfinite(err) else None, build_s=build_s, info=runner.info,
                       cuda_graph=runner.cuda_graph)
         if not ok:
-            self.rows.append(_row(variant, s, backend, dtype, batch, "failed",
-                                  f"parity: max|out-ref|/max|ref| = {err:.3g} > {TOLERANCES[dtype]:g}", **common))
+            self.rows.append(_row(variant, s, backend, dtype, batch, "failed", _parity_reason(out, ref, err, dtype),
+                                  **common))
             return None
         with rss:
             samples = measure(runner.fn, s.min_time, cuda=runner.cuda)
-        mem, kind = runner.memory() if runner.memory else (rss.delta_mb, "RSS delta (peak - before build)")
+        mem, kind = runner.memory() if runner.memory else (rss.delta_mb, "peak RSS while timed - RSS before build")
         row = _row(variant, s, backend, dtype, batch, "ok", **common, **summarize(samples, batch),
                    peak_mem_mb=mem, mem_kind=kind)
         if eager is not None and eager is not runner and s.pair_eager:
@@ -181,54 +190,47 @@ class _Bench:
         """ORT profiler: per-op-type time of the naive session and of the tuned ``ort-cpu`` session."""
         xs = x.numpy()
         naive = profile_ops(lambda prefix: naive_cpu_session(onnx_path, prefix), xs)
-        tuned = profile_ops(lambda prefix: _tuned_profiled(onnx_path, self.s, prefix), xs)
+        tuned = profile_ops(lambda prefix: tuned_cpu_session(onnx_path, self.s.threads, self.s.cache_dir,
+                                                             profile_prefix=prefix)[0], xs)
         self.profiles.append({"variant": variant, "batch": int(x.shape[0]), "naive": naive, "tuned": tuned})
 
     def variant(self, variant: str, bar) -> None:
+        """Export the variant, then run every batch size."""
         model = self.model(variant)
         needed = {("fp16" if d == "fp16" else "fp32") for b, d in self.combos
                   if b in ONNX_BACKENDS and not self.skip[(b, d)]}
         onnx: Dict[str, Path] = {}
+        errors: Dict[str, str] = {}
         for dtype in sorted(needed):
             try:
                 onnx[dtype] = self.export(model, variant, dtype)
-            except Exception as exc:  # reported on every ONNX row of this variant below
-                onnx[dtype + ":error"] = _first_line(exc)  # type: ignore[assignment]
+            except Exception as exc:  # reported on every ONNX row of this variant
+                errors[dtype] = _first_line(exc)
         for batch in self.s.batch_sizes:
-            x = self.inputs(model, batch)
-            with torch.inference_mode():
-                ref = model(x).float().numpy()
-            eager = None
-            for backend, dtype in self.combos:
-                reason = self.skip[(backend, dtype)]
-                if reason:
-                    self.rows.append(_row(variant, self.s, backend, dtype, batch, "skipped", reason))
-                    continue
-                src = "fp16" if dtype == "fp16" else "fp32"
-                if backend in ONNX_BACKENDS and src not in onnx:
-                    self.rows.append(_row(variant, self.s, backend, dtype, batch, "failed",
-                                          f"export: {onnx.get(src + ':error')}"))
-                    bar.update(1)
-                    continue
-                bar.set_postfix_str(f"{variant} {backend} {dtype} b{batch}")
+            self.batch(variant, model, batch, onnx, errors, bar)
+
+    def batch(self, variant: str, model, batch: int, onnx: Dict[str, Path], errors: Dict[str, str], bar) -> None:
+        """All backends of one variant at one batch size; eager fp32 first (reference and A/B partner)."""
+        x = self.inputs(model, batch)
+        with torch.inference_mode():
+            ref = model(x).float().numpy()
+        eager = None
+        for backend, dtype in self.combos:
+            reason = self.skip[(backend, dtype)]
+            if reason:
+                self.rows.append(_row(variant, self.s, backend, dtype, batch, "skipped", reason))
+                continue
+            src = "fp16" if dtype == "fp16" else "fp32"
+            bar.set_postfix_str(f"{variant} {backend} {dtype} b{batch}")
+            if backend in ONNX_BACKENDS and src not in onnx:
+                self.rows.append(_row(variant, self.s, backend, dtype, batch, "failed", f"export: {errors[src]}"))
+            else:
                 runner = self.job(variant, backend, dtype, batch, model, onnx, x, ref, eager)
                 if (backend, dtype) == ("eager", "fp32"):
                     eager = runner
-                bar.update(1)
-            if self.s.profile and "fp32" in onnx:
-                self.profile(variant, onnx["fp32"], x)
-            del eager
-        del model
-
-
-def _tuned_profiled(onnx_path: Path, s: Settings, prefix: str):
-    """The tuned ``ort-cpu`` session with the profiler on."""
-    from .ort_cpu import session_options, _session
-
-    tuned, _ = tuned_cpu_session(onnx_path, s.threads, s.cache_dir)  # makes sure the optimized file exists
-    del tuned
-    so = session_options(s.threads, "all", profile_prefix=prefix)
-    return _session(s.cache_dir / f"{Path(onnx_path).stem}.ort.onnx", so)
+            bar.update(1)
+        if self.s.profile and "fp32" in onnx:
+            self.profile(variant, onnx["fp32"], x)
 
 
 def _speedups(rows: List[Dict[str, Any]]) -> None:

@@ -140,3 +140,25 @@ def test_cli_exit_code_and_single_line():
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines() == [
         "error: unknown backend 'foo'; valid: eager, compile, ort-cpu, ort-cuda, ort-trt, tensorrt"]
+
+
+def test_int8_quantization_and_confusion(short_run):
+    import onnx
+
+    from attnzoo.benchmarks.int8_accuracy import evaluate_session
+    from attnzoo.benchmarks.ort_cpu import quantize_int8, tuned_cpu_session
+
+    out, _ = short_run
+    fp32 = out / "cache" / "standard_cls_micro_fp32.onnx"
+    int8 = quantize_int8(fp32, out / "cache" / "q" / "standard.int8.onnx")
+    ops = {n.op_type for n in onnx.load(str(int8)).graph.node}
+    assert {"DynamicQuantizeLinear", "MatMulInteger"} <= ops
+    s32, _ = tuned_cpu_session(fp32, 1, out / "cache" / "q")
+    s8, _ = tuned_cpu_session(int8, 1, out / "cache" / "q")
+    x = np.random.default_rng(0).standard_normal((6, 3, 32, 32)).astype(np.float32)
+    ref = s32.run(None, {"image": x})[0]
+    ok, err = check_parity(s8.run(None, {"image": x})[0], ref, "int8")
+    assert ok and err > 0  # quantized, so not bit-identical, but within the int8 tolerance
+    labels = ref.argmax(1)
+    conf = evaluate_session(s32, x, labels, ref.shape[1], "cls", batch_size=4)
+    assert conf.sum() == 6 and np.trace(conf) == 6  # its own predictions as labels: all on the diagonal
