@@ -167,7 +167,7 @@ def _ort_cpu_runner(onnx_path: Path, x: torch.Tensor, dtype: str, threads: int, 
 
     if dtype == "int8":
         onnx_path = quantize_int8(onnx_path, cache_dir / f"{onnx_path.stem}.int8.onnx")
-    sess, info = tuned_cpu_session(onnx_path, threads, cache_dir)
+    sess, info = tuned_cpu_session(onnx_path, threads, cache_dir, batch=int(x.shape[0]))
     feed = {sess.get_inputs()[0].name: x.numpy()}
 
     def fn():

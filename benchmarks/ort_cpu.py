@@ -1,10 +1,11 @@
 """ONNX Runtime on the CPU: tuned sessions, a saved optimized model, dynamic int8, and the op profiler.
 
-Tuning (measured in ``benchmarks/results/cpu-tiny``): all graph optimizations (``ORT_ENABLE_ALL``: constant
-folding, MatMul+Add -> Gemm/FusedMatMul, BiasGelu, SkipLayerNormalization, NCHWc layouts), intra-op threads =
-the cores given, one inter-op thread, sequential execution, and no thread spinning once a run ends (the
-spinning threads would steal the cores PyTorch or a neighbour needs on a shared machine). The portable
-``ORT_ENABLE_EXTENDED`` result is saved once (``<name>.ort.onnx``) so later sessions skip the graph work.
+Tuning (measured in ``benchmarks/results/cpu-tiny*``): all graph optimizations (``ORT_ENABLE_ALL``: constant
+folding, MatMul+Add -> Gemm/FusedMatMul, BiasGelu, SkipLayerNormalization, NCHWc layouts), the batch dimension
+fixed per session, intra-op threads as given, one inter-op thread, sequential execution, and no thread
+spinning once a run ends (spinning threads steal the cores PyTorch or a neighbour needs on a shared machine).
+The portable ``ORT_ENABLE_EXTENDED`` result is saved once (``<name>.ort.onnx``) so later sessions skip the
+graph work.
 """
 
 from __future__ import annotations
@@ -64,11 +65,13 @@ def _session(path: Path, so):
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
-def tuned_cpu_session(onnx_path: Path, threads: int, cache_dir: Path, profile_prefix: Optional[str] = None):
+def tuned_cpu_session(onnx_path: Path, threads: int, cache_dir: Path, batch: Optional[int] = None,
+                      profile_prefix: Optional[str] = None):
     """The benchmark's ``ort-cpu`` session and a dict describing its settings.
 
     The first call writes the ``ORT_ENABLE_EXTENDED``-optimized graph to ``cache_dir``; the session then
-    loads it with ``ORT_ENABLE_ALL`` (the machine-specific layout passes are redone at load time).
+    loads it with ``ORT_ENABLE_ALL`` (the machine-specific layout passes are redone at load time). ``batch``
+    fixes the dynamic batch dimension (as a static-shape engine would; the shape arithmetic then folds away).
     ``profile_prefix`` turns ONNX Runtime's profiler on.
     """
     onnx_path = Path(onnx_path)
@@ -81,22 +84,23 @@ def tuned_cpu_session(onnx_path: Path, threads: int, cache_dir: Path, profile_pr
             os.replace(tmp, optimized)
         finally:
             tmp.unlink(missing_ok=True)
-    sess = _session(optimized, session_options(threads, "all", profile_prefix=profile_prefix))
+    so = session_options(threads, "all", profile_prefix=profile_prefix)
+    if batch is not None:
+        from attnzoo.export import BATCH_DIM
+
+        so.add_free_dimension_override_by_name(BATCH_DIM, int(batch))
+    sess = _session(optimized, so)
     info = {"optimized_model": optimized.name, "graph_optimization": "extended (saved) + all",
-            "intra_op_threads": threads, "execution_mode": "sequential", "spinning": False}
+            "intra_op_threads": threads, "execution_mode": "sequential", "spinning": False, "fixed_batch": batch}
     return sess, info
 
 
-def naive_cpu_session(onnx_path: Path, profile_prefix: Optional[str] = None):
-    """ONNX Runtime's out-of-the-box CPU session on the unmodified export (the profiling baseline)."""
-    import onnxruntime as ort
+def naive_cpu_session(onnx_path: Path, threads: int, profile_prefix: Optional[str] = None):
+    """The unmodified export with graph optimizations off (the profiling baseline: the ops as exported).
 
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    if profile_prefix is not None:
-        so.enable_profiling = True
-        so.profile_file_prefix = profile_prefix
-    return _session(Path(onnx_path), so)
+    Threads, execution mode and spinning match the tuned session, so a comparison isolates the graph work.
+    """
+    return _session(Path(onnx_path), session_options(threads, "disable", profile_prefix=profile_prefix))
 
 
 def quantize_int8(onnx_path: Path, out_path: Path) -> Path:
@@ -114,13 +118,16 @@ def quantize_int8(onnx_path: Path, out_path: Path) -> Path:
         return out_path
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp.onnx")
-    logging.getLogger("onnxruntime.quantization").setLevel(logging.ERROR)
     proto = onnx.load(str(onnx_path))
     del proto.graph.value_info[:]
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # the quantizer logs a pre-processing hint on the root logger
     try:
         quantize_dynamic(proto, str(tmp), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
         os.replace(tmp, out_path)
     finally:
+        root.setLevel(level)
         tmp.unlink(missing_ok=True)
     return out_path
 

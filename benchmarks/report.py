@@ -237,11 +237,12 @@ def _op_table(naive: Mapping[str, Any], tuned: Mapping[str, Any], top: int = 12)
 
 
 def profile_markdown(profiles: Sequence[Mapping[str, Any]]) -> str:
-    """ONNX Runtime profiler summary: naive session (defaults, unmodified export) vs the tuned ``ort-cpu``."""
+    """ONNX Runtime profiler summary: the unoptimized export vs the tuned ``ort-cpu`` session."""
     parts = ["# ONNX Runtime CPU profile (ORT profiler, kernel time per run summed by op type)", "",
-             "naive = `InferenceSession(export)` with ONNX Runtime's defaults; tuned = the `ort-cpu` backend "
-             "(saved ORT_ENABLE_EXTENDED graph loaded with ORT_ENABLE_ALL, intra-op threads = cores, sequential, "
-             "no spinning). Kernel time excludes the session's own overhead between kernels.", "",
+             "naive = the export as written, graph optimizations off (ORT_DISABLE_ALL); tuned = the `ort-cpu` "
+             "backend (saved ORT_ENABLE_EXTENDED graph loaded with ORT_ENABLE_ALL, batch fixed). Both: the run's intra-op "
+             "threads, one inter-op thread, sequential, no spinning. Kernel time excludes the session's own "
+             "overhead between kernels.", "",
              _table(["variant", "batch", "naive ms/run", "tuned ms/run", "naive top ops", "tuned top ops"],
                     [[p["variant"], str(p["batch"]), f"{p['naive']['ms_per_run']:.2f}",
                       f"{p['tuned']['ms_per_run']:.2f}", _top3(p["naive"]), _top3(p["tuned"])] for p in profiles])]

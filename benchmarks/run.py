@@ -189,9 +189,9 @@ class _Bench:
     def profile(self, variant: str, onnx_path: Path, x: torch.Tensor) -> None:
         """ORT profiler: per-op-type time of the naive session and of the tuned ``ort-cpu`` session."""
         xs = x.numpy()
-        naive = profile_ops(lambda prefix: naive_cpu_session(onnx_path, prefix), xs)
+        naive = profile_ops(lambda prefix: naive_cpu_session(onnx_path, self.s.threads, prefix), xs)
         tuned = profile_ops(lambda prefix: tuned_cpu_session(onnx_path, self.s.threads, self.s.cache_dir,
-                                                             profile_prefix=prefix)[0], xs)
+                                                             batch=len(xs), profile_prefix=prefix)[0], xs)
         self.profiles.append({"variant": variant, "batch": int(x.shape[0]), "naive": naive, "tuned": tuned})
 
     def variant(self, variant: str, bar) -> None:
