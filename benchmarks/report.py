@@ -154,9 +154,24 @@ def _pyplot():
     return plt
 
 
+def _style(ax, title: str, ylabel: str, variants: Sequence[str]) -> None:
+    """Title, y label, variant names on the x axis, grid and legend."""
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+    ax.set_xticks(range(len(variants)))
+    ax.set_xticklabels(variants, rotation=35, ha="right", fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+
+
 def _save_fig(fig, path: Path) -> Path:
+    """Lay out, write the PNG atomically, close the figure."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
     _atomic_write(path, buf.getvalue())
     return path
 
@@ -181,16 +196,8 @@ def plot_latency(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
                     med.append(r["median_ms"])
                     err.append(r["p90_ms"] - r["median_ms"])
             ax.bar(xs, med, width, yerr=[[0] * len(err), err], capsize=2, label=f"{backend} {dtype}")
-        ax.set_title(f"batch {batch}: median latency (whisker: p90)")
-        ax.set_ylabel("ms")
-        ax.set_xticks(range(len(variants)))
-        ax.set_xticklabels(variants, rotation=35, ha="right", fontsize=8)
-        ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = _save_fig(fig, path)
-    plt.close(fig)
-    return path
+        _style(ax, f"batch {batch}: median latency (whisker: p90)", "ms", variants)
+    return _save_fig(fig, path)
 
 
 def plot_overhead(overheads: Sequence[Mapping[str, Any]], path: Path) -> Path:
@@ -212,16 +219,8 @@ def plot_overhead(overheads: Sequence[Mapping[str, Any]], path: Path) -> Path:
                 hi.append(o["ratio_q3"] - o["ratio_median"])
         ax.errorbar(xs, med, yerr=[lo, hi], fmt="o", ms=4, capsize=2, label=f"{key[0]} {key[1]} b{key[2]}")
     ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_title("latency / standard latency (A B A B pairs; whiskers: Q1..Q3)")
-    ax.set_ylabel("ratio")
-    ax.set_xticks(range(len(variants)))
-    ax.set_xticklabels(variants, rotation=35, ha="right", fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = _save_fig(fig, path)
-    plt.close(fig)
-    return path
+    _style(ax, "latency / standard latency (A B A B pairs; whiskers: Q1..Q3)", "ratio", variants)
+    return _save_fig(fig, path)
 
 
 def _op_table(naive: Mapping[str, Any], tuned: Mapping[str, Any], top: int = 12) -> str:
@@ -240,9 +239,9 @@ def profile_markdown(profiles: Sequence[Mapping[str, Any]]) -> str:
     """ONNX Runtime profiler summary: the unoptimized export vs the tuned ``ort-cpu`` session."""
     parts = ["# ONNX Runtime CPU profile (ORT profiler, kernel time per run summed by op type)", "",
              "naive = the export as written, graph optimizations off (ORT_DISABLE_ALL); tuned = the `ort-cpu` "
-             "backend (saved ORT_ENABLE_EXTENDED graph loaded with ORT_ENABLE_ALL, batch fixed). Both: the run's intra-op "
-             "threads, one inter-op thread, sequential, no spinning. Kernel time excludes the session's own "
-             "overhead between kernels.", "",
+             "backend (saved ORT_ENABLE_EXTENDED graph loaded with ORT_ENABLE_ALL, batch fixed). Both: the run's "
+             "intra-op threads, one inter-op thread, sequential, no spinning. Kernel time excludes the session's "
+             "own overhead between kernels.", "",
              _table(["variant", "batch", "naive ms/run", "tuned ms/run", "naive top ops", "tuned top ops"],
                     [[p["variant"], str(p["batch"]), f"{p['naive']['ms_per_run']:.2f}",
                       f"{p['tuned']['ms_per_run']:.2f}", _top3(p["naive"]), _top3(p["tuned"])] for p in profiles])]
