@@ -50,7 +50,8 @@ NOTES: Dict[str, str] = {
         "seed variance, not the variant: the seed-0 run is an unlucky draw of a 480-step run on 1258 "
         "training images; the same recipe with --seed 1 / --seed 2 gives 88.9 / 91.4 top-1 (standard with "
         "--seed 1: 87.7), e.g. train-model --variant belief --data digits --epochs 12 --batch-size 32 "
-        "--lr 2e-3 --warmup-epochs 1 --seed 1 --out runs && evaluate-model runs/belief_cls_digits.safetensors"),
+        "--lr 2e-3 --warmup-epochs 1 --threads 1 --seed 1 --out runs && evaluate-model "
+        "runs/belief_cls_digits.safetensors"),
 }
 ZOO_DIR = Path(__file__).resolve().parents[1] / "zoo"
 
