@@ -80,6 +80,7 @@ def int8_rows(entries: List[Dict[str, Any]], cache_dir: Path, threads: int, batc
         a, b = measure_pair(lambda: sess32.run(None, xb), lambda: sess8.run(None, xb), min_time)
         speed = ratio_stats(b, a)  # fp32 time / int8 time
         rows.append({"variant": e["variant"], "task": e["task"], "data": e["data"], "arch": cfg["arch"],
+                     "checkpoint": e.get("file"), "checkpoint_sha256": e.get("sha256"),
                      "metric_name": e.get("metric_name", "top1" if e["task"] == "cls" else "miou"),
                      "zoo_metric": e.get("test_metric"), "ort_fp32_metric": m32, "ort_int8_metric": m8,
                      "delta": m8 - m32, "n_images": len(data), "batch": batch,

@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 __all__ = ["session_options", "tuned_cpu_session", "naive_cpu_session", "quantize_int8", "profile_ops",
-           "LEVELS"]
+           "gemm_gflops", "LEVELS"]
 
 LEVELS = ("disable", "basic", "extended", "all")
 
@@ -171,3 +171,39 @@ def profile_ops(sess_factory, x: np.ndarray, runs: int = 10, warmup: int = 3) ->
         counted, ops, top = _aggregate(sess.end_profiling(), warmup)
     return {"runs": counted, "ms_per_run": float(sum(ops.values())), "ops": ops,
             "top_nodes": [list(t) for t in top]}
+
+
+def gemm_gflops(threads: int, m: int = 8 * 197, k: int = 192, n: int = 768, seconds: float = 0.5) -> Dict[str, float]:
+    """fp32 GEMM throughput of PyTorch (``F.linear``) and ONNX Runtime (``MatMul``) on one ViT-Ti fc1 shape.
+
+    The default shape is ``blocks.*.mlp.fc1`` at batch 8: (8 * 197, 192) x (192, 768). Returns GFLOP/s of
+    the median call of each, measured alternately, so the two see the same load.
+    """
+    import onnx
+    import onnxruntime as ort
+    import torch
+    from onnx import TensorProto, helper, numpy_helper
+
+    from .timing import measure_pair
+
+    x = torch.randn(m, k)
+    w = torch.randn(n, k)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "gemm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
+                              [numpy_helper.from_array(w.T.contiguous().numpy(), "w")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
+    sess = ort.InferenceSession(proto.SerializeToString(), session_options(threads, "all"),
+                                providers=["CPUExecutionProvider"])
+    feed = {"x": x.numpy()}
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode():
+            t_torch, t_ort = measure_pair(lambda: torch.nn.functional.linear(x, w), lambda: sess.run(None, feed),
+                                          seconds)
+    finally:
+        torch.set_num_threads(previous)
+    flop = 2.0 * m * k * n
+    return {"shape": [m, k, n], "threads": threads, "torch_gflops": flop / float(np.median(t_torch)) / 1e9,
+            "onnxruntime_gflops": flop / float(np.median(t_ort)) / 1e9}

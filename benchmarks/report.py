@@ -54,6 +54,10 @@ def markdown(result: Mapping[str, Any]) -> str:
                  f"{gpu['name'] + ' driver ' + str(gpu['driver']) if gpu else 'none'}; load average at start "
                  f"{env['load_average']}, at end {result.get('load_average_end')}; "
                  f"threads {result['settings']['threads']}.")
+    gemm = env.get("gemm_gflops")
+    if gemm:
+        parts.append(f"\nfp32 GEMM {' x '.join(map(str, gemm['shape']))} ({gemm['threads']} thread(s)): PyTorch "
+                     f"{gemm['torch_gflops']:.0f} GFLOP/s, ONNX Runtime {gemm['onnxruntime_gflops']:.0f} GFLOP/s.")
     parts += ["", "## Latency (ms; throughput in images/s)", ""]
     header = ["variant", "backend", "dtype", "batch", "median", "min", "mean", "p90", "p95", "p99", "CV",
               "img/s", "mem MB", "x eager", "x eager (pairs) [Q1, Q3]", "parity err"]

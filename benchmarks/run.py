@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from .backends import TOLERANCES, Runner, build_runner, check_parity, torch_device, unavailable_reason
 from .env import environment, load_average
-from .ort_cpu import naive_cpu_session, profile_ops, tuned_cpu_session
+from .ort_cpu import gemm_gflops, naive_cpu_session, profile_ops, tuned_cpu_session
 from .stats import ratio_stats, summarize
 from .timing import PeakRSS, measure, measure_pair
 
@@ -247,6 +247,8 @@ def run_benchmark(s: Settings) -> Dict[str, Any]:
     """Run everything in ``s``; return the result dict written to ``results.json``."""
     torch.set_num_threads(s.threads)
     env = environment()
+    if "ort-cpu" in s.backends:
+        env["gemm_gflops"] = gemm_gflops(s.threads)
     bench = _Bench(s)
     variants = list(dict.fromkeys(["standard", *s.variants]))  # standard first: the overhead baseline
     runnable = sum(1 for c in bench.combos if not bench.skip[c])

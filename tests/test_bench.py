@@ -78,6 +78,7 @@ def test_short_run_writes_every_field(short_run):
     assert env["cpu"]["model"] and env["cpu"]["usable_cores"] >= 1 and isinstance(env["cpu"]["flags"], list)
     assert set(env["versions"]) >= {"torch", "onnxruntime", "tensorrt"} and env["versions"]["torch"]
     assert "gpu" in env and len(env["load_average"]) == 3
+    assert env["gemm_gflops"]["torch_gflops"] > 0 and env["gemm_gflops"]["onnxruntime_gflops"] > 0
     ok = [r for r in res["results"] if r["status"] == "ok"]
     assert {(r["variant"], r["backend"], r["batch"]) for r in ok} == {
         (v, b, n) for v in ("standard", "belief") for b in ("eager", "ort-cpu") for n in (1, 2)}
