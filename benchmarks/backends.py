@@ -94,7 +94,7 @@ def unavailable_reason(backend: str, dtype: str, device: torch.device) -> Option
             return f"ONNX Runtime's CPU kernels are fp32 (a {dtype} graph runs as casts); int8 is the CPU fast path"
         return None
     if dtype == "int8":
-        return "int8 needs calibration for GPU backends; only ort-cpu runs dynamic int8"
+        return "int8 here is dynamic quantization (ONNX Runtime CPU kernels); GPU int8 needs calibration, not done"
     if not cuda:
         return "no CUDA GPU on this machine"
     if backend == "ort-cuda":
