@@ -22,9 +22,11 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from attnzoo.fileio import atomic_write_bytes
+
 from .env import environment
 from .ort_cpu import quantize_int8, tuned_cpu_session
-from .report import _atomic_write, _table
+from .report import _table
 from .stats import ratio_stats
 from .timing import measure_pair
 
@@ -134,8 +136,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               "threads": a.threads, "batch": a.batch, "environment": environment(), "rows": rows}
     a.out.mkdir(parents=True, exist_ok=True)
     md = _markdown(result)
-    _atomic_write(a.out / "int8_accuracy.md", md.encode())
-    _atomic_write(a.out / "int8_accuracy.json", (json.dumps(result, indent=1) + "\n").encode())
+    atomic_write_bytes(a.out / "int8_accuracy.md", md.encode())
+    atomic_write_bytes(a.out / "int8_accuracy.json", (json.dumps(result, indent=1) + "\n").encode())
     print(md)
     return 0
 

@@ -179,7 +179,6 @@ def gemm_gflops(threads: int, m: int = 8 * 197, k: int = 192, n: int = 768, seco
     The default shape is ``blocks.*.mlp.fc1`` at batch 8: (8 * 197, 192) x (192, 768). Returns GFLOP/s of
     the median call of each, measured alternately, so the two see the same load.
     """
-    import onnx
     import onnxruntime as ort
     import torch
     from onnx import TensorProto, helper, numpy_helper

@@ -6,10 +6,10 @@ import csv
 import io
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence
+
+from attnzoo.fileio import atomic_write_bytes
 
 __all__ = ["ROW_FIELDS", "OVERHEAD_FIELDS", "markdown", "write_outputs", "plot_latency", "plot_overhead",
            "profile_markdown", "write_profile"]
@@ -121,26 +121,15 @@ def _csv(rows: Sequence[Mapping[str, Any]], fields: Sequence[str]) -> str:
     return buf.getvalue()
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_outputs(result: Mapping[str, Any], out_dir: Path) -> Dict[str, Path]:
     """Write ``results.md``, ``results.csv``, ``overheads.csv``, ``results.json`` and the PNG charts."""
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {"markdown": out_dir / "results.md", "csv": out_dir / "results.csv",
              "overheads_csv": out_dir / "overheads.csv", "json": out_dir / "results.json"}
-    _atomic_write(files["markdown"], markdown(result).encode())
-    _atomic_write(files["csv"], _csv(result["results"], ROW_FIELDS).encode())
-    _atomic_write(files["overheads_csv"], _csv(result.get("overheads", []), OVERHEAD_FIELDS).encode())
-    _atomic_write(files["json"], (json.dumps(result, indent=1, allow_nan=False, default=str) + "\n").encode())
+    atomic_write_bytes(files["markdown"], markdown(result).encode())
+    atomic_write_bytes(files["csv"], _csv(result["results"], ROW_FIELDS).encode())
+    atomic_write_bytes(files["overheads_csv"], _csv(result.get("overheads", []), OVERHEAD_FIELDS).encode())
+    atomic_write_bytes(files["json"], (json.dumps(result, indent=1, allow_nan=False, default=str) + "\n").encode())
     ok = [r for r in result["results"] if r["status"] == "ok"]
     if ok:
         files["latency_png"] = plot_latency(ok, out_dir / "latency.png")
@@ -176,7 +165,7 @@ def _save_fig(fig, path: Path) -> Path:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
-    _atomic_write(path, buf.getvalue())
+    atomic_write_bytes(path, buf.getvalue())
     return path
 
 
@@ -264,5 +253,5 @@ def _top3(prof: Mapping[str, Any]) -> str:
 
 def write_profile(profiles: Sequence[Mapping[str, Any]], path: Path) -> Path:
     """Write :func:`profile_markdown` to ``path``."""
-    _atomic_write(path, profile_markdown(profiles).encode())
+    atomic_write_bytes(path, profile_markdown(profiles).encode())
     return path
