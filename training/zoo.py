@@ -13,7 +13,6 @@ import json
 import multiprocessing as mp
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -30,9 +29,9 @@ __all__ = ["RECIPES", "SUBSET_N", "DIGITS_VARIANTS", "VARIANT_OPTIONS", "jobs", 
 
 #: One recipe per (data, task), shared by every variant so the numbers are comparable.
 RECIPES: Dict[str, Dict[str, Any]] = {
-    "shapes/cls": dict(arch="micro", img_size=32, epochs=3, batch_size=32, lr=2e-3, weight_decay=0.05,
+    "shapes/cls": dict(arch="micro", img_size=32, epochs=6, batch_size=32, lr=2e-3, weight_decay=0.05,
                        warmup_epochs=0.2, min_lr_ratio=0.01, seed=0, train_size=6000, val_size=300),
-    "shapes/seg": dict(arch="micro", img_size=32, epochs=3, batch_size=32, lr=2e-3, weight_decay=0.05,
+    "shapes/seg": dict(arch="micro", img_size=32, epochs=10, batch_size=32, lr=2e-3, weight_decay=0.05,
                        warmup_epochs=0.2, min_lr_ratio=0.01, seed=0, train_size=6000, val_size=300),
     "digits/cls": dict(arch="micro", img_size=32, epochs=12, batch_size=32, lr=2e-3, weight_decay=0.05,
                        warmup_epochs=1.0, min_lr_ratio=0.01, seed=0, train_size=None, val_size=None),
