@@ -20,7 +20,7 @@ from attnzoo.fileio import atomic_path, atomic_write_text, sha256_file
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD
 
 __all__ = ["save_checkpoint", "load_checkpoint", "read_config", "load_state_dict_file", "build_model",
-           "load_weights", "sha256_file", "atomic_write_text", "CONFIG_KEY"]
+           "load_weights", "sha256_file", "atomic_write_text", "CONFIG_KEY", "NoConfigError"]
 
 CONFIG_KEY = "attnzoo_config"
 _MODEL_KEYS = ("variant", "task", "arch", "num_classes", "img_size", "decoder")
@@ -54,20 +54,44 @@ def save_checkpoint(model: nn.Module, path: Union[str, Path], *, class_names, me
     return full
 
 
+class NoConfigError(ValueError):
+    """The file has no attnzoo config (a plain state dict): the caller must describe the model."""
+
+
 def read_config(path: Union[str, Path]) -> Dict[str, Any]:
-    """The config of a checkpoint: the JSON beside it when present, else the safetensors metadata."""
+    """The config of a checkpoint: the JSON beside it when present, else the safetensors metadata.
+
+    Raises:
+        NoConfigError: neither holds a config (a plain state dict).
+        ValueError: a config is there but unreadable or not an attnzoo config.
+    """
     path = Path(path)
     side = path.with_suffix(".json")
     if side.is_file():
-        return json.loads(side.read_text())
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-    except Exception as exc:  # safetensors raises its own error types
-        raise ValueError(f"{path}: not a readable safetensors file ({exc})") from exc
-    if CONFIG_KEY not in meta:
-        raise ValueError(f"{path}: no attnzoo config in its metadata and no {side.name} beside it")
-    return json.loads(meta[CONFIG_KEY])
+        try:
+            config = json.loads(side.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{side}: cannot read the checkpoint config ({exc})") from None
+        source = side
+    else:
+        meta = {}
+        if path.suffix == ".safetensors":
+            try:
+                with safe_open(str(path), framework="pt") as f:
+                    meta = f.metadata() or {}
+            except Exception as exc:  # safetensors raises its own error types
+                raise ValueError(f"{path}: not a readable safetensors file ({exc})") from exc
+        if CONFIG_KEY not in meta:
+            raise NoConfigError(f"{path}: no attnzoo config in its metadata and no {side.name} beside it")
+        try:
+            config = json.loads(meta[CONFIG_KEY])
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: cannot read the config in its metadata ({exc})") from None
+        source = path
+    missing = [k for k in ("variant", "task", "arch", "num_classes", "img_size") if k not in config]
+    if not isinstance(config, dict) or missing:
+        raise ValueError(f"{source}: not an attnzoo checkpoint config (missing {', '.join(missing) or 'keys'})")
+    return config
 
 
 def load_state_dict_file(path: Union[str, Path]) -> Dict[str, torch.Tensor]:

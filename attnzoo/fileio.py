@@ -15,10 +15,13 @@ __all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_text", "sha256_fil
 PathLike = Union[str, Path]
 
 
-def _umask() -> int:
-    mask = os.umask(0)
+def _read_umask() -> int:
+    mask = os.umask(0)  # the only portable way to read it; done once, at import, before any threads
     os.umask(mask)
     return mask
+
+
+_UMASK = _read_umask()
 
 
 @contextlib.contextmanager
@@ -31,7 +34,7 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
     tmp = Path(tmp_name)
     try:
         yield tmp
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -51,6 +51,7 @@ def load_image(source: ImageLike) -> Image.Image:
         elif isinstance(source, np.ndarray):
             arr = source
             if arr.dtype != np.uint8:
+                arr = np.nan_to_num(arr.astype(np.float64), nan=0.0, posinf=255.0, neginf=0.0)
                 arr = np.clip(arr * (255.0 if arr.max(initial=0) <= 1.0 else 1.0), 0, 255).astype(np.uint8)
             img = Image.fromarray(arr.squeeze(-1) if arr.ndim == 3 and arr.shape[-1] == 1 else arr)
         elif isinstance(source, (bytes, bytearray)):

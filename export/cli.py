@@ -33,6 +33,11 @@ def _parse_ints(text: str, what: str) -> List[int]:
     return values
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def build_parser() -> argparse.ArgumentParser:
     from attnzoo.models import ARCHS, TASKS, VARIANT_NAMES
 
@@ -76,7 +81,7 @@ def _class_count(state: Dict[str, Any], task: str) -> Optional[int]:
 def _from_checkpoint(path: Path, variant: str, task: Optional[str],
                      arch: Optional[str]) -> Tuple[nn.Module, Dict[str, Any]]:
     """Model + config from a checkpoint; the variant (and task/arch when given) must match it."""
-    from attnzoo.checkpoint import build_model, load_state_dict_file, load_weights, read_config
+    from attnzoo.checkpoint import NoConfigError, build_model, load_state_dict_file, load_weights, read_config
     from attnzoo.models import create_model
 
     if not path.is_file():
@@ -84,7 +89,7 @@ def _from_checkpoint(path: Path, variant: str, task: Optional[str],
     state = load_state_dict_file(path)  # raises for pickles (weights_only=True) and unreadable files
     try:
         config = read_config(path)
-    except ValueError:  # a plain state dict: the command line describes the model
+    except NoConfigError:  # a plain state dict: the command line describes the model
         task = task or "cls"
         model = create_model(variant, task, arch or "micro", num_classes=_class_count(state, task))
         load_weights(model, state, source=str(path))
@@ -181,6 +186,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         out = _out_path(args, config)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
+    if args.format == "tensorrt" and out.suffix == ".onnx":
+        raise SystemExit(f"error: with --format tensorrt, --out names the engine file (e.g. {out.with_suffix('.engine')}); "
+                         "the verified ONNX is written beside it")
     if args.random_init:
         print(f"warning: --random-init: exporting an UNTRAINED {config['variant']} model with random weights; "
               "its predictions are meaningless", file=sys.stderr)
@@ -197,6 +205,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                          threads=args.threads)
         except (ValueError, VerificationError) as exc:
             raise SystemExit(f"error: {exc}") from None
+        except Exception as exc:  # ONNX Runtime / exporter / file-system errors: one line, no traceback
+            raise SystemExit(f"error: export failed: {type(exc).__name__}: {_first_line(exc)}") from None
         bar.update()
         engine_report = None
         if args.format == "tensorrt":
@@ -205,8 +215,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             bar.set_postfix_str(steps[1])
             try:
                 engine_report = build_engine(onnx_out, out, batch_sizes=batch_sizes)
-            except RuntimeError as exc:
-                raise SystemExit(f"error: {exc}") from None
+            except Exception as exc:  # TensorRT / CUDA / file-system errors: one line, no traceback
+                raise SystemExit(f"error: TensorRT build failed: {_first_line(exc)}") from None
             bar.update()
     print(summary(report))
     if engine_report:
