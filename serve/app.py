@@ -178,6 +178,11 @@ def _compare_one(models: DemoModels, task: str, name: str, img: Image.Image, max
     except ValueError as exc:
         blank = np.full((64, 64, 3), 255, np.uint8)
         return blank, f"{name}: error: {exc}", [name, f"error: {exc}", None, None, None]
+    except Exception as exc:  # one failing model must not fail the whole comparison
+        traceback.print_exc(file=sys.stderr)
+        blank = np.full((64, 64, 3), 255, np.uint8)
+        msg = f"{type(exc).__name__}: {exc}"
+        return blank, f"{name}: error: {msg}", [name, f"error: {msg}", None, None, None]
 
 
 # ------------------------------------------------------------------------------------------------- layout

@@ -176,8 +176,8 @@ def load_checkpoint_dir(directory: Path) -> List[ServedModel]:
     for path in sorted(Path(directory).glob("*.safetensors")):
         try:
             model, config = load_checkpoint(path)
-        except ValueError as exc:
-            _warn(f"skipping {path.name}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - one bad file must not stop the others (like the ONNX path)
+            _warn(f"skipping {path.name}: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}")
             continue
         models.append(_from_config(config, _torch_runner(model), config["task"] == "cls", path, "pytorch"))
     return models

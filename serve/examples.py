@@ -17,7 +17,7 @@ from typing import Dict, List, Optional
 import numpy as np
 from PIL import Image
 
-from attnzoo.fileio import atomic_write_text
+from attnzoo.fileio import atomic_path, atomic_write_text
 
 __all__ = ["EXAMPLES_DIR", "pixel_hash", "index", "example_paths", "find_example", "true_mask", "generate"]
 
@@ -55,9 +55,8 @@ def true_mask(entry: Dict, folder: Path = EXAMPLES_DIR) -> Optional[np.ndarray]:
 
 
 def _save_png(array: np.ndarray, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    Image.fromarray(array).save(tmp, format="PNG")
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        Image.fromarray(array).save(tmp, format="PNG")
 
 
 def generate(folder: Path = EXAMPLES_DIR, n_cls: int = 4, n_seg: int = 4, img_size: int = 128,

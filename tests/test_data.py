@@ -131,7 +131,8 @@ def test_ade_folder(tmp_path):
     assert d.masks.shape[1:] == (8, 8) and d.images.shape[1:] == (8, 8, 3)
     assert d.class_names == ["background", "class_1", "class_2", "class_3"]
     for label, mask in zip(d.labels, d.masks):
-        assert np.bincount(mask.ravel(), minlength=4)[1:].argmax() == label
+        assert np.bincount(mask.ravel(), minlength=4)[1:].argmax() + 1 == label  # indexes class_names
+        assert d.class_names[label] != "background"
     (tmp_path / "classes.txt").write_text("other\nsky\ntree\nroad\ncar\n")
     assert load_data(str(tmp_path), "train", "seg", 8).class_names == ["other", "sky", "tree", "road", "car"]
 

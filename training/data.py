@@ -407,8 +407,11 @@ def ade_folder(root, split: str, task: str = "seg", img_size: int = 32, n: Optio
         raise ValueError(f"{root}: mask class index {k_max} but classes.txt names only {len(names)} classes")
     if not names_file.is_file():  # the same classes for every split: the largest index of all annotations
         names = names[:max(_max_class(root / "annotations"), k_max) + 1]
+    # the label is the largest non-background class (an index into ``names``, so +1 past background);
+    # an all-background mask is labelled background (0)
     counts = np.stack([np.bincount(m.ravel(), minlength=len(names))[1:] for m in masks_arr])
-    return ImageSet(np.stack(images), counts.argmax(1).astype(np.int64), masks_arr, names, str(root))
+    labels = np.where(counts.sum(1) > 0, counts.argmax(1) + 1, 0)
+    return ImageSet(np.stack(images), labels.astype(np.int64), masks_arr, names, str(root))
 
 
 def load_data(data: str, split: str, task: str = "cls", img_size: int = 32, n: Optional[int] = None,

@@ -17,7 +17,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm import tqdm
 
-from attnzoo.checkpoint import atomic_write_text, load_checkpoint, save_checkpoint
+from attnzoo.checkpoint import load_checkpoint, save_checkpoint
+from attnzoo.fileio import atomic_path, atomic_write_text
 from attnzoo.models import canonical_name, count_params, create_model
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD
 from attnzoo.training.data import BUILTIN_DATA, ImageSet, TensorDataset, load_data
@@ -149,9 +150,8 @@ def _save_state(out_dir: Path, name: str, model, opt, sched, epoch: int, history
             tensors[f"opt.{idx}.{key}"] = torch.as_tensor(val).detach().contiguous().reshape(-1) \
                 if key == "step" else val.detach().contiguous()
     st_path, js_path = _state_paths(out_dir, name)
-    tmp = st_path.with_name(st_path.name + ".tmp")
-    save_file(tensors, str(tmp))
-    tmp.replace(st_path)
+    with atomic_path(st_path) as tmp:
+        save_file(tensors, str(tmp))
     sched_sd = {k: v for k, v in sched.state_dict().items() if k != "lr_lambdas"}
     atomic_write_text(js_path, json.dumps({"epoch": epoch, "history": history, "elapsed": elapsed,
                                            "param_groups": opt_sd["param_groups"], "scheduler": sched_sd,

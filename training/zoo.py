@@ -242,7 +242,14 @@ def verify(limit: int = SUBSET_N, tolerance: float = 0.5) -> List[str]:
         if key not in cache:
             cache[key] = load_data(e["data"], "test", e["task"], config["img_size"], limit)
         got = evaluate(model, cache[key], e["task"], config["mean"], config["std"])["metric"]
-        want = e["subset_metric"] if limit == e.get("subset_n") else e["test_metric"]
+        n_eval = len(cache[key])
+        if limit == e.get("subset_n"):
+            want = e["subset_metric"]
+        elif n_eval == e.get("test_n"):
+            want = e["test_metric"]
+        else:
+            raise ValueError(f"--limit {limit} matches neither the recorded subset ({e.get('subset_n')} images) "
+                             f"nor the whole test set ({e.get('test_n')} images) of {e['file']}")
         if abs(got - want) > tolerance:
             problems.append(f"{e['file']}: {e['metric_name']} {got:.2f} on {limit} test images, manifest {want:.2f}")
     return problems
