@@ -26,7 +26,7 @@ LEVELS = ("disable", "basic", "extended", "all")
 
 
 def session_options(threads: Optional[int], level: str = "all", optimized_path: Optional[Path] = None,
-                    profile_prefix: Optional[str] = None, spin: bool = False):
+                    profile_prefix: Optional[str] = None):
     """``onnxruntime.SessionOptions`` for one CPU session.
 
     Args:
@@ -34,7 +34,6 @@ def session_options(threads: Optional[int], level: str = "all", optimized_path: 
         level: Graph optimization level, one of ``LEVELS``.
         optimized_path: Save the optimized graph here.
         profile_prefix: Turn the profiler on, writing ``<prefix>_<date>.json``.
-        spin: Let idle intra-op threads spin (ONNX Runtime's default; off here).
     """
     import onnxruntime as ort
 
@@ -49,8 +48,7 @@ def session_options(threads: Optional[int], level: str = "all", optimized_path: 
     if threads:
         so.intra_op_num_threads = int(threads)
         so.inter_op_num_threads = 1
-    if not spin:
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if optimized_path is not None:
         so.optimized_model_filepath = str(optimized_path)
     if profile_prefix is not None:

@@ -25,6 +25,7 @@ from .backends import TOLERANCES, Runner, build_runner, check_parity, torch_devi
 from .env import environment, load_average
 from .ort_cpu import gemm_gflops, naive_cpu_session, profile_ops, tuned_cpu_session
 from .stats import ratio_stats, summarize
+from . import timing
 from .timing import PeakRSS, measure, measure_pair
 
 __all__ = ["Settings", "run_benchmark", "NOTE", "ONNX_BACKENDS"]
@@ -98,6 +99,7 @@ class _Bench:
         self.rows: List[Dict[str, Any]] = []
         self.overheads: List[Dict[str, Any]] = []
         self.profiles: List[Dict[str, Any]] = []
+        self.profile_errors: List[str] = []
         self.standard: Dict[Tuple[str, str, int], Runner] = {}
         self.compile_spent = 0.0
         self.compile_count = 0
@@ -165,6 +167,18 @@ class _Bench:
             self.rows.append(_row(variant, s, backend, dtype, batch, "failed", _parity_reason(out, ref, err, dtype),
                                   **common))
             return None
+        try:
+            self._time(variant, backend, dtype, batch, runner, rss, common, eager)
+        except Exception as exc:  # a timing failure is a result to report, not a crash
+            self.rows.append(_row(variant, s, backend, dtype, batch, "failed", f"timing: {_first_line(exc)}",
+                                  **common))
+            return None
+        return runner
+
+    def _time(self, variant: str, backend: str, dtype: str, batch: int, runner: Runner, rss, common,
+              eager: Optional[Runner]) -> None:
+        """Time a runner that passed parity; append its row (and overhead entry). May raise."""
+        s = self.s
         with rss:
             samples = measure(runner.fn, s.min_time, cuda=runner.cuda)
         mem, kind = runner.memory() if runner.memory else (rss.delta_mb, "peak RSS while timed - RSS before build")
@@ -175,16 +189,19 @@ class _Bench:
             pair = ratio_stats(b, a)  # eager time / backend time = speed-up
             row.update(speedup_pair_median=pair["ratio_median"], speedup_pair_q1=pair["ratio_q1"],
                        speedup_pair_q3=pair["ratio_q3"], speedup_pairs=pair["pairs"])
-        self.rows.append(row)
         std = self.standard.get((backend, dtype, batch))
+        overhead = None
+        if variant != "standard" and std is not None:
+            a, b = measure_pair(std.fn, runner.fn, s.min_time, cuda_a=std.cuda, cuda_b=runner.cuda)
+            overhead = {"variant": variant, "backend": backend, "dtype": dtype, "batch": batch,
+                        **ratio_stats(a, b), "variant_median_ms": float(np.median(b) * 1e3),
+                        "standard_median_ms": float(np.median(a) * 1e3)}
+        # appended only once every step succeeded, so a failure leaves one ``failed`` row and nothing else
+        self.rows.append(row)
+        if overhead is not None:
+            self.overheads.append(overhead)
         if variant == "standard":
             self.standard[(backend, dtype, batch)] = runner
-        elif std is not None:
-            a, b = measure_pair(std.fn, runner.fn, s.min_time, cuda_a=std.cuda, cuda_b=runner.cuda)
-            self.overheads.append({"variant": variant, "backend": backend, "dtype": dtype, "batch": batch,
-                                   **ratio_stats(a, b), "variant_median_ms": float(np.median(b) * 1e3),
-                                   "standard_median_ms": float(np.median(a) * 1e3)})
-        return runner
 
     def profile(self, variant: str, onnx_path: Path, x: torch.Tensor) -> None:
         """ORT profiler: per-op-type time of the naive session and of the tuned ``ort-cpu`` session."""
@@ -230,7 +247,10 @@ class _Bench:
                     eager = runner
             bar.update(1)
         if self.s.profile and "fp32" in onnx:
-            self.profile(variant, onnx["fp32"], x)
+            try:
+                self.profile(variant, onnx["fp32"], x)
+            except Exception as exc:  # a profiler failure is a note, not a crash
+                self.profile_errors.append(f"{variant} b{batch}: {_first_line(exc)}")
 
 
 def _speedups(rows: List[Dict[str, Any]]) -> None:
@@ -247,9 +267,9 @@ def run_benchmark(s: Settings) -> Dict[str, Any]:
     """Run everything in ``s``; return the result dict written to ``results.json``."""
     torch.set_num_threads(s.threads)
     env = environment()
-    if "ort-cpu" in s.backends:
-        env["gemm_gflops"] = gemm_gflops(s.threads)
     bench = _Bench(s)
+    if any(b == "ort-cpu" and not bench.skip[(b, d)] for b, d in bench.combos):
+        env["gemm_gflops"] = gemm_gflops(s.threads)
     variants = list(dict.fromkeys(["standard", *s.variants]))  # standard first: the overhead baseline
     runnable = sum(1 for c in bench.combos if not bench.skip[c])
     started = time.time()
@@ -264,7 +284,8 @@ def run_benchmark(s: Settings) -> Dict[str, Any]:
         "settings": {"variants": variants, "standard_added": "standard" not in s.variants,
                      "backends": list(s.backends), "dtypes": list(s.dtypes), "batch_sizes": list(s.batch_sizes),
                      "task": s.task, "arch": s.arch, "threads": s.threads, "min_time_s": s.min_time,
-                     "warmup_s": 0.2, "min_iterations": 10, "device": str(bench.device), "seed": s.seed,
+                     "warmup_s": timing.WARMUP_S, "min_iterations": timing.MIN_ITERS,
+                     "device": str(bench.device), "seed": s.seed,
                      "compile_budget_s": s.compile_budget, "tolerances": TOLERANCES},
         "environment": env,
         "load_average_end": load_average(),
@@ -272,4 +293,5 @@ def run_benchmark(s: Settings) -> Dict[str, Any]:
         "results": bench.rows,
         "overheads": bench.overheads,
         "ort_profile": bench.profiles,
+        "ort_profile_errors": bench.profile_errors,
     }

@@ -163,3 +163,27 @@ def test_int8_quantization_and_confusion(short_run):
     labels = ref.argmax(1)
     conf = evaluate_session(s32, x, labels, ref.shape[1], "cls", batch_size=4)
     assert conf.sum() == 6 and np.trace(conf) == 6  # its own predictions as labels: all on the diagonal
+
+
+def test_timing_failure_is_a_failed_row_not_a_crash(tmp_path, monkeypatch):
+    import attnzoo.benchmarks.run as run_mod
+
+    calls = []
+    real_measure = run_mod.measure
+
+    def flaky_measure(fn, *args, **kwargs):
+        calls.append(fn)
+        if len(calls) > 1:  # eager (first) is timed; the next backend's timing raises
+            raise RuntimeError("device lost\nsecond line")
+        return real_measure(fn, *args, **kwargs)
+
+    monkeypatch.setattr(run_mod, "measure", flaky_measure)
+    s = parse_settings(["--arch", "micro", "--variants", "standard", "--backends", "eager,ort-cpu",
+                        "--batch-sizes", "1", "--min-time", "0.02", "--threads", "1", "--out", str(tmp_path),
+                        "--cache-dir", str(tmp_path / "cache"), "--no-progress", "--no-pair-eager"])
+    res = run_benchmark(s)
+    row = next(r for r in res["results"] if r["backend"] == "ort-cpu")
+    assert row["status"] == "failed" and row["reason"].startswith("timing:") and "device lost" in row["reason"]
+    assert "second line" not in row["reason"]
+    assert row["median_ms"] is None
+    assert next(r for r in res["results"] if r["backend"] == "eager")["status"] == "ok"
