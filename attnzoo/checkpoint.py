@@ -16,11 +16,11 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from attnzoo.fileio import atomic_path, atomic_write_text, sha256_file
+from attnzoo.fileio import atomic_path, atomic_write_text
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD
 
 __all__ = ["save_checkpoint", "load_checkpoint", "read_config", "load_state_dict_file", "build_model",
-           "load_weights", "sha256_file", "atomic_write_text", "CONFIG_KEY", "NoConfigError"]
+           "load_weights", "CONFIG_KEY", "NoConfigError"]
 
 CONFIG_KEY = "attnzoo_config"
 _MODEL_KEYS = ("variant", "task", "arch", "num_classes", "img_size", "decoder")

@@ -9,7 +9,6 @@ Softmax must compute in fp32 too.
 
 from __future__ import annotations
 
-import json
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
@@ -18,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .onnx_export import FP32_OPS, read_metadata
+from .onnx_export import FP32_OPS, config_from_props, metadata_props
 
 __all__ = ["REQUIRED_OPS", "PROJECTION_MODULES", "ProjectionCheckError", "check_projection", "assert_projection",
            "expected_scopes"]
@@ -101,9 +100,11 @@ def check_projection(model: Union[str, Path, onnx.ModelProto], config: Optional[
         "non_standard_ops"}``.
     """
     proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
-    props = {p.key: p.value for p in proto.metadata_props}
+    props = metadata_props(proto)
     if config is None:
-        config = _config_of(model, props)
+        if "attnzoo.config" not in props:
+            raise ProjectionCheckError("the graph has no attnzoo.config metadata; pass config=")
+        config = config_from_props(props)
     dtype = dtype or props.get("dtype", "fp32")
     eps = float(props["eps"]) if props.get("eps") else None
     by_scope: Dict[str, List[onnx.NodeProto]] = defaultdict(list)
@@ -128,14 +129,6 @@ def check_projection(model: Union[str, Path, onnx.ModelProto], config: Optional[
         per_block[scope.split(".attn.")[0]] += len(found["nodes"])
     return {"ok": not failures, "failures": failures, "blocks": blocks, "nodes_per_block": dict(per_block),
             "non_standard_ops": odd}
-
-
-def _config_of(model: Union[str, Path, onnx.ModelProto], props: Dict[str, str]) -> Dict[str, Any]:
-    if "attnzoo.config" in props:
-        return json.loads(props["attnzoo.config"])
-    if isinstance(model, (str, Path)):
-        return read_metadata(model)
-    raise ProjectionCheckError("the graph has no attnzoo.config metadata; pass config=")
 
 
 def assert_projection(model: Union[str, Path, onnx.ModelProto], config: Optional[Dict[str, Any]] = None,

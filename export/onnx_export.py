@@ -28,7 +28,7 @@ from torch import nn
 
 from attnzoo.fileio import atomic_path
 
-__all__ = ["export_onnx", "make_session", "read_metadata", "metadata_props",
+__all__ = ["export_onnx", "make_session", "read_metadata", "metadata_props", "config_from_props",
            "op_histogram", "INPUT_NAME", "OUTPUT_NAME", "BATCH_DIM", "SUPPORTED_OPSETS", "DTYPES", "FP32_OPS"]
 
 INPUT_NAME = "image"
@@ -219,10 +219,21 @@ def export_onnx(
     return path
 
 
-def metadata_props(path: Union[str, Path]) -> Dict[str, str]:
-    """All ``metadata_props`` of an ONNX file as a dict of strings (weights are not loaded)."""
-    proto = onnx.load(str(path), load_external_data=False)
+def metadata_props(model: Union[str, Path, onnx.ModelProto]) -> Dict[str, str]:
+    """All ``metadata_props`` of an ONNX file (weights are not loaded) or model proto, as a dict of strings."""
+    proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model), load_external_data=False)
     return {p.key: p.value for p in proto.metadata_props}
+
+
+def config_from_props(props: Mapping[str, str], source: Any = "model") -> Dict[str, Any]:
+    """The checkpoint config (``attnzoo.config``) from already-read metadata props.
+
+    Raises:
+        ValueError: the props hold no attnzoo config.
+    """
+    if "attnzoo.config" not in props:
+        raise ValueError(f"{source}: no attnzoo.config in its metadata (not exported by attnzoo)")
+    return json.loads(props["attnzoo.config"])
 
 
 def read_metadata(path: Union[str, Path]) -> Dict[str, Any]:
@@ -231,10 +242,7 @@ def read_metadata(path: Union[str, Path]) -> Dict[str, Any]:
     Raises:
         ValueError: the file has no attnzoo metadata.
     """
-    props = metadata_props(path)
-    if "attnzoo.config" not in props:
-        raise ValueError(f"{path}: no attnzoo.config in its metadata (not exported by attnzoo)")
-    return json.loads(props["attnzoo.config"])
+    return config_from_props(metadata_props(path), path)
 
 
 def make_session(path: Union[str, Path], threads: Optional[int] = None,

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from .check import check_projection
-from .onnx_export import BATCH_DIM, export_onnx, make_session, op_histogram
+from .onnx_export import BATCH_DIM, export_onnx, make_session, metadata_props, op_histogram
 
 __all__ = ["FP32_ATOL", "FP16_RTOL", "EXTRA_BATCH_SIZES", "verify_onnx", "export_verified", "report_path",
            "summary", "VerificationError"]
@@ -120,7 +120,7 @@ def export_verified(model: nn.Module, out: Union[str, Path], config: Mapping[str
                     checkpoint_sha256=checkpoint_sha256)
         export_s = time.perf_counter() - start
         proto = onnx.load(str(tmp))
-        hw = json.loads({p.key: p.value for p in proto.metadata_props}["input_size"])
+        hw = json.loads(metadata_props(proto)["input_size"])
         projection = check_projection(proto, dict(config), dtype)
         parity = verify_onnx(model, tmp, config, batch_sizes=batch_sizes, dtype=dtype, input_hw=hw,
                              threads=threads)

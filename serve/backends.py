@@ -152,14 +152,15 @@ def load_onnx_dir(directory: Path, backend: str = "onnxruntime", threads: Option
     warning), each with one reused ONNX Runtime session (CPU) or TensorRT engine."""
     from tqdm import tqdm
 
-    from attnzoo.export import metadata_props, read_metadata
+    from attnzoo.export import config_from_props, metadata_props
 
     models = []
     paths = sorted(Path(directory).glob("*.onnx"))
     for path in tqdm(paths, desc=f"loading models ({backend})", unit="model", disable=len(paths) < 4):
         try:
-            config = read_metadata(path)
-            input_size = json.loads(metadata_props(path).get("input_size", "null"))
+            props = metadata_props(path)  # one read of the file's metadata
+            config = config_from_props(props, path)
+            input_size = json.loads(props.get("input_size", "null"))
             run, fixed = _tensorrt_runner(path, cache_dir) if backend == "tensorrt" else _onnx_runner(path, threads)
         except Exception as exc:  # onnx, onnxruntime and tensorrt raise their own types; skip the file, say why
             _warn(f"skipping {path.name}: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}")

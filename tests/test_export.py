@@ -11,7 +11,8 @@ import onnx
 import pytest
 import torch
 
-from attnzoo.checkpoint import save_checkpoint, sha256_file
+from attnzoo.checkpoint import save_checkpoint
+from attnzoo.fileio import sha256_file
 from attnzoo.export import (BATCH_DIM, assert_projection, check_projection, export_verified, make_session,
                             metadata_props, read_metadata, report_path)
 from attnzoo.export import verify as verify_mod

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from attnzoo import zoo
-from attnzoo.checkpoint import sha256_file
+from attnzoo.fileio import sha256_file
 from attnzoo.models import VARIANT_NAMES
 from attnzoo.training.data import load_data
 from attnzoo.training.train import evaluate

@@ -19,7 +19,8 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 from tqdm import tqdm
 
-from attnzoo.checkpoint import atomic_write_text, load_checkpoint, sha256_file
+from attnzoo.checkpoint import load_checkpoint
+from attnzoo.fileio import atomic_write_text, sha256_file
 from attnzoo.models import VARIANT_NAMES, canonical_name
 from attnzoo.training.data import DIGITS_CLASSES, SHAPES_CLASSES, ImageSet, load_data
 from attnzoo.training.train import TrainConfig, evaluate, metric_name, metrics_from_confusion, train
