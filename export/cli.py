@@ -81,15 +81,15 @@ def _class_count(state: Dict[str, Any], task: str) -> Optional[int]:
 def _from_checkpoint(path: Path, variant: str, task: Optional[str],
                      arch: Optional[str]) -> Tuple[nn.Module, Dict[str, Any]]:
     """Model + config from a checkpoint; the variant (and task/arch when given) must match it."""
-    from attnzoo.checkpoint import NoConfigError, build_model, load_state_dict_file, load_weights, read_config
+    from attnzoo.checkpoint import NoConfigError, load_checkpoint, load_state_dict_file, load_weights, read_config
     from attnzoo.models import create_model
 
     if not path.is_file():
         raise ValueError(f"checkpoint not found: {path}")
-    state = load_state_dict_file(path)  # raises for pickles (weights_only=True) and unreadable files
     try:
         config = read_config(path)
     except NoConfigError:  # a plain state dict: the command line describes the model
+        state = load_state_dict_file(path)  # raises for pickles (weights_only=True) and unreadable files
         task = task or "cls"
         model = create_model(variant, task, arch or "micro", num_classes=_class_count(state, task))
         load_weights(model, state, source=str(path))
@@ -97,9 +97,7 @@ def _from_checkpoint(path: Path, variant: str, task: Optional[str],
     for key, wanted in (("variant", variant), ("task", task), ("arch", arch)):
         if wanted is not None and config.get(key) != wanted:
             raise ValueError(f"{path} holds a {key} {config.get(key)!r} model, not {wanted!r}")
-    model = build_model(config)
-    load_weights(model, state, source=str(path))
-    return model, config
+    return load_checkpoint(path)  # also never unpickles
 
 
 def load_for_export(variant: str, task: Optional[str] = None, arch: Optional[str] = None,
