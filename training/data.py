@@ -29,7 +29,7 @@ SHAPES_CLASSES: List[str] = ["circle", "square", "triangle", "star", "cross", "r
 SHAPES_SEG_CLASSES: List[str] = ["background", *SHAPES_CLASSES]
 DIGITS_CLASSES: List[str] = [str(d) for d in range(10)]
 SPLITS: Tuple[str, ...] = ("train", "val", "test")
-BUILTIN_DATA: Tuple[str, ...] = ("shapes", "digits")
+BUILTIN_DATA: Tuple[str, ...] = ("fashion", "shapes", "digits")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 #: Default number of ``shapes`` images per split.
@@ -416,12 +416,17 @@ def ade_folder(root, split: str, task: str = "seg", img_size: int = 32, n: Optio
 
 def load_data(data: str, split: str, task: str = "cls", img_size: int = 32, n: Optional[int] = None,
               seed: int = 0) -> ImageSet:
-    """Load a split of ``shapes``, ``digits``, or a folder (an ade-folder when it has ``images/`` and
+    """Load a split of ``fashion`` (Fashion-MNIST, see :mod:`attnzoo.training.fashion`), ``shapes``, ``digits``,
+    or a folder (an ade-folder when it has ``images/`` and
     ``annotations/``, else a class-per-folder image folder)."""
     if data == "shapes":
         return shapes(split, task, img_size, n, seed)
     if data == "digits":
         return digits(split, task, img_size, n, seed)
+    if data == "fashion":
+        from attnzoo.training.fashion import fashion
+
+        return fashion(split, task, img_size, n, seed)
     root = Path(data)
     if not root.is_dir():
         raise ValueError(f"unknown data {data!r}: not one of {', '.join(BUILTIN_DATA)} and not a folder")

@@ -1,0 +1,111 @@
+"""Fashion-MNIST: the IDX reader, the splits, the composed segmentation scenes and the missing-data error.
+
+Most tests read the committed 600/300-image subset (tests/data/fashion-mnist); the full-size check runs where
+Debian's dataset-fashion-mnist is installed (.ci/run installs it).
+"""
+
+import gzip
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attnzoo.training import fashion as fm
+from attnzoo.training.data import load_data
+
+SUBSET = Path(__file__).parent / "data" / "fashion-mnist"
+
+
+@pytest.fixture(autouse=True)
+def subset(monkeypatch):
+    monkeypatch.setenv("ATTNZOO_FASHION_MNIST", str(SUBSET))
+    fm._CACHE.clear()
+    yield
+    fm._CACHE.clear()
+
+
+def test_idx_reader_reads_the_subset():
+    images = fm.read_idx(SUBSET / "t10k-images-idx3-ubyte.gz")
+    labels = fm.read_idx(SUBSET / "t10k-labels-idx1-ubyte.gz")
+    assert images.shape == (300, 28, 28) and images.dtype == np.uint8 and labels.shape == (300,)
+    assert set(np.unique(labels)) == set(range(10))
+    assert images.max() == 255 and images[:, 0, 0].mean() < 5  # white garments on black
+
+
+def test_truncated_idx_is_refused(tmp_path):
+    raw = gzip.open(SUBSET / "t10k-images-idx3-ubyte.gz").read()
+    bad = tmp_path / "bad-idx3-ubyte"
+    bad.write_bytes(raw[:-100])
+    with pytest.raises(ValueError, match="truncated"):
+        fm.read_idx(bad)
+    bad.write_bytes(b"PK\x03\x04" + raw[4:])
+    with pytest.raises(ValueError, match="not an IDX file"):
+        fm.read_idx(bad)
+
+
+def test_missing_data_names_the_debian_package(monkeypatch, tmp_path):
+    monkeypatch.setenv("ATTNZOO_FASHION_MNIST", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
+        load_data("fashion", "test", "cls", 28)
+
+
+def test_splits_are_disjoint_and_cover_the_training_file():
+    train_x, train_y = fm.fashion_arrays("train")
+    val_x, val_y = fm.fashion_arrays("val")
+    all_x, _ = fm._official("train", None)
+    assert len(val_y) == 600 // fm.VAL_EVERY and len(train_y) + len(val_y) == 600
+    rows = {im.tobytes() for im in train_x}
+    assert not rows & {im.tobytes() for im in val_x}
+    assert rows | {im.tobytes() for im in val_x} == {im.tobytes() for im in all_x}
+    test_x, _ = fm.fashion_arrays("test")
+    assert len(test_x) == 300
+    with pytest.raises(ValueError, match="valid: train, val, test"):
+        fm.fashion_arrays("holdout")
+
+
+def test_classification_set_is_gray_in_three_channels():
+    ds = load_data("fashion", "test", "cls", 28, n=50)
+    assert ds.images.shape == (50, 28, 28, 3) and ds.masks is None and ds.class_names == fm.FASHION_CLASSES
+    assert (ds.images[..., 0] == ds.images[..., 2]).all()
+    assert load_data("fashion", "test", "cls", 32, n=4).images.shape == (4, 32, 32, 3)
+
+
+def test_scenes_follow_the_garments_pixels_and_classes():
+    gray, labels = fm.fashion_arrays("test")
+    images, top, masks = fm.compose_scenes(gray, labels, 40, size=48, split="test", seed=0)
+    assert images.shape == (40, 48, 48, 3) and masks.shape == (40, 48, 48)
+    # a mask pixel is on exactly where a garment's pixel beat the threshold
+    assert ((masks > 0) == (images[..., 0] > fm.MASK_THRESHOLD)).all()
+    assert masks.max() <= 10
+    for i in range(40):  # the scene label is the garment class with the most pixels
+        counts = np.bincount(masks[i].ravel(), minlength=11)[1:]
+        assert top[i] == counts.argmax() and counts.sum() > 0
+    # one class in the source -> only that class (+1) in the masks
+    _, _, only3 = fm.compose_scenes(gray, np.full_like(labels, 3), 5, size=48)
+    assert set(np.unique(only3)) <= {0, 4}
+
+
+def test_scenes_are_deterministic_and_split_dependent():
+    a = load_data("fashion", "test", "seg", 48, n=6)
+    b = load_data("fashion", "test", "seg", 48, n=6)
+    assert (a.images == b.images).all() and (a.masks == b.masks).all()
+    assert a.class_names == fm.FASHION_SEG_CLASSES
+    gray, labels = fm.fashion_arrays("test")
+    other = fm.compose_scenes(gray, labels, 6, size=48, split="val")[0]
+    assert not (other == a.images).all()
+
+
+def test_most_scenes_show_several_garments():
+    gray, labels = fm.fashion_arrays("test")
+    images, _, masks = fm.compose_scenes(gray, labels, 30, size=48)
+    # the overlap cap leaves room: most scenes show two or more garment classes
+    multi = np.mean([len(np.unique(m)) >= 3 for m in masks])
+    assert multi > 0.5
+
+
+@pytest.mark.skipif(not all((fm.DEFAULT_ROOT / f"{n}.gz").is_file() for n in ("train-images-idx3-ubyte",
+                                                                             "t10k-images-idx3-ubyte")),
+                    reason="Debian's dataset-fashion-mnist is not installed (apt-get install dataset-fashion-mnist)")
+def test_official_files_have_the_official_sizes(monkeypatch):
+    monkeypatch.delenv("ATTNZOO_FASHION_MNIST")
+    assert [len(fm.fashion_arrays(s)[1]) for s in ("train", "val", "test")] == [55000, 5000, 10000]
