@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Optional, Union
 
 import torch
+from timm.layers import PatchEmbed
 from timm.models.vision_transformer import Block, VisionTransformer
 from torch import nn
 
@@ -12,13 +13,17 @@ from .belief2 import belief2_extra_params
 from .mabvit import PR_MLP_RATIO, ParallelBlock
 from .registry import attention_class, split_options
 from .segmenter import DECODERS, Segmenter
+from .stem import ConvStemPatchEmbed
 
 __all__ = ["ARCHS", "TASKS", "create_model", "model_config", "load_timm_state_dict", "convert_to_belief2",
            "count_params", "mlp_hidden"]
 
-#: Architectures: ViT-Ti/S/B at 224 px as in timm, and ``micro`` for CPU training at 32 px (~0.2 M params).
+#: Architectures: ViT-Ti/S/B at 224 px as in timm, ``micro`` for CPU training at 32 px (~0.2 M params), and
+#: ``micro-conv``, micro with a convolutional stem (``stem="conv"``) for small real images.
 ARCHS: Dict[str, Dict[str, Any]] = {
     "micro": dict(img_size=32, patch_size=4, embed_dim=64, depth=4, num_heads=2, mlp_ratio=4.0),
+    # micro with a convolutional stem (models/stem.py), for 28-64 px images such as Fashion-MNIST
+    "micro-conv": dict(img_size=28, patch_size=4, embed_dim=64, depth=4, num_heads=2, mlp_ratio=4.0, stem="conv"),
     "tiny": dict(img_size=224, patch_size=16, embed_dim=192, depth=12, num_heads=3, mlp_ratio=4.0),
     "small": dict(img_size=224, patch_size=16, embed_dim=384, depth=12, num_heads=6, mlp_ratio=4.0),
     "base": dict(img_size=224, patch_size=16, embed_dim=768, depth=12, num_heads=12, mlp_ratio=4.0),
@@ -97,6 +102,7 @@ def create_model(
         dynamic_img_size=(task == "seg"),
         drop_path_rate=drop_path_rate,
         block_fn=block_fn,
+        embed_layer=ConvStemPatchEmbed if a.get("stem") == "conv" else PatchEmbed,
         attn_layer=attention_class(spec.name, **attn),
     )
     model: nn.Module = encoder if task == "cls" else Segmenter(encoder, num_classes, decoder=decoder)
