@@ -23,6 +23,7 @@ import numpy as np
 from tqdm import tqdm
 
 from attnzoo.fileio import atomic_write_bytes
+from attnzoo.zoo import DEFAULT_DATA
 
 from .env import environment
 from .ort_cpu import quantize_int8, tuned_cpu_session
@@ -119,7 +120,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="python -m attnzoo.benchmarks.int8_accuracy", description=__doc__.split("\n")[0])
     p.add_argument("--task", choices=("cls", "seg", "all"), default="all")
-    p.add_argument("--data", default="shapes", help="zoo data set (zoo/manifest.json)")
+    p.add_argument("--data", default=DEFAULT_DATA, help="zoo data set (zoo/manifest.json)")
     p.add_argument("--limit", type=int, default=None, help="first N test images only")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--batch", type=int, default=8, help="batch size of the speed comparison")

@@ -19,6 +19,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from attnzoo.zoo import DEFAULT_DATA
+
 __all__ = ["BACKENDS", "ServedModel", "load_models", "load_onnx_dir", "load_checkpoint_dir", "load_zoo_torch",
            "export_zoo", "default_cache_dir", "backend_problem"]
 
@@ -195,7 +197,7 @@ def _zoo_rows(data: str) -> List[Dict]:
     return rows
 
 
-def load_zoo_torch(data: str = "shapes") -> List[ServedModel]:
+def load_zoo_torch(data: str = DEFAULT_DATA) -> List[ServedModel]:
     """The zoo's checkpoints trained on ``data``, run by PyTorch."""
     from attnzoo import zoo
 
@@ -215,7 +217,7 @@ def default_cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "attnzoo"
 
 
-def export_zoo(data: str = "shapes", cache_dir: Optional[Path] = None) -> Path:
+def export_zoo(data: str = DEFAULT_DATA, cache_dir: Optional[Path] = None) -> Path:
     """Export the zoo's models trained on ``data`` to ONNX once; return the folder.
 
     The folder is ``<cache>/onnx/<first 12 hex of the manifest's sha256>``, so a new zoo gets a new folder; a
@@ -245,7 +247,7 @@ def export_zoo(data: str = "shapes", cache_dir: Optional[Path] = None) -> Path:
     return folder
 
 
-def load_models(models_dir: Optional[Path] = None, backend: str = "onnxruntime", data: str = "shapes",
+def load_models(models_dir: Optional[Path] = None, backend: str = "onnxruntime", data: str = DEFAULT_DATA,
                 cache_dir: Optional[Path] = None, threads: Optional[int] = None) -> List[ServedModel]:
     """The models to serve.
 

@@ -13,6 +13,8 @@ import argparse
 from pathlib import Path
 from typing import List, Optional
 
+from attnzoo.zoo import DEFAULT_DATA
+
 from .backends import BACKENDS, CACHE_ENV, load_models
 
 __all__ = ["main", "build_parser"]
@@ -31,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="onnxruntime", choices=BACKENDS,
                    help="onnxruntime (CPU, default), pytorch, or tensorrt (needs the tensorrt package and an NVIDIA "
                         "GPU; engines are built once into the cache folder)")
-    p.add_argument("--data", default="shapes", help="which zoo models to serve: those trained on this data set")
+    p.add_argument("--data", default=DEFAULT_DATA,
+                   help=f"which zoo models to serve: those trained on this data set (default {DEFAULT_DATA})")
     p.add_argument("--cache-dir", type=Path, default=None,
                    help=f"where the zoo's ONNX exports and TensorRT engines are kept (default ${CACHE_ENV} or "
                         "~/.cache/attnzoo)")

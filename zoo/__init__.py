@@ -1,5 +1,5 @@
-"""The trained model zoo shipped with attnzoo: one classifier and one segmenter per variant on ``shapes``,
-plus ``digits`` classifiers, each a ``.safetensors`` file (config in its metadata) listed in ``manifest.json``.
+"""The trained model zoo shipped with attnzoo: one classifier and one segmenter per variant on Fashion-MNIST
+(``fashion``, the default) and on the ``shapes`` smoke set, plus ``digits`` classifiers, each a ``.safetensors`` file (config in its metadata) listed in ``manifest.json``.
 
 >>> from attnzoo import zoo
 >>> model, config = zoo.load("belief2", "cls")          # doctest: +SKIP
@@ -13,10 +13,12 @@ from typing import Any, Dict, List, Tuple
 
 from torch import nn
 
-__all__ = ["ZOO_DIR", "manifest", "entries", "checkpoint_path", "load", "available"]
+__all__ = ["ZOO_DIR", "DEFAULT_DATA", "manifest", "entries", "checkpoint_path", "load", "available"]
 
 ZOO_DIR = Path(__file__).resolve().parent
 _MANIFEST = ZOO_DIR / "manifest.json"
+#: The data set whose models are used when none is named (export-model, serve-demo, benchmarks).
+DEFAULT_DATA = "fashion"
 
 
 def manifest() -> Dict[str, Any]:
@@ -31,12 +33,12 @@ def entries() -> List[Dict[str, Any]]:
     return list(manifest().get("models", []))
 
 
-def available(task: str = None, data: str = "shapes") -> List[str]:
+def available(task: str = None, data: str = DEFAULT_DATA) -> List[str]:
     """Variants that have a zoo model for ``task`` (any task when None) trained on ``data``."""
     return [e["variant"] for e in entries() if (task is None or e["task"] == task) and e["data"] == data]
 
 
-def checkpoint_path(variant: str, task: str = "cls", data: str = "shapes") -> Path:
+def checkpoint_path(variant: str, task: str = "cls", data: str = DEFAULT_DATA) -> Path:
     """Path of the zoo checkpoint; ``ValueError`` naming what the zoo has when there is none."""
     from attnzoo.models import canonical_name
 
@@ -48,7 +50,7 @@ def checkpoint_path(variant: str, task: str = "cls", data: str = "shapes") -> Pa
     raise ValueError(f"the zoo has no {task!r} model of {name!r} trained on {data!r}; it has: {', '.join(have)}")
 
 
-def load(variant: str, task: str = "cls", data: str = "shapes") -> Tuple[nn.Module, Dict[str, Any]]:
+def load(variant: str, task: str = "cls", data: str = DEFAULT_DATA) -> Tuple[nn.Module, Dict[str, Any]]:
     """Load a zoo model in eval mode with its config (class names, mean/std, metrics ...)."""
     from attnzoo.checkpoint import load_checkpoint
 
