@@ -28,7 +28,7 @@ from torch import nn
 
 from attnzoo.fileio import atomic_path
 
-__all__ = ["export_onnx", "make_session", "read_metadata", "metadata_props", "config_from_props",
+__all__ = ["export_onnx", "make_session", "read_metadata", "metadata_props", "config_from_props", "config_hw",
            "op_histogram", "INPUT_NAME", "OUTPUT_NAME", "BATCH_DIM", "SUPPORTED_OPSETS", "DTYPES", "FP32_OPS"]
 
 INPUT_NAME = "image"
@@ -149,6 +149,12 @@ def _metadata(config: Mapping[str, Any], input_hw: Tuple[int, int], dtype: str,
     }
 
 
+def config_hw(config: Mapping[str, Any]) -> Tuple[int, int]:
+    """The config's input (H, W): ``img_size`` is an int (square) or an [H, W] pair."""
+    size = config["img_size"]
+    return (int(size), int(size)) if isinstance(size, (int, float)) else (int(size[0]), int(size[1]))
+
+
 def _save_atomic(proto: onnx.ModelProto, path: Path) -> None:
     """Save through a temporary file and a rename; weights go to ``<name>.data`` only past 2 GB."""
     external = proto.ByteSize() > _PROTO_LIMIT
@@ -164,7 +170,7 @@ def export_onnx(
         model: nn.Module,
         path: Union[str, Path],
         *,
-        config: Mapping[str, Any],
+        config: Optional[Mapping[str, Any]] = None,
         opset: int = 20,
         dtype: str = "fp32",
         input_hw: Optional[Tuple[int, int]] = None,
@@ -173,27 +179,35 @@ def export_onnx(
     """Export ``model`` to ``path`` as ONNX with a dynamic batch dimension and the attnzoo metadata.
 
     Args:
-        model: A model from ``attnzoo.models.create_model`` (or a loaded checkpoint); exported in eval mode.
+        model: A model from ``attnzoo.models.create_model``, ``convert_to_belief2`` or a loaded checkpoint;
+            exported in eval mode.
         path: Output ``.onnx`` file (written through a temporary file and a rename).
         config: The checkpoint config (variant, options, task, arch, num_classes, img_size, class_names,
-            mean, std ...); stored as metadata.
+            mean, std ...); stored as metadata. Default: the model's ``attnzoo_config`` (a converted timm ViT
+            carries its own mean/std and input size; missing mean/std/class names get the defaults).
         opset: ONNX opset (``SUPPORTED_OPSETS``).
         dtype: ``fp32`` or ``fp16`` (LayerNorm, softmax and the projection stay fp32 via Cast nodes).
-        input_hw: Input (H, W); default ``(img_size, img_size)``. Segmenters take non-square sizes.
+        input_hw: Input (H, W); default the config's ``img_size`` (an int, or [H, W]). Segmenters take
+            non-square sizes.
         checkpoint_sha256: sha256 of the source checkpoint ('' for a fresh model).
 
     Returns:
         The written path.
 
     Raises:
-        ValueError: unsupported opset or dtype, or the exporter failed.
+        ValueError: unsupported opset or dtype, no config (given or on the model), or the exporter failed.
     """
     if opset not in SUPPORTED_OPSETS:
         raise ValueError(f"unsupported opset {opset}; supported: {', '.join(map(str, SUPPORTED_OPSETS))}")
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
+    if config is None:
+        config = getattr(model, "attnzoo_config", None)
+        if config is None:
+            raise ValueError("the model has no attnzoo_config; pass config= (variant, task, arch, num_classes, "
+                             "img_size, options ...)")
     path = Path(path)
-    hw = tuple(input_hw) if input_hw else (int(config["img_size"]),) * 2
+    hw = tuple(input_hw) if input_hw else config_hw(config)
     model = model.eval() if dtype == "fp32" else _fp16_model(model)
     example = torch.randn(2, 3, *hw, dtype=torch.float32 if dtype == "fp32" else torch.float16)
     with torch.no_grad(), warnings.catch_warnings():
