@@ -33,7 +33,7 @@ from .contract import INPUT_NAME, OUTPUT_NAME
 __all__ = ["LIBRARIES", "LIBRARY_ENV", "INSTALL_HINT", "COMPUTE_CAPABILITIES", "DEFAULT_COMPUTE_CAPABILITY",
            "TensorRTError", "TensorRTUnavailable", "TensorRTParseError", "Library", "gpu_available",
            "load_library", "unavailable_reason", "ParsedNetwork", "parse_onnx", "network_layers",
-           "check_network_projection", "profile_batches", "Built", "build", "Engine"]
+           "check_network_precision", "profile_batches", "Built", "build", "Engine"]
 
 LIBRARIES: Tuple[str, ...] = ("tensorrt", "tensorrt_rtx")
 LIBRARY_ENV = "ATTNZOO_TENSORRT"
@@ -44,9 +44,9 @@ COMPUTE_CAPABILITIES: Tuple[str, ...] = ("SM75", "SM80", "SM86", "SM89", "SM120"
 #: Target without a GPU: Ada (SM 8.9: RTX 40xx, L4, L40S), the newest widely deployed data-centre inference part
 #: TensorRT-RTX names.
 DEFAULT_COMPUTE_CAPABILITY = "SM89"
-#: ONNX op type -> TensorRT layer type of the projection ops (how the parser lowers them).
+#: ONNX op type -> TensorRT layer type the parser lowers it to (the ops whose precision is checked).
 _LAYER_OF_OP = {"Mul": "ELEMENTWISE", "Add": "ELEMENTWISE", "Div": "ELEMENTWISE", "Sub": "ELEMENTWISE",
-                "ReduceSum": "REDUCE"}
+                "ReduceSum": "REDUCE", "Softmax": "SOFTMAX", "LayerNormalization": "NORMALIZATION"}
 
 
 class TensorRTError(RuntimeError):
@@ -160,6 +160,29 @@ class ParsedNetwork:
     source: str = ""
 
 
+def _logger(trt: Any) -> Any:
+    """A logger that keeps TensorRT's errors (quoted in our exceptions) instead of printing them."""
+
+    class _Keep(trt.ILogger):
+        def __init__(self) -> None:
+            trt.ILogger.__init__(self)
+            self.errors: List[str] = []
+
+        def log(self, severity, msg) -> None:  # noqa: D401 - TensorRT callback
+            if severity in (trt.ILogger.Severity.ERROR, trt.ILogger.Severity.INTERNAL_ERROR):
+                self.errors.append(str(msg).strip().replace("\n", " "))
+
+    try:
+        return _Keep()
+    except Exception:  # bindings without a subclassable ILogger: TensorRT prints its errors itself
+        return trt.Logger(trt.Logger.ERROR)
+
+
+def _last_errors(logger: Any, n: int = 2) -> str:
+    errors = getattr(logger, "errors", [])
+    return f": {' | '.join(errors[-n:])}" if errors else " (see TensorRT's log above)"
+
+
 def parse_onnx(onnx_path: Union[str, Path], library: Optional[Library] = None) -> ParsedNetwork:
     """Parse an ONNX file into a strongly typed network.
 
@@ -172,7 +195,7 @@ def parse_onnx(onnx_path: Union[str, Path], library: Optional[Library] = None) -
     path = Path(onnx_path)
     if not path.is_file():
         raise FileNotFoundError(f"ONNX file not found: {path}")
-    logger = trt.Logger(trt.Logger.ERROR)
+    logger = _logger(trt)
     builder = trt.Builder(logger)
     flag = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
     network = builder.create_network(0 if flag is None else 1 << int(flag))
@@ -195,14 +218,15 @@ def network_layers(network: Any) -> List[Dict[str, Any]]:
     return out
 
 
-def check_network_projection(network: Any, projection_nodes: Mapping[str, Sequence[str]],
-                             op_types: Mapping[str, str]) -> Dict[str, Any]:
-    """Every ONNX projection op is a layer of the parsed network, of the right kind, computing in fp32.
+def check_network_precision(network: Any, scopes: Mapping[str, Sequence[str]],
+                            op_types: Mapping[str, str]) -> Dict[str, Any]:
+    """Every listed ONNX op is a layer of the parsed network, of the right kind, computing in fp32.
 
     Args:
-        network: The parsed ``INetworkDefinition``.
-        projection_nodes: ``{scope: [ONNX node names]}`` (``check_projection(...)["blocks"]`` nodes).
-        op_types: ONNX node name -> op type, for the projection's compute ops (Mul, ReduceSum, Add, Div, Sub).
+        network: The parsed ``INetworkDefinition`` (read before building: layer names are the ONNX node names).
+        scopes: ``{scope: [ONNX node names]}``, e.g. each block's projection nodes from
+            :func:`attnzoo.export.check_projection`; nodes of other op types (casts) are ignored.
+        op_types: ONNX node name -> op type (Mul, ReduceSum, Add, Div, Sub, Softmax, LayerNormalization).
 
     Returns:
         ``{"ok", "failures", "blocks": {scope: {"layers": n, "fp32": n}}, "layers": total}``.
@@ -210,7 +234,7 @@ def check_network_projection(network: Any, projection_nodes: Mapping[str, Sequen
     layers = {layer["name"]: layer for layer in network_layers(network)}
     failures: List[str] = []
     blocks: Dict[str, Dict[str, int]] = {}
-    for scope, names in projection_nodes.items():
+    for scope, names in scopes.items():
         counts: Counter = Counter()
         for name in names:
             op = op_types.get(name)
@@ -228,7 +252,7 @@ def check_network_projection(network: Any, projection_nodes: Mapping[str, Sequen
             else:
                 counts["fp32"] += 1
         if not counts["layers"]:
-            failures.append(f"{scope}: no projection layers in the TensorRT network")
+            failures.append(f"{scope}: none of its ops is a layer of the TensorRT network")
         blocks[scope] = {"layers": counts["layers"], "fp32": counts["fp32"]}
     return {"ok": not failures, "failures": failures, "blocks": blocks, "layers": len(layers)}
 
@@ -317,7 +341,8 @@ def build(onnx_path: Union[str, Path], *, batch_sizes: Sequence[int] = (1, 8),
     serialized = net.builder.build_serialized_network(net.network, config)
     build_s = time.perf_counter() - start
     if serialized is None:
-        raise TensorRTError(f"{lib.describe()} failed to build an engine from {Path(onnx_path).name} for {cc}")
+        raise TensorRTError(f"{lib.describe()} failed to build an engine from {Path(onnx_path).name} for {cc}"
+                            f"{_last_errors(net.logger)}")
     if cache_path is not None:
         from attnzoo.fileio import atomic_write_bytes
 
@@ -341,12 +366,12 @@ class Engine:
         self.library = library or load_library(gpu=True)
         trt = self.library.module
         blob = data if isinstance(data, (bytes, bytearray)) else Path(data).read_bytes()
-        self._logger = trt.Logger(trt.Logger.ERROR)
+        self._logger = _logger(trt)
         self._runtime = trt.Runtime(self._logger)
         self.engine = self._runtime.deserialize_cuda_engine(blob)
         if self.engine is None:
             raise TensorRTError(f"{self.library.describe()} could not deserialize the engine (built by another "
-                                "TensorRT version, or for another GPU?)")
+                                f"TensorRT version, or for another GPU?){_last_errors(self._logger)}")
         self.context = self.engine.create_execution_context()  # TensorRT-RTX specialises kernels here
 
     def _torch_dtype(self, name: str):
