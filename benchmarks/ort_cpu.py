@@ -19,10 +19,10 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from attnzoo.runtime.sessions import LEVELS
+
 __all__ = ["session_options", "tuned_cpu_session", "naive_cpu_session", "quantize_int8", "profile_ops",
            "gemm_gflops", "LEVELS"]
-
-from attnzoo.runtime.sessions import LEVELS
 
 
 def session_options(threads: Optional[int], level: str = "all", optimized_path: Optional[Path] = None,
