@@ -6,6 +6,7 @@ Examples::
     export-model --variant belief-star --task seg --input-size 48x64 --dtype fp16
     export-model --variant belief2 --checkpoint runs/belief2.safetensors --out exports/b2.onnx
     export-model --variant belief2 --format tensorrt --batch-sizes 1,8,32
+    export-model --variant belief2 --format tensorrt --compute-capability SM86   # no GPU needed
 """
 
 from __future__ import annotations
@@ -67,6 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None,
                    help="output file (default: exports/<variant>_<task>_<arch>[_fp16].onnx or .engine)")
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads for the verification")
+    from attnzoo.runtime.tensorrt import COMPUTE_CAPABILITIES, DEFAULT_COMPUTE_CAPABILITY
+
+    p.add_argument("--compute-capability", type=str.upper, choices=COMPUTE_CAPABILITIES, default=None,
+                   metavar="SM",
+                   help=f"--format tensorrt: GPU to build for, one of {', '.join(COMPUTE_CAPABILITIES)} (default: "
+                        f"CURRENT, the GPU present; without a GPU {DEFAULT_COMPUTE_CAPABILITY}, built ahead of time "
+                        "with tensorrt-rtx and not run)")
     return p
 
 
@@ -176,9 +184,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.format == "tensorrt":
         from .tensorrt import tensorrt_unavailable_reason
 
-        reason = tensorrt_unavailable_reason()
+        reason = tensorrt_unavailable_reason(run=False)  # building needs no GPU with tensorrt-rtx
         if reason:
             raise SystemExit(f"error: --format tensorrt: {reason}")
+        from attnzoo.runtime.tensorrt import gpu_available
+
+        if args.compute_capability == "CURRENT" and not gpu_available():
+            raise SystemExit("error: --compute-capability CURRENT needs a GPU and none is visible; name one to "
+                             "build ahead of time (e.g. SM89)")
+    elif args.compute_capability:
+        raise SystemExit("error: --compute-capability applies to --format tensorrt only")
     try:
         model, config, sha = load_for_export(args.variant, args.task, args.arch, args.checkpoint, args.random_init)
         out = _out_path(args, config)
@@ -212,14 +227,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
             bar.set_postfix_str(steps[1])
             try:
-                engine_report = build_engine(onnx_out, out, batch_sizes=batch_sizes)
+                engine_report = build_engine(onnx_out, out, batch_sizes=batch_sizes,
+                                             compute_capability=args.compute_capability)
             except Exception as exc:  # TensorRT / CUDA / file-system errors: one line, no traceback
                 raise SystemExit(f"error: TensorRT build failed: {_first_line(exc)}") from None
             bar.update()
     print(summary(report))
     if engine_report:
-        print(f"{out}: TensorRT {engine_report['tensorrt']} engine on {engine_report['gpu']}, profile "
-              f"{engine_report['profile']}, max abs err vs ONNX Runtime {engine_report['max_abs_err_vs_onnxruntime']:.2e}")
+        from .tensorrt import engine_report_path, summary as engine_summary
+
+        print(engine_summary(engine_report))
+        print(f"  report: {engine_report_path(out)}")
     return 0
 
 

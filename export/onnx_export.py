@@ -27,13 +27,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnzoo.fileio import atomic_path
+from attnzoo.runtime.contract import BATCH_DIM, INPUT_NAME, OUTPUT_NAME, config_from_props, metadata_props
 
 __all__ = ["export_onnx", "make_session", "read_metadata", "metadata_props", "config_from_props", "config_hw",
            "op_histogram", "INPUT_NAME", "OUTPUT_NAME", "BATCH_DIM", "SUPPORTED_OPSETS", "DTYPES", "FP32_OPS"]
 
-INPUT_NAME = "image"
-OUTPUT_NAME = "logits"
-BATCH_DIM = "batch"
 #: Opsets the torch dynamo exporter and ONNX Runtime both handle for these models.
 SUPPORTED_OPSETS: Tuple[int, ...] = (18, 19, 20, 21, 22, 23)
 DTYPES = ("fp32", "fp16")
@@ -233,23 +231,6 @@ def export_onnx(
     return path
 
 
-def metadata_props(model: Union[str, Path, onnx.ModelProto]) -> Dict[str, str]:
-    """All ``metadata_props`` of an ONNX file (weights are not loaded) or model proto, as a dict of strings."""
-    proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model), load_external_data=False)
-    return {p.key: p.value for p in proto.metadata_props}
-
-
-def config_from_props(props: Mapping[str, str], source: Any = "model") -> Dict[str, Any]:
-    """The checkpoint config (``attnzoo.config``) from already-read metadata props.
-
-    Raises:
-        ValueError: the props hold no attnzoo config.
-    """
-    if "attnzoo.config" not in props:
-        raise ValueError(f"{source}: no attnzoo.config in its metadata (not exported by attnzoo)")
-    return json.loads(props["attnzoo.config"])
-
-
 def read_metadata(path: Union[str, Path]) -> Dict[str, Any]:
     """The checkpoint config stored in an attnzoo ONNX file (``attnzoo.config``), parsed.
 
@@ -261,24 +242,10 @@ def read_metadata(path: Union[str, Path]) -> Dict[str, Any]:
 
 def make_session(path: Union[str, Path], threads: Optional[int] = None,
                  providers: Optional[Sequence[str]] = None):
-    """ONNX Runtime session: CUDA provider first when available, else CPU.
+    """ONNX Runtime session: CUDA provider first when available, else CPU (:func:`attnzoo.runtime.ort_session`)."""
+    from attnzoo.runtime.sessions import ort_session
 
-    Args:
-        path: The ``.onnx`` file.
-        threads: Intra-op threads (``None``: ONNX Runtime's default).
-        providers: Explicit provider list (overrides the default choice).
-    """
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    if threads:
-        opts.intra_op_num_threads = int(threads)
-        opts.inter_op_num_threads = 1
-    opts.log_severity_level = 3
-    if providers is None:
-        available = ort.get_available_providers()
-        providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
-    return ort.InferenceSession(str(path), sess_options=opts, providers=list(providers))
+    return ort_session(path, "auto", threads=threads, providers=providers)
 
 
 def op_histogram(proto: onnx.ModelProto) -> Dict[str, int]:

@@ -290,7 +290,7 @@ def test_pytorch_backend_matches_onnxruntime(models_dir, served, images):
 def test_tensorrt_backend_matches_onnxruntime(models_dir, served, images, tmp_path):
     from attnzoo.export.tensorrt import tensorrt_unavailable_reason
 
-    reason = tensorrt_unavailable_reason()
+    reason = tensorrt_unavailable_reason(run=True)
     if reason:
         pytest.skip(reason)
     engines = load_models(models_dir, backend="tensorrt", cache_dir=tmp_path)
@@ -358,8 +358,8 @@ def test_cli_errors_are_one_line(argv, message):
 def test_cli_tensorrt_says_why_it_is_unavailable(tmp_path):
     from attnzoo.export.tensorrt import tensorrt_unavailable_reason
 
-    if tensorrt_unavailable_reason() is None:
-        pytest.skip("TensorRT is available here")
+    if tensorrt_unavailable_reason(run=True) is None:
+        pytest.skip("TensorRT and a GPU are available here")
     with pytest.raises(SystemExit, match="error: the tensorrt backend is not available: .*use --backend onnxruntime"):
         cli_main(["--models", str(tmp_path), "--backend", "tensorrt"])
 
