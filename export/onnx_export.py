@@ -14,6 +14,7 @@ keys ``variant``, ``task``, ``arch``, ``options``, ``class_names``, ``input_size
 from __future__ import annotations
 
 import ast
+import contextlib
 import copy
 import json
 import warnings
@@ -164,6 +165,25 @@ def _save_atomic(proto: onnx.ModelProto, path: Path) -> None:
             onnx.save_model(proto, str(tmp))
 
 
+@contextlib.contextmanager
+def _fixed_size_pos_embed():
+    """Let timm skip resampling a position embedding to the size it already has while exporting.
+
+    timm keeps that (identity) bicubic, antialiased Resize in exported graphs so that they are not specialised to
+    the example's size (``timm.layers.pos_embed.resample_abs_pos_embed``). Our exports fix H and W (only the batch
+    is dynamic), so the early-out is right, and it keeps an op out of the graph that TensorRT cannot parse
+    (antialiased Resize). A model exported at another size than its grid still gets its resample.
+    """
+    import timm.layers.pos_embed as pos_embed
+
+    original = pos_embed.is_exporting
+    pos_embed.is_exporting = lambda: False
+    try:
+        yield
+    finally:
+        pos_embed.is_exporting = original
+
+
 def export_onnx(
         model: nn.Module,
         path: Union[str, Path],
@@ -208,7 +228,7 @@ def export_onnx(
     hw = tuple(input_hw) if input_hw else config_hw(config)
     model = model.eval() if dtype == "fp32" else _fp16_model(model)
     example = torch.randn(2, 3, *hw, dtype=torch.float32 if dtype == "fp32" else torch.float16)
-    with torch.no_grad(), warnings.catch_warnings():
+    with torch.no_grad(), warnings.catch_warnings(), _fixed_size_pos_embed():
         warnings.simplefilter("ignore")
         try:
             program = torch.onnx.export(

@@ -91,6 +91,18 @@ def test_onnx_parses_projection_is_fp32_and_engine_builds(lib, onnx_file, varian
     assert built.compute_capability == "SM89" and built.profile == {"min": 1, "opt": 4, "max": 4}
 
 
+def test_segmenter_at_its_training_size_builds(lib, tmp_path):
+    """At the training size timm would keep an identity, antialiased Resize of the position embedding, which
+    TensorRT cannot parse; the export drops it (the size is fixed) and the engine builds."""
+    torch.manual_seed(0)
+    model = create_model("belief2", "seg", "micro-conv", num_classes=5, img_size=48).eval()
+    path = export_onnx(model, tmp_path / "seg48.onnx", input_hw=(48, 48))
+    resizes = [n for n in onnx.load(str(path)).graph.node if n.op_type == "Resize"]
+    assert all(onnx.helper.get_attribute_value(a) == 0 for n in resizes for a in n.attribute if a.name == "antialias")
+    built = rt.build(path, batch_sizes=(1, 2), input_hw=(48, 48), compute_capability="SM89")
+    assert len(built.blob) > 100_000
+
+
 def test_network_check_catches_a_missing_or_fp16_projection_op(lib, onnx_file):
     path = onnx_file("exclusive", "cls", "fp16")
     parsed = rt.parse_onnx(path, lib)
