@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from attnzoo.limits import check_batch_sizes
+from attnzoo.limits import MAX_BATCH_SIZE, check_batch_sizes
 
 from attnzoo.cli import UsageError, add_debug_flag, entry_point
 
@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backends", default="eager,compile,ort-cpu,ort-cuda,ort-trt,tensorrt",
                    help=f"comma-separated, from: {', '.join(BACKENDS)}")
     p.add_argument("--dtype", default="fp32", help=f"comma-separated, from: {', '.join(DTYPES)}")
-    p.add_argument("--batch-sizes", default="1,8,32", help="comma-separated integers in 1..MAX_BATCH_SIZE (1024)")
+    p.add_argument("--batch-sizes", default="1,8,32", help=f"comma-separated integers in 1..{MAX_BATCH_SIZE}")
     p.add_argument("--threads", type=int, default=None,
                    help="intra-op threads for PyTorch and ONNX Runtime (default: the usable cores)")
     p.add_argument("--min-time", type=float, default=3.0, help="seconds timed per measurement (>= 10 iterations)")
