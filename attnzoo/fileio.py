@@ -76,6 +76,9 @@ def writable_dir(folder: PathLike, what: str = "output folder") -> Path:
         raise ValueError(f"the {what} {folder} is not a folder")
     try:
         folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cannot create the {what} {folder}: {exc.strerror or exc}") from None
+    try:
         fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-test.", suffix=".tmp")
         os.close(fd)
         os.unlink(probe)
