@@ -25,13 +25,13 @@ from torch import nn
 
 from .env import cpu_info
 
+from attnzoo.runtime.parity import TOLERANCES, parity_error, tolerance_key
+
 __all__ = ["BACKENDS", "DTYPES", "TOLERANCES", "Runner", "unavailable_reason", "build_runner", "parity_error",
-           "check_parity", "torch_device"]
+           "check_parity", "torch_device", "tensorrt_build_only", "tolerance_for"]
 
 BACKENDS: Tuple[str, ...] = ("eager", "compile", "ort-cpu", "ort-cuda", "ort-trt", "tensorrt")
 DTYPES: Tuple[str, ...] = ("fp32", "fp16", "bf16", "int8")
-#: Parity tolerance per dtype: max |out - ref| / max |ref| against eager fp32 on the same input.
-TOLERANCES: Dict[str, float] = {"fp32": 1e-3, "fp16": 3e-2, "bf16": 6e-2, "int8": 1.5e-1}
 _TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -95,6 +95,12 @@ def unavailable_reason(backend: str, dtype: str, device: torch.device) -> Option
         return None
     if dtype == "int8":
         return "int8 here is dynamic quantization (ONNX Runtime CPU kernels); GPU int8 needs calibration, not done"
+    if backend == "tensorrt":  # without a GPU the engine is still built (tensorrt-rtx), reported "built, not run"
+        if dtype == "bf16":
+            return "bf16 ONNX graphs are not exported (export dtypes: fp32, fp16)"
+        from attnzoo.runtime.tensorrt import unavailable_reason as trt_reason
+
+        return trt_reason(run=False)
     if not cuda:
         return "no CUDA GPU on this machine"
     if backend == "ort-cuda":
@@ -105,25 +111,21 @@ def unavailable_reason(backend: str, dtype: str, device: torch.device) -> Option
         if "TensorrtExecutionProvider" not in providers:
             return "onnxruntime has no TensorrtExecutionProvider (onnxruntime-gpu with TensorRT libraries)"
         return "bf16 is not a TensorRT execution provider option" if dtype == "bf16" else None
-    if backend == "tensorrt":
-        return None if importlib.util.find_spec("tensorrt") else "the tensorrt Python package is not installed"
     raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
 
 
 # ---------------------------------------------------------------------------------------------- parity
-def parity_error(out: np.ndarray, ref: np.ndarray) -> float:
-    """max |out - ref| / max |ref|; ``inf`` on a shape mismatch or any non-finite output."""
-    out = np.asarray(out, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    if out.shape != ref.shape or not np.all(np.isfinite(out)):
-        return float("inf")
-    return float(np.max(np.abs(out - ref)) / max(float(np.max(np.abs(ref))), 1e-12))
+def tolerance_for(backend: str, dtype: str, device: torch.device) -> str:
+    """The tolerance-table key of a row: fp32 on a GPU may use TF32 (eager/compile on CUDA, ONNX Runtime CUDA)."""
+    gpu = backend in ("ort-cuda", "ort-trt") or (backend in ("eager", "compile") and device.type == "cuda")
+    return tolerance_key(dtype, gpu)
 
 
-def check_parity(out: np.ndarray, ref: np.ndarray, dtype: str) -> Tuple[bool, float]:
-    """(passes, relative error) of a backend's output against eager fp32 with the dtype's tolerance."""
+def check_parity(out: np.ndarray, ref: np.ndarray, key: str) -> Tuple[bool, float]:
+    """(passes, error) of a backend's output against eager fp32 under ``TOLERANCES[key]`` (the runtime's
+    measure: max |out - ref| / max(1, max |ref|))."""
     err = parity_error(out, ref)
-    return err <= TOLERANCES[dtype], err
+    return err <= TOLERANCES[key], err
 
 
 # --------------------------------------------------------------------------------------------- runners
@@ -177,18 +179,11 @@ def _ort_cpu_runner(onnx_path: Path, x: torch.Tensor, dtype: str, threads: int, 
 
 
 def _ort_gpu_session(onnx_path: Path, dtype: str, tensorrt_ep: bool, cache_dir: Path, graph: bool):
-    import onnxruntime as ort
+    from attnzoo.runtime.sessions import ort_session, session_options
 
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    if tensorrt_ep:
-        (cache_dir / "ort-trt").mkdir(parents=True, exist_ok=True)
-        opts = {"trt_fp16_enable": dtype == "fp16", "trt_engine_cache_enable": True,
-                "trt_engine_cache_path": str(cache_dir / "ort-trt"), "trt_cuda_graph_enable": graph}
-        providers = [("TensorrtExecutionProvider", opts), "CUDAExecutionProvider"]
-    else:
-        providers = [("CUDAExecutionProvider", {"enable_cuda_graph": "1" if graph else "0"})]
-    return ort.InferenceSession(str(onnx_path), so, providers=providers)
+    return ort_session(onnx_path, "tensorrt" if tensorrt_ep else "cuda", options=session_options(sequential=False),
+                       cuda_graph=graph, fp16=dtype == "fp16",
+                       cache_dir=cache_dir / "ort-trt" if tensorrt_ep else None)
 
 
 def _ort_gpu_runner(onnx_path: Path, x: torch.Tensor, dtype: str, tensorrt_ep: bool, cache_dir: Path,
@@ -224,56 +219,36 @@ def _ort_gpu_runner(onnx_path: Path, x: torch.Tensor, dtype: str, tensorrt_ep: b
                   info={"providers": sess.get_providers()})
 
 
+def tensorrt_build_only(onnx_path: Path, batch: int) -> Dict[str, object]:
+    """Without a GPU: build the engine ahead of time with the runtime's builder (not run); its build facts."""
+    from attnzoo.runtime import tensorrt as rt
+
+    return rt.build(onnx_path, batch_sizes=(batch,)).facts()
+
+
 def _tensorrt_runner(onnx_path: Path, x: torch.Tensor, dtype: str, cache_dir: Path) -> Runner:
-    """A TensorRT engine for this batch size, its execution captured once in a CUDA graph and replayed."""
-    import tensorrt as trt
+    """The runtime's engine for this batch size (built for the GPU present), captured once in a CUDA graph."""
+    from attnzoo.runtime import tensorrt as rt
 
-    logger = trt.Logger(trt.Logger.ERROR)
-    builder = trt.Builder(logger)
-    network = builder.create_network(0)
-    parser = trt.OnnxParser(network, logger)
-    if not parser.parse_from_file(str(onnx_path)):
-        raise RuntimeError(f"TensorRT cannot parse {onnx_path}: {parser.get_error(0)}")
-    config = builder.create_builder_config()
-    if dtype == "fp16":
-        config.set_flag(trt.BuilderFlag.FP16)
-    elif dtype == "bf16":
-        config.set_flag(trt.BuilderFlag.BF16)
-    profile = builder.create_optimization_profile()
-    name = network.get_input(0).name
-    profile.set_shape(name, tuple(x.shape), tuple(x.shape), tuple(x.shape))
-    config.add_optimization_profile(profile)
-    serialized = builder.build_serialized_network(network, config)
-    if serialized is None:
-        raise RuntimeError(f"TensorRT failed to build an engine from {onnx_path}")
-    engine = trt.Runtime(logger).deserialize_cuda_engine(serialized)
-    context = engine.create_execution_context()
-    context.set_input_shape(name, tuple(x.shape))
-    xin = x.to("cuda").contiguous()
-    out_name = network.get_output(0).name
-    yout = torch.full(tuple(context.get_tensor_shape(out_name)), float("nan"), device="cuda",
-                      dtype=torch.float32)  # unwritten -> fails parity
-    context.set_tensor_address(name, xin.data_ptr())
-    context.set_tensor_address(out_name, yout.data_ptr())
+    built = rt.build(onnx_path, batch_sizes=(int(x.shape[0]),))
+    engine = rt.Engine(built.blob, built.library)
+    yout = engine.bind(x.to("cuda"))
     stream = torch.cuda.Stream()
-
-    def enqueue():
-        context.execute_async_v3(stream.cuda_stream)
-
     with torch.cuda.stream(stream):
-        enqueue()  # TensorRT sets itself up on the first enqueue; it must precede the capture
+        engine.enqueue(stream)  # TensorRT sets itself up on the first enqueue; it must precede the capture
     stream.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        enqueue()
+        engine.enqueue(stream)
 
     def output() -> np.ndarray:
         graph.replay()
         torch.cuda.synchronize()
-        return yout.cpu().numpy()
+        return yout.float().cpu().numpy()
 
     return Runner(graph.replay, output, cuda=True, memory=_device_memory_used, cuda_graph=True,
-                  info={"tensorrt": trt.__version__})
+                  info={k: v for k, v in built.facts().items() if k in ("library", "library_version",
+                                                                         "compute_capability", "build_time_s")})
 
 
 def build_runner(backend: str, model: nn.Module, onnx_path: Optional[Path], x: torch.Tensor, dtype: str, *,

@@ -97,7 +97,7 @@ def environment() -> Dict[str, Any]:
         "platform": platform.platform(),
         "python": sys.version.split()[0],
         "versions": {name: _version(name) for name in
-                     ("torch", "onnxruntime", "onnx", "tensorrt", "timm", "numpy", "triton")},
+                     ("torch", "onnxruntime", "onnx", "tensorrt", "tensorrt_rtx", "timm", "numpy", "triton")},
         "ort_providers": ort.get_available_providers() if ort else [],
         "torch_threads": torch.get_num_threads(),
     }

@@ -19,15 +19,15 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from attnzoo.runtime.sessions import LEVELS
+
 __all__ = ["session_options", "tuned_cpu_session", "naive_cpu_session", "quantize_int8", "profile_ops",
            "gemm_gflops", "LEVELS"]
-
-LEVELS = ("disable", "basic", "extended", "all")
 
 
 def session_options(threads: Optional[int], level: str = "all", optimized_path: Optional[Path] = None,
                     profile_prefix: Optional[str] = None):
-    """``onnxruntime.SessionOptions`` for one CPU session.
+    """The benchmark's CPU ``SessionOptions``: :func:`attnzoo.runtime.session_options`, sequential, no spinning.
 
     Args:
         threads: Intra-op threads (``None``: ONNX Runtime's default, one per core).
@@ -35,32 +35,15 @@ def session_options(threads: Optional[int], level: str = "all", optimized_path: 
         optimized_path: Save the optimized graph here.
         profile_prefix: Turn the profiler on, writing ``<prefix>_<date>.json``.
     """
-    import onnxruntime as ort
+    from attnzoo.runtime.sessions import session_options as options
 
-    levels = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-              "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-              "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-              "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
-    so = ort.SessionOptions()
-    so.graph_optimization_level = levels[level]
-    so.log_severity_level = 3
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    if threads:
-        so.intra_op_num_threads = int(threads)
-        so.inter_op_num_threads = 1
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    if optimized_path is not None:
-        so.optimized_model_filepath = str(optimized_path)
-    if profile_prefix is not None:
-        so.enable_profiling = True
-        so.profile_file_prefix = profile_prefix
-    return so
+    return options(threads, level, optimized_path=optimized_path, profile_prefix=profile_prefix, spinning=False)
 
 
 def _session(path: Path, so):
-    import onnxruntime as ort
+    from attnzoo.runtime.sessions import ort_session
 
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    return ort_session(path, "cpu", options=so)
 
 
 def tuned_cpu_session(onnx_path: Path, threads: int, cache_dir: Path, batch: Optional[int] = None,
@@ -84,7 +67,7 @@ def tuned_cpu_session(onnx_path: Path, threads: int, cache_dir: Path, batch: Opt
             tmp.unlink(missing_ok=True)
     so = session_options(threads, "all", profile_prefix=profile_prefix)
     if batch is not None:
-        from attnzoo.export import BATCH_DIM
+        from attnzoo.runtime.contract import BATCH_DIM
 
         so.add_free_dimension_override_by_name(BATCH_DIM, int(batch))
     sess = _session(optimized, so)

@@ -4,11 +4,12 @@ For each ``blocks.N.attn.projection`` / ``blocks.N.attn.head_projection`` (``enc
 Segmenter) the exported graph must contain, under that node-name scope, the two inner products
 (``Mul`` + ``ReduceSum``, twice), ``Add`` (eps, a constant), ``Div``, ``Mul`` (coef * v) and ``Sub``, all computing
 in fp32 (also in an fp16 graph), and no op outside the standard ONNX domain. In an fp16 graph LayerNorm and
-Softmax must compute in fp32 too.
+Softmax must compute in fp32 too. The block count comes from the graph's node names (any depth).
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
@@ -20,7 +21,7 @@ from onnx import numpy_helper
 from .onnx_export import FP32_OPS, config_from_props, metadata_props
 
 __all__ = ["REQUIRED_OPS", "PROJECTION_MODULES", "ProjectionCheckError", "check_projection", "assert_projection",
-           "expected_scopes"]
+           "expected_scopes", "graph_depth"]
 
 #: Minimum count of each op type inside one projection scope.
 REQUIRED_OPS: Dict[str, int] = {"Mul": 3, "ReduceSum": 2, "Add": 1, "Div": 1, "Sub": 1}
@@ -38,14 +39,26 @@ class ProjectionCheckError(ValueError):
     """An exported graph lacks projection ops (or computes them in the wrong precision)."""
 
 
-def expected_scopes(config: Dict[str, Any]) -> List[str]:
-    """Node-name scopes that must hold a projection, e.g. ``blocks.0.attn.projection`` (empty for others)."""
-    from attnzoo.models import ARCHS
+def _block_prefix(config: Dict[str, Any]) -> str:
+    """Module path of the block list: ``blocks`` (classifier) or ``encoder.blocks`` (Segmenter)."""
+    return "encoder.blocks" if config["task"] == "seg" else "blocks"
 
+
+def graph_depth(proto: onnx.ModelProto, prefix: str = "blocks") -> int:
+    """Number of transformer blocks in an exported graph: 1 + the highest ``<prefix>.N`` in its node names.
+
+    Taken from the graph, not from an arch table, so any depth (a converted timm ViT) is checked; a block
+    whose nodes are all gone below the highest index still counts, and its projection is reported missing.
+    """
+    pattern = re.compile(rf"^{re.escape(prefix)}\.(\d+)[./]")
+    found = [int(m.group(1)) for m in (pattern.match(n.name) for n in proto.graph.node) if m]
+    return max(found) + 1 if found else 0
+
+
+def expected_scopes(config: Dict[str, Any], depth: int) -> List[str]:
+    """Node-name scopes that must hold a projection, e.g. ``blocks.0.attn.projection`` (empty for others)."""
     modules = PROJECTION_MODULES.get(config["variant"], ())
-    prefix = "encoder.blocks" if config["task"] == "seg" else "blocks"
-    depth = int(ARCHS[config["arch"]]["depth"])
-    return [f"{prefix}.{i}.attn.{m}" for i in range(depth) for m in modules]
+    return [f"{_block_prefix(config)}.{i}.attn.{m}" for i in range(depth) for m in modules]
 
 
 def _elem_types(proto: onnx.ModelProto) -> Dict[str, int]:
@@ -92,12 +105,13 @@ def check_projection(model: Union[str, Path, onnx.ModelProto], config: Optional[
 
     Args:
         model: ONNX file or proto exported by :func:`attnzoo.export.export_onnx`.
-        config: The model config (variant, task, arch); default: read from the file's metadata.
+        config: The model config (variant, task); default: read from the file's metadata. The block count
+            comes from the graph (:func:`graph_depth`).
         dtype: ``fp32``/``fp16``; default from metadata. For fp16 LayerNorm and Softmax must compute in fp32.
 
     Returns:
         ``{"ok", "failures": [str], "blocks": {scope: {"ops": {op: n}, "nodes": [names]}}, "nodes_per_block",
-        "non_standard_ops"}``.
+        "non_standard_ops", "depth"}``.
     """
     proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
     props = metadata_props(proto)
@@ -113,7 +127,10 @@ def check_projection(model: Union[str, Path, onnx.ModelProto], config: Optional[
     types, consts = _elem_types(proto), _constants(proto)
     failures: List[str] = []
     blocks: Dict[str, Any] = {}
-    for scope in expected_scopes(config):
+    depth = graph_depth(proto, _block_prefix(config))
+    if depth == 0 and config["variant"] in PROJECTION_MODULES:
+        failures.append(f"no {_block_prefix(config)}.N nodes in the graph (blocks missing or renamed)")
+    for scope in expected_scopes(config, depth):
         nodes = by_scope.get(scope, [])
         if not nodes:
             failures.append(f"{scope}: no nodes (projection missing, folded or renamed)")
@@ -128,7 +145,7 @@ def check_projection(model: Union[str, Path, onnx.ModelProto], config: Optional[
     for scope, found in blocks.items():
         per_block[scope.split(".attn.")[0]] += len(found["nodes"])
     return {"ok": not failures, "failures": failures, "blocks": blocks, "nodes_per_block": dict(per_block),
-            "non_standard_ops": odd}
+            "non_standard_ops": odd, "depth": depth}
 
 
 def assert_projection(model: Union[str, Path, onnx.ModelProto], config: Optional[Dict[str, Any]] = None,

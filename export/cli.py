@@ -6,6 +6,7 @@ Examples::
     export-model --variant belief-star --task seg --input-size 48x64 --dtype fp16
     export-model --variant belief2 --checkpoint runs/belief2.safetensors --out exports/b2.onnx
     export-model --variant belief2 --format tensorrt --batch-sizes 1,8,32
+    export-model --variant belief2 --format tensorrt --compute-capability SM86   # no GPU needed
 
 Errors: one ``error: ...`` line, exit 2 for a bad command line (refused before anything is loaded or
 written), 1 for a failure; ``--debug`` shows the traceback (see :mod:`attnzoo.cli`).
@@ -74,6 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None,
                    help="output file (default: exports/<variant>_<task>_<arch>[_fp16].onnx or .engine)")
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads for the verification")
+    from attnzoo.runtime.tensorrt import COMPUTE_CAPABILITIES, DEFAULT_COMPUTE_CAPABILITY
+
+    p.add_argument("--compute-capability", type=str.upper, choices=COMPUTE_CAPABILITIES, default=None,
+                   metavar="SM",
+                   help=f"--format tensorrt: GPU to build for, one of {', '.join(COMPUTE_CAPABILITIES)} (default: "
+                        f"CURRENT, the GPU present; without a GPU {DEFAULT_COMPUTE_CAPABILITY}, built ahead of time "
+                        "with tensorrt-rtx and not run)")
     return add_debug_flag(p)
 
 
@@ -220,9 +228,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.format == "tensorrt":
         from .tensorrt import tensorrt_unavailable_reason
 
-        reason = tensorrt_unavailable_reason()
+        reason = tensorrt_unavailable_reason(run=False)  # building needs no GPU with tensorrt-rtx
         if reason:
             raise UsageError(f"--format tensorrt: {reason}")
+        from attnzoo.runtime.tensorrt import gpu_available
+
+        if args.compute_capability == "CURRENT" and not gpu_available():
+            raise UsageError("--compute-capability CURRENT needs a GPU and none is visible; name one to "
+                             "build ahead of time (e.g. SM89)")
+    elif args.compute_capability:
+        raise UsageError("--compute-capability applies to --format tensorrt only")
     model, config, sha = load_for_export(args.variant, args.task, args.arch, args.checkpoint, args.random_init)
     hw = _input_hw(args.input_size, config)
     try:
@@ -256,14 +271,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
             bar.set_postfix_str(steps[1])
             try:
-                engine_report = build_engine(onnx_out, out, batch_sizes=batch_sizes)
+                engine_report = build_engine(onnx_out, out, batch_sizes=batch_sizes,
+                                             compute_capability=args.compute_capability)
             except Exception as exc:  # TensorRT / CUDA / file-system errors: one line (traceback with --debug)
                 raise CommandError(f"TensorRT build failed: {first_line(exc)}") from exc
             bar.update()
     print(summary(report))
     if engine_report:
-        print(f"{out}: TensorRT {engine_report['tensorrt']} engine on {engine_report['gpu']}, profile "
-              f"{engine_report['profile']}, max abs err vs ONNX Runtime {engine_report['max_abs_err_vs_onnxruntime']:.2e}")
+        from .tensorrt import engine_report_path, summary as engine_summary
+
+        print(engine_summary(engine_report))
+        print(f"  report: {engine_report_path(out)}")
     return 0
 
 

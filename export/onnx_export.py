@@ -27,13 +27,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnzoo.fileio import atomic_path
+from attnzoo.runtime.contract import BATCH_DIM, INPUT_NAME, OUTPUT_NAME, config_from_props, metadata_props
 
-__all__ = ["export_onnx", "make_session", "read_metadata", "metadata_props", "config_from_props",
+__all__ = ["export_onnx", "make_session", "read_metadata", "metadata_props", "config_from_props", "config_hw",
            "op_histogram", "INPUT_NAME", "OUTPUT_NAME", "BATCH_DIM", "SUPPORTED_OPSETS", "DTYPES", "FP32_OPS"]
 
-INPUT_NAME = "image"
-OUTPUT_NAME = "logits"
-BATCH_DIM = "batch"
 #: Opsets the torch dynamo exporter and ONNX Runtime both handle for these models.
 SUPPORTED_OPSETS: Tuple[int, ...] = (18, 19, 20, 21, 22, 23)
 DTYPES = ("fp32", "fp16")
@@ -149,6 +147,12 @@ def _metadata(config: Mapping[str, Any], input_hw: Tuple[int, int], dtype: str,
     }
 
 
+def config_hw(config: Mapping[str, Any]) -> Tuple[int, int]:
+    """The config's input (H, W): ``img_size`` is an int (square) or an [H, W] pair."""
+    size = config["img_size"]
+    return (int(size), int(size)) if isinstance(size, (int, float)) else (int(size[0]), int(size[1]))
+
+
 def _save_atomic(proto: onnx.ModelProto, path: Path) -> None:
     """Save through a temporary file and a rename; weights go to ``<name>.data`` only past 2 GB."""
     external = proto.ByteSize() > _PROTO_LIMIT
@@ -164,7 +168,7 @@ def export_onnx(
         model: nn.Module,
         path: Union[str, Path],
         *,
-        config: Mapping[str, Any],
+        config: Optional[Mapping[str, Any]] = None,
         opset: int = 20,
         dtype: str = "fp32",
         input_hw: Optional[Tuple[int, int]] = None,
@@ -173,27 +177,35 @@ def export_onnx(
     """Export ``model`` to ``path`` as ONNX with a dynamic batch dimension and the attnzoo metadata.
 
     Args:
-        model: A model from ``attnzoo.models.create_model`` (or a loaded checkpoint); exported in eval mode.
+        model: A model from ``attnzoo.models.create_model``, ``convert_to_belief2`` or a loaded checkpoint;
+            exported in eval mode.
         path: Output ``.onnx`` file (written through a temporary file and a rename).
         config: The checkpoint config (variant, options, task, arch, num_classes, img_size, class_names,
-            mean, std ...); stored as metadata.
+            mean, std ...); stored as metadata. Default: the model's ``attnzoo_config`` (a converted timm ViT
+            carries its own mean/std and input size; missing mean/std/class names get the defaults).
         opset: ONNX opset (``SUPPORTED_OPSETS``).
         dtype: ``fp32`` or ``fp16`` (LayerNorm, softmax and the projection stay fp32 via Cast nodes).
-        input_hw: Input (H, W); default ``(img_size, img_size)``. Segmenters take non-square sizes.
+        input_hw: Input (H, W); default the config's ``img_size`` (an int, or [H, W]). Segmenters take
+            non-square sizes.
         checkpoint_sha256: sha256 of the source checkpoint ('' for a fresh model).
 
     Returns:
         The written path.
 
     Raises:
-        ValueError: unsupported opset or dtype, or the exporter failed.
+        ValueError: unsupported opset or dtype, no config (given or on the model), or the exporter failed.
     """
     if opset not in SUPPORTED_OPSETS:
         raise ValueError(f"unsupported opset {opset}; supported: {', '.join(map(str, SUPPORTED_OPSETS))}")
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
+    if config is None:
+        config = getattr(model, "attnzoo_config", None)
+        if config is None:
+            raise ValueError("the model has no attnzoo_config; pass config= (variant, task, arch, num_classes, "
+                             "img_size, options ...)")
     path = Path(path)
-    hw = tuple(input_hw) if input_hw else (int(config["img_size"]),) * 2
+    hw = tuple(input_hw) if input_hw else config_hw(config)
     model = model.eval() if dtype == "fp32" else _fp16_model(model)
     example = torch.randn(2, 3, *hw, dtype=torch.float32 if dtype == "fp32" else torch.float16)
     with torch.no_grad(), warnings.catch_warnings():
@@ -219,23 +231,6 @@ def export_onnx(
     return path
 
 
-def metadata_props(model: Union[str, Path, onnx.ModelProto]) -> Dict[str, str]:
-    """All ``metadata_props`` of an ONNX file (weights are not loaded) or model proto, as a dict of strings."""
-    proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model), load_external_data=False)
-    return {p.key: p.value for p in proto.metadata_props}
-
-
-def config_from_props(props: Mapping[str, str], source: Any = "model") -> Dict[str, Any]:
-    """The checkpoint config (``attnzoo.config``) from already-read metadata props.
-
-    Raises:
-        ValueError: the props hold no attnzoo config.
-    """
-    if "attnzoo.config" not in props:
-        raise ValueError(f"{source}: no attnzoo.config in its metadata (not exported by attnzoo)")
-    return json.loads(props["attnzoo.config"])
-
-
 def read_metadata(path: Union[str, Path]) -> Dict[str, Any]:
     """The checkpoint config stored in an attnzoo ONNX file (``attnzoo.config``), parsed.
 
@@ -247,24 +242,10 @@ def read_metadata(path: Union[str, Path]) -> Dict[str, Any]:
 
 def make_session(path: Union[str, Path], threads: Optional[int] = None,
                  providers: Optional[Sequence[str]] = None):
-    """ONNX Runtime session: CUDA provider first when available, else CPU.
+    """ONNX Runtime session: CUDA provider first when available, else CPU (:func:`attnzoo.runtime.ort_session`)."""
+    from attnzoo.runtime.sessions import ort_session
 
-    Args:
-        path: The ``.onnx`` file.
-        threads: Intra-op threads (``None``: ONNX Runtime's default).
-        providers: Explicit provider list (overrides the default choice).
-    """
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    if threads:
-        opts.intra_op_num_threads = int(threads)
-        opts.inter_op_num_threads = 1
-    opts.log_severity_level = 3
-    if providers is None:
-        available = ort.get_available_providers()
-        providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
-    return ort.InferenceSession(str(path), sess_options=opts, providers=list(providers))
+    return ort_session(path, "auto", threads=threads, providers=providers)
 
 
 def op_histogram(proto: onnx.ModelProto) -> Dict[str, int]:

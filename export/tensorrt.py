@@ -1,176 +1,201 @@
-"""TensorRT engines from a verified ONNX file (TensorRT 10 and 11 Python API).
+"""TensorRT engines from a verified ONNX file, with a report beside every engine.
 
-Strongly typed network (precision comes from the graph: an fp16 export gives fp16 layers with fp32
-LayerNorm, softmax and projection), ``OnnxParser``, one optimization profile over the batch dimension
-(min/opt/max from the requested batch sizes), a workspace memory-pool limit and a timing cache on disk. The
-engine is run once and compared with ONNX Runtime before it is saved.
+The work is done by :mod:`attnzoo.runtime.tensorrt` (the one builder, shared with ``bench-latency`` and the
+demo). This module adds what ``export-model --format tensorrt`` promises:
 
-Needs the ``tensorrt`` package (NVIDIA's wheels: ``pip install tensorrt-cu12``) and an NVIDIA GPU; without
-them every entry point raises :class:`TensorRTUnavailable` naming the install command. Device buffers are
-torch CUDA tensors, so no pycuda / cuda-python is needed.
+1. the ONNX is parsed into a strongly typed network, and before building, every projection op of every block
+   (and, in an fp16 graph, every LayerNorm and softmax) is checked to be a layer computing in fp32;
+2. the engine is built: for the GPU present (``CURRENT``), or without a GPU ahead of time with TensorRT-RTX for
+   ``compute_capability`` (default ``SM89``);
+3. with a GPU, the engine runs and is compared with ONNX Runtime (CPU) on the same inputs, under the one
+   tolerance table, and timed; without one the report says ``"built, not run"``;
+4. the engine is written atomically, and only when every check passed; ``<engine>.json`` is written either way.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Union
 
 import numpy as np
-import torch
 
-from attnzoo.fileio import atomic_write_bytes
+from attnzoo.fileio import atomic_write_bytes, atomic_write_text, sha256_file
+from attnzoo.runtime import tensorrt as rt
+from attnzoo.runtime.contract import INPUT_NAME, ModelContract
+from attnzoo.runtime.parity import compare
+from attnzoo.runtime.sessions import ort_session
 
-from .onnx_export import INPUT_NAME, OUTPUT_NAME, make_session, metadata_props
+__all__ = ["INSTALL_HINT", "TensorRTUnavailable", "tensorrt_unavailable_reason", "build_engine", "load_engine",
+           "run_engine", "engine_report_path", "network_check", "STATUS_BUILT", "STATUS_RUN"]
 
-__all__ = ["INSTALL_HINT", "TensorRTUnavailable", "tensorrt_unavailable_reason", "build_engine", "run_engine",
-           "load_engine", "engine_report_path", "profile_batches"]
-
-INSTALL_HINT = "pip install 'tensorrt-cu12>=10' (NVIDIA's wheels; needs an NVIDIA GPU and driver)"
-#: fp32 engine vs ONNX Runtime (TF32 is disabled for fp32 engines); fp16: relative to max |logit|.
-TRT_FP32_ATOL = 1e-3
-TRT_FP16_RTOL = 1e-2
-
-
-class TensorRTUnavailable(RuntimeError):
-    """TensorRT or a CUDA GPU is missing."""
+INSTALL_HINT = rt.INSTALL_HINT
+TensorRTUnavailable = rt.TensorRTUnavailable
+STATUS_BUILT = "built, not run"
+STATUS_RUN = "built and run"
 
 
-def tensorrt_unavailable_reason() -> Optional[str]:
-    """Why engines cannot be built here (``None`` when they can)."""
-    try:
-        import tensorrt  # noqa: F401
-    except ImportError:
-        return f"the tensorrt Python package is not installed; install it with: {INSTALL_HINT}"
-    if not torch.cuda.is_available():
-        return "no CUDA GPU is visible (torch.cuda.is_available() is False); TensorRT engines need an NVIDIA GPU"
-    return None
-
-
-def _require():
-    reason = tensorrt_unavailable_reason()
-    if reason:
-        raise TensorRTUnavailable(reason)
-    import tensorrt as trt
-
-    return trt
+def tensorrt_unavailable_reason(run: bool = False) -> Optional[str]:
+    """Why engines cannot be built (``run``: built and run) here; ``None`` when they can."""
+    return rt.unavailable_reason(run=run)
 
 
 def engine_report_path(engine_path: Union[str, Path]) -> Path:
-    """``model.engine`` -> ``model.engine.json`` (build report + the ONNX metadata)."""
+    """``model.engine`` -> ``model.engine.json``."""
     return Path(str(engine_path) + ".json")
 
 
-def profile_batches(batch_sizes: Sequence[int]) -> tuple:
-    """(min, opt, max) batch of the optimization profile: opt is the median requested size."""
-    sizes = sorted(set(int(b) for b in batch_sizes))
-    return sizes[0], sizes[len(sizes) // 2], sizes[-1]
+def load_engine(data: Union[bytes, str, Path]) -> rt.Engine:
+    """Deserialize an engine (bytes or file) with an execution context; needs a GPU."""
+    return rt.Engine(data)
 
 
-def _build(trt, onnx_path: Path, hw: Sequence[int], batch_sizes: Sequence[int], workspace_bytes: int,
-           timing_cache: Path, fp32: bool) -> bytes:
-    """Parse the ONNX into a strongly typed network and build a serialized engine."""
-    logger = trt.Logger(trt.Logger.WARNING)
-    builder = trt.Builder(logger)
-    flag = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)  # always on in TensorRT 11
-    network = builder.create_network(0 if flag is None else 1 << int(flag))
-    parser = trt.OnnxParser(network, logger)
-    if not parser.parse_from_file(str(onnx_path)):
-        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-        raise RuntimeError(f"TensorRT could not parse {onnx_path}: {errors}")
-    config = builder.create_builder_config()
-    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_bytes))
-    if fp32 and hasattr(trt.BuilderFlag, "TF32"):
-        config.clear_flag(trt.BuilderFlag.TF32)  # compare fp32 with fp32, not TF32 matmuls
-    cache = config.create_timing_cache(timing_cache.read_bytes() if timing_cache.is_file() else b"")
-    config.set_timing_cache(cache, False)
-    lo, opt, hi = profile_batches(batch_sizes)
-    profile = builder.create_optimization_profile()
-    profile.set_shape(INPUT_NAME, (lo, 3, *hw), (opt, 3, *hw), (hi, 3, *hw))
-    config.add_optimization_profile(profile)
-    serialized = builder.build_serialized_network(network, config)
-    if serialized is None:
-        raise RuntimeError(f"TensorRT failed to build an engine from {onnx_path} (see the log above)")
-    atomic_write_bytes(timing_cache, bytes(config.get_timing_cache().serialize()))
-    return bytes(serialized)
+def run_engine(engine: rt.Engine, x: np.ndarray) -> np.ndarray:
+    """Run a loaded engine on one float32 NCHW batch."""
+    return engine.run(x)
 
 
-def load_engine(data: Union[bytes, str, Path]):
-    """Deserialize an engine (bytes or a file)."""
-    trt = _require()
-    blob = data if isinstance(data, (bytes, bytearray)) else Path(data).read_bytes()
-    engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(blob)
-    if engine is None:
-        raise RuntimeError("TensorRT could not deserialize the engine (built by another TensorRT version?)")
-    return engine
+def network_check(parsed: rt.ParsedNetwork, onnx_path: Union[str, Path], contract: ModelContract) -> Dict[str, Any]:
+    """Projection ops of every block (and, in fp16, LayerNorm/softmax) present in the network and fp32.
+
+    Read from the parsed ``INetworkDefinition`` before building. Blocks are the ones the ONNX projection
+    checker found (which itself fails when one is missing).
+    """
+    import onnx
+
+    from .check import check_projection
+    from .onnx_export import FP32_OPS
+
+    proto = onnx.load(str(onnx_path), load_external_data=False)
+    onnx_check = check_projection(proto, contract.config, contract.dtype)
+    scopes = {scope: found["nodes"] for scope, found in onnx_check["blocks"].items()}
+    op_types = {n.name: n.op_type for n in proto.graph.node}
+    if contract.dtype == "fp16":
+        scopes["fp32 ops of the fp16 graph"] = [n.name for n in proto.graph.node if n.op_type in FP32_OPS]
+    result = rt.check_network_precision(parsed.network, scopes, op_types)
+    if not onnx_check["ok"]:
+        result["failures"] = [f"ONNX: {f}" for f in onnx_check["failures"]] + result["failures"]
+        result["ok"] = False
+    result["projection_blocks"] = len(onnx_check["blocks"])
+    return result
 
 
-def run_engine(engine, x: np.ndarray, context=None) -> np.ndarray:
-    """Run ``engine`` on one float32 NCHW batch (torch CUDA tensors as device buffers)."""
-    trt = _require()
-    context = context or engine.create_execution_context()
-    dtype_in = torch.from_numpy(np.zeros(0, trt.nptype(engine.get_tensor_dtype(INPUT_NAME)))).dtype
-    dtype_out = torch.from_numpy(np.zeros(0, trt.nptype(engine.get_tensor_dtype(OUTPUT_NAME)))).dtype
-    inp = torch.from_numpy(np.ascontiguousarray(x)).to("cuda", dtype_in)
-    context.set_input_shape(INPUT_NAME, tuple(inp.shape))
-    out = torch.empty(tuple(context.get_tensor_shape(OUTPUT_NAME)), dtype=dtype_out, device="cuda")
-    context.set_tensor_address(INPUT_NAME, inp.data_ptr())
-    context.set_tensor_address(OUTPUT_NAME, out.data_ptr())
-    stream = torch.cuda.current_stream()
-    if not context.execute_async_v3(stream.cuda_stream):
-        raise RuntimeError("TensorRT execution failed")
-    stream.synchronize()
-    return out.float().cpu().numpy()
+def _onnx_verification(onnx_path: Path) -> Dict[str, Any]:
+    """What the ONNX verification (``<model>.report.json``) found, and whether the file is still the one it
+    verified."""
+    from .verify import report_path
+
+    sha = sha256_file(onnx_path)
+    rp = report_path(onnx_path)
+    try:
+        rep = json.loads(rp.read_text())
+    except (OSError, ValueError):
+        return {"report": None, "verified": False, "onnx_sha256": sha,
+                "note": "no ONNX verification report beside the file: parity with eager PyTorch unknown"}
+    return {"report": str(rp), "verified": bool(rep.get("passed")) and rep.get("sha256") == sha, "onnx_sha256": sha,
+            "passed": rep.get("passed"), "max_abs_err_vs_eager": rep.get("parity", {}).get("max_abs_err"),
+            "dtype": rep.get("dtype"), "batch_sizes": rep.get("parity", {}).get("batch_sizes")}
 
 
 def build_engine(onnx_path: Union[str, Path], engine_path: Union[str, Path], *, batch_sizes: Sequence[int] = (1, 8),
-                 workspace_gb: float = 2.0, timing_cache: Optional[Union[str, Path]] = None,
-                 seed: int = 0) -> Dict[str, Any]:
-    """Build an engine from a verified ONNX file, check it against ONNX Runtime, then save it.
+                 compute_capability: Optional[str] = None, workspace_gb: float = 2.0,
+                 timing_cache: Optional[Union[str, Path]] = None, seed: int = 0,
+                 run: Optional[bool] = None) -> Dict[str, Any]:
+    """Check, build, (run and compare,) then save an engine; returns the report (also ``<engine>.json``).
 
     Args:
         onnx_path: ONNX file written by :func:`attnzoo.export.export_verified`.
-        engine_path: Output ``.engine`` file (written only when the check passes).
+        engine_path: Output ``.engine`` file (written only when every check passes).
         batch_sizes: The profile spans min..max of these; ``opt`` is their median.
+        compute_capability: See :func:`attnzoo.runtime.tensorrt.build` (default: the GPU, else ``SM89``).
         workspace_gb: Workspace memory-pool limit.
-        timing_cache: Timing-cache file (read if present, updated after the build); default beside the engine.
+        timing_cache: Timing-cache file (TensorRT proper; default beside the engine); TensorRT-RTX has none.
         seed: Seed of the random check inputs.
-
-    Returns:
-        The report, also written to ``<engine>.json`` with the ONNX metadata.
+        run: Run and compare the engine (default: when a GPU is present and the engine targets it).
 
     Raises:
-        TensorRTUnavailable: no tensorrt package or no GPU.
-        RuntimeError: parse/build failure or a mismatch with ONNX Runtime.
+        TensorRTUnavailable: no usable TensorRT library.
+        ValueError: bad compute capability / batch sizes, or the file is not an attnzoo export.
+        RuntimeError: parse, network-check, build or parity failure (the report says which).
     """
-    trt = _require()
     onnx_path, engine_path = Path(onnx_path), Path(engine_path)
-    props = metadata_props(onnx_path)
-    hw = json.loads(props["input_size"])
-    dtype = props.get("dtype", "fp32")
-    cache = Path(timing_cache) if timing_cache else engine_path.parent / "tensorrt_timing.cache"
-    start = time.perf_counter()
-    blob = _build(trt, onnx_path, hw, batch_sizes, int(workspace_gb * (1 << 30)), cache, dtype == "fp32")
-    build_s = time.perf_counter() - start
-    engine = load_engine(blob)
-    x = np.random.default_rng(seed).standard_normal((max(batch_sizes), 3, *hw)).astype(np.float32)
-    ref = make_session(onnx_path, providers=["CPUExecutionProvider"]).run(None, {INPUT_NAME: x})[0]
-    out = run_engine(engine, x)
-    err = float(np.abs(out.astype(np.float64) - ref).max())
-    tol = TRT_FP32_ATOL if dtype == "fp32" else TRT_FP16_RTOL * max(1.0, float(np.abs(ref).max()))
-    report = {"engine": str(engine_path), "onnx": str(onnx_path), "tensorrt": trt.__version__,
-              "gpu": torch.cuda.get_device_name(0), "dtype": dtype, "input_size": hw,
-              "profile": dict(zip(("min", "opt", "max"), profile_batches(batch_sizes))), "workspace_gb": workspace_gb,
-              "build_time_s": round(build_s, 2), "timing_cache": str(cache), "check_batch": int(x.shape[0]),
-              "max_abs_err_vs_onnxruntime": err, "tolerance": tol, "passed": bool(np.isfinite(out).all()
-                                                                                  and err <= tol),
-              "engine_size": len(blob), "metadata": props}
-    from attnzoo.fileio import atomic_write_text
-
+    contract = ModelContract.from_onnx(onnx_path)
+    lib = rt.load_library()
+    parsed = rt.parse_onnx(onnx_path, lib)
+    report: Dict[str, Any] = {
+        "engine": str(engine_path), "onnx": str(onnx_path), "variant": contract.variant, "task": contract.task,
+        "arch": contract.arch, "dtype": contract.dtype, "input_size": list(contract.input_size),
+        "status": "not built", "onnx_verification": _onnx_verification(onnx_path), "library": lib.name, "library_version": lib.version,
+        "ran_on_gpu": False, "gpu": None, "parity": None, "latency": None, "passed": False, "failures": []}
+    report["network_check"] = net = network_check(parsed, onnx_path, contract)
+    failures = [f"network: {f}" for f in net["failures"]]
+    if not failures:
+        try:
+            built = rt.build(onnx_path, batch_sizes=batch_sizes, input_hw=contract.input_size,
+                             compute_capability=compute_capability, workspace_gb=workspace_gb, parsed=parsed,
+                             timing_cache=timing_cache or engine_path.parent / "tensorrt_timing.cache")
+        except rt.TensorRTError as exc:
+            report.update(passed=False, failures=[f"build: {exc}"], metadata=contract.props)
+            atomic_write_text(engine_report_path(engine_path), json.dumps(report, indent=2) + "\n")
+            raise
+        report.update(built.facts())
+        gpu = rt.gpu_available()
+        do_run = (gpu and built.compute_capability == "CURRENT") if run is None else run
+        if do_run:
+            failures += _run_and_compare(built, contract, onnx_path, seed, report)
+        report["status"] = STATUS_RUN if report["ran_on_gpu"] else STATUS_BUILT
+        if not report["ran_on_gpu"]:
+            report["not_run_reason"] = ("no GPU on this machine: the engine was built ahead of time for "
+                                        f"{built.compute_capability} and never executed; parity and latency not "
+                                        "measured" if not gpu else f"built for {built.compute_capability}, not "
+                                        "for the GPU present (CURRENT); not executed here")
+    report.update(passed=not failures, failures=failures, metadata=contract.props)
     atomic_write_text(engine_report_path(engine_path), json.dumps(report, indent=2) + "\n")
-    if not report["passed"]:
-        raise RuntimeError(f"TensorRT engine differs from ONNX Runtime: max abs err {err:.3g} > {tol:.3g}; "
-                           f"engine not saved (see {engine_report_path(engine_path)})")
-    atomic_write_bytes(engine_path, blob)
+    if failures:
+        raise RuntimeError(f"{'; '.join(failures[:3])}; engine not saved (see {engine_report_path(engine_path)})")
+    atomic_write_bytes(engine_path, built.blob)
     return report
+
+
+def _run_and_compare(built: rt.Built, contract: ModelContract, onnx_path: Path, seed: int,
+                     report: Dict[str, Any]) -> list:
+    """Run the engine on the profile's smallest and largest batch; compare with ONNX Runtime CPU; time it."""
+    import torch
+
+    engine = rt.Engine(built.blob, built.library)
+    session = ort_session(onnx_path, "cpu")
+    rng = np.random.default_rng(seed)
+    failures, rows = [], []
+    for batch in sorted({built.profile["min"], built.profile["max"]}):
+        x = rng.standard_normal(contract.input_shape(batch)).astype(np.float32)
+        ref = session.run(None, {INPUT_NAME: x})[0]
+        c = compare(engine.run(x), ref, contract.dtype)  # TF32 is off in the engine: fp32 is compared as fp32
+        rows.append({"batch": batch, **c})
+        if not c["passed"]:
+            failures.append(f"parity: batch {batch}: error {c['error']:.3g} > {c['tolerance']:g} "
+                            f"(x max(1, max|logit|)) against ONNX Runtime")
+    x = rng.standard_normal(contract.input_shape(built.profile["opt"])).astype(np.float32)
+    report.update(ran_on_gpu=True, gpu=torch.cuda.get_device_name(0),
+                  parity={"reference": "onnxruntime CPUExecutionProvider", "per_batch": rows,
+                          "passed": not failures},
+                  latency=engine.latency_ms(x))
+    return failures
+
+
+def summary(report: Dict[str, Any]) -> str:
+    """Lines for the terminal: what was built, for what, and whether it ran."""
+    lines = [f"{report['engine']}: {report['library']} {report['library_version']} engine for "
+             f"{report['compute_capability']}, profile {report['profile']}, built in {report['build_time_s']:.1f} s, "
+             f"{report['engine_size'] / 1e6:.2f} MB",
+             f"  network check: {report['network_check']['projection_blocks']} projection scope(s), every "
+             f"projection op a fp32 layer{' (and LayerNorm/softmax)' if report['dtype'] == 'fp16' else ''}"]
+    if report["ran_on_gpu"]:
+        worst = max(r["error"] for r in report["parity"]["per_batch"])
+        lines.append(f"  ran on {report['gpu']}: parity vs ONNX Runtime {worst:.2e}, latency "
+                     f"{report['latency']['median_ms']:.3f} ms at batch {report['latency']['batch']}")
+    else:
+        lines.append(f"  BUILT, NOT RUN: {report['not_run_reason']}")
+    return "\n".join(lines)
+
+
+__all__.append("summary")

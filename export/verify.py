@@ -4,9 +4,10 @@ Real inputs are ``shapes`` test images (``attnzoo.training.data.shapes_images``)
 mean/std by :func:`attnzoo.preprocess.normalize`; random inputs are standard normal. Batch sizes always include
 1 and 3, which the export (traced at batch 2) never saw.
 
-Tolerances: fp32 ``max |onnx - eager| <= 1e-4`` on the logits and the same top-1 class for every input
-(classification). fp16 (compared with the fp32 eager model): ``max |err| <= 1e-2 * max(1, max |logit|)``;
-top-1 agreement is reported, not required (ties under fp16 rounding).
+Tolerances: :data:`attnzoo.runtime.parity.TOLERANCES` (the one table), ``max |onnx - eager| <= tol * max(1,
+max |logit|)`` with ``tol`` 1e-4 (fp32) or 1e-2 (fp16, compared with the fp32 eager model), and for fp32
+classifiers the same top-1 class for every input; under fp16 top-1 agreement is reported, not required (ties
+under fp16 rounding).
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ import onnx
 import torch
 from torch import nn
 
+from attnzoo.runtime.parity import TOLERANCES, compare
+from attnzoo.runtime.sessions import ort_session
+
 from .check import check_projection
-from .onnx_export import BATCH_DIM, export_onnx, make_session, metadata_props, op_histogram
+from .onnx_export import BATCH_DIM, export_onnx, metadata_props, op_histogram
 
-__all__ = ["FP32_ATOL", "FP16_RTOL", "EXTRA_BATCH_SIZES", "verify_onnx", "export_verified", "report_path",
-           "failed_report_path", "summary", "VerificationError"]
+__all__ = ["EXTRA_BATCH_SIZES", "verify_onnx", "export_verified", "report_path", "failed_report_path",
+           "summary", "VerificationError"]
 
-FP32_ATOL = 1e-4
-FP16_RTOL = 1e-2
 #: Batch sizes verified on top of the requested ones (the export traces batch 2).
 EXTRA_BATCH_SIZES: Tuple[int, ...] = (1, 3)
 
@@ -60,12 +62,12 @@ def _inputs(config: Mapping[str, Any], hw: Tuple[int, int], n: int, seed: int) -
     return {"real": real, "random": rand}
 
 
-def _compare(out: np.ndarray, ref: np.ndarray) -> Dict[str, Any]:
-    """Errors and top-1 agreement (per image for cls, per pixel for seg)."""
-    err = np.abs(out.astype(np.float64) - ref.astype(np.float64))
-    return {"max_abs_err": float(err.max()), "mean_abs_err": float(err.mean()),
-            "max_abs_logit": float(np.abs(ref).max()), "finite": bool(np.isfinite(out).all()),
-            "top1_agree": float((out.argmax(1) == ref.argmax(1)).mean())}
+def _compare(out: np.ndarray, ref: np.ndarray, dtype: str) -> Dict[str, Any]:
+    """Errors, tolerance and top-1 agreement (per image for cls, per pixel for seg)."""
+    c = compare(out, ref, dtype)
+    return {"max_abs_err": c["max_abs_err"], "mean_abs_err": float(np.abs(out.astype(np.float64) - ref).mean()),
+            "max_abs_logit": c["max_abs_ref"], "finite": c["finite"], "top1_agree": c["top1_agree"],
+            "error": c["error"], "tolerance": c["tolerance"] * max(1.0, c["max_abs_ref"]), "passed": c["passed"]}
 
 
 def verify_onnx(model: nn.Module, path: Union[str, Path], config: Mapping[str, Any], *,
@@ -77,7 +79,7 @@ def verify_onnx(model: nn.Module, path: Union[str, Path], config: Mapping[str, A
     """
     hw = tuple(input_hw) if input_hw else (int(config["img_size"]),) * 2
     sizes = sorted(set(int(b) for b in batch_sizes) | set(EXTRA_BATCH_SIZES))
-    session = make_session(path, threads=threads)
+    session = ort_session(path, "auto", threads=threads)
     batch_dim = session.get_inputs()[0].shape[0]
     failures = [] if isinstance(batch_dim, str) else [f"input batch dimension is fixed ({batch_dim}), not symbolic"]
     data = _inputs(config, hw, max(sizes), seed)
@@ -92,20 +94,18 @@ def verify_onnx(model: nn.Module, path: Union[str, Path], config: Mapping[str, A
             if out.shape != ref.shape:
                 failures.append(f"batch {b} {kind}: output shape {out.shape}, eager {ref.shape}")
                 continue
-            row[kind] = stats = _compare(out, ref)
-            tol = FP32_ATOL if dtype == "fp32" else FP16_RTOL * max(1.0, stats["max_abs_logit"])
-            stats["tolerance"] = tol
+            row[kind] = stats = _compare(out, ref, dtype)
             if not stats["finite"]:
                 failures.append(f"batch {b} {kind}: non-finite logits")
-            elif stats["max_abs_err"] > tol:
-                failures.append(f"batch {b} {kind}: max abs err {stats['max_abs_err']:.3g} > {tol:.3g}")
+            elif not stats["passed"]:
+                failures.append(f"batch {b} {kind}: max abs err {stats['max_abs_err']:.3g} > {stats['tolerance']:.3g}")
             if dtype == "fp32" and config["task"] == "cls" and stats["top1_agree"] < 1.0:
                 failures.append(f"batch {b} {kind}: top-1 differs on {1 - stats['top1_agree']:.1%} of inputs")
         rows.append(row)
     return {"passed": not failures, "failures": failures, "batch_sizes": sizes, "batch_dim": batch_dim,
             "providers": session.get_providers(), "per_batch": rows,
             "max_abs_err": max((r[k]["max_abs_err"] for r in rows for k in data if k in r), default=float("nan")),
-            "tolerance": {"fp32_atol": FP32_ATOL} if dtype == "fp32" else {"fp16_rtol": FP16_RTOL}}
+            "tolerance": {f"{dtype}_x_max(1,max|logit|)": TOLERANCES[dtype]}}
 
 
 def export_verified(model: nn.Module, out: Union[str, Path], config: Mapping[str, Any], *, opset: int = 20,
@@ -161,7 +161,7 @@ def summary(report: Mapping[str, Any]) -> str:
              f"export {report['export_time_s']:.1f} s",
              f"  parity vs eager ({', '.join(par['providers'])}): batch sizes {par['batch_sizes']} "
              f"(dynamic '{report['batch_dim']}'), max abs err {par['max_abs_err']:.2e} "
-             f"(tolerance {next(iter(par['tolerance'].values())):g}{'' if report['dtype'] == 'fp32' else ' x max|logit|'})"]
+             f"(tolerance {next(iter(par['tolerance'].values())):g} x max(1, max|logit|))"]
     if proj["blocks"]:
         lines.append("  projection nodes per block: " + ", ".join(f"{b}={n}" for b, n in proj["nodes_per_block"].items()))
     lines.append(f"  {'PASSED' if report['passed'] else 'FAILED: ' + '; '.join(report['failures'])}")

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Dict, List, Mapping, Optional, Union
 
 import torch
-from timm.layers import PatchEmbed
-from timm.models.vision_transformer import Block, VisionTransformer
+from timm.layers import LayerScale, PatchEmbed
+from timm.models.vision_transformer import Block, ResPostBlock, VisionTransformer
 from torch import nn
 
 from .belief2 import belief2_extra_params
 from .mabvit import PR_MLP_RATIO, ParallelBlock
 from .registry import attention_class, split_options
 from .segmenter import DECODERS, Segmenter
+from .standard import StandardAttention
 from .stem import ConvStemPatchEmbed
 
 __all__ = ["ARCHS", "TASKS", "create_model", "model_config", "load_timm_state_dict", "convert_to_belief2",
@@ -148,25 +150,140 @@ def load_timm_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor
     return sorted(result.missing_keys)
 
 
+#: Block classes whose forward uses ``attn`` only as ``x -> attn(x)``, so swapping the attention is exact.
+_CONVERTIBLE_BLOCKS = (Block, ResPostBlock, ParallelBlock)
+#: ``arch`` of a converted timm ViT whose ``pretrained_cfg`` names no architecture.
+TIMM_DEFAULT_ARCH = "timm-vit"
+
+
+def _belief2_prop1_options() -> Dict[str, Any]:
+    """Belief2 options under which Prop. 1 holds: ``phi = identity``, ``zz`` off, full MLP."""
+    _, attn, model = split_options("belief2", phi="identity", zz=False, param_matched=False)
+    return {**attn, **model}
+
+
+def _set_proj_p_to_proj(attn: nn.Module) -> None:
+    """``W^p = W``, ``b^p = 0``: the bias is added once, by ``proj`` (Belief2 paper, Prop. 1)."""
+    with torch.no_grad():
+        attn.proj_p.weight.copy_(attn.proj.weight)
+        if attn.proj_p.bias is not None:
+            attn.proj_p.bias.zero_()
+
+
+def _check_standard_attention(attn: nn.Module, where: str) -> None:
+    """Refuse what Prop. 1 does not cover.
+
+    Raises:
+        ValueError: ``attn`` is not timm's ``Attention`` or attnzoo's ``standard`` class, or uses
+            ``scale_norm`` / ``gated`` (Belief2 applies those to ``Delta`` only, eq. 15).
+    """
+    from timm.layers import Attention as TimmAttention
+
+    cls = type(attn)
+    if not (cls in (TimmAttention, StandardAttention) or getattr(cls, "variant", None) == "standard"):
+        raise ValueError(f"{where} is a {cls.__module__}.{cls.__name__}, not standard attention "
+                         "(timm.layers.Attention); Prop. 1 covers standard attention only")
+    if not isinstance(attn.norm, nn.Identity):
+        raise ValueError(f"{where} uses scale_norm (a norm before proj); Belief2 would normalise Delta only, "
+                         "so the function would change")
+    if getattr(attn, "gate", None) is not None:
+        raise ValueError(f"{where} is gated; Belief2 would gate Delta only, so the function would change")
+
+
+def _belief2_attention(attn: nn.Module) -> nn.Module:
+    """A Belief2 attention (Prop. 1 options) holding ``attn``'s own qkv, q/k norm and proj modules."""
+    options = _belief2_prop1_options()
+    cls = attention_class("belief2", **{k: options[k] for k in ("phi", "zz", "eps")})
+    weight = attn.qkv.weight
+    new = cls(attn.qkv.in_features, num_heads=attn.num_heads, attn_head_dim=attn.head_dim,
+              dim_out=attn.proj.out_features, qkv_bias=attn.qkv.bias is not None,
+              proj_bias=attn.proj.bias is not None, attn_drop=attn.attn_drop.p, proj_drop=attn.proj_drop.p,
+              device=weight.device, dtype=weight.dtype)
+    new.qkv, new.q_norm, new.k_norm, new.proj = attn.qkv, attn.q_norm, attn.k_norm, attn.proj
+    _set_proj_p_to_proj(new)
+    return new.train(attn.training)
+
+
+def _timm_config(model: VisionTransformer) -> Dict[str, Any]:
+    """attnzoo config of a converted timm ViT: input size from the model, mean/std from its data config.
+
+    mean/std come from ``timm.data.resolve_model_data_config`` (the model's ``pretrained_cfg``; without one,
+    timm's ImageNet default). The input size is the model's own ``patch_embed.img_size``.
+    """
+    from timm.data import resolve_model_data_config
+
+    data = resolve_model_data_config(model)
+    h, w = getattr(model.patch_embed, "img_size", None) or tuple(data["input_size"][1:])
+    pretrained = getattr(model, "pretrained_cfg", None) or {}
+    config = model_config("belief2", "cls", pretrained.get("architecture") or TIMM_DEFAULT_ARCH,
+                          model.num_classes, h, _belief2_prop1_options())
+    if h != w:
+        config["img_size"] = [int(h), int(w)]
+    config["mean"] = [float(m) for m in data["mean"]]
+    config["std"] = [float(s) for s in data["std"]]
+    config["timm"] = {
+        "class": type(model).__name__, "patch_size": list(model.patch_embed.patch_size),
+        "embed_dim": int(model.embed_dim), "depth": len(model.blocks),
+        "num_heads": int(model.blocks[0].attn.num_heads) if len(model.blocks) else 0,
+        "class_token": model.cls_token is not None, "reg_tokens": int(model.num_reg_tokens),
+        "layer_scale": any(isinstance(m, LayerScale) for m in model.modules()),
+        "global_pool": str(model.global_pool),
+    }
+    return config
+
+
+def _convert_timm_vit(model: VisionTransformer) -> nn.Module:
+    """A deep copy of a timm ViT with every block's attention swapped for Belief2 (Prop. 1 options)."""
+    for i, blk in enumerate(model.blocks):
+        if type(blk) not in _CONVERTIBLE_BLOCKS:
+            raise ValueError(f"blocks.{i} is a {type(blk).__name__}; convert_to_belief2 handles "
+                             f"{', '.join(c.__name__ for c in _CONVERTIBLE_BLOCKS)} blocks")
+        _check_standard_attention(blk.attn, f"blocks.{i}.attn")
+    out = copy.deepcopy(model)
+    for blk in out.blocks:
+        blk.attn = _belief2_attention(blk.attn)
+    out.attnzoo_config = _timm_config(model)
+    return out.eval()
+
+
 def convert_to_belief2(source: Union[nn.Module, Mapping[str, torch.Tensor]], **create_kwargs: Any) -> nn.Module:
-    """Turn a standard model (or a timm-named standard state dict) into Belief2 with the same function.
+    """Turn a standard model (a timm ViT, an attnzoo ``standard`` model or a timm-named state dict) into
+    Belief2 computing the same function.
 
     Belief2 with ``phi = identity``, ``zz`` off and ``W^p = W`` equals standard attention (Belief2 paper,
     Prop. 1): ``(MH - aV) W + b + (aV) W = MH W + b``. So ``proj_p.weight = proj.weight`` and
     ``proj_p.bias = 0`` (the bias is added once, by ``proj``).
 
+    A timm ``VisionTransformer`` (any patch size, width, depth, heads, LayerScale, class/register tokens,
+    pooling) is deep-copied and each block's ``attn`` is swapped; everything else stays as timm built it
+    (an ``attn_pool`` head keeps its own attention). Its ``attnzoo_config`` holds the input size, and mean/std
+    from timm's data config (``timm.data.resolve_model_data_config``: the ``pretrained_cfg``, else timm's
+    ImageNet default), so ``export_onnx(model, path)`` needs no config; edit ``model.attnzoo_config`` to
+    override them.
+
     Args:
-        source: A model from ``create_model("standard", ...)`` or a standard ViT state dict.
+        source: A timm ``VisionTransformer``, a model from ``create_model("standard", ...)``, or a standard
+            ViT state dict.
         **create_kwargs: ``create_model`` arguments (task, arch, num_classes, img_size ...) when ``source`` is
-            a state dict; ignored for a model, whose ``attnzoo_config`` is used.
+            a state dict; not accepted for a model.
 
     Returns:
-        The Belief2 model in eval mode.
+        The Belief2 model in eval mode, with ``attnzoo_config``.
+
+    Raises:
+        ValueError: the source is not standard attention (another variant, a non-standard attention or block
+            class, ``scale_norm``, gating), or its weights do not fit.
     """
     if isinstance(source, nn.Module):
+        if create_kwargs:
+            raise ValueError(f"{', '.join(sorted(create_kwargs))}: only for a state dict; a model describes itself")
         cfg = getattr(source, "attnzoo_config", None)
+        if cfg is None and isinstance(source, VisionTransformer):
+            return _convert_timm_vit(source)
         if cfg is None or cfg["variant"] != "standard":
-            raise ValueError("convert_to_belief2 needs a 'standard' model built by attnzoo.models.create_model")
+            raise ValueError("convert_to_belief2 needs a timm VisionTransformer with standard attention or a "
+                             f"'standard' model built by attnzoo.models.create_model; got a "
+                             f"{cfg['variant'] if cfg else type(source).__name__!r} model")
         kwargs = {"task": cfg["task"], "arch": cfg["arch"], "num_classes": cfg["num_classes"],
                   "img_size": cfg["img_size"]}
         if cfg["task"] == "seg":
@@ -177,7 +294,7 @@ def convert_to_belief2(source: Union[nn.Module, Mapping[str, torch.Tensor]], **c
         state = dict(source)
         if "num_classes" not in kwargs and "head.weight" in state and kwargs.get("task", "cls") == "cls":
             kwargs["num_classes"] = state["head.weight"].shape[0]
-    model = create_model("belief2", phi="identity", zz=False, param_matched=False, **kwargs)
+    model = create_model("belief2", **_belief2_prop1_options(), **kwargs)
     if isinstance(source, nn.Module):
         result = model.load_state_dict(state, strict=False)
         missing, unexpected = result.missing_keys, result.unexpected_keys
@@ -189,10 +306,7 @@ def convert_to_belief2(source: Union[nn.Module, Mapping[str, torch.Tensor]], **c
     if not_proj_p:
         raise ValueError(f"the standard weights lack: {', '.join(not_proj_p[:20])}")
     encoder = model.encoder if isinstance(model, Segmenter) else model
-    with torch.no_grad():
-        for blk in encoder.blocks:
-            blk.attn.proj_p.weight.copy_(blk.attn.proj.weight)
-            if blk.attn.proj_p.bias is not None:
-                blk.attn.proj_p.bias.zero_()
+    for blk in encoder.blocks:
+        _set_proj_p_to_proj(blk.attn)
     return model.eval()
 

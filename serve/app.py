@@ -112,12 +112,22 @@ class DemoModels:
 
 
 # ----------------------------------------------------------------------------------------------- handlers
+def known_classes_note(model: ServedModel) -> str:
+    """What a model can answer: its classes, and that anything else is still forced into one of them."""
+    skip = set(background_classes(model.class_names))
+    names = [n for i, n in enumerate(model.class_names) if i not in skip]
+    return (f"This model knows only {len(names)} classes ({', '.join(names)}) from "
+            f"{model.input_size[0]}x{model.input_size[1]} px training images. Anything else -- a cat, a street, "
+            "a garment photographed on a busy background -- is still put into one of them, so its probability "
+            "says nothing about such an image.")
+
+
 def _classify(models: DemoModels, img: Image.Image, variant: str) -> Tuple[Dict[str, float], float, str]:
     model = models.get("cls", variant)
     probs, ms = classify(model, img)
     entry = ex.find_example(img)
-    note = f"Example image; true class: **{entry['label']}**." if entry and entry.get("label") else ""
-    return probs, round(ms, 3), note
+    truth = f"Example image; true class: **{entry['label']}**.\n\n" if entry and entry.get("label") else ""
+    return probs, round(ms, 3), truth + known_classes_note(model)
 
 
 def _segment_state(models: DemoModels, img: Image.Image, variant: str, max_side: Optional[int]) -> Dict:
@@ -213,7 +223,7 @@ def _classify_tab(models: DemoModels) -> None:
                                               interactive=bool(models.names("cls")))
             variant = _variant_dropdown(models, "cls")
             if ex.example_paths("cls"):
-                gr.Examples(ex.example_paths("cls"), inputs=image, label="shapes examples")
+                gr.Examples(ex.example_paths("cls"), inputs=image, label=ex.title())
         with gr.Column():
             label = gr.Label(num_top_classes=5, label="top-5", elem_id="cls-label")
             latency = gr.Number(None, label="model latency (ms)", precision=3, elem_id="cls-latency")
@@ -248,7 +258,7 @@ def _segment_tab(models: DemoModels, max_side: Optional[int]) -> None:
             button = gr.Button("Segment", variant="primary", elem_id="seg-button",
                                interactive=bool(models.names("seg")))
             if ex.example_paths("seg"):
-                gr.Examples(ex.example_paths("seg"), inputs=image, label="shapes examples (with true masks)")
+                gr.Examples(ex.example_paths("seg"), inputs=image, label=f"{ex.title()} (with true masks)")
         with gr.Column():
             shown = gr.Image(label="mask overlay", format="png", interactive=False, elem_id="seg-overlay",
                              elem_classes="pixelated")
@@ -287,7 +297,7 @@ def _compare_tab(models: DemoModels, max_side: Optional[int]) -> None:
                             label="task")
             button = gr.Button("Run every variant", variant="primary", elem_id="cmp-button", interactive=bool(tasks))
             if ex.example_paths():
-                gr.Examples(ex.example_paths(), inputs=image, label="shapes examples")
+                gr.Examples(ex.example_paths(), inputs=image, label=ex.title())
         with gr.Column(scale=2):
             gallery = gr.Gallery(label="one result per variant", columns=4, format="png", object_fit="contain",
                                  elem_id="cmp-gallery", height="auto")
@@ -310,8 +320,12 @@ def _compare_tab(models: DemoModels, max_side: Optional[int]) -> None:
 
 def _header(models: DemoModels, backend: str, source: str) -> str:
     n_cls, n_seg = len(models.names("cls")), len(models.names("seg"))
+    served = [m for table in models.by_task.values() for m in table.values()]
+    known = sorted({n for m in served for i, n in enumerate(m.class_names) if i not in background_classes(m.class_names)})
     return (f"# attnzoo demo\nAttention variants side by side: {n_cls} classifiers, {n_seg} segmenters, "
-            f"served by **{backend}** from {source}. Everything runs on this machine; nothing leaves it.")
+            f"served by **{backend}** from {source}. Everything runs on this machine; nothing leaves it.\n\n"
+            f"**What the models know:** {len(known)} classes ({', '.join(known)}). Every image is put into one of "
+            "them, whatever it shows; the examples below are the kind of image they were trained on.")
 
 
 def build_demo(models: Sequence[ServedModel], *, source: str = "the zoo", seg_max_side: Optional[int] = None

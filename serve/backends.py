@@ -67,9 +67,9 @@ def backend_problem(backend: str) -> Optional[str]:
     if backend not in BACKENDS:
         return f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}"
     if backend == "tensorrt":
-        from attnzoo.export.tensorrt import tensorrt_unavailable_reason
+        from attnzoo.runtime.tensorrt import unavailable_reason
 
-        reason = tensorrt_unavailable_reason()
+        reason = unavailable_reason(run=True)
         if reason:
             return f"the tensorrt backend is not available: {reason}; use --backend onnxruntime (CPU) instead"
     return None
@@ -77,9 +77,10 @@ def backend_problem(backend: str) -> Optional[str]:
 
 def _onnx_runner(path: Path, threads: Optional[int]) -> Tuple[Callable, bool]:
     """A reused ONNX Runtime CPU session as ``run(x) -> logits``, and whether its H, W are fixed."""
-    from attnzoo.export import INPUT_NAME, OUTPUT_NAME, make_session
+    from attnzoo.runtime.contract import INPUT_NAME, OUTPUT_NAME
+    from attnzoo.runtime.sessions import ort_session
 
-    session = make_session(path, threads=threads, providers=["CPUExecutionProvider"])
+    session = ort_session(path, "cpu", threads=threads)
     inp = session.get_inputs()[0]
     dtype = np.float16 if "float16" in inp.type else np.float32
     fixed = all(isinstance(d, int) for d in inp.shape[2:])
@@ -92,18 +93,19 @@ def _onnx_runner(path: Path, threads: Optional[int]) -> Tuple[Callable, bool]:
 
 def _tensorrt_runner(path: Path, cache_dir: Optional[Path]) -> Tuple[Callable, bool]:
     """A TensorRT engine built once from an ONNX file (cached under ``<cache>/tensorrt``, keyed by the file's
-    hash, checked against ONNX Runtime by the builder) as ``run(x) -> logits``; H, W are fixed."""
+    hash; the runtime's builder checks it against ONNX Runtime before saving) as ``run(x) -> logits``; H, W are
+    fixed."""
+    from attnzoo.export.tensorrt import build_engine
     from attnzoo.fileio import sha256_file
-    from attnzoo.export.tensorrt import build_engine, load_engine, run_engine
+    from attnzoo.runtime.tensorrt import Engine
 
     engine_path = (Path(cache_dir or default_cache_dir()) / "tensorrt"
                    / f"{path.stem}-{sha256_file(path)[:16]}.engine")
     if not engine_path.is_file():
         engine_path.parent.mkdir(parents=True, exist_ok=True)
-        build_engine(path, engine_path, batch_sizes=(1, SLIDING_BATCH))
-    engine = load_engine(engine_path)
-    context = engine.create_execution_context()
-    return (lambda x: run_engine(engine, x, context)), True
+        build_engine(path, engine_path, batch_sizes=(1, SLIDING_BATCH), run=True)
+    engine = Engine(engine_path)
+    return engine.run, True
 
 
 def _torch_runner(model) -> Callable:
@@ -182,21 +184,14 @@ def load_onnx_dir(directory: Path, backend: str = "onnxruntime", threads: Option
     names vs logits) or fails to load is skipped with a warning naming it and the reason."""
     from tqdm import tqdm
 
-    from attnzoo.checkpoint import validate_config
-    from attnzoo.export import config_from_props, metadata_props
-    from attnzoo.limits import check_side
+    from attnzoo.runtime.contract import ModelContract
 
     models = []
     paths = _model_files(directory, ".onnx")
     for path in tqdm(paths, desc=f"loading models ({backend})", unit="model", disable=len(paths) < 4):
         try:
-            props = metadata_props(path)  # one read of the file's metadata
-            config = validate_config(config_from_props(props, path.name), path.name)
-            input_size = json.loads(props.get("input_size", "null")) or [config["img_size"]] * 2
-            if not isinstance(input_size, list) or len(input_size) != 2:
-                raise ValueError(f"input_size metadata must be [H, W], got {props.get('input_size')!r}")
-            for side in input_size:
-                check_side(side, "input_size")
+            contract = ModelContract.from_onnx(path)  # one read of the file's metadata, validated
+            config, input_size = contract.config, contract.input_size
             run, fixed = _tensorrt_runner(path, cache_dir) if backend == "tensorrt" else _onnx_runner(path, threads)
             models.append(_warmed_up(_from_config(config, run, fixed, path, backend, input_size)))
         except Exception as exc:  # onnx, onnxruntime and tensorrt raise their own types; skip the file, say why
@@ -253,7 +248,7 @@ def export_zoo(data: str = DEFAULT_DATA, cache_dir: Optional[Path] = None) -> Pa
     from tqdm import tqdm
 
     from attnzoo import zoo
-    from attnzoo.export import export_onnx, metadata_props
+    from attnzoo.export import export_verified, metadata_props
 
     rows = _zoo_rows(data)
     digest = hashlib.sha256(json.dumps(zoo.manifest(), sort_keys=True).encode()).hexdigest()[:12]
@@ -269,8 +264,9 @@ def export_zoo(data: str = DEFAULT_DATA, cache_dir: Optional[Path] = None) -> Pa
     todo = [e for e in rows if not fresh(folder / f"{e['variant']}_{e['task']}_{data}.onnx", e["sha256"])]
     for e in tqdm(todo, desc=f"exporting zoo models to ONNX ({folder})", unit="model", disable=not todo):
         model, config = zoo.load(e["variant"], e["task"], data)
-        export_onnx(model, folder / f"{e['variant']}_{e['task']}_{data}.onnx", config=config,
-                    checkpoint_sha256=e["sha256"])
+        # verified the way export-model verifies (a failing model is not left in the folder)
+        export_verified(model, folder / f"{e['variant']}_{e['task']}_{data}.onnx", config, batch_sizes=(1,),
+                        checkpoint_sha256=e["sha256"])
     return folder
 
 

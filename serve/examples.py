@@ -1,4 +1,4 @@
-"""The example images the demo ships: ``shapes`` scenes from the training data generator, with their true
+"""The example images the demo ships: Fashion-MNIST test images and composed test scenes, with their true
 class (classification) or true mask (segmentation), indexed by a hash of their pixels so that the demo
 recognises an uploaded example and shows its per-class IoU.
 
@@ -19,7 +19,7 @@ from PIL import Image
 
 from attnzoo.fileio import atomic_path, atomic_write_text
 
-__all__ = ["EXAMPLES_DIR", "pixel_hash", "index", "example_paths", "find_example", "true_mask", "generate"]
+__all__ = ["EXAMPLES_DIR", "pixel_hash", "index", "title", "example_paths", "find_example", "true_mask", "generate"]
 
 EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
 INDEX_NAME = "index.json"
@@ -36,6 +36,11 @@ def index(folder: Path = EXAMPLES_DIR) -> Dict:
     """The parsed ``index.json`` (``{"examples": [...]}``); empty when the folder has none."""
     path = Path(folder) / INDEX_NAME
     return json.loads(path.read_text()) if path.is_file() else {"examples": []}
+
+
+def title(folder: Path = EXAMPLES_DIR) -> str:
+    """What the examples are, for the demo's labels."""
+    return index(folder).get("title", "examples")
 
 
 def example_paths(task: Optional[str] = None, folder: Path = EXAMPLES_DIR) -> List[str]:
@@ -59,50 +64,55 @@ def _save_png(array: np.ndarray, path: Path) -> None:
         Image.fromarray(array).save(tmp, format="PNG")
 
 
-def generate(folder: Path = EXAMPLES_DIR, n_cls: int = 4, n_seg: int = 4, img_size: int = 128,
-             seed: int = 0) -> Dict:
-    """Write ``n_cls`` classification and ``n_seg`` segmentation scenes (PNG, masks as 8-bit class
+def generate(folder: Path = EXAMPLES_DIR, n_cls: int = 6, n_seg: int = 4, seed: int = 0) -> Dict:
+    """Write ``n_cls`` classification images and ``n_seg`` segmentation scenes (PNG, masks as 8-bit class
     indices) and ``index.json`` into ``folder``; return the index.
 
-    Scenes come from the ``test`` split of :func:`attnzoo.training.data.shapes_images` at ``img_size``
-    pixels (the generator draws the same scenes at any size; the demo downscales them to the model's size).
+    Both come from the official Fashion-MNIST test split at the zoo recipes' sizes: the first test image of each
+    of the first ``n_cls`` classes, and the first ``n_seg`` composed test scenes
+    (:func:`attnzoo.training.fashion.fashion`). Needs Debian's ``dataset-fashion-mnist``.
     """
-    from attnzoo.training.data import SHAPES_CLASSES, SHAPES_SEG_CLASSES, shapes_images
+    from attnzoo.training.fashion import FASHION_CLASSES, FASHION_SEG_CLASSES, fashion
+    from attnzoo.training.zoo import RECIPES
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     entries = []
-    for task, n in (("cls", n_cls), ("seg", n_seg)):
-        images, labels, masks = shapes_images(n, img_size=img_size, split="test", seed=seed, task=task)
-        for i in range(n):
-            name = f"shapes_{task}_{i}"
-            entry = {"image": f"{name}.png", "task": task, "sha256": pixel_hash(Image.fromarray(images[i]))}
-            _save_png(images[i], folder / entry["image"])
-            if task == "cls":
-                entry["label"] = SHAPES_CLASSES[int(labels[i])]
-            else:
-                entry["mask"] = f"{name}_mask.png"
-                entry["classes"] = sorted({SHAPES_SEG_CLASSES[c] for c in np.unique(masks[i])})
-                _save_png(masks[i], folder / entry["mask"])
-            entries.append(entry)
-    data = {"generator": {"function": "attnzoo.training.data.shapes_images", "split": "test", "seed": seed,
-                          "img_size": img_size},
-            "classes": {"cls": list(SHAPES_CLASSES), "seg": list(SHAPES_SEG_CLASSES)},
-            "examples": entries}
+    cls = fashion("test", "cls", RECIPES["fashion/cls"]["img_size"])
+    firsts = [int(np.flatnonzero(cls.labels == c)[0]) for c in range(min(n_cls, len(FASHION_CLASSES)))]
+    for i, j in enumerate(firsts):
+        name = f"fashion_cls_{i}"
+        entry = {"image": f"{name}.png", "task": "cls", "sha256": pixel_hash(Image.fromarray(cls.images[j])),
+                 "label": FASHION_CLASSES[int(cls.labels[j])], "test_index": j}
+        _save_png(cls.images[j], folder / entry["image"])
+        entries.append(entry)
+    seg = fashion("test", "seg", RECIPES["fashion/seg"]["img_size"], n_seg, seed)
+    for i in range(n_seg):
+        name = f"fashion_seg_{i}"
+        entry = {"image": f"{name}.png", "task": "seg", "sha256": pixel_hash(Image.fromarray(seg.images[i])),
+                 "mask": f"{name}_mask.png", "classes": sorted({FASHION_SEG_CLASSES[c] for c in np.unique(seg.masks[i])})}
+        _save_png(seg.images[i], folder / entry["image"])
+        _save_png(seg.masks[i], folder / entry["mask"])
+        entries.append(entry)
+    data = {"title": "Fashion-MNIST test images", "generator": {"function": "attnzoo.serve.examples.generate",
+                                                             "split": "test", "seed": seed},
+            "classes": {"cls": list(FASHION_CLASSES), "seg": list(FASHION_SEG_CLASSES)}, "examples": entries}
+    for old in folder.glob("*.png"):  # examples of an earlier generator
+        if old.name not in {e["image"] for e in entries} | {e.get("mask") for e in entries}:
+            old.unlink()
     atomic_write_text(folder / INDEX_NAME, json.dumps(data, indent=2) + "\n")
     index.cache_clear()
     return data
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    """``python -m attnzoo.serve.examples [--out DIR] [--n-cls N] [--n-seg N] [--size PX]``."""
+    """``python -m attnzoo.serve.examples [--out DIR] [--n-cls N] [--n-seg N]``."""
     parser = argparse.ArgumentParser(description="Regenerate the demo's example images.")
     parser.add_argument("--out", type=Path, default=EXAMPLES_DIR)
-    parser.add_argument("--n-cls", type=int, default=4)
+    parser.add_argument("--n-cls", type=int, default=6)
     parser.add_argument("--n-seg", type=int, default=4)
-    parser.add_argument("--size", type=int, default=128)
     args = parser.parse_args(argv)
-    data = generate(args.out, args.n_cls, args.n_seg, args.size)
+    data = generate(args.out, args.n_cls, args.n_seg)
     print(f"wrote {len(data['examples'])} examples to {args.out}")
 
 

@@ -32,6 +32,7 @@ from attnzoo.export import verify as verify_mod
 from attnzoo.export.cli import main as export_main
 from attnzoo.models import create_model
 from attnzoo.preprocess import ImageTooLargeError, load_image
+from attnzoo.runtime.parity import TOLERANCES
 from attnzoo.serve.backends import load_models
 from attnzoo.training import cli as train_cli
 from attnzoo.training.train import TrainConfig, train
@@ -154,7 +155,7 @@ def test_demo_skips_malformed_models_and_serves_the_rest(good_onnx, tmp_path, ca
     assert [Path(m.source).name for m in models] == ["good.onnx"]
     err = capsys.readouterr().err
     assert "warning: skipping empty_config.onnx: " in err and "missing variant" in err
-    assert "warning: skipping bad_size.onnx: input_size must be an integer in 1..2048, got 0" in err
+    assert "warning: skipping bad_size.onnx: " in err and "bad_size.onnx: input_size must be an integer in 1..2048, got 0" in err
 
 
 def test_demo_fails_only_when_nothing_is_servable(good_onnx, tmp_path):
@@ -232,13 +233,13 @@ def test_failed_export_keeps_the_good_model_and_its_report(tmp_path, monkeypatch
     out = tmp_path / "m.onnx"
     verify_mod.export_verified(model, out, model.attnzoo_config, batch_sizes=(1,))
     good_model, good_report = out.read_bytes(), verify_mod.report_path(out).read_text()
-    monkeypatch.setattr(verify_mod, "FP32_ATOL", -1.0)  # no export can pass
-    with pytest.raises(verify_mod.VerificationError, match="m.onnx was not written"):
-        verify_mod.export_verified(create_model("belief", "cls", "micro", num_classes=3), out,
-                                   model.attnzoo_config, batch_sizes=(1,))
+    with monkeypatch.context() as patch:
+        patch.setitem(TOLERANCES, "fp32", -1.0)  # no export can pass
+        with pytest.raises(verify_mod.VerificationError, match="m.onnx was not written"):
+            verify_mod.export_verified(create_model("belief", "cls", "micro", num_classes=3), out,
+                                       model.attnzoo_config, batch_sizes=(1,))
     assert out.read_bytes() == good_model and verify_mod.report_path(out).read_text() == good_report
     assert json.loads(verify_mod.failed_report_path(out).read_text())["passed"] is False
-    monkeypatch.setattr(verify_mod, "FP32_ATOL", 1e-4)
     verify_mod.export_verified(model, out, model.attnzoo_config, batch_sizes=(1,))
     assert not verify_mod.failed_report_path(out).exists()  # a stale failure report is removed
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.report.json"]

@@ -18,7 +18,7 @@ from attnzoo.export import (BATCH_DIM, assert_projection, check_projection, expo
 from attnzoo.export import verify as verify_mod
 from attnzoo.export.check import PROJECTION_MODULES, REQUIRED_OPS, ProjectionCheckError
 from attnzoo.export.cli import main
-from attnzoo.export.tensorrt import INSTALL_HINT, build_engine, tensorrt_unavailable_reason
+from attnzoo.runtime.parity import TOLERANCES
 from attnzoo.models import ARCHS, PROJECTION_VARIANTS, VARIANT_NAMES, create_model
 
 DEPTH = ARCHS["micro"]["depth"]
@@ -173,7 +173,7 @@ def test_fp16_graph_keeps_fp32_islands(exported):
             pytest.skip(f"ONNX Runtime CPU cannot run this fp16 graph: {str(exc).splitlines()[0]}")
         raise
     assert report["passed"], report["failures"]
-    assert report["parity"]["max_abs_err"] <= verify_mod.FP16_RTOL * max(
+    assert report["parity"]["max_abs_err"] <= TOLERANCES["fp16"] * max(
         1.0, max(r["real"]["max_abs_logit"] for r in report["parity"]["per_batch"]))
     proto = onnx.load(str(path))
     assert metadata_props(path)["dtype"] == "fp16"
@@ -188,7 +188,7 @@ def test_fp16_graph_keeps_fp32_islands(exported):
 
 
 def test_failed_verification_leaves_no_model(tmp_path, monkeypatch):
-    monkeypatch.setattr(verify_mod, "FP32_ATOL", -1.0)  # no export can pass
+    monkeypatch.setitem(TOLERANCES, "fp32", -1.0)  # no export can pass
     model = create_model("belief", "cls", "micro", num_classes=3)
     out = tmp_path / "m.onnx"
     with pytest.raises(verify_mod.VerificationError, match="failed verification"):
@@ -287,30 +287,6 @@ def test_cli_help_lists_variants_and_archs(capsys):
     assert info.value.code == 0
     text = capsys.readouterr().out
     assert all(v in text for v in VARIANT_NAMES) and all(a in text for a in ARCHS)
-
-
-# ------------------------------------------------------------------------------------------------ TensorRT
-
-TRT_REASON = tensorrt_unavailable_reason()
-
-
-def test_cli_tensorrt_missing_names_the_install_command():
-    if TRT_REASON is None:
-        pytest.skip("tensorrt and a GPU are available here")
-    msg = _cli_error(["--variant", "belief2", "--random-init", "--format", "tensorrt"])
-    assert INSTALL_HINT in msg or "GPU" in msg
-
-
-@pytest.mark.tensorrt
-@pytest.mark.skipif(TRT_REASON is not None, reason=str(TRT_REASON))
-@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
-def test_tensorrt_engine_matches_onnxruntime(exported, tmp_path, dtype):
-    _, path, _ = exported("belief2", "cls", dtype)
-    report = build_engine(path, tmp_path / "b2.engine", batch_sizes=(1, 4, 8),
-                          timing_cache=tmp_path / "timing.cache")
-    assert report["passed"] and (tmp_path / "b2.engine").stat().st_size > 0
-    assert report["profile"] == {"min": 1, "opt": 4, "max": 8}
-    assert (tmp_path / "timing.cache").is_file()
 
 
 @pytest.mark.slow

@@ -20,29 +20,31 @@ from attnzoo.preprocess import fit_size
 from attnzoo.serve.app import DISPLAY_MAX_SIDE
 from attnzoo.serve.cli import main as cli_main
 from attnzoo.serve.screenshot import CHROMIUM
-from attnzoo.training.data import SHAPES_CLASSES, SHAPES_SEG_CLASSES
+from attnzoo.training.fashion import DEFAULT_ROOT as FASHION_ROOT
+from attnzoo.training.fashion import FASHION_CLASSES, FASHION_SEG_CLASSES
+from attnzoo.training.zoo import RECIPES
 
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client import Client, handle_file  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-SHAPES = list(SHAPES_CLASSES)
+CLASSES = list(FASHION_CLASSES)
 SERVED = [("standard", "cls"), ("belief2", "cls"), ("standard", "seg")]
 
 
 def _make_model(variant: str, task: str):
-    """The zoo's model when the zoo has it, else a random-init micro model with the shapes classes."""
+    """The zoo's Fashion-MNIST model when the zoo has it, else a random-init micro-conv model with its classes."""
     import torch
 
     from attnzoo import zoo
     from attnzoo.models import create_model
 
-    if variant in zoo.available(task, "shapes"):
-        return zoo.load(variant, task, "shapes")
-    names = SHAPES_CLASSES if task == "cls" else SHAPES_SEG_CLASSES
+    if variant in zoo.available(task, "fashion"):
+        return zoo.load(variant, task, "fashion")
+    names = FASHION_CLASSES if task == "cls" else FASHION_SEG_CLASSES
     torch.manual_seed(0)
-    model = create_model(variant, task=task, num_classes=len(names)).eval()
+    model = create_model(variant, task=task, arch="micro-conv", num_classes=len(names)).eval()
     return model, {**model.attnzoo_config, "class_names": names, "mean": [0.5] * 3, "std": [0.5] * 3}
 
 
@@ -134,10 +136,10 @@ def test_classify_endpoint(client, images, name):
     label, latency, _ = client.predict(handle_file(images[name]), "standard", api_name="/classify")
     conf = [c["confidence"] for c in label["confidences"]]
     assert [c["label"] for c in label["confidences"]][0] == label["label"]
-    assert len(conf) == 5 and {c["label"] for c in label["confidences"]} <= set(SHAPES)
+    assert len(conf) == 5 and {c["label"] for c in label["confidences"]} <= set(CLASSES)
     assert conf == sorted(conf, reverse=True) and all(0 <= p <= 1 for p in conf)
     # the top 5 of K probabilities hold at least 5/K of the mass, at most all of it
-    assert 5 / len(SHAPES) - 1e-6 <= sum(conf) <= 1 + 1e-6
+    assert 5 / len(CLASSES) - 1e-6 <= sum(conf) <= 1 + 1e-6
     assert isinstance(latency, float) and 0 < latency < 60_000
 
 
@@ -146,6 +148,13 @@ def test_classify_reports_true_class_of_an_example(client):
     entry = examples.find_example(Image.open(path))
     _, _, note = client.predict(handle_file(path), "belief2", api_name="/classify")
     assert entry["label"] in note
+
+
+def test_every_answer_says_what_the_model_knows(client, images):
+    """A photo of something else must not come back as a bare confident label."""
+    _, _, note = client.predict(handle_file(images["rgb"]), "standard", api_name="/classify")
+    assert "knows only 10 classes" in note and all(name in note for name in CLASSES)
+    assert "says nothing about such an image" in note
 
 
 @pytest.mark.parametrize("name", GOOD)
@@ -158,7 +167,7 @@ def test_segment_endpoint(client, images, name):
     assert Image.open(shown).size == (w, h)  # the overlay has the image's size
     rows = legend["data"]
     assert legend["headers"] == ["colour", "class", "pixels %", "IoU"]
-    assert {r[1] for r in rows} <= set(SHAPES_SEG_CLASSES)
+    assert {r[1] for r in rows} <= set(FASHION_SEG_CLASSES)
     assert sum(r[2] for r in rows) == pytest.approx(100, abs=0.1)
     assert isinstance(latency, float) and latency > 0
 
@@ -248,13 +257,14 @@ def test_demo_without_classifiers(served, images):
 def test_classify_probabilities_sum_to_one(served, images):
     model = next(m for m in served if m.task == "cls")
     probs, ms = predict.classify(model, images["rgba"], k=100)
-    assert set(probs) == set(SHAPES) and sum(probs.values()) == pytest.approx(1.0, abs=1e-6) and ms > 0
+    assert set(probs) == set(CLASSES) and sum(probs.values()) == pytest.approx(1.0, abs=1e-6) and ms > 0
 
 
 def test_sliding_windows_on_a_fixed_size_model(served, images):
     seg = next(m for m in served if m.task == "seg")
-    assert seg.fixed_size and seg.input_size == (32, 32)
-    mask, _ = predict.segment(seg, images["large"], max_side=100)  # 100 x 63 px -> 4 x 3 windows
+    side = RECIPES["fashion/seg"]["img_size"]
+    assert seg.fixed_size and seg.input_size == (side, side)
+    mask, _ = predict.segment(seg, images["large"], max_side=100)  # 100 x 63 px -> several windows
     assert mask.shape == (1500, 2400) and mask.max() < len(seg.class_names)
 
 
@@ -280,7 +290,7 @@ def test_pytorch_backend_matches_onnxruntime(models_dir, served, images):
 def test_tensorrt_backend_matches_onnxruntime(models_dir, served, images, tmp_path):
     from attnzoo.export.tensorrt import tensorrt_unavailable_reason
 
-    reason = tensorrt_unavailable_reason()
+    reason = tensorrt_unavailable_reason(run=True)
     if reason:
         pytest.skip(reason)
     engines = load_models(models_dir, backend="tensorrt", cache_dir=tmp_path)
@@ -289,9 +299,9 @@ def test_tensorrt_backend_matches_onnxruntime(models_dir, served, images, tmp_pa
 
 
 def test_non_finite_outputs_are_refused():
-    model = ServedModel(name="nan", variant="standard", task="cls", class_names=SHAPES, input_size=(32, 32),
+    model = ServedModel(name="nan", variant="standard", task="cls", class_names=CLASSES, input_size=(32, 32),
                         mean=(0.5,) * 3, std=(0.5,) * 3, fixed_size=True,
-                        run=lambda x: np.full((x.shape[0], len(SHAPES)), np.nan, np.float32))
+                        run=lambda x: np.full((x.shape[0], len(CLASSES)), np.nan, np.float32))
     with pytest.raises(ValueError, match="non-finite"):
         predict.classify(model, Image.new("RGB", (8, 8)))
 
@@ -309,6 +319,8 @@ def test_shipped_examples_match_their_index():
             assert names == set(e["classes"])
 
 
+@pytest.mark.skipif(not (FASHION_ROOT / "t10k-images-idx3-ubyte.gz").is_file(),
+                    reason="regenerating the examples needs Debian's dataset-fashion-mnist")
 def test_examples_are_regenerated_identically(tmp_path):
     data = examples.generate(tmp_path, n_cls=1, n_seg=1)
     shipped = {e["image"]: e for e in examples.index()["examples"]}
@@ -346,8 +358,8 @@ def test_cli_errors_are_one_line(argv, message):
 def test_cli_tensorrt_says_why_it_is_unavailable(tmp_path):
     from attnzoo.export.tensorrt import tensorrt_unavailable_reason
 
-    if tensorrt_unavailable_reason() is None:
-        pytest.skip("TensorRT is available here")
+    if tensorrt_unavailable_reason(run=True) is None:
+        pytest.skip("TensorRT and a GPU are available here")
     with pytest.raises(SystemExit, match="error: the tensorrt backend is not available: .*use --backend onnxruntime"):
         cli_main(["--models", str(tmp_path), "--backend", "tensorrt"])
 
@@ -395,7 +407,7 @@ def test_browser_classify_and_segment(server):
     from attnzoo.serve.screenshot import capture
 
     report = capture(server, ROOT / "test-artifacts")
-    assert len(report["labels"]) == 5 and set(report["labels"]) <= set(SHAPES)
+    assert len(report["labels"]) == 5 and set(report["labels"]) <= set(CLASSES)
     assert report["overlay_size"] == Image.open(examples.example_paths("seg")[0]).size
     assert "background" in report["legend"]  # the example's true mask has background: its IoU row is shown
     assert all(f.stat().st_size > 10_000 for f in report["files"]) and len(report["files"]) == 2

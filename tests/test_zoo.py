@@ -1,6 +1,8 @@
 """The model zoo: every file matches its manifest sha256, every model loads by variant and task and
 reproduces its recorded test metric; the zoo is complete, has learned, and explains its weak models."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -9,17 +11,29 @@ from attnzoo.fileio import sha256_file
 from attnzoo.models import VARIANT_NAMES
 from attnzoo.training.data import load_data
 from attnzoo.training.train import evaluate
-from attnzoo.training.zoo import DIGITS_VARIANTS, SUBSET_N, background_miou
+from attnzoo.training.fashion import DEFAULT_ROOT, fashion
+from attnzoo.training.zoo import DIGITS_VARIANTS, RECIPES, SUBSET_N, background_miou
 
 ENTRIES = zoo.entries()
 pytestmark = pytest.mark.skipif(not ENTRIES, reason="zoo not built yet (python -m attnzoo.training.zoo build)")
 _DATA = {}
+FULL_FASHION = (DEFAULT_ROOT / "t10k-images-idx3-ubyte.gz").is_file()
+SUBSET_FILES = Path(__file__).parent / "data" / "fashion-mnist"
 
 
 def _test_subset(data: str, task: str, n: int):
+    """The first ``n`` test images (or scenes) of a zoo data set, at the recipe's size. Fashion-MNIST comes from
+    Debian's files when installed; else the committed subset holds the first test images (not the scenes,
+    which draw garments from the whole test set)."""
     key = (data, task, n)
     if key not in _DATA:
-        _DATA[key] = load_data(data, "test", task, 32, n)
+        size = RECIPES[f"{data}/{task}"]["img_size"]
+        if data == "fashion" and not FULL_FASHION:
+            if task == "seg":
+                pytest.skip("fashion scenes need Debian's dataset-fashion-mnist (apt-get install dataset-fashion-mnist)")
+            _DATA[key] = fashion("test", task, size, n, root=SUBSET_FILES)
+        else:
+            _DATA[key] = load_data(data, "test", task, size, n)
     return _DATA[key]
 
 
@@ -29,15 +43,16 @@ def _id(e):
 
 def test_zoo_is_complete_and_small():
     have = {(e["variant"], e["task"], e["data"]) for e in ENTRIES}
-    want = {(v, t, "shapes") for v in VARIANT_NAMES for t in ("cls", "seg")}
+    want = {(v, t, d) for v in VARIANT_NAMES for t in ("cls", "seg") for d in ("fashion", "shapes")}
     want |= {(v, "cls", "digits") for v in DIGITS_VARIANTS}
     assert want <= have, f"missing: {sorted(want - have)}"
     size = sum((zoo.ZOO_DIR / e["file"]).stat().st_size for e in ENTRIES)
-    assert size < 40e6
+    assert size < 80e6
     recipe = zoo.manifest()["recipe"]
     for e in ENTRIES:  # one recipe per task: same epochs for all variants
         assert e["epochs"] == recipe["recipes"][f"{e['data']}/{e['task']}"]["epochs"]
-    assert zoo.available("seg") == [v for v in VARIANT_NAMES if (v, "seg", "shapes") in have]
+    assert zoo.available("seg") == [v for v in VARIANT_NAMES if (v, "seg", zoo.DEFAULT_DATA) in have]
+    assert zoo.available("seg", "shapes") == [v for v in VARIANT_NAMES if (v, "seg", "shapes") in have]
     opts = {e["variant"]: e["options"] for e in ENTRIES}
     assert opts["belief2"]["param_matched"] is True
 

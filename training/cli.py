@@ -37,8 +37,8 @@ def _train_parser() -> argparse.ArgumentParser:
     p.add_argument("--variant", required=True, help="attention variant (see attnzoo.models.VARIANTS)")
     p.add_argument("--task", choices=("cls", "seg"), default="cls")
     p.add_argument("--data", default="shapes",
-                   help="shapes, digits, a class-per-folder image folder or an ADE20K-layout folder")
-    p.add_argument("--arch", default="micro", help="micro, tiny, small or base")
+                   help="fashion (Fashion-MNIST), shapes, digits, a class-per-folder image folder or an ADE20K-layout folder")
+    p.add_argument("--arch", default="micro", help="micro, micro-conv, tiny, small or base")
     p.add_argument("--img-size", type=int, default=None, help="input size (default 32)")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=64)

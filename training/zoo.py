@@ -1,7 +1,8 @@
-"""Build, tabulate and verify the model zoo (``zoo/``): every variant x {cls, seg} on ``shapes`` plus
-``digits`` classifiers, each trained with the one recipe of its task.
+"""Build, tabulate and verify the model zoo (``zoo/``): every variant x {cls, seg} on Fashion-MNIST (``fashion``)
+and on the ``shapes`` smoke set, plus ``digits`` classifiers, each trained with the one recipe of its data and task.
 
     python -m attnzoo.training.zoo build --jobs 2      # trains everything, writes zoo/manifest.json
+    python -m attnzoo.training.zoo baselines           # chance and simple baselines, stored in the manifest
     python -m attnzoo.training.zoo table               # the README table (markdown)
     python -m attnzoo.training.zoo verify              # sha256 + re-evaluation of every zoo model
 """
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -30,6 +32,10 @@ __all__ = ["RECIPES", "SUBSET_N", "DIGITS_VARIANTS", "VARIANT_OPTIONS", "jobs", 
 
 #: One recipe per (data, task), shared by every variant so the numbers are comparable.
 RECIPES: Dict[str, Dict[str, Any]] = {
+    "fashion/cls": dict(arch="micro-conv", img_size=28, epochs=2, batch_size=64, lr=2e-3, weight_decay=0.05,
+                        warmup_epochs=0.25, min_lr_ratio=0.01, seed=0, train_size=None, val_size=1000),
+    "fashion/seg": dict(arch="micro-conv", img_size=48, epochs=5, batch_size=64, lr=2e-3, weight_decay=0.05,
+                        warmup_epochs=0.25, min_lr_ratio=0.01, seed=0, train_size=6000, val_size=300),
     "shapes/cls": dict(arch="micro", img_size=32, epochs=6, batch_size=32, lr=2e-3, weight_decay=0.05,
                        warmup_epochs=0.2, min_lr_ratio=0.01, seed=0, train_size=6000, val_size=300),
     "shapes/seg": dict(arch="micro", img_size=32, epochs=10, batch_size=32, lr=2e-3, weight_decay=0.05,
@@ -39,7 +45,7 @@ RECIPES: Dict[str, Dict[str, Any]] = {
 }
 #: Test images: the full test split for ``test_metric``, its first ``SUBSET_N`` for ``subset_metric``
 #: (what ``verify`` and the tests recompute).
-TEST_N = {"shapes": 1000, "digits": None}
+TEST_N = {"fashion": None, "shapes": 1000, "digits": None}
 SUBSET_N = 200
 DIGITS_VARIANTS = ("standard", "belief", "belief2")
 #: Model options used in the zoo: Belief2 trained from scratch with the parameter count of standard.
@@ -63,7 +69,7 @@ _SHARED: Dict[str, ImageSet] = {}  # data loaded once in the parent, inherited b
 
 def jobs(variants: Sequence[str] = VARIANT_NAMES) -> List[Dict[str, Any]]:
     """The zoo's training jobs: (variant, task, data)."""
-    out = [dict(variant=v, task=t, data="shapes") for v in variants for t in ("cls", "seg")]
+    out = [dict(variant=v, task=t, data=d) for d in ("fashion", "shapes") for v in variants for t in ("cls", "seg")]
     out += [dict(variant=v, task="cls", data="digits") for v in variants if v in DIGITS_VARIANTS]
     return out
 
@@ -124,14 +130,52 @@ def _add_notes(rows: List[Dict[str, Any]]) -> None:
                          f"tuning was done (see the manifest's recipe)")
 
 
-def _write_manifest(out_dir: Path, rows: List[Dict[str, Any]]) -> None:
+def _write_manifest(out_dir: Path, rows: List[Dict[str, Any]], baselines: Optional[Dict[str, Any]] = None) -> None:
+    """Write ``manifest.json``: recipe, models (sorted, with notes) and the baselines (kept when not given)."""
     order = {v: i for i, v in enumerate(VARIANT_NAMES)}
-    rows.sort(key=lambda e: (e["data"] != "shapes", e["data"], e["task"], order.get(e["variant"], 99)))
+    data_order = {d: i for i, d in enumerate(("fashion", "shapes", "digits"))}
+    rows.sort(key=lambda e: (data_order.get(e["data"], 9), e["data"], e["task"], order.get(e["variant"], 99)))
     _add_notes(rows)
     recipe = {"recipes": RECIPES, "test_images": TEST_N, "subset_n": SUBSET_N, "options": VARIANT_OPTIONS,
               "optimizer": "AdamW, cosine schedule with linear warm-up, grad-norm clip 1.0, cross-entropy",
               "threads_per_model": 1, "command": "python -m attnzoo.training.zoo build --jobs 2"}
-    atomic_write_text(out_dir / "manifest.json", json.dumps({"recipe": recipe, "models": rows}, indent=1) + "\n")
+    path = out_dir / "manifest.json"
+    if baselines is None and path.is_file():
+        baselines = json.loads(path.read_text()).get("baselines")
+    atomic_write_text(path, json.dumps({"recipe": recipe, "baselines": baselines or {}, "models": rows},
+                                       indent=1) + "\n")
+
+
+def baselines() -> Dict[str, Dict[str, float]]:
+    """Reference points for the Fashion-MNIST zoo, on the same test images as the models (percent).
+
+    cls: chance, and multinomial logistic regression on the raw pixels (scikit-learn, trained on the train
+    split). seg: predicting background everywhere, and thresholding the pixels with the masks' own rule
+    (:data:`~attnzoo.training.fashion.MASK_THRESHOLD`), every foreground pixel given the most frequent garment
+    class of the training scenes.
+    """
+    from sklearn.linear_model import LogisticRegression
+
+    from attnzoo.training.fashion import MASK_THRESHOLD
+
+    r = RECIPES["fashion/cls"]
+    train_set = load_data("fashion", "train", "cls", r["img_size"], r["train_size"])
+    test_set = load_data("fashion", "test", "cls", r["img_size"], TEST_N["fashion"])
+    flat = lambda s: s.images[..., 0].reshape(len(s), -1) / 255.0  # noqa: E731
+    clf = LogisticRegression(max_iter=200).fit(flat(train_set), train_set.labels)
+    cls = {"chance": round(100.0 / len(test_set.class_names), 2),
+           "logistic_regression_pixels": round(100.0 * clf.score(flat(test_set), test_set.labels), 2)}
+    r = RECIPES["fashion/seg"]
+    seg = load_data("fashion", "test", "seg", r["img_size"], TEST_N["fashion"])
+    k = len(seg.class_names)
+    train_masks = load_data("fashion", "train", "seg", r["img_size"], r["train_size"]).masks
+    majority = int(np.bincount(train_masks.ravel(), minlength=k)[1:].argmax()) + 1
+    pred = np.where(seg.images[..., 0] > MASK_THRESHOLD, majority, 0)
+    conf = torch.bincount(torch.as_tensor(seg.masks.astype(np.int64) * k + pred).reshape(-1),
+                          minlength=k * k).reshape(k, k)
+    seg_ref = {"all_background": round(background_miou(seg.masks, k), 2),
+               "threshold_majority_class": round(metrics_from_confusion(conf, "seg", seg.class_names)["metric"], 2)}
+    return {"fashion/cls": cls, "fashion/seg": seg_ref}
 
 
 def build(variants: Sequence[str] = VARIANT_NAMES, n_jobs: int = 2, out_dir: Path = ZOO_DIR,
@@ -150,7 +194,7 @@ def build(variants: Sequence[str] = VARIANT_NAMES, n_jobs: int = 2, out_dir: Pat
     rows = list(done.values())
     # slowest first (the WAFE MAE / HV / MABViT GLU attention), so the two workers finish together
     slow = ("wafe-mae", "anti-wafe-mae", "horizontal-vertical", "vertical", "mabvit-glu", "horizontal")
-    todo.sort(key=lambda j: (j["data"] != "shapes", j["variant"] not in slow, j["task"] != "seg"))
+    todo.sort(key=lambda j: (j["data"] != "fashion", j["task"] != "cls", j["variant"] not in slow))
     _load_shared(todo)
     errors = []
     t0 = time.perf_counter()
@@ -166,7 +210,7 @@ def build(variants: Sequence[str] = VARIANT_NAMES, n_jobs: int = 2, out_dir: Pat
             tqdm.write(f"{row['variant']:>20s} {row['task']} {row['data']}: {row['metric_name']} "
                        f"{row['test_metric']:.2f}  ({row['train_time_s']:.0f} s)")
             _write_manifest(out_dir, rows)
-    _write_manifest(out_dir, rows)
+    _write_manifest(out_dir, rows, baselines())
     print(f"zoo: {len(rows)} models, built {len(todo) - len(errors)} in {time.perf_counter() - t0:.0f} s wall")
     if errors:
         raise RuntimeError("some zoo models failed:\n" + "\n".join(errors))
@@ -181,42 +225,51 @@ def background_miou(masks, num_classes: int) -> float:
     return metrics_from_confusion(conf, "seg", list(range(num_classes)))["metric"]
 
 
-def table(rows: Optional[List[Dict[str, Any]]] = None) -> str:
-    """Markdown table: variant x (shapes cls top-1, shapes seg mIoU, params), then the digits rows."""
+def table(rows: Optional[List[Dict[str, Any]]] = None, refs: Optional[Dict[str, Dict[str, float]]] = None) -> str:
+    """Markdown tables: Fashion-MNIST top-1 and mIoU per variant with the baselines, then the smoke sets."""
+    from attnzoo import zoo
+
     if rows is None:
-        from attnzoo import zoo
         rows = zoo.entries()
+    if refs is None:
+        refs = zoo.manifest().get("baselines", {})
     by = {(e["variant"], e["task"], e["data"]): e for e in rows}
 
-    def cell(key, field="test_metric"):
-        e = by.get(key)
-        return "-" if e is None else f"{e[field]:.1f}"
+    def cell(v, task, data):
+        e = by.get((v, task, data))
+        return "-" if e is None else f"{e['test_metric']:.1f}"
 
-    lines = ["| variant | shapes cls top-1 (%) | shapes seg mIoU (%) | params (cls) | train time cls+seg (s)* |",
+    def train_time(v, data):
+        times = [by[(v, t, data)]["train_time_s"] for t in ("cls", "seg") if (v, t, data) in by]
+        return f"{sum(times):.0f}" if times else "-"
+
+    lines = ["| variant | Fashion-MNIST top-1 (%) | fashion scenes mIoU (%) | params (cls) | train time cls+seg (s)* |",
              "|---|---:|---:|---:|---:|"]
     for v in VARIANT_NAMES:
-        c, s = by.get((v, "cls", "shapes")), by.get((v, "seg", "shapes"))
-        if c is None and s is None:
+        c = by.get((v, "cls", "fashion"))
+        if c is None and (v, "seg", "fashion") not in by:
             continue
-        params = f"{c['params']:,}" if c else "-"
-        time_s = sum(e["train_time_s"] for e in (c, s) if e)
-        lines.append(f"| {v} | {cell((v, 'cls', 'shapes'))} | {cell((v, 'seg', 'shapes'))} | {params} | "
-                     f"{time_s:.0f} |")
-    digit_rows = [e for e in rows if e["data"] == "digits"]
-    if digit_rows:
-        lines += ["", "| variant | digits cls top-1 (%) | params | train time (s) |", "|---|---:|---:|---:|"]
+        lines.append(f"| {v} | {cell(v, 'cls', 'fashion')} | {cell(v, 'seg', 'fashion')} | "
+                     f"{c['params'] if c else 0:,} | {train_time(v, 'fashion')} |")
+    c, g = refs.get("fashion/cls", {}), refs.get("fashion/seg", {})
+    if c or g:
+        lines.append(f"| *chance / all background* | *{c.get('chance', '-')}* | *{g.get('all_background', '-')}* | | |")
+        lines.append(f"| *logistic regression on pixels / threshold + majority class* | "
+                     f"*{c.get('logistic_regression_pixels', '-')}* | *{g.get('threshold_majority_class', '-')}* | | |")
+    n_test = {(e["data"], e["task"]): e["test_n"] for e in rows}
+    lines += ["", f"Test images: {n_test.get(('fashion', 'cls'), '-')} (the official Fashion-MNIST test set) and "
+              f"{n_test.get(('fashion', 'seg'), '-')} scenes composed from it. Baselines: `zoo baselines` "
+              "(attnzoo.training.zoo.baselines). *Train times were measured on a 2-core CPU shared with other jobs, "
+              "one thread per model; they vary with the load and are not a speed comparison (see bench-latency)."]
+    smoke = [e for e in rows if e["data"] in ("shapes", "digits")]
+    if smoke:
+        lines += ["", "Smoke sets (procedural shapes, scikit-learn digits):", "",
+                  "| variant | shapes cls top-1 (%) | shapes seg mIoU (%) | digits top-1 (%) |", "|---|---:|---:|---:|"]
         for v in VARIANT_NAMES:
-            e = by.get((v, "cls", "digits"))
-            if e:
-                lines.append(f"| {v} | {e['test_metric']:.1f} | {e['params']:,} | {e['train_time_s']:.0f} |")
-    seg = load_data("shapes", "test", "seg", 32, TEST_N["shapes"])
-    n_test = {e["data"]: e["test_n"] for e in rows}
-    lines += ["", f"Reference points: chance top-1 {100 / len(SHAPES_CLASSES):.1f}% on shapes "
-              f"({len(SHAPES_CLASSES)} classes), {100 / len(DIGITS_CLASSES):.0f}% on digits; predicting "
-              f"background everywhere gives {background_miou(seg.masks, len(seg.class_names)):.1f}% seg mIoU. "
-              f"Test images: {n_test.get('shapes', '-')} shapes, {n_test.get('digits', '-')} digits. "
-              "*Train times were measured on a 2-core CPU shared with other jobs, one thread per model; "
-              "they vary with the load and are not a speed comparison (see bench-latency for that)."]
+            if any((v, t, d) in by for t in ("cls", "seg") for d in ("shapes", "digits")):
+                lines.append(f"| {v} | {cell(v, 'cls', 'shapes')} | {cell(v, 'seg', 'shapes')} | "
+                             f"{cell(v, 'cls', 'digits')} |")
+        lines += ["", f"Chance: {100 / len(SHAPES_CLASSES):.1f}% on shapes, {100 / len(DIGITS_CLASSES):.0f}% on digits."]
     notes = [e for e in rows if e.get("note")]
     if notes:
         lines += [""] + [f"- {e['variant']} ({e['task']}, {e['data']}): {e['note']}" for e in notes]
@@ -265,12 +318,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     b.add_argument("--out", default=str(ZOO_DIR))
     b.add_argument("--fresh", action="store_true", help="retrain models already in the manifest")
     sub.add_parser("table", help="print the markdown table of the zoo")
+    sub.add_parser("baselines", help="compute the baselines and store them in the manifest")
     v = sub.add_parser("verify", help="check sha256s and re-evaluate every zoo model")
     v.add_argument("--limit", type=int, default=SUBSET_N)
     args = p.parse_args(argv)
     try:
         if args.cmd == "build":
             build(args.variants, args.jobs, Path(args.out), resume=not args.fresh)
+        elif args.cmd == "baselines":
+            from attnzoo import zoo
+
+            refs = baselines()
+            _write_manifest(ZOO_DIR, zoo.entries(), refs)
+            print(json.dumps(refs, indent=1))
         elif args.cmd == "table":
             print(table())
         else:

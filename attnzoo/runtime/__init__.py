@@ -1,0 +1,14 @@
+"""attnzoo.runtime: the one deployment layer that export, the benchmark and the demo share.
+
+- :mod:`.contract`: the model contract read from ONNX metadata (:class:`ModelContract`, input/output names);
+- :mod:`.sessions`: ONNX Runtime sessions on the CPU, CUDA and the TensorRT execution provider;
+- :mod:`.tensorrt`: TensorRT (``tensorrt_rtx`` or ``tensorrt``) parse, build, load and run;
+- :mod:`.parity`: one parity check with one tolerance table.
+"""
+
+from .contract import BATCH_DIM, INPUT_NAME, OUTPUT_NAME, ModelContract, config_from_props, metadata_props
+from .parity import TOLERANCES, compare, parity_error, tolerance_key
+from .sessions import ort_session, session_options
+
+__all__ = ["ModelContract", "INPUT_NAME", "OUTPUT_NAME", "BATCH_DIM", "metadata_props", "config_from_props",
+           "TOLERANCES", "tolerance_key", "parity_error", "compare", "ort_session", "session_options"]

@@ -1,0 +1,114 @@
+"""ONNX Runtime sessions for every consumer: CPU, CUDA and the TensorRT execution provider.
+
+One place builds ``SessionOptions`` and provider lists, so export verification, the benchmark and the demo run
+models the same way. ``device``:
+
+- ``cpu``: ``CPUExecutionProvider``;
+- ``cuda``: ``CUDAExecutionProvider`` (optionally with a CUDA graph);
+- ``tensorrt``: ``TensorrtExecutionProvider`` (engine cache on disk), falling back to CUDA for what it rejects;
+- ``auto``: CUDA when the installed onnxruntime has it, else CPU.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, List, Optional, Sequence, Tuple, Union
+
+__all__ = ["DEVICES", "LEVELS", "available_providers", "session_options", "providers_for", "ort_session"]
+
+DEVICES: Tuple[str, ...] = ("auto", "cpu", "cuda", "tensorrt")
+LEVELS: Tuple[str, ...] = ("disable", "basic", "extended", "all")
+
+
+def available_providers() -> Tuple[str, ...]:
+    """Execution providers of the installed onnxruntime (empty when it is not installed)."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return ()
+    return tuple(ort.get_available_providers())
+
+
+def session_options(threads: Optional[int] = None, level: str = "all", optimized_path: Optional[Path] = None,
+                    profile_prefix: Optional[str] = None, sequential: bool = True, spinning: bool = True):
+    """``onnxruntime.SessionOptions``.
+
+    Args:
+        threads: Intra-op threads (``None``: ONNX Runtime's default, one per core); set: one inter-op thread.
+        level: Graph optimization level, one of ``LEVELS``.
+        optimized_path: Save the optimized graph here.
+        profile_prefix: Turn the profiler on, writing ``<prefix>_<date>.json``.
+        sequential: Sequential execution mode.
+        spinning: Let intra-op threads spin after a run (ONNX Runtime's default); off on a shared machine.
+    """
+    import onnxruntime as ort
+
+    if level not in LEVELS:
+        raise ValueError(f"unknown optimization level {level!r}; valid: {', '.join(LEVELS)}")
+    levels = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+              "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+              "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+              "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+    so = ort.SessionOptions()
+    so.graph_optimization_level = levels[level]
+    so.log_severity_level = 3
+    if sequential:
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if threads:
+        so.intra_op_num_threads = int(threads)
+        so.inter_op_num_threads = 1
+    if not spinning:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if optimized_path is not None:
+        so.optimized_model_filepath = str(optimized_path)
+    if profile_prefix is not None:
+        so.enable_profiling = True
+        so.profile_file_prefix = profile_prefix
+    return so
+
+
+def providers_for(device: str = "auto", *, cuda_graph: bool = False, fp16: bool = False,
+                  cache_dir: Optional[Path] = None) -> List[Any]:
+    """The provider list for ``device`` (see the module docstring).
+
+    Raises:
+        ValueError: unknown device, or the installed onnxruntime lacks its provider.
+    """
+    have = available_providers()
+    if device not in DEVICES:
+        raise ValueError(f"unknown device {device!r}; valid: {', '.join(DEVICES)}")
+    if device == "auto":
+        return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in have]
+    if device == "cpu":
+        return ["CPUExecutionProvider"]
+    wanted = "CUDAExecutionProvider" if device == "cuda" else "TensorrtExecutionProvider"
+    if wanted not in have:
+        raise ValueError(f"onnxruntime has no {wanted} (install onnxruntime-gpu"
+                         f"{' with the TensorRT libraries' if device == 'tensorrt' else ''})")
+    if device == "cuda":
+        return [("CUDAExecutionProvider", {"enable_cuda_graph": "1" if cuda_graph else "0"})]
+    opts = {"trt_fp16_enable": bool(fp16), "trt_cuda_graph_enable": bool(cuda_graph)}
+    if cache_dir is not None:
+        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+        opts.update(trt_engine_cache_enable=True, trt_engine_cache_path=str(cache_dir))
+    return [("TensorrtExecutionProvider", opts), "CUDAExecutionProvider"]
+
+
+def ort_session(model: Union[str, Path, bytes], device: str = "auto", *, threads: Optional[int] = None,
+                options=None, providers: Optional[Sequence[Any]] = None, **provider_kwargs: Any):
+    """An ``onnxruntime.InferenceSession`` for an ONNX file (or serialized model).
+
+    Args:
+        model: ``.onnx`` path or model bytes.
+        device: One of ``DEVICES``.
+        threads: Intra-op threads when ``options`` is not given.
+        options: Ready ``SessionOptions`` (default: :func:`session_options` with ``threads``).
+        providers: Explicit provider list (overrides ``device``).
+        **provider_kwargs: ``cuda_graph``, ``fp16``, ``cache_dir`` for :func:`providers_for`.
+    """
+    import onnxruntime as ort
+
+    so = options if options is not None else session_options(threads)
+    plist = list(providers) if providers is not None else providers_for(device, **provider_kwargs)
+    src = model if isinstance(model, (bytes, bytearray)) else str(model)
+    return ort.InferenceSession(src, so, providers=plist)

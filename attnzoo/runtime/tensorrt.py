@@ -1,0 +1,427 @@
+"""TensorRT build, load and run: one builder for ``export-model``, ``bench-latency`` and the demo.
+
+Two libraries, one API:
+
+- ``tensorrt_rtx`` (NVIDIA TensorRT for RTX, ``pip install tensorrt-rtx``) builds engines **ahead of time, with
+  no GPU**, for a named compute capability (``SM75`` ... ``SM121``), or for ``CURRENT``, the GPU present;
+- ``tensorrt`` (TensorRT >= 10) builds only for the GPU it runs on.
+
+With a GPU, ``tensorrt`` is preferred when installed (it supports data-centre GPUs), else ``tensorrt_rtx`` with
+``CURRENT``. Without a GPU only ``tensorrt_rtx`` can build. ``$ATTNZOO_TENSORRT`` (``tensorrt`` or
+``tensorrt_rtx``) forces the choice.
+
+Networks are always strongly typed: precision comes from the ONNX graph (an fp16 export computes LayerNorm,
+softmax and the projection in fp32). There are no FP16/INT8 builder flags (TensorRT-RTX and TensorRT 11 removed
+them). One optimisation profile spans the batch sizes (min/opt/max). Running an engine needs an NVIDIA GPU;
+device buffers are torch CUDA tensors (no pycuda / cuda-python).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from .contract import INPUT_NAME, OUTPUT_NAME
+
+__all__ = ["LIBRARIES", "LIBRARY_ENV", "INSTALL_HINT", "COMPUTE_CAPABILITIES", "DEFAULT_COMPUTE_CAPABILITY",
+           "TensorRTError", "TensorRTUnavailable", "TensorRTParseError", "Library", "gpu_available",
+           "load_library", "unavailable_reason", "ParsedNetwork", "parse_onnx", "network_layers",
+           "check_network_precision", "profile_batches", "Built", "build", "Engine"]
+
+LIBRARIES: Tuple[str, ...] = ("tensorrt", "tensorrt_rtx")
+LIBRARY_ENV = "ATTNZOO_TENSORRT"
+INSTALL_HINT = ("pip install tensorrt-rtx (builds engines without a GPU; it comes with attnzoo[dev] / "
+                "attnzoo[tensorrt]), or pip install 'tensorrt-cu12>=10' on a machine with an NVIDIA GPU")
+#: Compute capabilities TensorRT-RTX builds for ahead of time; ``CURRENT`` is the GPU present.
+COMPUTE_CAPABILITIES: Tuple[str, ...] = ("SM75", "SM80", "SM86", "SM89", "SM120", "SM121", "CURRENT")
+#: Target without a GPU: Ada (SM 8.9: RTX 40xx, L4, L40S), the newest widely deployed data-centre inference part
+#: TensorRT-RTX names.
+DEFAULT_COMPUTE_CAPABILITY = "SM89"
+#: ONNX op type -> TensorRT layer type the parser lowers it to (the ops whose precision is checked).
+_LAYER_OF_OP = {"Mul": "ELEMENTWISE", "Add": "ELEMENTWISE", "Div": "ELEMENTWISE", "Sub": "ELEMENTWISE",
+                "ReduceSum": "REDUCE", "Softmax": "SOFTMAX", "LayerNormalization": "NORMALIZATION"}
+
+
+class TensorRTError(RuntimeError):
+    """A TensorRT build or run failed."""
+
+
+class TensorRTUnavailable(TensorRTError):
+    """No usable TensorRT library (or no GPU where one is needed)."""
+
+
+class TensorRTParseError(TensorRTError):
+    """TensorRT's ONNX parser rejected the file."""
+
+
+@dataclass(frozen=True)
+class Library:
+    """An imported TensorRT library.
+
+    Attributes:
+        name: ``tensorrt`` or ``tensorrt_rtx``.
+        module: The imported module.
+        version: Its ``__version__``.
+        ahead_of_time: Builds for a named compute capability without a GPU (TensorRT-RTX).
+    """
+
+    name: str
+    module: Any = field(repr=False)
+    version: str
+    ahead_of_time: bool
+
+    def describe(self) -> str:
+        """``tensorrt_rtx 1.7.1.116``."""
+        return f"{self.name} {self.version}"
+
+
+def gpu_available() -> bool:
+    """A CUDA GPU is visible to PyTorch."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def _import(name: str) -> Optional[Library]:
+    try:
+        mod = importlib.import_module(name)
+    except Exception:  # ImportError, or a wheel whose native libraries fail to load
+        return None
+    return Library(name, mod, str(getattr(mod, "__version__", "?")),
+                   hasattr(mod, "ComputeCapability") and hasattr(mod.IBuilderConfig, "set_compute_capability"))
+
+
+def load_library(name: Optional[str] = None, *, gpu: Optional[bool] = None) -> Library:
+    """The TensorRT library to build with.
+
+    Args:
+        name: ``tensorrt`` or ``tensorrt_rtx`` (default: ``$ATTNZOO_TENSORRT``, else see the module docstring).
+        gpu: Whether a GPU is present (default: :func:`gpu_available`).
+
+    Raises:
+        TensorRTUnavailable: nothing usable is installed (the message names the install command).
+        ValueError: unknown library name.
+    """
+    name = name or os.environ.get(LIBRARY_ENV) or None
+    if name is not None and name not in LIBRARIES:
+        raise ValueError(f"unknown TensorRT library {name!r}; valid: {', '.join(LIBRARIES)}")
+    gpu = gpu_available() if gpu is None else gpu
+    order = [name] if name else (["tensorrt", "tensorrt_rtx"] if gpu else ["tensorrt_rtx", "tensorrt"])
+    found = [lib for lib in map(_import, order) if lib is not None]
+    usable = [lib for lib in found if gpu or lib.ahead_of_time]
+    if usable:
+        return usable[0]
+    if found:
+        raise TensorRTUnavailable(f"{found[0].describe()} builds engines only on a machine with an NVIDIA GPU, and "
+                                  f"none is visible; to build ahead of time here: pip install tensorrt-rtx")
+    raise TensorRTUnavailable(f"no TensorRT library is installed ({' or '.join(order)}); install one with: "
+                              f"{INSTALL_HINT}")
+
+
+def unavailable_reason(*, run: bool = False) -> Optional[str]:
+    """Why engines cannot be built (``run``: built and run) here, or ``None`` when they can."""
+    try:
+        lib = load_library()
+    except (TensorRTUnavailable, ValueError) as exc:
+        return str(exc)
+    if run and not gpu_available():
+        return (f"running a TensorRT engine needs an NVIDIA GPU and none is visible ({lib.describe()} can only "
+                f"build engines here)")
+    return None
+
+
+def profile_batches(batch_sizes: Sequence[int]) -> Tuple[int, int, int]:
+    """(min, opt, max) batch of the optimisation profile: opt is the median requested size."""
+    sizes = sorted(set(int(b) for b in batch_sizes))
+    if not sizes or sizes[0] < 1:
+        raise ValueError(f"batch sizes must be positive integers, got {list(batch_sizes)}")
+    return sizes[0], sizes[len(sizes) // 2], sizes[-1]
+
+
+# ------------------------------------------------------------------------------------------------ parsing
+@dataclass
+class ParsedNetwork:
+    """A strongly typed ``INetworkDefinition`` parsed from ONNX (builder and parser kept alive with it)."""
+
+    library: Library
+    builder: Any = field(repr=False)
+    network: Any = field(repr=False)
+    parser: Any = field(repr=False)
+    logger: Any = field(repr=False)
+    source: str = ""
+
+
+def _logger(trt: Any) -> Any:
+    """A logger that keeps TensorRT's errors (quoted in our exceptions) instead of printing them."""
+
+    class _Keep(trt.ILogger):
+        def __init__(self) -> None:
+            trt.ILogger.__init__(self)
+            self.errors: List[str] = []
+
+        def log(self, severity, msg) -> None:  # noqa: D401 - TensorRT callback
+            if severity in (trt.ILogger.Severity.ERROR, trt.ILogger.Severity.INTERNAL_ERROR):
+                self.errors.append(str(msg).strip().replace("\n", " "))
+
+    try:
+        return _Keep()
+    except Exception:  # bindings without a subclassable ILogger: TensorRT prints its errors itself
+        return trt.Logger(trt.Logger.ERROR)
+
+
+def _last_errors(logger: Any, n: int = 2) -> str:
+    errors = getattr(logger, "errors", [])
+    return f": {' | '.join(errors[-n:])}" if errors else " (see TensorRT's log above)"
+
+
+def parse_onnx(onnx_path: Union[str, Path], library: Optional[Library] = None) -> ParsedNetwork:
+    """Parse an ONNX file into a strongly typed network.
+
+    Raises:
+        TensorRTParseError: the parser rejected the file (the message holds its errors).
+        FileNotFoundError: no such file.
+    """
+    lib = library or load_library()
+    trt = lib.module
+    path = Path(onnx_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"ONNX file not found: {path}")
+    logger = _logger(trt)
+    builder = trt.Builder(logger)
+    flag = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
+    network = builder.create_network(0 if flag is None else 1 << int(flag))
+    parser = trt.OnnxParser(network, logger)
+    ok = parser.parse_from_file(str(path))
+    if not ok or network.num_layers == 0:
+        errors = [str(parser.get_error(i)).strip().replace("\n", " ") for i in range(parser.num_errors)]
+        raise TensorRTParseError(f"{lib.describe()} cannot parse {path.name}: "
+                                 f"{'; '.join(errors) if errors else 'the network is empty'}")
+    return ParsedNetwork(lib, builder, network, parser, logger, str(path))
+
+
+def network_layers(network: Any) -> List[Dict[str, Any]]:
+    """Every layer as ``{"name", "type", "outputs": [dtype names]}`` (e.g. ``ELEMENTWISE``, ``FLOAT``)."""
+    out = []
+    for i in range(network.num_layers):
+        layer = network.get_layer(i)
+        out.append({"name": layer.name, "type": layer.type.name,
+                    "outputs": [layer.get_output(j).dtype.name for j in range(layer.num_outputs)]})
+    return out
+
+
+def check_network_precision(network: Any, scopes: Mapping[str, Sequence[str]],
+                            op_types: Mapping[str, str]) -> Dict[str, Any]:
+    """Every listed ONNX op is a layer of the parsed network, of the right kind, computing in fp32.
+
+    Args:
+        network: The parsed ``INetworkDefinition`` (read before building: layer names are the ONNX node names).
+        scopes: ``{scope: [ONNX node names]}``, e.g. each block's projection nodes from
+            :func:`attnzoo.export.check_projection`; nodes of other op types (casts) are ignored.
+        op_types: ONNX node name -> op type (Mul, ReduceSum, Add, Div, Sub, Softmax, LayerNormalization).
+
+    Returns:
+        ``{"ok", "failures", "blocks": {scope: {"layers": n, "fp32": n}}, "layers": total}``.
+    """
+    layers = {layer["name"]: layer for layer in network_layers(network)}
+    failures: List[str] = []
+    blocks: Dict[str, Dict[str, int]] = {}
+    for scope, names in scopes.items():
+        counts: Counter = Counter()
+        for name in names:
+            op = op_types.get(name)
+            if op not in _LAYER_OF_OP:
+                continue  # casts around the projection
+            layer = layers.get(name)
+            if layer is None:
+                failures.append(f"{scope}: {name} ({op}) is not a layer of the TensorRT network")
+                continue
+            counts["layers"] += 1
+            if layer["type"] != _LAYER_OF_OP[op]:
+                failures.append(f"{scope}: {name} became a {layer['type']} layer, not {_LAYER_OF_OP[op]}")
+            if layer["outputs"] != ["FLOAT"]:
+                failures.append(f"{scope}: {name} computes in {'/'.join(layer['outputs'])}, not FLOAT (fp32)")
+            else:
+                counts["fp32"] += 1
+        if not counts["layers"]:
+            failures.append(f"{scope}: none of its ops is a layer of the TensorRT network")
+        blocks[scope] = {"layers": counts["layers"], "fp32": counts["fp32"]}
+    return {"ok": not failures, "failures": failures, "blocks": blocks, "layers": len(layers)}
+
+
+# ------------------------------------------------------------------------------------------------ building
+@dataclass
+class Built:
+    """A serialized engine and how it was made."""
+
+    blob: bytes = field(repr=False)
+    library: Library
+    compute_capability: str
+    build_time_s: float
+    profile: Dict[str, int]
+    input_shape: Tuple[int, ...]
+    workspace_gb: float
+    timing_cache: Optional[str] = None
+
+    def facts(self) -> Dict[str, Any]:
+        """JSON-ready build facts for a report."""
+        return {"library": self.library.name, "library_version": self.library.version,
+                "compute_capability": self.compute_capability, "build_time_s": round(self.build_time_s, 3),
+                "engine_size": len(self.blob), "profile": self.profile, "workspace_gb": self.workspace_gb,
+                "timing_cache": self.timing_cache or "none (TensorRT-RTX: no-op; kernels specialise at run time)"}
+
+
+def _resolve_cc(lib: Library, compute_capability: Optional[str], gpu: bool) -> str:
+    cc = (compute_capability or ("CURRENT" if gpu else DEFAULT_COMPUTE_CAPABILITY)).upper()
+    if cc not in COMPUTE_CAPABILITIES:
+        raise ValueError(f"unknown compute capability {compute_capability!r}; valid: {', '.join(COMPUTE_CAPABILITIES)}")
+    if not lib.ahead_of_time and cc != "CURRENT":
+        raise ValueError(f"{lib.describe()} builds only for the GPU present (CURRENT), not {cc}; "
+                         "ahead-of-time builds need tensorrt-rtx")
+    if cc == "CURRENT" and not gpu:
+        raise ValueError(f"compute capability CURRENT needs a GPU and none is visible; "
+                         f"name one of {', '.join(COMPUTE_CAPABILITIES[:-1])}")
+    return cc
+
+
+def build(onnx_path: Union[str, Path], *, batch_sizes: Sequence[int] = (1, 8),
+          input_hw: Optional[Sequence[int]] = None, compute_capability: Optional[str] = None,
+          workspace_gb: float = 2.0, timing_cache: Optional[Union[str, Path]] = None,
+          parsed: Optional[ParsedNetwork] = None, library: Optional[Library] = None) -> Built:
+    """Build a serialized engine from an ONNX file (nothing is written except the timing cache).
+
+    Args:
+        onnx_path: The ONNX file (input ``image``, batch dimension symbolic).
+        batch_sizes: The profile spans min..max of these; opt is their median.
+        input_hw: (H, W) of the input (default: from the network's input shape).
+        compute_capability: One of ``COMPUTE_CAPABILITIES`` (TensorRT-RTX); default ``CURRENT`` with a GPU,
+            else ``DEFAULT_COMPUTE_CAPABILITY``.
+        workspace_gb: Workspace memory-pool limit.
+        timing_cache: TensorRT's timing-cache file (read, then updated); ignored by TensorRT-RTX (a no-op there).
+        parsed: An already parsed network of ``onnx_path`` (saves a parse).
+        library: The library (default :func:`load_library`).
+
+    Raises:
+        TensorRTUnavailable, TensorRTParseError, TensorRTError, ValueError.
+    """
+    gpu = gpu_available()
+    net = parsed or parse_onnx(onnx_path, library)
+    lib = net.library
+    trt = lib.module
+    cc = _resolve_cc(lib, compute_capability, gpu)
+    config = net.builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gb * (1 << 30)))
+    if hasattr(trt.BuilderFlag, "TF32"):
+        config.clear_flag(trt.BuilderFlag.TF32)  # fp32 layers compute in fp32, as the ONNX says
+    if lib.ahead_of_time:
+        config.num_compute_capabilities = 1
+        config.set_compute_capability(getattr(trt.ComputeCapability, cc), 0)
+    cache_path = None
+    if timing_cache is not None and not lib.ahead_of_time:
+        cache_path = Path(timing_cache)
+        cache = config.create_timing_cache(cache_path.read_bytes() if cache_path.is_file() else b"")
+        config.set_timing_cache(cache, False)
+    inp = net.network.get_input(0)
+    hw = tuple(int(v) for v in (input_hw or tuple(inp.shape)[2:]))
+    if any(v < 1 for v in hw):
+        raise ValueError(f"the input's spatial size is dynamic {tuple(inp.shape)}; pass input_hw")
+    lo, opt, hi = profile_batches(batch_sizes)
+    profile = net.builder.create_optimization_profile()
+    profile.set_shape(inp.name, (lo, 3, *hw), (opt, 3, *hw), (hi, 3, *hw))
+    config.add_optimization_profile(profile)
+    start = time.perf_counter()
+    serialized = net.builder.build_serialized_network(net.network, config)
+    build_s = time.perf_counter() - start
+    if serialized is None:
+        raise TensorRTError(f"{lib.describe()} failed to build an engine from {Path(onnx_path).name} for {cc}"
+                            f"{_last_errors(net.logger)}")
+    if cache_path is not None:
+        from attnzoo.fileio import atomic_write_bytes
+
+        atomic_write_bytes(cache_path, bytes(config.get_timing_cache().serialize()))
+    return Built(bytes(serialized), lib, cc, build_s, {"min": lo, "opt": opt, "max": hi}, (hi, 3, *hw),
+                 workspace_gb, str(cache_path) if cache_path else None)
+
+
+# ------------------------------------------------------------------------------------------------ running
+class Engine:
+    """A deserialized engine with one execution context, run on torch CUDA buffers (needs a GPU).
+
+    Args:
+        data: Serialized engine (bytes) or an engine file.
+        library: The library that built it (default :func:`load_library`).
+    """
+
+    def __init__(self, data: Union[bytes, str, Path], library: Optional[Library] = None) -> None:
+        if not gpu_available():
+            raise TensorRTUnavailable("running a TensorRT engine needs an NVIDIA GPU and none is visible")
+        self.library = library or load_library(gpu=True)
+        trt = self.library.module
+        blob = data if isinstance(data, (bytes, bytearray)) else Path(data).read_bytes()
+        self._logger = _logger(trt)
+        self._runtime = trt.Runtime(self._logger)
+        self.engine = self._runtime.deserialize_cuda_engine(blob)
+        if self.engine is None:
+            raise TensorRTError(f"{self.library.describe()} could not deserialize the engine (built by another "
+                                f"TensorRT version, or for another GPU?){_last_errors(self._logger)}")
+        self.context = self.engine.create_execution_context()  # TensorRT-RTX specialises kernels here
+
+    def _torch_dtype(self, name: str):
+        import torch
+
+        return torch.from_numpy(np.zeros(0, self.library.module.nptype(self.engine.get_tensor_dtype(name)))).dtype
+
+    def bind(self, x) -> Any:
+        """Bind a CUDA input tensor; return the (NaN-filled) CUDA output tensor the engine writes to."""
+        import torch
+
+        xin = x.to("cuda", self._torch_dtype(INPUT_NAME)).contiguous()
+        self.context.set_input_shape(INPUT_NAME, tuple(xin.shape))
+        out = torch.full(tuple(self.context.get_tensor_shape(OUTPUT_NAME)), float("nan"), device="cuda",
+                         dtype=self._torch_dtype(OUTPUT_NAME))
+        self.context.set_tensor_address(INPUT_NAME, xin.data_ptr())
+        self.context.set_tensor_address(OUTPUT_NAME, out.data_ptr())
+        self._bound = (xin, out)  # keep the buffers alive while bound
+        return out
+
+    def enqueue(self, stream) -> None:
+        """Enqueue one execution on a ``torch.cuda.Stream``."""
+        if not self.context.execute_async_v3(stream.cuda_stream):
+            raise TensorRTError("TensorRT execution failed")
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        """One float32 NCHW batch -> float32 logits on the host."""
+        import torch
+
+        out = self.bind(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)))
+        stream = torch.cuda.current_stream()
+        self.enqueue(stream)
+        stream.synchronize()
+        return out.float().cpu().numpy()
+
+    def latency_ms(self, x: np.ndarray, iters: int = 50, warmup: int = 10) -> Dict[str, float]:
+        """Median and min latency of ``run``'s enqueue on resident inputs, timed with CUDA events."""
+        import torch
+
+        self.bind(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)))
+        stream = torch.cuda.current_stream()
+        for _ in range(warmup):
+            self.enqueue(stream)
+        times = []
+        for _ in range(iters):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            self.enqueue(stream)
+            end.record(stream)
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return {"batch": int(x.shape[0]), "iterations": iters, "median_ms": float(np.median(times)),
+                "min_ms": float(np.min(times))}

@@ -1,0 +1,216 @@
+"""TensorRT: ONNX -> parsed network -> engine, for every variant, task and dtype, on any machine.
+
+TensorRT-RTX (``tensorrt-rtx``, in ``attnzoo[dev]``) builds engines ahead of time without a GPU, so the build
+tests run everywhere and fail (not skip) when no TensorRT library is installed. Only the tests that *run* an
+engine need a GPU; they are also marked ``gpu`` and skip with that reason.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from attnzoo.export import export_onnx
+from attnzoo.export.check import PROJECTION_MODULES
+from attnzoo.export.cli import main as export_main
+from attnzoo.export.tensorrt import STATUS_BUILT, STATUS_RUN, build_engine, engine_report_path, network_check
+from attnzoo.models import ARCHS, VARIANT_NAMES, create_model
+from attnzoo.runtime import ModelContract, compare
+from attnzoo.runtime import tensorrt as rt
+
+pytestmark = pytest.mark.tensorrt
+
+DEPTH = ARCHS["micro"]["depth"]
+SEG_HW = (24, 40)
+GPU = rt.gpu_available()
+#: One variant per paper family, built in the default run (the full matrix is -m slow).
+FAMILIES = ("standard", "belief-star", "belief2", "mabvit-glu", "wafe-mae", "horizontal-vertical")
+FAST = {(v, "cls", "fp32") for v in FAMILIES} | {("belief2", "seg", "fp16"), ("exclusive", "cls", "fp16")}
+
+
+@pytest.fixture(scope="module")
+def lib():
+    """The TensorRT library; its absence is a failure: attnzoo[dev] installs tensorrt-rtx."""
+    try:
+        return rt.load_library()
+    except rt.TensorRTUnavailable as exc:
+        pytest.fail(f"no TensorRT library: {exc}")
+
+
+@pytest.fixture(scope="module")
+def onnx_file(tmp_path_factory):
+    root = tmp_path_factory.mktemp("trt-onnx")
+    cache = {}
+
+    def get(variant, task="cls", dtype="fp32"):
+        key = (variant, task, dtype)
+        if key not in cache:
+            torch.manual_seed(0)
+            model = create_model(variant, task, "micro", num_classes=5).eval()
+            hw = SEG_HW if task == "seg" else (model.attnzoo_config["img_size"],) * 2
+            cache[key] = export_onnx(model, root / f"{variant}_{task}_{dtype}.onnx", config=model.attnzoo_config,
+                                     dtype=dtype, input_hw=hw)
+        return cache[key]
+
+    return get
+
+
+def _matrix():
+    out = []
+    for variant in VARIANT_NAMES:
+        for task in ("cls", "seg"):
+            for dtype in ("fp32", "fp16"):
+                marks = [] if (variant, task, dtype) in FAST else [pytest.mark.slow]
+                out.append(pytest.param(variant, task, dtype, marks=marks, id=f"{variant}-{task}-{dtype}"))
+    return out
+
+
+@pytest.mark.parametrize("variant,task,dtype", _matrix())
+def test_onnx_parses_projection_is_fp32_and_engine_builds(lib, onnx_file, variant, task, dtype):
+    path = onnx_file(variant, task, dtype)
+    parsed = rt.parse_onnx(path, lib)
+    contract = ModelContract.from_onnx(path)
+    check = network_check(parsed, path, contract)
+    assert check["ok"], check["failures"]
+    prefix = "encoder.blocks" if task == "seg" else "blocks"
+    scopes = {f"{prefix}.{i}.attn.{m}" for i in range(DEPTH) for m in PROJECTION_MODULES.get(variant, ())}
+    assert set(check["blocks"]) - {"fp32 ops of the fp16 graph"} == scopes
+    for scope in scopes:  # Mul x3, ReduceSum x2, Add, Div, Sub: each a layer, each fp32
+        assert check["blocks"][scope] == {"layers": 8, "fp32": 8}, scope
+    if dtype == "fp16":  # the rest of the graph really is fp16 (else the check above proves nothing)
+        assert "HALF" in {o for layer in rt.network_layers(parsed.network) for o in layer["outputs"]}
+        fp32 = check["blocks"]["fp32 ops of the fp16 graph"]
+        assert fp32["layers"] == fp32["fp32"] >= 2 * DEPTH  # LayerNorm and softmax of every block
+    built = rt.build(path, batch_sizes=(1, 4), input_hw=contract.input_size, compute_capability="SM89",
+                     parsed=parsed)
+    assert len(built.blob) > 100_000 and built.build_time_s > 0
+    assert built.compute_capability == "SM89" and built.profile == {"min": 1, "opt": 4, "max": 4}
+
+
+def test_network_check_catches_a_missing_or_fp16_projection_op(lib, onnx_file):
+    path = onnx_file("exclusive", "cls", "fp16")
+    parsed = rt.parse_onnx(path, lib)
+    proto = onnx.load(str(path))
+    ops = {n.name: n.op_type for n in proto.graph.node}
+    half = [layer["name"] for layer in rt.network_layers(parsed.network)
+            if layer["type"] == "ELEMENTWISE" and layer["outputs"] == ["HALF"] and ops.get(layer["name"]) == "Add"]
+    assert half, "an fp16 graph has fp16 residual Adds"
+    result = rt.check_network_precision(parsed.network, {"blocks.0.attn.head_projection": [half[0]]}, ops)
+    assert not result["ok"] and "computes in HALF, not FLOAT" in result["failures"][0]
+    missing = "blocks.0.attn.head_projection/Div_99"
+    result = rt.check_network_precision(parsed.network, {"blocks.0.attn.head_projection": [missing]},
+                                        {missing: "Div"})
+    assert not result["ok"] and "is not a layer of the TensorRT network" in result["failures"][0]
+
+
+def test_broken_onnx_gets_a_clear_error(lib, tmp_path, onnx_file):
+    bad = tmp_path / "broken.onnx"
+    bad.write_bytes(b"this is not a protobuf")
+    with pytest.raises(rt.TensorRTParseError, match=r"cannot parse broken\.onnx: .*"):
+        rt.parse_onnx(bad, lib)
+    proto = onnx.load(str(onnx_file("standard")))  # a valid file whose graph uses an op TensorRT cannot have
+    node = proto.graph.node[len(proto.graph.node) // 2]
+    node.op_type, node.domain = "NoSuchOp", "attnzoo.fake"
+    proto.opset_import.append(onnx.helper.make_opsetid("attnzoo.fake", 1))
+    odd = tmp_path / "odd.onnx"
+    onnx.save(proto, str(odd))
+    with pytest.raises(rt.TensorRTParseError, match=r"cannot parse odd\.onnx: .*NoSuchOp"):
+        rt.parse_onnx(odd, lib)
+
+
+def test_library_choice_and_compute_capability_errors(lib, onnx_file, monkeypatch):
+    with pytest.raises(ValueError, match="unknown TensorRT library 'nope'; valid: tensorrt, tensorrt_rtx"):
+        rt.load_library("nope")
+    with pytest.raises(ValueError, match="unknown compute capability 'SM90'; valid: SM75, SM80"):
+        rt.build(onnx_file("standard"), compute_capability="SM90")
+    if not GPU:
+        with pytest.raises(ValueError, match="CURRENT needs a GPU"):
+            rt.build(onnx_file("standard"), compute_capability="CURRENT")
+    monkeypatch.setitem(__import__("sys").modules, "tensorrt", None)  # TensorRT proper not importable
+    monkeypatch.setenv(rt.LIBRARY_ENV, "tensorrt")
+    with pytest.raises(rt.TensorRTUnavailable, match="pip install tensorrt-rtx"):
+        rt.load_library()
+
+
+def test_export_model_builds_an_engine_and_says_what_ran(lib, tmp_path, capsys):
+    out = tmp_path / "b2.engine"
+    assert export_main(["--variant", "belief2", "--random-init", "--format", "tensorrt", "--out", str(out),
+                        "--batch-sizes", "1,2", "--compute-capability", "sm86" if not GPU else "current"]) == 0
+    text = capsys.readouterr().out
+    report = json.loads(engine_report_path(out).read_text())
+    assert out.stat().st_size == report["engine_size"] > 0
+    assert (tmp_path / "b2.onnx").is_file() and (tmp_path / "b2.report.json").is_file()
+    assert report["library"] == lib.name and report["library_version"] == lib.version
+    assert report["compute_capability"] == ("CURRENT" if GPU else "SM86") and report["build_time_s"] > 0
+    assert report["onnx_verification"]["verified"] is True and report["passed"] is True
+    assert report["network_check"]["projection_blocks"] == DEPTH
+    assert report["ran_on_gpu"] is GPU and report["status"] == (STATUS_RUN if GPU else STATUS_BUILT)
+    if GPU:
+        assert report["parity"]["passed"] and report["latency"]["median_ms"] > 0
+    else:
+        assert report["parity"] is None and report["latency"] is None
+        assert "BUILT, NOT RUN" in text and "SM86" in text
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--compute-capability", "SM99", "--format", "tensorrt"], "invalid choice: 'SM99'"),
+    (["--compute-capability", "SM89"], "error: --compute-capability applies to --format tensorrt only"),
+])
+def test_export_model_compute_capability_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        export_main(["--variant", "belief2", "--random-init", *argv])
+    assert info.value.code != 0
+    assert message in (str(info.value) + capsys.readouterr().err)
+
+
+def test_failed_network_check_saves_no_engine(lib, onnx_file, tmp_path, monkeypatch):
+    import attnzoo.export.tensorrt as etrt
+
+    real = rt.check_network_precision
+
+    def broken(network, scopes, op_types):
+        result = real(network, scopes, op_types)
+        return {**result, "ok": False, "failures": ["blocks.0.attn.projection: Div computes in HALF"]}
+
+    monkeypatch.setattr(etrt.rt, "check_network_precision", broken)
+    engine = tmp_path / "m.engine"
+    with pytest.raises(RuntimeError, match="network: .*engine not saved"):
+        build_engine(onnx_file("belief2"), engine)
+    assert not engine.exists()
+    assert json.loads(engine_report_path(engine).read_text())["passed"] is False
+
+
+def test_bench_tensorrt_rows_say_built_not_run(lib, tmp_path):
+    from attnzoo.benchmarks.cli import parse_settings
+    from attnzoo.benchmarks.run import run_benchmark
+
+    s = parse_settings(["--arch", "micro", "--variants", "belief", "--backends", "eager,tensorrt", "--batch-sizes",
+                        "1", "--min-time", "0.02", "--threads", "1", "--out", str(tmp_path), "--cache-dir",
+                        str(tmp_path / "cache"), "--no-progress", "--no-pair-eager"])
+    rows = [r for r in run_benchmark(s)["results"] if r["backend"] == "tensorrt"]
+    assert {r["variant"] for r in rows} == {"standard", "belief"}
+    for r in rows:
+        if GPU:
+            assert r["status"] == "ok", r["reason"]
+        else:
+            assert r["status"] == "built" and r["reason"].startswith("built, not run (no GPU)"), r
+            assert r["build_s"] > 0 and r["info"]["compute_capability"] == rt.DEFAULT_COMPUTE_CAPABILITY
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="running a TensorRT engine needs an NVIDIA GPU; none is visible")
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_engine_runs_and_matches_onnxruntime(lib, onnx_file, tmp_path, dtype):
+    from attnzoo.runtime.sessions import ort_session
+
+    path = onnx_file("belief2", "cls", dtype)
+    report = build_engine(path, tmp_path / "e.engine", batch_sizes=(1, 4, 8))
+    assert report["ran_on_gpu"] and report["parity"]["passed"], report["failures"]
+    engine = rt.Engine(tmp_path / "e.engine")
+    x = np.random.default_rng(1).standard_normal((3, 3, 32, 32)).astype(np.float32)
+    ref = ort_session(path, "cpu").run(None, {"image": x})[0]
+    assert compare(engine.run(x), ref, dtype)["passed"]
