@@ -1,5 +1,6 @@
-"""Atomic file output: write to a temporary file beside the target, rename on success, delete on failure,
-so no reader ever sees a half-written checkpoint, ONNX model, engine or report."""
+"""File output: write to a temporary file beside the target, rename on success, delete on failure, so no
+reader ever sees a half-written checkpoint, ONNX model, engine or report; check that an output folder can be
+written before any work starts; the one cache folder every command uses."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ import tempfile
 from pathlib import Path
 from typing import Iterator, Union
 
-__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_text", "sha256_file"]
+__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_text", "sha256_file", "writable_dir",
+           "default_cache_dir", "CACHE_ENV"]
+
+#: Environment variable naming the cache folder (zoo ONNX exports, TensorRT engines, benchmark models).
+CACHE_ENV = "ATTNZOO_CACHE"
 
 PathLike = Union[str, Path]
 
@@ -58,3 +63,33 @@ def sha256_file(path: PathLike) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def writable_dir(folder: PathLike, what: str = "output folder") -> Path:
+    """Create ``folder`` if needed and prove it writable by creating and removing a file in it.
+
+    Raises:
+        ValueError: one line naming ``what`` and the reason (a file in the way, no permission, read-only).
+    """
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"the {what} {folder} is not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cannot create the {what} {folder}: {exc.strerror or exc}") from None
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-test.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ValueError(f"the {what} {folder} cannot be written: {exc.strerror or exc}") from None
+    return folder
+
+
+def default_cache_dir() -> Path:
+    """``$ATTNZOO_CACHE``, else ``$XDG_CACHE_HOME/attnzoo``, else ``~/.cache/attnzoo``."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "attnzoo"

@@ -3,6 +3,9 @@
 Images of any PIL mode (RGBA, LA, palette, grayscale, 16-bit, float, CMYK) become 8-bit RGB; classification
 inputs are resized to the model's input size, segmentation inputs keep their aspect ratio and are only
 downscaled when their longer side exceeds ``max_side``; pixels are normalised with the model's mean/std.
+
+Every image is turned as its EXIF orientation says before anything else, and an image larger than
+:data:`attnzoo.limits.MAX_IMAGE_PIXELS` is refused from its header, before its pixels are decoded.
 """
 
 from __future__ import annotations
@@ -12,10 +15,12 @@ from pathlib import Path
 from typing import Optional, Sequence, Tuple, Union
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
+
+from attnzoo.limits import MAX_IMAGE_PIXELS
 
 __all__ = ["DEFAULT_MEAN", "DEFAULT_STD", "ImageLike", "load_image", "to_rgb", "normalize", "preprocess",
-           "fit_size"]
+           "fit_size", "UnreadableImageError", "ImageTooLargeError"]
 
 #: Normalisation of the bundled data sets (pixels in [0, 1] mapped to [-1, 1]).
 DEFAULT_MEAN: Tuple[float, float, float] = (0.5, 0.5, 0.5)
@@ -43,8 +48,29 @@ def to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
+class UnreadableImageError(ValueError):
+    """Not an image file, or a damaged one."""
+
+
+class ImageTooLargeError(ValueError):
+    """More pixels than :data:`attnzoo.limits.MAX_IMAGE_PIXELS`, or a decompression bomb."""
+
+
+def _check_pixels(img: Image.Image) -> None:
+    """Refuse an image over the pixel cap (from its size alone: PIL reads it from the header)."""
+    w, h = img.size
+    if w * h > MAX_IMAGE_PIXELS:
+        raise ImageTooLargeError(f"image is {w}x{h} ({w * h / 1e6:.0f} MP), over the {MAX_IMAGE_PIXELS / 1e6:.0f} MP "
+                                 "limit (a decompression-bomb guard); downscale it first")
+
+
 def load_image(source: ImageLike) -> Image.Image:
-    """Open a path, bytes, PIL image or uint8/float array as RGB; ``ValueError`` if it is not an image."""
+    """Open a path, bytes, PIL image or uint8/float array as RGB, turned upright as its EXIF says.
+
+    Raises:
+        ImageTooLargeError: over the pixel cap (checked before decoding), or a decompression bomb.
+        UnreadableImageError: not an image, or a damaged one.
+    """
     try:
         if isinstance(source, Image.Image):
             img = source
@@ -58,9 +84,16 @@ def load_image(source: ImageLike) -> Image.Image:
             img = Image.open(io.BytesIO(source))
         else:
             img = Image.open(Path(source))
+        _check_pixels(img)  # lazily opened: only the header has been read so far
         img.load()
-    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, TypeError, ValueError) as exc:
-        raise ValueError(f"cannot read image: {exc}") from exc
+        if img.getexif().get(ExifTags.Base.Orientation, 1) != 1:
+            img = ImageOps.exif_transpose(img)
+    except Image.DecompressionBombError as exc:
+        raise ImageTooLargeError(f"refused a decompression bomb: {exc}") from None
+    except (UnidentifiedImageError, OSError, TypeError, ValueError) as exc:
+        if isinstance(exc, ImageTooLargeError):
+            raise
+        raise UnreadableImageError(f"cannot read image: {exc}") from exc
     return to_rgb(img)
 
 

@@ -15,6 +15,10 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+from attnzoo.limits import MAX_BATCH_SIZE, check_batch_sizes
+
+from attnzoo.cli import UsageError, add_debug_flag, entry_point
+
 from .backends import BACKENDS, DTYPES
 
 __all__ = ["main", "build_parser", "parse_settings"]
@@ -29,13 +33,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backends", default="eager,compile,ort-cpu,ort-cuda,ort-trt,tensorrt",
                    help=f"comma-separated, from: {', '.join(BACKENDS)}")
     p.add_argument("--dtype", default="fp32", help=f"comma-separated, from: {', '.join(DTYPES)}")
-    p.add_argument("--batch-sizes", default="1,8,32", help="comma-separated positive integers")
+    p.add_argument("--batch-sizes", default="1,8,32", help=f"comma-separated integers in 1..{MAX_BATCH_SIZE}")
     p.add_argument("--threads", type=int, default=None,
                    help="intra-op threads for PyTorch and ONNX Runtime (default: the usable cores)")
     p.add_argument("--min-time", type=float, default=3.0, help="seconds timed per measurement (>= 10 iterations)")
     p.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder")
     p.add_argument("--cache-dir", type=Path, default=None,
-                   help="exported / optimized models (default: $XDG_CACHE_HOME/attnzoo/bench-latency)")
+                   help="exported / optimized models (default: <cache>/bench-latency, <cache> being "
+                        "$ATTNZOO_CACHE, else $XDG_CACHE_HOME/attnzoo, else ~/.cache/attnzoo, as for serve-demo)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="device of eager/compile")
     p.add_argument("--seed", type=int, default=0, help="seed of the random-init weights and the inputs")
     p.add_argument("--compile-budget", type=float, default=600.0,
@@ -44,14 +49,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="profile ONNX Runtime CPU ops (naive vs tuned session) -> ort_profile.md")
     p.add_argument("--no-pair-eager", action="store_true", help="skip the backend/eager A B A B speed-up run")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return p
+    return add_debug_flag(p)
 
 
 def _names(value: str, valid: Sequence[str], kind: str) -> List[str]:
     names = [v.strip() for v in value.split(",") if v.strip()]
     bad = [n for n in names if n not in valid]
     if bad or not names:
-        raise SystemExit(f"error: unknown {kind} {', '.join(map(repr, bad)) or '(none given)'}; "
+        raise UsageError(f"unknown {kind} {', '.join(map(repr, bad)) or '(none given)'}; "
                          f"valid: {', '.join(valid)}")
     return list(dict.fromkeys(names))
 
@@ -70,7 +75,7 @@ def _variants(value: str) -> List[str]:
         except ValueError:
             bad.append(n)
     if bad or not names:
-        raise SystemExit(f"error: unknown variant {', '.join(map(repr, bad)) or '(none given)'}; "
+        raise UsageError(f"unknown variant {', '.join(map(repr, bad)) or '(none given)'}; "
                          f"valid: all, {', '.join(sorted(VARIANTS))}")
     return list(dict.fromkeys(out))
 
@@ -81,25 +86,50 @@ def _batches(value: str) -> List[int]:
     except ValueError:
         sizes = []
     if not sizes or any(b < 1 for b in sizes):
-        raise SystemExit(f"error: --batch-sizes must be comma-separated positive integers, got {value!r}")
+        raise UsageError(f"--batch-sizes must be comma-separated positive integers, got {value!r}")
+    try:
+        check_batch_sizes(sizes)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     return list(dict.fromkeys(sizes))
 
 
+def _check_memory(settings) -> None:
+    """Refuse (exit 2) a largest batch whose forward pass would not fit in the memory available now."""
+    import torch
+
+    from attnzoo.limits import check_forward_memory
+    from attnzoo.models import create_model
+
+    for variant in settings.variants:
+        with torch.device("meta"):  # the config only: no weights are allocated
+            config = create_model(variant, task=settings.task, arch=settings.arch).attnzoo_config
+        try:
+            check_forward_memory(config, (config["img_size"],) * 2, max(settings.batch_sizes))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+
+
 def parse_settings(argv: Optional[Sequence[str]] = None):
-    """Command line -> :class:`attnzoo.benchmarks.run.Settings` (``SystemExit`` with one line on bad input)."""
+    """Command line -> :class:`attnzoo.benchmarks.run.Settings`.
+
+    Raises:
+        UsageError: a bad flag value (one line).
+    """
+    from attnzoo.fileio import default_cache_dir
+
     from .run import Settings
 
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
     if not a.min_time > 0:
-        raise SystemExit(f"error: --min-time must be > 0, got {a.min_time}")
+        raise UsageError(f"--min-time must be > 0, got {a.min_time}")
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = a.threads if a.threads is not None else usable
     if threads < 1:
-        raise SystemExit(f"error: --threads must be >= 1, got {threads}")
+        raise UsageError(f"--threads must be >= 1, got {threads}")
     out = a.out
-    cache = a.cache_dir or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnzoo" / \
-        "bench-latency"
+    cache = a.cache_dir or default_cache_dir() / "bench-latency"
     return Settings(variants=_variants(a.variants), backends=_names(a.backends, BACKENDS, "backend"),
                     dtypes=_names(a.dtype, DTYPES, "dtype"), batch_sizes=_batches(a.batch_sizes), task=a.task,
                     arch=a.arch, threads=threads, min_time=a.min_time, out=out, cache_dir=cache, device=a.device,
@@ -108,14 +138,20 @@ def parse_settings(argv: Optional[Sequence[str]] = None):
                     command=shlex.join(["bench-latency", *argv]))
 
 
+@entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point of ``bench-latency``."""
+    """Entry point of ``bench-latency``; the output folder is checked writable before anything is measured."""
+    from attnzoo.fileio import writable_dir
+
     settings = parse_settings(argv)
     if settings.device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
-            raise SystemExit("error: --device cuda but no CUDA GPU is available")
+            raise UsageError("--device cuda but no CUDA GPU is available")
+    writable_dir(settings.out, "--out folder")
+    writable_dir(settings.cache_dir, "--cache-dir folder")
+    _check_memory(settings)
     from .report import markdown, write_outputs, write_profile
     from .run import run_benchmark
 

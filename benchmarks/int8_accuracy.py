@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from attnzoo.fileio import atomic_write_bytes
+from attnzoo.fileio import atomic_write_bytes, default_cache_dir, writable_dir
 from attnzoo.zoo import DEFAULT_DATA
 
 from .env import environment
@@ -126,9 +125,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--batch", type=int, default=8, help="batch size of the speed comparison")
     p.add_argument("--min-time", type=float, default=1.0)
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--cache-dir", type=Path,
-                   default=Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnzoo" / "int8")
+    p.add_argument("--cache-dir", type=Path, default=default_cache_dir() / "int8",
+                   help="quantized models (default: <cache>/int8, <cache> as for bench-latency and serve-demo)")
     a = p.parse_args(argv)
+    writable_dir(a.out, "--out folder")  # before the models are quantized and timed
     entries = [e for e in zoo.entries() if e["data"] == a.data and a.task in ("all", e["task"])]
     if not entries:
         raise SystemExit(f"error: the zoo has no {a.task} models for data {a.data!r} yet")

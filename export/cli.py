@@ -7,6 +7,9 @@ Examples::
     export-model --variant belief2 --checkpoint runs/belief2.safetensors --out exports/b2.onnx
     export-model --variant belief2 --format tensorrt --batch-sizes 1,8,32
     export-model --variant belief2 --format tensorrt --compute-capability SM86   # no GPU needed
+
+Errors: one ``error: ...`` line, exit 2 for a bad command line (refused before anything is loaded or
+written), 1 for a failure; ``--debug`` shows the traceback (see :mod:`attnzoo.cli`).
 """
 
 from __future__ import annotations
@@ -14,33 +17,35 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import os
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from torch import nn
 
+from attnzoo.cli import CommandError, UsageError, add_debug_flag, entry_point, first_line
+
 __all__ = ["main", "build_parser", "load_for_export"]
+
+
+#: ``--out`` suffixes of each ``--format`` (the format is inferred from the suffix when not given).
+SUFFIXES = {"onnx": (".onnx",), "tensorrt": (".engine", ".plan")}
 
 
 def _parse_ints(text: str, what: str) -> List[int]:
     try:
         values = [int(v) for v in text.replace("x", ",").split(",") if v.strip()]
     except ValueError:
-        raise SystemExit(f"error: {what} must be integers separated by commas, got {text!r}") from None
+        raise UsageError(f"{what} must be integers separated by commas, got {text!r}") from None
     if not values or min(values) < 1:
-        raise SystemExit(f"error: {what} must be positive integers, got {text!r}")
+        raise UsageError(f"{what} must be positive integers, got {text!r}")
     return values
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def build_parser() -> argparse.ArgumentParser:
     from attnzoo.models import ARCHS, TASKS, VARIANT_NAMES
+
+    from attnzoo.limits import MAX_BATCH_SIZE
 
     from .onnx_export import DTYPES, SUPPORTED_OPSETS
 
@@ -61,8 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="export a freshly initialised (untrained) model instead of a checkpoint")
     p.add_argument("--opset", type=int, default=20, help=f"ONNX opset ({', '.join(map(str, SUPPORTED_OPSETS))})")
     p.add_argument("--dtype", choices=DTYPES, default="fp32")
-    p.add_argument("--format", choices=("onnx", "tensorrt"), default="onnx")
-    p.add_argument("--batch-sizes", default="1,8", help="batch sizes verified (and the TensorRT profile range)")
+    p.add_argument("--format", choices=tuple(SUFFIXES), default=None,
+                   help="onnx or tensorrt (default: from the --out suffix, .onnx or .engine; else onnx)")
+    p.add_argument("--batch-sizes", default="1,8",
+                   help=f"batch sizes verified (and the TensorRT profile range), each in 1..{MAX_BATCH_SIZE}")
     p.add_argument("--input-size", default=None, metavar="H[xW]",
                    help="input size (default: the model's training size; segmenters take any H x W)")
     p.add_argument("--out", type=Path, default=None,
@@ -75,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"--format tensorrt: GPU to build for, one of {', '.join(COMPUTE_CAPABILITIES)} (default: "
                         f"CURRENT, the GPU present; without a GPU {DEFAULT_COMPUTE_CAPABILITY}, built ahead of time "
                         "with tensorrt-rtx and not run)")
-    return p
+    return add_debug_flag(p)
 
 
 def _class_count(state: Dict[str, Any], task: str) -> Optional[int]:
@@ -141,71 +148,106 @@ def load_for_export(variant: str, task: Optional[str] = None, arch: Optional[str
     return model.eval(), config, sha256_file(checkpoint)
 
 
+def _format(fmt: Optional[str], out: Optional[Path]) -> str:
+    """The output format: ``--format``, else inferred from the ``--out`` suffix; they must agree."""
+    if out is None:
+        return fmt or "onnx"
+    implied = next((f for f, suffixes in SUFFIXES.items() if out.suffix.lower() in suffixes), None)
+    if implied is None:
+        raise UsageError(f"--out {out}: the file name must end in .onnx (ONNX) or .engine (TensorRT engine)")
+    if fmt is not None and fmt != implied:
+        if fmt == "tensorrt":
+            raise UsageError(f"with --format tensorrt, --out names the engine file (e.g. {out.with_suffix('.engine')}); "
+                             "the verified ONNX is written beside it")
+        raise UsageError(f"--out {out} names a TensorRT engine but --format is onnx; use --out "
+                         f"{out.with_suffix('.onnx')}, or --format tensorrt")
+    return implied
+
+
 def _out_path(args: argparse.Namespace, config: Dict[str, Any]) -> Path:
     """The output file; its folder is created and must be writable."""
-    suffix = ".engine" if args.format == "tensorrt" else ".onnx"
+    from attnzoo.fileio import writable_dir
+
+    suffix = SUFFIXES[args.format][0]
     dtype = "_fp16" if args.dtype == "fp16" else ""
     out = args.out or Path("exports") / f"{config['variant']}_{config['task']}_{config['arch']}{dtype}{suffix}"
     if out.is_dir():
-        raise ValueError(f"--out {out} is a directory; give a file name")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ValueError(f"cannot create the output folder {out.parent}: {exc.strerror or exc}") from None
-    if not os.access(out.parent, os.W_OK):
-        raise ValueError(f"the output folder {out.parent} is not writable")
+        raise UsageError(f"--out {out} is a directory; give a file name")
+    writable_dir(out.parent)
     return out
 
 
 def _input_hw(text: Optional[str], config: Dict[str, Any]) -> Tuple[int, int]:
     if text is None:
         return int(config["img_size"]), int(config["img_size"])
+    from attnzoo.limits import check_side
+
     hw = _parse_ints(text, "--input-size")
     if len(hw) > 2:
-        raise SystemExit(f"error: --input-size takes H or HxW, got {text!r}")
+        raise UsageError(f"--input-size takes H or HxW, got {text!r}")
     h, w = hw[0], hw[-1]
+    try:
+        check_side(max(h, w), "--input-size sides")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if config["task"] == "cls" and (h, w) != (config["img_size"],) * 2:
-        raise SystemExit(f"error: a classifier takes its training size {config['img_size']}, not {h}x{w}")
+        raise UsageError(f"a classifier takes its training size {config['img_size']}, not {h}x{w}")
     return h, w
 
 
+@entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point of ``export-model``; errors exit non-zero with one ``error: ...`` line."""
+    """Entry point of ``export-model``; errors exit non-zero with one ``error: ...`` line.
+
+    Everything that can be checked is checked before the export starts: flags, the batch-size bound and the
+    memory a verification pass at the largest batch needs, the output folder.
+    """
     from tqdm import tqdm
 
+    from attnzoo.limits import check_batch_sizes, check_forward_memory
+    from attnzoo.models import canonical_name
+
     from .onnx_export import SUPPORTED_OPSETS
-    from .verify import VerificationError, export_verified, summary
+    from .verify import EXTRA_BATCH_SIZES, VerificationError, export_verified, summary
 
     args = build_parser().parse_args(argv)
     if args.opset not in SUPPORTED_OPSETS:
-        raise SystemExit(f"error: unsupported opset {args.opset}; supported: "
-                         f"{', '.join(map(str, SUPPORTED_OPSETS))}")
+        raise UsageError(f"unsupported opset {args.opset}; supported: {', '.join(map(str, SUPPORTED_OPSETS))}")
     batch_sizes = _parse_ints(args.batch_sizes, "--batch-sizes")
+    try:
+        check_batch_sizes(batch_sizes)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    args.format = _format(args.format, args.out)
+    if args.random_init and args.checkpoint is not None:
+        raise UsageError("--random-init and --checkpoint exclude each other")
+    try:
+        canonical_name(args.variant)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if args.format == "tensorrt":
         from .tensorrt import tensorrt_unavailable_reason
 
         reason = tensorrt_unavailable_reason(run=False)  # building needs no GPU with tensorrt-rtx
         if reason:
-            raise SystemExit(f"error: --format tensorrt: {reason}")
+            raise UsageError(f"--format tensorrt: {reason}")
         from attnzoo.runtime.tensorrt import gpu_available
 
         if args.compute_capability == "CURRENT" and not gpu_available():
-            raise SystemExit("error: --compute-capability CURRENT needs a GPU and none is visible; name one to "
+            raise UsageError("--compute-capability CURRENT needs a GPU and none is visible; name one to "
                              "build ahead of time (e.g. SM89)")
     elif args.compute_capability:
-        raise SystemExit("error: --compute-capability applies to --format tensorrt only")
+        raise UsageError("--compute-capability applies to --format tensorrt only")
+    model, config, sha = load_for_export(args.variant, args.task, args.arch, args.checkpoint, args.random_init)
+    hw = _input_hw(args.input_size, config)
     try:
-        model, config, sha = load_for_export(args.variant, args.task, args.arch, args.checkpoint, args.random_init)
-        out = _out_path(args, config)
+        check_forward_memory(config, hw, max([*batch_sizes, *EXTRA_BATCH_SIZES]))
     except ValueError as exc:
-        raise SystemExit(f"error: {exc}") from None
-    if args.format == "tensorrt" and out.suffix == ".onnx":
-        raise SystemExit(f"error: with --format tensorrt, --out names the engine file (e.g. {out.with_suffix('.engine')}); "
-                         "the verified ONNX is written beside it")
+        raise UsageError(str(exc)) from None
+    out = _out_path(args, config)
     if args.random_init:
         print(f"warning: --random-init: exporting an UNTRAINED {config['variant']} model with random weights; "
               "its predictions are meaningless", file=sys.stderr)
-    hw = _input_hw(args.input_size, config)
     onnx_out = out if args.format == "onnx" else out.with_suffix(".onnx")
     steps = ["export + check + verify"] + (["tensorrt"] if args.format == "tensorrt" else [])
     with tqdm(total=len(steps), desc="export-model", unit="step", file=sys.stderr) as bar:
@@ -216,10 +258,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 report = export_verified(model, onnx_out, config, opset=args.opset, dtype=args.dtype,
                                          input_hw=hw, batch_sizes=batch_sizes, checkpoint_sha256=sha,
                                          threads=args.threads)
-        except (ValueError, VerificationError) as exc:
-            raise SystemExit(f"error: {exc}") from None
-        except Exception as exc:  # ONNX Runtime / exporter / file-system errors: one line, no traceback
-            raise SystemExit(f"error: export failed: {type(exc).__name__}: {_first_line(exc)}") from None
+        except VerificationError as exc:
+            raise CommandError(str(exc)) from exc
+        except (ValueError, OSError):
+            raise
+        except Exception as exc:  # ONNX Runtime / exporter errors: one line (traceback with --debug)
+            raise CommandError(f"export failed: {type(exc).__name__}: {first_line(exc)}") from exc
         bar.update()
         engine_report = None
         if args.format == "tensorrt":
@@ -229,8 +273,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             try:
                 engine_report = build_engine(onnx_out, out, batch_sizes=batch_sizes,
                                              compute_capability=args.compute_capability)
-            except Exception as exc:  # TensorRT / CUDA / file-system errors: one line, no traceback
-                raise SystemExit(f"error: TensorRT build failed: {_first_line(exc)}") from None
+            except Exception as exc:  # TensorRT / CUDA / file-system errors: one line (traceback with --debug)
+                raise CommandError(f"TensorRT build failed: {first_line(exc)}") from exc
             bar.update()
     print(summary(report))
     if engine_report:

@@ -28,7 +28,7 @@ from attnzoo.runtime.sessions import ort_session
 from .check import check_projection
 from .onnx_export import BATCH_DIM, export_onnx, metadata_props, op_histogram
 
-__all__ = ["EXTRA_BATCH_SIZES", "verify_onnx", "export_verified", "report_path",
+__all__ = ["EXTRA_BATCH_SIZES", "verify_onnx", "export_verified", "report_path", "failed_report_path",
            "summary", "VerificationError"]
 
 #: Batch sizes verified on top of the requested ones (the export traces batch 2).
@@ -42,6 +42,12 @@ class VerificationError(RuntimeError):
 def report_path(onnx_path: Union[str, Path]) -> Path:
     """``model.onnx`` -> ``model.report.json``."""
     return Path(onnx_path).with_suffix(".report.json")
+
+
+def failed_report_path(onnx_path: Union[str, Path]) -> Path:
+    """``model.onnx`` -> ``model.failed.report.json``: the report of an export that failed verification, kept
+    apart so that it never replaces the report of a good ``model.onnx`` already there."""
+    return Path(onnx_path).with_suffix(".failed.report.json")
 
 
 def _inputs(config: Mapping[str, Any], hw: Tuple[int, int], n: int, seed: int) -> Dict[str, np.ndarray]:
@@ -108,8 +114,9 @@ def export_verified(model: nn.Module, out: Union[str, Path], config: Mapping[str
                     threads: Optional[int] = None) -> Dict[str, Any]:
     """Export, check the projection, verify parity; only a passing model reaches ``out``.
 
-    The report (``<out>.report.json``) is written either way; on failure the ONNX file is deleted and
-    :class:`VerificationError` is raised.
+    A passing export writes ``<out>.report.json`` and replaces ``out``. A failing one leaves ``out`` and its
+    report untouched (a good model already there stays), writes its report to ``<out>.failed.report.json``
+    and raises :class:`VerificationError`.
     """
     from attnzoo.fileio import atomic_path, atomic_write_text, sha256_file
 
@@ -137,10 +144,12 @@ def export_verified(model: nn.Module, out: Union[str, Path], config: Mapping[str
         if report["batch_dim"] != BATCH_DIM:
             failures.append(f"input batch dimension is {report['batch_dim']!r}, not {BATCH_DIM!r}")
         report.update(passed=not failures, failures=failures)
-        atomic_write_text(report_path(out), json.dumps(report, indent=2) + "\n")
         if failures:
+            atomic_write_text(failed_report_path(out), json.dumps(report, indent=2) + "\n")
             raise VerificationError(f"{out.name} failed verification ({'; '.join(failures[:3])}); "
-                                    f"see {report_path(out)}")
+                                    f"see {failed_report_path(out)}; {out.name} was not written")
+        atomic_write_text(report_path(out), json.dumps(report, indent=2) + "\n")
+    failed_report_path(out).unlink(missing_ok=True)  # a stale failure report no longer describes anything
     return report
 
 

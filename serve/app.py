@@ -20,7 +20,7 @@ from PIL import Image
 import attnzoo.serve  # noqa: F401  (sets the offline environment before gradio is imported)
 import gradio as gr
 
-from attnzoo.preprocess import fit_size, load_image
+from attnzoo.preprocess import UnreadableImageError, fit_size, load_image
 
 from . import examples as ex
 from .backends import ServedModel
@@ -50,7 +50,7 @@ def _user_errors(fn):
             return fn(*args, **kwargs)
         except gr.Error:
             raise
-        except (ValueError, Image.DecompressionBombError) as exc:
+        except ValueError as exc:  # load_image names decompression bombs itself
             raise gr.Error(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
         except Exception as exc:
             traceback.print_exc(file=sys.stderr)
@@ -68,8 +68,8 @@ def _read_upload(payload: Any) -> Image.Image:
     if not payload:
         raise ValueError("no image: upload one (or pick an example) first")
     try:
-        img = load_image(payload)
-    except ValueError:
+        img = load_image(payload)  # over the pixel cap or a decompression bomb: its own message passes through
+    except UnreadableImageError:
         raise ValueError(f"cannot read image {name or Path(payload).name!r}: not an image file, or a damaged "
                          "one (PNG, JPEG, WebP, BMP, GIF, TIFF ... are read)") from None
     if img.width * img.height == 0:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -19,13 +18,13 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from attnzoo.fileio import CACHE_ENV, default_cache_dir  # noqa: F401  (re-exported)
 from attnzoo.zoo import DEFAULT_DATA
 
 __all__ = ["BACKENDS", "ServedModel", "load_models", "load_onnx_dir", "load_checkpoint_dir", "load_zoo_torch",
            "export_zoo", "default_cache_dir", "backend_problem"]
 
 BACKENDS = ("onnxruntime", "pytorch", "tensorrt")
-CACHE_ENV = "ATTNZOO_CACHE"
 #: Most sliding windows run in one call (the TensorRT profile's largest batch).
 SLIDING_BATCH = 16
 
@@ -150,40 +149,69 @@ def _warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
+def _warmed_up(m: ServedModel) -> ServedModel:
+    """Run ``m`` once on zeros (the first call allocates, so the first latency shown is a real one) and check
+    that it outputs one logit channel per class name; ``ValueError`` naming both counts otherwise."""
+    from attnzoo.checkpoint import check_logits
+
+    out = m.run(np.zeros((1, 3, *m.input_size), np.float32))
+    check_logits(m.class_names, out.shape, m.task, Path(m.source).name)
+    return m
+
+
+def _model_files(directory: Path, suffix: str) -> List[Path]:
+    """The regular files ``*<suffix>`` of ``directory``; anything else with that name (a FIFO, a device, a
+    folder) is skipped with a warning, never opened."""
+    paths = []
+    for path in sorted(Path(directory).glob(f"*{suffix}")):
+        if path.is_file():
+            paths.append(path)
+        else:
+            _warn(f"skipping {path.name}: not a regular file")
+    return paths
+
+
+def _skip(path: Path, exc: BaseException) -> None:
+    from attnzoo.cli import first_line
+
+    _warn(f"skipping {path.name}: {first_line(exc)}")
+
+
 def load_onnx_dir(directory: Path, backend: str = "onnxruntime", threads: Optional[int] = None,
                   cache_dir: Optional[Path] = None) -> List[ServedModel]:
-    """Every attnzoo ``.onnx`` file of ``directory`` (files without attnzoo metadata are skipped with a
-    warning), each with one reused ONNX Runtime session (CPU) or TensorRT engine."""
+    """Every attnzoo ``.onnx`` file of ``directory``, each with one reused ONNX Runtime session (CPU) or
+    TensorRT engine. A file that is not an attnzoo model, has invalid metadata (config, input size, class
+    names vs logits) or fails to load is skipped with a warning naming it and the reason."""
     from tqdm import tqdm
 
     from attnzoo.runtime.contract import ModelContract
 
     models = []
-    paths = sorted(Path(directory).glob("*.onnx"))
+    paths = _model_files(directory, ".onnx")
     for path in tqdm(paths, desc=f"loading models ({backend})", unit="model", disable=len(paths) < 4):
         try:
-            contract = ModelContract.from_onnx(path)  # one read of the file's metadata
+            contract = ModelContract.from_onnx(path)  # one read of the file's metadata, validated
             config, input_size = contract.config, contract.input_size
             run, fixed = _tensorrt_runner(path, cache_dir) if backend == "tensorrt" else _onnx_runner(path, threads)
+            models.append(_warmed_up(_from_config(config, run, fixed, path, backend, input_size)))
         except Exception as exc:  # onnx, onnxruntime and tensorrt raise their own types; skip the file, say why
-            _warn(f"skipping {path.name}: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}")
-            continue
-        models.append(_from_config(config, run, fixed, path, backend, input_size))
+            _skip(path, exc)
     return models
 
 
 def load_checkpoint_dir(directory: Path) -> List[ServedModel]:
-    """Every ``.safetensors`` checkpoint of ``directory``, run by PyTorch (segmenters take any size)."""
+    """Every ``.safetensors`` checkpoint of ``directory``, run by PyTorch (segmenters take any size); bad
+    files are skipped with a warning, as in :func:`load_onnx_dir`."""
     from attnzoo.checkpoint import load_checkpoint
 
     models = []
-    for path in sorted(Path(directory).glob("*.safetensors")):
+    for path in _model_files(directory, ".safetensors"):
         try:
             model, config = load_checkpoint(path)
+            served = _from_config(config, _torch_runner(model), config["task"] == "cls", path, "pytorch")
+            models.append(_warmed_up(served))
         except Exception as exc:  # noqa: BLE001 - one bad file must not stop the others (like the ONNX path)
-            _warn(f"skipping {path.name}: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}")
-            continue
-        models.append(_from_config(config, _torch_runner(model), config["task"] == "cls", path, "pytorch"))
+            _skip(path, exc)
     return models
 
 
@@ -206,16 +234,9 @@ def load_zoo_torch(data: str = DEFAULT_DATA) -> List[ServedModel]:
     for e in _zoo_rows(data):
         model, config = zoo.load(e["variant"], e["task"], data)
         path = zoo.checkpoint_path(e["variant"], e["task"], data)
-        models.append(_from_config(config, _torch_runner(model), config["task"] == "cls", path, "pytorch"))
+        models.append(_warmed_up(_from_config(config, _torch_runner(model), config["task"] == "cls", path,
+                                              "pytorch")))
     return models
-
-
-def default_cache_dir() -> Path:
-    """``$ATTNZOO_CACHE`` or ``$XDG_CACHE_HOME/attnzoo`` or ``~/.cache/attnzoo``."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "attnzoo"
 
 
 def export_zoo(data: str = DEFAULT_DATA, cache_dir: Optional[Path] = None) -> Path:
@@ -262,7 +283,8 @@ def load_models(models_dir: Optional[Path] = None, backend: str = "onnxruntime",
         threads: ONNX Runtime intra-op threads per session (None: its default).
 
     Raises:
-        ValueError: the backend cannot run here, the folder is missing, or nothing servable was found.
+        ValueError: the backend cannot run here, the folder is missing, or nothing servable was found (bad
+            files are skipped with a warning naming each).
     """
     problem = backend_problem(backend)
     if problem:
@@ -278,6 +300,4 @@ def load_models(models_dir: Optional[Path] = None, backend: str = "onnxruntime",
         wanted = ".onnx files exported by export-model"
     if not models:
         raise ValueError(f"no servable models in {models_dir or 'the zoo'} (expected {wanted})")
-    for m in models:  # the first call allocates; do it now so the first latency shown is a real one
-        m.run(np.zeros((1, 3, *m.input_size), np.float32))
     return _unique_names(models)

@@ -10,12 +10,15 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import List, Optional
 
+from attnzoo.cli import UsageError, add_debug_flag, entry_point
+from attnzoo.fileio import CACHE_ENV
 from attnzoo.zoo import DEFAULT_DATA
 
-from .backends import BACKENDS, CACHE_ENV, load_models
+from .backends import BACKENDS, load_models
 
 __all__ = ["main", "build_parser"]
 
@@ -42,22 +45,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seg-max-side", type=int, default=None, metavar="PX",
                    help="downscale images for segmentation to this longest side (default: the model's input "
                         "size); larger values run sliding windows")
-    return p
+    return add_debug_flag(p)
 
 
-def main(argv: Optional[List[str]] = None) -> None:
-    """Entry point of ``serve-demo``."""
+@entry_point
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of ``serve-demo``: one ``error: ...`` line and exit 2 (usage) or 1 (failure) on errors."""
     args = build_parser().parse_args(argv)
     if not 0 < args.port < 65536:
-        raise SystemExit(f"error: --port must be in 1..65535, got {args.port}")
+        raise UsageError(f"--port must be in 1..65535, got {args.port}")
     for flag, value in (("--threads", args.threads), ("--seg-max-side", args.seg_max_side)):
         if value is not None and value < 1:
-            raise SystemExit(f"error: {flag} must be at least 1, got {value}")
-    try:
-        models = load_models(args.models, args.backend, data=args.data, cache_dir=args.cache_dir,
-                             threads=args.threads)
-    except ValueError as exc:
-        raise SystemExit(f"error: {exc}") from None
+            raise UsageError(f"{flag} must be at least 1, got {value}")
+    models = load_models(args.models, args.backend, data=args.data, cache_dir=args.cache_dir, threads=args.threads)
     from .app import build_demo, launch
 
     source = f"`{args.models}`" if args.models else f"the zoo ({args.data})"
@@ -66,8 +66,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     try:
         launch(demo, args.host, args.port)
     except OSError as exc:  # port taken, address not available
-        raise SystemExit(f"error: cannot listen on {args.host}:{args.port}: {exc}") from None
+        raise OSError(f"cannot listen on {args.host}:{args.port}: {exc}") from None
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

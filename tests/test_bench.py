@@ -130,7 +130,8 @@ def test_parity_gate_rejects_perturbed_backend(tmp_path):
 ])
 def test_bad_names_give_one_clear_error(flag, value, needle):
     with pytest.raises(SystemExit) as exc:
-        parse_settings([flag, value])
+        main([flag, value])
+    assert exc.value.code == 2
     assert str(exc.value).startswith("error: ") and needle in str(exc.value)
     assert "\n" not in str(exc.value)
 
@@ -138,7 +139,7 @@ def test_bad_names_give_one_clear_error(flag, value, needle):
 def test_cli_exit_code_and_single_line():
     proc = subprocess.run([sys.executable, "-m", "attnzoo.benchmarks.cli", "--backends", "foo"],
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0
+    assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "error: unknown backend 'foo'; valid: eager, compile, ort-cpu, ort-cuda, ort-trt, tensorrt"]
 

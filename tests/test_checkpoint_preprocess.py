@@ -23,7 +23,7 @@ def test_read_config_tells_a_plain_state_dict_from_a_broken_config(tmp_path):
         read_config(ckpt)
     assert not isinstance(info.value, NoConfigError)
     (tmp_path / "x.json").write_text('{"foo": 1}')
-    with pytest.raises(ValueError, match="not an attnzoo checkpoint config"):
+    with pytest.raises(ValueError, match="not an attnzoo model config \\(missing variant"):
         read_config(ckpt)
 
 

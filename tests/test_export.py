@@ -194,8 +194,8 @@ def test_failed_verification_leaves_no_model(tmp_path, monkeypatch):
     with pytest.raises(verify_mod.VerificationError, match="failed verification"):
         export_verified(model, out, model.attnzoo_config, batch_sizes=(1,))
     assert not out.exists()
-    assert [p.name for p in tmp_path.iterdir()] == ["m.report.json"]
-    assert json.loads((tmp_path / "m.report.json").read_text())["passed"] is False
+    assert [p.name for p in tmp_path.iterdir()] == ["m.failed.report.json"]
+    assert json.loads((tmp_path / "m.failed.report.json").read_text())["passed"] is False
 
 
 # ----------------------------------------------------------------------------------------------------- CLI
@@ -205,7 +205,7 @@ def _cli_error(args) -> str:
     with pytest.raises(SystemExit) as info:
         main(args)
     assert info.value.code not in (0, None)
-    return str(info.value.code)
+    return str(info.value)
 
 
 def test_cli_exports_a_checkpoint(tmp_path, capsys):

@@ -290,7 +290,7 @@ def test_unknown_option_lists_valid_options():
 def test_unknown_task_arch_decoder():
     with pytest.raises(ValueError, match="unknown task 'det'; valid: cls, seg"):
         create_model("standard", task="det")
-    with pytest.raises(ValueError, match="unknown arch 'huge'; valid: micro, tiny, small, base"):
+    with pytest.raises(ValueError, match="unknown arch 'huge'; valid: micro, micro-conv, tiny, small, base"):
         create_model("standard", arch="huge")
     with pytest.raises(ValueError, match="unknown decoder"):
         create_model("standard", task="seg", decoder="fpn")

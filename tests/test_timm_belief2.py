@@ -19,7 +19,8 @@ from timm.models.vision_transformer import ParallelScalingBlock, ResPostBlock, V
 
 from attnzoo.export.check import check_projection
 from attnzoo.export.onnx_export import config_hw, export_onnx, metadata_props
-from attnzoo.export.verify import FP32_ATOL, verify_onnx
+from attnzoo.export.verify import verify_onnx
+from attnzoo.runtime.parity import TOLERANCES
 from attnzoo.models import Belief2Attention, attention_class, convert_to_belief2, create_model
 from attnzoo.models.factory import TIMM_DEFAULT_ARCH
 
@@ -113,7 +114,7 @@ def _export_and_check(model: torch.nn.Module, path) -> Dict[str, str]:
     parity = verify_onnx(model, path, model.attnzoo_config, batch_sizes=(2,),
                          input_hw=tuple(json.loads(props["input_size"])))
     assert parity["passed"], parity["failures"]
-    assert parity["max_abs_err"] <= FP32_ATOL
+    assert parity["max_abs_err"] <= TOLERANCES["fp32"]
     return props
 
 

@@ -11,6 +11,7 @@ import json
 import sys
 from typing import List, Optional
 
+from attnzoo.cli import CommandError, UsageError, add_debug_flag, entry_point
 from attnzoo.training.train import TrainConfig, evaluate_checkpoint, train
 
 __all__ = ["main", "evaluate_main"]
@@ -21,7 +22,7 @@ def _parse_options(items: List[str]) -> dict:
     options = {}
     for item in items:
         if "=" not in item:
-            raise ValueError(f"--option expects KEY=VALUE, got {item!r}")
+            raise UsageError(f"--option expects KEY=VALUE, got {item!r}")
         key, value = item.split("=", 1)
         try:
             options[key] = json.loads(value)
@@ -50,30 +51,41 @@ def _train_parser() -> argparse.ArgumentParser:
                    help="variant option, e.g. --option eps=1e-6 --option param_matched=true")
     p.add_argument("--out", default="runs", help="output folder")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--resume", action="store_true", help="continue from the saved state in --out")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the saved state in --out (<name>.state.safetensors + <name>.state.json); "
+                        "an error when it is missing or damaged")
     p.add_argument("--no-progress", action="store_true")
-    return p
+    return add_debug_flag(p)
 
 
+@entry_point
 def main(argv: Optional[List[str]] = None) -> int:
     """``train-model``: train one model and write ``<out>/<variant>_<task>_<data>.safetensors`` + ``.json``."""
+    from attnzoo.limits import check_side
+
     args = _train_parser().parse_args(argv)
+    if args.epochs < 1 or args.batch_size < 1 or args.lr <= 0:
+        raise UsageError("--epochs and --batch-size must be >= 1 and --lr > 0")
+    if args.img_size is not None:
+        try:
+            check_side(args.img_size, "--img-size")
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    cfg = TrainConfig(variant=args.variant, task=args.task, data=args.data, arch=args.arch,
+                      img_size=args.img_size, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                      weight_decay=args.weight_decay, warmup_epochs=args.warmup_epochs, seed=args.seed,
+                      train_size=args.train_size, options=_parse_options(args.option), out=args.out,
+                      threads=args.threads)
     try:
-        if args.epochs < 1 or args.batch_size < 1 or args.lr <= 0:
-            raise ValueError("--epochs and --batch-size must be >= 1 and --lr > 0")
-        cfg = TrainConfig(variant=args.variant, task=args.task, data=args.data, arch=args.arch,
-                          img_size=args.img_size, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                          weight_decay=args.weight_decay, warmup_epochs=args.warmup_epochs, seed=args.seed,
-                          train_size=args.train_size, options=_parse_options(args.option), out=args.out,
-                          threads=args.threads)
         result = train(cfg, resume=args.resume, progress=not args.no_progress)
-    except (ValueError, RuntimeError, OSError) as exc:
-        raise SystemExit(f"error: {exc}") from None
+    except RuntimeError as exc:  # a diverged loss: its message says where
+        raise CommandError(str(exc)) from exc
     print(f"saved {result['path']}  val {result['metric_name']} {result['val_metric']:.2f}  "
           f"({result['train_time_s']:.0f} s)")
     return 0
 
 
+@entry_point
 def evaluate_main(argv: Optional[List[str]] = None) -> int:
     """``evaluate-model``: top-1 (cls) or mIoU + per-class IoU (seg) of a checkpoint on the test split."""
     p = argparse.ArgumentParser(prog="evaluate-model", description="Re-evaluate a checkpoint on the test split.")
@@ -82,13 +94,10 @@ def evaluate_main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--split", choices=("train", "val", "test"), default="test")
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N images")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    args = p.parse_args(argv)
-    try:
-        if args.limit is not None and args.limit < 1:
-            raise ValueError("--limit must be >= 1")
-        result = evaluate_checkpoint(args.checkpoint, data=args.data, limit=args.limit, split=args.split)
-    except (ValueError, RuntimeError, OSError) as exc:
-        raise SystemExit(f"error: {exc}") from None
+    args = add_debug_flag(p).parse_args(argv)
+    if args.limit is not None and args.limit < 1:
+        raise UsageError("--limit must be >= 1")
+    result = evaluate_checkpoint(args.checkpoint, data=args.data, limit=args.limit, split=args.split)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0

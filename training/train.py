@@ -18,6 +18,7 @@ from torch import nn
 from tqdm import tqdm
 
 from attnzoo.checkpoint import load_checkpoint, save_checkpoint
+from attnzoo.cli import first_line
 from attnzoo.fileio import atomic_path, atomic_write_text
 from attnzoo.models import canonical_name, count_params, create_model
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD
@@ -158,29 +159,52 @@ def _save_state(out_dir: Path, name: str, model, opt, sched, epoch: int, history
                                            "config": asdict(cfg)}, indent=1))
 
 
-def _load_state(out_dir: Path, name: str, model, opt, sched, cfg: TrainConfig):
-    """Restore what :func:`_save_state` wrote; ``None`` when there is nothing to resume."""
+def _load_state(out_dir: Path, name: str, model, opt, sched, cfg: TrainConfig) -> Dict[str, Any]:
+    """Restore what :func:`_save_state` wrote.
+
+    Raises:
+        ValueError: nothing to resume, one of the two state files missing, either of them damaged or
+            truncated, or saved with different settings -- one line naming the file.
+    """
     st_path, js_path = _state_paths(out_dir, name)
-    if not (st_path.is_file() and js_path.is_file()):
-        return None
-    meta = json.loads(js_path.read_text())
-    saved = {k: v for k, v in meta["config"].items() if k not in ("out", "threads", "epochs")}
+    present = [p for p in (st_path, js_path) if p.is_file()]
+    if not present:
+        done = out_dir / f"{name}.safetensors"
+        finished = f"; {done.name} is there (a finished run keeps no state)" if done.is_file() else ""
+        raise ValueError(f"nothing to resume in {out_dir}: no {st_path.name} or {js_path.name}{finished}; "
+                         "run without --resume to start afresh")
+    if len(present) == 1:
+        missing = js_path if present[0] == st_path else st_path
+        raise ValueError(f"cannot resume: {missing} is missing ({present[0].name} is there); delete "
+                         f"{present[0].name} and run without --resume to start afresh")
+    try:
+        meta = json.loads(js_path.read_text())
+        saved = {k: v for k, v in meta["config"].items() if k not in ("out", "threads", "epochs")}
+        epoch, history, elapsed = int(meta["epoch"]), list(meta["history"]), float(meta["elapsed"])
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ValueError(f"cannot resume: {js_path} is damaged ({type(exc).__name__}: {exc})") from None
     now = {k: v for k, v in asdict(cfg).items() if k not in ("out", "threads", "epochs")}
     if saved != now:
         diff = sorted(k for k in now if saved.get(k) != now[k])
         raise ValueError(f"cannot resume {st_path}: it was trained with different settings ({', '.join(diff)})")
-    tensors = load_file(str(st_path))
-    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
-    state: Dict[int, Dict[str, torch.Tensor]] = {}
-    for key, val in tensors.items():
-        if key.startswith("opt."):
-            _, idx, sub = key.split(".", 2)
-            state.setdefault(int(idx), {})[sub] = val.reshape(()) if sub == "step" else val
-    opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
-    sd = sched.state_dict()
-    sd.update(meta["scheduler"])
-    sched.load_state_dict(sd)
-    return meta
+    try:
+        tensors = load_file(str(st_path))
+    except Exception as exc:  # safetensors raises its own error type for a truncated or damaged file
+        raise ValueError(f"cannot resume: {st_path} is damaged or truncated ({first_line(exc)})") from None
+    try:
+        model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+        state: Dict[int, Dict[str, torch.Tensor]] = {}
+        for key, val in tensors.items():
+            if key.startswith("opt."):
+                _, idx, sub = key.split(".", 2)
+                state.setdefault(int(idx), {})[sub] = val.reshape(()) if sub == "step" else val
+        opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+        sd = sched.state_dict()
+        sd.update(meta["scheduler"])
+        sched.load_state_dict(sd)
+    except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"cannot resume: {st_path} does not match this model ({first_line(exc)})") from None
+    return {**meta, "epoch": epoch, "history": history, "elapsed": elapsed}
 
 
 def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, train_data: Optional[ImageSet] = None,
@@ -189,7 +213,7 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, train_d
 
     Args:
         cfg: The run's settings.
-        resume: Continue from ``<name>.state.*`` in ``cfg.out`` when present.
+        resume: Continue from ``<name>.state.*`` in ``cfg.out``; ``ValueError`` when they are missing or damaged.
         progress: Show a tqdm bar.
         train_data, val_data: Pre-loaded splits (the zoo builder shares them); loaded from ``cfg.data``
             when None.
@@ -221,8 +245,7 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, train_d
     history, start_epoch, elapsed = [], 0, 0.0
     if resume:
         meta = _load_state(out_dir, name, model, opt, sched, cfg)
-        if meta is not None:
-            history, start_epoch, elapsed = meta["history"], meta["epoch"], meta["elapsed"]
+        history, start_epoch, elapsed = meta["history"], meta["epoch"], meta["elapsed"]
     loss_fn = nn.CrossEntropyLoss()
     step = 0
     for epoch in range(start_epoch, cfg.epochs):

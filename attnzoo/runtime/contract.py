@@ -74,13 +74,24 @@ class ModelContract:
         """Parse already-read metadata props.
 
         Raises:
-            ValueError: not an attnzoo export, or a required entry is missing or malformed.
+            ValueError: not an attnzoo export, or a required entry is missing or malformed; the config is checked
+                by :func:`attnzoo.checkpoint.validate_config` and the input size against
+                :data:`attnzoo.limits.MAX_SIDE`.
         """
+        from attnzoo.checkpoint import validate_config
+        from attnzoo.limits import check_side
         from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD
 
-        config = config_from_props(props, source)
+        config = validate_config(config_from_props(props, source), source)
         try:
             size = json.loads(props["input_size"]) if "input_size" in props else [config["img_size"]] * 2
+        except ValueError as exc:
+            raise ValueError(f"{source}: malformed input_size metadata ({exc})") from None
+        if not isinstance(size, list) or len(size) != 2:
+            raise ValueError(f"{source}: input_size metadata must be [H, W], got {props.get('input_size')!r}")
+        for side in size:
+            check_side(side, f"{source}: input_size")
+        try:
             names = [str(c) for c in config.get("class_names") or range(int(config["num_classes"]))]
             eps = props.get("eps") or None
             return cls(variant=str(config["variant"]), task=str(config["task"]), arch=str(config.get("arch", "")),

@@ -1,0 +1,80 @@
+"""The bounds every command checks before it starts work, in one place (the README's "Errors" section
+quotes them).
+
+A request past a bound is refused with one line naming the bound, before anything is allocated or written.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence, Tuple
+
+__all__ = ["MAX_BATCH_SIZE", "MAX_IMAGE_PIXELS", "MAX_SIDE", "MAX_CLASSES", "check_batch_sizes", "check_side",
+           "forward_bytes", "available_memory", "check_forward_memory"]
+
+#: Largest batch size ``export-model`` verifies (and puts in a TensorRT profile) and ``bench-latency`` times.
+MAX_BATCH_SIZE = 1024
+#: Largest image (width x height) decoded by :func:`attnzoo.preprocess.load_image`: 40 megapixels, checked
+#: from the file's header before any pixel is decoded (a decompression-bomb guard).
+MAX_IMAGE_PIXELS = 40_000_000
+#: Largest model input side in pixels: a checkpoint's ``img_size``, an ONNX file's input size, ``--input-size``.
+MAX_SIDE = 2048
+#: Most classes a model config may declare (ImageNet-21k has 21,841).
+MAX_CLASSES = 100_000
+#: Variants whose scores need the pairwise L1 tensor (B x heads x N x N x head width) when exported.
+_PAIRWISE_VARIANTS = ("wafe-mae", "anti-wafe-mae")
+
+
+def check_batch_sizes(sizes: Sequence[int], flag: str = "--batch-sizes") -> None:
+    """``ValueError`` unless every size is in ``1..MAX_BATCH_SIZE``."""
+    bad = [b for b in sizes if not 1 <= b <= MAX_BATCH_SIZE]
+    if bad:
+        raise ValueError(f"{flag}: {', '.join(map(str, bad))} out of range; batch sizes must be in "
+                         f"1..{MAX_BATCH_SIZE}")
+
+
+def check_side(value: Any, what: str) -> int:
+    """``value`` as an int in ``1..MAX_SIDE``; ``ValueError`` naming ``what`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SIDE:
+        raise ValueError(f"{what} must be an integer in 1..{MAX_SIDE}, got {value!r}")
+    return value
+
+
+def forward_bytes(config: Mapping[str, Any], hw: Tuple[int, int], batch: int) -> int:
+    """A rough upper estimate of the memory one inference pass of ``config``'s model takes at ``batch``.
+
+    Per image: the attention scores and their softmax (heads x N x N, times the head width for the MAE
+    variants' pairwise tensor), the block's token tensors and MLP hidden layer, and (segmentation) the
+    upsampled logits; fp32.
+    """
+    from attnzoo.models import ARCHS
+
+    a = ARCHS[config["arch"]]
+    h, w = hw
+    tokens = -(-h // a["patch_size"]) * -(-w // a["patch_size"]) + 1
+    dim, heads = a["embed_dim"], a["num_heads"]
+    pairwise = dim // heads if config["variant"] in _PAIRWISE_VARIANTS else 1
+    per_image = (2 * heads * tokens * tokens * pairwise + 12 * tokens * dim + 8 * tokens * dim
+                 + 3 * h * w + (2 * int(config.get("num_classes", 1)) * h * w if config["task"] == "seg" else 0))
+    return 4 * per_image * batch
+
+
+def available_memory() -> Optional[int]:
+    """Bytes of memory available to a new allocation (Linux ``MemAvailable``), or None when unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_forward_memory(config: Mapping[str, Any], hw: Tuple[int, int], batch: int,
+                         flag: str = "--batch-sizes") -> None:
+    """``ValueError`` when :func:`forward_bytes` at ``batch`` exceeds the memory available now."""
+    need, have = forward_bytes(config, hw, batch), available_memory()
+    if have is not None and need > have:
+        raise ValueError(f"{flag}: batch {batch} of {config['variant']} ({config['arch']}, {hw[0]}x{hw[1]}) "
+                         f"needs about {need / 2**30:.1f} GiB, more than the {have / 2**30:.1f} GiB available; "
+                         "use smaller batch sizes")

@@ -1,0 +1,361 @@
+"""Issue 13: bad input gets one clear line (or a gr.Error) and loses nothing.
+
+Memory-eating cases are tested through the up-front refusal only: the work they would start is replaced
+by a sentinel that fails the test if it is ever reached.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from PIL import Image
+
+import attnzoo.serve  # noqa: F401  (offline environment first)
+from attnzoo import limits
+from attnzoo.checkpoint import load_checkpoint, read_config, save_checkpoint
+from attnzoo.export import export_onnx
+from attnzoo.export import verify as verify_mod
+from attnzoo.export.cli import main as export_main
+from attnzoo.models import create_model
+from attnzoo.preprocess import ImageTooLargeError, load_image
+from attnzoo.runtime.parity import TOLERANCES
+from attnzoo.serve.backends import load_models
+from attnzoo.training import cli as train_cli
+from attnzoo.training.train import TrainConfig, train
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _exit(fn, argv) -> SystemExit:
+    with pytest.raises(SystemExit) as info:
+        fn(argv)
+    return info.value
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("work started although the input should have been refused up front")
+
+
+# ---------------------------------------------------------------------------------- 1: batch-size bound
+def test_export_refuses_batch_sizes_over_the_bound_before_any_work(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(verify_mod, "export_verified", _never)
+    out = tmp_path / "out"
+    err = _exit(export_main, ["--variant", "belief2", "--random-init", "--batch-sizes", "1,100000",
+                              "--out", str(out / "m.onnx")])
+    assert err.code == 2
+    assert str(err) == f"error: --batch-sizes: 100000 out of range; batch sizes must be in 1..{limits.MAX_BATCH_SIZE}"
+    assert capsys.readouterr().err.strip().splitlines() == [str(err)]
+    assert not out.exists()
+
+
+def test_export_refuses_a_batch_that_would_not_fit_in_memory(tmp_path, monkeypatch):
+    monkeypatch.setattr(verify_mod, "export_verified", _never)
+    err = _exit(export_main, ["--variant", "wafe-mae", "--random-init", "--task", "seg", "--input-size", "2048",
+                              "--batch-sizes", "8", "--out", str(tmp_path / "m.onnx")])
+    assert err.code == 2 and "GiB" in str(err) and "use smaller batch sizes" in str(err)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_forward_estimate_grows_with_batch_and_tokens():
+    cfg = {"variant": "standard", "task": "cls", "arch": "micro", "num_classes": 3}
+    one = limits.forward_bytes(cfg, (32, 32), 1)
+    assert limits.forward_bytes(cfg, (32, 32), 8) == 8 * one
+    assert limits.forward_bytes(cfg, (64, 64), 1) > 4 * one
+    assert limits.forward_bytes({**cfg, "variant": "wafe-mae"}, (32, 32), 1) > one
+
+
+# ------------------------------------------------------------------ 2, 6, 12: pixel cap, bombs and EXIF
+def _png_header_only(path: Path, width: int, height: int) -> Path:
+    """A PNG whose header claims width x height and whose pixel data is one empty deflate stream (a few
+    hundred bytes, never decodable to that size)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b""))
+                     + chunk(b"IEND", b""))
+    return path
+
+
+def test_images_over_the_pixel_cap_are_refused_from_the_header(tmp_path):
+    from attnzoo.serve.app import _read_upload
+
+    path = _png_header_only(tmp_path / "big.png", 12000, 12000)
+    start = time.perf_counter()
+    with pytest.raises(ImageTooLargeError, match="12000x12000 \\(144 MP\\), over the 40 MP limit"):
+        load_image(path)
+    with pytest.raises(ValueError) as info:
+        _read_upload({"path": str(path), "orig_name": "big.png"})
+    assert time.perf_counter() - start < 1.0
+    assert "40 MP limit" in str(info.value) and "damaged" not in str(info.value)
+    ok = _png_header_only(tmp_path / "ok.png", 10, 10)  # under the cap: decoding is tried (and fails)
+    with pytest.raises(ValueError, match="cannot read image"):
+        load_image(ok)
+
+
+def test_decompression_bombs_are_named_as_such(tmp_path):
+    from attnzoo.serve.app import _read_upload
+
+    path = _png_header_only(tmp_path / "bomb.png", 20000, 20000)  # past Pillow's own bomb limit
+    with pytest.raises(ValueError) as info:
+        _read_upload({"path": str(path), "orig_name": "bomb.png"})
+    assert "decompression bomb" in str(info.value) and "damaged" not in str(info.value)
+
+
+def test_exif_orientation_is_applied(tmp_path):
+    pixels = np.zeros((2, 4, 3), np.uint8)
+    pixels[:, :2] = (255, 0, 0)  # left half red, right half blue
+    pixels[:, 2:] = (0, 0, 255)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored image must be rotated 90 degrees clockwise to display upright
+    path = tmp_path / "rotated.png"
+    Image.fromarray(pixels).save(path, exif=exif)
+    img = load_image(path)
+    assert img.size == (2, 4)  # (width, height) swapped
+    arr = np.asarray(img)
+    assert tuple(arr[0, 0]) == (255, 0, 0) and tuple(arr[-1, 0]) == (0, 0, 255)  # red on top after rotating
+
+
+# ----------------------------------------------------------------- 3, 9, 11: the demo's model folder
+@pytest.fixture(scope="module")
+def good_onnx(tmp_path_factory) -> Path:
+    model = create_model("standard", "cls", "micro", num_classes=3)
+    config = {**model.attnzoo_config, "class_names": ["a", "b", "c"], "mean": [0.5] * 3, "std": [0.5] * 3}
+    return export_onnx(model.eval(), tmp_path_factory.mktemp("good") / "good.onnx", config=config)
+
+
+def _with_props(src: Path, dst: Path, **props: str) -> None:
+    proto = onnx.load(str(src))
+    for p in proto.metadata_props:
+        if p.key in props:
+            p.value = props[p.key]
+    onnx.save(proto, str(dst))
+
+
+def test_demo_skips_malformed_models_and_serves_the_rest(good_onnx, tmp_path, capsys):
+    shutil.copy(good_onnx, tmp_path / "good.onnx")
+    _with_props(good_onnx, tmp_path / "empty_config.onnx", **{"attnzoo.config": "{}"})
+    _with_props(good_onnx, tmp_path / "bad_size.onnx", input_size="[0, -5]")
+    models = load_models(tmp_path)
+    assert [Path(m.source).name for m in models] == ["good.onnx"]
+    err = capsys.readouterr().err
+    assert "warning: skipping empty_config.onnx: " in err and "missing variant" in err
+    assert "warning: skipping bad_size.onnx: " in err and "bad_size.onnx: input_size must be an integer in 1..2048, got 0" in err
+
+
+def test_demo_fails_only_when_nothing_is_servable(good_onnx, tmp_path):
+    _with_props(good_onnx, tmp_path / "empty_config.onnx", **{"attnzoo.config": "{}"})
+    with pytest.raises(ValueError, match="no servable models"):
+        load_models(tmp_path)
+
+
+def test_class_names_must_match_the_logits(good_onnx, tmp_path, capsys):
+    props = {p.key: p.value for p in onnx.load(str(good_onnx)).metadata_props}
+    cfg = json.loads(props["attnzoo.config"])
+    short = {**cfg, "class_names": ["a", "b"], "num_classes": 2}  # consistent metadata, but 3 logits
+    shutil.copy(good_onnx, tmp_path / "good.onnx")
+    _with_props(good_onnx, tmp_path / "short.onnx", **{"attnzoo.config": json.dumps(short)})
+    assert [Path(m.source).name for m in load_models(tmp_path)] == ["good.onnx"]
+    assert "skipping short.onnx: short.onnx: 2 class names but the model outputs 3 logits per image" in \
+        capsys.readouterr().err
+
+    ckpt = tmp_path / "ck" / "m.safetensors"
+    save_checkpoint(create_model("standard", "cls", "micro", num_classes=3), ckpt, class_names="abc")
+    side = json.loads(ckpt.with_suffix(".json").read_text())
+    ckpt.with_suffix(".json").write_text(json.dumps({**side, "class_names": ["a", "b"]}))
+    with pytest.raises(ValueError, match="2 class names for 3 classes"):
+        load_checkpoint(ckpt)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_fifo_named_onnx_is_skipped_not_opened(good_onnx, tmp_path, capsys):
+    shutil.copy(good_onnx, tmp_path / "good.onnx")
+    fifo = tmp_path / "pipe.onnx"
+    os.mkfifo(fifo)
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(models=load_models(tmp_path)), daemon=True)
+    worker.start()
+    worker.join(60)
+    if worker.is_alive():  # blocked opening the FIFO: release it, then fail
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        worker.join(10)
+        pytest.fail("loading the models folder hung on a FIFO")
+    assert [Path(m.source).name for m in result["models"]] == ["good.onnx"]
+    assert "warning: skipping pipe.onnx: not a regular file" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------- 4, 12: bench-latency
+def test_bench_checks_out_is_writable_before_measuring(tmp_path, monkeypatch):
+    from attnzoo.benchmarks import cli as bench_cli
+    from attnzoo.benchmarks import run as bench_run
+
+    monkeypatch.setattr(bench_run, "run_benchmark", _never)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    err = _exit(bench_cli.main, ["--variants", "standard", "--backends", "eager", "--arch", "micro",
+                                 "--batch-sizes", "1", "--out", str(blocker / "results"),
+                                 "--cache-dir", str(tmp_path / "cache")])
+    assert err.code == 1 and str(err).startswith("error: cannot create the --out folder ") and "Not a directory" in str(err)
+
+
+def test_bench_uses_the_attnzoo_cache(tmp_path, monkeypatch):
+    from attnzoo.benchmarks.cli import parse_settings
+
+    monkeypatch.setenv("ATTNZOO_CACHE", str(tmp_path / "cache"))
+    assert parse_settings(["--backends", "eager"]).cache_dir == tmp_path / "cache" / "bench-latency"
+
+
+def test_bench_refuses_batch_sizes_over_the_bound():
+    from attnzoo.benchmarks import cli as bench_cli
+
+    err = _exit(bench_cli.main, ["--backends", "eager", "--batch-sizes", "100000"])
+    assert err.code == 2 and f"1..{limits.MAX_BATCH_SIZE}" in str(err)
+
+
+# ------------------------------------------------------------------------ 5: failed export keeps the old
+def test_failed_export_keeps_the_good_model_and_its_report(tmp_path, monkeypatch):
+    model = create_model("belief", "cls", "micro", num_classes=3).eval()
+    out = tmp_path / "m.onnx"
+    verify_mod.export_verified(model, out, model.attnzoo_config, batch_sizes=(1,))
+    good_model, good_report = out.read_bytes(), verify_mod.report_path(out).read_text()
+    with monkeypatch.context() as patch:
+        patch.setitem(TOLERANCES, "fp32", -1.0)  # no export can pass
+        with pytest.raises(verify_mod.VerificationError, match="m.onnx was not written"):
+            verify_mod.export_verified(create_model("belief", "cls", "micro", num_classes=3), out,
+                                       model.attnzoo_config, batch_sizes=(1,))
+    assert out.read_bytes() == good_model and verify_mod.report_path(out).read_text() == good_report
+    assert json.loads(verify_mod.failed_report_path(out).read_text())["passed"] is False
+    verify_mod.export_verified(model, out, model.attnzoo_config, batch_sizes=(1,))
+    assert not verify_mod.failed_report_path(out).exists()  # a stale failure report is removed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.report.json"]
+
+
+# ------------------------------------------------------------------ 7, 8: checkpoints and --resume
+def _checkpoint(tmp_path: Path, **config_changes) -> Path:
+    path = tmp_path / "m.safetensors"
+    save_checkpoint(create_model("standard", "cls", "micro", num_classes=3), path, class_names="abc")
+    side = path.with_suffix(".json")
+    side.write_text(json.dumps({**json.loads(side.read_text()), **config_changes}))
+    return path
+
+
+def test_checkpoint_with_a_huge_img_size_is_refused_before_building(tmp_path, monkeypatch):
+    import attnzoo.models
+
+    path = _checkpoint(tmp_path, img_size=100000)
+    monkeypatch.setattr(attnzoo.models, "create_model", _never)  # building it would allocate ~160 GB
+    with pytest.raises(ValueError, match="img_size must be an integer in 1..2048, got 100000"):
+        load_checkpoint(path)
+    err = _exit(train_cli.evaluate_main, [str(path)])
+    assert err.code == 1 and "img_size" in str(err) and "\n" not in str(err)
+
+
+@pytest.mark.parametrize("text", ["3", "null", "[1, 2]", "\"a string\""])
+def test_checkpoint_config_that_is_not_an_object(tmp_path, text):
+    path = _checkpoint(tmp_path)
+    path.with_suffix(".json").write_text(text)
+    with pytest.raises(ValueError, match="not an object"):
+        read_config(path)
+
+
+def _partial_run(tmp_path: Path) -> TrainConfig:
+    """Epoch 1 of 2 of the run ``_TRAIN_ARGV`` describes (train-model's defaults), leaving its state."""
+    from attnzoo.training.data import shapes
+
+    cfg = TrainConfig(variant="standard", epochs=2, batch_size=16, lr=2e-3, warmup_epochs=0.5, train_size=32,
+                      out=str(tmp_path), threads=1)
+    train(cfg, progress=False, max_steps=2, train_data=shapes("train", n=32), val_data=shapes("val", n=16))
+    return cfg
+
+
+_TRAIN_ARGV = ["--variant", "standard", "--epochs", "2", "--batch-size", "16", "--train-size", "32",
+               "--threads", "1", "--no-progress", "--resume"]
+
+
+def test_resume_from_a_truncated_state_is_one_line(tmp_path, capsys):
+    _partial_run(tmp_path)
+    state = tmp_path / "standard_cls_shapes.state.safetensors"
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
+    err = _exit(train_cli.main, _TRAIN_ARGV + ["--out", str(tmp_path)])
+    assert err.code == 1 and f"cannot resume: {state} is damaged or truncated" in str(err)
+    assert capsys.readouterr().err.strip().splitlines()[-1] == str(err)
+
+
+def test_resume_without_state_json_names_the_missing_file(tmp_path):
+    cfg = _partial_run(tmp_path)
+    (tmp_path / "standard_cls_shapes.state.json").unlink()
+    with pytest.raises(ValueError, match="standard_cls_shapes.state.json is missing"):
+        train(cfg, resume=True, progress=False)
+    for p in tmp_path.glob("standard_cls_shapes.state.*"):
+        p.unlink()
+    with pytest.raises(ValueError, match="nothing to resume"):
+        train(cfg, resume=True, progress=False)
+
+
+# ------------------------------------------------------------------------------------ 10: --out suffix
+@pytest.mark.parametrize("fmt, name, needle", [
+    ("onnx", "x.engine", "names a TensorRT engine but --format is onnx"),
+    (None, "x.txt", "must end in .onnx (ONNX) or .engine"),
+])
+def test_export_out_suffix_must_match_the_format(tmp_path, monkeypatch, fmt, name, needle):
+    monkeypatch.setattr(verify_mod, "export_verified", _never)
+    argv = ["--variant", "belief2", "--random-init", "--out", str(tmp_path / name)]
+    err = _exit(export_main, argv + (["--format", fmt] if fmt else []))
+    assert err.code == 2 and needle in str(err)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_format_is_inferred_from_the_out_suffix():
+    from attnzoo.export.cli import _format
+
+    assert _format(None, Path("m.engine")) == "tensorrt" and _format(None, Path("m.onnx")) == "onnx"
+    assert _format(None, None) == "onnx"
+
+
+# --------------------------------------------------------------------------- 12: --debug, signals
+def test_debug_shows_the_traceback(monkeypatch, capsys):
+    monkeypatch.setattr(verify_mod, "export_verified", _never)
+    argv = ["--variant", "belief2", "--random-init", "--batch-sizes", "0"]
+    assert _exit(export_main, argv).code == 2
+    assert "Traceback" not in capsys.readouterr().err
+    assert _exit(export_main, argv + ["--debug"]).code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().splitlines()[-1].startswith("error: --batch-sizes")
+
+
+@pytest.mark.parametrize("sig, code, line", [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
+                                             (signal.SIGINT, 130, "interrupted (Ctrl-C)")])
+def test_signal_during_export_leaves_no_temporary_file(tmp_path, sig, code, line):
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "attnzoo.export.cli", "--variant", "belief", "--random-init",
+                             "--batch-sizes", "1", "--out", str(out / "m.onnx")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 240
+        while not any(out.iterdir()) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # the export has opened its temporary file
+        assert proc.poll() is None, "the export ended before it could be interrupted"
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == code
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == line
+    assert list(out.iterdir()) == []
