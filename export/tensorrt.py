@@ -9,7 +9,8 @@ demo). This module adds what ``export-model --format tensorrt`` promises:
    ``compute_capability`` (default ``SM89``);
 3. with a GPU, the engine runs and is compared with ONNX Runtime (CPU) on the same inputs, under the one
    tolerance table, and timed; without one the report says ``"built, not run"``;
-4. the engine is written atomically, and only when every check passed; ``<engine>.json`` is written either way.
+4. the engine is written atomically, and only when every check passed, then its report ``<engine>.json``; a failed
+   build writes ``<engine>.failed.json`` instead and leaves a good engine already there, and its report, untouched.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from attnzoo.runtime.parity import compare
 from attnzoo.runtime.sessions import ort_session
 
 __all__ = ["INSTALL_HINT", "TensorRTUnavailable", "tensorrt_unavailable_reason", "build_engine", "load_engine",
-           "run_engine", "engine_report_path", "network_check", "STATUS_BUILT", "STATUS_RUN"]
+           "run_engine", "engine_report_path", "failed_engine_report_path", "network_check", "STATUS_BUILT", "STATUS_RUN"]
 
 INSTALL_HINT = rt.INSTALL_HINT
 TensorRTUnavailable = rt.TensorRTUnavailable
@@ -43,6 +44,12 @@ def tensorrt_unavailable_reason(run: bool = False) -> Optional[str]:
 def engine_report_path(engine_path: Union[str, Path]) -> Path:
     """``model.engine`` -> ``model.engine.json``."""
     return Path(str(engine_path) + ".json")
+
+
+def failed_engine_report_path(engine_path: Union[str, Path]) -> Path:
+    """``model.engine`` -> ``model.engine.failed.json``: the report of a build that failed, kept apart so that a
+    good engine already there keeps its own report."""
+    return Path(str(engine_path) + ".failed.json")
 
 
 def load_engine(data: Union[bytes, str, Path]) -> rt.Engine:
@@ -136,7 +143,7 @@ def build_engine(onnx_path: Union[str, Path], engine_path: Union[str, Path], *, 
                              timing_cache=timing_cache or engine_path.parent / "tensorrt_timing.cache")
         except rt.TensorRTError as exc:
             report.update(passed=False, failures=[f"build: {exc}"], metadata=contract.props)
-            atomic_write_text(engine_report_path(engine_path), json.dumps(report, indent=2) + "\n")
+            atomic_write_text(failed_engine_report_path(engine_path), json.dumps(report, indent=2) + "\n")
             raise
         report.update(built.facts())
         gpu = rt.gpu_available()
@@ -150,10 +157,13 @@ def build_engine(onnx_path: Union[str, Path], engine_path: Union[str, Path], *, 
                                         "measured" if not gpu else f"built for {built.compute_capability}, not "
                                         "for the GPU present (CURRENT); not executed here")
     report.update(passed=not failures, failures=failures, metadata=contract.props)
-    atomic_write_text(engine_report_path(engine_path), json.dumps(report, indent=2) + "\n")
     if failures:
-        raise RuntimeError(f"{'; '.join(failures[:3])}; engine not saved (see {engine_report_path(engine_path)})")
+        atomic_write_text(failed_engine_report_path(engine_path), json.dumps(report, indent=2) + "\n")
+        raise RuntimeError(f"{'; '.join(failures[:3])}; engine not saved (see "
+                           f"{failed_engine_report_path(engine_path)})")
     atomic_write_bytes(engine_path, built.blob)
+    atomic_write_text(engine_report_path(engine_path), json.dumps(report, indent=2) + "\n")
+    failed_engine_report_path(engine_path).unlink(missing_ok=True)  # a stale failure no longer describes anything
     return report
 
 

@@ -179,7 +179,7 @@ def test_export_model_compute_capability_errors(argv, message, capsys):
     assert message in (str(info.value) + capsys.readouterr().err)
 
 
-def test_failed_network_check_saves_no_engine(lib, onnx_file, tmp_path, monkeypatch):
+def test_failed_build_keeps_the_good_engine_and_its_report(lib, onnx_file, tmp_path, monkeypatch):
     import attnzoo.export.tensorrt as etrt
 
     real = rt.check_network_precision
@@ -188,12 +188,14 @@ def test_failed_network_check_saves_no_engine(lib, onnx_file, tmp_path, monkeypa
         result = real(network, scopes, op_types)
         return {**result, "ok": False, "failures": ["blocks.0.attn.projection: Div computes in HALF"]}
 
-    monkeypatch.setattr(etrt.rt, "check_network_precision", broken)
     engine = tmp_path / "m.engine"
+    build_engine(onnx_file("belief2"), engine)  # a good engine and its report
+    good, good_report = engine.read_bytes(), engine_report_path(engine).read_text()
+    monkeypatch.setattr(etrt.rt, "check_network_precision", broken)
     with pytest.raises(RuntimeError, match="network: .*engine not saved"):
         build_engine(onnx_file("belief2"), engine)
-    assert not engine.exists()
-    assert json.loads(engine_report_path(engine).read_text())["passed"] is False
+    assert engine.read_bytes() == good and engine_report_path(engine).read_text() == good_report
+    assert json.loads(etrt.failed_engine_report_path(engine).read_text())["passed"] is False
 
 
 def test_bench_tensorrt_rows_say_built_not_run(lib, tmp_path):
