@@ -36,14 +36,15 @@ __all__ = ["evaluate_session", "int8_rows", "main"]
 def evaluate_session(sess, images: np.ndarray, targets: np.ndarray, num_classes: int, task: str,
                      batch_size: int = 64) -> np.ndarray:
     """Confusion matrix (true x predicted; pixels for seg) of an ONNX session on normalized NCHW images."""
+    from attnzoo.training.train import confusion_matrix
+
     name = sess.get_inputs()[0].name
     conf = np.zeros((num_classes, num_classes), dtype=np.int64)
     for start in range(0, len(images), batch_size):
         logits = sess.run(None, {name: images[start:start + batch_size]})[0]
         pred = logits.argmax(1)
         truth = targets[start:start + batch_size]
-        conf += np.bincount((truth * num_classes + pred).ravel(),
-                            minlength=num_classes ** 2).reshape(num_classes, num_classes)
+        conf += confusion_matrix(truth, pred, num_classes).numpy()
     return conf
 
 

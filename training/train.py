@@ -24,7 +24,7 @@ from attnzoo.models import canonical_name, count_params, create_model
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD
 from attnzoo.training.data import BUILTIN_DATA, ImageSet, TensorDataset, load_data
 
-__all__ = ["TrainConfig", "train", "evaluate", "evaluate_checkpoint", "checkpoint_name", "metric_name"]
+__all__ = ["TrainConfig", "train", "evaluate", "confusion_matrix", "evaluate_checkpoint", "checkpoint_name", "metric_name"]
 
 
 @dataclass
@@ -68,6 +68,13 @@ def checkpoint_name(cfg: TrainConfig) -> str:
 # ---------------------------------------------------------------------------------------------- metrics
 
 
+def confusion_matrix(true, pred, num_classes: int) -> torch.Tensor:
+    """Confusion matrix (true x predicted) of two equal-shape arrays or tensors of class indices."""
+    true, pred = torch.as_tensor(true, dtype=torch.int64), torch.as_tensor(pred, dtype=torch.int64)
+    return torch.bincount((true * num_classes + pred).reshape(-1),
+                          minlength=num_classes ** 2).reshape(num_classes, num_classes)
+
+
 @torch.no_grad()
 def _confusion(model: nn.Module, ds: TensorDataset, num_classes: int, batch_size: int) -> torch.Tensor:
     """Confusion matrix (true x predicted) over a data set; pixels for seg, images for cls."""
@@ -76,8 +83,7 @@ def _confusion(model: nn.Module, ds: TensorDataset, num_classes: int, batch_size
     for start in range(0, len(ds), batch_size):
         x, y = ds.x[start:start + batch_size], ds.y[start:start + batch_size]
         pred = model(x).argmax(1)
-        conf += torch.bincount((y * num_classes + pred).reshape(-1),
-                               minlength=num_classes ** 2).reshape(num_classes, num_classes)
+        conf += confusion_matrix(y, pred, num_classes)
     return conf
 
 

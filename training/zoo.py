@@ -25,7 +25,8 @@ from attnzoo.checkpoint import load_checkpoint
 from attnzoo.fileio import atomic_write_text, sha256_file
 from attnzoo.models import VARIANT_NAMES, canonical_name
 from attnzoo.training.data import DIGITS_CLASSES, SHAPES_CLASSES, ImageSet, load_data
-from attnzoo.training.train import TrainConfig, evaluate, metric_name, metrics_from_confusion, train
+from attnzoo.training.train import (TrainConfig, confusion_matrix, evaluate, metric_name, metrics_from_confusion,
+                                    train)
 
 __all__ = ["RECIPES", "SUBSET_N", "DIGITS_VARIANTS", "VARIANT_OPTIONS", "jobs", "build", "table", "verify",
            "main"]
@@ -171,8 +172,7 @@ def baselines() -> Dict[str, Dict[str, float]]:
     train_masks = load_data("fashion", "train", "seg", r["img_size"], r["train_size"]).masks
     majority = int(np.bincount(train_masks.ravel(), minlength=k)[1:].argmax()) + 1
     pred = np.where(seg.images[..., 0] > MASK_THRESHOLD, majority, 0)
-    conf = torch.bincount(torch.as_tensor(seg.masks.astype(np.int64) * k + pred).reshape(-1),
-                          minlength=k * k).reshape(k, k)
+    conf = confusion_matrix(seg.masks, pred, k)
     seg_ref = {"all_background": round(background_miou(seg.masks, k), 2),
                "threshold_majority_class": round(metrics_from_confusion(conf, "seg", seg.class_names)["metric"], 2)}
     return {"fashion/cls": cls, "fashion/seg": seg_ref}
@@ -219,9 +219,7 @@ def build(variants: Sequence[str] = VARIANT_NAMES, n_jobs: int = 2, out_dir: Pat
 
 def background_miou(masks, num_classes: int) -> float:
     """mIoU (%) of predicting background everywhere: the floor a segmenter must clearly beat."""
-    true = torch.bincount(torch.as_tensor(masks, dtype=torch.int64).reshape(-1), minlength=num_classes)
-    conf = torch.zeros(num_classes, num_classes, dtype=torch.int64)
-    conf[:, 0] = true
+    conf = confusion_matrix(masks, np.zeros_like(masks), num_classes)
     return metrics_from_confusion(conf, "seg", list(range(num_classes)))["metric"]
 
 
