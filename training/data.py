@@ -231,6 +231,14 @@ def shapes(split: str, task: str = "cls", img_size: int = 32, n: Optional[int] =
 # ----------------------------------------------------------------------------------------------- digits
 
 
+def gray_to_rgb(gray: np.ndarray, size: int, resample=Image.BILINEAR) -> np.ndarray:
+    """(N, h, w) uint8 gray images -> (N, size, size, 3) uint8, resized with ``resample`` when the size differs."""
+    if gray.shape[1:] != (size, size):
+        gray = np.stack([np.asarray(Image.fromarray(g).resize((size, size), resample)) for g in gray]) \
+            if len(gray) else np.zeros((0, size, size), np.uint8)
+    return np.repeat(gray[..., None], 3, axis=-1)
+
+
 def _split_indices(n: int, split: str, seed: int = 0, fractions=(0.7, 0.1)) -> np.ndarray:
     """Deterministic train/val/test indices of ``n`` samples (70/10/20 by default)."""
     if split not in SPLITS:
@@ -254,9 +262,7 @@ def digits(split: str, task: str = "cls", img_size: int = 32, n: Optional[int] =
     if n is not None:
         idx = idx[:n]
     small = (bunch.images[idx] * (255.0 / 16.0)).clip(0, 255).astype(np.uint8)
-    images = np.stack([np.asarray(Image.fromarray(im).resize((img_size, img_size), Image.BICUBIC))
-                       for im in small]) if len(idx) else np.zeros((0, img_size, img_size), np.uint8)
-    images = np.repeat(images[..., None], 3, axis=-1)
+    images = gray_to_rgb(small, img_size, Image.BICUBIC)
     return ImageSet(images, bunch.target[idx].astype(np.int64), None, list(DIGITS_CLASSES), "digits")
 
 

@@ -111,14 +111,6 @@ def fashion_arrays(split: str, root: Optional[os.PathLike] = None) -> Tuple[np.n
     return images[idx], labels[idx]
 
 
-def _to_rgb(gray: np.ndarray, size: int) -> np.ndarray:
-    """(N, h, w) uint8 -> (N, size, size, 3) uint8, resized bilinearly when ``size`` differs."""
-    if gray.shape[1:] != (size, size):
-        gray = np.stack([np.asarray(Image.fromarray(g).resize((size, size), Image.BILINEAR)) for g in gray]) \
-            if len(gray) else np.zeros((0, size, size), np.uint8)
-    return np.repeat(gray[..., None], 3, axis=-1)
-
-
 def compose_scenes(images: np.ndarray, labels: np.ndarray, n: int, size: int = 48, split: str = "test",
                    seed: int = 0, per_scene: Tuple[int, int] = (2, 4),
                    fraction: Tuple[float, float] = (0.35, 0.6)) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -167,13 +159,13 @@ def fashion(split: str, task: str = "cls", img_size: Optional[int] = None, n: Op
     ``n`` (all by default). Segmentation: ``n`` composed scenes (``SCENE_SIZES`` by default) of side ``img_size``
     (default 48).
     """
-    from attnzoo.training.data import ImageSet
+    from attnzoo.training.data import ImageSet, gray_to_rgb
 
     gray, labels = fashion_arrays(split, root)
     if task == "cls":
         if n is not None:
             gray, labels = gray[:n], labels[:n]
-        return ImageSet(_to_rgb(gray, img_size or 28), labels, None, list(FASHION_CLASSES), "fashion")
+        return ImageSet(gray_to_rgb(gray, img_size or 28), labels, None, list(FASHION_CLASSES), "fashion")
     if task != "seg":
         raise ValueError(f"unknown task {task!r}; valid: cls, seg")
     count = SCENE_SIZES[split] if n is None else n
