@@ -112,10 +112,15 @@ class DemoModels:
 
 
 # ----------------------------------------------------------------------------------------------- handlers
+def _object_classes(model: ServedModel) -> List[str]:
+    """The model's class names without background."""
+    skip = set(background_classes(model.class_names))
+    return [n for i, n in enumerate(model.class_names) if i not in skip]
+
+
 def known_classes_note(model: ServedModel) -> str:
     """What a model can answer: its classes, and that anything else is still forced into one of them."""
-    skip = set(background_classes(model.class_names))
-    names = [n for i, n in enumerate(model.class_names) if i not in skip]
+    names = _object_classes(model)
     return (f"This model knows only {len(names)} classes ({', '.join(names)}) from "
             f"{model.input_size[0]}x{model.input_size[1]} px training images. Anything else -- a cat, a street, "
             "a garment photographed on a busy background -- is still put into one of them, so its probability "
@@ -321,7 +326,7 @@ def _compare_tab(models: DemoModels, max_side: Optional[int]) -> None:
 def _header(models: DemoModels, backend: str, source: str) -> str:
     n_cls, n_seg = len(models.names("cls")), len(models.names("seg"))
     served = [m for table in models.by_task.values() for m in table.values()]
-    known = sorted({n for m in served for i, n in enumerate(m.class_names) if i not in background_classes(m.class_names)})
+    known = sorted({n for m in served for n in _object_classes(m)})
     return (f"# attnzoo demo\nAttention variants side by side: {n_cls} classifiers, {n_seg} segmenters, "
             f"served by **{backend}** from {source}. Everything runs on this machine; nothing leaves it.\n\n"
             f"**What the models know:** {len(known)} classes ({', '.join(known)}). Every image is put into one of "

@@ -97,8 +97,9 @@ def generate(folder: Path = EXAMPLES_DIR, n_cls: int = 6, n_seg: int = 4, seed: 
     data = {"title": "Fashion-MNIST test images", "generator": {"function": "attnzoo.serve.examples.generate",
                                                              "split": "test", "seed": seed},
             "classes": {"cls": list(FASHION_CLASSES), "seg": list(FASHION_SEG_CLASSES)}, "examples": entries}
+    keep = {e["image"] for e in entries} | {e["mask"] for e in entries if "mask" in e}
     for old in folder.glob("*.png"):  # examples of an earlier generator
-        if old.name not in {e["image"] for e in entries} | {e.get("mask") for e in entries}:
+        if old.name not in keep:
             old.unlink()
     atomic_write_text(folder / INDEX_NAME, json.dumps(data, indent=2) + "\n")
     index.cache_clear()
