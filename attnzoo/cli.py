@@ -18,7 +18,7 @@ import threading
 import traceback
 from typing import Callable, Iterator, Optional, Sequence
 
-__all__ = ["UsageError", "CommandError", "Terminated", "CommandExit", "entry_point", "add_debug_flag", "first_line"]
+__all__ = ["UsageError", "CommandError", "Terminated", "Interrupted", "CommandExit", "entry_point", "add_debug_flag", "first_line"]
 
 DEBUG_FLAG = "--debug"
 
@@ -33,6 +33,12 @@ class CommandError(Exception):
 
 class Terminated(BaseException):
     """SIGTERM arrived (raised in the main thread so that ``finally`` blocks and context managers run)."""
+
+
+class Interrupted(BaseException):
+    """SIGINT (Ctrl-C) arrived while a command ran. Not a ``KeyboardInterrupt``: CPython may end a process whose
+    ``KeyboardInterrupt`` reached certain points by killing itself with SIGINT at exit (status -2), whatever
+    exit status the command chose; our own exception keeps the documented 130."""
 
 
 class CommandExit(SystemExit):
@@ -60,20 +66,21 @@ def add_debug_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 @contextlib.contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    """While active (main thread only), SIGTERM raises :class:`Terminated`."""
+def _signals_raise() -> Iterator[None]:
+    """While active (main thread only), SIGTERM raises :class:`Terminated` and SIGINT :class:`Interrupted`."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum, frame):
-        raise Terminated()
+        raise Terminated() if signum == signal.SIGTERM else Interrupted()
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def _exit(code: int, message: str, exc: Optional[BaseException], debug: bool) -> CommandExit:
@@ -97,7 +104,7 @@ def entry_point(fn: Callable[..., Optional[int]]) -> Callable[..., int]:
         debug = DEBUG_FLAG in args
         hint = "" if debug else f" (run with {DEBUG_FLAG} for the traceback)"
         try:
-            with _sigterm_raises():
+            with _signals_raise():
                 return fn(argv) or 0
         except CommandExit:
             raise
@@ -107,7 +114,7 @@ def entry_point(fn: Callable[..., Optional[int]]) -> Callable[..., int]:
             raise
         except UsageError as exc:
             raise _exit(2, f"error: {first_line(exc)}", exc, debug) from None
-        except KeyboardInterrupt as exc:
+        except (KeyboardInterrupt, Interrupted) as exc:
             raise _exit(130, "interrupted (Ctrl-C)", exc, debug) from None
         except Terminated as exc:
             raise _exit(143, "terminated (SIGTERM)", exc, debug) from None
