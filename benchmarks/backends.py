@@ -5,7 +5,8 @@ backend computes (host memory for the CPU, device memory for CUDA), ``output()``
 float32 NumPy for the parity check, ``memory()`` the peak memory after timing.
 
 Backends: ``eager`` and ``compile`` (PyTorch, the same weights), ``ort-cpu`` (ONNX Runtime CPU with the tuned
-settings of :mod:`attnzoo.benchmarks.ort_cpu`), ``ort-cuda`` and ``ort-trt`` (ONNX Runtime CUDA / TensorRT
+settings of :mod:`attnzoo.benchmarks.ort_cpu`), ``openvino`` (OpenVINO on the CPU, the same ONNX file, through
+:mod:`attnzoo.runtime.openvino`: the run's threads, latency hint, fp32 precision, batch fixed), ``ort-cuda`` and ``ort-trt`` (ONNX Runtime CUDA / TensorRT
 execution providers with I/O binding), ``tensorrt`` (an engine built from the ONNX file, run from a CUDA
 graph). Dtypes: ``fp32``, ``fp16``, ``bf16`` and ``int8`` (dynamic int8 quantization, ONNX Runtime CPU only).
 """
@@ -27,10 +28,12 @@ from .env import cpu_info
 
 from attnzoo.runtime.parity import TOLERANCES, parity_error, tolerance_key
 
-__all__ = ["BACKENDS", "DTYPES", "TOLERANCES", "Runner", "unavailable_reason", "build_runner", "parity_error",
+__all__ = ["BACKENDS", "CPU_BACKENDS", "DTYPES", "row_device", "TOLERANCES", "Runner", "unavailable_reason", "build_runner", "parity_error",
            "check_parity", "torch_device", "tensorrt_build_only", "tolerance_for"]
 
-BACKENDS: Tuple[str, ...] = ("eager", "compile", "ort-cpu", "ort-cuda", "ort-trt", "tensorrt")
+BACKENDS: Tuple[str, ...] = ("eager", "compile", "ort-cpu", "openvino", "ort-cuda", "ort-trt", "tensorrt")
+#: Backends that run on the CPU whatever ``--device`` says (rows measured against the CPU's matmul ceiling).
+CPU_BACKENDS: Tuple[str, ...] = ("ort-cpu", "openvino")
 DTYPES: Tuple[str, ...] = ("fp32", "fp16", "bf16", "int8")
 _TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -93,6 +96,16 @@ def unavailable_reason(backend: str, dtype: str, device: torch.device) -> Option
         if dtype in ("fp16", "bf16"):
             return f"ONNX Runtime's CPU kernels are fp32 (a {dtype} graph runs as casts); int8 is the CPU fast path"
         return None
+    if backend == "openvino":
+        from attnzoo.runtime.openvino import unavailable_reason as openvino_reason
+
+        reason = openvino_reason()
+        if reason or dtype == "fp32":
+            return reason
+        if dtype == "int8":
+            return ("int8 here is ONNX Runtime's dynamic quantization; OpenVINO int8 needs a statically quantized "
+                    "(calibrated, NNCF) model, not made")
+        return f"OpenVINO runs the fp32 ONNX file here at fp32 precision (no {dtype} inference-precision hint set)"
     if dtype == "int8":
         return "int8 here is dynamic quantization (ONNX Runtime CPU kernels); GPU int8 needs calibration, not done"
     if backend == "tensorrt":  # without a GPU the engine is still built (tensorrt-rtx), reported "built, not run"
@@ -112,6 +125,13 @@ def unavailable_reason(backend: str, dtype: str, device: torch.device) -> Option
             return "onnxruntime has no TensorrtExecutionProvider (onnxruntime-gpu with TensorRT libraries)"
         return "bf16 is not a TensorRT execution provider option" if dtype == "bf16" else None
     raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
+
+
+def row_device(backend: str, device: torch.device) -> str:
+    """Where a row computes: ``cpu`` for the CPU runtimes, the eager/compile device for PyTorch, else ``cuda``."""
+    if backend in CPU_BACKENDS:
+        return "cpu"
+    return device.type if backend in ("eager", "compile") else "cuda"
 
 
 # ---------------------------------------------------------------------------------------------- parity
@@ -176,6 +196,19 @@ def _ort_cpu_runner(onnx_path: Path, x: torch.Tensor, dtype: str, threads: int, 
         return sess.run(None, feed)
 
     return Runner(fn, lambda: np.asarray(fn()[0], dtype=np.float32), info=info)
+
+
+def _openvino_runner(onnx_path: Path, x: torch.Tensor, threads: int) -> Runner:
+    """OpenVINO on the CPU (:class:`attnzoo.runtime.openvino.OpenVINOSession`), batch fixed to ``x``'s."""
+    from attnzoo.runtime.openvino import OpenVINOSession
+
+    sess = OpenVINOSession(onnx_path, threads=threads, batch=int(x.shape[0]))
+    xin = np.ascontiguousarray(x.numpy(), dtype=np.float32)
+
+    def fn():
+        return sess.infer(xin)
+
+    return Runner(fn, lambda: np.array(fn(), dtype=np.float32), info=sess.info())
 
 
 def _ort_gpu_session(onnx_path: Path, dtype: str, tensorrt_ep: bool, cache_dir: Path, graph: bool):
@@ -272,6 +305,8 @@ def build_runner(backend: str, model: nn.Module, onnx_path: Optional[Path], x: t
         raise ValueError(f"backend {backend} needs the exported ONNX file")
     if backend == "ort-cpu":
         return _ort_cpu_runner(onnx_path, x, dtype, threads, cache_dir)
+    if backend == "openvino":
+        return _openvino_runner(onnx_path, x, threads)
     if backend in ("ort-cuda", "ort-trt"):
         return _ort_gpu_runner(onnx_path, x, dtype, backend == "ort-trt", cache_dir, out_shape)
     if backend == "tensorrt":

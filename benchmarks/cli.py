@@ -20,6 +20,7 @@ from attnzoo.limits import MAX_BATCH_SIZE, check_batch_sizes
 from attnzoo.cli import UsageError, add_debug_flag, entry_point
 
 from .backends import BACKENDS, DTYPES
+from .ceiling import DEFAULT_SIZE, MAX_SIZE
 
 __all__ = ["main", "build_parser", "parse_settings"]
 
@@ -30,8 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variants", default="all", help="'all' or comma-separated variant names")
     p.add_argument("--task", default="cls", choices=("cls", "seg"))
     p.add_argument("--arch", default="tiny", choices=("micro", "tiny", "small", "base"))
-    p.add_argument("--backends", default="eager,compile,ort-cpu,ort-cuda,ort-trt,tensorrt",
-                   help=f"comma-separated, from: {', '.join(BACKENDS)}")
+    p.add_argument("--backends", default=",".join(BACKENDS),
+                   help=f"comma-separated, from: {', '.join(BACKENDS)} (those this machine lacks are listed as "
+                        "skipped, with the reason)")
     p.add_argument("--dtype", default="fp32", help=f"comma-separated, from: {', '.join(DTYPES)}")
     p.add_argument("--batch-sizes", default="1,8,32", help=f"comma-separated integers in 1..{MAX_BATCH_SIZE}")
     p.add_argument("--threads", type=int, default=None,
@@ -45,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the random-init weights and the inputs")
     p.add_argument("--compile-budget", type=float, default=600.0,
                    help="seconds of torch.compile compilation allowed; later compile jobs are skipped")
+    p.add_argument("--ceiling-size", type=int, default=DEFAULT_SIZE, metavar="N",
+                   help="side of the square matmul that measures the machine's fp32/int8 ceiling at the start "
+                        "(0: not measured; then no row has a ceiling fraction)")
     p.add_argument("--profile", action="store_true",
                    help="profile ONNX Runtime CPU ops (naive vs tuned session) -> ort_profile.md")
     p.add_argument("--no-pair-eager", action="store_true", help="skip the backend/eager A B A B speed-up run")
@@ -128,13 +133,15 @@ def parse_settings(argv: Optional[Sequence[str]] = None):
     threads = a.threads if a.threads is not None else usable
     if threads < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
+    if a.ceiling_size != 0 and not 64 <= a.ceiling_size <= MAX_SIZE:
+        raise UsageError(f"--ceiling-size must be 0 or in 64..{MAX_SIZE}, got {a.ceiling_size}")
     out = a.out
     cache = a.cache_dir or default_cache_dir() / "bench-latency"
     return Settings(variants=_variants(a.variants), backends=_names(a.backends, BACKENDS, "backend"),
                     dtypes=_names(a.dtype, DTYPES, "dtype"), batch_sizes=_batches(a.batch_sizes), task=a.task,
                     arch=a.arch, threads=threads, min_time=a.min_time, out=out, cache_dir=cache, device=a.device,
                     seed=a.seed, compile_budget=a.compile_budget, profile=a.profile,
-                    pair_eager=not a.no_pair_eager, progress=not a.no_progress,
+                    pair_eager=not a.no_pair_eager, progress=not a.no_progress, ceiling_size=a.ceiling_size,
                     command=shlex.join(["bench-latency", *argv]))
 
 

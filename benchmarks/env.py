@@ -10,11 +10,13 @@ import subprocess
 import sys
 from typing import Any, Dict, List, Optional
 
-__all__ = ["environment", "cpu_info", "gpu_info", "load_average", "rss_bytes"]
+__all__ = ["environment", "cpu_info", "cpu_summary", "gpu_info", "load_average", "rss_bytes"]
 
-#: CPU flags that decide which fast paths exist (AVX-512, VNNI, bf16, AMX).
-KEY_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16",
-             "amx_tile", "amx_int8", "amx_bf16")
+#: CPU flags that decide which fast paths exist: x86 (AVX2/FMA, F16C, AVX-512, VNNI, bf16, AMX) and Arm (SVE,
+#: dot product, i8mm, bf16).
+KEY_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni",
+             "avx512_bf16", "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16", "asimd", "asimddp", "i8mm", "sve",
+             "bf16")
 
 
 def cpu_info() -> Dict[str, Any]:
@@ -34,6 +36,19 @@ def cpu_info() -> Dict[str, Any]:
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"model": model, "logical_cores": os.cpu_count(), "usable_cores": usable,
             "key_flags": [f for f in KEY_FLAGS if f in flags], "flags": flags}
+
+
+#: Fast-path flags whose absence a reader needs to know (x86: a CPU without them has no AVX-512 / VNNI / AMX).
+_NOTABLE_ABSENT = ("avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def cpu_summary(cpu: Dict[str, Any]) -> str:
+    """One line naming the CPU and its fast-path flags, present and (on x86) absent, e.g.
+    ``AMD EPYC (avx, avx2, fma, f16c; no avx512f, avx512_vnni, avx_vnni, amx_int8)``."""
+    have = list(cpu.get("key_flags") or [])
+    absent = [f for f in _NOTABLE_ABSENT if f not in have] if "avx2" in have else []
+    flags = ", ".join(have) or "no SIMD flags reported"
+    return f"{cpu.get('model') or 'unknown CPU'} ({flags}{'; no ' + ', '.join(absent) if absent else ''})"
 
 
 def gpu_info() -> Optional[Dict[str, Any]]:
@@ -97,7 +112,8 @@ def environment() -> Dict[str, Any]:
         "platform": platform.platform(),
         "python": sys.version.split()[0],
         "versions": {name: _version(name) for name in
-                     ("torch", "onnxruntime", "onnx", "tensorrt", "tensorrt_rtx", "timm", "numpy", "triton")},
+                     ("torch", "onnxruntime", "openvino", "onnx", "tensorrt", "tensorrt_rtx", "timm", "numpy",
+                      "triton")},
         "ort_providers": ort.get_available_providers() if ort else [],
         "torch_threads": torch.get_num_threads(),
     }

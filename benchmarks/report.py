@@ -11,15 +11,17 @@ from typing import Any, Dict, List, Mapping, Sequence
 
 from attnzoo.fileio import atomic_write_bytes
 
-__all__ = ["ROW_FIELDS", "OVERHEAD_FIELDS", "markdown", "write_outputs", "plot_latency", "plot_overhead",
-           "profile_markdown", "write_profile"]
+from .env import cpu_summary
+
+__all__ = ["ROW_FIELDS", "OVERHEAD_FIELDS", "ceiling_line", "markdown", "write_outputs", "plot_latency",
+           "plot_efficiency", "plot_overhead", "profile_markdown", "write_profile"]
 
 #: Columns of a latency row (CSV and JSON ``results``), in order.
 ROW_FIELDS = ("variant", "task", "arch", "backend", "dtype", "batch", "status", "reason", "parity_error",
               "parity_tol", "iterations", "min_ms", "median_ms", "mean_ms", "p90_ms", "p95_ms", "p99_ms",
               "max_ms", "cv", "throughput_img_s", "peak_mem_mb", "mem_kind", "speedup_vs_eager",
               "speedup_pair_median", "speedup_pair_q1", "speedup_pair_q3", "speedup_pairs", "cuda_graph",
-              "build_s", "load_1min")
+              "build_s", "gflop", "achieved_gflops", "ceiling_gflops", "ceiling_fraction", "load_1min")
 #: Columns of an overhead row (variant against standard, A B A B alternation).
 OVERHEAD_FIELDS = ("variant", "backend", "dtype", "batch", "pairs", "ratio_median", "ratio_q1", "ratio_q3",
                    "ratio_iqr", "variant_median_ms", "standard_median_ms")
@@ -49,23 +51,37 @@ def markdown(result: Mapping[str, Any]) -> str:
              f"Command: `{result['command']}`", "", result["note"], ""]
     env = result["environment"]
     gpu = env.get("gpu")
-    parts.append(f"CPU: {env['cpu']['model']} ({env['cpu']['usable_cores']} usable cores; "
-                 f"{', '.join(env['cpu']['key_flags']) or 'no AVX-512/VNNI/AMX'}); GPU: "
+    parts.append(f"CPU: {cpu_summary(env['cpu'])}, {env['cpu']['usable_cores']} usable cores; GPU: "
                  f"{gpu['name'] + ' driver ' + str(gpu['driver']) if gpu else 'none'}; load average at start "
                  f"{env['load_average']}, at end {result.get('load_average_end')}; "
-                 f"threads {result['settings']['threads']}.")
+                 f"threads {result['settings']['threads']}. Every number here holds for this machine only.")
+    parts += ["", ceiling_line(result.get("ceiling"))]
     gemm = env.get("gemm_gflops")
     if gemm:
         parts.append(f"\nfp32 GEMM {' x '.join(map(str, gemm['shape']))} ({gemm['threads']} thread(s)): PyTorch "
                      f"{gemm['torch_gflops']:.0f} GFLOP/s, ONNX Runtime {gemm['onnxruntime_gflops']:.0f} GFLOP/s.")
     parts += ["", "## Latency (ms; throughput in images/s)", ""]
     header = ["variant", "backend", "dtype", "batch", "median", "min", "mean", "p90", "p95", "p99", "CV",
-              "img/s", "mem MB", "x eager", "x eager (pairs) [Q1, Q3]", "parity err"]
+              "img/s", "mem MB", "x eager", "x eager (pairs) [Q1, Q3]", "GFLOP/s", "% ceiling", "parity err"]
     parts.append(_table(header, [[r["variant"], r["backend"], r["dtype"], str(r["batch"]), _fmt(r["median_ms"]),
                                   _fmt(r["min_ms"]), _fmt(r["mean_ms"]), _fmt(r["p90_ms"]), _fmt(r["p95_ms"]),
                                   _fmt(r["p99_ms"]), _fmt(r["cv"], 3), _fmt(r["throughput_img_s"], 1),
                                   _fmt(r["peak_mem_mb"], 1), _fmt(r["speedup_vs_eager"]), _pair(r),
+                                  _fmt(r.get("achieved_gflops"), 1), _percent(r.get("ceiling_fraction")),
                                   f"{r['parity_error']:.1e}"] for r in ok]))
+    flops = result.get("flops") or {}
+    if flops:
+        parts += ["", "Counted GFLOP per image (one count per variant, on the eager model; every backend's row "
+                  "uses it): " + ", ".join(f"{v} {f['flops_per_image'] / 1e9:.3f}" for v, f in flops.items())
+                  + f". Counter: {next(iter(flops.values()))['counter']}."]
+    fastest = result.get("fastest_cpu") or []
+    if fastest:
+        parts += ["", "## Fastest fp32 CPU runtime on this machine (per variant and batch: the largest speed-up "
+                  "over eager fp32)", "",
+                  _table(["variant", "batch", "fastest", "median ms", "x eager", "runner-up", "x runner-up",
+                          "decided by"],
+                         [[f["variant"], str(f["batch"]), f["backend"], _fmt(f["median_ms"]), _fmt(f["x_eager"]),
+                           f["runner_up"] or "-", _fmt(f["x_runner_up"]), f["how"] or "-"] for f in fastest])]
     pivot = _speedup_pivot(ok)
     if pivot:
         parts += ["", "## Speed-up over eager fp32 PyTorch (same variant and batch; median of per-pair ratios of "
@@ -91,6 +107,29 @@ def markdown(result: Mapping[str, Any]) -> str:
             lines.append([r["backend"], r["dtype"], r["status"], who, r["reason"]])
         parts.append(_table(["backend", "dtype", "status", "where", "reason"], lines))
     return "\n".join(parts) + "\n"
+
+
+def _percent(v: Any) -> str:
+    return "-" if v is None else f"{100 * v:.0f}%"
+
+
+def ceiling_line(ceiling: Any) -> str:
+    """One sentence: the machine's fp32 (and int8) matmul ceiling, or why there is none."""
+    if not ceiling or ceiling.get("status") == "not measured":
+        return f"Matmul ceiling: not measured ({(ceiling or {}).get('reason', 'no ceiling in this result')})."
+    n = ceiling["shape"][0]
+    libs = ", ".join(f"{k} {v['median_gflops']:.0f}" for k, v in ceiling["fp32"]["by_library"].items())
+    end = ceiling.get("fp32_end_gflops")
+    text = (f"Matmul ceiling ({n}x{n}x{n}, {ceiling['threads']} thread(s), median call): fp32 "
+            f"{ceiling['fp32']['gflops']:.1f} GFLOP/s ({ceiling['fp32']['library']}; by library: {libs}"
+            f"{f'; {end:.1f} at the end of the run' if end else ''})")
+    int8 = ceiling["int8"]
+    if int8.get("status") == "measured":
+        text += f"; int8 {int8['gops']:.1f} GOP/s ({int8['library']} MatMulInteger, {int8['isa']})"
+    else:
+        text += f"; int8 not measured: {int8.get('reason')}"
+    return text + (". `% ceiling` = counted FLOPs / median latency / the ceiling of the row's precision "
+                   "(CPU rows only).")
 
 
 def _pair(r: Mapping[str, Any]) -> str:
@@ -135,6 +174,8 @@ def write_outputs(result: Mapping[str, Any], out_dir: Path) -> Dict[str, Path]:
         files["latency_png"] = plot_latency(ok, out_dir / "latency.png")
     if result.get("overheads"):
         files["overhead_png"] = plot_overhead(result["overheads"], out_dir / "overhead.png")
+    if any(r.get("ceiling_fraction") is not None for r in ok):
+        files["efficiency_png"] = plot_efficiency(ok, out_dir / "efficiency.png")
     return files
 
 
@@ -190,6 +231,29 @@ def plot_latency(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
                     err.append(r["p90_ms"] - r["median_ms"])
             ax.bar(xs, med, width, yerr=[[0] * len(err), err], capsize=2, label=f"{backend} {dtype}")
         _style(ax, f"batch {batch}: median latency (whisker: p90)", "ms", variants)
+    return _save_fig(fig, path)
+
+
+def plot_efficiency(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Fraction of the machine's matmul ceiling per variant, one bar per backend/dtype, one panel per batch."""
+    plt = _pyplot()
+    rows = [r for r in rows if r.get("ceiling_fraction") is not None]
+    batches = sorted({r["batch"] for r in rows})
+    series = list(dict.fromkeys((r["backend"], r["dtype"]) for r in rows))
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    lookup = {(r["variant"], r["backend"], r["dtype"], r["batch"]): r for r in rows}
+    fig, axes = plt.subplots(len(batches), 1, figsize=(max(8, 0.75 * len(variants) + 3), 3.6 * len(batches)),
+                             squeeze=False)
+    width = 0.8 / max(len(series), 1)
+    for ax, batch in zip(axes[:, 0], batches):
+        for i, (backend, dtype) in enumerate(series):
+            hits = [(j, lookup[(v, backend, dtype, batch)]) for j, v in enumerate(variants)
+                    if (v, backend, dtype, batch) in lookup]
+            ax.bar([j + (i - (len(series) - 1) / 2) * width for j, _ in hits],
+                   [100 * r["ceiling_fraction"] for _, r in hits], width, label=f"{backend} {dtype}")
+        ax.axhline(100, color="k", lw=0.8)
+        _style(ax, f"batch {batch}: counted GFLOP/s as % of this machine's matmul ceiling", "% of ceiling",
+               variants)
     return _save_fig(fig, path)
 
 

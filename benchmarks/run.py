@@ -6,6 +6,10 @@ the same weights in PyTorch. For each batch size the eager fp32 output on the CP
 Each runnable backend is then (1) checked against it, (2) timed alone (warm-up >= 200 ms, then >= min_time s
 and >= 10 iterations), (3) timed alternating with eager fp32 of the same variant (speed-up with its spread)
 and (4) alternating with ``standard`` on the same backend, dtype and batch (variant overhead).
+
+Efficiency: at the start the machine's own matmul ceiling is measured with the run's threads
+(:mod:`attnzoo.benchmarks.ceiling`), each variant's FLOPs are counted once on the eager model
+(:mod:`attnzoo.benchmarks.flops`), and every CPU row gets its achieved GFLOP/s and its fraction of the ceiling.
 """
 
 from __future__ import annotations
@@ -21,17 +25,21 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .backends import (TOLERANCES, Runner, build_runner, check_parity, tensorrt_build_only, tolerance_for,
-                       torch_device, unavailable_reason)
+from .backends import (TOLERANCES, Runner, build_runner, check_parity, row_device, tensorrt_build_only,
+                       tolerance_for, torch_device, unavailable_reason)
+from .ceiling import DEFAULT_SIZE, ceiling_for, fraction, matmul_ceiling
+from .flops import count_flops
 from .env import environment, load_average
 from .ort_cpu import gemm_gflops, naive_cpu_session, profile_ops, tuned_cpu_session
 from .stats import ratio_stats, summarize
 from . import timing
 from .timing import PeakRSS, measure, measure_pair
 
-__all__ = ["Settings", "run_benchmark", "NOTE", "ONNX_BACKENDS"]
+__all__ = ["Settings", "run_benchmark", "NOTE", "ONNX_BACKENDS", "CPU_RUNTIMES"]
 
-ONNX_BACKENDS = ("ort-cpu", "ort-cuda", "ort-trt", "tensorrt")
+ONNX_BACKENDS = ("ort-cpu", "openvino", "ort-cuda", "ort-trt", "tensorrt")
+#: Backends a CPU user can pick from; the report names the fastest of them per variant and batch.
+CPU_RUNTIMES = ("eager", "compile", "ort-cpu", "openvino")
 NOTE = ("Models: attnzoo.models.create_model(variant, task, arch) with a seeded random init (torch.manual_seed), "
         "because trained weights exist only for the micro zoo; latency does not depend on the weight values. "
         "ONNX Runtime / TensorRT run the file written by attnzoo.export.export_onnx from those weights; eager "
@@ -59,6 +67,8 @@ class Settings:
     compile_budget: float = 600.0
     profile: bool = False
     pair_eager: bool = True
+    #: Side of the ceiling's square matmul (0: no ceiling measured).
+    ceiling_size: int = DEFAULT_SIZE
     command: str = ""
     progress: bool = True
     #: Test hook: backend -> function applied to its parity output (to prove the gate rejects a bad backend).
@@ -74,7 +84,8 @@ def _row(variant: str, s: Settings, backend: str, dtype: str, batch: int, status
            "p95_ms": None, "p99_ms": None, "max_ms": None, "cv": None, "throughput_img_s": None,
            "peak_mem_mb": None, "mem_kind": None, "speedup_vs_eager": None, "speedup_pair_median": None,
            "speedup_pair_q1": None, "speedup_pair_q3": None, "speedup_pairs": None,
-           "cuda_graph": None, "build_s": None, "load_1min": (load_average() or [None])[0], "info": {}}
+           "cuda_graph": None, "build_s": None, "gflop": None, "achieved_gflops": None, "ceiling_gflops": None,
+           "ceiling_fraction": None, "load_1min": (load_average() or [None])[0], "info": {}}
     row.update(extra)
     return row
 
@@ -103,6 +114,9 @@ class _Bench:
         self.profiles: List[Dict[str, Any]] = []
         self.profile_errors: List[str] = []
         self.standard: Dict[Tuple[str, str, int], Runner] = {}
+        self.flops: Dict[str, Dict[str, Any]] = {}
+        self.pairs: List[Dict[str, Any]] = []  # head-to-head fp32 CPU runtimes (b time / a time)
+        self.head_to_head_errors: List[str] = []
         self.compile_spent = 0.0
         self.compile_count = 0
         self.combos = [(b, d) for b in s.backends for d in s.dtypes]
@@ -224,6 +238,24 @@ class _Bench:
         if variant == "standard":
             self.standard[(backend, dtype, batch)] = runner
 
+    def head_to_head(self, variant: str, batch: int, runners: Dict[str, Runner]) -> None:
+        """Time the two fastest fp32 CPU runtimes (by speed-up over eager) against each other, A B A B, so the
+        report's "fastest" rests on a direct comparison, not on two comparisons with eager made at different
+        times. A timing failure is a note in ``head_to_head_errors``."""
+        if len(runners) < 2:
+            return
+        speedup = {r["backend"]: r["speedup_pair_median"] or 0.0 for r in self.rows
+                   if (r["variant"], r["batch"], r["dtype"], r["status"]) == (variant, batch, "fp32", "ok")
+                   and r["backend"] in runners}
+        a, b = sorted(runners, key=lambda k: -speedup.get(k, 0.0))[:2]
+        try:
+            ta, tb = measure_pair(runners[a].fn, runners[b].fn, self.s.min_time)
+        except Exception as exc:  # a timing failure is a note, not a crash
+            self.head_to_head_errors.append(f"{variant} b{batch} {a}/{b}: {_first_line(exc)}")
+            return
+        self.pairs.append({"variant": variant, "batch": batch, "a": a, "b": b, **ratio_stats(ta, tb),
+                           "a_median_ms": float(np.median(ta) * 1e3), "b_median_ms": float(np.median(tb) * 1e3)})
+
     def profile(self, variant: str, onnx_path: Path, x: torch.Tensor) -> None:
         """ORT profiler: per-op-type time of the naive session and of the tuned ``ort-cpu`` session."""
         xs = x.numpy()
@@ -233,8 +265,9 @@ class _Bench:
         self.profiles.append({"variant": variant, "batch": int(x.shape[0]), "naive": naive, "tuned": tuned})
 
     def variant(self, variant: str, bar) -> None:
-        """Export the variant, then run every batch size."""
+        """Count its FLOPs, export the variant, then run every batch size."""
         model = self.model(variant)
+        self.flops[variant] = count_flops(model, model.attnzoo_config["img_size"])
         needed = {("fp16" if d == "fp16" else "fp32") for b, d in self.combos
                   if b in ONNX_BACKENDS and not self.skip[(b, d)]}
         onnx: Dict[str, Path] = {}
@@ -253,6 +286,7 @@ class _Bench:
         with torch.inference_mode():
             ref = model(x).float().numpy()
         eager = None
+        cpu_runners: Dict[str, Runner] = {}  # fp32 CPU runtimes that passed, for the head-to-head pair
         for backend, dtype in self.combos:
             reason = self.skip[(backend, dtype)]
             if reason:
@@ -266,7 +300,11 @@ class _Bench:
                 runner = self.job(variant, backend, dtype, batch, model, onnx, x, ref, eager)
                 if (backend, dtype) == ("eager", "fp32"):
                     eager = runner
+                elif (runner is not None and dtype == "fp32" and backend in CPU_RUNTIMES
+                      and row_device(backend, self.device) == "cpu"):
+                    cpu_runners[backend] = runner
             bar.update(1)
+        self.head_to_head(variant, batch, cpu_runners)
         if self.s.profile and "fp32" in onnx:
             try:
                 self.profile(variant, onnx["fp32"], x)
@@ -284,6 +322,60 @@ def _speedups(rows: List[Dict[str, Any]]) -> None:
             r["speedup_vs_eager"] = base / r["median_ms"]
 
 
+def _efficiency(rows: List[Dict[str, Any]], flops: Dict[str, Dict[str, Any]], ceiling: Optional[Dict[str, Any]],
+                device: torch.device) -> None:
+    """Fill ``gflop`` (counted FLOPs of one call: per image x batch), ``achieved_gflops`` (= gflop / median s),
+    ``ceiling_gflops`` (the ceiling of the row's precision on its device) and ``ceiling_fraction``."""
+    for r in rows:
+        count = flops.get(r["variant"])
+        if count is None:
+            continue
+        r["gflop"] = count["flops_per_image"] * r["batch"] / 1e9
+        if r["status"] == "ok":
+            top = ceiling_for(ceiling, r["backend"], r["dtype"], row_device(r["backend"], device))
+            r.update(fraction(r["gflop"] * 1e9, r["median_ms"], top))
+
+
+def _fastest_cpu(rows: List[Dict[str, Any]], pairs: List[Dict[str, Any]], device: torch.device
+                 ) -> List[Dict[str, Any]]:
+    """The fastest fp32 CPU runtime per (variant, batch), with the runner-up and by how much.
+
+    Candidates are ranked by speed-up over eager fp32 (the paired median where measured, else the ratio of
+    medians; eager itself counts as 1). Where the two best were also timed head to head (A B A B), that
+    direct comparison decides between them and gives ``x_runner_up`` (``how``: ``head-to-head pairs``).
+    int8 is a change of precision, not of runtime, and is left out.
+    """
+    groups: Dict[Tuple[str, int], List[Tuple[float, Dict[str, Any]]]] = {}
+    for r in rows:
+        if (r["status"] != "ok" or r["dtype"] != "fp32" or r["backend"] not in CPU_RUNTIMES
+                or row_device(r["backend"], device) != "cpu"):
+            continue
+        score = 1.0 if r["backend"] == "eager" else (
+            r["speedup_pair_median"] if r.get("speedup_pair_median") is not None else r["speedup_vs_eager"])
+        if score:
+            groups.setdefault((r["variant"], r["batch"]), []).append((score, r))
+    direct = {(p["variant"], p["batch"], frozenset((p["a"], p["b"]))): p for p in pairs}
+    out = []
+    for (variant, batch), scored in groups.items():
+        scored.sort(key=lambda t: -t[0])
+        ranked = [r["backend"] for _, r in scored]
+        x_next = scored[0][0] / scored[1][0] if len(scored) > 1 else None
+        how = "speed-ups over eager" if len(scored) > 1 else None
+        pair = direct.get((variant, batch, frozenset(ranked[:2]))) if len(ranked) > 1 else None
+        if pair is not None:
+            # ratio_median = b time / a time: above 1, a is faster
+            faster, slower = (pair["a"], pair["b"]) if pair["ratio_median"] >= 1 else (pair["b"], pair["a"])
+            ranked[:2] = [faster, slower]
+            x_next = max(pair["ratio_median"], 1 / pair["ratio_median"])
+            how = "head-to-head pairs"
+        best = next(r for _, r in scored if r["backend"] == ranked[0])
+        score = next(sc for sc, r in scored if r["backend"] == ranked[0])
+        out.append({"variant": variant, "batch": batch, "backend": ranked[0], "median_ms": best["median_ms"],
+                    "x_eager": score, "runner_up": ranked[1] if len(ranked) > 1 else None,
+                    "x_runner_up": x_next, "how": how})
+    return out
+
+
 def run_benchmark(s: Settings) -> Dict[str, Any]:
     """Run everything in ``s``; return the result dict written to ``results.json``."""
     torch.set_num_threads(s.threads)
@@ -291,6 +383,8 @@ def run_benchmark(s: Settings) -> Dict[str, Any]:
     bench = _Bench(s)
     if any(b == "ort-cpu" and not bench.skip[(b, d)] for b, d in bench.combos):
         env["gemm_gflops"] = gemm_gflops(s.threads)
+    # the ceiling of every CPU row: measured once, before any model, with the run's threads
+    ceiling = matmul_ceiling(s.threads, s.ceiling_size) if s.ceiling_size else None
     variants = list(dict.fromkeys(["standard", *s.variants]))  # standard first: the overhead baseline
     runnable = sum(1 for c in bench.combos if not bench.skip[c])
     started = time.time()
@@ -299,6 +393,9 @@ def run_benchmark(s: Settings) -> Dict[str, Any]:
         for variant in variants:
             bench.variant(variant, bar)
     _speedups(bench.rows)
+    _efficiency(bench.rows, bench.flops, ceiling, bench.device)
+    if ceiling:  # measured again, to show how far the machine's load moved it during the run
+        ceiling["fp32_end_gflops"] = matmul_ceiling(s.threads, s.ceiling_size, int8=False)["fp32"]["gflops"]
     return {
         "command": s.command,
         "note": NOTE,
@@ -308,8 +405,14 @@ def run_benchmark(s: Settings) -> Dict[str, Any]:
                      "warmup_s": timing.WARMUP_S, "min_iterations": timing.MIN_ITERS,
                      "device": str(bench.device), "seed": s.seed,
                      "compile_budget_s": s.compile_budget, "tolerances": TOLERANCES,
+                     "ceiling_size": s.ceiling_size,
                      "parity_measure": "max|out - eager fp32| / max(1, max|eager fp32|)"},
         "environment": env,
+        "ceiling": ceiling or {"status": "not measured", "reason": "--ceiling-size 0"},
+        "flops": bench.flops,
+        "fastest_cpu": _fastest_cpu(bench.rows, bench.pairs, bench.device),
+        "cpu_head_to_head": bench.pairs,
+        "cpu_head_to_head_errors": bench.head_to_head_errors,
         "load_average_end": load_average(),
         "wall_time_s": time.time() - started,
         "results": bench.rows,
