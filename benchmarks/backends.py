@@ -6,9 +6,10 @@ float32 NumPy for the parity check, ``memory()`` the peak memory after timing.
 
 Backends: ``eager`` and ``compile`` (PyTorch, the same weights), ``ort-cpu`` (ONNX Runtime CPU with the tuned
 settings of :mod:`attnzoo.benchmarks.ort_cpu`), ``openvino`` (OpenVINO on the CPU, the same ONNX file, through
-:mod:`attnzoo.runtime.openvino`: the run's threads, latency hint, fp32 precision, batch fixed), ``ort-cuda`` and ``ort-trt`` (ONNX Runtime CUDA / TensorRT
-execution providers with I/O binding), ``tensorrt`` (an engine built from the ONNX file, run from a CUDA
-graph). Dtypes: ``fp32``, ``fp16``, ``bf16`` and ``int8`` (dynamic int8 quantization, ONNX Runtime CPU only).
+:mod:`attnzoo.runtime.openvino`: the run's threads, latency hint, fp32 precision, batch fixed), ``ort-cuda``
+and ``ort-trt`` (ONNX Runtime CUDA / TensorRT execution providers with I/O binding), ``tensorrt`` (an engine
+built from the ONNX file, run from a CUDA graph). Dtypes: ``fp32``, ``fp16``, ``bf16`` and ``int8`` (dynamic int8
+quantization, ONNX Runtime CPU only).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from .env import cpu_info
 
 from attnzoo.runtime.parity import TOLERANCES, parity_error, tolerance_key
 
-__all__ = ["BACKENDS", "CPU_BACKENDS", "DTYPES", "row_device", "TOLERANCES", "Runner", "unavailable_reason", "build_runner", "parity_error",
-           "check_parity", "torch_device", "tensorrt_build_only", "tolerance_for"]
+__all__ = ["BACKENDS", "CPU_BACKENDS", "DTYPES", "row_device", "TOLERANCES", "Runner", "unavailable_reason",
+           "build_runner", "parity_error", "check_parity", "torch_device", "tensorrt_build_only", "tolerance_for"]
 
 BACKENDS: Tuple[str, ...] = ("eager", "compile", "ort-cpu", "openvino", "ort-cuda", "ort-trt", "tensorrt")
 #: Backends that run on the CPU whatever ``--device`` says (rows measured against the CPU's matmul ceiling).

@@ -330,7 +330,8 @@ def _header(models: DemoModels, backend: str, source: str) -> str:
     return (f"# attnzoo demo\nAttention variants side by side: {n_cls} classifiers, {n_seg} segmenters, "
             f"served by **{backend}** from {source}. Everything runs on this machine; nothing leaves it.\n\n"
             f"**What the models know:** {len(known)} classes ({', '.join(known)}). Every image is put into one of "
-            "them, whatever it shows; the examples below are the kind of image they were trained on.")
+            "them, whatever it shows; the examples below are the kind of image they were trained on."
+            + "".join(f"\n\n*Backend chosen automatically:* {n}." for n in {m.backend_note for m in served} if n))
 
 
 def build_demo(models: Sequence[ServedModel], *, source: str = "the zoo", seg_max_side: Optional[int] = None

@@ -1,5 +1,8 @@
-"""The models the demo serves: ONNX files (ONNX Runtime on the CPU, or its TensorRT provider) or checkpoints
+"""The models the demo serves: ONNX files (ONNX Runtime or OpenVINO on the CPU, or TensorRT) or checkpoints
 (PyTorch), each wrapped as a :class:`ServedModel` that maps a float32 batch (N, 3, H, W) to logits.
+
+The default backend, ``auto``, is the faster of the installed CPU runtimes (ONNX Runtime, OpenVINO), measured
+on this machine on the files about to be served (:func:`attnzoo.runtime.choice.fastest_cpu_runtime`).
 
 Everything the demo needs (task, class names, input size, mean/std) comes from the ONNX metadata written by
 ``export-model`` or from the checkpoint config, so any folder of exported models can be served. By default the
@@ -21,10 +24,12 @@ import numpy as np
 from attnzoo.fileio import CACHE_ENV, default_cache_dir  # noqa: F401  (re-exported)
 from attnzoo.zoo import DEFAULT_DATA
 
-__all__ = ["BACKENDS", "ServedModel", "load_models", "load_onnx_dir", "load_checkpoint_dir", "load_zoo_torch",
-           "export_zoo", "default_cache_dir", "backend_problem"]
+__all__ = ["BACKENDS", "CPU_RUNTIMES", "ServedModel", "load_models", "load_onnx_dir", "load_checkpoint_dir",
+           "load_zoo_torch", "export_zoo", "default_cache_dir", "backend_problem", "choose_cpu_backend"]
 
-BACKENDS = ("onnxruntime", "pytorch", "tensorrt")
+BACKENDS = ("auto", "onnxruntime", "openvino", "pytorch", "tensorrt")
+#: The CPU runtimes ``auto`` chooses from, in order of preference on a tie.
+CPU_RUNTIMES = ("onnxruntime", "openvino")
 #: Most sliding windows run in one call (the TensorRT profile's largest batch).
 SLIDING_BATCH = 16
 
@@ -44,8 +49,9 @@ class ServedModel:
             pads or tiles with windows of that size.
         run: Float32 (N, 3, H, W) -> float32 logits (N, K) or (N, K, H, W).
         source: File it was loaded from.
-        backend: ``onnxruntime``, ``pytorch`` or ``tensorrt``.
+        backend: ``onnxruntime``, ``openvino``, ``pytorch`` or ``tensorrt``.
         arch: Architecture name (``micro`` ...), from the metadata.
+        backend_note: Why this backend serves it (``auto``'s measurement), for the page.
     """
 
     name: str
@@ -60,6 +66,7 @@ class ServedModel:
     source: str = ""
     backend: str = "onnxruntime"
     arch: str = ""
+    backend_note: str = ""
 
 
 def backend_problem(backend: str) -> Optional[str]:
@@ -72,6 +79,12 @@ def backend_problem(backend: str) -> Optional[str]:
         reason = unavailable_reason(run=True)
         if reason:
             return f"the tensorrt backend is not available: {reason}; use --backend onnxruntime (CPU) instead"
+    if backend == "openvino":
+        from attnzoo.runtime.openvino import unavailable_reason as openvino_reason
+
+        reason = openvino_reason()
+        if reason:
+            return f"the openvino backend is not available: {reason}; use --backend onnxruntime instead"
     return None
 
 
@@ -89,6 +102,39 @@ def _onnx_runner(path: Path, threads: Optional[int]) -> Tuple[Callable, bool]:
         return session.run([OUTPUT_NAME], {INPUT_NAME: x.astype(dtype, copy=False)})[0].astype(np.float32)
 
     return run, fixed
+
+
+def _openvino_runner(path: Path, threads: Optional[int], contract=None) -> Tuple[Callable, bool]:
+    """OpenVINO compiled for batch 1 (larger batches run image by image), checked against ONNX Runtime on the
+    same file before use, as ``run(x) -> logits``; H, W are fixed."""
+    from attnzoo.runtime.openvino import checked_session
+
+    return checked_session(path, threads=threads, batch=1, contract=contract).run, True
+
+
+def choose_cpu_backend(folder: Path, threads: Optional[int] = None) -> Tuple[str, str]:
+    """``auto``: the faster installed CPU runtime on this machine, timed on the first valid classifier and
+    segmenter of ``folder``; returns ``(backend, one-line reason)``."""
+    from attnzoo.runtime.choice import fastest_cpu_runtime
+    from attnzoo.runtime.contract import ModelContract
+
+    runners = {"onnxruntime": lambda p: _onnx_runner(p, threads)[0],
+               "openvino": lambda p: _openvino_runner(p, threads)[0]}
+    installed = {n: runners[n] for n in CPU_RUNTIMES if backend_problem(n) is None}
+    if len(installed) < 2:
+        only = next(iter(installed), "onnxruntime")
+        return only, f"{only} (the only CPU runtime installed)"
+    probes = {}
+    for path in sorted(Path(folder).glob("*.onnx")):
+        try:
+            contract = ModelContract.from_onnx(path)
+        except Exception:  # noqa: BLE001 -- an invalid file is not a probe; load_onnx_dir says why it is skipped
+            continue
+        probes.setdefault(contract.task, (path, contract.input_size))
+    from attnzoo.benchmarks.env import cpu_info
+
+    choice = fastest_cpu_runtime(installed, list(probes.values()), cpu=cpu_info()["model"])
+    return choice.runtime, choice.reason
 
 
 def _tensorrt_runner(path: Path, cache_dir: Optional[Path]) -> Tuple[Callable, bool]:
@@ -192,7 +238,12 @@ def load_onnx_dir(directory: Path, backend: str = "onnxruntime", threads: Option
         try:
             contract = ModelContract.from_onnx(path)  # one read of the file's metadata, validated
             config, input_size = contract.config, contract.input_size
-            run, fixed = _tensorrt_runner(path, cache_dir) if backend == "tensorrt" else _onnx_runner(path, threads)
+            if backend == "tensorrt":
+                run, fixed = _tensorrt_runner(path, cache_dir)
+            elif backend == "openvino":
+                run, fixed = _openvino_runner(path, threads, contract)
+            else:
+                run, fixed = _onnx_runner(path, threads)
             models.append(_warmed_up(_from_config(config, run, fixed, path, backend, input_size)))
         except Exception as exc:  # onnx, onnxruntime and tensorrt raise their own types; skip the file, say why
             _skip(path, exc)
@@ -270,17 +321,18 @@ def export_zoo(data: str = DEFAULT_DATA, cache_dir: Optional[Path] = None) -> Pa
     return folder
 
 
-def load_models(models_dir: Optional[Path] = None, backend: str = "onnxruntime", data: str = DEFAULT_DATA,
+def load_models(models_dir: Optional[Path] = None, backend: str = "auto", data: str = DEFAULT_DATA,
                 cache_dir: Optional[Path] = None, threads: Optional[int] = None) -> List[ServedModel]:
     """The models to serve.
 
     Args:
         models_dir: A folder of ``.onnx`` files from ``export-model`` (``.safetensors`` checkpoints with the
             pytorch backend); None serves the zoo.
-        backend: ``onnxruntime`` (CPU), ``pytorch`` or ``tensorrt`` (engines built once, cached).
+        backend: ``auto`` (the faster CPU runtime here, measured: :func:`choose_cpu_backend`), ``onnxruntime``
+            or ``openvino`` (CPU), ``pytorch`` or ``tensorrt`` (engines built once, cached).
         data: Which zoo models (trained on this data set) to serve when ``models_dir`` is None.
         cache_dir: Root of the zoo's ONNX exports and the TensorRT engines (default :func:`default_cache_dir`).
-        threads: ONNX Runtime intra-op threads per session (None: its default).
+        threads: CPU runtime threads per model (None: the runtime's default).
 
     Raises:
         ValueError: the backend cannot run here, the folder is missing, or nothing servable was found (bad
@@ -296,7 +348,12 @@ def load_models(models_dir: Optional[Path] = None, backend: str = "onnxruntime",
         wanted = ".safetensors checkpoints"
     else:
         folder = Path(models_dir) if models_dir else export_zoo(data, cache_dir)
+        note = ""
+        if backend == "auto":
+            backend, note = choose_cpu_backend(folder, threads)
         models = load_onnx_dir(folder, backend, threads, cache_dir)
+        for m in models:
+            m.backend_note = note
         wanted = ".onnx files exported by export-model"
     if not models:
         raise ValueError(f"no servable models in {models_dir or 'the zoo'} (expected {wanted})")

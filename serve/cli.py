@@ -2,7 +2,7 @@
 
 Examples::
 
-    serve-demo                                   # the zoo's models, exported to ONNX once, on ONNX Runtime (CPU)
+    serve-demo                                   # the zoo's models, exported to ONNX once, on the faster CPU runtime
     serve-demo --models exported/ --port 8000    # any folder of .onnx files from export-model
     serve-demo --backend pytorch                 # the zoo checkpoints run by PyTorch
 """
@@ -26,22 +26,23 @@ __all__ = ["main", "build_parser"]
 def build_parser() -> argparse.ArgumentParser:
     """The ``serve-demo`` argument parser."""
     p = argparse.ArgumentParser(prog="serve-demo", formatter_class=argparse.RawDescriptionHelpFormatter,
-                                description="The attnzoo Gradio demo (offline; ONNX Runtime on the CPU by default).",
+                                description="The attnzoo Gradio demo (offline; on the CPU by default).",
                                 epilog="examples:\n" + __doc__.split("Examples::\n\n", 1)[1])
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=7860, help="port (default 7860)")
     p.add_argument("--models", type=Path, default=None, metavar="DIR",
                    help="serve this folder of .onnx files from export-model (.safetensors checkpoints with "
                         "--backend pytorch) instead of the zoo")
-    p.add_argument("--backend", default="onnxruntime", choices=BACKENDS,
-                   help="onnxruntime (CPU, default), pytorch, or tensorrt (needs the tensorrt package and an NVIDIA "
-                        "GPU; engines are built once into the cache folder)")
+    p.add_argument("--backend", default="auto", choices=BACKENDS,
+                   help="auto (default: the faster of onnxruntime and openvino on this machine, timed at start-up "
+                        "on the served files), onnxruntime or openvino (CPU), pytorch, or tensorrt (needs the "
+                        "tensorrt package and an NVIDIA GPU; engines are built once into the cache folder)")
     p.add_argument("--data", default=DEFAULT_DATA,
                    help=f"which zoo models to serve: those trained on this data set (default {DEFAULT_DATA})")
     p.add_argument("--cache-dir", type=Path, default=None,
                    help=f"where the zoo's ONNX exports and TensorRT engines are kept (default ${CACHE_ENV} or "
                         "~/.cache/attnzoo)")
-    p.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads per model call")
+    p.add_argument("--threads", type=int, default=None, help="CPU runtime threads per model call")
     p.add_argument("--seg-max-side", type=int, default=None, metavar="PX",
                    help="downscale images for segmentation to this longest side (default: the model's input "
                         "size); larger values run sliding windows")
@@ -62,7 +63,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     source = f"`{args.models}`" if args.models else f"the zoo ({args.data})"
     demo = build_demo(models, source=source, seg_max_side=args.seg_max_side)
-    print(f"serving {len(models)} models with {args.backend} on http://{args.host}:{args.port}")
+    note = f" (--backend auto: {models[0].backend_note})" if models[0].backend_note else ""
+    print(f"serving {len(models)} models with {models[0].backend}{note} on http://{args.host}:{args.port}")
     try:
         launch(demo, args.host, args.port)
     except OSError as exc:  # port taken, address not available

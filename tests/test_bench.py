@@ -61,16 +61,17 @@ def test_check_parity_tolerances():
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    args = ["--arch", "micro", "--variants", "belief,standard", "--backends", "eager,ort-cpu,ort-cuda",
+    args = ["--arch", "micro", "--variants", "belief,standard", "--backends", "eager,ort-cpu,openvino,ort-cuda",
             "--dtype", "fp32", "--batch-sizes", "1,2", "--min-time", "0.05", "--threads", "1", "--out",
-            str(out), "--cache-dir", str(out / "cache"), "--no-progress", "--profile"]
+            str(out), "--cache-dir", str(out / "cache"), "--no-progress", "--profile", "--ceiling-size", "128"]
     assert main(args) == 0
     return out, json.loads((out / "results.json").read_text())
 
 
 def test_short_run_writes_every_field(short_run):
     out, res = short_run
-    for name in ("results.md", "results.csv", "overheads.csv", "latency.png", "overhead.png", "ort_profile.md"):
+    for name in ("results.md", "results.csv", "overheads.csv", "latency.png", "overhead.png", "efficiency.png",
+                 "ort_profile.md"):
         assert (out / name).stat().st_size > 0, name
     assert set(res) >= {"command", "note", "settings", "environment", "load_average_end", "results", "overheads",
                         "ort_profile", "wall_time_s"}
@@ -81,22 +82,49 @@ def test_short_run_writes_every_field(short_run):
     assert env["gemm_gflops"]["torch_gflops"] > 0 and env["gemm_gflops"]["onnxruntime_gflops"] > 0
     ok = [r for r in res["results"] if r["status"] == "ok"]
     assert {(r["variant"], r["backend"], r["batch"]) for r in ok} == {
-        (v, b, n) for v in ("standard", "belief") for b in ("eager", "ort-cpu") for n in (1, 2)}
+        (v, b, n) for v in ("standard", "belief") for b in ("eager", "ort-cpu", "openvino") for n in (1, 2)}
     for r in ok:
         assert set(ROW_FIELDS) <= set(r)
         assert r["iterations"] >= 10 and r["parity_error"] <= r["parity_tol"]
         assert r["min_ms"] <= r["median_ms"] <= r["p90_ms"] <= r["p95_ms"] <= r["p99_ms"] <= r["max_ms"]
         assert r["throughput_img_s"] > 0 and r["cv"] >= 0 and r["peak_mem_mb"] is not None
-        if r["backend"] == "ort-cpu":
+        if r["backend"] in ("ort-cpu", "openvino"):
             assert r["speedup_vs_eager"] > 0 and r["speedup_pairs"] >= 10
     over = res["overheads"]
     assert {(o["variant"], o["backend"], o["batch"]) for o in over} == {
-        ("belief", b, n) for b in ("eager", "ort-cpu") for n in (1, 2)}
+        ("belief", b, n) for b in ("eager", "ort-cpu", "openvino") for n in (1, 2)}
     for o in over:
         assert set(OVERHEAD_FIELDS) <= set(o) and o["pairs"] >= 10 and o["ratio_q1"] <= o["ratio_q3"]
     assert {(p["variant"], p["batch"]) for p in res["ort_profile"]} == {(v, n) for v in ("standard", "belief")
                                                                         for n in (1, 2)}
     assert all(p["naive"]["ops"] and p["tuned"]["ops"] for p in res["ort_profile"])
+
+
+def test_every_cpu_row_has_its_ceiling_fraction_from_the_counted_flops(short_run):
+    out, res = short_run
+    ceiling = res["ceiling"]
+    assert ceiling["threads"] == 1 and ceiling["shape"] == [128, 128, 128]
+    assert ceiling["cpu"] == res["environment"]["cpu"]["model"] and ceiling["key_flags"] is not None
+    fp32 = ceiling["fp32"]["gflops"]
+    assert fp32 == max(v["median_gflops"] for v in ceiling["fp32"]["by_library"].values())
+    assert ceiling["fp32_end_gflops"] > 0
+    ok = [r for r in res["results"] if r["status"] == "ok"]
+    for r in ok:  # every backend's row of a variant uses the one count of that variant
+        assert r["gflop"] == pytest.approx(res["flops"][r["variant"]]["flops_per_image"] * r["batch"] / 1e9)
+        achieved = r["gflop"] / (r["median_ms"] / 1e3)
+        assert r["achieved_gflops"] == pytest.approx(achieved)
+        if r["backend"] != "eager" or res["settings"]["device"] == "cpu":  # eager on a GPU has no CPU ceiling
+            assert r["ceiling_gflops"] == pytest.approx(fp32)
+            assert r["ceiling_fraction"] == pytest.approx(achieved / fp32)
+    md = (out / "results.md").read_text()
+    assert "% ceiling" in md and f"fp32 {fp32:.1f} GFLOP/s" in md and res["environment"]["cpu"]["model"] in md
+    fastest = {(f["variant"], f["batch"]): f for f in res["fastest_cpu"]}
+    assert set(fastest) == {(v, n) for v in ("standard", "belief") for n in (1, 2)}
+    for (variant, batch), f in fastest.items():
+        pair = next(p for p in res["cpu_head_to_head"] if (p["variant"], p["batch"]) == (variant, batch))
+        assert {pair["a"], pair["b"]} == {"ort-cpu", "openvino"} and f["how"] == "head-to-head pairs"
+        assert f["backend"] == (pair["a"] if pair["ratio_median"] >= 1 else pair["b"])
+        assert f["x_runner_up"] == pytest.approx(max(pair["ratio_median"], 1 / pair["ratio_median"]))
 
 
 def test_missing_backend_is_listed_not_dropped(short_run):
@@ -112,7 +140,8 @@ def test_missing_backend_is_listed_not_dropped(short_run):
 def test_parity_gate_rejects_perturbed_backend(tmp_path):
     s = parse_settings(["--arch", "micro", "--variants", "standard", "--backends", "eager,ort-cpu",
                         "--batch-sizes", "1", "--min-time", "0.02", "--threads", "1", "--out", str(tmp_path),
-                        "--cache-dir", str(tmp_path / "cache"), "--no-progress", "--no-pair-eager"])
+                        "--cache-dir", str(tmp_path / "cache"), "--no-progress", "--no-pair-eager",
+                        "--ceiling-size", "64"])
     s.perturb = {"ort-cpu": lambda out: out + 0.05 * np.abs(out).max()}
     res = run_benchmark(s)
     row = next(r for r in res["results"] if r["backend"] == "ort-cpu")
@@ -141,7 +170,7 @@ def test_cli_exit_code_and_single_line():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "error: unknown backend 'foo'; valid: eager, compile, ort-cpu, ort-cuda, ort-trt, tensorrt"]
+        "error: unknown backend 'foo'; valid: eager, compile, ort-cpu, openvino, ort-cuda, ort-trt, tensorrt"]
 
 
 def test_int8_quantization_and_confusion(short_run):
@@ -181,7 +210,8 @@ def test_timing_failure_is_a_failed_row_not_a_crash(tmp_path, monkeypatch):
     monkeypatch.setattr(run_mod, "measure", flaky_measure)
     s = parse_settings(["--arch", "micro", "--variants", "standard", "--backends", "eager,ort-cpu",
                         "--batch-sizes", "1", "--min-time", "0.02", "--threads", "1", "--out", str(tmp_path),
-                        "--cache-dir", str(tmp_path / "cache"), "--no-progress", "--no-pair-eager"])
+                        "--cache-dir", str(tmp_path / "cache"), "--no-progress", "--no-pair-eager",
+                        "--ceiling-size", "64"])
     res = run_benchmark(s)
     row = next(r for r in res["results"] if r["backend"] == "ort-cpu")
     assert row["status"] == "failed" and row["reason"].startswith("timing:") and "device lost" in row["reason"]

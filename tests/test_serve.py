@@ -286,6 +286,26 @@ def test_pytorch_backend_matches_onnxruntime(models_dir, served, images):
     _assert_same_predictions(served, load_models(models_dir, backend="pytorch"), images, atol=1e-4)
 
 
+def test_auto_backend_is_a_measured_cpu_runtime_named_on_the_page(served):
+    from attnzoo.serve.app import DemoModels, _header
+
+    assert {m.backend for m in served} <= set(backends.CPU_RUNTIMES) and len({m.backend for m in served}) == 1
+    note = served[0].backend_note
+    assert note.startswith(served[0].backend) and "on this CPU" in note
+    if "faster than" in note:  # both runtimes installed: the reason is a measurement on the served files
+        assert "median latency at batch 1" in note and "_cls.onnx" in note and "_seg.onnx" in note
+    header = _header(DemoModels(served), served[0].backend, "test models")
+    assert f"served by **{served[0].backend}**" in header and f"*Backend chosen automatically:* {note}." in header
+
+
+def test_openvino_backend_matches_pytorch(models_dir, images):
+    pytest.importorskip("openvino")
+    served = load_models(models_dir, backend="openvino")
+    assert all(m.backend == "openvino" and m.fixed_size for m in served)
+    # checked against ONNX Runtime at load; here: the same top-5 and masks (sliding windows: batches > 1) as PyTorch
+    _assert_same_predictions(served, load_models(models_dir, backend="pytorch"), images, atol=1e-4)
+
+
 @pytest.mark.tensorrt
 def test_tensorrt_backend_matches_onnxruntime(models_dir, served, images, tmp_path):
     from attnzoo.export.tensorrt import tensorrt_unavailable_reason

@@ -8,6 +8,10 @@ OpenVINO's telemetry is ever called). Settings, for every consumer (benchmark, d
 - ``INFERENCE_NUM_THREADS``: the caller's thread count (the benchmark's ``--threads``);
 - ``PERFORMANCE_HINT LATENCY``: one stream, all threads on one request (the demo and the benchmark run one
   synchronous request at a time; ``THROUGHPUT`` only pays with several requests in flight);
+- ``ENABLE_CPU_PINNING False`` (OpenVINO pins its threads to cores by default): on a machine whose cores are
+  busy with other work a pinned thread cannot move off a busy core. Measured on a 2-core AMD EPYC at load
+  average 8, a micro ViT at batch 1 with one thread: 11.8-13.6 ms pinned, 1.19-1.33 ms unpinned (ONNX Runtime,
+  which does not pin: 1.29-1.35 ms). ``pin=True`` turns it back on for a dedicated machine;
 - optionally the batch dimension fixed (``batch``), as the benchmark fixes it for ONNX Runtime.
 """
 
@@ -20,7 +24,7 @@ import numpy as np
 
 from .contract import INPUT_NAME, OUTPUT_NAME
 
-__all__ = ["HINTS", "unavailable_reason", "version", "compile_onnx", "OpenVINOSession"]
+__all__ = ["HINTS", "unavailable_reason", "version", "compile_onnx", "OpenVINOSession", "checked_session"]
 
 HINTS = ("LATENCY", "THROUGHPUT")
 
@@ -46,7 +50,7 @@ def version() -> Optional[str]:
 
 
 def compile_onnx(path: Union[str, Path], *, threads: Optional[int] = None, batch: Optional[int] = None,
-                 hint: str = "LATENCY"):
+                 hint: str = "LATENCY", pin: bool = False):
     """An ``openvino.CompiledModel`` of an ONNX file on the CPU, with the settings of the module docstring.
 
     Args:
@@ -54,6 +58,7 @@ def compile_onnx(path: Union[str, Path], *, threads: Optional[int] = None, batch
         threads: ``INFERENCE_NUM_THREADS`` (``None``: OpenVINO's default, the machine's cores).
         batch: Fix the batch dimension to this size (``None``: keep it symbolic).
         hint: ``PERFORMANCE_HINT``, one of ``HINTS``.
+        pin: ``ENABLE_CPU_PINNING`` (off by default, see the module docstring).
 
     Raises:
         ValueError: unknown hint, or a batch / thread count below 1.
@@ -72,7 +77,8 @@ def compile_onnx(path: Union[str, Path], *, threads: Optional[int] = None, batch
         shape = model.input(INPUT_NAME).get_partial_shape()
         shape[0] = int(batch)
         model.reshape({INPUT_NAME: shape})
-    config: Dict[str, Any] = {"PERFORMANCE_HINT": hint, "INFERENCE_PRECISION_HINT": "f32"}
+    config: Dict[str, Any] = {"PERFORMANCE_HINT": hint, "INFERENCE_PRECISION_HINT": "f32",
+                              "ENABLE_CPU_PINNING": bool(pin)}
     if threads is not None:
         config["INFERENCE_NUM_THREADS"] = int(threads)
     return core.compile_model(model, "CPU", config)
@@ -82,12 +88,12 @@ class OpenVINOSession:
     """One compiled model and one reused infer request: ``run(x) -> logits`` (float32 NumPy).
 
     Args:
-        path, threads, batch, hint: As for :func:`compile_onnx`.
+        path, threads, batch, hint, pin: As for :func:`compile_onnx`.
     """
 
     def __init__(self, path: Union[str, Path], *, threads: Optional[int] = None, batch: Optional[int] = None,
-                 hint: str = "LATENCY") -> None:
-        self.compiled = compile_onnx(path, threads=threads, batch=batch, hint=hint)
+                 hint: str = "LATENCY", pin: bool = False) -> None:
+        self.compiled = compile_onnx(path, threads=threads, batch=batch, hint=hint, pin=pin)
         self.request = self.compiled.create_infer_request()
         self.batch = batch
 
@@ -123,3 +129,28 @@ class OpenVINOSession:
             # ov.Type -> "f32", enums -> "LATENCY"; ints and bools stay as they are
             props[key.lower()] = value.to_string() if hasattr(value, "to_string") else getattr(value, "name", value)
         return {"openvino": version(), "fixed_batch": self.batch, **props}
+
+
+def checked_session(path: Union[str, Path], *, threads: Optional[int] = None, batch: Optional[int] = 1,
+                    seed: int = 0, contract: Any = None) -> OpenVINOSession:
+    """An :class:`OpenVINOSession` whose output on a seeded random batch matches ONNX Runtime's on the same
+    file (the runtime export verified against eager) under the shared tolerance table
+    (:mod:`attnzoo.runtime.parity`; the key is the graph's precision, from its metadata). ``contract``: the
+    file's already-read :class:`~attnzoo.runtime.contract.ModelContract` (read here when ``None``).
+
+    Raises:
+        ValueError: the outputs differ beyond the tolerance (naming the file, the error and the tolerance).
+    """
+    from .contract import ModelContract
+    from .parity import compare, tolerance_key
+    from .sessions import ort_session
+
+    contract = contract or ModelContract.from_onnx(path)
+    session = OpenVINOSession(path, threads=threads, batch=batch)
+    x = np.random.default_rng(seed).standard_normal((batch or 2, 3, *contract.input_size), dtype=np.float32)
+    ref = ort_session(path, "cpu", threads=threads).run([OUTPUT_NAME], {INPUT_NAME: x})[0]
+    check = compare(session.run(x), ref, tolerance_key(contract.dtype))
+    if not check["passed"]:
+        raise ValueError(f"{Path(path).name}: OpenVINO differs from ONNX Runtime by {check['error']:.3g} "
+                         f"(tolerance {check['tolerance']:g}, {check['key']})")
+    return session

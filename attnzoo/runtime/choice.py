@@ -1,0 +1,109 @@
+"""Which CPU runtime runs a set of ONNX files fastest on this machine: measured on the spot, not assumed.
+
+Which runtime wins depends on the CPU (its instruction sets, caches, core count) and on the model (a micro
+model is dominated by per-call overhead, a ViT-Ti by its matmuls), so a fixed order measured on one machine
+would be a guess on the next. :func:`fastest_cpu_runtime` builds each candidate for a few probe files, times
+them alternately (A B A B ..., so both see the same load) at batch 1 and picks the one with the smaller summed
+median latency.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Mapping, Sequence, Tuple
+
+import numpy as np
+
+__all__ = ["Choice", "fastest_cpu_runtime"]
+
+#: ``factory(path) -> run``, with ``run(x: float32 (N, 3, H, W)) -> logits``.
+RunnerFactory = Callable[[Path], Callable[[np.ndarray], np.ndarray]]
+
+
+@dataclass
+class Choice:
+    """The measured choice.
+
+    Attributes:
+        runtime: The winner.
+        reason: One line saying what was measured, for the log and the page.
+        median_ms: Per probe file, per runtime, the median latency at batch 1.
+        failed: Per runtime that could not be built or run, the error (such a runtime cannot win).
+    """
+
+    runtime: str
+    reason: str
+    median_ms: Dict[str, Dict[str, float]] = field(default_factory=dict)
+    failed: Dict[str, str] = field(default_factory=dict)
+
+
+def _alternate(fns: Sequence[Callable[[], object]], seconds: float, min_rounds: int = 10) -> List[List[float]]:
+    """Call each of ``fns`` in turn, round after round, for ``seconds`` and ``min_rounds``; per-call times."""
+    for fn in fns:  # warm-up: first calls allocate
+        fn()
+        fn()
+    times: List[List[float]] = [[] for _ in fns]
+    end = time.perf_counter() + seconds
+    while len(times[0]) < min_rounds or time.perf_counter() < end:
+        for fn, out in zip(fns, times):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+    return times
+
+
+def fastest_cpu_runtime(factories: Mapping[str, RunnerFactory], probes: Sequence[Tuple[Path, Tuple[int, int]]],
+                        seconds: float = 0.3, cpu: str = "") -> Choice:
+    """Pick the fastest of ``factories`` on ``probes``.
+
+    Args:
+        factories: Runtime name -> runner factory, in order of preference on a tie (and when nothing can be
+            measured, the first is chosen).
+        probes: ``(ONNX file, (H, W))`` to time at batch 1 (e.g. one classifier and one segmenter).
+        seconds: Timing per probe file (at least 10 rounds).
+        cpu: The CPU's name, for the reason text.
+
+    Returns:
+        The :class:`Choice`; a runtime whose build or run raises is recorded in ``failed`` and cannot win.
+    """
+    names = list(factories)
+    if not names:
+        raise ValueError("no runtime to choose from")
+    failed: Dict[str, str] = {}
+    total = {n: 0.0 for n in names}
+    medians: Dict[str, Dict[str, float]] = {}
+    for path, (h, w) in probes:
+        x = np.random.default_rng(0).standard_normal((1, 3, h, w), dtype=np.float32)
+        fns = {}
+        for n in names:
+            if n in failed:
+                continue
+            try:
+                run = factories[n](Path(path))
+                run(x)
+                fns[n] = (lambda r=run: r(x))
+            except Exception as exc:  # noqa: BLE001 -- a runtime that fails here is out, with its reason
+                failed[n] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        if not fns:
+            continue
+        times = _alternate(list(fns.values()), seconds)
+        medians[Path(path).name] = {n: float(np.median(t) * 1e3) for n, t in zip(fns, times)}
+        for n, t in zip(fns, times):
+            total[n] += float(np.median(t))
+    alive = [n for n in names if n not in failed]
+    where = f" on this CPU ({cpu})" if cpu else " on this CPU"
+    if not alive or not medians:
+        why = "; ".join(f"{n}: {e}" for n, e in failed.items()) or "nothing to measure"
+        return Choice(names[0], f"{names[0]} (nothing measured: {why})", medians, failed)
+    best = min(alive, key=lambda n: total[n])  # min() keeps the first on a tie: the order of preference
+    files = ", ".join(medians)
+    if len(alive) == 1:
+        others = "; ".join(f"{n} failed: {e}" for n, e in failed.items())
+        return Choice(best, f"{best} (the only CPU runtime that ran{where}; {others})", medians, failed)
+    runner_up = min((n for n in alive if n != best), key=lambda n: total[n])
+    ratio = total[runner_up] / total[best] if total[best] > 0 else float("nan")
+    reason = (f"{best}, {ratio:.2f}x faster than {runner_up}{where}: summed median latency at batch 1 "
+              f"{total[best] * 1e3:.2f} vs {total[runner_up] * 1e3:.2f} ms on {files}, timed alternately")
+    return Choice(best, reason, medians, failed)
