@@ -126,6 +126,8 @@ def choose_cpu_backend(folder: Path, threads: Optional[int] = None) -> Tuple[str
         return only, f"{only} (the only CPU runtime installed)"
     probes = {}
     for path in sorted(Path(folder).glob("*.onnx")):
+        if not path.is_file():  # never open a FIFO or a device; load_onnx_dir warns about them
+            continue
         try:
             contract = ModelContract.from_onnx(path)
         except Exception:  # noqa: BLE001 -- an invalid file is not a probe; load_onnx_dir says why it is skipped

@@ -9,9 +9,10 @@ OpenVINO's telemetry is ever called). Settings, for every consumer (benchmark, d
 - ``PERFORMANCE_HINT LATENCY``: one stream, all threads on one request (the demo and the benchmark run one
   synchronous request at a time; ``THROUGHPUT`` only pays with several requests in flight);
 - ``ENABLE_CPU_PINNING False`` (OpenVINO pins its threads to cores by default): on a machine whose cores are
-  busy with other work a pinned thread cannot move off a busy core. Measured on a 2-core AMD EPYC at load
-  average 8, a micro ViT at batch 1 with one thread: 11.8-13.6 ms pinned, 1.19-1.33 ms unpinned (ONNX Runtime,
-  which does not pin: 1.29-1.35 ms). ``pin=True`` turns it back on for a dedicated machine;
+  busy with other work a pinned thread cannot move off a busy core. A one-off check (not a committed run) on a
+  2-core AVX2-only AMD EPYC at load average 8, a micro ViT at batch 1 with one thread: 11.8-13.6 ms pinned,
+  1.19-1.33 ms unpinned (ONNX Runtime, which does not pin: 1.29-1.35 ms). ``pin=True`` turns it back on for a
+  dedicated machine;
 - optionally the batch dimension fixed (``batch``), as the benchmark fixes it for ONNX Runtime.
 """
 
