@@ -127,9 +127,9 @@ def _int8(n: int, threads: int, ops: float, seconds: float, flags: List[str], tm
     if isa is None:
         return {"status": "not measured", "reason": "this CPU reports no int8 multiply-add instructions "
                                                     "(no AMX, VNNI, AVX2 or Arm dot product in its flags)"}
-    try:
-        from attnzoo.runtime.sessions import ort_session, session_options
-    except ImportError:
+    from attnzoo.runtime.sessions import available_providers, ort_session, session_options
+
+    if "CPUExecutionProvider" not in available_providers():
         return {"status": "not measured", "reason": "onnxruntime is not installed (its MatMulInteger is the kernel "
                                                     "dynamic int8 quantization runs)"}
     gen = np.random.default_rng(1)

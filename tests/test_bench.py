@@ -156,6 +156,7 @@ def test_parity_gate_rejects_perturbed_backend(tmp_path):
     ("--variants", "standard,nope", "unknown variant 'nope'; valid: all, "),
     ("--dtype", "fp8", "unknown dtype 'fp8'; valid: fp32, fp16, bf16, int8"),
     ("--batch-sizes", "1,0", "--batch-sizes must be comma-separated positive integers"),
+    ("--ceiling-size", "10", "--ceiling-size must be 0 or in 64..8192, got 10"),
 ])
 def test_bad_names_give_one_clear_error(flag, value, needle):
     with pytest.raises(SystemExit) as exc:

@@ -2,6 +2,8 @@
 
 - :mod:`.contract`: the model contract read from ONNX metadata (:class:`ModelContract`, input/output names);
 - :mod:`.sessions`: ONNX Runtime sessions on the CPU, CUDA and the TensorRT execution provider;
+- :mod:`.openvino`: OpenVINO on the CPU, reading the same ONNX files;
+- :mod:`.choice`: which CPU runtime is fastest on this machine, measured;
 - :mod:`.tensorrt`: TensorRT (``tensorrt_rtx`` or ``tensorrt``) parse, build, load and run;
 - :mod:`.parity`: one parity check with one tolerance table.
 """
