@@ -18,6 +18,7 @@ Usage::
 
     python -m attnzoo.benchmarks.scaling --out benchmarks/results/scaling-cpu
     python -m attnzoo.benchmarks.scaling --quick --out /tmp/scaling      # micro models, a minute or two
+    python -m attnzoo.benchmarks.scaling --render DIR/scaling.json --out DIR   # tables and plot again
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ import numpy as np
 
 from attnzoo.cli import UsageError, add_debug_flag, entry_point
 
-__all__ = ["FAMILIES", "DEFAULT_VARIANTS", "Settings", "run_scaling", "fit_exponent", "cost_model", "main"]
+__all__ = ["FAMILIES", "DEFAULT_VARIANTS", "Settings", "run_scaling", "derive", "fit_exponent", "cost_model",
+           "crossover_tokens", "write_outputs", "main"]
 
 #: Variants grouped by how their cost grows; the first of each family is the one timed by default.
 FAMILIES: Dict[str, Tuple[str, ...]] = {
@@ -381,6 +383,11 @@ def cost_model(variant: str, arch: str) -> Dict[str, Any]:
             "vector_linear_D2": round(av, 3), "vector_quadratic_D": round(bv, 3)}
 
 
+def crossover_tokens(c: Dict[str, Any]) -> float:
+    """Tokens at which the per-pair (attention) work equals the per-token work: ``N = a D / (b + c)``."""
+    return c["matrix_linear_D2"] * c["D"] / (c["matrix_quadratic_D"] + c["vector_quadratic_D"])
+
+
 # ------------------------------------------------------------------------------------------------ output
 def markdown(result: Dict[str, Any]) -> str:
     """Tables: the cost model, the fitted exponents, every measurement."""
@@ -390,10 +397,10 @@ def markdown(result: Dict[str, Any]) -> str:
         return "-" if v is None else fmt.format(v)
 
     env = result["environment"]["cpu"]
-    cost = _table(["family", "variant", "matrix FLOPs per token (x D^2)", "matrix FLOPs per token pair (x D)",
-                   "vector ops per token pair (x D)"],
+    cost = _table(["family", "variant", "a: matrix FLOPs per token (x D^2)", "b: matrix FLOPs per token pair (x D)",
+                   "c: vector ops per token pair (x D)", f"N where b + c terms = a term (D = {result['cost_model'][0]['D']})"],
                   [[c["family"], c["variant"], f(c["matrix_linear_D2"], "{:g}"), f(c["matrix_quadratic_D"], "{:g}"),
-                    f(c["vector_quadratic_D"], "{:g}")] for c in result["cost_model"]])
+                    f(c["vector_quadratic_D"], "{:g}"), f"{crossover_tokens(c):,.0f}"] for c in result["cost_model"]])
     fit_rows = [[x["sweep"], x["variant"], x["backend"], f"{x['range'][0]}-{x['range'][1]}" if x["range"] else "-",
                  str(x["points"]), f(x["work_exponent"]), f(x["latency_exponent"]), f(x["memory_exponent"])]
                 for x in result["fits"]]
@@ -414,7 +421,8 @@ def markdown(result: Dict[str, Any]) -> str:
         f"{result['wall_time_s'] / 60:.0f} min. Models: {s['arch']} with seeded random weights. "
         "Peak MB: the process's peak RSS above its size once the backend was built (activations and workspace).",
         "", "## Cost model (FLOPs of one encoder block, from attnzoo.benchmarks.flops)", "",
-        "Per block with N tokens of width D: matrix FLOPs = a N + b N^2, vector ops (the MAE distance) likewise.",
+        "Per block with N tokens of width D: matrix FLOPs = a N D^2 + b N^2 D, vector ops (the MAE distance) "
+        "= c N^2 D. Beyond the last column's N, attention is most of the work.",
         "", cost, "", "## Fitted exponents (log-log least squares over the sizes that ran)", "",
         "work = counted matrix FLOPs + vector ops; latency ~ tokens^exponent (or batch^exponent).", "",
         fit_table, "", "## Measurements", "", rows, ""])
@@ -506,9 +514,16 @@ def run_scaling(s: Settings) -> Dict[str, Any]:
         "contended": _contended(env["load_average"], load_end, run.rows, s.threads),
         "wall_time_s": time.time() - started,
         "rows": run.rows,
-        "fits": fits(run.rows),
-        "cost_model": [cost_model(v, s.arch) for v in s.variants],
     }
+    return derive(result)
+
+
+def derive(result: Dict[str, Any]) -> Dict[str, Any]:
+    """Add what follows from the measurements and the code: the fits, and the cost model of every member of
+    the families measured (so ``--render`` can redo it from a results file)."""
+    families = list(dict.fromkeys(family_of(v) for v in result["settings"]["variants"]))
+    result["fits"] = fits(result["rows"])
+    result["cost_model"] = [cost_model(v, result["settings"]["arch"]) for f in families for v in FAMILIES[f]]
     return result
 
 
@@ -580,6 +595,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="exported models (default: <cache>/scaling, <cache> as for bench-latency)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--render", type=Path, metavar="JSON", default=None,
+                   help="measure nothing: redo the fits, cost model, scaling.md and scaling.png of a scaling.json "
+                        "into --out")
     return add_debug_flag(p)
 
 
@@ -638,6 +656,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from attnzoo.fileio import writable_dir
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    a = build_parser().parse_args(argv)
+    if a.render is not None:
+        if not a.render.is_file():
+            raise UsageError(f"--render {a.render}: no such file")
+        writable_dir(a.out, "--out folder")
+        result = derive(json.loads(a.render.read_text()))
+        files = write_outputs(result, a.out)
+        print("wrote " + ", ".join(str(p) for p in files.values()))
+        return 0
     s = parse_settings(argv)
     writable_dir(s.out, "--out folder")
     writable_dir(s.cache_dir, "--cache-dir folder")

@@ -65,6 +65,14 @@ def test_eager_run_writes_rows_fits_and_plot(tmp_path):
     md = files["markdown"].read_text()
     assert result["environment"]["cpu"]["model"] in md and "Cost model" in md
     assert json.loads(files["json"].read_text())["settings"]["arch"] == "micro"
+    assert [c["variant"] for c in result["cost_model"]] == list(FAMILIES["standard"])
+    assert main(["--render", str(files["json"]), "--out", str(tmp_path / "again")]) == 0
+    assert (tmp_path / "again" / "scaling.md").read_text() == md
+
+
+def test_crossover_tokens():
+    # standard: 24 N D^2 = 4 N^2 D at N = 6 D
+    assert scaling.crossover_tokens(cost_model("standard", "small")) == pytest.approx(6 * 384)
 
 
 def test_memory_and_time_limits_skip_with_a_reason(tmp_path, monkeypatch):
