@@ -85,7 +85,7 @@ class Settings:
     batch_px: int = 224
     threads: int = 1
     min_time: float = 2.0
-    min_iters: int = 3
+    min_iters: int = 2
     max_call_s: float = 120.0
     seed: int = 0
     out: Path = Path("scaling-out")
@@ -415,6 +415,7 @@ def markdown(result: Dict[str, Any]) -> str:
     s = result["settings"]
     return "\n".join([
         "# Scaling: latency and peak memory against tokens and batch size", "",
+        *([] if result.get("complete", True) else ["**Partial run**: stopped before every variant was measured.", ""]),
         f"Command: `{result['command']}`", "",
         f"CPU: {env['model']} ({', '.join(env['key_flags'])}), {s['threads']} thread(s); load average at the start "
         f"{result['environment']['load_average']}, at the end {result['load_average_end']}; wall time "
@@ -483,10 +484,16 @@ def plot(result: Dict[str, Any], path: Path) -> Path:
 
 
 # --------------------------------------------------------------------------------------------------- run
-def run_scaling(s: Settings) -> Dict[str, Any]:
-    """Run every sweep of ``s``; return the result written to ``scaling.json``."""
+def run_scaling(s: Settings, partial: Optional[Path] = None) -> Dict[str, Any]:
+    """Run every sweep of ``s``; return the result written to ``scaling.json``.
+
+    ``partial``: after each variant, the result so far (``"complete": false``) is written there, so a long run
+    that is stopped keeps what it measured (``--render`` turns it into tables and a plot).
+    """
     import torch
     from tqdm import tqdm
+
+    from attnzoo.fileio import atomic_write_text
 
     from .env import environment, load_average
 
@@ -495,27 +502,32 @@ def run_scaling(s: Settings) -> Dict[str, Any]:
     env = environment()
     total = len(s.variants) * sum(len(j["batches"]) for j in s.jobs.values()) * len(s.backends)
     started = time.time()
+
+    def result(run: _Run, complete: bool) -> Dict[str, Any]:
+        load_end = load_average()
+        return {
+            "command": s.command, "complete": complete,
+            "settings": {"variants": list(s.variants), "backends": list(s.backends), "arch": s.arch,
+                         "sizes": list(s.sizes), "seg_sizes": list(s.seg_sizes), "batch_sizes": list(s.batch_sizes),
+                         "batch_px": s.batch_px, "threads": s.threads, "min_time_s": s.min_time,
+                         "min_iters": s.min_iters, "max_call_s": s.max_call_s, "seed": s.seed, "quick": s.quick,
+                         "seg_decoder": "linear", "seg_classes": 150,
+                         "peak_memory": "VmHWM reset per measurement" if run.exact_peak else "VmHWM (not resettable)"},
+            "families": {k: list(v) for k, v in FAMILIES.items()},
+            "environment": env,
+            "load_average_end": load_end,
+            "contended": _contended(env["load_average"], load_end, run.rows, s.threads),
+            "wall_time_s": time.time() - started,
+            "rows": run.rows,
+        }
+
     with tqdm(total=total, desc="scaling", unit="run", disable=not s.progress, dynamic_ncols=True) as bar:
         run = _Run(s, bar)
         for variant in s.variants:
             run.variant(variant)
-    load_end = load_average()
-    result = {
-        "command": s.command,
-        "settings": {"variants": list(s.variants), "backends": list(s.backends), "arch": s.arch,
-                     "sizes": list(s.sizes), "seg_sizes": list(s.seg_sizes), "batch_sizes": list(s.batch_sizes),
-                     "batch_px": s.batch_px, "threads": s.threads, "min_time_s": s.min_time,
-                     "min_iters": s.min_iters, "max_call_s": s.max_call_s, "seed": s.seed, "quick": s.quick,
-                     "seg_decoder": "linear", "seg_classes": 150,
-                     "peak_memory": "VmHWM reset per measurement" if run.exact_peak else "VmHWM (not resettable)"},
-        "families": {k: list(v) for k, v in FAMILIES.items()},
-        "environment": env,
-        "load_average_end": load_end,
-        "contended": _contended(env["load_average"], load_end, run.rows, s.threads),
-        "wall_time_s": time.time() - started,
-        "rows": run.rows,
-    }
-    return derive(result)
+            if partial is not None:
+                atomic_write_text(partial, json.dumps(result(run, False), indent=1) + "\n")
+    return derive(result(run, True))
 
 
 def derive(result: Dict[str, Any]) -> Dict[str, Any]:
@@ -585,7 +597,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-px", type=int, default=224, help="classifier input size of the batch sweep")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads of PyTorch and ONNX Runtime")
     p.add_argument("--min-time", type=float, default=2.0, help="seconds timed per measurement")
-    p.add_argument("--min-iters", type=int, default=3, help="timed calls per measurement, at least")
+    p.add_argument("--min-iters", type=int, default=2, help="timed calls per measurement, at least")
     p.add_argument("--max-call-s", type=float, default=120.0,
                    help="skip a call predicted (from the previous size) to take longer than this")
     p.add_argument("--quick", action="store_true",
@@ -668,7 +680,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     s = parse_settings(argv)
     writable_dir(s.out, "--out folder")
     writable_dir(s.cache_dir, "--cache-dir folder")
-    result = run_scaling(s)
+    result = run_scaling(s, partial=s.out / "scaling.json")
     files = write_outputs(result, s.out)
     print(markdown(result))
     print("wrote " + ", ".join(str(p) for p in files.values()))

@@ -165,3 +165,23 @@ def test_roofline_bad_input(argv, needle, tmp_path):
 def test_meta_model_has_no_storage():
     m = meta_model("belief2", arch="tiny")
     assert all(p.device.type == "meta" for p in m.parameters())
+
+
+def test_parity_measure_is_exact_when_computed_block_by_block(monkeypatch):
+    """The runtime's parity error, computed in float64 blocks (memory), equals the whole-array formula."""
+    import numpy as np
+
+    from attnzoo.runtime import parity
+
+    rng = np.random.default_rng(0)
+    ref = (rng.standard_normal((3, 5, 7, 11)) * 4).astype(np.float32)
+    out = ref + rng.standard_normal(ref.shape).astype(np.float32) * 1e-3
+    want = np.abs(out.astype(np.float64) - ref).max() / max(1.0, np.abs(ref.astype(np.float64)).max())
+    monkeypatch.setattr(parity, "_BLOCK", 97)  # many blocks, the last one partial
+    c = parity.compare(out, ref, "fp32")
+    assert parity.parity_error(out, ref) == c["error"] == pytest.approx(want, rel=1e-12)
+    assert c["mean_abs_err"] == pytest.approx(np.abs(out.astype(np.float64) - ref).mean(), rel=1e-9)
+    bad = out.copy()
+    bad[2, 4, 6, 10] = np.nan  # in the last block
+    assert parity.parity_error(bad, ref) == float("inf") and not parity.compare(bad, ref, "fp32")["passed"]
+    assert parity.parity_error(out[:2], ref) == float("inf")
