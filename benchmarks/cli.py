@@ -54,6 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="profile ONNX Runtime CPU ops (naive vs tuned session) -> ort_profile.md")
     p.add_argument("--no-pair-eager", action="store_true", help="skip the backend/eager A B A B speed-up run")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--roofline", metavar="GPUS", default=None,
+                   help="measure nothing: print the roofline lower bound of --variants/--arch/--task/--batch-sizes "
+                        "per precision on these GPUs (all, auto, h100, h100-sxm, h100-pcie, h200, a100) and write "
+                        "roofline.md/.json to --out")
+    p.add_argument("--against", metavar="RESULTS_JSON", type=Path, default=None,
+                   help="with --roofline: read a GPU run's results.json as fractions of the bound")
     return add_debug_flag(p)
 
 
@@ -145,11 +151,44 @@ def parse_settings(argv: Optional[Sequence[str]] = None):
                     command=shlex.join(["bench-latency", *argv]))
 
 
+def roofline_main(a: argparse.Namespace) -> int:
+    """``bench-latency --roofline GPUS``: the roofline tables (:mod:`attnzoo.benchmarks.roofline`), no timing."""
+    import json
+
+    from attnzoo.fileio import atomic_write_text, writable_dir
+
+    from .roofline import against_results, markdown, resolve_gpus, roofline
+
+    try:
+        gpus = resolve_gpus(a.roofline)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    variants, batches = _variants(a.variants), _batches(a.batch_sizes)
+    if a.against is not None and not a.against.is_file():
+        raise UsageError(f"--against {a.against}: no such file")
+    writable_dir(a.out, "--out folder")
+    result = roofline(variants, a.task, a.arch, batches, gpus)
+    against = against_results(result, a.against) if a.against is not None else None
+    result["against"] = against
+    md = markdown(result, against)
+    atomic_write_text(a.out / "roofline.md", md + "\n")
+    atomic_write_text(a.out / "roofline.json", json.dumps(result, indent=1) + "\n")
+    print(md)
+    print(f"wrote {a.out / 'roofline.md'}, {a.out / 'roofline.json'}")
+    return 0
+
+
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``bench-latency``; the output folder is checked writable before anything is measured."""
     from attnzoo.fileio import writable_dir
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = build_parser().parse_args(argv)
+    if a.roofline is not None:
+        return roofline_main(a)
+    if a.against is not None:
+        raise UsageError("--against needs --roofline")
     settings = parse_settings(argv)
     if settings.device == "cuda":
         import torch

@@ -1,67 +1,204 @@
-"""Counted FLOPs of a model: one count per model, shared by every backend's row.
+"""FLOPs and memory traffic of one forward pass, counted from the ops PyTorch dispatches.
 
-The count is :class:`torch.utils.flop_counter.FlopCounterMode` on the eager model, one image, plus two
-formulas it lacks: the CPU kernel of ``F.scaled_dot_product_attention``
-(``_scaled_dot_product_flash_attention_for_cpu``, counted as PyTorch counts the GPU kernels: ``Q K^T`` and
-``P V``, 2 FLOPs per multiply-add) and ``torch.cdist`` (the MAE scores: 3 FLOPs per term, subtract, absolute
-value, add). Conventions:
+One counter for every consumer (the roofline table, the scaling fits; a GFLOP/s column can use it too):
 
-- matmul-class work only (linear, convolution, ``mm``/``bmm``, attention, ``cdist``); element-wise ops
-  (normalisation, softmax, GELU, the projection) are not counted;
-- every op here is per image, so a batch of ``n`` costs ``n`` times the count of one image.
+- **Matrix FLOPs** (tensor-core work on a GPU): every op in ``torch.utils.flop_counter``'s registry (``mm``,
+  ``addmm``, ``bmm``, convolutions, the CUDA SDPA kernels) with its formulas, 2 FLOPs per multiply-add, plus
+  the CPU SDPA kernel (``_scaled_dot_product_flash_attention_for_cpu``), which that registry lacks, so
+  ``FlopCounterMode`` alone misses every attention matmul on a CPU.
+- **Vector ops** (CUDA-core / SIMD work that no matrix unit does): the pairwise L1 distance of the MAE
+  variants (``torch.cdist(p=1)``), 3 ops per (query, key, channel): subtract, absolute value, add.
+- **Not counted**: other element-wise ops (softmax, LayerNorm, GELU, residual adds, the projection's inner
+  products); they are a few percent of the matrix FLOPs for every variant here.
+
+Memory traffic, the *fused-kernel model*: each counted op reads its operands from DRAM and writes its result
+once; everything element-wise is fused into a neighbouring counted op, and SDPA is one fused kernel (flash
+attention: the N x N scores never reach DRAM, but explicit score tensors, as in the MAE variants, do). Weights
+are read once per use. Elements are counted, so bytes follow from the storage width of a precision
+(:meth:`Count.bytes`); a broadcast (stride-0) operand counts its stored elements only.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any, Dict
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, Optional, Set
 
 import torch
 from torch import nn
+from torch.utils import flop_counter
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
-__all__ = ["count_flops", "CDIST_FLOPS_PER_TERM"]
+__all__ = ["CDIST_FLOPS_PER_TERM", "Count", "count_flops", "count_forward", "count_variant", "meta_model",
+           "stored_elements"]
 
-#: FLOPs per ``|a - b|`` term of an L1 ``cdist``: subtract, absolute value, add.
+aten = torch.ops.aten
+
+#: Ops per ``|a - b|`` term of an L1 ``cdist``: subtract, absolute value, add.
 CDIST_FLOPS_PER_TERM = 3
 
 
-def _sdpa_cpu_flops(query_shape, key_shape, value_shape, *args: Any, out_shape=None, **kwargs: Any) -> int:
-    """``Q K^T`` and ``P V`` of the CPU attention kernel (PyTorch's formula for the GPU kernels)."""
-    from torch.utils.flop_counter import sdpa_flop_count
-
-    return sdpa_flop_count(query_shape, key_shape, value_shape)
-
-
-def _cdist_flops(x1_shape, x2_shape, *args: Any, out_shape=None, **kwargs: Any) -> int:
-    """``cdist(x1 (..., P, M), x2 (..., R, M))``: ``CDIST_FLOPS_PER_TERM`` per (p, r, m) term."""
-    lead = math.prod(x1_shape[:-2])
-    return CDIST_FLOPS_PER_TERM * lead * x1_shape[-2] * x2_shape[-2] * x1_shape[-1]
+def stored_elements(t: torch.Tensor) -> int:
+    """Elements a tensor occupies in memory: its size without broadcast (stride-0) dimensions."""
+    n = 1
+    for size, stride in zip(t.shape, t.stride()):
+        if stride != 0:
+            n *= size
+    return n
 
 
-def _mapping() -> Dict[Any, Any]:
-    aten = torch.ops.aten
-    return {aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_cpu_flops, aten._cdist_forward: _cdist_flops}
+def _sdpa_cpu_flops(query, key, value, *args, **kwargs) -> int:
+    return flop_counter.sdpa_flop_count(query.shape, key.shape, value.shape)
+
+
+def _cdist_ops(x1, x2, p: float = 2.0, *args, **kwargs) -> int:
+    """Vector ops of ``cdist``: 3 per (row of x1, row of x2, channel) for p = 1 (sub, abs, add)."""
+    batch = 1
+    for s in x1.shape[:-2]:
+        batch *= s
+    return CDIST_FLOPS_PER_TERM * batch * x1.shape[-2] * x2.shape[-2] * x1.shape[-1]
+
+
+#: Matrix ops the torch registry lacks: op packet -> formula(args, kwargs) -> FLOPs.
+_EXTRA_MATRIX: Dict[Any, Callable[..., int]] = {
+    aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_cpu_flops,
+    aten.scaled_dot_product_attention: _sdpa_cpu_flops,
+}
+#: Vector-op counters: op packet -> formula(args, kwargs) -> ops.
+_VECTOR: Dict[Any, Callable[..., int]] = {aten._cdist_forward: _cdist_ops, aten.cdist: _cdist_ops}
+
+
+@dataclass
+class Count:
+    """What one forward pass costs.
+
+    Attributes:
+        matrix_flops: FLOPs of matrix ops (2 per multiply-add).
+        vector_ops: Element-wise ops of the MAE pairwise distance (0 for the other variants).
+        weight_elements: Weight elements read (each use counted).
+        activation_elements: Activation elements read and written by the counted ops.
+        ops: Per aten op: ``calls``, ``flops``, ``vector_ops``, ``elements``.
+    """
+
+    matrix_flops: int = 0
+    vector_ops: int = 0
+    weight_elements: int = 0
+    activation_elements: int = 0
+    ops: Dict[str, Dict[str, int]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
+
+    def bytes(self, width: float, weight_width: Optional[float] = None) -> float:
+        """Bytes moved when activations are ``width`` bytes per element (weights ``weight_width``, default
+        the same)."""
+        return self.activation_elements * width + self.weight_elements * (width if weight_width is None
+                                                                          else weight_width)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"matrix_flops": self.matrix_flops, "vector_ops": self.vector_ops,
+                "weight_elements": self.weight_elements, "activation_elements": self.activation_elements,
+                "ops": {k: dict(v) for k, v in sorted(self.ops.items())}}
+
+
+class _Counter(TorchDispatchMode):
+    """Dispatch mode adding every counted op's FLOPs and operand/result elements to a :class:`Count`."""
+
+    def __init__(self, count: Count, weight_storages: Set[int]) -> None:
+        super().__init__()
+        self.count = count
+        self.weights = weight_storages
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        packet = func.overloadpacket
+        matrix = flop_counter.flop_registry.get(packet)
+        extra = _EXTRA_MATRIX.get(packet)
+        vector = _VECTOR.get(packet)
+        if matrix is None and extra is None and vector is None:
+            # not counted: a composite op decomposes, so its matrix parts are seen (as in FlopCounterMode)
+            with self:
+                out = func.decompose(*args, **kwargs)
+            return func(*args, **kwargs) if out is NotImplemented else out
+        out = func(*args, **kwargs)
+        c = self.count
+        row = c.ops[str(packet)]
+        row["calls"] += 1
+        if matrix is not None:
+            flops = int(matrix(*args, **kwargs, out_val=out))
+            c.matrix_flops += flops
+            row["flops"] += flops
+        elif extra is not None:
+            flops = int(extra(*args, **kwargs))
+            c.matrix_flops += flops
+            row["flops"] += flops
+        else:
+            ops = int(vector(*args, **kwargs))
+            c.vector_ops += ops
+            row["vector_ops"] += ops
+        inputs = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        outputs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
+        if extra is not None and isinstance(out, tuple):
+            outputs = outputs[:1]  # the CPU kernel's logsumexp is a by-product, not written in inference
+        for t in inputs:
+            n = stored_elements(t)
+            if t.untyped_storage()._cdata in self.weights:
+                c.weight_elements += n
+            else:
+                c.activation_elements += n
+            row["elements"] += n
+        for t in outputs:
+            c.activation_elements += t.numel()
+            row["elements"] += t.numel()
+        return out
+
+
+def _weight_storages(modules: Iterable[nn.Module]) -> Set[int]:
+    return {p.untyped_storage()._cdata for m in modules for p in m.parameters()}
+
+
+def count_forward(model: nn.Module, x: torch.Tensor) -> Count:
+    """Count one ``model(x)``; works on the ``meta`` device (no weights, no time), see :func:`count_variant`.
+
+    Runs under ``torch.inference_mode``, where composite ops reach the dispatcher whole: the counter
+    decomposes every op it does not count (``linear`` -> ``addmm`` ...) but sees SDPA as the one fused op it
+    is on every device (under ``no_grad`` the CPU and meta paths would split it differently).
+    """
+    count = Count()
+    with torch.inference_mode(), _Counter(count, _weight_storages([model])):
+        model(x)
+    return count
+
+
+def meta_model(variant: str, task: str = "cls", arch: str = "tiny", img_size: Optional[int] = None,
+               **create_kwargs: Any) -> nn.Module:
+    """``create_model(...)`` on the ``meta`` device: shapes only, built in milliseconds, no memory."""
+    from attnzoo.models import create_model
+
+    with torch.device("meta"):
+        return create_model(variant, task=task, arch=arch, img_size=img_size, **create_kwargs).eval()
+
+
+def count_variant(variant: str, task: str = "cls", arch: str = "tiny", img_size: Optional[int] = None,
+                  batch: int = 1, model: Optional[nn.Module] = None, **create_kwargs: Any) -> Count:
+    """Count a ``(batch, 3, S, S)`` forward of ``create_model(variant, task, arch, img_size=S)`` on ``meta``
+    (``model``: such a meta model, to count several batch sizes without rebuilding it)."""
+    model = model if model is not None else meta_model(variant, task, arch, img_size, **create_kwargs)
+    size = model.attnzoo_config["img_size"]
+    return count_forward(model, torch.empty(batch, 3, size, size, device="meta"))
 
 
 def count_flops(model: nn.Module, img_size: int | tuple) -> Dict[str, Any]:
-    """FLOPs of one forward pass of ``model`` on one ``img_size`` image (see the module docstring).
+    """FLOPs of one image through ``model`` for a GFLOP/s column: matrix FLOPs plus the MAE vector ops.
 
     Args:
-        model: An eval-mode PyTorch model (fp32; run once on zeros, on the CPU).
+        model: An eval-mode model (run once on zeros; a ``meta`` model works too).
         img_size: Input side, or ``(H, W)``.
 
     Returns:
-        ``{"flops_per_image": int, "by_op": {aten op: FLOPs}, "counter": how it was counted}``.
+        ``{"flops_per_image": int, "by_op": {aten op: FLOPs or ops}, "counter": how it was counted}``.
     """
-    from torch.utils.flop_counter import FlopCounterMode
-
     h, w = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
     device = next(model.parameters()).device
-    x = torch.zeros(1, 3, int(h), int(w), device=device)
-    counter = FlopCounterMode(display=False, custom_mapping=_mapping())
-    with counter, torch.inference_mode():
-        model(x)
-    by_op = {str(op): int(n) for op, n in counter.get_flop_counts().get("Global", {}).items() if n}
-    return {"flops_per_image": int(counter.get_total_flops()), "by_op": by_op,
-            "counter": "torch.utils.flop_counter.FlopCounterMode + CPU attention and cdist formulas "
-                       "(attnzoo.benchmarks.flops)"}
+    count = count_forward(model, torch.zeros(1, 3, int(h), int(w), device=device))
+    by_op = {op: row.get("flops", 0) + row.get("vector_ops", 0) for op, row in count.ops.items()}
+    return {"flops_per_image": count.matrix_flops + count.vector_ops, "by_op": {k: v for k, v in by_op.items() if v},
+            "counter": "attnzoo.benchmarks.flops (torch.utils.flop_counter formulas + CPU attention and cdist)"}
