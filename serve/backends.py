@@ -379,8 +379,9 @@ def load_remote(url: str, timeout: float = 60.0) -> List[ServedModel]:
     models = [ServedModel(name=r["name"], variant=r["variant"], task=r["task"], class_names=list(r["class_names"]),
                           input_size=(int(r["input_size"][0]), int(r["input_size"][1])), mean=tuple(r["mean"]),
                           std=tuple(r["std"]), fixed_size=bool(r["fixed_size"]),
-                          run=_remote_runner(client, url, r["task"], r["name"]), source=f"{url}/models/{r['task']}/{r['name']}",
-                          backend=f"serve-models at {url}", arch=r.get("arch", ""))
+                          run=_remote_runner(client, url, r["task"], r["name"]),
+                          source=f"{url}/models/{r['task']}/{r['name']}", backend=f"serve-models at {url}",
+                          arch=r.get("arch", ""))
               for r in rows]
     if not models:
         raise ValueError(f"the model server {url} serves no models")

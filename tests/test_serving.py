@@ -261,7 +261,7 @@ def test_bad_input_gets_one_json_error_line(server, tmp_path):
     _bad(_post(server, "/classify", b"this is not an image\n"), 400, "cannot read the image")
     _bad(_post(server, "/classify", good[:100]), 400, "cannot read the image")
     _bad(_post(server, "/classify", b""), 400, "no image")
-    _bad(httpx.post(f"{server}/classify", data={"model": "standard"}, timeout=30), 400, "no file")
+    _bad(httpx.post(f"{server}/classify", files={"note": (None, "no file here")}, timeout=30), 400, "no file")
     _bad(_post(server, "/classify", b"\x89PNG" + os.urandom(limits.MAX_UPLOAD_BYTES)), 413, "upload limit")
     _bad(_post(server, "/classify", os.urandom(limits.MAX_UPLOAD_BYTES + 10), multipart=False), 413, "upload limit")
     buf = io.BytesIO()
