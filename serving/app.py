@@ -200,7 +200,8 @@ class _Stats:
         return {"uptime_s": round(time.time() - self.started, 3), "requests": dict(self.requests),
                 "statuses": {str(k): v for k, v in self.statuses.items()}, "batches": self.batches,
                 "images": self.images, "model_s": round(self.model_s, 4),
-                "mean_requests_per_batch": round(sum(k * v for k, v in self.batch_requests.items()) / n, 3) if n else None,
+                "mean_requests_per_batch": (round(sum(k * v for k, v in self.batch_requests.items()) / n, 3)
+                                            if n else None),
                 "requests_per_batch": {str(k): v for k, v in sorted(self.batch_requests.items())}}
 
 

@@ -17,12 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Union
 
-__all__ = ["ServeConfig", "TASK_CHOICES", "BACKENDS", "read_config_file", "merged"]
+__all__ = ["ServeConfig", "TASK_CHOICES", "BACKENDS", "DEFAULT_MAX_BATCH", "read_config_file", "merged"]
 
 #: ``--task``: which models to serve.
 TASK_CHOICES = ("cls", "seg", "both")
 #: Runtimes a replica can run the verified ONNX with (:func:`attnzoo.serve.backends.load_onnx_dir`).
 BACKENDS = ("onnxruntime", "tensorrt")
+#: ``max_batch_size`` when none is given, for replicas without / with a GPU. On the CPU, batching does not
+#: pay: ONNX Runtime runs ViT-Ti at 63.9 img/s at batch 1 and 56.8 at batch 8 on one thread
+#: (``benchmarks/results/cpu-tiny``), so it is off; on a GPU, batches are what fill the device.
+DEFAULT_MAX_BATCH = {"cpu": 1, "gpu": 8}
 
 
 @dataclass
@@ -38,7 +42,8 @@ class ServeConfig:
             verified once into the cache.
         replicas, cpus_per_replica, gpus_per_replica: Ray Serve replicas and the resources each reserves.
         threads: ONNX Runtime intra-op threads per replica (default: ``cpus_per_replica``, at least 1).
-        max_batch_size: Most requests one dynamic batch takes (1: batching off).
+        max_batch_size: Most requests one dynamic batch takes (1: batching off; default
+            :data:`DEFAULT_MAX_BATCH` for CPU or GPU replicas).
         batch_wait_ms: How long a batch waits for more requests once its first one arrived.
         max_ongoing_requests: Requests a replica accepts at once (the rest queue in the proxy).
         backend: ``onnxruntime`` or ``tensorrt`` (engines need a GPU per replica).
@@ -57,7 +62,7 @@ class ServeConfig:
     cpus_per_replica: float = 1.0
     gpus_per_replica: float = 0.0
     threads: Optional[int] = None
-    max_batch_size: int = 8
+    max_batch_size: Optional[int] = None
     batch_wait_ms: float = 2.0
     max_ongoing_requests: int = 64
     backend: str = "onnxruntime"
@@ -77,6 +82,8 @@ class ServeConfig:
         """``ValueError`` (one line, naming the key) for a value out of range; returns ``self``."""
         from attnzoo.limits import MAX_BATCH_SIZE
 
+        if self.max_batch_size is None:
+            self.max_batch_size = DEFAULT_MAX_BATCH["gpu" if self.gpus_per_replica > 0 else "cpu"]
         checks = [
             ("port", 1 <= self.port <= 65535, "must be in 1..65535"),
             ("replicas", self.replicas >= 1, "must be at least 1"),
@@ -137,7 +144,7 @@ def _coerce(key: str, value: Any) -> Any:
             return Path(str(value))
         if key == "variants":
             return [str(v) for v in (value.split(",") if isinstance(value, str) else value)]
-        if key == "threads" or isinstance(default, int):
+        if key in ("threads", "max_batch_size") or isinstance(default, int):
             if isinstance(value, bool) or float(value) != int(float(value)):
                 raise ValueError
             return int(float(value))
@@ -147,7 +154,8 @@ def _coerce(key: str, value: Any) -> Any:
             return float(value)
         return str(value)
     except (TypeError, ValueError, OverflowError):
-        kind = "an integer" if key == "threads" or isinstance(default, int) else type(default).__name__
+        integral = key in ("threads", "max_batch_size") or isinstance(default, int)
+        kind = "an integer" if integral else type(default).__name__
         raise ValueError(f"{key} must be {kind}, got {value!r}") from None
 
 

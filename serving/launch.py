@@ -207,6 +207,7 @@ def deploy(cfg: ServeConfig, selection: Selection, name: Optional[str] = None) -
 
     from .app import DEPLOYMENT, build_app
 
+    cfg.validate()  # resolves the defaults that depend on other settings
     log = {"log_level": "WARNING", "enable_access_log": False}
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # the driver's "Started Serve ..." lines
     serve.start(http_options={"host": cfg.host, "port": cfg.port}, logging_config=log)

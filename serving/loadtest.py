@@ -252,7 +252,8 @@ def _table(result: Dict[str, Any]) -> str:
         if result.get(key):
             s = result[key]["summary"]
             lines += ["", f"{label}: {s['requests']} requests over {s['seconds']:.0f} s, {s['ok']} ok, "
-                          f"{s['errors']} errors, {s['lost']} lost, {s['throughput_rps']:.1f} img/s, p95 {s['p95_ms']} ms."]
+                          f"{s['errors']} errors, {s['lost']} lost, {s['throughput_rps']:.1f} img/s, "
+                          f"p95 {s['p95_ms']} ms."]
     if result.get("kill"):
         k = result["kill"]
         lines.append(f"Killed replica {k['killed_replica']} (pid {k['killed_pid']}) at {k['kill_at_s']} s: "
@@ -270,8 +271,8 @@ def _plot(result: Dict[str, Any], path: Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     runs = result["runs"]
-    labels = [f"{r['replicas']}x{r['threads']} thr\n{'batch ' + str(r['max_batch_size']) if r['max_batch_size'] > 1 else 'no batching'}"
-              for r in runs]
+    labels = [f"{r['replicas']}x{r['threads']} thr\n"
+              + (f"batch {r['max_batch_size']}" if r["max_batch_size"] > 1 else "no batching") for r in runs]
     fig = Figure(figsize=(11, 4.2), dpi=110)
     FigureCanvasAgg(fig)
     ax1, ax2 = fig.subplots(1, 2)

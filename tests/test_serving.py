@@ -9,12 +9,10 @@ must get one JSON error line with status 400 / 404 / 413.
 from __future__ import annotations
 
 import io
-import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -53,6 +51,8 @@ def test_settings_precedence_defaults_file_flags(tmp_path):
     cfg = merged(read_config_file(f), {"max_batch_size": 16, "port": None})
     assert (cfg.replicas, cfg.max_batch_size, cfg.batch_wait_ms, cfg.port) == (2, 16, 1.0, ServeConfig().port)
     assert cfg.variants == ["standard", "belief2"] and cfg.intra_op_threads == 1
+    # batching is off by default on CPU replicas (it does not pay there), on with GPU replicas
+    assert merged({}, {}).max_batch_size == 1 and merged({}, {"gpus_per_replica": 0.5}).max_batch_size == 8
 
 
 def test_config_file_errors_name_the_key(tmp_path):

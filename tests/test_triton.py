@@ -3,7 +3,6 @@ schema (tritonclient) and checked against the ONNX graph, and the checks failing
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -56,7 +55,8 @@ def test_cli_writes_a_repository_that_parses_with_tritons_schema(tmp_path, capsy
     assert cfg.platform == "onnxruntime_onnx" and cfg.max_batch_size == 4
     assert cfg.HasField("dynamic_batching")
     (inp,), (outp,) = cfg.input, cfg.output
-    assert (inp.name, model_config_pb2.DataType.Name(inp.data_type), list(inp.dims)) == ("image", "TYPE_FP32", [3, 28, 28])
+    dtype = model_config_pb2.DataType.Name(inp.data_type)
+    assert (inp.name, dtype, list(inp.dims)) == ("image", "TYPE_FP32", [3, 28, 28])
     assert (outp.name, list(outp.dims), outp.label_filename) == ("logits", [10], LABELS_FILE)
     assert (folder / LABELS_FILE).read_text().splitlines() == list(contract.class_names)
     # the model in the repository is the verified export, and it answers at max_batch_size
