@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
-__all__ = ["MAX_BATCH_SIZE", "MAX_IMAGE_PIXELS", "MAX_SIDE", "MAX_CLASSES", "check_batch_sizes", "check_side",
+__all__ = ["MAX_BATCH_SIZE", "MAX_IMAGE_PIXELS", "MAX_UPLOAD_BYTES", "MAX_SIDE", "MAX_CLASSES", "check_batch_sizes", "check_side",
            "forward_bytes", "available_memory", "check_forward_memory"]
 
 #: Largest batch size ``export-model`` verifies (and puts in a TensorRT profile) and ``bench-latency`` times.
@@ -16,6 +16,8 @@ MAX_BATCH_SIZE = 1024
 #: Largest image (width x height) decoded by :func:`attnzoo.preprocess.load_image`: 40 megapixels, checked
 #: from the file's header before any pixel is decoded (a decompression-bomb guard).
 MAX_IMAGE_PIXELS = 40_000_000
+#: Largest uploaded file the servers take (the demo's upload cap; serve-models answers 413 past it).
+MAX_UPLOAD_BYTES = 10 * 2**20
 #: Largest model input side in pixels: a checkpoint's ``img_size``, an ONNX file's input size, ``--input-size``.
 MAX_SIDE = 2048
 #: Most classes a model config may declare (ImageNet-21k has 21,841).

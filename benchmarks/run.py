@@ -35,7 +35,7 @@ from .stats import ratio_stats, summarize
 from . import timing
 from .timing import PeakRSS, measure, measure_pair
 
-__all__ = ["Settings", "run_benchmark", "NOTE", "ONNX_BACKENDS", "CPU_RUNTIMES"]
+__all__ = ["Settings", "run_benchmark", "onnx_path", "NOTE", "ONNX_BACKENDS", "CPU_RUNTIMES"]
 
 ONNX_BACKENDS = ("ort-cpu", "openvino", "ort-cuda", "ort-trt", "tensorrt")
 #: Backends a CPU user can pick from; the report names the fastest of them per variant and batch.
@@ -73,6 +73,11 @@ class Settings:
     progress: bool = True
     #: Test hook: backend -> function applied to its parity output (to prove the gate rejects a bad backend).
     perturb: Dict[str, Any] = field(default_factory=dict)
+
+
+def onnx_path(cache_dir: Path, variant: str, task: str, arch: str, dtype: str) -> Path:
+    """Where a run exports (and verifies) the ONNX file it times; ``serving.loadtest`` serves the same file."""
+    return Path(cache_dir) / f"{variant}_{task}_{arch}_{dtype}.onnx"
 
 
 def _row(variant: str, s: Settings, backend: str, dtype: str, batch: int, status: str, reason: str = "",
@@ -137,7 +142,7 @@ class _Bench:
         from attnzoo.export import export_verified
 
         cfg = model.attnzoo_config
-        path = self.s.cache_dir / f"{variant}_{self.s.task}_{self.s.arch}_{dtype}.onnx"
+        path = onnx_path(self.s.cache_dir, variant, self.s.task, self.s.arch, dtype)
         path.parent.mkdir(parents=True, exist_ok=True)
         # verified as export-model verifies (projection check, ORT vs eager at batch 1 and 3)
         export_verified(model, path, cfg, dtype=dtype, input_hw=(cfg["img_size"], cfg["img_size"]), batch_sizes=(1,),

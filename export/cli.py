@@ -7,6 +7,7 @@ Examples::
     export-model --variant belief2 --checkpoint runs/belief2.safetensors --out exports/b2.onnx
     export-model --variant belief2 --format tensorrt --batch-sizes 1,8,32
     export-model --variant belief2 --format tensorrt --compute-capability SM86   # no GPU needed
+    export-model --variant belief2 --format triton --out triton-models --batch-sizes 1,8,32
 
 Errors: one ``error: ...`` line, exit 2 for a bad command line (refused before anything is loaded or
 written), 1 for a failure; ``--debug`` shows the traceback (see :mod:`attnzoo.cli`).
@@ -28,8 +29,11 @@ from attnzoo.cli import CommandError, UsageError, add_debug_flag, entry_point, f
 __all__ = ["main", "build_parser", "load_for_export"]
 
 
-#: ``--out`` suffixes of each ``--format`` (the format is inferred from the suffix when not given).
-SUFFIXES = {"onnx": (".onnx",), "tensorrt": (".engine", ".plan")}
+#: ``--out`` suffixes of each ``--format`` (the format is inferred from the suffix when not given); ``triton``
+#: writes a folder (a Triton model repository), named only with an explicit ``--format triton``.
+SUFFIXES = {"onnx": (".onnx",), "tensorrt": (".engine", ".plan"), "triton": ()}
+#: ``--format triton`` without ``--out``.
+DEFAULT_TRITON_DIR = Path("triton-models")
 
 
 def _parse_ints(text: str, what: str) -> List[int]:
@@ -67,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--opset", type=int, default=20, help=f"ONNX opset ({', '.join(map(str, SUPPORTED_OPSETS))})")
     p.add_argument("--dtype", choices=DTYPES, default="fp32")
     p.add_argument("--format", choices=tuple(SUFFIXES), default=None,
-                   help="onnx or tensorrt (default: from the --out suffix, .onnx or .engine; else onnx)")
+                   help="onnx, tensorrt or triton (default: from the --out suffix, .onnx or .engine; else onnx); "
+                        "triton writes a Triton model repository into the --out folder (default "
+                        f"{DEFAULT_TRITON_DIR}): <name>/config.pbtxt, labels.txt, 1/model.onnx (or 1/model.plan)")
     p.add_argument("--batch-sizes", default="1,8",
                    help=f"batch sizes verified (and the TensorRT profile range), each in 1..{MAX_BATCH_SIZE}")
     p.add_argument("--input-size", default=None, metavar="H[xW]",
@@ -75,6 +81,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None,
                    help="output file (default: exports/<variant>_<task>_<arch>[_fp16].onnx or .engine)")
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads for the verification")
+    from .triton import DEFAULT_QUEUE_DELAY_US, PLATFORMS
+
+    p.add_argument("--triton-platform", choices=tuple(PLATFORMS), default="onnxruntime",
+                   help="--format triton: onnxruntime (platform onnxruntime_onnx, default) or tensorrt "
+                        "(tensorrt_plan: an engine of TensorRT proper, built on the GPU it will serve on); "
+                        "max_batch_size is the largest of --batch-sizes")
+    p.add_argument("--triton-queue-delay-us", type=int, default=DEFAULT_QUEUE_DELAY_US, metavar="US",
+                   help=f"--format triton: dynamic batching's max_queue_delay_microseconds "
+                        f"(default {DEFAULT_QUEUE_DELAY_US})")
     from attnzoo.runtime.tensorrt import COMPUTE_CAPABILITIES, DEFAULT_COMPUTE_CAPABILITY
 
     p.add_argument("--compute-capability", type=str.upper, choices=COMPUTE_CAPABILITIES, default=None,
@@ -152,6 +167,11 @@ def _format(fmt: Optional[str], out: Optional[Path]) -> str:
     """The output format: ``--format``, else inferred from the ``--out`` suffix; they must agree."""
     if out is None:
         return fmt or "onnx"
+    if fmt == "triton":
+        if out.suffix.lower() in {s for suffixes in SUFFIXES.values() for s in suffixes}:
+            raise UsageError(f"with --format triton, --out names the model repository folder, not a file "
+                             f"({out.name}); e.g. --out {out.with_suffix('')}")
+        return fmt
     implied = next((f for f, suffixes in SUFFIXES.items() if out.suffix.lower() in suffixes), None)
     if implied is None:
         raise UsageError(f"--out {out}: the file name must end in .onnx (ONNX) or .engine (TensorRT engine)")
@@ -165,12 +185,19 @@ def _format(fmt: Optional[str], out: Optional[Path]) -> str:
 
 
 def _out_path(args: argparse.Namespace, config: Dict[str, Any]) -> Path:
-    """The output file; its folder is created and must be writable."""
+    """The output file (the model's folder in the repository for ``--format triton``); its folder is created
+    and must be writable."""
     from attnzoo.fileio import writable_dir
 
-    suffix = SUFFIXES[args.format][0]
     dtype = "_fp16" if args.dtype == "fp16" else ""
-    out = args.out or Path("exports") / f"{config['variant']}_{config['task']}_{config['arch']}{dtype}{suffix}"
+    stem = f"{config['variant']}_{config['task']}_{config['arch']}{dtype}"
+    if args.format == "triton":
+        repo = args.out or DEFAULT_TRITON_DIR
+        if repo.exists() and not repo.is_dir():
+            raise UsageError(f"--out {repo} is a file; --format triton writes a model repository folder")
+        return writable_dir(writable_dir(repo, "Triton model repository") / stem / "1", "model version folder").parent
+    suffix = SUFFIXES[args.format][0]
+    out = args.out or Path("exports") / f"{stem}{suffix}"
     if out.is_dir():
         raise UsageError(f"--out {out} is a directory; give a file name")
     writable_dir(out.parent)
@@ -236,6 +263,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.compute_capability == "CURRENT" and not gpu_available():
             raise UsageError("--compute-capability CURRENT needs a GPU and none is visible; name one to "
                              "build ahead of time (e.g. SM89)")
+    elif args.format == "triton":
+        _check_triton(args)
     elif args.compute_capability:
         raise UsageError("--compute-capability applies to --format tensorrt only")
     model, config, sha = load_for_export(args.variant, args.task, args.arch, args.checkpoint, args.random_init)
@@ -248,9 +277,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.random_init:
         print(f"warning: --random-init: exporting an UNTRAINED {config['variant']} model with random weights; "
               "its predictions are meaningless", file=sys.stderr)
-    onnx_out = out if args.format == "onnx" else out.with_suffix(".onnx")
+    onnx_out = _onnx_out(args, out)
     steps = ["export + check + verify"] + (["tensorrt"] if args.format == "tensorrt" else [])
-    with tqdm(total=len(steps), desc="export-model", unit="step", file=sys.stderr) as bar:
+    if args.format == "triton":
+        steps += (["tensorrt"] if args.triton_platform == "tensorrt" else []) + ["triton config"]
+    with _removed_if_empty(out if args.format == "triton" else None), \
+            tqdm(total=len(steps), desc="export-model", unit="step", file=sys.stderr) as bar:
         bar.set_postfix_str(steps[0])
         captured = io.StringIO()
         try:
@@ -266,23 +298,100 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise CommandError(f"export failed: {type(exc).__name__}: {first_line(exc)}") from exc
         bar.update()
         engine_report = None
-        if args.format == "tensorrt":
+        if "tensorrt" in steps:
             from .tensorrt import build_engine
 
-            bar.set_postfix_str(steps[1])
+            bar.set_postfix_str("tensorrt")
+            engine = _engine_out(args, out)
             try:
-                engine_report = build_engine(onnx_out, out, batch_sizes=batch_sizes,
+                engine_report = build_engine(onnx_out, engine, batch_sizes=batch_sizes,
                                              compute_capability=args.compute_capability)
             except Exception as exc:  # TensorRT / CUDA / file-system errors: one line (traceback with --debug)
                 raise CommandError(f"TensorRT build failed: {first_line(exc)}") from exc
             bar.update()
+        triton_check = None
+        if args.format == "triton":
+            from attnzoo.runtime.contract import ModelContract
+
+            from .triton import PLATFORMS, write_config
+
+            bar.set_postfix_str("triton config")
+            triton_check = write_config(out, ModelContract.from_onnx(onnx_out), onnx_out,
+                                        PLATFORMS[args.triton_platform], max(batch_sizes), args.triton_queue_delay_us)
+            bar.update()
     print(summary(report))
+    if triton_check:
+        from .triton import summary as triton_summary
+
+        print(triton_summary(out, triton_check))
     if engine_report:
         from .tensorrt import engine_report_path, summary as engine_summary
 
         print(engine_summary(engine_report))
-        print(f"  report: {engine_report_path(out)}")
+        print(f"  report: {engine_report_path(_engine_out(args, out))}")
     return 0
+
+
+@contextlib.contextmanager
+def _removed_if_empty(model_dir: Optional[Path]):
+    """On failure, remove the Triton model folder made for this export when nothing is in it (Triton refuses a
+    repository with a model folder that has no model)."""
+    try:
+        yield
+    except BaseException:
+        for folder in ((model_dir / "1", model_dir) if model_dir is not None else ()):
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only succeeds when empty
+        raise
+
+
+def _onnx_out(args: argparse.Namespace, out: Path) -> Path:
+    """Where the verified ONNX goes: ``out`` itself, beside the engine, or in the Triton model folder
+    (``1/model.onnx`` for onnxruntime_onnx; beside ``1/`` for tensorrt_plan, whose version folder holds the
+    engine)."""
+    if args.format == "triton":
+        from .triton import MODEL_FILES, PLATFORMS
+
+        if args.triton_platform == "onnxruntime":
+            return out / "1" / MODEL_FILES[PLATFORMS["onnxruntime"]]
+        return out / "model.onnx"
+    return out if args.format == "onnx" else out.with_suffix(".onnx")
+
+
+def _engine_out(args: argparse.Namespace, out: Path) -> Path:
+    """The engine file: ``out``, or ``1/model.plan`` in the Triton model folder."""
+    if args.format == "triton":
+        from .triton import MODEL_FILES, PLATFORMS
+
+        return out / "1" / MODEL_FILES[PLATFORMS["tensorrt"]]
+    return out
+
+
+def _check_triton(args: argparse.Namespace) -> None:
+    """Refuse ``--format triton`` flags that cannot work here, before any work."""
+    from .triton import triton_unavailable_reason
+
+    reason = triton_unavailable_reason()
+    if reason:
+        raise UsageError(f"--format triton: {reason}")
+    if args.triton_queue_delay_us < 0:
+        raise UsageError(f"--triton-queue-delay-us must be >= 0, got {args.triton_queue_delay_us}")
+    if args.triton_platform == "tensorrt":
+        from attnzoo.runtime.tensorrt import gpu_available, load_library
+
+        from .tensorrt import tensorrt_unavailable_reason
+
+        reason = tensorrt_unavailable_reason(run=False)
+        if reason:
+            raise UsageError(f"--triton-platform tensorrt: {reason}")
+        lib = load_library()
+        if lib.name != "tensorrt" or not gpu_available():
+            raise UsageError("--triton-platform tensorrt: Triton's tensorrt_plan backend loads engines of TensorRT "
+                             f"proper built on the GPU it serves on; here only {lib.describe()} "
+                             f"{'is installed' if gpu_available() else 'without a GPU'} (run this on the GPU machine "
+                             "with pip install -e \".[tensorrt10]\", or use --triton-platform onnxruntime)")
+    elif args.compute_capability:
+        raise UsageError("--compute-capability applies to --format tensorrt and --triton-platform tensorrt only")
 
 
 if __name__ == "__main__":

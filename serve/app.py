@@ -20,6 +20,7 @@ from PIL import Image
 import attnzoo.serve  # noqa: F401  (sets the offline environment before gradio is imported)
 import gradio as gr
 
+from attnzoo.limits import MAX_UPLOAD_BYTES
 from attnzoo.preprocess import UnreadableImageError, fit_size, load_image
 
 from . import examples as ex
@@ -29,7 +30,7 @@ from .predict import (background_classes, class_iou, classify, dominant_classes,
 
 __all__ = ["build_demo", "launch", "free_port", "MAX_FILE_SIZE", "DISPLAY_MAX_SIDE"]
 
-MAX_FILE_SIZE = "10mb"
+MAX_FILE_SIZE = MAX_UPLOAD_BYTES  # bytes; the one upload cap (attnzoo.limits), serve-models too
 #: Overlays are shown at the image's size, downscaled past this side.
 DISPLAY_MAX_SIDE = 2048
 QUEUE = "models"

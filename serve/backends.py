@@ -25,7 +25,8 @@ from attnzoo.fileio import CACHE_ENV, default_cache_dir  # noqa: F401  (re-expor
 from attnzoo.zoo import DEFAULT_DATA
 
 __all__ = ["BACKENDS", "CPU_RUNTIMES", "ServedModel", "load_models", "load_onnx_dir", "load_checkpoint_dir",
-           "load_zoo_torch", "export_zoo", "default_cache_dir", "backend_problem", "choose_cpu_backend"]
+           "load_zoo_torch", "export_zoo", "zoo_onnx_name", "default_cache_dir", "backend_problem",
+           "choose_cpu_backend", "load_remote", "RemoteError"]
 
 BACKENDS = ("auto", "onnxruntime", "openvino", "pytorch", "tensorrt")
 #: The CPU runtimes ``auto`` chooses from, in order of preference on a tie.
@@ -226,16 +227,17 @@ def _skip(path: Path, exc: BaseException) -> None:
 
 
 def load_onnx_dir(directory: Path, backend: str = "onnxruntime", threads: Optional[int] = None,
-                  cache_dir: Optional[Path] = None) -> List[ServedModel]:
-    """Every attnzoo ``.onnx`` file of ``directory``, each with one reused ONNX Runtime session (CPU) or
-    TensorRT engine. A file that is not an attnzoo model, has invalid metadata (config, input size, class
-    names vs logits) or fails to load is skipped with a warning naming it and the reason."""
+                  cache_dir: Optional[Path] = None, only: Optional[Sequence[str]] = None) -> List[ServedModel]:
+    """Every attnzoo ``.onnx`` file of ``directory`` (``only``: just these file names), each with one reused
+    ONNX Runtime session (CPU) or TensorRT engine. A file that is not an attnzoo model, has invalid metadata
+    (config, input size, class names vs logits) or fails to load is skipped with a warning naming it and the
+    reason."""
     from tqdm import tqdm
 
     from attnzoo.runtime.contract import ModelContract
 
     models = []
-    paths = _model_files(directory, ".onnx")
+    paths = [p for p in _model_files(directory, ".onnx") if only is None or p.name in set(only)]
     for path in tqdm(paths, desc=f"loading models ({backend})", unit="model", disable=len(paths) < 4):
         try:
             contract = ModelContract.from_onnx(path)  # one read of the file's metadata, validated
@@ -268,15 +270,30 @@ def load_checkpoint_dir(directory: Path) -> List[ServedModel]:
     return models
 
 
-def _zoo_rows(data: str) -> List[Dict]:
+def _zoo_rows(data: str, variants: Optional[Sequence[str]] = None,
+              tasks: Optional[Sequence[str]] = None) -> List[Dict]:
+    """Manifest rows trained on ``data`` (only ``variants`` / ``tasks`` when given; an unknown variant or a
+    selection the zoo lacks is a ``ValueError`` naming what it has)."""
     from attnzoo import zoo
+    from attnzoo.models import canonical_name
 
     rows = [e for e in zoo.entries() if e["data"] == data]
     if not rows:
         have = sorted({e["data"] for e in zoo.entries()})
         raise ValueError(f"the zoo has no models trained on {data!r} (it has: {', '.join(have) or 'none'}); "
                          "serve a folder of exported models with --models DIR")
-    return rows
+    wanted = None if variants is None else {canonical_name(v) for v in variants}
+    chosen = [e for e in rows if (wanted is None or e["variant"] in wanted) and (tasks is None or e["task"] in tasks)]
+    if not chosen:
+        have = sorted(f"{e['variant']}/{e['task']}" for e in rows)
+        raise ValueError(f"the zoo has no {data!r} model of {', '.join(sorted(wanted or ['any variant']))} for task "
+                         f"{', '.join(tasks or ['any'])}; it has: {', '.join(have)}")
+    return chosen
+
+
+def zoo_onnx_name(variant: str, task: str, data: str = DEFAULT_DATA) -> str:
+    """File name of a zoo model's ONNX export in :func:`export_zoo`'s folder."""
+    return f"{variant}_{task}_{data}.onnx"
 
 
 def load_zoo_torch(data: str = DEFAULT_DATA) -> List[ServedModel]:
@@ -292,8 +309,10 @@ def load_zoo_torch(data: str = DEFAULT_DATA) -> List[ServedModel]:
     return models
 
 
-def export_zoo(data: str = DEFAULT_DATA, cache_dir: Optional[Path] = None) -> Path:
-    """Export the zoo's models trained on ``data`` to ONNX once; return the folder.
+def export_zoo(data: str = DEFAULT_DATA, cache_dir: Optional[Path] = None, variants: Optional[Sequence[str]] = None,
+               tasks: Optional[Sequence[str]] = None) -> Path:
+    """Export the zoo's models trained on ``data`` (only ``variants`` / ``tasks`` when given) to ONNX once;
+    return the folder.
 
     The folder is ``<cache>/onnx/<first 12 hex of the manifest's sha256>``, so a new zoo gets a new folder; a
     file whose ``checkpoint_sha256`` metadata matches its checkpoint is reused. A tqdm bar shows the exports.
@@ -303,7 +322,7 @@ def export_zoo(data: str = DEFAULT_DATA, cache_dir: Optional[Path] = None) -> Pa
     from attnzoo import zoo
     from attnzoo.export import export_verified, metadata_props
 
-    rows = _zoo_rows(data)
+    rows = _zoo_rows(data, variants, tasks)
     digest = hashlib.sha256(json.dumps(zoo.manifest(), sort_keys=True).encode()).hexdigest()[:12]
     folder = Path(cache_dir or default_cache_dir()) / "onnx" / digest
     folder.mkdir(parents=True, exist_ok=True)
@@ -314,17 +333,18 @@ def export_zoo(data: str = DEFAULT_DATA, cache_dir: Optional[Path] = None) -> Pa
         except Exception:  # a damaged file is exported again
             return False
 
-    todo = [e for e in rows if not fresh(folder / f"{e['variant']}_{e['task']}_{data}.onnx", e["sha256"])]
+    todo = [e for e in rows if not fresh(folder / zoo_onnx_name(e["variant"], e["task"], data), e["sha256"])]
     for e in tqdm(todo, desc=f"exporting zoo models to ONNX ({folder})", unit="model", disable=not todo):
         model, config = zoo.load(e["variant"], e["task"], data)
         # verified the way export-model verifies (a failing model is not left in the folder)
-        export_verified(model, folder / f"{e['variant']}_{e['task']}_{data}.onnx", config, batch_sizes=(1,),
+        export_verified(model, folder / zoo_onnx_name(e["variant"], e["task"], data), config, batch_sizes=(1,),
                         checkpoint_sha256=e["sha256"])
     return folder
 
 
 def load_models(models_dir: Optional[Path] = None, backend: str = "auto", data: str = DEFAULT_DATA,
-                cache_dir: Optional[Path] = None, threads: Optional[int] = None) -> List[ServedModel]:
+                cache_dir: Optional[Path] = None, threads: Optional[int] = None,
+                only: Optional[Sequence[str]] = None) -> List[ServedModel]:
     """The models to serve.
 
     Args:
@@ -335,6 +355,7 @@ def load_models(models_dir: Optional[Path] = None, backend: str = "auto", data: 
         data: Which zoo models (trained on this data set) to serve when ``models_dir`` is None.
         cache_dir: Root of the zoo's ONNX exports and the TensorRT engines (default :func:`default_cache_dir`).
         threads: CPU runtime threads per model (None: the runtime's default).
+        only: Load just these ``.onnx`` file names of ``models_dir``.
 
     Raises:
         ValueError: the backend cannot run here, the folder is missing, or nothing servable was found (bad
@@ -353,10 +374,75 @@ def load_models(models_dir: Optional[Path] = None, backend: str = "auto", data: 
         note = ""
         if backend == "auto":
             backend, note = choose_cpu_backend(folder, threads)
-        models = load_onnx_dir(folder, backend, threads, cache_dir)
+        models = load_onnx_dir(folder, backend, threads, cache_dir, only)
         for m in models:
             m.backend_note = note
         wanted = ".onnx files exported by export-model"
     if not models:
         raise ValueError(f"no servable models in {models_dir or 'the zoo'} (expected {wanted})")
     return _unique_names(models)
+
+
+# --------------------------------------------------------------------------- a serve-models deployment
+class RemoteError(RuntimeError):
+    """A ``serve-models`` deployment answered with an error or could not be reached."""
+
+
+def _remote_runner(client, url: str, task: str, name: str) -> Callable[[np.ndarray], np.ndarray]:
+    """``run(x) -> logits`` that posts the float32 batch as ``.npy`` to ``<url>/models/<task>/<name>/logits``."""
+    import io
+
+    def run(x: np.ndarray) -> np.ndarray:
+        buf = io.BytesIO()
+        np.save(buf, np.ascontiguousarray(x, np.float32), allow_pickle=False)
+        try:
+            r = client.post(f"{url}/models/{task}/{name}/logits", content=buf.getvalue(),
+                            headers={"Content-Type": "application/x-npy"})
+        except Exception as exc:  # httpx transport errors: one line naming the server
+            raise RemoteError(f"the model server {url} did not answer: {type(exc).__name__}: {exc}") from None
+        if r.status_code != 200:
+            try:
+                message = r.json().get("error", r.text)
+            except ValueError:
+                message = r.text[:200]
+            raise RemoteError(f"the model server answered {r.status_code}: {message}")
+        return np.load(io.BytesIO(r.content), allow_pickle=False)
+
+    return run
+
+
+def load_remote(url: str, timeout: float = 60.0) -> List[ServedModel]:
+    """The models of a running ``serve-models`` deployment at ``url``, each run on the server.
+
+    ``GET <url>/models`` lists them with their contract (task, class names, input size, mean/std); each
+    :class:`ServedModel`'s ``run`` posts a preprocessed float32 batch to the server's tensor route, where it
+    joins the deployment's dynamic batches. Preprocessing, sliding windows and the pictures stay in
+    :mod:`attnzoo.serve.predict`, exactly as with a local backend.
+
+    Raises:
+        ValueError: the server cannot be reached, is not a serve-models deployment, or serves no model.
+    """
+    import httpx
+
+    url = url.rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"--backend-url must start with http:// or https://, got {url!r}")
+    client = httpx.Client(timeout=timeout)
+    try:
+        listed = client.get(f"{url}/models")
+        listed.raise_for_status()
+        rows = listed.json()["models"]
+    except Exception as exc:  # connection refused, HTTP errors, not JSON: one line
+        client.close()
+        raise ValueError(f"cannot list the models of {url} ({type(exc).__name__}: {exc}); is serve-models "
+                         "running there?") from None
+    models = [ServedModel(name=r["name"], variant=r["variant"], task=r["task"], class_names=list(r["class_names"]),
+                          input_size=(int(r["input_size"][0]), int(r["input_size"][1])), mean=tuple(r["mean"]),
+                          std=tuple(r["std"]), fixed_size=bool(r["fixed_size"]),
+                          run=_remote_runner(client, url, r["task"], r["name"]),
+                          source=f"{url}/models/{r['task']}/{r['name']}", backend=f"serve-models at {url}",
+                          arch=r.get("arch", ""))
+              for r in rows]
+    if not models:
+        raise ValueError(f"the model server {url} serves no models")
+    return models

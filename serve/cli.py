@@ -5,6 +5,7 @@ Examples::
     serve-demo                                   # the zoo's models, exported to ONNX once, on the faster CPU runtime
     serve-demo --models exported/ --port 8000    # any folder of .onnx files from export-model
     serve-demo --backend pytorch                 # the zoo checkpoints run by PyTorch
+    serve-demo --backend-url http://127.0.0.1:8000   # the models of a running serve-models deployment
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto (default: the faster of onnxruntime and openvino on this machine, timed at start-up "
                         "on the served files), onnxruntime or openvino (CPU), pytorch, or tensorrt (needs the "
                         "tensorrt package and an NVIDIA GPU; engines are built once into the cache folder)")
+    p.add_argument("--backend-url", default=None, metavar="URL",
+                   help="run the models on a serve-models deployment at URL (Ray Serve, dynamic batching) "
+                        "instead of in this process; the demo preprocesses and draws as always")
     p.add_argument("--data", default=DEFAULT_DATA,
                    help=f"which zoo models to serve: those trained on this data set (default {DEFAULT_DATA})")
     p.add_argument("--cache-dir", type=Path, default=None,
@@ -58,10 +62,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     for flag, value in (("--threads", args.threads), ("--seg-max-side", args.seg_max_side)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be at least 1, got {value}")
-    models = load_models(args.models, args.backend, data=args.data, cache_dir=args.cache_dir, threads=args.threads)
+    if args.backend_url:
+        if args.models or args.backend != "auto" or args.threads:
+            raise UsageError("--backend-url serves the deployment's models; it excludes --models, --backend and "
+                             "--threads (give those to serve-models)")
+        from .backends import load_remote
+
+        models = load_remote(args.backend_url)
+    else:
+        models = load_models(args.models, args.backend, data=args.data, cache_dir=args.cache_dir,
+                             threads=args.threads)
     from .app import build_demo, launch
 
-    source = f"`{args.models}`" if args.models else f"the zoo ({args.data})"
+    source = (f"`{args.backend_url}`" if args.backend_url else f"`{args.models}`" if args.models
+              else f"the zoo ({args.data})")
     demo = build_demo(models, source=source, seg_max_side=args.seg_max_side)
     note = f" (--backend auto: {models[0].backend_note})" if models[0].backend_note else ""
     print(f"serving {len(models)} models with {models[0].backend}{note} on http://{args.host}:{args.port}")

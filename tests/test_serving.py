@@ -1,0 +1,335 @@
+"""serve-models: settings, the load test's arithmetic, and the Ray Serve deployment itself.
+
+The deployment tests start an embedded Ray once for the module (about 15-20 s on an idle 2-core machine), deploy
+two small models on a free port of 127.0.0.1 and talk HTTP to it: answers are compared with an ONNX Runtime
+session on the same preprocessed input, concurrent requests (dynamic batches) with single ones, and bad input
+must get one JSON error line with status 400 / 404 / 413.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import attnzoo.serve  # noqa: F401  (offline environment first)
+
+pytest.importorskip("ray.serve")
+httpx = pytest.importorskip("httpx")
+
+from attnzoo import limits  # noqa: E402
+from attnzoo.preprocess import load_image, preprocess  # noqa: E402
+from attnzoo.runtime.sessions import ort_session  # noqa: E402
+from attnzoo.serve import examples, predict  # noqa: E402
+from attnzoo.serve.backends import load_models, load_remote  # noqa: E402
+from attnzoo.serving.app import decode_mask, mask_png  # noqa: E402
+from attnzoo.serving.cli import main as serve_main  # noqa: E402
+from attnzoo.serving.config import ServeConfig, merged, read_config_file  # noqa: E402
+from attnzoo.serving.loadtest import Record, summarize  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _exit(argv) -> SystemExit:
+    with pytest.raises(SystemExit) as info:
+        serve_main(argv)
+    return info.value
+
+
+# ------------------------------------------------------------------------------------------ no Ray needed
+def test_settings_precedence_defaults_file_flags(tmp_path):
+    f = tmp_path / "serve.yaml"
+    f.write_text("replicas: 2\nmax-batch-size: 4\nbatch_wait_ms: 1\nvariants: [standard, belief2]\n")
+    cfg = merged(read_config_file(f), {"max_batch_size": 16, "port": None})
+    assert (cfg.replicas, cfg.max_batch_size, cfg.batch_wait_ms, cfg.port) == (2, 16, 1.0, ServeConfig().port)
+    assert cfg.variants == ["standard", "belief2"] and cfg.intra_op_threads == 1
+    # batching is off by default on CPU replicas (it does not pay there), on with GPU replicas
+    assert merged({}, {}).max_batch_size == 1 and merged({}, {"gpus_per_replica": 0.5}).max_batch_size == 8
+
+
+def test_config_file_errors_name_the_key(tmp_path):
+    f = tmp_path / "serve.yaml"
+    f.write_text("replicaz: 2\n")
+    with pytest.raises(ValueError, match=r"unknown key\(s\) replicaz; valid: host, port"):
+        read_config_file(f)
+    f.write_text("replicas: 1.5\n")
+    with pytest.raises(ValueError, match="replicas must be an integer, got 1.5"):
+        merged(read_config_file(f), {})
+    with pytest.raises(ValueError, match="max_ongoing_requests must be at least max_batch_size"):
+        merged({"max_batch_size": 32, "max_ongoing_requests": 8}, {})
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--replicas", "0"], "error: replicas must be at least 1, got 0"),
+    (["--port", "70000"], "error: port must be in 1..65535, got 70000"),
+    (["--no-batching", "--max-batch-size", "4"], "error: --no-batching and --max-batch-size > 1 contradict"),
+    (["--variants", "nope"], "error: unknown variant 'nope'"),
+    (["--arch", "huge"], "error: unknown arch 'huge'; valid: micro"),
+    (["--models", "x", "--arch", "tiny"], "error: models (a folder) and arch"),
+])
+def test_cli_refuses_bad_flags_before_ray_starts(argv, message, monkeypatch):
+    import ray
+
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray started for a bad command line"))
+    err = _exit(argv)
+    assert err.code == 2 and str(err).startswith(message), str(err)
+
+
+def test_cli_refuses_a_port_in_use(monkeypatch):
+    import socket
+
+    import ray
+
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray started although the port is taken"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        err = _exit(["--port", str(s.getsockname()[1])])
+    assert err.code == 2 and "cannot listen on 127.0.0.1" in str(err)
+
+
+def test_cli_missing_models_folder(tmp_path, monkeypatch):
+    import ray
+
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray started without models"))
+    from attnzoo.serving.launch import free_port
+
+    err = _exit(["--models", str(tmp_path / "none"), "--port", str(free_port())])
+    assert err.code == 1 and str(err) == f"error: models folder not found: {tmp_path / 'none'}"
+
+
+@pytest.mark.parametrize("classes", [11, 300])
+def test_mask_png_round_trip(classes):
+    mask = np.random.default_rng(0).integers(0, classes, (37, 53))
+    back = decode_mask(mask_png(mask))
+    assert back.shape == mask.shape and np.array_equal(back.astype(np.int64), mask)
+
+
+def test_summarize_against_hand_computed_numbers():
+    # 10 ok requests of 10..100 ms started in [0, 1), one 500, one timeout, one outside the window
+    recs = [Record(0.05 * i, 0.05 * i + 0.01 * (i + 1), 200) for i in range(10)]
+    recs += [Record(0.6, 0.61, 500), Record(0.7, 60.7, "timeout"), Record(1.5, 1.6, 200)]
+    s = summarize(recs, 0.0, 1.0)
+    lat = np.array([10.0 * (i + 1) for i in range(10)])
+    assert (s["requests"], s["ok"], s["errors"], s["lost"]) == (12, 10, 1, 1)
+    assert s["errors_by_status"] == {"500": 1}
+    assert s["throughput_rps"] == 10.0  # all ten ended before t = 1
+    for q in (50, 95, 99):
+        assert s[f"p{q}_ms"] == pytest.approx(np.percentile(lat, q), abs=0.01)
+
+
+# ----------------------------------------------------------------------------------------- the deployment
+SERVED = [("standard", "cls"), ("standard", "seg")]
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory) -> Path:
+    """The zoo's standard classifier and segmenter as ONNX files."""
+    from attnzoo import zoo
+    from attnzoo.export import export_onnx
+
+    folder = tmp_path_factory.mktemp("served")
+    for variant, task in SERVED:
+        model, config = zoo.load(variant, task, "fashion")
+        export_onnx(model, folder / f"{variant}_{task}.onnx", config=config)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(models_dir):
+    """An embedded Ray with the app on a free port (1 replica, batches of up to 4 requests, 20 ms wait)."""
+    from attnzoo.serving.launch import deploy, free_port, select_models, start_ray, stop
+
+    cfg = ServeConfig(models=models_dir, port=free_port(), max_batch_size=4, batch_wait_ms=20.0,
+                      max_ongoing_requests=16)
+    started = start_ray(cfg)
+    try:
+        yield deploy(cfg, select_models(cfg))
+    finally:
+        stop(started)
+
+
+@pytest.fixture(scope="module")
+def local(models_dir):
+    """The same files run in this process by the demo's loader (the reference)."""
+    return {(m.task, m.name): m for m in load_models(models_dir, threads=1)}
+
+
+def _post(url, path, data: bytes, multipart: bool = True, **params):
+    if multipart:
+        return httpx.post(f"{url}{path}", files={"file": ("image.png", data, "image/png")}, params=params, timeout=60)
+    return httpx.post(f"{url}{path}", content=data, headers={"Content-Type": "image/png"}, params=params, timeout=60)
+
+
+def _ort_top(models_dir, data: bytes, k: int = 5):
+    """Top-k (class, probability) of the ONNX file on the same preprocessed input, from a plain session."""
+    from attnzoo.runtime.contract import ModelContract
+
+    path = models_dir / "standard_cls.onnx"
+    c = ModelContract.from_onnx(path)
+    x = preprocess(load_image(data), size=c.input_size, mean=c.mean, std=c.std)
+    logits = ort_session(path, "cpu", threads=1).run(None, {"image": x})[0][0].astype(np.float64)
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
+    top = np.argsort(-p, kind="stable")[:k]
+    return [(c.class_names[i], float(p[i])) for i in top]
+
+
+def _images():
+    """Several distinct images: the shipped classification examples."""
+    return [Path(p).read_bytes() for p in examples.example_paths("cls")]
+
+
+def test_classify_matches_onnxruntime(server, models_dir):
+    data = _images()[0]
+    r = _post(server, "/classify", data, k=5)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    ref = _ort_top(models_dir, data)
+    assert [t["class"] for t in body["top"]] == [c for c, _ in ref]
+    np.testing.assert_allclose([t["probability"] for t in body["top"]], [p for _, p in ref], atol=1e-5)
+    assert body["model"] == "standard" and body["latency_ms"] > 0
+    raw = _post(server, "/classify", data, multipart=False, k=5)  # the raw-body upload gives the same answer
+    assert raw.status_code == 200 and [t["class"] for t in raw.json()["top"]] == [c for c, _ in ref]
+
+
+def test_concurrent_requests_form_batches_and_each_gets_its_own_answer(server, models_dir):
+    images = _images()
+    jobs = [images[i % len(images)] for i in range(16)]
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda d: _post(server, "/classify", d, k=3), jobs))
+    for data, r in zip(jobs, answers):
+        assert r.status_code == 200, r.text
+        ref = _ort_top(models_dir, data, 3)
+        assert [t["class"] for t in r.json()["top"]] == [c for c, _ in ref]
+        np.testing.assert_allclose([t["probability"] for t in r.json()["top"]], [p for _, p in ref], atol=1e-5)
+    stats = httpx.get(f"{server}/stats", timeout=30).json()
+    sizes = {int(k) for k in stats["requests_per_batch"]}
+    assert max(sizes) > 1 and max(sizes) <= 4, stats  # dynamic batches formed, never over max_batch_size
+
+
+def test_segment_matches_the_demo(server, local):
+    data = Path(examples.example_paths("seg")[0]).read_bytes()
+    r = _post(server, "/segment", data)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    mask, _ = predict.segment(local[("seg", "standard")], data)
+    got = decode_mask(body["mask_png"])
+    assert (body["height"], body["width"]) == mask.shape and np.array_equal(got, mask)
+    shares = predict.pixel_shares(mask, len(body["class_names"]))
+    assert body["shares"] == {body["class_names"][i]: round(float(s), 6) for i, s in enumerate(shares) if s > 0}
+
+
+def test_demo_backend_url_runs_on_the_deployment(server, local):
+    remote = {(m.task, m.name): m for m in load_remote(server)}
+    assert set(remote) == set(local)
+    img = load_image(_images()[1])
+    got, _ = predict.classify(remote[("cls", "standard")], img)
+    want, _ = predict.classify(local[("cls", "standard")], img)
+    assert list(got) == list(want)
+    np.testing.assert_allclose(list(got.values()), list(want.values()), atol=1e-6)
+    seg = Image.open(examples.example_paths("seg")[1])
+    assert np.array_equal(predict.segment(remote[("seg", "standard")], seg)[0],
+                          predict.segment(local[("seg", "standard")], seg)[0])
+
+
+def test_health_models_and_metrics_routes(server):
+    assert httpx.get(f"{server}/health", timeout=30).json()["status"] == "ok"
+    rows = httpx.get(f"{server}/models", timeout=30).json()["models"]
+    assert {(r["task"], r["name"]) for r in rows} == {(t, v) for v, t in SERVED}
+    cls = next(r for r in rows if r["task"] == "cls")
+    assert cls["input_size"] == [28, 28] and len(cls["class_names"]) == 10
+
+
+def _bad(r, status: int, text: str) -> None:
+    assert r.status_code == status, (r.status_code, r.text)
+    body = r.json()
+    assert list(body) == ["error"] and "\n" not in body["error"] and "Traceback" not in body["error"]
+    assert text in body["error"], body
+
+
+def test_bad_input_gets_one_json_error_line(server, tmp_path):
+    good = _images()[0]
+    _bad(_post(server, "/classify", b"this is not an image\n"), 400, "cannot read the image")
+    _bad(_post(server, "/classify", good[:100]), 400, "cannot read the image")
+    _bad(_post(server, "/classify", b""), 400, "no image")
+    _bad(httpx.post(f"{server}/classify", files={"note": (None, "no file here")}, timeout=30), 400, "no file")
+    _bad(_post(server, "/classify", b"\x89PNG" + os.urandom(limits.MAX_UPLOAD_BYTES)), 413, "upload limit")
+    _bad(_post(server, "/classify", os.urandom(limits.MAX_UPLOAD_BYTES + 10), multipart=False), 413, "upload limit")
+    buf = io.BytesIO()
+    Image.new("1", (8000, 6000)).save(buf, format="PNG")  # 48 MP in a small file: refused from its header
+    _bad(_post(server, "/classify", buf.getvalue()), 413, "over the 40 MP limit")
+    _bad(_post(server, "/classify", good, model="nope"), 404, "unknown cls model 'nope'; valid: standard")
+    _bad(_post(server, "/classify", good, k=0), 400, "k must be in 1..10")
+    _bad(_post(server, "/classify", good, k="x"), 400, "k:")
+    _bad(_post(server, "/segment", good, max_side=0), 400, "max_side must be in")
+    _bad(httpx.get(f"{server}/nope", timeout=30), 404, "no route GET /nope")
+
+
+def test_tensor_route_checks_its_input(server, local):
+    m = local[("cls", "standard")]
+    url = f"{server}/models/cls/standard/logits"
+
+    def npy(a) -> bytes:
+        buf = io.BytesIO()
+        np.save(buf, a, allow_pickle=False)
+        return buf.getvalue()
+
+    x = np.random.default_rng(0).standard_normal((3, 3, 28, 28)).astype(np.float32)
+    r = httpx.post(url, content=npy(x), timeout=30)
+    assert r.status_code == 200
+    np.testing.assert_allclose(np.load(io.BytesIO(r.content)), m.run(x), atol=1e-5)
+    _bad(httpx.post(url, content=npy(x[:, :, :20]), timeout=30), 400, "expected float32 (N, 3, 28, 28)")
+    _bad(httpx.post(url, content=npy(x.astype(np.float64)), timeout=30), 400, "expected float32")
+    _bad(httpx.post(url, content=npy(np.full_like(x, np.nan)), timeout=30), 400, "NaN")
+    _bad(httpx.post(url, content=b"not npy", timeout=30), 400, "not a .npy array")
+    _bad(httpx.post(f"{server}/models/xx/standard/logits", content=npy(x), timeout=30), 404, "unknown task")
+
+
+# ------------------------------------------------------------------------------------------ slow: processes
+@pytest.mark.slow
+def test_serve_models_command_prints_the_url_and_stops_on_sigterm(models_dir, tmp_path):
+    """As a user runs it: the command prints the URL, answers an image, and SIGTERM ends it with 143."""
+    from attnzoo.serving.launch import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "attnzoo.serving.cli", "--models", str(models_dir), "--task",
+                             "cls", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert f"on http://127.0.0.1:{port}" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+        r = _post(f"http://127.0.0.1:{port}", "/classify", _images()[0])
+        assert r.status_code == 200 and r.json()["top"][0]["class"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(120)
+    assert code == 143 and proc.stderr.read().strip().splitlines()[-1] == "terminated (SIGTERM)"
+
+
+@pytest.mark.slow
+def test_a_killed_replica_is_replaced_and_only_in_flight_requests_fail(models_dir):
+    """Two replicas under load; one replica process is SIGKILLed: requests sent after the kill succeed, the
+    failures are requests that were in flight, and the deployment has two replicas again."""
+    from attnzoo.serving.launch import deploy, free_port, select_models, start_ray, stop
+    from attnzoo.serving.loadtest import kill_test
+
+    cfg = ServeConfig(models=models_dir, task="cls", port=free_port(), replicas=2, max_batch_size=4)
+    started = start_ray(cfg)
+    try:
+        url = deploy(cfg, select_models(cfg))
+        result = kill_test(url, _images()[0], clients=8, seconds=15.0, replicas=2, timeout=60.0)
+    finally:
+        stop(started)
+    assert result["replaced"], result
+    assert result["replicas_back_after_s"] is not None, result
+    assert result["failed_sent_after_kill"] == 0, result
+    assert result["summary"]["lost"] == 0, result
+    assert result["failed_in_flight_at_kill"] <= 8, result  # at most the requests the clients had in flight
