@@ -28,11 +28,13 @@ _MODEL_KEYS = ("variant", "task", "arch", "num_classes", "img_size", "decoder")
 
 
 def save_checkpoint(model: nn.Module, path: Union[str, Path], *, class_names, mean=DEFAULT_MEAN,
-                    std=DEFAULT_STD, extra: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+                    std=DEFAULT_STD, input_style: Optional[str] = None,
+                    extra: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """Save ``model`` (built by ``create_model``) as ``path`` (.safetensors) plus ``path.json``.
 
     The safetensors metadata holds the config needed to rebuild the model (variant, options, task, arch,
-    classes, input size, mean/std); the JSON beside it holds that and ``extra`` (data, seed, history...).
+    classes, input size, mean/std, ``input_style`` when given: how an image is converted to look like the training
+    data); the JSON beside it holds that and ``extra`` (data, seed, history...).
     Both are written atomically. Returns the full config.
     """
     path = Path(path)
@@ -46,6 +48,12 @@ def save_checkpoint(model: nn.Module, path: Union[str, Path], *, class_names, me
         raise ValueError(f"{len(class_names)} class names for a model with {base['num_classes']} classes")
     config = {**base, "class_names": class_names, "mean": [float(m) for m in mean],
               "std": [float(s) for s in std]}
+    if input_style is not None:
+        from attnzoo.preprocess import INPUT_STYLES
+
+        if input_style not in INPUT_STYLES:
+            raise ValueError(f"unknown input style {input_style!r}; valid: {', '.join(INPUT_STYLES)}")
+        config["input_style"] = input_style
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     with atomic_path(path) as tmp:

@@ -6,13 +6,17 @@ downscaled when their longer side exceeds ``max_side``; pixels are normalised wi
 
 Every image is turned as its EXIF orientation says before anything else, and an image larger than
 :data:`attnzoo.limits.MAX_IMAGE_PIXELS` is refused from its header, before its pixels are decoded.
+
+A model's *input style* says what its training images looked like, so that an upload can be converted to
+look the same before it is resized (:func:`to_input_style`): ``rgb`` (used as is) or ``gray-on-black``
+(Fashion-MNIST and the digits: a light object on a black background, gray, filling the frame).
 """
 
 from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Optional, Sequence, Tuple, Union
+from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
@@ -20,13 +24,30 @@ from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 from attnzoo.limits import MAX_IMAGE_PIXELS
 
 __all__ = ["DEFAULT_MEAN", "DEFAULT_STD", "ImageLike", "load_image", "to_rgb", "normalize", "preprocess",
-           "fit_size", "UnreadableImageError", "ImageTooLargeError"]
+           "fit_size", "UnreadableImageError", "ImageTooLargeError", "INPUT_STYLES", "DATA_INPUT_STYLE",
+           "input_style_of", "to_input_style", "busy_background"]
 
 #: Normalisation of the bundled data sets (pixels in [0, 1] mapped to [-1, 1]).
 DEFAULT_MEAN: Tuple[float, float, float] = (0.5, 0.5, 0.5)
 DEFAULT_STD: Tuple[float, float, float] = (0.5, 0.5, 0.5)
 
 ImageLike = Union[str, Path, bytes, Image.Image, np.ndarray]
+
+#: What each input style means (see :func:`to_input_style`).
+INPUT_STYLES = {
+    "rgb": "used as it is",
+    "gray-on-black": "gray; inverted when the background is bright; background set to black and contrast "
+                     "stretched; for classification cropped to the object and centred in a square",
+}
+#: The input style of the models trained on each built-in data set (a folder of images: ``rgb``).
+DATA_INPUT_STYLE = {"fashion": "gray-on-black", "digits": "gray-on-black", "shapes": "rgb"}
+#: A pixel this far above the black background (0..255, after the stretch) belongs to the object.
+OBJECT_THRESHOLD = 24
+#: For classification the object is cropped and centred only when its box's longer side is below this share of
+#: the image's shorter side (a real training image, which already fills its frame, is left as it is).
+CROP_BELOW = 0.8
+#: Border pixels whose spread (median absolute deviation, 0..255) exceeds this make a busy background.
+BUSY_BORDER_MAD = 20.0
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
@@ -137,3 +158,54 @@ def preprocess(
     if (img.height, img.width) != (h, w):
         img = img.resize((w, h), Image.BILINEAR)
     return normalize(np.asarray(img, dtype=np.uint8), mean, std)[None]
+
+
+def input_style_of(config: Mapping[str, Any]) -> str:
+    """A model's input style: ``input_style`` of its config, else that of the data set it was trained on."""
+    style = config.get("input_style") or DATA_INPUT_STYLE.get(str(config.get("data", "")), "rgb")
+    if style not in INPUT_STYLES:
+        raise ValueError(f"unknown input style {style!r}; valid: {', '.join(INPUT_STYLES)}")
+    return style
+
+
+def _border(gray: np.ndarray) -> np.ndarray:
+    return np.concatenate([gray[0], gray[-1], gray[1:-1, 0], gray[1:-1, -1]])
+
+
+def busy_background(img: Image.Image) -> bool:
+    """True when the image's border is not one plain colour (a photo of a scene rather than of an object on a
+    plain background), judged from the spread of its gray border pixels."""
+    border = _border(np.asarray(img.convert("L"), np.float32))
+    return float(np.median(np.abs(border - np.median(border)))) > BUSY_BORDER_MAD
+
+
+def to_input_style(img: Image.Image, style: str, task: str = "cls") -> Image.Image:
+    """Convert an RGB image to look like a model's training images (see :data:`INPUT_STYLES`); RGB out.
+
+    ``gray-on-black``: gray; inverted when the border's median is bright (a garment photographed on white);
+    the border's median becomes black and the brightest object pixels (99.5th percentile) white; for ``cls``
+    the image is cropped to the object's box (pixels above :data:`OBJECT_THRESHOLD`) and padded with black to a
+    centred square, as Fashion-MNIST's garments fill their frame. The caller then resizes it.
+    """
+    if style == "rgb":
+        return img
+    if style != "gray-on-black":
+        raise ValueError(f"unknown input style {style!r}; valid: {', '.join(INPUT_STYLES)}")
+    gray = np.asarray(img.convert("L"), np.float32)
+    background = float(np.median(_border(gray)))
+    if background > 127.5:
+        gray, background = 255.0 - gray, 255.0 - background
+    gray = np.clip(gray - background, 0.0, None)
+    peak = float(np.percentile(gray, 99.5)) if gray.size else 0.0
+    if peak > 0:
+        gray = np.clip(gray * (255.0 / peak), 0.0, 255.0)
+    if task == "cls":
+        rows, cols = np.nonzero(gray > OBJECT_THRESHOLD)
+        if rows.size and max(np.ptp(rows), np.ptp(cols)) + 1 < CROP_BELOW * min(gray.shape):
+            gray = gray[rows.min():rows.max() + 1, cols.min():cols.max() + 1]
+            h, w = gray.shape
+            side = max(h, w)
+            square = np.zeros((side, side), np.float32)
+            square[(side - h) // 2:(side - h) // 2 + h, (side - w) // 2:(side - w) // 2 + w] = gray
+            gray = square
+    return Image.fromarray((gray + 0.5).astype(np.uint8), mode="L").convert("RGB")

@@ -123,7 +123,7 @@ def _metadata(config: Mapping[str, Any], input_hw: Tuple[int, int], dtype: str,
     """The metadata_props contract shared with the benchmarks and the demo."""
     from attnzoo import __version__
     from attnzoo.models import PROJECTION_VARIANTS
-    from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD
+    from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, input_style_of
 
     config = dict(config)
     config.setdefault("class_names", [str(i) for i in range(int(config["num_classes"]))])
@@ -145,6 +145,7 @@ def _metadata(config: Mapping[str, Any], input_hw: Tuple[int, int], dtype: str,
         "attnzoo_version": __version__,
         "checkpoint_sha256": checkpoint_sha256,
         "dtype": dtype,
+        "input_style": input_style_of(config),
     }
 
 

@@ -21,7 +21,7 @@ from attnzoo.checkpoint import load_checkpoint, save_checkpoint
 from attnzoo.cli import first_line
 from attnzoo.fileio import atomic_path, atomic_write_text
 from attnzoo.models import canonical_name, count_params, create_model
-from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD
+from attnzoo.preprocess import DATA_INPUT_STYLE, DEFAULT_MEAN, DEFAULT_STD
 from attnzoo.training.data import BUILTIN_DATA, ImageSet, TensorDataset, load_data
 
 __all__ = ["TrainConfig", "train", "evaluate", "confusion_matrix", "evaluate_checkpoint", "checkpoint_name", "metric_name"]
@@ -292,7 +292,8 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, train_d
              "val_metric": history[-1]["val"] if history else None, "metric_name": metric_name(cfg.task),
              "train_time_s": round(elapsed, 1), "params": count_params(model)}
     path = out_dir / f"{name}.safetensors"
-    saved = save_checkpoint(model, path, class_names=train_data.class_names, extra=extra)
+    saved = save_checkpoint(model, path, class_names=train_data.class_names,
+                            input_style=DATA_INPUT_STYLE.get(cfg.data, "rgb"), extra=extra)
     if history and history[-1]["epoch"] == cfg.epochs:  # the run is complete: nothing left to resume
         for p in _state_paths(out_dir, name):
             p.unlink(missing_ok=True)

@@ -53,6 +53,8 @@ class ModelContract:
         config: The full checkpoint config (``attnzoo.config``).
         props: Every metadata entry, as stored.
         source: The file it was read from.
+        input_style: How an image is converted before preprocessing (:data:`attnzoo.preprocess.INPUT_STYLES`;
+            ``input_style`` metadata, else derived from the config, as older exports lack the entry).
     """
 
     variant: str
@@ -68,6 +70,7 @@ class ModelContract:
     config: Dict[str, Any] = field(repr=False, hash=False, compare=False)
     props: Dict[str, str] = field(repr=False, hash=False, compare=False)
     source: str = ""
+    input_style: str = "rgb"
 
     @classmethod
     def from_props(cls, props: Mapping[str, str], source: Any = "model") -> "ModelContract":
@@ -80,7 +83,7 @@ class ModelContract:
         """
         from attnzoo.checkpoint import validate_config
         from attnzoo.limits import check_side
-        from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD
+        from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, INPUT_STYLES, input_style_of
 
         config = validate_config(config_from_props(props, source), source)
         try:
@@ -91,6 +94,9 @@ class ModelContract:
             raise ValueError(f"{source}: input_size metadata must be [H, W], got {props.get('input_size')!r}")
         for side in size:
             check_side(side, f"{source}: input_size")
+        style = props.get("input_style") or input_style_of(config)
+        if style not in INPUT_STYLES:
+            raise ValueError(f"{source}: unknown input_style {style!r}; valid: {', '.join(INPUT_STYLES)}")
         try:
             names = [str(c) for c in config.get("class_names") or range(int(config["num_classes"]))]
             eps = props.get("eps") or None
@@ -100,7 +106,7 @@ class ModelContract:
                        std=tuple(float(v) for v in config.get("std", DEFAULT_STD)),
                        eps=float(eps) if eps is not None else None,
                        checkpoint_sha256=props.get("checkpoint_sha256", ""), config=dict(config),
-                       props=dict(props), source=str(source))
+                       props=dict(props), source=str(source), input_style=style)
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise ValueError(f"{source}: malformed attnzoo metadata ({type(exc).__name__}: {exc})") from None
 
