@@ -21,11 +21,11 @@ import attnzoo.serve  # noqa: F401  (sets the offline environment before gradio 
 import gradio as gr
 
 from attnzoo.limits import MAX_UPLOAD_BYTES
-from attnzoo.preprocess import UnreadableImageError, fit_size, load_image
+from attnzoo.preprocess import INPUT_STYLES, UnreadableImageError, busy_background, fit_size, load_image
 
 from . import examples as ex
 from .backends import ServedModel
-from .predict import (background_classes, class_iou, classify, dominant_classes, overlay, palette,
+from .predict import (background_classes, class_iou, classify, dominant_classes, model_view, overlay, palette,
                       pixel_shares, segment, topk_chart)
 
 __all__ = ["build_demo", "launch", "free_port", "MAX_FILE_SIZE", "DISPLAY_MAX_SIDE"]
@@ -103,6 +103,12 @@ class DemoModels:
     def names(self, task: str) -> List[str]:
         return list(self.by_task.get(task, {}))
 
+    def default(self, task: str) -> Optional[str]:
+        """The model shown first: the one with the best zoo test metric, else the first listed."""
+        table = self.by_task.get(task, {})
+        scored = [m for m in table.values() if m.score is not None]
+        return max(scored, key=lambda m: m.score).name if scored else next(iter(table), None)
+
     def get(self, task: str, name: Optional[str]) -> ServedModel:
         table = self.by_task.get(task, {})
         if not table:
@@ -128,12 +134,27 @@ def known_classes_note(model: ServedModel) -> str:
             "says nothing about such an image.")
 
 
-def _classify(models: DemoModels, img: Image.Image, variant: str) -> Tuple[Dict[str, float], float, str]:
+def upload_note(model: ServedModel, img: Image.Image) -> str:
+    """What was done to an upload before the model saw it, and a warning when it cannot look like the training
+    images (a busy background); empty for models that take images as they are."""
+    if model.input_style == "rgb":
+        return ""
+    note = f"Converted as the training images look ({INPUT_STYLES[model.input_style]}). "
+    if busy_background(img):
+        note += ("**This image has a busy background**, unlike every training image (one object on a plain "
+                 "background): the answer below is unlikely to mean anything. ")
+    return note + "\n\n"
+
+
+def _classify(models: DemoModels, img: Image.Image, variant: str
+              ) -> Tuple[Dict[str, float], float, str, np.ndarray]:
+    """Top classes, latency, the note, and the image as the model saw it."""
     model = models.get("cls", variant)
     probs, ms = classify(model, img)
     entry = ex.find_example(img)
     truth = f"Example image; true class: **{entry['label']}**.\n\n" if entry and entry.get("label") else ""
-    return probs, round(ms, 3), truth + known_classes_note(model)
+    note = truth or upload_note(model, img)
+    return probs, round(ms, 3), note + known_classes_note(model), np.asarray(model_view(model, img))
 
 
 def _segment_state(models: DemoModels, img: Image.Image, variant: str, max_side: Optional[int]) -> Dict:
@@ -178,7 +199,7 @@ def _compare_one(models: DemoModels, task: str, name: str, img: Image.Image, max
     For a shipped example the last column is 1/0 (top-1 correct) or the mean IoU over its true classes."""
     try:
         if task == "cls":
-            probs, ms, _ = _classify(models, img, name)
+            probs, ms, _, _ = _classify(models, img, name)
             top, p = next(iter(probs.items()))
             entry = ex.find_example(img)
             truth = float(top == entry["label"]) if entry and entry.get("label") else None
@@ -202,9 +223,16 @@ def _compare_one(models: DemoModels, task: str, name: str, img: Image.Image, max
 
 
 # ------------------------------------------------------------------------------------------------- layout
+def _choice_label(m: ServedModel) -> str:
+    metric = {"top1": "top-1", "miou": "mIoU"}.get(m.score_name, m.score_name)
+    return f"{m.name} ({metric} {m.score:.1f} %)" if m.score is not None else m.name
+
+
 def _variant_dropdown(models: DemoModels, task: str) -> gr.Dropdown:
-    names = models.names(task)
-    return gr.Dropdown(names, value=names[0] if names else None, label="variant", interactive=bool(names))
+    """The variants of ``task``, labelled with their zoo test metric; the best one first selected."""
+    choices = [(_choice_label(m), name) for name, m in models.by_task.get(task, {}).items()]
+    return gr.Dropdown(choices, value=models.default(task), label="variant (zoo test metric)",
+                       interactive=bool(choices))
 
 
 def _no_models_note(models: DemoModels, task: str) -> None:
@@ -234,6 +262,8 @@ def _classify_tab(models: DemoModels) -> None:
             label = gr.Label(num_top_classes=5, label="top-5", elem_id="cls-label")
             latency = gr.Number(None, label="model latency (ms)", precision=3, elem_id="cls-latency")
             note = gr.Markdown()
+            seen = gr.Image(label="as the model sees it", format="png", interactive=False, elem_id="cls-seen",
+                            elem_classes="pixelated", height=160)
 
     @_user_errors
     def run(payload, name):
@@ -247,9 +277,9 @@ def _classify_tab(models: DemoModels) -> None:
             raise ValueError("nothing drawn yet: draw on the canvas first")
         return _classify(models, load_image(pixels), name)
 
-    button.click(run, [image, variant], [label, latency, note], api_name="classify", preprocess=False,
+    button.click(run, [image, variant], [label, latency, note, seen], api_name="classify", preprocess=False,
                  concurrency_id=QUEUE, concurrency_limit=1)
-    sketch_button.click(run_sketch, [sketch, variant], [label, latency, note], api_name="classify_drawing",
+    sketch_button.click(run_sketch, [sketch, variant], [label, latency, note, seen], api_name="classify_drawing",
                         concurrency_id=QUEUE, concurrency_limit=1)
 
 
@@ -277,9 +307,10 @@ def _segment_tab(models: DemoModels, max_side: Optional[int]) -> None:
 
     @_user_errors
     def run(payload, name, alpha):
-        st = _segment_state(models, _read_upload(payload), name, max_side)
+        img = _read_upload(payload)
+        st = _segment_state(models, img, name, max_side)
         pic = overlay(st["image"], st["mask"], st["colours"], alpha, st["skip"])
-        return pic, _legend(st), round(st["ms"], 3), _iou_note(st), st
+        return pic, _legend(st), round(st["ms"], 3), _iou_note(st) or upload_note(models.get("seg", name), img), st
 
     def redraw(st, alpha):
         if not st:
@@ -331,7 +362,10 @@ def _header(models: DemoModels, backend: str, source: str) -> str:
     return (f"# attnzoo demo\nAttention variants side by side: {n_cls} classifiers, {n_seg} segmenters, "
             f"served by **{backend}** from {source}. Everything runs on this machine; nothing leaves it.\n\n"
             f"**What the models know:** {len(known)} classes ({', '.join(known)}). Every image is put into one of "
-            "them, whatever it shows; the examples below are the kind of image they were trained on."
+            "them, whatever it shows; the examples below are the kind of image they were trained on. An upload is "
+            "first converted to look like them (the classify tab shows it as the model sees it)."
+            + ("\n\nEach variant is listed with its test metric on the official test set; the best one is "
+               "selected first." if any(m.score is not None for m in served) else "")
             + "".join(f"\n\n*Backend chosen automatically:* {n}." for n in {m.backend_note for m in served} if n))
 
 

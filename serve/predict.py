@@ -13,12 +13,12 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 from PIL import Image
 
-from attnzoo.preprocess import ImageLike, load_image, preprocess
+from attnzoo.preprocess import ImageLike, load_image, preprocess, to_input_style
 
 from .backends import SLIDING_BATCH, ServedModel
 
-__all__ = ["classify", "segment", "sliding_logits", "softmax", "palette", "overlay", "pixel_shares",
-           "class_iou", "dominant_classes", "topk_chart", "background_classes"]
+__all__ = ["classify", "segment", "model_view", "sliding_logits", "softmax", "palette", "overlay",
+           "pixel_shares", "class_iou", "dominant_classes", "topk_chart", "background_classes"]
 
 _BACKGROUND_NAMES = {"background", "bg", "_background_", "void"}
 
@@ -39,12 +39,22 @@ def _checked(model: ServedModel, x: np.ndarray, run=None) -> Tuple[np.ndarray, f
     return logits, ms
 
 
+def model_view(model: ServedModel, image: ImageLike) -> Image.Image:
+    """``image`` as ``model`` sees it: converted to its input style (:func:`attnzoo.preprocess.to_input_style`)
+    and, for a classifier, resized to its input size (a segmenter's image keeps its size)."""
+    img = to_input_style(load_image(image), model.input_style, model.task)
+    h, w = model.input_size
+    if model.task == "cls" and (img.height, img.width) != (h, w):
+        img = img.resize((w, h), Image.BILINEAR)
+    return img
+
+
 def classify(model: ServedModel, image: ImageLike, k: int = 5) -> Tuple[Dict[str, float], float]:
     """Top-``k`` classes of ``image`` as ``{class name: probability}`` (best first) and the model's latency
-    in ms. The image is resized to the model's input size."""
+    in ms. The image is seen as :func:`model_view` shows it."""
     if model.task != "cls":
         raise ValueError(f"model {model.name!r} is a {model.task} model, not a classifier")
-    x = preprocess(load_image(image), size=model.input_size, mean=model.mean, std=model.std)
+    x = preprocess(model_view(model, image), size=model.input_size, mean=model.mean, std=model.std)
     logits, ms = _checked(model, x)
     probs = softmax(logits[0].astype(np.float64))
     top = np.argsort(-probs, kind="stable")[:k]
@@ -94,12 +104,14 @@ def segment(model: ServedModel, image: ImageLike, max_side: Optional[int] = None
 
     The image is downscaled so that its longer side is at most ``max_side`` (default: the model's input
     size, the scale the bundled models were trained at), segmented (sliding windows when larger than the
-    model's window) and the mask is scaled back with nearest-neighbour sampling.
+    model's window) and the mask is scaled back with nearest-neighbour sampling. The image is first converted
+    to the model's input style (:func:`model_view`).
     """
     if model.task != "seg":
         raise ValueError(f"model {model.name!r} is a {model.task} model, not a segmenter")
     img = load_image(image)
-    x = preprocess(img, size=None, mean=model.mean, std=model.std, max_side=max_side or max(model.input_size))
+    x = preprocess(model_view(model, img), size=None, mean=model.mean, std=model.std,
+                   max_side=max_side or max(model.input_size))
     logits, ms = _checked(model, x, run=lambda t: sliding_logits(model, t))
     pred = logits[0].argmax(axis=0).astype(np.uint8 if logits.shape[1] <= 256 else np.int32)
     if pred.shape != (img.height, img.width):

@@ -387,6 +387,7 @@ class ModelServer:
             rows.append({"name": m.name, "variant": m.variant, "task": m.task, "arch": m.arch,
                          "class_names": m.class_names, "input_size": list(m.input_size), "mean": list(m.mean),
                          "std": list(m.std), "fixed_size": m.fixed_size, "backend": m.backend,
+                         "input_style": m.input_style,
                          "file": Path(m.source).name})
         return {"models": rows}
 

@@ -133,7 +133,9 @@ GOOD = ("example", "rgb", "rgba", "gray", "gray16", "palette", "one", "large")
 # ------------------------------------------------------------------------------------------- client tests
 @pytest.mark.parametrize("name", GOOD)
 def test_classify_endpoint(client, images, name):
-    label, latency, _ = client.predict(handle_file(images[name]), "standard", api_name="/classify")
+    label, latency, _, seen = client.predict(handle_file(images[name]), "standard", api_name="/classify")
+    seen = np.asarray(Image.open(seen))
+    assert seen.shape == (28, 28, 3) and (seen == seen[..., :1]).all()  # gray, at the model's input size
     conf = [c["confidence"] for c in label["confidences"]]
     assert [c["label"] for c in label["confidences"]][0] == label["label"]
     assert len(conf) == 5 and {c["label"] for c in label["confidences"]} <= set(CLASSES)
@@ -146,15 +148,31 @@ def test_classify_endpoint(client, images, name):
 def test_classify_reports_true_class_of_an_example(client):
     path = examples.example_paths("cls")[0]
     entry = examples.find_example(Image.open(path))
-    _, _, note = client.predict(handle_file(path), "belief2", api_name="/classify")
+    _, _, note, _ = client.predict(handle_file(path), "belief2", api_name="/classify")
     assert entry["label"] in note
 
 
 def test_every_answer_says_what_the_model_knows(client, images):
     """A photo of something else must not come back as a bare confident label."""
-    _, _, note = client.predict(handle_file(images["rgb"]), "standard", api_name="/classify")
+    _, _, note, _ = client.predict(handle_file(images["rgb"]), "standard", api_name="/classify")
     assert "knows only 10 classes" in note and all(name in note for name in CLASSES)
     assert "says nothing about such an image" in note
+    assert "busy background" in note  # random pixels: no plain background to convert away
+
+
+def test_a_garment_on_white_is_converted_without_a_warning(client, tmp_path):
+    """A Fashion-MNIST garment as a photo would show it (dark on white, small, off-centre): no warning, and
+    the model sees it light on black, filling its frame."""
+    from attnzoo.training.fashion import fashion_arrays
+
+    gray, _ = fashion_arrays("test", root=ROOT / "tests" / "data" / "fashion-mnist")  # the committed subset
+    canvas = np.full((96, 96), 255, np.uint8)
+    canvas[10:50, 40:80] = np.asarray(Image.fromarray(255 - gray[0]).resize((40, 40), Image.BILINEAR))
+    Image.fromarray(canvas).save(tmp_path / "on_white.png")
+    _, _, note, seen = client.predict(handle_file(tmp_path / "on_white.png"), "standard", api_name="/classify")
+    seen = np.asarray(Image.open(seen))[..., 0]
+    assert "Converted as the training images look" in note and "busy background" not in note
+    assert seen[0].max() < 40 and seen[12:16, 12:16].mean() > 60  # black border, light garment in the middle
 
 
 @pytest.mark.parametrize("name", GOOD)
@@ -231,7 +249,7 @@ def test_classify_drawing(client, tmp_path):
     canvas[16:48, 16:48] = (0, 0, 0, 255)  # a black square drawn on a transparent canvas
     Image.fromarray(canvas).save(tmp_path / "drawing.png")
     value = {"background": None, "layers": [], "composite": handle_file(tmp_path / "drawing.png")}
-    label, latency, _ = client.predict(value, "standard", api_name="/classify_drawing")
+    label, latency, _, _ = client.predict(value, "standard", api_name="/classify_drawing")
     assert len(label["confidences"]) == 5 and latency > 0
     Image.fromarray(np.zeros((64, 64, 4), np.uint8)).save(tmp_path / "empty.png")
     value["composite"] = handle_file(tmp_path / "empty.png")
