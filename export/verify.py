@@ -13,6 +13,7 @@ under fp16 rounding).
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
@@ -28,7 +29,7 @@ from attnzoo.runtime.sessions import ort_session
 from .check import check_projection
 from .onnx_export import BATCH_DIM, export_onnx, metadata_props, op_histogram
 
-__all__ = ["EXTRA_BATCH_SIZES", "verify_onnx", "export_verified", "report_path", "failed_report_path",
+__all__ = ["EXTRA_BATCH_SIZES", "verify_onnx", "export_verified", "adopt_verified", "report_path", "failed_report_path",
            "summary", "VerificationError"]
 
 #: Batch sizes verified on top of the requested ones (the export traces batch 2).
@@ -108,6 +109,43 @@ def verify_onnx(model: nn.Module, path: Union[str, Path], config: Mapping[str, A
             "tolerance": {f"{dtype}_x_max(1,max|logit|)": TOLERANCES[dtype]}}
 
 
+def _check_and_place(model: nn.Module, tmp: Path, out: Path, config: Mapping[str, Any], *, dtype: str,
+                     batch_sizes: Sequence[int], checkpoint_sha256: str, threads: Optional[int],
+                     extra: Mapping[str, Any]) -> Dict[str, Any]:
+    """Check the projection and parity of the ONNX file ``tmp`` (inside ``atomic_path(out)``); write the report
+    beside ``out`` when it passes, else the failure report, and raise :class:`VerificationError`."""
+    from attnzoo.fileio import atomic_write_text, sha256_file
+
+    proto = onnx.load(str(tmp))
+    props = metadata_props(proto)
+    hw = json.loads(props["input_size"])
+    projection = check_projection(proto, dict(config), dtype)
+    parity = verify_onnx(model, tmp, config, batch_sizes=batch_sizes, dtype=dtype, input_hw=hw, threads=threads)
+    dim = proto.graph.input[0].type.tensor_type.shape.dim[0]
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    report = {
+        "path": str(out), "variant": config["variant"], "task": config["task"], "arch": config["arch"],
+        "dtype": dtype, "opset": opset, "input_size": hw, "batch_dim": dim.dim_param or dim.dim_value,
+        "file_size": tmp.stat().st_size, "sha256": sha256_file(tmp), "checkpoint_sha256": checkpoint_sha256,
+        **extra, "num_nodes": len(proto.graph.node),
+        "op_histogram": op_histogram(proto), "projection": projection, "parity": parity,
+        "onnxruntime": __import__("onnxruntime").__version__, "torch": torch.__version__,
+    }
+    failures = list(parity["failures"]) + list(projection["failures"])
+    if report["batch_dim"] != BATCH_DIM:
+        failures.append(f"input batch dimension is {report['batch_dim']!r}, not {BATCH_DIM!r}")
+    if props.get("checkpoint_sha256", "") != checkpoint_sha256:
+        failures.append(f"checkpoint_sha256 metadata {props.get('checkpoint_sha256')!r} is not the checkpoint's "
+                        f"{checkpoint_sha256!r}")
+    report.update(passed=not failures, failures=failures)
+    if failures:
+        atomic_write_text(failed_report_path(out), json.dumps(report, indent=2) + "\n")
+        raise VerificationError(f"{out.name} failed verification ({'; '.join(failures[:3])}); "
+                                f"see {failed_report_path(out)}; {out.name} was not written")
+    atomic_write_text(report_path(out), json.dumps(report, indent=2) + "\n")
+    return report
+
+
 def export_verified(model: nn.Module, out: Union[str, Path], config: Mapping[str, Any], *, opset: int = 20,
                     dtype: str = "fp32", input_hw: Optional[Tuple[int, int]] = None,
                     batch_sizes: Sequence[int] = (1, 8), checkpoint_sha256: str = "",
@@ -118,38 +156,36 @@ def export_verified(model: nn.Module, out: Union[str, Path], config: Mapping[str
     report untouched (a good model already there stays), writes its report to ``<out>.failed.report.json``
     and raises :class:`VerificationError`.
     """
-    from attnzoo.fileio import atomic_path, atomic_write_text, sha256_file
+    from attnzoo.fileio import atomic_path
 
     out = Path(out)
     with atomic_path(out) as tmp:  # only a model that passes is renamed to `out`
         start = time.perf_counter()
         export_onnx(model, tmp, config=config, opset=opset, dtype=dtype, input_hw=input_hw,
                     checkpoint_sha256=checkpoint_sha256)
-        export_s = time.perf_counter() - start
-        proto = onnx.load(str(tmp))
-        hw = json.loads(metadata_props(proto)["input_size"])
-        projection = check_projection(proto, dict(config), dtype)
-        parity = verify_onnx(model, tmp, config, batch_sizes=batch_sizes, dtype=dtype, input_hw=hw,
-                             threads=threads)
-        dim = proto.graph.input[0].type.tensor_type.shape.dim[0]
-        report = {
-            "path": str(out), "variant": config["variant"], "task": config["task"], "arch": config["arch"],
-            "dtype": dtype, "opset": opset, "input_size": hw, "batch_dim": dim.dim_param or dim.dim_value,
-            "file_size": tmp.stat().st_size, "sha256": sha256_file(tmp), "checkpoint_sha256": checkpoint_sha256,
-            "export_time_s": round(export_s, 3), "num_nodes": len(proto.graph.node),
-            "op_histogram": op_histogram(proto), "projection": projection, "parity": parity,
-            "onnxruntime": __import__("onnxruntime").__version__, "torch": torch.__version__,
-        }
-        failures = list(parity["failures"]) + list(projection["failures"])
-        if report["batch_dim"] != BATCH_DIM:
-            failures.append(f"input batch dimension is {report['batch_dim']!r}, not {BATCH_DIM!r}")
-        report.update(passed=not failures, failures=failures)
-        if failures:
-            atomic_write_text(failed_report_path(out), json.dumps(report, indent=2) + "\n")
-            raise VerificationError(f"{out.name} failed verification ({'; '.join(failures[:3])}); "
-                                    f"see {failed_report_path(out)}; {out.name} was not written")
-        atomic_write_text(report_path(out), json.dumps(report, indent=2) + "\n")
+        report = _check_and_place(model, tmp, out, config, dtype=dtype, batch_sizes=batch_sizes,
+                                  checkpoint_sha256=checkpoint_sha256, threads=threads,
+                                  extra={"export_time_s": round(time.perf_counter() - start, 3)})
     failed_report_path(out).unlink(missing_ok=True)  # a stale failure report no longer describes anything
+    return report
+
+
+def adopt_verified(model: nn.Module, src: Union[str, Path], out: Union[str, Path], config: Mapping[str, Any], *,
+                   checkpoint_sha256: str, batch_sizes: Sequence[int] = (1, 8),
+                   threads: Optional[int] = None) -> Dict[str, Any]:
+    """Copy an ONNX file exported earlier (the zoo's shipped exports) to ``out``, verified exactly as
+    :func:`export_verified` verifies a fresh export, and its metadata checked to name ``checkpoint_sha256``:
+    seconds instead of a torch export. Same report and failure behaviour."""
+    from attnzoo.fileio import atomic_path
+
+    out = Path(out)
+    with atomic_path(out) as tmp:
+        shutil.copyfile(src, tmp)
+        dtype = metadata_props(onnx.load(str(tmp), load_external_data=False)).get("dtype", "fp32")
+        report = _check_and_place(model, tmp, out, config, dtype=dtype, batch_sizes=batch_sizes,
+                                  checkpoint_sha256=checkpoint_sha256, threads=threads,
+                                  extra={"adopted_from": str(src)})
+    failed_report_path(out).unlink(missing_ok=True)
     return report
 
 

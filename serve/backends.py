@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,10 +24,11 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from attnzoo.fileio import CACHE_ENV, default_cache_dir  # noqa: F401  (re-exported)
+from attnzoo.preprocess import input_style_of
 from attnzoo.zoo import DEFAULT_DATA
 
 __all__ = ["BACKENDS", "CPU_RUNTIMES", "ServedModel", "load_models", "load_onnx_dir", "load_checkpoint_dir",
-           "load_zoo_torch", "export_zoo", "zoo_onnx_name", "default_cache_dir", "backend_problem",
+           "load_zoo_torch", "load_zoo_onnx", "export_zoo", "zoo_onnx_name", "default_cache_dir", "backend_problem",
            "choose_cpu_backend", "load_remote", "RemoteError"]
 
 BACKENDS = ("auto", "onnxruntime", "openvino", "pytorch", "tensorrt")
@@ -53,6 +56,8 @@ class ServedModel:
         backend: ``onnxruntime``, ``openvino``, ``pytorch`` or ``tensorrt``.
         arch: Architecture name (``micro`` ...), from the metadata.
         backend_note: Why this backend serves it (``auto``'s measurement), for the page.
+        input_style: How an upload is converted before preprocessing (:data:`attnzoo.preprocess.INPUT_STYLES`).
+        score: The zoo's measured test metric of the model (``score_name``: ``top1`` or ``miou``), or None.
     """
 
     name: str
@@ -68,6 +73,9 @@ class ServedModel:
     backend: str = "onnxruntime"
     arch: str = ""
     backend_note: str = ""
+    input_style: str = "rgb"
+    score: Optional[float] = None
+    score_name: str = ""
 
 
 def backend_problem(backend: str) -> Optional[str]:
@@ -169,7 +177,7 @@ def _torch_runner(model) -> Callable:
 
 
 def _from_config(config: Dict, run: Callable, fixed: bool, source: Path, backend: str,
-                 input_size: Optional[Sequence[int]] = None) -> ServedModel:
+                 input_size: Optional[Sequence[int]] = None, input_style: Optional[str] = None) -> ServedModel:
     from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD
 
     size = input_size or (config["img_size"], config["img_size"])
@@ -178,7 +186,7 @@ def _from_config(config: Dict, run: Callable, fixed: bool, source: Path, backend
         name=str(config["variant"]), variant=str(config["variant"]), task=str(config["task"]), class_names=names,
         input_size=(int(size[0]), int(size[1])), mean=tuple(config.get("mean", DEFAULT_MEAN)),
         std=tuple(config.get("std", DEFAULT_STD)), fixed_size=fixed, run=run, source=str(source),
-        backend=backend, arch=str(config.get("arch", "")))
+        backend=backend, arch=str(config.get("arch", "")), input_style=input_style or input_style_of(config))
 
 
 def _unique_names(models: List[ServedModel]) -> List[ServedModel]:
@@ -248,7 +256,8 @@ def load_onnx_dir(directory: Path, backend: str = "onnxruntime", threads: Option
                 run, fixed = _openvino_runner(path, threads, contract)
             else:
                 run, fixed = _onnx_runner(path, threads)
-            models.append(_warmed_up(_from_config(config, run, fixed, path, backend, input_size)))
+            models.append(_warmed_up(_from_config(config, run, fixed, path, backend, input_size,
+                                                     contract.input_style)))
         except Exception as exc:  # onnx, onnxruntime and tensorrt raise their own types; skip the file, say why
             _skip(path, exc)
     return models
@@ -293,20 +302,22 @@ def _zoo_rows(data: str, variants: Optional[Sequence[str]] = None,
 
 def zoo_onnx_name(variant: str, task: str, data: str = DEFAULT_DATA) -> str:
     """File name of a zoo model's ONNX export in :func:`export_zoo`'s folder."""
-    return f"{variant}_{task}_{data}.onnx"
+    from attnzoo import zoo
+
+    return zoo.onnx_name(variant, task, data)
 
 
 def load_zoo_torch(data: str = DEFAULT_DATA) -> List[ServedModel]:
     """The zoo's checkpoints trained on ``data``, run by PyTorch."""
     from attnzoo import zoo
 
-    models = []
-    for e in _zoo_rows(data):
+    models, rows = [], _zoo_rows(data)
+    for e in rows:
         model, config = zoo.load(e["variant"], e["task"], data)
         path = zoo.checkpoint_path(e["variant"], e["task"], data)
         models.append(_warmed_up(_from_config(config, _torch_runner(model), config["task"] == "cls", path,
                                               "pytorch")))
-    return models
+    return _with_scores(models, rows)
 
 
 def export_zoo(data: str = DEFAULT_DATA, cache_dir: Optional[Path] = None, variants: Optional[Sequence[str]] = None,
@@ -315,12 +326,14 @@ def export_zoo(data: str = DEFAULT_DATA, cache_dir: Optional[Path] = None, varia
     return the folder.
 
     The folder is ``<cache>/onnx/<first 12 hex of the manifest's sha256>``, so a new zoo gets a new folder; a
-    file whose ``checkpoint_sha256`` metadata matches its checkpoint is reused. A tqdm bar shows the exports.
+    file whose ``checkpoint_sha256`` metadata matches its checkpoint is reused. A model the zoo ships as ONNX
+    (:func:`attnzoo.zoo.shipped_onnx`) is copied in after the same verification as a fresh export (seconds);
+    the others are exported. A tqdm bar shows the work.
     """
     from tqdm import tqdm
 
     from attnzoo import zoo
-    from attnzoo.export import export_verified, metadata_props
+    from attnzoo.export import adopt_verified, export_verified, metadata_props
 
     rows = _zoo_rows(data, variants, tasks)
     digest = hashlib.sha256(json.dumps(zoo.manifest(), sort_keys=True).encode()).hexdigest()[:12]
@@ -336,10 +349,104 @@ def export_zoo(data: str = DEFAULT_DATA, cache_dir: Optional[Path] = None, varia
     todo = [e for e in rows if not fresh(folder / zoo_onnx_name(e["variant"], e["task"], data), e["sha256"])]
     for e in tqdm(todo, desc=f"exporting zoo models to ONNX ({folder})", unit="model", disable=not todo):
         model, config = zoo.load(e["variant"], e["task"], data)
+        out, shipped = folder / zoo_onnx_name(e["variant"], e["task"], data), zoo.shipped_onnx(e)
         # verified the way export-model verifies (a failing model is not left in the folder)
-        export_verified(model, folder / zoo_onnx_name(e["variant"], e["task"], data), config, batch_sizes=(1,),
-                        checkpoint_sha256=e["sha256"])
+        if shipped is not None:
+            adopt_verified(model, shipped, out, config, batch_sizes=(1,), checkpoint_sha256=e["sha256"])
+        else:
+            export_verified(model, out, config, batch_sizes=(1,), checkpoint_sha256=e["sha256"])
     return folder
+
+
+#: Serialises the exports and loads of :class:`_LazyZooRunner` (one torch export at a time).
+_LAZY_LOCK = threading.Lock()
+
+
+class _LazyZooRunner:
+    """``run`` of a zoo model that is exported (verified), loaded and warmed up on its first call, or earlier by
+    :func:`load_zoo_onnx`'s background thread."""
+
+    def __init__(self, row: Dict, data: str, backend: str, threads: Optional[int], cache_dir: Optional[Path]):
+        self.row, self.data, self.backend, self.threads, self.cache_dir = row, data, backend, threads, cache_dir
+        self._run: Optional[Callable[[np.ndarray], np.ndarray]] = None
+
+    def ready(self) -> Callable[[np.ndarray], np.ndarray]:
+        """The loaded model's ``run`` (exporting and loading it first if needed); ``ValueError`` if it fails."""
+        if self._run is None:
+            with _LAZY_LOCK:
+                if self._run is None:
+                    v, t = self.row["variant"], self.row["task"]
+                    folder = export_zoo(self.data, self.cache_dir, variants=[v], tasks=[t])
+                    name = zoo_onnx_name(v, t, self.data)
+                    loaded = load_onnx_dir(folder, self.backend, self.threads, self.cache_dir, only=[name])
+                    if not loaded:
+                        raise ValueError(f"the zoo's {v} {t} model could not be loaded (the server's log says why)")
+                    self._run = loaded[0].run
+        return self._run
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return self.ready()(x)
+
+
+def _prefetch(runners: Sequence[_LazyZooRunner]) -> None:
+    """Export and load every lazy model in turn (a daemon thread's work, at the lowest CPU priority where the
+    OS allows one thread its own, so that requests go first); a failure is logged, not raised: the model's
+    first call retries and reports it."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # Linux: this thread only
+    except (AttributeError, OSError):
+        pass
+    for runner in runners:
+        try:
+            runner.ready()
+        except Exception as exc:  # noqa: BLE001 -- logged; the demo stays up for the other models
+            from attnzoo.cli import first_line
+
+            _warn(f"preparing {runner.row['variant']} {runner.row['task']} failed: {first_line(exc)}")
+
+
+def _with_scores(models: List[ServedModel], rows: Sequence[Dict]) -> List[ServedModel]:
+    """Give each zoo model its manifest test metric."""
+    by_key = {(e["variant"], e["task"]): e for e in rows}
+    for m in models:
+        row = by_key.get((m.variant, m.task), {})
+        m.score, m.score_name = row.get("test_metric"), row.get("metric_name", "")
+    return models
+
+
+def load_zoo_onnx(data: str = DEFAULT_DATA, backend: str = "auto", threads: Optional[int] = None,
+                  cache_dir: Optional[Path] = None, prefetch: bool = True) -> List[ServedModel]:
+    """The zoo's models trained on ``data`` on an ONNX backend, ready to answer within seconds on a fresh
+    install: the best classifier and segmenter (:func:`attnzoo.zoo.best_entries`, shipped as ONNX) are verified,
+    loaded and warmed up now; every other model is listed at once and exported, verified and loaded on its first
+    call, or before that by a background thread (``prefetch``). Each model carries its zoo test metric."""
+    from attnzoo import zoo
+    from attnzoo.checkpoint import read_config
+
+    rows = _zoo_rows(data)
+    best = zoo.best_entries(data)
+    for task, e in best.items():  # one folder per zoo: every call returns the same one
+        folder = export_zoo(data, cache_dir, variants=[e["variant"]], tasks=[task])
+    note = ""
+    if backend == "auto":
+        backend, note = choose_cpu_backend(folder, threads)
+    names = [zoo_onnx_name(e["variant"], e["task"], data) for e in best.values()]
+    models = load_onnx_dir(folder, backend, threads, cache_dir, only=names)
+    lazy = []
+    first = {(e["variant"], e["task"]) for e in best.values()}
+    for e in rows:
+        if (e["variant"], e["task"]) in first:
+            continue
+        runner = _LazyZooRunner(e, data, backend, threads, cache_dir)
+        config = read_config(zoo.checkpoint_path(e["variant"], e["task"], data))
+        models.append(_from_config(config, runner, True, folder / zoo_onnx_name(e["variant"], e["task"], data),
+                                   backend))
+        lazy.append(runner)
+    for m in _with_scores(models, rows):
+        m.backend_note = note
+    if prefetch and lazy:
+        threading.Thread(target=_prefetch, args=(lazy,), name="attnzoo-prefetch", daemon=True).start()
+    return models
 
 
 def load_models(models_dir: Optional[Path] = None, backend: str = "auto", data: str = DEFAULT_DATA,
@@ -369,12 +476,14 @@ def load_models(models_dir: Optional[Path] = None, backend: str = "auto", data: 
     if backend == "pytorch":
         models = load_checkpoint_dir(Path(models_dir)) if models_dir else load_zoo_torch(data)
         wanted = ".safetensors checkpoints"
+    elif models_dir is None:
+        models = load_zoo_onnx(data, backend, threads, cache_dir)
+        wanted = "zoo models"
     else:
-        folder = Path(models_dir) if models_dir else export_zoo(data, cache_dir)
         note = ""
         if backend == "auto":
-            backend, note = choose_cpu_backend(folder, threads)
-        models = load_onnx_dir(folder, backend, threads, cache_dir, only)
+            backend, note = choose_cpu_backend(Path(models_dir), threads)
+        models = load_onnx_dir(Path(models_dir), backend, threads, cache_dir, only)
         for m in models:
             m.backend_note = note
         wanted = ".onnx files exported by export-model"
@@ -441,7 +550,7 @@ def load_remote(url: str, timeout: float = 60.0) -> List[ServedModel]:
                           std=tuple(r["std"]), fixed_size=bool(r["fixed_size"]),
                           run=_remote_runner(client, url, r["task"], r["name"]),
                           source=f"{url}/models/{r['task']}/{r['name']}", backend=f"serve-models at {url}",
-                          arch=r.get("arch", ""))
+                          arch=r.get("arch", ""), input_style=input_style_of(r))
               for r in rows]
     if not models:
         raise ValueError(f"the model server {url} serves no models")

@@ -289,6 +289,8 @@ def verify(limit: int = SUBSET_N, tolerance: float = 0.5) -> List[str]:
         if sha256_file(path) != e["sha256"]:
             problems.append(f"{e['file']}: sha256 does not match the manifest")
             continue
+        if e.get("onnx") and zoo.shipped_onnx(e) is None:
+            problems.append(f"zoo/{e['onnx']['file']}: missing, or its sha256 does not match the manifest")
         model, config = load_checkpoint(path)
         key = _key(e["data"], e["task"], "test")
         if key not in cache:
@@ -307,6 +309,35 @@ def verify(limit: int = SUBSET_N, tolerance: float = 0.5) -> List[str]:
     return problems
 
 
+def ship_onnx(data: str = "fashion", out_dir: Path = ZOO_DIR) -> List[Dict[str, Any]]:
+    """Export the best classifier and segmenter trained on ``data`` to ``<out_dir>/onnx/`` (verified as
+    ``export-model`` verifies) and name them in the manifest rows' ``onnx`` entry; exports of other models are
+    removed. ``serve-demo`` adopts these files after verifying them again, instead of a torch export."""
+    from attnzoo import zoo
+    from attnzoo.export import export_verified, report_path
+
+    if out_dir != ZOO_DIR:
+        raise ValueError("ship_onnx writes into the package's zoo folder only")
+    rows = zoo.entries()
+    best = {(e["variant"], e["task"]) for e in zoo.best_entries(data).values()}
+    if not best:
+        raise ValueError(f"the zoo has no models trained on {data!r}")
+    folder = out_dir / "onnx"
+    folder.mkdir(exist_ok=True)
+    for e in tqdm([e for e in rows if e["data"] == data], desc="zoo ONNX exports", unit="model"):
+        name = zoo.onnx_name(e["variant"], e["task"], data)
+        if (e["variant"], e["task"]) not in best:
+            e.pop("onnx", None)
+            (folder / name).unlink(missing_ok=True)
+            continue
+        model, config = zoo.load(e["variant"], e["task"], data)
+        report = export_verified(model, folder / name, config, batch_sizes=(1,), checkpoint_sha256=e["sha256"])
+        report_path(folder / name).unlink(missing_ok=True)  # the file's sha256 lives in the manifest
+        e["onnx"] = {"file": f"onnx/{name}", "sha256": report["sha256"], "max_abs_err": report["parity"]["max_abs_err"]}
+    _write_manifest(out_dir, rows)
+    return [e for e in rows if "onnx" in e]
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m attnzoo.training.zoo", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -319,6 +350,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     sub.add_parser("baselines", help="compute the baselines and store them in the manifest")
     v = sub.add_parser("verify", help="check sha256s and re-evaluate every zoo model")
     v.add_argument("--limit", type=int, default=SUBSET_N)
+    o = sub.add_parser("onnx", help="ship verified ONNX exports of the best classifier and segmenter (serve-demo's "
+                                    "first start adopts them instead of exporting)")
+    o.add_argument("--data", default="fashion")
     args = p.parse_args(argv)
     try:
         if args.cmd == "build":
@@ -331,6 +365,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(json.dumps(refs, indent=1))
         elif args.cmd == "table":
             print(table())
+        elif args.cmd == "onnx":
+            for e in ship_onnx(args.data):
+                print(f"zoo/{e['onnx']['file']}: {e['variant']} {e['task']} ({e['metric_name']} {e['test_metric']}), "
+                      f"verified against its checkpoint, max abs err {e['onnx']['max_abs_err']:.2g}")
         else:
             problems = verify(args.limit)
             for line in problems:

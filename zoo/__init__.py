@@ -1,5 +1,8 @@
 """The trained model zoo shipped with attnzoo: one classifier and one segmenter per variant on Fashion-MNIST
-(``fashion``, the default) and on the ``shapes`` smoke set, plus ``digits`` classifiers, each a ``.safetensors`` file (config in its metadata) listed in ``manifest.json``.
+(``fashion``, the default) and on the ``shapes`` smoke set, plus ``digits`` classifiers, each a ``.safetensors``
+file (config in its metadata) listed in ``manifest.json``. The best classifier and segmenter of each data set also
+ship as ONNX exports (``onnx/``, the manifest row's ``onnx`` entry) so that a fresh ``serve-demo`` answers in
+seconds; they are verified against their checkpoint before use.
 
 >>> from attnzoo import zoo
 >>> model, config = zoo.load("belief2", "cls")          # doctest: +SKIP
@@ -9,11 +12,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from torch import nn
 
-__all__ = ["ZOO_DIR", "DEFAULT_DATA", "manifest", "entries", "checkpoint_path", "load", "available"]
+__all__ = ["ZOO_DIR", "DEFAULT_DATA", "manifest", "entries", "checkpoint_path", "load", "available", "best_entries",
+           "onnx_name", "shipped_onnx"]
 
 ZOO_DIR = Path(__file__).resolve().parent
 _MANIFEST = ZOO_DIR / "manifest.json"
@@ -55,3 +59,28 @@ def load(variant: str, task: str = "cls", data: str = DEFAULT_DATA) -> Tuple[nn.
     from attnzoo.checkpoint import load_checkpoint
 
     return load_checkpoint(checkpoint_path(variant, task, data))
+
+
+def best_entries(data: str = DEFAULT_DATA) -> Dict[str, Dict[str, Any]]:
+    """Per task, the manifest row trained on ``data`` with the highest test metric (the first listed on a tie)."""
+    best: Dict[str, Dict[str, Any]] = {}
+    for e in entries():
+        if e["data"] == data and (e["task"] not in best
+                                  or (e.get("test_metric") or 0) > (best[e["task"]].get("test_metric") or 0)):
+            best[e["task"]] = e
+    return best
+
+
+def onnx_name(variant: str, task: str, data: str = DEFAULT_DATA) -> str:
+    """File name of a zoo model's ONNX export (shipped in ``onnx/`` or written to a cache)."""
+    return f"{variant}_{task}_{data}.onnx"
+
+
+def shipped_onnx(entry: Dict[str, Any]) -> Optional[Path]:
+    """The shipped ONNX export of a manifest row when there is one and its sha256 matches, else None (the
+    caller exports the checkpoint instead). Parity with the checkpoint is the caller's check."""
+    from attnzoo.fileio import sha256_file
+
+    ship = entry.get("onnx")
+    path = ZOO_DIR / ship["file"] if ship else None
+    return path if path is not None and path.is_file() and sha256_file(path) == ship.get("sha256") else None
