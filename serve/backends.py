@@ -364,7 +364,7 @@ _LAZY_LOCK = threading.Lock()
 
 class _LazyZooRunner:
     """``run`` of a zoo model that is exported (verified), loaded and warmed up on its first call, or earlier by
-    :func:`load_zoo_onnx`'s background thread."""
+    :func:`load_zoo_onnx`'s background export."""
 
     def __init__(self, row: Dict, data: str, backend: str, threads: Optional[int], cache_dir: Optional[Path]):
         self.row, self.data, self.backend, self.threads, self.cache_dir = row, data, backend, threads, cache_dir
@@ -388,14 +388,26 @@ class _LazyZooRunner:
         return self.ready()(x)
 
 
-def _prefetch(runners: Sequence[_LazyZooRunner]) -> None:
-    """Export and load every lazy model in turn (a daemon thread's work, at the lowest CPU priority where the
-    OS allows one thread its own, so that requests go first); a failure is logged, not raised: the model's
-    first call retries and reports it."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # Linux: this thread only
-    except (AttributeError, OSError):
-        pass
+def _prefetch(runners: Sequence[_LazyZooRunner], data: str, cache_dir: Optional[Path]) -> None:
+    """Export every lazy model in a child process at the lowest CPU priority (its own interpreter, so a torch
+    export never holds this process's GIL while a request waits), then load them here; a daemon thread's work.
+    A failure is logged, not raised: the model's first call retries and reports it."""
+    import atexit
+    import subprocess
+
+    wanted = [(r.row["variant"], r.row["task"]) for r in runners]
+    code = ("import sys, json; from pathlib import Path; from attnzoo.serve.backends import export_zoo\n"
+            "data, cache, wanted = json.loads(sys.argv[1])\n"
+            "for v, t in wanted:\n"
+            "    export_zoo(data, Path(cache) if cache else None, variants=[v], tasks=[t])\n")
+    args = json.dumps([data, str(cache_dir) if cache_dir else None, wanted])
+    nice = getattr(os, "nice", None)
+    child = subprocess.Popen([sys.executable, "-c", code, args], stdout=subprocess.DEVNULL,
+                             preexec_fn=(lambda: nice(19)) if nice else None)
+    atexit.register(child.terminate)  # the demo stopped: its exports stop too (a file is written whole or not)
+    if child.wait() != 0:
+        _warn(f"exporting the other zoo models in the background failed (exit code {child.returncode}); each is "
+              "exported on its first use instead")
     for runner in runners:
         try:
             runner.ready()
@@ -419,7 +431,8 @@ def load_zoo_onnx(data: str = DEFAULT_DATA, backend: str = "auto", threads: Opti
     """The zoo's models trained on ``data`` on an ONNX backend, ready to answer within seconds on a fresh
     install: the best classifier and segmenter (:func:`attnzoo.zoo.best_entries`, shipped as ONNX) are verified,
     loaded and warmed up now; every other model is listed at once and exported, verified and loaded on its first
-    call, or before that by a background thread (``prefetch``). Each model carries its zoo test metric."""
+    call, or before that by a low-priority child process (``prefetch``). Each model carries its zoo test
+    metric."""
     from attnzoo import zoo
     from attnzoo.checkpoint import read_config
 
@@ -445,7 +458,8 @@ def load_zoo_onnx(data: str = DEFAULT_DATA, backend: str = "auto", threads: Opti
     for m in _with_scores(models, rows):
         m.backend_note = note
     if prefetch and lazy:
-        threading.Thread(target=_prefetch, args=(lazy,), name="attnzoo-prefetch", daemon=True).start()
+        threading.Thread(target=_prefetch, args=(lazy, data, cache_dir), name="attnzoo-prefetch",
+                         daemon=True).start()
     return models
 
 

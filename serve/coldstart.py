@@ -61,7 +61,14 @@ def cold_start(port: int = 7899, timeout: float = 600.0) -> Dict[str, Any]:
         log: List[str] = []
         try:
             serving = _wait_for_serving(proc, start, timeout, log)
-            client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+            while True:  # the line is printed just before the server binds its port
+                try:
+                    client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+                    break
+                except Exception:  # noqa: BLE001 -- httpx's connection errors; retried until the timeout
+                    if proc.poll() is not None or time.perf_counter() - start > timeout:
+                        raise
+                    time.sleep(0.1)
             label = client.predict(handle_file(examples.example_paths("cls")[0]), best["cls"]["variant"],
                                    api_name="/classify")[0]["label"]
             first_cls = time.perf_counter() - start
