@@ -38,21 +38,23 @@ import torch
 
 from .standard import StandardAttention
 
-__all__ = ["WAFEAttention", "SCORE_CHOICES", "MAE_IMPLS", "MAE_BLOCK", "MAE_MAX_BLOCKS", "mae_block", "pairwise_l1"]
+__all__ = ["WAFEAttention", "SCORE_CHOICES", "MAE_IMPLS", "MAE_BLOCK", "MAE_MAX_BLOCKS", "mae_block",
+           "pairwise_l1"]
 
 SCORE_CHOICES = ("dot", "mse", "mae")
 #: How MAE scores compute the pairwise L1 distance (``auto``: ``cdist`` in eager, ``blocked`` in ONNX export).
 MAE_IMPLS = ("auto", "cdist", "blocked", "broadcast")
-#: Queries per block of :func:`pairwise_l1`: the (B, d, block, N) slab of one head is 0.8 MB per image
-#: for a ViT-Ti at 224 px, in cache at batch 1 and 8 (block sizes 4-32 measured on a 2-core AVX2 EPYC,
-#: ``benchmarks/results/cpu-tiny-mae/README.md``).
+#: Queries per block of :func:`pairwise_l1`: the (B, d, block, N) slab of one head is 0.8 MB per image for a
+#: ViT-Ti at 224 px. Blocks of 8 and 16 ran alike on a 2-core AVX2 EPYC
+#: (``benchmarks/results/cpu-tiny-mae/forms/``); 16 halves the unrolled export. Slabs far past the cache
+#: (all heads at once, or 32 queries, at batch 8) were slower in exploratory runs.
 MAE_BLOCK = 16
 #: Most blocks per head: longer sequences get larger blocks, so the unrolled export stays small.
 MAE_MAX_BLOCKS = 16
 
 
 def mae_block(n_queries: int) -> int:
-    """Queries per block for ``n_queries`` queries: :data:`MAE_BLOCK`, or more past :data:`MAE_MAX_BLOCKS` blocks."""
+    """Queries per block: :data:`MAE_BLOCK`, or more where that would make over :data:`MAE_MAX_BLOCKS` blocks."""
     return max(MAE_BLOCK, -(-n_queries // MAE_MAX_BLOCKS))
 
 
