@@ -49,7 +49,8 @@ def _export(model, form: str, path: Path, threads: int) -> Dict[str, Any]:
     for layer in layers:
         layer.mae_impl = impl
     try:
-        with mock.patch.object(wafe, "MAE_BLOCK", block or wafe.MAE_BLOCK):
+        # exactly ``block`` queries per block (the default rule would cap the block count instead)
+        with mock.patch.object(wafe, "mae_block", (lambda n: block) if block else wafe.mae_block):
             cfg = model.attnzoo_config
             return export_verified(model, path, cfg, input_hw=(cfg["img_size"],) * 2, batch_sizes=(1,),
                                    threads=threads)
@@ -102,6 +103,9 @@ def markdown(result: Dict[str, Any]) -> str:
               else "1")
         err = f"{row['parity_error']:.1e}" if "parity_error" in row else "-"
         lines.append(f"| {row['batch']} | {row['runner']} | {row['median_ms']:.1f} | {sp} | {err} |")
+    lines += ["", "| form | ONNX nodes | export s (this machine) | verified at batch sizes |", "|---|---:|---:|---|"]
+    for form, e in result["exports"].items():
+        lines.append(f"| {form} | {e['nodes']} | {e['export_time_s']:.1f} | {e['verified_batch_sizes']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -160,12 +164,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     env = environment()
     torch.manual_seed(a.seed)
     model = create_model(a.variant, task="cls", arch=a.arch).eval()
-    paths = {}
+    paths, exports = {}, {}
     for form in tqdm(forms(blocks), desc="export + verify", disable=a.no_progress):
         paths[form] = cache / f"{a.variant}_{a.arch}_{form}.onnx"
         report = _export(model, form, paths[form], a.threads)
         if not report["passed"]:
             raise RuntimeError(f"{form}: export failed verification: {report['failures']}")
+        exports[form] = {"export_time_s": report["export_time_s"], "nodes": sum(report["op_histogram"].values()),
+                         "ops": report["op_histogram"], "verified_batch_sizes": report["parity"]["batch_sizes"]}
     rows: List[Dict[str, Any]] = []
     for batch in batches:
         gen = torch.Generator().manual_seed(a.seed + batch)
@@ -191,7 +197,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         rows += _rows(times, batch, parity)
     result = {"command": shlex.join(["python", "-m", "attnzoo.benchmarks.mae_forms", *argv]),
               "variant": a.variant, "arch": a.arch, "threads": a.threads, "batch_sizes": batches, "blocks": blocks,
-              "rounds": a.rounds, "openvino": ov_missing or "used", "environment": env,
+              "rounds": a.rounds, "openvino": ov_missing or "used", "exports": exports, "environment": env,
               "load_average_end": load_average(), "rows": rows}
     md = markdown(result)
     atomic_write_text(a.out / "mae_forms.md", md)

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from attnzoo.benchmarks.mae_forms import forms, main
+from attnzoo.models import ARCHS
 from attnzoo.runtime.parity import TOLERANCES
 
 
@@ -41,4 +42,10 @@ def test_run_times_every_form_after_parity(tmp_path):
     for row in result["rows"][1:]:
         assert row["batch"] == 2 and row["iterations"] == 2 and row["speedup"] > 0
         assert 0 <= row["parity_error"] <= TOLERANCES["fp32"]
-    assert "| 2 | ort-cpu blocked4 |" in (out / "mae_forms.md").read_text()
+    assert set(result["exports"]) == {"broadcast", "blocked4"}
+    arch = ARCHS["micro"]
+    tokens = (32 // arch["patch_size"]) ** 2 + 1
+    blocks = -(-tokens // 4)  # exactly 4 queries per block, whatever the default rule
+    assert result["exports"]["blocked4"]["ops"]["Max"] == arch["depth"] * arch["num_heads"] * blocks
+    md = (out / "mae_forms.md").read_text()
+    assert "| 2 | ort-cpu blocked4 |" in md and "| blocked4 |" in md
