@@ -22,7 +22,8 @@ MAX_UPLOAD_BYTES = 10 * 2**20
 MAX_SIDE = 2048
 #: Most classes a model config may declare (ImageNet-21k has 21,841).
 MAX_CLASSES = 100_000
-#: Variants whose scores need the pairwise L1 tensor (B x heads x N x N x head width) when exported.
+#: Variants whose scores need pairwise L1 distances: one (head width x block x N) slab of maxima at a time
+#: (``attnzoo.models.wafe.pairwise_l1``, the exported form).
 _PAIRWISE_VARIANTS = ("wafe-mae", "anti-wafe-mae")
 
 
@@ -44,18 +45,19 @@ def check_side(value: Any, what: str) -> int:
 def forward_bytes(config: Mapping[str, Any], hw: Tuple[int, int], batch: int) -> int:
     """A rough upper estimate of the memory one inference pass of ``config``'s model takes at ``batch``.
 
-    Per image: the attention scores and their softmax (heads x N x N, times the head width for the MAE
-    variants' pairwise tensor), the block's token tensors and MLP hidden layer, and (segmentation) the
-    upsampled logits; fp32.
+    Per image: the attention scores and their softmax (heads x N x N; for the MAE variants also one slab
+    of pairwise maxima, head width x block x N), the block's token tensors and MLP hidden layer, and
+    (segmentation) the upsampled logits; fp32.
     """
     from attnzoo.models import ARCHS
+    from attnzoo.models.wafe import mae_block
 
     a = ARCHS[config["arch"]]
     h, w = hw
     tokens = -(-h // a["patch_size"]) * -(-w // a["patch_size"]) + 1
     dim, heads = a["embed_dim"], a["num_heads"]
-    pairwise = dim // heads if config["variant"] in _PAIRWISE_VARIANTS else 1
-    per_image = (2 * heads * tokens * tokens * pairwise + 12 * tokens * dim + 8 * tokens * dim
+    slab = dim // heads * mae_block(tokens) * tokens if config["variant"] in _PAIRWISE_VARIANTS else 0
+    per_image = (2 * heads * tokens * tokens + slab + 12 * tokens * dim + 8 * tokens * dim
                  + 3 * h * w + (2 * int(config.get("num_classes", 1)) * h * w if config["task"] == "seg" else 0))
     return 4 * per_image * batch
 

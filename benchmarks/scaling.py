@@ -165,14 +165,12 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:300]
 
 
-def _fits_in_memory(config: Dict[str, Any], backend: str, size: int, batch: int) -> Optional[str]:
-    """Why a forward pass would not fit in the memory available now, or ``None``."""
+def _fits_in_memory(config: Dict[str, Any], size: int, batch: int) -> Optional[str]:
+    """Why a forward pass would not fit in the memory available now, or ``None`` (any backend: eager's
+    ``cdist`` and the exported MAE distance both avoid the (B, M, N, N, d) tensor)."""
     from attnzoo.limits import available_memory, forward_bytes
 
-    cfg = dict(config)
-    if backend in ("eager", "compile") and cfg["variant"] in FAMILIES["wafe-mae"]:
-        cfg["variant"] = "standard"  # eager uses cdist: no pairwise (B, M, N, N, d) tensor, as standard
-    need, have = forward_bytes(cfg, (size, size), batch), available_memory()
+    need, have = forward_bytes(config, (size, size), batch), available_memory()
     if have is not None and need > MEMORY_HEADROOM * have:
         return (f"needs about {need / 2 ** 30:.1f} GiB (attnzoo.limits.forward_bytes), more than "
                 f"{MEMORY_HEADROOM:.0%} of the {have / 2 ** 30:.1f} GiB available")
@@ -225,7 +223,7 @@ class _Run:
             from attnzoo.export.verify import EXTRA_BATCH_SIZES
 
             verify_batch = max(EXTRA_BATCH_SIZES)
-            onnx_reason = _fits_in_memory(config, "ort-cpu", size, max(max(job["batches"]), verify_batch))
+            onnx_reason = _fits_in_memory(config, size, max(max(job["batches"]), verify_batch))
             if onnx_reason is None:
                 self.bar.set_postfix_str(f"{variant} {task} {size}px: export + verify")
                 onnx_path, onnx_reason = self.export(model, variant, task, size)
@@ -264,7 +262,7 @@ class _Run:
             if reason is None and backend == "ort-cpu" and onnx_path is None:
                 reason = onnx_reason
             if reason is None:
-                reason = _fits_in_memory(model.attnzoo_config, backend, size, batch)
+                reason = _fits_in_memory(model.attnzoo_config, size, batch)
             last = self.last.get((variant, backend, task))
             if reason is None and last is not None:
                 predicted = last[1] * work / last[0]

@@ -14,10 +14,20 @@ the last term is constant along a softmax row and cancels, so the scores are dot
 ``2/d`` plus the per-key additive bias ``-||k||^2/d`` -- ``F.scaled_dot_product_attention`` with a float mask.
 The sign flips for anti-WAFE.
 
-MAE has no such form: it needs the pairwise L1 distances. Eager PyTorch uses ``torch.cdist(p=1)``; the ONNX
-export materialises the broadcast ``|q_i - k_j|`` tensor of B*M*N^2*d elements (``Sub``, ``Abs``,
-``ReduceSum``), e.g. 30 MB in fp32 per layer for a ViT-Ti at 224 px and batch 1 (N = 197, M = 3, d = 64),
-growing linearly with batch. The ``mae_impl`` option chooses ``cdist`` or ``broadcast`` explicitly.
+MAE has no such form: it needs the pairwise L1 distances ``sum_c |q_ic - k_jc|`` (N^2 d terms; no matrix
+product computes them). Eager PyTorch uses ``torch.cdist(p=1)``. The ONNX export uses :func:`pairwise_l1`
+(``mae_impl="blocked"``), ordinary ops that runtimes execute without the broadcast (B, M, N, N, d) tensor:
+
+- ``|a - b| = 2 max(a, b) - a - b``, so ``sum_c |q_ic - k_jc| = 2 sum_c max(q_ic, k_jc) - sum_c q_ic -
+  sum_c k_jc``: one broadcast ``Max`` per term instead of ``Sub`` then ``Abs``; the two sums are per token.
+- Channels first: ``max(q_ic, k_jc)`` is laid out (d, queries, keys), so ``Max`` broadcasts one query value
+  over a contiguous row of keys, and the sum over channels is a ``MatMul`` with a row of twos.
+- One head and :data:`MAE_BLOCK` queries at a time, so the (B, d, block, N) slab of maxima stays in cache
+  (0.8 MB per image for a ViT-Ti at 224 px) instead of the 30 MB broadcast tensor per layer.
+
+``mae_impl="broadcast"`` keeps the direct ``|q_i - k_j|`` broadcast (``Sub``, ``Abs``, ``ReduceSum``) for
+comparison. In fp16/bf16 the blocked distance is computed in fp32 (the subtraction of the token sums would
+otherwise lose the small distances of large, similar vectors).
 """
 
 from __future__ import annotations
@@ -28,9 +38,54 @@ import torch
 
 from .standard import StandardAttention
 
-__all__ = ["WAFEAttention", "SCORE_CHOICES"]
+__all__ = ["WAFEAttention", "SCORE_CHOICES", "MAE_IMPLS", "MAE_BLOCK", "MAE_MAX_BLOCKS", "mae_block",
+           "pairwise_l1"]
 
 SCORE_CHOICES = ("dot", "mse", "mae")
+#: How MAE scores compute the pairwise L1 distance (``auto``: ``cdist`` in eager, ``blocked`` in ONNX export).
+MAE_IMPLS = ("auto", "cdist", "blocked", "broadcast")
+#: Queries per block of :func:`pairwise_l1`: the (B, d, block, N) slab of one head is 0.8 MB per image for a
+#: ViT-Ti at 224 px. Blocks of 8 and 16 ran alike on a 2-core AVX2 EPYC
+#: (``benchmarks/results/cpu-tiny-mae/forms/``); 16 halves the unrolled export. Slabs far past the cache
+#: (all heads at once, or 32 queries, at batch 8) were slower in exploratory runs.
+MAE_BLOCK = 16
+#: Most blocks per head: longer sequences get larger blocks, so the unrolled export stays small.
+MAE_MAX_BLOCKS = 16
+
+
+def mae_block(n_queries: int) -> int:
+    """Queries per block: :data:`MAE_BLOCK`, or more where that would make over :data:`MAE_MAX_BLOCKS` blocks."""
+    return max(MAE_BLOCK, -(-n_queries // MAE_MAX_BLOCKS))
+
+
+def pairwise_l1(q: torch.Tensor, k: torch.Tensor, block: Optional[int] = None) -> torch.Tensor:
+    """``out[..., i, j] = sum_c |q[..., i, c] - k[..., j, c]|`` for (B, M, Nq, d) and (B, M, Nk, d) inputs.
+
+    Computed as ``2 sum_c max(q_ic, k_jc) - sum_c q_ic - sum_c k_jc``, one head and one block of queries at a
+    time, channels first, the channel sum a matrix product (see the module docstring). The loops unroll over
+    the static head and token counts when exported; the batch stays dynamic.
+
+    Args:
+        q: Queries (B, M, Nq, d).
+        k: Keys (B, M, Nk, d).
+        block: Queries per block (default :func:`mae_block` of Nq).
+    """
+    block = mae_block(q.shape[-2]) if block is None else block
+    if block < 1:
+        raise ValueError(f"block must be >= 1, got {block}")
+    dtype = q.dtype
+    if dtype in (torch.float16, torch.bfloat16):
+        q, k = q.float(), k.float()
+    twos = torch.full((1, q.shape[-1]), 2.0, dtype=q.dtype, device=q.device)
+    q_col = q.unsqueeze(-1)  # (B, M, Nq, d, 1): one query value against a row of keys
+    k_rows = k.transpose(-1, -2).unsqueeze(-3)  # (B, M, 1, d, Nk): channels first
+    per_head = []
+    for q_h, k_h in zip(q_col.unbind(1), k_rows.unbind(1)):
+        # (B, b, d, Nk) maxima per block of b queries; twos @ sums the channels -> (B, b, 1, Nk)
+        per_head.append(torch.cat([twos @ torch.maximum(q_b, k_h) for q_b in q_h.split(block, dim=1)], dim=1))
+    doubled = torch.stack(per_head, dim=1).squeeze(-2)  # (B, M, Nq, Nk)
+    dist = doubled - q.sum(-1).unsqueeze(-1) - k.sum(-1).unsqueeze(-2)
+    return dist.to(dtype)
 
 
 class WAFEAttention(StandardAttention):
@@ -39,8 +94,8 @@ class WAFEAttention(StandardAttention):
     Args:
         score: ``dot``, ``mse`` or ``mae``.
         anti: Flip the sign of the scores (anti-WAFE: attend to the *least* similar keys).
-        mae_impl: ``auto`` (``cdist`` in eager, ``broadcast`` while exporting to ONNX), ``cdist`` or
-            ``broadcast``.
+        mae_impl: ``auto`` (``cdist`` in eager, ``blocked`` while exporting to ONNX), ``cdist``,
+            ``blocked`` (:func:`pairwise_l1`) or ``broadcast`` (the direct ``|q_i - k_j|`` tensor).
         **kwargs: ``timm.layers.Attention`` keywords (see :class:`StandardAttention`).
     """
 
@@ -48,8 +103,8 @@ class WAFEAttention(StandardAttention):
                  mae_impl: str = "auto", **kwargs) -> None:
         if score not in SCORE_CHOICES:
             raise ValueError(f"unknown score {score!r}; valid: {', '.join(SCORE_CHOICES)}")
-        if mae_impl not in ("auto", "cdist", "broadcast"):
-            raise ValueError(f"unknown mae_impl {mae_impl!r}; valid: auto, cdist, broadcast")
+        if mae_impl not in MAE_IMPLS:
+            raise ValueError(f"unknown mae_impl {mae_impl!r}; valid: {', '.join(MAE_IMPLS)}")
         super().__init__(dim, num_heads=num_heads, **kwargs)
         self.score = score
         self.anti = bool(anti)
@@ -71,9 +126,11 @@ class WAFEAttention(StandardAttention):
         # mae
         impl = self.mae_impl
         if impl == "auto":
-            impl = "broadcast" if torch.onnx.is_in_onnx_export() else "cdist"
+            impl = "blocked" if torch.onnx.is_in_onnx_export() else "cdist"
         if impl == "cdist":
             dist = torch.cdist(q, k, p=1.0)
+        elif impl == "blocked":
+            dist = pairwise_l1(q, k)
         else:
             dist = (q.unsqueeze(-2) - k.unsqueeze(-3)).abs().sum(dim=-1)
         return self._softmax_attend((sign / d) * dist, v, attn_mask, is_causal)

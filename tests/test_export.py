@@ -27,8 +27,8 @@ CONTRACT_KEYS = {"attnzoo.config", "variant", "task", "arch", "options", "class_
                  "std", "eps", "attnzoo_version", "checkpoint_sha256", "dtype"}
 # The fast set: standard and every projection variant; the full matrix runs with -m slow.
 # anti-wafe-mse guards the fused-MSE path (a negative sdpa scale once exported as sqrt(scale) = NaN);
-# wafe-mae guards the broadcast pairwise-L1 export.
-FAST_CLS = ("standard", *PROJECTION_VARIANTS, "anti-wafe-mse", "wafe-mae")
+# wafe-mae and anti-wafe-mae guard the blocked pairwise-L1 export (attnzoo.models.wafe.pairwise_l1).
+FAST_CLS = ("standard", *PROJECTION_VARIANTS, "anti-wafe-mse", "wafe-mae", "anti-wafe-mae")
 FAST_SEG = ("belief2", "exclusive")
 
 
@@ -97,6 +97,34 @@ def test_export_seg_non_square(exported, variant):
     x = np.random.default_rng(1).standard_normal((2, 3, *SEG_HW)).astype(np.float32)
     out = make_session(path).run(None, {"image": x})[0]
     assert out.shape == (2, 5, *SEG_HW)
+
+
+@pytest.mark.parametrize("variant", ["wafe-mae", "anti-wafe-mae"])
+def test_mae_export_is_blocked_and_verified(exported, variant):
+    """The MAE export computes 2 sum max(q, k) per head and block of queries (no Abs, no (B, M, N, N, d)
+    tensor), verified against eager's cdist at batch sizes other than the traced one."""
+    from attnzoo.models.wafe import mae_block
+
+    model, path, report = exported(variant)
+    assert report["passed"], report["failures"]
+    assert report["parity"]["batch_sizes"] == [1, 3]
+    arch = ARCHS["micro"]
+    tokens = (32 // arch["patch_size"]) ** 2 + 1
+    blocks = -(-tokens // mae_block(tokens))
+    ops = report["op_histogram"]
+    assert "Abs" not in ops and "ReduceL1" not in ops
+    assert ops["Max"] == DEPTH * arch["num_heads"] * blocks
+    proto = onnx.load(str(path))
+    onnx.checker.check_model(proto)
+    inferred = onnx.shape_inference.infer_shapes(proto).graph.value_info
+    per_image = [int(np.prod([dim.dim_value for dim in v.type.tensor_type.shape.dim[1:]]))
+                 for v in inferred if all(dim.dim_value > 0 for dim in v.type.tensor_type.shape.dim[1:])]
+    head_width = arch["embed_dim"] // arch["num_heads"]
+    slab = mae_block(tokens) * head_width * tokens  # (block, d, N) maxima of one head
+    assert max(per_image) == max(arch["num_heads"] * tokens * tokens, slab)  # never the pairwise tensor
+    assert len(per_image) > 0.9 * len(inferred)  # shapes known, so the bound above means something
+    assert max(per_image) < arch["num_heads"] * tokens * tokens * head_width
+    assert all(n.name.startswith("blocks.") for n in proto.graph.node if n.op_type == "Max")
 
 
 def test_metadata_contract(exported):

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from attnzoo.models import VARIANT_NAMES, create_attention
+from attnzoo.models.wafe import MAE_BLOCK, mae_block, pairwise_l1
 
 D, M, N, B = 32, 4, 7, 2
 d = D // M
@@ -129,13 +130,47 @@ def test_matches_reference_fp32(name):
     torch.testing.assert_close(out.double(), ref, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("impl", ["broadcast", "blocked"])
 @pytest.mark.parametrize("name", ["wafe-mae", "anti-wafe-mae"])
-def test_mae_broadcast_path_matches_reference(name):
-    attn = _layer(name, mae_impl="broadcast")
+def test_mae_export_paths_match_reference(name, impl):
+    """The formulations the ONNX export can use (eager runs cdist) against the paper's eq. 5/6."""
+    attn = _layer(name, mae_impl=impl)
     x = torch.randn(B, N, D)
     with torch.no_grad():
         out = attn(x)
     torch.testing.assert_close(out.double(), reference(name, attn, x.double()), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("block", [1, 4, 13, 50, None])
+def test_pairwise_l1_equals_sum_of_absolute_differences(block):
+    """pairwise_l1 (2 sum max - sum q - sum k, blocked) == sum_c |q_ic - k_jc| by explicit loops, Nq != Nk."""
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 3, 13, 5, generator=gen, dtype=torch.float64)
+    k = torch.randn(2, 3, 9, 5, generator=gen, dtype=torch.float64)
+    ref = _pairwise(q.reshape(6, 13, 5), k.reshape(6, 9, 5), 1).reshape(2, 3, 13, 9)
+    torch.testing.assert_close(pairwise_l1(q, k, block), ref, rtol=0, atol=1e-12)
+
+
+def test_pairwise_l1_block_size_rule():
+    assert mae_block(197) == MAE_BLOCK  # ViT-Ti/S at 224 px: the measured block
+    for n in (1, 65, 197, 577, 4097):
+        b = mae_block(n)
+        assert b >= MAE_BLOCK and -(-n // b) <= 16  # at most 16 blocks per head in the unrolled export
+    with pytest.raises(ValueError, match="block"):
+        pairwise_l1(torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 2, 2), 0)
+
+
+def test_pairwise_l1_fp16_computes_in_fp32():
+    """Large, similar vectors: 2 sum max and the token sums (~3,200) cancel to distances of ~64; in fp16 that
+    subtraction alone would be off by several units. Computed in fp32 and rounded once, the error is fp16's
+    rounding of the distance."""
+    gen = torch.Generator().manual_seed(4)
+    q = (50 + torch.randn(1, 2, 16, 64, generator=gen)).half()
+    k = (50 + torch.randn(1, 2, 16, 64, generator=gen)).half()
+    out = pairwise_l1(q, k, 4)
+    ref = torch.cdist(q.double(), k.double(), p=1)
+    assert out.dtype == torch.float16
+    assert ((out.double() - ref).abs() / ref).max() < 1e-3
 
 
 @pytest.mark.parametrize("phi,fn", [("identity", lambda t: t), ("silu", F.silu)])
