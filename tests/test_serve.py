@@ -16,7 +16,7 @@ from PIL import Image
 import attnzoo.serve  # noqa: F401  (offline environment first)
 from attnzoo.serve import backends, examples, predict
 from attnzoo.serve.backends import ServedModel, load_models
-from attnzoo.preprocess import fit_size
+from attnzoo.preprocess import fit_size, input_style_of
 from attnzoo.serve.app import DISPLAY_MAX_SIDE
 from attnzoo.serve.cli import main as cli_main
 from attnzoo.serve.screenshot import CHROMIUM
@@ -58,7 +58,7 @@ def models_dir(tmp_path_factory) -> Path:
     for variant, task in SERVED:
         model, config = _make_model(variant, task)
         save_checkpoint(model, folder / f"{variant}_{task}.safetensors", class_names=config["class_names"],
-                        mean=config["mean"], std=config["std"])
+                        mean=config["mean"], std=config["std"], input_style=input_style_of(config))
         export_onnx(model, folder / f"{variant}_{task}.onnx", config=config)
     return folder
 

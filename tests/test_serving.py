@@ -170,12 +170,15 @@ def _post(url, path, data: bytes, multipart: bool = True, **params):
 
 
 def _ort_top(models_dir, data: bytes, k: int = 5):
-    """Top-k (class, probability) of the ONNX file on the same preprocessed input, from a plain session."""
+    """Top-k (class, probability) of the ONNX file on the input its contract describes (input style, size,
+    mean/std), from a plain session."""
+    from attnzoo.preprocess import to_input_style
     from attnzoo.runtime.contract import ModelContract
 
     path = models_dir / "standard_cls.onnx"
     c = ModelContract.from_onnx(path)
-    x = preprocess(load_image(data), size=c.input_size, mean=c.mean, std=c.std)
+    x = preprocess(to_input_style(load_image(data), c.input_style, "cls"), size=c.input_size, mean=c.mean,
+                   std=c.std)
     logits = ort_session(path, "cpu", threads=1).run(None, {"image": x})[0][0].astype(np.float64)
     p = np.exp(logits - logits.max())
     p /= p.sum()
