@@ -1,0 +1,167 @@
+"""Check the zoo's reported numbers with code that is not the package's.
+
+Issue 11's acceptance test, written the way an outside user would: each zoo checkpoint is exported by the
+``export-model`` command (a subprocess, as a user runs it), and the ONNX file is evaluated here with nothing of
+``attnzoo``: the official Fashion-MNIST IDX files read with ``gzip`` + ``numpy``, the preprocessing taken from
+the ONNX file's own metadata (``input_size``, ``mean``, ``std``), plain ``onnxruntime``.
+
+- Classifiers: top-1 on the official 10,000 test images, compared with the manifest's ``test_metric``.
+- Segmenters: mIoU on test scenes composed here by a different procedure than the package's
+  (``compose``: its own generator, placement and overlap rule; only the README's description is shared:
+  2-4 garments of 35-60 % of a 48 px black canvas, mask = class + 1 where the garment's pixel is above 24),
+  so the number says whether the segmenters generalise to scenes they were not tuned on.
+
+Usage (from the repository root, after the README's install)::
+
+    python evaluation/independent_check.py --out evaluation/results            # all Fashion-MNIST models
+    python evaluation/independent_check.py --tasks seg --variants standard,belief2 --out /tmp/check
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+FASHION = Path("/usr/share/datasets/fashion-mnist")
+#: Issue 11's thresholds.
+CLS_MIN, CLS_STANDARD_MIN, SEG_MIN, MAX_GAP = 85.0, 88.0, 50.0, 0.5
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """An IDX file (gzip) as a numpy array (the format of LeCun's MNIST page: magic, dims, uint8 data)."""
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    ndim = data[3]
+    dims = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    return np.frombuffer(data, np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def compose(images: np.ndarray, labels: np.ndarray, n: int, size: int = 48, seed: int = 2026
+            ) -> Tuple[np.ndarray, np.ndarray]:
+    """``n`` scenes: 2-4 garments each, side 35-60 % of ``size``, pasted at random places (a garment's pixels
+    above 24 overwrite the canvas); a placement is redrawn (up to 30 times) while it would cover more than a
+    quarter of the garment pixels already there. Returns gray uint8 scenes and masks (class + 1, 0 = none)."""
+    from PIL import Image
+
+    rng = np.random.RandomState(seed)
+    scenes = np.zeros((n, size, size), np.uint8)
+    masks = np.zeros((n, size, size), np.uint8)
+    for i in range(n):
+        for _ in range(rng.randint(2, 5)):
+            j = rng.randint(len(images))
+            side = int(size * rng.uniform(0.35, 0.60))
+            g = np.asarray(Image.fromarray(images[j]).resize((side, side), Image.BICUBIC))
+            on = g > 24
+            for _try in range(30):
+                y, x = rng.randint(0, size - side + 1, size=2)
+                covered = (masks[i, y:y + side, x:x + side] > 0) & on
+                if covered.sum() <= 0.25 * masks[i].astype(bool).sum() or _try == 29:
+                    scenes[i, y:y + side, x:x + side][on] = g[on]
+                    masks[i, y:y + side, x:x + side][on] = labels[j] + 1
+                    break
+    return scenes, masks
+
+
+def metadata(path: Path) -> Dict[str, str]:
+    import onnx
+
+    return {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+
+
+def run_onnx(path: Path, gray: np.ndarray, batch: int = 500) -> np.ndarray:
+    """Logits of the ONNX file for gray uint8 images (N, H, W), preprocessed from the file's metadata."""
+    import onnxruntime as ort
+
+    meta = metadata(path)
+    mean = np.array(json.loads(meta["mean"]), np.float32).reshape(1, -1, 1, 1)
+    std = np.array(json.loads(meta["std"]), np.float32).reshape(1, -1, 1, 1)
+    h, w = json.loads(meta["input_size"])
+    assert gray.shape[1:] == (h, w), f"{path.name} takes {h}x{w}, got {gray.shape[1:]}"
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    out = []
+    for s in range(0, len(gray), batch):
+        x = np.repeat(gray[s:s + batch, None].astype(np.float32) / 255.0, 3, axis=1)
+        out.append(session.run(None, {name: (x - mean) / std})[0])
+    logits = np.concatenate(out)
+    assert np.isfinite(logits).all(), f"{path.name}: non-finite logits"
+    return logits
+
+
+def miou(true: np.ndarray, pred: np.ndarray, k: int) -> float:
+    """Mean IoU (percent) over the classes present in the ground truth or the prediction."""
+    conf = np.bincount(true.ravel().astype(np.int64) * k + pred.ravel(), minlength=k * k).reshape(k, k)
+    inter = np.diag(conf).astype(np.float64)
+    union = conf.sum(0) + conf.sum(1) - inter
+    return float(np.mean(100.0 * inter[union > 0] / union[union > 0]))
+
+
+def export(variant: str, checkpoint: Path, out: Path) -> float:
+    """``export-model`` as a user runs it (it verifies the export itself); returns its wall time in s."""
+    start = time.perf_counter()
+    cmd = [str(Path(sys.executable).with_name("export-model")), "--variant", variant, "--checkpoint",
+           str(checkpoint), "--out", str(out)]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--zoo", type=Path, default=ROOT / "zoo")
+    p.add_argument("--tasks", default="cls,seg")
+    p.add_argument("--variants", default="", help="comma-separated (default: every Fashion-MNIST model)")
+    p.add_argument("--scenes", type=int, default=2000, help="independently composed test scenes")
+    p.add_argument("--out", type=Path, required=True, help="folder for results.json and results.md")
+    args = p.parse_args()
+    from tqdm import tqdm
+
+    manifest = json.loads((args.zoo / "manifest.json").read_text())["models"]
+    tasks, wanted = args.tasks.split(","), [v for v in args.variants.split(",") if v]
+    entries = [e for e in manifest if e["data"] == "fashion" and e["task"] in tasks
+               and (not wanted or e["variant"] in wanted)]
+    if not entries:
+        p.error("no Fashion-MNIST models in the manifest match --tasks/--variants")
+    images = read_idx(FASHION / "t10k-images-idx3-ubyte.gz")
+    labels = read_idx(FASHION / "t10k-labels-idx1-ubyte.gz").astype(np.int64)
+    scenes, masks = compose(images, labels, args.scenes) if "seg" in tasks else (None, None)
+    rows: List[Dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for e in tqdm(entries, desc="independent check", unit="model"):
+            onnx_path = Path(tmp) / f"{e['variant']}_{e['task']}.onnx"
+            export_s = export(e["variant"], args.zoo / e["file"], onnx_path)
+            if e["task"] == "cls":
+                ours = 100.0 * float((run_onnx(onnx_path, images).argmax(1) == labels).mean())
+                ok = ours >= (CLS_STANDARD_MIN if e["variant"] == "standard" else CLS_MIN) \
+                    and abs(ours - e["test_metric"]) <= MAX_GAP
+            else:
+                pred = run_onnx(onnx_path, scenes).argmax(1)
+                ours = miou(masks, pred, int(json.loads(metadata(onnx_path)["attnzoo.config"])["num_classes"]))
+                ok = ours >= SEG_MIN
+            rows.append(dict(variant=e["variant"], task=e["task"], reported=round(e["test_metric"], 2),
+                             independent=round(ours, 2), gap=round(ours - e["test_metric"], 2), ok=bool(ok),
+                             export_s=round(export_s, 1)))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(dict(command=" ".join(sys.argv), rows=rows), indent=1))
+    lines = [f"Command: `python {' '.join(sys.argv)}`", "",
+             f"Targets (issue 11): top-1 >= {CLS_MIN} % (standard >= {CLS_STANDARD_MIN} %) within {MAX_GAP} points of "
+             f"the reported number; mIoU >= {SEG_MIN} % on {args.scenes} independently composed scenes.", "",
+             "| variant | task | reported | independent | gap | meets target |", "|---|---|---:|---:|---:|---|"]
+    lines += [f"| {r['variant']} | {r['task']} | {r['reported']:.2f} | {r['independent']:.2f} | {r['gap']:+.2f} | "
+              f"{'yes' if r['ok'] else '**no**'} |" for r in rows]
+    (args.out / "results.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
