@@ -33,10 +33,10 @@ __all__ = ["RECIPES", "SUBSET_N", "DIGITS_VARIANTS", "VARIANT_OPTIONS", "jobs", 
 
 #: One recipe per (data, task), shared by every variant so the numbers are comparable.
 RECIPES: Dict[str, Dict[str, Any]] = {
-    "fashion/cls": dict(arch="micro-conv", img_size=28, epochs=2, batch_size=64, lr=2e-3, weight_decay=0.05,
+    "fashion/cls": dict(arch="micro-conv", img_size=28, epochs=6, batch_size=64, lr=2e-3, weight_decay=0.05,
                         warmup_epochs=0.25, min_lr_ratio=0.01, seed=0, train_size=None, val_size=1000),
-    "fashion/seg": dict(arch="micro-conv", img_size=48, epochs=5, batch_size=64, lr=2e-3, weight_decay=0.05,
-                        warmup_epochs=0.25, min_lr_ratio=0.01, seed=0, train_size=6000, val_size=300),
+    "fashion/seg": dict(arch="micro-conv", img_size=48, epochs=10, batch_size=64, lr=2e-3, weight_decay=0.05,
+                        warmup_epochs=0.25, min_lr_ratio=0.01, seed=0, train_size=12000, val_size=300),
     "shapes/cls": dict(arch="micro", img_size=32, epochs=6, batch_size=32, lr=2e-3, weight_decay=0.05,
                        warmup_epochs=0.2, min_lr_ratio=0.01, seed=0, train_size=6000, val_size=300),
     "shapes/seg": dict(arch="micro", img_size=32, epochs=10, batch_size=32, lr=2e-3, weight_decay=0.05,
@@ -47,6 +47,8 @@ RECIPES: Dict[str, Dict[str, Any]] = {
 #: Test images: the full test split for ``test_metric``, its first ``SUBSET_N`` for ``subset_metric``
 #: (what ``verify`` and the tests recompute).
 TEST_N = {"fashion": None, "shapes": 1000, "digits": None}
+#: The zoo's data sets: Fashion-MNIST (the real one) and the two smoke sets.
+ZOO_DATA = tuple(TEST_N)
 SUBSET_N = 200
 DIGITS_VARIANTS = ("standard", "belief", "belief2")
 #: Model options used in the zoo: Belief2 trained from scratch with the parameter count of standard.
@@ -68,11 +70,12 @@ ZOO_DIR = Path(__file__).resolve().parents[1] / "zoo"
 _SHARED: Dict[str, ImageSet] = {}  # data loaded once in the parent, inherited by forked workers
 
 
-def jobs(variants: Sequence[str] = VARIANT_NAMES) -> List[Dict[str, Any]]:
-    """The zoo's training jobs: (variant, task, data)."""
+def jobs(variants: Sequence[str] = VARIANT_NAMES, data: Sequence[str] = ZOO_DATA,
+         tasks: Sequence[str] = ("cls", "seg")) -> List[Dict[str, Any]]:
+    """The zoo's training jobs: (variant, task, data), restricted to ``data`` and ``tasks``."""
     out = [dict(variant=v, task=t, data=d) for d in ("fashion", "shapes") for v in variants for t in ("cls", "seg")]
     out += [dict(variant=v, task="cls", data="digits") for v in variants if v in DIGITS_VARIANTS]
-    return out
+    return [j for j in out if j["data"] in data and j["task"] in tasks]
 
 
 def _key(data: str, task: str, split: str) -> str:
@@ -179,17 +182,19 @@ def baselines() -> Dict[str, Dict[str, float]]:
 
 
 def build(variants: Sequence[str] = VARIANT_NAMES, n_jobs: int = 2, out_dir: Path = ZOO_DIR,
-          resume: bool = True) -> List[Dict[str, Any]]:
+          resume: bool = True, data: Sequence[str] = ZOO_DATA,
+          tasks: Sequence[str] = ("cls", "seg")) -> List[Dict[str, Any]]:
     """Train the zoo (``n_jobs`` single-threaded processes) and write ``manifest.json`` as models finish.
 
-    With ``resume``, models already in the manifest (same file and sha256) are kept.
+    With ``resume``, models already in the manifest (same file and sha256) are kept. ``data`` and ``tasks``
+    restrict the build (e.g. only the Fashion-MNIST segmenters); the other models in the manifest stay.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     old = json.loads((out_dir / "manifest.json").read_text())["models"] if (out_dir / "manifest.json").is_file() else []
     done = {(e["variant"], e["task"], e["data"]): e for e in old
             if resume and (out_dir / e["file"]).is_file() and sha256_file(out_dir / e["file"]) == e["sha256"]}
-    todo = [j for j in jobs([canonical_name(v) for v in variants])
+    todo = [j for j in jobs([canonical_name(v) for v in variants], data, tasks)
             if (canonical_name(j["variant"]), j["task"], j["data"]) not in done]
     rows = list(done.values())
     # slowest first (the WAFE MAE / HV / MABViT GLU attention), so the two workers finish together
@@ -346,6 +351,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     b.add_argument("--variants", nargs="+", default=list(VARIANT_NAMES))
     b.add_argument("--out", default=str(ZOO_DIR))
     b.add_argument("--fresh", action="store_true", help="retrain models already in the manifest")
+    b.add_argument("--data", nargs="+", choices=ZOO_DATA, default=list(ZOO_DATA), help="data sets to build")
+    b.add_argument("--tasks", nargs="+", choices=("cls", "seg"), default=["cls", "seg"], help="tasks to build")
     sub.add_parser("table", help="print the markdown table of the zoo")
     sub.add_parser("baselines", help="compute the baselines and store them in the manifest")
     v = sub.add_parser("verify", help="check sha256s and re-evaluate every zoo model")
@@ -356,7 +363,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = p.parse_args(argv)
     try:
         if args.cmd == "build":
-            build(args.variants, args.jobs, Path(args.out), resume=not args.fresh)
+            build(args.variants, args.jobs, Path(args.out), resume=not args.fresh, data=args.data, tasks=args.tasks)
         elif args.cmd == "baselines":
             from attnzoo import zoo
 
