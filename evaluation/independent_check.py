@@ -6,10 +6,11 @@ Issue 11's acceptance test, written the way an outside user would: each zoo chec
 the ONNX file's own metadata (``input_size``, ``mean``, ``std``), plain ``onnxruntime``.
 
 - Classifiers: top-1 on the official 10,000 test images, compared with the manifest's ``test_metric``.
-- Segmenters: mIoU on test scenes composed here by a different procedure than the package's
-  (``compose``: its own generator, placement and overlap rule; only the README's description is shared:
-  2-4 garments of 35-60 % of a 48 px black canvas, mask = class + 1 where the garment's pixel is above 24),
-  so the number says whether the segmenters generalise to scenes they were not tuned on.
+- Segmenters: mIoU on test scenes composed here from the README's description (2-4 garments of 35-60 % of a
+  48 px black canvas, at most 15 % of a garment's pixels on earlier ones, mask = class + 1 where the garment's
+  pixel is above 24) by this script's own generator, seed and resize (``compose``), so the number says whether
+  the segmenters hold on scenes they never saw. A second column composes the same way with garments placed
+  anywhere (heavier occlusion): how much the number depends on that one choice.
 
 Usage (from the repository root, after the README's install)::
 
@@ -46,11 +47,12 @@ def read_idx(path: Path) -> np.ndarray:
     return np.frombuffer(data, np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
-def compose(images: np.ndarray, labels: np.ndarray, n: int, size: int = 48, seed: int = 2026
-            ) -> Tuple[np.ndarray, np.ndarray]:
-    """``n`` scenes: 2-4 garments each, side 35-60 % of ``size``, pasted at random places (a garment's pixels
-    above 24 overwrite the canvas); a placement is redrawn (up to 30 times) while it would cover more than a
-    quarter of the garment pixels already there. Returns gray uint8 scenes and masks (class + 1, 0 = none)."""
+def compose(images: np.ndarray, labels: np.ndarray, n: int, size: int = 48, seed: int = 2026,
+            max_overlap: float = 0.15) -> Tuple[np.ndarray, np.ndarray]:
+    """``n`` scenes as the README describes them, drawn by this script's own generator: 2-4 garments each, side
+    35-60 % of ``size`` (bicubic resize), pasted at random places where at most ``max_overlap`` of the garment's
+    pixels (those above 24) land on earlier garments (30 tries, else the garment is left out; ``max_overlap`` 1:
+    anywhere). Returns gray uint8 scenes and masks (class + 1 where the top garment's pixel is above 24, else 0)."""
     from PIL import Image
 
     rng = np.random.RandomState(seed)
@@ -64,8 +66,7 @@ def compose(images: np.ndarray, labels: np.ndarray, n: int, size: int = 48, seed
             on = g > 24
             for _try in range(30):
                 y, x = rng.randint(0, size - side + 1, size=2)
-                covered = (masks[i, y:y + side, x:x + side] > 0) & on
-                if covered.sum() <= 0.25 * masks[i].astype(bool).sum() or _try == 29:
+                if ((masks[i, y:y + side, x:x + side] > 0) & on).sum() <= max_overlap * on.sum():
                     scenes[i, y:y + side, x:x + side][on] = g[on]
                     masks[i, y:y + side, x:x + side][on] = labels[j] + 1
                     break
@@ -136,31 +137,37 @@ def main() -> int:
         p.error(f"no Fashion-MNIST test files in {args.fashion} (apt-get install dataset-fashion-mnist)")
     images = read_idx(args.fashion / "t10k-images-idx3-ubyte.gz")
     labels = read_idx(args.fashion / "t10k-labels-idx1-ubyte.gz").astype(np.int64)
-    scenes, masks = compose(images, labels, args.scenes) if "seg" in tasks else (None, None)
+    scenes = {"readme": compose(images, labels, args.scenes), "anywhere": compose(images, labels, args.scenes,
+                                                                                  max_overlap=1.0)} if "seg" in tasks else {}
     rows: List[Dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for e in tqdm(entries, desc="independent check", unit="model"):
             onnx_path = Path(tmp) / f"{e['variant']}_{e['task']}.onnx"
             export_s = export(e["variant"], args.zoo / e["file"], onnx_path)
+            anywhere = None
             if e["task"] == "cls":
                 ours = 100.0 * float((run_onnx(onnx_path, images).argmax(1) == labels).mean())
                 ok = ours >= (CLS_STANDARD_MIN if e["variant"] == "standard" else CLS_MIN) \
                     and abs(ours - e["test_metric"]) <= MAX_GAP
             else:
-                pred = run_onnx(onnx_path, scenes).argmax(1)
-                ours = miou(masks, pred, int(json.loads(metadata(onnx_path)["attnzoo.config"])["num_classes"]))
+                k = int(json.loads(metadata(onnx_path)["attnzoo.config"])["num_classes"])
+                ours, anywhere = (miou(m, run_onnx(onnx_path, s).argmax(1), k) for s, m in
+                                  (scenes["readme"], scenes["anywhere"]))
                 ok = ours >= SEG_MIN
             rows.append(dict(variant=e["variant"], task=e["task"], reported=round(e["test_metric"], 2),
                              independent=round(ours, 2), gap=round(ours - e["test_metric"], 2), ok=bool(ok),
+                             placed_anywhere=None if anywhere is None else round(anywhere, 2),
                              export_s=round(export_s, 1)))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(dict(command=" ".join(sys.argv), rows=rows), indent=1))
     lines = [f"Command: `python {' '.join(sys.argv)}`", "",
              f"Targets (issue 11): top-1 >= {CLS_MIN} % (standard >= {CLS_STANDARD_MIN} %) within {MAX_GAP} points of "
              f"the reported number; mIoU >= {SEG_MIN} % on {args.scenes} independently composed scenes.", "",
-             "| variant | task | reported | independent | gap | meets target |", "|---|---|---:|---:|---:|---|"]
+             "| variant | task | reported | independent | gap | meets target | seg: garments placed anywhere |",
+             "|---|---|---:|---:|---:|---|---:|"]
     lines += [f"| {r['variant']} | {r['task']} | {r['reported']:.2f} | {r['independent']:.2f} | {r['gap']:+.2f} | "
-              f"{'yes' if r['ok'] else '**no**'} |" for r in rows]
+              f"{'yes' if r['ok'] else '**no**'} | "
+              f"{'-' if r['placed_anywhere'] is None else format(r['placed_anywhere'], '.2f')} |" for r in rows]
     (args.out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0 if all(r["ok"] for r in rows) else 1
