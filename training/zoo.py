@@ -33,7 +33,7 @@ __all__ = ["RECIPES", "SUBSET_N", "DIGITS_VARIANTS", "VARIANT_OPTIONS", "jobs", 
 
 #: One recipe per (data, task), shared by every variant so the numbers are comparable.
 RECIPES: Dict[str, Dict[str, Any]] = {
-    "fashion/cls": dict(arch="micro-conv", img_size=28, epochs=2, batch_size=64, lr=2e-3, weight_decay=0.05,
+    "fashion/cls": dict(arch="micro-conv", img_size=28, epochs=6, batch_size=64, lr=2e-3, weight_decay=0.05,
                         warmup_epochs=0.25, min_lr_ratio=0.01, seed=0, train_size=None, val_size=1000),
     "fashion/seg": dict(arch="micro-conv", img_size=48, epochs=10, batch_size=64, lr=2e-3, weight_decay=0.05,
                         warmup_epochs=0.25, min_lr_ratio=0.01, seed=0, train_size=12000, val_size=300),
