@@ -125,11 +125,12 @@ def background_classes(class_names: Sequence[str]) -> List[int]:
 
 
 def palette(n: int) -> np.ndarray:
-    """(n, 3) uint8 class colours: matplotlib's tab10 then tab20b/tab20c, repeated if needed."""
+    """(n, 3) uint8 class colours: matplotlib's tab10 then tab20b/tab20c without their greys (a grey class would
+    vanish over the gray images of Fashion-MNIST), repeated if needed."""
     from matplotlib import colormaps
 
-    colours = [colormaps["tab10"](i)[:3] for i in range(10)]
-    colours += [colormaps["tab20b"](i)[:3] for i in range(20)] + [colormaps["tab20c"](i)[:3] for i in range(20)]
+    colours = [colormaps[name](i)[:3] for name, k in (("tab10", 10), ("tab20b", 20), ("tab20c", 20)) for i in range(k)]
+    colours = [c for c in colours if max(c) - min(c) > 0.1]
     return (np.asarray([colours[i % len(colours)] for i in range(n)]) * 255 + 0.5).astype(np.uint8)
 
 

@@ -450,3 +450,13 @@ def test_browser_classify_and_segment(server):
     assert "background" in report["legend"]  # the example's true mask has background: its IoU row is shown
     assert all(f.stat().st_size > 10_000 for f in report["files"]) and len(report["files"]) == 2
     assert not report["blocked"], f"the page tried to reach other hosts: {report['blocked'][:5]}"
+
+
+def test_palette_has_distinct_coloured_entries_for_every_fashion_class():
+    """No class colour is a grey (it would vanish over a gray garment) and no two of the 11 scene classes share
+    one; the palette repeats only beyond its length."""
+    colours = predict.palette(len(FASHION_SEG_CLASSES)).astype(int)
+    assert (colours.max(1) - colours.min(1) > 25).all(), colours
+    assert len({tuple(c) for c in colours}) == len(colours)
+    many = predict.palette(200)
+    assert (many.max(1).astype(int) - many.min(1) > 25).all()
