@@ -90,6 +90,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--models", type=Path, default=None, help="folder of exported models (default: the zoo)")
     parser.add_argument("--out", type=Path, default=Path("docs/demo.png"))
     args = parser.parse_args(argv)
+    from attnzoo.zoo import DEFAULT_DATA
+
     from .app import build_demo, free_port, launch
     from .backends import load_models
 
@@ -97,7 +99,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         models = load_models(args.models)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
-    demo = build_demo(models, source=f"`{args.models}`" if args.models else "the zoo (shapes)")
+    demo = build_demo(models, source=f"`{args.models}`" if args.models else f"the zoo ({DEFAULT_DATA})")
     port = free_port()
     launch(demo, "127.0.0.1", port, block=False)
     try:
