@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from attnzoo.checkpoint import load_checkpoint
 from attnzoo.fileio import atomic_write_text, sha256_file
-from attnzoo.models import VARIANT_NAMES, canonical_name
+from attnzoo.models import TASKS, VARIANT_NAMES, canonical_name
 from attnzoo.training.data import DIGITS_CLASSES, SHAPES_CLASSES, ImageSet, load_data
 from attnzoo.training.train import (TrainConfig, confusion_matrix, evaluate, metric_name, metrics_from_confusion,
                                     train)
@@ -71,9 +71,9 @@ _SHARED: Dict[str, ImageSet] = {}  # data loaded once in the parent, inherited b
 
 
 def jobs(variants: Sequence[str] = VARIANT_NAMES, data: Sequence[str] = ZOO_DATA,
-         tasks: Sequence[str] = ("cls", "seg")) -> List[Dict[str, Any]]:
+         tasks: Sequence[str] = TASKS) -> List[Dict[str, Any]]:
     """The zoo's training jobs: (variant, task, data), restricted to ``data`` and ``tasks``."""
-    out = [dict(variant=v, task=t, data=d) for d in ("fashion", "shapes") for v in variants for t in ("cls", "seg")]
+    out = [dict(variant=v, task=t, data=d) for d in ("fashion", "shapes") for v in variants for t in TASKS]
     out += [dict(variant=v, task="cls", data="digits") for v in variants if v in DIGITS_VARIANTS]
     return [j for j in out if j["data"] in data and j["task"] in tasks]
 
@@ -183,7 +183,7 @@ def baselines() -> Dict[str, Dict[str, float]]:
 
 def build(variants: Sequence[str] = VARIANT_NAMES, n_jobs: int = 2, out_dir: Path = ZOO_DIR,
           resume: bool = True, data: Sequence[str] = ZOO_DATA,
-          tasks: Sequence[str] = ("cls", "seg")) -> List[Dict[str, Any]]:
+          tasks: Sequence[str] = TASKS) -> List[Dict[str, Any]]:
     """Train the zoo (``n_jobs`` single-threaded processes) and write ``manifest.json`` as models finish.
 
     With ``resume``, models already in the manifest (same file and sha256) are kept. ``data`` and ``tasks``
@@ -243,7 +243,7 @@ def table(rows: Optional[List[Dict[str, Any]]] = None, refs: Optional[Dict[str, 
         return "-" if e is None else f"{e['test_metric']:.1f}"
 
     def train_time(v, data):
-        times = [by[(v, t, data)]["train_time_s"] for t in ("cls", "seg") if (v, t, data) in by]
+        times = [by[(v, t, data)]["train_time_s"] for t in TASKS if (v, t, data) in by]
         return f"{sum(times):.0f}" if times else "-"
 
     lines = ["| variant | Fashion-MNIST top-1 (%) | fashion scenes mIoU (%) | params (cls) | train time cls+seg (s)* |",
@@ -269,7 +269,7 @@ def table(rows: Optional[List[Dict[str, Any]]] = None, refs: Optional[Dict[str, 
         lines += ["", "Smoke sets (procedural shapes, scikit-learn digits):", "",
                   "| variant | shapes cls top-1 (%) | shapes seg mIoU (%) | digits top-1 (%) |", "|---|---:|---:|---:|"]
         for v in VARIANT_NAMES:
-            if any((v, t, d) in by for t in ("cls", "seg") for d in ("shapes", "digits")):
+            if any((v, t, d) in by for t in TASKS for d in ("shapes", "digits")):
                 lines.append(f"| {v} | {cell(v, 'cls', 'shapes')} | {cell(v, 'seg', 'shapes')} | "
                              f"{cell(v, 'cls', 'digits')} |")
         lines += ["", f"Chance: {100 / len(SHAPES_CLASSES):.1f}% on shapes, {100 / len(DIGITS_CLASSES):.0f}% on digits."]
@@ -352,7 +352,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     b.add_argument("--out", default=str(ZOO_DIR))
     b.add_argument("--fresh", action="store_true", help="retrain models already in the manifest")
     b.add_argument("--data", nargs="+", choices=ZOO_DATA, default=list(ZOO_DATA), help="data sets to build")
-    b.add_argument("--tasks", nargs="+", choices=("cls", "seg"), default=["cls", "seg"], help="tasks to build")
+    b.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS), help="tasks to build")
     sub.add_parser("table", help="print the markdown table of the zoo")
     sub.add_parser("baselines", help="compute the baselines and store them in the manifest")
     v = sub.add_parser("verify", help="check sha256s and re-evaluate every zoo model")
