@@ -136,7 +136,10 @@ def test_conversion_keeps_the_zoo_classifier_accurate_on_real_test_images():
     raw = top1([Image.fromarray(g).convert("RGB") for g in gray])
     converted = top1([to_input_style(Image.fromarray(g).convert("RGB"), "gray-on-black") for g in gray])
     on_white = [_garment_on_white(g) for g in gray]
+    white_raw, white_converted = top1(on_white), top1([to_input_style(i, "gray-on-black") for i in on_white])
+    print(f"top-1 %: raw {raw:.1f}, converted {converted:.1f}; small on white: unconverted {white_raw:.1f}, "
+          f"converted {white_converted:.1f}")  # the README's numbers (pytest -s)
     assert abs(converted - raw) <= 1.0, (raw, converted)
     # shown small on white the model is at chance; converted, it is within a few points (the garment was
     # downscaled to 40 px and back, so some detail is lost): 9.3 % -> 87.0 % with the 6-epoch zoo model
-    assert top1(on_white) < 30 and top1([to_input_style(i, "gray-on-black") for i in on_white]) > raw - 10
+    assert white_raw < 30 and white_converted > raw - 10, (white_raw, white_converted)
