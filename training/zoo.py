@@ -186,16 +186,19 @@ def build(variants: Sequence[str] = VARIANT_NAMES, n_jobs: int = 2, out_dir: Pat
           tasks: Sequence[str] = TASKS) -> List[Dict[str, Any]]:
     """Train the zoo (``n_jobs`` single-threaded processes) and write ``manifest.json`` as models finish.
 
-    With ``resume``, models already in the manifest (same file and sha256) are kept. ``data`` and ``tasks``
-    restrict the build (e.g. only the Fashion-MNIST segmenters); the other models in the manifest stay.
+    With ``resume``, models already in the manifest (same file and sha256) are kept; without it the selected
+    ones are retrained. ``variants``, ``data`` and ``tasks`` select (e.g. only the Fashion-MNIST segmenters); the
+    other models in the manifest stay.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     old = json.loads((out_dir / "manifest.json").read_text())["models"] if (out_dir / "manifest.json").is_file() else []
-    done = {(e["variant"], e["task"], e["data"]): e for e in old
-            if resume and (out_dir / e["file"]).is_file() and sha256_file(out_dir / e["file"]) == e["sha256"]}
-    todo = [j for j in jobs([canonical_name(v) for v in variants], data, tasks)
-            if (canonical_name(j["variant"]), j["task"], j["data"]) not in done]
+    key = lambda j: (canonical_name(j["variant"]), j["task"], j["data"])  # noqa: E731
+    valid = {key(e): e for e in old
+             if (out_dir / e["file"]).is_file() and sha256_file(out_dir / e["file"]) == e["sha256"]}
+    todo = [j for j in jobs([canonical_name(v) for v in variants], data, tasks) if not (resume and key(j) in valid)]
+    planned = {key(j) for j in todo}
+    done = {k: e for k, e in valid.items() if k not in planned}  # kept as they are (other data, tasks, variants)
     rows = list(done.values())
     # slowest first (the WAFE MAE / HV / MABViT GLU attention), so the two workers finish together
     slow = ("wafe-mae", "anti-wafe-mae", "horizontal-vertical", "vertical", "mabvit-glu", "horizontal")
