@@ -21,7 +21,7 @@ from attnzoo.fileio import atomic_path, atomic_write_text
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD
 
 __all__ = ["save_checkpoint", "load_checkpoint", "read_config", "load_state_dict_file", "build_model",
-           "load_weights", "CONFIG_KEY", "NoConfigError", "validate_config", "check_logits"]
+           "load_weights", "init_encoder", "check_encoder_source", "CONFIG_KEY", "NoConfigError", "validate_config", "check_logits"]
 
 CONFIG_KEY = "attnzoo_config"
 _MODEL_KEYS = ("variant", "task", "arch", "num_classes", "img_size", "decoder")
@@ -211,6 +211,56 @@ def load_weights(model: nn.Module, state: Mapping[str, torch.Tensor], source: st
         variant = getattr(model, "attnzoo_config", {}).get("variant", "?")
         raise ValueError(f"{source} does not match variant {variant!r}: " + "; ".join(p for p in parts if p))
     model.load_state_dict(dict(state), strict=True)
+
+
+def check_encoder_source(path: Union[str, Path], variant: str, arch: str) -> Dict[str, Any]:
+    """The config of checkpoint ``path`` after checking it can start a ``variant``/``arch`` encoder.
+
+    Raises:
+        ValueError: unreadable, or another variant or arch (named in the message).
+    """
+    from attnzoo.models import canonical_name
+
+    src = read_config(path)
+    for key, want in (("variant", canonical_name(variant)), ("arch", arch)):
+        if src.get(key) != want:
+            raise ValueError(f"{path}: its {key} is {src.get(key)!r}; it cannot start a {want!r} encoder")
+    return src
+
+
+def init_encoder(model: nn.Module, path: Union[str, Path]) -> int:
+    """Copy the ViT encoder of a checkpoint (e.g. the same variant's classifier) into ``model``'s encoder.
+
+    The pretrained-encoder start of Segmenter (Strudel et al. 2021): every encoder tensor is copied and the
+    classifier's ``head`` is dropped; ``pos_embed`` is resampled to ``model``'s token grid (timm's
+    ``resample_abs_pos_embed``, bicubic) when the input sizes differ. ``model`` is a segmenter (its
+    ``encoder``) or a classifier (whose own head stays as initialised).
+
+    Returns:
+        The number of tensors copied.
+
+    Raises:
+        ValueError: the checkpoint is another variant or arch, or an encoder tensor is missing or mis-shaped.
+    """
+    from timm.layers import resample_abs_pos_embed
+
+    own = getattr(model, "attnzoo_config", {})
+    check_encoder_source(path, own.get("variant"), own.get("arch"))
+    encoder = getattr(model, "encoder", model)
+    state = {k: v for k, v in load_state_dict_file(path).items() if not k.startswith("head.")}
+    target = {k: v for k, v in encoder.state_dict().items() if not k.startswith("head.")}
+    if "pos_embed" in state and "pos_embed" in target and state["pos_embed"].shape != target["pos_embed"].shape:
+        prefix = 0 if encoder.no_embed_class else encoder.num_prefix_tokens
+        old = math.isqrt(state["pos_embed"].shape[1] - prefix)
+        state["pos_embed"] = resample_abs_pos_embed(state["pos_embed"], list(encoder.patch_embed.grid_size),
+                                                    old_size=[old, old], num_prefix_tokens=prefix)
+    missing = sorted(set(target) - set(state))
+    mismatched = sorted(k for k in set(target) & set(state) if target[k].shape != state[k].shape)
+    if missing or mismatched:
+        raise ValueError(f"{path}: cannot initialise the encoder: missing {missing[:4]}, shape mismatch "
+                         f"{mismatched[:4]}")
+    encoder.load_state_dict({k: state[k] for k in target}, strict=False)
+    return len(target)
 
 
 def load_checkpoint(path: Union[str, Path]) -> Tuple[nn.Module, Dict[str, Any]]:

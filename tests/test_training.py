@@ -99,3 +99,60 @@ def test_evaluate_cli_bad_checkpoint(tmp_path):
         cli.evaluate_main([str(bad)])
     with pytest.raises(SystemExit, match="error: "):
         cli.evaluate_main([str(tmp_path / "missing.safetensors")])
+
+
+def _saved_classifier(tmp_path, variant="standard", img_size=32):
+    from attnzoo.checkpoint import save_checkpoint
+
+    torch.manual_seed(1)
+    model = create_model(variant, "cls", "micro", num_classes=3, img_size=img_size)
+    path = tmp_path / f"{variant}_cls.safetensors"
+    save_checkpoint(model, path, class_names=["a", "b", "c"])
+    return model, path
+
+
+def test_segmenter_encoder_starts_from_the_classifier(tmp_path):
+    from attnzoo.checkpoint import init_encoder, save_checkpoint
+
+    cls_model, path = _saved_classifier(tmp_path, img_size=32)
+    with torch.no_grad():  # a constant grid stays constant under any interpolation; the class token is kept
+        cls_model.pos_embed[:, 1:] = 0.25
+        cls_model.pos_embed[:, 0] = -1.0
+    save_checkpoint(cls_model, path, class_names=["a", "b", "c"])
+    seg = create_model("standard", "seg", "micro", num_classes=4, img_size=48)
+    head_before = {k: v.clone() for k, v in seg.state_dict().items() if not k.startswith("encoder.")}
+    copied = init_encoder(seg, path)
+    src = cls_model.state_dict()
+    enc = seg.encoder.state_dict()
+    assert copied == len([k for k in enc if not k.startswith("head.")])
+    for k in src:
+        if k.startswith("head.") or k == "pos_embed":
+            continue
+        torch.testing.assert_close(enc[k], src[k], rtol=0, atol=0)
+    assert src["pos_embed"].shape[1] == 8 * 8 + 1 and seg.encoder.pos_embed.shape[1] == 12 * 12 + 1  # patch 4
+    torch.testing.assert_close(seg.encoder.pos_embed[:, 0], torch.full((1, src["pos_embed"].shape[-1]), -1.0))
+    torch.testing.assert_close(seg.encoder.pos_embed[:, 1:], torch.full_like(seg.encoder.pos_embed[:, 1:], 0.25))
+    for k, v in head_before.items():  # the decoder starts fresh
+        torch.testing.assert_close(seg.state_dict()[k], v, rtol=0, atol=0)
+
+
+def test_encoder_start_refuses_another_variant(tmp_path):
+    from attnzoo.checkpoint import init_encoder
+
+    _, path = _saved_classifier(tmp_path, variant="belief")
+    seg = create_model("standard", "seg", "micro", num_classes=4, img_size=32)
+    with pytest.raises(ValueError, match="variant is 'belief'; it cannot start a 'standard' encoder"):
+        init_encoder(seg, path)
+    with pytest.raises(SystemExit) as exc:  # checked before any data is loaded
+        cli.main(["--variant", "standard", "--task", "seg", "--init-from", str(path), "--no-progress"])
+    assert str(exc.value).startswith("error: ") and "cannot start a 'standard' encoder" in str(exc.value)
+
+
+def test_train_with_init_from_starts_at_the_classifier(tmp_path):
+    cls_model, path = _saved_classifier(tmp_path, variant="belief2")
+    cfg = _cfg(tmp_path, task="seg", epochs=1, options={}, lr=1e-9, init_from=str(path))
+    result = train(cfg, progress=False, max_steps=1)  # one step at lr 1e-9: the encoder is still the classifier's
+    saved = load_state_dict_file(result["path"])
+    assert result["recipe"]["init_from"] == str(path)
+    torch.testing.assert_close(saved["encoder.blocks.0.attn.qkv.weight"],
+                               cls_model.state_dict()["blocks.0.attn.qkv.weight"], rtol=0, atol=1e-6)

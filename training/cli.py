@@ -51,6 +51,9 @@ def _train_parser() -> argparse.ArgumentParser:
                    help="variant option, e.g. --option eps=1e-6 --option param_matched=true")
     p.add_argument("--out", default="runs", help="output folder")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--init-from", default=None, metavar="CKPT",
+                   help="start the encoder from this checkpoint of the same variant and arch (e.g. its classifier "
+                        "for a segmenter); the head starts fresh")
     p.add_argument("--resume", action="store_true",
                    help="continue from the saved state in --out (<name>.state.safetensors + <name>.state.json); "
                         "an error when it is missing or damaged")
@@ -71,11 +74,15 @@ def main(argv: Optional[List[str]] = None) -> int:
             check_side(args.img_size, "--img-size")
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+    if args.init_from:
+        from attnzoo.checkpoint import check_encoder_source
+
+        check_encoder_source(args.init_from, args.variant, args.arch)  # before any data is loaded
     cfg = TrainConfig(variant=args.variant, task=args.task, data=args.data, arch=args.arch,
                       img_size=args.img_size, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                       weight_decay=args.weight_decay, warmup_epochs=args.warmup_epochs, seed=args.seed,
                       train_size=args.train_size, options=_parse_options(args.option), out=args.out,
-                      threads=args.threads)
+                      threads=args.threads, init_from=args.init_from)
     try:
         result = train(cfg, resume=args.resume, progress=not args.no_progress)
     except RuntimeError as exc:  # a diverged loss: its message says where

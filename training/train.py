@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm import tqdm
 
-from attnzoo.checkpoint import load_checkpoint, save_checkpoint
+from attnzoo.checkpoint import init_encoder, load_checkpoint, save_checkpoint
 from attnzoo.cli import first_line
 from attnzoo.fileio import atomic_path, atomic_write_text
 from attnzoo.models import canonical_name, count_params, create_model
@@ -48,6 +48,7 @@ class TrainConfig:
     options: Dict[str, Any] = field(default_factory=dict)
     out: str = "runs"
     threads: Optional[int] = None
+    init_from: Optional[str] = None  # a checkpoint of the same variant and arch whose encoder starts the model
 
 
 def metric_name(task: str) -> str:
@@ -239,6 +240,8 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, train_d
         val_data = load_data(cfg.data, "val", cfg.task, img_size, cfg.val_size, seed=0)
     model = create_model(variant, cfg.task, cfg.arch, num_classes=len(train_data.class_names),
                          img_size=img_size, **cfg.options)
+    if cfg.init_from and not resume:
+        init_encoder(model, cfg.init_from)
     ds = TensorDataset(train_data, cfg.task)
     steps_per_epoch = math.ceil(len(ds) / cfg.batch_size)
     total = steps_per_epoch * cfg.epochs
