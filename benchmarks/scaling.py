@@ -8,7 +8,8 @@ Three sweeps on seeded random-init models (speed does not depend on the weights)
 
 Every ONNX file is exported and verified as ``export-model`` does it; every backend's output must match eager
 fp32 (the shared tolerance table) before it is timed. A call predicted (from the same backend's previous,
-smaller size) to take longer than ``--max-call-s``, or whose forward pass would not fit in the memory
+smaller size) to take longer than ``--max-call-s`` (the export's eager parity check at batch 3 included: its
+ONNX rows are then skipped), or whose forward pass would not fit in the memory
 available now (:func:`attnzoo.limits.forward_bytes`), is skipped with the reason. Peak memory is the
 process's peak resident set size (Linux ``VmHWM``, reset before each measurement) above its size once the
 backend was built: activations and workspace, not weights (``build_mb``). The fits (log-log slope of latency
@@ -224,6 +225,12 @@ class _Run:
 
             verify_batch = max(EXTRA_BATCH_SIZES)
             onnx_reason = _fits_in_memory(config, size, max(max(job["batches"]), verify_batch))
+            last = self.last.get((variant, "eager", task))
+            if onnx_reason is None and last is not None:  # the parity check runs eager calls up to verify_batch
+                predicted = last[1] * (count.matrix_flops + count.vector_ops) * verify_batch / last[0]
+                if predicted > self.s.max_call_s:
+                    onnx_reason = (f"export not verified: its eager batch-{verify_batch} check is predicted to take "
+                                   f"{predicted:.0f} s per call > --max-call-s {self.s.max_call_s:g}")
             if onnx_reason is None:
                 self.bar.set_postfix_str(f"{variant} {task} {size}px: export + verify")
                 onnx_path, onnx_reason = self.export(model, variant, task, size)

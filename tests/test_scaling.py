@@ -90,6 +90,14 @@ def test_memory_and_time_limits_skip_with_a_reason(tmp_path, monkeypatch):
     assert all(r["status"] == "skipped" and "needs about" in r["reason"] for r in result["rows"])
 
 
+def test_an_export_whose_eager_check_would_exceed_the_limit_is_not_made(tmp_path):
+    s = _quick(tmp_path, "--variants", "standard", "--seg-sizes", "", "--batch-sizes", "", "--max-call-s", "1e-9")
+    ort = [r for r in run_scaling(s)["rows"] if r["backend"] == "ort-cpu"]
+    assert [r["img_size"] for r in ort] == [32, 64] and ort[0]["status"] == "ok"  # nothing measured before it
+    assert ort[1]["status"] == "skipped" and "export not verified" in ort[1]["reason"]
+    assert not (s.cache_dir / "standard_cls_micro_64.onnx").exists()
+
+
 @pytest.mark.slow
 def test_quick_run_with_onnx_runtime(tmp_path):
     """The --quick pipeline end to end: verified exports, parity-gated ORT rows, fits for both backends."""
