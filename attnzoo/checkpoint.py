@@ -241,7 +241,8 @@ def init_encoder(model: nn.Module, path: Union[str, Path]) -> int:
         The number of tensors copied.
 
     Raises:
-        ValueError: the checkpoint is another variant or arch, or an encoder tensor is missing or mis-shaped.
+        ValueError: the checkpoint is another variant or arch, or an encoder tensor is missing, extra or
+            mis-shaped (:func:`load_weights`' message).
     """
     from timm.layers import resample_abs_pos_embed
 
@@ -249,19 +250,15 @@ def init_encoder(model: nn.Module, path: Union[str, Path]) -> int:
     check_encoder_source(path, own.get("variant"), own.get("arch"))
     encoder = getattr(model, "encoder", model)
     state = {k: v for k, v in load_state_dict_file(path).items() if not k.startswith("head.")}
-    target = {k: v for k, v in encoder.state_dict().items() if not k.startswith("head.")}
+    target = encoder.state_dict()
     if "pos_embed" in state and "pos_embed" in target and state["pos_embed"].shape != target["pos_embed"].shape:
         prefix = 0 if encoder.no_embed_class else encoder.num_prefix_tokens
         old = math.isqrt(state["pos_embed"].shape[1] - prefix)
         state["pos_embed"] = resample_abs_pos_embed(state["pos_embed"], list(encoder.patch_embed.grid_size),
                                                     old_size=[old, old], num_prefix_tokens=prefix)
-    missing = sorted(set(target) - set(state))
-    mismatched = sorted(k for k in set(target) & set(state) if target[k].shape != state[k].shape)
-    if missing or mismatched:
-        raise ValueError(f"{path}: cannot initialise the encoder: missing {missing[:4]}, shape mismatch "
-                         f"{mismatched[:4]}")
-    encoder.load_state_dict({k: state[k] for k in target}, strict=False)
-    return len(target)
+    own_head = {k: v for k, v in target.items() if k.startswith("head.")}  # stays as initialised
+    load_weights(encoder, {**state, **own_head}, source=str(path))
+    return len(state)
 
 
 def load_checkpoint(path: Union[str, Path]) -> Tuple[nn.Module, Dict[str, Any]]:
