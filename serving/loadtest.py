@@ -240,8 +240,7 @@ def kill_test(url: str, body: bytes, clients: int, seconds: float, replicas: int
 def _table(result: Dict[str, Any]) -> str:
     best = result["offline"]["best_img_s"]
     lines = [f"Offline best (bench-latency ort-cpu, {result['model']}): **{best:.1f} img/s** "
-             f"({result['offline']['best']['threads']} thread(s), batch {result['offline']['best']['batch']}). "
-             f"Ingress: {result['settings'].get('ingress', 'not recorded')}.", "",
+             f"({result['offline']['best']['threads']} thread(s), batch {result['offline']['best']['batch']}).", "",
              "| replicas x threads | max batch | clients | img/s | vs offline best | p50 ms | p95 ms | p99 ms | "
              "errors | lost | mean batch |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["runs"]:
@@ -348,7 +347,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from attnzoo.serve.examples import EXAMPLES_DIR
 
     from .config import ServeConfig
-    from .launch import Selection, deploy, free_port, ray_serve_mode, start_ray, stop
+    from .launch import Selection, deploy, free_port, start_ray, stop
 
     args = build_parser().parse_args(argv)
     if args.quick:
@@ -394,7 +393,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                      "client": "asyncio + aiohttp, closed loop, same machine", "timeout_s": args.timeout},
         "offline": {"runs": offline, "best": best, "best_img_s": best["img_s"]}, "runs": []}
     started = start_ray(ServeConfig(replicas=max(replicas), cpus_per_replica=float(args.threads)))
-    result["settings"]["ingress"] = ray_serve_mode()
     try:
         for r in replicas:
             for b in batches:

@@ -336,24 +336,3 @@ def test_a_killed_replica_is_replaced_and_only_in_flight_requests_fail(models_di
     assert result["failed_sent_after_kill"] == 0, result
     assert result["summary"]["lost"] == 0, result
     assert result["failed_in_flight_at_kill"] <= 8, result  # at most the requests the clients had in flight
-
-
-def test_local_ray_defaults_to_haproxy_and_throughput_mode_unless_told_otherwise(monkeypatch):
-    from attnzoo.serving import launch
-
-    keys = ("RAY_SERVE_THROUGHPUT_OPTIMIZED", "RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_HAPROXY_STATS_PORT",
-            "RAY_SERVE_HAPROXY_METRICS_PORT", "RAY_SERVE_HAPROXY_BINARY_PATH")
-    for key in keys:
-        monkeypatch.delenv(key, raising=False)
-    assert launch.ray_serve_mode() == "Serve's Python proxy"
-    launch._local_ray_env()
-    assert os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1" and os.environ["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
-    stats, metrics = int(os.environ["RAY_SERVE_HAPROXY_STATS_PORT"]), int(os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"])
-    assert 1024 < stats != metrics > 1024 and {stats, metrics}.isdisjoint({8404, 9101})
-    assert launch.ray_serve_mode() == "HAProxy ingress, throughput-optimized"
-    for key in keys:
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("RAY_SERVE_ENABLE_HA_PROXY", "0")  # the user's choice wins
-    launch._local_ray_env()
-    assert os.environ["RAY_SERVE_ENABLE_HA_PROXY"] == "0" and "RAY_SERVE_HAPROXY_STATS_PORT" not in os.environ
-    assert launch.ray_serve_mode() == "Serve's Python proxy, throughput-optimized"
