@@ -21,7 +21,8 @@ from attnzoo.fileio import atomic_path, atomic_write_text
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD
 
 __all__ = ["save_checkpoint", "load_checkpoint", "read_config", "load_state_dict_file", "build_model",
-           "load_weights", "init_encoder", "check_encoder_source", "CONFIG_KEY", "NoConfigError", "validate_config", "check_logits"]
+           "load_weights", "init_encoder", "check_encoder_source", "CONFIG_KEY", "NoConfigError", "validate_config",
+           "check_logits"]
 
 CONFIG_KEY = "attnzoo_config"
 _MODEL_KEYS = ("variant", "task", "arch", "num_classes", "img_size", "decoder")
