@@ -51,11 +51,13 @@ DEFAULT_IMAGE = "fashion_cls_0.png"
 
 @dataclass
 class Record:
-    """One request: start and end (``time.perf_counter``), HTTP status or the exception's name."""
+    """One request: start and end (``time.perf_counter``), HTTP status or the exception's name, and for a
+    failure the start of its response body or the exception's message."""
 
     start: float
     end: float
     status: Any
+    detail: str = ""
 
 
 async def _client(session, url: str, body: bytes, stop_at: float, records: List[Record], timeout: float) -> None:
@@ -64,16 +66,19 @@ async def _client(session, url: str, body: bytes, stop_at: float, records: List[
     headers = {"Content-Type": "image/png"}
     while time.perf_counter() < stop_at:
         start = time.perf_counter()
+        detail = ""
         try:
             async with session.post(url, data=body, headers=headers,
                                     timeout=aiohttp.ClientTimeout(total=timeout)) as r:
-                await r.read()
+                answer = await r.read()
                 status: Any = r.status
+                if status != 200:
+                    detail = answer[:200].decode("utf-8", "replace")
         except asyncio.TimeoutError:
             status = "timeout"
         except Exception as exc:  # connection reset by a killed replica's proxy, refused ...: an error
-            status = type(exc).__name__
-        records.append(Record(start, time.perf_counter(), status))
+            status, detail = type(exc).__name__, str(exc)[:200]
+        records.append(Record(start, time.perf_counter(), status, detail))
 
 
 async def _run(url: str, body: bytes, clients: int, seconds: float, timeout: float) -> List[Record]:
@@ -230,6 +235,8 @@ def kill_test(url: str, body: bytes, clients: int, seconds: float, replicas: int
             "kill_at_s": round(kill_at - t0, 3), "summary": summarize(records, t0, t1),
             "failed_in_flight_at_kill": len(in_flight), "failed_sent_after_kill": len(later),
             "failed_statuses": sorted({str(r.status) for r in failed}),
+            "failures_sent_after_kill": [{"after_kill_s": round(r.start - kill_at, 4), "status": str(r.status),
+                                          "detail": r.detail} for r in later],
             "replica_count_dropped": dropped,
             "replicas_back_after_s": round(back - kill_at, 3) if back else None,
             "replicas_after": sorted(after), "replaced": victim["replica"] not in after and len(after) >= replicas,
