@@ -116,7 +116,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     cfg = config_from_args(args)
     if args.metrics_port is not None and not 1 <= args.metrics_port <= 65535:
         raise UsageError(f"--metrics-port must be in 1..65535, got {args.metrics_port}")
-    from .launch import deploy, metrics_url, port_problem, select_models, start_ray, stop
+    from .launch import deploy, metrics_url, port_problem, ray_serve_mode, select_models, start_ray, stop
 
     if cfg.address is None:
         problem = port_problem(cfg.host, cfg.port)
@@ -129,7 +129,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         batching = (f"dynamic batching up to {cfg.max_batch_size} requests, {cfg.batch_wait_ms:g} ms wait"
                     if cfg.max_batch_size > 1 else "batching off")
         print(f"serving {len(selection.files)} model(s) with {cfg.replicas} replica(s) x {cfg.intra_op_threads} "
-              f"thread(s), {batching}, on {url}", flush=True)
+              f"thread(s), {batching}, {ray_serve_mode()}, on {url}", flush=True)
         print(f"  POST {url}/classify   POST {url}/segment   GET {url}/models   GET {url}/health   GET {url}/stats",
               flush=True)
         if metrics_url():

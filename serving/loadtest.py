@@ -247,9 +247,11 @@ def kill_test(url: str, body: bytes, clients: int, seconds: float, replicas: int
 def _table(result: Dict[str, Any]) -> str:
     best = result["offline"]["best_img_s"]
     lines = [f"Offline best (bench-latency ort-cpu, {result['model']}): **{best:.1f} img/s** "
-             f"({result['offline']['best']['threads']} thread(s), batch {result['offline']['best']['batch']}).", "",
-             "| replicas x threads | max batch | clients | img/s | vs offline best | p50 ms | p95 ms | p99 ms | "
-             "errors | lost | mean batch |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"({result['offline']['best']['threads']} thread(s), batch {result['offline']['best']['batch']}). "
+             f"Ingress: {result['settings'].get('ingress', 'not recorded')}.", ""]
+    if result["runs"]:
+        lines += ["| replicas x threads | max batch | clients | img/s | vs offline best | p50 ms | p95 ms | p99 ms | "
+                  "errors | lost | mean batch |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["runs"]:
         s = r["summary"]
         lines.append(f"| {r['replicas']} x {r['threads']} | {r['max_batch_size']} | {r['clients']} | "
@@ -267,6 +269,14 @@ def _table(result: Dict[str, Any]) -> str:
                      f"{k['failed_in_flight_at_kill']} failed requests were in flight at the kill, "
                      f"{k['failed_sent_after_kill']} were sent after it ({', '.join(k['failed_statuses']) or 'none'}); "
                      f"replicas back after {k['replicas_back_after_s']} s; replaced: {k['replaced']}.")
+    if len(result.get("kill_repeats", [])) > 1:
+        ks = result["kill_repeats"]
+        lines.append(f"Kill test repeated {len(ks)} times: failed requests in flight at the kill "
+                     f"{[k['failed_in_flight_at_kill'] for k in ks]}, sent after it "
+                     f"{[k['failed_sent_after_kill'] for k in ks]}, lost {[k['summary']['lost'] for k in ks]}; "
+                     f"runs with a failure sent after the kill: "
+                     f"{sum(k['failed_sent_after_kill'] > 0 for k in ks)} of {len(ks)}; "
+                     f"replaced every time: {all(k['replaced'] for k in ks)}.")
     return "\n".join(lines) + "\n"
 
 
@@ -325,6 +335,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--soak", type=float, default=0.0, help="seconds of one long run with the most replicas (0: none)")
     p.add_argument("--kill-replica", action="store_true", help="run the replica-kill test (2 replicas)")
     p.add_argument("--kill-duration", type=float, default=30.0, help="seconds of the kill test run (default 30)")
+    p.add_argument("--kill-repeats", type=int, default=1,
+                   help="run the kill test this many times, each on a fresh deployment (default 1)")
+    p.add_argument("--kill-only", action="store_true",
+                   help="only the offline reference and the kill test: no configuration runs or soak")
     p.add_argument("--timeout", type=float, default=60.0, help="a request with no answer after this is lost")
     p.add_argument("--image", type=Path, default=None, help="image the clients send (default a shipped example)")
     p.add_argument("--port", type=int, default=None, help="HTTP port (default: a free one)")
@@ -352,9 +366,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from attnzoo.benchmarks.run import onnx_path
     from attnzoo.fileio import atomic_write_text, default_cache_dir, sha256_file, writable_dir
     from attnzoo.serve.examples import EXAMPLES_DIR
+    from ray import serve
+    from tqdm import tqdm
 
+    from .app import DEPLOYMENT
     from .config import ServeConfig
-    from .launch import Selection, deploy, free_port, start_ray, stop
+    from .launch import Selection, deploy, free_port, ray_serve_mode, start_ray, stop
 
     args = build_parser().parse_args(argv)
     if args.quick:
@@ -363,7 +380,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     replicas, batches = _ints(args.replicas, "--replicas"), _ints(args.max_batch_sizes, "--max-batch-sizes")
     offline_threads = _ints(args.offline_threads, "--offline-threads") if args.offline_threads else sorted({1, cores})
     offline_batches = _ints(args.offline_batch_sizes, "--offline-batch-sizes")
-    for flag, v in (("--clients", args.clients), ("--threads", args.threads)):
+    args.kill_replica = args.kill_replica or args.kill_only
+    for flag, v in (("--clients", args.clients), ("--threads", args.threads), ("--kill-repeats", args.kill_repeats)):
         if v < 1:
             raise UsageError(f"{flag} must be at least 1, got {v}")
     for flag, v in (("--duration", args.duration), ("--timeout", args.timeout)):
@@ -379,6 +397,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out = writable_dir(args.out)
     cache = Path(args.cache_dir or default_cache_dir() / "bench-latency")
 
+    # the offline reference also exports and verifies the served ONNX file (--kill-only keeps it: pass
+    # --offline-threads 1 --offline-batch-sizes 1 --offline-min-time 1 to make it quick)
     offline = [offline_bench(args.variant, args.arch, t, offline_batches, args.offline_min_time,
                              out / f"offline-threads{t}", cache) for t in offline_threads]
     rows = [row for o in offline for row in o["rows"]]
@@ -400,8 +420,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                      "client": "asyncio + aiohttp, closed loop, same machine", "timeout_s": args.timeout},
         "offline": {"runs": offline, "best": best, "best_img_s": best["img_s"]}, "runs": []}
     started = start_ray(ServeConfig(replicas=max(replicas), cpus_per_replica=float(args.threads)))
+    result["settings"]["ingress"] = ray_serve_mode()
     try:
-        for r in replicas:
+        for r in [] if args.kill_only else replicas:
             for b in batches:
                 cfg = ServeConfig(**{**base.__dict__, "replicas": r, "max_batch_size": b,
                                      "batch_wait_ms": base.batch_wait_ms if b > 1 else 0.0})
@@ -423,7 +444,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       f"p50 {s['p50_ms']} p95 {s['p95_ms']} p99 {s['p99_ms']} ms, {s['errors']} errors, "
                       f"{s['lost']} lost, mean batch {run['mean_batch']}", flush=True)
                 result["runs"].append(run)
-        if args.soak > 0:
+        if args.soak > 0 and not args.kill_only:
             top = max(replicas)
             b = batches[0]
             cfg = ServeConfig(**{**base.__dict__, "replicas": top, "max_batch_size": b,
@@ -439,20 +460,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                  "batch_wait_ms": base.batch_wait_ms if b > 1 else 0.0})
             if 2 * args.threads > cores:
                 raise UsageError("--kill-replica needs 2 replicas; this machine has too few cores for them")
-            url = deploy(cfg, selection)
-            run_clients(f"{url}/classify", body, args.clients, min(args.warmup, 5.0), args.timeout)
-            print(f"kill test: 2 replicas, {args.clients} clients for {args.kill_duration:g} s, one replica killed "
-                  f"after {args.kill_duration / 3:.0f} s", flush=True)
-            result["kill"] = kill_test(url, body, args.clients, args.kill_duration, 2, args.timeout)
+            kills = []
+            for i in tqdm(range(args.kill_repeats), desc="kill tests", disable=args.kill_repeats == 1):
+                url = deploy(cfg, selection)
+                run_clients(f"{url}/classify", body, args.clients, min(args.warmup, 5.0), args.timeout)
+                print(f"kill test {i + 1}/{args.kill_repeats}: 2 replicas, {args.clients} clients for "
+                      f"{args.kill_duration:g} s, one replica killed after {args.kill_duration / 3:.0f} s", flush=True)
+                kills.append(kill_test(url, body, args.clients, args.kill_duration, 2, args.timeout))
+                serve.delete(DEPLOYMENT)  # the next run starts from two fresh replicas
+            result["kill"] = kills[0]
+            if len(kills) > 1:
+                result["kill_repeats"] = kills
     finally:
         stop(started)
     result["load_average_end"] = list(os.getloadavg())
     atomic_write_text(out / "results.json", json.dumps(result, indent=2) + "\n")
     table = _table(result)
     atomic_write_text(out / "results.md", table)
-    _plot(result, out / "loadtest.png")
+    written = [out / "results.json", out / "results.md"]
+    if result["runs"]:
+        _plot(result, out / "loadtest.png")
+        written.append(out / "loadtest.png")
     print(table)
-    print(f"wrote {out / 'results.json'}, {out / 'results.md'}, {out / 'loadtest.png'}")
+    print("wrote " + ", ".join(map(str, written)))
     return 0
 
 

@@ -9,6 +9,7 @@ must get one JSON error line with status 400 / 404 / 413.
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import subprocess
@@ -81,6 +82,15 @@ def test_cli_refuses_bad_flags_before_ray_starts(argv, message, monkeypatch):
     monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray started for a bad command line"))
     err = _exit(argv)
     assert err.code == 2 and str(err).startswith(message), str(err)
+
+
+def test_load_test_refuses_zero_kill_repeats_before_any_work(monkeypatch, tmp_path):
+    from attnzoo.serving import loadtest
+
+    monkeypatch.setattr(loadtest, "offline_bench", lambda *a, **k: pytest.fail("benchmark ran for a bad command"))
+    with pytest.raises(SystemExit) as info:
+        loadtest.main(["--kill-only", "--kill-repeats", "0", "--out", str(tmp_path)])
+    assert info.value.code == 2 and "--kill-repeats must be at least 1, got 0" in str(info.value)
 
 
 def test_cli_refuses_a_port_in_use(monkeypatch):
@@ -336,3 +346,53 @@ def test_a_killed_replica_is_replaced_and_only_in_flight_requests_fail(models_di
     assert result["failed_sent_after_kill"] == 0, result
     assert result["summary"]["lost"] == 0, result
     assert result["failed_in_flight_at_kill"] <= 8, result  # at most the requests the clients had in flight
+
+
+def test_local_ray_defaults_to_haproxy_and_throughput_mode_unless_told_otherwise(monkeypatch):
+    from attnzoo.serving import launch
+
+    keys = (*launch.LOCAL_RAY_ENV, *launch._HAPROXY_PORTS, "RAY_SERVE_HAPROXY_BINARY_PATH")
+    monkeypatch.setattr(launch, "_OWN_ENV", {})
+    for key in keys:
+        monkeypatch.delenv(key, raising=False)
+    assert launch.ray_serve_mode() == "Serve's Python proxy"
+    launch._local_ray_env()
+    assert os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1" and os.environ["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+    # a request a dead replica never answered is replayed on another, and a 224-px PNG fits HAProxy's buffer
+    assert os.environ["RAY_SERVE_HAPROXY_RETRY_ON"].split() == ["conn-failure", "empty-response"]
+    assert int(os.environ["RAY_SERVE_HAPROXY_TUNE_BUFSIZE"]) > 224 * 224 * 3
+    stats, metrics = int(os.environ["RAY_SERVE_HAPROXY_STATS_PORT"]), int(os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"])
+    assert 1024 < stats != metrics > 1024 and {stats, metrics}.isdisjoint({8404, 9101})
+    assert launch.ray_serve_mode() == "HAProxy ingress, throughput-optimized"
+    for key in keys:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("RAY_SERVE_ENABLE_HA_PROXY", "0")  # the user's choice wins, also over an earlier default
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_RETRY_ON", "conn-failure")
+    launch._local_ray_env()
+    assert os.environ["RAY_SERVE_ENABLE_HA_PROXY"] == "0" and "RAY_SERVE_HAPROXY_STATS_PORT" not in os.environ
+    assert os.environ["RAY_SERVE_HAPROXY_RETRY_ON"] == "conn-failure"
+    assert launch.ray_serve_mode() == "Serve's Python proxy, throughput-optimized"
+
+
+@pytest.mark.slow
+def test_load_test_kill_only_repeats_and_replays_a_large_upload(tmp_path):
+    """``loadtest --kill-only --kill-repeats 2`` with a 150 KB PNG, over HAProxy's default 16 KiB buffer: in
+    both runs the replica is replaced, nothing is lost, no request sent after the kill fails, and with the
+    HAProxy ingress not even the requests in flight on the killed replica fail (they are replayed)."""
+    from attnzoo.serving import loadtest
+
+    image = tmp_path / "noise.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (224, 224, 3), dtype=np.uint8)).save(image)
+    assert image.stat().st_size > 100_000
+    out = tmp_path / "out"
+    assert loadtest.main(["--kill-only", "--kill-repeats", "2", "--clients", "8", "--kill-duration", "15",
+                          "--warmup", "3", "--offline-threads", "1", "--offline-batch-sizes", "1",
+                          "--offline-min-time", "1", "--image", str(image), "--cache-dir", str(tmp_path / "cache"),
+                          "--out", str(out)]) == 0
+    result = json.loads((out / "results.json").read_text())
+    assert result["runs"] == [] and "soak" not in result and len(result["kill_repeats"]) == 2
+    for k in result["kill_repeats"]:
+        assert k["replaced"] and k["summary"]["lost"] == 0 and k["failed_sent_after_kill"] == 0, k
+        if result["settings"]["ingress"].startswith("HAProxy"):
+            assert k["failed_in_flight_at_kill"] == 0, k
+    assert "Kill test repeated 2 times" in (out / "results.md").read_text()
