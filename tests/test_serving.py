@@ -327,6 +327,14 @@ def test_serve_models_command_prints_the_url_and_stops_on_sigterm(models_dir, tm
     assert code == 143 and proc.stderr.read().strip().splitlines()[-1] == "terminated (SIGTERM)"
 
 
+def _assert_only_in_flight_failed(kill: dict, clients: int) -> None:
+    """One kill-test result: the replica was replaced and the deployment had its replicas again, nothing was
+    lost, no request sent after the kill failed, and the failures are at most the requests in flight."""
+    assert kill["replaced"] and kill["replicas_back_after_s"] is not None, kill
+    assert kill["summary"]["lost"] == 0 and kill["failed_sent_after_kill"] == 0, kill
+    assert kill["failed_in_flight_at_kill"] <= clients, kill
+
+
 @pytest.mark.slow
 def test_a_killed_replica_is_replaced_and_only_in_flight_requests_fail(models_dir):
     """Two replicas under load; one replica process is SIGKILLed: requests sent after the kill succeed, the
@@ -341,11 +349,7 @@ def test_a_killed_replica_is_replaced_and_only_in_flight_requests_fail(models_di
         result = kill_test(url, _images()[0], clients=8, seconds=15.0, replicas=2, timeout=60.0)
     finally:
         stop(started)
-    assert result["replaced"], result
-    assert result["replicas_back_after_s"] is not None, result
-    assert result["failed_sent_after_kill"] == 0, result
-    assert result["summary"]["lost"] == 0, result
-    assert result["failed_in_flight_at_kill"] <= 8, result  # at most the requests the clients had in flight
+    _assert_only_in_flight_failed(result, clients=8)
 
 
 def test_local_ray_defaults_to_haproxy_and_throughput_mode_unless_told_otherwise(monkeypatch):
@@ -389,6 +393,5 @@ def test_load_test_kill_only_repeats(tmp_path):
     result = json.loads((out / "results.json").read_text())
     assert result["runs"] == [] and "soak" not in result and len(result["kill_repeats"]) == 2
     for k in result["kill_repeats"]:
-        assert k["replaced"] and k["summary"]["lost"] == 0 and k["failed_sent_after_kill"] == 0, k
-        assert k["failed_in_flight_at_kill"] <= 8, k  # at most the requests the clients had in flight
+        _assert_only_in_flight_failed(k, clients=8)
     assert "Kill test repeated 2 times" in (out / "results.md").read_text()
