@@ -1,0 +1,683 @@
+"""INT8 / FP8 post-training quantization of a verified fp32 export with NVIDIA Model Optimizer (ModelOpt).
+
+``export-model --dtype int8|fp8`` (see :func:`quantize_verified`):
+
+1. the fp32 model is exported and verified as usual (in a temporary folder);
+2. ModelOpt's ONNX quantizer (:func:`modelopt.onnx.quantization.quantize`, calibrated on the CPU) places Q/DQ
+   nodes, calibrated on real training-split images of the model's data set (:func:`calibration_images`, the
+   project's one preprocessing path) or on a user's ``.npy`` file (:func:`load_calibration_file`). By default
+   every op under the variant's extra-math scopes (:func:`extra_math_nodes`: the projection, or whatever the
+   variant declares in :func:`attnzoo.export.check.expected_scopes`) is excluded and stays fp32;
+3. the quantized graph is checked (:func:`qdq_summary`: which MatMul/Gemm/Conv are fed by a DequantizeLinear, and
+   that no extra-math op is unless asked for) and scored with ONNX Runtime (CPU) on the test split next to the
+   fp32 model in the same run (:func:`evaluate_onnx`). ONNX Runtime's CPU provider cannot run ModelOpt's FP8 graph
+   (float8 tensors into Transpose), so FP8 is scored on :func:`simulate_fp8`, the same graph with every FP8
+   Q -> DQ pair rewritten into float ops that round to the float8 e4m3 grid exactly as QuantizeLinear does
+   (RNE, saturating at +-448) with the same scales;
+4. a drop beyond :data:`ACCURACY_TOLERANCE` refuses to write (:class:`AccuracyDropError`) unless
+   ``accept_accuracy_drop``; otherwise the model is renamed into place (temp + rename: an interrupted run leaves
+   nothing half-written) and its report ``<model>.report.json`` written beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+__all__ = ["QUANT_DTYPES", "ACCURACY_TOLERANCE", "DEFAULT_CALIBRATION_COUNT", "DEFAULT_CALIBRATION_SEED",
+           "CALIBRATION_METHODS", "FP8_MIN_COMPUTE_CAPABILITY", "QUANTIZED_OP_TYPES", "QuantizeReport",
+           "AccuracyDropError", "QuantizationCheckError", "quantize_unavailable_reason", "modelopt_version",
+           "extra_math_nodes", "calibration_images", "random_calibration", "load_calibration_file",
+           "quantize_onnx", "qdq_summary", "simulate_fp8", "evaluate_onnx", "fp8_compute_capability_error",
+           "quantize_verified", "summary"]
+
+#: Quantized dtypes of ``export-model --dtype`` (ModelOpt's ``quantize_mode``).
+QUANT_DTYPES: Tuple[str, ...] = ("int8", "fp8")
+#: Largest accuracy drop (percentage points: top-1 for classifiers, mIoU for segmenters) of the quantized model
+#: below the fp32 model on the test split that is accepted (the goals of issue 24).
+ACCURACY_TOLERANCE: Dict[str, float] = {"cls": 0.5, "seg": 1.0}
+DEFAULT_CALIBRATION_COUNT = 512
+DEFAULT_CALIBRATION_SEED = 0
+#: ModelOpt's calibration method per mode (its own defaults for int8/fp8, named so the report states them).
+CALIBRATION_METHODS: Dict[str, str] = {"int8": "entropy", "fp8": "entropy"}
+#: FP8 tensor cores: Ada (SM 8.9) and newer.
+FP8_MIN_COMPUTE_CAPABILITY: Tuple[int, int] = (8, 9)
+#: Op types whose quantization the report counts.
+QUANTIZED_OP_TYPES: Tuple[str, ...] = ("MatMul", "Gemm", "Conv")
+_QDQ = ("QuantizeLinear", "DequantizeLinear")
+#: Ops that move values without computing on them (followed from a DequantizeLinear to its readers).
+_LAYOUT_OPS = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten")
+_FP8_TYPES = {TensorProto.FLOAT8E4M3FN}
+
+
+class AccuracyDropError(RuntimeError):
+    """The quantized model lost more accuracy than :data:`ACCURACY_TOLERANCE` allows; nothing was written."""
+
+
+class QuantizationCheckError(RuntimeError):
+    """The quantized graph breaks a promise (Q/DQ in the extra math, non-finite outputs, no quantized op)."""
+
+
+@dataclass
+class QuantizeReport:
+    """What :func:`quantize_onnx` did (JSON-ready with :meth:`to_dict`).
+
+    Attributes:
+        quantizer: ``nvidia-modelopt (modelopt.onnx.quantization.quantize)``.
+        quantizer_version: ModelOpt's version.
+        mode: ``int8`` or ``fp8``.
+        calibration: ``{"source", "count", "seed", "shape", "method", "providers"}``.
+        excluded_nodes: Node names kept out of quantization (the extra math unless quantized on purpose).
+        qdq: :func:`qdq_summary` of the written graph.
+        time_s: Seconds the quantizer took.
+        options: The other ModelOpt arguments that matter.
+        extra_math_inputs_unquantized: Excluded-op inputs re-pointed at the fp32 tensor ModelOpt had quantized
+            for another reader (``node:input``; see :func:`_reroute_extra_math`).
+    """
+
+    quantizer: str
+    quantizer_version: str
+    mode: str
+    calibration: Dict[str, Any]
+    excluded_nodes: List[str]
+    qdq: Dict[str, Any]
+    time_s: float
+    options: Dict[str, Any] = field(default_factory=dict)
+    extra_math_inputs_unquantized: List[str] = field(default_factory=list)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------------------------------------ availability
+def modelopt_version() -> Optional[str]:
+    """Installed ``nvidia-modelopt`` version, or ``None``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("nvidia-modelopt")
+    except PackageNotFoundError:
+        return None
+
+
+def quantize_unavailable_reason() -> Optional[str]:
+    """Why ``--dtype int8|fp8`` cannot run here (ModelOpt's ONNX quantizer missing), else ``None``."""
+    if modelopt_version() is None:
+        return 'needs NVIDIA ModelOpt: pip install -e ".[quantize]" (included in [dev])'
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            import modelopt.onnx.quantization  # noqa: F401
+    except ImportError as exc:
+        return (f"ModelOpt's ONNX quantizer cannot be imported ({str(exc).splitlines()[0]}); "
+                'reinstall with pip install -e ".[quantize]"')
+    return None
+
+
+def fp8_compute_capability_error(compute_capability: Optional[str]) -> Optional[str]:
+    """One line when a TensorRT target cannot run FP8 (below SM 8.9), else ``None``.
+
+    ``compute_capability`` is a name of :data:`attnzoo.runtime.tensorrt.COMPUTE_CAPABILITIES`; ``None`` is the
+    build default (the GPU present, else ``DEFAULT_COMPUTE_CAPABILITY``); ``CURRENT`` asks the GPU.
+    """
+    from attnzoo.runtime.tensorrt import DEFAULT_COMPUTE_CAPABILITY, gpu_available
+
+    cc = (compute_capability or ("CURRENT" if gpu_available() else DEFAULT_COMPUTE_CAPABILITY)).upper()
+    if cc == "CURRENT":
+        import torch
+
+        major, minor = torch.cuda.get_device_capability(0)
+        name = f"the GPU present (SM{major}{minor})"
+    else:
+        digits = cc[2:]
+        major, minor = int(digits[:-1]), int(digits[-1])
+        name = cc
+    if (major, minor) < FP8_MIN_COMPUTE_CAPABILITY:
+        need = "SM{}{}".format(*FP8_MIN_COMPUTE_CAPABILITY)
+        return f"--dtype fp8 needs compute capability {need} or newer (FP8 tensor cores); {name} has none"
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ extra math
+def extra_math_nodes(proto: onnx.ModelProto, config: Optional[Mapping[str, Any]] = None) -> List[str]:
+    """Names of the nodes under the variant's extra-math scopes (e.g. ``blocks.0.attn.projection/...``).
+
+    The scopes are :func:`attnzoo.export.check.expected_scopes` for the graph's depth; a node belongs to a scope
+    when its name is the scope or starts with ``scope + "/"``. Empty for variants without extra math.
+
+    Args:
+        proto: An attnzoo export (fp32, or a quantized copy: the Q/DQ nodes ModelOpt adds are never named
+            inside a scope unless quantizing it).
+        config: The model config; default from the graph's metadata.
+    """
+    from .check import _block_prefix, expected_scopes, graph_depth
+    from .onnx_export import config_from_props, metadata_props
+
+    config = dict(config) if config is not None else config_from_props(metadata_props(proto))
+    scopes = expected_scopes(config, graph_depth(proto, _block_prefix(config)))
+    return [n.name for n in proto.graph.node if any(n.name == s or n.name.startswith(s + "/") for s in scopes)]
+
+
+# ------------------------------------------------------------------------------------------------ calibration
+def calibration_images(config: Mapping[str, Any], count: int = DEFAULT_CALIBRATION_COUNT,
+                       seed: int = DEFAULT_CALIBRATION_SEED) -> np.ndarray:
+    """``count`` training-split images of the model's data set, float32 NCHW, preprocessed as the model expects.
+
+    Loaded with :func:`attnzoo.training.data.load_data` (the split the model was trained on, its image size and
+    data seed) and normalised with the model's mean/std by :func:`attnzoo.preprocess.normalize`, exactly as the
+    evaluation does it; ``count`` of them drawn without replacement with ``numpy.random.default_rng(seed)``.
+
+    Raises:
+        ValueError: the config names no data set (an untrained or config-less model), or ``count`` < 1.
+    """
+    from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
+    from attnzoo.training.data import load_data
+
+    if count < 1:
+        raise ValueError(f"calibration count must be >= 1, got {count}")
+    data = config.get("data")
+    if not data or config.get("untrained"):
+        raise ValueError("the model names no data set to calibrate on (untrained or config-less); pass "
+                         "--calibration-data FILE.npy, or --random-init to calibrate on random inputs")
+    size = int(config["img_size"])
+    task = config["task"]
+    data_seed = int(config.get("data_seed", 0))
+    if task == "seg":  # composed scenes: draw exactly `count` training scenes
+        images = load_data(data, "train", task, size, n=count, seed=data_seed + 1 + seed).images
+    else:
+        images = load_data(data, "train", task, size, seed=data_seed).images
+        if count < len(images):
+            images = images[np.sort(np.random.default_rng(seed).choice(len(images), count, replace=False))]
+    return normalize(images, config.get("mean", DEFAULT_MEAN), config.get("std", DEFAULT_STD))
+
+
+def random_calibration(input_hw: Tuple[int, int], count: int = DEFAULT_CALIBRATION_COUNT,
+                       seed: int = DEFAULT_CALIBRATION_SEED) -> np.ndarray:
+    """Standard-normal float32 NCHW inputs (``--random-init``: an untrained model has no data set)."""
+    return np.random.default_rng(seed).standard_normal((count, 3, *input_hw)).astype(np.float32)
+
+
+def load_calibration_file(path: Union[str, Path], input_hw: Tuple[int, int]) -> np.ndarray:
+    """A user's calibration batch: a ``.npy`` array (never unpickled) of float NCHW inputs, already normalised.
+
+    Raises:
+        ValueError: one line: missing/unreadable file, a pickle, wrong shape (must be ``(N, 3, H, W)``), a
+            non-float dtype, no images, or non-finite values.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"--calibration-data {path}: no such file")
+    try:
+        x = np.load(path, allow_pickle=False, mmap_mode="r")
+    except ValueError as exc:  # object arrays need pickle: refused
+        raise ValueError(f"--calibration-data {path}: not a plain .npy array ({str(exc).splitlines()[0]})") from None
+    except OSError as exc:
+        raise ValueError(f"--calibration-data {path}: cannot read it as .npy ({exc})") from None
+    if not isinstance(x, np.ndarray):
+        raise ValueError(f"--calibration-data {path}: an .npz archive; save one array with numpy.save")
+    want = (3, *input_hw)
+    if x.ndim != 4 or tuple(x.shape[1:]) != want:
+        raise ValueError(f"--calibration-data {path}: shape {tuple(x.shape)}, the model takes (N, {', '.join(map(str, want))}) "
+                         "float32 images normalised with its mean/std")
+    if x.dtype.kind != "f":
+        raise ValueError(f"--calibration-data {path}: dtype {x.dtype}, need float32 (normalised images, not raw "
+                         "pixels)")
+    if x.shape[0] == 0:
+        raise ValueError(f"--calibration-data {path}: holds no images (shape {tuple(x.shape)})")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if not np.isfinite(x).all():
+        raise ValueError(f"--calibration-data {path}: holds NaN or infinite values")
+    return x
+
+
+# ------------------------------------------------------------------------------------------------ quantization
+def _producers(proto: onnx.ModelProto) -> Dict[str, onnx.NodeProto]:
+    return {o: n for n in proto.graph.node for o in n.output}
+
+
+def _fed_by_dq(node: onnx.NodeProto, producers: Mapping[str, onnx.NodeProto]) -> bool:
+    """A node reads a DequantizeLinear output (possibly through layout ops that keep the values)."""
+    for name in node.input:
+        p = producers.get(name)
+        while p is not None and p.op_type in _LAYOUT_OPS:
+            p = producers.get(p.input[0])
+        if p is not None and p.op_type == "DequantizeLinear":
+            return True
+    return False
+
+
+def _reroute_extra_math(proto: onnx.ModelProto, extra_nodes: Sequence[str]) -> List[str]:
+    """Make extra-math ops read fp32 values where ModelOpt quantized a tensor they share with a quantized op.
+
+    ModelOpt quantizes a *tensor* once: when the attention's ``V`` feeds both a quantized MatMul and the
+    projection (through a Transpose/Reshape), every consumer reads the dequantized ``V``, excluded or not. Here
+    each extra-math input that comes from a ``QuantizeLinear -> DequantizeLinear`` pair (through layout ops) is
+    re-pointed at the pair's fp32 input (layout ops cloned as ``<name>__fp32``); layout and Q/DQ nodes left
+    without consumers are removed. Returns the extra-math inputs re-pointed (``node:input``).
+    """
+    producers = _producers(proto)
+    extra = set(extra_nodes)
+    clones: Dict[str, List[onnx.NodeProto]] = {}
+    fp32_name: Dict[str, Optional[str]] = {}
+
+    def unquantized(name: str) -> Optional[str]:
+        if name in fp32_name:
+            return fp32_name[name]
+        p, found = producers.get(name), None
+        if p is not None and p.op_type == "DequantizeLinear":
+            q = producers.get(p.input[0])
+            found = q.input[0] if q is not None and q.op_type == "QuantizeLinear" else None
+        elif p is not None and p.op_type in _LAYOUT_OPS:
+            src = unquantized(p.input[0])
+            if src is not None:
+                clone = onnx.NodeProto.FromString(p.SerializeToString())
+                clone.name = f"{p.name}__fp32"
+                clone.input[0] = src
+                del clone.output[:]
+                clone.output.extend(f"{o}__fp32" for o in p.output)
+                clones.setdefault(p.name, []).append(clone)
+                found = clone.output[0]
+        fp32_name[name] = found
+        return found
+
+    rerouted = []
+    for node in proto.graph.node:
+        if node.name in extra:
+            for i, name in enumerate(node.input):
+                src = unquantized(name) if name else None
+                if src is not None:
+                    node.input[i] = src
+                    rerouted.append(f"{node.name}:{i}")
+    nodes = [m for n in proto.graph.node for m in (n, *clones.get(n.name, ()))]
+    outputs = {o.name for o in proto.graph.output}
+    while True:  # drop layout / Q/DQ nodes nobody reads any more
+        used = {i for n in nodes for i in n.input} | outputs
+        keep = [n for n in nodes if n.op_type not in (*_LAYOUT_OPS, *_QDQ) or any(o in used for o in n.output)]
+        if len(keep) == len(nodes):
+            break
+        nodes = keep
+    del proto.graph.node[:]
+    proto.graph.node.extend(nodes)
+    return rerouted
+
+
+def qdq_summary(proto: onnx.ModelProto, extra_nodes: Sequence[str]) -> Dict[str, Any]:
+    """Where the Q/DQ nodes of a quantized graph are.
+
+    Returns:
+        ``{"quantize_linear", "dequantize_linear", "quantized_ops": {MatMul/Gemm/Conv: n quantized},
+        "total_ops": {op: n}, "quantized_matmuls": [names fed by a DequantizeLinear], "extra_math_nodes": n,
+        "extra_math_quantized": [extra-math nodes fed by a DequantizeLinear or Q/DQ named inside a scope]}``.
+    """
+    producers = _producers(proto)
+    extra = set(extra_nodes)
+    scopes = {n.rsplit("/", 1)[0] for n in extra}
+    counts = Counter(n.op_type for n in proto.graph.node)
+    quantized: Counter = Counter()
+    matmuls, in_extra = [], []
+    for node in proto.graph.node:
+        fed = _fed_by_dq(node, producers)
+        if node.op_type in QUANTIZED_OP_TYPES and fed:
+            quantized[node.op_type] += 1
+            if node.op_type == "MatMul":
+                matmuls.append(node.name)
+        if (node.name in extra and fed) or (node.op_type in _QDQ and node.name.rsplit("/", 1)[0] in scopes):
+            in_extra.append(node.name)
+    return {"quantize_linear": counts["QuantizeLinear"], "dequantize_linear": counts["DequantizeLinear"],
+            "quantized_ops": {op: quantized[op] for op in QUANTIZED_OP_TYPES},
+            "total_ops": {op: counts[op] for op in QUANTIZED_OP_TYPES},
+            "quantized_matmuls": matmuls, "extra_math_nodes": len(extra), "extra_math_quantized": in_extra}
+
+
+def quantize_onnx(fp32_onnx: Union[str, Path], out: Union[str, Path], *, dtype: str, calibration: np.ndarray,
+                  exclude_nodes: Sequence[str] = (), calibration_method: Optional[str] = None,
+                  calibration_source: str = "given array", calibration_seed: Optional[int] = None,
+                  extra_nodes: Optional[Sequence[str]] = None) -> QuantizeReport:
+    """Quantize an fp32 attnzoo export with ModelOpt; write the Q/DQ graph to ``out`` (temp + rename).
+
+    The attnzoo metadata is carried over, with ``dtype`` set to ``int8``/``fp8`` and a ``quantization`` entry
+    (JSON: quantizer, version, mode, calibration, excluded node count). Everything not quantized stays fp32
+    (``high_precision_dtype="fp32"``). ``out`` is not verified here: see :func:`quantize_verified`.
+
+    Args:
+        fp32_onnx: The verified fp32 ONNX file.
+        out: Output ``.onnx`` path.
+        dtype: ``int8`` or ``fp8``.
+        calibration: float32 NCHW inputs (normalised), e.g. :func:`calibration_images`.
+        exclude_nodes: Exact node names ModelOpt must leave unquantized (:func:`extra_math_nodes`).
+        calibration_method: ModelOpt's (``entropy``, ``max``); default :data:`CALIBRATION_METHODS`.
+        calibration_source, calibration_seed: Recorded in the report.
+        extra_nodes: Extra-math nodes for :func:`qdq_summary` (default: :func:`extra_math_nodes` of the graph).
+
+    Raises:
+        ValueError: unknown dtype, calibration not float32 NCHW or empty.
+    """
+    from attnzoo.fileio import atomic_path
+
+    if dtype not in QUANT_DTYPES:
+        raise ValueError(f"unknown quantized dtype {dtype!r}; valid: {', '.join(QUANT_DTYPES)}")
+    calibration = np.asarray(calibration)
+    if calibration.ndim != 4 or calibration.shape[0] == 0 or calibration.dtype != np.float32:
+        raise ValueError(f"calibration must be a non-empty float32 (N, 3, H, W) array, got {calibration.dtype} "
+                         f"{calibration.shape}")
+    fp32_onnx, out = Path(fp32_onnx), Path(out)
+    method = calibration_method or CALIBRATION_METHODS[dtype]
+    src = onnx.load(str(fp32_onnx))
+    extra = list(extra_nodes) if extra_nodes is not None else extra_math_nodes(src)
+    with contextlib.redirect_stdout(io.StringIO()):
+        from modelopt.onnx.quantization import quantize as mo_quantize
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="attnzoo-quantize-") as work, atomic_path(out) as tmp:
+        staged = Path(work) / "model.onnx"
+        onnx.save(src, str(staged))
+        quantized = Path(work) / "model.quant.onnx"
+        with contextlib.redirect_stdout(io.StringIO()):  # ORT calibrator's per-tensor progress prints
+            mo_quantize(str(staged), quantize_mode=dtype, calibration_data=calibration, calibration_method=method,
+                        calibration_eps=["cpu"], nodes_to_exclude=[f"^{re.escape(n)}$" for n in exclude_nodes] or None,
+                        high_precision_dtype="fp32", output_path=str(quantized), log_level="ERROR")
+        elapsed = time.perf_counter() - start
+        proto = onnx.load(str(quantized))
+        rerouted = _reroute_extra_math(proto, exclude_nodes)
+        report = QuantizeReport(
+            quantizer="nvidia-modelopt (modelopt.onnx.quantization.quantize)",
+            quantizer_version=modelopt_version() or "?", mode=dtype,
+            calibration={"source": calibration_source, "count": int(calibration.shape[0]), "seed": calibration_seed,
+                         "shape": list(calibration.shape[1:]), "method": method, "providers": ["cpu"]},
+            excluded_nodes=list(exclude_nodes), qdq=qdq_summary(proto, extra), time_s=round(elapsed, 3),
+            options={"high_precision_dtype": "fp32", "calibration_eps": ["cpu"]},
+            extra_math_inputs_unquantized=rerouted)
+        _carry_metadata(src, proto, dtype, report)
+        onnx.save(proto, str(tmp))
+    return report
+
+
+def _carry_metadata(src: onnx.ModelProto, dst: onnx.ModelProto, dtype: str, report: QuantizeReport) -> None:
+    """Copy the attnzoo metadata props; ``dtype`` becomes the quantized one; add ``quantization``."""
+    props = {p.key: p.value for p in src.metadata_props}
+    props["dtype"] = dtype
+    props["quantization"] = json.dumps({"quantizer": report.quantizer, "version": report.quantizer_version,
+                                        "mode": dtype, "calibration": report.calibration,
+                                        "excluded_nodes": len(report.excluded_nodes)})
+    del dst.metadata_props[:]
+    for key, value in props.items():
+        dst.metadata_props.add(key=key, value=value)
+
+
+# ------------------------------------------------------------------------------------------------ FP8 simulation
+def simulate_fp8(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """ModelOpt's FP8 Q/DQ graph rewritten into float ops that ONNX Runtime's CPU provider runs.
+
+    Every ``QuantizeLinear(x, s, zp: float8e4m3fn)`` becomes ``Cast(Cast(x / s, to=FLOAT8E4M3FN, saturate=1),
+    to=FLOAT)``: the values QuantizeLinear produces (round to nearest even on the e4m3 grid, saturating at
+    +-448), held in float32; the layout ops between Q and DQ (Transpose) then move the same values; every
+    ``DequantizeLinear(q, s, zp: float8)`` becomes ``q * s`` (an fp8 zero point is 0). Same points, same
+    scales (a per-channel scale broadcast along the node's ``axis``); only the storage type of the quantized
+    tensors differs.
+
+    Raises:
+        ValueError: a float8 Q/DQ with a non-constant scale, a non-zero zero point, or a per-channel scale on a
+            tensor of unknown rank.
+    """
+    proto = onnx.ModelProto.FromString(proto.SerializeToString())
+    inits = {t.name: t for t in proto.graph.initializer}
+    consts = {n.output[0]: n.attribute[0].t for n in proto.graph.node
+              if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"}
+
+    def tensor(name: str) -> Optional[onnx.TensorProto]:
+        return inits.get(name) or consts.get(name)
+
+    def is_fp8(node: onnx.NodeProto) -> bool:
+        zp = tensor(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        return zp is not None and zp.data_type in _FP8_TYPES
+
+    ranks: Dict[str, int] = {t.name: len(t.dims) for t in proto.graph.initializer}
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto).graph
+        for v in (*inferred.value_info, *inferred.input, *inferred.output):
+            if v.type.tensor_type.HasField("shape"):
+                ranks.setdefault(v.name, len(v.type.tensor_type.shape.dim))
+    except Exception:  # noqa: BLE001 - ranks are only needed for per-channel scales; refused below if unknown
+        pass
+    nodes: List[onnx.NodeProto] = []
+    for node in proto.graph.node:
+        if not (node.op_type in _QDQ and is_fp8(node)):
+            nodes.append(node)
+            continue
+        zp = numpy_helper.to_array(tensor(node.input[2])).astype(np.float32)
+        scale_t = tensor(node.input[1])
+        if scale_t is None or np.any(zp != 0):
+            raise ValueError(f"{node.name}: FP8 simulation needs a constant scale and zero point 0")
+        x, s, y = node.input[0], node.input[1], node.output[0]
+        scale = numpy_helper.to_array(scale_t).astype(np.float32)
+        if scale.size != 1:  # per-channel: broadcast the scale along the node's axis
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+            rank = ranks.get(x)
+            if rank is None or scale.ndim != 1:
+                raise ValueError(f"{node.name}: per-channel FP8 scale on a tensor of unknown rank")
+            shape = [1] * rank
+            shape[axis % rank] = scale.size
+            s = f"{s}__sim_axis{axis % rank}_rank{rank}"
+            if s not in inits:
+                inits[s] = numpy_helper.from_array(scale.reshape(shape), s)
+                proto.graph.initializer.append(inits[s])
+        if node.op_type == "QuantizeLinear":
+            nodes += [helper.make_node("Div", [x, s], [f"{y}__sim_div"], name=f"{node.name}__sim_div"),
+                      helper.make_node("Cast", [f"{y}__sim_div"], [f"{y}__sim_fp8"], to=TensorProto.FLOAT8E4M3FN,
+                                       saturate=1, name=f"{node.name}__sim_round"),
+                      helper.make_node("Cast", [f"{y}__sim_fp8"], [y], to=TensorProto.FLOAT,
+                                       name=f"{node.name}__sim_float")]
+            ranks[y] = ranks.get(x, -1)
+        else:
+            nodes.append(helper.make_node("Mul", [x, s], [y], name=f"{node.name}__sim_scale"))
+    # float8 tensors between Q and DQ (Transpose outputs) are float32 now: drop their stale value_info types
+    keep = [v for v in proto.graph.value_info if v.type.tensor_type.elem_type not in _FP8_TYPES]
+    del proto.graph.value_info[:]
+    proto.graph.value_info.extend(keep)
+    del proto.graph.node[:]
+    proto.graph.node.extend(nodes)
+    used = {i for n in proto.graph.node for i in n.input}
+    stale = [t for t in proto.graph.initializer if t.data_type in _FP8_TYPES and t.name not in used]
+    for t in stale:
+        proto.graph.initializer.remove(t)
+    return proto
+
+
+# ------------------------------------------------------------------------------------------------ evaluation
+def _session(model: Union[str, Path, onnx.ModelProto], threads: Optional[int]):
+    from attnzoo.runtime.sessions import ort_session
+
+    data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
+    return ort_session(data, "cpu", threads=threads)
+
+
+def evaluate_onnx(models: Mapping[str, Union[str, Path, onnx.ModelProto]], config: Mapping[str, Any], *,
+                  limit: Optional[int] = None, threads: Optional[int] = None,
+                  progress: bool = False) -> Dict[str, Any]:
+    """Score ONNX models on the model's test split with ONNX Runtime (CPU), all on the same images.
+
+    Classifiers: top-1 on the test split (Fashion-MNIST: the official 10,000 test images); segmenters: mIoU on
+    the test scenes. Data loading, preprocessing and metrics are the training code's
+    (:func:`attnzoo.training.data.load_data`, :func:`attnzoo.preprocess.normalize`,
+    :func:`attnzoo.training.train.metrics_from_confusion`) via :func:`attnzoo.benchmarks.int8_accuracy.evaluate_session`.
+
+    Args:
+        models: ``{label: ONNX file or proto}``, e.g. ``{"fp32": ..., "int8": ...}``.
+        config: The model config (``data``, ``task``, ``img_size``, ``data_seed``, ``mean``, ``std``).
+        limit: First ``limit`` test images only (default: the whole split).
+
+    Returns:
+        ``{"data", "split": "test", "n_images", "metric_name", "metrics": {label: percent},
+        "agreement": {label: share of predictions equal to the first model's}}``.
+    """
+    import torch
+    from tqdm import tqdm
+
+    from attnzoo.benchmarks.int8_accuracy import EVAL_BATCH, predict_session
+    from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
+    from attnzoo.training.data import load_data
+    from attnzoo.training.train import confusion_matrix, metrics_from_confusion
+
+    task, size = config["task"], int(config["img_size"])
+    data = load_data(config["data"], "test", task, size, n=limit, seed=int(config.get("data_seed", 0)))
+    x = normalize(data.images, config.get("mean", DEFAULT_MEAN), config.get("std", DEFAULT_STD))
+    y = data.labels if task == "cls" else data.masks.astype(np.int64)
+    k = len(data.class_names)
+    metrics, preds, name = {}, {}, "top1"
+    for label, model in tqdm(list(models.items()), desc="test-set accuracy", unit="model", disable=not progress):
+        pred = predict_session(_session(model, threads), x, EVAL_BATCH)
+        m = metrics_from_confusion(confusion_matrix(y, pred, k), task, data.class_names)
+        metrics[label], name, preds[label] = float(m["metric"]), m["metric_name"], pred
+    first = next(iter(preds.values()))
+    return {"data": config["data"], "split": "test", "n_images": len(data), "metric_name": name,
+            "metrics": metrics, "agreement": {k_: float(np.mean(p == first)) for k_, p in preds.items()}}
+
+
+def _finite_outputs(model: Union[Path, onnx.ModelProto], x: np.ndarray, threads: Optional[int]) -> bool:
+    sess = _session(model, threads)
+    out = sess.run(None, {sess.get_inputs()[0].name: x})[0]
+    return bool(np.isfinite(out).all())
+
+
+# ------------------------------------------------------------------------------------------------ the export
+def quantize_verified(fp32_onnx: Union[str, Path], out: Union[str, Path], config: Mapping[str, Any], *, dtype: str,
+                      calibration: np.ndarray, calibration_source: str, calibration_seed: Optional[int] = None,
+                      quantize_extra_math: bool = False, accept_accuracy_drop: bool = False,
+                      measure_accuracy: bool = True, eval_limit: Optional[int] = None,
+                      threads: Optional[int] = None, progress: bool = False,
+                      tolerance: Optional[float] = None) -> Dict[str, Any]:
+    """Quantize a verified fp32 export, check it, score it next to fp32, and only then write it to ``out``.
+
+    Writes ``out`` and its report ``<out>.report.json`` (:func:`attnzoo.export.verify.report_path`) when every
+    check passes; otherwise writes ``<out>.failed.report.json`` and raises, leaving a good model and report
+    already at ``out`` untouched. Nothing is half-written: the model goes through a temporary file renamed into
+    place, also on Ctrl-C.
+
+    Args:
+        fp32_onnx: The verified fp32 export (its report beside it is referenced).
+        out: The quantized ``.onnx`` to write.
+        config: The model config.
+        dtype: ``int8`` or ``fp8``.
+        calibration: float32 NCHW calibration inputs.
+        calibration_source: What they are, for the report (e.g. ``fashion train split``).
+        quantize_extra_math: Quantize the extra-math scopes too (the ablation); default: excluded, fp32.
+        accept_accuracy_drop: Write even when the drop exceeds the tolerance (the report says so).
+        measure_accuracy: ``False`` for an untrained model (``--random-init``): no accuracy, a warning in the report.
+        eval_limit: Score on the first N test images only (quick checks; the report names N).
+        tolerance: Accepted drop in points (default :data:`ACCURACY_TOLERANCE` for the task).
+
+    Raises:
+        QuantizationCheckError: Q/DQ in the extra math (unless asked for), no quantized op, non-finite outputs.
+        AccuracyDropError: the accuracy drop exceeds the tolerance.
+    """
+    from attnzoo.fileio import atomic_path, atomic_write_text, sha256_file
+
+    from .check import check_projection
+    from .onnx_export import BATCH_DIM, op_histogram
+    from .verify import failed_report_path, report_path
+
+    fp32_onnx, out = Path(fp32_onnx), Path(out)
+    src = onnx.load(str(fp32_onnx))
+    extra = extra_math_nodes(src, config)
+    exclude = [] if quantize_extra_math else extra
+    tol = ACCURACY_TOLERANCE[config["task"]] if tolerance is None else float(tolerance)
+    with atomic_path(out) as tmp:
+        q = quantize_onnx(fp32_onnx, tmp, dtype=dtype, calibration=calibration, exclude_nodes=exclude,
+                          calibration_source=calibration_source, calibration_seed=calibration_seed,
+                          extra_nodes=extra)
+        proto = onnx.load(str(tmp))
+        runnable = simulate_fp8(proto) if dtype == "fp8" else proto
+        failures: List[str] = []
+        qdq = q.qdq
+        if sum(qdq["quantized_ops"].values()) == 0:
+            failures.append("no MatMul/Gemm/Conv was quantized")
+        if not quantize_extra_math and qdq["extra_math_quantized"]:
+            failures.append(f"{len(qdq['extra_math_quantized'])} extra-math op(s) read quantized values, e.g. "
+                            f"{qdq['extra_math_quantized'][0]}")
+        projection = check_projection(proto, dict(config), "fp32")
+        failures += [f"extra math: {f}" for f in projection["failures"]] if not quantize_extra_math else []
+        if not _finite_outputs(runnable, calibration[: min(8, len(calibration))], threads):
+            failures.append("non-finite outputs on calibration inputs")
+        dim = proto.graph.input[0].type.tensor_type.shape.dim[0]
+        if (dim.dim_param or dim.dim_value) != BATCH_DIM:
+            failures.append(f"input batch dimension is {dim.dim_param or dim.dim_value!r}, not {BATCH_DIM!r}")
+        accuracy: Dict[str, Any]
+        too_low = False
+        if measure_accuracy and not failures:
+            ev = evaluate_onnx({"fp32": fp32_onnx, dtype: runnable}, config, limit=eval_limit, threads=threads,
+                               progress=progress)
+            drop = ev["metrics"]["fp32"] - ev["metrics"][dtype]
+            accuracy = {**ev, "drop": drop, "tolerance": tol, "within_tolerance": drop <= tol,
+                        "accepted_drop": bool(accept_accuracy_drop and drop > tol),
+                        "runtime": "onnxruntime CPUExecutionProvider",
+                        "how": ("the FP8 Q/DQ graph simulated in float ops (simulate_fp8: e4m3 RNE round trip at the "
+                                "same Q/DQ points, same scales); ONNX Runtime's CPU provider refuses float8 tensors "
+                                "into Transpose") if dtype == "fp8" else "the Q/DQ graph itself"}
+            too_low = drop > tol and not accept_accuracy_drop
+            if too_low:
+                failures.append(f"{ev['metric_name']} {ev['metrics'][dtype]:.2f} is {drop:.2f} points below fp32's "
+                                f"{ev['metrics']['fp32']:.2f} (tolerance {tol:g}); pass --accept-accuracy-drop to "
+                                "write it anyway")
+        elif not measure_accuracy:
+            accuracy = {"measured": False, "warning": "untrained model calibrated on random inputs: accuracy is "
+                                                      "meaningless and was not measured"}
+        else:
+            accuracy = {"measured": False, "reason": "checks failed before scoring"}
+        fp32_report = report_path(fp32_onnx)
+        report = {
+            "path": str(out), "variant": config["variant"], "task": config["task"], "arch": config["arch"],
+            "dtype": dtype, "fp32_source": {"path": str(fp32_onnx), "sha256": sha256_file(fp32_onnx),
+                                            "report": json.loads(fp32_report.read_text())
+                                            if fp32_report.is_file() else None},
+            "quantization": q.to_dict(), "quantize_extra_math": quantize_extra_math,
+            "extra_math_scope_check": {"nodes": len(extra), "quantized": qdq["extra_math_quantized"],
+                                       "projection_check": projection["ok"] or projection["failures"]},
+            "accuracy": accuracy, "file_size": tmp.stat().st_size, "sha256": sha256_file(tmp),
+            "num_nodes": len(proto.graph.node), "op_histogram": op_histogram(proto), "batch_dim": BATCH_DIM,
+            "onnxruntime": __import__("onnxruntime").__version__,
+            "verified": "quantized graph checked (Q/DQ placement, extra math fp32) and scored with ONNX Runtime CPU "
+                        "on the test split next to fp32" if measure_accuracy else
+                        "quantized graph checked (Q/DQ placement, extra math fp32, finite outputs); not scored",
+        }
+        report.update(passed=not failures, failures=failures)
+        if failures:
+            atomic_write_text(failed_report_path(out), json.dumps(report, indent=2) + "\n")
+            raise (AccuracyDropError if too_low else QuantizationCheckError)(
+                f"{out.name} not written: {'; '.join(failures[:3])}; see {failed_report_path(out)}")
+        atomic_write_text(report_path(out), json.dumps(report, indent=2) + "\n")
+    failed_report_path(out).unlink(missing_ok=True)
+    return report
+
+
+def summary(report: Mapping[str, Any]) -> str:
+    """A few lines for the terminal."""
+    q = report["quantization"]
+    cal = q["calibration"]
+    ops = ", ".join(f"{n}/{report['quantization']['qdq']['total_ops'][op]} {op}"
+                    for op, n in q["qdq"]["quantized_ops"].items() if report["quantization"]["qdq"]["total_ops"][op])
+    lines = [f"{report['path']}: {report['variant']} {report['task']} {report['arch']} {report['dtype']} "
+             f"({q['quantizer']} {q['quantizer_version']}), {report['file_size'] / 1e6:.2f} MB",
+             f"  calibration: {cal['count']} x {cal['source']} (seed {cal['seed']}), {cal['method']}; quantized: {ops}",
+             f"  extra math: {report['extra_math_scope_check']['nodes']} node(s) "
+             + ("QUANTIZED (--quantize-extra-math)" if report["quantize_extra_math"] else "excluded, fp32, no Q/DQ")]
+    acc = report["accuracy"]
+    if acc.get("metrics"):
+        m = acc["metrics"]
+        lines.append(f"  {acc['metric_name']} on {acc['n_images']} {acc['data']} test images: fp32 {m['fp32']:.2f}, "
+                     f"{report['dtype']} {m[report['dtype']]:.2f} (drop {acc['drop']:+.2f}, tolerance {acc['tolerance']:g})"
+                     + (" [FP8 simulated]" if report["dtype"] == "fp8" else ""))
+    else:
+        lines.append(f"  accuracy not measured: {acc.get('warning') or acc.get('reason')}")
+    lines.append(f"  {'PASSED' if report['passed'] else 'FAILED: ' + '; '.join(report['failures'])}")
+    return "\n".join(lines)
