@@ -10,9 +10,12 @@ The browser test (``tests/test_serve.py``) uses :func:`capture` and checks what 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 from urllib.parse import urlsplit
+
+from attnzoo.cli import add_debug_flag, entry_point
 
 from . import examples
 
@@ -84,9 +87,12 @@ def _shot(page, path: Path) -> Path:
     return path
 
 
-def main(argv: Optional[List[str]] = None) -> None:
-    """``python -m attnzoo.serve.screenshot [--models DIR] [--out PNG]``: screenshot the Segment tab."""
-    parser = argparse.ArgumentParser(description="Screenshot the demo (Segment tab) with Debian's chromium.")
+@entry_point
+def main(argv: Optional[List[str]] = None) -> int:
+    """``python -m attnzoo.serve.screenshot [--models DIR] [--out PNG]``: screenshot the Segment tab; errors
+    (no models, no chromium) exit 1 with one ``error: ...`` line (attnzoo.cli)."""
+    parser = add_debug_flag(argparse.ArgumentParser(
+        prog="python -m attnzoo.serve.screenshot", description="Screenshot the demo (Segment tab) with Debian's chromium."))
     parser.add_argument("--models", type=Path, default=None, help="folder of exported models (default: the zoo)")
     parser.add_argument("--out", type=Path, default=Path("docs/demo.png"))
     args = parser.parse_args(argv)
@@ -95,19 +101,14 @@ def main(argv: Optional[List[str]] = None) -> None:
     from .app import build_demo, free_port, launch
     from .backends import load_models
 
-    try:
-        models = load_models(args.models)
-    except ValueError as exc:
-        raise SystemExit(f"error: {exc}") from None
+    models = load_models(args.models)  # ValueError: no servable models there
     demo = build_demo(models, source=f"`{args.models}`" if args.models else f"the zoo ({DEFAULT_DATA})")
     port = free_port()
     launch(demo, "127.0.0.1", port, block=False)
-    try:
+    try:  # FileNotFoundError: no chromium
         tmp = args.out.parent / ".screenshots"
         report = capture(f"http://127.0.0.1:{port}/", tmp, classify=any(m.task == "cls" for m in models),
                          segment=any(m.task == "seg" for m in models))
-    except FileNotFoundError as exc:
-        raise SystemExit(f"error: {exc}") from None
     finally:
         demo.close()
     shot = report["files"][-1]
@@ -116,7 +117,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         extra.unlink()
     tmp.rmdir()
     print(f"wrote {args.out} ({shot.name.removesuffix('.png')} view); other hosts requested: {len(report['blocked'])}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

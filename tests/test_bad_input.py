@@ -117,6 +117,46 @@ def test_decompression_bombs_are_named_as_such(tmp_path):
     assert "decompression bomb" in str(info.value) and "damaged" not in str(info.value)
 
 
+def test_over_the_cap_images_are_refused_without_a_pillow_warning(tmp_path, capsys):
+    """40-179 MP: Pillow warns past its own 89 MP limit as it reads the header; our refusal comes first and alone.
+    A bomb past Pillow's 179 MP error is still refused with one line."""
+    import warnings
+
+    for side, needle in ((10000, "10000x10000 (100 MP), over the 40 MP limit"), (13000, "13000x13000 (169 MP)"),
+                         (20000, "refused a decompression bomb")):
+        path = _png_header_only(tmp_path / f"{side}.png", side, side)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(ImageTooLargeError) as info:
+                load_image(path)
+            with pytest.raises(ImageTooLargeError):
+                load_image(path.read_bytes())
+        assert needle in str(info.value) and "\n" not in str(info.value)
+        assert [w for w in caught if issubclass(w.category, Image.DecompressionBombWarning)] == [], side
+    # outside load_image Pillow's own warning is untouched (the filter was scoped to the header read)
+    with pytest.warns(Image.DecompressionBombWarning):
+        Image.open(tmp_path / "10000.png")
+
+
+def test_zoo_and_screenshot_commands_use_the_one_error_pattern(tmp_path, capsys):
+    from attnzoo.cli import CommandExit
+    from attnzoo.serve import screenshot
+    from attnzoo.training import zoo as zoo_cli
+
+    errors = [_exit(zoo_cli.main, ["build", "--variants", "nosuch", "--out", str(tmp_path / "zoo")]),
+              _exit(zoo_cli.main, ["onnx", "--data", "nosuch"]),
+              _exit(screenshot.main, ["--models", str(tmp_path / "none"), "--out", str(tmp_path / "x.png")])]
+    assert all(isinstance(e, CommandExit) for e in errors) and [e.code for e in errors] == [2, 1, 1]
+    assert str(errors[0]).startswith("error: unknown variant 'nosuch'; valid variants: ")
+    assert not (tmp_path / "zoo").exists()  # refused before anything was written
+    assert str(errors[1]) == "error: the zoo has no models trained on 'nosuch'"
+    assert str(errors[2]) == f"error: models folder not found: {tmp_path / 'none'}"
+    assert capsys.readouterr().err.strip().splitlines() == [str(e) for e in errors]  # one line each, no traceback
+    proc = subprocess.run([sys.executable, "-m", "attnzoo.training.zoo", "onnx", "--data", "nosuch"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stderr.strip() == "error: the zoo has no models trained on 'nosuch'"
+
+
 def test_exif_orientation_is_applied(tmp_path):
     pixels = np.zeros((2, 4, 3), np.uint8)
     pixels[:, :2] = (255, 0, 0)  # left half red, right half blue

@@ -22,6 +22,7 @@ import torch
 from tqdm import tqdm
 
 from attnzoo.checkpoint import load_checkpoint
+from attnzoo.cli import CommandError, UsageError, add_debug_flag, entry_point
 from attnzoo.fileio import atomic_write_text, sha256_file
 from attnzoo.models import TASKS, VARIANT_NAMES, canonical_name
 from attnzoo.training.data import DIGITS_CLASSES, SHAPES_CLASSES, ImageSet, load_data
@@ -346,8 +347,11 @@ def ship_onnx(data: str = "fashion", out_dir: Path = ZOO_DIR) -> List[Dict[str, 
     return [e for e in rows if "onnx" in e]
 
 
+@entry_point
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m attnzoo.training.zoo", description=__doc__.splitlines()[0])
+    """``python -m attnzoo.training.zoo``: errors exit non-zero with one ``error: ...`` line (attnzoo.cli)."""
+    p = add_debug_flag(argparse.ArgumentParser(prog="python -m attnzoo.training.zoo",
+                                               description=__doc__.splitlines()[0]))
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="train the zoo")
     b.add_argument("--jobs", type=int, default=2, help="parallel single-threaded training processes")
@@ -364,6 +368,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                                     "first start adopts them instead of exporting)")
     o.add_argument("--data", default="fashion")
     args = p.parse_args(argv)
+    if args.cmd == "build":
+        try:  # refused before any file is touched
+            for variant in args.variants:
+                canonical_name(variant)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     try:
         if args.cmd == "build":
             build(args.variants, args.jobs, Path(args.out), resume=not args.fresh, data=args.data, tasks=args.tasks)
@@ -386,8 +396,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             if problems:
                 return 1
             print("zoo verified: all sha256s match and every model reproduces its metric")
-    except (ValueError, RuntimeError, OSError) as exc:
-        raise SystemExit(f"error: {exc}") from None
+    except RuntimeError as exc:  # failed training jobs / exports: their message says what failed
+        raise CommandError(str(exc)) from exc
     return 0
 
 
