@@ -8,6 +8,8 @@ Examples::
     export-model --variant belief2 --format tensorrt --batch-sizes 1,8,32
     export-model --variant belief2 --format tensorrt --compute-capability SM86   # no GPU needed
     export-model --variant belief2 --format triton --out triton-models --batch-sizes 1,8,32
+    export-model --variant belief2 --dtype int8                         # ModelOpt Q/DQ, scored on the test set
+    export-model --variant belief2 --dtype fp8 --format tensorrt        # FP8 engine for SM89, built ahead of time
 
 Errors: one ``error: ...`` line, exit 2 for a bad command line (refused before anything is loaded or
 written), 1 for a failure; ``--debug`` shows the traceback (see :mod:`attnzoo.cli`).
@@ -19,6 +21,7 @@ import argparse
 import contextlib
 import io
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -52,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     from attnzoo.limits import MAX_BATCH_SIZE
 
     from .onnx_export import DTYPES, SUPPORTED_OPSETS
+    from .quantize import ACCURACY_TOLERANCE, DEFAULT_CALIBRATION_COUNT, DEFAULT_CALIBRATION_SEED, QUANT_DTYPES
 
     p = argparse.ArgumentParser(
         prog="export-model",
@@ -69,7 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--random-init", action="store_true",
                    help="export a freshly initialised (untrained) model instead of a checkpoint")
     p.add_argument("--opset", type=int, default=20, help=f"ONNX opset ({', '.join(map(str, SUPPORTED_OPSETS))})")
-    p.add_argument("--dtype", choices=DTYPES, default="fp32")
+    p.add_argument("--dtype", choices=(*DTYPES, *QUANT_DTYPES), default="fp32",
+                   help="fp32, fp16, or int8/fp8: post-training quantization with NVIDIA ModelOpt (Q/DQ nodes; the "
+                        "extra math stays fp32), verified on the test split next to fp32")
     p.add_argument("--format", choices=tuple(SUFFIXES), default=None,
                    help="onnx, tensorrt or triton (default: from the --out suffix, .onnx or .engine; else onnx); "
                         "triton writes a Triton model repository into the --out folder (default "
@@ -97,6 +103,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"--format tensorrt: GPU to build for, one of {', '.join(COMPUTE_CAPABILITIES)} (default: "
                         f"CURRENT, the GPU present; without a GPU {DEFAULT_COMPUTE_CAPABILITY}, built ahead of time "
                         "with tensorrt-rtx and not run)")
+    q = p.add_argument_group("quantization (--dtype int8 / fp8)")
+    q.add_argument("--quantize-extra-math", "--quantize-projection", dest="quantize_extra_math", action="store_true",
+                   help="quantize the variant's extra-math scopes too (the projection; an ablation): by default "
+                        "every op in them stays unquantized and fp32")
+    q.add_argument("--calibration-data", type=Path, default=None, metavar="FILE.npy",
+                   help="calibrate on this float32 (N, 3, H, W) array of normalised images (never unpickled) "
+                        "instead of the model's training split")
+    q.add_argument("--calibration-count", type=int, default=None, metavar="N",
+                   help=f"training images to calibrate on (default {DEFAULT_CALIBRATION_COUNT})")
+    q.add_argument("--calibration-seed", type=int, default=None,
+                   help=f"seed of the calibration draw (default {DEFAULT_CALIBRATION_SEED})")
+    q.add_argument("--accept-accuracy-drop", action="store_true",
+                   help="write the quantized model even when it scores more than the tolerance below fp32 "
+                        f"({ACCURACY_TOLERANCE['cls']:g} points top-1, {ACCURACY_TOLERANCE['seg']:g} mIoU)")
+    q.add_argument("--eval-limit", type=int, default=None, metavar="N",
+                   help="score on the first N test images only (quick checks; default: the whole test split)")
     return add_debug_flag(p)
 
 
@@ -189,7 +211,7 @@ def _out_path(args: argparse.Namespace, config: Dict[str, Any]) -> Path:
     and must be writable."""
     from attnzoo.fileio import writable_dir
 
-    dtype = "_fp16" if args.dtype == "fp16" else ""
+    dtype = "" if args.dtype == "fp32" else f"_{args.dtype}"
     stem = f"{config['variant']}_{config['task']}_{config['arch']}{dtype}"
     if args.format == "triton":
         repo = args.out or DEFAULT_TRITON_DIR
@@ -235,6 +257,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from attnzoo.models import canonical_name
 
     from .onnx_export import SUPPORTED_OPSETS
+    from .quantize import QUANT_DTYPES
     from .verify import EXTRA_BATCH_SIZES, VerificationError, export_verified, summary
 
     args = build_parser().parse_args(argv)
@@ -252,6 +275,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         canonical_name(args.variant)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    _check_quantize_flags(args)
     if args.format == "tensorrt":
         from .tensorrt import tensorrt_unavailable_reason
 
@@ -274,29 +298,42 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     out = _out_path(args, config)
+    calibration = _calibration(args, config, hw) if args.dtype in QUANT_DTYPES else None  # (x, source, seed)
     if args.random_init:
         print(f"warning: --random-init: exporting an UNTRAINED {config['variant']} model with random weights; "
               "its predictions are meaningless", file=sys.stderr)
     onnx_out = _onnx_out(args, out)
-    steps = ["export + check + verify"] + (["tensorrt"] if args.format == "tensorrt" else [])
+    steps = ["export + check + verify"] + (["quantize + score"] if calibration is not None else []) + \
+        (["tensorrt"] if args.format == "tensorrt" else [])
     if args.format == "triton":
         steps += (["tensorrt"] if args.triton_platform == "tensorrt" else []) + ["triton config"]
     with _removed_if_empty(out if args.format == "triton" else None), \
             tqdm(total=len(steps), desc="export-model", unit="step", file=sys.stderr) as bar:
         bar.set_postfix_str(steps[0])
         captured = io.StringIO()
+        quantized = None
         try:
-            with contextlib.redirect_stdout(captured):  # the exporter's own progress lines
-                report = export_verified(model, onnx_out, config, opset=args.opset, dtype=args.dtype,
-                                         input_hw=hw, batch_sizes=batch_sizes, checkpoint_sha256=sha,
-                                         threads=args.threads)
+            with contextlib.ExitStack() as stack:
+                fp32_out = onnx_out
+                if calibration is not None:  # the verified fp32 model is the quantizer's input, kept aside
+                    fp32_out = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="attnzoo-fp32-"))) / \
+                        onnx_out.name
+                with contextlib.redirect_stdout(captured):  # the exporter's own progress lines
+                    report = export_verified(model, fp32_out, config, opset=args.opset,
+                                             dtype="fp32" if calibration is not None else args.dtype,
+                                             input_hw=hw, batch_sizes=batch_sizes, checkpoint_sha256=sha,
+                                             threads=args.threads)
+                bar.update()
+                if calibration is not None:
+                    bar.set_postfix_str(steps[1])
+                    quantized = _quantize(args, fp32_out, onnx_out, config, calibration)
+                    bar.update()
         except VerificationError as exc:
             raise CommandError(str(exc)) from exc
-        except (ValueError, OSError):
+        except (ValueError, OSError, CommandError):
             raise
         except Exception as exc:  # ONNX Runtime / exporter errors: one line (traceback with --debug)
             raise CommandError(f"export failed: {type(exc).__name__}: {first_line(exc)}") from exc
-        bar.update()
         engine_report = None
         if "tensorrt" in steps:
             from .tensorrt import build_engine
@@ -319,7 +356,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             triton_check = write_config(out, ModelContract.from_onnx(onnx_out), onnx_out,
                                         PLATFORMS[args.triton_platform], max(batch_sizes), args.triton_queue_delay_us)
             bar.update()
-    print(summary(report))
+    print(summary(report) if quantized is None else _quantized_summary(quantized, report))
     if triton_check:
         from .triton import summary as triton_summary
 
@@ -392,6 +429,100 @@ def _check_triton(args: argparse.Namespace) -> None:
                              "with pip install -e \".[tensorrt10]\", or use --triton-platform onnxruntime)")
     elif args.compute_capability:
         raise UsageError("--compute-capability applies to --format tensorrt and --triton-platform tensorrt only")
+
+
+def _check_quantize_flags(args: argparse.Namespace) -> None:
+    """Refuse quantization flags that cannot work, before any work (ModelOpt missing, FP8 below SM 8.9, ...)."""
+    from .quantize import QUANT_DTYPES, fp8_compute_capability_error, quantize_unavailable_reason
+
+    flags = {"--quantize-extra-math": args.quantize_extra_math, "--calibration-data": args.calibration_data,
+             "--calibration-count": args.calibration_count is not None,
+             "--calibration-seed": args.calibration_seed is not None,
+             "--accept-accuracy-drop": args.accept_accuracy_drop, "--eval-limit": args.eval_limit is not None}
+    if args.dtype not in QUANT_DTYPES:
+        given = [flag for flag, value in flags.items() if value]
+        if given:
+            raise UsageError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to --dtype int8 / fp8 only")
+        return
+    if args.format == "triton":
+        raise UsageError(f"--dtype {args.dtype}: --format triton is not supported yet; export the ONNX "
+                         "(--format onnx) or a TensorRT engine")
+    if args.dtype == "fp8" and args.format == "tensorrt":
+        error = fp8_compute_capability_error(args.compute_capability)
+        if error:
+            raise UsageError(error)
+    reason = quantize_unavailable_reason()
+    if reason:
+        raise UsageError(f"--dtype {args.dtype} {reason}")
+    for flag, value in (("--calibration-count", args.calibration_count), ("--eval-limit", args.eval_limit)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be >= 1, got {value}")
+    if args.calibration_data is not None:
+        if args.calibration_count is not None or args.calibration_seed is not None:
+            raise UsageError("--calibration-count/--calibration-seed draw from the training split; with "
+                             "--calibration-data the file's images are used as they are")
+        from .quantize import load_calibration_file
+
+        try:
+            load_calibration_file(args.calibration_data, None)  # shape (but H, W), dtype, emptiness
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+
+
+def _calibration(args: argparse.Namespace, config: Dict[str, Any], hw: Tuple[int, int]) -> Tuple[Any, str, Optional[int]]:
+    """``(float32 NCHW calibration batch, what it is, seed)``: a file, the training split, or random inputs."""
+    import numpy as np
+
+    from .quantize import (DEFAULT_CALIBRATION_COUNT, DEFAULT_CALIBRATION_SEED, calibration_images,
+                           load_calibration_file, random_calibration)
+
+    count = args.calibration_count or DEFAULT_CALIBRATION_COUNT
+    seed = DEFAULT_CALIBRATION_SEED if args.calibration_seed is None else args.calibration_seed
+    if args.calibration_data is not None:
+        try:
+            x = load_calibration_file(args.calibration_data, hw)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        return x, f"--calibration-data {args.calibration_data}", None
+    if args.random_init:
+        print(f"warning: --random-init: calibrating the UNTRAINED model on {count} random (standard normal) inputs; "
+              "the quantized model's accuracy is meaningless and is not measured", file=sys.stderr)
+        return random_calibration(hw, count, seed), "random standard-normal inputs (--random-init)", seed
+    try:
+        x = calibration_images(config, count, seed)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if x.shape[2:] != tuple(hw):
+        raise UsageError(f"the training images are {x.shape[2]}x{x.shape[3]}, --input-size {hw[0]}x{hw[1]}; "
+                         "calibrate at the training size or pass --calibration-data")
+    return np.ascontiguousarray(x), f"{config['data']} training split", seed
+
+
+def _quantize(args: argparse.Namespace, fp32_onnx: Path, out: Path, config: Dict[str, Any],
+              calibration: Tuple[Any, str, Optional[int]]) -> Dict[str, Any]:
+    """Quantize, check and score (:func:`attnzoo.export.quantize.quantize_verified`); failures as CommandError."""
+    from .quantize import AccuracyDropError, QuantizationCheckError, quantize_verified
+
+    x, source, seed = calibration
+    try:
+        return quantize_verified(fp32_onnx, out, config, dtype=args.dtype, calibration=x,
+                                 calibration_source=source, calibration_seed=seed,
+                                 quantize_extra_math=args.quantize_extra_math,
+                                 accept_accuracy_drop=args.accept_accuracy_drop,
+                                 measure_accuracy=not args.random_init, eval_limit=args.eval_limit,
+                                 threads=args.threads, progress=True)
+    except (AccuracyDropError, QuantizationCheckError) as exc:
+        raise CommandError(str(exc)) from exc
+
+
+def _quantized_summary(quantized: Dict[str, Any], fp32_report: Dict[str, Any]) -> str:
+    from .quantize import summary as quantize_summary
+    from .verify import report_path
+
+    par = fp32_report["parity"]
+    return (f"fp32 source verified: parity vs eager max abs err {par['max_abs_err']:.2e} at batch sizes "
+            f"{par['batch_sizes']}\n" + quantize_summary(quantized)
+            + f"\n  report: {report_path(quantized['path'])}")
 
 
 if __name__ == "__main__":

@@ -209,8 +209,10 @@ def random_calibration(input_hw: Tuple[int, int], count: int = DEFAULT_CALIBRATI
     return np.random.default_rng(seed).standard_normal((count, 3, *input_hw)).astype(np.float32)
 
 
-def load_calibration_file(path: Union[str, Path], input_hw: Tuple[int, int]) -> np.ndarray:
+def load_calibration_file(path: Union[str, Path], input_hw: Optional[Tuple[int, int]]) -> np.ndarray:
     """A user's calibration batch: a ``.npy`` array (never unpickled) of float NCHW inputs, already normalised.
+
+    ``input_hw`` ``None`` checks everything but the spatial size (before the model is loaded).
 
     Raises:
         ValueError: one line: missing/unreadable file, a pickle, wrong shape (must be ``(N, 3, H, W)``), a
@@ -227,9 +229,9 @@ def load_calibration_file(path: Union[str, Path], input_hw: Tuple[int, int]) -> 
         raise ValueError(f"--calibration-data {path}: cannot read it as .npy ({exc})") from None
     if not isinstance(x, np.ndarray):
         raise ValueError(f"--calibration-data {path}: an .npz archive; save one array with numpy.save")
-    want = (3, *input_hw)
-    if x.ndim != 4 or tuple(x.shape[1:]) != want:
-        raise ValueError(f"--calibration-data {path}: shape {tuple(x.shape)}, the model takes (N, {', '.join(map(str, want))}) "
+    want = ("3", *(map(str, input_hw) if input_hw else ("H", "W")))
+    if x.ndim != 4 or x.shape[1] != 3 or (input_hw and tuple(x.shape[2:]) != tuple(input_hw)):
+        raise ValueError(f"--calibration-data {path}: shape {tuple(x.shape)}, the model takes (N, {', '.join(want)}) "
                          "float32 images normalised with its mean/std")
     if x.dtype.kind != "f":
         raise ValueError(f"--calibration-data {path}: dtype {x.dtype}, need float32 (normalised images, not raw "
@@ -398,18 +400,20 @@ def quantize_onnx(fp32_onnx: Union[str, Path], out: Union[str, Path], *, dtype: 
             excluded_nodes=list(exclude_nodes), qdq=qdq_summary(proto, extra), time_s=round(elapsed, 3),
             options={"high_precision_dtype": "fp32", "calibration_eps": ["cpu"]},
             extra_math_inputs_unquantized=rerouted)
-        _carry_metadata(src, proto, dtype, report)
+        _carry_metadata(src, proto, dtype, report, quantize_extra_math=bool(set(extra) - set(exclude_nodes)))
         onnx.save(proto, str(tmp))
     return report
 
 
-def _carry_metadata(src: onnx.ModelProto, dst: onnx.ModelProto, dtype: str, report: QuantizeReport) -> None:
+def _carry_metadata(src: onnx.ModelProto, dst: onnx.ModelProto, dtype: str, report: QuantizeReport, *,
+                    quantize_extra_math: bool) -> None:
     """Copy the attnzoo metadata props; ``dtype`` becomes the quantized one; add ``quantization``."""
     props = {p.key: p.value for p in src.metadata_props}
     props["dtype"] = dtype
     props["quantization"] = json.dumps({"quantizer": report.quantizer, "version": report.quantizer_version,
                                         "mode": dtype, "calibration": report.calibration,
-                                        "excluded_nodes": len(report.excluded_nodes)})
+                                        "excluded_nodes": len(report.excluded_nodes),
+                                        "quantize_extra_math": quantize_extra_math})
     del dst.metadata_props[:]
     for key, value in props.items():
         dst.metadata_props.add(key=key, value=value)

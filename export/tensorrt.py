@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence, Union
+from collections import Counter
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -28,7 +29,8 @@ from attnzoo.runtime.parity import compare
 from attnzoo.runtime.sessions import ort_session
 
 __all__ = ["INSTALL_HINT", "TensorRTUnavailable", "tensorrt_unavailable_reason", "build_engine", "load_engine",
-           "run_engine", "engine_report_path", "failed_engine_report_path", "network_check", "STATUS_BUILT", "STATUS_RUN"]
+           "run_engine", "engine_report_path", "failed_engine_report_path", "network_check", "dequantized_layers",
+           "STATUS_BUILT", "STATUS_RUN"]
 
 INSTALL_HINT = rt.INSTALL_HINT
 TensorRTUnavailable = rt.TensorRTUnavailable
@@ -62,6 +64,43 @@ def run_engine(engine: rt.Engine, x: np.ndarray) -> np.ndarray:
     return engine.run(x)
 
 
+#: Layer types that move values without computing on them (followed from a DEQUANTIZE layer to its readers).
+_LAYOUT_LAYERS = ("SHUFFLE", "SQUEEZE", "UNSQUEEZE")
+
+
+def dequantized_layers(network: Any, layer_types: Sequence[str] = ("MATRIX_MULTIPLY", "CONVOLUTION")) -> Dict[str, Any]:
+    """Layers of ``layer_types`` that read a ``DEQUANTIZE`` layer's output (directly or through shuffles): the
+    ones TensorRT runs quantized in an explicitly quantized (Q/DQ) network.
+
+    Returns:
+        ``{"quantize_layers", "dequantize_layers", "fed_by_dequantize": {type: [layer names]},
+        "not_fed": {type: [layer names]}}``.
+    """
+    producer: Dict[str, Any] = {}
+    layers = [network.get_layer(i) for i in range(network.num_layers)]
+    for layer in layers:
+        for j in range(layer.num_outputs):
+            producer[layer.get_output(j).name] = layer
+
+    def from_dq(tensor: Any) -> bool:
+        p = producer.get(tensor.name) if tensor is not None else None
+        while p is not None and p.type.name in _LAYOUT_LAYERS:
+            src = p.get_input(0)
+            p = producer.get(src.name) if src is not None else None
+        return p is not None and p.type.name == "DEQUANTIZE"
+
+    fed: Dict[str, List[str]] = {t: [] for t in layer_types}
+    not_fed: Dict[str, List[str]] = {t: [] for t in layer_types}
+    counts: Counter = Counter(layer.type.name for layer in layers)
+    for layer in layers:
+        kind = layer.type.name
+        if kind in fed:
+            inputs = [layer.get_input(j) for j in range(layer.num_inputs)]
+            (fed if any(from_dq(t) for t in inputs) else not_fed)[kind].append(layer.name)
+    return {"quantize_layers": counts["QUANTIZE"], "dequantize_layers": counts["DEQUANTIZE"],
+            "fed_by_dequantize": fed, "not_fed": not_fed}
+
+
 def network_check(parsed: rt.ParsedNetwork, onnx_path: Union[str, Path], contract: ModelContract) -> Dict[str, Any]:
     """Projection ops of every block (and, in fp16, LayerNorm/softmax) present in the network and fp32.
 
@@ -84,7 +123,31 @@ def network_check(parsed: rt.ParsedNetwork, onnx_path: Union[str, Path], contrac
         result["failures"] = [f"ONNX: {f}" for f in onnx_check["failures"]] + result["failures"]
         result["ok"] = False
     result["projection_blocks"] = len(onnx_check["blocks"])
+    if contract.dtype in ("int8", "fp8"):
+        _quantized_check(parsed, contract, scopes, result)
     return result
+
+
+def _quantized_check(parsed: rt.ParsedNetwork, contract: ModelContract, scopes: Dict[str, List[str]],
+                     result: Dict[str, Any]) -> None:
+    """A Q/DQ network: which MatMuls/convolutions read a DEQUANTIZE layer (some must), and, unless the export
+    quantized the extra math on purpose, that no extra-math layer does."""
+    q = dequantized_layers(parsed.network, ("MATRIX_MULTIPLY", "CONVOLUTION", *sorted(set(rt._LAYER_OF_OP.values()))))
+    meta = json.loads(contract.props.get("quantization") or "{}")
+    extra = {name for names in scopes.values() for name in names}
+    in_extra = sorted(extra.intersection(name for names in q["fed_by_dequantize"].values() for name in names))
+    result["quantized"] = {
+        "quantize_layers": q["quantize_layers"], "dequantize_layers": q["dequantize_layers"],
+        "matmuls_fed_by_dequantize": q["fed_by_dequantize"]["MATRIX_MULTIPLY"],
+        "matmuls_not_quantized": q["not_fed"]["MATRIX_MULTIPLY"],
+        "convolutions_fed_by_dequantize": len(q["fed_by_dequantize"]["CONVOLUTION"]),
+        "extra_math_layers_fed_by_dequantize": in_extra,
+        "extra_math_quantized_on_purpose": bool(meta.get("quantize_extra_math"))}
+    if not q["fed_by_dequantize"]["MATRIX_MULTIPLY"] and not q["fed_by_dequantize"]["CONVOLUTION"]:
+        result["failures"].append(f"{contract.dtype} network: no MatMul or convolution reads a DequantizeLinear")
+    if in_extra and not meta.get("quantize_extra_math"):
+        result["failures"].append(f"{len(in_extra)} extra-math layer(s) read a DequantizeLinear, e.g. {in_extra[0]}")
+    result["ok"] = not result["failures"]
 
 
 def _onnx_verification(onnx_path: Path) -> Dict[str, Any]:
@@ -127,6 +190,12 @@ def build_engine(onnx_path: Union[str, Path], engine_path: Union[str, Path], *, 
     """
     onnx_path, engine_path = Path(onnx_path), Path(engine_path)
     contract = ModelContract.from_onnx(onnx_path)
+    if contract.dtype == "fp8":
+        from .quantize import fp8_compute_capability_error
+
+        error = fp8_compute_capability_error(compute_capability)
+        if error:
+            raise ValueError(error)
     lib = rt.load_library()
     parsed = rt.parse_onnx(onnx_path, lib)
     report: Dict[str, Any] = {
@@ -173,13 +242,22 @@ def _run_and_compare(built: rt.Built, contract: ModelContract, onnx_path: Path, 
     import torch
 
     engine = rt.Engine(built.blob, built.library)
-    session = ort_session(onnx_path, "cpu")
+    reference: Union[Path, bytes] = onnx_path
+    if contract.dtype == "fp8":  # ONNX Runtime's CPU provider cannot run float8 tensors: its exact simulation
+        import onnx
+
+        from .quantize import simulate_fp8
+
+        reference = simulate_fp8(onnx.load(str(onnx_path))).SerializeToString()
+    session = ort_session(reference, "cpu")
+    # a Q/DQ engine against ONNX Runtime's Q/DQ graph: kernels may round differently; the int8 entry of the table
+    tol_dtype = "int8" if contract.dtype in ("int8", "fp8") else contract.dtype
     rng = np.random.default_rng(seed)
     failures, rows = [], []
     for batch in sorted({built.profile["min"], built.profile["max"]}):
         x = rng.standard_normal(contract.input_shape(batch)).astype(np.float32)
         ref = session.run(None, {INPUT_NAME: x})[0]
-        c = compare(engine.run(x), ref, contract.dtype)  # TF32 is off in the engine: fp32 is compared as fp32
+        c = compare(engine.run(x), ref, tol_dtype)  # TF32 is off in the engine: fp32 is compared as fp32
         rows.append({"batch": batch, **c})
         if not c["passed"]:
             failures.append(f"parity: batch {batch}: error {c['error']:.3g} > {c['tolerance']:g} "
@@ -199,6 +277,13 @@ def summary(report: Dict[str, Any]) -> str:
              f"{report['engine_size'] / 1e6:.2f} MB",
              f"  network check: {report['network_check']['projection_blocks']} projection scope(s), every "
              f"projection op a fp32 layer{' (and LayerNorm/softmax)' if report['dtype'] == 'fp16' else ''}"]
+    quantized = report["network_check"].get("quantized")
+    if quantized:
+        n_mm = len(quantized["matmuls_fed_by_dequantize"])
+        lines.append(f"  {report['dtype']} Q/DQ: {n_mm} MatMul(s) and {quantized['convolutions_fed_by_dequantize']} "
+                     f"convolution(s) read a DequantizeLinear; not quantized: "
+                     f"{', '.join(quantized['matmuls_not_quantized']) or 'none'}; extra-math layers reading one: "
+                     f"{len(quantized['extra_math_layers_fed_by_dequantize'])}")
     if report["ran_on_gpu"]:
         worst = max(r["error"] for r in report["parity"]["per_batch"])
         lines.append(f"  ran on {report['gpu']}: parity vs ONNX Runtime {worst:.2e}, latency "
