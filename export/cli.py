@@ -297,8 +297,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         check_forward_memory(config, hw, max([*batch_sizes, *EXTRA_BATCH_SIZES]))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    out = _out_path(args, config)
     calibration = _calibration(args, config, hw) if args.dtype in QUANT_DTYPES else None  # (x, source, seed)
+    out = _out_path(args, config)
     if args.random_init:
         print(f"warning: --random-init: exporting an UNTRAINED {config['variant']} model with random weights; "
               "its predictions are meaningless", file=sys.stderr)

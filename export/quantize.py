@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import re
 import tempfile
 import time

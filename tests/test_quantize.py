@@ -1,0 +1,338 @@
+"""export-model --dtype int8|fp8 (issue 24): ModelOpt Q/DQ export, extra math kept fp32, accuracy gate, bad
+calibration input, FP8 simulation against an explicit e4m3 reference, TensorRT Q/DQ builds, packaging."""
+
+from __future__ import annotations
+
+import json
+from importlib.metadata import PackageNotFoundError, distribution
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from attnzoo.export import export_verified
+from attnzoo.export import quantize as qz
+from attnzoo.export.cli import main as export_main
+from attnzoo.export.verify import failed_report_path, report_path
+from attnzoo.runtime.sessions import ort_session
+
+pytestmark = pytest.mark.skipif(qz.quantize_unavailable_reason() is not None,
+                                reason=str(qz.quantize_unavailable_reason()))
+
+
+def _installed(name: str) -> bool:
+    try:
+        distribution(name)
+        return True
+    except PackageNotFoundError:
+        return False
+
+
+# ------------------------------------------------------------------------------------------------ packaging
+def test_one_onnxruntime_distribution_only():
+    """onnxruntime and onnxruntime-gpu install the same `onnxruntime` module: whichever came last wins. The
+    [quantize] extra must not bring the second one (nvidia-modelopt[onnx] does)."""
+    both = _installed("onnxruntime") and _installed("onnxruntime-gpu")
+    assert not both, "both onnxruntime and onnxruntime-gpu are installed (pip uninstall onnxruntime-gpu)"
+
+
+def test_quantize_extra_is_in_dev_and_pins_modelopt():
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    assert any(d.startswith("nvidia-modelopt==0.47") for d in extras["quantize"])
+    assert not any("[onnx" in d or "onnxruntime" in d for d in extras["quantize"])
+    assert "quantize" in extras["dev"][0]
+
+
+# ------------------------------------------------------------------------------------------------ fixtures
+@pytest.fixture(scope="module")
+def fp32(tmp_path_factory):
+    """A verified fp32 export of an untrained micro belief2 classifier (4 projection scopes) and its config."""
+    from attnzoo.export.cli import load_for_export
+
+    model, config, _ = load_for_export("belief2", "cls", "micro", random_init=True)
+    path = tmp_path_factory.mktemp("fp32") / "b2.onnx"
+    export_verified(model, path, config, batch_sizes=(1, 8))
+    return path, config
+
+
+@pytest.fixture(scope="module")
+def int8(fp32, tmp_path_factory):
+    path, config = fp32
+    out = tmp_path_factory.mktemp("int8") / "b2_int8.onnx"
+    cal = qz.random_calibration((32, 32), 32, seed=0)
+    report = qz.quantize_verified(path, out, config, dtype="int8", calibration=cal, calibration_source="random",
+                                  calibration_seed=0, measure_accuracy=False)
+    return out, report
+
+
+def _fed_by_dq(proto: onnx.ModelProto, names) -> list:
+    """Nodes among ``names`` with an input computed by a DequantizeLinear (through layout ops): written
+    independently of export/quantize.py's own check."""
+    producer = {o: n for n in proto.graph.node for o in n.output}
+    hits = []
+    for node in proto.graph.node:
+        if node.name not in names:
+            continue
+        for i in node.input:
+            p = producer.get(i)
+            while p is not None and p.op_type in ("Transpose", "Reshape", "Squeeze", "Unsqueeze"):
+                p = producer.get(p.input[0])
+            if p is not None and p.op_type == "DequantizeLinear":
+                hits.append(node.name)
+    return hits
+
+
+# ------------------------------------------------------------------------------------------------ int8 export
+def test_int8_export_writes_a_qdq_model_with_the_extra_math_unquantized(fp32, int8):
+    out, report = int8
+    proto = onnx.load(str(out))
+    ops = {n.op_type for n in proto.graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+    extra = qz.extra_math_nodes(proto)
+    assert len(extra) == 4 * 8  # 4 blocks x (3 Mul, 2 ReduceSum, Add, Div, Sub), all still there
+    assert _fed_by_dq(proto, set(extra)) == []
+    assert not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") and n.name.startswith("blocks.")
+                   and ".attn.projection" in n.name for n in proto.graph.node)
+    # MatMuls outside the projection are quantized
+    matmuls = [n.name for n in proto.graph.node if n.op_type == "MatMul"]
+    assert _fed_by_dq(proto, set(matmuls))
+    props = {p.key: p.value for p in proto.metadata_props}
+    assert props["dtype"] == "int8" and json.loads(props["quantization"])["mode"] == "int8"
+    # it runs in ONNX Runtime CPU with a symbolic batch
+    x = np.random.default_rng(0).standard_normal((3, 3, 32, 32)).astype(np.float32)
+    assert np.isfinite(ort_session(out, "cpu").run(None, {"image": x})[0]).all()
+
+
+def test_int8_report_fields(int8):
+    out, report = int8
+    on_disk = json.loads(report_path(out).read_text())
+    assert on_disk["sha256"] == report["sha256"] and on_disk["passed"] is True
+    q = on_disk["quantization"]
+    assert q["quantizer"].startswith("nvidia-modelopt") and q["quantizer_version"].startswith("0.47")
+    assert q["mode"] == "int8"
+    assert q["calibration"]["count"] == 32 and q["calibration"]["seed"] == 0
+    assert q["calibration"]["method"] == "entropy" and q["calibration"]["providers"] == ["cpu"]
+    assert len(q["excluded_nodes"]) == 32
+    n_mm = q["qdq"]["quantized_ops"]["MatMul"]
+    assert 0 < n_mm <= q["qdq"]["total_ops"]["MatMul"] and len(q["qdq"]["quantized_matmuls"]) == n_mm
+    assert on_disk["accuracy"]["measured"] is False and "random" in on_disk["accuracy"]["warning"]
+    assert on_disk["fp32_source"]["report"]["passed"] is True
+
+
+def test_quantize_extra_math_puts_qdq_in_front_of_it(fp32, tmp_path):
+    path, config = fp32
+    out = tmp_path / "b2_int8_all.onnx"
+    report = qz.quantize_verified(path, out, config, dtype="int8", calibration=qz.random_calibration((32, 32), 16),
+                                  calibration_source="random", quantize_extra_math=True, measure_accuracy=False)
+    proto = onnx.load(str(out))
+    assert report["quantization"]["excluded_nodes"] == []
+    assert _fed_by_dq(proto, set(qz.extra_math_nodes(proto)))
+    assert json.loads({p.key: p.value for p in proto.metadata_props}["quantization"])["quantize_extra_math"] is True
+
+
+# ------------------------------------------------------------------------------------------------ accuracy gate
+FASHION = Path("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte")
+needs_fashion = pytest.mark.skipif(not (FASHION.exists() or FASHION.with_suffix(".gz").exists()),
+                                   reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)")
+
+
+@pytest.fixture(scope="module")
+def zoo_fp32(tmp_path_factory):
+    """The zoo's trained belief2 Fashion-MNIST classifier, exported and verified."""
+    from attnzoo.export.cli import load_for_export
+
+    model, config, sha = load_for_export("belief2", "cls")
+    path = tmp_path_factory.mktemp("zoo") / "b2.onnx"
+    export_verified(model, path, config, batch_sizes=(1, 8), checkpoint_sha256=sha)
+    return path, config
+
+
+@needs_fashion
+def test_calibration_images_are_training_images_preprocessed_like_the_model(zoo_fp32):
+    from attnzoo.preprocess import normalize
+    from attnzoo.training.fashion import fashion_arrays
+
+    _, config = zoo_fp32
+    x = qz.calibration_images(config, 16, seed=3)
+    assert x.shape == (16, 3, 28, 28) and x.dtype == np.float32
+    gray, _ = fashion_arrays("train")
+    idx = np.sort(np.random.default_rng(3).choice(len(gray), 16, replace=False))
+    ref = normalize(np.repeat(gray[idx][..., None], 3, -1), config["mean"], config["std"])  # 28 px: no resize
+    np.testing.assert_array_equal(x, ref)
+    assert not np.array_equal(x, qz.calibration_images(config, 16, seed=4))
+
+
+@needs_fashion
+def test_an_accuracy_drop_beyond_the_tolerance_refuses_to_write(zoo_fp32, tmp_path, monkeypatch):
+    path, config = zoo_fp32
+    out = tmp_path / "b2_int8.onnx"
+    out.write_bytes(b"a good model already there")
+    report_path(out).write_text("its report")
+    cal = qz.calibration_images(config, 64, seed=0)
+    # test hook: an impossible tolerance (int8 would have to beat fp32 by 100 points)
+    monkeypatch.setitem(qz.ACCURACY_TOLERANCE, "cls", -100.0)
+    with pytest.raises(qz.AccuracyDropError, match="below fp32"):
+        qz.quantize_verified(path, out, config, dtype="int8", calibration=cal, calibration_source="fashion",
+                             eval_limit=300)
+    assert out.read_bytes() == b"a good model already there" and report_path(out).read_text() == "its report"
+    failed = json.loads(failed_report_path(out).read_text())
+    assert failed["passed"] is False and failed["accuracy"]["n_images"] == 300
+    assert failed["accuracy"]["drop"] > -100.0
+    assert not list(tmp_path.glob(".*tmp"))
+    # the explicit override writes it, and says so
+    report = qz.quantize_verified(path, out, config, dtype="int8", calibration=cal, calibration_source="fashion",
+                                  eval_limit=300, accept_accuracy_drop=True)
+    assert report["passed"] and report["accuracy"]["accepted_drop"] is True
+    assert onnx.load(str(out)).graph.node and not failed_report_path(out).exists()
+
+
+@needs_fashion
+def test_export_model_int8_scores_the_test_split_next_to_fp32(tmp_path, capsys):
+    out = tmp_path / "b2_int8.onnx"
+    assert export_main(["--variant", "belief2", "--dtype", "int8", "--calibration-count", "64",
+                        "--eval-limit", "500", "--out", str(out)]) == 0
+    rep = json.loads(report_path(out).read_text())
+    acc = rep["accuracy"]
+    assert acc["n_images"] == 500 and acc["split"] == "test" and set(acc["metrics"]) == {"fp32", "int8"}
+    assert acc["drop"] == pytest.approx(acc["metrics"]["fp32"] - acc["metrics"]["int8"])
+    assert rep["quantization"]["calibration"]["source"] == "fashion training split"
+    assert "top1 on 500 fashion test images" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+def _refused(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as info:
+        export_main(argv)
+    assert info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    return lines[0]
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("work started although the input should have been refused up front")
+
+
+@pytest.mark.parametrize("array, message", [
+    (np.zeros((4, 3, 16, 16), np.float32), "shape (4, 3, 16, 16)"),
+    (np.zeros((4, 32, 32, 3), np.float32), "shape (4, 32, 32, 3)"),
+    (np.zeros((4, 3, 32, 32), np.uint8), "dtype uint8"),
+    (np.zeros((0, 3, 32, 32), np.float32), "holds no images"),
+    (np.array([{"a": 1}], dtype=object), "not a plain .npy array"),
+    (np.full((2, 3, 32, 32), np.nan, np.float32), "NaN"),
+])
+def test_bad_calibration_files_are_refused_in_one_line_before_work(array, message, tmp_path, monkeypatch, capsys):
+    from attnzoo.export import verify as verify_mod
+
+    monkeypatch.setattr(verify_mod, "export_verified", _never)
+    monkeypatch.setattr(qz, "quantize_verified", _never)
+    bad = tmp_path / "cal.npy"
+    np.save(bad, array, allow_pickle=True)
+    out = tmp_path / "out" / "m.onnx"
+    line = _refused(["--variant", "belief2", "--random-init", "--dtype", "int8", "--calibration-data", str(bad),
+                     "--out", str(out)], capsys)
+    assert message in line
+    assert not out.parent.exists() or not any(out.parent.iterdir())
+
+
+def test_fp8_below_sm89_is_refused_before_work(tmp_path, monkeypatch, capsys):
+    from attnzoo.export import cli as cli_mod
+
+    monkeypatch.setattr(cli_mod, "load_for_export", _never)
+    out = tmp_path / "m.engine"
+    line = _refused(["--variant", "belief2", "--random-init", "--dtype", "fp8", "--format", "tensorrt",
+                     "--compute-capability", "SM86", "--out", str(out)], capsys)
+    assert line == ("error: --dtype fp8 needs compute capability SM89 or newer (FP8 tensor cores); SM86 has none")
+    assert not any(tmp_path.iterdir())
+    assert qz.fp8_compute_capability_error("SM89") is None and qz.fp8_compute_capability_error("SM120") is None
+    assert qz.fp8_compute_capability_error("SM75") is not None
+
+
+def test_quantization_flags_need_a_quantized_dtype(tmp_path, capsys):
+    line = _refused(["--variant", "belief2", "--random-init", "--quantize-projection", "--out",
+                     str(tmp_path / "m.onnx")], capsys)
+    assert line == "error: --quantize-extra-math applies to --dtype int8 / fp8 only"
+
+
+def test_ctrl_c_during_calibration_leaves_nothing(fp32, tmp_path, monkeypatch):
+    import modelopt.onnx.quantization as mo
+
+    def interrupted(*args, **kwargs):
+        Path(kwargs["output_path"]).write_bytes(b"half")  # the quantizer was writing when Ctrl-C came
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mo, "quantize", interrupted)
+    path, config = fp32
+    out = tmp_path / "m.onnx"
+    with pytest.raises(KeyboardInterrupt):
+        qz.quantize_verified(path, out, config, dtype="int8", calibration=qz.random_calibration((32, 32), 4),
+                             calibration_source="random", measure_accuracy=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------------------------ FP8
+def _e4m3(x: np.ndarray) -> np.ndarray:
+    """Reference: QuantizeLinear to float8e4m3fn (saturate) and back, with ml_dtypes' RNE cast."""
+    return np.clip(x, -448.0, 448.0).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+
+
+def test_simulate_fp8_matches_an_e4m3_round_trip():
+    """Q(fp8) -> Transpose -> DQ with a per-tensor scale (activation) and a per-channel one (weight)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [6, 4])
+    w_out = helper.make_tensor_value_info("wq", TensorProto.FLOAT, [4, 6])
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((4, 6)) * 50).astype(np.float32)
+    wscale = np.array([0.5, 0.01, 1.0, 3.0], np.float32)
+    inits = [numpy_helper.from_array(np.array(0.05, np.float32), "s"),
+             helper.make_tensor("zp", TensorProto.FLOAT8E4M3FN, [], [0.0]),
+             numpy_helper.from_array(w, "w"), numpy_helper.from_array(wscale, "ws"),
+             helper.make_tensor("wzp", TensorProto.FLOAT8E4M3FN, [4], [0.0] * 4)]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["q"], name="q"),
+             helper.make_node("Transpose", ["q"], ["qt"], perm=[1, 0], name="t"),
+             helper.make_node("DequantizeLinear", ["qt", "s", "zp"], ["y"], name="dq"),
+             helper.make_node("QuantizeLinear", ["w", "ws", "wzp"], ["wq8"], axis=0, name="wq"),
+             helper.make_node("DequantizeLinear", ["wq8", "ws", "wzp"], ["wq"], axis=0, name="wdq")]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y, w_out], inits),
+                              opset_imports=[helper.make_opsetid("", 21)])
+    sim = qz.simulate_fp8(model)
+    assert not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in sim.graph.node)
+    xv = np.concatenate([rng.standard_normal((2, 6)), rng.standard_normal((2, 6)) * 100]).astype(np.float32)
+    got_y, got_w = ort_session(sim.SerializeToString(), "cpu").run(None, {"x": xv})
+    np.testing.assert_array_equal(got_y, (_e4m3(xv / np.float32(0.05)) * np.float32(0.05)).T)
+    np.testing.assert_array_equal(got_w, _e4m3(w / wscale[:, None]) * wscale[:, None])
+    assert np.abs(xv).max() / 0.05 > 448  # saturation exercised
+
+
+# ------------------------------------------------------------------------------------------------ TensorRT
+@pytest.mark.tensorrt
+@pytest.mark.parametrize("dtype", ["int8", "fp8"])
+def test_tensorrt_builds_the_qdq_graph_with_the_extra_math_fp32(fp32, dtype, tmp_path):
+    from attnzoo.export.tensorrt import STATUS_BUILT, build_engine, tensorrt_unavailable_reason
+    from attnzoo.runtime.tensorrt import gpu_available
+
+    reason = tensorrt_unavailable_reason(run=False)
+    assert reason is None, reason
+    path, config = fp32
+    onnx_q = tmp_path / f"b2_{dtype}.onnx"
+    qz.quantize_verified(path, onnx_q, config, dtype=dtype, calibration=qz.random_calibration((32, 32), 16),
+                         calibration_source="random", measure_accuracy=False)
+    engine = tmp_path / f"b2_{dtype}.engine"
+    report = build_engine(onnx_q, engine, batch_sizes=(1, 8), compute_capability="SM89")
+    assert engine.stat().st_size > 0 and report["passed"]
+    net = report["network_check"]
+    assert net["projection_blocks"] == 4 and all(b["fp32"] == b["layers"] > 0 for b in net["blocks"].values())
+    quantized = net["quantized"]
+    assert quantized["matmuls_fed_by_dequantize"] and quantized["extra_math_layers_fed_by_dequantize"] == []
+    if not gpu_available():
+        assert report["status"] == STATUS_BUILT
+    if dtype == "fp8":  # the API refuses it too, before parsing
+        with pytest.raises(ValueError, match="SM89 or newer"):
+            build_engine(onnx_q, tmp_path / "old.engine", batch_sizes=(1, 8), compute_capability="SM86")
+        assert not (tmp_path / "old.engine").exists()
