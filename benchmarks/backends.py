@@ -8,14 +8,24 @@ Backends: ``eager`` and ``compile`` (PyTorch, the same weights), ``ort-cpu`` (ON
 settings of :mod:`attnzoo.benchmarks.ort_cpu`), ``openvino`` (OpenVINO on the CPU, the same ONNX file, through
 :mod:`attnzoo.runtime.openvino`: the run's threads, latency hint, fp32 precision, batch fixed), ``ort-cuda``
 and ``ort-trt`` (ONNX Runtime CUDA / TensorRT execution providers with I/O binding), ``tensorrt`` (an engine
-built from the ONNX file, run from a CUDA graph). Dtypes: ``fp32``, ``fp16``, ``bf16`` and ``int8`` (dynamic int8
-quantization, ONNX Runtime CPU only).
+built from the ONNX file, run from a CUDA graph). Dtypes: ``fp32``, ``fp16``, ``bf16`` and ``int8``.
+
+int8 (CPU runtimes): static post-training quantization of the same fp32 export, calibrated on
+:data:`CALIBRATION_COUNT` seeded random images (the benchmark's models are random-init: no data set), with
+the variant's extra-math nodes left fp32 (:func:`attnzoo.export.quantize.extra_math_nodes`). ``ort-cpu``
+runs NVIDIA ModelOpt's Q/DQ graph, written and verified by :func:`attnzoo.export.quantize.quantize_verified`
+(the ``export-model --dtype int8`` checks: Q/DQ placement, extra math fp32, finite outputs; no test-set
+accuracy for a random-init model); ``openvino`` runs NNCF's own quantization of the OpenVINO model
+(:func:`attnzoo.runtime.openvino.nncf_int8`, extra math in the ignored scope, checked free of FakeQuantize),
+because OpenVINO gains nothing from the Q/DQ graph. Both are cached per fp32 file (its SHA-256) and then
+pass the benchmark's int8 parity gate before they are timed.
 """
 
 from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,13 +40,16 @@ from .env import cpu_info
 from attnzoo.runtime.parity import TOLERANCES, parity_error, tolerance_key
 
 __all__ = ["BACKENDS", "CPU_BACKENDS", "DTYPES", "row_device", "TOLERANCES", "Runner", "unavailable_reason",
-           "build_runner", "parity_error", "check_parity", "torch_device", "tensorrt_build_only", "tolerance_for"]
+           "build_runner", "parity_error", "check_parity", "torch_device", "tensorrt_build_only", "tolerance_for",
+           "CALIBRATION_COUNT", "int8_onnx", "int8_openvino"]
 
 BACKENDS: Tuple[str, ...] = ("eager", "compile", "ort-cpu", "openvino", "ort-cuda", "ort-trt", "tensorrt")
 #: Backends that run on the CPU whatever ``--device`` says (rows measured against the CPU's matmul ceiling).
 CPU_BACKENDS: Tuple[str, ...] = ("ort-cpu", "openvino")
 DTYPES: Tuple[str, ...] = ("fp32", "fp16", "bf16", "int8")
 _TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+#: Calibration images of the benchmark's int8 models (seeded standard normal: the models are random-init).
+CALIBRATION_COUNT = 32
 
 
 @dataclass
@@ -80,7 +93,7 @@ def unavailable_reason(backend: str, dtype: str, device: torch.device) -> Option
     cuda = torch.cuda.is_available()
     if backend in ("eager", "compile"):
         if dtype == "int8":
-            return "int8 is an ONNX Runtime CPU path (dynamic quantization); no PyTorch int8 path here"
+            return "int8 is a CPU-runtime path here (ModelOpt Q/DQ for ort-cpu, NNCF for openvino); no PyTorch int8"
         if device.type == "cpu" and dtype == "fp16" and not {"avx512_fp16", "amx_fp16"} & set(
                 cpu_info()["flags"]):
             return "fp16 on this CPU has no native kernels (no avx512_fp16/amx_fp16); use bf16"
@@ -96,6 +109,10 @@ def unavailable_reason(backend: str, dtype: str, device: torch.device) -> Option
             return "onnxruntime is not installed"
         if dtype in ("fp16", "bf16"):
             return f"ONNX Runtime's CPU kernels are fp32 (a {dtype} graph runs as casts); int8 is the CPU fast path"
+        if dtype == "int8":
+            from attnzoo.export.quantize import quantize_unavailable_reason
+
+            return quantize_unavailable_reason()
         return None
     if backend == "openvino":
         from attnzoo.runtime.openvino import unavailable_reason as openvino_reason
@@ -104,11 +121,13 @@ def unavailable_reason(backend: str, dtype: str, device: torch.device) -> Option
         if reason or dtype == "fp32":
             return reason
         if dtype == "int8":
-            return ("int8 here is ONNX Runtime's dynamic quantization; OpenVINO int8 needs a statically quantized "
-                    "(calibrated, NNCF) model, not made")
+            from attnzoo.runtime.openvino import nncf_unavailable_reason
+
+            return nncf_unavailable_reason()
         return f"OpenVINO runs the fp32 ONNX file here at fp32 precision (no {dtype} inference-precision hint set)"
     if dtype == "int8":
-        return "int8 here is dynamic quantization (ONNX Runtime CPU kernels); GPU int8 needs calibration, not done"
+        return ("int8 rows here are the CPU runtimes'; the GPU int8 engine is export-model --dtype int8 "
+                "--format tensorrt")
     if backend == "tensorrt":  # without a GPU the engine is still built (tensorrt-rtx), reported "built, not run"
         if dtype == "bf16":
             return "bf16 ONNX graphs are not exported (export dtypes: fp32, fp16)"
@@ -185,31 +204,99 @@ def _device_memory_used() -> Tuple[float, str]:
     return (total - free) / 2 ** 20, "device memory in use (mem_get_info)"
 
 
-def _ort_cpu_runner(onnx_path: Path, x: torch.Tensor, dtype: str, threads: int, cache_dir: Path) -> Runner:
-    from .ort_cpu import quantize_int8, tuned_cpu_session
+def _calibration(config: Dict[str, object]) -> Tuple[np.ndarray, str]:
+    from attnzoo.export.quantize import random_calibration
 
+    size = int(config["img_size"])
+    return (random_calibration((size, size), CALIBRATION_COUNT, seed=0),
+            f"{CALIBRATION_COUNT} standard-normal images, seed 0 (random-init model: no data set)")
+
+
+def _sha_tag(onnx_path: Path) -> str:
+    from attnzoo.fileio import sha256_file
+
+    return sha256_file(onnx_path)[:12]
+
+
+def int8_onnx(onnx_path: Path, config: Dict[str, object], cache_dir: Path) -> Tuple[Path, Dict[str, object]]:
+    """ModelOpt's int8 Q/DQ model of a verified fp32 export, verified as ``export-model --dtype int8`` does it
+    (Q/DQ placement, extra math fp32, finite outputs; not scored: random-init), cached per fp32 SHA-256.
+
+    Returns:
+        ``(path, facts)``: the facts say what was verified, the quantizer and the quantized op counts.
+    """
+    from attnzoo.export.quantize import quantize_verified
+    from attnzoo.export.verify import report_path
+
+    out = Path(cache_dir) / "int8" / f"{onnx_path.stem}-{_sha_tag(onnx_path)}.modelopt-int8.onnx"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    report = json.loads(report_path(out).read_text()) if out.is_file() and report_path(out).is_file() else None
+    if not (report and report.get("passed")):
+        calibration, source = _calibration(config)
+        report = quantize_verified(onnx_path, out, config, dtype="int8", calibration=calibration,
+                                   calibration_source=source, calibration_seed=0, measure_accuracy=False)
+    qz = report["quantization"]
+    return out, {"quantizer": f"{qz['quantizer']} {qz['quantizer_version']}", "verified": report["verified"],
+                 "quantized_ops": qz["qdq"]["quantized_ops"], "excluded_extra_math": len(qz["excluded_nodes"]),
+                 "calibration": qz["calibration"]["source"], "model": out.name}
+
+
+def int8_openvino(onnx_path: Path, config: Dict[str, object], cache_dir: Path) -> Tuple[Path, Dict[str, object]]:
+    """NNCF's int8 OpenVINO IR of a verified fp32 export (extra math in the ignored scope, checked free of
+    FakeQuantize; :func:`attnzoo.runtime.openvino.nncf_int8`), cached per fp32 SHA-256 with its report."""
+    import onnx
+
+    from attnzoo.export.quantize import extra_math_nodes
+    from attnzoo.fileio import atomic_write_text
+    from attnzoo.runtime.openvino import nncf_int8
+
+    out = Path(cache_dir) / "int8" / f"{onnx_path.stem}-{_sha_tag(onnx_path)}.nncf-int8.xml"
+    facts_path = out.with_suffix(".report.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.is_file() and facts_path.is_file():
+        return out, json.loads(facts_path.read_text())
+    calibration, source = _calibration(config)
+    extra = extra_math_nodes(onnx.load(str(onnx_path), load_external_data=False), config)
+    facts = nncf_int8(onnx_path, out, calibration, ignored=extra)
+    facts.update(calibration=source, excluded_extra_math=len(extra),
+                 verified="NNCF model checked: FakeQuantize inserted, none feeding the extra math")
+    atomic_write_text(facts_path, json.dumps(facts, indent=1) + "\n")
+    return out, facts
+
+
+def _ort_cpu_runner(onnx_path: Path, x: torch.Tensor, dtype: str, threads: int, cache_dir: Path,
+                    config: Dict[str, object]) -> Runner:
+    from .ort_cpu import tuned_cpu_session
+
+    int8: Dict[str, object] = {}
     if dtype == "int8":
-        onnx_path = quantize_int8(onnx_path, cache_dir / f"{onnx_path.stem}.int8.onnx")
+        onnx_path, int8 = int8_onnx(onnx_path, config, cache_dir)
     sess, info = tuned_cpu_session(onnx_path, threads, cache_dir, batch=int(x.shape[0]))
     feed = {sess.get_inputs()[0].name: x.numpy()}
 
     def fn():
         return sess.run(None, feed)
 
-    return Runner(fn, lambda: np.asarray(fn()[0], dtype=np.float32), info=info)
+    return Runner(fn, lambda: np.asarray(fn()[0], dtype=np.float32), info={**info, **({"int8": int8} if int8 else {})})
 
 
-def _openvino_runner(onnx_path: Path, x: torch.Tensor, threads: int) -> Runner:
-    """OpenVINO on the CPU (:class:`attnzoo.runtime.openvino.OpenVINOSession`), batch fixed to ``x``'s."""
+def _openvino_runner(onnx_path: Path, x: torch.Tensor, dtype: str, threads: int, cache_dir: Path,
+                     config: Dict[str, object]) -> Runner:
+    """OpenVINO on the CPU (:class:`attnzoo.runtime.openvino.OpenVINOSession`), batch fixed to ``x``'s; int8:
+    NNCF's IR of the same file (:func:`int8_openvino`)."""
     from attnzoo.runtime.openvino import OpenVINOSession
 
+    int8: Dict[str, object] = {}
+    if dtype == "int8":
+        onnx_path, int8 = int8_openvino(onnx_path, config, cache_dir)
     sess = OpenVINOSession(onnx_path, threads=threads, batch=int(x.shape[0]))
     xin = np.ascontiguousarray(x.numpy(), dtype=np.float32)
 
     def fn():
         return sess.infer(xin)
 
-    return Runner(fn, lambda: np.array(fn(), dtype=np.float32), info=sess.info())
+    return Runner(fn, lambda: np.array(fn(), dtype=np.float32),
+                  info={**sess.info(), **({"int8": int8} if int8 else {})})
 
 
 def _ort_gpu_session(onnx_path: Path, dtype: str, tensorrt_ep: bool, cache_dir: Path, graph: bool):
@@ -292,7 +379,7 @@ def build_runner(backend: str, model: nn.Module, onnx_path: Optional[Path], x: t
     Args:
         backend: One of ``BACKENDS``.
         model: The PyTorch model (fp32, CPU); eager and compile run a copy of it.
-        onnx_path: Its fp32 export (``int8`` is quantized from it) or fp16 export for GPU fp16.
+        onnx_path: Its verified fp32 export (``int8`` is quantized from it) or fp16 export for GPU fp16.
         x: Input batch.
         dtype: One of ``DTYPES``.
         threads: Intra-op threads for the CPU backends.
@@ -304,10 +391,11 @@ def build_runner(backend: str, model: nn.Module, onnx_path: Optional[Path], x: t
         return _torch_runner(model, x, dtype, device, backend == "compile")
     if onnx_path is None:
         raise ValueError(f"backend {backend} needs the exported ONNX file")
+    config = dict(getattr(model, "attnzoo_config", {}) or {})
     if backend == "ort-cpu":
-        return _ort_cpu_runner(onnx_path, x, dtype, threads, cache_dir)
+        return _ort_cpu_runner(onnx_path, x, dtype, threads, cache_dir, config)
     if backend == "openvino":
-        return _openvino_runner(onnx_path, x, threads)
+        return _openvino_runner(onnx_path, x, dtype, threads, cache_dir, config)
     if backend in ("ort-cuda", "ort-trt"):
         return _ort_gpu_runner(onnx_path, x, dtype, backend == "ort-trt", cache_dir, out_shape)
     if backend == "tensorrt":

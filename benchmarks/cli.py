@@ -34,7 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backends", default=",".join(BACKENDS),
                    help=f"comma-separated, from: {', '.join(BACKENDS)} (those this machine lacks are listed as "
                         "skipped, with the reason)")
-    p.add_argument("--dtype", default="fp32", help=f"comma-separated, from: {', '.join(DTYPES)}")
+    p.add_argument("--dtypes", "--dtype", dest="dtype", default="fp32",
+                   help=f"comma-separated, from: {', '.join(DTYPES)} (int8: ModelOpt Q/DQ on ort-cpu, NNCF on "
+                        "openvino; --dtype is the old spelling)")
     p.add_argument("--batch-sizes", default="1,8,32", help=f"comma-separated integers in 1..{MAX_BATCH_SIZE}")
     p.add_argument("--threads", type=int, default=None,
                    help="intra-op threads for PyTorch and ONNX Runtime (default: the usable cores)")

@@ -14,18 +14,27 @@ OpenVINO's telemetry is ever called). Settings, for every consumer (benchmark, d
   1.19-1.33 ms unpinned (ONNX Runtime, which does not pin: 1.29-1.35 ms). ``pin=True`` turns it back on for a
   dedicated machine;
 - optionally the batch dimension fixed (``batch``), as the benchmark fixes it for ONNX Runtime.
+
+int8: OpenVINO gains nothing from a Q/DQ ONNX made for TensorRT / ONNX Runtime (ModelOpt's); it wants its own
+post-training quantization, NNCF's. :func:`nncf_int8` quantizes the OpenVINO model of the same fp32 ONNX file,
+calibrated on the caller's images, with the variant's extra-math nodes in NNCF's ignored scope, checks that no
+FakeQuantize feeds them (:func:`fake_quantized`) and writes the IR (``.xml`` + ``.bin``) that
+:func:`compile_onnx` / :class:`OpenVINOSession` read like an ONNX file.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
 from .contract import INPUT_NAME, OUTPUT_NAME
 
-__all__ = ["HINTS", "unavailable_reason", "version", "compile_onnx", "OpenVINOSession", "checked_session"]
+__all__ = ["HINTS", "unavailable_reason", "version", "compile_onnx", "OpenVINOSession", "checked_session",
+           "nncf_unavailable_reason", "nncf_int8", "fake_quantized", "NNCFCheckError"]
 
 HINTS = ("LATENCY", "THROUGHPUT")
 
@@ -55,7 +64,8 @@ def compile_onnx(path: Union[str, Path], *, threads: Optional[int] = None, batch
     """An ``openvino.CompiledModel`` of an ONNX file on the CPU, with the settings of the module docstring.
 
     Args:
-        path: The ``.onnx`` file (an attnzoo export: input ``image``, output ``logits``).
+        path: The ``.onnx`` file (an attnzoo export: input ``image``, output ``logits``), or an OpenVINO IR
+            ``.xml`` of one (:func:`nncf_int8`).
         threads: ``INFERENCE_NUM_THREADS`` (``None``: OpenVINO's default, the machine's cores).
         batch: Fix the batch dimension to this size (``None``: keep it symbolic).
         hint: ``PERFORMANCE_HINT``, one of ``HINTS``.
@@ -155,3 +165,108 @@ def checked_session(path: Union[str, Path], *, threads: Optional[int] = None, ba
         raise ValueError(f"{Path(path).name}: OpenVINO differs from ONNX Runtime by {check['error']:.3g} "
                          f"(tolerance {check['tolerance']:g}, {check['key']})")
     return session
+
+
+# ------------------------------------------------------------------------------------------------ NNCF int8
+#: Ops a quantizer's FakeQuantize may pass through before it reaches a consumer (layout only, no arithmetic).
+_LAYOUT_OPS = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Convert")
+
+
+class NNCFCheckError(RuntimeError):
+    """The NNCF model quantized an op it was told to leave alone, or quantized nothing."""
+
+
+def nncf_unavailable_reason() -> Optional[str]:
+    """Why NNCF int8 cannot be made here (one line), or ``None``."""
+    reason = unavailable_reason()
+    if reason:
+        return reason
+    try:
+        import nncf  # noqa: F401
+    except ImportError:
+        return "nncf is not installed (pip install -e '.[quantize]')"
+    return None
+
+
+def fake_quantized(model: Any, names: Sequence[str]) -> List[str]:
+    """The ops of ``names`` in an OpenVINO model that read an input produced by a FakeQuantize (through layout
+    ops only): with the extra math in the ignored scope this must be empty."""
+    ops = {op.get_friendly_name(): op for op in model.get_ordered_ops()}
+    hit = []
+    for name in names:
+        op = ops.get(name)
+        if op is None:
+            continue
+        for inp in op.inputs():
+            src = inp.get_source_output().get_node()
+            while src.get_type_name() in _LAYOUT_OPS and src.get_input_size():
+                src = src.input_value(0).get_node()
+            if src.get_type_name() == "FakeQuantize":
+                hit.append(name)
+                break
+    return hit
+
+
+def nncf_int8(onnx_path: Union[str, Path], out: Union[str, Path], calibration: np.ndarray, *,
+              ignored: Sequence[str] = (), model_type: Optional[str] = "transformer") -> Dict[str, Any]:
+    """NNCF post-training int8 quantization of the OpenVINO model of an fp32 ONNX file; checked, then written.
+
+    Args:
+        onnx_path: The verified fp32 export.
+        out: The IR ``.xml`` to write (its weights go to the ``.bin`` beside it; the ``.bin`` is renamed into
+            place first, the ``.xml`` last, so an ``.xml`` that exists has its weights).
+        calibration: float32 NCHW calibration inputs (one NNCF sample per image).
+        ignored: Node names NNCF must leave unquantized (the variant's extra math,
+            :func:`attnzoo.export.quantize.extra_math_nodes`); names OpenVINO's ONNX front end dropped are
+            reported, not an error.
+        model_type: ``"transformer"`` (NNCF's ViT scheme: FakeQuantize on MatMul inputs, SmoothQuant) or
+            ``None`` (NNCF's default scheme, which also quantizes elementwise ops).
+
+    Returns:
+        The report: NNCF version, calibration count, FakeQuantize count, ignored names found / missing, time.
+
+    Raises:
+        NNCFCheckError: an ignored op reads a FakeQuantize output, or nothing was quantized (nothing written).
+    """
+    import logging
+
+    import nncf
+    import openvino as ov
+
+    nncf.set_log_level(logging.ERROR)
+    calibration = np.ascontiguousarray(calibration, dtype=np.float32)
+    if calibration.ndim != 4 or not len(calibration):
+        raise ValueError(f"calibration must be a non-empty (N, 3, H, W) array, got shape {calibration.shape}")
+    out = Path(out)
+    model = ov.Core().read_model(str(onnx_path))
+    present = {op.get_friendly_name() for op in model.get_ordered_ops()}
+    found = [n for n in ignored if n in present]
+    kwargs: Dict[str, Any] = {"subset_size": len(calibration)}
+    if found:
+        kwargs["ignored_scope"] = nncf.IgnoredScope(names=found)
+    if model_type == "transformer":
+        kwargs["model_type"] = nncf.ModelType.TRANSFORMER
+    elif model_type is not None:
+        raise ValueError(f"unknown model_type {model_type!r}; valid: transformer, None")
+    start = time.perf_counter()
+    quantized = nncf.quantize(model, nncf.Dataset([calibration[i:i + 1] for i in range(len(calibration))]),
+                              **kwargs)
+    elapsed = time.perf_counter() - start
+    fq = sum(op.get_type_name() == "FakeQuantize" for op in quantized.get_ordered_ops())
+    leaked = fake_quantized(quantized, found)
+    if leaked:
+        raise NNCFCheckError(f"NNCF quantized {len(leaked)} op(s) of the ignored scope, e.g. {leaked[0]}")
+    if fq == 0:
+        raise NNCFCheckError("NNCF inserted no FakeQuantize: nothing was quantized")
+    tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp.xml")
+    try:
+        ov.save_model(quantized, str(tmp), compress_to_fp16=False)
+        os.replace(tmp.with_suffix(".bin"), out.with_suffix(".bin"))
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+        tmp.with_suffix(".bin").unlink(missing_ok=True)
+    return {"quantizer": "nncf.quantize (OpenVINO model of the fp32 ONNX)", "nncf": nncf.__version__,
+            "openvino": version(), "model_type": model_type or "default", "calibration_count": len(calibration),
+            "fake_quantize": fq, "ignored_found": len(found), "ignored_missing": [n for n in ignored if n not in present],
+            "ignored_fake_quantized": leaked, "time_s": round(elapsed, 3), "path": str(out)}

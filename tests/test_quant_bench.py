@@ -1,0 +1,173 @@
+"""Quantized CPU speed and the quantized-zoo report: bench-latency --dtypes fp32,int8 (ModelOpt on ONNX Runtime,
+NNCF on OpenVINO, each verified before it is timed), NNCF's ignored scope keeping the extra math unquantized,
+and the table generator."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("modelopt")
+nncf = pytest.importorskip("nncf")
+
+from attnzoo.benchmarks.cli import main, parse_settings  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _few_calibration_images(monkeypatch):
+    import attnzoo.benchmarks.backends as backends
+
+    monkeypatch.setattr(backends, "CALIBRATION_COUNT", 8)  # the test checks the path, not calibration quality
+
+
+def _bench(tmp_path, *extra):
+    out = tmp_path / "bench"
+    args = ["--arch", "micro", "--variants", "standard", "--backends", "ort-cpu,openvino", "--dtypes", "fp32,int8",
+            "--batch-sizes", "1", "--min-time", "0.05", "--threads", "1", "--out", str(out), "--cache-dir",
+            str(tmp_path / "cache"), "--no-progress", "--no-pair-eager", "--ceiling-size", "128", *extra]
+    assert main(args) == 0
+    return json.loads((out / "results.json").read_text())
+
+
+def test_old_dtype_spelling_still_parses():
+    assert list(parse_settings(["--dtype", "fp32,int8"]).dtypes) == ["fp32", "int8"]
+    assert list(parse_settings(["--dtypes", "int8"]).dtypes) == ["int8"]
+
+
+def test_bench_times_fp32_and_verified_int8_per_cpu_runtime(tmp_path):
+    from attnzoo.export.verify import report_path
+    from attnzoo.fileio import sha256_file
+
+    result = _bench(tmp_path)
+    rows = {(r["backend"], r["dtype"]): r for r in result["results"]}
+    for backend in ("ort-cpu", "openvino"):
+        for dtype in ("fp32", "int8"):
+            r = rows[(backend, dtype)]
+            assert r["status"] == "ok", r["reason"]
+            assert r["median_ms"] > 0 and 0 < r["ceiling_fraction"] and r["ceiling_gflops"] > 0
+        assert rows[(backend, "int8")]["ceiling_gflops"] == result["ceiling"]["int8"]["gops"]
+        assert rows[(backend, "fp32")]["ceiling_gflops"] == result["ceiling"]["fp32"]["gflops"]
+        assert 0 < rows[(backend, "int8")]["parity_error"] <= rows[(backend, "int8")]["parity_tol"]  # quantized
+    ort8 = rows[("ort-cpu", "int8")]["info"]["int8"]
+    assert ort8["quantized_ops"]["MatMul"] > 0 and "Q/DQ placement" in ort8["verified"]
+    model = tmp_path / "cache" / "int8" / ort8["model"]
+    report = json.loads(report_path(model).read_text())
+    assert report["passed"] and report["dtype"] == "int8" and report["sha256"] == sha256_file(model)
+    fp32 = tmp_path / "cache" / "standard_cls_micro_fp32.onnx"
+    assert report["fp32_source"]["sha256"] == sha256_file(fp32)
+    ov8 = rows[("openvino", "int8")]["info"]["int8"]
+    assert ov8["fake_quantize"] > 0 and ov8["ignored_fake_quantized"] == []
+
+
+def test_int8_model_failing_its_verification_is_not_timed(tmp_path, monkeypatch):
+    from attnzoo.export import quantize as q
+
+    def refuse(*args, **kwargs):
+        raise q.QuantizationCheckError("x.onnx not written: 3 extra-math op(s) read quantized values")
+
+    monkeypatch.setattr(q, "quantize_verified", refuse)
+    result = _bench(tmp_path, "--backends", "ort-cpu")
+    rows = {(r["backend"], r["dtype"]): r for r in result["results"]}
+    assert rows[("ort-cpu", "fp32")]["status"] == "ok"
+    bad = rows[("ort-cpu", "int8")]
+    assert bad["status"] == "failed" and "extra-math op(s) read quantized values" in bad["reason"]
+    assert bad["median_ms"] is None and bad["iterations"] is None
+
+
+@pytest.fixture(scope="module")
+def belief2_fp32(tmp_path_factory):
+    import torch
+
+    from attnzoo.export import export_verified
+    from attnzoo.models import create_model
+
+    torch.manual_seed(0)
+    model = create_model("belief2", task="cls", arch="micro").eval()
+    cfg = model.attnzoo_config
+    path = tmp_path_factory.mktemp("nncf") / "belief2.onnx"
+    export_verified(model, path, cfg, dtype="fp32", input_hw=(cfg["img_size"],) * 2, batch_sizes=(1,), threads=1)
+    return path, cfg
+
+
+def test_nncf_ignored_scope_keeps_the_extra_math_unquantized(belief2_fp32, tmp_path):
+    import onnx
+    import openvino as ov
+
+    from attnzoo.export.quantize import extra_math_nodes, random_calibration
+    from attnzoo.runtime.openvino import OpenVINOSession, fake_quantized, nncf_int8
+    from attnzoo.runtime.parity import TOLERANCES, parity_error
+    from attnzoo.runtime.sessions import ort_session
+
+    path, cfg = belief2_fp32
+    extra = extra_math_nodes(onnx.load(str(path)), cfg)
+    assert len(extra) > 0
+    cal = random_calibration((cfg["img_size"],) * 2, 16, seed=0)
+    # control: NNCF's default scheme without the ignored scope does put FakeQuantize on the extra math
+    bare = nncf_int8(path, tmp_path / "bare.xml", cal, ignored=(), model_type=None)
+    assert bare["fake_quantize"] > 0
+    assert fake_quantized(ov.Core().read_model(str(tmp_path / "bare.xml")), extra)
+    # the same scheme with the extra math ignored: FakeQuantize elsewhere, none feeding the extra math
+    kept = nncf_int8(path, tmp_path / "kept.xml", cal, ignored=extra, model_type=None)
+    written = ov.Core().read_model(str(tmp_path / "kept.xml"))
+    assert kept["ignored_found"] == len(extra) and kept["fake_quantize"] > 0
+    assert sum(op.get_type_name() == "FakeQuantize" for op in written.get_ordered_ops()) == kept["fake_quantize"]
+    assert fake_quantized(written, extra) == []
+    # the scheme the benchmark uses (NNCF's transformer preset) with the same exclusions runs within int8 parity
+    vit = nncf_int8(path, tmp_path / "vit.xml", cal, ignored=extra)
+    assert vit["ignored_fake_quantized"] == [] and vit["fake_quantize"] > 0
+    x = cal[:2]
+    ref = ort_session(path, "cpu", threads=1).run(["logits"], {"image": x})[0]
+    out = OpenVINOSession(tmp_path / "vit.xml", threads=1).run(x)
+    assert 0 < parity_error(out, ref) <= TOLERANCES["int8"]
+
+
+def test_mcnemar_against_the_binomial_formula():
+    from attnzoo.benchmarks.quantized import mcnemar_p
+
+    a = np.array([True] * 8 + [True] * 50 + [False] * 10)
+    b = np.array([False] * 8 + [True] * 50 + [False] * 10)
+    assert mcnemar_p(a, b) == pytest.approx(2 * 0.5 ** 8)  # 8 discordant pairs, all one way
+    assert mcnemar_p(a, a) == 1.0
+
+
+def _row(variant, metrics, xm_loses=None):
+    d = {k: v - metrics["fp32"] for k, v in metrics.items() if k != "fp32"}
+    row = {"variant": variant, "task": "cls", "metric_name": "top1", "n_images": 10000, "metrics": metrics,
+           "delta": d, "extra_math_nodes": 0 if xm_loses is None else 32, "tolerance": 0.5,
+           "int8_within_tolerance": -d["int8"] <= 0.5}
+    if xm_loses is not None:
+        row["extra_math_cost"] = {"points": metrics["int8 xm"] - metrics["int8"], "mcnemar_p": 0.001 if xm_loses else 0.6,
+                                  "loses": xm_loses}
+    return row
+
+
+def test_report_tables_say_who_loses_accuracy():
+    from attnzoo.benchmarks.quantized import markdown
+
+    env = {"cpu": {"model": "Test CPU", "key_flags": ["avx2", "avx512_vnni"], "usable_cores": 2}}
+    speed_row = {"backend": "openvino", "batch": 1, "speedup_median": 1.8, "speedup_q1": 1.7, "speedup_q3": 1.9,
+                 "load_1min": 0.3, "fp32": {"median_ms": 9.0, "ceiling_fraction": 0.5},
+                 "int8": {"median_ms": 5.0, "ceiling_fraction": 0.25}}
+    result = {"command": "python -m attnzoo.benchmarks.quantized --out x", "environment": env,
+              "accuracy": {"data": "fashion", "calibration_count": 512, "seed": 0, "load_start": [3.0],
+                           "load_end": [3.1],
+                           "rows": [_row("standard", {"fp32": 89.6, "int8": 89.3, "fp8": 89.5}),
+                                    _row("belief2", {"fp32": 89.4, "int8": 89.38, "int8 xm": 88.1, "fp8": 89.3}, True),
+                                    _row("belief", {"fp32": 89.0, "int8": 88.2, "int8 xm": 88.2, "fp8": 88.9}, False)]},
+              "speed": {"variant": "standard", "arch": "small", "img_size": 224, "threads": 1,
+                        "gflop_per_image": 9.2, "min_time": 3.0,
+                        "ceiling": {"fp32": {"gflops": 70.0}, "int8": {"gops": 250.0}}, "load_start": [0.2],
+                        "load_end": [0.3], "contended": False, "rows": [speed_row],
+                        "fastest_int8": {"1": {"backend": "openvino", "speedup_median": 1.8}}, "skipped": {}}}
+    md = markdown(result)
+    assert "Test CPU (avx2, avx512_vnni" in md and result["command"] in md
+    assert "| belief2 | cls | top1 | 89.40 | 89.38 (-0.02) | 88.10 (-1.30) | 89.30 (-0.10) | 32 | -1.28 | 0.001 | **loses** |" in md
+    assert "| standard | cls | top1 | 89.60 | 89.30 (-0.30) | - | 89.50 (-0.10) | 0 | - | - | - |" in md
+    assert "Lose accuracy when their extra math is quantized: belief2." in md
+    assert "all but belief" in md  # belief's int8 is 0.8 points below fp32
+    assert "| openvino | 1 | 9.00 | 5.00 | 1.80 [1.70, 1.90] | 50% | 25% | 0.30 |" in md
+    assert "measured under load" not in md
+    result["speed"]["contended"] = True
+    assert "measured under load" in markdown(result)
