@@ -176,7 +176,9 @@ def calibration_images(config: Mapping[str, Any], count: int = DEFAULT_CALIBRATI
 
     Loaded with :func:`attnzoo.training.data.load_data` (the split the model was trained on, its image size and
     data seed) and normalised with the model's mean/std by :func:`attnzoo.preprocess.normalize`, exactly as the
-    evaluation does it; ``count`` of them drawn without replacement with ``numpy.random.default_rng(seed)``.
+    evaluation does it. Classifiers: ``count`` images drawn without replacement with
+    ``numpy.random.default_rng(seed)``; segmenters: ``count`` training scenes composed from training garments
+    with scene seed ``data_seed + 1 + seed`` (so not the very scenes the model was trained on).
 
     Raises:
         ValueError: the config names no data set (an untrained or config-less model), or ``count`` < 1.
@@ -384,7 +386,8 @@ def quantize_onnx(fp32_onnx: Union[str, Path], out: Union[str, Path], *, dtype: 
         staged = Path(work) / "model.onnx"
         onnx.save(src, str(staged))
         quantized = Path(work) / "model.quant.onnx"
-        with contextlib.redirect_stdout(io.StringIO()):  # ORT calibrator's per-tensor progress prints
+        # the ORT calibrator prints a line and a progress bar per batch: export-model's own bar stands for them
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             mo_quantize(str(staged), quantize_mode=dtype, calibration_data=calibration, calibration_method=method,
                         calibration_eps=["cpu"], nodes_to_exclude=[f"^{re.escape(n)}$" for n in exclude_nodes] or None,
                         high_precision_dtype="fp32", output_path=str(quantized), log_level="ERROR")
@@ -672,8 +675,9 @@ def summary(report: Mapping[str, Any]) -> str:
     lines = [f"{report['path']}: {report['variant']} {report['task']} {report['arch']} {report['dtype']} "
              f"({q['quantizer']} {q['quantizer_version']}), {report['file_size'] / 1e6:.2f} MB",
              f"  calibration: {cal['count']} x {cal['source']} (seed {cal['seed']}), {cal['method']}; quantized: {ops}",
-             f"  extra math: {report['extra_math_scope_check']['nodes']} node(s) "
-             + ("QUANTIZED (--quantize-extra-math)" if report["quantize_extra_math"] else "excluded, fp32, no Q/DQ")]
+             "  extra math: " + (f"{report['extra_math_scope_check']['nodes']} node(s) " + (
+                 "QUANTIZED (--quantize-extra-math)" if report["quantize_extra_math"] else "excluded, fp32, no Q/DQ")
+                 if report["extra_math_scope_check"]["nodes"] else "none declared for this variant: nothing excluded")]
     acc = report["accuracy"]
     if acc.get("metrics"):
         m = acc["metrics"]

@@ -203,6 +203,21 @@ def test_export_model_int8_scores_the_test_split_next_to_fp32(tmp_path, capsys):
     assert acc["drop"] == pytest.approx(acc["metrics"]["fp32"] - acc["metrics"]["int8"])
     assert rep["quantization"]["calibration"]["source"] == "fashion training split"
     assert "top1 on 500 fashion test images" in capsys.readouterr().out
+    # code that is not the package's (evaluation/independent_check.py: gzip + numpy IDX reader, preprocessing
+    # from the file's metadata, plain onnxruntime) scores the same int8 file on the same 500 images
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("independent_check", root / "evaluation" / "independent_check.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    folder = FASHION.parent
+    if not (folder / "t10k-images-idx3-ubyte.gz").exists():
+        pytest.skip("the independent reader takes the .gz IDX files")
+    gray = check.read_idx(folder / "t10k-images-idx3-ubyte.gz")[:500]
+    labels = check.read_idx(folder / "t10k-labels-idx1-ubyte.gz")[:500]
+    top1 = 100.0 * float(np.mean(check.run_onnx(out, gray).argmax(1) == labels))
+    assert top1 == pytest.approx(acc["metrics"]["int8"], abs=0.21)  # at most one image apart
 
 
 # ------------------------------------------------------------------------------------------------ bad input
