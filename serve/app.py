@@ -359,8 +359,10 @@ def _header(models: DemoModels, backend: str, source: str) -> str:
     n_cls, n_seg = len(models.names("cls")), len(models.names("seg"))
     served = [m for table in models.by_task.values() for m in table.values()]
     known = sorted({n for m in served for n in _object_classes(m)})
+    dtypes = sorted({getattr(m, "dtype", "fp32") for m in served})
+    precision = f" in {'/'.join(dtypes)}" if dtypes and dtypes != ["fp32"] else ""
     return (f"# attnzoo demo\nAttention variants side by side: {n_cls} classifiers, {n_seg} segmenters, "
-            f"served by **{backend}** from {source}. Everything runs on this machine; nothing leaves it.\n\n"
+            f"served by **{backend}**{precision} from {source}. Everything runs on this machine; nothing leaves it.\n\n"
             f"**What the models know:** {len(known)} classes ({', '.join(known)}). Every image is put into one of "
             "them, whatever it shows; the examples below are the kind of image they were trained on. An upload is "
             "first converted to look like them (the classify tab shows it as the model sees it)."

@@ -7,6 +7,12 @@ on this machine on the files about to be served (:func:`attnzoo.runtime.choice.f
 Everything the demo needs (task, class names, input size, mean/std) comes from the ONNX metadata written by
 ``export-model`` or from the checkpoint config, so any folder of exported models can be served. By default the
 zoo's checkpoints are exported once into a cache folder keyed by the zoo manifest's hash and reused later.
+
+``dtype="int8"`` serves int8 Q/DQ models (``export-model --dtype int8``; for the zoo, quantized once into the same
+cache folder by the same code, :func:`attnzoo.export.quantize.quantize_verified`, calibrated on the model's
+training images and scored on its test split). A quantized file is served only when its verification report
+is intact (:func:`attnzoo.runtime.sessions.quantized_problem`); otherwise it is skipped with the reason. The
+``auto`` backend is then timed on the int8 files themselves.
 """
 
 from __future__ import annotations
@@ -29,11 +35,13 @@ from attnzoo.zoo import DEFAULT_DATA
 
 __all__ = ["BACKENDS", "CPU_RUNTIMES", "ServedModel", "load_models", "load_onnx_dir", "load_checkpoint_dir",
            "load_zoo_torch", "load_zoo_onnx", "export_zoo", "zoo_onnx_name", "default_cache_dir", "backend_problem",
-           "choose_cpu_backend", "load_remote", "RemoteError"]
+           "choose_cpu_backend", "load_remote", "RemoteError", "DTYPES"]
 
 BACKENDS = ("auto", "onnxruntime", "openvino", "pytorch", "tensorrt")
 #: The CPU runtimes ``auto`` chooses from, in order of preference on a tie.
 CPU_RUNTIMES = ("onnxruntime", "openvino")
+#: Precisions ``--dtype`` selects (None: every file of a folder; the zoo at fp32).
+DTYPES = ("fp32", "int8")
 #: Most sliding windows run in one call (the TensorRT profile's largest batch).
 SLIDING_BATCH = 16
 
@@ -76,6 +84,7 @@ class ServedModel:
     input_style: str = "rgb"
     score: Optional[float] = None
     score_name: str = ""
+    dtype: str = "fp32"
 
 
 def backend_problem(backend: str) -> Optional[str]:
@@ -121,11 +130,13 @@ def _openvino_runner(path: Path, threads: Optional[int], contract=None) -> Tuple
     return checked_session(path, threads=threads, batch=1, contract=contract).run, True
 
 
-def choose_cpu_backend(folder: Path, threads: Optional[int] = None) -> Tuple[str, str]:
+def choose_cpu_backend(folder: Path, threads: Optional[int] = None, dtype: Optional[str] = None) -> Tuple[str, str]:
     """``auto``: the faster installed CPU runtime on this machine, timed on the first valid classifier and
-    segmenter of ``folder``; returns ``(backend, one-line reason)``."""
+    segmenter of ``folder`` (only files of precision ``dtype`` when given, and only servable ones: a quantized
+    file must pass :func:`attnzoo.runtime.sessions.quantized_problem`); returns ``(backend, one-line reason)``."""
     from attnzoo.runtime.choice import fastest_cpu_runtime
     from attnzoo.runtime.contract import ModelContract
+    from attnzoo.runtime.sessions import quantized_problem
 
     runners = {"onnxruntime": lambda p: _onnx_runner(p, threads)[0],
                "openvino": lambda p: _openvino_runner(p, threads)[0]}
@@ -141,10 +152,12 @@ def choose_cpu_backend(folder: Path, threads: Optional[int] = None) -> Tuple[str
             contract = ModelContract.from_onnx(path)
         except Exception:  # noqa: BLE001 -- an invalid file is not a probe; load_onnx_dir says why it is skipped
             continue
+        if (dtype and contract.dtype != dtype) or quantized_problem(path, contract.dtype):
+            continue
         probes.setdefault(contract.task, (path, contract.input_size))
     from attnzoo.benchmarks.env import cpu_info
 
-    choice = fastest_cpu_runtime(installed, list(probes.values()), cpu=cpu_info()["model"])
+    choice = fastest_cpu_runtime(installed, list(probes.values()), cpu=cpu_info()["model"], dtype=dtype or "")
     return choice.runtime, choice.reason
 
 
@@ -235,14 +248,17 @@ def _skip(path: Path, exc: BaseException) -> None:
 
 
 def load_onnx_dir(directory: Path, backend: str = "onnxruntime", threads: Optional[int] = None,
-                  cache_dir: Optional[Path] = None, only: Optional[Sequence[str]] = None) -> List[ServedModel]:
-    """Every attnzoo ``.onnx`` file of ``directory`` (``only``: just these file names), each with one reused
-    ONNX Runtime session (CPU) or TensorRT engine. A file that is not an attnzoo model, has invalid metadata
-    (config, input size, class names vs logits) or fails to load is skipped with a warning naming it and the
-    reason."""
+                  cache_dir: Optional[Path] = None, only: Optional[Sequence[str]] = None,
+                  dtype: Optional[str] = None) -> List[ServedModel]:
+    """Every attnzoo ``.onnx`` file of ``directory`` (``only``: just these file names; ``dtype``: just the files
+    of that precision), each with one reused ONNX Runtime session (CPU) or TensorRT engine. A file that is not an
+    attnzoo model, has invalid metadata (config, input size, class names vs logits), is a quantized model whose
+    verification report is missing or does not cover it (:func:`attnzoo.runtime.sessions.quantized_problem`),
+    or fails to load is skipped with a warning naming it and the reason."""
     from tqdm import tqdm
 
     from attnzoo.runtime.contract import ModelContract
+    from attnzoo.runtime.sessions import quantized_problem
 
     models = []
     paths = [p for p in _model_files(directory, ".onnx") if only is None or p.name in set(only)]
@@ -250,14 +266,20 @@ def load_onnx_dir(directory: Path, backend: str = "onnxruntime", threads: Option
         try:
             contract = ModelContract.from_onnx(path)  # one read of the file's metadata, validated
             config, input_size = contract.config, contract.input_size
+            if dtype and contract.dtype != dtype:
+                continue
+            problem = quantized_problem(path, contract.dtype)
+            if problem:
+                raise ValueError(f"not served: {problem}")
             if backend == "tensorrt":
                 run, fixed = _tensorrt_runner(path, cache_dir)
             elif backend == "openvino":
                 run, fixed = _openvino_runner(path, threads, contract)
             else:
                 run, fixed = _onnx_runner(path, threads)
-            models.append(_warmed_up(_from_config(config, run, fixed, path, backend, input_size,
-                                                     contract.input_style)))
+            served = _from_config(config, run, fixed, path, backend, input_size, contract.input_style)
+            served.dtype = contract.dtype
+            models.append(_warmed_up(served))
         except Exception as exc:  # onnx, onnxruntime and tensorrt raise their own types; skip the file, say why
             _skip(path, exc)
     return models
@@ -300,11 +322,30 @@ def _zoo_rows(data: str, variants: Optional[Sequence[str]] = None,
     return chosen
 
 
-def zoo_onnx_name(variant: str, task: str, data: str = DEFAULT_DATA) -> str:
-    """File name of a zoo model's ONNX export in :func:`export_zoo`'s folder."""
+def zoo_onnx_name(variant: str, task: str, data: str = DEFAULT_DATA, dtype: str = "fp32") -> str:
+    """File name of a zoo model's ONNX export (``dtype`` int8: its quantized copy) in :func:`export_zoo`'s folder."""
     from attnzoo import zoo
 
-    return zoo.onnx_name(variant, task, data)
+    name = zoo.onnx_name(variant, task, data)
+    return name if dtype == "fp32" else name.replace(".onnx", f"_{dtype}.onnx")
+
+
+def _quantize_zoo(fp32: Path, out: Path, config: Dict, data: str) -> None:
+    """The verified int8 copy of a zoo export (``export-model --dtype int8``'s code: calibrated on the model's
+    training images, scored on its test split, refused beyond the tolerance), unless the one at ``out`` is intact
+    and made from this fp32 file."""
+    from attnzoo.export import quantize as q
+    from attnzoo.fileio import sha256_file
+    from attnzoo.runtime.sessions import quantized_problem
+
+    report = out.with_suffix(".report.json")
+    if out.is_file() and quantized_problem(out, "int8") is None:
+        if json.loads(report.read_text()).get("fp32_source", {}).get("sha256") == sha256_file(fp32):
+            return
+    calibration = q.calibration_images(config, q.DEFAULT_CALIBRATION_COUNT, q.DEFAULT_CALIBRATION_SEED)
+    q.quantize_verified(fp32, out, config, dtype="int8", calibration=calibration,
+                        calibration_source=f"{len(calibration)} {data} training images",
+                        calibration_seed=q.DEFAULT_CALIBRATION_SEED, progress=True)
 
 
 def load_zoo_torch(data: str = DEFAULT_DATA) -> List[ServedModel]:
@@ -321,14 +362,15 @@ def load_zoo_torch(data: str = DEFAULT_DATA) -> List[ServedModel]:
 
 
 def export_zoo(data: str = DEFAULT_DATA, cache_dir: Optional[Path] = None, variants: Optional[Sequence[str]] = None,
-               tasks: Optional[Sequence[str]] = None) -> Path:
+               tasks: Optional[Sequence[str]] = None, dtype: str = "fp32") -> Path:
     """Export the zoo's models trained on ``data`` (only ``variants`` / ``tasks`` when given) to ONNX once;
     return the folder.
 
     The folder is ``<cache>/onnx/<first 12 hex of the manifest's sha256>``, so a new zoo gets a new folder; a
     file whose ``checkpoint_sha256`` metadata matches its checkpoint is reused. A model the zoo ships as ONNX
     (:func:`attnzoo.zoo.shipped_onnx`) is copied in after the same verification as a fresh export (seconds);
-    the others are exported. A tqdm bar shows the work.
+    the others are exported. A tqdm bar shows the work. ``dtype="int8"`` also writes each model's verified int8
+    copy (:func:`zoo_onnx_name`); a model whose int8 fails its verification is left out with a warning.
     """
     from tqdm import tqdm
 
@@ -355,6 +397,16 @@ def export_zoo(data: str = DEFAULT_DATA, cache_dir: Optional[Path] = None, varia
             adopt_verified(model, shipped, out, config, batch_sizes=(1,), checkpoint_sha256=e["sha256"])
         else:
             export_verified(model, out, config, batch_sizes=(1,), checkpoint_sha256=e["sha256"])
+    if dtype != "fp32":
+        for e in rows:
+            fp32 = folder / zoo_onnx_name(e["variant"], e["task"], data)
+            try:
+                _quantize_zoo(fp32, folder / zoo_onnx_name(e["variant"], e["task"], data, dtype),
+                              zoo.load(e["variant"], e["task"], data)[1], data)
+            except Exception as exc:  # noqa: BLE001 -- this model is not served in int8; say why, go on
+                from attnzoo.cli import first_line
+
+                _warn(f"{e['variant']} {e['task']}: no {dtype} model: {first_line(exc)}")
     return folder
 
 
@@ -366,8 +418,10 @@ class _LazyZooRunner:
     """``run`` of a zoo model that is exported (verified), loaded and warmed up on its first call, or earlier by
     :func:`load_zoo_onnx`'s background export."""
 
-    def __init__(self, row: Dict, data: str, backend: str, threads: Optional[int], cache_dir: Optional[Path]):
+    def __init__(self, row: Dict, data: str, backend: str, threads: Optional[int], cache_dir: Optional[Path],
+                 dtype: str = "fp32"):
         self.row, self.data, self.backend, self.threads, self.cache_dir = row, data, backend, threads, cache_dir
+        self.dtype = dtype
         self._run: Optional[Callable[[np.ndarray], np.ndarray]] = None
 
     def ready(self) -> Callable[[np.ndarray], np.ndarray]:
@@ -376,8 +430,8 @@ class _LazyZooRunner:
             with _LAZY_LOCK:
                 if self._run is None:
                     v, t = self.row["variant"], self.row["task"]
-                    folder = export_zoo(self.data, self.cache_dir, variants=[v], tasks=[t])
-                    name = zoo_onnx_name(v, t, self.data)
+                    folder = export_zoo(self.data, self.cache_dir, variants=[v], tasks=[t], dtype=self.dtype)
+                    name = zoo_onnx_name(v, t, self.data, self.dtype)
                     loaded = load_onnx_dir(folder, self.backend, self.threads, self.cache_dir, only=[name])
                     if not loaded:
                         raise ValueError(f"the zoo's {v} {t} model could not be loaded (the server's log says why)")
@@ -396,11 +450,12 @@ def _prefetch(runners: Sequence[_LazyZooRunner], data: str, cache_dir: Optional[
     import subprocess
 
     wanted = [(r.row["variant"], r.row["task"]) for r in runners]
+    dtype = runners[0].dtype if runners else "fp32"
     code = ("import sys, json; from pathlib import Path; from attnzoo.serve.backends import export_zoo\n"
-            "data, cache, wanted = json.loads(sys.argv[1])\n"
+            "data, cache, wanted, dtype = json.loads(sys.argv[1])\n"
             "for v, t in wanted:\n"
-            "    export_zoo(data, Path(cache) if cache else None, variants=[v], tasks=[t])\n")
-    args = json.dumps([data, str(cache_dir) if cache_dir else None, wanted])
+            "    export_zoo(data, Path(cache) if cache else None, variants=[v], tasks=[t], dtype=dtype)\n")
+    args = json.dumps([data, str(cache_dir) if cache_dir else None, wanted, dtype])
     nice = getattr(os, "nice", None)
     child = subprocess.Popen([sys.executable, "-c", code, args], stdout=subprocess.DEVNULL,
                              preexec_fn=(lambda: nice(19)) if nice else None)
@@ -427,33 +482,34 @@ def _with_scores(models: List[ServedModel], rows: Sequence[Dict]) -> List[Served
 
 
 def load_zoo_onnx(data: str = DEFAULT_DATA, backend: str = "auto", threads: Optional[int] = None,
-                  cache_dir: Optional[Path] = None, prefetch: bool = True) -> List[ServedModel]:
+                  cache_dir: Optional[Path] = None, prefetch: bool = True, dtype: str = "fp32") -> List[ServedModel]:
     """The zoo's models trained on ``data`` on an ONNX backend, ready to answer within seconds on a fresh
     install: the best classifier and segmenter (:func:`attnzoo.zoo.best_entries`, shipped as ONNX) are verified,
     loaded and warmed up now; every other model is listed at once and exported, verified and loaded on its first
     call, or before that by a low-priority child process (``prefetch``). Each model carries its zoo test
-    metric."""
+    metric. ``dtype="int8"``: the same with each model's verified int8 copy (:func:`export_zoo`)."""
     from attnzoo import zoo
     from attnzoo.checkpoint import read_config
 
     rows = _zoo_rows(data)
     best = zoo.best_entries(data)
     for task, e in best.items():  # one folder per zoo: every call returns the same one
-        folder = export_zoo(data, cache_dir, variants=[e["variant"]], tasks=[task])
+        folder = export_zoo(data, cache_dir, variants=[e["variant"]], tasks=[task], dtype=dtype)
     note = ""
     if backend == "auto":
-        backend, note = choose_cpu_backend(folder, threads)
-    names = [zoo_onnx_name(e["variant"], e["task"], data) for e in best.values()]
+        backend, note = choose_cpu_backend(folder, threads, dtype)
+    names = [zoo_onnx_name(e["variant"], e["task"], data, dtype) for e in best.values()]
     models = load_onnx_dir(folder, backend, threads, cache_dir, only=names)
     lazy = []
     first = {(e["variant"], e["task"]) for e in best.values()}
     for e in rows:
         if (e["variant"], e["task"]) in first:
             continue
-        runner = _LazyZooRunner(e, data, backend, threads, cache_dir)
+        runner = _LazyZooRunner(e, data, backend, threads, cache_dir, dtype)
         config = read_config(zoo.checkpoint_path(e["variant"], e["task"], data))
-        models.append(_from_config(config, runner, True, folder / zoo_onnx_name(e["variant"], e["task"], data),
+        models.append(_from_config(config, runner, True, folder / zoo_onnx_name(e["variant"], e["task"], data, dtype),
                                    backend))
+        models[-1].dtype = dtype
         lazy.append(runner)
     for m in _with_scores(models, rows):
         m.backend_note = note
@@ -465,7 +521,7 @@ def load_zoo_onnx(data: str = DEFAULT_DATA, backend: str = "auto", threads: Opti
 
 def load_models(models_dir: Optional[Path] = None, backend: str = "auto", data: str = DEFAULT_DATA,
                 cache_dir: Optional[Path] = None, threads: Optional[int] = None,
-                only: Optional[Sequence[str]] = None) -> List[ServedModel]:
+                only: Optional[Sequence[str]] = None, dtype: Optional[str] = None) -> List[ServedModel]:
     """The models to serve.
 
     Args:
@@ -477,6 +533,8 @@ def load_models(models_dir: Optional[Path] = None, backend: str = "auto", data: 
         cache_dir: Root of the zoo's ONNX exports and the TensorRT engines (default :func:`default_cache_dir`).
         threads: CPU runtime threads per model (None: the runtime's default).
         only: Load just these ``.onnx`` file names of ``models_dir``.
+        dtype: ``int8``: only verified int8 models (the zoo: quantized once, verified); ``fp32``: only fp32
+            files; ``None``: every file of ``models_dir`` (a quantized one only when verified), the zoo at fp32.
 
     Raises:
         ValueError: the backend cannot run here, the folder is missing, or nothing servable was found (bad
@@ -485,22 +543,28 @@ def load_models(models_dir: Optional[Path] = None, backend: str = "auto", data: 
     problem = backend_problem(backend)
     if problem:
         raise ValueError(problem)
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
+    if dtype == "int8" and backend in ("pytorch", "tensorrt"):
+        raise ValueError(f"--dtype int8 serves the int8 ONNX models on the CPU runtimes, not {backend} "
+                         "(use --backend auto, onnxruntime or openvino)")
     if models_dir is not None and not Path(models_dir).is_dir():
         raise ValueError(f"models folder not found: {models_dir}")
     if backend == "pytorch":
         models = load_checkpoint_dir(Path(models_dir)) if models_dir else load_zoo_torch(data)
         wanted = ".safetensors checkpoints"
     elif models_dir is None:
-        models = load_zoo_onnx(data, backend, threads, cache_dir)
-        wanted = "zoo models"
+        models = load_zoo_onnx(data, backend, threads, cache_dir, dtype=dtype or "fp32")
+        wanted = "zoo models" + (f" ({dtype})" if dtype else "")
     else:
         note = ""
         if backend == "auto":
-            backend, note = choose_cpu_backend(Path(models_dir), threads)
-        models = load_onnx_dir(Path(models_dir), backend, threads, cache_dir, only)
+            backend, note = choose_cpu_backend(Path(models_dir), threads, dtype)
+        models = load_onnx_dir(Path(models_dir), backend, threads, cache_dir, only, dtype)
         for m in models:
             m.backend_note = note
-        wanted = ".onnx files exported by export-model"
+        wanted = f"{dtype + ' ' if dtype else ''}.onnx files exported by export-model" + (
+            " with their verification reports" if dtype == "int8" else "")
     if not models:
         raise ValueError(f"no servable models in {models_dir or 'the zoo'} (expected {wanted})")
     return _unique_names(models)

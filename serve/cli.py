@@ -5,6 +5,7 @@ Examples::
     serve-demo                                   # the zoo's models, exported to ONNX once, on the faster CPU runtime
     serve-demo --models exported/ --port 8000    # any folder of .onnx files from export-model
     serve-demo --backend pytorch                 # the zoo checkpoints run by PyTorch
+    serve-demo --dtype int8                      # the zoo's models quantized to int8 (verified) on the CPU
     serve-demo --backend-url http://127.0.0.1:8000   # the models of a running serve-models deployment
 """
 
@@ -19,7 +20,7 @@ from attnzoo.cli import UsageError, add_debug_flag, entry_point
 from attnzoo.fileio import CACHE_ENV
 from attnzoo.zoo import DEFAULT_DATA
 
-from .backends import BACKENDS, load_models
+from .backends import BACKENDS, DTYPES, load_models
 
 __all__ = ["main", "build_parser"]
 
@@ -41,6 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend-url", default=None, metavar="URL",
                    help="run the models on a serve-models deployment at URL (Ray Serve, dynamic batching) "
                         "instead of in this process; the demo preprocesses and draws as always")
+    p.add_argument("--dtype", default=None, choices=DTYPES,
+                   help="int8: serve only int8 models whose export-model verification report is intact (the "
+                        "zoo: quantized once with ModelOpt, calibrated on training images, scored on the test "
+                        "set, refused beyond the tolerance); fp32: only fp32 files (default: every file of "
+                        "--models, a quantized one only when verified; the zoo at fp32)")
     p.add_argument("--data", default=DEFAULT_DATA,
                    help=f"which zoo models to serve: those trained on this data set (default {DEFAULT_DATA})")
     p.add_argument("--cache-dir", type=Path, default=None,
@@ -63,22 +69,27 @@ def main(argv: Optional[List[str]] = None) -> int:
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be at least 1, got {value}")
     if args.backend_url:
-        if args.models or args.backend != "auto" or args.threads:
-            raise UsageError("--backend-url serves the deployment's models; it excludes --models, --backend and "
-                             "--threads (give those to serve-models)")
+        if args.models or args.backend != "auto" or args.threads or args.dtype:
+            raise UsageError("--backend-url serves the deployment's models; it excludes --models, --backend, "
+                             "--threads and --dtype (give those to serve-models)")
         from .backends import load_remote
 
         models = load_remote(args.backend_url)
     else:
+        if args.dtype == "int8" and args.backend in ("pytorch", "tensorrt"):
+            raise UsageError(f"--dtype int8 runs on the CPU runtimes (--backend auto, onnxruntime or openvino), "
+                             f"not {args.backend}")
         models = load_models(args.models, args.backend, data=args.data, cache_dir=args.cache_dir,
-                             threads=args.threads)
+                             threads=args.threads, dtype=args.dtype)
     from .app import build_demo, launch
 
     source = (f"`{args.backend_url}`" if args.backend_url else f"`{args.models}`" if args.models
               else f"the zoo ({args.data})")
     demo = build_demo(models, source=source, seg_max_side=args.seg_max_side)
     note = f" (--backend auto: {models[0].backend_note})" if models[0].backend_note else ""
-    print(f"serving {len(models)} models with {models[0].backend}{note} on http://{args.host}:{args.port}")
+    dtypes = sorted({m.dtype for m in models})
+    print(f"serving {len(models)} {'/'.join(dtypes)} models with {models[0].backend}{note} on "
+          f"http://{args.host}:{args.port}")
     try:
         launch(demo, args.host, args.port)
     except OSError as exc:  # port taken, address not available

@@ -171,3 +171,100 @@ def test_report_tables_say_who_loses_accuracy():
     assert "measured under load" not in md
     result["speed"]["contended"] = True
     assert "measured under load" in markdown(result)
+
+
+# ------------------------------------------------------------------------------------------ serving int8
+@pytest.fixture(scope="module")
+def int8_folder(tmp_path_factory):
+    """A folder as export-model leaves it: the zoo's belief2 classifier in fp32 and its verified int8 copy
+    (scored on the first 300 test images), plus int8 files whose verification does not hold."""
+    import shutil
+
+    from attnzoo.export import export_verified
+    from attnzoo.export import quantize as q
+    from attnzoo.export.cli import load_for_export
+
+    folder = tmp_path_factory.mktemp("int8")
+    model, config, sha = load_for_export("belief2", "cls")
+    fp32 = folder / "belief2_fp32.onnx"
+    export_verified(model, fp32, config, batch_sizes=(1,), checkpoint_sha256=sha)
+    good = folder / "belief2_int8.onnx"
+    q.quantize_verified(fp32, good, config, dtype="int8", calibration=q.calibration_images(config, 64, 0),
+                        calibration_source="64 fashion training images", eval_limit=300)
+    report = json.loads(good.with_suffix(".report.json").read_text())
+
+    def variant(name, edit=None, model_bytes=None):
+        path = folder / f"{name}.onnx"
+        path.write_bytes(model_bytes or good.read_bytes())
+        if edit is not None:
+            rep = json.loads(json.dumps(report))
+            edit(rep)
+            path.with_suffix(".report.json").write_text(json.dumps(rep))
+        return path
+
+    shutil.copy(good, folder / "no_report.onnx")  # no report beside it
+    variant("tampered", lambda r: None, good.read_bytes() + b"\0")  # report of another file (SHA-256)
+    variant("accepted_drop", lambda r: r["accuracy"].update(within_tolerance=False, drop=2.5, accepted_drop=True))
+    variant("unscored", lambda r: r.update(accuracy={"measured": False, "warning": "untrained model"}))
+    variant("failed", lambda r: r.update(passed=False))
+    return folder
+
+
+def test_quantized_problem_names_each_reason(int8_folder):
+    from attnzoo.runtime.sessions import quantized_problem
+
+    assert quantized_problem(int8_folder / "belief2_int8.onnx", "int8") is None
+    assert quantized_problem(int8_folder / "belief2_fp32.onnx", "fp32") is None
+    reasons = {n: quantized_problem(int8_folder / f"{n}.onnx", "int8")
+               for n in ("no_report", "tampered", "accepted_drop", "unscored", "failed")}
+    assert "without its verification report" in reasons["no_report"]
+    assert "SHA-256 mismatch" in reasons["tampered"]
+    assert "2.50 points below fp32" in reasons["accepted_drop"]
+    assert "not scored" in reasons["unscored"]
+    assert "passed" in reasons["failed"]
+    assert all("\n" not in r for r in reasons.values())
+
+
+def test_demo_serves_only_verified_int8_models(int8_folder, capsys):
+    from attnzoo.serve.backends import load_models
+
+    models = load_models(int8_folder, "onnxruntime", dtype="int8")
+    assert [(m.source.rsplit("/", 1)[-1], m.dtype) for m in models] == [("belief2_int8.onnx", "int8")]
+    err = capsys.readouterr().err
+    for name in ("no_report", "tampered", "accepted_drop", "unscored", "failed"):
+        assert f"skipping {name}.onnx: " in err
+    assert "belief2_fp32" not in err  # another precision: left out, not an error
+    fp32 = load_models(int8_folder, "onnxruntime", dtype="fp32")
+    assert [m.dtype for m in fp32] == ["fp32"]
+    # without --dtype every file is a candidate, and still no unverified quantized one is served
+    both = load_models(int8_folder, "onnxruntime")
+    assert sorted(m.dtype for m in both) == ["fp32", "int8"]
+    # the verified int8 model answers like the fp32 one on most images (it was scored within 0.5 points)
+    x = np.random.default_rng(0).standard_normal((16, 3, 28, 28)).astype(np.float32)
+    by = {m.dtype: m.run(x) for m in both}
+    assert np.mean(by["int8"].argmax(1) == by["fp32"].argmax(1)) >= 0.75
+
+
+def test_demo_int8_refuses_a_folder_without_verified_int8(tmp_path, int8_folder):
+    import shutil
+
+    from attnzoo.serve.backends import load_models
+
+    shutil.copy(int8_folder / "no_report.onnx", tmp_path / "m.onnx")
+    with pytest.raises(ValueError, match="no servable models"):
+        load_models(tmp_path, "onnxruntime", dtype="int8")
+    with pytest.raises(ValueError, match="not pytorch"):
+        load_models(tmp_path, "pytorch", dtype="int8")
+
+
+def test_backend_choice_is_timed_on_the_served_precision(int8_folder):
+    from attnzoo.runtime.choice import fastest_cpu_runtime
+    from attnzoo.serve.backends import choose_cpu_backend
+
+    run = {"a": lambda p: (lambda x: x), "b": lambda p: (lambda x: x)}
+    with pytest.raises(ValueError, match="belief2_fp32.onnx is fp32, not the int8 to be served"):
+        fastest_cpu_runtime(run, [(int8_folder / "belief2_fp32.onnx", (28, 28))], seconds=0.01, dtype="int8")
+    choice = fastest_cpu_runtime(run, [(int8_folder / "belief2_int8.onnx", (28, 28))], seconds=0.01, dtype="int8")
+    assert "for int8 models" in choice.reason and list(choice.median_ms) == ["belief2_int8.onnx"]
+    backend, reason = choose_cpu_backend(int8_folder, threads=1, dtype="int8")
+    assert backend in ("onnxruntime", "openvino") and "for int8 models" in reason and "belief2_int8.onnx" in reason

@@ -5,6 +5,11 @@ model is dominated by per-call overhead, a ViT-Ti by its matmuls), so a fixed or
 would be a guess on the next. :func:`fastest_cpu_runtime` builds each candidate for a few probe files, times
 them alternately (A B A B ..., so both see the same load) at batch 1 and picks the one with the smaller summed
 median latency.
+
+The precision is part of the question: an int8 Q/DQ graph and its fp32 original can rank the runtimes
+differently (ONNX Runtime has int8 kernels for ModelOpt's Q/DQ graphs; OpenVINO gains little from them), so the
+probes must be files of the precision that will be served (``dtype`` names it in the reason; a probe of another
+precision is refused).
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ def _alternate(fns: Sequence[Callable[[], object]], seconds: float, min_rounds: 
 
 
 def fastest_cpu_runtime(factories: Mapping[str, RunnerFactory], probes: Sequence[Tuple[Path, Tuple[int, int]]],
-                        seconds: float = 0.3, cpu: str = "") -> Choice:
+                        seconds: float = 0.3, cpu: str = "", dtype: str = "") -> Choice:
     """Pick the fastest of ``factories`` on ``probes``.
 
     Args:
@@ -64,6 +69,8 @@ def fastest_cpu_runtime(factories: Mapping[str, RunnerFactory], probes: Sequence
         probes: ``(ONNX file, (H, W))`` to time at batch 1 (e.g. one classifier and one segmenter).
         seconds: Timing per probe file (at least 10 rounds).
         cpu: The CPU's name, for the reason text.
+        dtype: The precision to be served (e.g. ``int8``); every probe must be of it (its ONNX ``dtype``
+            metadata, fp32 when absent). Empty: not checked.
 
     Returns:
         The :class:`Choice`; a runtime whose build or run raises is recorded in ``failed`` and cannot win.
@@ -71,6 +78,12 @@ def fastest_cpu_runtime(factories: Mapping[str, RunnerFactory], probes: Sequence
     names = list(factories)
     if not names:
         raise ValueError("no runtime to choose from")
+    if dtype:
+        from .contract import ModelContract
+
+        other = [(Path(p).name, c.dtype) for p, _ in probes for c in [ModelContract.from_onnx(p)] if c.dtype != dtype]
+        if other:
+            raise ValueError(f"probe {other[0][0]} is {other[0][1]}, not the {dtype} to be served")
     failed: Dict[str, str] = {}
     total = {n: 0.0 for n in names}
     medians: Dict[str, Dict[str, float]] = {}
@@ -93,7 +106,7 @@ def fastest_cpu_runtime(factories: Mapping[str, RunnerFactory], probes: Sequence
         for n, t in zip(fns, times):
             total[n] += float(np.median(t))
     alive = [n for n in names if n not in failed]
-    where = f" on this CPU ({cpu})" if cpu else " on this CPU"
+    where = (f" on this CPU ({cpu})" if cpu else " on this CPU") + (f" for {dtype} models" if dtype else "")
     if not alive or not medians:
         why = "; ".join(f"{n}: {e}" for n, e in failed.items()) or "nothing to measure"
         return Choice(names[0], f"{names[0]} (nothing measured: {why})", medians, failed)

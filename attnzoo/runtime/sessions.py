@@ -7,6 +7,10 @@ models the same way. ``device``:
 - ``cuda``: ``CUDAExecutionProvider`` (optionally with a CUDA graph);
 - ``tensorrt``: ``TensorrtExecutionProvider`` (engine cache on disk), falling back to CUDA for what it rejects;
 - ``auto``: CUDA when the installed onnxruntime has it, else CPU.
+
+Quantized files (int8 / fp8 Q/DQ graphs from ``export-model --dtype int8|fp8``) are served only when
+:func:`quantized_problem` finds their verification report intact: written by the export's checks, for exactly
+this file, scored on the test split within the tolerance of fp32.
 """
 
 from __future__ import annotations
@@ -14,10 +18,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
-__all__ = ["DEVICES", "LEVELS", "available_providers", "session_options", "providers_for", "ort_session"]
+__all__ = ["DEVICES", "LEVELS", "QUANTIZED_DTYPES", "available_providers", "session_options", "providers_for",
+           "ort_session", "quantized_problem"]
 
 DEVICES: Tuple[str, ...] = ("auto", "cpu", "cuda", "tensorrt")
 LEVELS: Tuple[str, ...] = ("disable", "basic", "extended", "all")
+#: Graph precisions that need :func:`quantized_problem`'s check before they are served.
+QUANTIZED_DTYPES: Tuple[str, ...] = ("int8", "fp8")
 
 
 def available_providers() -> Tuple[str, ...]:
@@ -112,3 +119,41 @@ def ort_session(model: Union[str, Path, bytes], device: str = "auto", *, threads
     plist = list(providers) if providers is not None else providers_for(device, **provider_kwargs)
     src = model if isinstance(model, (bytes, bytearray)) else str(model)
     return ort.InferenceSession(src, so, providers=plist)
+
+
+def quantized_problem(path: Union[str, Path], dtype: str) -> Optional[str]:
+    """Why the quantized model ``path`` (graph precision ``dtype``) must not be served (one line), or ``None``.
+
+    Served only when its ``<model>.report.json`` (written by ``export-model --dtype int8|fp8`` after its checks:
+    Q/DQ placement, extra math fp32, finite outputs, test-split accuracy next to fp32) says it passed, names this
+    precision, matches the file's SHA-256, and its accuracy was measured and is within the tolerance (a drop
+    accepted with ``--accept-accuracy-drop`` or an unscored ``--random-init`` model is not served). fp32 / fp16
+    files: always ``None`` (their own verification is the export's).
+    """
+    import json
+
+    from attnzoo.fileio import sha256_file
+
+    if dtype not in QUANTIZED_DTYPES:
+        return None
+    path = Path(path)
+    report = path.with_suffix(".report.json")
+    if not report.is_file():
+        return f"{dtype} model without its verification report {report.name} (export it with export-model --dtype {dtype})"
+    try:
+        rep = json.loads(report.read_text())
+    except (OSError, ValueError) as exc:
+        return f"{report.name} is unreadable ({type(exc).__name__})"
+    if not isinstance(rep, dict) or not rep.get("passed"):
+        return f"{report.name} does not say the {dtype} model passed its verification"
+    if rep.get("dtype") != dtype:
+        return f"{report.name} is for a {rep.get('dtype')} model, the file is {dtype}"
+    if rep.get("sha256") != sha256_file(path):
+        return f"{path.name} differs from the file its report {report.name} verified (SHA-256 mismatch)"
+    acc = rep.get("accuracy") or {}
+    if not acc.get("metrics"):
+        return f"{path.name} was not scored on a test set ({acc.get('warning') or acc.get('reason') or 'no accuracy'})"
+    if not acc.get("within_tolerance"):
+        return (f"{path.name} is {acc.get('drop', float('nan')):.2f} points below fp32 (tolerance "
+                f"{acc.get('tolerance')}; written with --accept-accuracy-drop)")
+    return None
