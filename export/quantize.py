@@ -681,7 +681,8 @@ def summary(report: Mapping[str, Any]) -> str:
     acc = report["accuracy"]
     if acc.get("metrics"):
         m = acc["metrics"]
-        lines.append(f"  {acc['metric_name']} on {acc['n_images']} {acc['data']} test images: fp32 {m['fp32']:.2f}, "
+        unit = "images" if report["task"] == "cls" else "scenes"
+        lines.append(f"  {acc['metric_name']} on {acc['n_images']} {acc['data']} test {unit}: fp32 {m['fp32']:.2f}, "
                      f"{report['dtype']} {m[report['dtype']]:.2f} (drop {acc['drop']:+.2f}, tolerance {acc['tolerance']:g})"
                      + (" [FP8 simulated]" if report["dtype"] == "fp8" else ""))
     else:
