@@ -5,6 +5,14 @@ Exit status: 0 success, 2 usage errors (bad flags or values, refused before any 
 errors too), 1 failures (unreadable or invalid input files, a failed export, ...), 130 on Ctrl-C, 143 on
 SIGTERM. SIGTERM is turned into an exception in the main thread, so temporary files are removed
 (:func:`attnzoo.fileio.atomic_path`) exactly as on Ctrl-C.
+
+Native code that calls back into Python (TensorRT's logger and progress monitor) must never see those exceptions:
+TensorRT catches an exception raised in its callbacks, prints it and carries on. A short such call runs inside
+:func:`signals_deferred`, which records the signal instead and raises it as soon as the native call returns; a
+long one (a TensorRT build) runs in a worker thread (:func:`run_in_worker`), so that the main thread, where Python
+handles signals, stops at once; if the command ends before the abandoned native work did, the process exits with
+``os._exit`` after printing its line (an interpreter shutting down cannot safely outlive native code in another
+thread).
 """
 
 from __future__ import annotations
@@ -12,13 +20,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import os
 import signal
 import sys
 import threading
 import traceback
-from typing import Callable, Iterator, Optional, Sequence
+from dataclasses import dataclass
+from typing import Callable, Iterator, List, Optional, Sequence, TypeVar
 
-__all__ = ["UsageError", "CommandError", "Terminated", "Interrupted", "CommandExit", "entry_point", "add_debug_flag", "first_line"]
+__all__ = ["UsageError", "CommandError", "Terminated", "Interrupted", "CommandExit", "entry_point", "add_debug_flag",
+           "first_line", "PendingSignal", "signals_deferred", "run_in_worker"]
+
+T = TypeVar("T")
+#: Worker threads running native code that a signal made the main thread give up on (cancelled, maybe running).
+_ABANDONED: List[threading.Thread] = []
 
 DEBUG_FLAG = "--debug"
 
@@ -83,10 +98,98 @@ def _signals_raise() -> Iterator[None]:
             signal.signal(sig, old)
 
 
+@dataclass
+class PendingSignal:
+    """The first SIGINT/SIGTERM that arrived inside :func:`signals_deferred` (``None``: none yet)."""
+
+    signum: Optional[int] = None
+
+    @property
+    def pending(self) -> bool:
+        """A signal arrived: the native work should stop as soon as it can (e.g. cancel a TensorRT build)."""
+        return self.signum is not None
+
+
+def _deliver(signum: int, handler) -> None:
+    """Act on a recorded signal as its own handler would have (raises for the handlers of :func:`_signals_raise`
+    and Python's default SIGINT handler; records it in an enclosing :func:`signals_deferred`)."""
+    if callable(handler):
+        handler(signum, None)
+    elif handler != signal.SIG_IGN:  # SIG_DFL, or a handler installed outside Python
+        signal.raise_signal(signum)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[PendingSignal]:
+    """Record SIGINT/SIGTERM instead of raising while native code with Python callbacks runs; raise on exit.
+
+    Inside, a signal only sets ``PendingSignal.signum`` (a callback may poll ``.pending`` to cancel the work; it
+    must never raise). On exit the previous handlers come back and a recorded signal is handed to its handler:
+    :class:`Interrupted` / :class:`Terminated` under :func:`entry_point`, ``KeyboardInterrupt`` under Python's
+    default; it replaces any exception the body raised (a build cancelled because of it). Off the main thread
+    signals are not delivered to Python, and this does nothing.
+    """
+    state = PendingSignal()
+    if threading.current_thread() is not threading.main_thread():
+        yield state
+        return
+
+    def record(signum, frame):  # never raises: it may run inside a C callback
+        if state.signum is None:
+            state.signum = signum
+
+    previous = {sig: signal.signal(sig, record) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield state
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, signal.SIG_DFL if old is None else old)
+        if state.signum is not None:
+            _deliver(state.signum, previous[state.signum])
+
+
+def run_in_worker(fn: Callable[[], T], cancel: Callable[[], None]) -> T:
+    """``fn()`` (native code that releases the GIL, e.g. a TensorRT build) in a worker thread, waited for by the
+    main thread, so that Ctrl-C / SIGTERM is acted on at once and never raised inside ``fn``'s C callbacks
+    (signal handlers run in the main thread only).
+
+    On a signal (or any exception while waiting) ``cancel()`` asks ``fn`` to stop (it must not raise) and the
+    exception propagates at once; the worker is left behind, and :func:`entry_point` then ends the process with
+    ``os._exit`` once its line is printed (and the caller's ``finally`` blocks have run). Off the main thread
+    ``fn()`` is simply called.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return fn()
+    box: dict = {}
+
+    def work() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the main thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=work, name="attnzoo-native", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.05)  # the main thread runs Python between waits: signal handlers run here
+    except BaseException:
+        cancel()
+        _ABANDONED.append(worker)  # even once it returns, TensorRT's own threads may still call back
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
 def _exit(code: int, message: str, exc: Optional[BaseException], debug: bool) -> CommandExit:
     if debug and exc is not None:
         traceback.print_exception(exc, file=sys.stderr)
     print(message, file=sys.stderr, flush=True)
+    if _ABANDONED:  # native work was given up on: no interpreter shutdown beside it (a TensorRT thread calling
+        # its Python logger during shutdown aborts the process)
+        sys.stdout.flush()
+        os._exit(code)
     return CommandExit(code, message)
 
 

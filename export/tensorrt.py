@@ -11,6 +11,8 @@ demo). This module adds what ``export-model --format tensorrt`` promises:
    tolerance table, and timed; without one the report says ``"built, not run"``;
 4. the engine is written atomically, and only when every check passed, then its report ``<engine>.json``; a failed
    build writes ``<engine>.failed.json`` instead and leaves a good engine already there, and its report, untouched.
+   Ctrl-C during the build (:mod:`attnzoo.runtime.tensorrt`) writes nothing; during the writes, both are
+   written, then it is acted on.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
+from attnzoo.cli import signals_deferred
 from attnzoo.fileio import atomic_write_bytes, atomic_write_text, sha256_file
 from attnzoo.runtime import tensorrt as rt
 from attnzoo.runtime.contract import INPUT_NAME, ModelContract
@@ -122,7 +125,8 @@ def network_check(parsed: rt.ParsedNetwork, onnx_path: Union[str, Path], contrac
     if not onnx_check["ok"]:
         result["failures"] = [f"ONNX: {f}" for f in onnx_check["failures"]] + result["failures"]
         result["ok"] = False
-    result["projection_blocks"] = len(onnx_check["blocks"])
+    result["projection_blocks"] = len(onnx_check["blocks"])  # extra-math scopes checked, all blocks
+    result["extra_scopes"] = sorted({scope.split(".attn.", 1)[1] for scope in onnx_check["blocks"]})
     if contract.dtype in ("int8", "fp8"):
         _quantized_check(parsed, contract, scopes, result)
     return result
@@ -230,9 +234,10 @@ def build_engine(onnx_path: Union[str, Path], engine_path: Union[str, Path], *, 
         atomic_write_text(failed_engine_report_path(engine_path), json.dumps(report, indent=2) + "\n")
         raise RuntimeError(f"{'; '.join(failures[:3])}; engine not saved (see "
                            f"{failed_engine_report_path(engine_path)})")
-    atomic_write_bytes(engine_path, built.blob)
-    atomic_write_text(engine_report_path(engine_path), json.dumps(report, indent=2) + "\n")
-    failed_engine_report_path(engine_path).unlink(missing_ok=True)  # a stale failure no longer describes anything
+    with signals_deferred():  # the engine and its report are written together (a signal is raised after both)
+        atomic_write_bytes(engine_path, built.blob)
+        atomic_write_text(engine_report_path(engine_path), json.dumps(report, indent=2) + "\n")
+        failed_engine_report_path(engine_path).unlink(missing_ok=True)  # a stale failure describes nothing now
     return report
 
 
@@ -275,8 +280,9 @@ def summary(report: Dict[str, Any]) -> str:
     lines = [f"{report['engine']}: {report['library']} {report['library_version']} engine for "
              f"{report['compute_capability']}, profile {report['profile']}, built in {report['build_time_s']:.1f} s, "
              f"{report['engine_size'] / 1e6:.2f} MB",
-             f"  network check: {report['network_check']['projection_blocks']} projection scope(s), every "
-             f"projection op a fp32 layer{' (and LayerNorm/softmax)' if report['dtype'] == 'fp16' else ''}"]
+             f"  network check: {report['network_check']['projection_blocks']} extra-math scope(s) "
+             f"({', '.join(report['network_check'].get('extra_scopes', [])) or 'none'} in every block), every "
+             f"op of them a fp32 layer{' (and LayerNorm/softmax)' if report['dtype'] == 'fp16' else ''}"]
     quantized = report["network_check"].get("quantized")
     if quantized:
         n_mm = len(quantized["matmuls_fed_by_dequantize"])

@@ -15,10 +15,9 @@ import pytest
 import torch
 
 from attnzoo.export import export_onnx
-from attnzoo.export.check import PROJECTION_MODULES
 from attnzoo.export.cli import main as export_main
 from attnzoo.export.tensorrt import STATUS_BUILT, STATUS_RUN, build_engine, engine_report_path, network_check
-from attnzoo.models import ARCHS, VARIANT_NAMES, create_model
+from attnzoo.models import ARCHS, VARIANT_NAMES, VARIANTS, create_model
 from attnzoo.runtime import ModelContract, compare
 from attnzoo.runtime import tensorrt as rt
 
@@ -77,7 +76,7 @@ def test_onnx_parses_projection_is_fp32_and_engine_builds(lib, onnx_file, varian
     check = network_check(parsed, path, contract)
     assert check["ok"], check["failures"]
     prefix = "encoder.blocks" if task == "seg" else "blocks"
-    scopes = {f"{prefix}.{i}.attn.{m}" for i in range(DEPTH) for m in PROJECTION_MODULES.get(variant, ())}
+    scopes = {f"{prefix}.{i}.attn.{m}" for i in range(DEPTH) for m in VARIANTS[variant].extra_scopes}
     assert set(check["blocks"]) - {"fp32 ops of the fp16 graph"} == scopes
     for scope in scopes:  # Mul x3, ReduceSum x2, Add, Div, Sub: each a layer, each fp32
         assert check["blocks"][scope] == {"layers": 8, "fp32": 8}, scope
@@ -228,3 +227,143 @@ def test_engine_runs_and_matches_onnxruntime(lib, onnx_file, tmp_path, dtype):
     x = np.random.default_rng(1).standard_normal((3, 3, 32, 32)).astype(np.float32)
     ref = ort_session(path, "cpu").run(None, {"image": x})[0]
     assert compare(engine.run(x), ref, dtype)["passed"]
+
+
+# ------------------------------------------------------------------------- Ctrl-C during a build (issue 25)
+def _interrupt_during_build(argv, marker: str, delay_s: float = 1.5, limit_s: float = 15.0):
+    """Run a command, send SIGINT ``delay_s`` after ``marker`` (the progress bar naming the TensorRT step)
+    shows on stderr; return (exit status, seconds from SIGINT to exit, stderr)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    chunks, seen = [], threading.Event()
+
+    def read() -> None:
+        for chunk in iter(lambda: os.read(proc.stderr.fileno(), 4096), b""):
+            chunks.append(chunk)
+            if marker.encode() in b"".join(chunks[-4:]):
+                seen.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    threading.Thread(target=proc.stdout.read, daemon=True).start()
+    try:
+        assert seen.wait(240), f"{marker!r} never shown: {b''.join(chunks).decode(errors='replace')[-2000:]}"
+        time.sleep(delay_s)
+        proc.send_signal(signal.SIGINT)
+        sent = time.perf_counter()
+        rc = proc.wait(timeout=limit_s)
+        took = time.perf_counter() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(5)
+    return rc, took, b"".join(chunks).decode(errors="replace")
+
+
+def test_ctrl_c_during_export_model_build_exits_130_and_writes_no_engine(lib, tmp_path):
+    """Before issue 25, TensorRT caught the Interrupted raised in its logger callback, finished the build and
+    wrote the engine. ViT-Ti: a build of a few seconds here."""
+    out = tmp_path / "t.engine"
+    rc, took, err = _interrupt_during_build(
+        ["attnzoo.export.cli", "--variant", "standard", "--arch", "tiny", "--random-init", "--format", "tensorrt",
+         "--batch-sizes", "1,8", "--out", str(out)], marker="tensorrt]")
+    assert rc == 130 and took < 15, (rc, took, err[-2000:])
+    assert err.strip().splitlines()[-1] == "interrupted (Ctrl-C)"
+    assert "Exception caught" not in err and "Traceback" not in err
+    # the verified ONNX (written before the build) stays; no engine, no engine report, no temporary file
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.onnx", "t.report.json"]
+
+
+def test_ctrl_c_during_bench_latency_build_exits_130_and_keeps_the_rows(lib, tmp_path):
+    cache = tmp_path / "cache"
+    rc, took, err = _interrupt_during_build(
+        ["attnzoo.benchmarks.cli", "--arch", "tiny", "--variants", "standard", "--backends", "eager,tensorrt",
+         "--batch-sizes", "1,8", "--min-time", "0.2", "--threads", "1", "--ceiling-size", "0", "--no-pair-eager",
+         "--out", str(tmp_path / "out"), "--cache-dir", str(cache)], marker="standard tensorrt fp32 b1")
+    assert rc == 130 and took < 15, (rc, took, err[-2000:])
+    assert err.strip().splitlines()[-1] == "interrupted (Ctrl-C)"
+    assert "Exception caught" not in err and "Traceback" not in err
+    result = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert result["interrupted"]["signal"] == "SIGINT"
+    assert result["interrupted"]["during"] == "standard tensorrt fp32 b1"
+    rows = result["results"]
+    assert [(r["backend"], r["batch"], r["status"]) for r in rows] == [("eager", 1, "ok")]  # measured, kept
+    assert rows[0]["median_ms"] > 0 and result["interrupted"]["rows_kept"] == 1
+    assert "Interrupted: stopped by Ctrl-C (SIGINT) during standard tensorrt fp32 b1" in \
+        (tmp_path / "out" / "results.md").read_text()
+    assert not list((cache / "tensorrt").glob("*")) if (cache / "tensorrt").exists() else True  # no engine
+
+
+def test_the_progress_monitor_cancels_the_build(lib, onnx_file, monkeypatch):
+    """What a signal triggers: the monitor (a C callback: it never raises) answers False, TensorRT stops."""
+    def cancel_first(fn, cancel):
+        cancel()
+        return fn()
+
+    path = onnx_file("standard")
+    parsed = rt.parse_onnx(path, lib)
+    monkeypatch.setattr(rt, "run_in_worker", cancel_first)
+    with pytest.raises(rt.TensorRTError, match="failed to build"):
+        rt.build(path, parsed=parsed)
+    assert any("BuildCanceled" in e for e in parsed.logger.errors), parsed.logger.errors
+
+
+def test_run_in_worker_raises_a_signal_at_once_and_cancels_the_work():
+    import os
+    import signal
+    import threading
+    import time
+
+    from attnzoo import cli
+
+    stop = threading.Event()
+
+    def native():  # stands for a build that ends at its next step once cancelled
+        stop.wait(30)
+        return "finished"
+
+    with cli._signals_raise():
+        assert cli.run_in_worker(lambda: 42, stop.set) == 42 and not stop.is_set() and not cli._ABANDONED
+        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+        start = time.perf_counter()
+        timer.start()
+        try:
+            with pytest.raises(cli.Interrupted):
+                cli.run_in_worker(native, stop.set)
+            assert time.perf_counter() - start < 3 and stop.is_set()
+            assert len(cli._ABANDONED) == 1  # entry_point would now end the process with os._exit
+        finally:
+            cli._ABANDONED.clear()  # this test process goes on
+
+
+def test_signals_deferred_records_then_raises_on_exit():
+    import os
+    import signal
+
+    from attnzoo.cli import Interrupted, Terminated, _signals_raise, signals_deferred
+
+    with _signals_raise():
+        with pytest.raises(Interrupted):
+            with signals_deferred() as outer:
+                with signals_deferred() as inner:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    for _ in range(1000):  # the handler runs between bytecodes: it only records
+                        pass
+                    assert inner.pending and inner.signum == signal.SIGINT
+                    os.kill(os.getpid(), signal.SIGTERM)  # a second signal: the first one wins
+                assert outer.pending  # the inner region handed it to the outer one, which still defers
+                reached = True
+        assert reached
+        with pytest.raises(Terminated):  # outside any region the handler raises again
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):
+                pass
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -14,26 +14,36 @@ Networks are always strongly typed: precision comes from the ONNX graph (an fp16
 softmax and the projection in fp32). There are no FP16/INT8 builder flags (TensorRT-RTX and TensorRT 11 removed
 them). One optimisation profile spans the batch sizes (min/opt/max). Running an engine needs an NVIDIA GPU;
 device buffers are torch CUDA tensors (no pycuda / cuda-python).
+
+Ctrl-C and SIGTERM: TensorRT calls back into Python (its logger, the build's progress monitor) and catches an
+exception raised there. The build therefore runs in a worker thread (:func:`attnzoo.cli.run_in_worker`; TensorRT
+releases the GIL while it builds): the main thread acts on the signal at once, and the build is cancelled at its
+next progress step (the monitor answers ``False``; it never raises). Short calls with callbacks (parsing,
+deserializing) run inside :func:`attnzoo.cli.signals_deferred`: a signal is raised as soon as TensorRT returns.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import os
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
+
+from attnzoo.cli import run_in_worker, signals_deferred
 
 from .contract import INPUT_NAME, OUTPUT_NAME
 
 __all__ = ["LIBRARIES", "LIBRARY_ENV", "INSTALL_HINT", "COMPUTE_CAPABILITIES", "DEFAULT_COMPUTE_CAPABILITY",
            "TensorRTError", "TensorRTUnavailable", "TensorRTParseError", "Library", "gpu_available",
            "load_library", "unavailable_reason", "ParsedNetwork", "parse_onnx", "network_layers",
-           "check_network_precision", "profile_batches", "Built", "build", "Engine"]
+           "check_network_precision", "profile_batches", "Built", "build", "build_cached", "Engine"]
 
 LIBRARIES: Tuple[str, ...] = ("tensorrt", "tensorrt_rtx")
 LIBRARY_ENV = "ATTNZOO_TENSORRT"
@@ -168,7 +178,7 @@ def _logger(trt: Any) -> Any:
             trt.ILogger.__init__(self)
             self.errors: List[str] = []
 
-        def log(self, severity, msg) -> None:  # noqa: D401 - TensorRT callback
+        def log(self, severity, msg) -> None:  # noqa: D401 - TensorRT callback: must never raise
             if severity in (trt.ILogger.Severity.ERROR, trt.ILogger.Severity.INTERNAL_ERROR):
                 self.errors.append(str(msg).strip().replace("\n", " "))
 
@@ -176,6 +186,32 @@ def _logger(trt: Any) -> Any:
         return _Keep()
     except Exception:  # bindings without a subclassable ILogger: TensorRT prints its errors itself
         return trt.Logger(trt.Logger.ERROR)
+
+
+def _progress_monitor(trt: Any, cancelled: Callable[[], bool]) -> Optional[Any]:
+    """An ``IProgressMonitor`` that cancels the build once ``cancelled()`` is true (``None`` where the bindings
+    have none). A C callback: it never raises."""
+    base = getattr(trt, "IProgressMonitor", None)
+    if base is None:
+        return None
+
+    class _Cancel(base):
+        def __init__(self) -> None:
+            base.__init__(self)
+
+        def phase_start(self, phase_name, parent_phase, num_steps) -> None:
+            pass
+
+        def phase_finish(self, phase_name) -> None:
+            pass
+
+        def step_complete(self, phase_name, step) -> bool:
+            return not cancelled()
+
+    try:
+        return _Cancel()
+    except Exception:  # bindings without a subclassable monitor: the signal is acted on when the build returns
+        return None
 
 
 def _last_errors(logger: Any, n: int = 2) -> str:
@@ -200,7 +236,8 @@ def parse_onnx(onnx_path: Union[str, Path], library: Optional[Library] = None) -
     flag = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
     network = builder.create_network(0 if flag is None else 1 << int(flag))
     parser = trt.OnnxParser(network, logger)
-    ok = parser.parse_from_file(str(path))
+    with signals_deferred():  # the parser logs through ``logger``: a signal is raised once it returns
+        ok = parser.parse_from_file(str(path))
     if not ok or network.num_layers == 0:
         errors = [str(parser.get_error(i)).strip().replace("\n", " ") for i in range(parser.num_errors)]
         raise TensorRTParseError(f"{lib.describe()} cannot parse {path.name}: "
@@ -258,6 +295,10 @@ def check_network_precision(network: Any, scopes: Mapping[str, Sequence[str]],
 
 
 # ------------------------------------------------------------------------------------------------ building
+#: What cancelled builds used (network, config, logger, progress monitor): never freed, because TensorRT's own
+#: threads may still call the logger or the monitor after the build returned.
+_CANCELLED: List[Tuple[Any, ...]] = []
+
 @dataclass
 class Built:
     """A serialized engine and how it was made."""
@@ -337,8 +378,21 @@ def build(onnx_path: Union[str, Path], *, batch_sizes: Sequence[int] = (1, 8),
     profile = net.builder.create_optimization_profile()
     profile.set_shape(inp.name, (lo, 3, *hw), (opt, 3, *hw), (hi, 3, *hw))
     config.add_optimization_profile(profile)
+    cancelled = threading.Event()
+    monitor = _progress_monitor(trt, cancelled.is_set)
+    if monitor is not None and hasattr(config, "progress_monitor"):
+        config.progress_monitor = monitor
+
+    def work() -> Any:
+        keep = (net, config, monitor)  # alive while the build may still call them, even if abandoned  # noqa: F841
+        return net.builder.build_serialized_network(net.network, config)
+
     start = time.perf_counter()
-    serialized = net.builder.build_serialized_network(net.network, config)
+    try:
+        serialized = run_in_worker(work, cancelled.set)  # Ctrl-C: raised at once here, the build cancelled
+    finally:
+        if cancelled.is_set():  # TensorRT's own threads may call back after a cancelled build returned
+            _CANCELLED.append((net, config, monitor))
     build_s = time.perf_counter() - start
     if serialized is None:
         raise TensorRTError(f"{lib.describe()} failed to build an engine from {Path(onnx_path).name} for {cc}"
@@ -349,6 +403,49 @@ def build(onnx_path: Union[str, Path], *, batch_sizes: Sequence[int] = (1, 8),
         atomic_write_bytes(cache_path, bytes(config.get_timing_cache().serialize()))
     return Built(bytes(serialized), lib, cc, build_s, {"min": lo, "opt": opt, "max": hi}, (hi, 3, *hw),
                  workspace_gb, str(cache_path) if cache_path else None)
+
+
+def build_cached(onnx_path: Union[str, Path], cache_dir: Union[str, Path], *, batch_sizes: Sequence[int] = (1, 8),
+                 input_hw: Optional[Sequence[int]] = None, compute_capability: Optional[str] = None,
+                 workspace_gb: float = 2.0, library: Optional[Library] = None) -> Dict[str, Any]:
+    """Build an engine once and keep it in ``cache_dir``; later calls with the same key reuse it.
+
+    For engines that are built but cannot run here (no GPU): building one again would only repeat seconds of
+    work. The key is everything the engine depends on: the ONNX file's content (sha256: the variant, arch,
+    dtype and weights), the input size, the profile, the target, the library and its version. The engine and
+    its facts (``<engine>.json``, written last: a key with facts is complete) are written atomically.
+
+    Returns:
+        :meth:`Built.facts` plus ``engine`` (its file), ``onnx_sha256`` and ``cached`` (``True``: reused, not
+        built by this call).
+
+    Raises:
+        As :func:`build`.
+    """
+    from attnzoo.fileio import atomic_write_bytes, atomic_write_text, sha256_file
+
+    lib = library or load_library()
+    path = Path(onnx_path)
+    sha = sha256_file(path)
+    cc = _resolve_cc(lib, compute_capability, gpu_available())
+    lo, opt, hi = profile_batches(batch_sizes)
+    hw = "x".join(str(int(v)) for v in input_hw) if input_hw else "onnx"
+    engine = Path(cache_dir) / (f"{path.stem}_{hw}_b{lo}-{opt}-{hi}_{cc}_{lib.name}-{lib.version}_"
+                                f"ws{workspace_gb:g}_{sha[:16]}.engine")
+    facts_path = Path(str(engine) + ".json")
+    try:
+        facts = json.loads(facts_path.read_text())
+        if facts.get("onnx_sha256") == sha and engine.stat().st_size == facts.get("engine_size"):
+            return {**facts, "cached": True}
+    except (OSError, ValueError):
+        pass  # not built yet (or an unreadable entry: built again and replaced)
+    built = build(path, batch_sizes=batch_sizes, input_hw=input_hw, compute_capability=cc,
+                  workspace_gb=workspace_gb, library=lib)
+    facts = {**built.facts(), "engine": str(engine), "onnx": str(path), "onnx_sha256": sha}
+    engine.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(engine, built.blob)
+    atomic_write_text(facts_path, json.dumps(facts, indent=1) + "\n")
+    return {**facts, "cached": False}
 
 
 # ------------------------------------------------------------------------------------------------ running
@@ -368,11 +465,13 @@ class Engine:
         blob = data if isinstance(data, (bytes, bytearray)) else Path(data).read_bytes()
         self._logger = _logger(trt)
         self._runtime = trt.Runtime(self._logger)
-        self.engine = self._runtime.deserialize_cuda_engine(blob)
+        with signals_deferred():  # TensorRT logs through ``_logger``: a signal is raised once it returns
+            self.engine = self._runtime.deserialize_cuda_engine(blob)
         if self.engine is None:
             raise TensorRTError(f"{self.library.describe()} could not deserialize the engine (built by another "
                                 f"TensorRT version, or for another GPU?){_last_errors(self._logger)}")
-        self.context = self.engine.create_execution_context()  # TensorRT-RTX specialises kernels here
+        with signals_deferred():
+            self.context = self.engine.create_execution_context()  # TensorRT-RTX specialises kernels here
 
     def _torch_dtype(self, name: str):
         import torch
