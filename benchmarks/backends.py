@@ -29,7 +29,7 @@ import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -340,11 +340,12 @@ def _ort_gpu_runner(onnx_path: Path, x: torch.Tensor, dtype: str, tensorrt_ep: b
                   info={"providers": sess.get_providers()})
 
 
-def tensorrt_build_only(onnx_path: Path, batch: int) -> Dict[str, object]:
-    """Without a GPU: build the engine ahead of time with the runtime's builder (not run); its build facts."""
+def tensorrt_build_only(onnx_path: Path, batch_sizes: Sequence[int], cache_dir: Path) -> Dict[str, object]:
+    """Without a GPU: the engine built ahead of time by the runtime's builder (not run), once per ONNX file,
+    shape and profile (kept in ``cache_dir/tensorrt``, reused by later rows and runs); its build facts."""
     from attnzoo.runtime import tensorrt as rt
 
-    return rt.build(onnx_path, batch_sizes=(batch,)).facts()
+    return rt.build_cached(onnx_path, Path(cache_dir) / "tensorrt", batch_sizes=batch_sizes)
 
 
 def _tensorrt_runner(onnx_path: Path, x: torch.Tensor, dtype: str, cache_dir: Path) -> Runner:

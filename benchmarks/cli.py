@@ -1,5 +1,8 @@
 """``bench-latency``: latency of attention variants on every backend, measured the way trtexec does.
 
+With no flags it runs a representative table in about 5 minutes on 2 cores (:data:`DEFAULT_SCOPE`: one variant
+per cost family, batch 1 and 8, every backend here) and says what it left out; ``--all`` runs everything.
+
 Example::
 
     bench-latency --arch tiny --batch-sizes 1,8 --backends eager,compile,ort-cpu --min-time 1 \\
@@ -13,22 +16,40 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from attnzoo.limits import MAX_BATCH_SIZE, check_batch_sizes
 
-from attnzoo.cli import UsageError, add_debug_flag, entry_point
+from attnzoo.cli import Interrupted, Terminated, UsageError, add_debug_flag, entry_point, signals_deferred
 
 from .backends import BACKENDS, DTYPES
 from .ceiling import DEFAULT_SIZE, MAX_SIZE
 
-__all__ = ["main", "build_parser", "parse_settings"]
+__all__ = ["main", "build_parser", "parse_settings", "DEFAULT_SCOPE", "FULL_SCOPE", "scope"]
+
+#: What a run with no flags measures (argparse dest -> value as typed): one variant per cost family of the
+#: README's scaling findings (standard; belief2, the dearest projection, with its extra matrices; wafe-mae, whose
+#: pairwise L1 is N^2 vector work; horizontal-vertical, the axial family), batch 1 and 8, 0.5 s per measurement
+#: (still >= 10 iterations) and 60 s of torch.compile (about two compilations here): about 5 minutes on 2 cores.
+#: A flag given on the command line wins.
+DEFAULT_SCOPE = {"variants": "standard,belief2,wafe-mae,horizontal-vertical", "batch_sizes": "1,8",
+                 "min_time": 0.5, "compile_budget": 60.0}
+#: ``--all``: every variant, batch 1, 8 and 32, 3 s per measurement, 600 s of torch.compile (the committed
+#: runs; 45-80 minutes on 2 cores).
+FULL_SCOPE = {"variants": "all", "batch_sizes": "1,8,32", "min_time": 3.0, "compile_budget": 600.0}
+_FLAGS = {"variants": "--variants", "batch_sizes": "--batch-sizes", "min_time": "--min-time",
+          "compile_budget": "--compile-budget"}
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench-latency", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--variants", default="all", help="'all' or comma-separated variant names")
+    p.add_argument("--all", action="store_true",
+                   help="measure everything: " + " ".join(f"{_FLAGS[k]} {v:g}" if isinstance(v, float) else
+                                                          f"{_FLAGS[k]} {v}" for k, v in FULL_SCOPE.items())
+                        + " (45-80 minutes on 2 cores); flags given as well still win")
+    p.add_argument("--variants", default=argparse.SUPPRESS,
+                   help=f"'all' or comma-separated variant names (default: {DEFAULT_SCOPE['variants']})")
     p.add_argument("--task", default="cls", choices=("cls", "seg"))
     p.add_argument("--arch", default="tiny", choices=("micro", "tiny", "small", "base"))
     p.add_argument("--backends", default=",".join(BACKENDS),
@@ -37,18 +58,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtypes", "--dtype", dest="dtype", default="fp32",
                    help=f"comma-separated, from: {', '.join(DTYPES)} (int8: ModelOpt Q/DQ on ort-cpu, NNCF on "
                         "openvino; --dtype is the old spelling)")
-    p.add_argument("--batch-sizes", default="1,8,32", help=f"comma-separated integers in 1..{MAX_BATCH_SIZE}")
+    p.add_argument("--batch-sizes", default=argparse.SUPPRESS,
+                   help=f"comma-separated integers in 1..{MAX_BATCH_SIZE} (default: {DEFAULT_SCOPE['batch_sizes']})")
     p.add_argument("--threads", type=int, default=None,
                    help="intra-op threads for PyTorch and ONNX Runtime (default: the usable cores)")
-    p.add_argument("--min-time", type=float, default=3.0, help="seconds timed per measurement (>= 10 iterations)")
+    p.add_argument("--min-time", type=float, default=argparse.SUPPRESS,
+                   help=f"seconds timed per measurement, >= 10 iterations (default: {DEFAULT_SCOPE['min_time']:g})")
     p.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder")
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="exported / optimized models (default: <cache>/bench-latency, <cache> being "
                         "$ATTNZOO_CACHE, else $XDG_CACHE_HOME/attnzoo, else ~/.cache/attnzoo, as for serve-demo)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="device of eager/compile")
     p.add_argument("--seed", type=int, default=0, help="seed of the random-init weights and the inputs")
-    p.add_argument("--compile-budget", type=float, default=600.0,
-                   help="seconds of torch.compile compilation allowed; later compile jobs are skipped")
+    p.add_argument("--compile-budget", type=float, default=argparse.SUPPRESS,
+                   help="seconds of torch.compile compilation allowed; later compile jobs are skipped "
+                        f"(default: {DEFAULT_SCOPE['compile_budget']:g})")
     p.add_argument("--ceiling-size", type=int, default=DEFAULT_SIZE, metavar="N",
                    help="side of the square matmul that measures the machine's fp32/int8 ceiling at the start "
                         "(0: not measured; then no row has a ceiling fraction)")
@@ -123,6 +147,39 @@ def _check_memory(settings) -> None:
             raise UsageError(str(exc)) from None
 
 
+def _flag(key: str, value: Any) -> str:
+    return f"{_FLAGS[key]} {value:g}" if isinstance(value, float) else f"{_FLAGS[key]} {value}"
+
+
+def scope(a: argparse.Namespace) -> Dict[str, Any]:
+    """Fill the scope flags not given from :data:`DEFAULT_SCOPE` (``--all``: :data:`FULL_SCOPE`) into ``a``;
+    return what the run covers against ``--all``: ``{"preset", "from_preset", "left_out", "everything"}``.
+
+    ``left_out`` lists, in words, what ``--all`` would measure beyond this run (empty when nothing).
+    """
+    from attnzoo.models import VARIANT_NAMES
+
+    preset = FULL_SCOPE if a.all else DEFAULT_SCOPE
+    from_preset = [k for k in preset if not hasattr(a, k)]
+    for k in from_preset:
+        setattr(a, k, preset[k])
+    left_out = []
+    variants = _variants(a.variants)
+    missing = [v for v in VARIANT_NAMES if v not in variants]
+    if missing:
+        left_out.append(f"{len(missing)} of {len(VARIANT_NAMES)} variants ({', '.join(missing)})")
+    batches = [b for b in _batches(FULL_SCOPE["batch_sizes"]) if b not in _batches(a.batch_sizes)]
+    if batches:
+        left_out.append(f"batch {', '.join(map(str, batches))}")
+    for key, what in (("min_time", "s per measurement"), ("compile_budget", "s of torch.compile")):
+        if getattr(a, key) < FULL_SCOPE[key]:
+            left_out.append(f"{getattr(a, key):g} {what} instead of {FULL_SCOPE[key]:g}")
+    full = " ".join(_flag(k, v) for k, v in FULL_SCOPE.items())
+    return {"preset": "all" if a.all else "default", "from_preset": {k: preset[k] for k in from_preset},
+            "left_out": left_out,
+            "everything": f"bench-latency --all (= {full}; 45-80 minutes on 2 cores), or those flags one by one"}
+
+
 def parse_settings(argv: Optional[Sequence[str]] = None):
     """Command line -> :class:`attnzoo.benchmarks.run.Settings`.
 
@@ -135,6 +192,7 @@ def parse_settings(argv: Optional[Sequence[str]] = None):
 
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
+    covered = scope(a)
     if not a.min_time > 0:
         raise UsageError(f"--min-time must be > 0, got {a.min_time}")
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -150,7 +208,7 @@ def parse_settings(argv: Optional[Sequence[str]] = None):
                     arch=a.arch, threads=threads, min_time=a.min_time, out=out, cache_dir=cache, device=a.device,
                     seed=a.seed, compile_budget=a.compile_budget, profile=a.profile,
                     pair_eager=not a.no_pair_eager, progress=not a.no_progress, ceiling_size=a.ceiling_size,
-                    command=shlex.join(["bench-latency", *argv]))
+                    command=shlex.join(["bench-latency", *argv]), scope=covered)
 
 
 def roofline_main(a: argparse.Namespace) -> int:
@@ -188,6 +246,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
     if a.roofline is not None:
+        a.all = True  # nothing is timed: the full scope costs nothing
+        scope(a)
         return roofline_main(a)
     if a.against is not None:
         raise UsageError("--against needs --roofline")
@@ -200,15 +260,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     writable_dir(settings.out, "--out folder")
     writable_dir(settings.cache_dir, "--cache-dir folder")
     _check_memory(settings)
-    from .report import markdown, write_outputs, write_profile
+    from .report import markdown, scope_line, write_outputs, write_profile
     from .run import run_benchmark
 
+    print(scope_line(settings.scope), flush=True)
     result = run_benchmark(settings)
-    files = write_outputs(result, settings.out)
-    if result["ort_profile"]:
-        files["profile"] = write_profile(result["ort_profile"], settings.out / "ort_profile.md")
+    with signals_deferred():  # a second Ctrl-C waits until the rows measured so far are written
+        files = write_outputs(result, settings.out)
+        if result["ort_profile"]:
+            files["profile"] = write_profile(result["ort_profile"], settings.out / "ort_profile.md")
     print(markdown(result))
     print("wrote " + ", ".join(str(p) for p in files.values()))
+    stopped = result["interrupted"]
+    if stopped:  # the rows are written: now exit as the signal asks (130 / 143)
+        print(stopped["note"], file=sys.stderr)
+        raise Terminated() if stopped["signal"] == "SIGTERM" else Interrupted()
     return 0
 
 

@@ -13,7 +13,7 @@ from attnzoo.fileio import atomic_write_bytes
 
 from .env import cpu_summary
 
-__all__ = ["ROW_FIELDS", "OVERHEAD_FIELDS", "ceiling_line", "markdown", "write_outputs", "plot_latency",
+__all__ = ["ROW_FIELDS", "OVERHEAD_FIELDS", "ceiling_line", "scope_line", "markdown", "write_outputs", "plot_latency",
            "plot_efficiency", "plot_overhead", "profile_markdown", "write_profile"]
 
 #: Columns of a latency row (CSV and JSON ``results``), in order.
@@ -48,7 +48,12 @@ def markdown(result: Mapping[str, Any]) -> str:
     rows = result["results"]
     ok = [r for r in rows if r["status"] == "ok"]
     parts = [f"# bench-latency: {result['settings']['task']} / {result['settings']['arch']}", "",
-             f"Command: `{result['command']}`", "", result["note"], ""]
+             f"Command: `{result['command']}`", ""]
+    if result.get("interrupted"):
+        parts += [f"**Interrupted: {result['interrupted']['note']}.**", ""]
+    if result["settings"].get("scope"):
+        parts += [scope_line(result["settings"]["scope"]), ""]
+    parts += [result["note"], ""]
     env = result["environment"]
     gpu = env.get("gpu")
     parts.append(f"CPU: {cpu_summary(env['cpu'])}, {env['cpu']['usable_cores']} usable cores; GPU: "
@@ -107,6 +112,13 @@ def markdown(result: Mapping[str, Any]) -> str:
             lines.append([r["backend"], r["dtype"], r["status"], who, r["reason"]])
         parts.append(_table(["backend", "dtype", "status", "where", "reason"], lines))
     return "\n".join(parts) + "\n"
+
+
+def scope_line(sc: Mapping[str, Any]) -> str:
+    """One line for the terminal and the report: what this run leaves out and how to ask for everything."""
+    if not sc.get("left_out"):
+        return "Scope: everything (--all)." if sc.get("preset") == "all" else "Scope: everything --all measures."
+    return f"Scope: this run leaves out {'; '.join(sc['left_out'])}. For everything: {sc['everything']}."
 
 
 def _percent(v: Any) -> str:

@@ -25,6 +25,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from attnzoo.cli import Interrupted, Terminated
+
 from .backends import (TOLERANCES, Runner, build_runner, check_parity, row_device, tensorrt_build_only,
                        tolerance_for, torch_device, unavailable_reason)
 from .ceiling import DEFAULT_SIZE, ceiling_for, fraction, matmul_ceiling
@@ -71,6 +73,8 @@ class Settings:
     ceiling_size: int = DEFAULT_SIZE
     command: str = ""
     progress: bool = True
+    #: What the run leaves out against ``--all`` (:func:`attnzoo.benchmarks.cli.scope`).
+    scope: Dict[str, Any] = field(default_factory=dict)
     #: Test hook: backend -> function applied to its parity output (to prove the gate rejects a bad backend).
     perturb: Dict[str, Any] = field(default_factory=dict)
 
@@ -124,6 +128,7 @@ class _Bench:
         self.head_to_head_errors: List[str] = []
         self.compile_spent = 0.0
         self.compile_count = 0
+        self.current = ""  # the job under way (named if the run is interrupted)
         self.combos = [(b, d) for b in s.backends for d in s.dtypes]
         self.skip = {c: unavailable_reason(c[0], c[1], self.device) for c in self.combos}
         if ("eager", "fp32") not in self.combos or self.skip.get(("eager", "fp32")):
@@ -203,16 +208,21 @@ class _Bench:
         return runner
 
     def built_not_run(self, variant: str, dtype: str, batch: int, src: Path) -> None:
-        """No GPU: build the TensorRT engine ahead of time (the runtime's builder) and say it was not run."""
+        """No GPU: the TensorRT engine built ahead of time (the runtime's builder), one per variant and dtype
+        whose profile spans the run's batch sizes, kept in the cache and reused by every batch's row and by
+        later runs; the rows say it was not run."""
         try:
-            facts = tensorrt_build_only(src, batch)
+            facts = tensorrt_build_only(src, self.s.batch_sizes, self.s.cache_dir)
         except Exception as exc:  # a build failure is a result to report, not a crash
             self.rows.append(_row(variant, self.s, "tensorrt", dtype, batch, "failed", f"build: {_first_line(exc)}"))
             return None
+        p = facts["profile"]
+        how = "reused from the engine cache, built" if facts["cached"] else "built"
         self.rows.append(_row(variant, self.s, "tensorrt", dtype, batch, "built",
                               f"built, not run (no GPU): {facts['library']} {facts['library_version']} for "
-                              f"{facts['compute_capability']} in {facts['build_time_s']:.1f} s, "
-                              f"{facts['engine_size'] / 1e6:.1f} MB", build_s=facts["build_time_s"], info=facts))
+                              f"{facts['compute_capability']}, one engine for batch {p['min']}-{p['max']} "
+                              f"(opt {p['opt']}), {facts['engine_size'] / 1e6:.1f} MB, {how} in "
+                              f"{facts['build_time_s']:.1f} s", build_s=facts["build_time_s"], info=facts))
         return None
 
     def _time(self, variant: str, backend: str, dtype: str, batch: int, runner: Runner, rss, common,
@@ -298,7 +308,8 @@ class _Bench:
                 self.rows.append(_row(variant, self.s, backend, dtype, batch, "skipped", reason))
                 continue
             src = "fp16" if dtype == "fp16" else "fp32"
-            bar.set_postfix_str(f"{variant} {backend} {dtype} b{batch}")
+            self.current = f"{variant} {backend} {dtype} b{batch}"
+            bar.set_postfix_str(self.current)
             if backend in ONNX_BACKENDS and src not in onnx:
                 self.rows.append(_row(variant, self.s, backend, dtype, batch, "failed", f"export: {errors[src]}"))
             else:
@@ -382,7 +393,12 @@ def _fastest_cpu(rows: List[Dict[str, Any]], pairs: List[Dict[str, Any]], device
 
 
 def run_benchmark(s: Settings) -> Dict[str, Any]:
-    """Run everything in ``s``; return the result dict written to ``results.json``."""
+    """Run everything in ``s``; return the result dict written to ``results.json``.
+
+    Ctrl-C or SIGTERM during the jobs ends them: the rows measured so far are returned, with ``interrupted``
+    saying by what and during which job (``None`` for a complete run); the caller writes them, then exits as
+    the signal asks (:func:`attnzoo.benchmarks.cli.main`).
+    """
     torch.set_num_threads(s.threads)
     env = environment()
     bench = _Bench(s)
@@ -393,16 +409,25 @@ def run_benchmark(s: Settings) -> Dict[str, Any]:
     variants = list(dict.fromkeys(["standard", *s.variants]))  # standard first: the overhead baseline
     runnable = sum(1 for c in bench.combos if not bench.skip[c])
     started = time.time()
+    interrupted = None
     with tqdm(total=len(variants) * len(s.batch_sizes) * runnable, desc="bench-latency", unit="job",
               disable=not s.progress, dynamic_ncols=True) as bar:
-        for variant in variants:
-            bench.variant(variant, bar)
+        try:
+            for variant in variants:
+                bench.variant(variant, bar)
+        except (Interrupted, Terminated, KeyboardInterrupt) as exc:  # keep what was measured, then stop
+            interrupted = {"signal": "SIGTERM" if isinstance(exc, Terminated) else "SIGINT",
+                           "during": bench.current, "rows_kept": len(bench.rows),
+                           "note": f"stopped by {'SIGTERM' if isinstance(exc, Terminated) else 'Ctrl-C (SIGINT)'} "
+                                   f"during {bench.current or 'the first job'}; the {len(bench.rows)} row(s) "
+                                   "measured before it are kept, the rest was not measured"}
     _speedups(bench.rows)
     _efficiency(bench.rows, bench.flops, ceiling, bench.device)
-    if ceiling:  # measured again, to show how far the machine's load moved it during the run
+    if ceiling and interrupted is None:  # measured again, to show how far the machine's load moved it during the run
         ceiling["fp32_end_gflops"] = matmul_ceiling(s.threads, s.ceiling_size, int8=False)["fp32"]["gflops"]
     return {
         "command": s.command,
+        "interrupted": interrupted,
         "note": NOTE,
         "settings": {"variants": variants, "standard_added": "standard" not in s.variants,
                      "backends": list(s.backends), "dtypes": list(s.dtypes), "batch_sizes": list(s.batch_sizes),
@@ -411,7 +436,7 @@ def run_benchmark(s: Settings) -> Dict[str, Any]:
                      "device": str(bench.device), "seed": s.seed,
                      "compile_budget_s": s.compile_budget, "tolerances": TOLERANCES,
                      "ceiling_size": s.ceiling_size,
-                     "parity_measure": "max|out - eager fp32| / max(1, max|eager fp32|)"},
+                     "parity_measure": "max|out - eager fp32| / max(1, max|eager fp32|)", "scope": s.scope},
         "environment": env,
         "ceiling": ceiling or {"status": "not measured", "reason": "--ceiling-size 0"},
         "flops": bench.flops,

@@ -219,3 +219,50 @@ def test_timing_failure_is_a_failed_row_not_a_crash(tmp_path, monkeypatch):
     assert "second line" not in row["reason"]
     assert row["median_ms"] is None
     assert next(r for r in res["results"] if r["backend"] == "eager")["status"] == "ok"
+
+
+# ------------------------------------------------------------------ issue 25: the default scope, engine reuse
+def test_no_flags_is_a_representative_default_that_says_what_it_leaves_out():
+    from attnzoo.benchmarks.backends import BACKENDS
+    from attnzoo.benchmarks.report import scope_line
+    from attnzoo.models import VARIANT_NAMES
+
+    s = parse_settings([])
+    assert s.variants == ["standard", "belief2", "wafe-mae", "horizontal-vertical"]  # one per cost family
+    assert s.batch_sizes == [1, 8] and list(s.backends) == list(BACKENDS) and s.min_time == 0.5
+    left = s.scope["left_out"]
+    assert left[0].startswith(f"{len(VARIANT_NAMES) - 4} of {len(VARIANT_NAMES)} variants (belief, ")
+    assert "batch 32" in left and "--all" in scope_line(s.scope) and "--variants all" in scope_line(s.scope)
+    full = parse_settings(["--all"])
+    assert full.variants == list(VARIANT_NAMES) and full.batch_sizes == [1, 8, 32] and full.min_time == 3.0
+    assert full.compile_budget == 600.0 and full.scope["left_out"] == []
+    mixed = parse_settings(["--all", "--batch-sizes", "1", "--variants", "belief"])  # a flag given wins
+    assert mixed.variants == ["belief"] and mixed.batch_sizes == [1] and mixed.min_time == 3.0
+    assert "batch 8, 32" in mixed.scope["left_out"] and "Scope: this run leaves out" in scope_line(mixed.scope)
+
+
+def test_results_say_the_scope(short_run):
+    out, res = short_run
+    assert res["interrupted"] is None
+    assert "batch 8, 32" in res["settings"]["scope"]["left_out"]
+    assert "Scope: this run leaves out" in (out / "results.md").read_text()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="with a GPU the engine runs (rebuilt per batch)")
+def test_an_engine_that_cannot_run_is_built_once_and_reused(tmp_path):
+    def run():
+        s = parse_settings(["--arch", "micro", "--variants", "standard", "--backends", "eager,tensorrt",
+                            "--batch-sizes", "1,2", "--min-time", "0.02", "--threads", "1", "--ceiling-size", "0",
+                            "--out", str(tmp_path), "--cache-dir", str(tmp_path / "cache"), "--no-progress",
+                            "--no-pair-eager"])
+        return [r for r in run_benchmark(s)["results"] if r["backend"] == "tensorrt"]
+
+    first, second = run(), run()
+    assert [r["status"] for r in first + second] == ["built"] * 4
+    assert [r["info"]["cached"] for r in first] == [False, True]  # one engine for batch 1-2, built once
+    assert [r["info"]["cached"] for r in second] == [True, True]  # and kept for the next run
+    assert "reused from the engine cache" in second[0]["reason"]
+    assert len({r["info"]["engine"] for r in first + second}) == 1
+    assert first[0]["info"]["profile"] == {"min": 1, "opt": 2, "max": 2}
+    engines = list((tmp_path / "cache" / "tensorrt").glob("*.engine"))
+    assert len(engines) == 1 and engines[0].stat().st_size == first[0]["info"]["engine_size"]
