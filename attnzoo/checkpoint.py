@@ -22,7 +22,7 @@ from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD
 
 __all__ = ["save_checkpoint", "load_checkpoint", "read_config", "load_state_dict_file", "build_model",
            "load_weights", "init_encoder", "check_encoder_source", "CONFIG_KEY", "NoConfigError", "validate_config",
-           "check_logits"]
+           "check_logits", "require_variant"]
 
 CONFIG_KEY = "attnzoo_config"
 _MODEL_KEYS = ("variant", "task", "arch", "num_classes", "img_size", "decoder")
@@ -189,10 +189,35 @@ def load_state_dict_file(path: Union[str, Path]) -> Dict[str, torch.Tensor]:
     return obj
 
 
-def build_model(config: Mapping[str, Any]) -> nn.Module:
-    """Rebuild an (untrained) model from a checkpoint config."""
+def require_variant(config: Mapping[str, Any], source: Any = "model"):
+    """The registered :class:`~attnzoo.models.VariantSpec` of a config's variant.
+
+    Raises:
+        ValueError: one line: the variant is not registered; when the config records the plugin package that
+            registered it (``plugin: {package, version}``), which package to install.
+    """
+    from attnzoo.models import VARIANTS, canonical_name
+
+    plugin = config.get("plugin") if isinstance(config.get("plugin"), dict) else None
+    try:
+        return VARIANTS[canonical_name(config["variant"])]
+    except ValueError as exc:
+        if plugin and plugin.get("package"):
+            pkg, ver = str(plugin["package"]), str(plugin.get("version") or "")
+            pin = f"{pkg}=={ver}" if ver else pkg
+            raise ValueError(f"{source}: variant {config['variant']!r} comes from the plugin package {pkg!r}"
+                             f"{f' {ver}' if ver else ''}, which is not installed here; install it "
+                             f"(pip install '{pin}') so that its entry point in 'attnzoo.variants' registers the "
+                             "variant") from None
+        raise ValueError(f"{source}: {exc}") from None
+
+
+def build_model(config: Mapping[str, Any], source: Any = "model") -> nn.Module:
+    """Rebuild an (untrained) model from a checkpoint config (its variant must be registered: see
+    :func:`require_variant`)."""
     from attnzoo.models import create_model
 
+    require_variant(config, source)
     kwargs = {k: config[k] for k in _MODEL_KEYS if k in config}
     return create_model(**kwargs, **dict(config.get("options", {})))
 
@@ -264,6 +289,6 @@ def init_encoder(model: nn.Module, path: Union[str, Path]) -> int:
 def load_checkpoint(path: Union[str, Path]) -> Tuple[nn.Module, Dict[str, Any]]:
     """Load a checkpoint saved by :func:`save_checkpoint`; returns ``(model in eval mode, config)``."""
     config = read_config(path)
-    model = build_model(config)
+    model = build_model(config, path)
     load_weights(model, load_state_dict_file(path), source=str(path))
     return model.eval(), config

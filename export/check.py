@@ -1,10 +1,13 @@
-"""The projection checker: every block of a projection variant holds its orthogonal projection as plain ops.
+"""The extra-math checker: every block holds each of its variant's extra scopes as plain, fp32 ops.
 
-For each ``blocks.N.attn.projection`` / ``blocks.N.attn.head_projection`` (``encoder.blocks.N...`` in a
-Segmenter) the exported graph must contain, under that node-name scope, the two inner products
-(``Mul`` + ``ReduceSum``, twice), ``Add`` (eps, a constant), ``Div``, ``Mul`` (coef * v) and ``Sub``, all computing
-in fp32 (also in an fp16 graph), and no op outside the standard ONNX domain. In an fp16 graph LayerNorm and
-Softmax must compute in fp32 too. The block count comes from the graph's node names (any depth).
+The scopes are the variant's ``extra_scopes`` (``attnzoo.models.register_variant``): for each
+``blocks.N.attn.<scope>`` (``encoder.blocks.N...`` in a Segmenter) the exported graph must hold nodes named
+``<scope>/<Op>`` in every block; a scope that declares required ops (the orthogonal projection's
+:data:`REQUIRED_OPS`: two inner products ``Mul`` + ``ReduceSum``, ``Add`` eps (a constant), ``Div``, ``Mul``
+coef * v, ``Sub``) must have at least those, any other scope at least one op. Every op of a scope computes in fp32
+(also in an fp16 graph; only its ``Cast`` nodes may output 16-bit), and no op in the graph is outside the standard
+ONNX domain. In an fp16 graph LayerNorm and Softmax must compute in fp32 too. The block count comes from the
+graph's node names (any depth).
 """
 
 from __future__ import annotations
@@ -12,31 +15,41 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Union
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from attnzoo.models.registry import PROJECTION_OPS, VariantSpec
+
 from .onnx_export import FP32_OPS, config_from_props, metadata_props
 
-__all__ = ["REQUIRED_OPS", "PROJECTION_MODULES", "ProjectionCheckError", "check_projection", "assert_projection",
-           "expected_scopes", "graph_depth"]
+__all__ = ["REQUIRED_OPS", "ProjectionCheckError", "check_projection", "assert_projection", "expected_scopes",
+           "graph_depth", "variant_spec"]
 
-#: Minimum count of each op type inside one projection scope.
-REQUIRED_OPS: Dict[str, int] = {"Mul": 3, "ReduceSum": 2, "Add": 1, "Div": 1, "Sub": 1}
-#: Which projection sub-modules each projection variant has in every block.
-PROJECTION_MODULES: Dict[str, Tuple[str, ...]] = {
-    "belief": ("projection",),
-    "belief-star": ("projection", "head_projection"),
-    "exclusive": ("head_projection",),
-    "belief2": ("projection",),
-}
+#: Minimum count of each op type inside one orthogonal-projection scope (declared by the projection variants).
+REQUIRED_OPS: Mapping[str, int] = PROJECTION_OPS
 _STANDARD_DOMAINS = ("", "ai.onnx")
+#: Ops that only move or retype data: a scope of these alone holds no extra math.
+_NO_MATH_OPS = ("Cast", "Constant", "Identity")
+_HALF_TYPES = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 
 
 class ProjectionCheckError(ValueError):
-    """An exported graph lacks projection ops (or computes them in the wrong precision)."""
+    """An exported graph lacks extra-math ops (or computes them in the wrong precision)."""
+
+
+def variant_spec(config: Mapping[str, Any]) -> VariantSpec:
+    """The registered variant of a model config.
+
+    Raises:
+        ValueError: the variant is not registered (naming the plugin package to install when the config
+            records one).
+    """
+    from attnzoo.checkpoint import require_variant
+
+    return require_variant(config)
 
 
 def _block_prefix(config: Dict[str, Any]) -> str:
@@ -56,9 +69,15 @@ def graph_depth(proto: onnx.ModelProto, prefix: str = "blocks") -> int:
 
 
 def expected_scopes(config: Dict[str, Any], depth: int) -> List[str]:
-    """Node-name scopes that must hold a projection, e.g. ``blocks.0.attn.projection`` (empty for others)."""
-    modules = PROJECTION_MODULES.get(config["variant"], ())
+    """Node-name scopes that must hold extra math, e.g. ``blocks.0.attn.projection`` (empty when the variant
+    declares no ``extra_scopes``), block by block."""
+    modules = variant_spec(config).extra_scopes
     return [f"{_block_prefix(config)}.{i}.attn.{m}" for i in range(depth) for m in modules]
+
+
+def _scope_module(scope: str) -> str:
+    """``blocks.3.attn.projection`` -> ``projection`` (the name the variant declared)."""
+    return scope.split(".attn.", 1)[1]
 
 
 def _elem_types(proto: onnx.ModelProto) -> Dict[str, int]:
@@ -79,18 +98,25 @@ def _constants(proto: onnx.ModelProto) -> Dict[str, np.ndarray]:
 
 
 def _check_scope(scope: str, nodes: List[onnx.NodeProto], types: Dict[str, int],
-                 consts: Dict[str, np.ndarray], eps: Optional[float]) -> List[str]:
-    """Failures of one projection scope."""
+                 consts: Dict[str, np.ndarray], eps: Optional[float], required: Mapping[str, int]) -> List[str]:
+    """Failures of one extra-math scope: required ops (or at least one op), fp32, and a projection's eps."""
     failures = []
     counts = Counter(n.op_type for n in nodes)
-    for op, need in REQUIRED_OPS.items():
+    for op, need in required.items():
         if counts[op] < need:
             failures.append(f"{scope}: {counts[op]} {op} node(s), need {need}")
+    if not required and not any(n.op_type not in _NO_MATH_OPS for n in nodes):
+        failures.append(f"{scope}: only {', '.join(sorted(counts))} node(s), no op computes anything")
     for node in nodes:
-        if node.op_type in REQUIRED_OPS and types.get(node.output[0]) != onnx.TensorProto.FLOAT:
+        if node.op_type == "Cast":
+            continue  # the casts into and out of the fp32 scope
+        if node.op_type in required and types.get(node.output[0]) != onnx.TensorProto.FLOAT:
             failures.append(f"{scope}: {node.name} does not compute in fp32")
-    adds = [n for n in nodes if n.op_type == "Add"]
-    for node in adds:
+        elif any(types.get(o) in _HALF_TYPES for o in node.output):
+            failures.append(f"{scope}: {node.name} computes in 16 bits, not fp32")
+    if dict(required) != dict(PROJECTION_OPS):
+        return failures
+    for node in (n for n in nodes if n.op_type == "Add"):  # an orthogonal projection's only Add is + eps
         values = [consts[i] for i in node.input if i in consts]
         if not values:
             failures.append(f"{scope}: {node.name} adds no constant (eps)")
@@ -101,7 +127,7 @@ def _check_scope(scope: str, nodes: List[onnx.NodeProto], types: Dict[str, int],
 
 def check_projection(model: Union[str, Path, onnx.ModelProto], config: Optional[Dict[str, Any]] = None,
                      dtype: Optional[str] = None) -> Dict[str, Any]:
-    """Find the projection ops of every block; never raises for a missing op (see ``failures``).
+    """Find the extra-math ops of every block; never raises for a missing op (see ``failures``).
 
     Args:
         model: ONNX file or proto exported by :func:`attnzoo.export.export_onnx`.
@@ -128,13 +154,16 @@ def check_projection(model: Union[str, Path, onnx.ModelProto], config: Optional[
     failures: List[str] = []
     blocks: Dict[str, Any] = {}
     depth = graph_depth(proto, _block_prefix(config))
-    if depth == 0 and config["variant"] in PROJECTION_MODULES:
+    spec = variant_spec(config)
+    if depth == 0 and spec.extra_scopes:
         failures.append(f"no {_block_prefix(config)}.N nodes in the graph (blocks missing or renamed)")
     for scope in expected_scopes(config, depth):
         nodes = by_scope.get(scope, [])
         if not nodes:
-            failures.append(f"{scope}: no nodes (projection missing, folded or renamed)")
-        failures += [] if not nodes else _check_scope(scope, nodes, types, consts, eps)
+            failures.append(f"{scope}: no nodes named {scope}/... (variant {spec.name!r} declares extra scope "
+                            f"{_scope_module(scope)!r}; its ops are missing, folded away or renamed)")
+        required = spec.required_ops(_scope_module(scope))
+        failures += [] if not nodes else _check_scope(scope, nodes, types, consts, eps, required)
         blocks[scope] = {"ops": dict(Counter(n.op_type for n in nodes)), "nodes": [n.name for n in nodes]}
     odd = sorted({f"{n.domain}::{n.op_type}" for n in proto.graph.node if n.domain not in _STANDARD_DOMAINS})
     failures += [f"non-standard op {o} in the graph" for o in odd]
@@ -153,5 +182,5 @@ def assert_projection(model: Union[str, Path, onnx.ModelProto], config: Optional
     """:func:`check_projection`, raising :class:`ProjectionCheckError` listing every failure."""
     result = check_projection(model, config, dtype)
     if not result["ok"]:
-        raise ProjectionCheckError("projection check failed: " + "; ".join(result["failures"]))
+        raise ProjectionCheckError("extra-math check failed: " + "; ".join(result["failures"]))
     return result

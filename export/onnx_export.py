@@ -1,7 +1,8 @@
 """ONNX export: dynamo exporter, module-path node names, the metadata contract, optional fp16 graph.
 
 The exported graph keeps every op ordinary ONNX (attention decomposes into MatMul/Softmax/MatMul at opset
-20; the orthogonal projection stays Mul/ReduceSum/Add/Div/Mul/Sub). Each node is renamed from the module
+20; the orthogonal projection stays Mul/ReduceSum/Add/Div/Mul/Sub, and a variant's ``extra_scopes`` keep their
+ops, computed in fp32 also in an fp16 graph). Each node is renamed from the module
 path the exporter records in its ``pkg.torch.onnx.name_scopes`` metadata, e.g.
 ``blocks.3.attn.projection/Div``, so profilers and graph viewers show where an op comes from.
 
@@ -80,13 +81,45 @@ class _FP32LayerNorm(nn.Module):
         return F.layer_norm(x.float(), self.normalized_shape, self.weight, self.bias, self.eps).to(x.dtype)
 
 
-def _fp16_model(model: nn.Module) -> nn.Module:
-    """A half-precision copy of ``model`` whose LayerNorms run in fp32 (the projection casts itself)."""
+def _keep_fp32(module: nn.Module) -> None:
+    """Make ``module`` (an extra-math scope) compute in fp32 inside an fp16 model, keeping its module path.
+
+    Its parameters become fp32, and its class is swapped for a subclass whose ``forward`` casts floating inputs
+    to fp32 and floating outputs back to the first input's dtype (``Cast`` nodes inside the scope).
+    """
+    base = type(module)
+    if getattr(base, "_attnzoo_fp32", False):
+        return
+
+    def to(value: Any, dtype: torch.dtype) -> Any:
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.to(dtype)
+        if isinstance(value, (tuple, list)):
+            return type(value)(to(v, dtype) for v in value)
+        return value
+
+    def forward(self, *args, **kwargs):
+        floats = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.is_floating_point()]
+        out_dtype = floats[0].dtype if floats else torch.float32
+        out = base.forward(self, *to(args, torch.float32), **{k: to(v, torch.float32) for k, v in kwargs.items()})
+        return to(out, out_dtype)
+
+    module.float()
+    module.__class__ = type(base.__name__, (base,), {"forward": forward, "_attnzoo_fp32": True,
+                                                     "__module__": base.__module__})
+
+
+def _fp16_model(model: nn.Module, extra_scopes: Sequence[str] = ()) -> nn.Module:
+    """A half-precision copy of ``model`` whose LayerNorms and extra-math scopes (``<...>.attn.<scope>``, the
+    variant's ``extra_scopes``) run in fp32."""
     half = copy.deepcopy(model).half().eval()
     for name, module in list(half.named_modules()):
         if isinstance(module, nn.LayerNorm):
             parent, _, attr = name.rpartition(".")
             setattr(half.get_submodule(parent) if parent else half, attr, _FP32LayerNorm(module))
+    for name, module in list(half.named_modules()):
+        if any(name == f"attn.{scope}" or name.endswith(f".attn.{scope}") for scope in extra_scopes):
+            _keep_fp32(module)
     return half
 
 
@@ -122,7 +155,6 @@ def _metadata(config: Mapping[str, Any], input_hw: Tuple[int, int], dtype: str,
               checkpoint_sha256: str) -> Dict[str, str]:
     """The metadata_props contract shared with the benchmarks and the demo."""
     from attnzoo import __version__
-    from attnzoo.models import PROJECTION_VARIANTS
     from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, input_style_of
 
     config = dict(config)
@@ -130,7 +162,7 @@ def _metadata(config: Mapping[str, Any], input_hw: Tuple[int, int], dtype: str,
     config.setdefault("mean", list(DEFAULT_MEAN))
     config.setdefault("std", list(DEFAULT_STD))
     options = dict(config.get("options", {}))
-    eps = options.get("eps") if config["variant"] in PROJECTION_VARIANTS else None
+    eps = options.get("eps") if _extra_scopes(config) else None  # the eps of the extra math (projections)
     return {
         "attnzoo.config": json.dumps(config),
         "variant": str(config["variant"]),
@@ -147,6 +179,14 @@ def _metadata(config: Mapping[str, Any], input_hw: Tuple[int, int], dtype: str,
         "dtype": dtype,
         "input_style": input_style_of(config),
     }
+
+
+def _extra_scopes(config: Mapping[str, Any]) -> Tuple[str, ...]:
+    """The variant's registered ``extra_scopes`` (none for an unregistered variant name)."""
+    from attnzoo.models import VARIANTS
+
+    spec = VARIANTS.get(str(config["variant"]))
+    return spec.extra_scopes if spec is not None else ()
 
 
 def config_hw(config: Mapping[str, Any]) -> Tuple[int, int]:
@@ -205,7 +245,7 @@ def export_onnx(
             mean, std ...); stored as metadata. Default: the model's ``attnzoo_config`` (a converted timm ViT
             carries its own mean/std and input size; missing mean/std/class names get the defaults).
         opset: ONNX opset (``SUPPORTED_OPSETS``).
-        dtype: ``fp32`` or ``fp16`` (LayerNorm, softmax and the projection stay fp32 via Cast nodes).
+        dtype: ``fp32`` or ``fp16`` (LayerNorm, softmax and the variant's extra scopes stay fp32 via Cast nodes).
         input_hw: Input (H, W); default the config's ``img_size`` (an int, or [H, W]). Segmenters take
             non-square sizes.
         checkpoint_sha256: sha256 of the source checkpoint ('' for a fresh model).
@@ -227,7 +267,7 @@ def export_onnx(
                              "img_size, options ...)")
     path = Path(path)
     hw = tuple(input_hw) if input_hw else config_hw(config)
-    model = model.eval() if dtype == "fp32" else _fp16_model(model)
+    model = model.eval() if dtype == "fp32" else _fp16_model(model, _extra_scopes(config))
     example = torch.randn(2, 3, *hw, dtype=torch.float32 if dtype == "fp32" else torch.float16)
     with torch.no_grad(), warnings.catch_warnings(), _fixed_size_pos_embed():
         warnings.simplefilter("ignore")

@@ -12,7 +12,7 @@ from torch import nn
 
 from .belief2 import belief2_extra_params
 from .mabvit import PR_MLP_RATIO, ParallelBlock
-from .registry import attention_class, split_options
+from .registry import VARIANTS, attention_class, split_options
 from .segmenter import DECODERS, Segmenter
 from .standard import StandardAttention
 from .stem import ConvStemPatchEmbed
@@ -115,11 +115,18 @@ def create_model(
 
 def model_config(variant: str, task: str, arch: str, num_classes: int, img_size: int,
                  options: Mapping[str, Any], decoder: Optional[str] = None) -> Dict[str, Any]:
-    """The JSON-able description from which :func:`create_model` rebuilds a model."""
+    """The JSON-able description from which :func:`create_model` rebuilds a model.
+
+    A variant registered by a plugin package adds ``plugin: {"package", "version"}``, so that loading the
+    checkpoint where the package is missing can say what to install.
+    """
     cfg = {"variant": variant, "task": task, "arch": arch, "num_classes": int(num_classes),
            "img_size": int(img_size), "options": dict(options)}
     if decoder is not None:
         cfg["decoder"] = decoder
+    spec = VARIANTS.get(variant)
+    if spec is not None and not spec.builtin:
+        cfg["plugin"] = {"package": spec.package, "version": spec.version}
     return cfg
 
 

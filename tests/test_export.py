@@ -16,15 +16,21 @@ from attnzoo.fileio import sha256_file
 from attnzoo.export import (BATCH_DIM, assert_projection, check_projection, export_verified, make_session,
                             metadata_props, read_metadata, report_path)
 from attnzoo.export import verify as verify_mod
-from attnzoo.export.check import PROJECTION_MODULES, REQUIRED_OPS, ProjectionCheckError
+from attnzoo.export.check import REQUIRED_OPS, ProjectionCheckError
 from attnzoo.export.cli import main
 from attnzoo.runtime.parity import TOLERANCES
-from attnzoo.models import ARCHS, PROJECTION_VARIANTS, VARIANT_NAMES, create_model
+from attnzoo.models import ARCHS, BUILTIN_VARIANTS, VARIANTS, create_model
 
 DEPTH = ARCHS["micro"]["depth"]
 SEG_HW = (24, 40)  # non-square, not the training size
 CONTRACT_KEYS = {"attnzoo.config", "variant", "task", "arch", "options", "class_names", "input_size", "mean",
                  "std", "eps", "attnzoo_version", "checkpoint_sha256", "dtype"}
+# The orthogonal-projection sub-modules of the projection variants (the papers' extra math), written out here
+# so that the registry's extra_scopes are checked against them.
+PROJECTION_MODULES = {"belief": ("projection",), "belief-star": ("projection", "head_projection"),
+                      "exclusive": ("head_projection",), "belief2": ("projection",)}
+PROJECTION_VARIANTS = tuple(PROJECTION_MODULES)
+VARIANT_NAMES = BUILTIN_VARIANTS
 # The fast set: standard and every projection variant; the full matrix runs with -m slow.
 # anti-wafe-mse guards the fused-MSE path (a negative sdpa scale once exported as sqrt(scale) = NaN);
 # wafe-mae and anti-wafe-mae guard the blocked pairwise-L1 export (attnzoo.models.wafe.pairwise_l1).
@@ -58,6 +64,13 @@ def exported(tmp_path_factory):
         return cache[key]
 
     return get
+
+
+def test_builtin_extra_scopes_are_the_projections():
+    assert {n: VARIANTS[n].extra_scopes for n in BUILTIN_VARIANTS if VARIANTS[n].extra_scopes} == PROJECTION_MODULES
+    for name, modules in PROJECTION_MODULES.items():
+        assert all(dict(VARIANTS[name].required_ops(m)) == dict(REQUIRED_OPS) for m in modules)
+    assert dict(REQUIRED_OPS) == {"Mul": 3, "ReduceSum": 2, "Add": 1, "Div": 1, "Sub": 1}
 
 
 def _assert_projection_found(report, variant, task):

@@ -5,11 +5,14 @@ import timm
 import torch
 from timm.layers import Attention as TimmAttention
 
-from attnzoo.models import (ARCHS, PROJECTION_VARIANTS, VARIANT_NAMES, VARIANTS, Belief2Attention, Segmenter,
+from attnzoo.models import (ARCHS, BUILTIN_VARIANTS, VARIANTS, Belief2Attention, Segmenter,
                             StandardAttention, attention_class, convert_to_belief2, count_params, create_attention,
                             create_model, load_timm_state_dict)
 
 D, M, N, B = 32, 4, 9, 3
+VARIANT_NAMES = BUILTIN_VARIANTS
+#: The variants whose extra math is an orthogonal projection.
+PROJECTION_VARIANTS = ("belief", "belief-star", "exclusive", "belief2")
 
 
 def _capture(module):
