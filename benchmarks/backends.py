@@ -156,8 +156,11 @@ def row_device(backend: str, device: torch.device) -> str:
 
 # ---------------------------------------------------------------------------------------------- parity
 def tolerance_for(backend: str, dtype: str, device: torch.device) -> str:
-    """The tolerance-table key of a row: fp32 on a GPU may use TF32 (eager/compile on CUDA, ONNX Runtime CUDA)."""
+    """The tolerance-table key of a row: fp32 on a GPU may use TF32 (eager/compile on CUDA, ONNX Runtime CUDA);
+    int8 on the CPU runtimes is static quantization of a random-init model (``int8-static``)."""
     gpu = backend in ("ort-cuda", "ort-trt") or (backend in ("eager", "compile") and device.type == "cuda")
+    if dtype == "int8" and backend in CPU_BACKENDS:  # statically quantized with random calibration
+        return "int8-static"
     return tolerance_key(dtype, gpu)
 
 

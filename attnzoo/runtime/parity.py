@@ -20,6 +20,10 @@ TOLERANCES: Dict[str, float] = {
     "fp16": 1e-2,   # fp16 graph (LayerNorm, softmax, projection in fp32) vs fp32
     "bf16": 6e-2,   # bf16 eager vs fp32 (8-bit mantissa)
     "int8": 1.5e-1,  # dynamic int8 ONNX Runtime vs fp32
+    # static int8 (ModelOpt Q/DQ, NNCF) of a random-init benchmark model calibrated on random inputs, vs fp32: a
+    # sanity gate (garbage scores ~1 and above); ViT-S 224 measured 0.31-0.37 (logit cosine 0.93). Trained int8
+    # models are judged by their test-set accuracy (export-model --dtype int8), not by this.
+    "int8-static": 5e-1,
 }
 
 
