@@ -173,7 +173,8 @@ def _csv(rows: Sequence[Mapping[str, Any]], fields: Sequence[str]) -> str:
 
 
 def write_outputs(result: Mapping[str, Any], out_dir: Path) -> Dict[str, Path]:
-    """Write ``results.md``, ``results.csv``, ``overheads.csv``, ``results.json`` and the PNG charts."""
+    """Write ``results.md``, ``results.csv``, ``overheads.csv``, ``results.json`` and the PNG charts (not for an
+    interrupted run: its rows are written at once, without seconds of plotting)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {"markdown": out_dir / "results.md", "csv": out_dir / "results.csv",
              "overheads_csv": out_dir / "overheads.csv", "json": out_dir / "results.json"}
@@ -181,6 +182,8 @@ def write_outputs(result: Mapping[str, Any], out_dir: Path) -> Dict[str, Path]:
     atomic_write_bytes(files["csv"], _csv(result["results"], ROW_FIELDS).encode())
     atomic_write_bytes(files["overheads_csv"], _csv(result.get("overheads", []), OVERHEAD_FIELDS).encode())
     atomic_write_bytes(files["json"], (json.dumps(result, indent=1, allow_nan=False, default=str) + "\n").encode())
+    if result.get("interrupted"):
+        return files
     ok = [r for r in result["results"] if r["status"] == "ok"]
     if ok:
         files["latency_png"] = plot_latency(ok, out_dir / "latency.png")
