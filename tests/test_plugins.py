@@ -1,0 +1,409 @@
+"""Your own attention variant (issue 26): register_variant, the attnzoo.variants entry points, bad input, the
+example plugin's math, and the whole command path with the example installed as its own package."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from timm.layers import Attention
+from torch import nn
+
+from attnzoo.checkpoint import load_checkpoint, save_checkpoint
+from attnzoo.export import export_verified
+from attnzoo.export.check import check_projection, expected_scopes
+from attnzoo.export.verify import VerificationError
+from attnzoo.models import (BUILTIN_VARIANTS, VARIANT_NAMES, VARIANTS, PluginWarning, create_model, load_plugins,
+                            register_variant)
+from attnzoo.models import registry
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "attnzoo-cosine"
+DEPTH = 4  # micro
+
+
+@pytest.fixture
+def registry_restored():
+    """Whatever a test registers is gone afterwards."""
+    order, variants = list(registry._ORDER), dict(registry.VARIANTS)
+    yield
+    registry._ORDER[:] = order
+    registry.VARIANTS.clear()
+    registry.VARIANTS.update(variants)
+
+
+class Scaled(nn.Module):
+    """A scope with one op: multiply by a learned scalar."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.tensor(1.5))
+
+    def forward(self, x):
+        return x * self.gain
+
+
+class GainAttention(Attention):
+    """timm's Attention whose output goes through the ``gain`` scope."""
+
+    def __init__(self, dim, num_heads=8, **kwargs):
+        super().__init__(dim, num_heads=num_heads, **kwargs)
+        self.gain = Scaled()
+
+    def forward(self, x, attn_mask=None, is_causal=False):
+        return self.gain(super().forward(x, attn_mask=attn_mask))
+
+
+def _one_line(exc_info) -> str:
+    text = str(exc_info.value)
+    assert "\n" not in text
+    return text
+
+
+# ------------------------------------------------------------------------------------------------ registration
+def test_builtins_register_through_the_same_call():
+    assert len(BUILTIN_VARIANTS) == 15 and tuple(VARIANT_NAMES)[:15] == BUILTIN_VARIANTS
+    assert all(VARIANTS[n].builtin and VARIANTS[n].package == "attnzoo" for n in BUILTIN_VARIANTS)
+    assert not hasattr(registry, "PROJECTION_VARIANTS")
+    import attnzoo.export.check as check
+
+    assert not hasattr(check, "PROJECTION_MODULES")
+
+
+def test_registered_variant_is_listed_built_and_exported_with_its_scope(registry_restored, tmp_path):
+    spec = register_variant("tp-gain", GainAttention, paper="Test paper, https://example.org", equations="eq. 1",
+                            extra_scopes=["gain"])
+    assert "tp-gain" in VARIANT_NAMES and VARIANT_NAMES[-1] == "tp-gain" and VARIANTS["tp-gain"] is spec
+    assert spec.package == __name__.split(".")[0] and not spec.builtin
+    from attnzoo.models.__main__ import variants_table
+
+    row = [r for r in variants_table("micro").splitlines() if r.startswith("| `tp-gain`")]
+    assert len(row) == 1 and "Test paper, https://example.org" in row[0] and "`gain`" in row[0]
+    model = create_model("tp-gain", num_classes=3)
+    assert model.attnzoo_config["plugin"] == {"package": spec.package, "version": ""}
+    for dtype in ("fp32", "fp16"):
+        report = export_verified(model, tmp_path / f"g_{dtype}.onnx", model.attnzoo_config, dtype=dtype,
+                                 batch_sizes=[1])
+        assert report["passed"], report["failures"]
+        blocks = report["projection"]["blocks"]
+        assert set(blocks) == {f"blocks.{i}.attn.gain" for i in range(DEPTH)}
+        assert all(b["ops"].get("Mul", 0) >= 1 for b in blocks.values())
+    proto = onnx.load(str(tmp_path / "g_fp16.onnx"))
+    assert expected_scopes(model.attnzoo_config, DEPTH) == [f"blocks.{i}.attn.gain" for i in range(DEPTH)]
+    types = {v.name: v.type.tensor_type.elem_type for v in onnx.shape_inference.infer_shapes(proto).graph.value_info}
+    muls = [n for n in proto.graph.node if n.name.startswith("blocks.0.attn.gain/Mul")]
+    assert muls and all(types[n.output[0]] == onnx.TensorProto.FLOAT for n in muls)  # fp32 in the fp16 graph
+    assert any(t == onnx.TensorProto.FLOAT16 for t in types.values())  # ... which really is fp16 elsewhere
+
+
+def test_declared_required_ops_are_checked(registry_restored, tmp_path):
+    register_variant("tp-gain-div", GainAttention, paper="p", extra_scopes={"gain": {"Mul": 1, "Div": 1}})
+    model = create_model("tp-gain-div", num_classes=3)
+    with pytest.raises(VerificationError, match=r"blocks\.0\.attn\.gain: 0 Div node\(s\), need 1"):
+        export_verified(model, tmp_path / "g.onnx", model.attnzoo_config, batch_sizes=[1])
+    assert not (tmp_path / "g.onnx").exists()
+
+
+class NoTimmKeywords(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.lin = nn.Linear(dim, dim)
+
+    def forward(self, x, attn_mask=None):
+        return self.lin(x)
+
+
+class WrongShape(GainAttention):
+    def forward(self, x, attn_mask=None, is_causal=False):
+        return super().forward(x)[:, 0]
+
+
+class PassThrough(nn.Module):
+    def forward(self, x):
+        return x
+
+
+class NoOpScopeAttention(Attention):
+    """Its ``noop`` scope runs but computes nothing, so the graph holds no node named after it."""
+
+    def __init__(self, dim, num_heads=8, **kwargs):
+        super().__init__(dim, num_heads=num_heads, **kwargs)
+        self.noop = PassThrough()
+
+    def forward(self, x, attn_mask=None, is_causal=False):
+        return self.noop(super().forward(x, attn_mask=attn_mask))
+
+
+class UnusedScopeAttention(GainAttention):
+    def forward(self, x, attn_mask=None, is_causal=False):
+        return Attention.forward(self, x, attn_mask=attn_mask)
+
+
+@pytest.mark.parametrize("cls, scopes, message", [
+    (NoTimmKeywords, (), r"variant 'tp-bad': NoTimmKeywords does not take timm's Attention constructor keywords"),
+    (WrongShape, ("gain",), r"variant 'tp-bad': WrongShape.forward returns \(2, 32\), expected the input's "
+                            r"shape \(2, 5, 32\)"),
+    (GainAttention, ("nope",), r"variant 'tp-bad': extra scope 'nope' is not a sub-module of GainAttention "
+                               r"\(its sub-modules: .*gain"),
+    (GainAttention, ("half",), r"variant 'tp-bad': extra scope 'half' is not a sub-module of GainAttention"),
+    (UnusedScopeAttention, ("gain",), r"variant 'tp-bad': extra scope\(s\) gain never run in "
+                                      r"UnusedScopeAttention.forward"),
+    (GainAttention, "gain", r"variant 'tp-bad': extra_scopes must be a list"),
+])
+def test_bad_variant_refused_at_registration(registry_restored, cls, scopes, message):
+    with pytest.raises(ValueError, match=message) as exc:
+        register_variant("tp-bad", cls, paper="p", extra_scopes=scopes)
+    _one_line(exc)
+    assert "tp-bad" not in VARIANT_NAMES and "tp-bad" not in VARIANTS
+
+
+@pytest.mark.parametrize("name, message", [("belief", "clashes with variant 'belief' from package 'attnzoo'"),
+                                           ("My_Variant", "must be lower-case letters")])
+def test_bad_name_refused(registry_restored, name, message):
+    with pytest.raises(ValueError, match=message) as exc:
+        register_variant(name, GainAttention, paper="p")
+    _one_line(exc)
+    assert VARIANTS["belief"].package == "attnzoo"
+
+
+def test_scope_without_graph_ops_refused_before_export_writes(registry_restored, tmp_path):
+    register_variant("tp-noop", NoOpScopeAttention, paper="p", extra_scopes=["noop"])
+    model = create_model("tp-noop", num_classes=3)
+    out = tmp_path / "n.onnx"
+    with pytest.raises(VerificationError) as exc:
+        export_verified(model, out, model.attnzoo_config, batch_sizes=[1])
+    text = _one_line(exc)
+    assert "blocks.0.attn.noop: no nodes named blocks.0.attn.noop/... (variant 'tp-noop' declares extra scope " \
+           "'noop'" in text and "n.onnx was not written" in text
+    assert not out.exists()
+
+
+# ------------------------------------------------------------------------------------------------ entry points
+def _fake_dist(root: Path, dist: str, version: str, module: str, code: str, entry: str = "register") -> None:
+    """An installed distribution as importlib.metadata sees it: a module and a dist-info with the entry point."""
+    (root / f"{module}.py").write_text(textwrap.dedent(code))
+    info = root / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(f"[attnzoo.variants]\n{module} = {module}:{entry}\n")
+
+
+_GOOD = """
+from torch import nn
+from timm.layers import Attention
+from attnzoo.models import register_variant
+
+class Halve(nn.Module):
+    def forward(self, x):
+        return x * 0.5
+
+class HalveAttention(Attention):
+    def __init__(self, dim, num_heads=8, **kwargs):
+        super().__init__(dim, num_heads=num_heads, **kwargs)
+        self.halve = Halve()
+
+    def forward(self, x, attn_mask=None, is_causal=False):
+        return self.halve(super().forward(x, attn_mask=attn_mask))
+
+def register():
+    register_variant("{name}", HalveAttention, paper="Plugin paper", extra_scopes=["halve"])
+"""
+
+
+def test_plugins_load_and_failures_are_one_warning_each(registry_restored, tmp_path, monkeypatch):
+    _fake_dist(tmp_path, "tp-good", "1.2", "tp_good", _GOOD.replace("{name}", "tp-half"))
+    _fake_dist(tmp_path, "tp-broken", "0.1", "tp_broken", "import not_a_module_anywhere\n")
+    _fake_dist(tmp_path, "tp-builtin-clash", "0.1", "tp_builtin_clash", _GOOD.replace("{name}", "belief2"))
+    _fake_dist(tmp_path, "tp-other-clash", "3.0", "tp_other_clash", _GOOD.replace("{name}", "tp-half"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        added = load_plugins()
+    assert added == ["tp-half"], [str(w.message) for w in caught]
+    spec = VARIANTS["tp-half"]
+    assert (spec.package, spec.version, spec.paper, spec.extra_scopes) == ("tp-good", "1.2", "Plugin paper",
+                                                                         ("halve",))
+    texts = sorted(str(w.message) for w in caught if issubclass(w.category, PluginWarning))
+    assert len(texts) == 3 and all("\n" not in t for t in texts)
+    broken, builtin_clash, other_clash = texts
+    assert broken.startswith("attnzoo variant plugin 'tp_broken' (tp-broken 0.1) skipped: ModuleNotFoundError")
+    assert "variant 'belief2' from package 'tp-builtin-clash' clashes with variant 'belief2' from package " \
+           "'attnzoo'" in builtin_clash
+    assert "variant 'tp-half' from package 'tp-other-clash' clashes with variant 'tp-half' from package " \
+           "'tp-good'" in other_clash
+    assert VARIANTS["belief2"].package == "attnzoo"
+
+
+def test_checkpoint_records_the_plugin_and_names_it_when_missing(registry_restored, tmp_path, monkeypatch):
+    _fake_dist(tmp_path, "tp-good", "1.2", "tp_good", _GOOD.replace("{name}", "tp-half"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert load_plugins() == ["tp-half"]
+    model = create_model("tp-half", num_classes=2)
+    path = tmp_path / "ck" / "half.safetensors"
+    config = save_checkpoint(model, path, class_names=["a", "b"])
+    assert config["plugin"] == {"package": "tp-good", "version": "1.2"}
+    loaded, _ = load_checkpoint(path)  # with the plugin: loads
+    assert loaded.attnzoo_config["variant"] == "tp-half"
+    registry._ORDER.remove("tp-half")  # as in an environment without the package
+    del registry.VARIANTS["tp-half"]
+    with pytest.raises(ValueError) as exc:
+        load_checkpoint(path)
+    text = _one_line(exc)
+    assert "variant 'tp-half' comes from the plugin package 'tp-good' 1.2, which is not installed here" in text
+    assert "pip install 'tp-good==1.2'" in text
+
+
+# ------------------------------------------------------------------------------------------------ the example
+@pytest.fixture
+def cosine_module(monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    import attnzoo_cosine
+
+    return attnzoo_cosine
+
+
+def _cosine_reference(layer, x: np.ndarray) -> np.ndarray:
+    """Swin V2 eq. 2 written out for every query i and key j of every head (B = 0), then softmax, the weighted
+    sum of values and timm's output projection."""
+    w_qkv = layer.qkv.weight.detach().double().numpy()
+    b_qkv = layer.qkv.bias.detach().double().numpy()
+    w_o, b_o = layer.proj.weight.detach().double().numpy(), layer.proj.bias.detach().double().numpy()
+    taus = layer.cosine.tau.detach().double().numpy().ravel()
+    heads, d = layer.num_heads, layer.head_dim
+    batch, n, dim = x.shape
+    out = np.zeros((batch, n, dim))
+    for b in range(batch):
+        qkv = x[b] @ w_qkv.T + b_qkv
+        q, k, v = qkv[:, :dim], qkv[:, dim:2 * dim], qkv[:, 2 * dim:]
+        concat = np.zeros((n, dim))
+        for h in range(heads):
+            sl = slice(h * d, (h + 1) * d)
+            tau = max(taus[h], 0.01)
+            sim = np.array([[q[i, sl] @ k[j, sl] / (math.sqrt(q[i, sl] @ q[i, sl]) * math.sqrt(k[j, sl] @ k[j, sl]))
+                             / tau for j in range(n)] for i in range(n)])
+            a = np.exp(sim - sim.max(axis=1, keepdims=True))
+            a /= a.sum(axis=1, keepdims=True)
+            concat[:, sl] = a @ v[:, sl]
+        out[b] = concat @ w_o.T + b_o
+    return out
+
+
+@pytest.mark.parametrize("taus", [(0.1, 0.1), (0.5, 0.001)])  # 0.001 is held at the paper's bound 0.01
+def test_cosine_attention_matches_the_papers_equation(cosine_module, taus):
+    torch.manual_seed(0)
+    layer = cosine_module.CosineAttention(16, num_heads=2, qkv_bias=True).double().eval()
+    with torch.no_grad():
+        layer.cosine.tau.copy_(torch.tensor(taus, dtype=torch.float64).view(2, 1, 1))
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    with torch.no_grad():
+        got = layer(x).numpy()
+    np.testing.assert_allclose(got, _cosine_reference(layer, x.numpy()), rtol=1e-9, atol=1e-10)
+
+
+def test_cosine_similarity_is_scale_free(cosine_module):
+    """cos(q, k) ignores the length of q and k: scaling them leaves the similarities unchanged (not so for q k^T)."""
+    sim = cosine_module.CosineSimilarity(2)
+    q, k = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+    torch.testing.assert_close(sim(3.0 * q, 0.25 * k), sim(q, k))
+    assert torch.allclose(sim(q, q).diagonal(dim1=-2, dim2=-1), torch.full((1, 2, 5), 10.0))  # cos = 1, tau = 0.1
+
+
+# ------------------------------------------------------------------------------------------------ whole path
+def _run(args, env, cwd, ok=True):
+    """Run a console script of this environment (``train-model`` ...) or ``python`` (``-m``/``-c``)."""
+    exe = [sys.executable] if args[0].startswith("-") else [str(Path(sys.executable).parent / args.pop(0))]
+    proc = subprocess.run([*exe, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
+    if ok:
+        assert proc.returncode == 0, f"{args}: {proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def installed_example(tmp_path_factory):
+    """The example plugin installed as a separate package into a temp dir (what `pip install` does)."""
+    target = tmp_path_factory.mktemp("site")
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                           "--target", str(target), str(EXAMPLE)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert list(target.glob("attnzoo_cosine-0.1.0.dist-info/entry_points.txt"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), os.environ.get("PYTHONPATH", "")]).rstrip(
+        os.pathsep), "ATTNZOO_CACHE": str(target.parent / "cache")}
+    return target, env
+
+
+@pytest.mark.slow
+@pytest.mark.tensorrt
+def test_example_plugin_through_every_command(installed_example, tmp_path):
+    _, env = installed_example
+    # listed with its paper
+    table = _run(["-m", "attnzoo.models"], env, tmp_path).stdout
+    row = [r for r in table.splitlines() if r.startswith("| `cosine`")]
+    assert len(row) == 1 and "arxiv.org/abs/2111.09883" in row[0] and "plugin attnzoo-cosine 0.1.0" in row[0]
+    # train one short epoch on the smoke data, then evaluate
+    train = tmp_path / "train"
+    _run(["train-model", "--variant", "cosine",
+          "--data", "shapes", "--epochs", "1", "--train-size", "64", "--out", str(train), "--no-progress"],
+         env, tmp_path)
+    ckpt = next(train.glob("cosine_cls_*.safetensors"))
+    assert json.loads(ckpt.with_suffix(".json").read_text())["plugin"] == {"package": "attnzoo-cosine",
+                                                                         "version": "0.1.0"}
+    evaluation = _run(["evaluate-model", str(ckpt), "--limit", "32", "--json"], env, tmp_path).stdout
+    result = json.loads(evaluation)
+    assert result["metric_name"] == "top1" and result["n"] == 32 and 0.0 <= result["metric"] <= 100.0
+    # export the checkpoint, fp32 and fp16: verified, metadata names the variant, the scope in every block
+    export = ["export-model"]
+    models = tmp_path / "models"
+    for dtype in ("fp32", "fp16"):
+        out = models / f"cosine_{dtype}.onnx"
+        _run([*export, "--variant", "cosine", "--checkpoint", str(ckpt), "--dtype", dtype, "--out", str(out)],
+             env, tmp_path)
+        proto = onnx.load(str(out))
+        props = {p.key: p.value for p in proto.metadata_props}
+        assert props["variant"] == "cosine" and props["dtype"] == dtype
+        names = [n.name for n in proto.graph.node]
+        for i in range(DEPTH):
+            assert any(n.startswith(f"blocks.{i}.attn.cosine/ReduceL2") for n in names), i
+        report = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").exists() else \
+            json.loads(next(models.glob(f"cosine_{dtype}*.json")).read_text())
+        assert report["passed"] and set(report["projection"]["blocks"]) == {f"blocks.{i}.attn.cosine"
+                                                                           for i in range(DEPTH)}
+    # TensorRT engine (tensorrt_rtx builds without a GPU): the network check names the scope
+    engine = tmp_path / "cosine.engine"
+    built = _run([*export, "--variant", "cosine", "--random-init", "--arch", "micro", "--format", "tensorrt",
+                  "--out", str(engine)], env, tmp_path).stdout
+    assert "cosine in every block" in built and engine.is_file()
+    # Triton model folder
+    triton = tmp_path / "triton" / "cosine"
+    _run([*export, "--variant", "cosine", "--checkpoint", str(ckpt), "--format", "triton", "--out", str(triton)],
+         env, tmp_path)
+    assert (triton / "config.pbtxt").is_file() and (triton / "1" / "model.onnx").is_file()
+    # a bench row
+    bench = tmp_path / "bench"
+    _run(["bench-latency", "--variants", "cosine",
+          "--backends", "eager,ort-cpu", "--batch-sizes", "1", "--min-time", "0.05", "--out", str(bench),
+          "--no-progress"], env, tmp_path)
+    assert "cosine" in "".join(p.read_text() for p in bench.rglob("*.json"))
+    # the demo lists it (its ONNX files) and the PyTorch backend serves the checkpoint
+    listed = _run(["-c", "from pathlib import Path; from attnzoo.serve.backends import load_models; "
+                   f"print([m.name for m in load_models(Path({str(models)!r}), backend='onnxruntime')]); "
+                   f"print([m.name for m in load_models(Path({str(train)!r}), backend='pytorch')])"],
+                  env, tmp_path).stdout
+    assert "cosine_fp32" in listed or "'cosine'" in listed.splitlines()[0]
+    assert "'cosine'" in listed.splitlines()[1]
+    # serve-models --models DIR --variants cosine selects its exports
+    chosen = _run(["-c", "from pathlib import Path; from attnzoo.serving.launch import _matching; "
+                   f"print(sorted(_matching(Path({str(models)!r}), ['cosine_fp32.onnx', 'cosine_fp16.onnx'], "
+                   "['cosine'], None).files))"], env, tmp_path).stdout
+    assert "['cosine_fp16.onnx', 'cosine_fp32.onnx']" in chosen
+    # without the plugin installed, the checkpoint names the package to install
+    bare = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+    missing = _run(["evaluate-model", str(ckpt)], bare, tmp_path, ok=False)
+    assert missing.returncode != 0 and "pip install 'attnzoo-cosine==0.1.0'" in missing.stderr
