@@ -18,7 +18,7 @@ from timm.layers import Attention
 from torch import nn
 
 from attnzoo.checkpoint import load_checkpoint, save_checkpoint
-from attnzoo.export import export_verified
+from attnzoo.export import export_verified, report_path
 from attnzoo.export.check import check_projection, expected_scopes
 from attnzoo.export.verify import VerificationError
 from attnzoo.models import (BUILTIN_VARIANTS, VARIANT_NAMES, VARIANTS, PluginWarning, create_model, load_plugins,
@@ -186,6 +186,31 @@ def test_scope_without_graph_ops_refused_before_export_writes(registry_restored,
     assert not out.exists()
 
 
+def _network(*layers):
+    """A stand-in for a parsed TensorRT network: (name, layer type, output dtypes) per layer."""
+    from types import SimpleNamespace as NS
+
+    made = [NS(name=n, type=NS(name=t), num_outputs=len(outs),
+               get_output=lambda j, outs=outs: NS(dtype=NS(name=outs[j]))) for n, t, outs in layers]
+    return NS(num_layers=len(made), get_layer=lambda i: made[i])
+
+
+def test_tensorrt_check_covers_every_op_of_a_variants_own_scope():
+    from attnzoo.runtime.tensorrt import check_network_precision
+
+    s = "blocks.0.attn.my_scope"
+    ops = {f"{s}/Cast": "Cast", f"{s}/MatMul": "MatMul", f"{s}/Concat": "Concat", f"{s}/Sigmoid": "Sigmoid"}
+    fp32 = _network((f"{s}/Cast", "CAST", ["FLOAT"]), (f"{s}/MatMul", "MATRIX_MULTIPLY", ["FLOAT"]),
+                    (f"{s}/Concat", "CONCATENATION", ["INT64"]), (f"{s}/Sigmoid", "ACTIVATION", ["FLOAT"]))
+    result = check_network_precision(fp32, {s: list(ops)}, ops)
+    assert result["ok"] and result["blocks"][s] == {"layers": 2, "fp32": 2}  # MatMul, Sigmoid; not Cast, Concat
+    half = _network((f"{s}/MatMul", "MATRIX_MULTIPLY", ["HALF"]), (f"{s}/Sigmoid", "ACTIVATION", ["FLOAT"]))
+    result = check_network_precision(half, {s: list(ops)}, ops)
+    assert result["failures"] == [f"{s}: {s}/MatMul computes in HALF, not FLOAT (fp32)"]
+    result = check_network_precision(_network(("other/MatMul", "MATRIX_MULTIPLY", ["FLOAT"])), {s: list(ops)}, ops)
+    assert result["failures"] == [f"{s}: none of its ops is a layer of the TensorRT network"]
+
+
 # ------------------------------------------------------------------------------------------------ entry points
 def _fake_dist(root: Path, dist: str, version: str, module: str, code: str, entry: str = "register") -> None:
     """An installed distribution as importlib.metadata sees it: a module and a dist-info with the entry point."""
@@ -329,9 +354,13 @@ def _run(args, env, cwd, ok=True):
 @pytest.fixture(scope="module")
 def installed_example(tmp_path_factory):
     """The example plugin installed as a separate package into a temp dir (what `pip install` does)."""
+    import shutil
+
+    source = tmp_path_factory.mktemp("src") / EXAMPLE.name  # setuptools builds in the source folder: a copy
+    shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     target = tmp_path_factory.mktemp("site")
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                           "--target", str(target), str(EXAMPLE)], capture_output=True, text=True, timeout=300)
+                           "--target", str(target), str(source)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert list(target.glob("attnzoo_cosine-0.1.0.dist-info/entry_points.txt"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), os.environ.get("PYTHONPATH", "")]).rstrip(
@@ -371,8 +400,7 @@ def test_example_plugin_through_every_command(installed_example, tmp_path):
         names = [n.name for n in proto.graph.node]
         for i in range(DEPTH):
             assert any(n.startswith(f"blocks.{i}.attn.cosine/ReduceL2") for n in names), i
-        report = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").exists() else \
-            json.loads(next(models.glob(f"cosine_{dtype}*.json")).read_text())
+        report = json.loads(report_path(out).read_text())
         assert report["passed"] and set(report["projection"]["blocks"]) == {f"blocks.{i}.attn.cosine"
                                                                            for i in range(DEPTH)}
     # TensorRT engine (tensorrt_rtx builds without a GPU): the network check names the scope
@@ -380,11 +408,17 @@ def test_example_plugin_through_every_command(installed_example, tmp_path):
     built = _run([*export, "--variant", "cosine", "--random-init", "--arch", "micro", "--format", "tensorrt",
                   "--out", str(engine)], env, tmp_path).stdout
     assert "cosine in every block" in built and engine.is_file()
+    from attnzoo.export.tensorrt import engine_report_path
+
+    net = json.loads(engine_report_path(engine).read_text())["network_check"]
+    assert net["ok"] and net["extra_scopes"] == ["cosine"]
+    assert [net["blocks"][f"blocks.{i}.attn.cosine"]["fp32"] >= 5 for i in range(DEPTH)] == [True] * DEPTH
     # Triton model folder
-    triton = tmp_path / "triton" / "cosine"
+    triton = tmp_path / "triton"
     _run([*export, "--variant", "cosine", "--checkpoint", str(ckpt), "--format", "triton", "--out", str(triton)],
          env, tmp_path)
-    assert (triton / "config.pbtxt").is_file() and (triton / "1" / "model.onnx").is_file()
+    model_dir = triton / "cosine_cls_micro"
+    assert (model_dir / "config.pbtxt").is_file() and (model_dir / "1" / "model.onnx").is_file()
     # a bench row
     bench = tmp_path / "bench"
     _run(["bench-latency", "--variants", "cosine",

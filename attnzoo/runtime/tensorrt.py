@@ -261,8 +261,10 @@ def check_network_precision(network: Any, scopes: Mapping[str, Sequence[str]],
 
     Args:
         network: The parsed ``INetworkDefinition`` (read before building: layer names are the ONNX node names).
-        scopes: ``{scope: [ONNX node names]}``, e.g. each block's projection nodes from
-            :func:`attnzoo.export.check_projection`; nodes of other op types (casts) are ignored.
+        scopes: ``{scope: [ONNX node names]}``, e.g. each block's extra-math nodes from
+            :func:`attnzoo.export.check_projection`. Ops of ``op_types`` outside the known kinds (a variant's own
+            scope: MatMul, ReduceL2 ...) must compute in fp32 where a layer keeps their name and outputs floats;
+            casts are ignored.
         op_types: ONNX node name -> op type (Mul, ReduceSum, Add, Div, Sub, Softmax, LayerNormalization).
 
     Returns:
@@ -275,9 +277,16 @@ def check_network_precision(network: Any, scopes: Mapping[str, Sequence[str]],
         counts: Counter = Counter()
         for name in names:
             op = op_types.get(name)
-            if op not in _LAYER_OF_OP:
-                continue  # casts around the projection
             layer = layers.get(name)
+            if op not in _LAYER_OF_OP:  # another op of a variant's own extra scope: fp32 where it computes floats
+                if op in ("Cast", "Constant") or layer is None or not {"FLOAT", "HALF", "BF16"} & set(layer["outputs"]):
+                    continue  # casts at the scope's edges, shape arithmetic, ops the parser folded or renamed
+                counts["layers"] += 1
+                if layer["outputs"] != ["FLOAT"]:
+                    failures.append(f"{scope}: {name} computes in {'/'.join(layer['outputs'])}, not FLOAT (fp32)")
+                else:
+                    counts["fp32"] += 1
+                continue
             if layer is None:
                 failures.append(f"{scope}: {name} ({op}) is not a layer of the TensorRT network")
                 continue
