@@ -260,13 +260,14 @@ def markdown(result: Mapping[str, Any]) -> str:
 
     env = result["environment"]
     parts = ["# Quantized zoo: accuracy on the test sets and int8 speed on the CPU", "",
-             f"Command: `{result['command']}`", "",
+             f"Last command: `{result['command']}`", "",
              f"CPU: {cpu_summary(env['cpu'])}, {env['cpu'].get('usable_cores', '?')} usable cores.", ""]
     acc = result.get("accuracy")
     if acc:
         rows = acc["rows"]
         n = sorted({r["n_images"] for r in rows})
         parts += ["## Accuracy (ONNX Runtime CPU, percent)", "",
+                  *([f"Measured by `{acc['command']}`.", ""] if acc.get("command") else []),
                   f"{acc['data']} test split ({', '.join(map(str, n))} images); calibration: "
                   f"{acc['calibration_count']} training images, seed {acc['seed']}, ModelOpt's default method per "
                   f"dtype. int8: extra math excluded (fp32); int8 xm: extra math quantized too; fp8 sim: ModelOpt's "
@@ -284,7 +285,8 @@ def markdown(result: Mapping[str, Any]) -> str:
     if sp:
         busy = sp["contended"]
         parts += [f"## int8 speed ({sp['variant']}, arch {sp['arch']}, {sp['img_size']} px, {sp['threads']} thread(s))",
-                  "", f"Random-init model ({sp['gflop_per_image']:.2f} GFLOP per image); both models of a row pass "
+                  "", *([f"Measured by `{sp['command']}`.", ""] if sp.get("command") else []),
+                  f"Random-init model ({sp['gflop_per_image']:.2f} GFLOP per image); both models of a row pass "
                   "the parity gate against eager fp32 (fp32 1e-4; static int8 of a random-init model calibrated on random inputs 0.5, a sanity gate) before they are timed alternately "
                   f"(A B A B, {sp['min_time']:g} s); speed-up = median [Q1, Q3] of per-pair fp32/int8 ratios. Ceiling: "
                   f"this machine's fp32 matmul {sp['ceiling']['fp32']['gflops']:.0f} GFLOP/s, int8 "
