@@ -69,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", choices=BACKENDS, help="onnxruntime (default) or openvino on the CPU, or tensorrt "
                                                          "(engines built once per replica's GPU, checked against ONNX "
                                                          "Runtime)")
+    run.add_argument("--dtype", choices=("fp32", "int8"),
+                     help="int8: serve only int8 models whose export-model verification report holds ("
+                          "files with --models DIR, from export-model --dtype int8; unverified files are skipped "
+                          "with the reason); default fp32")
     p.add_argument("--cache-dir", type=Path, help="zoo / random-init exports (default $ATTNZOO_CACHE or "
                                                   "~/.cache/attnzoo)")
     p.add_argument("--metrics-port", type=int, default=None,

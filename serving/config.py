@@ -23,6 +23,8 @@ __all__ = ["ServeConfig", "TASK_CHOICES", "BACKENDS", "DEFAULT_MAX_BATCH", "read
 TASK_CHOICES = ("cls", "seg", "both")
 #: Runtimes a replica can run the verified ONNX with (:func:`attnzoo.serve.backends.load_onnx_dir`).
 BACKENDS = ("onnxruntime", "openvino", "tensorrt")
+#: ``--dtype``: fp32 files, or int8 ones whose export-model verification holds (:func:`attnzoo.runtime.sessions.quantized_problem`).
+DTYPES = ("fp32", "int8")
 #: ``max_batch_size`` when none is given, for replicas without / with a GPU. On the CPU, batching does not
 #: pay: ONNX Runtime runs ViT-Ti at 63.9 img/s at batch 1 and 56.8 at batch 8 on one thread
 #: (``benchmarks/results/cpu-tiny``), so it is off; on a GPU, batches are what fill the device.
@@ -48,6 +50,7 @@ class ServeConfig:
         max_ongoing_requests: Requests a replica accepts at once (the rest queue in the proxy).
         backend: ``onnxruntime`` or ``openvino`` (CPU), or ``tensorrt`` (engines need a GPU per replica).
         cache_dir: Root of the zoo exports and random-init exports.
+        dtype: ``fp32``, or ``int8``: only the verified int8 files of ``models``.
     """
 
     host: str = "127.0.0.1"
@@ -67,6 +70,7 @@ class ServeConfig:
     max_ongoing_requests: int = 64
     backend: str = "onnxruntime"
     cache_dir: Optional[Path] = None
+    dtype: str = "fp32"
 
     @property
     def intra_op_threads(self) -> int:
@@ -96,12 +100,19 @@ class ServeConfig:
              f"must be at least max_batch_size ({self.max_batch_size})"),
             ("task", self.task in TASK_CHOICES, f"must be one of {', '.join(TASK_CHOICES)}"),
             ("backend", self.backend in BACKENDS, f"must be one of {', '.join(BACKENDS)}"),
+            ("dtype", self.dtype in DTYPES, f"must be one of {', '.join(DTYPES)}"),
         ]
         for key, ok, why in checks:
             if not ok:
                 raise ValueError(f"{key} {why}, got {getattr(self, key)!r}")
         if self.models is not None and self.arch is not None:
             raise ValueError("models (a folder) and arch (random-init models) exclude each other")
+        if self.dtype == "int8" and self.models is None:
+            raise ValueError("dtype int8 serves a models folder of export-model --dtype int8 files (each served only "
+                             "when its verification report holds); random-init models have no test set to verify "
+                             "int8 on, and the zoo's int8 copies are served by serve-demo --dtype int8")
+        if self.dtype == "int8" and self.backend == "tensorrt":
+            raise ValueError("dtype int8 is served on the CPU runtimes (onnxruntime, openvino), not tensorrt")
         return self
 
 

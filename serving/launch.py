@@ -93,9 +93,11 @@ class Selection:
 
 
 def _matching(folder: Path, names: Sequence[str], variants: Optional[Sequence[str]],
-              tasks: Optional[Sequence[str]]) -> Selection:
-    """The attnzoo exports among ``names`` whose variant and task are wanted; files that are not attnzoo
-    models are left out (the replicas' loader would skip them with a warning anyway)."""
+              tasks: Optional[Sequence[str]], dtype: str = "fp32") -> Selection:
+    """The attnzoo exports among ``names`` whose variant, task and precision are wanted; files that are not
+    attnzoo models, and quantized ones whose verification does not hold, are left out with a warning (the
+    replicas' loader would skip them anyway)."""
+    from attnzoo.runtime.sessions import quantized_problem
     from attnzoo.fileio import sha256_file
     from attnzoo.models import canonical_name
     from attnzoo.runtime.contract import ModelContract
@@ -110,12 +112,20 @@ def _matching(folder: Path, names: Sequence[str], variants: Optional[Sequence[st
             print(f"warning: skipping {name}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
                   file=sys.stderr)
             continue
-        seen.append(f"{contract.variant}/{contract.task}")
+        seen.append(f"{contract.variant}/{contract.task}" + ("" if contract.dtype == "fp32" else f"/{contract.dtype}"))
+        if contract.dtype != dtype:
+            continue
+        problem = quantized_problem(path, contract.dtype)
+        if problem:
+            print(f"warning: skipping {name}: not served: {problem}", file=sys.stderr)
+            continue
         if (wanted is None or contract.variant in wanted) and (tasks is None or contract.task in tasks):
             files[name] = sha256_file(path)
     if not files:
-        raise ValueError(f"no model in {folder} matches variants {', '.join(sorted(wanted or ['any']))} and task "
-                         f"{', '.join(tasks or ['any'])}; it has: {', '.join(sorted(seen)) or 'no attnzoo models'}")
+        raise ValueError(f"no {dtype} model in {folder} matches variants {', '.join(sorted(wanted or ['any']))} "
+                         f"and task {', '.join(tasks or ['any'])}"
+                         f"{' with an intact verification report' if dtype != 'fp32' else ''}; it has: "
+                         f"{', '.join(sorted(seen)) or 'no attnzoo models'}")
     return Selection(folder, dict(sorted(files.items())))
 
 
@@ -163,7 +173,7 @@ def select_models(cfg: ServeConfig) -> Selection:
         if not folder.is_dir():
             raise ValueError(f"models folder not found: {folder}")
         names = [p.name for p in sorted(folder.glob("*.onnx")) if p.is_file()]
-        return _matching(folder, names, variants, cfg.tasks)
+        return _matching(folder, names, variants, cfg.tasks, cfg.dtype)
     if cfg.arch is not None:
         print(f"warning: --arch {cfg.arch}: serving UNTRAINED models with random weights; their predictions are "
               "meaningless (use them to measure serving, not accuracy)", file=sys.stderr)

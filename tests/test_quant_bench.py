@@ -203,7 +203,11 @@ def int8_folder(tmp_path_factory):
         return path
 
     shutil.copy(good, folder / "no_report.onnx")  # no report beside it
-    variant("tampered", lambda r: None, good.read_bytes() + b"\0")  # report of another file (SHA-256)
+    import onnx
+
+    changed = onnx.load(str(good))
+    changed.doc_string = "changed after its verification"
+    variant("tampered", lambda r: None, changed.SerializeToString())  # a valid model, not the one its report verified
     variant("accepted_drop", lambda r: r["accuracy"].update(within_tolerance=False, drop=2.5, accepted_drop=True))
     variant("unscored", lambda r: r.update(accuracy={"measured": False, "warning": "untrained model"}))
     variant("failed", lambda r: r.update(passed=False))
@@ -268,3 +272,23 @@ def test_backend_choice_is_timed_on_the_served_precision(int8_folder):
     assert "for int8 models" in choice.reason and list(choice.median_ms) == ["belief2_int8.onnx"]
     backend, reason = choose_cpu_backend(int8_folder, threads=1, dtype="int8")
     assert backend in ("onnxruntime", "openvino") and "for int8 models" in reason and "belief2_int8.onnx" in reason
+
+
+def test_serve_models_selects_only_verified_int8(int8_folder, capsys):
+    from attnzoo.serving.config import merged
+    from attnzoo.serving.launch import select_models
+
+    sel = select_models(merged({}, {"models": int8_folder, "dtype": "int8"}))
+    assert list(sel.files) == ["belief2_int8.onnx"]
+    err = capsys.readouterr().err
+    for name in ("no_report", "tampered", "accepted_drop", "unscored", "failed"):
+        assert f"skipping {name}.onnx: not served: " in err
+    assert list(select_models(merged({}, {"models": int8_folder})).files) == ["belief2_fp32.onnx"]
+    with pytest.raises(ValueError, match="dtype int8 serves a models folder"):
+        merged({}, {"arch": "micro", "dtype": "int8"})
+    with pytest.raises(ValueError, match="dtype int8 serves a models folder"):
+        merged({}, {"dtype": "int8"})  # the zoo: serve-demo --dtype int8
+    with pytest.raises(ValueError, match="not tensorrt"):
+        merged({}, {"models": int8_folder, "dtype": "int8", "backend": "tensorrt"})
+    with pytest.raises(ValueError, match="dtype must be one of fp32, int8"):
+        merged({"dtype": "int4"}, {})
