@@ -26,6 +26,7 @@ import dataclasses
 import io
 import os
 import sys
+import threading
 import time
 import traceback
 from collections import Counter
@@ -55,6 +56,31 @@ NPY_TYPE = "application/x-npy"
 _MULTIPART_SLACK = 64 * 1024
 
 api = FastAPI(title="attnzoo serve-models", docs_url=None, redoc_url=None)  # offline: no CDN-loaded docs pages
+
+
+def _replica_grpc_on_loopback() -> None:
+    """In a replica of the local Ray that ``serve-models`` starts (``ATTNZOO_SERVE_LOOPBACK=1``, see
+    :data:`attnzoo.serving.launch._LOOPBACK_ENV`): Ray Serve 2.60 binds each replica's inter-deployment gRPC
+    server to ``[::]:0`` (all interfaces; ``Replica._on_initialized``, not a setting). This module is imported in
+    the replica before that runs, so the address is rewritten to ``127.0.0.1:0`` here; a cluster joined with
+    ``--address`` is left as Ray makes it. ``tests/test_serving_lifecycle.py`` lists every listening socket."""
+    from ray.serve._private import replica
+
+    original = replica.add_port_to_grpc_server
+    if getattr(original, "attnzoo_loopback", False):
+        return
+
+    def add_port(server, address: str):
+        if address.startswith("[::]:"):
+            address = "127.0.0.1:" + address.rsplit(":", 1)[1]
+        return original(server, address)
+
+    add_port.attnzoo_loopback = True  # type: ignore[attr-defined]
+    replica.add_port_to_grpc_server = add_port
+
+
+if os.environ.get("ATTNZOO_SERVE_LOOPBACK") == "1":
+    _replica_grpc_on_loopback()
 
 
 class HTTPError(Exception):
@@ -219,7 +245,8 @@ class ModelServer:
         folder: Folder of the ONNX files (the same path on every node of a cluster).
         files: ``{file name: sha256}`` to load; a file with another hash stops the replica.
         settings: ``backend``, ``threads``, ``cache_dir``, ``max_batch_size``, ``batch_wait_s``,
-            ``max_ongoing_requests``.
+            ``max_ongoing_requests``; ``pending`` (``[{"task", "name", "file"}]``) and ``ready_file``: zoo models
+            the driver is still exporting, loaded on first use once ``ready_file`` lists them.
     """
 
     def __init__(self, folder: str, files: Mapping[str, str], settings: Mapping[str, Any]) -> None:
@@ -237,6 +264,12 @@ class ModelServer:
         self.models = {(m.task, m.name): m for m in models}
         self.order = [(m.task, m.name) for m in models]
         self.settings = dict(settings)
+        self.folder = Path(folder)
+        #: Zoo models still being exported by the driver: (task, name) -> file; loaded on first use once the
+        #: driver lists them in ``ready_file`` (``{file: sha256}``, written whole) with the sha256 to check.
+        self.pending = {(p["task"], p["name"]): p["file"] for p in settings.get("pending", ())}
+        self.ready_file = settings.get("ready_file")
+        self._load_lock = threading.Lock()
         self._infer.set_max_batch_size(int(settings["max_batch_size"]))
         self._infer.set_batch_wait_timeout_s(float(settings["batch_wait_s"]))
         self.model_thread = ThreadPoolExecutor(1, thread_name_prefix="attnzoo-model")
@@ -287,14 +320,44 @@ class ModelServer:
 
     # ----------------------------------------------------------------------------------------- helpers
     def _model(self, task: str, name: Optional[str]):
-        names = [n for t, n in self.order if t == task]
+        names = [n for t, n in [*self.order, *self.pending] if t == task]
         if not names:
             kind = "classification" if task == "cls" else "segmentation"
             raise HTTPError(404, f"no {kind} models are served here")
         name = name or names[0]
+        if (task, name) in self.pending and not self._load_pending(task, name):
+            raise HTTPError(503, f"model {name!r} is still being exported and verified; retry in a few seconds "
+                                 f"(ready now: {', '.join(n for t, n in self.order if t == task)})")
         if (task, name) not in self.models:
             raise HTTPError(404, f"unknown {task} model {name!r}; valid: {', '.join(names)}")
         return self.models[(task, name)]
+
+    def _load_pending(self, task: str, name: str) -> bool:
+        """Load a pending zoo model if the driver has listed it as ready (its sha256 checked first)."""
+        import json
+
+        from attnzoo.fileio import sha256_file
+        from attnzoo.serve.backends import load_models
+
+        with self._load_lock:
+            if (task, name) in self.models:
+                return True
+            try:
+                ready = json.loads(Path(self.ready_file).read_text()) if self.ready_file else {}
+            except (OSError, ValueError):
+                ready = {}
+            file = self.pending[(task, name)]
+            if file not in ready:
+                return False
+            if sha256_file(self.folder / file) != ready[file]:
+                raise RuntimeError(f"{self.folder / file} is not the file the driver verified (sha256 differs)")
+            cache = self.settings.get("cache_dir")
+            for m in load_models(self.folder, self.settings["backend"], threads=self.settings["threads"],
+                                 cache_dir=Path(cache) if cache else None, only=[file]):
+                self.models[(m.task, m.name)] = m
+                self.order.append((m.task, m.name))
+            del self.pending[(task, name)]
+            return (task, name) in self.models
 
     async def _answer(self, route: str, work) -> Any:
         """Run ``work()`` (a coroutine factory), count it, turn failures into one-line JSON errors."""
@@ -389,7 +452,7 @@ class ModelServer:
                          "std": list(m.std), "fixed_size": m.fixed_size, "backend": m.backend,
                          "input_style": m.input_style,
                          "file": Path(m.source).name})
-        return {"models": rows}
+        return {"models": rows, "pending": [{"task": t, "name": n} for t, n in self.pending]}
 
     @api.get("/health")
     async def health(self):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import List, Optional
 
@@ -120,28 +121,50 @@ def main(argv: Optional[List[str]] = None) -> int:
     cfg = config_from_args(args)
     if args.metrics_port is not None and not 1 <= args.metrics_port <= 65535:
         raise UsageError(f"--metrics-port must be in 1..65535, got {args.metrics_port}")
-    from .launch import deploy, metrics_url, port_problem, ray_serve_mode, select_models, start_ray, stop
+    from .launch import (check_zoo_selection, deploy, export_pending, local_ray_started, metrics_url, port_problem,
+                         ray_serve_mode, select_models, start_ray, stop, stop_watchdog)
 
     if cfg.address is None:
         problem = port_problem(cfg.host, cfg.port)
         if problem:
             raise UsageError(f"{problem} (choose another --port)")
-    selection = select_models(cfg)
-    started = start_ray(cfg, args.metrics_port)
-    try:
-        url = deploy(cfg, selection)
-        batching = (f"dynamic batching up to {cfg.max_batch_size} requests, {cfg.batch_wait_ms:g} ms wait"
-                    if cfg.max_batch_size > 1 else "batching off")
-        print(f"serving {len(selection.files)} model(s) with {cfg.replicas} replica(s) x {cfg.intra_op_threads} "
-              f"thread(s), {batching}, {ray_serve_mode()}, on {url}", flush=True)
-        print(f"  POST {url}/classify   POST {url}/segment   GET {url}/models   GET {url}/health   GET {url}/stats",
-              flush=True)
-        if metrics_url():
-            print(f"  Ray Serve metrics (Prometheus): {metrics_url()}", flush=True)
-        while True:
-            time.sleep(3600)
-    finally:
-        stop(started)
+    started = False
+    stop_watchdog()
+    with ThreadPoolExecutor(1, thread_name_prefix="attnzoo-select") as pool:
+        try:  # a signal during start-up too ends whatever was started (local_ray_started)
+            chosen = None
+            if cfg.models is None and cfg.arch is None:  # the zoo: what it lacks is refused before Ray starts,
+                check_zoo_selection(cfg)                  # its first models are verified while Ray starts
+                chosen = pool.submit(select_models, cfg)
+            else:  # a folder's files (quick), or random-init models: refused or exported before Ray starts
+                selection = select_models(cfg)
+            started = start_ray(cfg, args.metrics_port)
+            if chosen is not None:
+                selection = chosen.result()
+            url = deploy(cfg, selection)
+            _announce(cfg, selection, url, ray_serve_mode(), metrics_url())
+            if selection.pending:
+                ready = export_pending(selection, cfg.cache_dir)
+                print(f"  {ready} model(s) ready", flush=True)
+            while True:
+                time.sleep(3600)
+        finally:
+            stop(started or local_ray_started())
+
+
+def _announce(cfg: ServeConfig, selection, url: str, mode: str, metrics: Optional[str]) -> None:
+    """The start-up lines: what is served where (the first one is what scripts wait for)."""
+    batching = (f"dynamic batching up to {cfg.max_batch_size} requests, {cfg.batch_wait_ms:g} ms wait"
+                if cfg.max_batch_size > 1 else "batching off")
+    print(f"serving {len(selection.files)} model(s) with {cfg.replicas} replica(s) x {cfg.intra_op_threads} "
+          f"thread(s), {batching}, {mode}, on {url}", flush=True)
+    print(f"  POST {url}/classify   POST {url}/segment   GET {url}/models   GET {url}/health   GET {url}/stats",
+          flush=True)
+    if metrics:
+        print(f"  Ray Serve metrics (Prometheus): {metrics}", flush=True)
+    if selection.pending:
+        print(f"  exporting and verifying the other {len(selection.pending)} zoo model(s) in the background; each "
+              "answers 503 until it is ready", flush=True)
 
 
 if __name__ == "__main__":

