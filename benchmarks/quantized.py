@@ -304,14 +304,17 @@ def markdown(result: Mapping[str, Any]) -> str:
 
 # ------------------------------------------------------------------------------------------------ CLI
 def build_parser() -> argparse.ArgumentParser:
+    from attnzoo.export.quantize import DEFAULT_CALIBRATION_COUNT, DEFAULT_CALIBRATION_SEED
+
     p = argparse.ArgumentParser(prog="python -m attnzoo.benchmarks.quantized", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--variants", default="all", help="'all' or comma-separated variant names")
     p.add_argument("--task", choices=("cls", "seg", "all"), default="cls")
     p.add_argument("--data", default=DEFAULT_DATA, help="zoo data set (zoo/manifest.json)")
     p.add_argument("--limit", type=int, default=None, help="first N test images only (default: the whole split)")
-    p.add_argument("--calibration-count", type=int, default=512, help="training images to calibrate on")
-    p.add_argument("--seed", type=int, default=0, help="seed of the calibration draw")
+    p.add_argument("--calibration-count", type=int, default=DEFAULT_CALIBRATION_COUNT,
+                   help="training images to calibrate on")
+    p.add_argument("--seed", type=int, default=DEFAULT_CALIBRATION_SEED, help="seed of the calibration draw")
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads of the scoring (default: all)")
     p.add_argument("--speed-arch", default="small", choices=("micro", "tiny", "small", "base"),
                    help="architecture of the speed comparison (small: ViT-S 224)")
