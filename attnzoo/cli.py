@@ -10,9 +10,9 @@ Native code that calls back into Python (TensorRT's logger and progress monitor)
 TensorRT catches an exception raised in its callbacks, prints it and carries on. A short such call runs inside
 :func:`signals_deferred`, which records the signal instead and raises it as soon as the native call returns; a
 long one (a TensorRT build) runs in a worker thread (:func:`run_in_worker`), so that the main thread, where Python
-handles signals, stops at once; if the command ends before the abandoned native work did, the process exits with
-``os._exit`` after printing its line (an interpreter shutting down cannot safely outlive native code in another
-thread).
+handles signals, stops at once; a command that gave up on such work ends with ``os._exit`` after printing its line
+and running its ``finally`` blocks (TensorRT's threads may still call the Python logger, which aborts an
+interpreter that is shutting down).
 """
 
 from __future__ import annotations
