@@ -304,9 +304,9 @@ def test_ctrl_c_during_bench_latency_build_exits_130_and_keeps_the_rows(lib, tmp
 
 
 def _isolated(code: str) -> None:
-    """Run ``code`` in a fresh interpreter: a TensorRT build cancelled in-process, or a signal sent to the whole
-    process, may leave native threads behind that crash a long-lived test process later (seen once in a full
-    run: a segfault in the test after these)."""
+    """Run ``code`` in a fresh interpreter. A signal sent to the test process itself segfaulted full default runs
+    twice (in whichever of these tests sent the first one, after earlier tests had run native libraries in the same
+    process: Ray, TensorRT), and a build cancelled in-process may leave native threads behind."""
     import subprocess
     import sys
     import textwrap
@@ -366,25 +366,33 @@ def test_run_in_worker_raises_a_signal_at_once_and_cancels_the_work():
 
 
 def test_signals_deferred_records_then_raises_on_exit():
-    import os
-    import signal
+    _isolated("""
+        import os, signal
+        from attnzoo.cli import Interrupted, Terminated, _signals_raise, signals_deferred
 
-    from attnzoo.cli import Interrupted, Terminated, _signals_raise, signals_deferred
-
-    with _signals_raise():
-        with pytest.raises(Interrupted):
-            with signals_deferred() as outer:
-                with signals_deferred() as inner:
-                    os.kill(os.getpid(), signal.SIGINT)
-                    for _ in range(1000):  # the handler runs between bytecodes: it only records
-                        pass
-                    assert inner.pending and inner.signum == signal.SIGINT
-                    os.kill(os.getpid(), signal.SIGTERM)  # a second signal: the first one wins
-                assert outer.pending  # the inner region handed it to the outer one, which still defers
-                reached = True
-        assert reached
-        with pytest.raises(Terminated):  # outside any region the handler raises again
-            os.kill(os.getpid(), signal.SIGTERM)
-            for _ in range(1000):
+        reached = False
+        with _signals_raise():
+            try:
+                with signals_deferred() as outer:
+                    with signals_deferred() as inner:
+                        os.kill(os.getpid(), signal.SIGINT)
+                        for _ in range(1000):  # the handler runs between bytecodes: it only records
+                            pass
+                        assert inner.pending and inner.signum == signal.SIGINT
+                        os.kill(os.getpid(), signal.SIGTERM)  # a second signal: the first one wins
+                    assert outer.pending  # the inner region handed it to the outer one, which still defers
+                    reached = True
+                raise SystemExit("no Interrupted on leaving the region")
+            except Interrupted:
                 pass
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+            assert reached
+            try:  # outside any region the handler raises again
+                os.kill(os.getpid(), signal.SIGTERM)
+                for _ in range(1000):
+                    pass
+                raise SystemExit("no Terminated")
+            except Terminated:
+                pass
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        print("ok")
+    """)
