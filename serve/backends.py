@@ -442,26 +442,34 @@ class _LazyZooRunner:
         return self.ready()(x)
 
 
-def _prefetch(runners: Sequence[_LazyZooRunner], data: str, cache_dir: Optional[Path]) -> None:
-    """Export every lazy model in a child process at the lowest CPU priority (its own interpreter, so a torch
-    export never holds this process's GIL while a request waits), then load them here; a daemon thread's work.
-    A failure is logged, not raised: the model's first call retries and reports it."""
+def export_zoo_in_child(data: str, cache_dir: Optional[Path], wanted: Sequence[Tuple[str, str]],
+                        dtype: str = "fp32") -> int:
+    """Export (verified, as :func:`export_zoo` does) the zoo models ``wanted`` (``(variant, task)`` pairs) in a
+    child process at the lowest CPU priority: its own interpreter, so a torch export never holds the caller's
+    GIL while a request waits. Waits for it and returns its exit code; the child is ended when this process
+    exits (a file is written whole or not at all)."""
     import atexit
     import subprocess
 
-    wanted = [(r.row["variant"], r.row["task"]) for r in runners]
-    dtype = runners[0].dtype if runners else "fp32"
     code = ("import sys, json; from pathlib import Path; from attnzoo.serve.backends import export_zoo\n"
             "data, cache, wanted, dtype = json.loads(sys.argv[1])\n"
             "for v, t in wanted:\n"
             "    export_zoo(data, Path(cache) if cache else None, variants=[v], tasks=[t], dtype=dtype)\n")
-    args = json.dumps([data, str(cache_dir) if cache_dir else None, wanted, dtype])
+    args = json.dumps([data, str(cache_dir) if cache_dir else None, [list(w) for w in wanted], dtype])
     nice = getattr(os, "nice", None)
     child = subprocess.Popen([sys.executable, "-c", code, args], stdout=subprocess.DEVNULL,
                              preexec_fn=(lambda: nice(19)) if nice else None)
-    atexit.register(child.terminate)  # the demo stopped: its exports stop too (a file is written whole or not)
-    if child.wait() != 0:
-        _warn(f"exporting the other zoo models in the background failed (exit code {child.returncode}); each is "
+    atexit.register(child.terminate)
+    return child.wait()
+
+
+def _prefetch(runners: Sequence[_LazyZooRunner], data: str, cache_dir: Optional[Path]) -> None:
+    """Export every lazy model in a child process (:func:`export_zoo_in_child`), then load them here; a daemon
+    thread's work. A failure is logged, not raised: the model's first call retries and reports it."""
+    wanted = [(r.row["variant"], r.row["task"]) for r in runners]
+    code = export_zoo_in_child(data, cache_dir, wanted, runners[0].dtype if runners else "fp32")
+    if code != 0:
+        _warn(f"exporting the other zoo models in the background failed (exit code {code}); each is "
               "exported on its first use instead")
     for runner in runners:
         try:

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-__all__ = ["cold_start"]
+__all__ = ["cold_start", "report"]
 
 
 def _wait_for_serving(proc: subprocess.Popen, start: float, timeout: float, log: List[str]) -> float:
@@ -91,14 +91,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="also write the result as JSON here")
     p.add_argument("--port", type=int, default=7899)
     args = p.parse_args(argv)
-    result = cold_start(args.port)
+    report(cold_start(args.port), args.out)
+    return 0
+
+
+def report(result: Dict[str, Any], out: Optional[Path]) -> None:
+    """Print ``result`` as JSON and, with ``out``, write it there whole (a cold-start command's output)."""
     print(json.dumps(result, indent=1))
-    if args.out:
+    if out:
         from attnzoo.fileio import atomic_write_text
 
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(args.out, json.dumps(result, indent=1) + "\n")
-    return 0
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out, json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ The result names the CPU and the load average before the start, since both decid
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess
@@ -85,13 +84,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--repeats", type=int, default=2, help="cold starts, alternating SIGTERM and SIGINT")
     args = p.parse_args(argv)
     runs = [cold_start((signal.SIGTERM, signal.SIGINT)[i % 2]) for i in range(args.repeats)]
-    result = {"runs": runs}
-    print(json.dumps(result, indent=1))
-    if args.out:
-        from attnzoo.fileio import atomic_write_text
+    from attnzoo.serve.coldstart import report
 
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(args.out, json.dumps(result, indent=1) + "\n")
+    report({"runs": runs}, args.out)
     return 0
 
 

@@ -28,8 +28,9 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from .config import ServeConfig
 
-__all__ = ["Selection", "select_models", "check_zoo_selection", "export_pending", "random_init_models", "port_problem", "start_ray", "deploy",
-           "stop", "stop_watchdog", "local_ray_started", "STOP_GRACE_S", "WATCHDOG_S", "free_port", "metrics_url", "LOCAL_RAY_ENV", "ray_serve_mode"]
+__all__ = ["Selection", "select_models", "check_zoo_selection", "export_pending", "random_init_models",
+           "port_problem", "start_ray", "deploy", "stop", "stop_watchdog", "local_ray_started", "STOP_GRACE_S",
+           "WATCHDOG_S", "free_port", "metrics_url", "LOCAL_RAY_ENV", "ray_serve_mode"]
 
 #: Environment of a Ray that ``start_ray`` starts (each is only a default: a value already set wins, ``=0``
 #: turns a switch off). Ray Serve's throughput-optimized mode (direct ingress to the replicas, gRPC inside Serve,
@@ -262,22 +263,14 @@ def export_pending(selection: Selection, cache_dir: Optional[Path]) -> int:
     is not written) in a child process at the lowest CPU priority, so the server keeps answering; then list every
     file that is there in ``selection.ready_file`` with its sha256. Returns how many are ready. A signal to
     this process ends the child too (:func:`stop` ends every process this one started)."""
-    import subprocess
-
     from attnzoo.fileio import atomic_write_text, default_cache_dir, sha256_file
+    from attnzoo.serve.backends import export_zoo_in_child
 
-    code = ("import sys, json; from pathlib import Path; from attnzoo.serve.backends import export_zoo\n"
-            "data, cache, wanted = json.loads(sys.argv[1])\n"
-            "for v, t in wanted:\n"
-            "    export_zoo(data, Path(cache), variants=[v], tasks=[t])\n")
-    wanted = [(p["name"], p["task"]) for p in selection.pending]
-    cache = str(Path(cache_dir or default_cache_dir()))
-    nice = getattr(os, "nice", None)
-    child = subprocess.Popen([sys.executable, "-c", code, json.dumps([selection.data, cache, wanted])],
-                             stdout=subprocess.DEVNULL, preexec_fn=(lambda: nice(19)) if nice else None)
-    if child.wait() != 0:
-        print(f"warning: exporting the other zoo models failed (exit code {child.returncode}); those not written "
-              "answer 503", file=sys.stderr)
+    code = export_zoo_in_child(selection.data, Path(cache_dir or default_cache_dir()),
+                               [(p["name"], p["task"]) for p in selection.pending])
+    if code != 0:
+        print(f"warning: exporting the other zoo models failed (exit code {code}); those not written answer 503",
+              file=sys.stderr)
     ready = dict(selection.files)
     ready.update({p["file"]: sha256_file(selection.folder / p["file"]) for p in selection.pending
                   if (selection.folder / p["file"]).is_file()})
@@ -348,6 +341,7 @@ def start_ray(cfg: ServeConfig, metrics_port: Optional[int] = None) -> bool:
         _local_ray_env()  # before ray.init: the controller, proxy and replicas read it when they start
         from ray._private import ray_constants
 
+        _LOCAL["cluster_flag"] = ray_constants.ENABLE_RAY_CLUSTER  # restored by stop()
         ray_constants.ENABLE_RAY_CLUSTER = False  # what _LOOPBACK_ENV does, for a process that imported Ray before
         _LOCAL["started"] = True  # from here on stop() ends whatever ray.init started, even if it is interrupted
         _LOCAL["mark"] = os.environ[_OWNER_ENV] = f"{os.getpid()}-{time.time_ns()}"  # inherited by all of them
@@ -480,10 +474,10 @@ def _stop_local_ray() -> None:
     for key in (*_LOOPBACK_ENV, _OWNER_ENV):  # a later start_ray with --address binds as Ray decides
         os.environ.pop(key, None)
     _LOCAL["mark"] = None
-    if ray is not None:
+    if ray is not None and _LOCAL.get("cluster_flag") is not None:
         from ray._private import ray_constants
 
-        ray_constants.ENABLE_RAY_CLUSTER = not ray_constants.IS_WINDOWS_OR_OSX
+        ray_constants.ENABLE_RAY_CLUSTER = _LOCAL.pop("cluster_flag")
     _LOCAL["started"] = False
     _METRICS["port"] = None
 
