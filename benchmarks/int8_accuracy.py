@@ -195,13 +195,18 @@ def _contended(load_start: List[float], load_end: List[float], threads: int) -> 
     return bool(loads) and max(loads) > threads + 0.5
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m attnzoo.benchmarks.int8_accuracy", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def add_zoo_selection(p: argparse.ArgumentParser) -> None:
+    """The flags that choose which zoo models are scored and on how much of the test split."""
     p.add_argument("--variants", default="all", help="'all' or comma-separated variant names")
     p.add_argument("--task", choices=("cls", "seg", "all"), default="cls")
     p.add_argument("--data", default=DEFAULT_DATA, help="zoo data set (zoo/manifest.json)")
     p.add_argument("--limit", type=int, default=None, help="first N test images only (default: the whole split)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m attnzoo.benchmarks.int8_accuracy", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_zoo_selection(p)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--batch-sizes", default="1,8", help="batch sizes of the speed comparison")
     p.add_argument("--min-time", type=float, default=1.0, help="seconds of A B A B timing per batch size")

@@ -43,7 +43,6 @@ import numpy as np
 from tqdm import tqdm
 
 from attnzoo.cli import UsageError, add_debug_flag, entry_point
-from attnzoo.zoo import DEFAULT_DATA
 
 __all__ = ["MODELS", "mcnemar_p", "accuracy_row", "speed_rows", "markdown", "main"]
 
@@ -306,12 +305,11 @@ def markdown(result: Mapping[str, Any]) -> str:
 def build_parser() -> argparse.ArgumentParser:
     from attnzoo.export.quantize import DEFAULT_CALIBRATION_COUNT, DEFAULT_CALIBRATION_SEED
 
+    from .int8_accuracy import add_zoo_selection
+
     p = argparse.ArgumentParser(prog="python -m attnzoo.benchmarks.quantized", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--variants", default="all", help="'all' or comma-separated variant names")
-    p.add_argument("--task", choices=("cls", "seg", "all"), default="cls")
-    p.add_argument("--data", default=DEFAULT_DATA, help="zoo data set (zoo/manifest.json)")
-    p.add_argument("--limit", type=int, default=None, help="first N test images only (default: the whole split)")
+    add_zoo_selection(p)
     p.add_argument("--calibration-count", type=int, default=DEFAULT_CALIBRATION_COUNT,
                    help="training images to calibrate on")
     p.add_argument("--seed", type=int, default=DEFAULT_CALIBRATION_SEED, help="seed of the calibration draw")
