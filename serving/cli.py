@@ -24,7 +24,7 @@ from typing import List, Optional
 
 from attnzoo.cli import UsageError, add_debug_flag, entry_point
 
-from .config import BACKENDS, DEFAULT_MAX_BATCH, TASK_CHOICES, ServeConfig, merged, read_config_file
+from .config import BACKENDS, DEFAULT_MAX_BATCH, DTYPES, TASK_CHOICES, ServeConfig, merged, read_config_file
 
 __all__ = ["main", "build_parser"]
 
@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", choices=BACKENDS, help="onnxruntime (default) or openvino on the CPU, or tensorrt "
                                                          "(engines built once per replica's GPU, checked against ONNX "
                                                          "Runtime)")
-    run.add_argument("--dtype", choices=("fp32", "int8"),
+    run.add_argument("--dtype", choices=DTYPES,
                      help="int8: serve only int8 models whose export-model verification report holds ("
                           "files with --models DIR, from export-model --dtype int8; unverified files are skipped "
                           "with the reason); default fp32")
@@ -121,8 +121,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     cfg = config_from_args(args)
     if args.metrics_port is not None and not 1 <= args.metrics_port <= 65535:
         raise UsageError(f"--metrics-port must be in 1..65535, got {args.metrics_port}")
-    from .launch import (check_zoo_selection, deploy, export_pending, local_ray_started, metrics_url, port_problem,
-                         ray_serve_mode, select_models, start_ray, stop, stop_watchdog)
+    from .launch import (check_zoo_selection, deploy, export_pending, metrics_url, port_problem, ray_serve_mode,
+                         select_models, start_ray, stop, stop_watchdog)
 
     if cfg.address is None:
         problem = port_problem(cfg.host, cfg.port)
@@ -131,7 +131,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     started = False
     stop_watchdog()
     with ThreadPoolExecutor(1, thread_name_prefix="attnzoo-select") as pool:
-        try:  # a signal during start-up too ends whatever was started (local_ray_started)
+        try:  # a signal during start-up too: stop() ends whatever ray.init had started
             chosen = None
             if cfg.models is None and cfg.arch is None:  # the zoo: what it lacks is refused before Ray starts,
                 check_zoo_selection(cfg)                  # its first models are verified while Ray starts
@@ -149,7 +149,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             while True:
                 time.sleep(3600)
         finally:
-            stop(started or local_ray_started())
+            stop(started)
 
 
 def _announce(cfg: ServeConfig, selection, url: str, mode: str, metrics: Optional[str]) -> None:

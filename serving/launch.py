@@ -29,7 +29,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 from .config import ServeConfig
 
 __all__ = ["Selection", "select_models", "check_zoo_selection", "export_pending", "random_init_models",
-           "port_problem", "start_ray", "deploy", "stop", "stop_watchdog", "local_ray_started", "STOP_GRACE_S",
+           "port_problem", "start_ray", "deploy", "stop", "stop_watchdog", "STOP_GRACE_S",
            "WATCHDOG_S", "free_port", "metrics_url", "LOCAL_RAY_ENV", "ray_serve_mode"]
 
 #: Environment of a Ray that ``start_ray`` starts (each is only a default: a value already set wins, ``=0``
@@ -401,12 +401,6 @@ def deploy(cfg: ServeConfig, selection: Selection, name: Optional[str] = None) -
 def _ray_initialized() -> bool:
     ray = sys.modules.get("ray")
     return bool(ray is not None and ray.is_initialized())
-
-
-def local_ray_started() -> bool:
-    """Whether this process began starting a local Ray (so :func:`stop` must end it), even if ``ray.init`` was
-    interrupted half-way."""
-    return _LOCAL["started"]
 
 
 #: The environment mark every process of a local Ray inherits, so that :func:`stop` finds them all.
