@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dtype", choices=DTYPES,
                      help="int8: serve only int8 models whose export-model verification report holds ("
                           "files with --models DIR, from export-model --dtype int8; unverified files are skipped "
-                          "with the reason); default fp32")
+                          "with the reason); default fp32: the unquantized files (fp32 and fp16 exports)")
     p.add_argument("--cache-dir", type=Path, help="zoo / random-init exports (default $ATTNZOO_CACHE or "
                                                   "~/.cache/attnzoo)")
     p.add_argument("--metrics-port", type=int, default=None,

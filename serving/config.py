@@ -23,7 +23,8 @@ __all__ = ["ServeConfig", "TASK_CHOICES", "BACKENDS", "DEFAULT_MAX_BATCH", "read
 TASK_CHOICES = ("cls", "seg", "both")
 #: Runtimes a replica can run the verified ONNX with (:func:`attnzoo.serve.backends.load_onnx_dir`).
 BACKENDS = ("onnxruntime", "openvino", "tensorrt")
-#: ``--dtype``: fp32 files, or int8 ones whose export-model verification holds (:func:`attnzoo.runtime.sessions.quantized_problem`).
+#: ``--dtype``: the unquantized files (fp32 and fp16 exports), or int8 ones whose export-model verification holds
+#: (:func:`attnzoo.runtime.sessions.quantized_problem`).
 DTYPES = ("fp32", "int8")
 #: ``max_batch_size`` when none is given, for replicas without / with a GPU. On the CPU, batching does not
 #: pay: ONNX Runtime runs ViT-Ti at 63.9 img/s at batch 1 and 56.8 at batch 8 on one thread
@@ -50,7 +51,8 @@ class ServeConfig:
         max_ongoing_requests: Requests a replica accepts at once (the rest queue in the proxy).
         backend: ``onnxruntime`` or ``openvino`` (CPU), or ``tensorrt`` (engines need a GPU per replica).
         cache_dir: Root of the zoo exports and random-init exports.
-        dtype: ``fp32``, or ``int8``: only the verified int8 files of ``models``.
+        dtype: ``fp32`` (the unquantized files: fp32 and fp16), or ``int8``: only the verified int8 files of
+            ``models``.
     """
 
     host: str = "127.0.0.1"

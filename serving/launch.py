@@ -142,7 +142,7 @@ def _matching(folder: Path, names: Sequence[str], variants: Optional[Sequence[st
     """The attnzoo exports among ``names`` whose variant, task and precision are wanted; files that are not
     attnzoo models, and quantized ones whose verification does not hold, are left out with a warning (the
     replicas' loader would skip them anyway)."""
-    from attnzoo.runtime.sessions import quantized_problem
+    from attnzoo.runtime.sessions import QUANTIZED_DTYPES, quantized_problem
     from attnzoo.fileio import sha256_file
     from attnzoo.models import canonical_name
     from attnzoo.runtime.contract import ModelContract
@@ -158,8 +158,8 @@ def _matching(folder: Path, names: Sequence[str], variants: Optional[Sequence[st
                   file=sys.stderr)
             continue
         seen.append(f"{contract.variant}/{contract.task}" + ("" if contract.dtype == "fp32" else f"/{contract.dtype}"))
-        if contract.dtype != dtype:
-            continue
+        if (contract.dtype if contract.dtype in QUANTIZED_DTYPES else "fp32") != dtype:
+            continue  # fp32 serves the unquantized exports (fp32 and fp16), int8 only int8 files
         problem = quantized_problem(path, contract.dtype)
         if problem:
             print(f"warning: skipping {name}: not served: {problem}", file=sys.stderr)
@@ -467,6 +467,10 @@ def _stop_local_ray() -> None:
     _LOCAL["ready_dirs"] = []
     for key in (*_LOOPBACK_ENV, _OWNER_ENV):  # a later start_ray with --address binds as Ray decides
         os.environ.pop(key, None)
+    for key, value in _OWN_ENV.items():  # the defaults this start set (the wrapper's path among them, now
+        if os.environ.get(key) == value:  # deleted) must not reach a later start, nor a child that would take
+            os.environ.pop(key)           # them for the user's own settings
+    _OWN_ENV.clear()
     _LOCAL["mark"] = None
     if ray is not None and _LOCAL.get("cluster_flag") is not None:
         from ray._private import ray_constants
