@@ -36,6 +36,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from attnzoo.runtime.sessions import QUANTIZED_DTYPES
+
 __all__ = ["QUANT_DTYPES", "ACCURACY_TOLERANCE", "DEFAULT_CALIBRATION_COUNT", "DEFAULT_CALIBRATION_SEED",
            "CALIBRATION_METHODS", "FP8_MIN_COMPUTE_CAPABILITY", "QUANTIZED_OP_TYPES", "QuantizeReport",
            "AccuracyDropError", "QuantizationCheckError", "quantize_unavailable_reason", "modelopt_version",
@@ -44,7 +46,7 @@ __all__ = ["QUANT_DTYPES", "ACCURACY_TOLERANCE", "DEFAULT_CALIBRATION_COUNT", "D
            "quantize_verified", "summary"]
 
 #: Quantized dtypes of ``export-model --dtype`` (ModelOpt's ``quantize_mode``).
-QUANT_DTYPES: Tuple[str, ...] = ("int8", "fp8")
+QUANT_DTYPES: Tuple[str, ...] = QUANTIZED_DTYPES  # the runtime layer's list: one fact
 #: Largest accuracy drop (percentage points: top-1 for classifiers, mIoU for segmenters) of the quantized model
 #: below the fp32 model on the test split that is accepted (the goals of issue 24).
 ACCURACY_TOLERANCE: Dict[str, float] = {"cls": 0.5, "seg": 1.0}
