@@ -129,17 +129,21 @@ def _get_json(url: str, timeout: float = 10.0) -> Dict[str, Any]:
     return r.json()
 
 
-def replica_stats(url: str, replicas: int, tries: int = 40) -> Dict[str, Dict[str, Any]]:
-    """``GET /stats`` until each of ``replicas`` replicas answered once (the router spreads the calls)."""
+def replica_stats(url: str, replicas: int, wait_s: float = 30.0) -> Dict[str, Dict[str, Any]]:
+    """``GET /stats`` until each of ``replicas`` replicas answered once (the router spreads the calls), for at most
+    ``wait_s`` seconds: a replica the controller already counts as running can take a moment more to be routed to
+    (HAProxy reloads its backends), so a fixed number of back-to-back calls could see only the old one."""
     seen: Dict[str, Dict[str, Any]] = {}
-    for _ in range(tries):
+    deadline = time.monotonic() + wait_s
+    while len(seen) < replicas and time.monotonic() < deadline:
         try:
             s = _get_json(f"{url}/stats")
             seen[s["replica"]] = s
         except Exception:  # a replica being replaced: try again
             time.sleep(0.2)
-        if len(seen) >= replicas:
-            break
+            continue
+        if len(seen) < replicas:
+            time.sleep(0.05)
     return seen
 
 
