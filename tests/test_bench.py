@@ -228,10 +228,11 @@ def test_no_flags_is_a_representative_default_that_says_what_it_leaves_out():
     from attnzoo.models import VARIANT_NAMES
 
     s = parse_settings([])
-    assert s.variants == ["standard", "belief2", "wafe-mae", "horizontal-vertical"]  # one per cost family
+    assert s.variants == ["standard", "belief2", "wafe-mae"]  # the cheapest and the two dearest cost families
     assert s.batch_sizes == [1, 8] and list(s.backends) == list(BACKENDS) and s.min_time == 0.5
     left = s.scope["left_out"]
-    assert left[0].startswith(f"{len(VARIANT_NAMES) - 4} of {len(VARIANT_NAMES)} variants (belief, ")
+    assert left[0].startswith(f"{len(VARIANT_NAMES) - 3} of {len(VARIANT_NAMES)} variants (belief, ")
+    assert "horizontal-vertical" in left[0] and "30 s of torch.compile instead of 600" in left
     assert "batch 32" in left and "--all" in scope_line(s.scope) and "--variants all" in scope_line(s.scope)
     full = parse_settings(["--all"])
     assert full.variants == list(VARIANT_NAMES) and full.batch_sizes == [1, 8, 32] and full.min_time == 3.0
