@@ -443,11 +443,12 @@ class _LazyZooRunner:
 
 
 def export_zoo_in_child(data: str, cache_dir: Optional[Path], wanted: Sequence[Tuple[str, str]],
-                        dtype: str = "fp32") -> int:
+                        dtype: str = "fp32", while_running: Optional[Callable[[], None]] = None) -> int:
     """Export (verified, as :func:`export_zoo` does) the zoo models ``wanted`` (``(variant, task)`` pairs) in a
     child process at the lowest CPU priority: its own interpreter, so a torch export never holds the caller's
-    GIL while a request waits. Waits for it and returns its exit code; the child is ended when this process
-    exits (a file is written whole or not at all)."""
+    GIL while a request waits. Waits for it (calling ``while_running`` every 2 s meanwhile, e.g. to publish the
+    models written so far) and returns its exit code; the child is ended when this process exits (a file is
+    written whole or not at all)."""
     import atexit
     import subprocess
 
@@ -460,7 +461,11 @@ def export_zoo_in_child(data: str, cache_dir: Optional[Path], wanted: Sequence[T
     child = subprocess.Popen([sys.executable, "-c", code, args], stdout=subprocess.DEVNULL,
                              preexec_fn=(lambda: nice(19)) if nice else None)
     atexit.register(child.terminate)
-    return child.wait()
+    while True:
+        try:
+            return child.wait(timeout=None if while_running is None else 2.0)
+        except subprocess.TimeoutExpired:
+            while_running()
 
 
 def _prefetch(runners: Sequence[_LazyZooRunner], data: str, cache_dir: Optional[Path]) -> None:

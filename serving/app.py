@@ -319,13 +319,14 @@ class ModelServer:
         return dataclasses.replace(model, run=run)
 
     # ----------------------------------------------------------------------------------------- helpers
-    def _model(self, task: str, name: Optional[str]):
+    async def _model(self, task: str, name: Optional[str]):
         names = [n for t, n in [*self.order, *self.pending] if t == task]
         if not names:
             kind = "classification" if task == "cls" else "segmentation"
             raise HTTPError(404, f"no {kind} models are served here")
         name = name or names[0]
-        if (task, name) in self.pending and not self._load_pending(task, name):
+        # loading (sha256, session, warm-up) runs off the event loop: other requests and health checks go on
+        if (task, name) in self.pending and not await self._in_thread(self._load_pending, task, name):
             raise HTTPError(503, f"model {name!r} is still being exported and verified; retry in a few seconds "
                                  f"(ready now: {', '.join(n for t, n in self.order if t == task)})")
         if (task, name) not in self.models:
@@ -382,7 +383,7 @@ class ModelServer:
         async def work():
             from attnzoo.serve import predict
 
-            served = self._model("cls", model)
+            served = await self._model("cls", model)
             if not 1 <= k <= len(served.class_names):
                 raise HTTPError(400, f"k must be in 1..{len(served.class_names)}, got {k}")
             data = await read_image_upload(request)
@@ -403,7 +404,7 @@ class ModelServer:
             from attnzoo.limits import MAX_SIDE
             from attnzoo.serve import predict
 
-            served = self._model("seg", model)
+            served = await self._model("seg", model)
             if max_side is not None and not 1 <= max_side <= MAX_SIDE:
                 raise HTTPError(400, f"max_side must be in 1..{MAX_SIDE}, got {max_side}")
             data = await read_image_upload(request)
@@ -424,7 +425,7 @@ class ModelServer:
         async def work():
             if task not in ("cls", "seg"):
                 raise HTTPError(404, f"unknown task {task!r}; valid: cls, seg")
-            served = self._model(task, name)
+            served = await self._model(task, name)
             x = _load_npy(await _body(request, MAX_TENSOR_BATCH * 3 * 4 * int(np.prod(served.input_size)) + 1024))
             want = f"float32 (N, 3, {served.input_size[0]}, {served.input_size[1]}) with N in 1..{MAX_TENSOR_BATCH}"
             if (x.dtype != np.float32 or x.ndim != 4 or x.shape[1] != 3 or not 1 <= len(x) <= MAX_TENSOR_BATCH

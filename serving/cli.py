@@ -129,8 +129,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if problem:
             raise UsageError(f"{problem} (choose another --port)")
     started = False
-    stop_watchdog()
-    with ThreadPoolExecutor(1, thread_name_prefix="attnzoo-select") as pool:
+    with stop_watchdog(), ThreadPoolExecutor(1, thread_name_prefix="attnzoo-select") as pool:
         try:  # a signal during start-up too: stop() ends whatever ray.init had started
             chosen = None
             if cfg.models is None and cfg.arch is None:  # the zoo: what it lacks is refused before Ray starts,

@@ -260,22 +260,29 @@ def _zoo_first(data: str, cache: Path, variants: Optional[Sequence[str]], tasks:
 
 def export_pending(selection: Selection, cache_dir: Optional[Path]) -> int:
     """Export the zoo models ``selection`` left pending (verified, as ``export-model`` does: a model that fails
-    is not written) in a child process at the lowest CPU priority, so the server keeps answering; then list every
-    file that is there in ``selection.ready_file`` with its sha256. Returns how many are ready. A signal to
-    this process ends the child too (:func:`stop` ends every process this one started)."""
+    is not written; one that passes is renamed into place whole) in a child process at the lowest CPU priority,
+    so the server keeps answering. Every 2 s, and at the end, every file that is there is listed in
+    ``selection.ready_file`` with its sha256, so each model is served as soon as it is written. Returns how many
+    are ready. A signal to this process ends the child too (:func:`stop` ends every process this one started)."""
     from attnzoo.fileio import atomic_write_text, default_cache_dir, sha256_file
     from attnzoo.serve.backends import export_zoo_in_child
 
+    ready = dict(selection.files)
+
+    def publish() -> None:
+        new = {p["file"]: sha256_file(selection.folder / p["file"]) for p in selection.pending
+               if p["file"] not in ready and (selection.folder / p["file"]).is_file()}
+        if new:
+            ready.update(new)
+            if selection.ready_file is not None:
+                atomic_write_text(selection.ready_file, json.dumps(ready))
+
     code = export_zoo_in_child(selection.data, Path(cache_dir or default_cache_dir()),
-                               [(p["name"], p["task"]) for p in selection.pending])
+                               [(p["name"], p["task"]) for p in selection.pending], while_running=publish)
+    publish()
     if code != 0:
         print(f"warning: exporting the other zoo models failed (exit code {code}); those not written answer 503",
               file=sys.stderr)
-    ready = dict(selection.files)
-    ready.update({p["file"]: sha256_file(selection.folder / p["file"]) for p in selection.pending
-                  if (selection.folder / p["file"]).is_file()})
-    if selection.ready_file is not None:
-        atomic_write_text(selection.ready_file, json.dumps(ready))
     return len(ready)
 
 
@@ -484,21 +491,27 @@ def _stop_local_ray() -> None:
 WATCHDOG_S = 6.0
 
 
-def stop_watchdog() -> None:
-    """Make a signal stop the process even while the main thread is blocked in Ray's C code (``ray.init`` waits
-    up to 30 s for a GCS port that a killed GCS never writes, and Python runs signal handlers only between
+@contextlib.contextmanager
+def stop_watchdog() -> Iterator[None]:
+    """While the ``with`` body runs, a SIGINT/SIGTERM stops the process even if the main thread does not act on
+    it (a handler that only defers the signal, as Ray's do inside ``ray.init``; Python runs handlers only between
     bytecodes). The C-level handler writes the signal to a wakeup pipe at once; a daemon thread reading it gives
-    the normal path (:func:`stop` from the main thread's ``finally``) :data:`WATCHDOG_S`, then ends every
-    process of the local Ray itself and exits with 128 + the signal. Main thread only."""
+    the normal path (:func:`stop` from the main thread's ``finally``) :data:`WATCHDOG_S`, then ends every process
+    of the local Ray itself and exits with 128 + the signal. Leaving the body disarms it and restores the previous
+    wakeup fd, so a process that goes on (a test, an embedding program) keeps its own signal handling. Whether a
+    signal in the GCS-port wait of ``ray.init`` is covered: see the README ("Stopping"). Main thread only."""
     r, w = os.pipe()
     os.set_blocking(w, False)
-    signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    disarmed = threading.Event()
 
     def watch() -> None:
-        data = os.read(r, 1)
-        if not data:
-            return
-        time.sleep(WATCHDOG_S)
+        try:
+            data = os.read(r, 1)
+        finally:
+            os.close(r)
+        if not data or disarmed.wait(WATCHDOG_S):
+            return  # disarmed (the body ended) before the stop needed help
         print(f"warning: still stopping {WATCHDOG_S:g} s after the signal (blocked in Ray); ending its processes",
               file=sys.stderr, flush=True)
         try:
@@ -507,6 +520,12 @@ def stop_watchdog() -> None:
             os._exit(128 + data[0])
 
     threading.Thread(target=watch, name="attnzoo-stop-watchdog", daemon=True).start()
+    try:
+        yield
+    finally:
+        disarmed.set()
+        signal.set_wakeup_fd(previous)
+        os.close(w)  # the watcher reads end-of-file and returns
 
 
 def stop(started_ray: bool, name: Optional[str] = None) -> None:

@@ -108,8 +108,9 @@ def _stop_and_check(proc: subprocess.Popen, sig: int, group: bool, tree: Set[psu
 
 @pytest.mark.slow
 def test_cold_zoo_answers_first_listens_on_loopback_and_sigterm_ends_everything(tmp_path):
-    """From an empty cache: the best shipped models answer while the rest are exported (503 until ready);
-    every listening socket of the tree is on loopback; SIGTERM ends the tree, exit 143."""
+    """From an empty cache: the best shipped models answer while the rest are exported (503 until ready, then
+    served one by one as they are written); every listening socket of the tree is on loopback; SIGTERM ends the
+    tree, exit 143."""
     proc = _start(tmp_path)
     try:
         lines = _wait_for(proc, "serving ")
@@ -125,6 +126,19 @@ def test_cold_zoo_answers_first_listens_on_loopback_and_sigterm_ends_everything(
         assert r.status_code in (200, 503), r.text
         if r.status_code == 503:
             assert "still being exported" in r.json()["error"]
+        # the first model the background child exports is served as soon as it is written (not after all 28)
+        first = listing["pending"][0]
+        route = "classify" if first["task"] == "cls" else "segment"
+        deadline = time.monotonic() + 180
+        while True:
+            r = httpx.post(f"{url}/{route}", params={"model": first["name"]}, files={"file": EXAMPLE.read_bytes()},
+                           timeout=60)
+            if r.status_code != 503 or time.monotonic() > deadline:
+                break
+            time.sleep(2)
+        assert r.status_code == 200 and r.json()["model"] == first["name"], r.text
+        assert first["name"] not in [p["name"] for p in httpx.get(f"{url}/models", timeout=30).json()["pending"]
+                                     if p["task"] == first["task"]]
         tree = _tree(proc.pid)
         sockets = _listening(tree)
         names = {name for _, _, name in sockets}
@@ -191,13 +205,35 @@ def test_the_stop_watchdog_ends_a_process_whose_main_thread_ignores_the_signal(t
     code = ("import signal, sys, time\n"
             "from attnzoo.serving import launch\n"
             "launch.WATCHDOG_S = 0.5\n"
-            "launch.stop_watchdog()\n"
             "signal.signal(signal.SIGTERM, lambda s, f: None)\n"
-            "print('ready', flush=True)\n"
-            "time.sleep(60)\n")
+            "with launch.stop_watchdog():\n"
+            "    print('ready', flush=True)\n"
+            "    time.sleep(60)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
     start = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(20) == 128 + signal.SIGTERM
     assert time.monotonic() - start < 10 and "still stopping" in proc.stderr.read()
+
+
+def test_the_stop_watchdog_is_disarmed_when_its_body_ends():
+    """After the ``with`` body, a signal is the process's own business again: no exit 6 s later (a test process
+    or an embedding program that goes on after serve-models' main)."""
+    code = ("import signal, sys, time\n"
+            "from attnzoo.serving import launch\n"
+            "launch.WATCHDOG_S = 0.3\n"
+            "with launch.stop_watchdog():\n"
+            "    pass\n"
+            "got = []\n"
+            "signal.signal(signal.SIGTERM, lambda s, f: got.append(s))\n"
+            "print('ready', flush=True)\n"
+            "deadline = time.monotonic() + 1.5\n"
+            "while time.monotonic() < deadline:\n"
+            "    time.sleep(0.05)\n"
+            "print('alive', got, flush=True)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 0
+    assert proc.stdout.read().strip() == f"alive [{int(signal.SIGTERM)}]" and "still stopping" not in proc.stderr.read()
