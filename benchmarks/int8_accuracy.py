@@ -40,10 +40,21 @@ EVAL_BATCH = 64
 
 
 def predict_session(sess, images: np.ndarray, batch_size: int = EVAL_BATCH) -> np.ndarray:
-    """Argmax over the class axis of an ONNX session's logits, batch by batch (labels (N,) or masks (N, H, W))."""
+    """Argmax over the class axis of an ONNX session's logits, batch by batch (labels (N,) or masks (N, H, W)).
+
+    Raises:
+        FloatingPointError: a batch's logits are not all finite (an argmax of NaN would still name a class, and
+            the model would be scored as merely inaccurate).
+    """
     name = sess.get_inputs()[0].name
-    return np.concatenate([sess.run(None, {name: images[i:i + batch_size]})[0].argmax(1)
-                           for i in range(0, len(images), batch_size)])
+    preds = []
+    for i in range(0, len(images), batch_size):
+        logits = sess.run(None, {name: images[i:i + batch_size]})[0]
+        if not np.isfinite(logits).all():
+            raise FloatingPointError(f"the ONNX model gives non-finite logits on test images {i}-"
+                                     f"{min(i + batch_size, len(images)) - 1}")
+        preds.append(logits.argmax(1))
+    return np.concatenate(preds)
 
 
 def evaluate_session(sess, images: np.ndarray, targets: np.ndarray, num_classes: int, task: str,

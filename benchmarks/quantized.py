@@ -346,7 +346,8 @@ def _check(a: argparse.Namespace) -> List[int]:
     if not batches:
         raise UsageError("--batch-sizes: none given")
     for flag, v in (("--speed-threads", a.speed_threads), ("--calibration-count", a.calibration_count),
-                    ("--threads", a.threads or 1), ("--limit", a.limit if a.limit is not None else 1)):
+                    ("--threads", a.threads if a.threads is not None else 1),
+                    ("--limit", a.limit if a.limit is not None else 1)):
         if v < 1:
             raise UsageError(f"{flag} must be >= 1, got {v}")
     if not a.min_time > 0:

@@ -118,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the quantized model even when it scores more than the tolerance below fp32 "
                         f"({ACCURACY_TOLERANCE['cls']:g} points top-1, {ACCURACY_TOLERANCE['seg']:g} mIoU)")
     q.add_argument("--eval-limit", type=int, default=None, metavar="N",
-                   help="score on the first N test images only (quick checks; default: the whole test split)")
+                   help="score on the first N test images only (quick checks, not served by serve-demo / serve-models; "
+                        "default: the whole test split)")
     return add_debug_flag(p)
 
 

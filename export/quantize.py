@@ -135,7 +135,11 @@ def fp8_compute_capability_error(compute_capability: Optional[str]) -> Optional[
     """
     from attnzoo.runtime.tensorrt import DEFAULT_COMPUTE_CAPABILITY, gpu_available
 
-    cc = (compute_capability or ("CURRENT" if gpu_available() else DEFAULT_COMPUTE_CAPABILITY)).upper()
+    gpu = gpu_available()
+    cc = (compute_capability or ("CURRENT" if gpu else DEFAULT_COMPUTE_CAPABILITY)).upper()
+    if cc == "CURRENT" and not gpu:
+        return ("--compute-capability CURRENT needs a GPU and none is visible; name one to build ahead of time "
+                "(e.g. SM89)")
     if cc == "CURRENT":
         import torch
 
@@ -518,7 +522,8 @@ def evaluate_onnx(models: Mapping[str, Union[str, Path, onnx.ModelProto]], confi
     Classifiers: top-1 on the test split (Fashion-MNIST: the official 10,000 test images); segmenters: mIoU on
     the test scenes. Data loading, preprocessing and metrics are the training code's
     (:func:`attnzoo.training.data.load_data`, :func:`attnzoo.preprocess.normalize`,
-    :func:`attnzoo.training.train.metrics_from_confusion`) via :func:`attnzoo.benchmarks.int8_accuracy.evaluate_session`.
+    :func:`attnzoo.training.train.metrics_from_confusion`); predictions come from
+    :func:`attnzoo.benchmarks.int8_accuracy.predict_session`, which refuses non-finite logits.
 
     Args:
         models: ``{label: ONNX file or proto}``, e.g. ``{"fp32": ..., "int8": ...}``.
@@ -626,7 +631,7 @@ def quantize_verified(fp32_onnx: Union[str, Path], out: Union[str, Path], config
             ev = evaluate_onnx({"fp32": fp32_onnx, dtype: runnable}, config, limit=eval_limit, threads=threads,
                                progress=progress)
             drop = ev["metrics"]["fp32"] - ev["metrics"][dtype]
-            accuracy = {**ev, "drop": drop, "tolerance": tol, "within_tolerance": drop <= tol,
+            accuracy = {**ev, "limit": eval_limit, "drop": drop, "tolerance": tol, "within_tolerance": drop <= tol,
                         "accepted_drop": bool(accept_accuracy_drop and drop > tol),
                         "runtime": "onnxruntime CPUExecutionProvider",
                         "how": ("the FP8 Q/DQ graph simulated in float ops (simulate_fp8: e4m3 RNE round trip at the "
@@ -663,7 +668,8 @@ def quantize_verified(fp32_onnx: Union[str, Path], out: Union[str, Path], config
             atomic_write_text(failed_report_path(out), json.dumps(report, indent=2) + "\n")
             raise (AccuracyDropError if too_low else QuantizationCheckError)(
                 f"{out.name} not written: {'; '.join(failures[:3])}; see {failed_report_path(out)}")
-        atomic_write_text(report_path(out), json.dumps(report, indent=2) + "\n")
+    # the report after the model: stopped in between, the old report names another SHA-256 and nothing serves it
+    atomic_write_text(report_path(out), json.dumps(report, indent=2) + "\n")
     failed_report_path(out).unlink(missing_ok=True)
     return report
 

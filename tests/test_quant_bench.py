@@ -177,7 +177,7 @@ def test_report_tables_say_who_loses_accuracy():
 @pytest.fixture(scope="module")
 def int8_folder(tmp_path_factory):
     """A folder as export-model leaves it: the zoo's belief2 classifier in fp32 and its verified int8 copy
-    (scored on the first 300 test images), plus int8 files whose verification does not hold."""
+    (scored on the whole test split), plus int8 files whose verification does not hold."""
     import shutil
 
     from attnzoo.export import export_verified
@@ -190,7 +190,7 @@ def int8_folder(tmp_path_factory):
     export_verified(model, fp32, config, batch_sizes=(1,), checkpoint_sha256=sha)
     good = folder / "belief2_int8.onnx"
     q.quantize_verified(fp32, good, config, dtype="int8", calibration=q.calibration_images(config, 64, 0),
-                        calibration_source="64 fashion training images", eval_limit=300)
+                        calibration_source="64 fashion training images")
     report = json.loads(good.with_suffix(".report.json").read_text())
 
     def variant(name, edit=None, model_bytes=None):
@@ -211,6 +211,7 @@ def int8_folder(tmp_path_factory):
     variant("accepted_drop", lambda r: r["accuracy"].update(within_tolerance=False, drop=2.5, accepted_drop=True))
     variant("unscored", lambda r: r.update(accuracy={"measured": False, "warning": "untrained model"}))
     variant("failed", lambda r: r.update(passed=False))
+    variant("limited", lambda r: r["accuracy"].update(limit=300, n_images=300))  # export-model --eval-limit 300
     return folder
 
 
@@ -220,12 +221,13 @@ def test_quantized_problem_names_each_reason(int8_folder):
     assert quantized_problem(int8_folder / "belief2_int8.onnx", "int8") is None
     assert quantized_problem(int8_folder / "belief2_fp32.onnx", "fp32") is None
     reasons = {n: quantized_problem(int8_folder / f"{n}.onnx", "int8")
-               for n in ("no_report", "tampered", "accepted_drop", "unscored", "failed")}
+               for n in ("no_report", "tampered", "accepted_drop", "unscored", "failed", "limited")}
     assert "without its verification report" in reasons["no_report"]
     assert "SHA-256 mismatch" in reasons["tampered"]
     assert "2.50 points below fp32" in reasons["accepted_drop"]
     assert "not scored" in reasons["unscored"]
     assert "passed" in reasons["failed"]
+    assert "only 300 test images" in reasons["limited"]
     assert all("\n" not in r for r in reasons.values())
 
 
@@ -235,7 +237,7 @@ def test_demo_serves_only_verified_int8_models(int8_folder, capsys):
     models = load_models(int8_folder, "onnxruntime", dtype="int8")
     assert [(m.source.rsplit("/", 1)[-1], m.dtype) for m in models] == [("belief2_int8.onnx", "int8")]
     err = capsys.readouterr().err
-    for name in ("no_report", "tampered", "accepted_drop", "unscored", "failed"):
+    for name in ("no_report", "tampered", "accepted_drop", "unscored", "failed", "limited"):
         assert f"skipping {name}.onnx: " in err
     assert "belief2_fp32" not in err  # another precision: left out, not an error
     fp32 = load_models(int8_folder, "onnxruntime", dtype="fp32")
@@ -281,7 +283,7 @@ def test_serve_models_selects_only_verified_int8(int8_folder, capsys):
     sel = select_models(merged({}, {"models": int8_folder, "dtype": "int8"}))
     assert list(sel.files) == ["belief2_int8.onnx"]
     err = capsys.readouterr().err
-    for name in ("no_report", "tampered", "accepted_drop", "unscored", "failed"):
+    for name in ("no_report", "tampered", "accepted_drop", "unscored", "failed", "limited"):
         assert f"skipping {name}.onnx: not served: " in err
     assert list(select_models(merged({}, {"models": int8_folder})).files) == ["belief2_fp32.onnx"]
     with pytest.raises(ValueError, match="dtype int8 serves a models folder"):

@@ -183,7 +183,9 @@ def test_an_accuracy_drop_beyond_the_tolerance_refuses_to_write(zoo_fp32, tmp_pa
     assert out.read_bytes() == b"a good model already there" and report_path(out).read_text() == "its report"
     failed = json.loads(failed_report_path(out).read_text())
     assert failed["passed"] is False and failed["accuracy"]["n_images"] == 300
-    assert failed["accuracy"]["drop"] > -100.0
+    drop = failed["accuracy"]["drop"]
+    assert drop == pytest.approx(failed["accuracy"]["metrics"]["fp32"] - failed["accuracy"]["metrics"]["int8"])
+    assert f"is {drop:.2f} points below fp32" in failed["failures"][0] and failed["accuracy"]["limit"] == 300
     assert not list(tmp_path.glob(".*tmp"))
     # the explicit override writes it, and says so
     report = qz.quantize_verified(path, out, config, dtype="int8", calibration=cal, calibration_source="fashion",
@@ -267,6 +269,15 @@ def test_fp8_below_sm89_is_refused_before_work(tmp_path, monkeypatch, capsys):
     assert not any(tmp_path.iterdir())
     assert qz.fp8_compute_capability_error("SM89") is None and qz.fp8_compute_capability_error("SM120") is None
     assert qz.fp8_compute_capability_error("SM75") is not None
+    # CURRENT without a GPU: the usage line, before torch is asked for a device's capability
+    from attnzoo.runtime import tensorrt as trt_rt
+
+    monkeypatch.setattr(trt_rt, "gpu_available", lambda: False)
+    line = _refused(["--variant", "belief2", "--random-init", "--dtype", "fp8", "--format", "tensorrt",
+                     "--compute-capability", "CURRENT", "--out", str(out)], capsys)
+    assert line == "error: --compute-capability CURRENT needs a GPU and none is visible; name one to build ahead " \
+                   "of time (e.g. SM89)"
+    assert not any(tmp_path.iterdir())
 
 
 def test_quantization_flags_need_a_quantized_dtype(tmp_path, capsys):

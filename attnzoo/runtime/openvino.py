@@ -226,7 +226,8 @@ def nncf_int8(onnx_path: Union[str, Path], out: Union[str, Path], calibration: n
         The report: NNCF version, calibration count, FakeQuantize count, ignored names found / missing, time.
 
     Raises:
-        NNCFCheckError: an ignored op reads a FakeQuantize output, or nothing was quantized (nothing written).
+        NNCFCheckError: none of the ``ignored`` names is an op of the model (nothing could be kept or checked),
+            an ignored op reads a FakeQuantize output, or nothing was quantized (nothing written).
     """
     import logging
 
@@ -241,6 +242,9 @@ def nncf_int8(onnx_path: Union[str, Path], out: Union[str, Path], calibration: n
     model = ov.Core().read_model(str(onnx_path))
     present = {op.get_friendly_name() for op in model.get_ordered_ops()}
     found = [n for n in ignored if n in present]
+    if ignored and not found:  # the check below would then test nothing
+        raise NNCFCheckError(f"none of the {len(ignored)} extra-math op names (e.g. {list(ignored)[0]}) is an op of "
+                             "OpenVINO's model of the ONNX file: the ignored scope cannot be applied or checked")
     kwargs: Dict[str, Any] = {"subset_size": len(calibration)}
     if found:
         kwargs["ignored_scope"] = nncf.IgnoredScope(names=found)
@@ -261,6 +265,7 @@ def nncf_int8(onnx_path: Union[str, Path], out: Union[str, Path], calibration: n
     tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp.xml")
     try:
         ov.save_model(quantized, str(tmp), compress_to_fp16=False)
+        out.unlink(missing_ok=True)  # an .xml that exists has its weights: never an old .xml beside a new .bin
         os.replace(tmp.with_suffix(".bin"), out.with_suffix(".bin"))
         os.replace(tmp, out)
     finally:

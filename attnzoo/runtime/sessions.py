@@ -127,7 +127,8 @@ def quantized_problem(path: Union[str, Path], dtype: str) -> Optional[str]:
     Served only when its ``<model>.report.json`` (written by ``export-model --dtype int8|fp8`` after its checks:
     Q/DQ placement, extra math fp32, finite outputs, test-split accuracy next to fp32) says it passed, names this
     precision, matches the file's SHA-256, and its accuracy was measured and is within the tolerance (a drop
-    accepted with ``--accept-accuracy-drop`` or an unscored ``--random-init`` model is not served). fp32 / fp16
+    accepted with ``--accept-accuracy-drop``, one scored on part of the test split with ``--eval-limit``, or an
+    unscored ``--random-init`` model is not served). fp32 / fp16
     files: always ``None`` (their own verification is the export's).
     """
     import json
@@ -153,6 +154,9 @@ def quantized_problem(path: Union[str, Path], dtype: str) -> Optional[str]:
     acc = rep.get("accuracy") or {}
     if not acc.get("metrics"):
         return f"{path.name} was not scored on a test set ({acc.get('warning') or acc.get('reason') or 'no accuracy'})"
+    if acc.get("limit"):
+        return (f"{path.name} was scored on only {acc.get('n_images')} test images (--eval-limit); export it without "
+                "--eval-limit to serve it")
     if not acc.get("within_tolerance"):
         return (f"{path.name} is {acc.get('drop', float('nan')):.2f} points below fp32 (tolerance "
                 f"{acc.get('tolerance')}; written with --accept-accuracy-drop)")
