@@ -74,8 +74,8 @@ class _FP32LayerNorm(nn.Module):
         super().__init__()
         self.normalized_shape = tuple(norm.normalized_shape)
         self.eps = norm.eps
-        self.weight = None if norm.weight is None else nn.Parameter(norm.weight.detach().float())
-        self.bias = None if norm.bias is None else nn.Parameter(norm.bias.detach().float())
+        self.weight = None if norm.weight is None else nn.Parameter(norm.weight.detach().float().clone())
+        self.bias = None if norm.bias is None else nn.Parameter(norm.bias.detach().float().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(x.float(), self.normalized_shape, self.weight, self.bias, self.eps).to(x.dtype)
@@ -111,15 +111,16 @@ def _keep_fp32(module: nn.Module) -> None:
 
 def _fp16_model(model: nn.Module, extra_scopes: Sequence[str] = ()) -> nn.Module:
     """A half-precision copy of ``model`` whose LayerNorms and extra-math scopes (``<...>.attn.<scope>``, the
-    variant's ``extra_scopes``) run in fp32."""
+    variant's ``extra_scopes``) run in fp32, with ``model``'s own fp32 parameters (not fp16-rounded ones)."""
     half = copy.deepcopy(model).half().eval()
     for name, module in list(half.named_modules()):
         if isinstance(module, nn.LayerNorm):
             parent, _, attr = name.rpartition(".")
-            setattr(half.get_submodule(parent) if parent else half, attr, _FP32LayerNorm(module))
+            setattr(half.get_submodule(parent) if parent else half, attr, _FP32LayerNorm(model.get_submodule(name)))
     for name, module in list(half.named_modules()):
         if any(name == f"attn.{scope}" or name.endswith(f".attn.{scope}") for scope in extra_scopes):
             _keep_fp32(module)
+            module.load_state_dict(model.get_submodule(name).state_dict())  # exact fp32 values
     return half
 
 

@@ -117,15 +117,15 @@ def model_config(variant: str, task: str, arch: str, num_classes: int, img_size:
                  options: Mapping[str, Any], decoder: Optional[str] = None) -> Dict[str, Any]:
     """The JSON-able description from which :func:`create_model` rebuilds a model.
 
-    A variant registered by a plugin package adds ``plugin: {"package", "version"}``, so that loading the
-    checkpoint where the package is missing can say what to install.
+    A variant registered by an installed package (a plugin) adds ``plugin: {"package", "version"}``, so that
+    loading the checkpoint where the package is missing can say what to install.
     """
     cfg = {"variant": variant, "task": task, "arch": arch, "num_classes": int(num_classes),
            "img_size": int(img_size), "options": dict(options)}
     if decoder is not None:
         cfg["decoder"] = decoder
     spec = VARIANTS.get(variant)
-    if spec is not None and not spec.builtin:
+    if spec is not None and not spec.builtin and spec.version:  # an installed distribution, not a script
         cfg["plugin"] = {"package": spec.package, "version": spec.version}
     return cfg
 

@@ -263,7 +263,7 @@ def register_variant(
                          f"got {attn_layer!r}")
     if not isinstance(paper, str) or not paper.strip():
         raise ValueError(f"variant {name!r}: paper must name the source paper (title and link)")
-    package, version = _LOADING[-1] if _LOADING else (attn_layer.__module__.split(".")[0], "")
+    package, version = _LOADING[-1] if _LOADING else _package_of(attn_layer)
     if name in VARIANTS:
         other = VARIANTS[name]
         raise ValueError(f"variant {name!r} from package {package!r} clashes with variant {other.name!r} from "
@@ -276,6 +276,23 @@ def register_variant(
     VARIANTS[name] = spec
     _ORDER.append(name)
     return spec
+
+
+def _package_of(attn_layer: type) -> Tuple[str, str]:
+    """``(distribution, version)`` of the installed package that defines ``attn_layer`` (registered outside an
+    entry point); a module that no installed distribution provides (a script, a notebook: ``__main__``) gives
+    ``(module, "")``, and such a variant's checkpoints record no plugin to install."""
+    top = attn_layer.__module__.split(".")[0]
+    if top == BUILTIN_PACKAGE:
+        return BUILTIN_PACKAGE, ""
+    from importlib.metadata import PackageNotFoundError, packages_distributions, version
+
+    for dist in packages_distributions().get(top, []):
+        try:
+            return dist, version(dist)
+        except PackageNotFoundError:
+            continue
+    return top, ""
 
 
 def load_plugins() -> List[str]:

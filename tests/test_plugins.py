@@ -88,7 +88,7 @@ def test_registered_variant_is_listed_built_and_exported_with_its_scope(registry
     row = [r for r in variants_table("micro").splitlines() if r.startswith("| `tp-gain`")]
     assert len(row) == 1 and "Test paper, https://example.org" in row[0] and "`gain`" in row[0]
     model = create_model("tp-gain", num_classes=3)
-    assert model.attnzoo_config["plugin"] == {"package": spec.package, "version": ""}
+    assert "plugin" not in model.attnzoo_config  # registered by a module no installed distribution provides
     # fp16: the scope's nodes in every block, computing in fp32 (the fp32 export is the slow whole-path test's)
     report = export_verified(model, tmp_path / "g.onnx", model.attnzoo_config, dtype="fp16", batch_sizes=[1])
     assert report["passed"], report["failures"]
@@ -207,6 +207,20 @@ def test_tensorrt_check_covers_every_op_of_a_variants_own_scope():
 
 
 # ------------------------------------------------------------------------------------------------ entry points
+@pytest.fixture
+def only_fake_plugins(monkeypatch):
+    """load_plugins sees only this file's fake distributions (modules ``tp_*``), not plugins the user installed
+    (e.g. ``pip install ./examples/attnzoo-cosine``, whose variant is already registered)."""
+    import importlib.metadata as md
+
+    real = md.entry_points
+
+    def fake(**selection):
+        return md.EntryPoints(ep for ep in real(**selection) if ep.value.startswith("tp_"))
+
+    monkeypatch.setattr(md, "entry_points", fake)
+
+
 def _fake_dist(root: Path, dist: str, version: str, module: str, code: str, entry: str = "register") -> None:
     """An installed distribution as importlib.metadata sees it: a module and a dist-info with the entry point."""
     (root / f"{module}.py").write_text(textwrap.dedent(code))
@@ -238,7 +252,7 @@ def register():
 """
 
 
-def test_plugins_load_and_failures_are_one_warning_each(registry_restored, tmp_path, monkeypatch):
+def test_plugins_load_and_failures_are_one_warning_each(registry_restored, only_fake_plugins, tmp_path, monkeypatch):
     _fake_dist(tmp_path, "tp-good", "1.2", "tp_good", _GOOD.replace("{name}", "tp-half"))
     _fake_dist(tmp_path, "tp-broken", "0.1", "tp_broken", "import not_a_module_anywhere\n")
     _fake_dist(tmp_path, "tp-builtin-clash", "0.1", "tp_builtin_clash", _GOOD.replace("{name}", "belief2"))
@@ -262,7 +276,8 @@ def test_plugins_load_and_failures_are_one_warning_each(registry_restored, tmp_p
     assert VARIANTS["belief2"].package == "attnzoo"
 
 
-def test_checkpoint_records_the_plugin_and_names_it_when_missing(registry_restored, tmp_path, monkeypatch):
+def test_checkpoint_records_the_plugin_and_names_it_when_missing(registry_restored, only_fake_plugins, tmp_path,
+                                                                monkeypatch):
     _fake_dist(tmp_path, "tp-good", "1.2", "tp_good", _GOOD.replace("{name}", "tp-half"))
     monkeypatch.syspath_prepend(str(tmp_path))
     assert load_plugins() == ["tp-half"]
@@ -425,7 +440,9 @@ def test_example_plugin_through_every_command(installed_example, tmp_path):
     _run(["bench-latency", "--variants", "cosine",
           "--backends", "eager,ort-cpu", "--batch-sizes", "1", "--min-time", "0.05", "--out", str(bench),
           "--no-progress"], env, tmp_path)
-    assert "cosine" in "".join(p.read_text() for p in bench.rglob("*.json"))
+    rows = json.loads((bench / "results.json").read_text())["results"]
+    assert [(r["variant"], r["backend"], r["status"]) for r in rows if r["variant"] == "cosine"] == [
+        ("cosine", "eager", "ok"), ("cosine", "ort-cpu", "ok")]
     # the demo lists it (its ONNX files) and the PyTorch backend serves the checkpoint
     listed = _run(["-c", "from pathlib import Path; from attnzoo.serve.backends import load_models; "
                    f"print([m.name for m in load_models(Path({str(models)!r}), backend='onnxruntime')]); "
@@ -442,3 +459,27 @@ def test_example_plugin_through_every_command(installed_example, tmp_path):
     bare = {k: v for k, v in env.items() if k != "PYTHONPATH"}
     missing = _run(["evaluate-model", str(ckpt)], bare, tmp_path, ok=False)
     assert missing.returncode != 0 and "pip install 'attnzoo-cosine==0.1.0'" in missing.stderr
+
+
+def test_fp16_copy_keeps_the_fp32_parameters_of_its_fp32_parts(registry_restored):
+    """The LayerNorms and the extra-math scopes of an fp16 export compute in fp32 with the model's own fp32
+    values, not values rounded to fp16 and back (the built-in scopes have no parameters; a plugin's may)."""
+    from attnzoo.export.onnx_export import _fp16_model
+
+    register_variant("tp-gain", GainAttention, paper="Test paper", extra_scopes=["gain"])
+    torch.manual_seed(0)
+    model = create_model("tp-gain", arch="micro", num_classes=3).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1e-4)  # values fp16 cannot hold exactly
+    half = _fp16_model(model, ("gain",))
+    src, dst = dict(model.named_parameters()), dict(half.named_parameters())
+    norms = {f"{m}.{p}" for m, mod in model.named_modules() if isinstance(mod, nn.LayerNorm)
+             for p, _ in mod.named_parameters(recurse=False)}
+    kept = [n for n in dst if ".attn.gain." in n or n in norms]
+    assert any(".attn.gain." in n for n in kept) and norms and norms <= set(kept)
+    for n in kept:
+        assert dst[n].dtype == torch.float32 and torch.equal(dst[n], src[n]), n
+    rounded = [n for n in dst if n not in kept]
+    assert rounded and all(dst[n].dtype == torch.float16 for n in rounded)
+    assert not torch.equal(dst[rounded[0]].float(), src[rounded[0]])  # the rest is fp16
