@@ -133,13 +133,12 @@ def fp8_compute_capability_error(compute_capability: Optional[str]) -> Optional[
     ``compute_capability`` is a name of :data:`attnzoo.runtime.tensorrt.COMPUTE_CAPABILITIES`; ``None`` is the
     build default (the GPU present, else ``DEFAULT_COMPUTE_CAPABILITY``); ``CURRENT`` asks the GPU.
     """
-    from attnzoo.runtime.tensorrt import DEFAULT_COMPUTE_CAPABILITY, gpu_available
+    from attnzoo.runtime.tensorrt import gpu_available, resolve_compute_capability
 
-    gpu = gpu_available()
-    cc = (compute_capability or ("CURRENT" if gpu else DEFAULT_COMPUTE_CAPABILITY)).upper()
-    if cc == "CURRENT" and not gpu:
-        return ("--compute-capability CURRENT needs a GPU and none is visible; name one to build ahead of time "
-                "(e.g. SM89)")
+    try:
+        cc = resolve_compute_capability(compute_capability, gpu_available())
+    except ValueError as exc:  # an unknown name, or CURRENT without a GPU: the build would refuse it the same way
+        return str(exc)
     if cc == "CURRENT":
         import torch
 

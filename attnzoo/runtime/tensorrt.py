@@ -42,6 +42,7 @@ from .contract import INPUT_NAME, OUTPUT_NAME
 
 __all__ = ["LIBRARIES", "LIBRARY_ENV", "INSTALL_HINT", "COMPUTE_CAPABILITIES", "DEFAULT_COMPUTE_CAPABILITY",
            "TensorRTError", "TensorRTUnavailable", "TensorRTParseError", "Library", "gpu_available",
+           "resolve_compute_capability",
            "load_library", "unavailable_reason", "ParsedNetwork", "parse_onnx", "network_layers",
            "check_network_precision", "profile_batches", "Built", "build", "build_cached", "Engine"]
 
@@ -329,16 +330,27 @@ class Built:
                 "timing_cache": self.timing_cache or "none (TensorRT-RTX: no-op; kernels specialise at run time)"}
 
 
-def _resolve_cc(lib: Library, compute_capability: Optional[str], gpu: bool) -> str:
+def resolve_compute_capability(compute_capability: Optional[str], gpu: bool) -> str:
+    """The build target's name: ``compute_capability`` upper-cased, or by default ``CURRENT`` (the GPU present)
+    with a GPU and :data:`DEFAULT_COMPUTE_CAPABILITY` without.
+
+    Raises:
+        ValueError: an unknown name, or ``CURRENT`` without a GPU (one line).
+    """
     cc = (compute_capability or ("CURRENT" if gpu else DEFAULT_COMPUTE_CAPABILITY)).upper()
     if cc not in COMPUTE_CAPABILITIES:
         raise ValueError(f"unknown compute capability {compute_capability!r}; valid: {', '.join(COMPUTE_CAPABILITIES)}")
-    if not lib.ahead_of_time and cc != "CURRENT":
-        raise ValueError(f"{lib.describe()} builds only for the GPU present (CURRENT), not {cc}; "
-                         "ahead-of-time builds need tensorrt-rtx")
     if cc == "CURRENT" and not gpu:
         raise ValueError(f"compute capability CURRENT needs a GPU and none is visible; "
                          f"name one of {', '.join(COMPUTE_CAPABILITIES[:-1])}")
+    return cc
+
+
+def _resolve_cc(lib: Library, compute_capability: Optional[str], gpu: bool) -> str:
+    cc = resolve_compute_capability(compute_capability, gpu)
+    if not lib.ahead_of_time and cc != "CURRENT":
+        raise ValueError(f"{lib.describe()} builds only for the GPU present (CURRENT), not {cc}; "
+                         "ahead-of-time builds need tensorrt-rtx")
     return cc
 
 
