@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List, Set
+from typing import List, Set, Tuple
 
 import pytest
 
@@ -199,6 +199,16 @@ def test_a_signal_ends_the_whole_tree_within_10_s(shipped_dir, tmp_path, sig, gr
             proc.kill()
 
 
+def _sigterm_when_ready(code: str) -> Tuple[subprocess.Popen, float]:
+    """Run ``code`` in a fresh interpreter, wait for it to print ``ready``, send it SIGTERM; the process and
+    when the signal was sent (``time.monotonic()``)."""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    return proc, sent
+
+
 def test_the_stop_watchdog_ends_a_process_whose_main_thread_ignores_the_signal(tmp_path):
     """A main thread blocked where no handler acts (here: a handler that only returns, as Ray's deferred ones
     do) is ended by the watchdog after WATCHDOG_S, with 128 + the signal."""
@@ -209,10 +219,7 @@ def test_the_stop_watchdog_ends_a_process_whose_main_thread_ignores_the_signal(t
             "with launch.stop_watchdog():\n"
             "    print('ready', flush=True)\n"
             "    time.sleep(60)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "ready"
-    start = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
+    proc, start = _sigterm_when_ready(code)
     assert proc.wait(20) == 128 + signal.SIGTERM
     assert time.monotonic() - start < 10 and "still stopping" in proc.stderr.read()
 
@@ -232,8 +239,6 @@ def test_the_stop_watchdog_is_disarmed_when_its_body_ends():
             "while time.monotonic() < deadline:\n"
             "    time.sleep(0.05)\n"
             "print('alive', got, flush=True)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "ready"
-    proc.send_signal(signal.SIGTERM)
+    proc, _ = _sigterm_when_ready(code)
     assert proc.wait(20) == 0
     assert proc.stdout.read().strip() == f"alive [{int(signal.SIGTERM)}]" and "still stopping" not in proc.stderr.read()
