@@ -45,9 +45,9 @@ def _export(model, form: str, path: Path, threads: int) -> Dict[str, Any]:
     from attnzoo.models import wafe
 
     impl, block = ("broadcast", None) if form == "broadcast" else ("blocked", int(form[len("blocked"):]))
-    layers = [m for m in model.modules() if isinstance(m, wafe.WAFEAttention)]
+    layers = [m for m in model.modules() if isinstance(m, wafe.PairwiseL1)]
     for layer in layers:
-        layer.mae_impl = impl
+        layer.impl = impl
     try:
         # exactly ``block`` queries per block (the default rule would cap the block count instead)
         with mock.patch.object(wafe, "mae_block", (lambda n: block) if block else wafe.mae_block):
@@ -56,7 +56,7 @@ def _export(model, form: str, path: Path, threads: int) -> Dict[str, Any]:
                                    threads=threads)
     finally:
         for layer in layers:
-            layer.mae_impl = "auto"
+            layer.impl = "auto"
 
 
 def time_round_robin(runners: Dict[str, Callable[[], object]], rounds: int,

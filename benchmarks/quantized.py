@@ -37,7 +37,7 @@ import math
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import numpy as np
 from tqdm import tqdm
@@ -257,16 +257,20 @@ def markdown(result: Mapping[str, Any]) -> str:
     """The whole report: machine, command, accuracy table, verdicts, speed table."""
     from .env import cpu_summary
 
-    env = result["environment"]
+    def machine(section: Mapping[str, Any]) -> List[str]:
+        """The CPU a section was measured on (files written before sections kept their own: the run's)."""
+        cpus = section.get("cpus") or [(section.get("environment") or result["environment"])["cpu"]]
+        return [f"CPU: {'; '.join(cpu_summary(c) for c in cpus)}, "
+                f"{'/'.join(str(c.get('usable_cores', '?')) for c in cpus)} usable cores.", ""]
+
     parts = ["# Quantized zoo: accuracy on the test sets and int8 speed on the CPU", "",
-             f"Last command: `{result['command']}`", "",
-             f"CPU: {cpu_summary(env['cpu'])}, {env['cpu'].get('usable_cores', '?')} usable cores.", ""]
+             f"Last command: `{result['command']}`", ""]
     acc = result.get("accuracy")
     if acc:
         rows = acc["rows"]
         n = sorted({r["n_images"] for r in rows})
         parts += ["## Accuracy (ONNX Runtime CPU, percent)", "",
-                  *([f"Measured by `{acc['command']}`.", ""] if acc.get("command") else []),
+                  *([f"Measured by `{acc['command']}`.", ""] if acc.get("command") else []), *machine(acc),
                   f"{acc['data']} test split ({', '.join(map(str, n))} images); calibration: "
                   f"{acc['calibration_count']} training images, seed {acc['seed']}, ModelOpt's default method per "
                   f"dtype. int8: extra math excluded (fp32); int8 xm: extra math quantized too; fp8 sim: ModelOpt's "
@@ -284,7 +288,7 @@ def markdown(result: Mapping[str, Any]) -> str:
     if sp:
         busy = sp["contended"]
         parts += [f"## int8 speed ({sp['variant']}, arch {sp['arch']}, {sp['img_size']} px, {sp['threads']} thread(s))",
-                  "", *([f"Measured by `{sp['command']}`.", ""] if sp.get("command") else []),
+                  "", *([f"Measured by `{sp['command']}`.", ""] if sp.get("command") else []), *machine(sp),
                   f"Random-init model ({sp['gflop_per_image']:.2f} GFLOP per image); both models of a row pass "
                   "the parity gate against eager fp32 (fp32 1e-4; static int8 of a random-init model calibrated on random inputs 0.5, a sanity gate) before they are timed alternately "
                   f"(A B A B, {sp['min_time']:g} s); speed-up = median [Q1, Q3] of per-pair fp32/int8 ratios. Ceiling: "
@@ -302,6 +306,32 @@ def markdown(result: Mapping[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ CLI
+def _unique(items: Sequence[Any]) -> List[Any]:
+    out: List[Any] = []
+    for item in items:
+        if item not in out:
+            out.append(item)
+    return out
+
+
+def _kept_accuracy(old: Optional[Mapping[str, Any]], settings: Mapping[str, Any],
+                   measured: Set[Tuple[str, str]]) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+    """``--accuracy-only``: the earlier run's rows of the models not measured now, and the CPUs they were
+    measured on; none when that run used other settings (data, limit, calibration), whose rows would be
+    reported under this run's settings."""
+    if not old:
+        return [], []
+    differ = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
+    if differ:
+        print("note: the rows of the earlier run in --out are not kept: it used other settings ("
+              + ", ".join(f"{k} {was} -> {now}" for k, (was, now) in differ.items()) + ")", file=sys.stderr)
+        return [], []
+    kept = [r for r in old.get("rows", []) if (r["variant"], r["task"]) not in measured]
+    if not kept:
+        return [], []
+    return kept, old.get("cpus") or [old["environment"]["cpu"]]
+
+
 def build_parser() -> argparse.ArgumentParser:
     from attnzoo.export.quantize import DEFAULT_CALIBRATION_COUNT, DEFAULT_CALIBRATION_SEED
 
@@ -384,6 +414,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     writable_dir(cache, "--cache-dir folder")
     old_path = a.out / "quantized.json"
     old = json.loads(old_path.read_text()) if old_path.is_file() and (a.timing_only or a.accuracy_only) else {}
+    for section in ("accuracy", "speed"):  # files from before sections kept their own machine: the run's
+        if old.get(section) and "environment" not in old[section]:
+            old[section]["environment"] = old["environment"]
     env = environment()
     result: Dict[str, Any] = {"command": shlex.join(["python", "-m", "attnzoo.benchmarks.quantized", *argv]),
                               "environment": env, "accuracy": old.get("accuracy"), "speed": old.get("speed")}
@@ -395,18 +428,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                      threads=a.threads))
             # the rows so far, kept if a later model fails or the run is stopped (the report is written at the end)
             atomic_write_text(a.out / "quantized.partial.json", json.dumps(rows, indent=1) + "\n")
-        new = {(r["variant"], r["task"]) for r in rows}  # --accuracy-only keeps the other models' rows
-        rows += [r for r in (old.get("accuracy") or {}).get("rows", []) if (r["variant"], r["task"]) not in new]
-        result["accuracy"] = {"data": a.data, "limit": a.limit, "calibration_count": a.calibration_count,
-                              "seed": a.seed, "load_start": start, "load_end": load_average(), "rows": rows,
-                              "command": result["command"]}
+        settings = {"data": a.data, "limit": a.limit, "calibration_count": a.calibration_count, "seed": a.seed}
+        kept, cpus = _kept_accuracy(old.get("accuracy"), settings, {(r["variant"], r["task"]) for r in rows})
+        result["accuracy"] = {**settings, "load_start": start, "load_end": load_average(), "rows": rows + kept,
+                              "command": result["command"], "environment": env,
+                              "cpus": _unique([env["cpu"], *cpus])}
     if not a.accuracy_only:
         start = load_average()
         speed = speed_rows(a.speed_arch, speed_variant, batches, a.speed_threads, a.min_time, cache,
                            progress=not a.no_progress)
         end = load_average()
         speed.update(load_start=start, load_end=end, contended=_contended(start, end, a.speed_threads),
-                     command=result["command"])
+                     command=result["command"], environment=env)
         result["speed"] = speed
     md = markdown(result)
     atomic_write_text(a.out / "quantized.json", json.dumps(result, indent=1) + "\n")

@@ -23,7 +23,7 @@ from .standard import StandardAttention
 from .wafe import WAFEAttention
 
 __all__ = ["VariantSpec", "VARIANTS", "VARIANT_NAMES", "BUILTIN_VARIANTS", "ALIASES", "BUILTIN_PACKAGE",
-           "ENTRY_POINT_GROUP", "PROJECTION_OPS", "PluginWarning", "register_variant", "load_plugins", "canonical_name",
+           "ENTRY_POINT_GROUP", "PROJECTION_OPS", "KEY_NORM_OPS", "PluginWarning", "register_variant", "load_plugins", "canonical_name",
            "split_options", "attention_class", "create_attention", "TIMM_ATTN_KWARGS"]
 
 #: The distribution the built-in variants come from.
@@ -37,6 +37,9 @@ TIMM_ATTN_KWARGS: Dict[str, Any] = dict(qkv_bias=True, qk_norm=False, scale_norm
 #: Minimum op counts of one orthogonal-projection scope (``OrthogonalProjection``: two inner products as
 #: ``Mul`` + ``ReduceSum``, ``Add`` eps, ``Div``, ``Mul`` coef * v, ``Sub``).
 PROJECTION_OPS: Mapping[str, int] = {"Mul": 3, "ReduceSum": 2, "Add": 1, "Div": 1, "Sub": 1}
+#: Minimum op counts of one MSE key-norm scope (``KeyNormBias``: ``Mul`` k * k, ``ReduceSum``, ``Mul`` by
+#: sign / d).
+KEY_NORM_OPS: Mapping[str, int] = {"Mul": 2, "ReduceSum": 1}
 _PROBE_DIM, _PROBE_HEADS, _PROBE_SHAPE = 32, 2, (2, 5, 32)
 _NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]*")
 
@@ -329,6 +332,8 @@ def load_plugins() -> List[str]:
 def _register_builtins() -> None:
     projection = {"projection": PROJECTION_OPS}
     head_projection = {"head_projection": PROJECTION_OPS}
+    key_norm = {"key_norm": KEY_NORM_OPS}  # MSE: the ||k||^2 term of the squared distance (eq. 3-4)
+    distance = {"distance": None}  # MAE: the pairwise L1 distances (eq. 5-6); ops depend on mae_impl
     mab_model = {"parallel": False, "pr": False}
     eps = {"eps": DEFAULT_EPS}
     for name, cls, opts, model, paper, eqs, extra, scopes in [
@@ -344,12 +349,12 @@ def _register_builtins() -> None:
         ("mabvit-gelu", MABViTAttention, {"value_act": "gelu"}, mab_model, _MAB, "Modified Attention Block (GELU)",
          "none; pr: MLP 3D", {}),
         ("anti-wafe-dot", WAFEAttention, {"score": "dot", "anti": True}, {}, _WAFE, "eq. 2", "none", {}),
-        ("wafe-mse", WAFEAttention, {"score": "mse", "anti": False}, {}, _WAFE, "eq. 3", "none", {}),
-        ("anti-wafe-mse", WAFEAttention, {"score": "mse", "anti": True}, {}, _WAFE, "eq. 4", "none", {}),
+        ("wafe-mse", WAFEAttention, {"score": "mse", "anti": False}, {}, _WAFE, "eq. 3", "none", key_norm),
+        ("anti-wafe-mse", WAFEAttention, {"score": "mse", "anti": True}, {}, _WAFE, "eq. 4", "none", key_norm),
         ("wafe-mae", WAFEAttention, {"score": "mae", "anti": False, "mae_impl": "auto"}, {}, _WAFE, "eq. 5",
-         "none", {}),
+         "none", distance),
         ("anti-wafe-mae", WAFEAttention, {"score": "mae", "anti": True, "mae_impl": "auto"}, {}, _WAFE, "eq. 6",
-         "none", {}),
+         "none", distance),
         ("horizontal", HVAttention, {"horizontal": True, "vertical": False}, {}, _HV, "eq. 5-6",
          "W^A1 (d x d), W^A2 (D x d), w^B, b^B", {}),
         ("vertical", HVAttention, {"horizontal": False, "vertical": True, "reduction": 4}, {}, _HV, "eq. 7-8",

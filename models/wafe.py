@@ -28,6 +28,15 @@ product computes them). Eager PyTorch uses ``torch.cdist(p=1)``. The ONNX export
 ``mae_impl="broadcast"`` keeps the direct ``|q_i - k_j|`` broadcast (``Sub``, ``Abs``, ``ReduceSum``) for
 comparison. In fp16/bf16 the blocked distance is computed in fp32 (the subtraction of the token sums would
 otherwise lose the small distances of large, similar vectors).
+
+The distance math is the variant's extra math (``attnzoo.models.register_variant``'s ``extra_scopes``), kept in
+its own sub-module so that an export names its ops ``blocks.N.attn.<scope>/...``; they stay fp32 in fp16
+exports and unquantized in int8/fp8 ones:
+
+- MAE: ``distance`` (:class:`PairwiseL1`), the pairwise L1 distances of eq. 5-6, all of them;
+- MSE: ``key_norm`` (:class:`KeyNormBias`), the per-key term ``±||k_j||^2 / d`` that turns the fused kernel's
+  dot product into the squared distance of eq. 3-4. The ``q.k`` term is the kernel's own product, the same
+  op as in standard attention, and is quantized as there.
 """
 
 from __future__ import annotations
@@ -35,11 +44,12 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from torch import nn
 
 from .standard import StandardAttention
 
-__all__ = ["WAFEAttention", "SCORE_CHOICES", "MAE_IMPLS", "MAE_BLOCK", "MAE_MAX_BLOCKS", "mae_block",
-           "pairwise_l1"]
+__all__ = ["WAFEAttention", "PairwiseL1", "KeyNormBias", "SCORE_CHOICES", "MAE_IMPLS", "MAE_BLOCK",
+           "MAE_MAX_BLOCKS", "mae_block", "pairwise_l1"]
 
 SCORE_CHOICES = ("dot", "mse", "mae")
 #: How MAE scores compute the pairwise L1 distance (``auto``: ``cdist`` in eager, ``blocked`` in ONNX export).
@@ -88,6 +98,57 @@ def pairwise_l1(q: torch.Tensor, k: torch.Tensor, block: Optional[int] = None) -
     return dist.to(dtype)
 
 
+class PairwiseL1(nn.Module):
+    """Pairwise L1 distances ``sum_c |q_ic - k_jc|`` of queries and keys (eq. 5-6), (B, M, Nq, Nk).
+
+    Args:
+        impl: ``auto`` (``cdist`` in eager, ``blocked`` while exporting to ONNX), ``cdist``, ``blocked``
+            (:func:`pairwise_l1`) or ``broadcast`` (the direct ``|q_i - k_j|`` tensor).
+    """
+
+    def __init__(self, impl: str = "auto") -> None:
+        super().__init__()
+        if impl not in MAE_IMPLS:
+            raise ValueError(f"unknown mae_impl {impl!r}; valid: {', '.join(MAE_IMPLS)}")
+        self.impl = impl
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        impl = self.impl
+        if impl == "auto":
+            impl = "blocked" if torch.onnx.is_in_onnx_export() else "cdist"
+        if impl == "cdist":
+            return torch.cdist(q, k, p=1.0)
+        if impl == "blocked":
+            return pairwise_l1(q, k)
+        return (q.unsqueeze(-2) - k.unsqueeze(-3)).abs().sum(dim=-1)
+
+    def extra_repr(self) -> str:
+        return f"impl={self.impl}"
+
+
+class KeyNormBias(nn.Module):
+    """The per-key term ``sign * ||k_j||^2 / d`` of the MSE scores (eq. 3-4), (B, M, 1, Nk).
+
+    Summed in at least fp32 (``||k||^2`` of a 64-channel head passes fp16's 65504 for entries near 32) and
+    returned in ``k``'s dtype, the dtype the fused kernel's additive mask must have.
+
+    Args:
+        sign: ``-1`` for WAFE (eq. 3), ``+1`` for anti-WAFE (eq. 4).
+    """
+
+    def __init__(self, sign: float) -> None:
+        super().__init__()
+        self.sign = float(sign)
+
+    def forward(self, k: torch.Tensor) -> torch.Tensor:
+        k32 = k.to(torch.promote_types(k.dtype, torch.float32))
+        d = k.shape[-1]
+        return ((self.sign / d) * (k32 * k32).sum(dim=-1).unsqueeze(-2)).to(k.dtype)
+
+    def extra_repr(self) -> str:
+        return f"sign={self.sign:+g}"
+
+
 class WAFEAttention(StandardAttention):
     """Attention with WAFE scores.
 
@@ -108,7 +169,10 @@ class WAFEAttention(StandardAttention):
         super().__init__(dim, num_heads=num_heads, **kwargs)
         self.score = score
         self.anti = bool(anti)
-        self.mae_impl = mae_impl
+        if score == "mse":
+            self.key_norm = KeyNormBias(1.0 if self.anti else -1.0)
+        elif score == "mae":
+            self.distance = PairwiseL1(mae_impl)
 
     def _scores_attention(self, x, q, k, v, attn_mask: Optional[torch.Tensor], is_causal: bool):
         sign = 1.0 if self.anti else -1.0  # WAFE: -distance; anti-WAFE: +distance
@@ -117,23 +181,13 @@ class WAFEAttention(StandardAttention):
             return self._sdpa(-q if self.anti else q, k, v, attn_mask, is_causal)
         if self.score == "mse":
             # sign * ||q - k||^2 / d  ==  (-2 sign) q.k / d + sign ||k||^2 / d  (+ a per-row constant)
-            key_bias = (sign / d) * (k * k).sum(dim=-1).unsqueeze(-2)  # (B, M, 1, N)
+            key_bias = self.key_norm(k)  # (B, M, 1, N)
             if attn_mask is not None:
                 key_bias = key_bias + (torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(
                     ~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else attn_mask)
             # Keep the kernel's scale positive (torch's ONNX decomposition takes sqrt(scale)): flip q instead.
             return self._sdpa(-q if self.anti else q, k, v, key_bias, is_causal, scale=2.0 / d)
-        # mae
-        impl = self.mae_impl
-        if impl == "auto":
-            impl = "blocked" if torch.onnx.is_in_onnx_export() else "cdist"
-        if impl == "cdist":
-            dist = torch.cdist(q, k, p=1.0)
-        elif impl == "blocked":
-            dist = pairwise_l1(q, k)
-        else:
-            dist = (q.unsqueeze(-2) - k.unsqueeze(-3)).abs().sum(dim=-1)
-        return self._softmax_attend((sign / d) * dist, v, attn_mask, is_causal)
+        return self._softmax_attend((sign / d) * self.distance(q, k), v, attn_mask, is_causal)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", score={self.score}, anti={self.anti}"

@@ -25,10 +25,16 @@ DEPTH = ARCHS["micro"]["depth"]
 SEG_HW = (24, 40)  # non-square, not the training size
 CONTRACT_KEYS = {"attnzoo.config", "variant", "task", "arch", "options", "class_names", "input_size", "mean",
                  "std", "eps", "attnzoo_version", "checkpoint_sha256", "dtype"}
-# The orthogonal-projection sub-modules of the projection variants (the papers' extra math), written out here
-# so that the registry's extra_scopes are checked against them.
-PROJECTION_MODULES = {"belief": ("projection",), "belief-star": ("projection", "head_projection"),
-                      "exclusive": ("head_projection",), "belief2": ("projection",)}
+# The extra-math sub-modules of the built-ins (the papers' extra math) and the ops each must export, written out
+# here so that the registry's extra_scopes are checked against them: the orthogonal projections, MSE's key-norm
+# term and MAE's pairwise L1 distances (the blocked export: maxima and the channel-sum MatMul).
+PROJ = {"Mul": 3, "ReduceSum": 2, "Add": 1, "Div": 1, "Sub": 1}
+KEY_NORM = {"Mul": 2, "ReduceSum": 1}
+MAE_DISTANCE = {"Max": 1, "MatMul": 1, "Sub": 2}
+PROJECTION_MODULES = {"belief": {"projection": PROJ}, "belief-star": {"projection": PROJ, "head_projection": PROJ},
+                      "exclusive": {"head_projection": PROJ}, "belief2": {"projection": PROJ}}
+EXTRA_MODULES = {**PROJECTION_MODULES, "wafe-mse": {"key_norm": KEY_NORM}, "anti-wafe-mse": {"key_norm": KEY_NORM},
+                 "wafe-mae": {"distance": MAE_DISTANCE}, "anti-wafe-mae": {"distance": MAE_DISTANCE}}
 PROJECTION_VARIANTS = tuple(PROJECTION_MODULES)
 VARIANT_NAMES = BUILTIN_VARIANTS
 # The fast set: standard and every projection variant; the full matrix runs with -m slow.
@@ -66,22 +72,24 @@ def exported(tmp_path_factory):
     return get
 
 
-def test_builtin_extra_scopes_are_the_projections():
-    assert {n: VARIANTS[n].extra_scopes for n in BUILTIN_VARIANTS if VARIANTS[n].extra_scopes} == PROJECTION_MODULES
+def test_builtin_extra_scopes_are_the_papers_extra_math():
+    assert {n: VARIANTS[n].extra_scopes for n in BUILTIN_VARIANTS if VARIANTS[n].extra_scopes} == {
+        n: tuple(m) for n, m in EXTRA_MODULES.items()}
     for name, modules in PROJECTION_MODULES.items():
-        assert all(dict(VARIANTS[name].required_ops(m)) == dict(REQUIRED_OPS) for m in modules)
-    assert dict(REQUIRED_OPS) == {"Mul": 3, "ReduceSum": 2, "Add": 1, "Div": 1, "Sub": 1}
+        assert all(dict(VARIANTS[name].required_ops(m)) == PROJ for m in modules)
+    assert dict(REQUIRED_OPS) == PROJ
+    assert all(dict(VARIANTS[n].required_ops("key_norm")) == KEY_NORM for n in ("wafe-mse", "anti-wafe-mse"))
 
 
 def _assert_projection_found(report, variant, task):
     proj = report["projection"]
     assert proj["ok"], proj["failures"]
     prefix = "encoder.blocks" if task == "seg" else "blocks"
-    modules = PROJECTION_MODULES.get(variant, ())
+    modules = EXTRA_MODULES.get(variant, {})
     expected = {f"{prefix}.{i}.attn.{m}" for i in range(DEPTH) for m in modules}
     assert set(proj["blocks"]) == expected
     for scope, found in proj["blocks"].items():
-        for op, need in REQUIRED_OPS.items():
+        for op, need in modules[scope.split(".attn.")[1]].items():
             assert found["ops"].get(op, 0) >= need, (scope, op)
         assert all(name.startswith(scope + "/") for name in found["nodes"])
 

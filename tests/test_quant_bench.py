@@ -173,6 +173,35 @@ def test_report_tables_say_who_loses_accuracy():
     assert "measured under load" in markdown(result)
 
 
+def test_accuracy_only_keeps_earlier_rows_only_under_the_same_settings_and_names_their_cpu(capsys):
+    """--accuracy-only merges the earlier run's rows of the models not measured now only when that run used the
+    same data, limit and calibration, and each section names the CPU it was measured on."""
+    from attnzoo.benchmarks.quantized import _kept_accuracy, markdown
+
+    cpu_a = {"model": "CPU A", "key_flags": ["avx2"], "usable_cores": 2}
+    cpu_b = {"model": "CPU B", "key_flags": ["avx2", "avx512_vnni"], "usable_cores": 2}
+    settings = {"data": "fashion", "limit": None, "calibration_count": 512, "seed": 0}
+    old = {**settings, "environment": {"cpu": cpu_a},
+           "rows": [_row("standard", {"fp32": 89.6, "int8": 89.3, "fp8": 89.5}),
+                    _row("belief", {"fp32": 89.0, "int8": 88.9, "int8 xm": 88.9, "fp8": 88.9}, False)]}
+    kept, cpus = _kept_accuracy(old, settings, {("standard", "cls")})
+    assert [r["variant"] for r in kept] == ["belief"] and cpus == [cpu_a]
+    assert _kept_accuracy(old, {**settings, "calibration_count": 64}, set()) == ([], [])
+    assert "calibration_count 512 -> 64" in capsys.readouterr().err
+    assert _kept_accuracy(old, settings, {("standard", "cls"), ("belief", "cls")}) == ([], [])
+
+    speed = {"variant": "standard", "arch": "small", "img_size": 224, "threads": 1, "gflop_per_image": 9.2,
+             "min_time": 3.0, "ceiling": {"fp32": {"gflops": 70.0}, "int8": {"gops": 250.0}}, "load_start": [0.2],
+             "load_end": [0.3], "contended": False, "rows": [], "fastest_int8": {}, "skipped": {},
+             "environment": {"cpu": cpu_a}}
+    accuracy = {**settings, "load_start": [1.0], "load_end": [1.0], "rows": [_row("standard", {"fp32": 89.6,
+                "int8": 89.3, "fp8": 89.5}), *kept], "environment": {"cpu": cpu_b}, "cpus": [cpu_b, *cpus]}
+    md = markdown({"command": "c", "environment": {"cpu": cpu_b}, "accuracy": accuracy, "speed": speed})
+    acc_part, speed_part = md.split("## int8 speed")
+    assert "CPU: CPU B (avx2, avx512_vnni" in acc_part and "; CPU A (avx2" in acc_part
+    assert "CPU: CPU A (avx2" in speed_part and "CPU B" not in speed_part
+
+
 # ------------------------------------------------------------------------------------------ serving int8
 @pytest.fixture(scope="module")
 def int8_folder(tmp_path_factory):

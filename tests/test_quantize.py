@@ -337,28 +337,65 @@ def test_simulate_fp8_matches_an_e4m3_round_trip():
 
 
 # ------------------------------------------------------------------------------------------------ TensorRT
+#: Built in the default run: belief2 (the projection) and wafe-mae (the pairwise L1 distances); every other
+#: variant's int8 and fp8 engines are built with -m slow (CI runs both).
+TRT_FAST = ("belief2", "wafe-mae")
+
+
+@pytest.fixture(scope="module")
+def fp32_of(fp32, tmp_path_factory):
+    """A verified fp32 export of an untrained micro classifier of any variant (belief2's is ``fp32``)."""
+    from attnzoo.export.cli import load_for_export
+
+    root = tmp_path_factory.mktemp("fp32-variants")
+    cache = {"belief2": fp32}
+
+    def get(variant):
+        if variant not in cache:
+            model, config, _ = load_for_export(variant, "cls", "micro", random_init=True)
+            path = root / f"{variant}.onnx"
+            export_verified(model, path, config, batch_sizes=(1, 8))
+            cache[variant] = (path, config)
+        return cache[variant]
+
+    return get
+
+
+def _trt_matrix():
+    from attnzoo.models import BUILTIN_VARIANTS
+
+    return [pytest.param(v, d, marks=[] if v in TRT_FAST else [pytest.mark.slow], id=f"{v}-{d}")
+            for v in BUILTIN_VARIANTS for d in ("int8", "fp8")]
+
+
 @pytest.mark.tensorrt
-@pytest.mark.parametrize("dtype", ["int8", "fp8"])
-def test_tensorrt_builds_the_qdq_graph_with_the_extra_math_fp32(fp32, dtype, tmp_path):
+@pytest.mark.parametrize("variant,dtype", _trt_matrix())
+def test_tensorrt_builds_the_qdq_graph_with_the_extra_math_fp32(fp32_of, variant, dtype, tmp_path):
+    """Every variant's int8 and fp8 Q/DQ graph builds for SM89 (no GPU needed) with its extra math fp32 and
+    no extra-math layer reading a DequantizeLinear, while some MatMuls do."""
     from attnzoo.export.tensorrt import STATUS_BUILT, build_engine, tensorrt_unavailable_reason
+    from attnzoo.models import ARCHS, VARIANTS
     from attnzoo.runtime.tensorrt import gpu_available
 
     reason = tensorrt_unavailable_reason(run=False)
     assert reason is None, reason
-    path, config = fp32
-    onnx_q = tmp_path / f"b2_{dtype}.onnx"
+    path, config = fp32_of(variant)
+    onnx_q = tmp_path / f"{variant}_{dtype}.onnx"
     qz.quantize_verified(path, onnx_q, config, dtype=dtype, calibration=qz.random_calibration((32, 32), 16),
                          calibration_source="random", measure_accuracy=False)
-    engine = tmp_path / f"b2_{dtype}.engine"
+    engine = tmp_path / f"{variant}_{dtype}.engine"
     report = build_engine(onnx_q, engine, batch_sizes=(1, 8), compute_capability="SM89")
-    assert engine.stat().st_size > 0 and report["passed"]
+    assert engine.stat().st_size > 0 and report["passed"], report.get("failures")
     net = report["network_check"]
-    assert net["projection_blocks"] == 4 and all(b["fp32"] == b["layers"] > 0 for b in net["blocks"].values())
+    scopes = VARIANTS[variant].extra_scopes
+    assert net["extra_scopes"] == sorted(scopes)
+    assert net["projection_blocks"] == ARCHS["micro"]["depth"] * len(scopes)
+    assert all(b["fp32"] == b["layers"] > 0 for b in net["blocks"].values())
     quantized = net["quantized"]
     assert quantized["matmuls_fed_by_dequantize"] and quantized["extra_math_layers_fed_by_dequantize"] == []
     if not gpu_available():
         assert report["status"] == STATUS_BUILT
-    if dtype == "fp8":  # the API refuses it too, before parsing
+    if dtype == "fp8" and variant == "belief2":  # the API refuses it too, before parsing
         with pytest.raises(ValueError, match="SM89 or newer"):
             build_engine(onnx_q, tmp_path / "old.engine", batch_sizes=(1, 8), compute_capability="SM86")
         assert not (tmp_path / "old.engine").exists()
