@@ -71,9 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "(engines built once per replica's GPU, checked against ONNX "
                                                          "Runtime)")
     run.add_argument("--dtype", choices=DTYPES,
-                     help="int8: serve only int8 models whose export-model verification report holds ("
-                          "files with --models DIR, from export-model --dtype int8; unverified files are skipped "
-                          "with the reason); default fp32: the unquantized files (fp32 and fp16 exports)")
+                     help="int8: serve only int8 models whose export-model verification report holds (the "
+                          "zoo's, quantized and scored on their test split once into the cache; or the files of "
+                          "--models DIR from export-model --dtype int8, unverified ones skipped with the reason); "
+                          "default fp32: the unquantized files (fp32 and fp16 exports)")
     p.add_argument("--cache-dir", type=Path, help="zoo / random-init exports (default $ATTNZOO_CACHE or "
                                                   "~/.cache/attnzoo)")
     p.add_argument("--metrics-port", type=int, default=None,

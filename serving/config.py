@@ -51,8 +51,8 @@ class ServeConfig:
         max_ongoing_requests: Requests a replica accepts at once (the rest queue in the proxy).
         backend: ``onnxruntime`` or ``openvino`` (CPU), or ``tensorrt`` (engines need a GPU per replica).
         cache_dir: Root of the zoo exports and random-init exports.
-        dtype: ``fp32`` (the unquantized files: fp32 and fp16), or ``int8``: only the verified int8 files of
-            ``models``.
+        dtype: ``fp32`` (the unquantized files: fp32 and fp16), or ``int8``: only verified int8 files (the
+            zoo's int8 copies, made and verified in the cache, or those of ``models``).
     """
 
     host: str = "127.0.0.1"
@@ -109,10 +109,9 @@ class ServeConfig:
                 raise ValueError(f"{key} {why}, got {getattr(self, key)!r}")
         if self.models is not None and self.arch is not None:
             raise ValueError("models (a folder) and arch (random-init models) exclude each other")
-        if self.dtype == "int8" and self.models is None:
-            raise ValueError("dtype int8 serves a models folder of export-model --dtype int8 files (each served only "
-                             "when its verification report holds); random-init models have no test set to verify "
-                             "int8 on, and the zoo's int8 copies are served by serve-demo --dtype int8")
+        if self.dtype == "int8" and self.arch is not None:
+            raise ValueError("dtype int8 serves verified int8 models (the zoo's, or a models folder of export-model "
+                             "--dtype int8 files); random-init models have no test set to verify int8 on")
         if self.dtype == "int8" and self.backend == "tensorrt":
             raise ValueError("dtype int8 is served on the CPU runtimes (onnxruntime, openvino), not tensorrt")
         return self

@@ -134,6 +134,7 @@ class Selection:
     files: Dict[str, str]
     pending: List[Dict[str, str]] = field(default_factory=list)
     data: str = ""
+    dtype: str = "fp32"
     ready_file: Optional[Path] = None
 
 
@@ -223,7 +224,7 @@ def select_models(cfg: ServeConfig) -> Selection:
         print(f"warning: --arch {cfg.arch}: serving UNTRAINED models with random weights; their predictions are "
               "meaningless (use them to measure serving, not accuracy)", file=sys.stderr)
         return random_init_models(cfg.arch, variants or ["standard"], cfg.tasks or ["cls"], cache)
-    return _zoo_first(cfg.data, cache, variants, cfg.tasks)
+    return _zoo_first(cfg.data, cache, variants, cfg.tasks, cfg.dtype)
 
 
 def check_zoo_selection(cfg: ServeConfig) -> None:
@@ -234,9 +235,12 @@ def check_zoo_selection(cfg: ServeConfig) -> None:
     _zoo_rows(cfg.data, [canonical_name(v) for v in cfg.variants] if cfg.variants else None, cfg.tasks)
 
 
-def _zoo_first(data: str, cache: Path, variants: Optional[Sequence[str]], tasks: Optional[Sequence[str]]) -> Selection:
+def _zoo_first(data: str, cache: Path, variants: Optional[Sequence[str]], tasks: Optional[Sequence[str]],
+               dtype: str = "fp32") -> Selection:
     """The zoo models to serve at once: per task, the best wanted model the zoo ships as ONNX (verified and
-    copied in seconds), else the first wanted one (exported now); the other wanted models are ``pending``."""
+    copied in seconds), else the first wanted one (exported now); the other wanted models are ``pending``.
+    ``dtype="int8"``: each model's verified int8 copy (:func:`attnzoo.serve.backends.export_zoo`: calibrated on
+    its training images, scored on its test split next to fp32), made from the fp32 export."""
     from attnzoo import zoo
     from attnzoo.serve.backends import _zoo_rows, export_zoo, zoo_onnx_name
 
@@ -249,12 +253,12 @@ def _zoo_first(data: str, cache: Path, variants: Optional[Sequence[str]], tasks:
         first.append((shipped or mine)[0])
     folder = None
     for e in first:
-        folder = export_zoo(data, cache, [e["variant"]], [e["task"]])
-    names = [zoo_onnx_name(e["variant"], e["task"], data) for e in first]
-    selection = _matching(folder, names, None, None)
-    selection.pending = [{"task": e["task"], "name": e["variant"], "file": zoo_onnx_name(e["variant"], e["task"], data)}
-                         for e in rows if e not in first]
-    selection.data = data
+        folder = export_zoo(data, cache, [e["variant"]], [e["task"]], dtype=dtype)
+    names = [zoo_onnx_name(e["variant"], e["task"], data, dtype) for e in first]
+    selection = _matching(folder, [n for n in names if (folder / n).is_file()], None, None, dtype)
+    selection.pending = [{"task": e["task"], "name": e["variant"],
+                          "file": zoo_onnx_name(e["variant"], e["task"], data, dtype)} for e in rows if e not in first]
+    selection.data, selection.dtype = data, dtype
     return selection
 
 
@@ -265,20 +269,25 @@ def export_pending(selection: Selection, cache_dir: Optional[Path]) -> int:
     ``selection.ready_file`` with its sha256, so each model is served as soon as it is written. Returns how many
     are ready. A signal to this process ends the child too (:func:`stop` ends every process this one started)."""
     from attnzoo.fileio import atomic_write_text, default_cache_dir, sha256_file
+    from attnzoo.runtime.sessions import quantized_problem
     from attnzoo.serve.backends import export_zoo_in_child
 
     ready = dict(selection.files)
 
+    def written(path: Path) -> bool:  # an int8 copy is ready once its verification report is beside it
+        return path.is_file() and quantized_problem(path, selection.dtype) is None
+
     def publish() -> None:
         new = {p["file"]: sha256_file(selection.folder / p["file"]) for p in selection.pending
-               if p["file"] not in ready and (selection.folder / p["file"]).is_file()}
+               if p["file"] not in ready and written(selection.folder / p["file"])}
         if new:
             ready.update(new)
             if selection.ready_file is not None:
                 atomic_write_text(selection.ready_file, json.dumps(ready))
 
     code = export_zoo_in_child(selection.data, Path(cache_dir or default_cache_dir()),
-                               [(p["name"], p["task"]) for p in selection.pending], while_running=publish)
+                               [(p["name"], p["task"]) for p in selection.pending], selection.dtype,
+                               while_running=publish)
     publish()
     if code != 0:
         print(f"warning: exporting the other zoo models failed (exit code {code}); those not written answer 503",

@@ -315,11 +315,31 @@ def test_serve_models_selects_only_verified_int8(int8_folder, capsys):
     for name in ("no_report", "tampered", "accepted_drop", "unscored", "failed", "limited"):
         assert f"skipping {name}.onnx: not served: " in err
     assert list(select_models(merged({}, {"models": int8_folder})).files) == ["belief2_fp32.onnx"]
-    with pytest.raises(ValueError, match="dtype int8 serves a models folder"):
+    with pytest.raises(ValueError, match="random-init models have no test set to verify int8 on"):
         merged({}, {"arch": "micro", "dtype": "int8"})
-    with pytest.raises(ValueError, match="dtype int8 serves a models folder"):
-        merged({}, {"dtype": "int8"})  # the zoo: serve-demo --dtype int8
     with pytest.raises(ValueError, match="not tensorrt"):
         merged({}, {"models": int8_folder, "dtype": "int8", "backend": "tensorrt"})
     with pytest.raises(ValueError, match="dtype must be one of fp32, int8"):
         merged({"dtype": "int4"}, {})
+
+
+@pytest.mark.slow
+def test_serve_models_zoo_int8_serves_verified_copies_first_and_publishes_the_rest(tmp_path):
+    """serve-models --dtype int8 without --models: the first model's int8 copy is made and verified before the
+    server starts, the other's is exported in the child and listed in the ready file only once its verification
+    report holds."""
+    from attnzoo.runtime.sessions import quantized_problem
+    from attnzoo.serving.config import merged
+    from attnzoo.serving.launch import export_pending, select_models
+
+    cfg = merged({}, {"dtype": "int8", "variants": ["belief2", "standard"], "task": "cls",
+                      "cache_dir": tmp_path / "cache"})
+    sel = select_models(cfg)
+    names = {"belief2_cls_fashion_int8.onnx", "standard_cls_fashion_int8.onnx"}
+    (first,), pending = list(sel.files), [p["file"] for p in sel.pending]
+    assert {first, *pending} == names and len(pending) == 1 and sel.dtype == "int8"
+    assert quantized_problem(sel.folder / first, "int8") is None and not (sel.folder / pending[0]).exists()
+    sel.ready_file = tmp_path / "ready.json"
+    assert export_pending(sel, cfg.cache_dir) == 2
+    assert set(json.loads(sel.ready_file.read_text())) == names
+    assert quantized_problem(sel.folder / pending[0], "int8") is None
