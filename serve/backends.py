@@ -31,6 +31,7 @@ import numpy as np
 
 from attnzoo.fileio import CACHE_ENV, default_cache_dir  # noqa: F401  (re-exported)
 from attnzoo.preprocess import input_style_of
+from attnzoo.runtime.sessions import SERVED_DTYPES, served_precision
 from attnzoo.zoo import DEFAULT_DATA
 
 __all__ = ["BACKENDS", "CPU_RUNTIMES", "ServedModel", "load_models", "load_onnx_dir", "load_checkpoint_dir",
@@ -41,7 +42,7 @@ BACKENDS = ("auto", "onnxruntime", "openvino", "pytorch", "tensorrt")
 #: The CPU runtimes ``auto`` chooses from, in order of preference on a tie.
 CPU_RUNTIMES = ("onnxruntime", "openvino")
 #: Precisions ``--dtype`` selects (None: every file of a folder; the zoo at fp32).
-DTYPES = ("fp32", "int8")
+DTYPES = SERVED_DTYPES
 #: Most sliding windows run in one call (the TensorRT profile's largest batch).
 SLIDING_BATCH = 16
 
@@ -251,7 +252,7 @@ def load_onnx_dir(directory: Path, backend: str = "onnxruntime", threads: Option
                   cache_dir: Optional[Path] = None, only: Optional[Sequence[str]] = None,
                   dtype: Optional[str] = None) -> List[ServedModel]:
     """Every attnzoo ``.onnx`` file of ``directory`` (``only``: just these file names; ``dtype``: just the files
-    of that precision), each with one reused ONNX Runtime session (CPU) or TensorRT engine. A file that is not an
+    :func:`attnzoo.runtime.sessions.served_precision` serves at that ``--dtype``), each with one reused ONNX Runtime session (CPU) or TensorRT engine. A file that is not an
     attnzoo model, has invalid metadata (config, input size, class names vs logits), is a quantized model whose
     verification report is missing or does not cover it (:func:`attnzoo.runtime.sessions.quantized_problem`),
     or fails to load is skipped with a warning naming it and the reason."""
@@ -266,7 +267,7 @@ def load_onnx_dir(directory: Path, backend: str = "onnxruntime", threads: Option
         try:
             contract = ModelContract.from_onnx(path)  # one read of the file's metadata, validated
             config, input_size = contract.config, contract.input_size
-            if dtype and contract.dtype != dtype:
+            if dtype and served_precision(contract.dtype) != dtype:
                 continue
             problem = quantized_problem(path, contract.dtype)
             if problem:

@@ -17,15 +17,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Union
 
+from attnzoo.runtime.sessions import SERVED_DTYPES
+
 __all__ = ["ServeConfig", "TASK_CHOICES", "BACKENDS", "DEFAULT_MAX_BATCH", "read_config_file", "merged"]
 
 #: ``--task``: which models to serve.
 TASK_CHOICES = ("cls", "seg", "both")
 #: Runtimes a replica can run the verified ONNX with (:func:`attnzoo.serve.backends.load_onnx_dir`).
 BACKENDS = ("onnxruntime", "openvino", "tensorrt")
-#: ``--dtype``: the unquantized files (fp32 and fp16 exports), or int8 ones whose export-model verification holds
-#: (:func:`attnzoo.runtime.sessions.quantized_problem`).
-DTYPES = ("fp32", "int8")
+#: ``--dtype`` (:data:`attnzoo.runtime.sessions.SERVED_DTYPES`): the unquantized files (fp32 and fp16 exports),
+#: or int8 ones whose export-model verification holds (:func:`attnzoo.runtime.sessions.quantized_problem`).
+DTYPES = SERVED_DTYPES
 #: ``max_batch_size`` when none is given, for replicas without / with a GPU. On the CPU, batching does not
 #: pay: ONNX Runtime runs ViT-Ti at 63.9 img/s at batch 1 and 56.8 at batch 8 on one thread
 #: (``benchmarks/results/cpu-tiny``), so it is off; on a GPU, batches are what fill the device.

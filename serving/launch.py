@@ -143,7 +143,7 @@ def _matching(folder: Path, names: Sequence[str], variants: Optional[Sequence[st
     """The attnzoo exports among ``names`` whose variant, task and precision are wanted; files that are not
     attnzoo models, and quantized ones whose verification does not hold, are left out with a warning (the
     replicas' loader would skip them anyway)."""
-    from attnzoo.runtime.sessions import QUANTIZED_DTYPES, quantized_problem
+    from attnzoo.runtime.sessions import quantized_problem, served_precision
     from attnzoo.fileio import sha256_file
     from attnzoo.models import canonical_name
     from attnzoo.runtime.contract import ModelContract
@@ -159,7 +159,7 @@ def _matching(folder: Path, names: Sequence[str], variants: Optional[Sequence[st
                   file=sys.stderr)
             continue
         seen.append(f"{contract.variant}/{contract.task}" + ("" if contract.dtype == "fp32" else f"/{contract.dtype}"))
-        if (contract.dtype if contract.dtype in QUANTIZED_DTYPES else "fp32") != dtype:
+        if served_precision(contract.dtype) != dtype:
             continue  # fp32 serves the unquantized exports (fp32 and fp16), int8 only int8 files
         problem = quantized_problem(path, contract.dtype)
         if problem:

@@ -244,6 +244,27 @@ def int8_folder(tmp_path_factory):
     return folder
 
 
+def test_demo_and_serve_models_mean_the_same_by_dtype_fp32(tmp_path):
+    """--dtype fp32 serves the unquantized exports, fp16 included, in both commands (one rule:
+    runtime.sessions.served_precision); --dtype int8 serves neither of them."""
+    from attnzoo.export import export_verified
+    from attnzoo.export.cli import load_for_export
+    from attnzoo.runtime.sessions import served_precision
+    from attnzoo.serve.backends import load_onnx_dir
+    from attnzoo.serving.launch import _matching
+
+    assert [served_precision(d) for d in ("fp32", "fp16", "int8", "fp8")] == ["fp32", "fp32", "int8", "fp8"]
+    for dtype in ("fp32", "fp16"):
+        model, config, _ = load_for_export("standard", "cls", "micro", random_init=True)
+        export_verified(model, tmp_path / f"standard_{dtype}.onnx", config, dtype=dtype, batch_sizes=(1,))
+    names = ["standard_fp16.onnx", "standard_fp32.onnx"]
+    assert sorted(m.source.rsplit("/", 1)[-1] for m in load_onnx_dir(tmp_path, dtype="fp32")) == names
+    assert sorted(_matching(tmp_path, names, None, None, "fp32").files) == names
+    assert load_onnx_dir(tmp_path, dtype="int8") == []
+    with pytest.raises(ValueError, match="no int8 model"):
+        _matching(tmp_path, names, None, None, "int8")
+
+
 def test_quantized_problem_names_each_reason(int8_folder):
     from attnzoo.runtime.sessions import quantized_problem
 

@@ -18,13 +18,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
-__all__ = ["DEVICES", "LEVELS", "QUANTIZED_DTYPES", "available_providers", "session_options", "providers_for",
+__all__ = ["DEVICES", "LEVELS", "QUANTIZED_DTYPES", "SERVED_DTYPES", "served_precision", "available_providers", "session_options", "providers_for",
            "ort_session", "quantized_problem"]
 
 DEVICES: Tuple[str, ...] = ("auto", "cpu", "cuda", "tensorrt")
 LEVELS: Tuple[str, ...] = ("disable", "basic", "extended", "all")
 #: Graph precisions that need :func:`quantized_problem`'s check before they are served.
 QUANTIZED_DTYPES: Tuple[str, ...] = ("int8", "fp8")
+#: What the demo's and serve-models' ``--dtype`` select: ``fp32``, the unquantized exports (fp32 and fp16
+#: graphs, both with fp32 input and output), or ``int8``, verified int8 Q/DQ graphs (:func:`served_precision`).
+SERVED_DTYPES: Tuple[str, ...] = ("fp32", "int8")
+
+
+def served_precision(graph_dtype: str) -> str:
+    """The ``--dtype`` that serves a graph of ``graph_dtype``: ``fp32`` for fp32 and fp16 exports, else the
+    quantized precision itself (``int8``; ``fp8`` graphs are TensorRT's, served by neither CPU command)."""
+    return graph_dtype if graph_dtype in QUANTIZED_DTYPES else "fp32"
 
 
 def available_providers() -> Tuple[str, ...]:
