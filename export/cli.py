@@ -511,7 +511,7 @@ def _quantize(args: argparse.Namespace, fp32_onnx: Path, out: Path, config: Dict
                                  quantize_extra_math=args.quantize_extra_math,
                                  accept_accuracy_drop=args.accept_accuracy_drop,
                                  measure_accuracy=not args.random_init, eval_limit=args.eval_limit,
-                                 threads=args.threads, progress=True)
+                                 threads=args.threads, progress=True, fp32_kept=False)
     except (AccuracyDropError, QuantizationCheckError) as exc:
         raise CommandError(str(exc)) from exc
 

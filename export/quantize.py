@@ -568,7 +568,7 @@ def quantize_verified(fp32_onnx: Union[str, Path], out: Union[str, Path], config
                       quantize_extra_math: bool = False, accept_accuracy_drop: bool = False,
                       measure_accuracy: bool = True, eval_limit: Optional[int] = None,
                       threads: Optional[int] = None, progress: bool = False,
-                      tolerance: Optional[float] = None) -> Dict[str, Any]:
+                      tolerance: Optional[float] = None, fp32_kept: bool = True) -> Dict[str, Any]:
     """Quantize a verified fp32 export, check it, score it next to fp32, and only then write it to ``out``.
 
     Writes ``out`` and its report ``<out>.report.json`` (:func:`attnzoo.export.verify.report_path`) when every
@@ -588,6 +588,8 @@ def quantize_verified(fp32_onnx: Union[str, Path], out: Union[str, Path], config
         measure_accuracy: ``False`` for an untrained model (``--random-init``): no accuracy, a warning in the report.
         eval_limit: Score on the first N test images only (quick checks; the report names N).
         tolerance: Accepted drop in points (default :data:`ACCURACY_TOLERANCE` for the task).
+        fp32_kept: ``False`` when ``fp32_onnx`` is a temporary file (``export-model --dtype int8``): the report
+            records its SHA-256 and verification report, not a path that will not exist.
 
     Raises:
         QuantizationCheckError: Q/DQ in the extra math (unless asked for), no quantized op, non-finite outputs.
@@ -649,7 +651,8 @@ def quantize_verified(fp32_onnx: Union[str, Path], out: Union[str, Path], config
         fp32_report = report_path(fp32_onnx)
         report = {
             "path": str(out), "variant": config["variant"], "task": config["task"], "arch": config["arch"],
-            "dtype": dtype, "fp32_source": {"path": str(fp32_onnx), "sha256": sha256_file(fp32_onnx),
+            "dtype": dtype, "fp32_source": {"path": str(fp32_onnx) if fp32_kept else None, "kept": fp32_kept,
+                                            "sha256": sha256_file(fp32_onnx),
                                             "report": json.loads(fp32_report.read_text())
                                             if fp32_report.is_file() else None},
             "quantization": q.to_dict(), "quantize_extra_math": quantize_extra_math,

@@ -204,6 +204,9 @@ def test_export_model_int8_scores_the_test_split_next_to_fp32(tmp_path, capsys):
     assert acc["n_images"] == 500 and acc["split"] == "test" and set(acc["metrics"]) == {"fp32", "int8"}
     assert acc["drop"] == pytest.approx(acc["metrics"]["fp32"] - acc["metrics"]["int8"])
     assert rep["quantization"]["calibration"]["source"] == "fashion training split"
+    # the fp32 model it was quantized from was a temporary file: its hash and report, no dangling path
+    src = rep["fp32_source"]
+    assert src["path"] is None and src["kept"] is False and src["report"]["passed"] and len(src["sha256"]) == 64
     assert "top1 on 500 fashion test images" in capsys.readouterr().out
     # code that is not the package's (evaluation/independent_check.py: gzip + numpy IDX reader, preprocessing
     # from the file's metadata, plain onnxruntime) scores the same int8 file on the same 500 images
