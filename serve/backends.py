@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 import threading
 from collections import Counter
@@ -457,14 +456,16 @@ def export_zoo_in_child(data: str, cache_dir: Optional[Path], wanted: Sequence[T
     import atexit
     import subprocess
 
-    code = ("import sys, json; from pathlib import Path; from attnzoo.serve.backends import export_zoo\n"
+    # the child lowers its own priority first: preexec_fn is not safe in a process with threads (Ray's, the
+    # demo's server)
+    code = ("import os, sys, json\n"
+            "if hasattr(os, 'nice'): os.nice(19)\n"
+            "from pathlib import Path; from attnzoo.serve.backends import export_zoo\n"
             "data, cache, wanted, dtype = json.loads(sys.argv[1])\n"
             "for v, t in wanted:\n"
             "    export_zoo(data, Path(cache) if cache else None, variants=[v], tasks=[t], dtype=dtype)\n")
     args = json.dumps([data, str(cache_dir) if cache_dir else None, [list(w) for w in wanted], dtype])
-    nice = getattr(os, "nice", None)
-    child = subprocess.Popen([sys.executable, "-c", code, args], stdout=subprocess.DEVNULL,
-                             preexec_fn=(lambda: nice(19)) if nice else None)
+    child = subprocess.Popen([sys.executable, "-c", code, args], stdout=subprocess.DEVNULL)
     atexit.register(child.terminate)
     while True:
         try:

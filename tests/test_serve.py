@@ -460,3 +460,19 @@ def test_palette_has_distinct_coloured_entries_for_every_fashion_class():
     assert len({tuple(c) for c in colours}) == len(colours)
     many = predict.palette(200)
     assert (many.max(1).astype(int) - many.min(1) > 25).all()
+
+
+@pytest.mark.slow
+def test_background_zoo_export_runs_at_the_lowest_priority(tmp_path):
+    """The child that exports the zoo lowers its own priority (no preexec_fn in a process with threads) and
+    writes the verified model."""
+    psutil = pytest.importorskip("psutil")
+
+    seen = []
+
+    def children_nice():
+        seen.extend(c.nice() for c in psutil.Process().children() if c.is_running())
+
+    code = backends.export_zoo_in_child("fashion", tmp_path, [("standard", "cls")], while_running=children_nice)
+    assert code == 0 and seen and set(seen) == {19}
+    assert list((tmp_path / "onnx").glob("*/standard_cls_fashion.onnx"))
