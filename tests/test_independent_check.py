@@ -61,3 +61,25 @@ def test_export_and_plain_onnxruntime_reproduce_the_zoo_subset_metric(check, tmp
     top1 = 100.0 * float((check.run_onnx(onnx_path, images).argmax(1) == labels).mean())
     assert entry["subset_n"] == SUBSET_N
     assert top1 == pytest.approx(entry["subset_metric"], abs=1e-9)
+
+
+def test_its_extra_math_check_finds_a_dequantized_input_through_layout_ops(check, tmp_path):
+    """A hand-made graph: a projection Mul reads a DequantizeLinear through a Transpose (found), another reads
+    the fp32 tensor (not found), and a MatMul outside any scope reading the DequantizeLinear is not counted."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    one = helper.make_tensor("s", TensorProto.FLOAT, [], [0.1])
+    zero = helper.make_tensor("z", TensorProto.INT8, [], [0])
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="q"),
+             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="dq"),
+             helper.make_node("Transpose", ["xd"], ["xt"], name="blocks.0.attn/Transpose", perm=[1, 0]),
+             helper.make_node("Mul", ["xt", "xt"], ["a"], name="blocks.0.attn.projection/Mul"),
+             helper.make_node("Mul", ["x", "x"], ["b"], name="blocks.0.attn.projection/Mul_1"),
+             helper.make_node("MatMul", ["xd", "xt"], ["c"], name="blocks.0.mlp.fc1/MatMul")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "abc"],
+                              initializer=[one, zero])
+    path = tmp_path / "g.onnx"
+    onnx.save(helper.make_model(graph), str(path))
+    assert check.extra_math_quantized(path) == (2, ["blocks.0.attn.projection/Mul"])
