@@ -23,8 +23,8 @@ from .standard import StandardAttention
 from .wafe import WAFEAttention
 
 __all__ = ["VariantSpec", "VARIANTS", "VARIANT_NAMES", "BUILTIN_VARIANTS", "ALIASES", "BUILTIN_PACKAGE",
-           "ENTRY_POINT_GROUP", "PROJECTION_OPS", "KEY_NORM_OPS", "PluginWarning", "register_variant", "load_plugins", "canonical_name",
-           "split_options", "attention_class", "create_attention", "TIMM_ATTN_KWARGS"]
+           "ENTRY_POINT_GROUP", "PROJECTION_OPS", "KEY_NORM_OPS", "PluginWarning", "register_variant", "load_plugins",
+           "canonical_name", "split_options", "attention_class", "create_attention", "TIMM_ATTN_KWARGS"]
 
 #: The distribution the built-in variants come from.
 BUILTIN_PACKAGE = "attnzoo"

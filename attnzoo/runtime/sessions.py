@@ -18,8 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
-__all__ = ["DEVICES", "LEVELS", "QUANTIZED_DTYPES", "SERVED_DTYPES", "served_precision", "available_providers", "session_options", "providers_for",
-           "ort_session", "quantized_problem"]
+__all__ = ["DEVICES", "LEVELS", "QUANTIZED_DTYPES", "SERVED_DTYPES", "served_precision", "available_providers",
+           "session_options", "providers_for", "ort_session", "quantized_problem"]
 
 DEVICES: Tuple[str, ...] = ("auto", "cpu", "cuda", "tensorrt")
 LEVELS: Tuple[str, ...] = ("disable", "basic", "extended", "all")
