@@ -13,7 +13,9 @@ built from the ONNX file, run from a CUDA graph). Dtypes: ``fp32``, ``fp16``, ``
 int8 (CPU runtimes): static post-training quantization of the same fp32 export, calibrated on
 :data:`CALIBRATION_COUNT` seeded random images (the benchmark's models are random-init: no data set), with
 the variant's extra-math nodes left fp32 (:func:`attnzoo.export.quantize.extra_math_nodes`). ``ort-cpu``
-runs NVIDIA ModelOpt's Q/DQ graph, written and verified by :func:`attnzoo.export.quantize.quantize_verified`
+runs NVIDIA ModelOpt's Q/DQ graph with the CPU placement (Q/DQ only in front of the weight MatMul/Gemm/Conv
+ops; :data:`attnzoo.export.quantize.QDQ_PLACEMENTS`), written and verified by
+:func:`attnzoo.export.quantize.quantize_verified`
 (the ``export-model --dtype int8`` checks: Q/DQ placement, extra math fp32, finite outputs; no test-set
 accuracy for a random-init model); ``openvino`` runs NNCF's own quantization of the OpenVINO model
 (:func:`attnzoo.runtime.openvino.nncf_int8`, extra math in the ignored scope, checked free of FakeQuantize),
@@ -221,9 +223,11 @@ def _sha_tag(onnx_path: Path) -> str:
     return sha256_file(onnx_path)[:12]
 
 
-def int8_onnx(onnx_path: Path, config: Dict[str, object], cache_dir: Path) -> Tuple[Path, Dict[str, object]]:
-    """ModelOpt's int8 Q/DQ model of a verified fp32 export, verified as ``export-model --dtype int8`` does it
-    (Q/DQ placement, extra math fp32, finite outputs; not scored: random-init), cached per fp32 SHA-256.
+def int8_onnx(onnx_path: Path, config: Dict[str, object], cache_dir: Path,
+              placement: str = "cpu") -> Tuple[Path, Dict[str, object]]:
+    """ModelOpt's int8 Q/DQ model of a verified fp32 export, by default with the CPU placement (``export-model
+    --dtype int8 --qdq-placement cpu``), verified as that command does it (Q/DQ placement, extra math fp32, finite
+    outputs; not scored: random-init), cached per fp32 SHA-256 and placement.
 
     Returns:
         ``(path, facts)``: the facts say what was verified, the quantizer and the quantized op counts.
@@ -231,15 +235,17 @@ def int8_onnx(onnx_path: Path, config: Dict[str, object], cache_dir: Path) -> Tu
     from attnzoo.export.quantize import quantize_verified
     from attnzoo.export.verify import report_path
 
-    out = Path(cache_dir) / "int8" / f"{onnx_path.stem}-{_sha_tag(onnx_path)}.modelopt-int8.onnx"
+    out = Path(cache_dir) / "int8" / f"{onnx_path.stem}-{_sha_tag(onnx_path)}.modelopt-int8-{placement}.onnx"
     out.parent.mkdir(parents=True, exist_ok=True)
     report = json.loads(report_path(out).read_text()) if out.is_file() and report_path(out).is_file() else None
     if not (report and report.get("passed")):
         calibration, source = _calibration(config)
         report = quantize_verified(onnx_path, out, config, dtype="int8", calibration=calibration,
-                                   calibration_source=source, calibration_seed=0, measure_accuracy=False)
+                                   calibration_source=source, calibration_seed=0, measure_accuracy=False,
+                                   placement=placement)
     qz = report["quantization"]
     return out, {"quantizer": f"{qz['quantizer']} {qz['quantizer_version']}", "verified": report["verified"],
+                 "placement": qz["options"]["placement"],
                  "quantized_ops": qz["qdq"]["quantized_ops"], "excluded_extra_math": len(qz["excluded_nodes"]),
                  "calibration": qz["calibration"]["source"], "model": out.name}
 
@@ -268,12 +274,12 @@ def int8_openvino(onnx_path: Path, config: Dict[str, object], cache_dir: Path) -
 
 
 def _ort_cpu_runner(onnx_path: Path, x: torch.Tensor, dtype: str, threads: int, cache_dir: Path,
-                    config: Dict[str, object]) -> Runner:
+                    config: Dict[str, object], int8_placement: str = "cpu") -> Runner:
     from .ort_cpu import tuned_cpu_session
 
     int8: Dict[str, object] = {}
     if dtype == "int8":
-        onnx_path, int8 = int8_onnx(onnx_path, config, cache_dir)
+        onnx_path, int8 = int8_onnx(onnx_path, config, cache_dir, int8_placement)
     sess, info = tuned_cpu_session(onnx_path, threads, cache_dir, batch=int(x.shape[0]))
     feed = {sess.get_inputs()[0].name: x.numpy()}
 
@@ -377,7 +383,8 @@ def _tensorrt_runner(onnx_path: Path, x: torch.Tensor, dtype: str, cache_dir: Pa
 
 
 def build_runner(backend: str, model: nn.Module, onnx_path: Optional[Path], x: torch.Tensor, dtype: str, *,
-                 threads: int, device: torch.device, cache_dir: Path, out_shape: Tuple[int, ...]) -> Runner:
+                 threads: int, device: torch.device, cache_dir: Path, out_shape: Tuple[int, ...],
+                 int8_placement: str = "cpu") -> Runner:
     """Build ``backend`` for one model and one input batch ``x`` (float32, on the CPU).
 
     Args:
@@ -390,6 +397,7 @@ def build_runner(backend: str, model: nn.Module, onnx_path: Optional[Path], x: t
         device: Device of eager / compile.
         cache_dir: Where optimized models and engines are written.
         out_shape: Shape of the logits (for GPU output buffers).
+        int8_placement: ``ort-cpu`` int8: ModelOpt's Q/DQ placement (``cpu``, or ``tensorrt`` to compare).
     """
     if backend in ("eager", "compile"):
         return _torch_runner(model, x, dtype, device, backend == "compile")
@@ -397,7 +405,7 @@ def build_runner(backend: str, model: nn.Module, onnx_path: Optional[Path], x: t
         raise ValueError(f"backend {backend} needs the exported ONNX file")
     config = dict(getattr(model, "attnzoo_config", {}) or {})
     if backend == "ort-cpu":
-        return _ort_cpu_runner(onnx_path, x, dtype, threads, cache_dir, config)
+        return _ort_cpu_runner(onnx_path, x, dtype, threads, cache_dir, config, int8_placement)
     if backend == "openvino":
         return _openvino_runner(onnx_path, x, dtype, threads, cache_dir, config)
     if backend in ("ort-cuda", "ort-trt"):

@@ -55,7 +55,10 @@ MODELS: Dict[str, str] = {
 }
 #: Significance level of "loses accuracy when its extra math is quantized".
 ALPHA = 0.05
-SPEED_BACKENDS = ("ort-cpu", "openvino")
+#: The speed comparison's int8 runs: (runtime, ModelOpt Q/DQ placement): ONNX Runtime with the CPU placement
+#: (what bench-latency and the demo run) and with ModelOpt's default (TensorRT's) for comparison, OpenVINO with
+#: NNCF's own quantization.
+SPEED_JOBS = (("ort-cpu", "cpu"), ("ort-cpu", "tensorrt"), ("openvino", None))
 
 
 def mcnemar_p(right_a: np.ndarray, right_b: np.ndarray) -> float:
@@ -172,8 +175,8 @@ def speed_rows(arch: str, variant: str, batch_sizes: Sequence[int], threads: int
     ceiling = matmul_ceiling(threads)
     rows, skipped = [], {}
     cpu = torch.device("cpu")
-    jobs = [(b, n) for b in SPEED_BACKENDS for n in batch_sizes]
-    for backend, batch in tqdm(jobs, desc="int8 speed", unit="job", disable=not progress):
+    jobs = [(b, p, n) for b, p in SPEED_JOBS for n in batch_sizes]
+    for backend, placement, batch in tqdm(jobs, desc="int8 speed", unit="job", disable=not progress):
         reason = unavailable_reason(backend, "fp32", cpu) or unavailable_reason(backend, "int8", cpu)
         if reason:
             skipped[backend] = reason
@@ -184,7 +187,8 @@ def speed_rows(arch: str, variant: str, batch_sizes: Sequence[int], threads: int
         runners, parity = {}, {}
         for dtype in ("fp32", "int8"):
             runners[dtype] = build_runner(backend, model, fp32, x, dtype, threads=threads, device=cpu,
-                                          cache_dir=cache_dir, out_shape=tuple(ref.shape))
+                                          cache_dir=cache_dir, out_shape=tuple(ref.shape),
+                                          int8_placement=placement or "cpu")
             key = tolerance_for(backend, dtype, cpu)
             ok, err = check_parity(runners[dtype].output(), ref, key)
             if not ok:
@@ -194,7 +198,8 @@ def speed_rows(arch: str, variant: str, batch_sizes: Sequence[int], threads: int
         load = (load_average() or [None])[0]
         t32, t8 = measure_pair(runners["fp32"].fn, runners["int8"].fn, min_time)
         r = ratio_stats(t8, t32)  # per pair: fp32 time / int8 time = the int8 speed-up
-        row = {"backend": backend, "batch": batch, "speedup_median": r["ratio_median"], "speedup_q1": r["ratio_q1"],
+        row = {"backend": backend, "placement": placement, "batch": batch, "speedup_median": r["ratio_median"],
+               "speedup_q1": r["ratio_q1"],
                "speedup_q3": r["ratio_q3"], "pairs": r["pairs"], "load_1min": load,
                "int8_model": runners["int8"].info.get("int8")}
         for dtype, t in (("fp32", t32), ("int8", t8)):
@@ -207,7 +212,7 @@ def speed_rows(arch: str, variant: str, batch_sizes: Sequence[int], threads: int
         mine = [r for r in rows if r["batch"] == n]
         if mine:
             top = min(mine, key=lambda r: r["int8"]["median_ms"])
-            best[str(n)] = {"backend": top["backend"], "speedup_median": top["speedup_median"]}
+            best[str(n)] = {"backend": _runtime_label(top), "speedup_median": top["speedup_median"]}
     return {"arch": arch, "variant": variant, "img_size": size, "threads": threads, "batch_sizes": list(batch_sizes),
             "min_time": min_time, "gflop_per_image": flops / 1e9, "ceiling": ceiling, "rows": rows,
             "skipped": skipped, "fastest_int8": best}
@@ -237,11 +242,19 @@ def accuracy_table(rows: Sequence[Mapping[str, Any]]) -> str:
                    "extra-math nodes", "xm - int8", "McNemar p", "extra math quantized"], body)
 
 
+def _runtime_label(row: Mapping[str, Any]) -> str:
+    """``ort-cpu (Q/DQ cpu)``, ``openvino``: the runtime and, for ModelOpt's graph, its Q/DQ placement (rows
+    written before placements were compared used ModelOpt's default, ``tensorrt``)."""
+    if row["backend"] != "ort-cpu":
+        return row["backend"]
+    return f"ort-cpu (Q/DQ {row.get('placement') or 'tensorrt'})"
+
+
 def speed_table(speed: Mapping[str, Any]) -> str:
     """The speed table: per runtime and batch, fp32 and int8 latency, speed-up [Q1, Q3], ceiling fractions."""
     from .report import _table
 
-    body = [[r["backend"], str(r["batch"]), f"{r['fp32']['median_ms']:.2f}", f"{r['int8']['median_ms']:.2f}",
+    body = [[_runtime_label(r), str(r["batch"]), f"{r['fp32']['median_ms']:.2f}", f"{r['int8']['median_ms']:.2f}",
              f"{r['speedup_median']:.2f} [{r['speedup_q1']:.2f}, {r['speedup_q3']:.2f}]",
              _percent(r["fp32"]["ceiling_fraction"]), _percent(r["int8"]["ceiling_fraction"]), _f(r["load_1min"])]
             for r in speed["rows"]]

@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     from attnzoo.limits import MAX_BATCH_SIZE
 
     from .onnx_export import DTYPES, SUPPORTED_OPSETS
-    from .quantize import ACCURACY_TOLERANCE, DEFAULT_CALIBRATION_COUNT, DEFAULT_CALIBRATION_SEED, QUANT_DTYPES
+    from .quantize import (ACCURACY_TOLERANCE, DEFAULT_CALIBRATION_COUNT, DEFAULT_CALIBRATION_SEED, QDQ_PLACEMENTS,
+                           QUANT_DTYPES)
 
     p = argparse.ArgumentParser(
         prog="export-model",
@@ -107,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--quantize-extra-math", "--quantize-projection", dest="quantize_extra_math", action="store_true",
                    help="quantize the variant's extra-math scopes too (the projection; an ablation): by default "
                         "every op in them stays unquantized and fp32")
+    q.add_argument("--qdq-placement", choices=tuple(QDQ_PLACEMENTS), default=None,
+                   help="where the Q/DQ nodes go: tensorrt (default: ModelOpt's placement, also on residual Adds "
+                        "and attention's two matmuls, which TensorRT fuses) or cpu (int8 only: just in front of "
+                        "the MatMul/Gemm/Conv ops ONNX Runtime's CPU kernels run in int8; faster there)")
     q.add_argument("--calibration-data", type=Path, default=None, metavar="FILE.npy",
                    help="calibrate on this float32 (N, 3, H, W) array of normalised images (never unpickled) "
                         "instead of the model's training split")
@@ -434,9 +439,10 @@ def _check_triton(args: argparse.Namespace) -> None:
 
 def _check_quantize_flags(args: argparse.Namespace) -> None:
     """Refuse quantization flags that cannot work, before any work (ModelOpt missing, FP8 below SM 8.9, ...)."""
-    from .quantize import QUANT_DTYPES, fp8_compute_capability_error, quantize_unavailable_reason
+    from .quantize import QUANT_DTYPES, fp8_compute_capability_error, qdq_placement_error, quantize_unavailable_reason
 
     flags = {"--quantize-extra-math": args.quantize_extra_math, "--calibration-data": args.calibration_data,
+             "--qdq-placement": args.qdq_placement is not None,
              "--calibration-count": args.calibration_count is not None,
              "--calibration-seed": args.calibration_seed is not None,
              "--accept-accuracy-drop": args.accept_accuracy_drop, "--eval-limit": args.eval_limit is not None}
@@ -452,6 +458,12 @@ def _check_quantize_flags(args: argparse.Namespace) -> None:
         error = fp8_compute_capability_error(args.compute_capability)
         if error:
             raise UsageError(error)
+    error = qdq_placement_error(args.qdq_placement or "tensorrt", args.dtype)
+    if error:
+        raise UsageError(error)
+    if args.qdq_placement == "cpu" and args.format == "tensorrt":
+        raise UsageError("--qdq-placement cpu is for ONNX Runtime on the CPU; a TensorRT engine wants the tensorrt "
+                         "placement (the default)")
     reason = quantize_unavailable_reason()
     if reason:
         raise UsageError(f"--dtype {args.dtype} {reason}")
@@ -511,7 +523,8 @@ def _quantize(args: argparse.Namespace, fp32_onnx: Path, out: Path, config: Dict
                                  quantize_extra_math=args.quantize_extra_math,
                                  accept_accuracy_drop=args.accept_accuracy_drop,
                                  measure_accuracy=not args.random_init, eval_limit=args.eval_limit,
-                                 threads=args.threads, progress=True, fp32_kept=False)
+                                 threads=args.threads, progress=True, fp32_kept=False,
+                                 placement=args.qdq_placement or "tensorrt")
     except (AccuracyDropError, QuantizationCheckError) as exc:
         raise CommandError(str(exc)) from exc
 

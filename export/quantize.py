@@ -38,12 +38,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 from attnzoo.runtime.sessions import QUANTIZED_DTYPES
 
-__all__ = ["QUANT_DTYPES", "ACCURACY_TOLERANCE", "DEFAULT_CALIBRATION_COUNT", "DEFAULT_CALIBRATION_SEED",
-           "CALIBRATION_METHODS", "FP8_MIN_COMPUTE_CAPABILITY", "QUANTIZED_OP_TYPES", "QuantizeReport",
-           "AccuracyDropError", "QuantizationCheckError", "quantize_unavailable_reason", "modelopt_version",
-           "extra_math_nodes", "calibration_images", "random_calibration", "load_calibration_file",
-           "quantize_onnx", "qdq_summary", "simulate_fp8", "evaluate_onnx", "fp8_compute_capability_error",
-           "quantize_verified", "summary"]
+__all__ = ["QUANT_DTYPES", "QDQ_PLACEMENTS", "ACCURACY_TOLERANCE", "DEFAULT_CALIBRATION_COUNT",
+           "DEFAULT_CALIBRATION_SEED", "CALIBRATION_METHODS", "FP8_MIN_COMPUTE_CAPABILITY", "QUANTIZED_OP_TYPES",
+           "QuantizeReport", "AccuracyDropError", "QuantizationCheckError", "quantize_unavailable_reason",
+           "modelopt_version", "extra_math_nodes", "calibration_images", "random_calibration", "load_calibration_file",
+           "quantize_onnx", "qdq_placement_error", "qdq_summary", "simulate_fp8", "evaluate_onnx",
+           "fp8_compute_capability_error", "quantize_verified", "summary"]
 
 #: Quantized dtypes of ``export-model --dtype`` (ModelOpt's ``quantize_mode``).
 QUANT_DTYPES: Tuple[str, ...] = QUANTIZED_DTYPES  # the runtime layer's list: one fact
@@ -58,6 +58,17 @@ CALIBRATION_METHODS: Dict[str, str] = {"int8": "entropy", "fp8": "entropy"}
 FP8_MIN_COMPUTE_CAPABILITY: Tuple[int, int] = (8, 9)
 #: Op types whose quantization the report counts.
 QUANTIZED_OP_TYPES: Tuple[str, ...] = ("MatMul", "Gemm", "Conv")
+#: Where ModelOpt puts the Q/DQ nodes (``--qdq-placement``), as extra ``modelopt.onnx.quantization.quantize``
+#: arguments. ``tensorrt``: ModelOpt's default, also on residual Adds and the attention core's two matmuls, which
+#: TensorRT fuses into int8 kernels. ``cpu``: only in front of the MatMul/Gemm/Conv weights' consumers outside the
+#: attention core, the ops ONNX Runtime's CPU kernels run in int8; its other Q/DQ pairs are dequantized straight
+#: into fp32 ops (a residual Add into LayerNorm), pure cost there. ViT-S 224, one thread, 2-core Intel Xeon with
+#: AMX: ONNX Runtime int8 2.60x / 2.39x fp32 (batch 1 / 8) with ``cpu``, 2.30x / 2.10x with ``tensorrt``
+#: (``benchmarks/results/quantized-speed-amx``).
+QDQ_PLACEMENTS: Mapping[str, Mapping[str, Any]] = {
+    "tensorrt": {},
+    "cpu": {"op_types_to_quantize": list(QUANTIZED_OP_TYPES), "disable_mha_qdq": True},
+}
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 #: Ops that move values without computing on them (followed from a DequantizeLinear to its readers).
 _LAYOUT_OPS = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten")
@@ -151,6 +162,15 @@ def fp8_compute_capability_error(compute_capability: Optional[str]) -> Optional[
     if (major, minor) < FP8_MIN_COMPUTE_CAPABILITY:
         need = "SM{}{}".format(*FP8_MIN_COMPUTE_CAPABILITY)
         return f"--dtype fp8 needs compute capability {need} or newer (FP8 tensor cores); {name} has none"
+    return None
+
+
+def qdq_placement_error(placement: str, dtype: str) -> Optional[str]:
+    """One line saying why ``placement`` cannot be used for ``dtype``, or ``None``."""
+    if placement not in QDQ_PLACEMENTS:
+        return f"unknown Q/DQ placement {placement!r}; valid: {', '.join(QDQ_PLACEMENTS)}"
+    if placement == "cpu" and dtype != "int8":
+        return f"--qdq-placement cpu is for int8 on the CPU runtimes; {dtype} is TensorRT's (use tensorrt)"
     return None
 
 
@@ -352,7 +372,7 @@ def qdq_summary(proto: onnx.ModelProto, extra_nodes: Sequence[str]) -> Dict[str,
 def quantize_onnx(fp32_onnx: Union[str, Path], out: Union[str, Path], *, dtype: str, calibration: np.ndarray,
                   exclude_nodes: Sequence[str] = (), calibration_method: Optional[str] = None,
                   calibration_source: str = "given array", calibration_seed: Optional[int] = None,
-                  extra_nodes: Optional[Sequence[str]] = None) -> QuantizeReport:
+                  extra_nodes: Optional[Sequence[str]] = None, placement: str = "tensorrt") -> QuantizeReport:
     """Quantize an fp32 attnzoo export with ModelOpt; write the Q/DQ graph to ``out`` (temp + rename).
 
     The attnzoo metadata is carried over, with ``dtype`` set to ``int8``/``fp8`` and a ``quantization`` entry
@@ -368,14 +388,18 @@ def quantize_onnx(fp32_onnx: Union[str, Path], out: Union[str, Path], *, dtype: 
         calibration_method: ModelOpt's (``entropy``, ``max``); default :data:`CALIBRATION_METHODS`.
         calibration_source, calibration_seed: Recorded in the report.
         extra_nodes: Extra-math nodes for :func:`qdq_summary` (default: :func:`extra_math_nodes` of the graph).
+        placement: One of :data:`QDQ_PLACEMENTS` (``cpu``: int8 only).
 
     Raises:
-        ValueError: unknown dtype, calibration not float32 NCHW or empty.
+        ValueError: unknown dtype or placement, calibration not float32 NCHW or empty.
     """
     from attnzoo.fileio import atomic_path
 
     if dtype not in QUANT_DTYPES:
         raise ValueError(f"unknown quantized dtype {dtype!r}; valid: {', '.join(QUANT_DTYPES)}")
+    placement_error = qdq_placement_error(placement, dtype)
+    if placement_error:
+        raise ValueError(placement_error)
     calibration = np.asarray(calibration)
     if calibration.ndim != 4 or calibration.shape[0] == 0 or calibration.dtype != np.float32:
         raise ValueError(f"calibration must be a non-empty float32 (N, 3, H, W) array, got {calibration.dtype} "
@@ -395,7 +419,8 @@ def quantize_onnx(fp32_onnx: Union[str, Path], out: Union[str, Path], *, dtype: 
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             mo_quantize(str(staged), quantize_mode=dtype, calibration_data=calibration, calibration_method=method,
                         calibration_eps=["cpu"], nodes_to_exclude=[f"^{re.escape(n)}$" for n in exclude_nodes] or None,
-                        high_precision_dtype="fp32", output_path=str(quantized), log_level="ERROR")
+                        high_precision_dtype="fp32", output_path=str(quantized), log_level="ERROR",
+                        **QDQ_PLACEMENTS[placement])
         elapsed = time.perf_counter() - start
         proto = onnx.load(str(quantized))
         rerouted = _reroute_extra_math(proto, exclude_nodes)
@@ -405,7 +430,8 @@ def quantize_onnx(fp32_onnx: Union[str, Path], out: Union[str, Path], *, dtype: 
             calibration={"source": calibration_source, "count": int(calibration.shape[0]), "seed": calibration_seed,
                          "shape": list(calibration.shape[1:]), "method": method, "providers": ["cpu"]},
             excluded_nodes=list(exclude_nodes), qdq=qdq_summary(proto, extra), time_s=round(elapsed, 3),
-            options={"high_precision_dtype": "fp32", "calibration_eps": ["cpu"]},
+            options={"high_precision_dtype": "fp32", "calibration_eps": ["cpu"], "placement": placement,
+                     **QDQ_PLACEMENTS[placement]},
             extra_math_inputs_unquantized=rerouted)
         _carry_metadata(src, proto, dtype, report, quantize_extra_math=bool(set(extra) - set(exclude_nodes)))
         onnx.save(proto, str(tmp))
@@ -420,6 +446,7 @@ def _carry_metadata(src: onnx.ModelProto, dst: onnx.ModelProto, dtype: str, repo
     props["quantization"] = json.dumps({"quantizer": report.quantizer, "version": report.quantizer_version,
                                         "mode": dtype, "calibration": report.calibration,
                                         "excluded_nodes": len(report.excluded_nodes),
+                                        "placement": report.options.get("placement", "tensorrt"),
                                         "quantize_extra_math": quantize_extra_math})
     del dst.metadata_props[:]
     for key, value in props.items():
@@ -568,7 +595,8 @@ def quantize_verified(fp32_onnx: Union[str, Path], out: Union[str, Path], config
                       quantize_extra_math: bool = False, accept_accuracy_drop: bool = False,
                       measure_accuracy: bool = True, eval_limit: Optional[int] = None,
                       threads: Optional[int] = None, progress: bool = False,
-                      tolerance: Optional[float] = None, fp32_kept: bool = True) -> Dict[str, Any]:
+                      tolerance: Optional[float] = None, fp32_kept: bool = True,
+                      placement: str = "tensorrt") -> Dict[str, Any]:
     """Quantize a verified fp32 export, check it, score it next to fp32, and only then write it to ``out``.
 
     Writes ``out`` and its report ``<out>.report.json`` (:func:`attnzoo.export.verify.report_path`) when every
@@ -590,6 +618,8 @@ def quantize_verified(fp32_onnx: Union[str, Path], out: Union[str, Path], config
         tolerance: Accepted drop in points (default :data:`ACCURACY_TOLERANCE` for the task).
         fp32_kept: ``False`` when ``fp32_onnx`` is a temporary file (``export-model --dtype int8``): the report
             records its SHA-256 and verification report, not a path that will not exist.
+        placement: Where the Q/DQ nodes go (:data:`QDQ_PLACEMENTS`): ``tensorrt`` (ModelOpt's default) or
+            ``cpu`` (int8 for ONNX Runtime on the CPU).
 
     Raises:
         QuantizationCheckError: Q/DQ in the extra math (unless asked for), no quantized op, non-finite outputs.
@@ -609,7 +639,7 @@ def quantize_verified(fp32_onnx: Union[str, Path], out: Union[str, Path], config
     with atomic_path(out) as tmp:
         q = quantize_onnx(fp32_onnx, tmp, dtype=dtype, calibration=calibration, exclude_nodes=exclude,
                           calibration_source=calibration_source, calibration_seed=calibration_seed,
-                          extra_nodes=extra)
+                          extra_nodes=extra, placement=placement)
         proto = onnx.load(str(tmp))
         runnable = simulate_fp8(proto) if dtype == "fp8" else proto
         failures: List[str] = []
@@ -684,7 +714,8 @@ def summary(report: Mapping[str, Any]) -> str:
                     for op, n in q["qdq"]["quantized_ops"].items() if report["quantization"]["qdq"]["total_ops"][op])
     lines = [f"{report['path']}: {report['variant']} {report['task']} {report['arch']} {report['dtype']} "
              f"({q['quantizer']} {q['quantizer_version']}), {report['file_size'] / 1e6:.2f} MB",
-             f"  calibration: {cal['count']} x {cal['source']} (seed {cal['seed']}), {cal['method']}; quantized: {ops}",
+             f"  calibration: {cal['count']} x {cal['source']} (seed {cal['seed']}), {cal['method']}; quantized: {ops} "
+             f"(Q/DQ placement {q['options'].get('placement', 'tensorrt')})",
              "  extra math: " + (f"{report['extra_math_scope_check']['nodes']} node(s) " + (
                  "QUANTIZED (--quantize-extra-math)" if report["quantize_extra_math"] else "excluded, fp32, no Q/DQ")
                  if report["extra_math_scope_check"]["nodes"] else "none declared for this variant: nothing excluded")]

@@ -331,21 +331,23 @@ def zoo_onnx_name(variant: str, task: str, data: str = DEFAULT_DATA, dtype: str 
 
 
 def _quantize_zoo(fp32: Path, out: Path, config: Dict, data: str) -> None:
-    """The verified int8 copy of a zoo export (``export-model --dtype int8``'s code: calibrated on the model's
-    training images, scored on its test split, refused beyond the tolerance), unless the one at ``out`` is intact
-    and made from this fp32 file."""
+    """The verified int8 copy of a zoo export (``export-model --dtype int8 --qdq-placement cpu``'s code: the
+    demo and serve-models run it on the CPU; calibrated on the model's training images, scored on its test split,
+    refused beyond the tolerance), unless the one at ``out`` is intact and made from this fp32 file so."""
     from attnzoo.export import quantize as q
     from attnzoo.fileio import sha256_file
     from attnzoo.runtime.sessions import quantized_problem
 
     report = out.with_suffix(".report.json")
     if out.is_file() and quantized_problem(out, "int8") is None:
-        if json.loads(report.read_text()).get("fp32_source", {}).get("sha256") == sha256_file(fp32):
+        made = json.loads(report.read_text())
+        if (made.get("fp32_source", {}).get("sha256") == sha256_file(fp32)
+                and made["quantization"]["options"].get("placement") == "cpu"):
             return
     calibration = q.calibration_images(config, q.DEFAULT_CALIBRATION_COUNT, q.DEFAULT_CALIBRATION_SEED)
     q.quantize_verified(fp32, out, config, dtype="int8", calibration=calibration,
                         calibration_source=f"{len(calibration)} {data} training images",
-                        calibration_seed=q.DEFAULT_CALIBRATION_SEED, progress=True)
+                        calibration_seed=q.DEFAULT_CALIBRATION_SEED, progress=True, placement="cpu")
 
 
 def load_zoo_torch(data: str = DEFAULT_DATA) -> List[ServedModel]:

@@ -55,6 +55,7 @@ def test_bench_times_fp32_and_verified_int8_per_cpu_runtime(tmp_path):
     model = tmp_path / "cache" / "int8" / ort8["model"]
     report = json.loads(report_path(model).read_text())
     assert report["passed"] and report["dtype"] == "int8" and report["sha256"] == sha256_file(model)
+    assert ort8["placement"] == report["quantization"]["options"]["placement"] == "cpu"  # the CPU placement
     fp32 = tmp_path / "cache" / "standard_cls_micro_fp32.onnx"
     assert report["fp32_source"]["sha256"] == sha256_file(fp32)
     ov8 = rows[("openvino", "int8")]["info"]["int8"]
@@ -168,6 +169,11 @@ def test_report_tables_say_who_loses_accuracy():
     assert "Lose accuracy when their extra math is quantized: belief2." in md
     assert "all but belief" in md  # belief's int8 is 0.8 points below fp32
     assert "| openvino | 1 | 9.00 | 5.00 | 1.80 [1.70, 1.90] | 50% | 25% | 0.30 |" in md
+    # ModelOpt's rows name their Q/DQ placement (rows written before placements were compared: the default)
+    result["speed"]["rows"] = [{**speed_row, "backend": "ort-cpu", "placement": "cpu"},
+                               {**speed_row, "backend": "ort-cpu"}]
+    md = markdown(result)
+    assert "| ort-cpu (Q/DQ cpu) | 1 | 9.00 |" in md and "| ort-cpu (Q/DQ tensorrt) | 1 | 9.00 |" in md
     assert "measured under load" not in md
     result["speed"]["contended"] = True
     assert "measured under load" in markdown(result)

@@ -125,6 +125,35 @@ def test_int8_report_fields(int8):
     assert on_disk["fp32_source"]["report"]["passed"] is True
 
 
+def _dq_readers(proto: onnx.ModelProto) -> set:
+    """Op types that read a DequantizeLinear output directly."""
+    dq = {o for n in proto.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    return {n.op_type for n in proto.graph.node if dq.intersection(n.input)}
+
+
+def test_cpu_placement_quantizes_only_the_weight_matmuls(fp32, int8, tmp_path):
+    """--qdq-placement cpu: Q/DQ only in front of MatMul/Conv (none dequantized into an Add or LayerNorm) and
+    not on attention's two matmuls; the default (tensorrt) placement has both; the report and metadata say which."""
+    path, config = fp32
+    out = tmp_path / "b2_cpu.onnx"
+    report = qz.quantize_verified(path, out, config, dtype="int8", calibration=qz.random_calibration((32, 32), 32),
+                                  calibration_source="random", measure_accuracy=False, placement="cpu")
+    cpu, default = onnx.load(str(out)), onnx.load(str(int8[0]))
+    assert _dq_readers(cpu) <= {"MatMul", "Conv", "Shape"}
+    assert {"Add", "LayerNormalization"} <= _dq_readers(default)
+    core = [f"blocks.{i}.attn/MatMul{s}" for i in range(4) for s in ("", "_1")]  # q k^T and attn v
+    assert set(core) <= set(_fed_by_dq(default, set(core))) and _fed_by_dq(cpu, set(core)) == []
+    weights = [n.name for n in cpu.graph.node if n.op_type == "MatMul" and n.name not in core]
+    assert set(_fed_by_dq(cpu, set(weights))) == set(weights) and _fed_by_dq(cpu, set(qz.extra_math_nodes(cpu))) == []
+    assert report["quantization"]["options"]["placement"] == "cpu"
+    assert json.loads({p.key: p.value for p in cpu.metadata_props}["quantization"])["placement"] == "cpu"
+    assert json.loads(report_path(int8[0]).read_text())["quantization"]["options"]["placement"] == "tensorrt"
+    with pytest.raises(ValueError, match="cpu is for int8"):
+        qz.quantize_onnx(path, tmp_path / "x.onnx", dtype="fp8", calibration=qz.random_calibration((32, 32), 2),
+                         placement="cpu")
+    assert not (tmp_path / "x.onnx").exists()
+
+
 def test_quantize_extra_math_puts_qdq_in_front_of_it(fp32, tmp_path):
     path, config = fp32
     out = tmp_path / "b2_int8_all.onnx"
@@ -287,6 +316,21 @@ def test_quantization_flags_need_a_quantized_dtype(tmp_path, capsys):
     line = _refused(["--variant", "belief2", "--random-init", "--quantize-projection", "--out",
                      str(tmp_path / "m.onnx")], capsys)
     assert line == "error: --quantize-extra-math applies to --dtype int8 / fp8 only"
+
+
+def test_cpu_placement_is_refused_where_it_cannot_work(tmp_path, monkeypatch, capsys):
+    """--qdq-placement cpu: int8 only, not for a TensorRT engine, not without a quantized dtype; before any work."""
+    from attnzoo.export import cli as cli_mod
+
+    monkeypatch.setattr(cli_mod, "load_for_export", _never)
+    base = ["--variant", "belief2", "--random-init", "--qdq-placement", "cpu"]
+    assert _refused([*base, "--out", str(tmp_path / "m.onnx")], capsys) == \
+        "error: --qdq-placement applies to --dtype int8 / fp8 only"
+    assert _refused([*base, "--dtype", "fp8", "--out", str(tmp_path / "m.onnx")], capsys) == \
+        "error: --qdq-placement cpu is for int8 on the CPU runtimes; fp8 is TensorRT's (use tensorrt)"
+    assert _refused([*base, "--dtype", "int8", "--format", "tensorrt", "--out", str(tmp_path / "m.engine")],
+                    capsys).startswith("error: --qdq-placement cpu is for ONNX Runtime on the CPU")
+    assert not any(tmp_path.iterdir())
 
 
 def test_ctrl_c_during_calibration_leaves_nothing(fp32, tmp_path, monkeypatch):
