@@ -39,6 +39,7 @@ from torch import nn
 
 from .env import cpu_info
 
+from attnzoo.export.quantize import CPU_QDQ_PLACEMENT
 from attnzoo.runtime.parity import TOLERANCES, parity_error, tolerance_key
 
 __all__ = ["BACKENDS", "CPU_BACKENDS", "DTYPES", "row_device", "TOLERANCES", "Runner", "unavailable_reason",
@@ -224,7 +225,7 @@ def _sha_tag(onnx_path: Path) -> str:
 
 
 def int8_onnx(onnx_path: Path, config: Dict[str, object], cache_dir: Path,
-              placement: str = "cpu") -> Tuple[Path, Dict[str, object]]:
+              placement: str = CPU_QDQ_PLACEMENT) -> Tuple[Path, Dict[str, object]]:
     """ModelOpt's int8 Q/DQ model of a verified fp32 export, by default with the CPU placement (``export-model
     --dtype int8 --qdq-placement cpu``), verified as that command does it (Q/DQ placement, extra math fp32, finite
     outputs; not scored: random-init), cached per fp32 SHA-256 and placement.
@@ -274,7 +275,7 @@ def int8_openvino(onnx_path: Path, config: Dict[str, object], cache_dir: Path) -
 
 
 def _ort_cpu_runner(onnx_path: Path, x: torch.Tensor, dtype: str, threads: int, cache_dir: Path,
-                    config: Dict[str, object], int8_placement: str = "cpu") -> Runner:
+                    config: Dict[str, object], int8_placement: str = CPU_QDQ_PLACEMENT) -> Runner:
     from .ort_cpu import tuned_cpu_session
 
     int8: Dict[str, object] = {}
@@ -384,7 +385,7 @@ def _tensorrt_runner(onnx_path: Path, x: torch.Tensor, dtype: str, cache_dir: Pa
 
 def build_runner(backend: str, model: nn.Module, onnx_path: Optional[Path], x: torch.Tensor, dtype: str, *,
                  threads: int, device: torch.device, cache_dir: Path, out_shape: Tuple[int, ...],
-                 int8_placement: str = "cpu") -> Runner:
+                 int8_placement: str = CPU_QDQ_PLACEMENT) -> Runner:
     """Build ``backend`` for one model and one input batch ``x`` (float32, on the CPU).
 
     Args:

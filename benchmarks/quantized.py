@@ -43,6 +43,7 @@ import numpy as np
 from tqdm import tqdm
 
 from attnzoo.cli import UsageError, add_debug_flag, entry_point
+from attnzoo.export.quantize import CPU_QDQ_PLACEMENT, DEFAULT_QDQ_PLACEMENT
 
 __all__ = ["MODELS", "mcnemar_p", "accuracy_row", "speed_rows", "markdown", "main"]
 
@@ -58,7 +59,7 @@ ALPHA = 0.05
 #: The speed comparison's int8 runs: (runtime, ModelOpt Q/DQ placement): ONNX Runtime with the CPU placement
 #: (what bench-latency and the demo run) and with ModelOpt's default (TensorRT's) for comparison, OpenVINO with
 #: NNCF's own quantization.
-SPEED_JOBS = (("ort-cpu", "cpu"), ("ort-cpu", "tensorrt"), ("openvino", None))
+SPEED_JOBS = (("ort-cpu", CPU_QDQ_PLACEMENT), ("ort-cpu", DEFAULT_QDQ_PLACEMENT), ("openvino", None))
 
 
 def mcnemar_p(right_a: np.ndarray, right_b: np.ndarray) -> float:
@@ -188,7 +189,7 @@ def speed_rows(arch: str, variant: str, batch_sizes: Sequence[int], threads: int
         for dtype in ("fp32", "int8"):
             runners[dtype] = build_runner(backend, model, fp32, x, dtype, threads=threads, device=cpu,
                                           cache_dir=cache_dir, out_shape=tuple(ref.shape),
-                                          int8_placement=placement or "cpu")
+                                          int8_placement=placement or CPU_QDQ_PLACEMENT)
             key = tolerance_for(backend, dtype, cpu)
             ok, err = check_parity(runners[dtype].output(), ref, key)
             if not ok:
@@ -247,7 +248,7 @@ def _runtime_label(row: Mapping[str, Any]) -> str:
     written before placements were compared used ModelOpt's default, ``tensorrt``)."""
     if row["backend"] != "ort-cpu":
         return row["backend"]
-    return f"ort-cpu (Q/DQ {row.get('placement') or 'tensorrt'})"
+    return f"ort-cpu (Q/DQ {row.get('placement') or DEFAULT_QDQ_PLACEMENT})"
 
 
 def speed_table(speed: Mapping[str, Any]) -> str:

@@ -439,7 +439,8 @@ def _check_triton(args: argparse.Namespace) -> None:
 
 def _check_quantize_flags(args: argparse.Namespace) -> None:
     """Refuse quantization flags that cannot work, before any work (ModelOpt missing, FP8 below SM 8.9, ...)."""
-    from .quantize import QUANT_DTYPES, fp8_compute_capability_error, qdq_placement_error, quantize_unavailable_reason
+    from .quantize import (CPU_QDQ_PLACEMENT, DEFAULT_QDQ_PLACEMENT, QUANT_DTYPES, fp8_compute_capability_error,
+                           qdq_placement_error, quantize_unavailable_reason)
 
     flags = {"--quantize-extra-math": args.quantize_extra_math, "--calibration-data": args.calibration_data,
              "--qdq-placement": args.qdq_placement is not None,
@@ -458,10 +459,10 @@ def _check_quantize_flags(args: argparse.Namespace) -> None:
         error = fp8_compute_capability_error(args.compute_capability)
         if error:
             raise UsageError(error)
-    error = qdq_placement_error(args.qdq_placement or "tensorrt", args.dtype)
+    error = qdq_placement_error(args.qdq_placement or DEFAULT_QDQ_PLACEMENT, args.dtype)
     if error:
         raise UsageError(error)
-    if args.qdq_placement == "cpu" and args.format == "tensorrt":
+    if args.qdq_placement == CPU_QDQ_PLACEMENT and args.format == "tensorrt":
         raise UsageError("--qdq-placement cpu is for ONNX Runtime on the CPU; a TensorRT engine wants the tensorrt "
                          "placement (the default)")
     reason = quantize_unavailable_reason()
@@ -514,7 +515,7 @@ def _calibration(args: argparse.Namespace, config: Dict[str, Any], hw: Tuple[int
 def _quantize(args: argparse.Namespace, fp32_onnx: Path, out: Path, config: Dict[str, Any],
               calibration: Tuple[Any, str, Optional[int]]) -> Dict[str, Any]:
     """Quantize, check and score (:func:`attnzoo.export.quantize.quantize_verified`); failures as CommandError."""
-    from .quantize import AccuracyDropError, QuantizationCheckError, quantize_verified
+    from .quantize import DEFAULT_QDQ_PLACEMENT, AccuracyDropError, QuantizationCheckError, quantize_verified
 
     x, source, seed = calibration
     try:
@@ -524,7 +525,7 @@ def _quantize(args: argparse.Namespace, fp32_onnx: Path, out: Path, config: Dict
                                  accept_accuracy_drop=args.accept_accuracy_drop,
                                  measure_accuracy=not args.random_init, eval_limit=args.eval_limit,
                                  threads=args.threads, progress=True, fp32_kept=False,
-                                 placement=args.qdq_placement or "tensorrt")
+                                 placement=args.qdq_placement or DEFAULT_QDQ_PLACEMENT)
     except (AccuracyDropError, QuantizationCheckError) as exc:
         raise CommandError(str(exc)) from exc
 

@@ -38,7 +38,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from attnzoo.runtime.sessions import QUANTIZED_DTYPES
 
-__all__ = ["QUANT_DTYPES", "QDQ_PLACEMENTS", "ACCURACY_TOLERANCE", "DEFAULT_CALIBRATION_COUNT",
+__all__ = ["QUANT_DTYPES", "QDQ_PLACEMENTS", "DEFAULT_QDQ_PLACEMENT", "CPU_QDQ_PLACEMENT", "ACCURACY_TOLERANCE", "DEFAULT_CALIBRATION_COUNT",
            "DEFAULT_CALIBRATION_SEED", "CALIBRATION_METHODS", "FP8_MIN_COMPUTE_CAPABILITY", "QUANTIZED_OP_TYPES",
            "QuantizeReport", "AccuracyDropError", "QuantizationCheckError", "quantize_unavailable_reason",
            "modelopt_version", "extra_math_nodes", "calibration_images", "random_calibration", "load_calibration_file",
@@ -69,6 +69,11 @@ QDQ_PLACEMENTS: Mapping[str, Mapping[str, Any]] = {
     "tensorrt": {},
     "cpu": {"op_types_to_quantize": list(QUANTIZED_OP_TYPES), "disable_mha_qdq": True},
 }
+#: ``export-model``'s placement: ModelOpt's default, the one TensorRT wants.
+DEFAULT_QDQ_PLACEMENT = "tensorrt"
+#: The placement of the int8 models this package runs on the CPU itself (bench-latency's ``ort-cpu``, the zoo's
+#: int8 copies in the demo and serve-models).
+CPU_QDQ_PLACEMENT = "cpu"
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 #: Ops that move values without computing on them (followed from a DequantizeLinear to its readers).
 _LAYOUT_OPS = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten")
@@ -169,7 +174,7 @@ def qdq_placement_error(placement: str, dtype: str) -> Optional[str]:
     """One line saying why ``placement`` cannot be used for ``dtype``, or ``None``."""
     if placement not in QDQ_PLACEMENTS:
         return f"unknown Q/DQ placement {placement!r}; valid: {', '.join(QDQ_PLACEMENTS)}"
-    if placement == "cpu" and dtype != "int8":
+    if placement == CPU_QDQ_PLACEMENT and dtype != "int8":
         return f"--qdq-placement cpu is for int8 on the CPU runtimes; {dtype} is TensorRT's (use tensorrt)"
     return None
 
@@ -372,7 +377,8 @@ def qdq_summary(proto: onnx.ModelProto, extra_nodes: Sequence[str]) -> Dict[str,
 def quantize_onnx(fp32_onnx: Union[str, Path], out: Union[str, Path], *, dtype: str, calibration: np.ndarray,
                   exclude_nodes: Sequence[str] = (), calibration_method: Optional[str] = None,
                   calibration_source: str = "given array", calibration_seed: Optional[int] = None,
-                  extra_nodes: Optional[Sequence[str]] = None, placement: str = "tensorrt") -> QuantizeReport:
+                  extra_nodes: Optional[Sequence[str]] = None,
+                  placement: str = DEFAULT_QDQ_PLACEMENT) -> QuantizeReport:
     """Quantize an fp32 attnzoo export with ModelOpt; write the Q/DQ graph to ``out`` (temp + rename).
 
     The attnzoo metadata is carried over, with ``dtype`` set to ``int8``/``fp8`` and a ``quantization`` entry
@@ -446,7 +452,7 @@ def _carry_metadata(src: onnx.ModelProto, dst: onnx.ModelProto, dtype: str, repo
     props["quantization"] = json.dumps({"quantizer": report.quantizer, "version": report.quantizer_version,
                                         "mode": dtype, "calibration": report.calibration,
                                         "excluded_nodes": len(report.excluded_nodes),
-                                        "placement": report.options.get("placement", "tensorrt"),
+                                        "placement": report.options["placement"],
                                         "quantize_extra_math": quantize_extra_math})
     del dst.metadata_props[:]
     for key, value in props.items():
@@ -596,7 +602,7 @@ def quantize_verified(fp32_onnx: Union[str, Path], out: Union[str, Path], config
                       measure_accuracy: bool = True, eval_limit: Optional[int] = None,
                       threads: Optional[int] = None, progress: bool = False,
                       tolerance: Optional[float] = None, fp32_kept: bool = True,
-                      placement: str = "tensorrt") -> Dict[str, Any]:
+                      placement: str = DEFAULT_QDQ_PLACEMENT) -> Dict[str, Any]:
     """Quantize a verified fp32 export, check it, score it next to fp32, and only then write it to ``out``.
 
     Writes ``out`` and its report ``<out>.report.json`` (:func:`attnzoo.export.verify.report_path`) when every
@@ -715,7 +721,7 @@ def summary(report: Mapping[str, Any]) -> str:
     lines = [f"{report['path']}: {report['variant']} {report['task']} {report['arch']} {report['dtype']} "
              f"({q['quantizer']} {q['quantizer_version']}), {report['file_size'] / 1e6:.2f} MB",
              f"  calibration: {cal['count']} x {cal['source']} (seed {cal['seed']}), {cal['method']}; quantized: {ops} "
-             f"(Q/DQ placement {q['options'].get('placement', 'tensorrt')})",
+             f"(Q/DQ placement {q['options']['placement']})",
              "  extra math: " + (f"{report['extra_math_scope_check']['nodes']} node(s) " + (
                  "QUANTIZED (--quantize-extra-math)" if report["quantize_extra_math"] else "excluded, fp32, no Q/DQ")
                  if report["extra_math_scope_check"]["nodes"] else "none declared for this variant: nothing excluded")]

@@ -251,10 +251,11 @@ def load_onnx_dir(directory: Path, backend: str = "onnxruntime", threads: Option
                   cache_dir: Optional[Path] = None, only: Optional[Sequence[str]] = None,
                   dtype: Optional[str] = None) -> List[ServedModel]:
     """Every attnzoo ``.onnx`` file of ``directory`` (``only``: just these file names; ``dtype``: just the files
-    :func:`attnzoo.runtime.sessions.served_precision` serves at that ``--dtype``), each with one reused ONNX Runtime session (CPU) or TensorRT engine. A file that is not an
-    attnzoo model, has invalid metadata (config, input size, class names vs logits), is a quantized model whose
-    verification report is missing or does not cover it (:func:`attnzoo.runtime.sessions.quantized_problem`),
-    or fails to load is skipped with a warning naming it and the reason."""
+    :func:`attnzoo.runtime.sessions.served_precision` serves at that ``--dtype``), each with one reused ONNX
+    Runtime session (CPU) or TensorRT engine. A file that is not an attnzoo model, has invalid metadata (config,
+    input size, class names vs logits), is a quantized model whose verification report is missing or does not
+    cover it (:func:`attnzoo.runtime.sessions.quantized_problem`), or fails to load is skipped with a warning
+    naming it and the reason."""
     from tqdm import tqdm
 
     from attnzoo.runtime.contract import ModelContract
@@ -342,12 +343,13 @@ def _quantize_zoo(fp32: Path, out: Path, config: Dict, data: str) -> None:
     if out.is_file() and quantized_problem(out, "int8") is None:
         made = json.loads(report.read_text())
         if (made.get("fp32_source", {}).get("sha256") == sha256_file(fp32)
-                and made["quantization"]["options"].get("placement") == "cpu"):
+                and made["quantization"]["options"].get("placement") == q.CPU_QDQ_PLACEMENT):
             return
     calibration = q.calibration_images(config, q.DEFAULT_CALIBRATION_COUNT, q.DEFAULT_CALIBRATION_SEED)
     q.quantize_verified(fp32, out, config, dtype="int8", calibration=calibration,
                         calibration_source=f"{len(calibration)} {data} training images",
-                        calibration_seed=q.DEFAULT_CALIBRATION_SEED, progress=True, placement="cpu")
+                        calibration_seed=q.DEFAULT_CALIBRATION_SEED, progress=True,
+                        placement=q.CPU_QDQ_PLACEMENT)
 
 
 def load_zoo_torch(data: str = DEFAULT_DATA) -> List[ServedModel]:
