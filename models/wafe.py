@@ -98,6 +98,12 @@ def pairwise_l1(q: torch.Tensor, k: torch.Tensor, block: Optional[int] = None) -
     return dist.to(dtype)
 
 
+def _checked_mae_impl(impl: str) -> str:
+    if impl not in MAE_IMPLS:
+        raise ValueError(f"unknown mae_impl {impl!r}; valid: {', '.join(MAE_IMPLS)}")
+    return impl
+
+
 class PairwiseL1(nn.Module):
     """Pairwise L1 distances ``sum_c |q_ic - k_jc|`` of queries and keys (eq. 5-6), (B, M, Nq, Nk).
 
@@ -108,9 +114,7 @@ class PairwiseL1(nn.Module):
 
     def __init__(self, impl: str = "auto") -> None:
         super().__init__()
-        if impl not in MAE_IMPLS:
-            raise ValueError(f"unknown mae_impl {impl!r}; valid: {', '.join(MAE_IMPLS)}")
-        self.impl = impl
+        self.impl = _checked_mae_impl(impl)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         impl = self.impl
@@ -164,18 +168,22 @@ class WAFEAttention(StandardAttention):
                  mae_impl: str = "auto", **kwargs) -> None:
         if score not in SCORE_CHOICES:
             raise ValueError(f"unknown score {score!r}; valid: {', '.join(SCORE_CHOICES)}")
-        if mae_impl not in MAE_IMPLS:
-            raise ValueError(f"unknown mae_impl {mae_impl!r}; valid: {', '.join(MAE_IMPLS)}")
+        _checked_mae_impl(mae_impl)  # for every score, so that a typo is not silently ignored
         super().__init__(dim, num_heads=num_heads, **kwargs)
         self.score = score
         self.anti = bool(anti)
         if score == "mse":
-            self.key_norm = KeyNormBias(1.0 if self.anti else -1.0)
+            self.key_norm = KeyNormBias(self.sign)
         elif score == "mae":
             self.distance = PairwiseL1(mae_impl)
 
+    @property
+    def sign(self) -> float:
+        """Sign of the distance in the scores: WAFE ``-distance``, anti-WAFE ``+distance``."""
+        return 1.0 if self.anti else -1.0
+
     def _scores_attention(self, x, q, k, v, attn_mask: Optional[torch.Tensor], is_causal: bool):
-        sign = 1.0 if self.anti else -1.0  # WAFE: -distance; anti-WAFE: +distance
+        sign = self.sign
         d = self.head_dim
         if self.score == "dot":
             return self._sdpa(-q if self.anti else q, k, v, attn_mask, is_causal)
