@@ -124,7 +124,10 @@ def export(variant: str, checkpoint: Path, out: Path, dtype: str = "fp32") -> fl
     start = time.perf_counter()
     cmd = [str(Path(sys.executable).with_name("export-model")), "--variant", variant, "--checkpoint",
            str(checkpoint), "--out", str(out), "--dtype", dtype]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    done = subprocess.run(cmd, stdout=subprocess.DEVNULL)
+    if done.returncode in (130, -2):  # the Ctrl-C that stopped export-model reached this script too
+        raise KeyboardInterrupt
+    done.check_returncode()
     return time.perf_counter() - start
 
 
@@ -244,4 +247,8 @@ def write_int8_report(out: Path, rows: List[Dict]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # the temporary exports are gone with their folder; nothing was written to --out
+        print("interrupted: nothing written", file=sys.stderr)
+        sys.exit(130)
