@@ -7,12 +7,17 @@ one queue (``concurrency_id="models"``, one at a time) so concurrent users do no
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+import shutil
 import socket
+import stat
+import tempfile
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 from PIL import Image
@@ -28,12 +33,16 @@ from .backends import ServedModel
 from .predict import (background_classes, class_iou, classify, dominant_classes, model_view, overlay, palette,
                       pixel_shares, segment, topk_chart)
 
-__all__ = ["build_demo", "launch", "free_port", "MAX_FILE_SIZE", "DISPLAY_MAX_SIDE"]
+__all__ = ["build_demo", "launch", "free_port", "private_upload_folder", "upload_roots", "MAX_FILE_SIZE",
+           "DISPLAY_MAX_SIDE"]
 
 MAX_FILE_SIZE = MAX_UPLOAD_BYTES  # bytes; the one upload cap (attnzoo.limits), serve-models too
 #: Overlays are shown at the image's size, downscaled past this side.
 DISPLAY_MAX_SIDE = 2048
 QUEUE = "models"
+#: Uploads are kept this long (seconds) for a user to re-run them, then deleted by a sweep this often.
+UPLOAD_MAX_AGE_S = 1800
+UPLOAD_SWEEP_S = 300
 LEGEND_HEADERS = ["colour", "class", "pixels %", "IoU"]
 COMPARE_HEADERS = ["variant", "prediction", "probability / pixel share", "latency (ms)",
                    "example: top-1 correct / mean IoU"]
@@ -60,18 +69,49 @@ def _user_errors(fn):
     return wrapper
 
 
-def _read_upload(payload: Any) -> Image.Image:
-    """Raw ``gr.Image`` payload (dict with ``path``, or a path) -> RGB PIL image; ``ValueError`` if none."""
+def upload_roots() -> Tuple[Path, ...]:
+    """The only folders the demo reads images from: Gradio's upload cache (where every file a client sends
+    lands, ``GRADIO_TEMP_DIR``) and the shipped examples."""
+    from gradio.utils import get_upload_folder
+
+    return tuple(Path(os.path.realpath(p)) for p in (get_upload_folder(), ex.EXAMPLES_DIR))
+
+
+def _read_upload(payload: Any, roots: Optional[Sequence[Path]] = None) -> Image.Image:
+    """Raw ``gr.Image`` payload (dict with ``path``, or a path) -> RGB PIL image; ``ValueError`` if none.
+
+    The handlers take payloads unprocessed, so a client can put any path in one: only a regular file inside
+    :func:`upload_roots` is read (the path resolved first, so a link cannot lead out), opened without blocking
+    (a FIFO or device never holds the model slot) and at most ``MAX_FILE_SIZE`` bytes of it.
+    """
     name = None
     if isinstance(payload, dict):
         name = payload.get("orig_name")
         payload = payload.get("path")
     if not payload:
         raise ValueError("no image: upload one (or pick an example) first")
+    if not isinstance(payload, (str, os.PathLike)):
+        raise ValueError("no image: the request's image is not a file uploaded to this demo")
+    shown = name or Path(payload).name
+    real = Path(os.path.realpath(payload))
+    if not any(real.is_relative_to(root) for root in (roots or upload_roots())):
+        raise ValueError(f"cannot read image {shown!r}: the demo reads only files uploaded to it and its examples")
     try:
-        img = load_image(payload)  # over the pixel cap or a decompression bomb: its own message passes through
+        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        raise ValueError(f"cannot read image {shown!r}: no such upload (upload it again)") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"cannot read image {shown!r}: not a regular file")
+        if info.st_size > MAX_FILE_SIZE:
+            raise ValueError(f"cannot read image {shown!r}: {info.st_size / 2**20:.1f} MiB, over the "
+                             f"{MAX_FILE_SIZE / 2**20:.0f} MiB upload limit")
+        data = f.read(MAX_FILE_SIZE + 1)
+    try:
+        img = load_image(data)  # over the pixel cap or a decompression bomb: its own message passes through
     except UnreadableImageError:
-        raise ValueError(f"cannot read image {name or Path(payload).name!r}: not an image file, or a damaged "
+        raise ValueError(f"cannot read image {shown!r}: not an image file, or a damaged "
                          "one (PNG, JPEG, WebP, BMP, GIF, TIFF ... are read)") from None
     if img.width * img.height == 0:
         raise ValueError("cannot read image: it has no pixels")
@@ -241,7 +281,7 @@ def _no_models_note(models: DemoModels, task: str) -> None:
         gr.Markdown(f"**No {kind} is served** here: none of the served models is a {kind}.")
 
 
-def _classify_tab(models: DemoModels) -> None:
+def _classify_tab(models: DemoModels, roots: Sequence[Path]) -> None:
     _no_models_note(models, "cls")
     with gr.Row():
         with gr.Column():
@@ -267,7 +307,7 @@ def _classify_tab(models: DemoModels) -> None:
 
     @_user_errors
     def run(payload, name):
-        return _classify(models, _read_upload(payload), name)
+        return _classify(models, _read_upload(payload, roots), name)
 
     @_user_errors
     def run_sketch(value, name):
@@ -283,7 +323,7 @@ def _classify_tab(models: DemoModels) -> None:
                         concurrency_id=QUEUE, concurrency_limit=1)
 
 
-def _segment_tab(models: DemoModels, max_side: Optional[int]) -> None:
+def _segment_tab(models: DemoModels, max_side: Optional[int], roots: Sequence[Path]) -> None:
     _no_models_note(models, "seg")
     state = gr.State(None)
     with gr.Row():
@@ -307,7 +347,7 @@ def _segment_tab(models: DemoModels, max_side: Optional[int]) -> None:
 
     @_user_errors
     def run(payload, name, alpha):
-        img = _read_upload(payload)
+        img = _read_upload(payload, roots)
         st = _segment_state(models, img, name, max_side)
         pic = overlay(st["image"], st["mask"], st["colours"], alpha, st["skip"])
         return pic, _legend(st), round(st["ms"], 3), _iou_note(st) or upload_note(models.get("seg", name), img), st
@@ -323,7 +363,7 @@ def _segment_tab(models: DemoModels, max_side: Optional[int]) -> None:
                    show_progress="hidden")
 
 
-def _compare_tab(models: DemoModels, max_side: Optional[int]) -> None:
+def _compare_tab(models: DemoModels, max_side: Optional[int], roots: Sequence[Path]) -> None:
     tasks = [t for t in ("cls", "seg") if models.names(t)]
     choices = [("Classify", "cls"), ("Segment", "seg")]
     with gr.Row():
@@ -344,7 +384,7 @@ def _compare_tab(models: DemoModels, max_side: Optional[int]) -> None:
     def run(payload, which):
         if which not in ("cls", "seg"):
             raise ValueError(f"unknown task {which!r}; valid: cls, seg")
-        img = _read_upload(payload)
+        img = _read_upload(payload, roots)
         names = models.names(which)
         if not names:
             raise ValueError(f"no {which} models are served")
@@ -382,16 +422,36 @@ def build_demo(models: Sequence[ServedModel], *, source: str = "the zoo", seg_ma
     """
     table = DemoModels(models)
     backend = models[0].backend if models else "none"
-    with gr.Blocks(title="attnzoo demo", analytics_enabled=False) as demo:
+    roots = upload_roots()  # the Blocks below take their upload cache from the same GRADIO_TEMP_DIR
+    # Uploads older than UPLOAD_MAX_AGE_S are deleted every UPLOAD_SWEEP_S seconds while the server runs.
+    with gr.Blocks(title="attnzoo demo", analytics_enabled=False,
+                   delete_cache=(UPLOAD_SWEEP_S, UPLOAD_MAX_AGE_S)) as demo:
         gr.Markdown(_header(table, backend, source))
         with gr.Tab("Classify"):
-            _classify_tab(table)
+            _classify_tab(table, roots)
         with gr.Tab("Segment"):
-            _segment_tab(table, seg_max_side)
+            _segment_tab(table, seg_max_side, roots)
         with gr.Tab("Compare"):
-            _compare_tab(table, seg_max_side)
+            _compare_tab(table, seg_max_side, roots)
     demo.queue(max_size=64, default_concurrency_limit=1)
     return demo
+
+
+@contextlib.contextmanager
+def private_upload_folder() -> Iterator[Path]:
+    """Uploads of this server go to a folder of its own (``GRADIO_TEMP_DIR``), removed with everything in it
+    when the block ends; a ``GRADIO_TEMP_DIR`` the user set is used as it is and left in place."""
+    given = os.environ.get("GRADIO_TEMP_DIR")
+    if given:
+        yield Path(given)
+        return
+    folder = Path(tempfile.mkdtemp(prefix="attnzoo-demo-uploads-"))
+    os.environ["GRADIO_TEMP_DIR"] = str(folder)
+    try:
+        yield folder
+    finally:
+        os.environ.pop("GRADIO_TEMP_DIR", None)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -81,19 +81,20 @@ def main(argv: Optional[List[str]] = None) -> int:
                              f"not {args.backend}")
         models = load_models(args.models, args.backend, data=args.data, cache_dir=args.cache_dir,
                              threads=args.threads, dtype=args.dtype)
-    from .app import build_demo, launch
+    from .app import build_demo, launch, private_upload_folder
 
     source = (f"`{args.backend_url}`" if args.backend_url else f"`{args.models}`" if args.models
               else f"the zoo ({args.data})")
-    demo = build_demo(models, source=source, seg_max_side=args.seg_max_side)
-    note = f" (--backend auto: {models[0].backend_note})" if models[0].backend_note else ""
-    dtypes = sorted({m.dtype for m in models})
-    print(f"serving {len(models)} {'/'.join(dtypes)} models with {models[0].backend}{note} on "
-          f"http://{args.host}:{args.port}")
-    try:
-        launch(demo, args.host, args.port)
-    except OSError as exc:  # port taken, address not available
-        raise OSError(f"cannot listen on {args.host}:{args.port}: {exc}") from None
+    with private_upload_folder():  # every upload goes with the server
+        demo = build_demo(models, source=source, seg_max_side=args.seg_max_side)
+        note = f" (--backend auto: {models[0].backend_note})" if models[0].backend_note else ""
+        dtypes = sorted({m.dtype for m in models})
+        print(f"serving {len(models)} {'/'.join(dtypes)} models with {models[0].backend}{note} on "
+              f"http://{args.host}:{args.port}")
+        try:
+            launch(demo, args.host, args.port)
+        except OSError as exc:  # port taken, address not available
+            raise OSError(f"cannot listen on {args.host}:{args.port}: {exc}") from None
     return 0
 
 

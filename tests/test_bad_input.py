@@ -100,7 +100,7 @@ def test_images_over_the_pixel_cap_are_refused_from_the_header(tmp_path):
     with pytest.raises(ImageTooLargeError, match="12000x12000 \\(144 MP\\), over the 40 MP limit"):
         load_image(path)
     with pytest.raises(ValueError) as info:
-        _read_upload({"path": str(path), "orig_name": "big.png"})
+        _read_upload({"path": str(path), "orig_name": "big.png"}, [tmp_path])
     assert time.perf_counter() - start < 1.0
     assert "40 MP limit" in str(info.value) and "damaged" not in str(info.value)
     ok = _png_header_only(tmp_path / "ok.png", 10, 10)  # under the cap: decoding is tried (and fails)
@@ -113,7 +113,7 @@ def test_decompression_bombs_are_named_as_such(tmp_path):
 
     path = _png_header_only(tmp_path / "bomb.png", 20000, 20000)  # past Pillow's own bomb limit
     with pytest.raises(ValueError) as info:
-        _read_upload({"path": str(path), "orig_name": "bomb.png"})
+        _read_upload({"path": str(path), "orig_name": "bomb.png"}, [tmp_path])
     assert "decompression bomb" in str(info.value) and "damaged" not in str(info.value)
 
 

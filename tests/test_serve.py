@@ -232,6 +232,65 @@ def test_unreadable_file_is_a_clear_error(client, images, which):
             client.predict(handle_file(images["bad"][which]), *args, api_name=api)
 
 
+def _raw_call(server: str, api: str, data: list, timeout: float = 10.0) -> str:
+    """POST a payload as an attacker would (no ``meta``, any ``path``) to ``/gradio_api/call/<api>`` and return
+    the event stream of its answer."""
+    import httpx
+
+    with httpx.Client(base_url=server, timeout=timeout) as http:
+        event = http.post(f"gradio_api/call/{api}", json={"data": data}).json()["event_id"]
+        return http.get(f"gradio_api/call/{api}/{event}").text
+
+
+@pytest.fixture(scope="module")
+def hostile_paths(tmp_path_factory) -> dict:
+    """Files outside the demo's uploads: a secret image, a FIFO nobody writes, a folder, a device, /etc/passwd,
+    and a link inside Gradio's upload folder that points at the secret."""
+    from gradio.utils import get_upload_folder
+
+    d = tmp_path_factory.mktemp("outside")
+    secret = d / "secret.png"
+    Image.fromarray(np.full((28, 28, 3), 123, np.uint8)).save(secret)
+    fifo = d / "fifo.png"
+    os.mkfifo(fifo)
+    inside = Path(get_upload_folder()) / "attnzoo-test-link"
+    inside.mkdir(parents=True, exist_ok=True)
+    link = inside / "secret.png"
+    link.unlink(missing_ok=True)
+    link.symlink_to(secret)
+    yield {"secret": secret, "fifo": fifo, "folder": d, "device": Path("/dev/zero"), "passwd": Path("/etc/passwd"),
+           "link": link}
+    shutil.rmtree(inside, ignore_errors=True)
+
+
+HOSTILE_CALLS = [("classify", ["standard"]), ("segment", ["standard", 0.5]), ("compare", ["cls"])]
+
+
+@pytest.mark.parametrize("api,args", HOSTILE_CALLS, ids=[c[0] for c in HOSTILE_CALLS])
+@pytest.mark.parametrize("kind", ["secret", "fifo", "folder", "device", "passwd", "link"])
+def test_the_demo_reads_only_its_uploads(server, hostile_paths, api, args, kind):
+    """A payload naming any file but an upload gets one line at once; nothing of the file comes back."""
+    start = time.perf_counter()
+    answer = _raw_call(server, api, [{"path": str(hostile_paths[kind])}, *args])
+    assert time.perf_counter() - start < 5.0
+    assert "event: error" in answer and "the demo reads only files uploaded to it" in answer, answer
+    assert "overlay" not in answer and "confidences" not in answer
+
+
+def test_a_fifo_payload_does_not_hold_the_model_slot(server, hostile_paths, images):
+    """The probe: a FIFO path in one request used to block the single model slot until someone wrote to it."""
+    import threading
+
+    stuck = threading.Thread(target=_raw_call, args=(server, "segment",
+                                                      [{"path": str(hostile_paths["fifo"])}, "standard", 0.5]))
+    stuck.start()
+    start = time.perf_counter()
+    label, *_ = Client(server, verbose=False).predict(handle_file(images["rgb"]), "standard", api_name="/classify")
+    assert label["confidences"] and time.perf_counter() - start < 10.0
+    stuck.join(timeout=10)
+    assert not stuck.is_alive()
+
+
 def test_unknown_variant_lists_the_valid_ones(client, images):
     with pytest.raises(AppError, match="unknown variant 'nope'; valid: standard, belief2"):
         client.predict(handle_file(images["rgb"]), "nope", api_name="/classify")
