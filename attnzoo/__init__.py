@@ -1,20 +1,31 @@
 """attnzoo: attention variants from five recent papers, made deployable.
 
-Sub-packages (each a top-level folder of the repository):
+The layers, bottom to top (each a folder of the repository; a module imports only from its own layer or below,
+``tests/test_layers.py`` enforces it; ``docs/architecture.md`` draws it):
 
-- :mod:`attnzoo.models` -- the attention layers, ViT classifiers and Segmenter models.
-- :mod:`attnzoo.export` -- ONNX export with the projection kept as explicit ops; TensorRT engines.
-- :mod:`attnzoo.training` -- the bundled data sets, training and evaluation.
-- :mod:`attnzoo.benchmarks` -- latency benchmarks (eager, compile, ONNX Runtime, TensorRT).
-- :mod:`attnzoo.serve` -- the Gradio demo.
-- :mod:`attnzoo.zoo` -- the trained model zoo shipped with the package.
+- :mod:`attnzoo` (``attnzoo/``) -- core: errors and exit codes, limits, atomic files, preprocessing, the
+  machine description, metrics; :mod:`attnzoo.data`: the data sets.
+- :mod:`attnzoo.models` -- the attention variants (one file per paper), ViT classifiers and Segmenters,
+  checkpoints.
+- :mod:`attnzoo.zoo` -- the trained models shipped with the package.
+- :mod:`attnzoo.runtime` -- the deployment layer: the model contract, one registry of backends (eager,
+  compile, ONNX Runtime, OpenVINO, TensorRT), parity with one tolerance table.
+- :mod:`attnzoo.export` -- ONNX export with the extra math as named ops, verification, int8/fp8, TensorRT,
+  Triton; ``export-model``.
+- Applications: :mod:`attnzoo.training` (``train-model``, the zoo build), :mod:`attnzoo.benchmarks`
+  (``bench-latency``), :mod:`attnzoo.studies` (scaling, MAE forms, quantized tables), :mod:`attnzoo.serve`
+  (the Gradio demo ``serve-demo`` and the Ray Serve app ``serve-models``).
 """
 
 from importlib.metadata import PackageNotFoundError, version
+
+from attnzoo import _moved
 
 try:
     __version__ = version("attnzoo")
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0.0.0+unknown"
+
+_moved.install()  # old module names (before the layered layout) still import, with a FutureWarning
 
 __all__ = ["__version__"]

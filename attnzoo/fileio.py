@@ -9,9 +9,9 @@ import hashlib
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterator, Union
+from typing import Any, Iterator, Optional, Union
 
-__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_text", "sha256_file", "writable_dir",
+__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_text", "write_json_report", "sha256_file", "writable_dir",
            "default_cache_dir", "CACHE_ENV"]
 
 #: Environment variable naming the cache folder (zoo ONNX exports, TensorRT engines, benchmark models).
@@ -54,6 +54,16 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> None:
 def atomic_write_text(path: PathLike, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically."""
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def write_json_report(result: Any, out: Optional[PathLike] = None) -> None:
+    """Print ``result`` as JSON and, with ``out``, write it there whole (a measuring command's output)."""
+    import json
+
+    print(json.dumps(result, indent=1))
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out, json.dumps(result, indent=1) + "\n")
 
 
 def sha256_file(path: PathLike) -> str:

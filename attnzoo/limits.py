@@ -6,10 +6,10 @@ A request past a bound is refused with one line naming the bound, before anythin
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence
 
-__all__ = ["MAX_BATCH_SIZE", "MAX_IMAGE_PIXELS", "MAX_UPLOAD_BYTES", "MAX_SIDE", "MAX_CLASSES", "check_batch_sizes", "check_side",
-           "forward_bytes", "available_memory", "check_forward_memory"]
+__all__ = ["MAX_BATCH_SIZE", "MAX_IMAGE_PIXELS", "MAX_UPLOAD_BYTES", "MAX_SIDE", "MAX_CLASSES", "check_batch_sizes",
+           "check_side", "available_memory"]
 
 #: Largest batch size ``export-model`` verifies (and puts in a TensorRT profile) and ``bench-latency`` times.
 MAX_BATCH_SIZE = 1024
@@ -22,11 +22,6 @@ MAX_UPLOAD_BYTES = 10 * 2**20
 MAX_SIDE = 2048
 #: Most classes a model config may declare (ImageNet-21k has 21,841).
 MAX_CLASSES = 100_000
-#: Variants whose scores need pairwise L1 distances: one (head width x block x N) slab of maxima at a time
-#: (``attnzoo.models.wafe.pairwise_l1``, the exported form).
-_PAIRWISE_VARIANTS = ("wafe-mae", "anti-wafe-mae")
-
-
 def check_batch_sizes(sizes: Sequence[int], flag: str = "--batch-sizes") -> None:
     """``ValueError`` unless every size is in ``1..MAX_BATCH_SIZE``."""
     bad = [b for b in sizes if not 1 <= b <= MAX_BATCH_SIZE]
@@ -42,26 +37,6 @@ def check_side(value: Any, what: str) -> int:
     return value
 
 
-def forward_bytes(config: Mapping[str, Any], hw: Tuple[int, int], batch: int) -> int:
-    """A rough upper estimate of the memory one inference pass of ``config``'s model takes at ``batch``.
-
-    Per image: the attention scores and their softmax (heads x N x N; for the MAE variants also one slab
-    of pairwise maxima, head width x block x N), the block's token tensors and MLP hidden layer, and
-    (segmentation) the upsampled logits; fp32.
-    """
-    from attnzoo.models import ARCHS
-    from attnzoo.models.wafe import mae_block
-
-    a = ARCHS[config["arch"]]
-    h, w = hw
-    tokens = -(-h // a["patch_size"]) * -(-w // a["patch_size"]) + 1
-    dim, heads = a["embed_dim"], a["num_heads"]
-    slab = dim // heads * mae_block(tokens) * tokens if config["variant"] in _PAIRWISE_VARIANTS else 0
-    per_image = (2 * heads * tokens * tokens + slab + 12 * tokens * dim + 8 * tokens * dim
-                 + 3 * h * w + (2 * int(config.get("num_classes", 1)) * h * w if config["task"] == "seg" else 0))
-    return 4 * per_image * batch
-
-
 def available_memory() -> Optional[int]:
     """Bytes of memory available to a new allocation (Linux ``MemAvailable``), or None when unknown."""
     try:
@@ -72,13 +47,3 @@ def available_memory() -> Optional[int]:
     except (OSError, ValueError, IndexError):
         pass
     return None
-
-
-def check_forward_memory(config: Mapping[str, Any], hw: Tuple[int, int], batch: int,
-                         flag: str = "--batch-sizes") -> None:
-    """``ValueError`` when :func:`forward_bytes` at ``batch`` exceeds the memory available now."""
-    need, have = forward_bytes(config, hw, batch), available_memory()
-    if have is not None and need > have:
-        raise ValueError(f"{flag}: batch {batch} of {config['variant']} ({config['arch']}, {hw[0]}x{hw[1]}) "
-                         f"needs about {need / 2**30:.1f} GiB, more than the {have / 2**30:.1f} GiB available; "
-                         "use smaller batch sizes")

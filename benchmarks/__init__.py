@@ -5,8 +5,8 @@ every backend passes a parity gate against eager fp32 before it is timed; varian
 measured from alternating A B A B runs. See :mod:`attnzoo.benchmarks.run` for the procedure.
 """
 
-from .backends import BACKENDS, DTYPES, TOLERANCES, check_parity, parity_error, unavailable_reason
-from .stats import ratio_stats, summarize
+from attnzoo.benchmarks.backends import BACKENDS, DTYPES, TOLERANCES, check_parity, parity_error, unavailable_reason
+from attnzoo.benchmarks.stats import ratio_stats, summarize
 
 __all__ = ["BACKENDS", "DTYPES", "TOLERANCES", "summarize", "ratio_stats", "check_parity", "parity_error",
            "unavailable_reason"]

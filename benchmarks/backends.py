@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .env import cpu_info
+from attnzoo.machine import cpu_info
 
 from attnzoo.export.quantize import CPU_QDQ_PLACEMENT
 from attnzoo.runtime.parity import TOLERANCES, parity_error, tolerance_key
@@ -276,7 +276,7 @@ def int8_openvino(onnx_path: Path, config: Dict[str, object], cache_dir: Path) -
 
 def _ort_cpu_runner(onnx_path: Path, x: torch.Tensor, dtype: str, threads: int, cache_dir: Path,
                     config: Dict[str, object], int8_placement: str = CPU_QDQ_PLACEMENT) -> Runner:
-    from .ort_cpu import tuned_cpu_session
+    from attnzoo.benchmarks.ort_cpu import tuned_cpu_session
 
     int8: Dict[str, object] = {}
     if dtype == "int8":

@@ -19,8 +19,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-from .env import cpu_info
-from .timing import measure
+from attnzoo.machine import cpu_info
+from attnzoo.benchmarks.timing import measure
 
 __all__ = ["DEFAULT_SIZE", "MAX_SIZE", "int8_isa", "matmul_ceiling", "ceiling_for", "fraction"]
 

@@ -6,7 +6,7 @@ to the dearest cost family, batch 1 and 8, every backend here) and says what it 
 Example::
 
     bench-latency --arch tiny --batch-sizes 1,8 --backends eager,compile,ort-cpu --min-time 1 \\
-        --out benchmarks/results/cpu-tiny
+        --out results/bench-latency/cpu-tiny
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from attnzoo.limits import MAX_BATCH_SIZE, check_batch_sizes
 
 from attnzoo.cli import Interrupted, Terminated, UsageError, add_debug_flag, entry_point, signals_deferred
 
-from .backends import BACKENDS, DTYPES
-from .ceiling import DEFAULT_SIZE, MAX_SIZE
+from attnzoo.benchmarks.backends import BACKENDS, DTYPES
+from attnzoo.benchmarks.ceiling import DEFAULT_SIZE, MAX_SIZE
 
 __all__ = ["main", "build_parser", "parse_settings", "DEFAULT_SCOPE", "FULL_SCOPE", "scope"]
 
@@ -136,7 +136,7 @@ def _check_memory(settings) -> None:
     """Refuse (exit 2) a largest batch whose forward pass would not fit in the memory available now."""
     import torch
 
-    from attnzoo.limits import check_forward_memory
+    from attnzoo.models.memory import check_forward_memory
     from attnzoo.models import create_model
 
     for variant in settings.variants:
@@ -189,7 +189,7 @@ def parse_settings(argv: Optional[Sequence[str]] = None):
     """
     from attnzoo.fileio import default_cache_dir
 
-    from .run import Settings
+    from attnzoo.benchmarks.run import Settings
 
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
@@ -218,7 +218,7 @@ def roofline_main(a: argparse.Namespace) -> int:
 
     from attnzoo.fileio import atomic_write_text, writable_dir
 
-    from .roofline import against_results, markdown, resolve_gpus, roofline
+    from attnzoo.benchmarks.roofline import against_results, markdown, resolve_gpus, roofline
 
     try:
         gpus = resolve_gpus(a.roofline)
@@ -261,8 +261,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     writable_dir(settings.out, "--out folder")
     writable_dir(settings.cache_dir, "--cache-dir folder")
     _check_memory(settings)
-    from .report import markdown, scope_line, write_outputs, write_profile
-    from .run import run_benchmark
+    from attnzoo.benchmarks.report import markdown, scope_line, write_outputs, write_profile
+    from attnzoo.benchmarks.run import run_benchmark
 
     print(scope_line(settings.scope), flush=True)
     result = run_benchmark(settings)

@@ -1,6 +1,6 @@
 """ONNX Runtime on the CPU: tuned sessions, a saved optimized model, dynamic int8, and the op profiler.
 
-Tuning (measured in ``benchmarks/results/cpu-tiny*``): all graph optimizations (``ORT_ENABLE_ALL``: constant
+Tuning (measured in ``results/bench-latency/cpu-tiny*``): all graph optimizations (``ORT_ENABLE_ALL``: constant
 folding, MatMul+Add -> Gemm/FusedMatMul, BiasGelu, SkipLayerNormalization, NCHWc layouts), the batch dimension
 fixed per session, intra-op threads as given, one inter-op thread, sequential execution, and no thread
 spinning once a run ends (spinning threads steal the cores PyTorch or a neighbour needs on a shared machine).
@@ -164,7 +164,7 @@ def gemm_gflops(threads: int, m: int = 8 * 197, k: int = 192, n: int = 768, seco
     import torch
     from onnx import TensorProto, helper, numpy_helper
 
-    from .timing import measure_pair
+    from attnzoo.benchmarks.timing import measure_pair
 
     x = torch.randn(m, k)
     w = torch.randn(n, k)

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Mapping, Sequence
 
 from attnzoo.fileio import atomic_write_bytes
 
-from .env import cpu_summary
+from attnzoo.machine import cpu_summary
 
 __all__ = ["ROW_FIELDS", "OVERHEAD_FIELDS", "ceiling_line", "scope_line", "markdown", "write_outputs", "plot_latency",
            "plot_efficiency", "plot_overhead", "profile_markdown", "write_profile"]
@@ -37,7 +37,7 @@ def _fmt(v: Any, digits: int = 2) -> str:
     return str(v)
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
@@ -68,7 +68,7 @@ def markdown(result: Mapping[str, Any]) -> str:
     parts += ["", "## Latency (ms; throughput in images/s)", ""]
     header = ["variant", "backend", "dtype", "batch", "median", "min", "mean", "p90", "p95", "p99", "CV",
               "img/s", "mem MB", "x eager", "x eager (pairs) [Q1, Q3]", "GFLOP/s", "% ceiling", "parity err"]
-    parts.append(_table(header, [[r["variant"], r["backend"], r["dtype"], str(r["batch"]), _fmt(r["median_ms"]),
+    parts.append(markdown_table(header, [[r["variant"], r["backend"], r["dtype"], str(r["batch"]), _fmt(r["median_ms"]),
                                   _fmt(r["min_ms"]), _fmt(r["mean_ms"]), _fmt(r["p90_ms"]), _fmt(r["p95_ms"]),
                                   _fmt(r["p99_ms"]), _fmt(r["cv"], 3), _fmt(r["throughput_img_s"], 1),
                                   _fmt(r["peak_mem_mb"], 1), _fmt(r["speedup_vs_eager"]), _pair(r),
@@ -83,7 +83,7 @@ def markdown(result: Mapping[str, Any]) -> str:
     if fastest:
         parts += ["", "## Fastest fp32 CPU runtime on this machine (per variant and batch: the largest speed-up "
                   "over eager fp32)", "",
-                  _table(["variant", "batch", "fastest", "median ms", "x eager", "runner-up", "x runner-up",
+                  markdown_table(["variant", "batch", "fastest", "median ms", "x eager", "runner-up", "x runner-up",
                           "decided by"],
                          [[f["variant"], str(f["batch"]), f["backend"], _fmt(f["median_ms"]), _fmt(f["x_eager"]),
                            f["runner_up"] or "-", _fmt(f["x_runner_up"]), f["how"] or "-"] for f in fastest])]
@@ -95,7 +95,7 @@ def markdown(result: Mapping[str, Any]) -> str:
     over = result.get("overheads", [])
     if over:
         parts += ["", "## Overhead vs standard (median of per-pair ratios of an A B A B run; [Q1, Q3])", ""]
-        parts.append(_table(["variant", "backend", "dtype", "batch", "ratio", "Q1", "Q3", "pairs"],
+        parts.append(markdown_table(["variant", "backend", "dtype", "batch", "ratio", "Q1", "Q3", "pairs"],
                             [[o["variant"], o["backend"], o["dtype"], str(o["batch"]), _fmt(o["ratio_median"], 3),
                               _fmt(o["ratio_q1"], 3), _fmt(o["ratio_q3"], 3), str(o["pairs"])] for o in over]))
     bad = [r for r in rows if r["status"] != "ok"]
@@ -110,7 +110,7 @@ def markdown(result: Mapping[str, Any]) -> str:
             seen.add(key)
             who = "all variants" if r["status"] == "skipped" else f"{r['variant']} b{r['batch']}"
             lines.append([r["backend"], r["dtype"], r["status"], who, r["reason"]])
-        parts.append(_table(["backend", "dtype", "status", "where", "reason"], lines))
+        parts.append(markdown_table(["backend", "dtype", "status", "where", "reason"], lines))
     return "\n".join(parts) + "\n"
 
 
@@ -161,7 +161,7 @@ def _speedup_pivot(ok: List[Mapping[str, Any]]) -> str:
               r["speedup_pair_median"] if r.get("speedup_pair_median") is not None else r["speedup_vs_eager"]
               for r in ok}
     rows = [[v] + [_fmt(lookup.get((v, *c))) for c in cols] for v in variants]
-    return _table(["variant"] + [f"{b} {d} b{n}" for b, d, n in cols], rows)
+    return markdown_table(["variant"] + [f"{b} {d} b{n}" for b, d, n in cols], rows)
 
 
 def _csv(rows: Sequence[Mapping[str, Any]], fields: Sequence[str]) -> str:
@@ -304,7 +304,7 @@ def _op_table(naive: Mapping[str, Any], tuned: Mapping[str, Any], top: int = 12)
             ms = prof["ops"].get(op)
             cells.append("-" if ms is None else f"{ms:.2f} ({100 * ms / prof['ms_per_run']:.0f}%)")
         rows.append(cells)
-    return _table(["op type", "naive ms/run (share)", "tuned ms/run (share)"], rows)
+    return markdown_table(["op type", "naive ms/run (share)", "tuned ms/run (share)"], rows)
 
 
 def profile_markdown(profiles: Sequence[Mapping[str, Any]]) -> str:
@@ -314,7 +314,7 @@ def profile_markdown(profiles: Sequence[Mapping[str, Any]]) -> str:
              "backend (saved ORT_ENABLE_EXTENDED graph loaded with ORT_ENABLE_ALL, batch fixed). Both: the run's "
              "intra-op threads, one inter-op thread, sequential, no spinning. Kernel time excludes the session's "
              "own overhead between kernels.", "",
-             _table(["variant", "batch", "naive ms/run", "tuned ms/run", "naive top ops", "tuned top ops"],
+             markdown_table(["variant", "batch", "naive ms/run", "tuned ms/run", "naive top ops", "tuned top ops"],
                     [[p["variant"], str(p["batch"]), f"{p['naive']['ms_per_run']:.2f}",
                       f"{p['tuned']['ms_per_run']:.2f}", _top3(p["naive"]), _top3(p["tuned"])] for p in profiles])]
     for p in profiles:

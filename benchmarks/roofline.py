@@ -150,7 +150,7 @@ def bound(matrix_flops: float, vector_ops: float, bytes_moved: float, gpu: GPU, 
 def roofline(variants: Sequence[str], task: str, arch: str, batch_sizes: Sequence[int], gpus: Sequence[str],
              precisions: Sequence[str] = PRECISIONS) -> Dict[str, Any]:
     """Counts and bounds of every (variant, batch) on every GPU and precision (the ``--roofline`` result)."""
-    from .flops import count_variant, meta_model
+    from attnzoo.benchmarks.flops import count_variant, meta_model
 
     models, rows = [], []
     for variant in variants:
@@ -175,12 +175,12 @@ def _us(seconds: Optional[float]) -> str:
 
 def markdown(result: Dict[str, Any], against: Optional[List[Dict[str, Any]]] = None) -> str:
     """The tables: counts per model, then per GPU the bound (µs) per precision, c/m = compute/memory bound."""
-    from .report import _table
+    from attnzoo.benchmarks.report import markdown_table
 
     precisions = result["precisions"]
     widths = sorted({result["widths"][p] for p in precisions}, reverse=True)
     label = {w: "/".join(p for p in precisions if result["widths"][p] == w) for w in widths}
-    counts = _table(
+    counts = markdown_table(
         ["variant", "batch", "matrix GFLOP", "vector Gop", *[f"MB moved, {label[w]}" for w in widths],
          *[f"FLOP/B, {label[w]}" for w in widths]],
         [[m["variant"], str(m["batch"]), f"{m['matrix_flops'] / 1e9:.3f}", f"{m['vector_ops'] / 1e9:.3f}",
@@ -206,10 +206,10 @@ def markdown(result: Dict[str, Any], against: Optional[List[Dict[str, Any]]] = N
                 r = cell[(m["variant"], m["batch"], key, p)]
                 line.append("n/a" if r["bound_s"] is None else f"{_us(r['bound_s'])} {r['limited_by'][0]}")
             rows.append(line)
-        parts += [_table(["variant", "batch", *precisions], rows), ""]
+        parts += [markdown_table(["variant", "batch", *precisions], rows), ""]
     if against:
         parts += ["## Measured against the bound", "",
-                  _table(["variant", "backend", "dtype", "batch", "GPU", "bound precision", "bound µs",
+                  markdown_table(["variant", "backend", "dtype", "batch", "GPU", "bound precision", "bound µs",
                           "measured µs", "fraction of the roof"],
                          [[a["variant"], a["backend"], a["dtype"], str(a["batch"]), a["gpu"], a["precision"],
                            _us(a["bound_s"]), _us(a["measured_s"]), f"{a['fraction']:.1%}"] for a in against]), ""]

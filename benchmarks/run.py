@@ -27,15 +27,15 @@ from tqdm import tqdm
 
 from attnzoo.cli import Interrupted, Terminated
 
-from .backends import (TOLERANCES, Runner, build_runner, check_parity, row_device, tensorrt_build_only,
+from attnzoo.benchmarks.backends import (TOLERANCES, Runner, build_runner, check_parity, row_device, tensorrt_build_only,
                        tolerance_for, torch_device, unavailable_reason)
-from .ceiling import DEFAULT_SIZE, ceiling_for, fraction, matmul_ceiling
-from .flops import count_flops
-from .env import environment, load_average
-from .ort_cpu import gemm_gflops, naive_cpu_session, profile_ops, tuned_cpu_session
-from .stats import ratio_stats, summarize
-from . import timing
-from .timing import PeakRSS, measure, measure_pair
+from attnzoo.benchmarks.ceiling import DEFAULT_SIZE, ceiling_for, fraction, matmul_ceiling
+from attnzoo.benchmarks.flops import count_flops
+from attnzoo.machine import environment, load_average
+from attnzoo.benchmarks.ort_cpu import gemm_gflops, naive_cpu_session, profile_ops, tuned_cpu_session
+from attnzoo.benchmarks.stats import ratio_stats, summarize
+from attnzoo.benchmarks import timing
+from attnzoo.benchmarks.timing import PeakRSS, measure, measure_pair
 
 __all__ = ["Settings", "run_benchmark", "onnx_path", "NOTE", "ONNX_BACKENDS", "CPU_RUNTIMES"]
 

@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Callable, List, Optional, Tuple
 
-from .env import rss_bytes
+from attnzoo.machine import rss_bytes
 
 __all__ = ["time_once", "warmup", "measure", "measure_pair", "PeakRSS"]
 

@@ -20,9 +20,9 @@ reads a DequantizeLinear output, looked up in the graph here.
 
 Usage (from the repository root, after the README's install)::
 
-    python evaluation/independent_check.py --out evaluation/results            # all Fashion-MNIST models
+    python evaluation/independent_check.py --out results/independent-check            # all Fashion-MNIST models
     python evaluation/independent_check.py --tasks seg --variants standard,belief2 --out /tmp/check
-    python evaluation/independent_check.py --dtype int8 --tasks cls --out evaluation/results/cls-int8
+    python evaluation/independent_check.py --dtype int8 --tasks cls --out results/independent-check/cls-int8
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ def variant_spec(config: Mapping[str, Any]) -> VariantSpec:
         ValueError: the variant is not registered (naming the plugin package to install when the config
             records one).
     """
-    from attnzoo.checkpoint import require_variant
+    from attnzoo.models.checkpoint import require_variant
 
     return require_variant(config)
 

@@ -139,7 +139,7 @@ def _class_count(state: Dict[str, Any], task: str) -> Optional[int]:
 def _from_checkpoint(path: Path, variant: str, task: Optional[str],
                      arch: Optional[str]) -> Tuple[nn.Module, Dict[str, Any]]:
     """Model + config from a checkpoint; the variant (and task/arch when given) must match it."""
-    from attnzoo.checkpoint import NoConfigError, load_checkpoint, load_state_dict_file, load_weights, read_config
+    from attnzoo.models.checkpoint import NoConfigError, load_checkpoint, load_state_dict_file, load_weights, read_config
     from attnzoo.models import create_model
 
     if not path.is_file():
@@ -174,7 +174,7 @@ def load_for_export(variant: str, task: Optional[str] = None, arch: Optional[str
     if random_init:
         if checkpoint is not None:
             raise ValueError("--random-init and --checkpoint exclude each other")
-        from attnzoo.training.data import SHAPES_CLASSES, SHAPES_SEG_CLASSES
+        from attnzoo.data.datasets import SHAPES_CLASSES, SHAPES_SEG_CLASSES
 
         task = task or "cls"
         names = list(SHAPES_CLASSES if task == "cls" else SHAPES_SEG_CLASSES)
@@ -259,7 +259,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """
     from tqdm import tqdm
 
-    from attnzoo.limits import check_batch_sizes, check_forward_memory
+    from attnzoo.limits import check_batch_sizes
+    from attnzoo.models.memory import check_forward_memory
     from attnzoo.models import canonical_name
 
     from .onnx_export import SUPPORTED_OPSETS

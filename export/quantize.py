@@ -64,7 +64,7 @@ QUANTIZED_OP_TYPES: Tuple[str, ...] = ("MatMul", "Gemm", "Conv")
 #: attention core, the ops ONNX Runtime's CPU kernels run in int8; its other Q/DQ pairs are dequantized straight
 #: into fp32 ops (a residual Add into LayerNorm), pure cost there. ViT-S 224, one thread, 2-core Intel Xeon with
 #: AMX: ONNX Runtime int8 2.60x / 2.39x fp32 (batch 1 / 8) with ``cpu``, 2.30x / 2.10x with ``tensorrt``
-#: (``benchmarks/results/quantized-speed-amx``).
+#: (``results/studies/quantized-speed-amx``).
 QDQ_PLACEMENTS: Mapping[str, Mapping[str, Any]] = {
     "tensorrt": {},
     "cpu": {"op_types_to_quantize": list(QUANTIZED_OP_TYPES), "disable_mha_qdq": True},
@@ -204,7 +204,7 @@ def calibration_images(config: Mapping[str, Any], count: int = DEFAULT_CALIBRATI
                        seed: int = DEFAULT_CALIBRATION_SEED) -> np.ndarray:
     """``count`` training-split images of the model's data set, float32 NCHW, preprocessed as the model expects.
 
-    Loaded with :func:`attnzoo.training.data.load_data` (the split the model was trained on, its image size and
+    Loaded with :func:`attnzoo.data.datasets.load_data` (the split the model was trained on, its image size and
     data seed) and normalised with the model's mean/std by :func:`attnzoo.preprocess.normalize`, exactly as the
     evaluation does it. Classifiers: ``count`` images drawn without replacement with
     ``numpy.random.default_rng(seed)``; segmenters: ``count`` training scenes composed from training garments
@@ -214,7 +214,7 @@ def calibration_images(config: Mapping[str, Any], count: int = DEFAULT_CALIBRATI
         ValueError: the config names no data set (an untrained or config-less model), or ``count`` < 1.
     """
     from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
-    from attnzoo.training.data import load_data
+    from attnzoo.data.datasets import load_data
 
     if count < 1:
         raise ValueError(f"calibration count must be >= 1, got {count}")
@@ -539,13 +539,6 @@ def simulate_fp8(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 
 # ------------------------------------------------------------------------------------------------ evaluation
-def _session(model: Union[str, Path, onnx.ModelProto], threads: Optional[int]):
-    from attnzoo.runtime.sessions import ort_session
-
-    data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
-    return ort_session(data, "cpu", threads=threads)
-
-
 def evaluate_onnx(models: Mapping[str, Union[str, Path, onnx.ModelProto]], config: Mapping[str, Any], *,
                   limit: Optional[int] = None, threads: Optional[int] = None,
                   progress: bool = False) -> Dict[str, Any]:
@@ -553,9 +546,9 @@ def evaluate_onnx(models: Mapping[str, Union[str, Path, onnx.ModelProto]], confi
 
     Classifiers: top-1 on the test split (Fashion-MNIST: the official 10,000 test images); segmenters: mIoU on
     the test scenes. Data loading, preprocessing and metrics are the training code's
-    (:func:`attnzoo.training.data.load_data`, :func:`attnzoo.preprocess.normalize`,
-    :func:`attnzoo.training.train.metrics_from_confusion`); predictions come from
-    :func:`attnzoo.benchmarks.int8_accuracy.predict_session`, which refuses non-finite logits.
+    (:func:`attnzoo.data.datasets.load_data`, :func:`attnzoo.preprocess.normalize`,
+    :func:`attnzoo.metrics.metrics_from_confusion`); predictions come from
+    :func:`attnzoo.runtime.evaluate.predict_session`, which refuses non-finite logits.
 
     Args:
         models: ``{label: ONNX file or proto}``, e.g. ``{"fp32": ..., "int8": ...}``.
@@ -569,10 +562,10 @@ def evaluate_onnx(models: Mapping[str, Union[str, Path, onnx.ModelProto]], confi
     import torch
     from tqdm import tqdm
 
-    from attnzoo.benchmarks.int8_accuracy import EVAL_BATCH, predict_session
+    from attnzoo.runtime.evaluate import EVAL_BATCH, cpu_session, predict_session
     from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
-    from attnzoo.training.data import load_data
-    from attnzoo.training.train import confusion_matrix, metrics_from_confusion
+    from attnzoo.data.datasets import load_data
+    from attnzoo.metrics import confusion_matrix, metrics_from_confusion
 
     task, size = config["task"], int(config["img_size"])
     data = load_data(config["data"], "test", task, size, n=limit, seed=int(config.get("data_seed", 0)))
@@ -581,7 +574,7 @@ def evaluate_onnx(models: Mapping[str, Union[str, Path, onnx.ModelProto]], confi
     k = len(data.class_names)
     metrics, preds, name = {}, {}, "top1"
     for label, model in tqdm(list(models.items()), desc="test-set accuracy", unit="model", disable=not progress):
-        pred = predict_session(_session(model, threads), x, EVAL_BATCH)
+        pred = predict_session(cpu_session(model, threads), x, EVAL_BATCH)
         m = metrics_from_confusion(confusion_matrix(y, pred, k), task, data.class_names)
         metrics[label], name, preds[label] = float(m["metric"]), m["metric_name"], pred
     first = next(iter(preds.values()))
@@ -590,7 +583,9 @@ def evaluate_onnx(models: Mapping[str, Union[str, Path, onnx.ModelProto]], confi
 
 
 def _finite_outputs(model: Union[Path, onnx.ModelProto], x: np.ndarray, threads: Optional[int]) -> bool:
-    sess = _session(model, threads)
+    from attnzoo.runtime.evaluate import cpu_session
+
+    sess = cpu_session(model, threads)
     out = sess.run(None, {sess.get_inputs()[0].name: x})[0]
     return bool(np.isfinite(out).all())
 

@@ -1,6 +1,6 @@
 """Verification of every export: ONNX Runtime against eager PyTorch on real and random inputs.
 
-Real inputs are ``shapes`` test images (``attnzoo.training.data.shapes_images``) normalised with the model's
+Real inputs are ``shapes`` test images (``attnzoo.data.datasets.shapes_images``) normalised with the model's
 mean/std by :func:`attnzoo.preprocess.normalize`; random inputs are standard normal. Batch sizes always include
 1 and 3, which the export (traced at batch 2) never saw.
 
@@ -54,7 +54,7 @@ def failed_report_path(onnx_path: Union[str, Path]) -> Path:
 def _inputs(config: Mapping[str, Any], hw: Tuple[int, int], n: int, seed: int) -> Dict[str, np.ndarray]:
     """``real`` (normalised shapes test images, cropped to (H, W)) and ``random`` float32 NCHW batches."""
     from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
-    from attnzoo.training.data import shapes_images
+    from attnzoo.data.datasets import shapes_images
 
     h, w = hw
     images = shapes_images(n, img_size=max(h, w), split="test", seed=seed, task=config["task"])[0]

@@ -56,7 +56,7 @@ SCORE_CHOICES = ("dot", "mse", "mae")
 MAE_IMPLS = ("auto", "cdist", "blocked", "broadcast")
 #: Queries per block of :func:`pairwise_l1`: the (B, d, block, N) slab of one head is 0.8 MB per image for a
 #: ViT-Ti at 224 px. Blocks of 8 and 16 ran alike on a 2-core AVX2 EPYC
-#: (``benchmarks/results/cpu-tiny-mae/forms/``); 16 halves the unrolled export. Slabs far past the cache
+#: (``results/bench-latency/cpu-tiny-mae/forms/``); 16 halves the unrolled export. Slabs far past the cache
 #: (all heads at once, or 32 queries, at batch 8) were slower in exploratory runs.
 MAE_BLOCK = 16
 #: Most blocks per head: longer sequences get larger blocks, so the unrolled export stays small.

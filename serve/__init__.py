@@ -1,7 +1,7 @@
 """attnzoo.serve: the Gradio demo (Classify, Segment and Compare tabs) over ONNX Runtime, PyTorch or TensorRT.
 
 The demo is offline: importing this package switches off Gradio's analytics and any Hugging Face Hub access
-before Gradio itself is imported. CLI: ``serve-demo`` (:func:`attnzoo.serve.cli.main`).
+before Gradio itself is imported. CLI: ``serve-demo`` (:func:`attnzoo.serve.demo.cli.main`).
 
 >>> from attnzoo.serve import build_demo, load_models          # doctest: +SKIP
 >>> demo = build_demo(load_models(models_dir="exported/"))      # doctest: +SKIP
@@ -18,13 +18,13 @@ os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 os.environ["DO_NOT_TRACK"] = "1"
 os.environ.setdefault("GRADIO_SSR_MODE", "False")
 
-from .backends import BACKENDS, ServedModel, load_models  # noqa: E402
-from .predict import classify, segment  # noqa: E402
+from attnzoo.serve.loading import BACKENDS, ServedModel, load_models  # noqa: E402
+from attnzoo.serve.predict import classify, segment  # noqa: E402
 
 
 def build_demo(*args, **kwargs):
-    """Build the ``gr.Blocks`` demo (see :func:`attnzoo.serve.app.build_demo`); imports Gradio lazily."""
-    from .app import build_demo as _build
+    """Build the ``gr.Blocks`` demo (see :func:`attnzoo.serve.demo.app.build_demo`); imports Gradio lazily."""
+    from attnzoo.serve.demo.app import build_demo as _build
 
     return _build(*args, **kwargs)
 

@@ -15,7 +15,7 @@ from PIL import Image
 
 from attnzoo.preprocess import ImageLike, load_image, preprocess, to_input_style
 
-from .backends import SLIDING_BATCH, ServedModel
+from attnzoo.serve.loading import SLIDING_BATCH, ServedModel
 
 __all__ = ["classify", "segment", "model_view", "sliding_logits", "softmax", "palette", "overlay",
            "pixel_shares", "class_iou", "dominant_classes", "topk_chart", "background_classes"]

@@ -26,14 +26,15 @@ from PIL import Image
 
 import attnzoo.serve  # noqa: F401  (offline environment first)
 from attnzoo import limits
-from attnzoo.checkpoint import load_checkpoint, read_config, save_checkpoint
+from attnzoo.models import memory
+from attnzoo.models.checkpoint import load_checkpoint, read_config, save_checkpoint
 from attnzoo.export import export_onnx
 from attnzoo.export import verify as verify_mod
 from attnzoo.export.cli import main as export_main
 from attnzoo.models import create_model
 from attnzoo.preprocess import ImageTooLargeError, load_image
 from attnzoo.runtime.parity import TOLERANCES
-from attnzoo.serve.backends import load_models
+from attnzoo.serve.loading import load_models
 from attnzoo.training import cli as train_cli
 from attnzoo.training.train import TrainConfig, train
 
@@ -72,10 +73,10 @@ def test_export_refuses_a_batch_that_would_not_fit_in_memory(tmp_path, monkeypat
 
 def test_forward_estimate_grows_with_batch_and_tokens():
     cfg = {"variant": "standard", "task": "cls", "arch": "micro", "num_classes": 3}
-    one = limits.forward_bytes(cfg, (32, 32), 1)
-    assert limits.forward_bytes(cfg, (32, 32), 8) == 8 * one
-    assert limits.forward_bytes(cfg, (64, 64), 1) > 4 * one
-    assert limits.forward_bytes({**cfg, "variant": "wafe-mae"}, (32, 32), 1) > one
+    one = memory.forward_bytes(cfg, (32, 32), 1)
+    assert memory.forward_bytes(cfg, (32, 32), 8) == 8 * one
+    assert memory.forward_bytes(cfg, (64, 64), 1) > 4 * one
+    assert memory.forward_bytes({**cfg, "variant": "wafe-mae"}, (32, 32), 1) > one
 
 
 # ------------------------------------------------------------------ 2, 6, 12: pixel cap, bombs and EXIF
@@ -93,7 +94,7 @@ def _png_header_only(path: Path, width: int, height: int) -> Path:
 
 
 def test_images_over_the_pixel_cap_are_refused_from_the_header(tmp_path):
-    from attnzoo.serve.app import _read_upload
+    from attnzoo.serve.demo.app import _read_upload
 
     path = _png_header_only(tmp_path / "big.png", 12000, 12000)
     start = time.perf_counter()
@@ -109,7 +110,7 @@ def test_images_over_the_pixel_cap_are_refused_from_the_header(tmp_path):
 
 
 def test_decompression_bombs_are_named_as_such(tmp_path):
-    from attnzoo.serve.app import _read_upload
+    from attnzoo.serve.demo.app import _read_upload
 
     path = _png_header_only(tmp_path / "bomb.png", 20000, 20000)  # past Pillow's own bomb limit
     with pytest.raises(ValueError) as info:
@@ -140,7 +141,7 @@ def test_over_the_cap_images_are_refused_without_a_pillow_warning(tmp_path, caps
 
 def test_zoo_and_screenshot_commands_use_the_one_error_pattern(tmp_path, capsys):
     from attnzoo.cli import CommandExit
-    from attnzoo.serve import screenshot
+    from attnzoo.serve.demo import screenshot
     from attnzoo.training import zoo as zoo_cli
 
     errors = [_exit(zoo_cli.main, ["build", "--variants", "nosuch", "--out", str(tmp_path / "zoo")]),
@@ -315,7 +316,7 @@ def test_checkpoint_config_that_is_not_an_object(tmp_path, text):
 
 def _partial_run(tmp_path: Path) -> TrainConfig:
     """Epoch 1 of 2 of the run ``_TRAIN_ARGV`` describes (train-model's defaults), leaving its state."""
-    from attnzoo.training.data import shapes
+    from attnzoo.data.datasets import shapes
 
     cfg = TrainConfig(variant="standard", epochs=2, batch_size=16, lr=2e-3, warmup_epochs=0.5, train_size=32,
                       out=str(tmp_path), threads=1)

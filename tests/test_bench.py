@@ -177,7 +177,7 @@ def test_cli_exit_code_and_single_line():
 def test_int8_quantization_and_confusion(short_run):
     import onnx
 
-    from attnzoo.benchmarks.int8_accuracy import evaluate_session
+    from attnzoo.runtime.evaluate import evaluate_session
     from attnzoo.benchmarks.ort_cpu import quantize_int8, tuned_cpu_session
 
     out, _ = short_run

@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from attnzoo.checkpoint import NoConfigError, load_checkpoint, read_config, save_checkpoint
+from attnzoo.models.checkpoint import NoConfigError, load_checkpoint, read_config, save_checkpoint
 from attnzoo.fileio import atomic_path, atomic_write_text
 from attnzoo.models import create_model
 from attnzoo.preprocess import busy_background, input_style_of, load_image, preprocess, to_input_style
@@ -87,7 +87,7 @@ def test_input_style_comes_from_the_config_and_is_saved(tmp_path):
 
 
 def test_gray_on_black_leaves_a_real_test_image_nearly_as_it_is_and_undoes_inversion():
-    from attnzoo.training.fashion import fashion_arrays
+    from attnzoo.data.fashion import fashion_arrays
 
     gray, _ = fashion_arrays("test", root=SUBSET)
     for g in gray[:50]:
@@ -101,7 +101,7 @@ def test_gray_on_black_leaves_a_real_test_image_nearly_as_it_is_and_undoes_inver
 
 
 def test_gray_on_black_crops_and_centres_a_small_garment_on_white():
-    from attnzoo.training.fashion import fashion_arrays
+    from attnzoo.data.fashion import fashion_arrays
 
     gray, _ = fashion_arrays("test", root=SUBSET)
     out = np.asarray(to_input_style(_garment_on_white(gray[1]), "gray-on-black", "cls"))[..., 0]
@@ -123,7 +123,7 @@ def test_conversion_keeps_the_zoo_classifier_accurate_on_real_test_images():
 
     Measured with the 6-epoch zoo model on these 300: 91.3 % raw, 91.3 % converted."""
     from attnzoo import zoo
-    from attnzoo.training.fashion import fashion_arrays
+    from attnzoo.data.fashion import fashion_arrays
 
     model, cfg = zoo.load("standard", "cls", "fashion")
     gray, labels = fashion_arrays("test", root=SUBSET)

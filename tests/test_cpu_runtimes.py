@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from attnzoo.benchmarks.ceiling import ceiling_for, fraction, int8_isa, matmul_ceiling
-from attnzoo.benchmarks.env import KEY_FLAGS, cpu_info, cpu_summary
+from attnzoo.machine import KEY_FLAGS, cpu_info, cpu_summary
 from attnzoo.benchmarks.flops import CDIST_FLOPS_PER_TERM, count_flops
 from attnzoo.models import create_model
 from attnzoo.runtime.choice import fastest_cpu_runtime

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from attnzoo.training.data import (SHAPES_CLASSES, SHAPES_SEG_CLASSES, TensorDataset, ade_folder, digits,
+from attnzoo.data.datasets import (SHAPES_CLASSES, SHAPES_SEG_CLASSES, TensorDataset, ade_folder, digits,
                                    imagefolder, load_data, shapes, shapes_images)
 
 

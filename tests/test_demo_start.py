@@ -12,7 +12,7 @@ from attnzoo import zoo
 from attnzoo.export import VerificationError, adopt_verified, export_verified, metadata_props
 from attnzoo.export.verify import failed_report_path, report_path
 from attnzoo.models import create_model
-from attnzoo.serve.backends import ServedModel, load_zoo_onnx, zoo_onnx_name
+from attnzoo.serve.loading import ServedModel, load_zoo_onnx, zoo_onnx_name
 
 
 def _micro(seed: int):
@@ -75,7 +75,7 @@ def test_the_zoo_on_onnx_starts_with_the_best_models_and_loads_the_others_on_fir
 
 
 def test_the_demo_selects_the_best_model_first():
-    from attnzoo.serve.app import DemoModels, _choice_label
+    from attnzoo.serve.demo.app import DemoModels, _choice_label
 
     def served(name: str, score):
         return ServedModel(name=name, variant=name, task="cls", class_names=["a"], input_size=(8, 8),

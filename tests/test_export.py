@@ -11,7 +11,7 @@ import onnx
 import pytest
 import torch
 
-from attnzoo.checkpoint import save_checkpoint
+from attnzoo.models.checkpoint import save_checkpoint
 from attnzoo.fileio import sha256_file
 from attnzoo.export import (BATCH_DIM, assert_projection, check_projection, export_verified, make_session,
                             metadata_props, read_metadata, report_path)

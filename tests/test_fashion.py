@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnzoo.training import fashion as fm
-from attnzoo.training.data import load_data
+from attnzoo.data import fashion as fm
+from attnzoo.data.datasets import load_data
 
 SUBSET = Path(__file__).parent / "data" / "fashion-mnist"
 

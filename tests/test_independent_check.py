@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnzoo.training import fashion as fm
+from attnzoo.data import fashion as fm
 from attnzoo.training.zoo import SUBSET_N
 
 ROOT = Path(__file__).resolve().parents[1]

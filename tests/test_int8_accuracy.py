@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from attnzoo.benchmarks.int8_accuracy import main, readme_table
+from attnzoo.studies.int8_accuracy import main, readme_table
 
-fashion = pytest.importorskip("attnzoo.training.fashion")
+fashion = pytest.importorskip("attnzoo.data.fashion")
 
 
 def _have_fashion() -> bool:
@@ -26,7 +26,7 @@ def test_real_run_matches_eager_on_the_same_images(tmp_path):
 
     from attnzoo import zoo
     from attnzoo.preprocess import normalize
-    from attnzoo.training.data import load_data
+    from attnzoo.data.datasets import load_data
 
     n = 200
     assert main(["--variants", "standard", "--limit", str(n), "--batch-sizes", "1,4", "--min-time", "0.05",
@@ -50,7 +50,7 @@ def _result(model: str, flags, deltas, speeds, contended=False):
     rows = [{"variant": v, "task": "cls", "ort_fp32_metric": 85.0, "delta": d,
              "speed": {"1": {"speedup_median": s}, "8": {"speedup_median": s + 0.5}}}
             for v, d, s in zip(("standard", "belief"), deltas, speeds)]
-    return {"command": "python -m attnzoo.benchmarks.int8_accuracy --out x", "threads": 1, "batch_sizes": [1, 8],
+    return {"command": "python -m attnzoo.studies.int8_accuracy --out x", "threads": 1, "batch_sizes": [1, 8],
             "contended": contended, "environment": {"cpu": {"model": model, "key_flags": flags}}, "rows": rows}
 
 

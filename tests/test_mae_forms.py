@@ -1,4 +1,4 @@
-"""python -m attnzoo.benchmarks.mae_forms: every form exported, verified, timed against eager; bad input."""
+"""python -m attnzoo.studies.mae_forms: every form exported, verified, timed against eager; bad input."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from attnzoo.benchmarks.mae_forms import forms, main
+from attnzoo.studies.mae_forms import forms, main
 from attnzoo.models import ARCHS
 from attnzoo.runtime.parity import TOLERANCES
 

@@ -17,7 +17,7 @@ import torch
 from timm.layers import Attention
 from torch import nn
 
-from attnzoo.checkpoint import load_checkpoint, save_checkpoint
+from attnzoo.models.checkpoint import load_checkpoint, save_checkpoint
 from attnzoo.export import export_verified, report_path
 from attnzoo.export.check import check_projection, expected_scopes
 from attnzoo.export.verify import VerificationError
@@ -444,14 +444,14 @@ def test_example_plugin_through_every_command(installed_example, tmp_path):
     assert [(r["variant"], r["backend"], r["status"]) for r in rows if r["variant"] == "cosine"] == [
         ("cosine", "eager", "ok"), ("cosine", "ort-cpu", "ok")]
     # the demo lists it (its ONNX files) and the PyTorch backend serves the checkpoint
-    listed = _run(["-c", "from pathlib import Path; from attnzoo.serve.backends import load_models; "
+    listed = _run(["-c", "from pathlib import Path; from attnzoo.serve.loading import load_models; "
                    f"print([m.name for m in load_models(Path({str(models)!r}), backend='onnxruntime')]); "
                    f"print([m.name for m in load_models(Path({str(train)!r}), backend='pytorch')])"],
                   env, tmp_path).stdout
     assert "cosine_fp32" in listed or "'cosine'" in listed.splitlines()[0]
     assert "'cosine'" in listed.splitlines()[1]
     # serve-models --models DIR --variants cosine selects its exports
-    chosen = _run(["-c", "from pathlib import Path; from attnzoo.serving.launch import _matching; "
+    chosen = _run(["-c", "from pathlib import Path; from attnzoo.serve.rayserve.launch import _matching; "
                    f"print(sorted(_matching(Path({str(models)!r}), ['cosine_fp32.onnx', 'cosine_fp16.onnx'], "
                    "['cosine'], None).files))"], env, tmp_path).stdout
     assert "['cosine_fp16.onnx', 'cosine_fp32.onnx']" in chosen

@@ -125,7 +125,7 @@ def test_nncf_ignored_scope_keeps_the_extra_math_unquantized(belief2_fp32, tmp_p
 
 
 def test_mcnemar_against_the_binomial_formula():
-    from attnzoo.benchmarks.quantized import mcnemar_p
+    from attnzoo.studies.quantized import mcnemar_p
 
     a = np.array([True] * 8 + [True] * 50 + [False] * 10)
     b = np.array([False] * 8 + [True] * 50 + [False] * 10)
@@ -145,13 +145,13 @@ def _row(variant, metrics, xm_loses=None):
 
 
 def test_report_tables_say_who_loses_accuracy():
-    from attnzoo.benchmarks.quantized import markdown
+    from attnzoo.studies.quantized import markdown
 
     env = {"cpu": {"model": "Test CPU", "key_flags": ["avx2", "avx512_vnni"], "usable_cores": 2}}
     speed_row = {"backend": "openvino", "batch": 1, "speedup_median": 1.8, "speedup_q1": 1.7, "speedup_q3": 1.9,
                  "load_1min": 0.3, "fp32": {"median_ms": 9.0, "ceiling_fraction": 0.5},
                  "int8": {"median_ms": 5.0, "ceiling_fraction": 0.25}}
-    result = {"command": "python -m attnzoo.benchmarks.quantized --out x", "environment": env,
+    result = {"command": "python -m attnzoo.studies.quantized --out x", "environment": env,
               "accuracy": {"data": "fashion", "calibration_count": 512, "seed": 0, "load_start": [3.0],
                            "load_end": [3.1],
                            "rows": [_row("standard", {"fp32": 89.6, "int8": 89.3, "fp8": 89.5}),
@@ -182,7 +182,7 @@ def test_report_tables_say_who_loses_accuracy():
 def test_accuracy_only_keeps_earlier_rows_only_under_the_same_settings_and_names_their_cpu(capsys):
     """--accuracy-only merges the earlier run's rows of the models not measured now only when that run used the
     same data, limit and calibration, and each section names the CPU it was measured on."""
-    from attnzoo.benchmarks.quantized import _kept_accuracy, markdown
+    from attnzoo.studies.quantized import _kept_accuracy, markdown
 
     cpu_a = {"model": "CPU A", "key_flags": ["avx2"], "usable_cores": 2}
     cpu_b = {"model": "CPU B", "key_flags": ["avx2", "avx512_vnni"], "usable_cores": 2}
@@ -256,8 +256,8 @@ def test_demo_and_serve_models_mean_the_same_by_dtype_fp32(tmp_path):
     from attnzoo.export import export_verified
     from attnzoo.export.cli import load_for_export
     from attnzoo.runtime.sessions import served_precision
-    from attnzoo.serve.backends import load_onnx_dir
-    from attnzoo.serving.launch import _matching
+    from attnzoo.serve.loading import load_onnx_dir
+    from attnzoo.serve.rayserve.launch import _matching
 
     assert [served_precision(d) for d in ("fp32", "fp16", "int8", "fp8")] == ["fp32", "fp32", "int8", "fp8"]
     for dtype in ("fp32", "fp16"):
@@ -288,7 +288,7 @@ def test_quantized_problem_names_each_reason(int8_folder):
 
 
 def test_demo_serves_only_verified_int8_models(int8_folder, capsys):
-    from attnzoo.serve.backends import load_models
+    from attnzoo.serve.loading import load_models
 
     models = load_models(int8_folder, "onnxruntime", dtype="int8")
     assert [(m.source.rsplit("/", 1)[-1], m.dtype) for m in models] == [("belief2_int8.onnx", "int8")]
@@ -310,7 +310,7 @@ def test_demo_serves_only_verified_int8_models(int8_folder, capsys):
 def test_demo_int8_refuses_a_folder_without_verified_int8(tmp_path, int8_folder):
     import shutil
 
-    from attnzoo.serve.backends import load_models
+    from attnzoo.serve.loading import load_models
 
     shutil.copy(int8_folder / "no_report.onnx", tmp_path / "m.onnx")
     with pytest.raises(ValueError, match="no servable models"):
@@ -321,7 +321,7 @@ def test_demo_int8_refuses_a_folder_without_verified_int8(tmp_path, int8_folder)
 
 def test_backend_choice_is_timed_on_the_served_precision(int8_folder):
     from attnzoo.runtime.choice import fastest_cpu_runtime
-    from attnzoo.serve.backends import choose_cpu_backend
+    from attnzoo.serve.loading import choose_cpu_backend
 
     run = {"a": lambda p: (lambda x: x), "b": lambda p: (lambda x: x)}
     with pytest.raises(ValueError, match="belief2_fp32.onnx is fp32, not the int8 to be served"):
@@ -333,8 +333,8 @@ def test_backend_choice_is_timed_on_the_served_precision(int8_folder):
 
 
 def test_serve_models_selects_only_verified_int8(int8_folder, capsys):
-    from attnzoo.serving.config import merged
-    from attnzoo.serving.launch import select_models
+    from attnzoo.serve.rayserve.config import merged
+    from attnzoo.serve.rayserve.launch import select_models
 
     sel = select_models(merged({}, {"models": int8_folder, "dtype": "int8"}))
     assert list(sel.files) == ["belief2_int8.onnx"]
@@ -356,8 +356,8 @@ def test_serve_models_zoo_int8_serves_verified_copies_first_and_publishes_the_re
     server starts, the other's is exported in the child and listed in the ready file only once its verification
     report holds."""
     from attnzoo.runtime.sessions import quantized_problem
-    from attnzoo.serving.config import merged
-    from attnzoo.serving.launch import export_pending, select_models
+    from attnzoo.serve.rayserve.config import merged
+    from attnzoo.serve.rayserve.launch import export_pending, select_models
 
     cfg = merged({}, {"dtype": "int8", "variants": ["belief2", "standard"], "task": "cls",
                       "cache_dir": tmp_path / "cache"})

@@ -185,7 +185,7 @@ def zoo_fp32(tmp_path_factory):
 @needs_fashion
 def test_calibration_images_are_training_images_preprocessed_like_the_model(zoo_fp32):
     from attnzoo.preprocess import normalize
-    from attnzoo.training.fashion import fashion_arrays
+    from attnzoo.data.fashion import fashion_arrays
 
     _, config = zoo_fp32
     x = qz.calibration_images(config, 16, seed=3)

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from attnzoo.benchmarks import scaling
-from attnzoo.benchmarks.scaling import FAMILIES, cost_model, fit_exponent, main, parse_settings, plan, run_scaling
+from attnzoo.studies import scaling
+from attnzoo.studies.scaling import FAMILIES, cost_model, fit_exponent, main, parse_settings, plan, run_scaling
 from attnzoo.models import VARIANT_NAMES
 
 

@@ -14,14 +14,14 @@ import pytest
 from PIL import Image
 
 import attnzoo.serve  # noqa: F401  (offline environment first)
-from attnzoo.serve import backends, examples, predict
-from attnzoo.serve.backends import ServedModel, load_models
+from attnzoo.serve import examples, loading as backends, predict
+from attnzoo.serve.loading import ServedModel, load_models
 from attnzoo.preprocess import fit_size, input_style_of
-from attnzoo.serve.app import DISPLAY_MAX_SIDE
-from attnzoo.serve.cli import main as cli_main
-from attnzoo.serve.screenshot import CHROMIUM
-from attnzoo.training.fashion import DEFAULT_ROOT as FASHION_ROOT
-from attnzoo.training.fashion import FASHION_CLASSES, FASHION_SEG_CLASSES
+from attnzoo.serve.demo.app import DISPLAY_MAX_SIDE
+from attnzoo.serve.demo.cli import main as cli_main
+from attnzoo.serve.demo.screenshot import CHROMIUM
+from attnzoo.data.fashion import DEFAULT_ROOT as FASHION_ROOT
+from attnzoo.data.fashion import FASHION_CLASSES, FASHION_SEG_CLASSES
 from attnzoo.training.zoo import RECIPES
 
 gradio_client = pytest.importorskip("gradio_client")
@@ -51,7 +51,7 @@ def _make_model(variant: str, task: str):
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory) -> Path:
     """Two classifiers and one segmenter exported to ONNX, plus the checkpoints (pytorch backend)."""
-    from attnzoo.checkpoint import save_checkpoint
+    from attnzoo.models.checkpoint import save_checkpoint
     from attnzoo.export import export_onnx
 
     folder = tmp_path_factory.mktemp("models")
@@ -90,7 +90,7 @@ def served(models_dir):
 @pytest.fixture(scope="module")
 def server(served):
     """The demo on a free port of 127.0.0.1 (in this process); yields its URL."""
-    from attnzoo.serve.app import build_demo, free_port, launch
+    from attnzoo.serve.demo.app import build_demo, free_port, launch
 
     demo = build_demo(served, source="test models")
     port = free_port()
@@ -163,7 +163,7 @@ def test_every_answer_says_what_the_model_knows(client, images):
 def test_a_garment_on_white_is_converted_without_a_warning(client, tmp_path):
     """A Fashion-MNIST garment as a photo would show it (dark on white, small, off-centre): no warning, and
     the model sees it light on black, filling its frame."""
-    from attnzoo.training.fashion import fashion_arrays
+    from attnzoo.data.fashion import fashion_arrays
 
     gray, _ = fashion_arrays("test", root=ROOT / "tests" / "data" / "fashion-mnist")  # the committed subset
     canvas = np.full((96, 96), 255, np.uint8)
@@ -317,7 +317,7 @@ def test_classify_drawing(client, tmp_path):
 
 
 def test_demo_without_classifiers(served, images):
-    from attnzoo.serve.app import build_demo, launch
+    from attnzoo.serve.demo.app import build_demo, launch
 
     demo = build_demo([m for m in served if m.task == "seg"], source="segmenters only")
     _, url, _ = launch(demo, "127.0.0.1", None, block=False)
@@ -364,7 +364,7 @@ def test_pytorch_backend_matches_onnxruntime(models_dir, served, images):
 
 
 def test_auto_backend_is_a_measured_cpu_runtime_named_on_the_page(served):
-    from attnzoo.serve.app import DemoModels, _header
+    from attnzoo.serve.demo.app import DemoModels, _header
 
     assert {m.backend for m in served} <= set(backends.CPU_RUNTIMES) and len({m.backend for m in served}) == 1
     note = served[0].backend_note
@@ -501,7 +501,7 @@ def test_browser_classify_and_segment(server):
     if not CHROMIUM.exists():
         pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)")
     pytest.importorskip("playwright.sync_api")
-    from attnzoo.serve.screenshot import capture
+    from attnzoo.serve.demo.screenshot import capture
 
     report = capture(server, ROOT / "test-artifacts")
     assert len(report["labels"]) == 5 and set(report["labels"]) <= set(CLASSES)

@@ -30,11 +30,11 @@ from attnzoo import limits  # noqa: E402
 from attnzoo.preprocess import load_image, preprocess  # noqa: E402
 from attnzoo.runtime.sessions import ort_session  # noqa: E402
 from attnzoo.serve import examples, predict  # noqa: E402
-from attnzoo.serve.backends import load_models, load_remote  # noqa: E402
-from attnzoo.serving.app import decode_mask, mask_png  # noqa: E402
-from attnzoo.serving.cli import main as serve_main  # noqa: E402
-from attnzoo.serving.config import ServeConfig, merged, read_config_file  # noqa: E402
-from attnzoo.serving.loadtest import Record, summarize  # noqa: E402
+from attnzoo.serve.loading import load_models, load_remote  # noqa: E402
+from attnzoo.serve.rayserve.app import decode_mask, mask_png  # noqa: E402
+from attnzoo.serve.rayserve.cli import main as serve_main  # noqa: E402
+from attnzoo.serve.rayserve.config import ServeConfig, merged, read_config_file  # noqa: E402
+from attnzoo.serve.rayserve.loadtest import Record, summarize  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,7 +85,7 @@ def test_cli_refuses_bad_flags_before_ray_starts(argv, message, monkeypatch):
 
 
 def test_load_test_refuses_zero_kill_repeats_before_any_work(monkeypatch, tmp_path):
-    from attnzoo.serving import loadtest
+    from attnzoo.serve.rayserve import loadtest
 
     monkeypatch.setattr(loadtest, "offline_bench", lambda *a, **k: pytest.fail("benchmark ran for a bad command"))
     with pytest.raises(SystemExit) as info:
@@ -110,7 +110,7 @@ def test_cli_missing_models_folder(tmp_path, monkeypatch):
     import ray
 
     monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray started without models"))
-    from attnzoo.serving.launch import free_port
+    from attnzoo.serve.rayserve.launch import free_port
 
     err = _exit(["--models", str(tmp_path / "none"), "--port", str(free_port())])
     assert err.code == 1 and str(err) == f"error: models folder not found: {tmp_path / 'none'}"
@@ -156,7 +156,7 @@ def models_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def server(models_dir):
     """An embedded Ray with the app on a free port (1 replica, batches of up to 4 requests, 20 ms wait)."""
-    from attnzoo.serving.launch import deploy, free_port, select_models, start_ray, stop
+    from attnzoo.serve.rayserve.launch import deploy, free_port, select_models, start_ray, stop
 
     cfg = ServeConfig(models=models_dir, port=free_port(), max_batch_size=4, batch_wait_ms=20.0,
                       max_ongoing_requests=16)
@@ -311,10 +311,10 @@ def test_tensor_route_checks_its_input(server, local):
 @pytest.mark.slow
 def test_serve_models_command_prints_the_url_and_stops_on_sigterm(models_dir, tmp_path):
     """As a user runs it: the command prints the URL, answers an image, and SIGTERM ends it with 143."""
-    from attnzoo.serving.launch import free_port
+    from attnzoo.serve.rayserve.launch import free_port
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "attnzoo.serving.cli", "--models", str(models_dir), "--task",
+    proc = subprocess.Popen([sys.executable, "-m", "attnzoo.serve.rayserve.cli", "--models", str(models_dir), "--task",
                              "cls", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
@@ -339,8 +339,8 @@ def _assert_only_in_flight_failed(kill: dict, clients: int) -> None:
 def test_a_killed_replica_is_replaced_and_only_in_flight_requests_fail(models_dir):
     """Two replicas under load; one replica process is SIGKILLed: requests sent after the kill succeed, the
     failures are requests that were in flight, and the deployment has two replicas again."""
-    from attnzoo.serving.launch import deploy, free_port, select_models, start_ray, stop
-    from attnzoo.serving.loadtest import kill_test
+    from attnzoo.serve.rayserve.launch import deploy, free_port, select_models, start_ray, stop
+    from attnzoo.serve.rayserve.loadtest import kill_test
 
     cfg = ServeConfig(models=models_dir, task="cls", port=free_port(), replicas=2, max_batch_size=4)
     started = start_ray(cfg)
@@ -353,7 +353,7 @@ def test_a_killed_replica_is_replaced_and_only_in_flight_requests_fail(models_di
 
 
 def test_local_ray_defaults_to_haproxy_and_throughput_mode_unless_told_otherwise(monkeypatch):
-    from attnzoo.serving import launch
+    from attnzoo.serve.rayserve import launch
 
     keys = (*launch.LOCAL_RAY_ENV, *launch._HAPROXY_PORTS, "RAY_SERVE_HAPROXY_BINARY_PATH")
     monkeypatch.setattr(launch, "_OWN_ENV", {})
@@ -384,7 +384,7 @@ def test_load_test_kill_only_repeats(tmp_path):
     is lost, and no request sent after the kill fails (with Ray's default HAProxy retry policy such requests
     failed in 4 of 5 runs); in-flight failures are at most the clients'. Uploads over ~100 KB are not covered:
     see the README's "A dead replica's requests are replayed"."""
-    from attnzoo.serving import loadtest
+    from attnzoo.serve.rayserve import loadtest
 
     out = tmp_path / "out"
     assert loadtest.main(["--kill-only", "--kill-repeats", "2", "--clients", "8", "--kill-duration", "15",

@@ -31,10 +31,10 @@ START_TIMEOUT_S = 240.0
 
 
 def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
-    from attnzoo.serving.launch import free_port
+    from attnzoo.serve.rayserve.launch import free_port
 
     port = free_port()
-    cmd = [sys.executable, "-m", "attnzoo.serving.cli", "--port", str(port), "--cache-dir", str(tmp_path / "cache"),
+    cmd = [sys.executable, "-m", "attnzoo.serve.rayserve.cli", "--port", str(port), "--cache-dir", str(tmp_path / "cache"),
            *args]
     log = tmp_path / "serve-models.log"  # a file, not a pipe: a full pipe nobody reads would block the stop
     with open(log, "w") as out:
@@ -100,7 +100,7 @@ def _stop_and_check(proc: subprocess.Popen, sig: int, group: bool, tree: Set[psu
             pass
     assert not names, f"still running {took:.1f} s after the signal: {names}"
     assert took <= STOP_LIMIT_S, f"the tree took {took:.1f} s to end"
-    from attnzoo.serving.launch import port_problem
+    from attnzoo.serve.rayserve.launch import port_problem
 
     assert port_problem("127.0.0.1", proc.port) is None  # type: ignore[attr-defined]
     return took
@@ -213,7 +213,7 @@ def test_the_stop_watchdog_ends_a_process_whose_main_thread_ignores_the_signal(t
     """A main thread blocked where no handler acts (here: a handler that only returns, as Ray's deferred ones
     do) is ended by the watchdog after WATCHDOG_S, with 128 + the signal."""
     code = ("import signal, sys, time\n"
-            "from attnzoo.serving import launch\n"
+            "from attnzoo.serve.rayserve import launch\n"
             "launch.WATCHDOG_S = 0.5\n"
             "signal.signal(signal.SIGTERM, lambda s, f: None)\n"
             "with launch.stop_watchdog():\n"
@@ -228,7 +228,7 @@ def test_the_stop_watchdog_is_disarmed_when_its_body_ends():
     """After the ``with`` body, a signal is the process's own business again: no exit 6 s later (a test process
     or an embedding program that goes on after serve-models' main)."""
     code = ("import signal, sys, time\n"
-            "from attnzoo.serving import launch\n"
+            "from attnzoo.serve.rayserve import launch\n"
             "launch.WATCHDOG_S = 0.3\n"
             "with launch.stop_watchdog():\n"
             "    pass\n"

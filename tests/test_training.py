@@ -6,11 +6,12 @@ import json
 import pytest
 import torch
 
-from attnzoo.checkpoint import load_checkpoint, load_state_dict_file
+from attnzoo.models.checkpoint import load_checkpoint, load_state_dict_file
 from attnzoo.models import create_model
 from attnzoo.training import cli
-from attnzoo.training.data import SHAPES_SEG_CLASSES, shapes
-from attnzoo.training.train import TrainConfig, evaluate, evaluate_checkpoint, metrics_from_confusion, train
+from attnzoo.data.datasets import SHAPES_SEG_CLASSES, shapes
+from attnzoo.metrics import metrics_from_confusion
+from attnzoo.training.train import TrainConfig, evaluate, evaluate_checkpoint, train
 
 
 def _cfg(tmp_path, task="cls", **kw):
@@ -102,7 +103,7 @@ def test_evaluate_cli_bad_checkpoint(tmp_path):
 
 
 def _saved_classifier(tmp_path, variant="standard", img_size=32):
-    from attnzoo.checkpoint import save_checkpoint
+    from attnzoo.models.checkpoint import save_checkpoint
 
     torch.manual_seed(1)
     model = create_model(variant, "cls", "micro", num_classes=3, img_size=img_size)
@@ -112,7 +113,7 @@ def _saved_classifier(tmp_path, variant="standard", img_size=32):
 
 
 def test_segmenter_encoder_starts_from_the_classifier(tmp_path):
-    from attnzoo.checkpoint import init_encoder, save_checkpoint
+    from attnzoo.models.checkpoint import init_encoder, save_checkpoint
 
     cls_model, path = _saved_classifier(tmp_path, img_size=32)
     with torch.no_grad():  # a constant grid stays constant under any interpolation; the class token is kept
@@ -137,7 +138,7 @@ def test_segmenter_encoder_starts_from_the_classifier(tmp_path):
 
 
 def test_encoder_start_refuses_another_variant(tmp_path):
-    from attnzoo.checkpoint import init_encoder
+    from attnzoo.models.checkpoint import init_encoder
 
     _, path = _saved_classifier(tmp_path, variant="belief")
     seg = create_model("standard", "seg", "micro", num_classes=4, img_size=32)

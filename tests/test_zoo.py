@@ -9,9 +9,9 @@ import torch
 from attnzoo import zoo
 from attnzoo.fileio import sha256_file
 from attnzoo.models import VARIANT_NAMES
-from attnzoo.training.data import load_data
+from attnzoo.data.datasets import load_data
 from attnzoo.training.train import evaluate
-from attnzoo.training.fashion import DEFAULT_ROOT, fashion
+from attnzoo.data.fashion import DEFAULT_ROOT, fashion
 from attnzoo.training.zoo import DIGITS_VARIANTS, RECIPES, SUBSET_N, background_miou
 
 ENTRIES = zoo.entries()

@@ -75,7 +75,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     if args.init_from:
-        from attnzoo.checkpoint import check_encoder_source
+        from attnzoo.models.checkpoint import check_encoder_source
 
         check_encoder_source(args.init_from, args.variant, args.arch)  # before any data is loaded
     cfg = TrainConfig(variant=args.variant, task=args.task, data=args.data, arch=args.arch,

@@ -17,14 +17,15 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm import tqdm
 
-from attnzoo.checkpoint import init_encoder, load_checkpoint, save_checkpoint
 from attnzoo.cli import first_line
 from attnzoo.fileio import atomic_path, atomic_write_text
+from attnzoo.metrics import confusion_matrix, metric_name, metrics_from_confusion
+from attnzoo.models.checkpoint import init_encoder, load_checkpoint, save_checkpoint
 from attnzoo.models import canonical_name, count_params, create_model
 from attnzoo.preprocess import DATA_INPUT_STYLE, DEFAULT_MEAN, DEFAULT_STD
-from attnzoo.training.data import BUILTIN_DATA, ImageSet, TensorDataset, load_data
+from attnzoo.data.datasets import BUILTIN_DATA, ImageSet, TensorDataset, load_data
 
-__all__ = ["TrainConfig", "train", "evaluate", "confusion_matrix", "evaluate_checkpoint", "checkpoint_name", "metric_name"]
+__all__ = ["TrainConfig", "train", "evaluate", "evaluate_checkpoint", "checkpoint_name"]
 
 
 @dataclass
@@ -51,11 +52,6 @@ class TrainConfig:
     init_from: Optional[str] = None  # a checkpoint of the same variant and arch whose encoder starts the model
 
 
-def metric_name(task: str) -> str:
-    """``top1`` for classification, ``miou`` for segmentation (both in percent)."""
-    return "top1" if task == "cls" else "miou"
-
-
 def data_tag(data: str) -> str:
     """Short name of a data source for file names: ``shapes``, ``digits`` or the folder's name."""
     return data if data in BUILTIN_DATA else Path(data).resolve().name
@@ -67,15 +63,6 @@ def checkpoint_name(cfg: TrainConfig) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- metrics
-
-
-def confusion_matrix(true, pred, num_classes: int) -> torch.Tensor:
-    """Confusion matrix (true x predicted) of two equal-shape arrays or tensors of class indices."""
-    true, pred = torch.as_tensor(true, dtype=torch.int64), torch.as_tensor(pred, dtype=torch.int64)
-    return torch.bincount((true * num_classes + pred).reshape(-1),
-                          minlength=num_classes ** 2).reshape(num_classes, num_classes)
-
-
 @torch.no_grad()
 def _confusion(model: nn.Module, ds: TensorDataset, num_classes: int, batch_size: int) -> torch.Tensor:
     """Confusion matrix (true x predicted) over a data set; pixels for seg, images for cls."""
@@ -86,23 +73,6 @@ def _confusion(model: nn.Module, ds: TensorDataset, num_classes: int, batch_size
         pred = model(x).argmax(1)
         conf += confusion_matrix(y, pred, num_classes)
     return conf
-
-
-def metrics_from_confusion(conf: torch.Tensor, task: str, class_names) -> Dict[str, Any]:
-    """Top-1 (cls) or mIoU with per-class IoU (seg), in percent. mIoU averages the classes that occur in
-    the ground truth or the prediction."""
-    conf = conf.double()
-    if task == "cls":
-        total = conf.sum().item()
-        return {"metric_name": "top1", "metric": 100.0 * conf.diag().sum().item() / max(total, 1.0),
-                "n": int(total)}
-    inter = conf.diag()
-    union = conf.sum(0) + conf.sum(1) - inter
-    iou = {name: (100.0 * inter[k].item() / union[k].item() if union[k] > 0 else None)
-           for k, name in enumerate(class_names)}
-    valid = [v for v in iou.values() if v is not None]
-    return {"metric_name": "miou", "metric": float(np.mean(valid)) if valid else 0.0,
-            "pixel_acc": 100.0 * inter.sum().item() / max(conf.sum().item(), 1.0), "per_class_iou": iou}
 
 
 def evaluate(model: nn.Module, data: ImageSet, task: str, mean=DEFAULT_MEAN, std=DEFAULT_STD,

@@ -21,13 +21,13 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from attnzoo.checkpoint import load_checkpoint
+from attnzoo.models.checkpoint import load_checkpoint
 from attnzoo.cli import CommandError, UsageError, add_debug_flag, entry_point
 from attnzoo.fileio import atomic_write_text, sha256_file
 from attnzoo.models import TASKS, VARIANT_NAMES, canonical_name
-from attnzoo.training.data import DIGITS_CLASSES, SHAPES_CLASSES, ImageSet, load_data
-from attnzoo.training.train import (TrainConfig, confusion_matrix, evaluate, metric_name, metrics_from_confusion,
-                                    train)
+from attnzoo.data.datasets import DIGITS_CLASSES, SHAPES_CLASSES, ImageSet, load_data
+from attnzoo.metrics import confusion_matrix, metric_name, metrics_from_confusion
+from attnzoo.training.train import TrainConfig, evaluate, train
 
 __all__ = ["RECIPES", "SUBSET_N", "DIGITS_VARIANTS", "VARIANT_OPTIONS", "jobs", "build", "table", "verify",
            "main"]
@@ -156,12 +156,12 @@ def baselines() -> Dict[str, Dict[str, float]]:
 
     cls: chance, and multinomial logistic regression on the raw pixels (scikit-learn, trained on the train
     split). seg: predicting background everywhere, and thresholding the pixels with the masks' own rule
-    (:data:`~attnzoo.training.fashion.MASK_THRESHOLD`), every foreground pixel given the most frequent garment
+    (:data:`~attnzoo.data.fashion.MASK_THRESHOLD`), every foreground pixel given the most frequent garment
     class of the training scenes.
     """
     from sklearn.linear_model import LogisticRegression
 
-    from attnzoo.training.fashion import MASK_THRESHOLD
+    from attnzoo.data.fashion import MASK_THRESHOLD
 
     r = RECIPES["fashion/cls"]
     train_set = load_data("fashion", "train", "cls", r["img_size"], r["train_size"])

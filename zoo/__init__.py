@@ -56,7 +56,7 @@ def checkpoint_path(variant: str, task: str = "cls", data: str = DEFAULT_DATA) -
 
 def load(variant: str, task: str = "cls", data: str = DEFAULT_DATA) -> Tuple[nn.Module, Dict[str, Any]]:
     """Load a zoo model in eval mode with its config (class names, mean/std, metrics ...)."""
-    from attnzoo.checkpoint import load_checkpoint
+    from attnzoo.models.checkpoint import load_checkpoint
 
     return load_checkpoint(checkpoint_path(variant, task, data))
 

@@ -1,0 +1,173 @@
+"""Fashion-MNIST (Xiao et al. 2017, MIT licence): the official IDX files, as classification and as composed
+segmentation scenes.
+
+The files are not shipped and never downloaded: Debian's package ``dataset-fashion-mnist`` installs them under
+``/usr/share/datasets/fashion-mnist/`` (``apt-get install dataset-fashion-mnist``); ``$ATTNZOO_FASHION_MNIST`` or
+the ``root`` argument points elsewhere.
+
+Splits: ``train`` is the official training set less a fixed 5,000-image hold-out (1 in :data:`VAL_EVERY`), ``val`` is that hold-out,
+``test`` is the official 10,000-image test set.
+
+Segmentation scenes (:func:`compose_scenes`): ``k`` garments (2 to 4) drawn from the split's images, each resized to a
+random fraction of the canvas side (35-60 %) and pasted at a random place on a black ``size`` x ``size`` canvas where it hides little of the
+garments already there (:data:`MAX_OVERLAP`); a later garment covers an earlier one where its own pixels are on. Mask label = garment class + 1 wherever the garment's pixel exceeds
+:data:`MASK_THRESHOLD`, 0 = background. Scene ``i`` of a split is drawn with its own generator seeded from
+``(seed, split, i)``, so the scenes are the same on every machine, train scenes use only official training
+images and test scenes only official test images.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+from PIL import Image
+
+__all__ = ["FASHION_CLASSES", "FASHION_SEG_CLASSES", "DEFAULT_ROOT", "MASK_THRESHOLD", "VAL_EVERY",
+           "SCENE_SIZES", "MAX_OVERLAP", "MAX_TRIES", "fashion_root", "read_idx", "fashion_arrays", "compose_scenes", "fashion"]
+
+FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                   "Ankle boot"]
+FASHION_SEG_CLASSES = ["background", *FASHION_CLASSES]
+DEFAULT_ROOT = Path("/usr/share/datasets/fashion-mnist")
+#: A garment's pixel belongs to its mask when brighter than this (of 255).
+MASK_THRESHOLD = 24
+#: A garment is placed where it covers at most this fraction of its own pixels' worth of earlier garments
+#: (up to ``MAX_TRIES`` random places; a garment that finds none is left out).
+MAX_OVERLAP = 0.15
+MAX_TRIES = 20
+#: One in this many images of the official training set is held out as ``val`` (5,000 of 60,000; a fixed
+#: permutation picks them).
+VAL_EVERY = 12
+#: Default number of composed scenes per split.
+SCENE_SIZES = {"train": 12000, "val": 500, "test": 2000}
+_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+          "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+_SPLIT_ID = {"train": 0, "val": 1, "test": 2}
+_CACHE: Dict[Tuple[str, str], Tuple[np.ndarray, np.ndarray]] = {}
+
+
+def fashion_root(root: Optional[os.PathLike] = None) -> Path:
+    """The folder holding the IDX files: ``root``, else ``$ATTNZOO_FASHION_MNIST``, else Debian's location.
+
+    Raises:
+        FileNotFoundError: the files are not there, with the command that installs them.
+    """
+    folder = Path(root or os.environ.get("ATTNZOO_FASHION_MNIST") or DEFAULT_ROOT)
+    missing = [name for pair in _FILES.values() for name in pair
+               if not (folder / name).is_file() and not (folder / f"{name}.gz").is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"Fashion-MNIST not found in {folder} (missing {', '.join(missing)}); install Debian's package with "
+            f"'apt-get install dataset-fashion-mnist' or set ATTNZOO_FASHION_MNIST to a folder with the IDX files")
+    return folder
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read an IDX file (optionally gzipped) of unsigned bytes: labels (N,) or images (N, H, W)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
+        raise ValueError(f"{path}: not an IDX file of unsigned bytes")
+    ndim = data[3]
+    dims = [int.from_bytes(data[4 + 4 * k:8 + 4 * k], "big") for k in range(ndim)]
+    start = 4 + 4 * ndim
+    count = int(np.prod(dims))
+    if len(data) - start != count:
+        raise ValueError(f"{path}: expected {count} bytes of data, found {len(data) - start} (truncated?)")
+    return np.frombuffer(data, np.uint8, count, start).reshape(dims)
+
+
+def _official(part: str, root: Optional[os.PathLike]) -> Tuple[np.ndarray, np.ndarray]:
+    """The official ``train`` or ``test`` images (N, 28, 28) and labels (N,), cached per process."""
+    folder = fashion_root(root)
+    key = (str(folder), part)
+    if key not in _CACHE:
+        arrays = []
+        for name in _FILES[part]:
+            path = folder / name if (folder / name).is_file() else folder / f"{name}.gz"
+            arrays.append(read_idx(path))
+        images, labels = arrays
+        if len(images) != len(labels):
+            raise ValueError(f"{folder}: {len(images)} {part} images but {len(labels)} labels")
+        _CACHE[key] = (images, labels.astype(np.int64))
+    return _CACHE[key]
+
+
+def fashion_arrays(split: str, root: Optional[os.PathLike] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """Gray images (N, 28, 28) uint8 and labels (N,) of one split (see the module docstring)."""
+    if split not in _SPLIT_ID:
+        raise ValueError(f"unknown split {split!r}; valid: {', '.join(_SPLIT_ID)}")
+    if split == "test":
+        return _official("test", root)
+    images, labels = _official("train", root)
+    order = np.random.default_rng([0, 28]).permutation(len(labels))
+    n_val = len(labels) // VAL_EVERY
+    idx = np.sort(order[:n_val] if split == "val" else order[n_val:])
+    return images[idx], labels[idx]
+
+
+def compose_scenes(images: np.ndarray, labels: np.ndarray, n: int, size: int = 48, split: str = "test",
+                   seed: int = 0, per_scene: Tuple[int, int] = (2, 4),
+                   fraction: Tuple[float, float] = (0.35, 0.6)) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Compose ``n`` scenes of several garments (see the module docstring).
+
+    Args:
+        images, labels: The source garments (N, 28, 28) and their classes.
+        n: Number of scenes.
+        size: Canvas side in pixels.
+        split: Only seeds the generator (scenes of different splits differ even from the same source).
+        seed: Data-set seed.
+        per_scene: Inclusive range of garments per scene.
+        fraction: Range of each garment's side as a fraction of the canvas side.
+
+    Returns:
+        images uint8 (n, size, size, 3), labels int64 (n,) -- the class (0-based, ``FASHION_CLASSES``) with
+        the most mask pixels -- and masks uint8 (n, size, size), 0 = background, class + 1 elsewhere.
+    """
+    out = np.zeros((n, size, size), np.uint8)
+    masks = np.zeros((n, size, size), np.uint8)
+    top = np.zeros(n, np.int64)
+    for i in range(n):
+        rng = np.random.default_rng([int(seed), _SPLIT_ID[split], 7, i])
+        for _ in range(int(rng.integers(per_scene[0], per_scene[1] + 1))):
+            j = int(rng.integers(len(labels)))
+            side = max(4, min(size, int(round(size * rng.uniform(*fraction)))))
+            g = images[j] if side == 28 else np.asarray(Image.fromarray(images[j]).resize((side, side),
+                                                                                            Image.BILINEAR))
+            on = g > MASK_THRESHOLD
+            for _try in range(MAX_TRIES):  # a place where the garment hides little of the earlier ones
+                y, x = (int(v) for v in rng.integers(0, size - side + 1, 2))
+                if (masks[i, y:y + side, x:x + side][on] > 0).sum() <= MAX_OVERLAP * on.sum():
+                    out[i, y:y + side, x:x + side][on] = g[on]
+                    masks[i, y:y + side, x:x + side][on] = labels[j] + 1
+                    break
+        counts = np.bincount(masks[i].ravel(), minlength=len(FASHION_SEG_CLASSES))[1:]
+        top[i] = int(np.argmax(counts))
+    return np.repeat(out[..., None], 3, axis=-1), top, masks
+
+
+def fashion(split: str, task: str = "cls", img_size: Optional[int] = None, n: Optional[int] = None,
+            seed: int = 0, root: Optional[os.PathLike] = None):
+    """A split of Fashion-MNIST as an :class:`~attnzoo.data.datasets.ImageSet`.
+
+    Classification: the split's 28x28 images (resized to ``img_size``, default 28), gray in 3 channels, the first
+    ``n`` (all by default). Segmentation: ``n`` composed scenes (``SCENE_SIZES`` by default) of side ``img_size``
+    (default 48).
+    """
+    from attnzoo.data.datasets import ImageSet, gray_to_rgb
+
+    gray, labels = fashion_arrays(split, root)
+    if task == "cls":
+        if n is not None:
+            gray, labels = gray[:n], labels[:n]
+        return ImageSet(gray_to_rgb(gray, img_size or 28), labels, None, list(FASHION_CLASSES), "fashion")
+    if task != "seg":
+        raise ValueError(f"unknown task {task!r}; valid: cls, seg")
+    count = SCENE_SIZES[split] if n is None else n
+    images, top, masks = compose_scenes(gray, labels, count, img_size or 48, split, seed)
+    return ImageSet(images, top, masks, list(FASHION_SEG_CLASSES), "fashion")

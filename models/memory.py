@@ -1,0 +1,47 @@
+"""How much memory one forward pass of a model needs, checked before an export or a benchmark starts.
+
+The estimate lives with the models because it reads their shapes (:data:`ARCHS`) and the MAE variants' slab
+of pairwise maxima (:func:`attnzoo.models.wafe.mae_block`); the bound itself is :mod:`attnzoo.limits`'.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Tuple
+
+from attnzoo.limits import available_memory
+
+from .factory import ARCHS
+from .wafe import mae_block
+
+__all__ = ["forward_bytes", "check_forward_memory"]
+
+#: Variants whose scores need pairwise L1 distances: one (head width x block x N) slab of maxima at a time
+#: (``attnzoo.models.wafe.pairwise_l1``, the exported form).
+_PAIRWISE_VARIANTS = ("wafe-mae", "anti-wafe-mae")
+
+
+def forward_bytes(config: Mapping[str, Any], hw: Tuple[int, int], batch: int) -> int:
+    """A rough upper estimate of the memory one inference pass of ``config``'s model takes at ``batch``.
+
+    Per image: the attention scores and their softmax (heads x N x N; for the MAE variants also one slab
+    of pairwise maxima, head width x block x N), the block's token tensors and MLP hidden layer, and
+    (segmentation) the upsampled logits; fp32.
+    """
+    a = ARCHS[config["arch"]]
+    h, w = hw
+    tokens = -(-h // a["patch_size"]) * -(-w // a["patch_size"]) + 1
+    dim, heads = a["embed_dim"], a["num_heads"]
+    slab = dim // heads * mae_block(tokens) * tokens if config["variant"] in _PAIRWISE_VARIANTS else 0
+    per_image = (2 * heads * tokens * tokens + slab + 12 * tokens * dim + 8 * tokens * dim
+                 + 3 * h * w + (2 * int(config.get("num_classes", 1)) * h * w if config["task"] == "seg" else 0))
+    return 4 * per_image * batch
+
+
+def check_forward_memory(config: Mapping[str, Any], hw: Tuple[int, int], batch: int,
+                         flag: str = "--batch-sizes") -> None:
+    """``ValueError`` when :func:`forward_bytes` at ``batch`` exceeds the memory available now."""
+    need, have = forward_bytes(config, hw, batch), available_memory()
+    if have is not None and need > have:
+        raise ValueError(f"{flag}: batch {batch} of {config['variant']} ({config['arch']}, {hw[0]}x{hw[1]}) "
+                         f"needs about {need / 2**30:.1f} GiB, more than the {have / 2**30:.1f} GiB available; "
+                         "use smaller batch sizes")

@@ -1,0 +1,120 @@
+"""The model contract: what an attnzoo ONNX file promises its users, read from its ``metadata_props``.
+
+``export-model`` writes it (:func:`attnzoo.export.export_onnx`); the demo, the benchmark and the TensorRT
+builder read it from here and nowhere else. Input ``image`` (batch, 3, H, W) float32, output ``logits``
+float32 ((batch, K) or (batch, K, H, W)), for fp32 and fp16 graphs alike.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Mapping, Tuple, Union
+
+__all__ = ["INPUT_NAME", "OUTPUT_NAME", "BATCH_DIM", "ModelContract", "metadata_props", "config_from_props"]
+
+INPUT_NAME = "image"
+OUTPUT_NAME = "logits"
+BATCH_DIM = "batch"
+
+
+def metadata_props(model: Union[str, Path, Any]) -> Dict[str, str]:
+    """All ``metadata_props`` of an ONNX file (weights are not loaded) or model proto, as a dict of strings."""
+    import onnx
+
+    proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model), load_external_data=False)
+    return {p.key: p.value for p in proto.metadata_props}
+
+
+def config_from_props(props: Mapping[str, str], source: Any = "model") -> Dict[str, Any]:
+    """The checkpoint config (``attnzoo.config``) from already-read metadata props.
+
+    Raises:
+        ValueError: the props hold no attnzoo config.
+    """
+    if "attnzoo.config" not in props:
+        raise ValueError(f"{source}: no attnzoo.config in its metadata (not exported by attnzoo)")
+    return json.loads(props["attnzoo.config"])
+
+
+@dataclass(frozen=True)
+class ModelContract:
+    """One exported model as its consumers see it.
+
+    Attributes:
+        variant, task, arch: What the model is (``task``: ``cls`` or ``seg``).
+        dtype: ``fp32`` or ``fp16`` (the graph's compute precision; its input/output stay float32).
+        input_size: (H, W) the graph was exported at (fixed spatial size).
+        class_names: Index = logit channel.
+        mean, std: Input normalisation.
+        eps: The projection's epsilon (``None`` for variants without one).
+        checkpoint_sha256: The weights it came from ('' for a random init).
+        config: The full checkpoint config (``attnzoo.config``).
+        props: Every metadata entry, as stored.
+        source: The file it was read from.
+        input_style: How an image is converted before preprocessing (:data:`attnzoo.preprocess.INPUT_STYLES`;
+            ``input_style`` metadata, else derived from the config, as older exports lack the entry).
+    """
+
+    variant: str
+    task: str
+    arch: str
+    dtype: str
+    input_size: Tuple[int, int]
+    class_names: Tuple[str, ...]
+    mean: Tuple[float, ...]
+    std: Tuple[float, ...]
+    eps: Any
+    checkpoint_sha256: str
+    config: Dict[str, Any] = field(repr=False, hash=False, compare=False)
+    props: Dict[str, str] = field(repr=False, hash=False, compare=False)
+    source: str = ""
+    input_style: str = "rgb"
+
+    @classmethod
+    def from_props(cls, props: Mapping[str, str], source: Any = "model") -> "ModelContract":
+        """Parse already-read metadata props.
+
+        Raises:
+            ValueError: not an attnzoo export, or a required entry is missing or malformed; the config is checked
+                by :func:`attnzoo.models.checkpoint.validate_config` and the input size against
+                :data:`attnzoo.limits.MAX_SIDE`.
+        """
+        from attnzoo.models.checkpoint import validate_config
+        from attnzoo.limits import check_side
+        from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, INPUT_STYLES, input_style_of
+
+        config = validate_config(config_from_props(props, source), source)
+        try:
+            size = json.loads(props["input_size"]) if "input_size" in props else [config["img_size"]] * 2
+        except ValueError as exc:
+            raise ValueError(f"{source}: malformed input_size metadata ({exc})") from None
+        if not isinstance(size, list) or len(size) != 2:
+            raise ValueError(f"{source}: input_size metadata must be [H, W], got {props.get('input_size')!r}")
+        for side in size:
+            check_side(side, f"{source}: input_size")
+        style = props.get("input_style") or input_style_of(config)
+        if style not in INPUT_STYLES:
+            raise ValueError(f"{source}: unknown input_style {style!r}; valid: {', '.join(INPUT_STYLES)}")
+        try:
+            names = [str(c) for c in config.get("class_names") or range(int(config["num_classes"]))]
+            eps = props.get("eps") or None
+            return cls(variant=str(config["variant"]), task=str(config["task"]), arch=str(config.get("arch", "")),
+                       dtype=props.get("dtype", "fp32"), input_size=(int(size[0]), int(size[-1])),
+                       class_names=tuple(names), mean=tuple(float(v) for v in config.get("mean", DEFAULT_MEAN)),
+                       std=tuple(float(v) for v in config.get("std", DEFAULT_STD)),
+                       eps=float(eps) if eps is not None else None,
+                       checkpoint_sha256=props.get("checkpoint_sha256", ""), config=dict(config),
+                       props=dict(props), source=str(source), input_style=style)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise ValueError(f"{source}: malformed attnzoo metadata ({type(exc).__name__}: {exc})") from None
+
+    @classmethod
+    def from_onnx(cls, model: Union[str, Path, Any]) -> "ModelContract":
+        """Read the contract of an ONNX file (or proto) without loading its weights."""
+        return cls.from_props(metadata_props(model), model if isinstance(model, (str, Path)) else "model")
+
+    def input_shape(self, batch: int) -> Tuple[int, int, int, int]:
+        """The NCHW input shape at ``batch``."""
+        return (int(batch), 3, *self.input_size)

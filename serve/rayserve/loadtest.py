@@ -1,0 +1,494 @@
+"""Load test of ``serve-models``: N concurrent clients against the Ray Serve deployment, next to the offline
+benchmark of the same ONNX file on the same machine.
+
+One command does everything, so that every number comes from one machine in one sitting:
+
+1. ``bench-latency --backends ort-cpu`` on the model (ViT-Ti ``standard`` by default) at each ``--offline-threads``
+   count: the offline images/s (its best is the reference for the serving overhead). It exports and verifies
+   the ONNX file; the deployment then serves that very file.
+2. For each replica count x max batch size (batching off = 1): deploy, warm up, then ``--clients`` closed-loop
+   clients (asyncio + aiohttp; each sends one image, waits for the answer, sends the next) for ``--duration``
+   seconds. Reported: throughput, p50/p95/p99 latency, errors, lost requests (no answer within
+   ``--timeout``), the replicas' mean dynamic-batch size.
+3. ``--soak S``: one long run of the first configuration that has the most replicas (errors and lost requests
+   over S seconds).
+4. ``--kill-replica``: with two replicas, one replica process is killed (SIGKILL) a third into the run; reported:
+   which requests failed (in flight at the kill or sent later), and when the deployment had its replicas back.
+
+Why aiohttp clients: they cost the least CPU per request of the Python options (httpx, locust's gevent
+users), and the clients share the 2 cores with the server; locust would add a dependency and round its
+percentiles. Requests send the image as the raw body (``Content-Type: image/png``), the cheaper of the two
+upload forms.
+
+Outputs in ``--out``: ``results.json`` (environment, settings, every number), ``results.md`` (the table) and
+``loadtest.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from attnzoo.cli import UsageError, add_debug_flag, entry_point
+
+__all__ = ["main", "build_parser", "run_clients", "summarize", "Record"]
+
+#: Shipped example the clients send by default (resized to the model's input by the server).
+DEFAULT_IMAGE = "fashion_cls_0.png"
+
+
+@dataclass
+class Record:
+    """One request: start and end (``time.perf_counter``), HTTP status or the exception's name, and for a
+    failure the start of its response body or the exception's message."""
+
+    start: float
+    end: float
+    status: Any
+    detail: str = ""
+
+
+async def _client(session, url: str, body: bytes, stop_at: float, records: List[Record], timeout: float) -> None:
+    import aiohttp
+
+    headers = {"Content-Type": "image/png"}
+    while time.perf_counter() < stop_at:
+        start = time.perf_counter()
+        detail = ""
+        try:
+            async with session.post(url, data=body, headers=headers,
+                                    timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+                answer = await r.read()
+                status: Any = r.status
+                if status != 200:
+                    detail = answer[:200].decode("utf-8", "replace")
+        except asyncio.TimeoutError:
+            status = "timeout"
+        except Exception as exc:  # connection reset by a killed replica's proxy, refused ...: an error
+            status, detail = type(exc).__name__, str(exc)[:200]
+        records.append(Record(start, time.perf_counter(), status, detail))
+
+
+async def _run(url: str, body: bytes, clients: int, seconds: float, timeout: float) -> List[Record]:
+    import aiohttp
+
+    records: List[Record] = []
+    stop_at = time.perf_counter() + seconds
+    connector = aiohttp.TCPConnector(limit=clients, force_close=False)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        await asyncio.gather(*(_client(session, url, body, stop_at, records, timeout) for _ in range(clients)))
+    return records
+
+
+def run_clients(url: str, body: bytes, clients: int, seconds: float, timeout: float = 60.0) -> List[Record]:
+    """``clients`` closed-loop clients posting ``body`` to ``url`` for ``seconds``; every request's record
+    (requests in flight at the end are awaited, up to ``timeout``)."""
+    return asyncio.run(_run(url, body, clients, seconds, timeout))
+
+
+def summarize(records: Sequence[Record], t0: float, t1: float) -> Dict[str, Any]:
+    """Throughput and latency of the requests that started in ``[t0, t1)``.
+
+    ``throughput_rps``: answers with status 200 that ended in ``[t0, t1)``, per second. Latency percentiles
+    are over the successful requests that started in the window. ``errors``: answered with another status or
+    failed by the connection; ``lost``: no answer within the timeout.
+    """
+    window = [r for r in records if t0 <= r.start < t1]
+    ok = [r for r in window if r.status == 200]
+    lat = np.array([r.end - r.start for r in ok]) * 1000.0
+    done = sum(1 for r in records if r.status == 200 and t0 <= r.end < t1)
+    errors: Dict[str, int] = {}
+    for r in window:
+        if r.status not in (200, "timeout"):
+            errors[str(r.status)] = errors.get(str(r.status), 0) + 1
+    pct = (lambda q: round(float(np.percentile(lat, q)), 2)) if len(lat) else (lambda q: None)
+    return {"requests": len(window), "ok": len(ok), "errors": sum(errors.values()), "errors_by_status": errors,
+            "lost": sum(1 for r in window if r.status == "timeout"), "seconds": round(t1 - t0, 3),
+            "throughput_rps": round(done / (t1 - t0), 2), "p50_ms": pct(50), "p95_ms": pct(95), "p99_ms": pct(99),
+            "mean_ms": round(float(lat.mean()), 2) if len(lat) else None,
+            "max_ms": round(float(lat.max()), 2) if len(lat) else None}
+
+
+def _get_json(url: str, timeout: float = 10.0) -> Dict[str, Any]:
+    import httpx
+
+    r = httpx.get(url, timeout=timeout)
+    r.raise_for_status()
+    return r.json()
+
+
+def replica_stats(url: str, replicas: int, wait_s: float = 30.0) -> Dict[str, Dict[str, Any]]:
+    """``GET /stats`` until each of ``replicas`` replicas answered once (the router spreads the calls), for at most
+    ``wait_s`` seconds: a replica the controller already counts as running can take a moment more to be routed to
+    (HAProxy reloads its backends), so a fixed number of back-to-back calls could see only the old one."""
+    seen: Dict[str, Dict[str, Any]] = {}
+    deadline = time.monotonic() + wait_s
+    while len(seen) < replicas and time.monotonic() < deadline:
+        try:
+            s = _get_json(f"{url}/stats")
+            seen[s["replica"]] = s
+        except Exception:  # a replica being replaced: try again
+            time.sleep(0.2)
+            continue
+        if len(seen) < replicas:
+            time.sleep(0.05)
+    return seen
+
+
+def _mean_batch(stats: Dict[str, Dict[str, Any]]) -> Optional[float]:
+    hist: Dict[int, int] = {}
+    for s in stats.values():
+        for k, v in s["requests_per_batch"].items():
+            hist[int(k)] = hist.get(int(k), 0) + v
+    n = sum(hist.values())
+    return round(sum(k * v for k, v in hist.items()) / n, 3) if n else None
+
+
+# ------------------------------------------------------------------------------------------ offline bench
+def offline_bench(variant: str, arch: str, threads: int, batch_sizes: Sequence[int], min_time: float,
+                  out: Path, cache_dir: Path) -> Dict[str, Any]:
+    """``bench-latency --backends ort-cpu`` in a child process (its own threads); its ort-cpu rows."""
+    cmd = [sys.executable, "-m", "attnzoo.benchmarks.cli", "--variants", variant, "--arch", arch,
+           "--backends", "ort-cpu", "--batch-sizes", ",".join(map(str, batch_sizes)), "--threads", str(threads),
+           "--min-time", str(min_time), "--no-pair-eager", "--out", str(out), "--cache-dir", str(cache_dir)]
+    print("$ " + " ".join(["bench-latency", *cmd[3:]]), flush=True)
+    subprocess.run(cmd, check=True)
+    result = json.loads((out / "results.json").read_text())
+    rows = [{"threads": threads, "batch": r["batch"], "median_ms": r["median_ms"], "img_s": r["throughput_img_s"]}
+            for r in result["results"] if r["backend"] == "ort-cpu" and r["status"] == "ok"]
+    if not rows:
+        raise RuntimeError(f"bench-latency timed no ort-cpu row (see {out / 'results.json'})")
+    return {"command": " ".join(["bench-latency", *cmd[3:]]), "rows": rows}
+
+
+# ------------------------------------------------------------------------------------------ kill test
+class _StatusPoller(threading.Thread):
+    """Polls ``serve.status()`` (the running replica count) every ``period`` s until stopped."""
+
+    def __init__(self, app: str, deployment: str, period: float = 0.25) -> None:
+        super().__init__(daemon=True)
+        self.app, self.deployment, self.period = app, deployment, period
+        self.timeline: List[Tuple[float, int]] = []
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        from ray import serve
+
+        while not self._stop_event.is_set():
+            try:
+                d = serve.status().applications[self.app].deployments[self.deployment]
+                running = int(d.replica_states.get("RUNNING", 0))
+                if not self.timeline or self.timeline[-1][1] != running:
+                    self.timeline.append((time.perf_counter(), running))
+            except Exception:  # the controller busy: next poll
+                pass
+            self._stop_event.wait(self.period)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(5)
+
+
+def kill_test(url: str, body: bytes, clients: int, seconds: float, replicas: int, timeout: float) -> Dict[str, Any]:
+    """Kill one replica process (SIGKILL) a third into a ``seconds`` run; who failed, and the recovery."""
+    from attnzoo.serve.rayserve.app import DEPLOYMENT
+
+    before = replica_stats(url, replicas)
+    if len(before) < 2:
+        raise RuntimeError(f"the kill test needs 2 replicas answering, saw {len(before)}")
+    victim = sorted(before.values(), key=lambda s: s["replica"])[0]
+    poller = _StatusPoller(DEPLOYMENT, DEPLOYMENT)
+    poller.start()
+    killed: Dict[str, float] = {}
+
+    def killer() -> None:
+        time.sleep(seconds / 3)
+        killed["at"] = time.perf_counter()
+        os.kill(int(victim["pid"]), signal.SIGKILL)
+
+    t = threading.Thread(target=killer, daemon=True)
+    t0 = time.perf_counter()
+    t.start()
+    records = run_clients(f"{url}/classify", body, clients, seconds, timeout)
+    t1 = time.perf_counter()
+    # wait (bounded) for the deployment to have all its replicas again
+    deadline = time.perf_counter() + 120
+    while time.perf_counter() < deadline and (not poller.timeline or poller.timeline[-1][1] < replicas):
+        time.sleep(0.5)
+    poller.stop()
+    kill_at = killed["at"]
+    failed = [r for r in records if r.status != 200]
+    in_flight = [r for r in failed if r.start <= kill_at]
+    later = [r for r in failed if r.start > kill_at]
+    back = next((ts for ts, n in poller.timeline if ts > kill_at and n >= replicas), None)
+    dropped = any(ts > kill_at and n < replicas for ts, n in poller.timeline)
+    after = replica_stats(url, replicas)
+    return {"replicas": replicas, "killed_replica": victim["replica"], "killed_pid": victim["pid"],
+            "kill_at_s": round(kill_at - t0, 3), "summary": summarize(records, t0, t1),
+            "failed_in_flight_at_kill": len(in_flight), "failed_sent_after_kill": len(later),
+            "failed_statuses": sorted({str(r.status) for r in failed}),
+            "failures_sent_after_kill": [{"after_kill_s": round(r.start - kill_at, 4), "status": str(r.status),
+                                          "detail": r.detail} for r in later],
+            "replica_count_dropped": dropped,
+            "replicas_back_after_s": round(back - kill_at, 3) if back else None,
+            "replicas_after": sorted(after), "replaced": victim["replica"] not in after and len(after) >= replicas,
+            "timeline": [[round(ts - t0, 3), n] for ts, n in poller.timeline]}
+
+
+# ------------------------------------------------------------------------------------------------ report
+def _table(result: Dict[str, Any]) -> str:
+    best = result["offline"]["best_img_s"]
+    lines = [f"Offline best (bench-latency ort-cpu, {result['model']}): **{best:.1f} img/s** "
+             f"({result['offline']['best']['threads']} thread(s), batch {result['offline']['best']['batch']}). "
+             f"Ingress: {result['settings'].get('ingress', 'not recorded')}.", ""]
+    if result["runs"]:
+        lines += ["| replicas x threads | max batch | clients | img/s | vs offline best | p50 ms | p95 ms | p99 ms | "
+                  "errors | lost | mean batch |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["runs"]:
+        s = r["summary"]
+        lines.append(f"| {r['replicas']} x {r['threads']} | {r['max_batch_size']} | {r['clients']} | "
+                     f"{s['throughput_rps']:.1f} | {r['vs_offline_best']:.2f} | {s['p50_ms']} | {s['p95_ms']} | "
+                     f"{s['p99_ms']} | {s['errors']} | {s['lost']} | {r['mean_batch']} |")
+    for key, label in (("soak", "Soak"), ("kill", "Replica kill")):
+        if result.get(key):
+            s = result[key]["summary"]
+            lines += ["", f"{label}: {s['requests']} requests over {s['seconds']:.0f} s, {s['ok']} ok, "
+                          f"{s['errors']} errors, {s['lost']} lost, {s['throughput_rps']:.1f} img/s, "
+                          f"p95 {s['p95_ms']} ms."]
+    if result.get("kill"):
+        k = result["kill"]
+        lines.append(f"Killed replica {k['killed_replica']} (pid {k['killed_pid']}) at {k['kill_at_s']} s: "
+                     f"{k['failed_in_flight_at_kill']} failed requests were in flight at the kill, "
+                     f"{k['failed_sent_after_kill']} were sent after it ({', '.join(k['failed_statuses']) or 'none'}); "
+                     f"replicas back after {k['replicas_back_after_s']} s; replaced: {k['replaced']}.")
+    if len(result.get("kill_repeats", [])) > 1:
+        ks = result["kill_repeats"]
+        lines.append(f"Kill test repeated {len(ks)} times: failed requests in flight at the kill "
+                     f"{[k['failed_in_flight_at_kill'] for k in ks]}, sent after it "
+                     f"{[k['failed_sent_after_kill'] for k in ks]}, lost {[k['summary']['lost'] for k in ks]}; "
+                     f"runs with a failure sent after the kill: "
+                     f"{sum(k['failed_sent_after_kill'] > 0 for k in ks)} of {len(ks)}; "
+                     f"replaced every time: {all(k['replaced'] for k in ks)}.")
+    return "\n".join(lines) + "\n"
+
+
+def _plot(result: Dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    runs = result["runs"]
+    labels = [f"{r['replicas']}x{r['threads']} thr\n"
+              + (f"batch {r['max_batch_size']}" if r["max_batch_size"] > 1 else "no batching") for r in runs]
+    fig = Figure(figsize=(11, 4.2), dpi=110)
+    FigureCanvasAgg(fig)
+    ax1, ax2 = fig.subplots(1, 2)
+    x = np.arange(len(runs))
+    ax1.bar(x, [r["summary"]["throughput_rps"] for r in runs], color="#4c72b0")
+    best = result["offline"]["best_img_s"]
+    ax1.axhline(best, color="k", ls="--", lw=1, label=f"offline best {best:.0f} img/s")
+    ax1.axhline(0.85 * best, color="#c44e52", ls=":", lw=1, label="85 % of it")
+    ax1.set_xticks(x, labels, fontsize=8)
+    ax1.set_ylabel("images/s")
+    ax1.set_title(f"throughput, {runs[0]['clients']} clients", fontsize=10)
+    ax1.legend(fontsize=8, loc="lower right")
+    w = 0.27
+    for i, (q, c) in enumerate((("p50_ms", "#55a868"), ("p95_ms", "#dd8452"), ("p99_ms", "#c44e52"))):
+        ax2.bar(x + (i - 1) * w, [r["summary"][q] or 0 for r in runs], w, label=q[:-3], color=c)
+    ax2.set_xticks(x, labels, fontsize=8)
+    ax2.set_ylabel("latency (ms)")
+    ax2.set_title("latency per request", fontsize=10)
+    ax2.legend(fontsize=8)
+    fig.suptitle(f"serve-models load test: {result['model']} on {result['environment']['cpu'].get('model', 'CPU')}, "
+                 f"{result['environment']['cpu'].get('logical_cores', '?')} cores", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m attnzoo.serve.rayserve.loadtest",
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                description=__doc__.split("\n\n", 1)[0])
+    p.add_argument("--variant", default="standard", help="model variant (default standard)")
+    p.add_argument("--arch", default="tiny", help="architecture, random-init as bench-latency (default tiny: ViT-Ti)")
+    p.add_argument("--clients", type=int, default=32, help="concurrent clients (default 32)")
+    p.add_argument("--duration", type=float, default=60.0, help="measured seconds per configuration (default 60)")
+    p.add_argument("--warmup", type=float, default=10.0, help="seconds of load before measuring (default 10)")
+    p.add_argument("--replicas", default="1,2", help="replica counts to run (default 1,2)")
+    p.add_argument("--max-batch-sizes", default="1,8", help="max batch sizes to run, 1 = batching off (default 1,8)")
+    p.add_argument("--batch-wait-ms", type=float, default=None, help="dynamic batching wait (default serve-models')")
+    p.add_argument("--threads", type=int, default=1, help="ONNX Runtime threads per replica (default 1)")
+    p.add_argument("--offline-threads", default=None,
+                   help="bench-latency thread counts (default: 1 and the number of cores)")
+    p.add_argument("--offline-batch-sizes", default="1,8", help="bench-latency batch sizes (default 1,8)")
+    p.add_argument("--offline-min-time", type=float, default=10.0, help="bench-latency --min-time (default 10)")
+    p.add_argument("--soak", type=float, default=0.0, help="seconds of one long run with the most replicas (0: none)")
+    p.add_argument("--kill-replica", action="store_true", help="run the replica-kill test (2 replicas)")
+    p.add_argument("--kill-duration", type=float, default=30.0, help="seconds of the kill test run (default 30)")
+    p.add_argument("--kill-repeats", type=int, default=1,
+                   help="run the kill test this many times, each on a fresh deployment (default 1)")
+    p.add_argument("--kill-only", action="store_true",
+                   help="only the offline reference and the kill test: no configuration runs or soak")
+    p.add_argument("--timeout", type=float, default=60.0, help="a request with no answer after this is lost")
+    p.add_argument("--image", type=Path, default=None, help="image the clients send (default a shipped example)")
+    p.add_argument("--port", type=int, default=None, help="HTTP port (default: a free one)")
+    p.add_argument("--cache-dir", type=Path, default=None, help="bench-latency's cache (default as bench-latency)")
+    p.add_argument("--out", type=Path, default=Path("loadtest-out"), help="output folder")
+    p.add_argument("--quick", action="store_true",
+                   help="a short check: 15 s per configuration, 3 s warm-up, 2 s bench --min-time, 15 s kill run")
+    return add_debug_flag(p)
+
+
+def _ints(text: str, flag: str) -> List[int]:
+    try:
+        values = [int(v) for v in str(text).split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} must be integers separated by commas, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise UsageError(f"{flag} must be positive integers, got {text!r}")
+    return values
+
+
+@entry_point
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the load test; writes results.json, results.md and loadtest.png into ``--out``."""
+    from attnzoo.machine import environment
+    from attnzoo.benchmarks.run import onnx_path
+    from attnzoo.fileio import atomic_write_text, default_cache_dir, sha256_file, writable_dir
+    from attnzoo.serve.examples import EXAMPLES_DIR
+    from ray import serve
+    from tqdm import tqdm
+
+    from attnzoo.serve.rayserve.app import DEPLOYMENT
+    from attnzoo.serve.rayserve.config import ServeConfig
+    from attnzoo.serve.rayserve.launch import Selection, deploy, free_port, ray_serve_mode, start_ray, stop
+
+    args = build_parser().parse_args(argv)
+    if args.quick:
+        args.duration, args.warmup, args.offline_min_time, args.kill_duration = 15.0, 3.0, 2.0, 15.0
+    cores = os.cpu_count() or 1
+    replicas, batches = _ints(args.replicas, "--replicas"), _ints(args.max_batch_sizes, "--max-batch-sizes")
+    offline_threads = _ints(args.offline_threads, "--offline-threads") if args.offline_threads else sorted({1, cores})
+    offline_batches = _ints(args.offline_batch_sizes, "--offline-batch-sizes")
+    args.kill_replica = args.kill_replica or args.kill_only
+    for flag, v in (("--clients", args.clients), ("--threads", args.threads), ("--kill-repeats", args.kill_repeats)):
+        if v < 1:
+            raise UsageError(f"{flag} must be at least 1, got {v}")
+    for flag, v in (("--duration", args.duration), ("--timeout", args.timeout)):
+        if not v > 0:
+            raise UsageError(f"{flag} must be > 0, got {v}")
+    if max(replicas) * args.threads > cores:
+        raise UsageError(f"{max(replicas)} replicas x {args.threads} threads need {max(replicas) * args.threads} "
+                         f"cores; this machine has {cores}")
+    image = args.image or Path(EXAMPLES_DIR) / DEFAULT_IMAGE
+    if not image.is_file():
+        raise UsageError(f"--image {image} not found")
+    body = image.read_bytes()
+    out = writable_dir(args.out)
+    cache = Path(args.cache_dir or default_cache_dir() / "bench-latency")
+
+    # the offline reference also exports and verifies the served ONNX file (--kill-only keeps it: pass
+    # --offline-threads 1 --offline-batch-sizes 1 --offline-min-time 1 to make it quick)
+    offline = [offline_bench(args.variant, args.arch, t, offline_batches, args.offline_min_time,
+                             out / f"offline-threads{t}", cache) for t in offline_threads]
+    rows = [row for o in offline for row in o["rows"]]
+    best = max(rows, key=lambda r: r["img_s"])
+    model_file = onnx_path(cache, args.variant, "cls", args.arch, "fp32")
+    selection = Selection(model_file.parent, {model_file.name: sha256_file(model_file)})
+
+    port = args.port or free_port()
+    base = ServeConfig(port=port, threads=args.threads, cpus_per_replica=float(args.threads),
+                       max_ongoing_requests=max(64, 2 * args.clients))
+    if args.batch_wait_ms is not None:
+        base.batch_wait_ms = args.batch_wait_ms
+    result: Dict[str, Any] = {
+        "command": "python -m attnzoo.serve.rayserve.loadtest " + " ".join(sys.argv[1:] if argv is None else argv),
+        "model": f"{args.variant} {args.arch} (random init, {model_file.name})", "environment": environment(),
+        "settings": {"clients": args.clients, "duration_s": args.duration, "warmup_s": args.warmup,
+                     "threads_per_replica": args.threads, "batch_wait_ms": base.batch_wait_ms,
+                     "image": image.name, "image_bytes": len(body), "upload": "raw body, Content-Type image/png",
+                     "client": "asyncio + aiohttp, closed loop, same machine", "timeout_s": args.timeout},
+        "offline": {"runs": offline, "best": best, "best_img_s": best["img_s"]}, "runs": []}
+    started = start_ray(ServeConfig(replicas=max(replicas), cpus_per_replica=float(args.threads)))
+    result["settings"]["ingress"] = ray_serve_mode()
+    try:
+        for r in [] if args.kill_only else replicas:
+            for b in batches:
+                cfg = ServeConfig(**{**base.__dict__, "replicas": r, "max_batch_size": b,
+                                     "batch_wait_ms": base.batch_wait_ms if b > 1 else 0.0})
+                url = deploy(cfg, selection)
+                print(f"{r} replica(s) x {args.threads} thread(s), max batch {b}: warm-up {args.warmup:g} s, "
+                      f"then {args.clients} clients for {args.duration:g} s", flush=True)
+                run_clients(f"{url}/classify", body, args.clients, args.warmup, args.timeout)
+                t0 = time.perf_counter()
+                records = run_clients(f"{url}/classify", body, args.clients, args.duration, args.timeout)
+                s = summarize(records, t0, t0 + args.duration)
+                stats = replica_stats(url, r)
+                run = {"replicas": r, "threads": args.threads, "max_batch_size": b,
+                       "batch_wait_ms": cfg.batch_wait_ms, "clients": args.clients, "summary": s,
+                       "mean_batch": _mean_batch(stats), "replicas_seen": len(stats),
+                       "vs_offline_best": round(s["throughput_rps"] / best["img_s"], 3)}
+                same = [x["img_s"] for x in rows if x["threads"] == min(r * args.threads, max(offline_threads))]
+                run["vs_offline_same_threads"] = round(s["throughput_rps"] / max(same), 3) if same else None
+                print(f"  {s['throughput_rps']:.1f} img/s ({run['vs_offline_best']:.0%} of offline best), "
+                      f"p50 {s['p50_ms']} p95 {s['p95_ms']} p99 {s['p99_ms']} ms, {s['errors']} errors, "
+                      f"{s['lost']} lost, mean batch {run['mean_batch']}", flush=True)
+                result["runs"].append(run)
+        if args.soak > 0 and not args.kill_only:
+            top = max(replicas)
+            b = batches[0]
+            cfg = ServeConfig(**{**base.__dict__, "replicas": top, "max_batch_size": b,
+                                 "batch_wait_ms": base.batch_wait_ms if b > 1 else 0.0})
+            url = deploy(cfg, selection)
+            print(f"soak: {top} replica(s), max batch {b}, {args.clients} clients for {args.soak:g} s", flush=True)
+            t0 = time.perf_counter()
+            records = run_clients(f"{url}/classify", body, args.clients, args.soak, args.timeout)
+            result["soak"] = {"replicas": top, "max_batch_size": b, "summary": summarize(records, t0, t0 + args.soak)}
+        if args.kill_replica:
+            b = batches[0]
+            cfg = ServeConfig(**{**base.__dict__, "replicas": 2, "max_batch_size": b,
+                                 "batch_wait_ms": base.batch_wait_ms if b > 1 else 0.0})
+            if 2 * args.threads > cores:
+                raise UsageError("--kill-replica needs 2 replicas; this machine has too few cores for them")
+            kills = []
+            for i in tqdm(range(args.kill_repeats), desc="kill tests", disable=args.kill_repeats == 1):
+                url = deploy(cfg, selection)
+                run_clients(f"{url}/classify", body, args.clients, min(args.warmup, 5.0), args.timeout)
+                print(f"kill test {i + 1}/{args.kill_repeats}: 2 replicas, {args.clients} clients for "
+                      f"{args.kill_duration:g} s, one replica killed after {args.kill_duration / 3:.0f} s", flush=True)
+                kills.append(kill_test(url, body, args.clients, args.kill_duration, 2, args.timeout))
+                serve.delete(DEPLOYMENT)  # the next run starts from two fresh replicas
+            result["kill"] = kills[0]
+            if len(kills) > 1:
+                result["kill_repeats"] = kills
+    finally:
+        stop(started)
+    result["load_average_end"] = list(os.getloadavg())
+    atomic_write_text(out / "results.json", json.dumps(result, indent=2) + "\n")
+    table = _table(result)
+    atomic_write_text(out / "results.md", table)
+    written = [out / "results.json", out / "results.md"]
+    if result["runs"]:
+        _plot(result, out / "loadtest.png")
+        written.append(out / "loadtest.png")
+    print(table)
+    print("wrote " + ", ".join(map(str, written)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

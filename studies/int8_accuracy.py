@@ -1,0 +1,279 @@
+"""Dynamic int8 on the trained zoo: test accuracy of fp32 and int8 ONNX Runtime beside the int8 speed-up.
+
+For every chosen zoo model (trained weights; by default the Fashion-MNIST classifiers, scored on the official
+10,000 test images): export fp32 ONNX verified as ``export-model`` does it, quantize it
+(:func:`attnzoo.benchmarks.ort_cpu.quantize_int8`: MatMul/Gemm weights int8, activations per run), run both
+tuned ``ort-cpu`` sessions over the whole test split, and time them alternately (A B A B) at each batch size,
+in the same run on the same machine. The int8 model is not parity-checked against fp32 (quantization moves
+the logits): its test accuracy, and how often its top-1 agrees with fp32's, are the measurement.
+
+Accuracy can differ between machines: ONNX Runtime's u8 x s8 kernels use VNNI where the CPU has it and
+16-bit pair sums (which can saturate) on AVX2 without it. So every result file names its CPU and flags,
+and ``--table`` puts the machines side by side.
+
+Usage::
+
+    python -m attnzoo.studies.int8_accuracy --out results/studies/int8-fashion-avx2
+    python -m attnzoo.studies.int8_accuracy --table results/int8-fashion-*/int8_accuracy.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+from tqdm import tqdm
+
+from attnzoo.cli import UsageError, add_debug_flag, entry_point
+from attnzoo.zoo import DEFAULT_DATA
+
+__all__ = ["int8_rows", "markdown", "readme_table", "machine_label",
+           "main"]
+
+def _metric(conf: np.ndarray, task: str, class_names: Sequence[str]) -> float:
+    import torch
+
+    from attnzoo.metrics import metrics_from_confusion
+
+    return float(metrics_from_confusion(torch.from_numpy(conf), task, class_names)["metric"])
+
+
+def _verified_fp32(model, cfg: Dict[str, Any], path: Path, sha256: str, threads: int) -> Path:
+    """The model's fp32 ONNX, exported and verified as ``export-model`` does it (raises if it fails)."""
+    from attnzoo.export import export_verified
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    size = int(cfg["img_size"])
+    export_verified(model, path, cfg, dtype="fp32", input_hw=(size, size), batch_sizes=(1, 8),
+                    checkpoint_sha256=sha256, threads=threads)
+    return path
+
+
+def int8_rows(entries: List[Dict[str, Any]], cache_dir: Path, threads: int, batch_sizes: Sequence[int],
+              min_time: float, limit: Optional[int] = None, progress: bool = True) -> List[Dict[str, Any]]:
+    """One row per zoo entry: fp32 / int8 metric on the test split, top-1 agreement, and the int8 speed-up
+    (median of per-pair fp32/int8 latency ratios) at each batch size."""
+    from attnzoo import zoo
+    from attnzoo.preprocess import normalize
+    from attnzoo.data.datasets import load_data
+    from attnzoo.metrics import confusion_matrix
+    from attnzoo.runtime.evaluate import predict_session
+
+    from attnzoo.benchmarks.ort_cpu import quantize_int8, tuned_cpu_session
+    from attnzoo.benchmarks.stats import ratio_stats
+    from attnzoo.benchmarks.timing import measure_pair
+
+    rows = []
+    data_cache: Dict[Tuple[str, str, int, int], Any] = {}
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    for e in tqdm(entries, desc="int8 accuracy", unit="model", disable=not progress):
+        model, cfg = zoo.load(e["variant"], e["task"], e["data"])
+        stem = f"{e['variant']}_{e['task']}_{e['data']}"
+        fp32 = _verified_fp32(model, cfg, cache_dir / f"{stem}.onnx", e.get("sha256", ""), threads)
+        int8 = quantize_int8(fp32, cache_dir / f"{stem}.int8.onnx")
+        key = (e["data"], e["task"], int(cfg["img_size"]), int(cfg.get("data_seed", 0)))
+        if key not in data_cache:
+            data_cache[key] = load_data(e["data"], "test", e["task"], key[2], n=limit, seed=key[3])
+        data = data_cache[key]
+        x = normalize(data.images, cfg["mean"], cfg["std"])
+        y = data.labels if e["task"] == "cls" else data.masks.astype(np.int64)
+        k = len(data.class_names)
+        sess32, _ = tuned_cpu_session(fp32, threads, cache_dir)
+        sess8, _ = tuned_cpu_session(int8, threads, cache_dir)
+        p32, p8 = predict_session(sess32, x), predict_session(sess8, x)
+        m32 = _metric(confusion_matrix(y, p32, k).numpy(), e["task"], data.class_names)
+        m8 = _metric(confusion_matrix(y, p8, k).numpy(), e["task"], data.class_names)
+        speed = {}
+        for b in batch_sizes:
+            s32, _ = tuned_cpu_session(fp32, threads, cache_dir, batch=b)
+            s8, _ = tuned_cpu_session(int8, threads, cache_dir, batch=b)
+            feed = {s32.get_inputs()[0].name: x[:b]}
+            a, c = measure_pair(lambda: s32.run(None, feed), lambda: s8.run(None, feed), min_time)
+            r = ratio_stats(c, a)  # per pair: fp32 time / int8 time = the speed-up
+            speed[str(b)] = {"fp32_median_ms": float(np.median(a) * 1e3), "int8_median_ms": float(np.median(c) * 1e3),
+                             "speedup_median": r["ratio_median"], "speedup_q1": r["ratio_q1"],
+                             "speedup_q3": r["ratio_q3"], "pairs": r["pairs"]}
+        rows.append({"variant": e["variant"], "task": e["task"], "data": e["data"], "arch": cfg["arch"],
+                     "checkpoint": e.get("file"), "checkpoint_sha256": e.get("sha256"),
+                     "metric_name": e.get("metric_name", "top1" if e["task"] == "cls" else "miou"),
+                     "zoo_metric": e.get("test_metric"), "ort_fp32_metric": m32, "ort_int8_metric": m8,
+                     "delta": m8 - m32, "agreement": float(np.mean(p32 == p8)), "n_images": len(data),
+                     "speed": speed})
+    return rows
+
+
+def machine_label(env: Dict[str, Any]) -> str:
+    """``CPU model (key flags)``, e.g. ``AMD EPYC (avx2, fma)``."""
+    cpu = env["cpu"]
+    return f"{cpu['model']} ({', '.join(cpu['key_flags']) or 'no AVX2'})"
+
+
+def _speed_cell(row: Dict[str, Any], batch: str) -> str:
+    s = row["speed"].get(batch)
+    return "-" if s is None else f"{s['speedup_median']:.2f} [{s['speedup_q1']:.2f}, {s['speedup_q3']:.2f}]"
+
+
+def markdown(result: Dict[str, Any]) -> str:
+    """The run's table: metrics, agreement, and per batch size the latencies and speed-up."""
+    from attnzoo.benchmarks.report import markdown_table
+
+    batches = [str(b) for b in result["batch_sizes"]]
+    table = markdown_table(
+        ["variant", "task", "metric", "zoo (eager)", "ORT fp32", "ORT int8", "int8 - fp32", "top-1 agreement",
+         *[h for b in batches for h in (f"fp32 ms b{b}", f"int8 ms b{b}", f"speed-up b{b} [Q1, Q3]")]],
+        [[r["variant"], r["task"], r["metric_name"], "-" if r["zoo_metric"] is None else f"{r['zoo_metric']:.2f}",
+          f"{r['ort_fp32_metric']:.2f}", f"{r['ort_int8_metric']:.2f}", f"{r['delta']:+.2f}",
+          f"{100 * r['agreement']:.2f} %",
+          *[c for b in batches for c in (f"{r['speed'][b]['fp32_median_ms']:.3f}", f"{r['speed'][b]['int8_median_ms']:.3f}",
+                                         _speed_cell(r, b))]] for r in result["rows"]])
+    env = result["environment"]
+    n = sorted({r["n_images"] for r in result["rows"]})
+    return "\n".join([
+        "# Dynamic int8 (ONNX Runtime CPU) on the zoo's test set", "", f"Command: `{result['command']}`", "",
+        "MatMul/Gemm weights int8 (onnxruntime.quantization.quantize_dynamic, QInt8), activations quantized per run; "
+        "everything else fp32. Metric in percent on the test split each model was trained for "
+        f"({', '.join(map(str, n))} images); top-1 agreement: share of test images (pixels for seg) where int8 "
+        "predicts what fp32 predicts. Speed-up: median [Q1, Q3] of per-pair fp32/int8 latency ratios (A B A B), "
+        "measured in this run.", "",
+        f"CPU: {machine_label(env)}; threads {result['threads']}; load average {env['load_average']} at the start, "
+        f"{result['load_average_end']} at the end{' (shared with other jobs: contended)' if result['contended'] else ''}.",
+        "", table, ""])
+
+
+def readme_table(results: Sequence[Dict[str, Any]]) -> str:
+    """One table for the README from several result files: fp32 top-1, then per machine int8 - fp32 and the
+    int8 speed-up at each batch size; the machines listed under it."""
+    from attnzoo.benchmarks.report import markdown_table
+
+    if not results:
+        raise ValueError("no result files given")
+    keys = list(dict.fromkeys((r["variant"], r["task"]) for res in results for r in res["rows"]))
+    cell = [{(r["variant"], r["task"]): r for r in res["rows"]} for res in results]
+    header = ["variant", "task", "ORT fp32"]
+    for i, res in enumerate(results, 1):
+        header += [f"int8 - fp32 (M{i})", *[f"int8 speed-up b{b} (M{i})" for b in res["batch_sizes"]]]
+    rows = []
+    for key in keys:
+        fp32 = [c[key]["ort_fp32_metric"] for c in cell if key in c]
+        line = [key[0], key[1], f"{fp32[0]:.2f}" if len(set(fp32)) == 1 else " / ".join(f"{v:.2f}" for v in fp32)]
+        for c, res in zip(cell, results):
+            r = c.get(key)
+            line.append("-" if r is None else f"{r['delta']:+.2f}")
+            line += ["-" if r is None else f"{r['speed'][str(b)]['speedup_median']:.2f}" for b in res["batch_sizes"]]
+        rows.append(line)
+    notes = [f"M{i}: {machine_label(res['environment'])}, {res['threads']} thread(s)"
+             f"{', shared with other jobs (contended)' if res.get('contended') else ''}; `{res['command']}`"
+             for i, res in enumerate(results, 1)]
+    return "\n".join([markdown_table(header, rows), "", *[f"- {n}" for n in notes]])
+
+
+def _contended(load_start: List[float], load_end: List[float], threads: int) -> bool:
+    loads = [v[0] for v in (load_start, load_end) if v]
+    return bool(loads) and max(loads) > threads + 0.5
+
+
+def add_zoo_selection(p: argparse.ArgumentParser) -> None:
+    """The flags that choose which zoo models are scored and on how much of the test split."""
+    p.add_argument("--variants", default="all", help="'all' or comma-separated variant names")
+    p.add_argument("--task", choices=("cls", "seg", "all"), default="cls")
+    p.add_argument("--data", default=DEFAULT_DATA, help="zoo data set (zoo/manifest.json)")
+    p.add_argument("--limit", type=int, default=None, help="first N test images only (default: the whole split)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m attnzoo.studies.int8_accuracy", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_zoo_selection(p)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--batch-sizes", default="1,8", help="batch sizes of the speed comparison")
+    p.add_argument("--min-time", type=float, default=1.0, help="seconds of A B A B timing per batch size")
+    p.add_argument("--out", type=Path, default=None, help="output folder (int8_accuracy.md/.json)")
+    p.add_argument("--cache-dir", type=Path, default=None,
+                   help="exported and quantized models (default: <cache>/int8, <cache> as for bench-latency)")
+    p.add_argument("--table", nargs="+", type=Path, metavar="JSON", default=None,
+                   help="print the README table from these int8_accuracy.json files (one per machine); runs nothing")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return add_debug_flag(p)
+
+
+def _entries(a: argparse.Namespace) -> List[Dict[str, Any]]:
+    """Zoo entries of --data / --task / --variants; ``UsageError`` naming what the zoo has otherwise."""
+    from attnzoo import zoo
+    from attnzoo.models import VARIANTS, canonical_name
+
+    have = [e for e in zoo.entries() if e["data"] == a.data and a.task in ("all", e["task"])]
+    if not have:
+        datasets = sorted({e["data"] for e in zoo.entries()})
+        raise UsageError(f"the zoo has no {a.task} models for data {a.data!r}; it has data: {', '.join(datasets)}")
+    if a.variants.strip() == "all":
+        return have
+    wanted, bad = [], []
+    for n in (v.strip() for v in a.variants.split(",") if v.strip()):
+        try:
+            wanted.append(canonical_name(n))
+        except ValueError:
+            bad.append(n)
+    if bad or not wanted:
+        raise UsageError(f"unknown variant {', '.join(map(repr, bad)) or '(none given)'}; "
+                         f"valid: all, {', '.join(sorted(VARIANTS))}")
+    missing = [v for v in wanted if v not in {e["variant"] for e in have}]
+    if missing:
+        raise UsageError(f"the zoo has no {a.task} {a.data} model of {', '.join(missing)}")
+    return [e for e in have if e["variant"] in wanted]
+
+
+@entry_point
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m attnzoo.studies.int8_accuracy``."""
+    from attnzoo.fileio import atomic_write_text, default_cache_dir, writable_dir
+    from attnzoo.limits import check_batch_sizes
+
+    from attnzoo.machine import environment, load_average
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = build_parser().parse_args(argv)
+    if a.table is not None:
+        missing = [str(p) for p in a.table if not p.is_file()]
+        if missing:
+            raise UsageError(f"--table: no such file: {', '.join(missing)}")
+        print(readme_table([json.loads(p.read_text()) for p in a.table]))
+        return 0
+    if a.out is None:
+        raise UsageError("--out is required (or --table to print the README table)")
+    try:
+        batches = list(dict.fromkeys(int(b) for b in a.batch_sizes.split(",") if b.strip()))
+        check_batch_sizes(batches)
+    except ValueError as exc:
+        raise UsageError(f"--batch-sizes: {exc}") from None
+    if not batches:
+        raise UsageError("--batch-sizes: none given")
+    for flag, v in (("--threads", a.threads), ("--limit", a.limit if a.limit is not None else 1)):
+        if v < 1:
+            raise UsageError(f"{flag} must be >= 1, got {v}")
+    if not a.min_time > 0:
+        raise UsageError(f"--min-time must be > 0, got {a.min_time}")
+    entries = _entries(a)
+    writable_dir(a.out, "--out folder")  # before the models are exported, quantized and timed
+    cache = a.cache_dir or default_cache_dir() / "int8"
+    writable_dir(cache, "--cache-dir folder")
+    env = environment()
+    rows = int8_rows(entries, cache, a.threads, batches, a.min_time, a.limit, progress=not a.no_progress)
+    load_end = load_average()
+    result = {"command": shlex.join(["python", "-m", "attnzoo.studies.int8_accuracy", *argv]),
+              "threads": a.threads, "batch_sizes": batches, "data": a.data, "limit": a.limit, "environment": env,
+              "load_average_end": load_end, "contended": _contended(env["load_average"], load_end, a.threads),
+              "rows": rows}
+    md = markdown(result)
+    atomic_write_text(a.out / "int8_accuracy.md", md)
+    atomic_write_text(a.out / "int8_accuracy.json", json.dumps(result, indent=1) + "\n")
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""Which ONNX form of the MAE variants' pairwise L1 runs fastest on this CPU, against eager ``cdist``.
+
+For one MAE variant and arch: export one model per form, each verified as ``export-model`` verifies it
+(``mae_impl=broadcast``: the direct ``|q_i - k_j|`` tensor; ``blocked`` at each ``--blocks`` size:
+:func:`attnzoo.models.wafe.pairwise_l1`), then time eager PyTorch (``cdist``) and every form in ONNX Runtime
+(the ``ort-cpu`` session of ``bench-latency``) and OpenVINO round-robin: each round calls every runner once
+in the same order, so all of them see about the same load. The speed-up of a runner is the median over
+rounds of eager's time / its time in that round, with quartiles. The same seeded weights and input for all.
+
+Usage::
+
+    python -m attnzoo.studies.mae_forms --arch tiny --batch-sizes 1,8 --blocks 8,16,32 --threads 1 \\
+        --out results/bench-latency/cpu-tiny-mae/forms
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from attnzoo.cli import UsageError, add_debug_flag, entry_point
+
+__all__ = ["forms", "time_round_robin", "markdown", "main"]
+
+MAE_VARIANTS = ("wafe-mae", "anti-wafe-mae")
+
+
+def forms(blocks: Sequence[int]) -> List[str]:
+    """Form names: ``broadcast``, then ``blocked<b>`` per block size."""
+    return ["broadcast", *(f"blocked{b}" for b in blocks)]
+
+
+def _export(model, form: str, path: Path, threads: int) -> Dict[str, Any]:
+    """Export ``model`` with the pairwise L1 in ``form``, verified; returns the verification report."""
+    from unittest import mock
+
+    from attnzoo.export import export_verified
+    from attnzoo.models import wafe
+
+    impl, block = ("broadcast", None) if form == "broadcast" else ("blocked", int(form[len("blocked"):]))
+    layers = [m for m in model.modules() if isinstance(m, wafe.PairwiseL1)]
+    for layer in layers:
+        layer.impl = impl
+    try:
+        # exactly ``block`` queries per block (the default rule would cap the block count instead)
+        with mock.patch.object(wafe, "mae_block", (lambda n: block) if block else wafe.mae_block):
+            cfg = model.attnzoo_config
+            return export_verified(model, path, cfg, input_hw=(cfg["img_size"],) * 2, batch_sizes=(1,),
+                                   threads=threads)
+    finally:
+        for layer in layers:
+            layer.impl = "auto"
+
+
+def time_round_robin(runners: Dict[str, Callable[[], object]], rounds: int,
+                     progress: bool = True) -> Dict[str, List[float]]:
+    """Seconds per call of every runner, ``rounds`` rounds of one call each in a fixed order (after a warm-up)."""
+    from attnzoo.benchmarks.timing import time_once, warmup
+
+    for fn in runners.values():
+        warmup(fn)
+    times: Dict[str, List[float]] = {name: [] for name in runners}
+    for _ in tqdm(range(rounds), desc="rounds", disable=not progress, leave=False):
+        for name, fn in runners.items():
+            times[name].append(time_once(fn))
+    return times
+
+
+def _rows(times: Dict[str, List[float]], batch: int, parity: Dict[str, float]) -> List[Dict[str, Any]]:
+    from attnzoo.benchmarks.stats import ratio_stats, summarize
+
+    rows = []
+    for name, samples in times.items():
+        row = {"runner": name, "batch": batch, **summarize(samples, batch)}
+        if name != "eager":
+            r = ratio_stats(samples, times["eager"])  # eager / runner per round: the speed-up
+            row.update(speedup=r["ratio_median"], speedup_q1=r["ratio_q1"], speedup_q3=r["ratio_q3"],
+                       parity_error=parity[name])
+        rows.append(row)
+    return rows
+
+
+def markdown(result: Dict[str, Any]) -> str:
+    """The result as a markdown table, with the command and the machine."""
+    from attnzoo.machine import cpu_summary
+
+    env = result["environment"]
+    lines = [f"# Pairwise L1 forms of `{result['variant']}`, {result['arch']}, {result['threads']} thread(s)", "",
+             f"`{result['command']}`", "",
+             f"CPU: {cpu_summary(env['cpu'])}; load average at start {env['load_average']}, end "
+             f"{result['load_average_end']}.", "",
+             "| batch | runner | median ms | speed-up over eager (q1-q3) | parity error vs eager |",
+             "|---:|---|---:|---|---:|"]
+    for row in result["rows"]:
+        sp = (f"{row['speedup']:.2f} ({row['speedup_q1']:.2f}-{row['speedup_q3']:.2f})" if "speedup" in row
+              else "1")
+        err = f"{row['parity_error']:.1e}" if "parity_error" in row else "-"
+        lines.append(f"| {row['batch']} | {row['runner']} | {row['median_ms']:.1f} | {sp} | {err} |")
+    lines += ["", "| form | ONNX nodes | export s (this machine) | verified at batch sizes |", "|---|---:|---:|---|"]
+    for form, e in result["exports"].items():
+        lines.append(f"| {form} | {e['nodes']} | {e['export_time_s']:.1f} | {e['verified_batch_sizes']} |")
+    return "\n".join(lines) + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m attnzoo.studies.mae_forms", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--variant", default="wafe-mae", help=f"one of {', '.join(MAE_VARIANTS)}")
+    p.add_argument("--arch", default="tiny", help="model arch (attnzoo.models.ARCHS)")
+    p.add_argument("--batch-sizes", default="1,8", help="comma-separated integers")
+    p.add_argument("--blocks", default="8,16,32", help="query block sizes of the blocked form, comma-separated")
+    p.add_argument("--threads", type=int, default=1, help="threads of PyTorch, ONNX Runtime and OpenVINO")
+    p.add_argument("--rounds", type=int, default=15, help="timed rounds per batch size (>= 2)")
+    p.add_argument("--out", type=Path, required=True, help="output folder (mae_forms.json, mae_forms.md)")
+    p.add_argument("--cache-dir", type=Path, default=None, help="exported models (default: <cache>/mae-forms)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true")
+    return add_debug_flag(p)
+
+
+@entry_point
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m attnzoo.studies.mae_forms``."""
+    import torch
+
+    from attnzoo.benchmarks.ort_cpu import tuned_cpu_session
+    from attnzoo.fileio import atomic_write_text, default_cache_dir, writable_dir
+    from attnzoo.limits import check_batch_sizes
+    from attnzoo.models import ARCHS, create_model
+    from attnzoo.runtime.openvino import OpenVINOSession, unavailable_reason
+    from attnzoo.runtime.parity import check
+
+    from attnzoo.machine import environment, load_average
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = build_parser().parse_args(argv)
+    if a.variant not in MAE_VARIANTS:
+        raise UsageError(f"--variant: unknown {a.variant!r}; valid: {', '.join(MAE_VARIANTS)}")
+    if a.arch not in ARCHS:
+        raise UsageError(f"--arch: unknown {a.arch!r}; valid: {', '.join(ARCHS)}")
+    try:
+        batches = list(dict.fromkeys(int(b) for b in a.batch_sizes.split(",") if b.strip()))
+        blocks = list(dict.fromkeys(int(b) for b in a.blocks.split(",") if b.strip()))
+        check_batch_sizes(batches)
+    except ValueError as exc:
+        raise UsageError(f"--batch-sizes/--blocks: {exc}") from None
+    if not batches or any(b < 1 for b in blocks):
+        raise UsageError("--batch-sizes needs at least one size and --blocks sizes must be >= 1")
+    for flag, v, low in (("--threads", a.threads, 1), ("--rounds", a.rounds, 2)):
+        if v < low:
+            raise UsageError(f"{flag} must be >= {low}, got {v}")
+    writable_dir(a.out, "--out folder")
+    cache = writable_dir(a.cache_dir or default_cache_dir() / "mae-forms", "--cache-dir folder")
+    ov_missing = unavailable_reason()
+
+    torch.set_num_threads(a.threads)
+    env = environment()
+    torch.manual_seed(a.seed)
+    model = create_model(a.variant, task="cls", arch=a.arch).eval()
+    paths, exports = {}, {}
+    for form in tqdm(forms(blocks), desc="export + verify", disable=a.no_progress):
+        paths[form] = cache / f"{a.variant}_{a.arch}_{form}.onnx"
+        report = _export(model, form, paths[form], a.threads)
+        if not report["passed"]:
+            raise RuntimeError(f"{form}: export failed verification: {report['failures']}")
+        exports[form] = {"export_time_s": report["export_time_s"], "nodes": sum(report["op_histogram"].values()),
+                         "ops": report["op_histogram"], "verified_batch_sizes": report["parity"]["batch_sizes"]}
+    rows: List[Dict[str, Any]] = []
+    for batch in batches:
+        gen = torch.Generator().manual_seed(a.seed + batch)
+        x = torch.randn(batch, 3, *(model.attnzoo_config["img_size"],) * 2, generator=gen)
+        xn = x.numpy()
+        with torch.no_grad():
+            ref = model(x).numpy()
+        runners: Dict[str, Callable[[], object]] = {"eager": lambda: model(x)}
+        parity: Dict[str, float] = {}
+        for form, path in paths.items():
+            sess, _ = tuned_cpu_session(path, a.threads, cache, batch=batch)
+            runners[f"ort-cpu {form}"] = lambda s=sess: s.run(None, {"image": xn})
+            if ov_missing is None:
+                ov = OpenVINOSession(path, threads=a.threads, batch=batch)
+                runners[f"openvino {form}"] = lambda o=ov: o.run(xn)
+        for name, fn in runners.items():  # the parity gate of bench-latency (the shared tolerance table)
+            if name != "eager":
+                ok, parity[name] = check(np.asarray(fn()[0] if name.startswith("ort") else fn()), ref, "fp32")
+                if not ok:
+                    raise RuntimeError(f"batch {batch}, {name}: parity error {parity[name]:.1e} against eager")
+        with torch.no_grad():
+            times = time_round_robin(runners, a.rounds, progress=not a.no_progress)
+        rows += _rows(times, batch, parity)
+    result = {"command": shlex.join(["python", "-m", "attnzoo.studies.mae_forms", *argv]),
+              "variant": a.variant, "arch": a.arch, "threads": a.threads, "batch_sizes": batches, "blocks": blocks,
+              "rounds": a.rounds, "openvino": ov_missing or "used", "exports": exports, "environment": env,
+              "load_average_end": load_average(), "rows": rows}
+    md = markdown(result)
+    atomic_write_text(a.out / "mae_forms.md", md)
+    atomic_write_text(a.out / "mae_forms.json", json.dumps(result, indent=1) + "\n")
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
