@@ -1,11 +1,16 @@
-"""attnzoo.export: ONNX export with the orthogonal projection kept as explicit ops, verification against
-eager PyTorch with ONNX Runtime, the projection checker, and TensorRT engines. CLI: ``export-model``."""
+"""attnzoo.export: ``export_model()`` (the library call behind ``export-model``), ONNX export with the variants'
+extra math kept as explicit ops, verification against eager PyTorch with ONNX Runtime, the extra-math checker,
+int8 / fp8 quantization, TensorRT engines and Triton repositories."""
 
 from .check import ProjectionCheckError, assert_projection, check_projection
+from .errors import ExportError, ExportWarning
 from .onnx_export import (BATCH_DIM, DTYPES, INPUT_NAME, OUTPUT_NAME, SUPPORTED_OPSETS, export_onnx, make_session,
                           config_from_props, metadata_props, op_histogram, read_metadata)
+from .pipeline import ExportResult, export_model, load_for_export
 from .verify import VerificationError, adopt_verified, export_verified, report_path, summary, verify_onnx
 
-__all__ = ["export_onnx", "make_session", "read_metadata", "metadata_props", "config_from_props", "op_histogram", "check_projection",
-           "assert_projection", "ProjectionCheckError", "verify_onnx", "export_verified", "adopt_verified", "report_path", "summary",
-           "VerificationError", "INPUT_NAME", "OUTPUT_NAME", "BATCH_DIM", "SUPPORTED_OPSETS", "DTYPES"]
+__all__ = ["export_model", "ExportResult", "load_for_export", "ExportError", "ExportWarning", "export_onnx",
+           "make_session", "read_metadata", "metadata_props", "config_from_props", "op_histogram", "check_projection",
+           "assert_projection", "ProjectionCheckError", "verify_onnx", "export_verified", "adopt_verified",
+           "report_path", "summary", "VerificationError", "INPUT_NAME", "OUTPUT_NAME", "BATCH_DIM",
+           "SUPPORTED_OPSETS", "DTYPES"]

@@ -38,12 +38,15 @@ from onnx import TensorProto, helper, numpy_helper
 
 from attnzoo.runtime.sessions import QUANTIZED_DTYPES
 
+from .errors import ExportError
+
 __all__ = ["QUANT_DTYPES", "QDQ_PLACEMENTS", "DEFAULT_QDQ_PLACEMENT", "CPU_QDQ_PLACEMENT", "ACCURACY_TOLERANCE", "DEFAULT_CALIBRATION_COUNT",
            "DEFAULT_CALIBRATION_SEED", "CALIBRATION_METHODS", "FP8_MIN_COMPUTE_CAPABILITY", "QUANTIZED_OP_TYPES",
-           "QuantizeReport", "AccuracyDropError", "QuantizationCheckError", "quantize_unavailable_reason",
+           "QuantizeReport", "Calibration", "AccuracyDropError", "QuantizationCheckError", "quantize_unavailable_reason",
            "modelopt_version", "extra_math_nodes", "calibration_images", "random_calibration", "load_calibration_file",
            "quantize_onnx", "qdq_placement_error", "qdq_summary", "simulate_fp8", "evaluate_onnx",
-           "fp8_compute_capability_error", "quantize_verified", "summary"]
+           "fp8_compute_capability_error", "check_quantize_arguments", "calibration_for", "quantize_verified",
+           "summary"]
 
 #: Quantized dtypes of ``export-model --dtype`` (ModelOpt's ``quantize_mode``).
 QUANT_DTYPES: Tuple[str, ...] = QUANTIZED_DTYPES  # the runtime layer's list: one fact
@@ -80,11 +83,11 @@ _LAYOUT_OPS = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten")
 _FP8_TYPES = {TensorProto.FLOAT8E4M3FN}
 
 
-class AccuracyDropError(RuntimeError):
+class AccuracyDropError(ExportError):
     """The quantized model lost more accuracy than :data:`ACCURACY_TOLERANCE` allows; nothing was written."""
 
 
-class QuantizationCheckError(RuntimeError):
+class QuantizationCheckError(ExportError):
     """The quantized graph breaks a promise (Q/DQ in the extra math, non-finite outputs, no quantized op)."""
 
 
@@ -177,6 +180,60 @@ def qdq_placement_error(placement: str, dtype: str) -> Optional[str]:
     if placement == CPU_QDQ_PLACEMENT and dtype != "int8":
         return f"--qdq-placement cpu is for int8 on the CPU runtimes; {dtype} is TensorRT's (use tensorrt)"
     return None
+
+
+def check_quantize_arguments(dtype: str, fmt: str, compute_capability: Optional[str],
+                             options: Mapping[str, Any]) -> None:
+    """Refuse quantization arguments that cannot work, before any work (ModelOpt missing, FP8 below SM 8.9, a
+    placement for another dtype or target, bad counts, a bad calibration file).
+
+    Args:
+        dtype, fmt, compute_capability: The export's.
+        options: ``quantize_extra_math``, ``placement``, ``calibration_data``, ``calibration_count``,
+            ``calibration_seed``, ``accept_accuracy_drop``, ``eval_limit`` (``None`` / ``False``: not given).
+
+    Raises:
+        ValueError: one line naming the flag.
+    """
+    flags = {"--quantize-extra-math": options.get("quantize_extra_math"),
+             "--qdq-placement": options.get("placement") is not None,
+             "--calibration-data": options.get("calibration_data") is not None,
+             "--calibration-count": options.get("calibration_count") is not None,
+             "--calibration-seed": options.get("calibration_seed") is not None,
+             "--accept-accuracy-drop": options.get("accept_accuracy_drop"),
+             "--eval-limit": options.get("eval_limit") is not None}
+    if dtype not in QUANT_DTYPES:
+        given = [flag for flag, value in flags.items() if value]
+        if given:
+            raise ValueError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to --dtype int8 / fp8 only")
+        return
+    if fmt == "triton":
+        raise ValueError(f"--dtype {dtype}: --format triton is not supported yet; export the ONNX (--format onnx) "
+                         "or a TensorRT engine")
+    if dtype == "fp8" and fmt == "tensorrt":
+        error = fp8_compute_capability_error(compute_capability)
+        if error:
+            raise ValueError(error)
+    placement = options.get("placement")
+    error = qdq_placement_error(placement or DEFAULT_QDQ_PLACEMENT, dtype)
+    if error:
+        raise ValueError(error)
+    if placement == CPU_QDQ_PLACEMENT and fmt == "tensorrt":
+        raise ValueError("--qdq-placement cpu is for ONNX Runtime on the CPU; a TensorRT engine wants the tensorrt "
+                         "placement (the default)")
+    reason = quantize_unavailable_reason()
+    if reason:
+        raise ValueError(f"--dtype {dtype} {reason}")
+    for flag in ("calibration_count", "eval_limit"):
+        value = options.get(flag)
+        if value is not None and value < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    data = options.get("calibration_data")
+    if data is not None:
+        if flags["--calibration-count"] or flags["--calibration-seed"]:
+            raise ValueError("--calibration-count/--calibration-seed draw from the training split; with "
+                             "--calibration-data the file's images are used as they are")
+        load_calibration_file(data, None)  # shape (but H, W), dtype, emptiness
 
 
 # ------------------------------------------------------------------------------------------------ extra math
@@ -273,6 +330,52 @@ def load_calibration_file(path: Union[str, Path], input_hw: Optional[Tuple[int, 
     if not np.isfinite(x).all():
         raise ValueError(f"--calibration-data {path}: holds NaN or infinite values")
     return x
+
+
+@dataclass
+class Calibration:
+    """The inputs an int8 / fp8 export is calibrated on, and what they are.
+
+    Attributes:
+        inputs: float32 NCHW, normalised as the model expects.
+        source: What they are, for the report (e.g. ``fashion training split``).
+        seed: The seed of their draw (``None`` for a user's file).
+        labelled: The model has a labelled test split to be scored on (a trained zoo-style model).
+        warnings: What the user should know (random inputs for an untrained model).
+    """
+
+    inputs: np.ndarray
+    source: str
+    seed: Optional[int]
+    labelled: bool
+    warnings: List[str] = field(default_factory=list)
+
+
+def calibration_for(config: Mapping[str, Any], input_hw: Tuple[int, int], *, untrained: bool = False,
+                    calibration_data: Optional[Union[str, Path]] = None, calibration_count: Optional[int] = None,
+                    calibration_seed: Optional[int] = None) -> Calibration:
+    """The calibration inputs ``export-model --dtype int8|fp8`` uses: the user's ``calibration_data``, else the
+    model's training split (:func:`calibration_images`), else (an untrained model) random inputs.
+
+    Raises:
+        ValueError: a bad calibration file, or a model that names no data set and was given none.
+    """
+    count = calibration_count or DEFAULT_CALIBRATION_COUNT
+    seed = DEFAULT_CALIBRATION_SEED if calibration_seed is None else calibration_seed
+    labelled = bool(config.get("data")) and not untrained
+    if calibration_data is not None:
+        return Calibration(load_calibration_file(calibration_data, input_hw), f"--calibration-data {calibration_data}",
+                           None, labelled)
+    if untrained:
+        return Calibration(random_calibration(input_hw, count, seed), "random standard-normal inputs (--random-init)",
+                           seed, False, [f"--random-init: calibrating the UNTRAINED model on {count} random (standard "
+                                         "normal) inputs; the quantized model's accuracy is meaningless and is not "
+                                         "measured"])
+    x = calibration_images(config, count, seed)
+    if x.shape[2:] != tuple(input_hw):
+        raise ValueError(f"the training images are {x.shape[2]}x{x.shape[3]}, --input-size "
+                         f"{input_hw[0]}x{input_hw[1]}; calibrate at the training size or pass --calibration-data")
+    return Calibration(np.ascontiguousarray(x), f"{config['data']} training split", seed, labelled)
 
 
 # ------------------------------------------------------------------------------------------------ quantization

@@ -362,7 +362,7 @@ def test_export_out_suffix_must_match_the_format(tmp_path, monkeypatch, fmt, nam
 
 
 def test_export_format_is_inferred_from_the_out_suffix():
-    from attnzoo.export.cli import _format
+    from attnzoo.export.pipeline import output_format as _format
 
     assert _format(None, Path("m.engine")) == "tensorrt" and _format(None, Path("m.onnx")) == "onnx"
     assert _format(None, None) == "onnx"

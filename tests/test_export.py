@@ -271,6 +271,56 @@ def test_cli_exports_a_checkpoint(tmp_path, capsys):
     assert sorted(p.name for p in out.parent.iterdir()) == ["b2.onnx", "b2.report.json"]
 
 
+def test_cli_takes_the_variant_from_the_checkpoint(tmp_path, capsys):
+    """--checkpoint alone: variant, task and arch come from its config; a contradicting --variant (or --arch) is
+    a usage error naming both, before anything is written."""
+    ckpt = tmp_path / "run.safetensors"
+    save_checkpoint(create_model("belief", "cls", "micro", num_classes=3), ckpt, class_names="abc")
+    out = tmp_path / "out" / "m.onnx"
+    assert main(["--checkpoint", str(ckpt), "--out", str(out), "--batch-sizes", "1"]) == 0
+    assert metadata_props(out)["variant"] == "belief" and "PASSED" in capsys.readouterr().out
+    for flag, value in (("--variant", "belief2"), ("--arch", "tiny")):
+        with pytest.raises(SystemExit) as info:
+            main(["--checkpoint", str(ckpt), flag, value, "--out", str(tmp_path / "x.onnx")])
+        assert info.value.code == 2
+        line = capsys.readouterr().err.strip()
+        assert line.startswith(f"error: {flag} {value} contradicts checkpoint run.safetensors")
+        assert f"'{value}'" in line and ("'belief'" if flag == "--variant" else "'micro'") in line
+    assert not (tmp_path / "x.onnx").exists()
+    with pytest.raises(SystemExit) as info:  # nothing names the model
+        main(["--out", str(tmp_path / "x.onnx")])
+    assert info.value.code == 2 and "--variant is required" in capsys.readouterr().err
+
+
+def test_export_model_is_the_library_call_behind_the_cli(tmp_path):
+    """export_model() writes what export-model writes and returns the paths and reports; bad arguments raise one
+    UsageError (a ValueError) before any work."""
+    from attnzoo.cli import UsageError
+    from attnzoo.export import ExportResult, ExportWarning, export_model
+
+    out = tmp_path / "b2.onnx"
+    with pytest.warns(ExportWarning, match="UNTRAINED belief2"):
+        result = export_model("belief2", random_init=True, out=out, batch_sizes=(1,))
+    assert isinstance(result, ExportResult) and result.path == result.onnx_path == out
+    assert result.format == "onnx" and result.dtype == "fp32" and result.report["passed"]
+    assert result.files == [out, report_path(out)] and all(f.is_file() for f in result.files)
+    assert json.loads(report_path(out).read_text())["sha256"] == sha256_file(out) == result.report["sha256"]
+    assert "PASSED" in result.summary() and result.warnings and "UNTRAINED" in result.warnings[0]
+    # a model object (e.g. a converted timm ViT): its own config, no checkpoint
+    model = create_model("belief", "cls", "micro", num_classes=4)
+    result = export_model(model=model, out=tmp_path / "obj.onnx", batch_sizes=(1,))
+    assert result.report["passed"] and metadata_props(result.path)["variant"] == "belief"
+    bad = [dict(), dict(variant="nope", random_init=True), dict(variant="belief2", random_init=True, dtype="int9"),
+           dict(variant="belief2", random_init=True, opset=9), dict(variant="belief2", random_init=True, format="x"),
+           dict(variant="belief2", random_init=True, batch_sizes=(0,)),
+           dict(variant="belief2", model=model), dict(variant="belief2", random_init=True, eval_limit=5)]
+    for kwargs in bad:
+        with pytest.raises(UsageError) as info:
+            export_model(**{"out": tmp_path / "bad" / "m.onnx", **kwargs})
+        assert isinstance(info.value, ValueError) and "\n" not in str(info.value)
+    assert not (tmp_path / "bad").exists()
+
+
 def test_cli_bad_inputs(tmp_path, monkeypatch):
     from attnzoo import zoo
 

@@ -17,9 +17,9 @@ from attnzoo.benchmarks.cli import main, parse_settings  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def _few_calibration_images(monkeypatch):
-    import attnzoo.benchmarks.backends as backends
+    import attnzoo.benchmarks.rows as rows
 
-    monkeypatch.setattr(backends, "CALIBRATION_COUNT", 8)  # the test checks the path, not calibration quality
+    monkeypatch.setattr(rows, "CALIBRATION_COUNT", 8)  # the test checks the path, not calibration quality
 
 
 def _bench(tmp_path, *extra):
@@ -217,7 +217,7 @@ def int8_folder(tmp_path_factory):
 
     from attnzoo.export import export_verified
     from attnzoo.export import quantize as q
-    from attnzoo.export.cli import load_for_export
+    from attnzoo.export import load_for_export
 
     folder = tmp_path_factory.mktemp("int8")
     model, config, sha = load_for_export("belief2", "cls")
@@ -254,7 +254,7 @@ def test_demo_and_serve_models_mean_the_same_by_dtype_fp32(tmp_path):
     """--dtype fp32 serves the unquantized exports, fp16 included, in both commands (one rule:
     runtime.sessions.served_precision); --dtype int8 serves neither of them."""
     from attnzoo.export import export_verified
-    from attnzoo.export.cli import load_for_export
+    from attnzoo.export import load_for_export
     from attnzoo.runtime.sessions import served_precision
     from attnzoo.serve.loading import load_onnx_dir
     from attnzoo.serve.rayserve.launch import _matching
@@ -272,11 +272,11 @@ def test_demo_and_serve_models_mean_the_same_by_dtype_fp32(tmp_path):
 
 
 def test_quantized_problem_names_each_reason(int8_folder):
-    from attnzoo.runtime.sessions import quantized_problem
+    from attnzoo.runtime.sessions import verification_problem
 
-    assert quantized_problem(int8_folder / "belief2_int8.onnx", "int8") is None
-    assert quantized_problem(int8_folder / "belief2_fp32.onnx", "fp32") is None
-    reasons = {n: quantized_problem(int8_folder / f"{n}.onnx", "int8")
+    assert verification_problem(int8_folder / "belief2_int8.onnx", "int8") is None
+    assert verification_problem(int8_folder / "belief2_fp32.onnx", "fp32") is None
+    reasons = {n: verification_problem(int8_folder / f"{n}.onnx", "int8")
                for n in ("no_report", "tampered", "accepted_drop", "unscored", "failed", "limited")}
     assert "without its verification report" in reasons["no_report"]
     assert "SHA-256 mismatch" in reasons["tampered"]
@@ -329,7 +329,7 @@ def test_backend_choice_is_timed_on_the_served_precision(int8_folder):
     choice = fastest_cpu_runtime(run, [(int8_folder / "belief2_int8.onnx", (28, 28))], seconds=0.01, dtype="int8")
     assert "for int8 models" in choice.reason and list(choice.median_ms) == ["belief2_int8.onnx"]
     backend, reason = choose_cpu_backend(int8_folder, threads=1, dtype="int8")
-    assert backend in ("onnxruntime", "openvino") and "for int8 models" in reason and "belief2_int8.onnx" in reason
+    assert backend in ("ort-cpu", "openvino") and "for int8 models" in reason and "belief2_int8.onnx" in reason
 
 
 def test_serve_models_selects_only_verified_int8(int8_folder, capsys):
@@ -355,7 +355,7 @@ def test_serve_models_zoo_int8_serves_verified_copies_first_and_publishes_the_re
     """serve-models --dtype int8 without --models: the first model's int8 copy is made and verified before the
     server starts, the other's is exported in the child and listed in the ready file only once its verification
     report holds."""
-    from attnzoo.runtime.sessions import quantized_problem
+    from attnzoo.runtime.sessions import verification_problem
     from attnzoo.serve.rayserve.config import merged
     from attnzoo.serve.rayserve.launch import export_pending, select_models
 
@@ -365,8 +365,8 @@ def test_serve_models_zoo_int8_serves_verified_copies_first_and_publishes_the_re
     names = {"belief2_cls_fashion_int8.onnx", "standard_cls_fashion_int8.onnx"}
     (first,), pending = list(sel.files), [p["file"] for p in sel.pending]
     assert {first, *pending} == names and len(pending) == 1 and sel.dtype == "int8"
-    assert quantized_problem(sel.folder / first, "int8") is None and not (sel.folder / pending[0]).exists()
+    assert verification_problem(sel.folder / first, "int8") is None and not (sel.folder / pending[0]).exists()
     sel.ready_file = tmp_path / "ready.json"
     assert export_pending(sel, cfg.cache_dir) == 2
     assert set(json.loads(sel.ready_file.read_text())) == names
-    assert quantized_problem(sel.folder / pending[0], "int8") is None
+    assert verification_problem(sel.folder / pending[0], "int8") is None

@@ -53,7 +53,7 @@ def test_quantize_extra_is_in_dev_and_pins_modelopt():
 @pytest.fixture(scope="module")
 def fp32(tmp_path_factory):
     """A verified fp32 export of an untrained micro belief2 classifier (4 projection scopes) and its config."""
-    from attnzoo.export.cli import load_for_export
+    from attnzoo.export import load_for_export
 
     model, config, _ = load_for_export("belief2", "cls", "micro", random_init=True)
     path = tmp_path_factory.mktemp("fp32") / "b2.onnx"
@@ -174,7 +174,7 @@ needs_fashion = pytest.mark.skipif(not (FASHION.exists() or FASHION.with_suffix(
 @pytest.fixture(scope="module")
 def zoo_fp32(tmp_path_factory):
     """The zoo's trained belief2 Fashion-MNIST classifier, exported and verified."""
-    from attnzoo.export.cli import load_for_export
+    from attnzoo.export import load_for_export
 
     model, config, sha = load_for_export("belief2", "cls")
     path = tmp_path_factory.mktemp("zoo") / "b2.onnx"
@@ -291,9 +291,9 @@ def test_bad_calibration_files_are_refused_in_one_line_before_work(array, messag
 
 
 def test_fp8_below_sm89_is_refused_before_work(tmp_path, monkeypatch, capsys):
-    from attnzoo.export import cli as cli_mod
+    from attnzoo.export import pipeline
 
-    monkeypatch.setattr(cli_mod, "load_for_export", _never)
+    monkeypatch.setattr(pipeline, "load_for_export", _never)
     out = tmp_path / "m.engine"
     line = _refused(["--variant", "belief2", "--random-init", "--dtype", "fp8", "--format", "tensorrt",
                      "--compute-capability", "SM86", "--out", str(out)], capsys)
@@ -320,9 +320,9 @@ def test_quantization_flags_need_a_quantized_dtype(tmp_path, capsys):
 
 def test_cpu_placement_is_refused_where_it_cannot_work(tmp_path, monkeypatch, capsys):
     """--qdq-placement cpu: int8 only, not for a TensorRT engine, not without a quantized dtype; before any work."""
-    from attnzoo.export import cli as cli_mod
+    from attnzoo.export import pipeline
 
-    monkeypatch.setattr(cli_mod, "load_for_export", _never)
+    monkeypatch.setattr(pipeline, "load_for_export", _never)
     base = ["--variant", "belief2", "--random-init", "--qdq-placement", "cpu"]
     assert _refused([*base, "--out", str(tmp_path / "m.onnx")], capsys) == \
         "error: --qdq-placement applies to --dtype int8 / fp8 only"
@@ -392,7 +392,7 @@ TRT_FAST = ("belief2", "wafe-mae")
 @pytest.fixture(scope="module")
 def fp32_of(fp32, tmp_path_factory):
     """A verified fp32 export of an untrained micro classifier of any variant (belief2's is ``fp32``)."""
-    from attnzoo.export.cli import load_for_export
+    from attnzoo.export import load_for_export
 
     root = tmp_path_factory.mktemp("fp32-variants")
     cache = {"belief2": fp32}

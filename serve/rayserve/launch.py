@@ -143,7 +143,7 @@ def _matching(folder: Path, names: Sequence[str], variants: Optional[Sequence[st
     """The attnzoo exports among ``names`` whose variant, task and precision are wanted; files that are not
     attnzoo models, and quantized ones whose verification does not hold, are left out with a warning (the
     replicas' loader would skip them anyway)."""
-    from attnzoo.runtime.sessions import quantized_problem, served_precision
+    from attnzoo.runtime.sessions import verification_problem, served_precision
     from attnzoo.fileio import sha256_file
     from attnzoo.models import canonical_name
     from attnzoo.runtime.contract import ModelContract
@@ -161,7 +161,7 @@ def _matching(folder: Path, names: Sequence[str], variants: Optional[Sequence[st
         seen.append(f"{contract.variant}/{contract.task}" + ("" if contract.dtype == "fp32" else f"/{contract.dtype}"))
         if served_precision(contract.dtype) != dtype:
             continue  # fp32 serves the unquantized exports (fp32 and fp16), int8 only int8 files
-        problem = quantized_problem(path, contract.dtype)
+        problem = verification_problem(path, contract.dtype)
         if problem:
             print(f"warning: skipping {name}: not served: {problem}", file=sys.stderr)
             continue
@@ -181,7 +181,7 @@ def random_init_models(arch: str, variants: Sequence[str], tasks: Sequence[str],
     from tqdm import tqdm
 
     from attnzoo.export import export_verified, report_path
-    from attnzoo.export.cli import load_for_export
+    from attnzoo.export import load_for_export
     from attnzoo.fileio import sha256_file
 
     folder = Path(cache_dir) / "serve-models" / arch
@@ -269,13 +269,13 @@ def export_pending(selection: Selection, cache_dir: Optional[Path]) -> int:
     ``selection.ready_file`` with its sha256, so each model is served as soon as it is written. Returns how many
     are ready. A signal to this process ends the child too (:func:`stop` ends every process this one started)."""
     from attnzoo.fileio import atomic_write_text, default_cache_dir, sha256_file
-    from attnzoo.runtime.sessions import quantized_problem
+    from attnzoo.runtime.sessions import verification_problem
     from attnzoo.serve.loading import export_zoo_in_child
 
     ready = dict(selection.files)
 
     def written(path: Path) -> bool:  # an int8 copy is ready once its verification report is beside it
-        return path.is_file() and quantized_problem(path, selection.dtype) is None
+        return path.is_file() and verification_problem(path, selection.dtype) is None
 
     def publish() -> None:
         new = {p["file"]: sha256_file(selection.folder / p["file"]) for p in selection.pending

@@ -1,0 +1,611 @@
+"""``export_model()``: everything ``export-model`` does, as one library call.
+
+The command line only parses its flags, calls :func:`export_model` and prints the summary (as optimum's
+``optimum-cli export onnx`` calls ``main_export``). One call: the model (the zoo's, a checkpoint's, a fresh one
+or a model object) -> the verified ONNX (fp32 / fp16) or a verified int8 / fp8 Q/DQ graph -> optionally a
+TensorRT engine or a Triton model repository, each with its report beside it.
+
+Errors, all one line:
+
+- :class:`attnzoo.cli.UsageError` (a ``ValueError``): an argument or combination that cannot work, refused
+  before anything is loaded or written (``export-model`` exits 2);
+- ``ValueError``: a bad input file (missing or unsafe checkpoint, a bad calibration file);
+- :class:`attnzoo.export.errors.ExportError`: a step failed its checks (verification, quantization accuracy or
+  fidelity, engine build); nothing was written at the output path, its failed report is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+from torch import nn
+
+from attnzoo.cli import UsageError, first_line
+
+from .errors import ExportError, ExportWarning
+
+__all__ = ["FORMATS", "SUFFIXES", "DEFAULT_TRITON_DIR", "DEFAULT_BATCH_SIZES", "ExportResult", "export_model",
+           "load_for_export", "output_format"]
+
+#: Output file suffixes of each format (the format is inferred from the suffix when not given); ``triton``
+#: writes a folder (a Triton model repository), named only with an explicit ``format="triton"``.
+SUFFIXES: Dict[str, Tuple[str, ...]] = {"onnx": (".onnx",), "tensorrt": (".engine", ".plan"), "triton": ()}
+FORMATS: Tuple[str, ...] = tuple(SUFFIXES)
+#: ``format="triton"`` without ``out``.
+DEFAULT_TRITON_DIR = Path("triton-models")
+#: Batch sizes verified by default (and the TensorRT profile's range).
+DEFAULT_BATCH_SIZES: Tuple[int, ...] = (1, 8)
+
+PathLike = Union[str, Path]
+
+
+@dataclass
+class ExportResult:
+    """What :func:`export_model` wrote.
+
+    Attributes:
+        path: The output: the ``.onnx`` file, the engine, or the Triton model folder.
+        onnx_path: The verified ONNX file (the output itself, beside the engine, or in the Triton folder).
+        report: The ONNX file's report (``<onnx>.report.json``): its verification, or for int8 / fp8 its
+            quantization, accuracy and fidelity.
+        format, dtype: As exported.
+        fp32_report: int8 / fp8: the verification report of the fp32 graph it was quantized from.
+        engine_path, engine_report: The TensorRT engine and its report (``<engine>.json``), when built.
+        triton: The Triton config check, for ``format="triton"``.
+        warnings: What the export warned about (also issued as :class:`ExportWarning`).
+    """
+
+    path: Path
+    onnx_path: Path
+    report: Dict[str, Any]
+    format: str
+    dtype: str
+    fp32_report: Optional[Dict[str, Any]] = None
+    engine_path: Optional[Path] = None
+    engine_report: Optional[Dict[str, Any]] = None
+    triton: Optional[Dict[str, Any]] = None
+    warnings: List[str] = field(default_factory=list)
+
+    @property
+    def files(self) -> List[Path]:
+        """Every file written: the ONNX and its report, the engine and its report, the Triton config."""
+        from .tensorrt import engine_report_path
+        from .verify import report_path
+
+        files = [self.onnx_path, report_path(self.onnx_path)]
+        if self.engine_path is not None:
+            files += [self.engine_path, engine_report_path(self.engine_path)]
+        if self.triton is not None:
+            from .triton import LABELS_FILE
+
+            files += [self.path / LABELS_FILE, self.path / "config.pbtxt"]
+        return files
+
+    def summary(self) -> str:
+        """The lines ``export-model`` prints."""
+        from .verify import report_path, summary as verify_summary
+
+        if self.fp32_report is None:
+            lines = [verify_summary(self.report)]
+        else:
+            from .quantize import summary as quantize_summary
+
+            par = self.fp32_report["parity"]
+            lines = [f"fp32 source verified: parity vs eager max abs err {par['max_abs_err']:.2e} at batch sizes "
+                     f"{par['batch_sizes']}", quantize_summary(self.report), f"  report: {report_path(self.onnx_path)}"]
+        if self.triton is not None:
+            from .triton import summary as triton_summary
+
+            lines.append(triton_summary(self.path, self.triton))
+        if self.engine_report is not None:
+            from .tensorrt import engine_report_path, summary as engine_summary
+
+            lines += [engine_summary(self.engine_report), f"  report: {engine_report_path(self.engine_path)}"]
+        return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------ the model
+def _class_count(state: Dict[str, Any], task: str) -> Optional[int]:
+    """Classes of a config-less state dict, from its head."""
+    for key, axis in (("head.weight", 0), ("decoder.head.weight", 0), ("decoder.cls_emb", 1)):
+        if key in state and (task == "cls") == (key == "head.weight"):
+            return int(state[key].shape[axis])
+    return None
+
+
+def _checkpoint_config(path: Path) -> Optional[Dict[str, Any]]:
+    """The config a checkpoint carries (``None`` for a plain state dict); read without loading the weights.
+
+    Raises:
+        ValueError: the file is missing, or holds an unreadable config.
+    """
+    from attnzoo.models.checkpoint import NoConfigError, read_config
+
+    if not path.is_file():
+        raise ValueError(f"checkpoint not found: {path}")
+    try:
+        return read_config(path)
+    except NoConfigError:
+        return None
+
+
+def _agree(config: Dict[str, Any], source: str, variant: Optional[str], task: Optional[str],
+           arch: Optional[str]) -> None:
+    """A usage error naming both values when an argument contradicts what a model's config says."""
+    from attnzoo.models import canonical_name
+
+    for key, wanted in (("variant", variant), ("task", task), ("arch", arch)):
+        if wanted is None:
+            continue
+        have = config.get(key)
+        if key == "variant":
+            wanted = canonical_name(wanted)
+        if have != wanted:
+            raise UsageError(f"--{key} {wanted} contradicts {source}, which holds a {have!r} model (not "
+                             f"{wanted!r}); leave --{key} out to use the {source.split(' ')[0]}'s own")
+
+
+def load_for_export(variant: Optional[str] = None, task: Optional[str] = None, arch: Optional[str] = None,
+                    checkpoint: Optional[PathLike] = None,
+                    random_init: bool = False) -> Tuple[nn.Module, Dict[str, Any], str]:
+    """``(model in eval mode, config, checkpoint sha256)`` for these choices.
+
+    A checkpoint with a config (``save_checkpoint``'s) describes its model: ``variant``, ``task`` and ``arch``
+    may be left out, and one that contradicts it is refused naming both. A plain state dict needs ``variant``.
+    Without a checkpoint: the zoo's trained model of ``variant`` and ``task``, or a fresh one (``random_init``).
+
+    Raises:
+        UsageError: no variant where one is needed, or one that contradicts the checkpoint.
+        ValueError: unknown variant, missing zoo model, missing or unsafe checkpoint (never unpickled).
+    """
+    from attnzoo import zoo
+    from attnzoo.fileio import sha256_file
+    from attnzoo.models import canonical_name, create_model
+    from attnzoo.models.checkpoint import load_checkpoint, load_state_dict_file, load_weights
+    from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD
+
+    if random_init and checkpoint is not None:
+        raise UsageError("--random-init and --checkpoint exclude each other")
+    if checkpoint is not None:
+        path = Path(checkpoint)
+        config = _checkpoint_config(path)
+        if config is not None:
+            _agree(config, f"checkpoint {path.name}", variant, task, arch)
+            model, config = load_checkpoint(path)  # never unpickles
+            return model.eval(), config, sha256_file(path)
+        if variant is None:
+            raise UsageError(f"{path.name} is a plain state dict without a config: pass --variant (and --task, "
+                             "--arch when not cls / micro)")
+        state = load_state_dict_file(path)  # raises for pickles (weights_only=True) and unreadable files
+        task = task or "cls"
+        model = create_model(canonical_name(variant), task, arch or "micro", num_classes=_class_count(state, task))
+        load_weights(model, state, source=str(path))
+        return model.eval(), dict(model.attnzoo_config), sha256_file(path)
+    if variant is None:
+        raise UsageError("--variant is required unless --checkpoint names a checkpoint with its config")
+    variant = canonical_name(variant)
+    if random_init:
+        from attnzoo.data.datasets import SHAPES_CLASSES, SHAPES_SEG_CLASSES
+
+        task = task or "cls"
+        names = list(SHAPES_CLASSES if task == "cls" else SHAPES_SEG_CLASSES)
+        model = create_model(variant, task, arch or "micro", num_classes=len(names))
+        config = {**model.attnzoo_config, "class_names": names, "mean": list(DEFAULT_MEAN),
+                  "std": list(DEFAULT_STD), "untrained": True}
+        return model.eval(), config, ""
+    try:
+        path = zoo.checkpoint_path(variant, task or "cls")
+    except ValueError as exc:
+        raise ValueError(f"{exc}; pass --checkpoint PATH, or --random-init for an untrained model") from None
+    config = _checkpoint_config(Path(path)) or {}
+    _agree(config, f"zoo model {Path(path).name}", None, None, arch)
+    model, config = load_checkpoint(path)
+    return model.eval(), config, sha256_file(path)
+
+
+# ------------------------------------------------------------------------------------------------ arguments
+def output_format(fmt: Optional[str], out: Optional[PathLike]) -> str:
+    """The output format: ``fmt``, else inferred from the suffix of ``out``; they must agree.
+
+    Raises:
+        UsageError: an unknown format, a suffix of no format, or a format and suffix that disagree.
+    """
+    if fmt is not None and fmt not in SUFFIXES:
+        raise UsageError(f"unknown format {fmt!r}; valid: {', '.join(SUFFIXES)}")
+    if out is None:
+        return fmt or "onnx"
+    out = Path(out)
+    if fmt == "triton":
+        if out.suffix.lower() in {s for suffixes in SUFFIXES.values() for s in suffixes}:
+            raise UsageError(f"with --format triton, --out names the model repository folder, not a file "
+                             f"({out.name}); e.g. --out {out.with_suffix('')}")
+        return fmt
+    implied = next((f for f, suffixes in SUFFIXES.items() if out.suffix.lower() in suffixes), None)
+    if implied is None:
+        raise UsageError(f"--out {out}: the file name must end in .onnx (ONNX) or .engine (TensorRT engine)")
+    if fmt is not None and fmt != implied:
+        if fmt == "tensorrt":
+            raise UsageError(f"with --format tensorrt, --out names the engine file (e.g. {out.with_suffix('.engine')}); "
+                             "the verified ONNX is written beside it")
+        raise UsageError(f"--out {out} names a TensorRT engine but --format is onnx; use --out "
+                         f"{out.with_suffix('.onnx')}, or --format tensorrt")
+    return implied
+
+
+def _usage(check, *args) -> Any:
+    """``check(*args)``, its ``ValueError`` as a :class:`UsageError`."""
+    try:
+        return check(*args)
+    except UsageError:
+        raise
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _input_hw(input_size: Optional[Union[int, Sequence[int]]], config: Dict[str, Any]) -> Tuple[int, int]:
+    """The export's (H, W): ``input_size`` (an int or (H, W)), else the model's training size."""
+    from attnzoo.limits import check_side
+
+    from .onnx_export import config_hw
+
+    if input_size is None:
+        return config_hw(config)
+    hw = [input_size] if isinstance(input_size, int) else list(input_size)
+    if not 1 <= len(hw) <= 2:
+        raise UsageError(f"--input-size takes H or HxW, got {input_size!r}")
+    h, w = hw[0], hw[-1]
+    _usage(check_side, h, "--input-size sides")
+    _usage(check_side, w, "--input-size sides")
+    if config["task"] == "cls" and (h, w) != config_hw(config):
+        raise UsageError(f"a classifier takes its training size {config['img_size']}, not {h}x{w}")
+    return h, w
+
+
+@dataclass
+class _Request:
+    """The arguments of one :func:`export_model` call, checked."""
+
+    format: str
+    dtype: str
+    out: Optional[Path]
+    opset: int
+    batch_sizes: List[int]
+    compute_capability: Optional[str]
+    triton_platform: str
+    triton_queue_delay_us: int
+    quantize: Dict[str, Any]
+
+
+def _check_tensorrt(compute_capability: Optional[str]) -> None:
+    from attnzoo.runtime.tensorrt import gpu_available
+
+    from .tensorrt import tensorrt_unavailable_reason
+
+    reason = tensorrt_unavailable_reason(run=False)  # building needs no GPU with tensorrt-rtx
+    if reason:
+        raise UsageError(f"--format tensorrt: {reason}")
+    if compute_capability == "CURRENT" and not gpu_available():
+        raise UsageError("--compute-capability CURRENT needs a GPU and none is visible; name one to build ahead of "
+                         "time (e.g. SM89)")
+
+
+def _check_triton(platform: str, queue_delay_us: int, compute_capability: Optional[str]) -> None:
+    """Refuse Triton arguments that cannot work here, before any work."""
+    from .triton import PLATFORMS, triton_unavailable_reason
+
+    if platform not in PLATFORMS:
+        raise UsageError(f"unknown Triton platform {platform!r}; valid: {', '.join(PLATFORMS)}")
+    reason = triton_unavailable_reason()
+    if reason:
+        raise UsageError(f"--format triton: {reason}")
+    if queue_delay_us < 0:
+        raise UsageError(f"--triton-queue-delay-us must be >= 0, got {queue_delay_us}")
+    if platform != "tensorrt":
+        if compute_capability:
+            raise UsageError("--compute-capability applies to --format tensorrt and --triton-platform tensorrt only")
+        return
+    from attnzoo.runtime.tensorrt import gpu_available, load_library
+
+    from .tensorrt import tensorrt_unavailable_reason
+
+    reason = tensorrt_unavailable_reason(run=False)
+    if reason:
+        raise UsageError(f"--triton-platform tensorrt: {reason}")
+    lib = load_library()
+    if lib.name != "tensorrt" or not gpu_available():
+        raise UsageError("--triton-platform tensorrt: Triton's tensorrt_plan backend loads engines of TensorRT "
+                         f"proper built on the GPU it serves on; here only {lib.describe()} "
+                         f"{'is installed' if gpu_available() else 'without a GPU'} (run this on the GPU machine "
+                         "with pip install -e \".[tensorrt10]\", or use --triton-platform onnxruntime)")
+
+
+def _check_request(fmt: Optional[str], out: Optional[PathLike], dtype: str, opset: int, batch_sizes: Sequence[int],
+                   compute_capability: Optional[str], triton_platform: str, triton_queue_delay_us: int,
+                   quantize: Dict[str, Any]) -> _Request:
+    """Every argument that can be checked without the model, checked (UsageError otherwise)."""
+    from attnzoo.limits import check_batch_sizes
+    from attnzoo.runtime.sessions import QUANTIZED_DTYPES
+
+    from .onnx_export import DTYPES, SUPPORTED_OPSETS
+    from .quantize import check_quantize_arguments
+
+    if opset not in SUPPORTED_OPSETS:
+        raise UsageError(f"unsupported opset {opset}; supported: {', '.join(map(str, SUPPORTED_OPSETS))}")
+    if dtype not in (*DTYPES, *QUANTIZED_DTYPES):
+        raise UsageError(f"unknown dtype {dtype!r}; valid: {', '.join((*DTYPES, *QUANTIZED_DTYPES))}")
+    sizes = [int(b) for b in batch_sizes]
+    if not sizes:
+        raise UsageError("--batch-sizes: give at least one batch size")
+    _usage(check_batch_sizes, sizes)
+    fmt = output_format(fmt, out)
+    if compute_capability is not None:
+        from attnzoo.runtime.tensorrt import COMPUTE_CAPABILITIES
+
+        compute_capability = compute_capability.upper()
+        if compute_capability not in COMPUTE_CAPABILITIES:
+            raise UsageError(f"unknown compute capability {compute_capability!r}; valid: "
+                             f"{', '.join(COMPUTE_CAPABILITIES)}")
+    _usage(check_quantize_arguments, dtype, fmt, compute_capability, quantize)
+    if fmt == "tensorrt":
+        _check_tensorrt(compute_capability)
+    elif fmt == "triton":
+        _check_triton(triton_platform, triton_queue_delay_us, compute_capability)
+    elif compute_capability:
+        raise UsageError("--compute-capability applies to --format tensorrt only")
+    return _Request(fmt, dtype, Path(out) if out is not None else None, opset, sizes, compute_capability,
+                    triton_platform, triton_queue_delay_us, quantize)
+
+
+# ------------------------------------------------------------------------------------------------ outputs
+def _out_path(req: _Request, config: Dict[str, Any]) -> Path:
+    """The output file (the model's folder in the repository for Triton); its folder is created and must be
+    writable."""
+    from attnzoo.fileio import writable_dir
+
+    dtype = "" if req.dtype == "fp32" else f"_{req.dtype}"
+    stem = f"{config['variant']}_{config['task']}_{config['arch']}{dtype}"
+    if req.format == "triton":
+        repo = req.out or DEFAULT_TRITON_DIR
+        if repo.exists() and not repo.is_dir():
+            raise UsageError(f"--out {repo} is a file; --format triton writes a model repository folder")
+        return writable_dir(writable_dir(repo, "Triton model repository") / stem / "1", "model version folder").parent
+    out = req.out or Path("exports") / f"{stem}{SUFFIXES[req.format][0]}"
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a directory; give a file name")
+    writable_dir(out.parent)
+    return out
+
+
+def _onnx_out(req: _Request, out: Path) -> Path:
+    """Where the verified ONNX goes: ``out`` itself, beside the engine, or in the Triton model folder
+    (``1/model.onnx`` for onnxruntime_onnx; beside ``1/`` for tensorrt_plan, whose version folder holds the
+    engine)."""
+    if req.format == "triton":
+        from .triton import MODEL_FILES, PLATFORMS
+
+        if req.triton_platform == "onnxruntime":
+            return out / "1" / MODEL_FILES[PLATFORMS["onnxruntime"]]
+        return out / "model.onnx"
+    return out if req.format == "onnx" else out.with_suffix(".onnx")
+
+
+def _engine_out(req: _Request, out: Path) -> Optional[Path]:
+    """The engine file: ``out``, or ``1/model.plan`` in the Triton model folder; ``None`` when none is built."""
+    if req.format == "tensorrt":
+        return out
+    if req.format == "triton" and req.triton_platform == "tensorrt":
+        from .triton import MODEL_FILES, PLATFORMS
+
+        return out / "1" / MODEL_FILES[PLATFORMS["tensorrt"]]
+    return None
+
+
+@contextlib.contextmanager
+def _removed_if_empty(model_dir: Optional[Path]):
+    """On failure, remove the Triton model folder made for this export when nothing is in it (Triton refuses a
+    repository with a model folder that has no model)."""
+    try:
+        yield
+    except BaseException:
+        for folder in ((model_dir / "1", model_dir) if model_dir is not None else ()):
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only succeeds when empty
+        raise
+
+
+def _warn(message: str, collected: List[str]) -> None:
+    collected.append(message)
+    warnings.warn(message, ExportWarning, stacklevel=3)
+
+
+# ------------------------------------------------------------------------------------------------ the call
+def export_model(variant: Optional[str] = None, *, task: Optional[str] = None, arch: Optional[str] = None,
+                 checkpoint: Optional[PathLike] = None, random_init: bool = False, model: Optional[nn.Module] = None,
+                 out: Optional[PathLike] = None, format: Optional[str] = None, dtype: str = "fp32",
+                 opset: int = 20, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+                 input_size: Optional[Union[int, Sequence[int]]] = None, threads: Optional[int] = None,
+                 compute_capability: Optional[str] = None, triton_platform: str = "onnxruntime",
+                 triton_queue_delay_us: Optional[int] = None, quantize_extra_math: bool = False,
+                 qdq_placement: Optional[str] = None, calibration_data: Optional[PathLike] = None,
+                 calibration_count: Optional[int] = None, calibration_seed: Optional[int] = None,
+                 accept_accuracy_drop: bool = False, eval_limit: Optional[int] = None,
+                 progress: bool = False) -> ExportResult:
+    """Export a model to a verified ONNX file (fp32, fp16, int8 or fp8), and optionally build a TensorRT engine
+    or write a Triton model repository from it: what ``export-model`` does (its flags are these arguments).
+
+    The model is one of: ``model`` (an attnzoo model object with its ``attnzoo_config``, e.g. from
+    ``convert_to_belief2``), ``checkpoint`` (its config names the variant, task and arch), a fresh untrained one
+    (``random_init``), or the zoo's trained ``variant`` (default). Everything that can be checked is checked
+    before the model is loaded or anything written.
+
+    Args:
+        variant, task, arch: The model; with a checkpoint or model object they may be left out, and must agree
+            with it when given.
+        out: Output ``.onnx`` / ``.engine`` file, or the Triton repository folder (default
+            ``exports/<variant>_<task>_<arch>[_<dtype>].onnx`` / ``.engine``, ``triton-models/``).
+        format: ``onnx``, ``tensorrt`` or ``triton`` (default: from ``out``'s suffix, else ``onnx``).
+        dtype: ``fp32``, ``fp16``, ``int8`` or ``fp8`` (int8 / fp8: NVIDIA ModelOpt Q/DQ, the extra math fp32).
+        batch_sizes: Verified batch sizes (and the TensorRT profile's range).
+        input_size: ``H`` or ``(H, W)`` (segmenters take any; default the training size).
+        compute_capability: TensorRT target (default: the GPU present, else SM89, built ahead of time).
+        triton_platform, triton_queue_delay_us: ``format="triton"``: ``onnxruntime`` or ``tensorrt``, and dynamic
+            batching's queue delay.
+        quantize_extra_math, qdq_placement, calibration_data, calibration_count, calibration_seed,
+        accept_accuracy_drop, eval_limit: int8 / fp8 only (see :func:`attnzoo.export.quantize.quantize_verified`).
+        progress: Show a progress bar on stderr.
+
+    Returns:
+        :class:`ExportResult`: the paths written and the reports.
+
+    Raises:
+        UsageError: arguments refused before any work.
+        ValueError: a bad checkpoint or calibration file.
+        ExportError: a step failed its checks (nothing written at the output path; the failed report says why).
+    """
+    from .triton import DEFAULT_QUEUE_DELAY_US
+
+    quantize = {"quantize_extra_math": quantize_extra_math, "placement": qdq_placement,
+                "calibration_data": calibration_data, "calibration_count": calibration_count,
+                "calibration_seed": calibration_seed, "accept_accuracy_drop": accept_accuracy_drop,
+                "eval_limit": eval_limit}
+    req = _check_request(format, out, dtype, opset, batch_sizes, compute_capability, triton_platform,
+                         DEFAULT_QUEUE_DELAY_US if triton_queue_delay_us is None else triton_queue_delay_us, quantize)
+    collected: List[str] = []
+    model, config, sha = _source(variant, task, arch, checkpoint, random_init, model)
+    hw = _input_hw(input_size, config)
+    _check_memory(config, hw, req.batch_sizes)
+    calibration = _calibration(req, config, hw, random_init or bool(config.get("untrained")), collected)
+    out_path = _out_path(req, config)
+    if config.get("untrained"):
+        _warn(f"--random-init: exporting an UNTRAINED {config['variant']} model with random weights; its "
+              "predictions are meaningless", collected)
+    with _removed_if_empty(out_path if req.format == "triton" else None):
+        return _run(req, model, config, sha, hw, calibration, out_path, threads, progress, collected)
+
+
+def _source(variant: Optional[str], task: Optional[str], arch: Optional[str], checkpoint: Optional[PathLike],
+            random_init: bool, model: Optional[nn.Module]) -> Tuple[nn.Module, Dict[str, Any], str]:
+    """The model, its config and its checkpoint's sha256 (``''`` for a model object or a fresh model)."""
+    from attnzoo.models import canonical_name
+
+    if variant is not None:
+        _usage(canonical_name, variant)
+    if model is None:
+        return load_for_export(variant, task, arch, checkpoint, random_init)
+    if checkpoint is not None or random_init:
+        raise UsageError("model= excludes --checkpoint and --random-init")
+    config = getattr(model, "attnzoo_config", None)
+    if config is None:
+        raise UsageError("the model has no attnzoo_config; build it with attnzoo.models.create_model or "
+                         "convert_to_belief2")
+    _agree(dict(config), "the model object", variant, task, arch)
+    return model.eval(), dict(config), ""
+
+
+def _check_memory(config: Dict[str, Any], hw: Tuple[int, int], batch_sizes: Sequence[int]) -> None:
+    from attnzoo.models.memory import check_forward_memory
+
+    from .verify import EXTRA_BATCH_SIZES
+
+    _usage(check_forward_memory, config, hw, max([*batch_sizes, *EXTRA_BATCH_SIZES]))
+
+
+def _calibration(req: _Request, config: Dict[str, Any], hw: Tuple[int, int], untrained: bool,
+                 collected: List[str]) -> Optional[Any]:
+    """The calibration inputs of an int8 / fp8 export (``None`` otherwise)."""
+    from attnzoo.runtime.sessions import QUANTIZED_DTYPES
+
+    from .quantize import calibration_for
+
+    if req.dtype not in QUANTIZED_DTYPES:
+        return None
+    calibration = _usage(lambda: calibration_for(config, hw, untrained=untrained, **{
+        k: req.quantize[k] for k in ("calibration_data", "calibration_count", "calibration_seed")}))
+    for message in calibration.warnings:
+        _warn(message, collected)
+    return calibration
+
+
+def _run(req: _Request, model: nn.Module, config: Dict[str, Any], sha: str, hw: Tuple[int, int],
+         calibration: Optional[Any], out: Path, threads: Optional[int], progress: bool,
+         collected: List[str]) -> ExportResult:
+    """The steps: export + check + verify, quantize, engine, Triton config."""
+    from tqdm import tqdm
+
+    onnx_out, engine_out = _onnx_out(req, out), _engine_out(req, out)
+    steps = ["export + check + verify"] + (["quantize + score"] if calibration is not None else []) + \
+        (["tensorrt"] if engine_out is not None else []) + (["triton config"] if req.format == "triton" else [])
+    result = ExportResult(path=out, onnx_path=onnx_out, report={}, format=req.format, dtype=req.dtype,
+                          warnings=collected)
+    with tqdm(total=len(steps), desc="export-model", unit="step", disable=not progress) as bar:
+        bar.set_postfix_str(steps[0])
+        _export_onnx_step(req, model, config, sha, hw, calibration, onnx_out, threads, progress, result, bar)
+        if engine_out is not None:
+            from .tensorrt import build_engine
+
+            bar.set_postfix_str("tensorrt")
+            result.engine_path = engine_out
+            result.engine_report = _step(build_engine, "TensorRT build failed", onnx_out, engine_out,
+                                         batch_sizes=req.batch_sizes, compute_capability=req.compute_capability)
+            bar.update()
+        if req.format == "triton":
+            from attnzoo.runtime.contract import ModelContract
+
+            from .triton import PLATFORMS, write_config
+
+            bar.set_postfix_str("triton config")
+            result.triton = write_config(out, ModelContract.from_onnx(onnx_out), onnx_out,
+                                         PLATFORMS[req.triton_platform], max(req.batch_sizes),
+                                         req.triton_queue_delay_us)
+            bar.update()
+    return result
+
+
+def _step(fn, what: str, *args, **kwargs) -> Any:
+    """``fn(*args, **kwargs)``; a failure that is not one of ours becomes one :class:`ExportError` line."""
+    try:
+        return fn(*args, **kwargs)
+    except (ExportError, ValueError, OSError):
+        raise
+    except Exception as exc:  # ONNX Runtime / exporter / TensorRT errors: one line (the cause is chained)
+        raise ExportError(f"{what}: {type(exc).__name__}: {first_line(exc)}") from exc
+
+
+def _export_onnx_step(req: _Request, model: nn.Module, config: Dict[str, Any], sha: str, hw: Tuple[int, int],
+                      calibration: Optional[Any], onnx_out: Path, threads: Optional[int], progress: bool,
+                      result: ExportResult, bar) -> None:
+    """The verified ONNX at ``onnx_out``: exported and verified, and for int8 / fp8 quantized from a verified
+    fp32 graph kept in a temporary folder."""
+    from .verify import export_verified
+
+    with contextlib.ExitStack() as stack:
+        fp32_out = onnx_out
+        if calibration is not None:  # the verified fp32 model is the quantizer's input, kept aside
+            fp32_out = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="attnzoo-fp32-"))) / onnx_out.name
+        with contextlib.redirect_stdout(io.StringIO()):  # the exporter's own progress lines
+            report = _step(export_verified, "export failed", model, fp32_out, config, opset=req.opset,
+                           dtype="fp32" if calibration is not None else req.dtype, input_hw=hw,
+                           batch_sizes=req.batch_sizes, checkpoint_sha256=sha, threads=threads)
+        bar.update()
+        if calibration is None:
+            result.report = report
+            return
+        from .quantize import DEFAULT_QDQ_PLACEMENT, quantize_verified
+
+        bar.set_postfix_str("quantize + score")
+        q = req.quantize
+        result.fp32_report = report
+        result.report = _step(quantize_verified, "quantization failed", fp32_out, onnx_out, config, dtype=req.dtype,
+                              calibration=calibration.inputs, calibration_source=calibration.source,
+                              calibration_seed=calibration.seed, quantize_extra_math=q["quantize_extra_math"],
+                              accept_accuracy_drop=q["accept_accuracy_drop"],
+                              measure_accuracy=calibration.labelled, eval_limit=q["eval_limit"], threads=threads,
+                              progress=progress, fp32_kept=False,
+                              placement=q["placement"] or DEFAULT_QDQ_PLACEMENT)
+        bar.update()
