@@ -3,6 +3,9 @@
 The work is done by :mod:`attnzoo.runtime.tensorrt` (the one builder, shared with ``bench-latency`` and the
 demo). This module adds what ``export-model --format tensorrt`` promises:
 
+0. only an ONNX file whose verification report (``<model>.report.json``, written by the export's checks) is
+   beside it, says it passed and names this file's SHA-256 is built: anything else is refused in one line and
+   nothing is written (:func:`onnx_verification_error`);
 1. the ONNX is parsed into a strongly typed network, and before building, every projection op of every block
    (and, in an fp16 graph, every LayerNorm and softmax) is checked to be a layer computing in fp32;
 2. the engine is built: for the GPU present (``CURRENT``), or without a GPU ahead of time with TensorRT-RTX for
@@ -28,12 +31,14 @@ from attnzoo.cli import signals_deferred
 from attnzoo.fileio import atomic_write_bytes, atomic_write_text, sha256_file
 from attnzoo.runtime import tensorrt as rt
 from attnzoo.runtime.contract import INPUT_NAME, ModelContract
+
+from .errors import ExportError
 from attnzoo.runtime.parity import compare
 from attnzoo.runtime.sessions import ort_session
 
 __all__ = ["INSTALL_HINT", "TensorRTUnavailable", "tensorrt_unavailable_reason", "build_engine", "load_engine",
            "run_engine", "engine_report_path", "failed_engine_report_path", "network_check", "dequantized_layers",
-           "STATUS_BUILT", "STATUS_RUN"]
+           "EngineBuildError", "onnx_verification_error", "STATUS_BUILT", "STATUS_RUN"]
 
 INSTALL_HINT = rt.INSTALL_HINT
 TensorRTUnavailable = rt.TensorRTUnavailable
@@ -154,21 +159,43 @@ def _quantized_check(parsed: rt.ParsedNetwork, contract: ModelContract, scopes: 
     result["ok"] = not result["failures"]
 
 
+class EngineBuildError(ExportError):
+    """An engine failed its network check, build or parity check; it was not saved (its failed report was)."""
+
+
 def _onnx_verification(onnx_path: Path) -> Dict[str, Any]:
     """What the ONNX verification (``<model>.report.json``) found, and whether the file is still the one it
-    verified."""
+    verified (``error``: why not, else ``None``)."""
     from .verify import report_path
 
     sha = sha256_file(onnx_path)
     rp = report_path(onnx_path)
+    how = "export it with export-model (or attnzoo.export.export_model), which verifies it and writes the report"
     try:
         rep = json.loads(rp.read_text())
-    except (OSError, ValueError):
+    except FileNotFoundError:
         return {"report": None, "verified": False, "onnx_sha256": sha,
-                "note": "no ONNX verification report beside the file: parity with eager PyTorch unknown"}
-    return {"report": str(rp), "verified": bool(rep.get("passed")) and rep.get("sha256") == sha, "onnx_sha256": sha,
-            "passed": rep.get("passed"), "max_abs_err_vs_eager": rep.get("parity", {}).get("max_abs_err"),
-            "dtype": rep.get("dtype"), "batch_sizes": rep.get("parity", {}).get("batch_sizes")}
+                "error": f"{onnx_path.name} has no verification report ({rp.name} beside it); {how}"}
+    except (OSError, ValueError) as exc:
+        return {"report": str(rp), "verified": False, "onnx_sha256": sha,
+                "error": f"{rp.name} is unreadable ({type(exc).__name__}); {how}"}
+    rep = rep if isinstance(rep, dict) else {}
+    error = None
+    if not rep.get("passed"):
+        error = f"{rp.name} says {onnx_path.name} failed its verification; fix the export first"
+    elif rep.get("sha256") != sha:
+        error = (f"{onnx_path.name} is not the file {rp.name} verified (SHA-256 {sha[:12]}..., the report's "
+                 f"{str(rep.get('sha256'))[:12]}...); {how}")
+    parity = rep.get("parity") or rep.get("fp32_source", {}).get("report", {}).get("parity") or {}
+    return {"report": str(rp), "verified": error is None, "error": error, "onnx_sha256": sha,
+            "passed": rep.get("passed"), "max_abs_err_vs_eager": parity.get("max_abs_err"),
+            "dtype": rep.get("dtype"), "batch_sizes": parity.get("batch_sizes")}
+
+
+def onnx_verification_error(onnx_path: Union[str, Path]) -> Optional[str]:
+    """Why an engine must not be built from ``onnx_path`` (one line), or ``None``: its verification report is
+    missing, unreadable, failed, or verified another file (SHA-256)."""
+    return _onnx_verification(Path(onnx_path))["error"]
 
 
 def build_engine(onnx_path: Union[str, Path], engine_path: Union[str, Path], *, batch_sizes: Sequence[int] = (1, 8),
@@ -189,10 +216,15 @@ def build_engine(onnx_path: Union[str, Path], engine_path: Union[str, Path], *, 
 
     Raises:
         TensorRTUnavailable: no usable TensorRT library.
-        ValueError: bad compute capability / batch sizes, or the file is not an attnzoo export.
-        RuntimeError: parse, network-check, build or parity failure (the report says which).
+        ValueError: the ONNX file is not verified (no report beside it, a failed one, or one of another file:
+            nothing is written), a bad compute capability / batch sizes, or the file is not an attnzoo export.
+        EngineBuildError: network-check or parity failure (the failed report says which).
+        TensorRTError: parse or build failure.
     """
     onnx_path, engine_path = Path(onnx_path), Path(engine_path)
+    verification = _onnx_verification(onnx_path)
+    if verification["error"]:
+        raise ValueError(f"no engine built: {verification['error']}")
     contract = ModelContract.from_onnx(onnx_path)
     if contract.dtype == "fp8":
         from .quantize import fp8_compute_capability_error
@@ -205,7 +237,7 @@ def build_engine(onnx_path: Union[str, Path], engine_path: Union[str, Path], *, 
     report: Dict[str, Any] = {
         "engine": str(engine_path), "onnx": str(onnx_path), "variant": contract.variant, "task": contract.task,
         "arch": contract.arch, "dtype": contract.dtype, "input_size": list(contract.input_size),
-        "status": "not built", "onnx_verification": _onnx_verification(onnx_path), "library": lib.name, "library_version": lib.version,
+        "status": "not built", "onnx_verification": verification, "library": lib.name, "library_version": lib.version,
         "ran_on_gpu": False, "gpu": None, "parity": None, "latency": None, "passed": False, "failures": []}
     report["network_check"] = net = network_check(parsed, onnx_path, contract)
     failures = [f"network: {f}" for f in net["failures"]]
@@ -232,7 +264,7 @@ def build_engine(onnx_path: Union[str, Path], engine_path: Union[str, Path], *, 
     report.update(passed=not failures, failures=failures, metadata=contract.props)
     if failures:
         atomic_write_text(failed_engine_report_path(engine_path), json.dumps(report, indent=2) + "\n")
-        raise RuntimeError(f"{'; '.join(failures[:3])}; engine not saved (see "
+        raise EngineBuildError(f"{'; '.join(failures[:3])}; engine not saved (see "
                            f"{failed_engine_report_path(engine_path)})")
     with signals_deferred():  # the engine and its report are written together (a signal is raised after both)
         atomic_write_bytes(engine_path, built.blob)

@@ -18,7 +18,7 @@ from attnzoo.export import export_onnx
 from attnzoo.export.cli import main as export_main
 from attnzoo.export.tensorrt import STATUS_BUILT, STATUS_RUN, build_engine, engine_report_path, network_check
 from attnzoo.models import ARCHS, VARIANT_NAMES, VARIANTS, create_model
-from attnzoo.models.registry import PROJECTION_OPS
+from attnzoo.models import PROJECTION_OPS
 from attnzoo.runtime import ModelContract, compare
 from attnzoo.runtime import tensorrt as rt
 
@@ -55,6 +55,26 @@ def onnx_file(tmp_path_factory):
             cache[key] = export_onnx(model, root / f"{variant}_{task}_{dtype}.onnx", config=model.attnzoo_config,
                                      dtype=dtype, input_hw=hw)
         return cache[key]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def verified_onnx(tmp_path_factory):
+    """A micro classifier exported and verified (its report beside it), as export-model writes it."""
+    from attnzoo.export import export_verified
+
+    root = tmp_path_factory.mktemp("trt-verified")
+    cache = {}
+
+    def get(variant, dtype="fp32"):
+        if (variant, dtype) not in cache:
+            torch.manual_seed(0)
+            model = create_model(variant, "cls", "micro", num_classes=5).eval()
+            path = root / f"{variant}_{dtype}.onnx"
+            export_verified(model, path, model.attnzoo_config, dtype=dtype, batch_sizes=(1, 8))
+            cache[(variant, dtype)] = path
+        return cache[(variant, dtype)]
 
     return get
 
@@ -182,7 +202,39 @@ def test_export_model_compute_capability_errors(argv, message, capsys):
     assert message in (str(info.value) + capsys.readouterr().err)
 
 
-def test_failed_build_keeps_the_good_engine_and_its_report(lib, onnx_file, tmp_path, monkeypatch):
+def test_only_a_verified_onnx_becomes_an_engine(lib, onnx_file, verified_onnx, tmp_path):
+    """No report beside the file, a failed report, or a report of another file (edited after verification): refused
+    in one line before parsing, and nothing written."""
+    import shutil
+
+    from attnzoo.export.tensorrt import failed_engine_report_path, onnx_verification_error
+    from attnzoo.export.verify import report_path
+
+    good = verified_onnx("belief2")
+    assert onnx_verification_error(good) is None
+    bare = onnx_file("belief2")  # exported, never verified
+    failed = tmp_path / "failed.onnx"
+    shutil.copyfile(good, failed)
+    report_path(failed).write_text(json.dumps({**json.loads(report_path(good).read_text()), "passed": False}))
+    edited = tmp_path / "edited.onnx"
+    proto = onnx.load(str(good))
+    proto.doc_string += " (edited)"
+    onnx.save(proto, str(edited))
+    shutil.copyfile(report_path(good), report_path(edited))
+    for path, reason in ((bare, "has no verification report"), (failed, "failed its verification"),
+                         (edited, "is not the file edited.report.json verified")):
+        engine = tmp_path / f"{path.stem}.engine"
+        with pytest.raises(ValueError, match=f"^no engine built: .*{reason}") as info:
+            build_engine(path, engine, batch_sizes=(1, 2), compute_capability="SM89")
+        assert "\n" not in str(info.value)
+        assert not engine.exists() and not engine_report_path(engine).exists()
+        assert not failed_engine_report_path(engine).exists()
+    report = build_engine(good, tmp_path / "good.engine", batch_sizes=(1, 2), compute_capability="SM89")
+    assert report["passed"] and report["onnx_verification"]["verified"] is True
+    assert report["onnx_verification"]["onnx_sha256"] == json.loads(report_path(good).read_text())["sha256"]
+
+
+def test_failed_build_keeps_the_good_engine_and_its_report(lib, verified_onnx, tmp_path, monkeypatch):
     import attnzoo.export.tensorrt as etrt
 
     real = rt.check_network_precision
@@ -192,11 +244,11 @@ def test_failed_build_keeps_the_good_engine_and_its_report(lib, onnx_file, tmp_p
         return {**result, "ok": False, "failures": ["blocks.0.attn.projection: Div computes in HALF"]}
 
     engine = tmp_path / "m.engine"
-    build_engine(onnx_file("belief2"), engine)  # a good engine and its report
+    build_engine(verified_onnx("belief2"), engine)  # a good engine and its report
     good, good_report = engine.read_bytes(), engine_report_path(engine).read_text()
     monkeypatch.setattr(etrt.rt, "check_network_precision", broken)
-    with pytest.raises(RuntimeError, match="network: .*engine not saved"):
-        build_engine(onnx_file("belief2"), engine)
+    with pytest.raises(etrt.EngineBuildError, match="network: .*engine not saved"):
+        build_engine(verified_onnx("belief2"), engine)
     assert engine.read_bytes() == good and engine_report_path(engine).read_text() == good_report
     assert json.loads(etrt.failed_engine_report_path(engine).read_text())["passed"] is False
 
@@ -221,10 +273,10 @@ def test_bench_tensorrt_rows_say_built_not_run(lib, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="running a TensorRT engine needs an NVIDIA GPU; none is visible")
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
-def test_engine_runs_and_matches_onnxruntime(lib, onnx_file, tmp_path, dtype):
+def test_engine_runs_and_matches_onnxruntime(lib, verified_onnx, tmp_path, dtype):
     from attnzoo.runtime.sessions import ort_session
 
-    path = onnx_file("belief2", "cls", dtype)
+    path = verified_onnx("belief2", dtype)
     report = build_engine(path, tmp_path / "e.engine", batch_sizes=(1, 4, 8))
     assert report["ran_on_gpu"] and report["parity"]["passed"], report["failures"]
     engine = rt.Engine(tmp_path / "e.engine")
