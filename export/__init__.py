@@ -2,7 +2,7 @@
 extra math kept as explicit ops, verification against eager PyTorch with ONNX Runtime, the extra-math checker,
 int8 / fp8 quantization, TensorRT engines and Triton repositories."""
 
-from .check import ProjectionCheckError, assert_projection, check_projection
+from .check import ExtraMathCheckError, assert_extra_math, check_extra_math
 from .errors import ExportError, ExportWarning
 from .onnx_export import (BATCH_DIM, DTYPES, INPUT_NAME, OUTPUT_NAME, SUPPORTED_OPSETS, export_onnx, make_session,
                           config_from_props, metadata_props, op_histogram, read_metadata)
@@ -10,7 +10,7 @@ from .pipeline import ExportResult, export_model, load_for_export
 from .verify import VerificationError, adopt_verified, export_verified, report_path, summary, verify_onnx
 
 __all__ = ["export_model", "ExportResult", "load_for_export", "ExportError", "ExportWarning", "export_onnx",
-           "make_session", "read_metadata", "metadata_props", "config_from_props", "op_histogram", "check_projection",
-           "assert_projection", "ProjectionCheckError", "verify_onnx", "export_verified", "adopt_verified",
+           "make_session", "read_metadata", "metadata_props", "config_from_props", "op_histogram", "check_extra_math",
+           "assert_extra_math", "ExtraMathCheckError", "verify_onnx", "export_verified", "adopt_verified",
            "report_path", "summary", "VerificationError", "INPUT_NAME", "OUTPUT_NAME", "BATCH_DIM",
            "SUPPORTED_OPSETS", "DTYPES"]

@@ -49,12 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .onnx_export import DTYPES, SUPPORTED_OPSETS
     from .pipeline import DEFAULT_BATCH_SIZES, DEFAULT_TRITON_DIR, FORMATS
-    from .quantize import (ACCURACY_TOLERANCE, DEFAULT_CALIBRATION_COUNT, DEFAULT_CALIBRATION_SEED, QDQ_PLACEMENTS,
-                           QUANT_DTYPES)
+    from attnzoo.runtime.sessions import QUANTIZED_DTYPES
+
+    from .quantize import ACCURACY_TOLERANCE, DEFAULT_CALIBRATION_COUNT, DEFAULT_CALIBRATION_SEED, QDQ_PLACEMENTS
 
     p = argparse.ArgumentParser(
         prog="export-model",
-        description="Export an attnzoo model to ONNX (projection kept as explicit ops, verified against eager "
+        description="Export an attnzoo model to ONNX (the variant's extra math kept as explicit ops, verified against eager "
                     "PyTorch with ONNX Runtime) and optionally build a TensorRT engine.",
         epilog=f"variants: {', '.join(VARIANT_NAMES)}\narchs: {', '.join(ARCHS)}\n"
                f"Default checkpoint: the zoo's trained model for the variant and task (attnzoo.zoo).",
@@ -70,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--random-init", action="store_true",
                    help="export a freshly initialised (untrained) model instead of a checkpoint")
     p.add_argument("--opset", type=int, default=20, help=f"ONNX opset ({', '.join(map(str, SUPPORTED_OPSETS))})")
-    p.add_argument("--dtype", choices=(*DTYPES, *QUANT_DTYPES), default="fp32",
+    p.add_argument("--dtype", choices=(*DTYPES, *QUANTIZED_DTYPES), default="fp32",
                    help="fp32, fp16, or int8/fp8: post-training quantization with NVIDIA ModelOpt (Q/DQ nodes; the "
                         "extra math stays fp32), verified on the test split next to fp32")
     p.add_argument("--format", choices=FORMATS, default=None,

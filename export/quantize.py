@@ -40,7 +40,7 @@ from attnzoo.runtime.sessions import QUANTIZED_DTYPES
 
 from .errors import ExportError
 
-__all__ = ["QUANT_DTYPES", "QDQ_PLACEMENTS", "DEFAULT_QDQ_PLACEMENT", "CPU_QDQ_PLACEMENT", "ACCURACY_TOLERANCE", "DEFAULT_CALIBRATION_COUNT",
+__all__ = ["QDQ_PLACEMENTS", "DEFAULT_QDQ_PLACEMENT", "CPU_QDQ_PLACEMENT", "ACCURACY_TOLERANCE", "DEFAULT_CALIBRATION_COUNT",
            "DEFAULT_CALIBRATION_SEED", "CALIBRATION_METHODS", "FP8_MIN_COMPUTE_CAPABILITY", "QUANTIZED_OP_TYPES",
            "QuantizeReport", "Calibration", "AccuracyDropError", "QuantizationCheckError", "quantize_unavailable_reason",
            "modelopt_version", "extra_math_nodes", "calibration_images", "random_calibration", "load_calibration_file",
@@ -48,8 +48,6 @@ __all__ = ["QUANT_DTYPES", "QDQ_PLACEMENTS", "DEFAULT_QDQ_PLACEMENT", "CPU_QDQ_P
            "fp8_compute_capability_error", "check_quantize_arguments", "calibration_for", "quantize_verified",
            "summary"]
 
-#: Quantized dtypes of ``export-model --dtype`` (ModelOpt's ``quantize_mode``).
-QUANT_DTYPES: Tuple[str, ...] = QUANTIZED_DTYPES  # the runtime layer's list: one fact
 #: Largest accuracy drop (percentage points: top-1 for classifiers, mIoU for segmenters) of the quantized model
 #: below the fp32 model on the test split that is accepted (the goals of issue 24).
 ACCURACY_TOLERANCE: Dict[str, float] = {"cls": 0.5, "seg": 1.0}
@@ -202,7 +200,7 @@ def check_quantize_arguments(dtype: str, fmt: str, compute_capability: Optional[
              "--calibration-seed": options.get("calibration_seed") is not None,
              "--accept-accuracy-drop": options.get("accept_accuracy_drop"),
              "--eval-limit": options.get("eval_limit") is not None}
-    if dtype not in QUANT_DTYPES:
+    if dtype not in QUANTIZED_DTYPES:
         given = [flag for flag, value in flags.items() if value]
         if given:
             raise ValueError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to --dtype int8 / fp8 only")
@@ -504,8 +502,8 @@ def quantize_onnx(fp32_onnx: Union[str, Path], out: Union[str, Path], *, dtype: 
     """
     from attnzoo.fileio import atomic_path
 
-    if dtype not in QUANT_DTYPES:
-        raise ValueError(f"unknown quantized dtype {dtype!r}; valid: {', '.join(QUANT_DTYPES)}")
+    if dtype not in QUANTIZED_DTYPES:
+        raise ValueError(f"unknown quantized dtype {dtype!r}; valid: {', '.join(QUANTIZED_DTYPES)}")
     placement_error = qdq_placement_error(placement, dtype)
     if placement_error:
         raise ValueError(placement_error)
@@ -731,7 +729,7 @@ def quantize_verified(fp32_onnx: Union[str, Path], out: Union[str, Path], config
     """
     from attnzoo.fileio import atomic_path, atomic_write_text, sha256_file
 
-    from .check import check_projection
+    from .check import check_extra_math
     from .onnx_export import BATCH_DIM, op_histogram
     from .verify import failed_report_path, report_path
 
@@ -753,8 +751,8 @@ def quantize_verified(fp32_onnx: Union[str, Path], out: Union[str, Path], config
         if not quantize_extra_math and qdq["extra_math_quantized"]:
             failures.append(f"{len(qdq['extra_math_quantized'])} extra-math op(s) read quantized values, e.g. "
                             f"{qdq['extra_math_quantized'][0]}")
-        projection = check_projection(proto, dict(config), "fp32")
-        failures += [f"extra math: {f}" for f in projection["failures"]] if not quantize_extra_math else []
+        extra_check = check_extra_math(proto, dict(config), "fp32")
+        failures += [f"extra math: {f}" for f in extra_check["failures"]] if not quantize_extra_math else []
         if not _finite_outputs(runnable, calibration[: min(8, len(calibration))], threads):
             failures.append("non-finite outputs on calibration inputs")
         dim = proto.graph.input[0].type.tensor_type.shape.dim[0]
@@ -791,7 +789,7 @@ def quantize_verified(fp32_onnx: Union[str, Path], out: Union[str, Path], config
                                             if fp32_report.is_file() else None},
             "quantization": q.to_dict(), "quantize_extra_math": quantize_extra_math,
             "extra_math_scope_check": {"nodes": len(extra), "quantized": qdq["extra_math_quantized"],
-                                       "projection_check": projection["ok"] or projection["failures"]},
+                                       "checker": extra_check["ok"] or extra_check["failures"]},
             "accuracy": accuracy, "file_size": tmp.stat().st_size, "sha256": sha256_file(tmp),
             "num_nodes": len(proto.graph.node), "op_histogram": op_histogram(proto), "batch_dim": BATCH_DIM,
             "onnxruntime": __import__("onnxruntime").__version__,

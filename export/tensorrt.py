@@ -36,12 +36,10 @@ from .errors import ExportError
 from attnzoo.runtime.parity import compare
 from attnzoo.runtime.sessions import ort_session
 
-__all__ = ["INSTALL_HINT", "TensorRTUnavailable", "tensorrt_unavailable_reason", "build_engine", "load_engine",
+__all__ = ["tensorrt_unavailable_reason", "build_engine", "load_engine",
            "run_engine", "engine_report_path", "failed_engine_report_path", "network_check", "dequantized_layers",
            "EngineBuildError", "onnx_verification_error", "STATUS_BUILT", "STATUS_RUN"]
 
-INSTALL_HINT = rt.INSTALL_HINT
-TensorRTUnavailable = rt.TensorRTUnavailable
 STATUS_BUILT = "built, not run"
 STATUS_RUN = "built and run"
 
@@ -112,16 +110,16 @@ def dequantized_layers(network: Any, layer_types: Sequence[str] = ("MATRIX_MULTI
 def network_check(parsed: rt.ParsedNetwork, onnx_path: Union[str, Path], contract: ModelContract) -> Dict[str, Any]:
     """Projection ops of every block (and, in fp16, LayerNorm/softmax) present in the network and fp32.
 
-    Read from the parsed ``INetworkDefinition`` before building. Blocks are the ones the ONNX projection
+    Read from the parsed ``INetworkDefinition`` before building. Blocks are the ones the ONNX extra-math
     checker found (which itself fails when one is missing).
     """
     import onnx
 
-    from .check import check_projection
+    from .check import check_extra_math
     from .onnx_export import FP32_OPS
 
     proto = onnx.load(str(onnx_path), load_external_data=False)
-    onnx_check = check_projection(proto, contract.config, contract.dtype)
+    onnx_check = check_extra_math(proto, contract.config, contract.dtype)
     scopes = {scope: found["nodes"] for scope, found in onnx_check["blocks"].items()}
     op_types = {n.name: n.op_type for n in proto.graph.node}
     if contract.dtype == "fp16":
@@ -130,7 +128,7 @@ def network_check(parsed: rt.ParsedNetwork, onnx_path: Union[str, Path], contrac
     if not onnx_check["ok"]:
         result["failures"] = [f"ONNX: {f}" for f in onnx_check["failures"]] + result["failures"]
         result["ok"] = False
-    result["projection_blocks"] = len(onnx_check["blocks"])  # extra-math scopes checked, all blocks
+    result["extra_math_scopes"] = len(onnx_check["blocks"])  # extra-math scopes checked, all blocks
     result["extra_scopes"] = sorted({scope.split(".attn.", 1)[1] for scope in onnx_check["blocks"]})
     if contract.dtype in ("int8", "fp8"):
         _quantized_check(parsed, contract, scopes, result)
@@ -215,7 +213,7 @@ def build_engine(onnx_path: Union[str, Path], engine_path: Union[str, Path], *, 
         run: Run and compare the engine (default: when a GPU is present and the engine targets it).
 
     Raises:
-        TensorRTUnavailable: no usable TensorRT library.
+        attnzoo.runtime.tensorrt.TensorRTUnavailable: no usable TensorRT library.
         ValueError: the ONNX file is not verified (no report beside it, a failed one, or one of another file:
             nothing is written), a bad compute capability / batch sizes, or the file is not an attnzoo export.
         EngineBuildError: network-check or parity failure (the failed report says which).
@@ -312,7 +310,7 @@ def summary(report: Dict[str, Any]) -> str:
     lines = [f"{report['engine']}: {report['library']} {report['library_version']} engine for "
              f"{report['compute_capability']}, profile {report['profile']}, built in {report['build_time_s']:.1f} s, "
              f"{report['engine_size'] / 1e6:.2f} MB",
-             f"  network check: {report['network_check']['projection_blocks']} extra-math scope(s) "
+             f"  network check: {report['network_check']['extra_math_scopes']} extra-math scope(s) "
              f"({', '.join(report['network_check'].get('extra_scopes', [])) or 'none'} in every block), every "
              f"op of them a fp32 layer{' (and LayerNorm/softmax)' if report['dtype'] == 'fp16' else ''}"]
     quantized = report["network_check"].get("quantized")

@@ -26,7 +26,7 @@ from torch import nn
 from attnzoo.runtime.parity import TOLERANCES, compare
 from attnzoo.runtime.sessions import ort_session
 
-from .check import check_projection
+from .check import check_extra_math
 from .errors import ExportError
 from .onnx_export import BATCH_DIM, export_onnx, metadata_props, op_histogram
 
@@ -38,7 +38,7 @@ EXTRA_BATCH_SIZES: Tuple[int, ...] = (1, 3)
 
 
 class VerificationError(ExportError):
-    """The exported graph does not match the eager model (or its projection check failed)."""
+    """The exported graph does not match the eager model (or its extra-math check failed)."""
 
 
 def report_path(onnx_path: Union[str, Path]) -> Path:
@@ -113,14 +113,14 @@ def verify_onnx(model: nn.Module, path: Union[str, Path], config: Mapping[str, A
 def _check_and_place(model: nn.Module, tmp: Path, out: Path, config: Mapping[str, Any], *, dtype: str,
                      batch_sizes: Sequence[int], checkpoint_sha256: str, threads: Optional[int],
                      extra: Mapping[str, Any]) -> Dict[str, Any]:
-    """Check the projection and parity of the ONNX file ``tmp`` (inside ``atomic_path(out)``); write the report
+    """Check the extra math and the parity of the ONNX file ``tmp`` (inside ``atomic_path(out)``); write the report
     beside ``out`` when it passes, else the failure report, and raise :class:`VerificationError`."""
     from attnzoo.fileio import atomic_write_text, sha256_file
 
     proto = onnx.load(str(tmp))
     props = metadata_props(proto)
     hw = json.loads(props["input_size"])
-    projection = check_projection(proto, dict(config), dtype)
+    extra_math = check_extra_math(proto, dict(config), dtype)
     parity = verify_onnx(model, tmp, config, batch_sizes=batch_sizes, dtype=dtype, input_hw=hw, threads=threads)
     dim = proto.graph.input[0].type.tensor_type.shape.dim[0]
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
@@ -129,10 +129,10 @@ def _check_and_place(model: nn.Module, tmp: Path, out: Path, config: Mapping[str
         "dtype": dtype, "opset": opset, "input_size": hw, "batch_dim": dim.dim_param or dim.dim_value,
         "file_size": tmp.stat().st_size, "sha256": sha256_file(tmp), "checkpoint_sha256": checkpoint_sha256,
         **extra, "num_nodes": len(proto.graph.node),
-        "op_histogram": op_histogram(proto), "projection": projection, "parity": parity,
+        "op_histogram": op_histogram(proto), "extra_math": extra_math, "parity": parity,
         "onnxruntime": __import__("onnxruntime").__version__, "torch": torch.__version__,
     }
-    failures = list(parity["failures"]) + list(projection["failures"])
+    failures = list(parity["failures"]) + list(extra_math["failures"])
     if report["batch_dim"] != BATCH_DIM:
         failures.append(f"input batch dimension is {report['batch_dim']!r}, not {BATCH_DIM!r}")
     if props.get("checkpoint_sha256", "") != checkpoint_sha256:
@@ -151,7 +151,7 @@ def export_verified(model: nn.Module, out: Union[str, Path], config: Mapping[str
                     dtype: str = "fp32", input_hw: Optional[Tuple[int, int]] = None,
                     batch_sizes: Sequence[int] = (1, 8), checkpoint_sha256: str = "",
                     threads: Optional[int] = None) -> Dict[str, Any]:
-    """Export, check the projection, verify parity; only a passing model reaches ``out``.
+    """Export, check the extra math, verify parity; only a passing model reaches ``out``.
 
     A passing export writes ``<out>.report.json`` and replaces ``out``. A failing one leaves ``out`` and its
     report untouched (a good model already there stays), writes its report to ``<out>.failed.report.json``
@@ -192,14 +192,14 @@ def adopt_verified(model: nn.Module, src: Union[str, Path], out: Union[str, Path
 
 def summary(report: Mapping[str, Any]) -> str:
     """A few lines for the terminal."""
-    par, proj = report["parity"], report["projection"]
+    par, extra = report["parity"], report["extra_math"]
     lines = [f"{report['path']}: {report['variant']} {report['task']} {report['arch']} {report['dtype']} "
              f"opset {report['opset']}, {report['num_nodes']} nodes, {report['file_size'] / 1e6:.2f} MB, "
              f"export {report['export_time_s']:.1f} s",
              f"  parity vs eager ({', '.join(par['providers'])}): batch sizes {par['batch_sizes']} "
              f"(dynamic '{report['batch_dim']}'), max abs err {par['max_abs_err']:.2e} "
              f"(tolerance {next(iter(par['tolerance'].values())):g} x max(1, max|logit|))"]
-    if proj["blocks"]:
-        lines.append("  projection nodes per block: " + ", ".join(f"{b}={n}" for b, n in proj["nodes_per_block"].items()))
+    if extra["blocks"]:
+        lines.append("  extra-math nodes per block: " + ", ".join(f"{b}={n}" for b, n in extra["nodes_per_block"].items()))
     lines.append(f"  {'PASSED' if report['passed'] else 'FAILED: ' + '; '.join(report['failures'])}")
     return "\n".join(lines)

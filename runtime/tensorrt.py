@@ -263,7 +263,7 @@ def check_network_precision(network: Any, scopes: Mapping[str, Sequence[str]],
     Args:
         network: The parsed ``INetworkDefinition`` (read before building: layer names are the ONNX node names).
         scopes: ``{scope: [ONNX node names]}``, e.g. each block's extra-math nodes from
-            :func:`attnzoo.export.check_projection`. Ops of ``op_types`` outside the known kinds (a variant's own
+            :func:`attnzoo.export.check_extra_math`. Ops of ``op_types`` outside the known kinds (a variant's own
             scope: MatMul, ReduceL2 ...) must compute in fp32 where a layer keeps their name and outputs floats;
             casts are ignored.
         op_types: ONNX node name -> op type (Mul, ReduceSum, Add, Div, Sub, Softmax, LayerNormalization).

@@ -372,7 +372,7 @@ def export_zoo(data: str = DEFAULT_DATA, cache_dir: Optional[Path] = None, varia
 
     The folder is ``<cache>/onnx/<first 12 hex of the manifest's sha256>``, so a new zoo gets a new folder; a
     file whose ``checkpoint_sha256`` metadata matches its checkpoint and whose extra-math scopes pass
-    :func:`attnzoo.export.check_projection` is reused. A model the zoo ships as ONNX
+    :func:`attnzoo.export.check_extra_math` is reused. A model the zoo ships as ONNX
     (:func:`attnzoo.zoo.shipped_onnx`) is copied in after the same verification as a fresh export (seconds);
     the others are exported. A tqdm bar shows the work. ``dtype="int8"`` also writes each model's verified int8
     copy (:func:`zoo_onnx_name`); a model whose int8 fails its verification is left out with a warning.
@@ -380,7 +380,7 @@ def export_zoo(data: str = DEFAULT_DATA, cache_dir: Optional[Path] = None, varia
     from tqdm import tqdm
 
     from attnzoo import zoo
-    from attnzoo.export import adopt_verified, check_projection, export_verified, metadata_props
+    from attnzoo.export import adopt_verified, check_extra_math, export_verified, metadata_props
 
     rows = zoo_rows(data, variants, tasks)
     digest = hashlib.sha256(json.dumps(zoo.manifest(), sort_keys=True).encode()).hexdigest()[:12]
@@ -392,7 +392,7 @@ def export_zoo(data: str = DEFAULT_DATA, cache_dir: Optional[Path] = None, varia
         declared others)."""
         try:
             return (path.is_file() and metadata_props(path).get("checkpoint_sha256") == sha
-                    and check_projection(path)["ok"])
+                    and check_extra_math(path)["ok"])
         except Exception:  # a damaged file is exported again
             return False
 

@@ -1,4 +1,4 @@
-"""Tests of attnzoo.export: ONNX export, the projection checker, verification, fp16, the CLI, TensorRT."""
+"""Tests of attnzoo.export: ONNX export, the extra-math checker, verification, fp16, the CLI, TensorRT."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ import torch
 
 from attnzoo.models.checkpoint import save_checkpoint
 from attnzoo.fileio import sha256_file
-from attnzoo.export import (BATCH_DIM, assert_projection, check_projection, export_verified, make_session,
+from attnzoo.export import (BATCH_DIM, assert_extra_math, check_extra_math, export_verified, make_session,
                             metadata_props, read_metadata, report_path)
 from attnzoo.export import verify as verify_mod
-from attnzoo.export.check import REQUIRED_OPS, ProjectionCheckError
+from attnzoo.export.check import ExtraMathCheckError
 from attnzoo.export.cli import main
 from attnzoo.runtime.parity import TOLERANCES
-from attnzoo.models import ARCHS, BUILTIN_VARIANTS, VARIANTS, create_model
+from attnzoo.models import ARCHS, BUILTIN_VARIANTS, PROJECTION_OPS, VARIANTS, create_model
 
 DEPTH = ARCHS["micro"]["depth"]
 SEG_HW = (24, 40)  # non-square, not the training size
@@ -77,12 +77,12 @@ def test_builtin_extra_scopes_are_the_papers_extra_math():
         n: tuple(m) for n, m in EXTRA_MODULES.items()}
     for name, modules in PROJECTION_MODULES.items():
         assert all(dict(VARIANTS[name].required_ops(m)) == PROJ for m in modules)
-    assert dict(REQUIRED_OPS) == PROJ
+    assert dict(PROJECTION_OPS) == PROJ
     assert all(dict(VARIANTS[n].required_ops("key_norm")) == KEY_NORM for n in ("wafe-mse", "anti-wafe-mse"))
 
 
-def _assert_projection_found(report, variant, task):
-    proj = report["projection"]
+def _assert_extra_math_found(report, variant, task):
+    proj = report["extra_math"]
     assert proj["ok"], proj["failures"]
     prefix = "encoder.blocks" if task == "seg" else "blocks"
     modules = EXTRA_MODULES.get(variant, {})
@@ -103,7 +103,7 @@ def test_export_cls_parity_and_projection(exported, variant):
             assert row[kind]["max_abs_err"] <= 1e-4
             assert row[kind]["top1_agree"] == 1.0
     assert report["parity"]["batch_sizes"] == [1, 3]  # 2 is the traced size; neither of these was
-    _assert_projection_found(report, variant, "cls")
+    _assert_extra_math_found(report, variant, "cls")
     assert CONTRACT_KEYS <= set(metadata_props(path))
     saved = json.loads(report_path(path).read_text())
     assert saved["sha256"] == sha256_file(path) and saved["opset"] == 20 and saved["op_histogram"]
@@ -114,7 +114,7 @@ def test_export_seg_non_square(exported, variant):
     model, path, report = exported(variant, "seg")
     assert report["passed"], report["failures"]
     assert report["input_size"] == list(SEG_HW)
-    _assert_projection_found(report, variant, "seg")
+    _assert_extra_math_found(report, variant, "seg")
     x = np.random.default_rng(1).standard_normal((2, 3, *SEG_HW)).astype(np.float32)
     out = make_session(path).run(None, {"image": x})[0]
     assert out.shape == (2, 5, *SEG_HW)
@@ -197,20 +197,20 @@ def _bypass(proto: onnx.ModelProto, name: str) -> onnx.ModelProto:
 @pytest.mark.parametrize("op", ["ReduceSum_1", "Add", "Div", "Mul_2", "Sub"])
 def test_checker_fails_when_a_projection_op_is_removed(exported, op):
     proto = onnx.load(str(exported("belief2")[1]))
-    assert check_projection(proto)["ok"]
+    assert check_extra_math(proto)["ok"]
     broken = _bypass(proto, f"blocks.2.attn.projection/{op}")
-    result = check_projection(broken)
+    result = check_extra_math(broken)
     assert not result["ok"]
     assert all(f.startswith("blocks.2.attn.projection") for f in result["failures"])
-    with pytest.raises(ProjectionCheckError, match="blocks.2.attn.projection"):
-        assert_projection(broken)
+    with pytest.raises(ExtraMathCheckError, match="blocks.2.attn.projection"):
+        assert_extra_math(broken)
 
 
 def test_checker_fails_without_the_projection_scope(exported):
     proto = onnx.load(str(exported("exclusive")[1]))
     for node in proto.graph.node:  # an exporter that lost the module names
         node.name = node.name.replace("head_projection", "anonymous")
-    result = check_projection(proto)
+    result = check_extra_math(proto)
     assert not result["ok"] and len(result["failures"]) == DEPTH
 
 
@@ -233,7 +233,7 @@ def test_fp16_graph_keeps_fp32_islands(exported):
         assert any(c.startswith(f"blocks.{i}.norm1/") for c in casts)
         assert f"blocks.{i}.attn/Softmax_cast_in" in casts
     assert proto.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
-    _assert_projection_found(report, "belief-star", "cls")  # includes: every projection op computes in fp32
+    _assert_extra_math_found(report, "belief-star", "cls")  # includes: every projection op computes in fp32
 
 
 def test_failed_verification_leaves_no_model(tmp_path, monkeypatch):
@@ -394,4 +394,4 @@ def test_export_seg_mask_decoder(tmp_path):
     report = export_verified(model, tmp_path / "mask.onnx", model.attnzoo_config, batch_sizes=(1,),
                              input_hw=SEG_HW)
     assert report["passed"], report["failures"]
-    _assert_projection_found(report, "belief-star", "seg")
+    _assert_extra_math_found(report, "belief-star", "seg")

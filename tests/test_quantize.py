@@ -436,7 +436,7 @@ def test_tensorrt_builds_the_qdq_graph_with_the_extra_math_fp32(fp32_of, variant
     net = report["network_check"]
     scopes = VARIANTS[variant].extra_scopes
     assert net["extra_scopes"] == sorted(scopes)
-    assert net["projection_blocks"] == ARCHS["micro"]["depth"] * len(scopes)
+    assert net["extra_math_scopes"] == ARCHS["micro"]["depth"] * len(scopes)
     assert all(b["fp32"] == b["layers"] > 0 for b in net["blocks"].values())
     quantized = net["quantized"]
     assert quantized["matmuls_fed_by_dequantize"] and quantized["extra_math_layers_fed_by_dequantize"] == []

@@ -182,7 +182,7 @@ def test_export_model_builds_an_engine_and_says_what_ran(lib, tmp_path, capsys):
     assert report["library"] == lib.name and report["library_version"] == lib.version
     assert report["compute_capability"] == ("CURRENT" if GPU else "SM86") and report["build_time_s"] > 0
     assert report["onnx_verification"]["verified"] is True and report["passed"] is True
-    assert report["network_check"]["projection_blocks"] == DEPTH
+    assert report["network_check"]["extra_math_scopes"] == DEPTH
     assert report["ran_on_gpu"] is GPU and report["status"] == (STATUS_RUN if GPU else STATUS_BUILT)
     if GPU:
         assert report["parity"]["passed"] and report["latency"]["median_ms"] > 0

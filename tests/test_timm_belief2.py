@@ -17,7 +17,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, OPENAI_CLIP_M
 from timm.layers import Attention as TimmAttention
 from timm.models.vision_transformer import ParallelScalingBlock, ResPostBlock, VisionTransformer
 
-from attnzoo.export.check import check_projection
+from attnzoo.export.check import check_extra_math
 from attnzoo.export.onnx_export import config_hw, export_onnx, metadata_props
 from attnzoo.export.verify import verify_onnx
 from attnzoo.runtime.parity import TOLERANCES
@@ -105,10 +105,10 @@ def test_converted_model_structure_and_config():
 
 
 def _export_and_check(model: torch.nn.Module, path) -> Dict[str, str]:
-    """``export_onnx`` with no config; the projection check (block count from the graph) and parity pass."""
+    """``export_onnx`` with no config; the extra-math check (block count from the graph) and parity pass."""
     export_onnx(model, path)
     props = metadata_props(path)
-    check = check_projection(path)
+    check = check_extra_math(path)
     assert check["ok"], check["failures"]
     assert check["depth"] == len(model.blocks)
     parity = verify_onnx(model, path, model.attnzoo_config, batch_sizes=(2,),
@@ -138,7 +138,7 @@ def test_export_patch14_layerscale_registers(tmp_path):
     _export_and_check(convert_to_belief2(_dinov2_like()), tmp_path / "dinov2.onnx")
 
 
-def test_check_projection_counts_blocks_from_the_graph(tmp_path):
+def test_check_extra_math_counts_blocks_from_the_graph(tmp_path):
     import onnx
 
     b2 = convert_to_belief2(_timm_vit("p14-layerscale-reg4"))  # depth 3: in no ARCHS table
@@ -147,7 +147,7 @@ def test_check_projection_counts_blocks_from_the_graph(tmp_path):
     for node in proto.graph.node:  # hide the middle block's projection
         if node.name.startswith("blocks.1.attn.projection/"):
             node.name = node.name.replace("blocks.1.attn.projection/", "blocks.1.attn.elsewhere/")
-    result = check_projection(proto)
+    result = check_extra_math(proto)
     assert result["depth"] == 3
     assert not result["ok"] and any(f.startswith("blocks.1.attn.projection: no nodes") for f in result["failures"])
 
