@@ -1,32 +1,144 @@
-"""``python -m attnzoo.models``: print the variants table (markdown) used in the README.
+"""``python -m attnzoo.models``: print the variants, papers and extra-weights tables (markdown) from the registry.
 
 The rows are the registry's: the 15 built-ins, then every variant an installed plugin package registered
-(entry-point group ``attnzoo.variants``), each with its paper, equations and extra-math scopes.
+(entry-point group ``attnzoo.variants``, marked with its package). The tables in ``README.md`` and
+``docs/variants.md`` are this output for the built-ins, between ``<!-- NAME -->`` and ``<!-- /NAME -->``
+markers: ``--update FILE ...`` rewrites them there, ``--check FILE ...`` exits 1 naming each file whose
+tables are not the registry's.
 """
 
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Union
+
+from attnzoo.cli import CommandError, UsageError, add_debug_flag, entry_point
+from attnzoo.fileio import atomic_write_text
+
 from .factory import count_params, create_model
-from .registry import ALIASES, VARIANT_NAMES, VARIANTS
+from .registry import BUILTIN_VARIANTS, VARIANT_NAMES, VARIANTS, Paper
+
+__all__ = ["variants_table", "papers_table", "extra_weights_table", "tables", "render_into", "main"]
+
+#: Marker names of the generated tables in a markdown file.
+TABLES = ("variants-table", "papers-table", "extra-weights-table")
 
 
-def variants_table(arch: str = "tiny") -> str:
+def _names(builtin_only: bool) -> Sequence[str]:
+    return BUILTIN_VARIANTS if builtin_only else VARIANT_NAMES
+
+
+def _label(name: str) -> str:
+    spec = VARIANTS[name]
+    label = f"`{name}`" + "".join(f" (alias `{a}`)" for a in spec.aliases)
+    if not spec.builtin:
+        label += f" (plugin {spec.package}{' ' + spec.version if spec.version else ''})"
+    return label
+
+
+def variants_table(arch: str = "tiny", builtin_only: bool = False) -> str:
     """Markdown table: variant, paper, equations, extra-math scopes, extra parameters, parameter count of a ViT of
-    ``arch``."""
+    ``arch`` (1000 classes) against ``standard``'s."""
     base = count_params(create_model("standard", arch=arch))
     rows = ["| variant | paper | equations | extra-math scopes (ONNX `blocks.N.attn.<scope>/...`) | "
-            "extra parameters per block | ViT-" + arch + " params (1000 classes) |",
+            f"extra parameters per block | ViT-{arch} params (1000 classes) |",
             "|---|---|---|---|---|---|"]
-    for name in VARIANT_NAMES:
+    for name in _names(builtin_only):
         spec = VARIANTS[name]
         n = count_params(create_model(name, arch=arch))
-        alias = [a for a, t in ALIASES.items() if t == name]
-        label = f"`{name}`" + (f" (alias `{alias[0]}`)" if alias else "")
-        if not spec.builtin:
-            label += f" (plugin {spec.package}{' ' + spec.version if spec.version else ''})"
+        paper = f"[{spec.paper.authors} {spec.paper.year}]({spec.paper.url})" if isinstance(spec.paper, Paper) \
+            else spec.paper
         scopes = ", ".join(f"`{s}`" for s in spec.extra_scopes) or "none"
-        rows.append(f"| {label} | {spec.paper} | {spec.equations or '-'} | {scopes} | {spec.extra_params or '-'} | "
+        rows.append(f"| {_label(name)} | {paper} | {spec.equations or '-'} | {scopes} | {spec.extra_params or '-'} | "
                     f"{n / 1e6:.2f} M ({(n - base) / base:+.1%}) |")
     return "\n".join(rows)
 
 
+def papers_table(builtin_only: bool = False) -> str:
+    """Markdown table of the papers the variants come from (a plugin's citation string as it gave it)."""
+    papers: Dict[Union[Paper, str], List[str]] = {}
+    for name in _names(builtin_only):
+        papers.setdefault(VARIANTS[name].paper, []).append(name)
+    rows = ["| paper | authors, year | variants |", "|---|---|---|"]
+    for paper, names in papers.items():
+        cite = f"[{paper.title}]({paper.url}) | {paper.authors} {paper.year}" if isinstance(paper, Paper) \
+            else f"{paper} |"
+        rows.append(f"| {cite} | {', '.join(f'`{n}`' for n in names)} |")
+    return "\n".join(rows)
+
+
+def extra_weights_table(builtin_only: bool = False) -> str:
+    """Markdown table of the variants whose attention holds weights timm's ``Attention`` lacks (what a timm
+    checkpoint leaves missing), as ``attn.<module>``."""
+    rows = ["| variant | extra weights |", "|---|---|"]
+    for name in _names(builtin_only):
+        weights = VARIANTS[name].extra_weights
+        if weights:
+            rows.append(f"| {_label(name)} | {', '.join(f'`attn.{w}`' for w in weights)} |")
+    return "\n".join(rows)
+
+
+def tables(builtin_only: bool = True) -> Dict[str, str]:
+    """The generated tables by marker name."""
+    return {"variants-table": variants_table(builtin_only=builtin_only),
+            "papers-table": papers_table(builtin_only=builtin_only),
+            "extra-weights-table": extra_weights_table(builtin_only=builtin_only)}
+
+
+def render_into(text: str, generated: Dict[str, str]) -> str:
+    """``text`` with the content between each ``<!-- NAME -->`` / ``<!-- /NAME -->`` pair replaced by
+    ``generated[NAME]``; markers absent from ``text`` are skipped."""
+    for name, table in generated.items():
+        pattern = re.compile(rf"(<!-- {re.escape(name)} -->\n).*?(\n<!-- /{re.escape(name)} -->)", re.S)
+        text = pattern.sub(lambda m: m.group(1) + table + m.group(2), text)
+    return text
+
+
+def _marked(text: str) -> List[str]:
+    return [name for name in TABLES if f"<!-- {name} -->" in text and f"<!-- /{name} -->" in text]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m attnzoo.models", description=__doc__.splitlines()[0])
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--update", nargs="+", type=Path, metavar="FILE",
+                       help="rewrite the built-in variants' tables between their markers in these markdown files")
+    group.add_argument("--check", nargs="+", type=Path, metavar="FILE",
+                       help="exit 1 if these files' tables are not the registry's")
+    return add_debug_flag(p)
+
+
+@entry_point
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Print the tables, or update / check them in markdown files."""
+    a = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    files = a.update or a.check
+    if not files:
+        print(variants_table(), papers_table(), extra_weights_table(), sep="\n\n")
+        return 0
+    for path in files:  # every file readable and marked before any is written
+        if not path.is_file():
+            raise UsageError(f"{path}: no such file")
+        if not _marked(path.read_text()):
+            raise UsageError(f"{path}: no table markers (<!-- {' -->, <!-- '.join(TABLES)} -->)")
+    generated = tables()
+    stale = []
+    for path in files:
+        text = path.read_text()
+        new = render_into(text, generated)
+        if new != text:
+            stale.append(str(path))
+            if a.update:
+                atomic_write_text(path, new)
+    if a.check and stale:
+        raise CommandError(f"variant tables differ from the registry in {', '.join(stale)}; run "
+                           f"python -m attnzoo.models --update {' '.join(stale)}")
+    print(f"{'updated' if a.update else 'up to date'}: {', '.join(stale if a.update else map(str, files)) or 'none'}")
+    return 0
+
+
 if __name__ == "__main__":
-    print(variants_table())
+    main()

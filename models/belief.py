@@ -1,35 +1,44 @@
-"""Belief-attention, belief-attention* and the exclusive (per-head only) form.
+"""Belief-attention and belief-attention*: the orthogonal projection of the attention output onto V.
 
-Paper: "BeliefFormer: Belief Attention in Transformer" (``shared/papers/001_*``).
+Paper: Guoqiang Zhang, "BeliefFormer: Belief Attention in Transformer", 2025 (submitted to ICLR 2026; no
+arXiv version), https://openreview.net/forum?id=Ard2QzPAUK
 
 - ``belief`` (eq. 10-12): global projection per token,
   ``alpha_i = <MH_i, V_i> / <V_i, V_i>``, ``Delta = MH - alpha * V``, ``X <- X + Delta W^o``.
-- ``belief-star`` (eq. 13-15): adds the per-head projection
+- ``belief-star`` (eq. 10, 13-15): adds the per-head projection
   ``beta_{m,i} = <H_{m,i}, V_{m,i}> / <V_{m,i}, V_{m,i}>``, ``Delta^s_m = H_m - beta_m * V_m`` and
   ``X <- X + Delta W^o + Concat(Delta^s) W^s`` (``W^s`` is ``proj_s``).
-- ``exclusive``: the per-head projection alone, ``X <- X + Concat(Delta^s) W^o`` -- the ``W = 0`` special
-  case of Remark 1 in "Improved Belief-Attention in Vision Tasks" (``shared/papers/000_*``).
 
-Numerics (SPEC decision 1): the divisor is ``<V, V> + eps``, and the two inner products and the division run
-in fp32 through explicit casts even when the model runs in fp16/bf16, so a zero value row gives
-``alpha = 0`` (finite) and squares of 16-bit activations cannot overflow. The projection is its own
-sub-module (``attn.projection``, ``attn.head_projection``) so its exported ONNX nodes carry that name.
+The per-head projection alone (``exclusive``) is in :mod:`attnzoo.models.belief2`, with the paper that
+names it.
+
+Numerics (docs/variants.md, "Projection numerics"): the divisor is ``<V, V> + eps``, and the two inner
+products and the division run in fp32 through explicit casts even when the model runs in fp16/bf16, so a
+zero value row gives ``alpha = 0`` (finite) and squares of 16-bit activations cannot overflow. The
+projection is its own sub-module (``attn.projection``, ``attn.head_projection``) so its exported ONNX nodes
+carry that name; :data:`PROJECTION_OPS` are the ops every export must find there.
 """
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Mapping, Tuple
 
 import torch
 from torch import nn
 
+from .registry import Paper, register_variant
 from .standard import StandardAttention, merge_heads
 
-__all__ = ["OrthogonalProjection", "BeliefAttention", "BeliefStarAttention", "ExclusiveAttention",
-           "DEFAULT_EPS"]
+__all__ = ["OrthogonalProjection", "BeliefAttention", "BeliefStarAttention", "DEFAULT_EPS", "PROJECTION_OPS",
+           "PAPER"]
 
+PAPER = Paper("BeliefFormer: Belief Attention in Transformer", "Guoqiang Zhang", 2025,
+              "https://openreview.net/forum?id=Ard2QzPAUK")
 #: Default epsilon added to <V, V>; small against any non-degenerate fp32 <V, V>.
 DEFAULT_EPS = 1e-6
+#: Minimum op counts of one orthogonal-projection scope (:class:`OrthogonalProjection`: two inner products
+#: as ``Mul`` + ``ReduceSum``, ``Add`` eps, ``Div``, ``Mul`` coef * v, ``Sub``).
+PROJECTION_OPS: Mapping[str, int] = {"Mul": 3, "ReduceSum": 2, "Add": 1, "Div": 1, "Sub": 1}
 
 
 class OrthogonalProjection(nn.Module):
@@ -104,20 +113,9 @@ class BeliefStarAttention(StandardAttention):
         return self.proj(self._post(x, delta)) + self.proj_s(merge_heads(delta_s))
 
 
-class ExclusiveAttention(StandardAttention):
-    """Per-head projection only (Belief2 paper, Remark 1: belief-attention with ``W = 0``).
-
-    ``X <- X + Concat(Delta^s_1..Delta^s_M) W^o``; no extra parameters.
-
-    Args:
-        eps: Epsilon of the projection's divisor.
-        **kwargs: ``timm.layers.Attention`` keywords (see :class:`StandardAttention`).
-    """
-
-    def __init__(self, dim: int, num_heads: int = 8, eps: float = DEFAULT_EPS, **kwargs) -> None:
-        super().__init__(dim, num_heads=num_heads, **kwargs)
-        self.head_projection = OrthogonalProjection(eps)
-
-    def _combine(self, x: torch.Tensor, h: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        delta_s, _ = self.head_projection(h, v)
-        return self.proj(self._post(x, merge_heads(delta_s)))
+register_variant("belief", BeliefAttention, paper=PAPER, equations="eq. 10-12", options={"eps": DEFAULT_EPS},
+                 extra_scopes={"projection": PROJECTION_OPS})
+register_variant("belief-star", BeliefStarAttention, paper=PAPER, equations="eq. 10, 13-15",
+                 options={"eps": DEFAULT_EPS}, extra_params="W^s (D x D + bias)",
+                 extra_scopes={"projection": PROJECTION_OPS, "head_projection": PROJECTION_OPS},
+                 cost_family="belief")

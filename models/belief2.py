@@ -1,16 +1,25 @@
-"""Belief2-attention.
+"""Belief2-attention, and the per-head projection alone (``exclusive``).
 
-Paper: "Improved Belief-Attention in Vision Tasks" (``shared/papers/000_*``), eq. 11-15 and Proposition 1.
+Paper: Guoqiang Zhang, "Improved Belief-Attention in Vision Tasks", 2026, https://arxiv.org/abs/2606.00077,
+eq. 7, 11-15, Remark 1 and Proposition 1.
+
+``exclusive`` (Remark 1): belief-attention's update, eq. 7, with ``W = 0``: only the per-head perpendicular
+components remain, ``X <- X + Concat(Delta^s_1..Delta^s_M) W^o``. The paper notes that this is the exclusive
+self-attention of S. Zhai (arXiv:2603.09078).
+
+``belief2``:
 
 - eq. 11: ``H_m = softmax((Q_m K_m^T + Z_m Z_m^T) / sqrt(d)) V_m`` with ``Z_m = X W^Z_m`` (optional, ``zz``).
   Since ``Q K^T + Z Z^T = [Q|Z] [K|Z]^T``, the scores go through one fused attention call with
-  query/key width 2d and scale ``1/sqrt(d)`` (SPEC decision 3).
+  query/key width 2d and scale ``1/sqrt(d)`` (docs/variants.md, "Belief2").
 - eq. 12-14: ``MH = Concat(H)``, ``V = Concat(V_m)``, ``Delta = MH - alpha * V`` with
   ``alpha_i = <MH_i, V_i> / (<V_i, V_i> + eps)``.
 - eq. 15: ``X <- X + Delta W + phi(alpha * V) W^p`` (``W`` is ``proj``, ``W^p`` is ``proj_p``).
 
 Proposition 1: with ``phi = identity``, ``zz`` off and ``W^p = W`` (``proj_p.bias = 0``, so the bias is
 counted once) the update equals standard attention; :func:`attnzoo.models.convert_to_belief2` builds that.
+The zoo trains it from scratch with ``param_matched``: the block MLP shrinks so that the model has
+``standard``'s parameter count, as the paper does when training from scratch.
 """
 
 from __future__ import annotations
@@ -20,17 +29,38 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .belief import DEFAULT_EPS, OrthogonalProjection
+from .belief import DEFAULT_EPS, PROJECTION_OPS, OrthogonalProjection
+from .registry import Paper, register_variant
 from .standard import StandardAttention, merge_heads
 
-__all__ = ["Belief2Attention", "PHI_CHOICES", "belief2_extra_params"]
+__all__ = ["ExclusiveAttention", "Belief2Attention", "PHI_CHOICES", "PAPER"]
 
+PAPER = Paper("Improved Belief-Attention in Vision Tasks", "Guoqiang Zhang", 2026, "https://arxiv.org/abs/2606.00077")
 PHI_CHOICES = {"identity": nn.Identity, "gelu": nn.GELU, "silu": nn.SiLU}
 
 
-def belief2_extra_params(dim: int, zz: bool, proj_bias: bool = True) -> int:
-    """Parameters Belief2 adds to one standard attention block of width ``dim``: ``W^p`` (+ ``W^Z``)."""
-    return dim * dim + (dim if proj_bias else 0) + (dim * dim if zz else 0)
+class ExclusiveAttention(StandardAttention):
+    """Per-head projection only (Remark 1: belief-attention, eq. 7, with ``W = 0``).
+
+    ``X <- X + Concat(Delta^s_1..Delta^s_M) W^o``; no extra parameters.
+
+    Args:
+        eps: Epsilon of the projection's divisor.
+        **kwargs: ``timm.layers.Attention`` keywords (see :class:`StandardAttention`).
+    """
+
+    def __init__(self, dim: int, num_heads: int = 8, eps: float = DEFAULT_EPS, **kwargs) -> None:
+        super().__init__(dim, num_heads=num_heads, **kwargs)
+        self.head_projection = OrthogonalProjection(eps)
+
+    def _combine(self, x: torch.Tensor, h: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        delta_s, _ = self.head_projection(h, v)
+        return self.proj(self._post(x, merge_heads(delta_s)))
+
+
+register_variant("exclusive", ExclusiveAttention, paper=PAPER, equations="Remark 1 (eq. 7, W = 0)",
+                 options={"eps": DEFAULT_EPS}, extra_scopes={"head_projection": PROJECTION_OPS},
+                 cost_family="belief")
 
 
 class Belief2Attention(StandardAttention):
@@ -73,3 +103,9 @@ class Belief2Attention(StandardAttention):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", phi={self.phi_name}, zz={self.zz}"
+
+
+register_variant("belief2", Belief2Attention, paper=PAPER, equations="eq. 11-15, Prop. 1",
+                 options={"phi": "gelu", "zz": True, "eps": DEFAULT_EPS}, model_options={"param_matched": False},
+                 extra_params="W^p (D x D + bias), W^Z (D x D) if zz", extra_scopes={"projection": PROJECTION_OPS},
+                 zoo_options={"param_matched": True})

@@ -10,7 +10,6 @@ from timm.layers import LayerScale, PatchEmbed
 from timm.models.vision_transformer import Block, ResPostBlock, VisionTransformer
 from torch import nn
 
-from .belief2 import belief2_extra_params
 from .mabvit import PR_MLP_RATIO, ParallelBlock
 from .registry import VARIANTS, attention_class, split_options
 from .segmenter import DECODERS, Segmenter
@@ -39,8 +38,9 @@ def _check_choice(kind: str, value: str, valid) -> None:
 
 
 def mlp_hidden(variant: str, arch: str, **options: Any) -> int:
-    """Hidden width of the block MLP for a variant: 4D, 3D with MABViT ``pr``, or shrunk so that a
-    ``param_matched`` Belief2 model has the parameter count of ``standard`` (Belief2 paper, sec. 4)."""
+    """Hidden width of the block MLP for a variant: 4D, 3D with MABViT ``pr``, or, with ``param_matched``
+    (Belief2's option), shrunk by the attention's extra parameters so that the model has the parameter
+    count of ``standard``."""
     spec, attn, model = split_options(variant, **options)
     a = ARCHS[arch]
     dim = a["embed_dim"]
@@ -48,9 +48,17 @@ def mlp_hidden(variant: str, arch: str, **options: Any) -> int:
         return int(dim * PR_MLP_RATIO)
     hidden = int(dim * a["mlp_ratio"])
     if model.get("param_matched"):
-        extra = belief2_extra_params(dim, bool(attn["zz"]))
+        extra = _attention_extra_params(spec.name, attn, dim, a["num_heads"])
         hidden -= round(extra / (2 * dim + 1))  # each hidden unit costs 2D weights + 1 bias
     return hidden
+
+
+def _attention_extra_params(variant: str, attn: Mapping[str, Any], dim: int, num_heads: int) -> int:
+    """Parameters one attention layer of ``variant`` has over ``standard``'s (built on the meta device)."""
+    with torch.device("meta"):
+        layer = attention_class(variant, **attn)(dim, num_heads=num_heads, qkv_bias=True)
+        base = StandardAttention(dim, num_heads=num_heads, qkv_bias=True)
+    return count_params(layer) - count_params(base)
 
 
 def create_model(

@@ -1,10 +1,11 @@
 """Horizontal and vertical attention.
 
-Paper: "Horizontal and Vertical Attention in Transformers" (``shared/papers/004_*``), eq. 5-8.
+Paper: Litao Yu and Jian Zhang, "Horizontal and Vertical Attention in Transformers", 2022,
+https://arxiv.org/abs/2207.04399, eq. 5-8.
 
 - Horizontal (eq. 5-6): re-weight the heads per token. ``A_m = ReLU(H_m W^{A1} + X W^{A2})``,
   ``b_m = A_m w^B + b^B``, ``alpha = softmax over heads of [b_1..b_M]``,
-  ``Y = Concat(alpha_1 H_1 .. alpha_M H_M) W^o``. Following the authors' code (SPEC decision 5) alpha is per
+  ``Y = Concat(alpha_1 H_1 .. alpha_M H_M) W^o``. Following the authors' code (docs/variants.md) alpha is per
   token and ``W^{A1}`` (d x d, ``head_a1``), ``W^{A2}`` (D x d, ``head_a2``), ``w^B``/``b^B`` (``head_b``) are
   shared by all heads.
 - Vertical (eq. 7-8): re-calibrate channels. ``Y = MH W^o``, ``U = ReLU(X W^{U1} + Y W^{U2})``,
@@ -19,9 +20,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .registry import Paper, register_variant
 from .standard import StandardAttention, merge_heads
 
-__all__ = ["HVAttention"]
+__all__ = ["HVAttention", "PAPER"]
+
+PAPER = Paper("Horizontal and Vertical Attention in Transformers", "Litao Yu and Jian Zhang", 2022,
+              "https://arxiv.org/abs/2207.04399")
 
 
 class HVAttention(StandardAttention):
@@ -72,3 +77,15 @@ class HVAttention(StandardAttention):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", horizontal={self.horizontal}, vertical={self.vertical}"
+
+
+_HORIZONTAL_PARAMS = "W^A1 (d x d), W^A2 (D x d), w^B, b^B"
+register_variant("horizontal", HVAttention, paper=PAPER, equations="eq. 5-6",
+                 options={"horizontal": True, "vertical": False}, extra_params=_HORIZONTAL_PARAMS,
+                 cost_family="horizontal-vertical")
+register_variant("vertical", HVAttention, paper=PAPER, equations="eq. 7-8",
+                 options={"horizontal": False, "vertical": True, "reduction": 4},
+                 extra_params="W^U1, W^U2 (D x D/4), W^U (D/4 x D), b^U", cost_family="horizontal-vertical")
+register_variant("horizontal-vertical", HVAttention, paper=PAPER, equations="eq. 5-8",
+                 options={"horizontal": True, "vertical": True, "reduction": 4}, extra_params="both of the above",
+                 cost_family="horizontal-vertical")

@@ -1,16 +1,16 @@
 """MABViT: an activation on the value tensor inside attention, and the shared-LN parallel block.
 
-Paper: "MABViT -- Modified Attention Block Enhances Vision Transformers" (``shared/papers/002_*``),
-section "Modified Attention Block" (the text copy has lost the equation bodies; the numbered equations 1-4
-are the Pre-LN and Post-LN blocks, and the parallel block follows them).
+Paper: Mahesh Ramesh and Aswinkumar Ramkumar, "MABViT -- Modified Attention Block Enhances Vision
+Transformers", 2023, https://arxiv.org/abs/2312.01324, section "Modified Attention Block" (GLU and GELU
+variants; its numbered eq. 1-4 are the Pre-LN and Post-LN blocks, and the parallel block follows them).
 
 - ``mabvit-glu``: ``V = (X W^a) * SiLU(X W^b)`` -- a SwiGLU on the value path. ``W^a`` is the value slice of
   the timm-named ``qkv`` and ``W^b`` is the extra ``v_gate`` (D x D + bias), so the doubled value projection
   keeps ``qkv``'s shape and a standard timm checkpoint loads with only ``v_gate`` missing.
 - ``mabvit-gelu``: ``V = GELU(X W^V)``; no extra parameters.
-- ``parallel`` (SPEC decision 6): ``X <- X + attn(LN(X)) + MLP(LN(X))`` with one shared LN
+- ``parallel`` (docs/variants.md, "MABViT"): ``X <- X + attn(LN(X)) + MLP(LN(X))`` with one shared LN
   (PaLM / GPT-J style), :class:`ParallelBlock`.
-- ``pr``: the parameter-reduced MLP, hidden width 3D instead of 4D.
+- ``pr``: the paper's parameter-reduced MLP, hidden width 3D instead of 4D.
 """
 
 from __future__ import annotations
@@ -22,9 +22,13 @@ import torch.nn.functional as F
 from torch import nn
 from timm.layers import DropPath, LayerScale, Mlp
 
+from .registry import Paper, register_variant
 from .standard import StandardAttention
 
-__all__ = ["MABViTAttention", "ParallelBlock", "VALUE_ACTS", "PR_MLP_RATIO"]
+__all__ = ["MABViTAttention", "ParallelBlock", "VALUE_ACTS", "PR_MLP_RATIO", "PAPER"]
+
+PAPER = Paper("MABViT -- Modified Attention Block Enhances Vision Transformers",
+              "Mahesh Ramesh and Aswinkumar Ramkumar", 2023, "https://arxiv.org/abs/2312.01324")
 
 VALUE_ACTS = ("glu", "gelu")
 #: MLP ratio of the parameter-reduced (``pr``) MABViT blocks.
@@ -58,6 +62,15 @@ class MABViTAttention(StandardAttention):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", value_act={self.value_act}"
+
+
+_BLOCK_OPTIONS = {"parallel": False, "pr": False}
+register_variant("mabvit-glu", MABViTAttention, paper=PAPER, equations="Modified Attention Block (GLU)",
+                 options={"value_act": "glu"}, model_options=_BLOCK_OPTIONS,
+                 extra_params="W^b (D x D + bias); pr: MLP 3D", cost_family="mabvit")
+register_variant("mabvit-gelu", MABViTAttention, paper=PAPER, equations="Modified Attention Block (GELU)",
+                 options={"value_act": "gelu"}, model_options=_BLOCK_OPTIONS, extra_params="none; pr: MLP 3D",
+                 cost_family="mabvit")
 
 
 class ParallelBlock(nn.Module):

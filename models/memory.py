@@ -1,7 +1,8 @@
 """How much memory one forward pass of a model needs, checked before an export or a benchmark starts.
 
-The estimate lives with the models because it reads their shapes (:data:`ARCHS`) and the MAE variants' slab
-of pairwise maxima (:func:`attnzoo.models.wafe.mae_block`); the bound itself is :mod:`attnzoo.limits`'.
+The estimate lives with the models because it reads their shapes (:data:`ARCHS`) and, for the variants whose
+spec has ``pairwise_scores`` (the MAE ones), the slab of pairwise maxima (:func:`attnzoo.models.wafe.mae_block`);
+the bound itself is :mod:`attnzoo.limits`'.
 """
 
 from __future__ import annotations
@@ -11,13 +12,10 @@ from typing import Any, Mapping, Tuple
 from attnzoo.limits import available_memory
 
 from .factory import ARCHS
+from .registry import VARIANTS
 from .wafe import mae_block
 
 __all__ = ["forward_bytes", "check_forward_memory"]
-
-#: Variants whose scores need pairwise L1 distances: one (head width x block x N) slab of maxima at a time
-#: (``attnzoo.models.wafe.pairwise_l1``, the exported form).
-_PAIRWISE_VARIANTS = ("wafe-mae", "anti-wafe-mae")
 
 
 def forward_bytes(config: Mapping[str, Any], hw: Tuple[int, int], batch: int) -> int:
@@ -31,7 +29,9 @@ def forward_bytes(config: Mapping[str, Any], hw: Tuple[int, int], batch: int) ->
     h, w = hw
     tokens = -(-h // a["patch_size"]) * -(-w // a["patch_size"]) + 1
     dim, heads = a["embed_dim"], a["num_heads"]
-    slab = dim // heads * mae_block(tokens) * tokens if config["variant"] in _PAIRWISE_VARIANTS else 0
+    spec = VARIANTS.get(config["variant"])
+    # pairwise scores: one (head width x block x N) slab of maxima at a time (wafe.pairwise_l1, the exported form)
+    slab = dim // heads * mae_block(tokens) * tokens if spec is not None and spec.pairwise_scores else 0
     per_image = (2 * heads * tokens * tokens + slab + 12 * tokens * dim + 8 * tokens * dim
                  + 3 * h * w + (2 * int(config.get("num_classes", 1)) * h * w if config["task"] == "seg" else 0))
     return 4 * per_image * batch

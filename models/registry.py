@@ -1,30 +1,29 @@
-"""The variant registry: CLI name -> attention class, default options, paper, equations and extra-math scopes.
+"""The variant registry: CLI name -> attention class and everything the other layers need to know about it.
 
-Every variant, the 15 built-ins included, is added by :func:`register_variant`; third-party packages add theirs
-through the entry-point group ``attnzoo.variants`` (:func:`load_plugins`, run once when ``attnzoo.models`` is
-first imported). ``VARIANT_NAMES`` and ``VARIANTS`` are live views of the registry.
+Every variant, the 15 built-ins included, is added by :func:`register_variant`, called beside its class in
+the family module (``standard``, ``belief``, ``belief2``, ``mabvit``, ``wafe``, ``hv``; ``attnzoo.models``
+imports them in that order, which is the built-in order). Third-party packages add theirs through the
+entry-point group ``attnzoo.variants`` (:func:`load_plugins`, run once at the end of the ``attnzoo.models``
+import). ``VARIANT_NAMES``, ``BUILTIN_VARIANTS`` and ``VARIANTS`` are live views of the registry; other
+modules ask a variant's :class:`VariantSpec` (paper, extra-math scopes, pairwise scores, cost family, zoo
+options, extra weights) instead of keeping lists of names.
 """
 
 from __future__ import annotations
 
 import re
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Type, Union, overload
 
 import torch
+from timm.layers import Attention
 from torch import nn
 
-from .belief import DEFAULT_EPS, BeliefAttention, BeliefStarAttention, ExclusiveAttention
-from .belief2 import Belief2Attention
-from .hv import HVAttention
-from .mabvit import MABViTAttention
-from .standard import StandardAttention
-from .wafe import WAFEAttention
 
-__all__ = ["VariantSpec", "VARIANTS", "VARIANT_NAMES", "BUILTIN_VARIANTS", "ALIASES", "BUILTIN_PACKAGE",
-           "ENTRY_POINT_GROUP", "PROJECTION_OPS", "KEY_NORM_OPS", "PluginWarning", "register_variant", "load_plugins",
-           "canonical_name", "split_options", "attention_class", "create_attention", "TIMM_ATTN_KWARGS"]
+__all__ = ["Paper", "VariantSpec", "VARIANTS", "VARIANT_NAMES", "BUILTIN_VARIANTS", "ALIASES", "BUILTIN_PACKAGE",
+           "ENTRY_POINT_GROUP", "PluginWarning", "register_variant", "load_plugins", "canonical_name",
+           "split_options", "attention_class", "create_attention", "TIMM_ATTN_KWARGS"]
 
 #: The distribution the built-in variants come from.
 BUILTIN_PACKAGE = "attnzoo"
@@ -34,20 +33,8 @@ ENTRY_POINT_GROUP = "attnzoo.variants"
 #: The keywords timm's ``Block`` passes to its ``attn_layer`` (timm >= 1.0.23), used to probe a new class.
 TIMM_ATTN_KWARGS: Dict[str, Any] = dict(qkv_bias=True, qk_norm=False, scale_norm=False, proj_bias=True,
                                         attn_drop=0.0, proj_drop=0.0, norm_layer=nn.LayerNorm)
-#: Minimum op counts of one orthogonal-projection scope (``OrthogonalProjection``: two inner products as
-#: ``Mul`` + ``ReduceSum``, ``Add`` eps, ``Div``, ``Mul`` coef * v, ``Sub``).
-PROJECTION_OPS: Mapping[str, int] = {"Mul": 3, "ReduceSum": 2, "Add": 1, "Div": 1, "Sub": 1}
-#: Minimum op counts of one MSE key-norm scope (``KeyNormBias``: ``Mul`` k * k, ``ReduceSum``, ``Mul`` by
-#: sign / d).
-KEY_NORM_OPS: Mapping[str, int] = {"Mul": 2, "ReduceSum": 1}
 _PROBE_DIM, _PROBE_HEADS, _PROBE_SHAPE = 32, 2, (2, 5, 32)
 _NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]*")
-
-_BELIEF = "BeliefFormer (001)"
-_BELIEF2 = "Improved Belief-Attention / Belief2 (000)"
-_MAB = "MABViT (002)"
-_WAFE = "Divergence vs. Convergence, WAFE (003)"
-_HV = "Horizontal and Vertical Attention (004)"
 
 
 class PluginWarning(UserWarning):
@@ -55,37 +42,70 @@ class PluginWarning(UserWarning):
 
 
 @dataclass(frozen=True)
+class Paper:
+    """A paper variants come from, cited once (the ``PAPER`` of its family module).
+
+    Attributes:
+        title: Title as published.
+        authors: Authors, e.g. ``"Vaswani et al."``.
+        year: Year of the version cited.
+        url: Where to read it (the arXiv abstract page where there is one).
+    """
+
+    title: str
+    authors: str
+    year: int
+    url: str
+
+    def __str__(self) -> str:
+        return f"{self.authors}, \"{self.title}\", {self.year}, {self.url}"
+
+
+@dataclass(frozen=True)
 class VariantSpec:
-    """One attention variant.
+    """One attention variant: its class and every fact about it that another module needs.
 
     Attributes:
         name: CLI name.
         cls: Attention class (a ``timm.layers.Attention`` drop-in).
         options: Default attention options passed to ``cls``.
         model_options: Default model-level options (block type, MLP width).
-        paper: Source paper.
+        paper: Source paper: a :class:`Paper` for the built-ins, a citation string for a plugin.
         equations: Equations the class implements.
         extra_params: Parameters over ``standard`` per block, in words.
         extra_scopes: Sub-module paths (inside the attention module) whose ops are the variant's extra math:
             exported as nodes named ``<blocks>.N.attn.<scope>/<Op>``, required in every block, kept fp32 in
             fp16 graphs and left unquantized in int8/fp8 ones.
         scope_ops: ``{scope: {op type: minimum count}}`` for scopes that declare required ops (the orthogonal
-            projection's :data:`PROJECTION_OPS`); a scope without an entry needs at least one op.
+            projection's ``PROJECTION_OPS``); a scope without an entry needs at least one op.
         package: Distribution that registered the variant (``attnzoo`` for the built-ins).
         version: That distribution's version ('' when unknown).
+        aliases: Other names every command accepts for it.
+        pairwise_scores: Its scores need pairwise distances that no matrix product computes (the MAE
+            variants), computed slab by slab; the forward-memory estimate counts the slab.
+        cost_family: Variants whose cost grows the same way share a family (the scaling study times one of
+            each); the variant's own name unless given.
+        zoo_options: Options the zoo trains it with (Belief2's ``param_matched``).
+        extra_weights: Parameters its attention layer holds beyond timm's ``Attention``, as module names
+            (``proj_s``): what a timm checkpoint lacks. Found by the probe at registration.
     """
 
     name: str
     cls: Type[nn.Module]
     options: Mapping[str, Any] = field(default_factory=dict)
     model_options: Mapping[str, Any] = field(default_factory=dict)
-    paper: str = ""
+    paper: Union[Paper, str] = ""
     equations: str = ""
     extra_params: str = "none"
     extra_scopes: Tuple[str, ...] = ()
     scope_ops: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     package: str = BUILTIN_PACKAGE
     version: str = ""
+    aliases: Tuple[str, ...] = ()
+    pairwise_scores: bool = False
+    cost_family: str = ""
+    zoo_options: Mapping[str, Any] = field(default_factory=dict)
+    extra_weights: Tuple[str, ...] = ()
 
     @property
     def valid_options(self) -> Tuple[str, ...]:
@@ -100,10 +120,10 @@ class VariantSpec:
         return self.scope_ops.get(scope, {})
 
 
-#: Canonical names in registration order (built-ins first, in the order of SPEC.md).
+#: Canonical names in registration order (the built-ins first, in their order).
 _ORDER: List[str] = []
-#: Accepted aliases -> canonical name.
-ALIASES: Dict[str, str] = {"wafe-dot": "standard"}
+#: Accepted aliases -> canonical name (each variant's ``aliases``).
+ALIASES: Dict[str, str] = {}
 #: name (aliases included) -> spec; kept up to date by :func:`register_variant`.
 VARIANTS: Dict[str, VariantSpec] = {}
 #: (package, version) of the plugin whose entry point is running, while :func:`load_plugins` runs it.
@@ -111,7 +131,14 @@ _LOADING: List[Tuple[str, str]] = []
 
 
 class _Names(Sequence):
-    """A live, read-only tuple-like view of the registered canonical names."""
+    """A live, read-only tuple-like view of the registered canonical names (the built-ins' only if
+    ``builtin``)."""
+
+    def __init__(self, builtin: bool = False) -> None:
+        self._builtin = builtin
+
+    def _names(self) -> Tuple[str, ...]:
+        return tuple(n for n in _ORDER if VARIANTS[n].builtin) if self._builtin else tuple(_ORDER)
 
     @overload
     def __getitem__(self, i: int) -> str: ...
@@ -120,33 +147,36 @@ class _Names(Sequence):
     def __getitem__(self, i: slice) -> Tuple[str, ...]: ...
 
     def __getitem__(self, i):
-        return tuple(_ORDER)[i]
+        return self._names()[i]
 
     def __len__(self) -> int:
-        return len(_ORDER)
+        return len(self._names())
 
     def __iter__(self) -> Iterator[str]:
-        return iter(tuple(_ORDER))
+        return iter(self._names())
 
     def __contains__(self, name: object) -> bool:
-        return name in _ORDER
+        return name in self._names()
 
     def __eq__(self, other: object) -> bool:
-        return tuple(self) == (tuple(other) if isinstance(other, (tuple, list, _Names)) else other)
+        return self._names() == (tuple(other) if isinstance(other, (tuple, list, _Names)) else other)
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return repr(tuple(_ORDER))
+        return repr(self._names())
 
 
-#: Canonical variant names: the built-ins in the order of SPEC.md, then registered plugins (a live view).
+#: Canonical variant names: the built-ins in their order, then registered plugins (a live view).
 VARIANT_NAMES: Sequence[str] = _Names()
+#: The 15 built-in variants in their order (a live view, complete once ``attnzoo.models`` is imported).
+BUILTIN_VARIANTS: Sequence[str] = _Names(builtin=True)
 
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
 
 
 def _normalize_scopes(name: str, extra_scopes: Union[Sequence[str], Mapping[str, Optional[Mapping[str, int]]]]
@@ -173,8 +203,11 @@ def _normalize_scopes(name: str, extra_scopes: Union[Sequence[str], Mapping[str,
     return tuple(scopes), ops
 
 
-def _probe(spec: VariantSpec) -> None:
+def _probe(spec: VariantSpec) -> Tuple[str, ...]:
     """Build one layer of ``spec`` with timm's ``Block`` keywords, run it, and find its extra scopes.
+
+    Returns:
+        The layer's extra weights (:func:`_extra_weights`).
 
     Raises:
         ValueError: one line naming the variant and what is wrong.
@@ -221,6 +254,16 @@ def _probe(spec: VariantSpec) -> None:
     if unused:
         raise ValueError(f"variant {spec.name!r}: extra scope(s) {', '.join(unused)} never run in "
                          f"{cls_name}.forward, so they would produce no ops in the graph")
+    return _extra_weights(layer)
+
+
+def _extra_weights(layer: nn.Module) -> Tuple[str, ...]:
+    """Parameters of ``layer`` that timm's ``Attention`` of the probe's width lacks, as module names
+    (``proj_s.weight`` and ``proj_s.bias`` give ``proj_s``)."""
+    with torch.device("meta"):
+        base = {n for n, _ in Attention(_PROBE_DIM, num_heads=_PROBE_HEADS, **TIMM_ATTN_KWARGS).named_parameters()}
+    names = [re.sub(r"\.(weight|bias)$", "", n) for n, _ in layer.named_parameters() if n not in base]
+    return tuple(dict.fromkeys(names))
 
 
 def register_variant(
@@ -233,6 +276,10 @@ def register_variant(
         extra_scopes: Union[Sequence[str], Mapping[str, Optional[Mapping[str, int]]]] = (),
         model_options: Optional[Mapping[str, Any]] = None,
         extra_params: str = "",
+        aliases: Sequence[str] = (),
+        pairwise_scores: bool = False,
+        cost_family: str = "",
+        zoo_options: Optional[Mapping[str, Any]] = None,
 ) -> VariantSpec:
     """Add an attention variant; every command (train, evaluate, export, bench, demo, serve) then takes it.
 
@@ -241,7 +288,8 @@ def register_variant(
         attn_layer: A ``timm.layers.Attention`` drop-in: ``attn_layer(dim, num_heads=..., qkv_bias=...,
             qk_norm=..., scale_norm=..., proj_bias=..., attn_drop=..., proj_drop=..., norm_layer=...,
             **options)`` and ``forward(x, attn_mask=None, is_causal=False)`` returning x's shape.
-        paper: The paper it comes from (title, and a link), shown by ``python -m attnzoo.models`` and the demo.
+        paper: The paper it comes from: a :class:`Paper`, or a string with its title and a link; shown by
+            ``python -m attnzoo.models``.
         equations: Which equations of the paper it implements.
         options: Default constructor options; each becomes a variant option (``--option key=value``).
         extra_scopes: Sub-module names of ``attn_layer`` whose ops are the variant's extra math, e.g.
@@ -250,6 +298,11 @@ def register_variant(
             checks them in every block (standard ONNX ops only, fp32 in fp16 graphs, unquantized in int8).
         model_options: Model-level options (block type, MLP width) of a built-in variant.
         extra_params: Parameters over ``standard`` per block, in words (for the variants table).
+        aliases: Other names every command accepts for it.
+        pairwise_scores: Its scores need pairwise distances computed slab by slab (the forward-memory
+            estimate counts the slab).
+        cost_family: The group of variants whose cost grows the same way (default: its own name).
+        zoo_options: Options the zoo trains it with.
 
     Returns:
         The registered :class:`VariantSpec`.
@@ -264,19 +317,26 @@ def register_variant(
     if not isinstance(attn_layer, type) or not issubclass(attn_layer, nn.Module):
         raise ValueError(f"variant {name!r}: attn_layer must be an nn.Module class (a timm attn_layer), "
                          f"got {attn_layer!r}")
-    if not isinstance(paper, str) or not paper.strip():
+    if not isinstance(paper, Paper) and (not isinstance(paper, str) or not paper.strip()):
         raise ValueError(f"variant {name!r}: paper must name the source paper (title and link)")
     package, version = _LOADING[-1] if _LOADING else _package_of(attn_layer)
-    if name in VARIANTS:
-        other = VARIANTS[name]
-        raise ValueError(f"variant {name!r} from package {package!r} clashes with variant {other.name!r} from "
-                         f"package {other.package!r}; not registered (rename one of them)")
+    aliases = (aliases,) if isinstance(aliases, str) else tuple(aliases)
+    for new in (name, *aliases):
+        if not isinstance(new, str) or not _NAME_RE.fullmatch(new):
+            raise ValueError(f"variant {name!r}: alias {new!r} must be lower-case letters, digits and '-'")
+        if new in VARIANTS:
+            other = VARIANTS[new]
+            raise ValueError(f"variant {new!r} from package {package!r} clashes with variant {other.name!r} from "
+                             f"package {other.package!r}; not registered (rename one of them)")
     scopes, scope_ops = _normalize_scopes(name, extra_scopes)
-    spec = VariantSpec(name, attn_layer, dict(options or {}), dict(model_options or {}), paper.strip(), equations,
+    spec = VariantSpec(name, attn_layer, dict(options or {}), dict(model_options or {}),
+                       paper.strip() if isinstance(paper, str) else paper, equations,
                        extra_params or ("none" if package == BUILTIN_PACKAGE else ""), scopes, scope_ops,
-                       package, version)
-    _probe(spec)
+                       package, version, aliases, bool(pairwise_scores), cost_family or name, dict(zoo_options or {}))
+    spec = replace(spec, extra_weights=_probe(spec))
     VARIANTS[name] = spec
+    VARIANTS.update({alias: spec for alias in aliases})
+    ALIASES.update({alias: name for alias in aliases})
     _ORDER.append(name)
     return spec
 
@@ -317,7 +377,9 @@ def load_plugins() -> List[str]:
             ep.load()()
         except Exception as exc:  # any failure of third-party code: one warning, keep going
             for bad in _ORDER[before:]:
-                VARIANTS.pop(bad, None)
+                for alias in VARIANTS.pop(bad).aliases:
+                    VARIANTS.pop(alias, None)
+                    ALIASES.pop(alias, None)
             del _ORDER[before:]
             reason = str(exc) if isinstance(exc, ValueError) else _first_line(exc)
             warnings.warn(f"attnzoo variant plugin {ep.name!r} ({package} {version}) skipped: {reason}",
@@ -327,49 +389,6 @@ def load_plugins() -> List[str]:
         finally:
             _LOADING.pop()
     return added
-
-
-def _register_builtins() -> None:
-    projection = {"projection": PROJECTION_OPS}
-    head_projection = {"head_projection": PROJECTION_OPS}
-    key_norm = {"key_norm": KEY_NORM_OPS}  # MSE: the ||k||^2 term of the squared distance (eq. 3-4)
-    distance = {"distance": None}  # MAE: the pairwise L1 distances (eq. 5-6); ops depend on mae_impl
-    mab_model = {"parallel": False, "pr": False}
-    eps = {"eps": DEFAULT_EPS}
-    for name, cls, opts, model, paper, eqs, extra, scopes in [
-        ("standard", StandardAttention, {}, {}, "Vaswani et al. 2017", "WAFE eq. 1", "none", {}),
-        ("belief", BeliefAttention, eps, {}, _BELIEF, "eq. 10-12", "none", projection),
-        ("belief-star", BeliefStarAttention, eps, {}, _BELIEF, "eq. 10, 13-15", "W^s (D x D + bias)",
-         {**projection, **head_projection}),
-        ("exclusive", ExclusiveAttention, eps, {}, _BELIEF2, "Remark 1 (eq. 7, W = 0)", "none", head_projection),
-        ("belief2", Belief2Attention, {"phi": "gelu", "zz": True, **eps}, {"param_matched": False}, _BELIEF2,
-         "eq. 11-15, Prop. 1", "W^p (D x D + bias), W^Z (D x D) if zz", projection),
-        ("mabvit-glu", MABViTAttention, {"value_act": "glu"}, mab_model, _MAB, "Modified Attention Block (GLU)",
-         "W^b (D x D + bias); pr: MLP 3D", {}),
-        ("mabvit-gelu", MABViTAttention, {"value_act": "gelu"}, mab_model, _MAB, "Modified Attention Block (GELU)",
-         "none; pr: MLP 3D", {}),
-        ("anti-wafe-dot", WAFEAttention, {"score": "dot", "anti": True}, {}, _WAFE, "eq. 2", "none", {}),
-        ("wafe-mse", WAFEAttention, {"score": "mse", "anti": False}, {}, _WAFE, "eq. 3", "none", key_norm),
-        ("anti-wafe-mse", WAFEAttention, {"score": "mse", "anti": True}, {}, _WAFE, "eq. 4", "none", key_norm),
-        ("wafe-mae", WAFEAttention, {"score": "mae", "anti": False, "mae_impl": "auto"}, {}, _WAFE, "eq. 5",
-         "none", distance),
-        ("anti-wafe-mae", WAFEAttention, {"score": "mae", "anti": True, "mae_impl": "auto"}, {}, _WAFE, "eq. 6",
-         "none", distance),
-        ("horizontal", HVAttention, {"horizontal": True, "vertical": False}, {}, _HV, "eq. 5-6",
-         "W^A1 (d x d), W^A2 (D x d), w^B, b^B", {}),
-        ("vertical", HVAttention, {"horizontal": False, "vertical": True, "reduction": 4}, {}, _HV, "eq. 7-8",
-         "W^U1, W^U2 (D x D/4), W^U (D/4 x D), b^U", {}),
-        ("horizontal-vertical", HVAttention, {"horizontal": True, "vertical": True, "reduction": 4}, {}, _HV,
-         "eq. 5-8", "both of the above", {}),
-    ]:
-        _LOADING.append((BUILTIN_PACKAGE, ""))
-        try:
-            register_variant(name, cls, paper=paper, equations=eqs, options=opts, extra_scopes=scopes,
-                             model_options=model, extra_params=extra)
-        finally:
-            _LOADING.pop()
-
-
 
 
 def canonical_name(name: str) -> str:
@@ -436,9 +455,3 @@ def create_attention(name: str, dim: int, num_heads: int = 8, **options: Any) ->
     variant_opts = {k: v for k, v in options.items() if k not in timm_kwargs}
     layer_kwargs = {k: v for k, v in options.items() if k in timm_kwargs}
     return attention_class(spec.name, **variant_opts)(dim, num_heads=num_heads, **layer_kwargs)
-
-
-_register_builtins()
-#: The 15 built-in variants, in the order of SPEC.md.
-BUILTIN_VARIANTS: Tuple[str, ...] = tuple(_ORDER)
-VARIANTS.update({alias: VARIANTS[target] for alias, target in ALIASES.items()})

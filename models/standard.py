@@ -1,7 +1,9 @@
 """Standard multi-head self-attention, the base every variant in attnzoo extends.
 
-Scores ``S_m = Q_m K_m^T / sqrt(d)``, ``H_m = softmax(S_m) V_m``, output ``Concat(H_1..H_M) W^o``
-(Vaswani et al. 2017; WAFE paper eq. 1 calls this ``WAFE_dot``; Horizontal/Vertical paper eq. 1-3).
+Paper: Vaswani et al., "Attention Is All You Need", 2017, https://arxiv.org/abs/1706.03762, eq. 1 and the
+multi-head attention of its sec. 3.2.2: scores ``S_m = Q_m K_m^T / sqrt(d)``, ``H_m = softmax(S_m) V_m``,
+output ``Concat(H_1..H_M) W^o``. The WAFE paper calls this ``WAFE_dot`` (its eq. 1), so ``wafe-dot`` is an
+alias of ``standard``; the Horizontal and Vertical Attention paper writes it as its eq. 1-3.
 
 The class is a drop-in replacement for ``timm.layers.Attention`` (timm >= 1.0.23): the same constructor
 keywords, the same parameter names (``qkv``, ``proj``) and ``forward(x, attn_mask=None, is_causal=False)``.
@@ -16,7 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["StandardAttention", "apply_attn_mask", "split_heads", "merge_heads"]
+from .registry import Paper, register_variant
+
+__all__ = ["StandardAttention", "apply_attn_mask", "split_heads", "merge_heads", "PAPER"]
+
+PAPER = Paper("Attention Is All You Need", "Vaswani et al.", 2017, "https://arxiv.org/abs/1706.03762")
 
 
 def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -181,3 +187,6 @@ class StandardAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, num_heads={self.num_heads}, head_dim={self.head_dim}"
+
+
+register_variant("standard", StandardAttention, paper=PAPER, equations="eq. 1", aliases=("wafe-dot",))

@@ -1,6 +1,7 @@
 """WAFE and anti-WAFE: dot-product, MSE and MAE scores, converging or diverging.
 
-Paper: "Divergence vs. Convergence: substitutes for attention" (``shared/papers/003_*``), eq. 1-6:
+Paper: Yi Jin, "Divergence vs. Convergence: What Do We Need? -- Substitutes for 'Attention'", 2024, eq. 1-6
+(the paper's text names no arXiv identifier; :data:`PAPER` links an arXiv title search):
 
 - eq. 1 ``WAFE_dot``      ``softmax( Q K^T / sqrt(d)) V`` -- standard attention (alias ``wafe-dot``)
 - eq. 2 ``anti-WAFE_dot`` ``softmax(-Q K^T / sqrt(d)) V``
@@ -9,7 +10,7 @@ Paper: "Divergence vs. Convergence: substitutes for attention" (``shared/papers/
 - eq. 5 ``WAFE_MAE``      ``softmax(-||q_i - k_j||_1 / d) V``
 - eq. 6 ``anti-WAFE_MAE`` ``softmax(+||q_i - k_j||_1 / d) V``
 
-MSE through the fused kernel (SPEC decision 4): ``-||q - k||^2 / d = (2 q.k - ||k||^2)/d - ||q||^2/d``;
+MSE through the fused kernel (docs/variants.md, "MSE scores"): ``-||q - k||^2 / d = (2 q.k - ||k||^2)/d - ||q||^2/d``;
 the last term is constant along a softmax row and cancels, so the scores are dot products with scale
 ``2/d`` plus the per-key additive bias ``-||k||^2/d`` -- ``F.scaled_dot_product_attention`` with a float mask.
 The sign flips for anti-WAFE.
@@ -41,15 +42,19 @@ exports and unquantized in int8/fp8 ones:
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Mapping, Optional
 
 import torch
 from torch import nn
 
+from .registry import Paper, register_variant
 from .standard import StandardAttention
 
 __all__ = ["WAFEAttention", "PairwiseL1", "KeyNormBias", "SCORE_CHOICES", "MAE_IMPLS", "MAE_BLOCK",
-           "MAE_MAX_BLOCKS", "mae_block", "pairwise_l1"]
+           "MAE_MAX_BLOCKS", "KEY_NORM_OPS", "mae_block", "pairwise_l1", "PAPER"]
+
+PAPER = Paper("Divergence vs. Convergence: What Do We Need? -- Substitutes for 'Attention'", "Yi Jin", 2024,
+              "https://arxiv.org/search/?searchtype=title&query=Divergence+vs.+Convergence+What+Do+We+Need")
 
 SCORE_CHOICES = ("dot", "mse", "mae")
 #: How MAE scores compute the pairwise L1 distance (``auto``: ``cdist`` in eager, ``blocked`` in ONNX export).
@@ -61,6 +66,9 @@ MAE_IMPLS = ("auto", "cdist", "blocked", "broadcast")
 MAE_BLOCK = 16
 #: Most blocks per head: longer sequences get larger blocks, so the unrolled export stays small.
 MAE_MAX_BLOCKS = 16
+#: Minimum op counts of one MSE key-norm scope (:class:`KeyNormBias`: ``Mul`` k * k, ``ReduceSum``, ``Mul`` by
+#: sign / d).
+KEY_NORM_OPS: Mapping[str, int] = {"Mul": 2, "ReduceSum": 1}
 
 
 def mae_block(n_queries: int) -> int:
@@ -199,3 +207,19 @@ class WAFEAttention(StandardAttention):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", score={self.score}, anti={self.anti}"
+
+
+_MSE_SCOPES = {"key_norm": KEY_NORM_OPS}  # the ||k||^2 term of the squared distance (eq. 3-4)
+_MAE_SCOPES = {"distance": None}  # the pairwise L1 distances (eq. 5-6); their ops depend on mae_impl
+register_variant("anti-wafe-dot", WAFEAttention, paper=PAPER, equations="eq. 2",
+                 options={"score": "dot", "anti": True}, cost_family="standard")
+register_variant("wafe-mse", WAFEAttention, paper=PAPER, equations="eq. 3",
+                 options={"score": "mse", "anti": False}, extra_scopes=_MSE_SCOPES)
+register_variant("anti-wafe-mse", WAFEAttention, paper=PAPER, equations="eq. 4",
+                 options={"score": "mse", "anti": True}, extra_scopes=_MSE_SCOPES, cost_family="wafe-mse")
+register_variant("wafe-mae", WAFEAttention, paper=PAPER, equations="eq. 5",
+                 options={"score": "mae", "anti": False, "mae_impl": "auto"}, extra_scopes=_MAE_SCOPES,
+                 pairwise_scores=True)
+register_variant("anti-wafe-mae", WAFEAttention, paper=PAPER, equations="eq. 6",
+                 options={"score": "mae", "anti": True, "mae_impl": "auto"}, extra_scopes=_MAE_SCOPES,
+                 pairwise_scores=True, cost_family="wafe-mae")

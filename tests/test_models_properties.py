@@ -7,7 +7,7 @@ from timm.layers import Attention as TimmAttention
 
 from attnzoo.models import (ARCHS, BUILTIN_VARIANTS, VARIANTS, Belief2Attention, Segmenter,
                             StandardAttention, attention_class, convert_to_belief2, count_params, create_attention,
-                            create_model, load_timm_state_dict)
+                            create_model, load_timm_state_dict, mlp_hidden)
 
 D, M, N, B = 32, 4, 9, 3
 VARIANT_NAMES = BUILTIN_VARIANTS
@@ -117,7 +117,7 @@ def test_timm_checkpoint_loads_and_extras_are_reported(name):
                            patch_size=4, embed_dim=64, depth=4, num_heads=2).state_dict()
     model = create_model(name, num_classes=10)
     missing = load_timm_state_dict(model, sd)
-    assert {k.split(".")[3] for k in missing} == EXTRA_KEYS[name]
+    assert {k.split(".")[3] for k in missing} == EXTRA_KEYS[name] == set(VARIANTS[name].extra_weights)
     assert all(k.startswith("blocks.") and ".attn." in k for k in missing)
 
 
@@ -209,6 +209,9 @@ def test_parameter_counts(arch):
     assert n["belief"] == n["standard"] == n["mabvit-gelu"]
     assert n["belief-star"] == n["standard"] + depth * (dim * dim + dim)
     assert abs(n["belief2"] - n["standard"]) / n["standard"] < 0.01
+    # each hidden unit costs 2D + 1 parameters; Belief2 adds W^p (D x D + bias) and W^Z (D x D)
+    assert mlp_hidden("belief2", arch, param_matched=True) == 4 * dim - round((2 * dim * dim + dim) / (2 * dim + 1))
+    assert mlp_hidden("belief2", arch, param_matched=True, zz=False) == 4 * dim - round((dim * dim + dim) / (2 * dim + 1))
     assert n["glu-pr"] < n["standard"] < n["mabvit-glu"]
     assert n["gelu-pr"] < n["standard"]
 

@@ -24,7 +24,7 @@ from tqdm import tqdm
 from attnzoo.models.checkpoint import load_checkpoint
 from attnzoo.cli import CommandError, UsageError, add_debug_flag, entry_point
 from attnzoo.fileio import atomic_write_text, sha256_file
-from attnzoo.models import TASKS, VARIANT_NAMES, canonical_name
+from attnzoo.models import BUILTIN_VARIANTS, TASKS, VARIANT_NAMES, VARIANTS, canonical_name
 from attnzoo.data.datasets import DIGITS_CLASSES, SHAPES_CLASSES, ImageSet, load_data
 from attnzoo.metrics import confusion_matrix, metric_name, metrics_from_confusion
 from attnzoo.training.train import TrainConfig, evaluate, train
@@ -52,8 +52,10 @@ TEST_N = {"fashion": None, "shapes": 1000, "digits": None}
 ZOO_DATA = tuple(TEST_N)
 SUBSET_N = 200
 DIGITS_VARIANTS = ("standard", "belief", "belief2")
-#: Model options used in the zoo: Belief2 trained from scratch with the parameter count of standard.
-VARIANT_OPTIONS: Dict[str, Dict[str, Any]] = {"belief2": {"param_matched": True}}
+#: Model options used in the zoo, from each variant's spec (Belief2 trained from scratch with the parameter
+#: count of standard).
+VARIANT_OPTIONS: Dict[str, Dict[str, Any]] = {v: dict(VARIANTS[v].zoo_options) for v in BUILTIN_VARIANTS
+                                              if VARIANTS[v].zoo_options}
 #: Why a variant lands far below ``standard`` (filled in from the build's results; see the manifest).
 NOTES: Dict[str, str] = {
     "belief/cls/digits": (

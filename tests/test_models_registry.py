@@ -1,0 +1,71 @@
+"""Each variant's facts live in its spec, registered beside its class: order, papers, and what other layers read."""
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+from attnzoo.models import ARCHS, BUILTIN_VARIANTS, VARIANTS, Paper
+from attnzoo.models.memory import forward_bytes
+from attnzoo.models.wafe import mae_block
+
+ROOT = Path(__file__).resolve().parents[1]
+FAMILY_MODULES = ("standard", "belief", "belief2", "mabvit", "wafe", "hv")
+
+
+def test_builtin_order_is_the_family_modules_order():
+    assert tuple(BUILTIN_VARIANTS) == (
+        "standard", "belief", "belief-star", "exclusive", "belief2", "mabvit-glu", "mabvit-gelu", "anti-wafe-dot",
+        "wafe-mse", "anti-wafe-mse", "wafe-mae", "anti-wafe-mae", "horizontal", "vertical", "horizontal-vertical")
+    modules = [VARIANTS[n].cls.__module__.rsplit(".", 1)[-1] for n in BUILTIN_VARIANTS]
+    assert list(dict.fromkeys(modules)) == list(FAMILY_MODULES)
+    assert VARIANTS["wafe-dot"] is VARIANTS["standard"] and VARIANTS["standard"].aliases == ("wafe-dot",)
+
+
+@pytest.mark.parametrize("module_name", FAMILY_MODULES)
+def test_each_family_module_cites_its_paper_once_in_its_header(module_name):
+    module = importlib.import_module(f"attnzoo.models.{module_name}")
+    paper = module.PAPER
+    assert isinstance(paper, Paper)
+    header = " ".join(module.__doc__.split())
+    for part in (paper.title, paper.authors, str(paper.year)):
+        assert part in header, (module_name, part)
+    arxiv = re.fullmatch(r"https://arxiv\.org/abs/(\d{4}\.\d{4,5})", paper.url)
+    if arxiv:
+        assert paper.url in header
+    assert re.search(r"\beq\. \d", header), f"{module_name}: no equation numbers in the header"
+    specs = [VARIANTS[n] for n in BUILTIN_VARIANTS if VARIANTS[n].cls.__module__ == module.__name__]
+    assert specs and all(s.paper is paper for s in specs)
+
+
+def test_the_package_points_to_nothing_outside_the_repository():
+    for path in sorted((ROOT / "models").glob("*.py")):
+        text = path.read_text()
+        assert "shared/" not in text and "SPEC" not in text, path.name
+
+
+def test_spec_facts_other_layers_read():
+    facts = {n: (VARIANTS[n].cost_family, VARIANTS[n].pairwise_scores, dict(VARIANTS[n].zoo_options))
+             for n in BUILTIN_VARIANTS}
+    assert facts == {
+        "standard": ("standard", False, {}), "anti-wafe-dot": ("standard", False, {}),
+        "belief": ("belief", False, {}), "belief-star": ("belief", False, {}), "exclusive": ("belief", False, {}),
+        "belief2": ("belief2", False, {"param_matched": True}),
+        "mabvit-glu": ("mabvit", False, {}), "mabvit-gelu": ("mabvit", False, {}),
+        "wafe-mse": ("wafe-mse", False, {}), "anti-wafe-mse": ("wafe-mse", False, {}),
+        "wafe-mae": ("wafe-mae", True, {}), "anti-wafe-mae": ("wafe-mae", True, {}),
+        "horizontal": ("horizontal-vertical", False, {}), "vertical": ("horizontal-vertical", False, {}),
+        "horizontal-vertical": ("horizontal-vertical", False, {}),
+    }
+
+
+@pytest.mark.parametrize("name", ["wafe-mae", "anti-wafe-mae"])
+def test_forward_memory_counts_the_pairwise_slab(name):
+    a, hw, batch = ARCHS["tiny"], (224, 224), 2
+    tokens = (224 // a["patch_size"]) ** 2 + 1
+    config = {"arch": "tiny", "task": "cls", "num_classes": 10}
+    slab = a["embed_dim"] // a["num_heads"] * mae_block(tokens) * tokens  # fp32 values per image
+    assert forward_bytes({**config, "variant": name}, hw, batch) - forward_bytes(
+        {**config, "variant": "wafe-mse"}, hw, batch) == 4 * slab * batch
+
