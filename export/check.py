@@ -3,11 +3,11 @@
 The scopes are the variant's ``extra_scopes`` (``attnzoo.models.register_variant``): for each
 ``blocks.N.attn.<scope>`` (``encoder.blocks.N...`` in a Segmenter) the exported graph must hold nodes named
 ``<scope>/<Op>`` in every block; a scope that declares required ops (the orthogonal projection's
-:data:`REQUIRED_OPS`: two inner products ``Mul`` + ``ReduceSum``, ``Add`` eps (a constant), ``Div``, ``Mul``
-coef * v, ``Sub``) must have at least those, any other scope at least one op. Every op of a scope computes in fp32
-(also in an fp16 graph; only its ``Cast`` nodes may output 16-bit), and no op in the graph is outside the standard
-ONNX domain. In an fp16 graph LayerNorm and Softmax must compute in fp32 too. The block count comes from the
-graph's node names (any depth).
+:data:`attnzoo.models.PROJECTION_OPS`: two inner products ``Mul`` + ``ReduceSum``, ``Add`` eps (a constant),
+``Div``, ``Mul`` coef * v, ``Sub``) must have at least those, any other scope at least one op. Every op of a
+scope computes in fp32 (also in an fp16 graph; only its ``Cast`` nodes may output 16-bit), and no op in the graph
+is outside the standard ONNX domain. In an fp16 graph LayerNorm and Softmax must compute in fp32 too. The block
+count comes from the graph's node names (any depth).
 """
 
 from __future__ import annotations
@@ -25,18 +25,16 @@ from attnzoo.models import PROJECTION_OPS, VariantSpec
 
 from .onnx_export import FP32_OPS, config_from_props, metadata_props
 
-__all__ = ["REQUIRED_OPS", "ProjectionCheckError", "check_projection", "assert_projection", "expected_scopes",
+__all__ = ["ExtraMathCheckError", "check_extra_math", "assert_extra_math", "expected_scopes",
            "graph_depth", "variant_spec"]
 
-#: Minimum count of each op type inside one orthogonal-projection scope (declared by the projection variants).
-REQUIRED_OPS: Mapping[str, int] = PROJECTION_OPS
 _STANDARD_DOMAINS = ("", "ai.onnx")
 #: Ops that only move or retype data: a scope of these alone holds no extra math.
 _NO_MATH_OPS = ("Cast", "Constant", "Identity")
 _HALF_TYPES = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 
 
-class ProjectionCheckError(ValueError):
+class ExtraMathCheckError(ValueError):
     """An exported graph lacks extra-math ops (or computes them in the wrong precision)."""
 
 
@@ -125,7 +123,7 @@ def _check_scope(scope: str, nodes: List[onnx.NodeProto], types: Dict[str, int],
     return failures
 
 
-def check_projection(model: Union[str, Path, onnx.ModelProto], config: Optional[Dict[str, Any]] = None,
+def check_extra_math(model: Union[str, Path, onnx.ModelProto], config: Optional[Dict[str, Any]] = None,
                      dtype: Optional[str] = None) -> Dict[str, Any]:
     """Find the extra-math ops of every block; never raises for a missing op (see ``failures``).
 
@@ -143,7 +141,7 @@ def check_projection(model: Union[str, Path, onnx.ModelProto], config: Optional[
     props = metadata_props(proto)
     if config is None:
         if "attnzoo.config" not in props:
-            raise ProjectionCheckError("the graph has no attnzoo.config metadata; pass config=")
+            raise ExtraMathCheckError("the graph has no attnzoo.config metadata; pass config=")
         config = config_from_props(props)
     dtype = dtype or props.get("dtype", "fp32")
     eps = float(props["eps"]) if props.get("eps") else None
@@ -177,10 +175,10 @@ def check_projection(model: Union[str, Path, onnx.ModelProto], config: Optional[
             "non_standard_ops": odd, "depth": depth}
 
 
-def assert_projection(model: Union[str, Path, onnx.ModelProto], config: Optional[Dict[str, Any]] = None,
+def assert_extra_math(model: Union[str, Path, onnx.ModelProto], config: Optional[Dict[str, Any]] = None,
                       dtype: Optional[str] = None) -> Dict[str, Any]:
-    """:func:`check_projection`, raising :class:`ProjectionCheckError` listing every failure."""
-    result = check_projection(model, config, dtype)
+    """:func:`check_extra_math`, raising :class:`ExtraMathCheckError` listing every failure."""
+    result = check_extra_math(model, config, dtype)
     if not result["ok"]:
-        raise ProjectionCheckError("extra-math check failed: " + "; ".join(result["failures"]))
+        raise ExtraMathCheckError("extra-math check failed: " + "; ".join(result["failures"]))
     return result

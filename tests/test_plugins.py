@@ -19,7 +19,7 @@ from torch import nn
 
 from attnzoo.models.checkpoint import load_checkpoint, save_checkpoint
 from attnzoo.export import export_verified, report_path
-from attnzoo.export.check import check_projection, expected_scopes
+from attnzoo.export.check import check_extra_math, expected_scopes
 from attnzoo.export.verify import VerificationError
 from attnzoo.models import (BUILTIN_VARIANTS, VARIANT_NAMES, VARIANTS, PluginWarning, canonical_name, create_model,
                             load_plugins, register_variant)
@@ -94,7 +94,7 @@ def test_registered_variant_is_listed_built_and_exported_with_its_scope(registry
     # fp16: the scope's nodes in every block, computing in fp32 (the fp32 export is the slow whole-path test's)
     report = export_verified(model, tmp_path / "g.onnx", model.attnzoo_config, dtype="fp16", batch_sizes=[1])
     assert report["passed"], report["failures"]
-    blocks = report["projection"]["blocks"]
+    blocks = report["extra_math"]["blocks"]
     assert set(blocks) == {f"blocks.{i}.attn.gain" for i in range(DEPTH)}
     assert all(b["ops"].get("Mul", 0) >= 1 for b in blocks.values())
     proto = onnx.load(str(tmp_path / "g.onnx"))
@@ -105,7 +105,7 @@ def test_registered_variant_is_listed_built_and_exported_with_its_scope(registry
     assert any(t == onnx.TensorProto.FLOAT16 for t in types.values())  # ... which really is fp16 elsewhere
     # the same graph checked for a variant that also requires a Div in the scope: one failure per block
     register_variant("tp-gain-div", GainAttention, paper="p", extra_scopes={"gain": {"Mul": 1, "Div": 1}})
-    result = check_projection(proto, {**model.attnzoo_config, "variant": "tp-gain-div"})
+    result = check_extra_math(proto, {**model.attnzoo_config, "variant": "tp-gain-div"})
     assert result["failures"] == [f"blocks.{i}.attn.gain: 0 Div node(s), need 1" for i in range(DEPTH)]
 
 
@@ -425,14 +425,14 @@ def test_example_plugin_through_every_command(installed_example, tmp_path):
         for i in range(DEPTH):
             assert any(n.startswith(f"blocks.{i}.attn.cosine/ReduceL2") for n in names), i
         report = json.loads(report_path(out).read_text())
-        assert report["passed"] and set(report["projection"]["blocks"]) == {f"blocks.{i}.attn.cosine"
+        assert report["passed"] and set(report["extra_math"]["blocks"]) == {f"blocks.{i}.attn.cosine"
                                                                            for i in range(DEPTH)}
     # int8 (ModelOpt Q/DQ, calibrated on the checkpoint's training split): the cosine scope stays fp32
     int8 = _run([*export, "--variant", "cosine", "--checkpoint", str(ckpt), "--dtype", "int8",
                  "--accept-accuracy-drop", "--out", str(tmp_path / "cosine_int8.onnx")], env, tmp_path).stdout
     assert "node(s) excluded, fp32, no Q/DQ" in int8
     scope_check = json.loads(report_path(tmp_path / "cosine_int8.onnx").read_text())["extra_math_scope_check"]
-    assert scope_check["projection_check"] and scope_check["quantized"] == [] and scope_check["nodes"] >= DEPTH * 8
+    assert scope_check["checker"] and scope_check["quantized"] == [] and scope_check["nodes"] >= DEPTH * 8
     # TensorRT engine (tensorrt_rtx builds without a GPU): the network check names the scope
     engine = tmp_path / "cosine.engine"
     built = _run([*export, "--variant", "cosine", "--random-init", "--arch", "micro", "--format", "tensorrt",
