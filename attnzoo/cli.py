@@ -6,6 +6,11 @@ errors too), 1 failures (unreadable or invalid input files, a failed export, ...
 SIGTERM. SIGTERM is turned into an exception in the main thread, so temporary files are removed
 (:func:`attnzoo.fileio.atomic_path`) exactly as on Ctrl-C.
 
+The console scripts start each command through a launcher here (:data:`COMMANDS`; ``export-model`` runs
+:func:`export_model` ...), which imports the command's module only once a signal would end it with the same one
+line: importing torch, ONNX Runtime or Ray takes 1-2.5 s, where Python's own handling of Ctrl-C prints a
+traceback.
+
 Native code that calls back into Python (TensorRT's logger and progress monitor) must never see those exceptions:
 TensorRT catches an exception raised in its callbacks, prints it and carries on. A short such call runs inside
 :func:`signals_deferred`, which records the signal instead and raises it as soon as the native call returns; a
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib
 import os
 import signal
 import sys
@@ -29,13 +35,26 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, List, Optional, Sequence, TypeVar
 
 __all__ = ["UsageError", "CommandError", "Terminated", "Interrupted", "CommandExit", "entry_point", "add_debug_flag",
-           "first_line", "PendingSignal", "signals_deferred", "run_in_worker"]
+           "first_line", "PendingSignal", "signals_deferred", "run_in_worker", "COMMANDS", "SIGNAL_EXITS",
+           "export_model", "bench_latency", "serve_demo", "serve_models", "train_model", "evaluate_model"]
 
 T = TypeVar("T")
 #: Worker threads running native code that a signal made the main thread give up on (cancelled, maybe running).
 _ABANDONED: List[threading.Thread] = []
 
 DEBUG_FLAG = "--debug"
+#: How a command ends on a signal: exit status and its one line on stderr.
+SIGNAL_EXITS = {signal.SIGINT: (130, "interrupted (Ctrl-C)"), signal.SIGTERM: (143, "terminated (SIGTERM)")}
+#: Every command and the ``main`` that runs it (``module:function``); ``pyproject.toml``'s ``[project.scripts]``
+#: point each at its launcher below, named like the command (``serve-models`` -> :func:`serve_models`).
+COMMANDS = {
+    "export-model": "attnzoo.export.cli:main",
+    "bench-latency": "attnzoo.benchmarks.cli:main",
+    "serve-demo": "attnzoo.serve.demo.cli:main",
+    "serve-models": "attnzoo.serve.rayserve.cli:main",
+    "train-model": "attnzoo.training.cli:main",
+    "evaluate-model": "attnzoo.training.cli:evaluate_main",
+}
 
 
 class UsageError(ValueError):
@@ -218,12 +237,54 @@ def entry_point(fn: Callable[..., Optional[int]]) -> Callable[..., int]:
         except UsageError as exc:
             raise _exit(2, f"error: {first_line(exc)}", exc, debug) from None
         except (KeyboardInterrupt, Interrupted) as exc:
-            raise _exit(130, "interrupted (Ctrl-C)", exc, debug) from None
+            raise _exit(*SIGNAL_EXITS[signal.SIGINT], exc, debug) from None
         except Terminated as exc:
-            raise _exit(143, "terminated (SIGTERM)", exc, debug) from None
+            raise _exit(*SIGNAL_EXITS[signal.SIGTERM], exc, debug) from None
         except (ValueError, OSError, CommandError) as exc:
             raise _exit(1, f"error: {first_line(exc)}", exc, debug) from None
         except Exception as exc:  # noqa: BLE001 - the one place that turns any failure into one line
             raise _exit(1, f"error: {type(exc).__name__}: {first_line(exc)}{hint}", exc, debug) from None
 
     return wrapper
+
+
+@contextlib.contextmanager
+def _exit_on_signal() -> Iterator[None]:
+    """While a command's modules import (main thread): SIGINT / SIGTERM print the command's line and end the
+    process at once with 130 / 143 (:data:`SIGNAL_EXITS`); nothing has started yet that would need cleaning up.
+    :func:`entry_point` puts its own handlers over these while the command runs."""
+
+    def handler(signum, frame):
+        code, line = SIGNAL_EXITS[signum]
+        print(line, file=sys.stderr, flush=True)
+        os._exit(code)
+
+    previous = {sig: signal.signal(sig, handler) for sig in SIGNAL_EXITS}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, signal.SIG_DFL if old is None else old)
+
+
+def _launcher(command: str) -> Callable[[], int]:
+    """The console-script function of ``command``: imports and runs its ``main`` (:data:`COMMANDS`) under
+    :func:`_exit_on_signal`."""
+    module, _, name = COMMANDS[command].partition(":")
+
+    def launch() -> int:
+        with _exit_on_signal():
+            main = getattr(importlib.import_module(module), name)
+            return main()
+
+    launch.__name__ = launch.__qualname__ = command.replace("-", "_")
+    launch.__doc__ = f"``{command}``: :func:`{module}.{name}`, imported once a Ctrl-C would end it with one line."
+    return launch
+
+
+export_model = _launcher("export-model")
+bench_latency = _launcher("bench-latency")
+serve_demo = _launcher("serve-demo")
+serve_models = _launcher("serve-models")
+train_model = _launcher("train-model")
+evaluate_model = _launcher("evaluate-model")
