@@ -18,6 +18,20 @@ from .wafe import mae_block
 __all__ = ["forward_bytes", "check_forward_memory"]
 
 
+def _encoder_shape(config: Mapping[str, Any]) -> Tuple[int, int, int, int, int]:
+    """(patch height, patch width, width, heads, prefix tokens) of ``config``'s encoder: an attnzoo arch, or the
+    timm ViT a converted model records (``config["timm"]``, from :func:`attnzoo.models.convert_to_belief2`)."""
+    if config["arch"] in ARCHS:
+        a = ARCHS[config["arch"]]
+        return a["patch_size"], a["patch_size"], a["embed_dim"], a["num_heads"], 1
+    vit = config.get("timm")
+    if not vit:
+        raise ValueError(f"unknown arch {config['arch']!r}; valid: {', '.join(ARCHS)} (or a converted timm ViT)")
+    ph, pw = vit["patch_size"]
+    return int(ph), int(pw), int(vit["embed_dim"]), int(vit["num_heads"]), int(vit["class_token"]) + int(
+        vit["reg_tokens"])
+
+
 def forward_bytes(config: Mapping[str, Any], hw: Tuple[int, int], batch: int) -> int:
     """A rough upper estimate of the memory one inference pass of ``config``'s model takes at ``batch``.
 
@@ -25,10 +39,9 @@ def forward_bytes(config: Mapping[str, Any], hw: Tuple[int, int], batch: int) ->
     of pairwise maxima, head width x block x N), the block's token tensors and MLP hidden layer, and
     (segmentation) the upsampled logits; fp32.
     """
-    a = ARCHS[config["arch"]]
+    ph, pw, dim, heads, prefix = _encoder_shape(config)
     h, w = hw
-    tokens = -(-h // a["patch_size"]) * -(-w // a["patch_size"]) + 1
-    dim, heads = a["embed_dim"], a["num_heads"]
+    tokens = -(-h // ph) * -(-w // pw) + prefix
     spec = VARIANTS.get(config["variant"])
     # pairwise scores: one (head width x block x N) slab of maxima at a time (wafe.pairwise_l1, the exported form)
     slab = dim // heads * mae_block(tokens) * tokens if spec is not None and spec.pairwise_scores else 0

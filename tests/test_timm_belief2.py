@@ -184,3 +184,14 @@ def test_refuses_other_modules_and_stray_keywords():
         convert_to_belief2(torch.nn.Linear(3, 3))
     with pytest.raises(ValueError, match="only for a state dict"):
         convert_to_belief2(create_model("standard", num_classes=3), arch="tiny")
+
+
+def test_forward_memory_estimate_reads_the_converted_vits_own_shape():
+    """The memory check before an export takes patch size, width, heads and prefix tokens from the timm ViT
+    (a converted model's arch is its timm name, not an attnzoo arch)."""
+    from attnzoo.models.memory import forward_bytes
+
+    config = convert_to_belief2(_timm_vit("p14-layerscale-reg4")).attnzoo_config
+    tokens, dim, heads = (28 // 14) ** 2 + 1 + 4, 48, 3  # 2 x 2 patches, a class token and 4 registers
+    per_image = 2 * heads * tokens ** 2 + 20 * tokens * dim + 3 * 28 * 28  # scores, token tensors, input
+    assert forward_bytes(config, (28, 28), 2) == 4 * per_image * 2
