@@ -92,8 +92,8 @@ def render_into(text: str, generated: Dict[str, str]) -> str:
     """``text`` with the content between each ``<!-- NAME -->`` / ``<!-- /NAME -->`` pair replaced by
     ``generated[NAME]``; markers absent from ``text`` are skipped."""
     for name, table in generated.items():
-        pattern = re.compile(rf"(<!-- {re.escape(name)} -->\n).*?(\n<!-- /{re.escape(name)} -->)", re.S)
-        text = pattern.sub(lambda m: m.group(1) + table + m.group(2), text)
+        pattern = re.compile(rf"(<!-- {re.escape(name)} -->\n)(?:.*?\n)?(<!-- /{re.escape(name)} -->)", re.S)
+        text = pattern.sub(lambda m: m.group(1) + table + "\n" + m.group(2), text)
     return text
 
 
