@@ -1,6 +1,6 @@
 """Check the zoo's reported numbers with code that is not the package's.
 
-Issue 11's acceptance test, written the way an outside user would: each zoo checkpoint is exported by the
+The zoo's acceptance test, written the way an outside user would: each zoo checkpoint is exported by the
 ``export-model`` command (a subprocess, as a user runs it), and the ONNX file is evaluated here with nothing of
 ``attnzoo``: the official Fashion-MNIST IDX files read with ``gzip`` + ``numpy``, the preprocessing taken from
 the ONNX file's own metadata (``input_size``, ``mean``, ``std``), plain ``onnxruntime``.
@@ -12,7 +12,7 @@ the ONNX file's own metadata (``input_size``, ``mean``, ``std``), plain ``onnxru
   the segmenters hold on scenes they never saw. A second column composes the same way with garments placed
   anywhere (heavier occlusion): how much the number depends on that one choice.
 
-``--dtype int8`` (issue 24's acceptance test) exports each classifier with ``export-model --dtype int8`` instead
+``--dtype int8`` (the int8 export's acceptance test) exports each classifier with ``export-model --dtype int8`` instead
 and checks what that command reported: the int8 top-1 re-measured here within :data:`INT8_MAX_GAP` points of the
 report's, within :data:`INT8_MAX_DROP` points of the report's fp32, and no Q/DQ inside the extra math: no node
 named inside an extra-math scope (``blocks.N.attn.<scope>/...``, the scope names of the README's variant table)
@@ -41,9 +41,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 FASHION = Path("/usr/share/datasets/fashion-mnist")  # Debian's dataset-fashion-mnist
-#: Issue 11's thresholds.
+#: The zoo's targets.
 CLS_MIN, CLS_STANDARD_MIN, SEG_MIN, MAX_GAP = 85.0, 88.0, 50.0, 0.5
-#: Issue 24's: the int8 top-1 re-measured within 0.3 points of export-model's report, within 0.5 of fp32.
+#: The int8 export's: the int8 top-1 re-measured within 0.3 points of export-model's report, within 0.5 of fp32.
 INT8_MAX_GAP, INT8_MAX_DROP = 0.3, 0.5
 #: The extra-math scopes of the README's variant table (the papers' extra math, exported as named nodes).
 EXTRA_SCOPES = ("projection", "head_projection", "key_norm", "distance")
@@ -205,7 +205,7 @@ def main() -> int:
     if args.dtype == "int8":
         return write_int8_report(args.out, rows)
     lines = [f"Command: `python {' '.join(sys.argv)}`", "",
-             f"Targets (issue 11): top-1 >= {CLS_MIN} % (standard >= {CLS_STANDARD_MIN} %) within {MAX_GAP} points of "
+             f"Targets: top-1 >= {CLS_MIN} % (standard >= {CLS_STANDARD_MIN} %) within {MAX_GAP} points of "
              f"the reported number; mIoU >= {SEG_MIN} % on {args.scenes} independently composed scenes.", "",
              "| variant | task | reported | independent | gap | meets target | seg: garments placed anywhere |",
              "|---|---|---:|---:|---:|---|---:|"]
@@ -233,7 +233,7 @@ def int8_row(entry: Dict, onnx_path: Path, images: np.ndarray, labels: np.ndarra
 
 def write_int8_report(out: Path, rows: List[Dict]) -> int:
     lines = [f"Command: `python {' '.join(sys.argv)}`", "",
-             f"Targets (issue 24): the int8 top-1 measured here within {INT8_MAX_GAP} points of export-model's "
+             f"Targets: the int8 top-1 measured here within {INT8_MAX_GAP} points of export-model's "
              f"report and within {INT8_MAX_DROP} points of its fp32, both on the whole official test split; no node "
              f"inside an extra-math scope ({', '.join(EXTRA_SCOPES)}) reads a DequantizeLinear.", "",
              "| variant | reported fp32 | reported int8 | independent int8 | gap | drop from fp32 | extra-math nodes | "

@@ -49,7 +49,7 @@ __all__ = ["QDQ_PLACEMENTS", "DEFAULT_QDQ_PLACEMENT", "CPU_QDQ_PLACEMENT", "ACCU
            "summary"]
 
 #: Largest accuracy drop (percentage points: top-1 for classifiers, mIoU for segmenters) of the quantized model
-#: below the fp32 model on the test split that is accepted (the goals of issue 24).
+#: below the fp32 model on the test split that is accepted.
 ACCURACY_TOLERANCE: Dict[str, float] = {"cls": 0.5, "seg": 1.0}
 DEFAULT_CALIBRATION_COUNT = 512
 DEFAULT_CALIBRATION_SEED = 0

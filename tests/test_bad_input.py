@@ -1,4 +1,4 @@
-"""Issue 13: bad input gets one clear line (or a gr.Error) and loses nothing.
+"""Bad input gets one clear line (or a gr.Error) and loses nothing.
 
 Memory-eating cases are tested through the up-front refusal only: the work they would start is replaced
 by a sentinel that fails the test if it is ever reached.

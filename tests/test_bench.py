@@ -221,7 +221,7 @@ def test_timing_failure_is_a_failed_row_not_a_crash(tmp_path, monkeypatch):
     assert next(r for r in res["results"] if r["backend"] == "eager")["status"] == "ok"
 
 
-# ------------------------------------------------------------------ issue 25: the default scope, engine reuse
+# ------------------------------------------------------------------ the default scope, engine reuse
 def test_no_flags_is_a_representative_default_that_says_what_it_leaves_out():
     from attnzoo.benchmarks.backends import BACKENDS
     from attnzoo.benchmarks.report import scope_line

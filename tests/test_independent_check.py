@@ -1,4 +1,4 @@
-"""evaluation/independent_check.py: issue 11's acceptance check written without the package.
+"""evaluation/independent_check.py: the zoo's acceptance check written without the package.
 
 Its pieces are checked against hand-computed answers and against the package on the same images: the two IDX
 readers agree, its mIoU matches a hand count, its scenes have masks exactly where garment pixels are, and its

@@ -1,4 +1,4 @@
-"""export-model --dtype int8|fp8 (issue 24): ModelOpt Q/DQ export, extra math kept fp32, accuracy gate, bad
+"""export-model --dtype int8|fp8: ModelOpt Q/DQ export, extra math kept fp32, accuracy gate, bad
 calibration input, FP8 simulation against an explicit e4m3 reference, TensorRT Q/DQ builds, packaging."""
 
 from __future__ import annotations
