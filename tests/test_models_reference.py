@@ -59,7 +59,7 @@ def _project(a, v):
 
 
 def reference(name, attn, x):
-    """The variant's update written from its equations (SPEC.md table), float64."""
+    """The variant's update written from its equations (docs/variants.md, "What each variant computes"), float64."""
     Q, K, V = _heads(attn, x)
     if name == "mabvit-glu":  # V = (X W^a) * SiLU(X W^b)
         gate = _lin(x, attn.v_gate)
