@@ -87,10 +87,14 @@ class CommandExit(SystemExit):
         return self.message
 
 
-def first_line(exc: BaseException) -> str:
-    """The first non-empty line of an exception's message, or its type name."""
+def first_line(exc: BaseException, typed: bool = False) -> str:
+    """The first non-empty line of an exception's message, or its type name; ``typed``: prefixed with the type
+    name (``ValueError: ...``, at most 300 characters), for reports that keep the error of a failed row."""
     text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    line = text.splitlines()[0] if text else ""
+    if typed:
+        return f"{type(exc).__name__}: {line}"[:300] if line else type(exc).__name__
+    return line or type(exc).__name__
 
 
 def add_debug_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

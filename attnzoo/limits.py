@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-__all__ = ["MAX_BATCH_SIZE", "MAX_IMAGE_PIXELS", "MAX_UPLOAD_BYTES", "MAX_SIDE", "MAX_CLASSES", "check_batch_sizes",
+__all__ = ["MAX_BATCH_SIZE", "MAX_IMAGE_PIXELS", "MAX_UPLOAD_BYTES", "MAX_ONNX_BYTES", "MAX_SIDE", "MAX_CLASSES", "check_batch_sizes",
            "check_side", "available_memory"]
 
 #: Largest batch size ``export-model`` verifies (and puts in a TensorRT profile) and ``bench-latency`` times.
@@ -18,6 +18,9 @@ MAX_BATCH_SIZE = 1024
 MAX_IMAGE_PIXELS = 40_000_000
 #: Largest uploaded file the servers take (the demo's upload cap; serve-models answers 413 past it).
 MAX_UPLOAD_BYTES = 10 * 2**20
+#: Largest ONNX file read (protobuf's own 2 GiB cap; bigger models keep their weights in external data): checked
+#: from the file's size before any byte is parsed.
+MAX_ONNX_BYTES = 2**31 - 1
 #: Largest model input side in pixels: a checkpoint's ``img_size``, an ONNX file's input size, ``--input-size``.
 MAX_SIDE = 2048
 #: Most classes a model config may declare (ImageNet-21k has 21,841).

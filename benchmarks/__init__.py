@@ -2,11 +2,10 @@
 
 Timing follows trtexec (warm-up, a minimum time and iteration count, percentiles, CUDA events on the GPU);
 every backend passes a parity gate against eager fp32 before it is timed; variant overheads and speed-ups are
-measured from alternating A B A B runs. See :mod:`attnzoo.benchmarks.run` for the procedure.
+measured from alternating A B A B runs. See :mod:`attnzoo.benchmarks.run` for the procedure; the backends are
+the runtime's registry (:mod:`attnzoo.runtime.backends`).
 """
 
-from attnzoo.benchmarks.backends import BACKENDS, DTYPES, TOLERANCES, check_parity, parity_error, unavailable_reason
 from attnzoo.benchmarks.stats import ratio_stats, summarize
 
-__all__ = ["BACKENDS", "DTYPES", "TOLERANCES", "summarize", "ratio_stats", "check_parity", "parity_error",
-           "unavailable_reason"]
+__all__ = ["summarize", "ratio_stats"]

@@ -152,7 +152,7 @@ def ceiling_for(ceiling: Optional[Dict[str, Any]], backend: str, dtype: str, dev
     CPU rows only: fp32 against the fp32 matmul, int8 (ONNX Runtime dynamic quantization) against the int8
     one. fp16/bf16 CPU rows and GPU rows have no measured ceiling here.
     """
-    if not ceiling or device != "cpu" or backend in ("ort-cuda", "ort-trt", "tensorrt"):
+    if not ceiling or device != "cpu":
         return None
     if dtype == "fp32":
         return ceiling["fp32"]["gflops"]

@@ -22,7 +22,7 @@ from attnzoo.limits import MAX_BATCH_SIZE, check_batch_sizes
 
 from attnzoo.cli import Interrupted, Terminated, UsageError, add_debug_flag, entry_point, signals_deferred
 
-from attnzoo.benchmarks.backends import BACKENDS, DTYPES
+from attnzoo.runtime.backends import DTYPES, backend_names, canonical_backend
 from attnzoo.benchmarks.ceiling import DEFAULT_SIZE, MAX_SIZE
 
 __all__ = ["main", "build_parser", "parse_settings", "DEFAULT_SCOPE", "FULL_SCOPE", "scope"]
@@ -53,8 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"'all' or comma-separated variant names (default: {DEFAULT_SCOPE['variants']})")
     p.add_argument("--task", default="cls", choices=("cls", "seg"))
     p.add_argument("--arch", default="tiny", choices=("micro", "tiny", "small", "base"))
-    p.add_argument("--backends", default=",".join(BACKENDS),
-                   help=f"comma-separated, from: {', '.join(BACKENDS)} (those this machine lacks are listed as "
+    p.add_argument("--backends", default=",".join(backend_names()),
+                   help=f"comma-separated, from: {', '.join(backend_names())} (python -m attnzoo.runtime lists them "
+                        "with their aliases; those this machine lacks are listed as "
                         "skipped, with the reason)")
     p.add_argument("--dtypes", "--dtype", dest="dtype", default="fp32",
                    help=f"comma-separated, from: {', '.join(DTYPES)} (int8: ModelOpt Q/DQ on ort-cpu, NNCF on "
@@ -88,6 +89,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--against", metavar="RESULTS_JSON", type=Path, default=None,
                    help="with --roofline: read a GPU run's results.json as fractions of the bound")
     return add_debug_flag(p)
+
+
+def _backends(value: str) -> List[str]:
+    """``--backends``: names or aliases of the runtime's registry -> their one names."""
+    names, bad = [], []
+    for n in (v.strip() for v in value.split(",") if v.strip()):
+        try:
+            names.append(canonical_backend(n))
+        except ValueError:
+            bad.append(n)
+    if bad or not names:
+        raise UsageError(f"unknown backend {', '.join(map(repr, bad)) or '(none given)'}; "
+                         f"valid: {', '.join(backend_names())} (aliases: python -m attnzoo.runtime)")
+    return list(dict.fromkeys(names))
 
 
 def _names(value: str, valid: Sequence[str], kind: str) -> List[str]:
@@ -204,7 +219,7 @@ def parse_settings(argv: Optional[Sequence[str]] = None):
         raise UsageError(f"--ceiling-size must be 0 or in 64..{MAX_SIZE}, got {a.ceiling_size}")
     out = a.out
     cache = a.cache_dir or default_cache_dir() / "bench-latency"
-    return Settings(variants=_variants(a.variants), backends=_names(a.backends, BACKENDS, "backend"),
+    return Settings(variants=_variants(a.variants), backends=_backends(a.backends),
                     dtypes=_names(a.dtype, DTYPES, "dtype"), batch_sizes=_batches(a.batch_sizes), task=a.task,
                     arch=a.arch, threads=threads, min_time=a.min_time, out=out, cache_dir=cache, device=a.device,
                     seed=a.seed, compile_budget=a.compile_budget, profile=a.profile,

@@ -1,11 +1,6 @@
-"""ONNX Runtime on the CPU: tuned sessions, a saved optimized model, dynamic int8, and the op profiler.
-
-Tuning (measured in ``results/bench-latency/cpu-tiny*``): all graph optimizations (``ORT_ENABLE_ALL``: constant
-folding, MatMul+Add -> Gemm/FusedMatMul, BiasGelu, SkipLayerNormalization, NCHWc layouts), the batch dimension
-fixed per session, intra-op threads as given, one inter-op thread, sequential execution, and no thread
-spinning once a run ends (spinning threads steal the cores PyTorch or a neighbour needs on a shared machine).
-The portable ``ORT_ENABLE_EXTENDED`` result is saved once (``<name>.ort.onnx``) so later sessions skip the
-graph work.
+"""ONNX Runtime on the CPU, for the benchmark's looks inside it: the op profiler (the export as it is against the
+``ort-cpu`` backend's tuned session, :func:`attnzoo.runtime.backends.ort_cpu.tuned_cpu_session`), dynamic int8,
+and a GEMM throughput probe against PyTorch.
 """
 
 from __future__ import annotations
@@ -19,25 +14,9 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from attnzoo.runtime.sessions import LEVELS
+from attnzoo.runtime.sessions import session_options
 
-__all__ = ["session_options", "tuned_cpu_session", "naive_cpu_session", "quantize_int8", "profile_ops",
-           "gemm_gflops", "LEVELS"]
-
-
-def session_options(threads: Optional[int], level: str = "all", optimized_path: Optional[Path] = None,
-                    profile_prefix: Optional[str] = None):
-    """The benchmark's CPU ``SessionOptions``: :func:`attnzoo.runtime.session_options`, sequential, no spinning.
-
-    Args:
-        threads: Intra-op threads (``None``: ONNX Runtime's default, one per core).
-        level: Graph optimization level, one of ``LEVELS``.
-        optimized_path: Save the optimized graph here.
-        profile_prefix: Turn the profiler on, writing ``<prefix>_<date>.json``.
-    """
-    from attnzoo.runtime.sessions import session_options as options
-
-    return options(threads, level, optimized_path=optimized_path, profile_prefix=profile_prefix, spinning=False)
+__all__ = ["naive_cpu_session", "quantize_int8", "profile_ops", "gemm_gflops"]
 
 
 def _session(path: Path, so):
@@ -46,42 +25,12 @@ def _session(path: Path, so):
     return ort_session(path, "cpu", options=so)
 
 
-def tuned_cpu_session(onnx_path: Path, threads: int, cache_dir: Path, batch: Optional[int] = None,
-                      profile_prefix: Optional[str] = None):
-    """The benchmark's ``ort-cpu`` session and a dict describing its settings.
-
-    The first call writes the ``ORT_ENABLE_EXTENDED``-optimized graph to ``cache_dir``; the session then
-    loads it with ``ORT_ENABLE_ALL`` (the machine-specific layout passes are redone at load time). ``batch``
-    fixes the dynamic batch dimension (as a static-shape engine would; the shape arithmetic then folds away).
-    ``profile_prefix`` turns ONNX Runtime's profiler on.
-    """
-    onnx_path = Path(onnx_path)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    optimized = cache_dir / f"{onnx_path.stem}.ort.onnx"
-    if not optimized.exists() or optimized.stat().st_mtime < onnx_path.stat().st_mtime:
-        tmp = optimized.with_name(f".{optimized.name}.{os.getpid()}.tmp.onnx")
-        try:
-            _session(onnx_path, session_options(threads, "extended", optimized_path=tmp))
-            os.replace(tmp, optimized)
-        finally:
-            tmp.unlink(missing_ok=True)
-    so = session_options(threads, "all", profile_prefix=profile_prefix)
-    if batch is not None:
-        from attnzoo.runtime.contract import BATCH_DIM
-
-        so.add_free_dimension_override_by_name(BATCH_DIM, int(batch))
-    sess = _session(optimized, so)
-    info = {"optimized_model": optimized.name, "graph_optimization": "extended (saved) + all",
-            "intra_op_threads": threads, "execution_mode": "sequential", "spinning": False, "fixed_batch": batch}
-    return sess, info
-
-
 def naive_cpu_session(onnx_path: Path, threads: int, profile_prefix: Optional[str] = None):
     """The unmodified export with graph optimizations off (the profiling baseline: the ops as exported).
 
     Threads, execution mode and spinning match the tuned session, so a comparison isolates the graph work.
     """
-    return _session(Path(onnx_path), session_options(threads, "disable", profile_prefix=profile_prefix))
+    return _session(Path(onnx_path), session_options(threads, "disable", profile_prefix=profile_prefix, spinning=False))
 
 
 def quantize_int8(onnx_path: Path, out_path: Path) -> Path:
@@ -173,7 +122,7 @@ def gemm_gflops(threads: int, m: int = 8 * 197, k: int = 192, n: int = 768, seco
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
                               [numpy_helper.from_array(w.T.contiguous().numpy(), "w")])
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
-    sess = ort.InferenceSession(proto.SerializeToString(), session_options(threads, "all"),
+    sess = ort.InferenceSession(proto.SerializeToString(), session_options(threads, "all", spinning=False),
                                 providers=["CPUExecutionProvider"])
     feed = {"x": x.numpy()}
     previous = torch.get_num_threads()

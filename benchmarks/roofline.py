@@ -241,9 +241,10 @@ def against_results(result: Dict[str, Any], results_json: Path) -> List[Dict[str
                          f"is for {result['arch']} {result['task']} (use the same --arch/--task)")
     cell = {(r["variant"], r["batch"], r["precision"]): r for r in result["rows"] if r["gpu"] == key}
     out = []
-    on_gpu = {"ort-cuda", "ort-trt", "tensorrt"}
-    if str(settings.get("device", "")).startswith("cuda"):
-        on_gpu |= {"eager", "compile"}
+    from attnzoo.runtime.backends import backend_names, get_backend
+
+    device = "cuda" if str(settings.get("device", "")).startswith("cuda") else "cpu"
+    on_gpu = {n for n in backend_names() if get_backend(n).row_device(device) == "cuda"}
     for row in data.get("results", []):
         if row.get("status") != "ok" or row.get("backend") not in on_gpu:
             continue

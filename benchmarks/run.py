@@ -25,23 +25,21 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from attnzoo.cli import Interrupted, Terminated
+from attnzoo.cli import first_line, Interrupted, Terminated
 
-from attnzoo.benchmarks.backends import (TOLERANCES, Runner, build_runner, check_parity, row_device, tensorrt_build_only,
-                       tolerance_for, torch_device, unavailable_reason)
+from attnzoo.benchmarks.rows import load_call, row_unavailable_reason, tolerance_for
 from attnzoo.benchmarks.ceiling import DEFAULT_SIZE, ceiling_for, fraction, matmul_ceiling
 from attnzoo.benchmarks.flops import count_flops
 from attnzoo.machine import environment, load_average
-from attnzoo.benchmarks.ort_cpu import gemm_gflops, naive_cpu_session, profile_ops, tuned_cpu_session
+from attnzoo.benchmarks.ort_cpu import gemm_gflops, naive_cpu_session, profile_ops
+from attnzoo.runtime.backends import Call, get_backend
+from attnzoo.runtime.backends.ort_cpu import tuned_cpu_session
+from attnzoo.runtime.parity import TOLERANCES, check as check_parity
 from attnzoo.benchmarks.stats import ratio_stats, summarize
 from attnzoo.benchmarks import timing
 from attnzoo.benchmarks.timing import PeakRSS, measure, measure_pair
 
-__all__ = ["Settings", "run_benchmark", "onnx_path", "NOTE", "ONNX_BACKENDS", "CPU_RUNTIMES"]
-
-ONNX_BACKENDS = ("ort-cpu", "openvino", "ort-cuda", "ort-trt", "tensorrt")
-#: Backends a CPU user can pick from; the report names the fastest of them per variant and batch.
-CPU_RUNTIMES = ("eager", "compile", "ort-cpu", "openvino")
+__all__ = ["Settings", "run_benchmark", "onnx_path", "NOTE", "torch_device", "takes_onnx", "on_cpu"]
 NOTE = ("Models: attnzoo.models.create_model(variant, task, arch) with a seeded random init (torch.manual_seed), "
         "because trained weights exist only for the micro zoo; latency does not depend on the weight values. "
         "ONNX Runtime / TensorRT run the file written by attnzoo.export.export_onnx from those weights; eager "
@@ -79,6 +77,24 @@ class Settings:
     perturb: Dict[str, Any] = field(default_factory=dict)
 
 
+def torch_device(requested: str = "auto") -> torch.device:
+    """``auto``: CUDA when available, else CPU."""
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(requested)
+
+
+def takes_onnx(backend: str) -> bool:
+    """The backend runs the exported ONNX file (not the PyTorch module)."""
+    return get_backend(backend).takes == "onnx"
+
+
+def on_cpu(backend: str, device: torch.device) -> bool:
+    """Rows of ``backend`` compute on the CPU in a run whose PyTorch device is ``device`` (the candidates of the
+    report's fastest CPU runtime)."""
+    return get_backend(backend).row_device(device.type) == "cpu"
+
+
 def onnx_path(cache_dir: Path, variant: str, task: str, arch: str, dtype: str) -> Path:
     """Where a run exports (and verifies) the ONNX file it times; ``serving.loadtest`` serves the same file."""
     return Path(cache_dir) / f"{variant}_{task}_{arch}_{dtype}.onnx"
@@ -86,7 +102,7 @@ def onnx_path(cache_dir: Path, variant: str, task: str, arch: str, dtype: str) -
 
 def _row(variant: str, s: Settings, backend: str, dtype: str, batch: int, status: str, reason: str = "",
          **extra: Any) -> Dict[str, Any]:
-    key = tolerance_for(backend, dtype, torch_device(s.device))
+    key = tolerance_for(backend, dtype, torch_device(s.device).type)
     row = {"variant": variant, "task": s.task, "arch": s.arch, "backend": backend, "dtype": dtype, "batch": batch,
            "status": status, "reason": reason, "parity_error": None, "parity_tol": TOLERANCES[key],
            "iterations": None, "min_ms": None, "median_ms": None, "mean_ms": None, "p90_ms": None,
@@ -98,10 +114,6 @@ def _row(variant: str, s: Settings, backend: str, dtype: str, batch: int, status
     row.update(extra)
     return row
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:300]
 
 
 def _parity_reason(out: np.ndarray, ref: np.ndarray, err: float, key: str) -> str:
@@ -122,7 +134,7 @@ class _Bench:
         self.overheads: List[Dict[str, Any]] = []
         self.profiles: List[Dict[str, Any]] = []
         self.profile_errors: List[str] = []
-        self.standard: Dict[Tuple[str, str, int], Runner] = {}
+        self.standard: Dict[Tuple[str, str, int], Call] = {}
         self.flops: Dict[str, Dict[str, Any]] = {}
         self.pairs: List[Dict[str, Any]] = []  # head-to-head fp32 CPU runtimes (b time / a time)
         self.head_to_head_errors: List[str] = []
@@ -130,7 +142,7 @@ class _Bench:
         self.compile_count = 0
         self.current = ""  # the job under way (named if the run is interrupted)
         self.combos = [(b, d) for b in s.backends for d in s.dtypes]
-        self.skip = {c: unavailable_reason(c[0], c[1], self.device) for c in self.combos}
+        self.skip = {c: row_unavailable_reason(c[0], c[1], self.device.type) for c in self.combos}
         if ("eager", "fp32") not in self.combos or self.skip.get(("eager", "fp32")):
             self.combos.insert(0, ("eager", "fp32"))  # the reference backend always runs
             self.skip[("eager", "fp32")] = None
@@ -161,8 +173,8 @@ class _Bench:
 
     # ------------------------------------------------------------------------------------------- jobs
     def job(self, variant: str, backend: str, dtype: str, batch: int, model, onnx: Dict[str, Path],
-            x: torch.Tensor, ref: np.ndarray, eager: Optional[Runner]) -> Optional[Runner]:
-        """Build, check, time one combination; append its row (and overhead row). Returns the runner."""
+            x: torch.Tensor, ref: np.ndarray, eager: Optional[Call]) -> Optional[Call]:
+        """Build, check, time one combination; append its row (and overhead row). Returns its call."""
         s = self.s
         if backend == "compile" and self.compile_spent >= s.compile_budget:
             each = self.compile_spent / max(self.compile_count, 1)
@@ -179,11 +191,11 @@ class _Bench:
         if backend == "tensorrt" and not torch.cuda.is_available():
             return self.built_not_run(variant, dtype, batch, src)
         try:
-            runner = build_runner(backend, model, src, x, dtype, threads=s.threads, device=self.device,
-                                  cache_dir=s.cache_dir, out_shape=tuple(ref.shape))
+            runner, info = load_call(backend, model, src, x.numpy(), dtype, threads=s.threads,
+                                     device=self.device.type, cache_dir=s.cache_dir)
             out = runner.output()
         except Exception as exc:  # any backend failure is a result to report, not a crash
-            self.rows.append(_row(variant, s, backend, dtype, batch, "failed", f"build/run: {_first_line(exc)}"))
+            self.rows.append(_row(variant, s, backend, dtype, batch, "failed", f"build/run: {first_line(exc, typed=True)}"))
             return None
         build_s = time.perf_counter() - t0
         if backend == "compile":
@@ -191,9 +203,9 @@ class _Bench:
             self.compile_count += 1
         if backend in s.perturb:
             out = s.perturb[backend](out)
-        key = tolerance_for(backend, dtype, self.device)
+        key = tolerance_for(backend, dtype, self.device.type)
         ok, err = check_parity(out, ref, key)
-        common = dict(parity_error=err if math.isfinite(err) else None, build_s=build_s, info=runner.info,
+        common = dict(parity_error=err if math.isfinite(err) else None, build_s=build_s, info=info,
                       cuda_graph=runner.cuda_graph)
         if not ok:
             self.rows.append(_row(variant, s, backend, dtype, batch, "failed", _parity_reason(out, ref, err, key),
@@ -202,7 +214,7 @@ class _Bench:
         try:
             self._time(variant, backend, dtype, batch, runner, rss, common, eager)
         except Exception as exc:  # a timing failure is a result to report, not a crash
-            self.rows.append(_row(variant, s, backend, dtype, batch, "failed", f"timing: {_first_line(exc)}",
+            self.rows.append(_row(variant, s, backend, dtype, batch, "failed", f"timing: {first_line(exc, typed=True)}",
                                   **common))
             return None
         return runner
@@ -212,9 +224,9 @@ class _Bench:
         whose profile spans the run's batch sizes, kept in the cache and reused by every batch's row and by
         later runs; the rows say it was not run."""
         try:
-            facts = tensorrt_build_only(src, self.s.batch_sizes, self.s.cache_dir)
+            facts = get_backend("tensorrt").build_only(src, self.s.batch_sizes, self.s.cache_dir)
         except Exception as exc:  # a build failure is a result to report, not a crash
-            self.rows.append(_row(variant, self.s, "tensorrt", dtype, batch, "failed", f"build: {_first_line(exc)}"))
+            self.rows.append(_row(variant, self.s, "tensorrt", dtype, batch, "failed", f"build: {first_line(exc, typed=True)}"))
             return None
         p = facts["profile"]
         how = "reused from the engine cache, built" if facts["cached"] else "built"
@@ -225,8 +237,8 @@ class _Bench:
                               f"{facts['build_time_s']:.1f} s", build_s=facts["build_time_s"], info=facts))
         return None
 
-    def _time(self, variant: str, backend: str, dtype: str, batch: int, runner: Runner, rss, common,
-              eager: Optional[Runner]) -> None:
+    def _time(self, variant: str, backend: str, dtype: str, batch: int, runner: Call, rss, common,
+              eager: Optional[Call]) -> None:
         """Time a runner that passed parity; append its row (and overhead entry). May raise."""
         s = self.s
         with rss:
@@ -253,7 +265,7 @@ class _Bench:
         if variant == "standard":
             self.standard[(backend, dtype, batch)] = runner
 
-    def head_to_head(self, variant: str, batch: int, runners: Dict[str, Runner]) -> None:
+    def head_to_head(self, variant: str, batch: int, runners: Dict[str, Call]) -> None:
         """Time the two fastest fp32 CPU runtimes (by speed-up over eager) against each other, A B A B, so the
         report's "fastest" rests on a direct comparison, not on two comparisons with eager made at different
         times. A timing failure is a note in ``head_to_head_errors``."""
@@ -266,7 +278,7 @@ class _Bench:
         try:
             ta, tb = measure_pair(runners[a].fn, runners[b].fn, self.s.min_time)
         except Exception as exc:  # a timing failure is a note, not a crash
-            self.head_to_head_errors.append(f"{variant} b{batch} {a}/{b}: {_first_line(exc)}")
+            self.head_to_head_errors.append(f"{variant} b{batch} {a}/{b}: {first_line(exc, typed=True)}")
             return
         self.pairs.append({"variant": variant, "batch": batch, "a": a, "b": b, **ratio_stats(ta, tb),
                            "a_median_ms": float(np.median(ta) * 1e3), "b_median_ms": float(np.median(tb) * 1e3)})
@@ -284,14 +296,14 @@ class _Bench:
         model = self.model(variant)
         self.flops[variant] = count_flops(model, model.attnzoo_config["img_size"])
         needed = {("fp16" if d == "fp16" else "fp32") for b, d in self.combos
-                  if b in ONNX_BACKENDS and not self.skip[(b, d)]}
+                  if takes_onnx(b) and not self.skip[(b, d)]}
         onnx: Dict[str, Path] = {}
         errors: Dict[str, str] = {}
         for dtype in sorted(needed):
             try:
                 onnx[dtype] = self.export(model, variant, dtype)
             except Exception as exc:  # reported on every ONNX row of this variant
-                errors[dtype] = _first_line(exc)
+                errors[dtype] = first_line(exc, typed=True)
         for batch in self.s.batch_sizes:
             self.batch(variant, model, batch, onnx, errors, bar)
 
@@ -301,7 +313,7 @@ class _Bench:
         with torch.inference_mode():
             ref = model(x).float().numpy()
         eager = None
-        cpu_runners: Dict[str, Runner] = {}  # fp32 CPU runtimes that passed, for the head-to-head pair
+        cpu_runners: Dict[str, Call] = {}  # fp32 CPU runtimes that passed, for the head-to-head pair
         for backend, dtype in self.combos:
             reason = self.skip[(backend, dtype)]
             if reason:
@@ -310,14 +322,13 @@ class _Bench:
             src = "fp16" if dtype == "fp16" else "fp32"
             self.current = f"{variant} {backend} {dtype} b{batch}"
             bar.set_postfix_str(self.current)
-            if backend in ONNX_BACKENDS and src not in onnx:
+            if takes_onnx(backend) and src not in onnx:
                 self.rows.append(_row(variant, self.s, backend, dtype, batch, "failed", f"export: {errors[src]}"))
             else:
                 runner = self.job(variant, backend, dtype, batch, model, onnx, x, ref, eager)
                 if (backend, dtype) == ("eager", "fp32"):
                     eager = runner
-                elif (runner is not None and dtype == "fp32" and backend in CPU_RUNTIMES
-                      and row_device(backend, self.device) == "cpu"):
+                elif runner is not None and dtype == "fp32" and on_cpu(backend, self.device):
                     cpu_runners[backend] = runner
             bar.update(1)
         self.head_to_head(variant, batch, cpu_runners)
@@ -325,7 +336,7 @@ class _Bench:
             try:
                 self.profile(variant, onnx["fp32"], x)
             except Exception as exc:  # a profiler failure is a note, not a crash
-                self.profile_errors.append(f"{variant} b{batch}: {_first_line(exc)}")
+                self.profile_errors.append(f"{variant} b{batch}: {first_line(exc, typed=True)}")
 
 
 def _speedups(rows: List[Dict[str, Any]]) -> None:
@@ -348,7 +359,7 @@ def _efficiency(rows: List[Dict[str, Any]], flops: Dict[str, Dict[str, Any]], ce
             continue
         r["gflop"] = count["flops_per_image"] * r["batch"] / 1e9
         if r["status"] == "ok":
-            top = ceiling_for(ceiling, r["backend"], r["dtype"], row_device(r["backend"], device))
+            top = ceiling_for(ceiling, r["backend"], r["dtype"], get_backend(r["backend"]).row_device(device.type))
             r.update(fraction(r["gflop"] * 1e9, r["median_ms"], top))
 
 
@@ -363,8 +374,7 @@ def _fastest_cpu(rows: List[Dict[str, Any]], pairs: List[Dict[str, Any]], device
     """
     groups: Dict[Tuple[str, int], List[Tuple[float, Dict[str, Any]]]] = {}
     for r in rows:
-        if (r["status"] != "ok" or r["dtype"] != "fp32" or r["backend"] not in CPU_RUNTIMES
-                or row_device(r["backend"], device) != "cpu"):
+        if r["status"] != "ok" or r["dtype"] != "fp32" or not on_cpu(r["backend"], device):
             continue
         score = 1.0 if r["backend"] == "eager" else (
             r["speedup_pair_median"] if r.get("speedup_pair_median") is not None else r["speedup_vs_eager"])

@@ -304,10 +304,10 @@ def read_metadata(path: Union[str, Path]) -> Dict[str, Any]:
 
 def make_session(path: Union[str, Path], threads: Optional[int] = None,
                  providers: Optional[Sequence[str]] = None):
-    """ONNX Runtime session: CUDA provider first when available, else CPU (:func:`attnzoo.runtime.ort_session`)."""
+    """ONNX Runtime CPU session (:func:`attnzoo.runtime.ort_session`), the provider every export is verified on."""
     from attnzoo.runtime.sessions import ort_session
 
-    return ort_session(path, "auto", threads=threads, providers=providers)
+    return ort_session(path, "cpu", threads=threads, providers=providers)
 
 
 def op_histogram(proto: onnx.ModelProto) -> Dict[str, int]:

@@ -20,6 +20,7 @@ import torch
 from timm.layers import Attention
 from torch import nn
 
+from attnzoo.cli import first_line
 
 __all__ = ["Paper", "VariantSpec", "VARIANTS", "VARIANT_NAMES", "BUILTIN_VARIANTS", "ALIASES", "BUILTIN_PACKAGE",
            "ENTRY_POINT_GROUP", "PluginWarning", "register_variant", "load_plugins", "canonical_name",
@@ -173,12 +174,6 @@ VARIANT_NAMES: Sequence[str] = _Names()
 BUILTIN_VARIANTS: Sequence[str] = _Names(builtin=True)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
-
-
-
 def _normalize_scopes(name: str, extra_scopes: Union[Sequence[str], Mapping[str, Optional[Mapping[str, int]]]]
                       ) -> Tuple[Tuple[str, ...], Dict[str, Dict[str, int]]]:
     """``extra_scopes`` as (scope names, {scope: required op counts}); a bare name requires >= 1 op."""
@@ -217,11 +212,11 @@ def _probe(spec: VariantSpec) -> Tuple[str, ...]:
         layer = _bound_class(spec, dict(spec.options))(_PROBE_DIM, num_heads=_PROBE_HEADS, **TIMM_ATTN_KWARGS)
     except TypeError as exc:
         raise ValueError(f"variant {spec.name!r}: {cls_name} does not take timm's Attention constructor keywords "
-                         f"(dim, num_heads, {', '.join(TIMM_ATTN_KWARGS)}) plus its options: {_first_line(exc)}"
+                         f"(dim, num_heads, {', '.join(TIMM_ATTN_KWARGS)}) plus its options: {first_line(exc, typed=True)}"
                          ) from None
     except Exception as exc:
         raise ValueError(f"variant {spec.name!r}: {cls_name}(dim={_PROBE_DIM}, num_heads={_PROBE_HEADS}, ...) "
-                         f"failed: {_first_line(exc)}") from None
+                         f"failed: {first_line(exc, typed=True)}") from None
     called: Dict[str, int] = {}
     hooks = []
     for scope in spec.extra_scopes:
@@ -242,7 +237,7 @@ def _probe(spec: VariantSpec) -> Tuple[str, ...]:
             out = layer.eval()(x, attn_mask=None)
     except Exception as exc:
         raise ValueError(f"variant {spec.name!r}: {cls_name}.forward(x, attn_mask=None) failed on tokens of shape "
-                         f"{tuple(x.shape)}: {_first_line(exc)}") from None
+                         f"{tuple(x.shape)}: {first_line(exc, typed=True)}") from None
     finally:
         for hook in hooks:
             hook.remove()
@@ -381,7 +376,7 @@ def load_plugins() -> List[str]:
                     VARIANTS.pop(alias, None)
                     ALIASES.pop(alias, None)
             del _ORDER[before:]
-            reason = str(exc) if isinstance(exc, ValueError) else _first_line(exc)
+            reason = str(exc) if isinstance(exc, ValueError) else first_line(exc, typed=True)
             warnings.warn(f"attnzoo variant plugin {ep.name!r} ({package} {version}) skipped: {reason}",
                           PluginWarning, stacklevel=2)
         else:

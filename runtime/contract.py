@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Mapping, Tuple, Union
 
-__all__ = ["INPUT_NAME", "OUTPUT_NAME", "BATCH_DIM", "ModelContract", "metadata_props", "config_from_props"]
+__all__ = ["INPUT_NAME", "OUTPUT_NAME", "BATCH_DIM", "ModelContract", "metadata_props", "check_onnx_file",
+           "config_from_props"]
 
 INPUT_NAME = "image"
 OUTPUT_NAME = "logits"
@@ -20,11 +21,33 @@ BATCH_DIM = "batch"
 
 
 def metadata_props(model: Union[str, Path, Any]) -> Dict[str, str]:
-    """All ``metadata_props`` of an ONNX file (weights are not loaded) or model proto, as a dict of strings."""
+    """All ``metadata_props`` of an ONNX file (external weights are not loaded) or model proto, as a dict of
+    strings. A file is checked to be a regular file within :data:`attnzoo.limits.MAX_ONNX_BYTES` before any byte
+    of it is parsed.
+
+    Raises:
+        ValueError: not a regular file, or larger than an ONNX file can be.
+    """
     import onnx
 
+    if not isinstance(model, onnx.ModelProto):
+        check_onnx_file(model)
     proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model), load_external_data=False)
     return {p.key: p.value for p in proto.metadata_props}
+
+
+def check_onnx_file(path: Union[str, Path]) -> None:
+    """``ValueError`` naming ``path`` unless it is a regular file of at most :data:`attnzoo.limits.MAX_ONNX_BYTES`
+    (a protobuf cannot be larger; bigger models keep their weights in external data files)."""
+    from attnzoo.limits import MAX_ONNX_BYTES
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path.name}: not a regular file")
+    size = path.stat().st_size
+    if size > MAX_ONNX_BYTES:
+        raise ValueError(f"{path.name}: {size / 2**30:.1f} GiB, over the {MAX_ONNX_BYTES / 2**30:.0f} GiB an ONNX file "
+                         "can be (larger models keep their weights in external data); not read")
 
 
 def config_from_props(props: Mapping[str, str], source: Any = "model") -> Dict[str, Any]:

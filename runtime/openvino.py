@@ -33,7 +33,7 @@ import numpy as np
 
 from .contract import INPUT_NAME, OUTPUT_NAME
 
-__all__ = ["HINTS", "unavailable_reason", "version", "compile_onnx", "OpenVINOSession", "checked_session",
+__all__ = ["HINTS", "unavailable_reason", "version", "error_message", "compile_onnx", "OpenVINOSession",
            "nncf_unavailable_reason", "nncf_int8", "fake_quantized", "NNCFCheckError"]
 
 HINTS = ("LATENCY", "THROUGHPUT")
@@ -59,6 +59,14 @@ def version() -> Optional[str]:
     return str(ov.get_version())
 
 
+def error_message(exc: BaseException) -> str:
+    """The reason in an OpenVINO exception: its last line that is not a source location or a failed check's
+    header (its first line is ``Exception from src/...cpp:NN:``)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    useful = [ln for ln in lines if not ln.startswith(("Exception from ", "Check '"))]
+    return (useful or lines or [type(exc).__name__])[-1]
+
+
 def compile_onnx(path: Union[str, Path], *, threads: Optional[int] = None, batch: Optional[int] = None,
                  hint: str = "LATENCY", pin: bool = False):
     """An ``openvino.CompiledModel`` of an ONNX file on the CPU, with the settings of the module docstring.
@@ -81,7 +89,10 @@ def compile_onnx(path: Union[str, Path], *, threads: Optional[int] = None, batch
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
     core = ov.Core()
-    model = core.read_model(str(path))
+    try:
+        model = core.read_model(str(path))
+    except RuntimeError as exc:  # OpenVINO's message: a source location first, the reason last
+        raise ValueError(f"{Path(path).name}: OpenVINO cannot read it: {error_message(exc)}") from None
     if batch is not None:
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
@@ -140,31 +151,6 @@ class OpenVINOSession:
             # ov.Type -> "f32", enums -> "LATENCY"; ints and bools stay as they are
             props[key.lower()] = value.to_string() if hasattr(value, "to_string") else getattr(value, "name", value)
         return {"openvino": version(), "fixed_batch": self.batch, **props}
-
-
-def checked_session(path: Union[str, Path], *, threads: Optional[int] = None, batch: Optional[int] = 1,
-                    seed: int = 0, contract: Any = None) -> OpenVINOSession:
-    """An :class:`OpenVINOSession` whose output on a seeded random batch matches ONNX Runtime's on the same
-    file (the runtime export verified against eager) under the shared tolerance table
-    (:mod:`attnzoo.runtime.parity`; the key is the graph's precision, from its metadata). ``contract``: the
-    file's already-read :class:`~attnzoo.runtime.contract.ModelContract` (read here when ``None``).
-
-    Raises:
-        ValueError: the outputs differ beyond the tolerance (naming the file, the error and the tolerance).
-    """
-    from .contract import ModelContract
-    from .parity import compare, tolerance_key
-    from .sessions import ort_session
-
-    contract = contract or ModelContract.from_onnx(path)
-    session = OpenVINOSession(path, threads=threads, batch=batch)
-    x = np.random.default_rng(seed).standard_normal((batch or 2, 3, *contract.input_size), dtype=np.float32)
-    ref = ort_session(path, "cpu", threads=threads).run([OUTPUT_NAME], {INPUT_NAME: x})[0]
-    check = compare(session.run(x), ref, tolerance_key(contract.dtype))
-    if not check["passed"]:
-        raise ValueError(f"{Path(path).name}: OpenVINO differs from ONNX Runtime by {check['error']:.3g} "
-                         f"(tolerance {check['tolerance']:g}, {check['key']})")
-    return session
 
 
 # ------------------------------------------------------------------------------------------------ NNCF int8

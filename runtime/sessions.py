@@ -1,29 +1,30 @@
 """ONNX Runtime sessions for every consumer: CPU, CUDA and the TensorRT execution provider.
 
 One place builds ``SessionOptions`` and provider lists, so export verification, the benchmark and the demo run
-models the same way. ``device``:
+models the same way (the backends ``ort-cpu``, ``ort-cuda`` and ``ort-trt`` of :mod:`attnzoo.runtime.backends`
+are built on it). ``provider``:
 
-- ``cpu``: ``CPUExecutionProvider``;
+- ``cpu``: ``CPUExecutionProvider`` (export verification always runs here: fp32 without TF32);
 - ``cuda``: ``CUDAExecutionProvider`` (optionally with a CUDA graph);
-- ``tensorrt``: ``TensorrtExecutionProvider`` (engine cache on disk), falling back to CUDA for what it rejects;
-- ``auto``: CUDA when the installed onnxruntime has it, else CPU.
+- ``tensorrt-ep``: ``TensorrtExecutionProvider`` (engine cache on disk), falling back to CUDA for what it rejects.
 
-Quantized files (int8 / fp8 Q/DQ graphs from ``export-model --dtype int8|fp8``) are served only when
-:func:`quantized_problem` finds their verification report intact: written by the export's checks, for exactly
-this file, scored on the test split within the tolerance of fp32.
+Exported files are served only when :func:`verification_problem` finds their verification report intact: written
+by the export's checks, for exactly this file (its SHA-256); a quantized one also scored on the test split within
+the tolerance of fp32.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-__all__ = ["DEVICES", "LEVELS", "QUANTIZED_DTYPES", "SERVED_DTYPES", "served_precision", "available_providers",
-           "session_options", "providers_for", "ort_session", "quantized_problem"]
+__all__ = ["PROVIDERS", "LEVELS", "QUANTIZED_DTYPES", "SERVED_DTYPES", "MAX_REPORT_BYTES", "served_precision",
+           "available_providers", "session_options", "providers_for", "ort_session", "read_report",
+           "verification_problem"]
 
-DEVICES: Tuple[str, ...] = ("auto", "cpu", "cuda", "tensorrt")
+PROVIDERS: Tuple[str, ...] = ("cpu", "cuda", "tensorrt-ep")
 LEVELS: Tuple[str, ...] = ("disable", "basic", "extended", "all")
-#: Graph precisions that need :func:`quantized_problem`'s check before they are served.
+#: Graph precisions whose served files must also have been scored on a test split (:func:`verification_problem`).
 QUANTIZED_DTYPES: Tuple[str, ...] = ("int8", "fp8")
 #: What the demo's and serve-models' ``--dtype`` select: ``fp32``, the unquantized exports (fp32 and fp16
 #: graphs, both with fp32 input and output), or ``int8``, verified int8 Q/DQ graphs (:func:`served_precision`).
@@ -83,25 +84,22 @@ def session_options(threads: Optional[int] = None, level: str = "all", optimized
     return so
 
 
-def providers_for(device: str = "auto", *, cuda_graph: bool = False, fp16: bool = False,
+def providers_for(provider: str = "cpu", *, cuda_graph: bool = False, fp16: bool = False,
                   cache_dir: Optional[Path] = None) -> List[Any]:
-    """The provider list for ``device`` (see the module docstring).
+    """The provider list for ``provider`` (one of :data:`PROVIDERS`; see the module docstring).
 
     Raises:
-        ValueError: unknown device, or the installed onnxruntime lacks its provider.
+        ValueError: unknown provider, or the installed onnxruntime lacks it.
     """
-    have = available_providers()
-    if device not in DEVICES:
-        raise ValueError(f"unknown device {device!r}; valid: {', '.join(DEVICES)}")
-    if device == "auto":
-        return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in have]
-    if device == "cpu":
+    if provider not in PROVIDERS:
+        raise ValueError(f"unknown provider {provider!r}; valid: {', '.join(PROVIDERS)}")
+    if provider == "cpu":
         return ["CPUExecutionProvider"]
-    wanted = "CUDAExecutionProvider" if device == "cuda" else "TensorrtExecutionProvider"
-    if wanted not in have:
+    wanted = "CUDAExecutionProvider" if provider == "cuda" else "TensorrtExecutionProvider"
+    if wanted not in available_providers():
         raise ValueError(f"onnxruntime has no {wanted} (install onnxruntime-gpu"
-                         f"{' with the TensorRT libraries' if device == 'tensorrt' else ''})")
-    if device == "cuda":
+                         f"{' with the TensorRT libraries' if provider == 'tensorrt-ep' else ''})")
+    if provider == "cuda":
         return [("CUDAExecutionProvider", {"enable_cuda_graph": "1" if cuda_graph else "0"})]
     opts = {"trt_fp16_enable": bool(fp16), "trt_cuda_graph_enable": bool(cuda_graph)}
     if cache_dir is not None:
@@ -110,56 +108,81 @@ def providers_for(device: str = "auto", *, cuda_graph: bool = False, fp16: bool 
     return [("TensorrtExecutionProvider", opts), "CUDAExecutionProvider"]
 
 
-def ort_session(model: Union[str, Path, bytes], device: str = "auto", *, threads: Optional[int] = None,
+def ort_session(model: Union[str, Path, bytes], provider: str = "cpu", *, threads: Optional[int] = None,
                 options=None, providers: Optional[Sequence[Any]] = None, **provider_kwargs: Any):
     """An ``onnxruntime.InferenceSession`` for an ONNX file (or serialized model).
 
     Args:
         model: ``.onnx`` path or model bytes.
-        device: One of ``DEVICES``.
+        provider: One of :data:`PROVIDERS` (default: the CPU).
         threads: Intra-op threads when ``options`` is not given.
         options: Ready ``SessionOptions`` (default: :func:`session_options` with ``threads``).
-        providers: Explicit provider list (overrides ``device``).
+        providers: Explicit provider list (overrides ``provider``).
         **provider_kwargs: ``cuda_graph``, ``fp16``, ``cache_dir`` for :func:`providers_for`.
     """
     import onnxruntime as ort
 
     so = options if options is not None else session_options(threads)
-    plist = list(providers) if providers is not None else providers_for(device, **provider_kwargs)
+    plist = list(providers) if providers is not None else providers_for(provider, **provider_kwargs)
     src = model if isinstance(model, (bytes, bytearray)) else str(model)
     return ort.InferenceSession(src, so, providers=plist)
 
 
-def quantized_problem(path: Union[str, Path], dtype: str) -> Optional[str]:
-    """Why the quantized model ``path`` (graph precision ``dtype``) must not be served (one line), or ``None``.
+#: Largest verification report read (a report is a few kB; anything far larger is not one).
+MAX_REPORT_BYTES = 16 * 2**20
 
-    Served only when its ``<model>.report.json`` (written by ``export-model --dtype int8|fp8`` after its checks:
-    Q/DQ placement, extra math fp32, finite outputs, test-split accuracy next to fp32) says it passed, names this
-    precision, matches the file's SHA-256, and its accuracy was measured and is within the tolerance (a drop
-    accepted with ``--accept-accuracy-drop``, one scored on part of the test split with ``--eval-limit``, or an
-    unscored ``--random-init`` model is not served). fp32 / fp16
-    files: always ``None`` (their own verification is the export's).
-    """
+
+def read_report(path: Union[str, Path]) -> Dict[str, Any]:
+    """A verification report (JSON object) read with bounds: ``ValueError`` naming the file when it is missing,
+    not a regular file, over :data:`MAX_REPORT_BYTES`, not JSON, nested too deep to parse, or not an object."""
     import json
 
+    path = Path(path)
+    try:
+        if not path.is_file():
+            raise ValueError("missing or not a regular file")
+        if path.stat().st_size > MAX_REPORT_BYTES:
+            raise ValueError(f"{path.stat().st_size / 2**20:.0f} MiB, over the {MAX_REPORT_BYTES / 2**20:.0f} MiB "
+                             "a report can be")
+        report = json.loads(path.read_text())
+    except RecursionError:
+        raise ValueError(f"{path.name} is not a verification report (JSON nested too deep)") from None
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path.name} is not a readable verification report ({exc})") from None
+    if not isinstance(report, dict):
+        raise ValueError(f"{path.name} is not a verification report (not a JSON object)")
+    return report
+
+
+def verification_problem(path: Union[str, Path], dtype: str) -> Optional[str]:
+    """Why the exported model ``path`` (graph precision ``dtype``) must not be served (one line), or ``None``.
+
+    Served only when its ``<model>.report.json`` -- written by ``export-model`` (and the zoo's export) after its
+    checks: the extra math as named fp32 ops, parity with eager PyTorch, for a quantized graph also the Q/DQ
+    placement, finite outputs and test-split accuracy next to fp32 -- says it passed, names this precision and
+    matches the file's SHA-256. A quantized model must also have been scored on the whole test split within the
+    tolerance (a drop accepted with ``--accept-accuracy-drop``, one scored with ``--eval-limit``, or an unscored
+    ``--random-init`` model is not served).
+    """
     from attnzoo.fileio import sha256_file
 
+    path = Path(path)
+    report_file = path.with_suffix(".report.json")
+    if not report_file.exists():
+        return (f"no verification report {report_file.name} beside it (export it with export-model"
+                f"{' --dtype ' + dtype if dtype != 'fp32' else ''})")
+    try:
+        rep = read_report(report_file)
+    except ValueError as exc:
+        return str(exc)
+    if not rep.get("passed"):
+        return f"{report_file.name} does not say the {dtype} model passed its verification"
+    if rep.get("dtype", "fp32") != dtype:
+        return f"{report_file.name} is for a {rep.get('dtype')} model, the file is {dtype}"
+    if rep.get("sha256") != sha256_file(path):
+        return f"{path.name} differs from the file its report {report_file.name} verified (SHA-256 mismatch)"
     if dtype not in QUANTIZED_DTYPES:
         return None
-    path = Path(path)
-    report = path.with_suffix(".report.json")
-    if not report.is_file():
-        return f"{dtype} model without its verification report {report.name} (export it with export-model --dtype {dtype})"
-    try:
-        rep = json.loads(report.read_text())
-    except (OSError, ValueError) as exc:
-        return f"{report.name} is unreadable ({type(exc).__name__})"
-    if not isinstance(rep, dict) or not rep.get("passed"):
-        return f"{report.name} does not say the {dtype} model passed its verification"
-    if rep.get("dtype") != dtype:
-        return f"{report.name} is for a {rep.get('dtype')} model, the file is {dtype}"
-    if rep.get("sha256") != sha256_file(path):
-        return f"{path.name} differs from the file its report {report.name} verified (SHA-256 mismatch)"
     acc = rep.get("accuracy") or {}
     if not acc.get("metrics"):
         return f"{path.name} was not scored on a test set ({acc.get('warning') or acc.get('reason') or 'no accuracy'})"

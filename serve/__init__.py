@@ -18,7 +18,7 @@ os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 os.environ["DO_NOT_TRACK"] = "1"
 os.environ.setdefault("GRADIO_SSR_MODE", "False")
 
-from attnzoo.serve.loading import BACKENDS, ServedModel, load_models  # noqa: E402
+from attnzoo.serve.loading import ServedModel, load_models  # noqa: E402
 from attnzoo.serve.predict import classify, segment  # noqa: E402
 
 
@@ -29,4 +29,4 @@ def build_demo(*args, **kwargs):
     return _build(*args, **kwargs)
 
 
-__all__ = ["BACKENDS", "ServedModel", "load_models", "classify", "segment", "build_demo"]
+__all__ = ["ServedModel", "load_models", "classify", "segment", "build_demo"]

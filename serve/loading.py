@@ -11,7 +11,7 @@ zoo's checkpoints are exported once into a cache folder keyed by the zoo manifes
 ``dtype="int8"`` serves int8 Q/DQ models (``export-model --dtype int8``; for the zoo, quantized once into the same
 cache folder by the same code, :func:`attnzoo.export.quantize.quantize_verified`, calibrated on the model's
 training images and scored on its test split). A quantized file is served only when its verification report
-is intact (:func:`attnzoo.runtime.sessions.quantized_problem`); otherwise it is skipped with the reason. The
+is intact (:func:`attnzoo.runtime.sessions.verification_problem`); otherwise it is skipped with the reason. The
 ``auto`` backend is then timed on the int8 files themselves.
 """
 
@@ -30,18 +30,20 @@ import numpy as np
 
 from attnzoo.fileio import CACHE_ENV, default_cache_dir  # noqa: F401  (re-exported)
 from attnzoo.preprocess import input_style_of
+from attnzoo.machine import cpu_info
+from attnzoo.runtime.backends import Session, check_against_reference, cpu_runtimes, get_backend
 from attnzoo.runtime.sessions import SERVED_DTYPES, served_precision
 from attnzoo.zoo import DEFAULT_DATA
 
-__all__ = ["BACKENDS", "CPU_RUNTIMES", "ServedModel", "load_models", "zoo_rows", "load_onnx_dir", "load_checkpoint_dir",
-           "load_zoo_torch", "load_zoo_onnx", "export_zoo", "zoo_onnx_name", "default_cache_dir", "backend_problem",
-           "choose_cpu_backend", "load_remote", "RemoteError", "DTYPES"]
+__all__ = ["AUTO", "REFERENCE", "resolve_backend", "ServedModel", "load_models", "zoo_rows", "load_onnx_dir", "load_checkpoint_dir",
+           "load_zoo_torch", "load_zoo_onnx", "export_zoo", "zoo_onnx_name", "default_cache_dir",
+           "choose_cpu_backend", "load_remote", "RemoteError"]
 
-BACKENDS = ("auto", "onnxruntime", "openvino", "pytorch", "tensorrt")
-#: The CPU runtimes ``auto`` chooses from, in order of preference on a tie.
-CPU_RUNTIMES = ("onnxruntime", "openvino")
-#: Precisions ``--dtype`` selects (None: every file of a folder; the zoo at fp32).
-DTYPES = SERVED_DTYPES
+#: ``--backend auto``: the faster of the registry's CPU runtimes on this machine, measured at start-up on the
+#: served files; any other value is a backend of :mod:`attnzoo.runtime.backends` (a name or an alias).
+AUTO = "auto"
+#: The backend the others are checked against: ONNX Runtime on the CPU, which verified every export.
+REFERENCE = "ort-cpu"
 #: Most sliding windows run in one call (the TensorRT profile's largest batch).
 SLIDING_BATCH = 16
 
@@ -61,7 +63,7 @@ class ServedModel:
             pads or tiles with windows of that size.
         run: Float32 (N, 3, H, W) -> float32 logits (N, K) or (N, K, H, W).
         source: File it was loaded from.
-        backend: ``onnxruntime``, ``openvino``, ``pytorch`` or ``tensorrt``.
+        backend: The registry's name of the backend that runs it (``ort-cpu``, ``openvino``, ``eager`` ...).
         arch: Architecture name (``micro`` ...), from the metadata.
         backend_note: Why this backend serves it (``auto``'s measurement), for the page.
         input_style: How an upload is converted before preprocessing (:data:`attnzoo.preprocess.INPUT_STYLES`).
@@ -78,7 +80,7 @@ class ServedModel:
     fixed_size: bool
     run: Callable[[np.ndarray], np.ndarray] = field(repr=False)
     source: str = ""
-    backend: str = "onnxruntime"
+    backend: str = REFERENCE
     arch: str = ""
     backend_note: str = ""
     input_style: str = "rgb"
@@ -87,62 +89,65 @@ class ServedModel:
     dtype: str = "fp32"
 
 
-def backend_problem(backend: str) -> Optional[str]:
-    """Why ``backend`` cannot run here (one line), or None when it can."""
-    if backend not in BACKENDS:
-        return f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}"
-    if backend == "tensorrt":
-        from attnzoo.runtime.tensorrt import unavailable_reason
+def resolve_backend(name: str) -> str:
+    """``auto``, or the registry's one name for ``name`` (an alias such as ``onnxruntime`` or ``pytorch`` is
+    accepted).
 
-        reason = unavailable_reason(run=True)
-        if reason:
-            return f"the tensorrt backend is not available: {reason}; use --backend onnxruntime (CPU) instead"
-    if backend == "openvino":
-        from attnzoo.runtime.openvino import unavailable_reason as openvino_reason
-
-        reason = openvino_reason()
-        if reason:
-            return f"the openvino backend is not available: {reason}; use --backend onnxruntime instead"
-    return None
-
-
-def _onnx_runner(path: Path, threads: Optional[int]) -> Tuple[Callable, bool]:
-    """A reused ONNX Runtime CPU session as ``run(x) -> logits``, and whether its H, W are fixed."""
-    from attnzoo.runtime.contract import INPUT_NAME, OUTPUT_NAME
-    from attnzoo.runtime.sessions import ort_session
-
-    session = ort_session(path, "cpu", threads=threads)
-    inp = session.get_inputs()[0]
-    dtype = np.float16 if "float16" in inp.type else np.float32
-    fixed = all(isinstance(d, int) for d in inp.shape[2:])
-
-    def run(x: np.ndarray) -> np.ndarray:
-        return session.run([OUTPUT_NAME], {INPUT_NAME: x.astype(dtype, copy=False)})[0].astype(np.float32)
-
-    return run, fixed
+    Raises:
+        ValueError: an unknown name (the valid ones listed), or a backend that cannot run here (with the reason).
+    """
+    if name == AUTO:
+        return AUTO
+    try:
+        backend = get_backend(name)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; or {AUTO} (the faster CPU runtime here, measured)") from None
+    reason = backend.unavailable_reason("fp32", "cpu")
+    if reason:
+        raise ValueError(f"the {backend.name} backend is not available: {reason}; use --backend {AUTO} (the faster "
+                         "CPU runtime here) instead")
+    return backend.name
 
 
-def _openvino_runner(path: Path, threads: Optional[int], contract=None) -> Tuple[Callable, bool]:
-    """OpenVINO compiled for batch 1 (larger batches run image by image), checked against ONNX Runtime on the
-    same file before use, as ``run(x) -> logits``; H, W are fixed."""
-    from attnzoo.runtime.openvino import checked_session
+def _tensorrt_engine(path: Path, cache_dir: Optional[Path]) -> Path:
+    """The engine of a verified ONNX file, built once by ``export-model``'s builder (which checks it against ONNX
+    Runtime before saving) and cached under ``<cache>/tensorrt``, keyed by the file's hash."""
+    from attnzoo.export.tensorrt import build_engine
+    from attnzoo.fileio import sha256_file
 
-    return checked_session(path, threads=threads, batch=1, contract=contract).run, True
+    engine = Path(cache_dir or default_cache_dir()) / "tensorrt" / f"{path.stem}-{sha256_file(path)[:16]}.engine"
+    if not engine.is_file():
+        engine.parent.mkdir(parents=True, exist_ok=True)
+        build_engine(path, engine, batch_sizes=(1, SLIDING_BATCH), run=True)
+    return engine
+
+
+def _session(path: Path, backend: str, threads: Optional[int], cache_dir: Optional[Path], contract=None) -> Session:
+    """A verified ONNX file loaded by ``backend``; a backend other than ONNX Runtime's CPU provider (the export's
+    own reference) is checked against it on the same file first
+    (:func:`attnzoo.runtime.backends.check_against_reference`). OpenVINO is compiled for batch 1 (larger batches
+    run image by image)."""
+    b = get_backend(backend)
+    if b.name == "tensorrt":
+        return b.load(_tensorrt_engine(path, cache_dir))
+    session = b.load(path, threads=threads, batch=1 if b.name == "openvino" else None)
+    if b.name != REFERENCE:
+        check_against_reference(session, path, contract, threads=threads)
+    return session
 
 
 def choose_cpu_backend(folder: Path, threads: Optional[int] = None, dtype: Optional[str] = None) -> Tuple[str, str]:
-    """``auto``: the faster installed CPU runtime on this machine, timed on the first valid classifier and
+    """``auto``: the faster CPU runtime of the registry on this machine, timed on the first valid classifier and
     segmenter of ``folder`` (only files of precision ``dtype`` when given, and only servable ones: a quantized
-    file must pass :func:`attnzoo.runtime.sessions.quantized_problem`); returns ``(backend, one-line reason)``."""
+    file must pass :func:`attnzoo.runtime.sessions.verification_problem`); returns ``(backend, one-line reason)``."""
     from attnzoo.runtime.choice import fastest_cpu_runtime
     from attnzoo.runtime.contract import ModelContract
-    from attnzoo.runtime.sessions import quantized_problem
+    from attnzoo.runtime.sessions import verification_problem
 
-    runners = {"onnxruntime": lambda p: _onnx_runner(p, threads)[0],
-               "openvino": lambda p: _openvino_runner(p, threads)[0]}
-    installed = {n: runners[n] for n in CPU_RUNTIMES if backend_problem(n) is None}
+    installed = {b.name: (lambda p, b=b: b.load(p, threads=threads, batch=1).run)
+                 for b in cpu_runtimes() if b.unavailable_reason("fp32", "cpu") is None}
     if len(installed) < 2:
-        only = next(iter(installed), "onnxruntime")
+        only = next(iter(installed), REFERENCE)
         return only, f"{only} (the only CPU runtime installed)"
     probes = {}
     for path in sorted(Path(folder).glob("*.onnx")):
@@ -152,41 +157,11 @@ def choose_cpu_backend(folder: Path, threads: Optional[int] = None, dtype: Optio
             contract = ModelContract.from_onnx(path)
         except Exception:  # noqa: BLE001 -- an invalid file is not a probe; load_onnx_dir says why it is skipped
             continue
-        if (dtype and contract.dtype != dtype) or quantized_problem(path, contract.dtype):
+        if (dtype and contract.dtype != dtype) or verification_problem(path, contract.dtype):
             continue
         probes.setdefault(contract.task, (path, contract.input_size))
-    from attnzoo.machine import cpu_info
-
     choice = fastest_cpu_runtime(installed, list(probes.values()), cpu=cpu_info()["model"], dtype=dtype or "")
     return choice.runtime, choice.reason
-
-
-def _tensorrt_runner(path: Path, cache_dir: Optional[Path]) -> Tuple[Callable, bool]:
-    """A TensorRT engine built once from an ONNX file (cached under ``<cache>/tensorrt``, keyed by the file's
-    hash; the runtime's builder checks it against ONNX Runtime before saving) as ``run(x) -> logits``; H, W are
-    fixed."""
-    from attnzoo.export.tensorrt import build_engine
-    from attnzoo.fileio import sha256_file
-    from attnzoo.runtime.tensorrt import Engine
-
-    engine_path = (Path(cache_dir or default_cache_dir()) / "tensorrt"
-                   / f"{path.stem}-{sha256_file(path)[:16]}.engine")
-    if not engine_path.is_file():
-        engine_path.parent.mkdir(parents=True, exist_ok=True)
-        build_engine(path, engine_path, batch_sizes=(1, SLIDING_BATCH), run=True)
-    engine = Engine(engine_path)
-    return engine.run, True
-
-
-def _torch_runner(model) -> Callable:
-    """An eval-mode PyTorch model as ``run(x) -> logits``."""
-    import torch
-
-    def run(x: np.ndarray) -> np.ndarray:
-        with torch.inference_mode():
-            return model(torch.from_numpy(np.ascontiguousarray(x))).float().numpy()
-
-    return run
 
 
 def _from_config(config: Dict, run: Callable, fixed: bool, source: Path, backend: str,
@@ -247,19 +222,20 @@ def _skip(path: Path, exc: BaseException) -> None:
     _warn(f"skipping {path.name}: {first_line(exc)}")
 
 
-def load_onnx_dir(directory: Path, backend: str = "onnxruntime", threads: Optional[int] = None,
+def load_onnx_dir(directory: Path, backend: str = REFERENCE, threads: Optional[int] = None,
                   cache_dir: Optional[Path] = None, only: Optional[Sequence[str]] = None,
                   dtype: Optional[str] = None) -> List[ServedModel]:
     """Every attnzoo ``.onnx`` file of ``directory`` (``only``: just these file names; ``dtype``: just the files
     :func:`attnzoo.runtime.sessions.served_precision` serves at that ``--dtype``), each with one reused ONNX
-    Runtime session (CPU) or TensorRT engine. A file that is not an attnzoo model, has invalid metadata (config,
-    input size, class names vs logits), is a quantized model whose verification report is missing or does not
-    cover it (:func:`attnzoo.runtime.sessions.quantized_problem`), or fails to load is skipped with a warning
-    naming it and the reason."""
+    session of ``backend``. A file that is not an attnzoo model, is larger than an ONNX file can be, has invalid
+    metadata (config, input size, class names vs logits), has no verification report that covers it
+    (:func:`attnzoo.runtime.sessions.verification_problem`: written by export-model, passed, this file's SHA-256;
+    a quantized one also scored within the tolerance), or fails to load is skipped with a warning naming it and the
+    reason."""
     from tqdm import tqdm
 
     from attnzoo.runtime.contract import ModelContract
-    from attnzoo.runtime.sessions import quantized_problem
+    from attnzoo.runtime.sessions import verification_problem
 
     models = []
     paths = [p for p in _model_files(directory, ".onnx") if only is None or p.name in set(only)]
@@ -269,16 +245,12 @@ def load_onnx_dir(directory: Path, backend: str = "onnxruntime", threads: Option
             config, input_size = contract.config, contract.input_size
             if dtype and served_precision(contract.dtype) != dtype:
                 continue
-            problem = quantized_problem(path, contract.dtype)
+            problem = verification_problem(path, contract.dtype)
             if problem:
                 raise ValueError(f"not served: {problem}")
-            if backend == "tensorrt":
-                run, fixed = _tensorrt_runner(path, cache_dir)
-            elif backend == "openvino":
-                run, fixed = _openvino_runner(path, threads, contract)
-            else:
-                run, fixed = _onnx_runner(path, threads)
-            served = _from_config(config, run, fixed, path, backend, input_size, contract.input_style)
+            session = _session(path, backend, threads, cache_dir, contract)
+            served = _from_config(config, session.run, session.fixed_size, path, session.backend, input_size,
+                                  contract.input_style)
             served.dtype = contract.dtype
             models.append(_warmed_up(served))
         except Exception as exc:  # onnx, onnxruntime and tensorrt raise their own types; skip the file, say why
@@ -295,7 +267,8 @@ def load_checkpoint_dir(directory: Path) -> List[ServedModel]:
     for path in _model_files(directory, ".safetensors"):
         try:
             model, config = load_checkpoint(path)
-            served = _from_config(config, _torch_runner(model), config["task"] == "cls", path, "pytorch")
+            session = get_backend("eager").load(model)
+            served = _from_config(config, session.run, session.fixed_size, path, session.backend)
             models.append(_warmed_up(served))
         except Exception as exc:  # noqa: BLE001 - one bad file must not stop the others (like the ONNX path)
             _skip(path, exc)
@@ -337,10 +310,10 @@ def _quantize_zoo(fp32: Path, out: Path, config: Dict, data: str) -> None:
     refused beyond the tolerance), unless the one at ``out`` is intact and made from this fp32 file so."""
     from attnzoo.export import quantize as q
     from attnzoo.fileio import sha256_file
-    from attnzoo.runtime.sessions import quantized_problem
+    from attnzoo.runtime.sessions import verification_problem
 
     report = out.with_suffix(".report.json")
-    if out.is_file() and quantized_problem(out, "int8") is None:
+    if out.is_file() and verification_problem(out, "int8") is None:
         made = json.loads(report.read_text())
         if (made.get("fp32_source", {}).get("sha256") == sha256_file(fp32)
                 and made["quantization"]["options"].get("placement") == q.CPU_QDQ_PLACEMENT):
@@ -360,8 +333,8 @@ def load_zoo_torch(data: str = DEFAULT_DATA) -> List[ServedModel]:
     for e in rows:
         model, config = zoo.load(e["variant"], e["task"], data)
         path = zoo.checkpoint_path(e["variant"], e["task"], data)
-        models.append(_warmed_up(_from_config(config, _torch_runner(model), config["task"] == "cls", path,
-                                              "pytorch")))
+        session = get_backend("eager").load(model)
+        models.append(_warmed_up(_from_config(config, session.run, session.fixed_size, path, session.backend)))
     return _with_scores(models, rows)
 
 
@@ -504,7 +477,7 @@ def _with_scores(models: List[ServedModel], rows: Sequence[Dict]) -> List[Served
     return models
 
 
-def load_zoo_onnx(data: str = DEFAULT_DATA, backend: str = "auto", threads: Optional[int] = None,
+def load_zoo_onnx(data: str = DEFAULT_DATA, backend: str = AUTO, threads: Optional[int] = None,
                   cache_dir: Optional[Path] = None, prefetch: bool = True, dtype: str = "fp32") -> List[ServedModel]:
     """The zoo's models trained on ``data`` on an ONNX backend, ready to answer within seconds on a fresh
     install: the best classifier and segmenter (:func:`attnzoo.zoo.best_entries`, shipped as ONNX) are verified,
@@ -519,7 +492,7 @@ def load_zoo_onnx(data: str = DEFAULT_DATA, backend: str = "auto", threads: Opti
     for task, e in best.items():  # one folder per zoo: every call returns the same one
         folder = export_zoo(data, cache_dir, variants=[e["variant"]], tasks=[task], dtype=dtype)
     note = ""
-    if backend == "auto":
+    if backend == AUTO:
         backend, note = choose_cpu_backend(folder, threads, dtype)
     names = [zoo_onnx_name(e["variant"], e["task"], data, dtype) for e in best.values()]
     models = load_onnx_dir(folder, backend, threads, cache_dir, only=names)
@@ -542,7 +515,7 @@ def load_zoo_onnx(data: str = DEFAULT_DATA, backend: str = "auto", threads: Opti
     return models
 
 
-def load_models(models_dir: Optional[Path] = None, backend: str = "auto", data: str = DEFAULT_DATA,
+def load_models(models_dir: Optional[Path] = None, backend: str = AUTO, data: str = DEFAULT_DATA,
                 cache_dir: Optional[Path] = None, threads: Optional[int] = None,
                 only: Optional[Sequence[str]] = None, dtype: Optional[str] = None) -> List[ServedModel]:
     """The models to serve.
@@ -550,8 +523,9 @@ def load_models(models_dir: Optional[Path] = None, backend: str = "auto", data: 
     Args:
         models_dir: A folder of ``.onnx`` files from ``export-model`` (``.safetensors`` checkpoints with the
             pytorch backend); None serves the zoo.
-        backend: ``auto`` (the faster CPU runtime here, measured: :func:`choose_cpu_backend`), ``onnxruntime``
-            or ``openvino`` (CPU), ``pytorch`` or ``tensorrt`` (engines built once, cached).
+        backend: ``auto`` (the faster CPU runtime here, measured: :func:`choose_cpu_backend`) or a backend of
+            the runtime's registry, by name or alias: ``ort-cpu`` / ``openvino`` (CPU), ``eager`` (alias
+            ``pytorch``: the checkpoints in PyTorch), ``tensorrt`` (engines built once, cached) ...
         data: Which zoo models (trained on this data set) to serve when ``models_dir`` is None.
         cache_dir: Root of the zoo's ONNX exports and the TensorRT engines (default :func:`default_cache_dir`).
         threads: CPU runtime threads per model (None: the runtime's default).
@@ -563,17 +537,15 @@ def load_models(models_dir: Optional[Path] = None, backend: str = "auto", data: 
         ValueError: the backend cannot run here, the folder is missing, or nothing servable was found (bad
             files are skipped with a warning naming each).
     """
-    problem = backend_problem(backend)
-    if problem:
-        raise ValueError(problem)
-    if dtype is not None and dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
-    if dtype == "int8" and backend in ("pytorch", "tensorrt"):
+    backend = resolve_backend(backend)
+    if dtype is not None and dtype not in SERVED_DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; valid: {', '.join(SERVED_DTYPES)}")
+    if dtype == "int8" and backend != AUTO and backend not in [b.name for b in cpu_runtimes()]:
         raise ValueError(f"--dtype int8 serves the int8 ONNX models on the CPU runtimes, not {backend} "
-                         "(use --backend auto, onnxruntime or openvino)")
+                         f"(use --backend {AUTO}, {' or '.join(b.name for b in cpu_runtimes())})")
     if models_dir is not None and not Path(models_dir).is_dir():
         raise ValueError(f"models folder not found: {models_dir}")
-    if backend == "pytorch":
+    if backend != AUTO and get_backend(backend).takes == "module":
         models = load_checkpoint_dir(Path(models_dir)) if models_dir else load_zoo_torch(data)
         wanted = ".safetensors checkpoints"
     elif models_dir is None:
@@ -581,7 +553,7 @@ def load_models(models_dir: Optional[Path] = None, backend: str = "auto", data: 
         wanted = "zoo models" + (f" ({dtype})" if dtype else "")
     else:
         note = ""
-        if backend == "auto":
+        if backend == AUTO:
             backend, note = choose_cpu_backend(Path(models_dir), threads, dtype)
         models = load_onnx_dir(Path(models_dir), backend, threads, cache_dir, only, dtype)
         for m in models:

@@ -64,7 +64,8 @@ def int8_rows(entries: List[Dict[str, Any]], cache_dir: Path, threads: int, batc
     from attnzoo.metrics import confusion_matrix
     from attnzoo.runtime.evaluate import predict_session
 
-    from attnzoo.benchmarks.ort_cpu import quantize_int8, tuned_cpu_session
+    from attnzoo.benchmarks.ort_cpu import quantize_int8
+    from attnzoo.runtime.backends.ort_cpu import tuned_cpu_session
     from attnzoo.benchmarks.stats import ratio_stats
     from attnzoo.benchmarks.timing import measure_pair
 

@@ -130,7 +130,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m attnzoo.studies.mae_forms``."""
     import torch
 
-    from attnzoo.benchmarks.ort_cpu import tuned_cpu_session
+    from attnzoo.runtime.backends.ort_cpu import tuned_cpu_session
     from attnzoo.fileio import atomic_write_text, default_cache_dir, writable_dir
     from attnzoo.limits import check_batch_sizes
     from attnzoo.models import ARCHS, create_model

@@ -18,7 +18,7 @@ one gets right and the other wrong); a variant "loses accuracy" when ``int8 xm``
 
 Speed (``--speed-arch``, default ViT-S 224, random-init ``standard`` by default, one thread): per CPU runtime
 the fp32 export against its int8 model (``ort-cpu``: ModelOpt's Q/DQ graph; ``openvino``: NNCF's own
-quantization, extra math in the ignored scope; :mod:`attnzoo.benchmarks.backends`), each checked against
+quantization, extra math in the ignored scope; :mod:`attnzoo.benchmarks.rows`), each checked against
 eager fp32 under the shared tolerance table, then timed alternately (A B A B) so both see the same load; each
 row has its fraction of the machine's matmul ceiling (fp32 or int8) measured in the same run.
 
@@ -157,7 +157,8 @@ def speed_rows(arch: str, variant: str, batch_sizes: Sequence[int], threads: int
     from attnzoo.export import export_verified
     from attnzoo.models import create_model
 
-    from attnzoo.benchmarks.backends import TOLERANCES, build_runner, check_parity, tolerance_for, unavailable_reason
+    from attnzoo.benchmarks.rows import load_call, row_unavailable_reason, tolerance_for
+    from attnzoo.runtime.parity import TOLERANCES, check as check_parity
     from attnzoo.benchmarks.ceiling import ceiling_for, fraction, matmul_ceiling
     from attnzoo.machine import load_average
     from attnzoo.benchmarks.flops import count_flops
@@ -174,22 +175,21 @@ def speed_rows(arch: str, variant: str, batch_sizes: Sequence[int], threads: int
     flops = count_flops(model, size)["flops_per_image"]
     ceiling = matmul_ceiling(threads)
     rows, skipped = [], {}
-    cpu = torch.device("cpu")
     jobs = [(b, p, n) for b, p in SPEED_JOBS for n in batch_sizes]
     for backend, placement, batch in tqdm(jobs, desc="int8 speed", unit="job", disable=not progress):
-        reason = unavailable_reason(backend, "fp32", cpu) or unavailable_reason(backend, "int8", cpu)
+        reason = row_unavailable_reason(backend, "fp32", "cpu") or row_unavailable_reason(backend, "int8", "cpu")
         if reason:
             skipped[backend] = reason
             continue
         x = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(batch))
         with torch.inference_mode():
             ref = model(x).float().numpy()
-        runners, parity = {}, {}
+        runners, infos, parity = {}, {}, {}
         for dtype in ("fp32", "int8"):
-            runners[dtype] = build_runner(backend, model, fp32, x, dtype, threads=threads, device=cpu,
-                                          cache_dir=cache_dir, out_shape=tuple(ref.shape),
-                                          int8_placement=placement or CPU_QDQ_PLACEMENT)
-            key = tolerance_for(backend, dtype, cpu)
+            runners[dtype], infos[dtype] = load_call(backend, model, fp32, x.numpy(), dtype, threads=threads,
+                                                     device="cpu", cache_dir=cache_dir,
+                                                     int8_placement=placement or CPU_QDQ_PLACEMENT)
+            key = tolerance_for(backend, dtype, "cpu")
             ok, err = check_parity(runners[dtype].output(), ref, key)
             if not ok:
                 raise RuntimeError(f"{backend} {dtype} b{batch}: parity error {err:.3g} beyond the {key} tolerance "
@@ -201,7 +201,7 @@ def speed_rows(arch: str, variant: str, batch_sizes: Sequence[int], threads: int
         row = {"backend": backend, "placement": placement, "batch": batch, "speedup_median": r["ratio_median"],
                "speedup_q1": r["ratio_q1"],
                "speedup_q3": r["ratio_q3"], "pairs": r["pairs"], "load_1min": load,
-               "int8_model": runners["int8"].info.get("int8")}
+               "int8_model": infos["int8"].get("int8")}
         for dtype, t in (("fp32", t32), ("int8", t8)):
             med = float(np.median(t) * 1e3)
             row[dtype] = {"median_ms": med, "parity_error": parity[dtype],

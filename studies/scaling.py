@@ -39,11 +39,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from attnzoo.cli import UsageError, add_debug_flag, entry_point
+from attnzoo.cli import first_line, UsageError, add_debug_flag, entry_point
 from attnzoo.models import BUILTIN_VARIANTS, VARIANTS
 
 __all__ = ["FAMILIES", "DEFAULT_VARIANTS", "Settings", "run_scaling", "derive", "fit_exponent", "cost_model",
            "crossover_tokens", "write_outputs", "main"]
+
 
 def _families() -> Dict[str, Tuple[str, ...]]:
     """The built-in variants grouped by their spec's ``cost_family``; the one named like its family (else the
@@ -163,10 +164,6 @@ def _time_calls(fn, min_time: float, min_iters: int) -> List[float]:
 
 
 # ------------------------------------------------------------------------------------------------ the run
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:300]
-
 
 def _fits_in_memory(config: Dict[str, Any], size: int, batch: int) -> Optional[str]:
     """Why a forward pass would not fit in the memory available now, or ``None`` (any backend: eager's
@@ -252,14 +249,15 @@ class _Run:
             export_verified(model, path, model.attnzoo_config, dtype="fp32", input_hw=(size, size),
                             batch_sizes=(1,), threads=self.s.threads)
         except Exception as exc:  # reported on every ONNX row of this model
-            return None, f"export: {_first_line(exc)}"
+            return None, f"export: {first_line(exc, typed=True)}"
         return path, None
 
     def batch(self, variant: str, model, task: str, size: int, tokens: int, batch: int, sweeps, count,
               onnx_path: Optional[Path], onnx_reason: Optional[str]) -> None:
         import torch
 
-        from attnzoo.benchmarks.backends import check_parity, tolerance_for, unavailable_reason
+        from attnzoo.benchmarks.rows import row_unavailable_reason, tolerance_for
+        from attnzoo.runtime.parity import check as check_parity
 
         gen = torch.Generator().manual_seed(self.s.seed + batch)
         x = torch.randn(batch, 3, size, size, generator=gen)
@@ -268,7 +266,7 @@ class _Run:
         for backend in self.s.backends:
             self.bar.set_postfix_str(f"{variant} {backend} {task} {size}px b{batch}")
             common = (variant, backend, task, size, tokens, batch, sweeps, count)
-            reason = unavailable_reason(backend, "fp32", torch.device("cpu"))
+            reason = row_unavailable_reason(backend, "fp32", "cpu")
             if reason is None and backend == "ort-cpu" and onnx_path is None:
                 reason = onnx_reason
             if reason is None:
@@ -289,14 +287,14 @@ class _Run:
             try:
                 result = self.measure(backend, model, onnx_path, x, ref)
             except Exception as exc:  # a backend failure is a result to report, not a crash
-                self.row(*common, status="failed", reason=f"build/run: {_first_line(exc)}")
+                self.row(*common, status="failed", reason=f"build/run: {first_line(exc, typed=True)}")
                 self.bar.update(1)
                 continue
             out, extra = result
             if backend == "eager":
                 ref = out if ref is None else ref
             if ref is not out:
-                ok, err = check_parity(out, ref, tolerance_for(backend, "fp32", torch.device("cpu")))
+                ok, err = check_parity(out, ref, tolerance_for(backend, "fp32", "cpu"))
                 extra["parity_error"] = err if math.isfinite(err) else None
                 if not ok:
                     self.row(*common, status="failed", reason=f"parity: max|out-ref|/max(1, max|ref|) = {err:.3g}",
@@ -310,15 +308,12 @@ class _Run:
 
     def measure(self, backend: str, model, onnx_path: Optional[Path], x, ref) -> Tuple[np.ndarray, Dict[str, Any]]:
         """Build, run once (warm-up, parity output), time; memory from the process's peak RSS."""
-        import torch
-
-        from attnzoo.benchmarks.backends import build_runner
+        from attnzoo.benchmarks.rows import load_call
 
         _release_memory()
         rss0 = _rss_kib("VmRSS") or 0
-        out_shape = tuple(ref.shape) if ref is not None else ()
-        runner = build_runner(backend, model, onnx_path, x, "fp32", threads=self.s.threads,
-                              device=torch.device("cpu"), cache_dir=self.s.cache_dir, out_shape=out_shape)
+        runner, _ = load_call(backend, model, onnx_path, x.numpy(), "fp32", threads=self.s.threads, device="cpu",
+                              cache_dir=self.s.cache_dir)
         try:
             rss1 = _rss_kib("VmRSS") or 0
             self.exact_peak = _reset_peak() and self.exact_peak

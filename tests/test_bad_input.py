@@ -28,7 +28,7 @@ import attnzoo.serve  # noqa: F401  (offline environment first)
 from attnzoo import limits
 from attnzoo.models import memory
 from attnzoo.models.checkpoint import load_checkpoint, read_config, save_checkpoint
-from attnzoo.export import export_onnx
+from attnzoo.export import export_onnx, export_verified
 from attnzoo.export import verify as verify_mod
 from attnzoo.export.cli import main as export_main
 from attnzoo.models import create_model
@@ -177,19 +177,34 @@ def test_exif_orientation_is_applied(tmp_path):
 def good_onnx(tmp_path_factory) -> Path:
     model = create_model("standard", "cls", "micro", num_classes=3)
     config = {**model.attnzoo_config, "class_names": ["a", "b", "c"], "mean": [0.5] * 3, "std": [0.5] * 3}
-    return export_onnx(model.eval(), tmp_path_factory.mktemp("good") / "good.onnx", config=config)
+    path = tmp_path_factory.mktemp("good") / "good.onnx"
+    export_verified(model.eval(), path, config, batch_sizes=(1,))
+    return path
 
 
-def _with_props(src: Path, dst: Path, **props: str) -> None:
+def _copy(src: Path, dst: Path) -> None:
+    """A verified export and its report, as export-model leaves them."""
+    shutil.copy(src, dst)
+    shutil.copy(src.with_suffix(".report.json"), dst.with_suffix(".report.json"))
+
+
+def _with_props(src: Path, dst: Path, reported: bool = False, **props: str) -> None:
+    """``src`` with metadata ``props`` changed; ``reported``: with a report that covers the changed file (as if it
+    had been verified), so what is checked after the report is reached."""
+    from attnzoo.fileio import sha256_file
+
     proto = onnx.load(str(src))
     for p in proto.metadata_props:
         if p.key in props:
             p.value = props[p.key]
     onnx.save(proto, str(dst))
+    if reported:
+        report = json.loads(src.with_suffix(".report.json").read_text())
+        dst.with_suffix(".report.json").write_text(json.dumps({**report, "sha256": sha256_file(dst)}))
 
 
 def test_demo_skips_malformed_models_and_serves_the_rest(good_onnx, tmp_path, capsys):
-    shutil.copy(good_onnx, tmp_path / "good.onnx")
+    _copy(good_onnx, tmp_path / "good.onnx")
     _with_props(good_onnx, tmp_path / "empty_config.onnx", **{"attnzoo.config": "{}"})
     _with_props(good_onnx, tmp_path / "bad_size.onnx", input_size="[0, -5]")
     models = load_models(tmp_path)
@@ -209,8 +224,8 @@ def test_class_names_must_match_the_logits(good_onnx, tmp_path, capsys):
     props = {p.key: p.value for p in onnx.load(str(good_onnx)).metadata_props}
     cfg = json.loads(props["attnzoo.config"])
     short = {**cfg, "class_names": ["a", "b"], "num_classes": 2}  # consistent metadata, but 3 logits
-    shutil.copy(good_onnx, tmp_path / "good.onnx")
-    _with_props(good_onnx, tmp_path / "short.onnx", **{"attnzoo.config": json.dumps(short)})
+    _copy(good_onnx, tmp_path / "good.onnx")
+    _with_props(good_onnx, tmp_path / "short.onnx", reported=True, **{"attnzoo.config": json.dumps(short)})
     assert [Path(m.source).name for m in load_models(tmp_path)] == ["good.onnx"]
     assert "skipping short.onnx: short.onnx: 2 class names but the model outputs 3 logits per image" in \
         capsys.readouterr().err
@@ -225,7 +240,7 @@ def test_class_names_must_match_the_logits(good_onnx, tmp_path, capsys):
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 def test_a_fifo_named_onnx_is_skipped_not_opened(good_onnx, tmp_path, capsys):
-    shutil.copy(good_onnx, tmp_path / "good.onnx")
+    _copy(good_onnx, tmp_path / "good.onnx")
     fifo = tmp_path / "pipe.onnx"
     os.mkfifo(fifo)
     result = {}

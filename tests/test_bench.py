@@ -9,7 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from attnzoo.benchmarks import check_parity, ratio_stats, summarize
+from attnzoo.benchmarks import ratio_stats, summarize
+from attnzoo.runtime.parity import check as check_parity
 from attnzoo.benchmarks.cli import main, parse_settings
 from attnzoo.benchmarks.report import OVERHEAD_FIELDS, ROW_FIELDS
 from attnzoo.benchmarks.run import run_benchmark
@@ -171,14 +172,16 @@ def test_cli_exit_code_and_single_line():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "error: unknown backend 'foo'; valid: eager, compile, ort-cpu, openvino, ort-cuda, ort-trt, tensorrt"]
+        "error: unknown backend 'foo'; valid: eager, compile, ort-cpu, openvino, ort-cuda, ort-trt, tensorrt "
+        "(aliases: python -m attnzoo.runtime)"]
 
 
 def test_int8_quantization_and_confusion(short_run):
     import onnx
 
     from attnzoo.runtime.evaluate import evaluate_session
-    from attnzoo.benchmarks.ort_cpu import quantize_int8, tuned_cpu_session
+    from attnzoo.benchmarks.ort_cpu import quantize_int8
+    from attnzoo.runtime.backends.ort_cpu import tuned_cpu_session
 
     out, _ = short_run
     fp32 = out / "cache" / "standard_cls_micro_fp32.onnx"
@@ -223,13 +226,13 @@ def test_timing_failure_is_a_failed_row_not_a_crash(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------ the default scope, engine reuse
 def test_no_flags_is_a_representative_default_that_says_what_it_leaves_out():
-    from attnzoo.benchmarks.backends import BACKENDS
+    from attnzoo.runtime.backends import backend_names
     from attnzoo.benchmarks.report import scope_line
     from attnzoo.models import VARIANT_NAMES
 
     s = parse_settings([])
     assert s.variants == ["standard", "belief2", "wafe-mae"]  # the cheapest and the two dearest cost families
-    assert s.batch_sizes == [1, 8] and list(s.backends) == list(BACKENDS) and s.min_time == 0.5
+    assert s.batch_sizes == [1, 8] and list(s.backends) == list(backend_names()) and s.min_time == 0.5
     left = s.scope["left_out"]
     assert left[0].startswith(f"{len(VARIANT_NAMES) - 3} of {len(VARIANT_NAMES)} variants (belief, ")
     assert "horizontal-vertical" in left[0] and "30 s of torch.compile instead of 600" in left

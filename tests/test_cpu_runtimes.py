@@ -124,13 +124,15 @@ def test_openvino_matches_eager_within_the_fp32_tolerance(micro_onnx, batch, fix
 
 def test_openvino_check_against_onnxruntime_refuses_a_wrong_output(micro_onnx, monkeypatch):
     from attnzoo.runtime import openvino as ov_rt
+    from attnzoo.runtime.backends import check_against_reference, get_backend
 
     _, path = micro_onnx
-    assert ov_rt.checked_session(path, threads=1).batch == 1
+    session = get_backend("openvino").load(path, threads=1, batch=1)
+    check_against_reference(session, path, threads=1)  # the same file: within the fp32 tolerance
     real = ov_rt.OpenVINOSession.run
     monkeypatch.setattr(ov_rt.OpenVINOSession, "run", lambda self, x: real(self, x) + 0.01)
-    with pytest.raises(ValueError, match=r"belief2.onnx: OpenVINO differs from ONNX Runtime by .* \(tolerance"):
-        ov_rt.checked_session(path, threads=1)
+    with pytest.raises(ValueError, match=r"belief2.onnx: openvino differs from ONNX Runtime by .* \(tolerance"):
+        check_against_reference(session, path, threads=1)
 
 
 def _sleeper(seconds: float):

@@ -271,20 +271,33 @@ def test_demo_and_serve_models_mean_the_same_by_dtype_fp32(tmp_path):
         _matching(tmp_path, names, None, None, "int8")
 
 
-def test_quantized_problem_names_each_reason(int8_folder):
+def test_verification_problem_names_each_reason(int8_folder, tmp_path):
+    import shutil
+
     from attnzoo.runtime.sessions import verification_problem
 
     assert verification_problem(int8_folder / "belief2_int8.onnx", "int8") is None
     assert verification_problem(int8_folder / "belief2_fp32.onnx", "fp32") is None
     reasons = {n: verification_problem(int8_folder / f"{n}.onnx", "int8")
                for n in ("no_report", "tampered", "accepted_drop", "unscored", "failed", "limited")}
-    assert "without its verification report" in reasons["no_report"]
+    assert "no verification report no_report.report.json beside it" in reasons["no_report"]
     assert "SHA-256 mismatch" in reasons["tampered"]
     assert "2.50 points below fp32" in reasons["accepted_drop"]
     assert "not scored" in reasons["unscored"]
     assert "passed" in reasons["failed"]
     assert "only 300 test images" in reasons["limited"]
     assert all("\n" not in r for r in reasons.values())
+    # fp32 files are held to their reports too: a copy without one, one changed after its verification, and a
+    # report nested too deep to parse (named, not a RecursionError)
+    bare = shutil.copy(int8_folder / "belief2_fp32.onnx", tmp_path / "bare.onnx")
+    assert "no verification report bare.report.json" in verification_problem(bare, "fp32")
+    changed = tmp_path / "changed.onnx"
+    changed.write_bytes((int8_folder / "belief2_fp32.onnx").read_bytes() + b"\0")
+    shutil.copy(int8_folder / "belief2_fp32.report.json", tmp_path / "changed.report.json")
+    assert "SHA-256 mismatch" in verification_problem(changed, "fp32")
+    deep = shutil.copy(int8_folder / "belief2_fp32.onnx", tmp_path / "deep.onnx")
+    (tmp_path / "deep.report.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert verification_problem(deep, "fp32") == "deep.report.json is not a verification report (JSON nested too deep)"
 
 
 def test_demo_serves_only_verified_int8_models(int8_folder, capsys):

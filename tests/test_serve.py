@@ -52,14 +52,14 @@ def _make_model(variant: str, task: str):
 def models_dir(tmp_path_factory) -> Path:
     """Two classifiers and one segmenter exported to ONNX, plus the checkpoints (pytorch backend)."""
     from attnzoo.models.checkpoint import save_checkpoint
-    from attnzoo.export import export_onnx
+    from attnzoo.export import export_verified
 
     folder = tmp_path_factory.mktemp("models")
     for variant, task in SERVED:
         model, config = _make_model(variant, task)
         save_checkpoint(model, folder / f"{variant}_{task}.safetensors", class_names=config["class_names"],
                         mean=config["mean"], std=config["std"], input_style=input_style_of(config))
-        export_onnx(model, folder / f"{variant}_{task}.onnx", config=config)
+        export_verified(model, folder / f"{variant}_{task}.onnx", config, batch_sizes=(1,))
     return folder
 
 
@@ -364,9 +364,10 @@ def test_pytorch_backend_matches_onnxruntime(models_dir, served, images):
 
 
 def test_auto_backend_is_a_measured_cpu_runtime_named_on_the_page(served):
+    from attnzoo.runtime.backends import cpu_runtimes
     from attnzoo.serve.demo.app import DemoModels, _header
 
-    assert {m.backend for m in served} <= set(backends.CPU_RUNTIMES) and len({m.backend for m in served}) == 1
+    assert {m.backend for m in served} <= {b.name for b in cpu_runtimes()} and len({m.backend for m in served}) == 1
     note = served[0].backend_note
     assert note.startswith(served[0].backend) and "on this CPU" in note
     if "faster than" in note:  # both runtimes installed: the reason is a measurement on the served files
@@ -445,6 +446,7 @@ def test_zoo_export_cache_is_reused(monkeypatch, tmp_path):
     (["--models", "/no/such/dir"], "error: models folder not found"),
     (["--port", "0"], "error: --port must be in 1..65535"),
     (["--seg-max-side", "0"], "error: --seg-max-side must be at least 1"),
+    (["--backend", "nope"], "error: --backend: unknown backend 'nope'; valid: eager, compile, ort-cpu"),
 ])
 def test_cli_errors_are_one_line(argv, message):
     with pytest.raises(SystemExit) as info:
@@ -457,7 +459,7 @@ def test_cli_tensorrt_says_why_it_is_unavailable(tmp_path):
 
     if tensorrt_unavailable_reason(run=True) is None:
         pytest.skip("TensorRT and a GPU are available here")
-    with pytest.raises(SystemExit, match="error: the tensorrt backend is not available: .*use --backend onnxruntime"):
+    with pytest.raises(SystemExit, match="error: the tensorrt backend is not available: .*use --backend auto"):
         cli_main(["--models", str(tmp_path), "--backend", "tensorrt"])
 
 
@@ -465,6 +467,8 @@ def test_folder_skips_files_that_are_not_attnzoo_models(models_dir, tmp_path, ca
     import onnx
 
     shutil.copy(models_dir / "standard_cls.onnx", tmp_path / "good.onnx")
+    shutil.copy(models_dir / "standard_cls.report.json", tmp_path / "good.report.json")
+    shutil.copy(models_dir / "standard_cls.onnx", tmp_path / "unverified.onnx")  # an attnzoo export, no report
     (tmp_path / "junk.onnx").write_bytes(b"not a model")
     bare = onnx.load(str(models_dir / "standard_cls.onnx"))
     del bare.metadata_props[:]
@@ -473,6 +477,7 @@ def test_folder_skips_files_that_are_not_attnzoo_models(models_dir, tmp_path, ca
     assert [Path(m.source).name for m in models] == ["good.onnx"]
     err = capsys.readouterr().err
     assert "warning: skipping junk.onnx" in err and "warning: skipping bare.onnx: " in err
+    assert "warning: skipping unverified.onnx: not served: no verification report unverified.report.json" in err
 
 
 def test_concurrent_requests_share_one_queue(server, images, monkeypatch):

@@ -144,12 +144,12 @@ SERVED = [("standard", "cls"), ("standard", "seg")]
 def models_dir(tmp_path_factory) -> Path:
     """The zoo's standard classifier and segmenter as ONNX files."""
     from attnzoo import zoo
-    from attnzoo.export import export_onnx
+    from attnzoo.export import export_verified
 
     folder = tmp_path_factory.mktemp("served")
     for variant, task in SERVED:
         model, config = zoo.load(variant, task, "fashion")
-        export_onnx(model, folder / f"{variant}_{task}.onnx", config=config)
+        export_verified(model, folder / f"{variant}_{task}.onnx", config, batch_sizes=(1,))
     return folder
 
 

@@ -20,7 +20,9 @@ from attnzoo.cli import UsageError, add_debug_flag, entry_point
 from attnzoo.fileio import CACHE_ENV
 from attnzoo.zoo import DEFAULT_DATA
 
-from attnzoo.serve.loading import BACKENDS, DTYPES, load_models
+from attnzoo.runtime.backends import canonical_backend, cpu_runtimes
+from attnzoo.runtime.sessions import SERVED_DTYPES
+from attnzoo.serve.loading import AUTO, load_models
 
 __all__ = ["main", "build_parser"]
 
@@ -35,14 +37,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", type=Path, default=None, metavar="DIR",
                    help="serve this folder of .onnx files from export-model (.safetensors checkpoints with "
                         "--backend pytorch) instead of the zoo")
-    p.add_argument("--backend", default="auto", choices=BACKENDS,
-                   help="auto (default: the faster of onnxruntime and openvino on this machine, timed at start-up "
-                        "on the served files), onnxruntime or openvino (CPU), pytorch, or tensorrt (needs the "
-                        "tensorrt package and an NVIDIA GPU; engines are built once into the cache folder)")
+    p.add_argument("--backend", default=AUTO,
+                   help="auto (default: the faster of the CPU runtimes ort-cpu and openvino on this machine, timed "
+                        "at start-up on the served files), or a backend by name or alias (python -m attnzoo.runtime "
+                        "lists them): ort-cpu (alias onnxruntime), openvino, eager (alias pytorch: the checkpoints), "
+                        "tensorrt (needs an NVIDIA GPU; engines are built once into the cache folder)")
     p.add_argument("--backend-url", default=None, metavar="URL",
                    help="run the models on a serve-models deployment at URL (Ray Serve, dynamic batching) "
                         "instead of in this process; the demo preprocesses and draws as always")
-    p.add_argument("--dtype", default=None, choices=DTYPES,
+    p.add_argument("--dtype", default=None, choices=SERVED_DTYPES,
                    help="int8: serve only int8 models whose export-model verification report is intact (the "
                         "zoo: quantized once with ModelOpt, calibrated on training images, scored on the test "
                         "set, refused beyond the tolerance); fp32: only the unquantized files (fp32 and fp16 exports) "
@@ -68,16 +71,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     for flag, value in (("--threads", args.threads), ("--seg-max-side", args.seg_max_side)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be at least 1, got {value}")
+    if args.backend != AUTO:
+        try:
+            args.backend = canonical_backend(args.backend)
+        except ValueError as exc:
+            raise UsageError(f"--backend: {exc}; or {AUTO}") from None
     if args.backend_url:
-        if args.models or args.backend != "auto" or args.threads or args.dtype:
+        if args.models or args.backend != AUTO or args.threads or args.dtype:
             raise UsageError("--backend-url serves the deployment's models; it excludes --models, --backend, "
                              "--threads and --dtype (give those to serve-models)")
         from attnzoo.serve.loading import load_remote
 
         models = load_remote(args.backend_url)
     else:
-        if args.dtype == "int8" and args.backend in ("pytorch", "tensorrt"):
-            raise UsageError(f"--dtype int8 runs on the CPU runtimes (--backend auto, onnxruntime or openvino), "
+        cpu = [b.name for b in cpu_runtimes()]
+        if args.dtype == "int8" and args.backend not in (AUTO, *cpu):
+            raise UsageError(f"--dtype int8 runs on the CPU runtimes (--backend {AUTO}, {' or '.join(cpu)}), "
                              f"not {args.backend}")
         models = load_models(args.models, args.backend, data=args.data, cache_dir=args.cache_dir,
                              threads=args.threads, dtype=args.dtype)

@@ -41,6 +41,7 @@ from fastapi.responses import JSONResponse, Response
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from attnzoo.cli import first_line
 from attnzoo.limits import MAX_UPLOAD_BYTES
 
 __all__ = ["ModelServer", "HTTPError", "build_app", "api", "MAX_TENSOR_BATCH", "NPY_TYPE", "DEPLOYMENT",
@@ -116,10 +117,6 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     return _error(400, f"{where or 'request'}: {first.get('msg', 'invalid value')}")
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
 
 def _as_http_error(exc: BaseException) -> HTTPError:
     """The answer for an exception raised while handling a request (a traceback only goes to the log)."""
@@ -128,12 +125,12 @@ def _as_http_error(exc: BaseException) -> HTTPError:
     if isinstance(exc, HTTPError):
         return exc
     if isinstance(exc, ImageTooLargeError):
-        return HTTPError(413, _first_line(exc))
+        return HTTPError(413, first_line(exc))
     if isinstance(exc, UnreadableImageError):
         return HTTPError(400, "cannot read the image: not an image file, or a damaged one (PNG, JPEG, WebP, BMP, "
                               "GIF, TIFF ... are read)")
     if isinstance(exc, ValueError):  # the demo's own messages for bad input (e.g. non-finite outputs)
-        return HTTPError(400, _first_line(exc))
+        return HTTPError(400, first_line(exc))
     traceback.print_exception(exc, file=sys.stderr)
     return HTTPError(500, f"internal error ({type(exc).__name__}); see the server log")
 
@@ -206,7 +203,7 @@ def _load_npy(data: bytes) -> np.ndarray:
     try:
         return np.load(io.BytesIO(data), allow_pickle=False)
     except Exception as exc:  # numpy raises ValueError, OSError, EOFError ... for a body that is not .npy
-        raise HTTPError(400, f"the body is not a .npy array ({type(exc).__name__}: {_first_line(exc)})") from None
+        raise HTTPError(400, f"the body is not a .npy array ({type(exc).__name__}: {first_line(exc)})") from None
 
 
 class _Stats:

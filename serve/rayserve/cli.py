@@ -24,7 +24,7 @@ from typing import List, Optional
 
 from attnzoo.cli import UsageError, add_debug_flag, entry_point
 
-from attnzoo.serve.rayserve.config import BACKENDS, DEFAULT_MAX_BATCH, DTYPES, TASK_CHOICES, ServeConfig, merged, read_config_file
+from attnzoo.serve.rayserve.config import DEFAULT_MAX_BATCH, DTYPES, TASK_CHOICES, ServeConfig, merged, read_config_file
 
 __all__ = ["main", "build_parser"]
 
@@ -67,9 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-ongoing-requests", type=int,
                      help=f"requests a replica takes at once, the rest wait in the proxy (default "
                           f"{d.max_ongoing_requests})")
-    run.add_argument("--backend", choices=BACKENDS, help="onnxruntime (default) or openvino on the CPU, or tensorrt "
-                                                         "(engines built once per replica's GPU, checked against ONNX "
-                                                         "Runtime)")
+    run.add_argument("--backend", help="ort-cpu (default; alias onnxruntime) or openvino on the CPU, or tensorrt (engines "
+                                       "built once per replica's GPU, checked against ONNX Runtime); any backend of "
+                                       "python -m attnzoo.runtime that runs ONNX files, by name or alias")
     run.add_argument("--dtype", choices=DTYPES,
                      help="int8: serve only int8 models whose export-model verification report holds (the "
                           "zoo's, quantized and scored on their test split once into the cache; or the files of "
@@ -94,12 +94,12 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         cfg = merged(file_values, flags)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if cfg.backend == "tensorrt":
-        from attnzoo.serve.loading import backend_problem
+    from attnzoo.serve.loading import resolve_backend
 
-        problem = backend_problem("tensorrt")
-        if problem:
-            raise UsageError(problem)
+    try:
+        resolve_backend(cfg.backend)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if cfg.arch is not None:
         from attnzoo.models import ARCHS
 

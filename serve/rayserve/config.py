@@ -17,21 +17,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Union
 
+from attnzoo.runtime.backends import backends, canonical_backend
 from attnzoo.runtime.sessions import SERVED_DTYPES
 
-__all__ = ["ServeConfig", "TASK_CHOICES", "BACKENDS", "DEFAULT_MAX_BATCH", "read_config_file", "merged"]
+__all__ = ["ServeConfig", "TASK_CHOICES", "DEFAULT_MAX_BATCH", "onnx_backends", "read_config_file", "merged"]
 
 #: ``--task``: which models to serve.
 TASK_CHOICES = ("cls", "seg", "both")
-#: Runtimes a replica can run the verified ONNX with (:func:`attnzoo.serve.loading.load_onnx_dir`).
-BACKENDS = ("onnxruntime", "openvino", "tensorrt")
 #: ``--dtype`` (:data:`attnzoo.runtime.sessions.SERVED_DTYPES`): the unquantized files (fp32 and fp16 exports),
-#: or int8 ones whose export-model verification holds (:func:`attnzoo.runtime.sessions.quantized_problem`).
+#: or int8 ones whose export-model verification holds (:func:`attnzoo.runtime.sessions.verification_problem`).
 DTYPES = SERVED_DTYPES
 #: ``max_batch_size`` when none is given, for replicas without / with a GPU. On the CPU, batching does not
 #: pay: ONNX Runtime runs ViT-Ti at 63.9 img/s at batch 1 and 56.8 at batch 8 on one thread
 #: (``results/bench-latency/cpu-tiny``), so it is off; on a GPU, batches are what fill the device.
 DEFAULT_MAX_BATCH = {"cpu": 1, "gpu": 8}
+
+
+def onnx_backends() -> List[str]:
+    """The registry's backends a replica can run the verified ONNX files with (``--backend``)."""
+    return [b.name for b in backends() if b.takes == "onnx"]
 
 
 @dataclass
@@ -51,7 +55,8 @@ class ServeConfig:
             :data:`DEFAULT_MAX_BATCH` for CPU or GPU replicas).
         batch_wait_ms: How long a batch waits for more requests once its first one arrived.
         max_ongoing_requests: Requests a replica accepts at once (the rest queue in the proxy).
-        backend: ``onnxruntime`` or ``openvino`` (CPU), or ``tensorrt`` (engines need a GPU per replica).
+        backend: A backend of the runtime's registry that runs ONNX files, by name or alias: ``ort-cpu``
+            (alias ``onnxruntime``) or ``openvino`` on the CPU, ``tensorrt`` (engines need a GPU per replica) ...
         cache_dir: Root of the zoo exports and random-init exports.
         dtype: ``fp32`` (the unquantized files: fp32 and fp16), or ``int8``: only verified int8 files (the
             zoo's int8 copies, made and verified in the cache, or those of ``models``).
@@ -72,7 +77,7 @@ class ServeConfig:
     max_batch_size: Optional[int] = None
     batch_wait_ms: float = 2.0
     max_ongoing_requests: int = 64
-    backend: str = "onnxruntime"
+    backend: str = "ort-cpu"
     cache_dir: Optional[Path] = None
     dtype: str = "fp32"
 
@@ -103,12 +108,15 @@ class ServeConfig:
             ("max_ongoing_requests", self.max_ongoing_requests >= self.max_batch_size,
              f"must be at least max_batch_size ({self.max_batch_size})"),
             ("task", self.task in TASK_CHOICES, f"must be one of {', '.join(TASK_CHOICES)}"),
-            ("backend", self.backend in BACKENDS, f"must be one of {', '.join(BACKENDS)}"),
             ("dtype", self.dtype in DTYPES, f"must be one of {', '.join(DTYPES)}"),
         ]
         for key, ok, why in checks:
             if not ok:
                 raise ValueError(f"{key} {why}, got {getattr(self, key)!r}")
+        self.backend = canonical_backend(self.backend)  # an alias (onnxruntime ...) becomes the one name
+        if self.backend not in onnx_backends():
+            raise ValueError(f"backend must be one of {', '.join(onnx_backends())} (or an alias), got "
+                             f"{self.backend!r}")
         if self.models is not None and self.arch is not None:
             raise ValueError("models (a folder) and arch (random-init models) exclude each other")
         if self.dtype == "int8" and self.arch is not None:

@@ -1,0 +1,147 @@
+"""What one benchmark row runs: a backend of the runtime's registry (:mod:`attnzoo.runtime.backends`), the model
+it takes (the PyTorch module, the verified ONNX file, or an int8 copy of that file made for the runtime), the
+parity tolerance of the row, and why a row cannot run here.
+
+int8 (CPU runtimes): static post-training quantization of the same fp32 export, calibrated on
+:data:`CALIBRATION_COUNT` seeded random images (the benchmark's models are random-init: no data set), with the
+variant's extra-math nodes left fp32 (:func:`attnzoo.export.quantize.extra_math_nodes`). ``ort-cpu`` runs NVIDIA
+ModelOpt's Q/DQ graph with the CPU placement (Q/DQ only in front of the weight MatMul/Gemm/Conv ops;
+:data:`attnzoo.export.quantize.QDQ_PLACEMENTS`), written and verified by
+:func:`attnzoo.export.quantize.quantize_verified` (the ``export-model --dtype int8`` checks: Q/DQ placement, extra
+math fp32, finite outputs; no test-set accuracy for a random-init model); ``openvino`` runs NNCF's own
+quantization of the OpenVINO model (:func:`attnzoo.runtime.openvino.nncf_int8`, extra math in the ignored scope,
+checked free of FakeQuantize), because OpenVINO gains nothing from the Q/DQ graph. Both are cached per fp32 file
+(its SHA-256) and then pass the benchmark's int8 parity gate before they are timed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+
+from attnzoo.export.quantize import CPU_QDQ_PLACEMENT
+from attnzoo.fileio import sha256_file
+from attnzoo.runtime.backends import Call, get_backend
+from attnzoo.runtime.parity import tolerance_key
+
+__all__ = ["CALIBRATION_COUNT", "row_unavailable_reason", "tolerance_for", "load_call", "int8_onnx",
+           "int8_openvino"]
+
+#: Calibration images of the benchmark's int8 models (seeded standard normal: the models are random-init).
+CALIBRATION_COUNT = 32
+
+
+def row_unavailable_reason(backend: str, dtype: str, device: str) -> Optional[str]:
+    """Why a ``backend`` row at ``dtype`` cannot run here, or ``None`` (a TensorRT engine that can be built but
+    not run without a GPU is a row: "built, not run")."""
+    b = get_backend(backend)
+    reason = b.unavailable_reason(dtype, device, build_only=True)
+    if reason is None and dtype == "int8" and b.name == "ort-cpu":
+        from attnzoo.export.quantize import quantize_unavailable_reason
+
+        reason = quantize_unavailable_reason()
+    return reason
+
+
+def tolerance_for(backend: str, dtype: str, device: str) -> str:
+    """The tolerance-table key of a row: fp32 on a GPU may use TF32; int8 on the CPU runtimes is static
+    quantization of a random-init model (``int8-static``)."""
+    b = get_backend(backend)
+    if dtype == "int8" and b.takes == "onnx" and b.device == "cpu":
+        return "int8-static"
+    return tolerance_key(dtype, b.row_device(device) == "cuda")
+
+
+def _calibration(config: Dict[str, Any]) -> Tuple[np.ndarray, str]:
+    from attnzoo.export.quantize import random_calibration
+
+    size = int(config["img_size"])
+    return (random_calibration((size, size), CALIBRATION_COUNT, seed=0),
+            f"{CALIBRATION_COUNT} standard-normal images, seed 0 (random-init model: no data set)")
+
+
+def int8_onnx(onnx_path: Path, config: Dict[str, Any], cache_dir: Path,
+              placement: str = CPU_QDQ_PLACEMENT) -> Tuple[Path, Dict[str, Any]]:
+    """ModelOpt's int8 Q/DQ model of a verified fp32 export, by default with the CPU placement (``export-model
+    --dtype int8 --qdq-placement cpu``), verified as that command does it (Q/DQ placement, extra math fp32, finite
+    outputs; not scored: random-init), cached per fp32 SHA-256 and placement.
+
+    Returns:
+        ``(path, facts)``: the facts say what was verified, the quantizer and the quantized op counts.
+    """
+    from attnzoo.export.quantize import quantize_verified
+    from attnzoo.export.verify import report_path
+
+    out = Path(cache_dir) / "int8" / f"{onnx_path.stem}-{sha256_file(onnx_path)[:12]}.modelopt-int8-{placement}.onnx"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    report = json.loads(report_path(out).read_text()) if out.is_file() and report_path(out).is_file() else None
+    if not (report and report.get("passed")):
+        calibration, source = _calibration(config)
+        report = quantize_verified(onnx_path, out, config, dtype="int8", calibration=calibration,
+                                   calibration_source=source, calibration_seed=0, measure_accuracy=False,
+                                   placement=placement)
+    qz = report["quantization"]
+    return out, {"quantizer": f"{qz['quantizer']} {qz['quantizer_version']}", "verified": report["verified"],
+                 "placement": qz["options"]["placement"],
+                 "quantized_ops": qz["qdq"]["quantized_ops"], "excluded_extra_math": len(qz["excluded_nodes"]),
+                 "calibration": qz["calibration"]["source"], "model": out.name}
+
+
+def int8_openvino(onnx_path: Path, config: Dict[str, Any], cache_dir: Path) -> Tuple[Path, Dict[str, Any]]:
+    """NNCF's int8 OpenVINO IR of a verified fp32 export (extra math in the ignored scope, checked free of
+    FakeQuantize; :func:`attnzoo.runtime.openvino.nncf_int8`), cached per fp32 SHA-256 with its report."""
+    import onnx
+
+    from attnzoo.export.quantize import extra_math_nodes
+    from attnzoo.fileio import atomic_write_text
+    from attnzoo.runtime.openvino import nncf_int8
+
+    out = Path(cache_dir) / "int8" / f"{onnx_path.stem}-{sha256_file(onnx_path)[:12]}.nncf-int8.xml"
+    facts_path = out.with_suffix(".report.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.is_file() and facts_path.is_file():
+        return out, json.loads(facts_path.read_text())
+    calibration, source = _calibration(config)
+    extra = extra_math_nodes(onnx.load(str(onnx_path), load_external_data=False), config)
+    facts = nncf_int8(onnx_path, out, calibration, ignored=extra)
+    facts.update(calibration=source, excluded_extra_math=len(extra),
+                 verified="NNCF model checked: FakeQuantize inserted, none feeding the extra math")
+    atomic_write_text(facts_path, json.dumps(facts, indent=1) + "\n")
+    return out, facts
+
+
+def load_call(backend: str, model: Any, onnx_path: Optional[Path], x: np.ndarray, dtype: str, *,
+              threads: int, device: str, cache_dir: Path,
+              int8_placement: str = CPU_QDQ_PLACEMENT) -> Tuple[Call, Dict[str, Any]]:
+    """Load one row's model on ``backend`` and make its repeatable call on ``x``.
+
+    Args:
+        backend: A registered backend name.
+        model: The PyTorch model (fp32, CPU); module backends run a copy of it.
+        onnx_path: Its verified export (fp32, or fp16 for fp16 GPU rows); int8 rows quantize the fp32 one.
+        x: Input batch (float32, host).
+        dtype: The row's precision.
+        threads: Intra-op threads of the CPU runtimes.
+        device: PyTorch device of module backends.
+        cache_dir: Where optimized graphs, int8 copies and engines are kept.
+        int8_placement: ``ort-cpu`` int8: ModelOpt's Q/DQ placement (``cpu``, or ``tensorrt`` to compare).
+
+    Returns:
+        ``(call, info)``: the call and the settings the session ended up with (plus the int8 copy's facts).
+    """
+    b = get_backend(backend)
+    if b.takes == "module":
+        session = b.load(model, dtype=dtype, threads=threads, device=device)
+        return session.call(x), session.info()
+    if onnx_path is None:
+        raise ValueError(f"backend {b.name} needs the exported ONNX file")
+    int8: Dict[str, Any] = {}
+    if dtype == "int8":
+        config = dict(getattr(model, "attnzoo_config", {}) or {})
+        onnx_path, int8 = (int8_onnx(onnx_path, config, cache_dir, int8_placement) if b.name == "ort-cpu"
+                           else int8_openvino(onnx_path, config, cache_dir))
+    session = b.load(onnx_path, dtype=dtype, threads=threads, batch=len(x), device=device, cache_dir=cache_dir)
+    return session.call(x), {**session.info(), **({"int8": int8} if int8 else {})}

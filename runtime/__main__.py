@@ -1,0 +1,40 @@
+"""``python -m attnzoo.runtime``: print the backend registry (markdown): each backend's one name, its aliases,
+what it runs, and whether it runs here and if not why -- as ``python -m attnzoo.models`` prints the variants."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+from .backends import describe
+
+
+def backends_table(dtype: str = "fp32", device: Optional[str] = None) -> str:
+    """Markdown table of :func:`attnzoo.runtime.backends.describe` at ``dtype`` (``device``: the PyTorch device
+    of eager / compile; default CUDA when a GPU is visible, else the CPU)."""
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    rows = ["| backend | aliases | takes | computes on | precisions | " + f"runs {dtype} here |", "|---|---|---|---|---|---|"]
+    for r in describe(dtype, device):
+        where = device if r["device"] == "torch" else r["device"]
+        here = "yes" if r["runs_here"] else f"no: {r['reason']}"
+        rows.append(f"| `{r['name']}` | {', '.join(f'`{a}`' for a in r['aliases']) or '-'} | "
+                    f"{'the PyTorch model' if r['takes'] == 'module' else 'verified ONNX'} | {where} | "
+                    f"{', '.join(r['dtypes'])} | {here} |")
+    return "\n".join(rows)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m attnzoo.runtime", description=__doc__.splitlines()[0])
+    p.add_argument("--dtype", default="fp32", help="the precision to check (default fp32)")
+    p.add_argument("--device", default=None, choices=("cpu", "cuda"), help="PyTorch device of eager / compile")
+    args = p.parse_args(argv)
+    print(backends_table(args.dtype, args.device))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

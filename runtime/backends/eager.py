@@ -1,0 +1,97 @@
+"""``eager``: the PyTorch model itself, run eagerly on the CPU or a CUDA GPU (the reference every other backend
+is checked against)."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+
+from attnzoo.machine import cpu_info
+
+from . import Backend, Call, Session, register_backend
+
+__all__ = ["TorchBackend", "TorchSession", "EAGER", "TORCH_DTYPES"]
+
+#: attnzoo precision -> torch dtype name.
+TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+class TorchSession(Session):
+    """A private copy of the model at the asked precision on the asked device (so its memory is its own);
+    ``compile_mode``: wrapped in ``torch.compile`` with that mode."""
+
+    def __init__(self, model: Any, *, backend: str, dtype: str, device: str, threads: Optional[int],
+                 compile_mode: Optional[str] = None) -> None:
+        import torch
+
+        self.backend = backend
+        self.device = torch.device(device)
+        self.dtype = getattr(torch, TORCH_DTYPES[dtype])
+        if threads:
+            torch.set_num_threads(int(threads))
+        self.net = copy.deepcopy(model).to(device=self.device, dtype=self.dtype).eval()
+        self._info: Dict[str, Any] = {"device": str(self.device), "dtype": dtype}
+        if compile_mode is not None:
+            self.net = torch.compile(self.net, mode=compile_mode, dynamic=False)
+            self._info["compile_mode"] = compile_mode
+        self.cuda_graph = compile_mode == "reduce-overhead" and self.device.type == "cuda"
+        self.fixed_size = (getattr(model, "attnzoo_config", None) or {}).get("task", "cls") == "cls"
+
+    def _forward(self, xin):
+        import torch
+
+        with torch.inference_mode():
+            return self.net(xin)
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        import torch
+
+        xin = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(self.device, self.dtype)
+        return self._forward(xin).float().cpu().numpy()
+
+    def call(self, x: np.ndarray) -> Call:
+        import torch
+
+        xin = torch.as_tensor(np.ascontiguousarray(x, dtype=np.float32)).to(self.device, self.dtype)
+        cuda = self.device.type == "cuda"
+        return Call(lambda: self._forward(xin), lambda: self._forward(xin).float().cpu().numpy(), cuda=cuda,
+                    cuda_graph=self.cuda_graph, memory=_cuda_peak if cuda else None)
+
+    def info(self) -> Dict[str, Any]:
+        return dict(self._info)
+
+
+def _cuda_peak() -> Tuple[float, str]:
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2 ** 20, "torch.cuda.max_memory_allocated"
+
+
+def torch_dtype_problem(dtype: str, device: str) -> Optional[str]:
+    """Why PyTorch cannot run ``dtype`` on ``device`` usefully here, or ``None``."""
+    if dtype == "int8":
+        return "int8 is a CPU-runtime path here (ModelOpt Q/DQ for ort-cpu, NNCF for openvino); no PyTorch int8"
+    if device == "cpu" and dtype == "fp16" and not {"avx512_fp16", "amx_fp16"} & set(cpu_info()["flags"]):
+        return "fp16 on this CPU has no native kernels (no avx512_fp16/amx_fp16); use bf16"
+    return None
+
+
+@dataclass(frozen=True)
+class TorchBackend(Backend):
+    """PyTorch eager."""
+
+    def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False
+                           ) -> Optional[str]:
+        return torch_dtype_problem(dtype, device) or super().unavailable_reason(dtype, device)
+
+    def load(self, model: Any, *, dtype: str = "fp32", threads: Optional[int] = None, batch: Optional[int] = None,
+             device: str = "cpu", cache_dir: Any = None) -> TorchSession:
+        return TorchSession(model, backend=self.name, dtype=dtype, device=device, threads=threads)
+
+
+EAGER = register_backend(TorchBackend(
+    "eager", "PyTorch eager on the CPU or a CUDA GPU (the reference every backend is checked against)",
+    aliases=("pytorch", "torch"), takes="module", device="torch", dtypes=("fp32", "fp16", "bf16")))

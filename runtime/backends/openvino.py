@@ -1,0 +1,67 @@
+"""``openvino``: OpenVINO on the CPU, reading the same verified ONNX file (or NNCF's int8 IR of it).
+
+The settings (fp32 inference precision, the caller's threads, the latency hint, no thread pinning, the batch
+fixed when known) are :mod:`attnzoo.runtime.openvino`'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import numpy as np
+
+from .. import openvino as ov
+from . import Backend, Session, register_backend
+
+__all__ = ["OpenVINOBackend", "OpenVINORuntimeSession", "OPENVINO"]
+
+
+class OpenVINORuntimeSession(Session):
+    """An :class:`attnzoo.runtime.openvino.OpenVINOSession` behind the registry's interface."""
+
+    def __init__(self, session: ov.OpenVINOSession, backend: str) -> None:
+        self.session, self.backend = session, backend
+        self.fixed_size = True
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        return self.session.run(x)
+
+    def call(self, x: np.ndarray):
+        from . import Call
+
+        xin = np.ascontiguousarray(x, dtype=np.float32)
+        if self.session.batch not in (None, len(xin)):
+            return super().call(x)
+        return Call(lambda: self.session.infer(xin), lambda: np.array(self.session.infer(xin), dtype=np.float32))
+
+    def info(self) -> Dict[str, Any]:
+        return self.session.info()
+
+
+@dataclass(frozen=True)
+class OpenVINOBackend(Backend):
+    """OpenVINO, CPU plugin."""
+
+    def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False
+                           ) -> Optional[str]:
+        reason = ov.unavailable_reason()
+        if reason:
+            return reason
+        if dtype == "int8":
+            return ov.nncf_unavailable_reason()
+        if dtype != "fp32" and dtype in self.dtypes:
+            return None
+        if dtype != "fp32":
+            return f"OpenVINO runs the fp32 ONNX file here at fp32 precision (no {dtype} inference-precision hint set)"
+        return None
+
+    def load(self, model: Any, *, dtype: str = "fp32", threads: Optional[int] = None, batch: Optional[int] = None,
+             device: str = "cpu", cache_dir: Any = None) -> OpenVINORuntimeSession:
+        return OpenVINORuntimeSession(ov.OpenVINOSession(Path(model), threads=threads, batch=batch), self.name)
+
+
+OPENVINO = register_backend(OpenVINOBackend(
+    "openvino", "OpenVINO, CPU plugin, on the same verified ONNX file (int8: NNCF's quantization of it)",
+    aliases=("ov",), takes="onnx", device="cpu", dtypes=("fp32", "int8")))

@@ -1,0 +1,104 @@
+"""``ort-cpu``: ONNX Runtime's CPU execution provider on a verified ONNX file, tuned.
+
+Tuning (measured in ``results/bench-latency/cpu-tiny*``): all graph optimizations (``ORT_ENABLE_ALL``: constant
+folding, MatMul+Add -> Gemm/FusedMatMul, BiasGelu, SkipLayerNormalization, NCHWc layouts), the batch dimension
+fixed when the caller knows it, intra-op threads as given, one inter-op thread, sequential execution, and no
+thread spinning once a run ends (spinning threads steal the cores PyTorch or a neighbour needs on a shared
+machine). With a cache folder the portable ``ORT_ENABLE_EXTENDED`` result is saved once (``<name>.ort.onnx``)
+so later sessions skip the graph work. int8: the Q/DQ graph ``export-model --dtype int8`` writes runs as it is.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import numpy as np
+
+from ..contract import BATCH_DIM, INPUT_NAME, OUTPUT_NAME
+from ..sessions import available_providers, ort_session, session_options
+from . import Backend, Call, Session, register_backend
+
+__all__ = ["OrtCpuBackend", "OrtSession", "tuned_cpu_session", "ORT_CPU"]
+
+
+def tuned_cpu_session(onnx_path: Path, threads: Optional[int], cache_dir: Optional[Path] = None,
+                      batch: Optional[int] = None, profile_prefix: Optional[str] = None):
+    """ONNX Runtime CPU session with the module docstring's settings, and a dict describing them.
+
+    ``cache_dir``: write the ``ORT_ENABLE_EXTENDED``-optimized graph there once and load it with
+    ``ORT_ENABLE_ALL`` (the machine-specific layout passes are redone at load time). ``batch`` fixes the dynamic
+    batch dimension (the shape arithmetic then folds away). ``profile_prefix`` turns the profiler on.
+    """
+    onnx_path = Path(onnx_path)
+    source = onnx_path
+    if cache_dir is not None:
+        cache_dir = Path(cache_dir)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        source = cache_dir / f"{onnx_path.stem}.ort.onnx"
+        if not source.exists() or source.stat().st_mtime < onnx_path.stat().st_mtime:
+            tmp = source.with_name(f".{source.name}.{os.getpid()}.tmp.onnx")
+            try:
+                ort_session(onnx_path, "cpu", options=session_options(threads, "extended", optimized_path=tmp,
+                                                                       spinning=False))
+                os.replace(tmp, source)
+            finally:
+                tmp.unlink(missing_ok=True)
+    so = session_options(threads, "all", profile_prefix=profile_prefix, spinning=False)
+    if batch is not None:
+        so.add_free_dimension_override_by_name(BATCH_DIM, int(batch))
+    sess = ort_session(source, "cpu", options=so)
+    info = {"optimized_model": source.name if cache_dir is not None else None,
+            "graph_optimization": "extended (saved) + all" if cache_dir is not None else "all",
+            "intra_op_threads": threads, "execution_mode": "sequential", "spinning": False, "fixed_batch": batch}
+    return sess, info
+
+
+class OrtSession(Session):
+    """An ``onnxruntime.InferenceSession`` behind the :class:`~attnzoo.runtime.backends.Session` interface."""
+
+    def __init__(self, session: Any, backend: str, info: Dict[str, Any]) -> None:
+        self.session, self.backend, self._info = session, backend, info
+        inp = session.get_inputs()[0]
+        self._dtype = np.float16 if "float16" in inp.type else np.float32
+        self.fixed_size = all(isinstance(d, int) for d in inp.shape[2:])
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        out = self.session.run([OUTPUT_NAME], {INPUT_NAME: np.ascontiguousarray(x).astype(self._dtype, copy=False)})
+        return np.asarray(out[0], dtype=np.float32)
+
+    def call(self, x: np.ndarray) -> Call:
+        feed = {INPUT_NAME: np.ascontiguousarray(x).astype(self._dtype, copy=False)}
+
+        def fn():
+            return self.session.run([OUTPUT_NAME], feed)
+
+        return Call(fn, lambda: np.asarray(fn()[0], dtype=np.float32))
+
+    def info(self) -> Dict[str, Any]:
+        return {"providers": self.session.get_providers(), **self._info}
+
+
+@dataclass(frozen=True)
+class OrtCpuBackend(Backend):
+    """ONNX Runtime, CPU execution provider."""
+
+    def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False
+                           ) -> Optional[str]:
+        if "CPUExecutionProvider" not in available_providers():
+            return "onnxruntime is not installed"
+        if dtype in ("fp16", "bf16"):
+            return f"ONNX Runtime's CPU kernels are fp32 (a {dtype} graph runs as casts); int8 is the CPU fast path"
+        return super().unavailable_reason(dtype, device)
+
+    def load(self, model: Any, *, dtype: str = "fp32", threads: Optional[int] = None, batch: Optional[int] = None,
+             device: str = "cpu", cache_dir: Any = None) -> OrtSession:
+        sess, info = tuned_cpu_session(Path(model), threads, cache_dir, batch)
+        return OrtSession(sess, self.name, info)
+
+
+ORT_CPU = register_backend(OrtCpuBackend(
+    "ort-cpu", "ONNX Runtime, CPU execution provider, on the verified ONNX file (int8: its Q/DQ graph)",
+    aliases=("onnxruntime", "ort"), takes="onnx", device="cpu", dtypes=("fp32", "int8")))

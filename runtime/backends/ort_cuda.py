@@ -1,0 +1,117 @@
+"""``ort-cuda``: ONNX Runtime's CUDA execution provider, inputs and outputs bound to CUDA memory (I/O binding),
+with a CUDA graph where ONNX Runtime allows one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+
+from ..contract import INPUT_NAME, OUTPUT_NAME
+from ..sessions import available_providers, ort_session, session_options
+from . import Backend, Call, Session, register_backend
+
+__all__ = ["OrtGpuBackend", "OrtGpuSession", "ORT_CUDA", "cuda_available", "device_memory_used"]
+
+
+def cuda_available() -> bool:
+    """A CUDA GPU is visible to PyTorch."""
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def device_memory_used() -> Tuple[float, str]:
+    """MB of device memory in use (the whole process), from ``mem_get_info``."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / 2 ** 20, "device memory in use (mem_get_info)"
+
+
+class OrtGpuSession(Session):
+    """ONNX Runtime with the CUDA or TensorRT execution provider; ``call`` binds torch CUDA tensors.
+
+    A CUDA graph is tried first; ONNX Runtime refuses it when some nodes (shape arithmetic) run on the CPU, and
+    then the session is rebuilt without one (``cuda_graph`` False).
+    """
+
+    def __init__(self, path: Path, backend: str, provider: str, dtype: str, cache_dir: Optional[Path]) -> None:
+        self.path, self.backend, self.provider, self.dtype, self.cache_dir = path, backend, provider, dtype, cache_dir
+        self.session = self._session(graph=False)
+        self.fixed_size = all(isinstance(d, int) for d in self.session.get_inputs()[0].shape[2:])
+
+    def _session(self, graph: bool):
+        extra = {"fp16": self.dtype == "fp16", "cache_dir": self.cache_dir} if self.provider == "tensorrt-ep" else {}
+        return ort_session(self.path, self.provider, options=session_options(sequential=False), cuda_graph=graph,
+                           **extra)
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(self.session.run([OUTPUT_NAME], {INPUT_NAME: np.ascontiguousarray(x, np.float32)})[0],
+                          dtype=np.float32)
+
+    def call(self, x: np.ndarray) -> Call:
+        import torch
+
+        out_shape = self.run(x).shape
+        xin = torch.from_numpy(np.ascontiguousarray(x, np.float32)).to("cuda")
+        yout = torch.full(out_shape, float("nan"), device="cuda", dtype=torch.float32)  # unwritten -> fails parity
+        for graph in (True, False):
+            try:
+                sess = self._session(graph)
+                binding = sess.io_binding()
+                binding.bind_input(INPUT_NAME, "cuda", 0, np.float32, tuple(xin.shape), xin.data_ptr())
+                binding.bind_output(OUTPUT_NAME, "cuda", 0, np.float32, out_shape, yout.data_ptr())
+                sess.run_with_iobinding(binding)  # with a graph: the capture run
+                break
+            except Exception:  # noqa: BLE001 -- the graph-less retry reports its own failure
+                if not graph:
+                    raise
+
+        def fn():
+            sess.run_with_iobinding(binding)
+
+        def output() -> np.ndarray:
+            fn()
+            torch.cuda.synchronize()
+            return yout.cpu().numpy()
+
+        self._bound = (xin, yout, sess, binding)
+        return Call(fn, output, cuda=True, cuda_graph=graph, memory=device_memory_used)
+
+    def info(self) -> Dict[str, Any]:
+        return {"providers": self.session.get_providers()}
+
+
+@dataclass(frozen=True)
+class OrtGpuBackend(Backend):
+    """ONNX Runtime on a CUDA GPU; ``provider``: ``cuda`` or ``tensorrt-ep`` (its TensorRT execution provider)."""
+
+    provider: str = "cuda"
+
+    def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False
+                           ) -> Optional[str]:
+        if dtype == "int8":
+            return ("int8 rows here are the CPU runtimes'; the GPU int8 engine is export-model --dtype int8 "
+                    "--format tensorrt")
+        if not cuda_available():
+            return "no CUDA GPU on this machine"
+        wanted = "CUDAExecutionProvider" if self.provider == "cuda" else "TensorrtExecutionProvider"
+        if wanted not in available_providers():
+            return (f"onnxruntime has no {wanted} (install onnxruntime-gpu"
+                    f"{' with the TensorRT libraries' if self.provider == 'tensorrt-ep' else ''})")
+        if dtype == "bf16":
+            return "bf16 ONNX graphs are not exported (export dtypes: fp32, fp16)"
+        return super().unavailable_reason(dtype, device)
+
+    def load(self, model: Any, *, dtype: str = "fp32", threads: Optional[int] = None, batch: Optional[int] = None,
+             device: str = "cpu", cache_dir: Any = None) -> OrtGpuSession:
+        cache = Path(cache_dir) / "ort-trt" if cache_dir is not None and self.provider == "tensorrt-ep" else None
+        return OrtGpuSession(Path(model), self.name, self.provider, dtype, cache)
+
+
+ORT_CUDA = register_backend(OrtGpuBackend(
+    "ort-cuda", "ONNX Runtime, CUDA execution provider, I/O bound to GPU memory, CUDA graph where allowed",
+    aliases=("onnxruntime-cuda",), takes="onnx", device="cuda", dtypes=("fp32", "fp16"), provider="cuda"))

@@ -1,0 +1,39 @@
+"""``compile``: the PyTorch model through ``torch.compile`` (Inductor), with CUDA graphs on a GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from . import register_backend
+from .eager import TorchBackend, TorchSession
+
+__all__ = ["CompileBackend", "COMPILE"]
+
+
+@dataclass(frozen=True)
+class CompileBackend(TorchBackend):
+    """``torch.compile``: ``default`` mode on the CPU, ``reduce-overhead`` (CUDA graphs) on a GPU."""
+
+    def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False
+                           ) -> Optional[str]:
+        reason = super().unavailable_reason(dtype, device)
+        if reason:
+            return reason
+        if device == "cpu" and not (shutil.which("g++") or shutil.which("c++")):
+            return "torch.compile on the CPU needs a C++ compiler (g++), none found"
+        if device == "cuda" and importlib.util.find_spec("triton") is None:
+            return "torch.compile on CUDA needs triton, not installed"
+        return None
+
+    def load(self, model: Any, *, dtype: str = "fp32", threads: Optional[int] = None, batch: Optional[int] = None,
+             device: str = "cpu", cache_dir: Any = None) -> TorchSession:
+        mode = "reduce-overhead" if str(device).startswith("cuda") else "default"
+        return TorchSession(model, backend=self.name, dtype=dtype, device=device, threads=threads, compile_mode=mode)
+
+
+COMPILE = register_backend(CompileBackend(
+    "compile", "torch.compile (Inductor) of the PyTorch model; CUDA graphs on a GPU",
+    aliases=("torch-compile", "inductor"), takes="module", device="torch", dtypes=("fp32", "fp16", "bf16")))
