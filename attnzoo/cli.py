@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, List, Optional, Sequence, TypeVar
 
 __all__ = ["UsageError", "CommandError", "Terminated", "Interrupted", "CommandExit", "entry_point", "add_debug_flag",
-           "first_line", "PendingSignal", "signals_deferred", "run_in_worker", "COMMANDS", "SIGNAL_EXITS",
+           "first_line", "parse_names", "one_of", "PendingSignal", "signals_deferred", "run_in_worker", "COMMANDS", "SIGNAL_EXITS",
            "export_model", "bench_latency", "serve_demo", "serve_models", "train_model", "evaluate_model"]
 
 T = TypeVar("T")
@@ -95,6 +95,34 @@ def first_line(exc: BaseException, typed: bool = False) -> str:
     if typed:
         return f"{type(exc).__name__}: {line}"[:300] if line else type(exc).__name__
     return line or type(exc).__name__
+
+
+def parse_names(value: str, canonical: Callable[[str], str], kind: str, valid: str) -> List[str]:
+    """A comma-separated command-line list of names, each turned into its one name by ``canonical`` (which raises
+    ``ValueError`` for an unknown one), without repeats, in the order given.
+
+    Raises:
+        UsageError: an unknown name or an empty list: one line naming them and ``valid`` (the names accepted).
+    """
+    names, bad = [], []
+    for name in (v.strip() for v in value.split(",") if v.strip()):
+        try:
+            names.append(canonical(name))
+        except ValueError:
+            bad.append(name)
+    if bad or not names:
+        raise UsageError(f"unknown {kind} {', '.join(map(repr, bad)) or '(none given)'}; valid: {valid}")
+    return list(dict.fromkeys(names))
+
+
+def one_of(valid: Sequence[str]) -> Callable[[str], str]:
+    """A ``canonical`` for :func:`parse_names` that accepts exactly the names in ``valid``."""
+    def canonical(name: str) -> str:
+        if name not in valid:
+            raise ValueError(name)
+        return name
+
+    return canonical
 
 
 def add_debug_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

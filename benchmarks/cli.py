@@ -20,7 +20,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from attnzoo.limits import MAX_BATCH_SIZE, check_batch_sizes
 
-from attnzoo.cli import Interrupted, Terminated, UsageError, add_debug_flag, entry_point, signals_deferred
+from attnzoo.cli import (Interrupted, Terminated, UsageError, add_debug_flag, entry_point, one_of, parse_names,
+                         signals_deferred)
 
 from attnzoo.runtime.backends import DTYPES, backend_names, canonical_backend
 from attnzoo.benchmarks.ceiling import DEFAULT_SIZE, MAX_SIZE
@@ -93,44 +94,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _backends(value: str) -> List[str]:
     """``--backends``: names or aliases of the runtime's registry -> their one names."""
-    names, bad = [], []
-    for n in (v.strip() for v in value.split(",") if v.strip()):
-        try:
-            names.append(canonical_backend(n))
-        except ValueError:
-            bad.append(n)
-    if bad or not names:
-        raise UsageError(f"unknown backend {', '.join(map(repr, bad)) or '(none given)'}; "
-                         f"valid: {', '.join(backend_names())} (aliases: python -m attnzoo.runtime)")
-    return list(dict.fromkeys(names))
+    return parse_names(value, canonical_backend, "backend",
+                       f"{', '.join(backend_names())} (aliases: python -m attnzoo.runtime)")
 
 
-def _names(value: str, valid: Sequence[str], kind: str) -> List[str]:
-    names = [v.strip() for v in value.split(",") if v.strip()]
-    bad = [n for n in names if n not in valid]
-    if bad or not names:
-        raise UsageError(f"unknown {kind} {', '.join(map(repr, bad)) or '(none given)'}; "
-                         f"valid: {', '.join(valid)}")
-    return list(dict.fromkeys(names))
-
-
-def _variants(value: str) -> List[str]:
+def variant_list(value: str) -> List[str]:
+    """``--variants``: ``all`` or comma-separated variant names (aliases resolved); ``UsageError`` otherwise."""
     from attnzoo.models import VARIANT_NAMES, VARIANTS, canonical_name
 
     if value.strip() == "all":
         return list(VARIANT_NAMES)
-    names = [v.strip() for v in value.split(",") if v.strip()]
-    bad = []
-    out = []
-    for n in names:
-        try:
-            out.append(canonical_name(n))
-        except ValueError:
-            bad.append(n)
-    if bad or not names:
-        raise UsageError(f"unknown variant {', '.join(map(repr, bad)) or '(none given)'}; "
-                         f"valid: all, {', '.join(sorted(VARIANTS))}")
-    return list(dict.fromkeys(out))
+    return parse_names(value, canonical_name, "variant", f"all, {', '.join(sorted(VARIANTS))}")
 
 
 def _batches(value: str) -> List[int]:
@@ -180,7 +154,7 @@ def scope(a: argparse.Namespace) -> Dict[str, Any]:
     for k in from_preset:
         setattr(a, k, preset[k])
     left_out = []
-    variants = _variants(a.variants)
+    variants = variant_list(a.variants)
     missing = [v for v in VARIANT_NAMES if v not in variants]
     if missing:
         left_out.append(f"{len(missing)} of {len(VARIANT_NAMES)} variants ({', '.join(missing)})")
@@ -219,8 +193,9 @@ def parse_settings(argv: Optional[Sequence[str]] = None):
         raise UsageError(f"--ceiling-size must be 0 or in 64..{MAX_SIZE}, got {a.ceiling_size}")
     out = a.out
     cache = a.cache_dir or default_cache_dir() / "bench-latency"
-    return Settings(variants=_variants(a.variants), backends=_backends(a.backends),
-                    dtypes=_names(a.dtype, DTYPES, "dtype"), batch_sizes=_batches(a.batch_sizes), task=a.task,
+    return Settings(variants=variant_list(a.variants), backends=_backends(a.backends),
+                    dtypes=parse_names(a.dtype, one_of(DTYPES), "dtype", ", ".join(DTYPES)),
+                    batch_sizes=_batches(a.batch_sizes), task=a.task,
                     arch=a.arch, threads=threads, min_time=a.min_time, out=out, cache_dir=cache, device=a.device,
                     seed=a.seed, compile_budget=a.compile_budget, profile=a.profile,
                     pair_eager=not a.no_pair_eager, progress=not a.no_progress, ceiling_size=a.ceiling_size,
@@ -239,7 +214,7 @@ def roofline_main(a: argparse.Namespace) -> int:
         gpus = resolve_gpus(a.roofline)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    variants, batches = _variants(a.variants), _batches(a.batch_sizes)
+    variants, batches = variant_list(a.variants), _batches(a.batch_sizes)
     if a.against is not None and not a.against.is_file():
         raise UsageError(f"--against {a.against}: no such file")
     writable_dir(a.out, "--out folder")

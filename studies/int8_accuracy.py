@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _entries(a: argparse.Namespace) -> List[Dict[str, Any]]:
     """Zoo entries of --data / --task / --variants; ``UsageError`` naming what the zoo has otherwise."""
     from attnzoo import zoo
-    from attnzoo.models import VARIANTS, canonical_name
+    from attnzoo.benchmarks.cli import variant_list
 
     have = [e for e in zoo.entries() if e["data"] == a.data and a.task in ("all", e["task"])]
     if not have:
@@ -213,15 +213,7 @@ def _entries(a: argparse.Namespace) -> List[Dict[str, Any]]:
         raise UsageError(f"the zoo has no {a.task} models for data {a.data!r}; it has data: {', '.join(datasets)}")
     if a.variants.strip() == "all":
         return have
-    wanted, bad = [], []
-    for n in (v.strip() for v in a.variants.split(",") if v.strip()):
-        try:
-            wanted.append(canonical_name(n))
-        except ValueError:
-            bad.append(n)
-    if bad or not wanted:
-        raise UsageError(f"unknown variant {', '.join(map(repr, bad)) or '(none given)'}; "
-                         f"valid: all, {', '.join(sorted(VARIANTS))}")
+    wanted = variant_list(a.variants)
     missing = [v for v in wanted if v not in {e["variant"] for e in have}]
     if missing:
         raise UsageError(f"the zoo has no {a.task} {a.data} model of {', '.join(missing)}")

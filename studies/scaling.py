@@ -39,7 +39,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from attnzoo.cli import first_line, UsageError, add_debug_flag, entry_point
+from attnzoo.benchmarks.cli import variant_list
+from attnzoo.cli import UsageError, add_debug_flag, entry_point, first_line, one_of, parse_names
 from attnzoo.models import BUILTIN_VARIANTS, VARIANTS
 
 __all__ = ["FAMILIES", "DEFAULT_VARIANTS", "Settings", "run_scaling", "derive", "fit_exponent", "cost_model",
@@ -59,8 +60,6 @@ def _families() -> Dict[str, Tuple[str, ...]]:
 FAMILIES: Dict[str, Tuple[str, ...]] = _families()
 DEFAULT_VARIANTS: Tuple[str, ...] = tuple(members[0] for members in FAMILIES.values())
 SWEEPS = ("tokens", "seg", "batch")
-#: Backends that run on the CPU (the ones this command times).
-CPU_BACKENDS = ("eager", "compile", "ort-cpu")
 #: Fraction of the available memory a forward pass may be estimated to need.
 MEMORY_HEADROOM = 0.7
 #: --quick: the defaults it sets (micro models at small sizes, short timing; the test suite's run).
@@ -570,21 +569,11 @@ def _ints(value: str, flag: str) -> List[int]:
     return list(dict.fromkeys(out))
 
 
-def _variants(value: str) -> List[str]:
-    from attnzoo.models import VARIANT_NAMES, VARIANTS, canonical_name
+def cpu_backends() -> List[str]:
+    """The registry's backends that compute on the CPU (the ones this command times)."""
+    from attnzoo.runtime.backends import backends
 
-    if value.strip() == "all":
-        return list(VARIANT_NAMES)
-    names, bad = [], []
-    for n in (v.strip() for v in value.split(",") if v.strip()):
-        try:
-            names.append(canonical_name(n))
-        except ValueError:
-            bad.append(n)
-    if bad or not names:
-        raise UsageError(f"unknown variant {', '.join(map(repr, bad)) or '(none given)'}; "
-                         f"valid: all, {', '.join(sorted(VARIANTS))}")
-    return list(dict.fromkeys(names))
+    return [b.name for b in backends() if b.row_device("cpu") == "cpu"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -592,7 +581,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                    help="'all' or comma-separated variant names (default: one per cost family)")
-    p.add_argument("--backends", default="eager,ort-cpu", help=f"comma-separated, from: {', '.join(CPU_BACKENDS)}")
+    p.add_argument("--backends", default="eager,ort-cpu",
+                   help=f"comma-separated, from the registry's CPU backends: {', '.join(cpu_backends())}")
     p.add_argument("--arch", default="small", choices=("micro", "tiny", "small", "base"))
     p.add_argument("--sizes", default="224,384,512", help="classifier input sizes (px), batch 1")
     p.add_argument("--seg-sizes", default="512,1024", help="Segmenter input sizes (px), batch 1; '' for none")
@@ -626,11 +616,7 @@ def parse_settings(argv: Sequence[str]) -> Settings:
     if parser.parse_args(list(argv)).quick:  # --quick changes the defaults; flags given explicitly still win
         parser.set_defaults(**{k: ",".join(map(str, v)) if isinstance(v, tuple) else v for k, v in QUICK.items()})
     a = parser.parse_args(list(argv))
-    backends = [b.strip() for b in a.backends.split(",") if b.strip()]
-    bad = [b for b in backends if b not in CPU_BACKENDS]
-    if bad or not backends:
-        raise UsageError(f"unknown backend {', '.join(map(repr, bad)) or '(none given)'}; valid: "
-                         f"{', '.join(CPU_BACKENDS)}")
+    backends = parse_names(a.backends, one_of(cpu_backends()), "backend", ", ".join(cpu_backends()))
     arch, batch_px = a.arch, a.batch_px
     sizes, seg_sizes = _ints(a.sizes, "--sizes"), _ints(a.seg_sizes, "--seg-sizes")
     batch_sizes = _ints(a.batch_sizes, "--batch-sizes")
@@ -656,7 +642,7 @@ def parse_settings(argv: Sequence[str]) -> Settings:
     for flag, v in (("--min-time", a.min_time), ("--max-call-s", a.max_call_s)):
         if not v > 0:
             raise UsageError(f"{flag} must be > 0, got {v}")
-    variants = _variants(a.variants)
+    variants = variant_list(a.variants)
     return Settings(variants=variants, backends=backends, arch=arch, sizes=sorted(sizes), seg_sizes=sorted(seg_sizes),
                     batch_sizes=sorted(batch_sizes), batch_px=batch_px, threads=a.threads,
                     min_time=a.min_time, min_iters=a.min_iters,
