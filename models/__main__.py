@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Union
 
+import torch
+
 from attnzoo.cli import CommandError, UsageError, add_debug_flag, entry_point
 from attnzoo.fileio import atomic_write_text
 
@@ -39,16 +41,22 @@ def _label(name: str) -> str:
     return label
 
 
+def _param_count(name: str, arch: str) -> int:
+    """Parameters of a classifier of ``name`` (1000 classes), built on the meta device: counted, not allocated."""
+    with torch.device("meta"):
+        return count_params(create_model(name, arch=arch))
+
+
 def variants_table(arch: str = "tiny", builtin_only: bool = False) -> str:
     """Markdown table: variant, paper, equations, extra-math scopes, extra parameters, parameter count of a ViT of
     ``arch`` (1000 classes) against ``standard``'s."""
-    base = count_params(create_model("standard", arch=arch))
+    base = _param_count("standard", arch)
     rows = ["| variant | paper | equations | extra-math scopes (ONNX `blocks.N.attn.<scope>/...`) | "
             f"extra parameters per block | ViT-{arch} params (1000 classes) |",
             "|---|---|---|---|---|---|"]
     for name in _names(builtin_only):
         spec = VARIANTS[name]
-        n = count_params(create_model(name, arch=arch))
+        n = _param_count(name, arch)
         paper = f"[{spec.paper.authors} {spec.paper.year}]({spec.paper.url})" if isinstance(spec.paper, Paper) \
             else spec.paper
         scopes = ", ".join(f"`{s}`" for s in spec.extra_scopes) or "none"
