@@ -82,12 +82,12 @@ class CosineAttention(Attention):
 
 def register() -> None:
     """The ``attnzoo.variants`` entry point: register ``cosine``."""
-    from attnzoo.models import register_variant
+    from attnzoo.models import Paper, register_variant
 
     register_variant(
         "cosine", CosineAttention,
-        paper="Liu et al., Swin Transformer V2: Scaling Up Capacity and Resolution, CVPR 2022 "
-              "(https://arxiv.org/abs/2111.09883)",
+        paper=Paper("Swin Transformer V2: Scaling Up Capacity and Resolution", "Liu et al.", 2022,
+                    "https://arxiv.org/abs/2111.09883"),
         equations="eq. 2, Sim = cos(q, k) / tau, tau > 0.01, B = 0",
         options={"tau_init": TAU_INIT},
         # the scope's ops: two L2 norms, the similarity MatMul and the divisions (a bare ["cosine"] would
