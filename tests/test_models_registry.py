@@ -69,3 +69,23 @@ def test_forward_memory_counts_the_pairwise_slab(name):
     assert forward_bytes({**config, "variant": name}, hw, batch) - forward_bytes(
         {**config, "variant": "wafe-mse"}, hw, batch) == 4 * slab * batch
 
+
+
+def test_tables_command_checks_and_updates_marked_markdown(tmp_path, monkeypatch, capsys):
+    from attnzoo.cli import CommandExit
+    from attnzoo.models import __main__ as tables_cli
+
+    monkeypatch.setattr(tables_cli, "tables", lambda: {"variants-table": "| generated |"})
+    page = tmp_path / "page.md"
+    page.write_text("intro\n<!-- variants-table -->\n| stale |\n<!-- /variants-table -->\nafter\n")
+    with pytest.raises(CommandExit) as exc:
+        tables_cli.main(["--check", str(page)])
+    assert exc.value.code == 1 and "--update" in str(exc.value)
+    assert tables_cli.main(["--update", str(page)]) == 0
+    assert page.read_text() == "intro\n<!-- variants-table -->\n| generated |\n<!-- /variants-table -->\nafter\n"
+    assert tables_cli.main(["--check", str(page)]) == 0
+    unmarked = tmp_path / "plain.md"
+    unmarked.write_text("no tables here\n")
+    with pytest.raises(CommandExit) as exc:
+        tables_cli.main(["--update", str(unmarked), str(page)])
+    assert exc.value.code == 2 and "no table markers" in str(exc.value)
