@@ -10,7 +10,8 @@ import subprocess
 import sys
 from typing import Any, Dict, List, Optional
 
-__all__ = ["environment", "cpu_info", "cpu_summary", "gpu_info", "load_average", "rss_bytes"]
+__all__ = ["environment", "cpu_info", "cpu_summary", "gpu_info", "load_average", "rss_bytes", "BF16_FLAGS",
+           "bf16_problem"]
 
 #: CPU flags that decide which fast paths exist: x86 (AVX2/FMA, F16C, AVX-512, VNNI, bf16, AMX) and Arm (SVE,
 #: dot product, i8mm, bf16).
@@ -49,6 +50,23 @@ def cpu_summary(cpu: Dict[str, Any]) -> str:
     absent = [f for f in _NOTABLE_ABSENT if f not in have] if "avx2" in have else []
     flags = ", ".join(have) or "no SIMD flags reported"
     return f"{cpu.get('model') or 'unknown CPU'} ({flags}{'; no ' + ', '.join(absent) if absent else ''})"
+
+
+#: CPU flags of bf16 units: x86's AVX-512 BF16 (Cooper Lake, Sapphire Rapids and later Xeons, AMD Zen 4 and later)
+#: and AMX BF16 (Sapphire Rapids and later), Arm's BF16 extension (``bf16`` in ``/proc/cpuinfo``'s Features).
+BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+
+
+def bf16_problem(cpu: Optional[Dict[str, Any]] = None) -> Optional[str]:
+    """Why bf16 is no fast path on this CPU (one line naming the flags it lacks), or ``None`` when it has bf16
+    units (any of :data:`BF16_FLAGS`). ``cpu``: a :func:`cpu_info` dict (default: this machine's)."""
+    cpu = cpu_info() if cpu is None else cpu
+    flags = set(cpu.get("flags") or cpu.get("key_flags") or ())
+    if flags & set(BF16_FLAGS):
+        return None
+    missing = "neither avx512_bf16 nor amx_bf16" if flags & {"sse2", "avx", "avx2"} else "no bf16"
+    return (f"this CPU ({cpu.get('model') or 'unknown CPU'}) has no bf16 units ({missing}): bf16 would run "
+            "converted to fp32, slower than fp32; use fp32 here, or int8 (export-model --dtype int8)")
 
 
 def gpu_info() -> Optional[Dict[str, Any]]:
