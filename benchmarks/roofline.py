@@ -216,9 +216,9 @@ def markdown(result: Dict[str, Any], against: Optional[List[Dict[str, Any]]] = N
     return "\n".join(parts)
 
 
-#: Which bound a measured row is read against: fp32 rows use the tf32 bound (the lower one: fp32 storage,
-#: tensor cores), valid whether or not the backend enabled TF32.
-_BOUND_OF_DTYPE = {"fp32": "tf32", "fp16": "fp16", "bf16": "bf16", "int8": "int8", "fp8": "fp8"}
+#: Which bound a measured row is read against: its own precision (an fp32 row ran with TF32 off, on CUDA cores; a
+#: tf32 row on TF32 tensor cores).
+_BOUND_OF_DTYPE = {p: p for p in PRECISIONS}
 
 
 def against_results(result: Dict[str, Any], results_json: Path) -> List[Dict[str, Any]]:

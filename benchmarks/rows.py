@@ -47,12 +47,12 @@ def row_unavailable_reason(backend: str, dtype: str, device: str) -> Optional[st
 
 
 def tolerance_for(backend: str, dtype: str, device: str) -> str:
-    """The tolerance-table key of a row: fp32 on a GPU may use TF32; int8 on the CPU runtimes is static
-    quantization of a random-init model (``int8-static``)."""
+    """The tolerance-table key of a row: its precision (fp32 is IEEE fp32 on every device, TF32 is the ``tf32``
+    precision), except int8 on the CPU runtimes: static quantization of a random-init model (``int8-static``)."""
     b = get_backend(backend)
-    if dtype == "int8" and b.takes == "onnx" and b.device == "cpu":
+    if dtype == "int8" and b.takes == "onnx" and b.row_device(device) == "cpu":
         return "int8-static"
-    return tolerance_key(dtype, b.row_device(device) == "cuda")
+    return tolerance_key(dtype)
 
 
 def _calibration(config: Dict[str, Any]) -> Tuple[np.ndarray, str]:

@@ -224,7 +224,7 @@ class _Bench:
         whose profile spans the run's batch sizes, kept in the cache and reused by every batch's row and by
         later runs; the rows say it was not run."""
         try:
-            facts = get_backend("tensorrt").build_only(src, self.s.batch_sizes, self.s.cache_dir)
+            facts = get_backend("tensorrt").build_only(src, self.s.batch_sizes, self.s.cache_dir, dtype)
         except Exception as exc:  # a build failure is a result to report, not a crash
             self.rows.append(_row(variant, self.s, "tensorrt", dtype, batch, "failed", f"build: {first_line(exc, typed=True)}"))
             return None

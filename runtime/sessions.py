@@ -84,9 +84,16 @@ def session_options(threads: Optional[int] = None, level: str = "all", optimized
     return so
 
 
-def providers_for(provider: str = "cpu", *, cuda_graph: bool = False, fp16: bool = False,
+def providers_for(provider: str = "cpu", *, cuda_graph: bool = False, tf32: bool = False,
                   cache_dir: Optional[Path] = None) -> List[Any]:
     """The provider list for ``provider`` (one of :data:`PROVIDERS`; see the module docstring).
+
+    Precision is set explicitly, never left to a provider's default: the CUDA provider's ``use_tf32`` (on by
+    default in ONNX Runtime) is ``tf32``. The TensorRT provider gets no precision flag at all: ONNX Runtime's
+    TensorRT EP builds a strongly typed network, taking every tensor's type from the graph (an fp16 export keeps
+    its fp32 LayerNorm / softmax / extra math), as long as none of ``trt_fp16_enable`` / ``trt_int8_enable`` /
+    ``trt_bf16_enable`` is set (setting one turns strong typing off); it has no strong-typing option of its own and
+    no option for TensorRT's TF32 flag, which stays at TensorRT's default (on).
 
     Raises:
         ValueError: unknown provider, or the installed onnxruntime lacks it.
@@ -99,13 +106,14 @@ def providers_for(provider: str = "cpu", *, cuda_graph: bool = False, fp16: bool
     if wanted not in available_providers():
         raise ValueError(f"onnxruntime has no {wanted} (install onnxruntime-gpu"
                          f"{' with the TensorRT libraries' if provider == 'tensorrt-ep' else ''})")
+    cuda = {"use_tf32": "1" if tf32 else "0"}
     if provider == "cuda":
-        return [("CUDAExecutionProvider", {"enable_cuda_graph": "1" if cuda_graph else "0"})]
-    opts = {"trt_fp16_enable": bool(fp16), "trt_cuda_graph_enable": bool(cuda_graph)}
+        return [("CUDAExecutionProvider", {**cuda, "enable_cuda_graph": "1" if cuda_graph else "0"})]
+    opts: Dict[str, Any] = {"trt_cuda_graph_enable": bool(cuda_graph)}
     if cache_dir is not None:
         Path(cache_dir).mkdir(parents=True, exist_ok=True)
         opts.update(trt_engine_cache_enable=True, trt_engine_cache_path=str(cache_dir))
-    return [("TensorrtExecutionProvider", opts), "CUDAExecutionProvider"]
+    return [("TensorrtExecutionProvider", opts), ("CUDAExecutionProvider", cuda)]
 
 
 def ort_session(model: Union[str, Path, bytes], provider: str = "cpu", *, threads: Optional[int] = None,
@@ -118,7 +126,7 @@ def ort_session(model: Union[str, Path, bytes], provider: str = "cpu", *, thread
         threads: Intra-op threads when ``options`` is not given.
         options: Ready ``SessionOptions`` (default: :func:`session_options` with ``threads``).
         providers: Explicit provider list (overrides ``provider``).
-        **provider_kwargs: ``cuda_graph``, ``fp16``, ``cache_dir`` for :func:`providers_for`.
+        **provider_kwargs: ``cuda_graph``, ``tf32``, ``cache_dir`` for :func:`providers_for`.
     """
     import onnxruntime as ort
 

@@ -12,7 +12,8 @@ With a GPU, ``tensorrt`` is preferred when installed (it supports data-centre GP
 
 Networks are always strongly typed: precision comes from the ONNX graph (an fp16 export computes LayerNorm,
 softmax and the projection in fp32). There are no FP16/INT8 builder flags (TensorRT-RTX and TensorRT 11 removed
-them). One optimisation profile spans the batch sizes (min/opt/max). Running an engine needs an NVIDIA GPU;
+them). TF32, which TensorRT turns on by default, is one explicit choice per build (``tf32``): off unless asked, so
+an fp32 engine computes IEEE fp32. One optimisation profile spans the batch sizes (min/opt/max). Running an engine needs an NVIDIA GPU;
 device buffers are torch CUDA tensors (no pycuda / cuda-python).
 
 Ctrl-C and SIGTERM: TensorRT calls back into Python (its logger, the build's progress monitor) and catches an
@@ -321,12 +322,14 @@ class Built:
     input_shape: Tuple[int, ...]
     workspace_gb: float
     timing_cache: Optional[str] = None
+    tf32: bool = False
 
     def facts(self) -> Dict[str, Any]:
         """JSON-ready build facts for a report."""
         return {"library": self.library.name, "library_version": self.library.version,
                 "compute_capability": self.compute_capability, "build_time_s": round(self.build_time_s, 3),
                 "engine_size": len(self.blob), "profile": self.profile, "workspace_gb": self.workspace_gb,
+                "tf32": self.tf32,
                 "timing_cache": self.timing_cache or "none (TensorRT-RTX: no-op; kernels specialise at run time)"}
 
 
@@ -357,7 +360,7 @@ def _resolve_cc(lib: Library, compute_capability: Optional[str], gpu: bool) -> s
 def build(onnx_path: Union[str, Path], *, batch_sizes: Sequence[int] = (1, 8),
           input_hw: Optional[Sequence[int]] = None, compute_capability: Optional[str] = None,
           workspace_gb: float = 2.0, timing_cache: Optional[Union[str, Path]] = None,
-          parsed: Optional[ParsedNetwork] = None, library: Optional[Library] = None) -> Built:
+          parsed: Optional[ParsedNetwork] = None, library: Optional[Library] = None, tf32: bool = False) -> Built:
     """Build a serialized engine from an ONNX file (nothing is written except the timing cache).
 
     Args:
@@ -370,6 +373,7 @@ def build(onnx_path: Union[str, Path], *, batch_sizes: Sequence[int] = (1, 8),
         timing_cache: TensorRT's timing-cache file (read, then updated); ignored by TensorRT-RTX (a no-op there).
         parsed: An already parsed network of ``onnx_path`` (saves a parse).
         library: The library (default :func:`load_library`).
+        tf32: Let fp32 matmuls / convolutions use TF32 (TensorRT's default); off: IEEE fp32.
 
     Raises:
         TensorRTUnavailable, TensorRTParseError, TensorRTError, ValueError.
@@ -381,8 +385,8 @@ def build(onnx_path: Union[str, Path], *, batch_sizes: Sequence[int] = (1, 8),
     cc = _resolve_cc(lib, compute_capability, gpu)
     config = net.builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gb * (1 << 30)))
-    if hasattr(trt.BuilderFlag, "TF32"):
-        config.clear_flag(trt.BuilderFlag.TF32)  # fp32 layers compute in fp32, as the ONNX says
+    if hasattr(trt.BuilderFlag, "TF32"):  # on by default in TensorRT: set either way, so the engine is what was asked
+        (config.set_flag if tf32 else config.clear_flag)(trt.BuilderFlag.TF32)
     if lib.ahead_of_time:
         config.num_compute_capabilities = 1
         config.set_compute_capability(getattr(trt.ComputeCapability, cc), 0)
@@ -423,17 +427,17 @@ def build(onnx_path: Union[str, Path], *, batch_sizes: Sequence[int] = (1, 8),
 
         atomic_write_bytes(cache_path, bytes(config.get_timing_cache().serialize()))
     return Built(bytes(serialized), lib, cc, build_s, {"min": lo, "opt": opt, "max": hi}, (hi, 3, *hw),
-                 workspace_gb, str(cache_path) if cache_path else None)
+                 workspace_gb, str(cache_path) if cache_path else None, tf32)
 
 
 def build_cached(onnx_path: Union[str, Path], cache_dir: Union[str, Path], *, batch_sizes: Sequence[int] = (1, 8),
                  input_hw: Optional[Sequence[int]] = None, compute_capability: Optional[str] = None,
-                 workspace_gb: float = 2.0, library: Optional[Library] = None) -> Dict[str, Any]:
+                 workspace_gb: float = 2.0, library: Optional[Library] = None, tf32: bool = False) -> Dict[str, Any]:
     """Build an engine once and keep it in ``cache_dir``; later calls with the same key reuse it.
 
     For engines that are built but cannot run here (no GPU): building one again would only repeat seconds of
     work. The key is everything the engine depends on: the ONNX file's content (sha256: the variant, arch,
-    dtype and weights), the input size, the profile, the target, the library and its version. The engine and
+    dtype and weights), the input size, the profile, the target, TF32, the library and its version. The engine and
     its facts (``<engine>.json``, written last: a key with facts is complete) are written atomically.
 
     Returns:
@@ -451,8 +455,8 @@ def build_cached(onnx_path: Union[str, Path], cache_dir: Union[str, Path], *, ba
     cc = _resolve_cc(lib, compute_capability, gpu_available())
     lo, opt, hi = profile_batches(batch_sizes)
     hw = "x".join(str(int(v)) for v in input_hw) if input_hw else "onnx"
-    engine = Path(cache_dir) / (f"{path.stem}_{hw}_b{lo}-{opt}-{hi}_{cc}_{lib.name}-{lib.version}_"
-                                f"ws{workspace_gb:g}_{sha[:16]}.engine")
+    engine = Path(cache_dir) / (f"{path.stem}_{hw}_b{lo}-{opt}-{hi}_{cc}{'_tf32' if tf32 else ''}_"
+                                f"{lib.name}-{lib.version}_ws{workspace_gb:g}_{sha[:16]}.engine")
     facts_path = Path(str(engine) + ".json")
     try:
         facts = json.loads(facts_path.read_text())
@@ -461,7 +465,7 @@ def build_cached(onnx_path: Union[str, Path], cache_dir: Union[str, Path], *, ba
     except (OSError, ValueError):
         pass  # not built yet (or an unreadable entry: built again and replaced)
     built = build(path, batch_sizes=batch_sizes, input_hw=input_hw, compute_capability=cc,
-                  workspace_gb=workspace_gb, library=lib)
+                  workspace_gb=workspace_gb, library=lib, tf32=tf32)
     facts = {**built.facts(), "engine": str(engine), "onnx": str(path), "onnx_sha256": sha}
     engine.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(engine, built.blob)

@@ -155,7 +155,7 @@ def test_parity_gate_rejects_perturbed_backend(tmp_path):
 @pytest.mark.parametrize("flag,value,needle", [
     ("--backends", "eager,warp-drive", "unknown backend 'warp-drive'; valid: eager, compile, ort-cpu"),
     ("--variants", "standard,nope", "unknown variant 'nope'; valid: all, "),
-    ("--dtype", "fp8", "unknown dtype 'fp8'; valid: fp32, fp16, bf16, int8"),
+    ("--dtype", "fp8", "unknown dtype 'fp8'; valid: fp32, tf32, fp16, bf16, int8"),
     ("--batch-sizes", "1,0", "--batch-sizes must be comma-separated positive integers"),
     ("--ceiling-size", "10", "--ceiling-size must be 0 or in 64..8192, got 10"),
 ])
@@ -270,3 +270,77 @@ def test_an_engine_that_cannot_run_is_built_once_and_reused(tmp_path):
     assert first[0]["info"]["profile"] == {"min": 1, "opt": 2, "max": 2}
     engines = list((tmp_path / "cache" / "tensorrt").glob("*.engine"))
     assert len(engines) == 1 and engines[0].stat().st_size == first[0]["info"]["engine_size"]
+
+
+# ------------------------------------------------------------------ GPU precision: TF32 asked for by name
+def test_fp32_is_ieee_fp32_everywhere_and_tf32_is_its_own_precision():
+    from attnzoo.benchmarks.rows import tolerance_for
+    from attnzoo.runtime.backends import DTYPES, get_backend
+    from attnzoo.runtime.parity import TOLERANCES, tolerance_key
+
+    assert "tf32" in DTYPES and tolerance_key("tf32") == "tf32"
+    for backend in ("eager", "compile", "ort-cuda", "tensorrt"):  # a GPU fp32 row is held to the fp32 tolerance
+        assert tolerance_for(backend, "fp32", "cuda") == "fp32"
+        assert tolerance_for(backend, "tf32", "cuda") == "tf32"
+    assert TOLERANCES["fp32"] < TOLERANCES["tf32"] < TOLERANCES["fp16"]
+    assert get_backend("eager").unavailable_reason("tf32", "cpu").startswith("tf32 is a GPU tensor-core mode")
+    assert parse_settings(["--dtypes", "fp32,tf32,fp16"]).dtypes == ["fp32", "tf32", "fp16"]
+
+
+def test_fp32_math_sets_both_torch_switches_and_restores_them():
+    import torch
+
+    from attnzoo.runtime.backends.eager import fp32_math
+
+    before = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
+    with fp32_math(True):
+        assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+        assert torch.backends.cudnn.conv.fp32_precision == "tf32"
+    with fp32_math(False):  # PyTorch's own cuDNN default is TF32: off must be set, not assumed
+        assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+        assert torch.backends.cudnn.allow_tf32 is False
+        assert torch.backends.cudnn.conv.fp32_precision != "tf32"
+    assert (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32) == before
+
+
+def test_a_torch_session_on_a_gpu_runs_every_call_in_its_own_fp32_math():
+    """The switches are process-wide; each session's call sets its own (a tf32 row next to an fp32 eager partner in
+    an A B A B run must not leak TF32 into it). Checked on the CPU by giving the session a CUDA device name after
+    loading it."""
+    import torch
+
+    from attnzoo.runtime.backends import get_backend
+
+    class Probe(torch.nn.Module):
+        seen = []
+
+        def forward(self, x):
+            Probe.seen.append(torch.backends.cuda.matmul.fp32_precision)
+            return x
+
+    for dtype, want in (("tf32", "tf32"), ("fp32", "ieee")):
+        session = get_backend("eager").load(Probe(), dtype="fp32", device="cpu")
+        session.tf32, session.device = dtype == "tf32", torch.device("cuda")
+        session._forward(torch.zeros(1))
+        assert Probe.seen[-1] == want
+    assert torch.backends.cuda.matmul.fp32_precision != "tf32"  # restored after the call
+
+
+def test_onnx_runtime_gpu_providers_say_their_precision(monkeypatch):
+    """CUDA EP: use_tf32 set either way (ONNX Runtime's default is on). TensorRT EP: no precision flag (a flag turns
+    strong typing off); its fp32 rows are refused because TensorRT's TF32 cannot be cleared through it."""
+    import attnzoo.runtime.backends.ort_cuda as ort_cuda
+    from attnzoo.runtime import sessions
+    from attnzoo.runtime.backends import get_backend
+
+    monkeypatch.setattr(sessions, "available_providers",
+                        lambda: ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"))
+    assert sessions.providers_for("cuda") == [("CUDAExecutionProvider", {"use_tf32": "0", "enable_cuda_graph": "0"})]
+    assert sessions.providers_for("cuda", tf32=True)[0][1]["use_tf32"] == "1"
+    trt, cuda = sessions.providers_for("tensorrt-ep", tf32=False)
+    assert not {"trt_fp16_enable", "trt_int8_enable", "trt_bf16_enable"} & set(trt[1])
+    assert cuda == ("CUDAExecutionProvider", {"use_tf32": "0"})
+    monkeypatch.setattr(ort_cuda, "available_providers", sessions.available_providers)
+    monkeypatch.setattr(ort_cuda, "cuda_available", lambda: True)
+    assert "TF32" in get_backend("ort-trt").unavailable_reason("fp32", "cuda")
+    assert get_backend("ort-trt").unavailable_reason("fp16", "cuda") is None

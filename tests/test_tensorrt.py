@@ -126,6 +126,34 @@ def test_segmenter_at_its_training_size_builds(lib, tmp_path):
     assert len(built.blob) > 100_000
 
 
+class _KeepConfig:
+    """The parsed network's builder, keeping the builder config the build made (to read its flags after)."""
+
+    def __init__(self, builder) -> None:
+        self.builder, self.config = builder, None
+
+    def create_builder_config(self):
+        self.config = self.builder.create_builder_config()
+        return self.config
+
+    def __getattr__(self, name):
+        return getattr(self.builder, name)
+
+
+def test_tf32_is_set_either_way_and_is_part_of_the_engine_key(lib, onnx_file, tmp_path):
+    """TensorRT turns TF32 on by default: an fp32 engine must clear it, a tf32 one set it, and the two are
+    different engines in the cache."""
+    path = onnx_file("standard")
+    for tf32 in (False, True):
+        parsed = rt.parse_onnx(path, lib)
+        parsed.builder = keep = _KeepConfig(parsed.builder)
+        built = rt.build(path, batch_sizes=(1,), compute_capability="SM89", parsed=parsed, tf32=tf32)
+        assert keep.config.get_flag(lib.module.BuilderFlag.TF32) is tf32 and built.facts()["tf32"] is tf32
+    fp32, tf32 = (rt.build_cached(path, tmp_path, batch_sizes=(1,), tf32=t) for t in (False, True))
+    assert fp32["engine"] != tf32["engine"] and "_tf32_" in tf32["engine"] and not fp32["cached"]
+    assert (fp32["tf32"], tf32["tf32"]) == (False, True)
+
+
 def test_network_check_catches_a_missing_or_fp16_projection_op(lib, onnx_file):
     path = onnx_file("exclusive", "cls", "fp16")
     parsed = rt.parse_onnx(path, lib)

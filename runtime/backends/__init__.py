@@ -22,8 +22,10 @@ import numpy as np
 __all__ = ["Backend", "Session", "Call", "register_backend", "get_backend", "canonical_backend", "backend_names",
            "backends", "cpu_runtimes", "DTYPES", "describe", "check_against_reference"]
 
-#: Precisions a backend row can run at (a backend lists the ones it supports).
-DTYPES: Tuple[str, ...] = ("fp32", "fp16", "bf16", "int8")
+#: Precisions a backend row can run at (a backend lists the ones it supports). ``fp32`` is IEEE fp32 everywhere: the
+#: GPU backends turn TF32 off for it; ``tf32`` is fp32 tensors with matmuls / convolutions on TF32 tensor cores (a
+#: GPU of compute capability 8.0 or newer), asked for by name, never implied.
+DTYPES: Tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "int8")
 
 
 @dataclass

@@ -3,9 +3,10 @@ is checked against)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
@@ -13,10 +14,49 @@ from attnzoo.machine import cpu_info
 
 from . import Backend, Call, Session, register_backend
 
-__all__ = ["TorchBackend", "TorchSession", "EAGER", "TORCH_DTYPES"]
+__all__ = ["TorchBackend", "TorchSession", "EAGER", "TORCH_DTYPES", "fp32_math", "tf32_problem"]
 
-#: attnzoo precision -> torch dtype name.
-TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+#: attnzoo precision -> torch dtype name (``tf32``: float32 tensors, TF32 matmuls / convolutions).
+TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+@contextlib.contextmanager
+def fp32_math(tf32: bool) -> Iterator[None]:
+    """Within the block, fp32 CUDA matmuls and cuDNN convolutions run as TF32 (``tf32``) or as IEEE fp32; the
+    settings before are restored after it.
+
+    Both switches are set through the calls that keep every reader consistent in torch 2.9-2.14
+    (``set_float32_matmul_precision`` and ``cudnn.allow_tf32``): after them the newer
+    ``backends.cuda.matmul.fp32_precision`` / ``backends.cudnn.conv.fp32_precision`` read the same; setting
+    those newer ones instead makes the older readers (Inductor's convolution template among them) raise.
+    PyTorch's own defaults differ per switch (matmul IEEE, cuDNN TF32), hence both are always set.
+    """
+    import torch
+
+    before = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+    torch.backends.cudnn.allow_tf32 = bool(tf32)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before[0])
+        torch.backends.cudnn.allow_tf32 = before[1]
+
+
+def tf32_problem(device: str = "cuda") -> Optional[str]:
+    """Why ``tf32`` cannot run on ``device`` (one line), or ``None``: TF32 is a tensor-core mode of NVIDIA GPUs of
+    compute capability 8.0 (Ampere) and newer."""
+    if not str(device).startswith("cuda"):
+        return "tf32 is a GPU tensor-core mode (compute capability 8.0+); on the CPU fp32 is IEEE fp32: run fp32"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "tf32 needs a CUDA GPU of compute capability 8.0+; none is visible"
+    major, minor = torch.cuda.get_device_capability(0)
+    if major < 8:
+        return (f"tf32 needs compute capability 8.0+ (Ampere or newer); {torch.cuda.get_device_name(0)} is "
+                f"{major}.{minor}: run fp32")
+    return None
 
 
 class TorchSession(Session):
@@ -30,10 +70,13 @@ class TorchSession(Session):
         self.backend = backend
         self.device = torch.device(device)
         self.dtype = getattr(torch, TORCH_DTYPES[dtype])
+        self.tf32 = dtype == "tf32"  # every call on a GPU sets TF32 on or off itself: the switches are global
         if threads:
             torch.set_num_threads(int(threads))
         self.net = copy.deepcopy(model).to(device=self.device, dtype=self.dtype).eval()
         self._info: Dict[str, Any] = {"device": str(self.device), "dtype": dtype}
+        if self.device.type == "cuda":
+            self._info["fp32_matmul"] = "tf32" if self.tf32 else "ieee"
         if compile_mode is not None:
             self.net = torch.compile(self.net, mode=compile_mode, dynamic=False)
             self._info["compile_mode"] = compile_mode
@@ -43,7 +86,8 @@ class TorchSession(Session):
     def _forward(self, xin):
         import torch
 
-        with torch.inference_mode():
+        math = fp32_math(self.tf32) if self.device.type == "cuda" else contextlib.nullcontext()
+        with torch.inference_mode(), math:
             return self.net(xin)
 
     def run(self, x: np.ndarray) -> np.ndarray:
@@ -74,6 +118,8 @@ def torch_dtype_problem(dtype: str, device: str) -> Optional[str]:
     """Why PyTorch cannot run ``dtype`` on ``device`` usefully here, or ``None``."""
     if dtype == "int8":
         return "int8 is a CPU-runtime path here (ModelOpt Q/DQ for ort-cpu, NNCF for openvino); no PyTorch int8"
+    if dtype == "tf32":
+        return tf32_problem(device)
     if device == "cpu" and dtype == "fp16" and not {"avx512_fp16", "amx_fp16"} & set(cpu_info()["flags"]):
         return "fp16 on this CPU has no native kernels (no avx512_fp16/amx_fp16); use bf16"
     return None
@@ -94,4 +140,4 @@ class TorchBackend(Backend):
 
 EAGER = register_backend(TorchBackend(
     "eager", "PyTorch eager on the CPU or a CUDA GPU (the reference every backend is checked against)",
-    aliases=("pytorch", "torch"), takes="module", device="torch", dtypes=("fp32", "fp16", "bf16")))
+    aliases=("pytorch", "torch"), takes="module", device="torch", dtypes=("fp32", "tf32", "fp16", "bf16")))

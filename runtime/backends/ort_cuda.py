@@ -1,5 +1,8 @@
 """``ort-cuda``: ONNX Runtime's CUDA execution provider, inputs and outputs bound to CUDA memory (I/O binding),
-with a CUDA graph where ONNX Runtime allows one."""
+with a CUDA graph where ONNX Runtime allows one.
+
+Precision is the row's: ``fp32`` with the provider's ``use_tf32`` off (ONNX Runtime's default is on), ``tf32``
+with it on (same fp32 file), ``fp16`` the fp16 export with ``use_tf32`` off for its fp32 islands."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import numpy as np
 from ..contract import INPUT_NAME, OUTPUT_NAME
 from ..sessions import available_providers, ort_session, session_options
 from . import Backend, Call, Session, register_backend
+from .eager import tf32_problem
 
 __all__ = ["OrtGpuBackend", "OrtGpuSession", "ORT_CUDA", "cuda_available", "device_memory_used"]
 
@@ -44,9 +48,9 @@ class OrtGpuSession(Session):
         self.fixed_size = all(isinstance(d, int) for d in self.session.get_inputs()[0].shape[2:])
 
     def _session(self, graph: bool):
-        extra = {"fp16": self.dtype == "fp16", "cache_dir": self.cache_dir} if self.provider == "tensorrt-ep" else {}
+        extra = {"cache_dir": self.cache_dir} if self.provider == "tensorrt-ep" else {}
         return ort_session(self.path, self.provider, options=session_options(sequential=False), cuda_graph=graph,
-                           **extra)
+                           tf32=self.dtype == "tf32", **extra)
 
     def run(self, x: np.ndarray) -> np.ndarray:
         return np.asarray(self.session.run([OUTPUT_NAME], {INPUT_NAME: np.ascontiguousarray(x, np.float32)})[0],
@@ -82,7 +86,11 @@ class OrtGpuSession(Session):
         return Call(fn, output, cuda=True, cuda_graph=graph, memory=device_memory_used)
 
     def info(self) -> Dict[str, Any]:
-        return {"providers": self.session.get_providers()}
+        tf32 = "on" if self.dtype == "tf32" else "off"
+        math = (f"use_tf32 {tf32} (CUDA EP); TensorRT's TF32 flag at its default, on (the TensorRT EP has no option "
+                "for it); network strongly typed: no trt_fp16/int8/bf16 flag" if self.provider == "tensorrt-ep"
+                else f"use_tf32 {tf32}")
+        return {"providers": self.session.get_providers(), "precision": math}
 
 
 @dataclass(frozen=True)
@@ -104,7 +112,10 @@ class OrtGpuBackend(Backend):
                     f"{' with the TensorRT libraries' if self.provider == 'tensorrt-ep' else ''})")
         if dtype == "bf16":
             return "bf16 ONNX graphs are not exported (export dtypes: fp32, fp16)"
-        return super().unavailable_reason(dtype, device)
+        if dtype == "fp32" and self.provider == "tensorrt-ep":
+            return ("ONNX Runtime's TensorRT EP has no option to clear TensorRT's TF32 flag (on by default), so its "
+                    "fp32 graph runs as TF32: ask for tf32")
+        return (tf32_problem("cuda") if dtype == "tf32" else None) or super().unavailable_reason(dtype, device)
 
     def load(self, model: Any, *, dtype: str = "fp32", threads: Optional[int] = None, batch: Optional[int] = None,
              device: str = "cpu", cache_dir: Any = None) -> OrtGpuSession:
@@ -114,4 +125,4 @@ class OrtGpuBackend(Backend):
 
 ORT_CUDA = register_backend(OrtGpuBackend(
     "ort-cuda", "ONNX Runtime, CUDA execution provider, I/O bound to GPU memory, CUDA graph where allowed",
-    aliases=("onnxruntime-cuda",), takes="onnx", device="cuda", dtypes=("fp32", "fp16"), provider="cuda"))
+    aliases=("onnxruntime-cuda",), takes="onnx", device="cuda", dtypes=("fp32", "tf32", "fp16"), provider="cuda"))

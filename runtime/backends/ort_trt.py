@@ -1,4 +1,8 @@
-"""``ort-trt``: ONNX Runtime's TensorRT execution provider (engine cache on disk, CUDA for what it rejects)."""
+"""``ort-trt``: ONNX Runtime's TensorRT execution provider (engine cache on disk, CUDA for what it rejects).
+
+The network is strongly typed (no ``trt_fp16_enable``: the fp16 export's own types hold, its fp32 islands stay
+fp32). TensorRT's TF32 flag cannot be cleared through the EP, so its fp32 rows are ``tf32`` rows
+(:func:`attnzoo.runtime.sessions.providers_for`)."""
 
 from __future__ import annotations
 
@@ -9,5 +13,5 @@ __all__ = ["ORT_TRT"]
 
 ORT_TRT = register_backend(OrtGpuBackend(
     "ort-trt", "ONNX Runtime, TensorRT execution provider (engines cached on disk), CUDA for the rest",
-    aliases=("onnxruntime-tensorrt", "tensorrt-ep"), takes="onnx", device="cuda", dtypes=("fp32", "fp16"),
+    aliases=("onnxruntime-tensorrt", "tensorrt-ep"), takes="onnx", device="cuda", dtypes=("tf32", "fp16"),
     provider="tensorrt-ep"))

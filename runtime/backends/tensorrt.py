@@ -12,6 +12,7 @@ import numpy as np
 
 from .. import tensorrt as rt
 from . import Backend, Call, Session, register_backend
+from .eager import tf32_problem
 from .ort_cuda import device_memory_used
 
 __all__ = ["TensorRTBackend", "TensorRTSession", "TENSORRT"]
@@ -50,7 +51,7 @@ class TensorRTSession(Session):
 
     def info(self) -> Dict[str, Any]:
         return {k: v for k, v in self._facts.items() if k in ("library", "library_version", "compute_capability",
-                                                               "build_time_s")}
+                                                               "build_time_s", "tf32")}
 
 
 @dataclass(frozen=True)
@@ -64,12 +65,14 @@ class TensorRTBackend(Backend):
                     "--format tensorrt")
         if dtype == "bf16":
             return "bf16 ONNX graphs are not exported (export dtypes: fp32, fp16)"
-        return rt.unavailable_reason(run=not build_only) or super().unavailable_reason(dtype, device)
+        return (rt.unavailable_reason(run=not build_only) or super().unavailable_reason(dtype, device)
+                or (tf32_problem("cuda") if dtype == "tf32" and not build_only else None))
 
-    def build_only(self, onnx_path: Path, batch_sizes: Sequence[int], cache_dir: Path) -> Dict[str, Any]:
-        """The engine built ahead of time (not run), once per ONNX file, shape and profile (kept in
+    def build_only(self, onnx_path: Path, batch_sizes: Sequence[int], cache_dir: Path,
+                   dtype: str = "fp32") -> Dict[str, Any]:
+        """The engine built ahead of time (not run), once per ONNX file, shape, profile and TF32 choice (kept in
         ``cache_dir/tensorrt`` and reused); its build facts."""
-        return rt.build_cached(onnx_path, Path(cache_dir) / "tensorrt", batch_sizes=batch_sizes)
+        return rt.build_cached(onnx_path, Path(cache_dir) / "tensorrt", batch_sizes=batch_sizes, tf32=dtype == "tf32")
 
     def load(self, model: Any, *, dtype: str = "fp32", threads: Optional[int] = None, batch: Optional[int] = None,
              device: str = "cpu", cache_dir: Any = None, batch_sizes: Sequence[int] = ()) -> TensorRTSession:
@@ -80,13 +83,13 @@ class TensorRTBackend(Backend):
             return TensorRTSession(rt.Engine(path), self.name, {})
         sizes = tuple(batch_sizes) or ((int(batch),) if batch else (1,))
         if cache_dir is not None:
-            facts = rt.build_cached(path, Path(cache_dir) / "tensorrt", batch_sizes=sizes)
+            facts = rt.build_cached(path, Path(cache_dir) / "tensorrt", batch_sizes=sizes, tf32=dtype == "tf32")
             return TensorRTSession(rt.Engine(Path(facts["engine"])), self.name, facts)
-        built = rt.build(path, batch_sizes=sizes)
+        built = rt.build(path, batch_sizes=sizes, tf32=dtype == "tf32")
         return TensorRTSession(rt.Engine(built.blob, built.library), self.name, built.facts())
 
 
 TENSORRT = register_backend(TensorRTBackend(
     "tensorrt", "a native TensorRT engine built from the verified ONNX file (TensorRT-RTX or TensorRT), run "
                 "from a CUDA graph; without a GPU: built, not run",
-    aliases=("trt",), takes="onnx", device="cuda", dtypes=("fp32", "fp16")))
+    aliases=("trt",), takes="onnx", device="cuda", dtypes=("fp32", "tf32", "fp16")))

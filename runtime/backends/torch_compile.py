@@ -36,4 +36,4 @@ class CompileBackend(TorchBackend):
 
 COMPILE = register_backend(CompileBackend(
     "compile", "torch.compile (Inductor) of the PyTorch model; CUDA graphs on a GPU",
-    aliases=("torch-compile", "inductor"), takes="module", device="torch", dtypes=("fp32", "fp16", "bf16")))
+    aliases=("torch-compile", "inductor"), takes="module", device="torch", dtypes=("fp32", "tf32", "fp16", "bf16")))
