@@ -4,7 +4,8 @@ The ONNX file is read by OpenVINO's own ONNX front end (``Core.read_model``; no 
 OpenVINO's telemetry is ever called). Settings, for every consumer (benchmark, demo, parity tests):
 
 - ``INFERENCE_PRECISION_HINT f32``: on CPUs with bf16 units (``avx512_bf16``, AMX) OpenVINO would otherwise
-  run fp32 graphs in bf16, which is a different precision than the file's, not a faster fp32;
+  run fp32 graphs in bf16, which is a different precision than the file's, not a faster fp32 (``bf16`` is asked
+  for by name, below);
 - ``INFERENCE_NUM_THREADS``: the caller's thread count (the benchmark's ``--threads``);
 - ``PERFORMANCE_HINT LATENCY``: one stream, all threads on one request (the demo and the benchmark run one
   synchronous request at a time; ``THROUGHPUT`` only pays with several requests in flight);
@@ -20,6 +21,21 @@ post-training quantization, NNCF's. :func:`nncf_int8` quantizes the OpenVINO mod
 calibrated on the caller's images, with the variant's extra-math nodes in NNCF's ignored scope, checks that no
 FakeQuantize feeds them (:func:`fake_quantized`) and writes the IR (``.xml`` + ``.bin``) that
 :func:`compile_onnx` / :class:`OpenVINOSession` read like an ONNX file.
+
+bf16 (``precision="bf16"``, CPUs with bf16 units only: :func:`bf16_unavailable_reason`): the same fp32 file
+compiled with ``INFERENCE_PRECISION_HINT bf16``, the variant's extra-math ops pinned to f32 first
+(:func:`pin_f32`, the names passed in by the caller as for NNCF's ignored scope), then read back from the
+compiled model's runtime model (:func:`runtime_precisions`): every runtime node that computes an extra-math op
+must run at f32 and every matrix product outside it at bf16, or the model is refused
+(:class:`PrecisionCheckError`). The pin is OpenVINO's own per-node precision control: the ``precise_0`` runtime
+info that OpenVINO's IR serializer turns into its ``DisablePrecisionConversion`` attribute, which the CPU plugin
+reads to keep a node at its original precision under a lower inference precision. The attribute is not copied
+to the nodes a graph transformation makes from a pinned one, so two of the CPU plugin's rewrites are forestalled:
+a pinned ``Divide`` is marked ``nonconvertable_divide_0`` (OpenVINO's flag that keeps it from becoming
+``Multiply(x, Power(y, -1))``), and a pinned ``Subtract`` is written as the ``Add(a, Multiply(b, -1))`` that the
+plugin would make of it, with a ``-1`` vector rather than a scalar so that OpenVINO's ``SubtractFusion`` does not
+fold it back into a ``Subtract`` (exact: negation does not round). Where a rewrite still drops a pin, the
+runtime read-back refuses the model, naming the node.
 """
 
 from __future__ import annotations
@@ -27,16 +43,33 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from .contract import INPUT_NAME, OUTPUT_NAME
 
-__all__ = ["HINTS", "unavailable_reason", "version", "error_message", "compile_onnx", "OpenVINOSession",
-           "nncf_unavailable_reason", "nncf_int8", "fake_quantized", "NNCFCheckError"]
+__all__ = ["HINTS", "PRECISIONS", "MATMUL_LAYERS", "unavailable_reason", "bf16_unavailable_reason", "version",
+           "error_message", "read_onnx", "compile_onnx", "OpenVINOSession", "pin_f32", "runtime_precisions",
+           "check_runtime_precisions", "summary", "PrecisionCheckError", "nncf_unavailable_reason", "nncf_int8",
+           "fake_quantized", "NNCFCheckError"]
 
 HINTS = ("LATENCY", "THROUGHPUT")
+#: attnzoo precision -> OpenVINO's ``INFERENCE_PRECISION_HINT``.
+PRECISIONS: Dict[str, str] = {"fp32": "f32", "bf16": "bf16"}
+#: Runtime-model layer types of the matrix products: outside the extra math they must run at the inference
+#: precision for bf16 to be in effect at all.
+MATMUL_LAYERS = ("FullyConnected", "MatMul", "Convolution")
+#: Runtime info that pins an op to f32: written from Python as this string key, turned by OpenVINO's IR serializer
+#: into :data:`_PINNED`, the attribute the CPU plugin reads.
+_PIN = "precise_0"
+_PINNED = "DisablePrecisionConversion_0"
+#: Runtime info that keeps a ``Divide`` from being rewritten as ``Multiply(x, Power(y, -1))`` (a new, unpinned op).
+_NONCONVERTIBLE_DIVIDE = "nonconvertable_divide_0"
+
+
+class PrecisionCheckError(RuntimeError):
+    """OpenVINO's runtime model does not run the precisions asked for (extra math at f32, matmuls at bf16)."""
 
 
 def unavailable_reason() -> Optional[str]:
@@ -48,6 +81,29 @@ def unavailable_reason() -> Optional[str]:
     if "CPU" not in ov.Core().available_devices:
         return "OpenVINO has no CPU device on this machine"
     return None
+
+
+def bf16_unavailable_reason() -> Optional[str]:
+    """Why OpenVINO cannot run bf16 here (one line), or ``None``: the CPU needs bf16 units
+    (:func:`attnzoo.machine.bf16_problem`) and OpenVINO's CPU plugin must report its ``BF16`` capability (it has
+    bf16 kernels on x86 only). Without them OpenVINO would compile a bf16 request at f32 without saying so."""
+    from attnzoo.machine import bf16_problem
+
+    reason = unavailable_reason() or bf16_problem()
+    if reason:
+        return reason
+    import openvino as ov
+
+    caps = [str(c) for c in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")]
+    if "BF16" not in caps:
+        return f"OpenVINO {version()}'s CPU plugin has no BF16 capability on this CPU (it has {', '.join(caps)})"
+    return None
+
+
+def _refuse_bf16() -> None:
+    reason = bf16_unavailable_reason()
+    if reason:
+        raise ValueError(f"bf16: {reason}")
 
 
 def version() -> Optional[str]:
@@ -67,30 +123,16 @@ def error_message(exc: BaseException) -> str:
     return (useful or lines or [type(exc).__name__])[-1]
 
 
-def compile_onnx(path: Union[str, Path], *, threads: Optional[int] = None, batch: Optional[int] = None,
-                 hint: str = "LATENCY", pin: bool = False):
-    """An ``openvino.CompiledModel`` of an ONNX file on the CPU, with the settings of the module docstring.
-
-    Args:
-        path: The ``.onnx`` file (an attnzoo export: input ``image``, output ``logits``), or an OpenVINO IR
-            ``.xml`` of one (:func:`nncf_int8`).
-        threads: ``INFERENCE_NUM_THREADS`` (``None``: OpenVINO's default, the machine's cores).
-        batch: Fix the batch dimension to this size (``None``: keep it symbolic).
-        hint: ``PERFORMANCE_HINT``, one of ``HINTS``.
-        pin: ``ENABLE_CPU_PINNING`` (off by default, see the module docstring).
+def read_onnx(path: Union[str, Path], batch: Optional[int] = None):
+    """OpenVINO's model of an ONNX file (or IR ``.xml``), its batch dimension fixed to ``batch`` when given.
 
     Raises:
-        ValueError: unknown hint, or a batch / thread count below 1.
+        ValueError: OpenVINO cannot read the file (naming it and the reason), or a batch below 1.
     """
     import openvino as ov
 
-    if hint not in HINTS:
-        raise ValueError(f"unknown performance hint {hint!r}; valid: {', '.join(HINTS)}")
-    if threads is not None and threads < 1:
-        raise ValueError(f"threads must be >= 1, got {threads}")
-    core = ov.Core()
     try:
-        model = core.read_model(str(path))
+        model = ov.Core().read_model(str(path))
     except RuntimeError as exc:  # OpenVINO's message: a source location first, the reason last
         raise ValueError(f"{Path(path).name}: OpenVINO cannot read it: {error_message(exc)}") from None
     if batch is not None:
@@ -99,23 +141,78 @@ def compile_onnx(path: Union[str, Path], *, threads: Optional[int] = None, batch
         shape = model.input(INPUT_NAME).get_partial_shape()
         shape[0] = int(batch)
         model.reshape({INPUT_NAME: shape})
-    config: Dict[str, Any] = {"PERFORMANCE_HINT": hint, "INFERENCE_PRECISION_HINT": "f32",
+    return model
+
+
+def compile_onnx(path: Union[str, Path, Any], *, threads: Optional[int] = None, batch: Optional[int] = None,
+                 hint: str = "LATENCY", pin: bool = False, precision: str = "fp32"):
+    """An ``openvino.CompiledModel`` of an ONNX file on the CPU, with the settings of the module docstring.
+
+    Args:
+        path: The ``.onnx`` file (an attnzoo export: input ``image``, output ``logits``), an OpenVINO IR
+            ``.xml`` of one (:func:`nncf_int8`), or an ``openvino.Model`` already read (:func:`read_onnx`,
+            :func:`pin_f32`; ``batch`` is then ignored).
+        threads: ``INFERENCE_NUM_THREADS`` (``None``: OpenVINO's default, the machine's cores).
+        batch: Fix the batch dimension to this size (``None``: keep it symbolic).
+        hint: ``PERFORMANCE_HINT``, one of ``HINTS``.
+        pin: ``ENABLE_CPU_PINNING`` (off by default, see the module docstring).
+        precision: ``fp32`` or ``bf16`` (:data:`PRECISIONS`), the ``INFERENCE_PRECISION_HINT``. bf16 is refused
+            where :func:`bf16_unavailable_reason` says why; :class:`OpenVINOSession` also pins the extra math and
+            checks the compiled model.
+
+    Raises:
+        ValueError: unknown hint or precision, a batch / thread count below 1, bf16 on a CPU without it.
+    """
+    import openvino as ov
+
+    if hint not in HINTS:
+        raise ValueError(f"unknown performance hint {hint!r}; valid: {', '.join(HINTS)}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    if precision == "bf16":
+        _refuse_bf16()
+    model = path if isinstance(path, ov.Model) else read_onnx(path, batch)
+    config: Dict[str, Any] = {"PERFORMANCE_HINT": hint, "INFERENCE_PRECISION_HINT": PRECISIONS[precision],
                               "ENABLE_CPU_PINNING": bool(pin)}
     if threads is not None:
         config["INFERENCE_NUM_THREADS"] = int(threads)
-    return core.compile_model(model, "CPU", config)
+    return ov.Core().compile_model(model, "CPU", config)
 
 
 class OpenVINOSession:
     """One compiled model and one reused infer request: ``run(x) -> logits`` (float32 NumPy).
 
     Args:
-        path, threads, batch, hint, pin: As for :func:`compile_onnx`.
+        path, threads, batch, hint, pin, precision: As for :func:`compile_onnx`.
+        keep_f32: Names of the ops to keep at f32 (the variant's extra math,
+            :func:`attnzoo.export.quantize.extra_math_nodes`): pinned (:func:`pin_f32`) and, after compiling,
+            read back from the runtime model (:func:`runtime_precisions`, in ``precision_check``). Required for
+            bf16 (an empty list for a variant without extra math).
+
+    Raises:
+        ValueError: bf16 without ``keep_f32``, or where :func:`bf16_unavailable_reason` says why not.
+        PrecisionCheckError: the runtime model does not run the precisions asked for
+            (:func:`check_runtime_precisions`).
     """
 
     def __init__(self, path: Union[str, Path], *, threads: Optional[int] = None, batch: Optional[int] = None,
-                 hint: str = "LATENCY", pin: bool = False) -> None:
-        self.compiled = compile_onnx(path, threads=threads, batch=batch, hint=hint, pin=pin)
+                 hint: str = "LATENCY", pin: bool = False, precision: str = "fp32",
+                 keep_f32: Optional[Sequence[str]] = None) -> None:
+        if precision == "bf16":  # refused before any work
+            _refuse_bf16()
+            if keep_f32 is None:
+                raise ValueError("bf16 needs the names of the ops to keep at f32 (the variant's extra math, "
+                                 "attnzoo.export.quantize.extra_math_nodes; an empty list for a variant without)")
+        model, pinned, missing = read_onnx(path, batch), [], []
+        if keep_f32 is not None:
+            model, pinned, missing = pin_f32(model, keep_f32)
+        self.compiled = compile_onnx(model, threads=threads, hint=hint, pin=pin, precision=precision)
+        self.precision, self.precision_check, self.pinned = precision, None, pinned
+        if keep_f32 is not None:
+            self.precision_check = runtime_precisions(self.compiled, pinned, missing)
+            check_runtime_precisions(self.precision_check, precision)
         self.request = self.compiled.create_infer_request()
         self.batch = batch
 
@@ -150,7 +247,172 @@ class OpenVINOSession:
                 continue
             # ov.Type -> "f32", enums -> "LATENCY"; ints and bools stay as they are
             props[key.lower()] = value.to_string() if hasattr(value, "to_string") else getattr(value, "name", value)
-        return {"openvino": version(), "fixed_batch": self.batch, **props}
+        info = {"openvino": version(), "fixed_batch": self.batch, **props}
+        if self.precision_check is not None:
+            info["precision_check"] = summary(self.precision_check)
+        return info
+
+
+# ------------------------------------------------------------------------------------------ per-node precision
+def _negated_add(model: Any, sub: Any) -> str:
+    """Replace the ``Subtract`` ``sub`` (``a - b``) of ``model`` by ``Add(a, Multiply(b, -1))``, the Add taking
+    its name, the Multiply ``<name>/negate``; returns the Multiply's name. The ``-1`` is a vector over the last
+    axis (when that axis is static and longer than 1), which OpenVINO's ``SubtractFusion`` does not fold back."""
+    import openvino.opset13 as ops
+
+    name = sub.get_friendly_name()
+    shape = sub.get_output_partial_shape(0)
+    last = shape[shape.rank.get_length() - 1] if shape.rank.is_static and shape.rank.get_length() else None
+    width = last.get_length() if last is not None and last.is_static and last.get_length() > 1 else 1
+    minus_one = ops.constant(np.full([width], -1.0, dtype=np.float32))
+    negate = ops.multiply(sub.input_value(1), minus_one)
+    add = ops.add(sub.input_value(0), negate)
+    for target in list(sub.output(0).get_target_inputs()):
+        target.replace_source_output(add.output(0))
+    for result in model.get_results():  # a Subtract that is the model's output
+        if result.input_value(0).get_node() is sub:
+            result.input(0).replace_source_output(add.output(0))
+    sub.set_friendly_name(f"{name}/replaced")
+    add.set_friendly_name(name)
+    negate.set_friendly_name(f"{name}/negate")
+    return negate.get_friendly_name()
+
+
+def pin_f32(model: Any, names: Sequence[str]) -> Tuple[Any, List[str], List[str]]:
+    """Pin the ops ``names`` of an OpenVINO model to f32 under a lower inference precision (module docstring).
+
+    The model goes through OpenVINO's IR serializer and reader (in memory) so that each pin becomes the CPU
+    plugin's attribute; every pinned op is then checked to carry it.
+
+    Returns:
+        ``(model, pinned, missing)``: the model to compile, the names of the pinned ops (``names`` found, plus
+        the negations written for their Subtracts) and the ``names`` that are not ops of the model (OpenVINO's
+        ONNX front end may fold an op away).
+
+    Raises:
+        PrecisionCheckError: none of ``names`` is an op of the model (nothing could be pinned or checked), or a
+            pinned op lacks the attribute after the round trip.
+    """
+    import tempfile
+
+    import openvino as ov
+
+    by_name = {op.get_friendly_name(): op for op in model.get_ordered_ops()}
+    missing = [n for n in names if n not in by_name]
+    pinned = [n for n in names if n in by_name]
+    if names and not pinned:
+        raise PrecisionCheckError(f"none of the {len(names)} ops to keep at f32 (e.g. {list(names)[0]}) is an op of "
+                                  "OpenVINO's model of the file: nothing can be pinned or checked")
+    pinned += [_negated_add(model, by_name[n]) for n in list(pinned) if by_name[n].get_type_name() == "Subtract"]
+    wanted = set(pinned)
+    for op in model.get_ordered_ops():
+        if op.get_friendly_name() in wanted:
+            op.get_rt_info()[_PIN] = ""
+    with tempfile.TemporaryDirectory(prefix="attnzoo-ov-") as tmp:
+        xml, weights = Path(tmp) / "model.xml", Path(tmp) / "model.bin"
+        ov.save_model(model, str(xml), compress_to_fp16=False)
+        model = ov.Core().read_model(xml.read_bytes(), ov.Tensor(np.fromfile(weights, dtype=np.uint8)))
+    lost = []
+    for op in model.get_ordered_ops():
+        if op.get_friendly_name() in wanted:
+            if _PINNED not in op.get_rt_info():
+                lost.append(op.get_friendly_name())
+            if op.get_type_name() == "Divide":
+                op.get_rt_info()[_NONCONVERTIBLE_DIVIDE] = ""
+    if lost:
+        raise PrecisionCheckError(f"{len(lost)} op(s) lost their f32 pin in OpenVINO's serializer, e.g. {lost[0]}")
+    return model, pinned, missing
+
+
+def _rt(op: Any, key: str) -> str:
+    info = op.get_rt_info()
+    return str(info[key].astype(str)) if key in info else ""
+
+
+def runtime_precisions(compiled: Any, pinned: Sequence[str], missing: Sequence[str] = ()) -> Dict[str, Any]:
+    """What OpenVINO's compiled model runs at, read back from its runtime model (``get_runtime_model()``: one
+    node per executed kernel, with the ``runtimePrecision``, ``layerType`` and ``originalLayersNames`` of the
+    model's ops it computes).
+
+    Args:
+        compiled: The ``openvino.CompiledModel``.
+        pinned: Names of the ops that must run at f32 (:func:`pin_f32`).
+        missing: Names asked for that were not ops of the model (reported).
+
+    Returns:
+        ``{"inference_precision", "extra_math": {"ops", "missing", "runtime_nodes", "by_precision", "not_f32",
+        "unpinned"}, "matmuls": {"by_precision", "not_inference_precision"}, "other": {"by_precision"}}``:
+        ``not_f32`` lists the runtime nodes computing a pinned op at another precision; ``unpinned`` those whose
+        first op (the kernel's own) carries no pin, which OpenVINO then is free to run at the inference precision;
+        ``matmuls`` counts the matrix products outside the pinned ops.
+    """
+    from collections import Counter
+
+    value = compiled.get_property("INFERENCE_PRECISION_HINT")
+    infer = value.to_string() if hasattr(value, "to_string") else str(value)
+    wanted = set(pinned)
+    extra: Counter = Counter()
+    matmuls: Counter = Counter()
+    other: Counter = Counter()
+    not_f32, unpinned, not_infer, nodes = [], [], [], 0
+    for op in compiled.get_runtime_model().get_ordered_ops():
+        layer, prec = _rt(op, "layerType"), _rt(op, "runtimePrecision")
+        if layer in ("Input", "Output", "Const", "Parameter", "Result", "Constant"):
+            continue
+        names = [n for n in _rt(op, "originalLayersNames").split(",") if n]
+        if wanted & set(names):
+            nodes += 1
+            extra[prec] += 1
+            label = f"{op.get_friendly_name()} ({layer}, {prec})"
+            if prec != "f32":
+                not_f32.append(label)
+            if op.get_friendly_name() not in wanted:
+                unpinned.append(label)
+        elif layer in MATMUL_LAYERS:
+            matmuls[prec] += 1
+            if prec != infer:
+                not_infer.append(f"{op.get_friendly_name()} ({layer}, {prec})")
+        else:
+            other[prec] += 1
+    return {"inference_precision": infer,
+            "extra_math": {"ops": len(wanted), "missing": list(missing), "runtime_nodes": nodes,
+                           "by_precision": dict(extra), "not_f32": not_f32, "unpinned": unpinned},
+            "matmuls": {"by_precision": dict(matmuls), "not_inference_precision": not_infer},
+            "other": {"by_precision": dict(other)}}
+
+
+def check_runtime_precisions(report: Dict[str, Any], precision: str) -> None:
+    """Refuse a compiled model whose runtime model (:func:`runtime_precisions`) does not run ``precision``: it
+    must have compiled at that inference precision, every runtime node computing a pinned op at f32, and (bf16)
+    its matrix products outside the pinned ops at bf16.
+
+    Raises:
+        PrecisionCheckError: one line naming what runs at what.
+    """
+    want = PRECISIONS[precision]
+    if report["inference_precision"] != want:
+        raise PrecisionCheckError(f"OpenVINO compiled the model at {report['inference_precision']}, not {want}")
+    x = report["extra_math"]
+    if x["ops"] and not x["runtime_nodes"]:
+        raise PrecisionCheckError(f"none of the {x['ops']} pinned ops appears in OpenVINO's runtime model: their "
+                                  "precision cannot be read back")
+    if x["not_f32"]:
+        raise PrecisionCheckError(f"{len(x['not_f32'])} of {x['runtime_nodes']} runtime nodes of the extra math do not "
+                                  f"run at f32 under {want}, e.g. {x['not_f32'][0]}")
+    m = report["matmuls"]
+    if want != "f32" and (m["not_inference_precision"] or not m["by_precision"]):
+        example = m["not_inference_precision"][0] if m["not_inference_precision"] else "none found"
+        raise PrecisionCheckError(f"the matrix products outside the extra math do not all run at {want} "
+                                  f"({m['by_precision'] or 'none'}; e.g. {example}): {want} is not in effect")
+
+
+def summary(report: Dict[str, Any]) -> Dict[str, Any]:
+    """A compact :func:`runtime_precisions` report (counts, and at most 3 examples per list) for a results row."""
+    x, m = report["extra_math"], report["matmuls"]
+    return {"inference_precision": report["inference_precision"],
+            "extra_math_ops": x["ops"], "extra_math_missing": len(x["missing"]),
+            "extra_math_runtime_nodes": x["by_precision"], "extra_math_not_f32": x["not_f32"][:3],
+            "extra_math_unpinned": x["unpinned"][:3], "matmuls": m["by_precision"]}
 
 
 # ------------------------------------------------------------------------------------------------ NNCF int8

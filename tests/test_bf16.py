@@ -27,3 +27,181 @@ def test_bf16_problem_names_the_missing_flags_and_accepts_each_bf16_unit():
 def test_bf16_problem_reads_this_machine():
     has = bool(set(BF16_FLAGS) & set(cpu_info()["flags"]))
     assert (bf16_problem() is None) == has
+
+
+# ------------------------------------------------------------------------------------------------------ OpenVINO
+openvino = pytest.importorskip("openvino")
+
+
+@pytest.fixture(scope="module")
+def belief2(tmp_path_factory):
+    """A micro belief2 classifier (its projection has the Divide and the Subtract that OpenVINO rewrites), its
+    export and the names of its extra-math nodes."""
+    import onnx
+    import torch
+
+    from attnzoo.export import export_onnx
+    from attnzoo.export.quantize import extra_math_nodes
+    from attnzoo.models import create_model
+
+    torch.manual_seed(0)
+    model = create_model("belief2", task="cls", arch="micro").eval()
+    path = export_onnx(model, tmp_path_factory.mktemp("bf16") / "belief2.onnx")
+    return model, path, extra_math_nodes(onnx.load(str(path), load_external_data=False))
+
+
+def _inputs(path, n: int = 2, seed: int = 0):
+    import numpy as np
+
+    from attnzoo.runtime.contract import ModelContract
+
+    return np.random.default_rng(seed).standard_normal((n, 3, *ModelContract.from_onnx(path).input_size),
+                                                       dtype=np.float32)
+
+
+@pytest.mark.skipif(HAS_BF16, reason="this CPU has bf16 units")
+def test_openvino_bf16_is_refused_here_in_one_line(belief2):
+    from attnzoo.runtime.backends import get_backend
+    from attnzoo.runtime.openvino import OpenVINOSession
+
+    _, path, names = belief2
+    reason = get_backend("openvino").unavailable_reason("bf16")
+    assert reason is not None and "\n" not in reason and "avx512_bf16" in reason and "amx_bf16" in reason
+    with pytest.raises(ValueError, match="^bf16: this CPU .* no bf16 units") as exc:
+        OpenVINOSession(path, precision="bf16", keep_f32=names)
+    assert "\n" not in str(exc.value)
+    with pytest.raises(ValueError, match="no bf16 units"):
+        get_backend("openvino").load(path, dtype="bf16", keep_f32=names)
+
+
+def test_pin_f32_gives_each_extra_math_op_openvinos_attribute_and_keeps_the_math(belief2):
+    import numpy as np
+
+    from attnzoo.runtime.openvino import OpenVINOSession, pin_f32, read_onnx
+
+    _, path, names = belief2
+    model, pinned, missing = pin_f32(read_onnx(path), names)
+    assert missing == [] and set(names) <= set(pinned)
+    ops = {op.get_friendly_name(): op for op in model.get_ordered_ops()}
+    marked = {n for n, op in ops.items() if "DisablePrecisionConversion_0" in op.get_rt_info()}
+    assert marked == set(pinned)  # every extra-math op, and nothing else
+    scoped = [op for n, op in ops.items() if n in marked]
+    assert not [op for op in scoped if op.get_type_name() == "Subtract"]  # written as Add(a, Multiply(b, -1))
+    negations = [n for n in pinned if n not in names]
+    assert len(negations) == 4 and all(ops[n].get_type_name() == "Multiply" for n in negations)  # one per block
+    divides = [op for op in scoped if op.get_type_name() == "Divide"]
+    assert len(divides) == 4 and all("nonconvertable_divide_0" in op.get_rt_info() for op in divides)
+    x = _inputs(path, 3)
+    plain, pinned_run = OpenVINOSession(path, threads=1).run(x), OpenVINOSession(path, threads=1, keep_f32=names)
+    np.testing.assert_allclose(pinned_run.run(x), plain, rtol=0, atol=1e-5)
+
+
+def test_runtime_model_read_back_finds_every_extra_math_op_in_a_pinned_f32_kernel(belief2):
+    from attnzoo.runtime.openvino import OpenVINOSession, runtime_precisions
+
+    _, path, names = belief2
+    session = OpenVINOSession(path, threads=1, keep_f32=names)
+    check = session.precision_check
+    x = check["extra_math"]
+    assert check["inference_precision"] == "f32" and x["missing"] == [] and x["not_f32"] == []
+    assert x["runtime_nodes"] > 0 and x["by_precision"] == {"f32": x["runtime_nodes"]}
+    assert x["unpinned"] == []  # OpenVINO's rewrites left every extra-math kernel rooted at a pinned op
+    assert check["matmuls"]["by_precision"] == {"f32": sum(check["matmuls"]["by_precision"].values())}
+    runtime = session.compiled.get_runtime_model().get_ordered_ops()
+    computed = {n for op in runtime for n in op.get_rt_info()["originalLayersNames"].astype(str).split(",")}
+    assert set(names) <= computed  # every extra-math op is computed by some kernel of the runtime model
+    groups = {op.get_friendly_name(): set(op.get_rt_info()["originalLayersNames"].astype(str).split(","))
+              for op in runtime}
+    root = next(name for name, ops in groups.items() if len(ops & set(names)) >= 2)  # a kernel of 2+ extra ops
+    again = runtime_precisions(session.compiled, [n for n in session.pinned if n != root])
+    assert any(u.startswith(f"{root} (") for u in again["extra_math"]["unpinned"])  # its own op unpinned: flagged
+    assert session.info()["precision_check"]["extra_math_not_f32"] == []
+
+
+def _fake_compiled(nodes, precision: str):
+    """A compiled model whose runtime model holds ``nodes``: (name, layer type, runtime precision, original ops)."""
+    import numpy as np
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    x = ops.parameter([1, 4], np.float32, name="image")
+    out = x
+    for name, layer, prec, original in nodes:
+        out = ops.relu(out)
+        out.set_friendly_name(name)
+        for key, value in (("layerType", layer), ("runtimePrecision", prec), ("originalLayersNames", original)):
+            out.get_rt_info()[key] = value
+    runtime = ov.Model([out], [x])
+
+    class Compiled:
+        def get_property(self, key):
+            assert key == "INFERENCE_PRECISION_HINT"
+            return ov.Type.bf16 if precision == "bf16" else ov.Type.f32
+
+        def get_runtime_model(self):
+            return runtime
+
+    return Compiled()
+
+
+def test_precision_check_refuses_extra_math_off_f32_matmuls_off_bf16_and_a_silent_f32():
+    from attnzoo.runtime.openvino import PrecisionCheckError, check_runtime_precisions, runtime_precisions
+
+    pinned = ["blocks.0.attn.projection/Div", "blocks.0.attn.projection/Mul_2"]
+    good = [("blocks.0.attn/qkv", "FullyConnected", "bf16", "blocks.0.attn/qkv"),
+            ("blocks.0.attn.projection/Div", "Eltwise", "f32",
+             "blocks.0.attn.projection/Div,blocks.0.attn.projection/Mul_2"),
+            ("head", "FullyConnected", "bf16", "head")]
+    report = runtime_precisions(_fake_compiled(good, "bf16"), pinned)
+    check_runtime_precisions(report, "bf16")  # passes
+    assert report["extra_math"]["by_precision"] == {"f32": 1} and report["matmuls"]["by_precision"] == {"bf16": 2}
+    bad = [good[0], ("Power_7", "Eltwise", "bf16", "Power_7,blocks.0.attn.projection/Div"), good[2]]
+    report = runtime_precisions(_fake_compiled(bad, "bf16"), pinned)
+    assert report["extra_math"]["unpinned"] == ["Power_7 (Eltwise, bf16)"]
+    with pytest.raises(PrecisionCheckError, match=r"1 of 1 runtime nodes of the extra math .* Power_7 \(Eltwise, bf16\)"):
+        check_runtime_precisions(report, "bf16")
+    f32_fc = [good[0], good[1], ("head", "FullyConnected", "f32", "head")]
+    with pytest.raises(PrecisionCheckError, match=r"do not all run at bf16 .* head \(FullyConnected, f32\)"):
+        check_runtime_precisions(runtime_precisions(_fake_compiled(f32_fc, "bf16"), pinned), "bf16")
+    with pytest.raises(PrecisionCheckError, match="compiled the model at f32, not bf16"):
+        check_runtime_precisions(runtime_precisions(_fake_compiled(good, "f32"), pinned), "bf16")
+    with pytest.raises(PrecisionCheckError, match="none of the 2 pinned ops appears"):
+        check_runtime_precisions(runtime_precisions(_fake_compiled([good[0]], "bf16"), pinned), "bf16")
+
+
+@pytest.mark.skipif(HAS_BF16, reason="this CPU has bf16 units")
+def test_without_the_refusal_openvino_compiles_bf16_at_f32_here_and_the_read_back_says_so(belief2, monkeypatch):
+    from attnzoo.runtime import openvino as ov_rt
+
+    _, path, names = belief2
+    monkeypatch.setattr(ov_rt, "bf16_unavailable_reason", lambda: None)
+    with pytest.raises(ov_rt.PrecisionCheckError, match="compiled the model at f32, not bf16"):
+        ov_rt.OpenVINOSession(path, threads=1, precision="bf16", keep_f32=names)
+
+
+@pytest.mark.skipif(not HAS_BF16 or not hasattr(openvino, "Core"), reason="needs a CPU with bf16 units")
+def test_openvino_bf16_runs_the_extra_math_at_f32_and_matches_eager_within_the_bf16_tolerance(belief2):
+    import torch
+
+    from attnzoo.runtime.backends import get_backend
+    from attnzoo.runtime.parity import TOLERANCES, parity_error
+
+    model, path, names = belief2
+    session = get_backend("openvino").load(path, dtype="bf16", threads=1, keep_f32=names)
+    check = session.info()["precision_check"]
+    assert check["inference_precision"] == "bf16" and check["extra_math_not_f32"] == []
+    assert set(check["matmuls"]) == {"bf16"}
+    x = _inputs(path, 3)
+    with torch.inference_mode():
+        ref = model(torch.from_numpy(x)).numpy()
+    assert parity_error(session.run(x), ref) <= TOLERANCES["bf16"]
+
+
+def test_openvino_bf16_needs_the_extra_math_names_of_a_variant_with_extra_math(belief2, monkeypatch):
+    from attnzoo.runtime import openvino as ov_rt
+    from attnzoo.runtime.backends import get_backend
+
+    _, path, _ = belief2
+    monkeypatch.setattr(ov_rt, "bf16_unavailable_reason", lambda: None)
+    with pytest.raises(ValueError, match="bf16 needs the names of the ops to keep at f32"):
+        get_backend("openvino").load(path, dtype="bf16")

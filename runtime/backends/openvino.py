@@ -1,14 +1,17 @@
 """``openvino``: OpenVINO on the CPU, reading the same verified ONNX file (or NNCF's int8 IR of it).
 
 The settings (fp32 inference precision, the caller's threads, the latency hint, no thread pinning, the batch
-fixed when known) are :mod:`attnzoo.runtime.openvino`'s.
+fixed when known) are :mod:`attnzoo.runtime.openvino`'s. ``bf16`` (CPUs with bf16 units): the same file at
+OpenVINO's bf16 inference precision with the variant's extra-math ops pinned to f32, read back from the
+runtime model before the session is returned; the caller passes those ops' names (``keep_f32``,
+:func:`attnzoo.export.quantize.extra_math_nodes`), as for NNCF's ignored scope.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
 
@@ -51,6 +54,8 @@ class OpenVINOBackend(Backend):
             return reason
         if dtype == "int8":
             return ov.nncf_unavailable_reason()
+        if dtype == "bf16":
+            return ov.bf16_unavailable_reason()
         if dtype != "fp32" and dtype in self.dtypes:
             return None
         if dtype != "fp32":
@@ -58,10 +63,28 @@ class OpenVINOBackend(Backend):
         return None
 
     def load(self, model: Any, *, dtype: str = "fp32", threads: Optional[int] = None, batch: Optional[int] = None,
-             device: str = "cpu", cache_dir: Any = None) -> OpenVINORuntimeSession:
-        return OpenVINORuntimeSession(ov.OpenVINOSession(Path(model), threads=threads, batch=batch), self.name)
+             device: str = "cpu", cache_dir: Any = None, keep_f32: Optional[Sequence[str]] = None
+             ) -> OpenVINORuntimeSession:
+        """As :meth:`Backend.load`; ``keep_f32``: the names of the ops bf16 keeps at f32 (the variant's extra
+        math; not needed for a variant without, refused when missing for one with)."""
+        if dtype == "bf16" and keep_f32 is None and not _extra_scopes(Path(model)):
+            keep_f32 = []
+        precision = "bf16" if dtype == "bf16" else "fp32"  # an int8 IR carries its own precision
+        return OpenVINORuntimeSession(ov.OpenVINOSession(Path(model), threads=threads, batch=batch,
+                                                         precision=precision, keep_f32=keep_f32), self.name)
+
+
+def _extra_scopes(path: Path) -> tuple:
+    """The extra-math scopes of the variant an attnzoo ONNX file holds (none for an unregistered variant)."""
+    from attnzoo.models import VARIANTS
+
+    from ..contract import ModelContract
+
+    spec = VARIANTS.get(str(ModelContract.from_onnx(path).config.get("variant")))
+    return tuple(spec.extra_scopes) if spec is not None else ()
 
 
 OPENVINO = register_backend(OpenVINOBackend(
-    "openvino", "OpenVINO, CPU plugin, on the same verified ONNX file (int8: NNCF's quantization of it)",
-    aliases=("ov",), takes="onnx", device="cpu", dtypes=("fp32", "int8")))
+    "openvino", "OpenVINO, CPU plugin, on the same verified ONNX file (bf16: extra math pinned to f32; int8: NNCF's "
+    "quantization of it)",
+    aliases=("ov",), takes="onnx", device="cpu", dtypes=("fp32", "bf16", "int8")))
