@@ -205,3 +205,59 @@ def test_openvino_bf16_needs_the_extra_math_names_of_a_variant_with_extra_math(b
     monkeypatch.setattr(ov_rt, "bf16_unavailable_reason", lambda: None)
     with pytest.raises(ValueError, match="bf16 needs the names of the ops to keep at f32"):
         get_backend("openvino").load(path, dtype="bf16")
+
+
+# ---------------------------------------------------------------------------------------------- PyTorch autocast
+@pytest.mark.skipif(HAS_BF16, reason="this CPU has bf16 units")
+@pytest.mark.parametrize("backend", ["eager", "compile"])
+def test_pytorch_bf16_on_this_cpu_is_refused_in_one_line_but_not_on_a_gpu(backend):
+    from attnzoo.runtime.backends import get_backend
+
+    reason = get_backend(backend).unavailable_reason("bf16", "cpu")
+    assert reason == bf16_problem() and "avx512_bf16" in reason
+    assert get_backend("eager").unavailable_reason("bf16", "cuda") is None
+
+
+@pytest.mark.parametrize("variant,scope", [("belief2", "projection"), ("wafe-mae", "distance")])
+def test_pytorch_bf16_autocast_runs_the_extra_scopes_in_fp32_and_the_rest_in_bf16(variant, scope, monkeypatch):
+    """PyTorch's bf16 kernels run on any CPU (converted to fp32 where it has no bf16 units), so the autocast path
+    is checked here even where the backend refuses bf16 for speed."""
+    import numpy as np
+    import torch
+
+    from attnzoo.models import create_model
+    from attnzoo.runtime.backends.eager import TorchSession
+    from attnzoo.runtime.parity import TOLERANCES, parity_error
+
+    torch.manual_seed(0)
+    model = create_model(variant, task="cls", arch="micro").eval()
+    scope_cls = type(model.get_submodule(f"blocks.0.attn.{scope}"))
+    seen = {"scope": set(), "scope autocast": set(), "qkv": set(), "qkv autocast": set()}
+    original = scope_cls.forward
+
+    def recorded(self, *args, **kwargs):  # what the scope's own code receives
+        seen["scope"].update(a.dtype for a in args if torch.is_tensor(a))
+        seen["scope autocast"].add(torch.is_autocast_enabled("cpu"))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(scope_cls, "forward", recorded)
+    session = TorchSession(model, backend="eager", dtype="bf16", device="cpu", threads=1)
+
+    def qkv_hook(module, args, out):
+        seen["qkv"].add(out.dtype)
+        seen["qkv autocast"].add(torch.is_autocast_enabled("cpu"))
+
+    for name, module in session.net.named_modules():
+        if name.endswith("attn.qkv"):
+            module.register_forward_hook(qkv_hook)
+    size = model.attnzoo_config["img_size"]
+    x = np.random.default_rng(0).standard_normal((2, 3, size, size), dtype=np.float32)
+    out = session.run(x)
+    assert seen["scope"] == {torch.float32} and seen["scope autocast"] == {False}
+    assert seen["qkv"] == {torch.bfloat16} and seen["qkv autocast"] == {True}
+    assert "4 extra-math scope module(s) in fp32" in session.info()["autocast"]
+    assert next(session.net.parameters()).dtype == torch.float32  # fp32 weights, cast per op by autocast
+    monkeypatch.undo()
+    with torch.inference_mode():
+        ref = model(torch.from_numpy(x)).numpy()
+    assert 0 < parity_error(out, ref) <= TOLERANCES["bf16"]  # bf16 did happen, within the bf16 tolerance

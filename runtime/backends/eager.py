@@ -10,11 +10,12 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
-from attnzoo.machine import cpu_info
+from attnzoo.machine import bf16_problem, cpu_info
 
 from . import Backend, Call, Session, register_backend
 
-__all__ = ["TorchBackend", "TorchSession", "EAGER", "TORCH_DTYPES", "fp32_math", "tf32_problem"]
+__all__ = ["TorchBackend", "TorchSession", "EAGER", "TORCH_DTYPES", "fp32_math", "tf32_problem",
+           "bf16_autocast"]
 
 #: attnzoo precision -> torch dtype name (``tf32``: float32 tensors, TF32 matmuls / convolutions).
 TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -69,12 +70,16 @@ class TorchSession(Session):
 
         self.backend = backend
         self.device = torch.device(device)
-        self.dtype = getattr(torch, TORCH_DTYPES[dtype])
+        self.autocast = dtype == "bf16"  # fp32 weights and inputs, bf16 autocast, the extra math in fp32
+        self.dtype = torch.float32 if self.autocast else getattr(torch, TORCH_DTYPES[dtype])
         self.tf32 = dtype == "tf32"  # every call on a GPU sets TF32 on or off itself: the switches are global
         if threads:
             torch.set_num_threads(int(threads))
         self.net = copy.deepcopy(model).to(device=self.device, dtype=self.dtype).eval()
         self._info: Dict[str, Any] = {"device": str(self.device), "dtype": dtype}
+        if self.autocast:
+            scopes = bf16_autocast(self.net, self.device.type)
+            self._info["autocast"] = f"bfloat16, {scopes} extra-math scope module(s) in fp32"
         if self.device.type == "cuda":
             self._info["fp32_matmul"] = "tf32" if self.tf32 else "ieee"
         if compile_mode is not None:
@@ -108,6 +113,49 @@ class TorchSession(Session):
         return dict(self._info)
 
 
+def bf16_autocast(net: Any, device_type: str) -> int:
+    """Make ``net`` run under ``torch.autocast(device_type, torch.bfloat16)`` with the variant's extra-math scopes
+    (``<...>.attn.<scope>``, :attr:`attnzoo.models.VariantSpec.extra_scopes`) in fp32, as the fp16 export keeps
+    them: each such module gets its floating inputs as fp32 and runs with autocast off (a matrix product inside,
+    such as WAFE's blocked L1 distance, would otherwise be cast to bf16). Everything else follows autocast's
+    policy for the device (on the CPU, LayerNorm and softmax too take the bf16 tensors). Returns the number of
+    scope modules."""
+    import functools
+
+    import torch
+
+    from attnzoo.models import VARIANTS
+
+    spec = VARIANTS.get(str((getattr(net, "attnzoo_config", None) or {}).get("variant")))
+    scopes = spec.extra_scopes if spec is not None else ()
+
+    def fp32(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.float()
+        return type(value)(fp32(v) for v in value) if isinstance(value, (tuple, list)) else value
+
+    def in_fp32(forward):
+        @functools.wraps(forward)
+        def run(*args, **kwargs):
+            with torch.autocast(device_type, enabled=False):
+                return forward(*fp32(args), **{k: fp32(v) for k, v in kwargs.items()})
+        return run
+
+    count = 0
+    for name, module in net.named_modules():
+        if any(name == f"attn.{s}" or name.endswith(f".attn.{s}") for s in scopes):
+            module.forward, count = in_fp32(module.forward), count + 1
+    forward = net.forward
+
+    @functools.wraps(forward)
+    def autocast_forward(*args, **kwargs):
+        with torch.autocast(device_type, dtype=torch.bfloat16):
+            return forward(*args, **kwargs)
+
+    net.forward = autocast_forward
+    return count
+
+
 def _cuda_peak() -> Tuple[float, str]:
     import torch
 
@@ -122,6 +170,8 @@ def torch_dtype_problem(dtype: str, device: str) -> Optional[str]:
         return tf32_problem(device)
     if device == "cpu" and dtype == "fp16" and not {"avx512_fp16", "amx_fp16"} & set(cpu_info()["flags"]):
         return "fp16 on this CPU has no native kernels (no avx512_fp16/amx_fp16); use bf16"
+    if device == "cpu" and dtype == "bf16":
+        return bf16_problem()
     return None
 
 
