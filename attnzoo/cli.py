@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, List, Optional, Sequence, TypeVar
 
 __all__ = ["UsageError", "CommandError", "Terminated", "Interrupted", "CommandExit", "entry_point", "add_debug_flag",
-           "first_line", "parse_names", "one_of", "PendingSignal", "signals_deferred", "run_in_worker", "COMMANDS", "SIGNAL_EXITS",
+           "first_line", "parse_names", "one_of", "PendingSignal", "signals_deferred", "run_in_worker", "abandon",
+           "COMMANDS", "SIGNAL_EXITS",
            "export_model", "bench_latency", "serve_demo", "serve_models", "train_model", "evaluate_model"]
 
 T = TypeVar("T")
@@ -199,6 +200,13 @@ def signals_deferred() -> Iterator[PendingSignal]:
             _deliver(state.signum, previous[state.signum])
 
 
+def abandon(thread: threading.Thread) -> None:
+    """Native work in ``thread`` was given up on (a cancelled TensorRT build, a Ray shutdown that did not finish):
+    the command then ends with ``os._exit`` once its line is printed and its ``finally`` blocks have run, instead
+    of an interpreter shutdown that would wait for, or run beside, that native code."""
+    _ABANDONED.append(thread)
+
+
 def run_in_worker(fn: Callable[[], T], cancel: Callable[[], None]) -> T:
     """``fn()`` (native code that releases the GIL, e.g. a TensorRT build) in a worker thread, waited for by the
     main thread, so that Ctrl-C / SIGTERM is acted on at once and never raised inside ``fn``'s C callbacks
@@ -226,7 +234,7 @@ def run_in_worker(fn: Callable[[], T], cancel: Callable[[], None]) -> T:
             worker.join(0.05)  # the main thread runs Python between waits: signal handlers run here
     except BaseException:
         cancel()
-        _ABANDONED.append(worker)  # even once it returns, TensorRT's own threads may still call back
+        abandon(worker)  # even once it returns, TensorRT's own threads may still call back
         raise
     if "error" in box:
         raise box["error"]

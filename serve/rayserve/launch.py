@@ -319,12 +319,19 @@ _LOCAL: Dict[str, Any] = {"started": False, "ready_dirs": [], "mark": None}
 
 @contextlib.contextmanager
 def _keep_signal_handlers() -> Iterator[None]:
-    """Re-install this process's SIGINT/SIGTERM handlers after ``ray.init``, whose native crash handler would
-    otherwise take SIGTERM (and end the process with a stack dump instead of a clean stop, exit 143)."""
+    """This process's SIGINT/SIGTERM handlers stay in charge through ``ray.init``: Ray's Python SIGTERM handlers,
+    which ``ray.init`` installs (``sys.exit(15)``, or the node's ``sys.exit(1)``), are not installed, so a SIGTERM
+    while Ray starts is the same clean stop with exit 143 as later; and the handlers are re-installed afterwards,
+    over the native crash handler ``ray.init`` installs (which would end the process with a stack dump)."""
+    from ray._private import utils as ray_utils
+
     kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    install = ray_utils.set_sigterm_handler
+    ray_utils.set_sigterm_handler = lambda handler: None
     try:
         yield
     finally:
+        ray_utils.set_sigterm_handler = install
         if threading.current_thread() is threading.main_thread():
             for sig, handler in kept.items():
                 if handler is not None:
@@ -424,6 +431,8 @@ _OWNER_ENV = "ATTNZOO_SERVE_OWNER"
 #: Seconds Ray's own shutdown of a local Ray gets, and then what its processes still running get to end after
 #: SIGTERM before SIGKILL (a stop must take under 10 s on a loaded 2-core machine).
 STOP_GRACE_S = 1.5
+#: Most SIGTERM-then-SIGKILL rounds of a stop: the first ends what runs, a later one what was started meanwhile.
+STOP_ROUNDS = 5
 
 
 def _marked_processes() -> List[Any]:
@@ -444,18 +453,71 @@ def _marked_processes() -> List[Any]:
     return found
 
 
+def _end_marked(grace: float = STOP_GRACE_S) -> None:
+    """SIGTERM every process that carries this process's mark, SIGKILL those still running ``grace`` s later, and
+    scan again until a scan finds none (at most :data:`STOP_ROUNDS` rounds). A process started *during* the stop
+    (an HAProxy that a Serve proxy still running reloads with ``-sf <old pid>``, then orphaned to PID 1 when its
+    manager dies) is not in the first scan; once every process that could start one is gone, a scan that finds
+    nothing is final."""
+    import psutil
+
+    for _ in range(STOP_ROUNDS):
+        alive = _marked_processes()
+        if not alive:
+            time.sleep(0.1)  # one forked or exec'ing at the very moment of the scan shows in the next one
+            alive = _marked_processes()
+            if not alive:
+                return
+        for p in alive:
+            with contextlib.suppress(psutil.Error):
+                p.terminate()
+        _, alive = psutil.wait_procs(alive, timeout=grace)
+        for p in alive:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        psutil.wait_procs(alive, timeout=grace)
+    left = []
+    for p in _marked_processes():
+        with contextlib.suppress(psutil.Error):
+            left.append(f"{p.pid} {p.name()}")
+    if left:
+        print(f"warning: {len(left)} process(es) of the local Ray still running after the stop: {', '.join(left)}",
+              file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """While the stop runs (main thread only), a further SIGINT/SIGTERM is ignored instead of raising in the
+    middle of it: Ctrl-C twice, or SIGTERM to the process and then to its group, must not leave half of the local
+    Ray running. The stop is bounded (:data:`STOP_GRACE_S`, :data:`STOP_ROUNDS`) and the watchdog
+    (:func:`stop_watchdog`) still ends the process if it is not."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kept = {sig: signal.signal(sig, lambda signum, frame: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in kept.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+
 def _stop_local_ray() -> None:
     """End the local Ray this process started, fast and completely: Ray's driver shutdown (for at most
     :data:`STOP_GRACE_S`), then every process this process started (GCS, raylet, workers, replicas, HAProxy, a
-    background export) that is still alive gets SIGTERM and, after :data:`STOP_GRACE_S`, SIGKILL. They are found
-    by the environment mark they all inherit (:data:`_OWNER_ENV`), so one orphaned to PID 1 is found too and
-    no other process of the caller is touched. Serve's graceful shutdown is skipped: it drains the
-    replicas and HAProxy for 30-50 s, and a local Ray keeps nothing that needs it."""
-    import shutil
+    background export), and any that one of them starts meanwhile, gets SIGTERM and, after :data:`STOP_GRACE_S`,
+    SIGKILL (:func:`_end_marked`). They are found by the environment mark they all inherit (:data:`_OWNER_ENV`),
+    so one orphaned to PID 1 is found too and no other process of the caller is touched. Serve's graceful
+    shutdown is skipped: it drains the replicas and HAProxy for 30-50 s, and a local Ray keeps nothing that
+    needs it. A further signal during the stop is ignored (:func:`_signals_held`)."""
+    with _signals_held():
+        _stop_processes()
+        _forget_local_ray()
 
-    import psutil
 
-    tree = set(_marked_processes())
+def _stop_processes() -> None:
+    from attnzoo.cli import abandon
+
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         done = threading.Event()
@@ -466,17 +528,18 @@ def _stop_local_ray() -> None:
             finally:
                 done.set()
 
-        threading.Thread(target=shutdown, name="attnzoo-ray-shutdown", daemon=True).start()
-        done.wait(STOP_GRACE_S)
-    alive = [p for p in {*tree, *_marked_processes()} if p.is_running()]
-    for p in alive:
-        with contextlib.suppress(psutil.Error):
-            p.terminate()
-    _, alive = psutil.wait_procs(alive, timeout=STOP_GRACE_S)
-    for p in alive:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    psutil.wait_procs(alive, timeout=STOP_GRACE_S)
+        thread = threading.Thread(target=shutdown, name="attnzoo-ray-shutdown", daemon=True)
+        thread.start()
+        if not done.wait(STOP_GRACE_S):  # its native threads would hold up the interpreter's exit for seconds
+            abandon(thread)
+    _end_marked()
+
+
+def _forget_local_ray() -> None:
+    """Remove the files and environment defaults of the local Ray that :func:`_stop_processes` ended."""
+    import shutil
+
+    ray = sys.modules.get("ray")
     wrapper = _OWN_ENV.get("RAY_SERVE_HAPROXY_BINARY_PATH")
     for folder in [*_LOCAL["ready_dirs"], *([Path(wrapper).parent] if wrapper else [])]:
         shutil.rmtree(folder, ignore_errors=True)
@@ -506,9 +569,10 @@ def stop_watchdog() -> Iterator[None]:
     it (a handler that only defers the signal, as Ray's do inside ``ray.init``; Python runs handlers only between
     bytecodes). The C-level handler writes the signal to a wakeup pipe at once; a daemon thread reading it gives
     the normal path (:func:`stop` from the main thread's ``finally``) :data:`WATCHDOG_S`, then ends every process
-    of the local Ray itself and exits with 128 + the signal. Leaving the body disarms it and restores the previous
-    wakeup fd, so a process that goes on (a test, an embedding program) keeps its own signal handling. Whether a
-    signal in the GCS-port wait of ``ray.init`` is covered: see the README ("Stopping"). Main thread only."""
+    of the local Ray itself and exits with 128 + the signal. Leaving the body stops a local Ray still running (its
+    stop never began: a second signal came first), then disarms the watchdog and restores the previous wakeup fd,
+    so a process that goes on (a test, an embedding program) keeps its own signal handling. Whether a signal in the
+    GCS-port wait of ``ray.init`` is covered: see docs/serving.md ("Stopping"). Main thread only."""
     r, w = os.pipe()
     os.set_blocking(w, False)
     previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
@@ -532,6 +596,8 @@ def stop_watchdog() -> Iterator[None]:
     try:
         yield
     finally:
+        if _LOCAL["started"]:  # the body's own stop never ran (a second signal before it began)
+            _stop_local_ray()
         disarmed.set()
         signal.set_wakeup_fd(previous)
         os.close(w)  # the watcher reads end-of-file and returns
