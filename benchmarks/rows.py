@@ -12,13 +12,17 @@ math fp32, finite outputs; no test-set accuracy for a random-init model); ``open
 quantization of the OpenVINO model (:func:`attnzoo.runtime.openvino.nncf_int8`, extra math in the ignored scope,
 checked free of FakeQuantize), because OpenVINO gains nothing from the Q/DQ graph. Both are cached per fp32 file
 (its SHA-256) and then pass the benchmark's int8 parity gate before they are timed.
+
+bf16 (``openvino``, CPUs with bf16 units): the same fp32 file at OpenVINO's bf16 inference precision with the
+variant's extra-math nodes pinned to f32 (:func:`extra_math`), refused unless OpenVINO's runtime model runs them at
+f32 and the matmuls at bf16 (:class:`attnzoo.runtime.openvino.OpenVINOSession`); the row's info has that read-back.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -28,7 +32,7 @@ from attnzoo.runtime.backends import Call, get_backend
 from attnzoo.runtime.parity import tolerance_key
 
 __all__ = ["CALIBRATION_COUNT", "row_unavailable_reason", "tolerance_for", "load_call", "int8_onnx",
-           "int8_openvino"]
+           "int8_openvino", "extra_math"]
 
 #: Calibration images of the benchmark's int8 models (seeded standard normal: the models are random-init).
 CALIBRATION_COUNT = 32
@@ -90,12 +94,18 @@ def int8_onnx(onnx_path: Path, config: Dict[str, Any], cache_dir: Path,
                  "calibration": qz["calibration"]["source"], "model": out.name}
 
 
-def int8_openvino(onnx_path: Path, config: Dict[str, Any], cache_dir: Path) -> Tuple[Path, Dict[str, Any]]:
-    """NNCF's int8 OpenVINO IR of a verified fp32 export (extra math in the ignored scope, checked free of
-    FakeQuantize; :func:`attnzoo.runtime.openvino.nncf_int8`), cached per fp32 SHA-256 with its report."""
+def extra_math(onnx_path: Path, config: Optional[Dict[str, Any]] = None) -> List[str]:
+    """The names of the extra-math nodes of an export (:func:`attnzoo.export.quantize.extra_math_nodes`)."""
     import onnx
 
     from attnzoo.export.quantize import extra_math_nodes
+
+    return extra_math_nodes(onnx.load(str(onnx_path), load_external_data=False), config)
+
+
+def int8_openvino(onnx_path: Path, config: Dict[str, Any], cache_dir: Path) -> Tuple[Path, Dict[str, Any]]:
+    """NNCF's int8 OpenVINO IR of a verified fp32 export (extra math in the ignored scope, checked free of
+    FakeQuantize; :func:`attnzoo.runtime.openvino.nncf_int8`), cached per fp32 SHA-256 with its report."""
     from attnzoo.fileio import atomic_write_text
     from attnzoo.runtime.openvino import nncf_int8
 
@@ -105,7 +115,7 @@ def int8_openvino(onnx_path: Path, config: Dict[str, Any], cache_dir: Path) -> T
     if out.is_file() and facts_path.is_file():
         return out, json.loads(facts_path.read_text())
     calibration, source = _calibration(config)
-    extra = extra_math_nodes(onnx.load(str(onnx_path), load_external_data=False), config)
+    extra = extra_math(onnx_path, config)
     facts = nncf_int8(onnx_path, out, calibration, ignored=extra)
     facts.update(calibration=source, excluded_extra_math=len(extra),
                  verified="NNCF model checked: FakeQuantize inserted, none feeding the extra math")
@@ -143,5 +153,7 @@ def load_call(backend: str, model: Any, onnx_path: Optional[Path], x: np.ndarray
         config = dict(getattr(model, "attnzoo_config", {}) or {})
         onnx_path, int8 = (int8_onnx(onnx_path, config, cache_dir, int8_placement) if b.name == "ort-cpu"
                            else int8_openvino(onnx_path, config, cache_dir))
-    session = b.load(onnx_path, dtype=dtype, threads=threads, batch=len(x), device=device, cache_dir=cache_dir)
+    pins = {"keep_f32": extra_math(onnx_path)} if dtype == "bf16" and b.name == "openvino" else {}
+    session = b.load(onnx_path, dtype=dtype, threads=threads, batch=len(x), device=device, cache_dir=cache_dir,
+                     **pins)
     return session.call(x), {**session.info(), **({"int8": int8} if int8 else {})}

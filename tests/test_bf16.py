@@ -261,3 +261,44 @@ def test_pytorch_bf16_autocast_runs_the_extra_scopes_in_fp32_and_the_rest_in_bf1
     with torch.inference_mode():
         ref = model(torch.from_numpy(x)).numpy()
     assert 0 < parity_error(out, ref) <= TOLERANCES["bf16"]  # bf16 did happen, within the bf16 tolerance
+
+
+# ---------------------------------------------------------------------------------------------- bench-latency
+def test_bench_latency_bf16_rows_are_refused_here_or_run_with_the_extra_math_read_back(tmp_path):
+    import json
+
+    from attnzoo.benchmarks.cli import main
+    from attnzoo.runtime.parity import TOLERANCES
+
+    args = ["--arch", "micro", "--variants", "belief2", "--backends", "eager,openvino", "--dtypes", "fp32,bf16",
+            "--batch-sizes", "1", "--min-time", "0.05", "--threads", "1", "--out", str(tmp_path), "--cache-dir",
+            str(tmp_path / "cache"), "--no-progress", "--ceiling-size", "128"]
+    assert main(args) == 0
+    rows = {(r["backend"], r["dtype"]): r for r in json.loads((tmp_path / "results.json").read_text())["results"]}
+    assert rows[("eager", "fp32")]["status"] == rows[("openvino", "fp32")]["status"] == "ok"
+    for backend in ("eager", "openvino"):
+        row = rows[(backend, "bf16")]
+        assert row["parity_tol"] == TOLERANCES["bf16"]
+        if HAS_BF16:
+            assert row["status"] == "ok" and row["parity_error"] <= TOLERANCES["bf16"]
+        else:
+            assert row["status"] == "skipped" and "no bf16 units" in row["reason"] and "avx512_bf16" in row["reason"]
+    if HAS_BF16:
+        check = rows[("openvino", "bf16")]["info"]["precision_check"]
+        assert check["inference_precision"] == "bf16" and check["extra_math_not_f32"] == []
+
+
+@pytest.mark.skipif(HAS_BF16, reason="this CPU has bf16 units")
+def test_a_benchmark_row_passes_openvino_the_extra_math_to_pin(belief2, tmp_path, monkeypatch):
+    """Without the refusal this CPU compiles bf16 at f32, which the read-back refuses: the row got as far as
+    pinning and reading back the extra math, so it passed the names (without them the load refuses earlier)."""
+    import numpy as np
+
+    from attnzoo.benchmarks.rows import load_call
+    from attnzoo.runtime import openvino as ov_rt
+
+    model, path, _ = belief2
+    monkeypatch.setattr(ov_rt, "bf16_unavailable_reason", lambda: None)
+    x = _inputs(path, 1).astype(np.float32)
+    with pytest.raises(ov_rt.PrecisionCheckError, match="compiled the model at f32, not bf16"):
+        load_call("openvino", model, path, x, "bf16", threads=1, device="cpu", cache_dir=tmp_path)
