@@ -19,8 +19,8 @@ __all__ = ["ROW_FIELDS", "OVERHEAD_FIELDS", "ceiling_line", "scope_line", "markd
 #: Columns of a latency row (CSV and JSON ``results``), in order.
 ROW_FIELDS = ("variant", "task", "arch", "backend", "dtype", "batch", "status", "reason", "parity_error",
               "parity_tol", "iterations", "min_ms", "median_ms", "mean_ms", "p90_ms", "p95_ms", "p99_ms",
-              "max_ms", "cv", "throughput_img_s", "peak_mem_mb", "mem_kind", "speedup_vs_eager",
-              "speedup_pair_median", "speedup_pair_q1", "speedup_pair_q3", "speedup_pairs", "cuda_graph",
+              "max_ms", "cv", "throughput_img_s", "peak_mem_mb", "mem_kind", "baseline", "speedup_vs_eager",
+              "speedup_vs_eager_fp32", "speedup_pair_median", "speedup_pair_q1", "speedup_pair_q3", "speedup_pairs", "cuda_graph",
               "build_s", "gflop", "achieved_gflops", "ceiling_gflops", "ceiling_fraction", "load_1min")
 #: Columns of an overhead row (variant against standard, A B A B alternation).
 OVERHEAD_FIELDS = ("variant", "backend", "dtype", "batch", "pairs", "ratio_median", "ratio_q1", "ratio_q3",
@@ -67,11 +67,13 @@ def markdown(result: Mapping[str, Any]) -> str:
                      f"{gemm['torch_gflops']:.0f} GFLOP/s, ONNX Runtime {gemm['onnxruntime_gflops']:.0f} GFLOP/s.")
     parts += ["", "## Latency (ms; throughput in images/s)", ""]
     header = ["variant", "backend", "dtype", "batch", "median", "min", "mean", "p90", "p95", "p99", "CV",
-              "img/s", "mem MB", "x eager", "x eager (pairs) [Q1, Q3]", "GFLOP/s", "% ceiling", "parity err"]
+              "img/s", "mem MB", "vs", "x eager", "x eager (pairs) [Q1, Q3]", "x eager fp32", "GFLOP/s",
+              "% ceiling", "parity err"]
     parts.append(markdown_table(header, [[r["variant"], r["backend"], r["dtype"], str(r["batch"]), _fmt(r["median_ms"]),
                                   _fmt(r["min_ms"]), _fmt(r["mean_ms"]), _fmt(r["p90_ms"]), _fmt(r["p95_ms"]),
                                   _fmt(r["p99_ms"]), _fmt(r["cv"], 3), _fmt(r["throughput_img_s"], 1),
-                                  _fmt(r["peak_mem_mb"], 1), _fmt(r["speedup_vs_eager"]), _pair(r),
+                                  _fmt(r["peak_mem_mb"], 1), _fmt(r.get("baseline")), _fmt(r["speedup_vs_eager"]),
+                                  _pair(r), _fmt(r.get("speedup_vs_eager_fp32")),
                                   _fmt(r.get("achieved_gflops"), 1), _percent(r.get("ceiling_fraction")),
                                   f"{r['parity_error']:.1e}"] for r in ok]))
     flops = result.get("flops") or {}
@@ -89,8 +91,9 @@ def markdown(result: Mapping[str, Any]) -> str:
                            f["runner_up"] or "-", _fmt(f["x_runner_up"]), f["how"] or "-"] for f in fastest])]
     pivot = _speedup_pivot(ok)
     if pivot:
-        parts += ["", "## Speed-up over eager fp32 PyTorch (same variant and batch; median of per-pair ratios of "
-                  "an eager/backend A B A B run, else ratio of medians)", "",
+        parts += ["", "## Speed-up over eager PyTorch (same variant and batch, eager at the row's precision where "
+                  "that row ran, else fp32: the table's 'vs'; median of per-pair ratios of an eager/backend A B A B "
+                  "run, else ratio of medians)", "",
                   pivot]
     over = result.get("overheads", [])
     if over:

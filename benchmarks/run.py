@@ -4,8 +4,10 @@ For each variant: a seeded random-init model (no trained weights exist for tiny/
 per dtype with :func:`attnzoo.export.export_onnx`; ONNX Runtime and TensorRT run that file, eager and compile
 the same weights in PyTorch. For each batch size the eager fp32 output on the CPU is the parity reference.
 Each runnable backend is then (1) checked against it, (2) timed alone (warm-up >= 200 ms, then >= min_time s
-and >= 10 iterations), (3) timed alternating with eager fp32 of the same variant (speed-up with its spread)
-and (4) alternating with ``standard`` on the same backend, dtype and batch (variant overhead).
+and >= 10 iterations), (3) timed alternating with eager of the same variant at the row's precision -- eager fp16
+for an fp16 row, where that eager row ran; else, and for eager's own rows, eager fp32 (speed-up with its spread;
+the ratio to eager fp32's median is kept beside it) -- and (4) alternating with ``standard`` on the same backend,
+dtype and batch (variant overhead).
 
 Efficiency: at the start the machine's own matmul ceiling is measured with the run's threads
 (:mod:`attnzoo.benchmarks.ceiling`), each variant's FLOPs are counted once on the eager model
@@ -39,13 +41,15 @@ from attnzoo.benchmarks.stats import ratio_stats, summarize
 from attnzoo.benchmarks import timing
 from attnzoo.benchmarks.timing import PeakRSS, measure, measure_pair
 
-__all__ = ["Settings", "run_benchmark", "onnx_path", "NOTE", "torch_device", "takes_onnx", "on_cpu"]
+__all__ = ["Settings", "run_benchmark", "onnx_path", "NOTE", "torch_device", "takes_onnx", "on_cpu",
+           "baseline_dtype"]
 NOTE = ("Models: attnzoo.models.create_model(variant, task, arch) with a seeded random init (torch.manual_seed), "
         "because trained weights exist only for the micro zoo; latency does not depend on the weight values. "
         "ONNX Runtime / TensorRT run the file written by attnzoo.export.export_onnx from those weights; eager "
-        "and compile run the same weights in PyTorch. x eager = median eager fp32 / median backend from separate "
-        "runs; x eager (pairs) = median [Q1, Q3] of per-pair ratios from an eager/backend A B A B run (robust "
-        "to load changes).")
+        "and compile run the same weights in PyTorch. x eager = median eager / median backend from separate "
+        "runs, eager at the row's precision where that eager row ran (column 'vs': eager fp16 for an fp16 row), "
+        "else eager fp32; x eager (pairs) = median [Q1, Q3] of per-pair ratios from an A B A B run against that "
+        "same eager row (robust to load changes); x eager fp32 = median eager fp32 / median backend.")
 
 
 @dataclass
@@ -107,7 +111,8 @@ def _row(variant: str, s: Settings, backend: str, dtype: str, batch: int, status
            "status": status, "reason": reason, "parity_error": None, "parity_tol": TOLERANCES[key],
            "iterations": None, "min_ms": None, "median_ms": None, "mean_ms": None, "p90_ms": None,
            "p95_ms": None, "p99_ms": None, "max_ms": None, "cv": None, "throughput_img_s": None,
-           "peak_mem_mb": None, "mem_kind": None, "speedup_vs_eager": None, "speedup_pair_median": None,
+           "peak_mem_mb": None, "mem_kind": None, "baseline": None, "speedup_vs_eager": None,
+           "speedup_vs_eager_fp32": None, "speedup_pair_median": None,
            "speedup_pair_q1": None, "speedup_pair_q3": None, "speedup_pairs": None,
            "cuda_graph": None, "build_s": None, "gflop": None, "achieved_gflops": None, "ceiling_gflops": None,
            "ceiling_fraction": None, "load_1min": (load_average() or [None])[0], "info": {}}
@@ -146,7 +151,8 @@ class _Bench:
         if ("eager", "fp32") not in self.combos or self.skip.get(("eager", "fp32")):
             self.combos.insert(0, ("eager", "fp32"))  # the reference backend always runs
             self.skip[("eager", "fp32")] = None
-        self.combos.sort(key=lambda c: c != ("eager", "fp32"))
+        # eager first, fp32 first of all: the parity reference's twin and every row's A/B baseline run before them
+        self.combos.sort(key=lambda c: (c[0] != "eager", c != ("eager", "fp32")))
 
     # ---------------------------------------------------------------------------------------- models
     def model(self, variant: str):
@@ -173,7 +179,7 @@ class _Bench:
 
     # ------------------------------------------------------------------------------------------- jobs
     def job(self, variant: str, backend: str, dtype: str, batch: int, model, onnx: Dict[str, Path],
-            x: torch.Tensor, ref: np.ndarray, eager: Optional[Call]) -> Optional[Call]:
+            x: torch.Tensor, ref: np.ndarray, eagers: Dict[str, Call]) -> Optional[Call]:
         """Build, check, time one combination; append its row (and overhead row). Returns its call."""
         s = self.s
         if backend == "compile" and self.compile_spent >= s.compile_budget:
@@ -212,7 +218,7 @@ class _Bench:
                                   **common))
             return None
         try:
-            self._time(variant, backend, dtype, batch, runner, rss, common, eager)
+            self._time(variant, backend, dtype, batch, runner, rss, common, eagers)
         except Exception as exc:  # a timing failure is a result to report, not a crash
             self.rows.append(_row(variant, s, backend, dtype, batch, "failed", f"timing: {first_line(exc, typed=True)}",
                                   **common))
@@ -238,14 +244,16 @@ class _Bench:
         return None
 
     def _time(self, variant: str, backend: str, dtype: str, batch: int, runner: Call, rss, common,
-              eager: Optional[Call]) -> None:
+              eagers: Dict[str, Call]) -> None:
         """Time a runner that passed parity; append its row (and overhead entry). May raise."""
         s = self.s
         with rss:
             samples = measure(runner.fn, s.min_time, cuda=runner.cuda)
         mem, kind = runner.memory() if runner.memory else (rss.delta_mb, "peak RSS while timed - RSS before build")
+        base = baseline_dtype(backend, dtype, eagers)
         row = _row(variant, s, backend, dtype, batch, "ok", **common, **summarize(samples, batch),
-                   peak_mem_mb=mem, mem_kind=kind)
+                   peak_mem_mb=mem, mem_kind=kind, baseline=f"eager {base}" if base else None)
+        eager = eagers.get(base) if base else None
         if eager is not None and eager is not runner and s.pair_eager:
             a, b = measure_pair(eager.fn, runner.fn, s.min_time, cuda_a=eager.cuda, cuda_b=runner.cuda)
             pair = ratio_stats(b, a)  # eager time / backend time = speed-up
@@ -312,7 +320,7 @@ class _Bench:
         x = self.inputs(model, batch)
         with torch.inference_mode():
             ref = model(x).float().numpy()
-        eager = None
+        eagers: Dict[str, Call] = {}  # eager runners that passed, by precision: the rows' A/B baselines
         cpu_runners: Dict[str, Call] = {}  # fp32 CPU runtimes that passed, for the head-to-head pair
         for backend, dtype in self.combos:
             reason = self.skip[(backend, dtype)]
@@ -325,9 +333,9 @@ class _Bench:
             if takes_onnx(backend) and src not in onnx:
                 self.rows.append(_row(variant, self.s, backend, dtype, batch, "failed", f"export: {errors[src]}"))
             else:
-                runner = self.job(variant, backend, dtype, batch, model, onnx, x, ref, eager)
-                if (backend, dtype) == ("eager", "fp32"):
-                    eager = runner
+                runner = self.job(variant, backend, dtype, batch, model, onnx, x, ref, eagers)
+                if backend == "eager" and runner is not None:
+                    eagers[dtype] = runner
                 elif runner is not None and dtype == "fp32" and on_cpu(backend, self.device):
                     cpu_runners[backend] = runner
             bar.update(1)
@@ -339,14 +347,27 @@ class _Bench:
                 self.profile_errors.append(f"{variant} b{batch}: {first_line(exc, typed=True)}")
 
 
+def baseline_dtype(backend: str, dtype: str, eagers: Dict[str, Any]) -> Optional[str]:
+    """The precision of the eager row a ``backend`` row at ``dtype`` is compared with: eager at the same precision
+    where that row ran (an fp16 row against eager fp16, not fp32), else -- and for eager's own rows -- eager fp32;
+    ``None`` without an eager fp32 row. Eager fp32 is its own baseline."""
+    if backend != "eager" and dtype in eagers:
+        return dtype
+    return "fp32" if "fp32" in eagers or (backend, dtype) == ("eager", "fp32") else None
+
+
 def _speedups(rows: List[Dict[str, Any]]) -> None:
-    """Fill ``speedup_vs_eager`` = eager fp32 median / row median (same variant, batch)."""
-    eager = {(r["variant"], r["batch"]): r["median_ms"] for r in rows
-             if r["status"] == "ok" and (r["backend"], r["dtype"]) == ("eager", "fp32")}
+    """Fill ``speedup_vs_eager`` = median of the row's baseline eager row (``baseline``) / row median and
+    ``speedup_vs_eager_fp32`` = eager fp32 median / row median (same variant, batch)."""
+    eager = {(r["variant"], r["batch"], r["dtype"]): r["median_ms"] for r in rows
+             if r["status"] == "ok" and r["backend"] == "eager"}
     for r in rows:
-        base = eager.get((r["variant"], r["batch"]))
-        if r["status"] == "ok" and base:
-            r["speedup_vs_eager"] = base / r["median_ms"]
+        if r["status"] != "ok":
+            continue
+        fp32 = eager.get((r["variant"], r["batch"], "fp32"))
+        base = eager.get((r["variant"], r["batch"], (r.get("baseline") or "eager fp32").split()[-1]))
+        r["speedup_vs_eager"] = base / r["median_ms"] if base else None
+        r["speedup_vs_eager_fp32"] = fp32 / r["median_ms"] if fp32 else None
 
 
 def _efficiency(rows: List[Dict[str, Any]], flops: Dict[str, Dict[str, Any]], ceiling: Optional[Dict[str, Any]],

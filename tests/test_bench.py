@@ -344,3 +344,40 @@ def test_onnx_runtime_gpu_providers_say_their_precision(monkeypatch):
     monkeypatch.setattr(ort_cuda, "cuda_available", lambda: True)
     assert "TF32" in get_backend("ort-trt").unavailable_reason("fp32", "cuda")
     assert get_backend("ort-trt").unavailable_reason("fp16", "cuda") is None
+
+
+@pytest.fixture
+def twin():
+    """A second PyTorch backend, ``twin``, registered for one test: a backend whose precisions eager also runs."""
+    import attnzoo.runtime.backends as reg
+    from attnzoo.runtime.backends.eager import TorchBackend
+
+    backend = reg.register_backend(TorchBackend("twin", "eager under another name", takes="module", device="torch",
+                                                dtypes=("fp32", "fp16")))
+    yield backend
+    del reg._REGISTRY["twin"]
+
+
+def test_rows_are_paired_with_eager_at_their_own_precision(twin, tmp_path, monkeypatch):
+    """An fp16 row's x eager and its A/B pairs are against eager fp16 (a precision change is not a backend's
+    speed-up); its ratio to eager fp32 is kept beside them; eager fp16 itself is paired with eager fp32."""
+    import attnzoo.runtime.backends.eager as eager_mod
+    from attnzoo.benchmarks.report import markdown
+
+    monkeypatch.setattr(eager_mod, "torch_dtype_problem", lambda dtype, device: None)  # fp16 on this CPU, slowly
+    s = parse_settings(["--arch", "micro", "--variants", "standard", "--backends", "eager,twin", "--dtypes",
+                        "fp32,fp16", "--batch-sizes", "1", "--min-time", "0.05", "--threads", "1", "--out",
+                        str(tmp_path), "--cache-dir", str(tmp_path / "cache"), "--no-progress", "--ceiling-size", "0"])
+    res = run_benchmark(s)
+    rows = {(r["backend"], r["dtype"]): r for r in res["results"]}
+    assert {k: r["status"] for k, r in rows.items()} == {k: "ok" for k in rows} and len(rows) == 4
+    assert [(r["backend"], r["dtype"]) for r in res["results"]][:2] == [("eager", "fp32"), ("eager", "fp16")]
+    want = {("eager", "fp32"): "eager fp32", ("eager", "fp16"): "eager fp32", ("twin", "fp32"): "eager fp32",
+            ("twin", "fp16"): "eager fp16"}
+    assert {k: r["baseline"] for k, r in rows.items()} == want
+    median = {k: r["median_ms"] for k, r in rows.items()}
+    for key, row in rows.items():
+        assert row["speedup_vs_eager"] == pytest.approx(median[("eager", row["baseline"].split()[1])] / median[key])
+        assert row["speedup_vs_eager_fp32"] == pytest.approx(median[("eager", "fp32")] / median[key])
+        assert key == ("eager", "fp32") or row["speedup_pairs"] >= 10  # an A B A B run against that baseline
+    assert "| standard | twin | fp16 | 1 |" in markdown(res) and "| eager fp16 |" in markdown(res)
