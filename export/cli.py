@@ -12,6 +12,7 @@ Examples::
     export-model --variant belief2 --format tensorrt --compute-capability SM86   # no GPU needed
     export-model --variant belief2 --format triton --out triton-models --batch-sizes 1,8,32
     export-model --variant belief2 --dtype int8                         # ModelOpt Q/DQ, scored on the test set
+    export-model --checkpoint vit.safetensors --dtype int8 --calibration-data photos/   # calibrated on your images
     export-model --variant belief2 --dtype fp8 --format tensorrt        # FP8 engine for SM89, built ahead of time
 
 Errors: one ``error: ...`` line, exit 2 for a bad command line (refused before anything is loaded or
@@ -51,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     from .pipeline import DEFAULT_BATCH_SIZES, DEFAULT_TRITON_DIR, FORMATS
     from attnzoo.runtime.sessions import QUANTIZED_DTYPES
 
-    from .quantize import ACCURACY_TOLERANCE, DEFAULT_CALIBRATION_COUNT, DEFAULT_CALIBRATION_SEED, QDQ_PLACEMENTS
+    from .quantize import (ACCURACY_TOLERANCE, DEFAULT_CALIBRATION_COUNT, DEFAULT_CALIBRATION_SEED,
+                           DEFAULT_FIDELITY_COUNT, DEFAULT_MIN_COSINE, PLACEMENT_CHOICES)
 
     p = argparse.ArgumentParser(
         prog="export-model",
@@ -105,20 +107,29 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--quantize-extra-math", "--quantize-projection", dest="quantize_extra_math", action="store_true",
                    help="quantize the variant's extra-math scopes too (the projection; an ablation): by default "
                         "every op in them stays unquantized and fp32")
-    q.add_argument("--qdq-placement", choices=tuple(QDQ_PLACEMENTS), default=None,
-                   help="where the Q/DQ nodes go: tensorrt (default: ModelOpt's placement, also on residual Adds "
-                        "and attention's two matmuls, which TensorRT fuses) or cpu (int8 only: just in front of "
-                        "the MatMul/Gemm/Conv ops ONNX Runtime's CPU kernels run in int8; faster there)")
-    q.add_argument("--calibration-data", type=Path, default=None, metavar="FILE.npy",
-                   help="calibrate on this float32 (N, 3, H, W) array of normalised images (never unpickled) "
-                        "instead of the model's training split")
+    q.add_argument("--qdq-placement", choices=PLACEMENT_CHOICES, default=None,
+                   help="where the Q/DQ nodes go: auto (default: the weight MatMuls, plus attention's two matmuls "
+                        "and the residual Adds of each block only where the output stays within --min-cosine of "
+                        "fp32 on held-out inputs), tensorrt (ModelOpt's placement, all of them, which TensorRT "
+                        "fuses) or cpu (int8 only: just in front of the MatMul/Gemm/Conv ops ONNX Runtime's CPU "
+                        "kernels run in int8; faster there)")
+    q.add_argument("--calibration-data", type=Path, default=None, metavar="DIR|FILE.npy",
+                   help="calibrate on a folder of images (preprocessed as the model's metadata says) or a float32 "
+                        "(N, 3, H, W) .npy array of normalised inputs (never unpickled) instead of the model's "
+                        "training split; the last --fidelity-count (at most a quarter) are held out")
     q.add_argument("--calibration-count", type=int, default=None, metavar="N",
-                   help=f"training images to calibrate on (default {DEFAULT_CALIBRATION_COUNT})")
+                   help=f"images (training split or folder) to calibrate on (default {DEFAULT_CALIBRATION_COUNT})")
     q.add_argument("--calibration-seed", type=int, default=None,
                    help=f"seed of the calibration draw (default {DEFAULT_CALIBRATION_SEED})")
     q.add_argument("--accept-accuracy-drop", action="store_true",
                    help="write the quantized model even when it scores more than the tolerance below fp32 "
                         f"({ACCURACY_TOLERANCE['cls']:g} points top-1, {ACCURACY_TOLERANCE['seg']:g} mIoU)")
+    q.add_argument("--min-cosine", type=float, default=None, metavar="C",
+                   help=f"fidelity gate: refuse a graph whose output's cosine similarity to fp32's, averaged over "
+                        f"the held-out inputs, is below C (default {DEFAULT_MIN_COSINE:g}; 0 measures without refusing)")
+    q.add_argument("--fidelity-count", type=int, default=None, metavar="N",
+                   help=f"held-out inputs the fidelity is measured on (default {DEFAULT_FIDELITY_COUNT}; with "
+                        "--qdq-placement auto half of them choose the placement)")
     q.add_argument("--eval-limit", type=int, default=None, metavar="N",
                    help="score on the first N test images only (quick checks, not served by serve-demo / serve-models; "
                         "default: the whole test split)")
@@ -164,7 +175,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 quantize_extra_math=args.quantize_extra_math, qdq_placement=args.qdq_placement,
                 calibration_data=args.calibration_data, calibration_count=args.calibration_count,
                 calibration_seed=args.calibration_seed, accept_accuracy_drop=args.accept_accuracy_drop,
-                eval_limit=args.eval_limit, progress=True)
+                eval_limit=args.eval_limit, min_cosine=args.min_cosine, fidelity_count=args.fidelity_count,
+                progress=True)
     except ExportError as exc:
         raise CommandError(str(exc)) from exc
     print(result.summary())

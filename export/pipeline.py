@@ -435,6 +435,7 @@ def export_model(variant: Optional[str] = None, *, task: Optional[str] = None, a
                  qdq_placement: Optional[str] = None, calibration_data: Optional[PathLike] = None,
                  calibration_count: Optional[int] = None, calibration_seed: Optional[int] = None,
                  accept_accuracy_drop: bool = False, eval_limit: Optional[int] = None,
+                 min_cosine: Optional[float] = None, fidelity_count: Optional[int] = None,
                  progress: bool = False) -> ExportResult:
     """Export a model to a verified ONNX file (fp32, fp16, int8 or fp8), and optionally build a TensorRT engine
     or write a Triton model repository from it: what ``export-model`` does (its flags are these arguments).
@@ -457,7 +458,10 @@ def export_model(variant: Optional[str] = None, *, task: Optional[str] = None, a
         triton_platform, triton_queue_delay_us: ``format="triton"``: ``onnxruntime`` or ``tensorrt``, and dynamic
             batching's queue delay.
         quantize_extra_math, qdq_placement, calibration_data, calibration_count, calibration_seed,
-        accept_accuracy_drop, eval_limit: int8 / fp8 only (see :func:`attnzoo.export.quantize.quantize_verified`).
+        accept_accuracy_drop, eval_limit, min_cosine, fidelity_count: int8 / fp8 only (see
+            :func:`attnzoo.export.quantize.quantize_verified`; ``calibration_data``: a folder of images or a
+            ``.npy`` array, :func:`attnzoo.export.quantize.calibration_for`). Every int8 / fp8 export measures its
+            output's fidelity to fp32 on held-out inputs and is refused below ``min_cosine``.
         progress: Show a progress bar on stderr.
 
     Returns:
@@ -473,7 +477,7 @@ def export_model(variant: Optional[str] = None, *, task: Optional[str] = None, a
     quantize = {"quantize_extra_math": quantize_extra_math, "placement": qdq_placement,
                 "calibration_data": calibration_data, "calibration_count": calibration_count,
                 "calibration_seed": calibration_seed, "accept_accuracy_drop": accept_accuracy_drop,
-                "eval_limit": eval_limit}
+                "eval_limit": eval_limit, "min_cosine": min_cosine, "fidelity_count": fidelity_count}
     req = _check_request(format, out, dtype, opset, batch_sizes, compute_capability, triton_platform,
                          DEFAULT_QUEUE_DELAY_US if triton_queue_delay_us is None else triton_queue_delay_us, quantize)
     collected: List[str] = []
@@ -526,7 +530,7 @@ def _calibration(req: _Request, config: Dict[str, Any], hw: Tuple[int, int], unt
     if req.dtype not in QUANTIZED_DTYPES:
         return None
     calibration = _usage(lambda: calibration_for(config, hw, untrained=untrained, **{
-        k: req.quantize[k] for k in ("calibration_data", "calibration_count", "calibration_seed")}))
+        k: req.quantize[k] for k in ("calibration_data", "calibration_count", "calibration_seed", "fidelity_count")}))
     for message in calibration.warnings:
         _warn(message, collected)
     return calibration
@@ -607,5 +611,7 @@ def _export_onnx_step(req: _Request, model: nn.Module, config: Dict[str, Any], s
                               accept_accuracy_drop=q["accept_accuracy_drop"],
                               measure_accuracy=calibration.labelled, eval_limit=q["eval_limit"], threads=threads,
                               progress=progress, fp32_kept=False,
-                              placement=q["placement"] or DEFAULT_QDQ_PLACEMENT)
+                              placement=q["placement"] or DEFAULT_QDQ_PLACEMENT, held_out=calibration.held_out,
+                              min_cosine=q["min_cosine"], calibration_random=calibration.random,
+                              warnings=calibration.warnings)
         bar.update()

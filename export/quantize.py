@@ -40,7 +40,9 @@ from attnzoo.runtime.sessions import QUANTIZED_DTYPES
 
 from .errors import ExportError
 
-__all__ = ["QDQ_PLACEMENTS", "DEFAULT_QDQ_PLACEMENT", "CPU_QDQ_PLACEMENT", "ACCURACY_TOLERANCE", "DEFAULT_CALIBRATION_COUNT",
+__all__ = ["QDQ_PLACEMENTS", "PLACEMENT_CHOICES", "DEFAULT_QDQ_PLACEMENT", "CPU_QDQ_PLACEMENT", "TENSORRT_QDQ_PLACEMENT",
+           "AUTO_QDQ_PLACEMENT", "DEFAULT_MIN_COSINE", "DEFAULT_FIDELITY_COUNT", "FidelityError", "output_agreement",
+           "qdq_groups", "auto_placement", "heldout_images", "load_calibration_folder", "ACCURACY_TOLERANCE", "DEFAULT_CALIBRATION_COUNT",
            "DEFAULT_CALIBRATION_SEED", "CALIBRATION_METHODS", "FP8_MIN_COMPUTE_CAPABILITY", "QUANTIZED_OP_TYPES",
            "QuantizeReport", "Calibration", "AccuracyDropError", "QuantizationCheckError", "quantize_unavailable_reason",
            "modelopt_version", "extra_math_nodes", "calibration_images", "random_calibration", "load_calibration_file",
@@ -70,8 +72,26 @@ QDQ_PLACEMENTS: Mapping[str, Mapping[str, Any]] = {
     "tensorrt": {},
     "cpu": {"op_types_to_quantize": list(QUANTIZED_OP_TYPES), "disable_mha_qdq": True},
 }
-#: ``export-model``'s placement: ModelOpt's default, the one TensorRT wants.
-DEFAULT_QDQ_PLACEMENT = "tensorrt"
+#: ModelOpt's own placement (what TensorRT fuses best).
+TENSORRT_QDQ_PLACEMENT = "tensorrt"
+#: The measured placement (:func:`auto_placement`): ModelOpt's ``tensorrt`` placement calibrated once, then only
+#: the weight MatMul/Gemm/Conv inputs kept quantized, and attention's two matmuls and the residual Adds of each
+#: block added back, least harmful first, only while the output stays within :data:`DEFAULT_MIN_COSINE` of fp32
+#: on held-out inputs.
+AUTO_QDQ_PLACEMENT = "auto"
+#: ``--qdq-placement`` choices: ModelOpt's two and the measured one.
+PLACEMENT_CHOICES: Tuple[str, ...] = (AUTO_QDQ_PLACEMENT, *QDQ_PLACEMENTS)
+#: ``export-model``'s placement: measured, so that a pretrained model with outlier activations is not silently
+#: degraded by ModelOpt's full placement, while a model that keeps its fidelity under it keeps all of it.
+DEFAULT_QDQ_PLACEMENT = AUTO_QDQ_PLACEMENT
+#: The fidelity gate: the smallest mean cosine similarity, over the held-out inputs, between an int8 / fp8 graph's
+#: output and the fp32 graph's (each output flattened) that is written (``--min-cosine``). 0.99 separates
+#: ModelOpt's full placement from the weights-only one on a pretrained-like ViT (0.80 against 0.997,
+#: ``results/studies/int8-fidelity``). The mean, not the worst input: an input whose fp32 logits are nearly tied
+#: has an ill-conditioned cosine; the worst is reported beside it.
+DEFAULT_MIN_COSINE = 0.99
+#: Held-out inputs the fidelity is measured on (half choose the ``auto`` placement, half are the gate's).
+DEFAULT_FIDELITY_COUNT = 64
 #: The placement of the int8 models this package runs on the CPU itself (bench-latency's ``ort-cpu``, the zoo's
 #: int8 copies in the demo and serve-models).
 CPU_QDQ_PLACEMENT = "cpu"
@@ -87,6 +107,10 @@ class AccuracyDropError(ExportError):
 
 class QuantizationCheckError(ExportError):
     """The quantized graph breaks a promise (Q/DQ in the extra math, non-finite outputs, no quantized op)."""
+
+
+class FidelityError(ExportError):
+    """The quantized graph's output is further from fp32's than the fidelity gate allows; nothing was written."""
 
 
 @dataclass
@@ -173,8 +197,8 @@ def fp8_compute_capability_error(compute_capability: Optional[str]) -> Optional[
 
 def qdq_placement_error(placement: str, dtype: str) -> Optional[str]:
     """One line saying why ``placement`` cannot be used for ``dtype``, or ``None``."""
-    if placement not in QDQ_PLACEMENTS:
-        return f"unknown Q/DQ placement {placement!r}; valid: {', '.join(QDQ_PLACEMENTS)}"
+    if placement not in PLACEMENT_CHOICES:
+        return f"unknown Q/DQ placement {placement!r}; valid: {', '.join(PLACEMENT_CHOICES)}"
     if placement == CPU_QDQ_PLACEMENT and dtype != "int8":
         return f"--qdq-placement cpu is for int8 on the CPU runtimes; {dtype} is TensorRT's (use tensorrt)"
     return None
@@ -199,7 +223,9 @@ def check_quantize_arguments(dtype: str, fmt: str, compute_capability: Optional[
              "--calibration-count": options.get("calibration_count") is not None,
              "--calibration-seed": options.get("calibration_seed") is not None,
              "--accept-accuracy-drop": options.get("accept_accuracy_drop"),
-             "--eval-limit": options.get("eval_limit") is not None}
+             "--eval-limit": options.get("eval_limit") is not None,
+             "--min-cosine": options.get("min_cosine") is not None,
+             "--fidelity-count": options.get("fidelity_count") is not None}
     if dtype not in QUANTIZED_DTYPES:
         given = [flag for flag, value in flags.items() if value]
         if given:
@@ -226,11 +252,18 @@ def check_quantize_arguments(dtype: str, fmt: str, compute_capability: Optional[
         value = options.get(flag)
         if value is not None and value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    for flag in ("fidelity_count",):
+        value = options.get(flag)
+        if value is not None and value < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    min_cosine = options.get("min_cosine")
+    if min_cosine is not None and not 0.0 <= min_cosine <= 1.0:
+        raise ValueError(f"--min-cosine must be in 0..1, got {min_cosine}")
     data = options.get("calibration_data")
-    if data is not None:
+    if data is not None and not Path(data).is_dir():
         if flags["--calibration-count"] or flags["--calibration-seed"]:
-            raise ValueError("--calibration-count/--calibration-seed draw from the training split; with "
-                             "--calibration-data the file's images are used as they are")
+            raise ValueError("--calibration-count/--calibration-seed draw images from the training split or a "
+                             "folder; the images of a .npy --calibration-data are used as they are")
         load_calibration_file(data, None)  # shape (but H, W), dtype, emptiness
 
 
@@ -289,6 +322,77 @@ def calibration_images(config: Mapping[str, Any], count: int = DEFAULT_CALIBRATI
     return normalize(images, config.get("mean", DEFAULT_MEAN), config.get("std", DEFAULT_STD))
 
 
+def heldout_images(config: Mapping[str, Any], count: int = DEFAULT_FIDELITY_COUNT,
+                   calibration_count: int = DEFAULT_CALIBRATION_COUNT,
+                   seed: int = DEFAULT_CALIBRATION_SEED) -> np.ndarray:
+    """``count`` training-split images that :func:`calibration_images` (``calibration_count``, ``seed``) does not
+    draw, preprocessed the same way: the held-out inputs the fidelity to fp32 is measured on.
+
+    Classifiers: drawn with ``default_rng(seed + 1)`` from the images outside the calibration draw; segmenters:
+    ``count`` scenes composed with another scene seed than the calibration's.
+
+    Raises:
+        ValueError: as :func:`calibration_images`.
+    """
+    from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
+    from attnzoo.data.datasets import load_data
+
+    if count < 1:
+        raise ValueError(f"held-out count must be >= 1, got {count}")
+    data = config.get("data")
+    if not data or config.get("untrained"):
+        raise ValueError("the model names no data set to hold images out of")
+    size, task, data_seed = int(config["img_size"]), config["task"], int(config.get("data_seed", 0))
+    if task == "seg":
+        images = load_data(data, "train", task, size, n=count, seed=data_seed + 1 + seed + 7919).images
+    else:
+        images = load_data(data, "train", task, size, seed=data_seed).images
+        taken = np.zeros(len(images), bool)
+        if calibration_count < len(images):
+            taken[np.random.default_rng(seed).choice(len(images), calibration_count, replace=False)] = True
+        else:
+            taken[:] = True
+        free = np.flatnonzero(~taken)
+        if not len(free):
+            raise ValueError("every training image was used for calibration; none is left to hold out")
+        pick = np.random.default_rng(seed + 1).choice(free, min(count, len(free)), replace=False)
+        images = images[np.sort(pick)]
+    return normalize(images, config.get("mean", DEFAULT_MEAN), config.get("std", DEFAULT_STD))
+
+
+def load_calibration_folder(path: Union[str, Path], config: Mapping[str, Any], input_hw: Tuple[int, int],
+                            count: int, seed: int = DEFAULT_CALIBRATION_SEED) -> np.ndarray:
+    """Up to ``count`` images of a folder (searched recursively), drawn with ``default_rng(seed)``, preprocessed as
+    the model's metadata says: :func:`attnzoo.preprocess.load_image` (any mode, EXIF turned, the pixel cap),
+    converted to the model's input style, resized to ``input_hw`` and normalised with its mean/std.
+
+    Raises:
+        ValueError: one line: no such folder, no image in it, or an unreadable image (named).
+    """
+    from PIL import Image
+
+    from attnzoo.data.datasets import IMAGE_SUFFIXES
+    from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, input_style_of, load_image, normalize, to_input_style
+
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ValueError(f"--calibration-data {folder}: no such folder")
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise ValueError(f"--calibration-data {folder}: no images ({', '.join(IMAGE_SUFFIXES)}) in it")
+    if count < len(files):
+        files = [files[i] for i in np.sort(np.random.default_rng(seed).choice(len(files), count, replace=False))]
+    style, (h, w) = input_style_of(config), input_hw
+    pixels = []
+    for file in files:
+        try:
+            img = to_input_style(load_image(file), style, config["task"])
+        except ValueError as exc:
+            raise ValueError(f"--calibration-data {file}: {exc}") from None
+        pixels.append(np.asarray(img.resize((w, h), Image.BILINEAR), np.uint8))
+    return normalize(np.stack(pixels), config.get("mean", DEFAULT_MEAN), config.get("std", DEFAULT_STD))
+
+
 def random_calibration(input_hw: Tuple[int, int], count: int = DEFAULT_CALIBRATION_COUNT,
                        seed: int = DEFAULT_CALIBRATION_SEED) -> np.ndarray:
     """Standard-normal float32 NCHW inputs (``--random-init``: an untrained model has no data set)."""
@@ -306,7 +410,7 @@ def load_calibration_file(path: Union[str, Path], input_hw: Optional[Tuple[int, 
     """
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"--calibration-data {path}: no such file")
+        raise ValueError(f"--calibration-data {path}: no such file or folder")
     try:
         x = np.load(path, allow_pickle=False, mmap_mode="r")
     except ValueError as exc:  # object arrays need pickle: refused
@@ -332,48 +436,86 @@ def load_calibration_file(path: Union[str, Path], input_hw: Optional[Tuple[int, 
 
 @dataclass
 class Calibration:
-    """The inputs an int8 / fp8 export is calibrated on, and what they are.
+    """The inputs an int8 / fp8 export is calibrated on, the held-out inputs its fidelity is measured on, and
+    what they are.
 
     Attributes:
         inputs: float32 NCHW, normalised as the model expects.
         source: What they are, for the report (e.g. ``fashion training split``).
-        seed: The seed of their draw (``None`` for a user's file).
+        seed: The seed of their draw (``None`` for a user's array).
         labelled: The model has a labelled test split to be scored on (a trained zoo-style model).
-        warnings: What the user should know (random inputs for an untrained model).
+        held_out: Inputs of the same source never calibrated on.
+        random: Random inputs, not images.
+        warnings: What the user should know (random inputs, few held-out inputs).
     """
 
     inputs: np.ndarray
     source: str
     seed: Optional[int]
     labelled: bool
+    held_out: Optional[np.ndarray] = None
+    random: bool = False
     warnings: List[str] = field(default_factory=list)
+
+
+def _split(x: np.ndarray, held: int, what: str) -> Tuple[np.ndarray, np.ndarray]:
+    """The last ``held`` of ``x`` held out, at most a quarter and at least one; the rest calibrates."""
+    n = len(x)
+    if n < 2:
+        raise ValueError(f"{what}: {n} image(s); at least 2 are needed (one to calibrate on, one held out to "
+                         "measure the fidelity)")
+    held = max(1, min(held, n // 4))
+    return np.ascontiguousarray(x[: n - held]), np.ascontiguousarray(x[n - held:])
 
 
 def calibration_for(config: Mapping[str, Any], input_hw: Tuple[int, int], *, untrained: bool = False,
                     calibration_data: Optional[Union[str, Path]] = None, calibration_count: Optional[int] = None,
-                    calibration_seed: Optional[int] = None) -> Calibration:
-    """The calibration inputs ``export-model --dtype int8|fp8`` uses: the user's ``calibration_data``, else the
-    model's training split (:func:`calibration_images`), else (an untrained model) random inputs.
+                    calibration_seed: Optional[int] = None,
+                    fidelity_count: Optional[int] = None) -> Calibration:
+    """The calibration and held-out inputs ``export-model --dtype int8|fp8`` uses.
+
+    ``calibration_data``: a folder of images (the model's preprocessing from its metadata,
+    :func:`load_calibration_folder`) or a ``.npy`` array of normalised inputs (:func:`load_calibration_file`), the
+    last ``fidelity_count`` (at most a quarter) held out; else the model's training split
+    (:func:`calibration_images`, :func:`heldout_images`); else random inputs: for an untrained model, and with a
+    warning for a trained one (a converted pretrained model should be calibrated on images like its inputs).
 
     Raises:
-        ValueError: a bad calibration file, or a model that names no data set and was given none.
+        ValueError: a bad calibration file or folder.
     """
     count = calibration_count or DEFAULT_CALIBRATION_COUNT
+    held = fidelity_count or DEFAULT_FIDELITY_COUNT
     seed = DEFAULT_CALIBRATION_SEED if calibration_seed is None else calibration_seed
     labelled = bool(config.get("data")) and not untrained
+    warnings: List[str] = []
     if calibration_data is not None:
-        return Calibration(load_calibration_file(calibration_data, input_hw), f"--calibration-data {calibration_data}",
-                           None, labelled)
-    if untrained:
-        return Calibration(random_calibration(input_hw, count, seed), "random standard-normal inputs (--random-init)",
-                           seed, False, [f"--random-init: calibrating the UNTRAINED model on {count} random (standard "
-                                         "normal) inputs; the quantized model's accuracy is meaningless and is not "
-                                         "measured"])
+        path = Path(calibration_data)
+        if path.is_dir():
+            x = load_calibration_folder(path, config, input_hw, count + held, seed)
+            what, used_seed = f"--calibration-data {path} (images, preprocessed from the model's metadata)", seed
+        else:
+            x, what, used_seed = load_calibration_file(path, input_hw), f"--calibration-data {path}", None
+        inputs, held_out = _split(x, held, f"--calibration-data {path}")
+        if len(held_out) < held:
+            warnings.append(f"fidelity measured on only {len(held_out)} held-out input(s) of {path} (a quarter of "
+                            f"its {len(x)}); give more images for a firmer figure")
+        return Calibration(inputs, what, used_seed, labelled, held_out, False, warnings)
+    if untrained or not config.get("data"):
+        if not untrained:
+            warnings.append("calibrated on random (standard normal) inputs: a trained model's activations on real "
+                            "inputs differ, and its fidelity was measured on random inputs too; pass "
+                            "--calibration-data with a folder of images like its inputs")
+        else:
+            warnings.append(f"--random-init: calibrating the UNTRAINED model on {count} random (standard normal) "
+                            "inputs; the quantized model's accuracy is meaningless and is not measured")
+        return Calibration(random_calibration(input_hw, count, seed), "random standard-normal inputs", seed, False,
+                           random_calibration(input_hw, held, seed + 1), True, warnings)
     x = calibration_images(config, count, seed)
     if x.shape[2:] != tuple(input_hw):
         raise ValueError(f"the training images are {x.shape[2]}x{x.shape[3]}, --input-size "
                          f"{input_hw[0]}x{input_hw[1]}; calibrate at the training size or pass --calibration-data")
-    return Calibration(np.ascontiguousarray(x), f"{config['data']} training split", seed, labelled)
+    return Calibration(np.ascontiguousarray(x), f"{config['data']} training split", seed, labelled,
+                       heldout_images(config, held, count, seed))
 
 
 # ------------------------------------------------------------------------------------------------ quantization
@@ -475,11 +617,163 @@ def qdq_summary(proto: onnx.ModelProto, extra_nodes: Sequence[str]) -> Dict[str,
             "quantized_matmuls": matmuls, "extra_math_nodes": len(extra), "extra_math_quantized": in_extra}
 
 
+# ------------------------------------------------------------------------------------------------ fidelity
+def output_agreement(reference: np.ndarray, output: np.ndarray, task: str) -> Dict[str, Any]:
+    """How close a quantized graph's outputs are to the fp32 graph's on the same inputs.
+
+    Per input (its output flattened): cosine similarity and relative L2 error ``|out - ref| / |ref|``; the top-1
+    agreement (per image for classifiers, per pixel for segmenters) and, for classifiers with 5 classes or more,
+    the mean overlap of the top-5 sets. A non-finite output counts as cosine 0.
+
+    Returns:
+        ``{"n_inputs", "cosine": {"min", "mean"}, "relative_error": {"mean", "max"}, "top1_agreement",
+        "top5_overlap" (classifiers with >= 5 classes), "finite"}``.
+    """
+    ref = reference.reshape(len(reference), -1).astype(np.float64)
+    out = output.reshape(len(output), -1).astype(np.float64)
+    finite = np.isfinite(out).all(axis=1)
+    out = np.where(np.isfinite(out), out, 0.0)
+    norm_r, norm_o = np.linalg.norm(ref, axis=1), np.linalg.norm(out, axis=1)
+    cos = np.where(finite, (ref * out).sum(1) / np.maximum(norm_r * norm_o, 1e-30), 0.0)
+    rel = np.linalg.norm(out - ref, axis=1) / np.maximum(norm_r, 1e-30)
+    agree = reference.argmax(1) == np.where(np.isfinite(output), output, -np.inf).argmax(1)
+    result = {"n_inputs": int(len(ref)), "cosine": {"min": float(cos.min()), "mean": float(cos.mean())},
+              "relative_error": {"mean": float(rel.mean()), "max": float(rel.max())},
+              "top1_agreement": float(agree.mean()), "finite": bool(finite.all())}
+    if task == "cls" and reference.shape[1] >= 5:
+        top_r, top_o = np.argsort(-reference, 1)[:, :5], np.argsort(-output, 1)[:, :5]
+        result["top5_overlap"] = float(np.mean([len(set(a) & set(b)) / 5 for a, b in zip(top_r, top_o)]))
+    return result
+
+
+def _outputs(model: Union[Path, onnx.ModelProto], x: np.ndarray, threads: Optional[int]) -> np.ndarray:
+    """The graph's outputs on ``x`` with ONNX Runtime (CPU), in batches."""
+    from attnzoo.runtime.evaluate import EVAL_BATCH, cpu_session
+
+    sess = cpu_session(model, threads)
+    name = sess.get_inputs()[0].name
+    return np.concatenate([sess.run(None, {name: x[i:i + EVAL_BATCH]})[0] for i in range(0, len(x), EVAL_BATCH)])
+
+
+def _block_of(name: str) -> str:
+    """``blocks.3.attn/MatMul`` -> ``blocks.3`` (``encoder.blocks.3`` in a Segmenter); ``other`` outside blocks."""
+    match = re.match(r"^((?:encoder\.)?blocks\.\d+)[./]", name)
+    return match.group(1) if match else "other"
+
+
+def qdq_groups(proto: onnx.ModelProto) -> Dict[str, Dict[str, Any]]:
+    """The activation Q/DQ pairs of a ModelOpt graph beyond the weight MatMul/Gemm/Conv inputs, grouped by block:
+    ``<block> attention`` (attention's two matmuls: both inputs are activations) and ``<block> residual`` (the
+    residual Adds and whatever else reads a dequantized activation that is not a weight matmul).
+
+    Returns:
+        ``{group: {"kind": "attention" | "residual", "block", "nodes": [reader names]}}`` (the readers to point
+        back at fp32 values to leave the group unquantized, :func:`_reroute_extra_math`).
+    """
+    producers = _producers(proto)
+    consts = {t.name for t in proto.graph.initializer} | {
+        o for n in proto.graph.node if n.op_type == "Constant" for o in n.output}
+
+    def source(name: str) -> Optional[onnx.NodeProto]:
+        p = producers.get(name)
+        while p is not None and p.op_type in _LAYOUT_OPS:
+            p = producers.get(p.input[0])
+        return p
+
+    def activation_dq(name: str) -> bool:
+        p = source(name)
+        return (p is not None and p.op_type == "DequantizeLinear" and p.input[0] not in consts
+                and producers.get(p.input[0]) is not None and producers[p.input[0]].op_type == "QuantizeLinear")
+
+    def weight(name: str) -> bool:
+        p = source(name)
+        return name in consts or (p is not None and p.op_type == "DequantizeLinear" and (
+            p.input[0] in consts or producers.get(p.input[0]) is None
+            or producers[p.input[0]].op_type == "Constant"))
+
+    groups: Dict[str, Dict[str, Any]] = {}
+    for node in proto.graph.node:
+        if node.op_type in _QDQ or not any(activation_dq(i) for i in node.input if i):
+            continue
+        if node.op_type in QUANTIZED_OP_TYPES and any(weight(i) for i in node.input if i):
+            continue  # a weight matmul: always quantized
+        kind = "attention" if node.op_type == "MatMul" else "residual"
+        block = _block_of(node.name)
+        group = groups.setdefault(f"{block} {kind}", {"kind": kind, "block": block, "nodes": []})
+        group["nodes"].append(node.name)
+    return groups
+
+
+def _without(proto: onnx.ModelProto, groups: Mapping[str, Mapping[str, Any]], names: Sequence[str]) -> onnx.ModelProto:
+    """A copy of ``proto`` whose ``names`` groups read fp32 values (their Q/DQ pairs bypassed)."""
+    copy = onnx.ModelProto.FromString(proto.SerializeToString())
+    _reroute_extra_math(copy, [n for g in names for n in groups[g]["nodes"]])
+    return copy
+
+
+def auto_placement(proto: onnx.ModelProto, reference: np.ndarray, x: np.ndarray, task: str, *,
+                   min_cosine: float = DEFAULT_MIN_COSINE, runnable=lambda p: p,
+                   threads: Optional[int] = None) -> Tuple[onnx.ModelProto, Dict[str, Any]]:
+    """Choose which Q/DQ pairs of ModelOpt's full (``tensorrt``) placement to keep, by measurement.
+
+    The weight MatMul/Gemm/Conv inputs are always quantized. If the full graph's mean output cosine to fp32 on
+    ``x`` is within ``min_cosine``, it is kept whole. Otherwise each :func:`qdq_groups` group (a block's attention
+    matmuls, a block's residual Adds) is measured alone on top of the weights, and the groups are added back least
+    harmful first, each only when the graph with it stays within ``min_cosine``.
+
+    Args:
+        proto: ModelOpt's Q/DQ graph (``tensorrt`` placement).
+        reference: The fp32 graph's outputs on ``x``.
+        x: Held-out inputs (not the calibration batch, and not those the final gate measures).
+        runnable: Turns a candidate into what ONNX Runtime runs (:func:`simulate_fp8` for fp8).
+
+    Returns:
+        ``(chosen graph, decision)``; the decision names every group, whether it was quantized, and why.
+    """
+    groups = qdq_groups(proto)
+
+    def cosine(names: Sequence[str]) -> float:
+        candidate = _without(proto, groups, [g for g in groups if g not in names])
+        return output_agreement(reference, _outputs(runnable(candidate), x, threads), task)["cosine"]["mean"]
+
+    decision: Dict[str, Any] = {"min_cosine": min_cosine, "selection_inputs": int(len(x)), "groups": {}}
+    full = cosine(list(groups))
+    decision["all_quantized_cosine"] = full
+    if full >= min_cosine or not groups:
+        for name, g in groups.items():
+            decision["groups"][name] = {"kind": g["kind"], "quantized": True, "why": "the full placement is within "
+                                        "the gate"}
+        return proto, decision
+    decision["weights_only_cosine"] = base = cosine([])
+    if base < min_cosine:
+        for name, g in groups.items():
+            decision["groups"][name] = {"kind": g["kind"], "quantized": False, "why": f"kept fp32: the weight "
+                                        f"MatMuls alone already measure {base:.4f} < {min_cosine:g}"}
+        decision["chosen_cosine"] = base
+        return _without(proto, groups, list(groups)), decision
+    alone = {name: cosine([name]) for name in groups}
+    chosen: List[str] = []
+    current = base
+    for name in sorted(groups, key=lambda n: -alone[n]):
+        entry = {"kind": groups[name]["kind"], "cosine_alone": alone[name]}
+        with_it = cosine([*chosen, name]) if alone[name] >= min_cosine else alone[name]
+        if with_it >= min_cosine:
+            chosen.append(name)
+            current = with_it
+            entry.update(quantized=True, why=f"mean cosine with it {with_it:.4f} >= {min_cosine:g}")
+        else:
+            entry.update(quantized=False, why=f"kept fp32: quantizing it takes the mean cosine to {with_it:.4f} "
+                                              f"< {min_cosine:g}")
+        decision["groups"][name] = entry
+    decision["chosen_cosine"] = current
+    return _without(proto, groups, [g for g in groups if g not in chosen]), decision
+
+
 def quantize_onnx(fp32_onnx: Union[str, Path], out: Union[str, Path], *, dtype: str, calibration: np.ndarray,
                   exclude_nodes: Sequence[str] = (), calibration_method: Optional[str] = None,
                   calibration_source: str = "given array", calibration_seed: Optional[int] = None,
                   extra_nodes: Optional[Sequence[str]] = None,
-                  placement: str = DEFAULT_QDQ_PLACEMENT) -> QuantizeReport:
+                  placement: str = TENSORRT_QDQ_PLACEMENT) -> QuantizeReport:
     """Quantize an fp32 attnzoo export with ModelOpt; write the Q/DQ graph to ``out`` (temp + rename).
 
     The attnzoo metadata is carried over, with ``dtype`` set to ``int8``/``fp8`` and a ``quantization`` entry
@@ -495,7 +789,8 @@ def quantize_onnx(fp32_onnx: Union[str, Path], out: Union[str, Path], *, dtype: 
         calibration_method: ModelOpt's (``entropy``, ``max``); default :data:`CALIBRATION_METHODS`.
         calibration_source, calibration_seed: Recorded in the report.
         extra_nodes: Extra-math nodes for :func:`qdq_summary` (default: :func:`extra_math_nodes` of the graph).
-        placement: One of :data:`QDQ_PLACEMENTS` (``cpu``: int8 only).
+        placement: One of ModelOpt's :data:`QDQ_PLACEMENTS` (``cpu``: int8 only); ``auto`` is chosen by
+            :func:`quantize_verified`, which measures.
 
     Raises:
         ValueError: unknown dtype or placement, calibration not float32 NCHW or empty.
@@ -505,8 +800,9 @@ def quantize_onnx(fp32_onnx: Union[str, Path], out: Union[str, Path], *, dtype: 
     if dtype not in QUANTIZED_DTYPES:
         raise ValueError(f"unknown quantized dtype {dtype!r}; valid: {', '.join(QUANTIZED_DTYPES)}")
     placement_error = qdq_placement_error(placement, dtype)
-    if placement_error:
-        raise ValueError(placement_error)
+    if placement_error or placement not in QDQ_PLACEMENTS:
+        raise ValueError(placement_error or f"the {placement} placement is measured by quantize_verified; "
+                                            f"quantize_onnx places {', '.join(QDQ_PLACEMENTS)}")
     calibration = np.asarray(calibration)
     if calibration.ndim != 4 or calibration.shape[0] == 0 or calibration.dtype != np.float32:
         raise ValueError(f"calibration must be a non-empty float32 (N, 3, H, W) array, got {calibration.dtype} "
@@ -698,13 +994,20 @@ def quantize_verified(fp32_onnx: Union[str, Path], out: Union[str, Path], config
                       measure_accuracy: bool = True, eval_limit: Optional[int] = None,
                       threads: Optional[int] = None, progress: bool = False,
                       tolerance: Optional[float] = None, fp32_kept: bool = True,
-                      placement: str = DEFAULT_QDQ_PLACEMENT) -> Dict[str, Any]:
-    """Quantize a verified fp32 export, check it, score it next to fp32, and only then write it to ``out``.
+                      placement: str = DEFAULT_QDQ_PLACEMENT, held_out: Optional[np.ndarray] = None,
+                      min_cosine: Optional[float] = None, calibration_random: bool = False,
+                      warnings: Sequence[str] = ()) -> Dict[str, Any]:
+    """Quantize a verified fp32 export, check it, measure its fidelity to fp32 and score it, and only then write it.
 
     Writes ``out`` and its report ``<out>.report.json`` (:func:`attnzoo.export.verify.report_path`) when every
     check passes; otherwise writes ``<out>.failed.report.json`` and raises, leaving a good model and report
     already at ``out`` untouched. Nothing is half-written: the model goes through a temporary file renamed into
     place, also on Ctrl-C.
+
+    Fidelity (every model): the outputs of the quantized graph and of the fp32 graph on held-out inputs
+    (:func:`output_agreement`); a mean cosine below ``min_cosine`` refuses the graph (:class:`FidelityError`),
+    naming the figure and what the weights-only placement measures. With ``placement="auto"`` half of the held-out
+    inputs choose the placement (:func:`auto_placement`) and the other half are the gate's.
 
     Args:
         fp32_onnx: The verified fp32 export (its report beside it is referenced).
@@ -712,19 +1015,28 @@ def quantize_verified(fp32_onnx: Union[str, Path], out: Union[str, Path], config
         config: The model config.
         dtype: ``int8`` or ``fp8``.
         calibration: float32 NCHW calibration inputs.
-        calibration_source: What they are, for the report (e.g. ``fashion train split``).
+        calibration_source: What they are, for the report (e.g. ``fashion training split``).
         quantize_extra_math: Quantize the extra-math scopes too (the ablation); default: excluded, fp32.
         accept_accuracy_drop: Write even when the drop exceeds the tolerance (the report says so).
-        measure_accuracy: ``False`` for an untrained model (``--random-init``): no accuracy, a warning in the report.
+        measure_accuracy: ``False`` for a model without a labelled test split (``--random-init``, a converted
+            pretrained model): no accuracy, the fidelity gate only.
         eval_limit: Score on the first N test images only (quick checks; the report names N).
         tolerance: Accepted drop in points (default :data:`ACCURACY_TOLERANCE` for the task).
         fp32_kept: ``False`` when ``fp32_onnx`` is a temporary file (``export-model --dtype int8``): the report
             records its SHA-256 and verification report, not a path that will not exist.
-        placement: Where the Q/DQ nodes go (:data:`QDQ_PLACEMENTS`): ``tensorrt`` (ModelOpt's default) or
-            ``cpu`` (int8 for ONNX Runtime on the CPU).
+        placement: :data:`PLACEMENT_CHOICES`: ``auto`` (measured), ``tensorrt`` (ModelOpt's) or ``cpu`` (int8 for
+            ONNX Runtime on the CPU).
+        held_out: Inputs of the calibration source never calibrated on (default: held-out training images of
+            the model's data set, else the last quarter of ``calibration``, at most :data:`DEFAULT_FIDELITY_COUNT`,
+            which then is not calibrated on).
+        min_cosine: The fidelity gate on the mean cosine (default :data:`DEFAULT_MIN_COSINE`; 0 measures without
+            refusing, and ``auto`` then aims at the default).
+        calibration_random: The calibration inputs are random, not images (the report warns for a trained model).
+        warnings: Other warnings for the report.
 
     Raises:
         QuantizationCheckError: Q/DQ in the extra math (unless asked for), no quantized op, non-finite outputs.
+        FidelityError: the mean output cosine to fp32 on the held-out inputs is below ``min_cosine``.
         AccuracyDropError: the accuracy drop exceeds the tolerance.
     """
     from attnzoo.fileio import atomic_path, atomic_write_text, sha256_file
@@ -734,16 +1046,38 @@ def quantize_verified(fp32_onnx: Union[str, Path], out: Union[str, Path], config
     from .verify import failed_report_path, report_path
 
     fp32_onnx, out = Path(fp32_onnx), Path(out)
+    error = qdq_placement_error(placement, dtype)
+    if error:
+        raise ValueError(error)
     src = onnx.load(str(fp32_onnx))
     extra = extra_math_nodes(src, config)
     exclude = [] if quantize_extra_math else extra
     tol = ACCURACY_TOLERANCE[config["task"]] if tolerance is None else float(tolerance)
+    gate = DEFAULT_MIN_COSINE if min_cosine is None else float(min_cosine)
+    notes = list(warnings)
+    calibration, held_out, held_source = _held_out(config, calibration, calibration_seed, held_out,
+                                                   calibration_source)
+    if calibration_random and not config.get("untrained"):
+        notes.append("a trained model calibrated on random inputs: real inputs' activations differ")
+    choose, check = (held_out[: len(held_out) // 2], held_out[len(held_out) // 2:]) \
+        if placement == AUTO_QDQ_PLACEMENT and len(held_out) >= 2 else (held_out[:0], held_out)
+    run = simulate_fp8 if dtype == "fp8" else (lambda p: p)
     with atomic_path(out) as tmp:
         q = quantize_onnx(fp32_onnx, tmp, dtype=dtype, calibration=calibration, exclude_nodes=exclude,
                           calibration_source=calibration_source, calibration_seed=calibration_seed,
-                          extra_nodes=extra, placement=placement)
+                          extra_nodes=extra, placement=TENSORRT_QDQ_PLACEMENT if placement == AUTO_QDQ_PLACEMENT
+                          else placement)
         proto = onnx.load(str(tmp))
-        runnable = simulate_fp8(proto) if dtype == "fp8" else proto
+        if placement == AUTO_QDQ_PLACEMENT:
+            proto, decision = auto_placement(proto, _outputs(fp32_onnx, choose, threads), choose, config["task"],
+                                             min_cosine=gate or DEFAULT_MIN_COSINE, runnable=run,
+                                             threads=threads) if len(choose) else \
+                (proto, {"selection_inputs": 0, "note": "too few held-out inputs to choose: ModelOpt's full placement"})
+            q.options.update(placement=AUTO_QDQ_PLACEMENT, auto=decision)
+            q.qdq = qdq_summary(proto, extra)
+            _set_placement(proto, AUTO_QDQ_PLACEMENT)
+            onnx.save(proto, str(tmp))
+        runnable = run(proto)
         failures: List[str] = []
         qdq = q.qdq
         if sum(qdq["quantized_ops"].values()) == 0:
@@ -758,8 +1092,14 @@ def quantize_verified(fp32_onnx: Union[str, Path], out: Union[str, Path], config
         dim = proto.graph.input[0].type.tensor_type.shape.dim[0]
         if (dim.dim_param or dim.dim_value) != BATCH_DIM:
             failures.append(f"input batch dimension is {dim.dim_param or dim.dim_value!r}, not {BATCH_DIM!r}")
-        accuracy: Dict[str, Any]
+        fidelity = None
+        if not failures:
+            fidelity = _fidelity(proto, runnable, fp32_onnx, check, config["task"], gate, placement, run, threads)
+            fidelity.update(source=held_source, warnings=notes)
+            if not fidelity["within_gate"]:
+                failures.append(fidelity["failure"])
         too_low = False
+        accuracy: Dict[str, Any]
         if measure_accuracy and not failures:
             ev = evaluate_onnx({"fp32": fp32_onnx, dtype: runnable}, config, limit=eval_limit, threads=threads,
                                progress=progress)
@@ -776,8 +1116,8 @@ def quantize_verified(fp32_onnx: Union[str, Path], out: Union[str, Path], config
                                 f"{ev['metrics']['fp32']:.2f} (tolerance {tol:g}); pass --accept-accuracy-drop to "
                                 "write it anyway")
         elif not measure_accuracy:
-            accuracy = {"measured": False, "warning": "untrained model calibrated on random inputs: accuracy is "
-                                                      "meaningless and was not measured"}
+            accuracy = {"measured": False, "warning": "no labelled test split (an untrained or converted model): "
+                                                      "accuracy not measured; the fidelity to fp32 is"}
         else:
             accuracy = {"measured": False, "reason": "checks failed before scoring"}
         fp32_report = report_path(fp32_onnx)
@@ -790,22 +1130,70 @@ def quantize_verified(fp32_onnx: Union[str, Path], out: Union[str, Path], config
             "quantization": q.to_dict(), "quantize_extra_math": quantize_extra_math,
             "extra_math_scope_check": {"nodes": len(extra), "quantized": qdq["extra_math_quantized"],
                                        "checker": extra_check["ok"] or extra_check["failures"]},
-            "accuracy": accuracy, "file_size": tmp.stat().st_size, "sha256": sha256_file(tmp),
-            "num_nodes": len(proto.graph.node), "op_histogram": op_histogram(proto), "batch_dim": BATCH_DIM,
-            "onnxruntime": __import__("onnxruntime").__version__,
-            "verified": "quantized graph checked (Q/DQ placement, extra math fp32) and scored with ONNX Runtime CPU "
-                        "on the test split next to fp32" if measure_accuracy else
-                        "quantized graph checked (Q/DQ placement, extra math fp32, finite outputs); not scored",
+            "fidelity": fidelity, "accuracy": accuracy, "warnings": notes, "file_size": tmp.stat().st_size,
+            "sha256": sha256_file(tmp), "num_nodes": len(proto.graph.node), "op_histogram": op_histogram(proto),
+            "batch_dim": BATCH_DIM, "onnxruntime": __import__("onnxruntime").__version__,
+            "verified": "quantized graph checked (Q/DQ placement, extra math fp32), its output compared with fp32's "
+                        "on held-out inputs" + (" and scored with ONNX Runtime CPU on the test split next to fp32"
+                                                if measure_accuracy else ""),
         }
         report.update(passed=not failures, failures=failures)
         if failures:
             atomic_write_text(failed_report_path(out), json.dumps(report, indent=2) + "\n")
-            raise (AccuracyDropError if too_low else QuantizationCheckError)(
-                f"{out.name} not written: {'; '.join(failures[:3])}; see {failed_report_path(out)}")
+            kind = AccuracyDropError if too_low else FidelityError if fidelity and not fidelity["within_gate"] \
+                else QuantizationCheckError
+            raise kind(f"{out.name} not written: {'; '.join(failures[:3])}; see {failed_report_path(out)}")
     # the report after the model: stopped in between, the old report names another SHA-256 and nothing serves it
     atomic_write_text(report_path(out), json.dumps(report, indent=2) + "\n")
     failed_report_path(out).unlink(missing_ok=True)
     return report
+
+
+def _held_out(config: Mapping[str, Any], calibration: np.ndarray, seed: Optional[int],
+              held_out: Optional[np.ndarray], source: str) -> Tuple[np.ndarray, np.ndarray, str]:
+    """``(calibration, held-out inputs, what they are)``: the given ones, held-out training images, or the last
+    part of the calibration batch (then not calibrated on)."""
+    if held_out is not None:
+        if len(held_out) == 0:
+            raise ValueError("held_out holds no inputs")
+        return calibration, np.ascontiguousarray(held_out, dtype=np.float32), f"held out of {source}"
+    if config.get("data") and not config.get("untrained"):
+        images = heldout_images(config, DEFAULT_FIDELITY_COUNT, len(calibration), seed or 0)
+        if images.shape[1:] == calibration.shape[1:]:
+            return calibration, images, f"{config['data']} training images outside the calibration draw"
+    calibration, held = _split(calibration, DEFAULT_FIDELITY_COUNT, "calibration")
+    return calibration, held, f"the last {len(held)} of the calibration inputs ({source}), not calibrated on"
+
+
+def _set_placement(proto: onnx.ModelProto, placement: str) -> None:
+    """Record ``placement`` in the graph's ``quantization`` metadata."""
+    for prop in proto.metadata_props:
+        if prop.key == "quantization":
+            prop.value = json.dumps({**json.loads(prop.value), "placement": placement})
+
+
+def _fidelity(proto: onnx.ModelProto, runnable: onnx.ModelProto, fp32_onnx: Path, x: np.ndarray, task: str,
+              gate: float, placement: str, run, threads: Optional[int]) -> Dict[str, Any]:
+    """The gate's measurement on ``x``; below the gate, also what the weights-only placement measures there."""
+    reference = _outputs(fp32_onnx, x, threads)
+    result = {**output_agreement(reference, _outputs(runnable, x, threads), task), "min_cosine": gate,
+              "runtime": "onnxruntime CPUExecutionProvider"}
+    result["within_gate"] = bool(result["finite"] and result["cosine"]["mean"] >= gate)
+    if result["within_gate"]:
+        return result
+    groups = qdq_groups(proto)
+    hint = ""
+    if groups:
+        weights = _without(proto, groups, list(groups))
+        alt = output_agreement(reference, _outputs(run(weights), x, threads), task)["cosine"]["mean"]
+        result["weights_only_cosine"] = alt
+        hint = f"; the weight MatMuls alone measure {alt:.4f}" + (
+            f" (--qdq-placement {AUTO_QDQ_PLACEMENT} quantizes only what stays within the gate)"
+            if alt >= gate and placement != AUTO_QDQ_PLACEMENT else ", also below: calibrate on images like the "
+            "model's inputs (--calibration-data DIR)" if alt < gate else "")
+    result["failure"] = (f"mean output cosine to fp32 {result['cosine']['mean']:.4f} on {len(x)} held-out input(s) is "
+                         f"below --min-cosine {gate:g} (Q/DQ placement {placement}){hint}")
+    return result
 
 
 def summary(report: Mapping[str, Any]) -> str:
@@ -821,6 +1209,19 @@ def summary(report: Mapping[str, Any]) -> str:
              "  extra math: " + (f"{report['extra_math_scope_check']['nodes']} node(s) " + (
                  "QUANTIZED (--quantize-extra-math)" if report["quantize_extra_math"] else "excluded, fp32, no Q/DQ")
                  if report["extra_math_scope_check"]["nodes"] else "none declared for this variant: nothing excluded")]
+    auto = q["options"].get("auto")
+    if auto and auto.get("groups"):
+        kept = [g for g, d in auto["groups"].items() if not d["quantized"]]
+        lines.append(f"  auto placement: weights + {len(auto['groups']) - len(kept)} of {len(auto['groups'])} "
+                     "attention / residual groups quantized" + (f"; kept fp32: {', '.join(kept)}" if kept else ""))
+    fid = report.get("fidelity")
+    if fid:
+        line = (f"  fidelity to fp32 on {fid['n_inputs']} held-out inputs: cosine mean {fid['cosine']['mean']:.4f} "
+                f"(gate {fid['min_cosine']:g}), worst {fid['cosine']['min']:.4f}; relative error mean "
+                f"{fid['relative_error']['mean']:.3f}; top-1 agreement {fid['top1_agreement']:.1%}")
+        lines.append(line + (f", top-5 overlap {fid['top5_overlap']:.1%}" if "top5_overlap" in fid else ""))
+    for warning in report.get("warnings", []):
+        lines.append(f"  warning: {warning}")
     acc = report["accuracy"]
     if acc.get("metrics"):
         m = acc["metrics"]

@@ -43,7 +43,7 @@ import numpy as np
 from tqdm import tqdm
 
 from attnzoo.cli import UsageError, add_debug_flag, entry_point
-from attnzoo.export.quantize import CPU_QDQ_PLACEMENT, DEFAULT_QDQ_PLACEMENT
+from attnzoo.export.quantize import CPU_QDQ_PLACEMENT, TENSORRT_QDQ_PLACEMENT
 
 __all__ = ["MODELS", "mcnemar_p", "accuracy_row", "speed_rows", "markdown", "main"]
 
@@ -59,7 +59,7 @@ ALPHA = 0.05
 #: The speed comparison's int8 runs: (runtime, ModelOpt Q/DQ placement): ONNX Runtime with the CPU placement
 #: (what bench-latency and the demo run) and with ModelOpt's default (TensorRT's) for comparison, OpenVINO with
 #: NNCF's own quantization.
-SPEED_JOBS = (("ort-cpu", CPU_QDQ_PLACEMENT), ("ort-cpu", DEFAULT_QDQ_PLACEMENT), ("openvino", None))
+SPEED_JOBS = (("ort-cpu", CPU_QDQ_PLACEMENT), ("ort-cpu", TENSORRT_QDQ_PLACEMENT), ("openvino", None))
 
 
 def mcnemar_p(right_a: np.ndarray, right_b: np.ndarray) -> float:
@@ -247,7 +247,7 @@ def _runtime_label(row: Mapping[str, Any]) -> str:
     written before placements were compared used ModelOpt's default, ``tensorrt``)."""
     if row["backend"] != "ort-cpu":
         return row["backend"]
-    return f"ort-cpu (Q/DQ {row.get('placement') or DEFAULT_QDQ_PLACEMENT})"
+    return f"ort-cpu (Q/DQ {row.get('placement') or TENSORRT_QDQ_PLACEMENT})"
 
 
 def speed_table(speed: Mapping[str, Any]) -> str:

@@ -67,7 +67,8 @@ def int8(fp32, tmp_path_factory):
     out = tmp_path_factory.mktemp("int8") / "b2_int8.onnx"
     cal = qz.random_calibration((32, 32), 32, seed=0)
     report = qz.quantize_verified(path, out, config, dtype="int8", calibration=cal, calibration_source="random",
-                                  calibration_seed=0, measure_accuracy=False)
+                                  calibration_seed=0, measure_accuracy=False, placement="tensorrt",
+                                  min_cosine=0.0)  # an untrained model: ModelOpt's full placement, measured only
     return out, report
 
 
@@ -116,13 +117,16 @@ def test_int8_report_fields(int8):
     q = on_disk["quantization"]
     assert q["quantizer"].startswith("nvidia-modelopt") and q["quantizer_version"].startswith("0.47")
     assert q["mode"] == "int8"
-    assert q["calibration"]["count"] == 32 and q["calibration"]["seed"] == 0
+    assert q["calibration"]["count"] == 24 and q["calibration"]["seed"] == 0  # 8 of the 32 held out
     assert q["calibration"]["method"] == "entropy" and q["calibration"]["providers"] == ["cpu"]
     assert len(q["excluded_nodes"]) == 32
     n_mm = q["qdq"]["quantized_ops"]["MatMul"]
     assert 0 < n_mm <= q["qdq"]["total_ops"]["MatMul"] and len(q["qdq"]["quantized_matmuls"]) == n_mm
-    assert on_disk["accuracy"]["measured"] is False and "random" in on_disk["accuracy"]["warning"]
+    assert on_disk["accuracy"]["measured"] is False and "no labelled test split" in on_disk["accuracy"]["warning"]
     assert on_disk["fp32_source"]["report"]["passed"] is True
+    fid = on_disk["fidelity"]  # measured on the last 8 of the 32 random inputs, which were not calibrated on
+    assert fid["n_inputs"] == 8 and q["calibration"]["count"] == 24 and "not calibrated on" in fid["source"]
+    assert fid["within_gate"] and fid["min_cosine"] == 0.0 and 0.5 < fid["cosine"]["mean"] <= 1.0
 
 
 def _dq_readers(proto: onnx.ModelProto) -> set:
@@ -163,6 +167,105 @@ def test_quantize_extra_math_puts_qdq_in_front_of_it(fp32, tmp_path):
     assert report["quantization"]["excluded_nodes"] == []
     assert _fed_by_dq(proto, set(qz.extra_math_nodes(proto)))
     assert json.loads({p.key: p.value for p in proto.metadata_props}["quantization"])["quantize_extra_math"] is True
+
+
+# ------------------------------------------------------------------------------------------------ fidelity
+def test_output_agreement_against_explicit_values():
+    ref = np.array([[1.0, 0.0, 0.0, 0.0, 0.0, 0.0], [3.0, 4.0, 0.0, 0.0, 0.0, 1.0]], np.float32)
+    out = np.array([[1.0, 1.0, 0.0, 0.0, 0.0, 0.0], [3.0, 4.0, 0.0, 0.0, 0.0, 1.0]], np.float32)
+    r = qz.output_agreement(ref, out, "cls")
+    assert r["cosine"]["min"] == pytest.approx(1 / np.sqrt(2)) and r["cosine"]["mean"] == pytest.approx((1 / np.sqrt(2) + 1) / 2)
+    assert r["relative_error"]["max"] == pytest.approx(1.0) and r["relative_error"]["mean"] == pytest.approx(0.5)
+    assert r["top1_agreement"] == 1.0 and r["n_inputs"] == 2 and r["finite"]
+    top = qz.output_agreement(np.array([[6, 5, 4, 3, 2, 1.0]]), np.array([[6, 5, 4, 3, 1, 2.0]]), "cls")
+    assert top["top5_overlap"] == pytest.approx(4 / 5) and top["top1_agreement"] == 1.0
+    bad = out.copy()
+    bad[1, 0] = np.nan
+    r = qz.output_agreement(ref, bad, "cls")
+    assert not r["finite"] and r["cosine"]["min"] == 0.0  # a NaN output counts as no agreement
+    seg = qz.output_agreement(np.stack([ref.T, ref.T]), np.stack([ref.T, -ref.T]), "seg")  # (2, 6, 2) maps
+    assert seg["cosine"]["min"] == pytest.approx(-1.0) and seg["top1_agreement"] == pytest.approx(0.5)
+
+
+def test_calibration_folder_is_preprocessed_from_the_models_metadata(tmp_path):
+    """A folder of images of any size and mode: load_image -> input style -> resize -> the model's mean/std; the
+    last quarter (at most --fidelity-count) held out; random calibration of a trained model is warned about."""
+    from PIL import Image
+
+    from attnzoo.preprocess import load_image, normalize
+
+    rng = np.random.default_rng(0)
+    sub = tmp_path / "photos" / "sub"
+    sub.mkdir(parents=True)
+    for i in range(8):
+        Image.fromarray(rng.integers(0, 255, (20 + i, 30, 3), dtype=np.uint8)).save(sub / f"{i}.png")
+    (tmp_path / "photos" / "notes.txt").write_text("not an image")
+    config = {"task": "cls", "img_size": 16, "mean": [0.4, 0.5, 0.6], "std": [0.2, 0.3, 0.4], "input_style": "rgb"}
+    x = qz.load_calibration_folder(tmp_path / "photos", config, (16, 16), count=100)
+    want = normalize(np.stack([np.asarray(load_image(sub / f"{i}.png").resize((16, 16), Image.BILINEAR))
+                               for i in range(8)]), config["mean"], config["std"])
+    np.testing.assert_array_equal(x, want)
+    cal = qz.calibration_for(config, (16, 16), calibration_data=tmp_path / "photos", fidelity_count=64)
+    assert len(cal.inputs) == 6 and len(cal.held_out) == 2 and not cal.random
+    assert "only 2 held-out" in cal.warnings[0]
+    with pytest.raises(ValueError, match="no images"):
+        qz.calibration_for(config, (16, 16), calibration_data=_empty_dir(tmp_path))
+    rand = qz.calibration_for({**config, "variant": "belief2"}, (16, 16), calibration_count=4, fidelity_count=2)
+    assert rand.random and rand.inputs.shape == (4, 3, 16, 16) and rand.held_out.shape == (2, 3, 16, 16)
+    assert "trained model" in rand.warnings[0] and "--calibration-data" in rand.warnings[0]
+
+
+def _empty_dir(root: Path) -> Path:
+    folder = root / "empty"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def pretrained_like(tmp_path_factory):
+    """A converted pretrained-like ViT (massive residual channels, query/key outlier channels: see
+    attnzoo.studies.int8_fidelity) and a folder of 64 smooth images to calibrate on."""
+    from attnzoo.models import convert_to_belief2
+    from attnzoo.studies.int8_fidelity import pretrained_like_vit, smooth_images, write_images
+
+    model = convert_to_belief2(pretrained_like_vit())
+    folder = write_images(tmp_path_factory.mktemp("photos"), smooth_images(64, 32))
+    return model, folder
+
+
+def test_pretrained_like_vit_fails_the_gate_with_modelopts_placement_and_passes_with_auto(pretrained_like, tmp_path):
+    """The issue's case, offline: ModelOpt's full (tensorrt) placement drifts below the fidelity gate and is refused
+    (nothing written, the failed report beside, the weights-only figure named); export-model's default (auto)
+    keeps the weight MatMuls, leaves the harmful groups fp32 and passes."""
+    from attnzoo.export import ExportWarning, export_model
+
+    model, folder = pretrained_like
+    out = tmp_path / "vit_int8.onnx"
+    common = dict(model=model, out=out, dtype="int8", batch_sizes=(1,), calibration_data=folder)
+    with pytest.raises(qz.FidelityError, match=r"mean output cosine to fp32 0\.\d+ on 16 held-out input\(s\) is "
+                                               r"below --min-cosine 0\.99 \(Q/DQ placement tensorrt\); the weight "
+                                               r"MatMuls alone measure (0\.99|1\.00)\d* \(--qdq-placement auto"):
+        export_model(qdq_placement="tensorrt", **common)
+    assert not out.exists() and not report_path(out).exists()
+    failed = json.loads(failed_report_path(out).read_text())
+    assert failed["fidelity"]["cosine"]["mean"] < 0.99 <= failed["fidelity"]["weights_only_cosine"]
+    with pytest.warns(ExportWarning, match="only 16 held-out"):
+        result = export_model(**common)  # the default placement: auto
+    rep = result.report
+    assert rep["passed"] and rep["fidelity"]["cosine"]["mean"] >= 0.99 and not failed_report_path(out).exists()
+    assert rep["quantization"]["options"]["placement"] == "auto" and rep["fidelity"]["n_inputs"] == 8
+    auto = rep["quantization"]["options"]["auto"]
+    assert auto["selection_inputs"] == 8 and auto["all_quantized_cosine"] < 0.99 <= auto["weights_only_cosine"]
+    kept = [g for g, d in auto["groups"].items() if not d["quantized"]]
+    assert kept and all("kept fp32" in auto["groups"][g]["why"] for g in kept)
+    assert {d["kind"] for d in auto["groups"].values()} == {"attention", "residual"}
+    proto = onnx.load(str(out))  # every weight MatMul outside the projection still quantized
+    core = {f"blocks.{i}.attn/MatMul{s}" for i in range(4) for s in ("", "_1")}
+    weights = [n.name for n in proto.graph.node if n.op_type == "MatMul" and n.name not in core
+               and n.name not in set(qz.extra_math_nodes(proto))]
+    assert set(_fed_by_dq(proto, set(weights))) == set(weights)
+    assert json.loads({p.key: p.value for p in proto.metadata_props}["quantization"])["placement"] == "auto"
+    assert "fidelity to fp32 on 8 held-out inputs" in result.summary()
 
 
 # ------------------------------------------------------------------------------------------------ accuracy gate
