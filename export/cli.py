@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--opset", type=int, default=20, help=f"ONNX opset ({', '.join(map(str, SUPPORTED_OPSETS))})")
     p.add_argument("--dtype", choices=(*DTYPES, *QUANTIZED_DTYPES), default="fp32",
                    help="fp32, fp16, or int8/fp8: post-training quantization with NVIDIA ModelOpt (Q/DQ nodes; the "
-                        "extra math stays fp32), verified on the test split next to fp32")
+                        "extra math stays fp32), its output compared with fp32's on held-out inputs (--min-cosine) "
+                        "and, for a model with a labelled test split, scored on it next to fp32")
     p.add_argument("--format", choices=FORMATS, default=None,
                    help="onnx, tensorrt or triton (default: from the --out suffix, .onnx or .engine; else onnx); "
                         "triton writes a Triton model repository into the --out folder (default "
@@ -85,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-size", default=None, metavar="H[xW]",
                    help="input size (default: the model's training size; segmenters take any H x W)")
     p.add_argument("--out", type=Path, default=None,
-                   help="output file (default: exports/<variant>_<task>_<arch>[_fp16].onnx or .engine)")
+                   help="output file (default: exports/<variant>_<task>_<arch>[_<dtype>].onnx or .engine)")
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads for the verification")
     from .triton import DEFAULT_QUEUE_DELAY_US, PLATFORMS
 
