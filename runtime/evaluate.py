@@ -18,15 +18,16 @@ EVAL_BATCH = 64
 
 def predict_session(sess, images: np.ndarray, batch_size: int = EVAL_BATCH) -> np.ndarray:
     """Argmax over the class axis of an ONNX session's logits, batch by batch (labels (N,) or masks (N, H, W)).
+    ``sess``: an ONNX Runtime session, or any ``run(x) -> logits`` (a backend session's ``run``).
 
     Raises:
         FloatingPointError: a batch's logits are not all finite (an argmax of NaN would still name a class, and
             the model would be scored as merely inaccurate).
     """
-    name = sess.get_inputs()[0].name
+    run = sess if callable(sess) else (lambda x, name=sess.get_inputs()[0].name: sess.run(None, {name: x})[0])
     preds = []
     for i in range(0, len(images), batch_size):
-        logits = sess.run(None, {name: images[i:i + batch_size]})[0]
+        logits = run(images[i:i + batch_size])
         if not np.isfinite(logits).all():
             raise FloatingPointError(f"the ONNX model gives non-finite logits on test images {i}-"
                                      f"{min(i + batch_size, len(images)) - 1}")

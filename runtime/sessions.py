@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-__all__ = ["PROVIDERS", "LEVELS", "QUANTIZED_DTYPES", "SERVED_DTYPES", "MAX_REPORT_BYTES", "served_precision",
+__all__ = ["PROVIDERS", "LEVELS", "QUANTIZED_DTYPES", "SERVED_DTYPES", "MAX_REPORT_BYTES", "served_precision", "serves",
            "available_providers", "session_options", "providers_for", "ort_session", "read_report",
            "verification_problem"]
 
@@ -27,14 +27,23 @@ LEVELS: Tuple[str, ...] = ("disable", "basic", "extended", "all")
 #: Graph precisions whose served files must also have been scored on a test split (:func:`verification_problem`).
 QUANTIZED_DTYPES: Tuple[str, ...] = ("int8", "fp8")
 #: What the demo's and serve-models' ``--dtype`` select: ``fp32``, the unquantized exports (fp32 and fp16
-#: graphs, both with fp32 input and output), or ``int8``, verified int8 Q/DQ graphs (:func:`served_precision`).
-SERVED_DTYPES: Tuple[str, ...] = ("fp32", "int8")
+#: graphs, both with fp32 input and output), ``int8``, verified int8 Q/DQ graphs (:func:`served_precision`), or
+#: ``bf16``, the fp32 exports run by OpenVINO at bf16 on a CPU with bf16 units, each verified on its test split
+#: first (:mod:`attnzoo.runtime.bf16`).
+SERVED_DTYPES: Tuple[str, ...] = ("fp32", "int8", "bf16")
 
 
 def served_precision(graph_dtype: str) -> str:
     """The ``--dtype`` that serves a graph of ``graph_dtype``: ``fp32`` for fp32 and fp16 exports, else the
-    quantized precision itself (``int8``; ``fp8`` graphs are TensorRT's, served by neither CPU command)."""
+    quantized precision itself (``int8``; ``fp8`` graphs are TensorRT's, served by neither CPU command). An fp32
+    graph is also served by ``--dtype bf16`` (:func:`serves`)."""
     return graph_dtype if graph_dtype in QUANTIZED_DTYPES else "fp32"
+
+
+def serves(dtype: str, graph_dtype: str) -> bool:
+    """Whether ``--dtype dtype`` serves a graph of ``graph_dtype``: bf16 runs fp32 graphs at a bf16 precision;
+    otherwise :func:`served_precision`."""
+    return graph_dtype == "fp32" if dtype == "bf16" else served_precision(graph_dtype) == dtype
 
 
 def available_providers() -> Tuple[str, ...]:

@@ -37,7 +37,7 @@ from attnzoo.zoo import DEFAULT_DATA
 
 __all__ = ["AUTO", "REFERENCE", "resolve_backend", "ServedModel", "load_models", "zoo_rows", "load_onnx_dir", "load_checkpoint_dir",
            "load_zoo_torch", "load_zoo_onnx", "export_zoo", "zoo_onnx_name", "default_cache_dir",
-           "choose_cpu_backend", "load_remote", "RemoteError"]
+           "choose_cpu_backend", "load_remote", "RemoteError", "load_bf16_models"]
 
 #: ``--backend auto``: the faster of the registry's CPU runtimes on this machine, measured at start-up on the
 #: served files; any other value is a backend of :mod:`attnzoo.runtime.backends` (a name or an alias).
@@ -531,7 +531,9 @@ def load_models(models_dir: Optional[Path] = None, backend: str = AUTO, data: st
         threads: CPU runtime threads per model (None: the runtime's default).
         only: Load just these ``.onnx`` file names of ``models_dir``.
         dtype: ``int8``: only verified int8 models (the zoo: quantized once, verified); ``fp32``: only fp32
-            files; ``None``: every file of ``models_dir`` (a quantized one only when verified), the zoo at fp32.
+            files; ``bf16``: the fp32 files at OpenVINO's bf16 precision, each verified first
+            (:func:`load_bf16_models`); ``None``: every file of ``models_dir`` (a quantized one only when
+            verified), the zoo at fp32.
 
     Raises:
         ValueError: the backend cannot run here, the folder is missing, or nothing servable was found (bad
@@ -545,6 +547,8 @@ def load_models(models_dir: Optional[Path] = None, backend: str = AUTO, data: st
                          f"(use --backend {AUTO}, {' or '.join(b.name for b in cpu_runtimes())})")
     if models_dir is not None and not Path(models_dir).is_dir():
         raise ValueError(f"models folder not found: {models_dir}")
+    if dtype == "bf16":
+        return _unique_names(load_bf16_models(models_dir, backend, data, cache_dir, threads, only))
     if backend != AUTO and get_backend(backend).takes == "module":
         models = load_checkpoint_dir(Path(models_dir)) if models_dir else load_zoo_torch(data)
         wanted = ".safetensors checkpoints"
@@ -563,6 +567,59 @@ def load_models(models_dir: Optional[Path] = None, backend: str = AUTO, data: st
     if not models:
         raise ValueError(f"no servable models in {models_dir or 'the zoo'} (expected {wanted})")
     return _unique_names(models)
+
+
+def load_bf16_models(models_dir: Optional[Path], backend: str = AUTO, data: str = DEFAULT_DATA,
+                     cache_dir: Optional[Path] = None, threads: Optional[int] = None,
+                     only: Optional[Sequence[str]] = None) -> List[ServedModel]:
+    """``--dtype bf16``: the verified fp32 exports (``models_dir``'s, or the zoo's trained on ``data``, all exported
+    first) run by OpenVINO at bf16 with the variant's extra math pinned to f32 and read back, each verified on its
+    test split next to fp32 before it is served (:func:`attnzoo.runtime.bf16.verify_bf16`, kept per file, OpenVINO
+    version and CPU); a file that fails is skipped with the reason.
+
+    Raises:
+        ValueError: a backend other than OpenVINO (``auto`` is OpenVINO, the one CPU runtime with a bf16 path), or
+            a CPU without bf16 units (one line, before any work); nothing servable.
+    """
+    import onnx
+
+    from attnzoo.export.quantize import extra_math_nodes
+    from attnzoo.runtime.bf16 import verify_bf16
+    from attnzoo.runtime.contract import ModelContract
+    from attnzoo.runtime.sessions import serves, verification_problem
+
+    ov = get_backend("openvino")
+    if backend not in (AUTO, ov.name):
+        raise ValueError(f"--dtype bf16 runs on OpenVINO (--backend {AUTO} or {ov.name}), not {backend}")
+    reason = ov.unavailable_reason("bf16")
+    if reason:
+        raise ValueError(f"--dtype bf16: {reason}")
+    folder = Path(models_dir) if models_dir is not None else export_zoo(data, cache_dir)
+    note = f"{ov.name}, the CPU runtime with a bf16 path (extra math pinned to f32; verified on the test split)"
+    models = []
+    for path in _model_files(folder, ".onnx"):
+        if only is not None and path.name not in only:
+            continue
+        try:
+            contract = ModelContract.from_onnx(path)
+            if not serves("bf16", contract.dtype):
+                continue
+            problem = verification_problem(path, contract.dtype)
+            if problem:
+                raise ValueError(f"not served: {problem}")
+            names = extra_math_nodes(onnx.load(str(path), load_external_data=False), contract.config)
+            verify_bf16(path, contract.config, names, cache_dir=cache_dir, threads=threads, progress=True)
+            session = ov.load(path, dtype="bf16", threads=threads, batch=1, keep_f32=names)
+            served = _from_config(contract.config, session.run, session.fixed_size, path, session.backend,
+                                  contract.input_size, contract.input_style)
+            served.dtype, served.backend_note = "bf16", note
+            models.append(_warmed_up(served))
+        except Exception as exc:  # noqa: BLE001 -- this file is not served at bf16; say why, serve the others
+            _skip(path, exc)
+    if not models:
+        raise ValueError(f"no servable bf16 models in {models_dir or 'the zoo'} (expected fp32 exports of trained "
+                         "models that pass the bf16 verification; the warnings say why each was skipped)")
+    return _with_scores(models, zoo_rows(data)) if models_dir is None else models
 
 
 # --------------------------------------------------------------------------- a serve-models deployment

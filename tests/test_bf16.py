@@ -302,3 +302,157 @@ def test_a_benchmark_row_passes_openvino_the_extra_math_to_pin(belief2, tmp_path
     x = _inputs(path, 1).astype(np.float32)
     with pytest.raises(ov_rt.PrecisionCheckError, match="compiled the model at f32, not bf16"):
         load_call("openvino", model, path, x, "bf16", threads=1, device="cpu", cache_dir=tmp_path)
+
+
+# ------------------------------------------------------------------------------------- verified before served
+def test_bf16_serves_fp32_graphs_only():
+    from attnzoo.runtime.sessions import SERVED_DTYPES, serves
+
+    assert "bf16" in SERVED_DTYPES
+    assert serves("bf16", "fp32") and not serves("bf16", "fp16") and not serves("bf16", "int8")
+    assert serves("fp32", "fp16") and serves("int8", "int8") and not serves("fp32", "int8")
+
+
+@pytest.fixture(scope="module")
+def zoo_belief2(tmp_path_factory):
+    """The zoo's trained belief2 Fashion-MNIST classifier, exported and verified as the demo exports it."""
+    from attnzoo import zoo
+    from attnzoo.export import export_verified
+
+    model, config = zoo.load("belief2", "cls", "fashion")
+    path = tmp_path_factory.mktemp("zoo") / "belief2_cls.onnx"
+    export_verified(model, path, config, batch_sizes=(1,))
+    return path, config
+
+
+def _names(path):
+    import onnx
+
+    from attnzoo.export.quantize import extra_math_nodes
+
+    return extra_math_nodes(onnx.load(str(path), load_external_data=False))
+
+
+@pytest.mark.slow
+def test_score_puts_each_run_on_the_same_test_images(zoo_belief2):
+    import numpy as np
+
+    from attnzoo.export.quantize import evaluate_onnx
+    from attnzoo.runtime.bf16 import score
+    from attnzoo.runtime.openvino import OpenVINOSession
+
+    path, config = zoo_belief2
+    run = OpenVINOSession(path, threads=1).run
+    noisy = lambda x: run(x) + np.random.default_rng(0).normal(0, 3, (len(x), 10)).astype(np.float32)  # noqa: E731
+    ev = score({"fp32": run, "again": run, "noisy": noisy}, config, limit=500)
+    assert ev["n_images"] == 500 and ev["metric_name"] == "top1" and ev["split"] == "test"
+    assert ev["metrics"]["again"] == ev["metrics"]["fp32"] and ev["agreement"]["again"] == 1.0
+    assert ev["metrics"]["noisy"] < ev["metrics"]["fp32"] - 5 and ev["agreement"]["noisy"] < 0.9
+    reference = evaluate_onnx({"fp32": path}, config, limit=500)  # ONNX Runtime on the same split
+    assert abs(reference["metrics"]["fp32"] - ev["metrics"]["fp32"]) <= 0.2  # at most one image of 500 apart
+    with pytest.raises(FloatingPointError):
+        score({"nan": lambda x: run(x) * np.nan}, config, limit=64)
+    with pytest.raises(ValueError, match="no test split"):
+        score({"fp32": run}, {**config, "untrained": True}, limit=64)
+
+
+class _Fake:
+    """A session of the same file standing in for bf16 (this CPU has none): ``shift`` degrades its logits."""
+
+    def __init__(self, path, names, noise: float = 0.0):
+        import numpy as np
+
+        from attnzoo.runtime.openvino import OpenVINOSession
+
+        real = OpenVINOSession(path, threads=1, keep_f32=names)
+        rng = np.random.default_rng(0)
+        self.precision_check = real.precision_check
+        self.run = lambda x: real.run(x) + rng.normal(0, noise, (len(x), 10)).astype(np.float32) if noise \
+            else real.run(x)
+
+
+@pytest.mark.slow
+def test_verify_bf16_writes_a_report_reuses_it_here_only_and_refuses_a_drop_beyond_the_gate(zoo_belief2, tmp_path,
+                                                                                             monkeypatch):
+    import json
+
+    from attnzoo.runtime import bf16
+    from attnzoo.runtime.openvino import OpenVINOSession
+
+    path, config = zoo_belief2
+    names = _names(path)
+    fp32 = OpenVINOSession(path, threads=1)
+    monkeypatch.setattr(bf16, "_sessions", lambda p, k, t: (fp32, _Fake(p, k)))
+    assert bf16.bf16_verification_problem(path, tmp_path).endswith("has not been verified at bf16 on this machine")
+    report = bf16.verify_bf16(path, config, names, cache_dir=tmp_path)
+    assert report["passed"] and report["accuracy"]["drop"] == 0 and report["accuracy"]["n_images"] == 10_000
+    assert report["accuracy"]["gate"] == bf16.ACCURACY_GATE["cls"] and report["precision_check"]["extra_math_ops"]
+    assert json.loads(bf16.report_path(path, tmp_path).read_text()) == report
+    assert bf16.bf16_verification_problem(path, tmp_path) is None
+    monkeypatch.setattr(bf16, "_sessions", lambda p, k, t: pytest.fail("a verified file is not scored again"))
+    assert bf16.verify_bf16(path, config, names, cache_dir=tmp_path) == report
+    moved = {**report, "cpu": "another CPU"}
+    bf16.report_path(path, tmp_path).write_text(json.dumps(moved))
+    assert "measured with another cpu (another CPU)" in bf16.bf16_verification_problem(path, tmp_path)
+    monkeypatch.setattr(bf16, "_sessions", lambda p, k, t: (fp32, _Fake(p, k)))
+    quick = bf16.verify_bf16(path, config, names, cache_dir=tmp_path, limit=200)  # a quick look writes nothing
+    assert json.loads(bf16.report_path(path, tmp_path).read_text()) == moved and not quick["passed"]
+    monkeypatch.setattr(bf16, "_sessions", lambda p, k, t: (fp32, _Fake(p, k, noise=3.0)))
+    with pytest.raises(bf16.Bf16AccuracyError, match=r"bf16 top1 .* points below fp32's .* \(gate 0.25\)"):
+        bf16.verify_bf16(path, config, names, cache_dir=tmp_path)
+    assert "points below fp32 on the test split (gate 0.25)" in bf16.bf16_verification_problem(path, tmp_path)
+
+
+@pytest.mark.skipif(HAS_BF16, reason="this CPU has bf16 units")
+def test_bf16_serving_is_refused_here_in_one_line_before_any_work(belief2, tmp_path):
+    from attnzoo import zoo
+    from attnzoo.runtime.bf16 import verify_bf16
+    from attnzoo.serve.demo.cli import main as demo_main
+    from attnzoo.serve.loading import load_models
+
+    _, path, names = belief2
+    config = zoo.load("belief2", "cls", "fashion")[1]
+    with pytest.raises(ValueError, match="^bf16: this CPU .* no bf16 units"):
+        verify_bf16(path, config, names, cache_dir=tmp_path)
+    with pytest.raises(ValueError, match="^--dtype bf16: this CPU .* no bf16 units"):
+        load_models(None, cache_dir=tmp_path, dtype="bf16")  # the zoo: refused before anything is exported
+    with pytest.raises(SystemExit, match="^error: --dtype bf16: this CPU .* no bf16 units") as exc:
+        demo_main(["--dtype", "bf16", "--cache-dir", str(tmp_path)])
+    assert "\n" not in str(exc.value) and list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="--dtype bf16 runs on OpenVINO .*, not ort-cpu"):
+        load_models(path.parent, "ort-cpu", dtype="bf16")
+
+
+@pytest.mark.skipif(HAS_BF16, reason="this CPU has bf16 units")
+def test_serve_models_dtype_bf16_is_refused_here_and_needs_openvino_and_trained_models(belief2):
+    from attnzoo.serve.rayserve.cli import main as serve_main
+    from attnzoo.serve.rayserve.config import ServeConfig
+
+    _, path, _ = belief2
+    with pytest.raises(SystemExit, match="^error: --dtype bf16: this CPU .* no bf16 units") as exc:
+        serve_main(["--dtype", "bf16", "--backend", "openvino", "--models", str(path.parent)])
+    assert "\n" not in str(exc.value)
+    with pytest.raises(ValueError, match="dtype bf16 runs on OpenVINO .*, not ort-cpu"):
+        ServeConfig(dtype="bf16").validate()
+    with pytest.raises(ValueError, match="random-init models have no test set to verify bf16 on"):
+        ServeConfig(dtype="bf16", backend="openvino", arch="micro").validate()
+
+
+@pytest.mark.slow
+def test_serve_models_selects_the_fp32_exports_for_bf16(zoo_belief2):
+    from attnzoo.serve.rayserve.launch import _matching
+
+    path, _ = zoo_belief2
+    assert list(_matching(path.parent, [path.name], None, None, "bf16").files) == [path.name]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_BF16, reason="needs a CPU with bf16 units")
+def test_bf16_is_served_once_verified(zoo_belief2, tmp_path):
+    from attnzoo.runtime.bf16 import bf16_verification_problem
+    from attnzoo.serve.loading import load_models
+
+    path, _ = zoo_belief2
+    (model,) = load_models(path.parent, cache_dir=tmp_path, dtype="bf16")
+    assert model.dtype == "bf16" and model.backend == "openvino"
+    assert bf16_verification_problem(path, tmp_path) is None

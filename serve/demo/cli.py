@@ -48,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=None, choices=SERVED_DTYPES,
                    help="int8: serve only int8 models whose export-model verification report is intact (the "
                         "zoo: quantized once with ModelOpt, calibrated on training images, scored on the test "
-                        "set, refused beyond the tolerance); fp32: only the unquantized files (fp32 and fp16 exports) "
+                        "set, refused beyond the tolerance); bf16 (OpenVINO, CPUs with bf16 units): the fp32 exports "
+                        "at bf16, extra math pinned to f32, each verified on its test split first; fp32: only the "
+                        "unquantized files (fp32 and fp16 exports) "
                         "(default: every file of --models, a quantized one only when verified; the zoo at fp32)")
     p.add_argument("--data", default=DEFAULT_DATA,
                    help=f"which zoo models to serve: those trained on this data set (default {DEFAULT_DATA})")

@@ -255,7 +255,7 @@ class ModelServer:
                 raise RuntimeError(f"{Path(folder) / name} is not the file the driver verified (sha256 differs)")
         cache = settings.get("cache_dir")
         models = load_models(Path(folder), settings["backend"], threads=settings["threads"],
-                             cache_dir=Path(cache) if cache else None, only=sorted(files))
+                             cache_dir=Path(cache) if cache else None, only=sorted(files), dtype=settings.get("dtype"))
         if len(models) != len(files):
             raise RuntimeError(f"loaded {len(models)} of {len(files)} models (see the warnings above)")
         self.models = {(m.task, m.name): m for m in models}
@@ -351,7 +351,8 @@ class ModelServer:
                 raise RuntimeError(f"{self.folder / file} is not the file the driver verified (sha256 differs)")
             cache = self.settings.get("cache_dir")
             for m in load_models(self.folder, self.settings["backend"], threads=self.settings["threads"],
-                                 cache_dir=Path(cache) if cache else None, only=[file]):
+                                 cache_dir=Path(cache) if cache else None, only=[file],
+                                 dtype=self.settings.get("dtype")):
                 self.models[(m.task, m.name)] = m
                 self.order.append((m.task, m.name))
             del self.pending[(task, name)]

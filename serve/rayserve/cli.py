@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="int8: serve only int8 models whose export-model verification report holds (the "
                           "zoo's, quantized and scored on their test split once into the cache; or the files of "
                           "--models DIR from export-model --dtype int8, unverified ones skipped with the reason); "
+                          "bf16 (with --backend openvino, on a CPU with bf16 units): the fp32 exports at OpenVINO's "
+                          "bf16 precision, extra math pinned to f32, each verified on its test split first; "
                           "default fp32: the unquantized files (fp32 and fp16 exports)")
     p.add_argument("--cache-dir", type=Path, help="zoo / random-init exports (default $ATTNZOO_CACHE or "
                                                   "~/.cache/attnzoo)")
@@ -120,6 +122,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``serve-models``: runs until Ctrl-C / SIGTERM."""
     args = build_parser().parse_args(argv)
     cfg = config_from_args(args)
+    if cfg.dtype == "bf16":  # refused on a CPU without bf16 units before anything starts
+        from attnzoo.runtime.backends import get_backend
+
+        reason = get_backend("openvino").unavailable_reason("bf16")
+        if reason:
+            raise ValueError(f"--dtype bf16: {reason}")
     if args.metrics_port is not None and not 1 <= args.metrics_port <= 65535:
         raise UsageError(f"--metrics-port must be in 1..65535, got {args.metrics_port}")
     from attnzoo.serve.rayserve.launch import (check_zoo_selection, deploy, export_pending, metrics_url, port_problem, ray_serve_mode,

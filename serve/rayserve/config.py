@@ -124,6 +124,11 @@ class ServeConfig:
                              "--dtype int8 files); random-init models have no test set to verify int8 on")
         if self.dtype == "int8" and self.backend == "tensorrt":
             raise ValueError("dtype int8 is served on the CPU runtimes (onnxruntime, openvino), not tensorrt")
+        if self.dtype == "bf16" and self.arch is not None:
+            raise ValueError("dtype bf16 serves trained models verified on their test split (the zoo's, or a models "
+                             "folder); random-init models have no test set to verify bf16 on")
+        if self.dtype == "bf16" and self.backend != "openvino":
+            raise ValueError(f"dtype bf16 runs on OpenVINO (backend openvino), not {self.backend}")
         return self
 
 

@@ -143,7 +143,7 @@ def _matching(folder: Path, names: Sequence[str], variants: Optional[Sequence[st
     """The attnzoo exports among ``names`` whose variant, task and precision are wanted; files that are not
     attnzoo models, and quantized ones whose verification does not hold, are left out with a warning (the
     replicas' loader would skip them anyway)."""
-    from attnzoo.runtime.sessions import verification_problem, served_precision
+    from attnzoo.runtime.sessions import serves, verification_problem
     from attnzoo.fileio import sha256_file
     from attnzoo.models import canonical_name
     from attnzoo.runtime.contract import ModelContract
@@ -159,8 +159,8 @@ def _matching(folder: Path, names: Sequence[str], variants: Optional[Sequence[st
                   file=sys.stderr)
             continue
         seen.append(f"{contract.variant}/{contract.task}" + ("" if contract.dtype == "fp32" else f"/{contract.dtype}"))
-        if served_precision(contract.dtype) != dtype:
-            continue  # fp32 serves the unquantized exports (fp32 and fp16), int8 only int8 files
+        if not serves(dtype, contract.dtype):
+            continue  # fp32 serves the unquantized exports (fp32 and fp16), int8 only int8 files, bf16 fp32 ones
         problem = verification_problem(path, contract.dtype)
         if problem:
             print(f"warning: skipping {name}: not served: {problem}", file=sys.stderr)
@@ -251,15 +251,21 @@ def _zoo_first(data: str, cache: Path, variants: Optional[Sequence[str]], tasks:
         shipped = sorted((e for e in mine if zoo.shipped_onnx(e) is not None),
                          key=lambda e: -(e.get("test_metric") or 0))
         first.append((shipped or mine)[0])
-    folder = None
+    folder, graph = None, _graph_dtype(dtype)
     for e in first:
-        folder = export_zoo(data, cache, [e["variant"]], [e["task"]], dtype=dtype)
-    names = [zoo_onnx_name(e["variant"], e["task"], data, dtype) for e in first]
+        folder = export_zoo(data, cache, [e["variant"]], [e["task"]], dtype=graph)
+    names = [zoo_onnx_name(e["variant"], e["task"], data, graph) for e in first]
     selection = _matching(folder, [n for n in names if (folder / n).is_file()], None, None, dtype)
     selection.pending = [{"task": e["task"], "name": e["variant"],
-                          "file": zoo_onnx_name(e["variant"], e["task"], data, dtype)} for e in rows if e not in first]
+                          "file": zoo_onnx_name(e["variant"], e["task"], data, graph)} for e in rows if e not in first]
     selection.data, selection.dtype = data, dtype
     return selection
+
+
+def _graph_dtype(dtype: str) -> str:
+    """The precision of the files ``--dtype`` serves: bf16 runs the fp32 exports (each replica verifies them at
+    bf16 on their test split before serving, :func:`attnzoo.serve.loading.load_bf16_models`)."""
+    return "fp32" if dtype == "bf16" else dtype
 
 
 def export_pending(selection: Selection, cache_dir: Optional[Path]) -> int:
@@ -275,7 +281,7 @@ def export_pending(selection: Selection, cache_dir: Optional[Path]) -> int:
     ready = dict(selection.files)
 
     def written(path: Path) -> bool:  # an int8 copy is ready once its verification report is beside it
-        return path.is_file() and verification_problem(path, selection.dtype) is None
+        return path.is_file() and verification_problem(path, _graph_dtype(selection.dtype)) is None
 
     def publish() -> None:
         new = {p["file"]: sha256_file(selection.folder / p["file"]) for p in selection.pending
@@ -286,7 +292,7 @@ def export_pending(selection: Selection, cache_dir: Optional[Path]) -> int:
                 atomic_write_text(selection.ready_file, json.dumps(ready))
 
     code = export_zoo_in_child(selection.data, Path(cache_dir or default_cache_dir()),
-                               [(p["name"], p["task"]) for p in selection.pending], selection.dtype,
+                               [(p["name"], p["task"]) for p in selection.pending], _graph_dtype(selection.dtype),
                                while_running=publish)
     publish()
     if code != 0:
@@ -400,7 +406,7 @@ def deploy(cfg: ServeConfig, selection: Selection, name: Optional[str] = None) -
     log = {"log_level": "WARNING", "enable_access_log": False}
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # the driver's "Started Serve ..." lines
     serve.start(http_options={"host": cfg.host, "port": cfg.port}, logging_config=log)
-    settings = {"backend": cfg.backend, "threads": cfg.intra_op_threads,
+    settings = {"backend": cfg.backend, "threads": cfg.intra_op_threads, "dtype": cfg.dtype,
                 "cache_dir": str(cfg.cache_dir) if cfg.cache_dir else None,
                 "max_batch_size": cfg.max_batch_size, "batch_wait_s": cfg.batch_wait_ms / 1000.0}
     if selection.pending:
