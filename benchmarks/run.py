@@ -194,8 +194,10 @@ class _Bench:
         rss = PeakRSS()
         t0 = time.perf_counter()
         src = onnx.get("fp16" if dtype == "fp16" else "fp32")
-        if backend == "tensorrt" and not torch.cuda.is_available():
-            return self.built_not_run(variant, dtype, batch, src)
+        cannot_run = get_backend(backend).unavailable_reason(dtype, self.device.type) if backend == "tensorrt" else None
+        if cannot_run:  # built ahead of time instead: no GPU, or one TensorRT-RTX engines do not run on
+            why = "no GPU" if not torch.cuda.is_available() else cannot_run
+            return self.built_not_run(variant, dtype, batch, src, why)
         try:
             runner, info = load_call(backend, model, src, x.numpy(), dtype, threads=s.threads,
                                      device=self.device.type, cache_dir=s.cache_dir)
@@ -225,8 +227,8 @@ class _Bench:
             return None
         return runner
 
-    def built_not_run(self, variant: str, dtype: str, batch: int, src: Path) -> None:
-        """No GPU: the TensorRT engine built ahead of time (the runtime's builder), one per variant and dtype
+    def built_not_run(self, variant: str, dtype: str, batch: int, src: Path, why: str) -> None:
+        """No GPU (or one whose engines cannot run here, ``why``): the TensorRT engine built ahead of time (the runtime's builder), one per variant and dtype
         whose profile spans the run's batch sizes, kept in the cache and reused by every batch's row and by
         later runs; the rows say it was not run."""
         try:
@@ -237,7 +239,7 @@ class _Bench:
         p = facts["profile"]
         how = "reused from the engine cache, built" if facts["cached"] else "built"
         self.rows.append(_row(variant, self.s, "tensorrt", dtype, batch, "built",
-                              f"built, not run (no GPU): {facts['library']} {facts['library_version']} for "
+                              f"built, not run ({why}): {facts['library']} {facts['library_version']} for "
                               f"{facts['compute_capability']}, one engine for batch {p['min']}-{p['max']} "
                               f"(opt {p['opt']}), {facts['engine_size'] / 1e6:.1f} MB, {how} in "
                               f"{facts['build_time_s']:.1f} s", build_s=facts["build_time_s"], info=facts))

@@ -3,8 +3,10 @@
 Two libraries, one API:
 
 - ``tensorrt_rtx`` (NVIDIA TensorRT for RTX, ``pip install tensorrt-rtx``) builds engines **ahead of time, with
-  no GPU**, for a named compute capability (``SM75`` ... ``SM121``), or for ``CURRENT``, the GPU present;
-- ``tensorrt`` (TensorRT >= 10) builds only for the GPU it runs on.
+  no GPU**, for a named compute capability (``SM75`` ... ``SM121``), or for ``CURRENT``, the GPU present. Its
+  engines run only on the GPUs of its support matrix (:data:`RTX_RUNS_ON`: GeForce/RTX-class Turing to
+  Blackwell); on any other GPU (an A100, an H100) running one is refused in one line naming the GPU;
+- ``tensorrt`` (TensorRT >= 10) builds only for the GPU it runs on: the engine for data-centre GPUs.
 
 With a GPU, ``tensorrt`` is preferred when installed (it supports data-centre GPUs), else ``tensorrt_rtx`` with
 ``CURRENT``. Without a GPU only ``tensorrt_rtx`` can build. ``$ATTNZOO_TENSORRT`` (``tensorrt`` or
@@ -15,6 +17,13 @@ softmax and the projection in fp32). There are no FP16/INT8 builder flags (Tenso
 them). TF32, which TensorRT turns on by default, is one explicit choice per build (``tf32``): off unless asked, so
 an fp32 engine computes IEEE fp32. One optimisation profile spans the batch sizes (min/opt/max). Running an engine needs an NVIDIA GPU;
 device buffers are torch CUDA tensors (no pycuda / cuda-python).
+
+Running: an :class:`Engine` enqueues on a CUDA stream of its own (never the legacy default stream, which makes
+TensorRT add synchronisations). TensorRT-RTX engines are built with ``REQUIRE_USER_ALLOCATION`` (what stream
+capture into a CUDA graph needs), their contexts specialise kernels eagerly (``EAGER``: no fallback kernel while a
+shape-specialised one compiles, so a timed or captured run uses the final kernels) and keep the compiled kernels
+in a runtime cache on disk; whether a context can be captured is asked (``is_stream_capturable``) before a graph
+is made. ``set_input_shape``'s answer is checked. TensorRT proper reuses a timing cache across builds.
 
 Ctrl-C and SIGTERM: TensorRT calls back into Python (its logger, the build's progress monitor) and catches an
 exception raised there. The build therefore runs in a worker thread (:func:`attnzoo.cli.run_in_worker`; TensorRT
@@ -41,7 +50,9 @@ from attnzoo.cli import run_in_worker, signals_deferred
 
 from .contract import INPUT_NAME, OUTPUT_NAME
 
-__all__ = ["LIBRARIES", "LIBRARY_ENV", "INSTALL_HINT", "COMPUTE_CAPABILITIES", "DEFAULT_COMPUTE_CAPABILITY",
+__all__ = ["LIBRARIES", "LIBRARY_ENV", "install_hint", "COMPUTE_CAPABILITIES", "DEFAULT_COMPUTE_CAPABILITY",
+           "RTX_RUNS_ON", "gpu_description", "tensorrt_proper_hint", "run_problem", "set_input_shape",
+           "runtime_cache_path",
            "TensorRTError", "TensorRTUnavailable", "TensorRTParseError", "Library", "gpu_available",
            "resolve_compute_capability",
            "load_library", "unavailable_reason", "ParsedNetwork", "parse_onnx", "network_layers",
@@ -49,10 +60,14 @@ __all__ = ["LIBRARIES", "LIBRARY_ENV", "INSTALL_HINT", "COMPUTE_CAPABILITIES", "
 
 LIBRARIES: Tuple[str, ...] = ("tensorrt", "tensorrt_rtx")
 LIBRARY_ENV = "ATTNZOO_TENSORRT"
-INSTALL_HINT = ("pip install tensorrt-rtx (builds engines without a GPU; it comes with attnzoo[dev] / "
-                "attnzoo[tensorrt]), or pip install 'tensorrt-cu12>=10' on a machine with an NVIDIA GPU")
-#: Compute capabilities TensorRT-RTX builds for ahead of time; ``CURRENT`` is the GPU present.
+#: Compute capabilities TensorRT-RTX builds for ahead of time (its ``ComputeCapability`` enum, 1.7); ``CURRENT`` is
+#: the GPU present.
 COMPUTE_CAPABILITIES: Tuple[str, ...] = ("SM75", "SM80", "SM86", "SM89", "SM120", "SM121", "CURRENT")
+#: Compute capabilities whose GPUs run TensorRT-RTX engines: its support matrix (Turing RTX 20xx, Ampere RTX 30xx,
+#: Ada RTX 40xx / L4 / L40S, Blackwell RTX 50xx, GB10). 8.0 (A100) is in the enum but not in the matrix; 9.0 (H100,
+#: H200) is in neither: those data-centre GPUs need TensorRT proper.
+RTX_RUNS_ON: Dict[str, Tuple[int, int]] = {"SM75": (7, 5), "SM86": (8, 6), "SM89": (8, 9), "SM120": (12, 0),
+                                           "SM121": (12, 1)}
 #: Target without a GPU: Ada (SM 8.9: RTX 40xx, L4, L40S), the newest widely deployed data-centre inference part
 #: TensorRT-RTX names.
 DEFAULT_COMPUTE_CAPABILITY = "SM89"
@@ -103,6 +118,45 @@ def gpu_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def gpu_description() -> Tuple[str, Tuple[int, int]]:
+    """The visible GPU's name and compute capability (needs a GPU)."""
+    import torch
+
+    return torch.cuda.get_device_name(0), tuple(torch.cuda.get_device_capability(0))
+
+
+def tensorrt_proper_hint() -> str:
+    """The install command of TensorRT proper for the CUDA major of the installed torch (``tensorrt-cu13`` with a
+    CUDA 13 torch), the library for data-centre GPUs."""
+    try:
+        import torch
+
+        major = (torch.version.cuda or "").split(".")[0]
+    except ImportError:
+        major = ""
+    return f"pip install 'tensorrt-cu{major}>=10'" if major else "pip install 'tensorrt>=10' (a CUDA build of torch first)"
+
+
+def install_hint() -> str:
+    """How to install a TensorRT library here: ``tensorrt-rtx`` (builds without a GPU), or TensorRT proper."""
+    return (f"pip install tensorrt-rtx (builds engines without a GPU; it comes with attnzoo[dev] / attnzoo[tensorrt]; "
+            f"runs on GeForce/RTX-class GPUs), or {tensorrt_proper_hint()} on a machine with an NVIDIA GPU "
+            "(data-centre GPUs such as the H100)")
+
+
+def run_problem(lib: "Library") -> Optional[str]:
+    """Why engines of ``lib`` cannot run on the visible GPU (one line), or ``None``: TensorRT-RTX runs only on the
+    compute capabilities of :data:`RTX_RUNS_ON`."""
+    if lib.name != "tensorrt_rtx" or not gpu_available():
+        return None
+    name, cc = gpu_description()
+    if cc in RTX_RUNS_ON.values():
+        return None
+    runs = ", ".join(f"{a}.{b}" for a, b in RTX_RUNS_ON.values())
+    return (f"{lib.describe()} does not run on {name} (compute capability {cc[0]}.{cc[1]}): it runs on {runs} "
+            f"(GeForce/RTX-class GPUs); for this GPU install TensorRT proper: {tensorrt_proper_hint()}")
+
+
 def _import(name: str) -> Optional[Library]:
     try:
         mod = importlib.import_module(name)
@@ -136,7 +190,7 @@ def load_library(name: Optional[str] = None, *, gpu: Optional[bool] = None) -> L
         raise TensorRTUnavailable(f"{found[0].describe()} builds engines only on a machine with an NVIDIA GPU, and "
                                   f"none is visible; to build ahead of time here: pip install tensorrt-rtx")
     raise TensorRTUnavailable(f"no TensorRT library is installed ({' or '.join(order)}); install one with: "
-                              f"{INSTALL_HINT}")
+                              f"{install_hint()}")
 
 
 def unavailable_reason(*, run: bool = False) -> Optional[str]:
@@ -148,7 +202,7 @@ def unavailable_reason(*, run: bool = False) -> Optional[str]:
     if run and not gpu_available():
         return (f"running a TensorRT engine needs an NVIDIA GPU and none is visible ({lib.describe()} can only "
                 f"build engines here)")
-    return None
+    return run_problem(lib) if run else None
 
 
 def profile_batches(batch_sizes: Sequence[int]) -> Tuple[int, int, int]:
@@ -323,13 +377,14 @@ class Built:
     workspace_gb: float
     timing_cache: Optional[str] = None
     tf32: bool = False
+    require_user_allocation: bool = False
 
     def facts(self) -> Dict[str, Any]:
         """JSON-ready build facts for a report."""
         return {"library": self.library.name, "library_version": self.library.version,
                 "compute_capability": self.compute_capability, "build_time_s": round(self.build_time_s, 3),
                 "engine_size": len(self.blob), "profile": self.profile, "workspace_gb": self.workspace_gb,
-                "tf32": self.tf32,
+                "tf32": self.tf32, "require_user_allocation": self.require_user_allocation,
                 "timing_cache": self.timing_cache or "none (TensorRT-RTX: no-op; kernels specialise at run time)"}
 
 
@@ -354,6 +409,9 @@ def _resolve_cc(lib: Library, compute_capability: Optional[str], gpu: bool) -> s
     if not lib.ahead_of_time and cc != "CURRENT":
         raise ValueError(f"{lib.describe()} builds only for the GPU present (CURRENT), not {cc}; "
                          "ahead-of-time builds need tensorrt-rtx")
+    problem = run_problem(lib) if cc == "CURRENT" else None
+    if problem:  # an engine for this GPU would be one TensorRT-RTX cannot run
+        raise ValueError(problem)
     return cc
 
 
@@ -390,6 +448,9 @@ def build(onnx_path: Union[str, Path], *, batch_sizes: Sequence[int] = (1, 8),
     if lib.ahead_of_time:
         config.num_compute_capabilities = 1
         config.set_compute_capability(getattr(trt.ComputeCapability, cc), 0)
+    user_allocation = hasattr(trt.BuilderFlag, "REQUIRE_USER_ALLOCATION")
+    if user_allocation:  # TensorRT-RTX: what capturing an enqueue into a CUDA graph needs (the build fails instead
+        config.set_flag(trt.BuilderFlag.REQUIRE_USER_ALLOCATION)  # if the network allocates at run time)
     cache_path = None
     if timing_cache is not None and not lib.ahead_of_time:
         cache_path = Path(timing_cache)
@@ -427,7 +488,7 @@ def build(onnx_path: Union[str, Path], *, batch_sizes: Sequence[int] = (1, 8),
 
         atomic_write_bytes(cache_path, bytes(config.get_timing_cache().serialize()))
     return Built(bytes(serialized), lib, cc, build_s, {"min": lo, "opt": opt, "max": hi}, (hi, 3, *hw),
-                 workspace_gb, str(cache_path) if cache_path else None, tf32)
+                 workspace_gb, str(cache_path) if cache_path else None, tf32, user_allocation)
 
 
 def build_cached(onnx_path: Union[str, Path], cache_dir: Union[str, Path], *, batch_sizes: Sequence[int] = (1, 8),
@@ -436,9 +497,12 @@ def build_cached(onnx_path: Union[str, Path], cache_dir: Union[str, Path], *, ba
     """Build an engine once and keep it in ``cache_dir``; later calls with the same key reuse it.
 
     For engines that are built but cannot run here (no GPU): building one again would only repeat seconds of
-    work. The key is everything the engine depends on: the ONNX file's content (sha256: the variant, arch,
-    dtype and weights), the input size, the profile, the target, TF32, the library and its version. The engine and
-    its facts (``<engine>.json``, written last: a key with facts is complete) are written atomically.
+    work; for engines that run, it spares every batch row and every later (or resumed) run the build. The key is
+    everything the engine depends on: the ONNX file's content (sha256: the variant, arch, dtype and weights), the
+    input size, the profile, the target (``CURRENT`` with the GPU's compute capability), TF32, the library and its
+    version. The engine and its facts (``<engine>.json``, written last: a key with facts is complete) are written
+    atomically. TensorRT proper shares one timing cache per library and target in ``cache_dir`` across builds
+    (TensorRT-RTX has none: it keeps its run-time kernels in :func:`runtime_cache_path`).
 
     Returns:
         :meth:`Built.facts` plus ``engine`` (its file), ``onnx_sha256`` and ``cached`` (``True``: reused, not
@@ -455,7 +519,8 @@ def build_cached(onnx_path: Union[str, Path], cache_dir: Union[str, Path], *, ba
     cc = _resolve_cc(lib, compute_capability, gpu_available())
     lo, opt, hi = profile_batches(batch_sizes)
     hw = "x".join(str(int(v)) for v in input_hw) if input_hw else "onnx"
-    engine = Path(cache_dir) / (f"{path.stem}_{hw}_b{lo}-{opt}-{hi}_{cc}{'_tf32' if tf32 else ''}_"
+    target = _target(cc)
+    engine = Path(cache_dir) / (f"{path.stem}_{hw}_b{lo}-{opt}-{hi}_{target}{'_tf32' if tf32 else ''}_"
                                 f"{lib.name}-{lib.version}_ws{workspace_gb:g}_{sha[:16]}.engine")
     facts_path = Path(str(engine) + ".json")
     try:
@@ -464,8 +529,9 @@ def build_cached(onnx_path: Union[str, Path], cache_dir: Union[str, Path], *, ba
             return {**facts, "cached": True}
     except (OSError, ValueError):
         pass  # not built yet (or an unreadable entry: built again and replaced)
+    timing = None if lib.ahead_of_time else Path(cache_dir) / f"timing_{lib.name}-{lib.version}_{target}.cache"
     built = build(path, batch_sizes=batch_sizes, input_hw=input_hw, compute_capability=cc,
-                  workspace_gb=workspace_gb, library=lib, tf32=tf32)
+                  workspace_gb=workspace_gb, library=lib, tf32=tf32, timing_cache=timing)
     facts = {**built.facts(), "engine": str(engine), "onnx": str(path), "onnx_sha256": sha}
     engine.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(engine, built.blob)
@@ -473,19 +539,55 @@ def build_cached(onnx_path: Union[str, Path], cache_dir: Union[str, Path], *, ba
     return {**facts, "cached": False}
 
 
+def _target(cc: str) -> str:
+    """``cc``, with ``CURRENT`` made concrete (``CURRENT-sm90``): a cache shared by two GPUs keeps them apart."""
+    if cc != "CURRENT":
+        return cc
+    major, minor = gpu_description()[1]
+    return f"CURRENT-sm{major}{minor}"
+
+
+def runtime_cache_path(cache_dir: Union[str, Path], library: Library) -> Path:
+    """Where TensorRT-RTX keeps the kernels it compiles at run time for the visible GPU (one file per library
+    version and GPU; the library checks the GPU and versions itself and ignores a cache that does not fit)."""
+    return Path(cache_dir) / f"runtime_{library.name}-{library.version}_{_target('CURRENT')}.cache"
+
+
+def set_input_shape(context: Any, engine: Any, name: str, shape: Sequence[int]) -> None:
+    """``context.set_input_shape``, its answer checked: ``TensorRTError`` naming the shape and the engine's
+    profile (min/opt/max) when TensorRT refuses it (it returns ``False``, it does not raise)."""
+    if not context.set_input_shape(name, tuple(shape)):
+        profile = " / ".join(str(tuple(d)) for d in engine.get_tensor_profile_shape(name, 0))
+        raise TensorRTError(f"the engine does not take {name} of shape {tuple(shape)}: its profile (min / opt / max) "
+                            f"is {profile}")
+
+
 # ------------------------------------------------------------------------------------------------ running
 class Engine:
-    """A deserialized engine with one execution context, run on torch CUDA buffers (needs a GPU).
+    """A deserialized engine with one execution context, run on torch CUDA buffers on a CUDA stream of its own
+    (needs a GPU).
 
     Args:
         data: Serialized engine (bytes) or an engine file.
         library: The library that built it (default :func:`load_library`).
+        runtime_cache: TensorRT-RTX: the file of compiled run-time kernels (:func:`runtime_cache_path`), read if
+            there; :meth:`save_runtime_cache` writes it back.
+
+    Raises:
+        TensorRTUnavailable: no GPU, or one this library's engines do not run on (:func:`run_problem`).
+        TensorRTError: the engine cannot be deserialized.
     """
 
-    def __init__(self, data: Union[bytes, str, Path], library: Optional[Library] = None) -> None:
+    def __init__(self, data: Union[bytes, str, Path], library: Optional[Library] = None,
+                 runtime_cache: Optional[Union[str, Path]] = None) -> None:
         if not gpu_available():
             raise TensorRTUnavailable("running a TensorRT engine needs an NVIDIA GPU and none is visible")
+        import torch
+
         self.library = library or load_library(gpu=True)
+        problem = run_problem(self.library)
+        if problem:
+            raise TensorRTUnavailable(problem)
         trt = self.library.module
         blob = data if isinstance(data, (bytes, bytearray)) else Path(data).read_bytes()
         self._logger = _logger(trt)
@@ -495,8 +597,39 @@ class Engine:
         if self.engine is None:
             raise TensorRTError(f"{self.library.describe()} could not deserialize the engine (built by another "
                                 f"TensorRT version, or for another GPU?){_last_errors(self._logger)}")
+        self.stream = torch.cuda.Stream()  # not the legacy default stream: TensorRT synchronises around that one
+        self.runtime_cache_file = Path(runtime_cache) if runtime_cache is not None else None
+        self.settings: Dict[str, Any] = {"stream": "own", "kernel_specialization": "n/a", "runtime_cache": None}
         with signals_deferred():
-            self.context = self.engine.create_execution_context()  # TensorRT-RTX specialises kernels here
+            self.context = self.engine.create_execution_context(*self._runtime_config())
+
+    def _runtime_config(self) -> Tuple[Any, ...]:
+        """TensorRT-RTX's runtime config: eager kernel specialisation (the final kernels from the first call on, not
+        a fallback while they compile) and the runtime cache; ``()`` for a library without one."""
+        trt = self.library.module
+        strategy = getattr(trt, "DynamicShapesKernelSpecializationStrategy", None)
+        if strategy is None or not hasattr(self.engine, "create_runtime_config"):
+            return ()
+        config = self.engine.create_runtime_config()
+        config.dynamic_shapes_kernel_specialization_strategy = strategy.EAGER
+        self.settings["kernel_specialization"] = "EAGER"
+        if self.runtime_cache_file is not None:
+            self._cache = config.create_runtime_cache()
+            if self.runtime_cache_file.is_file():
+                self._cache.deserialize(self.runtime_cache_file.read_bytes())
+            config.set_runtime_cache(self._cache)
+            self.settings["runtime_cache"] = str(self.runtime_cache_file)
+        self._config = config  # alive as long as the context
+        return (config,)
+
+    def save_runtime_cache(self) -> None:
+        """Write the kernels compiled so far to the runtime cache file (atomically; no-op without one)."""
+        cache = getattr(self, "_cache", None)
+        if cache is not None and self.runtime_cache_file is not None:
+            from attnzoo.fileio import atomic_write_bytes
+
+            self.runtime_cache_file.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(self.runtime_cache_file, bytes(cache.serialize()))
 
     def _torch_dtype(self, name: str):
         import torch
@@ -504,48 +637,63 @@ class Engine:
         return torch.from_numpy(np.zeros(0, self.library.module.nptype(self.engine.get_tensor_dtype(name)))).dtype
 
     def bind(self, x) -> Any:
-        """Bind a CUDA input tensor; return the (NaN-filled) CUDA output tensor the engine writes to."""
+        """Bind a CUDA input tensor; return the (NaN-filled) CUDA output tensor the engine writes to.
+
+        Raises:
+            TensorRTError: the shape is outside the engine's profile.
+        """
         import torch
 
         xin = x.to("cuda", self._torch_dtype(INPUT_NAME)).contiguous()
-        self.context.set_input_shape(INPUT_NAME, tuple(xin.shape))
+        set_input_shape(self.context, self.engine, INPUT_NAME, xin.shape)
         out = torch.full(tuple(self.context.get_tensor_shape(OUTPUT_NAME)), float("nan"), device="cuda",
                          dtype=self._torch_dtype(OUTPUT_NAME))
         self.context.set_tensor_address(INPUT_NAME, xin.data_ptr())
         self.context.set_tensor_address(OUTPUT_NAME, out.data_ptr())
+        self.stream.wait_stream(torch.cuda.current_stream())  # the copies above were made on the current stream
         self._bound = (xin, out)  # keep the buffers alive while bound
         return out
 
-    def enqueue(self, stream) -> None:
-        """Enqueue one execution on a ``torch.cuda.Stream``."""
-        if not self.context.execute_async_v3(stream.cuda_stream):
-            raise TensorRTError("TensorRT execution failed")
+    def capturable(self) -> bool:
+        """Whether an enqueue on :attr:`stream` may be captured into a CUDA graph (TensorRT-RTX answers;
+        TensorRT proper has no such query: ``True``, and a failed capture falls back to plain enqueues)."""
+        ask = getattr(self.context, "is_stream_capturable", None)
+        return True if ask is None else bool(ask(self.stream.cuda_stream))
+
+    def enqueue(self, stream=None) -> None:
+        """Enqueue one execution on ``stream`` (default: the engine's own)."""
+        if not self.context.execute_async_v3((stream or self.stream).cuda_stream):
+            raise TensorRTError(f"TensorRT execution failed{_last_errors(self._logger)}")
 
     def run(self, x: np.ndarray) -> np.ndarray:
         """One float32 NCHW batch -> float32 logits on the host."""
         import torch
 
         out = self.bind(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)))
-        stream = torch.cuda.current_stream()
-        self.enqueue(stream)
-        stream.synchronize()
+        self.enqueue()
+        self.stream.synchronize()
         return out.float().cpu().numpy()
 
-    def latency_ms(self, x: np.ndarray, iters: int = 50, warmup: int = 10) -> Dict[str, float]:
-        """Median and min latency of ``run``'s enqueue on resident inputs, timed with CUDA events."""
+    def latency_ms(self, x: np.ndarray, iters: int = 50, warmup_s: float = 0.2) -> Dict[str, float]:
+        """Median and min latency of the enqueue on resident inputs, timed with CUDA events on the engine's stream
+        after at least ``warmup_s`` seconds (and 10 calls) of warm-up."""
+        import time
+
         import torch
 
         self.bind(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)))
-        stream = torch.cuda.current_stream()
-        for _ in range(warmup):
-            self.enqueue(stream)
+        n, end = 0, time.perf_counter() + warmup_s
+        while n < 10 or time.perf_counter() < end:
+            self.enqueue()
+            self.stream.synchronize()
+            n += 1
         times = []
         for _ in range(iters):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record(stream)
-            self.enqueue(stream)
-            end.record(stream)
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return {"batch": int(x.shape[0]), "iterations": iters, "median_ms": float(np.median(times)),
-                "min_ms": float(np.min(times))}
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(self.stream)
+            self.enqueue()
+            stop.record(self.stream)
+            stop.synchronize()
+            times.append(start.elapsed_time(stop))
+        return {"batch": int(x.shape[0]), "iterations": iters, "warmup_calls": n,
+                "median_ms": float(np.median(times)), "min_ms": float(np.min(times))}

@@ -149,9 +149,64 @@ def test_tf32_is_set_either_way_and_is_part_of_the_engine_key(lib, onnx_file, tm
         parsed.builder = keep = _KeepConfig(parsed.builder)
         built = rt.build(path, batch_sizes=(1,), compute_capability="SM89", parsed=parsed, tf32=tf32)
         assert keep.config.get_flag(lib.module.BuilderFlag.TF32) is tf32 and built.facts()["tf32"] is tf32
+        # TensorRT-RTX: engines that can be captured into a CUDA graph (no run-time allocation)
+        assert keep.config.get_flag(lib.module.BuilderFlag.REQUIRE_USER_ALLOCATION)
+        assert built.facts()["require_user_allocation"] is True
     fp32, tf32 = (rt.build_cached(path, tmp_path, batch_sizes=(1,), tf32=t) for t in (False, True))
     assert fp32["engine"] != tf32["engine"] and "_tf32_" in tf32["engine"] and not fp32["cached"]
     assert (fp32["tf32"], tf32["tf32"]) == (False, True)
+
+
+def test_compute_capabilities_are_the_installed_enum_and_the_runnable_ones_a_subset(lib):
+    enum = [n for n in lib.module.ComputeCapability.__members__ if n != "NONE"]
+    assert sorted(rt.COMPUTE_CAPABILITIES) == sorted(enum)
+    assert set(rt.RTX_RUNS_ON) < set(rt.COMPUTE_CAPABILITIES) and "SM80" not in rt.RTX_RUNS_ON
+    assert sorted(rt.RTX_RUNS_ON.values()) == [(7, 5), (8, 6), (8, 9), (12, 0), (12, 1)]
+
+
+def test_install_hint_names_tensorrt_for_the_cuda_major_of_torch(monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    assert "pip install 'tensorrt-cu13>=10'" in rt.install_hint() and "tensorrt-cu12" not in rt.install_hint()
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    assert "pip install 'tensorrt-cu12>=10'" in rt.install_hint()
+
+
+def test_tensorrt_rtx_engines_are_refused_on_a_gpu_they_do_not_run_on(lib, onnx_file, monkeypatch):
+    """An H100 (9.0) is not in TensorRT-RTX's support matrix: one line naming the GPU and what to install,
+    before anything is built or deserialized; an RTX 4090 (8.9) is."""
+    if lib.name != "tensorrt_rtx":
+        pytest.skip("the refusal is TensorRT-RTX's")
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(rt, "gpu_available", lambda: True)
+    monkeypatch.setattr(rt, "gpu_description", lambda: ("NVIDIA H100 80GB HBM3", (9, 0)))
+    line = rt.run_problem(lib)
+    assert line.startswith(f"{lib.describe()} does not run on NVIDIA H100 80GB HBM3 (compute capability 9.0)")
+    assert "7.5, 8.6, 8.9, 12.0, 12.1" in line and line.endswith("pip install 'tensorrt-cu13>=10'")
+    assert "\n" not in line and rt.unavailable_reason(run=True) == line and rt.unavailable_reason() is None
+    with pytest.raises(ValueError, match="does not run on NVIDIA H100"):
+        rt.build(onnx_file("standard"), compute_capability="CURRENT")
+    with pytest.raises(rt.TensorRTUnavailable, match="does not run on NVIDIA H100"):
+        rt.Engine(b"not an engine")
+    assert rt.build(onnx_file("standard"), batch_sizes=(1,), compute_capability="SM89").compute_capability == "SM89"
+    monkeypatch.setattr(rt, "gpu_description", lambda: ("NVIDIA GeForce RTX 4090", (8, 9)))
+    assert rt.run_problem(lib) is None
+
+
+def test_set_input_shape_is_checked():
+    """TensorRT answers False (it does not raise) to a shape outside the profile; the engine says so."""
+
+    class Context:
+        def set_input_shape(self, name, shape):
+            return shape[0] <= 8
+
+    class Engine:
+        def get_tensor_profile_shape(self, name, profile):
+            return [(1, 3, 32, 32), (4, 3, 32, 32), (8, 3, 32, 32)]
+
+    rt.set_input_shape(Context(), Engine(), "image", (8, 3, 32, 32))
+    with pytest.raises(rt.TensorRTError, match=r"does not take image of shape \(9, 3, 32, 32\): its profile "
+                                               r"\(min / opt / max\) is \(1, 3, 32, 32\) / \(4, 3, 32, 32\)"):
+        rt.set_input_shape(Context(), Engine(), "image", (9, 3, 32, 32))
 
 
 def test_network_check_catches_a_missing_or_fp16_projection_op(lib, onnx_file):
@@ -308,9 +363,28 @@ def test_engine_runs_and_matches_onnxruntime(lib, verified_onnx, tmp_path, dtype
     report = build_engine(path, tmp_path / "e.engine", batch_sizes=(1, 4, 8))
     assert report["ran_on_gpu"] and report["parity"]["passed"], report["failures"]
     engine = rt.Engine(tmp_path / "e.engine")
+    assert engine.stream.cuda_stream != torch.cuda.default_stream().cuda_stream  # its own, not the legacy default
     x = np.random.default_rng(1).standard_normal((3, 3, 32, 32)).astype(np.float32)
     ref = ort_session(path, "cpu").run(None, {"image": x})[0]
     assert compare(engine.run(x), ref, dtype)["passed"]
+    with pytest.raises(rt.TensorRTError, match="does not take image of shape"):
+        engine.run(np.zeros((9, 3, 32, 32), np.float32))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="running a TensorRT engine needs an NVIDIA GPU; none is visible")
+def test_the_benchmark_session_captures_a_graph_on_the_engines_stream(verified_onnx, tmp_path):
+    from attnzoo.runtime.backends import get_backend
+
+    if rt.unavailable_reason(run=True):
+        pytest.skip(rt.unavailable_reason(run=True))
+    session = get_backend("tensorrt").load(verified_onnx("standard"), batch=2, cache_dir=tmp_path)
+    call = session.call(np.zeros((2, 3, 32, 32), np.float32))
+    info = session.info()
+    assert call.cuda_graph == (info["cuda_graph"] == "captured") and np.isfinite(call.output()).all()
+    if session.engine.library.name == "tensorrt_rtx":
+        assert call.cuda_graph and info["kernel_specialization"] == "EAGER" and info["require_user_allocation"]
+        assert list((tmp_path / "tensorrt").glob("runtime_*.cache"))  # compiled kernels kept for the next run
 
 
 # ------------------------------------------------------------------------- Ctrl-C during a build

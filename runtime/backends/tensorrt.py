@@ -1,6 +1,7 @@
 """``tensorrt``: a TensorRT engine built from the verified ONNX file by the runtime's builder
-(:mod:`attnzoo.runtime.tensorrt`: ``tensorrt_rtx`` ahead of time, or ``tensorrt`` on the GPU present), run
-from a CUDA graph on torch CUDA buffers. Without a GPU the engine can still be built (:meth:`build_only`)."""
+(:mod:`attnzoo.runtime.tensorrt`: ``tensorrt_rtx`` ahead of time, or ``tensorrt`` on the GPU present), run on torch
+CUDA buffers on the engine's own stream, from a CUDA graph where the context can be captured. Without a GPU the
+engine can still be built (:meth:`TensorRTBackend.build_only`)."""
 
 from __future__ import annotations
 
@@ -24,34 +25,57 @@ class TensorRTSession(Session):
     def __init__(self, engine: "rt.Engine", backend: str, facts: Dict[str, Any]) -> None:
         self.engine, self.backend, self._facts = engine, backend, facts
         self.fixed_size = True
+        self._graph_note = "not made"
 
     def run(self, x: np.ndarray) -> np.ndarray:
         return self.engine.run(x)
 
     def call(self, x: np.ndarray) -> Call:
-        """The engine's enqueue captured once in a CUDA graph on a stream of its own."""
+        """The engine's enqueue on its own stream, captured once in a CUDA graph when the context says it can be
+        (``is_stream_capturable``) and the capture succeeds; else timed as plain enqueues (the row says which).
+        The first enqueue, before any capture, is where TensorRT sets itself up; the runtime cache is written
+        after it."""
         import torch
 
-        yout = self.engine.bind(torch.from_numpy(np.ascontiguousarray(x, np.float32)).to("cuda"))
-        stream = torch.cuda.Stream()
-        with torch.cuda.stream(stream):
-            self.engine.enqueue(stream)  # TensorRT sets itself up on the first enqueue; it must precede the capture
-        stream.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            self.engine.enqueue(stream)
+        engine = self.engine
+        yout = engine.bind(torch.from_numpy(np.ascontiguousarray(x, np.float32)).to("cuda"))
+        engine.enqueue()
+        engine.stream.synchronize()
+        engine.save_runtime_cache()
+        graph = None
+        if not engine.capturable():
+            self._graph_note = "not capturable (is_stream_capturable: False); timed as plain enqueues"
+        else:
+            try:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, stream=engine.stream):
+                    engine.enqueue()
+                self._graph_note = "captured"
+            except Exception as exc:  # noqa: BLE001 -- a capture TensorRT refuses: timed without a graph
+                graph, self._graph_note = None, f"capture failed ({type(exc).__name__}); timed as plain enqueues"
+                torch.cuda.synchronize()
+
+        def enqueue() -> None:  # ordered with the caller's stream, where the timing events are recorded
+            current = torch.cuda.current_stream()
+            engine.stream.wait_stream(current)
+            engine.enqueue()
+            current.wait_stream(engine.stream)
+
+        fn = graph.replay if graph is not None else enqueue
 
         def output() -> np.ndarray:
-            graph.replay()
+            fn()
             torch.cuda.synchronize()
             return yout.float().cpu().numpy()
 
         self._graph = graph
-        return Call(graph.replay, output, cuda=True, cuda_graph=True, memory=device_memory_used)
+        return Call(fn, output, cuda=True, cuda_graph=graph is not None, memory=device_memory_used)
 
     def info(self) -> Dict[str, Any]:
-        return {k: v for k, v in self._facts.items() if k in ("library", "library_version", "compute_capability",
-                                                               "build_time_s", "tf32")}
+        facts = {k: v for k, v in self._facts.items() if k in ("library", "library_version", "compute_capability",
+                                                                "build_time_s", "tf32", "require_user_allocation",
+                                                                "profile")}
+        return {**facts, **self.engine.settings, "cuda_graph": self._graph_note}
 
 
 @dataclass(frozen=True)
@@ -70,21 +94,27 @@ class TensorRTBackend(Backend):
 
     def build_only(self, onnx_path: Path, batch_sizes: Sequence[int], cache_dir: Path,
                    dtype: str = "fp32") -> Dict[str, Any]:
-        """The engine built ahead of time (not run), once per ONNX file, shape, profile and TF32 choice (kept in
+        """The engine built ahead of time for :data:`~attnzoo.runtime.tensorrt.DEFAULT_COMPUTE_CAPABILITY` (not run:
+        no GPU, or one its engines do not run on), once per ONNX file, shape, profile and TF32 choice (kept in
         ``cache_dir/tensorrt`` and reused); its build facts."""
-        return rt.build_cached(onnx_path, Path(cache_dir) / "tensorrt", batch_sizes=batch_sizes, tf32=dtype == "tf32")
+        return rt.build_cached(onnx_path, Path(cache_dir) / "tensorrt", batch_sizes=batch_sizes, tf32=dtype == "tf32",
+                               compute_capability=rt.DEFAULT_COMPUTE_CAPABILITY)
 
     def load(self, model: Any, *, dtype: str = "fp32", threads: Optional[int] = None, batch: Optional[int] = None,
              device: str = "cpu", cache_dir: Any = None, batch_sizes: Sequence[int] = ()) -> TensorRTSession:
-        """``model``: an ONNX file (an engine is built for ``batch`` or ``batch_sizes``, cached under
-        ``cache_dir/tensorrt`` when given) or an ``.engine`` file (loaded as it is)."""
+        """``model``: an ONNX file (an engine is built for ``batch_sizes``, else for exactly ``batch``: a static
+        shape, the tactics chosen for it; cached under ``cache_dir/tensorrt`` when given, with TensorRT's timing
+        cache or TensorRT-RTX's runtime cache beside it) or an ``.engine`` file (loaded as it is)."""
         path = Path(model)
         if path.suffix == ".engine":
             return TensorRTSession(rt.Engine(path), self.name, {})
         sizes = tuple(batch_sizes) or ((int(batch),) if batch else (1,))
-        if cache_dir is not None:
-            facts = rt.build_cached(path, Path(cache_dir) / "tensorrt", batch_sizes=sizes, tf32=dtype == "tf32")
-            return TensorRTSession(rt.Engine(Path(facts["engine"])), self.name, facts)
+        if cache_dir is not None:  # engines and compiled kernels kept: every later row and run reuses them
+            folder = Path(cache_dir) / "tensorrt"
+            facts = rt.build_cached(path, folder, batch_sizes=sizes, tf32=dtype == "tf32")
+            lib = rt.load_library()
+            return TensorRTSession(rt.Engine(Path(facts["engine"]), lib, rt.runtime_cache_path(folder, lib)),
+                                   self.name, facts)
         built = rt.build(path, batch_sizes=sizes, tf32=dtype == "tf32")
         return TensorRTSession(rt.Engine(built.blob, built.library), self.name, built.facts())
 
