@@ -188,9 +188,7 @@ class _Bench:
                                   f"--compile-budget {s.compile_budget:g} s spent ({self.compile_count} "
                                   f"compile(s), {each:.0f} s each on this machine)"))
             return None
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
+        gc.collect()  # what the previous job left goes first (a GPU session takes its memory baseline at load)
         rss = PeakRSS()
         t0 = time.perf_counter()
         src = onnx.get("fp16" if dtype == "fp16" else "fp32")

@@ -381,3 +381,39 @@ def test_rows_are_paired_with_eager_at_their_own_precision(twin, tmp_path, monke
         assert row["speedup_vs_eager_fp32"] == pytest.approx(median[("eager", "fp32")] / median[key])
         assert key == ("eager", "fp32") or row["speedup_pairs"] >= 10  # an A B A B run against that baseline
     assert "| standard | twin | fp16 | 1 |" in markdown(res) and "| eager fp16 |" in markdown(res)
+
+
+def test_gpu_memory_is_the_sessions_own_from_a_clean_baseline(monkeypatch):
+    """A session's memory is measured from a baseline taken when it is loaded, after a collection and PyTorch's
+    cache emptied: what earlier sessions still hold (A/B partners) and cached blocks are not counted. Checked with
+    a simulated device."""
+    import torch
+
+    from attnzoo.runtime.backends.eager import DeviceMemory
+
+    mib = 2 ** 20
+    dev = {"allocated": 500 * mib, "peak": 900 * mib, "cached": 300 * mib, "other": 1000 * mib, "calls": []}
+
+    def empty_cache():
+        dev["calls"].append("empty_cache")
+        dev["cached"] = 0
+
+    def reset_peak():
+        dev["calls"].append("reset_peak")
+        dev["peak"] = dev["allocated"]
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", empty_cache)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset_peak)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: dev["allocated"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: dev["peak"])
+    monkeypatch.setattr(torch.cuda, "mem_get_info",
+                        lambda: (80_000 * mib - dev["allocated"] - dev["cached"] - dev["other"], 80_000 * mib))
+    memory = DeviceMemory()  # 500 MB of an earlier session's weights stay allocated
+    assert dev["calls"] == ["empty_cache", "reset_peak"]
+    dev["allocated"] += 120 * mib  # this session: 120 MB of weights, a 200 MB peak while it runs
+    dev["peak"] = dev["allocated"] + 80 * mib
+    dev["other"] += 64 * mib  # and 64 MB its runtime took outside PyTorch
+    assert memory.torch_peak()[0] == pytest.approx(200)
+    assert memory.device_used()[0] == pytest.approx(120 + 64)
+    assert "before the session was loaded" in memory.device_used()[1]

@@ -14,7 +14,7 @@ from attnzoo.machine import bf16_problem, cpu_info
 
 from . import Backend, Call, Session, register_backend
 
-__all__ = ["TorchBackend", "TorchSession", "EAGER", "TORCH_DTYPES", "fp32_math", "tf32_problem",
+__all__ = ["TorchBackend", "TorchSession", "EAGER", "TORCH_DTYPES", "fp32_math", "tf32_problem", "DeviceMemory",
            "bf16_autocast"]
 
 #: attnzoo precision -> torch dtype name (``tf32``: float32 tensors, TF32 matmuls / convolutions).
@@ -60,6 +60,44 @@ def tf32_problem(device: str = "cuda") -> Optional[str]:
     return None
 
 
+class DeviceMemory:
+    """The device memory of one session, from a clean baseline taken when it is created -- before the session
+    allocates anything, after freeing what earlier sessions left: a garbage collection, PyTorch's cache emptied and
+    its peak statistics reset. Sessions alive before (a benchmark's A/B partners) are in the baseline, not in the
+    number, so a row's memory does not depend on what ran before it.
+    """
+
+    def __init__(self) -> None:
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        self.allocated = torch.cuda.memory_allocated()
+        free, total = torch.cuda.mem_get_info()
+        self.used = total - free
+
+    def torch_peak(self) -> Tuple[float, str]:
+        """MB: PyTorch's peak allocation since the baseline, less what was allocated at it (a PyTorch session)."""
+        import torch
+
+        return ((torch.cuda.max_memory_allocated() - self.allocated) / 2 ** 20,
+                "peak PyTorch allocation of this session (max_memory_allocated - allocated before it was loaded)")
+
+    def device_used(self) -> Tuple[float, str]:
+        """MB: device memory in use now less at the baseline (a runtime that allocates outside PyTorch: its
+        arena or engine memory, plus its PyTorch input/output buffers)."""
+        import torch
+
+        free, total = torch.cuda.mem_get_info()
+        return ((total - free - self.used) / 2 ** 20,
+                "device memory in use after timing - before the session was loaded (mem_get_info, PyTorch cache "
+                "emptied first)")
+
+
 class TorchSession(Session):
     """A private copy of the model at the asked precision on the asked device (so its memory is its own);
     ``compile_mode``: wrapped in ``torch.compile`` with that mode."""
@@ -70,6 +108,7 @@ class TorchSession(Session):
 
         self.backend = backend
         self.device = torch.device(device)
+        self.memory = DeviceMemory() if self.device.type == "cuda" else None  # before the copy to the device
         self.autocast = dtype == "bf16"  # fp32 weights and inputs, bf16 autocast, the extra math in fp32
         self.dtype = torch.float32 if self.autocast else getattr(torch, TORCH_DTYPES[dtype])
         self.tf32 = dtype == "tf32"  # every call on a GPU sets TF32 on or off itself: the switches are global
@@ -107,7 +146,7 @@ class TorchSession(Session):
         xin = torch.as_tensor(np.ascontiguousarray(x, dtype=np.float32)).to(self.device, self.dtype)
         cuda = self.device.type == "cuda"
         return Call(lambda: self._forward(xin), lambda: self._forward(xin).float().cpu().numpy(), cuda=cuda,
-                    cuda_graph=self.cuda_graph, memory=_cuda_peak if cuda else None)
+                    cuda_graph=self.cuda_graph, memory=self.memory.torch_peak if cuda else None)
 
     def info(self) -> Dict[str, Any]:
         return dict(self._info)
@@ -154,12 +193,6 @@ def bf16_autocast(net: Any, device_type: str) -> int:
 
     net.forward = autocast_forward
     return count
-
-
-def _cuda_peak() -> Tuple[float, str]:
-    import torch
-
-    return torch.cuda.max_memory_allocated() / 2 ** 20, "torch.cuda.max_memory_allocated"
 
 
 def torch_dtype_problem(dtype: str, device: str) -> Optional[str]:

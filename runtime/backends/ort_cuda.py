@@ -15,9 +15,9 @@ import numpy as np
 from ..contract import INPUT_NAME, OUTPUT_NAME
 from ..sessions import available_providers, ort_session, session_options
 from . import Backend, Call, Session, register_backend
-from .eager import tf32_problem
+from .eager import DeviceMemory, tf32_problem
 
-__all__ = ["OrtGpuBackend", "OrtGpuSession", "ORT_CUDA", "cuda_available", "device_memory_used"]
+__all__ = ["OrtGpuBackend", "OrtGpuSession", "ORT_CUDA", "cuda_available"]
 
 
 def cuda_available() -> bool:
@@ -27,25 +27,31 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def device_memory_used() -> Tuple[float, str]:
-    """MB of device memory in use (the whole process), from ``mem_get_info``."""
-    import torch
-
-    free, total = torch.cuda.mem_get_info()
-    return (total - free) / 2 ** 20, "device memory in use (mem_get_info)"
-
-
 class OrtGpuSession(Session):
     """ONNX Runtime with the CUDA or TensorRT execution provider; ``call`` binds torch CUDA tensors.
 
     A CUDA graph is tried first; ONNX Runtime refuses it when some nodes (shape arithmetic) run on the CPU, and
-    then the session is rebuilt without one (``cuda_graph`` False).
+    then the session is rebuilt without one (``cuda_graph`` False). The session for host arrays (:meth:`run`) is
+    made only when asked for, so a timed call's device memory is its own session's.
     """
 
     def __init__(self, path: Path, backend: str, provider: str, dtype: str, cache_dir: Optional[Path]) -> None:
+        import onnx
+
+        self.memory = DeviceMemory()  # before anything of this session is on the device
         self.path, self.backend, self.provider, self.dtype, self.cache_dir = path, backend, provider, dtype, cache_dir
-        self.session = self._session(graph=False)
-        self.fixed_size = all(isinstance(d, int) for d in self.session.get_inputs()[0].shape[2:])
+        graph = onnx.load(str(path), load_external_data=False).graph
+        self._dims = {v.name: [d.dim_value or None for d in v.type.tensor_type.shape.dim]
+                      for v in (*graph.input, *graph.output)}
+        self.fixed_size = all(self._dims[INPUT_NAME][2:])
+        self._host = None
+
+    @property
+    def session(self):
+        """The session :meth:`run` uses (made on first use)."""
+        if self._host is None:
+            self._host = self._session(graph=False)
+        return self._host
 
     def _session(self, graph: bool):
         extra = {"cache_dir": self.cache_dir} if self.provider == "tensorrt-ep" else {}
@@ -56,12 +62,20 @@ class OrtGpuSession(Session):
         return np.asarray(self.session.run([OUTPUT_NAME], {INPUT_NAME: np.ascontiguousarray(x, np.float32)})[0],
                           dtype=np.float32)
 
+    def _output_shape(self, x: np.ndarray) -> Tuple[int, ...]:
+        """The logits' shape for ``x``: from the graph (only the batch is symbolic), else by running it once."""
+        dims = self._dims[OUTPUT_NAME]
+        if dims and all(dims[1:]):
+            return (len(x), *dims[1:])
+        return self.run(x).shape
+
     def call(self, x: np.ndarray) -> Call:
         import torch
 
-        out_shape = self.run(x).shape
+        out_shape = self._output_shape(x)
         xin = torch.from_numpy(np.ascontiguousarray(x, np.float32)).to("cuda")
         yout = torch.full(out_shape, float("nan"), device="cuda", dtype=torch.float32)  # unwritten -> fails parity
+        torch.cuda.synchronize()  # ONNX Runtime reads them on its own stream
         for graph in (True, False):
             try:
                 sess = self._session(graph)
@@ -83,7 +97,7 @@ class OrtGpuSession(Session):
             return yout.cpu().numpy()
 
         self._bound = (xin, yout, sess, binding)
-        return Call(fn, output, cuda=True, cuda_graph=graph, memory=device_memory_used)
+        return Call(fn, output, cuda=True, cuda_graph=graph, memory=self.memory.device_used)
 
     def info(self) -> Dict[str, Any]:
         tf32 = "on" if self.dtype == "tf32" else "off"

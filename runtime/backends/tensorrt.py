@@ -13,8 +13,7 @@ import numpy as np
 
 from .. import tensorrt as rt
 from . import Backend, Call, Session, register_backend
-from .eager import tf32_problem
-from .ort_cuda import device_memory_used
+from .eager import DeviceMemory, tf32_problem
 
 __all__ = ["TensorRTBackend", "TensorRTSession", "TENSORRT"]
 
@@ -22,8 +21,9 @@ __all__ = ["TensorRTBackend", "TensorRTSession", "TENSORRT"]
 class TensorRTSession(Session):
     """One engine (built for the batch sizes given, or loaded from an engine file) and one execution context."""
 
-    def __init__(self, engine: "rt.Engine", backend: str, facts: Dict[str, Any]) -> None:
-        self.engine, self.backend, self._facts = engine, backend, facts
+    def __init__(self, engine: "rt.Engine", backend: str, facts: Dict[str, Any],
+                 memory: Optional[DeviceMemory] = None) -> None:
+        self.engine, self.backend, self._facts, self.memory = engine, backend, facts, memory
         self.fixed_size = True
         self._graph_note = "not made"
 
@@ -69,7 +69,8 @@ class TensorRTSession(Session):
             return yout.float().cpu().numpy()
 
         self._graph = graph
-        return Call(fn, output, cuda=True, cuda_graph=graph is not None, memory=device_memory_used)
+        return Call(fn, output, cuda=True, cuda_graph=graph is not None,
+                    memory=self.memory.device_used if self.memory is not None else None)
 
     def info(self) -> Dict[str, Any]:
         facts = {k: v for k, v in self._facts.items() if k in ("library", "library_version", "compute_capability",
@@ -107,16 +108,19 @@ class TensorRTBackend(Backend):
         cache or TensorRT-RTX's runtime cache beside it) or an ``.engine`` file (loaded as it is)."""
         path = Path(model)
         if path.suffix == ".engine":
-            return TensorRTSession(rt.Engine(path), self.name, {})
+            memory = DeviceMemory() if rt.gpu_available() else None
+            return TensorRTSession(rt.Engine(path), self.name, {}, memory)
         sizes = tuple(batch_sizes) or ((int(batch),) if batch else (1,))
         if cache_dir is not None:  # engines and compiled kernels kept: every later row and run reuses them
             folder = Path(cache_dir) / "tensorrt"
             facts = rt.build_cached(path, folder, batch_sizes=sizes, tf32=dtype == "tf32")
             lib = rt.load_library()
+            memory = DeviceMemory()  # after the build (which needs none of it), before the engine is loaded
             return TensorRTSession(rt.Engine(Path(facts["engine"]), lib, rt.runtime_cache_path(folder, lib)),
-                                   self.name, facts)
+                                   self.name, facts, memory)
         built = rt.build(path, batch_sizes=sizes, tf32=dtype == "tf32")
-        return TensorRTSession(rt.Engine(built.blob, built.library), self.name, built.facts())
+        memory = DeviceMemory() if rt.gpu_available() else None
+        return TensorRTSession(rt.Engine(built.blob, built.library), self.name, built.facts(), memory)
 
 
 TENSORRT = register_backend(TensorRTBackend(
