@@ -456,3 +456,58 @@ def test_bf16_is_served_once_verified(zoo_belief2, tmp_path):
     (model,) = load_models(path.parent, cache_dir=tmp_path, dtype="bf16")
     assert model.dtype == "bf16" and model.backend == "openvino"
     assert bf16_verification_problem(path, tmp_path) is None
+
+
+# ------------------------------------------------------------------------------------------------ the study
+@pytest.mark.slow
+@pytest.mark.skipif(HAS_BF16, reason="this CPU has bf16 units")
+def test_the_study_here_checks_the_pins_and_says_why_it_measures_no_bf16(tmp_path):
+    import json
+
+    from attnzoo.studies.bf16 import main
+
+    out = tmp_path / "out"
+    assert main(["--variants", "belief2", "--task", "cls", "--out", str(out), "--cache-dir", str(tmp_path / "c"),
+                 "--no-progress"]) == 0
+    res = json.loads((out / "bf16.json").read_text())
+    assert res["bf16_unavailable"] == bf16_problem() and res["speed_not_measured"] == bf16_problem()
+    (row,) = res["zoo"]
+    assert row["status"] == "ok" and row["compiled_at"] == "f32" and "accuracy" not in row
+    x = row["extra_math"]
+    assert row["extra_math_nodes"] == 32 and x["missing"] == [] and x["unpinned"] == [] and x["not_f32"] == []
+    md = (out / "bf16.md").read_text()
+    assert "**bf16 is refused on this CPU:** this CPU" in md and "| belief2 | cls | 32 |" in md
+    assert not (out / "bf16.partial.json").exists()
+
+
+def test_the_study_report_of_a_bf16_cpu_has_accuracy_speed_and_the_read_back():
+    from attnzoo.studies.bf16 import markdown
+
+    env = {"cpu": {"model": "Xeon", "key_flags": ["avx2", "avx512_bf16", "amx_bf16"], "usable_cores": 2},
+           "versions": {"openvino": "2026.4.1", "torch": "2.14.1"}}
+    acc = {"metric_name": "top1", "metrics": {"fp32": 89.41, "bf16": 89.38}, "drop": 0.03, "gate": 0.25,
+           "agreement": {"bf16": 0.9981}, "n_images": 10000}
+    zoo = [{"variant": "belief2", "task": "cls", "status": "ok", "extra_math_nodes": 32, "compiled_at": "bf16",
+            "extra_math": {"by_precision": {"f32": 24}, "unpinned": []}, "matmuls": {"bf16": 28}, "accuracy": acc}]
+    speed = [{"variant": "belief2", "threads": 1, "batch": 1, "load_1min": 0.7, "fp32": {"median_ms": 80.0},
+              "bf16": {"median_ms": 25.0, "speedup_median": 3.2, "speedup_q1": 3.1, "speedup_q3": 3.3},
+              "int8": {"median_ms": 23.0, "speedup_median": 3.5, "speedup_q1": 3.4, "speedup_q3": 3.6},
+              "precision_check": {"extra_math_runtime_nodes": {"f32": 72}}}]
+    md = markdown({"command": "python -m attnzoo.studies.bf16 --out x", "environment": env, "bf16_unavailable": None,
+                   "zoo": zoo, "speed": speed, "load_start": [0.5], "load_end": [0.9],
+                   "speed_settings": {"arch": "small", "min_time": 3.0}})
+    assert "refused" not in md and "Test images per model: 10000." in md
+    assert "| belief2 | cls | 32 | 24 f32 kernel(s); all pinned | 28 bf16 | top1 | 89.41 | 89.38 | 0.03 | 0.25 | 0.9981 |" \
+        in md
+    assert "| belief2 | 1 | 1 | 80.00 | 25.00 | 3.20 [3.10, 3.30] | 23.00 | 3.50 [3.40, 3.60] | 72 of 72 | 0.70 |" in md
+
+
+@pytest.mark.parametrize("flag,value,needle", [("--batch-sizes", "0", "batch"), ("--speed-threads", "0", "thread"),
+                                               ("--min-time", "0", "--min-time"), ("--variants", "nope", "nope")])
+def test_the_study_refuses_bad_input_in_one_line_before_any_work(tmp_path, flag, value, needle):
+    from attnzoo.studies.bf16 import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(tmp_path / "out"), flag, value])
+    assert exc.value.code == 2 and needle in str(exc.value) and "\n" not in str(exc.value)
+    assert not (tmp_path / "out").exists()
