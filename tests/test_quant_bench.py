@@ -328,7 +328,7 @@ def test_demo_int8_refuses_a_folder_without_verified_int8(tmp_path, int8_folder)
     shutil.copy(int8_folder / "no_report.onnx", tmp_path / "m.onnx")
     with pytest.raises(ValueError, match="no servable models"):
         load_models(tmp_path, "onnxruntime", dtype="int8")
-    with pytest.raises(ValueError, match="not pytorch"):
+    with pytest.raises(ValueError, match="not eager"):
         load_models(tmp_path, "pytorch", dtype="int8")
 
 
