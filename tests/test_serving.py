@@ -17,24 +17,20 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 from PIL import Image
 
-import attnzoo.serve  # noqa: F401  (offline environment first)
-
-pytest.importorskip("ray.serve")
-httpx = pytest.importorskip("httpx")
-
-from attnzoo import limits  # noqa: E402
-from attnzoo.preprocess import load_image, preprocess  # noqa: E402
-from attnzoo.runtime.sessions import ort_session  # noqa: E402
-from attnzoo.serve import examples, predict  # noqa: E402
-from attnzoo.serve.loading import load_models, load_remote  # noqa: E402
-from attnzoo.serve.rayserve.app import decode_mask, mask_png  # noqa: E402
-from attnzoo.serve.rayserve.cli import main as serve_main  # noqa: E402
-from attnzoo.serve.rayserve.config import ServeConfig, merged, read_config_file  # noqa: E402
-from attnzoo.serve.rayserve.loadtest import Record, summarize  # noqa: E402
+from attnzoo import limits
+from attnzoo.preprocess import load_image, preprocess
+from attnzoo.runtime.sessions import ort_session
+from attnzoo.serve import examples, predict
+from attnzoo.serve.loading import load_models, load_remote
+from attnzoo.serve.rayserve.app import decode_mask, mask_png
+from attnzoo.serve.rayserve.cli import main as serve_main
+from attnzoo.serve.rayserve.config import ServeConfig, merged, read_config_file
+from attnzoo.serve.rayserve.loadtest import Record, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -327,18 +323,19 @@ def test_serve_models_command_prints_the_url_and_stops_on_sigterm(models_dir, tm
     assert code == 143 and proc.stderr.read().strip().splitlines()[-1] == "terminated (SIGTERM)"
 
 
-def _assert_only_in_flight_failed(kill: dict, clients: int) -> None:
-    """One kill-test result: the replica was replaced and the deployment had its replicas again, nothing was
-    lost, no request sent after the kill failed, and the failures are at most the requests in flight."""
+def _assert_no_request_failed(kill: dict) -> None:
+    """One kill-test result, as docs/serving.md states it for uploads that fit HAProxy's buffer: the replica was
+    replaced and the deployment had its replicas again, and no request failed or was lost, neither one in flight
+    at the kill (HAProxy replays it on the other replica) nor one sent after it."""
     assert kill["replaced"] and kill["replicas_back_after_s"] is not None, kill
-    assert kill["summary"]["lost"] == 0 and kill["failed_sent_after_kill"] == 0, kill
-    assert kill["failed_in_flight_at_kill"] <= clients, kill
+    assert kill["summary"]["lost"] == 0 and kill["summary"]["errors"] == 0, kill
+    assert kill["failed_in_flight_at_kill"] == 0 and kill["failed_sent_after_kill"] == 0, kill
 
 
 @pytest.mark.slow
-def test_a_killed_replica_is_replaced_and_only_in_flight_requests_fail(models_dir):
-    """Two replicas under load; one replica process is SIGKILLed: requests sent after the kill succeed, the
-    failures are requests that were in flight, and the deployment has two replicas again."""
+def test_a_killed_replica_is_replaced_and_no_request_fails(models_dir):
+    """Two replicas under load; one replica process is SIGKILLed: every request succeeds, those in flight at the
+    kill replayed on the other replica, and the deployment has two replicas again."""
     from attnzoo.serve.rayserve.launch import deploy, free_port, select_models, start_ray, stop
     from attnzoo.serve.rayserve.loadtest import kill_test
 
@@ -349,7 +346,7 @@ def test_a_killed_replica_is_replaced_and_only_in_flight_requests_fail(models_di
         result = kill_test(url, _images()[0], clients=8, seconds=15.0, replicas=2, timeout=60.0)
     finally:
         stop(started)
-    _assert_only_in_flight_failed(result, clients=8)
+    _assert_no_request_failed(result)
 
 
 def test_local_ray_defaults_to_haproxy_and_throughput_mode_unless_told_otherwise(monkeypatch):
@@ -380,10 +377,10 @@ def test_local_ray_defaults_to_haproxy_and_throughput_mode_unless_told_otherwise
 
 @pytest.mark.slow
 def test_load_test_kill_only_repeats(tmp_path):
-    """``loadtest --kill-only --kill-repeats 2`` as a user runs it: in both runs the replica is replaced, nothing
-    is lost, and no request sent after the kill fails (with Ray's default HAProxy retry policy such requests
-    failed in 4 of 5 runs); in-flight failures are at most the clients'. Uploads over ~100 KB are not covered:
-    see the README's "A dead replica's requests are replayed"."""
+    """``loadtest --kill-only --kill-repeats 2`` as a user runs it: in both runs the replica is replaced and no
+    request fails or is lost, in flight at the kill or sent after it (with Ray's default HAProxy retry policy every
+    run failed the requests in flight, and 4 of 5 also some sent after the kill). Uploads over ~100 KB are not
+    covered: see docs/serving.md, "A dead replica's requests are replayed"."""
     from attnzoo.serve.rayserve import loadtest
 
     out = tmp_path / "out"
@@ -393,5 +390,5 @@ def test_load_test_kill_only_repeats(tmp_path):
     result = json.loads((out / "results.json").read_text())
     assert result["runs"] == [] and "soak" not in result and len(result["kill_repeats"]) == 2
     for k in result["kill_repeats"]:
-        _assert_only_in_flight_failed(k, clients=8)
+        _assert_no_request_failed(k)
     assert "Kill test repeated 2 times" in (out / "results.md").read_text()
