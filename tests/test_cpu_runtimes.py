@@ -17,8 +17,6 @@ from attnzoo.models import create_model
 from attnzoo.runtime.choice import fastest_cpu_runtime
 from attnzoo.runtime.parity import TOLERANCES, parity_error
 
-openvino = pytest.importorskip("openvino")
-
 
 def test_ceiling_is_a_positive_finite_rate_with_the_cpu_flags():
     c = matmul_ceiling(threads=1, n=128, seconds=0.05)

@@ -7,9 +7,8 @@ import json
 import numpy as np
 import pytest
 
+from attnzoo.data import fashion
 from attnzoo.studies.int8_accuracy import main, readme_table
-
-fashion = pytest.importorskip("attnzoo.data.fashion")
 
 
 def _have_fashion() -> bool:

@@ -24,9 +24,8 @@ from attnzoo.data.fashion import DEFAULT_ROOT as FASHION_ROOT
 from attnzoo.data.fashion import FASHION_CLASSES, FASHION_SEG_CLASSES
 from attnzoo.training.zoo import RECIPES
 
-gradio_client = pytest.importorskip("gradio_client")
-from gradio_client import Client, handle_file  # noqa: E402
-from gradio_client.exceptions import AppError  # noqa: E402
+from gradio_client import Client, handle_file
+from gradio_client.exceptions import AppError
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSES = list(FASHION_CLASSES)
@@ -377,7 +376,6 @@ def test_auto_backend_is_a_measured_cpu_runtime_named_on_the_page(served):
 
 
 def test_openvino_backend_matches_pytorch(models_dir, images):
-    pytest.importorskip("openvino")
     served = load_models(models_dir, backend="openvino")
     assert all(m.backend == "openvino" and m.fixed_size for m in served)
     # checked against ONNX Runtime at load; here: the same top-5 and masks (sliding windows: batches > 1) as PyTorch
@@ -505,7 +503,6 @@ def test_browser_classify_and_segment(server):
     see the five labels and the overlay; screenshots go to test-artifacts/."""
     if not CHROMIUM.exists():
         pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)")
-    pytest.importorskip("playwright.sync_api")
     from attnzoo.serve.demo.screenshot import capture
 
     report = capture(server, ROOT / "test-artifacts")
@@ -530,7 +527,7 @@ def test_palette_has_distinct_coloured_entries_for_every_fashion_class():
 def test_background_zoo_export_runs_at_the_lowest_priority(tmp_path):
     """The child that exports the zoo lowers its own priority (no preexec_fn in a process with threads) and
     writes the verified model."""
-    psutil = pytest.importorskip("psutil")
+    import psutil
 
     seen = []
 

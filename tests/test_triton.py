@@ -7,16 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pytest.importorskip("tritonclient.grpc.model_config_pb2")
-from google.protobuf import text_format  # noqa: E402
-from tritonclient.grpc import model_config_pb2  # noqa: E402
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
 
-from attnzoo.export import export_onnx  # noqa: E402
-from attnzoo.export.cli import main as export_main  # noqa: E402
-from attnzoo.export.triton import (LABELS_FILE, check_config, config_text, model_name, parse_config,  # noqa: E402
-                                   write_config)
-from attnzoo.runtime.contract import ModelContract  # noqa: E402
-from attnzoo.runtime.sessions import ort_session  # noqa: E402
+from attnzoo.export import export_onnx
+from attnzoo.export.cli import main as export_main
+from attnzoo.export.triton import LABELS_FILE, check_config, config_text, model_name, parse_config, write_config
+from attnzoo.runtime.contract import ModelContract
+from attnzoo.runtime.sessions import ort_session
 
 
 def _exit(argv) -> SystemExit:
