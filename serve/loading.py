@@ -17,6 +17,8 @@ is intact (:func:`attnzoo.runtime.sessions.verification_problem`); otherwise it 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import json
 import sys
@@ -24,7 +26,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -37,7 +39,7 @@ from attnzoo.zoo import DEFAULT_DATA
 
 __all__ = ["AUTO", "REFERENCE", "resolve_backend", "ServedModel", "load_models", "zoo_rows", "load_onnx_dir", "load_checkpoint_dir",
            "load_zoo_torch", "load_zoo_onnx", "export_zoo", "zoo_onnx_name", "default_cache_dir",
-           "choose_cpu_backend", "load_remote", "RemoteError", "load_bf16_models"]
+           "choose_cpu_backend", "load_remote", "RemoteError", "load_bf16_models", "recording_skips"]
 
 #: ``--backend auto``: the faster of the registry's CPU runtimes on this machine, measured at start-up on the
 #: served files; any other value is a backend of :mod:`attnzoo.runtime.backends` (a name or an alias).
@@ -220,6 +222,25 @@ def _skip(path: Path, exc: BaseException) -> None:
     from attnzoo.cli import first_line
 
     _warn(f"skipping {path.name}: {first_line(exc)}")
+    recorded = _SKIPS.get()
+    if recorded is not None:
+        recorded[path.name] = first_line(exc)
+
+
+#: The files skipped while :func:`recording_skips` is active (``None`` outside it).
+_SKIPS: "contextvars.ContextVar[Optional[Dict[str, str]]]" = contextvars.ContextVar("attnzoo_skips", default=None)
+
+
+@contextlib.contextmanager
+def recording_skips() -> Iterator[Dict[str, str]]:
+    """Inside, every model file the loaders skip is also recorded as ``{file name: reason}``, for a caller whose
+    stderr does not reach the user (a Ray Serve replica: the driver prints what its replicas skipped)."""
+    recorded: Dict[str, str] = {}
+    token = _SKIPS.set(recorded)
+    try:
+        yield recorded
+    finally:
+        _SKIPS.reset(token)
 
 
 def load_onnx_dir(directory: Path, backend: str = REFERENCE, threads: Optional[int] = None,

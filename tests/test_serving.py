@@ -3,14 +3,17 @@
 The deployment tests start an embedded Ray once for the module (about 15-20 s on an idle 2-core machine), deploy
 two small models on a free port of 127.0.0.1 and talk HTTP to it: answers are compared with an ONNX Runtime
 session on the same preprocessed input, concurrent requests (dynamic batches) with single ones, and bad input
-must get one JSON error line with status 400 / 404 / 413.
+must get one JSON error line with status 400 / 404 / 413. The folder also holds a model the replica cannot load:
+it is skipped with its reason in the driver's output.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,10 +22,12 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import onnx
 import pytest
 from PIL import Image
 
 from attnzoo import limits
+from attnzoo.fileio import sha256_file
 from attnzoo.preprocess import load_image, preprocess
 from attnzoo.runtime.sessions import ort_session
 from attnzoo.serve import examples, predict
@@ -149,16 +154,50 @@ def models_dir(tmp_path_factory) -> Path:
     return folder
 
 
+#: A classifier whose metadata and report are consistent but name 2 classes for its 10 logits: the driver's checks
+#: pass it, the replica's warm-up refuses it.
+BAD = "short_cls.onnx"
+
+
+def _short_copy(good: Path, out: Path) -> None:
+    """``good`` with 2 class names instead of its 10, and its verification report made to match."""
+    model = onnx.load(str(good))
+    props = {p.key: p for p in model.metadata_props}
+    config = json.loads(props["attnzoo.config"].value)
+    props["attnzoo.config"].value = json.dumps({**config, "class_names": ["a", "b"], "num_classes": 2})
+    onnx.save(model, str(out))
+    report = json.loads(good.with_suffix(".report.json").read_text())
+    out.with_suffix(".report.json").write_text(json.dumps({**report, "sha256": sha256_file(out)}))
+
+
 @pytest.fixture(scope="module")
-def server(models_dir):
-    """An embedded Ray with the app on a free port (1 replica, batches of up to 4 requests, 20 ms wait)."""
+def served_dir(models_dir, tmp_path_factory) -> Path:
+    """``models_dir`` plus :data:`BAD`."""
+    folder = tmp_path_factory.mktemp("served-with-a-bad-one")
+    for path in models_dir.iterdir():
+        shutil.copy(path, folder / path.name)
+    _short_copy(models_dir / "standard_cls.onnx", folder / BAD)
+    return folder
+
+
+_DEPLOYED: dict = {}
+
+
+@pytest.fixture(scope="module")
+def server(served_dir):
+    """An embedded Ray with the app on a free port (1 replica, batches of up to 4 requests, 20 ms wait); what the
+    driver printed while deploying is kept in ``_DEPLOYED["stderr"]``."""
     from attnzoo.serve.rayserve.launch import deploy, free_port, select_models, start_ray, stop
 
-    cfg = ServeConfig(models=models_dir, port=free_port(), max_batch_size=4, batch_wait_ms=20.0,
+    cfg = ServeConfig(models=served_dir, port=free_port(), max_batch_size=4, batch_wait_ms=20.0,
                       max_ongoing_requests=16)
     started = start_ray(cfg)
     try:
-        yield deploy(cfg, select_models(cfg))
+        said = io.StringIO()
+        with contextlib.redirect_stderr(said):
+            url = deploy(cfg, select_models(cfg))
+        _DEPLOYED["stderr"] = said.getvalue()
+        yield url
     finally:
         stop(started)
 
@@ -301,6 +340,17 @@ def test_tensor_route_checks_its_input(server, local):
     _bad(httpx.post(url, content=npy(np.full_like(x, np.nan)), timeout=30), 400, "NaN")
     _bad(httpx.post(url, content=b"not npy", timeout=30), 400, "not a .npy array")
     _bad(httpx.post(f"{server}/models/xx/standard/logits", content=npy(x), timeout=30), 404, "unknown task")
+
+
+def test_a_model_the_replica_cannot_load_is_skipped_with_its_reason_in_the_output(server):
+    """The driver's checks (metadata, verification report) pass :data:`BAD`; the replica's warm-up refuses it. The
+    deployment serves the rest, and the command's own output says which file was skipped and why (Ray's
+    "Failed to update the deployments" with the reason only in its controller log, before)."""
+    said = _DEPLOYED["stderr"].splitlines()
+    assert [line for line in said if line.startswith(f"warning: skipping {BAD}: ")] == [
+        f"warning: skipping {BAD}: {BAD}: 2 class names but the model outputs 10 logits per image"], said
+    files = {r["file"] for r in httpx.get(f"{server}/models", timeout=30).json()["models"]}
+    assert files == {"standard_cls.onnx", "standard_seg.onnx"}
 
 
 # ------------------------------------------------------------------------------------------ slow: processes

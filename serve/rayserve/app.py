@@ -248,24 +248,22 @@ class ModelServer:
 
     def __init__(self, folder: str, files: Mapping[str, str], settings: Mapping[str, Any]) -> None:
         from attnzoo.fileio import sha256_file
-        from attnzoo.serve.loading import load_models
 
         for name, digest in files.items():
             if sha256_file(Path(folder) / name) != digest:
                 raise RuntimeError(f"{Path(folder) / name} is not the file the driver verified (sha256 differs)")
-        cache = settings.get("cache_dir")
-        models = load_models(Path(folder), settings["backend"], threads=settings["threads"],
-                             cache_dir=Path(cache) if cache else None, only=sorted(files), dtype=settings.get("dtype"))
-        if len(models) != len(files):
-            raise RuntimeError(f"loaded {len(models)} of {len(files)} models (see the warnings above)")
-        self.models = {(m.task, m.name): m for m in models}
-        self.order = [(m.task, m.name) for m in models]
         self.settings = dict(settings)
         self.folder = Path(folder)
+        #: Files this replica could not load: file name -> the reason (the driver prints them, see ``skipped``).
+        self.skipped: Dict[str, str] = {}
+        models = self._load(sorted(files))
+        self.models = {(m.task, m.name): m for m in models}
+        self.order = [(m.task, m.name) for m in models]
         #: Zoo models still being exported by the driver: (task, name) -> file; loaded on first use once the
         #: driver lists them in ``ready_file`` (``{file: sha256}``, written whole) with the sha256 to check.
         self.pending = {(p["task"], p["name"]): p["file"] for p in settings.get("pending", ())}
         self.ready_file = settings.get("ready_file")
+        self.failed: set = set()  # pending models whose file did not load (the reason is in ``skipped``)
         self._load_lock = threading.Lock()
         self._infer.set_max_batch_size(int(settings["max_batch_size"]))
         self._infer.set_batch_wait_timeout_s(float(settings["batch_wait_s"]))
@@ -315,6 +313,31 @@ class ModelServer:
 
         return dataclasses.replace(model, run=run)
 
+    # ----------------------------------------------------------------------------------------- loading
+    def _load(self, files: Sequence[str]) -> list:
+        """The models of ``files`` (the loader's sessions, warm-up and names); a file the loader skips is left out
+        with its reason in :attr:`skipped` (the replica's stderr goes to Ray's log, not to the user: the driver
+        prints these)."""
+        from attnzoo.serve.loading import load_models, recording_skips
+
+        cache = self.settings.get("cache_dir")
+        with recording_skips() as skipped:
+            try:
+                models = load_models(self.folder, self.settings["backend"], threads=self.settings["threads"],
+                                     cache_dir=Path(cache) if cache else None, only=list(files),
+                                     dtype=self.settings.get("dtype"))
+            except Exception as exc:  # noqa: BLE001 - nothing servable (the loader's ValueError) or a loader fault
+                models, reason = [], first_line(exc)
+            else:
+                reason = "the loader served nothing from it"
+        loaded = {Path(m.source).name for m in models}
+        self.skipped.update({f: skipped.get(f, reason) for f in files if f not in loaded})
+        return models
+
+    def skipped_files(self) -> Dict[str, str]:
+        """``{file: why}`` for the files this replica could not load (called by the driver through a handle)."""
+        return dict(self.skipped)
+
     # ----------------------------------------------------------------------------------------- helpers
     async def _model(self, task: str, name: Optional[str]):
         names = [n for t, n in [*self.order, *self.pending] if t == task]
@@ -327,6 +350,8 @@ class ModelServer:
             raise HTTPError(503, f"model {name!r} is still being exported and verified; retry in a few seconds "
                                  f"(ready now: {', '.join(n for t, n in self.order if t == task)})")
         if (task, name) not in self.models:
+            if (task, name) in self.failed:  # a pending one that did not load
+                raise HTTPError(500, f"model {name!r} could not be loaded on this replica; the server log says why")
             raise HTTPError(404, f"unknown {task} model {name!r}; valid: {', '.join(names)}")
         return self.models[(task, name)]
 
@@ -335,7 +360,6 @@ class ModelServer:
         import json
 
         from attnzoo.fileio import sha256_file
-        from attnzoo.serve.loading import load_models
 
         with self._load_lock:
             if (task, name) in self.models:
@@ -349,14 +373,13 @@ class ModelServer:
                 return False
             if sha256_file(self.folder / file) != ready[file]:
                 raise RuntimeError(f"{self.folder / file} is not the file the driver verified (sha256 differs)")
-            cache = self.settings.get("cache_dir")
-            for m in load_models(self.folder, self.settings["backend"], threads=self.settings["threads"],
-                                 cache_dir=Path(cache) if cache else None, only=[file],
-                                 dtype=self.settings.get("dtype")):
+            for m in self._load([file]):
                 self.models[(m.task, m.name)] = m
                 self.order.append((m.task, m.name))
             del self.pending[(task, name)]
-            return (task, name) in self.models
+            if (task, name) not in self.models:
+                self.failed.add((task, name))
+            return True
 
     async def _answer(self, route: str, work) -> Any:
         """Run ``work()`` (a coroutine factory), count it, turn failures into one-line JSON errors."""

@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -422,9 +423,47 @@ def deploy(cfg: ServeConfig, selection: Selection, name: Optional[str] = None) -
     app = build_app(selection.folder, selection.files, replicas=cfg.replicas, cpus_per_replica=cfg.cpus_per_replica,
                     gpus_per_replica=cfg.gpus_per_replica, max_ongoing_requests=cfg.max_ongoing_requests,
                     settings=settings)
-    serve.run(app, name=name or DEPLOYMENT, route_prefix="/", logging_config=log)
+    try:
+        serve.run(app, name=name or DEPLOYMENT, route_prefix="/", logging_config=log)
+    except Exception as exc:  # Ray says only "Failed to update the deployments"; the replica's own error is in status
+        raise ValueError(f"the deployment did not start: {_deployment_error(name or DEPLOYMENT, exc)}") from None
+    _report_skipped(selection, serve.get_app_handle(name or DEPLOYMENT))
     host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::") else cfg.host
     return f"http://{host}:{cfg.port}"
+
+
+def _deployment_error(name: str, exc: BaseException) -> str:
+    """The last line of the error a replica's constructor raised (from Serve's status), else Ray's own line."""
+    from ray import serve
+
+    from attnzoo.cli import first_line
+
+    try:
+        app = serve.status().applications[name]
+        messages = [d.message for d in app.deployments.values() if d.message] + [app.message]
+    except Exception:  # noqa: BLE001 - the status itself is out of reach: Ray's line is all there is
+        messages = []
+    for message in messages:
+        lines = [ln.strip() for ln in (message or "").splitlines() if ln.strip()]
+        errors = [ln for ln in lines if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", ln)]
+        if errors:
+            return errors[-1]
+    return first_line(exc)
+
+
+def _report_skipped(selection: Selection, handle) -> None:
+    """Print a warning for each file the replicas could not load (the reason included) and leave it out of
+    ``selection``; ``ValueError`` naming every reason when none loaded."""
+    with contextlib.suppress(RuntimeError):  # a call from this thread, whatever Serve's mode (throughput-optimized
+        handle._init(_run_router_in_separate_loop=True)  # handles need an event loop otherwise); set once
+    skipped = handle.skipped_files.remote().result(timeout_s=120)
+    for file, why in skipped.items():
+        print(f"warning: skipping {file}: {why}", file=sys.stderr, flush=True)
+        selection.files.pop(file, None)
+    if not selection.files and not selection.pending:
+        raise ValueError(f"no model in {selection.folder} could be loaded: "
+                         + "; ".join(f"{f}: {why}" for f, why in skipped.items()))
+
 
 
 def _ray_initialized() -> bool:
