@@ -108,3 +108,9 @@ def test_variant_tables_are_the_registrys(capsys):
     """README.md and docs/variants.md carry ``python -m attnzoo.models``' tables for the built-ins."""
     assert models_main(["--check", str(ROOT / "README.md"), str(ROOT / "docs" / "variants.md")]) == 0
     assert "up to date" in capsys.readouterr().out
+
+
+def test_the_readme_links_every_docs_page():
+    linked = {path.resolve() for _, path, _ in _links(ROOT / "README.md")}
+    unlinked = [p.name for p in sorted((ROOT / "docs").glob("*.md")) if p.resolve() not in linked]
+    assert not unlinked, f"README.md links no docs page named {', '.join(unlinked)}"
