@@ -353,6 +353,36 @@ def test_a_model_the_replica_cannot_load_is_skipped_with_its_reason_in_the_outpu
     assert files == {"standard_cls.onnx", "standard_seg.onnx"}
 
 
+def test_haproxy_wrapper_moves_only_the_http_frontend_to_a_wider_host(tmp_path):
+    """Ray's HAProxy config as its template renders it for host 127.0.0.1: the wrapper puts the stats and
+    metrics pages on loopback and, with a host, the HTTP frontend there; the replicas' server lines stay."""
+    from attnzoo.serve.rayserve.launch import haproxy_wrapper
+
+    rendered = ["frontend prometheus", "    bind :9101", "frontend http_frontend", "    bind 127.0.0.1:8000",
+                "backend attnzoo", "    server r1 127.0.0.1:30000 check", "listen stats", "  bind *:8404"]
+
+    def run(*where) -> list:
+        cfg, wrapper = tmp_path / "haproxy.cfg", tmp_path / "haproxy"
+        cfg.write_text("\n".join(rendered) + "\n")
+        wrapper.write_text(haproxy_wrapper(8404, 9101, "true", *where))
+        wrapper.chmod(0o755)
+        subprocess.run([str(wrapper), "-db", "-f", str(cfg)], check=True, timeout=30)
+        return cfg.read_text().splitlines()
+
+    loopback = [*rendered[:1], "    bind 127.0.0.1:9101", *rendered[2:7], "  bind 127.0.0.1:8404"]
+    assert run() == loopback
+    assert run("0.0.0.0", 8000) == [*loopback[:3], "    bind 0.0.0.0:8000", *loopback[4:]]
+    assert run("::", 8000) == [*loopback[:3], "    bind [::]:8000", *loopback[4:]]
+    assert run("0.0.0.0", 8001) == loopback  # another port's line is not this frontend
+
+
+def test_a_host_counts_as_loopback_only_when_it_is():
+    from attnzoo.serve.rayserve.launch import is_loopback
+
+    assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
+    assert not is_loopback("0.0.0.0") and not is_loopback("::") and not is_loopback("no-such-host.invalid")
+
+
 # ------------------------------------------------------------------------------------------ slow: processes
 @pytest.mark.slow
 def test_serve_models_command_prints_the_url_and_stops_on_sigterm(models_dir, tmp_path):

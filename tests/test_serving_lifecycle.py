@@ -246,6 +246,29 @@ def test_group_sigterm_right_after_the_first_answer_leaves_nothing_each_time(shi
                     p.kill()
 
 
+@pytest.mark.slow
+def test_a_host_beyond_loopback_opens_only_the_http_port_there(shipped_dir, tmp_path):
+    """``--host 0.0.0.0``: a warning, and of everything the command starts only the HTTP port listens beyond
+    loopback (Serve's fallback proxy on 8500 and the replicas' own HTTP ports answered /classify there, past the
+    ingress, before)."""
+    proc = _start(tmp_path, "--host", "0.0.0.0", "--models", str(shipped_dir))
+    try:
+        lines = _wait_for(proc, "serving ")
+        assert any(line.startswith("warning: --host 0.0.0.0: port ") for line in lines), lines
+        r = httpx.post(f"http://127.0.0.1:{proc.port}/classify", files={"file": EXAMPLE.read_bytes()},  # type: ignore[attr-defined]
+                       timeout=60)
+        assert r.status_code == 200, r.text
+        procs = _tree(proc.pid) | set(_owned_by(proc.pid))
+        sockets = _listening(procs)
+        assert len(sockets) > 5, sockets  # the check saw Ray's own servers
+        wide = [s for s in sockets if not _is_loopback(s[0])]
+        assert [(ip, port) for ip, port, _ in wide] == [("0.0.0.0", proc.port)], wide  # type: ignore[attr-defined]
+        _stop_and_check(proc, signal.SIGTERM, False, procs)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def _sigterm_when_ready(code: str) -> Tuple[subprocess.Popen, float]:
     """Run ``code`` in a fresh interpreter, wait for it to print ``ready``, send it SIGTERM; the process and
     when the signal was sent (``time.monotonic()``)."""

@@ -130,13 +130,18 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise ValueError(f"--dtype bf16: {reason}")
     if args.metrics_port is not None and not 1 <= args.metrics_port <= 65535:
         raise UsageError(f"--metrics-port must be in 1..65535, got {args.metrics_port}")
-    from attnzoo.serve.rayserve.launch import (check_zoo_selection, deploy, export_pending, metrics_url, port_problem, ray_serve_mode,
-                         select_models, start_ray, stop, stop_watchdog)
+    from attnzoo.serve.rayserve.launch import (check_zoo_selection, deploy, export_pending, is_loopback, metrics_url,
+                                               port_problem, ray_serve_mode, select_models, start_ray, stop,
+                                               stop_watchdog)
 
     if cfg.address is None:
         problem = port_problem(cfg.host, cfg.port)
         if problem:
             raise UsageError(f"{problem} (choose another --port)")
+    if not is_loopback(cfg.host):
+        print(f"warning: --host {cfg.host}: port {cfg.port} answers whoever can reach this machine there (no "
+              "authentication, no TLS)" + ("; nothing else listens beyond loopback" if cfg.address is None else ""),
+              file=sys.stderr, flush=True)
     started = False
     with stop_watchdog(), ThreadPoolExecutor(1, thread_name_prefix="attnzoo-select") as pool:
         try:  # a signal during start-up too: stop() ends whatever ray.init had started

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Union
@@ -109,6 +110,7 @@ class ServeConfig:
              f"must be at least max_batch_size ({self.max_batch_size})"),
             ("task", self.task in TASK_CHOICES, f"must be one of {', '.join(TASK_CHOICES)}"),
             ("dtype", self.dtype in DTYPES, f"must be one of {', '.join(DTYPES)}"),
+            ("host", bool(re.fullmatch(r"[A-Za-z0-9.:-]+", self.host)), "must be an IP address or a host name"),
         ]
         for key, ok, why in checks:
             if not ok:

