@@ -28,7 +28,7 @@ from attnzoo.limits import MAX_IMAGE_PIXELS
 
 __all__ = ["DEFAULT_MEAN", "DEFAULT_STD", "ImageLike", "load_image", "to_rgb", "normalize", "preprocess",
            "fit_size", "UnreadableImageError", "ImageTooLargeError", "INPUT_STYLES", "DATA_INPUT_STYLE",
-           "input_style_of", "to_input_style", "busy_background"]
+           "input_style_of", "to_input_style", "busy_background", "image_size"]
 
 #: Normalisation of the bundled data sets (pixels in [0, 1] mapped to [-1, 1]).
 DEFAULT_MEAN: Tuple[float, float, float] = (0.5, 0.5, 0.5)
@@ -99,6 +99,26 @@ def _quiet_open() -> Iterator[None]:
     with _OPEN_LOCK, warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         yield
+
+
+def image_size(data: bytes) -> Tuple[int, int]:
+    """(width, height) of an encoded image, read from its header alone (no pixel is decoded), so that a server can
+    reserve the memory decoding it will take before it starts.
+
+    Raises:
+        ImageTooLargeError: over the pixel cap, or a decompression bomb.
+        UnreadableImageError: not an image, or a damaged header.
+    """
+    try:
+        with _quiet_open(), Image.open(io.BytesIO(data)) as img:
+            _check_pixels(img)
+            return img.size
+    except Image.DecompressionBombError as exc:
+        raise ImageTooLargeError(f"refused a decompression bomb: {exc}") from None
+    except (UnidentifiedImageError, OSError, TypeError, ValueError) as exc:
+        if isinstance(exc, ImageTooLargeError):
+            raise
+        raise UnreadableImageError(f"cannot read image: {exc}") from exc
 
 
 def load_image(source: ImageLike) -> Image.Image:

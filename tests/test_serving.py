@@ -9,6 +9,7 @@ it is skipped with its reason in the driver's output.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import json
@@ -32,7 +33,8 @@ from attnzoo.preprocess import load_image, preprocess
 from attnzoo.runtime.sessions import ort_session
 from attnzoo.serve import examples, predict
 from attnzoo.serve.loading import load_models, load_remote
-from attnzoo.serve.rayserve.app import decode_mask, mask_png
+from attnzoo.serve.rayserve.app import (DECODE_BYTES_PER_PIXEL, MemoryBudget, decode_budget, decode_mask,
+                                        mask_png)
 from attnzoo.serve.rayserve.cli import main as serve_main
 from attnzoo.serve.rayserve.config import ServeConfig, merged, read_config_file
 from attnzoo.serve.rayserve.loadtest import Record, summarize
@@ -157,6 +159,8 @@ def models_dir(tmp_path_factory) -> Path:
 #: A classifier whose metadata and report are consistent but name 2 classes for its 10 logits: the driver's checks
 #: pass it, the replica's warm-up refuses it.
 BAD = "short_cls.onnx"
+#: The deployment's decode budget: room for 2.5 images of 1 MP (the module's images are far smaller).
+DECODE_MB = 2.5 * 1e6 * DECODE_BYTES_PER_PIXEL / 2**20
 
 
 def _short_copy(good: Path, out: Path) -> None:
@@ -185,12 +189,12 @@ _DEPLOYED: dict = {}
 
 @pytest.fixture(scope="module")
 def server(served_dir):
-    """An embedded Ray with the app on a free port (1 replica, batches of up to 4 requests, 20 ms wait); what the
-    driver printed while deploying is kept in ``_DEPLOYED["stderr"]``."""
+    """An embedded Ray with the app on a free port (1 replica, batches of up to 4 requests, 20 ms wait, a decode
+    budget of :data:`DECODE_MB`); what the driver printed while deploying is kept in ``_DEPLOYED["stderr"]``."""
     from attnzoo.serve.rayserve.launch import deploy, free_port, select_models, start_ray, stop
 
     cfg = ServeConfig(models=served_dir, port=free_port(), max_batch_size=4, batch_wait_ms=20.0,
-                      max_ongoing_requests=16)
+                      max_ongoing_requests=16, decode_memory_mb=DECODE_MB)
     started = start_ray(cfg)
     try:
         said = io.StringIO()
@@ -342,6 +346,23 @@ def test_tensor_route_checks_its_input(server, local):
     _bad(httpx.post(f"{server}/models/xx/standard/logits", content=npy(x), timeout=30), 404, "unknown task")
 
 
+def _npy(a) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, a, allow_pickle=False)
+    return buf.getvalue()
+
+
+def test_tensor_route_states_its_real_limits_and_blames_the_input_for_overflow(server):
+    url = f"{server}/models/cls/standard/logits"
+    _bad(httpx.post(url, content=_npy(np.zeros((65, 3, 28, 28), np.float32)), timeout=30), 413,
+         "the batch holds 65 images; at most 64 per request (float32 (N, 3, 28, 28) with N in 1..64)")
+    _bad(httpx.post(url, content=os.urandom(64 * 3 * 4 * 28 * 28 + 8192), timeout=30), 413,
+         "over the 592 KiB that 64 images of float32 (3, 28, 28) take")
+    # finite, but far past any normalised pixel: the outputs overflow, and that is the input's fault (not a 500)
+    _bad(httpx.post(url, content=_npy(np.full((2, 3, 28, 28), 3e38, np.float32)), timeout=30), 400,
+         "the input (values 3e+38 to 3e+38) makes model 'standard' produce non-finite outputs (NaN or inf)")
+
+
 def test_a_model_the_replica_cannot_load_is_skipped_with_its_reason_in_the_output(server):
     """The driver's checks (metadata, verification report) pass :data:`BAD`; the replica's warm-up refuses it. The
     deployment serves the rest, and the command's own output says which file was skipped and why (Ray's
@@ -351,6 +372,15 @@ def test_a_model_the_replica_cannot_load_is_skipped_with_its_reason_in_the_outpu
         f"warning: skipping {BAD}: {BAD}: 2 class names but the model outputs 10 logits per image"], said
     files = {r["file"] for r in httpx.get(f"{server}/models", timeout=30).json()["models"]}
     assert files == {"standard_cls.onnx", "standard_seg.onnx"}
+
+
+def test_an_image_over_the_decode_budget_is_refused_from_its_header(server):
+    buf = io.BytesIO()
+    Image.new("1", (2000, 1500)).save(buf, format="PNG")  # 3 MP in a few kB: the budget holds 2.5 MP
+    _bad(_post(server, "/classify", buf.getvalue()), 413, "a 2000x1500 image takes about 114 MiB of memory to "
+                                                          "decode, over this replica's decode budget of 95 MiB")
+    stats = httpx.get(f"{server}/stats", timeout=30).json()["decode_budget"]
+    assert stats["bytes"] == int(DECODE_MB * 2**20) and stats["in_use"] == 0
 
 
 def test_haproxy_wrapper_moves_only_the_http_frontend_to_a_wider_host(tmp_path):
@@ -381,6 +411,88 @@ def test_a_host_counts_as_loopback_only_when_it_is():
 
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
     assert not is_loopback("0.0.0.0") and not is_loopback("::") and not is_loopback("no-such-host.invalid")
+
+
+def test_memory_budget_hands_out_bytes_in_arrival_order():
+    async def scenario():
+        budget = MemoryBudget(100)
+        assert await budget.acquire(60, 1.0)
+        got = []
+
+        async def want(n: int, name: str):
+            got.append((name, await budget.acquire(n, 5.0)))
+
+        big = asyncio.create_task(want(80, "big"))
+        await asyncio.sleep(0.01)
+        small = asyncio.create_task(want(10, "small"))  # it would fit now, but it came after the big one
+        await asyncio.sleep(0.05)
+        assert got == [] and budget.used == 60 and budget.waited == 2
+        budget.release(60)
+        await asyncio.gather(big, small)
+        assert got == [("big", True), ("small", True)] and budget.used == budget.peak == 90
+        assert not await budget.acquire(50, 0.05) and budget.refused == 1 and budget.used == 90  # no room in time
+        waiting = asyncio.create_task(budget.acquire(20, 5.0))  # its client goes away while it waits
+        await asyncio.sleep(0.01)
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        budget.release(80)
+        budget.release(10)
+        assert budget.used == 0 and await budget.acquire(100, 0.0)  # nothing left held, nobody left queued
+
+    asyncio.run(scenario())
+
+
+def test_decode_budget_is_half_the_replica_memory_split_between_its_replicas(monkeypatch):
+    from attnzoo.serve.rayserve import app
+
+    gib = 2**30
+    assert decode_budget({"replicas": 1}, memory=8 * gib) == 4 * gib
+    assert decode_budget({"replicas": 2}, memory=8 * gib) == 2 * gib
+    assert decode_budget({"replicas": 2, "decode_memory_mb": 512}, memory=8 * gib) == 512 * 2**20
+    monkeypatch.setattr(app, "replica_memory", lambda: None)  # unknown: room for two images at the pixel cap
+    assert decode_budget({"replicas": 1}) == 2 * limits.MAX_IMAGE_PIXELS * DECODE_BYTES_PER_PIXEL
+    monkeypatch.setattr(app, "replica_memory", lambda: 6 * gib)
+    assert decode_budget({"replicas": 3}) == gib
+
+
+_PEAK = """
+import io, json, sys
+import numpy as np
+from PIL import Image
+from attnzoo.serve import predict
+from attnzoo.serve.loading import load_models
+
+models = {m.task: m for m in load_models(sys.argv[1], threads=1)}
+side = 2500
+sources = {"16-bit PNG": (np.arange(side * side, dtype=np.uint32).reshape(side, side) % 60000).astype(np.uint16),
+           "float TIFF": np.random.default_rng(0).random((side, side), dtype=np.float32)}
+
+def status(key):
+    return int(open("/proc/self/status").read().split(key + ":")[1].split()[0]) * 1024
+
+out = {}
+for kind, pixels in sources.items():
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="TIFF" if pixels.dtype == np.float32 else "PNG")
+    data = buf.getvalue()
+    for task in ("cls", "seg"):
+        base = status("VmRSS")
+        open("/proc/self/clear_refs", "w").write("5")  # the peak starts again from here
+        (predict.classify if task == "cls" else predict.segment)(models[task], data)
+        out[f"{kind} {task}"] = (status("VmHWM") - base) / side**2
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="reads the peak memory from /proc (Linux)")
+def test_decoding_an_image_takes_at_most_the_budgeted_bytes_per_pixel(models_dir):
+    """The budget reserves :data:`DECODE_BYTES_PER_PIXEL` per pixel: the demo's decode and preprocessing path must
+    stay within it for the images that take the most (16-bit and float ones convert through float64)."""
+    proc = subprocess.run([sys.executable, "-c", _PEAK, str(models_dir)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    peaks = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert all(0 < b <= DECODE_BYTES_PER_PIXEL for b in peaks.values()), peaks
 
 
 # ------------------------------------------------------------------------------------------ slow: processes

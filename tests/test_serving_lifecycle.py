@@ -269,6 +269,62 @@ def test_a_host_beyond_loopback_opens_only_the_http_port_there(shipped_dir, tmp_
             proc.kill()
 
 
+@pytest.mark.slow
+def test_concurrent_near_cap_images_stay_within_the_replicas_decode_budget(shipped_dir, tmp_path):
+    """Six concurrent ``/segment`` requests, each a 16-bit PNG of 6000x6000 (36 MP, under the 40 MP cap; ~1.1 GB
+    to decode), to a replica whose decode budget holds two: its resident memory grows by at most the budget, two
+    are answered and the others wait, then get 503 with the reason and ``Retry-After`` (without a budget, each
+    such request in flight held its own gigabyte or more, up to ``--max-ongoing-requests`` of them)."""
+    import io
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+    from PIL import Image
+
+    from attnzoo.serve.rayserve.app import DECODE_BYTES_PER_PIXEL
+
+    side = 6000
+    budget = int(2.2 * side * side * DECODE_BYTES_PER_PIXEL)
+    buf = io.BytesIO()
+    pixels = np.zeros((side, side), np.uint16)
+    pixels[side // 4:3 * side // 4, side // 3:2 * side // 3] = 50000  # a garment-like block: a small file
+    Image.fromarray(pixels).save(buf, format="PNG")
+    proc = _start(tmp_path, "--models", str(shipped_dir), "--task", "seg", "--decode-memory-mb", str(budget / 2**20))
+    try:
+        _wait_for(proc, "serving ")
+        url = f"http://127.0.0.1:{proc.port}"  # type: ignore[attr-defined]
+        replica = psutil.Process(httpx.get(f"{url}/stats", timeout=30).json()["pid"])
+        base, peak, done = replica.memory_info().rss, [0], threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                with contextlib.suppress(psutil.Error):
+                    peak[0] = max(peak[0], replica.memory_info().rss)
+                time.sleep(0.05)
+
+        watcher = threading.Thread(target=sample, daemon=True)
+        watcher.start()
+        with ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(lambda _: httpx.post(f"{url}/segment", files={"file": buf.getvalue()},
+                                                         timeout=300), range(6)))
+        done.set()
+        watcher.join()
+        codes = sorted(r.status_code for r in answers)
+        assert codes.count(200) >= 2 and set(codes) <= {200, 503}, [r.text[:200] for r in answers]
+        for r in answers:
+            if r.status_code == 503:
+                assert r.headers["retry-after"] and "decode budget" in r.json()["error"], r.text
+        stats = httpx.get(f"{url}/stats", timeout=30).json()["decode_budget"]
+        assert stats["bytes"] == budget and 0 < stats["peak"] <= budget and stats["in_use"] == 0, stats
+        grew = peak[0] - base
+        assert grew <= budget, f"the replica grew by {grew / 2**30:.2f} GiB; budget {budget / 2**30:.2f} GiB"
+        _stop_and_check(proc, signal.SIGTERM, False, _tree(proc.pid))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def _sigterm_when_ready(code: str) -> Tuple[subprocess.Popen, float]:
     """Run ``code`` in a fresh interpreter, wait for it to print ``ready``, send it SIGTERM; the process and
     when the signal was sent (``time.monotonic()``)."""

@@ -8,7 +8,7 @@ preprocessing path, sliding windows, the NaN check); their model calls go throug
 per replica, which groups concurrent requests into dynamic batches per model (``max_batch_size``,
 ``batch_wait_ms``) and runs one batch at a time on a model thread.
 
-HTTP routes (JSON unless said otherwise; errors are ``{"error": "one line"}`` with status 400, 404, 413 or,
+HTTP routes (JSON unless said otherwise; errors are ``{"error": "one line"}`` with status 400, 404, 413, 503 or,
 for a fault of the server, 500 without a traceback):
 
 - ``POST /classify[?model=NAME&k=5]``: an image (multipart field ``file``, or the raw body) -> top classes;
@@ -16,12 +16,19 @@ for a fault of the server, 500 without a traceback):
 - ``POST /models/{task}/{name}/logits``: a preprocessed float32 batch as ``.npy`` -> logits as ``.npy`` (the
   demo's ``--backend-url`` uses it);
 - ``GET /models``, ``GET /health``, ``GET /stats`` (this replica's counters and batch sizes).
+
+Memory: the images a replica decodes at once share a budget (:class:`MemoryBudget`, sized by
+:func:`decode_budget` from the memory the replica has): each upload reserves :data:`DECODE_BYTES_PER_PIXEL` per
+pixel of its header's size before a pixel is decoded; one that finds no room within :data:`DECODE_WAIT_S` gets 503
+(``Retry-After``), one larger than the whole budget 413. A ``/logits`` batch reserves its bytes the same way.
 """
 
 # no "from __future__ import annotations": FastAPI reads the route signatures of the class-based view
 
 import asyncio
 import base64
+import collections
+import contextlib
 import dataclasses
 import io
 import os
@@ -42,10 +49,11 @@ from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnzoo.cli import first_line
-from attnzoo.limits import MAX_UPLOAD_BYTES
+from attnzoo.limits import MAX_IMAGE_PIXELS, MAX_UPLOAD_BYTES, available_memory
 
 __all__ = ["ModelServer", "HTTPError", "build_app", "api", "MAX_TENSOR_BATCH", "NPY_TYPE", "DEPLOYMENT",
-           "mask_png", "decode_mask"]
+           "mask_png", "decode_mask", "MemoryBudget", "decode_budget", "replica_memory", "DECODE_BYTES_PER_PIXEL",
+           "DECODE_MEMORY_SHARE", "DECODE_WAIT_S"]
 
 #: Deployment (and Ray Serve application) name.
 DEPLOYMENT = "attnzoo"
@@ -55,6 +63,19 @@ MAX_TENSOR_BATCH = 64
 NPY_TYPE = "application/x-npy"
 #: Room for the multipart envelope (boundaries, part headers, form fields) on top of the file itself.
 _MULTIPART_SLACK = 64 * 1024
+#: Room for a ``.npy`` header on top of a tensor batch's data (numpy pads it to 64 bytes; 4 KiB is ample).
+_NPY_HEADER_ROOM = 4096
+#: Peak memory per pixel while an upload is decoded, converted and preprocessed by the demo's own path
+#: (:mod:`attnzoo.preprocess`, :mod:`attnzoo.serve.predict`), charged from the image's size alone, so it is known
+#: before a pixel is decoded: the images that take the most (16-bit and float ones, converted through float64;
+#: the peak is in that conversion, for classify and segment alike), with room to spare.
+#: ``tests/test_serving.py`` measures the peak of both kinds and fails when it passes this.
+DECODE_BYTES_PER_PIXEL = 40
+#: Share of a replica's memory that the images it decodes at once may take; the rest is for the models, the
+#: request bodies (at most ``max_ongoing_requests`` x the upload limit) and Ray itself.
+DECODE_MEMORY_SHARE = 0.5
+#: Seconds a request waits for room in the decode budget before it gets 503 with ``Retry-After``.
+DECODE_WAIT_S = 10.0
 
 api = FastAPI(title="attnzoo serve-models", docs_url=None, redoc_url=None)  # offline: no CDN-loaded docs pages
 
@@ -85,21 +106,135 @@ if os.environ.get("ATTNZOO_SERVE_LOOPBACK") == "1":
 
 
 class HTTPError(Exception):
-    """An answer other than 200: ``status`` and one line for ``{"error": ...}``."""
+    """An answer other than 200: ``status`` and one line for ``{"error": ...}`` (and ``headers``, e.g.
+    ``Retry-After``)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: Optional[Mapping[str, str]] = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = dict(headers or {})
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+def _error(status: int, message: str, headers: Optional[Mapping[str, str]] = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=dict(headers or {}) or None)
 
 
 @api.exception_handler(HTTPError)
 async def _http_error(request: Request, exc: HTTPError) -> JSONResponse:
-    return _error(exc.status, exc.message)
+    return _error(exc.status, exc.message, exc.headers)
+
+
+def _size(n: float) -> str:
+    """Bytes for a message: ``612 KiB``, ``1.2 GiB``."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}" if n < 10 * scale else f"{n / scale:.0f} {unit}"
+    return f"{int(n)} bytes"
+
+
+def replica_memory() -> Optional[int]:
+    """Bytes this process can still take: the machine's available memory, or less where a cgroup (v2 or v1) limits
+    this container's memory; None when neither is known."""
+    known = [m for m in (available_memory(), _cgroup_room()) if m is not None]
+    return min(known) if known else None
+
+
+def _cgroup_room() -> Optional[int]:
+    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            cap = Path(limit).read_text().strip()
+            if cap == "max" or int(cap) >= 2**60:  # no limit
+                return None
+            return max(0, int(cap) - int(Path(usage).read_text()))
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def decode_budget(settings: Mapping[str, Any], memory: Optional[int] = None) -> int:
+    """Bytes the images one replica decodes at once may hold: ``decode_memory_mb`` when set, else
+    :data:`DECODE_MEMORY_SHARE` of the replica's memory, i.e. of what this machine had available when the replica
+    started (``memory``, default :func:`replica_memory`) split between the deployment's ``replicas`` (a local Ray
+    runs them all here; on a cluster this is on the safe side). Where the memory is unknown: room for two images
+    at the pixel cap."""
+    if settings.get("decode_memory_mb"):
+        return int(float(settings["decode_memory_mb"]) * 2**20)
+    memory = replica_memory() if memory is None else memory
+    if memory is None:
+        return 2 * MAX_IMAGE_PIXELS * DECODE_BYTES_PER_PIXEL
+    return int(memory * DECODE_MEMORY_SHARE / max(1, int(settings.get("replicas", 1))))
+
+
+class MemoryBudget:
+    """Bytes that concurrent work may hold at once, handed out first come, first served: a request that does not
+    fit waits, and so does every request after it, so a large image is not starved by a stream of small ones.
+    Used from the replica's event loop only."""
+
+    def __init__(self, total: int) -> None:
+        self.total = int(total)
+        self.used = 0
+        self.peak = 0
+        self.waited = 0
+        self.refused = 0
+        self._waiting: "collections.deque[Tuple[int, asyncio.Future]]" = collections.deque()
+
+    def _take(self, n: int) -> None:
+        self.used += n
+        self.peak = max(self.peak, self.used)
+
+    def _grant(self) -> None:
+        while self._waiting:
+            n, fut = self._waiting[0]
+            if fut.done():  # given up
+                self._waiting.popleft()
+                continue
+            if self.used + n > self.total:
+                return
+            self._waiting.popleft()
+            self._take(n)
+            fut.set_result(None)
+
+    async def acquire(self, n: int, timeout: float) -> bool:
+        """Take ``n`` bytes, waiting up to ``timeout`` s for them (in arrival order); False when they were not
+        free in time. ``n`` over :attr:`total` never fits: check that first."""
+        if not self._waiting and self.used + n <= self.total:
+            self._take(n)
+            return True
+        self.waited += 1
+        entry = (n, asyncio.get_running_loop().create_future())
+        self._waiting.append(entry)
+        try:
+            await asyncio.wait_for(asyncio.shield(entry[1]), timeout)
+            return True
+        except asyncio.TimeoutError:
+            if entry[1].done():  # granted just as the wait ended
+                return True
+            self.refused += 1
+            self._give_up(entry)
+            return False
+        except BaseException:  # the request was cancelled (its client went away) while it waited
+            if entry[1].done() and not entry[1].cancelled():
+                self.release(n)
+            else:
+                self._give_up(entry)
+            raise
+
+    def _give_up(self, entry: Tuple[int, "asyncio.Future"]) -> None:
+        entry[1].cancel()
+        with contextlib.suppress(ValueError):
+            self._waiting.remove(entry)
+        self._grant()  # the requests behind it may fit
+
+    def release(self, n: int) -> None:
+        """Give back ``n`` bytes taken by :meth:`acquire`."""
+        self.used -= n
+        self._grant()
+
+    def as_dict(self) -> Dict[str, int]:
+        return {"bytes": self.total, "in_use": self.used, "peak": self.peak, "waited": self.waited,
+                "refused": self.refused}
 
 
 @api.exception_handler(StarletteHTTPException)
@@ -135,18 +270,26 @@ def _as_http_error(exc: BaseException) -> HTTPError:
     return HTTPError(500, f"internal error ({type(exc).__name__}); see the server log")
 
 
-async def _body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 as soon as it passes ``limit`` (the Content-Length header, when
-    sent, is checked before anything is read)."""
+def _upload_too_large(size: Optional[int], limit: int, head: bytes) -> str:
+    said = f"{_size(size)}, " if size is not None else ""
+    return f"the request is {said}over the {_size(limit)} upload limit"
+
+
+async def _body(request: Request, limit: int, too_large=_upload_too_large, peek: int = 0) -> bytes:
+    """The request body, refused with 413 as soon as it passes ``limit``; a Content-Length over it is refused
+    before anything is read, or once ``peek`` bytes are (what ``too_large(declared size or None, limit, the first
+    bytes)`` needs to say why in one line)."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise HTTPError(413, f"the request is {int(declared) / 2**20:.1f} MiB, over the {limit / 2**20:.0f} MiB "
-                             "upload limit")
+    size = int(declared) if declared is not None and declared.isdigit() else None
+    over = size is not None and size > limit
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise HTTPError(413, f"the request is over the {limit / 2**20:.0f} MiB upload limit")
+    if not over or peek:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit or (over and len(body) >= peek):
+                break
+    if over or len(body) > limit:
+        raise HTTPError(413, too_large(size, limit, bytes(body[:max(peek, 1)])))
     return bytes(body)
 
 
@@ -197,6 +340,18 @@ def decode_mask(text: str) -> np.ndarray:
     from PIL import Image
 
     return np.asarray(Image.open(io.BytesIO(base64.b64decode(text))))
+
+
+def _npy_shape(head: bytes) -> Optional[Tuple[Tuple[int, ...], str]]:
+    """(shape, dtype) from the start of a ``.npy`` body, or None when it is not one."""
+    try:
+        f = io.BytesIO(head)
+        version = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read(f)
+        return tuple(shape), str(dtype)
+    except Exception:  # noqa: BLE001 - not .npy, or a header cut short
+        return None
 
 
 def _load_npy(data: bytes) -> np.ndarray:
@@ -259,6 +414,8 @@ class ModelServer:
         models = self._load(sorted(files))
         self.models = {(m.task, m.name): m for m in models}
         self.order = [(m.task, m.name) for m in models]
+        #: The images being decoded (and ``/logits`` batches) share this many bytes (:func:`decode_budget`).
+        self.decode = MemoryBudget(decode_budget(settings))
         #: Zoo models still being exported by the driver: (task, name) -> file; loaded on first use once the
         #: driver lists them in ``ready_file`` (``{file: sha256}``, written whole) with the sha256 to check.
         self.pending = {(p["task"], p["name"]): p["file"] for p in settings.get("pending", ())}
@@ -391,10 +548,35 @@ class ModelServer:
         except Exception as exc:  # every failure becomes {"error": ...}; a traceback only for a server fault
             err = _as_http_error(exc)
             self.stats.statuses[err.status] += 1
-            return _error(err.status, err.message)
+            return _error(err.status, err.message, err.headers)
 
     async def _in_thread(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.request_threads, fn, *args)
+
+    @contextlib.asynccontextmanager
+    async def _holding(self, need: int, what: str) -> AsyncIterator[None]:
+        """Hold ``need`` bytes of the decode budget for the body: 413 when they never fit, 503 with
+        ``Retry-After`` when they are not free within :data:`DECODE_WAIT_S`."""
+        budget = self.decode
+        if need > budget.total:
+            raise HTTPError(413, f"{what} takes about {_size(need)} of memory to decode, over this replica's decode "
+                                 f"budget of {_size(budget.total)} ({budget.total // DECODE_BYTES_PER_PIXEL / 1e6:.1f} "
+                                 "MP); send a smaller one")
+        if not await budget.acquire(need, DECODE_WAIT_S):
+            raise HTTPError(503, f"busy: the work in progress holds {_size(budget.used)} of this replica's "
+                                 f"{_size(budget.total)} decode budget and {what} ({_size(need)}) found no room "
+                                 f"within {DECODE_WAIT_S:g} s; retry", headers={"Retry-After": "5"})
+        try:
+            yield
+        finally:
+            budget.release(need)
+
+    async def _decoding(self, data: bytes) -> "contextlib.AbstractAsyncContextManager[None]":
+        """The decode budget held for an uploaded image, sized from its header (400 / 413 as for a bad image)."""
+        from attnzoo.preprocess import image_size
+
+        w, h = await self._in_thread(image_size, data)
+        return self._holding(w * h * DECODE_BYTES_PER_PIXEL, f"a {w}x{h} image")
 
     # ------------------------------------------------------------------------------------------- routes
     @api.post("/classify")
@@ -409,7 +591,8 @@ class ModelServer:
                 raise HTTPError(400, f"k must be in 1..{len(served.class_names)}, got {k}")
             data = await read_image_upload(request)
             batched = self._batched(served, asyncio.get_running_loop())
-            probs, ms = await self._in_thread(predict.classify, batched, data, k)
+            async with await self._decoding(data):
+                probs, ms = await self._in_thread(predict.classify, batched, data, k)
             return {"model": served.name, "variant": served.variant,
                     "top": [{"class": c, "probability": p} for c, p in probs.items()],
                     "latency_ms": round(ms, 3), "replica": self.replica}
@@ -430,10 +613,12 @@ class ModelServer:
                 raise HTTPError(400, f"max_side must be in 1..{MAX_SIDE}, got {max_side}")
             data = await read_image_upload(request)
             batched = self._batched(served, asyncio.get_running_loop())
-            mask, ms = await self._in_thread(predict.segment, batched, data, max_side)
-            shares = predict.pixel_shares(mask, len(served.class_names))
+            async with await self._decoding(data):
+                mask, ms = await self._in_thread(predict.segment, batched, data, max_side)
+                shares = predict.pixel_shares(mask, len(served.class_names))
+                png = await self._in_thread(mask_png, mask)
             return {"model": served.name, "variant": served.variant, "height": int(mask.shape[0]),
-                    "width": int(mask.shape[1]), "class_names": served.class_names, "mask_png": mask_png(mask),
+                    "width": int(mask.shape[1]), "class_names": served.class_names, "mask_png": png,
                     "shares": {served.class_names[i]: round(float(s), 6) for i, s in enumerate(shares) if s > 0},
                     "latency_ms": round(ms, 3), "replica": self.replica}
 
@@ -447,19 +632,36 @@ class ModelServer:
             if task not in ("cls", "seg"):
                 raise HTTPError(404, f"unknown task {task!r}; valid: cls, seg")
             served = await self._model(task, name)
-            x = _load_npy(await _body(request, MAX_TENSOR_BATCH * 3 * 4 * int(np.prod(served.input_size)) + 1024))
-            want = f"float32 (N, 3, {served.input_size[0]}, {served.input_size[1]}) with N in 1..{MAX_TENSOR_BATCH}"
-            if (x.dtype != np.float32 or x.ndim != 4 or x.shape[1] != 3 or not 1 <= len(x) <= MAX_TENSOR_BATCH
-                    or (served.fixed_size and tuple(x.shape[2:]) != tuple(served.input_size))):
-                raise HTTPError(400, f"expected {want}, got {x.dtype} {tuple(x.shape)}")
-            if not np.isfinite(x).all():
-                raise HTTPError(400, "the input holds NaN or infinite values")
-            out = await self._infer((served.task, served.name, x))
-            if not np.isfinite(out).all():
-                raise HTTPError(500, f"model {served.name!r} produced non-finite outputs (NaN or inf)")
-            buf = io.BytesIO()
-            np.save(buf, np.ascontiguousarray(out, np.float32), allow_pickle=False)
-            return Response(buf.getvalue(), media_type=NPY_TYPE)
+            h, w = served.input_size
+            want = f"float32 (N, 3, {h}, {w}) with N in 1..{MAX_TENSOR_BATCH}"
+            limit = MAX_TENSOR_BATCH * 3 * 4 * h * w + _NPY_HEADER_ROOM
+
+            def too_large(size: Optional[int], limit: int, head: bytes) -> str:
+                shape = _npy_shape(head)
+                if shape and len(shape[0]) == 4 and shape[0][0] > MAX_TENSOR_BATCH:
+                    return (f"the batch holds {shape[0][0]} images; at most {MAX_TENSOR_BATCH} per request "
+                            f"({want})")
+                return (f"the body is {f'{_size(size)}, ' if size is not None else ''}over the {_size(limit)} that "
+                        f"{MAX_TENSOR_BATCH} images of float32 (3, {h}, {w}) take; send {want}")
+
+            body = await _body(request, limit, too_large, peek=_NPY_HEADER_ROOM)
+            async with self._holding(2 * len(body), f"a {len(body):,}-byte tensor batch"):  # the body, the array
+                x = _load_npy(body)
+                del body
+                if (x.dtype != np.float32 or x.ndim != 4 or x.shape[1] != 3 or not 1 <= len(x) <= MAX_TENSOR_BATCH
+                        or (served.fixed_size and tuple(x.shape[2:]) != (h, w))):
+                    raise HTTPError(400, f"expected {want}, got {x.dtype} {tuple(x.shape)}")
+                if not np.isfinite(x).all():
+                    raise HTTPError(400, "the input holds NaN or infinite values")
+                out = await self._infer((served.task, served.name, x))
+                if not np.isfinite(out).all():  # finite but huge inputs overflow: the input's fault, named
+                    raise HTTPError(400, f"the input (values {float(x.min()):.3g} to {float(x.max()):.3g}) makes model "
+                                         f"{served.name!r} produce non-finite outputs (NaN or inf); it takes "
+                                         f"preprocessed pixels, (x/255 - mean) / std with mean {list(served.mean)} and "
+                                         f"std {list(served.std)}, as GET /models lists")
+                buf = io.BytesIO()
+                np.save(buf, np.ascontiguousarray(out, np.float32), allow_pickle=False)
+                return Response(buf.getvalue(), media_type=NPY_TYPE)
 
         return await self._answer("logits", work)
 
@@ -484,7 +686,8 @@ class ModelServer:
     @api.get("/stats")
     async def replica_stats(self):
         """This replica's counters: requests, statuses, dynamic batches and their sizes, model time."""
-        return {"replica": self.replica, "pid": os.getpid(), "settings": self.settings, **self.stats.as_dict()}
+        return {"replica": self.replica, "pid": os.getpid(), "settings": self.settings, **self.stats.as_dict(),
+                "decode_budget": self.decode.as_dict()}
 
 
 def build_app(folder: Path, files: Mapping[str, str], *, replicas: int = 1, cpus_per_replica: float = 1.0,

@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--batch-wait-ms", type=float, help=f"how long a batch waits for more requests (default "
                                                           f"{d.batch_wait_ms:g})")
     run.add_argument("--no-batching", action="store_true", help="same as --max-batch-size 1 --batch-wait-ms 0")
+    run.add_argument("--decode-memory-mb", type=float, metavar="MIB",
+                     help="memory the images one replica decodes at once may hold, in MiB; uploads beyond it wait, "
+                          "then get 503 (default: half the memory available to the replica)")
     run.add_argument("--max-ongoing-requests", type=int,
                      help=f"requests a replica takes at once, the rest wait in the proxy (default "
                           f"{d.max_ongoing_requests})")

@@ -61,6 +61,8 @@ class ServeConfig:
         cache_dir: Root of the zoo exports and random-init exports.
         dtype: ``fp32`` (the unquantized files: fp32 and fp16), or ``int8``: only verified int8 files (the
             zoo's int8 copies, made and verified in the cache, or those of ``models``).
+        decode_memory_mb: MiB of memory the images one replica decodes at once may hold (``None``: half of what
+            the replica has, :func:`attnzoo.serve.rayserve.app.decode_budget`).
     """
 
     host: str = "127.0.0.1"
@@ -81,6 +83,7 @@ class ServeConfig:
     backend: str = "ort-cpu"
     cache_dir: Optional[Path] = None
     dtype: str = "fp32"
+    decode_memory_mb: Optional[float] = None
 
     @property
     def intra_op_threads(self) -> int:
@@ -111,6 +114,8 @@ class ServeConfig:
             ("task", self.task in TASK_CHOICES, f"must be one of {', '.join(TASK_CHOICES)}"),
             ("dtype", self.dtype in DTYPES, f"must be one of {', '.join(DTYPES)}"),
             ("host", bool(re.fullmatch(r"[A-Za-z0-9.:-]+", self.host)), "must be an IP address or a host name"),
+            ("decode_memory_mb", self.decode_memory_mb is None or 0 < self.decode_memory_mb < 2**40,
+             "must be a positive number of MiB"),
         ]
         for key, ok, why in checks:
             if not ok:
@@ -173,6 +178,10 @@ def _coerce(key: str, value: Any) -> Any:
             return Path(str(value))
         if key == "variants":
             return [str(v) for v in (value.split(",") if isinstance(value, str) else value)]
+        if key == "decode_memory_mb":
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
         if key in ("threads", "max_batch_size") or isinstance(default, int):
             if isinstance(value, bool) or float(value) != int(float(value)):
                 raise ValueError
@@ -184,7 +193,7 @@ def _coerce(key: str, value: Any) -> Any:
         return str(value)
     except (TypeError, ValueError, OverflowError):
         integral = key in ("threads", "max_batch_size") or isinstance(default, int)
-        kind = "an integer" if integral else type(default).__name__
+        kind = "an integer" if integral else "a number" if key == "decode_memory_mb" else type(default).__name__
         raise ValueError(f"{key} must be {kind}, got {value!r}") from None
 
 

@@ -445,7 +445,8 @@ def deploy(cfg: ServeConfig, selection: Selection, name: Optional[str] = None) -
     serve.start(http_options={"host": _LOCAL.get("serve_host") or cfg.host, "port": cfg.port}, logging_config=log)
     settings = {"backend": cfg.backend, "threads": cfg.intra_op_threads, "dtype": cfg.dtype,
                 "cache_dir": str(cfg.cache_dir) if cfg.cache_dir else None,
-                "max_batch_size": cfg.max_batch_size, "batch_wait_s": cfg.batch_wait_ms / 1000.0}
+                "max_batch_size": cfg.max_batch_size, "batch_wait_s": cfg.batch_wait_ms / 1000.0,
+                "replicas": cfg.replicas, "decode_memory_mb": cfg.decode_memory_mb}
     if selection.pending:
         import tempfile
 
@@ -499,7 +500,6 @@ def _report_skipped(selection: Selection, handle) -> None:
     if not selection.files and not selection.pending:
         raise ValueError(f"no model in {selection.folder} could be loaded: "
                          + "; ".join(f"{f}: {why}" for f, why in skipped.items()))
-
 
 
 def _ray_initialized() -> bool:
