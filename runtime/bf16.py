@@ -146,7 +146,7 @@ def verify_bf16(onnx_path: Union[str, Path], config: Mapping[str, Any], keep_f32
     """
     from attnzoo.fileio import atomic_write_text, sha256_file
 
-    from .openvino import summary
+    from .openvino import precision_summary
 
     onnx_path = Path(onnx_path)
     path = report_path(onnx_path, cache_dir)
@@ -160,7 +160,8 @@ def verify_bf16(onnx_path: Union[str, Path], config: Mapping[str, Any], keep_f32
     report = {"dtype": "bf16", "file": onnx_path.name, "sha256": sha256_file(onnx_path), **_machine(),
               "passed": bool(drop <= gate and not limit),
               "accuracy": {**ev, "limit": limit, "drop": drop, "gate": gate, "within_gate": bool(drop <= gate)},
-              "precision_check": summary(bf16.precision_check), "time_s": round(time.perf_counter() - start, 1)}
+              "precision_check": precision_summary(bf16.precision_check),
+              "time_s": round(time.perf_counter() - start, 1)}
     if limit is None:  # a quick check never replaces (or stands for) a verification of the whole split
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(report, indent=1) + "\n")

@@ -51,8 +51,8 @@ from .contract import INPUT_NAME, OUTPUT_NAME
 
 __all__ = ["HINTS", "PRECISIONS", "MATMUL_LAYERS", "unavailable_reason", "bf16_unavailable_reason", "version",
            "error_message", "read_onnx", "compile_onnx", "OpenVINOSession", "pin_f32", "runtime_precisions",
-           "check_runtime_precisions", "summary", "PrecisionCheckError", "nncf_unavailable_reason", "nncf_int8",
-           "fake_quantized", "NNCFCheckError"]
+           "check_runtime_precisions", "precision_summary", "PrecisionCheckError", "nncf_unavailable_reason",
+           "nncf_int8", "fake_quantized", "NNCFCheckError"]
 
 HINTS = ("LATENCY", "THROUGHPUT")
 #: attnzoo precision -> OpenVINO's ``INFERENCE_PRECISION_HINT``.
@@ -249,7 +249,7 @@ class OpenVINOSession:
             props[key.lower()] = value.to_string() if hasattr(value, "to_string") else getattr(value, "name", value)
         info = {"openvino": version(), "fixed_batch": self.batch, **props}
         if self.precision_check is not None:
-            info["precision_check"] = summary(self.precision_check)
+            info["precision_check"] = precision_summary(self.precision_check)
         return info
 
 
@@ -406,7 +406,7 @@ def check_runtime_precisions(report: Dict[str, Any], precision: str) -> None:
                                   f"({m['by_precision'] or 'none'}; e.g. {example}): {want} is not in effect")
 
 
-def summary(report: Dict[str, Any]) -> Dict[str, Any]:
+def precision_summary(report: Dict[str, Any]) -> Dict[str, Any]:
     """A compact :func:`runtime_precisions` report (counts, and at most 3 examples per list) for a results row."""
     x, m = report["extra_math"], report["matmuls"]
     return {"inference_precision": report["inference_precision"],
