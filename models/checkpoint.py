@@ -82,6 +82,8 @@ def read_config(path: Union[str, Path]) -> Dict[str, Any]:
             config = json.loads(side.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ValueError(f"{side}: cannot read the checkpoint config ({exc})") from None
+        except RecursionError:  # json's decoder recurses once per nesting level
+            raise ValueError(f"{side}: cannot read the checkpoint config (JSON nested too deep)") from None
         source = side
     else:
         meta = {}
@@ -97,6 +99,8 @@ def read_config(path: Union[str, Path]) -> Dict[str, Any]:
             config = json.loads(meta[CONFIG_KEY])
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: cannot read the config in its metadata ({exc})") from None
+        except RecursionError:
+            raise ValueError(f"{path}: cannot read the config in its metadata (JSON nested too deep)") from None
         source = path
     return validate_config(config, source)
 

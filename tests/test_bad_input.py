@@ -329,6 +329,14 @@ def test_checkpoint_config_that_is_not_an_object(tmp_path, text):
         read_config(path)
 
 
+def test_checkpoint_config_nested_too_deep_names_its_file(tmp_path):
+    path = _checkpoint(tmp_path)
+    side = path.with_suffix(".json")
+    side.write_text("[" * 100_000 + "]" * 100_000)  # json's decoder recursed into a RecursionError, no file named
+    with pytest.raises(ValueError, match=f"{side}: cannot read the checkpoint config \\(JSON nested too deep\\)"):
+        read_config(path)
+
+
 def _partial_run(tmp_path: Path) -> TrainConfig:
     """Epoch 1 of 2 of the run ``_TRAIN_ARGV`` describes (train-model's defaults), leaving its state."""
     from attnzoo.data.datasets import shapes

@@ -69,6 +69,12 @@ def test_config_file_errors_name_the_key(tmp_path):
         merged(read_config_file(f), {})
     with pytest.raises(ValueError, match="max_ongoing_requests must be at least max_batch_size"):
         merged({"max_batch_size": 32, "max_ongoing_requests": 8}, {})
+    f.write_text("[" * 10_000 + "]" * 10_000)  # PyYAML recursed into a RecursionError, the file unnamed
+    with pytest.raises(ValueError, match=f"cannot read config file {f}: nested too deep"):
+        read_config_file(f)
+    f.write_text("replicas: 1\n" + "#" * 70_000)
+    with pytest.raises(ValueError, match=f"config file {f} is 0.1 MiB, over the 64 KiB a settings file can be"):
+        read_config_file(f)
 
 
 @pytest.mark.parametrize("argv, message", [

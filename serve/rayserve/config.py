@@ -23,6 +23,8 @@ from attnzoo.runtime.sessions import SERVED_DTYPES
 
 __all__ = ["ServeConfig", "TASK_CHOICES", "DEFAULT_MAX_BATCH", "onnx_backends", "read_config_file", "merged"]
 
+#: Largest ``--config`` file read (a settings file is a few hundred bytes).
+MAX_CONFIG_BYTES = 64 * 1024
 #: ``--task``: which models to serve.
 TASK_CHOICES = ("cls", "seg", "both")
 #: ``--dtype`` (:data:`attnzoo.runtime.sessions.SERVED_DTYPES`): the unquantized files (fp32 and fp16 exports),
@@ -153,10 +155,15 @@ def read_config_file(path: Union[str, Path]) -> Dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"config file not found: {path}")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ValueError(f"config file {path} is {path.stat().st_size / 2**20:.1f} MiB, over the "
+                         f"{MAX_CONFIG_BYTES // 1024} KiB a settings file can be")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ValueError(f"cannot read config file {path}: {str(exc).splitlines()[0]}") from None
+    except RecursionError:  # PyYAML's composer recurses once per nesting level
+        raise ValueError(f"cannot read config file {path}: nested too deep") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
