@@ -20,8 +20,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from attnzoo.limits import MAX_BATCH_SIZE, check_batch_sizes
 
-from attnzoo.cli import (Interrupted, Terminated, UsageError, add_debug_flag, entry_point, one_of, parse_names,
-                         signals_deferred)
+from attnzoo.cli import (CommandError, Interrupted, Terminated, UsageError, add_debug_flag, entry_point, one_of,
+                         parse_names, signals_deferred)
 
 from attnzoo.runtime.backends import DTYPES, backend_names, canonical_backend
 from attnzoo.benchmarks.ceiling import DEFAULT_SIZE, MAX_SIZE
@@ -251,17 +251,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     writable_dir(settings.out, "--out folder")
     writable_dir(settings.cache_dir, "--cache-dir folder")
     _check_memory(settings)
-    from attnzoo.benchmarks.report import markdown, scope_line, write_outputs, write_profile
+    from attnzoo.benchmarks.report import LOG_NAME, charts_unavailable, markdown, scope_line, write_outputs
     from attnzoo.benchmarks.run import run_benchmark
 
     print(scope_line(settings.scope), flush=True)
     result = run_benchmark(settings)
     with signals_deferred():  # a second Ctrl-C waits until the rows measured so far are written
-        files = write_outputs(result, settings.out)
-        if result["ort_profile"]:
-            files["profile"] = write_profile(result["ort_profile"], settings.out / "ort_profile.md")
+        try:
+            files = write_outputs(result, settings.out)
+        except OSError as exc:
+            raise CommandError(f"{exc.strerror or exc}; every finished row is in {settings.out / LOG_NAME}: the "
+                               "same command writes the results without measuring them again") from None
     print(markdown(result))
     print("wrote " + ", ".join(str(p) for p in files.values()))
+    if charts_unavailable() and not result["interrupted"]:
+        print(f"note: {charts_unavailable()}")
     stopped = result["interrupted"]
     if stopped:  # the rows are written: now exit as the signal asks (130 / 143)
         print(stopped["note"], file=sys.stderr)

@@ -1,4 +1,10 @@
-"""Benchmark output: markdown tables, CSV, JSON (with the environment) and PNG charts."""
+"""Benchmark output: the row log written as the run goes, then markdown tables, CSV, JSON (with the environment)
+and PNG charts, written as one set.
+
+The row log (:class:`RowLog`, ``rows.jsonl`` in ``--out``) gets every finished row, with its overhead entry, as one
+JSON line written and fsync'd at once: a run killed by any signal, SIGKILL included, keeps every row it finished,
+and the same command run again reads them back and measures only the rest.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +12,19 @@ import csv
 import io
 import json
 import math
+import os
+import shutil
+import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from attnzoo.fileio import atomic_write_bytes
 
 from attnzoo.machine import cpu_summary
 
-__all__ = ["ROW_FIELDS", "OVERHEAD_FIELDS", "ceiling_line", "scope_line", "markdown", "write_outputs", "plot_latency",
-           "plot_efficiency", "plot_overhead", "profile_markdown", "write_profile"]
+__all__ = ["ROW_FIELDS", "OVERHEAD_FIELDS", "OUTPUTS", "LOG_NAME", "RowLog", "ceiling_line", "scope_line", "markdown",
+           "write_outputs", "charts_unavailable", "plot_latency", "plot_efficiency", "plot_overhead",
+           "profile_markdown"]
 
 #: Columns of a latency row (CSV and JSON ``results``), in order.
 ROW_FIELDS = ("variant", "task", "arch", "backend", "dtype", "batch", "status", "reason", "parity_error",
@@ -175,26 +185,134 @@ def _csv(rows: Sequence[Mapping[str, Any]], fields: Sequence[str]) -> str:
     return buf.getvalue()
 
 
-def write_outputs(result: Mapping[str, Any], out_dir: Path) -> Dict[str, Path]:
-    """Write ``results.md``, ``results.csv``, ``overheads.csv``, ``results.json`` and the PNG charts (not for an
-    interrupted run: its rows are written at once, without seconds of plotting)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    files = {"markdown": out_dir / "results.md", "csv": out_dir / "results.csv",
-             "overheads_csv": out_dir / "overheads.csv", "json": out_dir / "results.json"}
-    atomic_write_bytes(files["markdown"], markdown(result).encode())
-    atomic_write_bytes(files["csv"], _csv(result["results"], ROW_FIELDS).encode())
-    atomic_write_bytes(files["overheads_csv"], _csv(result.get("overheads", []), OVERHEAD_FIELDS).encode())
-    atomic_write_bytes(files["json"], (json.dumps(result, indent=1, allow_nan=False, default=str) + "\n").encode())
-    if result.get("interrupted"):
-        return files
+#: Every file of a run's output set (``write_outputs``), by name: written together, none left from an older set.
+OUTPUTS: Dict[str, str] = {"markdown": "results.md", "csv": "results.csv", "overheads_csv": "overheads.csv",
+                           "json": "results.json", "latency_png": "latency.png", "overhead_png": "overhead.png",
+                           "efficiency_png": "efficiency.png", "profile": "ort_profile.md"}
+#: The row log's file name in ``--out``.
+LOG_NAME = "rows.jsonl"
+
+
+def charts_unavailable() -> Optional[str]:
+    """Why no PNG chart can be drawn here (matplotlib missing: the GPU machine's image has none), or ``None``."""
+    import importlib.util
+
+    return None if importlib.util.find_spec("matplotlib") else "matplotlib is not installed: no PNG charts"
+
+
+def _render(result: Mapping[str, Any], profiles: Sequence[Mapping[str, Any]]) -> Dict[str, Tuple[str, Any]]:
+    """Every output of ``result``: name -> (file name, bytes or a function drawing the file at a path)."""
+    files: Dict[str, Tuple[str, Any]] = {
+        "markdown": (OUTPUTS["markdown"], markdown(result).encode()),
+        "csv": (OUTPUTS["csv"], _csv(result["results"], ROW_FIELDS).encode()),
+        "overheads_csv": (OUTPUTS["overheads_csv"], _csv(result.get("overheads", []), OVERHEAD_FIELDS).encode()),
+        "json": (OUTPUTS["json"], (json.dumps(result, indent=1, allow_nan=False, default=str) + "\n").encode())}
+    if profiles:
+        files["profile"] = (OUTPUTS["profile"], profile_markdown(profiles).encode())
     ok = [r for r in result["results"] if r["status"] == "ok"]
+    if result.get("interrupted") or charts_unavailable():
+        return files
     if ok:
-        files["latency_png"] = plot_latency(ok, out_dir / "latency.png")
+        files["latency_png"] = (OUTPUTS["latency_png"], lambda path: plot_latency(ok, path))
     if result.get("overheads"):
-        files["overhead_png"] = plot_overhead(result["overheads"], out_dir / "overhead.png")
+        files["overhead_png"] = (OUTPUTS["overhead_png"], lambda path: plot_overhead(result["overheads"], path))
     if any(r.get("ceiling_fraction") is not None for r in ok):
-        files["efficiency_png"] = plot_efficiency(ok, out_dir / "efficiency.png")
+        files["efficiency_png"] = (OUTPUTS["efficiency_png"], lambda path: plot_efficiency(ok, path))
     return files
+
+
+def write_outputs(result: Mapping[str, Any], out_dir: Path) -> Dict[str, Path]:
+    """Write the output set of ``result`` -- ``results.md``, ``results.csv``, ``overheads.csv``, ``results.json``,
+    ``ort_profile.md`` when profiled, the PNG charts (not for an interrupted run, nor without matplotlib) -- as one
+    set: every file is written into a temporary folder in ``out_dir`` first, then renamed into place, and the files of
+    an older set that this one does not have are removed. A failure while writing (out of disk) leaves the old set
+    as it was.
+
+    Raises:
+        OSError: a file could not be written (the message names it; nothing in ``out_dir`` was replaced).
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = _render(result, result.get("ort_profile") or [])
+    tmp = Path(tempfile.mkdtemp(prefix=".results-", dir=out_dir))
+    try:
+        for name, content in files.values():
+            try:
+                if callable(content):
+                    content(tmp / name)
+                else:
+                    with open(tmp / name, "wb") as f:
+                        f.write(content)
+                        f.flush()
+                        os.fsync(f.fileno())
+            except OSError as exc:
+                raise OSError(exc.errno, f"could not write {name} of the results ({exc.strerror or exc}); "
+                                         f"the results already in {out_dir} were left as they were") from None
+        for name, _ in files.values():
+            os.replace(tmp / name, out_dir / name)
+        for name in set(OUTPUTS.values()) - {name for name, _ in files.values()}:
+            (out_dir / name).unlink(missing_ok=True)  # of an older set: it would sit beside the new one
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {key: out_dir / name for key, (name, _) in files.items()}
+
+
+class RowLog:
+    """The run's rows on disk as they are finished: ``<out>/rows.jsonl``, one JSON object a line, each written with
+    one ``write`` and fsync'd.
+
+    The first line is the run's identity (``{"kind": "run", "key": ...}``: the settings and machine its numbers
+    depend on); then ``row`` (a row and its overhead entry), ``flops`` (a variant's count) and ``group`` (a variant and
+    batch finished: its head-to-head pairs and profiles) lines, and a ``run`` line for every later invocation.
+    Reopened with the same key, the rows are read back (a torn last line, from a kill mid-write, is dropped and
+    cut off); with another key, it is refused.
+    """
+
+    def __init__(self, path: Path, key: Mapping[str, Any], header: Mapping[str, Any]) -> None:
+        self.path = Path(path)
+        self.records: List[Dict[str, Any]] = []
+        if self.path.is_file():
+            self.records = self._read(key)
+        self.earlier = len(self.records)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.append({"kind": "run", "key": dict(key), **header})
+
+    def _read(self, key: Mapping[str, Any]) -> List[Dict[str, Any]]:
+        records, good = [], 0
+        with open(self.path, "rb") as f:
+            for line in f:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    break  # a line torn by a kill: it and anything after it are dropped
+                if not line.endswith(b"\n") or not isinstance(record, dict):
+                    break
+                records.append(record)
+                good += len(line)
+        if good < self.path.stat().st_size:
+            os.truncate(self.path, good)
+        first = records[0] if records else {}
+        if first.get("kind") != "run" or first.get("key") != dict(key):
+            old = first.get("key") or {}
+            differ = sorted(k for k in set(old) | set(key) if old.get(k) != key.get(k))
+            raise ValueError(f"{self.path} holds rows measured with other settings (differing: "
+                             f"{', '.join(differ) or 'not a row log'}); use another --out, or delete {self.path.name} "
+                             "to measure from the start")
+        return records
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        """Write ``record`` as one line and fsync it (a kill leaves it whole or not there)."""
+        data = (json.dumps(record, allow_nan=False, default=str) + "\n").encode()
+        if os.write(self._fd, data) != len(data):  # out of disk: the torn line is dropped when read back
+            raise OSError(f"could not append to {self.path} (disk full?)")
+        os.fsync(self._fd)
+        self.records.append(dict(record))
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+    def of(self, kind: str) -> List[Dict[str, Any]]:
+        """Every record of ``kind``, in order."""
+        return [r for r in self.records if r.get("kind") == kind]
 
 
 def _pyplot():
@@ -333,7 +451,3 @@ def _top3(prof: Mapping[str, Any]) -> str:
     return ", ".join(f"{op} {100 * ms / total:.0f}%" for op, ms in list(prof["ops"].items())[:3])
 
 
-def write_profile(profiles: Sequence[Mapping[str, Any]], path: Path) -> Path:
-    """Write :func:`profile_markdown` to ``path``."""
-    atomic_write_bytes(path, profile_markdown(profiles).encode())
-    return path

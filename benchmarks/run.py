@@ -9,6 +9,12 @@ for an fp16 row, where that eager row ran; else, and for eager's own rows, eager
 the ratio to eager fp32's median is kept beside it) -- and (4) alternating with ``standard`` on the same backend,
 dtype and batch (variant overhead).
 
+Rows on disk as they finish: every finished row goes to ``<out>/rows.jsonl`` at once
+(:class:`attnzoo.benchmarks.report.RowLog`). The same command run again with the same ``--out`` (and any
+``--variants`` / ``--backends`` / ``--dtypes`` / ``--batch-sizes``, but the same settings the numbers depend on:
+:func:`run_key`) keeps the rows already there and measures the rest; a row it needs as an A/B partner (eager, or
+``standard`` for the overheads) is loaded again, not re-measured. The result covers every row in the log.
+
 Efficiency: at the start the machine's own matmul ceiling is measured with the run's threads
 (:mod:`attnzoo.benchmarks.ceiling`), each variant's FLOPs are counted once on the eager model
 (:mod:`attnzoo.benchmarks.flops`), and every CPU row gets its achieved GFLOP/s and its fraction of the ceiling.
@@ -34,6 +40,7 @@ from attnzoo.benchmarks.ceiling import DEFAULT_SIZE, ceiling_for, fraction, matm
 from attnzoo.benchmarks.flops import count_flops
 from attnzoo.machine import environment, load_average
 from attnzoo.benchmarks.ort_cpu import gemm_gflops, naive_cpu_session, profile_ops
+from attnzoo.benchmarks.report import LOG_NAME, RowLog
 from attnzoo.runtime.backends import Call, get_backend
 from attnzoo.runtime.backends.ort_cpu import tuned_cpu_session
 from attnzoo.runtime.parity import TOLERANCES, check as check_parity
@@ -42,7 +49,10 @@ from attnzoo.benchmarks import timing
 from attnzoo.benchmarks.timing import PeakRSS, measure, measure_pair
 
 __all__ = ["Settings", "run_benchmark", "onnx_path", "NOTE", "torch_device", "takes_onnx", "on_cpu",
-           "baseline_dtype"]
+           "baseline_dtype", "run_key", "FINAL"]
+
+#: Row statuses a resumed run keeps (a ``skipped`` row is only written again: no GPU, budget spent ...).
+FINAL = ("ok", "failed", "built")
 NOTE = ("Models: attnzoo.models.create_model(variant, task, arch) with a seeded random init (torch.manual_seed), "
         "because trained weights exist only for the micro zoo; latency does not depend on the weight values. "
         "ONNX Runtime / TensorRT run the file written by attnzoo.export.export_onnx from those weights; eager "
@@ -129,17 +139,57 @@ def _parity_reason(out: np.ndarray, ref: np.ndarray, err: float, key: str) -> st
     return f"parity: max|out-ref|/max(1, max|ref|) = {err:.3g} > {TOLERANCES[key]:g} ({key})"
 
 
+class _Partner:
+    """A runner another row is timed against (A/B): the one just measured, or -- for a row a resumed run kept --
+    loaded again when first needed (``None`` if that fails: the pairs are then left out)."""
+
+    def __init__(self, runner: Optional[Call] = None, load: Optional[Any] = None) -> None:
+        self.runner, self.load = runner, load
+
+    def get(self) -> Optional[Call]:
+        if self.runner is None and self.load is not None:
+            load, self.load = self.load, None
+            try:
+                self.runner = load()
+            except Exception:  # noqa: BLE001 -- a partner that will not load: no pairs, the row says nothing wrong
+                self.runner = None
+        return self.runner
+
+
+class _Exports:
+    """A variant's verified ONNX files, exported on first use (a resumed run exports only what it still needs)."""
+
+    def __init__(self, bench: "_Bench", variant: str, model) -> None:
+        self.bench, self.variant, self.model = bench, variant, model
+        self.paths: Dict[str, Path] = {}
+        self.errors: Dict[str, str] = {}
+
+    def get(self, src: str) -> Optional[Path]:
+        """The ``fp32`` / ``fp16`` file, or ``None`` when its export failed (:attr:`errors` says why)."""
+        if src not in self.paths and src not in self.errors:
+            try:
+                self.paths[src] = self.bench.export(self.model, self.variant, src)
+            except Exception as exc:  # reported on every ONNX row of this variant
+                self.errors[src] = first_line(exc, typed=True)
+        return self.paths.get(src)
+
+
 class _Bench:
     """State of one run: models, exports, references, the standard and eager runners kept for A/B pairs."""
 
-    def __init__(self, s: Settings) -> None:
+    def __init__(self, s: Settings, log: Optional[RowLog] = None) -> None:
         self.s = s
+        self.log = log
         self.device = torch_device(s.device)
+        kept = [r for r in (log.of("row") if log else []) if r["row"]["status"] in FINAL]
+        self.done: Dict[Tuple[str, str, str, int], Dict[str, Any]] = {
+            (r["row"]["variant"], r["row"]["backend"], r["row"]["dtype"], r["row"]["batch"]): r for r in kept}
+        self.groups_done = {(g["variant"], g["batch"]) for g in (log.of("group") if log else [])}
         self.rows: List[Dict[str, Any]] = []
         self.overheads: List[Dict[str, Any]] = []
         self.profiles: List[Dict[str, Any]] = []
         self.profile_errors: List[str] = []
-        self.standard: Dict[Tuple[str, str, int], Call] = {}
+        self.standard: Dict[Tuple[str, str, int], _Partner] = {}
         self.flops: Dict[str, Dict[str, Any]] = {}
         self.pairs: List[Dict[str, Any]] = []  # head-to-head fp32 CPU runtimes (b time / a time)
         self.head_to_head_errors: List[str] = []
@@ -153,6 +203,18 @@ class _Bench:
             self.skip[("eager", "fp32")] = None
         # eager first, fp32 first of all: the parity reference's twin and every row's A/B baseline run before them
         self.combos.sort(key=lambda c: (c[0] != "eager", c != ("eager", "fp32")))
+
+    def all_rows(self) -> List[Dict[str, Any]]:
+        """The rows kept from earlier runs, then this run's."""
+        return [r["row"] for r in self.done.values()] + self.rows
+
+    def add(self, row: Dict[str, Any], overhead: Optional[Dict[str, Any]] = None) -> None:
+        """A finished row (and its overhead entry): kept, and appended to the row log at once."""
+        self.rows.append(row)
+        if overhead is not None:
+            self.overheads.append(overhead)
+        if self.log is not None:
+            self.log.append({"kind": "row", "row": row, "overhead": overhead})
 
     # ---------------------------------------------------------------------------------------- models
     def model(self, variant: str):
@@ -179,12 +241,12 @@ class _Bench:
 
     # ------------------------------------------------------------------------------------------- jobs
     def job(self, variant: str, backend: str, dtype: str, batch: int, model, onnx: Dict[str, Path],
-            x: torch.Tensor, ref: np.ndarray, eagers: Dict[str, Call]) -> Optional[Call]:
+            x: torch.Tensor, ref: np.ndarray, eagers: Dict[str, _Partner]) -> Optional[Call]:
         """Build, check, time one combination; append its row (and overhead row). Returns its call."""
         s = self.s
         if backend == "compile" and self.compile_spent >= s.compile_budget:
             each = self.compile_spent / max(self.compile_count, 1)
-            self.rows.append(_row(variant, s, backend, dtype, batch, "skipped",
+            self.add(_row(variant, s, backend, dtype, batch, "skipped",
                                   f"--compile-budget {s.compile_budget:g} s spent ({self.compile_count} "
                                   f"compile(s), {each:.0f} s each on this machine)"))
             return None
@@ -201,7 +263,7 @@ class _Bench:
                                      device=self.device.type, cache_dir=s.cache_dir)
             out = runner.output()
         except Exception as exc:  # any backend failure is a result to report, not a crash
-            self.rows.append(_row(variant, s, backend, dtype, batch, "failed", f"build/run: {first_line(exc, typed=True)}"))
+            self.add(_row(variant, s, backend, dtype, batch, "failed", f"build/run: {first_line(exc, typed=True)}"))
             return None
         build_s = time.perf_counter() - t0
         if backend == "compile":
@@ -214,29 +276,29 @@ class _Bench:
         common = dict(parity_error=err if math.isfinite(err) else None, build_s=build_s, info=info,
                       cuda_graph=runner.cuda_graph)
         if not ok:
-            self.rows.append(_row(variant, s, backend, dtype, batch, "failed", _parity_reason(out, ref, err, key),
+            self.add(_row(variant, s, backend, dtype, batch, "failed", _parity_reason(out, ref, err, key),
                                   **common))
             return None
         try:
             self._time(variant, backend, dtype, batch, runner, rss, common, eagers)
         except Exception as exc:  # a timing failure is a result to report, not a crash
-            self.rows.append(_row(variant, s, backend, dtype, batch, "failed", f"timing: {first_line(exc, typed=True)}",
+            self.add(_row(variant, s, backend, dtype, batch, "failed", f"timing: {first_line(exc, typed=True)}",
                                   **common))
             return None
         return runner
 
     def built_not_run(self, variant: str, dtype: str, batch: int, src: Path, why: str) -> None:
-        """No GPU (or one whose engines cannot run here, ``why``): the TensorRT engine built ahead of time (the runtime's builder), one per variant and dtype
-        whose profile spans the run's batch sizes, kept in the cache and reused by every batch's row and by
-        later runs; the rows say it was not run."""
+        """No GPU (or one whose engines cannot run here, ``why``): the TensorRT engine built ahead of time (the
+        runtime's builder), one per variant and dtype whose profile spans the run's batch sizes, kept in the cache
+        and reused by every batch's row and by later runs; the rows say it was not run."""
         try:
             facts = get_backend("tensorrt").build_only(src, self.s.batch_sizes, self.s.cache_dir, dtype)
         except Exception as exc:  # a build failure is a result to report, not a crash
-            self.rows.append(_row(variant, self.s, "tensorrt", dtype, batch, "failed", f"build: {first_line(exc, typed=True)}"))
+            self.add(_row(variant, self.s, "tensorrt", dtype, batch, "failed", f"build: {first_line(exc, typed=True)}"))
             return None
         p = facts["profile"]
         how = "reused from the engine cache, built" if facts["cached"] else "built"
-        self.rows.append(_row(variant, self.s, "tensorrt", dtype, batch, "built",
+        self.add(_row(variant, self.s, "tensorrt", dtype, batch, "built",
                               f"built, not run ({why}): {facts['library']} {facts['library_version']} for "
                               f"{facts['compute_capability']}, one engine for batch {p['min']}-{p['max']} "
                               f"(opt {p['opt']}), {facts['engine_size'] / 1e6:.1f} MB, {how} in "
@@ -244,7 +306,7 @@ class _Bench:
         return None
 
     def _time(self, variant: str, backend: str, dtype: str, batch: int, runner: Call, rss, common,
-              eagers: Dict[str, Call]) -> None:
+              eagers: Dict[str, _Partner]) -> None:
         """Time a runner that passed parity; append its row (and overhead entry). May raise."""
         s = self.s
         with rss:
@@ -253,13 +315,13 @@ class _Bench:
         base = baseline_dtype(backend, dtype, eagers)
         row = _row(variant, s, backend, dtype, batch, "ok", **common, **summarize(samples, batch),
                    peak_mem_mb=mem, mem_kind=kind, baseline=f"eager {base}" if base else None)
-        eager = eagers.get(base) if base else None
-        if eager is not None and eager is not runner and s.pair_eager:
+        eager = eagers[base].get() if base in eagers and s.pair_eager else None
+        if eager is not None and eager is not runner:
             a, b = measure_pair(eager.fn, runner.fn, s.min_time, cuda_a=eager.cuda, cuda_b=runner.cuda)
             pair = ratio_stats(b, a)  # eager time / backend time = speed-up
             row.update(speedup_pair_median=pair["ratio_median"], speedup_pair_q1=pair["ratio_q1"],
                        speedup_pair_q3=pair["ratio_q3"], speedup_pairs=pair["pairs"])
-        std = self.standard.get((backend, dtype, batch))
+        std = self.standard[(backend, dtype, batch)].get() if (backend, dtype, batch) in self.standard else None
         overhead = None
         if variant != "standard" and std is not None:
             a, b = measure_pair(std.fn, runner.fn, s.min_time, cuda_a=std.cuda, cuda_b=runner.cuda)
@@ -267,19 +329,18 @@ class _Bench:
                         **ratio_stats(a, b), "variant_median_ms": float(np.median(b) * 1e3),
                         "standard_median_ms": float(np.median(a) * 1e3)}
         # appended only once every step succeeded, so a failure leaves one ``failed`` row and nothing else
-        self.rows.append(row)
-        if overhead is not None:
-            self.overheads.append(overhead)
+        self.add(row, overhead)
         if variant == "standard":
-            self.standard[(backend, dtype, batch)] = runner
+            self.standard[(backend, dtype, batch)] = _Partner(runner)
 
     def head_to_head(self, variant: str, batch: int, runners: Dict[str, Call]) -> None:
         """Time the two fastest fp32 CPU runtimes (by speed-up over eager) against each other, A B A B, so the
         report's "fastest" rests on a direct comparison, not on two comparisons with eager made at different
         times. A timing failure is a note in ``head_to_head_errors``."""
+        runners = {k: v for k, v in runners.items() if v is not None}
         if len(runners) < 2:
             return
-        speedup = {r["backend"]: r["speedup_pair_median"] or 0.0 for r in self.rows
+        speedup = {r["backend"]: r["speedup_pair_median"] or 0.0 for r in self.all_rows()
                    if (r["variant"], r["batch"], r["dtype"], r["status"]) == (variant, batch, "fp32", "ok")
                    and r["backend"] in runners}
         a, b = sorted(runners, key=lambda k: -speedup.get(k, 0.0))[:2]
@@ -299,52 +360,93 @@ class _Bench:
                                                              batch=len(xs), profile_prefix=prefix)[0], xs)
         self.profiles.append({"variant": variant, "batch": int(x.shape[0]), "naive": naive, "tuned": tuned})
 
-    def variant(self, variant: str, bar) -> None:
-        """Count its FLOPs, export the variant, then run every batch size."""
-        model = self.model(variant)
-        self.flops[variant] = count_flops(model, model.attnzoo_config["img_size"])
-        needed = {("fp16" if d == "fp16" else "fp32") for b, d in self.combos
-                  if takes_onnx(b) and not self.skip[(b, d)]}
-        onnx: Dict[str, Path] = {}
-        errors: Dict[str, str] = {}
-        for dtype in sorted(needed):
-            try:
-                onnx[dtype] = self.export(model, variant, dtype)
-            except Exception as exc:  # reported on every ONNX row of this variant
-                errors[dtype] = first_line(exc, typed=True)
-        for batch in self.s.batch_sizes:
-            self.batch(variant, model, batch, onnx, errors, bar)
+    def todo(self, variant: str, batch: int) -> List[Tuple[str, str]]:
+        """The runnable combinations of ``variant`` at ``batch`` without a finished row in the log."""
+        return [(b, d) for b, d in self.combos if not self.skip[(b, d)] and (variant, b, d, batch) not in self.done]
 
-    def batch(self, variant: str, model, batch: int, onnx: Dict[str, Path], errors: Dict[str, str], bar) -> None:
-        """All backends of one variant at one batch size; eager fp32 first (reference and A/B partner)."""
+    def variant(self, variant: str, bar, needed_later: bool) -> None:
+        """Count its FLOPs, then run every batch size (its ONNX files are exported when a row first needs them).
+        A variant with every row and group in the log is passed over, unless later variants need its runners as
+        A/B partners (``needed_later``: ``standard``)."""
+        counted = {f["variant"]: f["flops"] for f in (self.log.of("flops") if self.log else [])}
+        finished = all(not self.todo(variant, n) and (variant, n) in self.groups_done for n in self.s.batch_sizes)
+        if variant in counted:
+            self.flops[variant] = counted[variant]
+        if finished and not needed_later:
+            return
+        model = self.model(variant)
+        if variant not in self.flops:
+            self.flops[variant] = count_flops(model, model.attnzoo_config["img_size"])
+            if self.log is not None:
+                self.log.append({"kind": "flops", "variant": variant, "flops": self.flops[variant]})
+        exports = _Exports(self, variant, model)
+        for batch in self.s.batch_sizes:
+            self.batch(variant, model, batch, exports, bar)
+
+    def _reload(self, backend: str, dtype: str, model, exports: _Exports, x: torch.Tensor) -> Optional[Call]:
+        """A runner of a row kept from an earlier run, loaded again to be an A/B partner (not re-measured)."""
+        src = exports.get("fp16" if dtype == "fp16" else "fp32") if takes_onnx(backend) else None
+        if takes_onnx(backend) and src is None:
+            return None
+        return load_call(backend, model, src, x.numpy(), dtype, threads=self.s.threads, device=self.device.type,
+                         cache_dir=self.s.cache_dir)[0]
+
+    def batch(self, variant: str, model, batch: int, exports: _Exports, bar) -> None:
+        """All backends of one variant at one batch size; eager first, fp32 first of all (reference twin and A/B
+        partner). Rows already in the log are not measured again; their runners are loaded when a partner."""
         x = self.inputs(model, batch)
-        with torch.inference_mode():
-            ref = model(x).float().numpy()
-        eagers: Dict[str, Call] = {}  # eager runners that passed, by precision: the rows' A/B baselines
-        cpu_runners: Dict[str, Call] = {}  # fp32 CPU runtimes that passed, for the head-to-head pair
+        ref: Optional[np.ndarray] = None
+        eagers: Dict[str, _Partner] = {}  # eager runners that passed, by precision: the rows' A/B baselines
+        cpu_runners: Dict[str, _Partner] = {}  # fp32 CPU runtimes that passed, for the head-to-head pair
         for backend, dtype in self.combos:
             reason = self.skip[(backend, dtype)]
             if reason:
-                self.rows.append(_row(variant, self.s, backend, dtype, batch, "skipped", reason))
+                self.add(_row(variant, self.s, backend, dtype, batch, "skipped", reason))
+                continue
+            kept = self.done.get((variant, backend, dtype, batch))
+            if kept is not None:
+                if kept["row"]["status"] == "ok":
+                    partner = _Partner(load=lambda b=backend, d=dtype: self._reload(b, d, model, exports, x))
+                    self._partner(variant, backend, dtype, batch, partner, eagers, cpu_runners)
                 continue
             src = "fp16" if dtype == "fp16" else "fp32"
             self.current = f"{variant} {backend} {dtype} b{batch}"
             bar.set_postfix_str(self.current)
-            if takes_onnx(backend) and src not in onnx:
-                self.rows.append(_row(variant, self.s, backend, dtype, batch, "failed", f"export: {errors[src]}"))
+            if takes_onnx(backend) and exports.get(src) is None:
+                self.add(_row(variant, self.s, backend, dtype, batch, "failed", f"export: {exports.errors[src]}"))
             else:
-                runner = self.job(variant, backend, dtype, batch, model, onnx, x, ref, eagers)
-                if backend == "eager" and runner is not None:
-                    eagers[dtype] = runner
-                elif runner is not None and dtype == "fp32" and on_cpu(backend, self.device):
-                    cpu_runners[backend] = runner
+                if ref is None:
+                    with torch.inference_mode():
+                        ref = model(x).float().numpy()
+                runner = self.job(variant, backend, dtype, batch, model, exports.paths, x, ref, eagers)
+                if runner is not None:
+                    self._partner(variant, backend, dtype, batch, _Partner(runner), eagers, cpu_runners)
             bar.update(1)
-        self.head_to_head(variant, batch, cpu_runners)
-        if self.s.profile and "fp32" in onnx:
+        if (variant, batch) in self.groups_done:
+            return
+        self.head_to_head(variant, batch, {k: v.get() for k, v in cpu_runners.items()})
+        if self.s.profile and exports.get("fp32") is not None:
             try:
-                self.profile(variant, onnx["fp32"], x)
+                self.profile(variant, exports.paths["fp32"], x)
             except Exception as exc:  # a profiler failure is a note, not a crash
                 self.profile_errors.append(f"{variant} b{batch}: {first_line(exc, typed=True)}")
+        if self.log is not None:
+            self.log.append({"kind": "group", "variant": variant, "batch": batch,
+                             "pairs": [p for p in self.pairs if (p["variant"], p["batch"]) == (variant, batch)],
+                             "profiles": [p for p in self.profiles if (p["variant"], p["batch"]) == (variant, batch)],
+                             "head_to_head_errors": [e for e in self.head_to_head_errors
+                                                     if e.startswith(f"{variant} b{batch} ")],
+                             "profile_errors": [e for e in self.profile_errors if e.startswith(f"{variant} b{batch}:")]})
+
+    def _partner(self, variant: str, backend: str, dtype: str, batch: int, partner: _Partner,
+                 eagers: Dict[str, _Partner], cpu_runners: Dict[str, _Partner]) -> None:
+        """Keep a runner where later rows look for their A/B partners."""
+        if backend == "eager":
+            eagers[dtype] = partner
+        elif dtype == "fp32" and on_cpu(backend, self.device):
+            cpu_runners[backend] = partner
+        if variant == "standard":
+            self.standard[(backend, dtype, batch)] = partner
 
 
 def baseline_dtype(backend: str, dtype: str, eagers: Dict[str, Any]) -> Optional[str]:
@@ -423,61 +525,115 @@ def _fastest_cpu(rows: List[Dict[str, Any]], pairs: List[Dict[str, Any]], device
     return out
 
 
+def run_key(s: Settings, env: Dict[str, Any]) -> Dict[str, Any]:
+    """What a row's numbers depend on beyond its own variant, backend, precision and batch: a run resumed from a
+    row log must have the same (the machine included)."""
+    gpu = env.get("gpu") or {}
+    return {"task": s.task, "arch": s.arch, "threads": s.threads, "min_time_s": s.min_time, "seed": s.seed,
+            "device": torch_device(s.device).type, "pair_eager": s.pair_eager, "ceiling_size": s.ceiling_size,
+            "cpu": env["cpu"].get("model"), "gpu": gpu.get("name"), "torch": env["versions"].get("torch")}
+
+
+def _from_log(log: RowLog) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+    """Every row of the log, one per (variant, backend, dtype, batch) -- the finished one, else the latest skipped
+    one -- grouped by variant and batch in the order they first appear; and the overhead entries of those rows."""
+    chosen: Dict[Tuple[str, str, str, int], Dict[str, Any]] = {}
+    for record in log.of("row"):
+        r = record["row"]
+        key = (r["variant"], r["backend"], r["dtype"], r["batch"])
+        if key not in chosen or chosen[key]["row"]["status"] not in FINAL:
+            chosen[key] = record
+    order = {k: i for i, k in enumerate(dict.fromkeys((k[0], k[3]) for k in chosen))}
+    records = sorted(chosen.values(), key=lambda rec: order[(rec["row"]["variant"], rec["row"]["batch"])])
+    return [rec["row"] for rec in records], [rec["overhead"] for rec in records if rec.get("overhead")]
+
+
 def run_benchmark(s: Settings) -> Dict[str, Any]:
-    """Run everything in ``s``; return the result dict written to ``results.json``.
+    """Run everything in ``s`` not already in the row log of ``s.out``; return the result dict written to
+    ``results.json``: every row of the log, this run's and the earlier runs' with the same :func:`run_key`.
 
     Ctrl-C or SIGTERM during the jobs ends them: the rows measured so far are returned, with ``interrupted``
     saying by what and during which job (``None`` for a complete run); the caller writes them, then exits as
-    the signal asks (:func:`attnzoo.benchmarks.cli.main`).
+    the signal asks (:func:`attnzoo.benchmarks.cli.main`). Any other end, SIGKILL included, leaves the log.
+
+    Raises:
+        ValueError: the log in ``s.out`` was written with another :func:`run_key` (before anything is measured).
     """
     torch.set_num_threads(s.threads)
     env = environment()
-    bench = _Bench(s)
+    Path(s.out).mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    log = RowLog(Path(s.out) / LOG_NAME, run_key(s, env), {"command": s.command, "started": started})
+    try:
+        return _run(s, env, log, started)
+    finally:
+        log.close()
+
+
+def _run(s: Settings, env: Dict[str, Any], log: RowLog, started: float) -> Dict[str, Any]:
+    bench = _Bench(s, log)
     if any(b == "ort-cpu" and not bench.skip[(b, d)] for b, d in bench.combos):
         env["gemm_gflops"] = gemm_gflops(s.threads)
-    # the ceiling of every CPU row: measured once, before any model, with the run's threads
-    ceiling = matmul_ceiling(s.threads, s.ceiling_size) if s.ceiling_size else None
+    # the ceiling of every CPU row: measured once, before any model, with the run's threads; kept for a resumed run
+    ceiling = next((r["ceiling"] for r in log.of("ceiling")), None)
+    if ceiling is None and s.ceiling_size:
+        ceiling = matmul_ceiling(s.threads, s.ceiling_size)
+        log.append({"kind": "ceiling", "ceiling": ceiling})
     variants = list(dict.fromkeys(["standard", *s.variants]))  # standard first: the overhead baseline
-    runnable = sum(1 for c in bench.combos if not bench.skip[c])
-    started = time.time()
+    todo = {v: sum(len(bench.todo(v, n)) for n in s.batch_sizes) for v in variants}
+    if bench.done:
+        print(f"resuming: {len(bench.done)} finished row(s) kept from {log.path}; {sum(todo.values())} to measure",
+              flush=True)
     interrupted = None
-    with tqdm(total=len(variants) * len(s.batch_sizes) * runnable, desc="bench-latency", unit="job",
-              disable=not s.progress, dynamic_ncols=True) as bar:
+    with tqdm(total=sum(todo.values()), desc="bench-latency", unit="job", disable=not s.progress,
+              dynamic_ncols=True) as bar:
         try:
-            for variant in variants:
-                bench.variant(variant, bar)
+            for i, variant in enumerate(variants):
+                bench.variant(variant, bar, needed_later=any(todo[v] for v in variants[i + 1:]))
         except (Interrupted, Terminated, KeyboardInterrupt) as exc:  # keep what was measured, then stop
-            interrupted = {"signal": "SIGTERM" if isinstance(exc, Terminated) else "SIGINT",
-                           "during": bench.current, "rows_kept": len(bench.rows),
-                           "note": f"stopped by {'SIGTERM' if isinstance(exc, Terminated) else 'Ctrl-C (SIGINT)'} "
+            signal = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
+            interrupted = {"signal": signal, "during": bench.current, "rows_kept": len(bench.rows),
+                           "note": f"stopped by {'SIGTERM' if signal == 'SIGTERM' else 'Ctrl-C (SIGINT)'} "
                                    f"during {bench.current or 'the first job'}; the {len(bench.rows)} row(s) "
-                                   "measured before it are kept, the rest was not measured"}
-    _speedups(bench.rows)
-    _efficiency(bench.rows, bench.flops, ceiling, bench.device)
+                                   f"measured before it are kept (in {log.path.name} too: the same command "
+                                   "measures the rest)"}
+    rows, overheads = _from_log(log)
+    groups = log.of("group")
+    pairs = [p for g in groups for p in g["pairs"]]
+    flops = {f["variant"]: f["flops"] for f in log.of("flops")}
+    _speedups(rows)
+    _efficiency(rows, flops, ceiling, bench.device)
     if ceiling and interrupted is None:  # measured again, to show how far the machine's load moved it during the run
         ceiling["fp32_end_gflops"] = matmul_ceiling(s.threads, s.ceiling_size, int8=False)["fp32"]["gflops"]
+    runs = log.of("run")
     return {
         "command": s.command,
         "interrupted": interrupted,
         "note": NOTE,
-        "settings": {"variants": variants, "standard_added": "standard" not in s.variants,
-                     "backends": list(s.backends), "dtypes": list(s.dtypes), "batch_sizes": list(s.batch_sizes),
+        "settings": {"variants": list(dict.fromkeys(r["variant"] for r in rows)) or variants,
+                     "standard_added": "standard" not in s.variants,
+                     "backends": list(dict.fromkeys(r["backend"] for r in rows)),
+                     "dtypes": list(dict.fromkeys(r["dtype"] for r in rows)),
+                     "batch_sizes": list(dict.fromkeys(r["batch"] for r in rows)),
                      "task": s.task, "arch": s.arch, "threads": s.threads, "min_time_s": s.min_time,
                      "warmup_s": timing.WARMUP_S, "min_iterations": timing.MIN_ITERS,
                      "device": str(bench.device), "seed": s.seed,
                      "compile_budget_s": s.compile_budget, "tolerances": TOLERANCES,
                      "ceiling_size": s.ceiling_size,
                      "parity_measure": "max|out - eager fp32| / max(1, max|eager fp32|)", "scope": s.scope},
+        "row_log": {"file": LOG_NAME, "runs": [{"command": r.get("command"), "started": r.get("started")}
+                                               for r in runs],
+                    "rows_from_earlier_runs": len(bench.done)},
         "environment": env,
         "ceiling": ceiling or {"status": "not measured", "reason": "--ceiling-size 0"},
-        "flops": bench.flops,
-        "fastest_cpu": _fastest_cpu(bench.rows, bench.pairs, bench.device),
-        "cpu_head_to_head": bench.pairs,
-        "cpu_head_to_head_errors": bench.head_to_head_errors,
+        "flops": flops,
+        "fastest_cpu": _fastest_cpu(rows, pairs, bench.device),
+        "cpu_head_to_head": pairs,
+        "cpu_head_to_head_errors": [e for g in groups for e in g.get("head_to_head_errors", [])],
         "load_average_end": load_average(),
         "wall_time_s": time.time() - started,
-        "results": bench.rows,
-        "overheads": bench.overheads,
-        "ort_profile": bench.profiles,
-        "ort_profile_errors": bench.profile_errors,
+        "results": rows,
+        "overheads": overheads,
+        "ort_profile": [p for g in groups for p in g["profiles"]],
+        "ort_profile_errors": [e for g in groups for e in g.get("profile_errors", [])],
     }

@@ -265,14 +265,14 @@ def test_results_say_the_scope(short_run):
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="with a GPU the engine runs (rebuilt per batch)")
 def test_an_engine_that_cannot_run_is_built_once_and_reused(tmp_path):
-    def run():
+    def run(out):  # another --out each time: the same one would keep the rows instead (resume)
         s = parse_settings(["--arch", "micro", "--variants", "standard", "--backends", "eager,tensorrt",
                             "--batch-sizes", "1,2", "--min-time", "0.02", "--threads", "1", "--ceiling-size", "0",
-                            "--out", str(tmp_path), "--cache-dir", str(tmp_path / "cache"), "--no-progress",
+                            "--out", str(tmp_path / out), "--cache-dir", str(tmp_path / "cache"), "--no-progress",
                             "--no-pair-eager"])
         return [r for r in run_benchmark(s)["results"] if r["backend"] == "tensorrt"]
 
-    first, second = run(), run()
+    first, second = run("one"), run("two")
     assert [r["status"] for r in first + second] == ["built"] * 4
     assert [r["info"]["cached"] for r in first] == [False, True]  # one engine for batch 1-2, built once
     assert [r["info"]["cached"] for r in second] == [True, True]  # and kept for the next run
@@ -428,3 +428,104 @@ def test_gpu_memory_is_the_sessions_own_from_a_clean_baseline(monkeypatch):
     assert memory.torch_peak()[0] == pytest.approx(200)
     assert memory.device_used()[0] == pytest.approx(120 + 64)
     assert "before the session was loaded" in memory.device_used()[1]
+
+
+# ------------------------------------------------------------------ rows on disk as they finish; one output set
+BENCH = ["--arch", "micro", "--variants", "standard,belief,exclusive", "--backends", "eager", "--batch-sizes", "1,2",
+         "--min-time", "0.1", "--threads", "1", "--ceiling-size", "0", "--no-progress"]
+
+
+def _rows_in(log):
+    return [json.loads(line)["row"] for line in log.read_bytes().splitlines(keepends=True)
+            if line.endswith(b"\n") and json.loads(line)["kind"] == "row"]
+
+
+def test_a_killed_run_keeps_its_rows_and_the_same_command_measures_only_the_rest(tmp_path):
+    """SIGKILL (no handler runs) in the middle of a real bench-latency: the rows it finished are on disk; the same
+    command again keeps them as they were, measures the rest, and writes results covering both; another setting
+    with the same --out is refused in one line before anything is measured."""
+    import os
+    import signal
+    import time
+
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    argv = [sys.executable, "-m", "attnzoo.benchmarks.cli", *BENCH, "--out", str(out), "--cache-dir", str(cache)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = out / "rows.jsonl"
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None:
+            if log.is_file() and sum(r["status"] == "ok" for r in _rows_in(log)) >= 2:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    kept = {(r["variant"], r["backend"], r["batch"]): r for r in _rows_in(log) if r["status"] == "ok"}
+    assert 2 <= len(kept) < 6 and not (out / "results.json").exists()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"resuming: {len(kept)} finished row(s) kept" in done.stdout
+    result = json.loads((out / "results.json").read_text())
+    rows = {(r["variant"], r["backend"], r["batch"]): r for r in result["results"]}
+    assert set(rows) == {(v, "eager", n) for v in ("standard", "belief", "exclusive") for n in (1, 2)}
+    assert all(r["status"] == "ok" for r in rows.values())
+    for key, row in kept.items():  # kept as measured, not measured again
+        assert rows[key]["median_ms"] == row["median_ms"] and rows[key]["iterations"] == row["iterations"]
+    assert len(_rows_in(log)) == 6 and result["row_log"]["rows_from_earlier_runs"] == len(kept)
+    assert {(o["variant"], o["backend"], o["batch"]) for o in result["overheads"]} == {  # standard reloaded as partner
+        (v, "eager", n) for v in ("belief", "exclusive") for n in (1, 2)}
+    other = argv[3:]
+    other[other.index("0.1")] = "0.2"
+    with pytest.raises(SystemExit) as refused:
+        main(other)
+    assert refused.value.code == 1 and str(refused.value) == (
+        f"error: {log} holds rows measured with other settings (differing: min_time_s); use another --out, or "
+        "delete rows.jsonl to measure from the start")
+
+
+def test_a_torn_last_line_is_dropped_and_cut_off(tmp_path):
+    from attnzoo.benchmarks.report import RowLog
+
+    log = RowLog(tmp_path / "rows.jsonl", {"k": 1}, {})
+    log.append({"kind": "row", "row": {"status": "ok"}})
+    log.close()
+    with open(tmp_path / "rows.jsonl", "ab") as f:
+        f.write(b'{"kind": "row", "row": {"sta')  # a kill in the middle of a write
+    again = RowLog(tmp_path / "rows.jsonl", {"k": 1}, {})
+    assert [r["kind"] for r in again.records] == ["run", "row", "run"]
+    assert all(json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines())
+
+
+def test_results_are_written_as_one_set(tmp_path, monkeypatch):
+    """Out of disk while writing the charts: the results already there stay as they were (no new results.md next to
+    an old latency.png), nothing half-written is left, and the error names the file; a smaller new set removes the
+    files of the old one it does not have."""
+    import errno
+
+    import attnzoo.benchmarks.report as report
+
+    s = parse_settings([*BENCH[:BENCH.index("--variants")], "--variants", "standard", "--backends", "eager",
+                        "--batch-sizes", "1", "--min-time", "0.05", "--threads", "1", "--ceiling-size", "0",
+                        "--no-progress", "--out", str(tmp_path), "--cache-dir", str(tmp_path / "cache")])
+    result = run_benchmark(s)
+    report.write_outputs(result, tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name in report.OUTPUTS.values()}
+    assert {"results.md", "results.json", "latency.png"} <= set(before)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(report, "plot_latency", full)
+    changed = {**result, "command": "another command"}
+    with pytest.raises(OSError, match="could not write latency.png of the results .*left as they were"):
+        report.write_outputs(changed, tmp_path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name in report.OUTPUTS.values()} == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".results-")]
+    monkeypatch.undo()
+    files = report.write_outputs({**changed, "results": [], "overheads": []}, tmp_path)
+    assert "latency_png" not in files and not (tmp_path / "latency.png").exists()
+    assert "another command" in (tmp_path / "results.md").read_text()
