@@ -552,6 +552,7 @@ def test_local_ray_defaults_to_haproxy_and_throughput_mode_unless_told_otherwise
 
     keys = (*launch.LOCAL_RAY_ENV, *launch._HAPROXY_PORTS, "RAY_SERVE_HAPROXY_BINARY_PATH")
     monkeypatch.setattr(launch, "_OWN_ENV", {})
+    monkeypatch.setitem(launch._LOCAL, "serve_host", None)
     for key in keys:
         monkeypatch.delenv(key, raising=False)
     assert launch.ray_serve_mode() == "Serve's Python proxy"
@@ -563,6 +564,7 @@ def test_local_ray_defaults_to_haproxy_and_throughput_mode_unless_told_otherwise
     stats, metrics = int(os.environ["RAY_SERVE_HAPROXY_STATS_PORT"]), int(os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"])
     assert 1024 < stats != metrics > 1024 and {stats, metrics}.isdisjoint({8404, 9101})
     assert launch.ray_serve_mode() == "HAProxy ingress (retry-on conn-failure empty-response), throughput-optimized"
+    shutil.rmtree(Path(os.environ["RAY_SERVE_HAPROXY_BINARY_PATH"]).parent)  # the wrapper's folder (a stop removes it)
     for key in keys:
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("RAY_SERVE_ENABLE_HA_PROXY", "0")  # the user's choice wins, also over an earlier default

@@ -97,9 +97,14 @@ def _is_loopback(ip: str) -> bool:
 
 
 def _stop_and_check(proc: subprocess.Popen, sig: int, group: bool, tree: Set[psutil.Process]) -> float:
-    """Send ``sig`` (to the process group when ``group``), assert the whole tree is gone within the limit and
-    the port is free; return the seconds it took."""
+    """Send ``sig`` (to the process group when ``group``), assert the whole tree is gone within the limit, the port
+    is free and the local Ray's files (its session folder: logs, sockets, HAProxy's config) are gone; return the
+    seconds it took."""
     tree = {p for p in tree if p.is_running()} | (_tree(proc.pid) if proc.poll() is None else set())
+    sessions = set()
+    for p in tree:
+        with contextlib.suppress(psutil.Error):
+            sessions |= {Path(a.split("=", 1)[1]) for a in p.cmdline() if a.startswith("--session-dir=")}
     start = time.monotonic()
     if group:
         os.killpg(proc.pid, sig)
@@ -120,6 +125,8 @@ def _stop_and_check(proc: subprocess.Popen, sig: int, group: bool, tree: Set[psu
     from attnzoo.serve.rayserve.launch import port_problem
 
     assert port_problem("127.0.0.1", proc.port) is None  # type: ignore[attr-defined]
+    left = [str(d) for d in sessions | {d.parent for d in sessions} if d.exists()]
+    assert not left, f"left behind: {left}"
     return took
 
 

@@ -357,7 +357,9 @@ def port_problem(host: str, port: int) -> Optional[str]:
 
 
 _METRICS: Dict[str, Optional[int]] = {"port": None}
-_LOCAL: Dict[str, Any] = {"started": False, "ready_dirs": [], "mark": None, "serve_host": None}
+#: ``temp_dirs``: folders this process made for its local Ray (its session files, the ready list, the HAProxy
+#: wrapper), removed when it stops.
+_LOCAL: Dict[str, Any] = {"started": False, "temp_dirs": [], "mark": None, "serve_host": None}
 
 
 @contextlib.contextmanager
@@ -383,7 +385,9 @@ def _keep_signal_handlers() -> Iterator[None]:
 
 def start_ray(cfg: ServeConfig, metrics_port: Optional[int] = None) -> bool:
     """Join ``cfg.address``, or start a local Ray with this machine's CPUs (and GPUs), no dashboard, on the
-    loopback address. Returns True when this process started Ray (and must stop it).
+    loopback address, its session files (logs, sockets, HAProxy's config) in a temporary folder that the stop
+    removes (under ``$RAY_TMPDIR`` instead, and kept, when that is set). Returns True when this process started
+    Ray (and must stop it).
 
     Raises:
         ValueError: the cluster cannot be reached, or lacks the CPUs / GPUs the replicas reserve.
@@ -411,9 +415,15 @@ def start_ray(cfg: ServeConfig, metrics_port: Optional[int] = None) -> bool:
         ray_constants.ENABLE_RAY_CLUSTER = False  # what _LOOPBACK_ENV does, for a process that imported Ray before
         _LOCAL["started"] = True  # from here on stop() ends whatever ray.init started, even if it is interrupted
         _LOCAL["mark"] = os.environ[_OWNER_ENV] = f"{os.getpid()}-{time.time_ns()}"  # inherited by all of them
+        session = {}
+        if not os.environ.get("RAY_TMPDIR"):  # Ray's session files (logs, sockets, HAProxy's config) go with the stop
+            import tempfile
+
+            _LOCAL["temp_dirs"].append(tempfile.mkdtemp(prefix="attnzoo-ray-"))
+            session["_temp_dir"] = _LOCAL["temp_dirs"][-1]
         with _keep_signal_handlers():
             ray.init(num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1",
-                     logging_level=logging.WARNING, _metrics_export_port=_METRICS["port"])
+                     logging_level=logging.WARNING, _metrics_export_port=_METRICS["port"], **session)
         started = True
     have = ray.cluster_resources()
     need_cpu, need_gpu = cfg.replicas * cfg.cpus_per_replica, cfg.replicas * cfg.gpus_per_replica
@@ -454,7 +464,7 @@ def deploy(cfg: ServeConfig, selection: Selection, name: Optional[str] = None) -
 
         if selection.ready_file is None:
             selection.ready_file = Path(tempfile.mkdtemp(prefix="attnzoo-serve-")) / "ready.json"
-            _LOCAL["ready_dirs"].append(selection.ready_file.parent)
+            _LOCAL["temp_dirs"].append(selection.ready_file.parent)
         atomic_write_text(selection.ready_file, json.dumps(selection.files))
         settings.update(pending=list(selection.pending), ready_file=str(selection.ready_file))
     app = build_app(selection.folder, selection.files, replicas=cfg.replicas, cpus_per_replica=cfg.cpus_per_replica,
@@ -622,9 +632,9 @@ def _forget_local_ray() -> None:
 
     ray = sys.modules.get("ray")
     wrapper = _OWN_ENV.get("RAY_SERVE_HAPROXY_BINARY_PATH")
-    for folder in [*_LOCAL["ready_dirs"], *([Path(wrapper).parent] if wrapper else [])]:
+    for folder in [*_LOCAL["temp_dirs"], *([Path(wrapper).parent] if wrapper else [])]:
         shutil.rmtree(folder, ignore_errors=True)
-    _LOCAL["ready_dirs"] = []
+    _LOCAL["temp_dirs"] = []
     for key in (*_LOOPBACK_ENV, _OWNER_ENV):  # a later start_ray with --address binds as Ray decides
         os.environ.pop(key, None)
     for key, value in _OWN_ENV.items():  # the defaults this start set (the wrapper's path among them, now
