@@ -30,8 +30,6 @@ def test_bf16_problem_reads_this_machine():
 
 
 # ------------------------------------------------------------------------------------------------------ OpenVINO
-openvino = pytest.importorskip("openvino")
-
 
 @pytest.fixture(scope="module")
 def belief2(tmp_path_factory):
