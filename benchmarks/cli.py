@@ -54,13 +54,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"'all' or comma-separated variant names (default: {DEFAULT_SCOPE['variants']})")
     p.add_argument("--task", default="cls", choices=("cls", "seg"))
     p.add_argument("--arch", default="tiny", choices=("micro", "tiny", "small", "base"))
+    p.add_argument("--img-size", type=int, default=None, metavar="PX",
+                   help="input side in pixels (default: the arch's own, 224 for tiny/small/base)")
     p.add_argument("--backends", default=",".join(backend_names()),
                    help=f"comma-separated, from: {', '.join(backend_names())} (python -m attnzoo.runtime lists them "
                         "with their aliases; those this machine lacks are listed as "
                         "skipped, with the reason)")
     p.add_argument("--dtypes", "--dtype", dest="dtype", default="fp32",
-                   help=f"comma-separated, from: {', '.join(DTYPES)} (int8: ModelOpt Q/DQ on ort-cpu, NNCF on "
-                        "openvino; --dtype is the old spelling)")
+                   help=f"comma-separated, from: {', '.join(DTYPES)} (fp32: IEEE fp32 everywhere, TF32 off; tf32: "
+                        "a GPU's TF32 tensor cores; int8: ModelOpt Q/DQ on ort-cpu, NNCF on openvino; --dtype is "
+                        "the old spelling)")
     p.add_argument("--batch-sizes", default=argparse.SUPPRESS,
                    help=f"comma-separated integers in 1..{MAX_BATCH_SIZE} (default: {DEFAULT_SCOPE['batch_sizes']})")
     p.add_argument("--threads", type=int, default=None,
@@ -82,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true",
                    help="profile ONNX Runtime CPU ops (naive vs tuned session) -> ort_profile.md")
     p.add_argument("--no-pair-eager", action="store_true", help="skip the backend/eager A B A B speed-up run")
+    p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                   help="start no new row after this many seconds: the rows measured are written and the same "
+                        "command measures the rest (every finished row is kept in <out>/rows.jsonl)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--roofline", metavar="GPUS", default=None,
                    help="measure nothing: print the roofline lower bound of --variants/--arch/--task/--batch-sizes "
@@ -130,7 +136,8 @@ def _check_memory(settings) -> None:
 
     for variant in settings.variants:
         with torch.device("meta"):  # the config only: no weights are allocated
-            config = create_model(variant, task=settings.task, arch=settings.arch).attnzoo_config
+            config = create_model(variant, task=settings.task, arch=settings.arch,
+                                  img_size=settings.img_size).attnzoo_config
         try:
             check_forward_memory(config, (config["img_size"],) * 2, max(settings.batch_sizes))
         except ValueError as exc:
@@ -189,14 +196,18 @@ def parse_settings(argv: Optional[Sequence[str]] = None):
     threads = a.threads if a.threads is not None else usable
     if threads < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
+    if a.img_size is not None and not 16 <= a.img_size <= 4096:
+        raise UsageError(f"--img-size must be in 16..4096 pixels, got {a.img_size}")
+    if a.time_limit is not None and not a.time_limit > 0:
+        raise UsageError(f"--time-limit must be > 0 seconds, got {a.time_limit}")
     if a.ceiling_size != 0 and not 64 <= a.ceiling_size <= MAX_SIZE:
         raise UsageError(f"--ceiling-size must be 0 or in 64..{MAX_SIZE}, got {a.ceiling_size}")
     out = a.out
     cache = a.cache_dir or default_cache_dir() / "bench-latency"
     return Settings(variants=variant_list(a.variants), backends=_backends(a.backends),
                     dtypes=parse_names(a.dtype, one_of(DTYPES), "dtype", ", ".join(DTYPES)),
-                    batch_sizes=_batches(a.batch_sizes), task=a.task,
-                    arch=a.arch, threads=threads, min_time=a.min_time, out=out, cache_dir=cache, device=a.device,
+                    batch_sizes=_batches(a.batch_sizes), task=a.task, arch=a.arch, img_size=a.img_size,
+                    time_limit=a.time_limit, threads=threads, min_time=a.min_time, out=out, cache_dir=cache, device=a.device,
                     seed=a.seed, compile_budget=a.compile_budget, profile=a.profile,
                     pair_eager=not a.no_pair_eager, progress=not a.no_progress, ceiling_size=a.ceiling_size,
                     command=shlex.join(["bench-latency", *argv]), scope=covered)
@@ -267,9 +278,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if charts_unavailable() and not result["interrupted"]:
         print(f"note: {charts_unavailable()}")
     stopped = result["interrupted"]
-    if stopped:  # the rows are written: now exit as the signal asks (130 / 143)
+    if stopped:  # the rows are written: now exit as the signal asks (130 / 143); a time limit ends normally
         print(stopped["note"], file=sys.stderr)
-        raise Terminated() if stopped["signal"] == "SIGTERM" else Interrupted()
+        if stopped["signal"]:
+            raise Terminated() if stopped["signal"] == "SIGTERM" else Interrupted()
     return 0
 
 

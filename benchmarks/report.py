@@ -31,7 +31,8 @@ ROW_FIELDS = ("variant", "task", "arch", "backend", "dtype", "batch", "status", 
               "parity_tol", "iterations", "min_ms", "median_ms", "mean_ms", "p90_ms", "p95_ms", "p99_ms",
               "max_ms", "cv", "throughput_img_s", "peak_mem_mb", "mem_kind", "baseline", "speedup_vs_eager",
               "speedup_vs_eager_fp32", "speedup_pair_median", "speedup_pair_q1", "speedup_pair_q3", "speedup_pairs", "cuda_graph",
-              "build_s", "gflop", "achieved_gflops", "ceiling_gflops", "ceiling_fraction", "load_1min")
+              "build_s", "gflop", "achieved_gflops", "ceiling_gflops", "ceiling_fraction", "roofline_us",
+              "roofline_fraction", "device", "load_1min")
 #: Columns of an overhead row (variant against standard, A B A B alternation).
 OVERHEAD_FIELDS = ("variant", "backend", "dtype", "batch", "pairs", "ratio_median", "ratio_q1", "ratio_q3",
                    "ratio_iqr", "variant_median_ms", "standard_median_ms")
@@ -60,7 +61,8 @@ def markdown(result: Mapping[str, Any]) -> str:
     parts = [f"# bench-latency: {result['settings']['task']} / {result['settings']['arch']}", "",
              f"Command: `{result['command']}`", ""]
     if result.get("interrupted"):
-        parts += [f"**Interrupted: {result['interrupted']['note']}.**", ""]
+        what = "Interrupted" if result["interrupted"].get("signal") else "Not finished"
+        parts += [f"**{what}: {result['interrupted']['note']}.**", ""]
     if result["settings"].get("scope"):
         parts += [scope_line(result["settings"]["scope"]), ""]
     parts += [result["note"], ""]
@@ -78,14 +80,19 @@ def markdown(result: Mapping[str, Any]) -> str:
     parts += ["", "## Latency (ms; throughput in images/s)", ""]
     header = ["variant", "backend", "dtype", "batch", "median", "min", "mean", "p90", "p95", "p99", "CV",
               "img/s", "mem MB", "vs", "x eager", "x eager (pairs) [Q1, Q3]", "x eager fp32", "GFLOP/s",
-              "% ceiling", "parity err"]
+              "% ceiling", "% roof", "parity err"]
     parts.append(markdown_table(header, [[r["variant"], r["backend"], r["dtype"], str(r["batch"]), _fmt(r["median_ms"]),
                                   _fmt(r["min_ms"]), _fmt(r["mean_ms"]), _fmt(r["p90_ms"]), _fmt(r["p95_ms"]),
                                   _fmt(r["p99_ms"]), _fmt(r["cv"], 3), _fmt(r["throughput_img_s"], 1),
                                   _fmt(r["peak_mem_mb"], 1), _fmt(r.get("baseline")), _fmt(r["speedup_vs_eager"]),
                                   _pair(r), _fmt(r.get("speedup_vs_eager_fp32")),
                                   _fmt(r.get("achieved_gflops"), 1), _percent(r.get("ceiling_fraction")),
+                                  _percent(r.get("roofline_fraction")),
                                   f"{r['parity_error']:.1e}"] for r in ok]))
+    if any(r.get("roofline_fraction") is not None for r in ok):
+        parts += ["", "`% roof` = the roofline lower bound of the row's forward pass on this GPU at the row's precision "
+                  "(attnzoo.benchmarks.roofline: dense datasheet peaks, fp32 on CUDA cores, tf32/fp16/bf16 on tensor "
+                  "cores, HBM bandwidth) / its median latency."]
     flops = result.get("flops") or {}
     if flops:
         parts += ["", "Counted GFLOP per image (one count per variant, on the eager model; every backend's row "
@@ -210,7 +217,7 @@ def _render(result: Mapping[str, Any], profiles: Sequence[Mapping[str, Any]]) ->
     if profiles:
         files["profile"] = (OUTPUTS["profile"], profile_markdown(profiles).encode())
     ok = [r for r in result["results"] if r["status"] == "ok"]
-    if result.get("interrupted") or charts_unavailable():
+    if (result.get("interrupted") or {}).get("signal") or charts_unavailable():  # a signal: written at once
         return files
     if ok:
         files["latency_png"] = (OUTPUTS["latency_png"], lambda path: plot_latency(ok, path))

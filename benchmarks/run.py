@@ -49,7 +49,7 @@ from attnzoo.benchmarks import timing
 from attnzoo.benchmarks.timing import PeakRSS, measure, measure_pair
 
 __all__ = ["Settings", "run_benchmark", "onnx_path", "NOTE", "torch_device", "takes_onnx", "on_cpu",
-           "baseline_dtype", "run_key", "FINAL"]
+           "baseline_dtype", "run_key", "roofline_fractions", "FINAL"]
 
 #: Row statuses a resumed run keeps (a ``skipped`` row is only written again: no GPU, budget spent ...).
 FINAL = ("ok", "failed", "built")
@@ -72,6 +72,8 @@ class Settings:
     batch_sizes: Sequence[int]
     task: str = "cls"
     arch: str = "tiny"
+    #: Input side in pixels (``None``: the arch's own, 224 for tiny/small/base).
+    img_size: Optional[int] = None
     threads: int = 1
     min_time: float = 3.0
     out: Path = Path("bench-out")
@@ -87,6 +89,9 @@ class Settings:
     progress: bool = True
     #: What the run leaves out against ``--all`` (:func:`attnzoo.benchmarks.cli.scope`).
     scope: Dict[str, Any] = field(default_factory=dict)
+    #: Seconds after which no new row is started (``None``: no limit); the rows measured are kept and the same
+    #: command measures the rest.
+    time_limit: Optional[float] = None
     #: Test hook: backend -> function applied to its parity output (to prove the gate rejects a bad backend).
     perturb: Dict[str, Any] = field(default_factory=dict)
 
@@ -118,6 +123,7 @@ def _row(variant: str, s: Settings, backend: str, dtype: str, batch: int, status
          **extra: Any) -> Dict[str, Any]:
     key = tolerance_for(backend, dtype, torch_device(s.device).type)
     row = {"variant": variant, "task": s.task, "arch": s.arch, "backend": backend, "dtype": dtype, "batch": batch,
+           "device": get_backend(backend).row_device(torch_device(s.device).type),
            "status": status, "reason": reason, "parity_error": None, "parity_tol": TOLERANCES[key],
            "iterations": None, "min_ms": None, "median_ms": None, "mean_ms": None, "p90_ms": None,
            "p95_ms": None, "p99_ms": None, "max_ms": None, "cv": None, "throughput_img_s": None,
@@ -125,7 +131,8 @@ def _row(variant: str, s: Settings, backend: str, dtype: str, batch: int, status
            "speedup_vs_eager_fp32": None, "speedup_pair_median": None,
            "speedup_pair_q1": None, "speedup_pair_q3": None, "speedup_pairs": None,
            "cuda_graph": None, "build_s": None, "gflop": None, "achieved_gflops": None, "ceiling_gflops": None,
-           "ceiling_fraction": None, "load_1min": (load_average() or [None])[0], "info": {}}
+           "ceiling_fraction": None, "roofline_us": None, "roofline_fraction": None,
+           "load_1min": (load_average() or [None])[0], "info": {}}
     row.update(extra)
     return row
 
@@ -137,6 +144,10 @@ def _parity_reason(out: np.ndarray, ref: np.ndarray, err: float, key: str) -> st
     if not np.all(np.isfinite(out)):
         return f"parity: {int(np.size(out) - np.isfinite(out).sum())} of {np.size(out)} outputs are NaN/inf"
     return f"parity: max|out-ref|/max(1, max|ref|) = {err:.3g} > {TOLERANCES[key]:g} ({key})"
+
+
+class _TimeUp(Exception):
+    """``--time-limit`` passed: no new row is started (the argument names the next one)."""
 
 
 class _Partner:
@@ -196,6 +207,7 @@ class _Bench:
         self.compile_spent = 0.0
         self.compile_count = 0
         self.current = ""  # the job under way (named if the run is interrupted)
+        self.deadline = time.time() + s.time_limit if s.time_limit else None
         self.combos = [(b, d) for b in s.backends for d in s.dtypes]
         self.skip = {c: row_unavailable_reason(c[0], c[1], self.device.type) for c in self.combos}
         if ("eager", "fp32") not in self.combos or self.skip.get(("eager", "fp32")):
@@ -221,7 +233,7 @@ class _Bench:
         from attnzoo.models import create_model
 
         torch.manual_seed(self.s.seed)
-        return create_model(variant, task=self.s.task, arch=self.s.arch).eval()
+        return create_model(variant, task=self.s.task, arch=self.s.arch, img_size=self.s.img_size).eval()
 
     def export(self, model, variant: str, dtype: str) -> Path:
         from attnzoo.export import export_verified
@@ -372,7 +384,11 @@ class _Bench:
         finished = all(not self.todo(variant, n) and (variant, n) in self.groups_done for n in self.s.batch_sizes)
         if variant in counted:
             self.flops[variant] = counted[variant]
-        if finished and not needed_later:
+        if finished and not needed_later:  # only the rows that say why they cannot run here are written again
+            for batch in self.s.batch_sizes:
+                for backend, dtype in self.combos:
+                    if self.skip[(backend, dtype)]:
+                        self.add(_row(variant, self.s, backend, dtype, batch, "skipped", self.skip[(backend, dtype)]))
             return
         model = self.model(variant)
         if variant not in self.flops:
@@ -410,6 +426,8 @@ class _Bench:
                     self._partner(variant, backend, dtype, batch, partner, eagers, cpu_runners)
                 continue
             src = "fp16" if dtype == "fp16" else "fp32"
+            if self.deadline is not None and time.time() > self.deadline:
+                raise _TimeUp(f"{variant} {backend} {dtype} b{batch}")
             self.current = f"{variant} {backend} {dtype} b{batch}"
             bar.set_postfix_str(self.current)
             if takes_onnx(backend) and exports.get(src) is None:
@@ -486,6 +504,31 @@ def _efficiency(rows: List[Dict[str, Any]], flops: Dict[str, Dict[str, Any]], ce
             r.update(fraction(r["gflop"] * 1e9, r["median_ms"], top))
 
 
+def roofline_fractions(rows: List[Dict[str, Any]], gpu_name: Optional[str], task: str, arch: str,
+                       img_size: Optional[int] = None) -> None:
+    """Fill ``roofline_us`` (the lower bound of the row's forward pass on this GPU at the row's precision:
+    :func:`attnzoo.benchmarks.roofline.bound`, the one table of GPU peaks) and ``roofline_fraction`` (bound /
+    median: 1 = at the roof) of every GPU row that ran, where the GPU is in that table."""
+    from attnzoo.benchmarks.flops import count_variant, meta_model
+    from attnzoo.benchmarks.roofline import GPUS, WIDTH, bound, gpu_key
+
+    key = gpu_key(gpu_name) if gpu_name else None
+    if key is None:
+        return
+    counts: Dict[Tuple[str, int], Any] = {}
+    for r in rows:
+        if r["status"] != "ok" or r.get("device") != "cuda" or r["dtype"] not in WIDTH:
+            continue
+        where = (r["variant"], r["batch"])
+        if where not in counts:
+            counts[where] = count_variant(r["variant"], batch=r["batch"],
+                                          model=meta_model(r["variant"], task, arch, img_size))
+        c = counts[where]
+        b = bound(c.matrix_flops, c.vector_ops, c.bytes(WIDTH[r["dtype"]]), GPUS[key], r["dtype"])
+        if b["bound_s"] is not None:
+            r.update(roofline_us=b["bound_s"] * 1e6, roofline_fraction=b["bound_s"] / (r["median_ms"] / 1e3))
+
+
 def _fastest_cpu(rows: List[Dict[str, Any]], pairs: List[Dict[str, Any]], device: torch.device
                  ) -> List[Dict[str, Any]]:
     """The fastest fp32 CPU runtime per (variant, batch), with the runner-up and by how much.
@@ -529,7 +572,7 @@ def run_key(s: Settings, env: Dict[str, Any]) -> Dict[str, Any]:
     """What a row's numbers depend on beyond its own variant, backend, precision and batch: a run resumed from a
     row log must have the same (the machine included)."""
     gpu = env.get("gpu") or {}
-    return {"task": s.task, "arch": s.arch, "threads": s.threads, "min_time_s": s.min_time, "seed": s.seed,
+    return {"task": s.task, "arch": s.arch, "img_size": s.img_size, "threads": s.threads, "min_time_s": s.min_time, "seed": s.seed,
             "device": torch_device(s.device).type, "pair_eager": s.pair_eager, "ceiling_size": s.ceiling_size,
             "cpu": env["cpu"].get("model"), "gpu": gpu.get("name"), "torch": env["versions"].get("torch")}
 
@@ -590,6 +633,11 @@ def _run(s: Settings, env: Dict[str, Any], log: RowLog, started: float) -> Dict[
         try:
             for i, variant in enumerate(variants):
                 bench.variant(variant, bar, needed_later=any(todo[v] for v in variants[i + 1:]))
+        except _TimeUp as exc:  # no signal: the rows are written and the command ends normally
+            interrupted = {"signal": None, "during": str(exc), "rows_kept": len(bench.rows),
+                           "note": f"stopped at --time-limit {s.time_limit:g} s before {exc}; the "
+                                   f"{len(bench.rows)} row(s) measured are kept (in {log.path.name} too: the same "
+                                   "command measures the rest)"}
         except (Interrupted, Terminated, KeyboardInterrupt) as exc:  # keep what was measured, then stop
             signal = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
             interrupted = {"signal": signal, "during": bench.current, "rows_kept": len(bench.rows),
@@ -603,6 +651,7 @@ def _run(s: Settings, env: Dict[str, Any], log: RowLog, started: float) -> Dict[
     flops = {f["variant"]: f["flops"] for f in log.of("flops")}
     _speedups(rows)
     _efficiency(rows, flops, ceiling, bench.device)
+    roofline_fractions(rows, (env.get("gpu") or {}).get("name"), s.task, s.arch, s.img_size)
     if ceiling and interrupted is None:  # measured again, to show how far the machine's load moved it during the run
         ceiling["fp32_end_gflops"] = matmul_ceiling(s.threads, s.ceiling_size, int8=False)["fp32"]["gflops"]
     runs = log.of("run")
@@ -615,7 +664,8 @@ def _run(s: Settings, env: Dict[str, Any], log: RowLog, started: float) -> Dict[
                      "backends": list(dict.fromkeys(r["backend"] for r in rows)),
                      "dtypes": list(dict.fromkeys(r["dtype"] for r in rows)),
                      "batch_sizes": list(dict.fromkeys(r["batch"] for r in rows)),
-                     "task": s.task, "arch": s.arch, "threads": s.threads, "min_time_s": s.min_time,
+                     "task": s.task, "arch": s.arch, "img_size": s.img_size, "threads": s.threads,
+                     "min_time_s": s.min_time, "time_limit_s": s.time_limit,
                      "warmup_s": timing.WARMUP_S, "min_iterations": timing.MIN_ITERS,
                      "device": str(bench.device), "seed": s.seed,
                      "compile_budget_s": s.compile_budget, "tolerances": TOLERANCES,

@@ -1,0 +1,269 @@
+"""The GPU plan: ``bench-latency`` on one GPU (an H100 SXM here) in parts that each end within a time limit.
+
+What it measures, every row parity-checked against eager fp32 (on the CPU) before it is timed:
+
+- ViT-S classifier, 224 px, batch 1, 8, 64 and 256, every variant: eager at fp32 (IEEE, TF32 off), tf32, fp16 and
+  bf16 (autocast, extra math fp32), and ``torch.compile`` at bf16 (CUDA graphs); each row paired A B A B with eager
+  at its own precision, its overhead over ``standard`` on the same backend, precision and batch, and its roofline
+  fraction (:mod:`attnzoo.benchmarks.roofline`);
+- the Segmenter (ViT-S encoder, linear decoder) at 512 px, batch 1 and 8, the same precisions and compile;
+- ``ort-cuda``, ``ort-trt`` and ``tensorrt`` once, to list why they do not run there (the machine's image has the
+  CPU onnxruntime and no TensorRT).
+
+Each part is one command of at most 10 minutes: it starts no new row after ``--time-limit`` (default 480 s), writes
+its results, and the same command again measures what is left (the rows are kept in ``rows.jsonl``). Parts share
+one results folder per model (``<out>/vit-s-224``, ``<out>/segmenter-512``), so together they make one table.
+
+It runs from a source tree without ``pip install`` (the GPU machine's image has torch, triton, timm, onnx and the
+CPU onnxruntime, nothing to install with): started as a file, it first maps the package folders of
+``pyproject.toml`` onto ``attnzoo.*`` (:func:`bootstrap`) and imports nothing else at module level::
+
+    python benchmarks/gpu_plan.py --part eager-a --out results/gpu-h100 --copy-to "$OUT"
+    python -m attnzoo.benchmarks.gpu_plan --list      # installed: the parts and what each measures
+
+The commands to run, in order, are in ``results/gpu-h100/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+__all__ = ["bootstrap", "PARTS", "MODELS", "EAGER_DTYPES", "COMPILE_DTYPES", "NOT_THERE", "part_settings", "run_part",
+           "status", "main"]
+
+#: The repository root (this file is ``benchmarks/gpu_plan.py``).
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class _SourceTree(importlib.abc.MetaPathFinder):
+    """Finds the packages ``pyproject.toml`` maps to folders (``attnzoo.models`` -> ``models/``)."""
+
+    def __init__(self, root: Path, folders: Dict[str, str]) -> None:
+        self.root, self.folders = root, folders
+
+    def find_spec(self, fullname, path=None, target=None):
+        folder = self.folders.get(fullname)
+        if folder is None:
+            return None
+        init = self.root / folder / "__init__.py"
+        return importlib.util.spec_from_file_location(fullname, init, submodule_search_locations=[str(init.parent)])
+
+
+def bootstrap(root: Path = ROOT) -> bool:
+    """Make ``attnzoo.*`` importable from the source tree at ``root`` when the package is not installed: the
+    package folders of ``[tool.setuptools.package-dir]`` in ``pyproject.toml`` mapped onto their names (as an
+    editable install does). Returns whether it had to."""
+    here = Path(__file__).resolve().parent  # on sys.path when started as a file: its modules would shadow others
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
+    try:
+        if importlib.util.find_spec("attnzoo.benchmarks") is not None:  # installed (or mapped already)
+            return False
+    except ImportError:  # not even attnzoo: a bare source tree
+        pass
+    import tomllib
+
+    folders = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    sys.path.insert(0, str(root))
+    sys.meta_path.insert(0, _SourceTree(root, folders))
+    return True
+
+
+#: The models of the plan: name -> (task, arch, input side, batch sizes).
+MODELS: Dict[str, Dict[str, Any]] = {
+    "vit-s-224": {"task": "cls", "arch": "small", "img_size": 224, "batch_sizes": (1, 8, 64, 256)},
+    "segmenter-512": {"task": "seg", "arch": "small", "img_size": 512, "batch_sizes": (1, 8)},
+}
+#: Eager's precisions: IEEE fp32 (TF32 off), TF32, fp16, bf16 autocast.
+EAGER_DTYPES = ("fp32", "tf32", "fp16", "bf16")
+#: ``torch.compile``'s precision in the plan (the one a GPU deployment of these models would use).
+COMPILE_DTYPES = ("bf16",)
+#: Backends listed (once) as not running on the GPU machine, each with its reason.
+NOT_THERE = ("ort-cuda", "ort-trt", "tensorrt")
+#: Seconds per measurement (>= 10 iterations too), the same in every part (a resumed part must match it).
+MIN_TIME = 0.3
+#: Seconds after which a part starts no new row: the longest row (a compile) then still ends within 10 minutes.
+TIME_LIMIT = 480.0
+#: Seconds of ``torch.compile`` a part may spend: more than any part's time, so no compile row is skipped for it
+#: (the time limit ends a part instead, and the same command compiles the rest).
+COMPILE_BUDGET = 24 * 3600.0
+
+
+def _halves() -> List[List[str]]:
+    from attnzoo.models import VARIANT_NAMES
+
+    rest = [v for v in VARIANT_NAMES if v != "standard"]
+    return [rest[: len(rest) // 2], rest[len(rest) // 2:]]
+
+
+def _quarters() -> List[List[str]]:
+    from attnzoo.models import VARIANT_NAMES
+
+    rest = [v for v in VARIANT_NAMES if v != "standard"]
+    n = -(-len(rest) // 4)
+    return [rest[i:i + n] for i in range(0, len(rest), n)]
+
+
+#: The parts, in the order to run them: name -> model, backends, precisions and which variants (``standard`` is
+#: always added: the overhead baseline). Eager first: every variant and precision before any compilation.
+PARTS: Dict[str, Dict[str, Any]] = {
+    "eager-a": {"model": "vit-s-224", "backends": ("eager", *NOT_THERE), "dtypes": EAGER_DTYPES, "variants": 0},
+    "eager-b": {"model": "vit-s-224", "backends": ("eager",), "dtypes": EAGER_DTYPES, "variants": 1},
+    "seg-eager": {"model": "segmenter-512", "backends": ("eager",), "dtypes": EAGER_DTYPES, "variants": None},
+    **{f"compile-{i + 1}": {"model": "vit-s-224", "backends": ("eager", "compile"), "dtypes": COMPILE_DTYPES,
+                            "variants": ("quarter", i)} for i in range(4)},
+    "seg-compile-a": {"model": "segmenter-512", "backends": ("eager", "compile"), "dtypes": COMPILE_DTYPES,
+                      "variants": 0},
+    "seg-compile-b": {"model": "segmenter-512", "backends": ("eager", "compile"), "dtypes": COMPILE_DTYPES,
+                      "variants": 1},
+}
+
+
+def _variants(spec: Any) -> List[str]:
+    from attnzoo.models import VARIANT_NAMES
+
+    if spec is None:
+        return list(VARIANT_NAMES)
+    if isinstance(spec, tuple):
+        return ["standard", *_quarters()[spec[1]]]
+    return ["standard", *_halves()[spec]]
+
+
+def part_settings(part: str, out: Path, *, variants: Optional[Sequence[str]] = None, arch: Optional[str] = None,
+                  img_size: Optional[int] = None, batch_sizes: Optional[Sequence[int]] = None,
+                  min_time: float = MIN_TIME, time_limit: Optional[float] = TIME_LIMIT, device: str = "auto",
+                  threads: Optional[int] = None, cache_dir: Optional[Path] = None):
+    """The :class:`attnzoo.benchmarks.run.Settings` of ``part`` (the overrides shrink it: ``--variants`` a subset,
+    ``--arch``/``--img-size``/``--batch-sizes`` a smaller model, as the CPU test does).
+
+    Raises:
+        ValueError: an unknown part (the valid ones named).
+    """
+    import os
+
+    from attnzoo.benchmarks.run import Settings
+    from attnzoo.fileio import default_cache_dir
+
+    if part not in PARTS:
+        raise ValueError(f"unknown part {part!r}; valid: {', '.join(PARTS)}")
+    spec = PARTS[part]
+    model = MODELS[spec["model"]]
+    chosen = _variants(spec["variants"])
+    if variants:
+        chosen = [v for v in chosen if v in variants]
+    command = ["python", "benchmarks/gpu_plan.py", "--part", part]
+    return Settings(variants=list(dict.fromkeys(["standard", *chosen])), backends=list(spec["backends"]),
+                    dtypes=list(spec["dtypes"]), batch_sizes=list(batch_sizes or model["batch_sizes"]),
+                    task=model["task"], arch=arch or model["arch"], img_size=img_size or model["img_size"],
+                    threads=threads or len(os.sched_getaffinity(0)), min_time=min_time, out=Path(out) / spec["model"],
+                    cache_dir=cache_dir or default_cache_dir() / "bench-latency", device=device,
+                    compile_budget=COMPILE_BUDGET, ceiling_size=0, time_limit=time_limit, progress=False,
+                    command=" ".join(command))
+
+
+def run_part(part: str, out: Path, **overrides: Any) -> Dict[str, Any]:
+    """Run ``part`` (resuming its rows in ``out``), write its model's results; return the result."""
+    from attnzoo.benchmarks.report import write_outputs
+    from attnzoo.benchmarks.run import run_benchmark
+
+    settings = part_settings(part, out, **overrides)
+    result = run_benchmark(settings)
+    write_outputs(result, settings.out)
+    return result
+
+
+def status(out: Path, **overrides: Any) -> List[Dict[str, Any]]:
+    """Per part: the rows it asks for, how many of them are in the results in ``out`` (measured, failed, built or
+    skipped with their reason: nothing left to do) and how many were measured (``ok``)."""
+    import json
+
+    from attnzoo.benchmarks.report import LOG_NAME
+
+    lines = []
+    for part in PARTS:
+        s = part_settings(part, out, **overrides)
+        wanted = {(v, b, d, n) for v in s.variants for b in s.backends for d in s.dtypes for n in s.batch_sizes}
+        written, ok = set(), set()
+        log = Path(s.out) / LOG_NAME
+        for line in (log.read_text().splitlines() if log.is_file() else []):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            r = record.get("row") if record.get("kind") == "row" else None
+            if r and "--compile-budget" not in r["reason"]:
+                key = (r["variant"], r["backend"], r["dtype"], r["batch"])
+                written.add(key)
+                if r["status"] == "ok":
+                    ok.add(key)
+        lines.append({"part": part, "model": PARTS[part]["model"], "rows": len(wanted), "done": len(wanted & written),
+                      "ok": len(wanted & ok)})
+    return lines
+
+
+def _copy(out: Path, to: Path) -> None:
+    """Copy the results folders to ``to`` (the GPU machine's ``$OUT``, whose files come back)."""
+    for model in MODELS:
+        src = out / model
+        if src.is_dir():
+            shutil.copytree(src, to / out.name / model, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns(".results-*"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpu_plan", description=__doc__.splitlines()[0])
+    p.add_argument("--part", action="append", default=[], help="a part to run (repeatable); --list names them")
+    p.add_argument("--list", action="store_true", help="print the parts and how much of each is finished in --out")
+    p.add_argument("--out", type=Path, default=Path("results/gpu-h100"), help="results folder (one per model in it)")
+    p.add_argument("--copy-to", type=Path, default=None, help="copy the results there afterwards (e.g. \"$OUT\")")
+    p.add_argument("--time-limit", type=float, default=TIME_LIMIT, help="start no new row after this many seconds")
+    p.add_argument("--variants", default=None, help="only these variants of each part (comma-separated)")
+    p.add_argument("--arch", default=None, help="another ViT size (the CPU test: micro)")
+    p.add_argument("--img-size", type=int, default=None, help="another input side")
+    p.add_argument("--batch-sizes", default=None, help="other batch sizes (comma-separated)")
+    p.add_argument("--min-time", type=float, default=MIN_TIME, help="seconds per measurement")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: the usable cores)")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the parts asked for, one after the other; print what is finished."""
+    from attnzoo.cli import UsageError, add_debug_flag, entry_point
+
+    @entry_point
+    def run(args: Sequence[str]) -> int:
+        a = add_debug_flag(build_parser()).parse_args(args)
+        overrides = {"variants": a.variants.split(",") if a.variants else None, "arch": a.arch,
+                     "img_size": a.img_size, "min_time": a.min_time, "device": a.device, "threads": a.threads,
+                     "batch_sizes": [int(b) for b in a.batch_sizes.split(",")] if a.batch_sizes else None}
+        bad = [p for p in a.part if p not in PARTS]
+        if bad or not (a.part or a.list):
+            raise UsageError(f"unknown part {', '.join(map(repr, bad)) or '(none given)'}; valid: {', '.join(PARTS)}")
+        for part in a.part:
+            print(f"part {part}", flush=True)
+            result = run_part(part, a.out, time_limit=a.time_limit, **overrides)
+            if result["interrupted"]:
+                print(f"part {part} not finished: {result['interrupted']['note']}", flush=True)
+                if result["interrupted"]["signal"]:
+                    break
+        for line in status(a.out, **overrides):
+            print(f"{line['part']:>14}  {line['model']:<14} {line['done']:>4} / {line['rows']:<4} rows done, "
+                  f"{line['ok']} measured")
+        if a.copy_to is not None:
+            _copy(a.out, a.copy_to)
+        return 0
+
+    return run(list(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    if __package__ in (None, ""):  # started as a file from a source tree: make attnzoo.* importable first
+        bootstrap()
+    sys.exit(main())

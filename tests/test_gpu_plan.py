@@ -1,0 +1,130 @@
+"""The GPU plan (benchmarks/gpu_plan.py): its parts cover what it promises, and every part runs on the CPU with a
+tiny model from a source tree that was not installed, without the packages the GPU machine's image lacks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from attnzoo.benchmarks import gpu_plan as plan
+from attnzoo.models import VARIANT_NAMES
+
+ROOT = Path(__file__).resolve().parent.parent
+#: What the GPU machine's image does not have (torch, triton, timm, onnx and the CPU onnxruntime it has).
+ABSENT = ("gradio", "ray", "openvino", "tensorrt", "tensorrt_rtx", "modelopt", "matplotlib", "sklearn", "onnxscript",
+          "nncf", "polygraphy", "onnx_graphsurgeon")
+
+
+def test_the_parts_cover_every_variant_precision_and_batch_within_the_time_limit(tmp_path):
+    rows = {}
+    for part in plan.PARTS:
+        s = plan.part_settings(part, tmp_path)
+        assert s.variants[0] == "standard" and s.min_time == plan.MIN_TIME and s.ceiling_size == 0
+        assert s.time_limit == plan.TIME_LIMIT < 600 and s.compile_budget > 600  # no compile row left for budget
+        for v in s.variants:
+            for b in s.backends:
+                for d in s.dtypes:
+                    for n in s.batch_sizes:
+                        rows.setdefault((Path(s.out).name, v, b, d, n), part)
+    for model, spec in plan.MODELS.items():
+        for v in VARIANT_NAMES:
+            for n in spec["batch_sizes"]:
+                for d in plan.EAGER_DTYPES:
+                    assert (model, v, "eager", d, n) in rows, (model, v, d, n)
+                for d in plan.COMPILE_DTYPES:
+                    assert (model, v, "compile", d, n) in rows, (model, v, d, n)
+    assert plan.MODELS["vit-s-224"]["batch_sizes"] == (1, 8, 64, 256)
+    assert (plan.MODELS["segmenter-512"]["task"], plan.MODELS["segmenter-512"]["img_size"]) == ("seg", 512)
+    assert all(any(k[2] == b for k in rows) for b in plan.NOT_THERE)
+    assert list(plan.PARTS)[:3] == ["eager-a", "eager-b", "seg-eager"]  # every precision before any compile
+    with pytest.raises(ValueError, match="unknown part 'nope'; valid: eager-a, eager-b"):
+        plan.part_settings("nope", tmp_path)
+
+
+def test_gpu_rows_get_their_roofline_fraction():
+    """The bound of the row's own precision on the GPU named (the one peak table), over its median."""
+    from attnzoo.benchmarks.flops import count_variant
+    from attnzoo.benchmarks.roofline import GPUS, WIDTH, bound
+    from attnzoo.benchmarks.run import roofline_fractions
+
+    rows = [{"variant": "standard", "batch": 8, "dtype": d, "device": dev, "status": "ok", "median_ms": 2.0}
+            for d, dev in (("fp32", "cuda"), ("tf32", "cuda"), ("bf16", "cuda"), ("fp32", "cpu"))]
+    roofline_fractions(rows, "NVIDIA H100 80GB HBM3", "cls", "small", 224)
+    c = count_variant("standard", "cls", "small", 224, batch=8)
+    for r in rows[:3]:
+        want = bound(c.matrix_flops, c.vector_ops, c.bytes(WIDTH[r["dtype"]]), GPUS["h100-sxm"], r["dtype"])["bound_s"]
+        assert r["roofline_us"] == pytest.approx(want * 1e6) and r["roofline_fraction"] == pytest.approx(want / 2e-3)
+    assert rows[0]["roofline_us"] > rows[1]["roofline_us"] > rows[2]["roofline_us"]  # CUDA cores, TF32, bf16
+    assert "roofline_us" not in rows[3]  # a CPU row has no GPU roof
+    unknown = [{k: v for k, v in rows[0].items() if not k.startswith("roofline")}]
+    roofline_fractions(unknown, "NVIDIA GeForce RTX 4090", "cls", "small", 224)  # not in the table: left empty
+    assert unknown[0].get("roofline_fraction") is None
+
+
+DRIVER = textwrap.dedent('''
+    import importlib.util, runpy, sys
+    from importlib.machinery import PathFinder
+
+    ABSENT = set(sys.argv[1].split(","))
+
+    class Hiding(PathFinder):
+        @classmethod
+        def find_spec(cls, name, path=None, target=None):
+            return None if name.split(".")[0] in ABSENT else PathFinder.find_spec(name, path, target)
+
+    # as on the GPU machine: no editable install of attnzoo, none of the packages its image lacks
+    sys.meta_path[:] = [Hiding if f is PathFinder else f for f in sys.meta_path
+                        if not getattr(f, "__module__", "").startswith("__editable__")]
+    assert importlib.util.find_spec("attnzoo.benchmarks") is None  # what bootstrap() then maps
+    sys.argv = ["benchmarks/gpu_plan.py", *sys.argv[2:]]
+    try:
+        runpy.run_path("benchmarks/gpu_plan.py", run_name="__main__")
+    finally:
+        print("imported:", sorted(m for m in sys.modules if m.split(".")[0] in ABSENT))
+''')
+
+
+def _plan(*argv: str) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-c", DRIVER, ",".join(ABSENT), *argv], cwd=ROOT, capture_output=True,
+                          text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "imported: []" in done.stdout
+    return done
+
+
+def test_every_part_runs_from_the_source_tree_with_a_tiny_model(tmp_path):
+    """All parts, in order, with a micro ViT on the CPU: eager fp32 rows measured and parity-checked, the GPU-only
+    precisions and backends listed with their reasons, results per model, a part stopped by its time limit and
+    resumed, and the results copied where the GPU machine's files come back from."""
+    out, copy = tmp_path / "out", tmp_path / "copy"
+    tiny = ["--arch", "micro", "--img-size", "32", "--batch-sizes", "1,2", "--variants", "standard,belief",
+            "--min-time", "0.02", "--device", "cpu", "--threads", "1", "--out", str(out)]
+    first = _plan("--part", "eager-a", "--time-limit", "0.001", *tiny)
+    assert "part eager-a not finished: stopped at --time-limit 0.001 s" in first.stdout
+    parts = [arg for part in plan.PARTS for arg in ("--part", part)]
+    done = _plan(*parts, *tiny, "--copy-to", str(copy))
+    assert "not finished" not in done.stdout
+    for model in plan.MODELS:
+        result = json.loads((out / model / "results.json").read_text())
+        assert (copy / "out" / model / "results.json").read_text() == (out / model / "results.json").read_text()
+        assert result["settings"]["img_size"] == 32 and result["settings"]["arch"] == "micro"
+        rows = {(r["variant"], r["backend"], r["dtype"], r["batch"]): r for r in result["results"]}
+        for v in ("standard", "belief"):
+            for n in (1, 2):
+                eager = rows[(v, "eager", "fp32", n)]
+                assert eager["status"] == "ok" and eager["parity_error"] <= eager["parity_tol"] == 1e-4
+                assert rows[(v, "eager", "tf32", n)]["reason"].startswith("tf32 is a GPU tensor-core mode")
+                assert (v, "compile", "bf16", n) in rows
+        assert {(o["variant"], o["backend"], o["dtype"]) for o in result["overheads"]} >= {("belief", "eager", "fp32")}
+    vit = {(r["backend"], r["dtype"]): r for r in json.loads((out / "vit-s-224" / "results.json").read_text())["results"]}
+    assert vit[("tensorrt", "fp32")]["status"] == "skipped"  # the image has no TensorRT: hidden here too
+    assert vit[("tensorrt", "fp32")]["reason"].startswith("no TensorRT library is installed")
+    assert vit[("ort-cuda", "fp32")]["status"] == "skipped" and vit[("ort-cuda", "fp32")]["reason"]
+    again = _plan("--part", "eager-a", *tiny)  # nothing left: every row kept
+    assert "resuming:" in again.stdout and "; 0 to measure" in again.stdout
+    assert "eager-a  vit-s-224" in again.stdout and "rows done" in again.stdout
