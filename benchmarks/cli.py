@@ -207,8 +207,8 @@ def parse_settings(argv: Optional[Sequence[str]] = None):
     return Settings(variants=variant_list(a.variants), backends=_backends(a.backends),
                     dtypes=parse_names(a.dtype, one_of(DTYPES), "dtype", ", ".join(DTYPES)),
                     batch_sizes=_batches(a.batch_sizes), task=a.task, arch=a.arch, img_size=a.img_size,
-                    time_limit=a.time_limit, threads=threads, min_time=a.min_time, out=out, cache_dir=cache, device=a.device,
-                    seed=a.seed, compile_budget=a.compile_budget, profile=a.profile,
+                    time_limit=a.time_limit, threads=threads, min_time=a.min_time, out=out, cache_dir=cache,
+                    device=a.device, seed=a.seed, compile_budget=a.compile_budget, profile=a.profile,
                     pair_eager=not a.no_pair_eager, progress=not a.no_progress, ceiling_size=a.ceiling_size,
                     command=shlex.join(["bench-latency", *argv]), scope=covered)
 

@@ -30,7 +30,8 @@ __all__ = ["ROW_FIELDS", "OVERHEAD_FIELDS", "OUTPUTS", "LOG_NAME", "RowLog", "ce
 ROW_FIELDS = ("variant", "task", "arch", "backend", "dtype", "batch", "status", "reason", "parity_error",
               "parity_tol", "iterations", "min_ms", "median_ms", "mean_ms", "p90_ms", "p95_ms", "p99_ms",
               "max_ms", "cv", "throughput_img_s", "peak_mem_mb", "mem_kind", "baseline", "speedup_vs_eager",
-              "speedup_vs_eager_fp32", "speedup_pair_median", "speedup_pair_q1", "speedup_pair_q3", "speedup_pairs", "cuda_graph",
+              "speedup_vs_eager_fp32", "speedup_pair_median", "speedup_pair_q1", "speedup_pair_q3", "speedup_pairs",
+              "cuda_graph",
               "build_s", "gflop", "achieved_gflops", "ceiling_gflops", "ceiling_fraction", "roofline_us",
               "roofline_fraction", "device", "load_1min")
 #: Columns of an overhead row (variant against standard, A B A B alternation).
@@ -90,9 +91,9 @@ def markdown(result: Mapping[str, Any]) -> str:
                                   _percent(r.get("roofline_fraction")),
                                   f"{r['parity_error']:.1e}"] for r in ok]))
     if any(r.get("roofline_fraction") is not None for r in ok):
-        parts += ["", "`% roof` = the roofline lower bound of the row's forward pass on this GPU at the row's precision "
-                  "(attnzoo.benchmarks.roofline: dense datasheet peaks, fp32 on CUDA cores, tf32/fp16/bf16 on tensor "
-                  "cores, HBM bandwidth) / its median latency."]
+        parts += ["", "`% roof` = the roofline lower bound of the row's forward pass on this GPU at the row's "
+                  "precision (attnzoo.benchmarks.roofline: dense datasheet peaks, fp32 on CUDA cores, tf32/fp16/bf16 "
+                  "on tensor cores, HBM bandwidth) / its median latency."]
     flops = result.get("flops") or {}
     if flops:
         parts += ["", "Counted GFLOP per image (one count per variant, on the eager model; every backend's row "

@@ -454,7 +454,8 @@ class _Bench:
                              "profiles": [p for p in self.profiles if (p["variant"], p["batch"]) == (variant, batch)],
                              "head_to_head_errors": [e for e in self.head_to_head_errors
                                                      if e.startswith(f"{variant} b{batch} ")],
-                             "profile_errors": [e for e in self.profile_errors if e.startswith(f"{variant} b{batch}:")]})
+                             "profile_errors": [e for e in self.profile_errors
+                                                if e.startswith(f"{variant} b{batch}:")]})
 
     def _partner(self, variant: str, backend: str, dtype: str, batch: int, partner: _Partner,
                  eagers: Dict[str, _Partner], cpu_runners: Dict[str, _Partner]) -> None:
@@ -572,8 +573,9 @@ def run_key(s: Settings, env: Dict[str, Any]) -> Dict[str, Any]:
     """What a row's numbers depend on beyond its own variant, backend, precision and batch: a run resumed from a
     row log must have the same (the machine included)."""
     gpu = env.get("gpu") or {}
-    return {"task": s.task, "arch": s.arch, "img_size": s.img_size, "threads": s.threads, "min_time_s": s.min_time, "seed": s.seed,
-            "device": torch_device(s.device).type, "pair_eager": s.pair_eager, "ceiling_size": s.ceiling_size,
+    return {"task": s.task, "arch": s.arch, "img_size": s.img_size, "threads": s.threads, "min_time_s": s.min_time,
+            "seed": s.seed, "device": torch_device(s.device).type, "pair_eager": s.pair_eager,
+            "ceiling_size": s.ceiling_size,
             "cpu": env["cpu"].get("model"), "gpu": gpu.get("name"), "torch": env["versions"].get("torch")}
 
 

@@ -15,8 +15,8 @@ With a GPU, ``tensorrt`` is preferred when installed (it supports data-centre GP
 Networks are always strongly typed: precision comes from the ONNX graph (an fp16 export computes LayerNorm,
 softmax and the projection in fp32). There are no FP16/INT8 builder flags (TensorRT-RTX and TensorRT 11 removed
 them). TF32, which TensorRT turns on by default, is one explicit choice per build (``tf32``): off unless asked, so
-an fp32 engine computes IEEE fp32. One optimisation profile spans the batch sizes (min/opt/max). Running an engine needs an NVIDIA GPU;
-device buffers are torch CUDA tensors (no pycuda / cuda-python).
+an fp32 engine computes IEEE fp32. One optimisation profile spans the batch sizes (min/opt/max). Running an engine
+needs an NVIDIA GPU; device buffers are torch CUDA tensors (no pycuda / cuda-python).
 
 Running: an :class:`Engine` enqueues on a CUDA stream of its own (never the legacy default stream, which makes
 TensorRT add synchronisations). TensorRT-RTX engines are built with ``REQUIRE_USER_ALLOCATION`` (what stream
@@ -134,7 +134,9 @@ def tensorrt_proper_hint() -> str:
         major = (torch.version.cuda or "").split(".")[0]
     except ImportError:
         major = ""
-    return f"pip install 'tensorrt-cu{major}>=10'" if major else "pip install 'tensorrt>=10' (a CUDA build of torch first)"
+    if not major:
+        return "pip install 'tensorrt>=10' (with a CUDA build of torch)"
+    return f"pip install 'tensorrt-cu{major}>=10'"
 
 
 def install_hint() -> str:

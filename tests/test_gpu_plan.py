@@ -121,7 +121,8 @@ def test_every_part_runs_from_the_source_tree_with_a_tiny_model(tmp_path):
                 assert rows[(v, "eager", "tf32", n)]["reason"].startswith("tf32 is a GPU tensor-core mode")
                 assert (v, "compile", "bf16", n) in rows
         assert {(o["variant"], o["backend"], o["dtype"]) for o in result["overheads"]} >= {("belief", "eager", "fp32")}
-    vit = {(r["backend"], r["dtype"]): r for r in json.loads((out / "vit-s-224" / "results.json").read_text())["results"]}
+    vit_rows = json.loads((out / "vit-s-224" / "results.json").read_text())["results"]
+    vit = {(r["backend"], r["dtype"]): r for r in vit_rows}
     assert vit[("tensorrt", "fp32")]["status"] == "skipped"  # the image has no TensorRT: hidden here too
     assert vit[("tensorrt", "fp32")]["reason"].startswith("no TensorRT library is installed")
     assert vit[("ort-cuda", "fp32")]["status"] == "skipped" and vit[("ort-cuda", "fp32")]["reason"]
