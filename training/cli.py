@@ -47,6 +47,18 @@ def _train_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-epochs", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--train-size", type=int, default=None, help="train images (default: all / 8000 shapes)")
+    p.add_argument("--val-size", type=int, default=None, help="validation images (default: the data set's)")
+    p.add_argument("--decoder", choices=("linear", "mask"), default="linear", help="segmentation decoder")
+    scene = p.add_argument_group("Fashion-MNIST scenes (--data fashion --task seg; default: the zoo's 48-px scenes)")
+    scene.add_argument("--scene-garments", type=int, nargs=2, metavar=("LO", "HI"), default=None,
+                       help="garments per scene, inclusive range (default 2 4)")
+    scene.add_argument("--scene-fraction", type=float, nargs=2, metavar=("LO", "HI"), default=None,
+                       help="garment side as a fraction of the canvas (default 0.35 0.6)")
+    scene.add_argument("--scene-garment-px", type=int, nargs=2, metavar=("LO", "HI"), default=None,
+                       help="garment side in pixels instead of a fraction (28 28: native, not resized)")
+    scene.add_argument("--scene-overlap", type=float, nargs="+", metavar="CAP", default=None,
+                       help="the most of a garment's pixels that may land on earlier garments: one cap (default "
+                            "0.15; 1: anywhere) or LO HI, a cap drawn per scene")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="variant option, e.g. --option eps=1e-6 --option param_matched=true")
     p.add_argument("--out", default="runs", help="output folder")
@@ -78,11 +90,27 @@ def main(argv: Optional[List[str]] = None) -> int:
         from attnzoo.models.checkpoint import check_encoder_source
 
         check_encoder_source(args.init_from, args.variant, args.arch)  # before any data is loaded
+    scene = {"per_scene": args.scene_garments, "fraction": args.scene_fraction,
+             "garment_px": args.scene_garment_px, "overlap": args.scene_overlap}
+    if scene["overlap"] is not None and len(scene["overlap"]) not in (1, 2):
+        raise UsageError("--scene-overlap takes one cap or a range LO HI")
+    if scene["overlap"] is not None and len(scene["overlap"]) == 1:
+        scene["overlap"] = scene["overlap"][0]
+    scene = {k: v for k, v in scene.items() if v is not None}
+    if scene and (args.data != "fashion" or args.task != "seg"):
+        raise UsageError("--scene-* options compose Fashion-MNIST scenes: use them with --data fashion --task seg")
+    try:
+        from attnzoo.training.fashion import check_scene_options
+
+        scene = check_scene_options(scene)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     cfg = TrainConfig(variant=args.variant, task=args.task, data=args.data, arch=args.arch,
                       img_size=args.img_size, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                       weight_decay=args.weight_decay, warmup_epochs=args.warmup_epochs, seed=args.seed,
-                      train_size=args.train_size, options=_parse_options(args.option), out=args.out,
-                      threads=args.threads, init_from=args.init_from)
+                      train_size=args.train_size, val_size=args.val_size, options=_parse_options(args.option),
+                      out=args.out, threads=args.threads, init_from=args.init_from, decoder=args.decoder,
+                      scene=scene)
     try:
         result = train(cfg, resume=args.resume, progress=not args.no_progress)
     except RuntimeError as exc:  # a diverged loss: its message says where

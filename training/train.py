@@ -50,6 +50,8 @@ class TrainConfig:
     out: str = "runs"
     threads: Optional[int] = None
     init_from: Optional[str] = None  # a checkpoint of the same variant and arch whose encoder starts the model
+    decoder: str = "linear"  # segmentation decoder: linear or mask
+    scene: Dict[str, Any] = field(default_factory=dict)  # Fashion-MNIST scene options (compose_scenes); {} = defaults
 
 
 def data_tag(data: str) -> str:
@@ -92,8 +94,9 @@ def evaluate_checkpoint(path, data: Optional[str] = None, limit: Optional[int] =
     source = data or config.get("data")
     if not source:
         raise ValueError(f"{path}: the checkpoint does not record its data; pass --data")
+    scene = config.get("scene") if source == config.get("data") else None  # the scenes it was trained on
     ds = load_data(source, split, config["task"], config["img_size"], n=limit,
-                   seed=int(config.get("data_seed", 0)))
+                   seed=int(config.get("data_seed", 0)), scene=scene)
     if len(ds.class_names) != config["num_classes"]:
         raise ValueError(f"data {source!r} has {len(ds.class_names)} classes, the checkpoint "
                          f"{config['num_classes']}")
@@ -205,11 +208,12 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, train_d
     variant = canonical_name(cfg.variant)
     img_size = cfg.img_size or 32
     if train_data is None:
-        train_data = load_data(cfg.data, "train", cfg.task, img_size, cfg.train_size, seed=0)
+        train_data = load_data(cfg.data, "train", cfg.task, img_size, cfg.train_size, seed=0, scene=cfg.scene)
     if val_data is None:
-        val_data = load_data(cfg.data, "val", cfg.task, img_size, cfg.val_size, seed=0)
+        val_data = load_data(cfg.data, "val", cfg.task, img_size, cfg.val_size, seed=0, scene=cfg.scene)
+    seg_kw = {"decoder": cfg.decoder} if cfg.task == "seg" else {}
     model = create_model(variant, cfg.task, cfg.arch, num_classes=len(train_data.class_names),
-                         img_size=img_size, **cfg.options)
+                         img_size=img_size, **seg_kw, **cfg.options)
     if cfg.init_from and not resume:
         init_encoder(model, cfg.init_from)
     ds = TensorDataset(train_data, cfg.task)
@@ -260,7 +264,8 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, train_d
         if max_steps is not None and step >= max_steps:
             break
     data_source = cfg.data if cfg.data in BUILTIN_DATA else str(Path(cfg.data).resolve())
-    extra = {"data": data_source, "data_seed": 0, "seed": cfg.seed, "epochs": cfg.epochs,
+    extra = {"data": data_source, "data_seed": 0, **({"scene": dict(cfg.scene)} if cfg.scene else {}),
+             "seed": cfg.seed, "epochs": cfg.epochs,
              "train_size": len(train_data), "recipe": asdict(cfg), "history": history,
              "val_metric": history[-1]["val"] if history else None, "metric_name": metric_name(cfg.task),
              "train_time_s": round(elapsed, 1), "params": count_params(model)}

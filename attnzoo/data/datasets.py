@@ -421,10 +421,13 @@ def ade_folder(root, split: str, task: str = "seg", img_size: int = 32, n: Optio
 
 
 def load_data(data: str, split: str, task: str = "cls", img_size: int = 32, n: Optional[int] = None,
-              seed: int = 0) -> ImageSet:
+              seed: int = 0, scene: Optional[dict] = None) -> ImageSet:
     """Load a split of ``fashion`` (Fashion-MNIST, see :mod:`attnzoo.data.fashion`), ``shapes``, ``digits``,
     or a folder (an ade-folder when it has ``images/`` and
-    ``annotations/``, else a class-per-folder image folder)."""
+    ``annotations/``, else a class-per-folder image folder). ``scene``: how Fashion-MNIST segmentation scenes are
+    composed (:func:`attnzoo.training.fashion.compose_scenes` options); only ``fashion`` takes it."""
+    if scene and not (data == "fashion" and task == "seg"):
+        raise ValueError(f"scene options compose Fashion-MNIST segmentation scenes; {data!r} {task} takes none")
     if data == "shapes":
         return shapes(split, task, img_size, n, seed)
     if data == "digits":
@@ -432,7 +435,7 @@ def load_data(data: str, split: str, task: str = "cls", img_size: int = 32, n: O
     if data == "fashion":
         from attnzoo.data.fashion import fashion
 
-        return fashion(split, task, img_size, n, seed)
+        return fashion(split, task, img_size, n, seed, scene=scene)
     root = Path(data)
     if not root.is_dir():
         raise ValueError(f"unknown data {data!r}: not one of {', '.join(BUILTIN_DATA)} and not a folder")

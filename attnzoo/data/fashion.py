@@ -21,13 +21,13 @@ from __future__ import annotations
 import gzip
 import os
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple, Union
 
 import numpy as np
 from PIL import Image
 
 __all__ = ["FASHION_CLASSES", "FASHION_SEG_CLASSES", "DEFAULT_ROOT", "MASK_THRESHOLD", "VAL_EVERY",
-           "SCENE_SIZES", "MAX_OVERLAP", "MAX_TRIES", "fashion_root", "read_idx", "fashion_arrays", "compose_scenes", "fashion"]
+           "SCENE_SIZES", "MAX_OVERLAP", "MAX_TRIES", "SCENE_OPTIONS", "check_scene_options", "fashion_root", "read_idx", "fashion_arrays", "compose_scenes", "fashion"]
 
 FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
                    "Ankle boot"]
@@ -113,7 +113,9 @@ def fashion_arrays(split: str, root: Optional[os.PathLike] = None) -> Tuple[np.n
 
 def compose_scenes(images: np.ndarray, labels: np.ndarray, n: int, size: int = 48, split: str = "test",
                    seed: int = 0, per_scene: Tuple[int, int] = (2, 4),
-                   fraction: Tuple[float, float] = (0.35, 0.6)) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+                   fraction: Tuple[float, float] = (0.35, 0.6), garment_px: Optional[Tuple[int, int]] = None,
+                   overlap: Union[float, Tuple[float, float]] = MAX_OVERLAP
+                   ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Compose ``n`` scenes of several garments (see the module docstring).
 
     Args:
@@ -123,7 +125,13 @@ def compose_scenes(images: np.ndarray, labels: np.ndarray, n: int, size: int = 4
         split: Only seeds the generator (scenes of different splits differ even from the same source).
         seed: Data-set seed.
         per_scene: Inclusive range of garments per scene.
-        fraction: Range of each garment's side as a fraction of the canvas side.
+        fraction: Range of each garment's side as a fraction of the canvas side (ignored with ``garment_px``).
+        garment_px: Inclusive range of each garment's side in pixels, drawn uniformly (28: the native
+            Fashion-MNIST image, not resized); None: ``fraction`` of the canvas.
+        overlap: The most of a garment's own pixels that may land on earlier garments: one cap for every
+            garment (default :data:`MAX_OVERLAP`; 1 or more: placed anywhere), or a range ``(lo, hi)`` from
+            which each scene draws its own cap uniformly (values of 1 or more place that scene's garments
+            anywhere), so the scenes range from barely touching to heavily overlapping garments.
 
     Returns:
         images uint8 (n, size, size, 3), labels int64 (n,) -- the class (0-based, ``FASHION_CLASSES``) with
@@ -132,17 +140,22 @@ def compose_scenes(images: np.ndarray, labels: np.ndarray, n: int, size: int = 4
     out = np.zeros((n, size, size), np.uint8)
     masks = np.zeros((n, size, size), np.uint8)
     top = np.zeros(n, np.int64)
+    caps = _overlap_range(overlap)
     for i in range(n):
         rng = np.random.default_rng([int(seed), _SPLIT_ID[split], 7, i])
+        cap = caps[0] if caps[0] == caps[1] else float(rng.uniform(*caps))  # the default draws nothing extra
         for _ in range(int(rng.integers(per_scene[0], per_scene[1] + 1))):
             j = int(rng.integers(len(labels)))
-            side = max(4, min(size, int(round(size * rng.uniform(*fraction)))))
+            if garment_px is None:
+                side = max(4, min(size, int(round(size * rng.uniform(*fraction)))))
+            else:
+                side = max(4, min(size, int(rng.integers(int(garment_px[0]), int(garment_px[1]) + 1))))
             g = images[j] if side == 28 else np.asarray(Image.fromarray(images[j]).resize((side, side),
                                                                                             Image.BILINEAR))
             on = g > MASK_THRESHOLD
             for _try in range(MAX_TRIES):  # a place where the garment hides little of the earlier ones
                 y, x = (int(v) for v in rng.integers(0, size - side + 1, 2))
-                if (masks[i, y:y + side, x:x + side][on] > 0).sum() <= MAX_OVERLAP * on.sum():
+                if cap >= 1.0 or (masks[i, y:y + side, x:x + side][on] > 0).sum() <= cap * on.sum():
                     out[i, y:y + side, x:x + side][on] = g[on]
                     masks[i, y:y + side, x:x + side][on] = labels[j] + 1
                     break
@@ -151,13 +164,50 @@ def compose_scenes(images: np.ndarray, labels: np.ndarray, n: int, size: int = 4
     return np.repeat(out[..., None], 3, axis=-1), top, masks
 
 
+def _overlap_range(overlap) -> Tuple[float, float]:
+    """``overlap`` (a number or a ``(lo, hi)`` pair) as a checked ``(lo, hi)`` pair."""
+    lo, hi = (float(overlap), float(overlap)) if np.isscalar(overlap) else (float(overlap[0]), float(overlap[1]))
+    if not 0.0 <= lo <= hi:
+        raise ValueError(f"overlap must be a number >= 0 or a range 0 <= lo <= hi, got {overlap!r}")
+    return lo, hi
+
+
+#: The scene options :func:`fashion` (and so ``train-model --scene-*``) passes on to :func:`compose_scenes`.
+SCENE_OPTIONS = ("per_scene", "fraction", "garment_px", "overlap")
+
+
+def check_scene_options(scene: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """``scene`` (options of :func:`compose_scenes`) checked, as a plain JSON-able dict.
+
+    Raises:
+        ValueError: an unknown option or an impossible range.
+    """
+    out: Dict[str, Any] = {}
+    for key, value in (scene or {}).items():
+        if key not in SCENE_OPTIONS:
+            raise ValueError(f"unknown scene option {key!r}; valid: {', '.join(SCENE_OPTIONS)}")
+        if value is None:
+            continue
+        if key == "overlap":
+            lo, hi = _overlap_range(value)
+            out[key] = lo if lo == hi else [lo, hi]
+            continue
+        lo, hi = value
+        if not 0 < lo <= hi or (key == "fraction" and hi > 1):
+            raise ValueError(f"scene option {key} must be a range 0 < lo <= hi{' <= 1' if key == 'fraction' else ''}, "
+                             f"got {value!r}")
+        out[key] = [float(lo), float(hi)] if key == "fraction" else [int(lo), int(hi)]
+    return out
+
+
 def fashion(split: str, task: str = "cls", img_size: Optional[int] = None, n: Optional[int] = None,
-            seed: int = 0, root: Optional[os.PathLike] = None):
+            seed: int = 0, root: Optional[os.PathLike] = None, scene: Optional[Dict[str, Any]] = None):
     """A split of Fashion-MNIST as an :class:`~attnzoo.data.datasets.ImageSet`.
 
     Classification: the split's 28x28 images (resized to ``img_size``, default 28), gray in 3 channels, the first
     ``n`` (all by default). Segmentation: ``n`` composed scenes (``SCENE_SIZES`` by default) of side ``img_size``
-    (default 48).
+    (default 48), composed with ``scene`` (options of :func:`compose_scenes`: ``per_scene``, ``fraction``,
+    ``garment_px``, ``overlap``; their defaults when None).
     """
     from attnzoo.data.datasets import ImageSet, gray_to_rgb
 
@@ -169,5 +219,6 @@ def fashion(split: str, task: str = "cls", img_size: Optional[int] = None, n: Op
     if task != "seg":
         raise ValueError(f"unknown task {task!r}; valid: cls, seg")
     count = SCENE_SIZES[split] if n is None else n
-    images, top, masks = compose_scenes(gray, labels, count, img_size or 48, split, seed)
+    opts = {k: tuple(v) if isinstance(v, list) else v for k, v in check_scene_options(scene).items()}
+    images, top, masks = compose_scenes(gray, labels, count, img_size or 48, split, seed, **opts)
     return ImageSet(images, top, masks, list(FASHION_SEG_CLASSES), "fashion")
