@@ -314,7 +314,8 @@ def calibration_images(config: Mapping[str, Any], count: int = DEFAULT_CALIBRATI
     task = config["task"]
     data_seed = int(config.get("data_seed", 0))
     if task == "seg":  # composed scenes: draw exactly `count` training scenes
-        images = load_data(data, "train", task, size, n=count, seed=data_seed + 1 + seed).images
+        images = load_data(data, "train", task, size, n=count, seed=data_seed + 1 + seed,
+                           scene=config.get("scene")).images
     else:
         images = load_data(data, "train", task, size, seed=data_seed).images
         if count < len(images):
@@ -965,7 +966,8 @@ def evaluate_onnx(models: Mapping[str, Union[str, Path, onnx.ModelProto]], confi
     from attnzoo.metrics import confusion_matrix, metrics_from_confusion
 
     task, size = config["task"], int(config["img_size"])
-    data = load_data(config["data"], "test", task, size, n=limit, seed=int(config.get("data_seed", 0)))
+    data = load_data(config["data"], "test", task, size, n=limit, seed=int(config.get("data_seed", 0)),
+                     scene=config.get("scene"))
     x = normalize(data.images, config.get("mean", DEFAULT_MEAN), config.get("std", DEFAULT_STD))
     y = data.labels if task == "cls" else data.masks.astype(np.int64)
     k = len(data.class_names)

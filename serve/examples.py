@@ -86,7 +86,8 @@ def generate(folder: Path = EXAMPLES_DIR, n_cls: int = 6, n_seg: int = 4, seed: 
                  "label": FASHION_CLASSES[int(cls.labels[j])], "test_index": j}
         _save_png(cls.images[j], folder / entry["image"])
         entries.append(entry)
-    seg = fashion("test", "seg", RECIPES["fashion/seg"]["img_size"], n_seg, seed)
+    seg = fashion("test", "seg", RECIPES["fashion/seg"]["img_size"], n_seg, seed,
+                  scene=RECIPES["fashion/seg"].get("scene"))
     for i in range(n_seg):
         name = f"fashion_seg_{i}"
         entry = {"image": f"{name}.png", "task": "seg", "sha256": pixel_hash(Image.fromarray(seg.images[i])),

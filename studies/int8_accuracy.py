@@ -70,16 +70,18 @@ def int8_rows(entries: List[Dict[str, Any]], cache_dir: Path, threads: int, batc
     from attnzoo.benchmarks.timing import measure_pair
 
     rows = []
-    data_cache: Dict[Tuple[str, str, int, int], Any] = {}
+    data_cache: Dict[Tuple[str, str, int, int, str], Any] = {}
     cache_dir.mkdir(parents=True, exist_ok=True)
     for e in tqdm(entries, desc="int8 accuracy", unit="model", disable=not progress):
         model, cfg = zoo.load(e["variant"], e["task"], e["data"])
         stem = f"{e['variant']}_{e['task']}_{e['data']}"
         fp32 = _verified_fp32(model, cfg, cache_dir / f"{stem}.onnx", e.get("sha256", ""), threads)
         int8 = quantize_int8(fp32, cache_dir / f"{stem}.int8.onnx")
-        key = (e["data"], e["task"], int(cfg["img_size"]), int(cfg.get("data_seed", 0)))
+        key = (e["data"], e["task"], int(cfg["img_size"]), int(cfg.get("data_seed", 0)),
+               json.dumps(cfg.get("scene"), sort_keys=True))
         if key not in data_cache:
-            data_cache[key] = load_data(e["data"], "test", e["task"], key[2], n=limit, seed=key[3])
+            data_cache[key] = load_data(e["data"], "test", e["task"], key[2], n=limit, seed=key[3],
+                                        scene=cfg.get("scene"))
         data = data_cache[key]
         x = normalize(data.images, cfg["mean"], cfg["std"])
         y = data.labels if e["task"] == "cls" else data.masks.astype(np.int64)

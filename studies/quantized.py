@@ -82,7 +82,8 @@ def _predict(models: Mapping[str, Any], config: Mapping[str, Any], limit: Option
     from attnzoo.runtime.evaluate import EVAL_BATCH, cpu_session, predict_session
 
     task, size = config["task"], int(config["img_size"])
-    data = load_data(config["data"], "test", task, size, n=limit, seed=int(config.get("data_seed", 0)))
+    data = load_data(config["data"], "test", task, size, n=limit, seed=int(config.get("data_seed", 0)),
+                     scene=config.get("scene"))
     x = normalize(data.images, config.get("mean", DEFAULT_MEAN), config.get("std", DEFAULT_STD))
     y = data.labels if task == "cls" else data.masks.astype(np.int64)
     preds = {label: predict_session(cpu_session(m, threads), x, EVAL_BATCH) for label, m in models.items()}

@@ -49,6 +49,19 @@ def test_scenes_have_masks_exactly_on_garment_pixels(check):
     np.testing.assert_array_equal(scenes, again)  # seeded: the same scenes on every run
 
 
+def test_its_scene_options_native_garments_and_per_scene_caps(check):
+    images, labels = check.read_idx(SUBSET / "t10k-images-idx3-ubyte.gz"), check.read_idx(SUBSET / "t10k-labels-idx1-ubyte.gz")
+    scenes, masks = check.compose(images, labels, 30, size=56, garment_px=(28, 28), max_overlap=(0.0, 1.0))
+    assert scenes.shape == masks.shape == (30, 56, 56)
+    np.testing.assert_array_equal(masks > 0, scenes > 24)
+    # the default call still draws the README's scenes (no extra draw for a single cap)
+    np.testing.assert_array_equal(check.compose(images, labels, 5)[1],
+                                  check.compose(images, labels, 5, max_overlap=0.15, fraction=(0.35, 0.60))[1])
+    true, pred = np.array([[0, 1], [2, 2]]), np.array([[0, 1], [1, 2]])
+    iou = check.per_class_iou(check.confusion(true, pred, 4))
+    assert iou[0] == 100 and iou[1] == 50 and iou[2] == 50 and np.isnan(iou[3])
+
+
 def test_export_and_plain_onnxruntime_reproduce_the_zoo_subset_metric(check, tmp_path):
     """export-model (a subprocess) + the ONNX metadata's preprocessing + plain onnxruntime on the first
     SUBSET_N official test images gives the top-1 the zoo recorded for them."""

@@ -91,7 +91,7 @@ def _load_shared(todo: List[Dict[str, Any]]) -> None:
         r = RECIPES[f"{data}/{task}"]
         sizes = {"train": r["train_size"], "val": r["val_size"], "test": TEST_N[data]}
         for split, n in sizes.items():
-            _SHARED[_key(data, task, split)] = load_data(data, split, task, r["img_size"], n)
+            _SHARED[_key(data, task, split)] = load_data(data, split, task, r["img_size"], n, scene=r.get("scene"))
 
 
 def _run_job(job: Dict[str, Any], out_dir: str) -> Dict[str, Any]:
@@ -173,9 +173,9 @@ def baselines() -> Dict[str, Dict[str, float]]:
     cls = {"chance": round(100.0 / len(test_set.class_names), 2),
            "logistic_regression_pixels": round(100.0 * clf.score(flat(test_set), test_set.labels), 2)}
     r = RECIPES["fashion/seg"]
-    seg = load_data("fashion", "test", "seg", r["img_size"], TEST_N["fashion"])
+    seg = load_data("fashion", "test", "seg", r["img_size"], TEST_N["fashion"], scene=r.get("scene"))
     k = len(seg.class_names)
-    train_masks = load_data("fashion", "train", "seg", r["img_size"], r["train_size"]).masks
+    train_masks = load_data("fashion", "train", "seg", r["img_size"], r["train_size"], scene=r.get("scene")).masks
     majority = int(np.bincount(train_masks.ravel(), minlength=k)[1:].argmax()) + 1
     pred = np.where(seg.images[..., 0] > MASK_THRESHOLD, majority, 0)
     conf = confusion_matrix(seg.masks, pred, k)
@@ -304,8 +304,9 @@ def verify(limit: int = SUBSET_N, tolerance: float = 0.5) -> List[str]:
             problems.append(f"zoo/{e['onnx']['file']}: missing, or its sha256 does not match the manifest")
         model, config = load_checkpoint(path)
         key = _key(e["data"], e["task"], "test")
-        if key not in cache:
-            cache[key] = load_data(e["data"], "test", e["task"], config["img_size"], limit)
+        if key not in cache:  # the test scenes of the model's own recipe (scene options in its config)
+            cache[key] = load_data(e["data"], "test", e["task"], config["img_size"], limit,
+                                   scene=config.get("scene"))
         got = evaluate(model, cache[key], e["task"], config["mean"], config["std"])["metric"]
         n_eval = len(cache[key])
         if limit == e.get("subset_n"):

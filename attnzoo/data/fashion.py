@@ -27,7 +27,8 @@ import numpy as np
 from PIL import Image
 
 __all__ = ["FASHION_CLASSES", "FASHION_SEG_CLASSES", "DEFAULT_ROOT", "MASK_THRESHOLD", "VAL_EVERY",
-           "SCENE_SIZES", "MAX_OVERLAP", "MAX_TRIES", "SCENE_OPTIONS", "check_scene_options", "fashion_root", "read_idx", "fashion_arrays", "compose_scenes", "fashion"]
+           "SCENE_SIZES", "MAX_OVERLAP", "MAX_TRIES", "SCENE_OPTIONS", "check_scene_options", "fashion_root",
+           "read_idx", "fashion_arrays", "compose_scenes", "fashion"]
 
 FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
                    "Ankle boot"]
