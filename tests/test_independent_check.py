@@ -40,7 +40,8 @@ def test_miou_by_hand(check):
 
 
 def test_scenes_have_masks_exactly_on_garment_pixels(check):
-    images, labels = check.read_idx(SUBSET / "t10k-images-idx3-ubyte.gz"), check.read_idx(SUBSET / "t10k-labels-idx1-ubyte.gz")
+    images = check.read_idx(SUBSET / "t10k-images-idx3-ubyte.gz")
+    labels = check.read_idx(SUBSET / "t10k-labels-idx1-ubyte.gz")
     scenes, masks = check.compose(images, labels, 50)
     assert scenes.shape == masks.shape == (50, 48, 48)
     np.testing.assert_array_equal(masks > 0, scenes > 24)
@@ -50,7 +51,8 @@ def test_scenes_have_masks_exactly_on_garment_pixels(check):
 
 
 def test_its_scene_options_native_garments_and_per_scene_caps(check):
-    images, labels = check.read_idx(SUBSET / "t10k-images-idx3-ubyte.gz"), check.read_idx(SUBSET / "t10k-labels-idx1-ubyte.gz")
+    images = check.read_idx(SUBSET / "t10k-images-idx3-ubyte.gz")
+    labels = check.read_idx(SUBSET / "t10k-labels-idx1-ubyte.gz")
     scenes, masks = check.compose(images, labels, 30, size=56, garment_px=(28, 28), max_overlap=(0.0, 1.0))
     assert scenes.shape == masks.shape == (30, 56, 56)
     np.testing.assert_array_equal(masks > 0, scenes > 24)

@@ -100,7 +100,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if scene and (args.data != "fashion" or args.task != "seg"):
         raise UsageError("--scene-* options compose Fashion-MNIST scenes: use them with --data fashion --task seg")
     try:
-        from attnzoo.training.fashion import check_scene_options
+        from attnzoo.data.fashion import check_scene_options
 
         scene = check_scene_options(scene)
     except ValueError as exc:

@@ -425,7 +425,7 @@ def load_data(data: str, split: str, task: str = "cls", img_size: int = 32, n: O
     """Load a split of ``fashion`` (Fashion-MNIST, see :mod:`attnzoo.data.fashion`), ``shapes``, ``digits``,
     or a folder (an ade-folder when it has ``images/`` and
     ``annotations/``, else a class-per-folder image folder). ``scene``: how Fashion-MNIST segmentation scenes are
-    composed (:func:`attnzoo.training.fashion.compose_scenes` options); only ``fashion`` takes it."""
+    composed (:func:`attnzoo.data.fashion.compose_scenes` options); only ``fashion`` takes it."""
     if scene and not (data == "fashion" and task == "seg"):
         raise ValueError(f"scene options compose Fashion-MNIST segmentation scenes; {data!r} {task} takes none")
     if data == "shapes":
