@@ -592,3 +592,55 @@ def test_load_test_kill_only_repeats(tmp_path):
     for k in result["kill_repeats"]:
         _assert_no_request_failed(k)
     assert "Kill test repeated 2 times" in (out / "results.md").read_text()
+
+
+def test_serve_models_refuses_before_anything_starts(monkeypatch):
+    """The library call checks its settings first: a taken port is a UsageError (exit 2 from the command) and
+    Ray never starts."""
+    import socket
+
+    import ray
+
+    from attnzoo.cli import UsageError
+    from attnzoo.serve.rayserve import serve_models
+
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray started although the port is taken"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        with pytest.raises(UsageError, match="choose another --port"):
+            with serve_models(ServeConfig(port=s.getsockname()[1], arch="micro", variants=["standard"])):
+                pytest.fail("the body ran")
+    with pytest.raises(UsageError, match="--metrics-port must be in 1..65535"):
+        with serve_models(ServeConfig(arch="micro", variants=["standard"]), metrics_port=0):
+            pytest.fail("the body ran")
+
+
+@pytest.mark.slow
+def test_serve_models_serves_from_python_and_leaves_nothing(tmp_path):
+    """``with serve_models(cfg) as served``: the URL answers a classification while the body runs; after it the
+    port is free and no process of the local Ray is left (a fresh interpreter: Ray in the test process)."""
+    code = f"""
+import sys, httpx, psutil
+from attnzoo.serve.rayserve import ServeConfig, serve_models
+from attnzoo.serve.rayserve.launch import free_port, port_problem
+port = free_port()
+before = {{p.pid for p in psutil.Process().children(recursive=True)}}
+with serve_models(ServeConfig(port=port, arch="micro", variants=["standard"], task="cls",
+                              cache_dir={str(tmp_path)!r})) as served:
+    assert served.url == f"http://127.0.0.1:{{port}}", served.url
+    names = [m["name"] for m in httpx.get(served.url + "/models", timeout=30).json()["models"]]
+    assert names, names
+    with open({str(tmp_path / "x.png")!r}, "rb") as f:
+        answer = httpx.post(served.url + "/classify", files={{"file": f}}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    kids = psutil.Process().children(recursive=True)
+    assert kids, "no Ray process started"
+gone, alive = psutil.wait_procs(kids, timeout=10)
+assert not alive, alive
+assert port_problem("127.0.0.1", port) is None
+print("ok")
+"""
+    Image.fromarray(np.full((28, 28, 3), 200, np.uint8)).save(tmp_path / "x.png")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), (done.stdout[-2000:], done.stderr[-3000:])

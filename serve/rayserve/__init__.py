@@ -1,8 +1,13 @@
 """attnzoo.serve.rayserve: serving past one process.
 
-- ``serve-models`` (:mod:`.cli`): the verified ONNX models behind a Ray Serve deployment (:mod:`.app`) with
-  ``@serve.batch`` dynamic batching, replicas, HTTP routes for classify / segment, health and stats;
+- :func:`serve_models` (:mod:`.launch`), and ``serve-models`` (:mod:`.cli`) around it: the verified ONNX
+  models behind a Ray Serve deployment (:mod:`.app`) with ``@serve.batch`` dynamic batching, replicas, HTTP routes for classify / segment, health and stats;
 - :mod:`.loadtest`: concurrent clients against it, with the offline benchmark on the same machine.
 
 Triton model repositories are written by ``export-model --format triton`` (:mod:`attnzoo.export.triton`).
 """
+
+from attnzoo.serve.rayserve.config import ServeConfig
+from attnzoo.serve.rayserve.launch import Served, serve_models
+
+__all__ = ["ServeConfig", "Served", "serve_models"]

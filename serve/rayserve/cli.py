@@ -18,13 +18,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import List, Optional
 
 from attnzoo.cli import UsageError, add_debug_flag, entry_point
-
-from attnzoo.serve.rayserve.config import DEFAULT_MAX_BATCH, DTYPES, TASK_CHOICES, ServeConfig, merged, read_config_file
+from attnzoo.runtime.sessions import SERVED_DTYPES
+from attnzoo.serve.rayserve.config import DEFAULT_MAX_BATCH, TASK_CHOICES, ServeConfig, merged, read_config_file
 
 __all__ = ["main", "build_parser"]
 
@@ -73,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", help="ort-cpu (default; alias onnxruntime) or openvino on the CPU, or tensorrt (engines "
                                        "built once per replica's GPU, checked against ONNX Runtime); any backend of "
                                        "python -m attnzoo.runtime that runs ONNX files, by name or alias")
-    run.add_argument("--dtype", choices=DTYPES,
+    run.add_argument("--dtype", choices=SERVED_DTYPES,
                      help="int8: serve only int8 models whose export-model verification report holds (the "
                           "zoo's, quantized and scored on their test split once into the cache; or the files of "
                           "--models DIR from export-model --dtype int8, unverified ones skipped with the reason); "
@@ -125,51 +124,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``serve-models``: runs until Ctrl-C / SIGTERM."""
     args = build_parser().parse_args(argv)
     cfg = config_from_args(args)
-    if cfg.dtype == "bf16":  # refused on a CPU without bf16 units before anything starts
-        from attnzoo.runtime.backends import get_backend
+    from attnzoo.serve.rayserve.launch import serve_models
 
-        reason = get_backend("openvino").unavailable_reason("bf16")
-        if reason:
-            raise ValueError(f"--dtype bf16: {reason}")
-    if args.metrics_port is not None and not 1 <= args.metrics_port <= 65535:
-        raise UsageError(f"--metrics-port must be in 1..65535, got {args.metrics_port}")
-    from attnzoo.serve.rayserve.launch import (check_zoo_selection, deploy, export_pending, is_loopback, metrics_url,
-                                               port_problem, ray_serve_mode, select_models, start_ray, stop,
-                                               stop_watchdog)
-
-    if cfg.address is None:
-        problem = port_problem(cfg.host, cfg.port)
-        if problem:
-            raise UsageError(f"{problem} (choose another --port)")
-    if not is_loopback(cfg.host):
-        print(f"warning: --host {cfg.host}: port {cfg.port} answers whoever can reach this machine there (no "
-              "authentication, no TLS)" + ("; nothing else listens beyond loopback" if cfg.address is None else ""),
-              file=sys.stderr, flush=True)
-    started = False
-    with stop_watchdog(), ThreadPoolExecutor(1, thread_name_prefix="attnzoo-select") as pool:
-        try:  # a signal during start-up too: stop() ends whatever ray.init had started
-            chosen = None
-            if cfg.models is None and cfg.arch is None:  # the zoo: what it lacks is refused before Ray starts,
-                check_zoo_selection(cfg)                  # its first models are verified while Ray starts
-                chosen = pool.submit(select_models, cfg)
-            else:  # a folder's files (quick), or random-init models: refused or exported before Ray starts
-                selection = select_models(cfg)
-            started = start_ray(cfg, args.metrics_port)
-            if chosen is not None:
-                selection = chosen.result()
-            url = deploy(cfg, selection)
-            _announce(cfg, selection, url, ray_serve_mode(), metrics_url())
-            if selection.pending:
-                ready = export_pending(selection, cfg.cache_dir)
-                print(f"  {ready} model(s) ready", flush=True)
-            while True:
-                time.sleep(3600)
-        finally:
-            stop(started)
+    with serve_models(cfg, metrics_port=args.metrics_port) as served:
+        _announce(cfg, served)
+        if served.selection.pending:
+            print(f"  {served.export_pending()} model(s) ready", flush=True)
+        while True:
+            time.sleep(3600)
 
 
-def _announce(cfg: ServeConfig, selection, url: str, mode: str, metrics: Optional[str]) -> None:
+def _announce(cfg: ServeConfig, served) -> None:
     """The start-up lines: what is served where (the first one is what scripts wait for)."""
+    selection, url, mode, metrics = served.selection, served.url, served.mode, served.metrics
     batching = (f"dynamic batching up to {cfg.max_batch_size} requests, {cfg.batch_wait_ms:g} ms wait"
                 if cfg.max_batch_size > 1 else "batching off")
     print(f"serving {len(selection.files)} model(s) with {cfg.replicas} replica(s) x {cfg.intra_op_threads} "

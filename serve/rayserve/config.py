@@ -27,9 +27,6 @@ __all__ = ["ServeConfig", "TASK_CHOICES", "DEFAULT_MAX_BATCH", "onnx_backends", 
 MAX_CONFIG_BYTES = 64 * 1024
 #: ``--task``: which models to serve.
 TASK_CHOICES = ("cls", "seg", "both")
-#: ``--dtype`` (:data:`attnzoo.runtime.sessions.SERVED_DTYPES`): the unquantized files (fp32 and fp16 exports),
-#: or int8 ones whose export-model verification holds (:func:`attnzoo.runtime.sessions.verification_problem`).
-DTYPES = SERVED_DTYPES
 #: ``max_batch_size`` when none is given, for replicas without / with a GPU. On the CPU, batching does not
 #: pay: ONNX Runtime runs ViT-Ti at 63.9 img/s at batch 1 and 56.8 at batch 8 on one thread
 #: (``results/bench-latency/cpu-tiny``), so it is off; on a GPU, batches are what fill the device.
@@ -114,7 +111,7 @@ class ServeConfig:
             ("max_ongoing_requests", self.max_ongoing_requests >= self.max_batch_size,
              f"must be at least max_batch_size ({self.max_batch_size})"),
             ("task", self.task in TASK_CHOICES, f"must be one of {', '.join(TASK_CHOICES)}"),
-            ("dtype", self.dtype in DTYPES, f"must be one of {', '.join(DTYPES)}"),
+            ("dtype", self.dtype in SERVED_DTYPES, f"must be one of {', '.join(SERVED_DTYPES)}"),
             ("host", bool(re.fullmatch(r"[A-Za-z0-9.:-]+", self.host)), "must be an IP address or a host name"),
             ("decode_memory_mb", self.decode_memory_mb is None or 0 < self.decode_memory_mb < 2**40,
              "must be a positive number of MiB"),

@@ -23,16 +23,18 @@ import socket
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
+from attnzoo.cli import UsageError
 from attnzoo.serve.rayserve.config import ServeConfig
 
 __all__ = ["Selection", "select_models", "check_zoo_selection", "export_pending", "random_init_models",
            "port_problem", "start_ray", "deploy", "stop", "stop_watchdog", "STOP_GRACE_S",
            "WATCHDOG_S", "free_port", "metrics_url", "LOCAL_RAY_ENV", "ray_serve_mode", "is_loopback",
-           "haproxy_wrapper"]
+           "haproxy_wrapper", "serve_models", "Served", "check_serve_config"]
 
 #: Environment of a Ray that ``start_ray`` starts (each is only a default: a value already set wins, ``=0``
 #: turns a switch off). Ray Serve's throughput-optimized mode (direct ingress to the replicas, gRPC inside Serve,
@@ -711,3 +713,80 @@ def stop(started_ray: bool, name: Optional[str] = None) -> None:
         serve.delete(name or DEPLOYMENT)
     finally:
         ray.shutdown()  # disconnect this driver; the cluster stays
+
+
+@dataclass
+class Served:
+    """What :func:`serve_models` started: the models' ``url``, the :class:`Selection` served, Ray Serve's ingress
+    mode and its Prometheus ``metrics`` URL (None when off)."""
+
+    url: str
+    selection: Selection
+    mode: str
+    metrics: Optional[str]
+    cache_dir: Optional[Path] = None
+
+    def export_pending(self) -> int:
+        """Export and verify the zoo models still pending (each answers 503 until then); return how many are ready."""
+        return export_pending(self.selection, self.cache_dir) if self.selection.pending else 0
+
+
+def check_serve_config(cfg: ServeConfig, metrics_port: Optional[int] = None) -> List[str]:
+    """What ``cfg`` cannot start with, raised before anything starts; returns the warnings to show.
+
+    Raises:
+        UsageError: a bad metrics port, or the port cannot be listened on (a ValueError: exit status 2).
+        ValueError: bf16 on a CPU without bf16 units.
+    """
+    if cfg.dtype == "bf16":
+        from attnzoo.runtime.backends import get_backend
+
+        reason = get_backend("openvino").unavailable_reason("bf16")
+        if reason:
+            raise ValueError(f"--dtype bf16: {reason}")
+    if metrics_port is not None and not 1 <= metrics_port <= 65535:
+        raise UsageError(f"--metrics-port must be in 1..65535, got {metrics_port}")
+    if cfg.address is None:
+        problem = port_problem(cfg.host, cfg.port)
+        if problem:
+            raise UsageError(f"{problem} (choose another --port)")
+    if is_loopback(cfg.host):
+        return []
+    return [f"--host {cfg.host}: port {cfg.port} answers whoever can reach this machine there (no authentication, "
+            "no TLS)" + ("; nothing else listens beyond loopback" if cfg.address is None else "")]
+
+
+@contextlib.contextmanager
+def serve_models(cfg: ServeConfig, *, metrics_port: Optional[int] = None) -> Iterator[Served]:
+    """Serve the verified models ``cfg`` selects until the ``with`` body ends: what ``serve-models`` does.
+
+    Checks ``cfg`` (:func:`check_serve_config`), selects the models (the zoo's first ones verified while Ray
+    starts), starts or joins Ray, deploys and yields a :class:`Served`; leaving the body (normally, by an
+    exception or by a signal) stops what was started and leaves no process, socket or file behind. Main thread
+    only (signals). Example::
+
+        with serve_models(ServeConfig(variants=["belief2"], task="cls")) as served:
+            print(served.url)   # POST {url}/classify
+            served.export_pending()
+
+    Raises:
+        ValueError: a setting that cannot work, before anything starts.
+    """
+    for warning in check_serve_config(cfg, metrics_port):
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    started = False
+    with stop_watchdog(), ThreadPoolExecutor(1, thread_name_prefix="attnzoo-select") as pool:
+        try:  # a signal during start-up too: stop() ends whatever ray.init had started
+            chosen = None
+            if cfg.models is None and cfg.arch is None:  # the zoo: what it lacks is refused before Ray starts,
+                check_zoo_selection(cfg)                  # its first models are verified while Ray starts
+                chosen = pool.submit(select_models, cfg)
+            else:  # a folder's files (quick), or random-init models: refused or exported before Ray starts
+                selection = select_models(cfg)
+            started = start_ray(cfg, metrics_port)
+            if chosen is not None:
+                selection = chosen.result()
+            url = deploy(cfg, selection)
+            yield Served(url, selection, ray_serve_mode(), metrics_url(), cfg.cache_dir)
+        finally:
+            stop(started)
