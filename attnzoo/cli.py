@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, List, Optional, Sequence, TypeVar
 
 __all__ = ["UsageError", "CommandError", "Terminated", "Interrupted", "CommandExit", "entry_point", "add_debug_flag",
-           "first_line", "parse_names", "one_of", "PendingSignal", "signals_deferred", "run_in_worker", "abandon",
+           "first_line", "parse_names", "parse_batch_sizes", "one_of", "PendingSignal", "signals_deferred", "run_in_worker", "abandon",
            "COMMANDS", "SIGNAL_EXITS",
            "export_model", "bench_latency", "serve_demo", "serve_models", "train_model", "evaluate_model"]
 
@@ -114,6 +114,28 @@ def parse_names(value: str, canonical: Callable[[str], str], kind: str, valid: s
     if bad or not names:
         raise UsageError(f"unknown {kind} {', '.join(map(repr, bad)) or '(none given)'}; valid: {valid}")
     return list(dict.fromkeys(names))
+
+
+def parse_batch_sizes(value: str, flag: str = "--batch-sizes") -> List[int]:
+    """Comma-separated batch sizes from the command line, without repeats, in the order given.
+
+    Raises:
+        UsageError: anything but integers in ``1..MAX_BATCH_SIZE`` (:func:`attnzoo.limits.check_batch_sizes`),
+            or none: one line naming ``flag``.
+    """
+    from attnzoo.limits import check_batch_sizes
+
+    try:
+        sizes = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or any(b < 1 for b in sizes):
+        raise UsageError(f"{flag} must be comma-separated positive integers, got {value!r}")
+    try:
+        check_batch_sizes(sizes, flag)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return list(dict.fromkeys(sizes))
 
 
 def one_of(valid: Sequence[str]) -> Callable[[str], str]:

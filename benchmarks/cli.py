@@ -18,10 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from attnzoo.limits import MAX_BATCH_SIZE, check_batch_sizes
-
 from attnzoo.cli import (CommandError, Interrupted, Terminated, UsageError, add_debug_flag, entry_point, one_of,
-                         parse_names, signals_deferred)
+                         parse_batch_sizes, parse_names, signals_deferred)
+from attnzoo.limits import MAX_BATCH_SIZE
 
 from attnzoo.runtime.backends import DTYPES, backend_names, canonical_backend
 from attnzoo.benchmarks.ceiling import DEFAULT_SIZE, MAX_SIZE
@@ -113,20 +112,6 @@ def variant_list(value: str) -> List[str]:
     return parse_names(value, canonical_name, "variant", f"all, {', '.join(sorted(VARIANTS))}")
 
 
-def _batches(value: str) -> List[int]:
-    try:
-        sizes = [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        sizes = []
-    if not sizes or any(b < 1 for b in sizes):
-        raise UsageError(f"--batch-sizes must be comma-separated positive integers, got {value!r}")
-    try:
-        check_batch_sizes(sizes)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    return list(dict.fromkeys(sizes))
-
-
 def _check_memory(settings) -> None:
     """Refuse (exit 2) a largest batch whose forward pass would not fit in the memory available now."""
     import torch
@@ -165,7 +150,7 @@ def scope(a: argparse.Namespace) -> Dict[str, Any]:
     missing = [v for v in VARIANT_NAMES if v not in variants]
     if missing:
         left_out.append(f"{len(missing)} of {len(VARIANT_NAMES)} variants ({', '.join(missing)})")
-    batches = [b for b in _batches(FULL_SCOPE["batch_sizes"]) if b not in _batches(a.batch_sizes)]
+    batches = [b for b in parse_batch_sizes(FULL_SCOPE["batch_sizes"]) if b not in parse_batch_sizes(a.batch_sizes)]
     if batches:
         left_out.append(f"batch {', '.join(map(str, batches))}")
     for key, what in (("min_time", "s per measurement"), ("compile_budget", "s of torch.compile")):
@@ -206,7 +191,7 @@ def parse_settings(argv: Optional[Sequence[str]] = None):
     cache = a.cache_dir or default_cache_dir() / "bench-latency"
     return Settings(variants=variant_list(a.variants), backends=_backends(a.backends),
                     dtypes=parse_names(a.dtype, one_of(DTYPES), "dtype", ", ".join(DTYPES)),
-                    batch_sizes=_batches(a.batch_sizes), task=a.task, arch=a.arch, img_size=a.img_size,
+                    batch_sizes=parse_batch_sizes(a.batch_sizes), task=a.task, arch=a.arch, img_size=a.img_size,
                     time_limit=a.time_limit, threads=threads, min_time=a.min_time, out=out, cache_dir=cache,
                     device=a.device, seed=a.seed, compile_budget=a.compile_budget, profile=a.profile,
                     pair_eager=not a.no_pair_eager, progress=not a.no_progress, ceiling_size=a.ceiling_size,
@@ -225,7 +210,7 @@ def roofline_main(a: argparse.Namespace) -> int:
         gpus = resolve_gpus(a.roofline)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    variants, batches = variant_list(a.variants), _batches(a.batch_sizes)
+    variants, batches = variant_list(a.variants), parse_batch_sizes(a.batch_sizes)
     if a.against is not None and not a.against.is_file():
         raise UsageError(f"--against {a.against}: no such file")
     writable_dir(a.out, "--out folder")

@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from attnzoo.cli import UsageError, add_debug_flag, entry_point, first_line
+from attnzoo.cli import UsageError, add_debug_flag, entry_point, first_line, parse_batch_sizes
 
 __all__ = ["zoo_row", "speed_rows", "markdown", "main"]
 
@@ -281,7 +281,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m attnzoo.studies.bf16``."""
     from attnzoo.benchmarks.cli import variant_list
     from attnzoo.fileio import atomic_write_text, default_cache_dir, writable_dir
-    from attnzoo.limits import check_batch_sizes
     from attnzoo.machine import environment, load_average
     from attnzoo.runtime.openvino import bf16_unavailable_reason, unavailable_reason
     from attnzoo.studies.int8_accuracy import _entries
@@ -295,9 +294,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if a.out is None:
         raise UsageError("--out is required (or --table to print a report)")
+    batches = parse_batch_sizes(a.batch_sizes)
     try:
-        batches = list(dict.fromkeys(int(b) for b in a.batch_sizes.split(",") if b.strip()))
-        check_batch_sizes(batches)
         thread_counts = _threads(a.speed_threads)
         speed_variants = variant_list(a.speed_variants)
     except ValueError as exc:

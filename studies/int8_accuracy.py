@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from tqdm import tqdm
 
-from attnzoo.cli import UsageError, add_debug_flag, entry_point
+from attnzoo.cli import UsageError, add_debug_flag, entry_point, parse_batch_sizes
 from attnzoo.zoo import DEFAULT_DATA
 
 __all__ = ["int8_rows", "markdown", "readme_table", "machine_label",
@@ -226,7 +226,6 @@ def _entries(a: argparse.Namespace) -> List[Dict[str, Any]]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m attnzoo.studies.int8_accuracy``."""
     from attnzoo.fileio import atomic_write_text, default_cache_dir, writable_dir
-    from attnzoo.limits import check_batch_sizes
 
     from attnzoo.machine import environment, load_average
 
@@ -240,13 +239,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if a.out is None:
         raise UsageError("--out is required (or --table to print the README table)")
-    try:
-        batches = list(dict.fromkeys(int(b) for b in a.batch_sizes.split(",") if b.strip()))
-        check_batch_sizes(batches)
-    except ValueError as exc:
-        raise UsageError(f"--batch-sizes: {exc}") from None
-    if not batches:
-        raise UsageError("--batch-sizes: none given")
+    batches = parse_batch_sizes(a.batch_sizes)
     for flag, v in (("--threads", a.threads), ("--limit", a.limit if a.limit is not None else 1)):
         if v < 1:
             raise UsageError(f"{flag} must be >= 1, got {v}")

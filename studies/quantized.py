@@ -42,7 +42,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 import numpy as np
 from tqdm import tqdm
 
-from attnzoo.cli import UsageError, add_debug_flag, entry_point
+from attnzoo.cli import UsageError, add_debug_flag, entry_point, parse_batch_sizes
 from attnzoo.export.quantize import CPU_QDQ_PLACEMENT, TENSORRT_QDQ_PLACEMENT
 
 __all__ = ["MODELS", "mcnemar_p", "accuracy_row", "speed_rows", "markdown", "main"]
@@ -380,15 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check(a: argparse.Namespace) -> List[int]:
-    from attnzoo.limits import check_batch_sizes
 
-    try:
-        batches = list(dict.fromkeys(int(b) for b in a.batch_sizes.split(",") if b.strip()))
-        check_batch_sizes(batches)
-    except ValueError as exc:
-        raise UsageError(f"--batch-sizes: {exc}") from None
-    if not batches:
-        raise UsageError("--batch-sizes: none given")
+    batches = parse_batch_sizes(a.batch_sizes)
     for flag, v in (("--speed-threads", a.speed_threads), ("--calibration-count", a.calibration_count),
                     ("--threads", a.threads if a.threads is not None else 1),
                     ("--limit", a.limit if a.limit is not None else 1)):

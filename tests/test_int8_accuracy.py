@@ -67,7 +67,7 @@ def test_readme_table_puts_machines_side_by_side():
 @pytest.mark.parametrize("argv,needle", [
     (["--variants", "nope", "--out", "OUT"], "unknown variant 'nope'; valid: all,"),
     (["--data", "imagenet", "--out", "OUT"], "the zoo has no cls models for data 'imagenet'"),
-    (["--batch-sizes", "0", "--out", "OUT"], "out of range"),
+    (["--batch-sizes", "100000", "--out", "OUT"], "100000 out of range"),
     ([], "--out is required"),
     (["--table", "/nonexistent.json"], "no such file"),
 ])

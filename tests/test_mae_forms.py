@@ -14,8 +14,8 @@ from attnzoo.runtime.parity import TOLERANCES
 @pytest.mark.parametrize("argv,message", [
     (["--variant", "standard"], "--variant: unknown 'standard'; valid: wafe-mae, anti-wafe-mae"),
     (["--arch", "huge"], "--arch: unknown 'huge'"),
-    (["--blocks", "0"], "--blocks sizes must be >= 1"),
-    (["--batch-sizes", "0"], "--batch-sizes/--blocks: --batch-sizes: 0 out of range"),
+    (["--blocks", "0"], "--blocks must be comma-separated positive integers, got '0'"),
+    (["--batch-sizes", "0"], "--batch-sizes must be comma-separated positive integers, got '0'"),
     (["--rounds", "1"], "--rounds must be >= 2"),
 ])
 def test_bad_input_one_line_exit_2(argv, message, tmp_path, capsys):
