@@ -283,17 +283,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from attnzoo.fileio import atomic_write_text, default_cache_dir, writable_dir
     from attnzoo.machine import environment, load_average
     from attnzoo.runtime.openvino import bf16_unavailable_reason, unavailable_reason
-    from attnzoo.studies.int8_accuracy import _entries
+    from attnzoo.studies.report import reprint, require_out, write_report, zoo_entries
 
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
-    if a.table is not None:
-        if not a.table.is_file():
-            raise UsageError(f"--table: no such file: {a.table}")
-        print(markdown(json.loads(a.table.read_text())))
+    if reprint(a.table, markdown):
         return 0
-    if a.out is None:
-        raise UsageError("--out is required (or --table to print a report)")
+    require_out(a.out)
     batches = parse_batch_sizes(a.batch_sizes)
     try:
         thread_counts = _threads(a.speed_threads)
@@ -307,7 +303,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     reason = unavailable_reason()
     if reason:
         raise ValueError(reason)
-    entries = _entries(a)
+    entries = zoo_entries(a)
     writable_dir(a.out, "--out folder")
     cache = a.cache_dir or default_cache_dir() / "bf16-study"
     writable_dir(cache, "--cache-dir folder")
@@ -332,10 +328,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                      progress=not a.no_progress)
     result["load_end"] = load_average()
     md = markdown(result)
-    atomic_write_text(a.out / "bf16.json", json.dumps(result, indent=1) + "\n")
-    atomic_write_text(a.out / "bf16.md", md)
+    write_report(a.out, "bf16", result, md)
     (a.out / "bf16.partial.json").unlink(missing_ok=True)
-    print(md)
     return 0
 
 

@@ -175,11 +175,6 @@ def readme_table(results: Sequence[Dict[str, Any]]) -> str:
     return "\n".join([markdown_table(header, rows), "", *[f"- {n}" for n in notes]])
 
 
-def _contended(load_start: List[float], load_end: List[float], threads: int) -> bool:
-    loads = [v[0] for v in (load_start, load_end) if v]
-    return bool(loads) and max(loads) > threads + 0.5
-
-
 def add_zoo_selection(p: argparse.ArgumentParser) -> None:
     """The flags that choose which zoo models are scored and on how much of the test split."""
     p.add_argument("--variants", default="all", help="'all' or comma-separated variant names")
@@ -204,28 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
     return add_debug_flag(p)
 
 
-def _entries(a: argparse.Namespace) -> List[Dict[str, Any]]:
-    """Zoo entries of --data / --task / --variants; ``UsageError`` naming what the zoo has otherwise."""
-    from attnzoo import zoo
-    from attnzoo.benchmarks.cli import variant_list
-
-    have = [e for e in zoo.entries() if e["data"] == a.data and a.task in ("all", e["task"])]
-    if not have:
-        datasets = sorted({e["data"] for e in zoo.entries()})
-        raise UsageError(f"the zoo has no {a.task} models for data {a.data!r}; it has data: {', '.join(datasets)}")
-    if a.variants.strip() == "all":
-        return have
-    wanted = variant_list(a.variants)
-    missing = [v for v in wanted if v not in {e["variant"] for e in have}]
-    if missing:
-        raise UsageError(f"the zoo has no {a.task} {a.data} model of {', '.join(missing)}")
-    return [e for e in have if e["variant"] in wanted]
-
-
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m attnzoo.studies.int8_accuracy``."""
-    from attnzoo.fileio import atomic_write_text, default_cache_dir, writable_dir
+    from attnzoo.fileio import default_cache_dir, writable_dir
+    from attnzoo.studies.report import contended, write_report, zoo_entries
 
     from attnzoo.machine import environment, load_average
 
@@ -245,7 +223,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise UsageError(f"{flag} must be >= 1, got {v}")
     if not a.min_time > 0:
         raise UsageError(f"--min-time must be > 0, got {a.min_time}")
-    entries = _entries(a)
+    entries = zoo_entries(a)
     writable_dir(a.out, "--out folder")  # before the models are exported, quantized and timed
     cache = a.cache_dir or default_cache_dir() / "int8"
     writable_dir(cache, "--cache-dir folder")
@@ -254,12 +232,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     load_end = load_average()
     result = {"command": shlex.join(["python", "-m", "attnzoo.studies.int8_accuracy", *argv]),
               "threads": a.threads, "batch_sizes": batches, "data": a.data, "limit": a.limit, "environment": env,
-              "load_average_end": load_end, "contended": _contended(env["load_average"], load_end, a.threads),
+              "load_average_end": load_end, "contended": contended(env["load_average"], load_end, a.threads),
               "rows": rows}
-    md = markdown(result)
-    atomic_write_text(a.out / "int8_accuracy.md", md)
-    atomic_write_text(a.out / "int8_accuracy.json", json.dumps(result, indent=1) + "\n")
-    print(md)
+    write_report(a.out, "int8_accuracy", result, markdown(result))
     return 0
 
 

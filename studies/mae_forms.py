@@ -16,7 +16,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from pathlib import Path
@@ -131,7 +130,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import torch
 
     from attnzoo.runtime.backends.ort_cpu import tuned_cpu_session
-    from attnzoo.fileio import atomic_write_text, default_cache_dir, writable_dir
+    from attnzoo.fileio import default_cache_dir, writable_dir
+    from attnzoo.studies.report import write_report
     from attnzoo.models import ARCHS, create_model
     from attnzoo.runtime.openvino import OpenVINOSession, unavailable_reason
     from attnzoo.runtime.parity import check
@@ -197,10 +197,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               "variant": a.variant, "arch": a.arch, "threads": a.threads, "batch_sizes": batches, "blocks": blocks,
               "rounds": a.rounds, "openvino": ov_missing or "used", "exports": exports, "environment": env,
               "load_average_end": load_average(), "rows": rows}
-    md = markdown(result)
-    atomic_write_text(a.out / "mae_forms.md", md)
-    atomic_write_text(a.out / "mae_forms.json", json.dumps(result, indent=1) + "\n")
-    print(md)
+    write_report(a.out, "mae_forms", result, markdown(result))
     return 0
 
 

@@ -399,23 +399,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from attnzoo.models import canonical_name
 
     from attnzoo.machine import environment, load_average
-    from attnzoo.studies.int8_accuracy import _contended, _entries
+    from attnzoo.studies.report import contended, reprint, require_out, write_report, zoo_entries
 
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
-    if a.table is not None:
-        if not a.table.is_file():
-            raise UsageError(f"--table: no such file: {a.table}")
-        print(markdown(json.loads(a.table.read_text())))
+    if reprint(a.table, markdown):
         return 0
-    if a.out is None:
-        raise UsageError("--out is required (or --table to print a report)")
+    require_out(a.out)
     batches = _check(a)
     try:
         speed_variant = canonical_name(a.speed_variant)
     except ValueError as exc:
         raise UsageError(f"--speed-variant: {exc}") from None
-    entries = [] if a.timing_only else _entries(a)
+    entries = [] if a.timing_only else zoo_entries(a)
     writable_dir(a.out, "--out folder")
     cache = a.cache_dir or default_cache_dir() / "quantized"
     writable_dir(cache, "--cache-dir folder")
@@ -445,14 +441,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         speed = speed_rows(a.speed_arch, speed_variant, batches, a.speed_threads, a.min_time, cache,
                            progress=not a.no_progress)
         end = load_average()
-        speed.update(load_start=start, load_end=end, contended=_contended(start, end, a.speed_threads),
+        speed.update(load_start=start, load_end=end, contended=contended(start, end, a.speed_threads),
                      command=result["command"], environment=env)
         result["speed"] = speed
     md = markdown(result)
-    atomic_write_text(a.out / "quantized.json", json.dumps(result, indent=1) + "\n")
-    atomic_write_text(a.out / "quantized.md", md)
+    write_report(a.out, "quantized", result, md)
     (a.out / "quantized.partial.json").unlink(missing_ok=True)
-    print(md)
     return 0
 
 

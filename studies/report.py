@@ -1,0 +1,66 @@
+"""What the study commands share: the zoo models they select, the ``--table`` reprint, and writing a report.
+
+Each study writes ``<name>.json`` (every number, the command and the machine) and ``<name>.md`` (its tables) into
+``--out``; ``--table FILE`` prints the markdown of an earlier ``<name>.json`` and runs nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional
+
+from attnzoo.cli import UsageError
+
+__all__ = ["zoo_entries", "contended", "reprint", "require_out", "write_report"]
+
+
+def zoo_entries(a: argparse.Namespace) -> List[Dict[str, Any]]:
+    """Zoo entries of ``--data`` / ``--task`` / ``--variants``; ``UsageError`` naming what the zoo has otherwise."""
+    from attnzoo import zoo
+    from attnzoo.benchmarks.cli import variant_list
+
+    have = [e for e in zoo.entries() if e["data"] == a.data and a.task in ("all", e["task"])]
+    if not have:
+        datasets = sorted({e["data"] for e in zoo.entries()})
+        raise UsageError(f"the zoo has no {a.task} models for data {a.data!r}; it has data: {', '.join(datasets)}")
+    if a.variants.strip() == "all":
+        return have
+    wanted = variant_list(a.variants)
+    missing = [v for v in wanted if v not in {e["variant"] for e in have}]
+    if missing:
+        raise UsageError(f"the zoo has no {a.task} {a.data} model of {', '.join(missing)}")
+    return [e for e in have if e["variant"] in wanted]
+
+
+def contended(load_start: List[float], load_end: List[float], threads: int) -> bool:
+    """Whether the 1-minute load average at the start or the end exceeds the study's own threads (+0.5)."""
+    loads = [v[0] for v in (load_start, load_end) if v]
+    return bool(loads) and max(loads) > threads + 0.5
+
+
+def reprint(table: Optional[Path], markdown: Callable[[Mapping[str, Any]], str]) -> bool:
+    """With ``--table FILE``, print ``markdown`` of that JSON report and return True (the command then ends)."""
+    if table is None:
+        return False
+    if not table.is_file():
+        raise UsageError(f"--table: no such file: {table}")
+    print(markdown(json.loads(table.read_text())))
+    return True
+
+
+def require_out(out: Optional[Path], table_does: str = "print a report") -> Path:
+    """``--out``, required unless ``--table`` is given."""
+    if out is None:
+        raise UsageError(f"--out is required (or --table to {table_does})")
+    return out
+
+
+def write_report(out: Path, name: str, result: Mapping[str, Any], md: str) -> None:
+    """``<out>/<name>.json`` and ``<out>/<name>.md``, each written whole (atomically), then the markdown printed."""
+    from attnzoo.fileio import atomic_write_text
+
+    atomic_write_text(out / f"{name}.json", json.dumps(result, indent=1) + "\n")
+    atomic_write_text(out / f"{name}.md", md)
+    print(md)
