@@ -263,12 +263,12 @@ def run_in_worker(fn: Callable[[], T], cancel: Callable[[], None]) -> T:
     return box["value"]
 
 
-def _exit(code: int, message: str, exc: Optional[BaseException], debug: bool) -> CommandExit:
+def _exit_line(code: int, message: str, exc: Optional[BaseException], debug: bool, abandoned: bool) -> CommandExit:
     if debug and exc is not None:
         traceback.print_exception(exc, file=sys.stderr)
     print(message, file=sys.stderr, flush=True)
-    if _ABANDONED:  # native work was given up on: no interpreter shutdown beside it (a TensorRT thread calling
-        # its Python logger during shutdown aborts the process)
+    if abandoned:  # this command gave up on native work: no interpreter shutdown beside it (a TensorRT thread
+        # calling its Python logger during shutdown aborts the process)
         sys.stdout.flush()
         os._exit(code)
     return CommandExit(code, message)
@@ -287,6 +287,12 @@ def entry_point(fn: Callable[..., Optional[int]]) -> Callable[..., int]:
         args = list(sys.argv[1:] if argv is None else argv)
         debug = DEBUG_FLAG in args
         hint = "" if debug else f" (run with {DEBUG_FLAG} for the traceback)"
+        before = len(_ABANDONED)  # only what this command gives up on ends the process (a program or a test
+        # may run several commands, or call a library function that abandoned a thread, in one process)
+
+        def _exit(code: int, message: str, exc: Optional[BaseException], debug: bool) -> CommandExit:
+            return _exit_line(code, message, exc, debug, len(_ABANDONED) > before)
+
         try:
             with _signals_raise():
                 return fn(argv) or 0

@@ -70,3 +70,35 @@ def test_a_signal_while_the_command_imports_ends_it_with_one_line(command, sig):
             proc.kill()
     code, line = cli.SIGNAL_EXITS[sig]
     assert (proc.returncode, err.strip().splitlines()) == (code, [line])
+
+
+_ABANDON = """
+import sys, threading
+from attnzoo import cli
+
+@cli.entry_point
+def refuse(argv=None):
+    if argv:  # this command gives up on native work (a cancelled build) before its error
+        cli.abandon(threading.Thread(target=lambda: None))
+    raise cli.UsageError("bad flag")
+
+if sys.argv[1] == "earlier":  # a thread given up on by a library call or an earlier command of this process
+    cli.abandon(threading.Thread(target=lambda: None))
+try:
+    refuse(["abandon"] if sys.argv[1] == "own" else [])
+except cli.CommandExit as exc:
+    print("returned", exc.code)
+"""
+
+
+@pytest.mark.parametrize("case,returned", [("earlier", True), ("own", False)])
+def test_only_a_commands_own_abandoned_work_ends_the_process(case, returned):
+    """A command ends with ``os._exit`` only when it gave up on native work itself: a thread abandoned before it
+    ran (another command or a library call in the same process, as in a test run) must not make a later
+    command's ordinary error end the whole process (a full test run stopped at once with status 2)."""
+    done = subprocess.run([sys.executable, "-c", _ABANDON, case], capture_output=True, text=True, timeout=120)
+    assert done.stderr.strip().splitlines()[-1] == "error: bad flag", done.stderr
+    if returned:
+        assert done.returncode == 0 and done.stdout.strip() == "returned 2", (done.stdout, done.stderr)
+    else:
+        assert done.returncode == 2 and "returned" not in done.stdout, (done.stdout, done.stderr)
