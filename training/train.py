@@ -9,7 +9,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ from attnzoo.models import canonical_name, count_params, create_model
 from attnzoo.preprocess import DATA_INPUT_STYLE, DEFAULT_MEAN, DEFAULT_STD
 from attnzoo.data.datasets import BUILTIN_DATA, ImageSet, TensorDataset, load_data
 
-__all__ = ["TrainConfig", "train", "evaluate", "evaluate_checkpoint", "checkpoint_name"]
+__all__ = ["TrainConfig", "train", "has_state", "evaluate", "evaluate_checkpoint", "checkpoint_name"]
 
 
 @dataclass
@@ -187,8 +187,14 @@ def _load_state(out_dir: Path, name: str, model, opt, sched, cfg: TrainConfig) -
     return {**meta, "epoch": epoch, "history": history, "elapsed": elapsed}
 
 
+def has_state(cfg: TrainConfig) -> bool:
+    """Whether ``cfg.out`` holds both resumable state files of ``cfg``'s run (an interrupted run)."""
+    return all(p.is_file() for p in _state_paths(Path(cfg.out), checkpoint_name(cfg)))
+
+
 def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, train_data: Optional[ImageSet] = None,
-          val_data: Optional[ImageSet] = None, max_steps: Optional[int] = None) -> Dict[str, Any]:
+          val_data: Optional[ImageSet] = None, max_steps: Optional[int] = None,
+          on_epoch: Optional[Callable[[int, int], None]] = None) -> Dict[str, Any]:
     """Train one model and save it as ``<out>/<variant>_<task>_<data>.safetensors`` (+ ``.json``).
 
     Args:
@@ -198,6 +204,8 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, train_d
         train_data, val_data: Pre-loaded splits (the zoo builder shares them); loaded from ``cfg.data``
             when None.
         max_steps: Stop after this many optimisation steps (tests).
+        on_epoch: Called with ``(epochs done, epochs)`` once the run's state is on disk: after each epoch, and
+            at the start with the epochs a resumed run already has.
 
     Returns:
         The saved config (with history, validation metric, train time and the file's path).
@@ -229,6 +237,8 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, train_d
     if resume:
         meta = _load_state(out_dir, name, model, opt, sched, cfg)
         history, start_epoch, elapsed = meta["history"], meta["epoch"], meta["elapsed"]
+        if on_epoch is not None and start_epoch:
+            on_epoch(start_epoch, cfg.epochs)
     loss_fn = nn.CrossEntropyLoss()
     step = 0
     for epoch in range(start_epoch, cfg.epochs):
@@ -261,6 +271,8 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, train_d
             tqdm.write(f"{name} epoch {epoch + 1}/{cfg.epochs} loss {history[-1]['train_loss']:.4f} "
                        f"val {val['metric_name']} {val['metric']:.2f}")
         _save_state(out_dir, name, model, opt, sched, epoch + 1, history, elapsed, cfg)
+        if on_epoch is not None:
+            on_epoch(epoch + 1, cfg.epochs)
         if max_steps is not None and step >= max_steps:
             break
     data_source = cfg.data if cfg.data in BUILTIN_DATA else str(Path(cfg.data).resolve())

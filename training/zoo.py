@@ -13,6 +13,7 @@ import argparse
 import json
 import multiprocessing as mp
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -27,7 +28,7 @@ from attnzoo.fileio import atomic_write_text, sha256_file
 from attnzoo.models import BUILTIN_VARIANTS, TASKS, VARIANT_NAMES, VARIANTS, canonical_name
 from attnzoo.data.datasets import DIGITS_CLASSES, SHAPES_CLASSES, ImageSet, load_data
 from attnzoo.metrics import confusion_matrix, metric_name, metrics_from_confusion
-from attnzoo.training.train import TrainConfig, evaluate, train
+from attnzoo.training.train import TrainConfig, evaluate, has_state, train
 
 __all__ = ["RECIPES", "SUBSET_N", "DIGITS_VARIANTS", "VARIANT_OPTIONS", "jobs", "build", "table", "verify",
            "main"]
@@ -94,15 +95,47 @@ def _load_shared(todo: List[Dict[str, Any]]) -> None:
             _SHARED[_key(data, task, split)] = load_data(data, split, task, r["img_size"], n, scene=r.get("scene"))
 
 
+#: In a build's worker processes: where each finished epoch is reported (the build's epoch bar).
+_EPOCHS: Optional[Any] = None
+
+
+def _init_worker(epochs) -> None:
+    global _EPOCHS
+    _EPOCHS = epochs
+
+
+def _epoch_reporter():
+    """A job's ``on_epoch``: tells the build how many more epochs the job has finished."""
+    last = [0]
+
+    def report(done: int, total: int) -> None:
+        if _EPOCHS is not None:
+            _EPOCHS.put(done - last[0])
+        last[0] = done
+
+    return report
+
+
 def _run_job(job: Dict[str, Any], out_dir: str) -> Dict[str, Any]:
-    """Train one zoo model (one thread), evaluate it on the test split, return its manifest row."""
+    """Train one zoo model (one thread), evaluate it on the test split, return its manifest row.
+
+    A job stopped part-way (Ctrl-C, the machine stopped) left its state after its last finished epoch in
+    ``out_dir``; the next build resumes it from there (state of other settings, or damaged, is trained afresh)."""
     torch.set_num_threads(1)
     variant, task, data = canonical_name(job["variant"]), job["task"], job["data"]
     r = RECIPES[f"{data}/{task}"]
     cfg = TrainConfig(variant=variant, task=task, data=data, options=dict(VARIANT_OPTIONS.get(variant, {})),
                       out=out_dir, threads=1, **r)
-    saved = train(cfg, progress=False, train_data=_SHARED[_key(data, task, "train")],
-                  val_data=_SHARED[_key(data, task, "val")])
+    kw = dict(progress=False, train_data=_SHARED[_key(data, task, "train")],
+              val_data=_SHARED[_key(data, task, "val")], on_epoch=_epoch_reporter())
+    resume = has_state(cfg)
+    try:
+        saved = train(cfg, resume=resume, **kw)
+    except ValueError as exc:
+        if not resume or "resume" not in str(exc):
+            raise
+        print(f"{variant} {task} {data}: {exc}; training afresh", file=sys.stderr, flush=True)
+        saved = train(cfg, resume=False, **kw)
     model, config = load_checkpoint(saved["path"])
     test = _SHARED[_key(data, task, "test")]
     full = evaluate(model, test, task, config["mean"], config["std"])
@@ -114,6 +147,15 @@ def _run_job(job: Dict[str, Any], out_dir: str) -> Dict[str, Any]:
             "subset_metric": round(sub["metric"], 2), "subset_n": sub["n_images"],
             "per_class_iou": full.get("per_class_iou"), "val_metric": round(saved["val_metric"], 2),
             "train_time_s": saved["train_time_s"], "epochs": cfg.epochs, "options": cfg.options, "note": ""}
+
+
+def _count_epochs(epochs, epoch_bar) -> None:
+    """The build's epoch bar, fed by its workers' ``on_epoch`` reports until a None ends it."""
+    while True:
+        n = epochs.get()
+        if n is None:
+            return
+        epoch_bar.update(n)
 
 
 def _run_job_star(args) -> Dict[str, Any]:
@@ -210,7 +252,13 @@ def build(variants: Sequence[str] = VARIANT_NAMES, n_jobs: int = 2, out_dir: Pat
     errors = []
     t0 = time.perf_counter()
     ctx = mp.get_context("fork")
-    with ctx.Pool(n_jobs) as pool, tqdm(total=len(todo), desc="zoo") as bar:
+    epochs = ctx.SimpleQueue()
+    n_epochs = sum(RECIPES[f"{j['data']}/{j['task']}"]["epochs"] for j in todo)
+    with ctx.Pool(n_jobs, initializer=_init_worker, initargs=(epochs,)) as pool, \
+            tqdm(total=len(todo), desc="zoo", unit="model") as bar, \
+            tqdm(total=n_epochs, desc="epochs", unit="epoch") as epoch_bar:
+        drain = threading.Thread(target=_count_epochs, args=(epochs, epoch_bar), daemon=True)
+        drain.start()
         for row in pool.imap_unordered(_run_job_star, [(j, str(out_dir)) for j in todo]):
             bar.update(1)
             if "error" in row:
@@ -221,6 +269,8 @@ def build(variants: Sequence[str] = VARIANT_NAMES, n_jobs: int = 2, out_dir: Pat
             tqdm.write(f"{row['variant']:>20s} {row['task']} {row['data']}: {row['metric_name']} "
                        f"{row['test_metric']:.2f}  ({row['train_time_s']:.0f} s)")
             _write_manifest(out_dir, rows)
+        epochs.put(None)
+        drain.join()
     _write_manifest(out_dir, rows, baselines())
     print(f"zoo: {len(rows)} models, built {len(todo) - len(errors)} in {time.perf_counter() - t0:.0f} s wall")
     if errors:
