@@ -114,6 +114,7 @@ def made_up():
     del reg._REGISTRY["made-up"], reg._ALIASES["mu"]
 
 
+@pytest.mark.slow
 def test_a_new_backend_is_one_class(made_up, tmp_path):
     """Registered, it is listed, bench-latency times it (parity-gated, named by its alias) and the demo's loader
     serves a verified export with it."""

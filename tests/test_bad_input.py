@@ -284,6 +284,7 @@ def test_bench_refuses_batch_sizes_over_the_bound():
 
 
 # ------------------------------------------------------------------------ 5: failed export keeps the old
+@pytest.mark.slow
 def test_failed_export_keeps_the_good_model_and_its_report(tmp_path, monkeypatch):
     model = create_model("belief", "cls", "micro", num_classes=3).eval()
     out = tmp_path / "m.onnx"
@@ -402,6 +403,7 @@ def test_debug_shows_the_traceback(monkeypatch, capsys):
     assert "Traceback" in err and err.strip().splitlines()[-1].startswith("error: --batch-sizes")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, code, line", [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
                                              (signal.SIGINT, 130, "interrupted (Ctrl-C)")])
 def test_signal_during_export_leaves_no_temporary_file(tmp_path, sig, code, line):

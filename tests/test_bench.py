@@ -210,6 +210,7 @@ def test_int8_quantization_and_confusion(short_run):
     assert np.array_equal(conf, want) and conf.sum() == 6
 
 
+@pytest.mark.slow
 def test_timing_failure_is_a_failed_row_not_a_crash(tmp_path, monkeypatch):
     import attnzoo.benchmarks.run as run_mod
 
@@ -263,6 +264,7 @@ def test_results_say_the_scope(short_run):
     assert "Scope: this run leaves out" in (out / "results.md").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="with a GPU the engine runs (rebuilt per batch)")
 def test_an_engine_that_cannot_run_is_built_once_and_reused(tmp_path):
     def run(out):  # another --out each time: the same one would keep the rows instead (resume)
@@ -440,6 +442,7 @@ def _rows_in(log):
             if line.endswith(b"\n") and json.loads(line)["kind"] == "row"]
 
 
+@pytest.mark.slow
 def test_a_killed_run_keeps_its_rows_and_the_same_command_measures_only_the_rest(tmp_path):
     """SIGKILL (no handler runs) in the middle of a real bench-latency: the rows it finished are on disk; the same
     command again keeps them as they were, measures the rest, and writes results covering both; another setting

@@ -263,6 +263,7 @@ def test_pytorch_bf16_autocast_runs_the_extra_scopes_in_fp32_and_the_rest_in_bf1
 
 
 # ---------------------------------------------------------------------------------------------- bench-latency
+@pytest.mark.slow
 def test_bench_latency_bf16_rows_are_refused_here_or_run_with_the_extra_math_read_back(tmp_path):
     import json
 

@@ -97,6 +97,7 @@ def _plan(*argv: str) -> subprocess.CompletedProcess:
     return done
 
 
+@pytest.mark.slow
 def test_every_part_runs_from_the_source_tree_with_a_tiny_model(tmp_path):
     """All parts, in order, with a micro ViT on the CPU: eager fp32 rows measured and parity-checked, the GPU-only
     precisions and backends listed with their reasons, results per model, a part stopped by its time limit and

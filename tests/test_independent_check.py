@@ -64,6 +64,7 @@ def test_its_scene_options_native_garments_and_per_scene_caps(check):
     assert iou[0] == 100 and iou[1] == 50 and iou[2] == 50 and np.isnan(iou[3])
 
 
+@pytest.mark.slow
 def test_export_and_plain_onnxruntime_reproduce_the_zoo_subset_metric(check, tmp_path):
     """export-model (a subprocess) + the ONNX metadata's preprocessing + plain onnxruntime on the first
     SUBSET_N official test images gives the top-1 the zoo recorded for them."""

@@ -43,6 +43,7 @@ def test_old_dtype_spelling_still_parses():
     assert list(parse_settings(["--dtypes", "int8"]).dtypes) == ["int8"]
 
 
+@pytest.mark.slow
 def test_bench_times_fp32_and_verified_int8_per_cpu_runtime(tmp_path):
     from attnzoo.export.verify import report_path
     from attnzoo.fileio import sha256_file
@@ -69,6 +70,7 @@ def test_bench_times_fp32_and_verified_int8_per_cpu_runtime(tmp_path):
     assert ov8["fake_quantize"] > 0 and ov8["ignored_fake_quantized"] == []
 
 
+@pytest.mark.slow
 def test_int8_model_failing_its_verification_is_not_timed(tmp_path, monkeypatch):
     from attnzoo.export import quantize as q
 
@@ -99,6 +101,7 @@ def belief2_fp32(tmp_path_factory):
     return path, cfg
 
 
+@pytest.mark.slow
 def test_nncf_ignored_scope_keeps_the_extra_math_unquantized(belief2_fp32, tmp_path):
     import onnx
     import openvino as ov

@@ -304,6 +304,7 @@ def test_calibration_images_are_training_images_preprocessed_like_the_model(zoo_
     assert not np.array_equal(x, qz.calibration_images(config, 16, seed=4))
 
 
+@pytest.mark.slow
 @needs_fashion
 def test_an_accuracy_drop_beyond_the_tolerance_refuses_to_write(zoo_fp32, tmp_path, monkeypatch):
     path, config = zoo_fp32
@@ -330,6 +331,7 @@ def test_an_accuracy_drop_beyond_the_tolerance_refuses_to_write(zoo_fp32, tmp_pa
     assert onnx.load(str(out)).graph.node and not failed_report_path(out).exists()
 
 
+@pytest.mark.slow
 @needs_fashion
 def test_export_model_int8_scores_the_test_split_next_to_fp32(tmp_path, capsys):
     out = tmp_path / "b2_int8.onnx"
@@ -493,7 +495,7 @@ def test_simulate_fp8_matches_an_e4m3_round_trip():
 # ------------------------------------------------------------------------------------------------ TensorRT
 #: Built in the default run: belief2 (the projection) and wafe-mae (the pairwise L1 distances); every other
 #: variant's int8 and fp8 engines are built with -m slow (CI runs both).
-TRT_FAST = ("belief2", "wafe-mae")
+TRT_FAST = ("belief2",)
 
 
 @pytest.fixture(scope="module")

@@ -50,6 +50,7 @@ def test_quick_defaults_and_plan(tmp_path):
     assert jobs[("cls", 32)]["sweeps"] == {1: ["tokens", "batch"], 4: ["batch"]}
 
 
+@pytest.mark.slow
 def test_eager_run_writes_rows_fits_and_plot(tmp_path):
     s = _quick(tmp_path, "--variants", "standard", "--backends", "eager", "--seg-sizes", "32")
     result = run_scaling(s)

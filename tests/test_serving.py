@@ -491,6 +491,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="reads the peak memory from /proc (Linux)")
 def test_decoding_an_image_takes_at_most_the_budgeted_bytes_per_pixel(models_dir):
     """The budget reserves :data:`DECODE_BYTES_PER_PIXEL` per pixel: the demo's decode and preprocessing path must

@@ -27,9 +27,9 @@ pytestmark = pytest.mark.tensorrt
 DEPTH = ARCHS["micro"]["depth"]
 SEG_HW = (24, 40)
 GPU = rt.gpu_available()
-#: One variant per paper family, built in the default run (the full matrix is -m slow).
-FAMILIES = ("standard", "belief-star", "belief2", "mabvit-glu", "wafe-mae", "horizontal-vertical")
-FAST = {(v, "cls", "fp32") for v in FAMILIES} | {("belief2", "seg", "fp16"), ("exclusive", "cls", "fp16")}
+#: Built in the default run: the projection (belief2, also as an fp16 segmenter) and the pairwise-L1 distances
+#: (wafe-mae), the two kinds of extra math; every variant, task and precision with -m slow.
+FAST = {("belief2", "cls", "fp32"), ("wafe-mae", "cls", "fp32"), ("belief2", "seg", "fp16")}
 
 
 @pytest.fixture(scope="module")
@@ -336,6 +336,7 @@ def test_failed_build_keeps_the_good_engine_and_its_report(lib, verified_onnx, t
     assert json.loads(etrt.failed_engine_report_path(engine).read_text())["passed"] is False
 
 
+@pytest.mark.slow
 def test_bench_tensorrt_rows_say_built_not_run(lib, tmp_path):
     from attnzoo.benchmarks.cli import parse_settings
     from attnzoo.benchmarks.run import run_benchmark
@@ -426,6 +427,7 @@ def _interrupt_during_build(argv, marker: str, delay_s: float = 1.5, limit_s: fl
     return rc, took, b"".join(chunks).decode(errors="replace")
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_export_model_build_exits_130_and_writes_no_engine(lib, tmp_path):
     """TensorRT catches an exception raised in its logger callback and finishes the build, so a Ctrl-C must reach
     the build another way; no engine may be written. ViT-Ti: a build of a few seconds here."""
@@ -440,6 +442,7 @@ def test_ctrl_c_during_export_model_build_exits_130_and_writes_no_engine(lib, tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.onnx", "t.report.json"]
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_bench_latency_build_exits_130_and_keeps_the_rows(lib, tmp_path):
     cache = tmp_path / "cache"
     rc, took, err = _interrupt_during_build(
