@@ -398,8 +398,9 @@ def test_example_plugin_through_every_command(installed_example, tmp_path):
     _, env = installed_example
     # listed with its paper
     table = _run(["-m", "attnzoo.models"], env, tmp_path).stdout
-    row = [r for r in table.splitlines() if r.startswith("| `cosine`")]
-    assert len(row) == 1 and "arxiv.org/abs/2111.09883" in row[0] and "plugin attnzoo-cosine 0.1.0" in row[0]
+    rows = [r for r in table.splitlines() if r.startswith("| `cosine`")]
+    assert len(rows) == 2, rows  # the variants table and the extra-weights table
+    assert "arxiv.org/abs/2111.09883" in rows[0] and "plugin attnzoo-cosine 0.1.0" in rows[0]
     # train one short epoch on the smoke data, then evaluate
     train = tmp_path / "train"
     _run(["train-model", "--variant", "cosine",
