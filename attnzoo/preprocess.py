@@ -101,6 +101,19 @@ def _quiet_open() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _image_errors() -> Iterator[None]:
+    """Pillow's failures while opening or decoding as the package's two image errors."""
+    try:
+        yield
+    except Image.DecompressionBombError as exc:
+        raise ImageTooLargeError(f"refused a decompression bomb: {exc}") from None
+    except (UnidentifiedImageError, OSError, TypeError, ValueError) as exc:
+        if isinstance(exc, ImageTooLargeError):
+            raise
+        raise UnreadableImageError(f"cannot read image: {exc}") from exc
+
+
 def image_size(data: bytes) -> Tuple[int, int]:
     """(width, height) of an encoded image, read from its header alone (no pixel is decoded), so that a server can
     reserve the memory decoding it will take before it starts.
@@ -109,16 +122,9 @@ def image_size(data: bytes) -> Tuple[int, int]:
         ImageTooLargeError: over the pixel cap, or a decompression bomb.
         UnreadableImageError: not an image, or a damaged header.
     """
-    try:
-        with _quiet_open(), Image.open(io.BytesIO(data)) as img:
-            _check_pixels(img)
-            return img.size
-    except Image.DecompressionBombError as exc:
-        raise ImageTooLargeError(f"refused a decompression bomb: {exc}") from None
-    except (UnidentifiedImageError, OSError, TypeError, ValueError) as exc:
-        if isinstance(exc, ImageTooLargeError):
-            raise
-        raise UnreadableImageError(f"cannot read image: {exc}") from exc
+    with _image_errors(), _quiet_open(), Image.open(io.BytesIO(data)) as img:
+        _check_pixels(img)
+        return img.size
 
 
 def load_image(source: ImageLike) -> Image.Image:
@@ -128,7 +134,7 @@ def load_image(source: ImageLike) -> Image.Image:
         ImageTooLargeError: over the pixel cap (checked before decoding), or a decompression bomb.
         UnreadableImageError: not an image, or a damaged one.
     """
-    try:
+    with _image_errors():
         if isinstance(source, Image.Image):
             img = source
         elif isinstance(source, np.ndarray):
@@ -149,12 +155,6 @@ def load_image(source: ImageLike) -> Image.Image:
         img.load()
         if img.getexif().get(ExifTags.Base.Orientation, 1) != 1:
             img = ImageOps.exif_transpose(img)
-    except Image.DecompressionBombError as exc:
-        raise ImageTooLargeError(f"refused a decompression bomb: {exc}") from None
-    except (UnidentifiedImageError, OSError, TypeError, ValueError) as exc:
-        if isinstance(exc, ImageTooLargeError):
-            raise
-        raise UnreadableImageError(f"cannot read image: {exc}") from exc
     return to_rgb(img)
 
 

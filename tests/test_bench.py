@@ -146,6 +146,7 @@ def test_missing_backend_is_listed_not_dropped(short_run):
     assert "ort-cuda" in md
 
 
+@pytest.mark.slow
 def test_parity_gate_rejects_perturbed_backend(tmp_path):
     s = parse_settings(["--arch", "micro", "--variants", "standard", "--backends", "eager,ort-cpu",
                         "--batch-sizes", "1", "--min-time", "0.02", "--threads", "1", "--out", str(tmp_path),

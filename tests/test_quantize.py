@@ -237,6 +237,7 @@ def pretrained_like(tmp_path_factory):
     return model, folder
 
 
+@pytest.mark.slow
 def test_pretrained_like_vit_fails_the_gate_with_modelopts_placement_and_passes_with_auto(pretrained_like, tmp_path):
     """A pretrained ViT's drift, offline: ModelOpt's full (tensorrt) placement drifts below the fidelity gate and is refused
     (nothing written, the failed report beside, the weights-only figure named); export-model's default (auto)

@@ -91,6 +91,7 @@ def test_memory_and_time_limits_skip_with_a_reason(tmp_path, monkeypatch):
     assert all(r["status"] == "skipped" and "needs about" in r["reason"] for r in result["rows"])
 
 
+@pytest.mark.slow
 def test_an_export_whose_eager_check_would_exceed_the_limit_is_not_made(tmp_path):
     s = _quick(tmp_path, "--variants", "standard", "--seg-sizes", "", "--batch-sizes", "", "--max-call-s", "1e-9")
     ort = [r for r in run_scaling(s)["rows"] if r["backend"] == "ort-cpu"]

@@ -118,6 +118,7 @@ def _export_and_check(model: torch.nn.Module, path) -> Dict[str, str]:
     return props
 
 
+@pytest.mark.slow
 def test_export_uses_the_models_own_mean_std_and_input_size(tmp_path):
     """A timm model with a pretrained_cfg (CLIP normalisation) and a non-square bare one."""
     torch.manual_seed(0)
