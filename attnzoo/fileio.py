@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
 __all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_text", "write_json_report", "sha256_file", "writable_dir",
-           "default_cache_dir", "CACHE_ENV"]
+           "default_cache_dir", "parse_json", "read_json", "CACHE_ENV", "MAX_JSON_BYTES"]
 
 #: Environment variable naming the cache folder (zoo ONNX exports, TensorRT engines, benchmark models).
 CACHE_ENV = "ATTNZOO_CACHE"
 
 PathLike = Union[str, Path]
+#: Largest JSON file :func:`read_json` reads whole (a training state, a manifest).
+MAX_JSON_BYTES = 64 * 2**20
 
 
 def _read_umask() -> int:
@@ -64,6 +66,41 @@ def write_json_report(result: Any, out: Optional[PathLike] = None) -> None:
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out, json.dumps(result, indent=1) + "\n")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def parse_json(data: Union[str, bytes]) -> Any:
+    """``json.loads`` without NaN / Infinity, and with nesting too deep for its decoder (which recurses once per
+    level) a ``ValueError`` instead of a ``RecursionError``."""
+    import json
+
+    try:
+        return json.loads(data, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("JSON nested too deep") from None
+
+
+def read_json(path: PathLike, max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """A JSON file read with bounds (:func:`parse_json`; its size checked before it is read).
+
+    Raises:
+        ValueError: one line naming the file: missing or not a regular file, over ``max_bytes``, not UTF-8, not
+            JSON, NaN / Infinity, or nested too deep.
+    """
+    path = Path(path)
+    try:
+        if not path.is_file():
+            raise ValueError("missing or not a regular file")
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise ValueError(f"over the {max_bytes:,} bytes such a file can be")
+        return parse_json(data.decode("utf-8"))
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise ValueError(f"{path}: not readable JSON ({getattr(exc, 'strerror', None) or exc})") from None
 
 
 def sha256_file(path: PathLike) -> str:

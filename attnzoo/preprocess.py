@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import threading
 import warnings
 from pathlib import Path
@@ -106,8 +107,11 @@ def _image_errors() -> Iterator[None]:
     """Pillow's failures while opening or decoding as the package's two image errors."""
     try:
         yield
-    except Image.DecompressionBombError as exc:
-        raise ImageTooLargeError(f"refused a decompression bomb: {exc}") from None
+    except Image.DecompressionBombError as exc:  # over Pillow's own limit, far above ours: ours is the one to name
+        pixels = re.search(r"\((\d+) pixels\)", str(exc))
+        size = f"{int(pixels.group(1)) / 1e6:.0f} MP, " if pixels else ""
+        raise ImageTooLargeError(f"refused a decompression bomb: image is {size}over the "
+                                 f"{MAX_IMAGE_PIXELS / 1e6:.0f} MP limit; downscale it first") from None
     except (UnidentifiedImageError, OSError, TypeError, ValueError) as exc:
         if isinstance(exc, ImageTooLargeError):
             raise

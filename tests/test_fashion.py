@@ -1,10 +1,13 @@
-"""Fashion-MNIST: the IDX reader, the splits, the composed segmentation scenes and the missing-data error.
+"""Fashion-MNIST: the IDX reader, the splits, the composed segmentation scenes, the missing-data error, and the
+official files shipped with the package (the same bytes as Debian's, read when Debian's are absent).
 
-Most tests read the committed 600/300-image subset (tests/data/fashion-mnist); the full-size check runs where
-Debian's dataset-fashion-mnist is installed (.ci/run installs it).
+Most tests read the committed 600/300-image subset (tests/data/fashion-mnist); the full-size checks read the
+package's copy, and Debian's ``dataset-fashion-mnist`` where it is installed.
 """
 
+import filecmp
 import gzip
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -43,10 +46,15 @@ def test_truncated_idx_is_refused(tmp_path):
         fm.read_idx(bad)
 
 
-def test_missing_data_names_the_debian_package(monkeypatch, tmp_path):
+def test_missing_data_names_the_folder_and_what_to_do(monkeypatch, tmp_path):
     monkeypatch.setenv("ATTNZOO_FASHION_MNIST", str(tmp_path))
-    with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
+    with pytest.raises(FileNotFoundError, match=f"Fashion-MNIST not found in {tmp_path} .*point ATTNZOO_FASHION_MNIST"):
         load_data("fashion", "test", "cls", 28)
+    monkeypatch.delenv("ATTNZOO_FASHION_MNIST")  # a broken install: neither Debian's nor the package's copy
+    monkeypatch.setattr(fm, "DEFAULT_ROOT", tmp_path / "debian")
+    monkeypatch.setattr(fm, "PACKAGED_ROOT", tmp_path)
+    with pytest.raises(FileNotFoundError, match="the package's copy is incomplete: reinstall attnzoo"):
+        fm.fashion_root()
 
 
 def test_splits_are_disjoint_and_cover_the_training_file():
@@ -138,9 +146,73 @@ def test_scene_options_are_checked_and_reach_load_data():
         load_data("fashion", "test", "cls", 28, n=3, scene={"overlap": 1.0})
 
 
-@pytest.mark.skipif(not all((fm.DEFAULT_ROOT / f"{n}.gz").is_file() for n in ("train-images-idx3-ubyte",
-                                                                             "t10k-images-idx3-ubyte")),
-                    reason="Debian's dataset-fashion-mnist is not installed (apt-get install dataset-fashion-mnist)")
-def test_official_files_have_the_official_sizes(monkeypatch):
-    monkeypatch.delenv("ATTNZOO_FASHION_MNIST")
+def _no_debian(monkeypatch, tmp_path):
+    """As on a machine without Debian's package: no folder given, Debian's folder absent."""
+    monkeypatch.delenv("ATTNZOO_FASHION_MNIST", raising=False)
+    monkeypatch.setattr(fm, "DEFAULT_ROOT", tmp_path / "no-debian-package")
+
+
+def test_the_shipped_files_are_debians_official_files():
+    """The package's copy: the checksums committed beside it, and byte for byte Debian's files where installed."""
+    sums = dict(line.split()[::-1] for line in (fm.PACKAGED_ROOT / "SHA256SUMS").read_text().splitlines())
+    names = [f"{name}.gz" for pair in fm._FILES.values() for name in pair]
+    assert sorted(sums) == sorted(names)
+    for name in names:
+        assert hashlib.sha256((fm.PACKAGED_ROOT / name).read_bytes()).hexdigest() == sums[name], name
+        debian = fm.DEFAULT_ROOT / name
+        assert not debian.is_file() or filecmp.cmp(debian, fm.PACKAGED_ROOT / name, shallow=False), name
+    licence = (fm.PACKAGED_ROOT / "LICENSE").read_text()
+    assert "MIT License" in licence and "Zalando SE" in licence
+
+
+def test_without_debians_package_the_shipped_files_are_read(monkeypatch, tmp_path):
+    _no_debian(monkeypatch, tmp_path)
+    assert fm.fashion_root() == fm.PACKAGED_ROOT
     assert [len(fm.fashion_arrays(s)[1]) for s in ("train", "val", "test")] == [55000, 5000, 10000]
+    # Debian's folder, where it holds the files, comes first (a stand-in folder here: links to the same files)
+    debian = tmp_path / "debian"
+    debian.mkdir()
+    for f in fm.PACKAGED_ROOT.glob("*-ubyte.gz"):
+        (debian / f.name).symlink_to(f)
+    monkeypatch.setattr(fm, "DEFAULT_ROOT", debian)
+    assert fm.fashion_root() == debian
+
+
+def test_debian_and_shipped_files_give_the_same_images_and_scenes(monkeypatch, tmp_path):
+    """The package's copy reproduces what the committed numbers were measured on (Debian's files, or the same
+    bytes by their checksums): images, labels and composed scenes."""
+    monkeypatch.delenv("ATTNZOO_FASHION_MNIST")
+    fm._CACHE.clear()
+    first = {s: fm.fashion_arrays(s) for s in ("val", "test")}
+    scenes = fm.fashion("test", "seg", 48, n=20).masks
+    fm._CACHE.clear()
+    _no_debian(monkeypatch, tmp_path)
+    for split, (x, y) in first.items():
+        x2, y2 = fm.fashion_arrays(split)
+        np.testing.assert_array_equal(x, x2)
+        np.testing.assert_array_equal(y, y2)
+    np.testing.assert_array_equal(scenes, fm.fashion("test", "seg", 48, n=20).masks)
+
+
+def test_evaluating_the_zoo_and_int8_calibration_work_without_debians_package(monkeypatch, tmp_path, capsys):
+    """Two of the jobs that read Fashion-MNIST, on the shipped files only: evaluate-model on a zoo model (the test
+    split) and the int8 export's calibration draw (the training split), each the same as from Debian's folder
+    where that is installed."""
+    from attnzoo import zoo
+    from attnzoo.export.quantize import calibration_images
+    from attnzoo.training.cli import evaluate_main
+
+    model = str(zoo.ZOO_DIR / "standard_cls_fashion.safetensors")
+    config = zoo.load("standard", "cls", "fashion")[1]
+    monkeypatch.delenv("ATTNZOO_FASHION_MNIST")
+    runs = []
+    for hide in (False, True):
+        if hide:
+            _no_debian(monkeypatch, tmp_path)
+            assert fm.fashion_root() == fm.PACKAGED_ROOT
+        fm._CACHE.clear()
+        assert evaluate_main([model, "--limit", "300"]) == 0
+        runs.append((capsys.readouterr().out, calibration_images(config, 8, seed=1)))
+    assert "top1" in runs[1][0] and "300 test images of fashion" in runs[1][0]
+    assert runs[0][0] == runs[1][0]
+    np.testing.assert_array_equal(runs[0][1], runs[1][1])

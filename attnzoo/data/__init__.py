@@ -1,6 +1,7 @@
 """attnzoo.data: the data sets every layer above reads.
 
-- :mod:`.fashion`: Fashion-MNIST from Debian's IDX files, as classification and as composed segmentation scenes;
+- :mod:`.fashion`: Fashion-MNIST (its official IDX files ship with the package), as classification and as composed
+  segmentation scenes;
 - :mod:`.datasets`: the procedural ``shapes`` set, scikit-learn's ``digits``, users' image folders and
   ADE20K-layout folders, and :func:`~attnzoo.data.datasets.load_data`, which names them all.
 """

@@ -1,9 +1,9 @@
 """Fashion-MNIST (Xiao et al. 2017, MIT licence): the official IDX files, as classification and as composed
 segmentation scenes.
 
-The files are not shipped and never downloaded: Debian's package ``dataset-fashion-mnist`` installs them under
-``/usr/share/datasets/fashion-mnist/`` (``apt-get install dataset-fashion-mnist``); ``$ATTNZOO_FASHION_MNIST`` or
-the ``root`` argument points elsewhere.
+The four official files ship with the package (:data:`PACKAGED_ROOT`, byte-for-byte copies of the files Debian's
+package ``dataset-fashion-mnist`` installs under :data:`DEFAULT_ROOT`); nothing is downloaded. Which copy is read:
+:func:`fashion_root`.
 
 Splits: ``train`` is the official training set less a fixed 5,000-image hold-out (1 in :data:`VAL_EVERY`), ``val`` is that hold-out,
 ``test`` is the official 10,000-image test set.
@@ -21,19 +21,23 @@ from __future__ import annotations
 import gzip
 import os
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 from PIL import Image
 
 __all__ = ["FASHION_CLASSES", "FASHION_SEG_CLASSES", "DEFAULT_ROOT", "MASK_THRESHOLD", "VAL_EVERY",
-           "SCENE_SIZES", "MAX_OVERLAP", "MAX_TRIES", "SCENE_OPTIONS", "check_scene_options", "fashion_root",
+           "PACKAGED_ROOT", "SCENE_SIZES", "MAX_OVERLAP", "MAX_TRIES", "SCENE_OPTIONS", "check_scene_options",
+           "fashion_root",
            "read_idx", "fashion_arrays", "compose_scenes", "fashion"]
 
 FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
                    "Ankle boot"]
 FASHION_SEG_CLASSES = ["background", *FASHION_CLASSES]
+#: Where Debian's package ``dataset-fashion-mnist`` installs the official files.
 DEFAULT_ROOT = Path("/usr/share/datasets/fashion-mnist")
+#: The same files, shipped with the package (its README, LICENSE and SHA256SUMS beside them).
+PACKAGED_ROOT = Path(__file__).with_name("fashion-mnist")
 #: A garment's pixel belongs to its mask when brighter than this (of 255).
 MASK_THRESHOLD = 24
 #: A garment is placed where it covers at most this fraction of its own pixels' worth of earlier garments
@@ -51,20 +55,28 @@ _SPLIT_ID = {"train": 0, "val": 1, "test": 2}
 _CACHE: Dict[Tuple[str, str], Tuple[np.ndarray, np.ndarray]] = {}
 
 
+def _missing(folder: Path) -> List[str]:
+    """The official files ``folder`` lacks (each may be gzipped or not)."""
+    return [name for pair in _FILES.values() for name in pair
+            if not (folder / name).is_file() and not (folder / f"{name}.gz").is_file()]
+
+
 def fashion_root(root: Optional[os.PathLike] = None) -> Path:
-    """The folder holding the IDX files: ``root``, else ``$ATTNZOO_FASHION_MNIST``, else Debian's location.
+    """The folder holding the IDX files: ``root``, else ``$ATTNZOO_FASHION_MNIST``, else Debian's
+    :data:`DEFAULT_ROOT` when it holds them, else the copy shipped with the package (:data:`PACKAGED_ROOT`).
 
     Raises:
-        FileNotFoundError: the files are not there, with the command that installs them.
+        FileNotFoundError: the folder given lacks a file, or neither Debian's nor the package's copy is whole.
     """
-    folder = Path(root or os.environ.get("ATTNZOO_FASHION_MNIST") or DEFAULT_ROOT)
-    missing = [name for pair in _FILES.values() for name in pair
-               if not (folder / name).is_file() and not (folder / f"{name}.gz").is_file()]
-    if missing:
-        raise FileNotFoundError(
-            f"Fashion-MNIST not found in {folder} (missing {', '.join(missing)}); install Debian's package with "
-            f"'apt-get install dataset-fashion-mnist' or set ATTNZOO_FASHION_MNIST to a folder with the IDX files")
-    return folder
+    given = root or os.environ.get("ATTNZOO_FASHION_MNIST")
+    for folder in [Path(given)] if given else [DEFAULT_ROOT, PACKAGED_ROOT]:
+        missing = _missing(folder)
+        if not missing:
+            return folder
+    fix = ("point ATTNZOO_FASHION_MNIST (or root) at a folder with the four official IDX files" if given else
+           "the package's copy is incomplete: reinstall attnzoo, or set ATTNZOO_FASHION_MNIST to a folder with the "
+           "four official IDX files")
+    raise FileNotFoundError(f"Fashion-MNIST not found in {folder} (missing {', '.join(missing)}); {fix}")
 
 
 def read_idx(path: Path) -> np.ndarray:
