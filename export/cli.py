@@ -110,8 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "every op in them stays unquantized and fp32")
     q.add_argument("--qdq-placement", choices=PLACEMENT_CHOICES, default=None,
                    help="where the Q/DQ nodes go: auto (default: the weight MatMuls, plus attention's two matmuls "
-                        "and the residual Adds of each block only where the output stays within --min-cosine of "
-                        "fp32 on held-out inputs), tensorrt (ModelOpt's placement, all of them, which TensorRT "
+                        "and the residual Adds of each block, each kept fp32 unless the cosine to fp32 that the "
+                        "choosing inputs promise for most inputs like them stays at --min-cosine), tensorrt (ModelOpt's placement, all of them, which TensorRT "
                         "fuses) or cpu (int8 only: just in front of the MatMul/Gemm/Conv ops ONNX Runtime's CPU "
                         "kernels run in int8; faster there)")
     q.add_argument("--calibration-data", type=Path, default=None, metavar="DIR|FILE.npy",
@@ -126,8 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the quantized model even when it scores more than the tolerance below fp32 "
                         f"({ACCURACY_TOLERANCE['cls']:g} points top-1, {ACCURACY_TOLERANCE['seg']:g} mIoU)")
     q.add_argument("--min-cosine", type=float, default=None, metavar="C",
-                   help=f"fidelity gate: refuse a graph whose output's cosine similarity to fp32's, averaged over "
-                        f"the held-out inputs, is below C (default {DEFAULT_MIN_COSINE:g}; 0 measures without refusing)")
+                   help=f"fidelity gate: refuse a graph whose output's cosine similarity to fp32's on the worst "
+                        f"held-out input is below C (default {DEFAULT_MIN_COSINE:g} for a model without a labelled "
+                        "test split, which is gated on its accuracy instead; 0 measures without refusing)")
     q.add_argument("--fidelity-count", type=int, default=None, metavar="N",
                    help=f"held-out inputs the fidelity is measured on (default {DEFAULT_FIDELITY_COUNT}; with "
                         "--qdq-placement auto half of them choose the placement)")

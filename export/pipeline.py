@@ -461,7 +461,9 @@ def export_model(variant: Optional[str] = None, *, task: Optional[str] = None, a
         accept_accuracy_drop, eval_limit, min_cosine, fidelity_count: int8 / fp8 only (see
             :func:`attnzoo.export.quantize.quantize_verified`; ``calibration_data``: a folder of images or a
             ``.npy`` array, :func:`attnzoo.export.quantize.calibration_for`). Every int8 / fp8 export measures its
-            output's fidelity to fp32 on held-out inputs and is refused below ``min_cosine``.
+            output's fidelity to fp32 on held-out inputs and is refused when the worst of them is below
+            ``min_cosine`` (default 0.99 for a model without a labelled test split) or, with ``auto`` placement,
+            when no placement promises it.
         progress: Show a progress bar on stderr.
 
     Returns:
@@ -529,8 +531,9 @@ def _calibration(req: _Request, config: Dict[str, Any], hw: Tuple[int, int], unt
 
     if req.dtype not in QUANTIZED_DTYPES:
         return None
-    calibration = _usage(lambda: calibration_for(config, hw, untrained=untrained, **{
-        k: req.quantize[k] for k in ("calibration_data", "calibration_count", "calibration_seed", "fidelity_count")}))
+    # a bad calibration folder is a bad input file (exit 1), not a bad command line
+    calibration = calibration_for(config, hw, untrained=untrained, **{
+        k: req.quantize[k] for k in ("calibration_data", "calibration_count", "calibration_seed", "fidelity_count")})
     for message in calibration.warnings:
         _warn(message, collected)
     return calibration

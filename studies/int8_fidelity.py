@@ -1,5 +1,5 @@
 """int8 fidelity of a pretrained-like ViT under each Q/DQ placement, through ``export_model`` (what
-``export-model --dtype int8`` runs).
+``export-model --dtype int8`` runs), on inputs that neither chose nor gated the placement.
 
 Real pretrained ViTs carry a few residual-stream channels with huge activations (Darcet et al., "Vision
 Transformers Need Registers", 2023, arXiv:2309.16588; Sun et al., "Massive Activations in Large Language Models",
@@ -8,8 +8,11 @@ so :func:`pretrained_like_vit` builds a timm ViT in DINOv2 layout (patch embeddi
 weights reproduce both, without changing what the LayerNorms and attention compute: a bias of ``residual_outlier``
 in two residual channels that every LayerNorm gain damps, and two query channels scaled by ``qk_outlier`` with the
 matching key channels divided by it (q.k unchanged). It is converted to Belief2 (``convert_to_belief2``, the same
-function) and quantized with each placement; the report holds each one's fidelity to fp32 on held-out inputs,
-what ``auto`` kept, and ONNX Runtime's int8 latency on this CPU (the TensorRT engine is built, not run, here).
+function) and quantized with each placement from a folder of images (the export's defaults: a quarter, at most
+64, held out; ``auto``: half of those choose, half gate). The report holds, per placement, the export's own
+fidelity figures, the fidelity on a further set of images the export never saw, how the worst-of-n moves with n,
+what ``auto`` kept and what each kept group costs, and the int8 latency next to fp32 on ONNX Runtime and OpenVINO
+(one thread, batch 1, every model's runs interleaved, with the load average: the machine may be shared).
 
 Usage::
 
@@ -23,13 +26,13 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from attnzoo.cli import add_debug_flag, entry_point
 
-__all__ = ["pretrained_like_vit", "smooth_images", "measure", "main"]
+__all__ = ["pretrained_like_vit", "smooth_images", "speeds", "worst_of_n", "measure", "zoo_drift", "main"]
 
 #: Residual-stream channels given a massive activation, and the query/key channel of each head scaled.
 OUTLIER_CHANNELS = (3, 17)
@@ -106,64 +109,216 @@ def write_images(folder: Path, images: np.ndarray) -> Path:
     return folder
 
 
-def _latency_ms(path: Path, x: np.ndarray, runs: int = 30) -> float:
-    """Median ONNX Runtime CPU latency (one thread) of ``path`` on ``x``."""
+def _interleaved_ms(runners: Dict[str, Any], runs: int) -> Dict[str, List[float]]:
+    """Per model, ``runs`` timed calls (ms), taken round-robin so that a load on the machine hits every model alike."""
+    for run in runners.values():
+        run()
+    times: Dict[str, List[float]] = {k: [] for k in runners}
+    for _ in range(runs):
+        for key, run in runners.items():
+            start = time.perf_counter()
+            run()
+            times[key].append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def speeds(files: Dict[str, Path], x: np.ndarray, runs: int = 40) -> Dict[str, Any]:
+    """Batch-1, one-thread latency of every file on ONNX Runtime and OpenVINO (``files["fp32"]`` the reference),
+    interleaved per runtime: median ms and the median of the per-round fp32 / int8 ratios (speed-up), and the
+    fastest run of each and their ratio (the runs least disturbed by other work on the machine)."""
+    from attnzoo.runtime import openvino as ov
     from attnzoo.runtime.evaluate import cpu_session
 
-    sess = cpu_session(path, 1)
-    sess.run(None, {"image": x})
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        sess.run(None, {"image": x})
-        times.append((time.perf_counter() - start) * 1e3)
-    return float(np.median(times))
+    out: Dict[str, Any] = {}
+    makers = {"onnxruntime": lambda p: (lambda s: lambda: s.run(None, {"image": x}))(cpu_session(p, 1)),
+              "openvino": lambda p: (lambda c: lambda: c(x))(ov.compile_onnx(p, threads=1, batch=1))}
+    for runtime, make in makers.items():
+        try:
+            times = _interleaved_ms({k: make(p) for k, p in files.items()}, runs)
+        except Exception as exc:  # noqa: BLE001 - a runtime that cannot run a graph is a result, stated
+            out[runtime] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}
+            continue
+        ref = np.array(times["fp32"])
+        out[runtime] = {k: {"ms": float(np.median(t)), "fastest_ms": float(np.min(t)),
+                            "speedup": float(np.median(ref / np.array(t))),
+                            "speedup_fastest": float(ref.min() / np.min(t))} for k, t in times.items()}
+    return out
 
 
-def measure(out: Path, placements: Sequence[str] = ("tensorrt", "cpu", "auto"), *, images: int = 160,
-            **model_kwargs: Any) -> Dict[str, Any]:
-    """Export the converted pretrained-like ViT to int8 with each placement (gate off, so every one is measured)
-    and collect the fidelity, what ``auto`` kept and the int8 latency next to fp32."""
+def worst_of_n(cosines: np.ndarray, sizes: Sequence[int] = (8, 16, 32, 64, 128), draws: int = 400,
+               seed: int = 0) -> List[Dict[str, Any]]:
+    """How the worst cosine of ``n`` inputs, and the promise made from them, move with ``n``: over ``draws``
+    random subsets of ``cosines`` (per-input cosines on a large set), the median and 10th percentile of each, and
+    the share of the large set below the subset's worst and below its promise."""
+    from attnzoo.export.quantize import promised_cosine
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for n in sizes:
+        if n > len(cosines) // 2:
+            continue
+        subsets = [rng.choice(len(cosines), n, replace=False) for _ in range(draws)]
+        worst = np.array([cosines[i].min() for i in subsets])
+        promise = np.array([promised_cosine(cosines[i]) for i in subsets])
+        rows.append({"n": n, "worst_median": float(np.median(worst)), "worst_p10": float(np.percentile(worst, 10)),
+                     "below_worst": float(np.mean([np.mean(cosines < w) for w in worst])),
+                     "promised_median": float(np.median(promise)),
+                     "promised_p10": float(np.percentile(promise, 10)),
+                     "below_promise": float(np.mean([np.mean(cosines < p) for p in promise]))})
+    return rows
+
+
+def _agreement(fp32: Path, model: Path, x: np.ndarray) -> Tuple[Dict[str, Any], np.ndarray]:
+    """``output_agreement`` of ``model`` against ``fp32`` on ``x``, and the per-input cosines."""
+    from attnzoo.export.quantize import onnx_outputs, output_agreement, per_input_fidelity
+
+    ref, out = onnx_outputs(fp32, x, None), onnx_outputs(model, x, None)
+    return output_agreement(ref, out, "cls"), per_input_fidelity(ref, out)[0]
+
+
+def measure(out: Path, placements: Sequence[str] = ("tensorrt", "cpu", "auto"), *, images: int = 256,
+            further: int = 512, runs: int = 40, **model_kwargs: Any) -> Dict[str, Any]:
+    """Export the converted pretrained-like ViT to int8 with each placement and measure it.
+
+    ``auto`` runs with every default (the gate on, 0.99); ``tensorrt`` and ``cpu`` with the gate off
+    (``min_cosine=0``), so that they are measured either way, and the row says whether the default gate passes.
+    """
+    import os
+
     from attnzoo.export import export_model
+    from attnzoo.export.errors import ExportError
+    from attnzoo.export.quantize import DEFAULT_MIN_COSINE
     from attnzoo.machine import cpu_info
     from attnzoo.models import convert_to_belief2
+    from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
 
+    from .report import contended
+
+    load_start = list(os.getloadavg())
     model = convert_to_belief2(pretrained_like_vit(**model_kwargs))
-    size = int(model.attnzoo_config["img_size"])
+    config = model.attnzoo_config
+    size = int(config["img_size"])
     folder = write_images(out / "images", smooth_images(images, size))
+    unseen = normalize(smooth_images(further, size, seed=1), config.get("mean", DEFAULT_MEAN),
+                       config.get("std", DEFAULT_STD))
     fp32 = export_model(model=model, out=out / "fp32.onnx", batch_sizes=(1,))
-    x = np.random.default_rng(1).standard_normal((1, 3, size, size)).astype(np.float32)
     rows: List[Dict[str, Any]] = []
+    files: Dict[str, Path] = {"fp32": fp32.path}
     for placement in placements:
         start = time.perf_counter()
-        result = export_model(model=model, out=out / f"int8-{placement}.onnx", dtype="int8", batch_sizes=(1,),
-                              qdq_placement=placement, calibration_data=folder, min_cosine=0.0)
+        gate = None if placement == "auto" else 0.0
+        path = out / f"int8-{placement}.onnx"
+        try:
+            result = export_model(model=model, out=path, dtype="int8", batch_sizes=(1,), qdq_placement=placement,
+                                  calibration_data=folder, min_cosine=gate)
+        except ExportError as exc:
+            rows.append({"placement": placement, "refused": str(exc)})
+            continue
         fid, q = result.report["fidelity"], result.report["quantization"]
         auto = q["options"].get("auto") or {}
+        seen, cos = _agreement(fp32.path, result.path, unseen)
+        files[placement] = result.path
         rows.append({"placement": placement, "export_s": round(time.perf_counter() - start, 1),
-                     "cosine_mean": fid["cosine"]["mean"], "cosine_min": fid["cosine"]["min"],
-                     "relative_error_mean": fid["relative_error"]["mean"], "top1_agreement": fid["top1_agreement"],
-                     "held_out": fid["n_inputs"], "quantized_ops": q["qdq"]["quantized_ops"],
+                     "gate_on": gate if gate is not None else DEFAULT_MIN_COSINE, "split": fid["split"],
+                     "gate": {k: fid[k] for k in ("n_inputs", "cosine", "relative_error", "promised_cosine",
+                                                  "top1_agreement")},
+                     "default_gate_passes": bool(fid["cosine"]["min"] >= DEFAULT_MIN_COSINE),
+                     "further": seen, "worst_of_n": worst_of_n(cos),
                      "quantize_linear": q["qdq"]["quantize_linear"],
+                     "auto": {k: auto[k] for k in ("all_quantized", "weights_only", "chosen", "rule", "speed")
+                              if k in auto},
                      "auto_kept_fp32": [g for g, d in auto.get("groups", {}).items() if not d["quantized"]],
-                     "auto_groups": len(auto.get("groups", {})),
-                     "ort_int8_ms": _latency_ms(result.path, x), "ort_fp32_ms": _latency_ms(fp32.path, x)})
+                     "auto_groups": len(auto.get("groups", {}))})
+    x = np.random.default_rng(1).standard_normal((1, 3, size, size)).astype(np.float32)
+    speed = speeds(files, x, runs)
+    for row in rows:
+        if "refused" not in row:
+            row["speed"] = {rt: s.get(row["placement"], s) for rt, s in speed.items()}
+    load_end = list(os.getloadavg())
     return {"command": "python -m attnzoo.studies.int8_fidelity " + " ".join(sys.argv[1:]), "cpu": cpu_info(),
-            "model": {**model_kwargs, "config": model.attnzoo_config}, "calibration": f"{images} smooth images",
-            "gate": "off (--min-cosine 0) so that every placement is measured; the default gate is 0.99",
+            "model": {**model_kwargs, "config": config},
+            "calibration": f"a folder of {images} smooth images (export defaults: the last quarter, at most 64, "
+                           "held out)", "further_inputs": f"{further} other smooth images (seed 1), never seen by "
+                                                          "the export", "fp32_speed": {rt: s.get("fp32", s)
+                                                                                       for rt, s in speed.items()},
+            "load_average": {"start": load_start, "end": load_end}, "contended": contended(load_start, load_end, 1),
             "rows": rows}
 
 
 def markdown(result: Dict[str, Any]) -> str:
-    """The README table."""
-    lines = ["| placement | mean cosine to fp32 | worst | rel. error | top-1 agree | Q/DQ pairs | kept fp32 by auto | "
-             "ORT int8 / fp32 ms (b1, 1 thread) |", "|---|---|---|---|---|---|---|---|"]
+    """The README tables: fidelity (the export's gate inputs, the further inputs), speed, worst-of-n."""
+    lines = ["| placement | gate inputs: worst / mean cosine, rel. error | default gate (worst >= 0.99) | "
+             f"{result['further_inputs'].split(' ')[0]} further inputs: worst / mean cosine, rel. error (max) | "
+             "top-1 agree (further) | Q/DQ pairs | ORT int8 ms (x fp32) | OpenVINO int8 ms (x fp32) |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
-        kept = ", ".join(r["auto_kept_fp32"]) or ("-" if r["placement"] != "auto" else "nothing")
-        lines.append(f"| {r['placement']} | {r['cosine_mean']:.4f} | {r['cosine_min']:.4f} | "
-                     f"{r['relative_error_mean']:.3f} | {r['top1_agreement']:.0%} | {r['quantize_linear']} | {kept} | "
-                     f"{r['ort_int8_ms']:.2f} / {r['ort_fp32_ms']:.2f} |")
+        if "refused" in r:
+            lines.append(f"| {r['placement']} | refused: {r['refused']} | | | | | | |")
+            continue
+        g, f = r["gate"], r["further"]
+        sp = [r["speed"][rt] for rt in ("onnxruntime", "openvino")]
+        cell = [f"{s['ms']:.2f} ({s['speedup']:.2f}x)" if "ms" in s else s.get("error", "-") for s in sp]
+        lines.append(f"| {r['placement']} | {g['cosine']['min']:.4f} / {g['cosine']['mean']:.4f}, "
+                     f"{g['relative_error']['mean']:.3f} (n={g['n_inputs']}) | "
+                     f"{'passes' if r['default_gate_passes'] else 'refused'} | {f['cosine']['min']:.4f} / "
+                     f"{f['cosine']['mean']:.4f}, {f['relative_error']['mean']:.3f} ({f['relative_error']['max']:.3f}) | "
+                     f"{f['top1_agreement']:.1%} | {r['quantize_linear']} | {cell[0]} | {cell[1]} |")
+    fp = result["fp32_speed"]
+    lines += ["", "fp32: ONNX Runtime " + (f"{fp['onnxruntime']['ms']:.2f} ms" if "ms" in fp["onnxruntime"] else "-")
+              + ", OpenVINO " + (f"{fp['openvino']['ms']:.2f} ms" if "ms" in fp.get("openvino", {}) else "-")
+              + f"; load average {result['load_average']['start'][0]:.2f} -> {result['load_average']['end'][0]:.2f}"
+              + (" (contended: timings shared the cores with other work)" if result["contended"] else "")]
+    for r in result["rows"]:
+        auto = r.get("auto") or {}
+        if auto.get("chosen"):
+            sp = (auto.get("speed") or {}).get("groups", {})
+            lines += ["", f"`{r['placement']}`: promised cosine {auto['chosen']['promised']:.4f} on the choosing inputs "
+                      f"(full placement {auto['all_quantized']['promised']:.4f}"
+                      + (f", weights only {auto['weights_only']['promised']:.4f}" if "weights_only" in auto else "")
+                      + f"); kept fp32 {len(r['auto_kept_fp32'])} of {r['auto_groups']} groups:", "",
+                      "| group kept fp32 | ORT ms fp32 / quantized | slowdown |", "|---|---|---|"]
+            lines += [f"| {g} | {sp[g]['fp32_ms']:.2f} / {sp[g]['quantized_ms']:.2f} | {sp[g]['slowdown']:.2f}x |"
+                      if g in sp else f"| {g} | - | - |" for g in r["auto_kept_fp32"]]
+    lines += ["", "Worst-of-n on the further inputs (subsets of n, 400 draws): median / 10th percentile of the worst "
+              "and of the promise, share of the further inputs below each", "",
+              "| placement | n | worst median / p10 | below worst | promise median / p10 | below promise |",
+              "|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        for w in r.get("worst_of_n", []):
+            lines.append(f"| {r['placement']} | {w['n']} | {w['worst_median']:.4f} / {w['worst_p10']:.4f} | "
+                         f"{w['below_worst']:.2%} | {w['promised_median']:.4f} / {w['promised_p10']:.4f} | "
+                         f"{w['below_promise']:.2%} |")
     return "\n".join(lines)
+
+
+def zoo_drift(variant: str, task: str, count: int = 512) -> Dict[str, Any]:
+    """A zoo model's int8 copy (``cpu`` placement, as the demo and serve-models make it: 512 training images) on
+    ``count`` further training images outside the calibration draw: the cosine of its logits to fp32's per input,
+    and whether the prediction changed where the cosine is lowest."""
+    import tempfile
+
+    import onnx
+
+    from attnzoo.export import export_verified, load_for_export
+    from attnzoo.export import quantize as q
+
+    model, config, sha = load_for_export(variant, task)
+    with tempfile.TemporaryDirectory(prefix="attnzoo-zoo-drift-") as work:
+        fp32, int8 = Path(work) / "fp32.onnx", Path(work) / "int8.onnx"
+        export_verified(model, fp32, config, batch_sizes=(1,), checkpoint_sha256=sha)
+        q.quantize_onnx(fp32, int8, dtype="int8", placement=q.CPU_QDQ_PLACEMENT,
+                        calibration=q.calibration_images(config, q.DEFAULT_CALIBRATION_COUNT),
+                        exclude_nodes=q.extra_math_nodes(onnx.load(str(fp32)), config))
+        x = q.heldout_images(config, count, q.DEFAULT_CALIBRATION_COUNT)
+        ref, out = q.onnx_outputs(fp32, x, None), q.onnx_outputs(int8, x, None)
+    cos = q.per_input_fidelity(ref, out)[0]
+    low = cos < q.DEFAULT_MIN_COSINE
+    same = ref.reshape(len(ref), ref.shape[1], -1).argmax(1) == out.reshape(len(out), out.shape[1], -1).argmax(1)
+    return {"variant": variant, "task": task, "placement": q.CPU_QDQ_PLACEMENT, "n_inputs": int(len(cos)),
+            "cosine": {"min": float(cos.min()), "mean": float(cos.mean()),
+                       "p1": float(np.percentile(cos, 1)), "p5": float(np.percentile(cos, 5))},
+            "below_gate": float(low.mean()), "prediction_agreement_below_gate":
+                float(same[low].mean()) if low.any() else None, "prediction_agreement": float(same.mean())}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -174,6 +329,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--embed-dim", type=int, default=192)
     p.add_argument("--depth", type=int, default=6)
     p.add_argument("--num-heads", type=int, default=3)
+    p.add_argument("--images", type=int, default=256, help="images in the calibration folder (a quarter held out)")
+    p.add_argument("--further", type=int, default=512, help="further images, never seen by the export")
+    p.add_argument("--runs", type=int, default=40, help="interleaved timed runs per model and runtime")
+    p.add_argument("--zoo", default=None, metavar="VARIANT:TASK,...",
+                   help="instead: the logits' drift of these zoo models' int8 copies on 512 further training images "
+                        "(zoo-drift.json)")
     return add_debug_flag(p)
 
 
@@ -185,9 +346,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     args = build_parser().parse_args(argv)
     out = writable_dir(args.out)
+    if args.zoo:
+        rows = [zoo_drift(*item.split(":")) for item in args.zoo.split(",")]
+        atomic_write_text(out / "zoo-drift.json", json.dumps({
+            "command": "python -m attnzoo.studies.int8_fidelity " + " ".join(sys.argv[1:]), "rows": rows}, indent=2)
+            + "\n")
+        print(json.dumps(rows, indent=1))
+        return 0
     with tempfile.TemporaryDirectory(prefix="attnzoo-int8-fidelity-") as work:
         result = measure(Path(work), img_size=args.img_size, patch_size=args.patch_size, embed_dim=args.embed_dim,
-                         depth=args.depth, num_heads=args.num_heads)
+                         depth=args.depth, num_heads=args.num_heads, images=args.images, further=args.further,
+                         runs=args.runs)
     atomic_write_text(out / "results.json", json.dumps(result, indent=2) + "\n")
     atomic_write_text(out / "results.md", markdown(result) + "\n")
     print(markdown(result))

@@ -7,19 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from attnzoo.data import fashion
 from attnzoo.studies.int8_accuracy import main, readme_table
 
 
-def _have_fashion() -> bool:
-    try:
-        fashion.fashion_root()
-        return True
-    except FileNotFoundError:
-        return False
-
-
-@pytest.mark.skipif(not _have_fashion(), reason="Fashion-MNIST files not installed (dataset-fashion-mnist)")
 def test_real_run_matches_eager_on_the_same_images(tmp_path):
     import torch
 

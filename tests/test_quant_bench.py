@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from attnzoo.benchmarks.cli import main, parse_settings
-from attnzoo.data.fashion import fashion_root
 from attnzoo.export.quantize import quantize_unavailable_reason
 
 
@@ -32,8 +31,8 @@ def _bench(tmp_path, *extra):
 
 
 def test_the_dev_install_has_both_int8_quantizers():
-    """ModelOpt (ONNX Runtime's int8) and NNCF (OpenVINO's) come with ``[dev]``: without them this fails, where
-    the module used to skip itself."""
+    """ModelOpt (ONNX Runtime's int8) and NNCF (OpenVINO's) come with ``[dev]``: without them this fails (the
+    module does not skip itself)."""
     assert quantize_unavailable_reason() is None
     assert nncf.__version__
 
@@ -225,11 +224,6 @@ def int8_folder(tmp_path_factory):
     (calibrated on Fashion-MNIST training images, scored on the whole test split), plus int8 files whose
     verification does not hold."""
     import shutil
-
-    try:
-        fashion_root()
-    except FileNotFoundError as exc:  # Debian's data package, which [dev] cannot install
-        pytest.skip(str(exc))
 
     from attnzoo.export import export_verified
     from attnzoo.export import quantize as q
