@@ -329,6 +329,26 @@ def _rt(op: Any, key: str) -> str:
     return str(info[key].astype(str)) if key in info else ""
 
 
+#: Runtime kernels that only move data (no arithmetic): their precision is the precision of what they are given.
+_MOVE_KERNELS = ("Reshape", "Transpose")
+
+
+def _carries_input(op: Any, in_extra: set) -> bool:
+    """Whether a runtime node of the extra math only moves data that enters the extra math: a data-movement
+    kernel fed (through other such kernels) only by nodes outside the extra math. It runs at the precision its
+    input arrives in (the output of a matrix product at bf16, say) and rounds nothing itself; the arithmetic of
+    the extra math after it is what must run at f32."""
+    if _rt(op, "layerType") not in _MOVE_KERNELS:
+        return False
+    for i in range(op.get_input_size()):
+        src = op.input_value(i).get_node()
+        if _rt(src, "layerType") in ("Const", "Constant", "Input", "Parameter"):
+            continue
+        if src.get_friendly_name() in in_extra and not _carries_input(src, in_extra):
+            return False
+    return True
+
+
 def runtime_precisions(compiled: Any, pinned: Sequence[str], missing: Sequence[str] = ()) -> Dict[str, Any]:
     """What OpenVINO's compiled model runs at, read back from its runtime model (``get_runtime_model()``: one
     node per executed kernel, with the ``runtimePrecision``, ``layerType`` and ``originalLayersNames`` of the
@@ -342,7 +362,9 @@ def runtime_precisions(compiled: Any, pinned: Sequence[str], missing: Sequence[s
     Returns:
         ``{"inference_precision", "extra_math": {"ops", "missing", "runtime_nodes", "by_precision", "not_f32",
         "unpinned"}, "matmuls": {"by_precision", "not_inference_precision"}, "other": {"by_precision"}}``:
-        ``not_f32`` lists the runtime nodes computing a pinned op at another precision; ``unpinned`` those whose
+        ``not_f32`` lists the runtime nodes computing a pinned op at another precision (``carried``: the
+        data-movement kernels that only pass the extra math's inputs on at the precision they arrive in, which
+        compute nothing and are not refused, see :func:`_carries_input`); ``unpinned`` those whose
         first op (the kernel's own) carries no pin, which OpenVINO then is free to run at the inference precision;
         ``matmuls`` counts the matrix products outside the pinned ops.
     """
@@ -354,8 +376,11 @@ def runtime_precisions(compiled: Any, pinned: Sequence[str], missing: Sequence[s
     extra: Counter = Counter()
     matmuls: Counter = Counter()
     other: Counter = Counter()
-    not_f32, unpinned, not_infer, nodes = [], [], [], 0
-    for op in compiled.get_runtime_model().get_ordered_ops():
+    not_f32, unpinned, not_infer, carried, nodes = [], [], [], [], 0
+    runtime = compiled.get_runtime_model().get_ordered_ops()
+    in_extra = {op.get_friendly_name() for op in runtime
+                if wanted & set(_rt(op, "originalLayersNames").split(","))}
+    for op in runtime:
         layer, prec = _rt(op, "layerType"), _rt(op, "runtimePrecision")
         if layer in ("Input", "Output", "Const", "Parameter", "Result", "Constant"):
             continue
@@ -364,7 +389,9 @@ def runtime_precisions(compiled: Any, pinned: Sequence[str], missing: Sequence[s
             nodes += 1
             extra[prec] += 1
             label = f"{op.get_friendly_name()} ({layer}, {prec})"
-            if prec != "f32":
+            if prec != "f32" and _carries_input(op, in_extra):
+                carried.append(label)
+            elif prec != "f32":
                 not_f32.append(label)
             if op.get_friendly_name() not in wanted:
                 unpinned.append(label)
@@ -376,7 +403,8 @@ def runtime_precisions(compiled: Any, pinned: Sequence[str], missing: Sequence[s
             other[prec] += 1
     return {"inference_precision": infer,
             "extra_math": {"ops": len(wanted), "missing": list(missing), "runtime_nodes": nodes,
-                           "by_precision": dict(extra), "not_f32": not_f32, "unpinned": unpinned},
+                           "by_precision": dict(extra), "not_f32": not_f32, "unpinned": unpinned,
+                           "carried": carried},
             "matmuls": {"by_precision": dict(matmuls), "not_inference_precision": not_infer},
             "other": {"by_precision": dict(other)}}
 
@@ -412,7 +440,8 @@ def precision_summary(report: Dict[str, Any]) -> Dict[str, Any]:
     return {"inference_precision": report["inference_precision"],
             "extra_math_ops": x["ops"], "extra_math_missing": len(x["missing"]),
             "extra_math_runtime_nodes": x["by_precision"], "extra_math_not_f32": x["not_f32"][:3],
-            "extra_math_unpinned": x["unpinned"][:3], "matmuls": m["by_precision"]}
+            "extra_math_unpinned": x["unpinned"][:3], "extra_math_carried": len(x.get("carried", [])),
+            "matmuls": m["by_precision"]}
 
 
 # ------------------------------------------------------------------------------------------------ NNCF int8

@@ -57,6 +57,26 @@ def _inputs(path, n: int = 2, seed: int = 0):
                                                        dtype=np.float32)
 
 
+def test_precision_check_lets_a_reshape_pass_the_extra_maths_bf16_input_on_but_not_its_f32_result():
+    from attnzoo.runtime.openvino import PrecisionCheckError, check_runtime_precisions, runtime_precisions
+
+    pinned = ["blocks.0.attn.distance/Unsqueeze", "blocks.0.attn.distance/Sub"]
+    qkv = ("blocks.0.attn/qkv", "FullyConnected", "bf16", "blocks.0.attn/qkv")
+    unsqueeze = ("blocks.0.attn.distance/Unsqueeze", "Reshape", "bf16", "blocks.0.attn.distance/Unsqueeze")
+    sub = ("blocks.0.attn.distance/Sub", "Eltwise", "f32", "blocks.0.attn.distance/Sub")
+    head = ("head", "FullyConnected", "bf16", "head")
+    # the matmul's bf16 output reshaped on its way into the f32 arithmetic: nothing is rounded by the reshape
+    report = runtime_precisions(_fake_compiled([qkv, unsqueeze, sub, head], "bf16"), pinned)
+    check_runtime_precisions(report, "bf16")
+    assert report["extra_math"]["carried"] == ["blocks.0.attn.distance/Unsqueeze (Reshape, bf16)"]
+    # the same reshape after the f32 arithmetic: the result went back to bf16 inside the extra math
+    after = ("blocks.0.attn.distance/Unsqueeze", "Reshape", "bf16", "blocks.0.attn.distance/Unsqueeze")
+    report = runtime_precisions(_fake_compiled([qkv, sub, after, head], "bf16"), pinned)
+    assert report["extra_math"]["carried"] == []
+    with pytest.raises(PrecisionCheckError, match=r"1 of 2 runtime nodes .*distance/Unsqueeze \(Reshape, bf16\)"):
+        check_runtime_precisions(report, "bf16")
+
+
 @pytest.mark.skipif(HAS_BF16, reason="this CPU has bf16 units")
 def test_openvino_bf16_is_refused_here_in_one_line(belief2):
     from attnzoo.runtime.backends import get_backend
@@ -178,7 +198,7 @@ def test_without_the_refusal_openvino_compiles_bf16_at_f32_here_and_the_read_bac
         ov_rt.OpenVINOSession(path, threads=1, precision="bf16", keep_f32=names)
 
 
-@pytest.mark.skipif(not HAS_BF16 or not hasattr(openvino, "Core"), reason="needs a CPU with bf16 units")
+@pytest.mark.skipif(not HAS_BF16, reason="needs a CPU with bf16 units")
 def test_openvino_bf16_runs_the_extra_math_at_f32_and_matches_eager_within_the_bf16_tolerance(belief2):
     import torch
 
