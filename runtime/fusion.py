@@ -1,0 +1,249 @@
+"""Fusion audit: does each runtime run a block's attention core as one fused kernel?
+
+A variant's attention core is, per block, the softmax with the matrix product that makes its scores
+(``Q K^T``) and the one that applies it to the values. A runtime that recognises the pattern runs the three as one
+kernel (OpenVINO's ``Subgraph`` from its snippets tokenizer, ONNX Runtime's ``Attention`` /
+``MultiHeadAttention`` contrib ops); where a variant's extra math breaks the pattern, the core runs as separate
+kernels that write the full score matrix to memory, which is what makes custom attention slow on GPUs
+(NVIDIA/TensorRT#3243, #3665). The audit reads each runtime's own result, never the source model alone:
+
+- **OpenVINO**: the compiled model's runtime model (``get_runtime_model()``): a block is fused when one executed
+  kernel computes its softmax and both of its matrix products (``originalLayersNames``).
+- **ONNX Runtime**: the graph its CPU session optimized (``optimized_model_filepath``), and the graph of its
+  transformer optimizer (``onnxruntime.transformers.optimizer.optimize_model``, ``model_type="vit"``): a block
+  is fused when its softmax is gone and an attention contrib op took its place.
+- **TensorRT**: an engine's layers can be read only from a deserialized engine, which needs a GPU; on a machine
+  without one the audit says so instead of guessing.
+
+    python -m attnzoo.runtime.fusion model.onnx [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+import onnx
+
+from attnzoo.cli import UsageError, entry_point
+
+__all__ = ["AttentionCore", "attention_cores", "openvino_fusion", "onnxruntime_fusion", "tensorrt_fusion", "audit",
+           "markdown", "main"]
+
+#: ONNX Runtime contrib ops that compute a whole attention core.
+ORT_ATTENTION_OPS = ("Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention",
+                     "PackedMultiHeadAttention", "SparseAttention")
+#: Ops between the scores' matrix product and the softmax that keep the scores a (scaled, biased) dot product.
+_SCORE_PATH_OPS = ("Mul", "Div", "Add", "Sub", "Cast", "Reshape", "Transpose", "Where")
+_BLOCK = re.compile(r"^(.*?blocks\.\d+)\.attn\b")
+
+
+@dataclass
+class AttentionCore:
+    """One block's attention core in the ONNX graph (node names).
+
+    Attributes:
+        block: The block's module path (``blocks.3``, ``encoder.blocks.3``).
+        softmax: The softmax node.
+        scores: The matrix product whose output the softmax normalises (through scaling / bias / layout ops only),
+            or None when the scores are not a matrix product (the L1-distance variants).
+        values: The matrix product that applies the softmax's output to the values.
+        path: The nodes between ``scores`` and ``softmax``.
+        producer: The node whose output the softmax takes (``scores`` or the last of ``path`` for a dot-product
+            core; the end of whatever computes the scores otherwise).
+    """
+
+    block: str
+    softmax: str
+    scores: Optional[str]
+    values: Optional[str]
+    path: List[str]
+    producer: Optional[str] = None
+
+    @property
+    def dot_product(self) -> bool:
+        """Whether the scores are a matrix product: the form every runtime's attention fusion looks for."""
+        return self.scores is not None and self.values is not None
+
+    @property
+    def kernel_ops(self) -> set:
+        """The ops one fused kernel must compute: the scores' matrix product (or, without one, the op that makes
+        the scores), the softmax and the matrix product with the values."""
+        return {n for n in (self.scores if self.dot_product else self.producer, self.softmax, self.values) if n}
+
+
+def _load(model: Union[str, Path, onnx.ModelProto]) -> onnx.ModelProto:
+    return model if isinstance(model, onnx.ModelProto) else onnx.load(str(model), load_external_data=False)
+
+
+def attention_cores(model: Union[str, Path, onnx.ModelProto]) -> List[AttentionCore]:
+    """Each block's attention cores (a softmax whose output weights values by a matrix product), in graph order."""
+    graph = _load(model).graph
+    producer = {out: n for n in graph.node for out in n.output}
+    consumers: Dict[str, List[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    cores = []
+    for node in graph.node:
+        block = _BLOCK.match(node.name)
+        if node.op_type != "Softmax" or block is None:
+            continue
+        path, src, scores = [], producer.get(node.input[0]), None
+        first = src.name if src is not None else None
+        while src is not None:
+            if src.op_type == "MatMul":
+                scores = src.name
+                break
+            if src.op_type not in _SCORE_PATH_OPS:
+                break
+            path.append(src.name)
+            # follow the data input (the first non-constant one)
+            src = next((producer[i] for i in src.input if i in producer
+                        and producer[i].op_type not in ("Constant", "Shape")), None)
+        values, out = None, node.output[0]
+        for _ in range(3):  # through a Cast (fp16 exports) at most
+            users = consumers.get(out, [])
+            nxt = next((u for u in users if u.op_type == "MatMul"), None)
+            if nxt is not None:
+                values = nxt.name
+                break
+            cast = next((u for u in users if u.op_type == "Cast"), None)
+            if cast is None:
+                break
+            path.append(cast.name)
+            out = cast.output[0]
+        if values is not None:  # a softmax that weights no values (a gate over heads, say) is no attention core
+            cores.append(AttentionCore(block.group(1), node.name, scores, values, path[::-1], first))
+    return cores
+
+
+def _verdict(cores: List[AttentionCore], fused: Dict[str, Optional[str]], runtime: str, **extra) -> Dict[str, Any]:
+    per_core = [{"block": c.block, "softmax": c.softmax, "fused": fused.get(c.softmax) is not None,
+                 "kernel": fused.get(c.softmax), "dot_product": c.dot_product} for c in cores]
+    return {"runtime": runtime, "inspected": True, "cores": len(per_core), "fused": sum(c["fused"] for c in per_core),
+            "per_core": per_core, **extra}
+
+
+def openvino_fusion(path: Union[str, Path], cores: Optional[List[AttentionCore]] = None,
+                    threads: int = 1) -> Dict[str, Any]:
+    """Which attention cores OpenVINO's CPU plugin runs as one kernel: softmax and both matrix products in one runtime node.
+
+    Returns:
+        ``{"runtime", "inspected", "cores", "fused", "per_core": [{"block", "softmax", "fused", "kernel",
+        "dot_product"}], "version"}`` (``kernel``: the fused node's name and layer type).
+    """
+    import openvino as ov
+
+    from .openvino import compile_onnx
+
+    cores = attention_cores(path) if cores is None else cores
+    compiled = compile_onnx(path, threads=threads)
+    kernels = []
+    for op in compiled.get_runtime_model().get_ordered_ops():
+        info = op.get_rt_info()
+        names = set(info["originalLayersNames"].astype(str).split(",")) if "originalLayersNames" in info else set()
+        layer = info["layerType"].astype(str) if "layerType" in info else op.get_type_name()
+        kernels.append((f"{op.get_friendly_name()} ({layer})", names))
+    fused = {}
+    for c in cores:
+        fused[c.softmax] = next((k for k, names in kernels if c.kernel_ops <= names), None)
+    return _verdict(cores, fused, "openvino", version=ov.get_version())
+
+
+def _ort_attention(graph: onnx.GraphProto, cores: List[AttentionCore]) -> Dict[str, Optional[str]]:
+    """Blocks whose softmax an attention contrib op replaced (its softmax gone, one such op per fused block)."""
+    attention = [n for n in graph.node if n.op_type in ORT_ATTENTION_OPS]
+    left = {n.name for n in graph.node if n.op_type == "Softmax"}
+    gone = [c for c in cores if c.softmax not in left]
+    fused: Dict[str, Optional[str]] = {c.softmax: None for c in cores}
+    for c, op in zip(gone, attention):
+        fused[c.softmax] = f"{op.name or op.op_type} ({op.domain or 'ai.onnx'}.{op.op_type})"
+    return fused
+
+
+def onnxruntime_fusion(path: Union[str, Path], cores: Optional[List[AttentionCore]] = None,
+                       transformer_optimizer: bool = False) -> Dict[str, Any]:
+    """Which attention cores ONNX Runtime runs as one attention op: in the graph its CPU session optimizes (all levels),
+    or, with ``transformer_optimizer``, in the graph of ``onnxruntime.transformers.optimizer`` (``vit``)."""
+    import onnxruntime as ort
+
+    cores = attention_cores(path) if cores is None else cores
+    if transformer_optimizer:
+        from onnxruntime.transformers.optimizer import optimize_model
+
+        # num_heads / hidden_size 0: detected from the graph (the optimizer's own default)
+        optimized = optimize_model(str(path), model_type="vit", num_heads=0, hidden_size=0, opt_level=0)
+        graph = optimized.model.graph
+        name = "onnxruntime-transformers"
+    else:
+        from .sessions import session_options
+
+        with tempfile.TemporaryDirectory(prefix="attnzoo-fusion-") as tmp:
+            out = Path(tmp) / "optimized.onnx"
+            ort.InferenceSession(str(path), session_options(threads=1, optimized_path=out),
+                                 providers=["CPUExecutionProvider"])
+            graph = onnx.load(str(out), load_external_data=False).graph
+        name = "onnxruntime"
+    ops = Counter(n.op_type for n in graph.node if n.op_type in ORT_ATTENTION_OPS)
+    return _verdict(cores, _ort_attention(graph, cores), name, version=ort.__version__, attention_ops=dict(ops))
+
+
+def tensorrt_fusion(path: Union[str, Path], cores: Optional[List[AttentionCore]] = None) -> Dict[str, Any]:
+    """TensorRT's fused layers can be read only from a deserialized engine (``IEngineInspector``), which needs a
+    CUDA GPU; without one the audit reports why, and no verdict."""
+    from attnzoo.machine import gpu_info
+
+    cores = attention_cores(path) if cores is None else cores
+    gpu = gpu_info()
+    reason = ("no CUDA GPU here: an engine's layers are read from the deserialized engine (IEngineInspector), "
+              "which TensorRT does only on a GPU") if gpu is None else \
+        "engine inspection on a GPU is not part of this audit yet"
+    return {"runtime": "tensorrt", "inspected": False, "cores": len(cores), "fused": None, "reason": reason}
+
+
+def audit(path: Union[str, Path], threads: int = 1) -> Dict[str, Any]:
+    """The attention cores of an ONNX file and, for each runtime here, which of them it runs fused."""
+    cores = attention_cores(path)
+    return {"file": str(path), "cores": [dict(asdict(c), dot_product=c.dot_product) for c in cores],
+            "runtimes": [openvino_fusion(path, cores, threads), onnxruntime_fusion(path, cores),
+                         onnxruntime_fusion(path, cores, transformer_optimizer=True), tensorrt_fusion(path, cores)]}
+
+
+def markdown(result: Dict[str, Any]) -> str:
+    """One row per runtime: its fused cores of all, and the kernel that computes the first fused one."""
+    cores = result["cores"]
+    dot = sum(c["dot_product"] for c in cores)
+    lines = [f"{len(cores)} attention cores, {dot} with dot-product scores (the form attention fusion matches)", "",
+             "| runtime | fused cores | kernel (first fused core) |", "|---|---|---|"]
+    for r in result["runtimes"]:
+        if not r["inspected"]:
+            lines.append(f"| {r['runtime']} | not inspected | {r['reason']} |")
+            continue
+        first = next((c["kernel"] for c in r["per_core"] if c["kernel"]), None)
+        lines.append(f"| {r['runtime']} | {r['fused']} of {r['cores']} | {first or '-'} |")
+    return "\n".join(lines)
+
+
+@entry_point
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m attnzoo.runtime.fusion", description=__doc__.splitlines()[0])
+    p.add_argument("onnx", type=Path, help="an ONNX file (an attnzoo export or any ViT-like model)")
+    p.add_argument("--json", action="store_true", help="print the whole audit as JSON")
+    a = p.parse_args(argv)
+    if not a.onnx.is_file():
+        raise UsageError(f"no such file: {a.onnx}")
+    result = audit(a.onnx)
+    print(json.dumps(result, indent=1) if a.json else markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

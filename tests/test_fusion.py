@@ -1,0 +1,92 @@
+"""The fusion audit: each runtime's own executed or optimized graph says whether a block's attention core (scores'
+matrix product, softmax, values' matrix product) runs as one kernel."""
+
+from __future__ import annotations
+
+import types
+
+import onnx
+import pytest
+import torch
+from onnx import helper
+
+from attnzoo.export.onnx_export import export_onnx
+from attnzoo.models import create_model
+from attnzoo.runtime.fusion import (AttentionCore, attention_cores, audit, markdown, onnxruntime_fusion,
+                                    openvino_fusion, _ort_attention)
+
+DEPTH = 4  # the micro ViT's blocks
+
+
+def _export(tmp_path, name: str, variant: str, forward=None):
+    torch.manual_seed(0)
+    model = create_model(variant, "cls", "micro", num_classes=10).eval()
+    if forward is not None:
+        for block in model.blocks:
+            block.attn.forward = types.MethodType(forward, block.attn)
+    return export_onnx(model, tmp_path / f"{name}.onnx", config=model.attnzoo_config)
+
+
+def _cumsum_scores(self, x, attn_mask=None, is_causal=False):
+    """A made-up variant: the dot-product scores summed along the keys, which no attention pattern matches."""
+    b, n, _ = x.shape
+    q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    scores = torch.cumsum((q * self.scale) @ k.transpose(-2, -1), dim=-1)
+    return self.proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(b, n, -1))
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fusion")
+    return {"standard": _export(tmp, "standard", "standard"),
+            "made-up": _export(tmp, "made-up", "standard", _cumsum_scores),
+            "wafe-mae": _export(tmp, "wafe-mae", "wafe-mae")}
+
+
+def test_cores_are_found_from_each_blocks_softmax_with_both_matrix_products(exports):
+    cores = attention_cores(exports["standard"])
+    assert [c.block for c in cores] == [f"blocks.{i}" for i in range(DEPTH)]
+    assert all(c.dot_product and c.scores.startswith(f"{c.block}.attn/MatMul") and c.values for c in cores)
+    made_up = attention_cores(exports["made-up"])
+    assert len(made_up) == DEPTH and not any(c.dot_product for c in made_up)
+    assert all("CumSum" in c.producer for c in made_up)
+    mae = attention_cores(exports["wafe-mae"])  # L1 distances: no matrix product makes the scores
+    assert len(mae) == DEPTH and not any(c.dot_product for c in mae) and all(c.values for c in mae)
+
+
+def test_openvino_runs_standard_attention_fused_and_a_core_that_breaks_the_pattern_unfused(exports):
+    std = openvino_fusion(exports["standard"])
+    assert std["inspected"] and std["cores"] == std["fused"] == DEPTH
+    assert all("Subgraph" in c["kernel"] for c in std["per_core"])  # read from OpenVINO's runtime model
+    for name in ("made-up", "wafe-mae"):
+        r = openvino_fusion(exports[name])
+        assert r["cores"] == DEPTH and r["fused"] == 0 and not any(c["kernel"] for c in r["per_core"])
+
+
+def test_onnxruntime_verdicts_come_from_its_optimized_graphs(exports):
+    for optimizer in (False, True):
+        r = onnxruntime_fusion(exports["made-up"], transformer_optimizer=optimizer)
+        assert r["inspected"] and r["cores"] == DEPTH and r["fused"] == 0
+    r = onnxruntime_fusion(exports["standard"])
+    assert r["fused"] == sum(r["attention_ops"].values())  # one attention op per fused core, no more
+
+
+def test_an_attention_op_that_replaced_a_softmax_counts_that_core_as_fused():
+    cores = [AttentionCore(f"blocks.{i}", f"blocks.{i}.attn/Softmax", f"blocks.{i}.attn/MatMul",
+                           f"blocks.{i}.attn/MatMul_1", []) for i in range(2)]
+    graph = helper.make_graph([helper.make_node("MultiHeadAttention", ["q", "k", "v"], ["o"], name="Attention_0",
+                                                domain="com.microsoft"),
+                               helper.make_node("Softmax", ["s"], ["p"], name="blocks.1.attn/Softmax")],
+                              "g", [], [])
+    fused = _ort_attention(graph, cores)
+    assert fused == {"blocks.0.attn/Softmax": "Attention_0 (com.microsoft.MultiHeadAttention)",
+                     "blocks.1.attn/Softmax": None}
+
+
+def test_audit_says_plainly_what_it_could_not_inspect(exports):
+    result = audit(exports["standard"])
+    trt = next(r for r in result["runtimes"] if r["runtime"] == "tensorrt")
+    if not torch.cuda.is_available():
+        assert not trt["inspected"] and trt["fused"] is None and "GPU" in trt["reason"]
+    table = markdown(result)
+    assert f"| openvino | {DEPTH} of {DEPTH} |" in table and "| tensorrt | not inspected |" in table
