@@ -41,7 +41,11 @@ def test_short_run_lowers_the_loss_and_writes_a_loadable_checkpoint(tmp_path):
     x = torch.randn(2, 3, 32, 32)
     torch.testing.assert_close(model(x), rebuilt.eval()(x))
     res = evaluate_checkpoint(path, limit=20)
-    assert res["n_images"] == 20 and 0.0 <= res["metric"] <= 100.0
+    test = shapes("test", "cls", n=20)  # the same 20 images, scored here without the package's evaluation code
+    with torch.no_grad():
+        pred = model(torch.from_numpy((test.images / 255.0 - 0.5) / 0.5).permute(0, 3, 1, 2).float()).argmax(1)
+    assert res["n_images"] == 20
+    assert res["metric"] == pytest.approx(100.0 * (pred.numpy() == test.labels).mean())
 
 
 def test_training_is_deterministic_and_resumable(tmp_path):
@@ -58,6 +62,72 @@ def test_training_is_deterministic_and_resumable(tmp_path):
     want, got = load_state_dict_file(full["path"]), load_state_dict_file(resumed["path"])
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory):
+    """A run stopped after epoch 1 of 2: its state files (bytes), to be damaged by each test."""
+    out = tmp_path_factory.mktemp("stopped")
+    train(_cfg(out), progress=False, max_steps=2)  # 32 images / 16 per batch: stops after epoch 1 of 2
+    return {p.name: p.read_bytes() for p in out.glob("*.state.*")}
+
+
+def _resume(tmp_path, state, edit):
+    for name, data in state.items():
+        (tmp_path / name).write_bytes(data)
+    js = tmp_path / "belief2_cls_shapes.state.json"
+    js.write_text(edit(js.read_text()))
+    with pytest.raises(ValueError) as info:
+        train(_cfg(tmp_path), resume=True, progress=False)
+    assert not (tmp_path / "belief2_cls_shapes.safetensors").exists()  # no "finished" checkpoint
+    return str(info.value)
+
+
+@pytest.mark.parametrize("epoch, needle", [
+    (10 ** 12, "epoch 1000000000000, not within 0..2"),  # wrote a "finished" checkpoint after 1 of 2 epochs
+    (-5, "epoch -5, not within 0..2"),  # trained from epoch -4
+    (2, "a history of 1 epoch(s) for epoch 2"),
+    ("1", 'epoch "1", not within 0..2'),
+])
+def test_a_resume_state_must_be_within_the_run(tmp_path, stopped_run, epoch, needle):
+    """The state's epoch must be a whole number within 0..--epochs with one history entry per finished epoch:
+    anything else is refused in one line naming the file, before any training."""
+    def edit(text):
+        meta = json.loads(text)
+        meta["epoch"] = epoch
+        return json.dumps(meta)
+
+    message = _resume(tmp_path, stopped_run, edit)
+    assert message.startswith(f"cannot resume: {tmp_path / 'belief2_cls_shapes.state.json'} is damaged (")
+    assert needle in message and "\n" not in message
+
+
+def test_a_deep_or_huge_resume_state_is_refused_naming_the_file(tmp_path, stopped_run, monkeypatch):
+    """A 100,000-deep state JSON: one line naming the file (was "maximum recursion depth exceeded" alone); a state
+    over the size bound: refused from its size, before it is parsed."""
+    import importlib
+
+    train_mod = importlib.import_module("attnzoo.training.train")  # the package's ``train`` is the function
+    js = tmp_path / "belief2_cls_shapes.state.json"
+    message = _resume(tmp_path, stopped_run, lambda text: "[" * 100_000 + "]" * 100_000)
+    assert message == f"cannot resume: {js}: not readable JSON (JSON nested too deep)"
+    monkeypatch.setattr(train_mod, "MAX_STATE_JSON_BYTES", 100)
+    message = _resume(tmp_path, stopped_run, lambda text: text)
+    assert message == f"cannot resume: {js}: not readable JSON (over the 100 bytes such a file can be)"
+
+
+def test_train_model_resume_refuses_a_bad_state_in_one_line(tmp_path, stopped_run, capsys):
+    for name, data in stopped_run.items():
+        (tmp_path / name).write_bytes(data)
+    js = tmp_path / "belief2_cls_shapes.state.json"
+    js.write_text(js.read_text().replace('"epoch": 1,', '"epoch": 1000000000000,', 1))
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--variant", "belief2", "--task", "cls", "--data", "shapes", "--epochs", "2", "--batch-size",
+                  "16", "--lr", "0.003", "--warmup-epochs", "0.5", "--train-size", "32", "--val-size", "16",
+                  "--option", "param_matched=true", "--out", str(tmp_path), "--threads", "1", "--resume",
+                  "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 1 and len(err) == 1 and str(js) in err[0] and "not within 0..2" in err[0]
 
 
 def test_seg_metrics_are_miou_with_per_class_iou():

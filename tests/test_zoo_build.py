@@ -14,6 +14,8 @@ def _fake_job(args):
         fh.write(json.dumps(job) + "\n")
     path = Path(out_dir) / f"{job['variant']}_{job['task']}_{job['data']}.safetensors"
     path.write_text(f"{job} {path.stat().st_mtime_ns if path.exists() else 0}")  # new bytes on every build
+    recipe = job.get("recipe") or zoo.RECIPES[f"{job['data']}/{job['task']}"]  # kept by a later build
+    path.with_suffix(".json").write_text(json.dumps({"recipe": recipe}))
     return {"variant": job["variant"], "task": job["task"], "data": job["data"], "file": path.name,
             "sha256": sha256_file(path), "metric_name": "m", "test_metric": 50.0, "train_time_s": 0.0}
 
@@ -21,7 +23,7 @@ def _fake_job(args):
 def test_fresh_rebuild_of_the_segmenters_keeps_the_classifiers(tmp_path, monkeypatch):
     monkeypatch.setattr(zoo, "_load_shared", lambda todo: None)
     monkeypatch.setattr(zoo, "_run_job_star", _fake_job)
-    monkeypatch.setattr(zoo, "baselines", lambda: {})
+    monkeypatch.setattr(zoo, "baselines", lambda *recipes: {})
     zoo.build(variants=["standard", "belief"], out_dir=tmp_path, data=["fashion"])
     before = {(e["variant"], e["task"]): e["sha256"]
               for e in json.loads((tmp_path / "manifest.json").read_text())["models"]}
@@ -68,3 +70,85 @@ def test_a_stopped_job_resumes_from_its_last_finished_epoch(tmp_path, monkeypatc
     assert [h["epoch"] for h in saved["history"]] == [1, 2]
     assert saved["history"][0] == state["history"][0]
     assert row["epochs"] == 2 and not list(tmp_path.glob("*.state.*"))
+
+
+BUILD = """
+import sys
+from attnzoo.training import zoo
+zoo.RECIPES["shapes/cls"] = dict(arch="micro", img_size=16, epochs=10_000, batch_size=16, lr=2e-3, weight_decay=0.05,
+                                 warmup_epochs=0.25, seed=0, train_size=32, val_size=16)
+zoo.TEST_N["shapes"] = 16
+sys.exit(zoo.main(["build", "--out", sys.argv[1], "--data", "shapes", "--tasks", "cls", "--variants", "standard",
+                   "belief", "--jobs", "2"]))
+"""
+
+
+def test_ctrl_c_in_a_build_is_one_line_and_exit_130(tmp_path):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while both workers train: the build ends
+    with its one line and 130, no worker prints a traceback (one did in 4 of 6 runs), and no process is left."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", BUILD, str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        states = [tmp_path / f"{v}_cls_shapes.state.json" for v in ("standard", "belief")]
+        while time.time() < deadline and proc.poll() is None and not all(p.is_file() for p in states):
+            time.sleep(0.1)
+        assert proc.poll() is None and all(p.is_file() for p in states), "the workers never finished an epoch"
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "interrupted (Ctrl-C)", err[-2000:]
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            os.killpg(proc.pid, 0)  # a worker still alive in the build's group
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("a worker outlived the build")
+
+
+def test_adopt_moves_a_complete_staging_build_into_the_zoo_and_refuses_a_partial_one(tmp_path, monkeypatch):
+    """A retrain is built apart (``build --out STAGING``) and adopted whole: the zoo's rows of that task are
+    replaced, its other rows kept; a staging build missing a model, or a file that changed, adopts nothing."""
+    import pytest
+
+    monkeypatch.setattr(zoo, "_load_shared", lambda todo: None)
+    monkeypatch.setattr(zoo, "_run_job_star", _fake_job)
+    monkeypatch.setattr(zoo, "baselines", lambda *recipes: {})
+    monkeypatch.setattr(zoo, "VARIANT_NAMES", ("standard", "belief"))
+    shipped, staging = tmp_path / "zoo", tmp_path / "staging"
+    zoo.build(variants=["standard", "belief"], out_dir=shipped, data=["fashion"])
+    before = {(e["variant"], e["task"]): e for e in json.loads((shipped / "manifest.json").read_text())["models"]}
+    with pytest.raises(ValueError, match="built apart from the shipped zoo"):
+        zoo.build(variants=["standard"], out_dir=zoo.ZOO_DIR, data=["fashion"], tasks=["seg"], retrain=True)
+    zoo.build(variants=["standard"], out_dir=staging, data=["fashion"], tasks=["seg"], retrain=True)
+    with pytest.raises(ValueError, match=r"1 of 2 models not built yet: belief/seg/fashion"):
+        zoo.adopt(staging, ["fashion"], ["seg"], out_dir=shipped)
+    zoo.build(variants=["belief"], out_dir=staging, data=["fashion"], tasks=["seg"], retrain=True)
+    (staging / "belief_seg_fashion.safetensors").write_text("changed after the build")
+    with pytest.raises(ValueError, match="belief_seg_fashion.safetensors: missing, or its sha256 does not match"):
+        zoo.adopt(staging, ["fashion"], ["seg"], out_dir=shipped)
+    assert json.loads((shipped / "manifest.json").read_text())["models"] == list(before.values())  # untouched
+    zoo.build(variants=["belief"], out_dir=staging, data=["fashion"], tasks=["seg"], resume=False, retrain=True)
+    adopted = zoo.adopt(staging, ["fashion"], ["seg"], out_dir=shipped)
+    assert sorted(e["variant"] for e in adopted) == ["belief", "standard"]
+    after = {(e["variant"], e["task"]): e for e in json.loads((shipped / "manifest.json").read_text())["models"]}
+    staged = {(e["variant"], e["task"]): e for e in json.loads((staging / "manifest.json").read_text())["models"]}
+    assert set(after) == set(before)
+    for (variant, task), e in after.items():
+        assert e == (before if task == "cls" else staged)[(variant, task)]
+        assert sha256_file(shipped / e["file"]) == e["sha256"]
+    assert after[("belief", "seg")]["sha256"] != before[("belief", "seg")]["sha256"]  # the retrained file
+    recipe = json.loads((shipped / "belief_seg_fashion.json").read_text())["recipe"]
+    assert recipe == zoo.NEXT_RECIPES["fashion/seg"] != zoo.RECIPES["fashion/seg"]

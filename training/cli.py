@@ -12,6 +12,7 @@ import sys
 from typing import List, Optional
 
 from attnzoo.cli import CommandError, UsageError, add_debug_flag, entry_point
+from attnzoo.fileio import parse_json
 from attnzoo.training.train import TrainConfig, evaluate_checkpoint, train
 
 __all__ = ["main", "evaluate_main"]
@@ -25,8 +26,8 @@ def _parse_options(items: List[str]) -> dict:
             raise UsageError(f"--option expects KEY=VALUE, got {item!r}")
         key, value = item.split("=", 1)
         try:
-            options[key] = json.loads(value)
-        except json.JSONDecodeError:
+            options[key] = parse_json(value)
+        except ValueError:  # not JSON (or NaN, or nested too deep): the text itself
             options[key] = value
     return options
 

@@ -18,14 +18,18 @@ from torch import nn
 from tqdm import tqdm
 
 from attnzoo.cli import first_line
-from attnzoo.fileio import atomic_path, atomic_write_text
+from attnzoo.fileio import atomic_path, atomic_write_text, read_json
 from attnzoo.metrics import confusion_matrix, metric_name, metrics_from_confusion
 from attnzoo.models.checkpoint import init_encoder, load_checkpoint, save_checkpoint
 from attnzoo.models import canonical_name, count_params, create_model
 from attnzoo.preprocess import DATA_INPUT_STYLE, DEFAULT_MEAN, DEFAULT_STD
 from attnzoo.data.datasets import BUILTIN_DATA, ImageSet, TensorDataset, load_data
 
-__all__ = ["TrainConfig", "train", "has_state", "evaluate", "evaluate_checkpoint", "checkpoint_name"]
+__all__ = ["TrainConfig", "train", "has_state", "evaluate", "evaluate_checkpoint", "checkpoint_name",
+           "MAX_STATE_JSON_BYTES"]
+
+#: Largest ``<name>.state.json`` a resume reads (about 200 bytes per epoch of history, plus the settings).
+MAX_STATE_JSON_BYTES = 16 * 2**20
 
 
 @dataclass
@@ -139,12 +143,28 @@ def _save_state(out_dir: Path, name: str, model, opt, sched, epoch: int, history
                                            "config": asdict(cfg)}, indent=1))
 
 
+def _state_problem(epoch: Any, history: Any, elapsed: float, epochs: int) -> Optional[str]:
+    """Why a state's progress cannot be this run's (``None`` when it can): its epoch must be a whole number of
+    epochs within ``0..epochs``, its history one entry per finished epoch, in order, its elapsed time finite."""
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch <= epochs:
+        return f"epoch {json.dumps(epoch)[:40]}, not within 0..{epochs}, the run's --epochs"
+    if not isinstance(history, list) or len(history) != epoch:
+        return f"a history of {len(history) if isinstance(history, list) else 'no'} epoch(s) for epoch {epoch}"
+    if any(not isinstance(h, dict) or h.get("epoch") != i + 1 for i, h in enumerate(history)):
+        return "its history is not one entry per epoch, in order"
+    if not math.isfinite(elapsed) or elapsed < 0:
+        return f"elapsed {elapsed}"
+    return None
+
+
 def _load_state(out_dir: Path, name: str, model, opt, sched, cfg: TrainConfig) -> Dict[str, Any]:
     """Restore what :func:`_save_state` wrote.
 
     Raises:
         ValueError: nothing to resume, one of the two state files missing, either of them damaged or
-            truncated, or saved with different settings -- one line naming the file.
+            truncated (a JSON over :data:`MAX_STATE_JSON_BYTES` or nested too deep, an epoch outside
+            ``0..cfg.epochs`` or a history that does not match it), or saved with different settings -- one
+            line naming the file.
     """
     st_path, js_path = _state_paths(out_dir, name)
     present = [p for p in (st_path, js_path) if p.is_file()]
@@ -158,11 +178,18 @@ def _load_state(out_dir: Path, name: str, model, opt, sched, cfg: TrainConfig) -
         raise ValueError(f"cannot resume: {missing} is missing ({present[0].name} is there); delete "
                          f"{present[0].name} and run without --resume to start afresh")
     try:
-        meta = json.loads(js_path.read_text())
+        meta = read_json(js_path, MAX_STATE_JSON_BYTES)
+    except ValueError as exc:
+        raise ValueError(f"cannot resume: {exc}") from None
+    try:
         saved = {k: v for k, v in meta["config"].items() if k not in ("out", "threads", "epochs")}
-        epoch, history, elapsed = int(meta["epoch"]), list(meta["history"]), float(meta["elapsed"])
-    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        epoch, history, elapsed = meta["epoch"], meta["history"], float(meta["elapsed"])
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise ValueError(f"cannot resume: {js_path} is damaged ({type(exc).__name__}: {exc})") from None
+    problem = _state_problem(epoch, history, elapsed, cfg.epochs)
+    if problem:
+        raise ValueError(f"cannot resume: {js_path} is damaged ({problem}); delete it and its "
+                         f"{st_path.name} and run without --resume to start afresh")
     now = {k: v for k, v in asdict(cfg).items() if k not in ("out", "threads", "epochs")}
     if saved != now:
         diff = sorted(k for k in now if saved.get(k) != now[k])

@@ -2,6 +2,8 @@
 and on the ``shapes`` smoke set, plus ``digits`` classifiers, each trained with the one recipe of its data and task.
 
     python -m attnzoo.training.zoo build --jobs 2      # trains everything, writes zoo/manifest.json
+    python -m attnzoo.training.zoo build --retrain --out results/seg-retrain --data fashion --tasks seg  # apart
+    python -m attnzoo.training.zoo adopt results/seg-retrain --tasks seg   # ... moved into the zoo once complete
     python -m attnzoo.training.zoo baselines           # chance and simple baselines, stored in the manifest
     python -m attnzoo.training.zoo table               # the README table (markdown)
     python -m attnzoo.training.zoo verify              # sha256 + re-evaluation of every zoo model
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import signal
 import sys
 import threading
 import time
@@ -30,8 +33,8 @@ from attnzoo.data.datasets import DIGITS_CLASSES, SHAPES_CLASSES, ImageSet, load
 from attnzoo.metrics import confusion_matrix, metric_name, metrics_from_confusion
 from attnzoo.training.train import TrainConfig, evaluate, has_state, train
 
-__all__ = ["RECIPES", "SUBSET_N", "DIGITS_VARIANTS", "VARIANT_OPTIONS", "jobs", "build", "table", "verify",
-           "main"]
+__all__ = ["RECIPES", "NEXT_RECIPES", "recipes", "SUBSET_N", "DIGITS_VARIANTS", "VARIANT_OPTIONS", "TRAIN_ORDER", "jobs", "build", "adopt",
+           "table", "verify", "main"]
 
 #: One recipe per (data, task), shared by every variant so the numbers are comparable.
 RECIPES: Dict[str, Dict[str, Any]] = {
@@ -45,6 +48,15 @@ RECIPES: Dict[str, Dict[str, Any]] = {
                        warmup_epochs=0.2, min_lr_ratio=0.01, seed=0, train_size=6000, val_size=300),
     "digits/cls": dict(arch="micro", img_size=32, epochs=12, batch_size=32, lr=2e-3, weight_decay=0.05,
                        warmup_epochs=1.0, min_lr_ratio=0.01, seed=0, train_size=None, val_size=None),
+}
+#: Recipes the zoo is being retrained with (``build --retrain --out results/seg-retrain``), apart from the shipped
+#: zoo, which keeps one recipe per task meanwhile; ``adopt`` moves the finished retrain in, and then its recipe
+#: replaces the entry in :data:`RECIPES`. The segmenters' comes from results/studies/seg-occlusion: a 56-px canvas of
+#: 2-4 native 28-px garments, each scene drawing its overlap cap from U(0, 1), 16 epochs from scratch (the 48-px,
+#: 10-epoch recipe lost 10 points on overlapping garments).
+NEXT_RECIPES: Dict[str, Dict[str, Any]] = {
+    "fashion/seg": dict(RECIPES["fashion/seg"], img_size=56, epochs=16,
+                        scene={"garment_px": [28, 28], "overlap": [0.0, 1.0]}),
 }
 #: Test images: the full test split for ``test_metric``, its first ``SUBSET_N`` for ``subset_metric``
 #: (what ``verify`` and the tests recompute).
@@ -71,6 +83,30 @@ NOTES: Dict[str, str] = {
 }
 ZOO_DIR = Path(__file__).resolve().parents[1] / "zoo"
 
+#: The build's order, cheapest training step first (``python -m attnzoo.studies.train_speed --settings eager-1t
+#: --variants ...``, results/studies/train-speed/all-variants: the pairwise-L1 MAE ones cost about three times
+#: ``standard``); variants not named here (plugins) come last.
+TRAIN_ORDER = ("anti-wafe-dot", "standard", "mabvit-gelu", "mabvit-glu", "vertical", "horizontal", "belief",
+               "horizontal-vertical", "wafe-mse", "belief-star", "exclusive", "anti-wafe-mse", "belief2", "wafe-mae",
+               "anti-wafe-mae")
+
+
+def recipes(retrain: bool = False) -> Dict[str, Dict[str, Any]]:
+    """The recipes a build trains with: :data:`RECIPES`, with :data:`NEXT_RECIPES` over them for a retrain."""
+    return {**RECIPES, **NEXT_RECIPES} if retrain else dict(RECIPES)
+
+
+def _trained_with_recipe(path: Path, row: Dict[str, Any], recipes: Dict[str, Dict[str, Any]] = RECIPES) -> bool:
+    """Whether the zoo file at ``path`` was trained with the recipe of its data and task in ``recipes`` (a recipe
+    change retrains the models it concerns on the next build)."""
+    recipe = recipes.get(f"{row['data']}/{row['task']}", {})
+    try:
+        saved = json.loads(path.with_suffix(".json").read_text()).get("recipe") or {}
+    except (OSError, ValueError):
+        return False
+    return all(saved.get(k, {} if k == "scene" else None) == v for k, v in recipe.items())
+
+
 _SHARED: Dict[str, ImageSet] = {}  # data loaded once in the parent, inherited by forked workers
 
 
@@ -87,9 +123,8 @@ def _key(data: str, task: str, split: str) -> str:
 
 
 def _load_shared(todo: List[Dict[str, Any]]) -> None:
-    """Generate / load every split the jobs need, once."""
-    for data, task in sorted({(j["data"], j["task"]) for j in todo}):
-        r = RECIPES[f"{data}/{task}"]
+    """Generate / load every split the jobs need, once (each job carries its recipe, else :data:`RECIPES`')."""
+    for (data, task), r in {(j["data"], j["task"]): _recipe_of(j) for j in todo}.items():
         sizes = {"train": r["train_size"], "val": r["val_size"], "test": TEST_N[data]}
         for split, n in sizes.items():
             _SHARED[_key(data, task, split)] = load_data(data, split, task, r["img_size"], n, scene=r.get("scene"))
@@ -100,7 +135,14 @@ _EPOCHS: Optional[Any] = None
 
 
 def _init_worker(epochs) -> None:
+    """A build's worker: Ctrl-C is the build's to handle (it ends the pool, with one line; a worker raising it too
+    printed its traceback), and the SIGTERM with which the pool ends its workers ends one at once, as the pool
+    expects (the handler a worker inherits from a command raises instead: a traceback, or a worker the pool waits
+    for). A job's state files are written through a rename, so a worker ended mid-epoch leaves its last epoch (and,
+    ended in the middle of that write, a hidden ``.NAME.*.tmp`` beside it)."""
     global _EPOCHS
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _EPOCHS = epochs
 
 
@@ -116,6 +158,10 @@ def _epoch_reporter():
     return report
 
 
+def _recipe_of(job: Dict[str, Any]) -> Dict[str, Any]:
+    return job.get("recipe") or RECIPES[f"{job['data']}/{job['task']}"]
+
+
 def _run_job(job: Dict[str, Any], out_dir: str) -> Dict[str, Any]:
     """Train one zoo model (one thread), evaluate it on the test split, return its manifest row.
 
@@ -123,7 +169,7 @@ def _run_job(job: Dict[str, Any], out_dir: str) -> Dict[str, Any]:
     ``out_dir``; the next build resumes it from there (state of other settings, or damaged, is trained afresh)."""
     torch.set_num_threads(1)
     variant, task, data = canonical_name(job["variant"]), job["task"], job["data"]
-    r = RECIPES[f"{data}/{task}"]
+    r = _recipe_of(job)
     cfg = TrainConfig(variant=variant, task=task, data=data, options=dict(VARIANT_OPTIONS.get(variant, {})),
                       out=out_dir, threads=1, **r)
     kw = dict(progress=False, train_data=_SHARED[_key(data, task, "train")],
@@ -179,13 +225,14 @@ def _add_notes(rows: List[Dict[str, Any]]) -> None:
                          f"tuning was done (see the manifest's recipe)")
 
 
-def _write_manifest(out_dir: Path, rows: List[Dict[str, Any]], baselines: Optional[Dict[str, Any]] = None) -> None:
-    """Write ``manifest.json``: recipe, models (sorted, with notes) and the baselines (kept when not given)."""
+def _write_manifest(out_dir: Path, rows: List[Dict[str, Any]], baselines: Optional[Dict[str, Any]] = None,
+                    recipes: Dict[str, Dict[str, Any]] = RECIPES) -> None:
+    """Write ``manifest.json``: recipes, models (sorted, with notes) and the baselines (kept when not given)."""
     order = {v: i for i, v in enumerate(VARIANT_NAMES)}
     data_order = {d: i for i, d in enumerate(("fashion", "shapes", "digits"))}
     rows.sort(key=lambda e: (data_order.get(e["data"], 9), e["data"], e["task"], order.get(e["variant"], 99)))
     _add_notes(rows)
-    recipe = {"recipes": RECIPES, "test_images": TEST_N, "subset_n": SUBSET_N, "options": VARIANT_OPTIONS,
+    recipe = {"recipes": recipes, "test_images": TEST_N, "subset_n": SUBSET_N, "options": VARIANT_OPTIONS,
               "optimizer": "AdamW, cosine schedule with linear warm-up, grad-norm clip 1.0, cross-entropy",
               "threads_per_model": 1, "command": "python -m attnzoo.training.zoo build --jobs 2"}
     path = out_dir / "manifest.json"
@@ -195,7 +242,7 @@ def _write_manifest(out_dir: Path, rows: List[Dict[str, Any]], baselines: Option
                                        indent=1) + "\n")
 
 
-def baselines() -> Dict[str, Dict[str, float]]:
+def baselines(recipes: Dict[str, Dict[str, Any]] = RECIPES) -> Dict[str, Dict[str, float]]:
     """Reference points for the Fashion-MNIST zoo, on the same test images as the models (percent).
 
     cls: chance, and multinomial logistic regression on the raw pixels (scikit-learn, trained on the train
@@ -207,14 +254,14 @@ def baselines() -> Dict[str, Dict[str, float]]:
 
     from attnzoo.data.fashion import MASK_THRESHOLD
 
-    r = RECIPES["fashion/cls"]
+    r = recipes["fashion/cls"]
     train_set = load_data("fashion", "train", "cls", r["img_size"], r["train_size"])
     test_set = load_data("fashion", "test", "cls", r["img_size"], TEST_N["fashion"])
     flat = lambda s: s.images[..., 0].reshape(len(s), -1) / 255.0  # noqa: E731
     clf = LogisticRegression(max_iter=200).fit(flat(train_set), train_set.labels)
     cls = {"chance": round(100.0 / len(test_set.class_names), 2),
            "logistic_regression_pixels": round(100.0 * clf.score(flat(test_set), test_set.labels), 2)}
-    r = RECIPES["fashion/seg"]
+    r = recipes["fashion/seg"]
     seg = load_data("fashion", "test", "seg", r["img_size"], TEST_N["fashion"], scene=r.get("scene"))
     k = len(seg.class_names)
     train_masks = load_data("fashion", "train", "seg", r["img_size"], r["train_size"], scene=r.get("scene")).masks
@@ -228,7 +275,7 @@ def baselines() -> Dict[str, Dict[str, float]]:
 
 def build(variants: Sequence[str] = VARIANT_NAMES, n_jobs: int = 2, out_dir: Path = ZOO_DIR,
           resume: bool = True, data: Sequence[str] = ZOO_DATA,
-          tasks: Sequence[str] = TASKS) -> List[Dict[str, Any]]:
+          tasks: Sequence[str] = TASKS, retrain: bool = False) -> List[Dict[str, Any]]:
     """Train the zoo (``n_jobs`` single-threaded processes) and write ``manifest.json`` as models finish.
 
     With ``resume``, models already in the manifest (same file and sha256) are kept; without it the selected
@@ -236,24 +283,30 @@ def build(variants: Sequence[str] = VARIANT_NAMES, n_jobs: int = 2, out_dir: Pat
     other models in the manifest stay.
     """
     out_dir = Path(out_dir)
+    if retrain and out_dir.resolve() == ZOO_DIR.resolve():
+        raise ValueError("a retrain is built apart from the shipped zoo: give it its own --out (then adopt it)")
     out_dir.mkdir(parents=True, exist_ok=True)
+    used = recipes(retrain)
     old = json.loads((out_dir / "manifest.json").read_text())["models"] if (out_dir / "manifest.json").is_file() else []
     key = lambda j: (canonical_name(j["variant"]), j["task"], j["data"])  # noqa: E731
     valid = {key(e): e for e in old
-             if (out_dir / e["file"]).is_file() and sha256_file(out_dir / e["file"]) == e["sha256"]}
-    todo = [j for j in jobs([canonical_name(v) for v in variants], data, tasks) if not (resume and key(j) in valid)]
+             if (out_dir / e["file"]).is_file() and sha256_file(out_dir / e["file"]) == e["sha256"]
+             and _trained_with_recipe(out_dir / e["file"], e, used)}
+    todo = [dict(j, recipe=used[f"{j['data']}/{j['task']}"])
+            for j in jobs([canonical_name(v) for v in variants], data, tasks) if not (resume and key(j) in valid)]
     planned = {key(j) for j in todo}
     done = {k: e for k, e in valid.items() if k not in planned}  # kept as they are (other data, tasks, variants)
     rows = list(done.values())
-    # slowest first (the WAFE MAE / HV / MABViT GLU attention), so the two workers finish together
-    slow = ("wafe-mae", "anti-wafe-mae", "horizontal-vertical", "vertical", "mabvit-glu", "horizontal")
-    todo.sort(key=lambda j: (j["data"] != "fashion", j["task"] != "cls", j["variant"] not in slow))
+    # cheapest first, so a build stopped part-way has finished (and can ship) as many models as it could, and
+    # the models left in progress are never the long ones while cheap ones wait
+    rank = {v: i for i, v in enumerate(TRAIN_ORDER)}
+    todo.sort(key=lambda j: (j["data"] != "fashion", j["task"] != "cls", rank.get(j["variant"], len(rank))))
     _load_shared(todo)
     errors = []
     t0 = time.perf_counter()
     ctx = mp.get_context("fork")
     epochs = ctx.SimpleQueue()
-    n_epochs = sum(RECIPES[f"{j['data']}/{j['task']}"]["epochs"] for j in todo)
+    n_epochs = sum(j["recipe"]["epochs"] for j in todo)
     with ctx.Pool(n_jobs, initializer=_init_worker, initargs=(epochs,)) as pool, \
             tqdm(total=len(todo), desc="zoo", unit="model") as bar, \
             tqdm(total=n_epochs, desc="epochs", unit="epoch") as epoch_bar:
@@ -268,14 +321,57 @@ def build(variants: Sequence[str] = VARIANT_NAMES, n_jobs: int = 2, out_dir: Pat
             rows.append(row)
             tqdm.write(f"{row['variant']:>20s} {row['task']} {row['data']}: {row['metric_name']} "
                        f"{row['test_metric']:.2f}  ({row['train_time_s']:.0f} s)")
-            _write_manifest(out_dir, rows)
+            _write_manifest(out_dir, rows, recipes=used)
         epochs.put(None)
         drain.join()
-    _write_manifest(out_dir, rows, baselines())
+    _write_manifest(out_dir, rows, baselines(used), recipes=used)
     print(f"zoo: {len(rows)} models, built {len(todo) - len(errors)} in {time.perf_counter() - t0:.0f} s wall")
     if errors:
         raise RuntimeError("some zoo models failed:\n" + "\n".join(errors))
     return rows
+
+
+def adopt(staging: Path, data: Sequence[str] = ZOO_DATA, tasks: Sequence[str] = TASKS,
+          out_dir: Path = ZOO_DIR) -> List[Dict[str, Any]]:
+    """Move the models of a finished staging build (``build --out STAGING``) into the zoo.
+
+    A retrain is built apart from the shipped zoo, so the zoo never mixes two recipes of one task while the
+    retrain runs (over several sittings: each finished model is committed in the staging folder). Adopting
+    takes every job of ``data`` x ``tasks``, or nothing: each must be in the staging manifest, its file's sha256
+    must match and it must be trained with the current recipe; then the files are copied and their manifest
+    rows replace the zoo's (the zoo's other rows stay).
+
+    Raises:
+        ValueError: the staging build is incomplete or does not check out, naming what is wrong.
+    """
+    import shutil
+
+    staging = Path(staging)
+    path = staging / "manifest.json"
+    if not path.is_file():
+        raise ValueError(f"{path}: no staging manifest (run 'build --out {staging}' first)")
+    rows = {(e["variant"], e["task"], e["data"]): e for e in json.loads(path.read_text())["models"]}
+    wanted = [(j["variant"], j["task"], j["data"]) for j in jobs(VARIANT_NAMES, data, tasks)]
+    missing = [k for k in wanted if k not in rows]
+    if missing:
+        raise ValueError(f"{staging}: {len(missing)} of {len(wanted)} models not built yet: "
+                         + ", ".join("/".join(k) for k in missing))
+    for k in wanted:
+        e, f = rows[k], staging / rows[k]["file"]
+        if not f.is_file() or sha256_file(f) != e["sha256"]:
+            raise ValueError(f"{f}: missing, or its sha256 does not match {path}")
+        if not _trained_with_recipe(f, e, recipes(retrain=True)):
+            raise ValueError(f"{f}: trained with another recipe than NEXT_RECIPES['{e['data']}/{e['task']}'] "
+                             "(or RECIPES')")
+    for k in wanted:
+        for suffix in (".safetensors", ".json"):
+            src = (staging / rows[k]["file"]).with_suffix(suffix)
+            shutil.copyfile(src, out_dir / src.name)
+    kept = [e for e in json.loads((out_dir / "manifest.json").read_text())["models"]
+            if (e["variant"], e["task"], e["data"]) not in set(wanted)]
+    new = kept + [rows[k] for k in wanted]
+    _write_manifest(out_dir, new, baselines(recipes(True)), recipes=recipes(True))
+    return [rows[k] for k in wanted]
 
 
 def background_miou(masks, num_classes: int) -> float:
@@ -413,6 +509,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     b.add_argument("--fresh", action="store_true", help="retrain models already in the manifest")
     b.add_argument("--data", nargs="+", choices=ZOO_DATA, default=list(ZOO_DATA), help="data sets to build")
     b.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS), help="tasks to build")
+    b.add_argument("--retrain", action="store_true",
+                   help="train with NEXT_RECIPES (a retrain under way, into its own --out; adopt moves it in)")
+    a = sub.add_parser("adopt", help="move a finished staging build (build --out DIR) into the zoo")
+    a.add_argument("staging", type=Path)
+    a.add_argument("--data", nargs="+", choices=ZOO_DATA, default=["fashion"])
+    a.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
     sub.add_parser("table", help="print the markdown table of the zoo")
     sub.add_parser("baselines", help="compute the baselines and store them in the manifest")
     v = sub.add_parser("verify", help="check sha256s and re-evaluate every zoo model")
@@ -429,7 +531,15 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise UsageError(str(exc)) from None
     try:
         if args.cmd == "build":
-            build(args.variants, args.jobs, Path(args.out), resume=not args.fresh, data=args.data, tasks=args.tasks)
+            build(args.variants, args.jobs, Path(args.out), resume=not args.fresh, data=args.data, tasks=args.tasks,
+                  retrain=args.retrain)
+        elif args.cmd == "adopt":
+            try:
+                adopted = adopt(args.staging, args.data, args.tasks)
+            except ValueError as exc:
+                raise CommandError(str(exc)) from None
+            print(f"zoo: adopted {len(adopted)} models from {args.staging}; now move their NEXT_RECIPES entries "
+                  "into RECIPES, regenerate the ONNX copies (python -m attnzoo.training.zoo onnx) and verify")
         elif args.cmd == "baselines":
             from attnzoo import zoo
 

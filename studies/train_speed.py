@@ -1,0 +1,162 @@
+"""What makes a zoo training step cheaper on this CPU, without changing what the recipe trains.
+
+    python -m attnzoo.studies.train_speed --out results/studies/train-speed [--variants standard wafe-mae]
+
+Times optimisation steps of a zoo recipe (default: the Fashion-MNIST segmenters', as retrained: ``recipes(retrain=True)``)
+under each setting:
+``eager-1t`` (the zoo's one thread per model), ``eager-2t`` (one model on two threads), ``channels-last``,
+``compile`` (``torch.compile`` of the model; its compile time is reported apart) and ``pair-1t`` (two models at
+once, one thread each: the zoo build's layout, reported as the time per step of each). Every setting starts from
+the same weights and batches; the steps after ``--warmup`` are timed. ``loss_after`` shows the setting trains the
+same thing (the same to float rounding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+from torch import nn
+
+from attnzoo.cli import UsageError, add_debug_flag, entry_point
+from attnzoo.studies.report import require_out, reprint, write_report
+
+__all__ = ["SETTINGS", "time_steps", "run", "markdown", "main"]
+
+SETTINGS = ("eager-1t", "eager-2t", "channels-last", "compile", "pair-1t")
+
+
+def _setup(variant: str, recipe: str, n_images: int):
+    from attnzoo.data.datasets import TensorDataset, load_data
+    from attnzoo.models import create_model
+    from attnzoo.training.zoo import VARIANT_OPTIONS, recipes
+
+    data, task = recipe.split("/")
+    r = recipes(retrain=True)[recipe]
+    images = load_data(data, "train", task, r["img_size"], n_images, scene=r.get("scene"))
+    torch.manual_seed(0)
+    seg_kw = {"decoder": "linear"} if task == "seg" else {}
+    model = create_model(variant, task, r["arch"], num_classes=len(images.class_names), img_size=r["img_size"],
+                         **seg_kw, **VARIANT_OPTIONS.get(variant, {}))
+    return model, TensorDataset(images, task), r
+
+
+def time_steps(variant: str, setting: str, steps: int, warmup: int, recipe: str = "fashion/seg") -> Dict[str, Any]:
+    """Mean seconds per step over ``steps`` steps after ``warmup`` untimed ones."""
+    torch.set_num_threads(2 if setting == "eager-2t" else 1)
+    model, ds, r = _setup(variant, recipe, 4 * 64)
+    x_all, y_all = ds.x, ds.y
+    if setting == "channels-last":
+        model = model.to(memory_format=torch.channels_last)
+        x_all = x_all.contiguous(memory_format=torch.channels_last)
+    opt = torch.optim.AdamW(model.parameters(), lr=r["lr"], weight_decay=r["weight_decay"])
+    loss_fn = nn.CrossEntropyLoss()
+    fwd = model
+    compile_s = None
+    if setting == "compile":
+        t0 = time.perf_counter()
+        fwd = torch.compile(model)
+    model.train()
+    bs = r["batch_size"]
+    times: List[float] = []
+    loss = None
+    for i in range(warmup + steps):
+        j = (i % (len(ds) // bs)) * bs
+        t0 = time.perf_counter() if setting != "compile" or i > 0 else t0
+        loss = loss_fn(fwd(x_all[j:j + bs]), y_all[j:j + bs])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        dt = time.perf_counter() - t0
+        if setting == "compile" and i == 0:
+            compile_s = dt
+        if i >= warmup:
+            times.append(dt)
+    return {"variant": variant, "setting": setting, "steps": steps, "s_per_step": sum(times) / len(times),
+            "compile_s": compile_s, "loss_after": float(loss.detach())}
+
+
+def _pair_worker(args):
+    return time_steps(*args)
+
+
+def run(variants: List[str], settings: List[str], steps: int, warmup: int) -> Dict[str, Any]:
+    """Every setting for every variant; ``pair-1t`` runs two identical jobs in two processes at once."""
+    from tqdm import tqdm
+
+    from attnzoo.machine import environment, load_average
+
+    rows = []
+    load_start = load_average()
+    for variant in variants:
+        for setting in tqdm(settings, desc=variant, unit="setting"):
+            if setting == "pair-1t":
+                with mp.get_context("spawn").Pool(2) as pool:
+                    pair = pool.map(_pair_worker, [(variant, "eager-1t", steps, warmup)] * 2)
+                row = dict(pair[0], setting=setting, s_per_step=max(p["s_per_step"] for p in pair))
+            else:
+                row = time_steps(variant, setting, steps, warmup)
+            rows.append(row)
+    return {"command": "python -m attnzoo.studies.train_speed " + " ".join(sys.argv[1:]),
+            "environment": environment(), "load_start": load_start, "load_end": load_average(),
+            "steps": steps, "warmup": warmup, "rows": rows}
+
+
+def markdown(result: Dict[str, Any]) -> str:
+    """The table: per variant and setting, seconds per step, models per hour of both cores and the speed-up."""
+    from attnzoo.machine import cpu_summary
+
+    lines = [f"# Training step cost, {result['environment']['cpu'] and cpu_summary(result['environment']['cpu'])}",
+             "", f"`{result['command']}` ({result['steps']} timed steps after {result['warmup']}; load average "
+             f"{result['load_start'][:1]} at the start, {result['load_end'][:1]} at the end)", "",
+             "| variant | setting | s / step | throughput of both cores vs eager-1t x 2 | compile s | loss after |",
+             "|---|---|---:|---:|---:|---:|"]
+    base = {r["variant"]: r["s_per_step"] for r in result["rows"] if r["setting"] == "eager-1t"}
+    for r in result["rows"]:
+        models_at_once = 1 if r["setting"] == "eager-2t" else 2  # one model on two threads, else two models
+        ref = base.get(r["variant"])
+        gain = "-" if ref is None else f"{(models_at_once / r['s_per_step']) / (2 / ref):.2f}x"
+        if r["setting"] == "compile" or r["setting"] == "channels-last":
+            gain += " (if two run at once)"
+        comp = "-" if r.get("compile_s") is None else f"{r['compile_s']:.0f}"
+        lines.append(f"| {r['variant']} | {r['setting']} | {r['s_per_step']:.3f} | {gain} | {comp} | "
+                     f"{r['loss_after']:.4f} |")
+    return "\n".join(lines) + "\n"
+
+
+@entry_point
+def main(argv: Optional[List[str]] = None) -> int:
+    p = add_debug_flag(argparse.ArgumentParser(prog="python -m attnzoo.studies.train_speed",
+                                               description=__doc__.splitlines()[0]))
+    p.add_argument("--variants", nargs="+", default=["standard"])
+    p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--out", type=Path)
+    p.add_argument("--table", type=Path, help="print the markdown of an earlier train_speed.json")
+    a = p.parse_args(argv)
+    if reprint(a.table, markdown):
+        return 0
+    out = require_out(a.out)
+    from attnzoo.models import canonical_name
+
+    try:
+        variants = [canonical_name(v) for v in a.variants]
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if a.steps < 1 or a.warmup < 1:
+        raise UsageError("--steps and --warmup must be at least 1")
+    out.mkdir(parents=True, exist_ok=True)
+    result = run(variants, a.settings, a.steps, a.warmup)
+    write_report(out, "train_speed", result, markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
