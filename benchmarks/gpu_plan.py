@@ -1,4 +1,4 @@
-"""The GPU plan: ``bench-latency`` on one GPU (an H100 SXM here) in parts that each end within a time limit.
+"""The GPU plan: ``bench-latency`` on one GPU (planned for an H100 SXM) in parts that each end within a time limit.
 
 What it measures, every row parity-checked against eager fp32 (on the CPU) before it is timed:
 
@@ -7,18 +7,20 @@ What it measures, every row parity-checked against eager fp32 (on the CPU) befor
   at its own precision, its overhead over ``standard`` on the same backend, precision and batch, and its roofline
   fraction (:mod:`attnzoo.benchmarks.roofline`);
 - the Segmenter (ViT-S encoder, linear decoder) at 512 px, batch 1 and 8, the same precisions and compile;
-- ``ort-cuda``, ``ort-trt`` and ``tensorrt`` once, to list why they do not run there (the machine's image has the
-  CPU onnxruntime and no TensorRT).
+- ``ort-cuda``, ``ort-trt`` and ``tensorrt`` once, so that the results say whether they run on the machine (a
+  skipped row with its reason where it lacks ``onnxruntime-gpu`` or TensorRT).
 
-Each part is one command of at most 10 minutes: it starts no new row after ``--time-limit`` (default 480 s), writes
-its results, and the same command again measures what is left (the rows are kept in ``rows.jsonl``). Parts share
-one results folder per model (``<out>/vit-s-224``, ``<out>/segmenter-512``), so together they make one table.
+Each part is one command that ends within about 10 minutes: it starts no new row after ``--time-limit`` (default
+480 s), writes its results, and the same command again measures what is left (the rows are kept in ``rows.jsonl``).
+Parts share one results folder per model (``<out>/vit-s-224``, ``<out>/segmenter-512``), so together they make one
+table.
 
-It runs from a source tree without ``pip install`` (the GPU machine's image has torch, triton, timm, onnx and the
-CPU onnxruntime, nothing to install with): started as a file, it first maps the package folders of
-``pyproject.toml`` onto ``attnzoo.*`` (:func:`bootstrap`) and imports nothing else at module level::
+It also runs from a source tree without ``pip install`` (a GPU machine with torch, timm and onnx but without this
+package): started as a file, it first maps the package folders of ``pyproject.toml`` onto ``attnzoo.*``
+(:func:`bootstrap`) and imports nothing else at module level. ``--copy-to DIR`` copies the results folders to a
+folder you name after the parts ran (to take them off the machine)::
 
-    python benchmarks/gpu_plan.py --part eager-a --out results/gpu-h100 --copy-to "$OUT"
+    python benchmarks/gpu_plan.py --part eager-a --out results/gpu-h100 --copy-to /path/to/copy
     python -m attnzoo.benchmarks.gpu_plan --list      # installed: the parts and what each measures
 
 The commands to run, in order, are in ``results/gpu-h100/README.md``.
@@ -181,9 +183,7 @@ def run_part(part: str, out: Path, **overrides: Any) -> Dict[str, Any]:
 def status(out: Path, **overrides: Any) -> List[Dict[str, Any]]:
     """Per part: the rows it asks for, how many of them are in the results in ``out`` (measured, failed, built or
     skipped with their reason: nothing left to do) and how many were measured (``ok``)."""
-    import json
-
-    from attnzoo.benchmarks.report import LOG_NAME
+    from attnzoo.benchmarks.rowlog import LOG_NAME, read_log
 
     lines = []
     for part in PARTS:
@@ -191,12 +191,8 @@ def status(out: Path, **overrides: Any) -> List[Dict[str, Any]]:
         wanted = {(v, b, d, n) for v in s.variants for b in s.backends for d in s.dtypes for n in s.batch_sizes}
         written, ok = set(), set()
         log = Path(s.out) / LOG_NAME
-        for line in (log.read_text().splitlines() if log.is_file() else []):
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            r = record.get("row") if record.get("kind") == "row" else None
+        for record in (read_log(log)[0] if log.is_file() else []):
+            r = record["row"] if record["kind"] == "row" else None
             if r and "--compile-budget" not in r["reason"]:
                 key = (r["variant"], r["backend"], r["dtype"], r["batch"])
                 written.add(key)
@@ -208,7 +204,7 @@ def status(out: Path, **overrides: Any) -> List[Dict[str, Any]]:
 
 
 def _copy(out: Path, to: Path) -> None:
-    """Copy the results folders to ``to`` (the GPU machine's ``$OUT``, whose files come back)."""
+    """Copy the results folders to ``to`` (``--copy-to``: a folder the user names)."""
     for model in MODELS:
         src = out / model
         if src.is_dir():
@@ -221,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--part", action="append", default=[], help="a part to run (repeatable); --list names them")
     p.add_argument("--list", action="store_true", help="print the parts and how much of each is finished in --out")
     p.add_argument("--out", type=Path, default=Path("results/gpu-h100"), help="results folder (one per model in it)")
-    p.add_argument("--copy-to", type=Path, default=None, help="copy the results there afterwards (e.g. \"$OUT\")")
+    p.add_argument("--copy-to", type=Path, default=None, help="copy the results folders there afterwards")
     p.add_argument("--time-limit", type=float, default=TIME_LIMIT, help="start no new row after this many seconds")
     p.add_argument("--variants", default=None, help="only these variants of each part (comma-separated)")
     p.add_argument("--arch", default=None, help="another ViT size (the CPU test: micro)")

@@ -1,14 +1,16 @@
 """Benchmark output: the row log written as the run goes, then markdown tables, CSV, JSON (with the environment)
 and PNG charts, written as one set.
 
-The row log (:class:`RowLog`, ``rows.jsonl`` in ``--out``) gets every finished row, with its overhead entry, as one
-JSON line written and fsync'd at once: a run killed by any signal, SIGKILL included, keeps every row it finished,
-and the same command run again reads them back and measures only the rest.
+The row log (:class:`attnzoo.benchmarks.rowlog.RowLog`, ``rows.jsonl`` in ``--out``) gets every finished row, with
+its overhead entry, as one JSON line written and fsync'd at once: a run killed by any signal, SIGKILL included, keeps
+every row it finished, and the same command run again reads them back and measures only the rest. Names and reasons
+are HTML-escaped in the markdown tables.
 """
 
 from __future__ import annotations
 
 import csv
+import html
 import io
 import json
 import math
@@ -18,8 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from attnzoo.benchmarks.rowlog import LOG_NAME, RowLog
 from attnzoo.fileio import atomic_write_bytes
-
 from attnzoo.machine import cpu_summary
 
 __all__ = ["ROW_FIELDS", "OVERHEAD_FIELDS", "OUTPUTS", "LOG_NAME", "RowLog", "ceiling_line", "scope_line", "markdown",
@@ -49,9 +51,16 @@ def _fmt(v: Any, digits: int = 2) -> str:
     return str(v)
 
 
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
+def _esc(text: Any) -> str:
+    """Text that came from a run or its row log (a name, a reason) as markdown text: HTML-escaped, pipes escaped."""
+    return html.escape(str(text), quote=False).replace("|", "\\|")
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]], escape: bool = False) -> str:
+    """A markdown table; ``escape``: every cell and header HTML-escaped (names and reasons from a row log)."""
+    cell = _esc if escape else str
+    lines = ["| " + " | ".join(map(cell, header)) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(map(cell, r)) + " |" for r in rows]
     return "\n".join(lines)
 
 
@@ -63,7 +72,7 @@ def markdown(result: Mapping[str, Any]) -> str:
              f"Command: `{result['command']}`", ""]
     if result.get("interrupted"):
         what = "Interrupted" if result["interrupted"].get("signal") else "Not finished"
-        parts += [f"**{what}: {result['interrupted']['note']}.**", ""]
+        parts += [f"**{what}: {_esc(result['interrupted']['note'])}.**", ""]
     if result["settings"].get("scope"):
         parts += [scope_line(result["settings"]["scope"]), ""]
     parts += [result["note"], ""]
@@ -89,7 +98,7 @@ def markdown(result: Mapping[str, Any]) -> str:
                                   _pair(r), _fmt(r.get("speedup_vs_eager_fp32")),
                                   _fmt(r.get("achieved_gflops"), 1), _percent(r.get("ceiling_fraction")),
                                   _percent(r.get("roofline_fraction")),
-                                  f"{r['parity_error']:.1e}"] for r in ok]))
+                                  f"{r['parity_error']:.1e}"] for r in ok], escape=True))
     if any(r.get("roofline_fraction") is not None for r in ok):
         parts += ["", "`% roof` = the roofline lower bound of the row's forward pass on this GPU at the row's "
                   "precision (attnzoo.benchmarks.roofline: dense datasheet peaks, fp32 on CUDA cores, tf32/fp16/bf16 "
@@ -97,8 +106,8 @@ def markdown(result: Mapping[str, Any]) -> str:
     flops = result.get("flops") or {}
     if flops:
         parts += ["", "Counted GFLOP per image (one count per variant, on the eager model; every backend's row "
-                  "uses it): " + ", ".join(f"{v} {f['flops_per_image'] / 1e9:.3f}" for v, f in flops.items())
-                  + f". Counter: {next(iter(flops.values()))['counter']}."]
+                  "uses it): " + ", ".join(f"{_esc(v)} {f['flops_per_image'] / 1e9:.3f}" for v, f in flops.items())
+                  + f". Counter: {_esc(next(iter(flops.values()))['counter'])}."]
     fastest = result.get("fastest_cpu") or []
     if fastest:
         parts += ["", "## Fastest fp32 CPU runtime on this machine (per variant and batch: the largest speed-up "
@@ -106,7 +115,8 @@ def markdown(result: Mapping[str, Any]) -> str:
                   markdown_table(["variant", "batch", "fastest", "median ms", "x eager", "runner-up", "x runner-up",
                           "decided by"],
                          [[f["variant"], str(f["batch"]), f["backend"], _fmt(f["median_ms"]), _fmt(f["x_eager"]),
-                           f["runner_up"] or "-", _fmt(f["x_runner_up"]), f["how"] or "-"] for f in fastest])]
+                           f["runner_up"] or "-", _fmt(f["x_runner_up"]), f["how"] or "-"] for f in fastest],
+                         escape=True)]
     pivot = _speedup_pivot(ok)
     if pivot:
         parts += ["", "## Speed-up over eager PyTorch (same variant and batch, eager at the row's precision where "
@@ -118,7 +128,8 @@ def markdown(result: Mapping[str, Any]) -> str:
         parts += ["", "## Overhead vs standard (median of per-pair ratios of an A B A B run; [Q1, Q3])", ""]
         parts.append(markdown_table(["variant", "backend", "dtype", "batch", "ratio", "Q1", "Q3", "pairs"],
                             [[o["variant"], o["backend"], o["dtype"], str(o["batch"]), _fmt(o["ratio_median"], 3),
-                              _fmt(o["ratio_q1"], 3), _fmt(o["ratio_q3"], 3), str(o["pairs"])] for o in over]))
+                              _fmt(o["ratio_q1"], 3), _fmt(o["ratio_q3"], 3), str(o["pairs"])] for o in over],
+                                    escape=True))
     bad = [r for r in rows if r["status"] != "ok"]
     if bad:
         parts += ["", "## Skipped and failed", ""]
@@ -131,7 +142,7 @@ def markdown(result: Mapping[str, Any]) -> str:
             seen.add(key)
             who = "all variants" if r["status"] == "skipped" else f"{r['variant']} b{r['batch']}"
             lines.append([r["backend"], r["dtype"], r["status"], who, r["reason"]])
-        parts.append(markdown_table(["backend", "dtype", "status", "where", "reason"], lines))
+        parts.append(markdown_table(["backend", "dtype", "status", "where", "reason"], lines, escape=True))
     return "\n".join(parts) + "\n"
 
 
@@ -182,7 +193,7 @@ def _speedup_pivot(ok: List[Mapping[str, Any]]) -> str:
               r["speedup_pair_median"] if r.get("speedup_pair_median") is not None else r["speedup_vs_eager"]
               for r in ok}
     rows = [[v] + [_fmt(lookup.get((v, *c))) for c in cols] for v in variants]
-    return markdown_table(["variant"] + [f"{b} {d} b{n}" for b, d, n in cols], rows)
+    return markdown_table(["variant"] + [f"{b} {d} b{n}" for b, d, n in cols], rows, escape=True)
 
 
 def _csv(rows: Sequence[Mapping[str, Any]], fields: Sequence[str]) -> str:
@@ -197,12 +208,8 @@ def _csv(rows: Sequence[Mapping[str, Any]], fields: Sequence[str]) -> str:
 OUTPUTS: Dict[str, str] = {"markdown": "results.md", "csv": "results.csv", "overheads_csv": "overheads.csv",
                            "json": "results.json", "latency_png": "latency.png", "overhead_png": "overhead.png",
                            "efficiency_png": "efficiency.png", "profile": "ort_profile.md"}
-#: The row log's file name in ``--out``.
-LOG_NAME = "rows.jsonl"
-
-
 def charts_unavailable() -> Optional[str]:
-    """Why no PNG chart can be drawn here (matplotlib missing: the GPU machine's image has none), or ``None``."""
+    """Why no PNG chart can be drawn here (matplotlib is not installed), or ``None``."""
     import importlib.util
 
     return None if importlib.util.find_spec("matplotlib") else "matplotlib is not installed: no PNG charts"
@@ -262,65 +269,6 @@ def write_outputs(result: Mapping[str, Any], out_dir: Path) -> Dict[str, Path]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return {key: out_dir / name for key, (name, _) in files.items()}
-
-
-class RowLog:
-    """The run's rows on disk as they are finished: ``<out>/rows.jsonl``, one JSON object a line, each written with
-    one ``write`` and fsync'd.
-
-    The first line is the run's identity (``{"kind": "run", "key": ...}``: the settings and machine its numbers
-    depend on); then ``row`` (a row and its overhead entry), ``flops`` (a variant's count) and ``group`` (a variant and
-    batch finished: its head-to-head pairs and profiles) lines, and a ``run`` line for every later invocation.
-    Reopened with the same key, the rows are read back (a torn last line, from a kill mid-write, is dropped and
-    cut off); with another key, it is refused.
-    """
-
-    def __init__(self, path: Path, key: Mapping[str, Any], header: Mapping[str, Any]) -> None:
-        self.path = Path(path)
-        self.records: List[Dict[str, Any]] = []
-        if self.path.is_file():
-            self.records = self._read(key)
-        self.earlier = len(self.records)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self.append({"kind": "run", "key": dict(key), **header})
-
-    def _read(self, key: Mapping[str, Any]) -> List[Dict[str, Any]]:
-        records, good = [], 0
-        with open(self.path, "rb") as f:
-            for line in f:
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    break  # a line torn by a kill: it and anything after it are dropped
-                if not line.endswith(b"\n") or not isinstance(record, dict):
-                    break
-                records.append(record)
-                good += len(line)
-        if good < self.path.stat().st_size:
-            os.truncate(self.path, good)
-        first = records[0] if records else {}
-        if first.get("kind") != "run" or first.get("key") != dict(key):
-            old = first.get("key") or {}
-            differ = sorted(k for k in set(old) | set(key) if old.get(k) != key.get(k))
-            raise ValueError(f"{self.path} holds rows measured with other settings (differing: "
-                             f"{', '.join(differ) or 'not a row log'}); use another --out, or delete {self.path.name} "
-                             "to measure from the start")
-        return records
-
-    def append(self, record: Mapping[str, Any]) -> None:
-        """Write ``record`` as one line and fsync it (a kill leaves it whole or not there)."""
-        data = (json.dumps(record, allow_nan=False, default=str) + "\n").encode()
-        if os.write(self._fd, data) != len(data):  # out of disk: the torn line is dropped when read back
-            raise OSError(f"could not append to {self.path} (disk full?)")
-        os.fsync(self._fd)
-        self.records.append(dict(record))
-
-    def close(self) -> None:
-        os.close(self._fd)
-
-    def of(self, kind: str) -> List[Dict[str, Any]]:
-        """Every record of ``kind``, in order."""
-        return [r for r in self.records if r.get("kind") == kind]
 
 
 def _pyplot():

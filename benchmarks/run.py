@@ -10,10 +10,11 @@ the ratio to eager fp32's median is kept beside it) -- and (4) alternating with 
 dtype and batch (variant overhead).
 
 Rows on disk as they finish: every finished row goes to ``<out>/rows.jsonl`` at once
-(:class:`attnzoo.benchmarks.report.RowLog`). The same command run again with the same ``--out`` (and any
+(:class:`attnzoo.benchmarks.rowlog.RowLog`). The same command run again with the same ``--out`` (and any
 ``--variants`` / ``--backends`` / ``--dtypes`` / ``--batch-sizes``, but the same settings the numbers depend on:
 :func:`run_key`) keeps the rows already there and measures the rest; a row it needs as an A/B partner (eager, or
-``standard`` for the overheads) is loaded again, not re-measured. The result covers every row in the log.
+``standard`` for the overheads) is loaded again, not re-measured. The result covers every row in the log, each one
+asked for by a run recorded in it; a line that is not valid is refused with the file and line, nothing deleted.
 
 Efficiency: at the start the machine's own matmul ceiling is measured with the run's threads
 (:mod:`attnzoo.benchmarks.ceiling`), each variant's FLOPs are counted once on the eager model
@@ -40,7 +41,7 @@ from attnzoo.benchmarks.ceiling import DEFAULT_SIZE, ceiling_for, fraction, matm
 from attnzoo.benchmarks.flops import count_flops
 from attnzoo.machine import environment, load_average
 from attnzoo.benchmarks.ort_cpu import gemm_gflops, naive_cpu_session, profile_ops
-from attnzoo.benchmarks.report import LOG_NAME, RowLog
+from attnzoo.benchmarks.rowlog import LOG_NAME, RowLog, run_asks
 from attnzoo.runtime.backends import Call, get_backend
 from attnzoo.runtime.backends.ort_cpu import tuned_cpu_session
 from attnzoo.runtime.parity import TOLERANCES, check as check_parity
@@ -208,11 +209,9 @@ class _Bench:
         self.compile_count = 0
         self.current = ""  # the job under way (named if the run is interrupted)
         self.deadline = time.time() + s.time_limit if s.time_limit else None
-        self.combos = [(b, d) for b in s.backends for d in s.dtypes]
+        self.combos = [(b, d) for b, d in run_asks(s.variants, s.backends, s.dtypes, s.batch_sizes)["combos"]]
         self.skip = {c: row_unavailable_reason(c[0], c[1], self.device.type) for c in self.combos}
-        if ("eager", "fp32") not in self.combos or self.skip.get(("eager", "fp32")):
-            self.combos.insert(0, ("eager", "fp32"))  # the reference backend always runs
-            self.skip[("eager", "fp32")] = None
+        self.skip[("eager", "fp32")] = None  # the reference backend always runs
         # eager first, fp32 first of all: the parity reference's twin and every row's A/B baseline run before them
         self.combos.sort(key=lambda c: (c[0] != "eager", c != ("eager", "fp32")))
 
@@ -602,13 +601,15 @@ def run_benchmark(s: Settings) -> Dict[str, Any]:
     the signal asks (:func:`attnzoo.benchmarks.cli.main`). Any other end, SIGKILL included, leaves the log.
 
     Raises:
-        ValueError: the log in ``s.out`` was written with another :func:`run_key` (before anything is measured).
+        ValueError: the log in ``s.out`` was written with another :func:`run_key`, or has a line that is not
+            valid (the file and line named; before anything is measured).
     """
     torch.set_num_threads(s.threads)
     env = environment()
     Path(s.out).mkdir(parents=True, exist_ok=True)
     started = time.time()
-    log = RowLog(Path(s.out) / LOG_NAME, run_key(s, env), {"command": s.command, "started": started})
+    log = RowLog(Path(s.out) / LOG_NAME, run_key(s, env), run_asks(s.variants, s.backends, s.dtypes, s.batch_sizes),
+                 {"command": s.command, "started": started})
     try:
         return _run(s, env, log, started)
     finally:
@@ -626,6 +627,9 @@ def _run(s: Settings, env: Dict[str, Any], log: RowLog, started: float) -> Dict[
         log.append({"kind": "ceiling", "ceiling": ceiling})
     variants = list(dict.fromkeys(["standard", *s.variants]))  # standard first: the overhead baseline
     todo = {v: sum(len(bench.todo(v, n)) for n in s.batch_sizes) for v in variants}
+    if log.torn:
+        print(f"{log.path.name}: dropped its torn last line ({log.torn} bytes without a newline: a write cut by a "
+              "kill); every whole line was kept", flush=True)
     if bench.done:
         print(f"resuming: {len(bench.done)} finished row(s) kept from {log.path}; {sum(todo.values())} to measure",
               flush=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -372,6 +373,20 @@ def twin():
     del reg._REGISTRY["twin"]
 
 
+def test_parity_gate_rejects_a_perturbed_backend_fast(twin, tmp_path):
+    """The parity gate in the default run (the ONNX Runtime version is a slow test): a backend whose output is off
+    by 5 % of its largest logit is a failed row with the parity reason, never timed, while eager is measured."""
+    s = parse_settings(["--arch", "micro", "--variants", "standard", "--backends", "eager,twin", "--batch-sizes", "1",
+                        "--min-time", "0.02", "--threads", "1", "--out", str(tmp_path), "--cache-dir",
+                        str(tmp_path / "cache"), "--no-progress", "--no-pair-eager", "--ceiling-size", "0"])
+    s.perturb = {"twin": lambda out: out + 0.05 * np.abs(out).max()}
+    rows = {r["backend"]: r for r in run_benchmark(s)["results"]}
+    bad = rows["twin"]
+    assert bad["status"] == "failed" and bad["reason"].startswith("parity: max|out-ref|/max(1, max|ref|) = ")
+    assert bad["parity_error"] > bad["parity_tol"] and bad["median_ms"] is None and bad["iterations"] is None
+    assert rows["eager"]["status"] == "ok" and rows["eager"]["median_ms"] > 0
+
+
 def test_rows_are_paired_with_eager_at_their_own_precision(twin, tmp_path, monkeypatch):
     """An fp16 row's x eager and its A/B pairs are against eager fp16 (a precision change is not a backend's
     speed-up); its ratio to eager fp32 is kept beside them; eager fp16 itself is paired with eager fp32."""
@@ -491,17 +506,181 @@ def test_a_killed_run_keeps_its_rows_and_the_same_command_measures_only_the_rest
         "delete rows.jsonl to measure from the start")
 
 
-def test_a_torn_last_line_is_dropped_and_cut_off(tmp_path):
-    from attnzoo.benchmarks.report import RowLog
+KEY = {"task": "cls", "arch": "micro"}
+ASKS = {"variants": ["standard", "belief"], "combos": [["eager", "fp32"]], "batch_sizes": [1, 2]}
 
-    log = RowLog(tmp_path / "rows.jsonl", {"k": 1}, {})
-    log.append({"kind": "row", "row": {"status": "ok"}})
+
+def _ok_row(variant="standard", batch=1, median=2.0):
+    """A finished row as the benchmark writes it: every field, statistics in order, throughput = batch / mean."""
+    row = dict.fromkeys(ROW_FIELDS)
+    row.update(variant=variant, task="cls", arch="micro", backend="eager", dtype="fp32", batch=batch, status="ok",
+               reason="", parity_error=0.0, parity_tol=1e-4, iterations=10, min_ms=median - 0.5, median_ms=median,
+               mean_ms=median, p90_ms=median + 0.2, p95_ms=median + 0.3, p99_ms=median + 0.4, max_ms=median + 0.5,
+               cv=0.1, throughput_img_s=batch * 1e3 / median, device="cpu", info={})
+    return row
+
+
+def _log_with_rows(path, n=3):
+    """A row log of one run with ``n`` finished rows; returns its lines (bytes, newline included)."""
+    from attnzoo.benchmarks.rowlog import RowLog
+
+    log = RowLog(path, KEY, ASKS, {"command": "bench-latency"})
+    for i in range(n):
+        log.append({"kind": "row", "row": _ok_row(["standard", "belief"][i % 2], 1 + i // 2), "overhead": None})
     log.close()
-    with open(tmp_path / "rows.jsonl", "ab") as f:
+    return path.read_bytes().splitlines(keepends=True)
+
+
+def _reopen(path):
+    from attnzoo.benchmarks.rowlog import RowLog
+
+    return RowLog(path, KEY, ASKS, {"command": "bench-latency"})
+
+
+def test_a_torn_last_line_is_dropped_and_cut_off(tmp_path):
+    """The one line a kill can leave: the last one, without its newline. It is dropped and cut off, the run says
+    so (``torn``), and every whole line stays."""
+    path = tmp_path / "rows.jsonl"
+    lines = _log_with_rows(path)
+    with open(path, "ab") as f:
         f.write(b'{"kind": "row", "row": {"sta')  # a kill in the middle of a write
-    again = RowLog(tmp_path / "rows.jsonl", {"k": 1}, {})
-    assert [r["kind"] for r in again.records] == ["run", "row", "run"]
-    assert all(json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines())
+    again = _reopen(path)
+    again.close()
+    assert again.torn == len(b'{"kind": "row", "row": {"sta')
+    assert [r["kind"] for r in again.records] == ["run", "row", "row", "row", "run"]
+    assert path.read_bytes().splitlines(keepends=True)[:4] == lines
+
+
+@pytest.mark.parametrize("bad", [b"not json at all\n", b"[1, 2, 3]\n", b"\n"])
+def test_a_bad_line_in_the_middle_is_refused_and_nothing_is_deleted(tmp_path, bad):
+    """A line that is not a record, between finished rows: refused with the file and line, the file left byte for
+    byte as it was (the rows after the bad line were deleted and measured again)."""
+    from attnzoo.benchmarks.rowlog import RowLog
+
+    path = tmp_path / "rows.jsonl"
+    lines = _log_with_rows(path)
+    path.write_bytes(b"".join(lines[:2] + [bad] + lines[2:]))
+    before = path.read_bytes()
+    with pytest.raises(ValueError) as info:
+        RowLog(path, KEY, ASKS, {})
+    assert str(info.value).startswith(f"{path} line 3: ") and "nothing was changed" in str(info.value)
+    assert path.read_bytes() == before
+
+
+def test_bench_latency_refuses_a_bad_row_log_in_one_line_before_measuring(tmp_path, capsys, monkeypatch):
+    """Through the command: exit 1, one line naming the file and line, nothing measured, nothing deleted."""
+    import attnzoo.benchmarks.run as run_mod
+
+    def never(*args, **kwargs):
+        raise AssertionError("measured although the row log should have been refused")
+
+    monkeypatch.setattr(run_mod, "_Bench", never)
+    out = tmp_path / "out"
+    out.mkdir()
+    path = out / "rows.jsonl"
+    lines = _log_with_rows(path)
+    path.write_bytes(lines[0] + b"{oops\n" + b"".join(lines[1:]))
+    before = path.read_bytes()
+    with pytest.raises(SystemExit) as info:
+        main([*BENCH, "--out", str(out), "--cache-dir", str(tmp_path / "cache")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 1 and len(err) == 1 and err[0].startswith(f"error: {path} line 2: not JSON")
+    assert path.read_bytes() == before and not (out / "results.json").exists()
+
+
+@pytest.mark.parametrize("change, needle", [
+    (lambda r: r["row"].pop("status"), "no row.status"),  # a partial row (was KeyError: 'status')
+    (lambda r: r["row"].update(median_ms=float("nan")), "NaN is not a number JSON allows"),
+    (lambda r: r["row"].update(median_ms=-3.0), "row.median_ms is -3.0"),
+    (lambda r: r["row"].update(median_ms=1e6), "latencies are not 0 < min_ms <= median_ms"),  # a forged median
+    (lambda r: r["row"].update(throughput_img_s=1e9), "throughput_img_s 1e+09 is not batch / mean_ms"),
+    (lambda r: r["row"].update(batch=64), "a row for belief eager fp32 batch 64, which no run line before"),
+    (lambda r: r["row"].update(variant="wafe-mae"), "a row for wafe-mae eager fp32 batch 1, which no run line"),
+    (lambda r: r["row"].update(variant="<script>"), "row.variant is \"<script>\""),
+    (lambda r: r["row"].update(arch="base"), "row.arch is \"base\"; it must be \"micro\", the run's"),
+    (lambda r: r.update(kind="hack"), "kind is \"hack\""),
+])
+def test_rows_are_read_back_only_when_valid_and_asked_for(tmp_path, change, needle):
+    """Every row read back becomes a result: one with a field missing, NaN, out of range, statistics out of order,
+    for a variant, batch or model no run asked for, or a name that is not a name, is refused, naming the file and
+    line; nothing changes in the file."""
+    path = tmp_path / "rows.jsonl"
+    lines = _log_with_rows(path)
+    record = json.loads(lines[2])
+    change(record)
+    path.write_bytes(b"".join([*lines[:2], (json.dumps(record) + "\n").encode(), *lines[3:]]))
+    before = path.read_bytes()
+    with pytest.raises(ValueError, match=f"^{re.escape(str(path))} line 3: .*{re.escape(needle)}"):
+        _reopen(path)
+    assert path.read_bytes() == before
+
+
+def test_a_huge_line_or_file_is_refused_before_it_is_read_whole(tmp_path, monkeypatch):
+    """A line over the bound is refused after reading at most the bound plus one byte (a 300 MB line was read
+    whole); so is a file over its bound, from its size."""
+    import attnzoo.benchmarks.rowlog as rowlog
+
+    path = tmp_path / "rows.jsonl"
+    lines = _log_with_rows(path)
+    monkeypatch.setattr(rowlog, "MAX_LINE_BYTES", 4096)
+    path.write_bytes(b"".join([*lines[:2], b'{"kind": "row", "pad": "' + b"x" * 100_000 + b'"}\n', *lines[2:]]))
+    reads = []
+    real_open = open
+
+    class Counting:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def readline(self, limit=-1):
+            line = self.f.readline(limit)
+            reads.append(len(line))
+            return line
+
+    monkeypatch.setattr(rowlog, "open", lambda p, mode="r": Counting(real_open(p, mode)), raising=False)
+    with pytest.raises(ValueError, match=r"line 3: longer than"):
+        _reopen(path)
+    assert max(reads) == 4097
+    monkeypatch.setattr(rowlog, "MAX_LOG_BYTES", 1000)
+    with pytest.raises(ValueError, match=r"is [\d,]+ bytes, over the 1,000 a row log can be"):
+        _reopen(path)
+
+
+def test_an_earlier_runs_rows_are_kept_but_only_as_that_run_asked(tmp_path):
+    """Another invocation with other --variants adds its rows (its run line says what it asked for): both runs'
+    rows are read back; a run line with another key is refused."""
+    from attnzoo.benchmarks.rowlog import RowLog
+
+    path = tmp_path / "rows.jsonl"
+    _log_with_rows(path)
+    wider = {**ASKS, "variants": ["standard", "wafe-mae"]}
+    log = RowLog(path, KEY, wider, {})
+    log.append({"kind": "row", "row": _ok_row("wafe-mae"), "overhead": None})
+    log.close()
+    assert [r["row"]["variant"] for r in _reopen(path).of("row")] == ["standard", "belief", "standard", "wafe-mae"]
+    with open(path, "a") as f:  # after the run lines of the two runs and the reopening: line 8
+        f.write(json.dumps({"kind": "run", "key": {**KEY, "arch": "tiny"}, "asks": ASKS}) + "\n")
+    with pytest.raises(ValueError, match="line 8: a run line with another key"):
+        _reopen(path)
+
+
+def test_names_and_reasons_are_escaped_in_the_markdown():
+    """A name or reason from the row log is text in results.md, never markup."""
+    from attnzoo.benchmarks.report import markdown
+
+    ok = _ok_row("<script>alert(1)</script>")
+    bad = {**_ok_row(), "status": "failed", "reason": "<img src=x onerror=alert(1)> | x"}
+    result = {"settings": {"task": "cls", "arch": "micro", "threads": 1}, "command": "bench-latency", "note": "",
+              "environment": {"cpu": {"model": "cpu", "usable_cores": 1, "flags": []}, "load_average": None},
+              "results": [ok, bad], "overheads": []}
+    md = markdown(result)
+    assert "<script>" not in md and "<img" not in md
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in md and "&lt;img src=x onerror=alert(1)&gt; \\| x" in md
 
 
 def test_results_are_written_as_one_set(tmp_path, monkeypatch):

@@ -1,5 +1,5 @@
 """The GPU plan (benchmarks/gpu_plan.py): its parts cover what it promises, and every part runs on the CPU with a
-tiny model from a source tree that was not installed, without the packages the GPU machine's image lacks."""
+tiny model from a source tree that was not installed, with only what the plan needs (torch, timm, onnx)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from attnzoo.benchmarks import gpu_plan as plan
 from attnzoo.models import VARIANT_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
-#: What the GPU machine's image does not have (torch, triton, timm, onnx and the CPU onnxruntime it has).
+#: What the plan must run without: every package beyond torch, triton, timm, onnx and onnxruntime.
 ABSENT = ("gradio", "ray", "openvino", "tensorrt", "tensorrt_rtx", "modelopt", "matplotlib", "sklearn", "onnxscript",
           "nncf", "polygraphy", "onnx_graphsurgeon")
 
@@ -77,7 +77,7 @@ DRIVER = textwrap.dedent('''
         def find_spec(cls, name, path=None, target=None):
             return None if name.split(".")[0] in ABSENT else PathFinder.find_spec(name, path, target)
 
-    # as on the GPU machine: no editable install of attnzoo, none of the packages its image lacks
+    # a bare GPU machine: no editable install of attnzoo, none of the packages the plan runs without
     sys.meta_path[:] = [Hiding if f is PathFinder else f for f in sys.meta_path
                         if not getattr(f, "__module__", "").startswith("__editable__")]
     assert importlib.util.find_spec("attnzoo.benchmarks") is None  # what bootstrap() then maps
@@ -101,7 +101,7 @@ def _plan(*argv: str) -> subprocess.CompletedProcess:
 def test_every_part_runs_from_the_source_tree_with_a_tiny_model(tmp_path):
     """All parts, in order, with a micro ViT on the CPU: eager fp32 rows measured and parity-checked, the GPU-only
     precisions and backends listed with their reasons, results per model, a part stopped by its time limit and
-    resumed, and the results copied where the GPU machine's files come back from."""
+    resumed, and the results copied to the --copy-to folder."""
     out, copy = tmp_path / "out", tmp_path / "copy"
     tiny = ["--arch", "micro", "--img-size", "32", "--batch-sizes", "1,2", "--variants", "standard,belief",
             "--min-time", "0.02", "--device", "cpu", "--threads", "1", "--out", str(out)]
@@ -124,7 +124,7 @@ def test_every_part_runs_from_the_source_tree_with_a_tiny_model(tmp_path):
         assert {(o["variant"], o["backend"], o["dtype"]) for o in result["overheads"]} >= {("belief", "eager", "fp32")}
     vit_rows = json.loads((out / "vit-s-224" / "results.json").read_text())["results"]
     vit = {(r["backend"], r["dtype"]): r for r in vit_rows}
-    assert vit[("tensorrt", "fp32")]["status"] == "skipped"  # the image has no TensorRT: hidden here too
+    assert vit[("tensorrt", "fp32")]["status"] == "skipped"  # TensorRT hidden (ABSENT): a skipped row
     assert vit[("tensorrt", "fp32")]["reason"].startswith("no TensorRT library is installed")
     assert vit[("ort-cuda", "fp32")]["status"] == "skipped" and vit[("ort-cuda", "fp32")]["reason"]
     again = _plan("--part", "eager-a", *tiny)  # nothing left: every row kept
