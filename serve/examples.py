@@ -70,7 +70,7 @@ def generate(folder: Path = EXAMPLES_DIR, n_cls: int = 6, n_seg: int = 4, seed: 
 
     Both come from the official Fashion-MNIST test split at the zoo recipes' sizes: the first test image of each
     of the first ``n_cls`` classes, and the first ``n_seg`` composed test scenes
-    (:func:`attnzoo.data.fashion.fashion`). Needs Debian's ``dataset-fashion-mnist``.
+    (:func:`attnzoo.data.fashion.fashion`).
     """
     from attnzoo.data.fashion import FASHION_CLASSES, FASHION_SEG_CLASSES, fashion
     from attnzoo.training.zoo import RECIPES

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import time
 from pathlib import Path
 
@@ -20,7 +21,6 @@ from attnzoo.preprocess import fit_size, input_style_of
 from attnzoo.serve.demo.app import DISPLAY_MAX_SIDE
 from attnzoo.serve.demo.cli import main as cli_main
 from attnzoo.serve.demo.screenshot import CHROMIUM
-from attnzoo.data.fashion import DEFAULT_ROOT as FASHION_ROOT
 from attnzoo.data.fashion import FASHION_CLASSES, FASHION_SEG_CLASSES
 from attnzoo.training.zoo import RECIPES
 
@@ -189,11 +189,23 @@ def test_segment_endpoint(client, images, name):
     assert isinstance(latency, float) and latency > 0
 
 
-def test_segment_example_shows_iou(client, images):
+def _true_iou(model, example: Path) -> dict:
+    """{class name: IoU} of ``model``'s mask of a shipped segmentation example against its true mask file."""
+    mask, _ = predict.segment(model, Image.open(example))
+    truth = np.asarray(Image.open(example.with_name(example.stem + "_mask.png")))
+    out = {}
+    for c, name in enumerate(model.class_names):
+        p, t = mask == c, truth == c
+        if (p | t).any():
+            out[name] = float((p & t).sum()) / float((p | t).sum())
+    return out
+
+
+def test_segment_example_shows_iou(client, served, images):
     _, legend, _, note = client.predict(handle_file(images["example"]), "standard", 0.6, api_name="/segment")
-    ious = [r[3] for r in legend["data"]]
-    assert ious and all(v is not None and 0 <= v <= 1 for v in ious)
-    assert "mean IoU" in note
+    want = _true_iou(next(m for m in served if m.task == "seg" and m.name == "standard"), images["example"])
+    assert {r[1]: r[3] for r in legend["data"]} == {c: round(v, 3) for c, v in want.items()}
+    assert f"mean IoU over its classes **{np.mean(list(want.values())):.3f}**" in note, note
 
 
 def test_opacity_slider_redraws_without_the_model(client, served, images):
@@ -218,7 +230,12 @@ def test_compare_endpoint(client, served, images, task):
     for item, row, name in zip(gallery, table["data"], names):
         assert item["caption"].startswith(f"{name}: ") and item["caption"].endswith(" ms")
         assert row[0] == name and row[3] > 0 and 0 < row[2] <= 1
-        assert row[4] in (0.0, 1.0) if task == "cls" else 0 <= row[4] <= 1  # the example's truth is known
+        model = next(m for m in served if m.task == task and m.name == name)  # the example's truth is known
+        if task == "cls":
+            top = next(iter(predict.classify(model, Image.open(path), k=1)[0]))
+            assert row[4] == float(top == examples.find_example(Image.open(path))["label"]), (row, top)
+        else:
+            assert row[4] == round(float(np.mean(list(_true_iou(model, Path(path)).values()))), 4), row
         assert Image.open(item["image"]).size[0] > 0
     _, table = client.predict(handle_file(images["rgb"]), task, api_name="/compare")
     assert [row[4] for row in table["data"]] == [None] * len(names)
@@ -276,8 +293,85 @@ def test_the_demo_reads_only_its_uploads(server, hostile_paths, api, args, kind)
     assert "overlay" not in answer and "confidences" not in answer
 
 
+def test_a_folder_inside_the_uploads_is_one_clear_error(server, tmp_path):
+    """A payload naming a folder in Gradio's upload folder (where the path check lets it through) gets one line,
+    not an internal error."""
+    from gradio.utils import get_upload_folder
+
+    inside = Path(get_upload_folder()) / "attnzoo-test-folder"
+    inside.mkdir(parents=True, exist_ok=True)
+    try:
+        for api, args in HOSTILE_CALLS:
+            answer = _raw_call(server, api, [{"path": str(inside)}, *args])
+            assert "event: error" in answer and "not a regular file" in answer, answer
+            assert "internal error" not in answer and "IsADirectoryError" not in answer
+    finally:
+        inside.rmdir()
+
+
+def test_request_bodies_are_bounded_before_they_are_read_and_never_logged(server, capfd):
+    """An API call with a 2 MiB body (a client's "path" of 2 MiB) gets 413 before the demo reads it, whether its
+    size is declared or it streams in without one; an upload over the file cap is refused from its
+    Content-Length; nothing of the body reaches the log."""
+    import httpx
+
+    from attnzoo.serve.demo.app import MAX_FILE_SIZE
+
+    MAX_API_BODY = 2**20  # docs/demo.md: 1 MiB for anything but an upload
+    mark = "attnzoo-body-mark-"
+    payload = ('{"data": [{"path": "' + mark * (2 * MAX_API_BODY // len(mark)) + '"}, "standard"]}').encode()
+
+    def chunks():
+        for i in range(0, len(payload), 65536):
+            yield payload[i:i + 65536]
+
+    with httpx.Client(base_url=server, timeout=30) as http:
+        declared = http.post("gradio_api/call/classify", content=payload, headers={"Content-Type": "application/json"})
+        streamed = http.post("gradio_api/call/classify", content=chunks(), headers={"Content-Type": "application/json"})
+    for r in (declared, streamed):
+        assert r.status_code == 413 and r.json() == {
+            "error": f"the request body is {f'{len(payload):,} bytes, ' if r is declared else ''}over the "
+                     f"{MAX_API_BODY:,}-byte limit"}, (r.status_code, r.text[:300])
+    host, port = server.split("//")[1].rstrip("/").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as conn:  # an upload that says it is too large
+        conn.sendall(f"POST /gradio_api/upload HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; "
+                     f"boundary=x\r\nContent-Length: {2 * MAX_FILE_SIZE}\r\n\r\n".encode() + b"x" * 1024)
+        answer = conn.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 413") and b"over the" in answer, answer[:300]
+    # under the limit, a path of 512 KiB: refused in one short line that quotes 80 characters of it at most
+    answer = _raw_call(server, "classify", [{"path": "/x/" + mark * (MAX_API_BODY // 2 // len(mark))}, "standard"])
+    assert "event: error" in answer and len(answer) < 1000, answer[:300]
+    out, err = capfd.readouterr()
+    assert (out + err).count(mark) <= 80 // len(mark), (out + err)[:500]
+
+
+def test_a_long_file_name_is_not_repeated_whole():
+    from attnzoo.serve.demo.app import _read_upload
+
+    with pytest.raises(ValueError) as info:
+        _read_upload({"path": "/nowhere/" + "a" * 500_000 + ".png"})
+    assert len(str(info.value)) < 300 and "the demo reads only files uploaded to it" in str(info.value)
+
+
+def test_cli_warns_before_listening_beyond_loopback(monkeypatch, capsys):
+    """serve-demo --host 0.0.0.0 prints serve-models' warning (the same words) before anything loads."""
+    from attnzoo.serve.demo import cli
+
+    def stop_here(*args, **kwargs):
+        raise ValueError("stopped before loading")
+
+    monkeypatch.setattr(cli, "load_models", stop_here)
+    with pytest.raises(SystemExit, match="stopped before loading"):
+        cli_main(["--host", "0.0.0.0", "--port", "7999"])
+    assert ("warning: --host 0.0.0.0: port 7999 answers whoever can reach this machine there (no authentication, "
+            "no TLS)") in capsys.readouterr().err.splitlines()
+    with pytest.raises(SystemExit, match="stopped before loading"):
+        cli_main(["--host", "127.0.0.1"])
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_a_fifo_payload_does_not_hold_the_model_slot(server, hostile_paths, images):
-    """The probe: a FIFO path in one request used to block the single model slot until someone wrote to it."""
+    """A FIFO path in one request must not hold the single model slot until someone writes to it."""
     import threading
 
     stuck = threading.Thread(target=_raw_call, args=(server, "segment",
@@ -415,8 +509,6 @@ def test_shipped_examples_match_their_index():
             assert names == set(e["classes"])
 
 
-@pytest.mark.skipif(not (FASHION_ROOT / "t10k-images-idx3-ubyte.gz").is_file(),
-                    reason="regenerating the examples needs Debian's dataset-fashion-mnist")
 def test_examples_are_regenerated_identically(tmp_path):
     data = examples.generate(tmp_path, n_cls=1, n_seg=1)
     shipped = {e["image"]: e for e in examples.index()["examples"]}

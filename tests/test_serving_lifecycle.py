@@ -25,7 +25,7 @@ from attnzoo.cli import SIGNAL_EXITS
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "serve" / "examples" / "fashion_cls_0.png"
-#: What the issue allows for a stop (seconds from the signal to the exit of the whole tree).
+#: What docs/serving.md promises for a stop (seconds from the signal to the exit of the whole tree).
 STOP_LIMIT_S = 10.0
 #: Start-up limit of these tests (generous: a loaded 2-core CI machine), not a speed target.
 START_TIMEOUT_S = 240.0
@@ -90,6 +90,13 @@ def _listening(procs: Set[psutil.Process]) -> List[tuple]:
     return found
 
 
+def _replica(proc: subprocess.Popen) -> psutil.Process:
+    """The one replica process of the command ``proc`` (Ray titles it ``ray::ServeReplica:...``)."""
+    found = [p for p in _tree(proc.pid) if "ServeReplica" in " ".join(p.cmdline())]
+    assert len(found) == 1, [" ".join(p.cmdline())[:80] for p in _tree(proc.pid)]
+    return found[0]
+
+
 def _is_loopback(ip: str) -> bool:
     addr = ipaddress.ip_address(ip.split("%")[0])
     mapped = getattr(addr, "ipv4_mapped", None)
@@ -101,10 +108,7 @@ def _stop_and_check(proc: subprocess.Popen, sig: int, group: bool, tree: Set[psu
     is free and the local Ray's files (its session folder: logs, sockets, HAProxy's config) are gone; return the
     seconds it took."""
     tree = {p for p in tree if p.is_running()} | (_tree(proc.pid) if proc.poll() is None else set())
-    sessions = set()
-    for p in tree:
-        with contextlib.suppress(psutil.Error):
-            sessions |= {Path(a.split("=", 1)[1]) for a in p.cmdline() if a.startswith("--session-dir=")}
+    folders = _folders(tree)
     start = time.monotonic()
     if group:
         os.killpg(proc.pid, sig)
@@ -125,9 +129,23 @@ def _stop_and_check(proc: subprocess.Popen, sig: int, group: bool, tree: Set[psu
     from attnzoo.serve.rayserve.launch import port_problem
 
     assert port_problem("127.0.0.1", proc.port) is None  # type: ignore[attr-defined]
-    left = [str(d) for d in sessions | {d.parent for d in sessions} if d.exists()]
+    left = [str(d) for d in folders if d.exists()]
     assert not left, f"left behind: {left}"
     return took
+
+
+def _folders(tree: Set[psutil.Process]) -> Set[Path]:
+    """The folders of the local Ray that ``tree`` runs, which the stop removes: its session folder and the one
+    above it (named on Ray's command lines) and HAProxy's (its config is in ``<folder>/<node id>/``), when running."""
+    found = set()
+    for p in tree:
+        with contextlib.suppress(psutil.Error):
+            cmdline = p.cmdline()
+            found |= {d for a in cmdline if a.startswith("--session-dir=")
+                      for d in (Path(a.split("=", 1)[1]), Path(a.split("=", 1)[1]).parent)}
+            if p.name().startswith("haproxy") and "-f" in cmdline:
+                found.add(Path(cmdline[cmdline.index("-f") + 1]).parent.parent)
+    return found
 
 
 @pytest.mark.slow
@@ -254,6 +272,87 @@ def test_group_sigterm_right_after_the_first_answer_leaves_nothing_each_time(shi
 
 
 @pytest.mark.slow
+def test_a_group_sigterm_without_a_live_parent_stops_cleanly_with_one_line(shipped_dir, tmp_path):
+    """``setsid serve-models ... &`` from a shell that then exits: the command's parent is gone (it is PID 1's or a
+    subreaper's child now). SIGTERM to its process group ends every process of it within the limit, it prints its
+    one line, and its session and HAProxy folders are gone."""
+    import shlex
+
+    from attnzoo.serve.rayserve.launch import free_port, port_problem
+
+    port, log = free_port(), tmp_path / "serve-models.log"
+    cmd = shlex.join([sys.executable, "-c", LAUNCH, "--port", str(port), "--cache-dir", str(tmp_path / "cache"),
+                      "--models", str(shipped_dir), "--task", "cls"])
+    shell = subprocess.run(["sh", "-c", f"setsid {cmd} > {shlex.quote(str(log))} 2>&1 < /dev/null & echo $!"],
+                           capture_output=True, text=True, timeout=30, check=True)
+    pid = int(shell.stdout.strip())
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while "serving " not in log.read_text(errors="replace"):
+            assert psutil.pid_exists(pid) and time.monotonic() < deadline, log.read_text(errors="replace")[-2000:]
+            time.sleep(0.2)
+        me = psutil.Process(pid)
+        assert me.ppid() != os.getpid() and os.getpgid(pid) == pid  # no live parent of ours; its own group
+        tree = _tree(pid)
+        folders = _folders(tree)
+        assert len(folders) == 3, folders  # the session folder, the one above it and HAProxy's
+        start = time.monotonic()
+        os.killpg(pid, signal.SIGTERM)
+        gone, alive = psutil.wait_procs(list(tree), timeout=STOP_LIMIT_S)
+        took = time.monotonic() - start
+        left = _running(alive) + _running(_owned_by(pid))
+        assert not left and took <= STOP_LIMIT_S, (left, took)
+        assert log.read_text(errors="replace").splitlines()[-1] == SIGNAL_EXITS[signal.SIGTERM][1], \
+            log.read_text(errors="replace").splitlines()[-8:]
+        assert not [str(f) for f in folders if f.exists()] and port_problem("127.0.0.1", port) is None
+    finally:
+        for p in [*_owned_by(pid), *([psutil.Process(pid)] if psutil.pid_exists(pid) else [])]:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+
+
+@pytest.mark.slow
+def test_requests_that_do_not_arrive_in_time_get_408_and_free_their_slot(shipped_dir, tmp_path):
+    """Headers that never end, a body that stops within HAProxy's buffer: 408 from HAProxy after
+    :data:`REQUEST_TIMEOUT_S`; a body larger than the buffer that stops: 408 from the replica after
+    :data:`BODY_TIMEOUT_S`. None counts as a fault of the server."""
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+
+    from attnzoo.serve.rayserve.app import BODY_TIMEOUT_S
+    from attnzoo.serve.rayserve.launch import REQUEST_TIMEOUT_S
+
+    post = b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\nContent-Length: "
+    cases = {"headers": (b"POST /classify HTTP/1.1\r\nHost: x\r\n", REQUEST_TIMEOUT_S),
+             "body": (post + b"5000\r\n\r\n\x89PNG", REQUEST_TIMEOUT_S),
+             "large body": (post + b"1048576\r\n\r\n\x89PNG" + bytes(300 * 1024), BODY_TIMEOUT_S)}
+    proc = _start(tmp_path, "--models", str(shipped_dir), "--task", "cls")
+    try:
+        _wait_for(proc, "serving ")
+        url = f"http://127.0.0.1:{proc.port}"  # type: ignore[attr-defined]
+        before = httpx.get(f"{url}/stats", timeout=30).json()["statuses"]
+
+        def wait(head: bytes) -> tuple:
+            start = time.perf_counter()
+            with socket.create_connection(("127.0.0.1", proc.port), timeout=60) as conn:  # type: ignore[attr-defined]
+                conn.sendall(head)
+                return conn.recv(4096), time.perf_counter() - start
+
+        with ThreadPoolExecutor(len(cases)) as pool:
+            got = dict(zip(cases, pool.map(wait, [head for head, _ in cases.values()])))
+        for name, (answer, took) in got.items():
+            limit = cases[name][1]
+            assert answer.startswith(b"HTTP/1.1 408"), (name, answer[:200])
+            assert limit - 1 <= took <= limit + 5, (name, took)
+        after = httpx.get(f"{url}/stats", timeout=30).json()["statuses"]
+        assert after.get("408", 0) == before.get("408", 0) + 1 and "500" not in after, (before, after)
+        _stop_and_check(proc, signal.SIGTERM, False, _tree(proc.pid))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.slow
 def test_a_host_beyond_loopback_opens_only_the_http_port_there(shipped_dir, tmp_path):
     """``--host 0.0.0.0``: a warning, and of everything the command starts only the HTTP port listens beyond
     loopback (Serve's fallback proxy on 8500 and the replicas' own HTTP ports answered /classify there, past the
@@ -301,7 +400,7 @@ def test_concurrent_near_cap_images_stay_within_the_replicas_decode_budget(shipp
     try:
         _wait_for(proc, "serving ")
         url = f"http://127.0.0.1:{proc.port}"  # type: ignore[attr-defined]
-        replica = psutil.Process(httpx.get(f"{url}/stats", timeout=30).json()["pid"])
+        replica = _replica(proc)
         base, peak, done = replica.memory_info().rss, [0], threading.Event()
 
         def sample() -> None:

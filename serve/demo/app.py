@@ -11,7 +11,6 @@ import contextlib
 import functools
 import os
 import shutil
-import socket
 import stat
 import tempfile
 import sys
@@ -30,13 +29,21 @@ from attnzoo.preprocess import INPUT_STYLES, UnreadableImageError, busy_backgrou
 
 from attnzoo.serve import examples as ex
 from attnzoo.serve.loading import ServedModel
+from attnzoo.serve.network import free_port
 from attnzoo.serve.predict import (background_classes, class_iou, classify, dominant_classes, model_view, overlay, palette,
                       pixel_shares, segment, topk_chart)
 
 __all__ = ["build_demo", "launch", "free_port", "private_upload_folder", "upload_roots", "MAX_FILE_SIZE",
-           "DISPLAY_MAX_SIDE"]
+           "MAX_API_BODY", "BodyLimit", "DISPLAY_MAX_SIDE"]
 
 MAX_FILE_SIZE = MAX_UPLOAD_BYTES  # bytes; the one upload cap (attnzoo.limits), serve-models too
+#: Largest body of any other request (an event's JSON: file references, a variant name, a number): refused with
+#: 413 before it is read, by its Content-Length or as it streams in (:class:`BodyLimit`).
+MAX_API_BODY = 2**20
+#: Room for the multipart envelope on top of an uploaded file.
+_MULTIPART_SLACK = 64 * 1024
+#: Longest file name a message quotes (a client chooses it).
+_NAME_SHOWN = 80
 #: Overlays are shown at the image's size, downscaled past this side.
 DISPLAY_MAX_SIDE = 2048
 QUEUE = "models"
@@ -92,7 +99,8 @@ def _read_upload(payload: Any, roots: Optional[Sequence[Path]] = None) -> Image.
         raise ValueError("no image: upload one (or pick an example) first")
     if not isinstance(payload, (str, os.PathLike)):
         raise ValueError("no image: the request's image is not a file uploaded to this demo")
-    shown = name or Path(payload).name
+    shown = str(name or Path(payload).name)
+    shown = shown if len(shown) <= _NAME_SHOWN else shown[:_NAME_SHOWN - 3] + "..."
     real = Path(os.path.realpath(payload))
     if not any(real.is_relative_to(root) for root in (roots or upload_roots())):
         raise ValueError(f"cannot read image {shown!r}: the demo reads only files uploaded to it and its examples")
@@ -100,10 +108,11 @@ def _read_upload(payload: Any, roots: Optional[Sequence[Path]] = None) -> Image.
         fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         raise ValueError(f"cannot read image {shown!r}: no such upload (upload it again)") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):  # a folder, FIFO or device: refused before Python's file object opens it
+        os.close(fd)
+        raise ValueError(f"cannot read image {shown!r}: not a regular file")
     with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"cannot read image {shown!r}: not a regular file")
         if info.st_size > MAX_FILE_SIZE:
             raise ValueError(f"cannot read image {shown!r}: {info.st_size / 2**20:.1f} MiB, over the "
                              f"{MAX_FILE_SIZE / 2**20:.0f} MiB upload limit")
@@ -454,17 +463,65 @@ def private_upload_folder() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+class BodyLimit:
+    """ASGI middleware: a request body over its route's limit gets 413 (one JSON line) before the app reads it. An
+    upload (``.../upload``) may carry :data:`MAX_FILE_SIZE` plus its multipart envelope (Gradio streams it to disk
+    and checks the file's size itself); any other request :data:`MAX_API_BODY`, read here in full (so it never
+    reaches Gradio larger) and handed on."""
+
+    def __init__(self, app, upload_limit: int = MAX_FILE_SIZE + _MULTIPART_SLACK, limit: int = MAX_API_BODY) -> None:
+        self.app, self.upload_limit, self.limit = app, upload_limit, limit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope.get("method") in ("GET", "HEAD", "OPTIONS"):
+            return await self.app(scope, receive, send)
+        upload = scope.get("path", "").rstrip("/").endswith("/upload")
+        limit = self.upload_limit if upload else self.limit
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > limit:
+            return await self._refuse(send, int(declared), limit)
+        if upload:
+            return await self.app(scope, receive, send)
+        body, more = bytearray(), True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > limit:
+                return await self._refuse(send, None, limit)
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if sent:
+                return await receive()  # the app waits for a disconnect: pass it on
+            sent = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    @staticmethod
+    async def _refuse(send, size: Optional[int], limit: int) -> None:
+        import json
+
+        said = f"{size:,} bytes, " if size is not None else ""
+        text = json.dumps({"error": f"the request body is {said}over the {limit:,}-byte limit"}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(text)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": text})
 
 
 def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, *, block: bool = True, **kwargs):
-    """Launch offline: no share link, uploads capped at ``MAX_FILE_SIZE``, local fonts only, no SSR."""
+    """Launch offline: no share link, uploads capped at ``MAX_FILE_SIZE`` and every other request body at
+    :data:`MAX_API_BODY` (:class:`BodyLimit`), local fonts only, no SSR."""
+    from starlette.middleware import Middleware
+
     theme = gr.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"],
                               font_mono=["ui-monospace", "monospace"])
     return demo.launch(server_name=host, server_port=port, share=False, max_file_size=MAX_FILE_SIZE,
                        prevent_thread_lock=not block, ssr_mode=False, show_error=False, theme=theme, css=CSS,
-                       footer_links=["api"], quiet=not block, **kwargs)
+                       footer_links=["api"], quiet=not block, app_kwargs={"middleware": [Middleware(BodyLimit)]},
+                       **kwargs)

@@ -70,6 +70,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if not 0 < args.port < 65536:
         raise UsageError(f"--port must be in 1..65535, got {args.port}")
+    from attnzoo.serve.network import exposure_warning
+
+    warning = exposure_warning(args.host, args.port)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     for flag, value in (("--threads", args.threads), ("--seg-max-side", args.seg_max_side)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be at least 1, got {value}")

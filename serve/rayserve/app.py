@@ -8,8 +8,8 @@ preprocessing path, sliding windows, the NaN check); their model calls go throug
 per replica, which groups concurrent requests into dynamic batches per model (``max_batch_size``,
 ``batch_wait_ms``) and runs one batch at a time on a model thread.
 
-HTTP routes (JSON unless said otherwise; errors are ``{"error": "one line"}`` with status 400, 404, 413, 503 or,
-for a fault of the server, 500 without a traceback):
+HTTP routes (JSON unless said otherwise; errors are ``{"error": "one line"}`` with status 400, 404, 408, 413, 503
+or, for a fault of the server, 500 without a traceback; a request whose client left counts as 499 in ``/stats``):
 
 - ``POST /classify[?model=NAME&k=5]``: an image (multipart field ``file``, or the raw body) -> top classes;
 - ``POST /segment[?model=NAME&max_side=PX]``: an image -> class-id mask as a base64 PNG, and pixel shares;
@@ -53,7 +53,7 @@ from attnzoo.limits import MAX_IMAGE_PIXELS, MAX_UPLOAD_BYTES, available_memory
 
 __all__ = ["ModelServer", "HTTPError", "build_app", "api", "MAX_TENSOR_BATCH", "NPY_TYPE", "DEPLOYMENT",
            "mask_png", "decode_mask", "MemoryBudget", "decode_budget", "replica_memory", "DECODE_BYTES_PER_PIXEL",
-           "DECODE_MEMORY_SHARE", "DECODE_WAIT_S"]
+           "DECODE_MEMORY_SHARE", "DECODE_MEMORY_CAP", "DECODE_WAIT_S", "BODY_TIMEOUT_S"]
 
 #: Deployment (and Ray Serve application) name.
 DEPLOYMENT = "attnzoo"
@@ -71,11 +71,23 @@ _NPY_HEADER_ROOM = 4096
 #: the peak is in that conversion, for classify and segment alike), with room to spare.
 #: ``tests/test_serving.py`` measures the peak of both kinds and fails when it passes this.
 DECODE_BYTES_PER_PIXEL = 40
-#: Share of a replica's memory that the images it decodes at once may take; the rest is for the models, the
-#: request bodies (at most ``max_ongoing_requests`` x the upload limit) and Ray itself.
-DECODE_MEMORY_SHARE = 0.5
+#: Share of a replica's memory that the images it decodes at once may take by default; the rest is for the models,
+#: the request bodies (at most ``max_ongoing_requests`` x the upload limit), Ray itself and, on a shared machine,
+#: everyone else.
+DECODE_MEMORY_SHARE = 0.25
+#: Most bytes the default budget takes, however much memory is free: room for two images at the pixel cap at once
+#: (3.2 GB), the same as where the memory is unknown. More only with ``--decode-memory-mb``.
+DECODE_MEMORY_CAP = 2 * MAX_IMAGE_PIXELS * DECODE_BYTES_PER_PIXEL
 #: Seconds a request waits for room in the decode budget before it gets 503 with ``Retry-After``.
 DECODE_WAIT_S = 10.0
+#: Seconds a request body may take to arrive in full once its request reached the replica (HAProxy holds a body
+#: that fits its buffer until it is complete, :data:`attnzoo.serve.rayserve.launch.REQUEST_TIMEOUT_S`; a larger
+#: one streams in): then 408, and the replica's slot is free again (10 MiB in 20 s is 0.5 MB/s). It ends before
+#: HAProxy's own 30 s for a silent client.
+BODY_TIMEOUT_S = 20.0
+#: The settings ``GET /stats`` shows (not the file paths nor the pending models' files).
+_PUBLIC_SETTINGS = ("backend", "threads", "dtype", "max_batch_size", "batch_wait_s", "replicas", "decode_memory_mb",
+                    "max_ongoing_requests")
 
 api = FastAPI(title="attnzoo serve-models", docs_url=None, redoc_url=None)  # offline: no CDN-loaded docs pages
 
@@ -157,14 +169,14 @@ def decode_budget(settings: Mapping[str, Any], memory: Optional[int] = None) -> 
     """Bytes the images one replica decodes at once may hold: ``decode_memory_mb`` when set, else
     :data:`DECODE_MEMORY_SHARE` of the replica's memory, i.e. of what this machine had available when the replica
     started (``memory``, default :func:`replica_memory`) split between the deployment's ``replicas`` (a local Ray
-    runs them all here; on a cluster this is on the safe side). Where the memory is unknown: room for two images
-    at the pixel cap."""
+    runs them all here; on a cluster this is on the safe side), and at most :data:`DECODE_MEMORY_CAP` (also where
+    the memory is unknown)."""
     if settings.get("decode_memory_mb"):
         return int(float(settings["decode_memory_mb"]) * 2**20)
     memory = replica_memory() if memory is None else memory
     if memory is None:
-        return 2 * MAX_IMAGE_PIXELS * DECODE_BYTES_PER_PIXEL
-    return int(memory * DECODE_MEMORY_SHARE / max(1, int(settings.get("replicas", 1))))
+        return DECODE_MEMORY_CAP
+    return min(DECODE_MEMORY_CAP, int(memory * DECODE_MEMORY_SHARE / max(1, int(settings.get("replicas", 1)))))
 
 
 class MemoryBudget:
@@ -255,10 +267,14 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
 
 def _as_http_error(exc: BaseException) -> HTTPError:
     """The answer for an exception raised while handling a request (a traceback only goes to the log)."""
+    from starlette.requests import ClientDisconnect
+
     from attnzoo.preprocess import ImageTooLargeError, UnreadableImageError
 
     if isinstance(exc, HTTPError):
         return exc
+    if isinstance(exc, ClientDisconnect):  # nobody reads the answer; counted apart from the server's faults
+        return HTTPError(499, "the client closed the connection before its request arrived")
     if isinstance(exc, ImageTooLargeError):
         return HTTPError(413, first_line(exc))
     if isinstance(exc, UnreadableImageError):
@@ -278,16 +294,21 @@ def _upload_too_large(size: Optional[int], limit: int, head: bytes) -> str:
 async def _body(request: Request, limit: int, too_large=_upload_too_large, peek: int = 0) -> bytes:
     """The request body, refused with 413 as soon as it passes ``limit``; a Content-Length over it is refused
     before anything is read, or once ``peek`` bytes are (what ``too_large(declared size or None, limit, the first
-    bytes)`` needs to say why in one line)."""
+    bytes)`` needs to say why in one line). 408 when it has not arrived within :data:`BODY_TIMEOUT_S`."""
     declared = request.headers.get("content-length")
     size = int(declared) if declared is not None and declared.isdigit() else None
     over = size is not None and size > limit
     body = bytearray()
     if not over or peek:
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit or (over and len(body) >= peek):
-                break
+        try:
+            async with asyncio.timeout(BODY_TIMEOUT_S):
+                async for chunk in request.stream():
+                    body += chunk
+                    if len(body) > limit or (over and len(body) >= peek):
+                        break
+        except TimeoutError:
+            raise HTTPError(408, f"the request body did not arrive within {BODY_TIMEOUT_S:g} s "
+                                 f"({_size(len(body))} came); send it again") from None
     if over or len(body) > limit:
         raise HTTPError(413, too_large(size, limit, bytes(body[:max(peek, 1)])))
     return bytes(body)
@@ -686,7 +707,8 @@ class ModelServer:
     @api.get("/stats")
     async def replica_stats(self):
         """This replica's counters: requests, statuses, dynamic batches and their sizes, model time."""
-        return {"replica": self.replica, "pid": os.getpid(), "settings": self.settings, **self.stats.as_dict(),
+        settings = {k: self.settings[k] for k in _PUBLIC_SETTINGS if k in self.settings}
+        return {"replica": self.replica, "settings": settings, **self.stats.as_dict(),
                 "decode_budget": self.decode.as_dict()}
 
 

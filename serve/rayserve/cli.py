@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-batching", action="store_true", help="same as --max-batch-size 1 --batch-wait-ms 0")
     run.add_argument("--decode-memory-mb", type=float, metavar="MIB",
                      help="memory the images one replica decodes at once may hold, in MiB; uploads beyond it wait, "
-                          "then get 503 (default: half the memory available to the replica)")
+                          "then get 503 (default: a quarter of the memory available to the replica, at most 3.2 GB: "
+                          "two images at the 40 MP cap)")
     run.add_argument("--max-ongoing-requests", type=int,
                      help=f"requests a replica takes at once, the rest wait in the proxy (default "
                           f"{d.max_ongoing_requests})")
@@ -124,14 +125,37 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``serve-models``: runs until Ctrl-C / SIGTERM."""
     args = build_parser().parse_args(argv)
     cfg = config_from_args(args)
-    from attnzoo.serve.rayserve.launch import serve_models
+    from attnzoo.serve.rayserve.launch import _LOCAL, serve_models
 
-    with serve_models(cfg, metrics_port=args.metrics_port) as served:
-        _announce(cfg, served)
-        if served.selection.pending:
-            print(f"  {served.export_pending()} model(s) ready", flush=True)
-        while True:
-            time.sleep(3600)
+    try:
+        with serve_models(cfg, metrics_port=args.metrics_port) as served:
+            _announce(cfg, served)
+            if served.selection.pending:
+                print(f"  {served.export_pending()} model(s) ready", flush=True)
+            while True:
+                time.sleep(3600)
+    finally:
+        if _LOCAL["shutdown_abandoned"]:  # the process ends with the command's line (attnzoo.cli.abandon)
+            _native_stderr_off()
+
+
+def _native_stderr_off() -> None:
+    """Once the stop is done: what native threads write to file descriptor 2 goes to ``/dev/null`` (Ray's core
+    worker in this process, whose shutdown was given up on, logs each failed write to the raylet the stop ended,
+    every half second until the process exits), while ``sys.stderr`` goes on to the real stream: the command's own
+    line is its last."""
+    import os
+
+    try:
+        sys.stderr.flush()
+        kept = os.dup(2)
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 2)
+        os.close(null)
+    except (OSError, AttributeError, ValueError):  # no stderr to begin with
+        return
+    sys.stderr = os.fdopen(kept, "w", buffering=1, encoding=getattr(sys.stderr, "encoding", None) or "utf-8",
+                           errors="backslashreplace")
 
 
 def _announce(cfg: ServeConfig, served) -> None:

@@ -60,8 +60,9 @@ class ServeConfig:
         cache_dir: Root of the zoo exports and random-init exports.
         dtype: ``fp32`` (the unquantized files: fp32 and fp16), or ``int8``: only verified int8 files (the
             zoo's int8 copies, made and verified in the cache, or those of ``models``).
-        decode_memory_mb: MiB of memory the images one replica decodes at once may hold (``None``: half of what
-            the replica has, :func:`attnzoo.serve.rayserve.app.decode_budget`).
+        decode_memory_mb: MiB of memory the images one replica decodes at once may hold (``None``: a quarter of
+            what the replica has, at most room for two images at the pixel cap,
+            :func:`attnzoo.serve.rayserve.app.decode_budget`).
     """
 
     host: str = "127.0.0.1"

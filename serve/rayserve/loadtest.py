@@ -147,6 +147,20 @@ def replica_stats(url: str, replicas: int, wait_s: float = 30.0) -> Dict[str, Di
     return seen
 
 
+def replica_pid(replica: str) -> int:
+    """The process id of the running replica whose id ``GET /stats`` gives (from Ray's actor table: the replica
+    does not tell HTTP clients its pid)."""
+    from ray._private.state import actors
+
+    from attnzoo.serve.rayserve.app import DEPLOYMENT
+
+    name = f"SERVE_REPLICA::{DEPLOYMENT}#{DEPLOYMENT}#{replica}"
+    found = [a["Pid"] for a in actors().values() if a.get("Name") == name and a.get("State") == "ALIVE"]
+    if not found:
+        raise RuntimeError(f"no running replica {replica} in Ray's actor table")
+    return int(found[0])
+
+
 def _mean_batch(stats: Dict[str, Dict[str, Any]]) -> Optional[float]:
     hist: Dict[int, int] = {}
     for s in stats.values():
@@ -209,6 +223,7 @@ def kill_test(url: str, body: bytes, clients: int, seconds: float, replicas: int
     if len(before) < 2:
         raise RuntimeError(f"the kill test needs 2 replicas answering, saw {len(before)}")
     victim = sorted(before.values(), key=lambda s: s["replica"])[0]
+    victim_pid = replica_pid(victim["replica"])
     poller = _StatusPoller(DEPLOYMENT, DEPLOYMENT)
     poller.start()
     killed: Dict[str, float] = {}
@@ -216,7 +231,7 @@ def kill_test(url: str, body: bytes, clients: int, seconds: float, replicas: int
     def killer() -> None:
         time.sleep(seconds / 3)
         killed["at"] = time.perf_counter()
-        os.kill(int(victim["pid"]), signal.SIGKILL)
+        os.kill(victim_pid, signal.SIGKILL)
 
     t = threading.Thread(target=killer, daemon=True)
     t0 = time.perf_counter()
@@ -235,7 +250,7 @@ def kill_test(url: str, body: bytes, clients: int, seconds: float, replicas: int
     back = next((ts for ts, n in poller.timeline if ts > kill_at and n >= replicas), None)
     dropped = any(ts > kill_at and n < replicas for ts, n in poller.timeline)
     after = replica_stats(url, replicas)
-    return {"replicas": replicas, "killed_replica": victim["replica"], "killed_pid": victim["pid"],
+    return {"replicas": replicas, "killed_replica": victim["replica"], "killed_pid": victim_pid,
             "kill_at_s": round(kill_at - t0, 3), "summary": summarize(records, t0, t1),
             "failed_in_flight_at_kill": len(in_flight), "failed_sent_after_kill": len(later),
             "failed_statuses": sorted({str(r.status) for r in failed}),
