@@ -123,7 +123,7 @@ def test_cli_missing_models_folder(tmp_path, monkeypatch):
     import ray
 
     monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray started without models"))
-    from attnzoo.serve.rayserve.launch import free_port
+    from attnzoo.serve.rayserve.environment import free_port
 
     err = _exit(["--models", str(tmp_path / "none"), "--port", str(free_port())])
     assert err.code == 1 and str(err) == f"error: models folder not found: {tmp_path / 'none'}"
@@ -201,7 +201,10 @@ _DEPLOYED: dict = {}
 def server(served_dir):
     """An embedded Ray with the app on a free port (1 replica, batches of up to 4 requests, 20 ms wait, a decode
     budget of :data:`DECODE_MB`); what the driver printed while deploying is kept in ``_DEPLOYED["stderr"]``."""
-    from attnzoo.serve.rayserve.launch import deploy, free_port, select_models, start_ray, stop
+    from attnzoo.serve.rayserve.environment import free_port, start_ray
+    from attnzoo.serve.rayserve.launch import deploy
+    from attnzoo.serve.rayserve.reaping import stop
+    from attnzoo.serve.rayserve.selection import select_models
 
     cfg = ServeConfig(models=served_dir, port=free_port(), max_batch_size=4, batch_wait_ms=20.0,
                       max_ongoing_requests=16, decode_memory_mb=DECODE_MB)
@@ -399,7 +402,7 @@ def test_an_image_over_the_decode_budget_is_refused_from_its_header(server):
 
 def _haproxy_config() -> Path:
     """The config file of the HAProxy running for this module's local Ray (from its command line)."""
-    from attnzoo.serve.rayserve.launch import _marked_processes
+    from attnzoo.serve.rayserve.reaping import _marked_processes
 
     for p in _marked_processes():
         with contextlib.suppress(psutil.Error):
@@ -421,7 +424,7 @@ def test_haproxy_admin_socket_is_its_owners_alone(server):
     assert private, [(str(d), oct(d.stat().st_mode)) for d in sock.parents]
     starts = list(sock.parent.glob(f"{sock.name}.*.stderr.log"))  # one per HAProxy Ray Serve started
     assert len(starts) >= 2, starts  # the deployment reloaded it: the socket's mode held for the new one
-    from attnzoo.serve.rayserve.launch import _LOCAL
+    from attnzoo.serve.rayserve.environment import _LOCAL
 
     assert any(config.is_relative_to(d) for d in _LOCAL["temp_dirs"]), (config, _LOCAL["temp_dirs"])
 
@@ -429,7 +432,7 @@ def test_haproxy_admin_socket_is_its_owners_alone(server):
 def test_everything_the_local_ray_started_listens_on_loopback_only(server):
     """Every listening TCP socket of the local Ray's processes (GCS, raylet, workers, replicas, HAProxy) is on a
     loopback address, the HTTP port among them."""
-    from attnzoo.serve.rayserve.launch import _marked_processes
+    from attnzoo.serve.rayserve.reaping import _marked_processes
 
     pids = {p.pid for p in _marked_processes()}
     sockets = [(c.laddr.ip, c.laddr.port) for c in psutil.net_connections("tcp")
@@ -487,9 +490,9 @@ def test_an_aborted_upload_is_not_counted_as_a_server_fault(server):
 def test_haproxy_wrapper_moves_only_the_http_frontend_to_a_wider_host(tmp_path):
     """Ray's HAProxy config as its template renders it for host 127.0.0.1: the wrapper puts the stats and
     metrics pages on loopback and, with a host, the HTTP frontend there; the replicas' server lines stay."""
-    from attnzoo.serve.rayserve.launch import haproxy_wrapper
+    from attnzoo.serve.rayserve.environment import haproxy_wrapper
 
-    from attnzoo.serve.rayserve.launch import REQUEST_TIMEOUT_S
+    from attnzoo.serve.rayserve.environment import REQUEST_TIMEOUT_S
 
     rendered = ["global", "    stats socket /x/cli.sock mode 666 level admin expose-fd listeners", "defaults",
                 "    mode http", "frontend prometheus", "    bind :9101", "frontend http_frontend",
@@ -517,7 +520,7 @@ def test_haproxy_wrapper_moves_only_the_http_frontend_to_a_wider_host(tmp_path):
 
 
 def test_a_host_counts_as_loopback_only_when_it_is():
-    from attnzoo.serve.rayserve.launch import is_loopback
+    from attnzoo.serve.rayserve.environment import is_loopback
 
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
     assert not is_loopback("0.0.0.0") and not is_loopback("::") and not is_loopback("no-such-host.invalid")
@@ -614,7 +617,7 @@ def test_decoding_an_image_takes_at_most_the_budgeted_bytes_per_pixel(models_dir
 @pytest.mark.slow
 def test_serve_models_command_prints_the_url_and_stops_on_sigterm(models_dir, tmp_path):
     """As a user runs it: the command prints the URL, answers an image, and SIGTERM ends it with 143."""
-    from attnzoo.serve.rayserve.launch import free_port
+    from attnzoo.serve.rayserve.environment import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "attnzoo.serve.rayserve.cli", "--models", str(models_dir), "--task",
@@ -643,7 +646,10 @@ def _assert_replaced_and_nothing_lost(kill: dict) -> None:
 def test_a_killed_replica_is_replaced_and_loses_no_request(models_dir):
     """Two replicas under load; one replica process is SIGKILLed: no request is lost and at most one fails (those
     in flight at the kill are replayed on the other replica), and the deployment has two replicas again."""
-    from attnzoo.serve.rayserve.launch import deploy, free_port, select_models, start_ray, stop
+    from attnzoo.serve.rayserve.environment import free_port, start_ray
+    from attnzoo.serve.rayserve.launch import deploy
+    from attnzoo.serve.rayserve.reaping import stop
+    from attnzoo.serve.rayserve.selection import select_models
     from attnzoo.serve.rayserve.loadtest import kill_test
 
     cfg = ServeConfig(models=models_dir, task="cls", port=free_port(), replicas=2, max_batch_size=4)
@@ -657,39 +663,39 @@ def test_a_killed_replica_is_replaced_and_loses_no_request(models_dir):
 
 
 def test_local_ray_defaults_to_haproxy_and_throughput_mode_unless_told_otherwise(monkeypatch):
-    from attnzoo.serve.rayserve import launch
+    from attnzoo.serve.rayserve import environment
 
-    keys = (*launch.LOCAL_RAY_ENV, *launch._HAPROXY_PORTS, *launch._HAPROXY_FILES, "RAY_SERVE_HAPROXY_BINARY_PATH")
-    monkeypatch.setattr(launch, "_OWN_ENV", {})
-    monkeypatch.setitem(launch._LOCAL, "serve_host", None)
-    monkeypatch.setitem(launch._LOCAL, "temp_dirs", [])
+    keys = (*environment.LOCAL_RAY_ENV, *environment._HAPROXY_PORTS, *environment._HAPROXY_FILES, "RAY_SERVE_HAPROXY_BINARY_PATH")
+    monkeypatch.setattr(environment, "_OWN_ENV", {})
+    monkeypatch.setitem(environment._LOCAL, "serve_host", None)
+    monkeypatch.setitem(environment._LOCAL, "temp_dirs", [])
     for key in keys:
         monkeypatch.delenv(key, raising=False)
-    assert launch.ray_serve_mode() == "Serve's Python proxy"
-    launch._local_ray_env()
+    assert environment.ray_serve_mode() == "Serve's Python proxy"
+    environment._local_ray_env()
     assert os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1" and os.environ["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
     # a request a dead replica never answered is replayed on another, and a 224-px PNG fits HAProxy's buffer
     assert os.environ["RAY_SERVE_HAPROXY_RETRY_ON"].split() == ["conn-failure", "empty-response"]
     assert int(os.environ["RAY_SERVE_HAPROXY_TUNE_BUFSIZE"]) > 224 * 224 * 3
     stats, metrics = int(os.environ["RAY_SERVE_HAPROXY_STATS_PORT"]), int(os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"])
     assert 1024 < stats != metrics > 1024 and {stats, metrics}.isdisjoint({8404, 9101})
-    assert launch.ray_serve_mode() == "HAProxy ingress (retry-on conn-failure empty-response), throughput-optimized"
-    assert int(os.environ["RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S"]) == launch.CLIENT_IDLE_S < 3600  # Ray's: an hour
+    assert environment.ray_serve_mode() == "HAProxy ingress (retry-on conn-failure empty-response), throughput-optimized"
+    assert int(os.environ["RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S"]) == environment.CLIENT_IDLE_S < 3600  # Ray's: an hour
     # HAProxy's files (config, admin socket, logs) in a folder of this server's own that only its owner enters
     folder = Path(os.environ["RAY_SERVE_HAPROXY_SOCKET_PATH"]).parent
-    assert launch._LOCAL["temp_dirs"] == [folder] and folder.stat().st_mode & 0o777 == 0o700
-    assert {Path(os.environ[k]).parent for k in launch._HAPROXY_FILES if k.endswith(("_LOC", "_PATH", "_FILE"))} == {
+    assert environment._LOCAL["temp_dirs"] == [folder] and folder.stat().st_mode & 0o777 == 0o700
+    assert {Path(os.environ[k]).parent for k in environment._HAPROXY_FILES if k.endswith(("_LOC", "_PATH", "_FILE"))} == {
         folder} and Path(os.environ["RAY_SERVE_HAPROXY_BINARY_PATH"]).parent == folder
-    assert len(str(folder / ("0" * 56) / "cli.sock")) <= launch._MAX_SOCKET_PATH
+    assert len(str(folder / ("0" * 56) / "cli.sock")) <= environment._MAX_SOCKET_PATH
     shutil.rmtree(folder)  # a stop removes it
     for key in keys:
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("RAY_SERVE_ENABLE_HA_PROXY", "0")  # the user's choice wins, also over an earlier default
     monkeypatch.setenv("RAY_SERVE_HAPROXY_RETRY_ON", "conn-failure")
-    launch._local_ray_env()
+    environment._local_ray_env()
     assert os.environ["RAY_SERVE_ENABLE_HA_PROXY"] == "0" and "RAY_SERVE_HAPROXY_STATS_PORT" not in os.environ
     assert os.environ["RAY_SERVE_HAPROXY_RETRY_ON"] == "conn-failure"
-    assert launch.ray_serve_mode() == "Serve's Python proxy, throughput-optimized"
+    assert environment.ray_serve_mode() == "Serve's Python proxy, throughput-optimized"
 
 
 @pytest.mark.slow
@@ -740,7 +746,7 @@ def test_serve_models_serves_from_python_and_leaves_nothing(tmp_path):
     code = f"""
 import sys, httpx, psutil
 from attnzoo.serve.rayserve import ServeConfig, serve_models
-from attnzoo.serve.rayserve.launch import free_port, port_problem
+from attnzoo.serve.rayserve.environment import free_port, port_problem
 port = free_port()
 before = {{p.pid for p in psutil.Process().children(recursive=True)}}
 with serve_models(ServeConfig(port=port, arch="micro", variants=["standard"], task="cls",

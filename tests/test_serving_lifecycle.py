@@ -34,7 +34,7 @@ LAUNCH = "import sys; from attnzoo.cli import serve_models; sys.exit(serve_model
 
 
 def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
-    from attnzoo.serve.rayserve.launch import free_port
+    from attnzoo.serve.rayserve.environment import free_port
 
     port = free_port()
     cmd = [sys.executable, "-c", LAUNCH, "--port", str(port), "--cache-dir", str(tmp_path / "cache"), *args]
@@ -126,7 +126,7 @@ def _stop_and_check(proc: subprocess.Popen, sig: int, group: bool, tree: Set[psu
             pass
     assert not names, f"still running {took:.1f} s after the signal: {names}"
     assert took <= STOP_LIMIT_S, f"the tree took {took:.1f} s to end"
-    from attnzoo.serve.rayserve.launch import port_problem
+    from attnzoo.serve.rayserve.environment import port_problem
 
     assert port_problem("127.0.0.1", proc.port) is None  # type: ignore[attr-defined]
     left = [str(d) for d in folders if d.exists()]
@@ -278,7 +278,7 @@ def test_a_group_sigterm_without_a_live_parent_stops_cleanly_with_one_line(shipp
     one line, and its session and HAProxy folders are gone."""
     import shlex
 
-    from attnzoo.serve.rayserve.launch import free_port, port_problem
+    from attnzoo.serve.rayserve.environment import free_port, port_problem
 
     port, log = free_port(), tmp_path / "serve-models.log"
     cmd = shlex.join([sys.executable, "-c", LAUNCH, "--port", str(port), "--cache-dir", str(tmp_path / "cache"),
@@ -320,7 +320,7 @@ def test_requests_that_do_not_arrive_in_time_get_408_and_free_their_slot(shipped
     from concurrent.futures import ThreadPoolExecutor
 
     from attnzoo.serve.rayserve.app import BODY_TIMEOUT_S
-    from attnzoo.serve.rayserve.launch import REQUEST_TIMEOUT_S
+    from attnzoo.serve.rayserve.environment import REQUEST_TIMEOUT_S
 
     post = b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\nContent-Length: "
     cases = {"headers": (b"POST /classify HTTP/1.1\r\nHost: x\r\n", REQUEST_TIMEOUT_S),
@@ -445,10 +445,10 @@ def test_the_stop_watchdog_ends_a_process_whose_main_thread_ignores_the_signal(t
     """A main thread blocked where no handler acts (here: a handler that only returns, as Ray's deferred ones
     do) is ended by the watchdog after WATCHDOG_S, with 128 + the signal."""
     code = ("import signal, sys, time\n"
-            "from attnzoo.serve.rayserve import launch\n"
-            "launch.WATCHDOG_S = 0.5\n"
+            "from attnzoo.serve.rayserve import watchdog\n"
+            "watchdog.WATCHDOG_S = 0.5\n"
             "signal.signal(signal.SIGTERM, lambda s, f: None)\n"
-            "with launch.stop_watchdog():\n"
+            "with watchdog.stop_watchdog():\n"
             "    print('ready', flush=True)\n"
             "    time.sleep(60)\n")
     proc, start = _sigterm_when_ready(code)
@@ -460,9 +460,9 @@ def test_the_stop_watchdog_is_disarmed_when_its_body_ends():
     """After the ``with`` body, a signal is the process's own business again: no exit 6 s later (a test process
     or an embedding program that goes on after serve-models' main)."""
     code = ("import signal, sys, time\n"
-            "from attnzoo.serve.rayserve import launch\n"
-            "launch.WATCHDOG_S = 0.3\n"
-            "with launch.stop_watchdog():\n"
+            "from attnzoo.serve.rayserve import watchdog\n"
+            "watchdog.WATCHDOG_S = 0.3\n"
+            "with watchdog.stop_watchdog():\n"
             "    pass\n"
             "got = []\n"
             "signal.signal(signal.SIGTERM, lambda s, f: got.append(s))\n"
@@ -478,12 +478,12 @@ def test_the_stop_watchdog_is_disarmed_when_its_body_ends():
 
 def _owned_by(pid: int) -> List[psutil.Process]:
     """Every process that carries the environment mark of the local Ray that process ``pid`` started."""
-    from attnzoo.serve.rayserve import launch
+    from attnzoo.serve.rayserve.environment import _OWNER_ENV
 
     found = []
     for p in psutil.process_iter():
         try:
-            if p.environ().get(launch._OWNER_ENV, "").startswith(f"{pid}-"):
+            if p.environ().get(_OWNER_ENV, "").startswith(f"{pid}-"):
                 found.append(p)
         except psutil.Error:
             continue
@@ -497,7 +497,9 @@ _FAKE_RAY = """
 import os, signal, subprocess, sys, time
 from pathlib import Path
 from attnzoo.cli import entry_point
-from attnzoo.serve.rayserve import launch
+from attnzoo.serve.rayserve.environment import _LOCAL, _OWNER_ENV
+from attnzoo.serve.rayserve.reaping import stop
+from attnzoo.serve.rayserve.watchdog import stop_watchdog
 
 SPAWNER = '''
 import os, signal, subprocess, sys
@@ -519,19 +521,19 @@ time.sleep(60)
 
 @entry_point
 def main(argv=None):
-    launch._LOCAL.update(started=True, mark=f"{os.getpid()}-{time.time_ns()}")
-    os.environ[launch._OWNER_ENV] = launch._LOCAL["mark"]
+    _LOCAL.update(started=True, mark=f"{os.getpid()}-{time.time_ns()}")
+    os.environ[_OWNER_ENV] = _LOCAL["mark"]
     kids = [subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                              text=True)  # not the test's pipes: a process left holding them would block its reads
             for code, args in ((SPAWNER, [str(Path(sys.argv[1]) / "reloaded.pid")]), (STUBBORN, []))]
     for kid in kids:
         assert kid.stdout.readline().strip() == "up"
-    with launch.stop_watchdog():
+    with stop_watchdog():
         try:
             print("ready", *[k.pid for k in kids], flush=True)
             time.sleep(60)
         finally:
-            launch.stop(True)
+            stop(True)
 
 main()
 """

@@ -81,7 +81,7 @@ DECODE_MEMORY_CAP = 2 * MAX_IMAGE_PIXELS * DECODE_BYTES_PER_PIXEL
 #: Seconds a request waits for room in the decode budget before it gets 503 with ``Retry-After``.
 DECODE_WAIT_S = 10.0
 #: Seconds a request body may take to arrive in full once its request reached the replica (HAProxy holds a body
-#: that fits its buffer until it is complete, :data:`attnzoo.serve.rayserve.launch.REQUEST_TIMEOUT_S`; a larger
+#: that fits its buffer until it is complete, :data:`attnzoo.serve.rayserve.environment.REQUEST_TIMEOUT_S`; a larger
 #: one streams in): then 408, and the replica's slot is free again (10 MiB in 20 s is 0.5 MB/s). It ends before
 #: HAProxy's own 30 s for a silent client.
 BODY_TIMEOUT_S = 20.0
@@ -94,7 +94,7 @@ api = FastAPI(title="attnzoo serve-models", docs_url=None, redoc_url=None)  # of
 
 def _replica_grpc_on_loopback() -> None:
     """In a replica of the local Ray that ``serve-models`` starts (``ATTNZOO_SERVE_LOOPBACK=1``, see
-    :data:`attnzoo.serve.rayserve.launch._LOOPBACK_ENV`): Ray Serve 2.60 binds each replica's inter-deployment gRPC
+    :data:`attnzoo.serve.rayserve.environment._LOOPBACK_ENV`): Ray Serve 2.60 binds each replica's inter-deployment gRPC
     server to ``[::]:0`` (all interfaces; ``Replica._on_initialized``, not a setting). This module is imported in
     the replica before that runs, so the address is rewritten to ``127.0.0.1:0`` here; a cluster joined with
     ``--address`` is left as Ray makes it. ``tests/test_serving_lifecycle.py`` lists every listening socket."""

@@ -125,7 +125,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``serve-models``: runs until Ctrl-C / SIGTERM."""
     args = build_parser().parse_args(argv)
     cfg = config_from_args(args)
-    from attnzoo.serve.rayserve.launch import _LOCAL, serve_models
+    from attnzoo.serve.rayserve.environment import _LOCAL
+    from attnzoo.serve.rayserve.launch import serve_models
 
     try:
         with serve_models(cfg, metrics_port=args.metrics_port) as served:

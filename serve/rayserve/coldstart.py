@@ -32,7 +32,7 @@ def cold_start(sig: int = signal.SIGTERM, timeout: float = 600.0) -> Dict[str, A
     from attnzoo.machine import cpu_info, cpu_summary, load_average
     from attnzoo.serve import examples
 
-    from attnzoo.serve.rayserve.launch import free_port, port_problem
+    from attnzoo.serve.rayserve.environment import free_port, port_problem
 
     image = Path(examples.example_paths("cls")[0]).read_bytes()
     port = free_port()

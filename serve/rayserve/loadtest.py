@@ -390,7 +390,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     from attnzoo.serve.rayserve.app import DEPLOYMENT
     from attnzoo.serve.rayserve.config import ServeConfig
-    from attnzoo.serve.rayserve.launch import Selection, deploy, free_port, ray_serve_mode, start_ray, stop
+    from attnzoo.serve.rayserve.environment import free_port, ray_serve_mode, start_ray
+    from attnzoo.serve.rayserve.launch import deploy
+    from attnzoo.serve.rayserve.reaping import stop
+    from attnzoo.serve.rayserve.selection import Selection
 
     args = build_parser().parse_args(argv)
     if args.quick:
