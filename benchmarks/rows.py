@@ -43,7 +43,7 @@ def row_unavailable_reason(backend: str, dtype: str, device: str) -> Optional[st
     not run without a GPU is a row: "built, not run")."""
     b = get_backend(backend)
     reason = b.unavailable_reason(dtype, device, build_only=True)
-    if reason is None and dtype == "int8" and b.name == "ort-cpu":
+    if reason is None and dtype == "int8" and b.int8_model == "qdq":
         from attnzoo.export.quantize import quantize_unavailable_reason
 
         reason = quantize_unavailable_reason()
@@ -128,7 +128,8 @@ def int8_openvino(onnx_path: Path, config: Dict[str, Any], cache_dir: Path) -> T
 def load_call(backend: str, model: Any, onnx_path: Optional[Path], x: np.ndarray, dtype: str, *,
               threads: int, device: str, cache_dir: Path,
               int8_placement: str = CPU_QDQ_PLACEMENT) -> Tuple[Call, Dict[str, Any]]:
-    """Load one row's model on ``backend`` and make its repeatable call on ``x``.
+    """Load one row's model on ``backend`` and make its repeatable call on ``x``; the call owns its session
+    (:meth:`attnzoo.runtime.backends.Call.close` frees it).
 
     Args:
         backend: A registered backend name.
@@ -139,23 +140,34 @@ def load_call(backend: str, model: Any, onnx_path: Optional[Path], x: np.ndarray
         threads: Intra-op threads of the CPU runtimes.
         device: PyTorch device of module backends.
         cache_dir: Where optimized graphs, int8 copies and engines are kept.
-        int8_placement: ``ort-cpu`` int8: ModelOpt's Q/DQ placement (``cpu``, or ``tensorrt`` to compare).
+        int8_placement: ``qdq`` int8 (``ort-cpu``): ModelOpt's Q/DQ placement (``cpu``, or ``tensorrt`` to compare).
 
     Returns:
         ``(call, info)``: the call and the settings the session ended up with (plus the int8 copy's facts).
     """
     b = get_backend(backend)
-    if b.takes == "module":
-        session = b.load(model, dtype=dtype, threads=threads, device=device)
-        return session.call(x), session.info()
-    if onnx_path is None:
-        raise ValueError(f"backend {b.name} needs the exported ONNX file")
+    settings: Dict[str, Any] = dict(dtype=dtype, threads=threads, device=device)
     int8: Dict[str, Any] = {}
-    if dtype == "int8":
-        config = dict(getattr(model, "attnzoo_config", {}) or {})
-        onnx_path, int8 = (int8_onnx(onnx_path, config, cache_dir, int8_placement) if b.name == "ort-cpu"
-                           else int8_openvino(onnx_path, config, cache_dir))
-    pins = {"keep_f32": extra_math(onnx_path)} if dtype == "bf16" and b.name == "openvino" else {}
-    session = b.load(onnx_path, dtype=dtype, threads=threads, batch=len(x), device=device, cache_dir=cache_dir,
-                     **pins)
-    return session.call(x), {**session.info(), **({"int8": int8} if int8 else {})}
+    if b.takes == "module":
+        session = b.load(model, b.options(**settings))
+    else:
+        if onnx_path is None:
+            raise ValueError(f"backend {b.name} needs the exported ONNX file")
+        if dtype == "int8":
+            config = dict(getattr(model, "attnzoo_config", {}) or {})
+            if b.int8_model == "qdq":
+                onnx_path, int8 = int8_onnx(onnx_path, config, cache_dir, int8_placement)
+            elif b.int8_model == "nncf":
+                onnx_path, int8 = int8_openvino(onnx_path, config, cache_dir)
+            else:
+                raise ValueError(f"{b.name} has no int8 path")
+        if dtype == "bf16" and "keep_f32" in b.reads:
+            settings["keep_f32"] = extra_math(onnx_path)
+        session = b.load(onnx_path, b.options(**settings, batch=len(x), cache_dir=cache_dir))
+    try:
+        call, info = session.call(x), session.info()
+    except BaseException:
+        session.close()
+        raise
+    call.session = session
+    return call, ({**info, "int8": int8} if int8 else info)

@@ -23,7 +23,6 @@ Efficiency: at the start the machine's own matmul ceiling is measured with the r
 
 from __future__ import annotations
 
-import gc
 import math
 import time
 from dataclasses import dataclass, field
@@ -42,7 +41,7 @@ from attnzoo.benchmarks.flops import count_flops
 from attnzoo.machine import environment, load_average
 from attnzoo.benchmarks.ort_cpu import gemm_gflops, naive_cpu_session, profile_ops
 from attnzoo.benchmarks.rowlog import LOG_NAME, RowLog, run_asks
-from attnzoo.runtime.backends import Call, get_backend
+from attnzoo.runtime.backends import Backend, Call, get_backend
 from attnzoo.runtime.backends.ort_cpu import tuned_cpu_session
 from attnzoo.runtime.parity import TOLERANCES, check as check_parity
 from attnzoo.benchmarks.stats import ratio_stats, summarize
@@ -167,6 +166,12 @@ class _Partner:
                 self.runner = None
         return self.runner
 
+    def close(self) -> None:
+        """Close the runner's session (if it was loaded); it is not loaded again."""
+        runner, self.runner, self.load = self.runner, None, None
+        if runner is not None:
+            runner.close()
+
 
 class _Exports:
     """A variant's verified ONNX files, exported on first use (a resumed run exports only what it still needs)."""
@@ -255,29 +260,32 @@ class _Bench:
             x: torch.Tensor, ref: np.ndarray, eagers: Dict[str, _Partner]) -> Optional[Call]:
         """Build, check, time one combination; append its row (and overhead row). Returns its call."""
         s = self.s
-        if backend == "compile" and self.compile_spent >= s.compile_budget:
+        b = get_backend(backend)
+        if b.jit_compiles and self.compile_spent >= s.compile_budget:
             each = self.compile_spent / max(self.compile_count, 1)
             self.add(_row(variant, s, backend, dtype, batch, "skipped",
                                   f"--compile-budget {s.compile_budget:g} s spent ({self.compile_count} "
                                   f"compile(s), {each:.0f} s each on this machine)"))
             return None
-        gc.collect()  # what the previous job left goes first (a GPU session takes its memory baseline at load)
-        rss = PeakRSS()
+        rss = PeakRSS()  # the sessions of earlier jobs were closed when they were no longer needed
         t0 = time.perf_counter()
         src = onnx.get("fp16" if dtype == "fp16" else "fp32")
-        cannot_run = get_backend(backend).unavailable_reason(dtype, self.device.type) if backend == "tensorrt" else None
+        cannot_run = b.unavailable_reason(dtype, self.device.type) if b.builds_engine else None
         if cannot_run:  # built ahead of time instead: no GPU, or one TensorRT-RTX engines do not run on
             why = "no GPU" if not torch.cuda.is_available() else cannot_run
-            return self.built_not_run(variant, dtype, batch, src, why)
+            return self.built_not_run(variant, b, dtype, batch, src, why)
+        runner: Optional[Call] = None
         try:
             runner, info = load_call(backend, model, src, x.numpy(), dtype, threads=s.threads,
                                      device=self.device.type, cache_dir=s.cache_dir)
             out = runner.output()
         except Exception as exc:  # any backend failure is a result to report, not a crash
+            if runner is not None:
+                runner.close()
             self.add(_row(variant, s, backend, dtype, batch, "failed", f"build/run: {first_line(exc, typed=True)}"))
             return None
         build_s = time.perf_counter() - t0
-        if backend == "compile":
+        if b.jit_compiles:
             self.compile_spent += build_s
             self.compile_count += 1
         if backend in s.perturb:
@@ -287,29 +295,33 @@ class _Bench:
         common = dict(parity_error=err if math.isfinite(err) else None, build_s=build_s, info=info,
                       cuda_graph=runner.cuda_graph)
         if not ok:
+            runner.close()
             self.add(_row(variant, s, backend, dtype, batch, "failed", _parity_reason(out, ref, err, key),
                                   **common))
             return None
         try:
             self._time(variant, backend, dtype, batch, runner, rss, common, eagers)
         except Exception as exc:  # a timing failure is a result to report, not a crash
+            runner.close()
             self.add(_row(variant, s, backend, dtype, batch, "failed", f"timing: {first_line(exc, typed=True)}",
                                   **common))
             return None
         return runner
 
-    def built_not_run(self, variant: str, dtype: str, batch: int, src: Path, why: str) -> None:
-        """No GPU (or one whose engines cannot run here, ``why``): the TensorRT engine built ahead of time (the
-        runtime's builder), one per variant and dtype whose profile spans the run's batch sizes, kept in the cache
-        and reused by every batch's row and by later runs; the rows say it was not run."""
+    def built_not_run(self, variant: str, b: Backend, dtype: str, batch: int, src: Path, why: str) -> None:
+        """No GPU (or one whose engines cannot run here, ``why``): the engine of a backend that
+        :attr:`~attnzoo.runtime.backends.Backend.builds_engine` built ahead of time, one per variant and dtype whose
+        profile spans the run's batch sizes, kept in the cache and reused by every batch's row and by later runs;
+        the rows say it was not run."""
         try:
-            facts = get_backend("tensorrt").build_only(src, self.s.batch_sizes, self.s.cache_dir, dtype)
+            facts = b.build_only(src, b.options(dtype=dtype, batch_sizes=self.s.batch_sizes,
+                                                cache_dir=self.s.cache_dir))
         except Exception as exc:  # a build failure is a result to report, not a crash
-            self.add(_row(variant, self.s, "tensorrt", dtype, batch, "failed", f"build: {first_line(exc, typed=True)}"))
+            self.add(_row(variant, self.s, b.name, dtype, batch, "failed", f"build: {first_line(exc, typed=True)}"))
             return None
         p = facts["profile"]
         how = "reused from the engine cache, built" if facts["cached"] else "built"
-        self.add(_row(variant, self.s, "tensorrt", dtype, batch, "built",
+        self.add(_row(variant, self.s, b.name, dtype, batch, "built",
                               f"built, not run ({why}): {facts['library']} {facts['library_version']} for "
                               f"{facts['compute_capability']}, one engine for batch {p['min']}-{p['max']} "
                               f"(opt {p['opt']}), {facts['engine_size'] / 1e6:.1f} MB, {how} in "
@@ -408,11 +420,22 @@ class _Bench:
 
     def batch(self, variant: str, model, batch: int, exports: _Exports, bar) -> None:
         """All backends of one variant at one batch size; eager first, fp32 first of all (reference twin and A/B
-        partner). Rows already in the log are not measured again; their runners are loaded when a partner."""
-        x = self.inputs(model, batch)
-        ref: Optional[np.ndarray] = None
+        partner). Rows already in the log are not measured again; their runners are loaded when a partner. A
+        runner no later row needs is closed at once, the partners when the batch is done (``standard``'s at the
+        end of the run: :meth:`close`)."""
         eagers: Dict[str, _Partner] = {}  # eager runners that passed, by precision: the rows' A/B baselines
         cpu_runners: Dict[str, _Partner] = {}  # fp32 CPU runtimes that passed, for the head-to-head pair
+        try:
+            self._batch(variant, model, batch, exports, bar, eagers, cpu_runners)
+        finally:
+            if variant != "standard":  # standard's are in self.standard, partners of every later variant
+                for partner in (*eagers.values(), *cpu_runners.values()):
+                    partner.close()
+
+    def _batch(self, variant: str, model, batch: int, exports: _Exports, bar, eagers: Dict[str, _Partner],
+               cpu_runners: Dict[str, _Partner]) -> None:
+        x = self.inputs(model, batch)
+        ref: Optional[np.ndarray] = None
         for backend, dtype in self.combos:
             reason = self.skip[(backend, dtype)]
             if reason:
@@ -436,8 +459,9 @@ class _Bench:
                     with torch.inference_mode():
                         ref = model(x).float().numpy()
                 runner = self.job(variant, backend, dtype, batch, model, exports.paths, x, ref, eagers)
-                if runner is not None:
-                    self._partner(variant, backend, dtype, batch, _Partner(runner), eagers, cpu_runners)
+                if runner is not None and not self._partner(variant, backend, dtype, batch, _Partner(runner),
+                                                            eagers, cpu_runners):
+                    runner.close()  # no later row pairs with it
             bar.update(1)
         if (variant, batch) in self.groups_done:
             return
@@ -457,14 +481,22 @@ class _Bench:
                                                 if e.startswith(f"{variant} b{batch}:")]})
 
     def _partner(self, variant: str, backend: str, dtype: str, batch: int, partner: _Partner,
-                 eagers: Dict[str, _Partner], cpu_runners: Dict[str, _Partner]) -> None:
-        """Keep a runner where later rows look for their A/B partners."""
+                 eagers: Dict[str, _Partner], cpu_runners: Dict[str, _Partner]) -> bool:
+        """Keep a runner where later rows look for their A/B partners; whether it was kept."""
+        kept = variant == "standard"
         if backend == "eager":
-            eagers[dtype] = partner
+            eagers[dtype], kept = partner, True
         elif dtype == "fp32" and on_cpu(backend, self.device):
-            cpu_runners[backend] = partner
+            cpu_runners[backend], kept = partner, True
         if variant == "standard":
             self.standard[(backend, dtype, batch)] = partner
+        return kept
+
+    def close(self) -> None:
+        """Close the runners kept to the end of the run (``standard``'s, every later variant's partners)."""
+        for partner in self.standard.values():
+            partner.close()
+        self.standard.clear()
 
 
 def baseline_dtype(backend: str, dtype: str, eagers: Dict[str, Any]) -> Optional[str]:
@@ -618,7 +650,9 @@ def run_benchmark(s: Settings) -> Dict[str, Any]:
 
 def _run(s: Settings, env: Dict[str, Any], log: RowLog, started: float) -> Dict[str, Any]:
     bench = _Bench(s, log)
-    if any(b == "ort-cpu" and not bench.skip[(b, d)] for b, d in bench.combos):
+    # the GEMM throughput of PyTorch and ONNX Runtime on this CPU, beside the rows of an ONNX Runtime CPU backend
+    if any(get_backend(b).library == "onnxruntime" and on_cpu(b, bench.device) and not bench.skip[(b, d)]
+           for b, d in bench.combos):
         env["gemm_gflops"] = gemm_gflops(s.threads)
     # the ceiling of every CPU row: measured once, before any model, with the run's threads; kept for a resumed run
     ceiling = next((r["ceiling"] for r in log.of("ceiling")), None)
@@ -651,6 +685,8 @@ def _run(s: Settings, env: Dict[str, Any], log: RowLog, started: float) -> Dict[
                                    f"during {bench.current or 'the first job'}; the {len(bench.rows)} row(s) "
                                    f"measured before it are kept (in {log.path.name} too: the same command "
                                    "measures the rest)"}
+        finally:
+            bench.close()
     rows, overheads = _from_log(log)
     groups = log.of("group")
     pairs = [p for g in groups for p in g["pairs"]]

@@ -17,14 +17,22 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
 __all__ = ["Choice", "fastest_cpu_runtime"]
 
-#: ``factory(path) -> run``, with ``run(x: float32 (N, 3, H, W)) -> logits``.
-RunnerFactory = Callable[[Path], Callable[[np.ndarray], np.ndarray]]
+#: ``factory(path) -> runner``: a backend's :class:`~attnzoo.runtime.backends.Session` (its ``run``; closed once its
+#: probe is timed), or a plain ``run(x: float32 (N, 3, H, W)) -> logits``.
+RunnerFactory = Callable[[Path], Any]
+
+
+def _close(runner: Any) -> None:
+    """Close a runner that can be closed (a session); a plain function has nothing to free."""
+    close = getattr(runner, "close", None)
+    if callable(close):
+        close()
 
 
 @dataclass
@@ -89,19 +97,25 @@ def fastest_cpu_runtime(factories: Mapping[str, RunnerFactory], probes: Sequence
     medians: Dict[str, Dict[str, float]] = {}
     for path, (h, w) in probes:
         x = np.random.default_rng(0).standard_normal((1, 3, h, w), dtype=np.float32)
-        fns = {}
-        for n in names:
-            if n in failed:
+        fns, runners = {}, []
+        try:
+            for n in names:
+                if n in failed:
+                    continue
+                try:
+                    runner = factories[n](Path(path))
+                    runners.append(runner)
+                    run = getattr(runner, "run", runner)
+                    run(x)
+                    fns[n] = (lambda r=run: r(x))
+                except Exception as exc:  # noqa: BLE001 -- a runtime that fails here is out, with its reason
+                    failed[n] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            if not fns:
                 continue
-            try:
-                run = factories[n](Path(path))
-                run(x)
-                fns[n] = (lambda r=run: r(x))
-            except Exception as exc:  # noqa: BLE001 -- a runtime that fails here is out, with its reason
-                failed[n] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-        if not fns:
-            continue
-        times = _alternate(list(fns.values()), seconds)
+            times = _alternate(list(fns.values()), seconds)
+        finally:
+            for runner in runners:
+                _close(runner)
         medians[Path(path).name] = {n: float(np.median(t) * 1e3) for n, t in zip(fns, times)}
         for n, t in zip(fns, times):
             total[n] += float(np.median(t))

@@ -56,7 +56,8 @@ __all__ = ["LIBRARIES", "LIBRARY_ENV", "install_hint", "COMPUTE_CAPABILITIES", "
            "TensorRTError", "TensorRTUnavailable", "TensorRTParseError", "Library", "gpu_available",
            "resolve_compute_capability",
            "load_library", "unavailable_reason", "ParsedNetwork", "parse_onnx", "network_layers",
-           "check_network_precision", "profile_batches", "Built", "build", "build_cached", "Engine"]
+           "check_network_precision", "profile_batches", "Built", "build", "build_cached", "engine_cache_name",
+           "Engine"]
 
 LIBRARIES: Tuple[str, ...] = ("tensorrt", "tensorrt_rtx")
 LIBRARY_ENV = "ATTNZOO_TENSORRT"
@@ -519,11 +520,9 @@ def build_cached(onnx_path: Union[str, Path], cache_dir: Union[str, Path], *, ba
     path = Path(onnx_path)
     sha = sha256_file(path)
     cc = _resolve_cc(lib, compute_capability, gpu_available())
-    lo, opt, hi = profile_batches(batch_sizes)
-    hw = "x".join(str(int(v)) for v in input_hw) if input_hw else "onnx"
     target = _target(cc)
-    engine = Path(cache_dir) / (f"{path.stem}_{hw}_b{lo}-{opt}-{hi}_{target}{'_tf32' if tf32 else ''}_"
-                                f"{lib.name}-{lib.version}_ws{workspace_gb:g}_{sha[:16]}.engine")
+    engine = Path(cache_dir) / engine_cache_name(path.stem, sha, batch_sizes=batch_sizes, input_hw=input_hw,
+                                                 target=target, tf32=tf32, library=lib, workspace_gb=workspace_gb)
     facts_path = Path(str(engine) + ".json")
     try:
         facts = json.loads(facts_path.read_text())
@@ -539,6 +538,18 @@ def build_cached(onnx_path: Union[str, Path], cache_dir: Union[str, Path], *, ba
     atomic_write_bytes(engine, built.blob)
     atomic_write_text(facts_path, json.dumps(facts, indent=1) + "\n")
     return {**facts, "cached": False}
+
+
+def engine_cache_name(stem: str, sha256: str, *, batch_sizes: Sequence[int], input_hw: Optional[Sequence[int]],
+                      target: str, tf32: bool, library: Library, workspace_gb: float) -> str:
+    """The engine cache's key, as a file name: everything an engine depends on -- the ONNX file (its stem and
+    the first 16 hex of its SHA-256), the input size (``onnx``: the file's own), the profile (min-opt-max batch),
+    the target (``CURRENT-sm<cc>`` or an ahead-of-time compute capability), TF32, the library and its version, and
+    the workspace limit. :func:`build_cached` is the one cache every caller (benchmark, server) goes through."""
+    lo, opt, hi = profile_batches(batch_sizes)
+    hw = "x".join(str(int(v)) for v in input_hw) if input_hw else "onnx"
+    return (f"{stem}_{hw}_b{lo}-{opt}-{hi}_{target}{'_tf32' if tf32 else ''}_{library.name}-{library.version}_"
+            f"ws{workspace_gb:g}_{sha256[:16]}.engine")
 
 
 def _target(cc: str) -> str:
@@ -655,6 +666,14 @@ class Engine:
         self.stream.wait_stream(torch.cuda.current_stream())  # the copies above were made on the current stream
         self._bound = (xin, out)  # keep the buffers alive while bound
         return out
+
+    def close(self) -> None:
+        """Free the execution context, the engine and its bound buffers (in that order: a context needs its
+        engine); the engine cannot run after it. Closing twice is closing once."""
+        self._bound = None
+        for name in ("context", "_config", "_cache", "engine", "_runtime"):
+            if hasattr(self, name):
+                setattr(self, name, None)
 
     def capturable(self) -> bool:
         """Whether an enqueue on :attr:`stream` may be captured into a CUDA graph (TensorRT-RTX answers;

@@ -33,7 +33,8 @@ import numpy as np
 from attnzoo.fileio import CACHE_ENV, default_cache_dir  # noqa: F401  (re-exported)
 from attnzoo.preprocess import input_style_of
 from attnzoo.machine import cpu_info
-from attnzoo.runtime.backends import Session, check_against_reference, cpu_runtimes, get_backend
+from attnzoo.runtime.backends import (ONNX_REFERENCE, LoadOptions, Session, check_against_reference, cpu_runtimes,
+                                      get_backend)
 from attnzoo.runtime.sessions import SERVED_DTYPES, served_precision
 from attnzoo.zoo import DEFAULT_DATA
 
@@ -45,7 +46,7 @@ __all__ = ["AUTO", "REFERENCE", "resolve_backend", "ServedModel", "load_models",
 #: served files; any other value is a backend of :mod:`attnzoo.runtime.backends` (a name or an alias).
 AUTO = "auto"
 #: The backend the others are checked against: ONNX Runtime on the CPU, which verified every export.
-REFERENCE = "ort-cpu"
+REFERENCE = ONNX_REFERENCE
 #: Most sliding windows run in one call (the TensorRT profile's largest batch).
 SLIDING_BATCH = 16
 
@@ -111,30 +112,24 @@ def resolve_backend(name: str) -> str:
     return backend.name
 
 
-def _tensorrt_engine(path: Path, cache_dir: Optional[Path]) -> Path:
-    """The engine of a verified ONNX file, built once by ``export-model``'s builder (which checks it against ONNX
-    Runtime before saving) and cached under ``<cache>/tensorrt``, keyed by the file's hash."""
-    from attnzoo.export.tensorrt import build_engine
-    from attnzoo.fileio import sha256_file
-
-    engine = Path(cache_dir or default_cache_dir()) / "tensorrt" / f"{path.stem}-{sha256_file(path)[:16]}.engine"
-    if not engine.is_file():
-        engine.parent.mkdir(parents=True, exist_ok=True)
-        build_engine(path, engine, batch_sizes=(1, SLIDING_BATCH), run=True)
-    return engine
-
-
 def _session(path: Path, backend: str, threads: Optional[int], cache_dir: Optional[Path], contract=None) -> Session:
     """A verified ONNX file loaded by ``backend``; a backend other than ONNX Runtime's CPU provider (the export's
     own reference) is checked against it on the same file first
-    (:func:`attnzoo.runtime.backends.check_against_reference`). OpenVINO is compiled for batch 1 (larger batches
-    run image by image)."""
+    (:func:`attnzoo.runtime.backends.check_against_reference`). A backend with a
+    :attr:`~attnzoo.runtime.backends.Backend.serving_batch` (OpenVINO: 1) is compiled for it (other batches run
+    image by image); one that :attr:`~attnzoo.runtime.backends.Backend.builds_engine` (TensorRT) builds it for
+    batch 1 to :data:`SLIDING_BATCH`, once, in the one engine cache (:func:`attnzoo.runtime.tensorrt.build_cached`,
+    under ``<cache>/tensorrt``)."""
     b = get_backend(backend)
-    if b.name == "tensorrt":
-        return b.load(_tensorrt_engine(path, cache_dir))
-    session = b.load(path, threads=threads, batch=1 if b.name == "openvino" else None)
-    if b.name != REFERENCE:
-        check_against_reference(session, path, contract, threads=threads)
+    engine = dict(batch_sizes=(1, SLIDING_BATCH), cache_dir=Path(cache_dir or default_cache_dir())) \
+        if b.builds_engine else {}
+    session = b.load(path, b.options(threads=threads, batch=b.serving_batch, **engine))
+    try:
+        if b.name != REFERENCE:
+            check_against_reference(session, path, contract, threads=threads)
+    except BaseException:
+        session.close()
+        raise
     return session
 
 
@@ -146,7 +141,7 @@ def choose_cpu_backend(folder: Path, threads: Optional[int] = None, dtype: Optio
     from attnzoo.runtime.contract import ModelContract
     from attnzoo.runtime.sessions import verification_problem
 
-    installed = {b.name: (lambda p, b=b: b.load(p, threads=threads, batch=1).run)
+    installed = {b.name: (lambda p, b=b: b.load(p, b.options(threads=threads, batch=1)))
                  for b in cpu_runtimes() if b.unavailable_reason("fp32", "cpu") is None}
     if len(installed) < 2:
         only = next(iter(installed), REFERENCE)
@@ -288,7 +283,7 @@ def load_checkpoint_dir(directory: Path) -> List[ServedModel]:
     for path in _model_files(directory, ".safetensors"):
         try:
             model, config = load_checkpoint(path)
-            session = get_backend("eager").load(model)
+            session = get_backend("eager").load(model, LoadOptions())
             served = _from_config(config, session.run, session.fixed_size, path, session.backend)
             models.append(_warmed_up(served))
         except Exception as exc:  # noqa: BLE001 - one bad file must not stop the others (like the ONNX path)
@@ -354,7 +349,7 @@ def load_zoo_torch(data: str = DEFAULT_DATA) -> List[ServedModel]:
     for e in rows:
         model, config = zoo.load(e["variant"], e["task"], data)
         path = zoo.checkpoint_path(e["variant"], e["task"], data)
-        session = get_backend("eager").load(model)
+        session = get_backend("eager").load(model, LoadOptions())
         models.append(_warmed_up(_from_config(config, session.run, session.fixed_size, path, session.backend)))
     return _with_scores(models, rows)
 
@@ -609,7 +604,7 @@ def load_bf16_models(models_dir: Optional[Path], backend: str = AUTO, data: str 
     from attnzoo.runtime.contract import ModelContract
     from attnzoo.runtime.sessions import serves, verification_problem
 
-    ov = get_backend("openvino")
+    ov = next(b for b in cpu_runtimes() if "bf16" in b.dtypes)  # OpenVINO: the CPU runtime with a bf16 path
     if backend not in (AUTO, ov.name):
         raise ValueError(f"--dtype bf16 runs on OpenVINO (--backend {AUTO} or {ov.name}), not {backend}")
     reason = ov.unavailable_reason("bf16")
@@ -630,7 +625,8 @@ def load_bf16_models(models_dir: Optional[Path], backend: str = AUTO, data: str 
                 raise ValueError(f"not served: {problem}")
             names = extra_math_nodes(onnx.load(str(path), load_external_data=False), contract.config)
             verify_bf16(path, contract.config, names, cache_dir=cache_dir, threads=threads, progress=True)
-            session = ov.load(path, dtype="bf16", threads=threads, batch=1, keep_f32=names)
+            session = ov.load(path, LoadOptions(dtype="bf16", threads=threads, batch=ov.serving_batch,
+                                                keep_f32=tuple(names)))
             served = _from_config(contract.config, session.run, session.fixed_size, path, session.backend,
                                   contract.input_size, contract.input_style)
             served.dtype, served.backend_note = "bf16", note

@@ -305,7 +305,7 @@ def test_fp32_is_ieee_fp32_everywhere_and_tf32_is_its_own_precision():
 def test_fp32_math_sets_both_torch_switches_and_restores_them():
     import torch
 
-    from attnzoo.runtime.backends.eager import fp32_math
+    from attnzoo.runtime.device import fp32_math
 
     before = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
     with fp32_math(True):
@@ -324,7 +324,7 @@ def test_a_torch_session_on_a_gpu_runs_every_call_in_its_own_fp32_math():
     loading it."""
     import torch
 
-    from attnzoo.runtime.backends import get_backend
+    from attnzoo.runtime.backends import LoadOptions, get_backend
 
     class Probe(torch.nn.Module):
         seen = []
@@ -334,7 +334,7 @@ def test_a_torch_session_on_a_gpu_runs_every_call_in_its_own_fp32_math():
             return x
 
     for dtype, want in (("tf32", "tf32"), ("fp32", "ieee")):
-        session = get_backend("eager").load(Probe(), dtype="fp32", device="cpu")
+        session = get_backend("eager").load(Probe(), LoadOptions(dtype="fp32", device="cpu"))
         session.tf32, session.device = dtype == "tf32", torch.device("cuda")
         session._forward(torch.zeros(1))
         assert Probe.seen[-1] == want
@@ -418,7 +418,7 @@ def test_gpu_memory_is_the_sessions_own_from_a_clean_baseline(monkeypatch):
     a simulated device."""
     import torch
 
-    from attnzoo.runtime.backends.eager import DeviceMemory
+    from attnzoo.runtime.device import DeviceMemory
 
     mib = 2 ** 20
     dev = {"allocated": 500 * mib, "peak": 900 * mib, "cached": 300 * mib, "other": 1000 * mib, "calls": []}

@@ -79,7 +79,7 @@ def test_precision_check_lets_a_reshape_pass_the_extra_maths_bf16_input_on_but_n
 
 @pytest.mark.skipif(HAS_BF16, reason="this CPU has bf16 units")
 def test_openvino_bf16_is_refused_here_in_one_line(belief2):
-    from attnzoo.runtime.backends import get_backend
+    from attnzoo.runtime.backends import LoadOptions, get_backend
     from attnzoo.runtime.openvino import OpenVINOSession
 
     _, path, names = belief2
@@ -89,7 +89,7 @@ def test_openvino_bf16_is_refused_here_in_one_line(belief2):
         OpenVINOSession(path, precision="bf16", keep_f32=names)
     assert "\n" not in str(exc.value)
     with pytest.raises(ValueError, match="no bf16 units"):
-        get_backend("openvino").load(path, dtype="bf16", keep_f32=names)
+        get_backend("openvino").load(path, LoadOptions(dtype="bf16", keep_f32=names))
 
 
 def test_pin_f32_gives_each_extra_math_op_openvinos_attribute_and_keeps_the_math(belief2):
@@ -202,11 +202,11 @@ def test_without_the_refusal_openvino_compiles_bf16_at_f32_here_and_the_read_bac
 def test_openvino_bf16_runs_the_extra_math_at_f32_and_matches_eager_within_the_bf16_tolerance(belief2):
     import torch
 
-    from attnzoo.runtime.backends import get_backend
+    from attnzoo.runtime.backends import LoadOptions, get_backend
     from attnzoo.runtime.parity import TOLERANCES, parity_error
 
     model, path, names = belief2
-    session = get_backend("openvino").load(path, dtype="bf16", threads=1, keep_f32=names)
+    session = get_backend("openvino").load(path, LoadOptions(dtype="bf16", threads=1, keep_f32=names))
     check = session.info()["precision_check"]
     assert check["inference_precision"] == "bf16" and check["extra_math_not_f32"] == []
     assert set(check["matmuls"]) == {"bf16"}
@@ -218,12 +218,12 @@ def test_openvino_bf16_runs_the_extra_math_at_f32_and_matches_eager_within_the_b
 
 def test_openvino_bf16_needs_the_extra_math_names_of_a_variant_with_extra_math(belief2, monkeypatch):
     from attnzoo.runtime import openvino as ov_rt
-    from attnzoo.runtime.backends import get_backend
+    from attnzoo.runtime.backends import LoadOptions, get_backend
 
     _, path, _ = belief2
     monkeypatch.setattr(ov_rt, "bf16_unavailable_reason", lambda: None)
     with pytest.raises(ValueError, match="bf16 needs the names of the ops to keep at f32"):
-        get_backend("openvino").load(path, dtype="bf16")
+        get_backend("openvino").load(path, LoadOptions(dtype="bf16"))
 
 
 # ---------------------------------------------------------------------------------------------- PyTorch autocast

@@ -122,10 +122,10 @@ def test_openvino_matches_eager_within_the_fp32_tolerance(micro_onnx, batch, fix
 
 def test_openvino_check_against_onnxruntime_refuses_a_wrong_output(micro_onnx, monkeypatch):
     from attnzoo.runtime import openvino as ov_rt
-    from attnzoo.runtime.backends import check_against_reference, get_backend
+    from attnzoo.runtime.backends import LoadOptions, check_against_reference, get_backend
 
     _, path = micro_onnx
-    session = get_backend("openvino").load(path, threads=1, batch=1)
+    session = get_backend("openvino").load(path, LoadOptions(threads=1, batch=1))
     check_against_reference(session, path, threads=1)  # the same file: within the fp32 tolerance
     real = ov_rt.OpenVINOSession.run
     monkeypatch.setattr(ov_rt.OpenVINOSession, "run", lambda self, x: real(self, x) + 0.01)

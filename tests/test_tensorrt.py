@@ -377,11 +377,11 @@ def test_engine_runs_and_matches_onnxruntime(lib, verified_onnx, tmp_path, dtype
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="running a TensorRT engine needs an NVIDIA GPU; none is visible")
 def test_the_benchmark_session_captures_a_graph_on_the_engines_stream(verified_onnx, tmp_path):
-    from attnzoo.runtime.backends import get_backend
+    from attnzoo.runtime.backends import LoadOptions, get_backend
 
     if rt.unavailable_reason(run=True):
         pytest.skip(rt.unavailable_reason(run=True))
-    session = get_backend("tensorrt").load(verified_onnx("standard"), batch=2, cache_dir=tmp_path)
+    session = get_backend("tensorrt").load(verified_onnx("standard"), LoadOptions(batch=2, cache_dir=tmp_path))
     call = session.call(np.zeros((2, 3, 32, 32), np.float32))
     info = session.info()
     assert call.cuda_graph == (info["cuda_graph"] == "captured") and np.isfinite(call.output()).all()

@@ -1,31 +1,80 @@
 """The backend registry: every way attnzoo runs a model, one module each, one name each.
 
-Modelled on Polygraphy's runners: a :class:`Backend` says what it is (its one name, the aliases the command
-lines also accept, what it takes: the PyTorch module or a verified ONNX file, where it computes), whether it
-runs on this machine and if not why (:meth:`Backend.unavailable_reason`), and loads a model into a
-:class:`Session` with ``run`` (host float32 in, float32 logits out), ``call`` (a reusable timed call on
-inputs already where the backend computes, for the benchmark) and ``info`` (the settings it ended up with).
+Modelled on Polygraphy's runners. A :class:`Backend` says what it is (its one name, the aliases the command lines
+also accept, what it takes: the PyTorch module or a verified ONNX file, where it computes, its precisions, which
+:class:`LoadOptions` it reads) and the facts its callers act on (:attr:`Backend.builds_engine`,
+:attr:`Backend.jit_compiles`, :attr:`Backend.int8_model`, :attr:`Backend.serving_batch`, :attr:`Backend.library`),
+whether it runs on this machine and if not why (:meth:`Backend.unavailable_reason`), and loads a model into a
+:class:`Session` with one call for every backend, ``backend.load(model, LoadOptions(...))``. A session has ``run``
+(host float32 in, float32 logits out), ``call`` (a reusable timed call on inputs already where the backend
+computes, for the benchmark), ``info`` (the settings it ended up with) and ``close`` (frees its model, session or
+engine; sessions are context managers: ``with backend.load(path, options) as session:``).
 
-``bench-latency``, the demo, ``serve-models`` and the CPU-runtime choice all go through :func:`get_backend`;
-``python -m attnzoo.runtime`` prints the registry. Adding a backend is one module that subclasses
-:class:`Backend`, calls :func:`register_backend` and is imported at the bottom of this file, plus its test.
+``bench-latency``, the demo, ``serve-models`` and the CPU-runtime choice all go through :func:`get_backend` and
+never branch on a backend's name; ``python -m attnzoo.runtime`` prints the registry. Adding a backend is one
+module that subclasses :class:`Backend` (its :meth:`Backend.open`), calls :func:`register_backend` and is imported
+at the bottom of this file, plus its test.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["Backend", "Session", "Call", "register_backend", "get_backend", "canonical_backend", "backend_names",
-           "backends", "cpu_runtimes", "DTYPES", "describe", "check_against_reference"]
+__all__ = ["Backend", "Session", "Call", "LoadOptions", "register_backend", "get_backend", "canonical_backend",
+           "backend_names", "backends", "cpu_runtimes", "DTYPES", "ONNX_REFERENCE", "describe",
+           "check_against_reference"]
 
 #: Precisions a backend row can run at (a backend lists the ones it supports). ``fp32`` is IEEE fp32 everywhere: the
 #: GPU backends turn TF32 off for it; ``tf32`` is fp32 tensors with matmuls / convolutions on TF32 tensor cores (a
 #: GPU of compute capability 8.0 or newer), asked for by name, never implied.
 DTYPES: Tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "int8")
+#: The backend every export was verified with (ONNX Runtime's CPU provider); the others are checked against it.
+ONNX_REFERENCE = "ort-cpu"
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How to load a model: every setting any backend reads. A backend reads the ones it names in
+    :attr:`Backend.reads` and refuses a load that sets any other (:meth:`Backend.load`); a caller holding settings
+    for many backends gives each its own with :meth:`Backend.options`.
+
+    Attributes:
+        dtype: Precision to run at (every backend reads it; an ONNX backend runs the file's own precision and
+            ``dtype`` names it).
+        device: The PyTorch device of backends that take the module (``cpu``, ``cuda``).
+        threads: CPU threads (``None``: the runtime's default).
+        batch: Fix the batch size (``None``: any batch).
+        batch_sizes: The batch sizes an engine is built for (its profile spans them; empty: ``batch``, else 1).
+        cache_dir: Where a backend keeps what it builds (optimized graphs, engines).
+        keep_f32: Names of the ops a reduced precision keeps at f32 (the variant's extra math).
+    """
+
+    dtype: str = "fp32"
+    device: str = "cpu"
+    threads: Optional[int] = None
+    batch: Optional[int] = None
+    batch_sizes: Tuple[int, ...] = ()
+    cache_dir: Optional[Path] = None
+    keep_f32: Optional[Tuple[str, ...]] = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; valid: {', '.join(DTYPES)}")
+        object.__setattr__(self, "batch_sizes", tuple(int(b) for b in self.batch_sizes))
+        if self.keep_f32 is not None:
+            object.__setattr__(self, "keep_f32", tuple(self.keep_f32))
+        if self.cache_dir is not None:
+            object.__setattr__(self, "cache_dir", Path(self.cache_dir))
+
+    def set_fields(self) -> Tuple[str, ...]:
+        """The settings that differ from their defaults (``dtype`` aside, which every backend reads)."""
+        return tuple(f.name for f in dataclasses.fields(self)
+                     if f.name != "dtype" and getattr(self, f.name) != f.default)
 
 
 @dataclass
@@ -38,6 +87,7 @@ class Call:
         cuda: Time it with CUDA events (GPU backends).
         cuda_graph: ``fn`` replays a CUDA graph.
         memory: ``() -> (MB, what was measured)`` for device memory; ``None``: the caller measures host memory.
+        session: The session the call runs on (:meth:`close` closes it); ``None``: the caller keeps it.
     """
 
     fn: Callable[[], object]
@@ -45,10 +95,16 @@ class Call:
     cuda: bool = False
     cuda_graph: bool = False
     memory: Optional[Callable[[], Tuple[float, str]]] = None
+    session: Optional["Session"] = None
+
+    def close(self) -> None:
+        """Close the session the call runs on (the call cannot run after it)."""
+        if self.session is not None:
+            self.session.close()
 
 
 class Session:
-    """A model loaded by one backend.
+    """A model loaded by one backend; close it (or use it as a context manager) to free its memory.
 
     Attributes:
         backend: The backend's name.
@@ -58,6 +114,7 @@ class Session:
 
     backend: str = ""
     fixed_size: bool = True
+    closed: bool = False
 
     def run(self, x: np.ndarray) -> np.ndarray:
         """Float32 NCHW images on the host -> float32 logits on the host."""
@@ -66,11 +123,27 @@ class Session:
     def call(self, x: np.ndarray) -> Call:
         """A repeatable inference on ``x`` (made resident first); by default :meth:`run` on host memory."""
         xin = np.ascontiguousarray(x, dtype=np.float32)
-        return Call(lambda: self.run(xin), lambda: np.asarray(self.run(xin), dtype=np.float32))
+        return Call(lambda: self.run(xin), lambda: np.asarray(self.run(xin), dtype=np.float32), session=self)
 
     def info(self) -> Dict[str, Any]:
         """The settings the session ended up with (threads, providers, precision ...)."""
         return {}
+
+    def release(self) -> None:
+        """Drop what the session holds (its model, runtime session, engine, bound buffers); called once by
+        :meth:`close`. A backend whose session holds anything overrides it."""
+
+    def close(self) -> None:
+        """Free the session's memory; it cannot run after it. Closing twice is closing once."""
+        if not self.closed:
+            self.closed = True
+            self.release()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 @dataclass(frozen=True)
@@ -84,6 +157,16 @@ class Backend:
         takes: ``module`` (the PyTorch model) or ``onnx`` (a verified ONNX file, or a runtime's own IR of one).
         device: Where it computes: ``cpu``, ``cuda``, or ``torch`` (the PyTorch device the caller asks for).
         dtypes: Precisions it can run (:data:`DTYPES`).
+        reads: The :class:`LoadOptions` it reads besides ``dtype``; a load that sets another is refused.
+        library: The runtime library that runs it (``torch``, ``onnxruntime``, ``openvino``, ``tensorrt``).
+        builds_engine: Loading builds an engine ahead of running it; the engine can be built without running it
+            (:meth:`build_only`: no GPU) and is kept under ``cache_dir``.
+        jit_compiles: Loading (or the first call) compiles the model: its time counts against
+            ``bench-latency --compile-budget``.
+        int8_model: What its int8 rows run: ``qdq`` (ModelOpt's Q/DQ ONNX graph of the fp32 export) or ``nncf``
+            (NNCF's quantization of the runtime's own model); ``None``: no int8 path.
+        serving_batch: The batch a served model is compiled for when the session still runs any batch (one image
+            at a time); ``None``: served with a dynamic batch.
     """
 
     name: str
@@ -92,6 +175,12 @@ class Backend:
     takes: str = "onnx"
     device: str = "cpu"
     dtypes: Tuple[str, ...] = ("fp32",)
+    reads: Tuple[str, ...] = ()
+    library: str = ""
+    builds_engine: bool = False
+    jit_compiles: bool = False
+    int8_model: Optional[str] = None
+    serving_batch: Optional[int] = None
 
     def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False
                            ) -> Optional[str]:
@@ -107,19 +196,35 @@ class Backend:
             return f"{self.name} runs {', '.join(self.dtypes)}, not {dtype}"
         return None
 
-    def load(self, model: Any, *, dtype: str = "fp32", threads: Optional[int] = None, batch: Optional[int] = None,
-             device: str = "cpu", cache_dir: Any = None) -> Session:
-        """Load ``model`` (a module or an ONNX path, as :attr:`takes` says).
+    def options(self, **settings: Any) -> LoadOptions:
+        """The :class:`LoadOptions` of ``settings`` this backend reads (``dtype`` always), the others left at their
+        defaults: for a caller whose settings are the run's, not one backend's (the benchmark, the server)."""
+        names = {f.name for f in dataclasses.fields(LoadOptions)}
+        unknown = sorted(set(settings) - names)
+        if unknown:
+            raise TypeError(f"unknown load option(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}")
+        return LoadOptions(**{k: v for k, v in settings.items() if k == "dtype" or k in self.reads})
 
-        Args:
-            model: The model.
-            dtype: Precision to run at (an ONNX backend runs the file's own precision; ``dtype`` names it).
-            threads: CPU threads (``None``: the runtime's default).
-            batch: Fix the batch size (``None``: any batch).
-            device: PyTorch device of ``torch`` backends.
-            cache_dir: Where a backend keeps what it builds (optimized graphs, engines).
+    def load(self, model: Any, options: Optional[LoadOptions] = None) -> "Session":
+        """Load ``model`` (a module or an ONNX path, as :attr:`takes` says) as ``options`` say.
+
+        Raises:
+            ValueError: ``options`` sets a setting this backend does not read (named, with the ones it reads).
         """
+        options = options if options is not None else LoadOptions()
+        unread = [n for n in options.set_fields() if n not in self.reads]
+        if unread:
+            raise ValueError(f"{self.name} does not read the load option(s) {', '.join(unread)} (it reads: dtype"
+                             f"{''.join(', ' + r for r in self.reads)})")
+        return self.open(model, options)
+
+    def open(self, model: Any, options: LoadOptions) -> "Session":
+        """Load ``model`` with ``options`` (already checked by :meth:`load`); what a backend implements."""
         raise NotImplementedError
+
+    def build_only(self, model: Any, options: LoadOptions) -> Dict[str, Any]:
+        """Build the engine of ``model`` without running it (a backend that :attr:`builds_engine`); its facts."""
+        raise NotImplementedError(f"{self.name} builds no engine")
 
     def row_device(self, device: str = "cpu") -> str:
         """Where a row of this backend computes, given the PyTorch device of the run."""
@@ -192,14 +297,14 @@ def check_against_reference(session: Session, path: Any, contract: Any = None, *
         ValueError: the outputs differ beyond the tolerance (naming the file, the backend, the error and the
             tolerance).
     """
-    from pathlib import Path
-
     from ..contract import ModelContract
     from ..parity import compare, tolerance_key
 
     contract = contract or ModelContract.from_onnx(path)
     x = np.random.default_rng(seed).standard_normal((2, 3, *contract.input_size), dtype=np.float32)
-    ref = get_backend("ort-cpu").load(path, threads=threads).run(x)
+    reference = get_backend(ONNX_REFERENCE)
+    with reference.load(path, reference.options(threads=threads)) as ort:
+        ref = ort.run(x)
     check = compare(session.run(x), ref, tolerance_key(contract.dtype))
     if not check["passed"]:
         raise ValueError(f"{Path(path).name}: {session.backend} differs from ONNX Runtime by {check['error']:.3g} "

@@ -6,96 +6,19 @@ from __future__ import annotations
 import contextlib
 import copy
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
 from attnzoo.machine import bf16_problem, cpu_info
 
-from . import Backend, Call, Session, register_backend
+from ..device import DeviceMemory, fp32_math, release_cuda_cache, tf32_problem
+from . import Backend, Call, LoadOptions, Session, register_backend
 
-__all__ = ["TorchBackend", "TorchSession", "EAGER", "TORCH_DTYPES", "fp32_math", "tf32_problem", "DeviceMemory",
-           "bf16_autocast"]
+__all__ = ["TorchBackend", "TorchSession", "EAGER", "TORCH_DTYPES", "bf16_autocast"]
 
 #: attnzoo precision -> torch dtype name (``tf32``: float32 tensors, TF32 matmuls / convolutions).
 TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-
-
-@contextlib.contextmanager
-def fp32_math(tf32: bool) -> Iterator[None]:
-    """Within the block, fp32 CUDA matmuls and cuDNN convolutions run as TF32 (``tf32``) or as IEEE fp32; the
-    settings before are restored after it.
-
-    Both switches are set through the calls that keep every reader consistent in torch 2.9-2.14
-    (``set_float32_matmul_precision`` and ``cudnn.allow_tf32``): after them the newer
-    ``backends.cuda.matmul.fp32_precision`` / ``backends.cudnn.conv.fp32_precision`` read the same; setting
-    those newer ones instead makes the older readers (Inductor's convolution template among them) raise.
-    PyTorch's own defaults differ per switch (matmul IEEE, cuDNN TF32), hence both are always set.
-    """
-    import torch
-
-    before = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
-    torch.set_float32_matmul_precision("high" if tf32 else "highest")
-    torch.backends.cudnn.allow_tf32 = bool(tf32)
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(before[0])
-        torch.backends.cudnn.allow_tf32 = before[1]
-
-
-def tf32_problem(device: str = "cuda") -> Optional[str]:
-    """Why ``tf32`` cannot run on ``device`` (one line), or ``None``: TF32 is a tensor-core mode of NVIDIA GPUs of
-    compute capability 8.0 (Ampere) and newer."""
-    if not str(device).startswith("cuda"):
-        return "tf32 is a GPU tensor-core mode (compute capability 8.0+); on the CPU fp32 is IEEE fp32: run fp32"
-    import torch
-
-    if not torch.cuda.is_available():
-        return "tf32 needs a CUDA GPU of compute capability 8.0+; none is visible"
-    major, minor = torch.cuda.get_device_capability(0)
-    if major < 8:
-        return (f"tf32 needs compute capability 8.0+ (Ampere or newer); {torch.cuda.get_device_name(0)} is "
-                f"{major}.{minor}: run fp32")
-    return None
-
-
-class DeviceMemory:
-    """The device memory of one session, from a clean baseline taken when it is created -- before the session
-    allocates anything, after freeing what earlier sessions left: a garbage collection, PyTorch's cache emptied and
-    its peak statistics reset. Sessions alive before (a benchmark's A/B partners) are in the baseline, not in the
-    number, so a row's memory does not depend on what ran before it.
-    """
-
-    def __init__(self) -> None:
-        import gc
-
-        import torch
-
-        gc.collect()
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        self.allocated = torch.cuda.memory_allocated()
-        free, total = torch.cuda.mem_get_info()
-        self.used = total - free
-
-    def torch_peak(self) -> Tuple[float, str]:
-        """MB: PyTorch's peak allocation since the baseline, less what was allocated at it (a PyTorch session)."""
-        import torch
-
-        return ((torch.cuda.max_memory_allocated() - self.allocated) / 2 ** 20,
-                "peak PyTorch allocation of this session (max_memory_allocated - allocated before it was loaded)")
-
-    def device_used(self) -> Tuple[float, str]:
-        """MB: device memory in use now less at the baseline (a runtime that allocates outside PyTorch: its
-        arena or engine memory, plus its PyTorch input/output buffers)."""
-        import torch
-
-        free, total = torch.cuda.mem_get_info()
-        return ((total - free - self.used) / 2 ** 20,
-                "device memory in use after timing - before the session was loaded (mem_get_info, PyTorch cache "
-                "emptied first)")
 
 
 class TorchSession(Session):
@@ -146,10 +69,16 @@ class TorchSession(Session):
         xin = torch.as_tensor(np.ascontiguousarray(x, dtype=np.float32)).to(self.device, self.dtype)
         cuda = self.device.type == "cuda"
         return Call(lambda: self._forward(xin), lambda: self._forward(xin).float().cpu().numpy(), cuda=cuda,
-                    cuda_graph=self.cuda_graph, memory=self.memory.torch_peak if cuda else None)
+                    cuda_graph=self.cuda_graph, memory=self.memory.torch_peak if cuda else None, session=self)
 
     def info(self) -> Dict[str, Any]:
         return dict(self._info)
+
+    def release(self) -> None:
+        """Drop the private copy of the model (and its compiled wrapper); on a GPU, PyTorch's cache is emptied."""
+        self.net = None
+        if self.device.type == "cuda":
+            release_cuda_cache()
 
 
 def bf16_autocast(net: Any, device_type: str) -> int:
@@ -210,15 +139,18 @@ def torch_dtype_problem(dtype: str, device: str) -> Optional[str]:
 
 @dataclass(frozen=True)
 class TorchBackend(Backend):
-    """PyTorch eager."""
+    """PyTorch eager: the model's own device and thread count are the caller's (``device``, ``threads``)."""
+
+    reads: Tuple[str, ...] = ("device", "threads")
+    library: str = "torch"
 
     def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False
                            ) -> Optional[str]:
         return torch_dtype_problem(dtype, device) or super().unavailable_reason(dtype, device)
 
-    def load(self, model: Any, *, dtype: str = "fp32", threads: Optional[int] = None, batch: Optional[int] = None,
-             device: str = "cpu", cache_dir: Any = None) -> TorchSession:
-        return TorchSession(model, backend=self.name, dtype=dtype, device=device, threads=threads)
+    def open(self, model: Any, options: LoadOptions) -> TorchSession:
+        return TorchSession(model, backend=self.name, dtype=options.dtype, device=options.device,
+                            threads=options.threads)
 
 
 EAGER = register_backend(TorchBackend(

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional
 
 import numpy as np
 
 from .. import openvino as ov
-from . import Backend, Session, register_backend
+from . import Backend, Call, LoadOptions, Session, register_backend
 
 __all__ = ["OpenVINOBackend", "OpenVINORuntimeSession", "OPENVINO"]
 
@@ -31,16 +31,18 @@ class OpenVINORuntimeSession(Session):
     def run(self, x: np.ndarray) -> np.ndarray:
         return self.session.run(x)
 
-    def call(self, x: np.ndarray):
-        from . import Call
-
+    def call(self, x: np.ndarray) -> Call:
         xin = np.ascontiguousarray(x, dtype=np.float32)
         if self.session.batch not in (None, len(xin)):
             return super().call(x)
-        return Call(lambda: self.session.infer(xin), lambda: np.array(self.session.infer(xin), dtype=np.float32))
+        return Call(lambda: self.session.infer(xin), lambda: np.array(self.session.infer(xin), dtype=np.float32),
+                    session=self)
 
     def info(self) -> Dict[str, Any]:
         return self.session.info()
+
+    def release(self) -> None:
+        self.session = None  # the compiled model and its infer request go with the last reference
 
 
 @dataclass(frozen=True)
@@ -62,16 +64,16 @@ class OpenVINOBackend(Backend):
             return f"OpenVINO runs the fp32 ONNX file here at fp32 precision (no {dtype} inference-precision hint set)"
         return None
 
-    def load(self, model: Any, *, dtype: str = "fp32", threads: Optional[int] = None, batch: Optional[int] = None,
-             device: str = "cpu", cache_dir: Any = None, keep_f32: Optional[Sequence[str]] = None
-             ) -> OpenVINORuntimeSession:
-        """As :meth:`Backend.load`; ``keep_f32``: the names of the ops bf16 keeps at f32 (the variant's extra
-        math; not needed for a variant without, refused when missing for one with)."""
-        if dtype == "bf16" and keep_f32 is None and not _extra_scopes(Path(model)):
-            keep_f32 = []
-        precision = "bf16" if dtype == "bf16" else "fp32"  # an int8 IR carries its own precision
-        return OpenVINORuntimeSession(ov.OpenVINOSession(Path(model), threads=threads, batch=batch,
-                                                         precision=precision, keep_f32=keep_f32), self.name)
+    def open(self, model: Any, options: LoadOptions) -> OpenVINORuntimeSession:
+        """``options.keep_f32``: the names of the ops bf16 keeps at f32 (the variant's extra math; not needed for a
+        variant without, refused when missing for one with)."""
+        keep_f32 = options.keep_f32
+        if options.dtype == "bf16" and keep_f32 is None and not _extra_scopes(Path(model)):
+            keep_f32 = ()
+        precision = "bf16" if options.dtype == "bf16" else "fp32"  # an int8 IR carries its own precision
+        session = ov.OpenVINOSession(Path(model), threads=options.threads, batch=options.batch, precision=precision,
+                                     keep_f32=list(keep_f32) if keep_f32 is not None else None)
+        return OpenVINORuntimeSession(session, self.name)
 
 
 def _extra_scopes(path: Path) -> tuple:
@@ -87,4 +89,5 @@ def _extra_scopes(path: Path) -> tuple:
 OPENVINO = register_backend(OpenVINOBackend(
     "openvino", "OpenVINO, CPU plugin, on the same verified ONNX file (bf16: extra math pinned to f32; int8: NNCF's "
     "quantization of it)",
-    aliases=("ov",), takes="onnx", device="cpu", dtypes=("fp32", "bf16", "int8")))
+    aliases=("ov",), takes="onnx", device="cpu", dtypes=("fp32", "bf16", "int8"),
+    reads=("threads", "batch", "keep_f32"), library="openvino", int8_model="nncf", serving_batch=1))

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..contract import BATCH_DIM, INPUT_NAME, OUTPUT_NAME
 from ..sessions import available_providers, ort_session, session_options
-from . import Backend, Call, Session, register_backend
+from . import Backend, Call, LoadOptions, Session, register_backend
 
 __all__ = ["OrtCpuBackend", "OrtSession", "tuned_cpu_session", "ORT_CPU"]
 
@@ -75,10 +75,13 @@ class OrtSession(Session):
         def fn():
             return self.session.run([OUTPUT_NAME], feed)
 
-        return Call(fn, lambda: np.asarray(fn()[0], dtype=np.float32))
+        return Call(fn, lambda: np.asarray(fn()[0], dtype=np.float32), session=self)
 
     def info(self) -> Dict[str, Any]:
         return {"providers": self.session.get_providers(), **self._info}
+
+    def release(self) -> None:
+        self.session = None  # the InferenceSession and its arena go with the last reference
 
 
 @dataclass(frozen=True)
@@ -93,12 +96,12 @@ class OrtCpuBackend(Backend):
             return f"ONNX Runtime's CPU kernels are fp32 (a {dtype} graph runs as casts); int8 is the CPU fast path"
         return super().unavailable_reason(dtype, device)
 
-    def load(self, model: Any, *, dtype: str = "fp32", threads: Optional[int] = None, batch: Optional[int] = None,
-             device: str = "cpu", cache_dir: Any = None) -> OrtSession:
-        sess, info = tuned_cpu_session(Path(model), threads, cache_dir, batch)
+    def open(self, model: Any, options: LoadOptions) -> OrtSession:
+        sess, info = tuned_cpu_session(Path(model), options.threads, options.cache_dir, options.batch)
         return OrtSession(sess, self.name, info)
 
 
 ORT_CPU = register_backend(OrtCpuBackend(
     "ort-cpu", "ONNX Runtime, CPU execution provider, on the verified ONNX file (int8: its Q/DQ graph)",
-    aliases=("onnxruntime", "ort"), takes="onnx", device="cpu", dtypes=("fp32", "int8")))
+    aliases=("onnxruntime", "ort"), takes="onnx", device="cpu", dtypes=("fp32", "int8"),
+    reads=("threads", "batch", "cache_dir"), library="onnxruntime", int8_model="qdq"))

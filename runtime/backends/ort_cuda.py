@@ -14,17 +14,10 @@ import numpy as np
 
 from ..contract import INPUT_NAME, OUTPUT_NAME
 from ..sessions import available_providers, ort_session, session_options
-from . import Backend, Call, Session, register_backend
-from .eager import DeviceMemory, tf32_problem
+from ..device import DeviceMemory, cuda_available, release_cuda_cache, tf32_problem
+from . import Backend, Call, LoadOptions, Session, register_backend
 
-__all__ = ["OrtGpuBackend", "OrtGpuSession", "ORT_CUDA", "cuda_available"]
-
-
-def cuda_available() -> bool:
-    """A CUDA GPU is visible to PyTorch."""
-    import torch
-
-    return bool(torch.cuda.is_available())
+__all__ = ["OrtGpuBackend", "OrtGpuSession", "ORT_CUDA"]
 
 
 class OrtGpuSession(Session):
@@ -97,7 +90,7 @@ class OrtGpuSession(Session):
             return yout.cpu().numpy()
 
         self._bound = (xin, yout, sess, binding)
-        return Call(fn, output, cuda=True, cuda_graph=graph, memory=self.memory.device_used)
+        return Call(fn, output, cuda=True, cuda_graph=graph, memory=self.memory.device_used, session=self)
 
     def info(self) -> Dict[str, Any]:
         tf32 = "on" if self.dtype == "tf32" else "off"
@@ -105,6 +98,11 @@ class OrtGpuSession(Session):
                 "for it); network strongly typed: no trt_fp16/int8/bf16 flag" if self.provider == "tensorrt-ep"
                 else f"use_tf32 {tf32}")
         return {"providers": self.session.get_providers(), "precision": math}
+
+    def release(self) -> None:
+        """Drop the host session and the bound one with its CUDA buffers; PyTorch's cache is emptied."""
+        self._host, self._bound = None, None
+        release_cuda_cache()
 
 
 @dataclass(frozen=True)
@@ -131,12 +129,13 @@ class OrtGpuBackend(Backend):
                     "fp32 graph runs as TF32: ask for tf32")
         return (tf32_problem("cuda") if dtype == "tf32" else None) or super().unavailable_reason(dtype, device)
 
-    def load(self, model: Any, *, dtype: str = "fp32", threads: Optional[int] = None, batch: Optional[int] = None,
-             device: str = "cpu", cache_dir: Any = None) -> OrtGpuSession:
-        cache = Path(cache_dir) / "ort-trt" if cache_dir is not None and self.provider == "tensorrt-ep" else None
-        return OrtGpuSession(Path(model), self.name, self.provider, dtype, cache)
+    def open(self, model: Any, options: LoadOptions) -> OrtGpuSession:
+        """``options.cache_dir`` (the TensorRT execution provider): its engines are kept in ``<cache_dir>/ort-trt``."""
+        cache = options.cache_dir / "ort-trt" if options.cache_dir is not None else None
+        return OrtGpuSession(Path(model), self.name, self.provider, options.dtype, cache)
 
 
 ORT_CUDA = register_backend(OrtGpuBackend(
     "ort-cuda", "ONNX Runtime, CUDA execution provider, I/O bound to GPU memory, CUDA graph where allowed",
-    aliases=("onnxruntime-cuda",), takes="onnx", device="cuda", dtypes=("fp32", "tf32", "fp16"), provider="cuda"))
+    aliases=("onnxruntime-cuda",), takes="onnx", device="cuda", dtypes=("fp32", "tf32", "fp16"), library="onnxruntime",
+    provider="cuda"))

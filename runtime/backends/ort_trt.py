@@ -14,4 +14,4 @@ __all__ = ["ORT_TRT"]
 ORT_TRT = register_backend(OrtGpuBackend(
     "ort-trt", "ONNX Runtime, TensorRT execution provider (engines cached on disk), CUDA for the rest",
     aliases=("onnxruntime-tensorrt", "tensorrt-ep"), takes="onnx", device="cuda", dtypes=("tf32", "fp16"),
-    provider="tensorrt-ep"))
+    reads=("cache_dir",), library="onnxruntime", provider="tensorrt-ep"))

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
 from .. import tensorrt as rt
-from . import Backend, Call, Session, register_backend
-from .eager import DeviceMemory, tf32_problem
+from ..device import DeviceMemory, release_cuda_cache, tf32_problem
+from . import Backend, Call, LoadOptions, Session, register_backend
 
 __all__ = ["TensorRTBackend", "TensorRTSession", "TENSORRT"]
 
@@ -70,13 +70,19 @@ class TensorRTSession(Session):
 
         self._graph = graph
         return Call(fn, output, cuda=True, cuda_graph=graph is not None,
-                    memory=self.memory.device_used if self.memory is not None else None)
+                    memory=self.memory.device_used if self.memory is not None else None, session=self)
 
     def info(self) -> Dict[str, Any]:
         facts = {k: v for k, v in self._facts.items() if k in ("library", "library_version", "compute_capability",
                                                                 "build_time_s", "tf32", "require_user_allocation",
                                                                 "profile")}
         return {**facts, **self.engine.settings, "cuda_graph": self._graph_note}
+
+    def release(self) -> None:
+        """Drop the CUDA graph, then the engine's context, engine and buffers; PyTorch's cache is emptied."""
+        self._graph = None
+        self.engine.close()
+        release_cuda_cache()
 
 
 @dataclass(frozen=True)
@@ -93,37 +99,50 @@ class TensorRTBackend(Backend):
         return (rt.unavailable_reason(run=not build_only) or super().unavailable_reason(dtype, device)
                 or (tf32_problem("cuda") if dtype == "tf32" and not build_only else None))
 
-    def build_only(self, onnx_path: Path, batch_sizes: Sequence[int], cache_dir: Path,
-                   dtype: str = "fp32") -> Dict[str, Any]:
-        """The engine built ahead of time for :data:`~attnzoo.runtime.tensorrt.DEFAULT_COMPUTE_CAPABILITY` (not run:
-        no GPU, or one its engines do not run on), once per ONNX file, shape, profile and TF32 choice (kept in
-        ``cache_dir/tensorrt`` and reused); its build facts."""
-        return rt.build_cached(onnx_path, Path(cache_dir) / "tensorrt", batch_sizes=batch_sizes, tf32=dtype == "tf32",
-                               compute_capability=rt.DEFAULT_COMPUTE_CAPABILITY)
+    def build_only(self, model: Any, options: LoadOptions) -> Dict[str, Any]:
+        """The engine of the ONNX file ``model`` built ahead of time for
+        :data:`~attnzoo.runtime.tensorrt.DEFAULT_COMPUTE_CAPABILITY` (not run: no GPU, or one its engines do not run
+        on), once per ONNX file, shape, profile and TF32 choice (kept in ``options.cache_dir/tensorrt`` and reused);
+        its build facts."""
+        if options.cache_dir is None:
+            raise ValueError(f"{self.name}: building without running keeps the engine; give a cache_dir")
+        return rt.build_cached(Path(model), options.cache_dir / "tensorrt", batch_sizes=_sizes(options),
+                               tf32=options.dtype == "tf32", compute_capability=rt.DEFAULT_COMPUTE_CAPABILITY)
 
-    def load(self, model: Any, *, dtype: str = "fp32", threads: Optional[int] = None, batch: Optional[int] = None,
-             device: str = "cpu", cache_dir: Any = None, batch_sizes: Sequence[int] = ()) -> TensorRTSession:
-        """``model``: an ONNX file (an engine is built for ``batch_sizes``, else for exactly ``batch``: a static
-        shape, the tactics chosen for it; cached under ``cache_dir/tensorrt`` when given, with TensorRT's timing
-        cache or TensorRT-RTX's runtime cache beside it) or an ``.engine`` file (loaded as it is)."""
+    def open(self, model: Any, options: LoadOptions) -> TensorRTSession:
+        """``model``: an ONNX file (an engine is built for ``options.batch_sizes``, else for exactly
+        ``options.batch``: a static shape, the tactics chosen for it; cached under ``cache_dir/tensorrt`` when
+        given -- :func:`attnzoo.runtime.tensorrt.build_cached`, the one engine cache -- with TensorRT's timing cache
+        or TensorRT-RTX's runtime cache beside it) or an ``.engine`` file (loaded as it is; options that would shape
+        an engine are refused for it)."""
         path = Path(model)
         if path.suffix == ".engine":
+            shaping = [n for n in ("batch", "batch_sizes", "cache_dir") if n in options.set_fields()]
+            if shaping:
+                raise ValueError(f"{path.name} is a built engine: {', '.join(shaping)} cannot change it (build "
+                                 "from the ONNX file instead)")
             memory = DeviceMemory() if rt.gpu_available() else None
             return TensorRTSession(rt.Engine(path), self.name, {}, memory)
-        sizes = tuple(batch_sizes) or ((int(batch),) if batch else (1,))
-        if cache_dir is not None:  # engines and compiled kernels kept: every later row and run reuses them
-            folder = Path(cache_dir) / "tensorrt"
-            facts = rt.build_cached(path, folder, batch_sizes=sizes, tf32=dtype == "tf32")
+        sizes, tf32 = _sizes(options), options.dtype == "tf32"
+        if options.cache_dir is not None:  # engines and compiled kernels kept: every later row and run reuses them
+            folder = options.cache_dir / "tensorrt"
+            facts = rt.build_cached(path, folder, batch_sizes=sizes, tf32=tf32)
             lib = rt.load_library()
             memory = DeviceMemory()  # after the build (which needs none of it), before the engine is loaded
             return TensorRTSession(rt.Engine(Path(facts["engine"]), lib, rt.runtime_cache_path(folder, lib)),
                                    self.name, facts, memory)
-        built = rt.build(path, batch_sizes=sizes, tf32=dtype == "tf32")
+        built = rt.build(path, batch_sizes=sizes, tf32=tf32)
         memory = DeviceMemory() if rt.gpu_available() else None
         return TensorRTSession(rt.Engine(built.blob, built.library), self.name, built.facts(), memory)
+
+
+def _sizes(options: LoadOptions) -> Tuple[int, ...]:
+    """The batch sizes an engine is built for: ``batch_sizes``, else exactly ``batch``, else 1."""
+    return options.batch_sizes or ((int(options.batch),) if options.batch else (1,))
 
 
 TENSORRT = register_backend(TensorRTBackend(
     "tensorrt", "a native TensorRT engine built from the verified ONNX file (TensorRT-RTX or TensorRT), run "
                 "from a CUDA graph; without a GPU: built, not run",
-    aliases=("trt",), takes="onnx", device="cuda", dtypes=("fp32", "tf32", "fp16")))
+    aliases=("trt",), takes="onnx", device="cuda", dtypes=("fp32", "tf32", "fp16"),
+    reads=("batch", "batch_sizes", "cache_dir"), library="tensorrt", builds_engine=True))

@@ -7,7 +7,7 @@ import shutil
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from . import register_backend
+from . import LoadOptions, register_backend
 from .eager import TorchBackend, TorchSession
 
 __all__ = ["CompileBackend", "COMPILE"]
@@ -28,12 +28,13 @@ class CompileBackend(TorchBackend):
             return "torch.compile on CUDA needs triton, not installed"
         return None
 
-    def load(self, model: Any, *, dtype: str = "fp32", threads: Optional[int] = None, batch: Optional[int] = None,
-             device: str = "cpu", cache_dir: Any = None) -> TorchSession:
-        mode = "reduce-overhead" if str(device).startswith("cuda") else "default"
-        return TorchSession(model, backend=self.name, dtype=dtype, device=device, threads=threads, compile_mode=mode)
+    def open(self, model: Any, options: LoadOptions) -> TorchSession:
+        mode = "reduce-overhead" if str(options.device).startswith("cuda") else "default"
+        return TorchSession(model, backend=self.name, dtype=options.dtype, device=options.device,
+                            threads=options.threads, compile_mode=mode)
 
 
 COMPILE = register_backend(CompileBackend(
     "compile", "torch.compile (Inductor) of the PyTorch model; CUDA graphs on a GPU",
-    aliases=("torch-compile", "inductor"), takes="module", device="torch", dtypes=("fp32", "tf32", "fp16", "bf16")))
+    aliases=("torch-compile", "inductor"), takes="module", device="torch", dtypes=("fp32", "tf32", "fp16", "bf16"),
+    jit_compiles=True))
