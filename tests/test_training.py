@@ -3,6 +3,7 @@ create_model and load_checkpoint read; resuming continues the run; the CLIs fail
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -10,7 +11,7 @@ from attnzoo.models.checkpoint import load_checkpoint, load_state_dict_file
 from attnzoo.models import create_model
 from attnzoo.training import cli
 from attnzoo.data.datasets import SHAPES_SEG_CLASSES, shapes
-from attnzoo.metrics import metrics_from_confusion
+from attnzoo.metrics import metrics_from_confusion, named_right
 from attnzoo.training.train import TrainConfig, evaluate, evaluate_checkpoint, train
 
 
@@ -139,6 +140,44 @@ def test_seg_metrics_are_miou_with_per_class_iou():
     res = evaluate(model, shapes("test", "seg", n=4), "seg")
     assert set(res["per_class_iou"]) == set(SHAPES_SEG_CLASSES)
 
+
+
+def _named_by_hand(true: np.ndarray, pred: np.ndarray, background: int = 0):
+    """The definition, a garment and a scene at a time: a garment class is named right when the class painted on
+    most of its pixels is its own, strictly more than any other."""
+    garments = right = scenes_right = 0
+    for t, p in zip(true, pred):
+        all_right = True
+        for c in sorted(set(t.ravel().tolist()) - {background}):
+            painted = np.bincount(p[t == c], minlength=max(int(p.max()), c) + 1)
+            others = np.delete(painted, c)
+            ok = painted[c] > (others.max() if others.size else -1)
+            garments, right, all_right = garments + 1, right + int(ok), all_right and ok
+        scenes_right += int(all_right)
+    return {"garments": garments, "garments_right": right, "scenes": len(true), "scenes_right": scenes_right}
+
+
+def test_named_right_counts_garments_and_whole_scenes_as_the_definition_does():
+    true = np.zeros((3, 6, 6), np.int64)
+    true[:, :3, :3], true[:, 3:, 3:] = 3, 5  # two garments a scene
+    pred = true.copy()
+    pred[1, 3:, 3:] = 7  # scene 1: the coat painted as a shirt
+    pred[2, :3, :3] = 0
+    pred[2, 0, 0] = 3  # scene 2: the pullover painted mostly as background: not named
+    pred[2, 3:, 3:5] = 5
+    pred[2, 3:, 5] = 2  # ... the coat still mostly coat: named
+    got = named_right(true, pred, 11)
+    assert got == _named_by_hand(true, pred) == {"garments": 6, "garments_right": 4, "scenes": 3, "scenes_right": 1}
+    tie = true[:1].copy()
+    tie_pred = tie.copy()
+    tie_pred[0, 3:, 3:] = np.array([[5, 5, 5], [6, 6, 6], [0, 0, 0]])  # coat 3, sandal 3: a tie is not a name
+    assert named_right(tie, tie_pred, 11)["garments_right"] == _named_by_hand(tie, tie_pred)["garments_right"] == 1
+    rng = np.random.default_rng(0)
+    t, p = rng.integers(0, 4, (8, 5, 5)), rng.integers(0, 4, (8, 5, 5))
+    assert named_right(t, p, 4) == _named_by_hand(t, p)
+    res = evaluate(create_model("standard", "seg", num_classes=len(SHAPES_SEG_CLASSES)), shapes("test", "seg", n=4),
+                   "seg")
+    assert res["named"]["scenes"] == 4 and 0 <= res["named"]["garments_right"] <= res["named"]["garments"]
 
 def test_cli_train_and_evaluate(tmp_path, capsys):
     assert cli.main(["--variant", "standard", "--task", "cls", "--data", "digits", "--epochs", "1",

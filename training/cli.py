@@ -123,7 +123,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 @entry_point
 def evaluate_main(argv: Optional[List[str]] = None) -> int:
-    """``evaluate-model``: top-1 (cls) or mIoU + per-class IoU (seg) of a checkpoint on the test split."""
+    """``evaluate-model``: top-1 (cls) or mIoU + per-class IoU and the garments named right (seg) of a checkpoint on
+    the test split."""
     p = argparse.ArgumentParser(prog="evaluate-model", description="Re-evaluate a checkpoint on the test split.")
     p.add_argument("checkpoint", help=".safetensors written by train-model (or a zoo file)")
     p.add_argument("--data", default=None, help="data source (default: the one recorded in the checkpoint)")
@@ -141,6 +142,11 @@ def evaluate_main(argv: Optional[List[str]] = None) -> int:
           f"{args.split} images of {result['data']}")
     for name, iou in (result.get("per_class_iou") or {}).items():
         print(f"  {name:>12s}  IoU {'-' if iou is None else f'{iou:.2f}'}")
+    named = result.get("named")
+    if named:
+        print(f"garments named right: {named['garments_right']} of {named['garments']}; scenes with every garment "
+              f"named right: {named['scenes_right']} of {named['scenes']} "
+              f"({100.0 * named['scenes_right'] / max(named['scenes'], 1):.1f} %)")
     return 0
 
 

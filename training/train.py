@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from attnzoo.cli import first_line
 from attnzoo.fileio import atomic_path, atomic_write_text, read_json
-from attnzoo.metrics import confusion_matrix, metric_name, metrics_from_confusion
+from attnzoo.metrics import confusion_matrix, metric_name, metrics_from_confusion, named_right
 from attnzoo.models.checkpoint import init_encoder, load_checkpoint, save_checkpoint
 from attnzoo.models import canonical_name, count_params, create_model
 from attnzoo.preprocess import DATA_INPUT_STYLE, DEFAULT_MEAN, DEFAULT_STD
@@ -70,24 +70,33 @@ def checkpoint_name(cfg: TrainConfig) -> str:
 
 # ---------------------------------------------------------------------------------------------- metrics
 @torch.no_grad()
-def _confusion(model: nn.Module, ds: TensorDataset, num_classes: int, batch_size: int) -> torch.Tensor:
-    """Confusion matrix (true x predicted) over a data set; pixels for seg, images for cls."""
+def _confusion(model: nn.Module, ds: TensorDataset, num_classes: int, batch_size: int,
+               named: Optional[Dict[str, int]] = None) -> torch.Tensor:
+    """Confusion matrix (true x predicted) over a data set; pixels for seg, images for cls. For seg, ``named``
+    (when given) adds up :func:`attnzoo.metrics.named_right`'s counts."""
     conf = torch.zeros(num_classes, num_classes, dtype=torch.int64)
     model.eval()
     for start in range(0, len(ds), batch_size):
         x, y = ds.x[start:start + batch_size], ds.y[start:start + batch_size]
         pred = model(x).argmax(1)
         conf += confusion_matrix(y, pred, num_classes)
+        if named is not None:
+            for key, count in named_right(y, pred, num_classes).items():
+                named[key] = named.get(key, 0) + count
     return conf
 
 
 def evaluate(model: nn.Module, data: ImageSet, task: str, mean=DEFAULT_MEAN, std=DEFAULT_STD,
              batch_size: int = 256) -> Dict[str, Any]:
-    """Top-1 / mIoU of ``model`` on ``data`` (``metric`` in percent, plus per-class IoU for seg)."""
+    """Top-1 / mIoU of ``model`` on ``data`` (``metric`` in percent, plus per-class IoU for seg and ``named``: how
+    many garments and whole scenes it names right, :func:`attnzoo.metrics.named_right`)."""
     ds = TensorDataset(data, task, mean, std)
     k = len(data.class_names)
-    out = metrics_from_confusion(_confusion(model, ds, k, batch_size), task, data.class_names)
+    named: Optional[Dict[str, int]] = {} if task == "seg" else None
+    out = metrics_from_confusion(_confusion(model, ds, k, batch_size, named), task, data.class_names)
     out["n_images"] = len(data)
+    if named is not None:
+        out["named"] = named
     return out
 
 
