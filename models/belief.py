@@ -87,9 +87,9 @@ class BeliefAttention(StandardAttention):
         super().__init__(dim, num_heads=num_heads, **kwargs)
         self.projection = OrthogonalProjection(eps)
 
-    def _combine(self, x: torch.Tensor, h: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def combine(self, x: torch.Tensor, h: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         delta, _ = self.projection(merge_heads(h), merge_heads(v))
-        return self.proj(self._post(x, delta))
+        return self.proj(self.norm_and_gate(x, delta))
 
 
 class BeliefStarAttention(StandardAttention):
@@ -107,10 +107,10 @@ class BeliefStarAttention(StandardAttention):
         self.head_projection = OrthogonalProjection(eps)
         self.proj_s = nn.Linear(self.attn_dim, self.dim_out, bias=proj_bias, device=device, dtype=dtype)
 
-    def _combine(self, x: torch.Tensor, h: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def combine(self, x: torch.Tensor, h: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         delta, _ = self.projection(merge_heads(h), merge_heads(v))
         delta_s, _ = self.head_projection(h, v)
-        return self.proj(self._post(x, delta)) + self.proj_s(merge_heads(delta_s))
+        return self.proj(self.norm_and_gate(x, delta)) + self.proj_s(merge_heads(delta_s))
 
 
 register_variant("belief", BeliefAttention, paper=PAPER, equations="eq. 10-12", options={"eps": DEFAULT_EPS},

@@ -53,9 +53,9 @@ class ExclusiveAttention(StandardAttention):
         super().__init__(dim, num_heads=num_heads, **kwargs)
         self.head_projection = OrthogonalProjection(eps)
 
-    def _combine(self, x: torch.Tensor, h: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def combine(self, x: torch.Tensor, h: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         delta_s, _ = self.head_projection(h, v)
-        return self.proj(self._post(x, merge_heads(delta_s)))
+        return self.proj(self.norm_and_gate(x, merge_heads(delta_s)))
 
 
 register_variant("exclusive", ExclusiveAttention, paper=PAPER, equations="Remark 1 (eq. 7, W = 0)",
@@ -88,18 +88,18 @@ class Belief2Attention(StandardAttention):
         self.phi = PHI_CHOICES[phi]()
         self.proj_p = nn.Linear(self.attn_dim, self.dim_out, bias=proj_bias, device=device, dtype=dtype)
 
-    def _scores_attention(self, x, q, k, v, attn_mask, is_causal):
+    def scores_attention(self, x, q, k, v, attn_mask, is_causal):
         if self.z is None:
-            return self._sdpa(q, k, v, attn_mask, is_causal)
+            return self.sdpa(q, k, v, attn_mask, is_causal)
         B, N, _ = x.shape
         z = self.z(x).reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2)
         # [Q|Z][K|Z]^T = Q K^T + Z Z^T; the scale stays 1/sqrt(d) with d the original head width.
-        return self._sdpa(torch.cat([q, z], dim=-1), torch.cat([k, z], dim=-1), v, attn_mask, is_causal,
+        return self.sdpa(torch.cat([q, z], dim=-1), torch.cat([k, z], dim=-1), v, attn_mask, is_causal,
                           scale=self.scale)
 
-    def _combine(self, x: torch.Tensor, h: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def combine(self, x: torch.Tensor, h: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         delta, parallel = self.projection(merge_heads(h), merge_heads(v))
-        return self.proj(self._post(x, delta)) + self.proj_p(self.phi(parallel))
+        return self.proj(self.norm_and_gate(x, delta)) + self.proj_p(self.phi(parallel))
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", phi={self.phi_name}, zz={self.zz}"

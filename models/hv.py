@@ -67,10 +67,10 @@ class HVAttention(StandardAttention):
         """Vertical gate beta in (0, 1), shaped like ``y``."""
         return torch.sigmoid(self.chan_u(torch.relu(self.chan_u1(x) + self.chan_u2(y))))
 
-    def _combine(self, x: torch.Tensor, h: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def combine(self, x: torch.Tensor, h: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.horizontal:
             h = h * self.head_weights(x, h)
-        y = self.proj(self._post(x, merge_heads(h)))
+        y = self.proj(self.norm_and_gate(x, merge_heads(h)))
         if self.vertical:
             y = self.channel_gate(x, y) * y
         return y

@@ -53,7 +53,7 @@ class MABViTAttention(StandardAttention):
             nn.Linear(dim, self.attn_dim, bias=qkv_bias, device=device, dtype=dtype)
             if value_act == "glu" else None)
 
-    def _value(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def transform_value(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.v_gate is None:
             return F.gelu(v)
         B, N, _ = x.shape

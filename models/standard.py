@@ -7,7 +7,8 @@ alias of ``standard``; the Horizontal and Vertical Attention paper writes it as 
 
 The class is a drop-in replacement for ``timm.layers.Attention`` (timm >= 1.0.23): the same constructor
 keywords, the same parameter names (``qkv``, ``proj``) and ``forward(x, attn_mask=None, is_causal=False)``.
-Variants override the small hooks below (``_scores_attention``, ``_combine``) rather than ``forward``.
+Variants, built-in or third-party, subclass it and override its hooks (``scores_attention``, ``combine``,
+``transform_value``) rather than ``forward``; see :class:`StandardAttention` and ``docs/your-own-variant.md``.
 """
 
 from __future__ import annotations
@@ -71,6 +72,20 @@ class StandardAttention(nn.Module):
         attn_drop: Dropout on attention weights.
         proj_drop: Dropout after the output projection.
         norm_layer: Normalisation constructor for ``qk_norm`` / ``scale_norm``.
+
+    ``forward`` checks the input, then runs four hooks; a variant overrides the ones its paper changes and
+    keeps ``forward``, the input check, timm's options (``qk_norm``, ``scale_norm``, ``gated``, dropouts) and
+    the masks::
+
+        q, k, v = self.project_qkv(x)                               # (B, M, N, d) each
+        v = self.transform_value(x, v)                              # MABViT: GLU / GELU on V
+        h = self.scores_attention(x, q, k, v, attn_mask, is_causal) # WAFE, Belief2: other scores
+        out = self.proj_drop(self.combine(x, h, v))                 # belief, HV: other updates
+
+    Inside a hook, :meth:`sdpa` (fused scaled dot product), :meth:`softmax_attend` (softmax of any scores,
+    masks and dropout applied) and :meth:`norm_and_gate` (timm's ``scale_norm`` and ``gated`` before
+    ``proj``) do the steps every variant shares. Extra math belongs in a sub-module called from a hook, so
+    that export can name its ops (``extra_scopes`` of :func:`attnzoo.models.register_variant`).
     """
 
     def __init__(
@@ -115,15 +130,35 @@ class StandardAttention(nn.Module):
         self.proj = nn.Linear(self.attn_dim, dim_out, bias=proj_bias, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    # ----------------------------------------------------------------- hooks
-    def _project_qkv(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """X -> Q, K, V, each (B, M, N, d). One MatMul and one Split in the exported graph."""
+    # ------------------------------------------------------- hooks a variant overrides
+    def project_qkv(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """X -> Q, K, V, each (B, M, N, d), with timm's optional q/k norm. One MatMul and one Split in the
+        exported graph."""
         B, N, _ = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
         return self.q_norm(q), self.k_norm(k), v
 
-    def _sdpa(
+    def transform_value(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """V before attention, (B, M, N, d). Standard: unchanged; MABViT gates it."""
+        return v
+
+    def scores_attention(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         attn_mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:
+        """Per-head outputs ``H_m``, (B, M, N, d). Standard: ``softmax(Q K^T / sqrt(d) + mask) V`` (fused).
+
+        A variant with another score function overrides this, computing its scores and handing them to
+        :meth:`softmax_attend` (or calling :meth:`sdpa` when they are a scaled dot product).
+        """
+        return self.sdpa(q, k, v, attn_mask, is_causal)
+
+    def combine(self, x: torch.Tensor, h: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Per-head outputs -> the block update (before ``proj_drop``), (B, N, dim_out).
+        Standard: ``Concat(H) W^o``, with :meth:`norm_and_gate` before ``proj``."""
+        return self.proj(self.norm_and_gate(x, merge_heads(h)))
+
+    # ------------------------------------------------------- helpers the hooks call
+    def sdpa(
             self,
             q: torch.Tensor,
             k: torch.Tensor,
@@ -132,7 +167,8 @@ class StandardAttention(nn.Module):
             is_causal: bool,
             scale: Optional[float] = None,
     ) -> torch.Tensor:
-        """Fused ``softmax(q k^T * scale + mask) v`` through ``F.scaled_dot_product_attention``."""
+        """Fused ``softmax(q k^T * scale + mask) v`` through ``F.scaled_dot_product_attention``, with the
+        layer's attention dropout; ``scale`` defaults to ``1 / sqrt(head_dim)``."""
         return F.scaled_dot_product_attention(
             q, k, v,
             attn_mask=attn_mask,
@@ -141,32 +177,19 @@ class StandardAttention(nn.Module):
             scale=self.scale if scale is None else scale,
         )
 
-    def _softmax_attend(self, scores: torch.Tensor, v: torch.Tensor,
-                        attn_mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:
-        """Explicit ``softmax(scores + mask) v`` for score functions no fused kernel takes."""
+    def softmax_attend(self, scores: torch.Tensor, v: torch.Tensor,
+                       attn_mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:
+        """Explicit ``softmax(scores + mask) v`` (with attention dropout) for scores no fused kernel takes."""
         scores = apply_attn_mask(scores, attn_mask, is_causal)
         attn = self.attn_drop(scores.softmax(dim=-1))
         return attn @ v
 
-    def _scores_attention(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                          attn_mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:
-        """Per-head outputs H_m, (B, M, N, d). Variants with other scores override this."""
-        return self._sdpa(q, k, v, attn_mask, is_causal)
-
-    def _combine(self, x: torch.Tensor, h: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Per-head outputs -> block update (before ``proj_drop``). Standard: ``Concat(H) W^o``."""
-        return self.proj(self._post(x, merge_heads(h)))
-
-    def _post(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """timm's optional ``scale_norm`` and ``gated`` steps, applied to the signal fed to ``proj``."""
+    def norm_and_gate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """timm's optional ``scale_norm`` and ``gated`` steps, applied to the signal ``y`` fed to ``proj``."""
         y = self.norm(y)
         if self.gate is not None:
             y = y * self.gate(x).sigmoid()
         return y
-
-    def _value(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Hook for variants that transform the value tensor (MABViT)."""
-        return v
 
     # --------------------------------------------------------------- forward
     def forward(
@@ -180,10 +203,10 @@ class StandardAttention(nn.Module):
             raise ValueError(
                 f"{type(self).__name__} expects tokens of shape (batch, tokens, {self.dim}), "
                 f"got {tuple(x.shape)}")
-        q, k, v = self._project_qkv(x)
-        v = self._value(x, v)
-        h = self._scores_attention(x, q, k, v, attn_mask, is_causal)
-        return self.proj_drop(self._combine(x, h, v))
+        q, k, v = self.project_qkv(x)
+        v = self.transform_value(x, v)
+        h = self.scores_attention(x, q, k, v, attn_mask, is_causal)
+        return self.proj_drop(self.combine(x, h, v))
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, num_heads={self.num_heads}, head_dim={self.head_dim}"

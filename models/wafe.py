@@ -190,11 +190,11 @@ class WAFEAttention(StandardAttention):
         """Sign of the distance in the scores: WAFE ``-distance``, anti-WAFE ``+distance``."""
         return 1.0 if self.anti else -1.0
 
-    def _scores_attention(self, x, q, k, v, attn_mask: Optional[torch.Tensor], is_causal: bool):
+    def scores_attention(self, x, q, k, v, attn_mask: Optional[torch.Tensor], is_causal: bool):
         sign = self.sign
         d = self.head_dim
         if self.score == "dot":
-            return self._sdpa(-q if self.anti else q, k, v, attn_mask, is_causal)
+            return self.sdpa(-q if self.anti else q, k, v, attn_mask, is_causal)
         if self.score == "mse":
             # sign * ||q - k||^2 / d  ==  (-2 sign) q.k / d + sign ||k||^2 / d  (+ a per-row constant)
             key_bias = self.key_norm(k)  # (B, M, 1, N)
@@ -202,8 +202,8 @@ class WAFEAttention(StandardAttention):
                 key_bias = key_bias + (torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(
                     ~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else attn_mask)
             # Keep the kernel's scale positive (torch's ONNX decomposition takes sqrt(scale)): flip q instead.
-            return self._sdpa(-q if self.anti else q, k, v, key_bias, is_causal, scale=2.0 / d)
-        return self._softmax_attend((sign / d) * self.distance(q, k), v, attn_mask, is_causal)
+            return self.sdpa(-q if self.anti else q, k, v, key_bias, is_causal, scale=2.0 / d)
+        return self.softmax_attend((sign / d) * self.distance(q, k), v, attn_mask, is_causal)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", score={self.score}, anti={self.anti}"

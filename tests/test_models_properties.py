@@ -172,7 +172,7 @@ def test_16bit_forward_with_overflowing_inner_products_is_finite(name, dtype):
     attn = attn.to(dtype)
     x = torch.randn(B, N, D, dtype=dtype)
     with torch.no_grad():
-        v = attn._project_qkv(x)[2]
+        v = attn.project_qkv(x)[2]
         if dtype == torch.float16:  # the naive 16-bit inner product really overflows
             assert torch.isinf((v * v).sum(-1)).any()
         out = attn(x)
@@ -182,8 +182,8 @@ def test_16bit_forward_with_overflowing_inner_products_is_finite(name, dtype):
 def test_horizontal_weights_sum_to_one_over_heads():
     attn = create_attention("horizontal", D, M).eval()
     x = torch.randn(B, N, D)
-    q, k, v = attn._project_qkv(x)
-    h = attn._scores_attention(x, q, k, v, None, False)
+    q, k, v = attn.project_qkv(x)
+    h = attn.scores_attention(x, q, k, v, None, False)
     w = attn.head_weights(x, h)
     assert w.shape == (B, M, N, 1) and (w >= 0).all()
     torch.testing.assert_close(w.sum(dim=1), torch.ones(B, N, 1))

@@ -190,8 +190,8 @@ def test_fused_zz_equals_explicit_scores():
     attn = _layer("belief2")
     x = torch.randn(B, N, D)
     with torch.no_grad():
-        q, k, v = attn._project_qkv(x)
-        fused = attn._scores_attention(x, q, k, v, None, False)
+        q, k, v = attn.project_qkv(x)
+        fused = attn.scores_attention(x, q, k, v, None, False)
         z = attn.z(x).reshape(B, N, M, d).transpose(1, 2)
         explicit = ((q @ k.transpose(-1, -2) + z @ z.transpose(-1, -2)) / math.sqrt(d)).softmax(-1) @ v
     torch.testing.assert_close(fused, explicit, rtol=0, atol=1e-6)
@@ -203,8 +203,8 @@ def test_fused_mse_equals_pairwise(name, sign):
     attn = _layer(name)
     x = torch.randn(B, N, D)
     with torch.no_grad():
-        q, k, v = attn._project_qkv(x)
-        fused = attn._scores_attention(x, q, k, v, None, False)
+        q, k, v = attn.project_qkv(x)
+        fused = attn.scores_attention(x, q, k, v, None, False)
         dist = ((q.unsqueeze(-2) - k.unsqueeze(-3)) ** 2).sum(-1)
         explicit = (sign * dist / d).softmax(-1) @ v
     torch.testing.assert_close(fused, explicit, rtol=0, atol=1e-6)

@@ -21,8 +21,9 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from timm.layers import Attention
 from torch import nn
+
+from attnzoo.models import StandardAttention
 
 __all__ = ["CosineSimilarity", "CosineAttention", "register", "TAU_MIN", "TAU_INIT"]
 
@@ -52,32 +53,22 @@ class CosineSimilarity(nn.Module):
         return cos / self.tau.clamp(min=TAU_MIN)
 
 
-class CosineAttention(Attention):
-    """timm's ``Attention`` with eq. 2's scaled cosine similarity in place of ``q k^T / sqrt(d)``.
+class CosineAttention(StandardAttention):
+    """Attention with eq. 2's scaled cosine similarity in place of ``q k^T / sqrt(d)``.
 
-    Takes timm's constructor keywords (it is a ``timm.layers.Attention``) plus ``tau_init``.
+    A :class:`attnzoo.models.StandardAttention` (timm's constructor keywords and parameter names) that
+    overrides one hook, ``scores_attention``; the projections, timm's options and the masks stay attnzoo's.
+    Takes ``tau_init`` besides timm's keywords.
     """
 
     def __init__(self, dim: int, num_heads: int = 8, tau_init: float = TAU_INIT, **kwargs) -> None:
         super().__init__(dim, num_heads=num_heads, **kwargs)
         self.cosine = CosineSimilarity(num_heads, tau_init)
 
-    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
-                is_causal: bool = False) -> torch.Tensor:
-        b, n, _ = x.shape
-        gate = self.gate(x).sigmoid() if getattr(self, "gate", None) is not None else None
-        q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        q, k = self.q_norm(q), self.k_norm(k)
-        attn = self.cosine(q, k)
-        if is_causal:
-            attn = attn.masked_fill(torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
-        if attn_mask is not None:
-            attn = attn.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else attn + attn_mask
-        x = self.attn_drop(attn.softmax(dim=-1)) @ v
-        x = self.norm(x.transpose(1, 2).reshape(b, n, self.attn_dim))
-        if gate is not None:
-            x = x * gate
-        return self.proj_drop(self.proj(x))
+    def scores_attention(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         attn_mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:
+        """``softmax_j Sim(q_i, k_j) v_j`` per head, masks applied to Sim."""
+        return self.softmax_attend(self.cosine(q, k), v, attn_mask, is_causal)
 
 
 def register() -> None:
