@@ -488,6 +488,27 @@ def test_tensorrt_backend_matches_onnxruntime(models_dir, served, images, tmp_pa
     _assert_same_predictions(served, engines, images, atol=1e-3)
 
 
+def test_the_tensorrt_backend_serves_from_the_one_engine_cache(models_dir, tmp_path, monkeypatch):
+    """The server builds its engines with the runtime's :func:`build_cached` (the benchmark's cache and key), for
+    batch 1 to the sliding windows' batch, under ``<cache>/tensorrt``; a build that fails skips the file with why.
+    Checked without a GPU by stopping at the build."""
+    from attnzoo.runtime import tensorrt as rt
+
+    seen = []
+
+    def build_cached(path, folder, **kw):
+        seen.append((Path(path).name, Path(folder), kw))
+        raise rt.TensorRTError("stopped at the build")
+
+    monkeypatch.setattr(rt, "build_cached", build_cached)
+    with backends.recording_skips() as skipped:
+        assert backends.load_onnx_dir(models_dir, "tensorrt", threads=1, cache_dir=tmp_path) == []
+    assert sorted(name for name, _, _ in seen) == sorted(p.name for p in models_dir.glob("*.onnx"))
+    assert all(folder == tmp_path / "tensorrt" and kw == {"batch_sizes": (1, backends.SLIDING_BATCH), "tf32": False}
+               for _, folder, kw in seen)
+    assert set(skipped) == {name for name, _, _ in seen} and all("stopped at the build" in r for r in skipped.values())
+
+
 def test_non_finite_outputs_are_refused():
     model = ServedModel(name="nan", variant="standard", task="cls", class_names=CLASSES, input_size=(32, 32),
                         mean=(0.5,) * 3, std=(0.5,) * 3, fixed_size=True,
