@@ -152,3 +152,36 @@ def test_adopt_moves_a_complete_staging_build_into_the_zoo_and_refuses_a_partial
     assert after[("belief", "seg")]["sha256"] != before[("belief", "seg")]["sha256"]  # the retrained file
     recipe = json.loads((shipped / "belief_seg_fashion.json").read_text())["recipe"]
     assert recipe == zoo.NEXT_RECIPES["fashion/seg"] != zoo.RECIPES["fashion/seg"]
+
+
+def test_progress_writes_the_retrain_table_between_its_markers_and_refuses_a_changed_file(tmp_path, monkeypatch):
+    """``zoo progress``: finished models best first with the scenes they name right (re-evaluated from the file
+    only where the row predates that figure), the machine, the validation curve, and what is still to train; the
+    README's other text is kept, a second run replaces the table, and a file whose sha256 changed is refused."""
+    import pytest
+
+    rows = []
+    for variant, metric, named in (("standard", 55.5, {"scenes": 4, "scenes_right": 1}), ("belief", 56.0, None)):
+        path = tmp_path / f"{variant}_seg_fashion.safetensors"
+        path.write_text(variant)
+        path.with_suffix(".json").write_text(json.dumps({"history": [{"val": 20.0}, {"val": 54.25}]}))
+        rows.append({"variant": variant, "task": "seg", "data": "fashion", "file": path.name,
+                     "sha256": sha256_file(path), "test_metric": metric, **({"named": named} if named else {})})
+    (tmp_path / "manifest.json").write_text(json.dumps({"models": rows}))
+    (tmp_path / "README.md").write_text("# The retrain\n\nprose kept\n")
+    evaluated = []
+    monkeypatch.setattr(zoo, "evaluate_checkpoint",
+                        lambda path: evaluated.append(Path(path).name) or {"named": {"scenes": 4, "scenes_right": 3}})
+    assert zoo.main(["progress", str(tmp_path)]) == 0
+    assert zoo.main(["progress", str(tmp_path)]) == 0
+    readme = (tmp_path / "README.md").read_text()
+    assert readme.startswith("# The retrain\n\nprose kept\n") and readme.count(zoo.TABLE_BEGIN) == 1
+    table = readme[readme.index(zoo.TABLE_BEGIN):]
+    assert table.index("| belief | 56.00 | 3 of 4 (75.0 %) | not recorded | 20.0 54.2 |") \
+        < table.index("| standard | 55.50 | 1 of 4 (25.0 %) |")
+    assert evaluated == ["belief_seg_fashion.safetensors"] * 2
+    left = [v for v in zoo.TRAIN_ORDER if v not in ("standard", "belief")]
+    assert f"Still to train (the build's order): {', '.join(left)}." in table
+    (tmp_path / "belief_seg_fashion.safetensors").write_text("changed")
+    with pytest.raises(ValueError, match="belief_seg_fashion.safetensors: its sha256 is not the manifest's"):
+        zoo.progress(tmp_path)

@@ -3,6 +3,7 @@ and on the ``shapes`` smoke set, plus ``digits`` classifiers, each trained with 
 
     python -m attnzoo.training.zoo build --jobs 2      # trains everything, writes zoo/manifest.json
     python -m attnzoo.training.zoo build --retrain --out results/seg-retrain --data fashion --tasks seg  # apart
+    python -m attnzoo.training.zoo progress results/seg-retrain            # ... its README table, as it grows
     python -m attnzoo.training.zoo adopt results/seg-retrain --tasks seg   # ... moved into the zoo once complete
     python -m attnzoo.training.zoo baselines           # chance and simple baselines, stored in the manifest
     python -m attnzoo.training.zoo table               # the README table (markdown)
@@ -28,13 +29,14 @@ from tqdm import tqdm
 from attnzoo.models.checkpoint import load_checkpoint
 from attnzoo.cli import CommandError, UsageError, add_debug_flag, entry_point
 from attnzoo.fileio import atomic_write_text, sha256_file
+from attnzoo.machine import cpu_info, cpu_summary
 from attnzoo.models import BUILTIN_VARIANTS, TASKS, VARIANT_NAMES, VARIANTS, canonical_name
 from attnzoo.data.datasets import DIGITS_CLASSES, SHAPES_CLASSES, ImageSet, load_data
 from attnzoo.metrics import confusion_matrix, metric_name, metrics_from_confusion
-from attnzoo.training.train import TrainConfig, evaluate, has_state, train
+from attnzoo.training.train import TrainConfig, evaluate, evaluate_checkpoint, has_state, train
 
 __all__ = ["RECIPES", "NEXT_RECIPES", "recipes", "SUBSET_N", "DIGITS_VARIANTS", "VARIANT_OPTIONS", "TRAIN_ORDER", "jobs", "build", "adopt",
-           "table", "verify", "main"]
+           "progress", "table", "verify", "main"]
 
 #: One recipe per (data, task), shared by every variant so the numbers are comparable.
 RECIPES: Dict[str, Dict[str, Any]] = {
@@ -191,8 +193,9 @@ def _run_job(job: Dict[str, Any], out_dir: str) -> Dict[str, Any]:
             "sha256": sha256_file(path), "params": saved["params"], "metric_name": metric_name(task),
             "test_metric": round(full["metric"], 2), "test_n": full["n_images"],
             "subset_metric": round(sub["metric"], 2), "subset_n": sub["n_images"],
-            "per_class_iou": full.get("per_class_iou"), "val_metric": round(saved["val_metric"], 2),
-            "train_time_s": saved["train_time_s"], "epochs": cfg.epochs, "options": cfg.options, "note": ""}
+            "per_class_iou": full.get("per_class_iou"), "named": full.get("named"),
+            "val_metric": round(saved["val_metric"], 2), "train_time_s": saved["train_time_s"],
+            "machine": cpu_summary(cpu_info()), "epochs": cfg.epochs, "options": cfg.options, "note": ""}
 
 
 def _count_epochs(epochs, epoch_bar) -> None:
@@ -329,6 +332,45 @@ def build(variants: Sequence[str] = VARIANT_NAMES, n_jobs: int = 2, out_dir: Pat
     if errors:
         raise RuntimeError("some zoo models failed:\n" + "\n".join(errors))
     return rows
+
+
+TABLE_BEGIN, TABLE_END = "<!-- progress table: python -m attnzoo.training.zoo progress -->", "<!-- /progress table -->"
+
+
+def progress(staging: Path, task: str = "seg", data: str = "fashion") -> str:
+    """The table of a retrain under way (``build --retrain --out staging``), written into ``staging/README.md``
+    between :data:`TABLE_BEGIN` and :data:`TABLE_END`: each finished model's test metric, the scenes in which it
+    names every garment right (:func:`attnzoo.metrics.named_right`, re-evaluated from the file where its manifest
+    row predates that figure), the machine it trained on, its validation curve; then the variants still to train in
+    the build's order. Returns the table."""
+    staging = Path(staging)
+    rows = [r for r in json.loads((staging / "manifest.json").read_text())["models"]
+            if r["task"] == task and r["data"] == data]
+    lines = ["| variant | test mIoU (%) | scenes with every garment named right | trained on | "
+             "validation mIoU per epoch |", "|---|---:|---:|---|---|"]
+    for r in sorted(rows, key=lambda r: -r["test_metric"]):
+        path = staging / r["file"]
+        if sha256_file(path) != r["sha256"]:
+            raise ValueError(f"{path}: its sha256 is not the manifest's; rebuild it")
+        named = r.get("named") or evaluate_checkpoint(path)["named"]
+        history = json.loads(path.with_suffix(".json").read_text())["history"]
+        curve = " ".join(f"{h['val']:.1f}" for h in history)
+        lines.append(f"| {r['variant']} | {r['test_metric']:.2f} | {named['scenes_right']} of {named['scenes']} "
+                     f"({100.0 * named['scenes_right'] / named['scenes']:.1f} %) | "
+                     f"{r.get('machine', 'not recorded')} | {curve} |")
+    done = {r["variant"] for r in rows}
+    left = [v for v in TRAIN_ORDER if v not in done]
+    lines += ["", f"Still to train (the build's order): {', '.join(left)}." if left else "All variants are in."]
+    text = "\n".join(lines)
+    readme = staging / "README.md"
+    old = readme.read_text() if readme.is_file() else ""
+    if TABLE_BEGIN in old and TABLE_END in old:
+        new = old[:old.index(TABLE_BEGIN)] + f"{TABLE_BEGIN}\n{text}\n{TABLE_END}" + old[old.index(TABLE_END)
+                                                                                          + len(TABLE_END):]
+    else:
+        new = old.rstrip("\n") + f"\n\n{TABLE_BEGIN}\n{text}\n{TABLE_END}\n"
+    atomic_write_text(readme, new)
+    return text
 
 
 def adopt(staging: Path, data: Sequence[str] = ZOO_DATA, tasks: Sequence[str] = TASKS,
@@ -515,6 +557,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     a.add_argument("staging", type=Path)
     a.add_argument("--data", nargs="+", choices=ZOO_DATA, default=["fashion"])
     a.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
+    g = sub.add_parser("progress", help="write the table of a retrain under way into its README.md")
+    g.add_argument("staging", type=Path)
     sub.add_parser("table", help="print the markdown table of the zoo")
     sub.add_parser("baselines", help="compute the baselines and store them in the manifest")
     v = sub.add_parser("verify", help="check sha256s and re-evaluate every zoo model")
@@ -546,6 +590,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             refs = baselines()
             _write_manifest(ZOO_DIR, zoo.entries(), refs)
             print(json.dumps(refs, indent=1))
+        elif args.cmd == "progress":
+            if not (args.staging / "manifest.json").is_file():
+                raise UsageError(f"{args.staging}: no manifest.json (a folder written by build --retrain --out)")
+            print(progress(args.staging))
         elif args.cmd == "table":
             print(table())
         elif args.cmd == "onnx":
