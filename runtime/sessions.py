@@ -200,7 +200,12 @@ def verification_problem(path: Union[str, Path], dtype: str) -> Optional[str]:
         return f"{path.name} differs from the file its report {report_file.name} verified (SHA-256 mismatch)"
     if dtype not in QUANTIZED_DTYPES:
         return None
-    acc = rep.get("accuracy") or {}
+    from .quantization_report import QuantizationReport
+
+    try:
+        acc = QuantizationReport.from_dict(rep).accuracy
+    except ValueError as exc:
+        return f"{report_file.name} is not a quantization report ({exc})"
     if not acc.get("metrics"):
         return f"{path.name} was not scored on a test set ({acc.get('warning') or acc.get('reason') or 'no accuracy'})"
     if acc.get("limit"):
