@@ -22,13 +22,16 @@ import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from torch import nn
 
 from attnzoo.cli import UsageError, first_line
 
 from .errors import ExportError, ExportWarning
+
+if TYPE_CHECKING:
+    from .quantize import QuantizeOptions
 
 __all__ = ["FORMATS", "SUFFIXES", "DEFAULT_TRITON_DIR", "DEFAULT_BATCH_SIZES", "ExportResult", "export_model",
            "load_for_export", "output_format"]
@@ -279,7 +282,7 @@ class _Request:
     compute_capability: Optional[str]
     triton_platform: str
     triton_queue_delay_us: int
-    quantize: Dict[str, Any]
+    quantize: QuantizeOptions
 
 
 def _check_tensorrt(compute_capability: Optional[str]) -> None:
@@ -327,7 +330,7 @@ def _check_triton(platform: str, queue_delay_us: int, compute_capability: Option
 
 def _check_request(fmt: Optional[str], out: Optional[PathLike], dtype: str, opset: int, batch_sizes: Sequence[int],
                    compute_capability: Optional[str], triton_platform: str, triton_queue_delay_us: int,
-                   quantize: Dict[str, Any]) -> _Request:
+                   quantize: QuantizeOptions) -> _Request:
     """Every argument that can be checked without the model, checked (UsageError otherwise)."""
     from attnzoo.limits import check_batch_sizes
     from attnzoo.runtime.sessions import QUANTIZED_DTYPES
@@ -351,7 +354,7 @@ def _check_request(fmt: Optional[str], out: Optional[PathLike], dtype: str, opse
         if compute_capability not in COMPUTE_CAPABILITIES:
             raise UsageError(f"unknown compute capability {compute_capability!r}; valid: "
                              f"{', '.join(COMPUTE_CAPABILITIES)}")
-    _usage(check_quantize_arguments, dtype, fmt, compute_capability, quantize)
+    _usage(check_quantize_arguments, quantize, fmt, compute_capability)
     if fmt == "tensorrt":
         _check_tensorrt(compute_capability)
     elif fmt == "triton":
@@ -474,12 +477,13 @@ def export_model(variant: Optional[str] = None, *, task: Optional[str] = None, a
         ValueError: a bad checkpoint or calibration file.
         ExportError: a step failed its checks (nothing written at the output path; the failed report says why).
     """
+    from .quantize import QuantizeOptions
     from .triton import DEFAULT_QUEUE_DELAY_US
 
-    quantize = {"quantize_extra_math": quantize_extra_math, "placement": qdq_placement,
-                "calibration_data": calibration_data, "calibration_count": calibration_count,
-                "calibration_seed": calibration_seed, "accept_accuracy_drop": accept_accuracy_drop,
-                "eval_limit": eval_limit, "min_cosine": min_cosine, "fidelity_count": fidelity_count}
+    quantize = QuantizeOptions(dtype=dtype, quantize_extra_math=quantize_extra_math, placement=qdq_placement,
+                               calibration_data=calibration_data, calibration_count=calibration_count,
+                               calibration_seed=calibration_seed, accept_accuracy_drop=accept_accuracy_drop,
+                               eval_limit=eval_limit, min_cosine=min_cosine, fidelity_count=fidelity_count)
     req = _check_request(format, out, dtype, opset, batch_sizes, compute_capability, triton_platform,
                          DEFAULT_QUEUE_DELAY_US if triton_queue_delay_us is None else triton_queue_delay_us, quantize)
     collected: List[str] = []
@@ -532,8 +536,10 @@ def _calibration(req: _Request, config: Dict[str, Any], hw: Tuple[int, int], unt
     if req.dtype not in QUANTIZED_DTYPES:
         return None
     # a bad calibration folder is a bad input file (exit 1), not a bad command line
-    calibration = calibration_for(config, hw, untrained=untrained, **{
-        k: req.quantize[k] for k in ("calibration_data", "calibration_count", "calibration_seed", "fidelity_count")})
+    q = req.quantize
+    calibration = calibration_for(config, hw, untrained=untrained, calibration_data=q.calibration_data,
+                                  calibration_count=q.calibration_count, calibration_seed=q.calibration_seed,
+                                  fidelity_count=q.fidelity_count)
     for message in calibration.warnings:
         _warn(message, collected)
     return calibration
@@ -603,18 +609,10 @@ def _export_onnx_step(req: _Request, model: nn.Module, config: Dict[str, Any], s
         if calibration is None:
             result.report = report
             return
-        from .quantize import DEFAULT_QDQ_PLACEMENT, quantize_verified
+        from .quantize import quantize_verified
 
         bar.set_postfix_str("quantize + score")
-        q = req.quantize
         result.fp32_report = report
-        result.report = _step(quantize_verified, "quantization failed", fp32_out, onnx_out, config, dtype=req.dtype,
-                              calibration=calibration.inputs, calibration_source=calibration.source,
-                              calibration_seed=calibration.seed, quantize_extra_math=q["quantize_extra_math"],
-                              accept_accuracy_drop=q["accept_accuracy_drop"],
-                              measure_accuracy=calibration.labelled, eval_limit=q["eval_limit"], threads=threads,
-                              progress=progress, fp32_kept=False,
-                              placement=q["placement"] or DEFAULT_QDQ_PLACEMENT, held_out=calibration.held_out,
-                              min_cosine=q["min_cosine"], calibration_random=calibration.random,
-                              warnings=calibration.warnings)
+        options = req.quantize.with_calibration(calibration, threads=threads, progress=progress, fp32_kept=False)
+        result.report = _step(quantize_verified, "quantization failed", fp32_out, onnx_out, config, options)
         bar.update()

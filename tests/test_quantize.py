@@ -4,6 +4,7 @@ calibration input, FP8 simulation against an explicit e4m3 reference, TensorRT Q
 from __future__ import annotations
 
 import json
+import re
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
@@ -68,16 +69,15 @@ def fp32(tmp_path_factory):
 def int8(fp32, tmp_path_factory):
     path, config = fp32
     out = tmp_path_factory.mktemp("int8") / "b2_int8.onnx"
-    cal = qz.random_calibration((32, 32), 32, seed=0)
-    report = qz.quantize_verified(path, out, config, dtype="int8", calibration=cal, calibration_source="random",
-                                  calibration_seed=0, measure_accuracy=False, placement="tensorrt",
-                                  min_cosine=0.0)  # an untrained model: ModelOpt's full placement, measured only
-    return out, report
+    options = qz.QuantizeOptions(dtype="int8", calibration=qz.random_calibration((32, 32), 32, seed=0),
+                                 calibration_source="random", calibration_seed=0, measure_accuracy=False,
+                                 placement="tensorrt", min_cosine=0.0)  # untrained: ModelOpt's placement, measured
+    return out, qz.quantize_verified(path, out, config, options)
 
 
 def _fed_by_dq(proto: onnx.ModelProto, names) -> list:
     """Nodes among ``names`` with an input computed by a DequantizeLinear (through layout ops): written
-    independently of export/quantize.py's own check."""
+    independently of the export.quantize package's own check."""
     producer = {o: n for n in proto.graph.node for o in n.output}
     hits = []
     for node in proto.graph.node:
@@ -130,6 +130,59 @@ def test_int8_report_fields(int8):
     fid = on_disk["fidelity"]  # measured on the last 8 of the 32 random inputs, which were not calibrated on
     assert fid["n_inputs"] == 8 and q["calibration"]["count"] == 24 and "not calibrated on" in fid["source"]
     assert fid["within_gate"] and fid["min_cosine"] == 0.0 and 0.5 < fid["cosine"]["mean"] <= 1.0
+    # the file is the schema's JSON, and what quantize_verified returns is the same object
+    typed = qz.read_quantization_report(report_path(out))
+    assert typed.to_json() == report_path(out).read_text() and typed.to_dict() == report == on_disk
+    assert isinstance(typed.quantization, qz.QuantizeReport) and typed.quantization.excluded_nodes == q["excluded_nodes"]
+
+
+#: Committed reports of quantized models: the exporter's own in tests/data, and any under results/ or zoo/.
+COMMITTED_REPORTS = sorted(p for root in ("tests/data", "results", "zoo")
+                           for p in (Path(__file__).resolve().parents[1] / root).rglob("*.report.json"))
+
+
+def test_committed_quantization_reports_read_through_the_schema():
+    quantized = [p for p in COMMITTED_REPORTS if json.loads(p.read_text()).get("dtype") in ("int8", "fp8")]
+    assert len(quantized) >= 2, quantized  # at least the passed and the refused one in tests/data
+    for path in quantized:
+        report = qz.read_quantization_report(path)
+        assert report.to_json() == path.read_text(), path  # read and written back byte for byte
+        assert report.dtype in ("int8", "fp8") and report.quantization.mode == report.dtype
+        assert report.passed == (not report.failures) == (".failed." not in path.name)
+        assert (report.fidelity or {}).get("within_gate", True) or not report.passed
+    passed = qz.read_quantization_report(Path(__file__).parent / "data" / "quantization-reports" / "vit_int8.report.json")
+    assert passed.quantization.options["placement"] == "auto" and passed.fidelity["min_cosine"] == 0.99
+    assert qz.summary(passed.to_dict()).endswith("PASSED")
+
+
+def test_the_schema_refuses_a_report_it_does_not_describe(tmp_path):
+    text = (Path(__file__).parent / "data" / "quantization-reports" / "vit_int8.report.json").read_text()
+    good = json.loads(text)
+    cases = {"missing field(s) sha256": lambda r: r.pop("sha256"),
+             "unknown field(s) extra": lambda r: r.update(extra=1),
+             "passed is str, expected bool": lambda r: r.update(passed="yes"),
+             "file_size is bool, expected int": lambda r: r.update(file_size=True),
+             "quantization: missing field(s) mode": lambda r: r["quantization"].pop("mode"),
+             "quantization: time_s is str, expected float": lambda r: r["quantization"].update(time_s="1s")}
+    for message, edit in cases.items():
+        bad = json.loads(text)
+        edit(bad)
+        with pytest.raises(ValueError, match=re.escape(message)):
+            qz.QuantizationReport.from_dict(bad)
+    with pytest.raises(ValueError, match="not a JSON object"):
+        qz.QuantizationReport.from_json("[]")
+    assert qz.QuantizationReport.from_dict(good).fidelity == good["fidelity"]
+    # serving reads it through the schema too: a report it does not describe is one line naming the field
+    from attnzoo.fileio import sha256_file
+    from attnzoo.runtime.sessions import verification_problem
+
+    model = tmp_path / "m_int8.onnx"
+    model.write_bytes(b"a model")
+    good.pop("onnxruntime")
+    good.update(sha256=sha256_file(model))
+    (tmp_path / "m_int8.report.json").write_text(json.dumps(good))
+    problem = verification_problem(model, "int8")
+    assert problem == "m_int8.report.json is not a quantization report (report: missing field(s) onnxruntime)"
 
 
 def _dq_readers(proto: onnx.ModelProto) -> set:

@@ -1,0 +1,171 @@
+"""What an int8 / fp8 export is asked to do (:class:`QuantizeOptions`: ``export-model``'s quantization flags and
+the calibration inputs once drawn), and the arguments refused before any work (:func:`check_quantize_arguments`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from attnzoo.runtime.sessions import QUANTIZED_DTYPES
+
+from .calibration import Calibration, load_calibration_file
+from .modelopt import quantize_unavailable_reason
+from .qdq import CPU_QDQ_PLACEMENT, DEFAULT_QDQ_PLACEMENT, qdq_placement_error
+
+__all__ = ["ACCURACY_TOLERANCE", "FP8_MIN_COMPUTE_CAPABILITY", "QuantizeOptions", "fp8_compute_capability_error",
+           "check_quantize_arguments"]
+
+#: Largest accuracy drop (percentage points: top-1 for classifiers, mIoU for segmenters) of the quantized model
+#: below the fp32 model on the test split that is accepted.
+ACCURACY_TOLERANCE: Dict[str, float] = {"cls": 0.5, "seg": 1.0}
+#: FP8 tensor cores: Ada (SM 8.9) and newer.
+FP8_MIN_COMPUTE_CAPABILITY: Tuple[int, int] = (8, 9)
+
+
+@dataclass(frozen=True, eq=False)
+class QuantizeOptions:
+    """How :func:`attnzoo.export.quantize.quantize_verified` quantizes, checks and gates an fp32 export.
+
+    ``export-model`` builds one from its flags (``None`` / ``False``: not given), draws the inputs with
+    :func:`attnzoo.export.quantize.calibration_for` and fills them in with :meth:`with_calibration`.
+
+    Attributes:
+        dtype: ``int8`` or ``fp8``.
+        calibration: float32 NCHW calibration inputs (normalised as the model expects).
+        calibration_source: What they are, for the report (e.g. ``fashion training split``).
+        calibration_seed: The seed of their draw (``None`` for a user's array).
+        held_out: Inputs of the calibration source never calibrated on (default: held-out training images of
+            the model's data set, else the last quarter of ``calibration``, at most ``DEFAULT_FIDELITY_COUNT``,
+            which then is not calibrated on).
+        calibration_random: The calibration inputs are random, not images (the report warns for a trained model).
+        warnings: Other warnings for the report.
+        calibration_data, calibration_count, fidelity_count: Where :func:`calibration_for` draws the inputs from
+            (``--calibration-data``: a folder of images or a ``.npy`` array) and how many.
+        placement: ``PLACEMENT_CHOICES``: ``auto`` (measured), ``tensorrt`` (ModelOpt's) or ``cpu`` (int8 for ONNX
+            Runtime on the CPU); ``None``: ``DEFAULT_QDQ_PLACEMENT``.
+        quantize_extra_math: Quantize the extra-math scopes too (the ablation); default: excluded, fp32.
+        min_cosine: The fidelity gate on the worst held-out input's cosine (0 measures without refusing, and
+            ``auto`` then aims at ``DEFAULT_MIN_COSINE``). Default: ``DEFAULT_MIN_COSINE`` for a model without a
+            labelled test split; 0 for one scored on its test split, which the accuracy gate decides (a
+            classifier's logits can drift on a few inputs without changing a prediction).
+        accept_accuracy_drop: Write even when the drop exceeds the tolerance (the report says so).
+        measure_accuracy: ``False`` for a model without a labelled test split (``--random-init``, a converted
+            pretrained model): no accuracy, the fidelity gate only.
+        eval_limit: Score on the first N test images only (quick checks; the report names N).
+        tolerance: Accepted drop in points (default :data:`ACCURACY_TOLERANCE` for the task).
+        threads: ONNX Runtime threads.
+        progress: Show progress bars on stderr.
+        fp32_kept: ``False`` when the fp32 graph is a temporary file (``export-model --dtype int8``): the report
+            records its SHA-256 and verification report, not a path that will not exist.
+    """
+
+    dtype: str
+    calibration: Optional[np.ndarray] = None
+    calibration_source: str = "given array"
+    calibration_seed: Optional[int] = None
+    held_out: Optional[np.ndarray] = None
+    calibration_random: bool = False
+    warnings: Sequence[str] = ()
+    calibration_data: Optional[Union[str, Path]] = None
+    calibration_count: Optional[int] = None
+    fidelity_count: Optional[int] = None
+    placement: Optional[str] = None
+    quantize_extra_math: bool = False
+    min_cosine: Optional[float] = None
+    accept_accuracy_drop: bool = False
+    measure_accuracy: bool = True
+    eval_limit: Optional[int] = None
+    tolerance: Optional[float] = None
+    threads: Optional[int] = None
+    progress: bool = False
+    fp32_kept: bool = True
+
+    def with_calibration(self, calibration: Calibration, **changes: Any) -> "QuantizeOptions":
+        """These options with the inputs :func:`calibration_for` drew (scored only when they are labelled) and
+        ``changes`` to other fields."""
+        return replace(self, calibration=calibration.inputs, calibration_source=calibration.source,
+                       calibration_seed=calibration.seed, held_out=calibration.held_out,
+                       calibration_random=calibration.random, measure_accuracy=calibration.labelled,
+                       warnings=tuple(calibration.warnings), **changes)
+
+
+def fp8_compute_capability_error(compute_capability: Optional[str]) -> Optional[str]:
+    """One line when a TensorRT target cannot run FP8 (below SM 8.9), else ``None``.
+
+    ``compute_capability`` is a name of :data:`attnzoo.runtime.tensorrt.COMPUTE_CAPABILITIES`; ``None`` is the
+    build default (the GPU present, else ``DEFAULT_COMPUTE_CAPABILITY``); ``CURRENT`` asks the GPU.
+    """
+    from attnzoo.runtime.tensorrt import gpu_available, resolve_compute_capability
+
+    try:
+        cc = resolve_compute_capability(compute_capability, gpu_available())
+    except ValueError as exc:  # an unknown name, or CURRENT without a GPU: the build would refuse it the same way
+        return str(exc)
+    if cc == "CURRENT":
+        import torch
+
+        major, minor = torch.cuda.get_device_capability(0)
+        name = f"the GPU present (SM{major}{minor})"
+    else:
+        digits = cc[2:]
+        major, minor = int(digits[:-1]), int(digits[-1])
+        name = cc
+    if (major, minor) < FP8_MIN_COMPUTE_CAPABILITY:
+        need = "SM{}{}".format(*FP8_MIN_COMPUTE_CAPABILITY)
+        return f"--dtype fp8 needs compute capability {need} or newer (FP8 tensor cores); {name} has none"
+    return None
+
+
+def check_quantize_arguments(options: QuantizeOptions, fmt: str, compute_capability: Optional[str]) -> None:
+    """Refuse quantization arguments that cannot work, before any work (ModelOpt missing, FP8 below SM 8.9, a
+    placement for another dtype or target, bad counts, a bad calibration file).
+
+    Args:
+        options: The export's dtype and its quantization flags (``None`` / ``False``: not given).
+        fmt, compute_capability: The export's.
+
+    Raises:
+        ValueError: one line naming the flag.
+    """
+    o, dtype = options, options.dtype
+    flags = {"--quantize-extra-math": o.quantize_extra_math, "--qdq-placement": o.placement is not None,
+             "--calibration-data": o.calibration_data is not None,
+             "--calibration-count": o.calibration_count is not None,
+             "--calibration-seed": o.calibration_seed is not None, "--accept-accuracy-drop": o.accept_accuracy_drop,
+             "--eval-limit": o.eval_limit is not None, "--min-cosine": o.min_cosine is not None,
+             "--fidelity-count": o.fidelity_count is not None}
+    if dtype not in QUANTIZED_DTYPES:
+        given = [flag for flag, value in flags.items() if value]
+        if given:
+            raise ValueError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to --dtype int8 / fp8 only")
+        return
+    if fmt == "triton":
+        raise ValueError(f"--dtype {dtype}: --format triton is not supported yet; export the ONNX (--format onnx) "
+                         "or a TensorRT engine")
+    if dtype == "fp8" and fmt == "tensorrt":
+        error = fp8_compute_capability_error(compute_capability)
+        if error:
+            raise ValueError(error)
+    error = qdq_placement_error(o.placement or DEFAULT_QDQ_PLACEMENT, dtype)
+    if error:
+        raise ValueError(error)
+    if o.placement == CPU_QDQ_PLACEMENT and fmt == "tensorrt":
+        raise ValueError("--qdq-placement cpu is for ONNX Runtime on the CPU; a TensorRT engine wants the tensorrt "
+                         "placement (the default)")
+    reason = quantize_unavailable_reason()
+    if reason:
+        raise ValueError(f"--dtype {dtype} {reason}")
+    for flag, value in (("calibration-count", o.calibration_count), ("eval-limit", o.eval_limit),
+                        ("fidelity-count", o.fidelity_count)):
+        if value is not None and value < 1:
+            raise ValueError(f"--{flag} must be >= 1, got {value}")
+    if o.min_cosine is not None and not 0.0 <= o.min_cosine <= 1.0:
+        raise ValueError(f"--min-cosine must be in 0..1, got {o.min_cosine}")
+    if o.calibration_data is not None and not Path(o.calibration_data).is_dir():
+        if flags["--calibration-count"] or flags["--calibration-seed"]:
+            raise ValueError("--calibration-count/--calibration-seed draw images from the training split or a "
+                             "folder; the images of a .npy --calibration-data are used as they are")
+        load_calibration_file(o.calibration_data, None)  # shape (but H, W), dtype, emptiness

@@ -1,0 +1,151 @@
+"""The measured Q/DQ placement (``--qdq-placement auto``): which groups of ModelOpt's full placement to keep,
+chosen on held-out inputs with a margin (:func:`auto_placement`), and what each group kept fp32 costs in speed
+(:func:`group_speed`)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import onnx
+
+from .fidelity import (DEFAULT_MIN_COSINE, PROMISE_CONFIDENCE, PROMISE_COVERAGE, onnx_outputs, per_input_fidelity,
+                       promised_cosine, tolerance_factor)
+from .qdq import _without, qdq_groups
+
+__all__ = ["SPEED_RUNS", "auto_placement", "group_speed"]
+
+#: Interleaved batch-1 runs per latency figure of a group ``auto`` kept fp32 (ONNX Runtime CPU, one thread).
+SPEED_RUNS = 20
+
+
+def auto_placement(proto: onnx.ModelProto, reference: np.ndarray, x: np.ndarray, task: str, *,
+                   min_cosine: float = DEFAULT_MIN_COSINE, runnable=lambda p: p, threads: Optional[int] = None,
+                   fixed: Sequence[str] = ()) -> Tuple[onnx.ModelProto, Dict[str, Any]]:
+    """Choose which Q/DQ pairs of ModelOpt's full (``tensorrt``) placement to keep, by measurement, with a margin.
+
+    A candidate qualifies when its :func:`promised_cosine` on ``x`` (the cosine that 99.9 % of inputs like
+    ``x`` stay above, with 90 % confidence: below the worst of ``x`` by a margin that grows with their spread
+    and shrinks with their number) is at least ``min_cosine``. In order: ModelOpt's full placement, kept whole
+    when it qualifies; else the weight MatMul/Gemm/Conv inputs (:func:`qdq_groups` kind ``weights``) all
+    quantized when they qualify together, then each block's attention matmuls and residual Adds added back least
+    harmful first (measured alone on top), each only while the graph still qualifies; else the same greedy
+    choice over every group, weight inputs first, from the graph with no activation quantized. When even that
+    graph, or no group on it, qualifies, ``decision["promised"]`` is ``False``: no placement can promise the
+    gate, and :func:`quantize_verified` refuses.
+
+    Args:
+        proto: ModelOpt's Q/DQ graph (``tensorrt`` placement).
+        reference: The fp32 graph's outputs on ``x``.
+        x: Held-out inputs (not the calibration batch, and not those the final gate measures).
+        runnable: Turns a candidate into what ONNX Runtime runs (:func:`simulate_fp8` for fp8).
+        fixed: Nodes whose Q/DQ stay whatever the choice (the extra math under ``--quantize-extra-math``).
+
+    Returns:
+        ``(chosen graph, decision)``; the decision names every group, whether it was quantized and why, the
+        figures of the full, weights-only and chosen graphs, and the rule.
+    """
+    groups = qdq_groups(proto, fixed)
+    seen: Dict[frozenset, Dict[str, float]] = {}
+
+    def measure(names: Sequence[str]) -> Dict[str, float]:
+        key = frozenset(names)
+        if key not in seen:
+            candidate = _without(proto, groups, [g for g in groups if g not in key])
+            cos = per_input_fidelity(reference, onnx_outputs(runnable(candidate), x, threads))[0]
+            seen[key] = {"worst": float(cos.min()), "mean": float(cos.mean()), "promised": promised_cosine(cos)}
+        return seen[key]
+
+    k = tolerance_factor(len(x))
+    decision: Dict[str, Any] = {
+        "min_cosine": min_cosine, "selection_inputs": int(len(x)), "tolerance_factor": k,
+        "rule": f"a placement qualifies when the cosine that {PROMISE_COVERAGE:.1%} of inputs like the {len(x)} "
+                f"choosing ones stay above, with {PROMISE_CONFIDENCE:.0%} confidence (log-normal fit of 1 - cosine: "
+                f"1 - exp(mean + {k:.2f} sd) of its log, at most their worst), is >= {min_cosine:g}",
+        "groups": {}}
+    weights = [g for g in groups if groups[g]["kind"] == "weights"]
+    others = [g for g in groups if g not in weights]
+    full = decision["all_quantized"] = measure(list(groups))
+    if full["promised"] >= min_cosine or not groups:
+        for name, g in groups.items():
+            decision["groups"][name] = {"kind": g["kind"], "quantized": True,
+                                        "why": "the full placement qualifies"}
+        decision.update(chosen=full, promised=full["promised"] >= min_cosine)
+        return proto, decision
+    base = decision["weights_only"] = measure(weights)
+    if base["promised"] >= min_cosine:
+        chosen, order = list(weights), others
+        for name in weights:
+            decision["groups"][name] = {"kind": "weights", "quantized": True,
+                                        "why": f"the weight inputs together qualify ({base['promised']:.4f})"}
+    else:
+        chosen, order = [], weights + others
+        decision["nothing_quantized"] = measure([])
+        if decision["nothing_quantized"]["promised"] < min_cosine:
+            order = []  # not even the graph with no activation quantized qualifies: nothing will
+    alone = {name: measure([*chosen, name]) for name in order}
+    order = sorted(order, key=lambda n: (groups[n]["kind"] != "weights", -alone[n]["promised"]))
+    for name in order:
+        entry: Dict[str, Any] = {"kind": groups[name]["kind"], "alone": alone[name]}
+        with_it = measure([*chosen, name]) if alone[name]["promised"] >= min_cosine else alone[name]
+        if with_it["promised"] >= min_cosine:
+            chosen.append(name)
+            entry.update(quantized=True, why=f"promised cosine with it {with_it['promised']:.4f} >= {min_cosine:g}")
+        else:
+            entry.update(quantized=False, why=f"kept fp32: quantizing it takes the promised cosine to "
+                                              f"{with_it['promised']:.4f} < {min_cosine:g}")
+        decision["groups"][name] = entry
+    final = decision["chosen"] = measure(chosen)
+    decision["promised"] = bool(chosen) and final["promised"] >= min_cosine
+    if not decision["promised"]:  # nothing qualifies: the weight MatMuls alone (refused unless the gate is 0)
+        chosen = list(weights)
+        decision["fallback"] = "no placement qualifies: the weight inputs alone quantized"
+        for name, g in groups.items():
+            entry = decision["groups"].setdefault(name, {"kind": g["kind"], "why": decision["fallback"]})
+            entry["quantized"] = name in weights
+            if name in weights:
+                entry["why"] = decision["fallback"]
+        decision["chosen"] = measure(chosen)
+    return _without(proto, groups, [g for g in groups if g not in chosen]), decision
+
+
+def group_speed(chosen: onnx.ModelProto, full: onnx.ModelProto, decision: Mapping[str, Any], x: np.ndarray, *,
+                runs: int = SPEED_RUNS, fixed: Sequence[str] = ()) -> Dict[str, Any]:
+    """What each group ``auto`` kept fp32 costs in speed here: ONNX Runtime CPU, one thread, batch 1, the chosen
+    graph against the chosen graph with that group quantized too, ``runs`` runs of each interleaved, the fastest
+    of each (the run least disturbed by other work on the machine). ``slowdown`` > 1: the group in fp32 is slower
+    on this CPU.
+
+    Returns:
+        ``{"runtime", "batch", "runs", "chosen_ms", "groups": {group: {"fp32_ms", "quantized_ms", "slowdown"}}}``.
+    """
+    from attnzoo.runtime.evaluate import cpu_session
+
+    groups = qdq_groups(full, fixed)
+    kept = [g for g, d in decision["groups"].items() if not d["quantized"] and g in groups]
+    quantized = [g for g, d in decision["groups"].items() if d["quantized"]]
+    one = np.ascontiguousarray(x[:1])
+    base = cpu_session(chosen, 1)
+    name = base.get_inputs()[0].name
+
+    def timed(sess) -> float:
+        start = time.perf_counter()
+        sess.run(None, {name: one})
+        return (time.perf_counter() - start) * 1e3
+
+    base.run(None, {name: one})
+    result: Dict[str, Any] = {"runtime": "onnxruntime CPUExecutionProvider, 1 thread", "batch": 1, "runs": runs,
+                              "statistic": "fastest of the interleaved runs",
+                              "groups": {}}
+    mine: List[float] = []
+    for group in kept:
+        other = cpu_session(_without(full, groups, [g for g in groups if g not in {*quantized, group}]), 1)
+        other.run(None, {name: one})
+        pairs = [(timed(base), timed(other)) for _ in range(runs)]
+        a, b = np.array(pairs).T
+        mine.extend(a)
+        result["groups"][group] = {"fp32_ms": float(a.min()), "quantized_ms": float(b.min()),
+                                   "slowdown": float(a.min() / b.min())}
+    result["chosen_ms"] = float(min(mine)) if mine else None
+    return result
