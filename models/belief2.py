@@ -17,23 +17,25 @@ self-attention of S. Zhai (arXiv:2603.09078).
 - eq. 15: ``X <- X + Delta W + phi(alpha * V) W^p`` (``W`` is ``proj``, ``W^p`` is ``proj_p``).
 
 Proposition 1: with ``phi = identity``, ``zz`` off and ``W^p = W`` (``proj_p.bias = 0``, so the bias is
-counted once) the update equals standard attention; :func:`attnzoo.models.convert_to_belief2` builds that.
+counted once) the update equals standard attention; :func:`belief2_from_standard` turns one standard attention
+layer into that, and :func:`attnzoo.models.convert_to_belief2` does it for every block of a model.
 The zoo trains it from scratch with ``param_matched``: the block MLP shrinks so that the model has
 ``standard``'s parameter count, as the paper does when training from scratch.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Dict, Optional
 
 import torch
 from torch import nn
 
 from .belief import DEFAULT_EPS, PROJECTION_OPS, OrthogonalProjection
-from .registry import Paper, register_variant
+from .registry import Paper, attention_class, register_variant, split_options
 from .standard import StandardAttention, merge_heads
 
-__all__ = ["ExclusiveAttention", "Belief2Attention", "PHI_CHOICES", "PAPER"]
+__all__ = ["ExclusiveAttention", "Belief2Attention", "PHI_CHOICES", "PAPER", "prop1_options", "check_prop1_source",
+           "tie_proj_p", "belief2_from_standard"]
 
 PAPER = Paper("Improved Belief-Attention in Vision Tasks", "Guoqiang Zhang", 2026, "https://arxiv.org/abs/2606.00077")
 PHI_CHOICES = {"identity": nn.Identity, "gelu": nn.GELU, "silu": nn.SiLU}
@@ -109,3 +111,63 @@ register_variant("belief2", Belief2Attention, paper=PAPER, equations="eq. 11-15,
                  options={"phi": "gelu", "zz": True, "eps": DEFAULT_EPS}, model_options={"param_matched": False},
                  extra_params="W^p (D x D + bias), W^Z (D x D) if zz", extra_scopes={"projection": PROJECTION_OPS},
                  zoo_options={"param_matched": True})
+
+
+# ------------------------------------------------------------------------------------------------ Proposition 1
+def prop1_options() -> Dict[str, Any]:
+    """Belief2 options (attention and model) under which Prop. 1 holds: ``phi = identity``, ``zz`` off, the
+    full MLP (``param_matched`` off)."""
+    _, attn, model = split_options("belief2", phi="identity", zz=False, param_matched=False)
+    return {**attn, **model}
+
+
+def tie_proj_p(attn: nn.Module) -> None:
+    """``W^p = W``, ``b^p = 0`` in a Belief2 layer: the bias is added once, by ``proj`` (Prop. 1)."""
+    with torch.no_grad():
+        attn.proj_p.weight.copy_(attn.proj.weight)
+        if attn.proj_p.bias is not None:
+            attn.proj_p.bias.zero_()
+
+
+def check_prop1_source(attn: nn.Module, where: str) -> None:
+    """Refuse an attention layer that Prop. 1 does not cover.
+
+    Args:
+        attn: The layer to convert.
+        where: Its name in the model, for the message (``blocks.3.attn``).
+
+    Raises:
+        ValueError: ``attn`` is not timm's ``Attention`` or attnzoo's ``standard`` class, or uses
+            ``scale_norm`` / ``gated`` (Belief2 applies those to ``Delta`` only, eq. 15).
+    """
+    from timm.layers import Attention as TimmAttention
+
+    cls = type(attn)
+    if not (cls in (TimmAttention, StandardAttention) or getattr(cls, "variant", None) == "standard"):
+        raise ValueError(f"{where} is a {cls.__module__}.{cls.__name__}, not standard attention "
+                         "(timm.layers.Attention); Prop. 1 covers standard attention only")
+    if not isinstance(attn.norm, nn.Identity):
+        raise ValueError(f"{where} uses scale_norm (a norm before proj); Belief2 would normalise Delta only, "
+                         "so the function would change")
+    if getattr(attn, "gate", None) is not None:
+        raise ValueError(f"{where} is gated; Belief2 would gate Delta only, so the function would change")
+
+
+def belief2_from_standard(attn: nn.Module) -> nn.Module:
+    """A Belief2 layer computing the same function as the standard attention layer ``attn`` (Prop. 1).
+
+    With ``phi = identity``, ``zz`` off and ``W^p = W``, ``b^p = 0``, eq. 15's update is
+    ``(MH - aV) W + b + (aV) W = MH W + b``, standard attention's. The new layer holds ``attn``'s own ``qkv``,
+    q/k norm and ``proj`` modules (shared, not copied) and ``proj_p`` tied to ``proj`` by :func:`tie_proj_p`.
+    Call :func:`check_prop1_source` first.
+    """
+    options = prop1_options()
+    cls = attention_class("belief2", **{k: options[k] for k in ("phi", "zz", "eps")})
+    weight = attn.qkv.weight
+    new = cls(attn.qkv.in_features, num_heads=attn.num_heads, attn_head_dim=attn.head_dim,
+              dim_out=attn.proj.out_features, qkv_bias=attn.qkv.bias is not None,
+              proj_bias=attn.proj.bias is not None, attn_drop=attn.attn_drop.p, proj_drop=attn.proj_drop.p,
+              device=weight.device, dtype=weight.dtype)
+    new.qkv, new.q_norm, new.k_norm, new.proj = attn.qkv, attn.q_norm, attn.k_norm, attn.proj
+    tie_proj_p(new)
+    return new.train(attn.training)

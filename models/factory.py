@@ -1,4 +1,5 @@
-"""Model factory: ViT classifiers and Segmenter models for every variant; timm checkpoints; Prop. 1 conversion."""
+"""Model factory: ViT classifiers and Segmenter models for every variant; timm checkpoints; whole models
+converted to Belief2 (the layer conversion of Prop. 1 is ``belief2.belief2_from_standard``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from timm.layers import LayerScale, PatchEmbed
 from timm.models.vision_transformer import Block, ResPostBlock, VisionTransformer
 from torch import nn
 
+from .belief2 import belief2_from_standard, check_prop1_source, prop1_options, tie_proj_p
 from .mabvit import PR_MLP_RATIO, ParallelBlock
 from .registry import VARIANTS, attention_class, split_options
 from .segmenter import DECODERS, Segmenter
@@ -171,54 +173,6 @@ _CONVERTIBLE_BLOCKS = (Block, ResPostBlock, ParallelBlock)
 TIMM_DEFAULT_ARCH = "timm-vit"
 
 
-def _belief2_prop1_options() -> Dict[str, Any]:
-    """Belief2 options under which Prop. 1 holds: ``phi = identity``, ``zz`` off, full MLP."""
-    _, attn, model = split_options("belief2", phi="identity", zz=False, param_matched=False)
-    return {**attn, **model}
-
-
-def _set_proj_p_to_proj(attn: nn.Module) -> None:
-    """``W^p = W``, ``b^p = 0``: the bias is added once, by ``proj`` (Belief2 paper, Prop. 1)."""
-    with torch.no_grad():
-        attn.proj_p.weight.copy_(attn.proj.weight)
-        if attn.proj_p.bias is not None:
-            attn.proj_p.bias.zero_()
-
-
-def _check_standard_attention(attn: nn.Module, where: str) -> None:
-    """Refuse what Prop. 1 does not cover.
-
-    Raises:
-        ValueError: ``attn`` is not timm's ``Attention`` or attnzoo's ``standard`` class, or uses
-            ``scale_norm`` / ``gated`` (Belief2 applies those to ``Delta`` only, eq. 15).
-    """
-    from timm.layers import Attention as TimmAttention
-
-    cls = type(attn)
-    if not (cls in (TimmAttention, StandardAttention) or getattr(cls, "variant", None) == "standard"):
-        raise ValueError(f"{where} is a {cls.__module__}.{cls.__name__}, not standard attention "
-                         "(timm.layers.Attention); Prop. 1 covers standard attention only")
-    if not isinstance(attn.norm, nn.Identity):
-        raise ValueError(f"{where} uses scale_norm (a norm before proj); Belief2 would normalise Delta only, "
-                         "so the function would change")
-    if getattr(attn, "gate", None) is not None:
-        raise ValueError(f"{where} is gated; Belief2 would gate Delta only, so the function would change")
-
-
-def _belief2_attention(attn: nn.Module) -> nn.Module:
-    """A Belief2 attention (Prop. 1 options) holding ``attn``'s own qkv, q/k norm and proj modules."""
-    options = _belief2_prop1_options()
-    cls = attention_class("belief2", **{k: options[k] for k in ("phi", "zz", "eps")})
-    weight = attn.qkv.weight
-    new = cls(attn.qkv.in_features, num_heads=attn.num_heads, attn_head_dim=attn.head_dim,
-              dim_out=attn.proj.out_features, qkv_bias=attn.qkv.bias is not None,
-              proj_bias=attn.proj.bias is not None, attn_drop=attn.attn_drop.p, proj_drop=attn.proj_drop.p,
-              device=weight.device, dtype=weight.dtype)
-    new.qkv, new.q_norm, new.k_norm, new.proj = attn.qkv, attn.q_norm, attn.k_norm, attn.proj
-    _set_proj_p_to_proj(new)
-    return new.train(attn.training)
-
-
 def _timm_config(model: VisionTransformer) -> Dict[str, Any]:
     """attnzoo config of a converted timm ViT: input size from the model, mean/std from its data config.
 
@@ -231,7 +185,7 @@ def _timm_config(model: VisionTransformer) -> Dict[str, Any]:
     h, w = getattr(model.patch_embed, "img_size", None) or tuple(data["input_size"][1:])
     pretrained = getattr(model, "pretrained_cfg", None) or {}
     config = model_config("belief2", "cls", pretrained.get("architecture") or TIMM_DEFAULT_ARCH,
-                          model.num_classes, h, _belief2_prop1_options())
+                          model.num_classes, h, prop1_options())
     if h != w:
         config["img_size"] = [int(h), int(w)]
     config["mean"] = [float(m) for m in data["mean"]]
@@ -253,10 +207,10 @@ def _convert_timm_vit(model: VisionTransformer) -> nn.Module:
         if type(blk) not in _CONVERTIBLE_BLOCKS:
             raise ValueError(f"blocks.{i} is a {type(blk).__name__}; convert_to_belief2 handles "
                              f"{', '.join(c.__name__ for c in _CONVERTIBLE_BLOCKS)} blocks")
-        _check_standard_attention(blk.attn, f"blocks.{i}.attn")
+        check_prop1_source(blk.attn, f"blocks.{i}.attn")
     out = copy.deepcopy(model)
     for blk in out.blocks:
-        blk.attn = _belief2_attention(blk.attn)
+        blk.attn = belief2_from_standard(blk.attn)
     out.attnzoo_config = _timm_config(model)
     return out.eval()
 
@@ -265,9 +219,9 @@ def convert_to_belief2(source: Union[nn.Module, Mapping[str, torch.Tensor]], **c
     """Turn a standard model (a timm ViT, an attnzoo ``standard`` model or a timm-named state dict) into
     Belief2 computing the same function.
 
-    Belief2 with ``phi = identity``, ``zz`` off and ``W^p = W`` equals standard attention (Belief2 paper,
-    Prop. 1): ``(MH - aV) W + b + (aV) W = MH W + b``. So ``proj_p.weight = proj.weight`` and
-    ``proj_p.bias = 0`` (the bias is added once, by ``proj``).
+    Each block's attention becomes Belief2 with ``phi = identity``, ``zz`` off and ``W^p = W``, ``b^p = 0``,
+    which equals standard attention (Belief2 paper, Prop. 1; the layer conversion and its proof sketch are
+    :func:`attnzoo.models.belief2.belief2_from_standard`).
 
     A timm ``VisionTransformer`` (any patch size, width, depth, heads, LayerScale, class/register tokens,
     pooling) is deep-copied and each block's ``attn`` is swapped; everything else stays as timm built it
@@ -309,7 +263,7 @@ def convert_to_belief2(source: Union[nn.Module, Mapping[str, torch.Tensor]], **c
         state = dict(source)
         if "num_classes" not in kwargs and "head.weight" in state and kwargs.get("task", "cls") == "cls":
             kwargs["num_classes"] = state["head.weight"].shape[0]
-    model = create_model("belief2", **_belief2_prop1_options(), **kwargs)
+    model = create_model("belief2", **prop1_options(), **kwargs)
     if isinstance(source, nn.Module):
         result = model.load_state_dict(state, strict=False)
         missing, unexpected = result.missing_keys, result.unexpected_keys
@@ -322,6 +276,6 @@ def convert_to_belief2(source: Union[nn.Module, Mapping[str, torch.Tensor]], **c
         raise ValueError(f"the standard weights lack: {', '.join(not_proj_p[:20])}")
     encoder = model.encoder if isinstance(model, Segmenter) else model
     for blk in encoder.blocks:
-        _set_proj_p_to_proj(blk.attn)
+        tie_proj_p(blk.attn)
     return model.eval()
 
