@@ -37,7 +37,8 @@ from typing import Callable, Iterator, List, Optional, Sequence, TypeVar
 __all__ = ["UsageError", "CommandError", "Terminated", "Interrupted", "CommandExit", "entry_point", "add_debug_flag",
            "first_line", "parse_names", "parse_batch_sizes", "one_of", "PendingSignal", "signals_deferred", "run_in_worker", "abandon",
            "COMMANDS", "SIGNAL_EXITS",
-           "export_model", "bench_latency", "serve_demo", "serve_models", "train_model", "evaluate_model"]
+           "export_model", "bench_latency", "serve_demo", "serve_models", "train_model", "evaluate_model",
+           "report_variant"]
 
 T = TypeVar("T")
 #: Worker threads running native code that a signal made the main thread give up on (cancelled, maybe running).
@@ -55,6 +56,7 @@ COMMANDS = {
     "serve-models": "attnzoo.serve.rayserve.cli:main",
     "train-model": "attnzoo.training.cli:main",
     "evaluate-model": "attnzoo.training.cli:evaluate_main",
+    "report-variant": "attnzoo.report.cli:main",
 }
 
 
@@ -356,3 +358,4 @@ serve_demo = _launcher("serve-demo")
 serve_models = _launcher("serve-models")
 train_model = _launcher("train-model")
 evaluate_model = _launcher("evaluate-model")
+report_variant = _launcher("report-variant")

@@ -24,6 +24,7 @@ LAYERS: List[Tuple[str, str]] = [
     ("training", "attnzoo.training"),
     ("benchmarks", "attnzoo.benchmarks"),
     ("studies", "attnzoo.studies"),
+    ("report", "attnzoo.report"),
     ("serve", "attnzoo.serve"),
 ]
 #: Side by side on the top layer: each may use ``attnzoo.serve``'s shared modules, never the other.
@@ -31,7 +32,7 @@ APART = ("attnzoo.serve.demo", "attnzoo.serve.rayserve")
 #: Package name -> folder (``pyproject.toml``'s package-dir).
 FOLDERS = {"attnzoo": "attnzoo", "attnzoo.models": "models", "attnzoo.zoo": "zoo", "attnzoo.runtime": "runtime",
            "attnzoo.export": "export", "attnzoo.training": "training", "attnzoo.benchmarks": "benchmarks",
-           "attnzoo.studies": "studies", "attnzoo.serve": "serve"}
+           "attnzoo.studies": "studies", "attnzoo.report": "report", "attnzoo.serve": "serve"}
 
 
 def layer_of(module: str) -> Optional[int]:

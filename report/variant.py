@@ -1,0 +1,476 @@
+"""``report_variant()``: does an attention variant deploy, and what does it cost against standard attention?
+
+One call measures everything an attention paper's appendix needs, each figure in the same run, ``standard``
+beside the variant where it compares, by the package's own library calls (nothing is re-implemented here):
+
+- **identity**: the registry's paper, equations, extra-math scopes and extra parameters; parameters and FLOPs
+  against ``standard`` (:func:`attnzoo.benchmarks.flops.count_variant`);
+- **export**: :func:`attnzoo.export.export_model` at fp32 (its parity with eager and the extra-math check), fp16,
+  int8 (fidelity to fp32, top-1 agreement, the placement it chose, accuracy on the test split where the model has
+  one), FP8, a TensorRT engine (its network check; built, not run, without a GPU) and a Triton model
+  configuration;
+- **fusion**: :func:`attnzoo.runtime.fusion.audit` on the fp32 exports: whether each runtime runs each block's
+  attention core as one kernel;
+- **cost**: :func:`attnzoo.benchmarks.run.run_benchmark` (every backend, batch 1 and 8, fp32 and bf16 where the CPU
+  has bf16 units, overhead against ``standard`` from A B A B pairs), :func:`attnzoo.studies.scaling.run_scaling`
+  (latency and memory against tokens), and the GPU plan's committed results where they exist (marked as such).
+
+A step that fails is a finding, not a crash: its entry says ``failed`` with the reason, and one that cannot run
+here says ``unavailable`` (or ``skipped``) with why. :func:`attnzoo.report.render.write_report` writes the folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shlex
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+
+from attnzoo.cli import UsageError, first_line
+
+__all__ = ["SCHEMA", "BATCH_SIZES", "Budget", "FULL", "QUICK", "ReportResult", "report_variant", "identity", "export_side",
+           "fusion", "latency", "scaling", "gpu_rows"]
+
+#: ``report.json``'s ``schema`` field (docs/report-variant.md describes this version).
+SCHEMA = "attnzoo.report-variant/1"
+PathLike = Union[str, Path]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Sizes and time limits of one run.
+
+    Attributes:
+        latency_arch: ViT of the latency rows (seeded random init, as ``bench-latency``).
+        latency_min_time: Seconds per measurement (still at least 10 iterations).
+        latency_time_limit: Seconds after which no new latency row starts.
+        compile_budget: Seconds of ``torch.compile`` the latency rows may spend (0: compile rows skipped, said so).
+        scaling_arch, scaling_sizes, seg_sizes: The scaling sweeps' ViT and input sides (classifier; Segmenter).
+        scaling_min_time: Seconds per scaling measurement.
+        scaling_backends: The backends of the scaling sweep.
+        max_call_s: A scaling call predicted to take longer is skipped with the reason.
+        int8: Extra :func:`attnzoo.export.export_model` arguments of the int8 export (smaller sets in --quick).
+        standard_exports: Export steps also run for ``standard`` (fp32 always: the fusion audit's baseline).
+        fp8: Build the FP8 graph.
+    """
+
+    latency_arch: str
+    latency_min_time: float
+    latency_time_limit: float
+    compile_budget: float
+    scaling_arch: str
+    scaling_sizes: Tuple[int, ...]
+    seg_sizes: Tuple[int, ...]
+    scaling_min_time: float
+    max_call_s: float
+    scaling_backends: Tuple[str, ...] = ("eager", "ort-cpu")
+    int8: Dict[str, Any] = field(default_factory=dict)
+    standard_exports: Tuple[str, ...] = ("fp32", "fp16", "int8", "tensorrt", "triton")
+    fp8: bool = True
+
+
+#: The default run: ViT-Ti latency rows at 197 tokens, scaling 197 -> 577 -> 1,025 tokens and a Segmenter encoder at
+#: 4,097 tokens (skipped with its reason when predicted too slow), the int8 export scored on the whole test split.
+#: Designed for at most 10 minutes on 2 cores (docs/report-variant.md has a measured run).
+FULL = Budget(latency_arch="tiny", latency_min_time=0.3, latency_time_limit=240.0, compile_budget=120.0,
+              scaling_arch="tiny", scaling_sizes=(224, 384, 512), seg_sizes=(1024,), scaling_min_time=0.3,
+              max_call_s=10.0)
+#: ``--quick``: micro models at small sizes, short timing, small int8 sets with the CPU placement (no placement
+#: search), no compile, no FP8, scaling on eager only, ``standard`` exported at fp32 only (the fusion baseline).
+QUICK = Budget(latency_arch="micro", latency_min_time=0.02, latency_time_limit=60.0, compile_budget=0.0,
+               scaling_arch="micro", scaling_sizes=(32, 64), seg_sizes=(), scaling_min_time=0.02, max_call_s=5.0,
+               scaling_backends=("eager",),
+               int8=dict(calibration_count=64, fidelity_count=32, eval_limit=200, qdq_placement="cpu"),
+               standard_exports=("fp32",), fp8=False)
+#: Batch sizes of the latency rows.
+BATCH_SIZES = (1, 8)
+
+
+@dataclass
+class ReportResult:
+    """What :func:`report_variant` measured and wrote.
+
+    Attributes:
+        report: The ``report.json`` content.
+        out: The report folder.
+        verdict: The one-line verdict (also ``report["verdict"]["line"]``).
+        files: Every file written in ``out`` (``report.md``, ``report.json``, the PNG plots).
+    """
+
+    report: Dict[str, Any]
+    out: Path
+    verdict: str
+    files: List[Path] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------------------ steps
+def _attempt(fn: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
+    """``fn()`` with ``status: ok`` added; a usage error (the step cannot run here) is ``unavailable`` and any other
+    failure ``failed``, each with its one-line reason."""
+    t0 = time.perf_counter()
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            result = {"status": "ok", **fn()}
+    except UsageError as exc:
+        result = {"status": "unavailable", "reason": first_line(exc)}
+    except Exception as exc:  # noqa: BLE001 - a failed step is a finding of the report, not its end
+        result = {"status": "failed", "reason": first_line(exc, typed=True)}
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    return result
+
+
+def _skipped(reason: str) -> Dict[str, Any]:
+    return {"status": "skipped", "reason": reason}
+
+
+# ------------------------------------------------------------------------------------------------ identity
+def identity(variant: str, arch: str, sizes: Tuple[int, ...]) -> Dict[str, Any]:
+    """The registry's facts about ``variant``, its parameters and its FLOPs per image beside ``standard``'s (at
+    ``arch``'s own size and each of ``sizes``)."""
+    from attnzoo.benchmarks.flops import count_variant, meta_model
+    from attnzoo.models import VARIANTS
+
+    spec = VARIANTS[variant]
+
+    def cost(name: str) -> Dict[str, Any]:
+        model = meta_model(name, "cls", arch)
+        params = sum(p.numel() for p in model.parameters())
+        own = model.attnzoo_config["img_size"]
+        flops = {}
+        for size in dict.fromkeys((own, *sizes)):
+            c = count_variant(name, "cls", arch, img_size=size)
+            flops[str(size)] = c.matrix_flops + c.vector_ops
+        return {"params": params, "flops_per_image": flops}
+
+    mine, std = cost(variant), cost("standard")
+    return {"variant": variant, "paper": str(spec.paper), "equations": spec.equations,
+            "extra_params": spec.extra_params, "extra_weights": list(spec.extra_weights),
+            "extra_scopes": list(spec.extra_scopes), "package": spec.package, "version": spec.version,
+            "pairwise_scores": spec.pairwise_scores, "cost_family": spec.cost_family, "arch": arch,
+            "counter": "attnzoo.benchmarks.flops.count_variant (matrix FLOPs + pairwise vector ops, meta device)",
+            "params": mine["params"], "standard_params": std["params"],
+            "flops_per_image": mine["flops_per_image"], "standard_flops_per_image": std["flops_per_image"],
+            "flops_ratio": {k: mine["flops_per_image"][k] / std["flops_per_image"][k] for k in mine["flops_per_image"]}}
+
+
+# ------------------------------------------------------------------------------------------------ export
+def _source(variant: str, checkpoint: Optional[PathLike], like: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """The model an export side starts from: ``checkpoint``, else the zoo's classifier, else a random init (the
+    arch of ``like``, the variant side's source, for ``standard`` beside a checkpoint of another arch)."""
+    from attnzoo import zoo
+
+    if checkpoint is not None:
+        return {"kind": "checkpoint", "checkpoint": str(checkpoint)}
+    try:
+        path = zoo.checkpoint_path(variant, "cls")
+    except ValueError:
+        path = None
+    if path is not None and (like is None or like.get("arch") in (None, _zoo_arch(variant))):
+        return {"kind": "zoo", "checkpoint": str(path), "arch": _zoo_arch(variant)}
+    arch = (like or {}).get("arch") or "micro"
+    return {"kind": "random-init", "arch": arch, "task": (like or {}).get("task", "cls")}
+
+
+def _zoo_arch(variant: str) -> Optional[str]:
+    from attnzoo import zoo
+
+    return next((e.get("arch") for e in zoo.entries() if e["variant"] == variant and e["task"] == "cls"
+                 and e["data"] == zoo.DEFAULT_DATA), None)
+
+
+def _model_args(variant: str, source: Dict[str, Any]) -> Dict[str, Any]:
+    if source["kind"] == "random-init":
+        return {"variant": variant, "random_init": True, "arch": source["arch"], "task": source.get("task")}
+    if source["kind"] == "checkpoint":
+        return {"checkpoint": source["checkpoint"]}
+    return {"variant": variant}  # the zoo's
+
+
+def _rel(path: Path, out: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(out.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _fp32_summary(report: Dict[str, Any], out: Path, onnx_path: Path) -> Dict[str, Any]:
+    par, extra = report["parity"], report["extra_math"]
+    return {"file": _rel(onnx_path, out), "passed": report["passed"], "opset": report.get("opset"),
+            "max_abs_err": par["max_abs_err"], "tolerance": par["tolerance"], "batch_sizes": par["batch_sizes"],
+            "top1_agree": min((r[k]["top1_agree"] for r in par["per_batch"] for k in ("real", "random") if k in r),
+                              default=None),
+            "extra_math": {"ok": extra["ok"], "scopes": len(extra["blocks"]),
+                           "nodes_per_block": extra.get("nodes_per_block", {}), "failures": extra["failures"]},
+            "nodes": report.get("num_nodes"), "file_size": report.get("file_size")}
+
+
+def _int8_summary(report: Dict[str, Any]) -> Dict[str, Any]:
+    fid = report.get("fidelity") or {}
+    q = report.get("quantization") or {}
+    options = q.get("options") or {}
+    auto = options.get("auto") or {}
+    kept = [g for g, d in (auto.get("groups") or {}).items() if not d.get("quantized", True)]
+    scope = report.get("extra_math_scope_check") or {}
+    qdq = q.get("qdq") or {}
+    return {"passed": report.get("passed"), "cosine_min": (fid.get("cosine") or {}).get("min"),
+            "cosine_mean": (fid.get("cosine") or {}).get("mean"), "top1_agreement": fid.get("top1_agreement"),
+            "fidelity_inputs": fid.get("n_inputs"), "fidelity_source": fid.get("source"),
+            "placement": options.get("placement"), "kept_fp32": kept,
+            "quantized_ops": qdq.get("quantized_ops"), "total_ops": qdq.get("total_ops"),
+            "extra_math_kept": not scope.get("quantized") if scope else None,
+            "quantizer": q.get("quantizer"), "calibration": q.get("calibration"),
+            "accuracy": report.get("accuracy")}
+
+
+def export_side(variant: str, source: Dict[str, Any], folder: Path, out: Path, budget: Budget,
+                steps: Tuple[str, ...]) -> Dict[str, Any]:
+    """Every export of one model (the ``steps`` of fp32, fp16, int8, fp8, tensorrt, triton), each an entry with
+    ``status`` (``ok``, ``failed``, ``unavailable``, ``skipped``) and its figures."""
+    from attnzoo.export import export_model
+
+    folder.mkdir(parents=True, exist_ok=True)
+    args = _model_args(variant, source)
+    side: Dict[str, Any] = {"source": source}
+    onnx_path = folder / f"{variant}.onnx"
+
+    def fp32_and_engine() -> Dict[str, Any]:
+        r = export_model(**args, out=folder / f"{variant}.engine", format="tensorrt",
+                         batch_sizes=BATCH_SIZES)
+        e = r.engine_report or {}
+        side["tensorrt"] = {"status": "ok", "engine": _rel(r.engine_path, out), "state": e.get("status"),
+                            "ran_on_gpu": e.get("ran_on_gpu"), "not_run_reason": e.get("not_run_reason"),
+                            "network_check": {k: (e.get("network_check") or {}).get(k)
+                                              for k in ("ok", "failures", "layers", "extra_math_scopes")},
+                            "library": f"{e.get('library')} {e.get('library_version')}",
+                            "compute_capability": e.get("compute_capability"), "parity": e.get("parity"),
+                            "latency": e.get("latency")}
+        return _fp32_summary(r.report, out, r.onnx_path)
+
+    tensorrt_wanted = "tensorrt" in steps
+    side["fp32"] = _attempt(fp32_and_engine) if tensorrt_wanted else {"status": "skipped"}
+    if side["fp32"]["status"] != "ok":  # no engine (no TensorRT here, or its build failed): the ONNX alone
+        engine = side["fp32"]
+        side["fp32"] = _attempt(lambda: _fp32_summary(export_model(**args, out=onnx_path).report, out, onnx_path))
+        side["tensorrt"] = engine if tensorrt_wanted else _skipped("not built with this budget (--quick)")
+    else:
+        onnx_path = folder / f"{variant}.onnx"
+    side["onnx_path"] = str(onnx_path)
+    if "fp16" in steps:
+        path16 = folder / f"{variant}_fp16.onnx"
+        side["fp16"] = _attempt(lambda: _fp32_summary(export_model(**args, out=path16, dtype="fp16").report,
+                                                      out, path16))
+    else:
+        side["fp16"] = _skipped("not exported with this budget (--quick)")
+    for dtype, wanted in (("int8", "int8" in steps), ("fp8", "int8" in steps and budget.fp8)):
+        if not wanted:
+            side[dtype] = _skipped("not built with this budget (--quick)")
+            continue
+        path = folder / f"{variant}_{dtype}.onnx"
+        side[dtype] = _attempt(lambda: {"file": _rel(path, out), **_int8_summary(
+            export_model(**args, out=path, dtype=dtype, **budget.int8).report)})
+    if "triton" in steps:
+        def triton() -> Dict[str, Any]:
+            r = export_model(**args, out=folder / "triton", format="triton")
+            return {"folder": _rel(r.path, out), "config": _rel(r.path / "config.pbtxt", out), **(r.triton or {})}
+
+        side["triton"] = _attempt(triton)
+    else:
+        side["triton"] = _skipped("not written with this budget (--quick)")
+    side["extra_math_kept"] = {
+        "fp32": (side["fp32"].get("extra_math") or {}).get("ok"),
+        "fp16": (side["fp16"].get("extra_math") or {}).get("ok"),
+        "int8": side["int8"].get("extra_math_kept"),
+        "tensorrt": ((side.get("tensorrt") or {}).get("network_check") or {}).get("ok"),
+    }
+    acc = side["int8"].get("accuracy") if side["int8"]["status"] == "ok" else None
+    if acc:
+        side["accuracy"] = {"status": "ok", **acc}
+    elif source["kind"] == "random-init":
+        side["accuracy"] = {"status": "absent", "reason": f"the zoo has no trained {variant} classifier: random "
+                                                          "init, no test split to score"}
+    else:
+        side["accuracy"] = {"status": "absent", "reason": "the int8 export measured no test-split accuracy"
+                            + (f" ({side['int8'].get('reason')})" if side["int8"].get("reason") else
+                               " (the model has no labelled test split)")}
+    return side
+
+
+# ------------------------------------------------------------------------------------------------ fusion
+def fusion(paths: Dict[str, str]) -> Dict[str, Any]:
+    """:func:`attnzoo.runtime.fusion.audit` of each side's fp32 ONNX, with its markdown table."""
+    from attnzoo.runtime.fusion import audit, markdown
+
+    result = {}
+    for side, path in paths.items():
+        def one(path=path) -> Dict[str, Any]:
+            a = audit(path)
+            return {"audit": a, "table": markdown(a)}
+
+        result[side] = _attempt(one)
+    return result
+
+
+# ------------------------------------------------------------------------------------------------ cost
+def latency(variant: str, budget: Budget, work: Path, command: str) -> Dict[str, Any]:
+    """:func:`attnzoo.benchmarks.run.run_benchmark` of ``variant`` (``standard`` added by it) on every backend,
+    batch 1 and 8, fp32 and bf16 where this CPU has bf16 units."""
+    from attnzoo.benchmarks.run import Settings, run_benchmark
+    from attnzoo.machine import bf16_problem
+    from attnzoo.runtime.backends import backend_names
+
+    bf16 = bf16_problem()
+    s = Settings(variants=[variant], backends=list(backend_names()), dtypes=["fp32"] + ([] if bf16 else ["bf16"]),
+                 batch_sizes=list(BATCH_SIZES), arch=budget.latency_arch, threads=1,
+                 min_time=budget.latency_min_time, out=work / "bench", cache_dir=work / "bench-cache",
+                 compile_budget=budget.compile_budget, ceiling_size=0, progress=False,
+                 time_limit=budget.latency_time_limit, command=command)
+    r = run_benchmark(s)
+    return {"settings": r["settings"], "bf16": {"rows": bf16 is None, "reason": bf16}, "rows": r["results"],
+            "overheads": r["overheads"], "fastest_cpu": r["fastest_cpu"], "interrupted": r["interrupted"],
+            "note": r["note"], "wall_time_s": r["wall_time_s"]}
+
+
+def scaling(variant: str, budget: Budget, work: Path, command: str, quick: bool) -> Dict[str, Any]:
+    """:func:`attnzoo.studies.scaling.run_scaling` of ``standard`` and ``variant``: latency and peak memory against
+    tokens (classifier; a Segmenter encoder where ``budget.seg_sizes``), batch 1."""
+    from attnzoo.studies.scaling import Settings, run_scaling
+
+    s = Settings(variants=list(dict.fromkeys(["standard", variant])), backends=budget.scaling_backends,
+                 arch=budget.scaling_arch,
+                 sizes=budget.scaling_sizes, seg_sizes=budget.seg_sizes, batch_sizes=(),
+                 threads=1, min_time=budget.scaling_min_time, max_call_s=budget.max_call_s, out=work / "scaling",
+                 cache_dir=work / "scaling-cache", progress=False, command=command, quick=quick)
+    return run_scaling(s)
+
+
+def gpu_rows(variant: str) -> Dict[str, Any]:
+    """Rows of ``variant`` and ``standard`` from the GPU plan's committed results (``results/gpu-h100/<model>/
+    results.json``), each marked with the file it comes from; ``status: absent`` where none are committed."""
+    from attnzoo.benchmarks.gpu_plan import MODELS, ROOT
+
+    found = []
+    for model in MODELS:
+        path = ROOT / "results" / "gpu-h100" / model / "results.json"
+        if not path.is_file():
+            continue
+        result = json.loads(path.read_text())
+        gpu = ((result.get("environment") or {}).get("gpu") or {}).get("name")
+        over = {(o["backend"], o["dtype"], o["batch"]): o for o in result.get("overheads", [])
+                if o.get("variant") == variant}
+        for r in result.get("results", []):
+            if r.get("variant") in (variant, "standard") and r.get("status") == "ok":
+                o = over.get((r["backend"], r["dtype"], r["batch"])) if r["variant"] == variant else None
+                found.append({"from": str(path.relative_to(ROOT)), "model": model, "gpu": gpu,
+                              "variant": r["variant"], "backend": r["backend"], "dtype": r["dtype"],
+                              "batch": r["batch"], "median_ms": r["median_ms"],
+                              "overhead": o.get("ratio_median") if o else None})
+    if not found:
+        return {"status": "absent", "reason": "no committed GPU-plan results for this variant "
+                                              "(results/gpu-h100/ holds none yet)", "rows": []}
+    return {"status": "ok", "note": "from the GPU plan's committed results, not measured in this run",
+            "rows": found}
+
+
+# ------------------------------------------------------------------------------------------------ the call
+def report_variant(variant: str, checkpoint: Optional[PathLike] = None, out: Optional[PathLike] = None,
+                   quick: bool = False, *, budget: Optional[Budget] = None, command: str = "",
+                   progress: bool = False) -> ReportResult:
+    """Measure ``variant`` end to end and write its report folder: what ``report-variant`` does.
+
+    Args:
+        variant: A registered variant (built-in or plugin; aliases accepted).
+        checkpoint: The author's own weights (a ``save_checkpoint`` file, or a plain state dict of a cls/micro
+            model); default: the zoo's classifier of ``variant``, else a random init (accuracy marked absent).
+        out: The report folder (default ``variant-reports/<variant>``).
+        quick: Micro models, small sizes, short timing: a minute or two (:data:`QUICK`); default :data:`FULL`.
+        budget: Sizes and limits (overrides ``quick``'s choice).
+        command: The command line, for the report.
+        progress: One line on stderr per section.
+
+    Returns:
+        :class:`ReportResult`.
+
+    Raises:
+        UsageError: an unknown variant (the valid ones listed), a checkpoint that is not a file, or an output
+            path that is a file; nothing is measured or written then.
+    """
+    from attnzoo.fileio import writable_dir
+    from attnzoo.machine import environment
+    from attnzoo.models import VARIANT_NAMES, canonical_name
+
+    from .render import write_report
+
+    try:
+        variant = canonical_name(variant)
+    except ValueError:
+        raise UsageError(f"unknown variant {variant!r}; valid: {', '.join(VARIANT_NAMES)}") from None
+    if checkpoint is not None and not Path(checkpoint).is_file():
+        raise UsageError(f"--checkpoint {checkpoint}: no such file")
+    out = Path(out) if out is not None else Path("variant-reports") / variant
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; it names the report folder")
+    writable_dir(out, "report folder")
+    budget = budget or (QUICK if quick else FULL)
+    started = time.time()
+    timings: Dict[str, float] = {}
+
+    def section(name: str, fn: Callable[[], Any]) -> Any:
+        if progress:
+            print(f"report-variant {variant}: {name} ...", file=sys.stderr, flush=True)
+        t0 = time.time()
+        value = fn()
+        timings[name] = round(time.time() - t0, 1)
+        return value
+
+    sizes = tuple(budget.scaling_sizes)
+    report: Dict[str, Any] = {"schema": SCHEMA, "variant": variant, "quick": quick, "command": command,
+                              "budget": asdict(budget), "environment": environment()}
+    report["identity"] = section("identity", lambda: _attempt(lambda: identity(variant, budget.latency_arch, sizes)))
+    with tempfile.TemporaryDirectory(prefix="attnzoo-report-") as tmp:
+        work = Path(tmp)
+        src = _source(variant, checkpoint)
+        sides = {variant: section("export", lambda: export_side(variant, src, out / "exports" / variant, out, budget,
+                                                                 ("fp32", "fp16", "int8", "tensorrt", "triton")))}
+        if variant != "standard":
+            std_src = _source("standard", None, like=_side_model(sides[variant], src))
+            sides["standard"] = section("export (standard)", lambda: export_side(
+                "standard", std_src, out / "exports" / "standard", out, budget, budget.standard_exports))
+        report["export"] = sides
+        report["fusion"] = section("fusion", lambda: fusion(
+            {k: s["onnx_path"] for k, s in sides.items() if s["fp32"]["status"] == "ok"}))
+        for s in sides.values():
+            s["onnx_path"] = _rel(Path(s["onnx_path"]), out)
+        report["cost"] = {
+            "latency": section("latency", lambda: _attempt(lambda: latency(variant, budget, work, command))),
+            "scaling": section("scaling", lambda: _attempt(lambda: scaling(variant, budget, work, command, quick))),
+            "gpu": gpu_rows(variant),
+        }
+    report["section_times_s"] = timings
+    report["wall_time_s"] = round(time.time() - started, 1)
+    files, verdict = write_report(report, out)
+    return ReportResult(report=report, out=out, verdict=verdict, files=files)
+
+
+def _side_model(side: Dict[str, Any], source: Dict[str, Any]) -> Dict[str, Any]:
+    """The arch and task the variant side exported (for ``standard`` to match)."""
+    path = side.get("onnx_path")
+    if path and Path(path).is_file():
+        from attnzoo.export import read_metadata
+
+        with contextlib.suppress(Exception):
+            config = read_metadata(path)
+            return {"arch": config.get("arch"), "task": config.get("task")}
+    return {"arch": source.get("arch"), "task": source.get("task", "cls")}
+
+
+def command_line(argv: Optional[List[str]] = None) -> str:
+    """The command as typed (for the report)."""
+    return "report-variant " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))

@@ -1,0 +1,102 @@
+"""``report-variant``: one quick run writes the folder (report.md with its plots, report.json in the documented
+schema) and prints a one-line verdict; an unknown variant is refused with the valid ones, before any work."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from attnzoo.cli import CommandExit
+from attnzoo.models import VARIANT_NAMES
+from attnzoo.report import SCHEMA
+from attnzoo.report.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+STATUSES = {"ok", "failed", "unavailable", "skipped"}
+
+
+def _documented_keys() -> set:
+    """The ``report.json`` keys docs/report-variant.md documents (``key`` in its schema tables' first column)."""
+    text = (ROOT / "docs" / "report-variant.md").read_text()
+    return set(re.findall(r"^\| `([a-z0-9_.<>]+)`", text, flags=re.M))
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report") / "belief2"
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["--variant", "belief2", "--quick", "--quiet", "--out", str(out)]) == 0
+    return out, buf.getvalue()
+
+
+def test_quick_report_writes_the_folder_schema_verdict_and_figures(quick):
+    out, stdout = quick
+    lines = stdout.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("belief2: ") and str(out / "report.md") in lines[0]
+    report = json.loads((out / "report.json").read_text())
+    assert report["schema"] == SCHEMA and report["variant"] == "belief2" and report["quick"] is True
+    # every top-level and section key is documented, and the documented ones are there
+    documented = _documented_keys()
+    present = set(report) | {f"{k}.{s}" for k in ("cost", "verdict") for s in report[k]} | \
+        {f"export.<side>.{s}" for s in report["export"]["belief2"]}
+    assert present <= documented, sorted(present - documented)
+    assert {"schema", "variant", "identity", "export", "fusion", "cost", "verdict"} <= set(report)
+    # identity: the registry's facts and counted FLOPs beside standard's
+    ident = report["identity"]
+    assert ident["status"] == "ok" and ident["extra_scopes"] == ["projection"] and ident["paper"]
+    assert all(r > 1 for r in ident["flops_ratio"].values())  # belief2's projection costs FLOPs
+    # export: every step has a status; the variant's fp32 / fp16 parity and extra math from export_model's reports
+    side = report["export"]["belief2"]
+    for step in ("fp32", "fp16", "int8", "fp8", "tensorrt", "triton", "accuracy"):
+        assert side[step]["status"] in STATUSES | {"absent"}, (step, side[step])
+    assert side["fp32"]["status"] == "ok" and side["fp32"]["passed"] and side["fp32"]["max_abs_err"] < 1e-4
+    assert side["fp32"]["extra_math"]["ok"] and side["fp32"]["extra_math"]["scopes"] == 4  # micro: 4 blocks
+    assert side["fp8"]["status"] == "skipped"  # --quick builds no FP8 graph, and says so
+    if side["int8"]["status"] == "ok":
+        assert 0 < side["int8"]["cosine_min"] <= 1 and side["int8"]["placement"] == "cpu"
+    if side["tensorrt"]["status"] == "ok":
+        assert side["tensorrt"]["network_check"]["ok"]
+        if not side["tensorrt"]["ran_on_gpu"]:
+            assert "no GPU" in report["verdict"]["line"]
+    assert report["export"]["standard"]["fp32"]["status"] == "ok"
+    # fusion: read from the runtimes; standard's cores run fused on OpenVINO (its snippets Subgraph)
+    std = {r["runtime"]: r for r in report["fusion"]["standard"]["audit"]["runtimes"]}
+    assert std["openvino"]["inspected"] and std["openvino"]["fused"] == std["openvino"]["cores"] == 4
+    assert "fused: OpenVINO" in report["verdict"]["line"]
+    # cost: latency rows of both variants at batch 1 and 8, overheads, scaling rows
+    lat = report["cost"]["latency"]
+    assert lat["status"] == "ok"
+    ok = {(r["variant"], r["batch"]) for r in lat["rows"] if r["status"] == "ok" and r["backend"] == "eager"}
+    assert ok == {(v, b) for v in ("standard", "belief2") for b in (1, 8)}
+    assert any(o["variant"] == "belief2" and o["ratio_median"] > 0 for o in lat["overheads"])
+    assert all(r["reason"] for r in lat["rows"] if r["status"] == "skipped")  # said plainly, never silent
+    sc = report["cost"]["scaling"]
+    assert sc["status"] == "ok" and {r["variant"] for r in sc["rows"] if r["status"] == "ok"} == {"standard",
+                                                                                                 "belief2"}
+    assert report["cost"]["gpu"]["status"] in ("ok", "absent") and (report["cost"]["gpu"].get("reason") or
+                                                                     report["cost"]["gpu"].get("note"))
+    # the page: verdict, sections, and every plot it names exists as a PNG
+    md = (out / "report.md").read_text()
+    for heading in ("## Identity", "## Export", "## Fusion audit", "## Cost", "### Scaling in tokens", "### GPU"):
+        assert heading in md
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    assert {"latency.png", "overhead.png", "scaling.png"} <= set(images)
+    for name in images:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_unknown_variant_is_refused_listing_the_valid_ones(tmp_path, capsys):
+    with pytest.raises(CommandExit) as exc:
+        main(["--variant", "no-such-attention", "--quick", "--out", str(tmp_path / "r")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no-such-attention" in err[0]
+    assert all(name in err[0] for name in VARIANT_NAMES)
+    assert not (tmp_path / "r").exists()  # refused before anything was written
