@@ -308,6 +308,13 @@ def _fusion_md(report: Mapping[str, Any]) -> List[str]:
     return lines
 
 
+def _ms(row: Optional[Mapping[str, Any]]) -> str:
+    """A timed row's median, else its status and reason."""
+    if row is None:
+        return "-"
+    return f"{row['median_ms']:.2f}" if row["status"] == "ok" else f"{row['status']}: {row['reason']}"
+
+
 def _latency_md(report: Mapping[str, Any], pngs: Mapping[str, Path]) -> List[str]:
     lat = report["cost"]["latency"]
     if lat.get("status") != "ok":
@@ -321,15 +328,9 @@ def _latency_md(report: Mapping[str, Any], pngs: Mapping[str, Path]) -> List[str
     rows = []
     for b, d, n in keys:
         s, v, o = by.get(("standard", b, d, n)), by.get((variant, b, d, n)), over.get((b, d, n))
-
-        def ms(r):
-            if r is None:
-                return "-"
-            return f"{r['median_ms']:.2f}" if r["status"] == "ok" else f"{r['status']}: {r['reason']}"
-
         ratio = f"{o['ratio_median']:.2f} [{o['ratio_q1']:.2f}, {o['ratio_q3']:.2f}]" if o else "-"
         mem = _num((v or {}).get("peak_mem_mb"), "{:.0f}")
-        rows.append([b, d, str(n), ms(s), ms(v) if variant != "standard" else "-", ratio, mem])
+        rows.append([b, d, str(n), _ms(s), _ms(v) if variant != "standard" else "-", ratio, mem])
     untimed: Dict[Tuple[str, str], str] = {}
     for r in lat["rows"]:
         if r["status"] not in ("ok", "failed") and r["variant"] == variant:
@@ -360,16 +361,11 @@ def _scaling_md(report: Mapping[str, Any], pngs: Mapping[str, Path]) -> List[str
     variant = report["variant"]
     rows = []
     for p in scaling_pairs(report):
-        def ms(r):
-            if r is None:
-                return "-"
-            return f"{r['median_ms']:.2f}" if r["status"] == "ok" else f"{r['status']}: {r['reason']}"
-
         def mb(r):
             return _num((r or {}).get("peak_mb"), "{:.0f}") if (r or {}).get("status") == "ok" else "-"
 
         rows.append([{"cls": "classifier", "seg": "Segmenter"}[p["task"]], str(p["tokens"]), p["backend"],
-                     ms(p.get("standard")), ms(p.get("variant")) if variant != "standard" else "-",
+                     _ms(p.get("standard")), _ms(p.get("variant")) if variant != "standard" else "-",
                      _num(p["ratio"], "{:.2f}"), mb(p.get("standard")), mb(p.get("variant"))])
     lines = [f"`python -m attnzoo.studies.scaling`'s run ({st['arch']} ViT, batch 1, {st['threads']} thread; peak "
              "memory: the process's peak resident set above the built model; a call predicted to take longer than "
