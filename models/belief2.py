@@ -31,11 +31,11 @@ import torch
 from torch import nn
 
 from .belief import DEFAULT_EPS, PROJECTION_OPS, OrthogonalProjection
-from .registry import Paper, attention_class, register_variant, split_options
+from .registry import ModelBuild, ModelOption, Paper, attention_class, register_variant, split_options
 from .standard import StandardAttention, merge_heads
 
-__all__ = ["ExclusiveAttention", "Belief2Attention", "PHI_CHOICES", "PAPER", "prop1_options", "check_prop1_source",
-           "tie_proj_p", "belief2_from_standard"]
+__all__ = ["ExclusiveAttention", "Belief2Attention", "PHI_CHOICES", "PAPER", "PARAM_MATCHED", "prop1_options",
+           "check_prop1_source", "tie_proj_p", "belief2_from_standard"]
 
 PAPER = Paper("Improved Belief-Attention in Vision Tasks", "Guoqiang Zhang", 2026, "https://arxiv.org/abs/2606.00077")
 PHI_CHOICES = {"identity": nn.Identity, "gelu": nn.GELU, "silu": nn.SiLU}
@@ -107,8 +107,17 @@ class Belief2Attention(StandardAttention):
         return super().extra_repr() + f", phi={self.phi_name}, zz={self.zz}"
 
 
+def _param_matched_hidden(matched: bool, hidden: int, build: ModelBuild) -> int:
+    """Shrink the MLP by the attention's extra parameters; each hidden unit costs 2D weights + 1 bias."""
+    return hidden - round(build.attention_extra_params() / (2 * build.embed_dim + 1)) if matched else hidden
+
+
+#: Model option ``param_matched``: the block MLP shrinks so that the model has ``standard``'s parameter count.
+PARAM_MATCHED = ModelOption(False, mlp_hidden=_param_matched_hidden)
+
 register_variant("belief2", Belief2Attention, paper=PAPER, equations="eq. 11-15, Prop. 1",
-                 options={"phi": "gelu", "zz": True, "eps": DEFAULT_EPS}, model_options={"param_matched": False},
+                 options={"phi": "gelu", "zz": True, "eps": DEFAULT_EPS},
+                 model_options={"param_matched": PARAM_MATCHED},
                  extra_params="W^p (D x D + bias), W^Z (D x D) if zz", extra_scopes={"projection": PROJECTION_OPS},
                  zoo_options={"param_matched": True})
 

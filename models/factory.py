@@ -4,7 +4,7 @@ converted to Belief2 (the layer conversion of Prop. 1 is ``belief2.belief2_from_
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Type, Union
 
 import torch
 from timm.layers import LayerScale, PatchEmbed
@@ -12,14 +12,13 @@ from timm.models.vision_transformer import Block, ResPostBlock, VisionTransforme
 from torch import nn
 
 from .belief2 import belief2_from_standard, check_prop1_source, prop1_options, tie_proj_p
-from .mabvit import PR_MLP_RATIO, ParallelBlock
-from .registry import VARIANTS, attention_class, split_options
+from .mabvit import ParallelBlock
+from .registry import VARIANTS, ModelBuild, attention_class, split_options
 from .segmenter import DECODERS, Segmenter
-from .standard import StandardAttention
 from .stem import ConvStemPatchEmbed
 
 __all__ = ["ARCHS", "TASKS", "create_model", "model_config", "load_timm_state_dict", "convert_to_belief2",
-           "count_params", "mlp_hidden"]
+           "count_params", "mlp_hidden", "block_fn"]
 
 #: Architectures: ViT-Ti/S/B at 224 px as in timm, ``micro`` for CPU training at 32 px (~0.2 M params), and
 #: ``micro-conv``, micro with a convolutional stem (``stem="conv"``) for small real images.
@@ -40,27 +39,30 @@ def _check_choice(kind: str, value: str, valid) -> None:
 
 
 def mlp_hidden(variant: str, arch: str, **options: Any) -> int:
-    """Hidden width of the block MLP for a variant: 4D, 3D with MABViT ``pr``, or, with ``param_matched``
-    (Belief2's option), shrunk by the attention's extra parameters so that the model has the parameter
-    count of ``standard``."""
+    """Hidden width of the block MLP for a variant: the arch's ``mlp_ratio`` x D, then each of the variant's
+    model options with an ``mlp_hidden`` hook in turn (MABViT's ``pr``: 3D; Belief2's ``param_matched``: shrunk
+    by the attention's extra parameters, so that the model has ``standard``'s parameter count)."""
     spec, attn, model = split_options(variant, **options)
     a = ARCHS[arch]
-    dim = a["embed_dim"]
-    if model.get("pr"):
-        return int(dim * PR_MLP_RATIO)
-    hidden = int(dim * a["mlp_ratio"])
-    if model.get("param_matched"):
-        extra = _attention_extra_params(spec.name, attn, dim, a["num_heads"])
-        hidden -= round(extra / (2 * dim + 1))  # each hidden unit costs 2D weights + 1 bias
+    build = ModelBuild(spec.name, attn, a["embed_dim"], a["num_heads"])
+    hidden = int(a["embed_dim"] * a["mlp_ratio"])
+    for key, value in model.items():
+        hook = spec.model_options[key].mlp_hidden
+        if hook is not None:
+            hidden = int(hook(value, hidden, build))
     return hidden
 
 
-def _attention_extra_params(variant: str, attn: Mapping[str, Any], dim: int, num_heads: int) -> int:
-    """Parameters one attention layer of ``variant`` has over ``standard``'s (built on the meta device)."""
-    with torch.device("meta"):
-        layer = attention_class(variant, **attn)(dim, num_heads=num_heads, qkv_bias=True)
-        base = StandardAttention(dim, num_heads=num_heads, qkv_bias=True)
-    return count_params(layer) - count_params(base)
+def block_fn(variant: str, **options: Any) -> Type[nn.Module]:
+    """timm ``block_fn`` for a variant: ``Block``, or what its model options' ``block_fn`` hooks choose, in
+    turn (MABViT's ``parallel``: :class:`ParallelBlock`)."""
+    spec, _, model = split_options(variant, **options)
+    block: Type[nn.Module] = Block
+    for key, value in model.items():
+        hook = spec.model_options[key].block_fn
+        if hook is not None:
+            block = hook(value) or block
+    return block
 
 
 def create_model(
@@ -102,7 +104,6 @@ def create_model(
     if img_size % a["patch_size"]:
         raise ValueError(f"img_size {img_size} must be a multiple of the patch size {a['patch_size']}")
     hidden = mlp_hidden(spec.name, arch, **variant_options)
-    block_fn = ParallelBlock if model_opts.get("parallel") else Block
     encoder = VisionTransformer(
         img_size=img_size,
         patch_size=a["patch_size"],
@@ -113,7 +114,7 @@ def create_model(
         num_classes=num_classes if task == "cls" else 0,
         dynamic_img_size=(task == "seg"),
         drop_path_rate=drop_path_rate,
-        block_fn=block_fn,
+        block_fn=block_fn(spec.name, **variant_options),
         embed_layer=ConvStemPatchEmbed if a.get("stem") == "conv" else PatchEmbed,
         attn_layer=attention_class(spec.name, **attn),
     )

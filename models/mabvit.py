@@ -22,10 +22,10 @@ import torch.nn.functional as F
 from torch import nn
 from timm.layers import DropPath, LayerScale, Mlp
 
-from .registry import Paper, register_variant
+from .registry import ModelBuild, ModelOption, Paper, register_variant
 from .standard import StandardAttention
 
-__all__ = ["MABViTAttention", "ParallelBlock", "VALUE_ACTS", "PR_MLP_RATIO", "PAPER"]
+__all__ = ["MABViTAttention", "ParallelBlock", "VALUE_ACTS", "PR_MLP_RATIO", "PAPER", "PARALLEL", "PR"]
 
 PAPER = Paper("MABViT -- Modified Attention Block Enhances Vision Transformers",
               "Mahesh Ramesh and Aswinkumar Ramkumar", 2023, "https://arxiv.org/abs/2312.01324")
@@ -64,7 +64,15 @@ class MABViTAttention(StandardAttention):
         return super().extra_repr() + f", value_act={self.value_act}"
 
 
-_BLOCK_OPTIONS = {"parallel": False, "pr": False}
+def _pr_hidden(pr: bool, hidden: int, build: ModelBuild) -> int:
+    return int(build.embed_dim * PR_MLP_RATIO) if pr else hidden
+
+
+#: Model option ``parallel``: :class:`ParallelBlock` in place of timm's ``Block``.
+PARALLEL = ModelOption(False, block_fn=lambda parallel: ParallelBlock if parallel else None)
+#: Model option ``pr``: the paper's parameter-reduced MLP, hidden width 3D.
+PR = ModelOption(False, mlp_hidden=_pr_hidden)
+_BLOCK_OPTIONS = {"parallel": PARALLEL, "pr": PR}
 register_variant("mabvit-glu", MABViTAttention, paper=PAPER, equations="Modified Attention Block (GLU)",
                  options={"value_act": "glu"}, model_options=_BLOCK_OPTIONS,
                  extra_params="W^b (D x D + bias); pr: MLP 3D", cost_family="mabvit")

@@ -12,9 +12,10 @@ options, extra weights) instead of keeping lists of names.
 from __future__ import annotations
 
 import re
+import sys
 import warnings
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Type, Union, overload
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Type, Union, overload
 
 import torch
 from timm.layers import Attention
@@ -22,8 +23,8 @@ from torch import nn
 
 from attnzoo.cli import first_line
 
-__all__ = ["Paper", "VariantSpec", "VARIANTS", "VARIANT_NAMES", "BUILTIN_VARIANTS", "ALIASES", "BUILTIN_PACKAGE",
-           "ENTRY_POINT_GROUP", "PluginWarning", "register_variant", "load_plugins", "canonical_name",
+__all__ = ["Paper", "ModelOption", "ModelBuild", "VariantSpec", "VARIANTS", "VARIANT_NAMES", "BUILTIN_VARIANTS",
+           "ALIASES", "BUILTIN_PACKAGE", "ENTRY_POINT_GROUP", "PluginWarning", "register_variant", "load_plugins", "canonical_name",
            "split_options", "attention_class", "create_attention", "TIMM_ATTN_KWARGS"]
 
 #: The distribution the built-in variants come from.
@@ -63,6 +64,80 @@ class Paper:
 
 
 @dataclass(frozen=True)
+class ModelBuild:
+    """What a :class:`ModelOption`'s ``mlp_hidden`` hook may read about the model being built.
+
+    Attributes:
+        variant: Canonical variant name.
+        attn_options: The variant's attention options (defaults filled in).
+        embed_dim: Token width D.
+        num_heads: Heads M.
+    """
+
+    variant: str
+    attn_options: Mapping[str, Any]
+    embed_dim: int
+    num_heads: int
+
+    def attention_extra_params(self) -> int:
+        """Parameters one attention layer of the variant has over ``standard``'s of the same width (both built
+        on the meta device)."""
+        with torch.device("meta"):
+            layer = _bound_class(VARIANTS[self.variant], self.attn_options)(
+                self.embed_dim, num_heads=self.num_heads, qkv_bias=True)
+            base = VARIANTS["standard"].cls(self.embed_dim, num_heads=self.num_heads, qkv_bias=True)
+        return sum(p.numel() for p in layer.parameters()) - sum(p.numel() for p in base.parameters())
+
+
+def _same_type_as(default: Any) -> Callable[[Any], Any]:
+    """The default check of a :class:`ModelOption`: a given value has the default's type (an int is taken
+    for a float)."""
+
+    def check(value: Any) -> Any:
+        kind = type(default)
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if type(value) is not kind:
+            shown = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
+                kind, kind.__name__)
+            raise ValueError(f"must be {shown}, got {value!r}")
+        return value
+
+    return check
+
+
+@dataclass(frozen=True)
+class ModelOption:
+    """A model-level option of a variant: a change to the ViT around its attention (block type, MLP width).
+
+    Declared in ``register_variant(..., model_options={name: ModelOption(...)})``; given like an attention
+    option (``create_model(variant, name=value)``, ``train-model --option name=value``), recorded in the
+    model's config, and applied by :func:`attnzoo.models.create_model` through the hooks below, in the order
+    the variant declares its options. The built-ins: MABViT's ``parallel`` and ``pr``
+    (``attnzoo.models.mabvit.PARALLEL``, ``PR``) and Belief2's ``param_matched``
+    (``attnzoo.models.belief2.PARAM_MATCHED``); a plugin may reuse them or declare its own.
+
+    Attributes:
+        default: Value when the option is not given.
+        block_fn: ``value -> block class``: the timm ``block_fn`` to build (``None``: keep the one so far,
+            timm's ``Block``).
+        mlp_hidden: ``(value, hidden, build) -> hidden``: the block MLP's hidden width from the width so far
+            (``build``: a :class:`ModelBuild`).
+        check: ``value -> value``: refuses a bad value with ``ValueError`` (one line) and may normalise it;
+            default: the value must have the default's type.
+    """
+
+    default: Any
+    block_fn: Optional[Callable[[Any], Optional[Type[nn.Module]]]] = None
+    mlp_hidden: Optional[Callable[[Any, int, ModelBuild], int]] = None
+    check: Optional[Callable[[Any], Any]] = None
+
+    def validate(self, value: Any) -> Any:
+        """``value`` checked (and normalised) by :attr:`check`."""
+        return (self.check or _same_type_as(self.default))(value)
+
+
+@dataclass(frozen=True)
 class VariantSpec:
     """One attention variant: its class and every fact about it that another module needs.
 
@@ -70,7 +145,7 @@ class VariantSpec:
         name: CLI name.
         cls: Attention class (a ``timm.layers.Attention`` drop-in).
         options: Default attention options passed to ``cls``.
-        model_options: Default model-level options (block type, MLP width).
+        model_options: Model-level options (block type, MLP width): name -> :class:`ModelOption`.
         paper: Source paper: a :class:`Paper` for the built-ins, a citation string for a plugin.
         equations: Equations the class implements.
         extra_params: Parameters over ``standard`` per block, in words.
@@ -94,7 +169,7 @@ class VariantSpec:
     name: str
     cls: Type[nn.Module]
     options: Mapping[str, Any] = field(default_factory=dict)
-    model_options: Mapping[str, Any] = field(default_factory=dict)
+    model_options: Mapping[str, ModelOption] = field(default_factory=dict)
     paper: Union[Paper, str] = ""
     equations: str = ""
     extra_params: str = "none"
@@ -129,6 +204,8 @@ ALIASES: Dict[str, str] = {}
 VARIANTS: Dict[str, VariantSpec] = {}
 #: (package, version) of the plugin whose entry point is running, while :func:`load_plugins` runs it.
 _LOADING: List[Tuple[str, str]] = []
+#: Entry points whose module was mid-import when :func:`load_plugins` ran (:func:`_load_deferred`).
+_DEFERRED: List[Any] = []
 
 
 class _Names(Sequence):
@@ -139,6 +216,8 @@ class _Names(Sequence):
         self._builtin = builtin
 
     def _names(self) -> Tuple[str, ...]:
+        if _DEFERRED:
+            _load_deferred()
         return tuple(n for n in _ORDER if VARIANTS[n].builtin) if self._builtin else tuple(_ORDER)
 
     @overload
@@ -196,6 +275,33 @@ def _normalize_scopes(name: str, extra_scopes: Union[Sequence[str], Mapping[str,
                                  f"counts >= 1, got {bad}")
             ops[scope] = dict(need)
     return tuple(scopes), ops
+
+
+def _check_model_options(name: str, options: Mapping[str, Any], model_options: Mapping[str, Any]
+                          ) -> Dict[str, ModelOption]:
+    """``model_options`` of a registration, each a :class:`ModelOption` that changes the model and takes its
+    own default.
+
+    Raises:
+        ValueError: one line naming the variant and the option.
+    """
+    for key, opt in model_options.items():
+        if not isinstance(key, str) or not key.isidentifier():
+            raise ValueError(f"variant {name!r}: model option name {key!r} must be a Python identifier")
+        if key in options:
+            raise ValueError(f"variant {name!r}: {key!r} is both an attention option and a model option")
+        if not isinstance(opt, ModelOption):
+            raise ValueError(f"variant {name!r}: model option {key!r} must be an attnzoo.models.ModelOption "
+                             f"(default, block_fn / mlp_hidden), got {opt!r}")
+        if opt.block_fn is None and opt.mlp_hidden is None:
+            raise ValueError(f"variant {name!r}: model option {key!r} changes nothing in the model (give it a "
+                             "block_fn or an mlp_hidden)")
+        try:
+            opt.validate(opt.default)
+        except ValueError as exc:
+            raise ValueError(f"variant {name!r}: the default of model option {key!r} is refused by its own check: "
+                             f"{first_line(exc)}") from None
+    return dict(model_options)
 
 
 def _probe(spec: VariantSpec) -> Tuple[str, ...]:
@@ -269,7 +375,7 @@ def register_variant(
         equations: str = "",
         options: Optional[Mapping[str, Any]] = None,
         extra_scopes: Union[Sequence[str], Mapping[str, Optional[Mapping[str, int]]]] = (),
-        model_options: Optional[Mapping[str, Any]] = None,
+        model_options: Optional[Mapping[str, ModelOption]] = None,
         extra_params: str = "",
         aliases: Sequence[str] = (),
         pairwise_scores: bool = False,
@@ -291,7 +397,8 @@ def register_variant(
             ``["projection"]``; or ``{scope: {op type: minimum count}}`` to also require ops (a bare name, or
             ``None``, requires at least one op). Export names their nodes ``<blocks>.N.attn.<scope>/<Op>`` and
             checks them in every block (standard ONNX ops only, fp32 in fp16 graphs, unquantized in int8).
-        model_options: Model-level options (block type, MLP width) of a built-in variant.
+        model_options: Model-level options, name -> :class:`ModelOption` (its default, its check, and the
+            block class or MLP width it sets); each becomes a variant option like ``options``' entries.
         extra_params: Parameters over ``standard`` per block, in words (for the variants table).
         aliases: Other names every command accepts for it.
         pairwise_scores: Its scores need pairwise distances computed slab by slab (the forward-memory
@@ -324,7 +431,8 @@ def register_variant(
             raise ValueError(f"variant {new!r} from package {package!r} clashes with variant {other.name!r} from "
                              f"package {other.package!r}; not registered (rename one of them)")
     scopes, scope_ops = _normalize_scopes(name, extra_scopes)
-    spec = VariantSpec(name, attn_layer, dict(options or {}), dict(model_options or {}),
+    model_options = _check_model_options(name, dict(options or {}), dict(model_options or {}))
+    spec = VariantSpec(name, attn_layer, dict(options or {}), model_options,
                        paper.strip() if isinstance(paper, str) else paper, equations,
                        extra_params or ("none" if package == BUILTIN_PACKAGE else ""), scopes, scope_ops,
                        package, version, aliases, bool(pairwise_scores), cost_family or name, dict(zoo_options or {}))
@@ -353,41 +461,66 @@ def _package_of(attn_layer: type) -> Tuple[str, str]:
     return top, ""
 
 
+def _importing(module: str) -> bool:
+    """Whether ``module`` is being imported right now (it imported ``attnzoo.models``, which loads plugins)."""
+    spec = getattr(sys.modules.get(module), "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))
+
+
+def _run_entry_point(ep: Any) -> List[str]:
+    """Run one entry point; return the names it registered (none, and one :class:`PluginWarning`, on failure)."""
+    dist = getattr(ep, "dist", None)
+    package = dist.metadata["Name"] if dist is not None else ep.value.split(":")[0].split(".")[0]
+    version = dist.version if dist is not None else ""
+    before = len(_ORDER)
+    _LOADING.append((package, version))
+    try:
+        ep.load()()
+    except Exception as exc:  # any failure of third-party code: one warning, keep going
+        for bad in _ORDER[before:]:
+            for alias in VARIANTS.pop(bad).aliases:
+                VARIANTS.pop(alias, None)
+                ALIASES.pop(alias, None)
+        del _ORDER[before:]
+        reason = str(exc) if isinstance(exc, ValueError) else first_line(exc, typed=True)
+        warnings.warn(f"attnzoo variant plugin {ep.name!r} ({package} {version}) skipped: {reason}",
+                      PluginWarning, stacklevel=3)
+        return []
+    finally:
+        _LOADING.pop()
+    return _ORDER[before:]
+
+
 def load_plugins() -> List[str]:
     """Run every entry point of the group ``attnzoo.variants``; return the names they registered.
 
     A plugin that fails (import error, bad registration, name clash) is named in one :class:`PluginWarning`
-    and its variants are removed; the other plugins still load.
+    and its variants are removed; the other plugins still load. A plugin module imported directly (``import
+    attnzoo_cosine``) imports ``attnzoo.models`` before it has defined its entry point: that one runs once the
+    module is imported, at the next name lookup (:func:`canonical_name`, ``VARIANT_NAMES``).
     """
     from importlib.metadata import entry_points
 
     added: List[str] = []
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-        dist = getattr(ep, "dist", None)
-        package = dist.metadata["Name"] if dist is not None else ep.value.split(":")[0].split(".")[0]
-        version = dist.version if dist is not None else ""
-        before = len(_ORDER)
-        _LOADING.append((package, version))
-        try:
-            ep.load()()
-        except Exception as exc:  # any failure of third-party code: one warning, keep going
-            for bad in _ORDER[before:]:
-                for alias in VARIANTS.pop(bad).aliases:
-                    VARIANTS.pop(alias, None)
-                    ALIASES.pop(alias, None)
-            del _ORDER[before:]
-            reason = str(exc) if isinstance(exc, ValueError) else first_line(exc, typed=True)
-            warnings.warn(f"attnzoo variant plugin {ep.name!r} ({package} {version}) skipped: {reason}",
-                          PluginWarning, stacklevel=2)
+        if _importing(ep.module):
+            _DEFERRED.append(ep)
         else:
-            added += _ORDER[before:]
-        finally:
-            _LOADING.pop()
+            added += _run_entry_point(ep)
     return added
+
+
+def _load_deferred() -> None:
+    """Run the entry points :func:`load_plugins` deferred whose modules have finished importing."""
+    for ep in [ep for ep in _DEFERRED if not _importing(ep.module)]:
+        _DEFERRED.remove(ep)
+        _run_entry_point(ep)
 
 
 def canonical_name(name: str) -> str:
     """Resolve case, ``_``/``-`` spelling and aliases; raise ``ValueError`` listing valid names."""
+    if _DEFERRED:
+        _load_deferred()
     key = str(name).strip().lower().replace("_", "-")
     key = ALIASES.get(key, key)
     if key not in _ORDER:
@@ -403,7 +536,15 @@ def split_options(name: str, **options: Any) -> Tuple[VariantSpec, Dict[str, Any
         valid = ", ".join(spec.valid_options) or "none"
         raise ValueError(f"unknown option(s) {', '.join(unknown)} for variant {spec.name!r}; valid options: {valid}")
     attn = {k: options.get(k, v) for k, v in spec.options.items()}
-    model = {k: options.get(k, v) for k, v in spec.model_options.items()}
+    model = {}
+    for key, opt in spec.model_options.items():
+        if key not in options:
+            model[key] = opt.default
+            continue
+        try:
+            model[key] = opt.validate(options[key])
+        except ValueError as exc:
+            raise ValueError(f"option {key} of variant {spec.name!r}: {first_line(exc)}") from None
     return spec, attn, model
 
 

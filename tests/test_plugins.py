@@ -109,6 +109,72 @@ def test_registered_variant_is_listed_built_and_exported_with_its_scope(registry
     assert result["failures"] == [f"blocks.{i}.attn.gain: 0 Div node(s), need 1" for i in range(DEPTH)]
 
 
+def _post_norm_block(post_norm: bool):
+    from timm.models.vision_transformer import ResPostBlock
+
+    return ResPostBlock if post_norm else None
+
+
+def _halve_mlp(halve: bool, hidden: int, build) -> int:
+    return hidden // 2 if halve else hidden
+
+
+def test_plugin_declares_model_options_the_factory_and_train_model_apply(registry_restored, tmp_path):
+    """A made-up variant declares two model options of its own (post-norm blocks, a halved MLP) and reuses
+    MABViT's ``parallel``: create_model and ``train-model --option`` apply them, the checkpoint records them,
+    and an unknown option is refused listing the valid ones."""
+    from timm.models.vision_transformer import Block, ResPostBlock
+
+    from attnzoo.models import ModelOption, ParallelBlock
+    from attnzoo.models.mabvit import PARALLEL
+    from attnzoo.training import cli
+
+    register_variant("tp-post", GainAttention, paper="p", extra_scopes=["gain"],
+                     model_options={"post_norm": ModelOption(False, block_fn=_post_norm_block),
+                                    "halve_mlp": ModelOption(False, mlp_hidden=_halve_mlp), "parallel": PARALLEL})
+    assert VARIANTS["tp-post"].valid_options == ("post_norm", "halve_mlp", "parallel")
+    plain = create_model("tp-post", num_classes=2)
+    assert type(plain.blocks[0]) is Block and plain.blocks[0].mlp.fc1.out_features == 4 * plain.embed_dim
+    model = create_model("tp-post", num_classes=2, post_norm=True, halve_mlp=True)
+    assert all(type(b) is ResPostBlock for b in model.blocks)
+    assert model.blocks[0].mlp.fc1.out_features == 2 * model.embed_dim
+    assert model.attnzoo_config["options"] == {"post_norm": True, "halve_mlp": True, "parallel": False}
+    assert type(create_model("tp-post", num_classes=2, parallel=True).blocks[0]) is ParallelBlock
+    # train-model --option: applied, recorded in the checkpoint, and rebuilt from it
+    assert cli.main(["--variant", "tp-post", "--option", "post_norm=true", "--data", "shapes", "--epochs", "1",
+                     "--train-size", "16", "--val-size", "8", "--batch-size", "8", "--out", str(tmp_path),
+                     "--threads", "1", "--no-progress"]) == 0
+    ckpt = tmp_path / "tp-post_cls_shapes.safetensors"
+    loaded, config = load_checkpoint(ckpt)
+    assert config["options"]["post_norm"] is True and all(type(b) is ResPostBlock for b in loaded.blocks)
+    # bad input: one line, naming the valid options
+    for argv, message in [(["--option", "bogus=1"], "unknown option(s) bogus for variant 'tp-post'; valid options: "
+                                                     "post_norm, halve_mlp, parallel"),
+                          (["--option", "post_norm=7"], "option post_norm of variant 'tp-post': must be true or "
+                                                        "false, got 7")]:
+        with pytest.raises(SystemExit) as exc:
+            cli.main(["--variant", "tp-post", *argv, "--no-progress", "--train-size", "8", "--out", str(tmp_path)])
+        assert str(exc.value) == f"error: {message}"
+
+
+@pytest.mark.parametrize("model_options, message", [
+    ({"post_norm": False}, "model option 'post_norm' must be an attnzoo.models.ModelOption"),
+    ({"post-norm": None}, "model option name 'post-norm' must be a Python identifier"),
+    ({"halve": "noop-option"}, "model option 'halve' changes nothing in the model"),
+    ({"halve": "bad-default"}, "the default of model option 'halve' is refused by its own check: must be true"),
+])
+def test_bad_model_option_refused_at_registration(registry_restored, model_options, message):
+    from attnzoo.models import ModelOption
+
+    made = {"noop-option": ModelOption(False), "bad-default": ModelOption("no", mlp_hidden=_halve_mlp,
+                                                                          check=ModelOption(False).validate)}
+    model_options = {k: made.get(v, v) for k, v in model_options.items()}
+    with pytest.raises(ValueError, match=message) as exc:
+        register_variant("tp-bad", GainAttention, paper="p", model_options=model_options)
+    _one_line(exc)
+    assert "tp-bad" not in VARIANTS
+
+
 class NoTimmKeywords(nn.Module):
     def __init__(self, dim):
         super().__init__()
@@ -308,6 +374,35 @@ def test_checkpoint_records_the_plugin_and_names_it_when_missing(registry_restor
     text = _one_line(exc)
     assert "variant 'tp-half' comes from the plugin package 'tp-good' 1.2, which is not installed here" in text
     assert "pip install 'tp-good==1.2'" in text
+
+
+_SUBCLASSING = """
+from attnzoo.models import StandardAttention, register_variant  # imports attnzoo.models, which loads plugins
+
+class DirectAttention(StandardAttention):
+    def scores_attention(self, x, q, k, v, attn_mask, is_causal):
+        return self.softmax_attend(q @ k.transpose(-2, -1), v, attn_mask, is_causal)
+
+def register():
+    register_variant("tp-direct", DirectAttention, paper="p")
+"""
+
+
+@pytest.mark.slow
+def test_a_plugin_module_imported_first_still_registers(tmp_path):
+    """``import tp_direct`` before attnzoo.models: its entry point cannot run during that import (the module has
+    not defined it yet), so it runs at the first name lookup, with no warning."""
+    _fake_dist(tmp_path, "tp-direct", "1.0", "tp_direct", _SUBCLASSING)
+    code = ("import warnings; warnings.filterwarnings('error', message='attnzoo variant plugin')\n"
+            "import tp_direct\n"
+            "from attnzoo.models import VARIANTS, canonical_name, create_model\n"
+            "print(canonical_name('tp-direct'), VARIANTS['tp-direct'].package, "
+            "type(create_model('tp-direct', num_classes=2).blocks[0].attn).__mro__[1].__name__)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["tp-direct", "tp-direct", "DirectAttention"]
 
 
 # ------------------------------------------------------------------------------------------------ the example
