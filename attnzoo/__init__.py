@@ -19,13 +19,9 @@ The layers, bottom to top (each a folder of the repository; a module imports onl
 
 from importlib.metadata import PackageNotFoundError, version
 
-from attnzoo import _moved
-
 try:
     __version__ = version("attnzoo")
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0.0.0+unknown"
-
-_moved.install()  # old module names (before the layered layout) still import, with a FutureWarning
 
 __all__ = ["__version__"]

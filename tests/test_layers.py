@@ -10,7 +10,6 @@ import ast
 from pathlib import Path
 from typing import Iterator, List, Optional, Tuple
 
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Bottom to top: a module may import from its own layer and the layers below it, never above.
@@ -98,7 +97,7 @@ def violations() -> List[str]:
             if package_of(target) != package_of(name):  # another package's private names are its own
                 private = [n for n in names if n.startswith("_") and not n.startswith("__")]
                 private += [p for p in target.split(".") if p.startswith("_") and not p.startswith("__")]
-                if private and target != "attnzoo._moved":
+                if private:
                     found.append(f"{where}:{line}: imports {', '.join(private)} from {target}, private to another "
                                  "package")
     return found
@@ -133,24 +132,3 @@ def test_the_architecture_document_lists_the_layers_in_order():
     assert -1 not in positions, [p for (_, p), i in zip(LAYERS, positions) if i == -1]
     assert positions == sorted(positions)
 
-
-@pytest.mark.parametrize("old", ["attnzoo.serving.launch", "attnzoo.benchmarks.quantized", "attnzoo.checkpoint"])
-def test_moved_modules_still_import_as_the_same_module(old):
-    import importlib
-    import warnings
-
-    from attnzoo._moved import new_name
-
-    with warnings.catch_warnings(record=True):
-        warnings.simplefilter("always")
-        assert importlib.import_module(old) is importlib.import_module(new_name(old))
-
-
-def test_python_dash_m_runs_a_moved_module():
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, "-m", "attnzoo.benchmarks.quantized", "--help"], capture_output=True,
-                         text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert "usage:" in out.stdout and "attnzoo.benchmarks.quantized is now attnzoo.studies.quantized" in out.stderr
