@@ -8,8 +8,8 @@ SIGTERM. SIGTERM is turned into an exception in the main thread, so temporary fi
 
 The console scripts start each command through a launcher here (:data:`COMMANDS`; ``export-model`` runs
 :func:`export_model` ...), which imports the command's module only once a signal would end it with the same one
-line: importing torch, ONNX Runtime or Ray takes 1-2.5 s, where Python's own handling of Ctrl-C prints a
-traceback.
+line: importing torch, ONNX Runtime or Ray takes seconds, during which Python's own handling of Ctrl-C would
+print a traceback.
 
 Native code that calls back into Python (TensorRT's logger and progress monitor) must never see those exceptions:
 TensorRT catches an exception raised in its callbacks, prints it and carries on. A short such call runs inside
@@ -281,7 +281,7 @@ def entry_point(fn: Callable[..., Optional[int]]) -> Callable[..., int]:
 
     :class:`UsageError` exits 2; any other ``Exception`` exits 1 with its first line (prefixed with its type
     when it is not a ``ValueError``/``OSError``/:class:`CommandError`); ``SystemExit`` from argparse (help, usage errors) passes
-    through; a legacy ``SystemExit("error: ...")`` exits 1. ``--debug`` in the arguments prints the traceback.
+    through. ``--debug`` in the arguments prints the traceback.
     """
 
     @functools.wraps(fn)
@@ -298,11 +298,7 @@ def entry_point(fn: Callable[..., Optional[int]]) -> Callable[..., int]:
         try:
             with _signals_raise():
                 return fn(argv) or 0
-        except CommandExit:
-            raise
-        except SystemExit as exc:
-            if isinstance(exc.code, str):  # SystemExit("error: ...") raised by a command
-                raise _exit(1, exc.code, exc, debug) from None
+        except SystemExit:  # CommandExit of a nested command, argparse's help and usage errors
             raise
         except UsageError as exc:
             raise _exit(2, f"error: {first_line(exc)}", exc, debug) from None
