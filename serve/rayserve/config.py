@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Union
 
-from attnzoo.runtime.backends import backends, canonical_backend
+from attnzoo.runtime.backends import backends, canonical_backend, get_backend
 from attnzoo.runtime.sessions import SERVED_DTYPES
 
 __all__ = ["ServeConfig", "TASK_CHOICES", "DEFAULT_MAX_BATCH", "onnx_backends", "read_config_file", "merged"]
@@ -129,13 +129,15 @@ class ServeConfig:
         if self.dtype == "int8" and self.arch is not None:
             raise ValueError("dtype int8 serves verified int8 models (the zoo's, or a models folder of export-model "
                              "--dtype int8 files); random-init models have no test set to verify int8 on")
-        if self.dtype == "int8" and self.backend == "tensorrt":
-            raise ValueError("dtype int8 is served on the CPU runtimes (onnxruntime, openvino), not tensorrt")
+        if self.dtype == "int8" and get_backend(self.backend).int8_model is None:
+            raise ValueError(f"dtype int8 is served on the CPU runtimes ("
+                             f"{', '.join(b.name for b in backends() if b.int8_model)}), not {self.backend}")
         if self.dtype == "bf16" and self.arch is not None:
             raise ValueError("dtype bf16 serves trained models verified on their test split (the zoo's, or a models "
                              "folder); random-init models have no test set to verify bf16 on")
-        if self.dtype == "bf16" and self.backend != "openvino":
-            raise ValueError(f"dtype bf16 runs on OpenVINO (backend openvino), not {self.backend}")
+        if self.dtype == "bf16" and "bf16" not in get_backend(self.backend).dtypes:
+            bf16 = [b.name for b in backends() if b.takes == "onnx" and "bf16" in b.dtypes]
+            raise ValueError(f"dtype bf16 runs on OpenVINO (backend {' or '.join(bf16)}), not {self.backend}")
         return self
 
 
