@@ -1,6 +1,8 @@
 """attnzoo.runtime: the one deployment layer that export, the benchmark and the demo share.
 
 - :mod:`.contract`: the model contract read from ONNX metadata (:class:`ModelContract`, input/output names);
+- :mod:`.backends`: the backend registry, one ``load(model, LoadOptions)`` for every way a model runs;
+- :mod:`.device`: the device helpers the backends share (GPU memory, TF32);
 - :mod:`.sessions`: ONNX Runtime sessions on the CPU, CUDA and the TensorRT execution provider;
 - :mod:`.openvino`: OpenVINO on the CPU, reading the same ONNX files;
 - :mod:`.choice`: which CPU runtime is fastest on this machine, measured;

@@ -41,7 +41,9 @@ class OrtGpuSession(Session):
 
     @property
     def session(self):
-        """The session :meth:`run` uses (made on first use)."""
+        """The session :meth:`run` uses (made on first use; not after :meth:`close`)."""
+        if self.closed:
+            raise RuntimeError(f"this {self.backend} session is closed")
         if self._host is None:
             self._host = self._session(graph=False)
         return self._host
