@@ -140,7 +140,7 @@ class StandardAttention(nn.Module):
         return self.q_norm(q), self.k_norm(k), v
 
     def transform_value(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """V before attention, (B, M, N, d). Standard: unchanged; MABViT gates it."""
+        """V before attention, (B, M, N, d). Standard: unchanged; MABViT: a GLU or GELU on it."""
         return v
 
     def scores_attention(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
