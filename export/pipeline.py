@@ -26,9 +26,11 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Un
 
 from torch import nn
 
-from attnzoo.cli import UsageError, first_line
+from attnzoo.cli import UsageError
 
-from .errors import ExportError, ExportWarning
+from .errors import ExportWarning
+from .formats import ExportRequest, formats, get_format, run_step
+from .formats.triton_format import DEFAULT_TRITON_DIR
 
 if TYPE_CHECKING:
     from .quantize import QuantizeOptions
@@ -36,12 +38,10 @@ if TYPE_CHECKING:
 __all__ = ["FORMATS", "SUFFIXES", "DEFAULT_TRITON_DIR", "DEFAULT_BATCH_SIZES", "ExportResult", "export_model",
            "load_for_export", "output_format"]
 
-#: Output file suffixes of each format (the format is inferred from the suffix when not given); ``triton``
-#: writes a folder (a Triton model repository), named only with an explicit ``format="triton"``.
-SUFFIXES: Dict[str, Tuple[str, ...]] = {"onnx": (".onnx",), "tensorrt": (".engine", ".plan"), "triton": ()}
+#: Output file suffixes of each format (:mod:`attnzoo.export.formats`; the format is inferred from the suffix when
+#: not given); ``triton`` writes a folder (a Triton model repository), named only with an explicit ``format="triton"``.
+SUFFIXES: Dict[str, Tuple[str, ...]] = {name: part.suffixes for name, part in formats().items()}
 FORMATS: Tuple[str, ...] = tuple(SUFFIXES)
-#: ``format="triton"`` without ``out``.
-DEFAULT_TRITON_DIR = Path("triton-models")
 #: Batch sizes verified by default (and the TensorRT profile's range).
 DEFAULT_BATCH_SIZES: Tuple[int, ...] = (1, 8)
 
@@ -77,18 +77,11 @@ class ExportResult:
 
     @property
     def files(self) -> List[Path]:
-        """Every file written: the ONNX and its report, the engine and its report, the Triton config."""
-        from .tensorrt import engine_report_path
+        """Every file written: the ONNX and its report, then its format's (the engine and its report, the Triton
+        config)."""
         from .verify import report_path
 
-        files = [self.onnx_path, report_path(self.onnx_path)]
-        if self.engine_path is not None:
-            files += [self.engine_path, engine_report_path(self.engine_path)]
-        if self.triton is not None:
-            from .triton import LABELS_FILE
-
-            files += [self.path / LABELS_FILE, self.path / "config.pbtxt"]
-        return files
+        return [self.onnx_path, report_path(self.onnx_path), *get_format(self.format).files(self)]
 
     def summary(self) -> str:
         """The lines ``export-model`` prints."""
@@ -102,15 +95,7 @@ class ExportResult:
             par = self.fp32_report["parity"]
             lines = [f"fp32 source verified: parity vs eager max abs err {par['max_abs_err']:.2e} at batch sizes "
                      f"{par['batch_sizes']}", quantize_summary(self.report), f"  report: {report_path(self.onnx_path)}"]
-        if self.triton is not None:
-            from .triton import summary as triton_summary
-
-            lines.append(triton_summary(self.path, self.triton))
-        if self.engine_report is not None:
-            from .tensorrt import engine_report_path, summary as engine_summary
-
-            lines += [engine_summary(self.engine_report), f"  report: {engine_report_path(self.engine_path)}"]
-        return "\n".join(lines)
+        return "\n".join(lines + get_format(self.format).summary(self))
 
 
 # ------------------------------------------------------------------------------------------------ the model
@@ -219,26 +204,23 @@ def output_format(fmt: Optional[str], out: Optional[PathLike]) -> str:
     Raises:
         UsageError: an unknown format, a suffix of no format, or a format and suffix that disagree.
     """
-    if fmt is not None and fmt not in SUFFIXES:
-        raise UsageError(f"unknown format {fmt!r}; valid: {', '.join(SUFFIXES)}")
+    part = None if fmt is None else get_format(fmt)
     if out is None:
         return fmt or "onnx"
     out = Path(out)
-    if fmt == "triton":
-        if out.suffix.lower() in {s for suffixes in SUFFIXES.values() for s in suffixes}:
-            raise UsageError(f"with --format triton, --out names the model repository folder, not a file "
-                             f"({out.name}); e.g. --out {out.with_suffix('')}")
+    parts = formats().values()
+    implied = next((p for p in parts if out.suffix.lower() in p.suffixes), None)
+    if part is not None and not part.suffixes:  # a folder
+        if implied is not None:
+            raise UsageError(f"with --format {fmt}, --out names the {part.title} folder, not a file ({out.name}); "
+                             f"e.g. --out {out.with_suffix('')}")
         return fmt
-    implied = next((f for f, suffixes in SUFFIXES.items() if out.suffix.lower() in suffixes), None)
     if implied is None:
-        raise UsageError(f"--out {out}: the file name must end in .onnx (ONNX) or .engine (TensorRT engine)")
-    if fmt is not None and fmt != implied:
-        if fmt == "tensorrt":
-            raise UsageError(f"with --format tensorrt, --out names the engine file (e.g. {out.with_suffix('.engine')}); "
-                             "the verified ONNX is written beside it")
-        raise UsageError(f"--out {out} names a TensorRT engine but --format is onnx; use --out "
-                         f"{out.with_suffix('.onnx')}, or --format tensorrt")
-    return implied
+        raise UsageError(f"--out {out}: the file name must end in "
+                         + " or ".join(f"{p.suffixes[0]} ({p.title})" for p in parts if p.suffixes))
+    if part is not None and part is not implied:
+        raise UsageError(part.mismatch(out, implied))
+    return implied.name
 
 
 def _usage(check, *args) -> Any:
@@ -270,67 +252,9 @@ def _input_hw(input_size: Optional[Union[int, Sequence[int]]], config: Dict[str,
     return h, w
 
 
-@dataclass
-class _Request:
-    """The arguments of one :func:`export_model` call, checked."""
-
-    format: str
-    dtype: str
-    out: Optional[Path]
-    opset: int
-    batch_sizes: List[int]
-    compute_capability: Optional[str]
-    triton_platform: str
-    triton_queue_delay_us: int
-    quantize: QuantizeOptions
-
-
-def _check_tensorrt(compute_capability: Optional[str]) -> None:
-    from attnzoo.runtime.tensorrt import gpu_available
-
-    from .tensorrt import tensorrt_unavailable_reason
-
-    reason = tensorrt_unavailable_reason(run=False)  # building needs no GPU with tensorrt-rtx
-    if reason:
-        raise UsageError(f"--format tensorrt: {reason}")
-    if compute_capability == "CURRENT" and not gpu_available():
-        raise UsageError("--compute-capability CURRENT needs a GPU and none is visible; name one to build ahead of "
-                         "time (e.g. SM89)")
-
-
-def _check_triton(platform: str, queue_delay_us: int, compute_capability: Optional[str]) -> None:
-    """Refuse Triton arguments that cannot work here, before any work."""
-    from .triton import PLATFORMS, triton_unavailable_reason
-
-    if platform not in PLATFORMS:
-        raise UsageError(f"unknown Triton platform {platform!r}; valid: {', '.join(PLATFORMS)}")
-    reason = triton_unavailable_reason()
-    if reason:
-        raise UsageError(f"--format triton: {reason}")
-    if queue_delay_us < 0:
-        raise UsageError(f"--triton-queue-delay-us must be >= 0, got {queue_delay_us}")
-    if platform != "tensorrt":
-        if compute_capability:
-            raise UsageError("--compute-capability applies to --format tensorrt and --triton-platform tensorrt only")
-        return
-    from attnzoo.runtime.tensorrt import gpu_available, load_library
-
-    from .tensorrt import tensorrt_unavailable_reason
-
-    reason = tensorrt_unavailable_reason(run=False)
-    if reason:
-        raise UsageError(f"--triton-platform tensorrt: {reason}")
-    lib = load_library()
-    if lib.name != "tensorrt" or not gpu_available():
-        raise UsageError("--triton-platform tensorrt: Triton's tensorrt_plan backend loads engines of TensorRT "
-                         f"proper built on the GPU it serves on; here only {lib.describe()} "
-                         f"{'is installed' if gpu_available() else 'without a GPU'} (run this on the GPU machine "
-                         "with pip install -e \".[tensorrt10]\", or use --triton-platform onnxruntime)")
-
-
 def _check_request(fmt: Optional[str], out: Optional[PathLike], dtype: str, opset: int, batch_sizes: Sequence[int],
                    compute_capability: Optional[str], triton_platform: str, triton_queue_delay_us: int,
-                   quantize: QuantizeOptions) -> _Request:
+                   quantize: QuantizeOptions) -> ExportRequest:
     """Every argument that can be checked without the model, checked (UsageError otherwise)."""
     from attnzoo.limits import check_batch_sizes
     from attnzoo.runtime.sessions import QUANTIZED_DTYPES
@@ -355,71 +279,18 @@ def _check_request(fmt: Optional[str], out: Optional[PathLike], dtype: str, opse
             raise UsageError(f"unknown compute capability {compute_capability!r}; valid: "
                              f"{', '.join(COMPUTE_CAPABILITIES)}")
     _usage(check_quantize_arguments, quantize, fmt, compute_capability)
-    if fmt == "tensorrt":
-        _check_tensorrt(compute_capability)
-    elif fmt == "triton":
-        _check_triton(triton_platform, triton_queue_delay_us, compute_capability)
-    elif compute_capability:
-        raise UsageError("--compute-capability applies to --format tensorrt only")
-    return _Request(fmt, dtype, Path(out) if out is not None else None, opset, sizes, compute_capability,
-                    triton_platform, triton_queue_delay_us, quantize)
+    req = ExportRequest(fmt, dtype, Path(out) if out is not None else None, opset, sizes, compute_capability,
+                        triton_platform, triton_queue_delay_us, quantize)
+    get_format(fmt).check(req)
+    return req
 
 
 # ------------------------------------------------------------------------------------------------ outputs
-def _out_path(req: _Request, config: Dict[str, Any]) -> Path:
+def _out_path(req: ExportRequest, config: Dict[str, Any]) -> Path:
     """The output file (the model's folder in the repository for Triton); its folder is created and must be
     writable."""
-    from attnzoo.fileio import writable_dir
-
     dtype = "" if req.dtype == "fp32" else f"_{req.dtype}"
-    stem = f"{config['variant']}_{config['task']}_{config['arch']}{dtype}"
-    if req.format == "triton":
-        repo = req.out or DEFAULT_TRITON_DIR
-        if repo.exists() and not repo.is_dir():
-            raise UsageError(f"--out {repo} is a file; --format triton writes a model repository folder")
-        return writable_dir(writable_dir(repo, "Triton model repository") / stem / "1", "model version folder").parent
-    out = req.out or Path("exports") / f"{stem}{SUFFIXES[req.format][0]}"
-    if out.is_dir():
-        raise UsageError(f"--out {out} is a directory; give a file name")
-    writable_dir(out.parent)
-    return out
-
-
-def _onnx_out(req: _Request, out: Path) -> Path:
-    """Where the verified ONNX goes: ``out`` itself, beside the engine, or in the Triton model folder
-    (``1/model.onnx`` for onnxruntime_onnx; beside ``1/`` for tensorrt_plan, whose version folder holds the
-    engine)."""
-    if req.format == "triton":
-        from .triton import MODEL_FILES, PLATFORMS
-
-        if req.triton_platform == "onnxruntime":
-            return out / "1" / MODEL_FILES[PLATFORMS["onnxruntime"]]
-        return out / "model.onnx"
-    return out if req.format == "onnx" else out.with_suffix(".onnx")
-
-
-def _engine_out(req: _Request, out: Path) -> Optional[Path]:
-    """The engine file: ``out``, or ``1/model.plan`` in the Triton model folder; ``None`` when none is built."""
-    if req.format == "tensorrt":
-        return out
-    if req.format == "triton" and req.triton_platform == "tensorrt":
-        from .triton import MODEL_FILES, PLATFORMS
-
-        return out / "1" / MODEL_FILES[PLATFORMS["tensorrt"]]
-    return None
-
-
-@contextlib.contextmanager
-def _removed_if_empty(model_dir: Optional[Path]):
-    """On failure, remove the Triton model folder made for this export when nothing is in it (Triton refuses a
-    repository with a model folder that has no model)."""
-    try:
-        yield
-    except BaseException:
-        for folder in ((model_dir / "1", model_dir) if model_dir is not None else ()):
-            with contextlib.suppress(OSError):
-                folder.rmdir()  # only succeeds when empty
-        raise
+    return get_format(req.format).out_path(req, f"{config['variant']}_{config['task']}_{config['arch']}{dtype}")
 
 
 def _warn(message: str, collected: List[str]) -> None:
@@ -495,7 +366,7 @@ def export_model(variant: Optional[str] = None, *, task: Optional[str] = None, a
     if config.get("untrained"):
         _warn(f"--random-init: exporting an UNTRAINED {config['variant']} model with random weights; its "
               "predictions are meaningless", collected)
-    with _removed_if_empty(out_path if req.format == "triton" else None):
+    with get_format(req.format).cleanup(out_path):
         return _run(req, model, config, sha, hw, calibration, out_path, threads, progress, collected)
 
 
@@ -526,7 +397,7 @@ def _check_memory(config: Dict[str, Any], hw: Tuple[int, int], batch_sizes: Sequ
     _usage(check_forward_memory, config, hw, max([*batch_sizes, *EXTRA_BATCH_SIZES]))
 
 
-def _calibration(req: _Request, config: Dict[str, Any], hw: Tuple[int, int], untrained: bool,
+def _calibration(req: ExportRequest, config: Dict[str, Any], hw: Tuple[int, int], untrained: bool,
                  collected: List[str]) -> Optional[Any]:
     """The calibration inputs of an int8 / fp8 export (``None`` otherwise)."""
     from attnzoo.runtime.sessions import QUANTIZED_DTYPES
@@ -545,52 +416,29 @@ def _calibration(req: _Request, config: Dict[str, Any], hw: Tuple[int, int], unt
     return calibration
 
 
-def _run(req: _Request, model: nn.Module, config: Dict[str, Any], sha: str, hw: Tuple[int, int],
+def _run(req: ExportRequest, model: nn.Module, config: Dict[str, Any], sha: str, hw: Tuple[int, int],
          calibration: Optional[Any], out: Path, threads: Optional[int], progress: bool,
          collected: List[str]) -> ExportResult:
-    """The steps: export + check + verify, quantize, engine, Triton config."""
+    """The steps: export + check + verify, quantize, then those of the format's part (engine, Triton config)."""
     from tqdm import tqdm
 
-    onnx_out, engine_out = _onnx_out(req, out), _engine_out(req, out)
+    part = get_format(req.format)
+    onnx_out, writes = part.onnx_path(req, out), part.steps(req)
     steps = ["export + check + verify"] + (["quantize + score"] if calibration is not None else []) + \
-        (["tensorrt"] if engine_out is not None else []) + (["triton config"] if req.format == "triton" else [])
+        [name for name, _ in writes]
     result = ExportResult(path=out, onnx_path=onnx_out, report={}, format=req.format, dtype=req.dtype,
                           warnings=collected)
     with tqdm(total=len(steps), desc="export-model", unit="step", disable=not progress) as bar:
         bar.set_postfix_str(steps[0])
         _export_onnx_step(req, model, config, sha, hw, calibration, onnx_out, threads, progress, result, bar)
-        if engine_out is not None:
-            from .tensorrt import build_engine
-
-            bar.set_postfix_str("tensorrt")
-            result.engine_path = engine_out
-            result.engine_report = _step(build_engine, "TensorRT build failed", onnx_out, engine_out,
-                                         batch_sizes=req.batch_sizes, compute_capability=req.compute_capability)
-            bar.update()
-        if req.format == "triton":
-            from attnzoo.runtime.contract import ModelContract
-
-            from .triton import PLATFORMS, write_config
-
-            bar.set_postfix_str("triton config")
-            result.triton = write_config(out, ModelContract.from_onnx(onnx_out), onnx_out,
-                                         PLATFORMS[req.triton_platform], max(req.batch_sizes),
-                                         req.triton_queue_delay_us)
+        for name, write in writes:
+            bar.set_postfix_str(name)
+            write(req, result)
             bar.update()
     return result
 
 
-def _step(fn, what: str, *args, **kwargs) -> Any:
-    """``fn(*args, **kwargs)``; a failure that is not one of ours becomes one :class:`ExportError` line."""
-    try:
-        return fn(*args, **kwargs)
-    except (ExportError, ValueError, OSError):
-        raise
-    except Exception as exc:  # ONNX Runtime / exporter / TensorRT errors: one line (the cause is chained)
-        raise ExportError(f"{what}: {type(exc).__name__}: {first_line(exc)}") from exc
-
-
-def _export_onnx_step(req: _Request, model: nn.Module, config: Dict[str, Any], sha: str, hw: Tuple[int, int],
+def _export_onnx_step(req: ExportRequest, model: nn.Module, config: Dict[str, Any], sha: str, hw: Tuple[int, int],
                       calibration: Optional[Any], onnx_out: Path, threads: Optional[int], progress: bool,
                       result: ExportResult, bar) -> None:
     """The verified ONNX at ``onnx_out``: exported and verified, and for int8 / fp8 quantized from a verified
@@ -602,7 +450,7 @@ def _export_onnx_step(req: _Request, model: nn.Module, config: Dict[str, Any], s
         if calibration is not None:  # the verified fp32 model is the quantizer's input, kept aside
             fp32_out = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="attnzoo-fp32-"))) / onnx_out.name
         with contextlib.redirect_stdout(io.StringIO()):  # the exporter's own progress lines
-            report = _step(export_verified, "export failed", model, fp32_out, config, opset=req.opset,
+            report = run_step(export_verified, "export failed", model, fp32_out, config, opset=req.opset,
                            dtype="fp32" if calibration is not None else req.dtype, input_hw=hw,
                            batch_sizes=req.batch_sizes, checkpoint_sha256=sha, threads=threads)
         bar.update()
@@ -614,5 +462,5 @@ def _export_onnx_step(req: _Request, model: nn.Module, config: Dict[str, Any], s
         bar.set_postfix_str("quantize + score")
         result.fp32_report = report
         options = req.quantize.with_calibration(calibration, threads=threads, progress=progress, fp32_kept=False)
-        result.report = _step(quantize_verified, "quantization failed", fp32_out, onnx_out, config, options)
+        result.report = run_step(quantize_verified, "quantization failed", fp32_out, onnx_out, config, options)
         bar.update()

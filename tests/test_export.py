@@ -457,3 +457,111 @@ def test_export_seg_mask_decoder(tmp_path):
                              input_hw=SEG_HW)
     assert report["passed"], report["failures"]
     _assert_extra_math_found(report, "belief-star", "seg")
+
+
+# --------------------------------------------------------------------------- export formats as parts
+#: A made-up format, written as the one file a new format is: the verified ONNX and its report in a tar archive.
+TAR_FORMAT = '''
+"""``--format tar``: the verified ONNX and its report in one tar archive."""
+
+import tarfile
+
+from attnzoo.export.formats import ExportFormat
+from attnzoo.export.verify import report_path
+
+
+class TarFormat(ExportFormat):
+    name, title, suffixes = "tar", "tar archive", (".tar",)
+
+    def steps(self, req):
+        return [("tar", self.write)]
+
+    def write(self, req, result):
+        with tarfile.open(result.path, "w") as tar:
+            for path in (result.onnx_path, report_path(result.onnx_path)):
+                tar.add(path, arcname=path.name)
+
+    def files(self, result):
+        return [result.path]
+
+    def summary(self, result):
+        with tarfile.open(result.path) as tar:
+            return [f"{result.path}: tar archive of {', '.join(tar.getnames())}"]
+
+
+FORMAT = TarFormat()
+'''
+
+
+@pytest.fixture
+def tar_format(tmp_path, monkeypatch):
+    """:data:`TAR_FORMAT` as a file of the formats package (its search path extended to a temporary folder),
+    found the way the built-in formats are."""
+    import sys
+
+    from attnzoo.export import formats
+
+    folder = tmp_path / "formats"
+    folder.mkdir()
+    (folder / "tar_format.py").write_text(TAR_FORMAT)
+    monkeypatch.setattr(formats, "__path__", [*formats.__path__, str(folder)])
+    monkeypatch.setattr(formats, "_REGISTRY", {})
+    monkeypatch.delitem(sys.modules, "attnzoo.export.formats.tar_format", raising=False)
+    yield formats.get_format("tar")
+    sys.modules.pop("attnzoo.export.formats.tar_format", None)
+
+
+def test_the_builtin_formats_are_parts():
+    from attnzoo.export.formats import ExportFormat, formats, get_format, register_format
+    from attnzoo.export.pipeline import FORMATS, SUFFIXES
+
+    assert FORMATS == ("onnx", "tensorrt", "triton") == tuple(formats())
+    assert SUFFIXES == {"onnx": (".onnx",), "tensorrt": (".engine", ".plan"), "triton": ()}
+    assert all(isinstance(part, ExportFormat) for part in formats().values())
+    with pytest.raises(ValueError, match="valid: onnx, tensorrt, triton"):
+        get_format("zip")
+    with pytest.raises(ValueError, match="already registered"):
+        register_format(get_format("onnx"))
+
+
+def test_a_new_format_is_one_file_checked_before_any_work(tar_format, tmp_path, monkeypatch):
+    """The made-up format is found, inferred from its suffix, listed among the valid formats, and its checks (here
+    the base's) refuse what it cannot take before anything is loaded."""
+    from attnzoo.cli import UsageError
+    from attnzoo.export import export_model
+    from attnzoo.export.formats import formats
+    from attnzoo.export.pipeline import output_format
+
+    assert list(formats()) == ["onnx", "tar", "tensorrt", "triton"]  # in module-name order
+    assert output_format(None, tmp_path / "m.tar") == "tar" and output_format("tar", None) == "tar"
+    with pytest.raises(UsageError, match=r"\.onnx \(ONNX\) or \.tar \(tar archive\) or \.engine \(TensorRT engine\)"):
+        output_format(None, tmp_path / "m.zip")
+    with pytest.raises(UsageError, match="names a tar archive but --format is onnx; use --out .*m.onnx"):
+        output_format("onnx", tmp_path / "m.tar")
+
+    def never(*args, **kwargs):
+        raise AssertionError("the export ran")
+
+    monkeypatch.setattr(verify_mod, "export_verified", never)
+    with pytest.raises(UsageError, match="--compute-capability applies to --format tensorrt only"):
+        export_model("belief2", random_init=True, out=tmp_path / "m.tar", compute_capability="SM89")
+    assert list(tmp_path.glob("m.*")) == []
+
+
+@pytest.mark.slow
+def test_the_pipeline_runs_a_new_format_writes_its_file_and_summary(tar_format, tmp_path):
+    import tarfile
+
+    from attnzoo.export import ExportWarning, export_model
+
+    out = tmp_path / "b2.tar"
+    with pytest.warns(ExportWarning, match="UNTRAINED"):
+        result = export_model("belief2", random_init=True, out=out, batch_sizes=(1,))
+    onnx_path = tmp_path / "b2.onnx"
+    assert result.format == "tar" and result.path == out and result.onnx_path == onnx_path
+    assert result.files == [onnx_path, report_path(onnx_path), out] and all(f.is_file() for f in result.files)
+    with tarfile.open(out) as tar:
+        assert tar.getnames() == ["b2.onnx", "b2.report.json"]
+        assert tar.extractfile("b2.onnx").read() == onnx_path.read_bytes()
+    lines = result.summary().splitlines()
+    assert "  PASSED" in lines and lines[-1] == f"{out}: tar archive of b2.onnx, b2.report.json"

@@ -1,0 +1,108 @@
+"""What an export format is: :class:`ExportFormat`, the part :func:`attnzoo.export.export_model` runs after the
+verified ONNX is written, and :class:`ExportRequest`, the checked arguments every part sees."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Tuple
+
+from attnzoo.cli import UsageError, first_line
+
+from ..errors import ExportError
+
+if TYPE_CHECKING:
+    from ..pipeline import ExportResult
+
+__all__ = ["ExportFormat", "ExportRequest", "Step", "run_step"]
+
+
+@dataclass
+class ExportRequest:
+    """The arguments of one :func:`attnzoo.export.export_model` call, checked."""
+
+    format: str
+    dtype: str
+    out: Optional[Path]
+    opset: int
+    batch_sizes: List[int]
+    compute_capability: Optional[str]
+    triton_platform: str
+    triton_queue_delay_us: int
+    quantize: Any  #: the quantization options (int8 / fp8), as :mod:`attnzoo.export.quantize` takes them
+
+
+#: One step of a format: its name on the progress bar, and what writes it (``result.path`` is the output,
+#: ``result.onnx_path`` the verified ONNX already written).
+Step = Tuple[str, Callable[[ExportRequest, "ExportResult"], None]]
+
+
+def run_step(fn: Callable[..., Any], what: str, *args, **kwargs) -> Any:
+    """``fn(*args, **kwargs)``; a failure that is not one of ours becomes one :class:`ExportError` line."""
+    try:
+        return fn(*args, **kwargs)
+    except (ExportError, ValueError, OSError):
+        raise
+    except Exception as exc:  # ONNX Runtime / exporter / TensorRT errors: one line (the cause is chained)
+        raise ExportError(f"{what}: {type(exc).__name__}: {first_line(exc)}") from exc
+
+
+class ExportFormat:
+    """One output format of ``export-model``: what it checks, where it writes, what it writes, its summary.
+
+    Every format starts from the verified ONNX (fp32 / fp16, or int8 / fp8 Q/DQ) that the pipeline writes first at
+    :meth:`onnx_path`; the format's :meth:`steps` then write its own files from it. A module of
+    :mod:`attnzoo.export.formats` that defines ``FORMAT``, an instance, adds the format.
+
+    Attributes:
+        name: ``--format`` value.
+        title: What its output is called in messages (``"TensorRT engine"``).
+        suffixes: Output file suffixes, the first the default (the format is inferred from them); empty for a
+            format that writes a folder, named only with an explicit ``--format``.
+    """
+
+    name: str = ""
+    title: str = ""
+    suffixes: Tuple[str, ...] = ()
+
+    def check(self, req: ExportRequest) -> None:
+        """Refuse, with a :class:`UsageError`, arguments this format cannot work with here, before any work."""
+        if req.compute_capability:
+            raise UsageError("--compute-capability applies to --format tensorrt only")
+
+    def mismatch(self, out: Path, implied: "ExportFormat") -> str:
+        """The line refusing ``--format NAME --out FILE`` when FILE's suffix is ``implied``'s."""
+        return (f"--out {out} names a {implied.title} but --format is {self.name}; use --out "
+                f"{out.with_suffix(self.suffixes[0])}, or --format {implied.name}")
+
+    def out_path(self, req: ExportRequest, stem: str) -> Path:
+        """The output (``req.out``, else ``exports/<stem><suffix>``); its folder is created and must be writable."""
+        from attnzoo.fileio import writable_dir
+
+        out = req.out or Path("exports") / f"{stem}{self.suffixes[0]}"
+        if out.is_dir():
+            raise UsageError(f"--out {out} is a directory; give a file name")
+        writable_dir(out.parent)
+        return out
+
+    def onnx_path(self, req: ExportRequest, out: Path) -> Path:
+        """Where the verified ONNX goes: beside the output, by default."""
+        return out.with_suffix(".onnx")
+
+    def steps(self, req: ExportRequest) -> List[Step]:
+        """What this format writes once the verified ONNX is there, step by step."""
+        return []
+
+    def files(self, result: "ExportResult") -> List[Path]:
+        """The files its steps wrote (besides the ONNX and its report)."""
+        return []
+
+    def summary(self, result: "ExportResult") -> List[str]:
+        """Its lines of ``export-model``'s summary (after the ONNX's)."""
+        return []
+
+    @contextlib.contextmanager
+    def cleanup(self, out: Path) -> Iterator[None]:
+        """Around the whole export: what a failure must not leave behind at ``out``."""
+        yield

@@ -1,0 +1,122 @@
+"""``--format triton``: a Triton model repository folder from the verified ONNX (:mod:`attnzoo.export.triton`):
+``<name>/config.pbtxt``, ``labels.txt`` and ``1/model.onnx``, or ``1/model.plan``, an engine built by
+:mod:`~attnzoo.export.formats.tensorrt_format` (``--triton-platform tensorrt``)."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Iterator, List
+
+from attnzoo.cli import UsageError
+
+from .base import ExportFormat, ExportRequest, Step
+from .tensorrt_format import FORMAT as TENSORRT
+
+__all__ = ["TritonFormat", "FORMAT", "DEFAULT_TRITON_DIR"]
+
+#: ``format="triton"`` without ``out``.
+DEFAULT_TRITON_DIR = Path("triton-models")
+
+
+class TritonFormat(ExportFormat):
+    """The model's folder in a Triton model repository (``--out``, default :data:`DEFAULT_TRITON_DIR`)."""
+
+    name = "triton"
+    title = "model repository"
+    suffixes = ()
+
+    def check(self, req: ExportRequest) -> None:
+        from ..triton import PLATFORMS, triton_unavailable_reason
+
+        platform, compute_capability = req.triton_platform, req.compute_capability
+        if platform not in PLATFORMS:
+            raise UsageError(f"unknown Triton platform {platform!r}; valid: {', '.join(PLATFORMS)}")
+        reason = triton_unavailable_reason()
+        if reason:
+            raise UsageError(f"--format triton: {reason}")
+        if req.triton_queue_delay_us < 0:
+            raise UsageError(f"--triton-queue-delay-us must be >= 0, got {req.triton_queue_delay_us}")
+        if platform != "tensorrt":
+            if compute_capability:
+                raise UsageError("--compute-capability applies to --format tensorrt and --triton-platform tensorrt "
+                                 "only")
+            return
+        from attnzoo.runtime.tensorrt import gpu_available, load_library
+
+        from ..tensorrt import tensorrt_unavailable_reason
+
+        reason = tensorrt_unavailable_reason(run=False)
+        if reason:
+            raise UsageError(f"--triton-platform tensorrt: {reason}")
+        lib = load_library()
+        if lib.name != "tensorrt" or not gpu_available():
+            raise UsageError("--triton-platform tensorrt: Triton's tensorrt_plan backend loads engines of TensorRT "
+                             f"proper built on the GPU it serves on; here only {lib.describe()} "
+                             f"{'is installed' if gpu_available() else 'without a GPU'} (run this on the GPU machine "
+                             "with pip install -e \".[tensorrt10]\", or use --triton-platform onnxruntime)")
+
+    def out_path(self, req: ExportRequest, stem: str) -> Path:
+        """The model's folder ``<repository>/<stem>``, with its version folder ``1/``."""
+        from attnzoo.fileio import writable_dir
+
+        repo = req.out or DEFAULT_TRITON_DIR
+        if repo.exists() and not repo.is_dir():
+            raise UsageError(f"--out {repo} is a file; --format triton writes a model repository folder")
+        return writable_dir(writable_dir(repo, "Triton model repository") / stem / "1", "model version folder").parent
+
+    def onnx_path(self, req: ExportRequest, out: Path) -> Path:
+        """``1/model.onnx`` for onnxruntime_onnx; beside ``1/`` for tensorrt_plan, whose version folder holds the
+        engine."""
+        if req.triton_platform == "onnxruntime":
+            return self._model_file(req, out)
+        return out / "model.onnx"
+
+    @staticmethod
+    def _model_file(req: ExportRequest, out: Path) -> Path:
+        from ..triton import MODEL_FILES, PLATFORMS
+
+        return out / "1" / MODEL_FILES[PLATFORMS[req.triton_platform]]
+
+    def steps(self, req: ExportRequest) -> List[Step]:
+        engine = []
+        if req.triton_platform == "tensorrt":
+            engine = [("tensorrt", lambda req, result: TENSORRT.build(req, result, self._model_file(req, result.path)))]
+        return engine + [("triton config", self.write_config)]
+
+    def write_config(self, req: ExportRequest, result) -> None:
+        """``config.pbtxt`` and ``labels.txt``, checked with Triton's schema against the graph (config last)."""
+        from attnzoo.runtime.contract import ModelContract
+
+        from ..triton import PLATFORMS, write_config
+
+        result.triton = write_config(result.path, ModelContract.from_onnx(result.onnx_path), result.onnx_path,
+                                     PLATFORMS[req.triton_platform], max(req.batch_sizes), req.triton_queue_delay_us)
+
+    def files(self, result) -> List[Path]:
+        from ..triton import LABELS_FILE
+
+        if result.triton is None:
+            return TENSORRT.files(result)
+        return TENSORRT.files(result) + [result.path / LABELS_FILE, result.path / "config.pbtxt"]
+
+    def summary(self, result) -> List[str]:
+        from ..triton import summary as triton_summary
+
+        lines = [triton_summary(result.path, result.triton)] if result.triton is not None else []
+        return lines + TENSORRT.summary(result)
+
+    @contextlib.contextmanager
+    def cleanup(self, out: Path) -> Iterator[None]:
+        """On failure, remove the model folder made for this export when nothing is in it (Triton refuses a
+        repository with a model folder that has no model)."""
+        try:
+            yield
+        except BaseException:
+            for folder in (out / "1", out):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()  # only succeeds when empty
+            raise
+
+
+FORMAT = TritonFormat()
