@@ -83,6 +83,10 @@ def markdown(result: Mapping[str, Any]) -> str:
                  f"{env['load_average']}, at end {result.get('load_average_end')}; "
                  f"threads {result['settings']['threads']}. Every number here holds for this machine only.")
     parts += ["", ceiling_line(result.get("ceiling"))]
+    phases = result.get("phases_s")
+    if phases:
+        parts.append(f"\nWhere this run's {result['wall_time_s']:.0f} s went (s): "
+                     + "; ".join(f"{_esc(k)} {v:.1f}" for k, v in phases.items()) + ".")
     gemm = env.get("gemm_gflops")
     if gemm:
         parts.append(f"\nfp32 GEMM {' x '.join(map(str, gemm['shape']))} ({gemm['threads']} thread(s)): PyTorch "

@@ -23,11 +23,12 @@ Efficiency: at the start the machine's own matmul ceiling is measured with the r
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -185,7 +186,8 @@ class _Exports:
         """The ``fp32`` / ``fp16`` file, or ``None`` when its export failed (:attr:`errors` says why)."""
         if src not in self.paths and src not in self.errors:
             try:
-                self.paths[src] = self.bench.export(self.model, self.variant, src)
+                with self.bench.phase("ONNX export and its check"):
+                    self.paths[src] = self.bench.export(self.model, self.variant, src)
             except Exception as exc:  # reported on every ONNX row of this variant
                 self.errors[src] = first_line(exc, typed=True)
         return self.paths.get(src)
@@ -213,12 +215,23 @@ class _Bench:
         self.compile_spent = 0.0
         self.compile_count = 0
         self.current = ""  # the job under way (named if the run is interrupted)
+        self.phases: Dict[str, float] = {}  # seconds of this invocation by kind of work (:meth:`phase`)
         self.deadline = time.time() + s.time_limit if s.time_limit else None
         self.combos = [(b, d) for b, d in run_asks(s.variants, s.backends, s.dtypes, s.batch_sizes)["combos"]]
         self.skip = {c: row_unavailable_reason(c[0], c[1], self.device.type) for c in self.combos}
         self.skip[("eager", "fp32")] = None  # the reference backend always runs
         # eager first, fp32 first of all: the parity reference's twin and every row's A/B baseline run before them
         self.combos.sort(key=lambda c: (c[0] != "eager", c != ("eager", "fp32")))
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Add the wall time of the block to :attr:`phases` under ``name``: where a run's time goes (export, engine
+        builds, loading and compiling per backend, timing, the A/B pairs, ...), in ``results.json``."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - t0
 
     def all_rows(self) -> List[Dict[str, Any]]:
         """The rows kept from earlier runs, then this run's."""
@@ -276,9 +289,10 @@ class _Bench:
             return self.built_not_run(variant, b, dtype, batch, src, why)
         runner: Optional[Call] = None
         try:
-            runner, info = load_call(backend, model, src, x.numpy(), dtype, threads=s.threads,
-                                     device=self.device.type, cache_dir=s.cache_dir)
-            out = runner.output()
+            with self.phase(f"load and first run: {backend}"):
+                runner, info = load_call(backend, model, src, x.numpy(), dtype, threads=s.threads,
+                                         device=self.device.type, cache_dir=s.cache_dir)
+                out = runner.output()
         except Exception as exc:  # any backend failure is a result to report, not a crash
             if runner is not None:
                 runner.close()
@@ -314,8 +328,9 @@ class _Bench:
         profile spans the run's batch sizes, kept in the cache and reused by every batch's row and by later runs;
         the rows say it was not run."""
         try:
-            facts = b.build_only(src, b.options(dtype=dtype, batch_sizes=self.s.batch_sizes,
-                                                cache_dir=self.s.cache_dir))
+            with self.phase(f"engine build, not run: {b.name}"):
+                facts = b.build_only(src, b.options(dtype=dtype, batch_sizes=self.s.batch_sizes,
+                                                    cache_dir=self.s.cache_dir))
         except Exception as exc:  # a build failure is a result to report, not a crash
             self.add(_row(variant, self.s, b.name, dtype, batch, "failed", f"build: {first_line(exc, typed=True)}"))
             return None
@@ -332,7 +347,7 @@ class _Bench:
               eagers: Dict[str, _Partner]) -> None:
         """Time a runner that passed parity; append its row (and overhead entry). May raise."""
         s = self.s
-        with rss:
+        with rss, self.phase("timing"):
             samples = measure(runner.fn, s.min_time, cuda=runner.cuda)
         mem, kind = runner.memory() if runner.memory else (rss.delta_mb, "peak RSS while timed - RSS before build")
         base = baseline_dtype(backend, dtype, eagers)
@@ -340,14 +355,16 @@ class _Bench:
                    peak_mem_mb=mem, mem_kind=kind, baseline=f"eager {base}" if base else None)
         eager = eagers[base].get() if base in eagers and s.pair_eager else None
         if eager is not None and eager is not runner:
-            a, b = measure_pair(eager.fn, runner.fn, s.min_time, cuda_a=eager.cuda, cuda_b=runner.cuda)
+            with self.phase("A/B pairs with eager"):
+                a, b = measure_pair(eager.fn, runner.fn, s.min_time, cuda_a=eager.cuda, cuda_b=runner.cuda)
             pair = ratio_stats(b, a)  # eager time / backend time = speed-up
             row.update(speedup_pair_median=pair["ratio_median"], speedup_pair_q1=pair["ratio_q1"],
                        speedup_pair_q3=pair["ratio_q3"], speedup_pairs=pair["pairs"])
         std = self.standard[(backend, dtype, batch)].get() if (backend, dtype, batch) in self.standard else None
         overhead = None
         if variant != "standard" and std is not None:
-            a, b = measure_pair(std.fn, runner.fn, s.min_time, cuda_a=std.cuda, cuda_b=runner.cuda)
+            with self.phase("A/B pairs with standard"):
+                a, b = measure_pair(std.fn, runner.fn, s.min_time, cuda_a=std.cuda, cuda_b=runner.cuda)
             overhead = {"variant": variant, "backend": backend, "dtype": dtype, "batch": batch,
                         **ratio_stats(a, b), "variant_median_ms": float(np.median(b) * 1e3),
                         "standard_median_ms": float(np.median(a) * 1e3)}
@@ -368,7 +385,8 @@ class _Bench:
                    and r["backend"] in runners}
         a, b = sorted(runners, key=lambda k: -speedup.get(k, 0.0))[:2]
         try:
-            ta, tb = measure_pair(runners[a].fn, runners[b].fn, self.s.min_time)
+            with self.phase("CPU head-to-head"):
+                ta, tb = measure_pair(runners[a].fn, runners[b].fn, self.s.min_time)
         except Exception as exc:  # a timing failure is a note, not a crash
             self.head_to_head_errors.append(f"{variant} b{batch} {a}/{b}: {first_line(exc, typed=True)}")
             return
@@ -403,7 +421,8 @@ class _Bench:
             return
         model = self.model(variant)
         if variant not in self.flops:
-            self.flops[variant] = count_flops(model, model.attnzoo_config["img_size"])
+            with self.phase("FLOP count"):
+                self.flops[variant] = count_flops(model, model.attnzoo_config["img_size"])
             if self.log is not None:
                 self.log.append({"kind": "flops", "variant": variant, "flops": self.flops[variant]})
         exports = _Exports(self, variant, model)
@@ -456,7 +475,7 @@ class _Bench:
                 self.add(_row(variant, self.s, backend, dtype, batch, "failed", f"export: {exports.errors[src]}"))
             else:
                 if ref is None:
-                    with torch.inference_mode():
+                    with torch.inference_mode(), self.phase("eager reference"):
                         ref = model(x).float().numpy()
                 runner = self.job(variant, backend, dtype, batch, model, exports.paths, x, ref, eagers)
                 if runner is not None and not self._partner(variant, backend, dtype, batch, _Partner(runner),
@@ -468,7 +487,8 @@ class _Bench:
         self.head_to_head(variant, batch, {k: v.get() for k, v in cpu_runners.items()})
         if self.s.profile and exports.get("fp32") is not None:
             try:
-                self.profile(variant, exports.paths["fp32"], x)
+                with self.phase("ONNX Runtime profiles"):
+                    self.profile(variant, exports.paths["fp32"], x)
             except Exception as exc:  # a profiler failure is a note, not a crash
                 self.profile_errors.append(f"{variant} b{batch}: {first_line(exc, typed=True)}")
         if self.log is not None:
@@ -600,6 +620,14 @@ def _fastest_cpu(rows: List[Dict[str, Any]], pairs: List[Dict[str, Any]], device
     return out
 
 
+def _phases(phases: Dict[str, float], wall: float) -> Dict[str, float]:
+    """This invocation's seconds by kind of work, largest first, and ``other`` (setup, model creation, parity checks,
+    the report's arithmetic: the wall time no phase covered)."""
+    out = {k: round(v, 2) for k, v in sorted(phases.items(), key=lambda kv: -kv[1])}
+    out["other"] = round(max(wall - sum(phases.values()), 0.0), 2)
+    return out
+
+
 def run_key(s: Settings, env: Dict[str, Any]) -> Dict[str, Any]:
     """What a row's numbers depend on beyond its own variant, backend, precision and batch: a run resumed from a
     row log must have the same (the machine included)."""
@@ -653,11 +681,13 @@ def _run(s: Settings, env: Dict[str, Any], log: RowLog, started: float) -> Dict[
     # the GEMM throughput of PyTorch and ONNX Runtime on this CPU, beside the rows of an ONNX Runtime CPU backend
     if any(get_backend(b).library == "onnxruntime" and on_cpu(b, bench.device) and not bench.skip[(b, d)]
            for b, d in bench.combos):
-        env["gemm_gflops"] = gemm_gflops(s.threads)
+        with bench.phase("GEMM throughput"):
+            env["gemm_gflops"] = gemm_gflops(s.threads)
     # the ceiling of every CPU row: measured once, before any model, with the run's threads; kept for a resumed run
     ceiling = next((r["ceiling"] for r in log.of("ceiling")), None)
     if ceiling is None and s.ceiling_size:
-        ceiling = matmul_ceiling(s.threads, s.ceiling_size)
+        with bench.phase("matmul ceiling"):
+            ceiling = matmul_ceiling(s.threads, s.ceiling_size)
         log.append({"kind": "ceiling", "ceiling": ceiling})
     variants = list(dict.fromkeys(["standard", *s.variants]))  # standard first: the overhead baseline
     todo = {v: sum(len(bench.todo(v, n)) for n in s.batch_sizes) for v in variants}
@@ -695,7 +725,8 @@ def _run(s: Settings, env: Dict[str, Any], log: RowLog, started: float) -> Dict[
     _efficiency(rows, flops, ceiling, bench.device)
     roofline_fractions(rows, (env.get("gpu") or {}).get("name"), s.task, s.arch, s.img_size)
     if ceiling and interrupted is None:  # measured again, to show how far the machine's load moved it during the run
-        ceiling["fp32_end_gflops"] = matmul_ceiling(s.threads, s.ceiling_size, int8=False)["fp32"]["gflops"]
+        with bench.phase("matmul ceiling"):
+            ceiling["fp32_end_gflops"] = matmul_ceiling(s.threads, s.ceiling_size, int8=False)["fp32"]["gflops"]
     runs = log.of("run")
     return {
         "command": s.command,
@@ -724,6 +755,7 @@ def _run(s: Settings, env: Dict[str, Any], log: RowLog, started: float) -> Dict[
         "cpu_head_to_head_errors": [e for g in groups for e in g.get("head_to_head_errors", [])],
         "load_average_end": load_average(),
         "wall_time_s": time.time() - started,
+        "phases_s": _phases(bench.phases, time.time() - started),
         "results": rows,
         "overheads": overheads,
         "ort_profile": [p for g in groups for p in g["profiles"]],

@@ -102,6 +102,20 @@ def test_short_run_writes_every_field(short_run):
     assert all(p["naive"]["ops"] and p["tuned"]["ops"] for p in res["ort_profile"])
 
 
+def test_the_run_says_where_its_time_went(short_run):
+    """``phases_s``: this run's seconds by kind of work, each phase the run did present, together within the wall
+    time, ``other`` the rest; results.md says it in one line."""
+    out, res = short_run
+    phases = res["phases_s"]
+    assert {"ONNX export and its check", "load and first run: eager", "load and first run: ort-cpu",
+            "load and first run: openvino", "timing", "A/B pairs with eager", "A/B pairs with standard",
+            "CPU head-to-head", "ONNX Runtime profiles", "FLOP count", "GEMM throughput", "matmul ceiling",
+            "other"} <= set(phases)
+    assert all(v >= 0 for v in phases.values()) and phases["timing"] > 0
+    assert sum(phases.values()) == pytest.approx(res["wall_time_s"], abs=0.5)
+    assert f"Where this run's {res['wall_time_s']:.0f} s went (s): " in (out / "results.md").read_text()
+
+
 def test_every_cpu_row_has_its_ceiling_fraction_from_the_counted_flops(short_run):
     out, res = short_run
     ceiling = res["ceiling"]
