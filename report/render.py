@@ -142,6 +142,8 @@ def verdict(report: Mapping[str, Any], out: Path) -> Dict[str, Any]:
     if fused:
         parts.append("fused: " + ", ".join(f"{RUNTIMES.get(k, k)} {v}" for k, v in fused.items()
                                            if v != "not inspected"))
+    if o1 is None and o2 is None:
+        parts.append("latency against standard: not measured")
     for o in (o1, o2):
         if o is not None:
             parts.append(f"x{o['ratio']:.2f} standard's latency at {o['tokens']} tokens ({o['backend']} b{o['batch']})")
@@ -343,6 +345,9 @@ def _latency_md(report: Mapping[str, Any], pngs: Mapping[str, Path]) -> List[str
              markdown_table(["backend", "dtype", "batch", "standard ms", f"{variant} ms", "x standard",
                              f"{variant} peak MB"], rows, escape=True), "",
              "bf16 rows: " + ("this CPU has bf16 units" if bf16["rows"] else f"none - {bf16['reason']}") + "."]
+    if report["budget"]["compile_budget"] == 0:
+        lines += ["", "`torch.compile` is not timed in this report: its compilation per shape and precision does not "
+                  "fit the report's time; `bench-latency --backends compile` times it."]
     if untimed:
         lines += ["", "Not timed here:", ""] + [f"- {b} {d}: {why}" for (b, d), why in untimed.items()]
     if lat.get("interrupted"):
@@ -372,6 +377,9 @@ def _scaling_md(report: Mapping[str, Any], pngs: Mapping[str, Path]) -> List[str
              f"{st['max_call_s']:g} s is skipped with its reason).", "",
              markdown_table(["model", "tokens", "backend", "standard ms", f"{variant} ms", "x standard",
                              "standard peak MB", f"{variant} peak MB"], rows, escape=True)]
+    if not st["seg_sizes"]:
+        lines += ["", "The Segmenter encoder at 4,097 tokens is not in this run (its calls take seconds each on a CPU); "
+                  "`python -m attnzoo.studies.scaling` measures it."]
     if sc.get("contended"):
         lines += ["", "The machine was shared with other work during the run (load above the run's threads)."]
     if "scaling" in pngs:
@@ -398,7 +406,8 @@ def markdown(report: Mapping[str, Any], pngs: Mapping[str, Path]) -> str:
     gpu = (env.get("gpu") or {}).get("name") or "no GPU"
     lines = [f"# {report['variant']}: does it deploy, and what does it cost?", "",
              f"**Verdict:** {v['line']}", "",
-             f"Measured by `{report['command'] or 'report_variant()'}` in {report['wall_time_s']:.0f} s on "
+             f"Measured by `{report['command'] or 'report_variant()'}` in {report['wall_time_s']:.0f} s "
+             f"({report.get('cpu_time_s', 0):.0f} CPU s) on "
              f"{cpu_summary(env['cpu'])}, {gpu}; torch {env['versions'].get('torch')}, onnxruntime "
              f"{env['versions'].get('onnxruntime')}, openvino {env['versions'].get('openvino')}"
              f"{' (--quick: micro models, small sizes, short timing)' if report['quick'] else ''}. Every figure "

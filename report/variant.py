@@ -57,7 +57,8 @@ class Budget:
         scaling_backends: The backends of the scaling sweep.
         max_call_s: A scaling call predicted to take longer is skipped with the reason.
         int8: Extra :func:`attnzoo.export.export_model` arguments of the int8 export (smaller sets in --quick).
-        standard_exports: Export steps also run for ``standard`` (fp32 always: the fusion audit's baseline).
+        standard_exports: Export steps also run for ``standard`` (of fp32, fp16, int8, fp8, tensorrt, triton; fp32
+            always: the fusion audit's baseline).
         fp8: Build the FP8 graph.
     """
 
@@ -72,16 +73,19 @@ class Budget:
     max_call_s: float
     scaling_backends: Tuple[str, ...] = ("eager", "ort-cpu")
     int8: Dict[str, Any] = field(default_factory=dict)
-    standard_exports: Tuple[str, ...] = ("fp32", "fp16", "int8", "tensorrt", "triton")
+    standard_exports: Tuple[str, ...] = ("fp32", "fp16", "int8", "fp8", "tensorrt", "triton")
     fp8: bool = True
 
 
-#: The default run: ViT-Ti latency rows at 197 tokens, scaling 197 -> 577 -> 1,025 tokens and a Segmenter encoder at
-#: 4,097 tokens (skipped with its reason when predicted too slow), the int8 export scored on the whole test split.
-#: Designed for at most 10 minutes on 2 cores (docs/report-variant.md has a measured run).
-FULL = Budget(latency_arch="tiny", latency_min_time=0.3, latency_time_limit=240.0, compile_budget=120.0,
-              scaling_arch="tiny", scaling_sizes=(224, 384, 512), seg_sizes=(1024,), scaling_min_time=0.3,
-              max_call_s=10.0)
+#: The default run: ViT-Ti latency rows at 197 tokens without torch.compile (its compilation per shape and
+#: precision does not fit the budget; ``bench-latency --backends compile`` times it), scaling 197 -> 577 -> 1,025
+#: tokens on eager and ONNX Runtime (the Segmenter encoder at 4,097 tokens is the scaling study's:
+#: ``python -m attnzoo.studies.scaling``), int8 scored on 2,000 test images, FP8 for the variant only. Designed
+#: for at most 10 minutes on 2 cores (docs/report-variant.md has the measured runs).
+FULL = Budget(latency_arch="tiny", latency_min_time=0.3, latency_time_limit=420.0, compile_budget=0.0,
+              scaling_arch="tiny", scaling_sizes=(224, 384, 512), seg_sizes=(), scaling_min_time=0.3,
+              max_call_s=10.0, int8=dict(eval_limit=2000),
+              standard_exports=("fp32", "fp16", "int8", "tensorrt", "triton"))
 #: ``--quick``: micro models at small sizes, short timing, small int8 sets with the CPU placement (no placement
 #: search), no compile, no FP8, scaling on eager only, ``standard`` exported at fp32 only (the fusion baseline).
 QUICK = Budget(latency_arch="micro", latency_min_time=0.02, latency_time_limit=60.0, compile_budget=0.0,
@@ -173,7 +177,8 @@ def _source(variant: str, checkpoint: Optional[PathLike], like: Optional[Dict[st
         path = zoo.checkpoint_path(variant, "cls")
     except ValueError:
         path = None
-    if path is not None and (like is None or like.get("arch") in (None, _zoo_arch(variant))):
+    same = like is None or (like.get("arch") in (None, _zoo_arch(variant)) and like.get("task") in (None, "cls"))
+    if path is not None and same:
         return {"kind": "zoo", "checkpoint": str(path), "arch": _zoo_arch(variant)}
     arch = (like or {}).get("arch") or "micro"
     return {"kind": "random-init", "arch": arch, "task": (like or {}).get("task", "cls")}
@@ -269,7 +274,7 @@ def export_side(variant: str, source: Dict[str, Any], folder: Path, out: Path, b
                                                       out, path16))
     else:
         side["fp16"] = _skipped("not exported with this budget (--quick)")
-    for dtype, wanted in (("int8", "int8" in steps), ("fp8", "int8" in steps and budget.fp8)):
+    for dtype, wanted in (("int8", "int8" in steps), ("fp8", "fp8" in steps and budget.fp8)):
         if not wanted:
             side[dtype] = _skipped("not built with this budget (--quick)")
             continue
@@ -330,7 +335,7 @@ def latency(variant: str, budget: Budget, work: Path, command: str) -> Dict[str,
     s = Settings(variants=[variant], backends=list(backend_names()), dtypes=["fp32"] + ([] if bf16 else ["bf16"]),
                  batch_sizes=list(BATCH_SIZES), arch=budget.latency_arch, threads=1,
                  min_time=budget.latency_min_time, out=work / "bench", cache_dir=work / "bench-cache",
-                 compile_budget=budget.compile_budget, ceiling_size=0, progress=False,
+                 compile_budget=budget.compile_budget, ceiling_size=0, progress=False, pair_eager=False,
                  time_limit=budget.latency_time_limit, command=command)
     r = run_benchmark(s)
     return {"settings": r["settings"], "bf16": {"rows": bf16 is None, "reason": bf16}, "rows": r["results"],
@@ -419,7 +424,7 @@ def report_variant(variant: str, checkpoint: Optional[PathLike] = None, out: Opt
         raise UsageError(f"--out {out} is a file; it names the report folder")
     writable_dir(out, "report folder")
     budget = budget or (QUICK if quick else FULL)
-    started = time.time()
+    started, cpu_started = time.time(), time.process_time()
     timings: Dict[str, float] = {}
 
     def section(name: str, fn: Callable[[], Any]) -> Any:
@@ -438,7 +443,8 @@ def report_variant(variant: str, checkpoint: Optional[PathLike] = None, out: Opt
         work = Path(tmp)
         src = _source(variant, checkpoint)
         sides = {variant: section("export", lambda: export_side(variant, src, out / "exports" / variant, out, budget,
-                                                                 ("fp32", "fp16", "int8", "tensorrt", "triton")))}
+                                                                 ("fp32", "fp16", "int8", "fp8", "tensorrt",
+                                                                  "triton")))}
         if variant != "standard":
             std_src = _source("standard", None, like=_side_model(sides[variant], src))
             sides["standard"] = section("export (standard)", lambda: export_side(
@@ -455,6 +461,7 @@ def report_variant(variant: str, checkpoint: Optional[PathLike] = None, out: Opt
         }
     report["section_times_s"] = timings
     report["wall_time_s"] = round(time.time() - started, 1)
+    report["cpu_time_s"] = round(time.process_time() - cpu_started, 1)  # all threads: the work, apart from load
     files, verdict = write_report(report, out)
     return ReportResult(report=report, out=out, verdict=verdict, files=files)
 
