@@ -15,6 +15,7 @@ import io
 import ipaddress
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -625,6 +626,13 @@ def test_serve_models_command_prints_the_url_and_stops_on_sigterm(models_dir, tm
     try:
         line = proc.stdout.readline()
         assert f"on http://127.0.0.1:{port}" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+        for _ in range(3):  # the routes, the metrics URL when on, then where the start went
+            startup = proc.stdout.readline()
+            if startup.startswith("  started in"):
+                break
+        m = re.fullmatch(r"  started in (\d+\.\d) s: model selection and checks (\d+\.\d) s, Ray start (\d+\.\d) s, "
+                         r"deploy \(replicas load and warm up\) (\d+\.\d) s\n", startup)
+        assert m and sum(map(float, m.groups()[1:])) <= float(m.group(1)) + 0.15, startup
         r = _post(f"http://127.0.0.1:{port}", "/classify", _images()[0])
         assert r.status_code == 200 and r.json()["top"][0]["class"]
     finally:

@@ -160,7 +160,9 @@ def _native_stderr_off() -> None:
 
 
 def _announce(cfg: ServeConfig, served) -> None:
-    """The start-up lines: what is served where (the first one is what scripts wait for)."""
+    """The start-up lines: what is served where (the first one is what scripts wait for), where the start went."""
+    from attnzoo.serve.rayserve.launch import startup_line
+
     selection, url, mode, metrics = served.selection, served.url, served.mode, served.metrics
     batching = (f"dynamic batching up to {cfg.max_batch_size} requests, {cfg.batch_wait_ms:g} ms wait"
                 if cfg.max_batch_size > 1 else "batching off")
@@ -170,6 +172,8 @@ def _announce(cfg: ServeConfig, served) -> None:
           flush=True)
     if metrics:
         print(f"  Ray Serve metrics (Prometheus): {metrics}", flush=True)
+    if served.startup_s:
+        print(f"  {startup_line(served.startup_s)}", flush=True)
     if selection.pending:
         print(f"  exporting and verifying the other {len(selection.pending)} zoo model(s) in the background; each "
               "answers 503 until it is ready", flush=True)

@@ -1,6 +1,8 @@
 """How long a fresh ``serve-models`` takes to answer and to stop: started with an empty cache folder, timed to its
 first ``200`` from ``POST /classify`` (a shipped example image), then stopped with a signal and timed until its
-whole process tree is gone.
+whole process tree is gone. ``startup`` is the command's own line on where its start went (Ray start, the models'
+selection and checks, deploying the replicas); the rest of ``first_classify_s`` is the interpreter's start and
+imports before it, and the first request.
 
     python -m attnzoo.serve.rayserve.coldstart --out results/serve-models/coldstart.json
 
@@ -15,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -40,7 +43,12 @@ def cold_start(sig: int = signal.SIGTERM, timeout: float = 600.0) -> Dict[str, A
     with tempfile.TemporaryDirectory(prefix="attnzoo-coldstart-") as cache:
         start = time.perf_counter()
         proc = subprocess.Popen([sys.executable, "-m", "attnzoo.serve.rayserve.cli", "--port", str(port), "--cache-dir",
-                                 cache], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                                 cache], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
+                                text=True)
+        lines: List[str] = []
+        announced = threading.Event()  # its start-up line was printed (it can follow the first answer)
+        reader = threading.Thread(target=_read, args=(proc.stdout, lines, announced), daemon=True)
+        reader.start()
         try:
             while True:
                 if proc.poll() is not None or time.perf_counter() - start > timeout:
@@ -54,21 +62,32 @@ def cold_start(sig: int = signal.SIGTERM, timeout: float = 600.0) -> Dict[str, A
                 except httpx.HTTPError:  # not listening yet
                     pass
                 time.sleep(0.2)
+            announced.wait(30)
             tree = [proc.pid, *(p.pid for p in psutil.Process(proc.pid).children(recursive=True))]
             stop_start = time.perf_counter()
             proc.send_signal(sig)
             code = proc.wait(60)
             _, alive = psutil.wait_procs([p for p in map(_process, tree) if p is not None], timeout=10)
             stopped = time.perf_counter() - stop_start
+            reader.join(10)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
     cpu = cpu_info()
-    return {"first_classify_s": round(first, 2), "first_label": label, "signal": signal.Signals(sig).name,
+    startup = next((line.strip() for line in list(lines) if line.strip().startswith("started in ")), None)
+    return {"first_classify_s": round(first, 2), "startup": startup, "first_label": label,
+            "signal": signal.Signals(sig).name,
             "exit_code": code, "stop_s": round(stopped, 2), "processes_left": [p.pid for p in alive],
             "port_free": port_problem("127.0.0.1", port) is None, "cpu": cpu_summary(cpu),
             "usable_cores": cpu["usable_cores"], "load_average_before": load_before,
             "command": "python -m attnzoo.serve.rayserve.coldstart"}
+
+
+def _read(stream, lines: List[str], announced: threading.Event) -> None:
+    for line in stream:
+        lines.append(line)
+        if line.strip().startswith("started in "):
+            announced.set()
 
 
 def _process(pid: int):

@@ -13,10 +13,11 @@ import json
 import logging
 import re
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from attnzoo.cli import UsageError
 from attnzoo.serve.network import exposure_warning
@@ -29,7 +30,7 @@ from attnzoo.serve.rayserve.selection import (Selection, _matching, check_zoo_se
                                               random_init_models, select_models)
 from attnzoo.serve.rayserve.watchdog import WATCHDOG_S, stop_watchdog
 
-__all__ = ["Selection", "select_models", "check_zoo_selection", "export_pending", "random_init_models",
+__all__ = ["startup_line", "Selection", "select_models", "check_zoo_selection", "export_pending", "random_init_models",
            "port_problem", "start_ray", "deploy", "stop", "stop_watchdog", "STOP_GRACE_S",
            "WATCHDOG_S", "free_port", "metrics_url", "LOCAL_RAY_ENV", "ray_serve_mode", "is_loopback",
            "haproxy_wrapper", "serve_models", "Served", "check_serve_config", "REQUEST_TIMEOUT_S", "CLIENT_IDLE_S"]
@@ -108,17 +109,30 @@ def _report_skipped(selection: Selection, handle) -> None:
 @dataclass
 class Served:
     """What :func:`serve_models` started: the models' ``url``, the :class:`Selection` served, Ray Serve's ingress
-    mode and its Prometheus ``metrics`` URL (None when off)."""
+    mode, its Prometheus ``metrics`` URL (None when off) and where the start-up went (``startup_s``: seconds by
+    step, :func:`startup_line`)."""
 
     url: str
     selection: Selection
     mode: str
     metrics: Optional[str]
     cache_dir: Optional[Path] = None
+    startup_s: Dict[str, float] = field(default_factory=dict)
 
     def export_pending(self) -> int:
         """Export and verify the zoo models still pending (each answers 503 until then); return how many are ready."""
         return export_pending(self.selection, self.cache_dir) if self.selection.pending else 0
+
+
+def _timed(fn: Callable[..., Any], *args: Any) -> Tuple[Any, float]:
+    t0 = time.perf_counter()
+    return fn(*args), time.perf_counter() - t0
+
+
+def startup_line(startup_s: Dict[str, float]) -> str:
+    """``started in T s: step a s, ...`` (the steps of :attr:`Served.startup_s`; ``total`` is the wall time)."""
+    steps = ", ".join(f"{k} {v:.1f} s" for k, v in startup_s.items() if k != "total")
+    return f"started in {startup_s['total']:.1f} s: {steps}"
 
 
 def check_serve_config(cfg: ServeConfig, metrics_port: Optional[int] = None) -> List[str]:
@@ -162,21 +176,26 @@ def serve_models(cfg: ServeConfig, *, metrics_port: Optional[int] = None) -> Ite
     Raises:
         ValueError: a setting that cannot work, before anything starts.
     """
+    t0 = time.perf_counter()
     for warning in check_serve_config(cfg, metrics_port):
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     started = False
+    steps: Dict[str, float] = {}
     with stop_watchdog(), ThreadPoolExecutor(1, thread_name_prefix="attnzoo-select") as pool:
         try:  # a signal during start-up too: stop() ends whatever ray.init had started
             chosen = None
             if cfg.models is None and cfg.arch is None:  # the zoo: what it lacks is refused before Ray starts,
                 check_zoo_selection(cfg)                  # its first models are verified while Ray starts
-                chosen = pool.submit(select_models, cfg)
+                chosen = pool.submit(_timed, select_models, cfg)
             else:  # a folder's files (quick), or random-init models: refused or exported before Ray starts
-                selection = select_models(cfg)
-            started = start_ray(cfg, metrics_port)
+                selection, steps["model selection and checks"] = _timed(select_models, cfg)
+            started, steps["Ray start"] = _timed(start_ray, cfg, metrics_port)
             if chosen is not None:
-                selection = chosen.result()
-            url = deploy(cfg, selection)
-            yield Served(url, selection, ray_serve_mode(), metrics_url(), cfg.cache_dir)
+                t_wait = time.perf_counter()
+                selection, steps["model selection and checks (beside Ray start)"] = chosen.result()
+                steps["waiting for them after Ray start"] = time.perf_counter() - t_wait
+            url, steps["deploy (replicas load and warm up)"] = _timed(deploy, cfg, selection)
+            steps["total"] = time.perf_counter() - t0
+            yield Served(url, selection, ray_serve_mode(), metrics_url(), cfg.cache_dir, startup_s=steps)
         finally:
             stop(started)
