@@ -138,28 +138,32 @@ def speed_rows(arch: str, variants: Sequence[str], batch_sizes: Sequence[int], t
         with torch.inference_mode():
             ref = model(x).float().numpy()
         calls, infos, parity = {}, {}, {}
-        for dtype in ("fp32", *SPEED_DTYPES):
-            calls[dtype], infos[dtype] = load_call("openvino", model, fp32, x.numpy(), dtype, threads=threads,
-                                                   device="cpu", cache_dir=cache)
-            key = tolerance_for("openvino", dtype, "cpu")
-            ok, err = check_parity(calls[dtype].output(), ref, key)
-            if not ok:
-                raise RuntimeError(f"{variant} {dtype} b{batch} t{threads}: parity error {err:.3g} beyond the {key} "
-                                   f"tolerance {TOLERANCES[key]:g}")
-            parity[dtype] = err
-        row: Dict[str, Any] = {"variant": variant, "arch": arch, "batch": batch, "threads": threads,
-                               "load_1min": (load_average() or [None])[0],
-                               "precision_check": infos["bf16"].get("precision_check"), "fp32": {}}
-        fp32_ms = []
-        for dtype in SPEED_DTYPES:
-            t32, tx = measure_pair(calls["fp32"].fn, calls[dtype].fn, min_time)
-            r = ratio_stats(tx, t32)  # per pair: fp32 time / dtype time = the speed-up
-            fp32_ms += t32
-            row[dtype] = {"median_ms": float(np.median(tx) * 1e3), "speedup_median": r["ratio_median"],
-                          "speedup_q1": r["ratio_q1"], "speedup_q3": r["ratio_q3"], "pairs": r["pairs"],
-                          "parity_error": parity[dtype]}
-        row["fp32"] = {"median_ms": float(np.median(fp32_ms) * 1e3), "parity_error": parity["fp32"]}
-        rows.append(row)
+        try:
+            for dtype in ("fp32", *SPEED_DTYPES):
+                calls[dtype], infos[dtype] = load_call("openvino", model, fp32, x.numpy(), dtype, threads=threads,
+                                                       device="cpu", cache_dir=cache)
+                key = tolerance_for("openvino", dtype, "cpu")
+                ok, err = check_parity(calls[dtype].output(), ref, key)
+                if not ok:
+                    raise RuntimeError(f"{variant} {dtype} b{batch} t{threads}: parity error {err:.3g} beyond the "
+                                       f"{key} tolerance {TOLERANCES[key]:g}")
+                parity[dtype] = err
+            row: Dict[str, Any] = {"variant": variant, "arch": arch, "batch": batch, "threads": threads,
+                                   "load_1min": (load_average() or [None])[0],
+                                   "precision_check": infos["bf16"].get("precision_check"), "fp32": {}}
+            fp32_ms = []
+            for dtype in SPEED_DTYPES:
+                t32, tx = measure_pair(calls["fp32"].fn, calls[dtype].fn, min_time)
+                r = ratio_stats(tx, t32)  # per pair: fp32 time / dtype time = the speed-up
+                fp32_ms += t32
+                row[dtype] = {"median_ms": float(np.median(tx) * 1e3), "speedup_median": r["ratio_median"],
+                              "speedup_q1": r["ratio_q1"], "speedup_q3": r["ratio_q3"], "pairs": r["pairs"],
+                              "parity_error": parity[dtype]}
+            row["fp32"] = {"median_ms": float(np.median(fp32_ms) * 1e3), "parity_error": parity["fp32"]}
+            rows.append(row)
+        finally:  # each call owns its compiled model: freed now, not by the garbage collector
+            for call in calls.values():
+                call.close()
     return rows
 
 

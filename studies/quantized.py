@@ -186,28 +186,32 @@ def speed_rows(arch: str, variant: str, batch_sizes: Sequence[int], threads: int
         with torch.inference_mode():
             ref = model(x).float().numpy()
         runners, infos, parity = {}, {}, {}
-        for dtype in ("fp32", "int8"):
-            runners[dtype], infos[dtype] = load_call(backend, model, fp32, x.numpy(), dtype, threads=threads,
-                                                     device="cpu", cache_dir=cache_dir,
-                                                     int8_placement=placement or CPU_QDQ_PLACEMENT)
-            key = tolerance_for(backend, dtype, "cpu")
-            ok, err = check_parity(runners[dtype].output(), ref, key)
-            if not ok:
-                raise RuntimeError(f"{backend} {dtype} b{batch}: parity error {err:.3g} beyond the {key} tolerance "
-                                   f"{TOLERANCES[key]:g}")
-            parity[dtype] = err
-        load = (load_average() or [None])[0]
-        t32, t8 = measure_pair(runners["fp32"].fn, runners["int8"].fn, min_time)
-        r = ratio_stats(t8, t32)  # per pair: fp32 time / int8 time = the int8 speed-up
-        row = {"backend": backend, "placement": placement, "batch": batch, "speedup_median": r["ratio_median"],
-               "speedup_q1": r["ratio_q1"],
-               "speedup_q3": r["ratio_q3"], "pairs": r["pairs"], "load_1min": load,
-               "int8_model": infos["int8"].get("int8")}
-        for dtype, t in (("fp32", t32), ("int8", t8)):
-            med = float(np.median(t) * 1e3)
-            row[dtype] = {"median_ms": med, "parity_error": parity[dtype],
-                          **fraction(flops * batch, med, ceiling_for(ceiling, backend, dtype, "cpu"))}
-        rows.append(row)
+        try:
+            for dtype in ("fp32", "int8"):
+                runners[dtype], infos[dtype] = load_call(backend, model, fp32, x.numpy(), dtype, threads=threads,
+                                                         device="cpu", cache_dir=cache_dir,
+                                                         int8_placement=placement or CPU_QDQ_PLACEMENT)
+                key = tolerance_for(backend, dtype, "cpu")
+                ok, err = check_parity(runners[dtype].output(), ref, key)
+                if not ok:
+                    raise RuntimeError(f"{backend} {dtype} b{batch}: parity error {err:.3g} beyond the {key} tolerance "
+                                       f"{TOLERANCES[key]:g}")
+                parity[dtype] = err
+            load = (load_average() or [None])[0]
+            t32, t8 = measure_pair(runners["fp32"].fn, runners["int8"].fn, min_time)
+            r = ratio_stats(t8, t32)  # per pair: fp32 time / int8 time = the int8 speed-up
+            row = {"backend": backend, "placement": placement, "batch": batch, "speedup_median": r["ratio_median"],
+                   "speedup_q1": r["ratio_q1"],
+                   "speedup_q3": r["ratio_q3"], "pairs": r["pairs"], "load_1min": load,
+                   "int8_model": infos["int8"].get("int8")}
+            for dtype, t in (("fp32", t32), ("int8", t8)):
+                med = float(np.median(t) * 1e3)
+                row[dtype] = {"median_ms": med, "parity_error": parity[dtype],
+                              **fraction(flops * batch, med, ceiling_for(ceiling, backend, dtype, "cpu"))}
+            rows.append(row)
+        finally:  # each runner owns its session: freed now, not by the garbage collector
+            for runner in runners.values():
+                runner.close()
     best = {}
     for n in batch_sizes:
         mine = [r for r in rows if r["batch"] == n]

@@ -320,7 +320,7 @@ class _Run:
             samples = _time_calls(runner.fn, self.s.min_time, self.s.min_iters)
             peak = _rss_kib("VmHWM") or 0
         finally:
-            del runner
+            runner.close()
             _release_memory()
         ms = np.asarray(samples) * 1e3
         return out, {"median_ms": float(np.median(ms)), "min_ms": float(ms.min()), "iterations": int(ms.size),
