@@ -155,9 +155,10 @@ def test_adopt_moves_a_complete_staging_build_into_the_zoo_and_refuses_a_partial
 
 
 def test_progress_writes_the_retrain_table_between_its_markers_and_refuses_a_changed_file(tmp_path, monkeypatch):
-    """``zoo progress``: finished models best first with the scenes they name right (re-evaluated from the file
-    only where the row predates that figure), the machine, the validation curve, and what is still to train; the
-    README's other text is kept, a second run replaces the table, and a file whose sha256 changed is refused."""
+    """``zoo progress``: finished models best first with the scenes they name right (evaluated from the file once,
+    and kept in the manifest, where the row predates that figure), the machine, the validation curve, and what is
+    still to train; the README's other text is kept, a second run replaces the table, and a file whose sha256
+    changed is refused."""
     import pytest
 
     rows = []
@@ -179,7 +180,9 @@ def test_progress_writes_the_retrain_table_between_its_markers_and_refuses_a_cha
     table = readme[readme.index(zoo.TABLE_BEGIN):]
     assert table.index("| belief | 56.00 | 3 of 4 (75.0 %) | not recorded | 20.0 54.2 |") \
         < table.index("| standard | 55.50 | 1 of 4 (25.0 %) |")
-    assert evaluated == ["belief_seg_fashion.safetensors"] * 2
+    assert evaluated == ["belief_seg_fashion.safetensors"]  # once: the figure is kept in the manifest
+    kept = {r["variant"]: r for r in json.loads((tmp_path / "manifest.json").read_text())["models"]}
+    assert kept["belief"]["named"] == {"scenes": 4, "scenes_right": 3}
     left = [v for v in zoo.TRAIN_ORDER if v not in ("standard", "belief")]
     assert f"Still to train (the build's order): {', '.join(left)}." in table
     (tmp_path / "belief_seg_fashion.safetensors").write_text("changed")

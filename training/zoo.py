@@ -340,24 +340,29 @@ TABLE_BEGIN, TABLE_END = "<!-- progress table: python -m attnzoo.training.zoo pr
 def progress(staging: Path, task: str = "seg", data: str = "fashion") -> str:
     """The table of a retrain under way (``build --retrain --out staging``), written into ``staging/README.md``
     between :data:`TABLE_BEGIN` and :data:`TABLE_END`: each finished model's test metric, the scenes in which it
-    names every garment right (:func:`attnzoo.metrics.named_right`, re-evaluated from the file where its manifest
-    row predates that figure), the machine it trained on, its validation curve; then the variants still to train in
-    the build's order. Returns the table."""
+    names every garment right (:func:`attnzoo.metrics.named_right`; where its manifest row predates that figure,
+    evaluated from the file once and written into the manifest), the machine it trained on, its validation curve;
+    then the variants still to train in the build's order. Returns the table."""
     staging = Path(staging)
-    rows = [r for r in json.loads((staging / "manifest.json").read_text())["models"]
-            if r["task"] == task and r["data"] == data]
+    manifest = json.loads((staging / "manifest.json").read_text())
+    rows = [r for r in manifest["models"] if r["task"] == task and r["data"] == data]
+    backfilled = False
     lines = ["| variant | test mIoU (%) | scenes with every garment named right | trained on | "
              "validation mIoU per epoch |", "|---|---:|---:|---|---|"]
     for r in sorted(rows, key=lambda r: -r["test_metric"]):
         path = staging / r["file"]
         if sha256_file(path) != r["sha256"]:
             raise ValueError(f"{path}: its sha256 is not the manifest's; rebuild it")
-        named = r.get("named") or evaluate_checkpoint(path)["named"]
+        if not r.get("named"):  # a row from before the figure: evaluated once, kept in the manifest
+            r["named"], backfilled = evaluate_checkpoint(path)["named"], True
+        named = r["named"]
         history = json.loads(path.with_suffix(".json").read_text())["history"]
         curve = " ".join(f"{h['val']:.1f}" for h in history)
         lines.append(f"| {r['variant']} | {r['test_metric']:.2f} | {named['scenes_right']} of {named['scenes']} "
                      f"({100.0 * named['scenes_right'] / named['scenes']:.1f} %) | "
                      f"{r.get('machine', 'not recorded')} | {curve} |")
+    if backfilled:
+        atomic_write_text(staging / "manifest.json", json.dumps(manifest, indent=1) + "\n")
     done = {r["variant"] for r in rows}
     left = [v for v in TRAIN_ORDER if v not in done]
     lines += ["", f"Still to train (the build's order): {', '.join(left)}." if left else "All variants are in."]
