@@ -392,7 +392,8 @@ def _gpu_md(report: Mapping[str, Any]) -> List[str]:
     if g["status"] != "ok":
         return [f"Absent: {g['reason']}."]
     rows = [[r["from"], r["gpu"] or "-", r["model"], r["variant"], r["backend"], r["dtype"], str(r["batch"]),
-             f"{r['median_ms']:.3f}", _num(r["overhead"], "{:.2f}")] for r in g["rows"]]
+             _num(r["median_ms"], "{:.3f}") if r["status"] == "ok" else f"{r['status']}: {r['reason']}",
+             _num(r["overhead"], "{:.2f}")] for r in g["rows"]]
     return [f"{g['note']}.", "", markdown_table(["from", "GPU", "model", "variant", "backend", "dtype", "batch",
                                                  "median ms", "x standard"], rows, escape=True)]
 

@@ -371,15 +371,19 @@ def gpu_rows(variant: str) -> Dict[str, Any]:
         over = {(o["backend"], o["dtype"], o["batch"]): o for o in result.get("overheads", [])
                 if o.get("variant") == variant}
         for r in result.get("results", []):
-            if r.get("variant") in (variant, "standard") and r.get("status") == "ok":
+            # the variant's measured and failed rows (a failed parity check is what its author needs to see),
+            # standard's measured rows beside them; skipped rows (a backend not on that machine) are left out
+            mine = r.get("variant") == variant and r.get("status") in ("ok", "failed")
+            if mine or (r.get("variant") == "standard" and r.get("status") == "ok"):
                 o = over.get((r["backend"], r["dtype"], r["batch"])) if r["variant"] == variant else None
                 found.append({"from": str(path.relative_to(ROOT)), "model": model, "gpu": gpu,
                               "variant": r["variant"], "backend": r["backend"], "dtype": r["dtype"],
-                              "batch": r["batch"], "median_ms": r["median_ms"],
-                              "overhead": o.get("ratio_median") if o else None})
-    if not found:
-        return {"status": "absent", "reason": "no committed GPU-plan results for this variant "
-                                              "(results/gpu-h100/ holds none yet)", "rows": []}
+                              "batch": r["batch"], "status": r["status"],
+                              "median_ms": r.get("median_ms") if r["status"] == "ok" else None,
+                              "reason": r.get("reason") or "", "overhead": o.get("ratio_median") if o else None})
+    if not any(r["variant"] == variant for r in found):
+        return {"status": "absent", "reason": f"the GPU plan's committed results (results/gpu-h100/) hold no row "
+                                              f"of {variant} yet", "rows": []}
     return {"status": "ok", "note": "from the GPU plan's committed results, not measured in this run",
             "rows": found}
 

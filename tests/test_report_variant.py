@@ -100,3 +100,27 @@ def test_an_unknown_variant_is_refused_listing_the_valid_ones(tmp_path, capsys):
     assert len(err) == 1 and "no-such-attention" in err[0]
     assert all(name in err[0] for name in VARIANT_NAMES)
     assert not (tmp_path / "r").exists()  # refused before anything was written
+
+
+def test_gpu_rows_come_from_the_committed_gpu_plan_results_failed_rows_included():
+    from attnzoo.report.variant import gpu_rows
+
+    path = Path(__file__).resolve().parent.parent / "results" / "gpu-h100" / "vit-s-224" / "results.json"
+    if not path.is_file():
+        pytest.skip("no committed GPU-plan results")
+    rows = json.loads(path.read_text())["results"]
+    failed = [r for r in rows if r["status"] == "failed" and r["variant"] != "standard"]
+    assert failed, "the committed run has failed rows to check against"
+    variant = failed[0]["variant"]
+    got = gpu_rows(variant)
+    assert got["status"] == "ok" and got["rows"]
+    mine = {(r["backend"], r["dtype"], r["batch"], r["status"]) for r in got["rows"] if r["variant"] == variant}
+    want = {(r["backend"], r["dtype"], r["batch"], r["status"]) for r in rows
+            if r["variant"] == variant and r["status"] in ("ok", "failed")}
+    assert mine == want
+    assert all(r["reason"] for r in got["rows"] if r["status"] == "failed")
+    assert all(r["median_ms"] is None for r in got["rows"] if r["status"] == "failed")
+    # a variant with no row of its own is absent, not reported through standard's rows alone
+    absent = sorted(set(VARIANT_NAMES) - {r["variant"] for r in rows})
+    if absent:
+        assert gpu_rows(absent[0])["status"] == "absent"
