@@ -326,21 +326,36 @@ def fusion(paths: Dict[str, str]) -> Dict[str, Any]:
 # ------------------------------------------------------------------------------------------------ cost
 def latency(variant: str, budget: Budget, work: Path, command: str) -> Dict[str, Any]:
     """:func:`attnzoo.benchmarks.run.run_benchmark` of ``variant`` (``standard`` added by it) on every backend,
-    batch 1 and 8, fp32 and bf16 where this CPU has bf16 units."""
+    batch 1 and 8, fp32 and bf16 where this CPU has bf16 units.
+
+    One batch size at a time, resuming the same row log: the benchmark measures ``standard`` (the baseline) before
+    the variant, so a run over both batch sizes that reached its time limit would keep standard's batch-8 rows and
+    lose the variant's own. Batch by batch, the variant's batch-1 rows are measured before any batch-8 row."""
     from attnzoo.benchmarks.run import Settings, run_benchmark
     from attnzoo.machine import bf16_problem
     from attnzoo.runtime.backends import backend_names
 
     bf16 = bf16_problem()
-    s = Settings(variants=[variant], backends=list(backend_names()), dtypes=["fp32"] + ([] if bf16 else ["bf16"]),
-                 batch_sizes=list(BATCH_SIZES), arch=budget.latency_arch, threads=1,
-                 min_time=budget.latency_min_time, out=work / "bench", cache_dir=work / "bench-cache",
-                 compile_budget=budget.compile_budget, ceiling_size=0, progress=False, pair_eager=False,
-                 time_limit=budget.latency_time_limit, command=command)
-    r = run_benchmark(s)
+    started, r, interrupted = time.monotonic(), None, None
+    for i, batch in enumerate(BATCH_SIZES):
+        left = budget.latency_time_limit - (time.monotonic() - started)
+        if i and left <= 0:
+            interrupted = {"signal": None, "during": f"batch {batch}", "rows_kept": len(r["results"]),
+                           "note": f"stopped at the latency time limit ({budget.latency_time_limit:g} s) before "
+                                   f"batch {', '.join(map(str, BATCH_SIZES[i:]))}"}
+            break
+        s = Settings(variants=[variant], backends=list(backend_names()),
+                     dtypes=["fp32"] + ([] if bf16 else ["bf16"]), batch_sizes=[batch], arch=budget.latency_arch,
+                     threads=1, min_time=budget.latency_min_time, out=work / "bench", cache_dir=work / "bench-cache",
+                     compile_budget=budget.compile_budget, ceiling_size=0, progress=False, pair_eager=False,
+                     time_limit=max(left, 0.0), command=command)
+        r = run_benchmark(s)
+        if r["interrupted"]:
+            interrupted = r["interrupted"]
+            break
     return {"settings": r["settings"], "bf16": {"rows": bf16 is None, "reason": bf16}, "rows": r["results"],
-            "overheads": r["overheads"], "fastest_cpu": r["fastest_cpu"], "interrupted": r["interrupted"],
-            "note": r["note"], "wall_time_s": r["wall_time_s"]}
+            "overheads": r["overheads"], "fastest_cpu": r["fastest_cpu"], "interrupted": interrupted,
+            "note": r["note"], "wall_time_s": time.monotonic() - started}
 
 
 def scaling(variant: str, budget: Budget, work: Path, command: str, quick: bool) -> Dict[str, Any]:

@@ -124,3 +124,25 @@ def test_gpu_rows_come_from_the_committed_gpu_plan_results_failed_rows_included(
     absent = sorted(set(VARIANT_NAMES) - {r["variant"] for r in rows})
     if absent:
         assert gpu_rows(absent[0])["status"] == "absent"
+
+
+def test_latency_measures_batch_by_batch_so_a_time_limit_keeps_the_variants_first_batch(monkeypatch, tmp_path):
+    """The benchmark runs standard before the variant; over both batch sizes at once a time limit would keep
+    standard's batch-8 rows and drop the variant's. Batch by batch, a stop after batch 1 keeps both sides of it."""
+    import attnzoo.benchmarks.run as run
+    from attnzoo.report import variant as rv
+
+    calls = []
+
+    def fake(s):
+        calls.append(list(s.batch_sizes))
+        rows = [{"variant": v, "batch": s.batch_sizes[0], "status": "ok"} for v in ("standard", "belief2")]
+        stop = {"signal": None, "during": "x", "rows_kept": 2, "note": "stopped"} if len(calls) == 1 else None
+        return {"settings": {}, "results": rows, "overheads": [], "fastest_cpu": None, "interrupted": stop,
+                "note": "", "wall_time_s": 0.0}
+
+    monkeypatch.setattr(run, "run_benchmark", fake)
+    got = rv.latency("belief2", rv.QUICK, tmp_path, "cmd")
+    assert calls == [[rv.BATCH_SIZES[0]]]
+    assert got["interrupted"]["note"] == "stopped"
+    assert {(r["variant"], r["batch"]) for r in got["rows"]} == {("standard", 1), ("belief2", 1)}
