@@ -12,6 +12,10 @@ kernels that write the full score matrix to memory, which is what makes custom a
 - **ONNX Runtime**: the graph its CPU session optimized (``optimized_model_filepath``), and the graph of its
   transformer optimizer (``onnxruntime.transformers.optimizer.optimize_model``, ``model_type="vit"``): a block
   is fused when its softmax is gone and an attention contrib op took its place.
+
+A file exported at opset 23 (``export_onnx(..., opset=23)``) carries each dot-product core as one standard
+``Attention`` op; the audit then asks whether each runtime kept it whole: ONNX Runtime when the op is still in its
+optimized graph, OpenVINO when the kernels that compute it hold no separate matrix product or softmax.
 - **TensorRT**: an engine's layers can be read only from a deserialized engine, which needs a GPU; on a machine
   without one the audit says so instead of guessing.
 
@@ -58,6 +62,8 @@ class AttentionCore:
         path: The nodes between ``scores`` and ``softmax``.
         producer: The node whose output the softmax takes (``scores`` or the last of ``path`` for a dot-product
             core; the end of whatever computes the scores otherwise).
+        op: The standard ``Attention`` op (opset 23) that computes the whole core, or None; ``softmax`` then names
+            the same node (the softmax is inside it).
     """
 
     block: str
@@ -66,16 +72,20 @@ class AttentionCore:
     values: Optional[str]
     path: List[str]
     producer: Optional[str] = None
+    op: Optional[str] = None
 
     @property
     def dot_product(self) -> bool:
-        """Whether the scores are a matrix product: the form every runtime's attention fusion looks for."""
-        return self.scores is not None and self.values is not None
+        """Whether the scores are a matrix product: the form every runtime's attention fusion looks for (the
+        ``Attention`` op's scores are one by its definition)."""
+        return self.op is not None or (self.scores is not None and self.values is not None)
 
     @property
     def kernel_ops(self) -> set:
         """The ops one fused kernel must compute: the scores' matrix product (or, without one, the op that makes
-        the scores), the softmax and the matrix product with the values."""
+        the scores), the softmax and the matrix product with the values; or the one ``Attention`` op."""
+        if self.op is not None:
+            return {self.op}
         return {n for n in (self.scores if self.dot_product else self.producer, self.softmax, self.values) if n}
 
 
@@ -84,7 +94,8 @@ def _load(model: Union[str, Path, onnx.ModelProto]) -> onnx.ModelProto:
 
 
 def attention_cores(model: Union[str, Path, onnx.ModelProto]) -> List[AttentionCore]:
-    """Each block's attention cores (a softmax whose output weights values by a matrix product), in graph order."""
+    """Each block's attention cores (a softmax whose output weights values by a matrix product, or one standard
+    ``Attention`` op), in graph order."""
     graph = _load(model).graph
     producer = {out: n for n in graph.node for out in n.output}
     consumers: Dict[str, List[onnx.NodeProto]] = {}
@@ -94,6 +105,9 @@ def attention_cores(model: Union[str, Path, onnx.ModelProto]) -> List[AttentionC
     cores = []
     for node in graph.node:
         block = _BLOCK.match(node.name)
+        if block is not None and node.op_type == "Attention" and node.domain in ("", "ai.onnx"):
+            cores.append(AttentionCore(block.group(1), node.name, None, None, [], None, op=node.name))
+            continue
         if node.op_type != "Softmax" or block is None:
             continue
         path, src, scores = [], producer.get(node.input[0]), None
@@ -146,24 +160,59 @@ def openvino_fusion(path: Union[str, Path], cores: Optional[List[AttentionCore]]
 
     cores = attention_cores(path) if cores is None else cores
     compiled = compile_onnx(path, threads=threads)
+    ops = compiled.get_runtime_model().get_ordered_ops()
     kernels = []
-    for op in compiled.get_runtime_model().get_ordered_ops():
+    for op in ops:
         info = op.get_rt_info()
         names = set(info["originalLayersNames"].astype(str).split(",")) if "originalLayersNames" in info else set()
         layer = info["layerType"].astype(str) if "layerType" in info else op.get_type_name()
-        kernels.append((f"{op.get_friendly_name()} ({layer})", names))
+        kernels.append((f"{op.get_friendly_name()} ({layer})", names, layer))
     fused = {}
+    onnx_names = {n.name for n in _load(path).graph.node}
     for c in cores:
-        fused[c.softmax] = next((k for k, names in kernels if c.kernel_ops <= names), None)
+        if c.op is not None:
+            fused[c.softmax] = _openvino_op_kernel(c.op, ops, kernels, onnx_names)
+        else:
+            fused[c.softmax] = next((k for k, names, _ in kernels if c.kernel_ops <= names), None)
     return _verdict(cores, fused, "openvino", version=ov.get_version())
+
+
+def _openvino_op_kernel(op_name: str, ops: list, kernels: list, onnx_names: set) -> Optional[str]:
+    """The kernel that runs one ONNX ``Attention`` op whole in OpenVINO's runtime model, or None.
+
+    The op's kernels are those that carry its name and, upstream of them, those that carry no name of the ONNX
+    graph (the front end's decomposition: a masked core becomes a ``ScaledDotProductAttention`` and a NaN guard).
+    The op is fused when one of them computes a softmax and none of them is a separate matrix product or softmax.
+    """
+    index = {op.get_friendly_name(): i for i, op in enumerate(ops)}
+    mine = {i for i, (_, names, _) in enumerate(kernels) if op_name in names}
+    todo = list(mine)
+    while todo:
+        i = todo.pop()
+        for value in ops[i].inputs():
+            j = index.get(value.get_source_output().get_node().get_friendly_name())
+            if j is None or j in mine:
+                continue
+            names, layer = kernels[j][1], kernels[j][2]
+            if layer not in ("Const", "Input") and not (names & onnx_names):
+                mine.add(j)
+                todo.append(j)
+    separate = [j for j in mine if kernels[j][2] in ("MatMul", "Softmax", "SoftMax")]
+    softmax = [j for j in mine if any("softmax" in n.lower() for n in kernels[j][1])]
+    return kernels[softmax[0]][0] if softmax and not separate else None
 
 
 def _ort_attention(graph: onnx.GraphProto, cores: List[AttentionCore]) -> Dict[str, Optional[str]]:
     """Blocks whose softmax an attention contrib op replaced (its softmax gone, one such op per fused block)."""
     attention = [n for n in graph.node if n.op_type in ORT_ATTENTION_OPS]
     left = {n.name for n in graph.node if n.op_type == "Softmax"}
-    gone = [c for c in cores if c.softmax not in left]
     fused: Dict[str, Optional[str]] = {c.softmax: None for c in cores}
+    kept = {n.name: n for n in attention if n.domain in ("", "ai.onnx")}
+    for c in cores:  # a standard Attention op: fused when the runtime kept it whole (not decomposed)
+        if c.op is not None and c.op in kept:
+            fused[c.softmax] = f"{c.op} (ai.onnx.Attention)"
+    attention = [n for n in attention if n.name not in kept]
+    gone = [c for c in cores if c.op is None and c.softmax not in left]
     for c, op in zip(gone, attention):
         fused[c.softmax] = f"{op.name or op.op_type} ({op.domain or 'ai.onnx'}.{op.op_type})"
     return fused

@@ -18,13 +18,13 @@ from attnzoo.runtime.fusion import (AttentionCore, attention_cores, audit, markd
 DEPTH = 4  # the micro ViT's blocks
 
 
-def _export(tmp_path, name: str, variant: str, forward=None):
+def _export(tmp_path, name: str, variant: str, forward=None, opset: int = 20):
     torch.manual_seed(0)
     model = create_model(variant, "cls", "micro", num_classes=10).eval()
     if forward is not None:
         for block in model.blocks:
             block.attn.forward = types.MethodType(forward, block.attn)
-    return export_onnx(model, tmp_path / f"{name}.onnx", config=model.attnzoo_config)
+    return export_onnx(model, tmp_path / f"{name}.onnx", config=model.attnzoo_config, opset=opset)
 
 
 def _cumsum_scores(self, x, attn_mask=None, is_causal=False):
@@ -40,7 +40,11 @@ def exports(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fusion")
     return {"standard": _export(tmp, "standard", "standard"),
             "made-up": _export(tmp, "made-up", "standard", _cumsum_scores),
-            "wafe-mae": _export(tmp, "wafe-mae", "wafe-mae")}
+            "wafe-mae": _export(tmp, "wafe-mae", "wafe-mae"),
+            # opset 23: each dot-product core one standard Attention op (wafe-mse's key-norm bias as its mask)
+            "standard-23": _export(tmp, "standard-23", "standard", opset=23),
+            "wafe-mse-23": _export(tmp, "wafe-mse-23", "wafe-mse", opset=23),
+            "made-up-23": _export(tmp, "made-up-23", "standard", _cumsum_scores, opset=23)}
 
 
 def test_cores_are_found_from_each_blocks_softmax_with_both_matrix_products(exports):
@@ -90,3 +94,33 @@ def test_audit_says_plainly_what_it_could_not_inspect(exports):
         assert not trt["inspected"] and trt["fused"] is None and "GPU" in trt["reason"]
     table = markdown(result)
     assert f"| openvino | {DEPTH} of {DEPTH} |" in table and "| tensorrt | not inspected |" in table
+
+
+def test_an_opset_23_export_carries_each_core_as_one_attention_op_that_both_runtimes_keep_whole(exports):
+    for name in ("standard-23", "wafe-mse-23"):
+        ops = [n for n in onnx.load(str(exports[name])).graph.node]
+        assert not any(n.op_type == "Softmax" for n in ops)  # the softmax is inside the op
+        cores = attention_cores(exports[name])
+        assert [c.block for c in cores] == [f"blocks.{i}" for i in range(DEPTH)]
+        assert all(c.op == f"{c.block}.attn/Attention" and c.dot_product for c in cores)
+        for optimizer in (False, True):
+            r = onnxruntime_fusion(exports[name], transformer_optimizer=optimizer)
+            assert r["fused"] == r["cores"] == DEPTH
+            assert all(c["kernel"] == f"{c['block']}.attn/Attention (ai.onnx.Attention)" for c in r["per_core"])
+        ov = openvino_fusion(exports[name])  # OpenVINO's runtime model: one Subgraph per core, no MatMul / Softmax
+        assert ov["fused"] == ov["cores"] == DEPTH and all("Subgraph" in c["kernel"] for c in ov["per_core"])
+    # scores that no attention op computes stay a Softmax between matrix products at opset 23 too: not fused
+    made_up = audit(exports["made-up-23"])
+    assert not any(c["dot_product"] for c in made_up["cores"]) and len(made_up["cores"]) == DEPTH
+    assert all(r["fused"] == 0 for r in made_up["runtimes"] if r["inspected"])
+
+
+def test_a_standard_attention_op_the_runtime_decomposed_is_not_fused():
+    cores = [AttentionCore(f"blocks.{i}", f"blocks.{i}.attn/Attention", None, None, [], None,
+                           op=f"blocks.{i}.attn/Attention") for i in range(2)]
+    graph = helper.make_graph([helper.make_node("Attention", ["q", "k", "v"], ["o"], name="blocks.0.attn/Attention"),
+                               helper.make_node("Softmax", ["s"], ["p"], name="blocks.1.attn/Attention/Softmax")],
+                              "g", [], [])
+    fused = _ort_attention(graph, cores)
+    assert fused == {"blocks.0.attn/Attention": "blocks.0.attn/Attention (ai.onnx.Attention)",
+                     "blocks.1.attn/Attention": None}

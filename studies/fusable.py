@@ -1,0 +1,205 @@
+"""What a fusable export changes: each variant exported at opset 20 (attention as MatMul / Softmax / MatMul) and at
+opset 23 (each dot-product core as one standard ``Attention`` op), audited and timed on each CPU runtime.
+
+For each variant and input size: both exports verified as ``export-model`` verifies them (parity with eager, the
+extra math kept), the fusion audit of each (:func:`attnzoo.runtime.fusion.audit`: which runtime runs each block's
+core as one kernel), then eager PyTorch and both files in ONNX Runtime (the ``ort-cpu`` session of
+``bench-latency``) and OpenVINO timed round-robin (every runner once per round, in the same order, so all see about
+the same load). The effect of the opset-23 file on a runtime is the median over rounds of the opset-20 file's time /
+the opset-23 file's time in that round, with quartiles. Variants whose scores are no dot product (the pairwise-L1
+ones) export no ``Attention`` op and are listed with that reason.
+
+Usage::
+
+    python -m attnzoo.studies.fusable --variants standard,belief2,wafe-mse --arch tiny --img-sizes 224,512 \\
+        --threads 1 --out results/studies/fusable-amx
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from attnzoo.cli import UsageError, add_debug_flag, entry_point
+
+__all__ = ["OPSETS", "export_pair", "markdown", "main"]
+
+#: The unfused form (the package's default export) and the fusable one.
+OPSETS = (20, 23)
+
+
+def export_pair(model, variant: str, img_size: int, folder: Path, threads: int) -> Dict[int, Dict[str, Any]]:
+    """``model`` exported and verified at each of :data:`OPSETS`: ``{opset: {"path", "ops", "export_time_s",
+    "audit"}}``. Raises ``RuntimeError`` when an export fails its verification."""
+    from attnzoo.export import export_verified
+    from attnzoo.runtime.fusion import audit
+
+    out = {}
+    for opset in OPSETS:
+        path = folder / f"{variant}_{img_size}_opset{opset}.onnx"
+        report = export_verified(model, path, model.attnzoo_config, opset=opset, input_hw=(img_size, img_size),
+                                 batch_sizes=(1,), threads=threads)
+        if not report["passed"]:
+            raise RuntimeError(f"{variant} at opset {opset}: export failed verification: {report['failures']}")
+        found = audit(path, threads=threads)
+        out[opset] = {"path": path, "ops": report["op_histogram"], "export_time_s": report["export_time_s"],
+                      "extra_math": report.get("extra_math"),
+                      "fused": {r["runtime"]: (r["fused"], r["cores"]) for r in found["runtimes"] if r["inspected"]},
+                      "dot_product_cores": sum(c["dot_product"] for c in found["cores"])}
+    return out
+
+
+def _rows(times: Dict[str, List[float]], variant: str, img_size: int, tokens: int) -> List[Dict[str, Any]]:
+    from attnzoo.benchmarks.stats import ratio_stats, summarize
+
+    rows = []
+    for runtime in ("ort-cpu", "openvino"):
+        a, b = times.get(f"{runtime} opset20"), times.get(f"{runtime} opset23")
+        if a is None or b is None:
+            continue
+        r = ratio_stats(b, a)  # opset-20 time / opset-23 time per round: the fusable file's speed-up
+        rows.append({"variant": variant, "img_size": img_size, "tokens": tokens, "runtime": runtime,
+                     "opset20_ms": summarize(a, 1)["median_ms"], "opset23_ms": summarize(b, 1)["median_ms"],
+                     "speedup": r["ratio_median"], "speedup_q1": r["ratio_q1"], "speedup_q3": r["ratio_q3"],
+                     "eager_ms": summarize(times["eager"], 1)["median_ms"]})
+    return rows
+
+
+def markdown(result: Dict[str, Any]) -> str:
+    """The result as markdown: the fusion audit of both exports, then the timings."""
+    from attnzoo.machine import cpu_summary
+
+    env = result["environment"]
+    lines = [f"# Fusable export (opset 23 `Attention`) against the default (opset 20), {result['arch']}, "
+             f"{result['threads']} thread(s), batch 1", "", f"`{result['command']}`", "",
+             f"CPU: {cpu_summary(env['cpu'])}; load average at start {env['load_average']}, end "
+             f"{result['load_average_end']}; onnxruntime {env['versions'].get('onnxruntime')}, openvino "
+             f"{env['versions'].get('openvino')}. Every number here holds for this machine only.", "",
+             "## Fused attention cores (read from each runtime's own optimized or compiled graph)", "",
+             "| variant | tokens | opset | Attention ops | extra math kept | " + " | ".join(result["runtimes"]) + " |",
+             "|---|---:|---:|---:|---|" + "---|" * len(result["runtimes"])]
+    for e in result["exports"]:
+        for opset in map(str, OPSETS):
+            x = e["opsets"][opset]
+            cells = [f"{x['fused'][r][0]} of {x['fused'][r][1]}" if r in x["fused"] else "-"
+                     for r in result["runtimes"]]
+            kept = "yes" if (x["extra_math"] or {}).get("ok") else "no"
+            lines.append(f"| {e['variant']} | {e['tokens']} | {opset} | {x['ops'].get('Attention', 0)} | {kept} | "
+                         + " | ".join(cells) + " |")
+    lines += ["", "## Latency (median ms of one call; speed-up: opset-20 time / opset-23 time per round, q1-q3)", "",
+              "| variant | tokens | runtime | opset 20 ms | opset 23 ms | speed-up | eager ms |",
+              "|---|---:|---|---:|---:|---|---:|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['variant']} | {r['tokens']} | {r['runtime']} | {r['opset20_ms']:.2f} | "
+                     f"{r['opset23_ms']:.2f} | {r['speedup']:.2f} ({r['speedup_q1']:.2f}-{r['speedup_q3']:.2f}) | "
+                     f"{r['eager_ms']:.2f} |")
+    if result["no_dot_product"]:
+        lines += ["", "Not exported in a fusable form: " + "; ".join(
+            f"`{v}` ({why})" for v, why in result["no_dot_product"].items()) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m attnzoo.studies.fusable", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--variants", default="standard,belief2,wafe-mse", help="comma-separated variant names")
+    p.add_argument("--arch", default="tiny", help="model arch (attnzoo.models.ARCHS)")
+    p.add_argument("--img-sizes", default="224,512", help="input sides, comma-separated (tokens: (side/16)^2 + 1)")
+    p.add_argument("--threads", type=int, default=1, help="threads of PyTorch, ONNX Runtime and OpenVINO")
+    p.add_argument("--rounds", type=int, default=15, help="timed rounds per variant and size (>= 2)")
+    p.add_argument("--out", type=Path, required=True, help="output folder (fusable.json, fusable.md)")
+    p.add_argument("--cache-dir", type=Path, default=None, help="exported models (default: <cache>/fusable)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true")
+    return add_debug_flag(p)
+
+
+def _sizes(text: str) -> List[int]:
+    try:
+        sizes = list(dict.fromkeys(int(s) for s in text.split(",") if s.strip()))
+    except ValueError:
+        sizes = []
+    if not sizes or any(s < 16 or s % 16 or s > 1024 for s in sizes):
+        raise UsageError(f"--img-sizes must be comma-separated multiples of 16 from 16 to 1024, got {text!r}")
+    return sizes
+
+
+@entry_point
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m attnzoo.studies.fusable``."""
+    import torch
+
+    from attnzoo.fileio import default_cache_dir, writable_dir
+    from attnzoo.machine import environment, load_average
+    from attnzoo.models import ARCHS, VARIANT_NAMES, VARIANTS, create_model
+    from attnzoo.runtime.backends.ort_cpu import tuned_cpu_session
+    from attnzoo.runtime.openvino import OpenVINOSession, unavailable_reason
+    from attnzoo.runtime.parity import check
+    from attnzoo.studies.mae_forms import time_round_robin
+    from attnzoo.studies.report import write_report
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = build_parser().parse_args(argv)
+    variants = list(dict.fromkeys(v.strip() for v in a.variants.split(",") if v.strip()))
+    bad = [v for v in variants if v not in VARIANT_NAMES]
+    if bad or not variants:
+        raise UsageError(f"--variants: unknown {', '.join(map(repr, bad)) or '(none given)'}; valid: "
+                         f"{', '.join(VARIANT_NAMES)}")
+    if a.arch not in ARCHS:
+        raise UsageError(f"--arch: unknown {a.arch!r}; valid: {', '.join(ARCHS)}")
+    sizes = _sizes(a.img_sizes)
+    for flag, v, low in (("--threads", a.threads, 1), ("--rounds", a.rounds, 2)):
+        if v < low:
+            raise UsageError(f"{flag} must be >= {low}, got {v}")
+    writable_dir(a.out, "--out folder")
+    cache = writable_dir(a.cache_dir or default_cache_dir() / "fusable", "--cache-dir folder")
+    ov_missing = unavailable_reason()
+    torch.set_num_threads(a.threads)
+    env = environment()
+    no_dot = {v: "its scores are a pairwise L1 distance, not a dot product, so no attention op computes them"
+              for v in variants if VARIANTS[v].pairwise_scores}
+    exports, rows = [], []
+    jobs = [(v, s) for v in variants if v not in no_dot for s in sizes]
+    for variant, size in tqdm(jobs, desc="fusable", disable=a.no_progress):
+        torch.manual_seed(a.seed)
+        model = create_model(variant, task="cls", arch=a.arch, img_size=size).eval()
+        tokens = (size // ARCHS[a.arch]["patch_size"]) ** 2 + 1
+        pair = export_pair(model, variant, size, cache, a.threads)
+        exports.append({"variant": variant, "img_size": size, "tokens": tokens,
+                        "opsets": {str(o): {k: v for k, v in x.items() if k != "path"} for o, x in pair.items()}})
+        x = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(a.seed))
+        xn = x.numpy()
+        with torch.no_grad():
+            ref = model(x).numpy()
+        runners: Dict[str, Callable[[], object]] = {"eager": lambda: model(x)}
+        for opset, e in pair.items():
+            sess, _ = tuned_cpu_session(e["path"], a.threads, cache, batch=1)
+            runners[f"ort-cpu opset{opset}"] = lambda s=sess: s.run(None, {"image": xn})[0]
+            if ov_missing is None:
+                ov = OpenVINOSession(e["path"], threads=a.threads, batch=1)
+                runners[f"openvino opset{opset}"] = lambda o=ov: o.run(xn)
+        for name, fn in runners.items():  # bench-latency's parity gate (the shared tolerance table)
+            if name != "eager":
+                ok, err = check(np.asarray(fn()), ref, "fp32")
+                if not ok:
+                    raise RuntimeError(f"{variant} {size} px, {name}: parity error {err:.1e} against eager")
+        with torch.no_grad():
+            times = time_round_robin(runners, a.rounds, progress=not a.no_progress)
+        rows += _rows(times, variant, size, tokens)
+    runtimes = ["openvino", "onnxruntime", "onnxruntime-transformers"]
+    result = {"command": shlex.join(["python", "-m", "attnzoo.studies.fusable", *argv]), "arch": a.arch,
+              "threads": a.threads, "img_sizes": sizes, "rounds": a.rounds, "openvino": ov_missing or "used",
+              "runtimes": runtimes, "exports": exports, "rows": rows, "no_dot_product": no_dot,
+              "environment": env, "load_average_end": load_average()}
+    write_report(a.out, "fusable", result, markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
