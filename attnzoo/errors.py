@@ -1,0 +1,39 @@
+"""The package's error types: what a command's one error line and exit status are made of
+(:func:`attnzoo.cli.entry_point` turns them into both), and :func:`first_line`, how an error is said in one line.
+
+Exit status: 2 for :class:`UsageError` (refused before any work starts), 1 for every other failure.
+"""
+
+from __future__ import annotations
+
+__all__ = ["UsageError", "CommandError", "CommandExit", "first_line"]
+
+
+class UsageError(ValueError):
+    """A bad command line (flag value, combination of flags): exit status 2."""
+
+
+class CommandError(Exception):
+    """A failure whose message already says what went wrong (a failed export, a failed build): exit status 1."""
+
+
+class CommandExit(SystemExit):
+    """What an entry point raises after printing its error line: ``code`` is the exit status, ``str()`` the
+    line (so callers and tests see both)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(code)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def first_line(exc: BaseException, typed: bool = False) -> str:
+    """The first non-empty line of an exception's message, or its type name; ``typed``: prefixed with the type
+    name (``ValueError: ...``, at most 300 characters), for reports that keep the error of a failed row."""
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else ""
+    if typed:
+        return f"{type(exc).__name__}: {line}"[:300] if line else type(exc).__name__
+    return line or type(exc).__name__

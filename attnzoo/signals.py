@@ -1,0 +1,156 @@
+"""Signals and native code: how Ctrl-C and SIGTERM end a command cleanly, also while native code runs.
+
+While a command runs (:func:`signals_raise`, set up by :func:`attnzoo.cli.entry_point`), SIGTERM raises
+:class:`Terminated` and SIGINT :class:`Interrupted` in the main thread, so ``finally`` blocks and context managers
+run exactly as on an ordinary error.
+
+Native code that calls back into Python (TensorRT's logger and progress monitor) must never see those exceptions:
+TensorRT catches an exception raised in its callbacks, prints it and carries on. A short such call runs inside
+:func:`signals_deferred`, which records the signal instead and raises it as soon as the native call returns; a
+long one (a TensorRT build) runs in a worker thread (:func:`run_in_worker`), so that the main thread, where Python
+handles signals, stops at once; a command that gave up on such work (:func:`abandon`) ends with ``os._exit`` after
+printing its line and running its ``finally`` blocks (TensorRT's threads may still call the Python logger, which
+aborts an interpreter that is shutting down).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterator, List, Optional, TypeVar
+
+__all__ = ["Terminated", "Interrupted", "SIGNAL_EXITS", "signals_raise", "PendingSignal", "signals_deferred",
+           "run_in_worker", "abandon", "abandoned"]
+
+T = TypeVar("T")
+#: Worker threads running native code that a signal made the main thread give up on (cancelled, maybe running).
+_ABANDONED: List[threading.Thread] = []
+#: How a command ends on a signal: exit status and its one line on stderr.
+SIGNAL_EXITS = {signal.SIGINT: (130, "interrupted (Ctrl-C)"), signal.SIGTERM: (143, "terminated (SIGTERM)")}
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived (raised in the main thread so that ``finally`` blocks and context managers run)."""
+
+
+class Interrupted(BaseException):
+    """SIGINT (Ctrl-C) arrived while a command ran. Not a ``KeyboardInterrupt``: CPython may end a process whose
+    ``KeyboardInterrupt`` reached certain points by killing itself with SIGINT at exit (status -2), whatever
+    exit status the command chose; our own exception keeps the documented 130."""
+
+
+@contextlib.contextmanager
+def signals_raise() -> Iterator[None]:
+    """While active (main thread only), SIGTERM raises :class:`Terminated` and SIGINT :class:`Interrupted`."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated() if signum == signal.SIGTERM else Interrupted()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@dataclass
+class PendingSignal:
+    """The first SIGINT/SIGTERM that arrived inside :func:`signals_deferred` (``None``: none yet)."""
+
+    signum: Optional[int] = None
+
+    @property
+    def pending(self) -> bool:
+        """A signal arrived: the native work should stop as soon as it can (e.g. cancel a TensorRT build)."""
+        return self.signum is not None
+
+
+def _deliver(signum: int, handler) -> None:
+    """Act on a recorded signal as its own handler would have (raises for the handlers of :func:`signals_raise`
+    and Python's default SIGINT handler; records it in an enclosing :func:`signals_deferred`)."""
+    if callable(handler):
+        handler(signum, None)
+    elif handler != signal.SIG_IGN:  # SIG_DFL, or a handler installed outside Python
+        signal.raise_signal(signum)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[PendingSignal]:
+    """Record SIGINT/SIGTERM instead of raising while native code with Python callbacks runs; raise on exit.
+
+    Inside, a signal only sets ``PendingSignal.signum`` (a callback may poll ``.pending`` to cancel the work; it
+    must never raise). On exit the previous handlers come back and a recorded signal is handed to its handler:
+    :class:`Interrupted` / :class:`Terminated` under :func:`attnzoo.cli.entry_point`, ``KeyboardInterrupt`` under Python's
+    default; it replaces any exception the body raised (a build cancelled because of it). Off the main thread
+    signals are not delivered to Python, and this does nothing.
+    """
+    state = PendingSignal()
+    if threading.current_thread() is not threading.main_thread():
+        yield state
+        return
+
+    def record(signum, frame):  # never raises: it may run inside a C callback
+        if state.signum is None:
+            state.signum = signum
+
+    previous = {sig: signal.signal(sig, record) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield state
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, signal.SIG_DFL if old is None else old)
+        if state.signum is not None:
+            _deliver(state.signum, previous[state.signum])
+
+
+def abandon(thread: threading.Thread) -> None:
+    """Native work in ``thread`` was given up on (a cancelled TensorRT build, a Ray shutdown that did not finish):
+    the command then ends with ``os._exit`` once its line is printed and its ``finally`` blocks have run, instead
+    of an interpreter shutdown that would wait for, or run beside, that native code."""
+    _ABANDONED.append(thread)
+
+
+def run_in_worker(fn: Callable[[], T], cancel: Callable[[], None]) -> T:
+    """``fn()`` (native code that releases the GIL, e.g. a TensorRT build) in a worker thread, waited for by the
+    main thread, so that Ctrl-C / SIGTERM is acted on at once and never raised inside ``fn``'s C callbacks
+    (signal handlers run in the main thread only).
+
+    On a signal (or any exception while waiting) ``cancel()`` asks ``fn`` to stop (it must not raise) and the
+    exception propagates at once; the worker is left behind, and :func:`attnzoo.cli.entry_point` then ends the process with
+    ``os._exit`` once its line is printed (and the caller's ``finally`` blocks have run). Off the main thread
+    ``fn()`` is simply called.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return fn()
+    box: dict = {}
+
+    def work() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the main thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=work, name="attnzoo-native", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.05)  # the main thread runs Python between waits: signal handlers run here
+    except BaseException:
+        cancel()
+        abandon(worker)  # even once it returns, TensorRT's own threads may still call back
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def abandoned() -> int:
+    """How many worker threads this process has given up on so far (:func:`abandon`): a command compares the
+    count before and after it ran, so only what it gave up on itself ends the process."""
+    return len(_ABANDONED)

@@ -1,0 +1,82 @@
+"""Signals and native work (attnzoo.signals): Ctrl-C and SIGTERM raise in the main thread while a command runs,
+are recorded (never raised) inside native callbacks and raised when the native call returns, and a worker thread
+running native code is cancelled and given up on at once."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+
+def _isolated(code: str) -> None:
+    """Run ``code`` in a fresh interpreter: a signal sent to the test process itself could land in native threads
+    that earlier tests left in it (Ray, TensorRT)."""
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), (done.returncode, done.stdout[-2000:],
+                                                                           done.stderr[-2000:])
+
+
+def test_run_in_worker_raises_a_signal_at_once_and_cancels_the_work():
+    _isolated("""
+        import os, signal, threading, time
+        from attnzoo import signals as cli
+
+        stop = threading.Event()
+
+        def native():  # stands for a build that ends at its next step once cancelled
+            stop.wait(30)
+            return "finished"
+
+        with cli.signals_raise():
+            assert cli.run_in_worker(lambda: 42, stop.set) == 42 and not stop.is_set() and not cli.abandoned()
+            timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+            start = time.perf_counter()
+            timer.start()
+            try:
+                cli.run_in_worker(native, stop.set)
+                raise SystemExit("no Interrupted")
+            except cli.Interrupted:
+                pass
+            assert time.perf_counter() - start < 3 and stop.is_set()
+            assert cli.abandoned() == 1  # entry_point would now end the process with os._exit
+        print("ok")
+    """)
+
+
+def test_signals_deferred_records_then_raises_on_exit():
+    _isolated("""
+        import os, signal, time
+        from attnzoo.signals import Interrupted, Terminated, signals_deferred, signals_raise
+
+        # raise_signal signals this thread, so the handler runs at the next bytecode; os.kill(getpid()) could land
+        # in another thread and reach Python late on a loaded machine (a late SIGTERM cut the test short)
+        reached = False
+        before = signal.getsignal(signal.SIGINT)  # Python's own handler, or SIG_IGN in a process started with `&`
+        with signals_raise():
+            try:
+                with signals_deferred() as outer:
+                    with signals_deferred() as inner:
+                        signal.raise_signal(signal.SIGINT)
+                        deadline = time.monotonic() + 10  # the handler runs between bytecodes (late under load)
+                        while not inner.pending and time.monotonic() < deadline:
+                            pass
+                        assert inner.pending and inner.signum == signal.SIGINT
+                        signal.raise_signal(signal.SIGTERM)  # a second signal: the first one wins
+                    assert outer.pending  # the inner region handed it to the outer one, which still defers
+                    reached = True
+                raise SystemExit("no Interrupted on leaving the region")
+            except Interrupted:
+                pass
+            assert reached
+            try:  # outside any region the handler raises again
+                signal.raise_signal(signal.SIGTERM)
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    pass
+                raise SystemExit("no Terminated")
+            except Terminated:
+                pass
+        assert signal.getsignal(signal.SIGINT) is before  # whatever was there before comes back
+        print("ok")
+    """)
