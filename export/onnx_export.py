@@ -152,6 +152,27 @@ def _fp32_softmax_and_io(graph: onnx.GraphProto) -> None:
         graph.value_info.remove(info)
 
 
+def _full_attention_masks(graph: onnx.GraphProto) -> None:
+    """Give every standard ``Attention`` op (opset 23) with a mask the mask at its full ``(batch, heads, queries,
+    keys)`` shape: the exporter writes a per-key bias (``wafe-mse``'s ``-||k||^2/d``) as ``(batch, heads, 1, keys)``,
+    which the ONNX standard broadcasts but ONNX Runtime's CPU kernel refuses ("inconsistent q_sequence_length").
+    One ``Expand`` per op, to ``Shape(Q)[:3] + Shape(K)[2:3]``; the op stays one fused core."""
+    nodes = []
+    for node in graph.node:
+        if node.op_type == "Attention" and node.domain in ("", "ai.onnx") and len(node.input) > 3 and node.input[3]:
+            q, k, mask, name = node.input[0], node.input[1], node.input[3], node.name
+            nodes += [onnx.helper.make_node("Shape", [q], [f"{name}/q_shape"], name=f"{name}/QShape", start=0, end=3),
+                      onnx.helper.make_node("Shape", [k], [f"{name}/k_len"], name=f"{name}/KShape", start=2, end=3),
+                      onnx.helper.make_node("Concat", [f"{name}/q_shape", f"{name}/k_len"], [f"{name}/mask_shape"],
+                                            name=f"{name}/MaskShape", axis=0),
+                      onnx.helper.make_node("Expand", [mask, f"{name}/mask_shape"], [f"{name}/full_mask"],
+                                            name=f"{name}/MaskExpand")]
+            node.input[3] = f"{name}/full_mask"
+        nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
 def _metadata(config: Mapping[str, Any], input_hw: Tuple[int, int], dtype: str,
               checkpoint_sha256: str) -> Dict[str, str]:
     """The metadata_props contract shared with the benchmarks and the demo."""
@@ -282,6 +303,7 @@ def export_onnx(
             raise ValueError(f"torch.onnx.export failed at opset {opset}: {first}") from exc
     proto = program.model_proto
     _rename_nodes(proto.graph)
+    _full_attention_masks(proto.graph)
     if dtype == "fp16":
         _fp32_softmax_and_io(proto.graph)
     proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param = BATCH_DIM

@@ -124,3 +124,21 @@ def test_a_standard_attention_op_the_runtime_decomposed_is_not_fused():
     fused = _ort_attention(graph, cores)
     assert fused == {"blocks.0.attn/Attention": "blocks.0.attn/Attention (ai.onnx.Attention)",
                      "blocks.1.attn/Attention": None}
+
+
+def test_a_masked_core_exported_at_opset_23_runs_on_onnx_runtime_and_stays_fused(tmp_path):
+    """wafe-mse's per-key bias is the op's mask; the exporter writes it (batch, heads, 1, keys), which ONNX Runtime's
+    CPU kernel refuses, so the export expands it to the full score shape: verified (run in ONNX Runtime at batch
+    1, 3, 8 against eager) and still one Attention op per block."""
+    from attnzoo.export import export_verified
+
+    torch.manual_seed(0)
+    model = create_model("wafe-mse", "cls", "micro", num_classes=10).eval()
+    path = tmp_path / "wafe-mse-23.onnx"
+    report = export_verified(model, path, model.attnzoo_config, opset=23, batch_sizes=(1, 8))
+    assert report["passed"] and report["extra_math"]["ok"]
+    graph = onnx.load(str(path)).graph
+    made = {o: n for n in graph.node for o in n.output}
+    ops = [n for n in graph.node if n.op_type == "Attention"]
+    assert len(ops) == DEPTH and all(made[n.input[3]].op_type == "Expand" for n in ops)
+    assert onnxruntime_fusion(path)["fused"] == DEPTH
