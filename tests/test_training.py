@@ -266,3 +266,34 @@ def test_train_with_init_from_starts_at_the_classifier(tmp_path):
     assert result["recipe"]["init_from"] == str(path)
     torch.testing.assert_close(saved["encoder.blocks.0.attn.qkv.weight"],
                                cls_model.state_dict()["blocks.0.attn.qkv.weight"], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("state, needle", [
+    ("[" * 100_000 + "]" * 100_000, "not readable JSON (JSON nested too deep)"),
+    (json.dumps({"epoch": 10 ** 12, "history": [], "elapsed": 0.0, "config": {}}),
+     "epoch 1000000000000, not within 0..2"),
+])
+def test_a_zoo_job_trains_afresh_from_a_bad_state_saying_which_file(tmp_path, monkeypatch, capsys, state, needle):
+    """A zoo build's job whose state JSON is 100,000 deep (was "maximum recursion depth exceeded" without the file)
+    or claims an epoch past the run: one line naming the file, then the model is trained afresh through every
+    epoch, and no state is left."""
+    from attnzoo.training import zoo
+
+    monkeypatch.setitem(zoo.RECIPES, "shapes/cls", dict(arch="micro", img_size=16, epochs=2, batch_size=16,
+                                                        lr=2e-3, weight_decay=0.05, warmup_epochs=0.25,
+                                                        seed=0, train_size=32, val_size=16))
+    monkeypatch.setitem(zoo.TEST_N, "shapes", 16)
+    job = {"variant": "standard", "task": "cls", "data": "shapes"}
+    zoo._load_shared([job])
+    js = tmp_path / "standard_cls_shapes.state.json"
+    js.write_text(state)
+    (tmp_path / "standard_cls_shapes.state.safetensors").write_bytes(b"never read: the JSON is refused first")
+    epochs = []
+    monkeypatch.setattr(zoo, "_epoch_reporter", lambda: lambda done, total: epochs.append(done))
+    row = zoo._run_job(job, str(tmp_path))
+    said = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(said) == 1 and said[0].startswith(f"standard cls shapes: cannot resume: {js}") and needle in said[0]
+    assert said[0].endswith("; training afresh"), said
+    assert epochs == [1, 2] and row["epochs"] == 2 and not list(tmp_path.glob("*.state.*"))
+    saved = json.loads((tmp_path / "standard_cls_shapes.json").read_text())
+    assert [h["epoch"] for h in saved["history"]] == [1, 2]
