@@ -553,16 +553,18 @@ def test_zoo_export_cache_is_reused(monkeypatch, tmp_path):
         backends.export_zoo("nothing", tmp_path)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--models", "/no/such/dir"], "error: models folder not found"),
-    (["--port", "0"], "error: --port must be in 1..65535"),
-    (["--seg-max-side", "0"], "error: --seg-max-side must be at least 1"),
-    (["--backend", "nope"], "error: --backend: unknown backend 'nope'; valid: eager, compile, ort-cpu"),
+@pytest.mark.parametrize("argv, message, code", [
+    (["--models", "/no/such/dir"], "error: models folder not found", 1),
+    (["--port", "0"], "error: --port must be in 1..65535", 2),
+    (["--seg-max-side", "0"], "error: --seg-max-side must be at least 1", 2),
+    (["--backend", "nope"], "error: --backend: unknown backend 'nope'; valid: eager, compile, ort-cpu", 2),
 ])
-def test_cli_errors_are_one_line(argv, message):
+def test_cli_errors_are_one_line(argv, message, code):
+    """One line, and the exit status docs/errors.md gives: 2 for a bad command line, 1 for a missing input."""
     with pytest.raises(SystemExit) as info:
         cli_main(argv)
     assert str(info.value).startswith(message) and "\n" not in str(info.value)
+    assert info.value.code == code, info.value.code
 
 
 def test_cli_tensorrt_says_why_it_is_unavailable(tmp_path):
@@ -570,8 +572,9 @@ def test_cli_tensorrt_says_why_it_is_unavailable(tmp_path):
 
     if tensorrt_unavailable_reason(run=True) is None:
         pytest.skip("TensorRT and a GPU are available here")
-    with pytest.raises(SystemExit, match="error: the tensorrt backend is not available: .*use --backend auto"):
+    with pytest.raises(SystemExit, match="error: the tensorrt backend is not available: .*use --backend auto") as info:
         cli_main(["--models", str(tmp_path), "--backend", "tensorrt"])
+    assert info.value.code == 1  # a failure, not a bad command line (docs/errors.md)
 
 
 def test_folder_skips_files_that_are_not_attnzoo_models(models_dir, tmp_path, capsys):
@@ -605,8 +608,9 @@ def test_concurrent_requests_share_one_queue(server, images, monkeypatch):
 
 
 def test_cli_empty_folder(tmp_path):
-    with pytest.raises(SystemExit, match="error: no servable models"):
+    with pytest.raises(SystemExit, match="error: no servable models") as info:
         cli_main(["--models", str(tmp_path)])
+    assert info.value.code == 1
 
 
 # ------------------------------------------------------------------------------------------- browser test
