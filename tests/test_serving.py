@@ -43,6 +43,7 @@ from attnzoo.serve.rayserve.app import (DECODE_BYTES_PER_PIXEL, MemoryBudget, de
 from attnzoo.serve.rayserve.cli import main as serve_main
 from attnzoo.serve.rayserve.config import ServeConfig, merged, read_config_file
 from attnzoo.serve.rayserve.loadtest import Record, summarize
+from attnzoo.serve.network import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -704,6 +705,48 @@ def test_local_ray_defaults_to_haproxy_and_throughput_mode_unless_told_otherwise
     assert os.environ["RAY_SERVE_ENABLE_HA_PROXY"] == "0" and "RAY_SERVE_HAPROXY_STATS_PORT" not in os.environ
     assert os.environ["RAY_SERVE_HAPROXY_RETRY_ON"] == "conn-failure"
     assert environment.ray_serve_mode() == "Serve's Python proxy, throughput-optimized"
+
+
+def test_a_local_ray_names_its_driver_as_the_raylet_so_a_stop_without_a_parent_is_clean(monkeypatch):
+    """Ray's core worker in a driver takes the raylet for dead (and ends the process at once: no stop, no line, the
+    folders left) when ``RAY_RAYLET_PID`` names no live process and the driver's parent is PID 1, which is what a
+    group SIGTERM to ``setsid serve-models ... &`` met. Before Ray starts, a local start names the driver itself
+    there; joining a cluster leaves Ray's own choice. (The slow test in test_serving_lifecycle.py stops such a
+    command.)"""
+    import ray
+    from ray._private import ray_constants
+
+    from attnzoo.serve.rayserve import environment
+
+    seen = []
+
+    def init(*args, **kwargs):
+        seen.append((os.environ.get(environment._RAYLET_PID_ENV), os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")))
+        raise RuntimeError("stopped before Ray starts")
+
+    local = {"started": False, "temp_dirs": [], "mark": None, "serve_host": None, "shutdown_abandoned": False}
+    monkeypatch.setattr(environment, "_LOCAL", local)
+    monkeypatch.setattr(environment, "_OWN_ENV", {})
+    monkeypatch.setitem(environment._METRICS, "port", None)
+    monkeypatch.setattr(environment, "_ray_initialized", lambda: False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", ray_constants.ENABLE_RAY_CLUSTER)
+    for key in (*environment.LOCAL_RAY_ENV, *environment._HAPROXY_PORTS, *environment._HAPROXY_FILES,
+                "RAY_SERVE_HAPROXY_BINARY_PATH", *environment._LOOPBACK_ENV, environment._RAYLET_PID_ENV,
+                environment._OWNER_ENV, "RAY_TMPDIR", "RAY_USAGE_STATS_ENABLED"):
+        monkeypatch.delenv(key, raising=False)
+    try:
+        with pytest.raises(RuntimeError, match="stopped before Ray starts"):
+            environment.start_ray(ServeConfig(port=free_port()))
+        for key in (*environment._LOOPBACK_ENV, environment._RAYLET_PID_ENV):
+            monkeypatch.delenv(key)
+        with pytest.raises(ValueError, match="cannot join the Ray cluster at 10.0.0.1:6379"):
+            environment.start_ray(ServeConfig(address="10.0.0.1:6379"))
+    finally:
+        for folder in local["temp_dirs"]:
+            shutil.rmtree(folder, ignore_errors=True)
+    assert seen == [(str(os.getpid()), "0"), (None, None)], seen
 
 
 @pytest.mark.slow
