@@ -96,8 +96,8 @@ def _stop_local_ray() -> None:
     background export), and any that one of them starts meanwhile, gets SIGTERM and, after :data:`STOP_GRACE_S`,
     SIGKILL (:func:`_end_marked`). They are found by the environment mark they all inherit (:data:`_OWNER_ENV`),
     so one orphaned to PID 1 is found too and no other process of the caller is touched. Serve's graceful
-    shutdown is skipped: it drains the replicas and HAProxy for tens of seconds (docs/serving.md), and a local
-    Ray keeps nothing that needs it. A further signal during the stop is ignored (:func:`_signals_held`)."""
+    shutdown is skipped: it drains the replicas and HAProxy first, and a local Ray keeps nothing that
+    needs it. A further signal during the stop is ignored (:func:`_signals_held`)."""
     with _signals_held():
         _stop_processes()
         _forget_local_ray()
