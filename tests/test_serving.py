@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -308,9 +309,11 @@ def test_demo_backend_url_runs_on_the_deployment(server, local):
                           predict.segment(local[("seg", "standard")], seg)[0])
 
 
-def test_health_models_and_metrics_routes(server):
+def test_health_models_and_metrics_routes(server, served_dir):
     assert httpx.get(f"{server}/health", timeout=30).json()["status"] == "ok"
     stats = httpx.get(f"{server}/stats", timeout=30).json()  # no process id, no file path of this machine
+    said = json.dumps(stats)
+    assert str(served_dir) not in said and tempfile.gettempdir() not in said, said
     assert "pid" not in stats and set(stats["settings"]) == {
         "backend", "threads", "dtype", "max_batch_size", "batch_wait_s", "replicas", "decode_memory_mb",
         "max_ongoing_requests"}, stats
