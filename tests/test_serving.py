@@ -462,9 +462,11 @@ _SLOW_BODY = (b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\
 
 
 def test_slow_clients_hold_no_replica_slot(server):
-    """More clients than the replica has slots (16) send a body slower than anyone would: HAProxy holds each
-    request until it has arrived, so none reaches the replica, and /health and a classification answer at once."""
+    """More clients than the replica has slots (16) send a body, or their headers, slower than anyone would:
+    HAProxy holds each request until it has arrived, so none reaches the replica, and /health and a classification
+    answer at once."""
     conns = [_slow_request(server, _SLOW_BODY) for _ in range(20)]
+    conns += [_slow_request(server, b"POST /classify HTTP/1.1\r\nHost: x\r\n") for _ in range(20)]
     try:
         time.sleep(1.0)  # they have reached wherever they go
         start = time.perf_counter()
