@@ -201,6 +201,7 @@ def test_cli_bad_input_is_one_clear_line(argv, message):
         cli.main(argv + ["--no-progress", "--train-size", "8"])
     assert str(exc.value).startswith("error: ") and message in str(exc.value)
     assert "\n" not in str(exc.value)
+    assert exc.value.code == 2  # a bad command line (docs/errors.md), refused before any data is loaded
 
 
 def test_evaluate_cli_bad_checkpoint(tmp_path):

@@ -100,16 +100,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     scene = {k: v for k, v in scene.items() if v is not None}
     if scene and (args.data != "fashion" or args.task != "seg"):
         raise UsageError("--scene-* options compose Fashion-MNIST scenes: use them with --data fashion --task seg")
-    try:
+    options = _parse_options(args.option)
+    try:  # bad flags refused before any data is loaded: exit 2, as every command's usage errors
+        from attnzoo.data.datasets import check_source
         from attnzoo.data.fashion import check_scene_options
+        from attnzoo.models import canonical_name, split_options
 
         scene = check_scene_options(scene)
+        check_source(args.data, args.task, scene)
+        split_options(canonical_name(args.variant), **options)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     cfg = TrainConfig(variant=args.variant, task=args.task, data=args.data, arch=args.arch,
                       img_size=args.img_size, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                       weight_decay=args.weight_decay, warmup_epochs=args.warmup_epochs, seed=args.seed,
-                      train_size=args.train_size, val_size=args.val_size, options=_parse_options(args.option),
+                      train_size=args.train_size, val_size=args.val_size, options=options,
                       out=args.out, threads=args.threads, init_from=args.init_from, decoder=args.decoder,
                       scene=scene)
     try:

@@ -23,7 +23,7 @@ from PIL import Image, ImageDraw
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, load_image, normalize
 
 __all__ = ["SHAPES_CLASSES", "SHAPES_SEG_CLASSES", "DIGITS_CLASSES", "SPLITS", "BUILTIN_DATA", "ImageSet",
-           "TensorDataset", "shapes_images", "shapes", "digits", "imagefolder", "ade_folder", "load_data"]
+           "TensorDataset", "shapes_images", "shapes", "digits", "imagefolder", "ade_folder", "check_source", "load_data"]
 
 SHAPES_CLASSES: List[str] = ["circle", "square", "triangle", "star", "cross", "ring"]
 SHAPES_SEG_CLASSES: List[str] = ["background", *SHAPES_CLASSES]
@@ -253,8 +253,7 @@ def digits(split: str, task: str = "cls", img_size: int = 32, n: Optional[int] =
            seed: int = 0) -> ImageSet:
     """scikit-learn's bundled 8x8 handwritten digits (1797 images, no download), upsampled to ``img_size``,
     white digits on black, 3 channels; split 70/10/20 with a fixed permutation."""
-    if task != "cls":
-        raise ValueError("digits has no masks; use it with --task cls")
+    check_source("digits", task)
     from sklearn.datasets import load_digits
 
     bunch = load_digits()
@@ -420,14 +419,28 @@ def ade_folder(root, split: str, task: str = "seg", img_size: int = 32, n: Optio
     return ImageSet(np.stack(images), labels.astype(np.int64), masks_arr, names, str(root))
 
 
+def check_source(data: str, task: str, scene: Optional[dict] = None) -> None:
+    """What :func:`load_data` refuses before it reads anything, so a command can refuse it as a bad flag first.
+
+    Raises:
+        ValueError: scene options for anything but Fashion-MNIST segmentation, ``digits`` for segmentation, or a
+            name that is neither a built-in source nor a folder.
+    """
+    if scene and not (data == "fashion" and task == "seg"):
+        raise ValueError(f"scene options compose Fashion-MNIST segmentation scenes; {data!r} {task} takes none")
+    if data == "digits" and task != "cls":
+        raise ValueError("digits has no masks; use it with --task cls")
+    if data not in BUILTIN_DATA and not Path(data).is_dir():
+        raise ValueError(f"unknown data {data!r}: not one of {', '.join(BUILTIN_DATA)} and not a folder")
+
+
 def load_data(data: str, split: str, task: str = "cls", img_size: int = 32, n: Optional[int] = None,
               seed: int = 0, scene: Optional[dict] = None) -> ImageSet:
     """Load a split of ``fashion`` (Fashion-MNIST, see :mod:`attnzoo.data.fashion`), ``shapes``, ``digits``,
     or a folder (an ade-folder when it has ``images/`` and
     ``annotations/``, else a class-per-folder image folder). ``scene``: how Fashion-MNIST segmentation scenes are
     composed (:func:`attnzoo.data.fashion.compose_scenes` options); only ``fashion`` takes it."""
-    if scene and not (data == "fashion" and task == "seg"):
-        raise ValueError(f"scene options compose Fashion-MNIST segmentation scenes; {data!r} {task} takes none")
+    check_source(data, task, scene)
     if data == "shapes":
         return shapes(split, task, img_size, n, seed)
     if data == "digits":
@@ -437,8 +450,6 @@ def load_data(data: str, split: str, task: str = "cls", img_size: int = 32, n: O
 
         return fashion(split, task, img_size, n, seed, scene=scene)
     root = Path(data)
-    if not root.is_dir():
-        raise ValueError(f"unknown data {data!r}: not one of {', '.join(BUILTIN_DATA)} and not a folder")
     if (root / "images").is_dir() and (root / "annotations").is_dir():
         return ade_folder(root, split, task, img_size, n, seed)
     return imagefolder(root, split, task, img_size, n, seed)
