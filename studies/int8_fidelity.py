@@ -14,9 +14,15 @@ fidelity figures, the fidelity on a further set of images the export never saw, 
 what ``auto`` kept and what each kept group costs, and the int8 latency next to fp32 on ONNX Runtime and OpenVINO
 (one thread, batch 1, every model's runs interleaved, with the load average: the machine may be shared).
 
+``--zoo-accuracy`` instead exports the zoo's models to int8 as ``export-model --dtype int8`` does (its default
+``auto`` placement, and the ``cpu`` placement of the copies ``serve-demo`` / ``serve-models --dtype int8`` serve)
+and records whether each still passes its accuracy gate on the test split, with its fidelity figures.
+
 Usage::
 
     python -m attnzoo.studies.int8_fidelity --out results/studies/int8-fidelity
+    python -m attnzoo.studies.int8_fidelity --out results/studies/int8-fidelity --zoo-accuracy cls
+    python -m attnzoo.studies.int8_fidelity --table results/studies/int8-fidelity/results.json
 """
 
 from __future__ import annotations
@@ -26,13 +32,14 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from attnzoo.cli import add_debug_flag, entry_point
 
-__all__ = ["pretrained_like_vit", "smooth_images", "speeds", "worst_of_n", "measure", "zoo_drift", "main"]
+__all__ = ["pretrained_like_vit", "smooth_images", "speeds", "worst_of_n", "measure", "zoo_drift", "zoo_accuracy",
+           "cpu_line", "markdown", "zoo_accuracy_markdown", "main"]
 
 #: Residual-stream channels given a massive activation, and the query/key channel of each head scaled.
 OUTLIER_CHANNELS = (3, 17)
@@ -245,9 +252,16 @@ def measure(out: Path, placements: Sequence[str] = ("tensorrt", "cpu", "auto"), 
             "rows": rows}
 
 
-def markdown(result: Dict[str, Any]) -> str:
+def cpu_line(cpu: Mapping[str, Any]) -> str:
+    """One line naming the CPU a result was measured on: its model, cores and key instruction-set flags."""
+    return (f"CPU: {cpu.get('model', '?')}, {cpu.get('usable_cores', cpu.get('logical_cores', '?'))} usable cores; "
+            f"flags: {', '.join(cpu.get('key_flags', [])) or 'none recorded'}")
+
+
+def markdown(result: Mapping[str, Any]) -> str:
     """The README tables: fidelity (the export's gate inputs, the further inputs), speed, worst-of-n."""
-    lines = ["| placement | gate inputs: worst / mean cosine, rel. error | default gate (worst >= 0.99) | "
+    lines = [cpu_line(result["cpu"]), "",
+             "| placement | gate inputs: worst / mean cosine, rel. error | default gate (worst >= 0.99) | "
              f"{result['further_inputs'].split(' ')[0]} further inputs: worst / mean cosine, rel. error (max) | "
              "top-1 agree (further) | Q/DQ pairs | ORT int8 ms (x fp32) | OpenVINO int8 ms (x fp32) |",
              "|---|---|---|---|---|---|---|---|"]
@@ -321,9 +335,98 @@ def zoo_drift(variant: str, task: str, count: int = 512) -> Dict[str, Any]:
                 float(same[low].mean()) if low.any() else None, "prediction_agreement": float(same.mean())}
 
 
+#: The placements ``--zoo-accuracy`` exports with: ``export-model --dtype int8``'s default, and the one of the
+#: zoo's int8 copies that ``serve-demo`` / ``serve-models --dtype int8`` serve.
+ZOO_PLACEMENTS = ("auto", "cpu")
+
+
+def zoo_accuracy(variant: str, task: str, placement: str, data: str) -> Dict[str, Any]:
+    """A zoo model exported to int8 as ``export-model --variant V --task T --dtype int8 [--qdq-placement P]``
+    does (every other default: 512 training images calibrate, 64 further ones held out, the whole test split
+    scored next to fp32): whether it passed its accuracy gate, its accuracy, and its fidelity to fp32."""
+    import tempfile
+
+    from attnzoo.export import export_model
+    from attnzoo.export.errors import ExportError
+
+    start = time.perf_counter()
+    row: Dict[str, Any] = {"variant": variant, "task": task, "data": data, "placement": placement}
+    with tempfile.TemporaryDirectory(prefix="attnzoo-zoo-int8-") as work:
+        out = Path(work) / f"{variant}_{task}_int8.onnx"
+        try:
+            report = export_model(variant, task=task, dtype="int8", out=out, qdq_placement=placement).report
+        except ExportError as exc:
+            failed = out.with_name(out.stem + ".failed.report.json")
+            report = json.loads(failed.read_text()) if failed.is_file() else None
+            row["refused"] = str(exc).splitlines()[0]
+        row["seconds"] = round(time.perf_counter() - start, 1)
+    if report is None:
+        return row
+    acc, fid = report["accuracy"], report.get("fidelity") or {}
+    auto = report["quantization"]["options"].get("auto") or {}
+    row.update(passed=bool(report["passed"]), failures=report["failures"])
+    if acc.get("metrics"):
+        row["accuracy"] = {k: acc[k] for k in ("metric_name", "n_images", "metrics", "drop", "tolerance",
+                                               "within_tolerance")}
+    if fid:
+        row["fidelity"] = {"n_inputs": fid["n_inputs"], "split": fid.get("split"), "gate_on": fid["gate_on"],
+                           "cosine": fid["cosine"], "relative_error": fid["relative_error"],
+                           "top1_agreement": fid["top1_agreement"]}
+    if auto.get("groups"):
+        row["auto"] = {"promised": auto.get("promised"), "chosen": auto.get("chosen"),
+                       "kept_fp32": [g for g, d in auto["groups"].items() if not d["quantized"]],
+                       "groups": len(auto["groups"]), "fallback": auto.get("fallback")}
+    row["quantize_linear"] = report["quantization"]["qdq"]["quantize_linear"]
+    return row
+
+
+def zoo_accuracy_markdown(result: Mapping[str, Any]) -> str:
+    """The zoo int8 accuracy table: per model and placement, the gate's verdict, the accuracy and the fidelity."""
+    lines = [cpu_line(result["cpu"]), "", f"Command: `{result['command']}`; load average "
+             f"{result['load_average']['start'][0]:.2f} -> {result['load_average']['end'][0]:.2f}"
+             + (" (contended)" if result["contended"] else ""), "",
+             "| variant | task | placement | accuracy gate | fp32 | int8 | drop (tolerance) | fidelity: worst / mean "
+             "cosine (n) | auto kept fp32 | s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        a, f = r.get("accuracy"), r.get("fidelity")
+        verdict = "passes" if r.get("passed") else f"refused: {r.get('refused', '; '.join(r.get('failures', [])))}"
+        acc = ([f"{a['metrics']['fp32']:.2f}", f"{a['metrics']['int8']:.2f}", f"{a['drop']:+.2f} ({a['tolerance']:g})"]
+               if a else ["-", "-", "-"])
+        fid = f"{f['cosine']['min']:.4f} / {f['cosine']['mean']:.4f} ({f['n_inputs']})" if f else "-"
+        auto = r.get("auto")
+        kept = "-" if not auto else (f"{len(auto['kept_fp32'])} of {auto['groups']}"
+                                     + (" (weights only)" if auto.get("fallback") else ""))
+        lines.append(f"| {r['variant']} | {r['task']} | {r['placement']} | {verdict} | {' | '.join(acc)} | {fid} | "
+                     f"{kept} | {r.get('seconds', '-')} |")
+    passed = sum(bool(r.get("passed")) for r in result["rows"])
+    lines += ["", f"{passed} of {len(result['rows'])} int8 exports pass their accuracy gate."]
+    return "\n".join(lines)
+
+
+def _zoo_selection(spec: str, data: str) -> List[Tuple[str, str]]:
+    """``VARIANT:TASK,...``, or ``cls`` / ``seg`` / ``all`` (the zoo's models of ``data`` for that task)."""
+    from attnzoo import zoo
+
+    from attnzoo.cli import UsageError
+
+    have = [(e["variant"], e["task"]) for e in zoo.entries() if e["data"] == data]
+    if spec in ("cls", "seg", "all"):
+        return [(v, t) for v, t in have if spec in ("all", t)]
+    chosen = []
+    for item in spec.split(","):
+        variant, _, task = item.strip().partition(":")
+        if (variant, task) not in have:
+            raise UsageError(f"--zoo-accuracy: the zoo has no {data} model {item.strip()!r} (VARIANT:TASK, or cls, "
+                             "seg, all)")
+        chosen.append((variant, task))
+    return chosen
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m attnzoo.studies.int8_fidelity", description=__doc__.split("\n")[0])
-    p.add_argument("--out", type=Path, required=True, help="folder for results.json and results.md")
+    p.add_argument("--out", type=Path, default=None, help="folder for results.json and results.md")
+    p.add_argument("--table", type=Path, default=None, metavar="FILE",
+                   help="print the markdown of an earlier results.json or zoo-accuracy.json and run nothing")
     p.add_argument("--img-size", type=int, default=64)
     p.add_argument("--patch-size", type=int, default=8)
     p.add_argument("--embed-dim", type=int, default=192)
@@ -335,6 +438,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--zoo", default=None, metavar="VARIANT:TASK,...",
                    help="instead: the logits' drift of these zoo models' int8 copies on 512 further training images "
                         "(zoo-drift.json)")
+    p.add_argument("--zoo-accuracy", default=None, metavar="SELECTION",
+                   help="instead: export the zoo's models (VARIANT:TASK,... or cls, seg, all) to int8 with each of "
+                        f"{', '.join(ZOO_PLACEMENTS)} and record their accuracy gate (zoo-accuracy.json / .md)")
+    p.add_argument("--data", default="fashion", help="the zoo's data set for --zoo-accuracy (default fashion)")
     return add_debug_flag(p)
 
 
@@ -344,8 +451,34 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     from attnzoo.fileio import atomic_write_text, writable_dir
 
+    from .report import contended, reprint, require_out
+
     args = build_parser().parse_args(argv)
-    out = writable_dir(args.out)
+    if reprint(args.table, lambda r: zoo_accuracy_markdown(r) if "zoo_accuracy" in r else markdown(r)):
+        return 0
+    out = writable_dir(require_out(args.out))
+    if args.zoo_accuracy:
+        import os
+
+        from attnzoo.machine import cpu_info
+
+        selection = _zoo_selection(args.zoo_accuracy, args.data)
+        load_start = list(os.getloadavg())
+        rows = []
+        for variant, task in selection:
+            for placement in ZOO_PLACEMENTS:
+                rows.append(zoo_accuracy(variant, task, placement, args.data))
+                print(json.dumps(rows[-1]), flush=True)
+        load_end = list(os.getloadavg())
+        result = {"command": "python -m attnzoo.studies.int8_fidelity " + " ".join(sys.argv[1:] if argv is None
+                                                                                    else argv),
+                  "zoo_accuracy": True, "cpu": cpu_info(), "versions": _versions(),
+                  "load_average": {"start": load_start, "end": load_end},
+                  "contended": contended(load_start, load_end, 2), "rows": rows}
+        atomic_write_text(out / "zoo-accuracy.json", json.dumps(result, indent=1) + "\n")
+        atomic_write_text(out / "zoo-accuracy.md", zoo_accuracy_markdown(result) + "\n")
+        print(zoo_accuracy_markdown(result))
+        return 0 if all(r.get("passed") for r in rows) else 1
     if args.zoo:
         rows = [zoo_drift(*item.split(":")) for item in args.zoo.split(",")]
         atomic_write_text(out / "zoo-drift.json", json.dumps({
@@ -361,6 +494,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     atomic_write_text(out / "results.md", markdown(result) + "\n")
     print(markdown(result))
     return 0
+
+
+def _versions() -> Dict[str, str]:
+    """The versions of what quantizes and runs the int8 graphs."""
+    from importlib.metadata import version
+
+    return {name: version(name) for name in ("onnxruntime", "nvidia-modelopt", "torch")}
 
 
 if __name__ == "__main__":

@@ -320,6 +320,25 @@ def test_auto_refuses_when_no_placement_promises_the_gate(fp32, tmp_path):
     assert "cosine worst" in summary and "relative error mean" in summary and "WEAK" in summary
 
 
+def test_export_model_refuses_in_one_line_when_no_placement_promises_the_gate(tmp_path, capsys):
+    """export-model with the default placement (auto) and a gate no placement can promise: exit 1, one line
+    naming the promise and the choosing inputs, nothing at --out nor anywhere else but the failed report."""
+    out = tmp_path / "b2_int8.onnx"
+    with pytest.raises(SystemExit) as info:
+        export_main(["--variant", "belief2", "--arch", "micro", "--random-init", "--dtype", "int8", "--min-cosine",
+                     "0.99999", "--calibration-count", "32", "--fidelity-count", "16", "--out", str(out)])
+    assert info.value.code == 1
+    err = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()  # progress bars and warnings before it
+    errors = [x for x in err if x.startswith("error: ")]
+    assert len(errors) == 1 and err[-1] == errors[0]
+    line = errors[0]
+    assert "b2_int8.onnx not written: no Q/DQ placement promises a cosine to fp32 >= 0.99999 on inputs like the 8 " \
+           "choosing one(s)" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == [failed_report_path(out).name]
+    failed = json.loads(failed_report_path(out).read_text())
+    assert failed["passed"] is False and failed["quantization"]["options"]["auto"]["promised"] is False
+
+
 def test_calibration_folder_is_preprocessed_from_the_models_metadata(tmp_path):
     """A folder of images of any size and mode: load_image -> input style -> resize -> the model's mean/std; the
     last quarter (at most --fidelity-count) held out; random calibration of a trained model is warned about."""
