@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -60,8 +61,6 @@ def atomic_write_text(path: PathLike, text: str) -> None:
 
 def write_json_report(result: Any, out: Optional[PathLike] = None) -> None:
     """Print ``result`` as JSON and, with ``out``, write it there whole (a measuring command's output)."""
-    import json
-
     print(json.dumps(result, indent=1))
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -75,8 +74,6 @@ def _no_constant(name: str) -> Any:
 def parse_json(data: Union[str, bytes]) -> Any:
     """``json.loads`` without NaN / Infinity, and with nesting too deep for its decoder (which recurses once per
     level) a ``ValueError`` instead of a ``RecursionError``."""
-    import json
-
     try:
         return json.loads(data, parse_constant=_no_constant)
     except RecursionError:

@@ -10,6 +10,10 @@ import subprocess
 import sys
 from typing import Any, Dict, List, Optional
 
+from attnzoo.lazy import lazy_import
+
+torch = lazy_import("torch")
+
 __all__ = ["environment", "cpu_info", "cpu_summary", "gpu_info", "load_average", "rss_bytes", "BF16_FLAGS",
            "bf16_problem"]
 
@@ -71,8 +75,6 @@ def bf16_problem(cpu: Optional[Dict[str, Any]] = None) -> Optional[str]:
 
 def gpu_info() -> Optional[Dict[str, Any]]:
     """Name, memory, compute capability, driver and CUDA versions of GPU 0, or ``None`` without CUDA."""
-    import torch
-
     if not torch.cuda.is_available():
         return None
     props = torch.cuda.get_device_properties(0)
@@ -116,8 +118,6 @@ def rss_bytes() -> int:
 
 def environment() -> Dict[str, Any]:
     """Everything needed to compare two result files: hardware, load, versions, thread settings."""
-    import torch
-
     ort = None
     try:
         import onnxruntime as ort
