@@ -7,15 +7,17 @@ import argparse
 import sys
 from typing import List, Optional
 
+from attnzoo.lazy import lazy_import
+
 from .backends import describe
+
+torch = lazy_import("torch")
 
 
 def backends_table(dtype: str = "fp32", device: Optional[str] = None) -> str:
     """Markdown table of :func:`attnzoo.runtime.backends.describe` at ``dtype`` (``device``: the PyTorch device
     of eager / compile; default CUDA when a GPU is visible, else the CPU)."""
     if device is None:
-        import torch
-
         device = "cuda" if torch.cuda.is_available() else "cpu"
     rows = ["| backend | aliases | takes | computes on | precisions | " + f"runs {dtype} here |", "|---|---|---|---|---|---|"]
     for r in describe(dtype, device):

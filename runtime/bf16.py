@@ -21,6 +21,14 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Union
 
 import numpy as np
+from tqdm import tqdm
+
+from attnzoo.fileio import atomic_write_text, default_cache_dir, sha256_file
+from attnzoo.machine import cpu_info
+from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
+
+from .openvino import OpenVINOSession, precision_summary, version
+from .sessions import read_report
 
 __all__ = ["ACCURACY_GATE", "Bf16AccuracyError", "report_path", "score", "verify_bf16", "bf16_verification_problem"]
 
@@ -34,8 +42,6 @@ class Bf16AccuracyError(ValueError):
 
 def report_path(onnx_path: Union[str, Path], cache_dir: Optional[Union[str, Path]] = None) -> Path:
     """Where the bf16 verification of ``onnx_path`` is kept: ``<cache>/bf16/<stem>-<sha256[:16]>.json``."""
-    from attnzoo.fileio import default_cache_dir, sha256_file
-
     onnx_path = Path(onnx_path)
     return Path(cache_dir or default_cache_dir()) / "bf16" / f"{onnx_path.stem}-{sha256_file(onnx_path)[:16]}.json"
 
@@ -53,11 +59,9 @@ def score(runs: Mapping[str, Callable[[np.ndarray], np.ndarray]], config: Mappin
     Raises:
         ValueError: the config names no data set (an untrained model has no test split).
     """
-    from tqdm import tqdm
-
+    # heavy: these load torch; the runtime imports without it
     from attnzoo.data.datasets import load_data
     from attnzoo.metrics import confusion_matrix, metrics_from_confusion
-    from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
 
     from .evaluate import EVAL_BATCH, predict_session
 
@@ -80,17 +84,11 @@ def score(runs: Mapping[str, Callable[[np.ndarray], np.ndarray]], config: Mappin
 
 def _sessions(onnx_path: Path, keep_f32: Sequence[str], threads: Optional[int]):
     """The fp32 and bf16 OpenVINO sessions of the file (bf16 refused where the CPU has no bf16 units)."""
-    from .openvino import OpenVINOSession
-
     bf16 = OpenVINOSession(onnx_path, threads=threads, precision="bf16", keep_f32=keep_f32)
     return OpenVINOSession(onnx_path, threads=threads), bf16
 
 
 def _machine() -> Dict[str, Any]:
-    from attnzoo.machine import cpu_info
-
-    from .openvino import version
-
     cpu = cpu_info()
     return {"cpu": cpu["model"], "cpu_flags": cpu["key_flags"], "openvino": version()}
 
@@ -100,8 +98,6 @@ def bf16_verification_problem(onnx_path: Union[str, Path], cache_dir: Optional[U
     """Why ``onnx_path`` must not be served at bf16 here (one line), or ``None``: its bf16 report
     (:func:`report_path`) must exist, have passed the gate on the whole test split, and be for this file, this
     OpenVINO version and this CPU."""
-    from .sessions import read_report
-
     path = report_path(onnx_path, cache_dir)
     if not path.is_file():
         return f"{Path(onnx_path).name} has not been verified at bf16 on this machine"
@@ -144,10 +140,6 @@ def verify_bf16(onnx_path: Union[str, Path], config: Mapping[str, Any], keep_f32
         Bf16AccuracyError: the drop exceeds the gate (the report is written, ``passed: false``, so the model is
             not served until measured again with another OpenVINO version or on another CPU).
     """
-    from attnzoo.fileio import atomic_write_text, sha256_file
-
-    from .openvino import precision_summary
-
     onnx_path = Path(onnx_path)
     path = report_path(onnx_path, cache_dir)
     if limit is None and bf16_verification_problem(onnx_path, cache_dir) is None:

@@ -21,6 +21,8 @@ from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
+from .contract import ModelContract
+
 __all__ = ["Choice", "fastest_cpu_runtime"]
 
 #: ``factory(path) -> runner``: a backend's :class:`~attnzoo.runtime.backends.Session` (its ``run``; closed once its
@@ -87,8 +89,6 @@ def fastest_cpu_runtime(factories: Mapping[str, RunnerFactory], probes: Sequence
     if not names:
         raise ValueError("no runtime to choose from")
     if dtype:
-        from .contract import ModelContract
-
         other = [(Path(p).name, c.dtype) for p, _ in probes for c in [ModelContract.from_onnx(p)] if c.dtype != dtype]
         if other:
             raise ValueError(f"probe {other[0][0]} is {other[0][1]}, not the {dtype} to be served")

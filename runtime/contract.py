@@ -12,6 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Mapping, Tuple, Union
 
+from attnzoo.lazy import lazy_import
+from attnzoo.limits import MAX_ONNX_BYTES, check_side
+from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, INPUT_STYLES, input_style_of
+
+onnx = lazy_import("onnx")
+
 __all__ = ["INPUT_NAME", "OUTPUT_NAME", "BATCH_DIM", "ModelContract", "metadata_props", "check_onnx_file",
            "config_from_props"]
 
@@ -28,8 +34,6 @@ def metadata_props(model: Union[str, Path, Any]) -> Dict[str, str]:
     Raises:
         ValueError: not a regular file, or larger than an ONNX file can be.
     """
-    import onnx
-
     if not isinstance(model, onnx.ModelProto):
         check_onnx_file(model)
     proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model), load_external_data=False)
@@ -39,8 +43,6 @@ def metadata_props(model: Union[str, Path, Any]) -> Dict[str, str]:
 def check_onnx_file(path: Union[str, Path]) -> None:
     """``ValueError`` naming ``path`` unless it is a regular file of at most :data:`attnzoo.limits.MAX_ONNX_BYTES`
     (a protobuf cannot be larger; bigger models keep their weights in external data files)."""
-    from attnzoo.limits import MAX_ONNX_BYTES
-
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path.name}: not a regular file")
@@ -104,9 +106,7 @@ class ModelContract:
                 by :func:`attnzoo.models.checkpoint.validate_config` and the input size against
                 :data:`attnzoo.limits.MAX_SIDE`.
         """
-        from attnzoo.models.checkpoint import validate_config
-        from attnzoo.limits import check_side
-        from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, INPUT_STYLES, input_style_of
+        from attnzoo.models.checkpoint import validate_config  # heavy: attnzoo.models loads torch and timm
 
         config = validate_config(config_from_props(props, source), source)
         try:

@@ -8,15 +8,18 @@ decide the same way.
 from __future__ import annotations
 
 import contextlib
+import gc
 from typing import Iterator, Optional, Tuple
+
+from attnzoo.lazy import lazy_import
+
+torch = lazy_import("torch")
 
 __all__ = ["cuda_available", "tf32_problem", "fp32_math", "DeviceMemory", "release_cuda_cache"]
 
 
 def cuda_available() -> bool:
     """A CUDA GPU is visible to PyTorch."""
-    import torch
-
     return bool(torch.cuda.is_available())
 
 
@@ -25,7 +28,6 @@ def tf32_problem(device: str = "cuda") -> Optional[str]:
     compute capability 8.0 (Ampere) and newer."""
     if not str(device).startswith("cuda"):
         return "tf32 is a GPU tensor-core mode (compute capability 8.0+); on the CPU fp32 is IEEE fp32: run fp32"
-    import torch
 
     if not torch.cuda.is_available():
         return "tf32 needs a CUDA GPU of compute capability 8.0+; none is visible"
@@ -47,8 +49,6 @@ def fp32_math(tf32: bool) -> Iterator[None]:
     those newer ones instead makes the older readers (Inductor's convolution template among them) raise.
     PyTorch's own defaults differ per switch (matmul IEEE, cuDNN TF32), hence both are always set.
     """
-    import torch
-
     before = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
     torch.backends.cudnn.allow_tf32 = bool(tf32)
@@ -67,10 +67,6 @@ class DeviceMemory:
     """
 
     def __init__(self) -> None:
-        import gc
-
-        import torch
-
         gc.collect()
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
@@ -81,16 +77,12 @@ class DeviceMemory:
 
     def torch_peak(self) -> Tuple[float, str]:
         """MB: PyTorch's peak allocation since the baseline, less what was allocated at it (a PyTorch session)."""
-        import torch
-
         return ((torch.cuda.max_memory_allocated() - self.allocated) / 2 ** 20,
                 "peak PyTorch allocation of this session (max_memory_allocated - allocated before it was loaded)")
 
     def device_used(self) -> Tuple[float, str]:
         """MB: device memory in use now less at the baseline (a runtime that allocates outside PyTorch: its
         arena or engine memory, plus its PyTorch input/output buffers)."""
-        import torch
-
         free, total = torch.cuda.mem_get_info()
         return ((total - free - self.used) / 2 ** 20,
                 "device memory in use after timing - before the session was loaded (mem_get_info, PyTorch cache "
@@ -100,7 +92,5 @@ class DeviceMemory:
 def release_cuda_cache() -> None:
     """Give the blocks PyTorch's caching allocator holds back to the device (no-op without a GPU): what a closed
     session freed is then free for the next one, and for its memory baseline."""
-    import torch
-
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

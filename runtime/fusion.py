@@ -37,6 +37,14 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import onnx
 
 from attnzoo.cli import UsageError, entry_point
+from attnzoo.lazy import lazy_import
+from attnzoo.machine import gpu_info
+
+from .openvino import compile_onnx
+from .sessions import session_options
+
+ort = lazy_import("onnxruntime")
+ov = lazy_import("openvino")
 
 __all__ = ["AttentionCore", "attention_cores", "openvino_fusion", "onnxruntime_fusion", "tensorrt_fusion", "audit",
            "markdown", "main"]
@@ -154,10 +162,6 @@ def openvino_fusion(path: Union[str, Path], cores: Optional[List[AttentionCore]]
         ``{"runtime", "inspected", "cores", "fused", "per_core": [{"block", "softmax", "fused", "kernel",
         "dot_product"}], "version"}`` (``kernel``: the fused node's name and layer type).
     """
-    import openvino as ov
-
-    from .openvino import compile_onnx
-
     cores = attention_cores(path) if cores is None else cores
     compiled = compile_onnx(path, threads=threads)
     ops = compiled.get_runtime_model().get_ordered_ops()
@@ -222,19 +226,15 @@ def onnxruntime_fusion(path: Union[str, Path], cores: Optional[List[AttentionCor
                        transformer_optimizer: bool = False) -> Dict[str, Any]:
     """Which attention cores ONNX Runtime runs as one attention op: in the graph its CPU session optimizes (all levels),
     or, with ``transformer_optimizer``, in the graph of ``onnxruntime.transformers.optimizer`` (``vit``)."""
-    import onnxruntime as ort
-
     cores = attention_cores(path) if cores is None else cores
     if transformer_optimizer:
-        from onnxruntime.transformers.optimizer import optimize_model
+        from onnxruntime.transformers.optimizer import optimize_model  # optional: ONNX Runtime's transformer optimizer
 
         # num_heads / hidden_size 0: detected from the graph (the optimizer's own default)
         optimized = optimize_model(str(path), model_type="vit", num_heads=0, hidden_size=0, opt_level=0)
         graph = optimized.model.graph
         name = "onnxruntime-transformers"
     else:
-        from .sessions import session_options
-
         with tempfile.TemporaryDirectory(prefix="attnzoo-fusion-") as tmp:
             out = Path(tmp) / "optimized.onnx"
             ort.InferenceSession(str(path), session_options(threads=1, optimized_path=out),
@@ -248,8 +248,6 @@ def onnxruntime_fusion(path: Union[str, Path], cores: Optional[List[AttentionCor
 def tensorrt_fusion(path: Union[str, Path], cores: Optional[List[AttentionCore]] = None) -> Dict[str, Any]:
     """TensorRT's fused layers can be read only from a deserialized engine (``IEngineInspector``), which needs a
     CUDA GPU; without one the audit reports why, and no verdict."""
-    from attnzoo.machine import gpu_info
-
     cores = attention_cores(path) if cores is None else cores
     gpu = gpu_info()
     reason = ("no CUDA GPU here: an engine's layers are read from the deserialized engine (IEngineInspector), "

@@ -39,14 +39,22 @@ runtime read-back refuses the model, naming the node.
 
 from __future__ import annotations
 
+import logging
 import os
+import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from attnzoo.lazy import lazy_import
+from attnzoo.machine import bf16_problem
+
 from .contract import INPUT_NAME, OUTPUT_NAME
+
+ov = lazy_import("openvino")
 
 __all__ = ["HINTS", "PRECISIONS", "MATMUL_LAYERS", "unavailable_reason", "bf16_unavailable_reason", "version",
            "error_message", "read_onnx", "compile_onnx", "OpenVINOSession", "pin_f32", "runtime_precisions",
@@ -86,12 +94,9 @@ def bf16_unavailable_reason() -> Optional[str]:
     """Why OpenVINO cannot run bf16 here (one line), or ``None``: the CPU needs bf16 units
     (:func:`attnzoo.machine.bf16_problem`) and OpenVINO's CPU plugin must report its ``BF16`` capability (it has
     bf16 kernels on x86 only). Without them OpenVINO would compile a bf16 request at f32 without saying so."""
-    from attnzoo.machine import bf16_problem
-
     reason = unavailable_reason() or bf16_problem()
     if reason:
         return reason
-    import openvino as ov
 
     caps = [str(c) for c in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")]
     if "BF16" not in caps:
@@ -128,8 +133,6 @@ def read_onnx(path: Union[str, Path], batch: Optional[int] = None):
     Raises:
         ValueError: OpenVINO cannot read the file (naming it and the reason), or a batch below 1.
     """
-    import openvino as ov
-
     try:
         model = ov.Core().read_model(str(path))
     except RuntimeError as exc:  # OpenVINO's message: a source location first, the reason last
@@ -162,8 +165,6 @@ def compile_onnx(path: Union[str, Path, Any], *, threads: Optional[int] = None, 
     Raises:
         ValueError: unknown hint or precision, a batch / thread count below 1, bf16 on a CPU without it.
     """
-    import openvino as ov
-
     if hint not in HINTS:
         raise ValueError(f"unknown performance hint {hint!r}; valid: {', '.join(HINTS)}")
     if precision not in PRECISIONS:
@@ -257,7 +258,7 @@ def _negated_add(model: Any, sub: Any) -> str:
     """Replace the ``Subtract`` ``sub`` (``a - b``) of ``model`` by ``Add(a, Multiply(b, -1))``, the Add taking
     its name, the Multiply ``<name>/negate``; returns the Multiply's name. The ``-1`` is a vector over the last
     axis (when that axis is static and longer than 1), which OpenVINO's ``SubtractFusion`` does not fold back."""
-    import openvino.opset13 as ops
+    import openvino.opset13 as ops  # heavy: OpenVINO
 
     name = sub.get_friendly_name()
     shape = sub.get_output_partial_shape(0)
@@ -292,10 +293,6 @@ def pin_f32(model: Any, names: Sequence[str]) -> Tuple[Any, List[str], List[str]
         PrecisionCheckError: none of ``names`` is an op of the model (nothing could be pinned or checked), or a
             pinned op lacks the attribute after the round trip.
     """
-    import tempfile
-
-    import openvino as ov
-
     by_name = {op.get_friendly_name(): op for op in model.get_ordered_ops()}
     missing = [n for n in names if n not in by_name]
     pinned = [n for n in names if n in by_name]
@@ -367,8 +364,6 @@ def runtime_precisions(compiled: Any, pinned: Sequence[str], missing: Sequence[s
         first op (the kernel's own) carries no pin, which OpenVINO then is free to run at the inference precision;
         ``matmuls`` counts the matrix products outside the pinned ops.
     """
-    from collections import Counter
-
     value = compiled.get_property("INFERENCE_PRECISION_HINT")
     infer = value.to_string() if hasattr(value, "to_string") else str(value)
     wanted = set(pinned)
@@ -505,10 +500,7 @@ def nncf_int8(onnx_path: Union[str, Path], out: Union[str, Path], calibration: n
         NNCFCheckError: none of the ``ignored`` names is an op of the model (nothing could be kept or checked),
             an ignored op reads a FakeQuantize output, or nothing was quantized (nothing written).
     """
-    import logging
-
-    import nncf
-    import openvino as ov
+    import nncf  # optional: NNCF (the [quantize] extra)
 
     nncf.set_log_level(logging.ERROR)
     calibration = np.ascontiguousarray(calibration, dtype=np.float32)

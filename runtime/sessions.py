@@ -15,8 +15,16 @@ the tolerance of fp32.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+from attnzoo.fileio import sha256_file
+from attnzoo.lazy import lazy_import
+
+from .quantization_report import QuantizationReport
+
+ort = lazy_import("onnxruntime")
 
 __all__ = ["PROVIDERS", "LEVELS", "QUANTIZED_DTYPES", "SERVED_DTYPES", "MAX_REPORT_BYTES", "served_precision", "serves",
            "available_providers", "session_options", "providers_for", "ort_session", "read_report",
@@ -67,8 +75,6 @@ def session_options(threads: Optional[int] = None, level: str = "all", optimized
         sequential: Sequential execution mode.
         spinning: Let intra-op threads spin after a run (ONNX Runtime's default); off on a shared machine.
     """
-    import onnxruntime as ort
-
     if level not in LEVELS:
         raise ValueError(f"unknown optimization level {level!r}; valid: {', '.join(LEVELS)}")
     levels = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -137,8 +143,6 @@ def ort_session(model: Union[str, Path, bytes], provider: str = "cpu", *, thread
         providers: Explicit provider list (overrides ``provider``).
         **provider_kwargs: ``cuda_graph``, ``tf32``, ``cache_dir`` for :func:`providers_for`.
     """
-    import onnxruntime as ort
-
     so = options if options is not None else session_options(threads)
     plist = list(providers) if providers is not None else providers_for(provider, **provider_kwargs)
     src = model if isinstance(model, (bytes, bytearray)) else str(model)
@@ -152,8 +156,6 @@ MAX_REPORT_BYTES = 16 * 2**20
 def read_report(path: Union[str, Path]) -> Dict[str, Any]:
     """A verification report (JSON object) read with bounds: ``ValueError`` naming the file when it is missing,
     not a regular file, over :data:`MAX_REPORT_BYTES`, not JSON, nested too deep to parse, or not an object."""
-    import json
-
     path = Path(path)
     try:
         if not path.is_file():
@@ -181,8 +183,6 @@ def verification_problem(path: Union[str, Path], dtype: str) -> Optional[str]:
     tolerance (a drop accepted with ``--accept-accuracy-drop``, one scored with ``--eval-limit``, or an unscored
     ``--random-init`` model is not served).
     """
-    from attnzoo.fileio import sha256_file
-
     path = Path(path)
     report_file = path.with_suffix(".report.json")
     if not report_file.exists():
@@ -200,7 +200,6 @@ def verification_problem(path: Union[str, Path], dtype: str) -> Optional[str]:
         return f"{path.name} differs from the file its report {report_file.name} verified (SHA-256 mismatch)"
     if dtype not in QUANTIZED_DTYPES:
         return None
-    from .quantization_report import QuantizationReport
 
     try:
         acc = QuantizationReport.from_dict(rep).accuracy

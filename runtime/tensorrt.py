@@ -47,8 +47,12 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from attnzoo.cli import run_in_worker, signals_deferred
+from attnzoo.fileio import atomic_write_bytes, atomic_write_text, sha256_file
+from attnzoo.lazy import lazy_import
 
 from .contract import INPUT_NAME, OUTPUT_NAME
+
+torch = lazy_import("torch")
 
 __all__ = ["LIBRARIES", "LIBRARY_ENV", "install_hint", "COMPUTE_CAPABILITIES", "DEFAULT_COMPUTE_CAPABILITY",
            "RTX_RUNS_ON", "gpu_description", "tensorrt_proper_hint", "run_problem", "set_input_shape",
@@ -121,8 +125,6 @@ def gpu_available() -> bool:
 
 def gpu_description() -> Tuple[str, Tuple[int, int]]:
     """The visible GPU's name and compute capability (needs a GPU)."""
-    import torch
-
     return torch.cuda.get_device_name(0), tuple(torch.cuda.get_device_capability(0))
 
 
@@ -487,8 +489,6 @@ def build(onnx_path: Union[str, Path], *, batch_sizes: Sequence[int] = (1, 8),
         raise TensorRTError(f"{lib.describe()} failed to build an engine from {Path(onnx_path).name} for {cc}"
                             f"{_last_errors(net.logger)}")
     if cache_path is not None:
-        from attnzoo.fileio import atomic_write_bytes
-
         atomic_write_bytes(cache_path, bytes(config.get_timing_cache().serialize()))
     return Built(bytes(serialized), lib, cc, build_s, {"min": lo, "opt": opt, "max": hi}, (hi, 3, *hw),
                  workspace_gb, str(cache_path) if cache_path else None, tf32, user_allocation)
@@ -514,8 +514,6 @@ def build_cached(onnx_path: Union[str, Path], cache_dir: Union[str, Path], *, ba
     Raises:
         As :func:`build`.
     """
-    from attnzoo.fileio import atomic_write_bytes, atomic_write_text, sha256_file
-
     lib = library or load_library()
     path = Path(onnx_path)
     sha = sha256_file(path)
@@ -595,7 +593,6 @@ class Engine:
                  runtime_cache: Optional[Union[str, Path]] = None) -> None:
         if not gpu_available():
             raise TensorRTUnavailable("running a TensorRT engine needs an NVIDIA GPU and none is visible")
-        import torch
 
         self.library = library or load_library(gpu=True)
         problem = run_problem(self.library)
@@ -639,14 +636,10 @@ class Engine:
         """Write the kernels compiled so far to the runtime cache file (atomically; no-op without one)."""
         cache = getattr(self, "_cache", None)
         if cache is not None and self.runtime_cache_file is not None:
-            from attnzoo.fileio import atomic_write_bytes
-
             self.runtime_cache_file.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(self.runtime_cache_file, bytes(cache.serialize()))
 
     def _torch_dtype(self, name: str):
-        import torch
-
         return torch.from_numpy(np.zeros(0, self.library.module.nptype(self.engine.get_tensor_dtype(name)))).dtype
 
     def bind(self, x) -> Any:
@@ -655,8 +648,6 @@ class Engine:
         Raises:
             TensorRTError: the shape is outside the engine's profile.
         """
-        import torch
-
         xin = x.to("cuda", self._torch_dtype(INPUT_NAME)).contiguous()
         set_input_shape(self.context, self.engine, INPUT_NAME, xin.shape)
         out = torch.full(tuple(self.context.get_tensor_shape(OUTPUT_NAME)), float("nan"), device="cuda",
@@ -688,8 +679,6 @@ class Engine:
 
     def run(self, x: np.ndarray) -> np.ndarray:
         """One float32 NCHW batch -> float32 logits on the host."""
-        import torch
-
         out = self.bind(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)))
         self.enqueue()
         self.stream.synchronize()
@@ -698,10 +687,6 @@ class Engine:
     def latency_ms(self, x: np.ndarray, iters: int = 50, warmup_s: float = 0.2) -> Dict[str, float]:
         """Median and min latency of the enqueue on resident inputs, timed with CUDA events on the engine's stream
         after at least ``warmup_s`` seconds (and 10 calls) of warm-up."""
-        import time
-
-        import torch
-
         self.bind(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)))
         n, end = 0, time.perf_counter() + warmup_s
         while n < 10 or time.perf_counter() < end:

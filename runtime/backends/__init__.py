@@ -25,6 +25,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ..contract import ModelContract
+from ..parity import compare, tolerance_key
+
 __all__ = ["Backend", "Session", "Call", "LoadOptions", "register_backend", "get_backend", "canonical_backend",
            "backend_names", "backends", "cpu_runtimes", "DTYPES", "ONNX_REFERENCE", "describe",
            "check_against_reference"]
@@ -297,9 +300,6 @@ def check_against_reference(session: Session, path: Any, contract: Any = None, *
         ValueError: the outputs differ beyond the tolerance (naming the file, the backend, the error and the
             tolerance).
     """
-    from ..contract import ModelContract
-    from ..parity import compare, tolerance_key
-
     contract = contract or ModelContract.from_onnx(path)
     x = np.random.default_rng(seed).standard_normal((2, 3, *contract.input_size), dtype=np.float32)
     reference = get_backend(ONNX_REFERENCE)

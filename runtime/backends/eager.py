@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
+from attnzoo.lazy import lazy_import
 from attnzoo.machine import bf16_problem, cpu_info
 
 from ..device import DeviceMemory, fp32_math, release_cuda_cache, tf32_problem
 from . import Backend, Call, LoadOptions, Session, register_backend
+
+torch = lazy_import("torch")
 
 __all__ = ["TorchBackend", "TorchSession", "EAGER", "TORCH_DTYPES", "bf16_autocast"]
 
@@ -27,8 +31,6 @@ class TorchSession(Session):
 
     def __init__(self, model: Any, *, backend: str, dtype: str, device: str, threads: Optional[int],
                  compile_mode: Optional[str] = None) -> None:
-        import torch
-
         self.backend = backend
         self.device = torch.device(device)
         self.memory = DeviceMemory() if self.device.type == "cuda" else None  # before the copy to the device
@@ -51,21 +53,15 @@ class TorchSession(Session):
         self.fixed_size = (getattr(model, "attnzoo_config", None) or {}).get("task", "cls") == "cls"
 
     def _forward(self, xin):
-        import torch
-
         math = fp32_math(self.tf32) if self.device.type == "cuda" else contextlib.nullcontext()
         with torch.inference_mode(), math:
             return self.net(xin)
 
     def run(self, x: np.ndarray) -> np.ndarray:
-        import torch
-
         xin = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(self.device, self.dtype)
         return self._forward(xin).float().cpu().numpy()
 
     def call(self, x: np.ndarray) -> Call:
-        import torch
-
         xin = torch.as_tensor(np.ascontiguousarray(x, dtype=np.float32)).to(self.device, self.dtype)
         cuda = self.device.type == "cuda"
         return Call(lambda: self._forward(xin), lambda: self._forward(xin).float().cpu().numpy(), cuda=cuda,
@@ -88,11 +84,7 @@ def bf16_autocast(net: Any, device_type: str) -> int:
     such as WAFE's blocked L1 distance, would otherwise be cast to bf16). Everything else follows autocast's
     policy for the device (on the CPU, LayerNorm and softmax too take the bf16 tensors). Returns the number of
     scope modules."""
-    import functools
-
-    import torch
-
-    from attnzoo.models import VARIANTS
+    from attnzoo.models import VARIANTS  # heavy: attnzoo.models loads torch and timm
 
     spec = VARIANTS.get(str((getattr(net, "attnzoo_config", None) or {}).get("variant")))
     scopes = spec.extra_scopes if spec is not None else ()

@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import openvino as ov
 from . import Backend, Call, LoadOptions, Session, register_backend
+from ..contract import ModelContract
 
 __all__ = ["OpenVINOBackend", "OpenVINORuntimeSession", "OPENVINO"]
 
@@ -78,9 +79,7 @@ class OpenVINOBackend(Backend):
 
 def _extra_scopes(path: Path) -> tuple:
     """The extra-math scopes of the variant an attnzoo ONNX file holds (none for an unregistered variant)."""
-    from attnzoo.models import VARIANTS
-
-    from ..contract import ModelContract
+    from attnzoo.models import VARIANTS  # heavy: attnzoo.models loads torch and timm
 
     spec = VARIANTS.get(str(ModelContract.from_onnx(path).config.get("variant")))
     return tuple(spec.extra_scopes) if spec is not None else ()

@@ -12,10 +12,15 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
+from attnzoo.lazy import lazy_import
+
 from ..contract import INPUT_NAME, OUTPUT_NAME
 from ..sessions import available_providers, ort_session, session_options
 from ..device import DeviceMemory, cuda_available, release_cuda_cache, tf32_problem
 from . import Backend, Call, LoadOptions, Session, register_backend
+
+onnx = lazy_import("onnx")
+torch = lazy_import("torch")
 
 __all__ = ["OrtGpuBackend", "OrtGpuSession", "ORT_CUDA"]
 
@@ -29,8 +34,6 @@ class OrtGpuSession(Session):
     """
 
     def __init__(self, path: Path, backend: str, provider: str, dtype: str, cache_dir: Optional[Path]) -> None:
-        import onnx
-
         self.memory = DeviceMemory()  # before anything of this session is on the device
         self.path, self.backend, self.provider, self.dtype, self.cache_dir = path, backend, provider, dtype, cache_dir
         graph = onnx.load(str(path), load_external_data=False).graph
@@ -65,8 +68,6 @@ class OrtGpuSession(Session):
         return self.run(x).shape
 
     def call(self, x: np.ndarray) -> Call:
-        import torch
-
         out_shape = self._output_shape(x)
         xin = torch.from_numpy(np.ascontiguousarray(x, np.float32)).to("cuda")
         yout = torch.full(out_shape, float("nan"), device="cuda", dtype=torch.float32)  # unwritten -> fails parity

@@ -11,9 +11,13 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
+from attnzoo.lazy import lazy_import
+
 from .. import tensorrt as rt
 from ..device import DeviceMemory, release_cuda_cache, tf32_problem
 from . import Backend, Call, LoadOptions, Session, register_backend
+
+torch = lazy_import("torch")
 
 __all__ = ["TensorRTBackend", "TensorRTSession", "TENSORRT"]
 
@@ -35,8 +39,6 @@ class TensorRTSession(Session):
         (``is_stream_capturable``) and the capture succeeds; else timed as plain enqueues (the row says which).
         The first enqueue, before any capture, is where TensorRT sets itself up; the runtime cache is written
         after it."""
-        import torch
-
         engine = self.engine
         yout = engine.bind(torch.from_numpy(np.ascontiguousarray(x, np.float32)).to("cuda"))
         engine.enqueue()
