@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 import torch
+from timm.layers import Attention as TimmAttention
 from torch import nn
 
 from .belief import DEFAULT_EPS, PROJECTION_OPS, OrthogonalProjection
@@ -149,8 +150,6 @@ def check_prop1_source(attn: nn.Module, where: str) -> None:
         ValueError: ``attn`` is not timm's ``Attention`` or attnzoo's ``standard`` class, or uses
             ``scale_norm`` / ``gated`` (Belief2 applies those to ``Delta`` only, eq. 15).
     """
-    from timm.layers import Attention as TimmAttention
-
     cls = type(attn)
     if not (cls in (TimmAttention, StandardAttention) or getattr(cls, "variant", None) == "standard"):
         raise ValueError(f"{where} is a {cls.__module__}.{cls.__name__}, not standard attention "

@@ -15,10 +15,16 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+from timm.layers import resample_abs_pos_embed
 from torch import nn
 
+import attnzoo.models
 from attnzoo.fileio import atomic_path, atomic_write_text
-from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD
+from attnzoo.limits import MAX_CLASSES, check_side
+from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, INPUT_STYLES
+
+from .factory import TASKS
+from .registry import VARIANTS, canonical_name
 
 __all__ = ["save_checkpoint", "load_checkpoint", "read_config", "load_state_dict_file", "build_model",
            "load_weights", "init_encoder", "check_encoder_source", "CONFIG_KEY", "NoConfigError", "validate_config",
@@ -50,8 +56,6 @@ def save_checkpoint(model: nn.Module, path: Union[str, Path], *, class_names, me
     config = {**base, "class_names": class_names, "mean": [float(m) for m in mean],
               "std": [float(s) for s in std]}
     if input_style is not None:
-        from attnzoo.preprocess import INPUT_STYLES
-
         if input_style not in INPUT_STYLES:
             raise ValueError(f"unknown input style {input_style!r}; valid: {', '.join(INPUT_STYLES)}")
         config["input_style"] = input_style
@@ -119,9 +123,6 @@ def validate_config(config: Any, source: Any = "model") -> Dict[str, Any]:
     Raises:
         ValueError: one line naming ``source`` and the first problem found.
     """
-    from attnzoo.limits import MAX_CLASSES, check_side
-    from attnzoo.models import TASKS
-
     if not isinstance(config, dict):
         raise ValueError(f"{source}: the model config is a JSON {type(config).__name__}, not an object")
     missing = [k for k in ("variant", "task", "arch", "num_classes", "img_size") if k not in config]
@@ -200,8 +201,6 @@ def require_variant(config: Mapping[str, Any], source: Any = "model"):
         ValueError: one line: the variant is not registered; when the config records the plugin package that
             registered it (``plugin: {package, version}``), which package to install.
     """
-    from attnzoo.models import VARIANTS, canonical_name
-
     plugin = config.get("plugin") if isinstance(config.get("plugin"), dict) else None
     try:
         return VARIANTS[canonical_name(config["variant"])]
@@ -219,11 +218,9 @@ def require_variant(config: Mapping[str, Any], source: Any = "model"):
 def build_model(config: Mapping[str, Any], source: Any = "model") -> nn.Module:
     """Rebuild an (untrained) model from a checkpoint config (its variant must be registered: see
     :func:`require_variant`)."""
-    from attnzoo.models import create_model
-
     require_variant(config, source)
     kwargs = {k: config[k] for k in _MODEL_KEYS if k in config}
-    return create_model(**kwargs, **dict(config.get("options", {})))
+    return attnzoo.models.create_model(**kwargs, **dict(config.get("options", {})))
 
 
 def load_weights(model: nn.Module, state: Mapping[str, torch.Tensor], source: str = "checkpoint") -> None:
@@ -249,8 +246,6 @@ def check_encoder_source(path: Union[str, Path], variant: str, arch: str) -> Dic
     Raises:
         ValueError: unreadable, or another variant or arch (named in the message).
     """
-    from attnzoo.models import canonical_name
-
     src = read_config(path)
     for key, want in (("variant", canonical_name(variant)), ("arch", arch)):
         if src.get(key) != want:
@@ -273,8 +268,6 @@ def init_encoder(model: nn.Module, path: Union[str, Path]) -> int:
         ValueError: the checkpoint is another variant or arch, or an encoder tensor is missing, extra or
             mis-shaped (:func:`load_weights`' message).
     """
-    from timm.layers import resample_abs_pos_embed
-
     own = getattr(model, "attnzoo_config", {})
     check_encoder_source(path, own.get("variant"), own.get("arch"))
     encoder = getattr(model, "encoder", model)

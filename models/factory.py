@@ -7,6 +7,7 @@ import copy
 from typing import Any, Dict, List, Mapping, Optional, Type, Union
 
 import torch
+from timm.data import resolve_model_data_config
 from timm.layers import LayerScale, PatchEmbed
 from timm.models.vision_transformer import Block, ResPostBlock, VisionTransformer
 from torch import nn
@@ -180,8 +181,6 @@ def _timm_config(model: VisionTransformer) -> Dict[str, Any]:
     mean/std come from ``timm.data.resolve_model_data_config`` (the model's ``pretrained_cfg``; without one,
     timm's ImageNet default). The input size is the model's own ``patch_embed.img_size``.
     """
-    from timm.data import resolve_model_data_config
-
     data = resolve_model_data_config(model)
     h, w = getattr(model.patch_embed, "img_size", None) or tuple(data["input_size"][1:])
     pretrained = getattr(model, "pretrained_cfg", None) or {}

@@ -15,6 +15,7 @@ import re
 import sys
 import warnings
 from dataclasses import dataclass, field, replace
+from importlib import metadata
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Type, Union, overload
 
 import torch
@@ -451,12 +452,10 @@ def _package_of(attn_layer: type) -> Tuple[str, str]:
     top = attn_layer.__module__.split(".")[0]
     if top == BUILTIN_PACKAGE:
         return BUILTIN_PACKAGE, ""
-    from importlib.metadata import PackageNotFoundError, packages_distributions, version
-
-    for dist in packages_distributions().get(top, []):
+    for dist in metadata.packages_distributions().get(top, []):
         try:
-            return dist, version(dist)
-        except PackageNotFoundError:
+            return dist, metadata.version(dist)
+        except metadata.PackageNotFoundError:
             continue
     return top, ""
 
@@ -499,10 +498,8 @@ def load_plugins() -> List[str]:
     attnzoo_cosine``) imports ``attnzoo.models`` before it has defined its entry point: that one runs once the
     module is imported, at the next name lookup (:func:`canonical_name`, ``VARIANT_NAMES``).
     """
-    from importlib.metadata import entry_points
-
     added: List[str] = []
-    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+    for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         if _importing(ep.module):
             _DEFERRED.append(ep)
         else:

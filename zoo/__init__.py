@@ -16,6 +16,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from torch import nn
 
+from attnzoo.fileio import sha256_file
+from attnzoo.models import canonical_name
+from attnzoo.models.checkpoint import load_checkpoint
+
 __all__ = ["ZOO_DIR", "DEFAULT_DATA", "manifest", "entries", "checkpoint_path", "load", "available", "best_entries",
            "onnx_name", "shipped_onnx"]
 
@@ -44,8 +48,6 @@ def available(task: str = None, data: str = DEFAULT_DATA) -> List[str]:
 
 def checkpoint_path(variant: str, task: str = "cls", data: str = DEFAULT_DATA) -> Path:
     """Path of the zoo checkpoint; ``ValueError`` naming what the zoo has when there is none."""
-    from attnzoo.models import canonical_name
-
     name = canonical_name(variant)
     for e in entries():
         if e["variant"] == name and e["task"] == task and e["data"] == data:
@@ -56,8 +58,6 @@ def checkpoint_path(variant: str, task: str = "cls", data: str = DEFAULT_DATA) -
 
 def load(variant: str, task: str = "cls", data: str = DEFAULT_DATA) -> Tuple[nn.Module, Dict[str, Any]]:
     """Load a zoo model in eval mode with its config (class names, mean/std, metrics ...)."""
-    from attnzoo.models.checkpoint import load_checkpoint
-
     return load_checkpoint(checkpoint_path(variant, task, data))
 
 
@@ -79,8 +79,6 @@ def onnx_name(variant: str, task: str, data: str = DEFAULT_DATA) -> str:
 def shipped_onnx(entry: Dict[str, Any]) -> Optional[Path]:
     """The shipped ONNX export of a manifest row when there is one and its sha256 matches, else None (the
     caller exports the checkpoint instead). Parity with the checkpoint is the caller's check."""
-    from attnzoo.fileio import sha256_file
-
     ship = entry.get("onnx")
     path = ZOO_DIR / ship["file"] if ship else None
     return path if path is not None and path.is_file() and sha256_file(path) == ship.get("sha256") else None
