@@ -17,8 +17,6 @@ from typing import Any, Dict, List, Optional, Tuple
 from torch import nn
 
 from attnzoo.fileio import sha256_file
-from attnzoo.models import canonical_name
-from attnzoo.models.checkpoint import load_checkpoint
 
 __all__ = ["ZOO_DIR", "DEFAULT_DATA", "manifest", "entries", "checkpoint_path", "load", "available", "best_entries",
            "onnx_name", "shipped_onnx"]
@@ -48,6 +46,8 @@ def available(task: str = None, data: str = DEFAULT_DATA) -> List[str]:
 
 def checkpoint_path(variant: str, task: str = "cls", data: str = DEFAULT_DATA) -> Path:
     """Path of the zoo checkpoint; ``ValueError`` naming what the zoo has when there is none."""
+    from attnzoo.models import canonical_name  # heavy: loads timm; serve-models reads the zoo without it
+
     name = canonical_name(variant)
     for e in entries():
         if e["variant"] == name and e["task"] == task and e["data"] == data:
@@ -58,6 +58,8 @@ def checkpoint_path(variant: str, task: str = "cls", data: str = DEFAULT_DATA) -
 
 def load(variant: str, task: str = "cls", data: str = DEFAULT_DATA) -> Tuple[nn.Module, Dict[str, Any]]:
     """Load a zoo model in eval mode with its config (class names, mean/std, metrics ...)."""
+    from attnzoo.models.checkpoint import load_checkpoint  # heavy: loads timm
+
     return load_checkpoint(checkpoint_path(variant, task, data))
 
 
