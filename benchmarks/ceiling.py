@@ -19,8 +19,13 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
+from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_info
 from attnzoo.benchmarks.timing import measure
+from attnzoo.runtime import openvino as ov_rt
+from attnzoo.runtime.sessions import available_providers, ort_session, session_options
+
+torch = lazy_import("torch")
 
 __all__ = ["DEFAULT_SIZE", "MAX_SIZE", "int8_isa", "matmul_ceiling", "ceiling_for", "fraction"]
 
@@ -42,7 +47,7 @@ def int8_isa(flags: List[str]) -> Optional[str]:
 
 def _onnx_matmul(path: Path, n: int, int8: bool, w: np.ndarray) -> None:
     """Write a one-node ONNX model ``y = x @ w`` (``MatMulInteger`` for int8) with ``w`` as an initializer."""
-    from onnx import TensorProto, helper, numpy_helper, save
+    from onnx import TensorProto, helper, numpy_helper, save  # heavy: onnx; --help loads this module
 
     op, x_type, y_type = ("MatMulInteger", TensorProto.UINT8, TensorProto.INT32) if int8 else \
         ("MatMul", TensorProto.FLOAT, TensorProto.FLOAT)
@@ -62,8 +67,6 @@ def _rate(fn: Callable[[], object], ops: float, seconds: float) -> Dict[str, flo
 
 def _fp32_libraries(n: int, threads: int, tmp: Path) -> Dict[str, Callable[[], object]]:
     """The fp32 ``n x n x n`` matmul of each installed library, as a callable."""
-    import torch
-
     gen = np.random.default_rng(0)
     x = gen.standard_normal((n, n), dtype=np.float32)
     w = gen.standard_normal((n, n), dtype=np.float32)
@@ -72,13 +75,10 @@ def _fp32_libraries(n: int, threads: int, tmp: Path) -> Dict[str, Callable[[], o
     path = tmp / "matmul_fp32.onnx"
     _onnx_matmul(path, n, False, w)
     try:
-        from attnzoo.runtime.sessions import ort_session, session_options
-
         sess = ort_session(path, "cpu", options=session_options(threads, spinning=False))
         fns["onnxruntime"] = lambda: sess.run(None, {"x": x})
     except ImportError:
         pass
-    from attnzoo.runtime import openvino as ov_rt
 
     if ov_rt.unavailable_reason() is None:
         request = ov_rt.compile_onnx(path, threads=threads).create_infer_request()
@@ -99,8 +99,6 @@ def matmul_ceiling(threads: int, n: int = DEFAULT_SIZE, seconds: float = 0.5, in
         ``{"threads", "shape", "cpu", "key_flags", "fp32": {"gflops", "library", "by_library"},
         "int8": {"gops", "library", "isa", "by_library"} or {"status": "not measured", "reason"}}``.
     """
-    import torch
-
     if n < 16 or threads < 1:
         raise ValueError(f"need n >= 16 and threads >= 1, got n={n}, threads={threads}")
     cpu = cpu_info()
@@ -127,7 +125,6 @@ def _int8(n: int, threads: int, ops: float, seconds: float, flags: List[str], tm
     if isa is None:
         return {"status": "not measured", "reason": "this CPU reports no int8 multiply-add instructions "
                                                     "(no AMX, VNNI, AVX2 or Arm dot product in its flags)"}
-    from attnzoo.runtime.sessions import available_providers, ort_session, session_options
 
     if "CPUExecutionProvider" not in available_providers():
         return {"status": "not measured", "reason": "onnxruntime is not installed (its MatMulInteger is the kernel "

@@ -12,18 +12,26 @@ Example::
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from attnzoo.benchmarks.report import LOG_NAME, charts_unavailable, markdown, scope_line, write_outputs
+from attnzoo.benchmarks.roofline import against_results, resolve_gpus, roofline
+from attnzoo.benchmarks.roofline import markdown as roofline_markdown
 from attnzoo.cli import (CommandError, Interrupted, Terminated, UsageError, add_debug_flag, entry_point, one_of,
                          parse_batch_sizes, parse_names, signals_deferred)
+from attnzoo.fileio import atomic_write_text, default_cache_dir, writable_dir
+from attnzoo.lazy import lazy_import
 from attnzoo.limits import MAX_BATCH_SIZE
 
 from attnzoo.runtime.backends import DTYPES, backend_names, canonical_backend
 from attnzoo.benchmarks.ceiling import DEFAULT_SIZE, MAX_SIZE
+
+torch = lazy_import("torch")
 
 __all__ = ["main", "build_parser", "parse_settings", "DEFAULT_SCOPE", "FULL_SCOPE", "scope"]
 
@@ -105,7 +113,7 @@ def _backends(value: str) -> List[str]:
 
 def variant_list(value: str) -> List[str]:
     """``--variants``: ``all`` or comma-separated variant names (aliases resolved); ``UsageError`` otherwise."""
-    from attnzoo.models import VARIANT_NAMES, VARIANTS, canonical_name
+    from attnzoo.models import VARIANT_NAMES, VARIANTS, canonical_name  # heavy: torch and timm; --help stays fast
 
     if value.strip() == "all":
         return list(VARIANT_NAMES)
@@ -114,9 +122,7 @@ def variant_list(value: str) -> List[str]:
 
 def _check_memory(settings) -> None:
     """Refuse (exit 2) a largest batch whose forward pass would not fit in the memory available now."""
-    import torch
-
-    from attnzoo.models.memory import check_forward_memory
+    from attnzoo.models.memory import check_forward_memory  # heavy: loads torch and timm
     from attnzoo.models import create_model
 
     for variant in settings.variants:
@@ -139,7 +145,7 @@ def scope(a: argparse.Namespace) -> Dict[str, Any]:
 
     ``left_out`` lists, in words, what ``--all`` would measure beyond this run (empty when nothing).
     """
-    from attnzoo.models import VARIANT_NAMES
+    from attnzoo.models import VARIANT_NAMES  # heavy: torch and timm; --help stays fast
 
     preset = FULL_SCOPE if a.all else DEFAULT_SCOPE
     from_preset = [k for k in preset if not hasattr(a, k)]
@@ -168,9 +174,7 @@ def parse_settings(argv: Optional[Sequence[str]] = None):
     Raises:
         UsageError: a bad flag value (one line).
     """
-    from attnzoo.fileio import default_cache_dir
-
-    from attnzoo.benchmarks.run import Settings
+    from attnzoo.benchmarks.run import Settings  # heavy: loads torch, onnx and timm; --help stays fast
 
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
@@ -200,12 +204,6 @@ def parse_settings(argv: Optional[Sequence[str]] = None):
 
 def roofline_main(a: argparse.Namespace) -> int:
     """``bench-latency --roofline GPUS``: the roofline tables (:mod:`attnzoo.benchmarks.roofline`), no timing."""
-    import json
-
-    from attnzoo.fileio import atomic_write_text, writable_dir
-
-    from attnzoo.benchmarks.roofline import against_results, markdown, resolve_gpus, roofline
-
     try:
         gpus = resolve_gpus(a.roofline)
     except ValueError as exc:
@@ -217,7 +215,7 @@ def roofline_main(a: argparse.Namespace) -> int:
     result = roofline(variants, a.task, a.arch, batches, gpus)
     against = against_results(result, a.against) if a.against is not None else None
     result["against"] = against
-    md = markdown(result, against)
+    md = roofline_markdown(result, against)
     atomic_write_text(a.out / "roofline.md", md + "\n")
     atomic_write_text(a.out / "roofline.json", json.dumps(result, indent=1) + "\n")
     print(md)
@@ -228,8 +226,6 @@ def roofline_main(a: argparse.Namespace) -> int:
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``bench-latency``; the output folder is checked writable before anything is measured."""
-    from attnzoo.fileio import writable_dir
-
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
     if a.roofline is not None:
@@ -240,15 +236,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise UsageError("--against needs --roofline")
     settings = parse_settings(argv)
     if settings.device == "cuda":
-        import torch
-
         if not torch.cuda.is_available():
             raise UsageError("--device cuda but no CUDA GPU is available")
     writable_dir(settings.out, "--out folder")
     writable_dir(settings.cache_dir, "--cache-dir folder")
     _check_memory(settings)
-    from attnzoo.benchmarks.report import LOG_NAME, charts_unavailable, markdown, scope_line, write_outputs
-    from attnzoo.benchmarks.run import run_benchmark
+    from attnzoo.benchmarks.run import run_benchmark  # heavy: loads torch, onnx and timm; --help stays fast
 
     print(scope_line(settings.scope), flush=True)
     result = run_benchmark(settings)

@@ -30,6 +30,8 @@ from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from attnzoo.models import create_model
+
 __all__ = ["CDIST_FLOPS_PER_TERM", "Count", "count_flops", "count_forward", "count_variant", "meta_model",
            "stored_elements"]
 
@@ -171,8 +173,6 @@ def count_forward(model: nn.Module, x: torch.Tensor) -> Count:
 def meta_model(variant: str, task: str = "cls", arch: str = "tiny", img_size: Optional[int] = None,
                **create_kwargs: Any) -> nn.Module:
     """``create_model(...)`` on the ``meta`` device: shapes only, built in milliseconds, no memory."""
-    from attnzoo.models import create_model
-
     with torch.device("meta"):
         return create_model(variant, task=task, arch=arch, img_size=img_size, **create_kwargs).eval()
 

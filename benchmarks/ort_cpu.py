@@ -8,20 +8,25 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from attnzoo.runtime.sessions import session_options
+from attnzoo.benchmarks.timing import measure_pair
+from attnzoo.lazy import lazy_import
+from attnzoo.runtime.sessions import session_options, ort_session
+
+onnx = lazy_import("onnx")
+ort = lazy_import("onnxruntime")
+torch = lazy_import("torch")
 
 __all__ = ["naive_cpu_session", "quantize_int8", "profile_ops", "gemm_gflops"]
 
 
 def _session(path: Path, so):
-    from attnzoo.runtime.sessions import ort_session
-
     return ort_session(path, "cpu", options=so)
 
 
@@ -40,8 +45,7 @@ def quantize_int8(onnx_path: Path, out_path: Path) -> Path:
     export's ``value_info`` is dropped first (with it the quantizer's shape inference fails with "Inferred
     shape and existing shape differ"); ONNX shape inference recomputes it.
     """
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization import QuantType, quantize_dynamic  # heavy: ONNX Runtime's quantizer
 
     onnx_path, out_path = Path(onnx_path), Path(out_path)
     if out_path.exists() and out_path.stat().st_mtime >= onnx_path.stat().st_mtime:
@@ -91,8 +95,6 @@ def profile_ops(sess_factory, x: np.ndarray, runs: int = 10, warmup: int = 3) ->
         ``{"runs": n, "ms_per_run": summed kernel ms, "ops": {op type: ms per run},
         "top_nodes": [[node, op, ms] ...]}``; the profiler's JSON file is deleted afterwards.
     """
-    import tempfile
-
     with tempfile.TemporaryDirectory() as tmp:
         sess = sess_factory(str(Path(tmp) / "ort_profile"))
         feed = {sess.get_inputs()[0].name: x}
@@ -109,11 +111,7 @@ def gemm_gflops(threads: int, m: int = 8 * 197, k: int = 192, n: int = 768, seco
     The default shape is ``blocks.*.mlp.fc1`` at batch 8: (8 * 197, 192) x (192, 768). Returns GFLOP/s of
     the median call of each, measured alternately, so the two see the same load.
     """
-    import onnxruntime as ort
-    import torch
-    from onnx import TensorProto, helper, numpy_helper
-
-    from attnzoo.benchmarks.timing import measure_pair
+    from onnx import TensorProto, helper, numpy_helper  # heavy: onnx
 
     x = torch.randn(m, k)
     w = torch.randn(n, k)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import html
+import importlib.util
 import io
 import json
 import math
@@ -212,10 +213,10 @@ def _csv(rows: Sequence[Mapping[str, Any]], fields: Sequence[str]) -> str:
 OUTPUTS: Dict[str, str] = {"markdown": "results.md", "csv": "results.csv", "overheads_csv": "overheads.csv",
                            "json": "results.json", "latency_png": "latency.png", "overhead_png": "overhead.png",
                            "efficiency_png": "efficiency.png", "profile": "ort_profile.md"}
+
+
 def charts_unavailable() -> Optional[str]:
     """Why no PNG chart can be drawn here (matplotlib is not installed), or ``None``."""
-    import importlib.util
-
     return None if importlib.util.find_spec("matplotlib") else "matplotlib is not installed: no PNG charts"
 
 
@@ -276,7 +277,7 @@ def write_outputs(result: Mapping[str, Any], out_dir: Path) -> Dict[str, Path]:
 
 
 def _pyplot():
-    import matplotlib
+    import matplotlib  # heavy: matplotlib, for the charts only
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -296,7 +297,7 @@ def _style(ax, title: str, ylabel: str, variants: Sequence[str]) -> None:
 
 def _save_fig(fig, path: Path) -> Path:
     """Lay out, write the PNG atomically, close the figure."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: matplotlib
 
     fig.tight_layout()
     buf = io.BytesIO()

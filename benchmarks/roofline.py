@@ -24,6 +24,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from attnzoo.benchmarks.report import markdown_table
+from attnzoo.lazy import lazy_import
+from attnzoo.runtime.backends import backend_names, get_backend
+
+torch = lazy_import("torch")
+
 __all__ = ["GPU", "GPUS", "GPU_ALIASES", "PRECISIONS", "WIDTH", "resolve_gpus", "gpu_key", "bound",
            "roofline", "markdown", "against_results"]
 
@@ -102,8 +108,6 @@ def resolve_gpus(value: str) -> List[str]:
     out = []
     for n in names:
         if n == "auto":
-            import torch
-
             name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
             key = gpu_key(name) if name else None
             if key is None:
@@ -150,7 +154,7 @@ def bound(matrix_flops: float, vector_ops: float, bytes_moved: float, gpu: GPU, 
 def roofline(variants: Sequence[str], task: str, arch: str, batch_sizes: Sequence[int], gpus: Sequence[str],
              precisions: Sequence[str] = PRECISIONS) -> Dict[str, Any]:
     """Counts and bounds of every (variant, batch) on every GPU and precision (the ``--roofline`` result)."""
-    from attnzoo.benchmarks.flops import count_variant, meta_model
+    from attnzoo.benchmarks.flops import count_variant, meta_model  # heavy: loads torch (models on the meta device)
 
     models, rows = [], []
     for variant in variants:
@@ -175,8 +179,6 @@ def _us(seconds: Optional[float]) -> str:
 
 def markdown(result: Dict[str, Any], against: Optional[List[Dict[str, Any]]] = None) -> str:
     """The tables: counts per model, then per GPU the bound (µs) per precision, c/m = compute/memory bound."""
-    from attnzoo.benchmarks.report import markdown_table
-
     precisions = result["precisions"]
     widths = sorted({result["widths"][p] for p in precisions}, reverse=True)
     label = {w: "/".join(p for p in precisions if result["widths"][p] == w) for w in widths}
@@ -241,7 +243,6 @@ def against_results(result: Dict[str, Any], results_json: Path) -> List[Dict[str
                          f"is for {result['arch']} {result['task']} (use the same --arch/--task)")
     cell = {(r["variant"], r["batch"], r["precision"]): r for r in result["rows"] if r["gpu"] == key}
     out = []
-    from attnzoo.runtime.backends import backend_names, get_backend
 
     device = "cuda" if str(settings.get("device", "")).startswith("cuda") else "cpu"
     on_gpu = {n for n in backend_names() if get_backend(n).row_device(device) == "cuda"}

@@ -25,10 +25,14 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
+import onnx
 
-from attnzoo.export.quantize import CPU_QDQ_PLACEMENT
-from attnzoo.fileio import sha256_file
+from attnzoo.export.quantize import (CPU_QDQ_PLACEMENT, random_calibration, quantize_verified, extra_math_nodes,
+                                     quantize_unavailable_reason)
+from attnzoo.export.verify import report_path
+from attnzoo.fileio import sha256_file, atomic_write_text
 from attnzoo.runtime.backends import Call, get_backend
+from attnzoo.runtime.openvino import nncf_int8
 from attnzoo.runtime.parity import tolerance_key
 
 __all__ = ["CALIBRATION_COUNT", "row_unavailable_reason", "tolerance_for", "load_call", "int8_onnx",
@@ -44,8 +48,6 @@ def row_unavailable_reason(backend: str, dtype: str, device: str) -> Optional[st
     b = get_backend(backend)
     reason = b.unavailable_reason(dtype, device, build_only=True)
     if reason is None and dtype == "int8" and b.int8_model == "qdq":
-        from attnzoo.export.quantize import quantize_unavailable_reason
-
         reason = quantize_unavailable_reason()
     return reason
 
@@ -60,8 +62,6 @@ def tolerance_for(backend: str, dtype: str, device: str) -> str:
 
 
 def _calibration(config: Dict[str, Any]) -> Tuple[np.ndarray, str]:
-    from attnzoo.export.quantize import random_calibration
-
     size = int(config["img_size"])
     return (random_calibration((size, size), CALIBRATION_COUNT, seed=0),
             f"{CALIBRATION_COUNT} standard-normal images, seed 0 (random-init model: no data set)")
@@ -76,9 +76,6 @@ def int8_onnx(onnx_path: Path, config: Dict[str, Any], cache_dir: Path,
     Returns:
         ``(path, facts)``: the facts say what was verified, the quantizer and the quantized op counts.
     """
-    from attnzoo.export.quantize import quantize_verified
-    from attnzoo.export.verify import report_path
-
     out = Path(cache_dir) / "int8" / f"{onnx_path.stem}-{sha256_file(onnx_path)[:12]}.modelopt-int8-{placement}.onnx"
     out.parent.mkdir(parents=True, exist_ok=True)
     report = json.loads(report_path(out).read_text()) if out.is_file() and report_path(out).is_file() else None
@@ -98,19 +95,12 @@ def int8_onnx(onnx_path: Path, config: Dict[str, Any], cache_dir: Path,
 
 def extra_math(onnx_path: Path, config: Optional[Dict[str, Any]] = None) -> List[str]:
     """The names of the extra-math nodes of an export (:func:`attnzoo.export.quantize.extra_math_nodes`)."""
-    import onnx
-
-    from attnzoo.export.quantize import extra_math_nodes
-
     return extra_math_nodes(onnx.load(str(onnx_path), load_external_data=False), config)
 
 
 def int8_openvino(onnx_path: Path, config: Dict[str, Any], cache_dir: Path) -> Tuple[Path, Dict[str, Any]]:
     """NNCF's int8 OpenVINO IR of a verified fp32 export (extra math in the ignored scope, checked free of
     FakeQuantize; :func:`attnzoo.runtime.openvino.nncf_int8`), cached per fp32 SHA-256 with its report."""
-    from attnzoo.fileio import atomic_write_text
-    from attnzoo.runtime.openvino import nncf_int8
-
     out = Path(cache_dir) / "int8" / f"{onnx_path.stem}-{sha256_file(onnx_path)[:12]}.nncf-int8.xml"
     facts_path = out.with_suffix(".report.json")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -34,14 +34,17 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from attnzoo.benchmarks.roofline import GPUS, WIDTH, bound, gpu_key
 from attnzoo.cli import first_line, Interrupted, Terminated
 
 from attnzoo.benchmarks.rows import load_call, row_unavailable_reason, tolerance_for
 from attnzoo.benchmarks.ceiling import DEFAULT_SIZE, ceiling_for, fraction, matmul_ceiling
-from attnzoo.benchmarks.flops import count_flops
+from attnzoo.benchmarks.flops import count_flops, count_variant, meta_model
+from attnzoo.export import export_verified
 from attnzoo.machine import environment, load_average
 from attnzoo.benchmarks.ort_cpu import gemm_gflops, naive_cpu_session, profile_ops
 from attnzoo.benchmarks.rowlog import LOG_NAME, RowLog, run_asks
+from attnzoo.models import create_model
 from attnzoo.runtime.backends import Backend, Call, get_backend
 from attnzoo.runtime.backends.ort_cpu import tuned_cpu_session
 from attnzoo.runtime.parity import TOLERANCES, check as check_parity
@@ -247,14 +250,10 @@ class _Bench:
 
     # ---------------------------------------------------------------------------------------- models
     def model(self, variant: str):
-        from attnzoo.models import create_model
-
         torch.manual_seed(self.s.seed)
         return create_model(variant, task=self.s.task, arch=self.s.arch, img_size=self.s.img_size).eval()
 
     def export(self, model, variant: str, dtype: str) -> Path:
-        from attnzoo.export import export_verified
-
         cfg = model.attnzoo_config
         path = onnx_path(self.s.cache_dir, variant, self.s.task, self.s.arch, dtype)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -561,9 +560,6 @@ def roofline_fractions(rows: List[Dict[str, Any]], gpu_name: Optional[str], task
     """Fill ``roofline_us`` (the lower bound of the row's forward pass on this GPU at the row's precision:
     :func:`attnzoo.benchmarks.roofline.bound`, the one table of GPU peaks) and ``roofline_fraction`` (bound /
     median: 1 = at the roof) of every GPU row that ran, where the GPU is in that table."""
-    from attnzoo.benchmarks.flops import count_variant, meta_model
-    from attnzoo.benchmarks.roofline import GPUS, WIDTH, bound, gpu_key
-
     key = gpu_key(gpu_name) if gpu_name else None
     if key is None:
         return

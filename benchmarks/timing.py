@@ -10,7 +10,10 @@ import threading
 import time
 from typing import Callable, List, Optional, Tuple
 
+from attnzoo.lazy import lazy_import
 from attnzoo.machine import rss_bytes
+
+torch = lazy_import("torch")
 
 __all__ = ["time_once", "warmup", "measure", "measure_pair", "PeakRSS"]
 
@@ -24,7 +27,6 @@ def time_once(fn: Callable[[], object], cuda: bool = False) -> float:
         start = time.perf_counter()
         fn()
         return time.perf_counter() - start
-    import torch
 
     start_ev, end_ev = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start_ev.record()
