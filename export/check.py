@@ -22,6 +22,7 @@ import onnx
 from onnx import numpy_helper
 
 from attnzoo.models import PROJECTION_OPS, VariantSpec
+from attnzoo.models.checkpoint import require_variant
 
 from .onnx_export import FP32_OPS, config_from_props, metadata_props
 
@@ -45,8 +46,6 @@ def variant_spec(config: Mapping[str, Any]) -> VariantSpec:
         ValueError: the variant is not registered (naming the plugin package to install when the config
             records one).
     """
-    from attnzoo.models.checkpoint import require_variant
-
     return require_variant(config)
 
 

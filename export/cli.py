@@ -29,6 +29,17 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from attnzoo.cli import CommandError, UsageError, add_debug_flag, entry_point
+from attnzoo.limits import MAX_BATCH_SIZE
+from attnzoo.models import ARCHS, TASKS, VARIANT_NAMES
+from attnzoo.runtime.sessions import QUANTIZED_DTYPES
+from attnzoo.runtime.tensorrt import COMPUTE_CAPABILITIES, DEFAULT_COMPUTE_CAPABILITY
+
+from .errors import ExportError, ExportWarning
+from .onnx_export import DTYPES, SUPPORTED_OPSETS
+from .pipeline import DEFAULT_BATCH_SIZES, DEFAULT_TRITON_DIR, FORMATS, export_model
+from .quantize import (ACCURACY_TOLERANCE, DEFAULT_CALIBRATION_COUNT, DEFAULT_CALIBRATION_SEED, DEFAULT_FIDELITY_COUNT,
+                       DEFAULT_MIN_COSINE, PLACEMENT_CHOICES)
+from .triton import DEFAULT_QUEUE_DELAY_US, PLATFORMS
 
 __all__ = ["main", "build_parser"]
 
@@ -44,17 +55,6 @@ def _parse_ints(text: str, what: str) -> List[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from attnzoo.models import ARCHS, TASKS, VARIANT_NAMES
-
-    from attnzoo.limits import MAX_BATCH_SIZE
-
-    from .onnx_export import DTYPES, SUPPORTED_OPSETS
-    from .pipeline import DEFAULT_BATCH_SIZES, DEFAULT_TRITON_DIR, FORMATS
-    from attnzoo.runtime.sessions import QUANTIZED_DTYPES
-
-    from .quantize import (ACCURACY_TOLERANCE, DEFAULT_CALIBRATION_COUNT, DEFAULT_CALIBRATION_SEED,
-                           DEFAULT_FIDELITY_COUNT, DEFAULT_MIN_COSINE, PLACEMENT_CHOICES)
-
     p = argparse.ArgumentParser(
         prog="export-model",
         description="Export an attnzoo model to ONNX (the variant's extra math kept as explicit ops, verified against eager "
@@ -88,7 +88,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None,
                    help="output file (default: exports/<variant>_<task>_<arch>[_<dtype>].onnx or .engine)")
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads for the verification")
-    from .triton import DEFAULT_QUEUE_DELAY_US, PLATFORMS
 
     p.add_argument("--triton-platform", choices=tuple(PLATFORMS), default="onnxruntime",
                    help="--format triton: onnxruntime (platform onnxruntime_onnx, default) or tensorrt "
@@ -97,7 +96,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--triton-queue-delay-us", type=int, default=None, metavar="US",
                    help=f"--format triton: dynamic batching's max_queue_delay_microseconds "
                         f"(default {DEFAULT_QUEUE_DELAY_US})")
-    from attnzoo.runtime.tensorrt import COMPUTE_CAPABILITIES, DEFAULT_COMPUTE_CAPABILITY
 
     p.add_argument("--compute-capability", type=str.upper, choices=COMPUTE_CAPABILITIES, default=None,
                    metavar="SM",
@@ -141,8 +139,6 @@ def build_parser() -> argparse.ArgumentParser:
 @contextlib.contextmanager
 def _warnings_as_lines():
     """Print the export's warnings as ``warning: ...`` lines on stderr as they come."""
-    from .errors import ExportWarning
-
     with warnings.catch_warnings():
         warnings.simplefilter("always", ExportWarning)
         shown = warnings.showwarning
@@ -161,9 +157,6 @@ def _warnings_as_lines():
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``export-model``; errors exit non-zero with one ``error: ...`` line (2: refused before
     any work, 1: a failure)."""
-    from .errors import ExportError
-    from .pipeline import export_model
-
     args = build_parser().parse_args(argv)
     input_size = None if args.input_size is None else _parse_ints(args.input_size, "--input-size")
     try:

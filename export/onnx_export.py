@@ -24,12 +24,17 @@ from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import onnx
+import timm.layers.pos_embed as pos_embed
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnzoo import __version__
 from attnzoo.fileio import atomic_path
+from attnzoo.models import VARIANTS
+from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, input_style_of
 from attnzoo.runtime.contract import BATCH_DIM, INPUT_NAME, OUTPUT_NAME, config_from_props, metadata_props
+from attnzoo.runtime.sessions import ort_session
 
 __all__ = ["export_onnx", "make_session", "read_metadata", "metadata_props", "config_from_props", "config_hw",
            "op_histogram", "INPUT_NAME", "OUTPUT_NAME", "BATCH_DIM", "SUPPORTED_OPSETS", "DTYPES", "FP32_OPS"]
@@ -176,9 +181,6 @@ def _full_attention_masks(graph: onnx.GraphProto) -> None:
 def _metadata(config: Mapping[str, Any], input_hw: Tuple[int, int], dtype: str,
               checkpoint_sha256: str) -> Dict[str, str]:
     """The metadata_props contract shared with the benchmarks and the demo."""
-    from attnzoo import __version__
-    from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, input_style_of
-
     config = dict(config)
     config.setdefault("class_names", [str(i) for i in range(int(config["num_classes"]))])
     config.setdefault("mean", list(DEFAULT_MEAN))
@@ -205,8 +207,6 @@ def _metadata(config: Mapping[str, Any], input_hw: Tuple[int, int], dtype: str,
 
 def _extra_scopes(config: Mapping[str, Any]) -> Tuple[str, ...]:
     """The variant's registered ``extra_scopes`` (none for an unregistered variant name)."""
-    from attnzoo.models import VARIANTS
-
     spec = VARIANTS.get(str(config["variant"]))
     return spec.extra_scopes if spec is not None else ()
 
@@ -237,8 +237,6 @@ def _fixed_size_pos_embed():
     is dynamic), so the early-out is right, and it keeps an op out of the graph that TensorRT cannot parse
     (antialiased Resize). A model exported at another size than its grid still gets its resample.
     """
-    import timm.layers.pos_embed as pos_embed
-
     original = pos_embed.is_exporting
     pos_embed.is_exporting = lambda: False
     try:
@@ -327,8 +325,6 @@ def read_metadata(path: Union[str, Path]) -> Dict[str, Any]:
 def make_session(path: Union[str, Path], threads: Optional[int] = None,
                  providers: Optional[Sequence[str]] = None):
     """ONNX Runtime CPU session (:func:`attnzoo.runtime.ort_session`), the provider every export is verified on."""
-    from attnzoo.runtime.sessions import ort_session
-
     return ort_session(path, "cpu", threads=threads, providers=providers)
 
 

@@ -22,18 +22,31 @@ import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from torch import nn
+from tqdm import tqdm
 
+from attnzoo import zoo
 from attnzoo.cli import UsageError
+from attnzoo.data.datasets import SHAPES_CLASSES, SHAPES_SEG_CLASSES
+from attnzoo.fileio import sha256_file
+from attnzoo.limits import check_batch_sizes, check_side
+from attnzoo.models import canonical_name, create_model
+from attnzoo.models.checkpoint import NoConfigError, load_checkpoint, load_state_dict_file, load_weights, read_config
+from attnzoo.models.memory import check_forward_memory
+from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD
+from attnzoo.runtime.sessions import QUANTIZED_DTYPES
+from attnzoo.runtime.tensorrt import COMPUTE_CAPABILITIES
 
+from . import quantize as quantization, verify
 from .errors import ExportWarning
 from .formats import ExportRequest, formats, get_format, run_step
 from .formats.triton_format import DEFAULT_TRITON_DIR
-
-if TYPE_CHECKING:
-    from .quantize import QuantizeOptions
+from .onnx_export import DTYPES, SUPPORTED_OPSETS, config_hw
+from .quantize import QuantizeOptions, calibration_for, check_quantize_arguments, summary as quantize_summary
+from .triton import DEFAULT_QUEUE_DELAY_US
+from .verify import EXTRA_BATCH_SIZES, report_path, summary as verify_summary
 
 __all__ = ["FORMATS", "SUFFIXES", "DEFAULT_TRITON_DIR", "DEFAULT_BATCH_SIZES", "ExportResult", "export_model",
            "load_for_export", "output_format"]
@@ -79,19 +92,13 @@ class ExportResult:
     def files(self) -> List[Path]:
         """Every file written: the ONNX and its report, then its format's (the engine and its report, the Triton
         config)."""
-        from .verify import report_path
-
         return [self.onnx_path, report_path(self.onnx_path), *get_format(self.format).files(self)]
 
     def summary(self) -> str:
         """The lines ``export-model`` prints."""
-        from .verify import report_path, summary as verify_summary
-
         if self.fp32_report is None:
             lines = [verify_summary(self.report)]
         else:
-            from .quantize import summary as quantize_summary
-
             par = self.fp32_report["parity"]
             lines = [f"fp32 source verified: parity vs eager max abs err {par['max_abs_err']:.2e} at batch sizes "
                      f"{par['batch_sizes']}", quantize_summary(self.report), f"  report: {report_path(self.onnx_path)}"]
@@ -113,8 +120,6 @@ def _checkpoint_config(path: Path) -> Optional[Dict[str, Any]]:
     Raises:
         ValueError: the file is missing, or holds an unreadable config.
     """
-    from attnzoo.models.checkpoint import NoConfigError, read_config
-
     if not path.is_file():
         raise ValueError(f"checkpoint not found: {path}")
     try:
@@ -126,8 +131,6 @@ def _checkpoint_config(path: Path) -> Optional[Dict[str, Any]]:
 def _agree(config: Dict[str, Any], source: str, variant: Optional[str], task: Optional[str],
            arch: Optional[str]) -> None:
     """A usage error naming both values when an argument contradicts what a model's config says."""
-    from attnzoo.models import canonical_name
-
     for key, wanted in (("variant", variant), ("task", task), ("arch", arch)):
         if wanted is None:
             continue
@@ -152,12 +155,6 @@ def load_for_export(variant: Optional[str] = None, task: Optional[str] = None, a
         UsageError: no variant where one is needed, or one that contradicts the checkpoint.
         ValueError: unknown variant, missing zoo model, missing or unsafe checkpoint (never unpickled).
     """
-    from attnzoo import zoo
-    from attnzoo.fileio import sha256_file
-    from attnzoo.models import canonical_name, create_model
-    from attnzoo.models.checkpoint import load_checkpoint, load_state_dict_file, load_weights
-    from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD
-
     if random_init and checkpoint is not None:
         raise UsageError("--random-init and --checkpoint exclude each other")
     if checkpoint is not None:
@@ -179,8 +176,6 @@ def load_for_export(variant: Optional[str] = None, task: Optional[str] = None, a
         raise UsageError("--variant is required unless --checkpoint names a checkpoint with its config")
     variant = canonical_name(variant)
     if random_init:
-        from attnzoo.data.datasets import SHAPES_CLASSES, SHAPES_SEG_CLASSES
-
         task = task or "cls"
         names = list(SHAPES_CLASSES if task == "cls" else SHAPES_SEG_CLASSES)
         model = create_model(variant, task, arch or "micro", num_classes=len(names))
@@ -235,10 +230,6 @@ def _usage(check, *args) -> Any:
 
 def _input_hw(input_size: Optional[Union[int, Sequence[int]]], config: Dict[str, Any]) -> Tuple[int, int]:
     """The export's (H, W): ``input_size`` (an int or (H, W)), else the model's training size."""
-    from attnzoo.limits import check_side
-
-    from .onnx_export import config_hw
-
     if input_size is None:
         return config_hw(config)
     hw = [input_size] if isinstance(input_size, int) else list(input_size)
@@ -256,12 +247,6 @@ def _check_request(fmt: Optional[str], out: Optional[PathLike], dtype: str, opse
                    compute_capability: Optional[str], triton_platform: str, triton_queue_delay_us: int,
                    quantize: QuantizeOptions) -> ExportRequest:
     """Every argument that can be checked without the model, checked (UsageError otherwise)."""
-    from attnzoo.limits import check_batch_sizes
-    from attnzoo.runtime.sessions import QUANTIZED_DTYPES
-
-    from .onnx_export import DTYPES, SUPPORTED_OPSETS
-    from .quantize import check_quantize_arguments
-
     if opset not in SUPPORTED_OPSETS:
         raise UsageError(f"unsupported opset {opset}; supported: {', '.join(map(str, SUPPORTED_OPSETS))}")
     if dtype not in (*DTYPES, *QUANTIZED_DTYPES):
@@ -272,8 +257,6 @@ def _check_request(fmt: Optional[str], out: Optional[PathLike], dtype: str, opse
     _usage(check_batch_sizes, sizes)
     fmt = output_format(fmt, out)
     if compute_capability is not None:
-        from attnzoo.runtime.tensorrt import COMPUTE_CAPABILITIES
-
         compute_capability = compute_capability.upper()
         if compute_capability not in COMPUTE_CAPABILITIES:
             raise UsageError(f"unknown compute capability {compute_capability!r}; valid: "
@@ -348,9 +331,6 @@ def export_model(variant: Optional[str] = None, *, task: Optional[str] = None, a
         ValueError: a bad checkpoint or calibration file.
         ExportError: a step failed its checks (nothing written at the output path; the failed report says why).
     """
-    from .quantize import QuantizeOptions
-    from .triton import DEFAULT_QUEUE_DELAY_US
-
     quantize = QuantizeOptions(dtype=dtype, quantize_extra_math=quantize_extra_math, placement=qdq_placement,
                                calibration_data=calibration_data, calibration_count=calibration_count,
                                calibration_seed=calibration_seed, accept_accuracy_drop=accept_accuracy_drop,
@@ -373,8 +353,6 @@ def export_model(variant: Optional[str] = None, *, task: Optional[str] = None, a
 def _source(variant: Optional[str], task: Optional[str], arch: Optional[str], checkpoint: Optional[PathLike],
             random_init: bool, model: Optional[nn.Module]) -> Tuple[nn.Module, Dict[str, Any], str]:
     """The model, its config and its checkpoint's sha256 (``''`` for a model object or a fresh model)."""
-    from attnzoo.models import canonical_name
-
     if variant is not None:
         _usage(canonical_name, variant)
     if model is None:
@@ -390,20 +368,12 @@ def _source(variant: Optional[str], task: Optional[str], arch: Optional[str], ch
 
 
 def _check_memory(config: Dict[str, Any], hw: Tuple[int, int], batch_sizes: Sequence[int]) -> None:
-    from attnzoo.models.memory import check_forward_memory
-
-    from .verify import EXTRA_BATCH_SIZES
-
     _usage(check_forward_memory, config, hw, max([*batch_sizes, *EXTRA_BATCH_SIZES]))
 
 
 def _calibration(req: ExportRequest, config: Dict[str, Any], hw: Tuple[int, int], untrained: bool,
                  collected: List[str]) -> Optional[Any]:
     """The calibration inputs of an int8 / fp8 export (``None`` otherwise)."""
-    from attnzoo.runtime.sessions import QUANTIZED_DTYPES
-
-    from .quantize import calibration_for
-
     if req.dtype not in QUANTIZED_DTYPES:
         return None
     # a bad calibration folder is a bad input file (exit 1), not a bad command line
@@ -420,8 +390,6 @@ def _run(req: ExportRequest, model: nn.Module, config: Dict[str, Any], sha: str,
          calibration: Optional[Any], out: Path, threads: Optional[int], progress: bool,
          collected: List[str]) -> ExportResult:
     """The steps: export + check + verify, quantize, then those of the format's part (engine, Triton config)."""
-    from tqdm import tqdm
-
     part = get_format(req.format)
     onnx_out, writes = part.onnx_path(req, out), part.steps(req)
     steps = ["export + check + verify"] + (["quantize + score"] if calibration is not None else []) + \
@@ -443,24 +411,21 @@ def _export_onnx_step(req: ExportRequest, model: nn.Module, config: Dict[str, An
                       result: ExportResult, bar) -> None:
     """The verified ONNX at ``onnx_out``: exported and verified, and for int8 / fp8 quantized from a verified
     fp32 graph kept in a temporary folder."""
-    from .verify import export_verified
-
     with contextlib.ExitStack() as stack:
         fp32_out = onnx_out
         if calibration is not None:  # the verified fp32 model is the quantizer's input, kept aside
             fp32_out = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="attnzoo-fp32-"))) / onnx_out.name
         with contextlib.redirect_stdout(io.StringIO()):  # the exporter's own progress lines
-            report = run_step(export_verified, "export failed", model, fp32_out, config, opset=req.opset,
+            report = run_step(verify.export_verified, "export failed", model, fp32_out, config, opset=req.opset,
                            dtype="fp32" if calibration is not None else req.dtype, input_hw=hw,
                            batch_sizes=req.batch_sizes, checkpoint_sha256=sha, threads=threads)
         bar.update()
         if calibration is None:
             result.report = report
             return
-        from .quantize import quantize_verified
-
         bar.set_postfix_str("quantize + score")
         result.fp32_report = report
         options = req.quantize.with_calibration(calibration, threads=threads, progress=progress, fp32_kept=False)
-        result.report = run_step(quantize_verified, "quantization failed", fp32_out, onnx_out, config, options)
+        result.report = run_step(quantization.quantize_verified, "quantization failed", fp32_out, onnx_out, config,
+                                 options)
         bar.update()

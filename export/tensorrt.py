@@ -26,13 +26,19 @@ from collections import Counter
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
+import onnx
+import torch
 
 from attnzoo.cli import signals_deferred
 from attnzoo.fileio import atomic_write_bytes, atomic_write_text, sha256_file
 from attnzoo.runtime import tensorrt as rt
 from attnzoo.runtime.contract import INPUT_NAME, ModelContract
 
+from .check import check_extra_math
 from .errors import ExportError
+from .onnx_export import FP32_OPS
+from .quantize import fp8_compute_capability_error, simulate_fp8
+from .verify import report_path
 from attnzoo.runtime.parity import compare
 from attnzoo.runtime.sessions import ort_session
 
@@ -113,11 +119,6 @@ def network_check(parsed: rt.ParsedNetwork, onnx_path: Union[str, Path], contrac
     Read from the parsed ``INetworkDefinition`` before building. Blocks are the ones the ONNX extra-math
     checker found (which itself fails when one is missing).
     """
-    import onnx
-
-    from .check import check_extra_math
-    from .onnx_export import FP32_OPS
-
     proto = onnx.load(str(onnx_path), load_external_data=False)
     onnx_check = check_extra_math(proto, contract.config, contract.dtype)
     scopes = {scope: found["nodes"] for scope, found in onnx_check["blocks"].items()}
@@ -164,8 +165,6 @@ class EngineBuildError(ExportError):
 def _onnx_verification(onnx_path: Path) -> Dict[str, Any]:
     """What the ONNX verification (``<model>.report.json``) found, and whether the file is still the one it
     verified (``error``: why not, else ``None``)."""
-    from .verify import report_path
-
     sha = sha256_file(onnx_path)
     rp = report_path(onnx_path)
     how = "export it with export-model (or attnzoo.export.export_model), which verifies it and writes the report"
@@ -225,8 +224,6 @@ def build_engine(onnx_path: Union[str, Path], engine_path: Union[str, Path], *, 
         raise ValueError(f"no engine built: {verification['error']}")
     contract = ModelContract.from_onnx(onnx_path)
     if contract.dtype == "fp8":
-        from .quantize import fp8_compute_capability_error
-
         error = fp8_compute_capability_error(compute_capability)
         if error:
             raise ValueError(error)
@@ -274,14 +271,9 @@ def build_engine(onnx_path: Union[str, Path], engine_path: Union[str, Path], *, 
 def _run_and_compare(built: rt.Built, contract: ModelContract, onnx_path: Path, seed: int,
                      report: Dict[str, Any]) -> list:
     """Run the engine on the profile's smallest and largest batch; compare with ONNX Runtime CPU; time it."""
-    import torch
-
     engine = rt.Engine(built.blob, built.library)
     reference: Union[Path, bytes] = onnx_path
     if contract.dtype == "fp8":  # ONNX Runtime's CPU provider cannot run float8 tensors: its exact simulation
-        import onnx
-
-        from .quantize import simulate_fp8
 
         reference = simulate_fp8(onnx.load(str(onnx_path))).SerializeToString()
     session = ort_session(reference, "cpu")

@@ -19,6 +19,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+import onnx
+
+from attnzoo.fileio import atomic_write_text
+from attnzoo.runtime.contract import INPUT_NAME, OUTPUT_NAME
+
 __all__ = ["PLATFORMS", "MODEL_FILES", "LABELS_FILE", "DEFAULT_QUEUE_DELAY_US", "triton_unavailable_reason",
            "model_name", "config_text", "parse_config", "check_config", "write_config", "summary"]
 
@@ -65,8 +70,6 @@ def config_text(contract: Any, name: str, platform: str, max_batch_size: int,
         max_batch_size: Largest batch Triton forms; the batch dimension is left out of ``dims``.
         queue_delay_us: Dynamic batching's ``max_queue_delay_microseconds``.
     """
-    from attnzoo.runtime.contract import INPUT_NAME, OUTPUT_NAME
-
     if platform not in MODEL_FILES:
         raise ValueError(f"unknown Triton platform {platform!r}; valid: {', '.join(MODEL_FILES)}")
     h, w = contract.input_size
@@ -93,7 +96,7 @@ def parse_config(text: str, source: str = "config.pbtxt"):
         ValueError: a field Triton does not know, a wrong type or syntax (the parser's message).
     """
     from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
+    from tritonclient.grpc import model_config_pb2  # optional: tritonclient (the [serving] extra)
 
     try:
         return text_format.Parse(text, model_config_pb2.ModelConfig())
@@ -103,8 +106,6 @@ def parse_config(text: str, source: str = "config.pbtxt"):
 
 def _graph_io(onnx_path: Path) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """(input, output) of the ONNX graph as {name, elem_type, shape} (symbolic dims as strings)."""
-    import onnx
-
     graph = onnx.load(str(onnx_path), load_external_data=False).graph
 
     def info(v) -> Dict[str, Any]:
@@ -123,7 +124,7 @@ def check_config(config, contract: Any, onnx_path: Union[str, Path], labels: Seq
     file, not from the config's writer), the labels file (one name per logit channel, as in the contract) and
     dynamic batching.
     """
-    from tritonclient.grpc import model_config_pb2 as pb
+    from tritonclient.grpc import model_config_pb2 as pb  # optional: tritonclient
 
     failures = []
     if config.platform not in MODEL_FILES:
@@ -179,8 +180,6 @@ def write_config(model_dir: Union[str, Path], contract: Any, onnx_path: Union[st
         ValueError: the config does not parse with Triton's schema or does not match the graph; nothing is
             written then.
     """
-    from attnzoo.fileio import atomic_write_text
-
     model_dir = Path(model_dir)
     name = model_dir.name
     model_file = model_dir / "1" / MODEL_FILES.get(platform, "?")

@@ -23,6 +23,9 @@ import onnx
 import torch
 from torch import nn
 
+from attnzoo.data.datasets import shapes_images
+from attnzoo.fileio import atomic_path, atomic_write_text, sha256_file
+from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
 from attnzoo.runtime.parity import TOLERANCES, compare
 from attnzoo.runtime.sessions import ort_session
 
@@ -54,9 +57,6 @@ def failed_report_path(onnx_path: Union[str, Path]) -> Path:
 
 def _inputs(config: Mapping[str, Any], hw: Tuple[int, int], n: int, seed: int) -> Dict[str, np.ndarray]:
     """``real`` (normalised shapes test images, cropped to (H, W)) and ``random`` float32 NCHW batches."""
-    from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
-    from attnzoo.data.datasets import shapes_images
-
     h, w = hw
     images = shapes_images(n, img_size=max(h, w), split="test", seed=seed, task=config["task"])[0]
     real = normalize(images[:, :h, :w], config.get("mean", DEFAULT_MEAN), config.get("std", DEFAULT_STD))
@@ -115,8 +115,6 @@ def _check_and_place(model: nn.Module, tmp: Path, out: Path, config: Mapping[str
                      extra: Mapping[str, Any]) -> Dict[str, Any]:
     """Check the extra math and the parity of the ONNX file ``tmp`` (inside ``atomic_path(out)``); write the report
     beside ``out`` when it passes, else the failure report, and raise :class:`VerificationError`."""
-    from attnzoo.fileio import atomic_write_text, sha256_file
-
     proto = onnx.load(str(tmp))
     props = metadata_props(proto)
     hw = json.loads(props["input_size"])
@@ -157,8 +155,6 @@ def export_verified(model: nn.Module, out: Union[str, Path], config: Mapping[str
     report untouched (a good model already there stays), writes its report to ``<out>.failed.report.json``
     and raises :class:`VerificationError`.
     """
-    from attnzoo.fileio import atomic_path
-
     out = Path(out)
     with atomic_path(out) as tmp:  # only a model that passes is renamed to `out`
         start = time.perf_counter()
@@ -177,8 +173,6 @@ def adopt_verified(model: nn.Module, src: Union[str, Path], out: Union[str, Path
     """Copy an ONNX file exported earlier (the zoo's shipped exports) to ``out``, verified exactly as
     :func:`export_verified` verifies a fresh export, and its metadata checked to name ``checkpoint_sha256``:
     seconds instead of a torch export. Same report and failure behaviour."""
-    from attnzoo.fileio import atomic_path
-
     out = Path(out)
     with atomic_path(out) as tmp:
         shutil.copyfile(src, tmp)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Tuple
 
 from attnzoo.cli import UsageError, first_line
+from attnzoo.fileio import writable_dir
 
 from ..errors import ExportError
 
@@ -78,8 +79,6 @@ class ExportFormat:
 
     def out_path(self, req: ExportRequest, stem: str) -> Path:
         """The output (``req.out``, else ``exports/<stem><suffix>``); its folder is created and must be writable."""
-        from attnzoo.fileio import writable_dir
-
         out = req.out or Path("exports") / f"{stem}{self.suffixes[0]}"
         if out.is_dir():
             raise UsageError(f"--out {out} is a directory; give a file name")

@@ -7,7 +7,9 @@ from pathlib import Path
 from typing import List
 
 from attnzoo.cli import UsageError
+from attnzoo.runtime.tensorrt import gpu_available
 
+from ..tensorrt import build_engine, engine_report_path, summary as engine_summary, tensorrt_unavailable_reason
 from .base import ExportFormat, ExportRequest, Step, run_step
 
 __all__ = ["TensorRTFormat", "FORMAT"]
@@ -21,10 +23,6 @@ class TensorRTFormat(ExportFormat):
     suffixes = (".engine", ".plan")
 
     def check(self, req: ExportRequest) -> None:
-        from attnzoo.runtime.tensorrt import gpu_available
-
-        from ..tensorrt import tensorrt_unavailable_reason
-
         reason = tensorrt_unavailable_reason(run=False)  # building needs no GPU with tensorrt-rtx
         if reason:
             raise UsageError(f"--format tensorrt: {reason}")
@@ -42,22 +40,16 @@ class TensorRTFormat(ExportFormat):
     def build(self, req: ExportRequest, result, engine: Path) -> None:
         """Build ``engine`` from ``result.onnx_path`` (checked, and compared with ONNX Runtime on a GPU); the
         engine and its report go into ``result``."""
-        from ..tensorrt import build_engine
-
         result.engine_path = engine
         result.engine_report = run_step(build_engine, "TensorRT build failed", result.onnx_path, engine,
                                         batch_sizes=req.batch_sizes, compute_capability=req.compute_capability)
 
     def files(self, result) -> List[Path]:
-        from ..tensorrt import engine_report_path
-
         if result.engine_path is None:
             return []
         return [result.engine_path, engine_report_path(result.engine_path)]
 
     def summary(self, result) -> List[str]:
-        from ..tensorrt import engine_report_path, summary as engine_summary
-
         if result.engine_report is None:
             return []
         return [engine_summary(result.engine_report), f"  report: {engine_report_path(result.engine_path)}"]

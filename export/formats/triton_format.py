@@ -9,7 +9,13 @@ from pathlib import Path
 from typing import Iterator, List
 
 from attnzoo.cli import UsageError
+from attnzoo.fileio import writable_dir
+from attnzoo.runtime.contract import ModelContract
+from attnzoo.runtime.tensorrt import gpu_available, load_library
 
+from ..tensorrt import tensorrt_unavailable_reason
+from ..triton import (LABELS_FILE, MODEL_FILES, PLATFORMS, summary as triton_summary, triton_unavailable_reason,
+                      write_config)
 from .base import ExportFormat, ExportRequest, Step
 from .tensorrt_format import FORMAT as TENSORRT
 
@@ -27,8 +33,6 @@ class TritonFormat(ExportFormat):
     suffixes = ()
 
     def check(self, req: ExportRequest) -> None:
-        from ..triton import PLATFORMS, triton_unavailable_reason
-
         platform, compute_capability = req.triton_platform, req.compute_capability
         if platform not in PLATFORMS:
             raise UsageError(f"unknown Triton platform {platform!r}; valid: {', '.join(PLATFORMS)}")
@@ -42,9 +46,6 @@ class TritonFormat(ExportFormat):
                 raise UsageError("--compute-capability applies to --format tensorrt and --triton-platform tensorrt "
                                  "only")
             return
-        from attnzoo.runtime.tensorrt import gpu_available, load_library
-
-        from ..tensorrt import tensorrt_unavailable_reason
 
         reason = tensorrt_unavailable_reason(run=False)
         if reason:
@@ -58,8 +59,6 @@ class TritonFormat(ExportFormat):
 
     def out_path(self, req: ExportRequest, stem: str) -> Path:
         """The model's folder ``<repository>/<stem>``, with its version folder ``1/``."""
-        from attnzoo.fileio import writable_dir
-
         repo = req.out or DEFAULT_TRITON_DIR
         if repo.exists() and not repo.is_dir():
             raise UsageError(f"--out {repo} is a file; --format triton writes a model repository folder")
@@ -74,8 +73,6 @@ class TritonFormat(ExportFormat):
 
     @staticmethod
     def _model_file(req: ExportRequest, out: Path) -> Path:
-        from ..triton import MODEL_FILES, PLATFORMS
-
         return out / "1" / MODEL_FILES[PLATFORMS[req.triton_platform]]
 
     def steps(self, req: ExportRequest) -> List[Step]:
@@ -86,23 +83,15 @@ class TritonFormat(ExportFormat):
 
     def write_config(self, req: ExportRequest, result) -> None:
         """``config.pbtxt`` and ``labels.txt``, checked with Triton's schema against the graph (config last)."""
-        from attnzoo.runtime.contract import ModelContract
-
-        from ..triton import PLATFORMS, write_config
-
         result.triton = write_config(result.path, ModelContract.from_onnx(result.onnx_path), result.onnx_path,
                                      PLATFORMS[req.triton_platform], max(req.batch_sizes), req.triton_queue_delay_us)
 
     def files(self, result) -> List[Path]:
-        from ..triton import LABELS_FILE
-
         if result.triton is None:
             return TENSORRT.files(result)
         return TENSORRT.files(result) + [result.path / LABELS_FILE, result.path / "config.pbtxt"]
 
     def summary(self, result) -> List[str]:
-        from ..triton import summary as triton_summary
-
         lines = [triton_summary(result.path, result.triton)] if result.triton is not None else []
         return lines + TENSORRT.summary(result)
 
