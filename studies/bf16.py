@@ -35,7 +35,23 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from attnzoo.benchmarks.cli import variant_list
+from attnzoo.benchmarks.report import markdown_table
+from attnzoo.benchmarks.stats import ratio_stats
+from attnzoo.benchmarks.timing import measure_pair
 from attnzoo.cli import UsageError, add_debug_flag, entry_point, first_line, parse_batch_sizes
+from attnzoo.fileio import atomic_write_text, default_cache_dir, writable_dir
+from attnzoo.lazy import lazy_import
+from attnzoo.machine import cpu_summary, environment, load_average
+from attnzoo.runtime.bf16 import ACCURACY_GATE, score
+from attnzoo.runtime.openvino import (OpenVINOSession, PrecisionCheckError, bf16_unavailable_reason,
+                                      check_runtime_precisions, unavailable_reason)
+from attnzoo.runtime.parity import TOLERANCES, check as check_parity
+from attnzoo.runtime.sessions import verification_problem
+from attnzoo.studies.report import reprint, require_out, write_report, zoo_entries
+
+onnx = lazy_import("onnx")
+torch = lazy_import("torch")
 
 __all__ = ["zoo_row", "speed_rows", "markdown", "main"]
 
@@ -45,9 +61,9 @@ SPEED_DTYPES = ("bf16", "int8")
 
 def _fp32_export(entry: Mapping[str, Any], cache: Path, threads: Optional[int]) -> Path:
     """The zoo model's verified fp32 export, made once (reused while its report holds and it names the checkpoint)."""
+    # heavy: torch and timm; --help stays fast
     from attnzoo import zoo
     from attnzoo.export import export_verified, metadata_props
-    from attnzoo.runtime.sessions import verification_problem
 
     path = cache / f"{entry['variant']}_{entry['task']}_{entry['data']}.onnx"
     if path.is_file() and verification_problem(path, "fp32") is None \
@@ -63,13 +79,10 @@ def zoo_row(entry: Mapping[str, Any], cache: Path, *, bf16: bool, threads: Optio
             limit: Optional[int] = None) -> Dict[str, Any]:
     """One zoo model: the extra-math check (at bf16 when ``bf16``, else f32) and, with ``bf16``, the accuracy of
     both precisions on its test split. A model whose check or scoring fails is a row with the reason."""
-    import onnx
-
+    # heavy: torch and timm; --help stays fast
     from attnzoo.export.quantize import extra_math_nodes
     from attnzoo.models.checkpoint import read_config
     from attnzoo import zoo
-    from attnzoo.runtime.bf16 import ACCURACY_GATE, score
-    from attnzoo.runtime.openvino import OpenVINOSession, PrecisionCheckError, check_runtime_precisions
 
     cfg = read_config(zoo.checkpoint_path(entry["variant"], entry["task"], entry["data"]))
     row: Dict[str, Any] = {"variant": entry["variant"], "task": entry["task"], "data": entry["data"],
@@ -113,15 +126,10 @@ def speed_rows(arch: str, variants: Sequence[str], batch_sizes: Sequence[int], t
                min_time: float, cache: Path, progress: bool = True) -> List[Dict[str, Any]]:
     """OpenVINO fp32 against bf16 and NNCF int8, per variant, thread count and batch size: each model gated
     against eager fp32 under the tolerance table, then timed A B A B against fp32."""
-    import torch
-
+    # heavy: torch and timm; --help stays fast
     from attnzoo.benchmarks.rows import load_call, tolerance_for
-    from attnzoo.benchmarks.stats import ratio_stats
-    from attnzoo.benchmarks.timing import measure_pair
     from attnzoo.export import export_verified
-    from attnzoo.machine import load_average
     from attnzoo.models import create_model
-    from attnzoo.runtime.parity import TOLERANCES, check as check_parity
 
     rows = []
     jobs = [(v, t, n) for v in variants for t in thread_counts for n in batch_sizes]
@@ -185,9 +193,6 @@ def _check_cell(row: Mapping[str, Any]) -> str:
 
 def markdown(result: Mapping[str, Any]) -> str:
     """The report: machine, the refusal (if any), the extra-math check and accuracy table, the speed table."""
-    from attnzoo.benchmarks.report import markdown_table
-    from attnzoo.machine import cpu_summary
-
     env = result["environment"]
     versions = env.get("versions", {})
     parts = ["# bf16 on the CPU: zoo accuracy, extra-math precision, ViT-S speed", "",
@@ -255,7 +260,7 @@ def markdown(result: Mapping[str, Any]) -> str:
 
 # ------------------------------------------------------------------------------------------------ command
 def build_parser() -> argparse.ArgumentParser:
-    from attnzoo.studies.int8_accuracy import add_zoo_selection
+    from attnzoo.studies.int8_accuracy import add_zoo_selection  # heavy: torch and timm; --help stays fast
 
     p = argparse.ArgumentParser(prog="python -m attnzoo.studies.bf16", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -283,12 +288,6 @@ def build_parser() -> argparse.ArgumentParser:
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m attnzoo.studies.bf16``."""
-    from attnzoo.benchmarks.cli import variant_list
-    from attnzoo.fileio import atomic_write_text, default_cache_dir, writable_dir
-    from attnzoo.machine import environment, load_average
-    from attnzoo.runtime.openvino import bf16_unavailable_reason, unavailable_reason
-    from attnzoo.studies.report import reprint, require_out, write_report, zoo_entries
-
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
     if reprint(a.table, markdown):

@@ -26,7 +26,18 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from attnzoo.benchmarks.stats import ratio_stats, summarize
 from attnzoo.cli import UsageError, add_debug_flag, entry_point
+from attnzoo.fileio import default_cache_dir, writable_dir
+from attnzoo.lazy import lazy_import
+from attnzoo.machine import cpu_summary, environment, load_average
+from attnzoo.runtime.backends.ort_cpu import tuned_cpu_session
+from attnzoo.runtime.openvino import OpenVINOSession, unavailable_reason
+from attnzoo.runtime.parity import check
+from attnzoo.studies.mae_forms import time_round_robin
+from attnzoo.studies.report import write_report
+
+torch = lazy_import("torch")
 
 __all__ = ["OPSETS", "export_pair", "markdown", "main"]
 
@@ -37,6 +48,7 @@ OPSETS = (20, 23)
 def export_pair(model, variant: str, img_size: int, folder: Path, threads: int) -> Dict[int, Dict[str, Any]]:
     """``model`` exported and verified at each of :data:`OPSETS`: ``{opset: {"path", "ops", "export_time_s",
     "audit"}}``. Raises ``RuntimeError`` when an export fails its verification."""
+    # heavy: torch and timm; --help stays fast
     from attnzoo.export import export_verified
     from attnzoo.runtime.fusion import audit
 
@@ -56,8 +68,6 @@ def export_pair(model, variant: str, img_size: int, folder: Path, threads: int) 
 
 
 def _rows(times: Dict[str, List[float]], variant: str, img_size: int, tokens: int) -> List[Dict[str, Any]]:
-    from attnzoo.benchmarks.stats import ratio_stats, summarize
-
     rows = []
     for runtime in ("ort-cpu", "openvino"):
         a, b = times.get(f"{runtime} opset20"), times.get(f"{runtime} opset23")
@@ -73,8 +83,6 @@ def _rows(times: Dict[str, List[float]], variant: str, img_size: int, tokens: in
 
 def markdown(result: Dict[str, Any]) -> str:
     """The result as markdown: the fusion audit of both exports, then the timings."""
-    from attnzoo.machine import cpu_summary
-
     env = result["environment"]
     lines = [f"# Fusable export (opset 23 `Attention`) against the default (opset 20), {result['arch']}, "
              f"{result['threads']} thread(s), batch 1", "", f"`{result['command']}`", "",
@@ -133,16 +141,7 @@ def _sizes(text: str) -> List[int]:
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m attnzoo.studies.fusable``."""
-    import torch
-
-    from attnzoo.fileio import default_cache_dir, writable_dir
-    from attnzoo.machine import environment, load_average
-    from attnzoo.models import ARCHS, VARIANT_NAMES, VARIANTS, create_model
-    from attnzoo.runtime.backends.ort_cpu import tuned_cpu_session
-    from attnzoo.runtime.openvino import OpenVINOSession, unavailable_reason
-    from attnzoo.runtime.parity import check
-    from attnzoo.studies.mae_forms import time_round_robin
-    from attnzoo.studies.report import write_report
+    from attnzoo.models import ARCHS, VARIANT_NAMES, VARIANTS, create_model  # heavy: torch and timm; --help stays fast
 
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)

@@ -27,26 +27,35 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
+from attnzoo import zoo
+from attnzoo.benchmarks.ort_cpu import quantize_int8
+from attnzoo.benchmarks.report import markdown_table
+from attnzoo.benchmarks.stats import ratio_stats
+from attnzoo.benchmarks.timing import measure_pair
 from attnzoo.cli import UsageError, add_debug_flag, entry_point, parse_batch_sizes
+from attnzoo.data.datasets import load_data
+from attnzoo.export import export_verified
+from attnzoo.fileio import default_cache_dir, writable_dir
+from attnzoo.machine import environment, load_average
+from attnzoo.metrics import confusion_matrix, metrics_from_confusion
+from attnzoo.preprocess import normalize
+from attnzoo.runtime.backends.ort_cpu import tuned_cpu_session
+from attnzoo.runtime.evaluate import predict_session
+from attnzoo.studies.report import contended, write_report, zoo_entries
 from attnzoo.zoo import DEFAULT_DATA
 
 __all__ = ["int8_rows", "markdown", "readme_table", "machine_label",
            "main"]
 
 def _metric(conf: np.ndarray, task: str, class_names: Sequence[str]) -> float:
-    import torch
-
-    from attnzoo.metrics import metrics_from_confusion
-
     return float(metrics_from_confusion(torch.from_numpy(conf), task, class_names)["metric"])
 
 
 def _verified_fp32(model, cfg: Dict[str, Any], path: Path, sha256: str, threads: int) -> Path:
     """The model's fp32 ONNX, exported and verified as ``export-model`` does it (raises if it fails)."""
-    from attnzoo.export import export_verified
-
     path.parent.mkdir(parents=True, exist_ok=True)
     size = int(cfg["img_size"])
     export_verified(model, path, cfg, dtype="fp32", input_hw=(size, size), batch_sizes=(1, 8),
@@ -58,17 +67,6 @@ def int8_rows(entries: List[Dict[str, Any]], cache_dir: Path, threads: int, batc
               min_time: float, limit: Optional[int] = None, progress: bool = True) -> List[Dict[str, Any]]:
     """One row per zoo entry: fp32 / int8 metric on the test split, top-1 agreement, and the int8 speed-up
     (median of per-pair fp32/int8 latency ratios) at each batch size."""
-    from attnzoo import zoo
-    from attnzoo.preprocess import normalize
-    from attnzoo.data.datasets import load_data
-    from attnzoo.metrics import confusion_matrix
-    from attnzoo.runtime.evaluate import predict_session
-
-    from attnzoo.benchmarks.ort_cpu import quantize_int8
-    from attnzoo.runtime.backends.ort_cpu import tuned_cpu_session
-    from attnzoo.benchmarks.stats import ratio_stats
-    from attnzoo.benchmarks.timing import measure_pair
-
     rows = []
     data_cache: Dict[Tuple[str, str, int, int, str], Any] = {}
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -123,8 +121,6 @@ def _speed_cell(row: Dict[str, Any], batch: str) -> str:
 
 def markdown(result: Dict[str, Any]) -> str:
     """The run's table: metrics, agreement, and per batch size the latencies and speed-up."""
-    from attnzoo.benchmarks.report import markdown_table
-
     batches = [str(b) for b in result["batch_sizes"]]
     table = markdown_table(
         ["variant", "task", "metric", "zoo (eager)", "ORT fp32", "ORT int8", "int8 - fp32", "top-1 agreement",
@@ -151,8 +147,6 @@ def markdown(result: Dict[str, Any]) -> str:
 def readme_table(results: Sequence[Dict[str, Any]]) -> str:
     """One table for the README from several result files: fp32 top-1, then per machine int8 - fp32 and the
     int8 speed-up at each batch size; the machines listed under it."""
-    from attnzoo.benchmarks.report import markdown_table
-
     if not results:
         raise ValueError("no result files given")
     keys = list(dict.fromkeys((r["variant"], r["task"]) for res in results for r in res["rows"]))
@@ -202,11 +196,6 @@ def build_parser() -> argparse.ArgumentParser:
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m attnzoo.studies.int8_accuracy``."""
-    from attnzoo.fileio import default_cache_dir, writable_dir
-    from attnzoo.studies.report import contended, write_report, zoo_entries
-
-    from attnzoo.machine import environment, load_average
-
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
     if a.table is not None:

@@ -20,11 +20,23 @@ import shlex
 import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
+from unittest import mock
 
 import numpy as np
 from tqdm import tqdm
 
+from attnzoo.benchmarks.stats import ratio_stats, summarize
+from attnzoo.benchmarks.timing import time_once, warmup
 from attnzoo.cli import UsageError, add_debug_flag, entry_point, parse_batch_sizes
+from attnzoo.fileio import default_cache_dir, writable_dir
+from attnzoo.lazy import lazy_import
+from attnzoo.machine import cpu_summary, environment, load_average
+from attnzoo.runtime.backends.ort_cpu import tuned_cpu_session
+from attnzoo.runtime.openvino import OpenVINOSession, unavailable_reason
+from attnzoo.runtime.parity import check
+from attnzoo.studies.report import write_report
+
+torch = lazy_import("torch")
 
 __all__ = ["forms", "time_round_robin", "markdown", "main"]
 
@@ -38,8 +50,7 @@ def forms(blocks: Sequence[int]) -> List[str]:
 
 def _export(model, form: str, path: Path, threads: int) -> Dict[str, Any]:
     """Export ``model`` with the pairwise L1 in ``form``, verified; returns the verification report."""
-    from unittest import mock
-
+    # heavy: torch and timm; --help stays fast
     from attnzoo.export import export_verified
     from attnzoo.models import wafe
 
@@ -61,8 +72,6 @@ def _export(model, form: str, path: Path, threads: int) -> Dict[str, Any]:
 def time_round_robin(runners: Dict[str, Callable[[], object]], rounds: int,
                      progress: bool = True) -> Dict[str, List[float]]:
     """Seconds per call of every runner, ``rounds`` rounds of one call each in a fixed order (after a warm-up)."""
-    from attnzoo.benchmarks.timing import time_once, warmup
-
     for fn in runners.values():
         warmup(fn)
     times: Dict[str, List[float]] = {name: [] for name in runners}
@@ -73,8 +82,6 @@ def time_round_robin(runners: Dict[str, Callable[[], object]], rounds: int,
 
 
 def _rows(times: Dict[str, List[float]], batch: int, parity: Dict[str, float]) -> List[Dict[str, Any]]:
-    from attnzoo.benchmarks.stats import ratio_stats, summarize
-
     rows = []
     for name, samples in times.items():
         row = {"runner": name, "batch": batch, **summarize(samples, batch)}
@@ -88,8 +95,6 @@ def _rows(times: Dict[str, List[float]], batch: int, parity: Dict[str, float]) -
 
 def markdown(result: Dict[str, Any]) -> str:
     """The result as a markdown table, with the command and the machine."""
-    from attnzoo.machine import cpu_summary
-
     env = result["environment"]
     lines = [f"# Pairwise L1 forms of `{result['variant']}`, {result['arch']}, {result['threads']} thread(s)", "",
              f"`{result['command']}`", "",
@@ -127,16 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m attnzoo.studies.mae_forms``."""
-    import torch
-
-    from attnzoo.runtime.backends.ort_cpu import tuned_cpu_session
-    from attnzoo.fileio import default_cache_dir, writable_dir
-    from attnzoo.studies.report import write_report
-    from attnzoo.models import ARCHS, create_model
-    from attnzoo.runtime.openvino import OpenVINOSession, unavailable_reason
-    from attnzoo.runtime.parity import check
-
-    from attnzoo.machine import environment, load_average
+    from attnzoo.models import ARCHS, create_model  # heavy: torch and timm; --help stays fast
 
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)

@@ -40,10 +40,31 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import numpy as np
+import onnx
+import torch
 from tqdm import tqdm
 
+from attnzoo import zoo
+from attnzoo.benchmarks.ceiling import ceiling_for, fraction, matmul_ceiling
+from attnzoo.benchmarks.flops import count_flops
+from attnzoo.benchmarks.report import markdown_table
+from attnzoo.benchmarks.rows import load_call, row_unavailable_reason, tolerance_for
+from attnzoo.benchmarks.stats import ratio_stats
+from attnzoo.benchmarks.timing import measure_pair
 from attnzoo.cli import UsageError, add_debug_flag, entry_point, parse_batch_sizes
-from attnzoo.export.quantize import CPU_QDQ_PLACEMENT, TENSORRT_QDQ_PLACEMENT
+from attnzoo.data.datasets import load_data
+from attnzoo.export import export_verified, quantize as q
+from attnzoo.export.quantize import (CPU_QDQ_PLACEMENT, TENSORRT_QDQ_PLACEMENT, DEFAULT_CALIBRATION_COUNT,
+                                     DEFAULT_CALIBRATION_SEED)
+from attnzoo.fileio import atomic_write_text, default_cache_dir, writable_dir
+from attnzoo.machine import cpu_summary, environment, load_average
+from attnzoo.metrics import confusion_matrix, metrics_from_confusion
+from attnzoo.models import canonical_name, create_model
+from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
+from attnzoo.runtime.evaluate import EVAL_BATCH, cpu_session, predict_session
+from attnzoo.runtime.parity import TOLERANCES, check as check_parity
+from attnzoo.studies.int8_accuracy import _verified_fp32, add_zoo_selection
+from attnzoo.studies.report import contended, reprint, require_out, write_report, zoo_entries
 
 __all__ = ["MODELS", "mcnemar_p", "accuracy_row", "speed_rows", "markdown", "main"]
 
@@ -64,7 +85,7 @@ SPEED_JOBS = (("ort-cpu", CPU_QDQ_PLACEMENT), ("ort-cpu", TENSORRT_QDQ_PLACEMENT
 
 def mcnemar_p(right_a: np.ndarray, right_b: np.ndarray) -> float:
     """Two-sided exact McNemar p-value of paired correctness vectors (binomial test on the discordant pairs)."""
-    from scipy.stats import binomtest
+    from scipy.stats import binomtest  # heavy: scipy, for this test only
 
     a_only = int(np.sum(right_a & ~right_b))
     b_only = int(np.sum(right_b & ~right_a))
@@ -76,11 +97,6 @@ def mcnemar_p(right_a: np.ndarray, right_b: np.ndarray) -> float:
 def _predict(models: Mapping[str, Any], config: Mapping[str, Any], limit: Optional[int], threads: Optional[int]):
     """Predictions of each model on the test split (the split, preprocessing and batching of
     :func:`attnzoo.export.quantize.evaluate_onnx`), the targets and the class names."""
-    from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
-    from attnzoo.data.datasets import load_data
-
-    from attnzoo.runtime.evaluate import EVAL_BATCH, cpu_session, predict_session
-
     task, size = config["task"], int(config["img_size"])
     data = load_data(config["data"], "test", task, size, n=limit, seed=int(config.get("data_seed", 0)),
                      scene=config.get("scene"))
@@ -93,14 +109,6 @@ def _predict(models: Mapping[str, Any], config: Mapping[str, Any], limit: Option
 def accuracy_row(entry: Mapping[str, Any], cache_dir: Path, *, calibration_count: int, seed: int,
                  limit: Optional[int] = None, threads: Optional[int] = None) -> Dict[str, Any]:
     """Quantize one zoo model three ways and score all four on its test split (see the module docstring)."""
-    import onnx
-
-    from attnzoo import zoo
-    from attnzoo.export import quantize as q
-    from attnzoo.metrics import confusion_matrix, metrics_from_confusion
-
-    from attnzoo.studies.int8_accuracy import _verified_fp32
-
     model, cfg = zoo.load(entry["variant"], entry["task"], entry["data"])
     stem = f"{entry['variant']}_{entry['task']}_{entry['data']}"
     fp32 = _verified_fp32(model, cfg, cache_dir / f"{stem}.onnx", entry.get("sha256", ""), threads or 1)
@@ -153,19 +161,6 @@ def accuracy_row(entry: Mapping[str, Any], cache_dir: Path, *, calibration_count
 def speed_rows(arch: str, variant: str, batch_sizes: Sequence[int], threads: int, min_time: float,
                cache_dir: Path, progress: bool = True) -> Dict[str, Any]:
     """fp32 against int8 per CPU runtime on a random-init model: parity-gated, timed A B A B, ceiling fractions."""
-    import torch
-
-    from attnzoo.export import export_verified
-    from attnzoo.models import create_model
-
-    from attnzoo.benchmarks.rows import load_call, row_unavailable_reason, tolerance_for
-    from attnzoo.runtime.parity import TOLERANCES, check as check_parity
-    from attnzoo.benchmarks.ceiling import ceiling_for, fraction, matmul_ceiling
-    from attnzoo.machine import load_average
-    from attnzoo.benchmarks.flops import count_flops
-    from attnzoo.benchmarks.stats import ratio_stats
-    from attnzoo.benchmarks.timing import measure_pair
-
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     model = create_model(variant, task="cls", arch=arch).eval()
@@ -230,8 +225,6 @@ def _f(v: Optional[float], fmt: str = ".2f") -> str:
 
 def accuracy_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """The accuracy table: metric per model, drops, and the extra-math verdict."""
-    from attnzoo.benchmarks.report import markdown_table
-
     body = []
     for r in rows:
         m, d = r["metrics"], r["delta"]
@@ -257,8 +250,6 @@ def _runtime_label(row: Mapping[str, Any]) -> str:
 
 def speed_table(speed: Mapping[str, Any]) -> str:
     """The speed table: per runtime and batch, fp32 and int8 latency, speed-up [Q1, Q3], ceiling fractions."""
-    from attnzoo.benchmarks.report import markdown_table
-
     body = [[_runtime_label(r), str(r["batch"]), f"{r['fp32']['median_ms']:.2f}", f"{r['int8']['median_ms']:.2f}",
              f"{r['speedup_median']:.2f} [{r['speedup_q1']:.2f}, {r['speedup_q3']:.2f}]",
              _percent(r["fp32"]["ceiling_fraction"]), _percent(r["int8"]["ceiling_fraction"]), _f(r["load_1min"])]
@@ -273,8 +264,6 @@ def _percent(v: Optional[float]) -> str:
 
 def markdown(result: Mapping[str, Any]) -> str:
     """The whole report: machine, command, accuracy table, verdicts, speed table."""
-    from attnzoo.machine import cpu_summary
-
     def machine(section: Mapping[str, Any]) -> List[str]:
         """The CPU a section was measured on (files written before sections kept their own: the run's)."""
         cpus = section.get("cpus") or [(section.get("environment") or result["environment"])["cpu"]]
@@ -351,10 +340,6 @@ def _kept_accuracy(old: Optional[Mapping[str, Any]], settings: Mapping[str, Any]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from attnzoo.export.quantize import DEFAULT_CALIBRATION_COUNT, DEFAULT_CALIBRATION_SEED
-
-    from attnzoo.studies.int8_accuracy import add_zoo_selection
-
     p = argparse.ArgumentParser(prog="python -m attnzoo.studies.quantized", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_zoo_selection(p)
@@ -399,12 +384,6 @@ def _check(a: argparse.Namespace) -> List[int]:
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m attnzoo.studies.quantized``."""
-    from attnzoo.fileio import atomic_write_text, default_cache_dir, writable_dir
-    from attnzoo.models import canonical_name
-
-    from attnzoo.machine import environment, load_average
-    from attnzoo.studies.report import contended, reprint, require_out, write_report, zoo_entries
-
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
     if reprint(a.table, markdown):

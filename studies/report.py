@@ -11,15 +11,16 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
+from attnzoo.benchmarks.cli import variant_list
 from attnzoo.cli import UsageError
+from attnzoo.fileio import atomic_write_text
 
 __all__ = ["zoo_entries", "contended", "reprint", "require_out", "write_report"]
 
 
 def zoo_entries(a: argparse.Namespace) -> List[Dict[str, Any]]:
     """Zoo entries of ``--data`` / ``--task`` / ``--variants``; ``UsageError`` naming what the zoo has otherwise."""
-    from attnzoo import zoo
-    from attnzoo.benchmarks.cli import variant_list
+    from attnzoo import zoo  # heavy: the zoo loads torch
 
     have = [e for e in zoo.entries() if e["data"] == a.data and a.task in ("all", e["task"])]
     if not have:
@@ -59,8 +60,6 @@ def require_out(out: Optional[Path], table_does: str = "print a report") -> Path
 
 def write_report(out: Path, name: str, result: Mapping[str, Any], md: str) -> None:
     """``<out>/<name>.json`` and ``<out>/<name>.md``, each written whole (atomically), then the markdown printed."""
-    from attnzoo.fileio import atomic_write_text
-
     atomic_write_text(out / f"{name}.json", json.dumps(result, indent=1) + "\n")
     atomic_write_text(out / f"{name}.md", md)
     print(md)

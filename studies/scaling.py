@@ -38,10 +38,25 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+import torch
+from tqdm import tqdm
 
 from attnzoo.benchmarks.cli import variant_list
+from attnzoo.benchmarks.flops import count_forward, count_variant, meta_model
+from attnzoo.benchmarks.report import markdown_table
+from attnzoo.benchmarks.rows import load_call, row_unavailable_reason, tolerance_for
+from attnzoo.benchmarks.timing import time_once
 from attnzoo.cli import UsageError, add_debug_flag, entry_point, first_line, one_of, parse_names
-from attnzoo.models import BUILTIN_VARIANTS, VARIANTS
+from attnzoo.export import export_verified
+from attnzoo.export.verify import EXTRA_BATCH_SIZES
+from attnzoo.fileio import atomic_path, atomic_write_text, default_cache_dir, writable_dir
+from attnzoo import limits
+from attnzoo.limits import check_batch_sizes, check_side
+from attnzoo.machine import environment, load_average
+from attnzoo.models import BUILTIN_VARIANTS, VARIANTS, ARCHS, create_model
+from attnzoo.models.memory import forward_bytes
+from attnzoo.runtime.backends import backends
+from attnzoo.runtime.parity import check as check_parity
 
 __all__ = ["FAMILIES", "DEFAULT_VARIANTS", "Settings", "run_scaling", "derive", "fit_exponent", "cost_model",
            "crossover_tokens", "write_outputs", "main"]
@@ -153,8 +168,6 @@ def _reset_peak() -> bool:
 # ------------------------------------------------------------------------------------------------- timing
 def _time_calls(fn, min_time: float, min_iters: int) -> List[float]:
     """Seconds of each call of ``fn`` until ``min_time`` s and ``min_iters`` calls (warm-up done by the caller)."""
-    from attnzoo.benchmarks.timing import time_once
-
     samples: List[float] = []
     end = time.perf_counter() + min_time
     while len(samples) < min_iters or time.perf_counter() < end:
@@ -167,10 +180,7 @@ def _time_calls(fn, min_time: float, min_iters: int) -> List[float]:
 def _fits_in_memory(config: Dict[str, Any], size: int, batch: int) -> Optional[str]:
     """Why a forward pass would not fit in the memory available now, or ``None`` (any backend: eager's
     ``cdist`` and the exported MAE distance both avoid the (B, M, N, N, d) tensor)."""
-    from attnzoo.limits import available_memory
-    from attnzoo.models.memory import forward_bytes
-
-    need, have = forward_bytes(config, (size, size), batch), available_memory()
+    need, have = forward_bytes(config, (size, size), batch), limits.available_memory()
     if have is not None and need > MEMORY_HEADROOM * have:
         return (f"needs about {need / 2 ** 30:.1f} GiB (attnzoo.limits.forward_bytes), more than "
                 f"{MEMORY_HEADROOM:.0%} of the {have / 2 ** 30:.1f} GiB available")
@@ -189,8 +199,6 @@ class _Run:
 
     def row(self, variant: str, backend: str, task: str, size: int, tokens: int, batch: int, sweeps, count,
             status: str, reason: str = "", **extra: Any) -> None:
-        from attnzoo.machine import load_average
-
         r = {"variant": variant, "family": family_of(variant), "backend": backend, "task": task,
              "arch": self.s.arch, "img_size": size, "tokens": tokens, "batch": batch, "sweeps": list(sweeps),
              "status": status, "reason": reason, "matrix_gflop": count.matrix_flops * batch / 1e9,
@@ -206,12 +214,6 @@ class _Run:
 
     def model_size(self, variant: str, task: str, size: int, job: Dict[str, Any]) -> None:
         """One model (variant, task, image size): export once, then every batch size and backend."""
-        import torch
-
-        from attnzoo.models import create_model
-
-        from attnzoo.benchmarks.flops import count_variant
-
         torch.manual_seed(self.s.seed)
         model = create_model(variant, task=task, arch=self.s.arch, img_size=size).eval()
         config = model.attnzoo_config
@@ -220,8 +222,6 @@ class _Run:
         count = count_variant(variant, task=task, arch=self.s.arch, img_size=size)  # per image
         onnx_path, onnx_reason = None, None
         if "ort-cpu" in self.s.backends:
-            from attnzoo.export.verify import EXTRA_BATCH_SIZES
-
             verify_batch = max(EXTRA_BATCH_SIZES)
             onnx_reason = _fits_in_memory(config, size, max(max(job["batches"]), verify_batch))
             last = self.last.get((variant, "eager", task))
@@ -240,8 +240,6 @@ class _Run:
         _release_memory()
 
     def export(self, model, variant: str, task: str, size: int) -> Tuple[Optional[Path], Optional[str]]:
-        from attnzoo.export import export_verified
-
         path = self.s.cache_dir / f"{variant}_{task}_{self.s.arch}_{size}.onnx"
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -253,11 +251,6 @@ class _Run:
 
     def batch(self, variant: str, model, task: str, size: int, tokens: int, batch: int, sweeps, count,
               onnx_path: Optional[Path], onnx_reason: Optional[str]) -> None:
-        import torch
-
-        from attnzoo.benchmarks.rows import row_unavailable_reason, tolerance_for
-        from attnzoo.runtime.parity import check as check_parity
-
         gen = torch.Generator().manual_seed(self.s.seed + batch)
         x = torch.randn(batch, 3, size, size, generator=gen)
         ref: Optional[np.ndarray] = None
@@ -307,8 +300,6 @@ class _Run:
 
     def measure(self, backend: str, model, onnx_path: Optional[Path], x, ref) -> Tuple[np.ndarray, Dict[str, Any]]:
         """Build, run once (warm-up, parity output), time; memory from the process's peak RSS."""
-        from attnzoo.benchmarks.rows import load_call
-
         _release_memory()
         rss0 = _rss_kib("VmRSS") or 0
         runner, _ = load_call(backend, model, onnx_path, x.numpy(), "fp32", threads=self.s.threads, device="cpu",
@@ -364,12 +355,6 @@ def cost_model(variant: str, arch: str) -> Dict[str, Any]:
     Returns ``a`` in units of D^2 (FLOPs per token) and ``b`` in units of D (FLOPs per token pair), split
     into matrix FLOPs and vector ops, for the arch's width D.
     """
-    import torch
-
-    from attnzoo.models import ARCHS
-
-    from attnzoo.benchmarks.flops import count_forward, meta_model
-
     dim = ARCHS[arch]["embed_dim"]
     block = meta_model(variant, "cls", arch).blocks[0]
     n1, n2 = 100, 400
@@ -393,8 +378,6 @@ def crossover_tokens(c: Dict[str, Any]) -> float:
 # ------------------------------------------------------------------------------------------------ output
 def markdown(result: Dict[str, Any]) -> str:
     """Tables: the cost model, the fitted exponents, every measurement."""
-    from attnzoo.benchmarks.report import markdown_table
-
     def f(v, fmt="{:.2f}"):
         return "-" if v is None else fmt.format(v)
 
@@ -433,13 +416,12 @@ def markdown(result: Dict[str, Any]) -> str:
 
 def plot(result: Dict[str, Any], path: Path) -> Path:
     """Six panels: latency (top) and peak memory (bottom) against ViT tokens, Segmenter tokens and batch."""
+    # heavy: matplotlib, for the plot only
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
-
-    from attnzoo.fileio import atomic_path
 
     rows = [r for r in result["rows"] if r["status"] == "ok"]
     variants = list(dict.fromkeys(r["variant"] for r in result["rows"]))
@@ -492,13 +474,6 @@ def run_scaling(s: Settings, partial: Optional[Path] = None) -> Dict[str, Any]:
     ``partial``: after each variant, the result so far (``"complete": false``) is written there, so a long run
     that is stopped keeps what it measured (``--render`` turns it into tables and a plot).
     """
-    import torch
-    from tqdm import tqdm
-
-    from attnzoo.fileio import atomic_write_text
-
-    from attnzoo.machine import environment, load_average
-
     torch.set_num_threads(s.threads)
     s.jobs = plan(s)
     env = environment()
@@ -551,8 +526,6 @@ def _contended(load_start: List[float], load_end: List[float], rows: List[Dict[s
 
 def write_outputs(result: Dict[str, Any], out: Path) -> Dict[str, Path]:
     """scaling.json, scaling.md and scaling.png in ``out`` (written atomically)."""
-    from attnzoo.fileio import atomic_write_text
-
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "scaling.json", json.dumps(result, indent=1) + "\n")
     atomic_write_text(out / "scaling.md", markdown(result))
@@ -571,8 +544,6 @@ def _ints(value: str, flag: str) -> List[int]:
 
 def cpu_backends() -> List[str]:
     """The registry's backends that compute on the CPU (the ones this command times)."""
-    from attnzoo.runtime.backends import backends
-
     return [b.name for b in backends() if b.row_device("cpu") == "cpu"]
 
 
@@ -608,10 +579,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_settings(argv: Sequence[str]) -> Settings:
     """Command line -> :class:`Settings`; ``UsageError`` (one line) for a bad value, before any work."""
-    from attnzoo.fileio import default_cache_dir
-    from attnzoo.limits import check_batch_sizes, check_side
-    from attnzoo.models import ARCHS
-
     parser = build_parser()
     if parser.parse_args(list(argv)).quick:  # --quick changes the defaults; flags given explicitly still win
         parser.set_defaults(**{k: ",".join(map(str, v)) if isinstance(v, tuple) else v for k, v in QUICK.items()})
@@ -654,8 +621,6 @@ def parse_settings(argv: Sequence[str]) -> Settings:
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m attnzoo.studies.scaling``: the output folders are checked writable before any work."""
-    from attnzoo.fileio import writable_dir
-
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
     if a.render is not None:

@@ -22,9 +22,14 @@ from typing import Any, Dict, List, Optional
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from attnzoo.cli import UsageError, add_debug_flag, entry_point
+from attnzoo.data.datasets import TensorDataset, load_data
+from attnzoo.machine import cpu_summary, environment, load_average
+from attnzoo.models import canonical_name, create_model
 from attnzoo.studies.report import require_out, reprint, write_report
+from attnzoo.training.zoo import VARIANT_OPTIONS, recipes
 
 __all__ = ["SETTINGS", "time_steps", "run", "markdown", "main"]
 
@@ -32,10 +37,6 @@ SETTINGS = ("eager-1t", "eager-2t", "channels-last", "compile", "pair-1t")
 
 
 def _setup(variant: str, recipe: str, n_images: int):
-    from attnzoo.data.datasets import TensorDataset, load_data
-    from attnzoo.models import create_model
-    from attnzoo.training.zoo import VARIANT_OPTIONS, recipes
-
     data, task = recipe.split("/")
     r = recipes(retrain=True)[recipe]
     images = load_data(data, "train", task, r["img_size"], n_images, scene=r.get("scene"))
@@ -88,10 +89,6 @@ def _pair_worker(args):
 
 def run(variants: List[str], settings: List[str], steps: int, warmup: int) -> Dict[str, Any]:
     """Every setting for every variant; ``pair-1t`` runs two identical jobs in two processes at once."""
-    from tqdm import tqdm
-
-    from attnzoo.machine import environment, load_average
-
     rows = []
     load_start = load_average()
     for variant in variants:
@@ -110,8 +107,6 @@ def run(variants: List[str], settings: List[str], steps: int, warmup: int) -> Di
 
 def markdown(result: Dict[str, Any]) -> str:
     """The table: per variant and setting, seconds per step, models per hour of both cores and the speed-up."""
-    from attnzoo.machine import cpu_summary
-
     lines = [f"# Training step cost, {result['environment']['cpu'] and cpu_summary(result['environment']['cpu'])}",
              "", f"`{result['command']}` ({result['steps']} timed steps after {result['warmup']}; load average "
              f"{result['load_start'][:1]} at the start, {result['load_end'][:1]} at the end)", "",
@@ -144,7 +139,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     if reprint(a.table, markdown):
         return 0
     out = require_out(a.out)
-    from attnzoo.models import canonical_name
 
     try:
         variants = [canonical_name(v) for v in a.variants]
