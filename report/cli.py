@@ -22,6 +22,8 @@ from typing import Optional, Sequence
 
 from attnzoo.cli import add_debug_flag, entry_point
 
+from .variant import command_line, report_variant
+
 __all__ = ["main", "build_parser"]
 
 
@@ -42,8 +44,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from .variant import command_line, report_variant
-
     args = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(args)
     result = report_variant(a.variant, checkpoint=a.checkpoint, out=a.out, quick=a.quick,

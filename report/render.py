@@ -12,7 +12,9 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from attnzoo.benchmarks.report import markdown_table
+from attnzoo.benchmarks.report import markdown_table, plot_latency, plot_overhead
+from attnzoo.fileio import atomic_write_text
+from attnzoo.machine import cpu_summary
 
 __all__ = ["verdict", "markdown", "plots", "write_report", "RUNTIMES"]
 
@@ -67,7 +69,7 @@ def _overhead_197(report: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
 
 
 def _tokens(identity: Mapping[str, Any], arch: str) -> Optional[int]:
-    from attnzoo.models.factory import ARCHS
+    from attnzoo.models.factory import ARCHS  # heavy: torch and timm; report-variant --help stays fast
 
     a = ARCHS.get(arch)
     return None if a is None else (a["img_size"] // a["patch_size"]) ** 2 + 1
@@ -155,8 +157,7 @@ def verdict(report: Mapping[str, Any], out: Path) -> Dict[str, Any]:
 # ------------------------------------------------------------------------------------------------ plots
 def plots(report: Mapping[str, Any], out: Path) -> Dict[str, Path]:
     """The PNGs of the cost section (those it has data for)."""
-    from attnzoo.benchmarks.report import plot_latency, plot_overhead
-    from attnzoo.studies.scaling import plot as plot_scaling
+    from attnzoo.studies.scaling import plot as plot_scaling  # heavy: torch and timm; report-variant --help stays fast
 
     cost = report.get("cost") or {}
     written: Dict[str, Path] = {}
@@ -400,8 +401,6 @@ def _gpu_md(report: Mapping[str, Any]) -> List[str]:
 
 def markdown(report: Mapping[str, Any], pngs: Mapping[str, Path]) -> str:
     """``report.md``."""
-    from attnzoo.machine import cpu_summary
-
     env = report["environment"]
     v = report["verdict"]
     gpu = (env.get("gpu") or {}).get("name") or "no GPU"
@@ -426,8 +425,6 @@ def markdown(report: Mapping[str, Any], pngs: Mapping[str, Path]) -> str:
 def write_report(report: Dict[str, Any], out: Path) -> Tuple[List[Path], str]:
     """Add the verdict to ``report``, write ``report.json``, the plots and ``report.md`` into ``out``; returns the
     files and the verdict line."""
-    from attnzoo.fileio import atomic_write_text
-
     report["verdict"] = verdict(report, out)
     pngs = plots(report, out)
     report["plots"] = {k: p.name for k, p in pngs.items()}

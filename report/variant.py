@@ -33,7 +33,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
+from attnzoo.benchmarks.gpu_plan import MODELS, ROOT
 from attnzoo.cli import UsageError, first_line
+from attnzoo.fileio import writable_dir
+from attnzoo.machine import bf16_problem, environment
+from attnzoo.runtime.backends import backend_names
+
+from .render import write_report
 
 __all__ = ["SCHEMA", "BATCH_SIZES", "Budget", "FULL", "QUICK", "ReportResult", "report_variant", "identity", "export_side",
            "fusion", "latency", "scaling", "gpu_rows"]
@@ -139,6 +145,7 @@ def _skipped(reason: str) -> Dict[str, Any]:
 def identity(variant: str, arch: str, sizes: Tuple[int, ...]) -> Dict[str, Any]:
     """The registry's facts about ``variant``, its parameters and its FLOPs per image beside ``standard``'s (at
     ``arch``'s own size and each of ``sizes``)."""
+    # heavy: torch and timm; --help stays fast
     from attnzoo.benchmarks.flops import count_variant, meta_model
     from attnzoo.models import VARIANTS
 
@@ -169,7 +176,7 @@ def identity(variant: str, arch: str, sizes: Tuple[int, ...]) -> Dict[str, Any]:
 def _source(variant: str, checkpoint: Optional[PathLike], like: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """The model an export side starts from: ``checkpoint``, else the zoo's classifier, else a random init (the
     arch of ``like``, the variant side's source, for ``standard`` beside a checkpoint of another arch)."""
-    from attnzoo import zoo
+    from attnzoo import zoo  # heavy: the zoo loads torch; --help stays fast
 
     if checkpoint is not None:
         return {"kind": "checkpoint", "checkpoint": str(checkpoint)}
@@ -185,7 +192,7 @@ def _source(variant: str, checkpoint: Optional[PathLike], like: Optional[Dict[st
 
 
 def _zoo_arch(variant: str) -> Optional[str]:
-    from attnzoo import zoo
+    from attnzoo import zoo  # heavy: the zoo loads torch
 
     return next((e.get("arch") for e in zoo.entries() if e["variant"] == variant and e["task"] == "cls"
                  and e["data"] == zoo.DEFAULT_DATA), None)
@@ -239,7 +246,7 @@ def export_side(variant: str, source: Dict[str, Any], folder: Path, out: Path, b
                 steps: Tuple[str, ...]) -> Dict[str, Any]:
     """Every export of one model (the ``steps`` of fp32, fp16, int8, fp8, tensorrt, triton), each an entry with
     ``status`` (``ok``, ``failed``, ``unavailable``, ``skipped``) and its figures."""
-    from attnzoo.export import export_model
+    from attnzoo.export import export_model  # heavy: torch and timm; --help stays fast
 
     folder.mkdir(parents=True, exist_ok=True)
     args = _model_args(variant, source)
@@ -311,7 +318,7 @@ def export_side(variant: str, source: Dict[str, Any], folder: Path, out: Path, b
 # ------------------------------------------------------------------------------------------------ fusion
 def fusion(paths: Dict[str, str]) -> Dict[str, Any]:
     """:func:`attnzoo.runtime.fusion.audit` of each side's fp32 ONNX, with its markdown table."""
-    from attnzoo.runtime.fusion import audit, markdown
+    from attnzoo.runtime.fusion import audit, markdown  # heavy: onnx; --help stays fast
 
     result = {}
     for side, path in paths.items():
@@ -331,9 +338,7 @@ def latency(variant: str, budget: Budget, work: Path, command: str) -> Dict[str,
     One batch size at a time, resuming the same row log: the benchmark measures ``standard`` (the baseline) before
     the variant, so a run over both batch sizes that reached its time limit would keep standard's batch-8 rows and
     lose the variant's own. Batch by batch, the variant's batch-1 rows are measured before any batch-8 row."""
-    from attnzoo.benchmarks.run import Settings, run_benchmark
-    from attnzoo.machine import bf16_problem
-    from attnzoo.runtime.backends import backend_names
+    from attnzoo.benchmarks.run import Settings, run_benchmark  # heavy: torch and timm; --help stays fast
 
     bf16 = bf16_problem()
     started, r, interrupted = time.monotonic(), None, None
@@ -361,7 +366,7 @@ def latency(variant: str, budget: Budget, work: Path, command: str) -> Dict[str,
 def scaling(variant: str, budget: Budget, work: Path, command: str, quick: bool) -> Dict[str, Any]:
     """:func:`attnzoo.studies.scaling.run_scaling` of ``standard`` and ``variant``: latency and peak memory against
     tokens (classifier; a Segmenter encoder where ``budget.seg_sizes``), batch 1."""
-    from attnzoo.studies.scaling import Settings, run_scaling
+    from attnzoo.studies.scaling import Settings, run_scaling  # heavy: torch and timm; --help stays fast
 
     s = Settings(variants=list(dict.fromkeys(["standard", variant])), backends=budget.scaling_backends,
                  arch=budget.scaling_arch,
@@ -374,8 +379,6 @@ def scaling(variant: str, budget: Budget, work: Path, command: str, quick: bool)
 def gpu_rows(variant: str) -> Dict[str, Any]:
     """Rows of ``variant`` and ``standard`` from the GPU plan's committed results (``results/gpu-h100/<model>/
     results.json``), each marked with the file it comes from; ``status: absent`` where none are committed."""
-    from attnzoo.benchmarks.gpu_plan import MODELS, ROOT
-
     found = []
     for model in MODELS:
         path = ROOT / "results" / "gpu-h100" / model / "results.json"
@@ -426,11 +429,7 @@ def report_variant(variant: str, checkpoint: Optional[PathLike] = None, out: Opt
         UsageError: an unknown variant (the valid ones listed), a checkpoint that is not a file, or an output
             path that is a file; nothing is measured or written then.
     """
-    from attnzoo.fileio import writable_dir
-    from attnzoo.machine import environment
-    from attnzoo.models import VARIANT_NAMES, canonical_name
-
-    from .render import write_report
+    from attnzoo.models import VARIANT_NAMES, canonical_name  # heavy: torch and timm; --help stays fast
 
     try:
         variant = canonical_name(variant)
@@ -489,7 +488,7 @@ def _side_model(side: Dict[str, Any], source: Dict[str, Any]) -> Dict[str, Any]:
     """The arch and task the variant side exported (for ``standard`` to match)."""
     path = side.get("onnx_path")
     if path and Path(path).is_file():
-        from attnzoo.export import read_metadata
+        from attnzoo.export import read_metadata  # heavy: torch, onnx and timm
 
         with contextlib.suppress(Exception):
             config = read_metadata(path)
