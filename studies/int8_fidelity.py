@@ -399,7 +399,10 @@ def zoo_accuracy_markdown(result: Mapping[str, Any]) -> str:
         lines.append(f"| {r['variant']} | {r['task']} | {r['placement']} | {verdict} | {' | '.join(acc)} | {fid} | "
                      f"{kept} | {r.get('seconds', '-')} |")
     passed = sum(bool(r.get("passed")) for r in result["rows"])
-    lines += ["", f"{passed} of {len(result['rows'])} int8 exports pass their accuracy gate."]
+    selected = result.get("selected", len(result["rows"]))
+    lines += ["", f"{passed} of {len(result['rows'])} int8 exports pass their accuracy gate"
+              + (f" (a partial run: {len(result['rows'])} of the {selected} selected)." if selected > len(result["rows"])
+                 else ".")]
     return "\n".join(lines)
 
 
@@ -442,6 +445,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead: export the zoo's models (VARIANT:TASK,... or cls, seg, all) to int8 with each of "
                         f"{', '.join(ZOO_PLACEMENTS)} and record their accuracy gate (zoo-accuracy.json / .md)")
     p.add_argument("--data", default="fashion", help="the zoo's data set for --zoo-accuracy (default fashion)")
+    p.add_argument("--name", default="zoo-accuracy", help="--zoo-accuracy's report: <out>/<name>.json and .md "
+                                                          "(default zoo-accuracy)")
     return add_debug_flag(p)
 
 
@@ -451,11 +456,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     from attnzoo.fileio import atomic_write_text, writable_dir
 
+    from attnzoo.cli import UsageError
+
     from .report import contended, reprint, require_out
 
     args = build_parser().parse_args(argv)
     if reprint(args.table, lambda r: zoo_accuracy_markdown(r) if "zoo_accuracy" in r else markdown(r)):
         return 0
+    if not args.name or "/" in args.name or args.name.startswith("."):
+        raise UsageError(f"--name: a plain file name, got {args.name!r}")
     out = writable_dir(require_out(args.out))
     if args.zoo_accuracy:
         import os
@@ -464,19 +473,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         selection = _zoo_selection(args.zoo_accuracy, args.data)
         load_start = list(os.getloadavg())
-        rows = []
-        for variant, task in selection:
+        rows: List[Dict[str, Any]] = []
+        command = "python -m attnzoo.studies.int8_fidelity " + " ".join(sys.argv[1:] if argv is None else argv)
+        result: Dict[str, Any] = {}
+        for variant, task in selection:  # the report rewritten after each row: a stopped run keeps what it measured
             for placement in ZOO_PLACEMENTS:
                 rows.append(zoo_accuracy(variant, task, placement, args.data))
                 print(json.dumps(rows[-1]), flush=True)
-        load_end = list(os.getloadavg())
-        result = {"command": "python -m attnzoo.studies.int8_fidelity " + " ".join(sys.argv[1:] if argv is None
-                                                                                    else argv),
-                  "zoo_accuracy": True, "cpu": cpu_info(), "versions": _versions(),
-                  "load_average": {"start": load_start, "end": load_end},
-                  "contended": contended(load_start, load_end, 2), "rows": rows}
-        atomic_write_text(out / "zoo-accuracy.json", json.dumps(result, indent=1) + "\n")
-        atomic_write_text(out / "zoo-accuracy.md", zoo_accuracy_markdown(result) + "\n")
+                load_end = list(os.getloadavg())
+                result = {"command": command, "zoo_accuracy": True, "cpu": cpu_info(), "versions": _versions(),
+                          "load_average": {"start": load_start, "end": load_end},
+                          "contended": contended(load_start, load_end, 2),
+                          "selected": len(selection) * len(ZOO_PLACEMENTS), "rows": rows}
+                atomic_write_text(out / f"{args.name}.json", json.dumps(result, indent=1) + "\n")
+                atomic_write_text(out / f"{args.name}.md", zoo_accuracy_markdown(result) + "\n")
         print(zoo_accuracy_markdown(result))
         return 0 if all(r.get("passed") for r in rows) else 1
     if args.zoo:

@@ -1,0 +1,77 @@
+"""The int8-fidelity study's committed results and its command line: the tables are what the JSON holds and name
+the CPU, the pretrained-like ViT's default export holds on inputs that took no part, the zoo's int8 copies pass
+their accuracy gate, and bad input is one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from attnzoo.cli import CommandExit
+from attnzoo.studies.int8_fidelity import cpu_line, main, markdown, zoo_accuracy_markdown
+
+RESULTS = Path(__file__).resolve().parent.parent / "results" / "studies" / "int8-fidelity"
+
+
+def test_committed_tables_are_what_the_json_holds_and_name_the_cpu(capsys):
+    """results.md (and each zoo-accuracy*.md) are the markdown of the committed JSON, led by the CPU and its flags;
+    ``--table`` reprints the same text and runs nothing."""
+    zoo = [(p.stem, zoo_accuracy_markdown) for p in sorted(RESULTS.glob("zoo-accuracy*.json"))]
+    assert zoo
+    for name, render in [("results", markdown), *zoo]:
+        result = json.loads((RESULTS / f"{name}.json").read_text())
+        text = (RESULTS / f"{name}.md").read_text()
+        assert text == render(result) + "\n"
+        first = text.splitlines()[0]
+        assert first == cpu_line(result["cpu"]) and result["cpu"]["model"] in first
+        assert all(flag in first for flag in result["cpu"]["key_flags"])
+        assert main(["--table", str(RESULTS / f"{name}.json")]) == 0
+        assert capsys.readouterr().out == text
+
+
+def test_the_default_export_of_the_pretrained_like_vit_holds_on_inputs_that_took_no_part():
+    """The committed study: with every default, auto chose on some held-out inputs, was gated on the worst of the
+    others, and its worst cosine on the further inputs (neither chose nor gated) is >= 0.99; ModelOpt's full
+    placement fails the default gate; every exported placement has a speed on both CPU runtimes."""
+    result = json.loads((RESULTS / "results.json").read_text())
+    rows = {r["placement"]: r for r in result["rows"]}
+    auto = rows["auto"]
+    assert auto["gate_on"] == 0.99 and auto["split"]["choose"] > 0 and auto["split"]["gate"] > 0
+    assert auto["gate"]["cosine"]["min"] >= 0.99 and auto["further"]["cosine"]["min"] >= 0.99
+    assert auto["further"]["n_inputs"] > auto["split"]["choose"] + auto["split"]["gate"]
+    assert auto["auto"]["chosen"]["promised"] >= 0.99 > auto["auto"]["all_quantized"]["promised"]
+    assert set(auto["auto"]["speed"]["groups"]) == set(auto["auto_kept_fp32"])
+    assert not rows["tensorrt"]["default_gate_passes"]
+    for row in rows.values():
+        assert all(row["speed"][rt]["ms"] > 0 for rt in ("onnxruntime", "openvino"))
+
+
+def test_the_zoos_int8_copies_pass_their_accuracy_gate():
+    """The committed zoo runs: every classifier (and each segmenter measured), with export-model's default
+    placement and with the one the demo serves, within its tolerance of fp32 on the whole test split."""
+    rows = [r for p in sorted(RESULTS.glob("zoo-accuracy*.json")) for r in json.loads(p.read_text())["rows"]]
+    placements = {(r["variant"], r["task"], r["placement"]) for r in rows}
+    assert len({v for v, t, _ in placements if t == "cls"}) == 15
+    assert {p for _, _, p in placements} == {"auto", "cpu"}
+    for row in rows:
+        acc = row["accuracy"]
+        assert row["passed"] and acc["within_tolerance"] and acc["drop"] <= acc["tolerance"]
+        assert acc["drop"] == pytest.approx(acc["metrics"]["fp32"] - acc["metrics"]["int8"])
+        assert acc["n_images"] == {"cls": 10_000, "seg": 2_000}[row["task"]]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--zoo-accuracy", "nosuch:cls", "--out", "{tmp}"], "--zoo-accuracy: the zoo has no fashion model 'nosuch:cls'"),
+    ([], "--out is required (or --table to print a report)"),
+    (["--table", "{tmp}/none.json"], "--table: no such file"),
+    (["--zoo-accuracy", "cls", "--name", "../x", "--out", "{tmp}"], "--name: a plain file name, got '../x'"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
+    with pytest.raises(CommandExit) as exc:
+        main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+    assert not (tmp_path / "zoo-accuracy.json").exists()
