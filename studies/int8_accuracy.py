@@ -37,7 +37,6 @@ from attnzoo.benchmarks.stats import ratio_stats
 from attnzoo.benchmarks.timing import measure_pair
 from attnzoo.cli import UsageError, add_debug_flag, entry_point, parse_batch_sizes
 from attnzoo.data.datasets import load_data
-from attnzoo.export import export_verified
 from attnzoo.fileio import default_cache_dir, writable_dir
 from attnzoo.machine import environment, load_average
 from attnzoo.metrics import confusion_matrix, metrics_from_confusion
@@ -56,6 +55,8 @@ def _metric(conf: np.ndarray, task: str, class_names: Sequence[str]) -> float:
 
 def _verified_fp32(model, cfg: Dict[str, Any], path: Path, sha256: str, threads: int) -> Path:
     """The model's fp32 ONNX, exported and verified as ``export-model`` does it (raises if it fails)."""
+    from attnzoo.export import export_verified  # heavy: onnx and timm; --help stays fast
+
     path.parent.mkdir(parents=True, exist_ok=True)
     size = int(cfg["img_size"])
     export_verified(model, path, cfg, dtype="fp32", input_hw=(size, size), batch_sizes=(1, 8),

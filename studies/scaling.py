@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from attnzoo import limits
 from attnzoo.benchmarks.cli import variant_list
 from attnzoo.benchmarks.flops import count_forward, count_variant, meta_model
 from attnzoo.benchmarks.report import markdown_table
@@ -50,7 +51,6 @@ from attnzoo.cli import UsageError, add_debug_flag, entry_point, first_line, one
 from attnzoo.export import export_verified
 from attnzoo.export.verify import EXTRA_BATCH_SIZES
 from attnzoo.fileio import atomic_path, atomic_write_text, default_cache_dir, writable_dir
-from attnzoo import limits
 from attnzoo.limits import check_batch_sizes, check_side
 from attnzoo.machine import environment, load_average
 from attnzoo.models import BUILTIN_VARIANTS, VARIANTS, ARCHS, create_model

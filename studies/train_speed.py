@@ -27,9 +27,7 @@ from tqdm import tqdm
 from attnzoo.cli import UsageError, add_debug_flag, entry_point
 from attnzoo.data.datasets import TensorDataset, load_data
 from attnzoo.machine import cpu_summary, environment, load_average
-from attnzoo.models import canonical_name, create_model
 from attnzoo.studies.report import require_out, reprint, write_report
-from attnzoo.training.zoo import VARIANT_OPTIONS, recipes
 
 __all__ = ["SETTINGS", "time_steps", "run", "markdown", "main"]
 
@@ -37,6 +35,10 @@ SETTINGS = ("eager-1t", "eager-2t", "channels-last", "compile", "pair-1t")
 
 
 def _setup(variant: str, recipe: str, n_images: int):
+    # heavy: timm; --help stays fast
+    from attnzoo.models import create_model
+    from attnzoo.training.zoo import VARIANT_OPTIONS, recipes
+
     data, task = recipe.split("/")
     r = recipes(retrain=True)[recipe]
     images = load_data(data, "train", task, r["img_size"], n_images, scene=r.get("scene"))
@@ -139,6 +141,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if reprint(a.table, markdown):
         return 0
     out = require_out(a.out)
+    from attnzoo.models import canonical_name  # heavy: timm; usage errors stay fast
 
     try:
         variants = [canonical_name(v) for v in a.variants]
