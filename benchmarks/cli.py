@@ -22,8 +22,9 @@ from typing import Any, Dict, List, Optional, Sequence
 from attnzoo.benchmarks.report import LOG_NAME, charts_unavailable, markdown, scope_line, write_outputs
 from attnzoo.benchmarks.roofline import against_results, resolve_gpus, roofline
 from attnzoo.benchmarks.roofline import markdown as roofline_markdown
-from attnzoo.cli import (CommandError, Interrupted, Terminated, UsageError, add_debug_flag, entry_point, one_of,
-                         parse_batch_sizes, parse_names, signals_deferred)
+from attnzoo.cli import add_debug_flag, entry_point, one_of, parse_batch_sizes, parse_names
+from attnzoo.errors import CommandError, UsageError
+from attnzoo.signals import Interrupted, signals_deferred, Terminated
 from attnzoo.fileio import atomic_write_text, default_cache_dir, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.limits import MAX_BATCH_SIZE

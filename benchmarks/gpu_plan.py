@@ -231,7 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the parts asked for, one after the other; print what is finished."""
-    from attnzoo.cli import UsageError, add_debug_flag, entry_point
+    from attnzoo.cli import add_debug_flag, entry_point
+    from attnzoo.errors import UsageError
 
     @entry_point
     def run(args: Sequence[str]) -> int:

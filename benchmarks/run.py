@@ -35,7 +35,8 @@ import torch
 from tqdm import tqdm
 
 from attnzoo.benchmarks.roofline import GPUS, WIDTH, bound, gpu_key
-from attnzoo.cli import first_line, Interrupted, Terminated
+from attnzoo.errors import first_line
+from attnzoo.signals import Interrupted, Terminated
 
 from attnzoo.benchmarks.rows import load_call, row_unavailable_reason, tolerance_for
 from attnzoo.benchmarks.ceiling import DEFAULT_SIZE, ceiling_for, fraction, matmul_ceiling

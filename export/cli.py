@@ -28,7 +28,8 @@ import warnings
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from attnzoo.cli import CommandError, UsageError, add_debug_flag, entry_point
+from attnzoo.cli import add_debug_flag, entry_point
+from attnzoo.errors import CommandError, UsageError
 from attnzoo.limits import MAX_BATCH_SIZE
 from attnzoo.models import ARCHS, TASKS, VARIANT_NAMES
 from attnzoo.runtime.sessions import QUANTIZED_DTYPES

@@ -7,7 +7,7 @@ TensorRT engine or a Triton model repository, each with its report beside it.
 
 Errors, all one line:
 
-- :class:`attnzoo.cli.UsageError` (a ``ValueError``): an argument or combination that cannot work, refused
+- :class:`attnzoo.errors.UsageError` (a ``ValueError``): an argument or combination that cannot work, refused
   before anything is loaded or written (``export-model`` exits 2);
 - ``ValueError``: a bad input file (missing or unsafe checkpoint, a bad calibration file);
 - :class:`attnzoo.export.errors.ExportError`: a step failed its checks (verification, quantization accuracy or
@@ -28,7 +28,7 @@ from torch import nn
 from tqdm import tqdm
 
 from attnzoo import zoo
-from attnzoo.cli import UsageError
+from attnzoo.errors import UsageError
 from attnzoo.data.datasets import SHAPES_CLASSES, SHAPES_SEG_CLASSES
 from attnzoo.fileio import sha256_file
 from attnzoo.limits import check_batch_sizes, check_side

@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 import torch
 
-from attnzoo.cli import signals_deferred
+from attnzoo.signals import signals_deferred
 from attnzoo.fileio import atomic_write_bytes, atomic_write_text, sha256_file
 from attnzoo.runtime import tensorrt as rt
 from attnzoo.runtime.contract import INPUT_NAME, ModelContract

@@ -17,7 +17,8 @@ from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 
-from attnzoo.cli import CommandError, UsageError, add_debug_flag, entry_point
+from attnzoo.cli import add_debug_flag, entry_point
+from attnzoo.errors import CommandError, UsageError
 from attnzoo.fileio import atomic_write_text
 
 from .factory import count_params, create_model

@@ -22,7 +22,7 @@ import torch
 from timm.layers import Attention
 from torch import nn
 
-from attnzoo.cli import first_line
+from attnzoo.errors import first_line
 
 __all__ = ["Paper", "ModelOption", "ModelBuild", "VariantSpec", "VARIANTS", "VARIANT_NAMES", "BUILTIN_VARIANTS",
            "ALIASES", "BUILTIN_PACKAGE", "ENTRY_POINT_GROUP", "PluginWarning", "register_variant", "load_plugins", "canonical_name",

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from attnzoo.benchmarks.gpu_plan import MODELS, ROOT
-from attnzoo.cli import UsageError, first_line
+from attnzoo.errors import first_line, UsageError
 from attnzoo.fileio import writable_dir
 from attnzoo.machine import bf16_problem, environment
 from attnzoo.runtime.backends import backend_names

@@ -36,7 +36,8 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 import onnx
 
-from attnzoo.cli import UsageError, entry_point
+from attnzoo.cli import entry_point
+from attnzoo.errors import UsageError
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import gpu_info
 

@@ -26,10 +26,10 @@ in a runtime cache on disk; whether a context can be captured is asked (``is_str
 is made. ``set_input_shape``'s answer is checked. TensorRT proper reuses a timing cache across builds.
 
 Ctrl-C and SIGTERM: TensorRT calls back into Python (its logger, the build's progress monitor) and catches an
-exception raised there. The build therefore runs in a worker thread (:func:`attnzoo.cli.run_in_worker`; TensorRT
+exception raised there. The build therefore runs in a worker thread (:func:`attnzoo.signals.run_in_worker`; TensorRT
 releases the GIL while it builds): the main thread acts on the signal at once, and the build is cancelled at its
 next progress step (the monitor answers ``False``; it never raises). Short calls with callbacks (parsing,
-deserializing) run inside :func:`attnzoo.cli.signals_deferred`: a signal is raised as soon as TensorRT returns.
+deserializing) run inside :func:`attnzoo.signals.signals_deferred`: a signal is raised as soon as TensorRT returns.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from attnzoo.cli import run_in_worker, signals_deferred
+from attnzoo.signals import run_in_worker, signals_deferred
 from attnzoo.fileio import atomic_write_bytes, atomic_write_text, sha256_file
 from attnzoo.lazy import lazy_import
 

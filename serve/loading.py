@@ -214,7 +214,7 @@ def _model_files(directory: Path, suffix: str) -> List[Path]:
 
 
 def _skip(path: Path, exc: BaseException) -> None:
-    from attnzoo.cli import first_line
+    from attnzoo.errors import first_line
 
     _warn(f"skipping {path.name}: {first_line(exc)}")
     recorded = _SKIPS.get()
@@ -401,7 +401,7 @@ def export_zoo(data: str = DEFAULT_DATA, cache_dir: Optional[Path] = None, varia
                 _quantize_zoo(fp32, folder / zoo_onnx_name(e["variant"], e["task"], data, dtype),
                               zoo.load(e["variant"], e["task"], data)[1], data)
             except Exception as exc:  # noqa: BLE001 -- this model is not served in int8; say why, go on
-                from attnzoo.cli import first_line
+                from attnzoo.errors import first_line
 
                 _warn(f"{e['variant']} {e['task']}: no {dtype} model: {first_line(exc)}")
     return folder
@@ -479,7 +479,7 @@ def _prefetch(runners: Sequence[_LazyZooRunner], data: str, cache_dir: Optional[
         try:
             runner.ready()
         except Exception as exc:  # noqa: BLE001 -- logged; the demo stays up for the other models
-            from attnzoo.cli import first_line
+            from attnzoo.errors import first_line
 
             _warn(f"preparing {runner.row['variant']} {runner.row['task']} failed: {first_line(exc)}")
 

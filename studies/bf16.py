@@ -39,7 +39,8 @@ from attnzoo.benchmarks.cli import variant_list
 from attnzoo.benchmarks.report import markdown_table
 from attnzoo.benchmarks.stats import ratio_stats
 from attnzoo.benchmarks.timing import measure_pair
-from attnzoo.cli import UsageError, add_debug_flag, entry_point, first_line, parse_batch_sizes
+from attnzoo.cli import add_debug_flag, entry_point, parse_batch_sizes
+from attnzoo.errors import first_line, UsageError
 from attnzoo.fileio import atomic_write_text, default_cache_dir, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary, environment, load_average

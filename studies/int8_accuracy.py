@@ -35,7 +35,8 @@ from attnzoo.benchmarks.ort_cpu import quantize_int8
 from attnzoo.benchmarks.report import markdown_table
 from attnzoo.benchmarks.stats import ratio_stats
 from attnzoo.benchmarks.timing import measure_pair
-from attnzoo.cli import UsageError, add_debug_flag, entry_point, parse_batch_sizes
+from attnzoo.cli import add_debug_flag, entry_point, parse_batch_sizes
+from attnzoo.errors import UsageError
 from attnzoo.data.datasets import load_data
 from attnzoo.fileio import default_cache_dir, writable_dir
 from attnzoo.machine import environment, load_average

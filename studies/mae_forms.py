@@ -27,7 +27,8 @@ from tqdm import tqdm
 
 from attnzoo.benchmarks.stats import ratio_stats, summarize
 from attnzoo.benchmarks.timing import time_once, warmup
-from attnzoo.cli import UsageError, add_debug_flag, entry_point, parse_batch_sizes
+from attnzoo.cli import add_debug_flag, entry_point, parse_batch_sizes
+from attnzoo.errors import UsageError
 from attnzoo.fileio import default_cache_dir, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary, environment, load_average

@@ -51,7 +51,8 @@ from attnzoo.benchmarks.report import markdown_table
 from attnzoo.benchmarks.rows import load_call, row_unavailable_reason, tolerance_for
 from attnzoo.benchmarks.stats import ratio_stats
 from attnzoo.benchmarks.timing import measure_pair
-from attnzoo.cli import UsageError, add_debug_flag, entry_point, parse_batch_sizes
+from attnzoo.cli import add_debug_flag, entry_point, parse_batch_sizes
+from attnzoo.errors import UsageError
 from attnzoo.data.datasets import load_data
 from attnzoo.export import export_verified, quantize as q
 from attnzoo.export.quantize import (CPU_QDQ_PLACEMENT, TENSORRT_QDQ_PLACEMENT, DEFAULT_CALIBRATION_COUNT,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from attnzoo.benchmarks.cli import variant_list
-from attnzoo.cli import UsageError
+from attnzoo.errors import UsageError
 from attnzoo.fileio import atomic_write_text
 
 __all__ = ["zoo_entries", "contended", "reprint", "require_out", "write_report"]

@@ -47,7 +47,8 @@ from attnzoo.benchmarks.flops import count_forward, count_variant, meta_model
 from attnzoo.benchmarks.report import markdown_table
 from attnzoo.benchmarks.rows import load_call, row_unavailable_reason, tolerance_for
 from attnzoo.benchmarks.timing import time_once
-from attnzoo.cli import UsageError, add_debug_flag, entry_point, first_line, one_of, parse_names
+from attnzoo.cli import add_debug_flag, entry_point, one_of, parse_names
+from attnzoo.errors import first_line, UsageError
 from attnzoo.export import export_verified
 from attnzoo.export.verify import EXTRA_BATCH_SIZES
 from attnzoo.fileio import atomic_path, atomic_write_text, default_cache_dir, writable_dir

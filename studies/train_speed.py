@@ -24,7 +24,8 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from attnzoo.cli import UsageError, add_debug_flag, entry_point
+from attnzoo.cli import add_debug_flag, entry_point
+from attnzoo.errors import UsageError
 from attnzoo.data.datasets import TensorDataset, load_data
 from attnzoo.machine import cpu_summary, environment, load_average
 from attnzoo.studies.report import require_out, reprint, write_report

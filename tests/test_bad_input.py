@@ -140,7 +140,7 @@ def test_over_the_cap_images_are_refused_without_a_pillow_warning(tmp_path, caps
 
 
 def test_zoo_and_screenshot_commands_use_the_one_error_pattern(tmp_path, capsys):
-    from attnzoo.cli import CommandExit
+    from attnzoo.errors import CommandExit
     from attnzoo.serve.demo import screenshot
     from attnzoo.training import zoo as zoo_cli
 

@@ -357,7 +357,7 @@ def test_cli_takes_the_variant_from_the_checkpoint(tmp_path, capsys):
 def test_export_model_is_the_library_call_behind_the_cli(tmp_path):
     """export_model() writes what export-model writes and returns the paths and reports; bad arguments raise one
     UsageError (a ValueError) before any work."""
-    from attnzoo.cli import UsageError
+    from attnzoo.errors import UsageError
     from attnzoo.export import ExportResult, ExportWarning, export_model
 
     out = tmp_path / "b2.onnx"
@@ -527,7 +527,7 @@ def test_the_builtin_formats_are_parts():
 def test_a_new_format_is_one_file_checked_before_any_work(tar_format, tmp_path, monkeypatch):
     """The made-up format is found, inferred from its suffix, listed among the valid formats, and its checks (here
     the base's) refuse what it cannot take before anything is loaded."""
-    from attnzoo.cli import UsageError
+    from attnzoo.errors import UsageError
     from attnzoo.export import export_model
     from attnzoo.export.formats import formats
     from attnzoo.export.pipeline import output_format

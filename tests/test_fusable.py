@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from attnzoo.cli import CommandExit
+from attnzoo.errors import CommandExit
 from attnzoo.studies.fusable import main
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from attnzoo.cli import CommandExit
+from attnzoo.errors import CommandExit
 from attnzoo.studies.int8_fidelity import cpu_line, main, markdown, zoo_accuracy_markdown
 
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "studies" / "int8-fidelity"

@@ -72,7 +72,7 @@ def test_forward_memory_counts_the_pairwise_slab(name):
 
 
 def test_tables_command_checks_and_updates_marked_markdown(tmp_path, monkeypatch, capsys):
-    from attnzoo.cli import CommandExit
+    from attnzoo.errors import CommandExit
     from attnzoo.models import __main__ as tables_cli
 
     monkeypatch.setattr(tables_cli, "tables", lambda: {"variants-table": "| generated |"})

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from attnzoo.cli import CommandExit
+from attnzoo.errors import CommandExit
 from attnzoo.models import VARIANT_NAMES
 from attnzoo.report import SCHEMA
 from attnzoo.report.cli import main

@@ -780,7 +780,7 @@ def test_serve_models_refuses_before_anything_starts(monkeypatch):
 
     import ray
 
-    from attnzoo.cli import UsageError
+    from attnzoo.errors import UsageError
     from attnzoo.serve.rayserve import serve_models
 
     monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray started although the port is taken"))

@@ -21,7 +21,7 @@ import httpx
 import psutil
 import pytest
 
-from attnzoo.cli import SIGNAL_EXITS
+from attnzoo.signals import SIGNAL_EXITS
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "serve" / "examples" / "fashion_cls_0.png"

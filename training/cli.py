@@ -11,7 +11,8 @@ import json
 import sys
 from typing import List, Optional
 
-from attnzoo.cli import CommandError, UsageError, add_debug_flag, entry_point
+from attnzoo.cli import add_debug_flag, entry_point
+from attnzoo.errors import CommandError, UsageError
 from attnzoo.fileio import parse_json
 from attnzoo.training.train import TrainConfig, evaluate_checkpoint, train
 

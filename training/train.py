@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm import tqdm
 
-from attnzoo.cli import first_line
+from attnzoo.errors import first_line
 from attnzoo.fileio import atomic_path, atomic_write_text, read_json
 from attnzoo.metrics import confusion_matrix, metric_name, metrics_from_confusion, named_right
 from attnzoo.models.checkpoint import init_encoder, load_checkpoint, save_checkpoint

@@ -27,7 +27,8 @@ import torch
 from tqdm import tqdm
 
 from attnzoo.models.checkpoint import load_checkpoint
-from attnzoo.cli import CommandError, UsageError, add_debug_flag, entry_point
+from attnzoo.cli import add_debug_flag, entry_point
+from attnzoo.errors import CommandError, UsageError
 from attnzoo.fileio import atomic_write_text, sha256_file
 from attnzoo.machine import cpu_info, cpu_summary
 from attnzoo.models import BUILTIN_VARIANTS, TASKS, VARIANT_NAMES, VARIANTS, canonical_name

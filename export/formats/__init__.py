@@ -12,7 +12,7 @@ import importlib
 import pkgutil
 from typing import Dict
 
-from attnzoo.cli import UsageError
+from attnzoo.errors import UsageError
 
 from .base import ExportFormat, ExportRequest, Step, run_step
 

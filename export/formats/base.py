@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Tuple
 
-from attnzoo.cli import UsageError, first_line
+from attnzoo.errors import first_line, UsageError
 from attnzoo.fileio import writable_dir
 
 from ..errors import ExportError

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import List
 
-from attnzoo.cli import UsageError
+from attnzoo.errors import UsageError
 from attnzoo.runtime.tensorrt import gpu_available
 
 from ..tensorrt import build_engine, engine_report_path, summary as engine_summary, tensorrt_unavailable_reason

@@ -8,7 +8,7 @@ import contextlib
 from pathlib import Path
 from typing import Iterator, List
 
-from attnzoo.cli import UsageError
+from attnzoo.errors import UsageError
 from attnzoo.fileio import writable_dir
 from attnzoo.runtime.contract import ModelContract
 from attnzoo.runtime.tensorrt import gpu_available, load_library

@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from attnzoo.cli import UsageError, add_debug_flag, entry_point
+from attnzoo.cli import add_debug_flag, entry_point
+from attnzoo.errors import UsageError
 from attnzoo.fileio import CACHE_ENV
 from attnzoo.zoo import DEFAULT_DATA
 

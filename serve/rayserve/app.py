@@ -48,7 +48,7 @@ from fastapi.responses import JSONResponse, Response
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from attnzoo.cli import first_line
+from attnzoo.errors import first_line
 from attnzoo.limits import MAX_IMAGE_PIXELS, MAX_UPLOAD_BYTES, available_memory
 
 __all__ = ["ModelServer", "HTTPError", "build_app", "api", "MAX_TENSOR_BATCH", "NPY_TYPE", "DEPLOYMENT",

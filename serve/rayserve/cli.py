@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from attnzoo.cli import UsageError, add_debug_flag, entry_point
+from attnzoo.cli import add_debug_flag, entry_point
+from attnzoo.errors import UsageError
 from attnzoo.runtime.sessions import SERVED_DTYPES
 from attnzoo.serve.rayserve.config import DEFAULT_MAX_BATCH, TASK_CHOICES, ServeConfig, merged, read_config_file
 
@@ -136,7 +137,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             while True:
                 time.sleep(3600)
     finally:
-        if _LOCAL["shutdown_abandoned"]:  # the process ends with the command's line (attnzoo.cli.abandon)
+        if _LOCAL["shutdown_abandoned"]:  # the process ends with the command's line (attnzoo.signals.abandon)
             _native_stderr_off()
 
 

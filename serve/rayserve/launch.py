@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from attnzoo.cli import UsageError
+from attnzoo.errors import UsageError
 from attnzoo.serve.network import exposure_warning
 from attnzoo.serve.rayserve.config import ServeConfig
 from attnzoo.serve.rayserve.environment import (CLIENT_IDLE_S, LOCAL_RAY_ENV, REQUEST_TIMEOUT_S, _LOCAL, free_port,
@@ -77,7 +77,7 @@ def _deployment_error(name: str, exc: BaseException) -> str:
     """The last line of the error a replica's constructor raised (from Serve's status), else Ray's own line."""
     from ray import serve
 
-    from attnzoo.cli import first_line
+    from attnzoo.errors import first_line
 
     try:
         app = serve.status().applications[name]

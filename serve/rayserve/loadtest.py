@@ -41,7 +41,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from attnzoo.cli import UsageError, add_debug_flag, entry_point
+from attnzoo.cli import add_debug_flag, entry_point
+from attnzoo.errors import UsageError
 
 __all__ = ["main", "build_parser", "run_clients", "summarize", "Record"]
 

@@ -104,7 +104,7 @@ def _stop_local_ray() -> None:
 
 
 def _stop_processes() -> None:
-    from attnzoo.cli import abandon
+    from attnzoo.signals import abandon
 
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
