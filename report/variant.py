@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
+import numpy as np
+
 from attnzoo.benchmarks.gpu_plan import MODELS, ROOT
 from attnzoo.errors import first_line, UsageError
 from attnzoo.fileio import writable_dir
@@ -66,6 +68,7 @@ class Budget:
         standard_exports: Export steps also run for ``standard`` (of fp32, fp16, int8, fp8, tensorrt, triton; fp32
             always: the fusion audit's baseline).
         fp8: Build the FP8 graph.
+        fusable_rounds: Timed rounds of the opset-20 against the opset-23 file (round-robin, batch 1).
     """
 
     latency_arch: str
@@ -81,6 +84,7 @@ class Budget:
     int8: Dict[str, Any] = field(default_factory=dict)
     standard_exports: Tuple[str, ...] = ("fp32", "fp16", "int8", "fp8", "tensorrt", "triton")
     fp8: bool = True
+    fusable_rounds: int = 15
 
 
 #: The default run: ViT-Ti latency rows at 197 tokens without torch.compile (its compilation per shape and
@@ -96,7 +100,7 @@ FULL = Budget(latency_arch="tiny", latency_min_time=0.3, latency_time_limit=420.
 #: search), no compile, no FP8, scaling on eager only, ``standard`` exported at fp32 only (the fusion baseline).
 QUICK = Budget(latency_arch="micro", latency_min_time=0.02, latency_time_limit=60.0, compile_budget=0.0,
                scaling_arch="micro", scaling_sizes=(32, 64), seg_sizes=(), scaling_min_time=0.02, max_call_s=5.0,
-               scaling_backends=("eager",),
+               scaling_backends=("eager",), fusable_rounds=3,
                int8=dict(calibration_count=64, fidelity_count=32, eval_limit=200, qdq_placement="cpu"),
                standard_exports=("fp32",), fp8=False)
 #: Batch sizes of the latency rows.
@@ -330,6 +334,37 @@ def fusion(paths: Dict[str, str]) -> Dict[str, Any]:
     return result
 
 
+def fusable(variant: str, source: Dict[str, Any], folder: Path, out: Path, side: Dict[str, Any], budget: Budget,
+             work: Path) -> Dict[str, Any]:
+    """The variant exported at opset 23, where each dot-product core is one standard ``Attention`` op (verified,
+    extra math checked), its fusion audit, and its speed against the opset-20 file on ONNX Runtime and OpenVINO
+    (:mod:`attnzoo.studies.fusable`: round-robin, batch 1, one thread, parity-checked first)."""
+    import onnxruntime as ort  # heavy, as the rest: --help stays fast
+
+    from attnzoo.export import export_model, read_metadata
+    from attnzoo.export.onnx_export import config_hw
+    from attnzoo.models import VARIANTS, canonical_name
+    from attnzoo.runtime.fusion import audit
+    from attnzoo.studies.fusable import speedups, time_opsets
+
+    if VARIANTS[canonical_name(variant)].pairwise_scores:
+        return {"status": "absent", "reason": "its scores are a pairwise L1 distance, not a dot product: no attention "
+                                              "op computes them, so there is no fusable form"}
+    if side["fp32"]["status"] != "ok":
+        return _skipped("the fp32 export did not pass")
+    path20, path23 = Path(side["onnx_path"]), folder / f"{variant}_opset23.onnx"
+    r = export_model(**_model_args(variant, source), out=path23, opset=23)
+    found = audit(path23)
+    hw = config_hw(read_metadata(path20))
+    x = np.random.default_rng(0).standard_normal((1, 3, *hw), dtype=np.float32)
+    ref = ort.InferenceSession(str(path20), providers=["CPUExecutionProvider"]).run(None, {"image": x})[0]
+    times = time_opsets({20: path20, 23: path23}, x, ref, 1, work / "fusable-cache", budget.fusable_rounds)
+    return {"status": "ok", "file": _rel(path23, out), "extra_math_kept": (r.report.get("extra_math") or {}).get("ok"),
+            "attention_ops": sum(1 for c in found["cores"] if c.get("op")),
+            "fused": {x["runtime"]: [x["fused"], x["cores"]] for x in found["runtimes"] if x["inspected"]},
+            "speed": speedups(times), "rounds": budget.fusable_rounds}
+
+
 # ------------------------------------------------------------------------------------------------ cost
 def latency(variant: str, budget: Budget, work: Path, command: str) -> Dict[str, Any]:
     """:func:`attnzoo.benchmarks.run.run_benchmark` of ``variant`` (``standard`` added by it) on every backend,
@@ -470,6 +505,8 @@ def report_variant(variant: str, checkpoint: Optional[PathLike] = None, out: Opt
         report["export"] = sides
         report["fusion"] = section("fusion", lambda: fusion(
             {k: s["onnx_path"] for k, s in sides.items() if s["fp32"]["status"] == "ok"}))
+        report["fusable"] = section("fusable export", lambda: _attempt(lambda: fusable(
+            variant, src, out / "exports" / variant, out, sides[variant], budget, work)))
         for s in sides.values():
             s["onnx_path"] = _rel(Path(s["onnx_path"]), out)
         report["cost"] = {

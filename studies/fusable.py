@@ -40,7 +40,7 @@ from attnzoo.studies.report import write_report
 
 torch = lazy_import("torch")
 
-__all__ = ["OPSETS", "export_pair", "markdown", "main"]
+__all__ = ["OPSETS", "export_pair", "time_opsets", "speedups", "markdown", "main"]
 
 #: The unfused form (the package's default export) and the fusable one.
 OPSETS = (20, 23)
@@ -68,18 +68,49 @@ def export_pair(model, variant: str, img_size: int, folder: Path, threads: int) 
     return out
 
 
-def _rows(times: Dict[str, List[float]], variant: str, img_size: int, tokens: int) -> List[Dict[str, Any]]:
-    rows = []
+def time_opsets(paths: Dict[int, Path], x: np.ndarray, ref: np.ndarray, threads: int, cache: Path, rounds: int, *,
+                eager: Optional[Callable[[], object]] = None, progress: bool = False) -> Dict[str, List[float]]:
+    """Seconds per call of each file (``{opset: path}``) on ONNX Runtime's CPU session and on OpenVINO (where
+    installed), and of ``eager`` when given, timed round-robin after each runner's output passed the fp32 parity
+    check against ``ref``. Keys: ``"ort-cpu opset<N>"``, ``"openvino opset<N>"``, ``"eager"``.
+
+    Raises:
+        RuntimeError: a runner's output fails the parity check.
+    """
+    runners: Dict[str, Callable[[], object]] = {"eager": eager} if eager is not None else {}
+    ov_missing = unavailable_reason()
+    for opset, path in paths.items():
+        sess, _ = tuned_cpu_session(path, threads, cache, batch=x.shape[0])
+        runners[f"ort-cpu opset{opset}"] = lambda s=sess: s.run(None, {"image": x})[0]
+        if ov_missing is None:
+            ov = OpenVINOSession(path, threads=threads, batch=x.shape[0])
+            runners[f"openvino opset{opset}"] = lambda o=ov: o.run(x)
+    for name, fn in runners.items():  # bench-latency's parity gate (the shared tolerance table)
+        if name != "eager":
+            ok, err = check(np.asarray(fn()), ref, "fp32")
+            if not ok:
+                raise RuntimeError(f"{name}: parity error {err:.1e} against eager")
+    return time_round_robin(runners, rounds, progress=progress)
+
+
+def speedups(times: Dict[str, List[float]]) -> Dict[str, Dict[str, float]]:
+    """Per runtime: the opset-23 file's speed-up over the opset-20 one (median and quartiles of the per-round
+    ratio of their times) and both medians in ms."""
+    out = {}
     for runtime in ("ort-cpu", "openvino"):
         a, b = times.get(f"{runtime} opset20"), times.get(f"{runtime} opset23")
         if a is None or b is None:
             continue
         r = ratio_stats(b, a)  # opset-20 time / opset-23 time per round: the fusable file's speed-up
-        rows.append({"variant": variant, "img_size": img_size, "tokens": tokens, "runtime": runtime,
-                     "opset20_ms": summarize(a, 1)["median_ms"], "opset23_ms": summarize(b, 1)["median_ms"],
-                     "speedup": r["ratio_median"], "speedup_q1": r["ratio_q1"], "speedup_q3": r["ratio_q3"],
-                     "eager_ms": summarize(times["eager"], 1)["median_ms"]})
-    return rows
+        out[runtime] = {"opset20_ms": summarize(a, 1)["median_ms"], "opset23_ms": summarize(b, 1)["median_ms"],
+                        "speedup": r["ratio_median"], "speedup_q1": r["ratio_q1"], "speedup_q3": r["ratio_q3"]}
+    return out
+
+
+def _rows(times: Dict[str, List[float]], variant: str, img_size: int, tokens: int) -> List[Dict[str, Any]]:
+    eager_ms = summarize(times["eager"], 1)["median_ms"]
+    return [{"variant": variant, "img_size": img_size, "tokens": tokens, "runtime": runtime, **s, "eager_ms": eager_ms}
+            for runtime, s in speedups(times).items()]
 
 
 def markdown(result: Dict[str, Any]) -> str:
@@ -177,20 +208,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         xn = x.numpy()
         with torch.no_grad():
             ref = model(x).numpy()
-        runners: Dict[str, Callable[[], object]] = {"eager": lambda: model(x)}
-        for opset, e in pair.items():
-            sess, _ = tuned_cpu_session(e["path"], a.threads, cache, batch=1)
-            runners[f"ort-cpu opset{opset}"] = lambda s=sess: s.run(None, {"image": xn})[0]
-            if ov_missing is None:
-                ov = OpenVINOSession(e["path"], threads=a.threads, batch=1)
-                runners[f"openvino opset{opset}"] = lambda o=ov: o.run(xn)
-        for name, fn in runners.items():  # bench-latency's parity gate (the shared tolerance table)
-            if name != "eager":
-                ok, err = check(np.asarray(fn()), ref, "fp32")
-                if not ok:
-                    raise RuntimeError(f"{variant} {size} px, {name}: parity error {err:.1e} against eager")
         with torch.no_grad():
-            times = time_round_robin(runners, a.rounds, progress=not a.no_progress)
+            times = time_opsets({o: e["path"] for o, e in pair.items()}, xn, ref, a.threads, cache, a.rounds,
+                                eager=lambda: model(x), progress=not a.no_progress)
         rows += _rows(times, variant, size, tokens)
     runtimes = ["openvino", "onnxruntime", "onnxruntime-transformers"]
     result = {"command": shlex.join(["python", "-m", "attnzoo.studies.fusable", *argv]), "arch": a.arch,

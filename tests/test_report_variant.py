@@ -70,6 +70,12 @@ def test_quick_report_writes_the_folder_schema_verdict_and_figures(quick):
     std = {r["runtime"]: r for r in report["fusion"]["standard"]["audit"]["runtimes"]}
     assert std["openvino"]["inspected"] and std["openvino"]["fused"] == std["openvino"]["cores"] == 4
     assert "fused: OpenVINO" in report["verdict"]["line"]
+    # the fusable export: belief2 at opset 23 is one Attention op per block, kept whole by every runtime, timed
+    fz = report["fusable"]
+    assert fz["status"] == "ok" and fz["extra_math_kept"] and fz["attention_ops"] == 4
+    assert all(f == c == 4 for f, c in fz["fused"].values()) and "opset 23 fused on every runtime" in \
+        report["verdict"]["line"]
+    assert {"ort-cpu", "openvino"} <= set(fz["speed"]) and all(s["speedup"] > 0 for s in fz["speed"].values())
     # cost: latency rows of both variants at batch 1 and 8, overheads, scaling rows
     lat = report["cost"]["latency"]
     assert lat["status"] == "ok"
@@ -84,7 +90,8 @@ def test_quick_report_writes_the_folder_schema_verdict_and_figures(quick):
                                                                      report["cost"]["gpu"].get("note"))
     # the page: verdict, sections, and every plot it names exists as a PNG
     md = (out / "report.md").read_text()
-    for heading in ("## Identity", "## Export", "## Fusion audit", "## Cost", "### Scaling in tokens", "### GPU"):
+    for heading in ("## Identity", "## Export", "## Fusion audit", "### A fusable export (opset 23)", "## Cost",
+                    "### Scaling in tokens", "### GPU"):
         assert heading in md
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
     assert {"latency.png", "overhead.png", "scaling.png"} <= set(images)
