@@ -27,7 +27,7 @@ import numpy as np
 from tqdm import tqdm
 
 from attnzoo.benchmarks.stats import ratio_stats, summarize
-from attnzoo.cli import add_debug_flag, entry_point
+from attnzoo.cli import add_debug_flag, entry_point, parse_names
 from attnzoo.errors import UsageError
 from attnzoo.fileio import default_cache_dir, writable_dir
 from attnzoo.lazy import lazy_import
@@ -173,15 +173,11 @@ def _sizes(text: str) -> List[int]:
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m attnzoo.studies.fusable``."""
-    from attnzoo.models import ARCHS, VARIANT_NAMES, VARIANTS, create_model  # heavy: torch and timm; --help stays fast
+    from attnzoo.models import ARCHS, VARIANT_NAMES, VARIANTS, canonical_name, create_model  # heavy: torch and timm; --help stays fast
 
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
-    variants = list(dict.fromkeys(v.strip() for v in a.variants.split(",") if v.strip()))
-    bad = [v for v in variants if v not in VARIANT_NAMES]
-    if bad or not variants:
-        raise UsageError(f"--variants: unknown {', '.join(map(repr, bad)) or '(none given)'}; valid: "
-                         f"{', '.join(VARIANT_NAMES)}")
+    variants = parse_names(a.variants, canonical_name, "variant", ", ".join(VARIANT_NAMES))
     if a.arch not in ARCHS:
         raise UsageError(f"--arch: unknown {a.arch!r}; valid: {', '.join(ARCHS)}")
     sizes = _sizes(a.img_sizes)

@@ -11,7 +11,7 @@ from attnzoo.studies.fusable import main
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--variants", "nope"], "unknown 'nope'; valid: standard"),
+    (["--variants", "nope"], "unknown variant 'nope'; valid: standard"),
     (["--img-sizes", "33"], "multiples of 16"),
     (["--rounds", "1"], "--rounds must be >= 2"),
     (["--arch", "huge"], "--arch: unknown 'huge'"),
