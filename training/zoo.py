@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import shutil
 import signal
 import sys
 import threading
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from attnzoo import zoo
 from attnzoo.models.checkpoint import load_checkpoint
 from attnzoo.cli import add_debug_flag, entry_point
 from attnzoo.errors import CommandError, UsageError
@@ -33,6 +35,8 @@ from attnzoo.fileio import atomic_write_text, sha256_file
 from attnzoo.machine import cpu_info, cpu_summary
 from attnzoo.models import BUILTIN_VARIANTS, TASKS, VARIANT_NAMES, VARIANTS, canonical_name
 from attnzoo.data.datasets import DIGITS_CLASSES, SHAPES_CLASSES, ImageSet, load_data
+from attnzoo.data.fashion import MASK_THRESHOLD
+from attnzoo.export import export_verified, report_path
 from attnzoo.metrics import confusion_matrix, metric_name, metrics_from_confusion
 from attnzoo.training.train import TrainConfig, evaluate, evaluate_checkpoint, has_state, train
 
@@ -55,8 +59,8 @@ RECIPES: Dict[str, Dict[str, Any]] = {
 #: Recipes the zoo is being retrained with (``build --retrain --out results/seg-retrain``), apart from the shipped
 #: zoo, which keeps one recipe per task meanwhile; ``adopt`` moves the finished retrain in, and then its recipe
 #: replaces the entry in :data:`RECIPES`. The segmenters' comes from results/studies/seg-occlusion: a 56-px canvas of
-#: 2-4 native 28-px garments, each scene drawing its overlap cap from U(0, 1), 16 epochs from scratch (the 48-px,
-#: 10-epoch recipe lost 10 points on overlapping garments).
+#: 2-4 native 28-px garments, each scene drawing its overlap cap from U(0, 1), 16 epochs from scratch (what the
+#: 48-px, 10-epoch recipe lost on overlapping garments: results/studies/seg-occlusion/README.md).
 NEXT_RECIPES: Dict[str, Dict[str, Any]] = {
     "fashion/seg": dict(RECIPES["fashion/seg"], img_size=56, epochs=16,
                         scene={"garment_px": [28, 28], "overlap": [0.0, 1.0]}),
@@ -254,9 +258,7 @@ def baselines(recipes: Dict[str, Dict[str, Any]] = RECIPES) -> Dict[str, Dict[st
     (:data:`~attnzoo.data.fashion.MASK_THRESHOLD`), every foreground pixel given the most frequent garment
     class of the training scenes.
     """
-    from sklearn.linear_model import LogisticRegression
-
-    from attnzoo.data.fashion import MASK_THRESHOLD
+    from sklearn.linear_model import LogisticRegression  # heavy: scikit-learn loads scipy; only the baselines fit
 
     r = recipes["fashion/cls"]
     train_set = load_data("fashion", "train", "cls", r["img_size"], r["train_size"])
@@ -392,8 +394,6 @@ def adopt(staging: Path, data: Sequence[str] = ZOO_DATA, tasks: Sequence[str] = 
     Raises:
         ValueError: the staging build is incomplete or does not check out, naming what is wrong.
     """
-    import shutil
-
     staging = Path(staging)
     path = staging / "manifest.json"
     if not path.is_file():
@@ -430,8 +430,6 @@ def background_miou(masks, num_classes: int) -> float:
 
 def table(rows: Optional[List[Dict[str, Any]]] = None, refs: Optional[Dict[str, Dict[str, float]]] = None) -> str:
     """Markdown tables: Fashion-MNIST top-1 and mIoU per variant with the baselines, then the smoke sets."""
-    from attnzoo import zoo
-
     if rows is None:
         rows = zoo.entries()
     if refs is None:
@@ -482,8 +480,6 @@ def table(rows: Optional[List[Dict[str, Any]]] = None, refs: Optional[Dict[str, 
 def verify(limit: int = SUBSET_N, tolerance: float = 0.5) -> List[str]:
     """Check every zoo file's sha256 and re-evaluate it on the first ``limit`` test images; returns the
     problems found (empty when all is well)."""
-    from attnzoo import zoo
-
     problems = []
     cache: Dict[str, ImageSet] = {}
     for e in tqdm(zoo.entries(), desc="verify"):
@@ -519,9 +515,6 @@ def ship_onnx(data: str = "fashion", out_dir: Path = ZOO_DIR) -> List[Dict[str, 
     """Export the best classifier and segmenter trained on ``data`` to ``<out_dir>/onnx/`` (verified as
     ``export-model`` verifies) and name them in the manifest rows' ``onnx`` entry; exports of other models are
     removed. ``serve-demo`` adopts these files after verifying them again, instead of a torch export."""
-    from attnzoo import zoo
-    from attnzoo.export import export_verified, report_path
-
     if out_dir != ZOO_DIR:
         raise ValueError("ship_onnx writes into the package's zoo folder only")
     rows = zoo.entries()
@@ -591,8 +584,6 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"zoo: adopted {len(adopted)} models from {args.staging}; now move their NEXT_RECIPES entries "
                   "into RECIPES, regenerate the ONNX copies (python -m attnzoo.training.zoo onnx) and verify")
         elif args.cmd == "baselines":
-            from attnzoo import zoo
-
             refs = baselines()
             _write_manifest(ZOO_DIR, zoo.entries(), refs)
             print(json.dumps(refs, indent=1))
