@@ -179,8 +179,9 @@ def test_tensorrt_rtx_engines_are_refused_on_a_gpu_they_do_not_run_on(lib, onnx_
     if lib.name != "tensorrt_rtx":
         pytest.skip("the refusal is TensorRT-RTX's")
     monkeypatch.setattr(torch.version, "cuda", "13.0")
-    monkeypatch.setattr(rt, "gpu_available", lambda: True)
-    monkeypatch.setattr(rt, "gpu_description", lambda: ("NVIDIA H100 80GB HBM3", (9, 0)))
+    for module in (rt.library, rt.builder, rt.engine):  # patched where each looks it up
+        monkeypatch.setattr(module, "gpu_available", lambda: True)
+    monkeypatch.setattr(rt.library, "gpu_description", lambda: ("NVIDIA H100 80GB HBM3", (9, 0)))
     line = rt.run_problem(lib)
     assert line.startswith(f"{lib.describe()} does not run on NVIDIA H100 80GB HBM3 (compute capability 9.0)")
     assert "7.5, 8.6, 8.9, 12.0, 12.1" in line and line.endswith("pip install 'tensorrt-cu13>=10'")
@@ -190,7 +191,7 @@ def test_tensorrt_rtx_engines_are_refused_on_a_gpu_they_do_not_run_on(lib, onnx_
     with pytest.raises(rt.TensorRTUnavailable, match="does not run on NVIDIA H100"):
         rt.Engine(b"not an engine")
     assert rt.build(onnx_file("standard"), batch_sizes=(1,), compute_capability="SM89").compute_capability == "SM89"
-    monkeypatch.setattr(rt, "gpu_description", lambda: ("NVIDIA GeForce RTX 4090", (8, 9)))
+    monkeypatch.setattr(rt.library, "gpu_description", lambda: ("NVIDIA GeForce RTX 4090", (8, 9)))
     assert rt.run_problem(lib) is None
 
 
@@ -484,13 +485,14 @@ def test_the_progress_monitor_cancels_the_build(onnx_file):
     path = onnx_file("standard")
     _isolated(f"""
         from attnzoo.runtime import tensorrt as rt
+        from attnzoo.runtime.tensorrt import builder
 
         def cancel_first(fn, cancel):
             cancel()
             return fn()
 
         parsed = rt.parse_onnx({str(path)!r}, rt.load_library())
-        rt.run_in_worker = cancel_first
+        builder.run_in_worker = cancel_first  # where build() looks it up
         try:
             rt.build({str(path)!r}, parsed=parsed)
             raise SystemExit("the build was not cancelled")

@@ -1,0 +1,41 @@
+"""TensorRT build, load and run: one builder for ``export-model``, ``bench-latency`` and the demo.
+
+Two libraries, one API:
+
+- ``tensorrt_rtx`` (NVIDIA TensorRT for RTX, ``pip install tensorrt-rtx``) builds engines **ahead of time, with
+  no GPU**, for a named compute capability (``SM75`` ... ``SM121``), or for ``CURRENT``, the GPU present. Its
+  engines run only on the GPUs of its support matrix (:data:`RTX_RUNS_ON`: GeForce/RTX-class Turing to
+  Blackwell); on any other GPU (an A100, an H100) running one is refused in one line naming the GPU;
+- ``tensorrt`` (TensorRT >= 10) builds only for the GPU it runs on: the engine for data-centre GPUs.
+
+The modules, by role:
+
+- :mod:`.library`: which library is used here and its version, the build targets and the GPUs its engines run
+  on, the errors, and the logger TensorRT calls back into;
+- :mod:`.builder`: ONNX parsed into a strongly typed network, the network's precision checked, the builder
+  configured (profile, target, TF32) and the engine built, once per key in the engine cache (:func:`build_cached`);
+- :mod:`.engine`: an engine deserialized and run on torch CUDA buffers on a stream of its own (needs a GPU).
+
+Every public name is importable from here. A test that replaces a function patches it in the module that calls
+it (``builder.run_in_worker``, ``library.gpu_available`` and its imports in ``builder`` and ``engine``).
+"""
+
+from __future__ import annotations
+
+from .builder import _LAYER_OF_OP  # noqa: F401 -- read by attnzoo.export.tensorrt
+from .builder import (Built, ParsedNetwork, build, build_cached, check_network_precision,
+                      engine_cache_name, network_layers, parse_onnx, profile_batches)
+from .engine import Engine, runtime_cache_path, set_input_shape
+from .library import (COMPUTE_CAPABILITIES, DEFAULT_COMPUTE_CAPABILITY, LIBRARIES, LIBRARY_ENV, RTX_RUNS_ON, Library,
+                      TensorRTError, TensorRTParseError, TensorRTUnavailable, gpu_available, gpu_description,
+                      install_hint, load_library, resolve_compute_capability, run_problem, tensorrt_proper_hint,
+                      unavailable_reason)
+
+__all__ = ["LIBRARIES", "LIBRARY_ENV", "install_hint", "COMPUTE_CAPABILITIES", "DEFAULT_COMPUTE_CAPABILITY",
+           "RTX_RUNS_ON", "gpu_description", "tensorrt_proper_hint", "run_problem", "set_input_shape",
+           "runtime_cache_path",
+           "TensorRTError", "TensorRTUnavailable", "TensorRTParseError", "Library", "gpu_available",
+           "resolve_compute_capability",
+           "load_library", "unavailable_reason", "ParsedNetwork", "parse_onnx", "network_layers",
+           "check_network_precision", "profile_batches", "Built", "build", "build_cached", "engine_cache_name",
+           "Engine"]
