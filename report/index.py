@@ -1,0 +1,399 @@
+"""``python -m attnzoo.report.index``: a set of ``report-variant`` reports, one folder per variant, and the index
+table that compares them.
+
+:func:`build_reports` runs :func:`attnzoo.report.report_variant` for each variant whose folder lacks a complete
+``report.json`` (one at a time; a finished report is kept, so a stopped run resumes where it stopped), and
+:func:`write_index` writes the folder's ``README.md``: one row per report found, every cell read from that
+report's ``report.json`` (docs/report-variant.md, "A set of reports").
+
+Examples::
+
+    python -m attnzoo.report.index --out results/variant-reports --run            # every variant (the default)
+    python -m attnzoo.report.index --out /tmp/reports --run --quick --variants standard,belief2
+    python -m attnzoo.report.index --out results/variant-reports                  # the index alone, from the reports
+
+Errors: one ``error: ...`` line; exit 2 for a bad command line (an unknown variant lists the valid ones), 1 when a
+report could not be written (the others are kept and indexed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from tqdm import tqdm
+
+from attnzoo.benchmarks.report import markdown_table
+from attnzoo.cli import add_debug_flag, entry_point, parse_names
+from attnzoo.errors import CommandError, UsageError, first_line
+from attnzoo.fileio import atomic_write_text, writable_dir
+from attnzoo.lazy import lazy_import
+from attnzoo.machine import cpu_summary
+
+from .render import RUNTIMES
+from .variant import SCHEMA, report_variant
+
+models = lazy_import("attnzoo.models")  # torch and timm: --help stays fast
+
+__all__ = ["EXAMPLE_PLUGIN", "INDEX_NAME", "LEGEND", "default_variants", "read_report", "build_reports",
+           "find_reports", "index_markdown", "write_index", "main"]
+
+PathLike = Union[str, Path]
+#: The example plugin's variant (``examples/attnzoo-cosine``), reported beside the built-ins.
+EXAMPLE_PLUGIN = "cosine"
+EXAMPLE_INSTALL = "pip install ./examples/attnzoo-cosine"
+#: The index file written into the reports' folder.
+INDEX_NAME = "README.md"
+#: What a cell says where its report has no figure, and why.
+LEGEND = {
+    "—": "the report has no such field",
+    "not run": "the step was not run with the report's budget (`--quick` builds no FP8 graph, ...)",
+    "unavailable": "the step cannot run on that machine (its reason is in report.md)",
+    "failed": "the step ran and failed (its one-line reason is in report.md)",
+    "absent": "the variant has no such form or data (its reason is in report.md)",
+    "not inspected": "the runtime's graph could not be read there (TensorRT's layers need a GPU)",
+    "not measured": "no latency ratio to `standard` in the report",
+    "baseline": "`standard` itself, the baseline of every ratio",
+}
+_STATUS_CELL = {"skipped": "not run", "unavailable": "unavailable", "failed": "failed", "absent": "absent"}
+
+
+# ------------------------------------------------------------------------------------------------ reading
+def read_report(folder: PathLike) -> Optional[Dict[str, Any]]:
+    """The report in ``folder`` if it is complete: ``report.json`` parses, has this schema and a verdict, and
+    ``report.md`` is beside it (``report_variant`` writes each file whole, ``report.json`` first); else ``None``."""
+    folder = Path(folder)
+    try:
+        report = json.loads((folder / "report.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(report, dict) or report.get("schema") != SCHEMA or \
+            not (report.get("verdict") or {}).get("line") or not (folder / "report.md").is_file():
+        return None
+    return report
+
+
+def find_reports(out: PathLike) -> Tuple[List[Tuple[Path, Dict[str, Any]]], List[Path]]:
+    """The complete reports in ``out``'s sub-folders, in registry order (others after, by name), and the
+    sub-folders holding an incomplete one (a run that stopped)."""
+    out = Path(out)
+    found, incomplete = [], []
+    for folder in sorted(p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")) \
+            if out.is_dir() else []:
+        report = read_report(folder)
+        if report is not None:
+            found.append((folder, report))
+        elif (folder / "exports").is_dir() or (folder / "report.json").exists():  # what report_variant writes
+            incomplete.append(folder)
+    order = {name: i for i, name in enumerate(models.VARIANT_NAMES)}
+    found.sort(key=lambda fr: (order.get(fr[1]["variant"], len(order)), fr[1]["variant"], fr[0].name))
+    return found, incomplete
+
+
+# ------------------------------------------------------------------------------------------------ running
+def default_variants() -> List[str]:
+    """Every built-in variant in registry order, then the example plugin's.
+
+    Raises:
+        UsageError: the example plugin is not installed (one line saying how to install it).
+    """
+    if EXAMPLE_PLUGIN not in models.VARIANT_NAMES:
+        raise UsageError(f"the example plugin's variant {EXAMPLE_PLUGIN!r} is not registered: install it "
+                         f"({EXAMPLE_INSTALL}) or name the variants with --variants")
+    return [*models.BUILTIN_VARIANTS, EXAMPLE_PLUGIN]
+
+
+def _report_command(variant: str, folder: Path, quick: bool) -> str:
+    """The ``report-variant`` command that writes the same report."""
+    return shlex.join(["report-variant", "--variant", variant, "--out", str(folder), *(["--quick"] if quick else [])])
+
+
+def build_reports(out: PathLike, variants: Optional[Sequence[str]] = None, quick: bool = False, *,
+                  progress: bool = True, index: bool = True) -> List[Dict[str, Any]]:
+    """Write ``out/<variant>/`` with :func:`attnzoo.report.report_variant` for each variant whose folder lacks a
+    complete report of this budget; one at a time, a finished report kept.
+
+    A stopped run leaves the reports it finished and no partial ``report.json`` (``report_variant`` writes it
+    whole, at its end): the next run starts at the first variant without one.
+
+    Args:
+        out: The reports' folder.
+        variants: Registered variant names (default :func:`default_variants`).
+        quick: ``report-variant --quick``'s budget; a report of the other budget is measured again.
+        progress: A progress bar over the variants, and each verdict line, on stderr.
+        index: Rewrite ``out``'s index after each report written (:func:`write_index`).
+
+    Returns:
+        One entry per variant: ``variant``, ``folder``, ``state`` (``kept``, ``written`` or ``failed``), and
+        ``verdict`` (kept, written) or ``reason`` (failed), ``seconds`` where it ran.
+
+    Raises:
+        UsageError: an unknown variant (the valid ones listed), or ``out`` not a writable folder.
+    """
+    names = default_variants() if variants is None else \
+        parse_names(",".join(variants), models.canonical_name, "variant", ", ".join(models.VARIANT_NAMES))
+    out = writable_dir(Path(out), "--out folder")
+    done: List[Dict[str, Any]] = []
+    bar = tqdm(names, desc="variant reports", unit="report", disable=not progress, file=sys.stderr)
+    for name in bar:
+        folder = out / name
+        kept = read_report(folder)
+        if kept is not None and kept.get("variant") == name and bool(kept.get("quick")) == quick:
+            done.append({"variant": name, "folder": folder, "state": "kept", "verdict": kept["verdict"]["line"]})
+            continue
+        bar.set_postfix_str(name)
+        t0 = time.monotonic()
+        try:
+            result = report_variant(name, out=folder, quick=quick, command=_report_command(name, folder, quick))
+        except UsageError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one variant's failure is reported; the others still run
+            done.append({"variant": name, "folder": folder, "state": "failed", "reason": first_line(exc, typed=True),
+                         "seconds": round(time.monotonic() - t0, 1)})
+            if progress:
+                tqdm.write(f"{name}: failed: {done[-1]['reason']}", file=sys.stderr)
+            continue
+        done.append({"variant": name, "folder": folder, "state": "written", "verdict": result.verdict,
+                     "seconds": round(time.monotonic() - t0, 1)})
+        if progress:
+            tqdm.write(result.verdict, file=sys.stderr)
+        if index:
+            write_index(out)
+    return done
+
+
+# ------------------------------------------------------------------------------------------------ cells
+def _status(entry: Any) -> Optional[str]:
+    """The cell of an entry that holds no figure (absent, or a status other than ``ok``), else ``None``."""
+    if not isinstance(entry, Mapping):
+        return "—"
+    status = entry.get("status")
+    return None if status == "ok" else _STATUS_CELL.get(status, str(status or "—"))
+
+
+def _get(report: Mapping[str, Any], *keys: str) -> Any:
+    """``report[k1][k2]...``, ``None`` where a key is missing."""
+    value: Any = report
+    for k in keys:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(k)
+    return value
+
+
+def parity_cell(entry: Any) -> str:
+    """fp32 or fp16 parity with eager: ``ok (max err 2.6e-06)`` or ``FAILED (...)``."""
+    if _status(entry):
+        return _status(entry)
+    err = entry.get("max_abs_err")
+    return f"{'ok' if entry.get('passed') else 'FAILED'}" + (f" ({err:.1e})" if err is not None else "")
+
+
+def int8_cosine_cell(entry: Any) -> str:
+    """int8's worst cosine to fp32 on held-out inputs, with the Q/DQ placement."""
+    if _status(entry):
+        return _status(entry)
+    cos = entry.get("cosine_min")
+    return "—" if cos is None else f"{cos:.4f} ({entry.get('placement')})"
+
+
+def int8_top1_cell(entry: Any) -> str:
+    """int8's top-1 agreement with fp32 on held-out inputs, in percent."""
+    if _status(entry):
+        return _status(entry)
+    top1 = entry.get("top1_agreement")
+    return "—" if top1 is None else f"{100 * top1:.1f}%"
+
+
+def tensorrt_cell(entry: Any) -> str:
+    """The TensorRT engine's state and its network check."""
+    if _status(entry):
+        return _status(entry)
+    check = (entry.get("network_check") or {}).get("ok")
+    state = f"{entry.get('state')}{'' if entry.get('ran_on_gpu') else ' - no GPU'}"
+    return state + ("" if check is None else f", network check {'ok' if check else 'FAILED'}")
+
+
+def fused_cells(report: Mapping[str, Any], runtimes: Sequence[str]) -> List[str]:
+    """Per runtime: the variant's attention cores it runs fused, ``fused/cores``, from the fusion audit."""
+    entry = _get(report, "fusion", report["variant"])
+    if _status(entry):
+        return [_status(entry)] * len(runtimes)
+    audited = {r.get("runtime"): r for r in _get(entry, "audit", "runtimes") or []}
+    cells = []
+    for name in runtimes:
+        r = audited.get(name)
+        cells.append("—" if r is None else f"{r['fused']}/{r['cores']}" if r.get("inspected") else "not inspected")
+    return cells
+
+
+def overhead_cell(report: Mapping[str, Any], key: str, tokens: bool) -> str:
+    """``verdict.<key>``'s latency ratio to ``standard`` with its backend (and tokens, where the column's differ)."""
+    verdict = report.get("verdict") or {}
+    if key not in verdict:
+        return "—"
+    o = verdict[key]
+    if o is None:
+        return "baseline" if report["variant"] == "standard" else "not measured"
+    where = f"{o['backend']}" + (f", {o['tokens']} tokens" if tokens else "")
+    return f"x{o['ratio']:.2f} ({where})"
+
+
+def machine(report: Mapping[str, Any]) -> str:
+    """The CPU with its flags, and the GPU (or none), of the machine that wrote ``report``."""
+    env = report.get("environment") or {}
+    if not env.get("cpu"):
+        return "—"
+    gpu = (env.get("gpu") or {}).get("name") or "no GPU"
+    return f"{cpu_summary(env['cpu'])}, {gpu}"
+
+
+def _tokens(reports: Sequence[Mapping[str, Any]], key: str) -> List[int]:
+    """The tokens of ``verdict.<key>`` across the reports that have it."""
+    return sorted({o["tokens"] for r in reports if isinstance(o := _get(r, "verdict", key), Mapping)})
+
+
+# ------------------------------------------------------------------------------------------------ index
+def index_markdown(found: Sequence[Tuple[Path, Mapping[str, Any]]], out: Path,
+                   incomplete: Sequence[Path] = ()) -> str:
+    """The index page of the reports ``found`` (each a folder of ``out`` and its ``report.json``)."""
+    reports = [r for _, r in found]
+    seen = [x.get("runtime") for r in reports for x in (_get(r, "fusion", r["variant"], "audit", "runtimes") or [])]
+    runtimes = [k for k in RUNTIMES if k in seen] + [k for k in dict.fromkeys(seen) if k and k not in RUNTIMES]
+    machines = list(dict.fromkeys(machine(r) for r in reports))
+    budgets = list(dict.fromkeys(bool(r.get("quick")) for r in reports))
+    per_row_machine, per_row_budget = len(machines) > 1, len(budgets) > 1
+    first, most = _tokens(reports, "overhead_first"), _tokens(reports, "overhead_most_tokens")
+
+    def over_header(tokens: List[int], what: str) -> str:
+        return f"x standard at {tokens[0]:,} tokens" if len(tokens) == 1 else f"x standard, {what}"
+
+    header = ["variant", "deploys", "fp32 parity (max err)", "fp16 parity (max err)", "int8 cosine, worst (placement)",
+              "int8 top-1 agreement", "TensorRT", *[f"fused: {RUNTIMES.get(k, k)}" for k in runtimes],
+              over_header(first, "latency rows"), over_header(most, "most tokens")]
+    if per_row_budget:
+        header.append("budget")
+    if per_row_machine:
+        header.append("machine")
+    rows = []
+    for folder, r in found:
+        name = r["variant"]
+        side = _get(r, "export", name) or {}
+        verdict = r.get("verdict") or {}
+        deploys = "—" if "deploys" not in verdict else "yes" if verdict["deploys"] else \
+            "no (" + ", ".join(verdict.get("problems") or []) + ")"
+        row = [f"[{name}]({folder.relative_to(out).as_posix()}/report.md)", deploys,
+               parity_cell(side.get("fp32")), parity_cell(side.get("fp16")), int8_cosine_cell(side.get("int8")),
+               int8_top1_cell(side.get("int8")), tensorrt_cell(side.get("tensorrt")), *fused_cells(r, runtimes),
+               overhead_cell(r, "overhead_first", len(first) > 1), overhead_cell(r, "overhead_most_tokens", len(most) > 1)]
+        if per_row_budget:
+            row.append("--quick" if r.get("quick") else "default")
+        if per_row_machine:
+            row.append(machine(r))
+        rows.append(row)
+
+    quick = budgets == [True]
+    lines = ["# Variant reports", "",
+             "One `report-variant` report per variant: whether it deploys (export parity, int8 fidelity, TensorRT), "
+             "whether each runtime fuses its attention core, and its latency against `standard`. Each row links its "
+             "`report.md`; every cell is read from that folder's `report.json` (docs/report-variant.md has the "
+             "schema and how each figure is measured).", ""]
+    if not found:
+        lines += ["No complete report here yet.", ""]
+    else:
+        if not per_row_machine:
+            lines += [f"Machine: {machines[0]}.", ""]
+        else:
+            lines += ["The reports come from different machines: each row names its own.", ""]
+        if not per_row_budget:
+            lines += [("Budget: `--quick` (micro models, small sizes, short timing)." if quick else
+                       "Budget: the default `report-variant` run."), ""]
+        lines += [markdown_table(header, rows), "",
+                  "Ratios: the variant's latency over `standard`'s, batch 1, fp32 (`verdict.overhead_first`: the "
+                  "latency rows, on the variant's fastest CPU runtime; `verdict.overhead_most_tokens`: the most tokens "
+                  "of the scaling sweep). Fused: attention cores run as one kernel, of the variant's cores.", "",
+                  "Where a cell holds no figure:", ""]
+        lines += [f"- {k}: {v}" for k, v in LEGEND.items()]
+    if incomplete:
+        lines += ["", "Folders without a complete report (a run that stopped; the command below finishes them): "
+                  + ", ".join(f"`{p.name}`" for p in incomplete) + "."]
+    lines += ["", "## Commands", "",
+              "The whole set (each variant's report is kept once written; a stopped run resumes at the first variant "
+              "without one):", "", "```bash",
+              shlex.join(["python", "-m", "attnzoo.report.index", "--out", str(out), "--run",
+                          *(["--quick"] if quick else [])]), "```", ""]
+    if found:
+        lines += ["Each report, as its `report.json` records it (wall and CPU seconds of its run, load average at its "
+                  "start):", ""]
+        for _, r in found:
+            env = r.get("environment") or {}
+            load = env.get("load_average")
+            lines.append(f"- `{r.get('command') or 'report_variant()'}`: {_num(r.get('wall_time_s'))} s, "
+                         f"{_num(r.get('cpu_time_s'))} CPU s, load average {load if load is not None else '—'}")
+    return "\n".join(lines) + "\n"
+
+
+def _num(value: Any) -> str:
+    return "—" if value is None else f"{value:.0f}"
+
+
+def write_index(out: PathLike) -> Path:
+    """Write ``out/README.md``, the index of the complete reports in ``out``; returns its path."""
+    out = Path(out)
+    found, incomplete = find_reports(out)
+    path = out / INDEX_NAME
+    atomic_write_text(path, index_markdown(found, out, incomplete))
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ command
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m attnzoo.report.index",
+                                description="A set of report-variant reports, one folder per variant, and the "
+                                            "index table that compares them.",
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="docs/report-variant.md describes the reports and the index.")
+    p.add_argument("--out", type=Path, required=True, help="the reports' folder (one sub-folder per variant)")
+    p.add_argument("--run", action="store_true",
+                   help="write each variant's report whose folder lacks a complete one, then the index "
+                        "(without it: the index alone, from the reports there)")
+    p.add_argument("--variants", default=None,
+                   help="comma-separated variants for --run (default: every built-in, then the example plugin "
+                        f"{EXAMPLE_PLUGIN!r})")
+    p.add_argument("--quick", action="store_true", help="--run with report-variant --quick's budget")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar or verdict lines on stderr")
+    return add_debug_flag(p)
+
+
+@entry_point
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m attnzoo.report.index``."""
+    a = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if not a.run and (a.variants is not None or a.quick):
+        raise UsageError("--variants and --quick choose what --run writes; add --run (without it only the index "
+                         "is written)")
+    if a.out.exists() and not a.out.is_dir():
+        raise UsageError(f"--out {a.out} is a file; it names the reports' folder")
+    failed = []
+    if a.run:
+        variants = None if a.variants is None else \
+            parse_names(a.variants, models.canonical_name, "variant", ", ".join(models.VARIANT_NAMES))
+        done = build_reports(a.out, variants, quick=a.quick, progress=not a.no_progress)
+        failed = [d for d in done if d["state"] == "failed"]
+    elif not a.out.is_dir():
+        raise UsageError(f"--out {a.out}: no such folder (add --run to write the reports)")
+    path = write_index(a.out)
+    print(path, flush=True)
+    if failed:
+        raise CommandError(f"{len(failed)} report(s) not written: "
+                           + "; ".join(f"{d['variant']}: {d['reason']}" for d in failed))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,292 @@
+"""``python -m attnzoo.report.index``: the index table's cells are the reports' ``report.json`` values, a missing
+field reads as the legend says, the set is written one report at a time and resumes where it stopped, and an
+unknown variant is refused in one line listing the valid ones."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+from attnzoo.errors import CommandExit, UsageError
+from attnzoo.machine import cpu_summary
+from attnzoo.models import BUILTIN_VARIANTS, VARIANT_NAMES, registry
+from attnzoo.report import SCHEMA
+from attnzoo.report import index as idx
+from attnzoo.report.index import build_reports, default_variants, find_reports, main, write_index
+
+ROOT = Path(__file__).resolve().parents[1]
+XEON = {"model": "Intel Xeon", "key_flags": ["avx2", "avx512f", "amx_int8"]}
+EPYC = {"model": "AMD EPYC", "key_flags": ["avx", "avx2", "fma", "f16c"]}
+
+
+def _runtime(name: str, fused: int, inspected: bool = True) -> Dict[str, Any]:
+    return {"runtime": name, "inspected": inspected, "cores": 4, "fused": fused} if inspected else \
+        {"runtime": name, "inspected": False, "reason": "needs a GPU"}
+
+
+def _report(variant: str, cpu: Dict[str, Any] = XEON, quick: bool = True) -> Dict[str, Any]:
+    """The fields of ``report.json`` (docs/report-variant.md's schema) that the index reads, with made-up figures."""
+    return {
+        "schema": SCHEMA, "variant": variant, "quick": quick,
+        "command": f"report-variant --variant {variant} --out reports/{variant}" + (" --quick" if quick else ""),
+        "environment": {"cpu": cpu, "gpu": None, "load_average": [1.5, 1.0, 0.5]},
+        "export": {variant: {
+            "fp32": {"status": "ok", "passed": True, "max_abs_err": 3.21e-06},
+            "fp16": {"status": "ok", "passed": False, "max_abs_err": 0.0234},
+            "int8": {"status": "ok", "passed": True, "cosine_min": 0.99834, "top1_agreement": 0.96875,
+                     "placement": "cpu"},
+            "tensorrt": {"status": "ok", "state": "built, not run", "ran_on_gpu": False,
+                         "network_check": {"ok": True}},
+        }},
+        "fusion": {variant: {"status": "ok", "audit": {"runtimes": [
+            _runtime("openvino", 4), _runtime("onnxruntime", 0), _runtime("onnxruntime-transformers", 1),
+            _runtime("tensorrt", 0, inspected=False)]}}},
+        "verdict": {"deploys": False, "problems": ["fp16"], "line": f"{variant}: does not deploy (fp16)",
+                    "overhead_first": {"ratio": 1.317, "backend": "openvino", "batch": 1, "tokens": 197},
+                    "overhead_most_tokens": {"ratio": 2.456, "backend": "ort-cpu", "batch": 1, "tokens": 1025}},
+        "wall_time_s": 412.3, "cpu_time_s": 388.9,
+    }
+
+
+def _write(out: Path, report: Dict[str, Any], md: bool = True) -> Path:
+    folder = out / report["variant"]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "report.json").write_text(json.dumps(report))
+    if md:
+        (folder / "report.md").write_text(f"# {report['variant']}\n")
+    return folder
+
+
+def _table(text: str) -> List[Dict[str, str]]:
+    """The index's table as one dict per row, keyed by the header."""
+    lines = [line for line in text.splitlines() if line.startswith("| ")]
+    header = [c.strip() for c in lines[0].strip("|").split(" | ")]
+    return [dict(zip(header, (c.strip() for c in line.strip("|").split(" | ")))) for line in lines[1:]]
+
+
+def _expected(r: Dict[str, Any]) -> Dict[str, str]:
+    """What each cell must say: the report's own values, formatted as the index documents."""
+    side = r["export"][r["variant"]]
+    fused = {x["runtime"]: x for x in r["fusion"][r["variant"]]["audit"]["runtimes"]}
+    v = r["verdict"]
+    return {
+        "variant": f"[{r['variant']}]({r['variant']}/report.md)",
+        "deploys": "yes" if v["deploys"] else f"no ({', '.join(v['problems'])})",
+        "fp32 parity (max err)": f"{'ok' if side['fp32']['passed'] else 'FAILED'} ({side['fp32']['max_abs_err']:.1e})",
+        "fp16 parity (max err)": f"{'ok' if side['fp16']['passed'] else 'FAILED'} ({side['fp16']['max_abs_err']:.1e})",
+        "int8 cosine, worst (placement)": f"{side['int8']['cosine_min']:.4f} ({side['int8']['placement']})",
+        "int8 top-1 agreement": f"{100 * side['int8']['top1_agreement']:.1f}%",
+        "TensorRT": f"{side['tensorrt']['state']} - no GPU, network check ok",
+        "fused: OpenVINO": f"{fused['openvino']['fused']}/{fused['openvino']['cores']}",
+        "fused: ONNX Runtime": f"{fused['onnxruntime']['fused']}/{fused['onnxruntime']['cores']}",
+        "fused: ONNX Runtime transformer optimizer":
+            f"{fused['onnxruntime-transformers']['fused']}/{fused['onnxruntime-transformers']['cores']}",
+        "fused: TensorRT": "not inspected",
+        f"x standard at {v['overhead_first']['tokens']:,} tokens":
+            f"x{v['overhead_first']['ratio']:.2f} ({v['overhead_first']['backend']})",
+        f"x standard at {v['overhead_most_tokens']['tokens']:,} tokens":
+            f"x{v['overhead_most_tokens']['ratio']:.2f} ({v['overhead_most_tokens']['backend']})",
+    }
+
+
+# ------------------------------------------------------------------------------------------------ the index
+def test_the_index_cells_are_the_report_json_values(tmp_path):
+    a, b = _report("belief2"), _report("wafe-mae")
+    b["export"]["wafe-mae"]["fp32"]["max_abs_err"] = 7.5e-05
+    b["export"]["wafe-mae"]["int8"].update(cosine_min=0.95, top1_agreement=0.5, placement="auto")
+    b["fusion"]["wafe-mae"]["audit"]["runtimes"][0]["fused"] = 0
+    b["verdict"].update(deploys=True, problems=[])
+    b["verdict"]["overhead_first"]["ratio"] = 0.987
+    for r in (b, a):  # written in the other order: rows come in registry order
+        _write(tmp_path, r)
+    text = write_index(tmp_path).read_text()
+    rows = _table(text)
+    assert rows == [_expected(a), _expected(b)]
+    assert f"Machine: {cpu_summary(XEON)}, no GPU." in text and "--quick" in text
+    assert "python -m attnzoo.report.index --out " + str(tmp_path) + " --run --quick" in text
+    assert f"`{a['command']}`: 412 s, 389 CPU s" in text  # each report's own command, from its JSON
+
+
+def test_a_missing_field_or_a_step_not_run_reads_as_the_legend_says(tmp_path):
+    r = _report("belief2")
+    side = r["export"]["belief2"]
+    del side["fp16"]                                                   # absent from the JSON
+    side["int8"] = {"status": "failed", "reason": "RuntimeError: boom"}
+    side["tensorrt"] = {"status": "unavailable", "reason": "no TensorRT here"}
+    r["fusion"]["belief2"]["audit"]["runtimes"].pop(0)                 # OpenVINO not audited
+    del r["verdict"]["overhead_most_tokens"]
+    r["verdict"]["overhead_first"] = None                             # latency not measured
+    std = _report("standard")
+    std["export"]["standard"]["fp16"] = {"status": "skipped", "reason": "not built with this budget"}
+    std["verdict"]["overhead_first"] = std["verdict"]["overhead_most_tokens"] = None
+    _write(tmp_path, r), _write(tmp_path, std)
+    text = write_index(tmp_path).read_text()
+    s, b = _table(text)
+    assert b["fp16 parity (max err)"] == "—" and s["fp16 parity (max err)"] == "not run"
+    assert b["int8 cosine, worst (placement)"] == b["int8 top-1 agreement"] == "failed"
+    assert b["TensorRT"] == "unavailable"
+    assert b["fused: OpenVINO"] == "—" and s["fused: OpenVINO"] == "4/4"
+    # no report has a ratio, so no tokens in the headers
+    assert b["x standard, latency rows"] == "not measured" and s["x standard, latency rows"] == "baseline"
+    assert b["x standard, most tokens"] == "—" and s["x standard, most tokens"] == "baseline"
+    for cell in ("—", "not run", "unavailable", "failed", "not measured", "baseline", "not inspected"):
+        assert f"\n- {cell}: " in text, cell  # each in the legend
+
+
+def test_reports_from_two_machines_or_budgets_are_named_per_row(tmp_path):
+    _write(tmp_path, _report("belief2", cpu=XEON, quick=True))
+    _write(tmp_path, _report("standard", cpu=EPYC, quick=False))
+    text = write_index(tmp_path).read_text()
+    s, b = _table(text)
+    assert (s["machine"], b["machine"]) == (f"{cpu_summary(EPYC)}, no GPU", f"{cpu_summary(XEON)}, no GPU")
+    assert (s["budget"], b["budget"]) == ("default", "--quick")
+    assert "Machine:" not in text and "different machines" in text
+
+
+def test_only_complete_reports_are_rows_and_a_stopped_one_is_named(tmp_path):
+    _write(tmp_path, _report("belief2"))
+    _write(tmp_path, _report("standard"), md=False)                  # stopped between report.json and report.md
+    old = _report("wafe-mae")
+    old["schema"] = "attnzoo.report-variant/0"
+    _write(tmp_path, old)                                             # another schema
+    (tmp_path / "wafe-mse" / "exports").mkdir(parents=True)           # stopped before report.json
+    (tmp_path / "not-a-report").mkdir()
+    found, incomplete = find_reports(tmp_path)
+    assert [r["variant"] for _, r in found] == ["belief2"]
+    assert [p.name for p in incomplete] == ["standard", "wafe-mae", "wafe-mse"]
+    text = write_index(tmp_path).read_text()
+    assert len(_table(text)) == 1 and "`standard`, `wafe-mae`, `wafe-mse`" in text
+
+
+def test_an_empty_folder_has_an_index_with_the_command(tmp_path):
+    text = write_index(tmp_path).read_text()
+    assert "No complete report here yet." in text and "| variant |" not in text
+    assert f"python -m attnzoo.report.index --out {tmp_path} --run\n" in text
+
+
+# ------------------------------------------------------------------------------------------------ running
+def test_the_set_is_written_one_report_at_a_time_and_resumes(tmp_path, monkeypatch):
+    calls = []
+
+    def fake(variant, out, quick, command):
+        calls.append((variant, Path(out), quick, command))
+        if variant == "wafe-mae" and len(calls) == 2:
+            (Path(out) / "exports").mkdir(parents=True)
+            raise KeyboardInterrupt  # stopped while measuring: no report.json written
+        _write(Path(out).parent, _report(variant, quick=quick))
+        return type("R", (), {"verdict": f"{variant}: deploys"})()
+
+    monkeypatch.setattr(idx, "report_variant", fake)
+    _write(tmp_path, _report("standard", quick=True))  # finished earlier: kept
+    with pytest.raises(KeyboardInterrupt):
+        build_reports(tmp_path, ["standard", "belief2", "wafe-mae", "wafe-mse"], quick=True, progress=False)
+    assert [c[0] for c in calls] == ["belief2", "wafe-mae"]
+    assert calls[0] == ("belief2", tmp_path / "belief2", True,
+                        f"report-variant --variant belief2 --out {tmp_path / 'belief2'} --quick")
+    assert not (tmp_path / "wafe-mae" / "report.json").exists()
+    assert [r["variant"] for _, r in find_reports(tmp_path)[0]] == ["standard", "belief2"]  # the index so far
+    done = build_reports(tmp_path, ["standard", "belief2", "wafe-mae", "wafe-mse"], quick=True, progress=False)
+    assert [(d["variant"], d["state"]) for d in done] == [("standard", "kept"), ("belief2", "kept"),
+                                                          ("wafe-mae", "written"), ("wafe-mse", "written")]
+    assert [c[0] for c in calls] == ["belief2", "wafe-mae", "wafe-mae", "wafe-mse"]
+    # a report of the other budget is measured again with the one asked for
+    done = build_reports(tmp_path, ["standard"], quick=False, progress=False)
+    assert done[0]["state"] == "written" and calls[-1][:3] == ("standard", tmp_path / "standard", False)
+
+
+def test_a_failed_report_is_named_and_the_others_still_run(tmp_path, monkeypatch, capsys):
+    def fake(variant, out, quick, command):
+        if variant == "belief2":
+            raise RuntimeError("export crashed\nsecond line")
+        _write(Path(out).parent, _report(variant, quick=quick))
+        return type("R", (), {"verdict": f"{variant}: deploys"})()
+
+    monkeypatch.setattr(idx, "report_variant", fake)
+    with pytest.raises(CommandExit) as exc:
+        main(["--out", str(tmp_path), "--run", "--quick", "--variants", "belief2,standard", "--no-progress"])
+    assert exc.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: 1 report(s) not written: belief2: RuntimeError: export crashed"]
+    assert [r["variant"] for _, r in find_reports(tmp_path)[0]] == ["standard"]
+
+
+def test_the_default_set_is_the_builtins_then_the_example_plugin(monkeypatch):
+    order, variants, aliases = list(registry._ORDER), dict(registry.VARIANTS), dict(registry.ALIASES)
+    if idx.EXAMPLE_PLUGIN in VARIANT_NAMES:
+        pytest.skip("the example plugin is installed in this environment")
+    with pytest.raises(UsageError, match=r"pip install \./examples/attnzoo-cosine"):
+        default_variants()
+    monkeypatch.syspath_prepend(str(ROOT / "examples" / "attnzoo-cosine"))
+    import attnzoo_cosine
+
+    try:
+        attnzoo_cosine.register()
+        assert default_variants() == [*BUILTIN_VARIANTS, "cosine"] and len(BUILTIN_VARIANTS) == 15
+    finally:
+        registry._ORDER[:] = order
+        registry.VARIANTS.clear()
+        registry.VARIANTS.update(variants)
+        registry.ALIASES.clear()
+        registry.ALIASES.update(aliases)
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+def test_an_unknown_variant_is_refused_listing_the_valid_ones(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(idx, "report_variant", lambda *a, **k: pytest.fail("nothing may run"))
+    with pytest.raises(CommandExit) as exc:
+        main(["--out", str(tmp_path / "r"), "--run", "--variants", "belief2,nope"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: unknown variant 'nope'; valid: {', '.join(VARIANT_NAMES)}"]
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--variants", "belief2"], "--variants and --quick choose what --run writes"),
+    (["--quick"], "--variants and --quick choose what --run writes"),
+    ([], "no such folder"),
+])
+def test_bad_flags_are_one_line(tmp_path, capsys, argv, message):
+    with pytest.raises(CommandExit) as exc:
+        main(["--out", str(tmp_path / "none"), *argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+# ------------------------------------------------------------------------------------------------ real reports
+@pytest.fixture(scope="module")
+def quick_set(tmp_path_factory):
+    """Two real ``--quick`` reports written through the command (about 4 minutes on 2 busy cores)."""
+    out = tmp_path_factory.mktemp("reports")
+    assert main(["--out", str(out), "--run", "--quick", "--variants", "belief2,wafe-mae", "--no-progress"]) == 0
+    return out
+
+
+@pytest.mark.slow
+def test_quick_reports_through_the_command_index_their_own_values(quick_set, capsys):
+    reports = {r["variant"]: r for _, r in find_reports(quick_set)[0]}
+    assert list(reports) == ["belief2", "wafe-mae"]
+    rows = {row["variant"]: row for row in _table((quick_set / "README.md").read_text())}
+    for name, r in reports.items():
+        row = rows[f"[{name}]({name}/report.md)"]
+        side = r["export"][name]
+        assert row["fp32 parity (max err)"] == idx.parity_cell(side["fp32"]) == \
+            f"{'ok' if side['fp32']['passed'] else 'FAILED'} ({side['fp32']['max_abs_err']:.1e})"
+        if side["int8"]["status"] == "ok":
+            assert row["int8 cosine, worst (placement)"] == f"{side['int8']['cosine_min']:.4f} (cpu)"
+            assert row["int8 top-1 agreement"] == f"{100 * side['int8']['top1_agreement']:.1f}%"
+        fused = {x["runtime"]: x for x in r["fusion"][name]["audit"]["runtimes"]}
+        assert row["fused: OpenVINO"] == f"{fused['openvino']['fused']}/{fused['openvino']['cores']}"
+        o = r["verdict"]["overhead_first"]
+        assert o is not None and row[f"x standard at {o['tokens']:,} tokens"] == f"x{o['ratio']:.2f} ({o['backend']})"
+        assert r["command"] == f"report-variant --variant {name} --out {quick_set / name} --quick"
+    assert rows["[wafe-mae](wafe-mae/report.md)"]["fused: OpenVINO"] == "0/4"  # pairwise L1: no fusable core
+    # a second run keeps both reports as they are
+    before = {n: (quick_set / n / "report.json").stat().st_mtime_ns for n in reports}
+    capsys.readouterr()
+    assert main(["--out", str(quick_set), "--run", "--quick", "--variants", "belief2,wafe-mae", "--no-progress"]) == 0
+    assert {n: (quick_set / n / "report.json").stat().st_mtime_ns for n in reports} == before
