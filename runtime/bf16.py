@@ -24,11 +24,17 @@ import numpy as np
 from tqdm import tqdm
 
 from attnzoo.fileio import atomic_write_text, default_cache_dir, sha256_file
+from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_info
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
 
 from .openvino import OpenVINOSession, precision_summary, version
 from .sessions import read_report
+
+# torch, by way of the data sets and the metrics: the runtime imports without it
+datasets = lazy_import("attnzoo.data.datasets")
+metrics_lib = lazy_import("attnzoo.metrics")
+evaluate = lazy_import("attnzoo.runtime.evaluate")
 
 __all__ = ["ACCURACY_GATE", "Bf16AccuracyError", "report_path", "score", "verify_bf16", "bf16_verification_problem"]
 
@@ -59,23 +65,18 @@ def score(runs: Mapping[str, Callable[[np.ndarray], np.ndarray]], config: Mappin
     Raises:
         ValueError: the config names no data set (an untrained model has no test split).
     """
-    # heavy: these load torch; the runtime imports without it
-    from attnzoo.data.datasets import load_data
-    from attnzoo.metrics import confusion_matrix, metrics_from_confusion
-
-    from .evaluate import EVAL_BATCH, predict_session
-
     if not config.get("data") or config.get("untrained"):
         raise ValueError("the model names no data set (untrained or config-less): there is no test split to verify "
                          "bf16 on")
     task, size = config["task"], int(config["img_size"])
-    data = load_data(config["data"], "test", task, size, n=limit, seed=int(config.get("data_seed", 0)))
+    data = datasets.load_data(config["data"], "test", task, size, n=limit, seed=int(config.get("data_seed", 0)))
     x = normalize(data.images, config.get("mean", DEFAULT_MEAN), config.get("std", DEFAULT_STD))
     y = data.labels if task == "cls" else data.masks.astype(np.int64)
     metrics, preds, name = {}, {}, "top1"
     for label, run in tqdm(list(runs.items()), desc="bf16 test-set accuracy", unit="model", disable=not progress):
-        pred = predict_session(run, x, EVAL_BATCH)
-        m = metrics_from_confusion(confusion_matrix(y, pred, len(data.class_names)), task, data.class_names)
+        pred = evaluate.predict_session(run, x, evaluate.EVAL_BATCH)
+        m = metrics_lib.metrics_from_confusion(metrics_lib.confusion_matrix(y, pred, len(data.class_names)), task,
+                                              data.class_names)
         metrics[label], name, preds[label] = float(m["metric"]), m["metric_name"], pred
     first = next(iter(preds.values()))
     return {"data": config["data"], "split": "test", "n_images": len(data), "metric_name": name, "metrics": metrics,

@@ -17,6 +17,7 @@ from attnzoo.limits import MAX_ONNX_BYTES, check_side
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, INPUT_STYLES, input_style_of
 
 onnx = lazy_import("onnx")
+checkpoint = lazy_import("attnzoo.models.checkpoint")  # torch and timm: the runtime imports without them
 
 __all__ = ["INPUT_NAME", "OUTPUT_NAME", "BATCH_DIM", "ModelContract", "metadata_props", "check_onnx_file",
            "config_from_props"]
@@ -106,9 +107,7 @@ class ModelContract:
                 by :func:`attnzoo.models.checkpoint.validate_config` and the input size against
                 :data:`attnzoo.limits.MAX_SIDE`.
         """
-        from attnzoo.models.checkpoint import validate_config  # heavy: attnzoo.models loads torch and timm
-
-        config = validate_config(config_from_props(props, source), source)
+        config = checkpoint.validate_config(config_from_props(props, source), source)
         try:
             size = json.loads(props["input_size"]) if "input_size" in props else [config["img_size"]] * 2
         except ValueError as exc:

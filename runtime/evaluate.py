@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnzoo.metrics import confusion_matrix
+from attnzoo.lazy import lazy_import
 
 from .sessions import ort_session
+
+metrics = lazy_import("attnzoo.metrics")  # torch: the runtime imports without it
 
 __all__ = ["EVAL_BATCH", "cpu_session", "predict_session", "evaluate_session"]
 
@@ -38,7 +40,7 @@ def predict_session(sess, images: np.ndarray, batch_size: int = EVAL_BATCH) -> n
 def evaluate_session(sess, images: np.ndarray, targets: np.ndarray, num_classes: int, task: str,
                      batch_size: int = EVAL_BATCH) -> np.ndarray:
     """Confusion matrix (true x predicted; pixels for seg) of an ONNX session on normalized NCHW images."""
-    return confusion_matrix(targets, predict_session(sess, images, batch_size), num_classes).numpy()
+    return metrics.confusion_matrix(targets, predict_session(sess, images, batch_size), num_classes).numpy()
 
 
 def cpu_session(model, threads=None):

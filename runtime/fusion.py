@@ -34,8 +34,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-import onnx
-
 from attnzoo.cli import entry_point
 from attnzoo.errors import UsageError
 from attnzoo.lazy import lazy_import
@@ -44,6 +42,7 @@ from attnzoo.machine import gpu_info
 from .openvino import compile_onnx
 from .sessions import session_options
 
+onnx = lazy_import("onnx")
 ort = lazy_import("onnxruntime")
 ov = lazy_import("openvino")
 

@@ -55,6 +55,7 @@ from attnzoo.machine import bf16_problem
 from .contract import INPUT_NAME, OUTPUT_NAME
 
 ov = lazy_import("openvino")
+opset = lazy_import("openvino.opset13")
 
 __all__ = ["HINTS", "PRECISIONS", "MATMUL_LAYERS", "unavailable_reason", "bf16_unavailable_reason", "version",
            "error_message", "read_onnx", "compile_onnx", "OpenVINOSession", "pin_f32", "runtime_precisions",
@@ -82,10 +83,10 @@ class PrecisionCheckError(RuntimeError):
 def unavailable_reason() -> Optional[str]:
     """Why OpenVINO cannot run here (one line), or ``None`` when it can."""
     try:
-        import openvino as ov
+        core = ov.Core  # the first attribute read imports openvino
     except ImportError:
         return "openvino is not installed (pip install openvino)"
-    if "CPU" not in ov.Core().available_devices:
+    if "CPU" not in core().available_devices:
         return "OpenVINO has no CPU device on this machine"
     return None
 
@@ -113,10 +114,10 @@ def _refuse_bf16() -> None:
 def version() -> Optional[str]:
     """The installed OpenVINO version, or ``None``."""
     try:
-        import openvino as ov
+        get_version = ov.get_version  # the first attribute read imports openvino
     except ImportError:
         return None
-    return str(ov.get_version())
+    return str(get_version())
 
 
 def error_message(exc: BaseException) -> str:
@@ -258,15 +259,13 @@ def _negated_add(model: Any, sub: Any) -> str:
     """Replace the ``Subtract`` ``sub`` (``a - b``) of ``model`` by ``Add(a, Multiply(b, -1))``, the Add taking
     its name, the Multiply ``<name>/negate``; returns the Multiply's name. The ``-1`` is a vector over the last
     axis (when that axis is static and longer than 1), which OpenVINO's ``SubtractFusion`` does not fold back."""
-    import openvino.opset13 as ops  # heavy: OpenVINO
-
     name = sub.get_friendly_name()
     shape = sub.get_output_partial_shape(0)
     last = shape[shape.rank.get_length() - 1] if shape.rank.is_static and shape.rank.get_length() else None
     width = last.get_length() if last is not None and last.is_static and last.get_length() > 1 else 1
-    minus_one = ops.constant(np.full([width], -1.0, dtype=np.float32))
-    negate = ops.multiply(sub.input_value(1), minus_one)
-    add = ops.add(sub.input_value(0), negate)
+    minus_one = opset.constant(np.full([width], -1.0, dtype=np.float32))
+    negate = opset.multiply(sub.input_value(1), minus_one)
+    add = opset.add(sub.input_value(0), negate)
     for target in list(sub.output(0).get_target_inputs()):
         target.replace_source_output(add.output(0))
     for result in model.get_results():  # a Subtract that is the model's output
@@ -453,7 +452,7 @@ def nncf_unavailable_reason() -> Optional[str]:
     if reason:
         return reason
     try:
-        import nncf  # noqa: F401
+        import nncf  # noqa: F401 -- optional: NNCF (the [quantize] extra); importing it is the check
     except ImportError:
         return "nncf is not installed (pip install -e '.[quantize]')"
     return None

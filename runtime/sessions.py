@@ -57,10 +57,9 @@ def serves(dtype: str, graph_dtype: str) -> bool:
 def available_providers() -> Tuple[str, ...]:
     """Execution providers of the installed onnxruntime (empty when it is not installed)."""
     try:
-        import onnxruntime as ort
-    except ImportError:
+        return tuple(ort.get_available_providers())
+    except ImportError:  # the first attribute read imports onnxruntime
         return ()
-    return tuple(ort.get_available_providers())
 
 
 def session_options(threads: Optional[int] = None, level: str = "all", optimized_path: Optional[Path] = None,

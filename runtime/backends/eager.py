@@ -18,6 +18,7 @@ from ..device import DeviceMemory, fp32_math, release_cuda_cache, tf32_problem
 from . import Backend, Call, LoadOptions, Session, register_backend
 
 torch = lazy_import("torch")
+models = lazy_import("attnzoo.models")  # timm too: the registry imports without them
 
 __all__ = ["TorchBackend", "TorchSession", "EAGER", "TORCH_DTYPES", "bf16_autocast"]
 
@@ -84,9 +85,7 @@ def bf16_autocast(net: Any, device_type: str) -> int:
     such as WAFE's blocked L1 distance, would otherwise be cast to bf16). Everything else follows autocast's
     policy for the device (on the CPU, LayerNorm and softmax too take the bf16 tensors). Returns the number of
     scope modules."""
-    from attnzoo.models import VARIANTS  # heavy: attnzoo.models loads torch and timm
-
-    spec = VARIANTS.get(str((getattr(net, "attnzoo_config", None) or {}).get("variant")))
+    spec = models.VARIANTS.get(str((getattr(net, "attnzoo_config", None) or {}).get("variant")))
     scopes = spec.extra_scopes if spec is not None else ()
 
     def fp32(value: Any) -> Any:

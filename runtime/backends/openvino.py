@@ -15,9 +15,13 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
+from attnzoo.lazy import lazy_import
+
 from .. import openvino as ov
 from . import Backend, Call, LoadOptions, Session, register_backend
 from ..contract import ModelContract
+
+models = lazy_import("attnzoo.models")  # torch and timm: the registry imports without them
 
 __all__ = ["OpenVINOBackend", "OpenVINORuntimeSession", "OPENVINO"]
 
@@ -79,9 +83,7 @@ class OpenVINOBackend(Backend):
 
 def _extra_scopes(path: Path) -> tuple:
     """The extra-math scopes of the variant an attnzoo ONNX file holds (none for an unregistered variant)."""
-    from attnzoo.models import VARIANTS  # heavy: attnzoo.models loads torch and timm
-
-    spec = VARIANTS.get(str(ModelContract.from_onnx(path).config.get("variant")))
+    spec = models.VARIANTS.get(str(ModelContract.from_onnx(path).config.get("variant")))
     return tuple(spec.extra_scopes) if spec is not None else ()
 
 
