@@ -10,9 +10,8 @@ OpenVINO's telemetry is ever called). Settings, for every consumer (benchmark, d
 - ``PERFORMANCE_HINT LATENCY``: one stream, all threads on one request (the demo and the benchmark run one
   synchronous request at a time; ``THROUGHPUT`` only pays with several requests in flight);
 - ``ENABLE_CPU_PINNING False`` (OpenVINO pins its threads to cores by default): on a machine whose cores are
-  busy with other work a pinned thread cannot move off a busy core (in a one-off check on a loaded 2-core
-  machine, not a committed run, pinning made a micro ViT many times slower; ONNX Runtime does not pin).
-  ``pin=True`` turns it back on for a dedicated machine;
+  busy with other work a pinned thread cannot move off a busy core, and ONNX Runtime, which it is compared
+  with, does not pin. ``pin=True`` turns it back on for a dedicated machine;
 - optionally the batch dimension fixed (``batch``), as the benchmark fixes it for ONNX Runtime.
 
 int8: OpenVINO gains nothing from a Q/DQ ONNX made for TensorRT / ONNX Runtime (ModelOpt's); it wants its own
