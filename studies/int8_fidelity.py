@@ -29,14 +29,35 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 import time
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
+from PIL import Image
 
 from attnzoo.cli import add_debug_flag, entry_point
+from attnzoo.errors import UsageError
+from attnzoo.fileio import atomic_write_text, writable_dir
+from attnzoo.lazy import lazy_import
+from attnzoo.machine import cpu_info
+from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
+from attnzoo.runtime import openvino as ov
+from attnzoo.runtime.evaluate import cpu_session
+from attnzoo.studies.report import contended, reprint, require_out
+
+# --help and --table load without torch, onnx and timm: these import at their first use
+torch = lazy_import("torch")
+onnx = lazy_import("onnx")
+vision_transformer = lazy_import("timm.models.vision_transformer")
+models = lazy_import("attnzoo.models")
+zoo = lazy_import("attnzoo.zoo")
+export = lazy_import("attnzoo.export")
+quantize = lazy_import("attnzoo.export.quantize")
 
 __all__ = ["pretrained_like_vit", "smooth_images", "speeds", "worst_of_n", "measure", "zoo_drift", "zoo_accuracy",
            "cpu_line", "markdown", "zoo_accuracy_markdown", "main"]
@@ -55,12 +76,10 @@ def pretrained_like_vit(*, img_size: int = 32, patch_size: int = 8, embed_dim: i
     model damps them), and in every block the first query channel of each head is scaled by ``qk_outlier`` and the
     matching key channel divided by it.
     """
-    import torch
-    from timm.models.vision_transformer import VisionTransformer
-
     torch.manual_seed(seed)
-    model = VisionTransformer(img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth,
-                              num_heads=num_heads, init_values=layer_scale, num_classes=num_classes).eval()
+    model = vision_transformer.VisionTransformer(img_size=img_size, patch_size=patch_size, embed_dim=embed_dim,
+                                                 depth=depth, num_heads=num_heads, init_values=layer_scale,
+                                                 num_classes=num_classes).eval()
     gen = torch.Generator().manual_seed(seed)
     head_dim = embed_dim // num_heads
     with torch.no_grad():
@@ -92,8 +111,6 @@ def pretrained_like_vit(*, img_size: int = 32, patch_size: int = 8, embed_dim: i
 def smooth_images(count: int, size: int, seed: int = 0) -> np.ndarray:
     """``count`` uint8 RGB images (N, size, size, 3) of smooth random colour fields with a few edges: a stand-in
     for photos (no natural images can be fetched here)."""
-    from PIL import Image
-
     rng = np.random.default_rng(seed)
     out = np.empty((count, size, size, 3), np.uint8)
     for i in range(count):
@@ -108,8 +125,6 @@ def smooth_images(count: int, size: int, seed: int = 0) -> np.ndarray:
 
 def write_images(folder: Path, images: np.ndarray) -> Path:
     """Save ``images`` as PNG files in ``folder`` (a user's calibration folder)."""
-    from PIL import Image
-
     folder.mkdir(parents=True, exist_ok=True)
     for i, img in enumerate(images):
         Image.fromarray(img).save(folder / f"img{i:04d}.png")
@@ -133,9 +148,6 @@ def speeds(files: Dict[str, Path], x: np.ndarray, runs: int = 40) -> Dict[str, A
     """Batch-1, one-thread latency of every file on ONNX Runtime and OpenVINO (``files["fp32"]`` the reference),
     interleaved per runtime: median ms and the median of the per-round fp32 / int8 ratios (speed-up), and the
     fastest run of each and their ratio (the runs least disturbed by other work on the machine)."""
-    from attnzoo.runtime import openvino as ov
-    from attnzoo.runtime.evaluate import cpu_session
-
     out: Dict[str, Any] = {}
     makers = {"onnxruntime": lambda p: (lambda s: lambda: s.run(None, {"image": x}))(cpu_session(p, 1)),
               "openvino": lambda p: (lambda c: lambda: c(x))(ov.compile_onnx(p, threads=1, batch=1))}
@@ -157,8 +169,6 @@ def worst_of_n(cosines: np.ndarray, sizes: Sequence[int] = (8, 16, 32, 64, 128),
     """How the worst cosine of ``n`` inputs, and the promise made from them, move with ``n``: over ``draws``
     random subsets of ``cosines`` (per-input cosines on a large set), the median and 10th percentile of each, and
     the share of the large set below the subset's worst and below its promise."""
-    from attnzoo.export.quantize import promised_cosine
-
     rng = np.random.default_rng(seed)
     rows = []
     for n in sizes:
@@ -166,7 +176,7 @@ def worst_of_n(cosines: np.ndarray, sizes: Sequence[int] = (8, 16, 32, 64, 128),
             continue
         subsets = [rng.choice(len(cosines), n, replace=False) for _ in range(draws)]
         worst = np.array([cosines[i].min() for i in subsets])
-        promise = np.array([promised_cosine(cosines[i]) for i in subsets])
+        promise = np.array([quantize.promised_cosine(cosines[i]) for i in subsets])
         rows.append({"n": n, "worst_median": float(np.median(worst)), "worst_p10": float(np.percentile(worst, 10)),
                      "below_worst": float(np.mean([np.mean(cosines < w) for w in worst])),
                      "promised_median": float(np.median(promise)),
@@ -177,10 +187,8 @@ def worst_of_n(cosines: np.ndarray, sizes: Sequence[int] = (8, 16, 32, 64, 128),
 
 def _agreement(fp32: Path, model: Path, x: np.ndarray) -> Tuple[Dict[str, Any], np.ndarray]:
     """``output_agreement`` of ``model`` against ``fp32`` on ``x``, and the per-input cosines."""
-    from attnzoo.export.quantize import onnx_outputs, output_agreement, per_input_fidelity
-
-    ref, out = onnx_outputs(fp32, x, None), onnx_outputs(model, x, None)
-    return output_agreement(ref, out, "cls"), per_input_fidelity(ref, out)[0]
+    ref, out = quantize.onnx_outputs(fp32, x, None), quantize.onnx_outputs(model, x, None)
+    return quantize.output_agreement(ref, out, "cls"), quantize.per_input_fidelity(ref, out)[0]
 
 
 def measure(out: Path, placements: Sequence[str] = ("tensorrt", "cpu", "auto"), *, images: int = 256,
@@ -190,25 +198,14 @@ def measure(out: Path, placements: Sequence[str] = ("tensorrt", "cpu", "auto"), 
     ``auto`` runs with every default (the gate on, 0.99); ``tensorrt`` and ``cpu`` with the gate off
     (``min_cosine=0``), so that they are measured either way, and the row says whether the default gate passes.
     """
-    import os
-
-    from attnzoo.export import export_model
-    from attnzoo.export.errors import ExportError
-    from attnzoo.export.quantize import DEFAULT_MIN_COSINE
-    from attnzoo.machine import cpu_info
-    from attnzoo.models import convert_to_belief2
-    from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
-
-    from .report import contended
-
     load_start = list(os.getloadavg())
-    model = convert_to_belief2(pretrained_like_vit(**model_kwargs))
+    model = models.convert_to_belief2(pretrained_like_vit(**model_kwargs))
     config = model.attnzoo_config
     size = int(config["img_size"])
     folder = write_images(out / "images", smooth_images(images, size))
     unseen = normalize(smooth_images(further, size, seed=1), config.get("mean", DEFAULT_MEAN),
                        config.get("std", DEFAULT_STD))
-    fp32 = export_model(model=model, out=out / "fp32.onnx", batch_sizes=(1,))
+    fp32 = export.export_model(model=model, out=out / "fp32.onnx", batch_sizes=(1,))
     rows: List[Dict[str, Any]] = []
     files: Dict[str, Path] = {"fp32": fp32.path}
     for placement in placements:
@@ -216,9 +213,9 @@ def measure(out: Path, placements: Sequence[str] = ("tensorrt", "cpu", "auto"), 
         gate = None if placement == "auto" else 0.0
         path = out / f"int8-{placement}.onnx"
         try:
-            result = export_model(model=model, out=path, dtype="int8", batch_sizes=(1,), qdq_placement=placement,
+            result = export.export_model(model=model, out=path, dtype="int8", batch_sizes=(1,), qdq_placement=placement,
                                   calibration_data=folder, min_cosine=gate)
-        except ExportError as exc:
+        except export.ExportError as exc:
             rows.append({"placement": placement, "refused": str(exc)})
             continue
         fid, q = result.report["fidelity"], result.report["quantization"]
@@ -226,10 +223,10 @@ def measure(out: Path, placements: Sequence[str] = ("tensorrt", "cpu", "auto"), 
         seen, cos = _agreement(fp32.path, result.path, unseen)
         files[placement] = result.path
         rows.append({"placement": placement, "export_s": round(time.perf_counter() - start, 1),
-                     "gate_on": gate if gate is not None else DEFAULT_MIN_COSINE, "split": fid["split"],
+                     "gate_on": gate if gate is not None else quantize.DEFAULT_MIN_COSINE, "split": fid["split"],
                      "gate": {k: fid[k] for k in ("n_inputs", "cosine", "relative_error", "promised_cosine",
                                                   "top1_agreement")},
-                     "default_gate_passes": bool(fid["cosine"]["min"] >= DEFAULT_MIN_COSINE),
+                     "default_gate_passes": bool(fid["cosine"]["min"] >= quantize.DEFAULT_MIN_COSINE),
                      "further": seen, "worst_of_n": worst_of_n(cos),
                      "quantize_linear": q["qdq"]["quantize_linear"],
                      "auto": {k: auto[k] for k in ("all_quantized", "weights_only", "chosen", "rule", "speed")
@@ -309,26 +306,19 @@ def zoo_drift(variant: str, task: str, count: int = 512) -> Dict[str, Any]:
     """A zoo model's int8 copy (``cpu`` placement, as the demo and serve-models make it: 512 training images) on
     ``count`` further training images outside the calibration draw: the cosine of its logits to fp32's per input,
     and whether the prediction changed where the cosine is lowest."""
-    import tempfile
-
-    import onnx
-
-    from attnzoo.export import export_verified, load_for_export
-    from attnzoo.export import quantize as q
-
-    model, config, sha = load_for_export(variant, task)
+    model, config, sha = export.load_for_export(variant, task)
     with tempfile.TemporaryDirectory(prefix="attnzoo-zoo-drift-") as work:
         fp32, int8 = Path(work) / "fp32.onnx", Path(work) / "int8.onnx"
-        export_verified(model, fp32, config, batch_sizes=(1,), checkpoint_sha256=sha)
-        q.quantize_onnx(fp32, int8, dtype="int8", placement=q.CPU_QDQ_PLACEMENT,
-                        calibration=q.calibration_images(config, q.DEFAULT_CALIBRATION_COUNT),
-                        exclude_nodes=q.extra_math_nodes(onnx.load(str(fp32)), config))
-        x = q.heldout_images(config, count, q.DEFAULT_CALIBRATION_COUNT)
-        ref, out = q.onnx_outputs(fp32, x, None), q.onnx_outputs(int8, x, None)
-    cos = q.per_input_fidelity(ref, out)[0]
-    low = cos < q.DEFAULT_MIN_COSINE
+        export.export_verified(model, fp32, config, batch_sizes=(1,), checkpoint_sha256=sha)
+        quantize.quantize_onnx(fp32, int8, dtype="int8", placement=quantize.CPU_QDQ_PLACEMENT,
+                               calibration=quantize.calibration_images(config, quantize.DEFAULT_CALIBRATION_COUNT),
+                               exclude_nodes=quantize.extra_math_nodes(onnx.load(str(fp32)), config))
+        x = quantize.heldout_images(config, count, quantize.DEFAULT_CALIBRATION_COUNT)
+        ref, out = quantize.onnx_outputs(fp32, x, None), quantize.onnx_outputs(int8, x, None)
+    cos = quantize.per_input_fidelity(ref, out)[0]
+    low = cos < quantize.DEFAULT_MIN_COSINE
     same = ref.reshape(len(ref), ref.shape[1], -1).argmax(1) == out.reshape(len(out), out.shape[1], -1).argmax(1)
-    return {"variant": variant, "task": task, "placement": q.CPU_QDQ_PLACEMENT, "n_inputs": int(len(cos)),
+    return {"variant": variant, "task": task, "placement": quantize.CPU_QDQ_PLACEMENT, "n_inputs": int(len(cos)),
             "cosine": {"min": float(cos.min()), "mean": float(cos.mean()),
                        "p1": float(np.percentile(cos, 1)), "p5": float(np.percentile(cos, 5))},
             "below_gate": float(low.mean()), "prediction_agreement_below_gate":
@@ -344,18 +334,13 @@ def zoo_accuracy(variant: str, task: str, placement: str, data: str) -> Dict[str
     """A zoo model exported to int8 as ``export-model --variant V --task T --dtype int8 [--qdq-placement P]``
     does (every other default: 512 training images calibrate, 64 further ones held out, the whole test split
     scored next to fp32): whether it passed its accuracy gate, its accuracy, and its fidelity to fp32."""
-    import tempfile
-
-    from attnzoo.export import export_model
-    from attnzoo.export.errors import ExportError
-
     start = time.perf_counter()
     row: Dict[str, Any] = {"variant": variant, "task": task, "data": data, "placement": placement}
     with tempfile.TemporaryDirectory(prefix="attnzoo-zoo-int8-") as work:
         out = Path(work) / f"{variant}_{task}_int8.onnx"
         try:
-            report = export_model(variant, task=task, dtype="int8", out=out, qdq_placement=placement).report
-        except ExportError as exc:
+            report = export.export_model(variant, task=task, dtype="int8", out=out, qdq_placement=placement).report
+        except export.ExportError as exc:
             failed = out.with_name(out.stem + ".failed.report.json")
             report = json.loads(failed.read_text()) if failed.is_file() else None
             row["refused"] = str(exc).splitlines()[0]
@@ -408,10 +393,6 @@ def zoo_accuracy_markdown(result: Mapping[str, Any]) -> str:
 
 def _zoo_selection(spec: str, data: str) -> List[Tuple[str, str]]:
     """``VARIANT:TASK,...``, or ``cls`` / ``seg`` / ``all`` (the zoo's models of ``data`` for that task)."""
-    from attnzoo import zoo
-
-    from attnzoo.cli import UsageError
-
     have = [(e["variant"], e["task"]) for e in zoo.entries() if e["data"] == data]
     if spec in ("cls", "seg", "all"):
         return [(v, t) for v, t in have if spec in ("all", t)]
@@ -452,14 +433,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    import tempfile
-
-    from attnzoo.fileio import atomic_write_text, writable_dir
-
-    from attnzoo.cli import UsageError
-
-    from .report import contended, reprint, require_out
-
     args = build_parser().parse_args(argv)
     if reprint(args.table, lambda r: zoo_accuracy_markdown(r) if "zoo_accuracy" in r else markdown(r)):
         return 0
@@ -467,10 +440,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise UsageError(f"--name: a plain file name, got {args.name!r}")
     out = writable_dir(require_out(args.out))
     if args.zoo_accuracy:
-        import os
-
-        from attnzoo.machine import cpu_info
-
         selection = _zoo_selection(args.zoo_accuracy, args.data)
         load_start = list(os.getloadavg())
         rows: List[Dict[str, Any]] = []
@@ -508,8 +477,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _versions() -> Dict[str, str]:
     """The versions of what quantizes and runs the int8 graphs."""
-    from importlib.metadata import version
-
     return {name: version(name) for name in ("onnxruntime", "nvidia-modelopt", "torch")}
 
 
