@@ -57,7 +57,7 @@ LEGEND = {
     "failed": "the step ran and failed (its one-line reason is in report.md)",
     "absent": "the variant has no such form or data (its reason is in report.md)",
     "not inspected": "the runtime's graph could not be read there (TensorRT's layers need a GPU)",
-    "not measured": "no latency ratio to `standard` in the report",
+    "not measured": "the section ran but gave no latency ratio to `standard`",
     "baseline": "`standard` itself, the baseline of every ratio",
 }
 _STATUS_CELL = {"skipped": "not run", "unavailable": "unavailable", "failed": "failed", "absent": "absent"}
@@ -232,14 +232,22 @@ def fused_cells(report: Mapping[str, Any], runtimes: Sequence[str]) -> List[str]
     return cells
 
 
+#: The section each verdict ratio is measured in.
+_RATIO_SECTION = {"overhead_first": "latency", "overhead_most_tokens": "scaling"}
+
+
 def overhead_cell(report: Mapping[str, Any], key: str, tokens: bool) -> str:
-    """``verdict.<key>``'s latency ratio to ``standard`` with its backend (and tokens, where the column's differ)."""
+    """``verdict.<key>``'s latency ratio to ``standard`` with its backend (and tokens, where the column's differ);
+    without a ratio, the status of the section that measures it where that is not ``ok``."""
     verdict = report.get("verdict") or {}
     if key not in verdict:
         return "—"
     o = verdict[key]
     if o is None:
-        return "baseline" if report["variant"] == "standard" else "not measured"
+        if report["variant"] == "standard":
+            return "baseline"
+        section = _get(report, "cost", _RATIO_SECTION[key])
+        return _status(section) if section is not None and _status(section) else "not measured"
     where = f"{o['backend']}" + (f", {o['tokens']} tokens" if tokens else "")
     return f"x{o['ratio']:.2f} ({where})"
 
@@ -290,7 +298,8 @@ def index_markdown(found: Sequence[Tuple[Path, Mapping[str, Any]]], out: Path,
         row = [f"[{name}]({folder.relative_to(out).as_posix()}/report.md)", deploys,
                parity_cell(side.get("fp32")), parity_cell(side.get("fp16")), int8_cosine_cell(side.get("int8")),
                int8_top1_cell(side.get("int8")), tensorrt_cell(side.get("tensorrt")), *fused_cells(r, runtimes),
-               overhead_cell(r, "overhead_first", len(first) > 1), overhead_cell(r, "overhead_most_tokens", len(most) > 1)]
+               overhead_cell(r, "overhead_first", len(first) > 1),
+               overhead_cell(r, "overhead_most_tokens", len(most) > 1)]
         if per_row_budget:
             row.append("--quick" if r.get("quick") else "default")
         if per_row_machine:

@@ -118,13 +118,17 @@ def test_a_missing_field_or_a_step_not_run_reads_as_the_legend_says(tmp_path):
     side["tensorrt"] = {"status": "unavailable", "reason": "no TensorRT here"}
     r["fusion"]["belief2"]["audit"]["runtimes"].pop(0)                 # OpenVINO not audited
     del r["verdict"]["overhead_most_tokens"]
-    r["verdict"]["overhead_first"] = None                             # latency not measured
+    r["verdict"]["overhead_first"] = None                             # latency ran, no ratio
+    r["cost"] = {"latency": {"status": "ok"}}
+    wafe = _report("wafe-mae")
+    wafe["verdict"]["overhead_first"] = wafe["verdict"]["overhead_most_tokens"] = None
+    wafe["cost"] = {"latency": {"status": "skipped"}, "scaling": {"status": "failed", "reason": "ValueError: no"}}
     std = _report("standard")
     std["export"]["standard"]["fp16"] = {"status": "skipped", "reason": "not built with this budget"}
     std["verdict"]["overhead_first"] = std["verdict"]["overhead_most_tokens"] = None
-    _write(tmp_path, r), _write(tmp_path, std)
+    _write(tmp_path, r), _write(tmp_path, std), _write(tmp_path, wafe)
     text = write_index(tmp_path).read_text()
-    s, b = _table(text)
+    s, b, w = _table(text)
     assert b["fp16 parity (max err)"] == "—" and s["fp16 parity (max err)"] == "not run"
     assert b["int8 cosine, worst (placement)"] == b["int8 top-1 agreement"] == "failed"
     assert b["TensorRT"] == "unavailable"
@@ -132,6 +136,8 @@ def test_a_missing_field_or_a_step_not_run_reads_as_the_legend_says(tmp_path):
     # no report has a ratio, so no tokens in the headers
     assert b["x standard, latency rows"] == "not measured" and s["x standard, latency rows"] == "baseline"
     assert b["x standard, most tokens"] == "—" and s["x standard, most tokens"] == "baseline"
+    # without a ratio, the status of the section that measures it
+    assert (w["x standard, latency rows"], w["x standard, most tokens"]) == ("not run", "failed")
     for cell in ("—", "not run", "unavailable", "failed", "not measured", "baseline", "not inspected"):
         assert f"\n- {cell}: " in text, cell  # each in the legend
 
