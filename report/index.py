@@ -313,7 +313,7 @@ def index_markdown(found: Sequence[Tuple[Path, Mapping[str, Any]]], out: Path,
              "`report.md`; every cell is read from that folder's `report.json` (docs/report-variant.md has the "
              "schema and how each figure is measured).", ""]
     if not found:
-        lines += ["No complete report here yet.", ""]
+        lines += ["No complete report here yet."]
     else:
         if not per_row_machine:
             lines += [f"Machine: {machines[0]}.", ""]
@@ -333,7 +333,7 @@ def index_markdown(found: Sequence[Tuple[Path, Mapping[str, Any]]], out: Path,
                   + ", ".join(f"`{p.name}`" for p in incomplete) + "."]
     lines += ["", "## Commands", "",
               "The whole set (each variant's report is kept once written; a stopped run resumes at the first variant "
-              "without one):", "", "```bash",
+              "without one):", "", "```bash", f"{EXAMPLE_INSTALL}   # the example plugin, in the default set",
               shlex.join(["python", "-m", "attnzoo.report.index", "--out", str(out), "--run",
                           *(["--quick"] if quick else [])]), "```", ""]
     if found:
