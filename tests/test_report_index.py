@@ -5,6 +5,8 @@ unknown variant is refused in one line listing the valid ones."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -296,3 +298,12 @@ def test_quick_reports_through_the_command_index_their_own_values(quick_set, cap
     capsys.readouterr()
     assert main(["--out", str(quick_set), "--run", "--quick", "--variants", "belief2,wafe-mae", "--no-progress"]) == 0
     assert {n: (quick_set / n / "report.json").stat().st_mtime_ns for n in reports} == before
+
+
+def test_help_loads_without_torch():
+    """The command's --help (and its module) start without importing PyTorch, ONNX or timm."""
+    code = ("import sys\nfrom attnzoo.report.index import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n"
+            "    pass\nprint(sorted(m for m in ('torch', 'onnx', 'timm', 'onnxruntime') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--run" in proc.stdout and proc.stdout.strip().splitlines()[-1] == "[]"
