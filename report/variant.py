@@ -38,10 +38,24 @@ import numpy as np
 from attnzoo.benchmarks.gpu_plan import MODELS, ROOT
 from attnzoo.errors import first_line, UsageError
 from attnzoo.fileio import writable_dir
+from attnzoo.lazy import lazy_import
 from attnzoo.machine import bf16_problem, environment
 from attnzoo.runtime.backends import backend_names
+from attnzoo.runtime.fusion import audit
+from attnzoo.runtime.fusion import markdown as fusion_markdown
+from attnzoo.studies.fusable import speedups, time_opsets
 
 from .render import write_report
+
+# report-variant --help and its usage errors load without torch, onnx and timm: these import at their first use
+ort = lazy_import("onnxruntime")
+models = lazy_import("attnzoo.models")
+zoo = lazy_import("attnzoo.zoo")
+export = lazy_import("attnzoo.export")
+onnx_export = lazy_import("attnzoo.export.onnx_export")
+bench_flops = lazy_import("attnzoo.benchmarks.flops")
+bench_run = lazy_import("attnzoo.benchmarks.run")
+scaling_study = lazy_import("attnzoo.studies.scaling")
 
 __all__ = ["SCHEMA", "BATCH_SIZES", "Budget", "FULL", "QUICK", "ReportResult", "report_variant", "identity", "export_side",
            "fusion", "latency", "scaling", "gpu_rows"]
@@ -149,19 +163,15 @@ def _skipped(reason: str) -> Dict[str, Any]:
 def identity(variant: str, arch: str, sizes: Tuple[int, ...]) -> Dict[str, Any]:
     """The registry's facts about ``variant``, its parameters and its FLOPs per image beside ``standard``'s (at
     ``arch``'s own size and each of ``sizes``)."""
-    # heavy: torch and timm; --help stays fast
-    from attnzoo.benchmarks.flops import count_variant, meta_model
-    from attnzoo.models import VARIANTS
-
-    spec = VARIANTS[variant]
+    spec = models.VARIANTS[variant]
 
     def cost(name: str) -> Dict[str, Any]:
-        model = meta_model(name, "cls", arch)
+        model = bench_flops.meta_model(name, "cls", arch)
         params = sum(p.numel() for p in model.parameters())
         own = model.attnzoo_config["img_size"]
         flops = {}
         for size in dict.fromkeys((own, *sizes)):
-            c = count_variant(name, "cls", arch, img_size=size)
+            c = bench_flops.count_variant(name, "cls", arch, img_size=size)
             flops[str(size)] = c.matrix_flops + c.vector_ops
         return {"params": params, "flops_per_image": flops}
 
@@ -180,8 +190,6 @@ def identity(variant: str, arch: str, sizes: Tuple[int, ...]) -> Dict[str, Any]:
 def _source(variant: str, checkpoint: Optional[PathLike], like: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """The model an export side starts from: ``checkpoint``, else the zoo's classifier, else a random init (the
     arch of ``like``, the variant side's source, for ``standard`` beside a checkpoint of another arch)."""
-    from attnzoo import zoo  # heavy: the zoo loads torch; --help stays fast
-
     if checkpoint is not None:
         return {"kind": "checkpoint", "checkpoint": str(checkpoint)}
     try:
@@ -196,8 +204,6 @@ def _source(variant: str, checkpoint: Optional[PathLike], like: Optional[Dict[st
 
 
 def _zoo_arch(variant: str) -> Optional[str]:
-    from attnzoo import zoo  # heavy: the zoo loads torch
-
     return next((e.get("arch") for e in zoo.entries() if e["variant"] == variant and e["task"] == "cls"
                  and e["data"] == zoo.DEFAULT_DATA), None)
 
@@ -250,15 +256,13 @@ def export_side(variant: str, source: Dict[str, Any], folder: Path, out: Path, b
                 steps: Tuple[str, ...]) -> Dict[str, Any]:
     """Every export of one model (the ``steps`` of fp32, fp16, int8, fp8, tensorrt, triton), each an entry with
     ``status`` (``ok``, ``failed``, ``unavailable``, ``skipped``) and its figures."""
-    from attnzoo.export import export_model  # heavy: torch and timm; --help stays fast
-
     folder.mkdir(parents=True, exist_ok=True)
     args = _model_args(variant, source)
     side: Dict[str, Any] = {"source": source}
     onnx_path = folder / f"{variant}.onnx"
 
     def fp32_and_engine() -> Dict[str, Any]:
-        r = export_model(**args, out=folder / f"{variant}.engine", format="tensorrt",
+        r = export.export_model(**args, out=folder / f"{variant}.engine", format="tensorrt",
                          batch_sizes=BATCH_SIZES)
         e = r.engine_report or {}
         side["tensorrt"] = {"status": "ok", "engine": _rel(r.engine_path, out), "state": e.get("status"),
@@ -274,14 +278,15 @@ def export_side(variant: str, source: Dict[str, Any], folder: Path, out: Path, b
     side["fp32"] = _attempt(fp32_and_engine) if tensorrt_wanted else {"status": "skipped"}
     if side["fp32"]["status"] != "ok":  # no engine (no TensorRT here, or its build failed): the ONNX alone
         engine = side["fp32"]
-        side["fp32"] = _attempt(lambda: _fp32_summary(export_model(**args, out=onnx_path).report, out, onnx_path))
+        side["fp32"] = _attempt(lambda: _fp32_summary(export.export_model(**args, out=onnx_path).report, out,
+                                                      onnx_path))
         side["tensorrt"] = engine if tensorrt_wanted else _skipped("not built with this budget (--quick)")
     else:
         onnx_path = folder / f"{variant}.onnx"
     side["onnx_path"] = str(onnx_path)
     if "fp16" in steps:
         path16 = folder / f"{variant}_fp16.onnx"
-        side["fp16"] = _attempt(lambda: _fp32_summary(export_model(**args, out=path16, dtype="fp16").report,
+        side["fp16"] = _attempt(lambda: _fp32_summary(export.export_model(**args, out=path16, dtype="fp16").report,
                                                       out, path16))
     else:
         side["fp16"] = _skipped("not exported with this budget (--quick)")
@@ -291,10 +296,10 @@ def export_side(variant: str, source: Dict[str, Any], folder: Path, out: Path, b
             continue
         path = folder / f"{variant}_{dtype}.onnx"
         side[dtype] = _attempt(lambda: {"file": _rel(path, out), **_int8_summary(
-            export_model(**args, out=path, dtype=dtype, **budget.int8).report)})
+            export.export_model(**args, out=path, dtype=dtype, **budget.int8).report)})
     if "triton" in steps:
         def triton() -> Dict[str, Any]:
-            r = export_model(**args, out=folder / "triton", format="triton")
+            r = export.export_model(**args, out=folder / "triton", format="triton")
             return {"folder": _rel(r.path, out), "config": _rel(r.path / "config.pbtxt", out), **(r.triton or {})}
 
         side["triton"] = _attempt(triton)
@@ -322,13 +327,11 @@ def export_side(variant: str, source: Dict[str, Any], folder: Path, out: Path, b
 # ------------------------------------------------------------------------------------------------ fusion
 def fusion(paths: Dict[str, str]) -> Dict[str, Any]:
     """:func:`attnzoo.runtime.fusion.audit` of each side's fp32 ONNX, with its markdown table."""
-    from attnzoo.runtime.fusion import audit, markdown  # heavy: onnx; --help stays fast
-
     result = {}
     for side, path in paths.items():
         def one(path=path) -> Dict[str, Any]:
             a = audit(path)
-            return {"audit": a, "table": markdown(a)}
+            return {"audit": a, "table": fusion_markdown(a)}
 
         result[side] = _attempt(one)
     return result
@@ -339,23 +342,15 @@ def fusable(variant: str, source: Dict[str, Any], folder: Path, out: Path, side:
     """The variant exported at opset 23, where each dot-product core is one standard ``Attention`` op (verified,
     extra math checked), its fusion audit, and its speed against the opset-20 file on ONNX Runtime and OpenVINO
     (:mod:`attnzoo.studies.fusable`: round-robin, batch 1, one thread, parity-checked first)."""
-    import onnxruntime as ort  # heavy, as the rest: --help stays fast
-
-    from attnzoo.export import export_model, read_metadata
-    from attnzoo.export.onnx_export import config_hw
-    from attnzoo.models import VARIANTS, canonical_name
-    from attnzoo.runtime.fusion import audit
-    from attnzoo.studies.fusable import speedups, time_opsets
-
-    if VARIANTS[canonical_name(variant)].pairwise_scores:
+    if models.VARIANTS[models.canonical_name(variant)].pairwise_scores:
         return {"status": "absent", "reason": "its scores are a pairwise L1 distance, not a dot product: no attention "
                                               "op computes them, so there is no fusable form"}
     if side["fp32"]["status"] != "ok":
         return _skipped("the fp32 export did not pass")
     path20, path23 = Path(side["onnx_path"]), folder / f"{variant}_opset23.onnx"
-    r = export_model(**_model_args(variant, source), out=path23, opset=23)
+    r = export.export_model(**_model_args(variant, source), out=path23, opset=23)
     found = audit(path23)
-    hw = config_hw(read_metadata(path20))
+    hw = onnx_export.config_hw(export.read_metadata(path20))
     x = np.random.default_rng(0).standard_normal((1, 3, *hw), dtype=np.float32)
     ref = ort.InferenceSession(str(path20), providers=["CPUExecutionProvider"]).run(None, {"image": x})[0]
     times = time_opsets({20: path20, 23: path23}, x, ref, 1, work / "fusable-cache", budget.fusable_rounds)
@@ -373,8 +368,6 @@ def latency(variant: str, budget: Budget, work: Path, command: str) -> Dict[str,
     One batch size at a time, resuming the same row log: the benchmark measures ``standard`` (the baseline) before
     the variant, so a run over both batch sizes that reached its time limit would keep standard's batch-8 rows and
     lose the variant's own. Batch by batch, the variant's batch-1 rows are measured before any batch-8 row."""
-    from attnzoo.benchmarks.run import Settings, run_benchmark  # heavy: torch and timm; --help stays fast
-
     bf16 = bf16_problem()
     started, r, interrupted = time.monotonic(), None, None
     for i, batch in enumerate(BATCH_SIZES):
@@ -384,12 +377,13 @@ def latency(variant: str, budget: Budget, work: Path, command: str) -> Dict[str,
                            "note": f"stopped at the latency time limit ({budget.latency_time_limit:g} s) before "
                                    f"batch {', '.join(map(str, BATCH_SIZES[i:]))}"}
             break
-        s = Settings(variants=[variant], backends=list(backend_names()),
-                     dtypes=["fp32"] + ([] if bf16 else ["bf16"]), batch_sizes=[batch], arch=budget.latency_arch,
-                     threads=1, min_time=budget.latency_min_time, out=work / "bench", cache_dir=work / "bench-cache",
-                     compile_budget=budget.compile_budget, ceiling_size=0, progress=False, pair_eager=False,
-                     time_limit=max(left, 0.0), command=command)
-        r = run_benchmark(s)
+        s = bench_run.Settings(variants=[variant], backends=list(backend_names()),
+                               dtypes=["fp32"] + ([] if bf16 else ["bf16"]), batch_sizes=[batch],
+                               arch=budget.latency_arch, threads=1, min_time=budget.latency_min_time,
+                               out=work / "bench", cache_dir=work / "bench-cache",
+                               compile_budget=budget.compile_budget, ceiling_size=0, progress=False,
+                               pair_eager=False, time_limit=max(left, 0.0), command=command)
+        r = bench_run.run_benchmark(s)
         if r["interrupted"]:
             interrupted = r["interrupted"]
             break
@@ -401,14 +395,12 @@ def latency(variant: str, budget: Budget, work: Path, command: str) -> Dict[str,
 def scaling(variant: str, budget: Budget, work: Path, command: str, quick: bool) -> Dict[str, Any]:
     """:func:`attnzoo.studies.scaling.run_scaling` of ``standard`` and ``variant``: latency and peak memory against
     tokens (classifier; a Segmenter encoder where ``budget.seg_sizes``), batch 1."""
-    from attnzoo.studies.scaling import Settings, run_scaling  # heavy: torch and timm; --help stays fast
-
-    s = Settings(variants=list(dict.fromkeys(["standard", variant])), backends=budget.scaling_backends,
-                 arch=budget.scaling_arch,
-                 sizes=budget.scaling_sizes, seg_sizes=budget.seg_sizes, batch_sizes=(),
-                 threads=1, min_time=budget.scaling_min_time, max_call_s=budget.max_call_s, out=work / "scaling",
-                 cache_dir=work / "scaling-cache", progress=False, command=command, quick=quick)
-    return run_scaling(s)
+    s = scaling_study.Settings(variants=list(dict.fromkeys(["standard", variant])),
+                               backends=budget.scaling_backends, arch=budget.scaling_arch,
+                               sizes=budget.scaling_sizes, seg_sizes=budget.seg_sizes, batch_sizes=(), threads=1,
+                               min_time=budget.scaling_min_time, max_call_s=budget.max_call_s, out=work / "scaling",
+                               cache_dir=work / "scaling-cache", progress=False, command=command, quick=quick)
+    return scaling_study.run_scaling(s)
 
 
 def gpu_rows(variant: str) -> Dict[str, Any]:
@@ -464,12 +456,10 @@ def report_variant(variant: str, checkpoint: Optional[PathLike] = None, out: Opt
         UsageError: an unknown variant (the valid ones listed), a checkpoint that is not a file, or an output
             path that is a file; nothing is measured or written then.
     """
-    from attnzoo.models import VARIANT_NAMES, canonical_name  # heavy: torch and timm; --help stays fast
-
     try:
-        variant = canonical_name(variant)
+        variant = models.canonical_name(variant)
     except ValueError:
-        raise UsageError(f"unknown variant {variant!r}; valid: {', '.join(VARIANT_NAMES)}") from None
+        raise UsageError(f"unknown variant {variant!r}; valid: {', '.join(models.VARIANT_NAMES)}") from None
     if checkpoint is not None and not Path(checkpoint).is_file():
         raise UsageError(f"--checkpoint {checkpoint}: no such file")
     out = Path(out) if out is not None else Path("variant-reports") / variant
@@ -525,10 +515,8 @@ def _side_model(side: Dict[str, Any], source: Dict[str, Any]) -> Dict[str, Any]:
     """The arch and task the variant side exported (for ``standard`` to match)."""
     path = side.get("onnx_path")
     if path and Path(path).is_file():
-        from attnzoo.export import read_metadata  # heavy: torch, onnx and timm
-
         with contextlib.suppress(Exception):
-            config = read_metadata(path)
+            config = export.read_metadata(path)
             return {"arch": config.get("arch"), "task": config.get("task")}
     return {"arch": source.get("arch"), "task": source.get("task", "cls")}
 
