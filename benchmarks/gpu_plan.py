@@ -17,7 +17,7 @@ table.
 
 It also runs from a source tree without ``pip install`` (a GPU machine with torch, timm and onnx but without this
 package): started as a file, it first maps the package folders of ``pyproject.toml`` onto ``attnzoo.*``
-(:func:`bootstrap`) and imports nothing else at module level. ``--copy-to DIR`` copies the results folders to a
+(:func:`bootstrap`), before its own imports of ``attnzoo``. ``--copy-to DIR`` copies the results folders to a
 folder you name after the parts ran (to take them off the machine)::
 
     python benchmarks/gpu_plan.py --part eager-a --out results/gpu-h100 --copy-to /path/to/copy
@@ -32,6 +32,7 @@ import argparse
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -69,12 +70,28 @@ def bootstrap(root: Path = ROOT) -> bool:
             return False
     except ImportError:  # not even attnzoo: a bare source tree
         pass
-    import tomllib
+    import tomllib  # the standard library from Python 3.11 (the package supports 3.10); a bare source tree only
 
     folders = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     sys.path.insert(0, str(root))
     sys.meta_path.insert(0, _SourceTree(root, folders))
     return True
+
+
+if __name__ == "__main__" and __package__ in (None, ""):  # started as a file from a source tree: map attnzoo first
+    bootstrap()
+
+# after bootstrap(): a bare source tree imports these through the mapping above
+from attnzoo.benchmarks.report import write_outputs  # noqa: E402
+from attnzoo.benchmarks.rowlog import LOG_NAME, read_log  # noqa: E402
+from attnzoo.cli import add_debug_flag, entry_point  # noqa: E402
+from attnzoo.errors import UsageError  # noqa: E402
+from attnzoo.fileio import default_cache_dir  # noqa: E402
+from attnzoo.lazy import lazy_import  # noqa: E402
+
+# --list, --help and report-variant (which reads MODELS) load without torch and timm: imported at first use
+models = lazy_import("attnzoo.models")
+bench_run = lazy_import("attnzoo.benchmarks.run")
 
 
 #: The models of the plan: name -> (task, arch, input side, batch sizes).
@@ -98,16 +115,12 @@ COMPILE_BUDGET = 24 * 3600.0
 
 
 def _halves() -> List[List[str]]:
-    from attnzoo.models import VARIANT_NAMES
-
-    rest = [v for v in VARIANT_NAMES if v != "standard"]
+    rest = [v for v in models.VARIANT_NAMES if v != "standard"]
     return [rest[: len(rest) // 2], rest[len(rest) // 2:]]
 
 
 def _quarters() -> List[List[str]]:
-    from attnzoo.models import VARIANT_NAMES
-
-    rest = [v for v in VARIANT_NAMES if v != "standard"]
+    rest = [v for v in models.VARIANT_NAMES if v != "standard"]
     n = -(-len(rest) // 4)
     return [rest[i:i + n] for i in range(0, len(rest), n)]
 
@@ -128,10 +141,8 @@ PARTS: Dict[str, Dict[str, Any]] = {
 
 
 def _variants(spec: Any) -> List[str]:
-    from attnzoo.models import VARIANT_NAMES
-
     if spec is None:
-        return list(VARIANT_NAMES)
+        return list(models.VARIANT_NAMES)
     if isinstance(spec, tuple):
         return ["standard", *_quarters()[spec[1]]]
     return ["standard", *_halves()[spec]]
@@ -147,11 +158,6 @@ def part_settings(part: str, out: Path, *, variants: Optional[Sequence[str]] = N
     Raises:
         ValueError: an unknown part (the valid ones named).
     """
-    import os
-
-    from attnzoo.benchmarks.run import Settings
-    from attnzoo.fileio import default_cache_dir
-
     if part not in PARTS:
         raise ValueError(f"unknown part {part!r}; valid: {', '.join(PARTS)}")
     spec = PARTS[part]
@@ -160,22 +166,20 @@ def part_settings(part: str, out: Path, *, variants: Optional[Sequence[str]] = N
     if variants:
         chosen = [v for v in chosen if v in variants]
     command = ["python", "benchmarks/gpu_plan.py", "--part", part]
-    return Settings(variants=list(dict.fromkeys(["standard", *chosen])), backends=list(spec["backends"]),
-                    dtypes=list(spec["dtypes"]), batch_sizes=list(batch_sizes or model["batch_sizes"]),
-                    task=model["task"], arch=arch or model["arch"], img_size=img_size or model["img_size"],
-                    threads=threads or len(os.sched_getaffinity(0)), min_time=min_time, out=Path(out) / spec["model"],
-                    cache_dir=cache_dir or default_cache_dir() / "bench-latency", device=device,
-                    compile_budget=COMPILE_BUDGET, ceiling_size=0, time_limit=time_limit, progress=False,
-                    command=" ".join(command))
+    return bench_run.Settings(variants=list(dict.fromkeys(["standard", *chosen])), backends=list(spec["backends"]),
+                              dtypes=list(spec["dtypes"]), batch_sizes=list(batch_sizes or model["batch_sizes"]),
+                              task=model["task"], arch=arch or model["arch"], img_size=img_size or model["img_size"],
+                              threads=threads or len(os.sched_getaffinity(0)), min_time=min_time,
+                              out=Path(out) / spec["model"],
+                              cache_dir=cache_dir or default_cache_dir() / "bench-latency", device=device,
+                              compile_budget=COMPILE_BUDGET, ceiling_size=0, time_limit=time_limit, progress=False,
+                              command=" ".join(command))
 
 
 def run_part(part: str, out: Path, **overrides: Any) -> Dict[str, Any]:
     """Run ``part`` (resuming its rows in ``out``), write its model's results; return the result."""
-    from attnzoo.benchmarks.report import write_outputs
-    from attnzoo.benchmarks.run import run_benchmark
-
     settings = part_settings(part, out, **overrides)
-    result = run_benchmark(settings)
+    result = bench_run.run_benchmark(settings)
     write_outputs(result, settings.out)
     return result
 
@@ -183,8 +187,6 @@ def run_part(part: str, out: Path, **overrides: Any) -> Dict[str, Any]:
 def status(out: Path, **overrides: Any) -> List[Dict[str, Any]]:
     """Per part: the rows it asks for, how many of them are in the results in ``out`` (measured, failed, built or
     skipped with their reason: nothing left to do) and how many were measured (``ok``)."""
-    from attnzoo.benchmarks.rowlog import LOG_NAME, read_log
-
     lines = []
     for part in PARTS:
         s = part_settings(part, out, **overrides)
@@ -229,38 +231,30 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the parts asked for, one after the other; print what is finished."""
-    from attnzoo.cli import add_debug_flag, entry_point
-    from attnzoo.errors import UsageError
-
-    @entry_point
-    def run(args: Sequence[str]) -> int:
-        a = add_debug_flag(build_parser()).parse_args(args)
-        overrides = {"variants": a.variants.split(",") if a.variants else None, "arch": a.arch,
-                     "img_size": a.img_size, "min_time": a.min_time, "device": a.device, "threads": a.threads,
-                     "batch_sizes": [int(b) for b in a.batch_sizes.split(",")] if a.batch_sizes else None}
-        bad = [p for p in a.part if p not in PARTS]
-        if bad or not (a.part or a.list):
-            raise UsageError(f"unknown part {', '.join(map(repr, bad)) or '(none given)'}; valid: {', '.join(PARTS)}")
-        for part in a.part:
-            print(f"part {part}", flush=True)
-            result = run_part(part, a.out, time_limit=a.time_limit, **overrides)
-            if result["interrupted"]:
-                print(f"part {part} not finished: {result['interrupted']['note']}", flush=True)
-                if result["interrupted"]["signal"]:
-                    break
-        for line in status(a.out, **overrides):
-            print(f"{line['part']:>14}  {line['model']:<14} {line['done']:>4} / {line['rows']:<4} rows done, "
-                  f"{line['ok']} measured")
-        if a.copy_to is not None:
-            _copy(a.out, a.copy_to)
-        return 0
-
-    return run(list(sys.argv[1:] if argv is None else argv))
+    a = add_debug_flag(build_parser()).parse_args(argv)
+    overrides = {"variants": a.variants.split(",") if a.variants else None, "arch": a.arch,
+                 "img_size": a.img_size, "min_time": a.min_time, "device": a.device, "threads": a.threads,
+                 "batch_sizes": [int(b) for b in a.batch_sizes.split(",")] if a.batch_sizes else None}
+    bad = [p for p in a.part if p not in PARTS]
+    if bad or not (a.part or a.list):
+        raise UsageError(f"unknown part {', '.join(map(repr, bad)) or '(none given)'}; valid: {', '.join(PARTS)}")
+    for part in a.part:
+        print(f"part {part}", flush=True)
+        result = run_part(part, a.out, time_limit=a.time_limit, **overrides)
+        if result["interrupted"]:
+            print(f"part {part} not finished: {result['interrupted']['note']}", flush=True)
+            if result["interrupted"]["signal"]:
+                break
+    for line in status(a.out, **overrides):
+        print(f"{line['part']:>14}  {line['model']:<14} {line['done']:>4} / {line['rows']:<4} rows done, "
+              f"{line['ok']} measured")
+    if a.copy_to is not None:
+        _copy(a.out, a.copy_to)
+    return 0
 
 
 if __name__ == "__main__":
-    if __package__ in (None, ""):  # started as a file from a source tree: make attnzoo.* importable first
-        bootstrap()
     sys.exit(main())
