@@ -51,8 +51,16 @@ from attnzoo.runtime.parity import TOLERANCES, check as check_parity
 from attnzoo.runtime.sessions import verification_problem
 from attnzoo.studies.report import reprint, require_out, write_report, zoo_entries
 
+# --table loads without torch, onnx and timm: these import at their first use
 onnx = lazy_import("onnx")
 torch = lazy_import("torch")
+models = lazy_import("attnzoo.models")
+checkpoint = lazy_import("attnzoo.models.checkpoint")
+zoo = lazy_import("attnzoo.zoo")
+export = lazy_import("attnzoo.export")
+quantize = lazy_import("attnzoo.export.quantize")
+bench_rows = lazy_import("attnzoo.benchmarks.rows")
+int8_accuracy = lazy_import("attnzoo.studies.int8_accuracy")
 
 __all__ = ["zoo_row", "speed_rows", "markdown", "main"]
 
@@ -62,17 +70,14 @@ SPEED_DTYPES = ("bf16", "int8")
 
 def _fp32_export(entry: Mapping[str, Any], cache: Path, threads: Optional[int]) -> Path:
     """The zoo model's verified fp32 export, made once (reused while its report holds and it names the checkpoint)."""
-    # heavy: torch and timm; --help stays fast
-    from attnzoo import zoo
-    from attnzoo.export import export_verified, metadata_props
-
     path = cache / f"{entry['variant']}_{entry['task']}_{entry['data']}.onnx"
     if path.is_file() and verification_problem(path, "fp32") is None \
-            and metadata_props(path).get("checkpoint_sha256") == entry.get("sha256"):
+            and export.metadata_props(path).get("checkpoint_sha256") == entry.get("sha256"):
         return path
     model, cfg = zoo.load(entry["variant"], entry["task"], entry["data"])
     path.parent.mkdir(parents=True, exist_ok=True)
-    export_verified(model, path, cfg, batch_sizes=(1,), checkpoint_sha256=entry.get("sha256", ""), threads=threads)
+    export.export_verified(model, path, cfg, batch_sizes=(1,), checkpoint_sha256=entry.get("sha256", ""),
+                           threads=threads)
     return path
 
 
@@ -80,16 +85,11 @@ def zoo_row(entry: Mapping[str, Any], cache: Path, *, bf16: bool, threads: Optio
             limit: Optional[int] = None) -> Dict[str, Any]:
     """One zoo model: the extra-math check (at bf16 when ``bf16``, else f32) and, with ``bf16``, the accuracy of
     both precisions on its test split. A model whose check or scoring fails is a row with the reason."""
-    # heavy: torch and timm; --help stays fast
-    from attnzoo.export.quantize import extra_math_nodes
-    from attnzoo.models.checkpoint import read_config
-    from attnzoo import zoo
-
-    cfg = read_config(zoo.checkpoint_path(entry["variant"], entry["task"], entry["data"]))
+    cfg = checkpoint.read_config(zoo.checkpoint_path(entry["variant"], entry["task"], entry["data"]))
     row: Dict[str, Any] = {"variant": entry["variant"], "task": entry["task"], "data": entry["data"],
                            "arch": cfg.get("arch"), "checkpoint_sha256": entry.get("sha256")}
     path = _fp32_export(entry, cache, threads)
-    names = extra_math_nodes(onnx.load(str(path), load_external_data=False), cfg)
+    names = quantize.extra_math_nodes(onnx.load(str(path), load_external_data=False), cfg)
     precision = "bf16" if bf16 else "fp32"
     try:
         session = OpenVINOSession(path, threads=threads, precision=precision, keep_f32=names)
@@ -127,31 +127,26 @@ def speed_rows(arch: str, variants: Sequence[str], batch_sizes: Sequence[int], t
                min_time: float, cache: Path, progress: bool = True) -> List[Dict[str, Any]]:
     """OpenVINO fp32 against bf16 and NNCF int8, per variant, thread count and batch size: each model gated
     against eager fp32 under the tolerance table, then timed A B A B against fp32."""
-    # heavy: torch and timm; --help stays fast
-    from attnzoo.benchmarks.rows import load_call, tolerance_for
-    from attnzoo.export import export_verified
-    from attnzoo.models import create_model
-
     rows = []
     jobs = [(v, t, n) for v in variants for t in thread_counts for n in batch_sizes]
     for variant, threads, batch in tqdm(jobs, desc="bf16 speed", unit="job", disable=not progress):
         torch.manual_seed(0)
         torch.set_num_threads(threads)
-        model = create_model(variant, task="cls", arch=arch).eval()
+        model = models.create_model(variant, task="cls", arch=arch).eval()
         cfg = model.attnzoo_config
         size = int(cfg["img_size"])
         fp32 = cache / f"{variant}_cls_{arch}_fp32.onnx"
         if not fp32.is_file():
-            export_verified(model, fp32, cfg, input_hw=(size, size), batch_sizes=(1,), threads=threads)
+            export.export_verified(model, fp32, cfg, input_hw=(size, size), batch_sizes=(1,), threads=threads)
         x = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(batch))
         with torch.inference_mode():
             ref = model(x).float().numpy()
         calls, infos, parity = {}, {}, {}
         try:
             for dtype in ("fp32", *SPEED_DTYPES):
-                calls[dtype], infos[dtype] = load_call("openvino", model, fp32, x.numpy(), dtype, threads=threads,
-                                                       device="cpu", cache_dir=cache)
-                key = tolerance_for("openvino", dtype, "cpu")
+                calls[dtype], infos[dtype] = bench_rows.load_call("openvino", model, fp32, x.numpy(), dtype,
+                                                                  threads=threads, device="cpu", cache_dir=cache)
+                key = bench_rows.tolerance_for("openvino", dtype, "cpu")
                 ok, err = check_parity(calls[dtype].output(), ref, key)
                 if not ok:
                     raise RuntimeError(f"{variant} {dtype} b{batch} t{threads}: parity error {err:.3g} beyond the "
@@ -261,11 +256,9 @@ def markdown(result: Mapping[str, Any]) -> str:
 
 # ------------------------------------------------------------------------------------------------ command
 def build_parser() -> argparse.ArgumentParser:
-    from attnzoo.studies.int8_accuracy import add_zoo_selection  # heavy: torch and timm; --help stays fast
-
     p = argparse.ArgumentParser(prog="python -m attnzoo.studies.bf16", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_zoo_selection(p)
+    int8_accuracy.add_zoo_selection(p)  # the zoo's default data set: this loads torch
     p.set_defaults(task="all")
     p.add_argument("--threads", type=int, default=None, help="OpenVINO threads of the zoo check and scoring "
                                                              "(default: all cores)")
