@@ -12,7 +12,6 @@ arguments give the same pixels on any machine.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
@@ -20,6 +19,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
+from attnzoo.data.fashion import fashion
+from attnzoo.data.images import ImageSet, gray_to_rgb
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, load_image, normalize
 
 __all__ = ["SHAPES_CLASSES", "SHAPES_SEG_CLASSES", "DIGITS_CLASSES", "SPLITS", "BUILTIN_DATA", "ImageSet",
@@ -35,27 +36,6 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".we
 #: Default number of ``shapes`` images per split.
 SHAPES_SIZES = {"train": 8000, "val": 500, "test": 1000}
 _SPLIT_ID = {"train": 0, "val": 1, "test": 2}
-
-
-@dataclass
-class ImageSet:
-    """One split of a data set held in memory."""
-
-    images: np.ndarray  # uint8 (N, H, W, 3)
-    labels: np.ndarray  # int64 (N,)
-    masks: Optional[np.ndarray]  # uint8 (N, H, W) class indices, or None (classification only)
-    class_names: List[str]
-    name: str
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def subset(self, n: Optional[int]) -> "ImageSet":
-        """The first ``n`` samples (all when ``n`` is None)."""
-        if n is None or n >= len(self):
-            return self
-        masks = None if self.masks is None else self.masks[:n]
-        return ImageSet(self.images[:n], self.labels[:n], masks, self.class_names, self.name)
 
 
 class TensorDataset(torch.utils.data.Dataset):
@@ -231,14 +211,6 @@ def shapes(split: str, task: str = "cls", img_size: int = 32, n: Optional[int] =
 # ----------------------------------------------------------------------------------------------- digits
 
 
-def gray_to_rgb(gray: np.ndarray, size: int, resample=Image.BILINEAR) -> np.ndarray:
-    """(N, h, w) uint8 gray images -> (N, size, size, 3) uint8, resized with ``resample`` when the size differs."""
-    if gray.shape[1:] != (size, size):
-        gray = np.stack([np.asarray(Image.fromarray(g).resize((size, size), resample)) for g in gray]) \
-            if len(gray) else np.zeros((0, size, size), np.uint8)
-    return np.repeat(gray[..., None], 3, axis=-1)
-
-
 def _split_indices(n: int, split: str, seed: int = 0, fractions=(0.7, 0.1)) -> np.ndarray:
     """Deterministic train/val/test indices of ``n`` samples (70/10/20 by default)."""
     if split not in SPLITS:
@@ -254,7 +226,7 @@ def digits(split: str, task: str = "cls", img_size: int = 32, n: Optional[int] =
     """scikit-learn's bundled 8x8 handwritten digits (1797 images, no download), upsampled to ``img_size``,
     white digits on black, 3 channels; split 70/10/20 with a fixed permutation."""
     check_source("digits", task)
-    from sklearn.datasets import load_digits
+    from sklearn.datasets import load_digits  # heavy: scikit-learn loads scipy; only the digits set needs it
 
     bunch = load_digits()
     idx = _split_indices(len(bunch.target), split, seed=0)
@@ -446,8 +418,6 @@ def load_data(data: str, split: str, task: str = "cls", img_size: int = 32, n: O
     if data == "digits":
         return digits(split, task, img_size, n, seed)
     if data == "fashion":
-        from attnzoo.data.fashion import fashion
-
         return fashion(split, task, img_size, n, seed, scene=scene)
     root = Path(data)
     if (root / "images").is_dir() and (root / "annotations").is_dir():

@@ -26,6 +26,8 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 from PIL import Image
 
+from attnzoo.data.images import ImageSet, gray_to_rgb
+
 __all__ = ["FASHION_CLASSES", "FASHION_SEG_CLASSES", "DEFAULT_ROOT", "MASK_THRESHOLD", "VAL_EVERY",
            "PACKAGED_ROOT", "SCENE_SIZES", "MAX_OVERLAP", "MAX_TRIES", "SCENE_OPTIONS", "check_scene_options",
            "fashion_root",
@@ -215,15 +217,13 @@ def check_scene_options(scene: Optional[Dict[str, Any]]) -> Dict[str, Any]:
 
 def fashion(split: str, task: str = "cls", img_size: Optional[int] = None, n: Optional[int] = None,
             seed: int = 0, root: Optional[os.PathLike] = None, scene: Optional[Dict[str, Any]] = None):
-    """A split of Fashion-MNIST as an :class:`~attnzoo.data.datasets.ImageSet`.
+    """A split of Fashion-MNIST as an :class:`~attnzoo.data.images.ImageSet`.
 
     Classification: the split's 28x28 images (resized to ``img_size``, default 28), gray in 3 channels, the first
     ``n`` (all by default). Segmentation: ``n`` composed scenes (``SCENE_SIZES`` by default) of side ``img_size``
     (default 48), composed with ``scene`` (options of :func:`compose_scenes`: ``per_scene``, ``fraction``,
     ``garment_px``, ``overlap``; their defaults when None).
     """
-    from attnzoo.data.datasets import ImageSet, gray_to_rgb
-
     gray, labels = fashion_arrays(split, root)
     if task == "cls":
         if n is not None:
