@@ -12,8 +12,13 @@ import sys
 from typing import List, Optional
 
 from attnzoo.cli import add_debug_flag, entry_point
+from attnzoo.data.datasets import check_source
+from attnzoo.data.fashion import check_scene_options
 from attnzoo.errors import CommandError, UsageError
 from attnzoo.fileio import parse_json
+from attnzoo.limits import check_side
+from attnzoo.models import canonical_name, split_options
+from attnzoo.models.checkpoint import check_encoder_source
 from attnzoo.training.train import TrainConfig, evaluate_checkpoint, train
 
 __all__ = ["main", "evaluate_main"]
@@ -78,8 +83,6 @@ def _train_parser() -> argparse.ArgumentParser:
 @entry_point
 def main(argv: Optional[List[str]] = None) -> int:
     """``train-model``: train one model and write ``<out>/<variant>_<task>_<data>.safetensors`` + ``.json``."""
-    from attnzoo.limits import check_side
-
     args = _train_parser().parse_args(argv)
     if args.epochs < 1 or args.batch_size < 1 or args.lr <= 0:
         raise UsageError("--epochs and --batch-size must be >= 1 and --lr > 0")
@@ -89,8 +92,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     if args.init_from:
-        from attnzoo.models.checkpoint import check_encoder_source
-
         check_encoder_source(args.init_from, args.variant, args.arch)  # before any data is loaded
     scene = {"per_scene": args.scene_garments, "fraction": args.scene_fraction,
              "garment_px": args.scene_garment_px, "overlap": args.scene_overlap}
@@ -103,10 +104,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise UsageError("--scene-* options compose Fashion-MNIST scenes: use them with --data fashion --task seg")
     options = _parse_options(args.option)
     try:  # bad flags refused before any data is loaded: exit 2, as every command's usage errors
-        from attnzoo.data.datasets import check_source
-        from attnzoo.data.fashion import check_scene_options
-        from attnzoo.models import canonical_name, split_options
-
         scene = check_scene_options(scene)
         check_source(args.data, args.task, scene)
         split_options(canonical_name(args.variant), **options)
