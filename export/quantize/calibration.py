@@ -9,6 +9,10 @@ from pathlib import Path
 from typing import Any, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
+from PIL import Image
+
+from attnzoo.data.datasets import IMAGE_SUFFIXES, load_data
+from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, input_style_of, load_image, normalize, to_input_style
 
 __all__ = ["DEFAULT_CALIBRATION_COUNT", "DEFAULT_CALIBRATION_SEED", "DEFAULT_FIDELITY_COUNT", "Calibration",
            "calibration_images", "heldout_images", "load_calibration_folder", "random_calibration",
@@ -35,9 +39,6 @@ def calibration_images(config: Mapping[str, Any], count: int = DEFAULT_CALIBRATI
     Raises:
         ValueError: the config names no data set (an untrained or config-less model), or ``count`` < 1.
     """
-    from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
-    from attnzoo.data.datasets import load_data
-
     if count < 1:
         raise ValueError(f"calibration count must be >= 1, got {count}")
     data = config.get("data")
@@ -69,9 +70,6 @@ def heldout_images(config: Mapping[str, Any], count: int = DEFAULT_FIDELITY_COUN
     Raises:
         ValueError: as :func:`calibration_images`.
     """
-    from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
-    from attnzoo.data.datasets import load_data
-
     if count < 1:
         raise ValueError(f"held-out count must be >= 1, got {count}")
     data = config.get("data")
@@ -105,11 +103,6 @@ def load_calibration_folder(path: Union[str, Path], config: Mapping[str, Any], i
         ValueError: one line: no such folder, no image in it (naming what was skipped: symlinked folders, which
             are not followed, and files of other types), or an unreadable or too large image (named).
     """
-    from PIL import Image
-
-    from attnzoo.data.datasets import IMAGE_SUFFIXES
-    from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, input_style_of, load_image, normalize, to_input_style
-
     folder = Path(path)
     if not folder.is_dir():
         raise ValueError(f"--calibration-data {folder}: no such folder")

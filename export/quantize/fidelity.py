@@ -10,6 +10,8 @@ from typing import Any, Dict, Optional, Tuple, Union
 import numpy as np
 import onnx
 
+from attnzoo.runtime.evaluate import EVAL_BATCH, cpu_session
+
 from .calibration import DEFAULT_FIDELITY_COUNT
 from .qdq import AUTO_QDQ_PLACEMENT, _without, qdq_groups
 
@@ -72,7 +74,7 @@ def tolerance_factor(n: int, coverage: float = PROMISE_COVERAGE, confidence: flo
     population lies below ``mean + k * sd`` of ``n`` draws from it, ``nct.ppf(confidence, n - 1, z sqrt(n)) /
     sqrt(n)`` with ``z`` the ``coverage`` quantile (NIST/SEMATECH e-Handbook 7.2.6.3; SciPy comes with
     ModelOpt). ``inf`` below 3 draws."""
-    from scipy.stats import nct, norm
+    from scipy.stats import nct, norm  # heavy: SciPy takes a second to load; only the fidelity gate's promise
 
     if n < 3:
         return float("inf")
@@ -97,16 +99,12 @@ def promised_cosine(cosines: np.ndarray, coverage: float = PROMISE_COVERAGE,
 
 def onnx_outputs(model: Union[Path, onnx.ModelProto], x: np.ndarray, threads: Optional[int]) -> np.ndarray:
     """The graph's outputs on ``x`` with ONNX Runtime (CPU), in batches."""
-    from attnzoo.runtime.evaluate import EVAL_BATCH, cpu_session
-
     sess = cpu_session(model, threads)
     name = sess.get_inputs()[0].name
     return np.concatenate([sess.run(None, {name: x[i:i + EVAL_BATCH]})[0] for i in range(0, len(x), EVAL_BATCH)])
 
 
 def _finite_outputs(model: Union[Path, onnx.ModelProto], x: np.ndarray, threads: Optional[int]) -> bool:
-    from attnzoo.runtime.evaluate import cpu_session
-
     sess = cpu_session(model, threads)
     out = sess.run(None, {sess.get_inputs()[0].name: x})[0]
     return bool(np.isfinite(out).all())

@@ -9,12 +9,14 @@ import json
 import re
 import tempfile
 import time
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Dict, Optional, Sequence, Union
 
 import numpy as np
 import onnx
 
+from attnzoo.fileio import atomic_path
 from attnzoo.runtime.quantization_report import QuantizeReport
 from attnzoo.runtime.sessions import QUANTIZED_DTYPES
 
@@ -29,8 +31,6 @@ CALIBRATION_METHODS: Dict[str, str] = {"int8": "entropy", "fp8": "entropy"}
 
 def modelopt_version() -> Optional[str]:
     """Installed ``nvidia-modelopt`` version, or ``None``."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("nvidia-modelopt")
     except PackageNotFoundError:
@@ -43,7 +43,7 @@ def quantize_unavailable_reason() -> Optional[str]:
         return 'needs NVIDIA ModelOpt: pip install -e ".[quantize]" (included in [dev])'
     try:
         with contextlib.redirect_stdout(io.StringIO()):
-            import modelopt.onnx.quantization  # noqa: F401
+            import modelopt.onnx.quantization  # noqa: F401  # optional: the [quantize] extra; is it installed?
     except ImportError as exc:
         return (f"ModelOpt's ONNX quantizer cannot be imported ({str(exc).splitlines()[0]}); "
                 'reinstall with pip install -e ".[quantize]"')
@@ -76,8 +76,6 @@ def quantize_onnx(fp32_onnx: Union[str, Path], out: Union[str, Path], *, dtype: 
     Raises:
         ValueError: unknown dtype or placement, calibration not float32 NCHW or empty.
     """
-    from attnzoo.fileio import atomic_path
-
     if dtype not in QUANTIZED_DTYPES:
         raise ValueError(f"unknown quantized dtype {dtype!r}; valid: {', '.join(QUANTIZED_DTYPES)}")
     placement_error = qdq_placement_error(placement, dtype)
@@ -93,7 +91,7 @@ def quantize_onnx(fp32_onnx: Union[str, Path], out: Union[str, Path], *, dtype: 
     src = onnx.load(str(fp32_onnx))
     extra = list(extra_nodes) if extra_nodes is not None else extra_math_nodes(src)
     with contextlib.redirect_stdout(io.StringIO()):
-        from modelopt.onnx.quantization import quantize as mo_quantize
+        from modelopt.onnx.quantization import quantize as mo_quantize  # optional: the [quantize] extra
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="attnzoo-quantize-") as work, atomic_path(out) as tmp:
         staged = Path(work) / "model.onnx"

@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
+import torch
 
+from attnzoo.runtime import tensorrt as rt_tensorrt
 from attnzoo.runtime.sessions import QUANTIZED_DTYPES
 
 from .calibration import Calibration, load_calibration_file
@@ -98,15 +100,11 @@ def fp8_compute_capability_error(compute_capability: Optional[str]) -> Optional[
     ``compute_capability`` is a name of :data:`attnzoo.runtime.tensorrt.COMPUTE_CAPABILITIES`; ``None`` is the
     build default (the GPU present, else ``DEFAULT_COMPUTE_CAPABILITY``); ``CURRENT`` asks the GPU.
     """
-    from attnzoo.runtime.tensorrt import gpu_available, resolve_compute_capability
-
     try:
-        cc = resolve_compute_capability(compute_capability, gpu_available())
+        cc = rt_tensorrt.resolve_compute_capability(compute_capability, rt_tensorrt.gpu_available())
     except ValueError as exc:  # an unknown name, or CURRENT without a GPU: the build would refuse it the same way
         return str(exc)
     if cc == "CURRENT":
-        import torch
-
         major, minor = torch.cuda.get_device_capability(0)
         name = f"the GPU present (SM{major}{minor})"
     else:

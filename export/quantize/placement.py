@@ -10,6 +10,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import onnx
 
+from attnzoo.runtime.evaluate import cpu_session
+
 from .fidelity import (DEFAULT_MIN_COSINE, PROMISE_CONFIDENCE, PROMISE_COVERAGE, onnx_outputs, per_input_fidelity,
                        promised_cosine, tolerance_factor)
 from .qdq import _without, qdq_groups
@@ -120,8 +122,6 @@ def group_speed(chosen: onnx.ModelProto, full: onnx.ModelProto, decision: Mappin
     Returns:
         ``{"runtime", "batch", "runs", "chosen_ms", "groups": {group: {"fp32_ms", "quantized_ms", "slowdown"}}}``.
     """
-    from attnzoo.runtime.evaluate import cpu_session
-
     groups = qdq_groups(full, fixed)
     kept = [g for g, d in decision["groups"].items() if not d["quantized"] and g in groups]
     quantized = [g for g, d in decision["groups"].items() if d["quantized"]]

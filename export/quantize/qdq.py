@@ -10,6 +10,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import onnx
 
+from ..check import expected_scopes, graph_depth
+from ..onnx_export import config_from_props, metadata_props
+
 __all__ = ["QUANTIZED_OP_TYPES", "QDQ_PLACEMENTS", "TENSORRT_QDQ_PLACEMENT", "AUTO_QDQ_PLACEMENT", "PLACEMENT_CHOICES",
            "DEFAULT_QDQ_PLACEMENT", "CPU_QDQ_PLACEMENT", "qdq_placement_error", "extra_math_nodes", "qdq_summary",
            "qdq_groups"]
@@ -67,9 +70,6 @@ def extra_math_nodes(proto: onnx.ModelProto, config: Optional[Mapping[str, Any]]
             inside a scope unless quantizing it).
         config: The model config; default from the graph's metadata.
     """
-    from ..check import expected_scopes, graph_depth
-    from ..onnx_export import config_from_props, metadata_props
-
     config = dict(config) if config is not None else config_from_props(metadata_props(proto))
     blocks = "encoder.blocks" if config["task"] == "seg" else "blocks"  # a Segmenter's blocks are its encoder's
     scopes = expected_scopes(config, graph_depth(proto, blocks))

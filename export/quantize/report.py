@@ -6,15 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Union
 
+from attnzoo.fileio import atomic_write_text
 from attnzoo.runtime.quantization_report import QuantizationReport, QuantizeReport
+from attnzoo.runtime.sessions import read_report
 
 __all__ = ["QuantizeReport", "QuantizationReport", "write_report", "read_quantization_report", "summary"]
 
 
 def write_report(report: QuantizationReport, path: Union[str, Path]) -> None:
     """Write ``report`` to ``path`` (temp + rename: a reader never sees half a report)."""
-    from attnzoo.fileio import atomic_write_text
-
     atomic_write_text(Path(path), report.to_json())
 
 
@@ -25,8 +25,6 @@ def read_quantization_report(path: Union[str, Path]) -> QuantizationReport:
     Raises:
         ValueError: one line naming the file: unreadable, not JSON, or not a quantization report.
     """
-    from attnzoo.runtime.sessions import read_report
-
     data = read_report(path)
     try:
         return QuantizationReport.from_dict(data)

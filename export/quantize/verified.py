@@ -10,8 +10,18 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 import onnx
+from tqdm import tqdm
 
+from attnzoo.data.datasets import load_data
+from attnzoo.fileio import atomic_path, sha256_file
+from attnzoo.metrics import confusion_matrix, metrics_from_confusion
+from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
+from attnzoo.runtime.evaluate import EVAL_BATCH, cpu_session, predict_session
+
+from ..check import check_extra_math
 from ..errors import ExportError
+from ..onnx_export import BATCH_DIM, op_histogram
+from ..verify import failed_report_path, report_path
 from .calibration import DEFAULT_FIDELITY_COUNT, _split, heldout_images
 from .fidelity import DEFAULT_MIN_COSINE, FIRM_GATE_INPUTS, _fidelity, _finite_outputs, onnx_outputs
 from .fp8 import simulate_fp8
@@ -57,14 +67,6 @@ def evaluate_onnx(models: Mapping[str, Union[str, Path, onnx.ModelProto]], confi
         ``{"data", "split": "test", "n_images", "metric_name", "metrics": {label: percent},
         "agreement": {label: share of predictions equal to the first model's}}``.
     """
-    import torch
-    from tqdm import tqdm
-
-    from attnzoo.runtime.evaluate import EVAL_BATCH, cpu_session, predict_session
-    from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
-    from attnzoo.data.datasets import load_data
-    from attnzoo.metrics import confusion_matrix, metrics_from_confusion
-
     task, size = config["task"], int(config["img_size"])
     data = load_data(config["data"], "test", task, size, n=limit, seed=int(config.get("data_seed", 0)),
                      scene=config.get("scene"))
@@ -116,12 +118,6 @@ def quantize_verified(fp32_onnx: Union[str, Path], out: Union[str, Path], config
             (``auto``) no placement promises it on the choosing inputs.
         AccuracyDropError: the accuracy drop exceeds the tolerance.
     """
-    from attnzoo.fileio import atomic_path, sha256_file
-
-    from ..check import check_extra_math
-    from ..onnx_export import BATCH_DIM, op_histogram
-    from ..verify import failed_report_path, report_path
-
     o = replace(options, **fields) if options is not None else QuantizeOptions(**fields)
     if o.calibration is None:
         raise ValueError("quantize_verified needs calibration inputs (QuantizeOptions.calibration)")
