@@ -32,7 +32,11 @@ from attnzoo.limits import MAX_BATCH_SIZE
 from attnzoo.runtime.backends import DTYPES, backend_names, canonical_backend
 from attnzoo.benchmarks.ceiling import DEFAULT_SIZE, MAX_SIZE
 
+# --help and usage errors load without torch, onnx and timm: these import at their first use
 torch = lazy_import("torch")
+models = lazy_import("attnzoo.models")
+model_memory = lazy_import("attnzoo.models.memory")
+bench_run = lazy_import("attnzoo.benchmarks.run")
 
 __all__ = ["main", "build_parser", "parse_settings", "DEFAULT_SCOPE", "FULL_SCOPE", "scope"]
 
@@ -114,24 +118,19 @@ def _backends(value: str) -> List[str]:
 
 def variant_list(value: str) -> List[str]:
     """``--variants``: ``all`` or comma-separated variant names (aliases resolved); ``UsageError`` otherwise."""
-    from attnzoo.models import VARIANT_NAMES, VARIANTS, canonical_name  # heavy: torch and timm; --help stays fast
-
     if value.strip() == "all":
-        return list(VARIANT_NAMES)
-    return parse_names(value, canonical_name, "variant", f"all, {', '.join(sorted(VARIANTS))}")
+        return list(models.VARIANT_NAMES)
+    return parse_names(value, models.canonical_name, "variant", f"all, {', '.join(sorted(models.VARIANTS))}")
 
 
 def _check_memory(settings) -> None:
     """Refuse (exit 2) a largest batch whose forward pass would not fit in the memory available now."""
-    from attnzoo.models.memory import check_forward_memory  # heavy: loads torch and timm
-    from attnzoo.models import create_model
-
     for variant in settings.variants:
         with torch.device("meta"):  # the config only: no weights are allocated
-            config = create_model(variant, task=settings.task, arch=settings.arch,
-                                  img_size=settings.img_size).attnzoo_config
+            config = models.create_model(variant, task=settings.task, arch=settings.arch,
+                                         img_size=settings.img_size).attnzoo_config
         try:
-            check_forward_memory(config, (config["img_size"],) * 2, max(settings.batch_sizes))
+            model_memory.check_forward_memory(config, (config["img_size"],) * 2, max(settings.batch_sizes))
         except ValueError as exc:
             raise UsageError(str(exc)) from None
 
@@ -146,17 +145,15 @@ def scope(a: argparse.Namespace) -> Dict[str, Any]:
 
     ``left_out`` lists, in words, what ``--all`` would measure beyond this run (empty when nothing).
     """
-    from attnzoo.models import VARIANT_NAMES  # heavy: torch and timm; --help stays fast
-
     preset = FULL_SCOPE if a.all else DEFAULT_SCOPE
     from_preset = [k for k in preset if not hasattr(a, k)]
     for k in from_preset:
         setattr(a, k, preset[k])
     left_out = []
     variants = variant_list(a.variants)
-    missing = [v for v in VARIANT_NAMES if v not in variants]
+    missing = [v for v in models.VARIANT_NAMES if v not in variants]
     if missing:
-        left_out.append(f"{len(missing)} of {len(VARIANT_NAMES)} variants ({', '.join(missing)})")
+        left_out.append(f"{len(missing)} of {len(models.VARIANT_NAMES)} variants ({', '.join(missing)})")
     batches = [b for b in parse_batch_sizes(FULL_SCOPE["batch_sizes"]) if b not in parse_batch_sizes(a.batch_sizes)]
     if batches:
         left_out.append(f"batch {', '.join(map(str, batches))}")
@@ -175,8 +172,6 @@ def parse_settings(argv: Optional[Sequence[str]] = None):
     Raises:
         UsageError: a bad flag value (one line).
     """
-    from attnzoo.benchmarks.run import Settings  # heavy: loads torch, onnx and timm; --help stays fast
-
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
     covered = scope(a)
@@ -194,13 +189,14 @@ def parse_settings(argv: Optional[Sequence[str]] = None):
         raise UsageError(f"--ceiling-size must be 0 or in 64..{MAX_SIZE}, got {a.ceiling_size}")
     out = a.out
     cache = a.cache_dir or default_cache_dir() / "bench-latency"
-    return Settings(variants=variant_list(a.variants), backends=_backends(a.backends),
-                    dtypes=parse_names(a.dtype, one_of(DTYPES), "dtype", ", ".join(DTYPES)),
-                    batch_sizes=parse_batch_sizes(a.batch_sizes), task=a.task, arch=a.arch, img_size=a.img_size,
-                    time_limit=a.time_limit, threads=threads, min_time=a.min_time, out=out, cache_dir=cache,
-                    device=a.device, seed=a.seed, compile_budget=a.compile_budget, profile=a.profile,
-                    pair_eager=not a.no_pair_eager, progress=not a.no_progress, ceiling_size=a.ceiling_size,
-                    command=shlex.join(["bench-latency", *argv]), scope=covered)
+    return bench_run.Settings(variants=variant_list(a.variants), backends=_backends(a.backends),
+                              dtypes=parse_names(a.dtype, one_of(DTYPES), "dtype", ", ".join(DTYPES)),
+                              batch_sizes=parse_batch_sizes(a.batch_sizes), task=a.task, arch=a.arch,
+                              img_size=a.img_size, time_limit=a.time_limit, threads=threads, min_time=a.min_time,
+                              out=out, cache_dir=cache, device=a.device, seed=a.seed,
+                              compile_budget=a.compile_budget, profile=a.profile, pair_eager=not a.no_pair_eager,
+                              progress=not a.no_progress, ceiling_size=a.ceiling_size,
+                              command=shlex.join(["bench-latency", *argv]), scope=covered)
 
 
 def roofline_main(a: argparse.Namespace) -> int:
@@ -242,10 +238,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     writable_dir(settings.out, "--out folder")
     writable_dir(settings.cache_dir, "--cache-dir folder")
     _check_memory(settings)
-    from attnzoo.benchmarks.run import run_benchmark  # heavy: loads torch, onnx and timm; --help stays fast
-
     print(scope_line(settings.scope), flush=True)
-    result = run_benchmark(settings)
+    result = bench_run.run_benchmark(settings)
     with signals_deferred():  # a second Ctrl-C waits until the rows measured so far are written
         try:
             files = write_outputs(result, settings.out)
