@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
                         f"CURRENT, the GPU present; without a GPU {DEFAULT_COMPUTE_CAPABILITY}, built ahead of time "
                         "with tensorrt-rtx and not run)")
     q = p.add_argument_group("quantization (--dtype int8 / fp8)")
-    q.add_argument("--quantize-extra-math", "--quantize-projection", dest="quantize_extra_math", action="store_true",
+    q.add_argument("--quantize-extra-math", action="store_true",
                    help="quantize the variant's extra-math scopes too (the projection; an ablation): by default "
                         "every op in them stays unquantized and fp32")
     q.add_argument("--qdq-placement", choices=PLACEMENT_CHOICES, default=None,

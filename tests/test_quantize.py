@@ -585,7 +585,7 @@ def test_fp8_below_sm89_is_refused_before_work(tmp_path, monkeypatch, capsys):
 
 
 def test_quantization_flags_need_a_quantized_dtype(tmp_path, capsys):
-    line = _refused(["--variant", "belief2", "--random-init", "--quantize-projection", "--out",
+    line = _refused(["--variant", "belief2", "--random-init", "--quantize-extra-math", "--out",
                      str(tmp_path / "m.onnx")], capsys)
     assert line == "error: --quantize-extra-math applies to --dtype int8 / fp8 only"
 
