@@ -268,7 +268,7 @@ def test_bad_flags_are_one_line(tmp_path, capsys, argv, message):
 # ------------------------------------------------------------------------------------------------ real reports
 @pytest.fixture(scope="module")
 def quick_set(tmp_path_factory):
-    """Two real ``--quick`` reports written through the command (about 4 minutes on 2 busy cores)."""
+    """Two real ``--quick`` reports written through the command (7 minutes on 2 cores shared with a training job)."""
     out = tmp_path_factory.mktemp("reports")
     assert main(["--out", str(out), "--run", "--quick", "--variants", "belief2,wafe-mae", "--no-progress"]) == 0
     return out
