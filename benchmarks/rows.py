@@ -34,6 +34,7 @@ from attnzoo.fileio import sha256_file, atomic_write_text
 from attnzoo.runtime.backends import Call, get_backend
 from attnzoo.runtime.openvino import nncf_int8
 from attnzoo.runtime.parity import tolerance_key
+from attnzoo.runtime.quantization_report import QuantizationReport
 
 __all__ = ["CALIBRATION_COUNT", "row_unavailable_reason", "tolerance_for", "load_call", "int8_onnx",
            "int8_openvino", "extra_math"]
@@ -78,19 +79,24 @@ def int8_onnx(onnx_path: Path, config: Dict[str, Any], cache_dir: Path,
     """
     out = Path(cache_dir) / "int8" / f"{onnx_path.stem}-{sha256_file(onnx_path)[:12]}.modelopt-int8-{placement}.onnx"
     out.parent.mkdir(parents=True, exist_ok=True)
-    report = json.loads(report_path(out).read_text()) if out.is_file() and report_path(out).is_file() else None
-    if not (report and report.get("passed")):
+    report: Optional[QuantizationReport] = None
+    if out.is_file() and report_path(out).is_file():
+        try:
+            report = QuantizationReport.from_json(report_path(out).read_text())
+        except ValueError:  # a report of another schema (or damaged): the cached model is made again
+            report = None
+    if report is None or not report.passed:
         calibration, source = _calibration(config)
         # min_cosine 0: the fidelity is measured and reported, not gated -- a random-init model calibrated on
         # random inputs is a speed subject, and every row passes the benchmark's own parity gate (int8-static)
-        report = quantize_verified(onnx_path, out, config, dtype="int8", calibration=calibration,
-                                   calibration_source=source, calibration_seed=0, measure_accuracy=False,
-                                   placement=placement, min_cosine=0.0)
-    qz = report["quantization"]
-    return out, {"quantizer": f"{qz['quantizer']} {qz['quantizer_version']}", "verified": report["verified"],
-                 "placement": qz["options"]["placement"],
-                 "quantized_ops": qz["qdq"]["quantized_ops"], "excluded_extra_math": len(qz["excluded_nodes"]),
-                 "calibration": qz["calibration"]["source"], "fidelity": report.get("fidelity"), "model": out.name}
+        report = QuantizationReport.from_dict(quantize_verified(
+            onnx_path, out, config, dtype="int8", calibration=calibration, calibration_source=source,
+            calibration_seed=0, measure_accuracy=False, placement=placement, min_cosine=0.0))
+    qz = report.quantization
+    return out, {"quantizer": f"{qz.quantizer} {qz.quantizer_version}", "verified": report.verified,
+                 "placement": qz.options["placement"], "quantized_ops": qz.qdq["quantized_ops"],
+                 "excluded_extra_math": len(qz.excluded_nodes), "calibration": qz.calibration["source"],
+                 "fidelity": report.fidelity, "model": out.name}
 
 
 def extra_math(onnx_path: Path, config: Optional[Dict[str, Any]] = None) -> List[str]:

@@ -86,6 +86,36 @@ def test_int8_model_failing_its_verification_is_not_timed(tmp_path, monkeypatch)
     assert bad["median_ms"] is None and bad["iterations"] is None
 
 
+def test_the_int8_cache_is_read_through_the_report_schema_and_remade_when_it_does_not_parse(tmp_path, monkeypatch):
+    """bench-latency reuses a cached int8 model whose report (read as QuantizationReport) passed, quantizing
+    nothing; a report of another schema is not trusted: the model is quantized again."""
+    from pathlib import Path
+
+    from attnzoo.benchmarks import rows as bench_rows
+    from attnzoo.export.verify import report_path
+    from attnzoo.fileio import sha256_file
+
+    ref = json.loads((Path(__file__).parent / "data" / "quantization-reports" / "vit_int8.report.json").read_text())
+    fp32 = tmp_path / "m.onnx"
+    fp32.write_bytes(b"an fp32 graph")
+    out = tmp_path / "cache" / "int8" / f"m-{sha256_file(fp32)[:12]}.modelopt-int8-cpu.onnx"
+    out.parent.mkdir(parents=True)
+    out.write_bytes(b"its int8 graph")
+    report_path(out).write_text(json.dumps(ref))
+    calls = []
+    monkeypatch.setattr(bench_rows, "quantize_verified", lambda *a, **k: calls.append(k) or ref)
+    _, facts = bench_rows.int8_onnx(fp32, {"img_size": 32}, tmp_path / "cache")
+    q = ref["quantization"]
+    assert calls == [] and facts == {
+        "quantizer": f"{q['quantizer']} {q['quantizer_version']}", "verified": ref["verified"],
+        "placement": q["options"]["placement"], "quantized_ops": q["qdq"]["quantized_ops"],
+        "excluded_extra_math": len(q["excluded_nodes"]), "calibration": q["calibration"]["source"],
+        "fidelity": ref["fidelity"], "model": out.name}
+    report_path(out).write_text(json.dumps({**ref, "a_field_of_another_schema": 1}))
+    _, again = bench_rows.int8_onnx(fp32, {"img_size": 32}, tmp_path / "cache")
+    assert len(calls) == 1 and calls[0]["placement"] == "cpu" and again == facts
+
+
 @pytest.fixture(scope="module")
 def belief2_fp32(tmp_path_factory):
     import torch
@@ -268,7 +298,7 @@ def test_demo_and_serve_models_mean_the_same_by_dtype_fp32(tmp_path):
     from attnzoo.export import load_for_export
     from attnzoo.runtime.sessions import served_precision
     from attnzoo.serve.loading import load_onnx_dir
-    from attnzoo.serve.rayserve.launch import _matching
+    from attnzoo.serve.rayserve.selection import _matching
 
     assert [served_precision(d) for d in ("fp32", "fp16", "int8", "fp8")] == ["fp32", "fp32", "int8", "fp8"]
     for dtype in ("fp32", "fp16"):
