@@ -26,6 +26,7 @@ from attnzoo.runtime import openvino as ov_rt
 from attnzoo.runtime.sessions import available_providers, ort_session, session_options
 
 torch = lazy_import("torch")
+onnx = lazy_import("onnx")
 
 __all__ = ["DEFAULT_SIZE", "MAX_SIZE", "int8_isa", "matmul_ceiling", "ceiling_for", "fraction"]
 
@@ -47,15 +48,14 @@ def int8_isa(flags: List[str]) -> Optional[str]:
 
 def _onnx_matmul(path: Path, n: int, int8: bool, w: np.ndarray) -> None:
     """Write a one-node ONNX model ``y = x @ w`` (``MatMulInteger`` for int8) with ``w`` as an initializer."""
-    from onnx import TensorProto, helper, numpy_helper, save  # heavy: onnx; --help loads this module
-
-    op, x_type, y_type = ("MatMulInteger", TensorProto.UINT8, TensorProto.INT32) if int8 else \
-        ("MatMul", TensorProto.FLOAT, TensorProto.FLOAT)
-    graph = helper.make_graph([helper.make_node(op, ["x", "w"], ["y"])], "matmul",
-                              [helper.make_tensor_value_info("x", x_type, [n, n])],
-                              [helper.make_tensor_value_info("y", y_type, [n, n])],
-                              [numpy_helper.from_array(w, "w")])
-    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    op, x_type, y_type = ("MatMulInteger", onnx.TensorProto.UINT8, onnx.TensorProto.INT32) if int8 else \
+        ("MatMul", onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT)
+    graph = onnx.helper.make_graph([onnx.helper.make_node(op, ["x", "w"], ["y"])], "matmul",
+                                   [onnx.helper.make_tensor_value_info("x", x_type, [n, n])],
+                                   [onnx.helper.make_tensor_value_info("y", y_type, [n, n])],
+                                   [onnx.numpy_helper.from_array(w, "w")])
+    onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8),
+              str(path))
 
 
 def _rate(fn: Callable[[], object], ops: float, seconds: float) -> Dict[str, float]:

@@ -45,7 +45,7 @@ def quantize_int8(onnx_path: Path, out_path: Path) -> Path:
     export's ``value_info`` is dropped first (with it the quantizer's shape inference fails with "Inferred
     shape and existing shape differ"); ONNX shape inference recomputes it.
     """
-    from onnxruntime.quantization import QuantType, quantize_dynamic  # heavy: ONNX Runtime's quantizer
+    from onnxruntime.quantization import QuantType, quantize_dynamic  # heavy: ONNX Runtime's quantizer, rarely used
 
     onnx_path, out_path = Path(onnx_path), Path(out_path)
     if out_path.exists() and out_path.stat().st_mtime >= onnx_path.stat().st_mtime:
@@ -111,15 +111,13 @@ def gemm_gflops(threads: int, m: int = 8 * 197, k: int = 192, n: int = 768, seco
     The default shape is ``blocks.*.mlp.fc1`` at batch 8: (8 * 197, 192) x (192, 768). Returns GFLOP/s of
     the median call of each, measured alternately, so the two see the same load.
     """
-    from onnx import TensorProto, helper, numpy_helper  # heavy: onnx
-
     x = torch.randn(m, k)
     w = torch.randn(n, k)
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "gemm",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
-                              [numpy_helper.from_array(w.T.contiguous().numpy(), "w")])
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
+    graph = onnx.helper.make_graph([onnx.helper.make_node("MatMul", ["x", "w"], ["y"])], "gemm",
+                                   [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [m, k])],
+                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [m, n])],
+                                   [onnx.numpy_helper.from_array(w.T.contiguous().numpy(), "w")])
+    proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 20)], ir_version=10)
     sess = ort.InferenceSession(proto.SerializeToString(), session_options(threads, "all", spinning=False),
                                 providers=["CPUExecutionProvider"])
     feed = {"x": x.numpy()}

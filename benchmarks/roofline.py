@@ -29,6 +29,7 @@ from attnzoo.lazy import lazy_import
 from attnzoo.runtime.backends import backend_names, get_backend
 
 torch = lazy_import("torch")
+bench_flops = lazy_import("attnzoo.benchmarks.flops")  # torch and timm: bench-latency --help loads without them
 
 __all__ = ["GPU", "GPUS", "GPU_ALIASES", "PRECISIONS", "WIDTH", "resolve_gpus", "gpu_key", "bound",
            "roofline", "markdown", "against_results"]
@@ -154,13 +155,11 @@ def bound(matrix_flops: float, vector_ops: float, bytes_moved: float, gpu: GPU, 
 def roofline(variants: Sequence[str], task: str, arch: str, batch_sizes: Sequence[int], gpus: Sequence[str],
              precisions: Sequence[str] = PRECISIONS) -> Dict[str, Any]:
     """Counts and bounds of every (variant, batch) on every GPU and precision (the ``--roofline`` result)."""
-    from attnzoo.benchmarks.flops import count_variant, meta_model  # heavy: loads torch (models on the meta device)
-
     models, rows = [], []
     for variant in variants:
-        model = meta_model(variant, task, arch)
+        model = bench_flops.meta_model(variant, task, arch)
         for batch in batch_sizes:
-            c = count_variant(variant, batch=batch, model=model)
+            c = bench_flops.count_variant(variant, batch=batch, model=model)
             models.append({"variant": variant, "task": task, "arch": arch, "batch": batch, **c.to_dict()})
             for precision in precisions:
                 nbytes = c.bytes(WIDTH[precision])

@@ -14,7 +14,12 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from attnzoo.benchmarks.report import markdown_table, plot_latency, plot_overhead
 from attnzoo.fileio import atomic_write_text
+from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary
+
+# report-variant --help loads without torch and timm: imported at their first use
+factory = lazy_import("attnzoo.models.factory")
+scaling_study = lazy_import("attnzoo.studies.scaling")
 
 __all__ = ["verdict", "markdown", "plots", "write_report", "RUNTIMES"]
 
@@ -69,9 +74,7 @@ def _overhead_197(report: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
 
 
 def _tokens(identity: Mapping[str, Any], arch: str) -> Optional[int]:
-    from attnzoo.models.factory import ARCHS  # heavy: torch and timm; report-variant --help stays fast
-
-    a = ARCHS.get(arch)
+    a = factory.ARCHS.get(arch)
     return None if a is None else (a["img_size"] // a["patch_size"]) ** 2 + 1
 
 
@@ -161,8 +164,6 @@ def verdict(report: Mapping[str, Any], out: Path) -> Dict[str, Any]:
 # ------------------------------------------------------------------------------------------------ plots
 def plots(report: Mapping[str, Any], out: Path) -> Dict[str, Path]:
     """The PNGs of the cost section (those it has data for)."""
-    from attnzoo.studies.scaling import plot as plot_scaling  # heavy: torch and timm; report-variant --help stays fast
-
     cost = report.get("cost") or {}
     written: Dict[str, Path] = {}
     lat = cost.get("latency") or {}
@@ -174,7 +175,7 @@ def plots(report: Mapping[str, Any], out: Path) -> Dict[str, Path]:
             written["overhead"] = plot_overhead(lat["overheads"], out / "overhead.png")
     sc = cost.get("scaling") or {}
     if sc.get("status") == "ok" and any(r["status"] == "ok" for r in sc["rows"]):
-        written["scaling"] = plot_scaling(dict(sc), out / "scaling.png")
+        written["scaling"] = scaling_study.plot(dict(sc), out / "scaling.png")
     return written
 
 

@@ -34,11 +34,15 @@ from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary, environment, load_average
 from attnzoo.runtime.backends.ort_cpu import tuned_cpu_session
 from attnzoo.runtime.openvino import OpenVINOSession, unavailable_reason
+from attnzoo.runtime.fusion import audit
 from attnzoo.runtime.parity import check
 from attnzoo.studies.mae_forms import time_round_robin
 from attnzoo.studies.report import write_report
 
+# --help and usage errors load without torch, onnx and timm: these import at their first use
 torch = lazy_import("torch")
+models = lazy_import("attnzoo.models")
+export = lazy_import("attnzoo.export")
 
 __all__ = ["OPSETS", "export_pair", "time_opsets", "speedups", "markdown", "main"]
 
@@ -49,14 +53,10 @@ OPSETS = (20, 23)
 def export_pair(model, variant: str, img_size: int, folder: Path, threads: int) -> Dict[int, Dict[str, Any]]:
     """``model`` exported and verified at each of :data:`OPSETS`: ``{opset: {"path", "ops", "export_time_s",
     "audit"}}``. Raises ``RuntimeError`` when an export fails its verification."""
-    # heavy: torch and timm; --help stays fast
-    from attnzoo.export import export_verified
-    from attnzoo.runtime.fusion import audit
-
     out = {}
     for opset in OPSETS:
         path = folder / f"{variant}_{img_size}_opset{opset}.onnx"
-        report = export_verified(model, path, model.attnzoo_config, opset=opset, input_hw=(img_size, img_size),
+        report = export.export_verified(model, path, model.attnzoo_config, opset=opset, input_hw=(img_size, img_size),
                                  batch_sizes=(1,), threads=threads)
         if not report["passed"]:
             raise RuntimeError(f"{variant} at opset {opset}: export failed verification: {report['failures']}")
@@ -173,13 +173,11 @@ def _sizes(text: str) -> List[int]:
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m attnzoo.studies.fusable``."""
-    from attnzoo.models import ARCHS, VARIANT_NAMES, VARIANTS, canonical_name, create_model  # heavy: torch and timm; --help stays fast
-
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
-    variants = parse_names(a.variants, canonical_name, "variant", ", ".join(VARIANT_NAMES))
-    if a.arch not in ARCHS:
-        raise UsageError(f"--arch: unknown {a.arch!r}; valid: {', '.join(ARCHS)}")
+    variants = parse_names(a.variants, models.canonical_name, "variant", ", ".join(models.VARIANT_NAMES))
+    if a.arch not in models.ARCHS:
+        raise UsageError(f"--arch: unknown {a.arch!r}; valid: {', '.join(models.ARCHS)}")
     sizes = _sizes(a.img_sizes)
     for flag, v, low in (("--threads", a.threads, 1), ("--rounds", a.rounds, 2)):
         if v < low:
@@ -190,13 +188,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     torch.set_num_threads(a.threads)
     env = environment()
     no_dot = {v: "its scores are a pairwise L1 distance, not a dot product, so no attention op computes them"
-              for v in variants if VARIANTS[v].pairwise_scores}
+              for v in variants if models.VARIANTS[v].pairwise_scores}
     exports, rows = [], []
     jobs = [(v, s) for v in variants if v not in no_dot for s in sizes]
     for variant, size in tqdm(jobs, desc="fusable", disable=a.no_progress):
         torch.manual_seed(a.seed)
-        model = create_model(variant, task="cls", arch=a.arch, img_size=size).eval()
-        tokens = (size // ARCHS[a.arch]["patch_size"]) ** 2 + 1
+        model = models.create_model(variant, task="cls", arch=a.arch, img_size=size).eval()
+        tokens = (size // models.ARCHS[a.arch]["patch_size"]) ** 2 + 1
         pair = export_pair(model, variant, size, cache, a.threads)
         exports.append({"variant": variant, "img_size": size, "tokens": tokens,
                         "opsets": {str(o): {k: v for k, v in x.items() if k != "path"} for o, x in pair.items()}})

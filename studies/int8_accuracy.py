@@ -39,6 +39,7 @@ from attnzoo.cli import add_debug_flag, entry_point, parse_batch_sizes
 from attnzoo.errors import UsageError
 from attnzoo.data.datasets import load_data
 from attnzoo.fileio import default_cache_dir, writable_dir
+from attnzoo.lazy import lazy_import
 from attnzoo.machine import environment, load_average
 from attnzoo.metrics import confusion_matrix, metrics_from_confusion
 from attnzoo.preprocess import normalize
@@ -46,6 +47,8 @@ from attnzoo.runtime.backends.ort_cpu import tuned_cpu_session
 from attnzoo.runtime.evaluate import predict_session
 from attnzoo.studies.report import contended, write_report, zoo_entries
 from attnzoo.zoo import DEFAULT_DATA
+
+export = lazy_import("attnzoo.export")  # onnx and timm: --help and --table load without them
 
 __all__ = ["int8_rows", "markdown", "readme_table", "machine_label",
            "main"]
@@ -56,12 +59,10 @@ def _metric(conf: np.ndarray, task: str, class_names: Sequence[str]) -> float:
 
 def _verified_fp32(model, cfg: Dict[str, Any], path: Path, sha256: str, threads: int) -> Path:
     """The model's fp32 ONNX, exported and verified as ``export-model`` does it (raises if it fails)."""
-    from attnzoo.export import export_verified  # heavy: onnx and timm; --help stays fast
-
     path.parent.mkdir(parents=True, exist_ok=True)
     size = int(cfg["img_size"])
-    export_verified(model, path, cfg, dtype="fp32", input_hw=(size, size), batch_sizes=(1, 8),
-                    checkpoint_sha256=sha256, threads=threads)
+    export.export_verified(model, path, cfg, dtype="fp32", input_hw=(size, size), batch_sizes=(1, 8),
+                           checkpoint_sha256=sha256, threads=threads)
     return path
 
 

@@ -37,7 +37,11 @@ from attnzoo.runtime.openvino import OpenVINOSession, unavailable_reason
 from attnzoo.runtime.parity import check
 from attnzoo.studies.report import write_report
 
+# --help and usage errors load without torch, onnx and timm: these import at their first use
 torch = lazy_import("torch")
+models = lazy_import("attnzoo.models")
+wafe = lazy_import("attnzoo.models.wafe")
+export = lazy_import("attnzoo.export")
 
 __all__ = ["forms", "time_round_robin", "markdown", "main"]
 
@@ -51,19 +55,15 @@ def forms(blocks: Sequence[int]) -> List[str]:
 
 def _export(model, form: str, path: Path, threads: int) -> Dict[str, Any]:
     """Export ``model`` with the pairwise L1 in ``form``, verified; returns the verification report."""
-    # heavy: torch and timm; --help stays fast
-    from attnzoo.export import export_verified
-    from attnzoo.models import wafe
-
     impl, block = ("broadcast", None) if form == "broadcast" else ("blocked", int(form[len("blocked"):]))
     layers = [m for m in model.modules() if isinstance(m, wafe.PairwiseL1)]
     for layer in layers:
         layer.impl = impl
     try:
         # exactly ``block`` queries per block (the default rule would cap the block count instead)
-        with mock.patch.object(wafe, "mae_block", (lambda n: block) if block else wafe.mae_block):
+        with mock.patch("attnzoo.models.wafe.mae_block", (lambda n: block) if block else wafe.mae_block):
             cfg = model.attnzoo_config
-            return export_verified(model, path, cfg, input_hw=(cfg["img_size"],) * 2, batch_sizes=(1,),
+            return export.export_verified(model, path, cfg, input_hw=(cfg["img_size"],) * 2, batch_sizes=(1,),
                                    threads=threads)
     finally:
         for layer in layers:
@@ -133,14 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m attnzoo.studies.mae_forms``."""
-    from attnzoo.models import ARCHS, create_model  # heavy: torch and timm; --help stays fast
-
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
     if a.variant not in MAE_VARIANTS:
         raise UsageError(f"--variant: unknown {a.variant!r}; valid: {', '.join(MAE_VARIANTS)}")
-    if a.arch not in ARCHS:
-        raise UsageError(f"--arch: unknown {a.arch!r}; valid: {', '.join(ARCHS)}")
+    if a.arch not in models.ARCHS:
+        raise UsageError(f"--arch: unknown {a.arch!r}; valid: {', '.join(models.ARCHS)}")
     batches = parse_batch_sizes(a.batch_sizes)
     try:
         blocks = list(dict.fromkeys(int(b) for b in a.blocks.split(",") if b.strip()))
@@ -158,7 +156,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     torch.set_num_threads(a.threads)
     env = environment()
     torch.manual_seed(a.seed)
-    model = create_model(a.variant, task="cls", arch=a.arch).eval()
+    model = models.create_model(a.variant, task="cls", arch=a.arch).eval()
     paths, exports = {}, {}
     for form in tqdm(forms(blocks), desc="export + verify", disable=a.no_progress):
         paths[form] = cache / f"{a.variant}_{a.arch}_{form}.onnx"

@@ -14,14 +14,15 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 from attnzoo.benchmarks.cli import variant_list
 from attnzoo.errors import UsageError
 from attnzoo.fileio import atomic_write_text
+from attnzoo.lazy import lazy_import
+
+zoo = lazy_import("attnzoo.zoo")  # torch: the light studies' --help and --table load without it
 
 __all__ = ["zoo_entries", "contended", "reprint", "require_out", "write_report"]
 
 
 def zoo_entries(a: argparse.Namespace) -> List[Dict[str, Any]]:
     """Zoo entries of ``--data`` / ``--task`` / ``--variants``; ``UsageError`` naming what the zoo has otherwise."""
-    from attnzoo import zoo  # heavy: the zoo loads torch
-
     have = [e for e in zoo.entries() if e["data"] == a.data and a.task in ("all", e["task"])]
     if not have:
         datasets = sorted({e["data"] for e in zoo.entries()})

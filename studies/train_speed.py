@@ -28,7 +28,12 @@ from attnzoo.cli import add_debug_flag, entry_point
 from attnzoo.errors import UsageError
 from attnzoo.data.datasets import TensorDataset, load_data
 from attnzoo.machine import cpu_summary, environment, load_average
+from attnzoo.lazy import lazy_import
 from attnzoo.studies.report import require_out, reprint, write_report
+
+# --help and --table load without timm: imported at their first use
+models = lazy_import("attnzoo.models")
+training_zoo = lazy_import("attnzoo.training.zoo")
 
 __all__ = ["SETTINGS", "time_steps", "run", "markdown", "main"]
 
@@ -36,17 +41,13 @@ SETTINGS = ("eager-1t", "eager-2t", "channels-last", "compile", "pair-1t")
 
 
 def _setup(variant: str, recipe: str, n_images: int):
-    # heavy: timm; --help stays fast
-    from attnzoo.models import create_model
-    from attnzoo.training.zoo import VARIANT_OPTIONS, recipes
-
     data, task = recipe.split("/")
-    r = recipes(retrain=True)[recipe]
+    r = training_zoo.recipes(retrain=True)[recipe]
     images = load_data(data, "train", task, r["img_size"], n_images, scene=r.get("scene"))
     torch.manual_seed(0)
     seg_kw = {"decoder": "linear"} if task == "seg" else {}
-    model = create_model(variant, task, r["arch"], num_classes=len(images.class_names), img_size=r["img_size"],
-                         **seg_kw, **VARIANT_OPTIONS.get(variant, {}))
+    model = models.create_model(variant, task, r["arch"], num_classes=len(images.class_names), img_size=r["img_size"],
+                         **seg_kw, **training_zoo.VARIANT_OPTIONS.get(variant, {}))
     return model, TensorDataset(images, task), r
 
 
@@ -142,10 +143,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if reprint(a.table, markdown):
         return 0
     out = require_out(a.out)
-    from attnzoo.models import canonical_name  # heavy: timm; usage errors stay fast
-
     try:
-        variants = [canonical_name(v) for v in a.variants]
+        variants = [models.canonical_name(v) for v in a.variants]
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if a.steps < 1 or a.warmup < 1:
