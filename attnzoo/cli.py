@@ -28,6 +28,7 @@ import traceback
 from typing import Callable, Iterator, List, Optional, Sequence
 
 from attnzoo.errors import CommandError, CommandExit, UsageError, first_line
+from attnzoo.limits import check_batch_sizes
 from attnzoo.signals import (SIGNAL_EXITS, Interrupted, PendingSignal, Terminated, abandon, abandoned,
                              run_in_worker, signals_deferred, signals_raise)
 
@@ -74,8 +75,6 @@ def parse_batch_sizes(value: str, flag: str = "--batch-sizes") -> List[int]:
         UsageError: anything but integers in ``1..MAX_BATCH_SIZE`` (:func:`attnzoo.limits.check_batch_sizes`),
             or none: one line naming ``flag``.
     """
-    from attnzoo.limits import check_batch_sizes
-
     try:
         sizes = [int(v) for v in value.split(",") if v.strip()]
     except ValueError:

@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional
 from attnzoo.lazy import lazy_import
 
 torch = lazy_import("torch")
+ort = lazy_import("onnxruntime")
 
 __all__ = ["environment", "cpu_info", "cpu_summary", "gpu_info", "load_average", "rss_bytes", "BF16_FLAGS",
            "bf16_problem"]
@@ -118,11 +119,10 @@ def rss_bytes() -> int:
 
 def environment() -> Dict[str, Any]:
     """Everything needed to compare two result files: hardware, load, versions, thread settings."""
-    ort = None
     try:
-        import onnxruntime as ort
-    except ImportError:
-        pass
+        providers = ort.get_available_providers()
+    except ImportError:  # ONNX Runtime is not installed
+        providers = []
     return {
         "cpu": cpu_info(),
         "gpu": gpu_info(),
@@ -132,6 +132,6 @@ def environment() -> Dict[str, Any]:
         "versions": {name: _version(name) for name in
                      ("torch", "onnxruntime", "openvino", "onnx", "tensorrt", "tensorrt_rtx", "timm", "numpy",
                       "triton")},
-        "ort_providers": ort.get_available_providers() if ort else [],
+        "ort_providers": providers,
         "torch_threads": torch.get_num_threads(),
     }
