@@ -38,6 +38,10 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
+import onnx
+import onnxruntime as ort
+from PIL import Image
+from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
 FASHION = ROOT / "attnzoo" / "data" / "fashion-mnist"  # the official files (the same bytes as Debian's)
@@ -69,8 +73,6 @@ def compose(images: np.ndarray, labels: np.ndarray, n: int, size: int = 48, seed
     garment's pixels (those above 24) land on earlier garments (30 tries, else the garment is left out;
     ``max_overlap`` 1: anywhere; a pair ``(lo, hi)``: each scene draws its own cap uniformly from it). Returns gray
     uint8 scenes and masks (class + 1 where the top garment's pixel is above 24, else 0)."""
-    from PIL import Image
-
     rng = np.random.RandomState(seed)
     scenes = np.zeros((n, size, size), np.uint8)
     masks = np.zeros((n, size, size), np.uint8)
@@ -95,15 +97,11 @@ def compose(images: np.ndarray, labels: np.ndarray, n: int, size: int = 48, seed
 
 
 def metadata(path: Path) -> Dict[str, str]:
-    import onnx
-
     return {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
 
 
 def run_onnx(path: Path, gray: np.ndarray, batch: int = 500) -> np.ndarray:
     """Logits of the ONNX file for gray uint8 images (N, H, W), preprocessed from the file's metadata."""
-    import onnxruntime as ort
-
     meta = metadata(path)
     mean = np.array(json.loads(meta["mean"]), np.float32).reshape(1, -1, 1, 1)
     std = np.array(json.loads(meta["std"]), np.float32).reshape(1, -1, 1, 1)
@@ -152,8 +150,6 @@ def export(variant: str, checkpoint: Path, out: Path, dtype: str = "fp32") -> fl
 def extra_math_quantized(path: Path) -> Tuple[int, List[str]]:
     """(nodes inside an extra-math scope, those of them that read a DequantizeLinear output, through layout
     ops), found in the graph by name."""
-    import onnx
-
     graph = onnx.load(str(path), load_external_data=False).graph
     producer = {o: n for n in graph.node for o in n.output}
     inside = [n for n in graph.node if any(f".attn.{s}/" in n.name for s in EXTRA_SCOPES)]
@@ -199,8 +195,6 @@ def main() -> int:
         p.error("--dtype int8 checks classifiers: pass --tasks cls")
     if len(args.overlap) not in (1, 2):
         p.error("--overlap takes one cap or a range LO HI")
-    from tqdm import tqdm
-
     tasks, wanted = args.tasks.split(","), [v for v in args.variants.split(",") if v]
     if args.checkpoints:
         entries = []

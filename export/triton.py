@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import onnx
+from google.protobuf import text_format
 
 from attnzoo.fileio import atomic_write_text
 from attnzoo.runtime.contract import INPUT_NAME, OUTPUT_NAME
@@ -42,8 +43,7 @@ _ONNX_TO_TRITON = {1: "TYPE_FP32", 10: "TYPE_FP16"}
 def triton_unavailable_reason() -> Optional[str]:
     """Why Triton's config schema cannot be loaded here (one line), or None."""
     try:
-        from tritonclient.grpc import model_config_pb2  # noqa: F401
-        from google.protobuf import text_format  # noqa: F401
+        from tritonclient.grpc import model_config_pb2  # noqa: F401  # optional: the [serving] extra; installed?
     except ImportError as exc:
         return (f"Triton's config schema needs tritonclient[grpc] ({exc}); install it with "
                 "pip install -e \".[serving]\"")
@@ -95,7 +95,6 @@ def parse_config(text: str, source: str = "config.pbtxt"):
     Raises:
         ValueError: a field Triton does not know, a wrong type or syntax (the parser's message).
     """
-    from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2  # optional: tritonclient (the [serving] extra)
 
     try:
@@ -124,7 +123,7 @@ def check_config(config, contract: Any, onnx_path: Union[str, Path], labels: Seq
     file, not from the config's writer), the labels file (one name per logit channel, as in the contract) and
     dynamic batching.
     """
-    from tritonclient.grpc import model_config_pb2 as pb  # optional: tritonclient
+    from tritonclient.grpc import model_config_pb2 as pb  # optional: tritonclient (the [serving] extra)
 
     failures = []
     if config.platform not in MODEL_FILES:
