@@ -18,15 +18,16 @@ os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 os.environ["DO_NOT_TRACK"] = "1"
 os.environ.setdefault("GRADIO_SSR_MODE", "False")
 
+from attnzoo.lazy import lazy_import  # noqa: E402
 from attnzoo.serve.loading import ServedModel, load_models  # noqa: E402
 from attnzoo.serve.predict import classify, segment  # noqa: E402
+
+_demo_app = lazy_import("attnzoo.serve.demo.app")  # gradio: imported by the first build_demo
 
 
 def build_demo(*args, **kwargs):
     """Build the ``gr.Blocks`` demo (see :func:`attnzoo.serve.demo.app.build_demo`); imports Gradio lazily."""
-    from attnzoo.serve.demo.app import build_demo as _build
-
-    return _build(*args, **kwargs)
+    return _demo_app.build_demo(*args, **kwargs)
 
 
 __all__ = ["ServedModel", "load_models", "classify", "segment", "build_demo"]

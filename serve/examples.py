@@ -18,6 +18,11 @@ import numpy as np
 from PIL import Image
 
 from attnzoo.fileio import atomic_path, atomic_write_text
+from attnzoo.lazy import lazy_import
+
+# used by generate() only: the demo reads the shipped examples without torch and the training code
+fashion_mnist = lazy_import("attnzoo.data.fashion")
+training_zoo = lazy_import("attnzoo.training.zoo")
 
 __all__ = ["EXAMPLES_DIR", "pixel_hash", "index", "title", "example_paths", "find_example", "true_mask", "generate"]
 
@@ -72,32 +77,31 @@ def generate(folder: Path = EXAMPLES_DIR, n_cls: int = 6, n_seg: int = 4, seed: 
     of the first ``n_cls`` classes, and the first ``n_seg`` composed test scenes
     (:func:`attnzoo.data.fashion.fashion`).
     """
-    from attnzoo.data.fashion import FASHION_CLASSES, FASHION_SEG_CLASSES, fashion
-    from attnzoo.training.zoo import RECIPES
-
+    fashion, recipes = fashion_mnist.fashion, training_zoo.RECIPES
+    cls_names, seg_names = fashion_mnist.FASHION_CLASSES, fashion_mnist.FASHION_SEG_CLASSES
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     entries = []
-    cls = fashion("test", "cls", RECIPES["fashion/cls"]["img_size"])
-    firsts = [int(np.flatnonzero(cls.labels == c)[0]) for c in range(min(n_cls, len(FASHION_CLASSES)))]
+    cls = fashion("test", "cls", recipes["fashion/cls"]["img_size"])
+    firsts = [int(np.flatnonzero(cls.labels == c)[0]) for c in range(min(n_cls, len(cls_names)))]
     for i, j in enumerate(firsts):
         name = f"fashion_cls_{i}"
         entry = {"image": f"{name}.png", "task": "cls", "sha256": pixel_hash(Image.fromarray(cls.images[j])),
-                 "label": FASHION_CLASSES[int(cls.labels[j])], "test_index": j}
+                 "label": cls_names[int(cls.labels[j])], "test_index": j}
         _save_png(cls.images[j], folder / entry["image"])
         entries.append(entry)
-    seg = fashion("test", "seg", RECIPES["fashion/seg"]["img_size"], n_seg, seed,
-                  scene=RECIPES["fashion/seg"].get("scene"))
+    seg = fashion("test", "seg", recipes["fashion/seg"]["img_size"], n_seg, seed,
+                  scene=recipes["fashion/seg"].get("scene"))
     for i in range(n_seg):
         name = f"fashion_seg_{i}"
         entry = {"image": f"{name}.png", "task": "seg", "sha256": pixel_hash(Image.fromarray(seg.images[i])),
-                 "mask": f"{name}_mask.png", "classes": sorted({FASHION_SEG_CLASSES[c] for c in np.unique(seg.masks[i])})}
+                 "mask": f"{name}_mask.png", "classes": sorted({seg_names[c] for c in np.unique(seg.masks[i])})}
         _save_png(seg.images[i], folder / entry["image"])
         _save_png(seg.masks[i], folder / entry["mask"])
         entries.append(entry)
     data = {"title": "Fashion-MNIST test images", "generator": {"function": "attnzoo.serve.examples.generate",
                                                              "split": "test", "seed": seed},
-            "classes": {"cls": list(FASHION_CLASSES), "seg": list(FASHION_SEG_CLASSES)}, "examples": entries}
+            "classes": {"cls": list(cls_names), "seg": list(seg_names)}, "examples": entries}
     keep = {e["image"] for e in entries} | {e["mask"] for e in entries if "mask" in e}
     for old in folder.glob("*.png"):  # examples of an earlier generator
         if old.name not in keep:

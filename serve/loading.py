@@ -28,18 +28,38 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-import numpy as np
+import atexit
+import io
+import subprocess
 
-from attnzoo.fileio import CACHE_ENV, default_cache_dir  # noqa: F401  (re-exported)
-from attnzoo.preprocess import input_style_of
+import numpy as np
+from tqdm import tqdm
+
+from attnzoo import zoo
+from attnzoo.errors import first_line
+from attnzoo.fileio import default_cache_dir, sha256_file
+from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_info
+from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, input_style_of
 from attnzoo.runtime.backends import (ONNX_REFERENCE, LoadOptions, Session, check_against_reference, cpu_runtimes,
                                       get_backend)
-from attnzoo.runtime.sessions import SERVED_DTYPES, served_precision
+from attnzoo.runtime.bf16 import verify_bf16
+from attnzoo.runtime.choice import fastest_cpu_runtime
+from attnzoo.runtime.contract import ModelContract
+from attnzoo.runtime.sessions import SERVED_DTYPES, served_precision, serves, verification_problem
 from attnzoo.zoo import DEFAULT_DATA
 
+# imported on first use, so that serve-demo and serve-models (their --help too) start without timm, onnx and the
+# exporter, which only an export or a checkpoint needs; httpx only for --backend-url
+registry = lazy_import("attnzoo.models")
+checkpoint = lazy_import("attnzoo.models.checkpoint")
+export = lazy_import("attnzoo.export")
+quantize = lazy_import("attnzoo.export.quantize")
+onnx = lazy_import("onnx")
+httpx = lazy_import("httpx")
+
 __all__ = ["AUTO", "REFERENCE", "resolve_backend", "ServedModel", "load_models", "zoo_rows", "load_onnx_dir", "load_checkpoint_dir",
-           "load_zoo_torch", "load_zoo_onnx", "export_zoo", "zoo_onnx_name", "default_cache_dir",
+           "load_zoo_torch", "load_zoo_onnx", "export_zoo", "zoo_onnx_name",
            "choose_cpu_backend", "load_remote", "RemoteError", "load_bf16_models", "recording_skips"]
 
 #: ``--backend auto``: the faster of the registry's CPU runtimes on this machine, measured at start-up on the
@@ -137,10 +157,6 @@ def choose_cpu_backend(folder: Path, threads: Optional[int] = None, dtype: Optio
     """``auto``: the faster CPU runtime of the registry on this machine, timed on the first valid classifier and
     segmenter of ``folder`` (only files of precision ``dtype`` when given, and only servable ones: a quantized
     file must pass :func:`attnzoo.runtime.sessions.verification_problem`); returns ``(backend, one-line reason)``."""
-    from attnzoo.runtime.choice import fastest_cpu_runtime
-    from attnzoo.runtime.contract import ModelContract
-    from attnzoo.runtime.sessions import verification_problem
-
     installed = {b.name: (lambda p, b=b: b.load(p, b.options(threads=threads, batch=1)))
                  for b in cpu_runtimes() if b.unavailable_reason("fp32", "cpu") is None}
     if len(installed) < 2:
@@ -163,8 +179,6 @@ def choose_cpu_backend(folder: Path, threads: Optional[int] = None, dtype: Optio
 
 def _from_config(config: Dict, run: Callable, fixed: bool, source: Path, backend: str,
                  input_size: Optional[Sequence[int]] = None, input_style: Optional[str] = None) -> ServedModel:
-    from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD
-
     size = input_size or (config["img_size"], config["img_size"])
     names = [str(c) for c in config.get("class_names") or range(int(config["num_classes"]))]
     return ServedModel(
@@ -181,9 +195,8 @@ def _unique_names(models: List[ServedModel]) -> List[ServedModel]:
     for m in models:
         if counts[(m.task, m.variant)] > 1:
             m.name = Path(m.source).stem
-    from attnzoo.models import VARIANT_NAMES
 
-    order = {v: i for i, v in enumerate(VARIANT_NAMES)}  # standard first, then the papers' variants
+    order = {v: i for i, v in enumerate(registry.VARIANT_NAMES)}  # standard first, then the papers' variants
     return sorted(models, key=lambda m: (m.task, order.get(m.variant, len(order)), m.name))
 
 
@@ -194,10 +207,8 @@ def _warn(message: str) -> None:
 def _warmed_up(m: ServedModel) -> ServedModel:
     """Run ``m`` once on zeros (the first call allocates, so the first latency shown is a real one) and check
     that it outputs one logit channel per class name; ``ValueError`` naming both counts otherwise."""
-    from attnzoo.models.checkpoint import check_logits
-
     out = m.run(np.zeros((1, 3, *m.input_size), np.float32))
-    check_logits(m.class_names, out.shape, m.task, Path(m.source).name)
+    checkpoint.check_logits(m.class_names, out.shape, m.task, Path(m.source).name)
     return m
 
 
@@ -214,8 +225,6 @@ def _model_files(directory: Path, suffix: str) -> List[Path]:
 
 
 def _skip(path: Path, exc: BaseException) -> None:
-    from attnzoo.errors import first_line
-
     _warn(f"skipping {path.name}: {first_line(exc)}")
     recorded = _SKIPS.get()
     if recorded is not None:
@@ -248,11 +257,6 @@ def load_onnx_dir(directory: Path, backend: str = REFERENCE, threads: Optional[i
     (:func:`attnzoo.runtime.sessions.verification_problem`: written by export-model, passed, this file's SHA-256;
     a quantized one also scored within the tolerance), or fails to load is skipped with a warning naming it and the
     reason."""
-    from tqdm import tqdm
-
-    from attnzoo.runtime.contract import ModelContract
-    from attnzoo.runtime.sessions import verification_problem
-
     models = []
     paths = [p for p in _model_files(directory, ".onnx") if only is None or p.name in set(only)]
     for path in tqdm(paths, desc=f"loading models ({backend})", unit="model", disable=len(paths) < 4):
@@ -277,12 +281,10 @@ def load_onnx_dir(directory: Path, backend: str = REFERENCE, threads: Optional[i
 def load_checkpoint_dir(directory: Path) -> List[ServedModel]:
     """Every ``.safetensors`` checkpoint of ``directory``, run by PyTorch (segmenters take any size); bad
     files are skipped with a warning, as in :func:`load_onnx_dir`."""
-    from attnzoo.models.checkpoint import load_checkpoint
-
     models = []
     for path in _model_files(directory, ".safetensors"):
         try:
-            model, config = load_checkpoint(path)
+            model, config = checkpoint.load_checkpoint(path)
             session = get_backend("eager").load(model, LoadOptions())
             served = _from_config(config, session.run, session.fixed_size, path, session.backend)
             models.append(_warmed_up(served))
@@ -295,15 +297,12 @@ def zoo_rows(data: str, variants: Optional[Sequence[str]] = None,
               tasks: Optional[Sequence[str]] = None) -> List[Dict]:
     """Manifest rows trained on ``data`` (only ``variants`` / ``tasks`` when given; an unknown variant or a
     selection the zoo lacks is a ``ValueError`` naming what it has)."""
-    from attnzoo import zoo
-    from attnzoo.models import canonical_name
-
     rows = [e for e in zoo.entries() if e["data"] == data]
     if not rows:
         have = sorted({e["data"] for e in zoo.entries()})
         raise ValueError(f"the zoo has no models trained on {data!r} (it has: {', '.join(have) or 'none'}); "
                          "serve a folder of exported models with --models DIR")
-    wanted = None if variants is None else {canonical_name(v) for v in variants}
+    wanted = None if variants is None else {registry.canonical_name(v) for v in variants}
     chosen = [e for e in rows if (wanted is None or e["variant"] in wanted) and (tasks is None or e["task"] in tasks)]
     if not chosen:
         have = sorted(f"{e['variant']}/{e['task']}" for e in rows)
@@ -314,8 +313,6 @@ def zoo_rows(data: str, variants: Optional[Sequence[str]] = None,
 
 def zoo_onnx_name(variant: str, task: str, data: str = DEFAULT_DATA, dtype: str = "fp32") -> str:
     """File name of a zoo model's ONNX export (``dtype`` int8: its quantized copy) in :func:`export_zoo`'s folder."""
-    from attnzoo import zoo
-
     name = zoo.onnx_name(variant, task, data)
     return name if dtype == "fp32" else name.replace(".onnx", f"_{dtype}.onnx")
 
@@ -324,27 +321,22 @@ def _quantize_zoo(fp32: Path, out: Path, config: Dict, data: str) -> None:
     """The verified int8 copy of a zoo export (``export-model --dtype int8 --qdq-placement cpu``'s code: the
     demo and serve-models run it on the CPU; calibrated on the model's training images, scored on its test split,
     refused beyond the tolerance), unless the one at ``out`` is intact and made from this fp32 file so."""
-    from attnzoo.export import quantize as q
-    from attnzoo.fileio import sha256_file
-    from attnzoo.runtime.sessions import verification_problem
-
     report = out.with_suffix(".report.json")
     if out.is_file() and verification_problem(out, "int8") is None:
         made = json.loads(report.read_text())
         if (made.get("fp32_source", {}).get("sha256") == sha256_file(fp32)
-                and made["quantization"]["options"].get("placement") == q.CPU_QDQ_PLACEMENT):
+                and made["quantization"]["options"].get("placement") == quantize.CPU_QDQ_PLACEMENT):
             return
-    calibration = q.calibration_images(config, q.DEFAULT_CALIBRATION_COUNT, q.DEFAULT_CALIBRATION_SEED)
-    q.quantize_verified(fp32, out, config, dtype="int8", calibration=calibration,
-                        calibration_source=f"{len(calibration)} {data} training images",
-                        calibration_seed=q.DEFAULT_CALIBRATION_SEED, progress=True,
-                        placement=q.CPU_QDQ_PLACEMENT)
+    calibration = quantize.calibration_images(config, quantize.DEFAULT_CALIBRATION_COUNT,
+                                              quantize.DEFAULT_CALIBRATION_SEED)
+    quantize.quantize_verified(fp32, out, config, dtype="int8", calibration=calibration,
+                               calibration_source=f"{len(calibration)} {data} training images",
+                               calibration_seed=quantize.DEFAULT_CALIBRATION_SEED, progress=True,
+                               placement=quantize.CPU_QDQ_PLACEMENT)
 
 
 def load_zoo_torch(data: str = DEFAULT_DATA) -> List[ServedModel]:
     """The zoo's checkpoints trained on ``data``, run by PyTorch."""
-    from attnzoo import zoo
-
     models, rows = [], zoo_rows(data)
     for e in rows:
         model, config = zoo.load(e["variant"], e["task"], data)
@@ -366,11 +358,6 @@ def export_zoo(data: str = DEFAULT_DATA, cache_dir: Optional[Path] = None, varia
     the others are exported. A tqdm bar shows the work. ``dtype="int8"`` also writes each model's verified int8
     copy (:func:`zoo_onnx_name`); a model whose int8 fails its verification is left out with a warning.
     """
-    from tqdm import tqdm
-
-    from attnzoo import zoo
-    from attnzoo.export import adopt_verified, check_extra_math, export_verified, metadata_props
-
     rows = zoo_rows(data, variants, tasks)
     digest = hashlib.sha256(json.dumps(zoo.manifest(), sort_keys=True).encode()).hexdigest()[:12]
     folder = Path(cache_dir or default_cache_dir()) / "onnx" / digest
@@ -380,8 +367,8 @@ def export_zoo(data: str = DEFAULT_DATA, cache_dir: Optional[Path] = None, varia
         """Exported from this checkpoint, and its extra-math scopes are the variant's (older code may have
         declared others)."""
         try:
-            return (path.is_file() and metadata_props(path).get("checkpoint_sha256") == sha
-                    and check_extra_math(path)["ok"])
+            return (path.is_file() and export.metadata_props(path).get("checkpoint_sha256") == sha
+                    and export.check_extra_math(path)["ok"])
         except Exception:  # a damaged file is exported again
             return False
 
@@ -391,9 +378,9 @@ def export_zoo(data: str = DEFAULT_DATA, cache_dir: Optional[Path] = None, varia
         out, shipped = folder / zoo_onnx_name(e["variant"], e["task"], data), zoo.shipped_onnx(e)
         # verified the way export-model verifies (a failing model is not left in the folder)
         if shipped is not None:
-            adopt_verified(model, shipped, out, config, batch_sizes=(1,), checkpoint_sha256=e["sha256"])
+            export.adopt_verified(model, shipped, out, config, batch_sizes=(1,), checkpoint_sha256=e["sha256"])
         else:
-            export_verified(model, out, config, batch_sizes=(1,), checkpoint_sha256=e["sha256"])
+            export.export_verified(model, out, config, batch_sizes=(1,), checkpoint_sha256=e["sha256"])
     if dtype != "fp32":
         for e in rows:
             fp32 = folder / zoo_onnx_name(e["variant"], e["task"], data)
@@ -401,8 +388,6 @@ def export_zoo(data: str = DEFAULT_DATA, cache_dir: Optional[Path] = None, varia
                 _quantize_zoo(fp32, folder / zoo_onnx_name(e["variant"], e["task"], data, dtype),
                               zoo.load(e["variant"], e["task"], data)[1], data)
             except Exception as exc:  # noqa: BLE001 -- this model is not served in int8; say why, go on
-                from attnzoo.errors import first_line
-
                 _warn(f"{e['variant']} {e['task']}: no {dtype} model: {first_line(exc)}")
     return folder
 
@@ -446,9 +431,6 @@ def export_zoo_in_child(data: str, cache_dir: Optional[Path], wanted: Sequence[T
     GIL while a request waits. Waits for it (calling ``while_running`` every 2 s meanwhile, e.g. to publish the
     models written so far) and returns its exit code; the child is ended when this process exits (a file is
     written whole or not at all)."""
-    import atexit
-    import subprocess
-
     # the child lowers its own priority first: preexec_fn is not safe in a process with threads (Ray's, the
     # demo's server)
     code = ("import os, sys, json\n"
@@ -479,8 +461,6 @@ def _prefetch(runners: Sequence[_LazyZooRunner], data: str, cache_dir: Optional[
         try:
             runner.ready()
         except Exception as exc:  # noqa: BLE001 -- logged; the demo stays up for the other models
-            from attnzoo.errors import first_line
-
             _warn(f"preparing {runner.row['variant']} {runner.row['task']} failed: {first_line(exc)}")
 
 
@@ -500,9 +480,6 @@ def load_zoo_onnx(data: str = DEFAULT_DATA, backend: str = AUTO, threads: Option
     loaded and warmed up now; every other model is listed at once and exported, verified and loaded on its first
     call, or before that by a low-priority child process (``prefetch``). Each model carries its zoo test
     metric. ``dtype="int8"``: the same with each model's verified int8 copy (:func:`export_zoo`)."""
-    from attnzoo import zoo
-    from attnzoo.models.checkpoint import read_config
-
     rows = zoo_rows(data)
     best = zoo.best_entries(data)
     for task, e in best.items():  # one folder per zoo: every call returns the same one
@@ -518,7 +495,7 @@ def load_zoo_onnx(data: str = DEFAULT_DATA, backend: str = AUTO, threads: Option
         if (e["variant"], e["task"]) in first:
             continue
         runner = _LazyZooRunner(e, data, backend, threads, cache_dir, dtype)
-        config = read_config(zoo.checkpoint_path(e["variant"], e["task"], data))
+        config = checkpoint.read_config(zoo.checkpoint_path(e["variant"], e["task"], data))
         models.append(_from_config(config, runner, True, folder / zoo_onnx_name(e["variant"], e["task"], data, dtype),
                                    backend))
         models[-1].dtype = dtype
@@ -543,7 +520,8 @@ def load_models(models_dir: Optional[Path] = None, backend: str = AUTO, data: st
             the runtime's registry, by name or alias: ``ort-cpu`` / ``openvino`` (CPU), ``eager`` (alias
             ``pytorch``: the checkpoints in PyTorch), ``tensorrt`` (engines built once, cached) ...
         data: Which zoo models (trained on this data set) to serve when ``models_dir`` is None.
-        cache_dir: Root of the zoo's ONNX exports and the TensorRT engines (default :func:`default_cache_dir`).
+        cache_dir: Root of the zoo's ONNX exports and the TensorRT engines (default
+            :func:`attnzoo.fileio.default_cache_dir`).
         threads: CPU runtime threads per model (None: the runtime's default).
         only: Load just these ``.onnx`` file names of ``models_dir``.
         dtype: ``int8``: only verified int8 models (the zoo: quantized once, verified); ``fp32``: only fp32
@@ -597,13 +575,6 @@ def load_bf16_models(models_dir: Optional[Path], backend: str = AUTO, data: str 
         ValueError: a backend other than OpenVINO (``auto`` is OpenVINO, the one CPU runtime with a bf16 path), or
             a CPU without bf16 units (one line, before any work); nothing servable.
     """
-    import onnx
-
-    from attnzoo.export.quantize import extra_math_nodes
-    from attnzoo.runtime.bf16 import verify_bf16
-    from attnzoo.runtime.contract import ModelContract
-    from attnzoo.runtime.sessions import serves, verification_problem
-
     ov = next(b for b in cpu_runtimes() if "bf16" in b.dtypes)  # OpenVINO: the CPU runtime with a bf16 path
     if backend not in (AUTO, ov.name):
         raise ValueError(f"--dtype bf16 runs on OpenVINO (--backend {AUTO} or {ov.name}), not {backend}")
@@ -623,7 +594,7 @@ def load_bf16_models(models_dir: Optional[Path], backend: str = AUTO, data: str 
             problem = verification_problem(path, contract.dtype)
             if problem:
                 raise ValueError(f"not served: {problem}")
-            names = extra_math_nodes(onnx.load(str(path), load_external_data=False), contract.config)
+            names = quantize.extra_math_nodes(onnx.load(str(path), load_external_data=False), contract.config)
             verify_bf16(path, contract.config, names, cache_dir=cache_dir, threads=threads, progress=True)
             session = ov.load(path, LoadOptions(dtype="bf16", threads=threads, batch=ov.serving_batch,
                                                 keep_f32=tuple(names)))
@@ -646,8 +617,6 @@ class RemoteError(RuntimeError):
 
 def _remote_runner(client, url: str, task: str, name: str) -> Callable[[np.ndarray], np.ndarray]:
     """``run(x) -> logits`` that posts the float32 batch as ``.npy`` to ``<url>/models/<task>/<name>/logits``."""
-    import io
-
     def run(x: np.ndarray) -> np.ndarray:
         buf = io.BytesIO()
         np.save(buf, np.ascontiguousarray(x, np.float32), allow_pickle=False)
@@ -678,8 +647,6 @@ def load_remote(url: str, timeout: float = 60.0) -> List[ServedModel]:
     Raises:
         ValueError: the server cannot be reached, is not a serve-models deployment, or serves no model.
     """
-    import httpx
-
     url = url.rstrip("/")
     if not url.startswith(("http://", "https://")):
         raise ValueError(f"--backend-url must start with http:// or https://, got {url!r}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from typing import Optional
 
@@ -10,8 +11,6 @@ __all__ = ["is_loopback", "exposure_warning", "free_port"]
 
 def is_loopback(host: str) -> bool:
     """Whether ``host`` (an address or a name, resolved) reaches this machine's loopback interface only."""
-    import ipaddress
-
     try:
         addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
     except (OSError, UnicodeError):

@@ -127,7 +127,7 @@ def background_classes(class_names: Sequence[str]) -> List[int]:
 def palette(n: int) -> np.ndarray:
     """(n, 3) uint8 class colours: matplotlib's tab10 then tab20b/tab20c without their greys (a grey class would
     vanish over the gray images of Fashion-MNIST), repeated if needed."""
-    from matplotlib import colormaps
+    from matplotlib import colormaps  # heavy: matplotlib, for the demo's pictures (serve-models never draws)
 
     colours = [colormaps[name](i)[:3] for name, k in (("tab10", 10), ("tab20b", 20), ("tab20c", 20)) for i in range(k)]
     colours = [c for c in colours if max(c) - min(c) > 0.1]
@@ -176,7 +176,7 @@ def dominant_classes(shares: np.ndarray, class_names: Sequence[str], k: int = 2)
 
 def topk_chart(probs: Dict[str, float], title: str) -> np.ndarray:
     """A small horizontal bar chart of ``{class: probability}`` as an RGB uint8 array (matplotlib, Agg)."""
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # heavy: matplotlib, for the demo's pictures (serve-models never draws)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     fig = Figure(figsize=(3.2, 2.2), dpi=100)

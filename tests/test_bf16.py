@@ -460,7 +460,7 @@ def test_serve_models_dtype_bf16_is_refused_here_and_needs_openvino_and_trained_
 
 @pytest.mark.slow
 def test_serve_models_selects_the_fp32_exports_for_bf16(zoo_belief2):
-    from attnzoo.serve.rayserve.launch import _matching
+    from attnzoo.serve.rayserve.selection import _matching
 
     path, _ = zoo_belief2
     assert list(_matching(path.parent, [path.name], None, None, "bf16").files) == [path.name]

@@ -561,7 +561,7 @@ def test_example_plugin_through_every_command(installed_example, tmp_path):
     assert "cosine_fp32" in listed or "'cosine'" in listed.splitlines()[0]
     assert "'cosine'" in listed.splitlines()[1]
     # serve-models --models DIR --variants cosine selects its exports
-    chosen = _run(["-c", "from pathlib import Path; from attnzoo.serve.rayserve.launch import _matching; "
+    chosen = _run(["-c", "from pathlib import Path; from attnzoo.serve.rayserve.selection import _matching; "
                    f"print(sorted(_matching(Path({str(models)!r}), ['cosine_fp32.onnx', 'cosine_fp16.onnx'], "
                    "['cosine'], None).files))"], env, tmp_path).stdout
     assert "['cosine_fp16.onnx', 'cosine_fp32.onnx']" in chosen

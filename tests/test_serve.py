@@ -89,7 +89,8 @@ def served(models_dir):
 @pytest.fixture(scope="module")
 def server(served):
     """The demo on a free port of 127.0.0.1 (in this process); yields its URL."""
-    from attnzoo.serve.demo.app import build_demo, free_port, launch
+    from attnzoo.serve.demo.app import build_demo, launch
+    from attnzoo.serve.network import free_port
 
     demo = build_demo(served, source="test models")
     port = free_port()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import shutil
 import stat
@@ -21,19 +22,19 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 from PIL import Image
 
-import attnzoo.serve  # noqa: F401  (sets the offline environment before gradio is imported)
-import gradio as gr
+import gradio as gr  # offline: attnzoo.serve (the parent package, imported first) set Gradio's environment
+from gradio.utils import get_upload_folder
+from starlette.middleware import Middleware
 
 from attnzoo.limits import MAX_UPLOAD_BYTES
 from attnzoo.preprocess import INPUT_STYLES, UnreadableImageError, busy_background, fit_size, load_image
 
 from attnzoo.serve import examples as ex
 from attnzoo.serve.loading import ServedModel
-from attnzoo.serve.network import free_port
 from attnzoo.serve.predict import (background_classes, class_iou, classify, dominant_classes, model_view, overlay, palette,
                       pixel_shares, segment, topk_chart)
 
-__all__ = ["build_demo", "launch", "free_port", "private_upload_folder", "upload_roots", "MAX_FILE_SIZE",
+__all__ = ["build_demo", "launch", "private_upload_folder", "upload_roots", "MAX_FILE_SIZE",
            "MAX_API_BODY", "BodyLimit", "DISPLAY_MAX_SIDE"]
 
 MAX_FILE_SIZE = MAX_UPLOAD_BYTES  # bytes; the one upload cap (attnzoo.limits), serve-models too
@@ -79,8 +80,6 @@ def _user_errors(fn):
 def upload_roots() -> Tuple[Path, ...]:
     """The only folders the demo reads images from: Gradio's upload cache (where every file a client sends
     lands, ``GRADIO_TEMP_DIR``) and the shipped examples."""
-    from gradio.utils import get_upload_folder
-
     return tuple(Path(os.path.realpath(p)) for p in (get_upload_folder(), ex.EXAMPLES_DIR))
 
 
@@ -504,8 +503,6 @@ class BodyLimit:
 
     @staticmethod
     async def _refuse(send, size: Optional[int], limit: int) -> None:
-        import json
-
         said = f"{size:,} bytes, " if size is not None else ""
         text = json.dumps({"error": f"the request body is {said}over the {limit:,}-byte limit"}).encode()
         await send({"type": "http.response.start", "status": 413,
@@ -517,8 +514,6 @@ class BodyLimit:
 def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, *, block: bool = True, **kwargs):
     """Launch offline: no share link, uploads capped at ``MAX_FILE_SIZE`` and every other request body at
     :data:`MAX_API_BODY` (:class:`BodyLimit`), local fonts only, no SSR."""
-    from starlette.middleware import Middleware
-
     theme = gr.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"],
                               font_mono=["ui-monospace", "monospace"])
     return demo.launch(server_name=host, server_port=port, share=False, max_file_size=MAX_FILE_SIZE,

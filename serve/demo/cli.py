@@ -19,11 +19,14 @@ from typing import List, Optional
 from attnzoo.cli import add_debug_flag, entry_point
 from attnzoo.errors import UsageError
 from attnzoo.fileio import CACHE_ENV
-from attnzoo.zoo import DEFAULT_DATA
-
+from attnzoo.lazy import lazy_import
 from attnzoo.runtime.backends import canonical_backend, cpu_runtimes
 from attnzoo.runtime.sessions import SERVED_DTYPES
-from attnzoo.serve.loading import AUTO, load_models
+from attnzoo.serve.loading import AUTO, load_models, load_remote
+from attnzoo.serve.network import exposure_warning
+from attnzoo.zoo import DEFAULT_DATA
+
+demo_app = lazy_import("attnzoo.serve.demo.app")  # gradio: --help and usage errors load without it
 
 __all__ = ["main", "build_parser"]
 
@@ -71,7 +74,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if not 0 < args.port < 65536:
         raise UsageError(f"--port must be in 1..65535, got {args.port}")
-    from attnzoo.serve.network import exposure_warning
 
     warning = exposure_warning(args.host, args.port)
     if warning:
@@ -88,7 +90,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.models or args.backend != AUTO or args.threads or args.dtype:
             raise UsageError("--backend-url serves the deployment's models; it excludes --models, --backend, "
                              "--threads and --dtype (give those to serve-models)")
-        from attnzoo.serve.loading import load_remote
 
         models = load_remote(args.backend_url)
     else:
@@ -98,18 +99,17 @@ def main(argv: Optional[List[str]] = None) -> int:
                              f"not {args.backend}")
         models = load_models(args.models, args.backend, data=args.data, cache_dir=args.cache_dir,
                              threads=args.threads, dtype=args.dtype)
-    from attnzoo.serve.demo.app import build_demo, launch, private_upload_folder
 
     source = (f"`{args.backend_url}`" if args.backend_url else f"`{args.models}`" if args.models
               else f"the zoo ({args.data})")
-    with private_upload_folder():  # every upload goes with the server
-        demo = build_demo(models, source=source, seg_max_side=args.seg_max_side)
+    with demo_app.private_upload_folder():  # every upload goes with the server
+        demo = demo_app.build_demo(models, source=source, seg_max_side=args.seg_max_side)
         note = f" (--backend auto: {models[0].backend_note})" if models[0].backend_note else ""
         dtypes = sorted({m.dtype for m in models})
         print(f"serving {len(models)} {'/'.join(dtypes)} models with {models[0].backend}{note} on "
               f"http://{args.host}:{args.port}")
         try:
-            launch(demo, args.host, args.port)
+            demo_app.launch(demo, args.host, args.port)
         except OSError as exc:  # port taken, address not available
             raise OSError(f"cannot listen on {args.host}:{args.port}: {exc}") from None
     return 0

@@ -9,7 +9,6 @@ The result names the CPU and the load average before the start, since both decid
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -19,7 +18,12 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from gradio_client import Client, handle_file
+
+from attnzoo import zoo
 from attnzoo.fileio import write_json_report
+from attnzoo.machine import cpu_info, cpu_summary, load_average
+from attnzoo.serve import examples
 
 __all__ = ["cold_start"]
 
@@ -46,13 +50,6 @@ def _wait_for_serving(proc: subprocess.Popen, start: float, timeout: float, log:
 
 def cold_start(port: int = 7899, timeout: float = 600.0) -> Dict[str, Any]:
     """Start ``serve-demo`` on an empty cache and time it (see the module docstring)."""
-    from gradio_client import Client, handle_file
-
-    from attnzoo import zoo
-    from attnzoo.machine import cpu_info, cpu_summary, load_average
-
-    from attnzoo.serve import examples
-
     best = zoo.best_entries()
     load_before = load_average()
     with tempfile.TemporaryDirectory(prefix="attnzoo-coldstart-") as cache:

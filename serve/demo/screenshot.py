@@ -16,8 +16,11 @@ from typing import Dict, List, Optional
 from urllib.parse import urlsplit
 
 from attnzoo.cli import add_debug_flag, entry_point
-
 from attnzoo.serve import examples
+from attnzoo.serve.demo.app import build_demo, launch
+from attnzoo.serve.loading import load_models
+from attnzoo.serve.network import free_port
+from attnzoo.zoo import DEFAULT_DATA
 
 __all__ = ["CHROMIUM", "capture", "main"]
 
@@ -35,7 +38,7 @@ def capture(url: str, out_dir: Path, *, classify: bool = True, segment: bool = T
         ``legend`` (the legend's text), ``files`` (screenshots: ``demo-classify.png``, ``demo.png``) and
         ``blocked`` (URLs of other hosts the page tried to reach; all were aborted).
     """
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import sync_playwright  # optional: playwright (the [dev] extra)
 
     if not CHROMIUM.exists():
         raise FileNotFoundError(f"{CHROMIUM} is missing (apt-get install -y chromium)")
@@ -96,10 +99,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--models", type=Path, default=None, help="folder of exported models (default: the zoo)")
     parser.add_argument("--out", type=Path, default=Path("docs/demo.png"))
     args = parser.parse_args(argv)
-    from attnzoo.zoo import DEFAULT_DATA
-
-    from attnzoo.serve.demo.app import build_demo, free_port, launch
-    from attnzoo.serve.loading import load_models
 
     models = load_models(args.models)  # ValueError: no servable models there
     demo = build_demo(models, source=f"`{args.models}`" if args.models else f"the zoo ({DEFAULT_DATA})")

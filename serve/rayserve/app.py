@@ -31,6 +31,7 @@ import collections
 import contextlib
 import dataclasses
 import io
+import json
 import os
 import sys
 import threading
@@ -45,18 +46,24 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from PIL import Image
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.requests import ClientDisconnect
 
 from attnzoo.errors import first_line
-from attnzoo.limits import MAX_IMAGE_PIXELS, MAX_UPLOAD_BYTES, available_memory
+from attnzoo.fileio import sha256_file
+from attnzoo.limits import MAX_IMAGE_PIXELS, MAX_SIDE, MAX_UPLOAD_BYTES, available_memory
+from attnzoo.preprocess import ImageTooLargeError, UnreadableImageError, image_size
+from attnzoo.serve import predict
+from attnzoo.serve.loading import load_models, recording_skips
+from attnzoo.serve.rayserve.config import DEPLOYMENT
 
-__all__ = ["ModelServer", "HTTPError", "build_app", "api", "MAX_TENSOR_BATCH", "NPY_TYPE", "DEPLOYMENT",
+__all__ = ["ModelServer", "HTTPError", "build_app", "api", "MAX_TENSOR_BATCH", "NPY_TYPE",
            "mask_png", "decode_mask", "MemoryBudget", "decode_budget", "replica_memory", "DECODE_BYTES_PER_PIXEL",
            "DECODE_MEMORY_SHARE", "DECODE_MEMORY_CAP", "DECODE_WAIT_S", "BODY_TIMEOUT_S"]
 
-#: Deployment (and Ray Serve application) name.
-DEPLOYMENT = "attnzoo"
 #: Most images one ``/logits`` request may carry (the demo sends at most its sliding-window batch, 16).
 MAX_TENSOR_BATCH = 64
 #: Content type of the tensor route's body and answer.
@@ -98,7 +105,7 @@ def _replica_grpc_on_loopback() -> None:
     server to ``[::]:0`` (all interfaces; ``Replica._on_initialized``, not a setting). This module is imported in
     the replica before that runs, so the address is rewritten to ``127.0.0.1:0`` here; a cluster joined with
     ``--address`` is left as Ray makes it. ``tests/test_serving_lifecycle.py`` lists every listening socket."""
-    from ray.serve._private import replica
+    from ray.serve._private import replica  # Ray's replica internals: loaded only in a replica, by this patch
 
     original = replica.add_port_to_grpc_server
     if getattr(original, "attnzoo_loopback", False):
@@ -267,10 +274,6 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
 
 def _as_http_error(exc: BaseException) -> HTTPError:
     """The answer for an exception raised while handling a request (a traceback only goes to the log)."""
-    from starlette.requests import ClientDisconnect
-
-    from attnzoo.preprocess import ImageTooLargeError, UnreadableImageError
-
     if isinstance(exc, HTTPError):
         return exc
     if isinstance(exc, ClientDisconnect):  # nobody reads the answer; counted apart from the server's faults
@@ -317,8 +320,6 @@ async def _body(request: Request, limit: int, too_large=_upload_too_large, peek:
 async def read_image_upload(request: Request) -> bytes:
     """The uploaded file's bytes: the first file of a ``multipart/form-data`` body (field ``file``), or the
     raw body otherwise; 413 over :data:`attnzoo.limits.MAX_UPLOAD_BYTES`, 400 when there is none."""
-    from starlette.formparsers import MultiPartException, MultiPartParser
-
     ctype = request.headers.get("content-type", "")
     if not ctype.startswith("multipart/form-data"):
         data = await _body(request, MAX_UPLOAD_BYTES)
@@ -348,8 +349,6 @@ async def read_image_upload(request: Request) -> bytes:
 
 def mask_png(mask: np.ndarray) -> str:
     """A class-id mask as a base64 PNG: 8-bit gray for up to 256 classes, else 16-bit (pixel value = class)."""
-    from PIL import Image
-
     arr = mask.astype(np.uint8) if mask.max(initial=0) < 256 else mask.astype(np.uint16)
     buf = io.BytesIO()
     Image.fromarray(arr).save(buf, format="PNG")
@@ -358,8 +357,6 @@ def mask_png(mask: np.ndarray) -> str:
 
 def decode_mask(text: str) -> np.ndarray:
     """The inverse of :func:`mask_png` (for clients and tests)."""
-    from PIL import Image
-
     return np.asarray(Image.open(io.BytesIO(base64.b64decode(text))))
 
 
@@ -423,8 +420,6 @@ class ModelServer:
     """
 
     def __init__(self, folder: str, files: Mapping[str, str], settings: Mapping[str, Any]) -> None:
-        from attnzoo.fileio import sha256_file
-
         for name, digest in files.items():
             if sha256_file(Path(folder) / name) != digest:
                 raise RuntimeError(f"{Path(folder) / name} is not the file the driver verified (sha256 differs)")
@@ -496,8 +491,6 @@ class ModelServer:
         """The models of ``files`` (the loader's sessions, warm-up and names); a file the loader skips is left out
         with its reason in :attr:`skipped` (the replica's stderr goes to Ray's log, not to the user: the driver
         prints these)."""
-        from attnzoo.serve.loading import load_models, recording_skips
-
         cache = self.settings.get("cache_dir")
         with recording_skips() as skipped:
             try:
@@ -535,10 +528,6 @@ class ModelServer:
 
     def _load_pending(self, task: str, name: str) -> bool:
         """Load a pending zoo model if the driver has listed it as ready (its sha256 checked first)."""
-        import json
-
-        from attnzoo.fileio import sha256_file
-
         with self._load_lock:
             if (task, name) in self.models:
                 return True
@@ -594,8 +583,6 @@ class ModelServer:
 
     async def _decoding(self, data: bytes) -> "contextlib.AbstractAsyncContextManager[None]":
         """The decode budget held for an uploaded image, sized from its header (400 / 413 as for a bad image)."""
-        from attnzoo.preprocess import image_size
-
         w, h = await self._in_thread(image_size, data)
         return self._holding(w * h * DECODE_BYTES_PER_PIXEL, f"a {w}x{h} image")
 
@@ -605,8 +592,6 @@ class ModelServer:
         """Top-``k`` classes of the uploaded image (``model``: a classifier of ``GET /models``)."""
 
         async def work():
-            from attnzoo.serve import predict
-
             served = await self._model("cls", model)
             if not 1 <= k <= len(served.class_names):
                 raise HTTPError(400, f"k must be in 1..{len(served.class_names)}, got {k}")
@@ -626,9 +611,6 @@ class ModelServer:
         default its input size; larger runs sliding windows)."""
 
         async def work():
-            from attnzoo.limits import MAX_SIDE
-            from attnzoo.serve import predict
-
             served = await self._model("seg", model)
             if max_side is not None and not 1 <= max_side <= MAX_SIDE:
                 raise HTTPError(400, f"max_side must be in 1..{MAX_SIDE}, got {max_side}")

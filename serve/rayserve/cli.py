@@ -16,6 +16,7 @@ Ctrl-C or SIGTERM stops the app (and the local Ray) and exits 130 / 143.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -23,8 +24,14 @@ from typing import List, Optional
 
 from attnzoo.cli import add_debug_flag, entry_point
 from attnzoo.errors import UsageError
+from attnzoo.lazy import lazy_import
 from attnzoo.runtime.sessions import SERVED_DTYPES
+from attnzoo.serve.loading import resolve_backend
 from attnzoo.serve.rayserve.config import DEFAULT_MAX_BATCH, TASK_CHOICES, ServeConfig, merged, read_config_file
+from attnzoo.serve.rayserve.environment import _LOCAL
+from attnzoo.serve.rayserve.launch import serve_models, startup_line
+
+registry = lazy_import("attnzoo.models")  # timm: only --arch and --variants are checked against it
 
 __all__ = ["main", "build_parser"]
 
@@ -100,22 +107,16 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         cfg = merged(file_values, flags)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    from attnzoo.serve.loading import resolve_backend
 
     try:
         resolve_backend(cfg.backend)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if cfg.arch is not None:
-        from attnzoo.models import ARCHS
-
-        if cfg.arch not in ARCHS:
-            raise UsageError(f"unknown arch {cfg.arch!r}; valid: {', '.join(ARCHS)}")
+    if cfg.arch is not None and cfg.arch not in registry.ARCHS:
+        raise UsageError(f"unknown arch {cfg.arch!r}; valid: {', '.join(registry.ARCHS)}")
     if cfg.variants:
-        from attnzoo.models import canonical_name
-
         try:
-            [canonical_name(v) for v in cfg.variants]
+            [registry.canonical_name(v) for v in cfg.variants]
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     return cfg
@@ -126,8 +127,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``serve-models``: runs until Ctrl-C / SIGTERM."""
     args = build_parser().parse_args(argv)
     cfg = config_from_args(args)
-    from attnzoo.serve.rayserve.environment import _LOCAL
-    from attnzoo.serve.rayserve.launch import serve_models
 
     try:
         with serve_models(cfg, metrics_port=args.metrics_port) as served:
@@ -146,8 +145,6 @@ def _native_stderr_off() -> None:
     worker in this process, whose shutdown was given up on, logs each failed write to the raylet the stop ended,
     every half second until the process exits), while ``sys.stderr`` goes on to the real stream: the command's own
     line is its last."""
-    import os
-
     try:
         sys.stderr.flush()
         kept = os.dup(2)
@@ -162,8 +159,6 @@ def _native_stderr_off() -> None:
 
 def _announce(cfg: ServeConfig, served) -> None:
     """The start-up lines: what is served where (the first one is what scripts wait for), where the start went."""
-    from attnzoo.serve.rayserve.launch import startup_line
-
     selection, url, mode, metrics = served.selection, served.url, served.mode, served.metrics
     batching = (f"dynamic batching up to {cfg.max_batch_size} requests, {cfg.batch_wait_ms:g} ms wait"
                 if cfg.max_batch_size > 1 else "batching off")

@@ -22,21 +22,21 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+import httpx
+
 from attnzoo.fileio import write_json_report
+from attnzoo.lazy import lazy_import
+from attnzoo.machine import cpu_info, cpu_summary, load_average
+from attnzoo.serve import examples
+from attnzoo.serve.rayserve.environment import free_port, port_problem
+
+psutil = lazy_import("psutil")  # comes with ray (the [serving] extra), which the command timed needs anyway
 
 __all__ = ["cold_start"]
 
 
 def cold_start(sig: int = signal.SIGTERM, timeout: float = 600.0) -> Dict[str, Any]:
     """Start ``serve-models`` on an empty cache, time its first answer and its stop (module docstring)."""
-    import httpx
-    import psutil
-
-    from attnzoo.machine import cpu_info, cpu_summary, load_average
-    from attnzoo.serve import examples
-
-    from attnzoo.serve.rayserve.environment import free_port, port_problem
-
     image = Path(examples.example_paths("cls")[0]).read_bytes()
     port = free_port()
     load_before = load_average()
@@ -91,8 +91,6 @@ def _read(stream, lines: List[str], announced: threading.Event) -> None:
 
 
 def _process(pid: int):
-    import psutil
-
     try:
         return psutil.Process(pid)
     except psutil.Error:

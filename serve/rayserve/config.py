@@ -18,10 +18,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Union
 
+import yaml
+
+from attnzoo.limits import MAX_BATCH_SIZE
 from attnzoo.runtime.backends import backends, canonical_backend, get_backend
 from attnzoo.runtime.sessions import SERVED_DTYPES
 
-__all__ = ["ServeConfig", "TASK_CHOICES", "DEFAULT_MAX_BATCH", "onnx_backends", "read_config_file", "merged"]
+__all__ = ["ServeConfig", "TASK_CHOICES", "DEFAULT_MAX_BATCH", "DEPLOYMENT", "onnx_backends", "read_config_file",
+           "merged"]
+
+#: Deployment (and Ray Serve application) name.
+DEPLOYMENT = "attnzoo"
 
 #: Largest ``--config`` file read (a settings file is a few hundred bytes).
 MAX_CONFIG_BYTES = 64 * 1024
@@ -97,8 +104,6 @@ class ServeConfig:
 
     def validate(self) -> "ServeConfig":
         """``ValueError`` (one line, naming the key) for a value out of range; returns ``self``."""
-        from attnzoo.limits import MAX_BATCH_SIZE
-
         if self.max_batch_size is None:
             self.max_batch_size = DEFAULT_MAX_BATCH["gpu" if self.gpus_per_replica > 0 else "cpu"]
         checks = [
@@ -150,8 +155,6 @@ def read_config_file(path: Union[str, Path]) -> Dict[str, Any]:
     Raises:
         ValueError: missing or unreadable file, not a mapping, or an unknown key (the valid ones are listed).
     """
-    import yaml
-
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"config file not found: {path}")

