@@ -35,8 +35,8 @@ MAX_CONFIG_BYTES = 64 * 1024
 #: ``--task``: which models to serve.
 TASK_CHOICES = ("cls", "seg", "both")
 #: ``max_batch_size`` when none is given, for replicas without / with a GPU. On the CPU, batching does not
-#: pay: ONNX Runtime runs ViT-Ti at 63.9 img/s at batch 1 and 56.8 at batch 8 on one thread
-#: (``results/bench-latency/cpu-tiny``), so it is off; on a GPU, batches are what fill the device.
+#: pay: ONNX Runtime runs ViT-Ti faster per image at batch 1 than at batch 8 on one thread (the figures:
+#: ``results/bench-latency/cpu-tiny/README.md``), so it is off; on a GPU, batches are what fill the device.
 DEFAULT_MAX_BATCH = {"cpu": 1, "gpu": 8}
 
 
