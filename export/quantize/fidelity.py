@@ -74,7 +74,7 @@ def tolerance_factor(n: int, coverage: float = PROMISE_COVERAGE, confidence: flo
     population lies below ``mean + k * sd`` of ``n`` draws from it, ``nct.ppf(confidence, n - 1, z sqrt(n)) /
     sqrt(n)`` with ``z`` the ``coverage`` quantile (NIST/SEMATECH e-Handbook 7.2.6.3; SciPy comes with
     ModelOpt). ``inf`` below 3 draws."""
-    from scipy.stats import nct, norm  # heavy: SciPy takes a second to load; only the fidelity gate's promise
+    from scipy.stats import nct, norm  # heavy: SciPy, for the fidelity gate's promise only
 
     if n < 3:
         return float("inf")
