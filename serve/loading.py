@@ -46,7 +46,8 @@ from attnzoo.runtime.backends import (ONNX_REFERENCE, LoadOptions, Session, chec
 from attnzoo.runtime.bf16 import verify_bf16
 from attnzoo.runtime.choice import fastest_cpu_runtime
 from attnzoo.runtime.contract import ModelContract
-from attnzoo.runtime.sessions import SERVED_DTYPES, served_precision, serves, verification_problem
+from attnzoo.runtime.quantization_report import QuantizationReport
+from attnzoo.runtime.sessions import SERVED_DTYPES, read_report, served_precision, serves, verification_problem
 from attnzoo.zoo import DEFAULT_DATA
 
 # imported on first use, so that serve-demo and serve-models (their --help too) start without timm, onnx and the
@@ -321,11 +322,10 @@ def _quantize_zoo(fp32: Path, out: Path, config: Dict, data: str) -> None:
     """The verified int8 copy of a zoo export (``export-model --dtype int8 --qdq-placement cpu``'s code: the
     demo and serve-models run it on the CPU; calibrated on the model's training images, scored on its test split,
     refused beyond the tolerance), unless the one at ``out`` is intact and made from this fp32 file so."""
-    report = out.with_suffix(".report.json")
-    if out.is_file() and verification_problem(out, "int8") is None:
-        made = json.loads(report.read_text())
-        if (made.get("fp32_source", {}).get("sha256") == sha256_file(fp32)
-                and made["quantization"]["options"].get("placement") == quantize.CPU_QDQ_PLACEMENT):
+    if out.is_file() and verification_problem(out, "int8") is None:  # its report then reads as a QuantizationReport
+        made = QuantizationReport.from_dict(read_report(out.with_suffix(".report.json")))
+        if (made.fp32_source.get("sha256") == sha256_file(fp32)
+                and made.quantization.options.get("placement") == quantize.CPU_QDQ_PLACEMENT):
             return
     calibration = quantize.calibration_images(config, quantize.DEFAULT_CALIBRATION_COUNT,
                                               quantize.DEFAULT_CALIBRATION_SEED)
