@@ -60,7 +60,6 @@ zoo = lazy_import("attnzoo.zoo")
 export = lazy_import("attnzoo.export")
 quantize = lazy_import("attnzoo.export.quantize")
 bench_rows = lazy_import("attnzoo.benchmarks.rows")
-int8_accuracy = lazy_import("attnzoo.studies.int8_accuracy")
 
 __all__ = ["zoo_row", "speed_rows", "markdown", "main"]
 
@@ -258,8 +257,10 @@ def markdown(result: Mapping[str, Any]) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m attnzoo.studies.bf16", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    int8_accuracy.add_zoo_selection(p)  # the zoo's default data set: this loads torch
-    p.set_defaults(task="all")
+    p.add_argument("--variants", default="all", help="'all' or comma-separated zoo variant names")
+    p.add_argument("--task", choices=("cls", "seg", "all"), default="all")
+    p.add_argument("--data", default=zoo.DEFAULT_DATA, help="zoo data set (zoo/manifest.json)")
+    p.add_argument("--limit", type=int, default=None, help="first N test images only (default: the whole split)")
     p.add_argument("--threads", type=int, default=None, help="OpenVINO threads of the zoo check and scoring "
                                                              "(default: all cores)")
     p.add_argument("--speed-arch", default="small", choices=("micro", "tiny", "small", "base"),

@@ -3,6 +3,9 @@ back from its runtime model, PyTorch autocast with the extra scopes in fp32, the
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from attnzoo.machine import BF16_FLAGS, bf16_problem, cpu_info
@@ -531,3 +534,16 @@ def test_the_study_refuses_bad_input_in_one_line_before_any_work(tmp_path, flag,
         main(["--out", str(tmp_path / "out"), flag, value])
     assert exc.value.code == 2 and needle in str(exc.value) and "\n" not in str(exc.value)
     assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------------------ light --help
+@pytest.mark.parametrize("module, flag", [("attnzoo.studies.bf16", "--speed-arch"),
+                                          ("attnzoo.serve.rayserve.cli", "--help")])
+def test_help_reads_the_zoo_without_torch(module, flag):
+    """The study's and serve-models' --help take the zoo's default data set (attnzoo.zoo) without loading PyTorch,
+    ONNX or timm."""
+    code = (f"import sys\nfrom {module} import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('torch', 'onnx', 'timm') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert flag in proc.stdout and proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout[-2000:]

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
-
-from torch import nn
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from attnzoo.fileio import sha256_file
+
+if TYPE_CHECKING:  # the zoo's listing loads without PyTorch (serve-models, the studies' --help)
+    from torch import nn
 
 __all__ = ["ZOO_DIR", "DEFAULT_DATA", "manifest", "entries", "checkpoint_path", "load", "available", "best_entries",
            "onnx_name", "shipped_onnx"]
