@@ -14,7 +14,7 @@ import pytest
 from attnzoo.benchmarks import gpu_plan as plan
 from attnzoo.models import VARIANT_NAMES
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: What the plan must run without: every package beyond torch, triton, timm, onnx and onnxruntime.
 ABSENT = ("gradio", "ray", "openvino", "tensorrt", "tensorrt_rtx", "modelopt", "matplotlib", "sklearn", "onnxscript",
           "nncf", "polygraphy", "onnx_graphsurgeon")

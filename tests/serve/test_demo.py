@@ -27,7 +27,7 @@ from attnzoo.training.zoo import RECIPES
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CLASSES = list(FASHION_CLASSES)
 SERVED = [("standard", "cls"), ("belief2", "cls"), ("standard", "seg")]
 

@@ -25,7 +25,7 @@ from attnzoo.models import (BUILTIN_VARIANTS, VARIANT_NAMES, VARIANTS, PluginWar
                             load_plugins, register_variant)
 from attnzoo.models import registry
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "attnzoo-cosine"
 DEPTH = 4  # micro
 

@@ -17,7 +17,7 @@ import pytest
 
 from attnzoo import cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_console_script_runs_its_command_through_a_launcher(monkeypatch):

@@ -17,7 +17,7 @@ import pytest
 
 from attnzoo.models.__main__ import main as models_main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "results").rglob("README.md")])
 #: Top-level entries a root-relative path may start with: what the repository tracks, not run outputs (runs/,
 #: exports/) that a command writes.

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Iterator, List, Optional, Tuple
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: Bottom to top: a module may import from its own layer and the layers below it, never above.
 LAYERS: List[Tuple[str, str]] = [
     ("core", "attnzoo"),

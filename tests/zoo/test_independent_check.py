@@ -15,8 +15,8 @@ import pytest
 from attnzoo.data import fashion as fm
 from attnzoo.training.zoo import SUBSET_N
 
-ROOT = Path(__file__).resolve().parents[1]
-SUBSET = Path(__file__).parent / "data" / "fashion-mnist"
+ROOT = Path(__file__).resolve().parents[2]
+SUBSET = Path(__file__).parents[1] / "data" / "fashion-mnist"
 
 
 @pytest.fixture(scope="module")

@@ -38,7 +38,7 @@ from attnzoo.serve.loading import load_models
 from attnzoo.training import cli as train_cli
 from attnzoo.training.train import TrainConfig, train
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _exit(fn, argv) -> SystemExit:

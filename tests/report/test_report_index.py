@@ -19,7 +19,7 @@ from attnzoo.report import SCHEMA
 from attnzoo.report import index as idx
 from attnzoo.report.index import build_reports, default_variants, find_reports, main, write_index
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 XEON = {"model": "Intel Xeon", "key_flags": ["avx2", "avx512f", "amx_int8"]}
 EPYC = {"model": "AMD EPYC", "key_flags": ["avx", "avx2", "fma", "f16c"]}
 

@@ -46,7 +46,7 @@ def test_one_onnxruntime_distribution_only():
 def test_quantize_extra_is_in_dev_and_pins_modelopt():
     import tomllib
 
-    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
     assert any(d.startswith("nvidia-modelopt==0.47") for d in extras["quantize"])
     assert not any("[onnx" in d or "onnxruntime" in d for d in extras["quantize"])
@@ -138,7 +138,7 @@ def test_int8_report_fields(int8):
 
 #: Committed reports of quantized models: the exporter's own in tests/data, and any under results/ or zoo/.
 COMMITTED_REPORTS = sorted(p for root in ("tests/data", "results", "zoo")
-                           for p in (Path(__file__).resolve().parents[1] / root).rglob("*.report.json"))
+                           for p in (Path(__file__).resolve().parents[2] / root).rglob("*.report.json"))
 
 
 def test_committed_quantization_reports_read_through_the_schema():
@@ -150,13 +150,13 @@ def test_committed_quantization_reports_read_through_the_schema():
         assert report.dtype in ("int8", "fp8") and report.quantization.mode == report.dtype
         assert report.passed == (not report.failures) == (".failed." not in path.name)
         assert (report.fidelity or {}).get("within_gate", True) or not report.passed
-    passed = qz.read_quantization_report(Path(__file__).parent / "data" / "quantization-reports" / "vit_int8.report.json")
+    passed = qz.read_quantization_report(Path(__file__).parents[1] / "data" / "quantization-reports" / "vit_int8.report.json")
     assert passed.quantization.options["placement"] == "auto" and passed.fidelity["min_cosine"] == 0.99
     assert qz.summary(passed.to_dict()).endswith("PASSED")
 
 
 def test_the_schema_refuses_a_report_it_does_not_describe(tmp_path):
-    text = (Path(__file__).parent / "data" / "quantization-reports" / "vit_int8.report.json").read_text()
+    text = (Path(__file__).parents[1] / "data" / "quantization-reports" / "vit_int8.report.json").read_text()
     good = json.loads(text)
     cases = {"missing field(s) sha256": lambda r: r.pop("sha256"),
              "unknown field(s) extra": lambda r: r.update(extra=1),
@@ -511,7 +511,7 @@ def test_export_model_int8_scores_the_test_split_next_to_fp32(tmp_path, capsys):
     # from the file's metadata, plain onnxruntime) scores the same int8 file on the same 500 images
     import importlib.util
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     spec = importlib.util.spec_from_file_location("independent_check", root / "evaluation" / "independent_check.py")
     check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(check)

@@ -46,7 +46,7 @@ from attnzoo.serve.rayserve.config import ServeConfig, merged, read_config_file
 from attnzoo.serve.rayserve.loadtest import Record, summarize
 from attnzoo.serve.network import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _exit(argv) -> SystemExit:
@@ -716,7 +716,7 @@ def test_a_local_ray_names_its_driver_as_the_raylet_so_a_stop_without_a_parent_i
     """Ray's core worker in a driver takes the raylet for dead (and ends the process at once: no stop, no line, the
     folders left) when ``RAY_RAYLET_PID`` names no live process and the driver's parent is PID 1, which is what a
     group SIGTERM to ``setsid serve-models ... &`` met. Before Ray starts, a local start names the driver itself
-    there; joining a cluster leaves Ray's own choice. (The slow test in test_serving_lifecycle.py stops such a
+    there; joining a cluster leaves Ray's own choice. (The slow test in test_serve_models_lifecycle.py stops such a
     command.)"""
     import ray
     from ray._private import ray_constants

@@ -95,7 +95,7 @@ def test_the_int8_cache_is_read_through_the_report_schema_and_remade_when_it_doe
     from attnzoo.export.verify import report_path
     from attnzoo.fileio import sha256_file
 
-    ref = json.loads((Path(__file__).parent / "data" / "quantization-reports" / "vit_int8.report.json").read_text())
+    ref = json.loads((Path(__file__).parents[1] / "data" / "quantization-reports" / "vit_int8.report.json").read_text())
     fp32 = tmp_path / "m.onnx"
     fp32.write_bytes(b"an fp32 graph")
     out = tmp_path / "cache" / "int8" / f"m-{sha256_file(fp32)[:12]}.modelopt-int8-cpu.onnx"

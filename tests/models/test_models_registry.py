@@ -10,7 +10,7 @@ from attnzoo.models import ARCHS, BUILTIN_VARIANTS, VARIANTS, Paper
 from attnzoo.models.memory import forward_bytes
 from attnzoo.models.wafe import mae_block
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAMILY_MODULES = ("standard", "belief", "belief2", "mabvit", "wafe", "hv")
 
 

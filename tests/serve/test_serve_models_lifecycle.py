@@ -23,7 +23,7 @@ import pytest
 
 from attnzoo.signals import SIGNAL_EXITS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "serve" / "examples" / "fashion_cls_0.png"
 #: What docs/serving.md promises for a stop (seconds from the signal to the exit of the whole tree).
 STOP_LIMIT_S = 10.0

@@ -169,7 +169,7 @@ def test_no_module_outside_the_registry_branches_on_a_backend_name():
     which it pairs rows with, is the one name it may use)."""
     import re
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     names = "|".join(re.escape(n) for n in backend_names() if n != "eager")
     pattern = re.compile(rf"""(==|!=|\bin\b)\s*\(?["'](?:{names})["']|["'](?:{names})["']\s*(==|!=)""")
     files = ["benchmarks/rows.py", "benchmarks/run.py", "serve/loading.py", "serve/predict.py", "runtime/choice.py",

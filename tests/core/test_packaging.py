@@ -17,7 +17,7 @@ from typing import Dict, Set
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _setuptools_dist(monkeypatch):

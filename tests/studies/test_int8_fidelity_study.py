@@ -12,7 +12,7 @@ import pytest
 from attnzoo.errors import CommandExit
 from attnzoo.studies.int8_fidelity import cpu_line, main, markdown, zoo_accuracy_markdown
 
-RESULTS = Path(__file__).resolve().parent.parent / "results" / "studies" / "int8-fidelity"
+RESULTS = Path(__file__).resolve().parents[2] / "results" / "studies" / "int8-fidelity"
 
 
 def test_committed_tables_are_what_the_json_holds_and_name_the_cpu(capsys):

@@ -64,7 +64,7 @@ def test_atomic_path_leaves_nothing_on_failure_and_normal_permissions_on_success
 
 
 # ------------------------------------------------------------------------------------------- input styles
-SUBSET = Path(__file__).parent / "data" / "fashion-mnist"  # 300 official test images (committed subset)
+SUBSET = Path(__file__).parents[1] / "data" / "fashion-mnist"  # 300 official test images (committed subset)
 
 
 def _garment_on_white(gray: np.ndarray, side: int = 40, canvas: int = 96) -> Image.Image:

@@ -16,7 +16,7 @@ import pytest
 from attnzoo.data import fashion as fm
 from attnzoo.data.datasets import load_data
 
-SUBSET = Path(__file__).parent / "data" / "fashion-mnist"
+SUBSET = Path(__file__).parents[1] / "data" / "fashion-mnist"
 
 
 @pytest.fixture(autouse=True)
