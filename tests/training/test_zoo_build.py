@@ -39,17 +39,12 @@ def test_fresh_rebuild_of_the_segmenters_keeps_the_classifiers(tmp_path, monkeyp
     assert all(after[k] != before[k] for k in before if k[1] == "seg")
 
 
-def test_a_stopped_job_resumes_from_its_last_finished_epoch(tmp_path, monkeypatch):
+def test_a_stopped_job_resumes_from_its_last_finished_epoch(tmp_path, monkeypatch, shapes_job):
     """A zoo job stopped after its first epoch (Ctrl-C, the machine stopped) keeps that epoch's state; the next
     build's job resumes from it (reports the epoch as done at once, trains only the second) and leaves no state."""
     import pytest
 
-    monkeypatch.setitem(zoo.RECIPES, "shapes/cls", dict(arch="micro", img_size=16, epochs=2, batch_size=16,
-                                                        lr=2e-3, weight_decay=0.05, warmup_epochs=0.25,
-                                                        seed=0, train_size=32, val_size=16))
-    monkeypatch.setitem(zoo.TEST_N, "shapes", 16)
-    job = {"variant": "standard", "task": "cls", "data": "shapes"}
-    zoo._load_shared([job])
+    job = shapes_job
     reports = []
 
     def stop_after_first(done, total):

@@ -275,18 +275,14 @@ def test_train_with_init_from_starts_at_the_classifier(tmp_path):
     (json.dumps({"epoch": 10 ** 12, "history": [], "elapsed": 0.0, "config": {}}),
      "epoch 1000000000000, not within 0..2"),
 ])
-def test_a_zoo_job_trains_afresh_from_a_bad_state_saying_which_file(tmp_path, monkeypatch, capsys, state, needle):
+def test_a_zoo_job_trains_afresh_from_a_bad_state_saying_which_file(tmp_path, monkeypatch, capsys, state, needle,
+                                                                     shapes_job):
     """A zoo build's job whose state JSON is 100,000 deep (was "maximum recursion depth exceeded" without the file)
     or claims an epoch past the run: one line naming the file, then the model is trained afresh through every
     epoch, and no state is left."""
     from attnzoo.training import zoo
 
-    monkeypatch.setitem(zoo.RECIPES, "shapes/cls", dict(arch="micro", img_size=16, epochs=2, batch_size=16,
-                                                        lr=2e-3, weight_decay=0.05, warmup_epochs=0.25,
-                                                        seed=0, train_size=32, val_size=16))
-    monkeypatch.setitem(zoo.TEST_N, "shapes", 16)
-    job = {"variant": "standard", "task": "cls", "data": "shapes"}
-    zoo._load_shared([job])
+    job = shapes_job
     js = tmp_path / "standard_cls_shapes.state.json"
     js.write_text(state)
     (tmp_path / "standard_cls_shapes.state.safetensors").write_bytes(b"never read: the JSON is refused first")
