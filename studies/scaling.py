@@ -54,26 +54,27 @@ from attnzoo.export.verify import EXTRA_BATCH_SIZES
 from attnzoo.fileio import atomic_path, atomic_write_text, default_cache_dir, writable_dir
 from attnzoo.limits import check_batch_sizes, check_side
 from attnzoo.machine import environment, load_average
-from attnzoo.models import BUILTIN_VARIANTS, VARIANTS, ARCHS, create_model
+from attnzoo.models import ARCHS, BUILTIN_VARIANTS, VARIANT_NAMES, VARIANTS, canonical_name, create_model
 from attnzoo.models.memory import forward_bytes
 from attnzoo.runtime.backends import backends
 from attnzoo.runtime.parity import check as check_parity
 
-__all__ = ["FAMILIES", "DEFAULT_VARIANTS", "Settings", "run_scaling", "derive", "fit_exponent", "cost_model",
-           "crossover_tokens", "write_outputs", "main"]
+__all__ = ["FAMILIES", "DEFAULT_VARIANTS", "families", "family_of", "Settings", "run_scaling", "derive",
+           "fit_exponent", "cost_model", "crossover_tokens", "write_outputs", "main"]
 
 
-def _families() -> Dict[str, Tuple[str, ...]]:
-    """The built-in variants grouped by their spec's ``cost_family``; the one named like its family (else the
-    first registered) leads, and is the one timed by default."""
-    families: Dict[str, List[str]] = {}
-    for name in BUILTIN_VARIANTS:
-        families.setdefault(VARIANTS[name].cost_family, []).append(name)
-    return {family: tuple(sorted(members, key=lambda v: v != family)) for family, members in families.items()}
+def families(names: Optional[Sequence[str]] = None) -> Dict[str, Tuple[str, ...]]:
+    """Variants grouped by their spec's ``cost_family`` (default: every variant registered now, plugins
+    included); in each, the one named like its family (else the first registered) leads."""
+    grouped: Dict[str, List[str]] = {}
+    for name in VARIANT_NAMES if names is None else names:
+        grouped.setdefault(VARIANTS[name].cost_family, []).append(name)
+    return {family: tuple(sorted(members, key=lambda v: v != family)) for family, members in grouped.items()}
 
 
-#: Variants grouped by how their cost grows; the first of each family is the one timed by default.
-FAMILIES: Dict[str, Tuple[str, ...]] = _families()
+#: The built-in variants by how their cost grows; the first of each family is the one timed by default. A plugin
+#: variant is in the family its registration names, by default one of its own (:func:`family_of`).
+FAMILIES: Dict[str, Tuple[str, ...]] = families(BUILTIN_VARIANTS)
 DEFAULT_VARIANTS: Tuple[str, ...] = tuple(members[0] for members in FAMILIES.values())
 SWEEPS = ("tokens", "seg", "batch")
 #: Fraction of the available memory a forward pass may be estimated to need.
@@ -84,11 +85,8 @@ QUICK = dict(arch="micro", sizes=(32, 64), seg_sizes=(32, 64), batch_sizes=(1, 4
 
 
 def family_of(variant: str) -> str:
-    """The cost family of a variant."""
-    for family, members in FAMILIES.items():
-        if variant in members:
-            return family
-    raise ValueError(f"variant {variant!r} is in no scaling family; families: {', '.join(FAMILIES)}")
+    """The cost family of a registered variant (built-in or plugin; aliases accepted)."""
+    return VARIANTS[canonical_name(variant)].cost_family
 
 
 @dataclass
@@ -491,7 +489,7 @@ def run_scaling(s: Settings, partial: Optional[Path] = None) -> Dict[str, Any]:
                          "min_iters": s.min_iters, "max_call_s": s.max_call_s, "seed": s.seed, "quick": s.quick,
                          "seg_decoder": "linear", "seg_classes": 150,
                          "peak_memory": "VmHWM reset per measurement" if run.exact_peak else "VmHWM (not resettable)"},
-            "families": {k: list(v) for k, v in FAMILIES.items()},
+            "families": {k: list(v) for k, v in families().items()},
             "environment": env,
             "load_average_end": load_end,
             "contended": _contended(env["load_average"], load_end, run.rows, s.threads),
@@ -511,9 +509,10 @@ def run_scaling(s: Settings, partial: Optional[Path] = None) -> Dict[str, Any]:
 def derive(result: Dict[str, Any]) -> Dict[str, Any]:
     """Add what follows from the measurements and the code: the fits, and the cost model of every member of
     the families measured (so ``--render`` can redo it from a results file)."""
-    families = list(dict.fromkeys(family_of(v) for v in result["settings"]["variants"]))
+    measured = dict.fromkeys(family_of(v) for v in result["settings"]["variants"])
     result["fits"] = fits(result["rows"])
-    result["cost_model"] = [cost_model(v, result["settings"]["arch"]) for f in families for v in FAMILIES[f]]
+    result["cost_model"] = [cost_model(v, result["settings"]["arch"])
+                            for family, members in families().items() if family in measured for v in members]
     return result
 
 

@@ -6,15 +6,69 @@ import json
 
 import numpy as np
 import pytest
+from timm.layers import Attention
+from torch import nn
 
 from attnzoo.studies import scaling
 from attnzoo.studies.scaling import FAMILIES, cost_model, fit_exponent, main, parse_settings, plan, run_scaling
-from attnzoo.models import VARIANT_NAMES
+from attnzoo.models import BUILTIN_VARIANTS, register_variant, registry
 
 
 def test_every_variant_is_in_exactly_one_family():
     members = [v for family in FAMILIES.values() for v in family]
-    assert sorted(members) == sorted(VARIANT_NAMES)
+    assert sorted(members) == sorted(BUILTIN_VARIANTS)
+
+
+@pytest.fixture
+def registry_restored():
+    """Whatever a test registers is gone afterwards."""
+    order, variants, aliases = list(registry._ORDER), dict(registry.VARIANTS), dict(registry.ALIASES)
+    yield
+    registry._ORDER[:] = order
+    registry.VARIANTS.clear()
+    registry.VARIANTS.update(variants)
+    registry.ALIASES.clear()
+    registry.ALIASES.update(aliases)
+
+
+class OutLinearAttention(Attention):
+    """timm's Attention followed by one more D x D matrix (no bias): 2 D^2 more FLOPs per token."""
+
+    def __init__(self, dim, num_heads=8, **kwargs):
+        super().__init__(dim, num_heads=num_heads, **kwargs)
+        self.post = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x, attn_mask=None, is_causal=False):
+        return self.post(super().forward(x, attn_mask=attn_mask))
+
+
+def test_a_plugin_variant_is_timed_and_modelled_beside_standard(tmp_path, registry_restored):
+    register_variant("tp-out-linear", OutLinearAttention, paper="Test paper, https://example.org",
+                     aliases=("tp-ol",))
+    register_variant("tp-out-std", OutLinearAttention, paper="Test paper, https://example.org",
+                     cost_family="standard")
+    # its own family by default, or the one its registration names
+    assert scaling.family_of("tp-out-linear") == scaling.family_of("tp-ol") == "tp-out-linear"
+    assert scaling.family_of("tp-out-std") == "standard"
+    assert scaling.families()["standard"] == (*FAMILIES["standard"], "tp-out-std")
+    with pytest.raises(ValueError, match="no-such-variant"):
+        scaling.family_of("no-such-variant")
+    s = scaling.Settings(variants=["standard", "tp-out-linear"], backends=("eager",), arch="micro", sizes=(32,),
+                         seg_sizes=(), batch_sizes=(), min_time=0.01, out=tmp_path, cache_dir=tmp_path / "cache",
+                         progress=False)
+    result = run_scaling(s)
+    rows = {r["variant"]: r for r in result["rows"]}
+    assert set(rows) == {"standard", "tp-out-linear"}
+    assert rows["tp-out-linear"]["status"] == "ok" and rows["tp-out-linear"]["family"] == "tp-out-linear"
+    assert rows["tp-out-linear"]["median_ms"] > 0
+    assert rows["tp-out-linear"]["matrix_gflop"] > rows["standard"]["matrix_gflop"]
+    assert result["families"]["tp-out-linear"] == ["tp-out-linear"]
+    model = {c["variant"]: c for c in result["cost_model"]}
+    assert set(model) == {*FAMILIES["standard"], "tp-out-std", "tp-out-linear"}
+    # standard's 24 D^2 per token, plus the extra D x D matrix; the attention core unchanged
+    assert model["tp-out-linear"]["matrix_linear_D2"] == pytest.approx(26)
+    assert model["tp-out-linear"]["matrix_quadratic_D"] == pytest.approx(4)
+    assert {f["family"] for f in result["fits"]} == {"standard", "tp-out-linear"}
 
 
 def test_fit_exponent_recovers_a_power_law():
