@@ -122,6 +122,7 @@ def test_adopt_moves_a_complete_staging_build_into_the_zoo_and_refuses_a_partial
     monkeypatch.setattr(zoo, "_run_job_star", _fake_job)
     monkeypatch.setattr(zoo, "baselines", lambda *recipes: {})
     monkeypatch.setattr(zoo, "VARIANT_NAMES", ("standard", "belief"))
+    monkeypatch.setitem(zoo.NEXT_RECIPES, "fashion/seg", dict(zoo.RECIPES["fashion/seg"], epochs=2))  # a retrain
     shipped, staging = tmp_path / "zoo", tmp_path / "staging"
     zoo.build(variants=["standard", "belief"], out_dir=shipped, data=["fashion"])
     before = {(e["variant"], e["task"]): e for e in json.loads((shipped / "manifest.json").read_text())["models"]}

@@ -18,11 +18,12 @@ _DATA = {}
 
 
 def _test_subset(data: str, task: str, n: int):
-    """The first ``n`` test images (or scenes) of a zoo data set, at the recipe's size (Fashion-MNIST: the official
-    files, Debian's or the package's copy)."""
+    """The first ``n`` test images (or scenes) of a zoo data set, at the recipe's size and scene options
+    (Fashion-MNIST: the official files, Debian's or the package's copy)."""
     key = (data, task, n)
     if key not in _DATA:
-        _DATA[key] = load_data(data, "test", task, RECIPES[f"{data}/{task}"]["img_size"], n)
+        recipe = RECIPES[f"{data}/{task}"]
+        _DATA[key] = load_data(data, "test", task, recipe["img_size"], n, scene=recipe.get("scene"))
     return _DATA[key]
 
 
