@@ -30,18 +30,6 @@ EXAMPLE = ROOT / "examples" / "attnzoo-cosine"
 DEPTH = 4  # micro
 
 
-@pytest.fixture
-def registry_restored():
-    """Whatever a test registers is gone afterwards."""
-    order, variants, aliases = list(registry._ORDER), dict(registry.VARIANTS), dict(registry.ALIASES)
-    yield
-    registry._ORDER[:] = order
-    registry.VARIANTS.clear()
-    registry.VARIANTS.update(variants)
-    registry.ALIASES.clear()
-    registry.ALIASES.update(aliases)
-
-
 class Scaled(nn.Module):
     """A scope with one op: multiply by a learned scalar."""
 

@@ -14,7 +14,7 @@ import pytest
 
 from attnzoo.errors import CommandExit, UsageError
 from attnzoo.machine import cpu_summary
-from attnzoo.models import BUILTIN_VARIANTS, VARIANT_NAMES, registry
+from attnzoo.models import BUILTIN_VARIANTS, VARIANT_NAMES
 from attnzoo.report import SCHEMA
 from attnzoo.report import index as idx
 from attnzoo.report.index import build_reports, default_variants, find_reports, main, write_index
@@ -221,8 +221,7 @@ def test_a_failed_report_is_named_and_the_others_still_run(tmp_path, monkeypatch
     assert [r["variant"] for _, r in find_reports(tmp_path)[0]] == ["standard"]
 
 
-def test_the_default_set_is_the_builtins_then_the_example_plugin(monkeypatch):
-    order, variants, aliases = list(registry._ORDER), dict(registry.VARIANTS), dict(registry.ALIASES)
+def test_the_default_set_is_the_builtins_then_the_example_plugin(monkeypatch, registry_restored):
     if idx.EXAMPLE_PLUGIN in VARIANT_NAMES:
         pytest.skip("the example plugin is installed in this environment")
     with pytest.raises(UsageError, match=r"pip install \./examples/attnzoo-cosine"):
@@ -230,15 +229,8 @@ def test_the_default_set_is_the_builtins_then_the_example_plugin(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "examples" / "attnzoo-cosine"))
     import attnzoo_cosine
 
-    try:
-        attnzoo_cosine.register()
-        assert default_variants() == [*BUILTIN_VARIANTS, "cosine"] and len(BUILTIN_VARIANTS) == 15
-    finally:
-        registry._ORDER[:] = order
-        registry.VARIANTS.clear()
-        registry.VARIANTS.update(variants)
-        registry.ALIASES.clear()
-        registry.ALIASES.update(aliases)
+    attnzoo_cosine.register()
+    assert default_variants() == [*BUILTIN_VARIANTS, "cosine"] and len(BUILTIN_VARIANTS) == 15
 
 
 # ------------------------------------------------------------------------------------------------ bad input
