@@ -6,11 +6,12 @@ The zoo's acceptance test, written the way an outside user would: each zoo check
 the ONNX file's own metadata (``input_size``, ``mean``, ``std``), plain ``onnxruntime``.
 
 - Classifiers: top-1 on the official 10,000 test images, compared with the manifest's ``test_metric``.
-- Segmenters: mIoU on test scenes composed here from the README's description (2-4 garments of 35-60 % of a
-  48 px black canvas, at most 15 % of a garment's pixels on earlier ones, mask = class + 1 where the garment's
-  pixel is above 24) by this script's own generator, seed and resize (``compose``), so the number says whether
-  the segmenters hold on scenes they never saw. A second column composes the same way with garments placed
-  anywhere (heavier occlusion): how much the number depends on that one choice.
+- Segmenters: mIoU on test scenes composed here from the zoo's description (docs/zoo.md: 2-4 native 28-px
+  garments on a 56 px black canvas, each scene drawing the most of a garment's pixels that may land on earlier
+  ones from U(0, 1), mask = class + 1 where the garment's pixel is above 24) by this script's own generator and
+  seed (``compose``), so the number says whether the segmenters hold on scenes they never saw. A second column
+  composes the same way with garments placed anywhere (the heaviest occlusion): how much the number depends on
+  that one choice.
 
 ``--dtype int8`` (the int8 export's acceptance test) exports each classifier with ``export-model --dtype int8`` instead
 and checks what that command reported: the int8 top-1 re-measured here within :data:`INT8_MAX_GAP` points of the
@@ -46,7 +47,7 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 FASHION = ROOT / "attnzoo" / "data" / "fashion-mnist"  # the official files (the same bytes as Debian's)
 #: The zoo's targets.
-CLS_MIN, CLS_STANDARD_MIN, SEG_MIN, MAX_GAP = 85.0, 88.0, 50.0, 0.5
+CLS_MIN, CLS_STANDARD_MIN, SEG_MIN, FREE_MIN, MAX_GAP = 85.0, 88.0, 55.0, 50.0, 0.5
 #: The int8 export's: the int8 top-1 re-measured within 0.3 points of export-model's report, within 0.5 of fp32.
 INT8_MAX_GAP, INT8_MAX_DROP = 0.3, 0.5
 #: The extra-math scopes of the README's variant table (the papers' extra math, exported as named nodes).
@@ -175,19 +176,19 @@ def main() -> int:
     p.add_argument("--out", type=Path, required=True, help="folder for results.json and results.md")
     p.add_argument("--dtype", default="fp32", choices=("fp32", "int8"),
                    help="int8: classifiers exported with export-model --dtype int8, checked against its report")
-    g = p.add_argument_group("segmentation test scenes (default: the README's 48-px scenes)")
-    g.add_argument("--size", type=int, default=48, help="canvas side in pixels (the segmenters' input size)")
+    g = p.add_argument_group("segmentation test scenes (default: the zoo's scenes)")
+    g.add_argument("--size", type=int, default=56, help="canvas side in pixels (the segmenters' input size)")
     g.add_argument("--fraction", type=float, nargs=2, default=(0.35, 0.60), metavar=("LO", "HI"),
                    help="garment side as a fraction of the canvas")
-    g.add_argument("--garment-px", type=int, nargs=2, default=None, metavar=("LO", "HI"),
-                   help="garment side in pixels instead of --fraction (28 28: the images themselves)")
-    g.add_argument("--overlap", type=float, nargs="+", default=[0.15], metavar="CAP",
+    g.add_argument("--garment-px", type=int, nargs=2, default=(28, 28), metavar=("LO", "HI"),
+                   help="garment side in pixels (28 28: the images themselves); 0 0: use --fraction")
+    g.add_argument("--overlap", type=float, nargs="+", default=[0.0, 1.0], metavar="CAP",
                    help="the most of a garment's pixels on earlier garments: one cap, or LO HI drawn per scene")
     g.add_argument("--garments", type=int, nargs=2, default=(2, 4), metavar=("LO", "HI"), help="garments per scene")
     g.add_argument("--free-garment-px", type=int, nargs=2, default=None, metavar=("LO", "HI"),
                    help="garment side in pixels of the placed-anywhere scenes (default: as the first scenes)")
     g.add_argument("--seg-min", type=float, default=SEG_MIN, help="target mIoU on the first scenes")
-    g.add_argument("--free-min", type=float, default=None, help="target mIoU on the placed-anywhere scenes")
+    g.add_argument("--free-min", type=float, default=FREE_MIN, help="target mIoU on the placed-anywhere scenes")
     p.add_argument("--checkpoints", type=Path, nargs="+", default=None, metavar="CKPT",
                    help="check these checkpoint files (each with its JSON beside it) instead of the zoo's")
     args = p.parse_args()
@@ -215,7 +216,7 @@ def main() -> int:
     labels = read_idx(args.fashion / "t10k-labels-idx1-ubyte.gz").astype(np.int64)
     cap = args.overlap[0] if len(args.overlap) == 1 else tuple(args.overlap)
     shape = dict(size=args.size, fraction=tuple(args.fraction), garments=tuple(args.garments),
-                 garment_px=None if args.garment_px is None else tuple(args.garment_px))
+                 garment_px=tuple(args.garment_px) if any(args.garment_px) else None)
     free = dict(shape, garment_px=tuple(args.free_garment_px)) if args.free_garment_px else shape
     scenes = {"readme": compose(images, labels, args.scenes, max_overlap=cap, **shape),
               "anywhere": compose(images, labels, args.scenes, max_overlap=1.0, **free)} if "seg" in tasks else {}

@@ -56,7 +56,9 @@ def _train_parser() -> argparse.ArgumentParser:
     p.add_argument("--train-size", type=int, default=None, help="train images (default: all / 8000 shapes)")
     p.add_argument("--val-size", type=int, default=None, help="validation images (default: the data set's)")
     p.add_argument("--decoder", choices=("linear", "mask"), default="linear", help="segmentation decoder")
-    scene = p.add_argument_group("Fashion-MNIST scenes (--data fashion --task seg; default: the zoo's 48-px scenes)")
+    scene = p.add_argument_group("Fashion-MNIST scenes (--data fashion --task seg; default: 2-4 garments of 35-60 % of the "
+                                  "canvas, at most 15 % of a garment on earlier ones; the zoo's: --scene-garment-px 28 28 "
+                                  "--scene-overlap 0 1)")
     scene.add_argument("--scene-garments", type=int, nargs=2, metavar=("LO", "HI"), default=None,
                        help="garments per scene, inclusive range (default 2 4)")
     scene.add_argument("--scene-fraction", type=float, nargs=2, metavar=("LO", "HI"), default=None,
