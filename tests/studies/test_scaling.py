@@ -11,24 +11,12 @@ from torch import nn
 
 from attnzoo.studies import scaling
 from attnzoo.studies.scaling import FAMILIES, cost_model, fit_exponent, main, parse_settings, plan, run_scaling
-from attnzoo.models import BUILTIN_VARIANTS, register_variant, registry
+from attnzoo.models import BUILTIN_VARIANTS, register_variant
 
 
 def test_every_variant_is_in_exactly_one_family():
     members = [v for family in FAMILIES.values() for v in family]
     assert sorted(members) == sorted(BUILTIN_VARIANTS)
-
-
-@pytest.fixture
-def registry_restored():
-    """Whatever a test registers is gone afterwards."""
-    order, variants, aliases = list(registry._ORDER), dict(registry.VARIANTS), dict(registry.ALIASES)
-    yield
-    registry._ORDER[:] = order
-    registry.VARIANTS.clear()
-    registry.VARIANTS.update(variants)
-    registry.ALIASES.clear()
-    registry.ALIASES.update(aliases)
 
 
 class OutLinearAttention(Attention):

@@ -14,7 +14,7 @@ from attnzoo.models import VARIANT_NAMES
 from attnzoo.report import SCHEMA
 from attnzoo.report.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STATUSES = {"ok", "failed", "unavailable", "skipped"}
 
 
@@ -112,7 +112,7 @@ def test_an_unknown_variant_is_refused_listing_the_valid_ones(tmp_path, capsys):
 def test_gpu_rows_come_from_the_committed_gpu_plan_results_failed_rows_included():
     from attnzoo.report.variant import gpu_rows
 
-    path = Path(__file__).resolve().parent.parent / "results" / "gpu-h100" / "vit-s-224" / "results.json"
+    path = Path(__file__).resolve().parents[2] / "results" / "gpu-h100" / "vit-s-224" / "results.json"
     if not path.is_file():
         pytest.skip("no committed GPU-plan results")
     rows = json.loads(path.read_text())["results"]
