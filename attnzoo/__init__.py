@@ -1,7 +1,7 @@
 """attnzoo: attention variants from five recent papers, made deployable.
 
 The layers, bottom to top (each a folder of the repository; a module imports only from its own layer or below,
-``tests/test_layers.py`` enforces it; ``docs/architecture.md`` draws it):
+``tests/core/test_layers.py`` enforces it; ``docs/architecture.md`` draws it):
 
 - :mod:`attnzoo` (``attnzoo/``) -- core: errors and exit codes, limits, atomic files, preprocessing, the
   machine description, metrics; :mod:`attnzoo.data`: the data sets.

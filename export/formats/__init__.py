@@ -2,7 +2,7 @@
 
 Every format starts from the verified ONNX; its part says what it checks, what it writes and its summary lines
 (:class:`ExportFormat`). A module of this package that defines ``FORMAT`` is found by :func:`formats`, so adding
-a format is one file here (``tests/test_export.py`` adds a made-up one); :func:`register_format` adds one from
+a format is one file here (``tests/export/test_export.py`` adds a made-up one); :func:`register_format` adds one from
 elsewhere, for this process.
 """
 

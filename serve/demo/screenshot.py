@@ -4,7 +4,7 @@ than 127.0.0.1 aborted): classify and segment a shipped example, and save screen
     python -m attnzoo.serve.demo.screenshot --out docs/demo.png          # the zoo's models (ONNX Runtime)
     python -m attnzoo.serve.demo.screenshot --models DIR --out shot.png  # a folder of exported models
 
-The browser test (``tests/test_serve.py``) uses :func:`capture` and checks what it reports.
+The browser test (``tests/serve/test_demo.py``) uses :func:`capture` and checks what it reports.
 """
 
 from __future__ import annotations

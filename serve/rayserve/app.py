@@ -76,7 +76,7 @@ _NPY_HEADER_ROOM = 4096
 #: (:mod:`attnzoo.preprocess`, :mod:`attnzoo.serve.predict`), charged from the image's size alone, so it is known
 #: before a pixel is decoded: the images that take the most (16-bit and float ones, converted through float64;
 #: the peak is in that conversion, for classify and segment alike), with room to spare.
-#: ``tests/test_serving.py`` measures the peak of both kinds and fails when it passes this.
+#: ``tests/serve/test_serve_models.py`` measures the peak of both kinds and fails when it passes this.
 DECODE_BYTES_PER_PIXEL = 40
 #: Share of a replica's memory that the images it decodes at once may take by default; the rest is for the models,
 #: the request bodies (at most ``max_ongoing_requests`` x the upload limit), Ray itself and, on a shared machine,
@@ -104,7 +104,7 @@ def _replica_grpc_on_loopback() -> None:
     :data:`attnzoo.serve.rayserve.environment._LOOPBACK_ENV`): Ray Serve 2.60 binds each replica's inter-deployment gRPC
     server to ``[::]:0`` (all interfaces; ``Replica._on_initialized``, not a setting). This module is imported in
     the replica before that runs, so the address is rewritten to ``127.0.0.1:0`` here; a cluster joined with
-    ``--address`` is left as Ray makes it. ``tests/test_serving_lifecycle.py`` lists every listening socket."""
+    ``--address`` is left as Ray makes it. ``tests/serve/test_serve_models_lifecycle.py`` lists every listening socket."""
     from ray.serve._private import replica  # Ray's replica internals: loaded only in a replica, by this patch
 
     original = replica.add_port_to_grpc_server
