@@ -41,6 +41,7 @@ from attnzoo.fileio import writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import bf16_problem, environment
 from attnzoo.runtime.backends import backend_names
+from attnzoo.signals import Interrupted, Terminated
 from attnzoo.runtime.fusion import audit
 from attnzoo.runtime.fusion import markdown as fusion_markdown
 from attnzoo.studies.fusable import speedups, time_opsets
@@ -367,7 +368,12 @@ def latency(variant: str, budget: Budget, work: Path, command: str) -> Dict[str,
 
     One batch size at a time, resuming the same row log: the benchmark measures ``standard`` (the baseline) before
     the variant, so a run over both batch sizes that reached its time limit would keep standard's batch-8 rows and
-    lose the variant's own. Batch by batch, the variant's batch-1 rows are measured before any batch-8 row."""
+    lose the variant's own. Batch by batch, the variant's batch-1 rows are measured before any batch-8 row.
+
+    Raises:
+        Terminated, Interrupted: SIGTERM / Ctrl-C arrived while it measured (the benchmark returns the rows it
+            kept; the report stops there, as on a signal in any other step).
+    """
     bf16 = bf16_problem()
     started, r, interrupted = time.monotonic(), None, None
     for i, batch in enumerate(BATCH_SIZES):
@@ -384,6 +390,8 @@ def latency(variant: str, budget: Budget, work: Path, command: str) -> Dict[str,
                                compile_budget=budget.compile_budget, ceiling_size=0, progress=False,
                                pair_eager=False, time_limit=max(left, 0.0), command=command)
         r = bench_run.run_benchmark(s)
+        if (r["interrupted"] or {}).get("signal"):  # the benchmark keeps its rows on a signal; the report stops
+            raise Terminated() if r["interrupted"]["signal"] == "SIGTERM" else Interrupted()
         if r["interrupted"]:
             interrupted = r["interrupted"]
             break

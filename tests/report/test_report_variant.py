@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -153,3 +157,57 @@ def test_latency_measures_batch_by_batch_so_a_time_limit_keeps_the_variants_firs
     assert calls == [[rv.BATCH_SIZES[0]]]
     assert got["interrupted"]["note"] == "stopped"
     assert {(r["variant"], r["batch"]) for r in got["rows"]} == {("standard", 1), ("belief2", 1)}
+
+
+@pytest.mark.parametrize("signal_name, raised", [("SIGTERM", "Terminated"), ("SIGINT", "Interrupted")])
+def test_a_signal_during_the_latency_rows_stops_the_report(monkeypatch, tmp_path, signal_name, raised):
+    """The benchmark keeps the rows measured before a signal and returns them; the report must stop there (the
+    command's one line and exit status), not carry on to write a report.json."""
+    import attnzoo.benchmarks.run as run
+    from attnzoo import signals
+    from attnzoo.report import variant as rv
+
+    def fake(s):
+        return {"settings": {}, "results": [], "overheads": [], "fastest_cpu": None, "note": "",
+                "interrupted": {"signal": signal_name, "during": "x", "rows_kept": 0, "note": "stopped"}}
+
+    monkeypatch.setattr(run, "run_benchmark", fake)
+    with pytest.raises(getattr(signals, raised)):
+        rv._attempt(lambda: rv.latency("belief2", rv.QUICK, tmp_path, "cmd"))
+
+
+def _terminated_when(tmp_path, ready, what: str, delay: float = 0.0) -> str:
+    """Run ``report-variant --quick``, send SIGTERM ``delay`` s after ``ready(out, stderr so far)`` holds; expect
+    the one line, exit 143 and no report.json. Returns the stderr."""
+    out, log = tmp_path / "belief2", tmp_path / "stderr.txt"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", "from attnzoo.cli import report_variant; report_variant()",
+                                 "--variant", "belief2", "--quick", "--out", str(out)],
+                                stdout=subprocess.DEVNULL, stderr=err, text=True)
+        deadline = time.monotonic() + 300
+        try:
+            while not ready(out, log.read_text()) and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert proc.poll() is None, f"ended before {what}: {log.read_text()[-2000:]}"
+            assert ready(out, log.read_text()), f"never reached {what}"
+            time.sleep(delay)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    text = log.read_text()
+    assert proc.returncode == 143, text[-2000:]
+    assert text.strip().splitlines()[-1] == "terminated (SIGTERM)", text[-2000:]
+    assert not (out / "report.json").exists()
+    return text
+
+
+@pytest.mark.slow
+def test_sigterm_inside_the_export_step_ends_with_the_line_and_143(tmp_path):
+    # the fp16 file is written: the int8 export (calibration, ModelOpt, its fidelity and accuracy) is under way
+    text = _terminated_when(tmp_path, lambda out, err: (out / "exports" / "belief2" / "belief2_fp16.onnx").is_file(),
+                            "the int8 export")
+    assert "export ..." in text and "fusion ..." not in text
+
