@@ -25,26 +25,30 @@ optimized graph, OpenVINO when the kernels that compute it hold no separate matr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import re
 import sys
 import tempfile
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from attnzoo.cli import entry_point
 from attnzoo.errors import UsageError
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import gpu_info
 
+from .contract import config_from_props, metadata_props
 from .openvino import compile_onnx
 from .sessions import session_options
 
 onnx = lazy_import("onnx")
 ort = lazy_import("onnxruntime")
 ov = lazy_import("openvino")
+models = lazy_import("attnzoo.models")  # the arch table (timm): read by the transformer optimizer's audit only
 
 __all__ = ["AttentionCore", "attention_cores", "openvino_fusion", "onnxruntime_fusion", "tensorrt_fusion", "audit",
            "markdown", "main"]
@@ -222,6 +226,27 @@ def _ort_attention(graph: onnx.GraphProto, cores: List[AttentionCore]) -> Dict[s
     return fused
 
 
+def _heads_and_width(path: Union[str, Path]) -> Tuple[int, int]:
+    """(attention heads, embedding width) of an attnzoo export, from its config's arch; (0, 0) when unknown
+    (the transformer optimizer then detects them from the graph)."""
+    try:
+        arch = models.ARCHS.get(config_from_props(metadata_props(path)).get("arch"))
+    except ValueError:  # no attnzoo config: not an attnzoo export
+        arch = None
+    return (int(arch["num_heads"]), int(arch["embed_dim"])) if arch else (0, 0)
+
+
+@contextlib.contextmanager
+def _warnings_silenced() -> Iterator[None]:
+    """Log records below ERROR are dropped while active (the previous ``logging.disable`` level comes back)."""
+    previous = logging.root.manager.disable
+    logging.disable(max(previous, logging.WARNING))
+    try:
+        yield
+    finally:
+        logging.disable(previous)
+
+
 def onnxruntime_fusion(path: Union[str, Path], cores: Optional[List[AttentionCore]] = None,
                        transformer_optimizer: bool = False) -> Dict[str, Any]:
     """Which attention cores ONNX Runtime runs as one attention op: in the graph its CPU session optimizes (all levels),
@@ -230,8 +255,11 @@ def onnxruntime_fusion(path: Union[str, Path], cores: Optional[List[AttentionCor
     if transformer_optimizer:
         from onnxruntime.transformers.optimizer import optimize_model  # optional: ONNX Runtime's transformer optimizer
 
-        # num_heads / hidden_size 0: detected from the graph (the optimizer's own default)
-        optimized = optimize_model(str(path), model_type="vit", num_heads=0, hidden_size=0, opt_level=0)
+        num_heads, hidden_size = _heads_and_width(path)
+        # its warnings (what it could not fuse, its shape inference) are the audit's result, not news; errors show
+        with _warnings_silenced():
+            optimized = optimize_model(str(path), model_type="vit", num_heads=num_heads, hidden_size=hidden_size,
+                                       opt_level=0)
         graph = optimized.model.graph
         name = "onnxruntime-transformers"
     else:

@@ -211,3 +211,25 @@ def test_sigterm_inside_the_export_step_ends_with_the_line_and_143(tmp_path):
                             "the int8 export")
     assert "export ..." in text and "fusion ..." not in text
 
+
+
+def test_the_fusion_audit_names_heads_and_width_and_keeps_the_optimizers_warnings_off_the_terminal(caplog):
+    """The transformer optimizer gets the export's heads and width (its arch) and logs no warnings between the
+    report's progress lines; an error logged meanwhile still goes through."""
+    import logging
+
+    from attnzoo.models import ARCHS
+    from attnzoo.runtime import fusion
+
+    path = ROOT / "zoo" / "onnx" / "mabvit-glu_cls_fashion.onnx"  # a shipped export
+    arch = ARCHS[json.loads(fusion.metadata_props(path)["attnzoo.config"])["arch"]]
+    assert fusion._heads_and_width(path) == (arch["num_heads"], arch["embed_dim"])
+    caplog.set_level(logging.DEBUG)
+    result = fusion.onnxruntime_fusion(path, transformer_optimizer=True)
+    assert result["inspected"] and result["cores"] == arch["depth"]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    with fusion._warnings_silenced():
+        logging.getLogger("fusion_attention").error("a real error")
+        logging.getLogger("fusion_attention").warning("a warning")
+    assert [r.getMessage() for r in caplog.records] == ["a real error"]
+    assert logging.root.manager.disable == logging.NOTSET
