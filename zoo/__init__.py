@@ -15,9 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from attnzoo.fileio import sha256_file
+from attnzoo.lazy import lazy_import
 
 if TYPE_CHECKING:  # the zoo's listing loads without PyTorch (serve-models, the studies' --help)
     from torch import nn
+
+# timm and PyTorch load at the first checkpoint lookup: serve-models and the studies' --help read the listing only
+models = lazy_import("attnzoo.models")
+checkpoint = lazy_import("attnzoo.models.checkpoint")
 
 __all__ = ["ZOO_DIR", "DEFAULT_DATA", "manifest", "entries", "checkpoint_path", "load", "available", "best_entries",
            "onnx_name", "shipped_onnx"]
@@ -47,9 +52,7 @@ def available(task: str = None, data: str = DEFAULT_DATA) -> List[str]:
 
 def checkpoint_path(variant: str, task: str = "cls", data: str = DEFAULT_DATA) -> Path:
     """Path of the zoo checkpoint; ``ValueError`` naming what the zoo has when there is none."""
-    from attnzoo.models import canonical_name  # heavy: loads timm; serve-models reads the zoo without it
-
-    name = canonical_name(variant)
+    name = models.canonical_name(variant)
     for e in entries():
         if e["variant"] == name and e["task"] == task and e["data"] == data:
             return ZOO_DIR / e["file"]
@@ -59,9 +62,7 @@ def checkpoint_path(variant: str, task: str = "cls", data: str = DEFAULT_DATA) -
 
 def load(variant: str, task: str = "cls", data: str = DEFAULT_DATA) -> Tuple[nn.Module, Dict[str, Any]]:
     """Load a zoo model in eval mode with its config (class names, mean/std, metrics ...)."""
-    from attnzoo.models.checkpoint import load_checkpoint  # heavy: loads timm
-
-    return load_checkpoint(checkpoint_path(variant, task, data))
+    return checkpoint.load_checkpoint(checkpoint_path(variant, task, data))
 
 
 def best_entries(data: str = DEFAULT_DATA) -> Dict[str, Dict[str, Any]]:
