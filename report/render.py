@@ -16,6 +16,7 @@ from attnzoo.benchmarks.report import markdown_table, plot_latency, plot_overhea
 from attnzoo.fileio import atomic_write_text
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary
+from attnzoo.runtime.backends import ONNX_REFERENCE
 
 # report-variant --help loads without torch and timm: imported at their first use
 factory = lazy_import("attnzoo.models.factory")
@@ -106,7 +107,7 @@ def _overhead_max(report: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
         return None
     top = max(p["tokens"] for p in pairs)
     at = [p for p in pairs if p["tokens"] == top]
-    pick = next((p for p in at if p["backend"] == "ort-cpu"), at[0])
+    pick = next((p for p in at if p["backend"] == ONNX_REFERENCE), at[0])
     return {"ratio": pick["ratio"], "backend": pick["backend"], "batch": 1, "tokens": top}
 
 

@@ -32,8 +32,8 @@ from attnzoo.errors import UsageError
 from attnzoo.fileio import default_cache_dir, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary, environment, load_average
-from attnzoo.runtime.backends.ort_cpu import tuned_cpu_session
-from attnzoo.runtime.openvino import OpenVINOSession, unavailable_reason
+from attnzoo.runtime.backends import cpu_runtimes
+from attnzoo.runtime.openvino import unavailable_reason
 from attnzoo.runtime.fusion import audit
 from attnzoo.runtime.parity import check
 from attnzoo.studies.mae_forms import time_round_robin
@@ -70,21 +70,20 @@ def export_pair(model, variant: str, img_size: int, folder: Path, threads: int) 
 
 def time_opsets(paths: Dict[int, Path], x: np.ndarray, ref: np.ndarray, threads: int, cache: Path, rounds: int, *,
                 eager: Optional[Callable[[], object]] = None, progress: bool = False) -> Dict[str, List[float]]:
-    """Seconds per call of each file (``{opset: path}``) on ONNX Runtime's CPU session and on OpenVINO (where
-    installed), and of ``eager`` when given, timed round-robin after each runner's output passed the fp32 parity
-    check against ``ref``. Keys: ``"ort-cpu opset<N>"``, ``"openvino opset<N>"``, ``"eager"``.
+    """Seconds per call of each file (``{opset: path}``) on each of the registry's CPU runtimes that runs here
+    (:func:`~attnzoo.runtime.backends.cpu_runtimes`: ONNX Runtime's CPU session, OpenVINO where installed), and of
+    ``eager`` when given, timed round-robin after each runner's output passed the fp32 parity check against
+    ``ref``. Keys: ``"<backend> opset<N>"`` (``"ort-cpu opset20"``, ...), ``"eager"``.
 
     Raises:
         RuntimeError: a runner's output fails the parity check.
     """
     runners: Dict[str, Callable[[], object]] = {"eager": eager} if eager is not None else {}
-    ov_missing = unavailable_reason()
+    runtimes = [b for b in cpu_runtimes() if b.unavailable_reason("fp32") is None]
     for opset, path in paths.items():
-        sess, _ = tuned_cpu_session(path, threads, cache, batch=x.shape[0])
-        runners[f"ort-cpu opset{opset}"] = lambda s=sess: s.run(None, {"image": x})[0]
-        if ov_missing is None:
-            ov = OpenVINOSession(path, threads=threads, batch=x.shape[0])
-            runners[f"openvino opset{opset}"] = lambda o=ov: o.run(x)
+        for backend in runtimes:
+            session = backend.load(path, backend.options(threads=threads, batch=x.shape[0], cache_dir=cache))
+            runners[f"{backend.name} opset{opset}"] = lambda s=session: s.run(x)
     for name, fn in runners.items():  # bench-latency's parity gate (the shared tolerance table)
         if name != "eager":
             ok, err = check(np.asarray(fn()), ref, "fp32")
@@ -97,7 +96,7 @@ def speedups(times: Dict[str, List[float]]) -> Dict[str, Dict[str, float]]:
     """Per runtime: the opset-23 file's speed-up over the opset-20 one (median and quartiles of the per-round
     ratio of their times) and both medians in ms."""
     out = {}
-    for runtime in ("ort-cpu", "openvino"):
+    for runtime in [r.name for r in cpu_runtimes()]:
         a, b = times.get(f"{runtime} opset20"), times.get(f"{runtime} opset23")
         if a is None or b is None:
             continue

@@ -62,6 +62,7 @@ from attnzoo.machine import cpu_summary, environment, load_average
 from attnzoo.metrics import confusion_matrix, metrics_from_confusion
 from attnzoo.models import canonical_name, create_model
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
+from attnzoo.runtime.backends import get_backend
 from attnzoo.runtime.evaluate import EVAL_BATCH, cpu_session, predict_session
 from attnzoo.runtime.parity import TOLERANCES, check as check_parity
 from attnzoo.studies.int8_accuracy import _verified_fp32, add_zoo_selection
@@ -242,11 +243,12 @@ def accuracy_table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _runtime_label(row: Mapping[str, Any]) -> str:
-    """``ort-cpu (Q/DQ cpu)``, ``openvino``: the runtime and, for ModelOpt's graph, its Q/DQ placement (rows
-    written before placements were compared used ModelOpt's default, ``tensorrt``)."""
-    if row["backend"] != "ort-cpu":
+    """``ort-cpu (Q/DQ cpu)``, ``openvino``: the runtime and, for a backend whose int8 rows run ModelOpt's Q/DQ
+    graph (:attr:`~attnzoo.runtime.backends.Backend.int8_model`), its Q/DQ placement (rows written before
+    placements were compared used ModelOpt's default, ``tensorrt``)."""
+    if get_backend(row["backend"]).int8_model != "qdq":
         return row["backend"]
-    return f"ort-cpu (Q/DQ {row.get('placement') or TENSORRT_QDQ_PLACEMENT})"
+    return f"{row['backend']} (Q/DQ {row.get('placement') or TENSORRT_QDQ_PLACEMENT})"
 
 
 def speed_table(speed: Mapping[str, Any]) -> str:

@@ -49,6 +49,7 @@ from attnzoo.errors import UsageError
 from attnzoo.fileio import atomic_write_text, default_cache_dir, sha256_file, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import environment
+from attnzoo.runtime.backends import get_backend
 from attnzoo.serve.examples import EXAMPLES_DIR
 from attnzoo.serve.rayserve.config import DEPLOYMENT, ServeConfig
 from attnzoo.serve.rayserve.environment import free_port, ray_serve_mode, start_ray
@@ -180,18 +181,23 @@ def _mean_batch(stats: Dict[str, Dict[str, Any]]) -> Optional[float]:
 
 # ------------------------------------------------------------------------------------------ offline bench
 def offline_bench(variant: str, arch: str, threads: int, batch_sizes: Sequence[int], min_time: float,
-                  out: Path, cache_dir: Path) -> Dict[str, Any]:
-    """``bench-latency --backends ort-cpu`` in a child process (its own threads); its ort-cpu rows."""
+                  out: Path, cache_dir: Path, backend: str = ServeConfig.backend) -> Dict[str, Any]:
+    """``bench-latency --backends BACKEND`` in a child process (its own threads); its rows of that backend.
+
+    Args:
+        backend: The backend timed (a name or alias); by default the one the load test's deployment serves with.
+    """
+    backend = get_backend(backend).name  # the rows carry the one name
     cmd = [sys.executable, "-m", "attnzoo.benchmarks.cli", "--variants", variant, "--arch", arch,
-           "--backends", "ort-cpu", "--batch-sizes", ",".join(map(str, batch_sizes)), "--threads", str(threads),
+           "--backends", backend, "--batch-sizes", ",".join(map(str, batch_sizes)), "--threads", str(threads),
            "--min-time", str(min_time), "--no-pair-eager", "--out", str(out), "--cache-dir", str(cache_dir)]
     print("$ " + " ".join(["bench-latency", *cmd[3:]]), flush=True)
     subprocess.run(cmd, check=True)
     result = json.loads((out / "results.json").read_text())
     rows = [{"threads": threads, "batch": r["batch"], "median_ms": r["median_ms"], "img_s": r["throughput_img_s"]}
-            for r in result["results"] if r["backend"] == "ort-cpu" and r["status"] == "ok"]
+            for r in result["results"] if r["backend"] == backend and r["status"] == "ok"]
     if not rows:
-        raise RuntimeError(f"bench-latency timed no ort-cpu row (see {out / 'results.json'})")
+        raise RuntimeError(f"bench-latency timed no {backend} row (see {out / 'results.json'})")
     return {"command": " ".join(["bench-latency", *cmd[3:]]), "rows": rows}
 
 
