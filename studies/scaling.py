@@ -56,7 +56,7 @@ from attnzoo.limits import check_batch_sizes, check_side
 from attnzoo.machine import environment, load_average
 from attnzoo.models import ARCHS, BUILTIN_VARIANTS, VARIANT_NAMES, VARIANTS, canonical_name, create_model
 from attnzoo.models.memory import forward_bytes
-from attnzoo.runtime.backends import backends
+from attnzoo.runtime.backends import backends, get_backend
 from attnzoo.runtime.parity import check as check_parity
 
 __all__ = ["FAMILIES", "DEFAULT_VARIANTS", "families", "family_of", "Settings", "run_scaling", "derive",
@@ -220,7 +220,7 @@ class _Run:
         tokens = int(encoder.patch_embed.num_patches + encoder.num_prefix_tokens)
         count = count_variant(variant, task=task, arch=self.s.arch, img_size=size)  # per image
         onnx_path, onnx_reason = None, None
-        if "ort-cpu" in self.s.backends:
+        if any(get_backend(b).takes == "onnx" for b in self.s.backends):  # a backend runs the export
             verify_batch = max(EXTRA_BATCH_SIZES)
             onnx_reason = _fits_in_memory(config, size, max(max(job["batches"]), verify_batch))
             last = self.last.get((variant, "eager", task))
@@ -258,7 +258,7 @@ class _Run:
             self.bar.set_postfix_str(f"{variant} {backend} {task} {size}px b{batch}")
             common = (variant, backend, task, size, tokens, batch, sweeps, count)
             reason = row_unavailable_reason(backend, "fp32", "cpu")
-            if reason is None and backend == "ort-cpu" and onnx_path is None:
+            if reason is None and get_backend(backend).takes == "onnx" and onnx_path is None:
                 reason = onnx_reason
             if reason is None:
                 reason = _fits_in_memory(model.attnzoo_config, size, batch)

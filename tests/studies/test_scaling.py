@@ -12,6 +12,7 @@ from torch import nn
 from attnzoo.studies import scaling
 from attnzoo.studies.scaling import FAMILIES, cost_model, fit_exponent, main, parse_settings, plan, run_scaling
 from attnzoo.models import BUILTIN_VARIANTS, register_variant
+from attnzoo.runtime.backends import get_backend
 
 
 def test_every_variant_is_in_exactly_one_family():
@@ -117,6 +118,18 @@ def test_crossover_tokens():
     # standard: 24 N D^2 = 4 N^2 D at N = 6 D
     assert scaling.crossover_tokens(cost_model("standard", "small")) == pytest.approx(6 * 384)
 
+
+def test_every_onnx_backend_gets_the_export_not_only_onnx_runtime(tmp_path):
+    """OpenVINO alone (no ort-cpu in the run) still gets the verified export, so its rows are measured."""
+    reason = get_backend("openvino").unavailable_reason("fp32")
+    if reason:
+        pytest.skip(reason)
+    s = scaling.Settings(variants=["standard"], backends=("openvino",), arch="micro", sizes=(32,), seg_sizes=(),
+                         batch_sizes=(), min_time=0.01, out=tmp_path, cache_dir=tmp_path / "cache", progress=False)
+    (row,) = run_scaling(s)["rows"]
+    assert (row["backend"], row["status"]) == ("openvino", "ok") and row["median_ms"] > 0
+    assert row["parity_error"] <= 1e-4
+    assert (s.cache_dir / "standard_cls_micro_32.onnx").is_file()
 
 def test_memory_and_time_limits_skip_with_a_reason(tmp_path, monkeypatch):
     import attnzoo.limits as limits
