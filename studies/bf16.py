@@ -49,7 +49,7 @@ from attnzoo.runtime.openvino import (OpenVINOSession, PrecisionCheckError, bf16
                                       check_runtime_precisions, unavailable_reason)
 from attnzoo.runtime.parity import TOLERANCES, check as check_parity
 from attnzoo.runtime.sessions import verification_problem
-from attnzoo.studies.report import reprint, require_out, write_report, zoo_entries
+from attnzoo.studies.report import add_zoo_selection, reprint, require_out, write_report, zoo_entries
 
 # --table loads without torch, onnx and timm: these import at their first use
 onnx = lazy_import("onnx")
@@ -257,10 +257,7 @@ def markdown(result: Mapping[str, Any]) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m attnzoo.studies.bf16", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--variants", default="all", help="'all' or comma-separated zoo variant names")
-    p.add_argument("--task", choices=("cls", "seg", "all"), default="all")
-    p.add_argument("--data", default=zoo.DEFAULT_DATA, help="zoo data set (zoo/manifest.json)")
-    p.add_argument("--limit", type=int, default=None, help="first N test images only (default: the whole split)")
+    add_zoo_selection(p, task="all")
     p.add_argument("--threads", type=int, default=None, help="OpenVINO threads of the zoo check and scoring "
                                                              "(default: all cores)")
     p.add_argument("--speed-arch", default="small", choices=("micro", "tiny", "small", "base"),

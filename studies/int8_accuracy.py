@@ -45,8 +45,7 @@ from attnzoo.metrics import confusion_matrix, metrics_from_confusion
 from attnzoo.preprocess import normalize
 from attnzoo.runtime.backends.ort_cpu import tuned_cpu_session
 from attnzoo.runtime.evaluate import predict_session
-from attnzoo.studies.report import contended, write_report, zoo_entries
-from attnzoo.zoo import DEFAULT_DATA
+from attnzoo.studies.report import add_zoo_selection, contended, write_report, zoo_entries
 
 export = lazy_import("attnzoo.export")  # onnx and timm: --help and --table load without them
 
@@ -170,14 +169,6 @@ def readme_table(results: Sequence[Dict[str, Any]]) -> str:
              f"{', shared with other jobs (contended)' if res.get('contended') else ''}; `{res['command']}`"
              for i, res in enumerate(results, 1)]
     return "\n".join([markdown_table(header, rows), "", *[f"- {n}" for n in notes]])
-
-
-def add_zoo_selection(p: argparse.ArgumentParser) -> None:
-    """The flags that choose which zoo models are scored and on how much of the test split."""
-    p.add_argument("--variants", default="all", help="'all' or comma-separated variant names")
-    p.add_argument("--task", choices=("cls", "seg", "all"), default="cls")
-    p.add_argument("--data", default=DEFAULT_DATA, help="zoo data set (zoo/manifest.json)")
-    p.add_argument("--limit", type=int, default=None, help="first N test images only (default: the whole split)")
 
 
 def build_parser() -> argparse.ArgumentParser:

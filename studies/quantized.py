@@ -65,8 +65,8 @@ from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
 from attnzoo.runtime.backends import get_backend
 from attnzoo.runtime.evaluate import EVAL_BATCH, cpu_session, predict_session
 from attnzoo.runtime.parity import TOLERANCES, check as check_parity
-from attnzoo.studies.int8_accuracy import _verified_fp32, add_zoo_selection
-from attnzoo.studies.report import contended, reprint, require_out, write_report, zoo_entries
+from attnzoo.studies.int8_accuracy import _verified_fp32
+from attnzoo.studies.report import add_zoo_selection, contended, reprint, require_out, write_report, zoo_entries
 
 __all__ = ["MODELS", "mcnemar_p", "accuracy_row", "speed_rows", "markdown", "main"]
 

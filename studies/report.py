@@ -16,9 +16,9 @@ from attnzoo.errors import UsageError
 from attnzoo.fileio import atomic_write_text
 from attnzoo.lazy import lazy_import
 
-zoo = lazy_import("attnzoo.zoo")  # torch: the light studies' --help and --table load without it
+zoo = lazy_import("attnzoo.zoo")  # its models and data load torch: the light studies' --table runs without them
 
-__all__ = ["zoo_entries", "contended", "reprint", "require_out", "write_report"]
+__all__ = ["zoo_entries", "contended", "reprint", "require_out", "write_report", "add_zoo_selection"]
 
 
 def zoo_entries(a: argparse.Namespace) -> List[Dict[str, Any]]:
@@ -64,3 +64,16 @@ def write_report(out: Path, name: str, result: Mapping[str, Any], md: str) -> No
     atomic_write_text(out / f"{name}.json", json.dumps(result, indent=1) + "\n")
     atomic_write_text(out / f"{name}.md", md)
     print(md)
+
+
+def add_zoo_selection(p: argparse.ArgumentParser, task: str = "cls") -> None:
+    """The flags that choose which zoo models a study scores and on how much of the test split.
+
+    Args:
+        p: The study's parser.
+        task: ``--task``'s default (``cls``, ``seg`` or ``all``).
+    """
+    p.add_argument("--variants", default="all", help="'all' or comma-separated variant names")
+    p.add_argument("--task", choices=("cls", "seg", "all"), default=task)
+    p.add_argument("--data", default=zoo.DEFAULT_DATA, help="zoo data set (zoo/manifest.json)")
+    p.add_argument("--limit", type=int, default=None, help="first N test images only (default: the whole split)")
