@@ -292,7 +292,7 @@ def test_calibration_images_are_refused_at_the_packages_limit_naming_what_was_sk
     limit (it cited Pillow's 178,956,970 pixels) with exit 1, a bad input file in docs/errors.md (it exited 2); a
     folder whose images are behind a symlinked folder names that folder and why it was skipped."""
     from PIL import Image
-    from test_bad_input import _png_header_only
+    from tests.core.test_bad_input import _png_header_only
 
     from attnzoo.export import quantize as qz
 
