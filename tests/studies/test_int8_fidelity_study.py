@@ -48,18 +48,23 @@ def test_the_default_export_of_the_pretrained_like_vit_holds_on_inputs_that_took
         assert all(row["speed"][rt]["ms"] > 0 for rt in ("onnxruntime", "openvino"))
 
 
-def test_the_zoos_int8_copies_pass_their_accuracy_gate():
-    """The committed zoo runs: every classifier (and each segmenter measured), with export-model's default
-    placement and with the one the demo serves, within its tolerance of fp32 on the whole test split."""
+def test_the_zoos_int8_copies_pass_their_accuracy_gate_or_are_refused():
+    """The committed zoo runs, with export-model's default placement and with the one the demo serves: every
+    classifier within its tolerance of fp32 on the whole test split; a segmenter passes exactly when it is
+    within its tolerance, and one that is not was refused (its int8 file not written)."""
     rows = [r for p in sorted(RESULTS.glob("zoo-accuracy*.json")) for r in json.loads(p.read_text())["rows"]]
     placements = {(r["variant"], r["task"], r["placement"]) for r in rows}
     assert len({v for v, t, _ in placements if t == "cls"}) == 15
     assert {p for _, _, p in placements} == {"auto", "cpu"}
     for row in rows:
         acc = row["accuracy"]
-        assert row["passed"] and acc["within_tolerance"] and acc["drop"] <= acc["tolerance"]
         assert acc["drop"] == pytest.approx(acc["metrics"]["fp32"] - acc["metrics"]["int8"])
         assert acc["n_images"] == {"cls": 10_000, "seg": 2_000}[row["task"]]
+        assert row["passed"] == acc["within_tolerance"] == (acc["drop"] <= acc["tolerance"])
+        if row["task"] == "cls":
+            assert row["passed"], row["variant"]
+        if not row["passed"]:
+            assert "below fp32" in row["failures"][0] and "--accept-accuracy-drop to write it" in row["failures"][0]
 
 
 @pytest.mark.parametrize("argv,message", [
