@@ -19,7 +19,6 @@ report could not be written (the others are kept and indexed).
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 import time
@@ -31,7 +30,7 @@ from tqdm import tqdm
 from attnzoo.benchmarks.report import markdown_table
 from attnzoo.cli import add_debug_flag, entry_point, parse_names
 from attnzoo.errors import CommandError, UsageError, first_line
-from attnzoo.fileio import atomic_write_text, writable_dir
+from attnzoo.fileio import atomic_write_text, read_json, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary
 
@@ -69,7 +68,7 @@ def read_report(folder: PathLike) -> Optional[Dict[str, Any]]:
     ``report.md`` is beside it (``report_variant`` writes each file whole, ``report.json`` first); else ``None``."""
     folder = Path(folder)
     try:
-        report = json.loads((folder / "report.json").read_text())
+        report = read_json(folder / "report.json")
     except (OSError, ValueError):
         return None
     if not isinstance(report, dict) or report.get("schema") != SCHEMA or \
