@@ -30,7 +30,7 @@ from typing import Callable, Iterator, List, Optional, Sequence
 from attnzoo.errors import CommandError, CommandExit, UsageError, first_line
 from attnzoo.limits import check_batch_sizes
 from attnzoo.signals import (SIGNAL_EXITS, Interrupted, PendingSignal, Terminated, abandon, abandoned,
-                             run_in_worker, signals_deferred, signals_raise)
+                             run_in_worker, set_handler, signals_deferred, signals_raise)
 
 __all__ = ["entry_point", "add_debug_flag", "parse_names", "parse_batch_sizes", "one_of", "COMMANDS",
            "export_model", "bench_latency", "serve_demo", "serve_models", "train_model", "evaluate_model",
@@ -164,12 +164,12 @@ def _exit_on_signal() -> Iterator[None]:
         print(line, file=sys.stderr, flush=True)
         os._exit(code)
 
-    previous = {sig: signal.signal(sig, handler) for sig in SIGNAL_EXITS}
+    previous = {sig: set_handler(sig, handler) for sig in SIGNAL_EXITS}
     try:
         yield
     finally:
         for sig, old in previous.items():
-            signal.signal(sig, signal.SIG_DFL if old is None else old)
+            set_handler(sig, old)
 
 
 def _launcher(command: str) -> Callable[[], int]:

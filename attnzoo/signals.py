@@ -11,18 +11,26 @@ long one (a TensorRT build) runs in a worker thread (:func:`run_in_worker`), so 
 handles signals, stops at once; a command that gave up on such work (:func:`abandon`) ends with ``os._exit`` after
 printing its line and running its ``finally`` blocks (TensorRT's threads may still call the Python logger, which
 aborts an interpreter that is shutting down).
+
+Every SIGINT/SIGTERM handler the package installs goes through :func:`set_handler`, which runs it on the thread's
+own stack, never on an alternate signal stack (``SA_ONSTACK`` cleared). OpenVINO's CPU plugin swaps the
+thread's alternate stack for one of its own per plugin and compiled model and unmaps it on release; released out
+of order, the thread is left registered on an unmapped stack, and the next signal handled there ends the
+process with SIGSEGV or overwrites memory since reused (``libopenvino_intel_cpu_plugin``, ``SigAltStackSetup``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import signal
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Callable, Iterator, List, Optional, TypeVar
 
 __all__ = ["Terminated", "Interrupted", "SIGNAL_EXITS", "signals_raise", "PendingSignal", "signals_deferred",
-           "run_in_worker", "abandon", "abandoned"]
+           "run_in_worker", "abandon", "abandoned", "set_handler", "off_altstack"]
 
 T = TypeVar("T")
 #: Worker threads running native code that a signal made the main thread give up on (cancelled, maybe running).
@@ -41,6 +49,40 @@ class Interrupted(BaseException):
     exit status the command chose; our own exception keeps the documented 130."""
 
 
+class _SigAction(ctypes.Structure):
+    """glibc's ``struct sigaction`` on Linux (x86-64, AArch64): handler, 1024-bit mask, flags, restorer."""
+
+    _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ulong * (1024 // (8 * ctypes.sizeof(ctypes.c_ulong)))),
+                ("flags", ctypes.c_int), ("restorer", ctypes.c_void_p)]
+
+
+_SA_ONSTACK = 0x08000000
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def off_altstack(*signums: int) -> None:
+    """Run the current handlers of ``signums`` (default SIGINT and SIGTERM) on the interrupted thread's own
+    stack: clear ``SA_ONSTACK``, which Python sets on every handler it installs. Linux only; elsewhere, and for
+    ``SIG_DFL`` / ``SIG_IGN``, nothing changes."""
+    if _LIBC is None:
+        return
+    for signum in signums or (signal.SIGINT, signal.SIGTERM):
+        act = _SigAction()
+        if _LIBC.sigaction(int(signum), None, ctypes.byref(act)) != 0 or (act.handler or 0) in (0, 1):
+            continue
+        if act.flags & _SA_ONSTACK:
+            act.flags &= ~_SA_ONSTACK
+            _LIBC.sigaction(int(signum), ctypes.byref(act), None)
+
+
+def set_handler(signum: int, handler) -> object:
+    """``signal.signal(signum, handler)`` (``None``, a handler installed outside Python, becomes ``SIG_DFL``),
+    run off any alternate signal stack (:func:`off_altstack`); returns the previous handler."""
+    previous = signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+    off_altstack(signum)
+    return previous
+
+
 @contextlib.contextmanager
 def signals_raise() -> Iterator[None]:
     """While active (main thread only), SIGTERM raises :class:`Terminated` and SIGINT :class:`Interrupted`."""
@@ -51,12 +93,12 @@ def signals_raise() -> Iterator[None]:
     def handler(signum, frame):
         raise Terminated() if signum == signal.SIGTERM else Interrupted()
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: set_handler(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
         for sig, old in previous.items():
-            signal.signal(sig, old)
+            set_handler(sig, old)
 
 
 @dataclass
@@ -99,12 +141,12 @@ def signals_deferred() -> Iterator[PendingSignal]:
         if state.signum is None:
             state.signum = signum
 
-    previous = {sig: signal.signal(sig, record) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: set_handler(sig, record) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield state
     finally:
         for sig, old in previous.items():
-            signal.signal(sig, signal.SIG_DFL if old is None else old)
+            set_handler(sig, old)
         if state.signum is not None:
             _deliver(state.signum, previous[state.signum])
 

@@ -50,6 +50,7 @@ import numpy as np
 
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import bf16_problem
+from attnzoo.signals import off_altstack
 
 from .contract import INPUT_NAME, OUTPUT_NAME
 
@@ -178,6 +179,7 @@ def compile_onnx(path: Union[str, Path, Any], *, threads: Optional[int] = None, 
                               "ENABLE_CPU_PINNING": bool(pin)}
     if threads is not None:
         config["INFERENCE_NUM_THREADS"] = int(threads)
+    off_altstack()  # the plugin may leave this thread on an unmapped alternate stack (attnzoo.signals)
     return ov.Core().compile_model(model, "CPU", config)
 
 

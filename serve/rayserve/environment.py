@@ -22,6 +22,7 @@ from typing import Any, Dict, Iterator, Optional
 
 from attnzoo.serve.network import free_port, is_loopback
 from attnzoo.serve.rayserve.config import ServeConfig
+from attnzoo.signals import set_handler
 
 __all__ = ["CLIENT_IDLE_S", "LOCAL_RAY_ENV", "REQUEST_TIMEOUT_S", "ray_serve_mode", "haproxy_wrapper",
            "port_problem", "start_ray", "metrics_url", "free_port", "is_loopback"]
@@ -225,7 +226,7 @@ def _keep_signal_handlers() -> Iterator[None]:
         if threading.current_thread() is threading.main_thread():
             for sig, handler in kept.items():
                 if handler is not None:
-                    signal.signal(sig, handler)
+                    set_handler(sig, handler)
 
 
 def start_ray(cfg: ServeConfig, metrics_port: Optional[int] = None) -> bool:

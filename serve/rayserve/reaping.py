@@ -16,7 +16,7 @@ from attnzoo.lazy import lazy_import
 from attnzoo.serve.rayserve.config import DEPLOYMENT
 from attnzoo.serve.rayserve.environment import (_LOCAL, _LOOPBACK_ENV, _METRICS, _OWN_ENV, _OWNER_ENV,
                                                 _RAYLET_PID_ENV, _ray_initialized)
-from attnzoo.signals import abandon
+from attnzoo.signals import abandon, set_handler
 
 psutil = lazy_import("psutil")  # comes with ray (the [serving] extra); serve-models --help loads without it
 
@@ -84,12 +84,12 @@ def _signals_held() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    kept = {sig: signal.signal(sig, lambda signum, frame: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    kept = {sig: set_handler(sig, lambda signum, frame: None) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
         for sig, handler in kept.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+            set_handler(sig, handler)
 
 
 def _stop_local_ray() -> None:

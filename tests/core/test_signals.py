@@ -4,6 +4,7 @@ running native code is cancelled and given up on at once."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import textwrap
@@ -80,3 +81,52 @@ def test_signals_deferred_records_then_raises_on_exit():
         assert signal.getsignal(signal.SIGINT) is before  # whatever was there before comes back
         print("ok")
     """)
+
+
+_DANGLING = """
+    import ctypes, mmap, os, signal, sys, time
+
+    class Stack(ctypes.Structure):
+        _fields_ = [("sp", ctypes.c_void_p), ("flags", ctypes.c_int), ("size", ctypes.c_size_t)]
+
+    # what OpenVINO's CPU plugin can leave behind: this thread registered on an alternate stack that is unmapped
+    libc = ctypes.CDLL(None, use_errno=True)
+    size = 1 << 16
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    addr = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    assert libc.sigaltstack(ctypes.byref(Stack(addr, 0, size)), None) == 0
+    assert libc.munmap(ctypes.c_void_p(addr), ctypes.c_size_t(size)) == 0
+
+    def raised_by(_):
+        signal.raise_signal(signal.SIGTERM)  # this thread: the kernel sets the handler's frame up right here
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            pass
+        raise SystemExit("no exception")
+"""
+
+
+def test_a_handler_runs_even_where_the_alternate_signal_stack_was_unmapped():
+    """The package's handlers run on the thread's own stack, so a signal still raises in a thread that a native
+    library left on an unmapped alternate stack; Python's own way of installing one ends the process with
+    SIGSEGV there (the control, so the setup is known to reproduce the fault)."""
+    _isolated(textwrap.dedent(_DANGLING) + textwrap.dedent("""
+        from attnzoo.signals import Terminated, signals_raise
+        with signals_raise():
+            try:
+                raised_by(None)
+            except Terminated:
+                pass
+        print("ok")
+    """))
+    control = subprocess.run([sys.executable, "-c", textwrap.dedent(_DANGLING) + textwrap.dedent("""
+        def handler(signum, frame):
+            raise KeyboardInterrupt
+        signal.signal(signal.SIGTERM, handler)
+        try:
+            raised_by(None)
+        except KeyboardInterrupt:
+            print("ok")
+    """)], capture_output=True, text=True, timeout=120)
+    assert control.returncode == -signal.SIGSEGV, (control.returncode, control.stdout, control.stderr[-2000:])
