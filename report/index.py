@@ -334,7 +334,10 @@ def index_markdown(found: Sequence[Tuple[Path, Mapping[str, Any]]], out: Path,
               "The whole set (each variant's report is kept once written; a stopped run resumes at the first variant "
               "without one):", "", "```bash", f"{EXAMPLE_INSTALL}   # the example plugin, in the default set",
               shlex.join(["python", "-m", "attnzoo.report.index", "--out", str(out), "--run",
-                          *(["--quick"] if quick else [])]), "```", ""]
+                          *(["--quick"] if quick else [])]), "```", "",
+              "Each report's exports (`<variant>/exports/`: the ONNX files, TensorRT engine and Triton folder its "
+              "tables name, about 16 MB a variant) are build outputs, not committed: `report-variant --variant NAME "
+              "--out DIR` writes them again.", ""]
     if found:
         lines += ["Each report, as its `report.json` records it (wall and CPU seconds of its run, load average at its "
                   "start):", ""]
