@@ -199,7 +199,7 @@ def _source(variant: str, checkpoint: Optional[PathLike], like: Optional[Dict[st
         path = None
     same = like is None or (like.get("arch") in (None, _zoo_arch(variant)) and like.get("task") in (None, "cls"))
     if path is not None and same:
-        return {"kind": "zoo", "checkpoint": str(path), "arch": _zoo_arch(variant)}
+        return {"kind": "zoo", "checkpoint": path.name, "arch": _zoo_arch(variant)}  # the zoo's file, by name
     arch = (like or {}).get("arch") or "micro"
     return {"kind": "random-init", "arch": arch, "task": (like or {}).get("task", "cls")}
 
