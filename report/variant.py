@@ -276,12 +276,14 @@ def export_side(variant: str, source: Dict[str, Any], folder: Path, out: Path, b
         return _fp32_summary(r.report, out, r.onnx_path)
 
     tensorrt_wanted = "tensorrt" in steps
+    unbuilt = ("--quick" if budget == QUICK else "the default run builds it for the variant only" if budget == FULL
+               else "not in its standard_exports, or fp8 off")
     side["fp32"] = _attempt(fp32_and_engine) if tensorrt_wanted else {"status": "skipped"}
     if side["fp32"]["status"] != "ok":  # no engine (no TensorRT here, or its build failed): the ONNX alone
         engine = side["fp32"]
         side["fp32"] = _attempt(lambda: _fp32_summary(export.export_model(**args, out=onnx_path).report, out,
                                                       onnx_path))
-        side["tensorrt"] = engine if tensorrt_wanted else _skipped("not built with this budget (--quick)")
+        side["tensorrt"] = engine if tensorrt_wanted else _skipped(f"not built with this budget ({unbuilt})")
     else:
         onnx_path = folder / f"{variant}.onnx"
     side["onnx_path"] = str(onnx_path)
@@ -290,10 +292,10 @@ def export_side(variant: str, source: Dict[str, Any], folder: Path, out: Path, b
         side["fp16"] = _attempt(lambda: _fp32_summary(export.export_model(**args, out=path16, dtype="fp16").report,
                                                       out, path16))
     else:
-        side["fp16"] = _skipped("not exported with this budget (--quick)")
+        side["fp16"] = _skipped(f"not exported with this budget ({unbuilt})")
     for dtype, wanted in (("int8", "int8" in steps), ("fp8", "fp8" in steps and budget.fp8)):
         if not wanted:
-            side[dtype] = _skipped("not built with this budget (--quick)")
+            side[dtype] = _skipped(f"not built with this budget ({unbuilt})")
             continue
         path = folder / f"{variant}_{dtype}.onnx"
         side[dtype] = _attempt(lambda: {"file": _rel(path, out), **_int8_summary(
