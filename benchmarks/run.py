@@ -119,9 +119,11 @@ def on_cpu(backend: str, device: torch.device) -> bool:
     return get_backend(backend).row_device(device.type) == "cpu"
 
 
-def onnx_path(cache_dir: Path, variant: str, task: str, arch: str, dtype: str) -> Path:
-    """Where a run exports (and verifies) the ONNX file it times; ``serving.loadtest`` serves the same file."""
-    return Path(cache_dir) / f"{variant}_{task}_{arch}_{dtype}.onnx"
+def onnx_path(cache_dir: Path, variant: str, task: str, arch: str, dtype: str, img_size: int) -> Path:
+    """Where a run exports (and verifies) the ONNX file it times, kept for reuse (``export_verified(reuse=True)``:
+    the same seeded model is exported once per cache); ``serving.loadtest`` serves the same file, and the scaling
+    study names its files the same way."""
+    return Path(cache_dir) / f"{variant}_{task}_{arch}_{img_size}px_{dtype}.onnx"
 
 
 def _row(variant: str, s: Settings, backend: str, dtype: str, batch: int, status: str, reason: str = "",
@@ -256,11 +258,12 @@ class _Bench:
 
     def export(self, model, variant: str, dtype: str) -> Path:
         cfg = model.attnzoo_config
-        path = onnx_path(self.s.cache_dir, variant, self.s.task, self.s.arch, dtype)
+        path = onnx_path(self.s.cache_dir, variant, self.s.task, self.s.arch, dtype, cfg["img_size"])
         path.parent.mkdir(parents=True, exist_ok=True)
-        # verified as export-model verifies (projection check, ORT vs eager at batch 1 and 3)
+        # verified as export-model verifies (projection check, ORT vs eager at batch 1 and 3); a file this cache
+        # verified for the same weights and versions is kept (a run resumed, the scaling sweep beside it)
         export_verified(model, path, cfg, dtype=dtype, input_hw=(cfg["img_size"], cfg["img_size"]), batch_sizes=(1,),
-                        threads=self.s.threads)
+                        threads=self.s.threads, reuse=True)
         return path
 
     def inputs(self, model, batch: int) -> torch.Tensor:

@@ -404,12 +404,15 @@ def latency(variant: str, budget: Budget, work: Path, command: str) -> Dict[str,
 
 def scaling(variant: str, budget: Budget, work: Path, command: str, quick: bool) -> Dict[str, Any]:
     """:func:`attnzoo.studies.scaling.run_scaling` of ``standard`` and ``variant``: latency and peak memory against
-    tokens (classifier; a Segmenter encoder where ``budget.seg_sizes``), batch 1."""
+    tokens (classifier; a Segmenter encoder where ``budget.seg_sizes``), batch 1.
+
+    Its exports share :func:`latency`'s cache: the seeded model at the latency rows' size is exported once for both
+    (``export_verified(reuse=True)``), which is most of the time of a variant whose export is slow."""
     s = scaling_study.Settings(variants=list(dict.fromkeys(["standard", variant])),
                                backends=budget.scaling_backends, arch=budget.scaling_arch,
                                sizes=budget.scaling_sizes, seg_sizes=budget.seg_sizes, batch_sizes=(), threads=1,
                                min_time=budget.scaling_min_time, max_call_s=budget.max_call_s, out=work / "scaling",
-                               cache_dir=work / "scaling-cache", progress=False, command=command, quick=quick)
+                               cache_dir=work / "bench-cache", progress=False, command=command, quick=quick)
     return scaling_study.run_scaling(s)
 
 

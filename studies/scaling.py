@@ -45,6 +45,7 @@ from attnzoo import limits
 from attnzoo.benchmarks.cli import variant_list
 from attnzoo.benchmarks.flops import count_forward, count_variant, meta_model
 from attnzoo.benchmarks.report import markdown_table
+from attnzoo.benchmarks.run import onnx_path
 from attnzoo.benchmarks.rows import load_call, row_unavailable_reason, tolerance_for
 from attnzoo.benchmarks.timing import time_once
 from attnzoo.cli import add_debug_flag, entry_point, one_of, parse_names
@@ -239,11 +240,11 @@ class _Run:
         _release_memory()
 
     def export(self, model, variant: str, task: str, size: int) -> Tuple[Optional[Path], Optional[str]]:
-        path = self.s.cache_dir / f"{variant}_{task}_{self.s.arch}_{size}.onnx"
+        path = onnx_path(self.s.cache_dir, variant, task, self.s.arch, "fp32", size)
         path.parent.mkdir(parents=True, exist_ok=True)
-        try:
+        try:  # bench-latency's naming and reuse: a file this cache verified for the same weights is kept
             export_verified(model, path, model.attnzoo_config, dtype="fp32", input_hw=(size, size),
-                            batch_sizes=(1,), threads=self.s.threads)
+                            batch_sizes=(1,), threads=self.s.threads, reuse=True)
         except Exception as exc:  # reported on every ONNX row of this model
             return None, f"export: {first_line(exc, typed=True)}"
         return path, None

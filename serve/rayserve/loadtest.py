@@ -61,6 +61,7 @@ from attnzoo.serve.rayserve.selection import Selection
 serve = lazy_import("ray.serve")
 ray_state = lazy_import("ray._private.state")
 bench_run = lazy_import("attnzoo.benchmarks.run")
+models = lazy_import("attnzoo.models")
 
 __all__ = ["main", "build_parser", "run_clients", "summarize", "Record"]
 
@@ -421,7 +422,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              out / f"offline-threads{t}", cache) for t in offline_threads]
     rows = [row for o in offline for row in o["rows"]]
     best = max(rows, key=lambda r: r["img_s"])
-    model_file = bench_run.onnx_path(cache, args.variant, "cls", args.arch, "fp32")
+    model_file = bench_run.onnx_path(cache, args.variant, "cls", args.arch, "fp32", models.ARCHS[args.arch]["img_size"])
     selection = Selection(model_file.parent, {model_file.name: sha256_file(model_file)})
 
     port = args.port or free_port()

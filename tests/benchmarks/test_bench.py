@@ -212,7 +212,7 @@ def test_int8_quantization_and_confusion(short_run):
     from attnzoo.runtime.backends.ort_cpu import tuned_cpu_session
 
     out, _ = short_run
-    fp32 = out / "cache" / "standard_cls_micro_fp32.onnx"
+    fp32 = out / "cache" / "standard_cls_micro_32px_fp32.onnx"
     int8 = quantize_int8(fp32, out / "cache" / "q" / "standard.int8.onnx")
     ops = {n.op_type for n in onnx.load(str(int8)).graph.node}
     assert {"DynamicQuantizeLinear", "MatMulInteger"} <= ops

@@ -63,7 +63,7 @@ def test_bench_times_fp32_and_verified_int8_per_cpu_runtime(tmp_path):
     report = json.loads(report_path(model).read_text())
     assert report["passed"] and report["dtype"] == "int8" and report["sha256"] == sha256_file(model)
     assert ort8["placement"] == report["quantization"]["options"]["placement"] == "cpu"  # the CPU placement
-    fp32 = tmp_path / "cache" / "standard_cls_micro_fp32.onnx"
+    fp32 = tmp_path / "cache" / "standard_cls_micro_32px_fp32.onnx"
     assert report["fp32_source"]["sha256"] == sha256_file(fp32)
     ov8 = rows[("openvino", "int8")]["info"]["int8"]
     assert ov8["fake_quantize"] > 0 and ov8["ignored_fake_quantized"] == []

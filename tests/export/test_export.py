@@ -242,6 +242,31 @@ def test_failed_verification_leaves_no_model(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "m.failed.report.json").read_text())["passed"] is False
 
 
+
+def test_reuse_keeps_only_a_file_verified_for_the_same_weights(tmp_path, monkeypatch):
+    """``reuse=True`` skips the export only where the report passed for the same fingerprint and the file is
+    the one it verified; other weights, a changed file or ``reuse=False`` export again."""
+    exports = []
+    real = verify_mod.export_onnx
+    monkeypatch.setattr(verify_mod, "export_onnx", lambda *a, **k: exports.append(1) or real(*a, **k))
+    torch.manual_seed(0)
+    model = create_model("belief", "cls", "micro", num_classes=3)
+    out = tmp_path / "m.onnx"
+    first = export_verified(model, out, model.attnzoo_config, batch_sizes=(1,), reuse=True)
+    assert len(exports) == 1 and "reused" not in first and first["fingerprint"]
+    again = export_verified(model, out, model.attnzoo_config, batch_sizes=(1,), reuse=True)
+    assert len(exports) == 1 and again["reused"] is True and again["sha256"] == sha256_file(out)
+    export_verified(model, out, model.attnzoo_config, batch_sizes=(1,))  # reuse=False: always exports
+    assert len(exports) == 2
+
+    torch.manual_seed(1)
+    other = create_model("belief", "cls", "micro", num_classes=3)  # same config, other weights
+    assert not export_verified(other, out, other.attnzoo_config, batch_sizes=(1,), reuse=True).get("reused")
+    assert len(exports) == 3
+    out.write_bytes(out.read_bytes() + b"\0")  # the file is no longer the one its report verified
+    assert not export_verified(other, out, other.attnzoo_config, batch_sizes=(1,), reuse=True).get("reused")
+    assert len(exports) == 4
+
 # ----------------------------------------------------------------------------------------------------- CLI
 
 

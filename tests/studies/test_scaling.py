@@ -129,7 +129,29 @@ def test_every_onnx_backend_gets_the_export_not_only_onnx_runtime(tmp_path):
     (row,) = run_scaling(s)["rows"]
     assert (row["backend"], row["status"]) == ("openvino", "ok") and row["median_ms"] > 0
     assert row["parity_error"] <= 1e-4
-    assert (s.cache_dir / "standard_cls_micro_32.onnx").is_file()
+    assert (s.cache_dir / "standard_cls_micro_32px_fp32.onnx").is_file()
+
+
+def test_a_sweep_beside_bench_latency_reuses_its_verified_export(tmp_path, monkeypatch):
+    """The same seeded model at the same size in a shared cache is exported once (report-variant runs the sweep
+    beside its latency rows); a size the cache does not hold is exported."""
+    from attnzoo.benchmarks import run as bench_run
+    from attnzoo.export import verify
+
+    cache = tmp_path / "cache"
+    bench_run.run_benchmark(bench_run.Settings(variants=["standard"], backends=["ort-cpu"], dtypes=["fp32"],
+                                               batch_sizes=[1], arch="micro", min_time=0.01, out=tmp_path / "bench",
+                                               cache_dir=cache, progress=False, pair_eager=False, ceiling_size=0))
+    assert (cache / "standard_cls_micro_32px_fp32.onnx").is_file()
+    exports = []
+    real = verify.export_onnx
+    monkeypatch.setattr(verify, "export_onnx", lambda *a, **k: exports.append(a[1]) or real(*a, **k))
+    s = scaling.Settings(variants=["standard"], backends=("ort-cpu",), arch="micro", sizes=(32, 64), seg_sizes=(),
+                         batch_sizes=(), min_time=0.01, out=tmp_path / "sweep", cache_dir=cache, progress=False)
+    rows = run_scaling(s)["rows"]
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    assert len(exports) == 1  # 64 px only; the 32 px file bench-latency verified is kept
+
 
 def test_memory_and_time_limits_skip_with_a_reason(tmp_path, monkeypatch):
     import attnzoo.limits as limits
@@ -152,7 +174,7 @@ def test_an_export_whose_eager_check_would_exceed_the_limit_is_not_made(tmp_path
     ort = [r for r in run_scaling(s)["rows"] if r["backend"] == "ort-cpu"]
     assert [r["img_size"] for r in ort] == [32, 64] and ort[0]["status"] == "ok"  # nothing measured before it
     assert ort[1]["status"] == "skipped" and "export not verified" in ort[1]["reason"]
-    assert not (s.cache_dir / "standard_cls_micro_64.onnx").exists()
+    assert not (s.cache_dir / "standard_cls_micro_64px_fp32.onnx").exists()
 
 
 @pytest.mark.slow
