@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
@@ -32,6 +33,7 @@ from attnzoo.runtime.sessions import ort_session
 
 from .check import check_extra_math
 from .errors import ExportError
+from . import onnx_export as onnx_export_module
 from .onnx_export import BATCH_DIM, export_onnx, metadata_props, op_histogram
 
 __all__ = ["EXTRA_BATCH_SIZES", "verify_onnx", "export_verified", "export_fingerprint", "adopt_verified", "report_path",
@@ -149,7 +151,8 @@ def _check_and_place(model: nn.Module, tmp: Path, out: Path, config: Mapping[str
 def export_fingerprint(model: nn.Module, config: Mapping[str, Any], *, opset: int, dtype: str,
                        input_hw: Optional[Tuple[int, int]], batch_sizes: Sequence[int]) -> str:
     """sha256 of everything an :func:`export_verified` file depends on: the model's weights and buffers (names,
-    dtypes, shapes, values), the config, the export arguments and the versions of attnzoo, torch and ONNX
+    dtypes, shapes, values), the source files of its modules, of the exporter and of this verifier (an edited
+    forward is a new model at the same version), the config, the export arguments and the versions of attnzoo, torch and ONNX
     Runtime (the exporter and the verifier)."""
     from attnzoo import __version__
 
@@ -158,6 +161,9 @@ def export_fingerprint(model: nn.Module, config: Mapping[str, Any], *, opset: in
             "batch_sizes": sorted(set(int(b) for b in batch_sizes)), "attnzoo": __version__, "torch": torch.__version__,
             "onnxruntime": __import__("onnxruntime").__version__}
     h.update(json.dumps(head, sort_keys=True, default=str).encode())
+    sources = {sys.modules[type(m).__module__] for m in model.modules()} | {onnx_export_module, sys.modules[__name__]}
+    for path in sorted(str(getattr(mod, "__file__", None) or "") for mod in sources):
+        h.update(path.encode() + (Path(path).read_bytes() if path and Path(path).is_file() else b""))
     for name, t in sorted(model.state_dict().items()):
         t = t.detach().cpu().contiguous()
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())

@@ -242,7 +242,6 @@ def test_failed_verification_leaves_no_model(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "m.failed.report.json").read_text())["passed"] is False
 
 
-
 def test_reuse_keeps_only_a_file_verified_for_the_same_weights(tmp_path, monkeypatch):
     """``reuse=True`` skips the export only where the report passed for the same fingerprint and the file is
     the one it verified; other weights, a changed file or ``reuse=False`` export again."""
@@ -266,6 +265,17 @@ def test_reuse_keeps_only_a_file_verified_for_the_same_weights(tmp_path, monkeyp
     out.write_bytes(out.read_bytes() + b"\0")  # the file is no longer the one its report verified
     assert not export_verified(other, out, other.attnzoo_config, batch_sizes=(1,), reuse=True).get("reused")
     assert len(exports) == 4
+
+    import sys
+
+    args = dict(opset=20, dtype="fp32", input_hw=None, batch_sizes=(1,))
+    before = verify_mod.export_fingerprint(other, other.attnzoo_config, **args)
+    source = Path(sys.modules[type(other.blocks[0].attn).__module__].__file__)
+    edited = tmp_path / source.name
+    edited.write_text(source.read_text() + "\n# an edit\n")
+    monkeypatch.setattr(sys.modules[type(other.blocks[0].attn).__module__], "__file__", str(edited))
+    assert verify_mod.export_fingerprint(other, other.attnzoo_config, **args) != before  # edited source: new model
+
 
 # ----------------------------------------------------------------------------------------------------- CLI
 
