@@ -152,8 +152,8 @@ def export_fingerprint(model: nn.Module, config: Mapping[str, Any], *, opset: in
                        input_hw: Optional[Tuple[int, int]], batch_sizes: Sequence[int]) -> str:
     """sha256 of everything an :func:`export_verified` file depends on: the model's weights and buffers (names,
     dtypes, shapes, values), the source files of its modules, of the exporter and of this verifier (an edited
-    forward is a new model at the same version), the config, the export arguments and the versions of attnzoo, torch and ONNX
-    Runtime (the exporter and the verifier)."""
+    forward is a new model at the same version), the config, the export arguments, and the versions of attnzoo,
+    torch and ONNX Runtime."""
     from attnzoo import __version__
 
     h = hashlib.sha256()
@@ -161,8 +161,8 @@ def export_fingerprint(model: nn.Module, config: Mapping[str, Any], *, opset: in
             "batch_sizes": sorted(set(int(b) for b in batch_sizes)), "attnzoo": __version__, "torch": torch.__version__,
             "onnxruntime": __import__("onnxruntime").__version__}
     h.update(json.dumps(head, sort_keys=True, default=str).encode())
-    sources = {sys.modules[type(m).__module__] for m in model.modules()} | {onnx_export_module, sys.modules[__name__]}
-    for path in sorted(str(getattr(mod, "__file__", None) or "") for mod in sources):
+    names = {type(m).__module__ for m in model.modules()} | {onnx_export_module.__name__, __name__}
+    for path in sorted({str(getattr(sys.modules.get(name), "__file__", None) or name) for name in names}):
         h.update(path.encode() + (Path(path).read_bytes() if path and Path(path).is_file() else b""))
     for name, t in sorted(model.state_dict().items()):
         t = t.detach().cpu().contiguous()
