@@ -29,7 +29,7 @@ from attnzoo.data.datasets import shapes_images
 from attnzoo.fileio import atomic_path, atomic_write_text, sha256_file
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
 from attnzoo.runtime.parity import TOLERANCES, compare
-from attnzoo.runtime.sessions import ort_session
+from attnzoo.runtime.sessions import ort_session, read_report, verification_problem
 
 from .check import check_extra_math
 from .errors import ExportError
@@ -171,16 +171,13 @@ def export_fingerprint(model: nn.Module, config: Mapping[str, Any], *, opset: in
     return h.hexdigest()
 
 
-def _reusable(out: Path, fingerprint: str) -> Optional[Dict[str, Any]]:
-    """The report of ``out`` when it passed for this very ``fingerprint`` and the file is the one it verified."""
-    try:
-        report = json.loads(report_path(out).read_text())
-    except (OSError, ValueError):
+def _reusable(out: Path, dtype: str, fingerprint: str) -> Optional[Dict[str, Any]]:
+    """The report of ``out`` when the file would be served (:func:`verification_problem`: its report passed, for
+    this precision and this very file) and that report was made for this ``fingerprint``."""
+    if not out.is_file() or verification_problem(out, dtype) is not None:
         return None
-    if (isinstance(report, dict) and report.get("passed") is True and report.get("fingerprint") == fingerprint
-            and out.is_file() and report.get("sha256") == sha256_file(out)):
-        return report
-    return None
+    report = read_report(report_path(out))
+    return report if report.get("fingerprint") == fingerprint else None
 
 
 def export_verified(model: nn.Module, out: Union[str, Path], config: Mapping[str, Any], *, opset: int = 20,
@@ -203,7 +200,7 @@ def export_verified(model: nn.Module, out: Union[str, Path], config: Mapping[str
     fingerprint = export_fingerprint(model, config, opset=opset, dtype=dtype, input_hw=input_hw,
                                      batch_sizes=batch_sizes)
     if reuse:
-        report = _reusable(out, fingerprint)
+        report = _reusable(out, dtype, fingerprint)
         if report is not None:
             return {**report, "reused": True}
     with atomic_path(out) as tmp:  # only a model that passes is renamed to `out`
