@@ -12,6 +12,10 @@ handles signals, stops at once; a command that gave up on such work (:func:`aban
 printing its line and running its ``finally`` blocks (TensorRT's threads may still call the Python logger, which
 aborts an interpreter that is shutting down).
 
+A signal that arrives while a module imports is raised once that import returns: a native extension's
+initialisation may run Python code (an enum made by nanobind in ``lief``, which ModelOpt imports), and an exception
+raised there crosses C++ that cannot carry it (``std::terminate``: the process aborts).
+
 Every SIGINT/SIGTERM handler the package installs goes through :func:`set_handler`, which runs it on the thread's
 own stack, never on an alternate signal stack (``SA_ONSTACK`` cleared). OpenVINO's CPU plugin swaps the
 thread's alternate stack for one of its own per plugin and compiled model and unmaps it on release; released out
@@ -26,7 +30,9 @@ import ctypes
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass
+from types import FrameType
 from typing import Callable, Iterator, List, Optional, TypeVar
 
 __all__ = ["Terminated", "Interrupted", "SIGNAL_EXITS", "signals_raise", "PendingSignal", "signals_deferred",
@@ -85,12 +91,18 @@ def set_handler(signum: int, handler) -> object:
 
 @contextlib.contextmanager
 def signals_raise() -> Iterator[None]:
-    """While active (main thread only), SIGTERM raises :class:`Terminated` and SIGINT :class:`Interrupted`."""
+    """While active (main thread only), SIGTERM raises :class:`Terminated` and SIGINT :class:`Interrupted`; one
+    that arrives while a module imports is raised once the import returns."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
+    outside = _imports_under_way(sys._getframe())  # imports the command itself runs inside (none, usually)
+
     def handler(signum, frame):
+        if _imports_under_way(frame) > outside:
+            _send_after_imports(signum, outside)
+            return
         raise Terminated() if signum == signal.SIGTERM else Interrupted()
 
     previous = {sig: set_handler(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -99,6 +111,36 @@ def signals_raise() -> Iterator[None]:
     finally:
         for sig, old in previous.items():
             set_handler(sig, old)
+
+
+_IMPORT_MACHINERY = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
+
+
+def _imports_under_way(frame: Optional[FrameType]) -> int:
+    """How many frames of the import machinery are on the stack that ends at ``frame``."""
+    depth = 0
+    while frame is not None:
+        depth += frame.f_code.co_filename in _IMPORT_MACHINERY
+        frame = frame.f_back
+    return depth
+
+
+def _send_after_imports(signum: int, outside: int) -> None:
+    """Send ``signum`` to the main thread again once it has left the imports under way (down to ``outside``
+    frames of the import machinery), from a helper thread that looks every 20 ms: its handler then runs in
+    Python's own code, where an exception is safe."""
+    main = threading.main_thread()
+
+    def resend() -> None:
+        while main.is_alive():
+            frame = sys._current_frames().get(main.ident)
+            if frame is None or _imports_under_way(frame) <= outside:
+                signal.pthread_kill(main.ident, signum)
+                return
+            del frame
+            time.sleep(0.02)
+
+    threading.Thread(target=resend, name="attnzoo-signal-after-import", daemon=True).start()
 
 
 @dataclass

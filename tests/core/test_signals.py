@@ -130,3 +130,50 @@ def test_a_handler_runs_even_where_the_alternate_signal_stack_was_unmapped():
             print("ok")
     """)], capture_output=True, text=True, timeout=120)
     assert control.returncode == -signal.SIGSEGV, (control.returncode, control.stdout, control.stderr[-2000:])
+
+
+_SLOW_IMPORT = """
+    import os, pathlib, signal, sys, tempfile, time
+
+    # a module whose own import is signalled halfway: its code goes on for 0.3 s after the signal (a native
+    # extension's initialisation, calling Python, stands in the same place: an exception there aborts the process)
+    folder = pathlib.Path(tempfile.mkdtemp())
+    (folder / "slow_module.py").write_text(
+        "import signal, time\\n"
+        "signal.raise_signal(signal.SIGTERM)\\n"
+        "end = time.monotonic() + 0.3\\n"
+        "while time.monotonic() < end:\\n"
+        "    pass\\n"
+        "FINISHED = True\\n")
+    sys.path.insert(0, str(folder))
+"""
+
+
+def test_a_signal_during_an_import_is_raised_once_the_import_returns():
+    _isolated(textwrap.dedent(_SLOW_IMPORT) + textwrap.dedent("""
+        from attnzoo.signals import Terminated, signals_raise
+        after = None
+        with signals_raise():
+            try:
+                import slow_module
+                after = time.monotonic()
+                while time.monotonic() < after + 10:
+                    pass
+                raise SystemExit("no Terminated")
+            except Terminated:
+                raised = time.monotonic()
+        assert sys.modules["slow_module"].FINISHED and after is not None and raised - after < 2, after
+        print("ok")
+    """))
+    # the control: a handler that raises at once cuts the import short, inside the module's own code
+    control = subprocess.run([sys.executable, "-c", textwrap.dedent(_SLOW_IMPORT) + textwrap.dedent("""
+        def handler(signum, frame):
+            raise KeyboardInterrupt
+        signal.signal(signal.SIGTERM, handler)
+        try:
+            import slow_module
+        except KeyboardInterrupt:
+            assert "slow_module" not in sys.modules
+            print("cut short")
+    """)], capture_output=True, text=True, timeout=120)
+    assert control.stdout.strip() == "cut short", (control.returncode, control.stdout, control.stderr[-2000:])
