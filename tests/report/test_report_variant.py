@@ -4,6 +4,7 @@ schema) and prints a one-line verdict; an unknown variant is refused with the va
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -183,7 +184,8 @@ def _terminated_when(tmp_path, ready, what: str, delay: float = 0.0) -> str:
     with open(log, "w") as err:
         proc = subprocess.Popen([sys.executable, "-c", "from attnzoo.cli import report_variant; report_variant()",
                                  "--variant", "belief2", "--quick", "--out", str(out)],
-                                stdout=subprocess.DEVNULL, stderr=err, text=True)
+                                stdout=subprocess.DEVNULL, stderr=err, text=True,
+                                env={**os.environ, "PYTHONFAULTHANDLER": "1"})  # a crash shows where it was
         deadline = time.monotonic() + 300
         try:
             while not ready(out, log.read_text()) and proc.poll() is None and time.monotonic() < deadline:
