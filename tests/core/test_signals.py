@@ -18,6 +18,17 @@ def _isolated(code: str) -> None:
                                                                            done.stderr[-2000:])
 
 
+def _under_pythons_own_handler(setup: str, body: str) -> subprocess.CompletedProcess:
+    """A control: ``setup``, then ``body`` in a fresh interpreter whose SIGTERM handler is installed the usual way
+    (``signal.signal``) and raises at once."""
+    code = textwrap.dedent(setup) + textwrap.dedent("""
+        def handler(signum, frame):
+            raise KeyboardInterrupt
+        signal.signal(signal.SIGTERM, handler)
+    """) + textwrap.dedent(body)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
 def test_run_in_worker_raises_a_signal_at_once_and_cancels_the_work():
     _isolated("""
         import os, signal, threading, time
@@ -120,15 +131,12 @@ def test_a_handler_runs_even_where_the_alternate_signal_stack_was_unmapped():
                 pass
         print("ok")
     """))
-    control = subprocess.run([sys.executable, "-c", textwrap.dedent(_DANGLING) + textwrap.dedent("""
-        def handler(signum, frame):
-            raise KeyboardInterrupt
-        signal.signal(signal.SIGTERM, handler)
+    control = _under_pythons_own_handler(_DANGLING, """
         try:
             raised_by(None)
         except KeyboardInterrupt:
             print("ok")
-    """)], capture_output=True, text=True, timeout=120)
+    """)
     assert control.returncode == -signal.SIGSEGV, (control.returncode, control.stdout, control.stderr[-2000:])
 
 
@@ -166,14 +174,11 @@ def test_a_signal_during_an_import_is_raised_once_the_import_returns():
         print("ok")
     """))
     # the control: a handler that raises at once cuts the import short, inside the module's own code
-    control = subprocess.run([sys.executable, "-c", textwrap.dedent(_SLOW_IMPORT) + textwrap.dedent("""
-        def handler(signum, frame):
-            raise KeyboardInterrupt
-        signal.signal(signal.SIGTERM, handler)
+    control = _under_pythons_own_handler(_SLOW_IMPORT, """
         try:
             import slow_module
         except KeyboardInterrupt:
             assert "slow_module" not in sys.modules
             print("cut short")
-    """)], capture_output=True, text=True, timeout=120)
+    """)
     assert control.stdout.strip() == "cut short", (control.returncode, control.stdout, control.stderr[-2000:])
