@@ -31,9 +31,15 @@ class CommandExit(SystemExit):
 
 def first_line(exc: BaseException, typed: bool = False) -> str:
     """The first non-empty line of an exception's message, or its type name; ``typed``: prefixed with the type
-    name (``ValueError: ...``, at most 300 characters), for reports that keep the error of a failed row."""
+    name (``ValueError: ...``, at most 300 characters), for reports that keep the error of a failed row.
+
+    An exception that carries the one it stands for in ``cause`` (Ray's ``RayTaskError``, whose first line only
+    names the task and its process) ends with that one's typed first line."""
     text = str(exc).strip()
     line = text.splitlines()[0] if text else ""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException) and cause is not exc:
+        line = f"{line}: {first_line(cause, typed=True)}" if line else first_line(cause, typed=True)
     if typed:
         return f"{type(exc).__name__}: {line}"[:300] if line else type(exc).__name__
     return line or type(exc).__name__

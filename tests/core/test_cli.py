@@ -102,3 +102,24 @@ def test_only_a_commands_own_abandoned_work_ends_the_process(case, returned):
         assert done.returncode == 0 and done.stdout.strip() == "returned 2", (done.stdout, done.stderr)
     else:
         assert done.returncode == 2 and "returned" not in done.stdout, (done.stdout, done.stderr)
+
+
+def test_a_ray_task_error_says_its_cause_in_the_one_line(capsys):
+    """Ray's ``RayTaskError`` starts with a line that only names the failed task and its process; the command's
+    one line must also say what went wrong there (an HAProxy that did not start said nothing else)."""
+    exceptions = pytest.importorskip("ray.exceptions")
+    cause = RuntimeError("HAProxy crashed during startup: [ALERT] cannot bind socket [127.0.0.1:8404]\nmore")
+    failed = exceptions.RayTaskError("HAProxyManager.ready", "ray::HAProxyManager.ready() (pid=5999)\nTraceback ...",
+                                     cause).as_instanceof_cause()
+
+    @cli.entry_point
+    def serve(argv=None):
+        raise failed
+
+    with pytest.raises(cli.CommandExit) as info:
+        serve([])
+    assert info.value.code == 1
+    assert str(info.value) == ("error: RayTaskError(RuntimeError): ray::HAProxyManager.ready() (pid=5999): RuntimeError: "
+                               "HAProxy crashed during startup: [ALERT] cannot bind socket [127.0.0.1:8404] "
+                               "(run with --debug for the traceback)")
+    assert capsys.readouterr().err.strip() == str(info.value)
