@@ -172,12 +172,16 @@ def export_fingerprint(model: nn.Module, config: Mapping[str, Any], *, opset: in
 
 
 def _reusable(out: Path, dtype: str, fingerprint: str) -> Optional[Dict[str, Any]]:
-    """The report of ``out`` when the file would be served (:func:`verification_problem`: its report passed, for
-    this precision and this very file) and that report was made for this ``fingerprint``."""
-    if not out.is_file() or verification_problem(out, dtype) is not None:
+    """The report of ``out`` when it was made for this ``fingerprint`` and the file would be served
+    (:func:`verification_problem`: its report passed, for this precision and this very file). The fingerprint is
+    compared first: a stale file is refused without hashing it."""
+    try:
+        report = read_report(report_path(out))
+    except ValueError:  # no report, or not one
         return None
-    report = read_report(report_path(out))
-    return report if report.get("fingerprint") == fingerprint else None
+    if report.get("fingerprint") != fingerprint or not out.is_file() or verification_problem(out, dtype) is not None:
+        return None
+    return report
 
 
 def export_verified(model: nn.Module, out: Union[str, Path], config: Mapping[str, Any], *, opset: int = 20,
