@@ -141,7 +141,7 @@ def test_a_handler_runs_even_where_the_alternate_signal_stack_was_unmapped():
 
 
 _SLOW_IMPORT = """
-    import os, pathlib, signal, sys, tempfile, time
+    import pathlib, signal, sys, tempfile, time
 
     # a module whose own import is signalled halfway: its code goes on for 0.3 s after the signal (a native
     # extension's initialisation, calling Python, stands in the same place: an exception there aborts the process)
