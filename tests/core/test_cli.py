@@ -9,11 +9,11 @@ import signal
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import tomllib
 
 from attnzoo import cli
 
@@ -55,9 +55,18 @@ def test_a_signal_while_the_command_imports_ends_it_with_one_line(command, sig):
     """The signal is sent as soon as the launcher's handler is in place (Python itself leaves SIGTERM alone), i.e.
     while torch and the rest import: had the import finished, the command would refuse the missing folder."""
     launcher = command.replace("-", "_")
-    proc = subprocess.Popen([sys.executable, "-c", f"import sys; from attnzoo.cli import {launcher}; "
-                             f"sys.exit({launcher}())", "--models", "/nonexistent/folder"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import sys; from attnzoo.cli import {launcher}; sys.exit({launcher}())",
+            "--models",
+            "/nonexistent/folder",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 30
         while not _handles(proc.pid, signal.SIGTERM):
@@ -75,15 +84,16 @@ def test_a_signal_while_the_command_imports_ends_it_with_one_line(command, sig):
 _ABANDON = """
 import sys, threading
 from attnzoo import cli
+from attnzoo.signals import abandon
 
 @cli.entry_point
 def refuse(argv=None):
     if argv:  # this command gives up on native work (a cancelled build) before its error
-        cli.abandon(threading.Thread(target=lambda: None))
+        abandon(threading.Thread(target=lambda: None))
     raise cli.UsageError("bad flag")
 
 if sys.argv[1] == "earlier":  # a thread given up on by a library call or an earlier command of this process
-    cli.abandon(threading.Thread(target=lambda: None))
+    abandon(threading.Thread(target=lambda: None))
 try:
     refuse(["abandon"] if sys.argv[1] == "own" else [])
 except cli.CommandExit as exc:
@@ -109,8 +119,9 @@ def test_a_ray_task_error_says_its_cause_in_the_one_line(capsys):
     one line must also say what went wrong there (an HAProxy that did not start said nothing else)."""
     exceptions = pytest.importorskip("ray.exceptions")
     cause = RuntimeError("HAProxy crashed during startup: [ALERT] cannot bind socket [127.0.0.1:8404]\nmore")
-    failed = exceptions.RayTaskError("HAProxyManager.ready", "ray::HAProxyManager.ready() (pid=5999)\nTraceback ...",
-                                     cause).as_instanceof_cause()
+    failed = exceptions.RayTaskError(
+        "HAProxyManager.ready", "ray::HAProxyManager.ready() (pid=5999)\nTraceback ...", cause
+    ).as_instanceof_cause()
 
     @cli.entry_point
     def serve(argv=None):
@@ -119,7 +130,9 @@ def test_a_ray_task_error_says_its_cause_in_the_one_line(capsys):
     with pytest.raises(cli.CommandExit) as info:
         serve([])
     assert info.value.code == 1
-    assert str(info.value) == ("error: RayTaskError(RuntimeError): ray::HAProxyManager.ready() (pid=5999): RuntimeError: "
-                               "HAProxy crashed during startup: [ALERT] cannot bind socket [127.0.0.1:8404] "
-                               "(run with --debug for the traceback)")
+    assert str(info.value) == (
+        "error: RayTaskError(RuntimeError): ray::HAProxyManager.ready() (pid=5999): RuntimeError: "
+        "HAProxy crashed during startup: [ALERT] cannot bind socket [127.0.0.1:8404] "
+        "(run with --debug for the traceback)"
+    )
     assert capsys.readouterr().err.strip() == str(info.value)
