@@ -3,7 +3,6 @@
 Everything else about the build is in pyproject.toml."""
 
 from pathlib import Path
-from typing import List
 
 from setuptools import find_packages, setup
 from setuptools.config.pyprojecttoml import load_file
@@ -11,12 +10,15 @@ from setuptools.config.pyprojecttoml import load_file
 ROOT = Path(__file__).resolve().parent
 
 
-def packages(root: Path = ROOT) -> List[str]:
+def packages(root: Path = ROOT) -> list[str]:
     """Every package: each folder of ``[tool.setuptools.package-dir]`` and the folders with an ``__init__.py``
     below it."""
     folders = load_file(str(root / "pyproject.toml"))["tool"]["setuptools"]["package-dir"]
-    return [name for package, folder in folders.items()
-            for name in [package, *(f"{package}.{sub}" for sub in find_packages(str(root / folder)))]]
+    return [
+        name
+        for package, folder in folders.items()
+        for name in [package, *(f"{package}.{sub}" for sub in find_packages(str(root / folder)))]
+    ]
 
 
 setup(packages=packages())

@@ -25,16 +25,34 @@ import os
 import signal
 import sys
 import traceback
-from typing import Callable, Iterator, List, Optional, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from attnzoo.errors import CommandError, CommandExit, UsageError, first_line
 from attnzoo.limits import check_batch_sizes
-from attnzoo.signals import (SIGNAL_EXITS, Interrupted, PendingSignal, Terminated, abandon, abandoned,
-                             run_in_worker, set_handler, signals_deferred, signals_raise)
+from attnzoo.signals import (
+    SIGNAL_EXITS,
+    Interrupted,
+    Terminated,
+    abandoned,
+    set_handler,
+    signals_raise,
+)
 
-__all__ = ["entry_point", "add_debug_flag", "parse_names", "parse_batch_sizes", "one_of", "COMMANDS",
-           "export_model", "bench_latency", "serve_demo", "serve_models", "train_model", "evaluate_model",
-           "report_variant"]
+__all__ = [
+    "entry_point",
+    "add_debug_flag",
+    "parse_names",
+    "parse_batch_sizes",
+    "one_of",
+    "COMMANDS",
+    "export_model",
+    "bench_latency",
+    "serve_demo",
+    "serve_models",
+    "train_model",
+    "evaluate_model",
+    "report_variant",
+]
 
 DEBUG_FLAG = "--debug"
 #: Every command and the ``main`` that runs it (``module:function``); ``pyproject.toml``'s ``[project.scripts]``
@@ -50,7 +68,7 @@ COMMANDS = {
 }
 
 
-def parse_names(value: str, canonical: Callable[[str], str], kind: str, valid: str) -> List[str]:
+def parse_names(value: str, canonical: Callable[[str], str], kind: str, valid: str) -> list[str]:
     """A comma-separated command-line list of names, each turned into its one name by ``canonical`` (which raises
     ``ValueError`` for an unknown one), without repeats, in the order given.
 
@@ -68,7 +86,7 @@ def parse_names(value: str, canonical: Callable[[str], str], kind: str, valid: s
     return list(dict.fromkeys(names))
 
 
-def parse_batch_sizes(value: str, flag: str = "--batch-sizes") -> List[int]:
+def parse_batch_sizes(value: str, flag: str = "--batch-sizes") -> list[int]:
     """Comma-separated batch sizes from the command line, without repeats, in the order given.
 
     Raises:
@@ -90,6 +108,7 @@ def parse_batch_sizes(value: str, flag: str = "--batch-sizes") -> List[int]:
 
 def one_of(valid: Sequence[str]) -> Callable[[str], str]:
     """A ``canonical`` for :func:`parse_names` that accepts exactly the names in ``valid``."""
+
     def canonical(name: str) -> str:
         if name not in valid:
             raise ValueError(name)
@@ -104,7 +123,7 @@ def add_debug_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-def _exit_line(code: int, message: str, exc: Optional[BaseException], debug: bool, abandoned: bool) -> CommandExit:
+def _exit_line(code: int, message: str, exc: BaseException | None, debug: bool, abandoned: bool) -> CommandExit:
     if debug and exc is not None:
         traceback.print_exception(exc, file=sys.stderr)
     print(message, file=sys.stderr, flush=True)
@@ -115,7 +134,7 @@ def _exit_line(code: int, message: str, exc: Optional[BaseException], debug: boo
     return CommandExit(code, message)
 
 
-def entry_point(fn: Callable[..., Optional[int]]) -> Callable[..., int]:
+def entry_point(fn: Callable[..., int | None]) -> Callable[..., int]:
     """Wrap a command's ``main(argv=None)``: errors become one line on stderr and :class:`CommandExit`.
 
     :class:`UsageError` exits 2; any other ``Exception`` exits 1 with its first line (prefixed with its type
@@ -124,14 +143,14 @@ def entry_point(fn: Callable[..., Optional[int]]) -> Callable[..., int]:
     """
 
     @functools.wraps(fn)
-    def wrapper(argv: Optional[Sequence[str]] = None) -> int:
+    def wrapper(argv: Sequence[str] | None = None) -> int:
         args = list(sys.argv[1:] if argv is None else argv)
         debug = DEBUG_FLAG in args
         hint = "" if debug else f" (run with {DEBUG_FLAG} for the traceback)"
         before = abandoned()  # only what this command gives up on ends the process (a program or a test
         # may run several commands, or call a library function that abandoned a thread, in one process)
 
-        def _exit(code: int, message: str, exc: Optional[BaseException], debug: bool) -> CommandExit:
+        def _exit(code: int, message: str, exc: BaseException | None, debug: bool) -> CommandExit:
             return _exit_line(code, message, exc, debug, abandoned() > before)
 
         try:

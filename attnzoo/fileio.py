@@ -9,16 +9,28 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from typing import Any
 
-__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_text", "write_json_report", "sha256_file", "writable_dir",
-           "default_cache_dir", "parse_json", "read_json", "CACHE_ENV", "MAX_JSON_BYTES"]
+__all__ = [
+    "atomic_path",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "write_json_report",
+    "sha256_file",
+    "writable_dir",
+    "default_cache_dir",
+    "parse_json",
+    "read_json",
+    "CACHE_ENV",
+    "MAX_JSON_BYTES",
+]
 
 #: Environment variable naming the cache folder (zoo ONNX exports, TensorRT engines, benchmark models).
 CACHE_ENV = "ATTNZOO_CACHE"
 
-PathLike = Union[str, Path]
+PathLike = str | Path
 #: Largest JSON file :func:`read_json` reads whole (a training state, a manifest).
 MAX_JSON_BYTES = 64 * 2**20
 
@@ -59,7 +71,7 @@ def atomic_write_text(path: PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def write_json_report(result: Any, out: Optional[PathLike] = None) -> None:
+def write_json_report(result: Any, out: PathLike | None = None) -> None:
     """Print ``result`` as JSON and, with ``out``, write it there whole (a measuring command's output)."""
     print(json.dumps(result, indent=1))
     if out:
@@ -71,7 +83,7 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows")
 
 
-def parse_json(data: Union[str, bytes]) -> Any:
+def parse_json(data: str | bytes) -> Any:
     """``json.loads`` without NaN / Infinity, and with nesting too deep for its decoder (which recurses once per
     level) a ``ValueError`` instead of a ``RecursionError``."""
     try:

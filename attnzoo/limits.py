@@ -6,10 +6,20 @@ A request past a bound is refused with one line naming the bound, before anythin
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["MAX_BATCH_SIZE", "MAX_IMAGE_PIXELS", "MAX_UPLOAD_BYTES", "MAX_ONNX_BYTES", "MAX_SIDE", "MAX_CLASSES", "check_batch_sizes",
-           "check_side", "available_memory"]
+__all__ = [
+    "MAX_BATCH_SIZE",
+    "MAX_IMAGE_PIXELS",
+    "MAX_UPLOAD_BYTES",
+    "MAX_ONNX_BYTES",
+    "MAX_SIDE",
+    "MAX_CLASSES",
+    "check_batch_sizes",
+    "check_side",
+    "available_memory",
+]
 
 #: Largest batch size ``export-model`` verifies (and puts in a TensorRT profile) and ``bench-latency`` times.
 MAX_BATCH_SIZE = 1024
@@ -25,12 +35,13 @@ MAX_ONNX_BYTES = 2**31 - 1
 MAX_SIDE = 2048
 #: Most classes a model config may declare (ImageNet-21k has 21,841).
 MAX_CLASSES = 100_000
+
+
 def check_batch_sizes(sizes: Sequence[int], flag: str = "--batch-sizes") -> None:
     """``ValueError`` unless every size is in ``1..MAX_BATCH_SIZE``."""
     bad = [b for b in sizes if not 1 <= b <= MAX_BATCH_SIZE]
     if bad:
-        raise ValueError(f"{flag}: {', '.join(map(str, bad))} out of range; batch sizes must be in "
-                         f"1..{MAX_BATCH_SIZE}")
+        raise ValueError(f"{flag}: {', '.join(map(str, bad))} out of range; batch sizes must be in 1..{MAX_BATCH_SIZE}")
 
 
 def check_side(value: Any, what: str) -> int:
@@ -40,7 +51,7 @@ def check_side(value: Any, what: str) -> int:
     return value
 
 
-def available_memory() -> Optional[int]:
+def available_memory() -> int | None:
     """Bytes of memory available to a new allocation (Linux ``MemAvailable``), or None when unknown."""
     try:
         with open("/proc/meminfo") as f:

@@ -8,24 +8,50 @@ import platform
 import shutil
 import subprocess
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from attnzoo.lazy import lazy_import
 
 torch = lazy_import("torch")
 ort = lazy_import("onnxruntime")
 
-__all__ = ["environment", "cpu_info", "cpu_summary", "gpu_info", "load_average", "rss_bytes", "BF16_FLAGS",
-           "bf16_problem"]
+__all__ = [
+    "environment",
+    "cpu_info",
+    "cpu_summary",
+    "gpu_info",
+    "load_average",
+    "rss_bytes",
+    "BF16_FLAGS",
+    "bf16_problem",
+]
 
 #: CPU flags that decide which fast paths exist: x86 (AVX2/FMA, F16C, AVX-512, VNNI, bf16, AMX) and Arm (SVE,
 #: dot product, i8mm, bf16).
-KEY_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni",
-             "avx512_bf16", "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16", "asimd", "asimddp", "i8mm", "sve",
-             "bf16")
+KEY_FLAGS = (
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+    "asimd",
+    "asimddp",
+    "i8mm",
+    "sve",
+    "bf16",
+)
 
 
-def cpu_info() -> Dict[str, Any]:
+def cpu_info() -> dict[str, Any]:
     """Model name, all flags, the key flags present, logical cores and the cores this process may use."""
     model, flags = platform.processor() or platform.machine(), []
     try:
@@ -40,15 +66,20 @@ def cpu_info() -> Dict[str, Any]:
     except OSError:
         pass
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"model": model, "logical_cores": os.cpu_count(), "usable_cores": usable,
-            "key_flags": [f for f in KEY_FLAGS if f in flags], "flags": flags}
+    return {
+        "model": model,
+        "logical_cores": os.cpu_count(),
+        "usable_cores": usable,
+        "key_flags": [f for f in KEY_FLAGS if f in flags],
+        "flags": flags,
+    }
 
 
 #: Fast-path flags whose absence a reader needs to know (x86: a CPU without them has no AVX-512 / VNNI / AMX).
 _NOTABLE_ABSENT = ("avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
 
 
-def cpu_summary(cpu: Dict[str, Any]) -> str:
+def cpu_summary(cpu: dict[str, Any]) -> str:
     """One line naming the CPU and its fast-path flags, present and (on x86) absent, e.g.
     ``AMD EPYC (avx, avx2, fma, f16c; no avx512f, avx512_vnni, avx_vnni, amx_int8)``."""
     have = list(cpu.get("key_flags") or [])
@@ -62,7 +93,7 @@ def cpu_summary(cpu: Dict[str, Any]) -> str:
 BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 
 
-def bf16_problem(cpu: Optional[Dict[str, Any]] = None) -> Optional[str]:
+def bf16_problem(cpu: dict[str, Any] | None = None) -> str | None:
     """Why bf16 is no fast path on this CPU (one line naming the flags it lacks), or ``None`` when it has bf16
     units (any of :data:`BF16_FLAGS`). ``cpu``: a :func:`cpu_info` dict (default: this machine's)."""
     cpu = cpu_info() if cpu is None else cpu
@@ -70,37 +101,49 @@ def bf16_problem(cpu: Optional[Dict[str, Any]] = None) -> Optional[str]:
     if flags & set(BF16_FLAGS):
         return None
     missing = "neither avx512_bf16 nor amx_bf16" if flags & {"sse2", "avx", "avx2"} else "no bf16"
-    return (f"this CPU ({cpu.get('model') or 'unknown CPU'}) has no bf16 units ({missing}): bf16 would run "
-            "converted to fp32, slower than fp32; use fp32 here, or int8 (export-model --dtype int8)")
+    return (
+        f"this CPU ({cpu.get('model') or 'unknown CPU'}) has no bf16 units ({missing}): bf16 would run "
+        "converted to fp32, slower than fp32; use fp32 here, or int8 (export-model --dtype int8)"
+    )
 
 
-def gpu_info() -> Optional[Dict[str, Any]]:
+def gpu_info() -> dict[str, Any] | None:
     """Name, memory, compute capability, driver and CUDA versions of GPU 0, or ``None`` without CUDA."""
     if not torch.cuda.is_available():
         return None
     props = torch.cuda.get_device_properties(0)
-    info: Dict[str, Any] = {"name": props.name, "memory_gib": round(props.total_memory / 2 ** 30, 1),
-                            "capability": f"{props.major}.{props.minor}", "cuda_runtime": torch.version.cuda,
-                            "count": torch.cuda.device_count(), "driver": None}
+    info: dict[str, Any] = {
+        "name": props.name,
+        "memory_gib": round(props.total_memory / 2**30, 1),
+        "capability": f"{props.major}.{props.minor}",
+        "cuda_runtime": torch.version.cuda,
+        "count": torch.cuda.device_count(),
+        "driver": None,
+    }
     smi = shutil.which("nvidia-smi")
     if smi:
         try:
-            out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=20, check=True).stdout
+            out = subprocess.run(
+                [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=True,
+            ).stdout
             info["driver"] = out.strip().splitlines()[0] if out.strip() else None
         except (OSError, subprocess.SubprocessError):
             pass
     return info
 
 
-def _version(module: str) -> Optional[str]:
+def _version(module: str) -> str | None:
     try:
         return str(importlib.import_module(module).__version__)
     except Exception:  # not installed, or broken install: report it as absent
         return None
 
 
-def load_average() -> List[float]:
+def load_average() -> list[float]:
     """1, 5 and 15 minute load averages (empty where the OS has none)."""
     try:
         return [round(v, 2) for v in os.getloadavg()]
@@ -117,7 +160,7 @@ def rss_bytes() -> int:
         return 0
 
 
-def environment() -> Dict[str, Any]:
+def environment() -> dict[str, Any]:
     """Everything needed to compare two result files: hardware, load, versions, thread settings."""
     try:
         providers = ort.get_available_providers()
@@ -129,9 +172,20 @@ def environment() -> Dict[str, Any]:
         "load_average": load_average(),
         "platform": platform.platform(),
         "python": sys.version.split()[0],
-        "versions": {name: _version(name) for name in
-                     ("torch", "onnxruntime", "openvino", "onnx", "tensorrt", "tensorrt_rtx", "timm", "numpy",
-                      "triton")},
+        "versions": {
+            name: _version(name)
+            for name in (
+                "torch",
+                "onnxruntime",
+                "openvino",
+                "onnx",
+                "tensorrt",
+                "tensorrt_rtx",
+                "timm",
+                "numpy",
+                "triton",
+            )
+        },
         "ort_providers": providers,
         "torch_threads": torch.get_num_threads(),
     }

@@ -19,29 +19,45 @@ import io
 import re
 import threading
 import warnings
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any
 
 import numpy as np
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 from attnzoo.limits import MAX_IMAGE_PIXELS
 
-__all__ = ["DEFAULT_MEAN", "DEFAULT_STD", "ImageLike", "load_image", "to_rgb", "normalize", "preprocess",
-           "fit_size", "UnreadableImageError", "ImageTooLargeError", "INPUT_STYLES", "DATA_INPUT_STYLE",
-           "input_style_of", "to_input_style", "busy_background", "image_size"]
+__all__ = [
+    "DEFAULT_MEAN",
+    "DEFAULT_STD",
+    "ImageLike",
+    "load_image",
+    "to_rgb",
+    "normalize",
+    "preprocess",
+    "fit_size",
+    "UnreadableImageError",
+    "ImageTooLargeError",
+    "INPUT_STYLES",
+    "DATA_INPUT_STYLE",
+    "input_style_of",
+    "to_input_style",
+    "busy_background",
+    "image_size",
+]
 
 #: Normalisation of the bundled data sets (pixels in [0, 1] mapped to [-1, 1]).
-DEFAULT_MEAN: Tuple[float, float, float] = (0.5, 0.5, 0.5)
-DEFAULT_STD: Tuple[float, float, float] = (0.5, 0.5, 0.5)
+DEFAULT_MEAN: tuple[float, float, float] = (0.5, 0.5, 0.5)
+DEFAULT_STD: tuple[float, float, float] = (0.5, 0.5, 0.5)
 
-ImageLike = Union[str, Path, bytes, Image.Image, np.ndarray]
+ImageLike = str | Path | bytes | Image.Image | np.ndarray
 
 #: What each input style means (see :func:`to_input_style`).
 INPUT_STYLES = {
     "rgb": "used as it is",
     "gray-on-black": "gray; inverted when the background is bright; background set to black and contrast "
-                     "stretched; for classification cropped to the object and centred in a square",
+    "stretched; for classification cropped to the object and centred in a square",
 }
 #: The input style of the models trained on each built-in data set (a folder of images: ``rgb``).
 DATA_INPUT_STYLE = {"fashion": "gray-on-black", "digits": "gray-on-black", "shapes": "rgb"}
@@ -85,8 +101,10 @@ def _check_pixels(img: Image.Image) -> None:
     """Refuse an image over the pixel cap (from its size alone: PIL reads it from the header)."""
     w, h = img.size
     if w * h > MAX_IMAGE_PIXELS:
-        raise ImageTooLargeError(f"image is {w}x{h} ({w * h / 1e6:.0f} MP), over the {MAX_IMAGE_PIXELS / 1e6:.0f} MP "
-                                 "limit (a decompression-bomb guard); downscale it first")
+        raise ImageTooLargeError(
+            f"image is {w}x{h} ({w * h / 1e6:.0f} MP), over the {MAX_IMAGE_PIXELS / 1e6:.0f} MP "
+            "limit (a decompression-bomb guard); downscale it first"
+        )
 
 
 _OPEN_LOCK = threading.Lock()  # warnings.catch_warnings swaps process-wide state: one opener at a time
@@ -110,15 +128,17 @@ def _image_errors() -> Iterator[None]:
     except Image.DecompressionBombError as exc:  # over Pillow's own limit, far above ours: ours is the one to name
         pixels = re.search(r"\((\d+) pixels\)", str(exc))
         size = f"{int(pixels.group(1)) / 1e6:.0f} MP, " if pixels else ""
-        raise ImageTooLargeError(f"refused a decompression bomb: image is {size}over the "
-                                 f"{MAX_IMAGE_PIXELS / 1e6:.0f} MP limit; downscale it first") from None
+        raise ImageTooLargeError(
+            f"refused a decompression bomb: image is {size}over the "
+            f"{MAX_IMAGE_PIXELS / 1e6:.0f} MP limit; downscale it first"
+        ) from None
     except (UnidentifiedImageError, OSError, TypeError, ValueError) as exc:
         if isinstance(exc, ImageTooLargeError):
             raise
         raise UnreadableImageError(f"cannot read image: {exc}") from exc
 
 
-def image_size(data: bytes) -> Tuple[int, int]:
+def image_size(data: bytes) -> tuple[int, int]:
     """(width, height) of an encoded image, read from its header alone (no pixel is decoded), so that a server can
     reserve the memory decoding it will take before it starts.
 
@@ -162,15 +182,16 @@ def load_image(source: ImageLike) -> Image.Image:
     return to_rgb(img)
 
 
-def fit_size(size: Tuple[int, int], max_side: int) -> Tuple[int, int]:
+def fit_size(size: tuple[int, int], max_side: int) -> tuple[int, int]:
     """(H, W) scaled down (never up) so that max(H, W) <= max_side; each side at least 1."""
     h, w = size
     scale = min(1.0, max_side / max(h, w))
     return max(1, round(h * scale)), max(1, round(w * scale))
 
 
-def normalize(pixels: np.ndarray, mean: Sequence[float] = DEFAULT_MEAN,
-              std: Sequence[float] = DEFAULT_STD) -> np.ndarray:
+def normalize(
+    pixels: np.ndarray, mean: Sequence[float] = DEFAULT_MEAN, std: Sequence[float] = DEFAULT_STD
+) -> np.ndarray:
     """uint8 (H, W, 3) or (N, H, W, 3) -> float32 (3, H, W) or (N, 3, H, W), ``(x/255 - mean) / std``."""
     x = pixels.astype(np.float32) / 255.0
     x = (x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
@@ -178,11 +199,11 @@ def normalize(pixels: np.ndarray, mean: Sequence[float] = DEFAULT_MEAN,
 
 
 def preprocess(
-        image: ImageLike,
-        size: Optional[Union[int, Tuple[int, int]]] = None,
-        mean: Sequence[float] = DEFAULT_MEAN,
-        std: Sequence[float] = DEFAULT_STD,
-        max_side: Optional[int] = None,
+    image: ImageLike,
+    size: int | tuple[int, int] | None = None,
+    mean: Sequence[float] = DEFAULT_MEAN,
+    std: Sequence[float] = DEFAULT_STD,
+    max_side: int | None = None,
 ) -> np.ndarray:
     """Image -> float32 batch (1, 3, H, W) ready for a model or an ONNX session.
 
@@ -246,10 +267,10 @@ def to_input_style(img: Image.Image, style: str, task: str = "cls") -> Image.Ima
     if task == "cls":
         rows, cols = np.nonzero(gray > OBJECT_THRESHOLD)
         if rows.size and max(np.ptp(rows), np.ptp(cols)) + 1 < CROP_BELOW * min(gray.shape):
-            gray = gray[rows.min():rows.max() + 1, cols.min():cols.max() + 1]
+            gray = gray[rows.min() : rows.max() + 1, cols.min() : cols.max() + 1]
             h, w = gray.shape
             side = max(h, w)
             square = np.zeros((side, side), np.float32)
-            square[(side - h) // 2:(side - h) // 2 + h, (side - w) // 2:(side - w) // 2 + w] = gray
+            square[(side - h) // 2 : (side - h) // 2 + h, (side - w) // 2 : (side - w) // 2 + w] = gray
             gray = square
     return Image.fromarray((gray + 0.5).astype(np.uint8), mode="L").convert("RGB")

@@ -31,16 +31,28 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import FrameType
-from typing import Callable, Iterator, List, Optional, TypeVar
+from typing import TypeVar
 
-__all__ = ["Terminated", "Interrupted", "SIGNAL_EXITS", "signals_raise", "PendingSignal", "signals_deferred",
-           "run_in_worker", "abandon", "abandoned", "set_handler", "off_altstack"]
+__all__ = [
+    "Terminated",
+    "Interrupted",
+    "SIGNAL_EXITS",
+    "signals_raise",
+    "PendingSignal",
+    "signals_deferred",
+    "run_in_worker",
+    "abandon",
+    "abandoned",
+    "set_handler",
+    "off_altstack",
+]
 
 T = TypeVar("T")
 #: Worker threads running native code that a signal made the main thread give up on (cancelled, maybe running).
-_ABANDONED: List[threading.Thread] = []
+_ABANDONED: list[threading.Thread] = []
 #: How a command ends on a signal: exit status and its one line on stderr.
 SIGNAL_EXITS = {signal.SIGINT: (130, "interrupted (Ctrl-C)"), signal.SIGTERM: (143, "terminated (SIGTERM)")}
 
@@ -58,8 +70,12 @@ class Interrupted(BaseException):
 class _SigAction(ctypes.Structure):
     """glibc's ``struct sigaction`` on Linux (x86-64, AArch64): handler, 1024-bit mask, flags, restorer."""
 
-    _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ulong * (1024 // (8 * ctypes.sizeof(ctypes.c_ulong)))),
-                ("flags", ctypes.c_int), ("restorer", ctypes.c_void_p)]
+    _fields_ = [
+        ("handler", ctypes.c_void_p),
+        ("mask", ctypes.c_ulong * (1024 // (8 * ctypes.sizeof(ctypes.c_ulong)))),
+        ("flags", ctypes.c_int),
+        ("restorer", ctypes.c_void_p),
+    ]
 
 
 _SA_ONSTACK = 0x08000000
@@ -116,7 +132,7 @@ def signals_raise() -> Iterator[None]:
 _IMPORT_MACHINERY = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
 
 
-def _imports_under_way(frame: Optional[FrameType]) -> int:
+def _imports_under_way(frame: FrameType | None) -> int:
     """How many frames of the import machinery are on the stack that ends at ``frame``."""
     depth = 0
     while frame is not None:
@@ -147,7 +163,7 @@ def _send_after_imports(signum: int, outside: int) -> None:
 class PendingSignal:
     """The first SIGINT/SIGTERM that arrived inside :func:`signals_deferred` (``None``: none yet)."""
 
-    signum: Optional[int] = None
+    signum: int | None = None
 
     @property
     def pending(self) -> bool:

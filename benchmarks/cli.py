@@ -16,21 +16,21 @@ import json
 import os
 import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any
 
+from attnzoo.benchmarks.ceiling import DEFAULT_SIZE, MAX_SIZE
 from attnzoo.benchmarks.report import LOG_NAME, charts_unavailable, markdown, scope_line, write_outputs
 from attnzoo.benchmarks.roofline import against_results, resolve_gpus, roofline
 from attnzoo.benchmarks.roofline import markdown as roofline_markdown
 from attnzoo.cli import add_debug_flag, entry_point, one_of, parse_batch_sizes, parse_names
 from attnzoo.errors import CommandError, UsageError
-from attnzoo.signals import Interrupted, signals_deferred, Terminated
 from attnzoo.fileio import atomic_write_text, default_cache_dir, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.limits import MAX_BATCH_SIZE
-
 from attnzoo.runtime.backends import DTYPES, backend_names, canonical_backend
-from attnzoo.benchmarks.ceiling import DEFAULT_SIZE, MAX_SIZE
+from attnzoo.signals import Interrupted, Terminated, signals_deferred
 
 # --help and usage errors load without torch, onnx and timm: these import at their first use
 torch = lazy_import("torch")
@@ -46,77 +46,140 @@ __all__ = ["main", "build_parser", "parse_settings", "DEFAULT_SCOPE", "FULL_SCOP
 #: N^2 vector work (horizontal-vertical, the axial family, is left out and named); batch 1 and 8, 0.5 s per
 #: measurement (still >= 10 iterations) and 30 s of torch.compile (one or two compilations). Its measured time
 #: is in the README ("Benchmarks"). A flag given on the command line wins.
-DEFAULT_SCOPE = {"variants": "standard,belief2,wafe-mae", "batch_sizes": "1,8", "min_time": 0.5,
-                 "compile_budget": 30.0}
+DEFAULT_SCOPE = {"variants": "standard,belief2,wafe-mae", "batch_sizes": "1,8", "min_time": 0.5, "compile_budget": 30.0}
 #: ``--all``: every variant, batch 1, 8 and 32, 3 s per measurement, 600 s of torch.compile (the committed
 #: runs under ``results/bench-latency/``, whose READMEs say how long they took).
 FULL_SCOPE = {"variants": "all", "batch_sizes": "1,8,32", "min_time": 3.0, "compile_budget": 600.0}
-_FLAGS = {"variants": "--variants", "batch_sizes": "--batch-sizes", "min_time": "--min-time",
-          "compile_budget": "--compile-budget"}
+_FLAGS = {
+    "variants": "--variants",
+    "batch_sizes": "--batch-sizes",
+    "min_time": "--min-time",
+    "compile_budget": "--compile-budget",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bench-latency", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--all", action="store_true",
-                   help="measure everything: " + " ".join(f"{_FLAGS[k]} {v:g}" if isinstance(v, float) else
-                                                          f"{_FLAGS[k]} {v}" for k, v in FULL_SCOPE.items())
-                        + " (45-80 minutes on 2 cores); flags given as well still win")
-    p.add_argument("--variants", default=argparse.SUPPRESS,
-                   help=f"'all' or comma-separated variant names (default: {DEFAULT_SCOPE['variants']})")
+    p = argparse.ArgumentParser(
+        prog="bench-latency", description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="measure everything: "
+        + " ".join(f"{_FLAGS[k]} {v:g}" if isinstance(v, float) else f"{_FLAGS[k]} {v}" for k, v in FULL_SCOPE.items())
+        + " (45-80 minutes on 2 cores); flags given as well still win",
+    )
+    p.add_argument(
+        "--variants",
+        default=argparse.SUPPRESS,
+        help=f"'all' or comma-separated variant names (default: {DEFAULT_SCOPE['variants']})",
+    )
     p.add_argument("--task", default="cls", choices=("cls", "seg"))
     p.add_argument("--arch", default="tiny", choices=("micro", "tiny", "small", "base"))
-    p.add_argument("--img-size", type=int, default=None, metavar="PX",
-                   help="input side in pixels (default: the arch's own, 224 for tiny/small/base)")
-    p.add_argument("--backends", default=",".join(backend_names()),
-                   help=f"comma-separated, from: {', '.join(backend_names())} (python -m attnzoo.runtime lists them "
-                        "with their aliases; those this machine lacks are listed as "
-                        "skipped, with the reason)")
-    p.add_argument("--dtypes", "--dtype", dest="dtype", default="fp32",
-                   help=f"comma-separated, from: {', '.join(DTYPES)} (fp32: IEEE fp32 everywhere, TF32 off; tf32: "
-                        "a GPU's TF32 tensor cores; int8: ModelOpt Q/DQ on ort-cpu, NNCF on openvino; --dtype is "
-                        "the old spelling)")
-    p.add_argument("--batch-sizes", default=argparse.SUPPRESS,
-                   help=f"comma-separated integers in 1..{MAX_BATCH_SIZE} (default: {DEFAULT_SCOPE['batch_sizes']})")
-    p.add_argument("--threads", type=int, default=None,
-                   help="intra-op threads for PyTorch and ONNX Runtime (default: the usable cores)")
-    p.add_argument("--min-time", type=float, default=argparse.SUPPRESS,
-                   help=f"seconds timed per measurement, >= 10 iterations (default: {DEFAULT_SCOPE['min_time']:g})")
+    p.add_argument(
+        "--img-size",
+        type=int,
+        default=None,
+        metavar="PX",
+        help="input side in pixels (default: the arch's own, 224 for tiny/small/base)",
+    )
+    p.add_argument(
+        "--backends",
+        default=",".join(backend_names()),
+        help=f"comma-separated, from: {', '.join(backend_names())} (python -m attnzoo.runtime lists them "
+        "with their aliases; those this machine lacks are listed as "
+        "skipped, with the reason)",
+    )
+    p.add_argument(
+        "--dtypes",
+        "--dtype",
+        dest="dtype",
+        default="fp32",
+        help=f"comma-separated, from: {', '.join(DTYPES)} (fp32: IEEE fp32 everywhere, TF32 off; tf32: "
+        "a GPU's TF32 tensor cores; int8: ModelOpt Q/DQ on ort-cpu, NNCF on openvino; --dtype is "
+        "the old spelling)",
+    )
+    p.add_argument(
+        "--batch-sizes",
+        default=argparse.SUPPRESS,
+        help=f"comma-separated integers in 1..{MAX_BATCH_SIZE} (default: {DEFAULT_SCOPE['batch_sizes']})",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="intra-op threads for PyTorch and ONNX Runtime (default: the usable cores)",
+    )
+    p.add_argument(
+        "--min-time",
+        type=float,
+        default=argparse.SUPPRESS,
+        help=f"seconds timed per measurement, >= 10 iterations (default: {DEFAULT_SCOPE['min_time']:g})",
+    )
     p.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder")
-    p.add_argument("--cache-dir", type=Path, default=None,
-                   help="exported / optimized models (default: <cache>/bench-latency, <cache> being "
-                        "$ATTNZOO_CACHE, else $XDG_CACHE_HOME/attnzoo, else ~/.cache/attnzoo, as for serve-demo)")
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="exported / optimized models (default: <cache>/bench-latency, <cache> being "
+        "$ATTNZOO_CACHE, else $XDG_CACHE_HOME/attnzoo, else ~/.cache/attnzoo, as for serve-demo)",
+    )
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="device of eager/compile")
     p.add_argument("--seed", type=int, default=0, help="seed of the random-init weights and the inputs")
-    p.add_argument("--compile-budget", type=float, default=argparse.SUPPRESS,
-                   help="seconds of torch.compile compilation allowed; later compile jobs are skipped "
-                        f"(default: {DEFAULT_SCOPE['compile_budget']:g})")
-    p.add_argument("--ceiling-size", type=int, default=DEFAULT_SIZE, metavar="N",
-                   help="side of the square matmul that measures the machine's fp32/int8 ceiling at the start "
-                        "(0: not measured; then no row has a ceiling fraction)")
-    p.add_argument("--profile", action="store_true",
-                   help="profile ONNX Runtime CPU ops (naive vs tuned session) -> ort_profile.md")
+    p.add_argument(
+        "--compile-budget",
+        type=float,
+        default=argparse.SUPPRESS,
+        help="seconds of torch.compile compilation allowed; later compile jobs are skipped "
+        f"(default: {DEFAULT_SCOPE['compile_budget']:g})",
+    )
+    p.add_argument(
+        "--ceiling-size",
+        type=int,
+        default=DEFAULT_SIZE,
+        metavar="N",
+        help="side of the square matmul that measures the machine's fp32/int8 ceiling at the start "
+        "(0: not measured; then no row has a ceiling fraction)",
+    )
+    p.add_argument(
+        "--profile", action="store_true", help="profile ONNX Runtime CPU ops (naive vs tuned session) -> ort_profile.md"
+    )
     p.add_argument("--no-pair-eager", action="store_true", help="skip the backend/eager A B A B speed-up run")
-    p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
-                   help="start no new row after this many seconds: the rows measured are written and the same "
-                        "command measures the rest (every finished row is kept in <out>/rows.jsonl)")
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="start no new row after this many seconds: the rows measured are written and the same "
+        "command measures the rest (every finished row is kept in <out>/rows.jsonl)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--roofline", metavar="GPUS", default=None,
-                   help="measure nothing: print the roofline lower bound of --variants/--arch/--task/--batch-sizes "
-                        "per precision on these GPUs (all, auto, h100, h100-sxm, h100-pcie, h200, a100) and write "
-                        "roofline.md/.json to --out")
-    p.add_argument("--against", metavar="RESULTS_JSON", type=Path, default=None,
-                   help="with --roofline: read a GPU run's results.json as fractions of the bound")
+    p.add_argument(
+        "--roofline",
+        metavar="GPUS",
+        default=None,
+        help="measure nothing: print the roofline lower bound of --variants/--arch/--task/--batch-sizes "
+        "per precision on these GPUs (all, auto, h100, h100-sxm, h100-pcie, h200, a100) and write "
+        "roofline.md/.json to --out",
+    )
+    p.add_argument(
+        "--against",
+        metavar="RESULTS_JSON",
+        type=Path,
+        default=None,
+        help="with --roofline: read a GPU run's results.json as fractions of the bound",
+    )
     return add_debug_flag(p)
 
 
-def _backends(value: str) -> List[str]:
+def _backends(value: str) -> list[str]:
     """``--backends``: names or aliases of the runtime's registry -> their one names."""
-    return parse_names(value, canonical_backend, "backend",
-                       f"{', '.join(backend_names())} (aliases: python -m attnzoo.runtime)")
+    return parse_names(
+        value, canonical_backend, "backend", f"{', '.join(backend_names())} (aliases: python -m attnzoo.runtime)"
+    )
 
 
-def variant_list(value: str) -> List[str]:
+def variant_list(value: str) -> list[str]:
     """``--variants``: ``all`` or comma-separated variant names (aliases resolved); ``UsageError`` otherwise."""
     if value.strip() == "all":
         return list(models.VARIANT_NAMES)
@@ -127,8 +190,9 @@ def _check_memory(settings) -> None:
     """Refuse (exit 2) a largest batch whose forward pass would not fit in the memory available now."""
     for variant in settings.variants:
         with torch.device("meta"):  # the config only: no weights are allocated
-            config = models.create_model(variant, task=settings.task, arch=settings.arch,
-                                         img_size=settings.img_size).attnzoo_config
+            config = models.create_model(
+                variant, task=settings.task, arch=settings.arch, img_size=settings.img_size
+            ).attnzoo_config
         try:
             model_memory.check_forward_memory(config, (config["img_size"],) * 2, max(settings.batch_sizes))
         except ValueError as exc:
@@ -139,7 +203,7 @@ def _flag(key: str, value: Any) -> str:
     return f"{_FLAGS[key]} {value:g}" if isinstance(value, float) else f"{_FLAGS[key]} {value}"
 
 
-def scope(a: argparse.Namespace) -> Dict[str, Any]:
+def scope(a: argparse.Namespace) -> dict[str, Any]:
     """Fill the scope flags not given from :data:`DEFAULT_SCOPE` (``--all``: :data:`FULL_SCOPE`) into ``a``;
     return what the run covers against ``--all``: ``{"preset", "from_preset", "left_out", "everything"}``.
 
@@ -161,12 +225,15 @@ def scope(a: argparse.Namespace) -> Dict[str, Any]:
         if getattr(a, key) < FULL_SCOPE[key]:
             left_out.append(f"{getattr(a, key):g} {what} instead of {FULL_SCOPE[key]:g}")
     full = " ".join(_flag(k, v) for k, v in FULL_SCOPE.items())
-    return {"preset": "all" if a.all else "default", "from_preset": {k: preset[k] for k in from_preset},
-            "left_out": left_out,
-            "everything": f"bench-latency --all (= {full}; 45-80 minutes on 2 cores), or those flags one by one"}
+    return {
+        "preset": "all" if a.all else "default",
+        "from_preset": {k: preset[k] for k in from_preset},
+        "left_out": left_out,
+        "everything": f"bench-latency --all (= {full}; 45-80 minutes on 2 cores), or those flags one by one",
+    }
 
 
-def parse_settings(argv: Optional[Sequence[str]] = None):
+def parse_settings(argv: Sequence[str] | None = None):
     """Command line -> :class:`attnzoo.benchmarks.run.Settings`.
 
     Raises:
@@ -189,14 +256,29 @@ def parse_settings(argv: Optional[Sequence[str]] = None):
         raise UsageError(f"--ceiling-size must be 0 or in 64..{MAX_SIZE}, got {a.ceiling_size}")
     out = a.out
     cache = a.cache_dir or default_cache_dir() / "bench-latency"
-    return bench_run.Settings(variants=variant_list(a.variants), backends=_backends(a.backends),
-                              dtypes=parse_names(a.dtype, one_of(DTYPES), "dtype", ", ".join(DTYPES)),
-                              batch_sizes=parse_batch_sizes(a.batch_sizes), task=a.task, arch=a.arch,
-                              img_size=a.img_size, time_limit=a.time_limit, threads=threads, min_time=a.min_time,
-                              out=out, cache_dir=cache, device=a.device, seed=a.seed,
-                              compile_budget=a.compile_budget, profile=a.profile, pair_eager=not a.no_pair_eager,
-                              progress=not a.no_progress, ceiling_size=a.ceiling_size,
-                              command=shlex.join(["bench-latency", *argv]), scope=covered)
+    return bench_run.Settings(
+        variants=variant_list(a.variants),
+        backends=_backends(a.backends),
+        dtypes=parse_names(a.dtype, one_of(DTYPES), "dtype", ", ".join(DTYPES)),
+        batch_sizes=parse_batch_sizes(a.batch_sizes),
+        task=a.task,
+        arch=a.arch,
+        img_size=a.img_size,
+        time_limit=a.time_limit,
+        threads=threads,
+        min_time=a.min_time,
+        out=out,
+        cache_dir=cache,
+        device=a.device,
+        seed=a.seed,
+        compile_budget=a.compile_budget,
+        profile=a.profile,
+        pair_eager=not a.no_pair_eager,
+        progress=not a.no_progress,
+        ceiling_size=a.ceiling_size,
+        command=shlex.join(["bench-latency", *argv]),
+        scope=covered,
+    )
 
 
 def roofline_main(a: argparse.Namespace) -> int:
@@ -221,7 +303,7 @@ def roofline_main(a: argparse.Namespace) -> int:
 
 
 @entry_point
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``bench-latency``; the output folder is checked writable before anything is measured."""
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
@@ -244,8 +326,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         try:
             files = write_outputs(result, settings.out)
         except OSError as exc:
-            raise CommandError(f"{exc.strerror or exc}; every finished row is in {settings.out / LOG_NAME}: the "
-                               "same command writes the results without measuring them again") from None
+            raise CommandError(
+                f"{exc.strerror or exc}; every finished row is in {settings.out / LOG_NAME}: the "
+                "same command writes the results without measuring them again"
+            ) from None
     print(markdown(result))
     print("wrote " + ", ".join(str(p) for p in files.values()))
     if charts_unavailable() and not result["interrupted"]:

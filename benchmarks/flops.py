@@ -21,8 +21,9 @@ are read once per use. Elements are counted, so bytes follow from the storage wi
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, Optional, Set
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,8 +33,15 @@ from torch.utils._pytree import tree_flatten
 
 from attnzoo.models import create_model
 
-__all__ = ["CDIST_FLOPS_PER_TERM", "Count", "count_flops", "count_forward", "count_variant", "meta_model",
-           "stored_elements"]
+__all__ = [
+    "CDIST_FLOPS_PER_TERM",
+    "Count",
+    "count_flops",
+    "count_forward",
+    "count_variant",
+    "meta_model",
+    "stored_elements",
+]
 
 aten = torch.ops.aten
 
@@ -44,7 +52,7 @@ CDIST_FLOPS_PER_TERM = 3
 def stored_elements(t: torch.Tensor) -> int:
     """Elements a tensor occupies in memory: its size without broadcast (stride-0) dimensions."""
     n = 1
-    for size, stride in zip(t.shape, t.stride()):
+    for size, stride in zip(t.shape, t.stride(), strict=False):
         if stride != 0:
             n *= size
     return n
@@ -63,12 +71,12 @@ def _cdist_ops(x1, x2, p: float = 2.0, *args, **kwargs) -> int:
 
 
 #: Matrix ops the torch registry lacks: op packet -> formula(args, kwargs) -> FLOPs.
-_EXTRA_MATRIX: Dict[Any, Callable[..., int]] = {
+_EXTRA_MATRIX: dict[Any, Callable[..., int]] = {
     aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_cpu_flops,
     aten.scaled_dot_product_attention: _sdpa_cpu_flops,
 }
 #: Vector-op counters: op packet -> formula(args, kwargs) -> ops.
-_VECTOR: Dict[Any, Callable[..., int]] = {aten._cdist_forward: _cdist_ops, aten.cdist: _cdist_ops}
+_VECTOR: dict[Any, Callable[..., int]] = {aten._cdist_forward: _cdist_ops, aten.cdist: _cdist_ops}
 
 
 @dataclass
@@ -87,24 +95,29 @@ class Count:
     vector_ops: int = 0
     weight_elements: int = 0
     activation_elements: int = 0
-    ops: Dict[str, Dict[str, int]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
+    ops: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
 
-    def bytes(self, width: float, weight_width: Optional[float] = None) -> float:
+    def bytes(self, width: float, weight_width: float | None = None) -> float:
         """Bytes moved when activations are ``width`` bytes per element (weights ``weight_width``, default
         the same)."""
-        return self.activation_elements * width + self.weight_elements * (width if weight_width is None
-                                                                          else weight_width)
+        return self.activation_elements * width + self.weight_elements * (
+            width if weight_width is None else weight_width
+        )
 
-    def to_dict(self) -> Dict[str, Any]:
-        return {"matrix_flops": self.matrix_flops, "vector_ops": self.vector_ops,
-                "weight_elements": self.weight_elements, "activation_elements": self.activation_elements,
-                "ops": {k: dict(v) for k, v in sorted(self.ops.items())}}
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "matrix_flops": self.matrix_flops,
+            "vector_ops": self.vector_ops,
+            "weight_elements": self.weight_elements,
+            "activation_elements": self.activation_elements,
+            "ops": {k: dict(v) for k, v in sorted(self.ops.items())},
+        }
 
 
 class _Counter(TorchDispatchMode):
     """Dispatch mode adding every counted op's FLOPs and operand/result elements to a :class:`Count`."""
 
-    def __init__(self, count: Count, weight_storages: Set[int]) -> None:
+    def __init__(self, count: Count, weight_storages: set[int]) -> None:
         super().__init__()
         self.count = count
         self.weights = weight_storages
@@ -153,7 +166,7 @@ class _Counter(TorchDispatchMode):
         return out
 
 
-def _weight_storages(modules: Iterable[nn.Module]) -> Set[int]:
+def _weight_storages(modules: Iterable[nn.Module]) -> set[int]:
     return {p.untyped_storage()._cdata for m in modules for p in m.parameters()}
 
 
@@ -170,15 +183,23 @@ def count_forward(model: nn.Module, x: torch.Tensor) -> Count:
     return count
 
 
-def meta_model(variant: str, task: str = "cls", arch: str = "tiny", img_size: Optional[int] = None,
-               **create_kwargs: Any) -> nn.Module:
+def meta_model(
+    variant: str, task: str = "cls", arch: str = "tiny", img_size: int | None = None, **create_kwargs: Any
+) -> nn.Module:
     """``create_model(...)`` on the ``meta`` device: shapes only, built in milliseconds, no memory."""
     with torch.device("meta"):
         return create_model(variant, task=task, arch=arch, img_size=img_size, **create_kwargs).eval()
 
 
-def count_variant(variant: str, task: str = "cls", arch: str = "tiny", img_size: Optional[int] = None,
-                  batch: int = 1, model: Optional[nn.Module] = None, **create_kwargs: Any) -> Count:
+def count_variant(
+    variant: str,
+    task: str = "cls",
+    arch: str = "tiny",
+    img_size: int | None = None,
+    batch: int = 1,
+    model: nn.Module | None = None,
+    **create_kwargs: Any,
+) -> Count:
     """Count a ``(batch, 3, S, S)`` forward of ``create_model(variant, task, arch, img_size=S)`` on ``meta``
     (``model``: such a meta model, to count several batch sizes without rebuilding it)."""
     model = model if model is not None else meta_model(variant, task, arch, img_size, **create_kwargs)
@@ -186,7 +207,7 @@ def count_variant(variant: str, task: str = "cls", arch: str = "tiny", img_size:
     return count_forward(model, torch.empty(batch, 3, size, size, device="meta"))
 
 
-def count_flops(model: nn.Module, img_size: int | tuple) -> Dict[str, Any]:
+def count_flops(model: nn.Module, img_size: int | tuple) -> dict[str, Any]:
     """FLOPs of one image through ``model`` for a GFLOP/s column: matrix FLOPs plus the MAE vector ops.
 
     Args:
@@ -200,5 +221,8 @@ def count_flops(model: nn.Module, img_size: int | tuple) -> Dict[str, Any]:
     device = next(model.parameters()).device
     count = count_forward(model, torch.zeros(1, 3, int(h), int(w), device=device))
     by_op = {op: row.get("flops", 0) + row.get("vector_ops", 0) for op, row in count.ops.items()}
-    return {"flops_per_image": count.matrix_flops + count.vector_ops, "by_op": {k: v for k, v in by_op.items() if v},
-            "counter": "attnzoo.benchmarks.flops (torch.utils.flop_counter formulas + CPU attention and cdist)"}
+    return {
+        "flops_per_image": count.matrix_flops + count.vector_ops,
+        "by_op": {k: v for k, v in by_op.items() if v},
+        "counter": "attnzoo.benchmarks.flops (torch.utils.flop_counter formulas + CPU attention and cdist)",
+    }

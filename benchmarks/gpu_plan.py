@@ -35,11 +35,22 @@ import importlib.util
 import os
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any
 
-__all__ = ["bootstrap", "PARTS", "MODELS", "EAGER_DTYPES", "COMPILE_DTYPES", "NOT_THERE", "part_settings", "run_part",
-           "status", "main"]
+__all__ = [
+    "bootstrap",
+    "PARTS",
+    "MODELS",
+    "EAGER_DTYPES",
+    "COMPILE_DTYPES",
+    "NOT_THERE",
+    "part_settings",
+    "run_part",
+    "status",
+    "main",
+]
 
 #: The repository root (this file is ``benchmarks/gpu_plan.py``).
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,7 +59,7 @@ ROOT = Path(__file__).resolve().parent.parent
 class _SourceTree(importlib.abc.MetaPathFinder):
     """Finds the packages ``pyproject.toml`` maps to folders (``attnzoo.models`` -> ``models/``)."""
 
-    def __init__(self, root: Path, folders: Dict[str, str]) -> None:
+    def __init__(self, root: Path, folders: dict[str, str]) -> None:
         self.root, self.folders = root, folders
 
     def find_spec(self, fullname, path=None, target=None):
@@ -95,7 +106,7 @@ bench_run = lazy_import("attnzoo.benchmarks.run")
 
 
 #: The models of the plan: name -> (task, arch, input side, batch sizes).
-MODELS: Dict[str, Dict[str, Any]] = {
+MODELS: dict[str, dict[str, Any]] = {
     "vit-s-224": {"task": "cls", "arch": "small", "img_size": 224, "batch_sizes": (1, 8, 64, 256)},
     "segmenter-512": {"task": "seg", "arch": "small", "img_size": 512, "batch_sizes": (1, 8)},
 }
@@ -114,33 +125,48 @@ TIME_LIMIT = 480.0
 COMPILE_BUDGET = 24 * 3600.0
 
 
-def _halves() -> List[List[str]]:
+def _halves() -> list[list[str]]:
     rest = [v for v in models.VARIANT_NAMES if v != "standard"]
-    return [rest[: len(rest) // 2], rest[len(rest) // 2:]]
+    return [rest[: len(rest) // 2], rest[len(rest) // 2 :]]
 
 
-def _quarters() -> List[List[str]]:
+def _quarters() -> list[list[str]]:
     rest = [v for v in models.VARIANT_NAMES if v != "standard"]
     n = -(-len(rest) // 4)
-    return [rest[i:i + n] for i in range(0, len(rest), n)]
+    return [rest[i : i + n] for i in range(0, len(rest), n)]
 
 
 #: The parts, in the order to run them: name -> model, backends, precisions and which variants (``standard`` is
 #: always added: the overhead baseline). Eager first: every variant and precision before any compilation.
-PARTS: Dict[str, Dict[str, Any]] = {
+PARTS: dict[str, dict[str, Any]] = {
     "eager-a": {"model": "vit-s-224", "backends": ("eager", *NOT_THERE), "dtypes": EAGER_DTYPES, "variants": 0},
     "eager-b": {"model": "vit-s-224", "backends": ("eager",), "dtypes": EAGER_DTYPES, "variants": 1},
     "seg-eager": {"model": "segmenter-512", "backends": ("eager",), "dtypes": EAGER_DTYPES, "variants": None},
-    **{f"compile-{i + 1}": {"model": "vit-s-224", "backends": ("eager", "compile"), "dtypes": COMPILE_DTYPES,
-                            "variants": ("quarter", i)} for i in range(4)},
-    "seg-compile-a": {"model": "segmenter-512", "backends": ("eager", "compile"), "dtypes": COMPILE_DTYPES,
-                      "variants": 0},
-    "seg-compile-b": {"model": "segmenter-512", "backends": ("eager", "compile"), "dtypes": COMPILE_DTYPES,
-                      "variants": 1},
+    **{
+        f"compile-{i + 1}": {
+            "model": "vit-s-224",
+            "backends": ("eager", "compile"),
+            "dtypes": COMPILE_DTYPES,
+            "variants": ("quarter", i),
+        }
+        for i in range(4)
+    },
+    "seg-compile-a": {
+        "model": "segmenter-512",
+        "backends": ("eager", "compile"),
+        "dtypes": COMPILE_DTYPES,
+        "variants": 0,
+    },
+    "seg-compile-b": {
+        "model": "segmenter-512",
+        "backends": ("eager", "compile"),
+        "dtypes": COMPILE_DTYPES,
+        "variants": 1,
+    },
 }
 
 
-def _variants(spec: Any) -> List[str]:
+def _variants(spec: Any) -> list[str]:
     if spec is None:
         return list(models.VARIANT_NAMES)
     if isinstance(spec, tuple):
@@ -148,10 +174,20 @@ def _variants(spec: Any) -> List[str]:
     return ["standard", *_halves()[spec]]
 
 
-def part_settings(part: str, out: Path, *, variants: Optional[Sequence[str]] = None, arch: Optional[str] = None,
-                  img_size: Optional[int] = None, batch_sizes: Optional[Sequence[int]] = None,
-                  min_time: float = MIN_TIME, time_limit: Optional[float] = TIME_LIMIT, device: str = "auto",
-                  threads: Optional[int] = None, cache_dir: Optional[Path] = None):
+def part_settings(
+    part: str,
+    out: Path,
+    *,
+    variants: Sequence[str] | None = None,
+    arch: str | None = None,
+    img_size: int | None = None,
+    batch_sizes: Sequence[int] | None = None,
+    min_time: float = MIN_TIME,
+    time_limit: float | None = TIME_LIMIT,
+    device: str = "auto",
+    threads: int | None = None,
+    cache_dir: Path | None = None,
+):
     """The :class:`attnzoo.benchmarks.run.Settings` of ``part`` (the overrides shrink it: ``--variants`` a subset,
     ``--arch``/``--img-size``/``--batch-sizes`` a smaller model, as the CPU test does).
 
@@ -166,17 +202,28 @@ def part_settings(part: str, out: Path, *, variants: Optional[Sequence[str]] = N
     if variants:
         chosen = [v for v in chosen if v in variants]
     command = ["python", "benchmarks/gpu_plan.py", "--part", part]
-    return bench_run.Settings(variants=list(dict.fromkeys(["standard", *chosen])), backends=list(spec["backends"]),
-                              dtypes=list(spec["dtypes"]), batch_sizes=list(batch_sizes or model["batch_sizes"]),
-                              task=model["task"], arch=arch or model["arch"], img_size=img_size or model["img_size"],
-                              threads=threads or len(os.sched_getaffinity(0)), min_time=min_time,
-                              out=Path(out) / spec["model"],
-                              cache_dir=cache_dir or default_cache_dir() / "bench-latency", device=device,
-                              compile_budget=COMPILE_BUDGET, ceiling_size=0, time_limit=time_limit, progress=False,
-                              command=" ".join(command))
+    return bench_run.Settings(
+        variants=list(dict.fromkeys(["standard", *chosen])),
+        backends=list(spec["backends"]),
+        dtypes=list(spec["dtypes"]),
+        batch_sizes=list(batch_sizes or model["batch_sizes"]),
+        task=model["task"],
+        arch=arch or model["arch"],
+        img_size=img_size or model["img_size"],
+        threads=threads or len(os.sched_getaffinity(0)),
+        min_time=min_time,
+        out=Path(out) / spec["model"],
+        cache_dir=cache_dir or default_cache_dir() / "bench-latency",
+        device=device,
+        compile_budget=COMPILE_BUDGET,
+        ceiling_size=0,
+        time_limit=time_limit,
+        progress=False,
+        command=" ".join(command),
+    )
 
 
-def run_part(part: str, out: Path, **overrides: Any) -> Dict[str, Any]:
+def run_part(part: str, out: Path, **overrides: Any) -> dict[str, Any]:
     """Run ``part`` (resuming its rows in ``out``), write its model's results; return the result."""
     settings = part_settings(part, out, **overrides)
     result = bench_run.run_benchmark(settings)
@@ -184,7 +231,7 @@ def run_part(part: str, out: Path, **overrides: Any) -> Dict[str, Any]:
     return result
 
 
-def status(out: Path, **overrides: Any) -> List[Dict[str, Any]]:
+def status(out: Path, **overrides: Any) -> list[dict[str, Any]]:
     """Per part: the rows it asks for, how many of them are in the results in ``out`` (measured, failed, built or
     skipped with their reason: nothing left to do) and how many were measured (``ok``)."""
     lines = []
@@ -193,15 +240,22 @@ def status(out: Path, **overrides: Any) -> List[Dict[str, Any]]:
         wanted = {(v, b, d, n) for v in s.variants for b in s.backends for d in s.dtypes for n in s.batch_sizes}
         written, ok = set(), set()
         log = Path(s.out) / LOG_NAME
-        for record in (read_log(log)[0] if log.is_file() else []):
+        for record in read_log(log)[0] if log.is_file() else []:
             r = record["row"] if record["kind"] == "row" else None
             if r and "--compile-budget" not in r["reason"]:
                 key = (r["variant"], r["backend"], r["dtype"], r["batch"])
                 written.add(key)
                 if r["status"] == "ok":
                     ok.add(key)
-        lines.append({"part": part, "model": PARTS[part]["model"], "rows": len(wanted), "done": len(wanted & written),
-                      "ok": len(wanted & ok)})
+        lines.append(
+            {
+                "part": part,
+                "model": PARTS[part]["model"],
+                "rows": len(wanted),
+                "done": len(wanted & written),
+                "ok": len(wanted & ok),
+            }
+        )
     return lines
 
 
@@ -210,8 +264,7 @@ def _copy(out: Path, to: Path) -> None:
     for model in MODELS:
         src = out / model
         if src.is_dir():
-            shutil.copytree(src, to / out.name / model, dirs_exist_ok=True,
-                            ignore=shutil.ignore_patterns(".results-*"))
+            shutil.copytree(src, to / out.name / model, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".results-*"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -232,12 +285,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 @entry_point
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the parts asked for, one after the other; print what is finished."""
     a = add_debug_flag(build_parser()).parse_args(argv)
-    overrides = {"variants": a.variants.split(",") if a.variants else None, "arch": a.arch,
-                 "img_size": a.img_size, "min_time": a.min_time, "device": a.device, "threads": a.threads,
-                 "batch_sizes": [int(b) for b in a.batch_sizes.split(",")] if a.batch_sizes else None}
+    overrides = {
+        "variants": a.variants.split(",") if a.variants else None,
+        "arch": a.arch,
+        "img_size": a.img_size,
+        "min_time": a.min_time,
+        "device": a.device,
+        "threads": a.threads,
+        "batch_sizes": [int(b) for b in a.batch_sizes.split(",")] if a.batch_sizes else None,
+    }
     bad = [p for p in a.part if p not in PARTS]
     if bad or not (a.part or a.list):
         raise UsageError(f"unknown part {', '.join(map(repr, bad)) or '(none given)'}; valid: {', '.join(PARTS)}")
@@ -249,8 +308,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if result["interrupted"]["signal"]:
                 break
     for line in status(a.out, **overrides):
-        print(f"{line['part']:>14}  {line['model']:<14} {line['done']:>4} / {line['rows']:<4} rows done, "
-              f"{line['ok']} measured")
+        print(
+            f"{line['part']:>14}  {line['model']:<14} {line['done']:>4} / {line['rows']:<4} rows done, "
+            f"{line['ok']} measured"
+        )
     if a.copy_to is not None:
         _copy(a.out, a.copy_to)
     return 0

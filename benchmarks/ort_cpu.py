@@ -11,13 +11,12 @@ import os
 import tempfile
 from collections import defaultdict
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
 from attnzoo.benchmarks.timing import measure_pair
 from attnzoo.lazy import lazy_import
-from attnzoo.runtime.sessions import session_options, ort_session
+from attnzoo.runtime.sessions import ort_session, session_options
 
 onnx = lazy_import("onnx")
 ort = lazy_import("onnxruntime")
@@ -30,7 +29,7 @@ def _session(path: Path, so):
     return ort_session(path, "cpu", options=so)
 
 
-def naive_cpu_session(onnx_path: Path, threads: int, profile_prefix: Optional[str] = None):
+def naive_cpu_session(onnx_path: Path, threads: int, profile_prefix: str | None = None):
     """The unmodified export with graph optimizations off (the profiling baseline: the ops as exported).
 
     Threads, execution mode and spinning match the tuned session, so a comparison isolates the graph work.
@@ -66,29 +65,32 @@ def quantize_int8(onnx_path: Path, out_path: Path) -> Path:
     return out_path
 
 
-def _aggregate(profile_file: str, skip_runs: int) -> Tuple[int, Dict[str, float], List[Tuple[str, str, float]]]:
+def _aggregate(profile_file: str, skip_runs: int) -> tuple[int, dict[str, float], list[tuple[str, str, float]]]:
     """ORT profile JSON -> (runs counted, op type -> ms per run, top nodes as (name, op, ms per run)).
 
     The first ``skip_runs`` runs (warm-up) are left out using the profiler's ``model_run`` events.
     """
     with open(profile_file, encoding="utf-8") as fh:
         events = json.load(fh)
-    runs = sorted((ev["ts"], ev["ts"] + ev["dur"]) for ev in events
-                  if ev.get("cat") == "Session" and ev.get("name") == "model_run")
+    runs = sorted(
+        (ev["ts"], ev["ts"] + ev["dur"])
+        for ev in events
+        if ev.get("cat") == "Session" and ev.get("name") == "model_run"
+    )
     start = runs[skip_runs - 1][1] if 0 < skip_runs <= len(runs) else 0
     counted = max(len(runs) - skip_runs, 1)
-    by_op: Dict[str, float] = defaultdict(float)
-    by_node: Dict[Tuple[str, str], float] = defaultdict(float)
+    by_op: dict[str, float] = defaultdict(float)
+    by_node: dict[tuple[str, str], float] = defaultdict(float)
     for ev in events:
         if ev.get("cat") == "Node" and ev.get("name", "").endswith("_kernel_time") and ev["ts"] >= start:
             op = ev.get("args", {}).get("op_name", "?")
             by_op[op] += ev["dur"] / 1e3 / counted
-            by_node[(ev["name"][:-len("_kernel_time")], op)] += ev["dur"] / 1e3 / counted
+            by_node[(ev["name"][: -len("_kernel_time")], op)] += ev["dur"] / 1e3 / counted
     top = sorted(((n, op, ms) for (n, op), ms in by_node.items()), key=lambda t: -t[2])[:15]
     return counted, dict(sorted(by_op.items(), key=lambda kv: -kv[1])), top
 
 
-def profile_ops(sess_factory, x: np.ndarray, runs: int = 10, warmup: int = 3) -> Dict[str, object]:
+def profile_ops(sess_factory, x: np.ndarray, runs: int = 10, warmup: int = 3) -> dict[str, object]:
     """Profile ``runs`` inferences (after ``warmup``) of a session built by ``sess_factory(profile_prefix)``.
 
     Returns:
@@ -101,11 +103,10 @@ def profile_ops(sess_factory, x: np.ndarray, runs: int = 10, warmup: int = 3) ->
         for _ in range(warmup + runs):
             sess.run(None, feed)
         counted, ops, top = _aggregate(sess.end_profiling(), warmup)
-    return {"runs": counted, "ms_per_run": float(sum(ops.values())), "ops": ops,
-            "top_nodes": [list(t) for t in top]}
+    return {"runs": counted, "ms_per_run": float(sum(ops.values())), "ops": ops, "top_nodes": [list(t) for t in top]}
 
 
-def gemm_gflops(threads: int, m: int = 8 * 197, k: int = 192, n: int = 768, seconds: float = 0.5) -> Dict[str, float]:
+def gemm_gflops(threads: int, m: int = 8 * 197, k: int = 192, n: int = 768, seconds: float = 0.5) -> dict[str, float]:
     """fp32 GEMM throughput of PyTorch (``F.linear``) and ONNX Runtime (``MatMul``) on one ViT-Ti fc1 shape.
 
     The default shape is ``blocks.*.mlp.fc1`` at batch 8: (8 * 197, 192) x (192, 768). Returns GFLOP/s of
@@ -113,22 +114,31 @@ def gemm_gflops(threads: int, m: int = 8 * 197, k: int = 192, n: int = 768, seco
     """
     x = torch.randn(m, k)
     w = torch.randn(n, k)
-    graph = onnx.helper.make_graph([onnx.helper.make_node("MatMul", ["x", "w"], ["y"])], "gemm",
-                                   [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [m, k])],
-                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [m, n])],
-                                   [onnx.numpy_helper.from_array(w.T.contiguous().numpy(), "w")])
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "gemm",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [m, k])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [m, n])],
+        [onnx.numpy_helper.from_array(w.T.contiguous().numpy(), "w")],
+    )
     proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 20)], ir_version=10)
-    sess = ort.InferenceSession(proto.SerializeToString(), session_options(threads, "all", spinning=False),
-                                providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(
+        proto.SerializeToString(), session_options(threads, "all", spinning=False), providers=["CPUExecutionProvider"]
+    )
     feed = {"x": x.numpy()}
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         with torch.inference_mode():
-            t_torch, t_ort = measure_pair(lambda: torch.nn.functional.linear(x, w), lambda: sess.run(None, feed),
-                                          seconds)
+            t_torch, t_ort = measure_pair(
+                lambda: torch.nn.functional.linear(x, w), lambda: sess.run(None, feed), seconds
+            )
     finally:
         torch.set_num_threads(previous)
     flop = 2.0 * m * k * n
-    return {"shape": [m, k, n], "threads": threads, "torch_gflops": flop / float(np.median(t_torch)) / 1e9,
-            "onnxruntime_gflops": flop / float(np.median(t_ort)) / 1e9}
+    return {
+        "shape": [m, k, n],
+        "threads": threads,
+        "torch_gflops": flop / float(np.median(t_torch)) / 1e9,
+        "onnxruntime_gflops": flop / float(np.median(t_ort)) / 1e9,
+    }

@@ -18,28 +18,87 @@ import math
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any
 
 from attnzoo.benchmarks.rowlog import LOG_NAME, RowLog
 from attnzoo.fileio import atomic_write_bytes
 from attnzoo.machine import cpu_summary
 
-__all__ = ["ROW_FIELDS", "OVERHEAD_FIELDS", "OUTPUTS", "LOG_NAME", "RowLog", "ceiling_line", "scope_line", "markdown",
-           "write_outputs", "charts_unavailable", "plot_latency", "plot_efficiency", "plot_overhead",
-           "profile_markdown"]
+__all__ = [
+    "ROW_FIELDS",
+    "OVERHEAD_FIELDS",
+    "OUTPUTS",
+    "LOG_NAME",
+    "RowLog",
+    "ceiling_line",
+    "scope_line",
+    "markdown",
+    "write_outputs",
+    "charts_unavailable",
+    "plot_latency",
+    "plot_efficiency",
+    "plot_overhead",
+    "profile_markdown",
+]
 
 #: Columns of a latency row (CSV and JSON ``results``), in order.
-ROW_FIELDS = ("variant", "task", "arch", "backend", "dtype", "batch", "status", "reason", "parity_error",
-              "parity_tol", "iterations", "min_ms", "median_ms", "mean_ms", "p90_ms", "p95_ms", "p99_ms",
-              "max_ms", "cv", "throughput_img_s", "peak_mem_mb", "mem_kind", "baseline", "speedup_vs_eager",
-              "speedup_vs_eager_fp32", "speedup_pair_median", "speedup_pair_q1", "speedup_pair_q3", "speedup_pairs",
-              "cuda_graph",
-              "build_s", "gflop", "achieved_gflops", "ceiling_gflops", "ceiling_fraction", "roofline_us",
-              "roofline_fraction", "device", "load_1min")
+ROW_FIELDS = (
+    "variant",
+    "task",
+    "arch",
+    "backend",
+    "dtype",
+    "batch",
+    "status",
+    "reason",
+    "parity_error",
+    "parity_tol",
+    "iterations",
+    "min_ms",
+    "median_ms",
+    "mean_ms",
+    "p90_ms",
+    "p95_ms",
+    "p99_ms",
+    "max_ms",
+    "cv",
+    "throughput_img_s",
+    "peak_mem_mb",
+    "mem_kind",
+    "baseline",
+    "speedup_vs_eager",
+    "speedup_vs_eager_fp32",
+    "speedup_pair_median",
+    "speedup_pair_q1",
+    "speedup_pair_q3",
+    "speedup_pairs",
+    "cuda_graph",
+    "build_s",
+    "gflop",
+    "achieved_gflops",
+    "ceiling_gflops",
+    "ceiling_fraction",
+    "roofline_us",
+    "roofline_fraction",
+    "device",
+    "load_1min",
+)
 #: Columns of an overhead row (variant against standard, A B A B alternation).
-OVERHEAD_FIELDS = ("variant", "backend", "dtype", "batch", "pairs", "ratio_median", "ratio_q1", "ratio_q3",
-                   "ratio_iqr", "variant_median_ms", "standard_median_ms")
+OVERHEAD_FIELDS = (
+    "variant",
+    "backend",
+    "dtype",
+    "batch",
+    "pairs",
+    "ratio_median",
+    "ratio_q1",
+    "ratio_q3",
+    "ratio_iqr",
+    "variant_median_ms",
+    "standard_median_ms",
+)
 
 
 def _fmt(v: Any, digits: int = 2) -> str:
@@ -69,8 +128,12 @@ def markdown(result: Mapping[str, Any]) -> str:
     """All tables of a run: latency, speed-up pivot, overhead vs standard, skipped and failed backends."""
     rows = result["results"]
     ok = [r for r in rows if r["status"] == "ok"]
-    parts = [f"# bench-latency: {result['settings']['task']} / {result['settings']['arch']}", "",
-             f"Command: `{result['command']}`", ""]
+    parts = [
+        f"# bench-latency: {result['settings']['task']} / {result['settings']['arch']}",
+        "",
+        f"Command: `{result['command']}`",
+        "",
+    ]
     if result.get("interrupted"):
         what = "Interrupted" if result["interrupted"].get("signal") else "Not finished"
         parts += [f"**{what}: {_esc(result['interrupted']['note'])}.**", ""]
@@ -79,62 +142,154 @@ def markdown(result: Mapping[str, Any]) -> str:
     parts += [result["note"], ""]
     env = result["environment"]
     gpu = env.get("gpu")
-    parts.append(f"CPU: {cpu_summary(env['cpu'])}, {env['cpu']['usable_cores']} usable cores; GPU: "
-                 f"{gpu['name'] + ' driver ' + str(gpu['driver']) if gpu else 'none'}; load average at start "
-                 f"{env['load_average']}, at end {result.get('load_average_end')}; "
-                 f"threads {result['settings']['threads']}. Every number here holds for this machine only.")
+    parts.append(
+        f"CPU: {cpu_summary(env['cpu'])}, {env['cpu']['usable_cores']} usable cores; GPU: "
+        f"{gpu['name'] + ' driver ' + str(gpu['driver']) if gpu else 'none'}; load average at start "
+        f"{env['load_average']}, at end {result.get('load_average_end')}; "
+        f"threads {result['settings']['threads']}. Every number here holds for this machine only."
+    )
     parts += ["", ceiling_line(result.get("ceiling"))]
     phases = result.get("phases_s")
     if phases:
-        parts.append(f"\nWhere this run's {result['wall_time_s']:.0f} s went (s): "
-                     + "; ".join(f"{_esc(k)} {v:.1f}" for k, v in phases.items()) + ".")
+        parts.append(
+            f"\nWhere this run's {result['wall_time_s']:.0f} s went (s): "
+            + "; ".join(f"{_esc(k)} {v:.1f}" for k, v in phases.items())
+            + "."
+        )
     gemm = env.get("gemm_gflops")
     if gemm:
-        parts.append(f"\nfp32 GEMM {' x '.join(map(str, gemm['shape']))} ({gemm['threads']} thread(s)): PyTorch "
-                     f"{gemm['torch_gflops']:.0f} GFLOP/s, ONNX Runtime {gemm['onnxruntime_gflops']:.0f} GFLOP/s.")
+        parts.append(
+            f"\nfp32 GEMM {' x '.join(map(str, gemm['shape']))} ({gemm['threads']} thread(s)): PyTorch "
+            f"{gemm['torch_gflops']:.0f} GFLOP/s, ONNX Runtime {gemm['onnxruntime_gflops']:.0f} GFLOP/s."
+        )
     parts += ["", "## Latency (ms; throughput in images/s)", ""]
-    header = ["variant", "backend", "dtype", "batch", "median", "min", "mean", "p90", "p95", "p99", "CV",
-              "img/s", "mem MB", "vs", "x eager", "x eager (pairs) [Q1, Q3]", "x eager fp32", "GFLOP/s",
-              "% ceiling", "% roof", "parity err"]
-    parts.append(markdown_table(header, [[r["variant"], r["backend"], r["dtype"], str(r["batch"]), _fmt(r["median_ms"]),
-                                  _fmt(r["min_ms"]), _fmt(r["mean_ms"]), _fmt(r["p90_ms"]), _fmt(r["p95_ms"]),
-                                  _fmt(r["p99_ms"]), _fmt(r["cv"], 3), _fmt(r["throughput_img_s"], 1),
-                                  _fmt(r["peak_mem_mb"], 1), _fmt(r.get("baseline")), _fmt(r["speedup_vs_eager"]),
-                                  _pair(r), _fmt(r.get("speedup_vs_eager_fp32")),
-                                  _fmt(r.get("achieved_gflops"), 1), _percent(r.get("ceiling_fraction")),
-                                  _percent(r.get("roofline_fraction")),
-                                  f"{r['parity_error']:.1e}"] for r in ok], escape=True))
+    header = [
+        "variant",
+        "backend",
+        "dtype",
+        "batch",
+        "median",
+        "min",
+        "mean",
+        "p90",
+        "p95",
+        "p99",
+        "CV",
+        "img/s",
+        "mem MB",
+        "vs",
+        "x eager",
+        "x eager (pairs) [Q1, Q3]",
+        "x eager fp32",
+        "GFLOP/s",
+        "% ceiling",
+        "% roof",
+        "parity err",
+    ]
+    parts.append(
+        markdown_table(
+            header,
+            [
+                [
+                    r["variant"],
+                    r["backend"],
+                    r["dtype"],
+                    str(r["batch"]),
+                    _fmt(r["median_ms"]),
+                    _fmt(r["min_ms"]),
+                    _fmt(r["mean_ms"]),
+                    _fmt(r["p90_ms"]),
+                    _fmt(r["p95_ms"]),
+                    _fmt(r["p99_ms"]),
+                    _fmt(r["cv"], 3),
+                    _fmt(r["throughput_img_s"], 1),
+                    _fmt(r["peak_mem_mb"], 1),
+                    _fmt(r.get("baseline")),
+                    _fmt(r["speedup_vs_eager"]),
+                    _pair(r),
+                    _fmt(r.get("speedup_vs_eager_fp32")),
+                    _fmt(r.get("achieved_gflops"), 1),
+                    _percent(r.get("ceiling_fraction")),
+                    _percent(r.get("roofline_fraction")),
+                    f"{r['parity_error']:.1e}",
+                ]
+                for r in ok
+            ],
+            escape=True,
+        )
+    )
     if any(r.get("roofline_fraction") is not None for r in ok):
-        parts += ["", "`% roof` = the roofline lower bound of the row's forward pass on this GPU at the row's "
-                  "precision (attnzoo.benchmarks.roofline: dense datasheet peaks, fp32 on CUDA cores, tf32/fp16/bf16 "
-                  "on tensor cores, HBM bandwidth) / its median latency."]
+        parts += [
+            "",
+            "`% roof` = the roofline lower bound of the row's forward pass on this GPU at the row's "
+            "precision (attnzoo.benchmarks.roofline: dense datasheet peaks, fp32 on CUDA cores, tf32/fp16/bf16 "
+            "on tensor cores, HBM bandwidth) / its median latency.",
+        ]
     flops = result.get("flops") or {}
     if flops:
-        parts += ["", "Counted GFLOP per image (one count per variant, on the eager model; every backend's row "
-                  "uses it): " + ", ".join(f"{_esc(v)} {f['flops_per_image'] / 1e9:.3f}" for v, f in flops.items())
-                  + f". Counter: {_esc(next(iter(flops.values()))['counter'])}."]
+        parts += [
+            "",
+            "Counted GFLOP per image (one count per variant, on the eager model; every backend's row "
+            "uses it): "
+            + ", ".join(f"{_esc(v)} {f['flops_per_image'] / 1e9:.3f}" for v, f in flops.items())
+            + f". Counter: {_esc(next(iter(flops.values()))['counter'])}.",
+        ]
     fastest = result.get("fastest_cpu") or []
     if fastest:
-        parts += ["", "## Fastest fp32 CPU runtime on this machine (per variant and batch: the largest speed-up "
-                  "over eager fp32)", "",
-                  markdown_table(["variant", "batch", "fastest", "median ms", "x eager", "runner-up", "x runner-up",
-                          "decided by"],
-                         [[f["variant"], str(f["batch"]), f["backend"], _fmt(f["median_ms"]), _fmt(f["x_eager"]),
-                           f["runner_up"] or "-", _fmt(f["x_runner_up"]), f["how"] or "-"] for f in fastest],
-                         escape=True)]
+        parts += [
+            "",
+            "## Fastest fp32 CPU runtime on this machine (per variant and batch: the largest speed-up over eager fp32)",
+            "",
+            markdown_table(
+                ["variant", "batch", "fastest", "median ms", "x eager", "runner-up", "x runner-up", "decided by"],
+                [
+                    [
+                        f["variant"],
+                        str(f["batch"]),
+                        f["backend"],
+                        _fmt(f["median_ms"]),
+                        _fmt(f["x_eager"]),
+                        f["runner_up"] or "-",
+                        _fmt(f["x_runner_up"]),
+                        f["how"] or "-",
+                    ]
+                    for f in fastest
+                ],
+                escape=True,
+            ),
+        ]
     pivot = _speedup_pivot(ok)
     if pivot:
-        parts += ["", "## Speed-up over eager PyTorch (same variant and batch, eager at the row's precision where "
-                  "that row ran, else fp32: the table's 'vs'; median of per-pair ratios of an eager/backend A B A B "
-                  "run, else ratio of medians)", "",
-                  pivot]
+        parts += [
+            "",
+            "## Speed-up over eager PyTorch (same variant and batch, eager at the row's precision where "
+            "that row ran, else fp32: the table's 'vs'; median of per-pair ratios of an eager/backend A B A B "
+            "run, else ratio of medians)",
+            "",
+            pivot,
+        ]
     over = result.get("overheads", [])
     if over:
         parts += ["", "## Overhead vs standard (median of per-pair ratios of an A B A B run; [Q1, Q3])", ""]
-        parts.append(markdown_table(["variant", "backend", "dtype", "batch", "ratio", "Q1", "Q3", "pairs"],
-                            [[o["variant"], o["backend"], o["dtype"], str(o["batch"]), _fmt(o["ratio_median"], 3),
-                              _fmt(o["ratio_q1"], 3), _fmt(o["ratio_q3"], 3), str(o["pairs"])] for o in over],
-                                    escape=True))
+        parts.append(
+            markdown_table(
+                ["variant", "backend", "dtype", "batch", "ratio", "Q1", "Q3", "pairs"],
+                [
+                    [
+                        o["variant"],
+                        o["backend"],
+                        o["dtype"],
+                        str(o["batch"]),
+                        _fmt(o["ratio_median"], 3),
+                        _fmt(o["ratio_q1"], 3),
+                        _fmt(o["ratio_q3"], 3),
+                        str(o["pairs"]),
+                    ]
+                    for o in over
+                ],
+                escape=True,
+            )
+        )
     bad = [r for r in rows if r["status"] != "ok"]
     if bad:
         parts += ["", "## Skipped and failed", ""]
@@ -169,16 +324,19 @@ def ceiling_line(ceiling: Any) -> str:
     n = ceiling["shape"][0]
     libs = ", ".join(f"{k} {v['median_gflops']:.0f}" for k, v in ceiling["fp32"]["by_library"].items())
     end = ceiling.get("fp32_end_gflops")
-    text = (f"Matmul ceiling ({n}x{n}x{n}, {ceiling['threads']} thread(s), median call): fp32 "
-            f"{ceiling['fp32']['gflops']:.1f} GFLOP/s ({ceiling['fp32']['library']}; by library: {libs}"
-            f"{f'; {end:.1f} at the end of the run' if end else ''})")
+    text = (
+        f"Matmul ceiling ({n}x{n}x{n}, {ceiling['threads']} thread(s), median call): fp32 "
+        f"{ceiling['fp32']['gflops']:.1f} GFLOP/s ({ceiling['fp32']['library']}; by library: {libs}"
+        f"{f'; {end:.1f} at the end of the run' if end else ''})"
+    )
     int8 = ceiling["int8"]
     if int8.get("status") == "measured":
         text += f"; int8 {int8['gops']:.1f} GOP/s ({int8['library']} MatMulInteger, {int8['isa']})"
     else:
         text += f"; int8 not measured: {int8.get('reason')}"
-    return text + (". `% ceiling` = counted FLOPs / median latency / the ceiling of the row's precision "
-                   "(CPU rows only).")
+    return text + (
+        ". `% ceiling` = counted FLOPs / median latency / the ceiling of the row's precision (CPU rows only)."
+    )
 
 
 def _pair(r: Mapping[str, Any]) -> str:
@@ -187,16 +345,24 @@ def _pair(r: Mapping[str, Any]) -> str:
     return f"{r['speedup_pair_median']:.2f} [{r['speedup_pair_q1']:.2f}, {r['speedup_pair_q3']:.2f}]"
 
 
-def _speedup_pivot(ok: List[Mapping[str, Any]]) -> str:
-    cols = sorted({(r["backend"], r["dtype"], r["batch"]) for r in ok
-                   if r["speedup_vs_eager"] is not None and r["backend"] != "eager"},
-                  key=lambda c: (c[2], c[0], c[1]))
+def _speedup_pivot(ok: list[Mapping[str, Any]]) -> str:
+    cols = sorted(
+        {
+            (r["backend"], r["dtype"], r["batch"])
+            for r in ok
+            if r["speedup_vs_eager"] is not None and r["backend"] != "eager"
+        },
+        key=lambda c: (c[2], c[0], c[1]),
+    )
     if not cols:
         return ""
     variants = list(dict.fromkeys(r["variant"] for r in ok))
-    lookup = {(r["variant"], r["backend"], r["dtype"], r["batch"]):
-              r["speedup_pair_median"] if r.get("speedup_pair_median") is not None else r["speedup_vs_eager"]
-              for r in ok}
+    lookup = {
+        (r["variant"], r["backend"], r["dtype"], r["batch"]): r["speedup_pair_median"]
+        if r.get("speedup_pair_median") is not None
+        else r["speedup_vs_eager"]
+        for r in ok
+    }
     rows = [[v] + [_fmt(lookup.get((v, *c))) for c in cols] for v in variants]
     return markdown_table(["variant"] + [f"{b} {d} b{n}" for b, d, n in cols], rows, escape=True)
 
@@ -210,23 +376,31 @@ def _csv(rows: Sequence[Mapping[str, Any]], fields: Sequence[str]) -> str:
 
 
 #: Every file of a run's output set (``write_outputs``), by name: written together, none left from an older set.
-OUTPUTS: Dict[str, str] = {"markdown": "results.md", "csv": "results.csv", "overheads_csv": "overheads.csv",
-                           "json": "results.json", "latency_png": "latency.png", "overhead_png": "overhead.png",
-                           "efficiency_png": "efficiency.png", "profile": "ort_profile.md"}
+OUTPUTS: dict[str, str] = {
+    "markdown": "results.md",
+    "csv": "results.csv",
+    "overheads_csv": "overheads.csv",
+    "json": "results.json",
+    "latency_png": "latency.png",
+    "overhead_png": "overhead.png",
+    "efficiency_png": "efficiency.png",
+    "profile": "ort_profile.md",
+}
 
 
-def charts_unavailable() -> Optional[str]:
+def charts_unavailable() -> str | None:
     """Why no PNG chart can be drawn here (matplotlib is not installed), or ``None``."""
     return None if importlib.util.find_spec("matplotlib") else "matplotlib is not installed: no PNG charts"
 
 
-def _render(result: Mapping[str, Any], profiles: Sequence[Mapping[str, Any]]) -> Dict[str, Tuple[str, Any]]:
+def _render(result: Mapping[str, Any], profiles: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str, Any]]:
     """Every output of ``result``: name -> (file name, bytes or a function drawing the file at a path)."""
-    files: Dict[str, Tuple[str, Any]] = {
+    files: dict[str, tuple[str, Any]] = {
         "markdown": (OUTPUTS["markdown"], markdown(result).encode()),
         "csv": (OUTPUTS["csv"], _csv(result["results"], ROW_FIELDS).encode()),
         "overheads_csv": (OUTPUTS["overheads_csv"], _csv(result.get("overheads", []), OVERHEAD_FIELDS).encode()),
-        "json": (OUTPUTS["json"], (json.dumps(result, indent=1, allow_nan=False, default=str) + "\n").encode())}
+        "json": (OUTPUTS["json"], (json.dumps(result, indent=1, allow_nan=False, default=str) + "\n").encode()),
+    }
     if profiles:
         files["profile"] = (OUTPUTS["profile"], profile_markdown(profiles).encode())
     ok = [r for r in result["results"] if r["status"] == "ok"]
@@ -241,7 +415,7 @@ def _render(result: Mapping[str, Any], profiles: Sequence[Mapping[str, Any]]) ->
     return files
 
 
-def write_outputs(result: Mapping[str, Any], out_dir: Path) -> Dict[str, Path]:
+def write_outputs(result: Mapping[str, Any], out_dir: Path) -> dict[str, Path]:
     """Write the output set of ``result`` -- ``results.md``, ``results.csv``, ``overheads.csv``, ``results.json``,
     ``ort_profile.md`` when profiled, the PNG charts (not for an interrupted run, nor without matplotlib) -- as one
     set: every file is written into a temporary folder in ``out_dir`` first, then renamed into place, and the files of
@@ -265,8 +439,11 @@ def write_outputs(result: Mapping[str, Any], out_dir: Path) -> Dict[str, Path]:
                         f.flush()
                         os.fsync(f.fileno())
             except OSError as exc:
-                raise OSError(exc.errno, f"could not write {name} of the results ({exc.strerror or exc}); "
-                                         f"the results already in {out_dir} were left as they were") from None
+                raise OSError(
+                    exc.errno,
+                    f"could not write {name} of the results ({exc.strerror or exc}); "
+                    f"the results already in {out_dir} were left as they were",
+                ) from None
         for name, _ in files.values():
             os.replace(tmp / name, out_dir / name)
         for name in set(OUTPUTS.values()) - {name for name, _ in files.values()}:
@@ -314,10 +491,11 @@ def plot_latency(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     series = list(dict.fromkeys((r["backend"], r["dtype"]) for r in rows))
     variants = list(dict.fromkeys(r["variant"] for r in rows))
     lookup = {(r["variant"], r["backend"], r["dtype"], r["batch"]): r for r in rows}
-    fig, axes = plt.subplots(len(batches), 1, figsize=(max(8, 0.75 * len(variants) + 3), 3.6 * len(batches)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(batches), 1, figsize=(max(8, 0.75 * len(variants) + 3), 3.6 * len(batches)), squeeze=False
+    )
     width = 0.8 / max(len(series), 1)
-    for ax, batch in zip(axes[:, 0], batches):
+    for ax, batch in zip(axes[:, 0], batches, strict=False):
         for i, (backend, dtype) in enumerate(series):
             xs, med, err = [], [], []
             for j, v in enumerate(variants):
@@ -339,18 +517,25 @@ def plot_efficiency(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     series = list(dict.fromkeys((r["backend"], r["dtype"]) for r in rows))
     variants = list(dict.fromkeys(r["variant"] for r in rows))
     lookup = {(r["variant"], r["backend"], r["dtype"], r["batch"]): r for r in rows}
-    fig, axes = plt.subplots(len(batches), 1, figsize=(max(8, 0.75 * len(variants) + 3), 3.6 * len(batches)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(batches), 1, figsize=(max(8, 0.75 * len(variants) + 3), 3.6 * len(batches)), squeeze=False
+    )
     width = 0.8 / max(len(series), 1)
-    for ax, batch in zip(axes[:, 0], batches):
+    for ax, batch in zip(axes[:, 0], batches, strict=False):
         for i, (backend, dtype) in enumerate(series):
-            hits = [(j, lookup[(v, backend, dtype, batch)]) for j, v in enumerate(variants)
-                    if (v, backend, dtype, batch) in lookup]
-            ax.bar([j + (i - (len(series) - 1) / 2) * width for j, _ in hits],
-                   [100 * r["ceiling_fraction"] for _, r in hits], width, label=f"{backend} {dtype}")
+            hits = [
+                (j, lookup[(v, backend, dtype, batch)])
+                for j, v in enumerate(variants)
+                if (v, backend, dtype, batch) in lookup
+            ]
+            ax.bar(
+                [j + (i - (len(series) - 1) / 2) * width for j, _ in hits],
+                [100 * r["ceiling_fraction"] for _, r in hits],
+                width,
+                label=f"{backend} {dtype}",
+            )
         ax.axhline(100, color="k", lw=0.8)
-        _style(ax, f"batch {batch}: counted GFLOP/s as % of this machine's matmul ceiling", "% of ceiling",
-               variants)
+        _style(ax, f"batch {batch}: counted GFLOP/s as % of this machine's matmul ceiling", "% of ceiling", variants)
     return _save_fig(fig, path)
 
 
@@ -391,24 +576,43 @@ def _op_table(naive: Mapping[str, Any], tuned: Mapping[str, Any], top: int = 12)
 
 def profile_markdown(profiles: Sequence[Mapping[str, Any]]) -> str:
     """ONNX Runtime profiler summary: the unoptimized export vs the tuned ``ort-cpu`` session."""
-    parts = ["# ONNX Runtime CPU profile (ORT profiler, kernel time per run summed by op type)", "",
-             "naive = the export as written, graph optimizations off (ORT_DISABLE_ALL); tuned = the `ort-cpu` "
-             "backend (saved ORT_ENABLE_EXTENDED graph loaded with ORT_ENABLE_ALL, batch fixed). Both: the run's "
-             "intra-op threads, one inter-op thread, sequential, no spinning. Kernel time excludes the session's "
-             "own overhead between kernels.", "",
-             markdown_table(["variant", "batch", "naive ms/run", "tuned ms/run", "naive top ops", "tuned top ops"],
-                    [[p["variant"], str(p["batch"]), f"{p['naive']['ms_per_run']:.2f}",
-                      f"{p['tuned']['ms_per_run']:.2f}", _top3(p["naive"]), _top3(p["tuned"])] for p in profiles])]
+    parts = [
+        "# ONNX Runtime CPU profile (ORT profiler, kernel time per run summed by op type)",
+        "",
+        "naive = the export as written, graph optimizations off (ORT_DISABLE_ALL); tuned = the `ort-cpu` "
+        "backend (saved ORT_ENABLE_EXTENDED graph loaded with ORT_ENABLE_ALL, batch fixed). Both: the run's "
+        "intra-op threads, one inter-op thread, sequential, no spinning. Kernel time excludes the session's "
+        "own overhead between kernels.",
+        "",
+        markdown_table(
+            ["variant", "batch", "naive ms/run", "tuned ms/run", "naive top ops", "tuned top ops"],
+            [
+                [
+                    p["variant"],
+                    str(p["batch"]),
+                    f"{p['naive']['ms_per_run']:.2f}",
+                    f"{p['tuned']['ms_per_run']:.2f}",
+                    _top3(p["naive"]),
+                    _top3(p["tuned"]),
+                ]
+                for p in profiles
+            ],
+        ),
+    ]
     for p in profiles:
         if p["variant"] == "standard":
-            parts += ["", f"## standard, batch {p['batch']}", "", _op_table(p["naive"], p["tuned"]), "",
-                      "Slowest tuned nodes: " + "; ".join(f"`{n}` ({op}) {ms:.2f} ms"
-                                                          for n, op, ms in p["tuned"]["top_nodes"][:6])]
+            parts += [
+                "",
+                f"## standard, batch {p['batch']}",
+                "",
+                _op_table(p["naive"], p["tuned"]),
+                "",
+                "Slowest tuned nodes: "
+                + "; ".join(f"`{n}` ({op}) {ms:.2f} ms" for n, op, ms in p["tuned"]["top_nodes"][:6]),
+            ]
     return "\n".join(parts) + "\n"
 
 
 def _top3(prof: Mapping[str, Any]) -> str:
     total = prof["ms_per_run"] or 1.0
     return ", ".join(f"{op} {100 * ms / total:.0f}%" for op, ms in list(prof["ops"].items())[:3])
-
-

@@ -20,9 +20,10 @@ at batch 1 the small models here are far below a launch-bound latency.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any
 
 from attnzoo.benchmarks.report import markdown_table
 from attnzoo.lazy import lazy_import
@@ -31,11 +32,22 @@ from attnzoo.runtime.backends import backend_names, get_backend
 torch = lazy_import("torch")
 bench_flops = lazy_import("attnzoo.benchmarks.flops")  # torch and timm: bench-latency --help loads without them
 
-__all__ = ["GPU", "GPUS", "GPU_ALIASES", "PRECISIONS", "WIDTH", "resolve_gpus", "gpu_key", "bound",
-           "roofline", "markdown", "against_results"]
+__all__ = [
+    "GPU",
+    "GPUS",
+    "GPU_ALIASES",
+    "PRECISIONS",
+    "WIDTH",
+    "resolve_gpus",
+    "gpu_key",
+    "bound",
+    "roofline",
+    "markdown",
+    "against_results",
+]
 
 #: Storage width in bytes of every tensor at each precision.
-WIDTH: Dict[str, int] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "int8": 1, "fp8": 1}
+WIDTH: dict[str, int] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "int8": 1, "fp8": 1}
 PRECISIONS = tuple(WIDTH)
 
 
@@ -56,36 +68,58 @@ class GPU:
     dram_gb_s: float
     fp32_tflops: float
     fp16_vector_tflops: float
-    tensor_tflops: Mapping[str, Optional[float]]
+    tensor_tflops: Mapping[str, float | None]
     source: str
 
 
-_H100_DATASHEET = ("NVIDIA H100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h100); its tensor-core "
-                   "figures are with 2:4 sparsity, the dense ones stored here are half")
+_H100_DATASHEET = (
+    "NVIDIA H100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h100); its tensor-core "
+    "figures are with 2:4 sparsity, the dense ones stored here are half"
+)
 _HOPPER_WHITEPAPER = "non-tensor FP16: NVIDIA H100 Tensor Core GPU Architecture whitepaper, table 2"
 
 #: The peak table, stored once. Dense tensor-core peaks (datasheet sparse figure / 2).
-GPUS: Dict[str, GPU] = {
-    "h100-sxm": GPU("NVIDIA H100 SXM5 80 GB (HBM3)", 3350.0, 67.0, 133.8,
-                    {"tf32": 494.5, "fp16": 989.5, "bf16": 989.5, "fp8": 1979.0, "int8": 1979.0},
-                    f"{_H100_DATASHEET}; {_HOPPER_WHITEPAPER}"),
-    "h100-pcie": GPU("NVIDIA H100 PCIe 80 GB (HBM2e)", 2000.0, 51.0, 102.4,
-                     {"tf32": 378.0, "fp16": 756.5, "bf16": 756.5, "fp8": 1513.0, "int8": 1513.0},
-                     f"{_H100_DATASHEET} (2022 edition, PCIe column); {_HOPPER_WHITEPAPER}"),
-    "h200": GPU("NVIDIA H200 SXM 141 GB (HBM3e)", 4800.0, 67.0, 133.8,
-                {"tf32": 494.5, "fp16": 989.5, "bf16": 989.5, "fp8": 1979.0, "int8": 1979.0},
-                "NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200), tensor-core figures "
-                "with sparsity, dense = half; non-tensor FP16 as H100 SXM5 (the same GH100 configuration and "
-                "clocks; the H200 datasheet does not list it)"),
-    "a100": GPU("NVIDIA A100 SXM4 80 GB (HBM2e)", 2039.0, 19.5, 78.0,
-                {"tf32": 156.0, "fp16": 312.0, "bf16": 312.0, "fp8": None, "int8": 624.0},
-                "NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf, dense "
-                "figures); non-tensor FP16: NVIDIA A100 Tensor Core GPU Architecture whitepaper, table 1"),
+GPUS: dict[str, GPU] = {
+    "h100-sxm": GPU(
+        "NVIDIA H100 SXM5 80 GB (HBM3)",
+        3350.0,
+        67.0,
+        133.8,
+        {"tf32": 494.5, "fp16": 989.5, "bf16": 989.5, "fp8": 1979.0, "int8": 1979.0},
+        f"{_H100_DATASHEET}; {_HOPPER_WHITEPAPER}",
+    ),
+    "h100-pcie": GPU(
+        "NVIDIA H100 PCIe 80 GB (HBM2e)",
+        2000.0,
+        51.0,
+        102.4,
+        {"tf32": 378.0, "fp16": 756.5, "bf16": 756.5, "fp8": 1513.0, "int8": 1513.0},
+        f"{_H100_DATASHEET} (2022 edition, PCIe column); {_HOPPER_WHITEPAPER}",
+    ),
+    "h200": GPU(
+        "NVIDIA H200 SXM 141 GB (HBM3e)",
+        4800.0,
+        67.0,
+        133.8,
+        {"tf32": 494.5, "fp16": 989.5, "bf16": 989.5, "fp8": 1979.0, "int8": 1979.0},
+        "NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200), tensor-core figures "
+        "with sparsity, dense = half; non-tensor FP16 as H100 SXM5 (the same GH100 configuration and "
+        "clocks; the H200 datasheet does not list it)",
+    ),
+    "a100": GPU(
+        "NVIDIA A100 SXM4 80 GB (HBM2e)",
+        2039.0,
+        19.5,
+        78.0,
+        {"tf32": 156.0, "fp16": 312.0, "bf16": 312.0, "fp8": None, "int8": 624.0},
+        "NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf, dense "
+        "figures); non-tensor FP16: NVIDIA A100 Tensor Core GPU Architecture whitepaper, table 1",
+    ),
 }
 GPU_ALIASES = {"h100": "h100-sxm", "a100-sxm": "a100"}
 
 
-def gpu_key(device_name: str) -> Optional[str]:
+def gpu_key(device_name: str) -> str | None:
     """The table key of a CUDA device name (``torch.cuda.get_device_name``), or ``None`` if not in the table."""
     n = device_name.lower()
     if "h200" in n:
@@ -97,7 +131,7 @@ def gpu_key(device_name: str) -> Optional[str]:
     return None
 
 
-def resolve_gpus(value: str) -> List[str]:
+def resolve_gpus(value: str) -> list[str]:
     """``all``, ``auto`` (the GPU present) or comma-separated keys/aliases -> table keys.
 
     Raises:
@@ -112,14 +146,15 @@ def resolve_gpus(value: str) -> List[str]:
             name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
             key = gpu_key(name) if name else None
             if key is None:
-                raise ValueError(f"--roofline auto: {'no CUDA GPU here' if name is None else repr(name)} is not "
-                                 f"in the peak table; name one of: {', '.join([*GPUS, *GPU_ALIASES])}")
+                raise ValueError(
+                    f"--roofline auto: {'no CUDA GPU here' if name is None else repr(name)} is not "
+                    f"in the peak table; name one of: {', '.join([*GPUS, *GPU_ALIASES])}"
+                )
             out.append(key)
         elif n in GPUS or n in GPU_ALIASES:
             out.append(GPU_ALIASES.get(n, n))
         else:
-            raise ValueError(f"unknown GPU {n!r} for --roofline; valid: all, auto, "
-                             f"{', '.join([*GPUS, *GPU_ALIASES])}")
+            raise ValueError(f"unknown GPU {n!r} for --roofline; valid: all, auto, {', '.join([*GPUS, *GPU_ALIASES])}")
     if not out:
         raise ValueError("--roofline needs a GPU name")
     return list(dict.fromkeys(out))
@@ -132,7 +167,7 @@ def _peaks(gpu: GPU, precision: str):
     return (None if matrix is None else matrix * 1e12), vector
 
 
-def bound(matrix_flops: float, vector_ops: float, bytes_moved: float, gpu: GPU, precision: str) -> Dict[str, Any]:
+def bound(matrix_flops: float, vector_ops: float, bytes_moved: float, gpu: GPU, precision: str) -> dict[str, Any]:
     """The roofline of one forward pass on ``gpu`` at ``precision``.
 
     Returns:
@@ -144,16 +179,33 @@ def bound(matrix_flops: float, vector_ops: float, bytes_moved: float, gpu: GPU, 
     memory_s = bytes_moved / (gpu.dram_gb_s * 1e9)
     intensity = (matrix_flops + vector_ops) / bytes_moved if bytes_moved else float("inf")
     if matrix is None:
-        return {"compute_s": None, "memory_s": memory_s, "bound_s": None, "limited_by": "unsupported",
-                "intensity": intensity, "ridge": None}
+        return {
+            "compute_s": None,
+            "memory_s": memory_s,
+            "bound_s": None,
+            "limited_by": "unsupported",
+            "intensity": intensity,
+            "ridge": None,
+        }
     compute_s = max(matrix_flops / matrix, vector_ops / vector)
-    return {"compute_s": compute_s, "memory_s": memory_s, "bound_s": max(compute_s, memory_s),
-            "limited_by": "compute" if compute_s >= memory_s else "memory", "intensity": intensity,
-            "ridge": matrix / (gpu.dram_gb_s * 1e9)}
+    return {
+        "compute_s": compute_s,
+        "memory_s": memory_s,
+        "bound_s": max(compute_s, memory_s),
+        "limited_by": "compute" if compute_s >= memory_s else "memory",
+        "intensity": intensity,
+        "ridge": matrix / (gpu.dram_gb_s * 1e9),
+    }
 
 
-def roofline(variants: Sequence[str], task: str, arch: str, batch_sizes: Sequence[int], gpus: Sequence[str],
-             precisions: Sequence[str] = PRECISIONS) -> Dict[str, Any]:
+def roofline(
+    variants: Sequence[str],
+    task: str,
+    arch: str,
+    batch_sizes: Sequence[int],
+    gpus: Sequence[str],
+    precisions: Sequence[str] = PRECISIONS,
+) -> dict[str, Any]:
     """Counts and bounds of every (variant, batch) on every GPU and precision (the ``--roofline`` result)."""
     models, rows = [], []
     for variant in variants:
@@ -164,42 +216,84 @@ def roofline(variants: Sequence[str], task: str, arch: str, batch_sizes: Sequenc
             for precision in precisions:
                 nbytes = c.bytes(WIDTH[precision])
                 for key in gpus:
-                    rows.append({"variant": variant, "batch": batch, "gpu": key, "precision": precision,
-                                 "matrix_flops": c.matrix_flops, "vector_ops": c.vector_ops, "bytes": nbytes,
-                                 **bound(c.matrix_flops, c.vector_ops, nbytes, GPUS[key], precision)})
-    return {"task": task, "arch": arch, "gpus": {k: asdict(GPUS[k]) for k in gpus},
-            "precisions": list(precisions), "widths": {p: WIDTH[p] for p in precisions},
-            "models": models, "rows": rows}
+                    rows.append(
+                        {
+                            "variant": variant,
+                            "batch": batch,
+                            "gpu": key,
+                            "precision": precision,
+                            "matrix_flops": c.matrix_flops,
+                            "vector_ops": c.vector_ops,
+                            "bytes": nbytes,
+                            **bound(c.matrix_flops, c.vector_ops, nbytes, GPUS[key], precision),
+                        }
+                    )
+    return {
+        "task": task,
+        "arch": arch,
+        "gpus": {k: asdict(GPUS[k]) for k in gpus},
+        "precisions": list(precisions),
+        "widths": {p: WIDTH[p] for p in precisions},
+        "models": models,
+        "rows": rows,
+    }
 
 
-def _us(seconds: Optional[float]) -> str:
+def _us(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e6:,.1f}"
 
 
-def markdown(result: Dict[str, Any], against: Optional[List[Dict[str, Any]]] = None) -> str:
+def markdown(result: dict[str, Any], against: list[dict[str, Any]] | None = None) -> str:
     """The tables: counts per model, then per GPU the bound (µs) per precision, c/m = compute/memory bound."""
     precisions = result["precisions"]
     widths = sorted({result["widths"][p] for p in precisions}, reverse=True)
     label = {w: "/".join(p for p in precisions if result["widths"][p] == w) for w in widths}
     counts = markdown_table(
-        ["variant", "batch", "matrix GFLOP", "vector Gop", *[f"MB moved, {label[w]}" for w in widths],
-         *[f"FLOP/B, {label[w]}" for w in widths]],
-        [[m["variant"], str(m["batch"]), f"{m['matrix_flops'] / 1e9:.3f}", f"{m['vector_ops'] / 1e9:.3f}",
-          *[f"{(m['activation_elements'] + m['weight_elements']) * w / 1e6:.1f}" for w in widths],
-          *[f"{(m['matrix_flops'] + m['vector_ops']) / ((m['activation_elements'] + m['weight_elements']) * w):.0f}"
-            for w in widths]] for m in result["models"]])
-    parts = [f"# Roofline lower bounds: {result['arch']} {result['task']}", "",
-             "bound = max(matrix FLOPs / matrix peak, vector ops / vector peak, bytes / DRAM bandwidth); "
-             "dense peaks from the datasheets (attnzoo.benchmarks.roofline.GPUS). Bytes: weights + activations "
-             "under the fused-kernel traffic model (attnzoo.benchmarks.flops), every tensor at the precision's "
-             "width. Launch overhead is not included.", "", counts, ""]
+        [
+            "variant",
+            "batch",
+            "matrix GFLOP",
+            "vector Gop",
+            *[f"MB moved, {label[w]}" for w in widths],
+            *[f"FLOP/B, {label[w]}" for w in widths],
+        ],
+        [
+            [
+                m["variant"],
+                str(m["batch"]),
+                f"{m['matrix_flops'] / 1e9:.3f}",
+                f"{m['vector_ops'] / 1e9:.3f}",
+                *[f"{(m['activation_elements'] + m['weight_elements']) * w / 1e6:.1f}" for w in widths],
+                *[
+                    f"{(m['matrix_flops'] + m['vector_ops']) / ((m['activation_elements'] + m['weight_elements']) * w):.0f}"
+                    for w in widths
+                ],
+            ]
+            for m in result["models"]
+        ],
+    )
+    parts = [
+        f"# Roofline lower bounds: {result['arch']} {result['task']}",
+        "",
+        "bound = max(matrix FLOPs / matrix peak, vector ops / vector peak, bytes / DRAM bandwidth); "
+        "dense peaks from the datasheets (attnzoo.benchmarks.roofline.GPUS). Bytes: weights + activations "
+        "under the fused-kernel traffic model (attnzoo.benchmarks.flops), every tensor at the precision's "
+        "width. Launch overhead is not included.",
+        "",
+        counts,
+        "",
+    ]
     cell = {(r["variant"], r["batch"], r["gpu"], r["precision"]): r for r in result["rows"]}
     for key, gpu in result["gpus"].items():
-        peaks = ", ".join(f"{p} {gpu['fp32_tflops'] if p == 'fp32' else gpu['tensor_tflops'].get(p) or '-'}"
-                          for p in precisions)
-        parts += [f"## {gpu['name']}: lower bound in µs (c = compute-bound, m = memory-bound)", "",
-                  f"Peaks (TFLOP/s, dense): {peaks}; DRAM {gpu['dram_gb_s']:,.0f} GB/s. Source: {gpu['source']}.",
-                  ""]
+        peaks = ", ".join(
+            f"{p} {gpu['fp32_tflops'] if p == 'fp32' else gpu['tensor_tflops'].get(p) or '-'}" for p in precisions
+        )
+        parts += [
+            f"## {gpu['name']}: lower bound in µs (c = compute-bound, m = memory-bound)",
+            "",
+            f"Peaks (TFLOP/s, dense): {peaks}; DRAM {gpu['dram_gb_s']:,.0f} GB/s. Source: {gpu['source']}.",
+            "",
+        ]
         rows = []
         for m in result["models"]:
             line = [m["variant"], str(m["batch"])]
@@ -209,11 +303,38 @@ def markdown(result: Dict[str, Any], against: Optional[List[Dict[str, Any]]] = N
             rows.append(line)
         parts += [markdown_table(["variant", "batch", *precisions], rows), ""]
     if against:
-        parts += ["## Measured against the bound", "",
-                  markdown_table(["variant", "backend", "dtype", "batch", "GPU", "bound precision", "bound µs",
-                          "measured µs", "fraction of the roof"],
-                         [[a["variant"], a["backend"], a["dtype"], str(a["batch"]), a["gpu"], a["precision"],
-                           _us(a["bound_s"]), _us(a["measured_s"]), f"{a['fraction']:.1%}"] for a in against]), ""]
+        parts += [
+            "## Measured against the bound",
+            "",
+            markdown_table(
+                [
+                    "variant",
+                    "backend",
+                    "dtype",
+                    "batch",
+                    "GPU",
+                    "bound precision",
+                    "bound µs",
+                    "measured µs",
+                    "fraction of the roof",
+                ],
+                [
+                    [
+                        a["variant"],
+                        a["backend"],
+                        a["dtype"],
+                        str(a["batch"]),
+                        a["gpu"],
+                        a["precision"],
+                        _us(a["bound_s"]),
+                        _us(a["measured_s"]),
+                        f"{a['fraction']:.1%}",
+                    ]
+                    for a in against
+                ],
+            ),
+            "",
+        ]
     return "\n".join(parts)
 
 
@@ -222,7 +343,7 @@ def markdown(result: Dict[str, Any], against: Optional[List[Dict[str, Any]]] = N
 _BOUND_OF_DTYPE = {p: p for p in PRECISIONS}
 
 
-def against_results(result: Dict[str, Any], results_json: Path) -> List[Dict[str, Any]]:
+def against_results(result: dict[str, Any], results_json: Path) -> list[dict[str, Any]]:
     """Measured GPU rows of a ``bench-latency`` results.json as fractions of this roofline's bounds.
 
     Rows are matched on variant, batch and (mapped) precision, for the GPU the results were measured on.
@@ -234,12 +355,15 @@ def against_results(result: Dict[str, Any], results_json: Path) -> List[Dict[str
     name = ((data.get("environment") or {}).get("gpu") or {}).get("name")
     key = gpu_key(name) if name else None
     if key is None or key not in result["gpus"]:
-        raise ValueError(f"{results_json}: measured on {name or 'no GPU'}; --roofline covers "
-                         f"{', '.join(result['gpus'])}")
+        raise ValueError(
+            f"{results_json}: measured on {name or 'no GPU'}; --roofline covers {', '.join(result['gpus'])}"
+        )
     settings = data.get("settings", {})
     if (settings.get("arch"), settings.get("task")) != (result["arch"], result["task"]):
-        raise ValueError(f"{results_json}: {settings.get('arch')} {settings.get('task')} results, but the roofline "
-                         f"is for {result['arch']} {result['task']} (use the same --arch/--task)")
+        raise ValueError(
+            f"{results_json}: {settings.get('arch')} {settings.get('task')} results, but the roofline "
+            f"is for {result['arch']} {result['task']} (use the same --arch/--task)"
+        )
     cell = {(r["variant"], r["batch"], r["precision"]): r for r in result["rows"] if r["gpu"] == key}
     out = []
 
@@ -252,7 +376,17 @@ def against_results(result: Dict[str, Any], results_json: Path) -> List[Dict[str
         if r is None or r["bound_s"] is None:
             continue
         measured = row["median_ms"] / 1e3
-        out.append({"variant": row["variant"], "backend": row["backend"], "dtype": row["dtype"],
-                    "batch": row["batch"], "gpu": key, "precision": r["precision"], "bound_s": r["bound_s"],
-                    "measured_s": measured, "fraction": r["bound_s"] / measured})
+        out.append(
+            {
+                "variant": row["variant"],
+                "backend": row["backend"],
+                "dtype": row["dtype"],
+                "batch": row["batch"],
+                "gpu": key,
+                "precision": r["precision"],
+                "bound_s": r["bound_s"],
+                "measured_s": measured,
+                "fraction": r["bound_s"] / measured,
+            }
+        )
     return out

@@ -22,8 +22,9 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any
 
 from attnzoo.fileio import parse_json
 from attnzoo.limits import MAX_BATCH_SIZE
@@ -42,10 +43,33 @@ ROW_STATUSES = ("ok", "failed", "built", "skipped")
 #: A variant, backend or precision name (the registry's names are all of this form).
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}\Z")
 #: Row fields that are a number >= 0 or null.
-_ROW_NUMBERS = ("parity_error", "parity_tol", "min_ms", "median_ms", "mean_ms", "p90_ms", "p95_ms", "p99_ms",
-                "max_ms", "cv", "throughput_img_s", "peak_mem_mb", "speedup_vs_eager", "speedup_vs_eager_fp32",
-                "speedup_pair_median", "speedup_pair_q1", "speedup_pair_q3", "build_s", "gflop", "achieved_gflops",
-                "ceiling_gflops", "ceiling_fraction", "roofline_us", "roofline_fraction", "load_1min")
+_ROW_NUMBERS = (
+    "parity_error",
+    "parity_tol",
+    "min_ms",
+    "median_ms",
+    "mean_ms",
+    "p90_ms",
+    "p95_ms",
+    "p99_ms",
+    "max_ms",
+    "cv",
+    "throughput_img_s",
+    "peak_mem_mb",
+    "speedup_vs_eager",
+    "speedup_vs_eager_fp32",
+    "speedup_pair_median",
+    "speedup_pair_q1",
+    "speedup_pair_q3",
+    "build_s",
+    "gflop",
+    "achieved_gflops",
+    "ceiling_gflops",
+    "ceiling_fraction",
+    "roofline_us",
+    "roofline_fraction",
+    "load_1min",
+)
 #: Row fields that are text or null.
 _ROW_TEXTS = ("mem_kind", "baseline", "device")
 #: An ``ok`` row's latency statistics, in the order their values must be.
@@ -105,16 +129,26 @@ _NUM = "a number >= 0"
 _NAME_NEED = "a name of letters, digits and _ . + -"
 
 
-def _check_asks(asks: Any) -> Dict[str, Any]:
+def _check_asks(asks: Any) -> dict[str, Any]:
     _field(asks, "variants", lambda v: _list_of(_is_name)(v) and v, f"a list of names ({_NAME_NEED})", "asks")
-    _field(asks, "combos", lambda v: _list_of(lambda c: _list_of(_is_name)(c) and len(c) == 2)(v) and v,
-           "a list of [backend, precision] names", "asks")
-    _field(asks, "batch_sizes", lambda v: _list_of(_is_int(1, MAX_BATCH_SIZE))(v) and v,
-           f"a list of batch sizes 1..{MAX_BATCH_SIZE}", "asks")
+    _field(
+        asks,
+        "combos",
+        lambda v: _list_of(lambda c: _list_of(_is_name)(c) and len(c) == 2)(v) and v,
+        "a list of [backend, precision] names",
+        "asks",
+    )
+    _field(
+        asks,
+        "batch_sizes",
+        lambda v: _list_of(_is_int(1, MAX_BATCH_SIZE))(v) and v,
+        f"a list of batch sizes 1..{MAX_BATCH_SIZE}",
+        "asks",
+    )
     return asks
 
 
-def _check_row(record: Dict[str, Any], key: Mapping[str, Any], asked: "_Asked") -> None:
+def _check_row(record: dict[str, Any], key: Mapping[str, Any], asked: _Asked) -> None:
     r = _field(record, "row", _is_dict, "a JSON object")
     for name in ("variant", "backend", "dtype"):
         _field(r, name, _is_name, _NAME_NEED, "row")
@@ -128,27 +162,28 @@ def _check_row(record: Dict[str, Any], key: Mapping[str, Any], asked: "_Asked") 
     for name in _ROW_TEXTS:
         _field(r, name, _opt(_is_text), "text or null", "row")
     for name in ("iterations", "speedup_pairs"):
-        _field(r, name, _opt(_is_int(1, 10 ** 9)), "a positive integer or null", "row")
+        _field(r, name, _opt(_is_int(1, 10**9)), "a positive integer or null", "row")
     _field(r, "cuda_graph", _opt(lambda v: isinstance(v, bool)), "true, false or null", "row")
     if "info" in r:
         _field(r, "info", _is_dict, "a JSON object", "row")
     if not asked.has(r["variant"], r["backend"], r["dtype"], batch):
-        raise _Bad(f"a row for {r['variant']} {r['backend']} {r['dtype']} batch {batch}, which no run line before it "
-                   "asked for")
+        raise _Bad(
+            f"a row for {r['variant']} {r['backend']} {r['dtype']} batch {batch}, which no run line before it asked for"
+        )
     if status == "ok":
         _check_timing(r)
     overhead = record.get("overhead")
     if overhead is not None:
         for name in ("variant", "backend", "dtype", "batch"):
             _field(overhead, name, lambda v, n=name: v == r[n], f"the row's {_show(r[name])}", "overhead")
-        _field(overhead, "pairs", _is_int(2, 10 ** 9), "an integer >= 2", "overhead")
+        _field(overhead, "pairs", _is_int(2, 10**9), "an integer >= 2", "overhead")
         for name in _OVERHEAD_NUMBERS:
             _field(overhead, name, _is_num, _NUM, "overhead")
 
 
-def _check_timing(r: Dict[str, Any]) -> None:
+def _check_timing(r: dict[str, Any]) -> None:
     """An ``ok`` row's statistics, as :func:`attnzoo.benchmarks.stats.summarize` makes them: all there, in order."""
-    _field(r, "iterations", _is_int(2, 10 ** 9), "an integer >= 2 for an ok row", "row")
+    _field(r, "iterations", _is_int(2, 10**9), "an integer >= 2 for an ok row", "row")
     for name in (*_ORDERED, "mean_ms", "cv", "throughput_img_s"):
         _field(r, name, _is_num, f"{_NUM} for an ok row", "row")
     values = [r[name] for name in _ORDERED]
@@ -161,15 +196,14 @@ def _check_timing(r: Dict[str, Any]) -> None:
         raise _Bad(f"row.throughput_img_s {r['throughput_img_s']:g} is not batch / mean_ms ({expected:g})")
 
 
-def _check_ceiling(record: Dict[str, Any]) -> None:
+def _check_ceiling(record: dict[str, Any]) -> None:
     c = _field(record, "ceiling", _is_dict, "a JSON object")
     _field(c, "threads", _is_int(1, 4096), "a thread count", "ceiling")
     _field(c, "shape", lambda v: _list_of(_is_int(1, 1 << 20))(v) and len(v) == 3, "[n, n, n]", "ceiling")
     fp32 = _field(c, "fp32", _is_dict, "a JSON object", "ceiling")
     _field(fp32, "gflops", _is_num, _NUM, "ceiling.fp32")
     _field(fp32, "library", _is_name, _NAME_NEED, "ceiling.fp32")
-    libs = _field(fp32, "by_library", lambda v: _is_dict(v) and all(map(_is_name, v)), "a JSON object",
-                  "ceiling.fp32")
+    libs = _field(fp32, "by_library", lambda v: _is_dict(v) and all(map(_is_name, v)), "a JSON object", "ceiling.fp32")
     for lib in libs.values():
         _field(lib, "median_gflops", _is_num, _NUM, "ceiling.fp32.by_library")
     int8 = _field(c, "int8", _is_dict, "a JSON object", "ceiling")
@@ -183,7 +217,7 @@ def _check_ceiling(record: Dict[str, Any]) -> None:
         _field(c, "fp32_end_gflops", _opt(_is_num), f"{_NUM} or null", "ceiling")
 
 
-def _check_flops(record: Dict[str, Any], asked: "_Asked") -> None:
+def _check_flops(record: dict[str, Any], asked: _Asked) -> None:
     variant = _field(record, "variant", _is_name, _NAME_NEED)
     if variant not in asked.variants:
         raise _Bad(f"a FLOP count for {variant}, which no run line before it asked for")
@@ -195,15 +229,19 @@ def _check_flops(record: Dict[str, Any], asked: "_Asked") -> None:
         raise _Bad(f"flops.by_op must map op names to {_NUM}")
 
 
-def _check_group(record: Dict[str, Any], asked: "_Asked") -> None:
+def _check_group(record: dict[str, Any], asked: _Asked) -> None:
     variant = _field(record, "variant", _is_name, _NAME_NEED)
     batch = _field(record, "batch", _is_int(1, MAX_BATCH_SIZE), f"an integer 1..{MAX_BATCH_SIZE}")
     if variant not in asked.variants or batch not in asked.batch_sizes:
         raise _Bad(f"a group for {variant} batch {batch}, which no run line before it asked for")
     for pair in _field(record, "pairs", _list_of(_is_dict), "a list of JSON objects"):
-        for name, ok, need in (("variant", lambda v: v == variant, "the group's"),
-                               ("batch", lambda v: v == batch, "the group's"), ("a", _is_name, _NAME_NEED),
-                               ("b", _is_name, _NAME_NEED), ("pairs", _is_int(2, 10 ** 9), "an integer >= 2")):
+        for name, ok, need in (
+            ("variant", lambda v: v == variant, "the group's"),
+            ("batch", lambda v: v == batch, "the group's"),
+            ("a", _is_name, _NAME_NEED),
+            ("b", _is_name, _NAME_NEED),
+            ("pairs", _is_int(2, 10**9), "an integer >= 2"),
+        ):
             _field(pair, name, ok, need, "pairs[]")
         for name in ("ratio_median", "ratio_q1", "ratio_q3", "ratio_iqr", "a_median_ms", "b_median_ms"):
             _field(pair, name, _is_num, _NUM, "pairs[]")
@@ -215,11 +253,24 @@ def _check_group(record: Dict[str, Any], asked: "_Asked") -> None:
         for side in ("naive", "tuned"):
             p = _field(profile, side, _is_dict, "a JSON object", "profiles[]")
             _field(p, "ms_per_run", _is_num, _NUM, f"profiles[].{side}")
-            _field(p, "ops", lambda v: _is_dict(v) and all(map(_is_num, v.values())),
-                   f"a JSON object of {_NUM}", f"profiles[].{side}")
-            _field(p, "top_nodes", _list_of(lambda n: isinstance(n, list) and len(n) == 3 and _is_text(n[0])
-                                             and _is_text(n[1]) and _is_num(n[2])),
-                   "a list of [node, op, ms]", f"profiles[].{side}")
+            _field(
+                p,
+                "ops",
+                lambda v: _is_dict(v) and all(map(_is_num, v.values())),
+                f"a JSON object of {_NUM}",
+                f"profiles[].{side}",
+            )
+            _field(
+                p,
+                "top_nodes",
+                _list_of(
+                    lambda n: (
+                        isinstance(n, list) and len(n) == 3 and _is_text(n[0]) and _is_text(n[1]) and _is_num(n[2])
+                    )
+                ),
+                "a list of [node, op, ms]",
+                f"profiles[].{side}",
+            )
     for name in ("head_to_head_errors", "profile_errors"):
         if name in record:
             _field(record, name, _list_of(_is_text), "a list of text")
@@ -229,10 +280,10 @@ class _Asked:
     """What the run lines read so far asked for (rows, counts and groups must be among it)."""
 
     def __init__(self) -> None:
-        self.variants: Set[str] = set()
-        self.combos: Set[Tuple[str, str]] = set()
-        self.batch_sizes: Set[int] = set()
-        self.runs: List[Tuple[Set[str], Set[Tuple[str, str]], Set[int]]] = []
+        self.variants: set[str] = set()
+        self.combos: set[tuple[str, str]] = set()
+        self.batch_sizes: set[int] = set()
+        self.runs: list[tuple[set[str], set[tuple[str, str]], set[int]]] = []
 
     def add(self, asks: Mapping[str, Any]) -> None:
         run = (set(asks["variants"]), {tuple(c) for c in asks["combos"]}, set(asks["batch_sizes"]))
@@ -245,10 +296,11 @@ class _Asked:
         return any(variant in v and (backend, dtype) in c and batch in b for v, c, b in self.runs)
 
 
-def _check(record: Any, first: Optional[Mapping[str, Any]], asked: _Asked) -> None:
+def _check(record: Any, first: Mapping[str, Any] | None, asked: _Asked) -> None:
     """Raise :class:`_Bad` unless ``record`` is a valid line after a first run line ``first``."""
-    kind = _field(record, "kind", lambda v: v in ("run", "row", "flops", "group", "ceiling"),
-                  "run, row, flops, group or ceiling")
+    kind = _field(
+        record, "kind", lambda v: v in ("run", "row", "flops", "group", "ceiling"), "run, row, flops, group or ceiling"
+    )
     if kind == "run":
         key = _field(record, "key", _is_dict, "a JSON object")
         if first is not None and key != first["key"]:
@@ -267,7 +319,7 @@ def _check(record: Any, first: Optional[Mapping[str, Any]], asked: _Asked) -> No
         _check_ceiling(record)
 
 
-def read_log(path: Path) -> Tuple[List[Dict[str, Any]], int]:
+def read_log(path: Path) -> tuple[list[dict[str, Any]], int]:
     """The records of the row log at ``path``, and the length in bytes of a torn last line (0 if none) that was
     left out.
 
@@ -279,8 +331,8 @@ def read_log(path: Path) -> Tuple[List[Dict[str, Any]], int]:
     size = path.stat().st_size
     if size > MAX_LOG_BYTES:
         raise ValueError(f"{path} is {size:,} bytes, over the {MAX_LOG_BYTES:,} a row log can be; use another --out")
-    records: List[Dict[str, Any]] = []
-    first: Optional[Dict[str, Any]] = None
+    records: list[dict[str, Any]] = []
+    first: dict[str, Any] | None = None
     asked = _Asked()
     torn = 0
     with open(path, "rb") as f:
@@ -291,8 +343,10 @@ def read_log(path: Path) -> Tuple[List[Dict[str, Any]], int]:
                 break
             number += 1
             if len(line) > MAX_LINE_BYTES:
-                raise ValueError(f"{path} line {number}: longer than {MAX_LINE_BYTES:,} bytes, not a row log line; "
-                                 f"nothing was changed: remove it, or delete {path.name} to measure from the start")
+                raise ValueError(
+                    f"{path} line {number}: longer than {MAX_LINE_BYTES:,} bytes, not a row log line; "
+                    f"nothing was changed: remove it, or delete {path.name} to measure from the start"
+                )
             if not line.endswith(b"\n"):  # the end of the file: a write torn by a kill
                 torn = len(line)
                 break
@@ -305,8 +359,10 @@ def read_log(path: Path) -> Tuple[List[Dict[str, Any]], int]:
                 first = first or record
                 records.append(record)
                 continue
-            raise ValueError(f"{path} line {number}: {why}; nothing was changed: correct or remove that line, or "
-                             f"delete {path.name} to measure from the start")
+            raise ValueError(
+                f"{path} line {number}: {why}; nothing was changed: correct or remove that line, or "
+                f"delete {path.name} to measure from the start"
+            )
     return records, torn
 
 
@@ -318,10 +374,9 @@ class RowLog:
     line that is not valid, it is refused and the file is left as it was.
     """
 
-    def __init__(self, path: Path, key: Mapping[str, Any], asks: Mapping[str, Any],
-                 header: Mapping[str, Any]) -> None:
+    def __init__(self, path: Path, key: Mapping[str, Any], asks: Mapping[str, Any], header: Mapping[str, Any]) -> None:
         self.path = Path(path)
-        self.records: List[Dict[str, Any]] = []
+        self.records: list[dict[str, Any]] = []
         self.torn = 0
         if self.path.is_file():
             self.records, self.torn = read_log(self.path)
@@ -329,9 +384,11 @@ class RowLog:
             if first and first["key"] != dict(key):
                 old = first["key"]
                 differ = sorted(k for k in set(old) | set(key) if old.get(k) != key.get(k))
-                raise ValueError(f"{self.path} holds rows measured with other settings (differing: "
-                                 f"{', '.join(differ)}); use another --out, or delete {self.path.name} to measure "
-                                 "from the start")
+                raise ValueError(
+                    f"{self.path} holds rows measured with other settings (differing: "
+                    f"{', '.join(differ)}); use another --out, or delete {self.path.name} to measure "
+                    "from the start"
+                )
             if self.torn:
                 os.truncate(self.path, self.path.stat().st_size - self.torn)
         self.earlier = len(self.records)
@@ -349,17 +406,21 @@ class RowLog:
     def close(self) -> None:
         os.close(self._fd)
 
-    def of(self, kind: str) -> List[Dict[str, Any]]:
+    def of(self, kind: str) -> list[dict[str, Any]]:
         """Every record of ``kind``, in order."""
         return [r for r in self.records if r.get("kind") == kind]
 
 
-def run_asks(variants: Sequence[str], backends: Sequence[str], dtypes: Sequence[str],
-         batch_sizes: Sequence[int]) -> Dict[str, Any]:
+def run_asks(
+    variants: Sequence[str], backends: Sequence[str], dtypes: Sequence[str], batch_sizes: Sequence[int]
+) -> dict[str, Any]:
     """A run's ``asks``: ``standard`` first among its variants (the overhead baseline) and eager fp32 first among
     its backend/precision pairs (the parity reference and every row's A/B baseline always run)."""
     combos = [[b, d] for b in backends for d in dtypes]
     if ["eager", "fp32"] not in combos:
         combos.insert(0, ["eager", "fp32"])
-    return {"variants": list(dict.fromkeys(["standard", *variants])), "combos": combos,
-            "batch_sizes": list(batch_sizes)}
+    return {
+        "variants": list(dict.fromkeys(["standard", *variants])),
+        "combos": combos,
+        "batch_sizes": list(batch_sizes),
+    }

@@ -22,28 +22,40 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import numpy as np
 import onnx
 
-from attnzoo.export.quantize import (CPU_QDQ_PLACEMENT, random_calibration, quantize_verified, extra_math_nodes,
-                                     quantize_unavailable_reason)
+from attnzoo.export.quantize import (
+    CPU_QDQ_PLACEMENT,
+    extra_math_nodes,
+    quantize_unavailable_reason,
+    quantize_verified,
+    random_calibration,
+)
 from attnzoo.export.verify import report_path
-from attnzoo.fileio import sha256_file, atomic_write_text
+from attnzoo.fileio import atomic_write_text, sha256_file
 from attnzoo.runtime.backends import Call, get_backend
 from attnzoo.runtime.openvino import nncf_int8
 from attnzoo.runtime.parity import tolerance_key
 from attnzoo.runtime.quantization_report import QuantizationReport
 
-__all__ = ["CALIBRATION_COUNT", "row_unavailable_reason", "tolerance_for", "load_call", "int8_onnx",
-           "int8_openvino", "extra_math"]
+__all__ = [
+    "CALIBRATION_COUNT",
+    "row_unavailable_reason",
+    "tolerance_for",
+    "load_call",
+    "int8_onnx",
+    "int8_openvino",
+    "extra_math",
+]
 
 #: Calibration images of the benchmark's int8 models (seeded standard normal: the models are random-init).
 CALIBRATION_COUNT = 32
 
 
-def row_unavailable_reason(backend: str, dtype: str, device: str) -> Optional[str]:
+def row_unavailable_reason(backend: str, dtype: str, device: str) -> str | None:
     """Why a ``backend`` row at ``dtype`` cannot run here, or ``None`` (a TensorRT engine that can be built but
     not run without a GPU is a row: "built, not run")."""
     b = get_backend(backend)
@@ -62,14 +74,17 @@ def tolerance_for(backend: str, dtype: str, device: str) -> str:
     return tolerance_key(dtype)
 
 
-def _calibration(config: Dict[str, Any]) -> Tuple[np.ndarray, str]:
+def _calibration(config: dict[str, Any]) -> tuple[np.ndarray, str]:
     size = int(config["img_size"])
-    return (random_calibration((size, size), CALIBRATION_COUNT, seed=0),
-            f"{CALIBRATION_COUNT} standard-normal images, seed 0 (random-init model: no data set)")
+    return (
+        random_calibration((size, size), CALIBRATION_COUNT, seed=0),
+        f"{CALIBRATION_COUNT} standard-normal images, seed 0 (random-init model: no data set)",
+    )
 
 
-def int8_onnx(onnx_path: Path, config: Dict[str, Any], cache_dir: Path,
-              placement: str = CPU_QDQ_PLACEMENT) -> Tuple[Path, Dict[str, Any]]:
+def int8_onnx(
+    onnx_path: Path, config: dict[str, Any], cache_dir: Path, placement: str = CPU_QDQ_PLACEMENT
+) -> tuple[Path, dict[str, Any]]:
     """ModelOpt's int8 Q/DQ model of a verified fp32 export, by default with the CPU placement (``export-model
     --dtype int8 --qdq-placement cpu``), verified as that command does it (Q/DQ placement, extra math fp32, finite
     outputs; not scored: random-init), cached per fp32 SHA-256 and placement.
@@ -79,7 +94,7 @@ def int8_onnx(onnx_path: Path, config: Dict[str, Any], cache_dir: Path,
     """
     out = Path(cache_dir) / "int8" / f"{onnx_path.stem}-{sha256_file(onnx_path)[:12]}.modelopt-int8-{placement}.onnx"
     out.parent.mkdir(parents=True, exist_ok=True)
-    report: Optional[QuantizationReport] = None
+    report: QuantizationReport | None = None
     if out.is_file() and report_path(out).is_file():
         try:
             report = QuantizationReport.from_json(report_path(out).read_text())
@@ -89,22 +104,39 @@ def int8_onnx(onnx_path: Path, config: Dict[str, Any], cache_dir: Path,
         calibration, source = _calibration(config)
         # min_cosine 0: the fidelity is measured and reported, not gated -- a random-init model calibrated on
         # random inputs is a speed subject, and every row passes the benchmark's own parity gate (int8-static)
-        report = QuantizationReport.from_dict(quantize_verified(
-            onnx_path, out, config, dtype="int8", calibration=calibration, calibration_source=source,
-            calibration_seed=0, measure_accuracy=False, placement=placement, min_cosine=0.0))
+        report = QuantizationReport.from_dict(
+            quantize_verified(
+                onnx_path,
+                out,
+                config,
+                dtype="int8",
+                calibration=calibration,
+                calibration_source=source,
+                calibration_seed=0,
+                measure_accuracy=False,
+                placement=placement,
+                min_cosine=0.0,
+            )
+        )
     qz = report.quantization
-    return out, {"quantizer": f"{qz.quantizer} {qz.quantizer_version}", "verified": report.verified,
-                 "placement": qz.options["placement"], "quantized_ops": qz.qdq["quantized_ops"],
-                 "excluded_extra_math": len(qz.excluded_nodes), "calibration": qz.calibration["source"],
-                 "fidelity": report.fidelity, "model": out.name}
+    return out, {
+        "quantizer": f"{qz.quantizer} {qz.quantizer_version}",
+        "verified": report.verified,
+        "placement": qz.options["placement"],
+        "quantized_ops": qz.qdq["quantized_ops"],
+        "excluded_extra_math": len(qz.excluded_nodes),
+        "calibration": qz.calibration["source"],
+        "fidelity": report.fidelity,
+        "model": out.name,
+    }
 
 
-def extra_math(onnx_path: Path, config: Optional[Dict[str, Any]] = None) -> List[str]:
+def extra_math(onnx_path: Path, config: dict[str, Any] | None = None) -> list[str]:
     """The names of the extra-math nodes of an export (:func:`attnzoo.export.quantize.extra_math_nodes`)."""
     return extra_math_nodes(onnx.load(str(onnx_path), load_external_data=False), config)
 
 
-def int8_openvino(onnx_path: Path, config: Dict[str, Any], cache_dir: Path) -> Tuple[Path, Dict[str, Any]]:
+def int8_openvino(onnx_path: Path, config: dict[str, Any], cache_dir: Path) -> tuple[Path, dict[str, Any]]:
     """NNCF's int8 OpenVINO IR of a verified fp32 export (extra math in the ignored scope, checked free of
     FakeQuantize; :func:`attnzoo.runtime.openvino.nncf_int8`), cached per fp32 SHA-256 with its report."""
     out = Path(cache_dir) / "int8" / f"{onnx_path.stem}-{sha256_file(onnx_path)[:12]}.nncf-int8.xml"
@@ -115,15 +147,27 @@ def int8_openvino(onnx_path: Path, config: Dict[str, Any], cache_dir: Path) -> T
     calibration, source = _calibration(config)
     extra = extra_math(onnx_path, config)
     facts = nncf_int8(onnx_path, out, calibration, ignored=extra)
-    facts.update(calibration=source, excluded_extra_math=len(extra),
-                 verified="NNCF model checked: FakeQuantize inserted, none feeding the extra math")
+    facts.update(
+        calibration=source,
+        excluded_extra_math=len(extra),
+        verified="NNCF model checked: FakeQuantize inserted, none feeding the extra math",
+    )
     atomic_write_text(facts_path, json.dumps(facts, indent=1) + "\n")
     return out, facts
 
 
-def load_call(backend: str, model: Any, onnx_path: Optional[Path], x: np.ndarray, dtype: str, *,
-              threads: int, device: str, cache_dir: Path,
-              int8_placement: str = CPU_QDQ_PLACEMENT) -> Tuple[Call, Dict[str, Any]]:
+def load_call(
+    backend: str,
+    model: Any,
+    onnx_path: Path | None,
+    x: np.ndarray,
+    dtype: str,
+    *,
+    threads: int,
+    device: str,
+    cache_dir: Path,
+    int8_placement: str = CPU_QDQ_PLACEMENT,
+) -> tuple[Call, dict[str, Any]]:
     """Load one row's model on ``backend`` and make its repeatable call on ``x``; the call owns its session
     (:meth:`attnzoo.runtime.backends.Call.close` frees it).
 
@@ -142,8 +186,8 @@ def load_call(backend: str, model: Any, onnx_path: Optional[Path], x: np.ndarray
         ``(call, info)``: the call and the settings the session ended up with (plus the int8 copy's facts).
     """
     b = get_backend(backend)
-    settings: Dict[str, Any] = dict(dtype=dtype, threads=threads, device=device)
-    int8: Dict[str, Any] = {}
+    settings: dict[str, Any] = dict(dtype=dtype, threads=threads, device=device)
+    int8: dict[str, Any] = {}
     if b.takes == "module":
         session = b.load(model, b.options(**settings))
     else:

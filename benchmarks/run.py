@@ -26,45 +26,59 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from attnzoo.benchmarks.roofline import GPUS, WIDTH, bound, gpu_key
-from attnzoo.errors import first_line
-from attnzoo.signals import Interrupted, Terminated
-
-from attnzoo.benchmarks.rows import load_call, row_unavailable_reason, tolerance_for
+from attnzoo.benchmarks import timing
 from attnzoo.benchmarks.ceiling import DEFAULT_SIZE, ceiling_for, fraction, matmul_ceiling
 from attnzoo.benchmarks.flops import count_flops, count_variant, meta_model
+from attnzoo.benchmarks.ort_cpu import gemm_gflops, naive_cpu_session, profile_ops
+from attnzoo.benchmarks.roofline import GPUS, WIDTH, bound, gpu_key
+from attnzoo.benchmarks.rowlog import LOG_NAME, RowLog, run_asks
+from attnzoo.benchmarks.rows import load_call, row_unavailable_reason, tolerance_for
+from attnzoo.benchmarks.stats import ratio_stats, summarize
+from attnzoo.benchmarks.timing import PeakRSS, measure, measure_pair
+from attnzoo.errors import first_line
 from attnzoo.export import export_verified
 from attnzoo.machine import environment, load_average
-from attnzoo.benchmarks.ort_cpu import gemm_gflops, naive_cpu_session, profile_ops
-from attnzoo.benchmarks.rowlog import LOG_NAME, RowLog, run_asks
 from attnzoo.models import create_model
 from attnzoo.runtime.backends import Backend, Call, get_backend
 from attnzoo.runtime.backends.ort_cpu import tuned_cpu_session
-from attnzoo.runtime.parity import TOLERANCES, check as check_parity
-from attnzoo.benchmarks.stats import ratio_stats, summarize
-from attnzoo.benchmarks import timing
-from attnzoo.benchmarks.timing import PeakRSS, measure, measure_pair
+from attnzoo.runtime.parity import TOLERANCES
+from attnzoo.runtime.parity import check as check_parity
+from attnzoo.signals import Interrupted, Terminated
 
-__all__ = ["Settings", "run_benchmark", "onnx_path", "NOTE", "torch_device", "takes_onnx", "on_cpu",
-           "baseline_dtype", "run_key", "roofline_fractions", "FINAL"]
+__all__ = [
+    "Settings",
+    "run_benchmark",
+    "onnx_path",
+    "NOTE",
+    "torch_device",
+    "takes_onnx",
+    "on_cpu",
+    "baseline_dtype",
+    "run_key",
+    "roofline_fractions",
+    "FINAL",
+]
 
 #: Row statuses a resumed run keeps (a ``skipped`` row is only written again: no GPU, budget spent ...).
 FINAL = ("ok", "failed", "built")
-NOTE = ("Models: attnzoo.models.create_model(variant, task, arch) with a seeded random init (torch.manual_seed), "
-        "because trained weights exist only for the micro zoo; latency does not depend on the weight values. "
-        "ONNX Runtime / TensorRT run the file written by attnzoo.export.export_onnx from those weights; eager "
-        "and compile run the same weights in PyTorch. x eager = median eager / median backend from separate "
-        "runs, eager at the row's precision where that eager row ran (column 'vs': eager fp16 for an fp16 row), "
-        "else eager fp32; x eager (pairs) = median [Q1, Q3] of per-pair ratios from an A B A B run against that "
-        "same eager row (robust to load changes); x eager fp32 = median eager fp32 / median backend.")
+NOTE = (
+    "Models: attnzoo.models.create_model(variant, task, arch) with a seeded random init (torch.manual_seed), "
+    "because trained weights exist only for the micro zoo; latency does not depend on the weight values. "
+    "ONNX Runtime / TensorRT run the file written by attnzoo.export.export_onnx from those weights; eager "
+    "and compile run the same weights in PyTorch. x eager = median eager / median backend from separate "
+    "runs, eager at the row's precision where that eager row ran (column 'vs': eager fp16 for an fp16 row), "
+    "else eager fp32; x eager (pairs) = median [Q1, Q3] of per-pair ratios from an A B A B run against that "
+    "same eager row (robust to load changes); x eager fp32 = median eager fp32 / median backend."
+)
 
 
 @dataclass
@@ -78,7 +92,7 @@ class Settings:
     task: str = "cls"
     arch: str = "tiny"
     #: Input side in pixels (``None``: the arch's own, 224 for tiny/small/base).
-    img_size: Optional[int] = None
+    img_size: int | None = None
     threads: int = 1
     min_time: float = 3.0
     out: Path = Path("bench-out")
@@ -93,12 +107,12 @@ class Settings:
     command: str = ""
     progress: bool = True
     #: What the run leaves out against ``--all`` (:func:`attnzoo.benchmarks.cli.scope`).
-    scope: Dict[str, Any] = field(default_factory=dict)
+    scope: dict[str, Any] = field(default_factory=dict)
     #: Seconds after which no new row is started (``None``: no limit); the rows measured are kept and the same
     #: command measures the rest.
-    time_limit: Optional[float] = None
+    time_limit: float | None = None
     #: Test hook: backend -> function applied to its parity output (to prove the gate rejects a bad backend).
-    perturb: Dict[str, Any] = field(default_factory=dict)
+    perturb: dict[str, Any] = field(default_factory=dict)
 
 
 def torch_device(requested: str = "auto") -> torch.device:
@@ -126,23 +140,54 @@ def onnx_path(cache_dir: Path, variant: str, task: str, arch: str, dtype: str, i
     return Path(cache_dir) / f"{variant}_{task}_{arch}_{img_size}px_{dtype}.onnx"
 
 
-def _row(variant: str, s: Settings, backend: str, dtype: str, batch: int, status: str, reason: str = "",
-         **extra: Any) -> Dict[str, Any]:
+def _row(
+    variant: str, s: Settings, backend: str, dtype: str, batch: int, status: str, reason: str = "", **extra: Any
+) -> dict[str, Any]:
     key = tolerance_for(backend, dtype, torch_device(s.device).type)
-    row = {"variant": variant, "task": s.task, "arch": s.arch, "backend": backend, "dtype": dtype, "batch": batch,
-           "device": get_backend(backend).row_device(torch_device(s.device).type),
-           "status": status, "reason": reason, "parity_error": None, "parity_tol": TOLERANCES[key],
-           "iterations": None, "min_ms": None, "median_ms": None, "mean_ms": None, "p90_ms": None,
-           "p95_ms": None, "p99_ms": None, "max_ms": None, "cv": None, "throughput_img_s": None,
-           "peak_mem_mb": None, "mem_kind": None, "baseline": None, "speedup_vs_eager": None,
-           "speedup_vs_eager_fp32": None, "speedup_pair_median": None,
-           "speedup_pair_q1": None, "speedup_pair_q3": None, "speedup_pairs": None,
-           "cuda_graph": None, "build_s": None, "gflop": None, "achieved_gflops": None, "ceiling_gflops": None,
-           "ceiling_fraction": None, "roofline_us": None, "roofline_fraction": None,
-           "load_1min": (load_average() or [None])[0], "info": {}}
+    row = {
+        "variant": variant,
+        "task": s.task,
+        "arch": s.arch,
+        "backend": backend,
+        "dtype": dtype,
+        "batch": batch,
+        "device": get_backend(backend).row_device(torch_device(s.device).type),
+        "status": status,
+        "reason": reason,
+        "parity_error": None,
+        "parity_tol": TOLERANCES[key],
+        "iterations": None,
+        "min_ms": None,
+        "median_ms": None,
+        "mean_ms": None,
+        "p90_ms": None,
+        "p95_ms": None,
+        "p99_ms": None,
+        "max_ms": None,
+        "cv": None,
+        "throughput_img_s": None,
+        "peak_mem_mb": None,
+        "mem_kind": None,
+        "baseline": None,
+        "speedup_vs_eager": None,
+        "speedup_vs_eager_fp32": None,
+        "speedup_pair_median": None,
+        "speedup_pair_q1": None,
+        "speedup_pair_q3": None,
+        "speedup_pairs": None,
+        "cuda_graph": None,
+        "build_s": None,
+        "gflop": None,
+        "achieved_gflops": None,
+        "ceiling_gflops": None,
+        "ceiling_fraction": None,
+        "roofline_us": None,
+        "roofline_fraction": None,
+        "load_1min": (load_average() or [None])[0],
+        "info": {},
+    }
     row.update(extra)
     return row
-
 
 
 def _parity_reason(out: np.ndarray, ref: np.ndarray, err: float, key: str) -> str:
@@ -161,10 +206,10 @@ class _Partner:
     """A runner another row is timed against (A/B): the one just measured, or -- for a row a resumed run kept --
     loaded again when first needed (``None`` if that fails: the pairs are then left out)."""
 
-    def __init__(self, runner: Optional[Call] = None, load: Optional[Any] = None) -> None:
+    def __init__(self, runner: Call | None = None, load: Any | None = None) -> None:
         self.runner, self.load = runner, load
 
-    def get(self) -> Optional[Call]:
+    def get(self) -> Call | None:
         if self.runner is None and self.load is not None:
             load, self.load = self.load, None
             try:
@@ -183,12 +228,12 @@ class _Partner:
 class _Exports:
     """A variant's verified ONNX files, exported on first use (a resumed run exports only what it still needs)."""
 
-    def __init__(self, bench: "_Bench", variant: str, model) -> None:
+    def __init__(self, bench: _Bench, variant: str, model) -> None:
         self.bench, self.variant, self.model = bench, variant, model
-        self.paths: Dict[str, Path] = {}
-        self.errors: Dict[str, str] = {}
+        self.paths: dict[str, Path] = {}
+        self.errors: dict[str, str] = {}
 
-    def get(self, src: str) -> Optional[Path]:
+    def get(self, src: str) -> Path | None:
         """The ``fp32`` / ``fp16`` file, or ``None`` when its export failed (:attr:`errors` says why)."""
         if src not in self.paths and src not in self.errors:
             try:
@@ -202,26 +247,27 @@ class _Exports:
 class _Bench:
     """State of one run: models, exports, references, the standard and eager runners kept for A/B pairs."""
 
-    def __init__(self, s: Settings, log: Optional[RowLog] = None) -> None:
+    def __init__(self, s: Settings, log: RowLog | None = None) -> None:
         self.s = s
         self.log = log
         self.device = torch_device(s.device)
         kept = [r for r in (log.of("row") if log else []) if r["row"]["status"] in FINAL]
-        self.done: Dict[Tuple[str, str, str, int], Dict[str, Any]] = {
-            (r["row"]["variant"], r["row"]["backend"], r["row"]["dtype"], r["row"]["batch"]): r for r in kept}
+        self.done: dict[tuple[str, str, str, int], dict[str, Any]] = {
+            (r["row"]["variant"], r["row"]["backend"], r["row"]["dtype"], r["row"]["batch"]): r for r in kept
+        }
         self.groups_done = {(g["variant"], g["batch"]) for g in (log.of("group") if log else [])}
-        self.rows: List[Dict[str, Any]] = []
-        self.overheads: List[Dict[str, Any]] = []
-        self.profiles: List[Dict[str, Any]] = []
-        self.profile_errors: List[str] = []
-        self.standard: Dict[Tuple[str, str, int], _Partner] = {}
-        self.flops: Dict[str, Dict[str, Any]] = {}
-        self.pairs: List[Dict[str, Any]] = []  # head-to-head fp32 CPU runtimes (b time / a time)
-        self.head_to_head_errors: List[str] = []
+        self.rows: list[dict[str, Any]] = []
+        self.overheads: list[dict[str, Any]] = []
+        self.profiles: list[dict[str, Any]] = []
+        self.profile_errors: list[str] = []
+        self.standard: dict[tuple[str, str, int], _Partner] = {}
+        self.flops: dict[str, dict[str, Any]] = {}
+        self.pairs: list[dict[str, Any]] = []  # head-to-head fp32 CPU runtimes (b time / a time)
+        self.head_to_head_errors: list[str] = []
         self.compile_spent = 0.0
         self.compile_count = 0
         self.current = ""  # the job under way (named if the run is interrupted)
-        self.phases: Dict[str, float] = {}  # seconds of this invocation by kind of work (:meth:`phase`)
+        self.phases: dict[str, float] = {}  # seconds of this invocation by kind of work (:meth:`phase`)
         self.deadline = time.time() + s.time_limit if s.time_limit else None
         self.combos = [(b, d) for b, d in run_asks(s.variants, s.backends, s.dtypes, s.batch_sizes)["combos"]]
         self.skip = {c: row_unavailable_reason(c[0], c[1], self.device.type) for c in self.combos}
@@ -239,11 +285,11 @@ class _Bench:
         finally:
             self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - t0
 
-    def all_rows(self) -> List[Dict[str, Any]]:
+    def all_rows(self) -> list[dict[str, Any]]:
         """The rows kept from earlier runs, then this run's."""
         return [r["row"] for r in self.done.values()] + self.rows
 
-    def add(self, row: Dict[str, Any], overhead: Optional[Dict[str, Any]] = None) -> None:
+    def add(self, row: dict[str, Any], overhead: dict[str, Any] | None = None) -> None:
         """A finished row (and its overhead entry): kept, and appended to the row log at once."""
         self.rows.append(row)
         if overhead is not None:
@@ -262,8 +308,16 @@ class _Bench:
         path.parent.mkdir(parents=True, exist_ok=True)
         # verified as export-model verifies (projection check, ORT vs eager at batch 1 and 3); a file this cache
         # verified for the same weights and versions is kept (a run resumed, the scaling sweep beside it)
-        export_verified(model, path, cfg, dtype=dtype, input_hw=(cfg["img_size"], cfg["img_size"]), batch_sizes=(1,),
-                        threads=self.s.threads, reuse=True)
+        export_verified(
+            model,
+            path,
+            cfg,
+            dtype=dtype,
+            input_hw=(cfg["img_size"], cfg["img_size"]),
+            batch_sizes=(1,),
+            threads=self.s.threads,
+            reuse=True,
+        )
         return path
 
     def inputs(self, model, batch: int) -> torch.Tensor:
@@ -272,16 +326,35 @@ class _Bench:
         return torch.randn(batch, 3, size, size, generator=gen)
 
     # ------------------------------------------------------------------------------------------- jobs
-    def job(self, variant: str, backend: str, dtype: str, batch: int, model, onnx: Dict[str, Path],
-            x: torch.Tensor, ref: np.ndarray, eagers: Dict[str, _Partner]) -> Optional[Call]:
+    def job(
+        self,
+        variant: str,
+        backend: str,
+        dtype: str,
+        batch: int,
+        model,
+        onnx: dict[str, Path],
+        x: torch.Tensor,
+        ref: np.ndarray,
+        eagers: dict[str, _Partner],
+    ) -> Call | None:
         """Build, check, time one combination; append its row (and overhead row). Returns its call."""
         s = self.s
         b = get_backend(backend)
         if b.jit_compiles and self.compile_spent >= s.compile_budget:
             each = self.compile_spent / max(self.compile_count, 1)
-            self.add(_row(variant, s, backend, dtype, batch, "skipped",
-                                  f"--compile-budget {s.compile_budget:g} s spent ({self.compile_count} "
-                                  f"compile(s), {each:.0f} s each on this machine)"))
+            self.add(
+                _row(
+                    variant,
+                    s,
+                    backend,
+                    dtype,
+                    batch,
+                    "skipped",
+                    f"--compile-budget {s.compile_budget:g} s spent ({self.compile_count} "
+                    f"compile(s), {each:.0f} s each on this machine)",
+                )
+            )
             return None
         rss = PeakRSS()  # the sessions of earlier jobs were closed when they were no longer needed
         t0 = time.perf_counter()
@@ -290,11 +363,19 @@ class _Bench:
         if cannot_run:  # built ahead of time instead: no GPU, or one TensorRT-RTX engines do not run on
             why = "no GPU" if not torch.cuda.is_available() else cannot_run
             return self.built_not_run(variant, b, dtype, batch, src, why)
-        runner: Optional[Call] = None
+        runner: Call | None = None
         try:
             with self.phase(f"load and first run: {backend}"):
-                runner, info = load_call(backend, model, src, x.numpy(), dtype, threads=s.threads,
-                                         device=self.device.type, cache_dir=s.cache_dir)
+                runner, info = load_call(
+                    backend,
+                    model,
+                    src,
+                    x.numpy(),
+                    dtype,
+                    threads=s.threads,
+                    device=self.device.type,
+                    cache_dir=s.cache_dir,
+                )
                 out = runner.output()
         except Exception as exc:  # any backend failure is a result to report, not a crash
             if runner is not None:
@@ -309,19 +390,20 @@ class _Bench:
             out = s.perturb[backend](out)
         key = tolerance_for(backend, dtype, self.device.type)
         ok, err = check_parity(out, ref, key)
-        common = dict(parity_error=err if math.isfinite(err) else None, build_s=build_s, info=info,
-                      cuda_graph=runner.cuda_graph)
+        common = dict(
+            parity_error=err if math.isfinite(err) else None, build_s=build_s, info=info, cuda_graph=runner.cuda_graph
+        )
         if not ok:
             runner.close()
-            self.add(_row(variant, s, backend, dtype, batch, "failed", _parity_reason(out, ref, err, key),
-                                  **common))
+            self.add(_row(variant, s, backend, dtype, batch, "failed", _parity_reason(out, ref, err, key), **common))
             return None
         try:
             self._time(variant, backend, dtype, batch, runner, rss, common, eagers)
         except Exception as exc:  # a timing failure is a result to report, not a crash
             runner.close()
-            self.add(_row(variant, s, backend, dtype, batch, "failed", f"timing: {first_line(exc, typed=True)}",
-                                  **common))
+            self.add(
+                _row(variant, s, backend, dtype, batch, "failed", f"timing: {first_line(exc, typed=True)}", **common)
+            )
             return None
         return runner
 
@@ -332,60 +414,97 @@ class _Bench:
         the rows say it was not run."""
         try:
             with self.phase(f"engine build, not run: {b.name}"):
-                facts = b.build_only(src, b.options(dtype=dtype, batch_sizes=self.s.batch_sizes,
-                                                    cache_dir=self.s.cache_dir))
+                facts = b.build_only(
+                    src, b.options(dtype=dtype, batch_sizes=self.s.batch_sizes, cache_dir=self.s.cache_dir)
+                )
         except Exception as exc:  # a build failure is a result to report, not a crash
             self.add(_row(variant, self.s, b.name, dtype, batch, "failed", f"build: {first_line(exc, typed=True)}"))
             return None
         p = facts["profile"]
         how = "reused from the engine cache, built" if facts["cached"] else "built"
-        self.add(_row(variant, self.s, b.name, dtype, batch, "built",
-                              f"built, not run ({why}): {facts['library']} {facts['library_version']} for "
-                              f"{facts['compute_capability']}, one engine for batch {p['min']}-{p['max']} "
-                              f"(opt {p['opt']}), {facts['engine_size'] / 1e6:.1f} MB, {how} in "
-                              f"{facts['build_time_s']:.1f} s", build_s=facts["build_time_s"], info=facts))
+        self.add(
+            _row(
+                variant,
+                self.s,
+                b.name,
+                dtype,
+                batch,
+                "built",
+                f"built, not run ({why}): {facts['library']} {facts['library_version']} for "
+                f"{facts['compute_capability']}, one engine for batch {p['min']}-{p['max']} "
+                f"(opt {p['opt']}), {facts['engine_size'] / 1e6:.1f} MB, {how} in "
+                f"{facts['build_time_s']:.1f} s",
+                build_s=facts["build_time_s"],
+                info=facts,
+            )
+        )
         return None
 
-    def _time(self, variant: str, backend: str, dtype: str, batch: int, runner: Call, rss, common,
-              eagers: Dict[str, _Partner]) -> None:
+    def _time(
+        self, variant: str, backend: str, dtype: str, batch: int, runner: Call, rss, common, eagers: dict[str, _Partner]
+    ) -> None:
         """Time a runner that passed parity; append its row (and overhead entry). May raise."""
         s = self.s
         with rss, self.phase("timing"):
             samples = measure(runner.fn, s.min_time, cuda=runner.cuda)
         mem, kind = runner.memory() if runner.memory else (rss.delta_mb, "peak RSS while timed - RSS before build")
         base = baseline_dtype(backend, dtype, eagers)
-        row = _row(variant, s, backend, dtype, batch, "ok", **common, **summarize(samples, batch),
-                   peak_mem_mb=mem, mem_kind=kind, baseline=f"eager {base}" if base else None)
+        row = _row(
+            variant,
+            s,
+            backend,
+            dtype,
+            batch,
+            "ok",
+            **common,
+            **summarize(samples, batch),
+            peak_mem_mb=mem,
+            mem_kind=kind,
+            baseline=f"eager {base}" if base else None,
+        )
         eager = eagers[base].get() if base in eagers and s.pair_eager else None
         if eager is not None and eager is not runner:
             with self.phase("A/B pairs with eager"):
                 a, b = measure_pair(eager.fn, runner.fn, s.min_time, cuda_a=eager.cuda, cuda_b=runner.cuda)
             pair = ratio_stats(b, a)  # eager time / backend time = speed-up
-            row.update(speedup_pair_median=pair["ratio_median"], speedup_pair_q1=pair["ratio_q1"],
-                       speedup_pair_q3=pair["ratio_q3"], speedup_pairs=pair["pairs"])
+            row.update(
+                speedup_pair_median=pair["ratio_median"],
+                speedup_pair_q1=pair["ratio_q1"],
+                speedup_pair_q3=pair["ratio_q3"],
+                speedup_pairs=pair["pairs"],
+            )
         std = self.standard[(backend, dtype, batch)].get() if (backend, dtype, batch) in self.standard else None
         overhead = None
         if variant != "standard" and std is not None:
             with self.phase("A/B pairs with standard"):
                 a, b = measure_pair(std.fn, runner.fn, s.min_time, cuda_a=std.cuda, cuda_b=runner.cuda)
-            overhead = {"variant": variant, "backend": backend, "dtype": dtype, "batch": batch,
-                        **ratio_stats(a, b), "variant_median_ms": float(np.median(b) * 1e3),
-                        "standard_median_ms": float(np.median(a) * 1e3)}
+            overhead = {
+                "variant": variant,
+                "backend": backend,
+                "dtype": dtype,
+                "batch": batch,
+                **ratio_stats(a, b),
+                "variant_median_ms": float(np.median(b) * 1e3),
+                "standard_median_ms": float(np.median(a) * 1e3),
+            }
         # appended only once every step succeeded, so a failure leaves one ``failed`` row and nothing else
         self.add(row, overhead)
         if variant == "standard":
             self.standard[(backend, dtype, batch)] = _Partner(runner)
 
-    def head_to_head(self, variant: str, batch: int, runners: Dict[str, Call]) -> None:
+    def head_to_head(self, variant: str, batch: int, runners: dict[str, Call]) -> None:
         """Time the two fastest fp32 CPU runtimes (by speed-up over eager) against each other, A B A B, so the
         report's "fastest" rests on a direct comparison, not on two comparisons with eager made at different
         times. A timing failure is a note in ``head_to_head_errors``."""
         runners = {k: v for k, v in runners.items() if v is not None}
         if len(runners) < 2:
             return
-        speedup = {r["backend"]: r["speedup_pair_median"] or 0.0 for r in self.all_rows()
-                   if (r["variant"], r["batch"], r["dtype"], r["status"]) == (variant, batch, "fp32", "ok")
-                   and r["backend"] in runners}
+        speedup = {
+            r["backend"]: r["speedup_pair_median"] or 0.0
+            for r in self.all_rows()
+            if (r["variant"], r["batch"], r["dtype"], r["status"]) == (variant, batch, "fp32", "ok")
+            and r["backend"] in runners
+        }
         a, b = sorted(runners, key=lambda k: -speedup.get(k, 0.0))[:2]
         try:
             with self.phase("CPU head-to-head"):
@@ -393,18 +512,31 @@ class _Bench:
         except Exception as exc:  # a timing failure is a note, not a crash
             self.head_to_head_errors.append(f"{variant} b{batch} {a}/{b}: {first_line(exc, typed=True)}")
             return
-        self.pairs.append({"variant": variant, "batch": batch, "a": a, "b": b, **ratio_stats(ta, tb),
-                           "a_median_ms": float(np.median(ta) * 1e3), "b_median_ms": float(np.median(tb) * 1e3)})
+        self.pairs.append(
+            {
+                "variant": variant,
+                "batch": batch,
+                "a": a,
+                "b": b,
+                **ratio_stats(ta, tb),
+                "a_median_ms": float(np.median(ta) * 1e3),
+                "b_median_ms": float(np.median(tb) * 1e3),
+            }
+        )
 
     def profile(self, variant: str, onnx_path: Path, x: torch.Tensor) -> None:
         """ORT profiler: per-op-type time of the naive session and of the tuned ``ort-cpu`` session."""
         xs = x.numpy()
         naive = profile_ops(lambda prefix: naive_cpu_session(onnx_path, self.s.threads, prefix), xs)
-        tuned = profile_ops(lambda prefix: tuned_cpu_session(onnx_path, self.s.threads, self.s.cache_dir,
-                                                             batch=len(xs), profile_prefix=prefix)[0], xs)
+        tuned = profile_ops(
+            lambda prefix: tuned_cpu_session(
+                onnx_path, self.s.threads, self.s.cache_dir, batch=len(xs), profile_prefix=prefix
+            )[0],
+            xs,
+        )
         self.profiles.append({"variant": variant, "batch": int(x.shape[0]), "naive": naive, "tuned": tuned})
 
-    def todo(self, variant: str, batch: int) -> List[Tuple[str, str]]:
+    def todo(self, variant: str, batch: int) -> list[tuple[str, str]]:
         """The runnable combinations of ``variant`` at ``batch`` without a finished row in the log."""
         return [(b, d) for b, d in self.combos if not self.skip[(b, d)] and (variant, b, d, batch) not in self.done]
 
@@ -432,21 +564,29 @@ class _Bench:
         for batch in self.s.batch_sizes:
             self.batch(variant, model, batch, exports, bar)
 
-    def _reload(self, backend: str, dtype: str, model, exports: _Exports, x: torch.Tensor) -> Optional[Call]:
+    def _reload(self, backend: str, dtype: str, model, exports: _Exports, x: torch.Tensor) -> Call | None:
         """A runner of a row kept from an earlier run, loaded again to be an A/B partner (not re-measured)."""
         src = exports.get("fp16" if dtype == "fp16" else "fp32") if takes_onnx(backend) else None
         if takes_onnx(backend) and src is None:
             return None
-        return load_call(backend, model, src, x.numpy(), dtype, threads=self.s.threads, device=self.device.type,
-                         cache_dir=self.s.cache_dir)[0]
+        return load_call(
+            backend,
+            model,
+            src,
+            x.numpy(),
+            dtype,
+            threads=self.s.threads,
+            device=self.device.type,
+            cache_dir=self.s.cache_dir,
+        )[0]
 
     def batch(self, variant: str, model, batch: int, exports: _Exports, bar) -> None:
         """All backends of one variant at one batch size; eager first, fp32 first of all (reference twin and A/B
         partner). Rows already in the log are not measured again; their runners are loaded when a partner. A
         runner no later row needs is closed at once, the partners when the batch is done (``standard``'s at the
         end of the run: :meth:`close`)."""
-        eagers: Dict[str, _Partner] = {}  # eager runners that passed, by precision: the rows' A/B baselines
-        cpu_runners: Dict[str, _Partner] = {}  # fp32 CPU runtimes that passed, for the head-to-head pair
+        eagers: dict[str, _Partner] = {}  # eager runners that passed, by precision: the rows' A/B baselines
+        cpu_runners: dict[str, _Partner] = {}  # fp32 CPU runtimes that passed, for the head-to-head pair
         try:
             self._batch(variant, model, batch, exports, bar, eagers, cpu_runners)
         finally:
@@ -454,10 +594,18 @@ class _Bench:
                 for partner in (*eagers.values(), *cpu_runners.values()):
                     partner.close()
 
-    def _batch(self, variant: str, model, batch: int, exports: _Exports, bar, eagers: Dict[str, _Partner],
-               cpu_runners: Dict[str, _Partner]) -> None:
+    def _batch(
+        self,
+        variant: str,
+        model,
+        batch: int,
+        exports: _Exports,
+        bar,
+        eagers: dict[str, _Partner],
+        cpu_runners: dict[str, _Partner],
+    ) -> None:
         x = self.inputs(model, batch)
-        ref: Optional[np.ndarray] = None
+        ref: np.ndarray | None = None
         for backend, dtype in self.combos:
             reason = self.skip[(backend, dtype)]
             if reason:
@@ -481,8 +629,9 @@ class _Bench:
                     with torch.inference_mode(), self.phase("eager reference"):
                         ref = model(x).float().numpy()
                 runner = self.job(variant, backend, dtype, batch, model, exports.paths, x, ref, eagers)
-                if runner is not None and not self._partner(variant, backend, dtype, batch, _Partner(runner),
-                                                            eagers, cpu_runners):
+                if runner is not None and not self._partner(
+                    variant, backend, dtype, batch, _Partner(runner), eagers, cpu_runners
+                ):
                     runner.close()  # no later row pairs with it
             bar.update(1)
         if (variant, batch) in self.groups_done:
@@ -495,16 +644,30 @@ class _Bench:
             except Exception as exc:  # a profiler failure is a note, not a crash
                 self.profile_errors.append(f"{variant} b{batch}: {first_line(exc, typed=True)}")
         if self.log is not None:
-            self.log.append({"kind": "group", "variant": variant, "batch": batch,
-                             "pairs": [p for p in self.pairs if (p["variant"], p["batch"]) == (variant, batch)],
-                             "profiles": [p for p in self.profiles if (p["variant"], p["batch"]) == (variant, batch)],
-                             "head_to_head_errors": [e for e in self.head_to_head_errors
-                                                     if e.startswith(f"{variant} b{batch} ")],
-                             "profile_errors": [e for e in self.profile_errors
-                                                if e.startswith(f"{variant} b{batch}:")]})
+            self.log.append(
+                {
+                    "kind": "group",
+                    "variant": variant,
+                    "batch": batch,
+                    "pairs": [p for p in self.pairs if (p["variant"], p["batch"]) == (variant, batch)],
+                    "profiles": [p for p in self.profiles if (p["variant"], p["batch"]) == (variant, batch)],
+                    "head_to_head_errors": [
+                        e for e in self.head_to_head_errors if e.startswith(f"{variant} b{batch} ")
+                    ],
+                    "profile_errors": [e for e in self.profile_errors if e.startswith(f"{variant} b{batch}:")],
+                }
+            )
 
-    def _partner(self, variant: str, backend: str, dtype: str, batch: int, partner: _Partner,
-                 eagers: Dict[str, _Partner], cpu_runners: Dict[str, _Partner]) -> bool:
+    def _partner(
+        self,
+        variant: str,
+        backend: str,
+        dtype: str,
+        batch: int,
+        partner: _Partner,
+        eagers: dict[str, _Partner],
+        cpu_runners: dict[str, _Partner],
+    ) -> bool:
         """Keep a runner where later rows look for their A/B partners; whether it was kept."""
         kept = variant == "standard"
         if backend == "eager":
@@ -522,7 +685,7 @@ class _Bench:
         self.standard.clear()
 
 
-def baseline_dtype(backend: str, dtype: str, eagers: Dict[str, Any]) -> Optional[str]:
+def baseline_dtype(backend: str, dtype: str, eagers: dict[str, Any]) -> str | None:
     """The precision of the eager row a ``backend`` row at ``dtype`` is compared with: eager at the same precision
     where that row ran (an fp16 row against eager fp16, not fp32), else -- and for eager's own rows -- eager fp32;
     ``None`` without an eager fp32 row. Eager fp32 is its own baseline."""
@@ -531,11 +694,14 @@ def baseline_dtype(backend: str, dtype: str, eagers: Dict[str, Any]) -> Optional
     return "fp32" if "fp32" in eagers or (backend, dtype) == ("eager", "fp32") else None
 
 
-def _speedups(rows: List[Dict[str, Any]]) -> None:
+def _speedups(rows: list[dict[str, Any]]) -> None:
     """Fill ``speedup_vs_eager`` = median of the row's baseline eager row (``baseline``) / row median and
     ``speedup_vs_eager_fp32`` = eager fp32 median / row median (same variant, batch)."""
-    eager = {(r["variant"], r["batch"], r["dtype"]): r["median_ms"] for r in rows
-             if r["status"] == "ok" and r["backend"] == "eager"}
+    eager = {
+        (r["variant"], r["batch"], r["dtype"]): r["median_ms"]
+        for r in rows
+        if r["status"] == "ok" and r["backend"] == "eager"
+    }
     for r in rows:
         if r["status"] != "ok":
             continue
@@ -545,8 +711,9 @@ def _speedups(rows: List[Dict[str, Any]]) -> None:
         r["speedup_vs_eager_fp32"] = fp32 / r["median_ms"] if fp32 else None
 
 
-def _efficiency(rows: List[Dict[str, Any]], flops: Dict[str, Dict[str, Any]], ceiling: Optional[Dict[str, Any]],
-                device: torch.device) -> None:
+def _efficiency(
+    rows: list[dict[str, Any]], flops: dict[str, dict[str, Any]], ceiling: dict[str, Any] | None, device: torch.device
+) -> None:
     """Fill ``gflop`` (counted FLOPs of one call: per image x batch), ``achieved_gflops`` (= gflop / median s),
     ``ceiling_gflops`` (the ceiling of the row's precision on its device) and ``ceiling_fraction``."""
     for r in rows:
@@ -559,30 +726,31 @@ def _efficiency(rows: List[Dict[str, Any]], flops: Dict[str, Dict[str, Any]], ce
             r.update(fraction(r["gflop"] * 1e9, r["median_ms"], top))
 
 
-def roofline_fractions(rows: List[Dict[str, Any]], gpu_name: Optional[str], task: str, arch: str,
-                       img_size: Optional[int] = None) -> None:
+def roofline_fractions(
+    rows: list[dict[str, Any]], gpu_name: str | None, task: str, arch: str, img_size: int | None = None
+) -> None:
     """Fill ``roofline_us`` (the lower bound of the row's forward pass on this GPU at the row's precision:
     :func:`attnzoo.benchmarks.roofline.bound`, the one table of GPU peaks) and ``roofline_fraction`` (bound /
     median: 1 = at the roof) of every GPU row that ran, where the GPU is in that table."""
     key = gpu_key(gpu_name) if gpu_name else None
     if key is None:
         return
-    counts: Dict[Tuple[str, int], Any] = {}
+    counts: dict[tuple[str, int], Any] = {}
     for r in rows:
         if r["status"] != "ok" or r.get("device") != "cuda" or r["dtype"] not in WIDTH:
             continue
         where = (r["variant"], r["batch"])
         if where not in counts:
-            counts[where] = count_variant(r["variant"], batch=r["batch"],
-                                          model=meta_model(r["variant"], task, arch, img_size))
+            counts[where] = count_variant(
+                r["variant"], batch=r["batch"], model=meta_model(r["variant"], task, arch, img_size)
+            )
         c = counts[where]
         b = bound(c.matrix_flops, c.vector_ops, c.bytes(WIDTH[r["dtype"]]), GPUS[key], r["dtype"])
         if b["bound_s"] is not None:
             r.update(roofline_us=b["bound_s"] * 1e6, roofline_fraction=b["bound_s"] / (r["median_ms"] / 1e3))
 
 
-def _fastest_cpu(rows: List[Dict[str, Any]], pairs: List[Dict[str, Any]], device: torch.device
-                 ) -> List[Dict[str, Any]]:
+def _fastest_cpu(rows: list[dict[str, Any]], pairs: list[dict[str, Any]], device: torch.device) -> list[dict[str, Any]]:
     """The fastest fp32 CPU runtime per (variant, batch), with the runner-up and by how much.
 
     Candidates are ranked by speed-up over eager fp32 (the paired median where measured, else the ratio of
@@ -590,12 +758,15 @@ def _fastest_cpu(rows: List[Dict[str, Any]], pairs: List[Dict[str, Any]], device
     direct comparison decides between them and gives ``x_runner_up`` (``how``: ``head-to-head pairs``).
     int8 is a change of precision, not of runtime, and is left out.
     """
-    groups: Dict[Tuple[str, int], List[Tuple[float, Dict[str, Any]]]] = {}
+    groups: dict[tuple[str, int], list[tuple[float, dict[str, Any]]]] = {}
     for r in rows:
         if r["status"] != "ok" or r["dtype"] != "fp32" or not on_cpu(r["backend"], device):
             continue
-        score = 1.0 if r["backend"] == "eager" else (
-            r["speedup_pair_median"] if r.get("speedup_pair_median") is not None else r["speedup_vs_eager"])
+        score = (
+            1.0
+            if r["backend"] == "eager"
+            else (r["speedup_pair_median"] if r.get("speedup_pair_median") is not None else r["speedup_vs_eager"])
+        )
         if score:
             groups.setdefault((r["variant"], r["batch"]), []).append((score, r))
     direct = {(p["variant"], p["batch"], frozenset((p["a"], p["b"]))): p for p in pairs}
@@ -614,13 +785,22 @@ def _fastest_cpu(rows: List[Dict[str, Any]], pairs: List[Dict[str, Any]], device
             how = "head-to-head pairs"
         best = next(r for _, r in scored if r["backend"] == ranked[0])
         score = next(sc for sc, r in scored if r["backend"] == ranked[0])
-        out.append({"variant": variant, "batch": batch, "backend": ranked[0], "median_ms": best["median_ms"],
-                    "x_eager": score, "runner_up": ranked[1] if len(ranked) > 1 else None,
-                    "x_runner_up": x_next, "how": how})
+        out.append(
+            {
+                "variant": variant,
+                "batch": batch,
+                "backend": ranked[0],
+                "median_ms": best["median_ms"],
+                "x_eager": score,
+                "runner_up": ranked[1] if len(ranked) > 1 else None,
+                "x_runner_up": x_next,
+                "how": how,
+            }
+        )
     return out
 
 
-def _phases(phases: Dict[str, float], wall: float) -> Dict[str, float]:
+def _phases(phases: dict[str, float], wall: float) -> dict[str, float]:
     """This invocation's seconds by kind of work, largest first, and ``other`` (setup, model creation, parity checks,
     the report's arithmetic: the wall time no phase covered)."""
     out = {k: round(v, 2) for k, v in sorted(phases.items(), key=lambda kv: -kv[1])}
@@ -628,20 +808,30 @@ def _phases(phases: Dict[str, float], wall: float) -> Dict[str, float]:
     return out
 
 
-def run_key(s: Settings, env: Dict[str, Any]) -> Dict[str, Any]:
+def run_key(s: Settings, env: dict[str, Any]) -> dict[str, Any]:
     """What a row's numbers depend on beyond its own variant, backend, precision and batch: a run resumed from a
     row log must have the same (the machine included)."""
     gpu = env.get("gpu") or {}
-    return {"task": s.task, "arch": s.arch, "img_size": s.img_size, "threads": s.threads, "min_time_s": s.min_time,
-            "seed": s.seed, "device": torch_device(s.device).type, "pair_eager": s.pair_eager,
-            "ceiling_size": s.ceiling_size,
-            "cpu": env["cpu"].get("model"), "gpu": gpu.get("name"), "torch": env["versions"].get("torch")}
+    return {
+        "task": s.task,
+        "arch": s.arch,
+        "img_size": s.img_size,
+        "threads": s.threads,
+        "min_time_s": s.min_time,
+        "seed": s.seed,
+        "device": torch_device(s.device).type,
+        "pair_eager": s.pair_eager,
+        "ceiling_size": s.ceiling_size,
+        "cpu": env["cpu"].get("model"),
+        "gpu": gpu.get("name"),
+        "torch": env["versions"].get("torch"),
+    }
 
 
-def _from_log(log: RowLog) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+def _from_log(log: RowLog) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every row of the log, one per (variant, backend, dtype, batch) -- the finished one, else the latest skipped
     one -- grouped by variant and batch in the order they first appear; and the overhead entries of those rows."""
-    chosen: Dict[Tuple[str, str, str, int], Dict[str, Any]] = {}
+    chosen: dict[tuple[str, str, str, int], dict[str, Any]] = {}
     for record in log.of("row"):
         r = record["row"]
         key = (r["variant"], r["backend"], r["dtype"], r["batch"])
@@ -652,7 +842,7 @@ def _from_log(log: RowLog) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
     return [rec["row"] for rec in records], [rec["overhead"] for rec in records if rec.get("overhead")]
 
 
-def run_benchmark(s: Settings) -> Dict[str, Any]:
+def run_benchmark(s: Settings) -> dict[str, Any]:
     """Run everything in ``s`` not already in the row log of ``s.out``; return the result dict written to
     ``results.json``: every row of the log, this run's and the earlier runs' with the same :func:`run_key`.
 
@@ -668,19 +858,25 @@ def run_benchmark(s: Settings) -> Dict[str, Any]:
     env = environment()
     Path(s.out).mkdir(parents=True, exist_ok=True)
     started = time.time()
-    log = RowLog(Path(s.out) / LOG_NAME, run_key(s, env), run_asks(s.variants, s.backends, s.dtypes, s.batch_sizes),
-                 {"command": s.command, "started": started})
+    log = RowLog(
+        Path(s.out) / LOG_NAME,
+        run_key(s, env),
+        run_asks(s.variants, s.backends, s.dtypes, s.batch_sizes),
+        {"command": s.command, "started": started},
+    )
     try:
         return _run(s, env, log, started)
     finally:
         log.close()
 
 
-def _run(s: Settings, env: Dict[str, Any], log: RowLog, started: float) -> Dict[str, Any]:
+def _run(s: Settings, env: dict[str, Any], log: RowLog, started: float) -> dict[str, Any]:
     bench = _Bench(s, log)
     # the GEMM throughput of PyTorch and ONNX Runtime on this CPU, beside the rows of an ONNX Runtime CPU backend
-    if any(get_backend(b).library == "onnxruntime" and on_cpu(b, bench.device) and not bench.skip[(b, d)]
-           for b, d in bench.combos):
+    if any(
+        get_backend(b).library == "onnxruntime" and on_cpu(b, bench.device) and not bench.skip[(b, d)]
+        for b, d in bench.combos
+    ):
         with bench.phase("GEMM throughput"):
             env["gemm_gflops"] = gemm_gflops(s.threads)
     # the ceiling of every CPU row: measured once, before any model, with the run's threads; kept for a resumed run
@@ -692,29 +888,43 @@ def _run(s: Settings, env: Dict[str, Any], log: RowLog, started: float) -> Dict[
     variants = list(dict.fromkeys(["standard", *s.variants]))  # standard first: the overhead baseline
     todo = {v: sum(len(bench.todo(v, n)) for n in s.batch_sizes) for v in variants}
     if log.torn:
-        print(f"{log.path.name}: dropped its torn last line ({log.torn} bytes without a newline: a write cut by a "
-              "kill); every whole line was kept", flush=True)
+        print(
+            f"{log.path.name}: dropped its torn last line ({log.torn} bytes without a newline: a write cut by a "
+            "kill); every whole line was kept",
+            flush=True,
+        )
     if bench.done:
-        print(f"resuming: {len(bench.done)} finished row(s) kept from {log.path}; {sum(todo.values())} to measure",
-              flush=True)
+        print(
+            f"resuming: {len(bench.done)} finished row(s) kept from {log.path}; {sum(todo.values())} to measure",
+            flush=True,
+        )
     interrupted = None
-    with tqdm(total=sum(todo.values()), desc="bench-latency", unit="job", disable=not s.progress,
-              dynamic_ncols=True) as bar:
+    with tqdm(
+        total=sum(todo.values()), desc="bench-latency", unit="job", disable=not s.progress, dynamic_ncols=True
+    ) as bar:
         try:
             for i, variant in enumerate(variants):
-                bench.variant(variant, bar, needed_later=any(todo[v] for v in variants[i + 1:]))
+                bench.variant(variant, bar, needed_later=any(todo[v] for v in variants[i + 1 :]))
         except _TimeUp as exc:  # no signal: the rows are written and the command ends normally
-            interrupted = {"signal": None, "during": str(exc), "rows_kept": len(bench.rows),
-                           "note": f"stopped at --time-limit {s.time_limit:g} s before {exc}; the "
-                                   f"{len(bench.rows)} row(s) measured are kept (in {log.path.name} too: the same "
-                                   "command measures the rest)"}
+            interrupted = {
+                "signal": None,
+                "during": str(exc),
+                "rows_kept": len(bench.rows),
+                "note": f"stopped at --time-limit {s.time_limit:g} s before {exc}; the "
+                f"{len(bench.rows)} row(s) measured are kept (in {log.path.name} too: the same "
+                "command measures the rest)",
+            }
         except (Interrupted, Terminated, KeyboardInterrupt) as exc:  # keep what was measured, then stop
             signal = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
-            interrupted = {"signal": signal, "during": bench.current, "rows_kept": len(bench.rows),
-                           "note": f"stopped by {'SIGTERM' if signal == 'SIGTERM' else 'Ctrl-C (SIGINT)'} "
-                                   f"during {bench.current or 'the first job'}; the {len(bench.rows)} row(s) "
-                                   f"measured before it are kept (in {log.path.name} too: the same command "
-                                   "measures the rest)"}
+            interrupted = {
+                "signal": signal,
+                "during": bench.current,
+                "rows_kept": len(bench.rows),
+                "note": f"stopped by {'SIGTERM' if signal == 'SIGTERM' else 'Ctrl-C (SIGINT)'} "
+                f"during {bench.current or 'the first job'}; the {len(bench.rows)} row(s) "
+                f"measured before it are kept (in {log.path.name} too: the same command "
+                "measures the rest)",
+            }
         finally:
             bench.close()
     rows, overheads = _from_log(log)
@@ -732,21 +942,33 @@ def _run(s: Settings, env: Dict[str, Any], log: RowLog, started: float) -> Dict[
         "command": s.command,
         "interrupted": interrupted,
         "note": NOTE,
-        "settings": {"variants": list(dict.fromkeys(r["variant"] for r in rows)) or variants,
-                     "standard_added": "standard" not in s.variants,
-                     "backends": list(dict.fromkeys(r["backend"] for r in rows)),
-                     "dtypes": list(dict.fromkeys(r["dtype"] for r in rows)),
-                     "batch_sizes": list(dict.fromkeys(r["batch"] for r in rows)),
-                     "task": s.task, "arch": s.arch, "img_size": s.img_size, "threads": s.threads,
-                     "min_time_s": s.min_time, "time_limit_s": s.time_limit,
-                     "warmup_s": timing.WARMUP_S, "min_iterations": timing.MIN_ITERS,
-                     "device": str(bench.device), "seed": s.seed,
-                     "compile_budget_s": s.compile_budget, "tolerances": TOLERANCES,
-                     "ceiling_size": s.ceiling_size,
-                     "parity_measure": "max|out - eager fp32| / max(1, max|eager fp32|)", "scope": s.scope},
-        "row_log": {"file": LOG_NAME, "runs": [{"command": r.get("command"), "started": r.get("started")}
-                                               for r in runs],
-                    "rows_from_earlier_runs": len(bench.done)},
+        "settings": {
+            "variants": list(dict.fromkeys(r["variant"] for r in rows)) or variants,
+            "standard_added": "standard" not in s.variants,
+            "backends": list(dict.fromkeys(r["backend"] for r in rows)),
+            "dtypes": list(dict.fromkeys(r["dtype"] for r in rows)),
+            "batch_sizes": list(dict.fromkeys(r["batch"] for r in rows)),
+            "task": s.task,
+            "arch": s.arch,
+            "img_size": s.img_size,
+            "threads": s.threads,
+            "min_time_s": s.min_time,
+            "time_limit_s": s.time_limit,
+            "warmup_s": timing.WARMUP_S,
+            "min_iterations": timing.MIN_ITERS,
+            "device": str(bench.device),
+            "seed": s.seed,
+            "compile_budget_s": s.compile_budget,
+            "tolerances": TOLERANCES,
+            "ceiling_size": s.ceiling_size,
+            "parity_measure": "max|out - eager fp32| / max(1, max|eager fp32|)",
+            "scope": s.scope,
+        },
+        "row_log": {
+            "file": LOG_NAME,
+            "runs": [{"command": r.get("command"), "started": r.get("started")} for r in runs],
+            "rows_from_earlier_runs": len(bench.done),
+        },
         "environment": env,
         "ceiling": ceiling or {"status": "not measured", "reason": "--ceiling-size 0"},
         "flops": flops,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -12,7 +12,7 @@ __all__ = ["summarize", "ratio_stats", "PERCENTILES"]
 PERCENTILES = (90, 95, 99)
 
 
-def summarize(samples_s: Sequence[float], batch_size: int) -> Dict[str, float]:
+def summarize(samples_s: Sequence[float], batch_size: int) -> dict[str, float]:
     """Per-iteration latencies (seconds) -> min/median/mean/p90/p95/p99 (ms), CV and throughput.
 
     Percentiles use linear interpolation (``numpy.percentile`` default). The coefficient of variation is
@@ -41,7 +41,7 @@ def summarize(samples_s: Sequence[float], batch_size: int) -> Dict[str, float]:
     return out
 
 
-def ratio_stats(baseline_s: Sequence[float], other_s: Sequence[float]) -> Dict[str, float]:
+def ratio_stats(baseline_s: Sequence[float], other_s: Sequence[float]) -> dict[str, float]:
     """Per-pair ratios ``other / baseline`` of an A B A B ... run -> median, quartiles and IQR.
 
     Pairing cancels slow drifts of a shared machine: both members of a pair see about the same load.
@@ -55,5 +55,10 @@ def ratio_stats(baseline_s: Sequence[float], other_s: Sequence[float]) -> Dict[s
         raise ValueError(f"need two equally long sample lists of >= 2 pairs, got {a.size} and {b.size}")
     r = b / a
     q1, med, q3 = np.percentile(r, [25, 50, 75])
-    return {"pairs": int(r.size), "ratio_median": float(med), "ratio_q1": float(q1), "ratio_q3": float(q3),
-            "ratio_iqr": float(q3 - q1)}
+    return {
+        "pairs": int(r.size),
+        "ratio_median": float(med),
+        "ratio_q1": float(q1),
+        "ratio_q3": float(q3),
+        "ratio_iqr": float(q3 - q1),
+    }

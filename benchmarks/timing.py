@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, List, Optional, Tuple
+from collections.abc import Callable
 
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import rss_bytes
@@ -45,20 +45,31 @@ def warmup(fn: Callable[[], object], seconds: float = WARMUP_S, cuda: bool = Fal
     return n
 
 
-def measure(fn: Callable[[], object], min_time: float, min_iters: int = MIN_ITERS,
-            cuda: bool = False, warmup_s: float = WARMUP_S) -> List[float]:
+def measure(
+    fn: Callable[[], object],
+    min_time: float,
+    min_iters: int = MIN_ITERS,
+    cuda: bool = False,
+    warmup_s: float = WARMUP_S,
+) -> list[float]:
     """Warm up, then time ``fn`` call by call until ``min_time`` seconds and ``min_iters`` calls passed."""
     warmup(fn, warmup_s, cuda)
-    samples: List[float] = []
+    samples: list[float] = []
     end = time.perf_counter() + min_time
     while len(samples) < min_iters or time.perf_counter() < end:
         samples.append(time_once(fn, cuda))
     return samples
 
 
-def measure_pair(fn_a: Callable[[], object], fn_b: Callable[[], object], min_time: float,
-                 min_pairs: int = MIN_ITERS, cuda_a: bool = False, cuda_b: bool = False,
-                 warmup_s: float = WARMUP_S) -> Tuple[List[float], List[float]]:
+def measure_pair(
+    fn_a: Callable[[], object],
+    fn_b: Callable[[], object],
+    min_time: float,
+    min_pairs: int = MIN_ITERS,
+    cuda_a: bool = False,
+    cuda_b: bool = False,
+    warmup_s: float = WARMUP_S,
+) -> tuple[list[float], list[float]]:
     """Time two callables alternating A B A B ... for ``min_time`` seconds and ``min_pairs`` pairs.
 
     Both members of a pair run under about the same machine load, so per-pair ratios are robust to the
@@ -66,8 +77,8 @@ def measure_pair(fn_a: Callable[[], object], fn_b: Callable[[], object], min_tim
     """
     warmup(fn_a, warmup_s / 2, cuda_a)
     warmup(fn_b, warmup_s / 2, cuda_b)
-    a: List[float] = []
-    b: List[float] = []
+    a: list[float] = []
+    b: list[float] = []
     end = time.perf_counter() + min_time
     while len(a) < min_pairs or time.perf_counter() < end:
         a.append(time_once(fn_a, cuda_a))
@@ -86,13 +97,13 @@ class PeakRSS:
         self.baseline = rss_bytes()
         self.peak = self.baseline
         self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
 
     def _sample(self) -> None:
         while not self._stop.wait(self.interval):
             self.peak = max(self.peak, rss_bytes())
 
-    def __enter__(self) -> "PeakRSS":
+    def __enter__(self) -> PeakRSS:
         self.peak = max(self.peak, rss_bytes())
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
@@ -106,4 +117,4 @@ class PeakRSS:
 
     @property
     def delta_mb(self) -> float:
-        return (self.peak - self.baseline) / 2 ** 20
+        return (self.peak - self.baseline) / 2**20

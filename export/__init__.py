@@ -4,13 +4,46 @@ int8 / fp8 quantization, TensorRT engines and Triton repositories."""
 
 from .check import ExtraMathCheckError, assert_extra_math, check_extra_math
 from .errors import ExportError, ExportWarning
-from .onnx_export import (BATCH_DIM, DTYPES, INPUT_NAME, OUTPUT_NAME, SUPPORTED_OPSETS, export_onnx, make_session,
-                          config_from_props, metadata_props, op_histogram, read_metadata)
+from .onnx_export import (
+    BATCH_DIM,
+    DTYPES,
+    INPUT_NAME,
+    OUTPUT_NAME,
+    SUPPORTED_OPSETS,
+    config_from_props,
+    export_onnx,
+    make_session,
+    metadata_props,
+    op_histogram,
+    read_metadata,
+)
 from .pipeline import ExportResult, export_model, load_for_export
 from .verify import VerificationError, adopt_verified, export_verified, report_path, summary, verify_onnx
 
-__all__ = ["export_model", "ExportResult", "load_for_export", "ExportError", "ExportWarning", "export_onnx",
-           "make_session", "read_metadata", "metadata_props", "config_from_props", "op_histogram", "check_extra_math",
-           "assert_extra_math", "ExtraMathCheckError", "verify_onnx", "export_verified", "adopt_verified",
-           "report_path", "summary", "VerificationError", "INPUT_NAME", "OUTPUT_NAME", "BATCH_DIM",
-           "SUPPORTED_OPSETS", "DTYPES"]
+__all__ = [
+    "export_model",
+    "ExportResult",
+    "load_for_export",
+    "ExportError",
+    "ExportWarning",
+    "export_onnx",
+    "make_session",
+    "read_metadata",
+    "metadata_props",
+    "config_from_props",
+    "op_histogram",
+    "check_extra_math",
+    "assert_extra_math",
+    "ExtraMathCheckError",
+    "verify_onnx",
+    "export_verified",
+    "adopt_verified",
+    "report_path",
+    "summary",
+    "VerificationError",
+    "INPUT_NAME",
+    "OUTPUT_NAME",
+    "BATCH_DIM",
+    "SUPPORTED_OPSETS",
+    "DTYPES",
+]

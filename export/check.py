@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import Any
 
 import numpy as np
 import onnx
@@ -26,8 +27,14 @@ from attnzoo.models.checkpoint import require_variant
 
 from .onnx_export import FP32_OPS, config_from_props, metadata_props
 
-__all__ = ["ExtraMathCheckError", "check_extra_math", "assert_extra_math", "expected_scopes",
-           "graph_depth", "variant_spec"]
+__all__ = [
+    "ExtraMathCheckError",
+    "check_extra_math",
+    "assert_extra_math",
+    "expected_scopes",
+    "graph_depth",
+    "variant_spec",
+]
 
 _STANDARD_DOMAINS = ("", "ai.onnx")
 #: Ops that only move or retype data: a scope of these alone holds no extra math.
@@ -49,7 +56,7 @@ def variant_spec(config: Mapping[str, Any]) -> VariantSpec:
     return require_variant(config)
 
 
-def _block_prefix(config: Dict[str, Any]) -> str:
+def _block_prefix(config: dict[str, Any]) -> str:
     """Module path of the block list: ``blocks`` (classifier) or ``encoder.blocks`` (Segmenter)."""
     return "encoder.blocks" if config["task"] == "seg" else "blocks"
 
@@ -65,7 +72,7 @@ def graph_depth(proto: onnx.ModelProto, prefix: str = "blocks") -> int:
     return max(found) + 1 if found else 0
 
 
-def expected_scopes(config: Dict[str, Any], depth: int) -> List[str]:
+def expected_scopes(config: dict[str, Any], depth: int) -> list[str]:
     """Node-name scopes that must hold extra math, e.g. ``blocks.0.attn.projection`` (empty when the variant
     declares no ``extra_scopes``), block by block."""
     modules = variant_spec(config).extra_scopes
@@ -77,7 +84,7 @@ def _scope_module(scope: str) -> str:
     return scope.split(".attn.", 1)[1]
 
 
-def _elem_types(proto: onnx.ModelProto) -> Dict[str, int]:
+def _elem_types(proto: onnx.ModelProto) -> dict[str, int]:
     """Value name -> element type, from ONNX shape inference."""
     graph = onnx.shape_inference.infer_shapes(proto).graph
     types = {v.name: v.type.tensor_type.elem_type for v in [*graph.value_info, *graph.input, *graph.output]}
@@ -85,7 +92,7 @@ def _elem_types(proto: onnx.ModelProto) -> Dict[str, int]:
     return types
 
 
-def _constants(proto: onnx.ModelProto) -> Dict[str, np.ndarray]:
+def _constants(proto: onnx.ModelProto) -> dict[str, np.ndarray]:
     """Initializers and Constant-node outputs by name."""
     out = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
     for node in proto.graph.node:
@@ -94,8 +101,14 @@ def _constants(proto: onnx.ModelProto) -> Dict[str, np.ndarray]:
     return out
 
 
-def _check_scope(scope: str, nodes: List[onnx.NodeProto], types: Dict[str, int],
-                 consts: Dict[str, np.ndarray], eps: Optional[float], required: Mapping[str, int]) -> List[str]:
+def _check_scope(
+    scope: str,
+    nodes: list[onnx.NodeProto],
+    types: dict[str, int],
+    consts: dict[str, np.ndarray],
+    eps: float | None,
+    required: Mapping[str, int],
+) -> list[str]:
     """Failures of one extra-math scope: required ops (or at least one op), fp32, and a projection's eps."""
     failures = []
     counts = Counter(n.op_type for n in nodes)
@@ -122,8 +135,9 @@ def _check_scope(scope: str, nodes: List[onnx.NodeProto], types: Dict[str, int],
     return failures
 
 
-def check_extra_math(model: Union[str, Path, onnx.ModelProto], config: Optional[Dict[str, Any]] = None,
-                     dtype: Optional[str] = None) -> Dict[str, Any]:
+def check_extra_math(
+    model: str | Path | onnx.ModelProto, config: dict[str, Any] | None = None, dtype: str | None = None
+) -> dict[str, Any]:
     """Find the extra-math ops of every block; never raises for a missing op (see ``failures``).
 
     Args:
@@ -144,12 +158,12 @@ def check_extra_math(model: Union[str, Path, onnx.ModelProto], config: Optional[
         config = config_from_props(props)
     dtype = dtype or props.get("dtype", "fp32")
     eps = float(props["eps"]) if props.get("eps") else None
-    by_scope: Dict[str, List[onnx.NodeProto]] = defaultdict(list)
+    by_scope: dict[str, list[onnx.NodeProto]] = defaultdict(list)
     for node in proto.graph.node:
         by_scope[node.name.rsplit("/", 1)[0]].append(node)
     types, consts = _elem_types(proto), _constants(proto)
-    failures: List[str] = []
-    blocks: Dict[str, Any] = {}
+    failures: list[str] = []
+    blocks: dict[str, Any] = {}
     depth = graph_depth(proto, _block_prefix(config))
     spec = variant_spec(config)
     if depth == 0 and spec.extra_scopes:
@@ -157,25 +171,37 @@ def check_extra_math(model: Union[str, Path, onnx.ModelProto], config: Optional[
     for scope in expected_scopes(config, depth):
         nodes = by_scope.get(scope, [])
         if not nodes:
-            failures.append(f"{scope}: no nodes named {scope}/... (variant {spec.name!r} declares extra scope "
-                            f"{_scope_module(scope)!r}; its ops are missing, folded away or renamed)")
+            failures.append(
+                f"{scope}: no nodes named {scope}/... (variant {spec.name!r} declares extra scope "
+                f"{_scope_module(scope)!r}; its ops are missing, folded away or renamed)"
+            )
         required = spec.required_ops(_scope_module(scope))
         failures += [] if not nodes else _check_scope(scope, nodes, types, consts, eps, required)
         blocks[scope] = {"ops": dict(Counter(n.op_type for n in nodes)), "nodes": [n.name for n in nodes]}
     odd = sorted({f"{n.domain}::{n.op_type}" for n in proto.graph.node if n.domain not in _STANDARD_DOMAINS})
     failures += [f"non-standard op {o} in the graph" for o in odd]
     if dtype == "fp16":
-        failures += [f"{n.name}: {n.op_type} does not compute in fp32" for n in proto.graph.node
-                     if n.op_type in FP32_OPS and types.get(n.output[0]) != onnx.TensorProto.FLOAT]
+        failures += [
+            f"{n.name}: {n.op_type} does not compute in fp32"
+            for n in proto.graph.node
+            if n.op_type in FP32_OPS and types.get(n.output[0]) != onnx.TensorProto.FLOAT
+        ]
     per_block: Counter = Counter()
     for scope, found in blocks.items():
         per_block[scope.split(".attn.")[0]] += len(found["nodes"])
-    return {"ok": not failures, "failures": failures, "blocks": blocks, "nodes_per_block": dict(per_block),
-            "non_standard_ops": odd, "depth": depth}
+    return {
+        "ok": not failures,
+        "failures": failures,
+        "blocks": blocks,
+        "nodes_per_block": dict(per_block),
+        "non_standard_ops": odd,
+        "depth": depth,
+    }
 
 
-def assert_extra_math(model: Union[str, Path, onnx.ModelProto], config: Optional[Dict[str, Any]] = None,
-                      dtype: Optional[str] = None) -> Dict[str, Any]:
+def assert_extra_math(
+    model: str | Path | onnx.ModelProto, config: dict[str, Any] | None = None, dtype: str | None = None
+) -> dict[str, Any]:
     """:func:`check_extra_math`, raising :class:`ExtraMathCheckError` listing every failure."""
     result = check_extra_math(model, config, dtype)
     if not result["ok"]:

@@ -25,8 +25,8 @@ import argparse
 import contextlib
 import sys
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import List, Optional, Sequence
 
 from attnzoo.cli import add_debug_flag, entry_point
 from attnzoo.errors import CommandError, UsageError
@@ -38,14 +38,20 @@ from attnzoo.runtime.tensorrt import COMPUTE_CAPABILITIES, DEFAULT_COMPUTE_CAPAB
 from .errors import ExportError, ExportWarning
 from .onnx_export import DTYPES, SUPPORTED_OPSETS
 from .pipeline import DEFAULT_BATCH_SIZES, DEFAULT_TRITON_DIR, FORMATS, export_model
-from .quantize import (ACCURACY_TOLERANCE, DEFAULT_CALIBRATION_COUNT, DEFAULT_CALIBRATION_SEED, DEFAULT_FIDELITY_COUNT,
-                       DEFAULT_MIN_COSINE, PLACEMENT_CHOICES)
+from .quantize import (
+    ACCURACY_TOLERANCE,
+    DEFAULT_CALIBRATION_COUNT,
+    DEFAULT_CALIBRATION_SEED,
+    DEFAULT_FIDELITY_COUNT,
+    DEFAULT_MIN_COSINE,
+    PLACEMENT_CHOICES,
+)
 from .triton import DEFAULT_QUEUE_DELAY_US, PLATFORMS
 
 __all__ = ["main", "build_parser"]
 
 
-def _parse_ints(text: str, what: str) -> List[int]:
+def _parse_ints(text: str, what: str) -> list[int]:
     try:
         values = [int(v) for v in text.replace("x", ",").split(",") if v.strip()]
     except ValueError:
@@ -59,81 +65,165 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="export-model",
         description="Export an attnzoo model to ONNX (the variant's extra math kept as explicit ops, verified against eager "
-                    "PyTorch with ONNX Runtime) and optionally build a TensorRT engine.",
+        "PyTorch with ONNX Runtime) and optionally build a TensorRT engine.",
         epilog=f"variants: {', '.join(VARIANT_NAMES)}\narchs: {', '.join(ARCHS)}\n"
-               f"Default checkpoint: the zoo's trained model for the variant and task (attnzoo.zoo).",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--variant", default=None, metavar="NAME",
-                   help="attention variant (see the list below; default: the --checkpoint's own)")
+        f"Default checkpoint: the zoo's trained model for the variant and task (attnzoo.zoo).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--variant",
+        default=None,
+        metavar="NAME",
+        help="attention variant (see the list below; default: the --checkpoint's own)",
+    )
     p.add_argument("--task", choices=TASKS, default=None, help="cls or seg (default: the checkpoint's, else cls)")
-    p.add_argument("--arch", choices=tuple(ARCHS), default=None,
-                   help="architecture (default: the checkpoint's, else micro)")
-    p.add_argument("--checkpoint", type=Path, default=None,
-                   help=".safetensors checkpoint, whose config names the variant, task and arch (or a plain .pt state "
-                        "dict with --variant; never unpickled)")
-    p.add_argument("--random-init", action="store_true",
-                   help="export a freshly initialised (untrained) model instead of a checkpoint")
+    p.add_argument(
+        "--arch", choices=tuple(ARCHS), default=None, help="architecture (default: the checkpoint's, else micro)"
+    )
+    p.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        help=".safetensors checkpoint, whose config names the variant, task and arch (or a plain .pt state "
+        "dict with --variant; never unpickled)",
+    )
+    p.add_argument(
+        "--random-init",
+        action="store_true",
+        help="export a freshly initialised (untrained) model instead of a checkpoint",
+    )
     p.add_argument("--opset", type=int, default=20, help=f"ONNX opset ({', '.join(map(str, SUPPORTED_OPSETS))})")
-    p.add_argument("--dtype", choices=(*DTYPES, *QUANTIZED_DTYPES), default="fp32",
-                   help="fp32, fp16, or int8/fp8: post-training quantization with NVIDIA ModelOpt (Q/DQ nodes; the "
-                        "extra math stays fp32), its output compared with fp32's on held-out inputs (--min-cosine) "
-                        "and, for a model with a labelled test split, scored on it next to fp32")
-    p.add_argument("--format", choices=FORMATS, default=None,
-                   help="onnx, tensorrt or triton (default: from the --out suffix, .onnx or .engine; else onnx); "
-                        "triton writes a Triton model repository into the --out folder (default "
-                        f"{DEFAULT_TRITON_DIR}): <name>/config.pbtxt, labels.txt, 1/model.onnx (or 1/model.plan)")
-    p.add_argument("--batch-sizes", default=",".join(map(str, DEFAULT_BATCH_SIZES)),
-                   help=f"batch sizes verified (and the TensorRT profile range), each in 1..{MAX_BATCH_SIZE}")
-    p.add_argument("--input-size", default=None, metavar="H[xW]",
-                   help="input size (default: the model's training size; segmenters take any H x W)")
-    p.add_argument("--out", type=Path, default=None,
-                   help="output file (default: exports/<variant>_<task>_<arch>[_<dtype>].onnx or .engine)")
+    p.add_argument(
+        "--dtype",
+        choices=(*DTYPES, *QUANTIZED_DTYPES),
+        default="fp32",
+        help="fp32, fp16, or int8/fp8: post-training quantization with NVIDIA ModelOpt (Q/DQ nodes; the "
+        "extra math stays fp32), its output compared with fp32's on held-out inputs (--min-cosine) "
+        "and, for a model with a labelled test split, scored on it next to fp32",
+    )
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        default=None,
+        help="onnx, tensorrt or triton (default: from the --out suffix, .onnx or .engine; else onnx); "
+        "triton writes a Triton model repository into the --out folder (default "
+        f"{DEFAULT_TRITON_DIR}): <name>/config.pbtxt, labels.txt, 1/model.onnx (or 1/model.plan)",
+    )
+    p.add_argument(
+        "--batch-sizes",
+        default=",".join(map(str, DEFAULT_BATCH_SIZES)),
+        help=f"batch sizes verified (and the TensorRT profile range), each in 1..{MAX_BATCH_SIZE}",
+    )
+    p.add_argument(
+        "--input-size",
+        default=None,
+        metavar="H[xW]",
+        help="input size (default: the model's training size; segmenters take any H x W)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output file (default: exports/<variant>_<task>_<arch>[_<dtype>].onnx or .engine)",
+    )
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads for the verification")
 
-    p.add_argument("--triton-platform", choices=tuple(PLATFORMS), default="onnxruntime",
-                   help="--format triton: onnxruntime (platform onnxruntime_onnx, default) or tensorrt "
-                        "(tensorrt_plan: an engine of TensorRT proper, built on the GPU it will serve on); "
-                        "max_batch_size is the largest of --batch-sizes")
-    p.add_argument("--triton-queue-delay-us", type=int, default=None, metavar="US",
-                   help=f"--format triton: dynamic batching's max_queue_delay_microseconds "
-                        f"(default {DEFAULT_QUEUE_DELAY_US})")
+    p.add_argument(
+        "--triton-platform",
+        choices=tuple(PLATFORMS),
+        default="onnxruntime",
+        help="--format triton: onnxruntime (platform onnxruntime_onnx, default) or tensorrt "
+        "(tensorrt_plan: an engine of TensorRT proper, built on the GPU it will serve on); "
+        "max_batch_size is the largest of --batch-sizes",
+    )
+    p.add_argument(
+        "--triton-queue-delay-us",
+        type=int,
+        default=None,
+        metavar="US",
+        help=f"--format triton: dynamic batching's max_queue_delay_microseconds (default {DEFAULT_QUEUE_DELAY_US})",
+    )
 
-    p.add_argument("--compute-capability", type=str.upper, choices=COMPUTE_CAPABILITIES, default=None,
-                   metavar="SM",
-                   help=f"--format tensorrt: GPU to build for, one of {', '.join(COMPUTE_CAPABILITIES)} (default: "
-                        f"CURRENT, the GPU present; without a GPU {DEFAULT_COMPUTE_CAPABILITY}, built ahead of time "
-                        "with tensorrt-rtx and not run)")
+    p.add_argument(
+        "--compute-capability",
+        type=str.upper,
+        choices=COMPUTE_CAPABILITIES,
+        default=None,
+        metavar="SM",
+        help=f"--format tensorrt: GPU to build for, one of {', '.join(COMPUTE_CAPABILITIES)} (default: "
+        f"CURRENT, the GPU present; without a GPU {DEFAULT_COMPUTE_CAPABILITY}, built ahead of time "
+        "with tensorrt-rtx and not run)",
+    )
     q = p.add_argument_group("quantization (--dtype int8 / fp8)")
-    q.add_argument("--quantize-extra-math", action="store_true",
-                   help="quantize the variant's extra-math scopes too (the projection; an ablation): by default "
-                        "every op in them stays unquantized and fp32")
-    q.add_argument("--qdq-placement", choices=PLACEMENT_CHOICES, default=None,
-                   help="where the Q/DQ nodes go: auto (default: the weight MatMuls, plus attention's two matmuls "
-                        "and the residual Adds of each block, each kept fp32 unless the cosine to fp32 that the "
-                        "choosing inputs promise for most inputs like them stays at --min-cosine), tensorrt (ModelOpt's placement, all of them, which TensorRT "
-                        "fuses) or cpu (int8 only: just in front of the MatMul/Gemm/Conv ops ONNX Runtime's CPU "
-                        "kernels run in int8; faster there)")
-    q.add_argument("--calibration-data", type=Path, default=None, metavar="DIR|FILE.npy",
-                   help="calibrate on a folder of images (preprocessed as the model's metadata says) or a float32 "
-                        "(N, 3, H, W) .npy array of normalised inputs (never unpickled) instead of the model's "
-                        "training split; the last --fidelity-count (at most a quarter) are held out")
-    q.add_argument("--calibration-count", type=int, default=None, metavar="N",
-                   help=f"images (training split or folder) to calibrate on (default {DEFAULT_CALIBRATION_COUNT})")
-    q.add_argument("--calibration-seed", type=int, default=None,
-                   help=f"seed of the calibration draw (default {DEFAULT_CALIBRATION_SEED})")
-    q.add_argument("--accept-accuracy-drop", action="store_true",
-                   help="write the quantized model even when it scores more than the tolerance below fp32 "
-                        f"({ACCURACY_TOLERANCE['cls']:g} points top-1, {ACCURACY_TOLERANCE['seg']:g} mIoU)")
-    q.add_argument("--min-cosine", type=float, default=None, metavar="C",
-                   help=f"fidelity gate: refuse a graph whose output's cosine similarity to fp32's on the worst "
-                        f"held-out input is below C (default {DEFAULT_MIN_COSINE:g} for a model without a labelled "
-                        "test split, which is gated on its accuracy instead; 0 measures without refusing)")
-    q.add_argument("--fidelity-count", type=int, default=None, metavar="N",
-                   help=f"held-out inputs the fidelity is measured on (default {DEFAULT_FIDELITY_COUNT}; with "
-                        "--qdq-placement auto half of them choose the placement)")
-    q.add_argument("--eval-limit", type=int, default=None, metavar="N",
-                   help="score on the first N test images only (quick checks, not served by serve-demo / serve-models; "
-                        "default: the whole test split)")
+    q.add_argument(
+        "--quantize-extra-math",
+        action="store_true",
+        help="quantize the variant's extra-math scopes too (the projection; an ablation): by default "
+        "every op in them stays unquantized and fp32",
+    )
+    q.add_argument(
+        "--qdq-placement",
+        choices=PLACEMENT_CHOICES,
+        default=None,
+        help="where the Q/DQ nodes go: auto (default: the weight MatMuls, plus attention's two matmuls "
+        "and the residual Adds of each block, each kept fp32 unless the cosine to fp32 that the "
+        "choosing inputs promise for most inputs like them stays at --min-cosine), tensorrt (ModelOpt's placement, all of them, which TensorRT "
+        "fuses) or cpu (int8 only: just in front of the MatMul/Gemm/Conv ops ONNX Runtime's CPU "
+        "kernels run in int8; faster there)",
+    )
+    q.add_argument(
+        "--calibration-data",
+        type=Path,
+        default=None,
+        metavar="DIR|FILE.npy",
+        help="calibrate on a folder of images (preprocessed as the model's metadata says) or a float32 "
+        "(N, 3, H, W) .npy array of normalised inputs (never unpickled) instead of the model's "
+        "training split; the last --fidelity-count (at most a quarter) are held out",
+    )
+    q.add_argument(
+        "--calibration-count",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"images (training split or folder) to calibrate on (default {DEFAULT_CALIBRATION_COUNT})",
+    )
+    q.add_argument(
+        "--calibration-seed",
+        type=int,
+        default=None,
+        help=f"seed of the calibration draw (default {DEFAULT_CALIBRATION_SEED})",
+    )
+    q.add_argument(
+        "--accept-accuracy-drop",
+        action="store_true",
+        help="write the quantized model even when it scores more than the tolerance below fp32 "
+        f"({ACCURACY_TOLERANCE['cls']:g} points top-1, {ACCURACY_TOLERANCE['seg']:g} mIoU)",
+    )
+    q.add_argument(
+        "--min-cosine",
+        type=float,
+        default=None,
+        metavar="C",
+        help=f"fidelity gate: refuse a graph whose output's cosine similarity to fp32's on the worst "
+        f"held-out input is below C (default {DEFAULT_MIN_COSINE:g} for a model without a labelled "
+        "test split, which is gated on its accuracy instead; 0 measures without refusing)",
+    )
+    q.add_argument(
+        "--fidelity-count",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"held-out inputs the fidelity is measured on (default {DEFAULT_FIDELITY_COUNT}; with "
+        "--qdq-placement auto half of them choose the placement)",
+    )
+    q.add_argument(
+        "--eval-limit",
+        type=int,
+        default=None,
+        metavar="N",
+        help="score on the first N test images only (quick checks, not served by serve-demo / serve-models; "
+        "default: the whole test split)",
+    )
     return add_debug_flag(p)
 
 
@@ -155,7 +245,7 @@ def _warnings_as_lines():
 
 
 @entry_point
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``export-model``; errors exit non-zero with one ``error: ...`` line (2: refused before
     any work, 1: a failure)."""
     args = build_parser().parse_args(argv)
@@ -163,16 +253,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         with _warnings_as_lines():
             result = export_model(
-                args.variant, task=args.task, arch=args.arch, checkpoint=args.checkpoint,
-                random_init=args.random_init, out=args.out, format=args.format, dtype=args.dtype, opset=args.opset,
-                batch_sizes=_parse_ints(args.batch_sizes, "--batch-sizes"), input_size=input_size,
-                threads=args.threads, compute_capability=args.compute_capability,
-                triton_platform=args.triton_platform, triton_queue_delay_us=args.triton_queue_delay_us,
-                quantize_extra_math=args.quantize_extra_math, qdq_placement=args.qdq_placement,
-                calibration_data=args.calibration_data, calibration_count=args.calibration_count,
-                calibration_seed=args.calibration_seed, accept_accuracy_drop=args.accept_accuracy_drop,
-                eval_limit=args.eval_limit, min_cosine=args.min_cosine, fidelity_count=args.fidelity_count,
-                progress=True)
+                args.variant,
+                task=args.task,
+                arch=args.arch,
+                checkpoint=args.checkpoint,
+                random_init=args.random_init,
+                out=args.out,
+                format=args.format,
+                dtype=args.dtype,
+                opset=args.opset,
+                batch_sizes=_parse_ints(args.batch_sizes, "--batch-sizes"),
+                input_size=input_size,
+                threads=args.threads,
+                compute_capability=args.compute_capability,
+                triton_platform=args.triton_platform,
+                triton_queue_delay_us=args.triton_queue_delay_us,
+                quantize_extra_math=args.quantize_extra_math,
+                qdq_placement=args.qdq_placement,
+                calibration_data=args.calibration_data,
+                calibration_count=args.calibration_count,
+                calibration_seed=args.calibration_seed,
+                accept_accuracy_drop=args.accept_accuracy_drop,
+                eval_limit=args.eval_limit,
+                min_cosine=args.min_cosine,
+                fidelity_count=args.fidelity_count,
+                progress=True,
+            )
     except ExportError as exc:
         raise CommandError(str(exc)) from exc
     print(result.summary())

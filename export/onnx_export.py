@@ -20,8 +20,9 @@ import copy
 import json
 import warnings
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any
 
 import onnx
 import timm.layers.pos_embed as pos_embed
@@ -36,16 +37,29 @@ from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, input_style_of
 from attnzoo.runtime.contract import BATCH_DIM, INPUT_NAME, OUTPUT_NAME, config_from_props, metadata_props
 from attnzoo.runtime.sessions import ort_session
 
-__all__ = ["export_onnx", "make_session", "read_metadata", "metadata_props", "config_from_props", "config_hw",
-           "op_histogram", "INPUT_NAME", "OUTPUT_NAME", "BATCH_DIM", "SUPPORTED_OPSETS", "DTYPES", "FP32_OPS"]
+__all__ = [
+    "export_onnx",
+    "make_session",
+    "read_metadata",
+    "metadata_props",
+    "config_from_props",
+    "config_hw",
+    "op_histogram",
+    "INPUT_NAME",
+    "OUTPUT_NAME",
+    "BATCH_DIM",
+    "SUPPORTED_OPSETS",
+    "DTYPES",
+    "FP32_OPS",
+]
 
 #: Opsets the torch dynamo exporter and ONNX Runtime both handle for these models.
-SUPPORTED_OPSETS: Tuple[int, ...] = (18, 19, 20, 21, 22, 23)
+SUPPORTED_OPSETS: tuple[int, ...] = (18, 19, 20, 21, 22, 23)
 DTYPES = ("fp32", "fp16")
 #: Op types computed in fp32 (explicit Cast nodes around them) in an fp16 graph, besides the projection.
-FP32_OPS: Tuple[str, ...] = ("LayerNormalization", "Softmax")
+FP32_OPS: tuple[str, ...] = ("LayerNormalization", "Softmax")
 #: Protobuf's hard limit: bigger models keep their weights in an external data file.
-_PROTO_LIMIT = 2 ** 31 - 1
+_PROTO_LIMIT = 2**31 - 1
 _SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 _DROP_NODE_METADATA = ("pkg.torch.onnx.stack_trace", "pkg.torch.onnx.fx_node")
 
@@ -110,8 +124,9 @@ def _keep_fp32(module: nn.Module) -> None:
         return to(out, out_dtype)
 
     module.float()
-    module.__class__ = type(base.__name__, (base,), {"forward": forward, "_attnzoo_fp32": True,
-                                                     "__module__": base.__module__})
+    module.__class__ = type(
+        base.__name__, (base,), {"forward": forward, "_attnzoo_fp32": True, "__module__": base.__module__}
+    )
 
 
 def _fp16_model(model: nn.Module, extra_scopes: Sequence[str] = ()) -> nn.Module:
@@ -166,20 +181,29 @@ def _full_attention_masks(graph: onnx.GraphProto) -> None:
     for node in graph.node:
         if node.op_type == "Attention" and node.domain in ("", "ai.onnx") and len(node.input) > 3 and node.input[3]:
             q, k, mask, name = node.input[0], node.input[1], node.input[3], node.name
-            nodes += [onnx.helper.make_node("Shape", [q], [f"{name}/q_shape"], name=f"{name}/QShape", start=0, end=3),
-                      onnx.helper.make_node("Shape", [k], [f"{name}/k_len"], name=f"{name}/KShape", start=2, end=3),
-                      onnx.helper.make_node("Concat", [f"{name}/q_shape", f"{name}/k_len"], [f"{name}/mask_shape"],
-                                            name=f"{name}/MaskShape", axis=0),
-                      onnx.helper.make_node("Expand", [mask, f"{name}/mask_shape"], [f"{name}/full_mask"],
-                                            name=f"{name}/MaskExpand")]
+            nodes += [
+                onnx.helper.make_node("Shape", [q], [f"{name}/q_shape"], name=f"{name}/QShape", start=0, end=3),
+                onnx.helper.make_node("Shape", [k], [f"{name}/k_len"], name=f"{name}/KShape", start=2, end=3),
+                onnx.helper.make_node(
+                    "Concat",
+                    [f"{name}/q_shape", f"{name}/k_len"],
+                    [f"{name}/mask_shape"],
+                    name=f"{name}/MaskShape",
+                    axis=0,
+                ),
+                onnx.helper.make_node(
+                    "Expand", [mask, f"{name}/mask_shape"], [f"{name}/full_mask"], name=f"{name}/MaskExpand"
+                ),
+            ]
             node.input[3] = f"{name}/full_mask"
         nodes.append(node)
     del graph.node[:]
     graph.node.extend(nodes)
 
 
-def _metadata(config: Mapping[str, Any], input_hw: Tuple[int, int], dtype: str,
-              checkpoint_sha256: str) -> Dict[str, str]:
+def _metadata(
+    config: Mapping[str, Any], input_hw: tuple[int, int], dtype: str, checkpoint_sha256: str
+) -> dict[str, str]:
     """The metadata_props contract shared with the benchmarks and the demo."""
     config = dict(config)
     config.setdefault("class_names", [str(i) for i in range(int(config["num_classes"]))])
@@ -205,13 +229,13 @@ def _metadata(config: Mapping[str, Any], input_hw: Tuple[int, int], dtype: str,
     }
 
 
-def _extra_scopes(config: Mapping[str, Any]) -> Tuple[str, ...]:
+def _extra_scopes(config: Mapping[str, Any]) -> tuple[str, ...]:
     """The variant's registered ``extra_scopes`` (none for an unregistered variant name)."""
     spec = VARIANTS.get(str(config["variant"]))
     return spec.extra_scopes if spec is not None else ()
 
 
-def config_hw(config: Mapping[str, Any]) -> Tuple[int, int]:
+def config_hw(config: Mapping[str, Any]) -> tuple[int, int]:
     """The config's input (H, W): ``img_size`` is an int (square) or an [H, W] pair."""
     size = config["img_size"]
     return (int(size), int(size)) if isinstance(size, (int, float)) else (int(size[0]), int(size[1]))
@@ -222,8 +246,9 @@ def _save_atomic(proto: onnx.ModelProto, path: Path) -> None:
     external = proto.ByteSize() > _PROTO_LIMIT
     with atomic_path(path) as tmp:
         if external:
-            onnx.save_model(proto, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=f"{path.name}.data")
+            onnx.save_model(
+                proto, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True, location=f"{path.name}.data"
+            )
         else:
             onnx.save_model(proto, str(tmp))
 
@@ -246,14 +271,14 @@ def _fixed_size_pos_embed():
 
 
 def export_onnx(
-        model: nn.Module,
-        path: Union[str, Path],
-        *,
-        config: Optional[Mapping[str, Any]] = None,
-        opset: int = 20,
-        dtype: str = "fp32",
-        input_hw: Optional[Tuple[int, int]] = None,
-        checkpoint_sha256: str = "",
+    model: nn.Module,
+    path: str | Path,
+    *,
+    config: Mapping[str, Any] | None = None,
+    opset: int = 20,
+    dtype: str = "fp32",
+    input_hw: tuple[int, int] | None = None,
+    checkpoint_sha256: str = "",
 ) -> Path:
     """Export ``model`` to ``path`` as ONNX with a dynamic batch dimension and the attnzoo metadata.
 
@@ -283,8 +308,10 @@ def export_onnx(
     if config is None:
         config = getattr(model, "attnzoo_config", None)
         if config is None:
-            raise ValueError("the model has no attnzoo_config; pass config= (variant, task, arch, num_classes, "
-                             "img_size, options ...)")
+            raise ValueError(
+                "the model has no attnzoo_config; pass config= (variant, task, arch, num_classes, "
+                "img_size, options ...)"
+            )
     path = Path(path)
     hw = tuple(input_hw) if input_hw else config_hw(config)
     model = model.eval() if dtype == "fp32" else _fp16_model(model, _extra_scopes(config))
@@ -293,9 +320,17 @@ def export_onnx(
         warnings.simplefilter("ignore")
         try:
             program = torch.onnx.export(
-                model, (example,), input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
-                dynamic_shapes=({0: torch.export.Dim(BATCH_DIM, min=1, max=65536)},), opset_version=opset,
-                dynamo=True, optimize=True, verbose=False, report=False)
+                model,
+                (example,),
+                input_names=[INPUT_NAME],
+                output_names=[OUTPUT_NAME],
+                dynamic_shapes=({0: torch.export.Dim(BATCH_DIM, min=1, max=65536)},),
+                opset_version=opset,
+                dynamo=True,
+                optimize=True,
+                verbose=False,
+                report=False,
+            )
         except Exception as exc:  # the exporter raises many types; report one line
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ValueError(f"torch.onnx.export failed at opset {opset}: {first}") from exc
@@ -313,7 +348,7 @@ def export_onnx(
     return path
 
 
-def read_metadata(path: Union[str, Path]) -> Dict[str, Any]:
+def read_metadata(path: str | Path) -> dict[str, Any]:
     """The checkpoint config stored in an attnzoo ONNX file (``attnzoo.config``), parsed.
 
     Raises:
@@ -322,12 +357,11 @@ def read_metadata(path: Union[str, Path]) -> Dict[str, Any]:
     return config_from_props(metadata_props(path), path)
 
 
-def make_session(path: Union[str, Path], threads: Optional[int] = None,
-                 providers: Optional[Sequence[str]] = None):
+def make_session(path: str | Path, threads: int | None = None, providers: Sequence[str] | None = None):
     """ONNX Runtime CPU session (:func:`attnzoo.runtime.ort_session`), the provider every export is verified on."""
     return ort_session(path, "cpu", threads=threads, providers=providers)
 
 
-def op_histogram(proto: onnx.ModelProto) -> Dict[str, int]:
+def op_histogram(proto: onnx.ModelProto) -> dict[str, int]:
     """Op type -> count, most frequent first."""
     return dict(Counter(n.op_type for n in proto.graph.node).most_common())

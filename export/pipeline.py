@@ -20,16 +20,17 @@ import contextlib
 import io
 import tempfile
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any
 
 from torch import nn
 from tqdm import tqdm
 
 from attnzoo import zoo
-from attnzoo.errors import UsageError
 from attnzoo.data.datasets import SHAPES_CLASSES, SHAPES_SEG_CLASSES
+from attnzoo.errors import UsageError
 from attnzoo.fileio import sha256_file
 from attnzoo.limits import check_batch_sizes, check_side
 from attnzoo.models import canonical_name, create_model
@@ -39,26 +40,37 @@ from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD
 from attnzoo.runtime.sessions import QUANTIZED_DTYPES
 from attnzoo.runtime.tensorrt import COMPUTE_CAPABILITIES
 
-from . import quantize as quantization, verify
+from . import quantize as quantization
+from . import verify
 from .errors import ExportWarning
 from .formats import ExportRequest, formats, get_format, run_step
 from .formats.triton_format import DEFAULT_TRITON_DIR
 from .onnx_export import DTYPES, SUPPORTED_OPSETS, config_hw
-from .quantize import QuantizeOptions, calibration_for, check_quantize_arguments, summary as quantize_summary
+from .quantize import QuantizeOptions, calibration_for, check_quantize_arguments
+from .quantize import summary as quantize_summary
 from .triton import DEFAULT_QUEUE_DELAY_US
-from .verify import EXTRA_BATCH_SIZES, report_path, summary as verify_summary
+from .verify import EXTRA_BATCH_SIZES, report_path
+from .verify import summary as verify_summary
 
-__all__ = ["FORMATS", "SUFFIXES", "DEFAULT_TRITON_DIR", "DEFAULT_BATCH_SIZES", "ExportResult", "export_model",
-           "load_for_export", "output_format"]
+__all__ = [
+    "FORMATS",
+    "SUFFIXES",
+    "DEFAULT_TRITON_DIR",
+    "DEFAULT_BATCH_SIZES",
+    "ExportResult",
+    "export_model",
+    "load_for_export",
+    "output_format",
+]
 
 #: Output file suffixes of each format (:mod:`attnzoo.export.formats`; the format is inferred from the suffix when
 #: not given); ``triton`` writes a folder (a Triton model repository), named only with an explicit ``format="triton"``.
-SUFFIXES: Dict[str, Tuple[str, ...]] = {name: part.suffixes for name, part in formats().items()}
-FORMATS: Tuple[str, ...] = tuple(SUFFIXES)
+SUFFIXES: dict[str, tuple[str, ...]] = {name: part.suffixes for name, part in formats().items()}
+FORMATS: tuple[str, ...] = tuple(SUFFIXES)
 #: Batch sizes verified by default (and the TensorRT profile's range).
-DEFAULT_BATCH_SIZES: Tuple[int, ...] = (1, 8)
+DEFAULT_BATCH_SIZES: tuple[int, ...] = (1, 8)
 
-PathLike = Union[str, Path]
+PathLike = str | Path
 
 
 @dataclass
@@ -79,17 +91,17 @@ class ExportResult:
 
     path: Path
     onnx_path: Path
-    report: Dict[str, Any]
+    report: dict[str, Any]
     format: str
     dtype: str
-    fp32_report: Optional[Dict[str, Any]] = None
-    engine_path: Optional[Path] = None
-    engine_report: Optional[Dict[str, Any]] = None
-    triton: Optional[Dict[str, Any]] = None
-    warnings: List[str] = field(default_factory=list)
+    fp32_report: dict[str, Any] | None = None
+    engine_path: Path | None = None
+    engine_report: dict[str, Any] | None = None
+    triton: dict[str, Any] | None = None
+    warnings: list[str] = field(default_factory=list)
 
     @property
-    def files(self) -> List[Path]:
+    def files(self) -> list[Path]:
         """Every file written: the ONNX and its report, then its format's (the engine and its report, the Triton
         config)."""
         return [self.onnx_path, report_path(self.onnx_path), *get_format(self.format).files(self)]
@@ -100,13 +112,17 @@ class ExportResult:
             lines = [verify_summary(self.report)]
         else:
             par = self.fp32_report["parity"]
-            lines = [f"fp32 source verified: parity vs eager max abs err {par['max_abs_err']:.2e} at batch sizes "
-                     f"{par['batch_sizes']}", quantize_summary(self.report), f"  report: {report_path(self.onnx_path)}"]
+            lines = [
+                f"fp32 source verified: parity vs eager max abs err {par['max_abs_err']:.2e} at batch sizes "
+                f"{par['batch_sizes']}",
+                quantize_summary(self.report),
+                f"  report: {report_path(self.onnx_path)}",
+            ]
         return "\n".join(lines + get_format(self.format).summary(self))
 
 
 # ------------------------------------------------------------------------------------------------ the model
-def _class_count(state: Dict[str, Any], task: str) -> Optional[int]:
+def _class_count(state: dict[str, Any], task: str) -> int | None:
     """Classes of a config-less state dict, from its head."""
     for key, axis in (("head.weight", 0), ("decoder.head.weight", 0), ("decoder.cls_emb", 1)):
         if key in state and (task == "cls") == (key == "head.weight"):
@@ -114,7 +130,7 @@ def _class_count(state: Dict[str, Any], task: str) -> Optional[int]:
     return None
 
 
-def _checkpoint_config(path: Path) -> Optional[Dict[str, Any]]:
+def _checkpoint_config(path: Path) -> dict[str, Any] | None:
     """The config a checkpoint carries (``None`` for a plain state dict); read without loading the weights.
 
     Raises:
@@ -128,8 +144,7 @@ def _checkpoint_config(path: Path) -> Optional[Dict[str, Any]]:
         return None
 
 
-def _agree(config: Dict[str, Any], source: str, variant: Optional[str], task: Optional[str],
-           arch: Optional[str]) -> None:
+def _agree(config: dict[str, Any], source: str, variant: str | None, task: str | None, arch: str | None) -> None:
     """A usage error naming both values when an argument contradicts what a model's config says."""
     for key, wanted in (("variant", variant), ("task", task), ("arch", arch)):
         if wanted is None:
@@ -138,13 +153,19 @@ def _agree(config: Dict[str, Any], source: str, variant: Optional[str], task: Op
         if key == "variant":
             wanted = canonical_name(wanted)
         if have != wanted:
-            raise UsageError(f"--{key} {wanted} contradicts {source}, which holds a {have!r} model (not "
-                             f"{wanted!r}); leave --{key} out to use the {source.split(' ')[0]}'s own")
+            raise UsageError(
+                f"--{key} {wanted} contradicts {source}, which holds a {have!r} model (not "
+                f"{wanted!r}); leave --{key} out to use the {source.split(' ')[0]}'s own"
+            )
 
 
-def load_for_export(variant: Optional[str] = None, task: Optional[str] = None, arch: Optional[str] = None,
-                    checkpoint: Optional[PathLike] = None,
-                    random_init: bool = False) -> Tuple[nn.Module, Dict[str, Any], str]:
+def load_for_export(
+    variant: str | None = None,
+    task: str | None = None,
+    arch: str | None = None,
+    checkpoint: PathLike | None = None,
+    random_init: bool = False,
+) -> tuple[nn.Module, dict[str, Any], str]:
     """``(model in eval mode, config, checkpoint sha256)`` for these choices.
 
     A checkpoint with a config (``save_checkpoint``'s) describes its model: ``variant``, ``task`` and ``arch``
@@ -165,8 +186,10 @@ def load_for_export(variant: Optional[str] = None, task: Optional[str] = None, a
             model, config = load_checkpoint(path)  # never unpickles
             return model.eval(), config, sha256_file(path)
         if variant is None:
-            raise UsageError(f"{path.name} is a plain state dict without a config: pass --variant (and --task, "
-                             "--arch when not cls / micro)")
+            raise UsageError(
+                f"{path.name} is a plain state dict without a config: pass --variant (and --task, "
+                "--arch when not cls / micro)"
+            )
         state = load_state_dict_file(path)  # raises for pickles (weights_only=True) and unreadable files
         task = task or "cls"
         model = create_model(canonical_name(variant), task, arch or "micro", num_classes=_class_count(state, task))
@@ -179,8 +202,13 @@ def load_for_export(variant: Optional[str] = None, task: Optional[str] = None, a
         task = task or "cls"
         names = list(SHAPES_CLASSES if task == "cls" else SHAPES_SEG_CLASSES)
         model = create_model(variant, task, arch or "micro", num_classes=len(names))
-        config = {**model.attnzoo_config, "class_names": names, "mean": list(DEFAULT_MEAN),
-                  "std": list(DEFAULT_STD), "untrained": True}
+        config = {
+            **model.attnzoo_config,
+            "class_names": names,
+            "mean": list(DEFAULT_MEAN),
+            "std": list(DEFAULT_STD),
+            "untrained": True,
+        }
         return model.eval(), config, ""
     try:
         path = zoo.checkpoint_path(variant, task or "cls")
@@ -193,7 +221,7 @@ def load_for_export(variant: Optional[str] = None, task: Optional[str] = None, a
 
 
 # ------------------------------------------------------------------------------------------------ arguments
-def output_format(fmt: Optional[str], out: Optional[PathLike]) -> str:
+def output_format(fmt: str | None, out: PathLike | None) -> str:
     """The output format: ``fmt``, else inferred from the suffix of ``out``; they must agree.
 
     Raises:
@@ -207,12 +235,16 @@ def output_format(fmt: Optional[str], out: Optional[PathLike]) -> str:
     implied = next((p for p in parts if out.suffix.lower() in p.suffixes), None)
     if part is not None and not part.suffixes:  # a folder
         if implied is not None:
-            raise UsageError(f"with --format {fmt}, --out names the {part.title} folder, not a file ({out.name}); "
-                             f"e.g. --out {out.with_suffix('')}")
+            raise UsageError(
+                f"with --format {fmt}, --out names the {part.title} folder, not a file ({out.name}); "
+                f"e.g. --out {out.with_suffix('')}"
+            )
         return fmt
     if implied is None:
-        raise UsageError(f"--out {out}: the file name must end in "
-                         + " or ".join(f"{p.suffixes[0]} ({p.title})" for p in parts if p.suffixes))
+        raise UsageError(
+            f"--out {out}: the file name must end in "
+            + " or ".join(f"{p.suffixes[0]} ({p.title})" for p in parts if p.suffixes)
+        )
     if part is not None and part is not implied:
         raise UsageError(part.mismatch(out, implied))
     return implied.name
@@ -228,7 +260,7 @@ def _usage(check, *args) -> Any:
         raise UsageError(str(exc)) from None
 
 
-def _input_hw(input_size: Optional[Union[int, Sequence[int]]], config: Dict[str, Any]) -> Tuple[int, int]:
+def _input_hw(input_size: int | Sequence[int] | None, config: dict[str, Any]) -> tuple[int, int]:
     """The export's (H, W): ``input_size`` (an int or (H, W)), else the model's training size."""
     if input_size is None:
         return config_hw(config)
@@ -243,9 +275,17 @@ def _input_hw(input_size: Optional[Union[int, Sequence[int]]], config: Dict[str,
     return h, w
 
 
-def _check_request(fmt: Optional[str], out: Optional[PathLike], dtype: str, opset: int, batch_sizes: Sequence[int],
-                   compute_capability: Optional[str], triton_platform: str, triton_queue_delay_us: int,
-                   quantize: QuantizeOptions) -> ExportRequest:
+def _check_request(
+    fmt: str | None,
+    out: PathLike | None,
+    dtype: str,
+    opset: int,
+    batch_sizes: Sequence[int],
+    compute_capability: str | None,
+    triton_platform: str,
+    triton_queue_delay_us: int,
+    quantize: QuantizeOptions,
+) -> ExportRequest:
     """Every argument that can be checked without the model, checked (UsageError otherwise)."""
     if opset not in SUPPORTED_OPSETS:
         raise UsageError(f"unsupported opset {opset}; supported: {', '.join(map(str, SUPPORTED_OPSETS))}")
@@ -259,41 +299,68 @@ def _check_request(fmt: Optional[str], out: Optional[PathLike], dtype: str, opse
     if compute_capability is not None:
         compute_capability = compute_capability.upper()
         if compute_capability not in COMPUTE_CAPABILITIES:
-            raise UsageError(f"unknown compute capability {compute_capability!r}; valid: "
-                             f"{', '.join(COMPUTE_CAPABILITIES)}")
+            raise UsageError(
+                f"unknown compute capability {compute_capability!r}; valid: {', '.join(COMPUTE_CAPABILITIES)}"
+            )
     _usage(check_quantize_arguments, quantize, fmt, compute_capability)
-    req = ExportRequest(fmt, dtype, Path(out) if out is not None else None, opset, sizes, compute_capability,
-                        triton_platform, triton_queue_delay_us, quantize)
+    req = ExportRequest(
+        fmt,
+        dtype,
+        Path(out) if out is not None else None,
+        opset,
+        sizes,
+        compute_capability,
+        triton_platform,
+        triton_queue_delay_us,
+        quantize,
+    )
     get_format(fmt).check(req)
     return req
 
 
 # ------------------------------------------------------------------------------------------------ outputs
-def _out_path(req: ExportRequest, config: Dict[str, Any]) -> Path:
+def _out_path(req: ExportRequest, config: dict[str, Any]) -> Path:
     """The output file (the model's folder in the repository for Triton); its folder is created and must be
     writable."""
     dtype = "" if req.dtype == "fp32" else f"_{req.dtype}"
     return get_format(req.format).out_path(req, f"{config['variant']}_{config['task']}_{config['arch']}{dtype}")
 
 
-def _warn(message: str, collected: List[str]) -> None:
+def _warn(message: str, collected: list[str]) -> None:
     collected.append(message)
     warnings.warn(message, ExportWarning, stacklevel=3)
 
 
 # ------------------------------------------------------------------------------------------------ the call
-def export_model(variant: Optional[str] = None, *, task: Optional[str] = None, arch: Optional[str] = None,
-                 checkpoint: Optional[PathLike] = None, random_init: bool = False, model: Optional[nn.Module] = None,
-                 out: Optional[PathLike] = None, format: Optional[str] = None, dtype: str = "fp32",
-                 opset: int = 20, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
-                 input_size: Optional[Union[int, Sequence[int]]] = None, threads: Optional[int] = None,
-                 compute_capability: Optional[str] = None, triton_platform: str = "onnxruntime",
-                 triton_queue_delay_us: Optional[int] = None, quantize_extra_math: bool = False,
-                 qdq_placement: Optional[str] = None, calibration_data: Optional[PathLike] = None,
-                 calibration_count: Optional[int] = None, calibration_seed: Optional[int] = None,
-                 accept_accuracy_drop: bool = False, eval_limit: Optional[int] = None,
-                 min_cosine: Optional[float] = None, fidelity_count: Optional[int] = None,
-                 progress: bool = False) -> ExportResult:
+def export_model(
+    variant: str | None = None,
+    *,
+    task: str | None = None,
+    arch: str | None = None,
+    checkpoint: PathLike | None = None,
+    random_init: bool = False,
+    model: nn.Module | None = None,
+    out: PathLike | None = None,
+    format: str | None = None,
+    dtype: str = "fp32",
+    opset: int = 20,
+    batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+    input_size: int | Sequence[int] | None = None,
+    threads: int | None = None,
+    compute_capability: str | None = None,
+    triton_platform: str = "onnxruntime",
+    triton_queue_delay_us: int | None = None,
+    quantize_extra_math: bool = False,
+    qdq_placement: str | None = None,
+    calibration_data: PathLike | None = None,
+    calibration_count: int | None = None,
+    calibration_seed: int | None = None,
+    accept_accuracy_drop: bool = False,
+    eval_limit: int | None = None,
+    min_cosine: float | None = None,
+    fidelity_count: int | None = None,
+    progress: bool = False,
+) -> ExportResult:
     """Export a model to a verified ONNX file (fp32, fp16, int8 or fp8), and optionally build a TensorRT engine
     or write a Triton model repository from it: what ``export-model`` does (its flags are these arguments).
 
@@ -331,27 +398,53 @@ def export_model(variant: Optional[str] = None, *, task: Optional[str] = None, a
         ValueError: a bad checkpoint or calibration file.
         ExportError: a step failed its checks (nothing written at the output path; the failed report says why).
     """
-    quantize = QuantizeOptions(dtype=dtype, quantize_extra_math=quantize_extra_math, placement=qdq_placement,
-                               calibration_data=calibration_data, calibration_count=calibration_count,
-                               calibration_seed=calibration_seed, accept_accuracy_drop=accept_accuracy_drop,
-                               eval_limit=eval_limit, min_cosine=min_cosine, fidelity_count=fidelity_count)
-    req = _check_request(format, out, dtype, opset, batch_sizes, compute_capability, triton_platform,
-                         DEFAULT_QUEUE_DELAY_US if triton_queue_delay_us is None else triton_queue_delay_us, quantize)
-    collected: List[str] = []
+    quantize = QuantizeOptions(
+        dtype=dtype,
+        quantize_extra_math=quantize_extra_math,
+        placement=qdq_placement,
+        calibration_data=calibration_data,
+        calibration_count=calibration_count,
+        calibration_seed=calibration_seed,
+        accept_accuracy_drop=accept_accuracy_drop,
+        eval_limit=eval_limit,
+        min_cosine=min_cosine,
+        fidelity_count=fidelity_count,
+    )
+    req = _check_request(
+        format,
+        out,
+        dtype,
+        opset,
+        batch_sizes,
+        compute_capability,
+        triton_platform,
+        DEFAULT_QUEUE_DELAY_US if triton_queue_delay_us is None else triton_queue_delay_us,
+        quantize,
+    )
+    collected: list[str] = []
     model, config, sha = _source(variant, task, arch, checkpoint, random_init, model)
     hw = _input_hw(input_size, config)
     _check_memory(config, hw, req.batch_sizes)
     calibration = _calibration(req, config, hw, random_init or bool(config.get("untrained")), collected)
     out_path = _out_path(req, config)
     if config.get("untrained"):
-        _warn(f"--random-init: exporting an UNTRAINED {config['variant']} model with random weights; its "
-              "predictions are meaningless", collected)
+        _warn(
+            f"--random-init: exporting an UNTRAINED {config['variant']} model with random weights; its "
+            "predictions are meaningless",
+            collected,
+        )
     with get_format(req.format).cleanup(out_path):
         return _run(req, model, config, sha, hw, calibration, out_path, threads, progress, collected)
 
 
-def _source(variant: Optional[str], task: Optional[str], arch: Optional[str], checkpoint: Optional[PathLike],
-            random_init: bool, model: Optional[nn.Module]) -> Tuple[nn.Module, Dict[str, Any], str]:
+def _source(
+    variant: str | None,
+    task: str | None,
+    arch: str | None,
+    checkpoint: PathLike | None,
+    random_init: bool,
+    model: nn.Module | None,
+) -> tuple[nn.Module, dict[str, Any], str]:
     """The model, its config and its checkpoint's sha256 (``''`` for a model object or a fresh model)."""
     if variant is not None:
         _usage(canonical_name, variant)
@@ -361,41 +454,62 @@ def _source(variant: Optional[str], task: Optional[str], arch: Optional[str], ch
         raise UsageError("model= excludes --checkpoint and --random-init")
     config = getattr(model, "attnzoo_config", None)
     if config is None:
-        raise UsageError("the model has no attnzoo_config; build it with attnzoo.models.create_model or "
-                         "convert_to_belief2")
+        raise UsageError(
+            "the model has no attnzoo_config; build it with attnzoo.models.create_model or convert_to_belief2"
+        )
     _agree(dict(config), "the model object", variant, task, arch)
     return model.eval(), dict(config), ""
 
 
-def _check_memory(config: Dict[str, Any], hw: Tuple[int, int], batch_sizes: Sequence[int]) -> None:
+def _check_memory(config: dict[str, Any], hw: tuple[int, int], batch_sizes: Sequence[int]) -> None:
     _usage(check_forward_memory, config, hw, max([*batch_sizes, *EXTRA_BATCH_SIZES]))
 
 
-def _calibration(req: ExportRequest, config: Dict[str, Any], hw: Tuple[int, int], untrained: bool,
-                 collected: List[str]) -> Optional[Any]:
+def _calibration(
+    req: ExportRequest, config: dict[str, Any], hw: tuple[int, int], untrained: bool, collected: list[str]
+) -> Any | None:
     """The calibration inputs of an int8 / fp8 export (``None`` otherwise)."""
     if req.dtype not in QUANTIZED_DTYPES:
         return None
     # a bad calibration folder is a bad input file (exit 1), not a bad command line
     q = req.quantize
-    calibration = calibration_for(config, hw, untrained=untrained, calibration_data=q.calibration_data,
-                                  calibration_count=q.calibration_count, calibration_seed=q.calibration_seed,
-                                  fidelity_count=q.fidelity_count)
+    calibration = calibration_for(
+        config,
+        hw,
+        untrained=untrained,
+        calibration_data=q.calibration_data,
+        calibration_count=q.calibration_count,
+        calibration_seed=q.calibration_seed,
+        fidelity_count=q.fidelity_count,
+    )
     for message in calibration.warnings:
         _warn(message, collected)
     return calibration
 
 
-def _run(req: ExportRequest, model: nn.Module, config: Dict[str, Any], sha: str, hw: Tuple[int, int],
-         calibration: Optional[Any], out: Path, threads: Optional[int], progress: bool,
-         collected: List[str]) -> ExportResult:
+def _run(
+    req: ExportRequest,
+    model: nn.Module,
+    config: dict[str, Any],
+    sha: str,
+    hw: tuple[int, int],
+    calibration: Any | None,
+    out: Path,
+    threads: int | None,
+    progress: bool,
+    collected: list[str],
+) -> ExportResult:
     """The steps: export + check + verify, quantize, then those of the format's part (engine, Triton config)."""
     part = get_format(req.format)
     onnx_out, writes = part.onnx_path(req, out), part.steps(req)
-    steps = ["export + check + verify"] + (["quantize + score"] if calibration is not None else []) + \
-        [name for name, _ in writes]
-    result = ExportResult(path=out, onnx_path=onnx_out, report={}, format=req.format, dtype=req.dtype,
-                          warnings=collected)
+    steps = (
+        ["export + check + verify"]
+        + (["quantize + score"] if calibration is not None else [])
+        + [name for name, _ in writes]
+    )
+    result = ExportResult(
+        path=out, onnx_path=onnx_out, report={}, format=req.format, dtype=req.dtype, warnings=collected
+    )
     with tqdm(total=len(steps), desc="export-model", unit="step", disable=not progress) as bar:
         bar.set_postfix_str(steps[0])
         _export_onnx_step(req, model, config, sha, hw, calibration, onnx_out, threads, progress, result, bar)
@@ -406,9 +520,19 @@ def _run(req: ExportRequest, model: nn.Module, config: Dict[str, Any], sha: str,
     return result
 
 
-def _export_onnx_step(req: ExportRequest, model: nn.Module, config: Dict[str, Any], sha: str, hw: Tuple[int, int],
-                      calibration: Optional[Any], onnx_out: Path, threads: Optional[int], progress: bool,
-                      result: ExportResult, bar) -> None:
+def _export_onnx_step(
+    req: ExportRequest,
+    model: nn.Module,
+    config: dict[str, Any],
+    sha: str,
+    hw: tuple[int, int],
+    calibration: Any | None,
+    onnx_out: Path,
+    threads: int | None,
+    progress: bool,
+    result: ExportResult,
+    bar,
+) -> None:
     """The verified ONNX at ``onnx_out``: exported and verified, and for int8 / fp8 quantized from a verified
     fp32 graph kept in a temporary folder."""
     with contextlib.ExitStack() as stack:
@@ -416,9 +540,19 @@ def _export_onnx_step(req: ExportRequest, model: nn.Module, config: Dict[str, An
         if calibration is not None:  # the verified fp32 model is the quantizer's input, kept aside
             fp32_out = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="attnzoo-fp32-"))) / onnx_out.name
         with contextlib.redirect_stdout(io.StringIO()):  # the exporter's own progress lines
-            report = run_step(verify.export_verified, "export failed", model, fp32_out, config, opset=req.opset,
-                           dtype="fp32" if calibration is not None else req.dtype, input_hw=hw,
-                           batch_sizes=req.batch_sizes, checkpoint_sha256=sha, threads=threads)
+            report = run_step(
+                verify.export_verified,
+                "export failed",
+                model,
+                fp32_out,
+                config,
+                opset=req.opset,
+                dtype="fp32" if calibration is not None else req.dtype,
+                input_hw=hw,
+                batch_sizes=req.batch_sizes,
+                checkpoint_sha256=sha,
+                threads=threads,
+            )
         bar.update()
         if calibration is None:
             result.report = report
@@ -426,6 +560,7 @@ def _export_onnx_step(req: ExportRequest, model: nn.Module, config: Dict[str, An
         bar.set_postfix_str("quantize + score")
         result.fp32_report = report
         options = req.quantize.with_calibration(calibration, threads=threads, progress=progress, fp32_kept=False)
-        result.report = run_step(quantization.quantize_verified, "quantization failed", fp32_out, onnx_out, config,
-                                 options)
+        result.report = run_step(
+            quantization.quantize_verified, "quantization failed", fp32_out, onnx_out, config, options
+        )
         bar.update()

@@ -21,52 +21,64 @@ demo). This module adds what ``export-model --format tensorrt`` promises:
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from collections import Counter
-from typing import Any, Dict, List, Optional, Sequence, Union
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 import torch
 
-from attnzoo.signals import signals_deferred
 from attnzoo.fileio import atomic_write_bytes, atomic_write_text, sha256_file
 from attnzoo.runtime import tensorrt as rt
 from attnzoo.runtime.contract import INPUT_NAME, ModelContract
+from attnzoo.runtime.parity import compare
+from attnzoo.runtime.sessions import ort_session
+from attnzoo.signals import signals_deferred
 
 from .check import check_extra_math
 from .errors import ExportError
 from .onnx_export import FP32_OPS
 from .quantize import fp8_compute_capability_error, simulate_fp8
 from .verify import report_path
-from attnzoo.runtime.parity import compare
-from attnzoo.runtime.sessions import ort_session
 
-__all__ = ["tensorrt_unavailable_reason", "build_engine", "load_engine",
-           "run_engine", "engine_report_path", "failed_engine_report_path", "network_check", "dequantized_layers",
-           "EngineBuildError", "onnx_verification_error", "STATUS_BUILT", "STATUS_RUN"]
+__all__ = [
+    "tensorrt_unavailable_reason",
+    "build_engine",
+    "load_engine",
+    "run_engine",
+    "engine_report_path",
+    "failed_engine_report_path",
+    "network_check",
+    "dequantized_layers",
+    "EngineBuildError",
+    "onnx_verification_error",
+    "STATUS_BUILT",
+    "STATUS_RUN",
+]
 
 STATUS_BUILT = "built, not run"
 STATUS_RUN = "built and run"
 
 
-def tensorrt_unavailable_reason(run: bool = False) -> Optional[str]:
+def tensorrt_unavailable_reason(run: bool = False) -> str | None:
     """Why engines cannot be built (``run``: built and run) here; ``None`` when they can."""
     return rt.unavailable_reason(run=run)
 
 
-def engine_report_path(engine_path: Union[str, Path]) -> Path:
+def engine_report_path(engine_path: str | Path) -> Path:
     """``model.engine`` -> ``model.engine.json``."""
     return Path(str(engine_path) + ".json")
 
 
-def failed_engine_report_path(engine_path: Union[str, Path]) -> Path:
+def failed_engine_report_path(engine_path: str | Path) -> Path:
     """``model.engine`` -> ``model.engine.failed.json``: the report of a build that failed, kept apart so that a
     good engine already there keeps its own report."""
     return Path(str(engine_path) + ".failed.json")
 
 
-def load_engine(data: Union[bytes, str, Path]) -> rt.Engine:
+def load_engine(data: bytes | str | Path) -> rt.Engine:
     """Deserialize an engine (bytes or file) with an execution context; needs a GPU."""
     return rt.Engine(data)
 
@@ -80,7 +92,7 @@ def run_engine(engine: rt.Engine, x: np.ndarray) -> np.ndarray:
 _LAYOUT_LAYERS = ("SHUFFLE", "SQUEEZE", "UNSQUEEZE")
 
 
-def dequantized_layers(network: Any, layer_types: Sequence[str] = ("MATRIX_MULTIPLY", "CONVOLUTION")) -> Dict[str, Any]:
+def dequantized_layers(network: Any, layer_types: Sequence[str] = ("MATRIX_MULTIPLY", "CONVOLUTION")) -> dict[str, Any]:
     """Layers of ``layer_types`` that read a ``DEQUANTIZE`` layer's output (directly or through shuffles): the
     ones TensorRT runs quantized in an explicitly quantized (Q/DQ) network.
 
@@ -88,7 +100,7 @@ def dequantized_layers(network: Any, layer_types: Sequence[str] = ("MATRIX_MULTI
         ``{"quantize_layers", "dequantize_layers", "fed_by_dequantize": {type: [layer names]},
         "not_fed": {type: [layer names]}}``.
     """
-    producer: Dict[str, Any] = {}
+    producer: dict[str, Any] = {}
     layers = [network.get_layer(i) for i in range(network.num_layers)]
     for layer in layers:
         for j in range(layer.num_outputs):
@@ -101,19 +113,23 @@ def dequantized_layers(network: Any, layer_types: Sequence[str] = ("MATRIX_MULTI
             p = producer.get(src.name) if src is not None else None
         return p is not None and p.type.name == "DEQUANTIZE"
 
-    fed: Dict[str, List[str]] = {t: [] for t in layer_types}
-    not_fed: Dict[str, List[str]] = {t: [] for t in layer_types}
+    fed: dict[str, list[str]] = {t: [] for t in layer_types}
+    not_fed: dict[str, list[str]] = {t: [] for t in layer_types}
     counts: Counter = Counter(layer.type.name for layer in layers)
     for layer in layers:
         kind = layer.type.name
         if kind in fed:
             inputs = [layer.get_input(j) for j in range(layer.num_inputs)]
             (fed if any(from_dq(t) for t in inputs) else not_fed)[kind].append(layer.name)
-    return {"quantize_layers": counts["QUANTIZE"], "dequantize_layers": counts["DEQUANTIZE"],
-            "fed_by_dequantize": fed, "not_fed": not_fed}
+    return {
+        "quantize_layers": counts["QUANTIZE"],
+        "dequantize_layers": counts["DEQUANTIZE"],
+        "fed_by_dequantize": fed,
+        "not_fed": not_fed,
+    }
 
 
-def network_check(parsed: rt.ParsedNetwork, onnx_path: Union[str, Path], contract: ModelContract) -> Dict[str, Any]:
+def network_check(parsed: rt.ParsedNetwork, onnx_path: str | Path, contract: ModelContract) -> dict[str, Any]:
     """Projection ops of every block (and, in fp16, LayerNorm/softmax) present in the network and fp32.
 
     Read from the parsed ``INetworkDefinition`` before building. Blocks are the ones the ONNX extra-math
@@ -136,8 +152,9 @@ def network_check(parsed: rt.ParsedNetwork, onnx_path: Union[str, Path], contrac
     return result
 
 
-def _quantized_check(parsed: rt.ParsedNetwork, contract: ModelContract, scopes: Dict[str, List[str]],
-                     result: Dict[str, Any]) -> None:
+def _quantized_check(
+    parsed: rt.ParsedNetwork, contract: ModelContract, scopes: dict[str, list[str]], result: dict[str, Any]
+) -> None:
     """A Q/DQ network: which MatMuls/convolutions read a DEQUANTIZE layer (some must), and, unless the export
     quantized the extra math on purpose, that no extra-math layer does."""
     q = dequantized_layers(parsed.network, ("MATRIX_MULTIPLY", "CONVOLUTION", *sorted(set(rt._LAYER_OF_OP.values()))))
@@ -145,12 +162,14 @@ def _quantized_check(parsed: rt.ParsedNetwork, contract: ModelContract, scopes: 
     extra = {name for names in scopes.values() for name in names}
     in_extra = sorted(extra.intersection(name for names in q["fed_by_dequantize"].values() for name in names))
     result["quantized"] = {
-        "quantize_layers": q["quantize_layers"], "dequantize_layers": q["dequantize_layers"],
+        "quantize_layers": q["quantize_layers"],
+        "dequantize_layers": q["dequantize_layers"],
         "matmuls_fed_by_dequantize": q["fed_by_dequantize"]["MATRIX_MULTIPLY"],
         "matmuls_not_quantized": q["not_fed"]["MATRIX_MULTIPLY"],
         "convolutions_fed_by_dequantize": len(q["fed_by_dequantize"]["CONVOLUTION"]),
         "extra_math_layers_fed_by_dequantize": in_extra,
-        "extra_math_quantized_on_purpose": bool(meta.get("quantize_extra_math"))}
+        "extra_math_quantized_on_purpose": bool(meta.get("quantize_extra_math")),
+    }
     if not q["fed_by_dequantize"]["MATRIX_MULTIPLY"] and not q["fed_by_dequantize"]["CONVOLUTION"]:
         result["failures"].append(f"{contract.dtype} network: no MatMul or convolution reads a DequantizeLinear")
     if in_extra and not meta.get("quantize_extra_math"):
@@ -162,7 +181,7 @@ class EngineBuildError(ExportError):
     """An engine failed its network check, build or parity check; it was not saved (its failed report was)."""
 
 
-def _onnx_verification(onnx_path: Path) -> Dict[str, Any]:
+def _onnx_verification(onnx_path: Path) -> dict[str, Any]:
     """What the ONNX verification (``<model>.report.json``) found, and whether the file is still the one it
     verified (``error``: why not, else ``None``)."""
     sha = sha256_file(onnx_path)
@@ -171,34 +190,58 @@ def _onnx_verification(onnx_path: Path) -> Dict[str, Any]:
     try:
         rep = json.loads(rp.read_text())
     except FileNotFoundError:
-        return {"report": None, "verified": False, "onnx_sha256": sha,
-                "error": f"{onnx_path.name} has no verification report ({rp.name} beside it); {how}"}
+        return {
+            "report": None,
+            "verified": False,
+            "onnx_sha256": sha,
+            "error": f"{onnx_path.name} has no verification report ({rp.name} beside it); {how}",
+        }
     except (OSError, ValueError) as exc:
-        return {"report": str(rp), "verified": False, "onnx_sha256": sha,
-                "error": f"{rp.name} is unreadable ({type(exc).__name__}); {how}"}
+        return {
+            "report": str(rp),
+            "verified": False,
+            "onnx_sha256": sha,
+            "error": f"{rp.name} is unreadable ({type(exc).__name__}); {how}",
+        }
     rep = rep if isinstance(rep, dict) else {}
     error = None
     if not rep.get("passed"):
         error = f"{rp.name} says {onnx_path.name} failed its verification; fix the export first"
     elif rep.get("sha256") != sha:
-        error = (f"{onnx_path.name} is not the file {rp.name} verified (SHA-256 {sha[:12]}..., the report's "
-                 f"{str(rep.get('sha256'))[:12]}...); {how}")
+        error = (
+            f"{onnx_path.name} is not the file {rp.name} verified (SHA-256 {sha[:12]}..., the report's "
+            f"{str(rep.get('sha256'))[:12]}...); {how}"
+        )
     parity = rep.get("parity") or rep.get("fp32_source", {}).get("report", {}).get("parity") or {}
-    return {"report": str(rp), "verified": error is None, "error": error, "onnx_sha256": sha,
-            "passed": rep.get("passed"), "max_abs_err_vs_eager": parity.get("max_abs_err"),
-            "dtype": rep.get("dtype"), "batch_sizes": parity.get("batch_sizes")}
+    return {
+        "report": str(rp),
+        "verified": error is None,
+        "error": error,
+        "onnx_sha256": sha,
+        "passed": rep.get("passed"),
+        "max_abs_err_vs_eager": parity.get("max_abs_err"),
+        "dtype": rep.get("dtype"),
+        "batch_sizes": parity.get("batch_sizes"),
+    }
 
 
-def onnx_verification_error(onnx_path: Union[str, Path]) -> Optional[str]:
+def onnx_verification_error(onnx_path: str | Path) -> str | None:
     """Why an engine must not be built from ``onnx_path`` (one line), or ``None``: its verification report is
     missing, unreadable, failed, or verified another file (SHA-256)."""
     return _onnx_verification(Path(onnx_path))["error"]
 
 
-def build_engine(onnx_path: Union[str, Path], engine_path: Union[str, Path], *, batch_sizes: Sequence[int] = (1, 8),
-                 compute_capability: Optional[str] = None, workspace_gb: float = 2.0,
-                 timing_cache: Optional[Union[str, Path]] = None, seed: int = 0,
-                 run: Optional[bool] = None) -> Dict[str, Any]:
+def build_engine(
+    onnx_path: str | Path,
+    engine_path: str | Path,
+    *,
+    batch_sizes: Sequence[int] = (1, 8),
+    compute_capability: str | None = None,
+    workspace_gb: float = 2.0,
+    timing_cache: str | Path | None = None,
+    seed: int = 0,
+    run: bool | None = None,
+) -> dict[str, Any]:
     """Check, build, (run and compare,) then save an engine; returns the report (also ``<engine>.json``).
 
     Args:
@@ -229,18 +272,38 @@ def build_engine(onnx_path: Union[str, Path], engine_path: Union[str, Path], *, 
             raise ValueError(error)
     lib = rt.load_library()
     parsed = rt.parse_onnx(onnx_path, lib)
-    report: Dict[str, Any] = {
-        "engine": str(engine_path), "onnx": str(onnx_path), "variant": contract.variant, "task": contract.task,
-        "arch": contract.arch, "dtype": contract.dtype, "input_size": list(contract.input_size),
-        "status": "not built", "onnx_verification": verification, "library": lib.name, "library_version": lib.version,
-        "ran_on_gpu": False, "gpu": None, "parity": None, "latency": None, "passed": False, "failures": []}
+    report: dict[str, Any] = {
+        "engine": str(engine_path),
+        "onnx": str(onnx_path),
+        "variant": contract.variant,
+        "task": contract.task,
+        "arch": contract.arch,
+        "dtype": contract.dtype,
+        "input_size": list(contract.input_size),
+        "status": "not built",
+        "onnx_verification": verification,
+        "library": lib.name,
+        "library_version": lib.version,
+        "ran_on_gpu": False,
+        "gpu": None,
+        "parity": None,
+        "latency": None,
+        "passed": False,
+        "failures": [],
+    }
     report["network_check"] = net = network_check(parsed, onnx_path, contract)
     failures = [f"network: {f}" for f in net["failures"]]
     if not failures:
         try:
-            built = rt.build(onnx_path, batch_sizes=batch_sizes, input_hw=contract.input_size,
-                             compute_capability=compute_capability, workspace_gb=workspace_gb, parsed=parsed,
-                             timing_cache=timing_cache or engine_path.parent / "tensorrt_timing.cache")
+            built = rt.build(
+                onnx_path,
+                batch_sizes=batch_sizes,
+                input_hw=contract.input_size,
+                compute_capability=compute_capability,
+                workspace_gb=workspace_gb,
+                parsed=parsed,
+                timing_cache=timing_cache or engine_path.parent / "tensorrt_timing.cache",
+            )
         except rt.TensorRTError as exc:
             report.update(passed=False, failures=[f"build: {exc}"], metadata=contract.props)
             atomic_write_text(failed_engine_report_path(engine_path), json.dumps(report, indent=2) + "\n")
@@ -252,15 +315,19 @@ def build_engine(onnx_path: Union[str, Path], engine_path: Union[str, Path], *, 
             failures += _run_and_compare(built, contract, onnx_path, seed, report)
         report["status"] = STATUS_RUN if report["ran_on_gpu"] else STATUS_BUILT
         if not report["ran_on_gpu"]:
-            report["not_run_reason"] = ("no GPU on this machine: the engine was built ahead of time for "
-                                        f"{built.compute_capability} and never executed; parity and latency not "
-                                        "measured" if not gpu else f"built for {built.compute_capability}, not "
-                                        "for the GPU present (CURRENT); not executed here")
+            report["not_run_reason"] = (
+                "no GPU on this machine: the engine was built ahead of time for "
+                f"{built.compute_capability} and never executed; parity and latency not "
+                "measured"
+                if not gpu
+                else f"built for {built.compute_capability}, not for the GPU present (CURRENT); not executed here"
+            )
     report.update(passed=not failures, failures=failures, metadata=contract.props)
     if failures:
         atomic_write_text(failed_engine_report_path(engine_path), json.dumps(report, indent=2) + "\n")
-        raise EngineBuildError(f"{'; '.join(failures[:3])}; engine not saved (see "
-                           f"{failed_engine_report_path(engine_path)})")
+        raise EngineBuildError(
+            f"{'; '.join(failures[:3])}; engine not saved (see {failed_engine_report_path(engine_path)})"
+        )
     with signals_deferred():  # the engine and its report are written together (a signal is raised after both)
         atomic_write_bytes(engine_path, built.blob)
         atomic_write_text(engine_report_path(engine_path), json.dumps(report, indent=2) + "\n")
@@ -268,13 +335,13 @@ def build_engine(onnx_path: Union[str, Path], engine_path: Union[str, Path], *, 
     return report
 
 
-def _run_and_compare(built: rt.Built, contract: ModelContract, onnx_path: Path, seed: int,
-                     report: Dict[str, Any]) -> list:
+def _run_and_compare(
+    built: rt.Built, contract: ModelContract, onnx_path: Path, seed: int, report: dict[str, Any]
+) -> list:
     """Run the engine on the profile's smallest and largest batch; compare with ONNX Runtime CPU; time it."""
     engine = rt.Engine(built.blob, built.library)
-    reference: Union[Path, bytes] = onnx_path
+    reference: Path | bytes = onnx_path
     if contract.dtype == "fp8":  # ONNX Runtime's CPU provider cannot run float8 tensors: its exact simulation
-
         reference = simulate_fp8(onnx.load(str(onnx_path))).SerializeToString()
     session = ort_session(reference, "cpu")
     # a Q/DQ engine against ONNX Runtime's Q/DQ graph: kernels may round differently; the int8 entry of the table
@@ -287,35 +354,45 @@ def _run_and_compare(built: rt.Built, contract: ModelContract, onnx_path: Path, 
         c = compare(engine.run(x), ref, tol_dtype)  # TF32 is off in the engine: fp32 is compared as fp32
         rows.append({"batch": batch, **c})
         if not c["passed"]:
-            failures.append(f"parity: batch {batch}: error {c['error']:.3g} > {c['tolerance']:g} "
-                            f"(x max(1, max|logit|)) against ONNX Runtime")
+            failures.append(
+                f"parity: batch {batch}: error {c['error']:.3g} > {c['tolerance']:g} "
+                f"(x max(1, max|logit|)) against ONNX Runtime"
+            )
     x = rng.standard_normal(contract.input_shape(built.profile["opt"])).astype(np.float32)
-    report.update(ran_on_gpu=True, gpu=torch.cuda.get_device_name(0),
-                  parity={"reference": "onnxruntime CPUExecutionProvider", "per_batch": rows,
-                          "passed": not failures},
-                  latency=engine.latency_ms(x))
+    report.update(
+        ran_on_gpu=True,
+        gpu=torch.cuda.get_device_name(0),
+        parity={"reference": "onnxruntime CPUExecutionProvider", "per_batch": rows, "passed": not failures},
+        latency=engine.latency_ms(x),
+    )
     return failures
 
 
-def summary(report: Dict[str, Any]) -> str:
+def summary(report: dict[str, Any]) -> str:
     """Lines for the terminal: what was built, for what, and whether it ran."""
-    lines = [f"{report['engine']}: {report['library']} {report['library_version']} engine for "
-             f"{report['compute_capability']}, profile {report['profile']}, built in {report['build_time_s']:.1f} s, "
-             f"{report['engine_size'] / 1e6:.2f} MB",
-             f"  network check: {report['network_check']['extra_math_scopes']} extra-math scope(s) "
-             f"({', '.join(report['network_check'].get('extra_scopes', [])) or 'none'} in every block), every "
-             f"op of them a fp32 layer{' (and LayerNorm/softmax)' if report['dtype'] == 'fp16' else ''}"]
+    lines = [
+        f"{report['engine']}: {report['library']} {report['library_version']} engine for "
+        f"{report['compute_capability']}, profile {report['profile']}, built in {report['build_time_s']:.1f} s, "
+        f"{report['engine_size'] / 1e6:.2f} MB",
+        f"  network check: {report['network_check']['extra_math_scopes']} extra-math scope(s) "
+        f"({', '.join(report['network_check'].get('extra_scopes', [])) or 'none'} in every block), every "
+        f"op of them a fp32 layer{' (and LayerNorm/softmax)' if report['dtype'] == 'fp16' else ''}",
+    ]
     quantized = report["network_check"].get("quantized")
     if quantized:
         n_mm = len(quantized["matmuls_fed_by_dequantize"])
-        lines.append(f"  {report['dtype']} Q/DQ: {n_mm} MatMul(s) and {quantized['convolutions_fed_by_dequantize']} "
-                     f"convolution(s) read a DequantizeLinear; not quantized: "
-                     f"{', '.join(quantized['matmuls_not_quantized']) or 'none'}; extra-math layers reading one: "
-                     f"{len(quantized['extra_math_layers_fed_by_dequantize'])}")
+        lines.append(
+            f"  {report['dtype']} Q/DQ: {n_mm} MatMul(s) and {quantized['convolutions_fed_by_dequantize']} "
+            f"convolution(s) read a DequantizeLinear; not quantized: "
+            f"{', '.join(quantized['matmuls_not_quantized']) or 'none'}; extra-math layers reading one: "
+            f"{len(quantized['extra_math_layers_fed_by_dequantize'])}"
+        )
     if report["ran_on_gpu"]:
         worst = max(r["error"] for r in report["parity"]["per_batch"])
-        lines.append(f"  ran on {report['gpu']}: parity vs ONNX Runtime {worst:.2e}, latency "
-                     f"{report['latency']['median_ms']:.3f} ms at batch {report['latency']['batch']}")
+        lines.append(
+            f"  ran on {report['gpu']}: parity vs ONNX Runtime {worst:.2e}, latency "
+            f"{report['latency']['median_ms']:.3f} ms at batch {report['latency']['batch']}"
+        )
     else:
         lines.append(f"  BUILT, NOT RUN: {report['not_run_reason']}")
     return "\n".join(lines)

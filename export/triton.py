@@ -16,8 +16,9 @@ Everything in ``config.pbtxt`` comes from the model contract (:mod:`attnzoo.runt
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any
 
 import onnx
 from google.protobuf import text_format
@@ -25,13 +26,24 @@ from google.protobuf import text_format
 from attnzoo.fileio import atomic_write_text
 from attnzoo.runtime.contract import INPUT_NAME, OUTPUT_NAME
 
-__all__ = ["PLATFORMS", "MODEL_FILES", "LABELS_FILE", "DEFAULT_QUEUE_DELAY_US", "triton_unavailable_reason",
-           "model_name", "config_text", "parse_config", "check_config", "write_config", "summary"]
+__all__ = [
+    "PLATFORMS",
+    "MODEL_FILES",
+    "LABELS_FILE",
+    "DEFAULT_QUEUE_DELAY_US",
+    "triton_unavailable_reason",
+    "model_name",
+    "config_text",
+    "parse_config",
+    "check_config",
+    "write_config",
+    "summary",
+]
 
 #: ``--triton-platform`` -> Triton platform name.
-PLATFORMS: Dict[str, str] = {"onnxruntime": "onnxruntime_onnx", "tensorrt": "tensorrt_plan"}
+PLATFORMS: dict[str, str] = {"onnxruntime": "onnxruntime_onnx", "tensorrt": "tensorrt_plan"}
 #: Triton's default model file name in a version folder, per platform.
-MODEL_FILES: Dict[str, str] = {"onnxruntime_onnx": "model.onnx", "tensorrt_plan": "model.plan"}
+MODEL_FILES: dict[str, str] = {"onnxruntime_onnx": "model.onnx", "tensorrt_plan": "model.plan"}
 LABELS_FILE = "labels.txt"
 #: How long Triton's dynamic batcher holds a request for others to join it.
 DEFAULT_QUEUE_DELAY_US = 2000
@@ -40,13 +52,12 @@ DEFAULT_QUEUE_DELAY_US = 2000
 _ONNX_TO_TRITON = {1: "TYPE_FP32", 10: "TYPE_FP16"}
 
 
-def triton_unavailable_reason() -> Optional[str]:
+def triton_unavailable_reason() -> str | None:
     """Why Triton's config schema cannot be loaded here (one line), or None."""
     try:
         from tritonclient.grpc import model_config_pb2  # noqa: F401  # optional: the [serving] extra; installed?
     except ImportError as exc:
-        return (f"Triton's config schema needs tritonclient[grpc] ({exc}); install it with "
-                "pip install -e \".[serving]\"")
+        return f'Triton\'s config schema needs tritonclient[grpc] ({exc}); install it with pip install -e ".[serving]"'
     return None
 
 
@@ -59,8 +70,9 @@ def _dims(values: Sequence[int]) -> str:
     return "[ " + ", ".join(str(int(v)) for v in values) + " ]"
 
 
-def config_text(contract: Any, name: str, platform: str, max_batch_size: int,
-                queue_delay_us: int = DEFAULT_QUEUE_DELAY_US) -> str:
+def config_text(
+    contract: Any, name: str, platform: str, max_batch_size: int, queue_delay_us: int = DEFAULT_QUEUE_DELAY_US
+) -> str:
     """The ``config.pbtxt`` of one model (protobuf text format of Triton's ``ModelConfig``).
 
     Args:
@@ -103,19 +115,22 @@ def parse_config(text: str, source: str = "config.pbtxt"):
         raise ValueError(f"{source}: not a valid Triton model config: {exc}") from None
 
 
-def _graph_io(onnx_path: Path) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+def _graph_io(onnx_path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """(input, output) of the ONNX graph as {name, elem_type, shape} (symbolic dims as strings)."""
     graph = onnx.load(str(onnx_path), load_external_data=False).graph
 
-    def info(v) -> Dict[str, Any]:
+    def info(v) -> dict[str, Any]:
         t = v.type.tensor_type
-        return {"name": v.name, "elem_type": t.elem_type,
-                "shape": [d.dim_param if d.dim_param else d.dim_value for d in t.shape.dim]}
+        return {
+            "name": v.name,
+            "elem_type": t.elem_type,
+            "shape": [d.dim_param if d.dim_param else d.dim_value for d in t.shape.dim],
+        }
 
     return info(graph.input[0]), info(graph.output[0])
 
 
-def check_config(config, contract: Any, onnx_path: Union[str, Path], labels: Sequence[str]) -> List[str]:
+def check_config(config, contract: Any, onnx_path: str | Path, labels: Sequence[str]) -> list[str]:
     """What is wrong with a parsed ``config`` for this model (empty: nothing).
 
     Checks the platform and model file, ``max_batch_size`` > 0 with a symbolic batch dimension in the graph,
@@ -149,7 +164,7 @@ def check_config(config, contract: Any, onnx_path: Union[str, Path], labels: Seq
         # symbolic non-batch dims in the graph (none in attnzoo exports) are checked against the contract only
         want = [d if isinstance(d, int) and d > 0 else -1 for d in rest]
         got = list(entry.dims)
-        if len(got) != len(want) or any(w not in (-1, g) for w, g in zip(want, got)):
+        if len(got) != len(want) or any(w not in (-1, g) for w, g in zip(want, got, strict=False)):
             failures.append(f"{kind} {entry.name}: dims {got}, the graph's are {rest}")
     h, w = contract.input_size
     k = len(contract.class_names)
@@ -165,8 +180,14 @@ def check_config(config, contract: Any, onnx_path: Union[str, Path], labels: Seq
     return failures
 
 
-def write_config(model_dir: Union[str, Path], contract: Any, onnx_path: Union[str, Path], platform: str,
-                 max_batch_size: int, queue_delay_us: int = DEFAULT_QUEUE_DELAY_US) -> Dict[str, Any]:
+def write_config(
+    model_dir: str | Path,
+    contract: Any,
+    onnx_path: str | Path,
+    platform: str,
+    max_batch_size: int,
+    queue_delay_us: int = DEFAULT_QUEUE_DELAY_US,
+) -> dict[str, Any]:
     """Write ``labels.txt`` and then ``config.pbtxt`` into ``model_dir``, after both pass :func:`check_config`.
 
     The model file itself (``1/model.onnx`` or ``1/model.plan``) must already be there; ``onnx_path`` is the
@@ -194,16 +215,23 @@ def write_config(model_dir: Union[str, Path], contract: Any, onnx_path: Union[st
         raise ValueError(f"{model_dir.name}: the Triton config does not match the model: {'; '.join(failures)}")
     atomic_write_text(model_dir / LABELS_FILE, labels_text)
     atomic_write_text(model_dir / "config.pbtxt", text)  # last: a folder with a config is complete
-    return {"passed": True, "failures": [], "schema": "tritonclient.grpc.model_config_pb2.ModelConfig",
-            "platform": parsed.platform, "max_batch_size": parsed.max_batch_size,
-            "input": {"name": parsed.input[0].name, "dims": list(parsed.input[0].dims)},
-            "output": {"name": parsed.output[0].name, "dims": list(parsed.output[0].dims)},
-            "dynamic_batching_max_queue_delay_us": parsed.dynamic_batching.max_queue_delay_microseconds,
-            "labels": len(contract.class_names)}
+    return {
+        "passed": True,
+        "failures": [],
+        "schema": "tritonclient.grpc.model_config_pb2.ModelConfig",
+        "platform": parsed.platform,
+        "max_batch_size": parsed.max_batch_size,
+        "input": {"name": parsed.input[0].name, "dims": list(parsed.input[0].dims)},
+        "output": {"name": parsed.output[0].name, "dims": list(parsed.output[0].dims)},
+        "dynamic_batching_max_queue_delay_us": parsed.dynamic_batching.max_queue_delay_microseconds,
+        "labels": len(contract.class_names),
+    }
 
 
-def summary(model_dir: Union[str, Path], check: Mapping[str, Any]) -> str:
+def summary(model_dir: str | Path, check: Mapping[str, Any]) -> str:
     """Two lines for the terminal."""
-    return (f"{model_dir}: Triton model ({check['platform']}, max_batch_size {check['max_batch_size']}, "
-            f"input {check['input']['dims']}, output {check['output']['dims']}, {check['labels']} labels)\n"
-            f"  config.pbtxt parsed with Triton's schema ({check['schema']}) and matches the graph: PASSED")
+    return (
+        f"{model_dir}: Triton model ({check['platform']}, max_batch_size {check['max_batch_size']}, "
+        f"input {check['input']['dims']}, output {check['output']['dims']}, {check['labels']} labels)\n"
+        f"  config.pbtxt parsed with Triton's schema ({check['schema']}) and matches the graph: PASSED"
+    )

@@ -17,8 +17,9 @@ import json
 import shutil
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any
 
 import numpy as np
 import onnx
@@ -31,34 +32,43 @@ from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
 from attnzoo.runtime.parity import TOLERANCES, compare
 from attnzoo.runtime.sessions import ort_session, read_report, verification_problem
 
+from . import onnx_export as onnx_export_module
 from .check import check_extra_math
 from .errors import ExportError
-from . import onnx_export as onnx_export_module
 from .onnx_export import BATCH_DIM, export_onnx, metadata_props, op_histogram
 
-__all__ = ["EXTRA_BATCH_SIZES", "verify_onnx", "export_verified", "export_fingerprint", "adopt_verified", "report_path",
-           "failed_report_path", "summary", "VerificationError"]
+__all__ = [
+    "EXTRA_BATCH_SIZES",
+    "verify_onnx",
+    "export_verified",
+    "export_fingerprint",
+    "adopt_verified",
+    "report_path",
+    "failed_report_path",
+    "summary",
+    "VerificationError",
+]
 
 #: Batch sizes verified on top of the requested ones (the export traces batch 2).
-EXTRA_BATCH_SIZES: Tuple[int, ...] = (1, 3)
+EXTRA_BATCH_SIZES: tuple[int, ...] = (1, 3)
 
 
 class VerificationError(ExportError):
     """The exported graph does not match the eager model (or its extra-math check failed)."""
 
 
-def report_path(onnx_path: Union[str, Path]) -> Path:
+def report_path(onnx_path: str | Path) -> Path:
     """``model.onnx`` -> ``model.report.json``."""
     return Path(onnx_path).with_suffix(".report.json")
 
 
-def failed_report_path(onnx_path: Union[str, Path]) -> Path:
+def failed_report_path(onnx_path: str | Path) -> Path:
     """``model.onnx`` -> ``model.failed.report.json``: the report of an export that failed verification, kept
     apart so that it never replaces the report of a good ``model.onnx`` already there."""
     return Path(onnx_path).with_suffix(".failed.report.json")
 
 
-def _inputs(config: Mapping[str, Any], hw: Tuple[int, int], n: int, seed: int) -> Dict[str, np.ndarray]:
+def _inputs(config: Mapping[str, Any], hw: tuple[int, int], n: int, seed: int) -> dict[str, np.ndarray]:
     """``real`` (normalised shapes test images, cropped to (H, W)) and ``random`` float32 NCHW batches."""
     h, w = hw
     images = shapes_images(n, img_size=max(h, w), split="test", seed=seed, task=config["task"])[0]
@@ -67,17 +77,32 @@ def _inputs(config: Mapping[str, Any], hw: Tuple[int, int], n: int, seed: int) -
     return {"real": real, "random": rand}
 
 
-def _compare(out: np.ndarray, ref: np.ndarray, dtype: str) -> Dict[str, Any]:
+def _compare(out: np.ndarray, ref: np.ndarray, dtype: str) -> dict[str, Any]:
     """Errors, tolerance and top-1 agreement (per image for cls, per pixel for seg)."""
     c = compare(out, ref, dtype)
-    return {"max_abs_err": c["max_abs_err"], "mean_abs_err": c["mean_abs_err"],
-            "max_abs_logit": c["max_abs_ref"], "finite": c["finite"], "top1_agree": c["top1_agree"],
-            "error": c["error"], "tolerance": c["tolerance"] * max(1.0, c["max_abs_ref"]), "passed": c["passed"]}
+    return {
+        "max_abs_err": c["max_abs_err"],
+        "mean_abs_err": c["mean_abs_err"],
+        "max_abs_logit": c["max_abs_ref"],
+        "finite": c["finite"],
+        "top1_agree": c["top1_agree"],
+        "error": c["error"],
+        "tolerance": c["tolerance"] * max(1.0, c["max_abs_ref"]),
+        "passed": c["passed"],
+    }
 
 
-def verify_onnx(model: nn.Module, path: Union[str, Path], config: Mapping[str, Any], *,
-                batch_sizes: Sequence[int] = (1, 8), dtype: str = "fp32", input_hw: Optional[Tuple[int, int]] = None,
-                seed: int = 0, threads: Optional[int] = None) -> Dict[str, Any]:
+def verify_onnx(
+    model: nn.Module,
+    path: str | Path,
+    config: Mapping[str, Any],
+    *,
+    batch_sizes: Sequence[int] = (1, 8),
+    dtype: str = "fp32",
+    input_hw: tuple[int, int] | None = None,
+    seed: int = 0,
+    threads: int | None = None,
+) -> dict[str, Any]:
     """Compare the ONNX file with the eager fp32 ``model``; returns the parity part of the report.
 
     The result has ``passed`` and ``failures``; nothing is raised for a mismatch.
@@ -91,7 +116,7 @@ def verify_onnx(model: nn.Module, path: Union[str, Path], config: Mapping[str, A
     model = model.float().eval()
     rows = []
     for b in sizes:
-        row: Dict[str, Any] = {"batch": b}
+        row: dict[str, Any] = {"batch": b}
         for kind, x in data.items():
             with torch.no_grad():
                 ref = model(torch.from_numpy(x[:b])).numpy()
@@ -107,15 +132,30 @@ def verify_onnx(model: nn.Module, path: Union[str, Path], config: Mapping[str, A
             if dtype == "fp32" and config["task"] == "cls" and stats["top1_agree"] < 1.0:
                 failures.append(f"batch {b} {kind}: top-1 differs on {1 - stats['top1_agree']:.1%} of inputs")
         rows.append(row)
-    return {"passed": not failures, "failures": failures, "batch_sizes": sizes, "batch_dim": batch_dim,
-            "providers": session.get_providers(), "per_batch": rows,
-            "max_abs_err": max((r[k]["max_abs_err"] for r in rows for k in data if k in r), default=float("nan")),
-            "tolerance": {f"{dtype}_x_max(1,max|logit|)": TOLERANCES[dtype]}}
+    return {
+        "passed": not failures,
+        "failures": failures,
+        "batch_sizes": sizes,
+        "batch_dim": batch_dim,
+        "providers": session.get_providers(),
+        "per_batch": rows,
+        "max_abs_err": max((r[k]["max_abs_err"] for r in rows for k in data if k in r), default=float("nan")),
+        "tolerance": {f"{dtype}_x_max(1,max|logit|)": TOLERANCES[dtype]},
+    }
 
 
-def _check_and_place(model: nn.Module, tmp: Path, out: Path, config: Mapping[str, Any], *, dtype: str,
-                     batch_sizes: Sequence[int], checkpoint_sha256: str, threads: Optional[int],
-                     extra: Mapping[str, Any]) -> Dict[str, Any]:
+def _check_and_place(
+    model: nn.Module,
+    tmp: Path,
+    out: Path,
+    config: Mapping[str, Any],
+    *,
+    dtype: str,
+    batch_sizes: Sequence[int],
+    checkpoint_sha256: str,
+    threads: int | None,
+    extra: Mapping[str, Any],
+) -> dict[str, Any]:
     """Check the extra math and the parity of the ONNX file ``tmp`` (inside ``atomic_path(out)``); write the report
     beside ``out`` when it passes, else the failure report, and raise :class:`VerificationError`."""
     proto = onnx.load(str(tmp))
@@ -126,30 +166,53 @@ def _check_and_place(model: nn.Module, tmp: Path, out: Path, config: Mapping[str
     dim = proto.graph.input[0].type.tensor_type.shape.dim[0]
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
     report = {
-        "path": str(out), "variant": config["variant"], "task": config["task"], "arch": config["arch"],
-        "dtype": dtype, "opset": opset, "input_size": hw, "batch_dim": dim.dim_param or dim.dim_value,
-        "file_size": tmp.stat().st_size, "sha256": sha256_file(tmp), "checkpoint_sha256": checkpoint_sha256,
-        **extra, "num_nodes": len(proto.graph.node),
-        "op_histogram": op_histogram(proto), "extra_math": extra_math, "parity": parity,
-        "onnxruntime": __import__("onnxruntime").__version__, "torch": torch.__version__,
+        "path": str(out),
+        "variant": config["variant"],
+        "task": config["task"],
+        "arch": config["arch"],
+        "dtype": dtype,
+        "opset": opset,
+        "input_size": hw,
+        "batch_dim": dim.dim_param or dim.dim_value,
+        "file_size": tmp.stat().st_size,
+        "sha256": sha256_file(tmp),
+        "checkpoint_sha256": checkpoint_sha256,
+        **extra,
+        "num_nodes": len(proto.graph.node),
+        "op_histogram": op_histogram(proto),
+        "extra_math": extra_math,
+        "parity": parity,
+        "onnxruntime": __import__("onnxruntime").__version__,
+        "torch": torch.__version__,
     }
     failures = list(parity["failures"]) + list(extra_math["failures"])
     if report["batch_dim"] != BATCH_DIM:
         failures.append(f"input batch dimension is {report['batch_dim']!r}, not {BATCH_DIM!r}")
     if props.get("checkpoint_sha256", "") != checkpoint_sha256:
-        failures.append(f"checkpoint_sha256 metadata {props.get('checkpoint_sha256')!r} is not the checkpoint's "
-                        f"{checkpoint_sha256!r}")
+        failures.append(
+            f"checkpoint_sha256 metadata {props.get('checkpoint_sha256')!r} is not the checkpoint's "
+            f"{checkpoint_sha256!r}"
+        )
     report.update(passed=not failures, failures=failures)
     if failures:
         atomic_write_text(failed_report_path(out), json.dumps(report, indent=2) + "\n")
-        raise VerificationError(f"{out.name} failed verification ({'; '.join(failures[:3])}); "
-                                f"see {failed_report_path(out)}; {out.name} was not written")
+        raise VerificationError(
+            f"{out.name} failed verification ({'; '.join(failures[:3])}); "
+            f"see {failed_report_path(out)}; {out.name} was not written"
+        )
     atomic_write_text(report_path(out), json.dumps(report, indent=2) + "\n")
     return report
 
 
-def export_fingerprint(model: nn.Module, config: Mapping[str, Any], *, opset: int, dtype: str,
-                       input_hw: Optional[Tuple[int, int]], batch_sizes: Sequence[int]) -> str:
+def export_fingerprint(
+    model: nn.Module,
+    config: Mapping[str, Any],
+    *,
+    opset: int,
+    dtype: str,
+    input_hw: tuple[int, int] | None,
+    batch_sizes: Sequence[int],
+) -> str:
     """sha256 of everything an :func:`export_verified` file depends on: the model's weights and buffers (names,
     dtypes, shapes, values), the source files of its modules, of the exporter and of this verifier (an edited
     forward is a new model at the same version), the config, the export arguments, and the versions of attnzoo,
@@ -157,9 +220,16 @@ def export_fingerprint(model: nn.Module, config: Mapping[str, Any], *, opset: in
     from attnzoo import __version__
 
     h = hashlib.sha256()
-    head = {"config": dict(config), "opset": opset, "dtype": dtype, "input_hw": list(input_hw or ()),
-            "batch_sizes": sorted(set(int(b) for b in batch_sizes)), "attnzoo": __version__, "torch": torch.__version__,
-            "onnxruntime": __import__("onnxruntime").__version__}
+    head = {
+        "config": dict(config),
+        "opset": opset,
+        "dtype": dtype,
+        "input_hw": list(input_hw or ()),
+        "batch_sizes": sorted(set(int(b) for b in batch_sizes)),
+        "attnzoo": __version__,
+        "torch": torch.__version__,
+        "onnxruntime": __import__("onnxruntime").__version__,
+    }
     h.update(json.dumps(head, sort_keys=True, default=str).encode())
     names = {type(m).__module__ for m in model.modules()} | {onnx_export_module.__name__, __name__}
     for path in sorted({str(getattr(sys.modules.get(name), "__file__", None) or name) for name in names}):
@@ -171,7 +241,7 @@ def export_fingerprint(model: nn.Module, config: Mapping[str, Any], *, opset: in
     return h.hexdigest()
 
 
-def _reusable(out: Path, dtype: str, fingerprint: str) -> Optional[Dict[str, Any]]:
+def _reusable(out: Path, dtype: str, fingerprint: str) -> dict[str, Any] | None:
     """The report of ``out`` when it was made for this ``fingerprint`` and the file would be served
     (:func:`verification_problem`: its report passed, for this precision and this very file). The fingerprint is
     compared first: a stale file is refused without hashing it."""
@@ -184,10 +254,19 @@ def _reusable(out: Path, dtype: str, fingerprint: str) -> Optional[Dict[str, Any
     return report
 
 
-def export_verified(model: nn.Module, out: Union[str, Path], config: Mapping[str, Any], *, opset: int = 20,
-                    dtype: str = "fp32", input_hw: Optional[Tuple[int, int]] = None,
-                    batch_sizes: Sequence[int] = (1, 8), checkpoint_sha256: str = "",
-                    threads: Optional[int] = None, reuse: bool = False) -> Dict[str, Any]:
+def export_verified(
+    model: nn.Module,
+    out: str | Path,
+    config: Mapping[str, Any],
+    *,
+    opset: int = 20,
+    dtype: str = "fp32",
+    input_hw: tuple[int, int] | None = None,
+    batch_sizes: Sequence[int] = (1, 8),
+    checkpoint_sha256: str = "",
+    threads: int | None = None,
+    reuse: bool = False,
+) -> dict[str, Any]:
     """Export, check the extra math, verify parity; only a passing model reaches ``out``.
 
     A passing export writes ``<out>.report.json`` and replaces ``out``. A failing one leaves ``out`` and its
@@ -201,27 +280,43 @@ def export_verified(model: nn.Module, out: Union[str, Path], config: Mapping[str
             the same seeded model more than once (a benchmark resumed batch by batch, a sweep beside it).
     """
     out = Path(out)
-    fingerprint = export_fingerprint(model, config, opset=opset, dtype=dtype, input_hw=input_hw,
-                                     batch_sizes=batch_sizes)
+    fingerprint = export_fingerprint(
+        model, config, opset=opset, dtype=dtype, input_hw=input_hw, batch_sizes=batch_sizes
+    )
     if reuse:
         report = _reusable(out, dtype, fingerprint)
         if report is not None:
             return {**report, "reused": True}
     with atomic_path(out) as tmp:  # only a model that passes is renamed to `out`
         start = time.perf_counter()
-        export_onnx(model, tmp, config=config, opset=opset, dtype=dtype, input_hw=input_hw,
-                    checkpoint_sha256=checkpoint_sha256)
-        report = _check_and_place(model, tmp, out, config, dtype=dtype, batch_sizes=batch_sizes,
-                                  checkpoint_sha256=checkpoint_sha256, threads=threads,
-                                  extra={"export_time_s": round(time.perf_counter() - start, 3),
-                                         "fingerprint": fingerprint})
+        export_onnx(
+            model, tmp, config=config, opset=opset, dtype=dtype, input_hw=input_hw, checkpoint_sha256=checkpoint_sha256
+        )
+        report = _check_and_place(
+            model,
+            tmp,
+            out,
+            config,
+            dtype=dtype,
+            batch_sizes=batch_sizes,
+            checkpoint_sha256=checkpoint_sha256,
+            threads=threads,
+            extra={"export_time_s": round(time.perf_counter() - start, 3), "fingerprint": fingerprint},
+        )
     failed_report_path(out).unlink(missing_ok=True)  # a stale failure report no longer describes anything
     return report
 
 
-def adopt_verified(model: nn.Module, src: Union[str, Path], out: Union[str, Path], config: Mapping[str, Any], *,
-                   checkpoint_sha256: str, batch_sizes: Sequence[int] = (1, 8),
-                   threads: Optional[int] = None) -> Dict[str, Any]:
+def adopt_verified(
+    model: nn.Module,
+    src: str | Path,
+    out: str | Path,
+    config: Mapping[str, Any],
+    *,
+    checkpoint_sha256: str,
+    batch_sizes: Sequence[int] = (1, 8),
+    threads: int | None = None,
+) -> dict[str, Any]:
     """Copy an ONNX file exported earlier (the zoo's shipped exports) to ``out``, verified exactly as
     :func:`export_verified` verifies a fresh export, and its metadata checked to name ``checkpoint_sha256``:
     seconds instead of a torch export. Same report and failure behaviour."""
@@ -229,9 +324,17 @@ def adopt_verified(model: nn.Module, src: Union[str, Path], out: Union[str, Path
     with atomic_path(out) as tmp:
         shutil.copyfile(src, tmp)
         dtype = metadata_props(onnx.load(str(tmp), load_external_data=False)).get("dtype", "fp32")
-        report = _check_and_place(model, tmp, out, config, dtype=dtype, batch_sizes=batch_sizes,
-                                  checkpoint_sha256=checkpoint_sha256, threads=threads,
-                                  extra={"adopted_from": str(src)})
+        report = _check_and_place(
+            model,
+            tmp,
+            out,
+            config,
+            dtype=dtype,
+            batch_sizes=batch_sizes,
+            checkpoint_sha256=checkpoint_sha256,
+            threads=threads,
+            extra={"adopted_from": str(src)},
+        )
     failed_report_path(out).unlink(missing_ok=True)
     return report
 
@@ -239,13 +342,17 @@ def adopt_verified(model: nn.Module, src: Union[str, Path], out: Union[str, Path
 def summary(report: Mapping[str, Any]) -> str:
     """A few lines for the terminal."""
     par, extra = report["parity"], report["extra_math"]
-    lines = [f"{report['path']}: {report['variant']} {report['task']} {report['arch']} {report['dtype']} "
-             f"opset {report['opset']}, {report['num_nodes']} nodes, {report['file_size'] / 1e6:.2f} MB, "
-             f"export {report['export_time_s']:.1f} s",
-             f"  parity vs eager ({', '.join(par['providers'])}): batch sizes {par['batch_sizes']} "
-             f"(dynamic '{report['batch_dim']}'), max abs err {par['max_abs_err']:.2e} "
-             f"(tolerance {next(iter(par['tolerance'].values())):g} x max(1, max|logit|))"]
+    lines = [
+        f"{report['path']}: {report['variant']} {report['task']} {report['arch']} {report['dtype']} "
+        f"opset {report['opset']}, {report['num_nodes']} nodes, {report['file_size'] / 1e6:.2f} MB, "
+        f"export {report['export_time_s']:.1f} s",
+        f"  parity vs eager ({', '.join(par['providers'])}): batch sizes {par['batch_sizes']} "
+        f"(dynamic '{report['batch_dim']}'), max abs err {par['max_abs_err']:.2e} "
+        f"(tolerance {next(iter(par['tolerance'].values())):g} x max(1, max|logit|))",
+    ]
     if extra["blocks"]:
-        lines.append("  extra-math nodes per block: " + ", ".join(f"{b}={n}" for b, n in extra["nodes_per_block"].items()))
+        lines.append(
+            "  extra-math nodes per block: " + ", ".join(f"{b}={n}" for b, n in extra["nodes_per_block"].items())
+        )
     lines.append(f"  {'PASSED' if report['passed'] else 'FAILED: ' + '; '.join(report['failures'])}")
     return "\n".join(lines)

@@ -8,29 +8,89 @@ with an entry point in the group ``attnzoo.variants`` are loaded at the end of t
 """
 
 # isort: off
-from .registry import (ALIASES, BUILTIN_PACKAGE, BUILTIN_VARIANTS, ENTRY_POINT_GROUP, VARIANT_NAMES, VARIANTS,
-                       ModelBuild, ModelOption, Paper, PluginWarning, VariantSpec, attention_class, canonical_name,
-                       create_attention, load_plugins, register_variant, split_options)
+from .registry import (
+    ALIASES,
+    BUILTIN_PACKAGE,
+    BUILTIN_VARIANTS,
+    ENTRY_POINT_GROUP,
+    VARIANT_NAMES,
+    VARIANTS,
+    ModelBuild,
+    ModelOption,
+    Paper,
+    PluginWarning,
+    VariantSpec,
+    attention_class,
+    canonical_name,
+    create_attention,
+    load_plugins,
+    register_variant,
+    split_options,
+)
 from .standard import StandardAttention
 from .belief import DEFAULT_EPS, PROJECTION_OPS, BeliefAttention, BeliefStarAttention, OrthogonalProjection
 from .belief2 import PHI_CHOICES, Belief2Attention, ExclusiveAttention
 from .mabvit import MABViTAttention, ParallelBlock
 from .wafe import KEY_NORM_OPS, WAFEAttention
 from .hv import HVAttention
+
 # isort: on
-from .factory import (ARCHS, TASKS, block_fn, convert_to_belief2, count_params, create_model,
-                      load_timm_state_dict, mlp_hidden, model_config)
+from .factory import (
+    ARCHS,
+    TASKS,
+    block_fn,
+    convert_to_belief2,
+    count_params,
+    create_model,
+    load_timm_state_dict,
+    mlp_hidden,
+    model_config,
+)
 from .segmenter import DECODERS, Segmenter
 
 __all__ = [
-    "VARIANTS", "VARIANT_NAMES", "BUILTIN_VARIANTS", "ALIASES", "VariantSpec", "ModelOption", "ModelBuild", "Paper",
-    "ARCHS", "TASKS", "DECODERS",
-    "register_variant", "load_plugins", "PluginWarning", "ENTRY_POINT_GROUP", "BUILTIN_PACKAGE", "PROJECTION_OPS",
-    "KEY_NORM_OPS", "create_attention", "attention_class", "canonical_name", "split_options", "create_model",
-    "model_config", "convert_to_belief2", "load_timm_state_dict", "count_params", "mlp_hidden", "block_fn",
-    "StandardAttention", "BeliefAttention", "BeliefStarAttention", "ExclusiveAttention", "Belief2Attention",
-    "MABViTAttention", "ParallelBlock", "WAFEAttention", "HVAttention", "OrthogonalProjection", "Segmenter",
-    "DEFAULT_EPS", "PHI_CHOICES",
+    "VARIANTS",
+    "VARIANT_NAMES",
+    "BUILTIN_VARIANTS",
+    "ALIASES",
+    "VariantSpec",
+    "ModelOption",
+    "ModelBuild",
+    "Paper",
+    "ARCHS",
+    "TASKS",
+    "DECODERS",
+    "register_variant",
+    "load_plugins",
+    "PluginWarning",
+    "ENTRY_POINT_GROUP",
+    "BUILTIN_PACKAGE",
+    "PROJECTION_OPS",
+    "KEY_NORM_OPS",
+    "create_attention",
+    "attention_class",
+    "canonical_name",
+    "split_options",
+    "create_model",
+    "model_config",
+    "convert_to_belief2",
+    "load_timm_state_dict",
+    "count_params",
+    "mlp_hidden",
+    "block_fn",
+    "StandardAttention",
+    "BeliefAttention",
+    "BeliefStarAttention",
+    "ExclusiveAttention",
+    "Belief2Attention",
+    "MABViTAttention",
+    "ParallelBlock",
+    "WAFEAttention",
+    "HVAttention",
+    "OrthogonalProjection",
+    "Segmenter",
+    "DEFAULT_EPS",
+    "PHI_CHOICES",
 ]
 
 load_plugins()  # last: a plugin imports register_variant (and anything else) from this package

@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 
@@ -52,29 +52,37 @@ def variants_table(arch: str = "tiny", builtin_only: bool = False) -> str:
     """Markdown table: variant, paper, equations, extra-math scopes, extra parameters, parameter count of a ViT of
     ``arch`` (1000 classes) against ``standard``'s."""
     base = _param_count("standard", arch)
-    rows = ["| variant | paper | equations | extra-math scopes (ONNX `blocks.N.attn.<scope>/...`) | "
-            f"extra parameters per block | ViT-{arch} params (1000 classes) |",
-            "|---|---|---|---|---|---|"]
+    rows = [
+        "| variant | paper | equations | extra-math scopes (ONNX `blocks.N.attn.<scope>/...`) | "
+        f"extra parameters per block | ViT-{arch} params (1000 classes) |",
+        "|---|---|---|---|---|---|",
+    ]
     for name in _names(builtin_only):
         spec = VARIANTS[name]
         n = _param_count(name, arch)
-        paper = f"[{spec.paper.authors} {spec.paper.year}]({spec.paper.url})" if isinstance(spec.paper, Paper) \
+        paper = (
+            f"[{spec.paper.authors} {spec.paper.year}]({spec.paper.url})"
+            if isinstance(spec.paper, Paper)
             else spec.paper
+        )
         scopes = ", ".join(f"`{s}`" for s in spec.extra_scopes) or "none"
-        rows.append(f"| {_label(name)} | {paper} | {spec.equations or '-'} | {scopes} | {spec.extra_params or '-'} | "
-                    f"{n / 1e6:.2f} M ({(n - base) / base:+.1%}) |")
+        rows.append(
+            f"| {_label(name)} | {paper} | {spec.equations or '-'} | {scopes} | {spec.extra_params or '-'} | "
+            f"{n / 1e6:.2f} M ({(n - base) / base:+.1%}) |"
+        )
     return "\n".join(rows)
 
 
 def papers_table(builtin_only: bool = False) -> str:
     """Markdown table of the papers the variants come from (a plugin's citation string as it gave it)."""
-    papers: Dict[Union[Paper, str], List[str]] = {}
+    papers: dict[Paper | str, list[str]] = {}
     for name in _names(builtin_only):
         papers.setdefault(VARIANTS[name].paper, []).append(name)
     rows = ["| paper | authors, year | variants |", "|---|---|---|"]
     for paper, names in papers.items():
-        cite = f"[{paper.title}]({paper.url}) | {paper.authors} {paper.year}" if isinstance(paper, Paper) \
-            else f"{paper} |"
+        cite = (
+            f"[{paper.title}]({paper.url}) | {paper.authors} {paper.year}" if isinstance(paper, Paper) else f"{paper} |"
+        )
         rows.append(f"| {cite} | {', '.join(f'`{n}`' for n in names)} |")
     return "\n".join(rows)
 
@@ -90,14 +98,16 @@ def extra_weights_table(builtin_only: bool = False) -> str:
     return "\n".join(rows)
 
 
-def tables(builtin_only: bool = True) -> Dict[str, str]:
+def tables(builtin_only: bool = True) -> dict[str, str]:
     """The generated tables by marker name."""
-    return {"variants-table": variants_table(builtin_only=builtin_only),
-            "papers-table": papers_table(builtin_only=builtin_only),
-            "extra-weights-table": extra_weights_table(builtin_only=builtin_only)}
+    return {
+        "variants-table": variants_table(builtin_only=builtin_only),
+        "papers-table": papers_table(builtin_only=builtin_only),
+        "extra-weights-table": extra_weights_table(builtin_only=builtin_only),
+    }
 
 
-def render_into(text: str, generated: Dict[str, str]) -> str:
+def render_into(text: str, generated: dict[str, str]) -> str:
     """``text`` with the content between each ``<!-- NAME -->`` / ``<!-- /NAME -->`` pair replaced by
     ``generated[NAME]``; markers absent from ``text`` are skipped."""
     for name, table in generated.items():
@@ -106,22 +116,28 @@ def render_into(text: str, generated: Dict[str, str]) -> str:
     return text
 
 
-def _marked(text: str) -> List[str]:
+def _marked(text: str) -> list[str]:
     return [name for name in TABLES if f"<!-- {name} -->" in text and f"<!-- /{name} -->" in text]
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m attnzoo.models", description=__doc__.splitlines()[0])
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--update", nargs="+", type=Path, metavar="FILE",
-                       help="rewrite the built-in variants' tables between their markers in these markdown files")
-    group.add_argument("--check", nargs="+", type=Path, metavar="FILE",
-                       help="exit 1 if these files' tables are not the registry's")
+    group.add_argument(
+        "--update",
+        nargs="+",
+        type=Path,
+        metavar="FILE",
+        help="rewrite the built-in variants' tables between their markers in these markdown files",
+    )
+    group.add_argument(
+        "--check", nargs="+", type=Path, metavar="FILE", help="exit 1 if these files' tables are not the registry's"
+    )
     return add_debug_flag(p)
 
 
 @entry_point
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Print the tables, or update / check them in markdown files."""
     a = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     files = a.update or a.check
@@ -143,8 +159,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if a.update:
                 atomic_write_text(path, new)
     if a.check and stale:
-        raise CommandError(f"variant tables differ from the registry in {', '.join(stale)}; run "
-                           f"python -m attnzoo.models --update {' '.join(stale)}")
+        raise CommandError(
+            f"variant tables differ from the registry in {', '.join(stale)}; run "
+            f"python -m attnzoo.models --update {' '.join(stale)}"
+        )
     print(f"{'updated' if a.update else 'up to date'}: {', '.join(stale if a.update else map(str, files)) or 'none'}")
     return 0
 

@@ -21,7 +21,7 @@ carry that name; :data:`PROJECTION_OPS` are the ops every export must find there
 
 from __future__ import annotations
 
-from typing import Mapping, Tuple
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -29,11 +29,14 @@ from torch import nn
 from .registry import Paper, register_variant
 from .standard import StandardAttention, merge_heads
 
-__all__ = ["OrthogonalProjection", "BeliefAttention", "BeliefStarAttention", "DEFAULT_EPS", "PROJECTION_OPS",
-           "PAPER"]
+__all__ = ["OrthogonalProjection", "BeliefAttention", "BeliefStarAttention", "DEFAULT_EPS", "PROJECTION_OPS", "PAPER"]
 
-PAPER = Paper("BeliefFormer: Belief Attention in Transformer", "Guoqiang Zhang", 2025,
-              "https://openreview.net/forum?id=Ard2QzPAUK")
+PAPER = Paper(
+    "BeliefFormer: Belief Attention in Transformer",
+    "Guoqiang Zhang",
+    2025,
+    "https://openreview.net/forum?id=Ard2QzPAUK",
+)
 #: Default epsilon added to <V, V>; small against any non-degenerate fp32 <V, V>.
 DEFAULT_EPS = 1e-6
 #: Minimum op counts of one orthogonal-projection scope (:class:`OrthogonalProjection`: two inner products
@@ -59,7 +62,7 @@ class OrthogonalProjection(nn.Module):
             raise ValueError(f"eps must be > 0, got {eps}")
         self.eps = float(eps)
 
-    def forward(self, a: torch.Tensor, v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, a: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(perpendicular, parallel)``, both shaped and typed like ``a``."""
         out_dtype = a.dtype
         compute = torch.promote_types(a.dtype, torch.float32)  # fp16/bf16 -> fp32; fp32/fp64 unchanged
@@ -100,8 +103,16 @@ class BeliefStarAttention(StandardAttention):
         **kwargs: ``timm.layers.Attention`` keywords (see :class:`StandardAttention`).
     """
 
-    def __init__(self, dim: int, num_heads: int = 8, eps: float = DEFAULT_EPS, proj_bias: bool = True,
-                 device=None, dtype=None, **kwargs) -> None:
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        eps: float = DEFAULT_EPS,
+        proj_bias: bool = True,
+        device=None,
+        dtype=None,
+        **kwargs,
+    ) -> None:
         super().__init__(dim, num_heads=num_heads, proj_bias=proj_bias, device=device, dtype=dtype, **kwargs)
         self.projection = OrthogonalProjection(eps)
         self.head_projection = OrthogonalProjection(eps)
@@ -113,9 +124,21 @@ class BeliefStarAttention(StandardAttention):
         return self.proj(self.norm_and_gate(x, delta)) + self.proj_s(merge_heads(delta_s))
 
 
-register_variant("belief", BeliefAttention, paper=PAPER, equations="eq. 10-12", options={"eps": DEFAULT_EPS},
-                 extra_scopes={"projection": PROJECTION_OPS})
-register_variant("belief-star", BeliefStarAttention, paper=PAPER, equations="eq. 10, 13-15",
-                 options={"eps": DEFAULT_EPS}, extra_params="W^s (D x D + bias)",
-                 extra_scopes={"projection": PROJECTION_OPS, "head_projection": PROJECTION_OPS},
-                 cost_family="belief")
+register_variant(
+    "belief",
+    BeliefAttention,
+    paper=PAPER,
+    equations="eq. 10-12",
+    options={"eps": DEFAULT_EPS},
+    extra_scopes={"projection": PROJECTION_OPS},
+)
+register_variant(
+    "belief-star",
+    BeliefStarAttention,
+    paper=PAPER,
+    equations="eq. 10, 13-15",
+    options={"eps": DEFAULT_EPS},
+    extra_params="W^s (D x D + bias)",
+    extra_scopes={"projection": PROJECTION_OPS, "head_projection": PROJECTION_OPS},
+    cost_family="belief",
+)

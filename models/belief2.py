@@ -25,7 +25,7 @@ The zoo trains it from scratch with ``param_matched``: the block MLP shrinks so 
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any
 
 import torch
 from timm.layers import Attention as TimmAttention
@@ -35,8 +35,17 @@ from .belief import DEFAULT_EPS, PROJECTION_OPS, OrthogonalProjection
 from .registry import ModelBuild, ModelOption, Paper, attention_class, register_variant, split_options
 from .standard import StandardAttention, merge_heads
 
-__all__ = ["ExclusiveAttention", "Belief2Attention", "PHI_CHOICES", "PAPER", "PARAM_MATCHED", "prop1_options",
-           "check_prop1_source", "tie_proj_p", "belief2_from_standard"]
+__all__ = [
+    "ExclusiveAttention",
+    "Belief2Attention",
+    "PHI_CHOICES",
+    "PAPER",
+    "PARAM_MATCHED",
+    "prop1_options",
+    "check_prop1_source",
+    "tie_proj_p",
+    "belief2_from_standard",
+]
 
 PAPER = Paper("Improved Belief-Attention in Vision Tasks", "Guoqiang Zhang", 2026, "https://arxiv.org/abs/2606.00077")
 PHI_CHOICES = {"identity": nn.Identity, "gelu": nn.GELU, "silu": nn.SiLU}
@@ -61,9 +70,15 @@ class ExclusiveAttention(StandardAttention):
         return self.proj(self.norm_and_gate(x, merge_heads(delta_s)))
 
 
-register_variant("exclusive", ExclusiveAttention, paper=PAPER, equations="Remark 1 (eq. 7, W = 0)",
-                 options={"eps": DEFAULT_EPS}, extra_scopes={"head_projection": PROJECTION_OPS},
-                 cost_family="belief")
+register_variant(
+    "exclusive",
+    ExclusiveAttention,
+    paper=PAPER,
+    equations="Remark 1 (eq. 7, W = 0)",
+    options={"eps": DEFAULT_EPS},
+    extra_scopes={"head_projection": PROJECTION_OPS},
+    cost_family="belief",
+)
 
 
 class Belief2Attention(StandardAttention):
@@ -76,17 +91,27 @@ class Belief2Attention(StandardAttention):
         **kwargs: ``timm.layers.Attention`` keywords (see :class:`StandardAttention`).
     """
 
-    def __init__(self, dim: int, num_heads: int = 8, phi: str = "gelu", zz: bool = True,
-                 eps: float = DEFAULT_EPS, proj_bias: bool = True, qk_norm: bool = False,
-                 device=None, dtype=None, **kwargs) -> None:
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        phi: str = "gelu",
+        zz: bool = True,
+        eps: float = DEFAULT_EPS,
+        proj_bias: bool = True,
+        qk_norm: bool = False,
+        device=None,
+        dtype=None,
+        **kwargs,
+    ) -> None:
         if phi not in PHI_CHOICES:
             raise ValueError(f"unknown phi {phi!r}; valid: {', '.join(PHI_CHOICES)}")
-        super().__init__(dim, num_heads=num_heads, proj_bias=proj_bias, qk_norm=qk_norm,
-                         device=device, dtype=dtype, **kwargs)
+        super().__init__(
+            dim, num_heads=num_heads, proj_bias=proj_bias, qk_norm=qk_norm, device=device, dtype=dtype, **kwargs
+        )
         self.phi_name = phi
         self.zz = bool(zz)
-        self.z: Optional[nn.Linear] = (
-            nn.Linear(dim, self.attn_dim, bias=False, device=device, dtype=dtype) if zz else None)
+        self.z: nn.Linear | None = nn.Linear(dim, self.attn_dim, bias=False, device=device, dtype=dtype) if zz else None
         self.projection = OrthogonalProjection(eps)
         self.phi = PHI_CHOICES[phi]()
         self.proj_p = nn.Linear(self.attn_dim, self.dim_out, bias=proj_bias, device=device, dtype=dtype)
@@ -97,8 +122,9 @@ class Belief2Attention(StandardAttention):
         B, N, _ = x.shape
         z = self.z(x).reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2)
         # [Q|Z][K|Z]^T = Q K^T + Z Z^T; the scale stays 1/sqrt(d) with d the original head width.
-        return self.sdpa(torch.cat([q, z], dim=-1), torch.cat([k, z], dim=-1), v, attn_mask, is_causal,
-                          scale=self.scale)
+        return self.sdpa(
+            torch.cat([q, z], dim=-1), torch.cat([k, z], dim=-1), v, attn_mask, is_causal, scale=self.scale
+        )
 
     def combine(self, x: torch.Tensor, h: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         delta, parallel = self.projection(merge_heads(h), merge_heads(v))
@@ -116,15 +142,21 @@ def _param_matched_hidden(matched: bool, hidden: int, build: ModelBuild) -> int:
 #: Model option ``param_matched``: the block MLP shrinks so that the model has ``standard``'s parameter count.
 PARAM_MATCHED = ModelOption(False, mlp_hidden=_param_matched_hidden)
 
-register_variant("belief2", Belief2Attention, paper=PAPER, equations="eq. 11-15, Prop. 1",
-                 options={"phi": "gelu", "zz": True, "eps": DEFAULT_EPS},
-                 model_options={"param_matched": PARAM_MATCHED},
-                 extra_params="W^p (D x D + bias), W^Z (D x D) if zz", extra_scopes={"projection": PROJECTION_OPS},
-                 zoo_options={"param_matched": True})
+register_variant(
+    "belief2",
+    Belief2Attention,
+    paper=PAPER,
+    equations="eq. 11-15, Prop. 1",
+    options={"phi": "gelu", "zz": True, "eps": DEFAULT_EPS},
+    model_options={"param_matched": PARAM_MATCHED},
+    extra_params="W^p (D x D + bias), W^Z (D x D) if zz",
+    extra_scopes={"projection": PROJECTION_OPS},
+    zoo_options={"param_matched": True},
+)
 
 
 # ------------------------------------------------------------------------------------------------ Proposition 1
-def prop1_options() -> Dict[str, Any]:
+def prop1_options() -> dict[str, Any]:
     """Belief2 options (attention and model) under which Prop. 1 holds: ``phi = identity``, ``zz`` off, the
     full MLP (``param_matched`` off)."""
     _, attn, model = split_options("belief2", phi="identity", zz=False, param_matched=False)
@@ -152,11 +184,15 @@ def check_prop1_source(attn: nn.Module, where: str) -> None:
     """
     cls = type(attn)
     if not (cls in (TimmAttention, StandardAttention) or getattr(cls, "variant", None) == "standard"):
-        raise ValueError(f"{where} is a {cls.__module__}.{cls.__name__}, not standard attention "
-                         "(timm.layers.Attention); Prop. 1 covers standard attention only")
+        raise ValueError(
+            f"{where} is a {cls.__module__}.{cls.__name__}, not standard attention "
+            "(timm.layers.Attention); Prop. 1 covers standard attention only"
+        )
     if not isinstance(attn.norm, nn.Identity):
-        raise ValueError(f"{where} uses scale_norm (a norm before proj); Belief2 would normalise Delta only, "
-                         "so the function would change")
+        raise ValueError(
+            f"{where} uses scale_norm (a norm before proj); Belief2 would normalise Delta only, "
+            "so the function would change"
+        )
     if getattr(attn, "gate", None) is not None:
         raise ValueError(f"{where} is gated; Belief2 would gate Delta only, so the function would change")
 
@@ -172,10 +208,18 @@ def belief2_from_standard(attn: nn.Module) -> nn.Module:
     options = prop1_options()
     cls = attention_class("belief2", **{k: options[k] for k in ("phi", "zz", "eps")})
     weight = attn.qkv.weight
-    new = cls(attn.qkv.in_features, num_heads=attn.num_heads, attn_head_dim=attn.head_dim,
-              dim_out=attn.proj.out_features, qkv_bias=attn.qkv.bias is not None,
-              proj_bias=attn.proj.bias is not None, attn_drop=attn.attn_drop.p, proj_drop=attn.proj_drop.p,
-              device=weight.device, dtype=weight.dtype)
+    new = cls(
+        attn.qkv.in_features,
+        num_heads=attn.num_heads,
+        attn_head_dim=attn.head_dim,
+        dim_out=attn.proj.out_features,
+        qkv_bias=attn.qkv.bias is not None,
+        proj_bias=attn.proj.bias is not None,
+        attn_drop=attn.attn_drop.p,
+        proj_drop=attn.proj_drop.p,
+        device=weight.device,
+        dtype=weight.dtype,
+    )
     new.qkv, new.q_norm, new.k_norm, new.proj = attn.qkv, attn.q_norm, attn.k_norm, attn.proj
     tie_proj_p(new)
     return new.train(attn.training)

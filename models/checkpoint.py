@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import math
 import pickle
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -26,17 +27,36 @@ from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, INPUT_STYLES
 from .factory import TASKS
 from .registry import VARIANTS, canonical_name
 
-__all__ = ["save_checkpoint", "load_checkpoint", "read_config", "load_state_dict_file", "build_model",
-           "load_weights", "init_encoder", "check_encoder_source", "CONFIG_KEY", "NoConfigError", "validate_config",
-           "check_logits", "require_variant"]
+__all__ = [
+    "save_checkpoint",
+    "load_checkpoint",
+    "read_config",
+    "load_state_dict_file",
+    "build_model",
+    "load_weights",
+    "init_encoder",
+    "check_encoder_source",
+    "CONFIG_KEY",
+    "NoConfigError",
+    "validate_config",
+    "check_logits",
+    "require_variant",
+]
 
 CONFIG_KEY = "attnzoo_config"
 _MODEL_KEYS = ("variant", "task", "arch", "num_classes", "img_size", "decoder")
 
 
-def save_checkpoint(model: nn.Module, path: Union[str, Path], *, class_names, mean=DEFAULT_MEAN,
-                    std=DEFAULT_STD, input_style: Optional[str] = None,
-                    extra: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+def save_checkpoint(
+    model: nn.Module,
+    path: str | Path,
+    *,
+    class_names,
+    mean=DEFAULT_MEAN,
+    std=DEFAULT_STD,
+    input_style: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """Save ``model`` (built by ``create_model``) as ``path`` (.safetensors) plus ``path.json``.
 
     The safetensors metadata holds the config needed to rebuild the model (variant, options, task, arch,
@@ -53,8 +73,7 @@ def save_checkpoint(model: nn.Module, path: Union[str, Path], *, class_names, me
     class_names = [str(c) for c in class_names]
     if len(class_names) != base["num_classes"]:
         raise ValueError(f"{len(class_names)} class names for a model with {base['num_classes']} classes")
-    config = {**base, "class_names": class_names, "mean": [float(m) for m in mean],
-              "std": [float(s) for s in std]}
+    config = {**base, "class_names": class_names, "mean": [float(m) for m in mean], "std": [float(s) for s in std]}
     if input_style is not None:
         if input_style not in INPUT_STYLES:
             raise ValueError(f"unknown input style {input_style!r}; valid: {', '.join(INPUT_STYLES)}")
@@ -72,7 +91,7 @@ class NoConfigError(ValueError):
     """The file has no attnzoo config (a plain state dict): the caller must describe the model."""
 
 
-def read_config(path: Union[str, Path]) -> Dict[str, Any]:
+def read_config(path: str | Path) -> dict[str, Any]:
     """The config of a checkpoint: the JSON beside it when present, else the safetensors metadata.
 
     Raises:
@@ -113,7 +132,7 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def validate_config(config: Any, source: Any = "model") -> Dict[str, Any]:
+def validate_config(config: Any, source: Any = "model") -> dict[str, Any]:
     """Check a model config (a checkpoint's, or an ONNX file's ``attnzoo.config``) before anything is built.
 
     Checks that it is a JSON object with variant, task, arch, ``num_classes`` (1..``MAX_CLASSES``) and
@@ -142,11 +161,15 @@ def validate_config(config: Any, source: Any = "model") -> Dict[str, Any]:
             raise ValueError(f"{source}: {len(names)} class names for {k} classes")
     for key in ("mean", "std"):
         v = config.get(key)
-        if v is not None and (not isinstance(v, list) or len(v) != 3
-                              or not all(isinstance(x, (int, float)) and math.isfinite(x) for x in v)
-                              or (key == "std" and not all(v))):
-            raise ValueError(f"{source}: {key} must be 3 finite numbers{' (non-zero)' if key == 'std' else ''}, "
-                             f"got {v!r}")
+        if v is not None and (
+            not isinstance(v, list)
+            or len(v) != 3
+            or not all(isinstance(x, (int, float)) and math.isfinite(x) for x in v)
+            or (key == "std" and not all(v))
+        ):
+            raise ValueError(
+                f"{source}: {key} must be 3 finite numbers{' (non-zero)' if key == 'std' else ''}, got {v!r}"
+            )
     if not isinstance(config.get("options", {}), dict):
         raise ValueError(f"{source}: options must be a JSON object")
     return config
@@ -162,11 +185,13 @@ def check_logits(class_names: Sequence[str], logits_shape: Sequence[int], task: 
     if len(logits_shape) != rank:
         raise ValueError(f"{source}: a {task} model must output rank-{rank} logits, got shape {tuple(logits_shape)}")
     if logits_shape[1] != len(class_names):
-        raise ValueError(f"{source}: {len(class_names)} class names but the model outputs {logits_shape[1]} "
-                         "logits per " + ("image" if task == "cls" else "pixel"))
+        raise ValueError(
+            f"{source}: {len(class_names)} class names but the model outputs {logits_shape[1]} "
+            "logits per " + ("image" if task == "cls" else "pixel")
+        )
 
 
-def load_state_dict_file(path: Union[str, Path]) -> Dict[str, torch.Tensor]:
+def load_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
     """Read a state dict without executing any pickle.
 
     ``.safetensors`` via safetensors; anything else via ``torch.load(weights_only=True)``, which refuses
@@ -184,8 +209,10 @@ def load_state_dict_file(path: Union[str, Path]) -> Dict[str, torch.Tensor]:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"{path}: refused to load (only plain tensor state dicts are read, with "
-                         f"torch.load(weights_only=True); no pickle is executed): {first}") from exc
+        raise ValueError(
+            f"{path}: refused to load (only plain tensor state dicts are read, with "
+            f"torch.load(weights_only=True); no pickle is executed): {first}"
+        ) from exc
     for key in ("state_dict", "model", "model_state_dict"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
             obj = obj[key]
@@ -208,10 +235,12 @@ def require_variant(config: Mapping[str, Any], source: Any = "model"):
         if plugin and plugin.get("package"):
             pkg, ver = str(plugin["package"]), str(plugin.get("version") or "")
             pin = f"{pkg}=={ver}" if ver else pkg
-            raise ValueError(f"{source}: variant {config['variant']!r} comes from the plugin package {pkg!r}"
-                             f"{f' {ver}' if ver else ''}, which is not installed here; install it "
-                             f"(pip install '{pin}') so that its entry point in 'attnzoo.variants' registers the "
-                             "variant") from None
+            raise ValueError(
+                f"{source}: variant {config['variant']!r} comes from the plugin package {pkg!r}"
+                f"{f' {ver}' if ver else ''}, which is not installed here; install it "
+                f"(pip install '{pin}') so that its entry point in 'attnzoo.variants' registers the "
+                "variant"
+            ) from None
         raise ValueError(f"{source}: {exc}") from None
 
 
@@ -230,17 +259,21 @@ def load_weights(model: nn.Module, state: Mapping[str, torch.Tensor], source: st
     unexpected = sorted(set(state) - set(own))
     mismatched = sorted(k for k in set(own) & set(state) if own[k].shape != state[k].shape)
     if missing or unexpected or mismatched:
+
         def _fmt(keys):
             return ", ".join(keys[:8]) + (f" ... ({len(keys)} in all)" if len(keys) > 8 else "")
-        parts = [f"missing keys: {_fmt(missing)}" if missing else "",
-                 f"unexpected keys: {_fmt(unexpected)}" if unexpected else "",
-                 f"shape mismatches: {_fmt(mismatched)}" if mismatched else ""]
+
+        parts = [
+            f"missing keys: {_fmt(missing)}" if missing else "",
+            f"unexpected keys: {_fmt(unexpected)}" if unexpected else "",
+            f"shape mismatches: {_fmt(mismatched)}" if mismatched else "",
+        ]
         variant = getattr(model, "attnzoo_config", {}).get("variant", "?")
         raise ValueError(f"{source} does not match variant {variant!r}: " + "; ".join(p for p in parts if p))
     model.load_state_dict(dict(state), strict=True)
 
 
-def check_encoder_source(path: Union[str, Path], variant: str, arch: str) -> Dict[str, Any]:
+def check_encoder_source(path: str | Path, variant: str, arch: str) -> dict[str, Any]:
     """The config of checkpoint ``path`` after checking it can start a ``variant``/``arch`` encoder.
 
     Raises:
@@ -253,7 +286,7 @@ def check_encoder_source(path: Union[str, Path], variant: str, arch: str) -> Dic
     return src
 
 
-def init_encoder(model: nn.Module, path: Union[str, Path]) -> int:
+def init_encoder(model: nn.Module, path: str | Path) -> int:
     """Copy the ViT encoder of a checkpoint (e.g. the same variant's classifier) into ``model``'s encoder.
 
     The pretrained-encoder start of Segmenter (Strudel et al. 2021): every encoder tensor is copied and the
@@ -276,14 +309,15 @@ def init_encoder(model: nn.Module, path: Union[str, Path]) -> int:
     if "pos_embed" in state and "pos_embed" in target and state["pos_embed"].shape != target["pos_embed"].shape:
         prefix = 0 if encoder.no_embed_class else encoder.num_prefix_tokens
         old = math.isqrt(state["pos_embed"].shape[1] - prefix)
-        state["pos_embed"] = resample_abs_pos_embed(state["pos_embed"], list(encoder.patch_embed.grid_size),
-                                                    old_size=[old, old], num_prefix_tokens=prefix)
+        state["pos_embed"] = resample_abs_pos_embed(
+            state["pos_embed"], list(encoder.patch_embed.grid_size), old_size=[old, old], num_prefix_tokens=prefix
+        )
     own_head = {k: v for k, v in target.items() if k.startswith("head.")}  # stays as initialised
     load_weights(encoder, {**state, **own_head}, source=str(path))
     return len(state)
 
 
-def load_checkpoint(path: Union[str, Path]) -> Tuple[nn.Module, Dict[str, Any]]:
+def load_checkpoint(path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
     """Load a checkpoint saved by :func:`save_checkpoint`; returns ``(model in eval mode, config)``."""
     config = read_config(path)
     model = build_model(config, path)

@@ -4,7 +4,8 @@ converted to Belief2 (the layer conversion of Prop. 1 is ``belief2.belief2_from_
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, List, Mapping, Optional, Type, Union
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from timm.data import resolve_model_data_config
@@ -18,12 +19,21 @@ from .registry import VARIANTS, ModelBuild, attention_class, split_options
 from .segmenter import DECODERS, Segmenter
 from .stem import ConvStemPatchEmbed
 
-__all__ = ["ARCHS", "TASKS", "create_model", "model_config", "load_timm_state_dict", "convert_to_belief2",
-           "count_params", "mlp_hidden", "block_fn"]
+__all__ = [
+    "ARCHS",
+    "TASKS",
+    "create_model",
+    "model_config",
+    "load_timm_state_dict",
+    "convert_to_belief2",
+    "count_params",
+    "mlp_hidden",
+    "block_fn",
+]
 
 #: Architectures: ViT-Ti/S/B at 224 px as in timm, ``micro`` for CPU training at 32 px (~0.2 M params), and
 #: ``micro-conv``, micro with a convolutional stem (``stem="conv"``) for small real images.
-ARCHS: Dict[str, Dict[str, Any]] = {
+ARCHS: dict[str, dict[str, Any]] = {
     "micro": dict(img_size=32, patch_size=4, embed_dim=64, depth=4, num_heads=2, mlp_ratio=4.0),
     # micro with a convolutional stem (models/stem.py), for 28-64 px images such as Fashion-MNIST
     "micro-conv": dict(img_size=28, patch_size=4, embed_dim=64, depth=4, num_heads=2, mlp_ratio=4.0, stem="conv"),
@@ -54,11 +64,11 @@ def mlp_hidden(variant: str, arch: str, **options: Any) -> int:
     return hidden
 
 
-def block_fn(variant: str, **options: Any) -> Type[nn.Module]:
+def block_fn(variant: str, **options: Any) -> type[nn.Module]:
     """timm ``block_fn`` for a variant: ``Block``, or what its model options' ``block_fn`` hooks choose, in
     turn (MABViT's ``parallel``: :class:`ParallelBlock`)."""
     spec, _, model = split_options(variant, **options)
-    block: Type[nn.Module] = Block
+    block: type[nn.Module] = Block
     for key, value in model.items():
         hook = spec.model_options[key].block_fn
         if hook is not None:
@@ -67,14 +77,14 @@ def block_fn(variant: str, **options: Any) -> Type[nn.Module]:
 
 
 def create_model(
-        variant: str,
-        task: str = "cls",
-        arch: str = "micro",
-        num_classes: Optional[int] = None,
-        img_size: Optional[int] = None,
-        decoder: str = "linear",
-        drop_path_rate: float = 0.0,
-        **variant_options: Any,
+    variant: str,
+    task: str = "cls",
+    arch: str = "micro",
+    num_classes: int | None = None,
+    img_size: int | None = None,
+    decoder: str = "linear",
+    drop_path_rate: float = 0.0,
+    **variant_options: Any,
 ) -> nn.Module:
     """Build a classifier (timm ``VisionTransformer``) or a Segmenter with the variant's attention.
 
@@ -120,20 +130,34 @@ def create_model(
         attn_layer=attention_class(spec.name, **attn),
     )
     model: nn.Module = encoder if task == "cls" else Segmenter(encoder, num_classes, decoder=decoder)
-    model.attnzoo_config = model_config(spec.name, task, arch, num_classes, img_size,
-                                        {**attn, **model_opts}, decoder if task == "seg" else None)
+    model.attnzoo_config = model_config(
+        spec.name, task, arch, num_classes, img_size, {**attn, **model_opts}, decoder if task == "seg" else None
+    )
     return model
 
 
-def model_config(variant: str, task: str, arch: str, num_classes: int, img_size: int,
-                 options: Mapping[str, Any], decoder: Optional[str] = None) -> Dict[str, Any]:
+def model_config(
+    variant: str,
+    task: str,
+    arch: str,
+    num_classes: int,
+    img_size: int,
+    options: Mapping[str, Any],
+    decoder: str | None = None,
+) -> dict[str, Any]:
     """The JSON-able description from which :func:`create_model` rebuilds a model.
 
     A variant registered by an installed package (a plugin) adds ``plugin: {"package", "version"}``, so that
     loading the checkpoint where the package is missing can say what to install.
     """
-    cfg = {"variant": variant, "task": task, "arch": arch, "num_classes": int(num_classes),
-           "img_size": int(img_size), "options": dict(options)}
+    cfg = {
+        "variant": variant,
+        "task": task,
+        "arch": arch,
+        "num_classes": int(num_classes),
+        "img_size": int(img_size),
+        "options": dict(options),
+    }
     if decoder is not None:
         cfg["decoder"] = decoder
     spec = VARIANTS.get(variant)
@@ -147,7 +171,7 @@ def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def load_timm_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> List[str]:
+def load_timm_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> list[str]:
     """Load a timm-named ViT state dict into any variant; return the variant's parameters it did not hold.
 
     For a Segmenter the keys are matched against its ``encoder``. Keys the model does not have, and keys
@@ -156,8 +180,11 @@ def load_timm_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor
     target = model.encoder if isinstance(model, Segmenter) else model
     own = target.state_dict()
     unexpected = sorted(k for k in state_dict if k not in own)
-    mismatched = sorted(f"{k}: {tuple(state_dict[k].shape)} vs {tuple(own[k].shape)}"
-                        for k in state_dict if k in own and own[k].shape != state_dict[k].shape)
+    mismatched = sorted(
+        f"{k}: {tuple(state_dict[k].shape)} vs {tuple(own[k].shape)}"
+        for k in state_dict
+        if k in own and own[k].shape != state_dict[k].shape
+    )
     if unexpected or mismatched:
         parts = []
         if unexpected:
@@ -175,7 +202,7 @@ _CONVERTIBLE_BLOCKS = (Block, ResPostBlock, ParallelBlock)
 TIMM_DEFAULT_ARCH = "timm-vit"
 
 
-def _timm_config(model: VisionTransformer) -> Dict[str, Any]:
+def _timm_config(model: VisionTransformer) -> dict[str, Any]:
     """attnzoo config of a converted timm ViT: input size from the model, mean/std from its data config.
 
     mean/std come from ``timm.data.resolve_model_data_config`` (the model's ``pretrained_cfg``; without one,
@@ -184,17 +211,21 @@ def _timm_config(model: VisionTransformer) -> Dict[str, Any]:
     data = resolve_model_data_config(model)
     h, w = getattr(model.patch_embed, "img_size", None) or tuple(data["input_size"][1:])
     pretrained = getattr(model, "pretrained_cfg", None) or {}
-    config = model_config("belief2", "cls", pretrained.get("architecture") or TIMM_DEFAULT_ARCH,
-                          model.num_classes, h, prop1_options())
+    config = model_config(
+        "belief2", "cls", pretrained.get("architecture") or TIMM_DEFAULT_ARCH, model.num_classes, h, prop1_options()
+    )
     if h != w:
         config["img_size"] = [int(h), int(w)]
     config["mean"] = [float(m) for m in data["mean"]]
     config["std"] = [float(s) for s in data["std"]]
     config["timm"] = {
-        "class": type(model).__name__, "patch_size": list(model.patch_embed.patch_size),
-        "embed_dim": int(model.embed_dim), "depth": len(model.blocks),
+        "class": type(model).__name__,
+        "patch_size": list(model.patch_embed.patch_size),
+        "embed_dim": int(model.embed_dim),
+        "depth": len(model.blocks),
         "num_heads": int(model.blocks[0].attn.num_heads) if len(model.blocks) else 0,
-        "class_token": model.cls_token is not None, "reg_tokens": int(model.num_reg_tokens),
+        "class_token": model.cls_token is not None,
+        "reg_tokens": int(model.num_reg_tokens),
         "layer_scale": any(isinstance(m, LayerScale) for m in model.modules()),
         "global_pool": str(model.global_pool),
     }
@@ -205,8 +236,10 @@ def _convert_timm_vit(model: VisionTransformer) -> nn.Module:
     """A deep copy of a timm ViT with every block's attention swapped for Belief2 (Prop. 1 options)."""
     for i, blk in enumerate(model.blocks):
         if type(blk) not in _CONVERTIBLE_BLOCKS:
-            raise ValueError(f"blocks.{i} is a {type(blk).__name__}; convert_to_belief2 handles "
-                             f"{', '.join(c.__name__ for c in _CONVERTIBLE_BLOCKS)} blocks")
+            raise ValueError(
+                f"blocks.{i} is a {type(blk).__name__}; convert_to_belief2 handles "
+                f"{', '.join(c.__name__ for c in _CONVERTIBLE_BLOCKS)} blocks"
+            )
         check_prop1_source(blk.attn, f"blocks.{i}.attn")
     out = copy.deepcopy(model)
     for blk in out.blocks:
@@ -215,7 +248,7 @@ def _convert_timm_vit(model: VisionTransformer) -> nn.Module:
     return out.eval()
 
 
-def convert_to_belief2(source: Union[nn.Module, Mapping[str, torch.Tensor]], **create_kwargs: Any) -> nn.Module:
+def convert_to_belief2(source: nn.Module | Mapping[str, torch.Tensor], **create_kwargs: Any) -> nn.Module:
     """Turn a standard model (a timm ViT, an attnzoo ``standard`` model or a timm-named state dict) into
     Belief2 computing the same function.
 
@@ -250,11 +283,17 @@ def convert_to_belief2(source: Union[nn.Module, Mapping[str, torch.Tensor]], **c
         if cfg is None and isinstance(source, VisionTransformer):
             return _convert_timm_vit(source)
         if cfg is None or cfg["variant"] != "standard":
-            raise ValueError("convert_to_belief2 needs a timm VisionTransformer with standard attention or a "
-                             f"'standard' model built by attnzoo.models.create_model; got a "
-                             f"{cfg['variant'] if cfg else type(source).__name__!r} model")
-        kwargs = {"task": cfg["task"], "arch": cfg["arch"], "num_classes": cfg["num_classes"],
-                  "img_size": cfg["img_size"]}
+            raise ValueError(
+                "convert_to_belief2 needs a timm VisionTransformer with standard attention or a "
+                f"'standard' model built by attnzoo.models.create_model; got a "
+                f"{cfg['variant'] if cfg else type(source).__name__!r} model"
+            )
+        kwargs = {
+            "task": cfg["task"],
+            "arch": cfg["arch"],
+            "num_classes": cfg["num_classes"],
+            "img_size": cfg["img_size"],
+        }
         if cfg["task"] == "seg":
             kwargs["decoder"] = cfg["decoder"]
         state = source.state_dict()
@@ -278,4 +317,3 @@ def convert_to_belief2(source: Union[nn.Module, Mapping[str, torch.Tensor]], **c
     for blk in encoder.blocks:
         tie_proj_p(blk.attn)
     return model.eval()
-

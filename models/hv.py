@@ -25,8 +25,12 @@ from .standard import StandardAttention, merge_heads
 
 __all__ = ["HVAttention", "PAPER"]
 
-PAPER = Paper("Horizontal and Vertical Attention in Transformers", "Litao Yu and Jian Zhang", 2022,
-              "https://arxiv.org/abs/2207.04399")
+PAPER = Paper(
+    "Horizontal and Vertical Attention in Transformers",
+    "Litao Yu and Jian Zhang",
+    2022,
+    "https://arxiv.org/abs/2207.04399",
+)
 
 
 class HVAttention(StandardAttention):
@@ -39,8 +43,17 @@ class HVAttention(StandardAttention):
         **kwargs: ``timm.layers.Attention`` keywords (see :class:`StandardAttention`).
     """
 
-    def __init__(self, dim: int, num_heads: int = 8, horizontal: bool = True, vertical: bool = False,
-                 reduction: int = 4, device=None, dtype=None, **kwargs) -> None:
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        horizontal: bool = True,
+        vertical: bool = False,
+        reduction: int = 4,
+        device=None,
+        dtype=None,
+        **kwargs,
+    ) -> None:
         if not (horizontal or vertical):
             raise ValueError("HVAttention needs horizontal=True or vertical=True (else use 'standard')")
         super().__init__(dim, num_heads=num_heads, device=device, dtype=dtype, **kwargs)
@@ -49,14 +62,14 @@ class HVAttention(StandardAttention):
         self.vertical = bool(vertical)
         d = self.head_dim
         if horizontal:
-            self.head_a1 = nn.Linear(d, d, bias=False, **dd)        # W^{A1}
-            self.head_a2 = nn.Linear(dim, d, bias=False, **dd)      # W^{A2}
-            self.head_b = nn.Linear(d, 1, bias=True, **dd)          # w^B, b^B
+            self.head_a1 = nn.Linear(d, d, bias=False, **dd)  # W^{A1}
+            self.head_a2 = nn.Linear(dim, d, bias=False, **dd)  # W^{A2}
+            self.head_b = nn.Linear(d, 1, bias=True, **dd)  # w^B, b^B
         if vertical:
             d_a = max(1, self.dim_out // reduction)
-            self.chan_u1 = nn.Linear(dim, d_a, bias=False, **dd)           # W^{U1}
+            self.chan_u1 = nn.Linear(dim, d_a, bias=False, **dd)  # W^{U1}
             self.chan_u2 = nn.Linear(self.dim_out, d_a, bias=False, **dd)  # W^{U2}
-            self.chan_u = nn.Linear(d_a, self.dim_out, bias=True, **dd)    # W^U, b^U
+            self.chan_u = nn.Linear(d_a, self.dim_out, bias=True, **dd)  # W^U, b^U
 
     def head_weights(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """Horizontal weights alpha, (B, M, N, 1), summing to 1 over heads (dim 1)."""
@@ -80,12 +93,30 @@ class HVAttention(StandardAttention):
 
 
 _HORIZONTAL_PARAMS = "W^A1 (d x d), W^A2 (D x d), w^B, b^B"
-register_variant("horizontal", HVAttention, paper=PAPER, equations="eq. 5-6",
-                 options={"horizontal": True, "vertical": False}, extra_params=_HORIZONTAL_PARAMS,
-                 cost_family="horizontal-vertical")
-register_variant("vertical", HVAttention, paper=PAPER, equations="eq. 7-8",
-                 options={"horizontal": False, "vertical": True, "reduction": 4},
-                 extra_params="W^U1, W^U2 (D x D/4), W^U (D/4 x D), b^U", cost_family="horizontal-vertical")
-register_variant("horizontal-vertical", HVAttention, paper=PAPER, equations="eq. 5-8",
-                 options={"horizontal": True, "vertical": True, "reduction": 4}, extra_params="both of the above",
-                 cost_family="horizontal-vertical")
+register_variant(
+    "horizontal",
+    HVAttention,
+    paper=PAPER,
+    equations="eq. 5-6",
+    options={"horizontal": True, "vertical": False},
+    extra_params=_HORIZONTAL_PARAMS,
+    cost_family="horizontal-vertical",
+)
+register_variant(
+    "vertical",
+    HVAttention,
+    paper=PAPER,
+    equations="eq. 7-8",
+    options={"horizontal": False, "vertical": True, "reduction": 4},
+    extra_params="W^U1, W^U2 (D x D/4), W^U (D/4 x D), b^U",
+    cost_family="horizontal-vertical",
+)
+register_variant(
+    "horizontal-vertical",
+    HVAttention,
+    paper=PAPER,
+    equations="eq. 5-8",
+    options={"horizontal": True, "vertical": True, "reduction": 4},
+    extra_params="both of the above",
+    cost_family="horizontal-vertical",
+)

@@ -15,20 +15,22 @@ variants; its numbered eq. 1-4 are the Pre-LN and Post-LN blocks, and the parall
 
 from __future__ import annotations
 
-from typing import Optional, Type
-
 import torch
 import torch.nn.functional as F
-from torch import nn
 from timm.layers import DropPath, LayerScale, Mlp
+from torch import nn
 
 from .registry import ModelBuild, ModelOption, Paper, register_variant
 from .standard import StandardAttention
 
 __all__ = ["MABViTAttention", "ParallelBlock", "VALUE_ACTS", "PR_MLP_RATIO", "PAPER", "PARALLEL", "PR"]
 
-PAPER = Paper("MABViT -- Modified Attention Block Enhances Vision Transformers",
-              "Mahesh Ramesh and Aswinkumar Ramkumar", 2023, "https://arxiv.org/abs/2312.01324")
+PAPER = Paper(
+    "MABViT -- Modified Attention Block Enhances Vision Transformers",
+    "Mahesh Ramesh and Aswinkumar Ramkumar",
+    2023,
+    "https://arxiv.org/abs/2312.01324",
+)
 
 VALUE_ACTS = ("glu", "gelu")
 #: MLP ratio of the parameter-reduced (``pr``) MABViT blocks.
@@ -43,15 +45,23 @@ class MABViTAttention(StandardAttention):
         **kwargs: ``timm.layers.Attention`` keywords (see :class:`StandardAttention`).
     """
 
-    def __init__(self, dim: int, num_heads: int = 8, value_act: str = "glu", qkv_bias: bool = False,
-                 device=None, dtype=None, **kwargs) -> None:
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        value_act: str = "glu",
+        qkv_bias: bool = False,
+        device=None,
+        dtype=None,
+        **kwargs,
+    ) -> None:
         if value_act not in VALUE_ACTS:
             raise ValueError(f"unknown value_act {value_act!r}; valid: {', '.join(VALUE_ACTS)}")
         super().__init__(dim, num_heads=num_heads, qkv_bias=qkv_bias, device=device, dtype=dtype, **kwargs)
         self.value_act = value_act
-        self.v_gate: Optional[nn.Linear] = (
-            nn.Linear(dim, self.attn_dim, bias=qkv_bias, device=device, dtype=dtype)
-            if value_act == "glu" else None)
+        self.v_gate: nn.Linear | None = (
+            nn.Linear(dim, self.attn_dim, bias=qkv_bias, device=device, dtype=dtype) if value_act == "glu" else None
+        )
 
     def transform_value(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.v_gate is None:
@@ -73,12 +83,26 @@ PARALLEL = ModelOption(False, block_fn=lambda parallel: ParallelBlock if paralle
 #: Model option ``pr``: the paper's parameter-reduced MLP, hidden width 3D.
 PR = ModelOption(False, mlp_hidden=_pr_hidden)
 _BLOCK_OPTIONS = {"parallel": PARALLEL, "pr": PR}
-register_variant("mabvit-glu", MABViTAttention, paper=PAPER, equations="Modified Attention Block (GLU)",
-                 options={"value_act": "glu"}, model_options=_BLOCK_OPTIONS,
-                 extra_params="W^b (D x D + bias); pr: MLP 3D", cost_family="mabvit")
-register_variant("mabvit-gelu", MABViTAttention, paper=PAPER, equations="Modified Attention Block (GELU)",
-                 options={"value_act": "gelu"}, model_options=_BLOCK_OPTIONS, extra_params="none; pr: MLP 3D",
-                 cost_family="mabvit")
+register_variant(
+    "mabvit-glu",
+    MABViTAttention,
+    paper=PAPER,
+    equations="Modified Attention Block (GLU)",
+    options={"value_act": "glu"},
+    model_options=_BLOCK_OPTIONS,
+    extra_params="W^b (D x D + bias); pr: MLP 3D",
+    cost_family="mabvit",
+)
+register_variant(
+    "mabvit-gelu",
+    MABViTAttention,
+    paper=PAPER,
+    equations="Modified Attention Block (GELU)",
+    options={"value_act": "gelu"},
+    model_options=_BLOCK_OPTIONS,
+    extra_params="none; pr: MLP 3D",
+    cost_family="mabvit",
+)
 
 
 class ParallelBlock(nn.Module):
@@ -89,42 +113,56 @@ class ParallelBlock(nn.Module):
     """
 
     def __init__(
-            self,
-            dim: int,
-            num_heads: int,
-            mlp_ratio: float = 4.0,
-            qkv_bias: bool = False,
-            qk_norm: bool = False,
-            scale_attn_norm: bool = False,
-            scale_mlp_norm: bool = False,
-            proj_bias: bool = True,
-            proj_drop: float = 0.0,
-            attn_drop: float = 0.0,
-            init_values: Optional[float] = None,
-            drop_path: float = 0.0,
-            act_layer: Type[nn.Module] = nn.GELU,
-            norm_layer: Type[nn.Module] = nn.LayerNorm,
-            mlp_layer: Type[nn.Module] = Mlp,
-            attn_layer: Type[nn.Module] = StandardAttention,
-            depth: int = 0,
-            device=None,
-            dtype=None,
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_attn_norm: bool = False,
+        scale_mlp_norm: bool = False,
+        proj_bias: bool = True,
+        proj_drop: float = 0.0,
+        attn_drop: float = 0.0,
+        init_values: float | None = None,
+        drop_path: float = 0.0,
+        act_layer: type[nn.Module] = nn.GELU,
+        norm_layer: type[nn.Module] = nn.LayerNorm,
+        mlp_layer: type[nn.Module] = Mlp,
+        attn_layer: type[nn.Module] = StandardAttention,
+        depth: int = 0,
+        device=None,
+        dtype=None,
     ) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         self.norm1 = norm_layer(dim, **dd)
-        self.attn = attn_layer(dim, num_heads=num_heads, qkv_bias=qkv_bias, qk_norm=qk_norm,
-                               scale_norm=scale_attn_norm, proj_bias=proj_bias, attn_drop=attn_drop,
-                               proj_drop=proj_drop, norm_layer=norm_layer, **dd)
+        self.attn = attn_layer(
+            dim,
+            num_heads=num_heads,
+            qkv_bias=qkv_bias,
+            qk_norm=qk_norm,
+            scale_norm=scale_attn_norm,
+            proj_bias=proj_bias,
+            attn_drop=attn_drop,
+            proj_drop=proj_drop,
+            norm_layer=norm_layer,
+            **dd,
+        )
         self.ls1 = LayerScale(dim, init_values=init_values, **dd) if init_values else nn.Identity()
-        self.mlp = mlp_layer(in_features=dim, hidden_features=int(dim * mlp_ratio), act_layer=act_layer,
-                             norm_layer=norm_layer if scale_mlp_norm else None, bias=proj_bias,
-                             drop=proj_drop, **dd)
+        self.mlp = mlp_layer(
+            in_features=dim,
+            hidden_features=int(dim * mlp_ratio),
+            act_layer=act_layer,
+            norm_layer=norm_layer if scale_mlp_norm else None,
+            bias=proj_bias,
+            drop=proj_drop,
+            **dd,
+        )
         self.ls2 = LayerScale(dim, init_values=init_values, **dd) if init_values else nn.Identity()
         self.drop_path = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
 
-    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
-                is_causal: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         y = self.norm1(x)
         attn = self.ls1(self.attn(y, attn_mask=attn_mask, is_causal=is_causal))
         return x + self.drop_path(attn) + self.drop_path(self.ls2(self.mlp(y)))

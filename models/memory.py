@@ -7,7 +7,8 @@ the bound itself is :mod:`attnzoo.limits`'.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Tuple
+from collections.abc import Mapping
+from typing import Any
 
 from attnzoo.limits import available_memory
 
@@ -18,7 +19,7 @@ from .wafe import mae_block
 __all__ = ["forward_bytes", "check_forward_memory"]
 
 
-def _encoder_shape(config: Mapping[str, Any]) -> Tuple[int, int, int, int, int]:
+def _encoder_shape(config: Mapping[str, Any]) -> tuple[int, int, int, int, int]:
     """(patch height, patch width, width, heads, prefix tokens) of ``config``'s encoder: an attnzoo arch, or the
     timm ViT a converted model records (``config["timm"]``, from :func:`attnzoo.models.convert_to_belief2`)."""
     if config["arch"] in ARCHS:
@@ -28,11 +29,16 @@ def _encoder_shape(config: Mapping[str, Any]) -> Tuple[int, int, int, int, int]:
     if not vit:
         raise ValueError(f"unknown arch {config['arch']!r}; valid: {', '.join(ARCHS)} (or a converted timm ViT)")
     ph, pw = vit["patch_size"]
-    return int(ph), int(pw), int(vit["embed_dim"]), int(vit["num_heads"]), int(vit["class_token"]) + int(
-        vit["reg_tokens"])
+    return (
+        int(ph),
+        int(pw),
+        int(vit["embed_dim"]),
+        int(vit["num_heads"]),
+        int(vit["class_token"]) + int(vit["reg_tokens"]),
+    )
 
 
-def forward_bytes(config: Mapping[str, Any], hw: Tuple[int, int], batch: int) -> int:
+def forward_bytes(config: Mapping[str, Any], hw: tuple[int, int], batch: int) -> int:
     """A rough upper estimate of the memory one inference pass of ``config``'s model takes at ``batch``.
 
     Per image: the attention scores and their softmax (heads x N x N; for the MAE variants also one slab
@@ -45,16 +51,25 @@ def forward_bytes(config: Mapping[str, Any], hw: Tuple[int, int], batch: int) ->
     spec = VARIANTS.get(config["variant"])
     # pairwise scores: one (head width x block x N) slab of maxima at a time (wafe.pairwise_l1, the exported form)
     slab = dim // heads * mae_block(tokens) * tokens if spec is not None and spec.pairwise_scores else 0
-    per_image = (2 * heads * tokens * tokens + slab + 12 * tokens * dim + 8 * tokens * dim
-                 + 3 * h * w + (2 * int(config.get("num_classes", 1)) * h * w if config["task"] == "seg" else 0))
+    per_image = (
+        2 * heads * tokens * tokens
+        + slab
+        + 12 * tokens * dim
+        + 8 * tokens * dim
+        + 3 * h * w
+        + (2 * int(config.get("num_classes", 1)) * h * w if config["task"] == "seg" else 0)
+    )
     return 4 * per_image * batch
 
 
-def check_forward_memory(config: Mapping[str, Any], hw: Tuple[int, int], batch: int,
-                         flag: str = "--batch-sizes") -> None:
+def check_forward_memory(
+    config: Mapping[str, Any], hw: tuple[int, int], batch: int, flag: str = "--batch-sizes"
+) -> None:
     """``ValueError`` when :func:`forward_bytes` at ``batch`` exceeds the memory available now."""
     need, have = forward_bytes(config, hw, batch), available_memory()
     if have is not None and need > have:
-        raise ValueError(f"{flag}: batch {batch} of {config['variant']} ({config['arch']}, {hw[0]}x{hw[1]}) "
-                         f"needs about {need / 2**30:.1f} GiB, more than the {have / 2**30:.1f} GiB available; "
-                         "use smaller batch sizes")
+        raise ValueError(
+            f"{flag}: batch {batch} of {config['variant']} ({config['arch']}, {hw[0]}x{hw[1]}) "
+            f"needs about {need / 2**30:.1f} GiB, more than the {have / 2**30:.1f} GiB available; "
+            "use smaller batch sizes"
+        )

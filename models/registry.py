@@ -14,9 +14,10 @@ from __future__ import annotations
 import re
 import sys
 import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import metadata
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Type, Union, overload
+from typing import Any, overload
 
 import torch
 from timm.layers import Attention
@@ -24,9 +25,26 @@ from torch import nn
 
 from attnzoo.errors import first_line
 
-__all__ = ["Paper", "ModelOption", "ModelBuild", "VariantSpec", "VARIANTS", "VARIANT_NAMES", "BUILTIN_VARIANTS",
-           "ALIASES", "BUILTIN_PACKAGE", "ENTRY_POINT_GROUP", "PluginWarning", "register_variant", "load_plugins", "canonical_name",
-           "split_options", "attention_class", "create_attention", "TIMM_ATTN_KWARGS"]
+__all__ = [
+    "Paper",
+    "ModelOption",
+    "ModelBuild",
+    "VariantSpec",
+    "VARIANTS",
+    "VARIANT_NAMES",
+    "BUILTIN_VARIANTS",
+    "ALIASES",
+    "BUILTIN_PACKAGE",
+    "ENTRY_POINT_GROUP",
+    "PluginWarning",
+    "register_variant",
+    "load_plugins",
+    "canonical_name",
+    "split_options",
+    "attention_class",
+    "create_attention",
+    "TIMM_ATTN_KWARGS",
+]
 
 #: The distribution the built-in variants come from.
 BUILTIN_PACKAGE = "attnzoo"
@@ -34,8 +52,15 @@ BUILTIN_PACKAGE = "attnzoo"
 #: :func:`register_variant`.
 ENTRY_POINT_GROUP = "attnzoo.variants"
 #: The keywords timm's ``Block`` passes to its ``attn_layer`` (timm >= 1.0.23), used to probe a new class.
-TIMM_ATTN_KWARGS: Dict[str, Any] = dict(qkv_bias=True, qk_norm=False, scale_norm=False, proj_bias=True,
-                                        attn_drop=0.0, proj_drop=0.0, norm_layer=nn.LayerNorm)
+TIMM_ATTN_KWARGS: dict[str, Any] = dict(
+    qkv_bias=True,
+    qk_norm=False,
+    scale_norm=False,
+    proj_bias=True,
+    attn_drop=0.0,
+    proj_drop=0.0,
+    norm_layer=nn.LayerNorm,
+)
 _PROBE_DIM, _PROBE_HEADS, _PROBE_SHAPE = 32, 2, (2, 5, 32)
 _NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]*")
 
@@ -61,7 +86,7 @@ class Paper:
     url: str
 
     def __str__(self) -> str:
-        return f"{self.authors}, \"{self.title}\", {self.year}, {self.url}"
+        return f'{self.authors}, "{self.title}", {self.year}, {self.url}'
 
 
 @dataclass(frozen=True)
@@ -85,7 +110,8 @@ class ModelBuild:
         on the meta device)."""
         with torch.device("meta"):
             layer = _bound_class(VARIANTS[self.variant], self.attn_options)(
-                self.embed_dim, num_heads=self.num_heads, qkv_bias=True)
+                self.embed_dim, num_heads=self.num_heads, qkv_bias=True
+            )
             base = VARIANTS["standard"].cls(self.embed_dim, num_heads=self.num_heads, qkv_bias=True)
         return sum(p.numel() for p in layer.parameters()) - sum(p.numel() for p in base.parameters())
 
@@ -100,7 +126,8 @@ def _same_type_as(default: Any) -> Callable[[Any], Any]:
             return float(value)
         if type(value) is not kind:
             shown = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
-                kind, kind.__name__)
+                kind, kind.__name__
+            )
             raise ValueError(f"must be {shown}, got {value!r}")
         return value
 
@@ -129,9 +156,9 @@ class ModelOption:
     """
 
     default: Any
-    block_fn: Optional[Callable[[Any], Optional[Type[nn.Module]]]] = None
-    mlp_hidden: Optional[Callable[[Any, int, ModelBuild], int]] = None
-    check: Optional[Callable[[Any], Any]] = None
+    block_fn: Callable[[Any], type[nn.Module] | None] | None = None
+    mlp_hidden: Callable[[Any, int, ModelBuild], int] | None = None
+    check: Callable[[Any], Any] | None = None
 
     def validate(self, value: Any) -> Any:
         """``value`` checked (and normalised) by :attr:`check`."""
@@ -168,24 +195,24 @@ class VariantSpec:
     """
 
     name: str
-    cls: Type[nn.Module]
+    cls: type[nn.Module]
     options: Mapping[str, Any] = field(default_factory=dict)
     model_options: Mapping[str, ModelOption] = field(default_factory=dict)
-    paper: Union[Paper, str] = ""
+    paper: Paper | str = ""
     equations: str = ""
     extra_params: str = "none"
-    extra_scopes: Tuple[str, ...] = ()
+    extra_scopes: tuple[str, ...] = ()
     scope_ops: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     package: str = BUILTIN_PACKAGE
     version: str = ""
-    aliases: Tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()
     pairwise_scores: bool = False
     cost_family: str = ""
     zoo_options: Mapping[str, Any] = field(default_factory=dict)
-    extra_weights: Tuple[str, ...] = ()
+    extra_weights: tuple[str, ...] = ()
 
     @property
-    def valid_options(self) -> Tuple[str, ...]:
+    def valid_options(self) -> tuple[str, ...]:
         return tuple(self.options) + tuple(self.model_options)
 
     @property
@@ -198,15 +225,15 @@ class VariantSpec:
 
 
 #: Canonical names in registration order (the built-ins first, in their order).
-_ORDER: List[str] = []
+_ORDER: list[str] = []
 #: Accepted aliases -> canonical name (each variant's ``aliases``).
-ALIASES: Dict[str, str] = {}
+ALIASES: dict[str, str] = {}
 #: name (aliases included) -> spec; kept up to date by :func:`register_variant`.
-VARIANTS: Dict[str, VariantSpec] = {}
+VARIANTS: dict[str, VariantSpec] = {}
 #: (package, version) of the plugin whose entry point is running, while :func:`load_plugins` runs it.
-_LOADING: List[Tuple[str, str]] = []
+_LOADING: list[tuple[str, str]] = []
 #: Entry points whose module was mid-import when :func:`load_plugins` ran (:func:`_load_deferred`).
-_DEFERRED: List[Any] = []
+_DEFERRED: list[Any] = []
 
 
 class _Names(Sequence):
@@ -216,7 +243,7 @@ class _Names(Sequence):
     def __init__(self, builtin: bool = False) -> None:
         self._builtin = builtin
 
-    def _names(self) -> Tuple[str, ...]:
+    def _names(self) -> tuple[str, ...]:
         if _DEFERRED:
             _load_deferred()
         return tuple(n for n in _ORDER if VARIANTS[n].builtin) if self._builtin else tuple(_ORDER)
@@ -225,7 +252,7 @@ class _Names(Sequence):
     def __getitem__(self, i: int) -> str: ...
 
     @overload
-    def __getitem__(self, i: slice) -> Tuple[str, ...]: ...
+    def __getitem__(self, i: slice) -> tuple[str, ...]: ...
 
     def __getitem__(self, i):
         return self._names()[i]
@@ -254,12 +281,14 @@ VARIANT_NAMES: Sequence[str] = _Names()
 BUILTIN_VARIANTS: Sequence[str] = _Names(builtin=True)
 
 
-def _normalize_scopes(name: str, extra_scopes: Union[Sequence[str], Mapping[str, Optional[Mapping[str, int]]]]
-                      ) -> Tuple[Tuple[str, ...], Dict[str, Dict[str, int]]]:
+def _normalize_scopes(
+    name: str, extra_scopes: Sequence[str] | Mapping[str, Mapping[str, int] | None]
+) -> tuple[tuple[str, ...], dict[str, dict[str, int]]]:
     """``extra_scopes`` as (scope names, {scope: required op counts}); a bare name requires >= 1 op."""
     if isinstance(extra_scopes, str):
-        raise ValueError(f"variant {name!r}: extra_scopes must be a list of sub-module names, not the string "
-                         f"{extra_scopes!r}")
+        raise ValueError(
+            f"variant {name!r}: extra_scopes must be a list of sub-module names, not the string {extra_scopes!r}"
+        )
     items = list(extra_scopes.items()) if isinstance(extra_scopes, Mapping) else [(s, None) for s in extra_scopes]
     scopes, ops = [], {}
     for scope, need in items:
@@ -269,17 +298,23 @@ def _normalize_scopes(name: str, extra_scopes: Union[Sequence[str], Mapping[str,
             raise ValueError(f"variant {name!r}: extra scope {scope!r} is listed twice")
         scopes.append(scope)
         if need:
-            bad = {op: n for op, n in dict(need).items()
-                   if not isinstance(op, str) or not isinstance(n, int) or isinstance(n, bool) or n < 1}
+            bad = {
+                op: n
+                for op, n in dict(need).items()
+                if not isinstance(op, str) or not isinstance(n, int) or isinstance(n, bool) or n < 1
+            }
             if bad:
-                raise ValueError(f"variant {name!r}: required ops of scope {scope!r} must map ONNX op types to "
-                                 f"counts >= 1, got {bad}")
+                raise ValueError(
+                    f"variant {name!r}: required ops of scope {scope!r} must map ONNX op types to "
+                    f"counts >= 1, got {bad}"
+                )
             ops[scope] = dict(need)
     return tuple(scopes), ops
 
 
-def _check_model_options(name: str, options: Mapping[str, Any], model_options: Mapping[str, Any]
-                          ) -> Dict[str, ModelOption]:
+def _check_model_options(
+    name: str, options: Mapping[str, Any], model_options: Mapping[str, Any]
+) -> dict[str, ModelOption]:
     """``model_options`` of a registration, each a :class:`ModelOption` that changes the model and takes its
     own default.
 
@@ -292,20 +327,25 @@ def _check_model_options(name: str, options: Mapping[str, Any], model_options: M
         if key in options:
             raise ValueError(f"variant {name!r}: {key!r} is both an attention option and a model option")
         if not isinstance(opt, ModelOption):
-            raise ValueError(f"variant {name!r}: model option {key!r} must be an attnzoo.models.ModelOption "
-                             f"(default, block_fn / mlp_hidden), got {opt!r}")
+            raise ValueError(
+                f"variant {name!r}: model option {key!r} must be an attnzoo.models.ModelOption "
+                f"(default, block_fn / mlp_hidden), got {opt!r}"
+            )
         if opt.block_fn is None and opt.mlp_hidden is None:
-            raise ValueError(f"variant {name!r}: model option {key!r} changes nothing in the model (give it a "
-                             "block_fn or an mlp_hidden)")
+            raise ValueError(
+                f"variant {name!r}: model option {key!r} changes nothing in the model (give it a "
+                "block_fn or an mlp_hidden)"
+            )
         try:
             opt.validate(opt.default)
         except ValueError as exc:
-            raise ValueError(f"variant {name!r}: the default of model option {key!r} is refused by its own check: "
-                             f"{first_line(exc)}") from None
+            raise ValueError(
+                f"variant {name!r}: the default of model option {key!r} is refused by its own check: {first_line(exc)}"
+            ) from None
     return dict(model_options)
 
 
-def _probe(spec: VariantSpec) -> Tuple[str, ...]:
+def _probe(spec: VariantSpec) -> tuple[str, ...]:
     """Build one layer of ``spec`` with timm's ``Block`` keywords, run it, and find its extra scopes.
 
     Returns:
@@ -318,13 +358,16 @@ def _probe(spec: VariantSpec) -> Tuple[str, ...]:
     try:
         layer = _bound_class(spec, dict(spec.options))(_PROBE_DIM, num_heads=_PROBE_HEADS, **TIMM_ATTN_KWARGS)
     except TypeError as exc:
-        raise ValueError(f"variant {spec.name!r}: {cls_name} does not take timm's Attention constructor keywords "
-                         f"(dim, num_heads, {', '.join(TIMM_ATTN_KWARGS)}) plus its options: {first_line(exc, typed=True)}"
-                         ) from None
+        raise ValueError(
+            f"variant {spec.name!r}: {cls_name} does not take timm's Attention constructor keywords "
+            f"(dim, num_heads, {', '.join(TIMM_ATTN_KWARGS)}) plus its options: {first_line(exc, typed=True)}"
+        ) from None
     except Exception as exc:
-        raise ValueError(f"variant {spec.name!r}: {cls_name}(dim={_PROBE_DIM}, num_heads={_PROBE_HEADS}, ...) "
-                         f"failed: {first_line(exc, typed=True)}") from None
-    called: Dict[str, int] = {}
+        raise ValueError(
+            f"variant {spec.name!r}: {cls_name}(dim={_PROBE_DIM}, num_heads={_PROBE_HEADS}, ...) "
+            f"failed: {first_line(exc, typed=True)}"
+        ) from None
+    called: dict[str, int] = {}
     hooks = []
     for scope in spec.extra_scopes:
         try:
@@ -332,34 +375,44 @@ def _probe(spec: VariantSpec) -> Tuple[str, ...]:
         except AttributeError:
             subs = [n for n, _ in layer.named_modules() if n]
             if scope in subs:
-                raise ValueError(f"variant {spec.name!r}: extra scope {scope!r} has the name of an nn.Module "
-                                 "attribute, which hides the sub-module; rename it") from None
+                raise ValueError(
+                    f"variant {spec.name!r}: extra scope {scope!r} has the name of an nn.Module "
+                    "attribute, which hides the sub-module; rename it"
+                ) from None
             subs = ", ".join(subs) or "none"
-            raise ValueError(f"variant {spec.name!r}: extra scope {scope!r} is not a sub-module of {cls_name} "
-                             f"(its sub-modules: {subs})") from None
+            raise ValueError(
+                f"variant {spec.name!r}: extra scope {scope!r} is not a sub-module of {cls_name} "
+                f"(its sub-modules: {subs})"
+            ) from None
         hooks.append(module.register_forward_hook(lambda *_, s=scope: called.__setitem__(s, called.get(s, 0) + 1)))
     x = torch.randn(*_PROBE_SHAPE, generator=torch.Generator().manual_seed(0))
     try:
         with torch.no_grad():
             out = layer.eval()(x, attn_mask=None)
     except Exception as exc:
-        raise ValueError(f"variant {spec.name!r}: {cls_name}.forward(x, attn_mask=None) failed on tokens of shape "
-                         f"{tuple(x.shape)}: {first_line(exc, typed=True)}") from None
+        raise ValueError(
+            f"variant {spec.name!r}: {cls_name}.forward(x, attn_mask=None) failed on tokens of shape "
+            f"{tuple(x.shape)}: {first_line(exc, typed=True)}"
+        ) from None
     finally:
         for hook in hooks:
             hook.remove()
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(x.shape):
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ValueError(f"variant {spec.name!r}: {cls_name}.forward returns {got}, expected the input's shape "
-                         f"{tuple(x.shape)} (batch, tokens, dim)")
+        raise ValueError(
+            f"variant {spec.name!r}: {cls_name}.forward returns {got}, expected the input's shape "
+            f"{tuple(x.shape)} (batch, tokens, dim)"
+        )
     unused = [s for s in spec.extra_scopes if not called.get(s)]
     if unused:
-        raise ValueError(f"variant {spec.name!r}: extra scope(s) {', '.join(unused)} never run in "
-                         f"{cls_name}.forward, so they would produce no ops in the graph")
+        raise ValueError(
+            f"variant {spec.name!r}: extra scope(s) {', '.join(unused)} never run in "
+            f"{cls_name}.forward, so they would produce no ops in the graph"
+        )
     return _extra_weights(layer)
 
 
-def _extra_weights(layer: nn.Module) -> Tuple[str, ...]:
+def _extra_weights(layer: nn.Module) -> tuple[str, ...]:
     """Parameters of ``layer`` that timm's ``Attention`` of the probe's width lacks, as module names
     (``proj_s.weight`` and ``proj_s.bias`` give ``proj_s``)."""
     with torch.device("meta"):
@@ -369,19 +422,19 @@ def _extra_weights(layer: nn.Module) -> Tuple[str, ...]:
 
 
 def register_variant(
-        name: str,
-        attn_layer: Type[nn.Module],
-        *,
-        paper: str,
-        equations: str = "",
-        options: Optional[Mapping[str, Any]] = None,
-        extra_scopes: Union[Sequence[str], Mapping[str, Optional[Mapping[str, int]]]] = (),
-        model_options: Optional[Mapping[str, ModelOption]] = None,
-        extra_params: str = "",
-        aliases: Sequence[str] = (),
-        pairwise_scores: bool = False,
-        cost_family: str = "",
-        zoo_options: Optional[Mapping[str, Any]] = None,
+    name: str,
+    attn_layer: type[nn.Module],
+    *,
+    paper: str,
+    equations: str = "",
+    options: Mapping[str, Any] | None = None,
+    extra_scopes: Sequence[str] | Mapping[str, Mapping[str, int] | None] = (),
+    model_options: Mapping[str, ModelOption] | None = None,
+    extra_params: str = "",
+    aliases: Sequence[str] = (),
+    pairwise_scores: bool = False,
+    cost_family: str = "",
+    zoo_options: Mapping[str, Any] | None = None,
 ) -> VariantSpec:
     """Add an attention variant; every command (train, evaluate, export, bench, demo, serve) then takes it.
 
@@ -418,8 +471,9 @@ def register_variant(
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise ValueError(f"variant name {name!r} must be lower-case letters, digits and '-' (e.g. 'my-variant')")
     if not isinstance(attn_layer, type) or not issubclass(attn_layer, nn.Module):
-        raise ValueError(f"variant {name!r}: attn_layer must be an nn.Module class (a timm attn_layer), "
-                         f"got {attn_layer!r}")
+        raise ValueError(
+            f"variant {name!r}: attn_layer must be an nn.Module class (a timm attn_layer), got {attn_layer!r}"
+        )
     if not isinstance(paper, Paper) and (not isinstance(paper, str) or not paper.strip()):
         raise ValueError(f"variant {name!r}: paper must name the source paper (title and link)")
     package, version = _LOADING[-1] if _LOADING else _package_of(attn_layer)
@@ -429,14 +483,29 @@ def register_variant(
             raise ValueError(f"variant {name!r}: alias {new!r} must be lower-case letters, digits and '-'")
         if new in VARIANTS:
             other = VARIANTS[new]
-            raise ValueError(f"variant {new!r} from package {package!r} clashes with variant {other.name!r} from "
-                             f"package {other.package!r}; not registered (rename one of them)")
+            raise ValueError(
+                f"variant {new!r} from package {package!r} clashes with variant {other.name!r} from "
+                f"package {other.package!r}; not registered (rename one of them)"
+            )
     scopes, scope_ops = _normalize_scopes(name, extra_scopes)
     model_options = _check_model_options(name, dict(options or {}), dict(model_options or {}))
-    spec = VariantSpec(name, attn_layer, dict(options or {}), model_options,
-                       paper.strip() if isinstance(paper, str) else paper, equations,
-                       extra_params or ("none" if package == BUILTIN_PACKAGE else ""), scopes, scope_ops,
-                       package, version, aliases, bool(pairwise_scores), cost_family or name, dict(zoo_options or {}))
+    spec = VariantSpec(
+        name,
+        attn_layer,
+        dict(options or {}),
+        model_options,
+        paper.strip() if isinstance(paper, str) else paper,
+        equations,
+        extra_params or ("none" if package == BUILTIN_PACKAGE else ""),
+        scopes,
+        scope_ops,
+        package,
+        version,
+        aliases,
+        bool(pairwise_scores),
+        cost_family or name,
+        dict(zoo_options or {}),
+    )
     spec = replace(spec, extra_weights=_probe(spec))
     VARIANTS[name] = spec
     VARIANTS.update({alias: spec for alias in aliases})
@@ -445,7 +514,7 @@ def register_variant(
     return spec
 
 
-def _package_of(attn_layer: type) -> Tuple[str, str]:
+def _package_of(attn_layer: type) -> tuple[str, str]:
     """``(distribution, version)`` of the installed package that defines ``attn_layer`` (registered outside an
     entry point); a module that no installed distribution provides (a script, a notebook: ``__main__``) gives
     ``(module, "")``, and such a variant's checkpoints record no plugin to install."""
@@ -466,7 +535,7 @@ def _importing(module: str) -> bool:
     return bool(getattr(spec, "_initializing", False))
 
 
-def _run_entry_point(ep: Any) -> List[str]:
+def _run_entry_point(ep: Any) -> list[str]:
     """Run one entry point; return the names it registered (none, and one :class:`PluginWarning`, on failure)."""
     dist = getattr(ep, "dist", None)
     package = dist.metadata["Name"] if dist is not None else ep.value.split(":")[0].split(".")[0]
@@ -482,15 +551,16 @@ def _run_entry_point(ep: Any) -> List[str]:
                 ALIASES.pop(alias, None)
         del _ORDER[before:]
         reason = str(exc) if isinstance(exc, ValueError) else first_line(exc, typed=True)
-        warnings.warn(f"attnzoo variant plugin {ep.name!r} ({package} {version}) skipped: {reason}",
-                      PluginWarning, stacklevel=3)
+        warnings.warn(
+            f"attnzoo variant plugin {ep.name!r} ({package} {version}) skipped: {reason}", PluginWarning, stacklevel=3
+        )
         return []
     finally:
         _LOADING.pop()
     return _ORDER[before:]
 
 
-def load_plugins() -> List[str]:
+def load_plugins() -> list[str]:
     """Run every entry point of the group ``attnzoo.variants``; return the names they registered.
 
     A plugin that fails (import error, bad registration, name clash) is named in one :class:`PluginWarning`
@@ -498,7 +568,7 @@ def load_plugins() -> List[str]:
     attnzoo_cosine``) imports ``attnzoo.models`` before it has defined its entry point: that one runs once the
     module is imported, at the next name lookup (:func:`canonical_name`, ``VARIANT_NAMES``).
     """
-    added: List[str] = []
+    added: list[str] = []
     for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         if _importing(ep.module):
             _DEFERRED.append(ep)
@@ -525,7 +595,7 @@ def canonical_name(name: str) -> str:
     return key
 
 
-def split_options(name: str, **options: Any) -> Tuple[VariantSpec, Dict[str, Any], Dict[str, Any]]:
+def split_options(name: str, **options: Any) -> tuple[VariantSpec, dict[str, Any], dict[str, Any]]:
     """Validate ``options`` for a variant; return (spec, attention options, model options) with defaults."""
     spec = VARIANTS[canonical_name(name)]
     unknown = sorted(set(options) - set(spec.valid_options))
@@ -545,7 +615,7 @@ def split_options(name: str, **options: Any) -> Tuple[VariantSpec, Dict[str, Any
     return spec, attn, model
 
 
-def _bound_class(spec: VariantSpec, attn: Mapping[str, Any]) -> Type[nn.Module]:
+def _bound_class(spec: VariantSpec, attn: Mapping[str, Any]) -> type[nn.Module]:
     """A real subclass of ``spec.cls`` (timm checks ``issubclass``) with ``attn`` bound as constructor defaults."""
     base = spec.cls
 
@@ -553,11 +623,14 @@ def _bound_class(spec: VariantSpec, attn: Mapping[str, Any]) -> Type[nn.Module]:
         base.__init__(self, *args, **{**attn, **kwargs})
 
     cls_name = "".join(p.capitalize() for p in spec.name.split("-")) + "Attention"
-    return type(cls_name, (base,), {"__init__": __init__, "__module__": base.__module__,
-                                    "variant": spec.name, "variant_options": dict(attn)})
+    return type(
+        cls_name,
+        (base,),
+        {"__init__": __init__, "__module__": base.__module__, "variant": spec.name, "variant_options": dict(attn)},
+    )
 
 
-def attention_class(name: str, **options: Any) -> Type[nn.Module]:
+def attention_class(name: str, **options: Any) -> type[nn.Module]:
     """A class usable as timm's ``attn_layer`` with the variant's options bound as constructor defaults.
 
     timm checks ``issubclass(attn_layer, ...)``, so this returns a real subclass, not a ``functools.partial``.
@@ -583,8 +656,20 @@ def create_attention(name: str, dim: int, num_heads: int = 8, **options: Any) ->
         ValueError: unknown variant or option.
     """
     spec = VARIANTS[canonical_name(name)]
-    timm_kwargs = {"attn_head_dim", "dim_out", "qkv_bias", "qk_norm", "scale_norm", "proj_bias", "gated",
-                   "attn_drop", "proj_drop", "norm_layer", "device", "dtype"}
+    timm_kwargs = {
+        "attn_head_dim",
+        "dim_out",
+        "qkv_bias",
+        "qk_norm",
+        "scale_norm",
+        "proj_bias",
+        "gated",
+        "attn_drop",
+        "proj_drop",
+        "norm_layer",
+        "device",
+        "dtype",
+    }
     variant_opts = {k: v for k, v in options.items() if k not in timm_kwargs}
     layer_kwargs = {k: v for k, v in options.items() if k in timm_kwargs}
     return attention_class(spec.name, **variant_opts)(dim, num_heads=num_heads, **layer_kwargs)

@@ -14,7 +14,6 @@ embedding is resampled to the new grid (timm ``dynamic_img_size``), and the logi
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +31,7 @@ class LinearDecoder(nn.Module):
         super().__init__()
         self.head = nn.Linear(encoder_dim, num_classes)
 
-    def forward(self, tokens: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         """(B, h*w, D) patch tokens -> (B, K, h, w) logits."""
         B = tokens.shape[0]
         return self.head(tokens).transpose(1, 2).reshape(B, -1, grid[0], grid[1])
@@ -41,25 +40,38 @@ class LinearDecoder(nn.Module):
 class MaskTransformerDecoder(nn.Module):
     """Segmenter's mask transformer (standard attention blocks; the variant lives in the encoder)."""
 
-    def __init__(self, num_classes: int, encoder_dim: int, dim: Optional[int] = None, depth: int = 2,
-                 num_heads: Optional[int] = None, mlp_ratio: float = 4.0, drop_path_rate: float = 0.0) -> None:
+    def __init__(
+        self,
+        num_classes: int,
+        encoder_dim: int,
+        dim: int | None = None,
+        depth: int = 2,
+        num_heads: int | None = None,
+        mlp_ratio: float = 4.0,
+        drop_path_rate: float = 0.0,
+    ) -> None:
         super().__init__()
         dim = dim or encoder_dim
         num_heads = num_heads or max(1, dim // 64)
         self.num_classes = num_classes
-        self.scale = dim ** -0.5
+        self.scale = dim**-0.5
         self.proj_dec = nn.Linear(encoder_dim, dim)
         self.cls_emb = nn.Parameter(torch.zeros(1, num_classes, dim))
-        self.blocks = nn.ModuleList([
-            Block(dim, num_heads, mlp_ratio=mlp_ratio, qkv_bias=True,
-                  drop_path=drop_path_rate * i / max(1, depth - 1)) for i in range(depth)])
+        self.blocks = nn.ModuleList(
+            [
+                Block(
+                    dim, num_heads, mlp_ratio=mlp_ratio, qkv_bias=True, drop_path=drop_path_rate * i / max(1, depth - 1)
+                )
+                for i in range(depth)
+            ]
+        )
         self.decoder_norm = nn.LayerNorm(dim)
         self.proj_patch = nn.Parameter(self.scale * torch.randn(dim, dim))
         self.proj_classes = nn.Parameter(self.scale * torch.randn(dim, dim))
         self.mask_norm = nn.LayerNorm(num_classes)
         trunc_normal_(self.cls_emb, std=0.02)
 
-    def forward(self, tokens: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         """(B, h*w, D) patch tokens -> (B, K, h, w) mask logits."""
         B = tokens.shape[0]
         x = torch.cat([self.proj_dec(tokens), self.cls_emb.expand(B, -1, -1)], dim=1)
@@ -67,7 +79,7 @@ class MaskTransformerDecoder(nn.Module):
             x = blk(x)
         x = self.decoder_norm(x)
         patches = x[:, : -self.num_classes] @ self.proj_patch
-        classes = x[:, -self.num_classes:] @ self.proj_classes
+        classes = x[:, -self.num_classes :] @ self.proj_classes
         patches = F.normalize(patches, dim=-1)
         classes = F.normalize(classes, dim=-1)
         masks = self.mask_norm(patches @ classes.transpose(1, 2))  # (B, h*w, K)
@@ -87,8 +99,9 @@ class Segmenter(nn.Module):
         decoder_depth: Blocks of the mask transformer.
     """
 
-    def __init__(self, encoder: VisionTransformer, num_classes: int, decoder: str = "linear",
-                 decoder_depth: int = 2) -> None:
+    def __init__(
+        self, encoder: VisionTransformer, num_classes: int, decoder: str = "linear", decoder_depth: int = 2
+    ) -> None:
         super().__init__()
         if decoder not in DECODERS:
             raise ValueError(f"unknown decoder {decoder!r}; valid: {', '.join(DECODERS)}")
@@ -96,7 +109,7 @@ class Segmenter(nn.Module):
         self.num_classes = num_classes
         self.patch_size = encoder.patch_embed.patch_size[0]
         size = encoder.patch_embed.img_size
-        self.img_size: Tuple[int, int] = (int(size[0]), int(size[1]))
+        self.img_size: tuple[int, int] = (int(size[0]), int(size[1]))
         dim = encoder.embed_dim
         if decoder == "linear":
             self.decoder = LinearDecoder(num_classes, dim)
@@ -113,14 +126,15 @@ class Segmenter(nn.Module):
         if pad_h or pad_w:
             x = F.pad(x, (0, pad_w, 0, pad_h))
         Hp, Wp = H + pad_h, W + pad_w
-        tokens = self.encoder.forward_features(x)[:, self.encoder.num_prefix_tokens:]
+        tokens = self.encoder.forward_features(x)[:, self.encoder.num_prefix_tokens :]
         masks = self.decoder(tokens, (Hp // p, Wp // p))
         masks = F.interpolate(masks, size=(Hp, Wp), mode="bilinear", align_corners=False)
         return masks[:, :, :H, :W]
 
     @torch.no_grad()
-    def forward_sliding(self, x: torch.Tensor, window: Optional[Tuple[int, int]] = None,
-                        stride: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+    def forward_sliding(
+        self, x: torch.Tensor, window: tuple[int, int] | None = None, stride: tuple[int, int] | None = None
+    ) -> torch.Tensor:
         """Sliding-window inference: average the logits of overlapping windows (default: training size,
         stride 2/3 of it). Images no larger than the window take a single forward pass."""
         H, W = x.shape[-2:]
@@ -136,7 +150,7 @@ class Segmenter(nn.Module):
             for c in range(cols):
                 y0 = max(0, min(r * sh, H - wh))
                 x0 = max(0, min(c * sw, W - ww))
-                crop = x[:, :, y0:y0 + wh, x0:x0 + ww]
-                logits[:, :, y0:y0 + crop.shape[-2], x0:x0 + crop.shape[-1]] += self(crop)
-                count[:, :, y0:y0 + crop.shape[-2], x0:x0 + crop.shape[-1]] += 1
+                crop = x[:, :, y0 : y0 + wh, x0 : x0 + ww]
+                logits[:, :, y0 : y0 + crop.shape[-2], x0 : x0 + crop.shape[-1]] += self(crop)
+                count[:, :, y0 : y0 + crop.shape[-2], x0 : x0 + crop.shape[-1]] += 1
         return logits / count

@@ -13,8 +13,6 @@ Variants, built-in or third-party, subclass it and override its hooks (``scores_
 
 from __future__ import annotations
 
-from typing import Optional, Tuple, Type
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -39,9 +37,9 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_attn_mask(
-        scores: torch.Tensor,
-        attn_mask: Optional[torch.Tensor],
-        is_causal: bool,
+    scores: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
 ) -> torch.Tensor:
     """Add a boolean (True = keep) or additive float mask, and/or a causal mask, to attention scores."""
     if is_causal:
@@ -89,21 +87,21 @@ class StandardAttention(nn.Module):
     """
 
     def __init__(
-            self,
-            dim: int,
-            num_heads: int = 8,
-            attn_head_dim: Optional[int] = None,
-            dim_out: Optional[int] = None,
-            qkv_bias: bool = False,
-            qk_norm: bool = False,
-            scale_norm: bool = False,
-            proj_bias: bool = True,
-            gated: bool = False,
-            attn_drop: float = 0.0,
-            proj_drop: float = 0.0,
-            norm_layer: Optional[Type[nn.Module]] = None,
-            device=None,
-            dtype=None,
+        self,
+        dim: int,
+        num_heads: int = 8,
+        attn_head_dim: int | None = None,
+        dim_out: int | None = None,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        gated: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] | None = None,
+        device=None,
+        dtype=None,
     ) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
@@ -119,7 +117,7 @@ class StandardAttention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = attn_head_dim
         self.attn_dim = num_heads * attn_head_dim
-        self.scale = attn_head_dim ** -0.5
+        self.scale = attn_head_dim**-0.5
 
         self.qkv = nn.Linear(dim, self.attn_dim * 3, bias=qkv_bias, **dd)
         self.q_norm = norm_layer(attn_head_dim, **dd) if qk_norm else nn.Identity()
@@ -131,7 +129,7 @@ class StandardAttention(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
 
     # ------------------------------------------------------- hooks a variant overrides
-    def project_qkv(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """X -> Q, K, V, each (B, M, N, d), with timm's optional q/k norm. One MatMul and one Split in the
         exported graph."""
         B, N, _ = x.shape
@@ -143,8 +141,15 @@ class StandardAttention(nn.Module):
         """V before attention, (B, M, N, d). Standard: unchanged; MABViT: a GLU or GELU on it."""
         return v
 
-    def scores_attention(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                         attn_mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:
+    def scores_attention(
+        self,
+        x: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        is_causal: bool,
+    ) -> torch.Tensor:
         """Per-head outputs ``H_m``, (B, M, N, d). Standard: ``softmax(Q K^T / sqrt(d) + mask) V`` (fused).
 
         A variant with another score function overrides this, computing its scores and handing them to
@@ -159,26 +164,29 @@ class StandardAttention(nn.Module):
 
     # ------------------------------------------------------- helpers the hooks call
     def sdpa(
-            self,
-            q: torch.Tensor,
-            k: torch.Tensor,
-            v: torch.Tensor,
-            attn_mask: Optional[torch.Tensor],
-            is_causal: bool,
-            scale: Optional[float] = None,
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        is_causal: bool,
+        scale: float | None = None,
     ) -> torch.Tensor:
         """Fused ``softmax(q k^T * scale + mask) v`` through ``F.scaled_dot_product_attention``, with the
         layer's attention dropout; ``scale`` defaults to ``1 / sqrt(head_dim)``."""
         return F.scaled_dot_product_attention(
-            q, k, v,
+            q,
+            k,
+            v,
             attn_mask=attn_mask,
             dropout_p=self.attn_drop.p if self.training else 0.0,
             is_causal=is_causal,
             scale=self.scale if scale is None else scale,
         )
 
-    def softmax_attend(self, scores: torch.Tensor, v: torch.Tensor,
-                       attn_mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:
+    def softmax_attend(
+        self, scores: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool
+    ) -> torch.Tensor:
         """Explicit ``softmax(scores + mask) v`` (with attention dropout) for scores no fused kernel takes."""
         scores = apply_attn_mask(scores, attn_mask, is_causal)
         attn = self.attn_drop(scores.softmax(dim=-1))
@@ -193,16 +201,16 @@ class StandardAttention(nn.Module):
 
     # --------------------------------------------------------------- forward
     def forward(
-            self,
-            x: torch.Tensor,
-            attn_mask: Optional[torch.Tensor] = None,
-            is_causal: bool = False,
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
     ) -> torch.Tensor:
         """Apply attention to tokens ``x`` of shape (B, N, D); returns (B, N, dim_out)."""
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(
-                f"{type(self).__name__} expects tokens of shape (batch, tokens, {self.dim}), "
-                f"got {tuple(x.shape)}")
+                f"{type(self).__name__} expects tokens of shape (batch, tokens, {self.dim}), got {tuple(x.shape)}"
+            )
         q, k, v = self.project_qkv(x)
         v = self.transform_value(x, v)
         h = self.scores_attention(x, q, k, v, attn_mask, is_causal)

@@ -27,13 +27,16 @@ class ConvStemPatchEmbed(PatchEmbed):
         super().__init__(img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim, **kwargs)
         p = self.patch_size[0]
         stages = int(round(math.log2(p))) if p > 1 else 0
-        if self.patch_size[0] != self.patch_size[1] or 2 ** stages != p:
+        if self.patch_size[0] != self.patch_size[1] or 2**stages != p:
             raise ValueError(f"ConvStemPatchEmbed needs a square power-of-two patch size, got {self.patch_size}")
         layers, width = [], in_chans
         for i in range(stages):
             out = max(8, embed_dim // 2 ** (stages - i))
-            layers += [nn.Conv2d(width, out, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(out),
-                       nn.ReLU(inplace=True)]
+            layers += [
+                nn.Conv2d(width, out, 3, stride=2, padding=1, bias=False),
+                nn.BatchNorm2d(out),
+                nn.ReLU(inplace=True),
+            ]
             width = out
         layers.append(nn.Conv2d(width, embed_dim, 1))
         self.proj = nn.Sequential(*layers)

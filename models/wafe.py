@@ -42,7 +42,7 @@ exports and unquantized in int8/fp8 ones:
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -50,11 +50,26 @@ from torch import nn
 from .registry import Paper, register_variant
 from .standard import StandardAttention
 
-__all__ = ["WAFEAttention", "PairwiseL1", "KeyNormBias", "SCORE_CHOICES", "MAE_IMPLS", "MAE_BLOCK",
-           "MAE_MAX_BLOCKS", "KEY_NORM_OPS", "mae_block", "pairwise_l1", "PAPER"]
+__all__ = [
+    "WAFEAttention",
+    "PairwiseL1",
+    "KeyNormBias",
+    "SCORE_CHOICES",
+    "MAE_IMPLS",
+    "MAE_BLOCK",
+    "MAE_MAX_BLOCKS",
+    "KEY_NORM_OPS",
+    "mae_block",
+    "pairwise_l1",
+    "PAPER",
+]
 
-PAPER = Paper("Divergence vs. Convergence: What Do We Need? -- Substitutes for 'Attention'", "Yi Jin", 2024,
-              "https://arxiv.org/search/?searchtype=title&query=Divergence+vs.+Convergence+What+Do+We+Need")
+PAPER = Paper(
+    "Divergence vs. Convergence: What Do We Need? -- Substitutes for 'Attention'",
+    "Yi Jin",
+    2024,
+    "https://arxiv.org/search/?searchtype=title&query=Divergence+vs.+Convergence+What+Do+We+Need",
+)
 
 SCORE_CHOICES = ("dot", "mse", "mae")
 #: How MAE scores compute the pairwise L1 distance (``auto``: ``cdist`` in eager, ``blocked`` in ONNX export).
@@ -76,7 +91,7 @@ def mae_block(n_queries: int) -> int:
     return max(MAE_BLOCK, -(-n_queries // MAE_MAX_BLOCKS))
 
 
-def pairwise_l1(q: torch.Tensor, k: torch.Tensor, block: Optional[int] = None) -> torch.Tensor:
+def pairwise_l1(q: torch.Tensor, k: torch.Tensor, block: int | None = None) -> torch.Tensor:
     """``out[..., i, j] = sum_c |q[..., i, c] - k[..., j, c]|`` for (B, M, Nq, d) and (B, M, Nk, d) inputs.
 
     Computed as ``2 sum_c max(q_ic, k_jc) - sum_c q_ic - sum_c k_jc``, one head and one block of queries at a
@@ -98,7 +113,7 @@ def pairwise_l1(q: torch.Tensor, k: torch.Tensor, block: Optional[int] = None) -
     q_col = q.unsqueeze(-1)  # (B, M, Nq, d, 1): one query value against a row of keys
     k_rows = k.transpose(-1, -2).unsqueeze(-3)  # (B, M, 1, d, Nk): channels first
     per_head = []
-    for q_h, k_h in zip(q_col.unbind(1), k_rows.unbind(1)):
+    for q_h, k_h in zip(q_col.unbind(1), k_rows.unbind(1), strict=False):
         # (B, b, d, Nk) maxima per block of b queries; twos @ sums the channels -> (B, b, 1, Nk)
         per_head.append(torch.cat([twos @ torch.maximum(q_b, k_h) for q_b in q_h.split(block, dim=1)], dim=1))
     doubled = torch.stack(per_head, dim=1).squeeze(-2)  # (B, M, Nq, Nk)
@@ -172,8 +187,9 @@ class WAFEAttention(StandardAttention):
         **kwargs: ``timm.layers.Attention`` keywords (see :class:`StandardAttention`).
     """
 
-    def __init__(self, dim: int, num_heads: int = 8, score: str = "dot", anti: bool = False,
-                 mae_impl: str = "auto", **kwargs) -> None:
+    def __init__(
+        self, dim: int, num_heads: int = 8, score: str = "dot", anti: bool = False, mae_impl: str = "auto", **kwargs
+    ) -> None:
         if score not in SCORE_CHOICES:
             raise ValueError(f"unknown score {score!r}; valid: {', '.join(SCORE_CHOICES)}")
         _checked_mae_impl(mae_impl)  # for every score, so that a typo is not silently ignored
@@ -190,7 +206,7 @@ class WAFEAttention(StandardAttention):
         """Sign of the distance in the scores: WAFE ``-distance``, anti-WAFE ``+distance``."""
         return 1.0 if self.anti else -1.0
 
-    def scores_attention(self, x, q, k, v, attn_mask: Optional[torch.Tensor], is_causal: bool):
+    def scores_attention(self, x, q, k, v, attn_mask: torch.Tensor | None, is_causal: bool):
         sign = self.sign
         d = self.head_dim
         if self.score == "dot":
@@ -199,8 +215,11 @@ class WAFEAttention(StandardAttention):
             # sign * ||q - k||^2 / d  ==  (-2 sign) q.k / d + sign ||k||^2 / d  (+ a per-row constant)
             key_bias = self.key_norm(k)  # (B, M, 1, N)
             if attn_mask is not None:
-                key_bias = key_bias + (torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(
-                    ~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else attn_mask)
+                key_bias = key_bias + (
+                    torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(~attn_mask, float("-inf"))
+                    if attn_mask.dtype == torch.bool
+                    else attn_mask
+                )
             # Keep the kernel's scale positive (torch's ONNX decomposition takes sqrt(scale)): flip q instead.
             return self.sdpa(-q if self.anti else q, k, v, key_bias, is_causal, scale=2.0 / d)
         return self.softmax_attend((sign / d) * self.distance(q, k), v, attn_mask, is_causal)
@@ -211,15 +230,47 @@ class WAFEAttention(StandardAttention):
 
 _MSE_SCOPES = {"key_norm": KEY_NORM_OPS}  # the ||k||^2 term of the squared distance (eq. 3-4)
 _MAE_SCOPES = {"distance": None}  # the pairwise L1 distances (eq. 5-6); their ops depend on mae_impl
-register_variant("anti-wafe-dot", WAFEAttention, paper=PAPER, equations="eq. 2",
-                 options={"score": "dot", "anti": True}, cost_family="standard")
-register_variant("wafe-mse", WAFEAttention, paper=PAPER, equations="eq. 3",
-                 options={"score": "mse", "anti": False}, extra_scopes=_MSE_SCOPES)
-register_variant("anti-wafe-mse", WAFEAttention, paper=PAPER, equations="eq. 4",
-                 options={"score": "mse", "anti": True}, extra_scopes=_MSE_SCOPES, cost_family="wafe-mse")
-register_variant("wafe-mae", WAFEAttention, paper=PAPER, equations="eq. 5",
-                 options={"score": "mae", "anti": False, "mae_impl": "auto"}, extra_scopes=_MAE_SCOPES,
-                 pairwise_scores=True)
-register_variant("anti-wafe-mae", WAFEAttention, paper=PAPER, equations="eq. 6",
-                 options={"score": "mae", "anti": True, "mae_impl": "auto"}, extra_scopes=_MAE_SCOPES,
-                 pairwise_scores=True, cost_family="wafe-mae")
+register_variant(
+    "anti-wafe-dot",
+    WAFEAttention,
+    paper=PAPER,
+    equations="eq. 2",
+    options={"score": "dot", "anti": True},
+    cost_family="standard",
+)
+register_variant(
+    "wafe-mse",
+    WAFEAttention,
+    paper=PAPER,
+    equations="eq. 3",
+    options={"score": "mse", "anti": False},
+    extra_scopes=_MSE_SCOPES,
+)
+register_variant(
+    "anti-wafe-mse",
+    WAFEAttention,
+    paper=PAPER,
+    equations="eq. 4",
+    options={"score": "mse", "anti": True},
+    extra_scopes=_MSE_SCOPES,
+    cost_family="wafe-mse",
+)
+register_variant(
+    "wafe-mae",
+    WAFEAttention,
+    paper=PAPER,
+    equations="eq. 5",
+    options={"score": "mae", "anti": False, "mae_impl": "auto"},
+    extra_scopes=_MAE_SCOPES,
+    pairwise_scores=True,
+)
+register_variant(
+    "anti-wafe-mae",
+    WAFEAttention,
+    paper=PAPER,
+    equations="eq. 6",
+    options={"score": "mae", "anti": True, "mae_impl": "auto"},
+    extra_scopes=_MAE_SCOPES,
+    pairwise_scores=True,
+    cost_family="wafe-mae",
+)

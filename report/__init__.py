@@ -5,5 +5,14 @@ and what does it cost against standard attention -- one folder with ``report.md`
 from .render import verdict, write_report
 from .variant import BATCH_SIZES, FULL, QUICK, SCHEMA, Budget, ReportResult, report_variant
 
-__all__ = ["report_variant", "ReportResult", "Budget", "FULL", "QUICK", "SCHEMA", "BATCH_SIZES", "verdict",
-           "write_report"]
+__all__ = [
+    "report_variant",
+    "ReportResult",
+    "Budget",
+    "FULL",
+    "QUICK",
+    "SCHEMA",
+    "BATCH_SIZES",
+    "verdict",
+    "write_report",
+]

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from attnzoo.cli import add_debug_flag, entry_point
 
@@ -28,26 +28,42 @@ __all__ = ["main", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="report-variant", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="docs/report-variant.md describes the report and its JSON schema.")
+    p = argparse.ArgumentParser(
+        prog="report-variant",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="docs/report-variant.md describes the report and its JSON schema.",
+    )
     p.add_argument("--variant", required=True, help="a registered variant (built-in or plugin)")
-    p.add_argument("--checkpoint", type=Path, default=None,
-                   help="your weights (default: the zoo's classifier of the variant, else a random init with "
-                        "accuracy marked absent)")
+    p.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        help="your weights (default: the zoo's classifier of the variant, else a random init with "
+        "accuracy marked absent)",
+    )
     p.add_argument("--out", type=Path, default=None, help="report folder (default variant-reports/VARIANT)")
-    p.add_argument("--quick", action="store_true",
-                   help="micro models, small sizes, short timing: a minute or two instead of up to 10")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="micro models, small sizes, short timing: a minute or two instead of up to 10",
+    )
     p.add_argument("--quiet", action="store_true", help="print only the verdict (no section progress on stderr)")
     return add_debug_flag(p)
 
 
 @entry_point
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(args)
-    result = report_variant(a.variant, checkpoint=a.checkpoint, out=a.out, quick=a.quick,
-                            command=command_line([x for x in args if x != "--debug"]), progress=not a.quiet)
+    result = report_variant(
+        a.variant,
+        checkpoint=a.checkpoint,
+        out=a.out,
+        quick=a.quick,
+        command=command_line([x for x in args if x != "--debug"]),
+        progress=not a.quiet,
+    )
     print(result.verdict, flush=True)
     return 0
 

@@ -22,8 +22,9 @@ import argparse
 import shlex
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any
 
 from tqdm import tqdm
 
@@ -39,10 +40,20 @@ from .variant import SCHEMA, report_variant
 
 models = lazy_import("attnzoo.models")  # torch and timm: --help stays fast
 
-__all__ = ["EXAMPLE_PLUGIN", "INDEX_NAME", "LEGEND", "default_variants", "read_report", "build_reports",
-           "find_reports", "index_markdown", "write_index", "main"]
+__all__ = [
+    "EXAMPLE_PLUGIN",
+    "INDEX_NAME",
+    "LEGEND",
+    "default_variants",
+    "read_report",
+    "build_reports",
+    "find_reports",
+    "index_markdown",
+    "write_index",
+    "main",
+]
 
-PathLike = Union[str, Path]
+PathLike = str | Path
 #: The example plugin's variant (``examples/attnzoo-cosine``), reported beside the built-ins.
 EXAMPLE_PLUGIN = "cosine"
 EXAMPLE_INSTALL = "pip install ./examples/attnzoo-cosine"
@@ -63,7 +74,7 @@ _STATUS_CELL = {"skipped": "not run", "unavailable": "unavailable", "failed": "f
 
 
 # ------------------------------------------------------------------------------------------------ reading
-def read_report(folder: PathLike) -> Optional[Dict[str, Any]]:
+def read_report(folder: PathLike) -> dict[str, Any] | None:
     """The report in ``folder`` if it is complete: ``report.json`` parses, has this schema and a verdict, and
     ``report.md`` is beside it (``report_variant`` writes each file whole, ``report.json`` first); else ``None``."""
     folder = Path(folder)
@@ -71,19 +82,22 @@ def read_report(folder: PathLike) -> Optional[Dict[str, Any]]:
         report = read_json(folder / "report.json")
     except (OSError, ValueError):
         return None
-    if not isinstance(report, dict) or report.get("schema") != SCHEMA or \
-            not (report.get("verdict") or {}).get("line") or not (folder / "report.md").is_file():
+    if (
+        not isinstance(report, dict)
+        or report.get("schema") != SCHEMA
+        or not (report.get("verdict") or {}).get("line")
+        or not (folder / "report.md").is_file()
+    ):
         return None
     return report
 
 
-def find_reports(out: PathLike) -> Tuple[List[Tuple[Path, Dict[str, Any]]], List[Path]]:
+def find_reports(out: PathLike) -> tuple[list[tuple[Path, dict[str, Any]]], list[Path]]:
     """The complete reports in ``out``'s sub-folders, in registry order (others after, by name), and the
     sub-folders holding an incomplete one (a run that stopped)."""
     out = Path(out)
     found, incomplete = [], []
-    for folder in sorted(p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")) \
-            if out.is_dir() else []:
+    for folder in sorted(p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")) if out.is_dir() else []:
         report = read_report(folder)
         if report is not None:
             found.append((folder, report))
@@ -95,15 +109,17 @@ def find_reports(out: PathLike) -> Tuple[List[Tuple[Path, Dict[str, Any]]], List
 
 
 # ------------------------------------------------------------------------------------------------ running
-def default_variants() -> List[str]:
+def default_variants() -> list[str]:
     """Every built-in variant in registry order, then the example plugin's.
 
     Raises:
         UsageError: the example plugin is not installed (one line saying how to install it).
     """
     if EXAMPLE_PLUGIN not in models.VARIANT_NAMES:
-        raise UsageError(f"the example plugin's variant {EXAMPLE_PLUGIN!r} is not registered: install it "
-                         f"({EXAMPLE_INSTALL}) or name the variants with --variants")
+        raise UsageError(
+            f"the example plugin's variant {EXAMPLE_PLUGIN!r} is not registered: install it "
+            f"({EXAMPLE_INSTALL}) or name the variants with --variants"
+        )
     return [*models.BUILTIN_VARIANTS, EXAMPLE_PLUGIN]
 
 
@@ -112,8 +128,14 @@ def _report_command(variant: str, folder: Path, quick: bool) -> str:
     return shlex.join(["report-variant", "--variant", variant, "--out", str(folder), *(["--quick"] if quick else [])])
 
 
-def build_reports(out: PathLike, variants: Optional[Sequence[str]] = None, quick: bool = False, *,
-                  progress: bool = True, index: bool = True) -> List[Dict[str, Any]]:
+def build_reports(
+    out: PathLike,
+    variants: Sequence[str] | None = None,
+    quick: bool = False,
+    *,
+    progress: bool = True,
+    index: bool = True,
+) -> list[dict[str, Any]]:
     """Write ``out/<variant>/`` with :func:`attnzoo.report.report_variant` for each variant whose folder lacks a
     complete report of this budget; one at a time, a finished report kept.
 
@@ -134,10 +156,13 @@ def build_reports(out: PathLike, variants: Optional[Sequence[str]] = None, quick
     Raises:
         UsageError: an unknown variant (the valid ones listed), or ``out`` not a writable folder.
     """
-    names = default_variants() if variants is None else \
-        parse_names(",".join(variants), models.canonical_name, "variant", ", ".join(models.VARIANT_NAMES))
+    names = (
+        default_variants()
+        if variants is None
+        else parse_names(",".join(variants), models.canonical_name, "variant", ", ".join(models.VARIANT_NAMES))
+    )
     out = writable_dir(Path(out), "--out folder")
-    done: List[Dict[str, Any]] = []
+    done: list[dict[str, Any]] = []
     bar = tqdm(names, desc="variant reports", unit="report", disable=not progress, file=sys.stderr)
     for name in bar:
         folder = out / name
@@ -152,13 +177,27 @@ def build_reports(out: PathLike, variants: Optional[Sequence[str]] = None, quick
         except UsageError:
             raise
         except Exception as exc:  # noqa: BLE001 - one variant's failure is reported; the others still run
-            done.append({"variant": name, "folder": folder, "state": "failed", "reason": first_line(exc, typed=True),
-                         "seconds": round(time.monotonic() - t0, 1)})
+            done.append(
+                {
+                    "variant": name,
+                    "folder": folder,
+                    "state": "failed",
+                    "reason": first_line(exc, typed=True),
+                    "seconds": round(time.monotonic() - t0, 1),
+                }
+            )
             if progress:
                 tqdm.write(f"{name}: failed: {done[-1]['reason']}", file=sys.stderr)
             continue
-        done.append({"variant": name, "folder": folder, "state": "written", "verdict": result.verdict,
-                     "seconds": round(time.monotonic() - t0, 1)})
+        done.append(
+            {
+                "variant": name,
+                "folder": folder,
+                "state": "written",
+                "verdict": result.verdict,
+                "seconds": round(time.monotonic() - t0, 1),
+            }
+        )
         if progress:
             tqdm.write(result.verdict, file=sys.stderr)
         if index:
@@ -167,7 +206,7 @@ def build_reports(out: PathLike, variants: Optional[Sequence[str]] = None, quick
 
 
 # ------------------------------------------------------------------------------------------------ cells
-def _status(entry: Any) -> Optional[str]:
+def _status(entry: Any) -> str | None:
     """The cell of an entry that holds no figure (absent, or a status other than ``ok``), else ``None``."""
     if not isinstance(entry, Mapping):
         return "—"
@@ -218,7 +257,7 @@ def tensorrt_cell(entry: Any) -> str:
     return state + ("" if check is None else f", network check {'ok' if check else 'FAILED'}")
 
 
-def fused_cells(report: Mapping[str, Any], runtimes: Sequence[str]) -> List[str]:
+def fused_cells(report: Mapping[str, Any], runtimes: Sequence[str]) -> list[str]:
     """Per runtime: the variant's attention cores it runs fused, ``fused/cores``, from the fusion audit."""
     entry = _get(report, "fusion", report["variant"])
     if _status(entry):
@@ -260,14 +299,13 @@ def machine(report: Mapping[str, Any]) -> str:
     return f"{cpu_summary(env['cpu'])}, {gpu}"
 
 
-def _tokens(reports: Sequence[Mapping[str, Any]], key: str) -> List[int]:
+def _tokens(reports: Sequence[Mapping[str, Any]], key: str) -> list[int]:
     """The tokens of ``verdict.<key>`` across the reports that have it."""
     return sorted({o["tokens"] for r in reports if isinstance(o := _get(r, "verdict", key), Mapping)})
 
 
 # ------------------------------------------------------------------------------------------------ index
-def index_markdown(found: Sequence[Tuple[Path, Mapping[str, Any]]], out: Path,
-                   incomplete: Sequence[Path] = ()) -> str:
+def index_markdown(found: Sequence[tuple[Path, Mapping[str, Any]]], out: Path, incomplete: Sequence[Path] = ()) -> str:
     """The index page of the reports ``found`` (each a folder of ``out`` and its ``report.json``)."""
     reports = [r for _, r in found]
     seen = [x.get("runtime") for r in reports for x in (_get(r, "fusion", r["variant"], "audit", "runtimes") or [])]
@@ -277,12 +315,21 @@ def index_markdown(found: Sequence[Tuple[Path, Mapping[str, Any]]], out: Path,
     per_row_machine, per_row_budget = len(machines) > 1, len(budgets) > 1
     first, most = _tokens(reports, "overhead_first"), _tokens(reports, "overhead_most_tokens")
 
-    def over_header(tokens: List[int], what: str) -> str:
+    def over_header(tokens: list[int], what: str) -> str:
         return f"x standard at {tokens[0]:,} tokens" if len(tokens) == 1 else f"x standard, {what}"
 
-    header = ["variant", "deploys", "fp32 parity (max err)", "fp16 parity (max err)", "int8 cosine, worst (placement)",
-              "int8 top-1 agreement", "TensorRT", *[f"fused: {RUNTIMES.get(k, k)}" for k in runtimes],
-              over_header(first, "latency rows"), over_header(most, "most tokens")]
+    header = [
+        "variant",
+        "deploys",
+        "fp32 parity (max err)",
+        "fp16 parity (max err)",
+        "int8 cosine, worst (placement)",
+        "int8 top-1 agreement",
+        "TensorRT",
+        *[f"fused: {RUNTIMES.get(k, k)}" for k in runtimes],
+        over_header(first, "latency rows"),
+        over_header(most, "most tokens"),
+    ]
     if per_row_budget:
         header.append("budget")
     if per_row_machine:
@@ -292,13 +339,25 @@ def index_markdown(found: Sequence[Tuple[Path, Mapping[str, Any]]], out: Path,
         name = r["variant"]
         side = _get(r, "export", name) or {}
         verdict = r.get("verdict") or {}
-        deploys = "—" if "deploys" not in verdict else "yes" if verdict["deploys"] else \
-            "no (" + ", ".join(verdict.get("problems") or []) + ")"
-        row = [f"[{name}]({folder.relative_to(out).as_posix()}/report.md)", deploys,
-               parity_cell(side.get("fp32")), parity_cell(side.get("fp16")), int8_cosine_cell(side.get("int8")),
-               int8_top1_cell(side.get("int8")), tensorrt_cell(side.get("tensorrt")), *fused_cells(r, runtimes),
-               overhead_cell(r, "overhead_first", len(first) > 1),
-               overhead_cell(r, "overhead_most_tokens", len(most) > 1)]
+        deploys = (
+            "—"
+            if "deploys" not in verdict
+            else "yes"
+            if verdict["deploys"]
+            else "no (" + ", ".join(verdict.get("problems") or []) + ")"
+        )
+        row = [
+            f"[{name}]({folder.relative_to(out).as_posix()}/report.md)",
+            deploys,
+            parity_cell(side.get("fp32")),
+            parity_cell(side.get("fp16")),
+            int8_cosine_cell(side.get("int8")),
+            int8_top1_cell(side.get("int8")),
+            tensorrt_cell(side.get("tensorrt")),
+            *fused_cells(r, runtimes),
+            overhead_cell(r, "overhead_first", len(first) > 1),
+            overhead_cell(r, "overhead_most_tokens", len(most) > 1),
+        ]
         if per_row_budget:
             row.append("--quick" if r.get("quick") else "default")
         if per_row_machine:
@@ -306,11 +365,15 @@ def index_markdown(found: Sequence[Tuple[Path, Mapping[str, Any]]], out: Path,
         rows.append(row)
 
     quick = budgets == [True]
-    lines = ["# Variant reports", "",
-             "One `report-variant` report per variant: whether it deploys (export parity, int8 fidelity, TensorRT), "
-             "whether each runtime fuses its attention core, and its latency against `standard`. Each row links its "
-             "`report.md`; every cell is read from that folder's `report.json` (docs/report-variant.md has the "
-             "schema and how each figure is measured).", ""]
+    lines = [
+        "# Variant reports",
+        "",
+        "One `report-variant` report per variant: whether it deploys (export parity, int8 fidelity, TensorRT), "
+        "whether each runtime fuses its attention core, and its latency against `standard`. Each row links its "
+        "`report.md`; every cell is read from that folder's `report.json` (docs/report-variant.md has the "
+        "schema and how each figure is measured).",
+        "",
+    ]
     if not found:
         lines += ["No complete report here yet."]
     else:
@@ -319,33 +382,64 @@ def index_markdown(found: Sequence[Tuple[Path, Mapping[str, Any]]], out: Path,
         else:
             lines += ["The reports come from different machines: each row names its own.", ""]
         if not per_row_budget:
-            lines += [("Budget: `--quick` (micro models, small sizes, short timing)." if quick else
-                       "Budget: the default `report-variant` run."), ""]
-        lines += [markdown_table(header, rows), "",
-                  "Ratios: the variant's latency over `standard`'s, batch 1, fp32 (`verdict.overhead_first`: the "
-                  "latency rows, on the variant's fastest CPU runtime; `verdict.overhead_most_tokens`: the most tokens "
-                  "of the scaling sweep). Fused: attention cores run as one kernel, of the variant's cores.", "",
-                  "Where a cell holds no figure:", ""]
+            lines += [
+                (
+                    "Budget: `--quick` (micro models, small sizes, short timing)."
+                    if quick
+                    else "Budget: the default `report-variant` run."
+                ),
+                "",
+            ]
+        lines += [
+            markdown_table(header, rows),
+            "",
+            "Ratios: the variant's latency over `standard`'s, batch 1, fp32 (`verdict.overhead_first`: the "
+            "latency rows, on the variant's fastest CPU runtime; `verdict.overhead_most_tokens`: the most tokens "
+            "of the scaling sweep). Fused: attention cores run as one kernel, of the variant's cores.",
+            "",
+            "Where a cell holds no figure:",
+            "",
+        ]
         lines += [f"- {k}: {v}" for k, v in LEGEND.items()]
     if incomplete:
-        lines += ["", "Folders without a complete report (a run that stopped; the command below finishes them): "
-                  + ", ".join(f"`{p.name}`" for p in incomplete) + "."]
-    lines += ["", "## Commands", "",
-              "The whole set (each variant's report is kept once written; a stopped run resumes at the first variant "
-              "without one):", "", "```bash", f"{EXAMPLE_INSTALL}   # the example plugin, in the default set",
-              shlex.join(["python", "-m", "attnzoo.report.index", "--out", str(out), "--run",
-                          *(["--quick"] if quick else [])]), "```", "",
-              "Each report's exports (`<variant>/exports/`: the ONNX files, TensorRT engine and Triton folder its "
-              "tables name, about 16 MB a variant) are build outputs, not committed: `report-variant --variant NAME "
-              "--out DIR` writes them again.", ""]
+        lines += [
+            "",
+            "Folders without a complete report (a run that stopped; the command below finishes them): "
+            + ", ".join(f"`{p.name}`" for p in incomplete)
+            + ".",
+        ]
+    lines += [
+        "",
+        "## Commands",
+        "",
+        "The whole set (each variant's report is kept once written; a stopped run resumes at the first variant "
+        "without one):",
+        "",
+        "```bash",
+        f"{EXAMPLE_INSTALL}   # the example plugin, in the default set",
+        shlex.join(
+            ["python", "-m", "attnzoo.report.index", "--out", str(out), "--run", *(["--quick"] if quick else [])]
+        ),
+        "```",
+        "",
+        "Each report's exports (`<variant>/exports/`: the ONNX files, TensorRT engine and Triton folder its "
+        "tables name, about 16 MB a variant) are build outputs, not committed: `report-variant --variant NAME "
+        "--out DIR` writes them again.",
+        "",
+    ]
     if found:
-        lines += ["Each report, as its `report.json` records it (wall and CPU seconds of its run, load average at its "
-                  "start):", ""]
+        lines += [
+            "Each report, as its `report.json` records it (wall and CPU seconds of its run, load average at its "
+            "start):",
+            "",
+        ]
         for _, r in found:
             env = r.get("environment") or {}
             load = env.get("load_average")
-            lines.append(f"- `{r.get('command') or 'report_variant()'}`: {_num(r.get('wall_time_s'))} s, "
-                         f"{_num(r.get('cpu_time_s'))} CPU s, load average {load if load is not None else '—'}")
+            lines.append(
+                f"- `{r.get('command') or 'report_variant()'}`: {_num(r.get('wall_time_s'))} s, "
+                f"{_num(r.get('cpu_time_s'))} CPU s, load average {load if load is not None else '—'}"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -364,36 +458,47 @@ def write_index(out: PathLike) -> Path:
 
 # ------------------------------------------------------------------------------------------------ command
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m attnzoo.report.index",
-                                description="A set of report-variant reports, one folder per variant, and the "
-                                            "index table that compares them.",
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="docs/report-variant.md describes the reports and the index.")
+    p = argparse.ArgumentParser(
+        prog="python -m attnzoo.report.index",
+        description="A set of report-variant reports, one folder per variant, and the index table that compares them.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="docs/report-variant.md describes the reports and the index.",
+    )
     p.add_argument("--out", type=Path, required=True, help="the reports' folder (one sub-folder per variant)")
-    p.add_argument("--run", action="store_true",
-                   help="write each variant's report whose folder lacks a complete one, then the index "
-                        "(without it: the index alone, from the reports there)")
-    p.add_argument("--variants", default=None,
-                   help="comma-separated variants for --run (default: every built-in, then the example plugin "
-                        f"{EXAMPLE_PLUGIN!r})")
+    p.add_argument(
+        "--run",
+        action="store_true",
+        help="write each variant's report whose folder lacks a complete one, then the index "
+        "(without it: the index alone, from the reports there)",
+    )
+    p.add_argument(
+        "--variants",
+        default=None,
+        help="comma-separated variants for --run (default: every built-in, then the example plugin "
+        f"{EXAMPLE_PLUGIN!r})",
+    )
     p.add_argument("--quick", action="store_true", help="--run with report-variant --quick's budget")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or verdict lines on stderr")
     return add_debug_flag(p)
 
 
 @entry_point
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """``python -m attnzoo.report.index``."""
     a = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if not a.run and (a.variants is not None or a.quick):
-        raise UsageError("--variants and --quick choose what --run writes; add --run (without it only the index "
-                         "is written)")
+        raise UsageError(
+            "--variants and --quick choose what --run writes; add --run (without it only the index is written)"
+        )
     if a.out.exists() and not a.out.is_dir():
         raise UsageError(f"--out {a.out} is a file; it names the reports' folder")
     failed = []
     if a.run:
-        variants = None if a.variants is None else \
-            parse_names(a.variants, models.canonical_name, "variant", ", ".join(models.VARIANT_NAMES))
+        variants = (
+            None
+            if a.variants is None
+            else parse_names(a.variants, models.canonical_name, "variant", ", ".join(models.VARIANT_NAMES))
+        )
         done = build_reports(a.out, variants, quick=a.quick, progress=not a.no_progress)
         failed = [d for d in done if d["state"] == "failed"]
     elif not a.out.is_dir():
@@ -401,8 +506,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     path = write_index(a.out)
     print(path, flush=True)
     if failed:
-        raise CommandError(f"{len(failed)} report(s) not written: "
-                           + "; ".join(f"{d['variant']}: {d['reason']}" for d in failed))
+        raise CommandError(
+            f"{len(failed)} report(s) not written: " + "; ".join(f"{d['variant']}: {d['reason']}" for d in failed)
+        )
     return 0
 
 

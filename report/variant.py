@@ -29,21 +29,22 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any
 
 import numpy as np
 
 from attnzoo.benchmarks.gpu_plan import MODELS, ROOT
-from attnzoo.errors import first_line, UsageError
+from attnzoo.errors import UsageError, first_line
 from attnzoo.fileio import writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import bf16_problem, environment
 from attnzoo.runtime.backends import backend_names
-from attnzoo.signals import Interrupted, Terminated
 from attnzoo.runtime.fusion import audit
 from attnzoo.runtime.fusion import markdown as fusion_markdown
+from attnzoo.signals import Interrupted, Terminated
 from attnzoo.studies.fusable import speedups, time_opsets
 
 from .render import write_report
@@ -58,12 +59,25 @@ bench_flops = lazy_import("attnzoo.benchmarks.flops")
 bench_run = lazy_import("attnzoo.benchmarks.run")
 scaling_study = lazy_import("attnzoo.studies.scaling")
 
-__all__ = ["SCHEMA", "BATCH_SIZES", "Budget", "FULL", "QUICK", "ReportResult", "report_variant", "identity", "export_side",
-           "fusion", "latency", "scaling", "gpu_rows"]
+__all__ = [
+    "SCHEMA",
+    "BATCH_SIZES",
+    "Budget",
+    "FULL",
+    "QUICK",
+    "ReportResult",
+    "report_variant",
+    "identity",
+    "export_side",
+    "fusion",
+    "latency",
+    "scaling",
+    "gpu_rows",
+]
 
 #: ``report.json``'s ``schema`` field (docs/report-variant.md describes this version).
 SCHEMA = "attnzoo.report-variant/1"
-PathLike = Union[str, Path]
+PathLike = str | Path
 
 
 @dataclass(frozen=True)
@@ -91,13 +105,13 @@ class Budget:
     latency_time_limit: float
     compile_budget: float
     scaling_arch: str
-    scaling_sizes: Tuple[int, ...]
-    seg_sizes: Tuple[int, ...]
+    scaling_sizes: tuple[int, ...]
+    seg_sizes: tuple[int, ...]
     scaling_min_time: float
     max_call_s: float
-    scaling_backends: Tuple[str, ...] = ("eager", "ort-cpu")
-    int8: Dict[str, Any] = field(default_factory=dict)
-    standard_exports: Tuple[str, ...] = ("fp32", "fp16", "int8", "fp8", "tensorrt", "triton")
+    scaling_backends: tuple[str, ...] = ("eager", "ort-cpu")
+    int8: dict[str, Any] = field(default_factory=dict)
+    standard_exports: tuple[str, ...] = ("fp32", "fp16", "int8", "fp8", "tensorrt", "triton")
     fp8: bool = True
     fusable_rounds: int = 15
 
@@ -107,17 +121,37 @@ class Budget:
 #: tokens on eager and ONNX Runtime (the Segmenter encoder at 4,097 tokens is the scaling study's:
 #: ``python -m attnzoo.studies.scaling``), int8 scored on 2,000 test images, FP8 for the variant only. Designed
 #: for at most 10 minutes on 2 cores (docs/report-variant.md has the measured runs).
-FULL = Budget(latency_arch="tiny", latency_min_time=0.3, latency_time_limit=420.0, compile_budget=0.0,
-              scaling_arch="tiny", scaling_sizes=(224, 384, 512), seg_sizes=(), scaling_min_time=0.3,
-              max_call_s=10.0, int8=dict(eval_limit=2000),
-              standard_exports=("fp32", "fp16", "int8", "tensorrt", "triton"))
+FULL = Budget(
+    latency_arch="tiny",
+    latency_min_time=0.3,
+    latency_time_limit=420.0,
+    compile_budget=0.0,
+    scaling_arch="tiny",
+    scaling_sizes=(224, 384, 512),
+    seg_sizes=(),
+    scaling_min_time=0.3,
+    max_call_s=10.0,
+    int8=dict(eval_limit=2000),
+    standard_exports=("fp32", "fp16", "int8", "tensorrt", "triton"),
+)
 #: ``--quick``: micro models at small sizes, short timing, small int8 sets with the CPU placement (no placement
 #: search), no compile, no FP8, scaling on eager only, ``standard`` exported at fp32 only (the fusion baseline).
-QUICK = Budget(latency_arch="micro", latency_min_time=0.02, latency_time_limit=60.0, compile_budget=0.0,
-               scaling_arch="micro", scaling_sizes=(32, 64), seg_sizes=(), scaling_min_time=0.02, max_call_s=5.0,
-               scaling_backends=("eager",), fusable_rounds=3,
-               int8=dict(calibration_count=64, fidelity_count=32, eval_limit=200, qdq_placement="cpu"),
-               standard_exports=("fp32",), fp8=False)
+QUICK = Budget(
+    latency_arch="micro",
+    latency_min_time=0.02,
+    latency_time_limit=60.0,
+    compile_budget=0.0,
+    scaling_arch="micro",
+    scaling_sizes=(32, 64),
+    seg_sizes=(),
+    scaling_min_time=0.02,
+    max_call_s=5.0,
+    scaling_backends=("eager",),
+    fusable_rounds=3,
+    int8=dict(calibration_count=64, fidelity_count=32, eval_limit=200, qdq_placement="cpu"),
+    standard_exports=("fp32",),
+    fp8=False,
+)
 #: Batch sizes of the latency rows.
 BATCH_SIZES = (1, 8)
 
@@ -133,14 +167,14 @@ class ReportResult:
         files: Every file written in ``out`` (``report.md``, ``report.json``, the PNG plots).
     """
 
-    report: Dict[str, Any]
+    report: dict[str, Any]
     out: Path
     verdict: str
-    files: List[Path] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)
 
 
 # ------------------------------------------------------------------------------------------------ steps
-def _attempt(fn: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
+def _attempt(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """``fn()`` with ``status: ok`` added; a usage error (the step cannot run here) is ``unavailable`` and any other
     failure ``failed``, each with its one-line reason."""
     t0 = time.perf_counter()
@@ -156,17 +190,17 @@ def _attempt(fn: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
     return result
 
 
-def _skipped(reason: str) -> Dict[str, Any]:
+def _skipped(reason: str) -> dict[str, Any]:
     return {"status": "skipped", "reason": reason}
 
 
 # ------------------------------------------------------------------------------------------------ identity
-def identity(variant: str, arch: str, sizes: Tuple[int, ...]) -> Dict[str, Any]:
+def identity(variant: str, arch: str, sizes: tuple[int, ...]) -> dict[str, Any]:
     """The registry's facts about ``variant``, its parameters and its FLOPs per image beside ``standard``'s (at
     ``arch``'s own size and each of ``sizes``)."""
     spec = models.VARIANTS[variant]
 
-    def cost(name: str) -> Dict[str, Any]:
+    def cost(name: str) -> dict[str, Any]:
         model = bench_flops.meta_model(name, "cls", arch)
         params = sum(p.numel() for p in model.parameters())
         own = model.attnzoo_config["img_size"]
@@ -177,18 +211,29 @@ def identity(variant: str, arch: str, sizes: Tuple[int, ...]) -> Dict[str, Any]:
         return {"params": params, "flops_per_image": flops}
 
     mine, std = cost(variant), cost("standard")
-    return {"variant": variant, "paper": str(spec.paper), "equations": spec.equations,
-            "extra_params": spec.extra_params, "extra_weights": list(spec.extra_weights),
-            "extra_scopes": list(spec.extra_scopes), "package": spec.package, "version": spec.version,
-            "pairwise_scores": spec.pairwise_scores, "cost_family": spec.cost_family, "arch": arch,
-            "counter": "attnzoo.benchmarks.flops.count_variant (matrix FLOPs + pairwise vector ops, meta device)",
-            "params": mine["params"], "standard_params": std["params"],
-            "flops_per_image": mine["flops_per_image"], "standard_flops_per_image": std["flops_per_image"],
-            "flops_ratio": {k: mine["flops_per_image"][k] / std["flops_per_image"][k] for k in mine["flops_per_image"]}}
+    return {
+        "variant": variant,
+        "paper": str(spec.paper),
+        "equations": spec.equations,
+        "extra_params": spec.extra_params,
+        "extra_weights": list(spec.extra_weights),
+        "extra_scopes": list(spec.extra_scopes),
+        "package": spec.package,
+        "version": spec.version,
+        "pairwise_scores": spec.pairwise_scores,
+        "cost_family": spec.cost_family,
+        "arch": arch,
+        "counter": "attnzoo.benchmarks.flops.count_variant (matrix FLOPs + pairwise vector ops, meta device)",
+        "params": mine["params"],
+        "standard_params": std["params"],
+        "flops_per_image": mine["flops_per_image"],
+        "standard_flops_per_image": std["flops_per_image"],
+        "flops_ratio": {k: mine["flops_per_image"][k] / std["flops_per_image"][k] for k in mine["flops_per_image"]},
+    }
 
 
 # ------------------------------------------------------------------------------------------------ export
-def _source(variant: str, checkpoint: Optional[PathLike], like: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+def _source(variant: str, checkpoint: PathLike | None, like: dict[str, Any] | None = None) -> dict[str, Any]:
     """The model an export side starts from: ``checkpoint``, else the zoo's classifier, else a random init (the
     arch of ``like``, the variant side's source, for ``standard`` beside a checkpoint of another arch)."""
     if checkpoint is not None:
@@ -204,12 +249,18 @@ def _source(variant: str, checkpoint: Optional[PathLike], like: Optional[Dict[st
     return {"kind": "random-init", "arch": arch, "task": (like or {}).get("task", "cls")}
 
 
-def _zoo_arch(variant: str) -> Optional[str]:
-    return next((e.get("arch") for e in zoo.entries() if e["variant"] == variant and e["task"] == "cls"
-                 and e["data"] == zoo.DEFAULT_DATA), None)
+def _zoo_arch(variant: str) -> str | None:
+    return next(
+        (
+            e.get("arch")
+            for e in zoo.entries()
+            if e["variant"] == variant and e["task"] == "cls" and e["data"] == zoo.DEFAULT_DATA
+        ),
+        None,
+    )
 
 
-def _model_args(variant: str, source: Dict[str, Any]) -> Dict[str, Any]:
+def _model_args(variant: str, source: dict[str, Any]) -> dict[str, Any]:
     if source["kind"] == "random-init":
         return {"variant": variant, "random_init": True, "arch": source["arch"], "task": source.get("task")}
     if source["kind"] == "checkpoint":
@@ -224,18 +275,30 @@ def _rel(path: Path, out: Path) -> str:
         return str(path)
 
 
-def _fp32_summary(report: Dict[str, Any], out: Path, onnx_path: Path) -> Dict[str, Any]:
+def _fp32_summary(report: dict[str, Any], out: Path, onnx_path: Path) -> dict[str, Any]:
     par, extra = report["parity"], report["extra_math"]
-    return {"file": _rel(onnx_path, out), "passed": report["passed"], "opset": report.get("opset"),
-            "max_abs_err": par["max_abs_err"], "tolerance": par["tolerance"], "batch_sizes": par["batch_sizes"],
-            "top1_agree": min((r[k]["top1_agree"] for r in par["per_batch"] for k in ("real", "random") if k in r),
-                              default=None),
-            "extra_math": {"ok": extra["ok"], "scopes": len(extra["blocks"]),
-                           "nodes_per_block": extra.get("nodes_per_block", {}), "failures": extra["failures"]},
-            "nodes": report.get("num_nodes"), "file_size": report.get("file_size")}
+    return {
+        "file": _rel(onnx_path, out),
+        "passed": report["passed"],
+        "opset": report.get("opset"),
+        "max_abs_err": par["max_abs_err"],
+        "tolerance": par["tolerance"],
+        "batch_sizes": par["batch_sizes"],
+        "top1_agree": min(
+            (r[k]["top1_agree"] for r in par["per_batch"] for k in ("real", "random") if k in r), default=None
+        ),
+        "extra_math": {
+            "ok": extra["ok"],
+            "scopes": len(extra["blocks"]),
+            "nodes_per_block": extra.get("nodes_per_block", {}),
+            "failures": extra["failures"],
+        },
+        "nodes": report.get("num_nodes"),
+        "file_size": report.get("file_size"),
+    }
 
 
-def _int8_summary(report: Dict[str, Any]) -> Dict[str, Any]:
+def _int8_summary(report: dict[str, Any]) -> dict[str, Any]:
     fid = report.get("fidelity") or {}
     q = report.get("quantization") or {}
     options = q.get("options") or {}
@@ -243,54 +306,76 @@ def _int8_summary(report: Dict[str, Any]) -> Dict[str, Any]:
     kept = [g for g, d in (auto.get("groups") or {}).items() if not d.get("quantized", True)]
     scope = report.get("extra_math_scope_check") or {}
     qdq = q.get("qdq") or {}
-    return {"passed": report.get("passed"), "cosine_min": (fid.get("cosine") or {}).get("min"),
-            "cosine_mean": (fid.get("cosine") or {}).get("mean"), "top1_agreement": fid.get("top1_agreement"),
-            "fidelity_inputs": fid.get("n_inputs"), "fidelity_source": fid.get("source"),
-            "placement": options.get("placement"), "kept_fp32": kept,
-            "quantized_ops": qdq.get("quantized_ops"), "total_ops": qdq.get("total_ops"),
-            "extra_math_kept": not scope.get("quantized") if scope else None,
-            "quantizer": q.get("quantizer"), "calibration": q.get("calibration"),
-            "accuracy": report.get("accuracy")}
+    return {
+        "passed": report.get("passed"),
+        "cosine_min": (fid.get("cosine") or {}).get("min"),
+        "cosine_mean": (fid.get("cosine") or {}).get("mean"),
+        "top1_agreement": fid.get("top1_agreement"),
+        "fidelity_inputs": fid.get("n_inputs"),
+        "fidelity_source": fid.get("source"),
+        "placement": options.get("placement"),
+        "kept_fp32": kept,
+        "quantized_ops": qdq.get("quantized_ops"),
+        "total_ops": qdq.get("total_ops"),
+        "extra_math_kept": not scope.get("quantized") if scope else None,
+        "quantizer": q.get("quantizer"),
+        "calibration": q.get("calibration"),
+        "accuracy": report.get("accuracy"),
+    }
 
 
-def export_side(variant: str, source: Dict[str, Any], folder: Path, out: Path, budget: Budget,
-                steps: Tuple[str, ...]) -> Dict[str, Any]:
+def export_side(
+    variant: str, source: dict[str, Any], folder: Path, out: Path, budget: Budget, steps: tuple[str, ...]
+) -> dict[str, Any]:
     """Every export of one model (the ``steps`` of fp32, fp16, int8, fp8, tensorrt, triton), each an entry with
     ``status`` (``ok``, ``failed``, ``unavailable``, ``skipped``) and its figures."""
     folder.mkdir(parents=True, exist_ok=True)
     args = _model_args(variant, source)
-    side: Dict[str, Any] = {"source": source}
+    side: dict[str, Any] = {"source": source}
     onnx_path = folder / f"{variant}.onnx"
 
-    def fp32_and_engine() -> Dict[str, Any]:
-        r = export.export_model(**args, out=folder / f"{variant}.engine", format="tensorrt",
-                         batch_sizes=BATCH_SIZES)
+    def fp32_and_engine() -> dict[str, Any]:
+        r = export.export_model(**args, out=folder / f"{variant}.engine", format="tensorrt", batch_sizes=BATCH_SIZES)
         e = r.engine_report or {}
-        side["tensorrt"] = {"status": "ok", "engine": _rel(r.engine_path, out), "state": e.get("status"),
-                            "ran_on_gpu": e.get("ran_on_gpu"), "not_run_reason": e.get("not_run_reason"),
-                            "network_check": {k: (e.get("network_check") or {}).get(k)
-                                              for k in ("ok", "failures", "layers", "extra_math_scopes")},
-                            "library": f"{e.get('library')} {e.get('library_version')}",
-                            "compute_capability": e.get("compute_capability"), "parity": e.get("parity"),
-                            "latency": e.get("latency")}
+        side["tensorrt"] = {
+            "status": "ok",
+            "engine": _rel(r.engine_path, out),
+            "state": e.get("status"),
+            "ran_on_gpu": e.get("ran_on_gpu"),
+            "not_run_reason": e.get("not_run_reason"),
+            "network_check": {
+                k: (e.get("network_check") or {}).get(k) for k in ("ok", "failures", "layers", "extra_math_scopes")
+            },
+            "library": f"{e.get('library')} {e.get('library_version')}",
+            "compute_capability": e.get("compute_capability"),
+            "parity": e.get("parity"),
+            "latency": e.get("latency"),
+        }
         return _fp32_summary(r.report, out, r.onnx_path)
 
     tensorrt_wanted = "tensorrt" in steps
-    unbuilt = ("--quick" if budget == QUICK else "the default run builds it for the variant only" if budget == FULL
-               else "not in its standard_exports, or fp8 off")
+    unbuilt = (
+        "--quick"
+        if budget == QUICK
+        else "the default run builds it for the variant only"
+        if budget == FULL
+        else "not in its standard_exports, or fp8 off"
+    )
     side["fp32"] = _attempt(fp32_and_engine) if tensorrt_wanted else {"status": "skipped"}
     if side["fp32"]["status"] != "ok":  # no engine (no TensorRT here, or its build failed): the ONNX alone
         engine = side["fp32"]
-        side["fp32"] = _attempt(lambda: _fp32_summary(export.export_model(**args, out=onnx_path).report, out,
-                                                      onnx_path))
+        side["fp32"] = _attempt(
+            lambda: _fp32_summary(export.export_model(**args, out=onnx_path).report, out, onnx_path)
+        )
         side["tensorrt"] = engine if tensorrt_wanted else _skipped(f"not built with this budget ({unbuilt})")
     else:
         onnx_path = folder / f"{variant}.onnx"
     side["onnx_path"] = str(onnx_path)
     if "fp16" in steps:
         path16 = folder / f"{variant}_fp16.onnx"
-        side["fp16"] = _attempt(lambda: _fp32_summary(export.export_model(**args, out=path16, dtype="fp16").report,
-                                                      out, path16))
+        side["fp16"] = _attempt(
+            lambda: _fp32_summary(export.export_model(**args, out=path16, dtype="fp16").report, out, path16)
+        )
     else:
         side["fp16"] = _skipped(f"not exported with this budget ({unbuilt})")
     for dtype, wanted in (("int8", "int8" in steps), ("fp8", "fp8" in steps and budget.fp8)):
@@ -298,10 +383,15 @@ def export_side(variant: str, source: Dict[str, Any], folder: Path, out: Path, b
             side[dtype] = _skipped(f"not built with this budget ({unbuilt})")
             continue
         path = folder / f"{variant}_{dtype}.onnx"
-        side[dtype] = _attempt(lambda: {"file": _rel(path, out), **_int8_summary(
-            export.export_model(**args, out=path, dtype=dtype, **budget.int8).report)})
+        side[dtype] = _attempt(
+            lambda: {
+                "file": _rel(path, out),
+                **_int8_summary(export.export_model(**args, out=path, dtype=dtype, **budget.int8).report),
+            }
+        )
     if "triton" in steps:
-        def triton() -> Dict[str, Any]:
+
+        def triton() -> dict[str, Any]:
             r = export.export_model(**args, out=folder / "triton", format="triton")
             return {"folder": _rel(r.path, out), "config": _rel(r.path / "config.pbtxt", out), **(r.triton or {})}
 
@@ -318,21 +408,30 @@ def export_side(variant: str, source: Dict[str, Any], folder: Path, out: Path, b
     if acc:
         side["accuracy"] = {"status": "ok", **acc}
     elif source["kind"] == "random-init":
-        side["accuracy"] = {"status": "absent", "reason": f"the zoo has no trained {variant} classifier: random "
-                                                          "init, no test split to score"}
+        side["accuracy"] = {
+            "status": "absent",
+            "reason": f"the zoo has no trained {variant} classifier: random init, no test split to score",
+        }
     else:
-        side["accuracy"] = {"status": "absent", "reason": "the int8 export measured no test-split accuracy"
-                            + (f" ({side['int8'].get('reason')})" if side["int8"].get("reason") else
-                               " (the model has no labelled test split)")}
+        side["accuracy"] = {
+            "status": "absent",
+            "reason": "the int8 export measured no test-split accuracy"
+            + (
+                f" ({side['int8'].get('reason')})"
+                if side["int8"].get("reason")
+                else " (the model has no labelled test split)"
+            ),
+        }
     return side
 
 
 # ------------------------------------------------------------------------------------------------ fusion
-def fusion(paths: Dict[str, str]) -> Dict[str, Any]:
+def fusion(paths: dict[str, str]) -> dict[str, Any]:
     """:func:`attnzoo.runtime.fusion.audit` of each side's fp32 ONNX, with its markdown table."""
     result = {}
     for side, path in paths.items():
-        def one(path=path) -> Dict[str, Any]:
+
+        def one(path=path) -> dict[str, Any]:
             a = audit(path)
             return {"audit": a, "table": fusion_markdown(a)}
 
@@ -340,14 +439,18 @@ def fusion(paths: Dict[str, str]) -> Dict[str, Any]:
     return result
 
 
-def fusable(variant: str, source: Dict[str, Any], folder: Path, out: Path, side: Dict[str, Any], budget: Budget,
-             work: Path) -> Dict[str, Any]:
+def fusable(
+    variant: str, source: dict[str, Any], folder: Path, out: Path, side: dict[str, Any], budget: Budget, work: Path
+) -> dict[str, Any]:
     """The variant exported at opset 23, where each dot-product core is one standard ``Attention`` op (verified,
     extra math checked), its fusion audit, and its speed against the opset-20 file on ONNX Runtime and OpenVINO
     (:mod:`attnzoo.studies.fusable`: round-robin, batch 1, one thread, parity-checked first)."""
     if models.VARIANTS[models.canonical_name(variant)].pairwise_scores:
-        return {"status": "absent", "reason": "its scores are a pairwise L1 distance, not a dot product: no attention "
-                                              "op computes them, so there is no fusable form"}
+        return {
+            "status": "absent",
+            "reason": "its scores are a pairwise L1 distance, not a dot product: no attention "
+            "op computes them, so there is no fusable form",
+        }
     if side["fp32"]["status"] != "ok":
         return _skipped("the fp32 export did not pass")
     path20, path23 = Path(side["onnx_path"]), folder / f"{variant}_opset23.onnx"
@@ -357,14 +460,19 @@ def fusable(variant: str, source: Dict[str, Any], folder: Path, out: Path, side:
     x = np.random.default_rng(0).standard_normal((1, 3, *hw), dtype=np.float32)
     ref = ort.InferenceSession(str(path20), providers=["CPUExecutionProvider"]).run(None, {"image": x})[0]
     times = time_opsets({20: path20, 23: path23}, x, ref, 1, work / "fusable-cache", budget.fusable_rounds)
-    return {"status": "ok", "file": _rel(path23, out), "extra_math_kept": (r.report.get("extra_math") or {}).get("ok"),
-            "attention_ops": sum(1 for c in found["cores"] if c.get("op")),
-            "fused": {x["runtime"]: [x["fused"], x["cores"]] for x in found["runtimes"] if x["inspected"]},
-            "speed": speedups(times), "rounds": budget.fusable_rounds}
+    return {
+        "status": "ok",
+        "file": _rel(path23, out),
+        "extra_math_kept": (r.report.get("extra_math") or {}).get("ok"),
+        "attention_ops": sum(1 for c in found["cores"] if c.get("op")),
+        "fused": {x["runtime"]: [x["fused"], x["cores"]] for x in found["runtimes"] if x["inspected"]},
+        "speed": speedups(times),
+        "rounds": budget.fusable_rounds,
+    }
 
 
 # ------------------------------------------------------------------------------------------------ cost
-def latency(variant: str, budget: Budget, work: Path, command: str) -> Dict[str, Any]:
+def latency(variant: str, budget: Budget, work: Path, command: str) -> dict[str, Any]:
     """:func:`attnzoo.benchmarks.run.run_benchmark` of ``variant`` (``standard`` added by it) on every backend,
     batch 1 and 8, fp32 and bf16 where this CPU has bf16 units.
 
@@ -381,42 +489,75 @@ def latency(variant: str, budget: Budget, work: Path, command: str) -> Dict[str,
     for i, batch in enumerate(BATCH_SIZES):
         left = budget.latency_time_limit - (time.monotonic() - started)
         if i and left <= 0:
-            interrupted = {"signal": None, "during": f"batch {batch}", "rows_kept": len(r["results"]),
-                           "note": f"stopped at the latency time limit ({budget.latency_time_limit:g} s) before "
-                                   f"batch {', '.join(map(str, BATCH_SIZES[i:]))}"}
+            interrupted = {
+                "signal": None,
+                "during": f"batch {batch}",
+                "rows_kept": len(r["results"]),
+                "note": f"stopped at the latency time limit ({budget.latency_time_limit:g} s) before "
+                f"batch {', '.join(map(str, BATCH_SIZES[i:]))}",
+            }
             break
-        s = bench_run.Settings(variants=[variant], backends=list(backend_names()),
-                               dtypes=["fp32"] + ([] if bf16 else ["bf16"]), batch_sizes=[batch],
-                               arch=budget.latency_arch, threads=1, min_time=budget.latency_min_time,
-                               out=work / "bench", cache_dir=work / "bench-cache",
-                               compile_budget=budget.compile_budget, ceiling_size=0, progress=False,
-                               pair_eager=False, time_limit=max(left, 0.0), command=command)
+        s = bench_run.Settings(
+            variants=[variant],
+            backends=list(backend_names()),
+            dtypes=["fp32"] + ([] if bf16 else ["bf16"]),
+            batch_sizes=[batch],
+            arch=budget.latency_arch,
+            threads=1,
+            min_time=budget.latency_min_time,
+            out=work / "bench",
+            cache_dir=work / "bench-cache",
+            compile_budget=budget.compile_budget,
+            ceiling_size=0,
+            progress=False,
+            pair_eager=False,
+            time_limit=max(left, 0.0),
+            command=command,
+        )
         r = bench_run.run_benchmark(s)
         if (r["interrupted"] or {}).get("signal"):  # the benchmark keeps its rows on a signal; the report stops
             raise Terminated() if r["interrupted"]["signal"] == "SIGTERM" else Interrupted()
         if r["interrupted"]:
             interrupted = r["interrupted"]
             break
-    return {"settings": r["settings"], "bf16": {"rows": bf16 is None, "reason": bf16}, "rows": r["results"],
-            "overheads": r["overheads"], "fastest_cpu": r["fastest_cpu"], "interrupted": interrupted,
-            "note": r["note"], "wall_time_s": time.monotonic() - started}
+    return {
+        "settings": r["settings"],
+        "bf16": {"rows": bf16 is None, "reason": bf16},
+        "rows": r["results"],
+        "overheads": r["overheads"],
+        "fastest_cpu": r["fastest_cpu"],
+        "interrupted": interrupted,
+        "note": r["note"],
+        "wall_time_s": time.monotonic() - started,
+    }
 
 
-def scaling(variant: str, budget: Budget, work: Path, command: str, quick: bool) -> Dict[str, Any]:
+def scaling(variant: str, budget: Budget, work: Path, command: str, quick: bool) -> dict[str, Any]:
     """:func:`attnzoo.studies.scaling.run_scaling` of ``standard`` and ``variant``: latency and peak memory against
     tokens (classifier; a Segmenter encoder where ``budget.seg_sizes``), batch 1.
 
     Its exports share :func:`latency`'s cache: the seeded model at the latency rows' size is exported once for both
     (``export_verified(reuse=True)``), which is most of the time of a variant whose export is slow."""
-    s = scaling_study.Settings(variants=list(dict.fromkeys(["standard", variant])),
-                               backends=budget.scaling_backends, arch=budget.scaling_arch,
-                               sizes=budget.scaling_sizes, seg_sizes=budget.seg_sizes, batch_sizes=(), threads=1,
-                               min_time=budget.scaling_min_time, max_call_s=budget.max_call_s, out=work / "scaling",
-                               cache_dir=work / "bench-cache", progress=False, command=command, quick=quick)
+    s = scaling_study.Settings(
+        variants=list(dict.fromkeys(["standard", variant])),
+        backends=budget.scaling_backends,
+        arch=budget.scaling_arch,
+        sizes=budget.scaling_sizes,
+        seg_sizes=budget.seg_sizes,
+        batch_sizes=(),
+        threads=1,
+        min_time=budget.scaling_min_time,
+        max_call_s=budget.max_call_s,
+        out=work / "scaling",
+        cache_dir=work / "bench-cache",
+        progress=False,
+        command=command,
+        quick=quick,
+    )
     return scaling_study.run_scaling(s)
 
 
-def gpu_rows(variant: str) -> Dict[str, Any]:
+def gpu_rows(variant: str) -> dict[str, Any]:
     """Rows of ``variant`` and ``standard`` from the GPU plan's committed results (``results/gpu-h100/<model>/
     results.json``), each marked with the file it comes from; ``status: absent`` where none are committed."""
     found = []
@@ -426,30 +567,52 @@ def gpu_rows(variant: str) -> Dict[str, Any]:
             continue
         result = json.loads(path.read_text())
         gpu = ((result.get("environment") or {}).get("gpu") or {}).get("name")
-        over = {(o["backend"], o["dtype"], o["batch"]): o for o in result.get("overheads", [])
-                if o.get("variant") == variant}
+        over = {
+            (o["backend"], o["dtype"], o["batch"]): o
+            for o in result.get("overheads", [])
+            if o.get("variant") == variant
+        }
         for r in result.get("results", []):
             # the variant's measured and failed rows (a failed parity check is what its author needs to see),
             # standard's measured rows beside them; skipped rows (a backend not on that machine) are left out
             mine = r.get("variant") == variant and r.get("status") in ("ok", "failed")
             if mine or (r.get("variant") == "standard" and r.get("status") == "ok"):
                 o = over.get((r["backend"], r["dtype"], r["batch"])) if r["variant"] == variant else None
-                found.append({"from": str(path.relative_to(ROOT)), "model": model, "gpu": gpu,
-                              "variant": r["variant"], "backend": r["backend"], "dtype": r["dtype"],
-                              "batch": r["batch"], "status": r["status"],
-                              "median_ms": r.get("median_ms") if r["status"] == "ok" else None,
-                              "reason": r.get("reason") or "", "overhead": o.get("ratio_median") if o else None})
+                found.append(
+                    {
+                        "from": str(path.relative_to(ROOT)),
+                        "model": model,
+                        "gpu": gpu,
+                        "variant": r["variant"],
+                        "backend": r["backend"],
+                        "dtype": r["dtype"],
+                        "batch": r["batch"],
+                        "status": r["status"],
+                        "median_ms": r.get("median_ms") if r["status"] == "ok" else None,
+                        "reason": r.get("reason") or "",
+                        "overhead": o.get("ratio_median") if o else None,
+                    }
+                )
     if not any(r["variant"] == variant for r in found):
-        return {"status": "absent", "reason": f"the GPU plan's committed results (results/gpu-h100/) hold no row "
-                                              f"of {variant} yet", "rows": []}
-    return {"status": "ok", "note": "from the GPU plan's committed results, not measured in this run",
-            "rows": found}
+        return {
+            "status": "absent",
+            "reason": f"the GPU plan's committed results (results/gpu-h100/) hold no row of {variant} yet",
+            "rows": [],
+        }
+    return {"status": "ok", "note": "from the GPU plan's committed results, not measured in this run", "rows": found}
 
 
 # ------------------------------------------------------------------------------------------------ the call
-def report_variant(variant: str, checkpoint: Optional[PathLike] = None, out: Optional[PathLike] = None,
-                   quick: bool = False, *, budget: Optional[Budget] = None, command: str = "",
-                   progress: bool = False) -> ReportResult:
+def report_variant(
+    variant: str,
+    checkpoint: PathLike | None = None,
+    out: PathLike | None = None,
+    quick: bool = False,
+    *,
+    budget: Budget | None = None,
+    command: str = "",
+    progress: bool = False,
+) -> ReportResult:
     """Measure ``variant`` end to end and write its report folder: what ``report-variant`` does.
 
     Args:
@@ -481,7 +644,7 @@ def report_variant(variant: str, checkpoint: Optional[PathLike] = None, out: Opt
     writable_dir(out, "report folder")
     budget = budget or (QUICK if quick else FULL)
     started, cpu_started = time.time(), time.process_time()
-    timings: Dict[str, float] = {}
+    timings: dict[str, float] = {}
 
     def section(name: str, fn: Callable[[], Any]) -> Any:
         if progress:
@@ -492,24 +655,49 @@ def report_variant(variant: str, checkpoint: Optional[PathLike] = None, out: Opt
         return value
 
     sizes = tuple(budget.scaling_sizes)
-    report: Dict[str, Any] = {"schema": SCHEMA, "variant": variant, "quick": quick, "command": command,
-                              "budget": asdict(budget), "environment": environment()}
+    report: dict[str, Any] = {
+        "schema": SCHEMA,
+        "variant": variant,
+        "quick": quick,
+        "command": command,
+        "budget": asdict(budget),
+        "environment": environment(),
+    }
     report["identity"] = section("identity", lambda: _attempt(lambda: identity(variant, budget.latency_arch, sizes)))
     with tempfile.TemporaryDirectory(prefix="attnzoo-report-") as tmp:
         work = Path(tmp)
         src = _source(variant, checkpoint)
-        sides = {variant: section("export", lambda: export_side(variant, src, out / "exports" / variant, out, budget,
-                                                                 ("fp32", "fp16", "int8", "fp8", "tensorrt",
-                                                                  "triton")))}
+        sides = {
+            variant: section(
+                "export",
+                lambda: export_side(
+                    variant,
+                    src,
+                    out / "exports" / variant,
+                    out,
+                    budget,
+                    ("fp32", "fp16", "int8", "fp8", "tensorrt", "triton"),
+                ),
+            )
+        }
         if variant != "standard":
             std_src = _source("standard", None, like=_side_model(sides[variant], src))
-            sides["standard"] = section("export (standard)", lambda: export_side(
-                "standard", std_src, out / "exports" / "standard", out, budget, budget.standard_exports))
+            sides["standard"] = section(
+                "export (standard)",
+                lambda: export_side(
+                    "standard", std_src, out / "exports" / "standard", out, budget, budget.standard_exports
+                ),
+            )
         report["export"] = sides
-        report["fusion"] = section("fusion", lambda: fusion(
-            {k: s["onnx_path"] for k, s in sides.items() if s["fp32"]["status"] == "ok"}))
-        report["fusable"] = section("fusable export", lambda: _attempt(lambda: fusable(
-            variant, src, out / "exports" / variant, out, sides[variant], budget, work)))
+        report["fusion"] = section(
+            "fusion", lambda: fusion({k: s["onnx_path"] for k, s in sides.items() if s["fp32"]["status"] == "ok"})
+        )
+        report["fusable"] = section(
+            "fusable export",
+            lambda: _attempt(
+                lambda: fusable(variant, src, out / "exports" / variant, out, sides[variant], budget, work)
+            ),
+        )
         for s in sides.values():
             s["onnx_path"] = _rel(Path(s["onnx_path"]), out)
         report["cost"] = {
@@ -524,7 +712,7 @@ def report_variant(variant: str, checkpoint: Optional[PathLike] = None, out: Opt
     return ReportResult(report=report, out=out, verdict=verdict, files=files)
 
 
-def _side_model(side: Dict[str, Any], source: Dict[str, Any]) -> Dict[str, Any]:
+def _side_model(side: dict[str, Any], source: dict[str, Any]) -> dict[str, Any]:
     """The arch and task the variant side exported (for ``standard`` to match)."""
     path = side.get("onnx_path")
     if path and Path(path).is_file():
@@ -534,6 +722,6 @@ def _side_model(side: Dict[str, Any], source: Dict[str, Any]) -> Dict[str, Any]:
     return {"arch": source.get("arch"), "task": source.get("task", "cls")}
 
 
-def command_line(argv: Optional[List[str]] = None) -> str:
+def command_line(argv: list[str] | None = None) -> str:
     """The command as typed (for the report)."""
     return "report-variant " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))

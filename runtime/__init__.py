@@ -14,5 +14,17 @@ from .contract import BATCH_DIM, INPUT_NAME, OUTPUT_NAME, ModelContract, config_
 from .parity import TOLERANCES, compare, parity_error, tolerance_key
 from .sessions import ort_session, session_options
 
-__all__ = ["ModelContract", "INPUT_NAME", "OUTPUT_NAME", "BATCH_DIM", "metadata_props", "config_from_props",
-           "TOLERANCES", "tolerance_key", "parity_error", "compare", "ort_session", "session_options"]
+__all__ = [
+    "ModelContract",
+    "INPUT_NAME",
+    "OUTPUT_NAME",
+    "BATCH_DIM",
+    "metadata_props",
+    "config_from_props",
+    "TOLERANCES",
+    "tolerance_key",
+    "parity_error",
+    "compare",
+    "ort_session",
+    "session_options",
+]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import List, Optional
 
 from attnzoo.lazy import lazy_import
 
@@ -14,22 +13,27 @@ from .backends import describe
 torch = lazy_import("torch")
 
 
-def backends_table(dtype: str = "fp32", device: Optional[str] = None) -> str:
+def backends_table(dtype: str = "fp32", device: str | None = None) -> str:
     """Markdown table of :func:`attnzoo.runtime.backends.describe` at ``dtype`` (``device``: the PyTorch device
     of eager / compile; default CUDA when a GPU is visible, else the CPU)."""
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    rows = ["| backend | aliases | takes | computes on | precisions | " + f"runs {dtype} here |", "|---|---|---|---|---|---|"]
+    rows = [
+        "| backend | aliases | takes | computes on | precisions | " + f"runs {dtype} here |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in describe(dtype, device):
         where = device if r["device"] == "torch" else r["device"]
         here = "yes" if r["runs_here"] else f"no: {r['reason']}"
-        rows.append(f"| `{r['name']}` | {', '.join(f'`{a}`' for a in r['aliases']) or '-'} | "
-                    f"{'the PyTorch model' if r['takes'] == 'module' else 'verified ONNX'} | {where} | "
-                    f"{', '.join(r['dtypes'])} | {here} |")
+        rows.append(
+            f"| `{r['name']}` | {', '.join(f'`{a}`' for a in r['aliases']) or '-'} | "
+            f"{'the PyTorch model' if r['takes'] == 'module' else 'verified ONNX'} | {where} | "
+            f"{', '.join(r['dtypes'])} | {here} |"
+        )
     return "\n".join(rows)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m attnzoo.runtime", description=__doc__.splitlines()[0])
     p.add_argument("--dtype", default="fp32", help="the precision to check (default fp32)")
     p.add_argument("--device", default=None, choices=("cpu", "cuda"), help="PyTorch device of eager / compile")

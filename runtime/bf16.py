@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Union
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -39,21 +40,26 @@ evaluate = lazy_import("attnzoo.runtime.evaluate")
 __all__ = ["ACCURACY_GATE", "Bf16AccuracyError", "report_path", "score", "verify_bf16", "bf16_verification_problem"]
 
 #: Largest accuracy drop of bf16 under fp32 (points: top-1 for classifiers, mIoU for segmenters) that is served.
-ACCURACY_GATE: Dict[str, float] = {"cls": 0.25, "seg": 0.5}
+ACCURACY_GATE: dict[str, float] = {"cls": 0.25, "seg": 0.5}
 
 
 class Bf16AccuracyError(ValueError):
     """bf16 lost more accuracy on the test split than :data:`ACCURACY_GATE` allows (the report says by how much)."""
 
 
-def report_path(onnx_path: Union[str, Path], cache_dir: Optional[Union[str, Path]] = None) -> Path:
+def report_path(onnx_path: str | Path, cache_dir: str | Path | None = None) -> Path:
     """Where the bf16 verification of ``onnx_path`` is kept: ``<cache>/bf16/<stem>-<sha256[:16]>.json``."""
     onnx_path = Path(onnx_path)
     return Path(cache_dir or default_cache_dir()) / "bf16" / f"{onnx_path.stem}-{sha256_file(onnx_path)[:16]}.json"
 
 
-def score(runs: Mapping[str, Callable[[np.ndarray], np.ndarray]], config: Mapping[str, Any], *,
-          limit: Optional[int] = None, progress: bool = False) -> Dict[str, Any]:
+def score(
+    runs: Mapping[str, Callable[[np.ndarray], np.ndarray]],
+    config: Mapping[str, Any],
+    *,
+    limit: int | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
     """Score each ``run(x) -> logits`` on the model's test split, all on the same images (the split, size, data
     seed and normalisation of the model's config, as ``export-model --dtype int8`` scores), refusing non-finite
     logits (:func:`attnzoo.runtime.evaluate.predict_session`).
@@ -66,8 +72,9 @@ def score(runs: Mapping[str, Callable[[np.ndarray], np.ndarray]], config: Mappin
         ValueError: the config names no data set (an untrained model has no test split).
     """
     if not config.get("data") or config.get("untrained"):
-        raise ValueError("the model names no data set (untrained or config-less): there is no test split to verify "
-                         "bf16 on")
+        raise ValueError(
+            "the model names no data set (untrained or config-less): there is no test split to verify bf16 on"
+        )
     task, size = config["task"], int(config["img_size"])
     data = datasets.load_data(config["data"], "test", task, size, n=limit, seed=int(config.get("data_seed", 0)))
     x = normalize(data.images, config.get("mean", DEFAULT_MEAN), config.get("std", DEFAULT_STD))
@@ -75,27 +82,33 @@ def score(runs: Mapping[str, Callable[[np.ndarray], np.ndarray]], config: Mappin
     metrics, preds, name = {}, {}, "top1"
     for label, run in tqdm(list(runs.items()), desc="bf16 test-set accuracy", unit="model", disable=not progress):
         pred = evaluate.predict_session(run, x, evaluate.EVAL_BATCH)
-        m = metrics_lib.metrics_from_confusion(metrics_lib.confusion_matrix(y, pred, len(data.class_names)), task,
-                                              data.class_names)
+        m = metrics_lib.metrics_from_confusion(
+            metrics_lib.confusion_matrix(y, pred, len(data.class_names)), task, data.class_names
+        )
         metrics[label], name, preds[label] = float(m["metric"]), m["metric_name"], pred
     first = next(iter(preds.values()))
-    return {"data": config["data"], "split": "test", "n_images": len(data), "metric_name": name, "metrics": metrics,
-            "agreement": {k: float(np.mean(p == first)) for k, p in preds.items()}}
+    return {
+        "data": config["data"],
+        "split": "test",
+        "n_images": len(data),
+        "metric_name": name,
+        "metrics": metrics,
+        "agreement": {k: float(np.mean(p == first)) for k, p in preds.items()},
+    }
 
 
-def _sessions(onnx_path: Path, keep_f32: Sequence[str], threads: Optional[int]):
+def _sessions(onnx_path: Path, keep_f32: Sequence[str], threads: int | None):
     """The fp32 and bf16 OpenVINO sessions of the file (bf16 refused where the CPU has no bf16 units)."""
     bf16 = OpenVINOSession(onnx_path, threads=threads, precision="bf16", keep_f32=keep_f32)
     return OpenVINOSession(onnx_path, threads=threads), bf16
 
 
-def _machine() -> Dict[str, Any]:
+def _machine() -> dict[str, Any]:
     cpu = cpu_info()
     return {"cpu": cpu["model"], "cpu_flags": cpu["key_flags"], "openvino": version()}
 
 
-def bf16_verification_problem(onnx_path: Union[str, Path], cache_dir: Optional[Union[str, Path]] = None
-                              ) -> Optional[str]:
+def bf16_verification_problem(onnx_path: str | Path, cache_dir: str | Path | None = None) -> str | None:
     """Why ``onnx_path`` must not be served at bf16 here (one line), or ``None``: its bf16 report
     (:func:`report_path`) must exist, have passed the gate on the whole test split, and be for this file, this
     OpenVINO version and this CPU."""
@@ -114,14 +127,22 @@ def bf16_verification_problem(onnx_path: Union[str, Path], cache_dir: Optional[U
     if acc.get("limit"):
         return f"its bf16 verification scored only {acc.get('n_images')} test images"
     if not rep.get("passed"):
-        return (f"bf16 is {acc.get('drop', float('nan')):.2f} points below fp32 on the test split (gate "
-                f"{acc.get('gate')})")
+        return (
+            f"bf16 is {acc.get('drop', float('nan')):.2f} points below fp32 on the test split (gate {acc.get('gate')})"
+        )
     return None
 
 
-def verify_bf16(onnx_path: Union[str, Path], config: Mapping[str, Any], keep_f32: Sequence[str], *,
-                cache_dir: Optional[Union[str, Path]] = None, threads: Optional[int] = None,
-                limit: Optional[int] = None, progress: bool = False) -> Dict[str, Any]:
+def verify_bf16(
+    onnx_path: str | Path,
+    config: Mapping[str, Any],
+    keep_f32: Sequence[str],
+    *,
+    cache_dir: str | Path | None = None,
+    threads: int | None = None,
+    limit: int | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
     """Verify ``onnx_path`` (a verified fp32 export) at bf16 on this machine, or reuse the report that did.
 
     Args:
@@ -150,15 +171,22 @@ def verify_bf16(onnx_path: Union[str, Path], config: Mapping[str, Any], keep_f32
     ev = score({"fp32": fp32.run, "bf16": bf16.run}, config, limit=limit, progress=progress)
     gate = ACCURACY_GATE[config["task"]]
     drop = ev["metrics"]["fp32"] - ev["metrics"]["bf16"]
-    report = {"dtype": "bf16", "file": onnx_path.name, "sha256": sha256_file(onnx_path), **_machine(),
-              "passed": bool(drop <= gate and not limit),
-              "accuracy": {**ev, "limit": limit, "drop": drop, "gate": gate, "within_gate": bool(drop <= gate)},
-              "precision_check": precision_summary(bf16.precision_check),
-              "time_s": round(time.perf_counter() - start, 1)}
+    report = {
+        "dtype": "bf16",
+        "file": onnx_path.name,
+        "sha256": sha256_file(onnx_path),
+        **_machine(),
+        "passed": bool(drop <= gate and not limit),
+        "accuracy": {**ev, "limit": limit, "drop": drop, "gate": gate, "within_gate": bool(drop <= gate)},
+        "precision_check": precision_summary(bf16.precision_check),
+        "time_s": round(time.perf_counter() - start, 1),
+    }
     if limit is None:  # a quick check never replaces (or stands for) a verification of the whole split
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(report, indent=1) + "\n")
     if drop > gate:
-        raise Bf16AccuracyError(f"{onnx_path.name}: bf16 {ev['metric_name']} {ev['metrics']['bf16']:.2f} is "
-                                f"{drop:.2f} points below fp32's {ev['metrics']['fp32']:.2f} (gate {gate})")
+        raise Bf16AccuracyError(
+            f"{onnx_path.name}: bf16 {ev['metric_name']} {ev['metrics']['bf16']:.2f} is "
+            f"{drop:.2f} points below fp32's {ev['metrics']['fp32']:.2f} (gate {gate})"
+        )
     return report

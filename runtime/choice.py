@@ -15,9 +15,10 @@ precision is refused).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple
+from typing import Any
 
 import numpy as np
 
@@ -50,27 +51,32 @@ class Choice:
 
     runtime: str
     reason: str
-    median_ms: Dict[str, Dict[str, float]] = field(default_factory=dict)
-    failed: Dict[str, str] = field(default_factory=dict)
+    median_ms: dict[str, dict[str, float]] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
 
 
-def _alternate(fns: Sequence[Callable[[], object]], seconds: float, min_rounds: int = 10) -> List[List[float]]:
+def _alternate(fns: Sequence[Callable[[], object]], seconds: float, min_rounds: int = 10) -> list[list[float]]:
     """Call each of ``fns`` in turn, round after round, for ``seconds`` and ``min_rounds``; per-call times."""
     for fn in fns:  # warm-up: first calls allocate
         fn()
         fn()
-    times: List[List[float]] = [[] for _ in fns]
+    times: list[list[float]] = [[] for _ in fns]
     end = time.perf_counter() + seconds
     while len(times[0]) < min_rounds or time.perf_counter() < end:
-        for fn, out in zip(fns, times):
+        for fn, out in zip(fns, times, strict=False):
             t0 = time.perf_counter()
             fn()
             out.append(time.perf_counter() - t0)
     return times
 
 
-def fastest_cpu_runtime(factories: Mapping[str, RunnerFactory], probes: Sequence[Tuple[Path, Tuple[int, int]]],
-                        seconds: float = 0.3, cpu: str = "", dtype: str = "") -> Choice:
+def fastest_cpu_runtime(
+    factories: Mapping[str, RunnerFactory],
+    probes: Sequence[tuple[Path, tuple[int, int]]],
+    seconds: float = 0.3,
+    cpu: str = "",
+    dtype: str = "",
+) -> Choice:
     """Pick the fastest of ``factories`` on ``probes``.
 
     Args:
@@ -92,9 +98,9 @@ def fastest_cpu_runtime(factories: Mapping[str, RunnerFactory], probes: Sequence
         other = [(Path(p).name, c.dtype) for p, _ in probes for c in [ModelContract.from_onnx(p)] if c.dtype != dtype]
         if other:
             raise ValueError(f"probe {other[0][0]} is {other[0][1]}, not the {dtype} to be served")
-    failed: Dict[str, str] = {}
+    failed: dict[str, str] = {}
     total = {n: 0.0 for n in names}
-    medians: Dict[str, Dict[str, float]] = {}
+    medians: dict[str, dict[str, float]] = {}
     for path, (h, w) in probes:
         x = np.random.default_rng(0).standard_normal((1, 3, h, w), dtype=np.float32)
         fns, runners = {}, []
@@ -107,7 +113,7 @@ def fastest_cpu_runtime(factories: Mapping[str, RunnerFactory], probes: Sequence
                     runners.append(runner)
                     run = getattr(runner, "run", runner)
                     run(x)
-                    fns[n] = (lambda r=run: r(x))
+                    fns[n] = lambda r=run: r(x)
                 except Exception as exc:  # noqa: BLE001 -- a runtime that fails here is out, with its reason
                     failed[n] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
             if not fns:
@@ -116,8 +122,8 @@ def fastest_cpu_runtime(factories: Mapping[str, RunnerFactory], probes: Sequence
         finally:
             for runner in runners:
                 _close(runner)
-        medians[Path(path).name] = {n: float(np.median(t) * 1e3) for n, t in zip(fns, times)}
-        for n, t in zip(fns, times):
+        medians[Path(path).name] = {n: float(np.median(t) * 1e3) for n, t in zip(fns, times, strict=False)}
+        for n, t in zip(fns, times, strict=False):
             total[n] += float(np.median(t))
     alive = [n for n in names if n not in failed]
     where = (f" on this CPU ({cpu})" if cpu else " on this CPU") + (f" for {dtype} models" if dtype else "")
@@ -131,6 +137,8 @@ def fastest_cpu_runtime(factories: Mapping[str, RunnerFactory], probes: Sequence
         return Choice(best, f"{best} (the only CPU runtime that ran{where}; {others})", medians, failed)
     runner_up = min((n for n in alive if n != best), key=lambda n: total[n])
     ratio = total[runner_up] / total[best] if total[best] > 0 else float("nan")
-    reason = (f"{best}, {ratio:.2f}x faster than {runner_up}{where}: summed median latency at batch 1 "
-              f"{total[best] * 1e3:.2f} vs {total[runner_up] * 1e3:.2f} ms on {files}, timed alternately")
+    reason = (
+        f"{best}, {ratio:.2f}x faster than {runner_up}{where}: summed median latency at batch 1 "
+        f"{total[best] * 1e3:.2f} vs {total[runner_up] * 1e3:.2f} ms on {files}, timed alternately"
+    )
     return Choice(best, reason, medians, failed)

@@ -8,9 +8,10 @@ float32 ((batch, K) or (batch, K, H, W)), for fp32 and fp16 graphs alike.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Mapping, Tuple, Union
+from typing import Any
 
 from attnzoo.lazy import lazy_import
 from attnzoo.limits import MAX_ONNX_BYTES, check_side
@@ -19,15 +20,22 @@ from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, INPUT_STYLES, input_st
 onnx = lazy_import("onnx")
 checkpoint = lazy_import("attnzoo.models.checkpoint")  # torch and timm: the runtime imports without them
 
-__all__ = ["INPUT_NAME", "OUTPUT_NAME", "BATCH_DIM", "ModelContract", "metadata_props", "check_onnx_file",
-           "config_from_props"]
+__all__ = [
+    "INPUT_NAME",
+    "OUTPUT_NAME",
+    "BATCH_DIM",
+    "ModelContract",
+    "metadata_props",
+    "check_onnx_file",
+    "config_from_props",
+]
 
 INPUT_NAME = "image"
 OUTPUT_NAME = "logits"
 BATCH_DIM = "batch"
 
 
-def metadata_props(model: Union[str, Path, Any]) -> Dict[str, str]:
+def metadata_props(model: str | Path | Any) -> dict[str, str]:
     """All ``metadata_props`` of an ONNX file (external weights are not loaded) or model proto, as a dict of
     strings. A file is checked to be a regular file within :data:`attnzoo.limits.MAX_ONNX_BYTES` before any byte
     of it is parsed.
@@ -41,7 +49,7 @@ def metadata_props(model: Union[str, Path, Any]) -> Dict[str, str]:
     return {p.key: p.value for p in proto.metadata_props}
 
 
-def check_onnx_file(path: Union[str, Path]) -> None:
+def check_onnx_file(path: str | Path) -> None:
     """``ValueError`` naming ``path`` unless it is a regular file of at most :data:`attnzoo.limits.MAX_ONNX_BYTES`
     (a protobuf cannot be larger; bigger models keep their weights in external data files)."""
     path = Path(path)
@@ -49,11 +57,13 @@ def check_onnx_file(path: Union[str, Path]) -> None:
         raise ValueError(f"{path.name}: not a regular file")
     size = path.stat().st_size
     if size > MAX_ONNX_BYTES:
-        raise ValueError(f"{path.name}: {size / 2**30:.1f} GiB, over the {MAX_ONNX_BYTES / 2**30:.0f} GiB an ONNX file "
-                         "can be (larger models keep their weights in external data); not read")
+        raise ValueError(
+            f"{path.name}: {size / 2**30:.1f} GiB, over the {MAX_ONNX_BYTES / 2**30:.0f} GiB an ONNX file "
+            "can be (larger models keep their weights in external data); not read"
+        )
 
 
-def config_from_props(props: Mapping[str, str], source: Any = "model") -> Dict[str, Any]:
+def config_from_props(props: Mapping[str, str], source: Any = "model") -> dict[str, Any]:
     """The checkpoint config (``attnzoo.config``) from already-read metadata props.
 
     Raises:
@@ -87,19 +97,19 @@ class ModelContract:
     task: str
     arch: str
     dtype: str
-    input_size: Tuple[int, int]
-    class_names: Tuple[str, ...]
-    mean: Tuple[float, ...]
-    std: Tuple[float, ...]
+    input_size: tuple[int, int]
+    class_names: tuple[str, ...]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
     eps: Any
     checkpoint_sha256: str
-    config: Dict[str, Any] = field(repr=False, hash=False, compare=False)
-    props: Dict[str, str] = field(repr=False, hash=False, compare=False)
+    config: dict[str, Any] = field(repr=False, hash=False, compare=False)
+    props: dict[str, str] = field(repr=False, hash=False, compare=False)
     source: str = ""
     input_style: str = "rgb"
 
     @classmethod
-    def from_props(cls, props: Mapping[str, str], source: Any = "model") -> "ModelContract":
+    def from_props(cls, props: Mapping[str, str], source: Any = "model") -> ModelContract:
         """Parse already-read metadata props.
 
         Raises:
@@ -122,21 +132,30 @@ class ModelContract:
         try:
             names = [str(c) for c in config.get("class_names") or range(int(config["num_classes"]))]
             eps = props.get("eps") or None
-            return cls(variant=str(config["variant"]), task=str(config["task"]), arch=str(config.get("arch", "")),
-                       dtype=props.get("dtype", "fp32"), input_size=(int(size[0]), int(size[-1])),
-                       class_names=tuple(names), mean=tuple(float(v) for v in config.get("mean", DEFAULT_MEAN)),
-                       std=tuple(float(v) for v in config.get("std", DEFAULT_STD)),
-                       eps=float(eps) if eps is not None else None,
-                       checkpoint_sha256=props.get("checkpoint_sha256", ""), config=dict(config),
-                       props=dict(props), source=str(source), input_style=style)
+            return cls(
+                variant=str(config["variant"]),
+                task=str(config["task"]),
+                arch=str(config.get("arch", "")),
+                dtype=props.get("dtype", "fp32"),
+                input_size=(int(size[0]), int(size[-1])),
+                class_names=tuple(names),
+                mean=tuple(float(v) for v in config.get("mean", DEFAULT_MEAN)),
+                std=tuple(float(v) for v in config.get("std", DEFAULT_STD)),
+                eps=float(eps) if eps is not None else None,
+                checkpoint_sha256=props.get("checkpoint_sha256", ""),
+                config=dict(config),
+                props=dict(props),
+                source=str(source),
+                input_style=style,
+            )
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise ValueError(f"{source}: malformed attnzoo metadata ({type(exc).__name__}: {exc})") from None
 
     @classmethod
-    def from_onnx(cls, model: Union[str, Path, Any]) -> "ModelContract":
+    def from_onnx(cls, model: str | Path | Any) -> ModelContract:
         """Read the contract of an ONNX file (or proto) without loading its weights."""
         return cls.from_props(metadata_props(model), model if isinstance(model, (str, Path)) else "model")
 
-    def input_shape(self, batch: int) -> Tuple[int, int, int, int]:
+    def input_shape(self, batch: int) -> tuple[int, int, int, int]:
         """The NCHW input shape at ``batch``."""
         return (int(batch), 3, *self.input_size)

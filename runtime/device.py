@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from typing import Iterator, Optional, Tuple
+from collections.abc import Iterator
 
 from attnzoo.lazy import lazy_import
 
@@ -23,7 +23,7 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def tf32_problem(device: str = "cuda") -> Optional[str]:
+def tf32_problem(device: str = "cuda") -> str | None:
     """Why ``tf32`` cannot run on ``device`` (one line), or ``None``: TF32 is a tensor-core mode of NVIDIA GPUs of
     compute capability 8.0 (Ampere) and newer."""
     if not str(device).startswith("cuda"):
@@ -33,8 +33,10 @@ def tf32_problem(device: str = "cuda") -> Optional[str]:
         return "tf32 needs a CUDA GPU of compute capability 8.0+; none is visible"
     major, minor = torch.cuda.get_device_capability(0)
     if major < 8:
-        return (f"tf32 needs compute capability 8.0+ (Ampere or newer); {torch.cuda.get_device_name(0)} is "
-                f"{major}.{minor}: run fp32")
+        return (
+            f"tf32 needs compute capability 8.0+ (Ampere or newer); {torch.cuda.get_device_name(0)} is "
+            f"{major}.{minor}: run fp32"
+        )
     return None
 
 
@@ -75,18 +77,22 @@ class DeviceMemory:
         free, total = torch.cuda.mem_get_info()
         self.used = total - free
 
-    def torch_peak(self) -> Tuple[float, str]:
+    def torch_peak(self) -> tuple[float, str]:
         """MB: PyTorch's peak allocation since the baseline, less what was allocated at it (a PyTorch session)."""
-        return ((torch.cuda.max_memory_allocated() - self.allocated) / 2 ** 20,
-                "peak PyTorch allocation of this session (max_memory_allocated - allocated before it was loaded)")
+        return (
+            (torch.cuda.max_memory_allocated() - self.allocated) / 2**20,
+            "peak PyTorch allocation of this session (max_memory_allocated - allocated before it was loaded)",
+        )
 
-    def device_used(self) -> Tuple[float, str]:
+    def device_used(self) -> tuple[float, str]:
         """MB: device memory in use now less at the baseline (a runtime that allocates outside PyTorch: its
         arena or engine memory, plus its PyTorch input/output buffers)."""
         free, total = torch.cuda.mem_get_info()
-        return ((total - free - self.used) / 2 ** 20,
-                "device memory in use after timing - before the session was loaded (mem_get_info, PyTorch cache "
-                "emptied first)")
+        return (
+            (total - free - self.used) / 2**20,
+            "device memory in use after timing - before the session was loaded (mem_get_info, PyTorch cache "
+            "emptied first)",
+        )
 
 
 def release_cuda_cache() -> None:

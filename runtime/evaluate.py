@@ -29,16 +29,18 @@ def predict_session(sess, images: np.ndarray, batch_size: int = EVAL_BATCH) -> n
     run = sess if callable(sess) else (lambda x, name=sess.get_inputs()[0].name: sess.run(None, {name: x})[0])
     preds = []
     for i in range(0, len(images), batch_size):
-        logits = run(images[i:i + batch_size])
+        logits = run(images[i : i + batch_size])
         if not np.isfinite(logits).all():
-            raise FloatingPointError(f"the ONNX model gives non-finite logits on test images {i}-"
-                                     f"{min(i + batch_size, len(images)) - 1}")
+            raise FloatingPointError(
+                f"the ONNX model gives non-finite logits on test images {i}-{min(i + batch_size, len(images)) - 1}"
+            )
         preds.append(logits.argmax(1))
     return np.concatenate(preds)
 
 
-def evaluate_session(sess, images: np.ndarray, targets: np.ndarray, num_classes: int, task: str,
-                     batch_size: int = EVAL_BATCH) -> np.ndarray:
+def evaluate_session(
+    sess, images: np.ndarray, targets: np.ndarray, num_classes: int, task: str, batch_size: int = EVAL_BATCH
+) -> np.ndarray:
     """Confusion matrix (true x predicted; pixels for seg) of an ONNX session on normalized NCHW images."""
     return metrics.confusion_matrix(targets, predict_session(sess, images, batch_size), num_classes).numpy()
 

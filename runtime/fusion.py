@@ -32,9 +32,10 @@ import re
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any
 
 from attnzoo.cli import entry_point
 from attnzoo.errors import UsageError
@@ -50,12 +51,26 @@ ort = lazy_import("onnxruntime")
 ov = lazy_import("openvino")
 models = lazy_import("attnzoo.models")  # the arch table (timm): read by the transformer optimizer's audit only
 
-__all__ = ["AttentionCore", "attention_cores", "openvino_fusion", "onnxruntime_fusion", "tensorrt_fusion", "audit",
-           "markdown", "main"]
+__all__ = [
+    "AttentionCore",
+    "attention_cores",
+    "openvino_fusion",
+    "onnxruntime_fusion",
+    "tensorrt_fusion",
+    "audit",
+    "markdown",
+    "main",
+]
 
 #: ONNX Runtime contrib ops that compute a whole attention core.
-ORT_ATTENTION_OPS = ("Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention",
-                     "PackedMultiHeadAttention", "SparseAttention")
+ORT_ATTENTION_OPS = (
+    "Attention",
+    "MultiHeadAttention",
+    "GroupQueryAttention",
+    "PackedAttention",
+    "PackedMultiHeadAttention",
+    "SparseAttention",
+)
 #: Ops between the scores' matrix product and the softmax that keep the scores a (scaled, biased) dot product.
 _SCORE_PATH_OPS = ("Mul", "Div", "Add", "Sub", "Cast", "Reshape", "Transpose", "Where")
 _BLOCK = re.compile(r"^(.*?blocks\.\d+)\.attn\b")
@@ -80,11 +95,11 @@ class AttentionCore:
 
     block: str
     softmax: str
-    scores: Optional[str]
-    values: Optional[str]
-    path: List[str]
-    producer: Optional[str] = None
-    op: Optional[str] = None
+    scores: str | None
+    values: str | None
+    path: list[str]
+    producer: str | None = None
+    op: str | None = None
 
     @property
     def dot_product(self) -> bool:
@@ -101,16 +116,16 @@ class AttentionCore:
         return {n for n in (self.scores if self.dot_product else self.producer, self.softmax, self.values) if n}
 
 
-def _load(model: Union[str, Path, onnx.ModelProto]) -> onnx.ModelProto:
+def _load(model: str | Path | onnx.ModelProto) -> onnx.ModelProto:
     return model if isinstance(model, onnx.ModelProto) else onnx.load(str(model), load_external_data=False)
 
 
-def attention_cores(model: Union[str, Path, onnx.ModelProto]) -> List[AttentionCore]:
+def attention_cores(model: str | Path | onnx.ModelProto) -> list[AttentionCore]:
     """Each block's attention cores (a softmax whose output weights values by a matrix product, or one standard
     ``Attention`` op), in graph order."""
     graph = _load(model).graph
     producer = {out: n for n in graph.node for out in n.output}
-    consumers: Dict[str, List[onnx.NodeProto]] = {}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
     for n in graph.node:
         for i in n.input:
             consumers.setdefault(i, []).append(n)
@@ -132,8 +147,10 @@ def attention_cores(model: Union[str, Path, onnx.ModelProto]) -> List[AttentionC
                 break
             path.append(src.name)
             # follow the data input (the first non-constant one)
-            src = next((producer[i] for i in src.input if i in producer
-                        and producer[i].op_type not in ("Constant", "Shape")), None)
+            src = next(
+                (producer[i] for i in src.input if i in producer and producer[i].op_type not in ("Constant", "Shape")),
+                None,
+            )
         values, out = None, node.output[0]
         for _ in range(3):  # through a Cast (fp16 exports) at most
             users = consumers.get(out, [])
@@ -151,15 +168,28 @@ def attention_cores(model: Union[str, Path, onnx.ModelProto]) -> List[AttentionC
     return cores
 
 
-def _verdict(cores: List[AttentionCore], fused: Dict[str, Optional[str]], runtime: str, **extra) -> Dict[str, Any]:
-    per_core = [{"block": c.block, "softmax": c.softmax, "fused": fused.get(c.softmax) is not None,
-                 "kernel": fused.get(c.softmax), "dot_product": c.dot_product} for c in cores]
-    return {"runtime": runtime, "inspected": True, "cores": len(per_core), "fused": sum(c["fused"] for c in per_core),
-            "per_core": per_core, **extra}
+def _verdict(cores: list[AttentionCore], fused: dict[str, str | None], runtime: str, **extra) -> dict[str, Any]:
+    per_core = [
+        {
+            "block": c.block,
+            "softmax": c.softmax,
+            "fused": fused.get(c.softmax) is not None,
+            "kernel": fused.get(c.softmax),
+            "dot_product": c.dot_product,
+        }
+        for c in cores
+    ]
+    return {
+        "runtime": runtime,
+        "inspected": True,
+        "cores": len(per_core),
+        "fused": sum(c["fused"] for c in per_core),
+        "per_core": per_core,
+        **extra,
+    }
 
 
-def openvino_fusion(path: Union[str, Path], cores: Optional[List[AttentionCore]] = None,
-                    threads: int = 1) -> Dict[str, Any]:
+def openvino_fusion(path: str | Path, cores: list[AttentionCore] | None = None, threads: int = 1) -> dict[str, Any]:
     """Which attention cores OpenVINO's CPU plugin runs as one kernel: softmax and both matrix products in one runtime node.
 
     Returns:
@@ -185,7 +215,7 @@ def openvino_fusion(path: Union[str, Path], cores: Optional[List[AttentionCore]]
     return _verdict(cores, fused, "openvino", version=ov.get_version())
 
 
-def _openvino_op_kernel(op_name: str, ops: list, kernels: list, onnx_names: set) -> Optional[str]:
+def _openvino_op_kernel(op_name: str, ops: list, kernels: list, onnx_names: set) -> str | None:
     """The kernel that runs one ONNX ``Attention`` op whole in OpenVINO's runtime model, or None.
 
     The op's kernels are those that carry its name and, upstream of them, those that carry no name of the ONNX
@@ -210,23 +240,23 @@ def _openvino_op_kernel(op_name: str, ops: list, kernels: list, onnx_names: set)
     return kernels[softmax[0]][0] if softmax and not separate else None
 
 
-def _ort_attention(graph: onnx.GraphProto, cores: List[AttentionCore]) -> Dict[str, Optional[str]]:
+def _ort_attention(graph: onnx.GraphProto, cores: list[AttentionCore]) -> dict[str, str | None]:
     """Blocks whose softmax an attention contrib op replaced (its softmax gone, one such op per fused block)."""
     attention = [n for n in graph.node if n.op_type in ORT_ATTENTION_OPS]
     left = {n.name for n in graph.node if n.op_type == "Softmax"}
-    fused: Dict[str, Optional[str]] = {c.softmax: None for c in cores}
+    fused: dict[str, str | None] = {c.softmax: None for c in cores}
     kept = {n.name: n for n in attention if n.domain in ("", "ai.onnx")}
     for c in cores:  # a standard Attention op: fused when the runtime kept it whole (not decomposed)
         if c.op is not None and c.op in kept:
             fused[c.softmax] = f"{c.op} (ai.onnx.Attention)"
     attention = [n for n in attention if n.name not in kept]
     gone = [c for c in cores if c.op is None and c.softmax not in left]
-    for c, op in zip(gone, attention):
+    for c, op in zip(gone, attention, strict=False):
         fused[c.softmax] = f"{op.name or op.op_type} ({op.domain or 'ai.onnx'}.{op.op_type})"
     return fused
 
 
-def _heads_and_width(path: Union[str, Path]) -> Tuple[int, int]:
+def _heads_and_width(path: str | Path) -> tuple[int, int]:
     """(attention heads, embedding width) of an attnzoo export, from its config's arch; (0, 0) when unknown
     (the transformer optimizer then detects them from the graph)."""
     try:
@@ -247,8 +277,9 @@ def _warnings_silenced() -> Iterator[None]:
         logging.disable(previous)
 
 
-def onnxruntime_fusion(path: Union[str, Path], cores: Optional[List[AttentionCore]] = None,
-                       transformer_optimizer: bool = False) -> Dict[str, Any]:
+def onnxruntime_fusion(
+    path: str | Path, cores: list[AttentionCore] | None = None, transformer_optimizer: bool = False
+) -> dict[str, Any]:
     """Which attention cores ONNX Runtime runs as one attention op: in the graph its CPU session optimizes (all levels),
     or, with ``transformer_optimizer``, in the graph of ``onnxruntime.transformers.optimizer`` (``vit``)."""
     cores = attention_cores(path) if cores is None else cores
@@ -258,46 +289,64 @@ def onnxruntime_fusion(path: Union[str, Path], cores: Optional[List[AttentionCor
         num_heads, hidden_size = _heads_and_width(path)
         # its warnings (what it could not fuse, its shape inference) are the audit's result, not news; errors show
         with _warnings_silenced():
-            optimized = optimize_model(str(path), model_type="vit", num_heads=num_heads, hidden_size=hidden_size,
-                                       opt_level=0)
+            optimized = optimize_model(
+                str(path), model_type="vit", num_heads=num_heads, hidden_size=hidden_size, opt_level=0
+            )
         graph = optimized.model.graph
         name = "onnxruntime-transformers"
     else:
         with tempfile.TemporaryDirectory(prefix="attnzoo-fusion-") as tmp:
             out = Path(tmp) / "optimized.onnx"
-            ort.InferenceSession(str(path), session_options(threads=1, optimized_path=out),
-                                 providers=["CPUExecutionProvider"])
+            ort.InferenceSession(
+                str(path), session_options(threads=1, optimized_path=out), providers=["CPUExecutionProvider"]
+            )
             graph = onnx.load(str(out), load_external_data=False).graph
         name = "onnxruntime"
     ops = Counter(n.op_type for n in graph.node if n.op_type in ORT_ATTENTION_OPS)
     return _verdict(cores, _ort_attention(graph, cores), name, version=ort.__version__, attention_ops=dict(ops))
 
 
-def tensorrt_fusion(path: Union[str, Path], cores: Optional[List[AttentionCore]] = None) -> Dict[str, Any]:
+def tensorrt_fusion(path: str | Path, cores: list[AttentionCore] | None = None) -> dict[str, Any]:
     """TensorRT's fused layers can be read only from a deserialized engine (``IEngineInspector``), which needs a
     CUDA GPU; without one the audit reports why, and no verdict."""
     cores = attention_cores(path) if cores is None else cores
     gpu = gpu_info()
-    reason = ("no CUDA GPU here: an engine's layers are read from the deserialized engine (IEngineInspector), "
-              "which TensorRT does only on a GPU") if gpu is None else \
-        "engine inspection on a GPU is not part of this audit yet"
+    reason = (
+        (
+            "no CUDA GPU here: an engine's layers are read from the deserialized engine (IEngineInspector), "
+            "which TensorRT does only on a GPU"
+        )
+        if gpu is None
+        else "engine inspection on a GPU is not part of this audit yet"
+    )
     return {"runtime": "tensorrt", "inspected": False, "cores": len(cores), "fused": None, "reason": reason}
 
 
-def audit(path: Union[str, Path], threads: int = 1) -> Dict[str, Any]:
+def audit(path: str | Path, threads: int = 1) -> dict[str, Any]:
     """The attention cores of an ONNX file and, for each runtime here, which of them it runs fused."""
     cores = attention_cores(path)
-    return {"file": str(path), "cores": [dict(asdict(c), dot_product=c.dot_product) for c in cores],
-            "runtimes": [openvino_fusion(path, cores, threads), onnxruntime_fusion(path, cores),
-                         onnxruntime_fusion(path, cores, transformer_optimizer=True), tensorrt_fusion(path, cores)]}
+    return {
+        "file": str(path),
+        "cores": [dict(asdict(c), dot_product=c.dot_product) for c in cores],
+        "runtimes": [
+            openvino_fusion(path, cores, threads),
+            onnxruntime_fusion(path, cores),
+            onnxruntime_fusion(path, cores, transformer_optimizer=True),
+            tensorrt_fusion(path, cores),
+        ],
+    }
 
 
-def markdown(result: Dict[str, Any]) -> str:
+def markdown(result: dict[str, Any]) -> str:
     """One row per runtime: its fused cores of all, and the kernel that computes the first fused one."""
     cores = result["cores"]
     dot = sum(c["dot_product"] for c in cores)
-    lines = [f"{len(cores)} attention cores, {dot} with dot-product scores (the form attention fusion matches)", "",
-             "| runtime | fused cores | kernel (first fused core) |", "|---|---|---|"]
+    lines = [
+        f"{len(cores)} attention cores, {dot} with dot-product scores (the form attention fusion matches)",
+        "",
+        "| runtime | fused cores | kernel (first fused core) |",
+        "|---|---|---|",
+    ]
     for r in result["runtimes"]:
         if not r["inspected"]:
             lines.append(f"| {r['runtime']} | not inspected | {r['reason']} |")
@@ -308,7 +357,7 @@ def markdown(result: Dict[str, Any]) -> str:
 
 
 @entry_point
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m attnzoo.runtime.fusion", description=__doc__.splitlines()[0])
     p.add_argument("onnx", type=Path, help="an ONNX file (an attnzoo export or any ViT-like model)")
     p.add_argument("--json", action="store_true", help="print the whole audit as JSON")

@@ -43,8 +43,9 @@ import os
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any
 
 import numpy as np
 
@@ -57,14 +58,31 @@ from .contract import INPUT_NAME, OUTPUT_NAME
 ov = lazy_import("openvino")
 opset = lazy_import("openvino.opset13")
 
-__all__ = ["HINTS", "PRECISIONS", "MATMUL_LAYERS", "unavailable_reason", "bf16_unavailable_reason", "version",
-           "error_message", "read_onnx", "compile_onnx", "OpenVINOSession", "pin_f32", "runtime_precisions",
-           "check_runtime_precisions", "precision_summary", "PrecisionCheckError", "nncf_unavailable_reason",
-           "nncf_int8", "fake_quantized", "NNCFCheckError"]
+__all__ = [
+    "HINTS",
+    "PRECISIONS",
+    "MATMUL_LAYERS",
+    "unavailable_reason",
+    "bf16_unavailable_reason",
+    "version",
+    "error_message",
+    "read_onnx",
+    "compile_onnx",
+    "OpenVINOSession",
+    "pin_f32",
+    "runtime_precisions",
+    "check_runtime_precisions",
+    "precision_summary",
+    "PrecisionCheckError",
+    "nncf_unavailable_reason",
+    "nncf_int8",
+    "fake_quantized",
+    "NNCFCheckError",
+]
 
 HINTS = ("LATENCY", "THROUGHPUT")
 #: attnzoo precision -> OpenVINO's ``INFERENCE_PRECISION_HINT``.
-PRECISIONS: Dict[str, str] = {"fp32": "f32", "bf16": "bf16"}
+PRECISIONS: dict[str, str] = {"fp32": "f32", "bf16": "bf16"}
 #: Runtime-model layer types of the matrix products: outside the extra math they must run at the inference
 #: precision for bf16 to be in effect at all.
 MATMUL_LAYERS = ("FullyConnected", "MatMul", "Convolution")
@@ -80,7 +98,7 @@ class PrecisionCheckError(RuntimeError):
     """OpenVINO's runtime model does not run the precisions asked for (extra math at f32, matmuls at bf16)."""
 
 
-def unavailable_reason() -> Optional[str]:
+def unavailable_reason() -> str | None:
     """Why OpenVINO cannot run here (one line), or ``None`` when it can."""
     try:
         core = ov.Core  # the first attribute read imports openvino
@@ -91,7 +109,7 @@ def unavailable_reason() -> Optional[str]:
     return None
 
 
-def bf16_unavailable_reason() -> Optional[str]:
+def bf16_unavailable_reason() -> str | None:
     """Why OpenVINO cannot run bf16 here (one line), or ``None``: the CPU needs bf16 units
     (:func:`attnzoo.machine.bf16_problem`) and OpenVINO's CPU plugin must report its ``BF16`` capability (it has
     bf16 kernels on x86 only). Without them OpenVINO would compile a bf16 request at f32 without saying so."""
@@ -111,7 +129,7 @@ def _refuse_bf16() -> None:
         raise ValueError(f"bf16: {reason}")
 
 
-def version() -> Optional[str]:
+def version() -> str | None:
     """The installed OpenVINO version, or ``None``."""
     try:
         get_version = ov.get_version  # the first attribute read imports openvino
@@ -128,7 +146,7 @@ def error_message(exc: BaseException) -> str:
     return (useful or lines or [type(exc).__name__])[-1]
 
 
-def read_onnx(path: Union[str, Path], batch: Optional[int] = None):
+def read_onnx(path: str | Path, batch: int | None = None):
     """OpenVINO's model of an ONNX file (or IR ``.xml``), its batch dimension fixed to ``batch`` when given.
 
     Raises:
@@ -147,8 +165,15 @@ def read_onnx(path: Union[str, Path], batch: Optional[int] = None):
     return model
 
 
-def compile_onnx(path: Union[str, Path, Any], *, threads: Optional[int] = None, batch: Optional[int] = None,
-                 hint: str = "LATENCY", pin: bool = False, precision: str = "fp32"):
+def compile_onnx(
+    path: str | Path | Any,
+    *,
+    threads: int | None = None,
+    batch: int | None = None,
+    hint: str = "LATENCY",
+    pin: bool = False,
+    precision: str = "fp32",
+):
     """An ``openvino.CompiledModel`` of an ONNX file on the CPU, with the settings of the module docstring.
 
     Args:
@@ -175,8 +200,11 @@ def compile_onnx(path: Union[str, Path, Any], *, threads: Optional[int] = None, 
     if precision == "bf16":
         _refuse_bf16()
     model = path if isinstance(path, ov.Model) else read_onnx(path, batch)
-    config: Dict[str, Any] = {"PERFORMANCE_HINT": hint, "INFERENCE_PRECISION_HINT": PRECISIONS[precision],
-                              "ENABLE_CPU_PINNING": bool(pin)}
+    config: dict[str, Any] = {
+        "PERFORMANCE_HINT": hint,
+        "INFERENCE_PRECISION_HINT": PRECISIONS[precision],
+        "ENABLE_CPU_PINNING": bool(pin),
+    }
     if threads is not None:
         config["INFERENCE_NUM_THREADS"] = int(threads)
     off_altstack()  # the plugin may leave this thread on an unmapped alternate stack (attnzoo.signals)
@@ -199,14 +227,24 @@ class OpenVINOSession:
             (:func:`check_runtime_precisions`).
     """
 
-    def __init__(self, path: Union[str, Path], *, threads: Optional[int] = None, batch: Optional[int] = None,
-                 hint: str = "LATENCY", pin: bool = False, precision: str = "fp32",
-                 keep_f32: Optional[Sequence[str]] = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        threads: int | None = None,
+        batch: int | None = None,
+        hint: str = "LATENCY",
+        pin: bool = False,
+        precision: str = "fp32",
+        keep_f32: Sequence[str] | None = None,
+    ) -> None:
         if precision == "bf16":  # refused before any work
             _refuse_bf16()
             if keep_f32 is None:
-                raise ValueError("bf16 needs the names of the ops to keep at f32 (the variant's extra math, "
-                                 "attnzoo.export.quantize.extra_math_nodes; an empty list for a variant without)")
+                raise ValueError(
+                    "bf16 needs the names of the ops to keep at f32 (the variant's extra math, "
+                    "attnzoo.export.quantize.extra_math_nodes; an empty list for a variant without)"
+                )
         model, pinned, missing = read_onnx(path, batch), [], []
         if keep_f32 is not None:
             model, pinned, missing = pin_f32(model, keep_f32)
@@ -236,13 +274,18 @@ class OpenVINOSession:
             return np.array(self.infer(x), dtype=np.float32)
         if self.batch != 1:
             raise ValueError(f"this OpenVINO model is compiled for batch {self.batch}, got {len(x)} images")
-        return np.concatenate([np.array(self.infer(x[i:i + 1]), dtype=np.float32) for i in range(len(x))])
+        return np.concatenate([np.array(self.infer(x[i : i + 1]), dtype=np.float32) for i in range(len(x))])
 
-    def info(self) -> Dict[str, Any]:
+    def info(self) -> dict[str, Any]:
         """The settings the compiled model ended up with (what a benchmark row reports)."""
         props = {}
-        for key in ("INFERENCE_NUM_THREADS", "PERFORMANCE_HINT", "INFERENCE_PRECISION_HINT", "NUM_STREAMS",
-                    "ENABLE_CPU_PINNING"):
+        for key in (
+            "INFERENCE_NUM_THREADS",
+            "PERFORMANCE_HINT",
+            "INFERENCE_PRECISION_HINT",
+            "NUM_STREAMS",
+            "ENABLE_CPU_PINNING",
+        ):
             try:
                 value = self.compiled.get_property(key)
             except Exception:  # noqa: BLE001 -- a property this version does not report is left out
@@ -278,7 +321,7 @@ def _negated_add(model: Any, sub: Any) -> str:
     return negate.get_friendly_name()
 
 
-def pin_f32(model: Any, names: Sequence[str]) -> Tuple[Any, List[str], List[str]]:
+def pin_f32(model: Any, names: Sequence[str]) -> tuple[Any, list[str], list[str]]:
     """Pin the ops ``names`` of an OpenVINO model to f32 under a lower inference precision (module docstring).
 
     The model goes through OpenVINO's IR serializer and reader (in memory) so that each pin becomes the CPU
@@ -297,8 +340,10 @@ def pin_f32(model: Any, names: Sequence[str]) -> Tuple[Any, List[str], List[str]
     missing = [n for n in names if n not in by_name]
     pinned = [n for n in names if n in by_name]
     if names and not pinned:
-        raise PrecisionCheckError(f"none of the {len(names)} ops to keep at f32 (e.g. {list(names)[0]}) is an op of "
-                                  "OpenVINO's model of the file: nothing can be pinned or checked")
+        raise PrecisionCheckError(
+            f"none of the {len(names)} ops to keep at f32 (e.g. {list(names)[0]}) is an op of "
+            "OpenVINO's model of the file: nothing can be pinned or checked"
+        )
     pinned += [_negated_add(model, by_name[n]) for n in list(pinned) if by_name[n].get_type_name() == "Subtract"]
     wanted = set(pinned)
     for op in model.get_ordered_ops():
@@ -345,7 +390,7 @@ def _carries_input(op: Any, in_extra: set) -> bool:
     return True
 
 
-def runtime_precisions(compiled: Any, pinned: Sequence[str], missing: Sequence[str] = ()) -> Dict[str, Any]:
+def runtime_precisions(compiled: Any, pinned: Sequence[str], missing: Sequence[str] = ()) -> dict[str, Any]:
     """What OpenVINO's compiled model runs at, read back from its runtime model (``get_runtime_model()``: one
     node per executed kernel, with the ``runtimePrecision``, ``layerType`` and ``originalLayersNames`` of the
     model's ops it computes).
@@ -372,8 +417,7 @@ def runtime_precisions(compiled: Any, pinned: Sequence[str], missing: Sequence[s
     other: Counter = Counter()
     not_f32, unpinned, not_infer, carried, nodes = [], [], [], [], 0
     runtime = compiled.get_runtime_model().get_ordered_ops()
-    in_extra = {op.get_friendly_name() for op in runtime
-                if wanted & set(_rt(op, "originalLayersNames").split(","))}
+    in_extra = {op.get_friendly_name() for op in runtime if wanted & set(_rt(op, "originalLayersNames").split(","))}
     for op in runtime:
         layer, prec = _rt(op, "layerType"), _rt(op, "runtimePrecision")
         if layer in ("Input", "Output", "Const", "Parameter", "Result", "Constant"):
@@ -395,15 +439,23 @@ def runtime_precisions(compiled: Any, pinned: Sequence[str], missing: Sequence[s
                 not_infer.append(f"{op.get_friendly_name()} ({layer}, {prec})")
         else:
             other[prec] += 1
-    return {"inference_precision": infer,
-            "extra_math": {"ops": len(wanted), "missing": list(missing), "runtime_nodes": nodes,
-                           "by_precision": dict(extra), "not_f32": not_f32, "unpinned": unpinned,
-                           "carried": carried},
-            "matmuls": {"by_precision": dict(matmuls), "not_inference_precision": not_infer},
-            "other": {"by_precision": dict(other)}}
+    return {
+        "inference_precision": infer,
+        "extra_math": {
+            "ops": len(wanted),
+            "missing": list(missing),
+            "runtime_nodes": nodes,
+            "by_precision": dict(extra),
+            "not_f32": not_f32,
+            "unpinned": unpinned,
+            "carried": carried,
+        },
+        "matmuls": {"by_precision": dict(matmuls), "not_inference_precision": not_infer},
+        "other": {"by_precision": dict(other)},
+    }
 
 
-def check_runtime_precisions(report: Dict[str, Any], precision: str) -> None:
+def check_runtime_precisions(report: dict[str, Any], precision: str) -> None:
     """Refuse a compiled model whose runtime model (:func:`runtime_precisions`) does not run ``precision``: it
     must have compiled at that inference precision, every runtime node computing a pinned op at f32, and (bf16)
     its matrix products outside the pinned ops at bf16.
@@ -416,26 +468,37 @@ def check_runtime_precisions(report: Dict[str, Any], precision: str) -> None:
         raise PrecisionCheckError(f"OpenVINO compiled the model at {report['inference_precision']}, not {want}")
     x = report["extra_math"]
     if x["ops"] and not x["runtime_nodes"]:
-        raise PrecisionCheckError(f"none of the {x['ops']} pinned ops appears in OpenVINO's runtime model: their "
-                                  "precision cannot be read back")
+        raise PrecisionCheckError(
+            f"none of the {x['ops']} pinned ops appears in OpenVINO's runtime model: their "
+            "precision cannot be read back"
+        )
     if x["not_f32"]:
-        raise PrecisionCheckError(f"{len(x['not_f32'])} of {x['runtime_nodes']} runtime nodes of the extra math do not "
-                                  f"run at f32 under {want}, e.g. {x['not_f32'][0]}")
+        raise PrecisionCheckError(
+            f"{len(x['not_f32'])} of {x['runtime_nodes']} runtime nodes of the extra math do not "
+            f"run at f32 under {want}, e.g. {x['not_f32'][0]}"
+        )
     m = report["matmuls"]
     if want != "f32" and (m["not_inference_precision"] or not m["by_precision"]):
         example = m["not_inference_precision"][0] if m["not_inference_precision"] else "none found"
-        raise PrecisionCheckError(f"the matrix products outside the extra math do not all run at {want} "
-                                  f"({m['by_precision'] or 'none'}; e.g. {example}): {want} is not in effect")
+        raise PrecisionCheckError(
+            f"the matrix products outside the extra math do not all run at {want} "
+            f"({m['by_precision'] or 'none'}; e.g. {example}): {want} is not in effect"
+        )
 
 
-def precision_summary(report: Dict[str, Any]) -> Dict[str, Any]:
+def precision_summary(report: dict[str, Any]) -> dict[str, Any]:
     """A compact :func:`runtime_precisions` report (counts, and at most 3 examples per list) for a results row."""
     x, m = report["extra_math"], report["matmuls"]
-    return {"inference_precision": report["inference_precision"],
-            "extra_math_ops": x["ops"], "extra_math_missing": len(x["missing"]),
-            "extra_math_runtime_nodes": x["by_precision"], "extra_math_not_f32": x["not_f32"][:3],
-            "extra_math_unpinned": x["unpinned"][:3], "extra_math_carried": len(x.get("carried", [])),
-            "matmuls": m["by_precision"]}
+    return {
+        "inference_precision": report["inference_precision"],
+        "extra_math_ops": x["ops"],
+        "extra_math_missing": len(x["missing"]),
+        "extra_math_runtime_nodes": x["by_precision"],
+        "extra_math_not_f32": x["not_f32"][:3],
+        "extra_math_unpinned": x["unpinned"][:3],
+        "extra_math_carried": len(x.get("carried", [])),
+        "matmuls": m["by_precision"],
+    }
 
 
 # ------------------------------------------------------------------------------------------------ NNCF int8
@@ -447,7 +510,7 @@ class NNCFCheckError(RuntimeError):
     """The NNCF model quantized an op it was told to leave alone, or quantized nothing."""
 
 
-def nncf_unavailable_reason() -> Optional[str]:
+def nncf_unavailable_reason() -> str | None:
     """Why NNCF int8 cannot be made here (one line), or ``None``."""
     reason = unavailable_reason()
     if reason:
@@ -459,7 +522,7 @@ def nncf_unavailable_reason() -> Optional[str]:
     return None
 
 
-def fake_quantized(model: Any, names: Sequence[str]) -> List[str]:
+def fake_quantized(model: Any, names: Sequence[str]) -> list[str]:
     """The ops of ``names`` in an OpenVINO model that read an input produced by a FakeQuantize (through layout
     ops only): with the extra math in the ignored scope this must be empty."""
     ops = {op.get_friendly_name(): op for op in model.get_ordered_ops()}
@@ -478,8 +541,14 @@ def fake_quantized(model: Any, names: Sequence[str]) -> List[str]:
     return hit
 
 
-def nncf_int8(onnx_path: Union[str, Path], out: Union[str, Path], calibration: np.ndarray, *,
-              ignored: Sequence[str] = (), model_type: Optional[str] = "transformer") -> Dict[str, Any]:
+def nncf_int8(
+    onnx_path: str | Path,
+    out: str | Path,
+    calibration: np.ndarray,
+    *,
+    ignored: Sequence[str] = (),
+    model_type: str | None = "transformer",
+) -> dict[str, Any]:
     """NNCF post-training int8 quantization of the OpenVINO model of an fp32 ONNX file; checked, then written.
 
     Args:
@@ -511,9 +580,11 @@ def nncf_int8(onnx_path: Union[str, Path], out: Union[str, Path], calibration: n
     present = {op.get_friendly_name() for op in model.get_ordered_ops()}
     found = [n for n in ignored if n in present]
     if ignored and not found:  # the check below would then test nothing
-        raise NNCFCheckError(f"none of the {len(ignored)} extra-math op names (e.g. {list(ignored)[0]}) is an op of "
-                             "OpenVINO's model of the ONNX file: the ignored scope cannot be applied or checked")
-    kwargs: Dict[str, Any] = {"subset_size": len(calibration)}
+        raise NNCFCheckError(
+            f"none of the {len(ignored)} extra-math op names (e.g. {list(ignored)[0]}) is an op of "
+            "OpenVINO's model of the ONNX file: the ignored scope cannot be applied or checked"
+        )
+    kwargs: dict[str, Any] = {"subset_size": len(calibration)}
     if found:
         kwargs["ignored_scope"] = nncf.IgnoredScope(names=found)
     if model_type == "transformer":
@@ -521,8 +592,7 @@ def nncf_int8(onnx_path: Union[str, Path], out: Union[str, Path], calibration: n
     elif model_type is not None:
         raise ValueError(f"unknown model_type {model_type!r}; valid: transformer, None")
     start = time.perf_counter()
-    quantized = nncf.quantize(model, nncf.Dataset([calibration[i:i + 1] for i in range(len(calibration))]),
-                              **kwargs)
+    quantized = nncf.quantize(model, nncf.Dataset([calibration[i : i + 1] for i in range(len(calibration))]), **kwargs)
     elapsed = time.perf_counter() - start
     fq = sum(op.get_type_name() == "FakeQuantize" for op in quantized.get_ordered_ops())
     leaked = fake_quantized(quantized, found)
@@ -539,7 +609,16 @@ def nncf_int8(onnx_path: Union[str, Path], out: Union[str, Path], calibration: n
     finally:
         tmp.unlink(missing_ok=True)
         tmp.with_suffix(".bin").unlink(missing_ok=True)
-    return {"quantizer": "nncf.quantize (OpenVINO model of the fp32 ONNX)", "nncf": nncf.__version__,
-            "openvino": version(), "model_type": model_type or "default", "calibration_count": len(calibration),
-            "fake_quantize": fq, "ignored_found": len(found), "ignored_missing": [n for n in ignored if n not in present],
-            "ignored_fake_quantized": leaked, "time_s": round(elapsed, 3), "path": str(out)}
+    return {
+        "quantizer": "nncf.quantize (OpenVINO model of the fp32 ONNX)",
+        "nncf": nncf.__version__,
+        "openvino": version(),
+        "model_type": model_type or "default",
+        "calibration_count": len(calibration),
+        "fake_quantize": fq,
+        "ignored_found": len(found),
+        "ignored_missing": [n for n in ignored if n not in present],
+        "ignored_fake_quantized": leaked,
+        "time_s": round(elapsed, 3),
+        "path": str(out),
+    }

@@ -9,8 +9,9 @@ depends on the run (the fidelity, the accuracy, the ``auto`` placement's decisio
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any
 
 __all__ = ["QuantizeReport", "QuantizationReport"]
 
@@ -35,18 +36,18 @@ class QuantizeReport:
     quantizer: str
     quantizer_version: str
     mode: str
-    calibration: Dict[str, Any]
-    excluded_nodes: List[str]
-    qdq: Dict[str, Any]
+    calibration: dict[str, Any]
+    excluded_nodes: list[str]
+    qdq: dict[str, Any]
     time_s: float
-    options: Dict[str, Any] = field(default_factory=dict)
-    extra_math_inputs_unquantized: List[str] = field(default_factory=list)
+    options: dict[str, Any] = field(default_factory=dict)
+    extra_math_inputs_unquantized: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "QuantizeReport":
+    def from_dict(cls, data: Mapping[str, Any]) -> QuantizeReport:
         """Read the ``quantization`` entry; ``ValueError`` naming what is missing, unknown or mistyped."""
         return cls(**_checked(cls, data, "quantization"))
 
@@ -80,24 +81,24 @@ class QuantizationReport:
     task: str
     arch: str
     dtype: str
-    fp32_source: Dict[str, Any]
+    fp32_source: dict[str, Any]
     quantization: QuantizeReport
     quantize_extra_math: bool
-    extra_math_scope_check: Dict[str, Any]
-    fidelity: Optional[Dict[str, Any]]
-    accuracy: Dict[str, Any]
-    warnings: List[str]
+    extra_math_scope_check: dict[str, Any]
+    fidelity: dict[str, Any] | None
+    accuracy: dict[str, Any]
+    warnings: list[str]
     file_size: int
     sha256: str
     num_nodes: int
-    op_histogram: Dict[str, int]
+    op_histogram: dict[str, int]
     batch_dim: str
     onnxruntime: str
     verified: str
     passed: bool = False
-    failures: List[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """The JSON object (fields in order, :class:`QuantizeReport` as an object)."""
         return asdict(self)
 
@@ -106,14 +107,14 @@ class QuantizationReport:
         return json.dumps(self.to_dict(), indent=2) + "\n"
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "QuantizationReport":
+    def from_dict(cls, data: Mapping[str, Any]) -> QuantizationReport:
         """Read a report object; ``ValueError`` naming what is missing, unknown or mistyped."""
         values = _checked(cls, data, "report")
         values["quantization"] = QuantizeReport.from_dict(values["quantization"])
         return cls(**values)
 
     @classmethod
-    def from_json(cls, text: str) -> "QuantizationReport":
+    def from_json(cls, text: str) -> QuantizationReport:
         """Read a report file's text (:meth:`from_dict`); ``ValueError`` for text that is not a JSON object."""
         data = json.loads(text)
         if not isinstance(data, dict):
@@ -125,7 +126,7 @@ class QuantizationReport:
 _JSON_TYPES = {"str": (str,), "bool": (bool,), "int": (int,), "float": (int, float), "QuantizeReport": (dict,)}
 
 
-def _checked(cls: type, data: Mapping[str, Any], what: str) -> Dict[str, Any]:
+def _checked(cls: type, data: Mapping[str, Any], what: str) -> dict[str, Any]:
     """``data``'s values for ``cls``'s fields, each present (unless it has a default) and of its JSON type."""
     if not isinstance(data, Mapping):
         raise ValueError(f"{what}: not a JSON object")
@@ -141,9 +142,9 @@ def _checked(cls: type, data: Mapping[str, Any], what: str) -> Dict[str, Any]:
         base = kind.removeprefix("Optional[").removesuffix("]")
         if value is None and kind.startswith("Optional["):
             continue
-        want = _JSON_TYPES.get(base) or ((dict,) if base.startswith("Dict") else (list,) if base.startswith("List")
-                                         else (object,))
+        want = _JSON_TYPES.get(base) or (
+            (dict,) if base.startswith("Dict") else (list,) if base.startswith("List") else (object,)
+        )
         if not isinstance(value, want) or (isinstance(value, bool) and bool not in want):
             raise ValueError(f"{what}: {name} is {type(value).__name__}, expected {base}")
     return dict(data)
-

@@ -16,8 +16,9 @@ the tolerance of fp32.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any
 
 from attnzoo.fileio import sha256_file
 from attnzoo.lazy import lazy_import
@@ -26,19 +27,31 @@ from .quantization_report import QuantizationReport
 
 ort = lazy_import("onnxruntime")
 
-__all__ = ["PROVIDERS", "LEVELS", "QUANTIZED_DTYPES", "SERVED_DTYPES", "MAX_REPORT_BYTES", "served_precision", "serves",
-           "available_providers", "session_options", "providers_for", "ort_session", "read_report",
-           "verification_problem"]
+__all__ = [
+    "PROVIDERS",
+    "LEVELS",
+    "QUANTIZED_DTYPES",
+    "SERVED_DTYPES",
+    "MAX_REPORT_BYTES",
+    "served_precision",
+    "serves",
+    "available_providers",
+    "session_options",
+    "providers_for",
+    "ort_session",
+    "read_report",
+    "verification_problem",
+]
 
-PROVIDERS: Tuple[str, ...] = ("cpu", "cuda", "tensorrt-ep")
-LEVELS: Tuple[str, ...] = ("disable", "basic", "extended", "all")
+PROVIDERS: tuple[str, ...] = ("cpu", "cuda", "tensorrt-ep")
+LEVELS: tuple[str, ...] = ("disable", "basic", "extended", "all")
 #: Graph precisions whose served files must also have been scored on a test split (:func:`verification_problem`).
-QUANTIZED_DTYPES: Tuple[str, ...] = ("int8", "fp8")
+QUANTIZED_DTYPES: tuple[str, ...] = ("int8", "fp8")
 #: What the demo's and serve-models' ``--dtype`` select: ``fp32``, the unquantized exports (fp32 and fp16
 #: graphs, both with fp32 input and output), ``int8``, verified int8 Q/DQ graphs (:func:`served_precision`), or
 #: ``bf16``, the fp32 exports run by OpenVINO at bf16 on a CPU with bf16 units, each verified on its test split
 #: first (:mod:`attnzoo.runtime.bf16`).
-SERVED_DTYPES: Tuple[str, ...] = ("fp32", "int8", "bf16")
+SERVED_DTYPES: tuple[str, ...] = ("fp32", "int8", "bf16")
 
 
 def served_precision(graph_dtype: str) -> str:
@@ -54,7 +67,7 @@ def serves(dtype: str, graph_dtype: str) -> bool:
     return graph_dtype == "fp32" if dtype == "bf16" else served_precision(graph_dtype) == dtype
 
 
-def available_providers() -> Tuple[str, ...]:
+def available_providers() -> tuple[str, ...]:
     """Execution providers of the installed onnxruntime (empty when it is not installed)."""
     try:
         return tuple(ort.get_available_providers())
@@ -62,8 +75,14 @@ def available_providers() -> Tuple[str, ...]:
         return ()
 
 
-def session_options(threads: Optional[int] = None, level: str = "all", optimized_path: Optional[Path] = None,
-                    profile_prefix: Optional[str] = None, sequential: bool = True, spinning: bool = True):
+def session_options(
+    threads: int | None = None,
+    level: str = "all",
+    optimized_path: Path | None = None,
+    profile_prefix: str | None = None,
+    sequential: bool = True,
+    spinning: bool = True,
+):
     """``onnxruntime.SessionOptions``.
 
     Args:
@@ -76,10 +95,12 @@ def session_options(threads: Optional[int] = None, level: str = "all", optimized
     """
     if level not in LEVELS:
         raise ValueError(f"unknown optimization level {level!r}; valid: {', '.join(LEVELS)}")
-    levels = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-              "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-              "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-              "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+    levels = {
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }
     so = ort.SessionOptions()
     so.graph_optimization_level = levels[level]
     so.log_severity_level = 3
@@ -98,8 +119,9 @@ def session_options(threads: Optional[int] = None, level: str = "all", optimized
     return so
 
 
-def providers_for(provider: str = "cpu", *, cuda_graph: bool = False, tf32: bool = False,
-                  cache_dir: Optional[Path] = None) -> List[Any]:
+def providers_for(
+    provider: str = "cpu", *, cuda_graph: bool = False, tf32: bool = False, cache_dir: Path | None = None
+) -> list[Any]:
     """The provider list for ``provider`` (one of :data:`PROVIDERS`; see the module docstring).
 
     Precision is set explicitly, never left to a provider's default: the CUDA provider's ``use_tf32`` (on by
@@ -118,20 +140,29 @@ def providers_for(provider: str = "cpu", *, cuda_graph: bool = False, tf32: bool
         return ["CPUExecutionProvider"]
     wanted = "CUDAExecutionProvider" if provider == "cuda" else "TensorrtExecutionProvider"
     if wanted not in available_providers():
-        raise ValueError(f"onnxruntime has no {wanted} (install onnxruntime-gpu"
-                         f"{' with the TensorRT libraries' if provider == 'tensorrt-ep' else ''})")
+        raise ValueError(
+            f"onnxruntime has no {wanted} (install onnxruntime-gpu"
+            f"{' with the TensorRT libraries' if provider == 'tensorrt-ep' else ''})"
+        )
     cuda = {"use_tf32": "1" if tf32 else "0"}
     if provider == "cuda":
         return [("CUDAExecutionProvider", {**cuda, "enable_cuda_graph": "1" if cuda_graph else "0"})]
-    opts: Dict[str, Any] = {"trt_cuda_graph_enable": bool(cuda_graph)}
+    opts: dict[str, Any] = {"trt_cuda_graph_enable": bool(cuda_graph)}
     if cache_dir is not None:
         Path(cache_dir).mkdir(parents=True, exist_ok=True)
         opts.update(trt_engine_cache_enable=True, trt_engine_cache_path=str(cache_dir))
     return [("TensorrtExecutionProvider", opts), ("CUDAExecutionProvider", cuda)]
 
 
-def ort_session(model: Union[str, Path, bytes], provider: str = "cpu", *, threads: Optional[int] = None,
-                options=None, providers: Optional[Sequence[Any]] = None, **provider_kwargs: Any):
+def ort_session(
+    model: str | Path | bytes,
+    provider: str = "cpu",
+    *,
+    threads: int | None = None,
+    options=None,
+    providers: Sequence[Any] | None = None,
+    **provider_kwargs: Any,
+):
     """An ``onnxruntime.InferenceSession`` for an ONNX file (or serialized model).
 
     Args:
@@ -152,7 +183,7 @@ def ort_session(model: Union[str, Path, bytes], provider: str = "cpu", *, thread
 MAX_REPORT_BYTES = 16 * 2**20
 
 
-def read_report(path: Union[str, Path]) -> Dict[str, Any]:
+def read_report(path: str | Path) -> dict[str, Any]:
     """A verification report (JSON object) read with bounds: ``ValueError`` naming the file when it is missing,
     not a regular file, over :data:`MAX_REPORT_BYTES`, not JSON, nested too deep to parse, or not an object."""
     path = Path(path)
@@ -160,8 +191,9 @@ def read_report(path: Union[str, Path]) -> Dict[str, Any]:
         if not path.is_file():
             raise ValueError("missing or not a regular file")
         if path.stat().st_size > MAX_REPORT_BYTES:
-            raise ValueError(f"{path.stat().st_size / 2**20:.0f} MiB, over the {MAX_REPORT_BYTES / 2**20:.0f} MiB "
-                             "a report can be")
+            raise ValueError(
+                f"{path.stat().st_size / 2**20:.0f} MiB, over the {MAX_REPORT_BYTES / 2**20:.0f} MiB a report can be"
+            )
         report = json.loads(path.read_text())
     except RecursionError:
         raise ValueError(f"{path.name} is not a verification report (JSON nested too deep)") from None
@@ -172,7 +204,7 @@ def read_report(path: Union[str, Path]) -> Dict[str, Any]:
     return report
 
 
-def verification_problem(path: Union[str, Path], dtype: str) -> Optional[str]:
+def verification_problem(path: str | Path, dtype: str) -> str | None:
     """Why the exported model ``path`` (graph precision ``dtype``) must not be served (one line), or ``None``.
 
     Served only when its ``<model>.report.json`` -- written by ``export-model`` (and the zoo's export) after its
@@ -185,8 +217,10 @@ def verification_problem(path: Union[str, Path], dtype: str) -> Optional[str]:
     path = Path(path)
     report_file = path.with_suffix(".report.json")
     if not report_file.exists():
-        return (f"no verification report {report_file.name} beside it (export it with export-model"
-                f"{' --dtype ' + dtype if dtype != 'fp32' else ''})")
+        return (
+            f"no verification report {report_file.name} beside it (export it with export-model"
+            f"{' --dtype ' + dtype if dtype != 'fp32' else ''})"
+        )
     try:
         rep = read_report(report_file)
     except ValueError as exc:
@@ -207,9 +241,13 @@ def verification_problem(path: Union[str, Path], dtype: str) -> Optional[str]:
     if not acc.get("metrics"):
         return f"{path.name} was not scored on a test set ({acc.get('warning') or acc.get('reason') or 'no accuracy'})"
     if acc.get("limit"):
-        return (f"{path.name} was scored on only {acc.get('n_images')} test images (--eval-limit); export it without "
-                "--eval-limit to serve it")
+        return (
+            f"{path.name} was scored on only {acc.get('n_images')} test images (--eval-limit); export it without "
+            "--eval-limit to serve it"
+        )
     if not acc.get("within_tolerance"):
-        return (f"{path.name} is {acc.get('drop', float('nan')):.2f} points below fp32 (tolerance "
-                f"{acc.get('tolerance')}; written with --accept-accuracy-drop)")
+        return (
+            f"{path.name} is {acc.get('drop', float('nan')):.2f} points below fp32 (tolerance "
+            f"{acc.get('tolerance')}; written with --accept-accuracy-drop)"
+        )
     return None

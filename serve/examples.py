@@ -12,7 +12,6 @@ import functools
 import hashlib
 import json
 from pathlib import Path
-from typing import Dict, List, Optional
 
 import numpy as np
 from PIL import Image
@@ -37,7 +36,7 @@ def pixel_hash(image: Image.Image) -> str:
 
 
 @functools.lru_cache(maxsize=4)
-def index(folder: Path = EXAMPLES_DIR) -> Dict:
+def index(folder: Path = EXAMPLES_DIR) -> dict:
     """The parsed ``index.json`` (``{"examples": [...]}``); empty when the folder has none."""
     path = Path(folder) / INDEX_NAME
     return json.loads(path.read_text()) if path.is_file() else {"examples": []}
@@ -48,18 +47,18 @@ def title(folder: Path = EXAMPLES_DIR) -> str:
     return index(folder).get("title", "examples")
 
 
-def example_paths(task: Optional[str] = None, folder: Path = EXAMPLES_DIR) -> List[str]:
+def example_paths(task: str | None = None, folder: Path = EXAMPLES_DIR) -> list[str]:
     """Paths of the example images for ``task`` (``cls``/``seg``; all when None)."""
     return [str(Path(folder) / e["image"]) for e in index(folder)["examples"] if task in (None, e["task"])]
 
 
-def find_example(image: Image.Image, folder: Path = EXAMPLES_DIR) -> Optional[Dict]:
+def find_example(image: Image.Image, folder: Path = EXAMPLES_DIR) -> dict | None:
     """The index entry of the example whose pixels equal ``image``'s, or None."""
     digest = pixel_hash(image)
     return next((e for e in index(folder)["examples"] if e["sha256"] == digest), None)
 
 
-def true_mask(entry: Dict, folder: Path = EXAMPLES_DIR) -> Optional[np.ndarray]:
+def true_mask(entry: dict, folder: Path = EXAMPLES_DIR) -> np.ndarray | None:
     """The true class-index mask of a segmentation example (None for a classification example)."""
     return np.asarray(Image.open(Path(folder) / entry["mask"]), dtype=np.uint8) if entry.get("mask") else None
 
@@ -69,7 +68,7 @@ def _save_png(array: np.ndarray, path: Path) -> None:
         Image.fromarray(array).save(tmp, format="PNG")
 
 
-def generate(folder: Path = EXAMPLES_DIR, n_cls: int = 6, n_seg: int = 4, seed: int = 0) -> Dict:
+def generate(folder: Path = EXAMPLES_DIR, n_cls: int = 6, n_seg: int = 4, seed: int = 0) -> dict:
     """Write ``n_cls`` classification images and ``n_seg`` segmentation scenes (PNG, masks as 8-bit class
     indices) and ``index.json`` into ``folder``; return the index.
 
@@ -86,22 +85,36 @@ def generate(folder: Path = EXAMPLES_DIR, n_cls: int = 6, n_seg: int = 4, seed: 
     firsts = [int(np.flatnonzero(cls.labels == c)[0]) for c in range(min(n_cls, len(cls_names)))]
     for i, j in enumerate(firsts):
         name = f"fashion_cls_{i}"
-        entry = {"image": f"{name}.png", "task": "cls", "sha256": pixel_hash(Image.fromarray(cls.images[j])),
-                 "label": cls_names[int(cls.labels[j])], "test_index": j}
+        entry = {
+            "image": f"{name}.png",
+            "task": "cls",
+            "sha256": pixel_hash(Image.fromarray(cls.images[j])),
+            "label": cls_names[int(cls.labels[j])],
+            "test_index": j,
+        }
         _save_png(cls.images[j], folder / entry["image"])
         entries.append(entry)
-    seg = fashion("test", "seg", recipes["fashion/seg"]["img_size"], n_seg, seed,
-                  scene=recipes["fashion/seg"].get("scene"))
+    seg = fashion(
+        "test", "seg", recipes["fashion/seg"]["img_size"], n_seg, seed, scene=recipes["fashion/seg"].get("scene")
+    )
     for i in range(n_seg):
         name = f"fashion_seg_{i}"
-        entry = {"image": f"{name}.png", "task": "seg", "sha256": pixel_hash(Image.fromarray(seg.images[i])),
-                 "mask": f"{name}_mask.png", "classes": sorted({seg_names[c] for c in np.unique(seg.masks[i])})}
+        entry = {
+            "image": f"{name}.png",
+            "task": "seg",
+            "sha256": pixel_hash(Image.fromarray(seg.images[i])),
+            "mask": f"{name}_mask.png",
+            "classes": sorted({seg_names[c] for c in np.unique(seg.masks[i])}),
+        }
         _save_png(seg.images[i], folder / entry["image"])
         _save_png(seg.masks[i], folder / entry["mask"])
         entries.append(entry)
-    data = {"title": "Fashion-MNIST test images", "generator": {"function": "attnzoo.serve.examples.generate",
-                                                             "split": "test", "seed": seed},
-            "classes": {"cls": list(cls_names), "seg": list(seg_names)}, "examples": entries}
+    data = {
+        "title": "Fashion-MNIST test images",
+        "generator": {"function": "attnzoo.serve.examples.generate", "split": "test", "seed": seed},
+        "classes": {"cls": list(cls_names), "seg": list(seg_names)},
+        "examples": entries,
+    }
     keep = {e["image"] for e in entries} | {e["mask"] for e in entries if "mask" in e}
     for old in folder.glob("*.png"):  # examples of an earlier generator
         if old.name not in keep:
@@ -111,7 +124,7 @@ def generate(folder: Path = EXAMPLES_DIR, n_cls: int = 6, n_seg: int = 4, seed: 
     return data
 
 
-def main(argv: Optional[List[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     """``python -m attnzoo.serve.examples [--out DIR] [--n-cls N] [--n-seg N]``."""
     parser = argparse.ArgumentParser(description="Regenerate the demo's example images.")
     parser.add_argument("--out", type=Path, default=EXAMPLES_DIR)

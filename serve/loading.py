@@ -17,20 +17,19 @@ is intact (:func:`attnzoo.runtime.sessions.verification_problem`); otherwise it 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import contextvars
 import hashlib
+import io
 import json
+import subprocess
 import sys
 import threading
 from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
-
-import atexit
-import io
-import subprocess
 
 import numpy as np
 from tqdm import tqdm
@@ -41,8 +40,14 @@ from attnzoo.fileio import default_cache_dir, sha256_file
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_info
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, input_style_of
-from attnzoo.runtime.backends import (ONNX_REFERENCE, LoadOptions, Session, check_against_reference, cpu_runtimes,
-                                      get_backend)
+from attnzoo.runtime.backends import (
+    ONNX_REFERENCE,
+    LoadOptions,
+    Session,
+    check_against_reference,
+    cpu_runtimes,
+    get_backend,
+)
 from attnzoo.runtime.bf16 import verify_bf16
 from attnzoo.runtime.choice import fastest_cpu_runtime
 from attnzoo.runtime.contract import ModelContract
@@ -59,9 +64,25 @@ quantize = lazy_import("attnzoo.export.quantize")
 onnx = lazy_import("onnx")
 httpx = lazy_import("httpx")
 
-__all__ = ["AUTO", "REFERENCE", "resolve_backend", "ServedModel", "load_models", "zoo_rows", "load_onnx_dir", "load_checkpoint_dir",
-           "load_zoo_torch", "load_zoo_onnx", "export_zoo", "zoo_onnx_name",
-           "choose_cpu_backend", "load_remote", "RemoteError", "load_bf16_models", "recording_skips"]
+__all__ = [
+    "AUTO",
+    "REFERENCE",
+    "resolve_backend",
+    "ServedModel",
+    "load_models",
+    "zoo_rows",
+    "load_onnx_dir",
+    "load_checkpoint_dir",
+    "load_zoo_torch",
+    "load_zoo_onnx",
+    "export_zoo",
+    "zoo_onnx_name",
+    "choose_cpu_backend",
+    "load_remote",
+    "RemoteError",
+    "load_bf16_models",
+    "recording_skips",
+]
 
 #: ``--backend auto``: the faster of the registry's CPU runtimes on this machine, measured at start-up on the
 #: served files; any other value is a backend of :mod:`attnzoo.runtime.backends` (a name or an alias).
@@ -97,10 +118,10 @@ class ServedModel:
     name: str
     variant: str
     task: str
-    class_names: List[str]
-    input_size: Tuple[int, int]
-    mean: Tuple[float, ...]
-    std: Tuple[float, ...]
+    class_names: list[str]
+    input_size: tuple[int, int]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
     fixed_size: bool
     run: Callable[[np.ndarray], np.ndarray] = field(repr=False)
     source: str = ""
@@ -108,7 +129,7 @@ class ServedModel:
     arch: str = ""
     backend_note: str = ""
     input_style: str = "rgb"
-    score: Optional[float] = None
+    score: float | None = None
     score_name: str = ""
     dtype: str = "fp32"
 
@@ -128,12 +149,14 @@ def resolve_backend(name: str) -> str:
         raise ValueError(f"{exc}; or {AUTO} (the faster CPU runtime here, measured)") from None
     reason = backend.unavailable_reason("fp32", "cpu")
     if reason:
-        raise ValueError(f"the {backend.name} backend is not available: {reason}; use --backend {AUTO} (the faster "
-                         "CPU runtime here) instead")
+        raise ValueError(
+            f"the {backend.name} backend is not available: {reason}; use --backend {AUTO} (the faster "
+            "CPU runtime here) instead"
+        )
     return backend.name
 
 
-def _session(path: Path, backend: str, threads: Optional[int], cache_dir: Optional[Path], contract=None) -> Session:
+def _session(path: Path, backend: str, threads: int | None, cache_dir: Path | None, contract=None) -> Session:
     """A verified ONNX file loaded by ``backend``; a backend other than ONNX Runtime's CPU provider (the export's
     own reference) is checked against it on the same file first
     (:func:`attnzoo.runtime.backends.check_against_reference`). A backend with a
@@ -142,8 +165,11 @@ def _session(path: Path, backend: str, threads: Optional[int], cache_dir: Option
     batch 1 to :data:`SLIDING_BATCH`, once, in the one engine cache (:func:`attnzoo.runtime.tensorrt.build_cached`,
     under ``<cache>/tensorrt``)."""
     b = get_backend(backend)
-    engine = dict(batch_sizes=(1, SLIDING_BATCH), cache_dir=Path(cache_dir or default_cache_dir())) \
-        if b.builds_engine else {}
+    engine = (
+        dict(batch_sizes=(1, SLIDING_BATCH), cache_dir=Path(cache_dir or default_cache_dir()))
+        if b.builds_engine
+        else {}
+    )
     session = b.load(path, b.options(threads=threads, batch=b.serving_batch, **engine))
     try:
         if b.name != REFERENCE:
@@ -154,12 +180,15 @@ def _session(path: Path, backend: str, threads: Optional[int], cache_dir: Option
     return session
 
 
-def choose_cpu_backend(folder: Path, threads: Optional[int] = None, dtype: Optional[str] = None) -> Tuple[str, str]:
+def choose_cpu_backend(folder: Path, threads: int | None = None, dtype: str | None = None) -> tuple[str, str]:
     """``auto``: the faster CPU runtime of the registry on this machine, timed on the first valid classifier and
     segmenter of ``folder`` (only files of precision ``dtype`` when given, and only servable ones: a quantized
     file must pass :func:`attnzoo.runtime.sessions.verification_problem`); returns ``(backend, one-line reason)``."""
-    installed = {b.name: (lambda p, b=b: b.load(p, b.options(threads=threads, batch=1)))
-                 for b in cpu_runtimes() if b.unavailable_reason("fp32", "cpu") is None}
+    installed = {
+        b.name: (lambda p, b=b: b.load(p, b.options(threads=threads, batch=1)))
+        for b in cpu_runtimes()
+        if b.unavailable_reason("fp32", "cpu") is None
+    }
     if len(installed) < 2:
         only = next(iter(installed), REFERENCE)
         return only, f"{only} (the only CPU runtime installed)"
@@ -178,18 +207,35 @@ def choose_cpu_backend(folder: Path, threads: Optional[int] = None, dtype: Optio
     return choice.runtime, choice.reason
 
 
-def _from_config(config: Dict, run: Callable, fixed: bool, source: Path, backend: str,
-                 input_size: Optional[Sequence[int]] = None, input_style: Optional[str] = None) -> ServedModel:
+def _from_config(
+    config: dict,
+    run: Callable,
+    fixed: bool,
+    source: Path,
+    backend: str,
+    input_size: Sequence[int] | None = None,
+    input_style: str | None = None,
+) -> ServedModel:
     size = input_size or (config["img_size"], config["img_size"])
     names = [str(c) for c in config.get("class_names") or range(int(config["num_classes"]))]
     return ServedModel(
-        name=str(config["variant"]), variant=str(config["variant"]), task=str(config["task"]), class_names=names,
-        input_size=(int(size[0]), int(size[1])), mean=tuple(config.get("mean", DEFAULT_MEAN)),
-        std=tuple(config.get("std", DEFAULT_STD)), fixed_size=fixed, run=run, source=str(source),
-        backend=backend, arch=str(config.get("arch", "")), input_style=input_style or input_style_of(config))
+        name=str(config["variant"]),
+        variant=str(config["variant"]),
+        task=str(config["task"]),
+        class_names=names,
+        input_size=(int(size[0]), int(size[1])),
+        mean=tuple(config.get("mean", DEFAULT_MEAN)),
+        std=tuple(config.get("std", DEFAULT_STD)),
+        fixed_size=fixed,
+        run=run,
+        source=str(source),
+        backend=backend,
+        arch=str(config.get("arch", "")),
+        input_style=input_style or input_style_of(config),
+    )
 
 
-def _unique_names(models: List[ServedModel]) -> List[ServedModel]:
+def _unique_names(models: list[ServedModel]) -> list[ServedModel]:
     """Label each model by its variant, or by its file name where a variant appears twice for a task; sort
     them in ``VARIANT_NAMES`` order."""
     counts = Counter((m.task, m.variant) for m in models)
@@ -213,7 +259,7 @@ def _warmed_up(m: ServedModel) -> ServedModel:
     return m
 
 
-def _model_files(directory: Path, suffix: str) -> List[Path]:
+def _model_files(directory: Path, suffix: str) -> list[Path]:
     """The regular files ``*<suffix>`` of ``directory``; anything else with that name (a FIFO, a device, a
     folder) is skipped with a warning, never opened."""
     paths = []
@@ -233,14 +279,14 @@ def _skip(path: Path, exc: BaseException) -> None:
 
 
 #: The files skipped while :func:`recording_skips` is active (``None`` outside it).
-_SKIPS: "contextvars.ContextVar[Optional[Dict[str, str]]]" = contextvars.ContextVar("attnzoo_skips", default=None)
+_SKIPS: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("attnzoo_skips", default=None)
 
 
 @contextlib.contextmanager
-def recording_skips() -> Iterator[Dict[str, str]]:
+def recording_skips() -> Iterator[dict[str, str]]:
     """Inside, every model file the loaders skip is also recorded as ``{file name: reason}``, for a caller whose
     stderr does not reach the user (a Ray Serve replica: the driver prints what its replicas skipped)."""
-    recorded: Dict[str, str] = {}
+    recorded: dict[str, str] = {}
     token = _SKIPS.set(recorded)
     try:
         yield recorded
@@ -248,9 +294,14 @@ def recording_skips() -> Iterator[Dict[str, str]]:
         _SKIPS.reset(token)
 
 
-def load_onnx_dir(directory: Path, backend: str = REFERENCE, threads: Optional[int] = None,
-                  cache_dir: Optional[Path] = None, only: Optional[Sequence[str]] = None,
-                  dtype: Optional[str] = None) -> List[ServedModel]:
+def load_onnx_dir(
+    directory: Path,
+    backend: str = REFERENCE,
+    threads: int | None = None,
+    cache_dir: Path | None = None,
+    only: Sequence[str] | None = None,
+    dtype: str | None = None,
+) -> list[ServedModel]:
     """Every attnzoo ``.onnx`` file of ``directory`` (``only``: just these file names; ``dtype``: just the files
     :func:`attnzoo.runtime.sessions.served_precision` serves at that ``--dtype``), each with one reused ONNX
     session of ``backend``. A file that is not an attnzoo model, is larger than an ONNX file can be, has invalid
@@ -270,8 +321,9 @@ def load_onnx_dir(directory: Path, backend: str = REFERENCE, threads: Optional[i
             if problem:
                 raise ValueError(f"not served: {problem}")
             session = _session(path, backend, threads, cache_dir, contract)
-            served = _from_config(config, session.run, session.fixed_size, path, session.backend, input_size,
-                                  contract.input_style)
+            served = _from_config(
+                config, session.run, session.fixed_size, path, session.backend, input_size, contract.input_style
+            )
             served.dtype = contract.dtype
             models.append(_warmed_up(served))
         except Exception as exc:  # onnx, onnxruntime and tensorrt raise their own types; skip the file, say why
@@ -279,7 +331,7 @@ def load_onnx_dir(directory: Path, backend: str = REFERENCE, threads: Optional[i
     return models
 
 
-def load_checkpoint_dir(directory: Path) -> List[ServedModel]:
+def load_checkpoint_dir(directory: Path) -> list[ServedModel]:
     """Every ``.safetensors`` checkpoint of ``directory``, run by PyTorch (segmenters take any size); bad
     files are skipped with a warning, as in :func:`load_onnx_dir`."""
     models = []
@@ -294,21 +346,24 @@ def load_checkpoint_dir(directory: Path) -> List[ServedModel]:
     return models
 
 
-def zoo_rows(data: str, variants: Optional[Sequence[str]] = None,
-              tasks: Optional[Sequence[str]] = None) -> List[Dict]:
+def zoo_rows(data: str, variants: Sequence[str] | None = None, tasks: Sequence[str] | None = None) -> list[dict]:
     """Manifest rows trained on ``data`` (only ``variants`` / ``tasks`` when given; an unknown variant or a
     selection the zoo lacks is a ``ValueError`` naming what it has)."""
     rows = [e for e in zoo.entries() if e["data"] == data]
     if not rows:
         have = sorted({e["data"] for e in zoo.entries()})
-        raise ValueError(f"the zoo has no models trained on {data!r} (it has: {', '.join(have) or 'none'}); "
-                         "serve a folder of exported models with --models DIR")
+        raise ValueError(
+            f"the zoo has no models trained on {data!r} (it has: {', '.join(have) or 'none'}); "
+            "serve a folder of exported models with --models DIR"
+        )
     wanted = None if variants is None else {registry.canonical_name(v) for v in variants}
     chosen = [e for e in rows if (wanted is None or e["variant"] in wanted) and (tasks is None or e["task"] in tasks)]
     if not chosen:
         have = sorted(f"{e['variant']}/{e['task']}" for e in rows)
-        raise ValueError(f"the zoo has no {data!r} model of {', '.join(sorted(wanted or ['any variant']))} for task "
-                         f"{', '.join(tasks or ['any'])}; it has: {', '.join(have)}")
+        raise ValueError(
+            f"the zoo has no {data!r} model of {', '.join(sorted(wanted or ['any variant']))} for task "
+            f"{', '.join(tasks or ['any'])}; it has: {', '.join(have)}"
+        )
     return chosen
 
 
@@ -318,24 +373,34 @@ def zoo_onnx_name(variant: str, task: str, data: str = DEFAULT_DATA, dtype: str 
     return name if dtype == "fp32" else name.replace(".onnx", f"_{dtype}.onnx")
 
 
-def _quantize_zoo(fp32: Path, out: Path, config: Dict, data: str) -> None:
+def _quantize_zoo(fp32: Path, out: Path, config: dict, data: str) -> None:
     """The verified int8 copy of a zoo export (``export-model --dtype int8 --qdq-placement cpu``'s code: the
     demo and serve-models run it on the CPU; calibrated on the model's training images, scored on its test split,
     refused beyond the tolerance), unless the one at ``out`` is intact and made from this fp32 file so."""
     if out.is_file() and verification_problem(out, "int8") is None:  # its report then reads as a QuantizationReport
         made = QuantizationReport.from_dict(read_report(out.with_suffix(".report.json")))
-        if (made.fp32_source.get("sha256") == sha256_file(fp32)
-                and made.quantization.options.get("placement") == quantize.CPU_QDQ_PLACEMENT):
+        if (
+            made.fp32_source.get("sha256") == sha256_file(fp32)
+            and made.quantization.options.get("placement") == quantize.CPU_QDQ_PLACEMENT
+        ):
             return
-    calibration = quantize.calibration_images(config, quantize.DEFAULT_CALIBRATION_COUNT,
-                                              quantize.DEFAULT_CALIBRATION_SEED)
-    quantize.quantize_verified(fp32, out, config, dtype="int8", calibration=calibration,
-                               calibration_source=f"{len(calibration)} {data} training images",
-                               calibration_seed=quantize.DEFAULT_CALIBRATION_SEED, progress=True,
-                               placement=quantize.CPU_QDQ_PLACEMENT)
+    calibration = quantize.calibration_images(
+        config, quantize.DEFAULT_CALIBRATION_COUNT, quantize.DEFAULT_CALIBRATION_SEED
+    )
+    quantize.quantize_verified(
+        fp32,
+        out,
+        config,
+        dtype="int8",
+        calibration=calibration,
+        calibration_source=f"{len(calibration)} {data} training images",
+        calibration_seed=quantize.DEFAULT_CALIBRATION_SEED,
+        progress=True,
+        placement=quantize.CPU_QDQ_PLACEMENT,
+    )
 
 
-def load_zoo_torch(data: str = DEFAULT_DATA) -> List[ServedModel]:
+def load_zoo_torch(data: str = DEFAULT_DATA) -> list[ServedModel]:
     """The zoo's checkpoints trained on ``data``, run by PyTorch."""
     models, rows = [], zoo_rows(data)
     for e in rows:
@@ -346,8 +411,13 @@ def load_zoo_torch(data: str = DEFAULT_DATA) -> List[ServedModel]:
     return _with_scores(models, rows)
 
 
-def export_zoo(data: str = DEFAULT_DATA, cache_dir: Optional[Path] = None, variants: Optional[Sequence[str]] = None,
-               tasks: Optional[Sequence[str]] = None, dtype: str = "fp32") -> Path:
+def export_zoo(
+    data: str = DEFAULT_DATA,
+    cache_dir: Path | None = None,
+    variants: Sequence[str] | None = None,
+    tasks: Sequence[str] | None = None,
+    dtype: str = "fp32",
+) -> Path:
     """Export the zoo's models trained on ``data`` (only ``variants`` / ``tasks`` when given) to ONNX once;
     return the folder.
 
@@ -367,8 +437,11 @@ def export_zoo(data: str = DEFAULT_DATA, cache_dir: Optional[Path] = None, varia
         """Exported from this checkpoint, and its extra-math scopes are the variant's (older code may have
         declared others)."""
         try:
-            return (path.is_file() and export.metadata_props(path).get("checkpoint_sha256") == sha
-                    and export.check_extra_math(path)["ok"])
+            return (
+                path.is_file()
+                and export.metadata_props(path).get("checkpoint_sha256") == sha
+                and export.check_extra_math(path)["ok"]
+            )
         except Exception:  # a damaged file is exported again
             return False
 
@@ -385,8 +458,12 @@ def export_zoo(data: str = DEFAULT_DATA, cache_dir: Optional[Path] = None, varia
         for e in rows:
             fp32 = folder / zoo_onnx_name(e["variant"], e["task"], data)
             try:
-                _quantize_zoo(fp32, folder / zoo_onnx_name(e["variant"], e["task"], data, dtype),
-                              zoo.load(e["variant"], e["task"], data)[1], data)
+                _quantize_zoo(
+                    fp32,
+                    folder / zoo_onnx_name(e["variant"], e["task"], data, dtype),
+                    zoo.load(e["variant"], e["task"], data)[1],
+                    data,
+                )
             except Exception as exc:  # noqa: BLE001 -- this model is not served in int8; say why, go on
                 _warn(f"{e['variant']} {e['task']}: no {dtype} model: {first_line(exc)}")
     return folder
@@ -400,11 +477,12 @@ class _LazyZooRunner:
     """``run`` of a zoo model that is exported (verified), loaded and warmed up on its first call, or earlier by
     :func:`load_zoo_onnx`'s background export."""
 
-    def __init__(self, row: Dict, data: str, backend: str, threads: Optional[int], cache_dir: Optional[Path],
-                 dtype: str = "fp32"):
+    def __init__(
+        self, row: dict, data: str, backend: str, threads: int | None, cache_dir: Path | None, dtype: str = "fp32"
+    ):
         self.row, self.data, self.backend, self.threads, self.cache_dir = row, data, backend, threads, cache_dir
         self.dtype = dtype
-        self._run: Optional[Callable[[np.ndarray], np.ndarray]] = None
+        self._run: Callable[[np.ndarray], np.ndarray] | None = None
 
     def ready(self) -> Callable[[np.ndarray], np.ndarray]:
         """The loaded model's ``run`` (exporting and loading it first if needed); ``ValueError`` if it fails."""
@@ -424,8 +502,13 @@ class _LazyZooRunner:
         return self.ready()(x)
 
 
-def export_zoo_in_child(data: str, cache_dir: Optional[Path], wanted: Sequence[Tuple[str, str]],
-                        dtype: str = "fp32", while_running: Optional[Callable[[], None]] = None) -> int:
+def export_zoo_in_child(
+    data: str,
+    cache_dir: Path | None,
+    wanted: Sequence[tuple[str, str]],
+    dtype: str = "fp32",
+    while_running: Callable[[], None] | None = None,
+) -> int:
     """Export (verified, as :func:`export_zoo` does) the zoo models ``wanted`` (``(variant, task)`` pairs) in a
     child process at the lowest CPU priority: its own interpreter, so a torch export never holds the caller's
     GIL while a request waits. Waits for it (calling ``while_running`` every 2 s meanwhile, e.g. to publish the
@@ -433,12 +516,14 @@ def export_zoo_in_child(data: str, cache_dir: Optional[Path], wanted: Sequence[T
     written whole or not at all)."""
     # the child lowers its own priority first: preexec_fn is not safe in a process with threads (Ray's, the
     # demo's server)
-    code = ("import os, sys, json\n"
-            "if hasattr(os, 'nice'): os.nice(19)\n"
-            "from pathlib import Path; from attnzoo.serve.loading import export_zoo\n"
-            "data, cache, wanted, dtype = json.loads(sys.argv[1])\n"
-            "for v, t in wanted:\n"
-            "    export_zoo(data, Path(cache) if cache else None, variants=[v], tasks=[t], dtype=dtype)\n")
+    code = (
+        "import os, sys, json\n"
+        "if hasattr(os, 'nice'): os.nice(19)\n"
+        "from pathlib import Path; from attnzoo.serve.loading import export_zoo\n"
+        "data, cache, wanted, dtype = json.loads(sys.argv[1])\n"
+        "for v, t in wanted:\n"
+        "    export_zoo(data, Path(cache) if cache else None, variants=[v], tasks=[t], dtype=dtype)\n"
+    )
     args = json.dumps([data, str(cache_dir) if cache_dir else None, [list(w) for w in wanted], dtype])
     child = subprocess.Popen([sys.executable, "-c", code, args], stdout=subprocess.DEVNULL)
     atexit.register(child.terminate)
@@ -449,14 +534,16 @@ def export_zoo_in_child(data: str, cache_dir: Optional[Path], wanted: Sequence[T
             while_running()
 
 
-def _prefetch(runners: Sequence[_LazyZooRunner], data: str, cache_dir: Optional[Path]) -> None:
+def _prefetch(runners: Sequence[_LazyZooRunner], data: str, cache_dir: Path | None) -> None:
     """Export every lazy model in a child process (:func:`export_zoo_in_child`), then load them here; a daemon
     thread's work. A failure is logged, not raised: the model's first call retries and reports it."""
     wanted = [(r.row["variant"], r.row["task"]) for r in runners]
     code = export_zoo_in_child(data, cache_dir, wanted, runners[0].dtype if runners else "fp32")
     if code != 0:
-        _warn(f"exporting the other zoo models in the background failed (exit code {code}); each is "
-              "exported on its first use instead")
+        _warn(
+            f"exporting the other zoo models in the background failed (exit code {code}); each is "
+            "exported on its first use instead"
+        )
     for runner in runners:
         try:
             runner.ready()
@@ -464,7 +551,7 @@ def _prefetch(runners: Sequence[_LazyZooRunner], data: str, cache_dir: Optional[
             _warn(f"preparing {runner.row['variant']} {runner.row['task']} failed: {first_line(exc)}")
 
 
-def _with_scores(models: List[ServedModel], rows: Sequence[Dict]) -> List[ServedModel]:
+def _with_scores(models: list[ServedModel], rows: Sequence[dict]) -> list[ServedModel]:
     """Give each zoo model its manifest test metric."""
     by_key = {(e["variant"], e["task"]): e for e in rows}
     for m in models:
@@ -473,8 +560,14 @@ def _with_scores(models: List[ServedModel], rows: Sequence[Dict]) -> List[Served
     return models
 
 
-def load_zoo_onnx(data: str = DEFAULT_DATA, backend: str = AUTO, threads: Optional[int] = None,
-                  cache_dir: Optional[Path] = None, prefetch: bool = True, dtype: str = "fp32") -> List[ServedModel]:
+def load_zoo_onnx(
+    data: str = DEFAULT_DATA,
+    backend: str = AUTO,
+    threads: int | None = None,
+    cache_dir: Path | None = None,
+    prefetch: bool = True,
+    dtype: str = "fp32",
+) -> list[ServedModel]:
     """The zoo's models trained on ``data`` on an ONNX backend, ready to answer within seconds on a fresh
     install: the best classifier and segmenter (:func:`attnzoo.zoo.best_entries`, shipped as ONNX) are verified,
     loaded and warmed up now; every other model is listed at once and exported, verified and loaded on its first
@@ -496,21 +589,27 @@ def load_zoo_onnx(data: str = DEFAULT_DATA, backend: str = AUTO, threads: Option
             continue
         runner = _LazyZooRunner(e, data, backend, threads, cache_dir, dtype)
         config = checkpoint.read_config(zoo.checkpoint_path(e["variant"], e["task"], data))
-        models.append(_from_config(config, runner, True, folder / zoo_onnx_name(e["variant"], e["task"], data, dtype),
-                                   backend))
+        models.append(
+            _from_config(config, runner, True, folder / zoo_onnx_name(e["variant"], e["task"], data, dtype), backend)
+        )
         models[-1].dtype = dtype
         lazy.append(runner)
     for m in _with_scores(models, rows):
         m.backend_note = note
     if prefetch and lazy:
-        threading.Thread(target=_prefetch, args=(lazy, data, cache_dir), name="attnzoo-prefetch",
-                         daemon=True).start()
+        threading.Thread(target=_prefetch, args=(lazy, data, cache_dir), name="attnzoo-prefetch", daemon=True).start()
     return models
 
 
-def load_models(models_dir: Optional[Path] = None, backend: str = AUTO, data: str = DEFAULT_DATA,
-                cache_dir: Optional[Path] = None, threads: Optional[int] = None,
-                only: Optional[Sequence[str]] = None, dtype: Optional[str] = None) -> List[ServedModel]:
+def load_models(
+    models_dir: Path | None = None,
+    backend: str = AUTO,
+    data: str = DEFAULT_DATA,
+    cache_dir: Path | None = None,
+    threads: int | None = None,
+    only: Sequence[str] | None = None,
+    dtype: str | None = None,
+) -> list[ServedModel]:
     """The models to serve.
 
     Args:
@@ -537,8 +636,10 @@ def load_models(models_dir: Optional[Path] = None, backend: str = AUTO, data: st
     if dtype is not None and dtype not in SERVED_DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; valid: {', '.join(SERVED_DTYPES)}")
     if dtype == "int8" and backend != AUTO and backend not in [b.name for b in cpu_runtimes()]:
-        raise ValueError(f"--dtype int8 serves the int8 ONNX models on the CPU runtimes, not {backend} "
-                         f"(use --backend {AUTO}, {' or '.join(b.name for b in cpu_runtimes())})")
+        raise ValueError(
+            f"--dtype int8 serves the int8 ONNX models on the CPU runtimes, not {backend} "
+            f"(use --backend {AUTO}, {' or '.join(b.name for b in cpu_runtimes())})"
+        )
     if models_dir is not None and not Path(models_dir).is_dir():
         raise ValueError(f"models folder not found: {models_dir}")
     if dtype == "bf16":
@@ -557,15 +658,21 @@ def load_models(models_dir: Optional[Path] = None, backend: str = AUTO, data: st
         for m in models:
             m.backend_note = note
         wanted = f"{dtype + ' ' if dtype else ''}.onnx files exported by export-model" + (
-            " with their verification reports" if dtype == "int8" else "")
+            " with their verification reports" if dtype == "int8" else ""
+        )
     if not models:
         raise ValueError(f"no servable models in {models_dir or 'the zoo'} (expected {wanted})")
     return _unique_names(models)
 
 
-def load_bf16_models(models_dir: Optional[Path], backend: str = AUTO, data: str = DEFAULT_DATA,
-                     cache_dir: Optional[Path] = None, threads: Optional[int] = None,
-                     only: Optional[Sequence[str]] = None) -> List[ServedModel]:
+def load_bf16_models(
+    models_dir: Path | None,
+    backend: str = AUTO,
+    data: str = DEFAULT_DATA,
+    cache_dir: Path | None = None,
+    threads: int | None = None,
+    only: Sequence[str] | None = None,
+) -> list[ServedModel]:
     """``--dtype bf16``: the verified fp32 exports (``models_dir``'s, or the zoo's trained on ``data``, all exported
     first) run by OpenVINO at bf16 with the variant's extra math pinned to f32 and read back, each verified on its
     test split next to fp32 before it is served (:func:`attnzoo.runtime.bf16.verify_bf16`, kept per file, OpenVINO
@@ -596,17 +703,27 @@ def load_bf16_models(models_dir: Optional[Path], backend: str = AUTO, data: str 
                 raise ValueError(f"not served: {problem}")
             names = quantize.extra_math_nodes(onnx.load(str(path), load_external_data=False), contract.config)
             verify_bf16(path, contract.config, names, cache_dir=cache_dir, threads=threads, progress=True)
-            session = ov.load(path, LoadOptions(dtype="bf16", threads=threads, batch=ov.serving_batch,
-                                                keep_f32=tuple(names)))
-            served = _from_config(contract.config, session.run, session.fixed_size, path, session.backend,
-                                  contract.input_size, contract.input_style)
+            session = ov.load(
+                path, LoadOptions(dtype="bf16", threads=threads, batch=ov.serving_batch, keep_f32=tuple(names))
+            )
+            served = _from_config(
+                contract.config,
+                session.run,
+                session.fixed_size,
+                path,
+                session.backend,
+                contract.input_size,
+                contract.input_style,
+            )
             served.dtype, served.backend_note = "bf16", note
             models.append(_warmed_up(served))
         except Exception as exc:  # noqa: BLE001 -- this file is not served at bf16; say why, serve the others
             _skip(path, exc)
     if not models:
-        raise ValueError(f"no servable bf16 models in {models_dir or 'the zoo'} (expected fp32 exports of trained "
-                         "models that pass the bf16 verification; the warnings say why each was skipped)")
+        raise ValueError(
+            f"no servable bf16 models in {models_dir or 'the zoo'} (expected fp32 exports of trained "
+            "models that pass the bf16 verification; the warnings say why each was skipped)"
+        )
     return _with_scores(models, zoo_rows(data)) if models_dir is None else models
 
 
@@ -617,12 +734,16 @@ class RemoteError(RuntimeError):
 
 def _remote_runner(client, url: str, task: str, name: str) -> Callable[[np.ndarray], np.ndarray]:
     """``run(x) -> logits`` that posts the float32 batch as ``.npy`` to ``<url>/models/<task>/<name>/logits``."""
+
     def run(x: np.ndarray) -> np.ndarray:
         buf = io.BytesIO()
         np.save(buf, np.ascontiguousarray(x, np.float32), allow_pickle=False)
         try:
-            r = client.post(f"{url}/models/{task}/{name}/logits", content=buf.getvalue(),
-                            headers={"Content-Type": "application/x-npy"})
+            r = client.post(
+                f"{url}/models/{task}/{name}/logits",
+                content=buf.getvalue(),
+                headers={"Content-Type": "application/x-npy"},
+            )
         except Exception as exc:  # httpx transport errors: one line naming the server
             raise RemoteError(f"the model server {url} did not answer: {type(exc).__name__}: {exc}") from None
         if r.status_code != 200:
@@ -636,7 +757,7 @@ def _remote_runner(client, url: str, task: str, name: str) -> Callable[[np.ndarr
     return run
 
 
-def load_remote(url: str, timeout: float = 60.0) -> List[ServedModel]:
+def load_remote(url: str, timeout: float = 60.0) -> list[ServedModel]:
     """The models of a running ``serve-models`` deployment at ``url``, each run on the server.
 
     ``GET <url>/models`` lists them with their contract (task, class names, input size, mean/std); each
@@ -657,15 +778,27 @@ def load_remote(url: str, timeout: float = 60.0) -> List[ServedModel]:
         rows = listed.json()["models"]
     except Exception as exc:  # connection refused, HTTP errors, not JSON: one line
         client.close()
-        raise ValueError(f"cannot list the models of {url} ({type(exc).__name__}: {exc}); is serve-models "
-                         "running there?") from None
-    models = [ServedModel(name=r["name"], variant=r["variant"], task=r["task"], class_names=list(r["class_names"]),
-                          input_size=(int(r["input_size"][0]), int(r["input_size"][1])), mean=tuple(r["mean"]),
-                          std=tuple(r["std"]), fixed_size=bool(r["fixed_size"]),
-                          run=_remote_runner(client, url, r["task"], r["name"]),
-                          source=f"{url}/models/{r['task']}/{r['name']}", backend=f"serve-models at {url}",
-                          arch=r.get("arch", ""), input_style=input_style_of(r))
-              for r in rows]
+        raise ValueError(
+            f"cannot list the models of {url} ({type(exc).__name__}: {exc}); is serve-models running there?"
+        ) from None
+    models = [
+        ServedModel(
+            name=r["name"],
+            variant=r["variant"],
+            task=r["task"],
+            class_names=list(r["class_names"]),
+            input_size=(int(r["input_size"][0]), int(r["input_size"][1])),
+            mean=tuple(r["mean"]),
+            std=tuple(r["std"]),
+            fixed_size=bool(r["fixed_size"]),
+            run=_remote_runner(client, url, r["task"], r["name"]),
+            source=f"{url}/models/{r['task']}/{r['name']}",
+            backend=f"serve-models at {url}",
+            arch=r.get("arch", ""),
+            input_style=input_style_of(r),
+        )
+        for r in rows
+    ]
     if not models:
         raise ValueError(f"the model server {url} serves no models")
     return models

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from typing import Optional
 
 __all__ = ["is_loopback", "exposure_warning", "free_port"]
 
@@ -18,12 +17,11 @@ def is_loopback(host: str) -> bool:
     return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
 
 
-def exposure_warning(host: str, port: int) -> Optional[str]:
+def exposure_warning(host: str, port: int) -> str | None:
     """The warning a server listening on ``host:port`` prints (without ``warning: ``), or None on loopback."""
     if is_loopback(host):
         return None
-    return (f"--host {host}: port {port} answers whoever can reach this machine there (no authentication, "
-            "no TLS)")
+    return f"--host {host}: port {port} answers whoever can reach this machine there (no authentication, no TLS)"
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -8,17 +8,28 @@ NaN reaches an output.
 from __future__ import annotations
 
 import time
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 from PIL import Image
 
 from attnzoo.preprocess import ImageLike, load_image, preprocess, to_input_style
-
 from attnzoo.serve.loading import SLIDING_BATCH, ServedModel
 
-__all__ = ["classify", "segment", "model_view", "sliding_logits", "softmax", "palette", "overlay",
-           "pixel_shares", "class_iou", "dominant_classes", "topk_chart", "background_classes"]
+__all__ = [
+    "classify",
+    "segment",
+    "model_view",
+    "sliding_logits",
+    "softmax",
+    "palette",
+    "overlay",
+    "pixel_shares",
+    "class_iou",
+    "dominant_classes",
+    "topk_chart",
+    "background_classes",
+]
 
 _BACKGROUND_NAMES = {"background", "bg", "_background_", "void"}
 
@@ -29,7 +40,7 @@ def softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
     return z / z.sum(axis=axis, keepdims=True)
 
 
-def _checked(model: ServedModel, x: np.ndarray, run=None) -> Tuple[np.ndarray, float]:
+def _checked(model: ServedModel, x: np.ndarray, run=None) -> tuple[np.ndarray, float]:
     """Run the model; return (logits, milliseconds); ``ValueError`` when an output is NaN or infinite."""
     start = time.perf_counter()
     logits = (run or model.run)(x)
@@ -49,7 +60,7 @@ def model_view(model: ServedModel, image: ImageLike) -> Image.Image:
     return img
 
 
-def classify(model: ServedModel, image: ImageLike, k: int = 5) -> Tuple[Dict[str, float], float]:
+def classify(model: ServedModel, image: ImageLike, k: int = 5) -> tuple[dict[str, float], float]:
     """Top-``k`` classes of ``image`` as ``{class name: probability}`` (best first) and the model's latency
     in ms. The image is seen as :func:`model_view` shows it."""
     if model.task != "cls":
@@ -61,7 +72,7 @@ def classify(model: ServedModel, image: ImageLike, k: int = 5) -> Tuple[Dict[str
     return {model.class_names[i]: float(probs[i]) for i in top}, ms
 
 
-def _starts(length: int, window: int) -> List[int]:
+def _starts(length: int, window: int) -> list[int]:
     """Window offsets covering ``length`` with a stride of 2/3 of the window (the last one flush right)."""
     if length <= window:
         return [0]
@@ -85,21 +96,20 @@ def sliding_logits(model: ServedModel, x: np.ndarray, batch: int = SLIDING_BATCH
     Hp, Wp = x.shape[-2:]
     ch, cw = min(Hp, wh), min(Wp, ww)
     boxes = [(y, x0) for y in _starts(Hp, ch) for x0 in _starts(Wp, cw)]
-    total: Optional[np.ndarray] = None
+    total: np.ndarray | None = None
     count = np.zeros((Hp, Wp), np.float32)
     for i in range(0, len(boxes), batch):
-        chunk = boxes[i:i + batch]
-        out = model.run(np.concatenate([x[:, :, y:y + ch, x0:x0 + cw] for y, x0 in chunk]))
+        chunk = boxes[i : i + batch]
+        out = model.run(np.concatenate([x[:, :, y : y + ch, x0 : x0 + cw] for y, x0 in chunk]))
         if total is None:
             total = np.zeros((out.shape[1], Hp, Wp), np.float32)
-        for (y, x0), logits in zip(chunk, out):
-            total[:, y:y + ch, x0:x0 + cw] += logits
-            count[y:y + ch, x0:x0 + cw] += 1
+        for (y, x0), logits in zip(chunk, out, strict=False):
+            total[:, y : y + ch, x0 : x0 + cw] += logits
+            count[y : y + ch, x0 : x0 + cw] += 1
     return (total / count)[None, :, :H, :W]
 
 
-def segment(model: ServedModel, image: ImageLike, max_side: Optional[int] = None
-            ) -> Tuple[np.ndarray, float]:
+def segment(model: ServedModel, image: ImageLike, max_side: int | None = None) -> tuple[np.ndarray, float]:
     """Class-index mask of ``image`` at the image's own size, and the model's latency in ms.
 
     The image is downscaled so that its longer side is at most ``max_side`` (default: the model's input
@@ -110,8 +120,9 @@ def segment(model: ServedModel, image: ImageLike, max_side: Optional[int] = None
     if model.task != "seg":
         raise ValueError(f"model {model.name!r} is a {model.task} model, not a segmenter")
     img = load_image(image)
-    x = preprocess(model_view(model, img), size=None, mean=model.mean, std=model.std,
-                   max_side=max_side or max(model.input_size))
+    x = preprocess(
+        model_view(model, img), size=None, mean=model.mean, std=model.std, max_side=max_side or max(model.input_size)
+    )
     logits, ms = _checked(model, x, run=lambda t: sliding_logits(model, t))
     pred = logits[0].argmax(axis=0).astype(np.uint8 if logits.shape[1] <= 256 else np.int32)
     if pred.shape != (img.height, img.width):
@@ -119,7 +130,7 @@ def segment(model: ServedModel, image: ImageLike, max_side: Optional[int] = None
     return pred, ms
 
 
-def background_classes(class_names: Sequence[str]) -> List[int]:
+def background_classes(class_names: Sequence[str]) -> list[int]:
     """Indices of classes named like a background; they are left uncoloured in overlays."""
     return [i for i, n in enumerate(class_names) if n.strip().lower() in _BACKGROUND_NAMES]
 
@@ -134,8 +145,9 @@ def palette(n: int) -> np.ndarray:
     return (np.asarray([colours[i % len(colours)] for i in range(n)]) * 255 + 0.5).astype(np.uint8)
 
 
-def overlay(image: np.ndarray, mask: np.ndarray, colours: np.ndarray, opacity: float,
-            skip: Iterable[int] = ()) -> np.ndarray:
+def overlay(
+    image: np.ndarray, mask: np.ndarray, colours: np.ndarray, opacity: float, skip: Iterable[int] = ()
+) -> np.ndarray:
     """Blend class colours over an (H, W, 3) uint8 image; classes in ``skip`` stay unblended."""
     opacity = float(np.clip(opacity if np.isfinite(opacity) else 0.5, 0.0, 1.0))
     alpha = np.full(mask.shape, opacity, np.float32)
@@ -153,7 +165,7 @@ def pixel_shares(mask: np.ndarray, num_classes: int) -> np.ndarray:
     return counts / max(1, mask.size)
 
 
-def class_iou(pred: np.ndarray, true: np.ndarray, num_classes: int) -> Dict[int, float]:
+def class_iou(pred: np.ndarray, true: np.ndarray, num_classes: int) -> dict[int, float]:
     """IoU of each class present in the prediction or the ground truth."""
     if pred.shape != true.shape:
         raise ValueError(f"mask shapes differ: {pred.shape} vs {true.shape}")
@@ -166,7 +178,7 @@ def class_iou(pred: np.ndarray, true: np.ndarray, num_classes: int) -> Dict[int,
     return out
 
 
-def dominant_classes(shares: np.ndarray, class_names: Sequence[str], k: int = 2) -> List[Tuple[str, float]]:
+def dominant_classes(shares: np.ndarray, class_names: Sequence[str], k: int = 2) -> list[tuple[str, float]]:
     """The ``k`` largest non-background classes by pixel share (all classes if only background is left)."""
     skip = set(background_classes(class_names))
     order = [int(i) for i in np.argsort(-shares, kind="stable") if shares[i] > 0]
@@ -174,10 +186,10 @@ def dominant_classes(shares: np.ndarray, class_names: Sequence[str], k: int = 2)
     return [(class_names[i], float(shares[i])) for i in chosen]
 
 
-def topk_chart(probs: Dict[str, float], title: str) -> np.ndarray:
+def topk_chart(probs: dict[str, float], title: str) -> np.ndarray:
     """A small horizontal bar chart of ``{class: probability}`` as an RGB uint8 array (matplotlib, Agg)."""
-    from matplotlib.figure import Figure  # heavy: matplotlib, for the demo's pictures (serve-models never draws)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure  # heavy: matplotlib, for the demo's pictures (serve-models never draws)
 
     fig = Figure(figsize=(3.2, 2.2), dpi=100)
     canvas = FigureCanvasAgg(fig)

@@ -20,8 +20,9 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -33,8 +34,8 @@ from attnzoo.fileio import default_cache_dir, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary, environment, load_average
 from attnzoo.runtime.backends import cpu_runtimes
-from attnzoo.runtime.openvino import unavailable_reason
 from attnzoo.runtime.fusion import audit
+from attnzoo.runtime.openvino import unavailable_reason
 from attnzoo.runtime.parity import check
 from attnzoo.studies.mae_forms import time_round_robin
 from attnzoo.studies.report import write_report
@@ -50,26 +51,46 @@ __all__ = ["OPSETS", "export_pair", "time_opsets", "speedups", "markdown", "main
 OPSETS = (20, 23)
 
 
-def export_pair(model, variant: str, img_size: int, folder: Path, threads: int) -> Dict[int, Dict[str, Any]]:
+def export_pair(model, variant: str, img_size: int, folder: Path, threads: int) -> dict[int, dict[str, Any]]:
     """``model`` exported and verified at each of :data:`OPSETS`: ``{opset: {"path", "ops", "export_time_s",
     "audit"}}``. Raises ``RuntimeError`` when an export fails its verification."""
     out = {}
     for opset in OPSETS:
         path = folder / f"{variant}_{img_size}_opset{opset}.onnx"
-        report = export.export_verified(model, path, model.attnzoo_config, opset=opset, input_hw=(img_size, img_size),
-                                 batch_sizes=(1,), threads=threads)
+        report = export.export_verified(
+            model,
+            path,
+            model.attnzoo_config,
+            opset=opset,
+            input_hw=(img_size, img_size),
+            batch_sizes=(1,),
+            threads=threads,
+        )
         if not report["passed"]:
             raise RuntimeError(f"{variant} at opset {opset}: export failed verification: {report['failures']}")
         found = audit(path, threads=threads)
-        out[opset] = {"path": path, "ops": report["op_histogram"], "export_time_s": report["export_time_s"],
-                      "extra_math": report.get("extra_math"),
-                      "fused": {r["runtime"]: (r["fused"], r["cores"]) for r in found["runtimes"] if r["inspected"]},
-                      "dot_product_cores": sum(c["dot_product"] for c in found["cores"])}
+        out[opset] = {
+            "path": path,
+            "ops": report["op_histogram"],
+            "export_time_s": report["export_time_s"],
+            "extra_math": report.get("extra_math"),
+            "fused": {r["runtime"]: (r["fused"], r["cores"]) for r in found["runtimes"] if r["inspected"]},
+            "dot_product_cores": sum(c["dot_product"] for c in found["cores"]),
+        }
     return out
 
 
-def time_opsets(paths: Dict[int, Path], x: np.ndarray, ref: np.ndarray, threads: int, cache: Path, rounds: int, *,
-                eager: Optional[Callable[[], object]] = None, progress: bool = False) -> Dict[str, List[float]]:
+def time_opsets(
+    paths: dict[int, Path],
+    x: np.ndarray,
+    ref: np.ndarray,
+    threads: int,
+    cache: Path,
+    rounds: int,
+    *,
+    eager: Callable[[], object] | None = None,
+    progress: bool = False,
+) -> dict[str, list[float]]:
     """Seconds per call of each file (``{opset: path}``) on each of the registry's CPU runtimes that runs here
     (:func:`~attnzoo.runtime.backends.cpu_runtimes`: ONNX Runtime's CPU session, OpenVINO where installed), and of
     ``eager`` when given, timed round-robin after each runner's output passed the fp32 parity check against
@@ -78,7 +99,7 @@ def time_opsets(paths: Dict[int, Path], x: np.ndarray, ref: np.ndarray, threads:
     Raises:
         RuntimeError: a runner's output fails the parity check.
     """
-    runners: Dict[str, Callable[[], object]] = {"eager": eager} if eager is not None else {}
+    runners: dict[str, Callable[[], object]] = {"eager": eager} if eager is not None else {}
     runtimes = [b for b in cpu_runtimes() if b.unavailable_reason("fp32") is None]
     for opset, path in paths.items():
         for backend in runtimes:
@@ -92,7 +113,7 @@ def time_opsets(paths: Dict[int, Path], x: np.ndarray, ref: np.ndarray, threads:
     return time_round_robin(runners, rounds, progress=progress)
 
 
-def speedups(times: Dict[str, List[float]]) -> Dict[str, Dict[str, float]]:
+def speedups(times: dict[str, list[float]]) -> dict[str, dict[str, float]]:
     """Per runtime: the opset-23 file's speed-up over the opset-20 one (median and quartiles of the per-round
     ratio of their times) and both medians in ms."""
     out = {}
@@ -101,52 +122,83 @@ def speedups(times: Dict[str, List[float]]) -> Dict[str, Dict[str, float]]:
         if a is None or b is None:
             continue
         r = ratio_stats(b, a)  # opset-20 time / opset-23 time per round: the fusable file's speed-up
-        out[runtime] = {"opset20_ms": summarize(a, 1)["median_ms"], "opset23_ms": summarize(b, 1)["median_ms"],
-                        "speedup": r["ratio_median"], "speedup_q1": r["ratio_q1"], "speedup_q3": r["ratio_q3"]}
+        out[runtime] = {
+            "opset20_ms": summarize(a, 1)["median_ms"],
+            "opset23_ms": summarize(b, 1)["median_ms"],
+            "speedup": r["ratio_median"],
+            "speedup_q1": r["ratio_q1"],
+            "speedup_q3": r["ratio_q3"],
+        }
     return out
 
 
-def _rows(times: Dict[str, List[float]], variant: str, img_size: int, tokens: int) -> List[Dict[str, Any]]:
+def _rows(times: dict[str, list[float]], variant: str, img_size: int, tokens: int) -> list[dict[str, Any]]:
     eager_ms = summarize(times["eager"], 1)["median_ms"]
-    return [{"variant": variant, "img_size": img_size, "tokens": tokens, "runtime": runtime, **s, "eager_ms": eager_ms}
-            for runtime, s in speedups(times).items()]
+    return [
+        {"variant": variant, "img_size": img_size, "tokens": tokens, "runtime": runtime, **s, "eager_ms": eager_ms}
+        for runtime, s in speedups(times).items()
+    ]
 
 
-def markdown(result: Dict[str, Any]) -> str:
+def markdown(result: dict[str, Any]) -> str:
     """The result as markdown: the fusion audit of both exports, then the timings."""
     env = result["environment"]
-    lines = [f"# Fusable export (opset 23 `Attention`) against the default (opset 20), {result['arch']}, "
-             f"{result['threads']} thread(s), batch 1", "", f"`{result['command']}`", "",
-             f"CPU: {cpu_summary(env['cpu'])}; load average at start {env['load_average']}, end "
-             f"{result['load_average_end']}; onnxruntime {env['versions'].get('onnxruntime')}, openvino "
-             f"{env['versions'].get('openvino')}. Every number here holds for this machine only.", "",
-             "## Fused attention cores (read from each runtime's own optimized or compiled graph)", "",
-             "| variant | tokens | opset | Attention ops | extra math kept | " + " | ".join(result["runtimes"]) + " |",
-             "|---|---:|---:|---:|---|" + "---|" * len(result["runtimes"])]
+    lines = [
+        f"# Fusable export (opset 23 `Attention`) against the default (opset 20), {result['arch']}, "
+        f"{result['threads']} thread(s), batch 1",
+        "",
+        f"`{result['command']}`",
+        "",
+        f"CPU: {cpu_summary(env['cpu'])}; load average at start {env['load_average']}, end "
+        f"{result['load_average_end']}; onnxruntime {env['versions'].get('onnxruntime')}, openvino "
+        f"{env['versions'].get('openvino')}. Every number here holds for this machine only.",
+        "",
+        "## Fused attention cores (read from each runtime's own optimized or compiled graph)",
+        "",
+        "| variant | tokens | opset | Attention ops | extra math kept | " + " | ".join(result["runtimes"]) + " |",
+        "|---|---:|---:|---:|---|" + "---|" * len(result["runtimes"]),
+    ]
     for e in result["exports"]:
         for opset in map(str, OPSETS):
             x = e["opsets"][opset]
-            cells = [f"{x['fused'][r][0]} of {x['fused'][r][1]}" if r in x["fused"] else "-"
-                     for r in result["runtimes"]]
+            cells = [
+                f"{x['fused'][r][0]} of {x['fused'][r][1]}" if r in x["fused"] else "-" for r in result["runtimes"]
+            ]
             kept = "yes" if (x["extra_math"] or {}).get("ok") else "no"
-            lines.append(f"| {e['variant']} | {e['tokens']} | {opset} | {x['ops'].get('Attention', 0)} | {kept} | "
-                         + " | ".join(cells) + " |")
-    lines += ["", "## Latency (median ms of one call; speed-up: opset-20 time / opset-23 time per round, q1-q3)", "",
-              "| variant | tokens | runtime | opset 20 ms | opset 23 ms | speed-up | eager ms |",
-              "|---|---:|---|---:|---:|---|---:|"]
+            lines.append(
+                f"| {e['variant']} | {e['tokens']} | {opset} | {x['ops'].get('Attention', 0)} | {kept} | "
+                + " | ".join(cells)
+                + " |"
+            )
+    lines += [
+        "",
+        "## Latency (median ms of one call; speed-up: opset-20 time / opset-23 time per round, q1-q3)",
+        "",
+        "| variant | tokens | runtime | opset 20 ms | opset 23 ms | speed-up | eager ms |",
+        "|---|---:|---|---:|---:|---|---:|",
+    ]
     for r in result["rows"]:
-        lines.append(f"| {r['variant']} | {r['tokens']} | {r['runtime']} | {r['opset20_ms']:.2f} | "
-                     f"{r['opset23_ms']:.2f} | {r['speedup']:.2f} ({r['speedup_q1']:.2f}-{r['speedup_q3']:.2f}) | "
-                     f"{r['eager_ms']:.2f} |")
+        lines.append(
+            f"| {r['variant']} | {r['tokens']} | {r['runtime']} | {r['opset20_ms']:.2f} | "
+            f"{r['opset23_ms']:.2f} | {r['speedup']:.2f} ({r['speedup_q1']:.2f}-{r['speedup_q3']:.2f}) | "
+            f"{r['eager_ms']:.2f} |"
+        )
     if result["no_dot_product"]:
-        lines += ["", "Not exported in a fusable form: " + "; ".join(
-            f"`{v}` ({why})" for v, why in result["no_dot_product"].items()) + "."]
+        lines += [
+            "",
+            "Not exported in a fusable form: "
+            + "; ".join(f"`{v}` ({why})" for v, why in result["no_dot_product"].items())
+            + ".",
+        ]
     return "\n".join(lines) + "\n"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m attnzoo.studies.fusable", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m attnzoo.studies.fusable",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--variants", default="standard,belief2,wafe-mse", help="comma-separated variant names")
     p.add_argument("--arch", default="tiny", help="model arch (attnzoo.models.ARCHS)")
     p.add_argument("--img-sizes", default="224,512", help="input sides, comma-separated (tokens: (side/16)^2 + 1)")
@@ -159,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     return add_debug_flag(p)
 
 
-def _sizes(text: str) -> List[int]:
+def _sizes(text: str) -> list[int]:
     try:
         sizes = list(dict.fromkeys(int(s) for s in text.split(",") if s.strip()))
     except ValueError:
@@ -170,7 +222,7 @@ def _sizes(text: str) -> List[int]:
 
 
 @entry_point
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """``python -m attnzoo.studies.fusable``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
@@ -186,8 +238,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ov_missing = unavailable_reason()
     torch.set_num_threads(a.threads)
     env = environment()
-    no_dot = {v: "its scores are a pairwise L1 distance, not a dot product, so no attention op computes them"
-              for v in variants if models.VARIANTS[v].pairwise_scores}
+    no_dot = {
+        v: "its scores are a pairwise L1 distance, not a dot product, so no attention op computes them"
+        for v in variants
+        if models.VARIANTS[v].pairwise_scores
+    }
     exports, rows = [], []
     jobs = [(v, s) for v in variants if v not in no_dot for s in sizes]
     for variant, size in tqdm(jobs, desc="fusable", disable=a.no_progress):
@@ -195,21 +250,45 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         model = models.create_model(variant, task="cls", arch=a.arch, img_size=size).eval()
         tokens = (size // models.ARCHS[a.arch]["patch_size"]) ** 2 + 1
         pair = export_pair(model, variant, size, cache, a.threads)
-        exports.append({"variant": variant, "img_size": size, "tokens": tokens,
-                        "opsets": {str(o): {k: v for k, v in x.items() if k != "path"} for o, x in pair.items()}})
+        exports.append(
+            {
+                "variant": variant,
+                "img_size": size,
+                "tokens": tokens,
+                "opsets": {str(o): {k: v for k, v in x.items() if k != "path"} for o, x in pair.items()},
+            }
+        )
         x = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(a.seed))
         xn = x.numpy()
         with torch.no_grad():
             ref = model(x).numpy()
         with torch.no_grad():
-            times = time_opsets({o: e["path"] for o, e in pair.items()}, xn, ref, a.threads, cache, a.rounds,
-                                eager=lambda: model(x), progress=not a.no_progress)
+            times = time_opsets(
+                {o: e["path"] for o, e in pair.items()},
+                xn,
+                ref,
+                a.threads,
+                cache,
+                a.rounds,
+                eager=lambda: model(x),
+                progress=not a.no_progress,
+            )
         rows += _rows(times, variant, size, tokens)
     runtimes = ["openvino", "onnxruntime", "onnxruntime-transformers"]
-    result = {"command": shlex.join(["python", "-m", "attnzoo.studies.fusable", *argv]), "arch": a.arch,
-              "threads": a.threads, "img_sizes": sizes, "rounds": a.rounds, "openvino": ov_missing or "used",
-              "runtimes": runtimes, "exports": exports, "rows": rows, "no_dot_product": no_dot,
-              "environment": env, "load_average_end": load_average()}
+    result = {
+        "command": shlex.join(["python", "-m", "attnzoo.studies.fusable", *argv]),
+        "arch": a.arch,
+        "threads": a.threads,
+        "img_sizes": sizes,
+        "rounds": a.rounds,
+        "openvino": ov_missing or "used",
+        "runtimes": runtimes,
+        "exports": exports,
+        "rows": rows,
+        "no_dot_product": no_dot,
+        "environment": env,
+        "load_average_end": load_average(),
+    }
     write_report(a.out, "fusable", result, markdown(result))
     return 0
 

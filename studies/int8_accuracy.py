@@ -23,8 +23,9 @@ import argparse
 import json
 import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,8 +37,8 @@ from attnzoo.benchmarks.report import markdown_table
 from attnzoo.benchmarks.stats import ratio_stats
 from attnzoo.benchmarks.timing import measure_pair
 from attnzoo.cli import add_debug_flag, entry_point, parse_batch_sizes
-from attnzoo.errors import UsageError
 from attnzoo.data.datasets import load_data
+from attnzoo.errors import UsageError
 from attnzoo.fileio import default_cache_dir, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import environment, load_average
@@ -49,39 +50,60 @@ from attnzoo.studies.report import add_zoo_selection, contended, write_report, z
 
 export = lazy_import("attnzoo.export")  # onnx and timm: --help and --table load without them
 
-__all__ = ["int8_rows", "markdown", "readme_table", "machine_label",
-           "main"]
+__all__ = ["int8_rows", "markdown", "readme_table", "machine_label", "main"]
+
 
 def _metric(conf: np.ndarray, task: str, class_names: Sequence[str]) -> float:
     return float(metrics_from_confusion(torch.from_numpy(conf), task, class_names)["metric"])
 
 
-def _verified_fp32(model, cfg: Dict[str, Any], path: Path, sha256: str, threads: int) -> Path:
+def _verified_fp32(model, cfg: dict[str, Any], path: Path, sha256: str, threads: int) -> Path:
     """The model's fp32 ONNX, exported and verified as ``export-model`` does it (raises if it fails)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     size = int(cfg["img_size"])
-    export.export_verified(model, path, cfg, dtype="fp32", input_hw=(size, size), batch_sizes=(1, 8),
-                           checkpoint_sha256=sha256, threads=threads)
+    export.export_verified(
+        model,
+        path,
+        cfg,
+        dtype="fp32",
+        input_hw=(size, size),
+        batch_sizes=(1, 8),
+        checkpoint_sha256=sha256,
+        threads=threads,
+    )
     return path
 
 
-def int8_rows(entries: List[Dict[str, Any]], cache_dir: Path, threads: int, batch_sizes: Sequence[int],
-              min_time: float, limit: Optional[int] = None, progress: bool = True) -> List[Dict[str, Any]]:
+def int8_rows(
+    entries: list[dict[str, Any]],
+    cache_dir: Path,
+    threads: int,
+    batch_sizes: Sequence[int],
+    min_time: float,
+    limit: int | None = None,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
     """One row per zoo entry: fp32 / int8 metric on the test split, top-1 agreement, and the int8 speed-up
     (median of per-pair fp32/int8 latency ratios) at each batch size."""
     rows = []
-    data_cache: Dict[Tuple[str, str, int, int, str], Any] = {}
+    data_cache: dict[tuple[str, str, int, int, str], Any] = {}
     cache_dir.mkdir(parents=True, exist_ok=True)
     for e in tqdm(entries, desc="int8 accuracy", unit="model", disable=not progress):
         model, cfg = zoo.load(e["variant"], e["task"], e["data"])
         stem = f"{e['variant']}_{e['task']}_{e['data']}"
         fp32 = _verified_fp32(model, cfg, cache_dir / f"{stem}.onnx", e.get("sha256", ""), threads)
         int8 = quantize_int8(fp32, cache_dir / f"{stem}.int8.onnx")
-        key = (e["data"], e["task"], int(cfg["img_size"]), int(cfg.get("data_seed", 0)),
-               json.dumps(cfg.get("scene"), sort_keys=True))
+        key = (
+            e["data"],
+            e["task"],
+            int(cfg["img_size"]),
+            int(cfg.get("data_seed", 0)),
+            json.dumps(cfg.get("scene"), sort_keys=True),
+        )
         if key not in data_cache:
-            data_cache[key] = load_data(e["data"], "test", e["task"], key[2], n=limit, seed=key[3],
-                                        scene=cfg.get("scene"))
+            data_cache[key] = load_data(
+                e["data"], "test", e["task"], key[2], n=limit, seed=key[3], scene=cfg.get("scene")
+            )
         data = data_cache[key]
         x = normalize(data.images, cfg["mean"], cfg["std"])
         y = data.labels if e["task"] == "cls" else data.masks.astype(np.int64)
@@ -98,55 +120,108 @@ def int8_rows(entries: List[Dict[str, Any]], cache_dir: Path, threads: int, batc
             feed = {s32.get_inputs()[0].name: x[:b]}
             a, c = measure_pair(lambda: s32.run(None, feed), lambda: s8.run(None, feed), min_time)
             r = ratio_stats(c, a)  # per pair: fp32 time / int8 time = the speed-up
-            speed[str(b)] = {"fp32_median_ms": float(np.median(a) * 1e3), "int8_median_ms": float(np.median(c) * 1e3),
-                             "speedup_median": r["ratio_median"], "speedup_q1": r["ratio_q1"],
-                             "speedup_q3": r["ratio_q3"], "pairs": r["pairs"]}
-        rows.append({"variant": e["variant"], "task": e["task"], "data": e["data"], "arch": cfg["arch"],
-                     "checkpoint": e.get("file"), "checkpoint_sha256": e.get("sha256"),
-                     "metric_name": e.get("metric_name", "top1" if e["task"] == "cls" else "miou"),
-                     "zoo_metric": e.get("test_metric"), "ort_fp32_metric": m32, "ort_int8_metric": m8,
-                     "delta": m8 - m32, "agreement": float(np.mean(p32 == p8)), "n_images": len(data),
-                     "speed": speed})
+            speed[str(b)] = {
+                "fp32_median_ms": float(np.median(a) * 1e3),
+                "int8_median_ms": float(np.median(c) * 1e3),
+                "speedup_median": r["ratio_median"],
+                "speedup_q1": r["ratio_q1"],
+                "speedup_q3": r["ratio_q3"],
+                "pairs": r["pairs"],
+            }
+        rows.append(
+            {
+                "variant": e["variant"],
+                "task": e["task"],
+                "data": e["data"],
+                "arch": cfg["arch"],
+                "checkpoint": e.get("file"),
+                "checkpoint_sha256": e.get("sha256"),
+                "metric_name": e.get("metric_name", "top1" if e["task"] == "cls" else "miou"),
+                "zoo_metric": e.get("test_metric"),
+                "ort_fp32_metric": m32,
+                "ort_int8_metric": m8,
+                "delta": m8 - m32,
+                "agreement": float(np.mean(p32 == p8)),
+                "n_images": len(data),
+                "speed": speed,
+            }
+        )
     return rows
 
 
-def machine_label(env: Dict[str, Any]) -> str:
+def machine_label(env: dict[str, Any]) -> str:
     """``CPU model (key flags)``, e.g. ``AMD EPYC (avx2, fma)``."""
     cpu = env["cpu"]
     return f"{cpu['model']} ({', '.join(cpu['key_flags']) or 'no AVX2'})"
 
 
-def _speed_cell(row: Dict[str, Any], batch: str) -> str:
+def _speed_cell(row: dict[str, Any], batch: str) -> str:
     s = row["speed"].get(batch)
     return "-" if s is None else f"{s['speedup_median']:.2f} [{s['speedup_q1']:.2f}, {s['speedup_q3']:.2f}]"
 
 
-def markdown(result: Dict[str, Any]) -> str:
+def markdown(result: dict[str, Any]) -> str:
     """The run's table: metrics, agreement, and per batch size the latencies and speed-up."""
     batches = [str(b) for b in result["batch_sizes"]]
     table = markdown_table(
-        ["variant", "task", "metric", "zoo (eager)", "ORT fp32", "ORT int8", "int8 - fp32", "top-1 agreement",
-         *[h for b in batches for h in (f"fp32 ms b{b}", f"int8 ms b{b}", f"speed-up b{b} [Q1, Q3]")]],
-        [[r["variant"], r["task"], r["metric_name"], "-" if r["zoo_metric"] is None else f"{r['zoo_metric']:.2f}",
-          f"{r['ort_fp32_metric']:.2f}", f"{r['ort_int8_metric']:.2f}", f"{r['delta']:+.2f}",
-          f"{100 * r['agreement']:.2f} %",
-          *[c for b in batches for c in (f"{r['speed'][b]['fp32_median_ms']:.3f}", f"{r['speed'][b]['int8_median_ms']:.3f}",
-                                         _speed_cell(r, b))]] for r in result["rows"]])
+        [
+            "variant",
+            "task",
+            "metric",
+            "zoo (eager)",
+            "ORT fp32",
+            "ORT int8",
+            "int8 - fp32",
+            "top-1 agreement",
+            *[h for b in batches for h in (f"fp32 ms b{b}", f"int8 ms b{b}", f"speed-up b{b} [Q1, Q3]")],
+        ],
+        [
+            [
+                r["variant"],
+                r["task"],
+                r["metric_name"],
+                "-" if r["zoo_metric"] is None else f"{r['zoo_metric']:.2f}",
+                f"{r['ort_fp32_metric']:.2f}",
+                f"{r['ort_int8_metric']:.2f}",
+                f"{r['delta']:+.2f}",
+                f"{100 * r['agreement']:.2f} %",
+                *[
+                    c
+                    for b in batches
+                    for c in (
+                        f"{r['speed'][b]['fp32_median_ms']:.3f}",
+                        f"{r['speed'][b]['int8_median_ms']:.3f}",
+                        _speed_cell(r, b),
+                    )
+                ],
+            ]
+            for r in result["rows"]
+        ],
+    )
     env = result["environment"]
     n = sorted({r["n_images"] for r in result["rows"]})
-    return "\n".join([
-        "# Dynamic int8 (ONNX Runtime CPU) on the zoo's test set", "", f"Command: `{result['command']}`", "",
-        "MatMul/Gemm weights int8 (onnxruntime.quantization.quantize_dynamic, QInt8), activations quantized per run; "
-        "everything else fp32. Metric in percent on the test split each model was trained for "
-        f"({', '.join(map(str, n))} images); top-1 agreement: share of test images (pixels for seg) where int8 "
-        "predicts what fp32 predicts. Speed-up: median [Q1, Q3] of per-pair fp32/int8 latency ratios (A B A B), "
-        "measured in this run.", "",
-        f"CPU: {machine_label(env)}; threads {result['threads']}; load average {env['load_average']} at the start, "
-        f"{result['load_average_end']} at the end{' (shared with other jobs: contended)' if result['contended'] else ''}.",
-        "", table, ""])
+    return "\n".join(
+        [
+            "# Dynamic int8 (ONNX Runtime CPU) on the zoo's test set",
+            "",
+            f"Command: `{result['command']}`",
+            "",
+            "MatMul/Gemm weights int8 (onnxruntime.quantization.quantize_dynamic, QInt8), activations quantized per run; "
+            "everything else fp32. Metric in percent on the test split each model was trained for "
+            f"({', '.join(map(str, n))} images); top-1 agreement: share of test images (pixels for seg) where int8 "
+            "predicts what fp32 predicts. Speed-up: median [Q1, Q3] of per-pair fp32/int8 latency ratios (A B A B), "
+            "measured in this run.",
+            "",
+            f"CPU: {machine_label(env)}; threads {result['threads']}; load average {env['load_average']} at the start, "
+            f"{result['load_average_end']} at the end{' (shared with other jobs: contended)' if result['contended'] else ''}.",
+            "",
+            table,
+            "",
+        ]
+    )
 
 
-def readme_table(results: Sequence[Dict[str, Any]]) -> str:
+def readme_table(results: Sequence[dict[str, Any]]) -> str:
     """One table for the README from several result files: fp32 top-1, then per machine int8 - fp32 and the
     int8 speed-up at each batch size; the machines listed under it."""
     if not results:
@@ -160,35 +235,50 @@ def readme_table(results: Sequence[Dict[str, Any]]) -> str:
     for key in keys:
         fp32 = [c[key]["ort_fp32_metric"] for c in cell if key in c]
         line = [key[0], key[1], f"{fp32[0]:.2f}" if len(set(fp32)) == 1 else " / ".join(f"{v:.2f}" for v in fp32)]
-        for c, res in zip(cell, results):
+        for c, res in zip(cell, results, strict=False):
             r = c.get(key)
             line.append("-" if r is None else f"{r['delta']:+.2f}")
             line += ["-" if r is None else f"{r['speed'][str(b)]['speedup_median']:.2f}" for b in res["batch_sizes"]]
         rows.append(line)
-    notes = [f"M{i}: {machine_label(res['environment'])}, {res['threads']} thread(s)"
-             f"{', shared with other jobs (contended)' if res.get('contended') else ''}; `{res['command']}`"
-             for i, res in enumerate(results, 1)]
+    notes = [
+        f"M{i}: {machine_label(res['environment'])}, {res['threads']} thread(s)"
+        f"{', shared with other jobs (contended)' if res.get('contended') else ''}; `{res['command']}`"
+        for i, res in enumerate(results, 1)
+    ]
     return "\n".join([markdown_table(header, rows), "", *[f"- {n}" for n in notes]])
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m attnzoo.studies.int8_accuracy", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m attnzoo.studies.int8_accuracy",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     add_zoo_selection(p)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--batch-sizes", default="1,8", help="batch sizes of the speed comparison")
     p.add_argument("--min-time", type=float, default=1.0, help="seconds of A B A B timing per batch size")
     p.add_argument("--out", type=Path, default=None, help="output folder (int8_accuracy.md/.json)")
-    p.add_argument("--cache-dir", type=Path, default=None,
-                   help="exported and quantized models (default: <cache>/int8, <cache> as for bench-latency)")
-    p.add_argument("--table", nargs="+", type=Path, metavar="JSON", default=None,
-                   help="print the README table from these int8_accuracy.json files (one per machine); runs nothing")
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="exported and quantized models (default: <cache>/int8, <cache> as for bench-latency)",
+    )
+    p.add_argument(
+        "--table",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
+        default=None,
+        help="print the README table from these int8_accuracy.json files (one per machine); runs nothing",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return add_debug_flag(p)
 
 
 @entry_point
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """``python -m attnzoo.studies.int8_accuracy``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
@@ -213,10 +303,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     env = environment()
     rows = int8_rows(entries, cache, a.threads, batches, a.min_time, a.limit, progress=not a.no_progress)
     load_end = load_average()
-    result = {"command": shlex.join(["python", "-m", "attnzoo.studies.int8_accuracy", *argv]),
-              "threads": a.threads, "batch_sizes": batches, "data": a.data, "limit": a.limit, "environment": env,
-              "load_average_end": load_end, "contended": contended(env["load_average"], load_end, a.threads),
-              "rows": rows}
+    result = {
+        "command": shlex.join(["python", "-m", "attnzoo.studies.int8_accuracy", *argv]),
+        "threads": a.threads,
+        "batch_sizes": batches,
+        "data": a.data,
+        "limit": a.limit,
+        "environment": env,
+        "load_average_end": load_end,
+        "contended": contended(env["load_average"], load_end, a.threads),
+        "rows": rows,
+    }
     write_report(a.out, "int8_accuracy", result, markdown(result))
     return 0
 

@@ -33,9 +33,10 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -59,16 +60,37 @@ zoo = lazy_import("attnzoo.zoo")
 export = lazy_import("attnzoo.export")
 quantize = lazy_import("attnzoo.export.quantize")
 
-__all__ = ["pretrained_like_vit", "smooth_images", "speeds", "worst_of_n", "measure", "zoo_drift", "zoo_accuracy",
-           "cpu_line", "markdown", "zoo_accuracy_markdown", "main"]
+__all__ = [
+    "pretrained_like_vit",
+    "smooth_images",
+    "speeds",
+    "worst_of_n",
+    "measure",
+    "zoo_drift",
+    "zoo_accuracy",
+    "cpu_line",
+    "markdown",
+    "zoo_accuracy_markdown",
+    "main",
+]
 
 #: Residual-stream channels given a massive activation, and the query/key channel of each head scaled.
 OUTLIER_CHANNELS = (3, 17)
 
 
-def pretrained_like_vit(*, img_size: int = 32, patch_size: int = 8, embed_dim: int = 96, depth: int = 4,
-                        num_heads: int = 3, num_classes: int = 10, residual_outlier: float = 20.0,
-                        qk_outlier: float = 8.0, layer_scale: float = 0.2, seed: int = 0):
+def pretrained_like_vit(
+    *,
+    img_size: int = 32,
+    patch_size: int = 8,
+    embed_dim: int = 96,
+    depth: int = 4,
+    num_heads: int = 3,
+    num_classes: int = 10,
+    residual_outlier: float = 20.0,
+    qk_outlier: float = 8.0,
+    layer_scale: float = 0.2,
+    seed: int = 0,
+):
     """A timm ``VisionTransformer`` (LayerScale, class token) with the outlier activations of a pretrained ViT.
 
     Weights are drawn at unit scale (matrices ~ N(0, 1/fan_in), LayerScale ~ ``layer_scale``), then the residual
@@ -77,9 +99,15 @@ def pretrained_like_vit(*, img_size: int = 32, patch_size: int = 8, embed_dim: i
     matching key channel divided by it.
     """
     torch.manual_seed(seed)
-    model = vision_transformer.VisionTransformer(img_size=img_size, patch_size=patch_size, embed_dim=embed_dim,
-                                                 depth=depth, num_heads=num_heads, init_values=layer_scale,
-                                                 num_classes=num_classes).eval()
+    model = vision_transformer.VisionTransformer(
+        img_size=img_size,
+        patch_size=patch_size,
+        embed_dim=embed_dim,
+        depth=depth,
+        num_heads=num_heads,
+        init_values=layer_scale,
+        num_classes=num_classes,
+    ).eval()
     gen = torch.Generator().manual_seed(seed)
     head_dim = embed_dim // num_heads
     with torch.no_grad():
@@ -131,11 +159,11 @@ def write_images(folder: Path, images: np.ndarray) -> Path:
     return folder
 
 
-def _interleaved_ms(runners: Dict[str, Any], runs: int) -> Dict[str, List[float]]:
+def _interleaved_ms(runners: dict[str, Any], runs: int) -> dict[str, list[float]]:
     """Per model, ``runs`` timed calls (ms), taken round-robin so that a load on the machine hits every model alike."""
     for run in runners.values():
         run()
-    times: Dict[str, List[float]] = {k: [] for k in runners}
+    times: dict[str, list[float]] = {k: [] for k in runners}
     for _ in range(runs):
         for key, run in runners.items():
             start = time.perf_counter()
@@ -144,13 +172,15 @@ def _interleaved_ms(runners: Dict[str, Any], runs: int) -> Dict[str, List[float]
     return times
 
 
-def speeds(files: Dict[str, Path], x: np.ndarray, runs: int = 40) -> Dict[str, Any]:
+def speeds(files: dict[str, Path], x: np.ndarray, runs: int = 40) -> dict[str, Any]:
     """Batch-1, one-thread latency of every file on ONNX Runtime and OpenVINO (``files["fp32"]`` the reference),
     interleaved per runtime: median ms and the median of the per-round fp32 / int8 ratios (speed-up), and the
     fastest run of each and their ratio (the runs least disturbed by other work on the machine)."""
-    out: Dict[str, Any] = {}
-    makers = {"onnxruntime": lambda p: (lambda s: lambda: s.run(None, {"image": x}))(cpu_session(p, 1)),
-              "openvino": lambda p: (lambda c: lambda: c(x))(ov.compile_onnx(p, threads=1, batch=1))}
+    out: dict[str, Any] = {}
+    makers = {
+        "onnxruntime": lambda p: (lambda s: lambda: s.run(None, {"image": x}))(cpu_session(p, 1)),
+        "openvino": lambda p: (lambda c: lambda: c(x))(ov.compile_onnx(p, threads=1, batch=1)),
+    }
     for runtime, make in makers.items():
         try:
             times = _interleaved_ms({k: make(p) for k, p in files.items()}, runs)
@@ -158,14 +188,21 @@ def speeds(files: Dict[str, Path], x: np.ndarray, runs: int = 40) -> Dict[str, A
             out[runtime] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}
             continue
         ref = np.array(times["fp32"])
-        out[runtime] = {k: {"ms": float(np.median(t)), "fastest_ms": float(np.min(t)),
-                            "speedup": float(np.median(ref / np.array(t))),
-                            "speedup_fastest": float(ref.min() / np.min(t))} for k, t in times.items()}
+        out[runtime] = {
+            k: {
+                "ms": float(np.median(t)),
+                "fastest_ms": float(np.min(t)),
+                "speedup": float(np.median(ref / np.array(t))),
+                "speedup_fastest": float(ref.min() / np.min(t)),
+            }
+            for k, t in times.items()
+        }
     return out
 
 
-def worst_of_n(cosines: np.ndarray, sizes: Sequence[int] = (8, 16, 32, 64, 128), draws: int = 400,
-               seed: int = 0) -> List[Dict[str, Any]]:
+def worst_of_n(
+    cosines: np.ndarray, sizes: Sequence[int] = (8, 16, 32, 64, 128), draws: int = 400, seed: int = 0
+) -> list[dict[str, Any]]:
     """How the worst cosine of ``n`` inputs, and the promise made from them, move with ``n``: over ``draws``
     random subsets of ``cosines`` (per-input cosines on a large set), the median and 10th percentile of each, and
     the share of the large set below the subset's worst and below its promise."""
@@ -177,22 +214,35 @@ def worst_of_n(cosines: np.ndarray, sizes: Sequence[int] = (8, 16, 32, 64, 128),
         subsets = [rng.choice(len(cosines), n, replace=False) for _ in range(draws)]
         worst = np.array([cosines[i].min() for i in subsets])
         promise = np.array([quantize.promised_cosine(cosines[i]) for i in subsets])
-        rows.append({"n": n, "worst_median": float(np.median(worst)), "worst_p10": float(np.percentile(worst, 10)),
-                     "below_worst": float(np.mean([np.mean(cosines < w) for w in worst])),
-                     "promised_median": float(np.median(promise)),
-                     "promised_p10": float(np.percentile(promise, 10)),
-                     "below_promise": float(np.mean([np.mean(cosines < p) for p in promise]))})
+        rows.append(
+            {
+                "n": n,
+                "worst_median": float(np.median(worst)),
+                "worst_p10": float(np.percentile(worst, 10)),
+                "below_worst": float(np.mean([np.mean(cosines < w) for w in worst])),
+                "promised_median": float(np.median(promise)),
+                "promised_p10": float(np.percentile(promise, 10)),
+                "below_promise": float(np.mean([np.mean(cosines < p) for p in promise])),
+            }
+        )
     return rows
 
 
-def _agreement(fp32: Path, model: Path, x: np.ndarray) -> Tuple[Dict[str, Any], np.ndarray]:
+def _agreement(fp32: Path, model: Path, x: np.ndarray) -> tuple[dict[str, Any], np.ndarray]:
     """``output_agreement`` of ``model`` against ``fp32`` on ``x``, and the per-input cosines."""
     ref, out = quantize.onnx_outputs(fp32, x, None), quantize.onnx_outputs(model, x, None)
     return quantize.output_agreement(ref, out, "cls"), quantize.per_input_fidelity(ref, out)[0]
 
 
-def measure(out: Path, placements: Sequence[str] = ("tensorrt", "cpu", "auto"), *, images: int = 256,
-            further: int = 512, runs: int = 40, **model_kwargs: Any) -> Dict[str, Any]:
+def measure(
+    out: Path,
+    placements: Sequence[str] = ("tensorrt", "cpu", "auto"),
+    *,
+    images: int = 256,
+    further: int = 512,
+    runs: int = 40,
+    **model_kwargs: Any,
+) -> dict[str, Any]:
     """Export the converted pretrained-like ViT to int8 with each placement and measure it.
 
     ``auto`` runs with every default (the gate on, 0.99); ``tensorrt`` and ``cpu`` with the gate off
@@ -203,18 +253,26 @@ def measure(out: Path, placements: Sequence[str] = ("tensorrt", "cpu", "auto"), 
     config = model.attnzoo_config
     size = int(config["img_size"])
     folder = write_images(out / "images", smooth_images(images, size))
-    unseen = normalize(smooth_images(further, size, seed=1), config.get("mean", DEFAULT_MEAN),
-                       config.get("std", DEFAULT_STD))
+    unseen = normalize(
+        smooth_images(further, size, seed=1), config.get("mean", DEFAULT_MEAN), config.get("std", DEFAULT_STD)
+    )
     fp32 = export.export_model(model=model, out=out / "fp32.onnx", batch_sizes=(1,))
-    rows: List[Dict[str, Any]] = []
-    files: Dict[str, Path] = {"fp32": fp32.path}
+    rows: list[dict[str, Any]] = []
+    files: dict[str, Path] = {"fp32": fp32.path}
     for placement in placements:
         start = time.perf_counter()
         gate = None if placement == "auto" else 0.0
         path = out / f"int8-{placement}.onnx"
         try:
-            result = export.export_model(model=model, out=path, dtype="int8", batch_sizes=(1,), qdq_placement=placement,
-                                  calibration_data=folder, min_cosine=gate)
+            result = export.export_model(
+                model=model,
+                out=path,
+                dtype="int8",
+                batch_sizes=(1,),
+                qdq_placement=placement,
+                calibration_data=folder,
+                min_cosine=gate,
+            )
         except export.ExportError as exc:
             rows.append({"placement": placement, "refused": str(exc)})
             continue
@@ -222,46 +280,61 @@ def measure(out: Path, placements: Sequence[str] = ("tensorrt", "cpu", "auto"), 
         auto = q["options"].get("auto") or {}
         seen, cos = _agreement(fp32.path, result.path, unseen)
         files[placement] = result.path
-        rows.append({"placement": placement, "export_s": round(time.perf_counter() - start, 1),
-                     "gate_on": gate if gate is not None else quantize.DEFAULT_MIN_COSINE, "split": fid["split"],
-                     "gate": {k: fid[k] for k in ("n_inputs", "cosine", "relative_error", "promised_cosine",
-                                                  "top1_agreement")},
-                     "default_gate_passes": bool(fid["cosine"]["min"] >= quantize.DEFAULT_MIN_COSINE),
-                     "further": seen, "worst_of_n": worst_of_n(cos),
-                     "quantize_linear": q["qdq"]["quantize_linear"],
-                     "auto": {k: auto[k] for k in ("all_quantized", "weights_only", "chosen", "rule", "speed")
-                              if k in auto},
-                     "auto_kept_fp32": [g for g, d in auto.get("groups", {}).items() if not d["quantized"]],
-                     "auto_groups": len(auto.get("groups", {}))})
+        rows.append(
+            {
+                "placement": placement,
+                "export_s": round(time.perf_counter() - start, 1),
+                "gate_on": gate if gate is not None else quantize.DEFAULT_MIN_COSINE,
+                "split": fid["split"],
+                "gate": {
+                    k: fid[k] for k in ("n_inputs", "cosine", "relative_error", "promised_cosine", "top1_agreement")
+                },
+                "default_gate_passes": bool(fid["cosine"]["min"] >= quantize.DEFAULT_MIN_COSINE),
+                "further": seen,
+                "worst_of_n": worst_of_n(cos),
+                "quantize_linear": q["qdq"]["quantize_linear"],
+                "auto": {k: auto[k] for k in ("all_quantized", "weights_only", "chosen", "rule", "speed") if k in auto},
+                "auto_kept_fp32": [g for g, d in auto.get("groups", {}).items() if not d["quantized"]],
+                "auto_groups": len(auto.get("groups", {})),
+            }
+        )
     x = np.random.default_rng(1).standard_normal((1, 3, size, size)).astype(np.float32)
     speed = speeds(files, x, runs)
     for row in rows:
         if "refused" not in row:
             row["speed"] = {rt: s.get(row["placement"], s) for rt, s in speed.items()}
     load_end = list(os.getloadavg())
-    return {"command": "python -m attnzoo.studies.int8_fidelity " + " ".join(sys.argv[1:]), "cpu": cpu_info(),
-            "model": {**model_kwargs, "config": config},
-            "calibration": f"a folder of {images} smooth images (export defaults: the last quarter, at most 64, "
-                           "held out)", "further_inputs": f"{further} other smooth images (seed 1), never seen by "
-                                                          "the export", "fp32_speed": {rt: s.get("fp32", s)
-                                                                                       for rt, s in speed.items()},
-            "load_average": {"start": load_start, "end": load_end}, "contended": contended(load_start, load_end, 1),
-            "rows": rows}
+    return {
+        "command": "python -m attnzoo.studies.int8_fidelity " + " ".join(sys.argv[1:]),
+        "cpu": cpu_info(),
+        "model": {**model_kwargs, "config": config},
+        "calibration": f"a folder of {images} smooth images (export defaults: the last quarter, at most 64, held out)",
+        "further_inputs": f"{further} other smooth images (seed 1), never seen by the export",
+        "fp32_speed": {rt: s.get("fp32", s) for rt, s in speed.items()},
+        "load_average": {"start": load_start, "end": load_end},
+        "contended": contended(load_start, load_end, 1),
+        "rows": rows,
+    }
 
 
 def cpu_line(cpu: Mapping[str, Any]) -> str:
     """One line naming the CPU a result was measured on: its model, cores and key instruction-set flags."""
-    return (f"CPU: {cpu.get('model', '?')}, {cpu.get('usable_cores', cpu.get('logical_cores', '?'))} usable cores; "
-            f"flags: {', '.join(cpu.get('key_flags', [])) or 'none recorded'}")
+    return (
+        f"CPU: {cpu.get('model', '?')}, {cpu.get('usable_cores', cpu.get('logical_cores', '?'))} usable cores; "
+        f"flags: {', '.join(cpu.get('key_flags', [])) or 'none recorded'}"
+    )
 
 
 def markdown(result: Mapping[str, Any]) -> str:
     """The README tables: fidelity (the export's gate inputs, the further inputs), speed, worst-of-n."""
-    lines = [cpu_line(result["cpu"]), "",
-             "| placement | gate inputs: worst / mean cosine, rel. error | default gate (worst >= 0.99) | "
-             f"{result['further_inputs'].split(' ')[0]} further inputs: worst / mean cosine, rel. error (max) | "
-             "top-1 agree (further) | Q/DQ pairs | ORT int8 ms (x fp32) | OpenVINO int8 ms (x fp32) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        cpu_line(result["cpu"]),
+        "",
+        "| placement | gate inputs: worst / mean cosine, rel. error | default gate (worst >= 0.99) | "
+        f"{result['further_inputs'].split(' ')[0]} further inputs: worst / mean cosine, rel. error (max) | "
+        "top-1 agree (further) | Q/DQ pairs | ORT int8 ms (x fp32) | OpenVINO int8 ms (x fp32) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
         if "refused" in r:
             lines.append(f"| {r['placement']} | refused: {r['refused']} | | | | | | |")
@@ -269,40 +342,62 @@ def markdown(result: Mapping[str, Any]) -> str:
         g, f = r["gate"], r["further"]
         sp = [r["speed"][rt] for rt in ("onnxruntime", "openvino")]
         cell = [f"{s['ms']:.2f} ({s['speedup']:.2f}x)" if "ms" in s else s.get("error", "-") for s in sp]
-        lines.append(f"| {r['placement']} | {g['cosine']['min']:.4f} / {g['cosine']['mean']:.4f}, "
-                     f"{g['relative_error']['mean']:.3f} (n={g['n_inputs']}) | "
-                     f"{'passes' if r['default_gate_passes'] else 'refused'} | {f['cosine']['min']:.4f} / "
-                     f"{f['cosine']['mean']:.4f}, {f['relative_error']['mean']:.3f} ({f['relative_error']['max']:.3f}) | "
-                     f"{f['top1_agreement']:.1%} | {r['quantize_linear']} | {cell[0]} | {cell[1]} |")
+        lines.append(
+            f"| {r['placement']} | {g['cosine']['min']:.4f} / {g['cosine']['mean']:.4f}, "
+            f"{g['relative_error']['mean']:.3f} (n={g['n_inputs']}) | "
+            f"{'passes' if r['default_gate_passes'] else 'refused'} | {f['cosine']['min']:.4f} / "
+            f"{f['cosine']['mean']:.4f}, {f['relative_error']['mean']:.3f} ({f['relative_error']['max']:.3f}) | "
+            f"{f['top1_agreement']:.1%} | {r['quantize_linear']} | {cell[0]} | {cell[1]} |"
+        )
     fp = result["fp32_speed"]
-    lines += ["", "fp32: ONNX Runtime " + (f"{fp['onnxruntime']['ms']:.2f} ms" if "ms" in fp["onnxruntime"] else "-")
-              + ", OpenVINO " + (f"{fp['openvino']['ms']:.2f} ms" if "ms" in fp.get("openvino", {}) else "-")
-              + f"; load average {result['load_average']['start'][0]:.2f} -> {result['load_average']['end'][0]:.2f}"
-              + (" (contended: timings shared the cores with other work)" if result["contended"] else "")]
+    lines += [
+        "",
+        "fp32: ONNX Runtime "
+        + (f"{fp['onnxruntime']['ms']:.2f} ms" if "ms" in fp["onnxruntime"] else "-")
+        + ", OpenVINO "
+        + (f"{fp['openvino']['ms']:.2f} ms" if "ms" in fp.get("openvino", {}) else "-")
+        + f"; load average {result['load_average']['start'][0]:.2f} -> {result['load_average']['end'][0]:.2f}"
+        + (" (contended: timings shared the cores with other work)" if result["contended"] else ""),
+    ]
     for r in result["rows"]:
         auto = r.get("auto") or {}
         if auto.get("chosen"):
             sp = (auto.get("speed") or {}).get("groups", {})
-            lines += ["", f"`{r['placement']}`: promised cosine {auto['chosen']['promised']:.4f} on the choosing inputs "
-                      f"(full placement {auto['all_quantized']['promised']:.4f}"
-                      + (f", weights only {auto['weights_only']['promised']:.4f}" if "weights_only" in auto else "")
-                      + f"); kept fp32 {len(r['auto_kept_fp32'])} of {r['auto_groups']} groups:", "",
-                      "| group kept fp32 | ORT ms fp32 / quantized | slowdown |", "|---|---|---|"]
-            lines += [f"| {g} | {sp[g]['fp32_ms']:.2f} / {sp[g]['quantized_ms']:.2f} | {sp[g]['slowdown']:.2f}x |"
-                      if g in sp else f"| {g} | - | - |" for g in r["auto_kept_fp32"]]
-    lines += ["", "Worst-of-n on the further inputs (subsets of n, 400 draws): median / 10th percentile of the worst "
-              "and of the promise, share of the further inputs below each", "",
-              "| placement | n | worst median / p10 | below worst | promise median / p10 | below promise |",
-              "|---|---|---|---|---|---|"]
+            lines += [
+                "",
+                f"`{r['placement']}`: promised cosine {auto['chosen']['promised']:.4f} on the choosing inputs "
+                f"(full placement {auto['all_quantized']['promised']:.4f}"
+                + (f", weights only {auto['weights_only']['promised']:.4f}" if "weights_only" in auto else "")
+                + f"); kept fp32 {len(r['auto_kept_fp32'])} of {r['auto_groups']} groups:",
+                "",
+                "| group kept fp32 | ORT ms fp32 / quantized | slowdown |",
+                "|---|---|---|",
+            ]
+            lines += [
+                f"| {g} | {sp[g]['fp32_ms']:.2f} / {sp[g]['quantized_ms']:.2f} | {sp[g]['slowdown']:.2f}x |"
+                if g in sp
+                else f"| {g} | - | - |"
+                for g in r["auto_kept_fp32"]
+            ]
+    lines += [
+        "",
+        "Worst-of-n on the further inputs (subsets of n, 400 draws): median / 10th percentile of the worst "
+        "and of the promise, share of the further inputs below each",
+        "",
+        "| placement | n | worst median / p10 | below worst | promise median / p10 | below promise |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
         for w in r.get("worst_of_n", []):
-            lines.append(f"| {r['placement']} | {w['n']} | {w['worst_median']:.4f} / {w['worst_p10']:.4f} | "
-                         f"{w['below_worst']:.2%} | {w['promised_median']:.4f} / {w['promised_p10']:.4f} | "
-                         f"{w['below_promise']:.2%} |")
+            lines.append(
+                f"| {r['placement']} | {w['n']} | {w['worst_median']:.4f} / {w['worst_p10']:.4f} | "
+                f"{w['below_worst']:.2%} | {w['promised_median']:.4f} / {w['promised_p10']:.4f} | "
+                f"{w['below_promise']:.2%} |"
+            )
     return "\n".join(lines)
 
 
-def zoo_drift(variant: str, task: str, count: int = 512) -> Dict[str, Any]:
+def zoo_drift(variant: str, task: str, count: int = 512) -> dict[str, Any]:
     """A zoo model's int8 copy (``cpu`` placement, as the demo and serve-models make it: 512 training images) on
     ``count`` further training images outside the calibration draw: the cosine of its logits to fp32's per input,
     and whether the prediction changed where the cosine is lowest."""
@@ -310,19 +405,34 @@ def zoo_drift(variant: str, task: str, count: int = 512) -> Dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="attnzoo-zoo-drift-") as work:
         fp32, int8 = Path(work) / "fp32.onnx", Path(work) / "int8.onnx"
         export.export_verified(model, fp32, config, batch_sizes=(1,), checkpoint_sha256=sha)
-        quantize.quantize_onnx(fp32, int8, dtype="int8", placement=quantize.CPU_QDQ_PLACEMENT,
-                               calibration=quantize.calibration_images(config, quantize.DEFAULT_CALIBRATION_COUNT),
-                               exclude_nodes=quantize.extra_math_nodes(onnx.load(str(fp32)), config))
+        quantize.quantize_onnx(
+            fp32,
+            int8,
+            dtype="int8",
+            placement=quantize.CPU_QDQ_PLACEMENT,
+            calibration=quantize.calibration_images(config, quantize.DEFAULT_CALIBRATION_COUNT),
+            exclude_nodes=quantize.extra_math_nodes(onnx.load(str(fp32)), config),
+        )
         x = quantize.heldout_images(config, count, quantize.DEFAULT_CALIBRATION_COUNT)
         ref, out = quantize.onnx_outputs(fp32, x, None), quantize.onnx_outputs(int8, x, None)
     cos = quantize.per_input_fidelity(ref, out)[0]
     low = cos < quantize.DEFAULT_MIN_COSINE
     same = ref.reshape(len(ref), ref.shape[1], -1).argmax(1) == out.reshape(len(out), out.shape[1], -1).argmax(1)
-    return {"variant": variant, "task": task, "placement": quantize.CPU_QDQ_PLACEMENT, "n_inputs": int(len(cos)),
-            "cosine": {"min": float(cos.min()), "mean": float(cos.mean()),
-                       "p1": float(np.percentile(cos, 1)), "p5": float(np.percentile(cos, 5))},
-            "below_gate": float(low.mean()), "prediction_agreement_below_gate":
-                float(same[low].mean()) if low.any() else None, "prediction_agreement": float(same.mean())}
+    return {
+        "variant": variant,
+        "task": task,
+        "placement": quantize.CPU_QDQ_PLACEMENT,
+        "n_inputs": int(len(cos)),
+        "cosine": {
+            "min": float(cos.min()),
+            "mean": float(cos.mean()),
+            "p1": float(np.percentile(cos, 1)),
+            "p5": float(np.percentile(cos, 5)),
+        },
+        "below_gate": float(low.mean()),
+        "prediction_agreement_below_gate": float(same[low].mean()) if low.any() else None,
+        "prediction_agreement": float(same.mean()),
+    }
 
 
 #: The placements ``--zoo-accuracy`` exports with: ``export-model --dtype int8``'s default, and the one of the
@@ -330,12 +440,12 @@ def zoo_drift(variant: str, task: str, count: int = 512) -> Dict[str, Any]:
 ZOO_PLACEMENTS = ("auto", "cpu")
 
 
-def zoo_accuracy(variant: str, task: str, placement: str, data: str) -> Dict[str, Any]:
+def zoo_accuracy(variant: str, task: str, placement: str, data: str) -> dict[str, Any]:
     """A zoo model exported to int8 as ``export-model --variant V --task T --dtype int8 [--qdq-placement P]``
     does (every other default: 512 training images calibrate, 64 further ones held out, the whole test split
     scored next to fp32): whether it passed its accuracy gate, its accuracy, and its fidelity to fp32."""
     start = time.perf_counter()
-    row: Dict[str, Any] = {"variant": variant, "task": task, "data": data, "placement": placement}
+    row: dict[str, Any] = {"variant": variant, "task": task, "data": data, "placement": placement}
     with tempfile.TemporaryDirectory(prefix="attnzoo-zoo-int8-") as work:
         out = Path(work) / f"{variant}_{task}_int8.onnx"
         try:
@@ -351,47 +461,77 @@ def zoo_accuracy(variant: str, task: str, placement: str, data: str) -> Dict[str
     auto = report["quantization"]["options"].get("auto") or {}
     row.update(passed=bool(report["passed"]), failures=report["failures"])
     if acc.get("metrics"):
-        row["accuracy"] = {k: acc[k] for k in ("metric_name", "n_images", "metrics", "drop", "tolerance",
-                                               "within_tolerance")}
+        row["accuracy"] = {
+            k: acc[k] for k in ("metric_name", "n_images", "metrics", "drop", "tolerance", "within_tolerance")
+        }
     if fid:
-        row["fidelity"] = {"n_inputs": fid["n_inputs"], "split": fid.get("split"), "gate_on": fid["gate_on"],
-                           "cosine": fid["cosine"], "relative_error": fid["relative_error"],
-                           "top1_agreement": fid["top1_agreement"]}
+        row["fidelity"] = {
+            "n_inputs": fid["n_inputs"],
+            "split": fid.get("split"),
+            "gate_on": fid["gate_on"],
+            "cosine": fid["cosine"],
+            "relative_error": fid["relative_error"],
+            "top1_agreement": fid["top1_agreement"],
+        }
     if auto.get("groups"):
-        row["auto"] = {"promised": auto.get("promised"), "chosen": auto.get("chosen"),
-                       "kept_fp32": [g for g, d in auto["groups"].items() if not d["quantized"]],
-                       "groups": len(auto["groups"]), "fallback": auto.get("fallback")}
+        row["auto"] = {
+            "promised": auto.get("promised"),
+            "chosen": auto.get("chosen"),
+            "kept_fp32": [g for g, d in auto["groups"].items() if not d["quantized"]],
+            "groups": len(auto["groups"]),
+            "fallback": auto.get("fallback"),
+        }
     row["quantize_linear"] = report["quantization"]["qdq"]["quantize_linear"]
     return row
 
 
 def zoo_accuracy_markdown(result: Mapping[str, Any]) -> str:
     """The zoo int8 accuracy table: per model and placement, the gate's verdict, the accuracy and the fidelity."""
-    lines = [cpu_line(result["cpu"]), "", f"Command: `{result['command']}`; load average "
-             f"{result['load_average']['start'][0]:.2f} -> {result['load_average']['end'][0]:.2f}"
-             + (" (contended)" if result["contended"] else ""), "",
-             "| variant | task | placement | accuracy gate | fp32 | int8 | drop (tolerance) | fidelity: worst / mean "
-             "cosine (n) | auto kept fp32 | s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        cpu_line(result["cpu"]),
+        "",
+        f"Command: `{result['command']}`; load average "
+        f"{result['load_average']['start'][0]:.2f} -> {result['load_average']['end'][0]:.2f}"
+        + (" (contended)" if result["contended"] else ""),
+        "",
+        "| variant | task | placement | accuracy gate | fp32 | int8 | drop (tolerance) | fidelity: worst / mean "
+        "cosine (n) | auto kept fp32 | s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
         a, f = r.get("accuracy"), r.get("fidelity")
         verdict = "passes" if r.get("passed") else f"refused: {r.get('refused', '; '.join(r.get('failures', [])))}"
-        acc = ([f"{a['metrics']['fp32']:.2f}", f"{a['metrics']['int8']:.2f}", f"{a['drop']:+.2f} ({a['tolerance']:g})"]
-               if a else ["-", "-", "-"])
+        acc = (
+            [f"{a['metrics']['fp32']:.2f}", f"{a['metrics']['int8']:.2f}", f"{a['drop']:+.2f} ({a['tolerance']:g})"]
+            if a
+            else ["-", "-", "-"]
+        )
         fid = f"{f['cosine']['min']:.4f} / {f['cosine']['mean']:.4f} ({f['n_inputs']})" if f else "-"
         auto = r.get("auto")
-        kept = "-" if not auto else (f"{len(auto['kept_fp32'])} of {auto['groups']}"
-                                     + (" (weights only)" if auto.get("fallback") else ""))
-        lines.append(f"| {r['variant']} | {r['task']} | {r['placement']} | {verdict} | {' | '.join(acc)} | {fid} | "
-                     f"{kept} | {r.get('seconds', '-')} |")
+        kept = (
+            "-"
+            if not auto
+            else (f"{len(auto['kept_fp32'])} of {auto['groups']}" + (" (weights only)" if auto.get("fallback") else ""))
+        )
+        lines.append(
+            f"| {r['variant']} | {r['task']} | {r['placement']} | {verdict} | {' | '.join(acc)} | {fid} | "
+            f"{kept} | {r.get('seconds', '-')} |"
+        )
     passed = sum(bool(r.get("passed")) for r in result["rows"])
     selected = result.get("selected", len(result["rows"]))
-    lines += ["", f"{passed} of {len(result['rows'])} int8 exports pass their accuracy gate"
-              + (f" (a partial run: {len(result['rows'])} of the {selected} selected)." if selected > len(result["rows"])
-                 else ".")]
+    lines += [
+        "",
+        f"{passed} of {len(result['rows'])} int8 exports pass their accuracy gate"
+        + (
+            f" (a partial run: {len(result['rows'])} of the {selected} selected)."
+            if selected > len(result["rows"])
+            else "."
+        ),
+    ]
     return "\n".join(lines)
 
 
-def _zoo_selection(spec: str, data: str) -> List[Tuple[str, str]]:
+def _zoo_selection(spec: str, data: str) -> list[tuple[str, str]]:
     """``VARIANT:TASK,...``, or ``cls`` / ``seg`` / ``all`` (the zoo's models of ``data`` for that task)."""
     have = [(e["variant"], e["task"]) for e in zoo.entries() if e["data"] == data]
     if spec in ("cls", "seg", "all"):
@@ -400,8 +540,9 @@ def _zoo_selection(spec: str, data: str) -> List[Tuple[str, str]]:
     for item in spec.split(","):
         variant, _, task = item.strip().partition(":")
         if (variant, task) not in have:
-            raise UsageError(f"--zoo-accuracy: the zoo has no {data} model {item.strip()!r} (VARIANT:TASK, or cls, "
-                             "seg, all)")
+            raise UsageError(
+                f"--zoo-accuracy: the zoo has no {data} model {item.strip()!r} (VARIANT:TASK, or cls, seg, all)"
+            )
         chosen.append((variant, task))
     return chosen
 
@@ -409,8 +550,13 @@ def _zoo_selection(spec: str, data: str) -> List[Tuple[str, str]]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m attnzoo.studies.int8_fidelity", description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=None, help="folder for results.json and results.md")
-    p.add_argument("--table", type=Path, default=None, metavar="FILE",
-                   help="print the markdown of an earlier results.json or zoo-accuracy.json and run nothing")
+    p.add_argument(
+        "--table",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="print the markdown of an earlier results.json or zoo-accuracy.json and run nothing",
+    )
     p.add_argument("--img-size", type=int, default=64)
     p.add_argument("--patch-size", type=int, default=8)
     p.add_argument("--embed-dim", type=int, default=192)
@@ -419,20 +565,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--images", type=int, default=256, help="images in the calibration folder (a quarter held out)")
     p.add_argument("--further", type=int, default=512, help="further images, never seen by the export")
     p.add_argument("--runs", type=int, default=40, help="interleaved timed runs per model and runtime")
-    p.add_argument("--zoo", default=None, metavar="VARIANT:TASK,...",
-                   help="instead: the logits' drift of these zoo models' int8 copies on 512 further training images "
-                        "(zoo-drift.json)")
-    p.add_argument("--zoo-accuracy", default=None, metavar="SELECTION",
-                   help="instead: export the zoo's models (VARIANT:TASK,... or cls, seg, all) to int8 with each of "
-                        f"{', '.join(ZOO_PLACEMENTS)} and record their accuracy gate (zoo-accuracy.json / .md)")
+    p.add_argument(
+        "--zoo",
+        default=None,
+        metavar="VARIANT:TASK,...",
+        help="instead: the logits' drift of these zoo models' int8 copies on 512 further training images "
+        "(zoo-drift.json)",
+    )
+    p.add_argument(
+        "--zoo-accuracy",
+        default=None,
+        metavar="SELECTION",
+        help="instead: export the zoo's models (VARIANT:TASK,... or cls, seg, all) to int8 with each of "
+        f"{', '.join(ZOO_PLACEMENTS)} and record their accuracy gate (zoo-accuracy.json / .md)",
+    )
     p.add_argument("--data", default="fashion", help="the zoo's data set for --zoo-accuracy (default fashion)")
-    p.add_argument("--name", default="zoo-accuracy", help="--zoo-accuracy's report: <out>/<name>.json and .md "
-                                                          "(default zoo-accuracy)")
+    p.add_argument(
+        "--name",
+        default="zoo-accuracy",
+        help="--zoo-accuracy's report: <out>/<name>.json and .md (default zoo-accuracy)",
+    )
     return add_debug_flag(p)
 
 
 @entry_point
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if reprint(args.table, lambda r: zoo_accuracy_markdown(r) if "zoo_accuracy" in r else markdown(r)):
         return 0
@@ -442,40 +599,58 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.zoo_accuracy:
         selection = _zoo_selection(args.zoo_accuracy, args.data)
         load_start = list(os.getloadavg())
-        rows: List[Dict[str, Any]] = []
+        rows: list[dict[str, Any]] = []
         command = "python -m attnzoo.studies.int8_fidelity " + " ".join(sys.argv[1:] if argv is None else argv)
-        result: Dict[str, Any] = {}
+        result: dict[str, Any] = {}
         for variant, task in selection:  # the report rewritten after each row: a stopped run keeps what it measured
             for placement in ZOO_PLACEMENTS:
                 rows.append(zoo_accuracy(variant, task, placement, args.data))
                 print(json.dumps(rows[-1]), flush=True)
                 load_end = list(os.getloadavg())
-                result = {"command": command, "zoo_accuracy": True, "cpu": cpu_info(), "versions": _versions(),
-                          "load_average": {"start": load_start, "end": load_end},
-                          "contended": contended(load_start, load_end, 2),
-                          "selected": len(selection) * len(ZOO_PLACEMENTS), "rows": rows}
+                result = {
+                    "command": command,
+                    "zoo_accuracy": True,
+                    "cpu": cpu_info(),
+                    "versions": _versions(),
+                    "load_average": {"start": load_start, "end": load_end},
+                    "contended": contended(load_start, load_end, 2),
+                    "selected": len(selection) * len(ZOO_PLACEMENTS),
+                    "rows": rows,
+                }
                 atomic_write_text(out / f"{args.name}.json", json.dumps(result, indent=1) + "\n")
                 atomic_write_text(out / f"{args.name}.md", zoo_accuracy_markdown(result) + "\n")
         print(zoo_accuracy_markdown(result))
         return 0 if all(r.get("passed") for r in rows) else 1
     if args.zoo:
         rows = [zoo_drift(*item.split(":")) for item in args.zoo.split(",")]
-        atomic_write_text(out / "zoo-drift.json", json.dumps({
-            "command": "python -m attnzoo.studies.int8_fidelity " + " ".join(sys.argv[1:]), "rows": rows}, indent=2)
-            + "\n")
+        atomic_write_text(
+            out / "zoo-drift.json",
+            json.dumps(
+                {"command": "python -m attnzoo.studies.int8_fidelity " + " ".join(sys.argv[1:]), "rows": rows}, indent=2
+            )
+            + "\n",
+        )
         print(json.dumps(rows, indent=1))
         return 0
     with tempfile.TemporaryDirectory(prefix="attnzoo-int8-fidelity-") as work:
-        result = measure(Path(work), img_size=args.img_size, patch_size=args.patch_size, embed_dim=args.embed_dim,
-                         depth=args.depth, num_heads=args.num_heads, images=args.images, further=args.further,
-                         runs=args.runs)
+        result = measure(
+            Path(work),
+            img_size=args.img_size,
+            patch_size=args.patch_size,
+            embed_dim=args.embed_dim,
+            depth=args.depth,
+            num_heads=args.num_heads,
+            images=args.images,
+            further=args.further,
+            runs=args.runs,
+        )
     atomic_write_text(out / "results.json", json.dumps(result, indent=2) + "\n")
     atomic_write_text(out / "results.md", markdown(result) + "\n")
     print(markdown(result))
     return 0
 
 
-def _versions() -> Dict[str, str]:
+def _versions() -> dict[str, str]:
     """The versions of what quantizes and runs the int8 graphs."""
     return {name: version(name) for name in ("onnxruntime", "nvidia-modelopt", "torch")}
 

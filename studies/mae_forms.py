@@ -18,8 +18,9 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any
 from unittest import mock
 
 import numpy as np
@@ -48,14 +49,14 @@ __all__ = ["forms", "time_round_robin", "markdown", "main"]
 MAE_VARIANTS = ("wafe-mae", "anti-wafe-mae")
 
 
-def forms(blocks: Sequence[int]) -> List[str]:
+def forms(blocks: Sequence[int]) -> list[str]:
     """Form names: ``broadcast``, then ``blocked<b>`` per block size."""
     return ["broadcast", *(f"blocked{b}" for b in blocks)]
 
 
-def _export(model, form: str, path: Path, threads: int) -> Dict[str, Any]:
+def _export(model, form: str, path: Path, threads: int) -> dict[str, Any]:
     """Export ``model`` with the pairwise L1 in ``form``, verified; returns the verification report."""
-    impl, block = ("broadcast", None) if form == "broadcast" else ("blocked", int(form[len("blocked"):]))
+    impl, block = ("broadcast", None) if form == "broadcast" else ("blocked", int(form[len("blocked") :]))
     layers = [m for m in model.modules() if isinstance(m, wafe.PairwiseL1)]
     for layer in layers:
         layer.impl = impl
@@ -63,49 +64,56 @@ def _export(model, form: str, path: Path, threads: int) -> Dict[str, Any]:
         # exactly ``block`` queries per block (the default rule would cap the block count instead)
         with mock.patch("attnzoo.models.wafe.mae_block", (lambda n: block) if block else wafe.mae_block):
             cfg = model.attnzoo_config
-            return export.export_verified(model, path, cfg, input_hw=(cfg["img_size"],) * 2, batch_sizes=(1,),
-                                   threads=threads)
+            return export.export_verified(
+                model, path, cfg, input_hw=(cfg["img_size"],) * 2, batch_sizes=(1,), threads=threads
+            )
     finally:
         for layer in layers:
             layer.impl = "auto"
 
 
-def time_round_robin(runners: Dict[str, Callable[[], object]], rounds: int,
-                     progress: bool = True) -> Dict[str, List[float]]:
+def time_round_robin(
+    runners: dict[str, Callable[[], object]], rounds: int, progress: bool = True
+) -> dict[str, list[float]]:
     """Seconds per call of every runner, ``rounds`` rounds of one call each in a fixed order (after a warm-up)."""
     for fn in runners.values():
         warmup(fn)
-    times: Dict[str, List[float]] = {name: [] for name in runners}
+    times: dict[str, list[float]] = {name: [] for name in runners}
     for _ in tqdm(range(rounds), desc="rounds", disable=not progress, leave=False):
         for name, fn in runners.items():
             times[name].append(time_once(fn))
     return times
 
 
-def _rows(times: Dict[str, List[float]], batch: int, parity: Dict[str, float]) -> List[Dict[str, Any]]:
+def _rows(times: dict[str, list[float]], batch: int, parity: dict[str, float]) -> list[dict[str, Any]]:
     rows = []
     for name, samples in times.items():
         row = {"runner": name, "batch": batch, **summarize(samples, batch)}
         if name != "eager":
             r = ratio_stats(samples, times["eager"])  # eager / runner per round: the speed-up
-            row.update(speedup=r["ratio_median"], speedup_q1=r["ratio_q1"], speedup_q3=r["ratio_q3"],
-                       parity_error=parity[name])
+            row.update(
+                speedup=r["ratio_median"], speedup_q1=r["ratio_q1"], speedup_q3=r["ratio_q3"], parity_error=parity[name]
+            )
         rows.append(row)
     return rows
 
 
-def markdown(result: Dict[str, Any]) -> str:
+def markdown(result: dict[str, Any]) -> str:
     """The result as a markdown table, with the command and the machine."""
     env = result["environment"]
-    lines = [f"# Pairwise L1 forms of `{result['variant']}`, {result['arch']}, {result['threads']} thread(s)", "",
-             f"`{result['command']}`", "",
-             f"CPU: {cpu_summary(env['cpu'])}; load average at start {env['load_average']}, end "
-             f"{result['load_average_end']}.", "",
-             "| batch | runner | median ms | speed-up over eager (q1-q3) | parity error vs eager |",
-             "|---:|---|---:|---|---:|"]
+    lines = [
+        f"# Pairwise L1 forms of `{result['variant']}`, {result['arch']}, {result['threads']} thread(s)",
+        "",
+        f"`{result['command']}`",
+        "",
+        f"CPU: {cpu_summary(env['cpu'])}; load average at start {env['load_average']}, end "
+        f"{result['load_average_end']}.",
+        "",
+        "| batch | runner | median ms | speed-up over eager (q1-q3) | parity error vs eager |",
+        "|---:|---|---:|---|---:|",
+    ]
     for row in result["rows"]:
-        sp = (f"{row['speedup']:.2f} ({row['speedup_q1']:.2f}-{row['speedup_q3']:.2f})" if "speedup" in row
-              else "1")
+        sp = f"{row['speedup']:.2f} ({row['speedup_q1']:.2f}-{row['speedup_q3']:.2f})" if "speedup" in row else "1"
         err = f"{row['parity_error']:.1e}" if "parity_error" in row else "-"
         lines.append(f"| {row['batch']} | {row['runner']} | {row['median_ms']:.1f} | {sp} | {err} |")
     lines += ["", "| form | ONNX nodes | export s (this machine) | verified at batch sizes |", "|---|---:|---:|---|"]
@@ -115,8 +123,11 @@ def markdown(result: Dict[str, Any]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m attnzoo.studies.mae_forms", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m attnzoo.studies.mae_forms",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--variant", default="wafe-mae", help=f"one of {', '.join(MAE_VARIANTS)}")
     p.add_argument("--arch", default="tiny", help="model arch (attnzoo.models.ARCHS)")
     p.add_argument("--batch-sizes", default="1,8", help="comma-separated integers")
@@ -131,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 @entry_point
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """``python -m attnzoo.studies.mae_forms``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
@@ -163,17 +174,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         report = _export(model, form, paths[form], a.threads)
         if not report["passed"]:
             raise RuntimeError(f"{form}: export failed verification: {report['failures']}")
-        exports[form] = {"export_time_s": report["export_time_s"], "nodes": sum(report["op_histogram"].values()),
-                         "ops": report["op_histogram"], "verified_batch_sizes": report["parity"]["batch_sizes"]}
-    rows: List[Dict[str, Any]] = []
+        exports[form] = {
+            "export_time_s": report["export_time_s"],
+            "nodes": sum(report["op_histogram"].values()),
+            "ops": report["op_histogram"],
+            "verified_batch_sizes": report["parity"]["batch_sizes"],
+        }
+    rows: list[dict[str, Any]] = []
     for batch in batches:
         gen = torch.Generator().manual_seed(a.seed + batch)
         x = torch.randn(batch, 3, *(model.attnzoo_config["img_size"],) * 2, generator=gen)
         xn = x.numpy()
         with torch.no_grad():
             ref = model(x).numpy()
-        runners: Dict[str, Callable[[], object]] = {"eager": lambda: model(x)}
-        parity: Dict[str, float] = {}
+        runners: dict[str, Callable[[], object]] = {"eager": lambda: model(x)}
+        parity: dict[str, float] = {}
         for form, path in paths.items():
             sess, _ = tuned_cpu_session(path, a.threads, cache, batch=batch)
             runners[f"ort-cpu {form}"] = lambda s=sess: s.run(None, {"image": xn})
@@ -188,10 +203,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with torch.no_grad():
             times = time_round_robin(runners, a.rounds, progress=not a.no_progress)
         rows += _rows(times, batch, parity)
-    result = {"command": shlex.join(["python", "-m", "attnzoo.studies.mae_forms", *argv]),
-              "variant": a.variant, "arch": a.arch, "threads": a.threads, "batch_sizes": batches, "blocks": blocks,
-              "rounds": a.rounds, "openvino": ov_missing or "used", "exports": exports, "environment": env,
-              "load_average_end": load_average(), "rows": rows}
+    result = {
+        "command": shlex.join(["python", "-m", "attnzoo.studies.mae_forms", *argv]),
+        "variant": a.variant,
+        "arch": a.arch,
+        "threads": a.threads,
+        "batch_sizes": batches,
+        "blocks": blocks,
+        "rounds": a.rounds,
+        "openvino": ov_missing or "used",
+        "exports": exports,
+        "environment": env,
+        "load_average_end": load_average(),
+        "rows": rows,
+    }
     write_report(a.out, "mae_forms", result, markdown(result))
     return 0
 

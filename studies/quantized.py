@@ -36,8 +36,9 @@ import json
 import math
 import shlex
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any
 
 import numpy as np
 import onnx
@@ -52,11 +53,16 @@ from attnzoo.benchmarks.rows import load_call, row_unavailable_reason, tolerance
 from attnzoo.benchmarks.stats import ratio_stats
 from attnzoo.benchmarks.timing import measure_pair
 from attnzoo.cli import add_debug_flag, entry_point, parse_batch_sizes
-from attnzoo.errors import UsageError
 from attnzoo.data.datasets import load_data
-from attnzoo.export import export_verified, quantize as q
-from attnzoo.export.quantize import (CPU_QDQ_PLACEMENT, TENSORRT_QDQ_PLACEMENT, DEFAULT_CALIBRATION_COUNT,
-                                     DEFAULT_CALIBRATION_SEED)
+from attnzoo.errors import UsageError
+from attnzoo.export import export_verified
+from attnzoo.export import quantize as q
+from attnzoo.export.quantize import (
+    CPU_QDQ_PLACEMENT,
+    DEFAULT_CALIBRATION_COUNT,
+    DEFAULT_CALIBRATION_SEED,
+    TENSORRT_QDQ_PLACEMENT,
+)
 from attnzoo.fileio import atomic_write_text, default_cache_dir, writable_dir
 from attnzoo.machine import cpu_summary, environment, load_average
 from attnzoo.metrics import confusion_matrix, metrics_from_confusion
@@ -64,14 +70,15 @@ from attnzoo.models import canonical_name, create_model
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
 from attnzoo.runtime.backends import get_backend
 from attnzoo.runtime.evaluate import EVAL_BATCH, cpu_session, predict_session
-from attnzoo.runtime.parity import TOLERANCES, check as check_parity
+from attnzoo.runtime.parity import TOLERANCES
+from attnzoo.runtime.parity import check as check_parity
 from attnzoo.studies.int8_accuracy import _verified_fp32
 from attnzoo.studies.report import add_zoo_selection, contended, reprint, require_out, write_report, zoo_entries
 
 __all__ = ["MODELS", "mcnemar_p", "accuracy_row", "speed_rows", "markdown", "main"]
 
 #: The scored models, in table order: label -> what it is.
-MODELS: Dict[str, str] = {
+MODELS: dict[str, str] = {
     "fp32": "the verified fp32 export",
     "int8": "ModelOpt int8, extra math excluded (fp32)",
     "int8 xm": "ModelOpt int8, extra math quantized too",
@@ -96,20 +103,28 @@ def mcnemar_p(right_a: np.ndarray, right_b: np.ndarray) -> float:
     return float(binomtest(a_only, a_only + b_only, 0.5).pvalue)
 
 
-def _predict(models: Mapping[str, Any], config: Mapping[str, Any], limit: Optional[int], threads: Optional[int]):
+def _predict(models: Mapping[str, Any], config: Mapping[str, Any], limit: int | None, threads: int | None):
     """Predictions of each model on the test split (the split, preprocessing and batching of
     :func:`attnzoo.export.quantize.evaluate_onnx`), the targets and the class names."""
     task, size = config["task"], int(config["img_size"])
-    data = load_data(config["data"], "test", task, size, n=limit, seed=int(config.get("data_seed", 0)),
-                     scene=config.get("scene"))
+    data = load_data(
+        config["data"], "test", task, size, n=limit, seed=int(config.get("data_seed", 0)), scene=config.get("scene")
+    )
     x = normalize(data.images, config.get("mean", DEFAULT_MEAN), config.get("std", DEFAULT_STD))
     y = data.labels if task == "cls" else data.masks.astype(np.int64)
     preds = {label: predict_session(cpu_session(m, threads), x, EVAL_BATCH) for label, m in models.items()}
     return preds, y, data.class_names
 
 
-def accuracy_row(entry: Mapping[str, Any], cache_dir: Path, *, calibration_count: int, seed: int,
-                 limit: Optional[int] = None, threads: Optional[int] = None) -> Dict[str, Any]:
+def accuracy_row(
+    entry: Mapping[str, Any],
+    cache_dir: Path,
+    *,
+    calibration_count: int,
+    seed: int,
+    limit: int | None = None,
+    threads: int | None = None,
+) -> dict[str, Any]:
     """Quantize one zoo model three ways and score all four on its test split (see the module docstring)."""
     model, cfg = zoo.load(entry["variant"], entry["task"], entry["data"])
     stem = f"{entry['variant']}_{entry['task']}_{entry['data']}"
@@ -120,20 +135,33 @@ def accuracy_row(entry: Mapping[str, Any], cache_dir: Path, *, calibration_count
     plan = {"int8": ("int8", extra), "fp8": ("fp8", extra)}
     if extra:
         plan["int8 xm"] = ("int8", [])
-    paths: Dict[str, Any] = {"fp32": fp32}
-    quant: Dict[str, Any] = {}
+    paths: dict[str, Any] = {"fp32": fp32}
+    quant: dict[str, Any] = {}
     for label in [m for m in MODELS if m in plan]:
         dtype, exclude = plan[label]
         out = cache_dir / f"{stem}.{label.replace(' ', '-')}.onnx"
-        rep = q.quantize_onnx(fp32, out, dtype=dtype, calibration=calibration, exclude_nodes=exclude,
-                              calibration_source=source, calibration_seed=seed, extra_nodes=extra)
-        quant[label] = {"quantized_ops": rep.qdq["quantized_ops"],
-                        "extra_math_quantized": len(rep.qdq["extra_math_quantized"]),
-                        "excluded_nodes": len(exclude), "calibration": rep.calibration,
-                        "quantizer": f"{rep.quantizer} {rep.quantizer_version}", "time_s": rep.time_s}
+        rep = q.quantize_onnx(
+            fp32,
+            out,
+            dtype=dtype,
+            calibration=calibration,
+            exclude_nodes=exclude,
+            calibration_source=source,
+            calibration_seed=seed,
+            extra_nodes=extra,
+        )
+        quant[label] = {
+            "quantized_ops": rep.qdq["quantized_ops"],
+            "extra_math_quantized": len(rep.qdq["extra_math_quantized"]),
+            "excluded_nodes": len(exclude),
+            "calibration": rep.calibration,
+            "quantizer": f"{rep.quantizer} {rep.quantizer_version}",
+            "time_s": rep.time_s,
+        }
         if exclude and rep.qdq["extra_math_quantized"]:
-            raise RuntimeError(f"{out.name}: {len(rep.qdq['extra_math_quantized'])} excluded extra-math op(s) "
-                               "read quantized values")
+            raise RuntimeError(
+                f"{out.name}: {len(rep.qdq['extra_math_quantized'])} excluded extra-math op(s) read quantized values"
+            )
         paths[label] = q.simulate_fp8(onnx.load(str(out))) if dtype == "fp8" else out
     preds, y, class_names = _predict(paths, cfg, limit, threads)
     k = len(class_names)
@@ -143,25 +171,44 @@ def accuracy_row(entry: Mapping[str, Any], cache_dir: Path, *, calibration_count
         metrics[label], metric_name = float(m["metric"]), m["metric_name"]
         if not math.isfinite(metrics[label]):
             raise RuntimeError(f"{stem} {label}: metric is not finite")
-    row: Dict[str, Any] = {
-        "variant": entry["variant"], "task": entry["task"], "data": entry["data"], "arch": cfg["arch"],
-        "checkpoint_sha256": entry.get("sha256"), "metric_name": metric_name, "n_images": int(len(y)),
-        "extra_math_nodes": len(extra), "metrics": metrics,
+    row: dict[str, Any] = {
+        "variant": entry["variant"],
+        "task": entry["task"],
+        "data": entry["data"],
+        "arch": cfg["arch"],
+        "checkpoint_sha256": entry.get("sha256"),
+        "metric_name": metric_name,
+        "n_images": int(len(y)),
+        "extra_math_nodes": len(extra),
+        "metrics": metrics,
         "delta": {k_: v - metrics["fp32"] for k_, v in metrics.items() if k_ != "fp32"},
         "agreement": {k_: float(np.mean(p == preds["fp32"])) for k_, p in preds.items() if k_ != "fp32"},
-        "tolerance": q.ACCURACY_TOLERANCE[cfg["task"]], "quantization": quant}
+        "tolerance": q.ACCURACY_TOLERANCE[cfg["task"]],
+        "quantization": quant,
+    }
     row["int8_within_tolerance"] = -row["delta"]["int8"] <= row["tolerance"]
     if "int8 xm" in preds:
         cost = metrics["int8 xm"] - metrics["int8"]
         p = mcnemar_p(preds["int8"] == y, preds["int8 xm"] == y) if cfg["task"] == "cls" else None
-        row["extra_math_cost"] = {"points": cost, "mcnemar_p": p,
-                                  "loses": bool(cost < 0 and (p is None or p < ALPHA))
-                                  if cfg["task"] == "cls" else bool(cost < -row["tolerance"])}
+        row["extra_math_cost"] = {
+            "points": cost,
+            "mcnemar_p": p,
+            "loses": bool(cost < 0 and (p is None or p < ALPHA))
+            if cfg["task"] == "cls"
+            else bool(cost < -row["tolerance"]),
+        }
     return row
 
 
-def speed_rows(arch: str, variant: str, batch_sizes: Sequence[int], threads: int, min_time: float,
-               cache_dir: Path, progress: bool = True) -> Dict[str, Any]:
+def speed_rows(
+    arch: str,
+    variant: str,
+    batch_sizes: Sequence[int],
+    threads: int,
+    min_time: float,
+    cache_dir: Path,
+    progress: bool = True,
+) -> dict[str, Any]:
     """fp32 against int8 per CPU runtime on a random-init model: parity-gated, timed A B A B, ceiling fractions."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -185,26 +232,46 @@ def speed_rows(arch: str, variant: str, batch_sizes: Sequence[int], threads: int
         runners, infos, parity = {}, {}, {}
         try:
             for dtype in ("fp32", "int8"):
-                runners[dtype], infos[dtype] = load_call(backend, model, fp32, x.numpy(), dtype, threads=threads,
-                                                         device="cpu", cache_dir=cache_dir,
-                                                         int8_placement=placement or CPU_QDQ_PLACEMENT)
+                runners[dtype], infos[dtype] = load_call(
+                    backend,
+                    model,
+                    fp32,
+                    x.numpy(),
+                    dtype,
+                    threads=threads,
+                    device="cpu",
+                    cache_dir=cache_dir,
+                    int8_placement=placement or CPU_QDQ_PLACEMENT,
+                )
                 key = tolerance_for(backend, dtype, "cpu")
                 ok, err = check_parity(runners[dtype].output(), ref, key)
                 if not ok:
-                    raise RuntimeError(f"{backend} {dtype} b{batch}: parity error {err:.3g} beyond the {key} tolerance "
-                                       f"{TOLERANCES[key]:g}")
+                    raise RuntimeError(
+                        f"{backend} {dtype} b{batch}: parity error {err:.3g} beyond the {key} tolerance "
+                        f"{TOLERANCES[key]:g}"
+                    )
                 parity[dtype] = err
             load = (load_average() or [None])[0]
             t32, t8 = measure_pair(runners["fp32"].fn, runners["int8"].fn, min_time)
             r = ratio_stats(t8, t32)  # per pair: fp32 time / int8 time = the int8 speed-up
-            row = {"backend": backend, "placement": placement, "batch": batch, "speedup_median": r["ratio_median"],
-                   "speedup_q1": r["ratio_q1"],
-                   "speedup_q3": r["ratio_q3"], "pairs": r["pairs"], "load_1min": load,
-                   "int8_model": infos["int8"].get("int8")}
+            row = {
+                "backend": backend,
+                "placement": placement,
+                "batch": batch,
+                "speedup_median": r["ratio_median"],
+                "speedup_q1": r["ratio_q1"],
+                "speedup_q3": r["ratio_q3"],
+                "pairs": r["pairs"],
+                "load_1min": load,
+                "int8_model": infos["int8"].get("int8"),
+            }
             for dtype, t in (("fp32", t32), ("int8", t8)):
                 med = float(np.median(t) * 1e3)
-                row[dtype] = {"median_ms": med, "parity_error": parity[dtype],
-                              **fraction(flops * batch, med, ceiling_for(ceiling, backend, dtype, "cpu"))}
+                row[dtype] = {
+                    "median_ms": med,
+                    "parity_error": parity[dtype],
+                    **fraction(flops * batch, med, ceiling_for(ceiling, backend, dtype, "cpu")),
+                }
             rows.append(row)
         finally:  # each runner owns its session: freed now, not by the garbage collector
             for runner in runners.values():
@@ -215,13 +282,23 @@ def speed_rows(arch: str, variant: str, batch_sizes: Sequence[int], threads: int
         if mine:
             top = min(mine, key=lambda r: r["int8"]["median_ms"])
             best[str(n)] = {"backend": _runtime_label(top), "speedup_median": top["speedup_median"]}
-    return {"arch": arch, "variant": variant, "img_size": size, "threads": threads, "batch_sizes": list(batch_sizes),
-            "min_time": min_time, "gflop_per_image": flops / 1e9, "ceiling": ceiling, "rows": rows,
-            "skipped": skipped, "fastest_int8": best}
+    return {
+        "arch": arch,
+        "variant": variant,
+        "img_size": size,
+        "threads": threads,
+        "batch_sizes": list(batch_sizes),
+        "min_time": min_time,
+        "gflop_per_image": flops / 1e9,
+        "ceiling": ceiling,
+        "rows": rows,
+        "skipped": skipped,
+        "fastest_int8": best,
+    }
 
 
 # ------------------------------------------------------------------------------------------------ report
-def _f(v: Optional[float], fmt: str = ".2f") -> str:
+def _f(v: float | None, fmt: str = ".2f") -> str:
     return "-" if v is None else format(v, fmt)
 
 
@@ -233,13 +310,37 @@ def accuracy_table(rows: Sequence[Mapping[str, Any]]) -> str:
         xm = r.get("extra_math_cost")
         verdict = "-" if xm is None else ("**loses**" if xm["loses"] else "no loss")
         p = "-" if not xm or xm["mcnemar_p"] is None else f"{xm['mcnemar_p']:.2g}"
-        body.append([r["variant"], r["task"], r["metric_name"], f"{m['fp32']:.2f}",
-                     f"{m['int8']:.2f} ({d['int8']:+.2f})",
-                     "-" if "int8 xm" not in m else f"{m['int8 xm']:.2f} ({d['int8 xm']:+.2f})",
-                     f"{m['fp8']:.2f} ({d['fp8']:+.2f})", str(r["extra_math_nodes"]),
-                     "-" if xm is None else f"{xm['points']:+.2f}", p, verdict])
-    return markdown_table(["variant", "task", "metric", "fp32", "int8 (- fp32)", "int8 xm (- fp32)", "fp8 sim (- fp32)",
-                   "extra-math nodes", "xm - int8", "McNemar p", "extra math quantized"], body)
+        body.append(
+            [
+                r["variant"],
+                r["task"],
+                r["metric_name"],
+                f"{m['fp32']:.2f}",
+                f"{m['int8']:.2f} ({d['int8']:+.2f})",
+                "-" if "int8 xm" not in m else f"{m['int8 xm']:.2f} ({d['int8 xm']:+.2f})",
+                f"{m['fp8']:.2f} ({d['fp8']:+.2f})",
+                str(r["extra_math_nodes"]),
+                "-" if xm is None else f"{xm['points']:+.2f}",
+                p,
+                verdict,
+            ]
+        )
+    return markdown_table(
+        [
+            "variant",
+            "task",
+            "metric",
+            "fp32",
+            "int8 (- fp32)",
+            "int8 xm (- fp32)",
+            "fp8 sim (- fp32)",
+            "extra-math nodes",
+            "xm - int8",
+            "McNemar p",
+            "extra math quantized",
+        ],
+        body,
+    )
 
 
 def _runtime_label(row: Mapping[str, Any]) -> str:
@@ -253,62 +354,107 @@ def _runtime_label(row: Mapping[str, Any]) -> str:
 
 def speed_table(speed: Mapping[str, Any]) -> str:
     """The speed table: per runtime and batch, fp32 and int8 latency, speed-up [Q1, Q3], ceiling fractions."""
-    body = [[_runtime_label(r), str(r["batch"]), f"{r['fp32']['median_ms']:.2f}", f"{r['int8']['median_ms']:.2f}",
-             f"{r['speedup_median']:.2f} [{r['speedup_q1']:.2f}, {r['speedup_q3']:.2f}]",
-             _percent(r["fp32"]["ceiling_fraction"]), _percent(r["int8"]["ceiling_fraction"]), _f(r["load_1min"])]
-            for r in speed["rows"]]
-    return markdown_table(["runtime", "batch", "fp32 ms", "int8 ms", "int8 speed-up [Q1, Q3]", "fp32 of fp32 ceiling",
-                   "int8 of int8 ceiling", "load (1 min)"], body)
+    body = [
+        [
+            _runtime_label(r),
+            str(r["batch"]),
+            f"{r['fp32']['median_ms']:.2f}",
+            f"{r['int8']['median_ms']:.2f}",
+            f"{r['speedup_median']:.2f} [{r['speedup_q1']:.2f}, {r['speedup_q3']:.2f}]",
+            _percent(r["fp32"]["ceiling_fraction"]),
+            _percent(r["int8"]["ceiling_fraction"]),
+            _f(r["load_1min"]),
+        ]
+        for r in speed["rows"]
+    ]
+    return markdown_table(
+        [
+            "runtime",
+            "batch",
+            "fp32 ms",
+            "int8 ms",
+            "int8 speed-up [Q1, Q3]",
+            "fp32 of fp32 ceiling",
+            "int8 of int8 ceiling",
+            "load (1 min)",
+        ],
+        body,
+    )
 
 
-def _percent(v: Optional[float]) -> str:
+def _percent(v: float | None) -> str:
     return "-" if v is None else f"{100 * v:.0f}%"
 
 
 def markdown(result: Mapping[str, Any]) -> str:
     """The whole report: machine, command, accuracy table, verdicts, speed table."""
-    def machine(section: Mapping[str, Any]) -> List[str]:
+
+    def machine(section: Mapping[str, Any]) -> list[str]:
         """The CPU a section was measured on (files written before sections kept their own: the run's)."""
         cpus = section.get("cpus") or [(section.get("environment") or result["environment"])["cpu"]]
-        return [f"CPU: {'; '.join(cpu_summary(c) for c in cpus)}, "
-                f"{'/'.join(str(c.get('usable_cores', '?')) for c in cpus)} usable cores.", ""]
+        return [
+            f"CPU: {'; '.join(cpu_summary(c) for c in cpus)}, "
+            f"{'/'.join(str(c.get('usable_cores', '?')) for c in cpus)} usable cores.",
+            "",
+        ]
 
-    parts = ["# Quantized zoo: accuracy on the test sets and int8 speed on the CPU", "",
-             f"Last command: `{result['command']}`", ""]
+    parts = [
+        "# Quantized zoo: accuracy on the test sets and int8 speed on the CPU",
+        "",
+        f"Last command: `{result['command']}`",
+        "",
+    ]
     acc = result.get("accuracy")
     if acc:
         rows = acc["rows"]
         n = sorted({r["n_images"] for r in rows})
-        parts += ["## Accuracy (ONNX Runtime CPU, percent)", "",
-                  *([f"Measured by `{acc['command']}`.", ""] if acc.get("command") else []), *machine(acc),
-                  f"{acc['data']} test split ({', '.join(map(str, n))} images); calibration: "
-                  f"{acc['calibration_count']} training images, seed {acc['seed']}, ModelOpt's default method per "
-                  f"dtype. int8: extra math excluded (fp32); int8 xm: extra math quantized too; fp8 sim: ModelOpt's "
-                  "FP8 graph through simulate_fp8 (exact e4m3 round trip at the same Q/DQ points). xm - int8: "
-                  f"points lost by quantizing the extra math; **loses**: lower with McNemar p < {ALPHA} "
-                  "(classifiers; segmenters: beyond the 1-point tolerance). Load average "
-                  f"{acc['load_start']} at the start, {acc['load_end']} at the end (accuracy does not depend on it).",
-                  "", accuracy_table(rows), ""]
+        parts += [
+            "## Accuracy (ONNX Runtime CPU, percent)",
+            "",
+            *([f"Measured by `{acc['command']}`.", ""] if acc.get("command") else []),
+            *machine(acc),
+            f"{acc['data']} test split ({', '.join(map(str, n))} images); calibration: "
+            f"{acc['calibration_count']} training images, seed {acc['seed']}, ModelOpt's default method per "
+            f"dtype. int8: extra math excluded (fp32); int8 xm: extra math quantized too; fp8 sim: ModelOpt's "
+            "FP8 graph through simulate_fp8 (exact e4m3 round trip at the same Q/DQ points). xm - int8: "
+            f"points lost by quantizing the extra math; **loses**: lower with McNemar p < {ALPHA} "
+            "(classifiers; segmenters: beyond the 1-point tolerance). Load average "
+            f"{acc['load_start']} at the start, {acc['load_end']} at the end (accuracy does not depend on it).",
+            "",
+            accuracy_table(rows),
+            "",
+        ]
         within = [r["variant"] for r in rows if not r["int8_within_tolerance"]]
         losers = [r["variant"] for r in rows if (r.get("extra_math_cost") or {}).get("loses")]
-        parts += [f"int8 within the tolerance of fp32 (0.5 points top-1, 1 point mIoU): "
-                  f"{'all' if not within else 'all but ' + ', '.join(within)}.",
-                  f"Lose accuracy when their extra math is quantized: {', '.join(losers) or 'none'}.", ""]
+        parts += [
+            f"int8 within the tolerance of fp32 (0.5 points top-1, 1 point mIoU): "
+            f"{'all' if not within else 'all but ' + ', '.join(within)}.",
+            f"Lose accuracy when their extra math is quantized: {', '.join(losers) or 'none'}.",
+            "",
+        ]
     sp = result.get("speed")
     if sp:
         busy = sp["contended"]
-        parts += [f"## int8 speed ({sp['variant']}, arch {sp['arch']}, {sp['img_size']} px, {sp['threads']} thread(s))",
-                  "", *([f"Measured by `{sp['command']}`.", ""] if sp.get("command") else []), *machine(sp),
-                  f"Random-init model ({sp['gflop_per_image']:.2f} GFLOP per image); both models of a row pass "
-                  "the parity gate against eager fp32 (fp32 1e-4; static int8 of a random-init model calibrated on random inputs 0.5, a sanity gate) before they are timed alternately "
-                  f"(A B A B, {sp['min_time']:g} s); speed-up = median [Q1, Q3] of per-pair fp32/int8 ratios. Ceiling: "
-                  f"this machine's fp32 matmul {sp['ceiling']['fp32']['gflops']:.0f} GFLOP/s, int8 "
-                  + (f"{sp['ceiling']['int8']['gops']:.0f} GOP/s" if sp['ceiling']['int8'].get('gops') else "not measured")
-                  + f", {sp['threads']} thread(s). Load average {sp['load_start']} at the start, {sp['load_end']} at "
-                  f"the end{': **measured under load (shared machine), re-run with --timing-only when quiet**' if busy else ' (quiet)'}.",
-                  "", speed_table(sp), ""]
+        parts += [
+            f"## int8 speed ({sp['variant']}, arch {sp['arch']}, {sp['img_size']} px, {sp['threads']} thread(s))",
+            "",
+            *([f"Measured by `{sp['command']}`.", ""] if sp.get("command") else []),
+            *machine(sp),
+            f"Random-init model ({sp['gflop_per_image']:.2f} GFLOP per image); both models of a row pass "
+            "the parity gate against eager fp32 (fp32 1e-4; static int8 of a random-init model calibrated on random inputs 0.5, a sanity gate) before they are timed alternately "
+            f"(A B A B, {sp['min_time']:g} s); speed-up = median [Q1, Q3] of per-pair fp32/int8 ratios. Ceiling: "
+            f"this machine's fp32 matmul {sp['ceiling']['fp32']['gflops']:.0f} GFLOP/s, int8 "
+            + (f"{sp['ceiling']['int8']['gops']:.0f} GOP/s" if sp["ceiling"]["int8"].get("gops") else "not measured")
+            + f", {sp['threads']} thread(s). Load average {sp['load_start']} at the start, {sp['load_end']} at "
+            f"the end{': **measured under load (shared machine), re-run with --timing-only when quiet**' if busy else ' (quiet)'}.",
+            "",
+            speed_table(sp),
+            "",
+        ]
         for b, best in sp["fastest_int8"].items():
-            parts.append(f"- batch {b}: fastest int8 runtime {best['backend']}, {best['speedup_median']:.2f}x its fp32.")
+            parts.append(
+                f"- batch {b}: fastest int8 runtime {best['backend']}, {best['speedup_median']:.2f}x its fp32."
+            )
         for b, why in sp["skipped"].items():
             parts.append(f"- {b}: skipped ({why}).")
         parts.append("")
@@ -316,16 +462,17 @@ def markdown(result: Mapping[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ CLI
-def _unique(items: Sequence[Any]) -> List[Any]:
-    out: List[Any] = []
+def _unique(items: Sequence[Any]) -> list[Any]:
+    out: list[Any] = []
     for item in items:
         if item not in out:
             out.append(item)
     return out
 
 
-def _kept_accuracy(old: Optional[Mapping[str, Any]], settings: Mapping[str, Any],
-                   measured: Set[Tuple[str, str]]) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+def _kept_accuracy(
+    old: Mapping[str, Any] | None, settings: Mapping[str, Any], measured: set[tuple[str, str]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """``--accuracy-only``: the earlier run's rows of the models not measured now, and the CPUs they were
     measured on; none when that run used other settings (data, limit, calibration), whose rows would be
     reported under this run's settings."""
@@ -333,8 +480,12 @@ def _kept_accuracy(old: Optional[Mapping[str, Any]], settings: Mapping[str, Any]
         return [], []
     differ = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
     if differ:
-        print("note: the rows of the earlier run in --out are not kept: it used other settings ("
-              + ", ".join(f"{k} {was} -> {now}" for k, (was, now) in differ.items()) + ")", file=sys.stderr)
+        print(
+            "note: the rows of the earlier run in --out are not kept: it used other settings ("
+            + ", ".join(f"{k} {was} -> {now}" for k, (was, now) in differ.items())
+            + ")",
+            file=sys.stderr,
+        )
         return [], []
     kept = [r for r in old.get("rows", []) if (r["variant"], r["task"]) not in measured]
     if not kept:
@@ -343,40 +494,66 @@ def _kept_accuracy(old: Optional[Mapping[str, Any]], settings: Mapping[str, Any]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m attnzoo.studies.quantized", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m attnzoo.studies.quantized",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     add_zoo_selection(p)
-    p.add_argument("--calibration-count", type=int, default=DEFAULT_CALIBRATION_COUNT,
-                   help="training images to calibrate on")
+    p.add_argument(
+        "--calibration-count", type=int, default=DEFAULT_CALIBRATION_COUNT, help="training images to calibrate on"
+    )
     p.add_argument("--seed", type=int, default=DEFAULT_CALIBRATION_SEED, help="seed of the calibration draw")
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads of the scoring (default: all)")
-    p.add_argument("--speed-arch", default="small", choices=("micro", "tiny", "small", "base"),
-                   help="architecture of the speed comparison (small: ViT-S 224)")
+    p.add_argument(
+        "--speed-arch",
+        default="small",
+        choices=("micro", "tiny", "small", "base"),
+        help="architecture of the speed comparison (small: ViT-S 224)",
+    )
     p.add_argument("--speed-variant", default="standard", help="variant of the speed comparison")
     p.add_argument("--speed-threads", type=int, default=1)
     p.add_argument("--batch-sizes", default="1,8", help="batch sizes of the speed comparison")
     p.add_argument("--min-time", type=float, default=3.0, help="seconds of A B A B timing per runtime and batch")
     grp = p.add_mutually_exclusive_group()
-    grp.add_argument("--timing-only", action="store_true",
-                     help="measure speed only; the accuracy of an existing quantized.json in --out is kept")
-    grp.add_argument("--accuracy-only", action="store_true",
-                     help="measure accuracy only; the speed, and the rows of models not chosen now, of an existing "
-                          "quantized.json in --out are kept")
+    grp.add_argument(
+        "--timing-only",
+        action="store_true",
+        help="measure speed only; the accuracy of an existing quantized.json in --out is kept",
+    )
+    grp.add_argument(
+        "--accuracy-only",
+        action="store_true",
+        help="measure accuracy only; the speed, and the rows of models not chosen now, of an existing "
+        "quantized.json in --out are kept",
+    )
     p.add_argument("--out", type=Path, default=None, help="output folder (quantized.md/.json)")
-    p.add_argument("--cache-dir", type=Path, default=None,
-                   help="exported and quantized models (default: <cache>/quantized, <cache> as for bench-latency)")
-    p.add_argument("--table", type=Path, metavar="JSON", default=None,
-                   help="print the markdown report of this quantized.json; runs nothing")
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="exported and quantized models (default: <cache>/quantized, <cache> as for bench-latency)",
+    )
+    p.add_argument(
+        "--table",
+        type=Path,
+        metavar="JSON",
+        default=None,
+        help="print the markdown report of this quantized.json; runs nothing",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return add_debug_flag(p)
 
 
-def _check(a: argparse.Namespace) -> List[int]:
+def _check(a: argparse.Namespace) -> list[int]:
 
     batches = parse_batch_sizes(a.batch_sizes)
-    for flag, v in (("--speed-threads", a.speed_threads), ("--calibration-count", a.calibration_count),
-                    ("--threads", a.threads if a.threads is not None else 1),
-                    ("--limit", a.limit if a.limit is not None else 1)):
+    for flag, v in (
+        ("--speed-threads", a.speed_threads),
+        ("--calibration-count", a.calibration_count),
+        ("--threads", a.threads if a.threads is not None else 1),
+        ("--limit", a.limit if a.limit is not None else 1),
+    ):
         if v < 1:
             raise UsageError(f"{flag} must be >= 1, got {v}")
     if not a.min_time > 0:
@@ -385,7 +562,7 @@ def _check(a: argparse.Namespace) -> List[int]:
 
 
 @entry_point
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """``python -m attnzoo.studies.quantized``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
@@ -407,28 +584,47 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if old.get(section) and "environment" not in old[section]:
             old[section]["environment"] = old["environment"]
     env = environment()
-    result: Dict[str, Any] = {"command": shlex.join(["python", "-m", "attnzoo.studies.quantized", *argv]),
-                              "environment": env, "accuracy": old.get("accuracy"), "speed": old.get("speed")}
+    result: dict[str, Any] = {
+        "command": shlex.join(["python", "-m", "attnzoo.studies.quantized", *argv]),
+        "environment": env,
+        "accuracy": old.get("accuracy"),
+        "speed": old.get("speed"),
+    }
     if not a.timing_only:
         start = load_average()
-        rows: List[Dict[str, Any]] = []
+        rows: list[dict[str, Any]] = []
         for e in tqdm(entries, desc="quantized accuracy", unit="model", disable=a.no_progress):
-            rows.append(accuracy_row(e, cache, calibration_count=a.calibration_count, seed=a.seed, limit=a.limit,
-                                     threads=a.threads))
+            rows.append(
+                accuracy_row(
+                    e, cache, calibration_count=a.calibration_count, seed=a.seed, limit=a.limit, threads=a.threads
+                )
+            )
             # the rows so far, kept if a later model fails or the run is stopped (the report is written at the end)
             atomic_write_text(a.out / "quantized.partial.json", json.dumps(rows, indent=1) + "\n")
         settings = {"data": a.data, "limit": a.limit, "calibration_count": a.calibration_count, "seed": a.seed}
         kept, cpus = _kept_accuracy(old.get("accuracy"), settings, {(r["variant"], r["task"]) for r in rows})
-        result["accuracy"] = {**settings, "load_start": start, "load_end": load_average(), "rows": rows + kept,
-                              "command": result["command"], "environment": env,
-                              "cpus": _unique([env["cpu"], *cpus])}
+        result["accuracy"] = {
+            **settings,
+            "load_start": start,
+            "load_end": load_average(),
+            "rows": rows + kept,
+            "command": result["command"],
+            "environment": env,
+            "cpus": _unique([env["cpu"], *cpus]),
+        }
     if not a.accuracy_only:
         start = load_average()
-        speed = speed_rows(a.speed_arch, speed_variant, batches, a.speed_threads, a.min_time, cache,
-                           progress=not a.no_progress)
+        speed = speed_rows(
+            a.speed_arch, speed_variant, batches, a.speed_threads, a.min_time, cache, progress=not a.no_progress
+        )
         end = load_average()
-        speed.update(load_start=start, load_end=end, contended=contended(start, end, a.speed_threads),
-                     command=result["command"], environment=env)
+        speed.update(
+            load_start=start,
+            load_end=end,
+            contended=contended(start, end, a.speed_threads),
+            command=result["command"],
+            environment=env,
+        )
         result["speed"] = speed
     md = markdown(result)
     write_report(a.out, "quantized", result, md)

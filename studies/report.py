@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any
 
 from attnzoo.benchmarks.cli import variant_list
 from attnzoo.errors import UsageError
@@ -21,7 +22,7 @@ zoo = lazy_import("attnzoo.zoo")  # its models and data load torch: the light st
 __all__ = ["zoo_entries", "contended", "reprint", "require_out", "write_report", "add_zoo_selection"]
 
 
-def zoo_entries(a: argparse.Namespace) -> List[Dict[str, Any]]:
+def zoo_entries(a: argparse.Namespace) -> list[dict[str, Any]]:
     """Zoo entries of ``--data`` / ``--task`` / ``--variants``; ``UsageError`` naming what the zoo has otherwise."""
     have = [e for e in zoo.entries() if e["data"] == a.data and a.task in ("all", e["task"])]
     if not have:
@@ -36,13 +37,13 @@ def zoo_entries(a: argparse.Namespace) -> List[Dict[str, Any]]:
     return [e for e in have if e["variant"] in wanted]
 
 
-def contended(load_start: List[float], load_end: List[float], threads: int) -> bool:
+def contended(load_start: list[float], load_end: list[float], threads: int) -> bool:
     """Whether the 1-minute load average at the start or the end exceeds the study's own threads (+0.5)."""
     loads = [v[0] for v in (load_start, load_end) if v]
     return bool(loads) and max(loads) > threads + 0.5
 
 
-def reprint(table: Optional[Path], markdown: Callable[[Mapping[str, Any]], str]) -> bool:
+def reprint(table: Path | None, markdown: Callable[[Mapping[str, Any]], str]) -> bool:
     """With ``--table FILE``, print ``markdown`` of that JSON report and return True (the command then ends)."""
     if table is None:
         return False
@@ -52,7 +53,7 @@ def reprint(table: Optional[Path], markdown: Callable[[Mapping[str, Any]], str])
     return True
 
 
-def require_out(out: Optional[Path], table_does: str = "print a report") -> Path:
+def require_out(out: Path | None, table_does: str = "print a report") -> Path:
     """``--out``, required unless ``--table`` is given."""
     if out is None:
         raise UsageError(f"--out is required (or --table to {table_does})")

@@ -18,18 +18,18 @@ import multiprocessing as mp
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import torch
 from torch import nn
 from tqdm import tqdm
 
 from attnzoo.cli import add_debug_flag, entry_point
-from attnzoo.errors import UsageError
 from attnzoo.data.datasets import TensorDataset, load_data
-from attnzoo.machine import cpu_summary, environment, load_average
+from attnzoo.errors import UsageError
 from attnzoo.lazy import lazy_import
-from attnzoo.studies.report import require_out, reprint, write_report
+from attnzoo.machine import cpu_summary, environment, load_average
+from attnzoo.studies.report import reprint, require_out, write_report
 
 # --help and --table load without timm: imported at their first use
 models = lazy_import("attnzoo.models")
@@ -46,12 +46,19 @@ def _setup(variant: str, recipe: str, n_images: int):
     images = load_data(data, "train", task, r["img_size"], n_images, scene=r.get("scene"))
     torch.manual_seed(0)
     seg_kw = {"decoder": "linear"} if task == "seg" else {}
-    model = models.create_model(variant, task, r["arch"], num_classes=len(images.class_names), img_size=r["img_size"],
-                         **seg_kw, **training_zoo.VARIANT_OPTIONS.get(variant, {}))
+    model = models.create_model(
+        variant,
+        task,
+        r["arch"],
+        num_classes=len(images.class_names),
+        img_size=r["img_size"],
+        **seg_kw,
+        **training_zoo.VARIANT_OPTIONS.get(variant, {}),
+    )
     return model, TensorDataset(images, task), r
 
 
-def time_steps(variant: str, setting: str, steps: int, warmup: int, recipe: str = "fashion/seg") -> Dict[str, Any]:
+def time_steps(variant: str, setting: str, steps: int, warmup: int, recipe: str = "fashion/seg") -> dict[str, Any]:
     """Mean seconds per step over ``steps`` steps after ``warmup`` untimed ones."""
     torch.set_num_threads(2 if setting == "eager-2t" else 1)
     model, ds, r = _setup(variant, recipe, 4 * 64)
@@ -68,12 +75,12 @@ def time_steps(variant: str, setting: str, steps: int, warmup: int, recipe: str 
         fwd = torch.compile(model)
     model.train()
     bs = r["batch_size"]
-    times: List[float] = []
+    times: list[float] = []
     loss = None
     for i in range(warmup + steps):
         j = (i % (len(ds) // bs)) * bs
         t0 = time.perf_counter() if setting != "compile" or i > 0 else t0
-        loss = loss_fn(fwd(x_all[j:j + bs]), y_all[j:j + bs])
+        loss = loss_fn(fwd(x_all[j : j + bs]), y_all[j : j + bs])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -83,15 +90,21 @@ def time_steps(variant: str, setting: str, steps: int, warmup: int, recipe: str 
             compile_s = dt
         if i >= warmup:
             times.append(dt)
-    return {"variant": variant, "setting": setting, "steps": steps, "s_per_step": sum(times) / len(times),
-            "compile_s": compile_s, "loss_after": float(loss.detach())}
+    return {
+        "variant": variant,
+        "setting": setting,
+        "steps": steps,
+        "s_per_step": sum(times) / len(times),
+        "compile_s": compile_s,
+        "loss_after": float(loss.detach()),
+    }
 
 
 def _pair_worker(args):
     return time_steps(*args)
 
 
-def run(variants: List[str], settings: List[str], steps: int, warmup: int) -> Dict[str, Any]:
+def run(variants: list[str], settings: list[str], steps: int, warmup: int) -> dict[str, Any]:
     """Every setting for every variant; ``pair-1t`` runs two identical jobs in two processes at once."""
     rows = []
     load_start = load_average()
@@ -104,18 +117,28 @@ def run(variants: List[str], settings: List[str], steps: int, warmup: int) -> Di
             else:
                 row = time_steps(variant, setting, steps, warmup)
             rows.append(row)
-    return {"command": "python -m attnzoo.studies.train_speed " + " ".join(sys.argv[1:]),
-            "environment": environment(), "load_start": load_start, "load_end": load_average(),
-            "steps": steps, "warmup": warmup, "rows": rows}
+    return {
+        "command": "python -m attnzoo.studies.train_speed " + " ".join(sys.argv[1:]),
+        "environment": environment(),
+        "load_start": load_start,
+        "load_end": load_average(),
+        "steps": steps,
+        "warmup": warmup,
+        "rows": rows,
+    }
 
 
-def markdown(result: Dict[str, Any]) -> str:
+def markdown(result: dict[str, Any]) -> str:
     """The table: per variant and setting, seconds per step, models per hour of both cores and the speed-up."""
-    lines = [f"# Training step cost, {result['environment']['cpu'] and cpu_summary(result['environment']['cpu'])}",
-             "", f"`{result['command']}` ({result['steps']} timed steps after {result['warmup']}; load average "
-             f"{result['load_start'][:1]} at the start, {result['load_end'][:1]} at the end)", "",
-             "| variant | setting | s / step | throughput of both cores vs eager-1t x 2 | compile s | loss after |",
-             "|---|---|---:|---:|---:|---:|"]
+    lines = [
+        f"# Training step cost, {result['environment']['cpu'] and cpu_summary(result['environment']['cpu'])}",
+        "",
+        f"`{result['command']}` ({result['steps']} timed steps after {result['warmup']}; load average "
+        f"{result['load_start'][:1]} at the start, {result['load_end'][:1]} at the end)",
+        "",
+        "| variant | setting | s / step | throughput of both cores vs eager-1t x 2 | compile s | loss after |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     base = {r["variant"]: r["s_per_step"] for r in result["rows"] if r["setting"] == "eager-1t"}
     for r in result["rows"]:
         models_at_once = 1 if r["setting"] == "eager-2t" else 2  # one model on two threads, else two models
@@ -124,15 +147,17 @@ def markdown(result: Dict[str, Any]) -> str:
         if r["setting"] == "compile" or r["setting"] == "channels-last":
             gain += " (if two run at once)"
         comp = "-" if r.get("compile_s") is None else f"{r['compile_s']:.0f}"
-        lines.append(f"| {r['variant']} | {r['setting']} | {r['s_per_step']:.3f} | {gain} | {comp} | "
-                     f"{r['loss_after']:.4f} |")
+        lines.append(
+            f"| {r['variant']} | {r['setting']} | {r['s_per_step']:.3f} | {gain} | {comp} | {r['loss_after']:.4f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 @entry_point
-def main(argv: Optional[List[str]] = None) -> int:
-    p = add_debug_flag(argparse.ArgumentParser(prog="python -m attnzoo.studies.train_speed",
-                                               description=__doc__.splitlines()[0]))
+def main(argv: list[str] | None = None) -> int:
+    p = add_debug_flag(
+        argparse.ArgumentParser(prog="python -m attnzoo.studies.train_speed", description=__doc__.splitlines()[0])
+    )
     p.add_argument("--variants", nargs="+", default=["standard"])
     p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS)
     p.add_argument("--steps", type=int, default=20)

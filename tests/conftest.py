@@ -1,6 +1,6 @@
 """Fixtures shared by the tests of more than one layer."""
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

@@ -1,7 +1,7 @@
 """Command lines ``train-model`` and ``evaluate-model``.
 
-    train-model --variant belief2 --task cls --data shapes --epochs 5 --out runs
-    evaluate-model runs/belief2_cls_shapes.safetensors --limit 500
+train-model --variant belief2 --task cls --data shapes --epochs 5 --out runs
+evaluate-model runs/belief2_cls_shapes.safetensors --limit 500
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import List, Optional
 
 from attnzoo.cli import add_debug_flag, entry_point
 from attnzoo.data.datasets import check_source
@@ -24,7 +23,7 @@ from attnzoo.training.train import TrainConfig, evaluate_checkpoint, train
 __all__ = ["main", "evaluate_main"]
 
 
-def _parse_options(items: List[str]) -> dict:
+def _parse_options(items: list[str]) -> dict:
     """``KEY=VALUE`` pairs; values parsed as JSON when possible (``eps=1e-6``, ``zz=false``)."""
     options = {}
     for item in items:
@@ -39,12 +38,17 @@ def _parse_options(items: List[str]) -> dict:
 
 
 def _train_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="train-model", description="Train an attnzoo model (AdamW, cosine "
-                                "schedule with warm-up, validation each epoch, resumable).")
+    p = argparse.ArgumentParser(
+        prog="train-model",
+        description="Train an attnzoo model (AdamW, cosine schedule with warm-up, validation each epoch, resumable).",
+    )
     p.add_argument("--variant", required=True, help="attention variant (see attnzoo.models.VARIANTS)")
     p.add_argument("--task", choices=("cls", "seg"), default="cls")
-    p.add_argument("--data", default="shapes",
-                   help="fashion (Fashion-MNIST), shapes, digits, a class-per-folder image folder or an ADE20K-layout folder")
+    p.add_argument(
+        "--data",
+        default="shapes",
+        help="fashion (Fashion-MNIST), shapes, digits, a class-per-folder image folder or an ADE20K-layout folder",
+    )
     p.add_argument("--arch", default="micro", help="micro, micro-conv, tiny, small or base")
     p.add_argument("--img-size", type=int, default=None, help="input size (default 32)")
     p.add_argument("--epochs", type=int, default=10)
@@ -56,34 +60,72 @@ def _train_parser() -> argparse.ArgumentParser:
     p.add_argument("--train-size", type=int, default=None, help="train images (default: all / 8000 shapes)")
     p.add_argument("--val-size", type=int, default=None, help="validation images (default: the data set's)")
     p.add_argument("--decoder", choices=("linear", "mask"), default="linear", help="segmentation decoder")
-    scene = p.add_argument_group("Fashion-MNIST scenes (--data fashion --task seg; default: 2-4 garments of 35-60 % of the "
-                                  "canvas, at most 15 % of a garment on earlier ones; the zoo's: --scene-garment-px 28 28 "
-                                  "--scene-overlap 0 1)")
-    scene.add_argument("--scene-garments", type=int, nargs=2, metavar=("LO", "HI"), default=None,
-                       help="garments per scene, inclusive range (default 2 4)")
-    scene.add_argument("--scene-fraction", type=float, nargs=2, metavar=("LO", "HI"), default=None,
-                       help="garment side as a fraction of the canvas (default 0.35 0.6)")
-    scene.add_argument("--scene-garment-px", type=int, nargs=2, metavar=("LO", "HI"), default=None,
-                       help="garment side in pixels instead of a fraction (28 28: native, not resized)")
-    scene.add_argument("--scene-overlap", type=float, nargs="+", metavar="CAP", default=None,
-                       help="the most of a garment's pixels that may land on earlier garments: one cap (default "
-                            "0.15; 1: anywhere) or LO HI, a cap drawn per scene")
-    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="variant option, e.g. --option eps=1e-6 --option param_matched=true")
+    scene = p.add_argument_group(
+        "Fashion-MNIST scenes (--data fashion --task seg; default: 2-4 garments of 35-60 % of the "
+        "canvas, at most 15 % of a garment on earlier ones; the zoo's: --scene-garment-px 28 28 "
+        "--scene-overlap 0 1)"
+    )
+    scene.add_argument(
+        "--scene-garments",
+        type=int,
+        nargs=2,
+        metavar=("LO", "HI"),
+        default=None,
+        help="garments per scene, inclusive range (default 2 4)",
+    )
+    scene.add_argument(
+        "--scene-fraction",
+        type=float,
+        nargs=2,
+        metavar=("LO", "HI"),
+        default=None,
+        help="garment side as a fraction of the canvas (default 0.35 0.6)",
+    )
+    scene.add_argument(
+        "--scene-garment-px",
+        type=int,
+        nargs=2,
+        metavar=("LO", "HI"),
+        default=None,
+        help="garment side in pixels instead of a fraction (28 28: native, not resized)",
+    )
+    scene.add_argument(
+        "--scene-overlap",
+        type=float,
+        nargs="+",
+        metavar="CAP",
+        default=None,
+        help="the most of a garment's pixels that may land on earlier garments: one cap (default "
+        "0.15; 1: anywhere) or LO HI, a cap drawn per scene",
+    )
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="variant option, e.g. --option eps=1e-6 --option param_matched=true",
+    )
     p.add_argument("--out", default="runs", help="output folder")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--init-from", default=None, metavar="CKPT",
-                   help="start the encoder from this checkpoint of the same variant and arch (e.g. its classifier "
-                        "for a segmenter); the head starts fresh")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from the saved state in --out (<name>.state.safetensors + <name>.state.json); "
-                        "an error when it is missing or damaged")
+    p.add_argument(
+        "--init-from",
+        default=None,
+        metavar="CKPT",
+        help="start the encoder from this checkpoint of the same variant and arch (e.g. its classifier "
+        "for a segmenter); the head starts fresh",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the saved state in --out (<name>.state.safetensors + <name>.state.json); "
+        "an error when it is missing or damaged",
+    )
     p.add_argument("--no-progress", action="store_true")
     return add_debug_flag(p)
 
 
 @entry_point
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """``train-model``: train one model and write ``<out>/<variant>_<task>_<data>.safetensors`` + ``.json``."""
     args = _train_parser().parse_args(argv)
     if args.epochs < 1 or args.batch_size < 1 or args.lr <= 0:
@@ -95,8 +137,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise UsageError(str(exc)) from None
     if args.init_from:
         check_encoder_source(args.init_from, args.variant, args.arch)  # before any data is loaded
-    scene = {"per_scene": args.scene_garments, "fraction": args.scene_fraction,
-             "garment_px": args.scene_garment_px, "overlap": args.scene_overlap}
+    scene = {
+        "per_scene": args.scene_garments,
+        "fraction": args.scene_fraction,
+        "garment_px": args.scene_garment_px,
+        "overlap": args.scene_overlap,
+    }
     if scene["overlap"] is not None and len(scene["overlap"]) not in (1, 2):
         raise UsageError("--scene-overlap takes one cap or a range LO HI")
     if scene["overlap"] is not None and len(scene["overlap"]) == 1:
@@ -111,23 +157,40 @@ def main(argv: Optional[List[str]] = None) -> int:
         split_options(canonical_name(args.variant), **options)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    cfg = TrainConfig(variant=args.variant, task=args.task, data=args.data, arch=args.arch,
-                      img_size=args.img_size, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                      weight_decay=args.weight_decay, warmup_epochs=args.warmup_epochs, seed=args.seed,
-                      train_size=args.train_size, val_size=args.val_size, options=options,
-                      out=args.out, threads=args.threads, init_from=args.init_from, decoder=args.decoder,
-                      scene=scene)
+    cfg = TrainConfig(
+        variant=args.variant,
+        task=args.task,
+        data=args.data,
+        arch=args.arch,
+        img_size=args.img_size,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        warmup_epochs=args.warmup_epochs,
+        seed=args.seed,
+        train_size=args.train_size,
+        val_size=args.val_size,
+        options=options,
+        out=args.out,
+        threads=args.threads,
+        init_from=args.init_from,
+        decoder=args.decoder,
+        scene=scene,
+    )
     try:
         result = train(cfg, resume=args.resume, progress=not args.no_progress)
     except RuntimeError as exc:  # a diverged loss: its message says where
         raise CommandError(str(exc)) from exc
-    print(f"saved {result['path']}  val {result['metric_name']} {result['val_metric']:.2f}  "
-          f"({result['train_time_s']:.0f} s)")
+    print(
+        f"saved {result['path']}  val {result['metric_name']} {result['val_metric']:.2f}  "
+        f"({result['train_time_s']:.0f} s)"
+    )
     return 0
 
 
 @entry_point
-def evaluate_main(argv: Optional[List[str]] = None) -> int:
+def evaluate_main(argv: list[str] | None = None) -> int:
     """``evaluate-model``: top-1 (cls) or mIoU + per-class IoU and the garments named right (seg) of a checkpoint on
     the test split."""
     p = argparse.ArgumentParser(prog="evaluate-model", description="Re-evaluate a checkpoint on the test split.")
@@ -143,15 +206,19 @@ def evaluate_main(argv: Optional[List[str]] = None) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"{args.checkpoint}: {result['metric_name']} {result['metric']:.2f} on {result['n_images']} "
-          f"{args.split} images of {result['data']}")
+    print(
+        f"{args.checkpoint}: {result['metric_name']} {result['metric']:.2f} on {result['n_images']} "
+        f"{args.split} images of {result['data']}"
+    )
     for name, iou in (result.get("per_class_iou") or {}).items():
         print(f"  {name:>12s}  IoU {'-' if iou is None else f'{iou:.2f}'}")
     named = result.get("named")
     if named:
-        print(f"garments named right: {named['garments_right']} of {named['garments']}; scenes with every garment "
-              f"named right: {named['scenes_right']} of {named['scenes']} "
-              f"({100.0 * named['scenes_right'] / max(named['scenes'], 1):.1f} %)")
+        print(
+            f"garments named right: {named['garments_right']} of {named['garments']}; scenes with every garment "
+            f"named right: {named['scenes_right']} of {named['scenes']} "
+            f"({100.0 * named['scenes_right'] / max(named['scenes'], 1):.1f} %)"
+        )
     return 0
 
 

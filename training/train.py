@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -17,16 +18,23 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm import tqdm
 
+from attnzoo.data.datasets import BUILTIN_DATA, ImageSet, TensorDataset, load_data
 from attnzoo.errors import first_line
 from attnzoo.fileio import atomic_path, atomic_write_text, read_json
 from attnzoo.metrics import confusion_matrix, metric_name, metrics_from_confusion, named_right
-from attnzoo.models.checkpoint import init_encoder, load_checkpoint, save_checkpoint
 from attnzoo.models import canonical_name, count_params, create_model
+from attnzoo.models.checkpoint import init_encoder, load_checkpoint, save_checkpoint
 from attnzoo.preprocess import DATA_INPUT_STYLE, DEFAULT_MEAN, DEFAULT_STD
-from attnzoo.data.datasets import BUILTIN_DATA, ImageSet, TensorDataset, load_data
 
-__all__ = ["TrainConfig", "train", "has_state", "evaluate", "evaluate_checkpoint", "checkpoint_name",
-           "MAX_STATE_JSON_BYTES"]
+__all__ = [
+    "TrainConfig",
+    "train",
+    "has_state",
+    "evaluate",
+    "evaluate_checkpoint",
+    "checkpoint_name",
+    "MAX_STATE_JSON_BYTES",
+]
 
 #: Largest ``<name>.state.json`` a resume reads (about 200 bytes per epoch of history, plus the settings).
 MAX_STATE_JSON_BYTES = 16 * 2**20
@@ -40,7 +48,7 @@ class TrainConfig:
     task: str = "cls"
     data: str = "shapes"
     arch: str = "micro"
-    img_size: Optional[int] = None
+    img_size: int | None = None
     epochs: int = 10
     batch_size: int = 128
     lr: float = 2e-3
@@ -48,14 +56,14 @@ class TrainConfig:
     warmup_epochs: float = 1.0
     min_lr_ratio: float = 0.01
     seed: int = 0
-    train_size: Optional[int] = None  # images in the train split (None: the data set's default / all)
-    val_size: Optional[int] = None
-    options: Dict[str, Any] = field(default_factory=dict)
+    train_size: int | None = None  # images in the train split (None: the data set's default / all)
+    val_size: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)
     out: str = "runs"
-    threads: Optional[int] = None
-    init_from: Optional[str] = None  # a checkpoint of the same variant and arch whose encoder starts the model
+    threads: int | None = None
+    init_from: str | None = None  # a checkpoint of the same variant and arch whose encoder starts the model
     decoder: str = "linear"  # segmentation decoder: linear or mask
-    scene: Dict[str, Any] = field(default_factory=dict)  # Fashion-MNIST scene options (compose_scenes); {} = defaults
+    scene: dict[str, Any] = field(default_factory=dict)  # Fashion-MNIST scene options (compose_scenes); {} = defaults
 
 
 def data_tag(data: str) -> str:
@@ -70,14 +78,15 @@ def checkpoint_name(cfg: TrainConfig) -> str:
 
 # ---------------------------------------------------------------------------------------------- metrics
 @torch.no_grad()
-def _confusion(model: nn.Module, ds: TensorDataset, num_classes: int, batch_size: int,
-               named: Optional[Dict[str, int]] = None) -> torch.Tensor:
+def _confusion(
+    model: nn.Module, ds: TensorDataset, num_classes: int, batch_size: int, named: dict[str, int] | None = None
+) -> torch.Tensor:
     """Confusion matrix (true x predicted) over a data set; pixels for seg, images for cls. For seg, ``named``
     (when given) adds up :func:`attnzoo.metrics.named_right`'s counts."""
     conf = torch.zeros(num_classes, num_classes, dtype=torch.int64)
     model.eval()
     for start in range(0, len(ds), batch_size):
-        x, y = ds.x[start:start + batch_size], ds.y[start:start + batch_size]
+        x, y = ds.x[start : start + batch_size], ds.y[start : start + batch_size]
         pred = model(x).argmax(1)
         conf += confusion_matrix(y, pred, num_classes)
         if named is not None:
@@ -86,13 +95,14 @@ def _confusion(model: nn.Module, ds: TensorDataset, num_classes: int, batch_size
     return conf
 
 
-def evaluate(model: nn.Module, data: ImageSet, task: str, mean=DEFAULT_MEAN, std=DEFAULT_STD,
-             batch_size: int = 256) -> Dict[str, Any]:
+def evaluate(
+    model: nn.Module, data: ImageSet, task: str, mean=DEFAULT_MEAN, std=DEFAULT_STD, batch_size: int = 256
+) -> dict[str, Any]:
     """Top-1 / mIoU of ``model`` on ``data`` (``metric`` in percent, plus per-class IoU for seg and ``named``: how
     many garments and whole scenes it names right, :func:`attnzoo.metrics.named_right`)."""
     ds = TensorDataset(data, task, mean, std)
     k = len(data.class_names)
-    named: Optional[Dict[str, int]] = {} if task == "seg" else None
+    named: dict[str, int] | None = {} if task == "seg" else None
     out = metrics_from_confusion(_confusion(model, ds, k, batch_size, named), task, data.class_names)
     out["n_images"] = len(data)
     if named is not None:
@@ -100,19 +110,20 @@ def evaluate(model: nn.Module, data: ImageSet, task: str, mean=DEFAULT_MEAN, std
     return out
 
 
-def evaluate_checkpoint(path, data: Optional[str] = None, limit: Optional[int] = None,
-                        split: str = "test", batch_size: int = 256) -> Dict[str, Any]:
+def evaluate_checkpoint(
+    path, data: str | None = None, limit: int | None = None, split: str = "test", batch_size: int = 256
+) -> dict[str, Any]:
     """Re-evaluate a checkpoint on ``split`` of its own training data (or ``data``), from the file alone."""
     model, config = load_checkpoint(path)
     source = data or config.get("data")
     if not source:
         raise ValueError(f"{path}: the checkpoint does not record its data; pass --data")
     scene = config.get("scene") if source == config.get("data") else None  # the scenes it was trained on
-    ds = load_data(source, split, config["task"], config["img_size"], n=limit,
-                   seed=int(config.get("data_seed", 0)), scene=scene)
+    ds = load_data(
+        source, split, config["task"], config["img_size"], n=limit, seed=int(config.get("data_seed", 0)), scene=scene
+    )
     if len(ds.class_names) != config["num_classes"]:
-        raise ValueError(f"data {source!r} has {len(ds.class_names)} classes, the checkpoint "
-                         f"{config['num_classes']}")
+        raise ValueError(f"data {source!r} has {len(ds.class_names)} classes, the checkpoint {config['num_classes']}")
     result = evaluate(model, ds, config["task"], config["mean"], config["std"], batch_size)
     result.update(checkpoint=str(path), data=source, split=split)
     return result
@@ -127,32 +138,46 @@ def _lr_lambda(total_steps: int, warmup_steps: int, min_ratio: float):
             return (step + 1) / warmup_steps
         t = (step - warmup_steps) / max(1, total_steps - warmup_steps)
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
+
     return fn
 
 
-def _state_paths(out_dir: Path, name: str) -> Tuple[Path, Path]:
+def _state_paths(out_dir: Path, name: str) -> tuple[Path, Path]:
     return out_dir / f"{name}.state.safetensors", out_dir / f"{name}.state.json"
 
 
-def _save_state(out_dir: Path, name: str, model, opt, sched, epoch: int, history, elapsed: float,
-                cfg: TrainConfig) -> None:
+def _save_state(
+    out_dir: Path, name: str, model, opt, sched, epoch: int, history, elapsed: float, cfg: TrainConfig
+) -> None:
     """Resumable state: model + AdamW moments as safetensors, everything else as JSON; atomic writes."""
     tensors = {f"model.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
     opt_sd = opt.state_dict()
     for idx, st in opt_sd["state"].items():
         for key, val in st.items():
-            tensors[f"opt.{idx}.{key}"] = torch.as_tensor(val).detach().contiguous().reshape(-1) \
-                if key == "step" else val.detach().contiguous()
+            tensors[f"opt.{idx}.{key}"] = (
+                torch.as_tensor(val).detach().contiguous().reshape(-1) if key == "step" else val.detach().contiguous()
+            )
     st_path, js_path = _state_paths(out_dir, name)
     with atomic_path(st_path) as tmp:
         save_file(tensors, str(tmp))
     sched_sd = {k: v for k, v in sched.state_dict().items() if k != "lr_lambdas"}
-    atomic_write_text(js_path, json.dumps({"epoch": epoch, "history": history, "elapsed": elapsed,
-                                           "param_groups": opt_sd["param_groups"], "scheduler": sched_sd,
-                                           "config": asdict(cfg)}, indent=1))
+    atomic_write_text(
+        js_path,
+        json.dumps(
+            {
+                "epoch": epoch,
+                "history": history,
+                "elapsed": elapsed,
+                "param_groups": opt_sd["param_groups"],
+                "scheduler": sched_sd,
+                "config": asdict(cfg),
+            },
+            indent=1,
+        ),
+    )
 
 
-def _state_problem(epoch: Any, history: Any, elapsed: float, epochs: int) -> Optional[str]:
+def _state_problem(epoch: Any, history: Any, elapsed: float, epochs: int) -> str | None:
     """Why a state's progress cannot be this run's (``None`` when it can): its epoch must be a whole number of
     epochs within ``0..epochs``, its history one entry per finished epoch, in order, its elapsed time finite."""
     if not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch <= epochs:
@@ -166,7 +191,7 @@ def _state_problem(epoch: Any, history: Any, elapsed: float, epochs: int) -> Opt
     return None
 
 
-def _load_state(out_dir: Path, name: str, model, opt, sched, cfg: TrainConfig) -> Dict[str, Any]:
+def _load_state(out_dir: Path, name: str, model, opt, sched, cfg: TrainConfig) -> dict[str, Any]:
     """Restore what :func:`_save_state` wrote.
 
     Raises:
@@ -180,12 +205,16 @@ def _load_state(out_dir: Path, name: str, model, opt, sched, cfg: TrainConfig) -
     if not present:
         done = out_dir / f"{name}.safetensors"
         finished = f"; {done.name} is there (a finished run keeps no state)" if done.is_file() else ""
-        raise ValueError(f"nothing to resume in {out_dir}: no {st_path.name} or {js_path.name}{finished}; "
-                         "run without --resume to start afresh")
+        raise ValueError(
+            f"nothing to resume in {out_dir}: no {st_path.name} or {js_path.name}{finished}; "
+            "run without --resume to start afresh"
+        )
     if len(present) == 1:
         missing = js_path if present[0] == st_path else st_path
-        raise ValueError(f"cannot resume: {missing} is missing ({present[0].name} is there); delete "
-                         f"{present[0].name} and run without --resume to start afresh")
+        raise ValueError(
+            f"cannot resume: {missing} is missing ({present[0].name} is there); delete "
+            f"{present[0].name} and run without --resume to start afresh"
+        )
     try:
         meta = read_json(js_path, MAX_STATE_JSON_BYTES)
     except ValueError as exc:
@@ -197,8 +226,10 @@ def _load_state(out_dir: Path, name: str, model, opt, sched, cfg: TrainConfig) -
         raise ValueError(f"cannot resume: {js_path} is damaged ({type(exc).__name__}: {exc})") from None
     problem = _state_problem(epoch, history, elapsed, cfg.epochs)
     if problem:
-        raise ValueError(f"cannot resume: {js_path} is damaged ({problem}); delete it and its "
-                         f"{st_path.name} and run without --resume to start afresh")
+        raise ValueError(
+            f"cannot resume: {js_path} is damaged ({problem}); delete it and its "
+            f"{st_path.name} and run without --resume to start afresh"
+        )
     now = {k: v for k, v in asdict(cfg).items() if k not in ("out", "threads", "epochs")}
     if saved != now:
         diff = sorted(k for k in now if saved.get(k) != now[k])
@@ -209,7 +240,7 @@ def _load_state(out_dir: Path, name: str, model, opt, sched, cfg: TrainConfig) -
         raise ValueError(f"cannot resume: {st_path} is damaged or truncated ({first_line(exc)})") from None
     try:
         model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
-        state: Dict[int, Dict[str, torch.Tensor]] = {}
+        state: dict[int, dict[str, torch.Tensor]] = {}
         for key, val in tensors.items():
             if key.startswith("opt."):
                 _, idx, sub = key.split(".", 2)
@@ -228,9 +259,15 @@ def has_state(cfg: TrainConfig) -> bool:
     return all(p.is_file() for p in _state_paths(Path(cfg.out), checkpoint_name(cfg)))
 
 
-def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, train_data: Optional[ImageSet] = None,
-          val_data: Optional[ImageSet] = None, max_steps: Optional[int] = None,
-          on_epoch: Optional[Callable[[int, int], None]] = None) -> Dict[str, Any]:
+def train(
+    cfg: TrainConfig,
+    resume: bool = False,
+    progress: bool = True,
+    train_data: ImageSet | None = None,
+    val_data: ImageSet | None = None,
+    max_steps: int | None = None,
+    on_epoch: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
     """Train one model and save it as ``<out>/<variant>_<task>_<data>.safetensors`` (+ ``.json``).
 
     Args:
@@ -256,8 +293,9 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, train_d
     if val_data is None:
         val_data = load_data(cfg.data, "val", cfg.task, img_size, cfg.val_size, seed=0, scene=cfg.scene)
     seg_kw = {"decoder": cfg.decoder} if cfg.task == "seg" else {}
-    model = create_model(variant, cfg.task, cfg.arch, num_classes=len(train_data.class_names),
-                         img_size=img_size, **seg_kw, **cfg.options)
+    model = create_model(
+        variant, cfg.task, cfg.arch, num_classes=len(train_data.class_names), img_size=img_size, **seg_kw, **cfg.options
+    )
     if cfg.init_from and not resume:
         init_encoder(model, cfg.init_from)
     ds = TensorDataset(train_data, cfg.task)
@@ -265,7 +303,8 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, train_d
     total = steps_per_epoch * cfg.epochs
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, _lr_lambda(total, max(1, int(cfg.warmup_epochs * steps_per_epoch)), cfg.min_lr_ratio))
+        opt, _lr_lambda(total, max(1, int(cfg.warmup_epochs * steps_per_epoch)), cfg.min_lr_ratio)
+    )
     out_dir = Path(cfg.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     name = checkpoint_name(cfg)
@@ -281,11 +320,16 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, train_d
         t0 = time.perf_counter()
         model.train()
         order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(cfg.seed * 1000 + epoch))
-        bar = tqdm(range(steps_per_epoch), desc=f"{name} {epoch + 1}/{cfg.epochs}", disable=not progress,
-                   leave=False, mininterval=2.0)
+        bar = tqdm(
+            range(steps_per_epoch),
+            desc=f"{name} {epoch + 1}/{cfg.epochs}",
+            disable=not progress,
+            leave=False,
+            mininterval=2.0,
+        )
         losses = []
         for i in bar:
-            idx = order[i * cfg.batch_size:(i + 1) * cfg.batch_size]
+            idx = order[i * cfg.batch_size : (i + 1) * cfg.batch_size]
             loss = loss_fn(model(ds.x[idx]), ds.y[idx])
             if not torch.isfinite(loss):
                 raise RuntimeError(f"{name}: loss became {loss.item()} at epoch {epoch + 1} step {i}")
@@ -301,25 +345,44 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, train_d
                 break
         val = evaluate(model, val_data, cfg.task)
         elapsed += time.perf_counter() - t0
-        history.append({"epoch": epoch + 1, "train_loss": float(np.mean(losses)), "val": val["metric"],
-                        "lr": sched.get_last_lr()[0], "losses_first_last": [losses[0], losses[-1]]})
+        history.append(
+            {
+                "epoch": epoch + 1,
+                "train_loss": float(np.mean(losses)),
+                "val": val["metric"],
+                "lr": sched.get_last_lr()[0],
+                "losses_first_last": [losses[0], losses[-1]],
+            }
+        )
         if progress:
-            tqdm.write(f"{name} epoch {epoch + 1}/{cfg.epochs} loss {history[-1]['train_loss']:.4f} "
-                       f"val {val['metric_name']} {val['metric']:.2f}")
+            tqdm.write(
+                f"{name} epoch {epoch + 1}/{cfg.epochs} loss {history[-1]['train_loss']:.4f} "
+                f"val {val['metric_name']} {val['metric']:.2f}"
+            )
         _save_state(out_dir, name, model, opt, sched, epoch + 1, history, elapsed, cfg)
         if on_epoch is not None:
             on_epoch(epoch + 1, cfg.epochs)
         if max_steps is not None and step >= max_steps:
             break
     data_source = cfg.data if cfg.data in BUILTIN_DATA else str(Path(cfg.data).resolve())
-    extra = {"data": data_source, "data_seed": 0, **({"scene": dict(cfg.scene)} if cfg.scene else {}),
-             "seed": cfg.seed, "epochs": cfg.epochs,
-             "train_size": len(train_data), "recipe": asdict(cfg), "history": history,
-             "val_metric": history[-1]["val"] if history else None, "metric_name": metric_name(cfg.task),
-             "train_time_s": round(elapsed, 1), "params": count_params(model)}
+    extra = {
+        "data": data_source,
+        "data_seed": 0,
+        **({"scene": dict(cfg.scene)} if cfg.scene else {}),
+        "seed": cfg.seed,
+        "epochs": cfg.epochs,
+        "train_size": len(train_data),
+        "recipe": asdict(cfg),
+        "history": history,
+        "val_metric": history[-1]["val"] if history else None,
+        "metric_name": metric_name(cfg.task),
+        "train_time_s": round(elapsed, 1),
+        "params": count_params(model),
+    }
     path = out_dir / f"{name}.safetensors"
-    saved = save_checkpoint(model, path, class_names=train_data.class_names,
-                            input_style=DATA_INPUT_STYLE.get(cfg.data, "rgb"), extra=extra)
+    saved = save_checkpoint(
+        model, path, class_names=train_data.class_names, input_style=DATA_INPUT_STYLE.get(cfg.data, "rgb"), extra=extra
+    )
     if history and history[-1]["epoch"] == cfg.epochs:  # the run is complete: nothing left to resume
         for p in _state_paths(out_dir, name):
             p.unlink(missing_ok=True)

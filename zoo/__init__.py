@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any
 
 from attnzoo.fileio import sha256_file
 from attnzoo.lazy import lazy_import
@@ -24,8 +24,18 @@ if TYPE_CHECKING:  # the zoo's listing loads without PyTorch (serve-models, the 
 models = lazy_import("attnzoo.models")
 checkpoint = lazy_import("attnzoo.models.checkpoint")
 
-__all__ = ["ZOO_DIR", "DEFAULT_DATA", "manifest", "entries", "checkpoint_path", "load", "available", "best_entries",
-           "onnx_name", "shipped_onnx"]
+__all__ = [
+    "ZOO_DIR",
+    "DEFAULT_DATA",
+    "manifest",
+    "entries",
+    "checkpoint_path",
+    "load",
+    "available",
+    "best_entries",
+    "onnx_name",
+    "shipped_onnx",
+]
 
 ZOO_DIR = Path(__file__).resolve().parent
 _MANIFEST = ZOO_DIR / "manifest.json"
@@ -33,19 +43,19 @@ _MANIFEST = ZOO_DIR / "manifest.json"
 DEFAULT_DATA = "fashion"
 
 
-def manifest() -> Dict[str, Any]:
+def manifest() -> dict[str, Any]:
     """The parsed ``manifest.json`` (``{"models": [...], "recipe": {...}}``); empty when no zoo is built."""
     if not _MANIFEST.is_file():
         return {"models": []}
     return json.loads(_MANIFEST.read_text())
 
 
-def entries() -> List[Dict[str, Any]]:
+def entries() -> list[dict[str, Any]]:
     """Manifest rows: variant, task, data, file, sha256, params, test metric, train time, ..."""
     return list(manifest().get("models", []))
 
 
-def available(task: str = None, data: str = DEFAULT_DATA) -> List[str]:
+def available(task: str = None, data: str = DEFAULT_DATA) -> list[str]:
     """Variants that have a zoo model for ``task`` (any task when None) trained on ``data``."""
     return [e["variant"] for e in entries() if (task is None or e["task"] == task) and e["data"] == data]
 
@@ -60,17 +70,18 @@ def checkpoint_path(variant: str, task: str = "cls", data: str = DEFAULT_DATA) -
     raise ValueError(f"the zoo has no {task!r} model of {name!r} trained on {data!r}; it has: {', '.join(have)}")
 
 
-def load(variant: str, task: str = "cls", data: str = DEFAULT_DATA) -> Tuple[nn.Module, Dict[str, Any]]:
+def load(variant: str, task: str = "cls", data: str = DEFAULT_DATA) -> tuple[nn.Module, dict[str, Any]]:
     """Load a zoo model in eval mode with its config (class names, mean/std, metrics ...)."""
     return checkpoint.load_checkpoint(checkpoint_path(variant, task, data))
 
 
-def best_entries(data: str = DEFAULT_DATA) -> Dict[str, Dict[str, Any]]:
+def best_entries(data: str = DEFAULT_DATA) -> dict[str, dict[str, Any]]:
     """Per task, the manifest row trained on ``data`` with the highest test metric (the first listed on a tie)."""
-    best: Dict[str, Dict[str, Any]] = {}
+    best: dict[str, dict[str, Any]] = {}
     for e in entries():
-        if e["data"] == data and (e["task"] not in best
-                                  or (e.get("test_metric") or 0) > (best[e["task"]].get("test_metric") or 0)):
+        if e["data"] == data and (
+            e["task"] not in best or (e.get("test_metric") or 0) > (best[e["task"]].get("test_metric") or 0)
+        ):
             best[e["task"]] = e
     return best
 
@@ -80,7 +91,7 @@ def onnx_name(variant: str, task: str, data: str = DEFAULT_DATA) -> str:
     return f"{variant}_{task}_{data}.onnx"
 
 
-def shipped_onnx(entry: Dict[str, Any]) -> Optional[Path]:
+def shipped_onnx(entry: dict[str, Any]) -> Path | None:
     """The shipped ONNX export of a manifest row when there is one and its sha256 matches, else None (the
     caller exports the checkpoint instead). Parity with the checkpoint is the caller's check."""
     ship = entry.get("onnx")

@@ -6,8 +6,26 @@
   ADE20K-layout folders, and :func:`~attnzoo.data.datasets.load_data`, which names them all.
 """
 
-from attnzoo.data.datasets import (BUILTIN_DATA, DIGITS_CLASSES, SHAPES_CLASSES, SHAPES_SEG_CLASSES, ImageSet,
-                                   TensorDataset, load_data, shapes, shapes_images)
+from attnzoo.data.datasets import (
+    BUILTIN_DATA,
+    DIGITS_CLASSES,
+    SHAPES_CLASSES,
+    SHAPES_SEG_CLASSES,
+    ImageSet,
+    TensorDataset,
+    load_data,
+    shapes,
+    shapes_images,
+)
 
-__all__ = ["BUILTIN_DATA", "SHAPES_CLASSES", "SHAPES_SEG_CLASSES", "DIGITS_CLASSES", "ImageSet", "TensorDataset",
-           "load_data", "shapes", "shapes_images"]
+__all__ = [
+    "BUILTIN_DATA",
+    "SHAPES_CLASSES",
+    "SHAPES_SEG_CLASSES",
+    "DIGITS_CLASSES",
+    "ImageSet",
+    "TensorDataset",
+    "load_data",
+    "shapes",
+    "shapes_images",
+]

@@ -12,8 +12,8 @@ arguments give the same pixels on any machine.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -23,14 +23,28 @@ from attnzoo.data.fashion import fashion
 from attnzoo.data.images import ImageSet, gray_to_rgb
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, load_image, normalize
 
-__all__ = ["SHAPES_CLASSES", "SHAPES_SEG_CLASSES", "DIGITS_CLASSES", "SPLITS", "BUILTIN_DATA", "ImageSet",
-           "TensorDataset", "shapes_images", "shapes", "digits", "imagefolder", "ade_folder", "check_source", "load_data"]
+__all__ = [
+    "SHAPES_CLASSES",
+    "SHAPES_SEG_CLASSES",
+    "DIGITS_CLASSES",
+    "SPLITS",
+    "BUILTIN_DATA",
+    "ImageSet",
+    "TensorDataset",
+    "shapes_images",
+    "shapes",
+    "digits",
+    "imagefolder",
+    "ade_folder",
+    "check_source",
+    "load_data",
+]
 
-SHAPES_CLASSES: List[str] = ["circle", "square", "triangle", "star", "cross", "ring"]
-SHAPES_SEG_CLASSES: List[str] = ["background", *SHAPES_CLASSES]
-DIGITS_CLASSES: List[str] = [str(d) for d in range(10)]
-SPLITS: Tuple[str, ...] = ("train", "val", "test")
-BUILTIN_DATA: Tuple[str, ...] = ("fashion", "shapes", "digits")
+SHAPES_CLASSES: list[str] = ["circle", "square", "triangle", "star", "cross", "ring"]
+SHAPES_SEG_CLASSES: list[str] = ["background", *SHAPES_CLASSES]
+DIGITS_CLASSES: list[str] = [str(d) for d in range(10)]
+SPLITS: tuple[str, ...] = ("train", "val", "test")
+BUILTIN_DATA: tuple[str, ...] = ("fashion", "shapes", "digits")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 #: Default number of ``shapes`` images per split.
@@ -44,8 +58,13 @@ class TensorDataset(torch.utils.data.Dataset):
     The target is the label (``task="cls"``) or the mask as int64 (``task="seg"``).
     """
 
-    def __init__(self, data: ImageSet, task: str = "cls", mean: Sequence[float] = DEFAULT_MEAN,
-                 std: Sequence[float] = DEFAULT_STD):
+    def __init__(
+        self,
+        data: ImageSet,
+        task: str = "cls",
+        mean: Sequence[float] = DEFAULT_MEAN,
+        std: Sequence[float] = DEFAULT_STD,
+    ):
         if task == "seg" and data.masks is None:
             raise ValueError(f"data set {data.name!r} has no masks; it can only train classifiers")
         self.x = torch.from_numpy(normalize(data.images, mean, std))
@@ -55,7 +74,7 @@ class TensorDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.y)
 
-    def __getitem__(self, i: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.x[i], self.y[i]
 
 
@@ -76,25 +95,29 @@ def _polygon(n: int, r: float, angle: float, inner: float = 0.0) -> np.ndarray:
 def _cross(r: float, angle: float) -> np.ndarray:
     """Plus sign with arm half-width 0.3 r and half-length 0.95 r, rotated by ``angle``."""
     a, b = 0.3 * r, 0.95 * r
-    pts = np.array([(a, b), (a, a), (b, a), (b, -a), (a, -a), (a, -b), (-a, -b), (-a, -a), (-b, -a),
-                    (-b, a), (-a, a), (-a, b)])
+    pts = np.array(
+        [(a, b), (a, a), (b, a), (b, -a), (a, -a), (a, -b), (-a, -b), (-a, -a), (-b, -a), (-b, a), (-a, a), (-a, b)]
+    )
     c, s = math.cos(angle), math.sin(angle)
     return pts @ np.array([[c, s], [-s, c]])
 
 
-def _draw_shape(draws: Sequence[ImageDraw.ImageDraw], fills: Sequence, kind: str, cx: float, cy: float,
-                r: float, angle: float) -> None:
+def _draw_shape(
+    draws: Sequence[ImageDraw.ImageDraw], fills: Sequence, kind: str, cx: float, cy: float, r: float, angle: float
+) -> None:
     """Draw one shape on every (draw, fill) pair (the image and its mask)."""
     box = (cx - r, cy - r, cx + r, cy + r)
-    for draw, fill in zip(draws, fills):
+    for draw, fill in zip(draws, fills, strict=False):
         if kind in ("circle", "ring"):
             draw.ellipse(box, fill=fill)
         else:
-            pts = {"square": lambda: _polygon(4, r, angle),
-                   "triangle": lambda: _polygon(3, r, angle),
-                   "star": lambda: _polygon(5, r, angle, inner=0.45),
-                   "hexagon": lambda: _polygon(6, r, angle),
-                   "cross": lambda: _cross(r, angle)}[kind]()
+            pts = {
+                "square": lambda: _polygon(4, r, angle),
+                "triangle": lambda: _polygon(3, r, angle),
+                "star": lambda: _polygon(5, r, angle, inner=0.45),
+                "hexagon": lambda: _polygon(6, r, angle),
+                "cross": lambda: _cross(r, angle),
+            }[kind]()
             draw.polygon([(cx + x, cy + y) for x, y in pts], fill=fill)
 
 
@@ -103,7 +126,7 @@ def _background(rng: np.random.Generator, size: int) -> np.ndarray:
     c0, c1 = rng.uniform(0, 110, 3), rng.uniform(0, 110, 3)
     yy, xx = np.mgrid[0:size, 0:size] / max(size - 1, 1)
     t = rng.uniform(0, 2 * math.pi)
-    ramp = (np.cos(t) * xx + np.sin(t) * yy)
+    ramp = np.cos(t) * xx + np.sin(t) * yy
     ramp = (ramp - ramp.min()) / max(float(np.ptp(ramp)), 1e-6)
     bg = c0 + (c1 - c0) * ramp[..., None] * rng.uniform(0.0, 0.6)
     kind = rng.integers(4)
@@ -118,18 +141,24 @@ def _background(rng: np.random.Generator, size: int) -> np.ndarray:
         bg = bg + amp * checks[..., None]
     elif kind == 3:  # low-frequency blotches
         coarse = rng.normal(0, 1, (4, 4, 3)).astype(np.float32)
-        up = np.asarray(Image.fromarray(((coarse + 3) * 40).clip(0, 255).astype(np.uint8)).resize(
-            (size, size), Image.BICUBIC), dtype=np.float64) / 40 - 3
+        up = (
+            np.asarray(
+                Image.fromarray(((coarse + 3) * 40).clip(0, 255).astype(np.uint8)).resize((size, size), Image.BICUBIC),
+                dtype=np.float64,
+            )
+            / 40
+            - 3
+        )
         bg = bg + amp * up
     return bg
 
 
-def _object_colour(rng: np.random.Generator) -> Tuple[int, int, int]:
+def _object_colour(rng: np.random.Generator) -> tuple[int, int, int]:
     """A random bright colour (objects are brighter than the darker backgrounds)."""
     return tuple(int(c) for c in rng.uniform(150, 255, 3))
 
 
-def _shapes_one(rng: np.random.Generator, img_size: int, task: str) -> Tuple[np.ndarray, np.ndarray]:
+def _shapes_one(rng: np.random.Generator, img_size: int, task: str) -> tuple[np.ndarray, np.ndarray]:
     """One ``shapes`` image and its mask, drawn at 4x (or 2x) resolution and downsampled."""
     ss = 4 if img_size <= 64 else (2 if img_size <= 256 else 1)
     big = img_size * ss
@@ -164,8 +193,9 @@ def _shapes_one(rng: np.random.Generator, img_size: int, task: str) -> Tuple[np.
     return np.clip(img + 0.5, 0, 255).astype(np.uint8), small_mask
 
 
-def shapes_images(n: int, img_size: int = 32, split: str = "test", seed: int = 0,
-                  task: str = "cls") -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+def shapes_images(
+    n: int, img_size: int = 32, split: str = "test", seed: int = 0, task: str = "cls"
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``n`` procedural ``shapes`` images.
 
     Args:
@@ -198,8 +228,7 @@ def shapes_images(n: int, img_size: int = 32, split: str = "test", seed: int = 0
     return images, labels, masks
 
 
-def shapes(split: str, task: str = "cls", img_size: int = 32, n: Optional[int] = None,
-           seed: int = 0) -> ImageSet:
+def shapes(split: str, task: str = "cls", img_size: int = 32, n: int | None = None, seed: int = 0) -> ImageSet:
     """A split of ``shapes`` (``SHAPES_SIZES`` images by default). Classification uses ``SHAPES_CLASSES``,
     segmentation ``SHAPES_SEG_CLASSES`` (with background)."""
     n = SHAPES_SIZES[split] if n is None else n
@@ -221,8 +250,7 @@ def _split_indices(n: int, split: str, seed: int = 0, fractions=(0.7, 0.1)) -> n
     return np.sort({"train": order[:a], "val": order[a:b], "test": order[b:]}[split])
 
 
-def digits(split: str, task: str = "cls", img_size: int = 32, n: Optional[int] = None,
-           seed: int = 0) -> ImageSet:
+def digits(split: str, task: str = "cls", img_size: int = 32, n: int | None = None, seed: int = 0) -> ImageSet:
     """scikit-learn's bundled 8x8 handwritten digits (1797 images, no download), upsampled to ``img_size``,
     white digits on black, 3 channels; split 70/10/20 with a fixed permutation."""
     check_source("digits", task)
@@ -240,7 +268,7 @@ def digits(split: str, task: str = "cls", img_size: int = 32, n: Optional[int] =
 # ----------------------------------------------------------------------------------------------- folders
 
 
-def _image_files(folder: Path) -> List[Path]:
+def _image_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
 
 
@@ -252,7 +280,7 @@ def _read_resized(path: Path, img_size: int) -> np.ndarray:
     return np.asarray(img.resize((img_size, img_size), Image.BILINEAR), dtype=np.uint8)
 
 
-def _split_root(root: Path, names: Sequence[str]) -> Optional[Path]:
+def _split_root(root: Path, names: Sequence[str]) -> Path | None:
     """``root/<name>`` for the first of ``names`` that exists (e.g. ``val`` or ``validation``)."""
     for name in names:
         if (root / name).is_dir():
@@ -260,8 +288,7 @@ def _split_root(root: Path, names: Sequence[str]) -> Optional[Path]:
     return None
 
 
-def _folder_indices(root: Path, count: int, split: str, has_splits: bool, n: Optional[int],
-                    seed: int) -> np.ndarray:
+def _folder_indices(root: Path, count: int, split: str, has_splits: bool, n: int | None, seed: int) -> np.ndarray:
     """All files of a split folder, or the split's share of a flat folder; at most ``n``; never empty."""
     idx = np.arange(count) if has_splits else _split_indices(count, split, seed)
     if n is not None:
@@ -274,8 +301,9 @@ def _folder_indices(root: Path, count: int, split: str, has_splits: bool, n: Opt
 _SPLIT_DIRS = {"train": ("train", "training"), "val": ("val", "validation"), "test": ("test", "testing")}
 
 
-def imagefolder(root, split: str, task: str = "cls", img_size: int = 32, n: Optional[int] = None,
-                seed: int = 0) -> ImageSet:
+def imagefolder(
+    root, split: str, task: str = "cls", img_size: int = 32, n: int | None = None, seed: int = 0
+) -> ImageSet:
     """Class-per-folder images (``root/<class>/*.png``), resized to ``img_size``.
 
     With ``root/train``, ``root/val`` (or ``validation``) and ``root/test`` sub-folders, those are the splits
@@ -311,7 +339,7 @@ def imagefolder(root, split: str, task: str = "cls", img_size: int = 32, n: Opti
     return ImageSet(images, np.asarray(labels, np.int64)[idx], None, classes, str(root))
 
 
-def _read_mask(path: Path, size: Tuple[int, int]) -> np.ndarray:
+def _read_mask(path: Path, size: tuple[int, int]) -> np.ndarray:
     try:
         with Image.open(path) as m:
             m.load()
@@ -321,8 +349,9 @@ def _read_mask(path: Path, size: Tuple[int, int]) -> np.ndarray:
     if mode not in ("L", "P", "I", "I;16", "1"):
         raise ValueError(f"{path}: a mask must be a single-channel index PNG, got mode {mode}")
     if arr.shape[:2] != size:
-        raise ValueError(f"{path}: mask size {arr.shape[1]}x{arr.shape[0]} does not match its image "
-                         f"{size[1]}x{size[0]}")
+        raise ValueError(
+            f"{path}: mask size {arr.shape[1]}x{arr.shape[0]} does not match its image {size[1]}x{size[0]}"
+        )
     if arr.max(initial=0) > 255:
         raise ValueError(f"{path}: class index {int(arr.max())} > 255 is not supported")
     return arr.astype(np.uint8)
@@ -340,8 +369,9 @@ def _max_class(ann_root: Path) -> int:
     return top
 
 
-def ade_folder(root, split: str, task: str = "seg", img_size: int = 32, n: Optional[int] = None,
-               seed: int = 0) -> ImageSet:
+def ade_folder(
+    root, split: str, task: str = "seg", img_size: int = 32, n: int | None = None, seed: int = 0
+) -> ImageSet:
     """ADE20K-layout segmentation data: ``images/`` and ``annotations/`` (index PNGs, 0 = background/other,
     same file stem), optionally with ``training``/``validation`` sub-folders; an optional ``classes.txt``
     (one name per line, index 0 first) names the classes. Images and masks are resized to ``img_size``
@@ -383,7 +413,7 @@ def ade_folder(root, split: str, task: str = "seg", img_size: int = 32, n: Optio
     if k_max >= len(names):
         raise ValueError(f"{root}: mask class index {k_max} but classes.txt names only {len(names)} classes")
     if not names_file.is_file():  # the same classes for every split: the largest index of all annotations
-        names = names[:max(_max_class(root / "annotations"), k_max) + 1]
+        names = names[: max(_max_class(root / "annotations"), k_max) + 1]
     # the label is the largest non-background class (an index into ``names``, so +1 past background);
     # an all-background mask is labelled background (0)
     counts = np.stack([np.bincount(m.ravel(), minlength=len(names))[1:] for m in masks_arr])
@@ -391,7 +421,7 @@ def ade_folder(root, split: str, task: str = "seg", img_size: int = 32, n: Optio
     return ImageSet(np.stack(images), labels.astype(np.int64), masks_arr, names, str(root))
 
 
-def check_source(data: str, task: str, scene: Optional[dict] = None) -> None:
+def check_source(data: str, task: str, scene: dict | None = None) -> None:
     """What :func:`load_data` refuses before it reads anything, so a command can refuse it as a bad flag first.
 
     Raises:
@@ -406,8 +436,15 @@ def check_source(data: str, task: str, scene: Optional[dict] = None) -> None:
         raise ValueError(f"unknown data {data!r}: not one of {', '.join(BUILTIN_DATA)} and not a folder")
 
 
-def load_data(data: str, split: str, task: str = "cls", img_size: int = 32, n: Optional[int] = None,
-              seed: int = 0, scene: Optional[dict] = None) -> ImageSet:
+def load_data(
+    data: str,
+    split: str,
+    task: str = "cls",
+    img_size: int = 32,
+    n: int | None = None,
+    seed: int = 0,
+    scene: dict | None = None,
+) -> ImageSet:
     """Load a split of ``fashion`` (Fashion-MNIST, see :mod:`attnzoo.data.fashion`), ``shapes``, ``digits``,
     or a folder (an ade-folder when it has ``images/`` and
     ``annotations/``, else a class-per-folder image folder). ``scene``: how Fashion-MNIST segmentation scenes are

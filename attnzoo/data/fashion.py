@@ -21,20 +21,44 @@ from __future__ import annotations
 import gzip
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any
 
 import numpy as np
 from PIL import Image
 
 from attnzoo.data.images import ImageSet, gray_to_rgb
 
-__all__ = ["FASHION_CLASSES", "FASHION_SEG_CLASSES", "DEFAULT_ROOT", "MASK_THRESHOLD", "VAL_EVERY",
-           "PACKAGED_ROOT", "SCENE_SIZES", "MAX_OVERLAP", "MAX_TRIES", "SCENE_OPTIONS", "check_scene_options",
-           "fashion_root",
-           "read_idx", "fashion_arrays", "compose_scenes", "fashion"]
+__all__ = [
+    "FASHION_CLASSES",
+    "FASHION_SEG_CLASSES",
+    "DEFAULT_ROOT",
+    "MASK_THRESHOLD",
+    "VAL_EVERY",
+    "PACKAGED_ROOT",
+    "SCENE_SIZES",
+    "MAX_OVERLAP",
+    "MAX_TRIES",
+    "SCENE_OPTIONS",
+    "check_scene_options",
+    "fashion_root",
+    "read_idx",
+    "fashion_arrays",
+    "compose_scenes",
+    "fashion",
+]
 
-FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
-                   "Ankle boot"]
+FASHION_CLASSES = [
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+]
 FASHION_SEG_CLASSES = ["background", *FASHION_CLASSES]
 #: Where Debian's package ``dataset-fashion-mnist`` installs the official files.
 DEFAULT_ROOT = Path("/usr/share/datasets/fashion-mnist")
@@ -51,19 +75,25 @@ MAX_TRIES = 20
 VAL_EVERY = 12
 #: Default number of composed scenes per split.
 SCENE_SIZES = {"train": 12000, "val": 500, "test": 2000}
-_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
-          "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
 _SPLIT_ID = {"train": 0, "val": 1, "test": 2}
-_CACHE: Dict[Tuple[str, str], Tuple[np.ndarray, np.ndarray]] = {}
+_CACHE: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
 
 
-def _missing(folder: Path) -> List[str]:
+def _missing(folder: Path) -> list[str]:
     """The official files ``folder`` lacks (each may be gzipped or not)."""
-    return [name for pair in _FILES.values() for name in pair
-            if not (folder / name).is_file() and not (folder / f"{name}.gz").is_file()]
+    return [
+        name
+        for pair in _FILES.values()
+        for name in pair
+        if not (folder / name).is_file() and not (folder / f"{name}.gz").is_file()
+    ]
 
 
-def fashion_root(root: Optional[os.PathLike] = None) -> Path:
+def fashion_root(root: os.PathLike | None = None) -> Path:
     """The folder holding the IDX files: ``root``, else ``$ATTNZOO_FASHION_MNIST``, else Debian's
     :data:`DEFAULT_ROOT` when it holds them, else the copy shipped with the package (:data:`PACKAGED_ROOT`).
 
@@ -75,9 +105,12 @@ def fashion_root(root: Optional[os.PathLike] = None) -> Path:
         missing = _missing(folder)
         if not missing:
             return folder
-    fix = ("point ATTNZOO_FASHION_MNIST (or root) at a folder with the four official IDX files" if given else
-           "the package's copy is incomplete: reinstall attnzoo, or set ATTNZOO_FASHION_MNIST to a folder with the "
-           "four official IDX files")
+    fix = (
+        "point ATTNZOO_FASHION_MNIST (or root) at a folder with the four official IDX files"
+        if given
+        else "the package's copy is incomplete: reinstall attnzoo, or set ATTNZOO_FASHION_MNIST to a folder with the "
+        "four official IDX files"
+    )
     raise FileNotFoundError(f"Fashion-MNIST not found in {folder} (missing {', '.join(missing)}); {fix}")
 
 
@@ -89,7 +122,7 @@ def read_idx(path: Path) -> np.ndarray:
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
         raise ValueError(f"{path}: not an IDX file of unsigned bytes")
     ndim = data[3]
-    dims = [int.from_bytes(data[4 + 4 * k:8 + 4 * k], "big") for k in range(ndim)]
+    dims = [int.from_bytes(data[4 + 4 * k : 8 + 4 * k], "big") for k in range(ndim)]
     start = 4 + 4 * ndim
     count = int(np.prod(dims))
     if len(data) - start != count:
@@ -97,7 +130,7 @@ def read_idx(path: Path) -> np.ndarray:
     return np.frombuffer(data, np.uint8, count, start).reshape(dims)
 
 
-def _official(part: str, root: Optional[os.PathLike]) -> Tuple[np.ndarray, np.ndarray]:
+def _official(part: str, root: os.PathLike | None) -> tuple[np.ndarray, np.ndarray]:
     """The official ``train`` or ``test`` images (N, 28, 28) and labels (N,), cached per process."""
     folder = fashion_root(root)
     key = (str(folder), part)
@@ -113,7 +146,7 @@ def _official(part: str, root: Optional[os.PathLike]) -> Tuple[np.ndarray, np.nd
     return _CACHE[key]
 
 
-def fashion_arrays(split: str, root: Optional[os.PathLike] = None) -> Tuple[np.ndarray, np.ndarray]:
+def fashion_arrays(split: str, root: os.PathLike | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Gray images (N, 28, 28) uint8 and labels (N,) of one split (see the module docstring)."""
     if split not in _SPLIT_ID:
         raise ValueError(f"unknown split {split!r}; valid: {', '.join(_SPLIT_ID)}")
@@ -126,11 +159,18 @@ def fashion_arrays(split: str, root: Optional[os.PathLike] = None) -> Tuple[np.n
     return images[idx], labels[idx]
 
 
-def compose_scenes(images: np.ndarray, labels: np.ndarray, n: int, size: int = 48, split: str = "test",
-                   seed: int = 0, per_scene: Tuple[int, int] = (2, 4),
-                   fraction: Tuple[float, float] = (0.35, 0.6), garment_px: Optional[Tuple[int, int]] = None,
-                   overlap: Union[float, Tuple[float, float]] = MAX_OVERLAP
-                   ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+def compose_scenes(
+    images: np.ndarray,
+    labels: np.ndarray,
+    n: int,
+    size: int = 48,
+    split: str = "test",
+    seed: int = 0,
+    per_scene: tuple[int, int] = (2, 4),
+    fraction: tuple[float, float] = (0.35, 0.6),
+    garment_px: tuple[int, int] | None = None,
+    overlap: float | tuple[float, float] = MAX_OVERLAP,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Compose ``n`` scenes of several garments (see the module docstring).
 
     Args:
@@ -165,21 +205,20 @@ def compose_scenes(images: np.ndarray, labels: np.ndarray, n: int, size: int = 4
                 side = max(4, min(size, int(round(size * rng.uniform(*fraction)))))
             else:
                 side = max(4, min(size, int(rng.integers(int(garment_px[0]), int(garment_px[1]) + 1))))
-            g = images[j] if side == 28 else np.asarray(Image.fromarray(images[j]).resize((side, side),
-                                                                                            Image.BILINEAR))
+            g = images[j] if side == 28 else np.asarray(Image.fromarray(images[j]).resize((side, side), Image.BILINEAR))
             on = g > MASK_THRESHOLD
             for _try in range(MAX_TRIES):  # a place where the garment hides little of the earlier ones
                 y, x = (int(v) for v in rng.integers(0, size - side + 1, 2))
-                if cap >= 1.0 or (masks[i, y:y + side, x:x + side][on] > 0).sum() <= cap * on.sum():
-                    out[i, y:y + side, x:x + side][on] = g[on]
-                    masks[i, y:y + side, x:x + side][on] = labels[j] + 1
+                if cap >= 1.0 or (masks[i, y : y + side, x : x + side][on] > 0).sum() <= cap * on.sum():
+                    out[i, y : y + side, x : x + side][on] = g[on]
+                    masks[i, y : y + side, x : x + side][on] = labels[j] + 1
                     break
         counts = np.bincount(masks[i].ravel(), minlength=len(FASHION_SEG_CLASSES))[1:]
         top[i] = int(np.argmax(counts))
     return np.repeat(out[..., None], 3, axis=-1), top, masks
 
 
-def _overlap_range(overlap) -> Tuple[float, float]:
+def _overlap_range(overlap) -> tuple[float, float]:
     """``overlap`` (a number or a ``(lo, hi)`` pair) as a checked ``(lo, hi)`` pair."""
     lo, hi = (float(overlap), float(overlap)) if np.isscalar(overlap) else (float(overlap[0]), float(overlap[1]))
     if not 0.0 <= lo <= hi:
@@ -191,13 +230,13 @@ def _overlap_range(overlap) -> Tuple[float, float]:
 SCENE_OPTIONS = ("per_scene", "fraction", "garment_px", "overlap")
 
 
-def check_scene_options(scene: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+def check_scene_options(scene: dict[str, Any] | None) -> dict[str, Any]:
     """``scene`` (options of :func:`compose_scenes`) checked, as a plain JSON-able dict.
 
     Raises:
         ValueError: an unknown option or an impossible range.
     """
-    out: Dict[str, Any] = {}
+    out: dict[str, Any] = {}
     for key, value in (scene or {}).items():
         if key not in SCENE_OPTIONS:
             raise ValueError(f"unknown scene option {key!r}; valid: {', '.join(SCENE_OPTIONS)}")
@@ -209,14 +248,22 @@ def check_scene_options(scene: Optional[Dict[str, Any]]) -> Dict[str, Any]:
             continue
         lo, hi = value
         if not 0 < lo <= hi or (key == "fraction" and hi > 1):
-            raise ValueError(f"scene option {key} must be a range 0 < lo <= hi{' <= 1' if key == 'fraction' else ''}, "
-                             f"got {value!r}")
+            raise ValueError(
+                f"scene option {key} must be a range 0 < lo <= hi{' <= 1' if key == 'fraction' else ''}, got {value!r}"
+            )
         out[key] = [float(lo), float(hi)] if key == "fraction" else [int(lo), int(hi)]
     return out
 
 
-def fashion(split: str, task: str = "cls", img_size: Optional[int] = None, n: Optional[int] = None,
-            seed: int = 0, root: Optional[os.PathLike] = None, scene: Optional[Dict[str, Any]] = None):
+def fashion(
+    split: str,
+    task: str = "cls",
+    img_size: int | None = None,
+    n: int | None = None,
+    seed: int = 0,
+    root: os.PathLike | None = None,
+    scene: dict[str, Any] | None = None,
+):
     """A split of Fashion-MNIST as an :class:`~attnzoo.data.images.ImageSet`.
 
     Classification: the split's 28x28 images (resized to ``img_size``, default 28), gray in 3 channels, the first

@@ -7,7 +7,6 @@ Apart from :mod:`attnzoo.data.datasets` so that the loaders of :mod:`attnzoo.dat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
 
 import numpy as np
 from PIL import Image
@@ -21,14 +20,14 @@ class ImageSet:
 
     images: np.ndarray  # uint8 (N, H, W, 3)
     labels: np.ndarray  # int64 (N,)
-    masks: Optional[np.ndarray]  # uint8 (N, H, W) class indices, or None (classification only)
-    class_names: List[str]
+    masks: np.ndarray | None  # uint8 (N, H, W) class indices, or None (classification only)
+    class_names: list[str]
     name: str
 
     def __len__(self) -> int:
         return len(self.labels)
 
-    def subset(self, n: Optional[int]) -> "ImageSet":
+    def subset(self, n: int | None) -> ImageSet:
         """The first ``n`` samples (all when ``n`` is None)."""
         if n is None or n >= len(self):
             return self
@@ -39,6 +38,9 @@ class ImageSet:
 def gray_to_rgb(gray: np.ndarray, size: int, resample=Image.BILINEAR) -> np.ndarray:
     """(N, h, w) uint8 gray images -> (N, size, size, 3) uint8, resized with ``resample`` when the size differs."""
     if gray.shape[1:] != (size, size):
-        gray = np.stack([np.asarray(Image.fromarray(g).resize((size, size), resample)) for g in gray]) \
-            if len(gray) else np.zeros((0, size, size), np.uint8)
+        gray = (
+            np.stack([np.asarray(Image.fromarray(g).resize((size, size), resample)) for g in gray])
+            if len(gray)
+            else np.zeros((0, size, size), np.uint8)
+        )
     return np.repeat(gray[..., None], 3, axis=-1)

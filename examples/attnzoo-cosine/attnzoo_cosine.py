@@ -17,8 +17,6 @@ in every block, fp32 also in fp16 graphs, unquantized in int8 ones.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -65,8 +63,15 @@ class CosineAttention(StandardAttention):
         super().__init__(dim, num_heads=num_heads, **kwargs)
         self.cosine = CosineSimilarity(num_heads, tau_init)
 
-    def scores_attention(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                         attn_mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:
+    def scores_attention(
+        self,
+        x: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        is_causal: bool,
+    ) -> torch.Tensor:
         """``softmax_j Sim(q_i, k_j) v_j`` per head, masks applied to Sim."""
         return self.softmax_attend(self.cosine(q, k), v, attn_mask, is_causal)
 
@@ -76,9 +81,14 @@ def register() -> None:
     from attnzoo.models import Paper, register_variant
 
     register_variant(
-        "cosine", CosineAttention,
-        paper=Paper("Swin Transformer V2: Scaling Up Capacity and Resolution", "Liu et al.", 2022,
-                    "https://arxiv.org/abs/2111.09883"),
+        "cosine",
+        CosineAttention,
+        paper=Paper(
+            "Swin Transformer V2: Scaling Up Capacity and Resolution",
+            "Liu et al.",
+            2022,
+            "https://arxiv.org/abs/2111.09883",
+        ),
         equations="eq. 2, Sim = cos(q, k) / tau, tau > 0.01, B = 0",
         options={"tau_init": TAU_INIT},
         # the scope's ops: two L2 norms, the similarity MatMul and the divisions (a bare ["cosine"] would

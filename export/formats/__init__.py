@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Dict
 
 from attnzoo.errors import UsageError
 
@@ -18,7 +17,7 @@ from .base import ExportFormat, ExportRequest, Step, run_step
 
 __all__ = ["ExportFormat", "ExportRequest", "Step", "run_step", "formats", "get_format", "register_format"]
 
-_REGISTRY: Dict[str, ExportFormat] = {}
+_REGISTRY: dict[str, ExportFormat] = {}
 
 
 def _discover() -> None:
@@ -38,7 +37,7 @@ def register_format(part: ExportFormat) -> ExportFormat:
     return part
 
 
-def formats() -> Dict[str, ExportFormat]:
+def formats() -> dict[str, ExportFormat]:
     """Every format by name: this package's modules' (found once), then those registered."""
     if not _REGISTRY:
         _discover()

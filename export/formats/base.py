@@ -4,11 +4,12 @@ verified ONNX is written, and :class:`ExportRequest`, the checked arguments ever
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any
 
-from attnzoo.errors import first_line, UsageError
+from attnzoo.errors import UsageError, first_line
 from attnzoo.fileio import writable_dir
 
 from ..errors import ExportError
@@ -25,10 +26,10 @@ class ExportRequest:
 
     format: str
     dtype: str
-    out: Optional[Path]
+    out: Path | None
     opset: int
-    batch_sizes: List[int]
-    compute_capability: Optional[str]
+    batch_sizes: list[int]
+    compute_capability: str | None
     triton_platform: str
     triton_queue_delay_us: int
     quantize: Any  #: the quantization options (int8 / fp8), as :mod:`attnzoo.export.quantize` takes them
@@ -36,7 +37,7 @@ class ExportRequest:
 
 #: One step of a format: its name on the progress bar, and what writes it (``result.path`` is the output,
 #: ``result.onnx_path`` the verified ONNX already written).
-Step = Tuple[str, Callable[[ExportRequest, "ExportResult"], None]]
+Step = tuple[str, Callable[[ExportRequest, "ExportResult"], None]]
 
 
 def run_step(fn: Callable[..., Any], what: str, *args, **kwargs) -> Any:
@@ -65,17 +66,19 @@ class ExportFormat:
 
     name: str = ""
     title: str = ""
-    suffixes: Tuple[str, ...] = ()
+    suffixes: tuple[str, ...] = ()
 
     def check(self, req: ExportRequest) -> None:
         """Refuse, with a :class:`UsageError`, arguments this format cannot work with here, before any work."""
         if req.compute_capability:
             raise UsageError("--compute-capability applies to --format tensorrt only")
 
-    def mismatch(self, out: Path, implied: "ExportFormat") -> str:
+    def mismatch(self, out: Path, implied: ExportFormat) -> str:
         """The line refusing ``--format NAME --out FILE`` when FILE's suffix is ``implied``'s."""
-        return (f"--out {out} names a {implied.title} but --format is {self.name}; use --out "
-                f"{out.with_suffix(self.suffixes[0])}, or --format {implied.name}")
+        return (
+            f"--out {out} names a {implied.title} but --format is {self.name}; use --out "
+            f"{out.with_suffix(self.suffixes[0])}, or --format {implied.name}"
+        )
 
     def out_path(self, req: ExportRequest, stem: str) -> Path:
         """The output (``req.out``, else ``exports/<stem><suffix>``); its folder is created and must be writable."""
@@ -89,15 +92,15 @@ class ExportFormat:
         """Where the verified ONNX goes: beside the output, by default."""
         return out.with_suffix(".onnx")
 
-    def steps(self, req: ExportRequest) -> List[Step]:
+    def steps(self, req: ExportRequest) -> list[Step]:
         """What this format writes once the verified ONNX is there, step by step."""
         return []
 
-    def files(self, result: "ExportResult") -> List[Path]:
+    def files(self, result: ExportResult) -> list[Path]:
         """The files its steps wrote (besides the ONNX and its report)."""
         return []
 
-    def summary(self, result: "ExportResult") -> List[str]:
+    def summary(self, result: ExportResult) -> list[str]:
         """Its lines of ``export-model``'s summary (after the ONNX's)."""
         return []
 

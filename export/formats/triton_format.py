@@ -5,8 +5,8 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, List
 
 from attnzoo.errors import UsageError
 from attnzoo.fileio import writable_dir
@@ -14,8 +14,8 @@ from attnzoo.runtime.contract import ModelContract
 from attnzoo.runtime.tensorrt import gpu_available, load_library
 
 from ..tensorrt import tensorrt_unavailable_reason
-from ..triton import (LABELS_FILE, MODEL_FILES, PLATFORMS, summary as triton_summary, triton_unavailable_reason,
-                      write_config)
+from ..triton import LABELS_FILE, MODEL_FILES, PLATFORMS, triton_unavailable_reason, write_config
+from ..triton import summary as triton_summary
 from .base import ExportFormat, ExportRequest, Step
 from .tensorrt_format import FORMAT as TENSORRT
 
@@ -43,8 +43,9 @@ class TritonFormat(ExportFormat):
             raise UsageError(f"--triton-queue-delay-us must be >= 0, got {req.triton_queue_delay_us}")
         if platform != "tensorrt":
             if compute_capability:
-                raise UsageError("--compute-capability applies to --format tensorrt and --triton-platform tensorrt "
-                                 "only")
+                raise UsageError(
+                    "--compute-capability applies to --format tensorrt and --triton-platform tensorrt only"
+                )
             return
 
         reason = tensorrt_unavailable_reason(run=False)
@@ -52,10 +53,12 @@ class TritonFormat(ExportFormat):
             raise UsageError(f"--triton-platform tensorrt: {reason}")
         lib = load_library()
         if lib.name != "tensorrt" or not gpu_available():
-            raise UsageError("--triton-platform tensorrt: Triton's tensorrt_plan backend loads engines of TensorRT "
-                             f"proper built on the GPU it serves on; here only {lib.describe()} "
-                             f"{'is installed' if gpu_available() else 'without a GPU'} (run this on the GPU machine "
-                             "with pip install -e \".[tensorrt10]\", or use --triton-platform onnxruntime)")
+            raise UsageError(
+                "--triton-platform tensorrt: Triton's tensorrt_plan backend loads engines of TensorRT "
+                f"proper built on the GPU it serves on; here only {lib.describe()} "
+                f"{'is installed' if gpu_available() else 'without a GPU'} (run this on the GPU machine "
+                'with pip install -e ".[tensorrt10]", or use --triton-platform onnxruntime)'
+            )
 
     def out_path(self, req: ExportRequest, stem: str) -> Path:
         """The model's folder ``<repository>/<stem>``, with its version folder ``1/``."""
@@ -75,7 +78,7 @@ class TritonFormat(ExportFormat):
     def _model_file(req: ExportRequest, out: Path) -> Path:
         return out / "1" / MODEL_FILES[PLATFORMS[req.triton_platform]]
 
-    def steps(self, req: ExportRequest) -> List[Step]:
+    def steps(self, req: ExportRequest) -> list[Step]:
         engine = []
         if req.triton_platform == "tensorrt":
             engine = [("tensorrt", lambda req, result: TENSORRT.build(req, result, self._model_file(req, result.path)))]
@@ -83,15 +86,21 @@ class TritonFormat(ExportFormat):
 
     def write_config(self, req: ExportRequest, result) -> None:
         """``config.pbtxt`` and ``labels.txt``, checked with Triton's schema against the graph (config last)."""
-        result.triton = write_config(result.path, ModelContract.from_onnx(result.onnx_path), result.onnx_path,
-                                     PLATFORMS[req.triton_platform], max(req.batch_sizes), req.triton_queue_delay_us)
+        result.triton = write_config(
+            result.path,
+            ModelContract.from_onnx(result.onnx_path),
+            result.onnx_path,
+            PLATFORMS[req.triton_platform],
+            max(req.batch_sizes),
+            req.triton_queue_delay_us,
+        )
 
-    def files(self, result) -> List[Path]:
+    def files(self, result) -> list[Path]:
         if result.triton is None:
             return TENSORRT.files(result)
         return TENSORRT.files(result) + [result.path / LABELS_FILE, result.path / "config.pbtxt"]
 
-    def summary(self, result) -> List[str]:
+    def summary(self, result) -> list[str]:
         lines = [triton_summary(result.path, result.triton)] if result.triton is not None else []
         return lines + TENSORRT.summary(result)
 

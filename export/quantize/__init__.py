@@ -26,30 +26,107 @@ with fp32 and its gate), :mod:`.options` (:class:`QuantizeOptions`, the argument
 
 from __future__ import annotations
 
-from .calibration import (DEFAULT_CALIBRATION_COUNT, DEFAULT_CALIBRATION_SEED, DEFAULT_FIDELITY_COUNT, Calibration,
-                          calibration_for, calibration_images, heldout_images, load_calibration_file,
-                          load_calibration_folder, random_calibration)
-from .fidelity import (DEFAULT_MIN_COSINE, FIRM_GATE_INPUTS, PROMISE_CONFIDENCE, PROMISE_COVERAGE, onnx_outputs,
-                       output_agreement, per_input_fidelity, promised_cosine, tolerance_factor)
+from .calibration import (
+    DEFAULT_CALIBRATION_COUNT,
+    DEFAULT_CALIBRATION_SEED,
+    DEFAULT_FIDELITY_COUNT,
+    Calibration,
+    calibration_for,
+    calibration_images,
+    heldout_images,
+    load_calibration_file,
+    load_calibration_folder,
+    random_calibration,
+)
+from .fidelity import (
+    DEFAULT_MIN_COSINE,
+    FIRM_GATE_INPUTS,
+    PROMISE_CONFIDENCE,
+    PROMISE_COVERAGE,
+    onnx_outputs,
+    output_agreement,
+    per_input_fidelity,
+    promised_cosine,
+    tolerance_factor,
+)
 from .fp8 import simulate_fp8
 from .modelopt import CALIBRATION_METHODS, modelopt_version, quantize_onnx, quantize_unavailable_reason
-from .options import (ACCURACY_TOLERANCE, FP8_MIN_COMPUTE_CAPABILITY, QuantizeOptions, check_quantize_arguments,
-                      fp8_compute_capability_error)
+from .options import (
+    ACCURACY_TOLERANCE,
+    FP8_MIN_COMPUTE_CAPABILITY,
+    QuantizeOptions,
+    check_quantize_arguments,
+    fp8_compute_capability_error,
+)
 from .placement import SPEED_RUNS, auto_placement, group_speed
-from .qdq import (AUTO_QDQ_PLACEMENT, CPU_QDQ_PLACEMENT, DEFAULT_QDQ_PLACEMENT, PLACEMENT_CHOICES, QDQ_PLACEMENTS,
-                  QUANTIZED_OP_TYPES, TENSORRT_QDQ_PLACEMENT, extra_math_nodes, qdq_groups, qdq_placement_error,
-                  qdq_summary)
+from .qdq import (
+    AUTO_QDQ_PLACEMENT,
+    CPU_QDQ_PLACEMENT,
+    DEFAULT_QDQ_PLACEMENT,
+    PLACEMENT_CHOICES,
+    QDQ_PLACEMENTS,
+    QUANTIZED_OP_TYPES,
+    TENSORRT_QDQ_PLACEMENT,
+    extra_math_nodes,
+    qdq_groups,
+    qdq_placement_error,
+    qdq_summary,
+)
 from .report import QuantizationReport, QuantizeReport, read_quantization_report, summary, write_report
 from .verified import AccuracyDropError, FidelityError, QuantizationCheckError, evaluate_onnx, quantize_verified
 
-__all__ = ["QDQ_PLACEMENTS", "PLACEMENT_CHOICES", "DEFAULT_QDQ_PLACEMENT", "CPU_QDQ_PLACEMENT", "TENSORRT_QDQ_PLACEMENT",
-           "AUTO_QDQ_PLACEMENT", "DEFAULT_MIN_COSINE", "DEFAULT_FIDELITY_COUNT", "FIRM_GATE_INPUTS", "PROMISE_COVERAGE",
-           "PROMISE_CONFIDENCE", "SPEED_RUNS", "FidelityError", "output_agreement", "per_input_fidelity", "onnx_outputs",
-           "tolerance_factor", "promised_cosine", "qdq_groups", "auto_placement", "group_speed", "heldout_images",
-           "load_calibration_folder", "ACCURACY_TOLERANCE", "DEFAULT_CALIBRATION_COUNT", "DEFAULT_CALIBRATION_SEED",
-           "CALIBRATION_METHODS", "FP8_MIN_COMPUTE_CAPABILITY", "QUANTIZED_OP_TYPES", "QuantizeOptions",
-           "QuantizeReport", "QuantizationReport", "Calibration", "AccuracyDropError", "QuantizationCheckError",
-           "quantize_unavailable_reason", "modelopt_version", "extra_math_nodes", "calibration_images",
-           "random_calibration", "load_calibration_file", "quantize_onnx", "qdq_placement_error", "qdq_summary",
-           "simulate_fp8", "evaluate_onnx", "fp8_compute_capability_error", "check_quantize_arguments",
-           "calibration_for", "quantize_verified", "summary", "write_report", "read_quantization_report"]
+__all__ = [
+    "QDQ_PLACEMENTS",
+    "PLACEMENT_CHOICES",
+    "DEFAULT_QDQ_PLACEMENT",
+    "CPU_QDQ_PLACEMENT",
+    "TENSORRT_QDQ_PLACEMENT",
+    "AUTO_QDQ_PLACEMENT",
+    "DEFAULT_MIN_COSINE",
+    "DEFAULT_FIDELITY_COUNT",
+    "FIRM_GATE_INPUTS",
+    "PROMISE_COVERAGE",
+    "PROMISE_CONFIDENCE",
+    "SPEED_RUNS",
+    "FidelityError",
+    "output_agreement",
+    "per_input_fidelity",
+    "onnx_outputs",
+    "tolerance_factor",
+    "promised_cosine",
+    "qdq_groups",
+    "auto_placement",
+    "group_speed",
+    "heldout_images",
+    "load_calibration_folder",
+    "ACCURACY_TOLERANCE",
+    "DEFAULT_CALIBRATION_COUNT",
+    "DEFAULT_CALIBRATION_SEED",
+    "CALIBRATION_METHODS",
+    "FP8_MIN_COMPUTE_CAPABILITY",
+    "QUANTIZED_OP_TYPES",
+    "QuantizeOptions",
+    "QuantizeReport",
+    "QuantizationReport",
+    "Calibration",
+    "AccuracyDropError",
+    "QuantizationCheckError",
+    "quantize_unavailable_reason",
+    "modelopt_version",
+    "extra_math_nodes",
+    "calibration_images",
+    "random_calibration",
+    "load_calibration_file",
+    "quantize_onnx",
+    "qdq_placement_error",
+    "qdq_summary",
+    "simulate_fp8",
+    "evaluate_onnx",
+    "fp8_compute_capability_error",
+    "check_quantize_arguments",
+    "calibration_for",
+    "quantize_verified",
+    "summary",
+    "write_report",
+    "read_quantization_report",
+]

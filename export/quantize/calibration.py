@@ -4,9 +4,10 @@ the model's training split (:func:`calibration_images`, :func:`heldout_images`),
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Mapping, Optional, Tuple, Union
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -14,9 +15,18 @@ from PIL import Image
 from attnzoo.data.datasets import IMAGE_SUFFIXES, load_data
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, input_style_of, load_image, normalize, to_input_style
 
-__all__ = ["DEFAULT_CALIBRATION_COUNT", "DEFAULT_CALIBRATION_SEED", "DEFAULT_FIDELITY_COUNT", "Calibration",
-           "calibration_images", "heldout_images", "load_calibration_folder", "random_calibration",
-           "load_calibration_file", "calibration_for"]
+__all__ = [
+    "DEFAULT_CALIBRATION_COUNT",
+    "DEFAULT_CALIBRATION_SEED",
+    "DEFAULT_FIDELITY_COUNT",
+    "Calibration",
+    "calibration_images",
+    "heldout_images",
+    "load_calibration_folder",
+    "random_calibration",
+    "load_calibration_file",
+    "calibration_for",
+]
 
 DEFAULT_CALIBRATION_COUNT = 512
 DEFAULT_CALIBRATION_SEED = 0
@@ -26,8 +36,9 @@ DEFAULT_CALIBRATION_SEED = 0
 DEFAULT_FIDELITY_COUNT = 64
 
 
-def calibration_images(config: Mapping[str, Any], count: int = DEFAULT_CALIBRATION_COUNT,
-                       seed: int = DEFAULT_CALIBRATION_SEED) -> np.ndarray:
+def calibration_images(
+    config: Mapping[str, Any], count: int = DEFAULT_CALIBRATION_COUNT, seed: int = DEFAULT_CALIBRATION_SEED
+) -> np.ndarray:
     """``count`` training-split images of the model's data set, float32 NCHW, preprocessed as the model expects.
 
     Loaded with :func:`attnzoo.data.datasets.load_data` (the split the model was trained on, its image size and
@@ -43,14 +54,17 @@ def calibration_images(config: Mapping[str, Any], count: int = DEFAULT_CALIBRATI
         raise ValueError(f"calibration count must be >= 1, got {count}")
     data = config.get("data")
     if not data or config.get("untrained"):
-        raise ValueError("the model names no data set to calibrate on (untrained or config-less); pass "
-                         "--calibration-data FILE.npy, or --random-init to calibrate on random inputs")
+        raise ValueError(
+            "the model names no data set to calibrate on (untrained or config-less); pass "
+            "--calibration-data FILE.npy, or --random-init to calibrate on random inputs"
+        )
     size = int(config["img_size"])
     task = config["task"]
     data_seed = int(config.get("data_seed", 0))
     if task == "seg":  # composed scenes: draw exactly `count` training scenes
-        images = load_data(data, "train", task, size, n=count, seed=data_seed + 1 + seed,
-                           scene=config.get("scene")).images
+        images = load_data(
+            data, "train", task, size, n=count, seed=data_seed + 1 + seed, scene=config.get("scene")
+        ).images
     else:
         images = load_data(data, "train", task, size, seed=data_seed).images
         if count < len(images):
@@ -58,9 +72,12 @@ def calibration_images(config: Mapping[str, Any], count: int = DEFAULT_CALIBRATI
     return normalize(images, config.get("mean", DEFAULT_MEAN), config.get("std", DEFAULT_STD))
 
 
-def heldout_images(config: Mapping[str, Any], count: int = DEFAULT_FIDELITY_COUNT,
-                   calibration_count: int = DEFAULT_CALIBRATION_COUNT,
-                   seed: int = DEFAULT_CALIBRATION_SEED) -> np.ndarray:
+def heldout_images(
+    config: Mapping[str, Any],
+    count: int = DEFAULT_FIDELITY_COUNT,
+    calibration_count: int = DEFAULT_CALIBRATION_COUNT,
+    seed: int = DEFAULT_CALIBRATION_SEED,
+) -> np.ndarray:
     """``count`` training-split images that :func:`calibration_images` (``calibration_count``, ``seed``) does not
     draw, preprocessed the same way: the held-out inputs the fidelity to fp32 is measured on.
 
@@ -93,8 +110,13 @@ def heldout_images(config: Mapping[str, Any], count: int = DEFAULT_FIDELITY_COUN
     return normalize(images, config.get("mean", DEFAULT_MEAN), config.get("std", DEFAULT_STD))
 
 
-def load_calibration_folder(path: Union[str, Path], config: Mapping[str, Any], input_hw: Tuple[int, int],
-                            count: int, seed: int = DEFAULT_CALIBRATION_SEED) -> np.ndarray:
+def load_calibration_folder(
+    path: str | Path,
+    config: Mapping[str, Any],
+    input_hw: tuple[int, int],
+    count: int,
+    seed: int = DEFAULT_CALIBRATION_SEED,
+) -> np.ndarray:
     """Up to ``count`` images of a folder (searched recursively), drawn with ``default_rng(seed)``, preprocessed as
     the model's metadata says: :func:`attnzoo.preprocess.load_image` (any mode, EXIF turned, the pixel cap),
     converted to the model's input style, resized to ``input_hw`` and normalised with its mean/std.
@@ -116,8 +138,10 @@ def load_calibration_folder(path: Union[str, Path], config: Mapping[str, Any], i
             skipped.append(f"{len(links)} symlinked folder(s), not followed: {', '.join(links[:5])}")
         if others:
             skipped.append(f"{others} file(s) of other types")
-        raise ValueError(f"--calibration-data {folder}: no images ({', '.join(IMAGE_SUFFIXES)}) in it"
-                         + (f"; skipped {' and '.join(skipped)}" if skipped else ""))
+        raise ValueError(
+            f"--calibration-data {folder}: no images ({', '.join(IMAGE_SUFFIXES)}) in it"
+            + (f"; skipped {' and '.join(skipped)}" if skipped else "")
+        )
     if count < len(files):
         files = [files[i] for i in np.sort(np.random.default_rng(seed).choice(len(files), count, replace=False))]
     style, (h, w) = input_style_of(config), input_hw
@@ -131,13 +155,14 @@ def load_calibration_folder(path: Union[str, Path], config: Mapping[str, Any], i
     return normalize(np.stack(pixels), config.get("mean", DEFAULT_MEAN), config.get("std", DEFAULT_STD))
 
 
-def random_calibration(input_hw: Tuple[int, int], count: int = DEFAULT_CALIBRATION_COUNT,
-                       seed: int = DEFAULT_CALIBRATION_SEED) -> np.ndarray:
+def random_calibration(
+    input_hw: tuple[int, int], count: int = DEFAULT_CALIBRATION_COUNT, seed: int = DEFAULT_CALIBRATION_SEED
+) -> np.ndarray:
     """Standard-normal float32 NCHW inputs (``--random-init``: an untrained model has no data set)."""
     return np.random.default_rng(seed).standard_normal((count, 3, *input_hw)).astype(np.float32)
 
 
-def load_calibration_file(path: Union[str, Path], input_hw: Optional[Tuple[int, int]]) -> np.ndarray:
+def load_calibration_file(path: str | Path, input_hw: tuple[int, int] | None) -> np.ndarray:
     """A user's calibration batch: a ``.npy`` array (never unpickled) of float NCHW inputs, already normalised.
 
     ``input_hw`` ``None`` checks everything but the spatial size (before the model is loaded).
@@ -159,11 +184,14 @@ def load_calibration_file(path: Union[str, Path], input_hw: Optional[Tuple[int, 
         raise ValueError(f"--calibration-data {path}: an .npz archive; save one array with numpy.save")
     want = ("3", *(map(str, input_hw) if input_hw else ("H", "W")))
     if x.ndim != 4 or x.shape[1] != 3 or (input_hw and tuple(x.shape[2:]) != tuple(input_hw)):
-        raise ValueError(f"--calibration-data {path}: shape {tuple(x.shape)}, the model takes (N, {', '.join(want)}) "
-                         "float32 images normalised with its mean/std")
+        raise ValueError(
+            f"--calibration-data {path}: shape {tuple(x.shape)}, the model takes (N, {', '.join(want)}) "
+            "float32 images normalised with its mean/std"
+        )
     if x.dtype.kind != "f":
-        raise ValueError(f"--calibration-data {path}: dtype {x.dtype}, need float32 (normalised images, not raw "
-                         "pixels)")
+        raise ValueError(
+            f"--calibration-data {path}: dtype {x.dtype}, need float32 (normalised images, not raw pixels)"
+        )
     if x.shape[0] == 0:
         raise ValueError(f"--calibration-data {path}: holds no images (shape {tuple(x.shape)})")
     x = np.ascontiguousarray(x, dtype=np.float32)
@@ -189,27 +217,34 @@ class Calibration:
 
     inputs: np.ndarray
     source: str
-    seed: Optional[int]
+    seed: int | None
     labelled: bool
-    held_out: Optional[np.ndarray] = None
+    held_out: np.ndarray | None = None
     random: bool = False
-    warnings: List[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
 
-def _split(x: np.ndarray, held: int, what: str) -> Tuple[np.ndarray, np.ndarray]:
+def _split(x: np.ndarray, held: int, what: str) -> tuple[np.ndarray, np.ndarray]:
     """The last ``held`` of ``x`` held out, at most a quarter and at least one; the rest calibrates."""
     n = len(x)
     if n < 2:
-        raise ValueError(f"{what}: {n} image(s); at least 2 are needed (one to calibrate on, one held out to "
-                         "measure the fidelity)")
+        raise ValueError(
+            f"{what}: {n} image(s); at least 2 are needed (one to calibrate on, one held out to measure the fidelity)"
+        )
     held = max(1, min(held, n // 4))
-    return np.ascontiguousarray(x[: n - held]), np.ascontiguousarray(x[n - held:])
+    return np.ascontiguousarray(x[: n - held]), np.ascontiguousarray(x[n - held :])
 
 
-def calibration_for(config: Mapping[str, Any], input_hw: Tuple[int, int], *, untrained: bool = False,
-                    calibration_data: Optional[Union[str, Path]] = None, calibration_count: Optional[int] = None,
-                    calibration_seed: Optional[int] = None,
-                    fidelity_count: Optional[int] = None) -> Calibration:
+def calibration_for(
+    config: Mapping[str, Any],
+    input_hw: tuple[int, int],
+    *,
+    untrained: bool = False,
+    calibration_data: str | Path | None = None,
+    calibration_count: int | None = None,
+    calibration_seed: int | None = None,
+    fidelity_count: int | None = None,
+) -> Calibration:
     """The calibration and held-out inputs ``export-model --dtype int8|fp8`` uses.
 
     ``calibration_data``: a folder of images (the model's preprocessing from its metadata,
@@ -225,7 +260,7 @@ def calibration_for(config: Mapping[str, Any], input_hw: Tuple[int, int], *, unt
     held = fidelity_count or DEFAULT_FIDELITY_COUNT
     seed = DEFAULT_CALIBRATION_SEED if calibration_seed is None else calibration_seed
     labelled = bool(config.get("data")) and not untrained
-    warnings: List[str] = []
+    warnings: list[str] = []
     if calibration_data is not None:
         path = Path(calibration_data)
         if path.is_dir():
@@ -235,23 +270,43 @@ def calibration_for(config: Mapping[str, Any], input_hw: Tuple[int, int], *, unt
             x, what, used_seed = load_calibration_file(path, input_hw), f"--calibration-data {path}", None
         inputs, held_out = _split(x, held, f"--calibration-data {path}")
         if len(held_out) < held:
-            warnings.append(f"fidelity measured on only {len(held_out)} held-out input(s) of {path} (a quarter of "
-                            f"its {len(x)}; {len(inputs)} calibrate): a weak figure; give {4 * held} images or more "
-                            "for a firm one")
+            warnings.append(
+                f"fidelity measured on only {len(held_out)} held-out input(s) of {path} (a quarter of "
+                f"its {len(x)}; {len(inputs)} calibrate): a weak figure; give {4 * held} images or more "
+                "for a firm one"
+            )
         return Calibration(inputs, what, used_seed, labelled, held_out, False, warnings)
     if untrained or not config.get("data"):
         if not untrained:
-            warnings.append("calibrated on random (standard normal) inputs: a trained model's activations on real "
-                            "inputs differ, and its fidelity was measured on random inputs too; pass "
-                            "--calibration-data with a folder of images like its inputs")
+            warnings.append(
+                "calibrated on random (standard normal) inputs: a trained model's activations on real "
+                "inputs differ, and its fidelity was measured on random inputs too; pass "
+                "--calibration-data with a folder of images like its inputs"
+            )
         else:
-            warnings.append(f"--random-init: calibrating the UNTRAINED model on {count} random (standard normal) "
-                            "inputs; the quantized model's accuracy is meaningless and is not measured")
-        return Calibration(random_calibration(input_hw, count, seed), "random standard-normal inputs", seed, False,
-                           random_calibration(input_hw, held, seed + 1), True, warnings)
+            warnings.append(
+                f"--random-init: calibrating the UNTRAINED model on {count} random (standard normal) "
+                "inputs; the quantized model's accuracy is meaningless and is not measured"
+            )
+        return Calibration(
+            random_calibration(input_hw, count, seed),
+            "random standard-normal inputs",
+            seed,
+            False,
+            random_calibration(input_hw, held, seed + 1),
+            True,
+            warnings,
+        )
     x = calibration_images(config, count, seed)
     if x.shape[2:] != tuple(input_hw):
-        raise ValueError(f"the training images are {x.shape[2]}x{x.shape[3]}, --input-size "
-                         f"{input_hw[0]}x{input_hw[1]}; calibrate at the training size or pass --calibration-data")
-    return Calibration(np.ascontiguousarray(x), f"{config['data']} training split", seed, labelled,
-                       heldout_images(config, held, count, seed))
+        raise ValueError(
+            f"the training images are {x.shape[2]}x{x.shape[3]}, --input-size "
+            f"{input_hw[0]}x{input_hw[1]}; calibrate at the training size or pass --calibration-data"
+        )
+    return Calibration(
+        np.ascontiguousarray(x),
+        f"{config['data']} training split",
+        seed,
+        labelled,
+        heldout_images(config, held, count, seed),
+    )

@@ -5,7 +5,7 @@ the fidelity gate on the worst held-out input."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any
 
 import numpy as np
 import onnx
@@ -15,8 +15,17 @@ from attnzoo.runtime.evaluate import EVAL_BATCH, cpu_session
 from .calibration import DEFAULT_FIDELITY_COUNT
 from .qdq import AUTO_QDQ_PLACEMENT, _without, qdq_groups
 
-__all__ = ["DEFAULT_MIN_COSINE", "FIRM_GATE_INPUTS", "PROMISE_COVERAGE", "PROMISE_CONFIDENCE", "per_input_fidelity",
-           "output_agreement", "tolerance_factor", "promised_cosine", "onnx_outputs"]
+__all__ = [
+    "DEFAULT_MIN_COSINE",
+    "FIRM_GATE_INPUTS",
+    "PROMISE_COVERAGE",
+    "PROMISE_CONFIDENCE",
+    "per_input_fidelity",
+    "output_agreement",
+    "tolerance_factor",
+    "promised_cosine",
+    "onnx_outputs",
+]
 
 #: The fidelity gate: the smallest cosine similarity between an int8 / fp8 graph's output and the fp32 graph's
 #: (each output flattened) on the *worst* of the gate's held-out inputs that is written (``--min-cosine``). The
@@ -32,7 +41,7 @@ PROMISE_COVERAGE = 0.999
 PROMISE_CONFIDENCE = 0.90
 
 
-def per_input_fidelity(reference: np.ndarray, output: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+def per_input_fidelity(reference: np.ndarray, output: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per input (its output flattened): cosine similarity to the reference (0 for a non-finite output), relative
     L2 error ``|out - ref| / |ref|``, and whether the output is finite."""
     ref = reference.reshape(len(reference), -1).astype(np.float64)
@@ -45,7 +54,7 @@ def per_input_fidelity(reference: np.ndarray, output: np.ndarray) -> Tuple[np.nd
     return cos, rel, finite
 
 
-def output_agreement(reference: np.ndarray, output: np.ndarray, task: str) -> Dict[str, Any]:
+def output_agreement(reference: np.ndarray, output: np.ndarray, task: str) -> dict[str, Any]:
     """How close a quantized graph's outputs are to the fp32 graph's on the same inputs.
 
     Per input (its output flattened): cosine similarity and relative L2 error ``|out - ref| / |ref|``; the top-1
@@ -59,13 +68,17 @@ def output_agreement(reference: np.ndarray, output: np.ndarray, task: str) -> Di
     """
     cos, rel, finite = per_input_fidelity(reference, output)
     agree = reference.argmax(1) == np.where(np.isfinite(output), output, -np.inf).argmax(1)
-    result = {"n_inputs": int(len(cos)), "cosine": {"min": float(cos.min()), "mean": float(cos.mean())},
-              "relative_error": {"mean": float(rel.mean()), "max": float(rel.max())},
-              "promised_cosine": promised_cosine(cos), "top1_agreement": float(agree.mean()),
-              "finite": bool(finite.all())}
+    result = {
+        "n_inputs": int(len(cos)),
+        "cosine": {"min": float(cos.min()), "mean": float(cos.mean())},
+        "relative_error": {"mean": float(rel.mean()), "max": float(rel.max())},
+        "promised_cosine": promised_cosine(cos),
+        "top1_agreement": float(agree.mean()),
+        "finite": bool(finite.all()),
+    }
     if task == "cls" and reference.shape[1] >= 5:
         top_r, top_o = np.argsort(-reference, 1)[:, :5], np.argsort(-output, 1)[:, :5]
-        result["top5_overlap"] = float(np.mean([len(set(a) & set(b)) / 5 for a, b in zip(top_r, top_o)]))
+        result["top5_overlap"] = float(np.mean([len(set(a) & set(b)) / 5 for a, b in zip(top_r, top_o, strict=False)]))
     return result
 
 
@@ -81,8 +94,9 @@ def tolerance_factor(n: int, coverage: float = PROMISE_COVERAGE, confidence: flo
     return float(nct.ppf(confidence, n - 1, norm.ppf(coverage) * np.sqrt(n)) / np.sqrt(n))
 
 
-def promised_cosine(cosines: np.ndarray, coverage: float = PROMISE_COVERAGE,
-                    confidence: float = PROMISE_CONFIDENCE) -> float:
+def promised_cosine(
+    cosines: np.ndarray, coverage: float = PROMISE_COVERAGE, confidence: float = PROMISE_CONFIDENCE
+) -> float:
     """The cosine that ``coverage`` of inputs like these stay above, with ``confidence``: ``1 - exp(m + k s)``,
     ``m`` and ``s`` the mean and standard deviation of ``log(1 - cosine)`` over them (a log-normal fit of the
     error; ``k`` :func:`tolerance_factor`), and never above the worst of them. The wider their spread and the
@@ -97,27 +111,42 @@ def promised_cosine(cosines: np.ndarray, coverage: float = PROMISE_COVERAGE,
     return max(0.0, min(bound, float(cos.min())))
 
 
-def onnx_outputs(model: Union[Path, onnx.ModelProto], x: np.ndarray, threads: Optional[int]) -> np.ndarray:
+def onnx_outputs(model: Path | onnx.ModelProto, x: np.ndarray, threads: int | None) -> np.ndarray:
     """The graph's outputs on ``x`` with ONNX Runtime (CPU), in batches."""
     sess = cpu_session(model, threads)
     name = sess.get_inputs()[0].name
-    return np.concatenate([sess.run(None, {name: x[i:i + EVAL_BATCH]})[0] for i in range(0, len(x), EVAL_BATCH)])
+    return np.concatenate([sess.run(None, {name: x[i : i + EVAL_BATCH]})[0] for i in range(0, len(x), EVAL_BATCH)])
 
 
-def _finite_outputs(model: Union[Path, onnx.ModelProto], x: np.ndarray, threads: Optional[int]) -> bool:
+def _finite_outputs(model: Path | onnx.ModelProto, x: np.ndarray, threads: int | None) -> bool:
     sess = cpu_session(model, threads)
     out = sess.run(None, {sess.get_inputs()[0].name: x})[0]
     return bool(np.isfinite(out).all())
 
 
-def _fidelity(proto: onnx.ModelProto, runnable: onnx.ModelProto, fp32_onnx: Path, x: np.ndarray, task: str,
-              gate: float, placement: str, run, threads: Optional[int]) -> Dict[str, Any]:
+def _fidelity(
+    proto: onnx.ModelProto,
+    runnable: onnx.ModelProto,
+    fp32_onnx: Path,
+    x: np.ndarray,
+    task: str,
+    gate: float,
+    placement: str,
+    run,
+    threads: int | None,
+) -> dict[str, Any]:
     """The gate's measurement on ``x``; below the gate, also what the weights-only placement measures there."""
     reference = onnx_outputs(fp32_onnx, x, threads)
-    result = {**output_agreement(reference, onnx_outputs(runnable, x, threads), task), "min_cosine": gate,
-              "runtime": "onnxruntime CPUExecutionProvider"}
-    result["gate_on"] = "worst held-out input" if gate > 0 else "not gated (--min-cosine 0, or a labelled model: " \
-        "its test-split accuracy decides)"
+    result = {
+        **output_agreement(reference, onnx_outputs(runnable, x, threads), task),
+        "min_cosine": gate,
+        "runtime": "onnxruntime CPUExecutionProvider",
+    }
+    result["gate_on"] = (
+        "worst held-out input"
+        if gate > 0
+        else "not gated (--min-cosine 0, or a labelled model: its test-split accuracy decides)"
+    )
     result["within_gate"] = bool(result["finite"] and result["cosine"]["min"] >= gate)
     if result["within_gate"]:
         return result
@@ -129,9 +158,14 @@ def _fidelity(proto: onnx.ModelProto, runnable: onnx.ModelProto, fp32_onnx: Path
         result["weights_only_worst"] = alt
         hint = f"; the weight MatMuls alone: worst {alt:.4f}" + (
             f" (--qdq-placement {AUTO_QDQ_PLACEMENT} quantizes only what promises the gate)"
-            if alt >= gate and placement != AUTO_QDQ_PLACEMENT else ", also below: calibrate on images like the "
-            "model's inputs (--calibration-data DIR)" if alt < gate else "")
-    result["failure"] = (f"worst output cosine to fp32 {result['cosine']['min']:.4f} (mean {result['cosine']['mean']:.4f}) "
-                         f"on {len(x)} held-out input(s) is below --min-cosine {gate:g} (Q/DQ placement {placement})"
-                         f"{hint}")
+            if alt >= gate and placement != AUTO_QDQ_PLACEMENT
+            else ", also below: calibrate on images like the model's inputs (--calibration-data DIR)"
+            if alt < gate
+            else ""
+        )
+    result["failure"] = (
+        f"worst output cosine to fp32 {result['cosine']['min']:.4f} (mean {result['cosine']['mean']:.4f}) "
+        f"on {len(x)} held-out input(s) is below --min-cosine {gate:g} (Q/DQ placement {placement})"
+        f"{hint}"
+    )
     return result

@@ -3,8 +3,6 @@ float8 tensors into Transpose), rounding exactly as QuantizeLinear does."""
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
-
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -32,17 +30,20 @@ def simulate_fp8(proto: onnx.ModelProto) -> onnx.ModelProto:
     """
     proto = onnx.ModelProto.FromString(proto.SerializeToString())
     inits = {t.name: t for t in proto.graph.initializer}
-    consts = {n.output[0]: n.attribute[0].t for n in proto.graph.node
-              if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"}
+    consts = {
+        n.output[0]: n.attribute[0].t
+        for n in proto.graph.node
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"
+    }
 
-    def tensor(name: str) -> Optional[onnx.TensorProto]:
+    def tensor(name: str) -> onnx.TensorProto | None:
         return inits.get(name) or consts.get(name)
 
     def is_fp8(node: onnx.NodeProto) -> bool:
         zp = tensor(node.input[2]) if len(node.input) > 2 and node.input[2] else None
         return zp is not None and zp.data_type in _FP8_TYPES
 
-    ranks: Dict[str, int] = {t.name: len(t.dims) for t in proto.graph.initializer}
+    ranks: dict[str, int] = {t.name: len(t.dims) for t in proto.graph.initializer}
     try:
         inferred = onnx.shape_inference.infer_shapes(proto).graph
         for v in (*inferred.value_info, *inferred.input, *inferred.output):
@@ -50,7 +51,7 @@ def simulate_fp8(proto: onnx.ModelProto) -> onnx.ModelProto:
                 ranks.setdefault(v.name, len(v.type.tensor_type.shape.dim))
     except Exception:  # noqa: BLE001 - ranks are only needed for per-channel scales; refused below if unknown
         pass
-    nodes: List[onnx.NodeProto] = []
+    nodes: list[onnx.NodeProto] = []
     for node in proto.graph.node:
         if not (node.op_type in _QDQ and is_fp8(node)):
             nodes.append(node)
@@ -73,11 +74,18 @@ def simulate_fp8(proto: onnx.ModelProto) -> onnx.ModelProto:
                 inits[s] = numpy_helper.from_array(scale.reshape(shape), s)
                 proto.graph.initializer.append(inits[s])
         if node.op_type == "QuantizeLinear":
-            nodes += [helper.make_node("Div", [x, s], [f"{y}__sim_div"], name=f"{node.name}__sim_div"),
-                      helper.make_node("Cast", [f"{y}__sim_div"], [f"{y}__sim_fp8"], to=TensorProto.FLOAT8E4M3FN,
-                                       saturate=1, name=f"{node.name}__sim_round"),
-                      helper.make_node("Cast", [f"{y}__sim_fp8"], [y], to=TensorProto.FLOAT,
-                                       name=f"{node.name}__sim_float")]
+            nodes += [
+                helper.make_node("Div", [x, s], [f"{y}__sim_div"], name=f"{node.name}__sim_div"),
+                helper.make_node(
+                    "Cast",
+                    [f"{y}__sim_div"],
+                    [f"{y}__sim_fp8"],
+                    to=TensorProto.FLOAT8E4M3FN,
+                    saturate=1,
+                    name=f"{node.name}__sim_round",
+                ),
+                helper.make_node("Cast", [f"{y}__sim_fp8"], [y], to=TensorProto.FLOAT, name=f"{node.name}__sim_float"),
+            ]
             ranks[y] = ranks.get(x, -1)
         else:
             nodes.append(helper.make_node("Mul", [x, s], [y], name=f"{node.name}__sim_scale"))

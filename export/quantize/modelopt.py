@@ -9,9 +9,9 @@ import json
 import re
 import tempfile
 import time
+from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Dict, Optional, Sequence, Union
 
 import numpy as np
 import onnx
@@ -20,16 +20,22 @@ from attnzoo.fileio import atomic_path
 from attnzoo.runtime.quantization_report import QuantizeReport
 from attnzoo.runtime.sessions import QUANTIZED_DTYPES
 
-from .qdq import (QDQ_PLACEMENTS, TENSORRT_QDQ_PLACEMENT, _reroute_extra_math, extra_math_nodes, qdq_placement_error,
-                  qdq_summary)
+from .qdq import (
+    QDQ_PLACEMENTS,
+    TENSORRT_QDQ_PLACEMENT,
+    _reroute_extra_math,
+    extra_math_nodes,
+    qdq_placement_error,
+    qdq_summary,
+)
 
 __all__ = ["CALIBRATION_METHODS", "modelopt_version", "quantize_unavailable_reason", "quantize_onnx"]
 
 #: ModelOpt's calibration method per mode (its own defaults for int8/fp8, named so the report states them).
-CALIBRATION_METHODS: Dict[str, str] = {"int8": "entropy", "fp8": "entropy"}
+CALIBRATION_METHODS: dict[str, str] = {"int8": "entropy", "fp8": "entropy"}
 
 
-def modelopt_version() -> Optional[str]:
+def modelopt_version() -> str | None:
     """Installed ``nvidia-modelopt`` version, or ``None``."""
     try:
         return version("nvidia-modelopt")
@@ -37,7 +43,7 @@ def modelopt_version() -> Optional[str]:
         return None
 
 
-def quantize_unavailable_reason() -> Optional[str]:
+def quantize_unavailable_reason() -> str | None:
     """Why ``--dtype int8|fp8`` cannot run here (ModelOpt's ONNX quantizer missing), else ``None``."""
     if modelopt_version() is None:
         return 'needs NVIDIA ModelOpt: pip install -e ".[quantize]" (included in [dev])'
@@ -45,16 +51,26 @@ def quantize_unavailable_reason() -> Optional[str]:
         with contextlib.redirect_stdout(io.StringIO()):
             import modelopt.onnx.quantization  # noqa: F401  # optional: the [quantize] extra; is it installed?
     except ImportError as exc:
-        return (f"ModelOpt's ONNX quantizer cannot be imported ({str(exc).splitlines()[0]}); "
-                'reinstall with pip install -e ".[quantize]"')
+        return (
+            f"ModelOpt's ONNX quantizer cannot be imported ({str(exc).splitlines()[0]}); "
+            'reinstall with pip install -e ".[quantize]"'
+        )
     return None
 
 
-def quantize_onnx(fp32_onnx: Union[str, Path], out: Union[str, Path], *, dtype: str, calibration: np.ndarray,
-                  exclude_nodes: Sequence[str] = (), calibration_method: Optional[str] = None,
-                  calibration_source: str = "given array", calibration_seed: Optional[int] = None,
-                  extra_nodes: Optional[Sequence[str]] = None,
-                  placement: str = TENSORRT_QDQ_PLACEMENT) -> QuantizeReport:
+def quantize_onnx(
+    fp32_onnx: str | Path,
+    out: str | Path,
+    *,
+    dtype: str,
+    calibration: np.ndarray,
+    exclude_nodes: Sequence[str] = (),
+    calibration_method: str | None = None,
+    calibration_source: str = "given array",
+    calibration_seed: int | None = None,
+    extra_nodes: Sequence[str] | None = None,
+    placement: str = TENSORRT_QDQ_PLACEMENT,
+) -> QuantizeReport:
     """Quantize an fp32 attnzoo export with ModelOpt; write the Q/DQ graph to ``out`` (temp + rename).
 
     The attnzoo metadata is carried over, with ``dtype`` set to ``int8``/``fp8`` and a ``quantization`` entry
@@ -80,12 +96,16 @@ def quantize_onnx(fp32_onnx: Union[str, Path], out: Union[str, Path], *, dtype: 
         raise ValueError(f"unknown quantized dtype {dtype!r}; valid: {', '.join(QUANTIZED_DTYPES)}")
     placement_error = qdq_placement_error(placement, dtype)
     if placement_error or placement not in QDQ_PLACEMENTS:
-        raise ValueError(placement_error or f"the {placement} placement is measured by quantize_verified; "
-                                            f"quantize_onnx places {', '.join(QDQ_PLACEMENTS)}")
+        raise ValueError(
+            placement_error
+            or f"the {placement} placement is measured by quantize_verified; "
+            f"quantize_onnx places {', '.join(QDQ_PLACEMENTS)}"
+        )
     calibration = np.asarray(calibration)
     if calibration.ndim != 4 or calibration.shape[0] == 0 or calibration.dtype != np.float32:
-        raise ValueError(f"calibration must be a non-empty float32 (N, 3, H, W) array, got {calibration.dtype} "
-                         f"{calibration.shape}")
+        raise ValueError(
+            f"calibration must be a non-empty float32 (N, 3, H, W) array, got {calibration.dtype} {calibration.shape}"
+        )
     fp32_onnx, out = Path(fp32_onnx), Path(out)
     method = calibration_method or CALIBRATION_METHODS[dtype]
     src = onnx.load(str(fp32_onnx))
@@ -99,37 +119,66 @@ def quantize_onnx(fp32_onnx: Union[str, Path], out: Union[str, Path], *, dtype: 
         quantized = Path(work) / "model.quant.onnx"
         # the ORT calibrator prints a line and a progress bar per batch: export-model's own bar stands for them
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            mo_quantize(str(staged), quantize_mode=dtype, calibration_data=calibration, calibration_method=method,
-                        calibration_eps=["cpu"], nodes_to_exclude=[f"^{re.escape(n)}$" for n in exclude_nodes] or None,
-                        high_precision_dtype="fp32", output_path=str(quantized), log_level="ERROR",
-                        **QDQ_PLACEMENTS[placement])
+            mo_quantize(
+                str(staged),
+                quantize_mode=dtype,
+                calibration_data=calibration,
+                calibration_method=method,
+                calibration_eps=["cpu"],
+                nodes_to_exclude=[f"^{re.escape(n)}$" for n in exclude_nodes] or None,
+                high_precision_dtype="fp32",
+                output_path=str(quantized),
+                log_level="ERROR",
+                **QDQ_PLACEMENTS[placement],
+            )
         elapsed = time.perf_counter() - start
         proto = onnx.load(str(quantized))
         rerouted = _reroute_extra_math(proto, exclude_nodes)
         report = QuantizeReport(
             quantizer="nvidia-modelopt (modelopt.onnx.quantization.quantize)",
-            quantizer_version=modelopt_version() or "?", mode=dtype,
-            calibration={"source": calibration_source, "count": int(calibration.shape[0]), "seed": calibration_seed,
-                         "shape": list(calibration.shape[1:]), "method": method, "providers": ["cpu"]},
-            excluded_nodes=list(exclude_nodes), qdq=qdq_summary(proto, extra), time_s=round(elapsed, 3),
-            options={"high_precision_dtype": "fp32", "calibration_eps": ["cpu"], "placement": placement,
-                     **QDQ_PLACEMENTS[placement]},
-            extra_math_inputs_unquantized=rerouted)
+            quantizer_version=modelopt_version() or "?",
+            mode=dtype,
+            calibration={
+                "source": calibration_source,
+                "count": int(calibration.shape[0]),
+                "seed": calibration_seed,
+                "shape": list(calibration.shape[1:]),
+                "method": method,
+                "providers": ["cpu"],
+            },
+            excluded_nodes=list(exclude_nodes),
+            qdq=qdq_summary(proto, extra),
+            time_s=round(elapsed, 3),
+            options={
+                "high_precision_dtype": "fp32",
+                "calibration_eps": ["cpu"],
+                "placement": placement,
+                **QDQ_PLACEMENTS[placement],
+            },
+            extra_math_inputs_unquantized=rerouted,
+        )
         _carry_metadata(src, proto, dtype, report, quantize_extra_math=bool(set(extra) - set(exclude_nodes)))
         onnx.save(proto, str(tmp))
     return report
 
 
-def _carry_metadata(src: onnx.ModelProto, dst: onnx.ModelProto, dtype: str, report: QuantizeReport, *,
-                    quantize_extra_math: bool) -> None:
+def _carry_metadata(
+    src: onnx.ModelProto, dst: onnx.ModelProto, dtype: str, report: QuantizeReport, *, quantize_extra_math: bool
+) -> None:
     """Copy the attnzoo metadata props; ``dtype`` becomes the quantized one; add ``quantization``."""
     props = {p.key: p.value for p in src.metadata_props}
     props["dtype"] = dtype
-    props["quantization"] = json.dumps({"quantizer": report.quantizer, "version": report.quantizer_version,
-                                        "mode": dtype, "calibration": report.calibration,
-                                        "excluded_nodes": len(report.excluded_nodes),
-                                        "placement": report.options["placement"],
-                                        "quantize_extra_math": quantize_extra_math})
+    props["quantization"] = json.dumps(
+        {
+            "quantizer": report.quantizer,
+            "version": report.quantizer_version,
+            "mode": dtype,
+            "calibration": report.calibration,
+            "excluded_nodes": len(report.excluded_nodes),
+            "placement": report.options["placement"],
+            "quantize_extra_math": quantize_extra_math,
+        }
+    )
     del dst.metadata_props[:]
     for key, value in props.items():
         dst.metadata_props.add(key=key, value=value)

@@ -3,9 +3,10 @@ the calibration inputs once drawn), and the arguments refused before any work (:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -17,14 +18,19 @@ from .calibration import Calibration, load_calibration_file
 from .modelopt import quantize_unavailable_reason
 from .qdq import CPU_QDQ_PLACEMENT, DEFAULT_QDQ_PLACEMENT, qdq_placement_error
 
-__all__ = ["ACCURACY_TOLERANCE", "FP8_MIN_COMPUTE_CAPABILITY", "QuantizeOptions", "fp8_compute_capability_error",
-           "check_quantize_arguments"]
+__all__ = [
+    "ACCURACY_TOLERANCE",
+    "FP8_MIN_COMPUTE_CAPABILITY",
+    "QuantizeOptions",
+    "fp8_compute_capability_error",
+    "check_quantize_arguments",
+]
 
 #: Largest accuracy drop (percentage points: top-1 for classifiers, mIoU for segmenters) of the quantized model
 #: below the fp32 model on the test split that is accepted.
-ACCURACY_TOLERANCE: Dict[str, float] = {"cls": 0.5, "seg": 1.0}
+ACCURACY_TOLERANCE: dict[str, float] = {"cls": 0.5, "seg": 1.0}
 #: FP8 tensor cores: Ada (SM 8.9) and newer.
-FP8_MIN_COMPUTE_CAPABILITY: Tuple[int, int] = (8, 9)
+FP8_MIN_COMPUTE_CAPABILITY: tuple[int, int] = (8, 9)
 
 
 @dataclass(frozen=True, eq=False)
@@ -65,36 +71,43 @@ class QuantizeOptions:
     """
 
     dtype: str
-    calibration: Optional[np.ndarray] = None
+    calibration: np.ndarray | None = None
     calibration_source: str = "given array"
-    calibration_seed: Optional[int] = None
-    held_out: Optional[np.ndarray] = None
+    calibration_seed: int | None = None
+    held_out: np.ndarray | None = None
     calibration_random: bool = False
     warnings: Sequence[str] = ()
-    calibration_data: Optional[Union[str, Path]] = None
-    calibration_count: Optional[int] = None
-    fidelity_count: Optional[int] = None
-    placement: Optional[str] = None
+    calibration_data: str | Path | None = None
+    calibration_count: int | None = None
+    fidelity_count: int | None = None
+    placement: str | None = None
     quantize_extra_math: bool = False
-    min_cosine: Optional[float] = None
+    min_cosine: float | None = None
     accept_accuracy_drop: bool = False
     measure_accuracy: bool = True
-    eval_limit: Optional[int] = None
-    tolerance: Optional[float] = None
-    threads: Optional[int] = None
+    eval_limit: int | None = None
+    tolerance: float | None = None
+    threads: int | None = None
     progress: bool = False
     fp32_kept: bool = True
 
-    def with_calibration(self, calibration: Calibration, **changes: Any) -> "QuantizeOptions":
+    def with_calibration(self, calibration: Calibration, **changes: Any) -> QuantizeOptions:
         """These options with the inputs :func:`calibration_for` drew (scored only when they are labelled) and
         ``changes`` to other fields."""
-        return replace(self, calibration=calibration.inputs, calibration_source=calibration.source,
-                       calibration_seed=calibration.seed, held_out=calibration.held_out,
-                       calibration_random=calibration.random, measure_accuracy=calibration.labelled,
-                       warnings=tuple(calibration.warnings), **changes)
+        return replace(
+            self,
+            calibration=calibration.inputs,
+            calibration_source=calibration.source,
+            calibration_seed=calibration.seed,
+            held_out=calibration.held_out,
+            calibration_random=calibration.random,
+            measure_accuracy=calibration.labelled,
+            warnings=tuple(calibration.warnings),
+            **changes,
+        )
 
 
-def fp8_compute_capability_error(compute_capability: Optional[str]) -> Optional[str]:
+def fp8_compute_capability_error(compute_capability: str | None) -> str | None:
     """One line when a TensorRT target cannot run FP8 (below SM 8.9), else ``None``.
 
     ``compute_capability`` is a name of :data:`attnzoo.runtime.tensorrt.COMPUTE_CAPABILITIES`; ``None`` is the
@@ -117,7 +130,7 @@ def fp8_compute_capability_error(compute_capability: Optional[str]) -> Optional[
     return None
 
 
-def check_quantize_arguments(options: QuantizeOptions, fmt: str, compute_capability: Optional[str]) -> None:
+def check_quantize_arguments(options: QuantizeOptions, fmt: str, compute_capability: str | None) -> None:
     """Refuse quantization arguments that cannot work, before any work (ModelOpt missing, FP8 below SM 8.9, a
     placement for another dtype or target, bad counts, a bad calibration file).
 
@@ -129,20 +142,27 @@ def check_quantize_arguments(options: QuantizeOptions, fmt: str, compute_capabil
         ValueError: one line naming the flag.
     """
     o, dtype = options, options.dtype
-    flags = {"--quantize-extra-math": o.quantize_extra_math, "--qdq-placement": o.placement is not None,
-             "--calibration-data": o.calibration_data is not None,
-             "--calibration-count": o.calibration_count is not None,
-             "--calibration-seed": o.calibration_seed is not None, "--accept-accuracy-drop": o.accept_accuracy_drop,
-             "--eval-limit": o.eval_limit is not None, "--min-cosine": o.min_cosine is not None,
-             "--fidelity-count": o.fidelity_count is not None}
+    flags = {
+        "--quantize-extra-math": o.quantize_extra_math,
+        "--qdq-placement": o.placement is not None,
+        "--calibration-data": o.calibration_data is not None,
+        "--calibration-count": o.calibration_count is not None,
+        "--calibration-seed": o.calibration_seed is not None,
+        "--accept-accuracy-drop": o.accept_accuracy_drop,
+        "--eval-limit": o.eval_limit is not None,
+        "--min-cosine": o.min_cosine is not None,
+        "--fidelity-count": o.fidelity_count is not None,
+    }
     if dtype not in QUANTIZED_DTYPES:
         given = [flag for flag, value in flags.items() if value]
         if given:
             raise ValueError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to --dtype int8 / fp8 only")
         return
     if fmt == "triton":
-        raise ValueError(f"--dtype {dtype}: --format triton is not supported yet; export the ONNX (--format onnx) "
-                         "or a TensorRT engine")
+        raise ValueError(
+            f"--dtype {dtype}: --format triton is not supported yet; export the ONNX (--format onnx) "
+            "or a TensorRT engine"
+        )
     if dtype == "fp8" and fmt == "tensorrt":
         error = fp8_compute_capability_error(compute_capability)
         if error:
@@ -151,19 +171,26 @@ def check_quantize_arguments(options: QuantizeOptions, fmt: str, compute_capabil
     if error:
         raise ValueError(error)
     if o.placement == CPU_QDQ_PLACEMENT and fmt == "tensorrt":
-        raise ValueError("--qdq-placement cpu is for ONNX Runtime on the CPU; a TensorRT engine wants the tensorrt "
-                         "placement (the default)")
+        raise ValueError(
+            "--qdq-placement cpu is for ONNX Runtime on the CPU; a TensorRT engine wants the tensorrt "
+            "placement (the default)"
+        )
     reason = quantize_unavailable_reason()
     if reason:
         raise ValueError(f"--dtype {dtype} {reason}")
-    for flag, value in (("calibration-count", o.calibration_count), ("eval-limit", o.eval_limit),
-                        ("fidelity-count", o.fidelity_count)):
+    for flag, value in (
+        ("calibration-count", o.calibration_count),
+        ("eval-limit", o.eval_limit),
+        ("fidelity-count", o.fidelity_count),
+    ):
         if value is not None and value < 1:
             raise ValueError(f"--{flag} must be >= 1, got {value}")
     if o.min_cosine is not None and not 0.0 <= o.min_cosine <= 1.0:
         raise ValueError(f"--min-cosine must be in 0..1, got {o.min_cosine}")
     if o.calibration_data is not None and not Path(o.calibration_data).is_dir():
         if flags["--calibration-count"] or flags["--calibration-seed"]:
-            raise ValueError("--calibration-count/--calibration-seed draw images from the training split or a "
-                             "folder; the images of a .npy --calibration-data are used as they are")
+            raise ValueError(
+                "--calibration-count/--calibration-seed draw images from the training split or a "
+                "folder; the images of a .npy --calibration-data are used as they are"
+            )
         load_calibration_file(o.calibration_data, None)  # shape (but H, W), dtype, emptiness

@@ -5,15 +5,23 @@ chosen on held-out inputs with a margin (:func:`auto_placement`), and what each 
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
 
 from attnzoo.runtime.evaluate import cpu_session
 
-from .fidelity import (DEFAULT_MIN_COSINE, PROMISE_CONFIDENCE, PROMISE_COVERAGE, onnx_outputs, per_input_fidelity,
-                       promised_cosine, tolerance_factor)
+from .fidelity import (
+    DEFAULT_MIN_COSINE,
+    PROMISE_CONFIDENCE,
+    PROMISE_COVERAGE,
+    onnx_outputs,
+    per_input_fidelity,
+    promised_cosine,
+    tolerance_factor,
+)
 from .qdq import _without, qdq_groups
 
 __all__ = ["SPEED_RUNS", "auto_placement", "group_speed"]
@@ -22,9 +30,17 @@ __all__ = ["SPEED_RUNS", "auto_placement", "group_speed"]
 SPEED_RUNS = 20
 
 
-def auto_placement(proto: onnx.ModelProto, reference: np.ndarray, x: np.ndarray, task: str, *,
-                   min_cosine: float = DEFAULT_MIN_COSINE, runnable=lambda p: p, threads: Optional[int] = None,
-                   fixed: Sequence[str] = ()) -> Tuple[onnx.ModelProto, Dict[str, Any]]:
+def auto_placement(
+    proto: onnx.ModelProto,
+    reference: np.ndarray,
+    x: np.ndarray,
+    task: str,
+    *,
+    min_cosine: float = DEFAULT_MIN_COSINE,
+    runnable=lambda p: p,
+    threads: int | None = None,
+    fixed: Sequence[str] = (),
+) -> tuple[onnx.ModelProto, dict[str, Any]]:
     """Choose which Q/DQ pairs of ModelOpt's full (``tensorrt``) placement to keep, by measurement, with a margin.
 
     A candidate qualifies when its :func:`promised_cosine` on ``x`` (the cosine that 99.9 % of inputs like
@@ -49,9 +65,9 @@ def auto_placement(proto: onnx.ModelProto, reference: np.ndarray, x: np.ndarray,
         figures of the full, weights-only and chosen graphs, and the rule.
     """
     groups = qdq_groups(proto, fixed)
-    seen: Dict[frozenset, Dict[str, float]] = {}
+    seen: dict[frozenset, dict[str, float]] = {}
 
-    def measure(names: Sequence[str]) -> Dict[str, float]:
+    def measure(names: Sequence[str]) -> dict[str, float]:
         key = frozenset(names)
         if key not in seen:
             candidate = _without(proto, groups, [g for g in groups if g not in key])
@@ -60,27 +76,32 @@ def auto_placement(proto: onnx.ModelProto, reference: np.ndarray, x: np.ndarray,
         return seen[key]
 
     k = tolerance_factor(len(x))
-    decision: Dict[str, Any] = {
-        "min_cosine": min_cosine, "selection_inputs": int(len(x)), "tolerance_factor": k,
+    decision: dict[str, Any] = {
+        "min_cosine": min_cosine,
+        "selection_inputs": int(len(x)),
+        "tolerance_factor": k,
         "rule": f"a placement qualifies when the cosine that {PROMISE_COVERAGE:.1%} of inputs like the {len(x)} "
-                f"choosing ones stay above, with {PROMISE_CONFIDENCE:.0%} confidence (log-normal fit of 1 - cosine: "
-                f"1 - exp(mean + {k:.2f} sd) of its log, at most their worst), is >= {min_cosine:g}",
-        "groups": {}}
+        f"choosing ones stay above, with {PROMISE_CONFIDENCE:.0%} confidence (log-normal fit of 1 - cosine: "
+        f"1 - exp(mean + {k:.2f} sd) of its log, at most their worst), is >= {min_cosine:g}",
+        "groups": {},
+    }
     weights = [g for g in groups if groups[g]["kind"] == "weights"]
     others = [g for g in groups if g not in weights]
     full = decision["all_quantized"] = measure(list(groups))
     if full["promised"] >= min_cosine or not groups:
         for name, g in groups.items():
-            decision["groups"][name] = {"kind": g["kind"], "quantized": True,
-                                        "why": "the full placement qualifies"}
+            decision["groups"][name] = {"kind": g["kind"], "quantized": True, "why": "the full placement qualifies"}
         decision.update(chosen=full, promised=full["promised"] >= min_cosine)
         return proto, decision
     base = decision["weights_only"] = measure(weights)
     if base["promised"] >= min_cosine:
         chosen, order = list(weights), others
         for name in weights:
-            decision["groups"][name] = {"kind": "weights", "quantized": True,
-                                        "why": f"the weight inputs together qualify ({base['promised']:.4f})"}
+            decision["groups"][name] = {
+                "kind": "weights",
+                "quantized": True,
+                "why": f"the weight inputs together qualify ({base['promised']:.4f})",
+            }
     else:
         chosen, order = [], weights + others
         decision["nothing_quantized"] = measure([])
@@ -89,14 +110,16 @@ def auto_placement(proto: onnx.ModelProto, reference: np.ndarray, x: np.ndarray,
     alone = {name: measure([*chosen, name]) for name in order}
     order = sorted(order, key=lambda n: (groups[n]["kind"] != "weights", -alone[n]["promised"]))
     for name in order:
-        entry: Dict[str, Any] = {"kind": groups[name]["kind"], "alone": alone[name]}
+        entry: dict[str, Any] = {"kind": groups[name]["kind"], "alone": alone[name]}
         with_it = measure([*chosen, name]) if alone[name]["promised"] >= min_cosine else alone[name]
         if with_it["promised"] >= min_cosine:
             chosen.append(name)
             entry.update(quantized=True, why=f"promised cosine with it {with_it['promised']:.4f} >= {min_cosine:g}")
         else:
-            entry.update(quantized=False, why=f"kept fp32: quantizing it takes the promised cosine to "
-                                              f"{with_it['promised']:.4f} < {min_cosine:g}")
+            entry.update(
+                quantized=False,
+                why=f"kept fp32: quantizing it takes the promised cosine to {with_it['promised']:.4f} < {min_cosine:g}",
+            )
         decision["groups"][name] = entry
     final = decision["chosen"] = measure(chosen)
     decision["promised"] = bool(chosen) and final["promised"] >= min_cosine
@@ -112,8 +135,15 @@ def auto_placement(proto: onnx.ModelProto, reference: np.ndarray, x: np.ndarray,
     return _without(proto, groups, [g for g in groups if g not in chosen]), decision
 
 
-def group_speed(chosen: onnx.ModelProto, full: onnx.ModelProto, decision: Mapping[str, Any], x: np.ndarray, *,
-                runs: int = SPEED_RUNS, fixed: Sequence[str] = ()) -> Dict[str, Any]:
+def group_speed(
+    chosen: onnx.ModelProto,
+    full: onnx.ModelProto,
+    decision: Mapping[str, Any],
+    x: np.ndarray,
+    *,
+    runs: int = SPEED_RUNS,
+    fixed: Sequence[str] = (),
+) -> dict[str, Any]:
     """What each group ``auto`` kept fp32 costs in speed here: ONNX Runtime CPU, one thread, batch 1, the chosen
     graph against the chosen graph with that group quantized too, ``runs`` runs of each interleaved, the fastest
     of each (the run least disturbed by other work on the machine). ``slowdown`` > 1: the group in fp32 is slower
@@ -135,17 +165,24 @@ def group_speed(chosen: onnx.ModelProto, full: onnx.ModelProto, decision: Mappin
         return (time.perf_counter() - start) * 1e3
 
     base.run(None, {name: one})
-    result: Dict[str, Any] = {"runtime": "onnxruntime CPUExecutionProvider, 1 thread", "batch": 1, "runs": runs,
-                              "statistic": "fastest of the interleaved runs",
-                              "groups": {}}
-    mine: List[float] = []
+    result: dict[str, Any] = {
+        "runtime": "onnxruntime CPUExecutionProvider, 1 thread",
+        "batch": 1,
+        "runs": runs,
+        "statistic": "fastest of the interleaved runs",
+        "groups": {},
+    }
+    mine: list[float] = []
     for group in kept:
         other = cpu_session(_without(full, groups, [g for g in groups if g not in {*quantized, group}]), 1)
         other.run(None, {name: one})
         pairs = [(timed(base), timed(other)) for _ in range(runs)]
         a, b = np.array(pairs).T
         mine.extend(a)
-        result["groups"][group] = {"fp32_ms": float(a.min()), "quantized_ms": float(b.min()),
-                                   "slowdown": float(a.min() / b.min())}
+        result["groups"][group] = {
+            "fp32_ms": float(a.min()),
+            "quantized_ms": float(b.min()),
+            "slowdown": float(a.min() / b.min()),
+        }
     result["chosen_ms"] = float(min(mine)) if mine else None
     return result

@@ -6,19 +6,30 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import onnx
 
 from ..check import expected_scopes, graph_depth
 from ..onnx_export import config_from_props, metadata_props
 
-__all__ = ["QUANTIZED_OP_TYPES", "QDQ_PLACEMENTS", "TENSORRT_QDQ_PLACEMENT", "AUTO_QDQ_PLACEMENT", "PLACEMENT_CHOICES",
-           "DEFAULT_QDQ_PLACEMENT", "CPU_QDQ_PLACEMENT", "qdq_placement_error", "extra_math_nodes", "qdq_summary",
-           "qdq_groups"]
+__all__ = [
+    "QUANTIZED_OP_TYPES",
+    "QDQ_PLACEMENTS",
+    "TENSORRT_QDQ_PLACEMENT",
+    "AUTO_QDQ_PLACEMENT",
+    "PLACEMENT_CHOICES",
+    "DEFAULT_QDQ_PLACEMENT",
+    "CPU_QDQ_PLACEMENT",
+    "qdq_placement_error",
+    "extra_math_nodes",
+    "qdq_summary",
+    "qdq_groups",
+]
 
 #: Op types whose quantization the report counts.
-QUANTIZED_OP_TYPES: Tuple[str, ...] = ("MatMul", "Gemm", "Conv")
+QUANTIZED_OP_TYPES: tuple[str, ...] = ("MatMul", "Gemm", "Conv")
 #: Where ModelOpt puts the Q/DQ nodes (``--qdq-placement``), as extra ``modelopt.onnx.quantization.quantize``
 #: arguments. ``tensorrt``: ModelOpt's default, also on residual Adds and the attention core's two matmuls, which
 #: TensorRT fuses into int8 kernels. ``cpu``: only in front of the MatMul/Gemm/Conv weights' consumers outside the
@@ -38,7 +49,7 @@ TENSORRT_QDQ_PLACEMENT = "tensorrt"
 #: stays within :data:`DEFAULT_MIN_COSINE` of fp32.
 AUTO_QDQ_PLACEMENT = "auto"
 #: ``--qdq-placement`` choices: ModelOpt's two and the measured one.
-PLACEMENT_CHOICES: Tuple[str, ...] = (AUTO_QDQ_PLACEMENT, *QDQ_PLACEMENTS)
+PLACEMENT_CHOICES: tuple[str, ...] = (AUTO_QDQ_PLACEMENT, *QDQ_PLACEMENTS)
 #: ``export-model``'s placement: measured, so that a pretrained model with outlier activations is not silently
 #: degraded by ModelOpt's full placement, while a model that keeps its fidelity under it keeps all of it.
 DEFAULT_QDQ_PLACEMENT = AUTO_QDQ_PLACEMENT
@@ -50,7 +61,7 @@ _QDQ = ("QuantizeLinear", "DequantizeLinear")
 _LAYOUT_OPS = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten")
 
 
-def qdq_placement_error(placement: str, dtype: str) -> Optional[str]:
+def qdq_placement_error(placement: str, dtype: str) -> str | None:
     """One line saying why ``placement`` cannot be used for ``dtype``, or ``None``."""
     if placement not in PLACEMENT_CHOICES:
         return f"unknown Q/DQ placement {placement!r}; valid: {', '.join(PLACEMENT_CHOICES)}"
@@ -59,7 +70,7 @@ def qdq_placement_error(placement: str, dtype: str) -> Optional[str]:
     return None
 
 
-def extra_math_nodes(proto: onnx.ModelProto, config: Optional[Mapping[str, Any]] = None) -> List[str]:
+def extra_math_nodes(proto: onnx.ModelProto, config: Mapping[str, Any] | None = None) -> list[str]:
     """Names of the nodes under the variant's extra-math scopes (e.g. ``blocks.0.attn.projection/...``).
 
     The scopes are :func:`attnzoo.export.check.expected_scopes` for the graph's depth; a node belongs to a scope
@@ -76,14 +87,15 @@ def extra_math_nodes(proto: onnx.ModelProto, config: Optional[Mapping[str, Any]]
     return [n.name for n in proto.graph.node if any(n.name == s or n.name.startswith(s + "/") for s in scopes)]
 
 
-def _producers(proto: onnx.ModelProto) -> Dict[str, onnx.NodeProto]:
+def _producers(proto: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
     return {o: n for n in proto.graph.node for o in n.output}
 
 
 def _constants(proto: onnx.ModelProto) -> set:
     """Names of the graph's initializers and Constant outputs."""
-    return {t.name for t in proto.graph.initializer} | {o for n in proto.graph.node if n.op_type == "Constant"
-                                                        for o in n.output}
+    return {t.name for t in proto.graph.initializer} | {
+        o for n in proto.graph.node if n.op_type == "Constant" for o in n.output
+    }
 
 
 def _fed_by_dq(node: onnx.NodeProto, producers: Mapping[str, onnx.NodeProto]) -> bool:
@@ -97,7 +109,7 @@ def _fed_by_dq(node: onnx.NodeProto, producers: Mapping[str, onnx.NodeProto]) ->
     return False
 
 
-def _reroute_extra_math(proto: onnx.ModelProto, extra_nodes: Sequence[str], weights: bool = True) -> List[str]:
+def _reroute_extra_math(proto: onnx.ModelProto, extra_nodes: Sequence[str], weights: bool = True) -> list[str]:
     """Make extra-math ops read fp32 values where ModelOpt quantized a tensor they share with a quantized op.
 
     ModelOpt quantizes a *tensor* once: when the attention's ``V`` feeds both a quantized MatMul and the
@@ -110,17 +122,20 @@ def _reroute_extra_math(proto: onnx.ModelProto, extra_nodes: Sequence[str], weig
     producers = _producers(proto)
     consts = _constants(proto)
     extra = set(extra_nodes)
-    clones: Dict[str, List[onnx.NodeProto]] = {}
-    fp32_name: Dict[str, Optional[str]] = {}
+    clones: dict[str, list[onnx.NodeProto]] = {}
+    fp32_name: dict[str, str | None] = {}
 
-    def unquantized(name: str) -> Optional[str]:
+    def unquantized(name: str) -> str | None:
         if name in fp32_name:
             return fp32_name[name]
         p, found = producers.get(name), None
         if p is not None and p.op_type == "DequantizeLinear":
             q = producers.get(p.input[0])
-            found = q.input[0] if q is not None and q.op_type == "QuantizeLinear" and (
-                weights or q.input[0] not in consts) else None
+            found = (
+                q.input[0]
+                if q is not None and q.op_type == "QuantizeLinear" and (weights or q.input[0] not in consts)
+                else None
+            )
         elif p is not None and p.op_type in _LAYOUT_OPS:
             src = unquantized(p.input[0])
             if src is not None:
@@ -155,7 +170,7 @@ def _reroute_extra_math(proto: onnx.ModelProto, extra_nodes: Sequence[str], weig
     return rerouted
 
 
-def qdq_summary(proto: onnx.ModelProto, extra_nodes: Sequence[str]) -> Dict[str, Any]:
+def qdq_summary(proto: onnx.ModelProto, extra_nodes: Sequence[str]) -> dict[str, Any]:
     """Where the Q/DQ nodes of a quantized graph are.
 
     Returns:
@@ -177,10 +192,15 @@ def qdq_summary(proto: onnx.ModelProto, extra_nodes: Sequence[str]) -> Dict[str,
                 matmuls.append(node.name)
         if (node.name in extra and fed) or (node.op_type in _QDQ and node.name.rsplit("/", 1)[0] in scopes):
             in_extra.append(node.name)
-    return {"quantize_linear": counts["QuantizeLinear"], "dequantize_linear": counts["DequantizeLinear"],
-            "quantized_ops": {op: quantized[op] for op in QUANTIZED_OP_TYPES},
-            "total_ops": {op: counts[op] for op in QUANTIZED_OP_TYPES},
-            "quantized_matmuls": matmuls, "extra_math_nodes": len(extra), "extra_math_quantized": in_extra}
+    return {
+        "quantize_linear": counts["QuantizeLinear"],
+        "dequantize_linear": counts["DequantizeLinear"],
+        "quantized_ops": {op: quantized[op] for op in QUANTIZED_OP_TYPES},
+        "total_ops": {op: counts[op] for op in QUANTIZED_OP_TYPES},
+        "quantized_matmuls": matmuls,
+        "extra_math_nodes": len(extra),
+        "extra_math_quantized": in_extra,
+    }
 
 
 def _block_of(name: str) -> str:
@@ -189,7 +209,7 @@ def _block_of(name: str) -> str:
     return match.group(1) if match else "other"
 
 
-def qdq_groups(proto: onnx.ModelProto, fixed: Sequence[str] = ()) -> Dict[str, Dict[str, Any]]:
+def qdq_groups(proto: onnx.ModelProto, fixed: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
     """The activation Q/DQ pairs of a ModelOpt graph, grouped: ``<module> input`` (kind ``weights``: the
     activation input of one weight MatMul/Gemm/Conv, e.g. ``blocks.3.mlp.fc1 input``; its weight stays int8),
     ``<block> attention`` (attention's two matmuls: both inputs are activations) and ``<block> residual`` (the
@@ -203,13 +223,13 @@ def qdq_groups(proto: onnx.ModelProto, fixed: Sequence[str] = ()) -> Dict[str, D
     producers = _producers(proto)
     consts = _constants(proto)
 
-    def source(name: str) -> Optional[onnx.NodeProto]:
+    def source(name: str) -> onnx.NodeProto | None:
         p = producers.get(name)
         while p is not None and p.op_type in _LAYOUT_OPS:
             p = producers.get(p.input[0])
         return p
 
-    def dq_of(name: str) -> Tuple[Optional[onnx.NodeProto], Optional[onnx.NodeProto]]:
+    def dq_of(name: str) -> tuple[onnx.NodeProto | None, onnx.NodeProto | None]:
         """The DequantizeLinear behind ``name`` (through layout ops) and the QuantizeLinear feeding it."""
         p = source(name)
         if p is None or p.op_type != "DequantizeLinear":
@@ -225,7 +245,7 @@ def qdq_groups(proto: onnx.ModelProto, fixed: Sequence[str] = ()) -> Dict[str, D
         p, q = dq_of(name)
         return q is not None and q.input[0] not in consts
 
-    groups: Dict[str, Dict[str, Any]] = {}
+    groups: dict[str, dict[str, Any]] = {}
     fixed = set(fixed)
     for node in proto.graph.node:
         if node.op_type in _QDQ or node.name in fixed or not any(activation_dq(i) for i in node.input if i):

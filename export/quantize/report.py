@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, Union
+from typing import Any
 
 from attnzoo.fileio import atomic_write_text
 from attnzoo.runtime.quantization_report import QuantizationReport, QuantizeReport
@@ -13,12 +14,12 @@ from attnzoo.runtime.sessions import read_report
 __all__ = ["QuantizeReport", "QuantizationReport", "write_report", "read_quantization_report", "summary"]
 
 
-def write_report(report: QuantizationReport, path: Union[str, Path]) -> None:
+def write_report(report: QuantizationReport, path: str | Path) -> None:
     """Write ``report`` to ``path`` (temp + rename: a reader never sees half a report)."""
     atomic_write_text(Path(path), report.to_json())
 
 
-def read_quantization_report(path: Union[str, Path]) -> QuantizationReport:
+def read_quantization_report(path: str | Path) -> QuantizationReport:
     """A quantization report file, read with :func:`attnzoo.runtime.sessions.read_report`'s bounds and checked
     against the schema.
 
@@ -36,33 +37,46 @@ def summary(report: Mapping[str, Any]) -> str:
     """A few lines for the terminal."""
     q = report["quantization"]
     cal = q["calibration"]
-    ops = ", ".join(f"{n}/{report['quantization']['qdq']['total_ops'][op]} {op}"
-                    for op, n in q["qdq"]["quantized_ops"].items() if report["quantization"]["qdq"]["total_ops"][op])
-    lines = [f"{report['path']}: {report['variant']} {report['task']} {report['arch']} {report['dtype']} "
-             f"({q['quantizer']} {q['quantizer_version']}), {report['file_size'] / 1e6:.2f} MB",
-             f"  calibration: {cal['count']} x {cal['source']} (seed {cal['seed']}), {cal['method']}; quantized: {ops} "
-             f"(Q/DQ placement {q['options']['placement']})",
-             "  extra math: " + (f"{report['extra_math_scope_check']['nodes']} node(s) " + (
-                 "QUANTIZED (--quantize-extra-math)" if report["quantize_extra_math"] else "excluded, fp32, no Q/DQ")
-                 if report["extra_math_scope_check"]["nodes"] else "none declared for this variant: nothing excluded")]
+    ops = ", ".join(
+        f"{n}/{report['quantization']['qdq']['total_ops'][op]} {op}"
+        for op, n in q["qdq"]["quantized_ops"].items()
+        if report["quantization"]["qdq"]["total_ops"][op]
+    )
+    lines = [
+        f"{report['path']}: {report['variant']} {report['task']} {report['arch']} {report['dtype']} "
+        f"({q['quantizer']} {q['quantizer_version']}), {report['file_size'] / 1e6:.2f} MB",
+        f"  calibration: {cal['count']} x {cal['source']} (seed {cal['seed']}), {cal['method']}; quantized: {ops} "
+        f"(Q/DQ placement {q['options']['placement']})",
+        "  extra math: "
+        + (
+            f"{report['extra_math_scope_check']['nodes']} node(s) "
+            + ("QUANTIZED (--quantize-extra-math)" if report["quantize_extra_math"] else "excluded, fp32, no Q/DQ")
+            if report["extra_math_scope_check"]["nodes"]
+            else "none declared for this variant: nothing excluded"
+        ),
+    ]
     auto = q["options"].get("auto")
     if auto and auto.get("groups"):
         kept = [g for g, d in auto["groups"].items() if not d["quantized"]]
         speed = (auto.get("speed") or {}).get("groups", {})
         named = [f"{g} ({speed[g]['slowdown']:.2f}x)" if g in speed else g for g in kept]
         chosen = auto.get("chosen", {})
-        lines.append(f"  auto placement: {len(auto['groups']) - len(kept)} of {len(auto['groups'])} Q/DQ groups quantized, "
-                     f"promised cosine {chosen.get('promised', 0.0):.4f} on {auto['selection_inputs']} choosing inputs"
-                     + (f"; kept fp32 (time in fp32 / quantized, ONNX Runtime CPU): {', '.join(named)}" if kept else ""))
+        lines.append(
+            f"  auto placement: {len(auto['groups']) - len(kept)} of {len(auto['groups'])} Q/DQ groups quantized, "
+            f"promised cosine {chosen.get('promised', 0.0):.4f} on {auto['selection_inputs']} choosing inputs"
+            + (f"; kept fp32 (time in fp32 / quantized, ONNX Runtime CPU): {', '.join(named)}" if kept else "")
+        )
     fid = report.get("fidelity")
     if fid:
         split = fid.get("split", {})
         chose = f", {split['choose']} others chose the placement" if split.get("choose") else ""
-        line = (f"  fidelity to fp32 on {fid['n_inputs']} held-out inputs ({split.get('calibration', '?')} calibrate"
-                f"{chose}): cosine worst "
-                f"{fid['cosine']['min']:.4f} (gate {fid['min_cosine']:g}), mean {fid['cosine']['mean']:.4f}; relative "
-                f"error mean {fid['relative_error']['mean']:.3f}, max {fid['relative_error']['max']:.3f}; top-1 "
-                f"agreement {fid['top1_agreement']:.1%}")
+        line = (
+            f"  fidelity to fp32 on {fid['n_inputs']} held-out inputs ({split.get('calibration', '?')} calibrate"
+            f"{chose}): cosine worst "
+            f"{fid['cosine']['min']:.4f} (gate {fid['min_cosine']:g}), mean {fid['cosine']['mean']:.4f}; relative "
+            f"error mean {fid['relative_error']['mean']:.3f}, max {fid['relative_error']['max']:.3f}; top-1 "
+            f"agreement {fid['top1_agreement']:.1%}"
+        )
         line += f", top-5 overlap {fid['top5_overlap']:.1%}" if "top5_overlap" in fid else ""
         lines.append(line + (f" [WEAK: {fid['weak']}]" if fid.get("weak") else ""))
     for warning in report.get("warnings", []):
@@ -71,9 +85,11 @@ def summary(report: Mapping[str, Any]) -> str:
     if acc.get("metrics"):
         m = acc["metrics"]
         unit = "images" if report["task"] == "cls" else "scenes"
-        lines.append(f"  {acc['metric_name']} on {acc['n_images']} {acc['data']} test {unit}: fp32 {m['fp32']:.2f}, "
-                     f"{report['dtype']} {m[report['dtype']]:.2f} (drop {acc['drop']:+.2f}, tolerance {acc['tolerance']:g})"
-                     + (" [FP8 simulated]" if report["dtype"] == "fp8" else ""))
+        lines.append(
+            f"  {acc['metric_name']} on {acc['n_images']} {acc['data']} test {unit}: fp32 {m['fp32']:.2f}, "
+            f"{report['dtype']} {m[report['dtype']]:.2f} (drop {acc['drop']:+.2f}, tolerance {acc['tolerance']:g})"
+            + (" [FP8 simulated]" if report["dtype"] == "fp8" else "")
+        )
     else:
         lines.append(f"  accuracy not measured: {acc.get('warning') or acc.get('reason')}")
     lines.append(f"  {'PASSED' if report['passed'] else 'FAILED: ' + '; '.join(report['failures'])}")

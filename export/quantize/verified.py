@@ -4,9 +4,10 @@ fp32, and only then write it with its report (:func:`quantize_verified`)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any
 
 import numpy as np
 import onnx
@@ -28,7 +29,14 @@ from .fp8 import simulate_fp8
 from .modelopt import quantize_onnx
 from .options import ACCURACY_TOLERANCE, QuantizeOptions
 from .placement import auto_placement, group_speed
-from .qdq import AUTO_QDQ_PLACEMENT, DEFAULT_QDQ_PLACEMENT, TENSORRT_QDQ_PLACEMENT, extra_math_nodes, qdq_placement_error, qdq_summary
+from .qdq import (
+    AUTO_QDQ_PLACEMENT,
+    DEFAULT_QDQ_PLACEMENT,
+    TENSORRT_QDQ_PLACEMENT,
+    extra_math_nodes,
+    qdq_placement_error,
+    qdq_summary,
+)
 from .report import QuantizationReport, write_report
 
 __all__ = ["AccuracyDropError", "QuantizationCheckError", "FidelityError", "evaluate_onnx", "quantize_verified"]
@@ -46,10 +54,14 @@ class FidelityError(ExportError):
     """The quantized graph's output is further from fp32's than the fidelity gate allows; nothing was written."""
 
 
-
-def evaluate_onnx(models: Mapping[str, Union[str, Path, onnx.ModelProto]], config: Mapping[str, Any], *,
-                  limit: Optional[int] = None, threads: Optional[int] = None,
-                  progress: bool = False) -> Dict[str, Any]:
+def evaluate_onnx(
+    models: Mapping[str, str | Path | onnx.ModelProto],
+    config: Mapping[str, Any],
+    *,
+    limit: int | None = None,
+    threads: int | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
     """Score ONNX models on the model's test split with ONNX Runtime (CPU), all on the same images.
 
     Classifiers: top-1 on the test split (Fashion-MNIST: the official 10,000 test images); segmenters: mIoU on
@@ -68,8 +80,9 @@ def evaluate_onnx(models: Mapping[str, Union[str, Path, onnx.ModelProto]], confi
         "agreement": {label: share of predictions equal to the first model's}}``.
     """
     task, size = config["task"], int(config["img_size"])
-    data = load_data(config["data"], "test", task, size, n=limit, seed=int(config.get("data_seed", 0)),
-                     scene=config.get("scene"))
+    data = load_data(
+        config["data"], "test", task, size, n=limit, seed=int(config.get("data_seed", 0)), scene=config.get("scene")
+    )
     x = normalize(data.images, config.get("mean", DEFAULT_MEAN), config.get("std", DEFAULT_STD))
     y = data.labels if task == "cls" else data.masks.astype(np.int64)
     k = len(data.class_names)
@@ -79,13 +92,23 @@ def evaluate_onnx(models: Mapping[str, Union[str, Path, onnx.ModelProto]], confi
         m = metrics_from_confusion(confusion_matrix(y, pred, k), task, data.class_names)
         metrics[label], name, preds[label] = float(m["metric"]), m["metric_name"], pred
     first = next(iter(preds.values()))
-    return {"data": config["data"], "split": "test", "n_images": len(data), "metric_name": name,
-            "metrics": metrics, "agreement": {k_: float(np.mean(p == first)) for k_, p in preds.items()}}
+    return {
+        "data": config["data"],
+        "split": "test",
+        "n_images": len(data),
+        "metric_name": name,
+        "metrics": metrics,
+        "agreement": {k_: float(np.mean(p == first)) for k_, p in preds.items()},
+    }
 
 
-
-def quantize_verified(fp32_onnx: Union[str, Path], out: Union[str, Path], config: Mapping[str, Any],
-                      options: Optional[QuantizeOptions] = None, **fields: Any) -> Dict[str, Any]:
+def quantize_verified(
+    fp32_onnx: str | Path,
+    out: str | Path,
+    config: Mapping[str, Any],
+    options: QuantizeOptions | None = None,
+    **fields: Any,
+) -> dict[str, Any]:
     """Quantize a verified fp32 export, check it, measure its fidelity to fp32 and score it, and only then write it.
 
     Writes ``out`` and its report ``<out>.report.json`` (:func:`attnzoo.export.verify.report_path`,
@@ -133,53 +156,92 @@ def quantize_verified(fp32_onnx: Union[str, Path], out: Union[str, Path], config
     tol = ACCURACY_TOLERANCE[config["task"]] if o.tolerance is None else float(o.tolerance)
     gate = (0.0 if o.measure_accuracy else DEFAULT_MIN_COSINE) if o.min_cosine is None else float(o.min_cosine)
     notes = list(o.warnings)
-    calibration, held_out, held_source = _held_out(config, calibration, calibration_seed, held_out,
-                                                   o.calibration_source)
+    calibration, held_out, held_source = _held_out(
+        config, calibration, calibration_seed, held_out, o.calibration_source
+    )
     if o.calibration_random and not config.get("untrained"):
         notes.append("a trained model calibrated on random inputs: real inputs' activations differ")
-    choose, check = (held_out[: len(held_out) // 2], held_out[len(held_out) // 2:]) \
-        if placement == AUTO_QDQ_PLACEMENT and len(held_out) >= 2 else (held_out[:0], held_out)
+    choose, check = (
+        (held_out[: len(held_out) // 2], held_out[len(held_out) // 2 :])
+        if placement == AUTO_QDQ_PLACEMENT and len(held_out) >= 2
+        else (held_out[:0], held_out)
+    )
     run = simulate_fp8 if dtype == "fp8" else (lambda p: p)
     with atomic_path(out) as tmp:
-        q = quantize_onnx(fp32_onnx, tmp, dtype=dtype, calibration=calibration, exclude_nodes=exclude,
-                          calibration_source=o.calibration_source, calibration_seed=calibration_seed,
-                          extra_nodes=extra, placement=TENSORRT_QDQ_PLACEMENT if placement == AUTO_QDQ_PLACEMENT
-                          else placement)
+        q = quantize_onnx(
+            fp32_onnx,
+            tmp,
+            dtype=dtype,
+            calibration=calibration,
+            exclude_nodes=exclude,
+            calibration_source=o.calibration_source,
+            calibration_seed=calibration_seed,
+            extra_nodes=extra,
+            placement=TENSORRT_QDQ_PLACEMENT if placement == AUTO_QDQ_PLACEMENT else placement,
+        )
         proto = onnx.load(str(tmp))
-        decision: Dict[str, Any] = {}
+        decision: dict[str, Any] = {}
         if placement == AUTO_QDQ_PLACEMENT:
             full = proto
-            proto, decision = auto_placement(proto, onnx_outputs(fp32_onnx, choose, threads), choose, config["task"],
-                                             min_cosine=gate or DEFAULT_MIN_COSINE, runnable=run, threads=threads,
-                                             fixed=extra if quantize_extra_math else ()) if len(choose) else \
-                (proto, {"selection_inputs": 0, "promised": False,
-                         "note": "too few held-out inputs to choose: ModelOpt's full placement"})
+            proto, decision = (
+                auto_placement(
+                    proto,
+                    onnx_outputs(fp32_onnx, choose, threads),
+                    choose,
+                    config["task"],
+                    min_cosine=gate or DEFAULT_MIN_COSINE,
+                    runnable=run,
+                    threads=threads,
+                    fixed=extra if quantize_extra_math else (),
+                )
+                if len(choose)
+                else (
+                    proto,
+                    {
+                        "selection_inputs": 0,
+                        "promised": False,
+                        "note": "too few held-out inputs to choose: ModelOpt's full placement",
+                    },
+                )
+            )
             if dtype == "int8" and any(not d["quantized"] for d in decision.get("groups", {}).values()):
-                decision["speed"] = group_speed(proto, full, decision, check,
-                                                fixed=extra if quantize_extra_math else ())
+                decision["speed"] = group_speed(
+                    proto, full, decision, check, fixed=extra if quantize_extra_math else ()
+                )
             q.options.update(placement=AUTO_QDQ_PLACEMENT, auto=decision)
             q.qdq = qdq_summary(proto, extra)
             _set_placement(proto, AUTO_QDQ_PLACEMENT)
             onnx.save(proto, str(tmp))
         runnable = run(proto)
-        failures: List[str] = []
+        failures: list[str] = []
         unpromised = placement == AUTO_QDQ_PLACEMENT and gate > 0 and not decision.get("promised")
         if unpromised:  # checked first: the graph auto fell back to may hold no int8 op at all
-            named = {"ModelOpt's full placement": "all_quantized", "the weight MatMuls alone": "weights_only",
-                     "the best choice": "chosen"}
+            named = {
+                "ModelOpt's full placement": "all_quantized",
+                "the weight MatMuls alone": "weights_only",
+                "the best choice": "chosen",
+            }
             tried = {label: decision[key] for label, key in named.items() if key in decision}
             best = max(tried, key=lambda label: tried[label]["promised"], default=None)
-            failures.append(f"no Q/DQ placement promises a cosine to fp32 >= {gate:g} on inputs like the {len(choose)} "
-                            f"choosing one(s)" + (f" ({best} promises {tried[best]['promised']:.4f}, worst "
-                                                  f"{tried[best]['worst']:.4f})" if best else "")
-                            + "; calibrate on more images like the model's inputs (--calibration-data DIR) or lower "
-                            "--min-cosine")
+            failures.append(
+                f"no Q/DQ placement promises a cosine to fp32 >= {gate:g} on inputs like the {len(choose)} "
+                f"choosing one(s)"
+                + (
+                    f" ({best} promises {tried[best]['promised']:.4f}, worst {tried[best]['worst']:.4f})"
+                    if best
+                    else ""
+                )
+                + "; calibrate on more images like the model's inputs (--calibration-data DIR) or lower "
+                "--min-cosine"
+            )
         qdq = q.qdq
         if not unpromised and sum(qdq["quantized_ops"].values()) == 0:
             failures.append("no MatMul/Gemm/Conv was quantized")
         if not quantize_extra_math and qdq["extra_math_quantized"]:
-            failures.append(f"{len(qdq['extra_math_quantized'])} extra-math op(s) read quantized values, e.g. "
-                            f"{qdq['extra_math_quantized'][0]}")
+            failures.append(
+                f"{len(qdq['extra_math_quantized'])} extra-math op(s) read quantized values, e.g. "
+                f"{qdq['extra_math_quantized'][0]}"
+            )
         extra_check = check_extra_math(proto, dict(config), "fp32")
         failures += [f"extra math: {f}" for f in extra_check["failures"]] if not quantize_extra_math else []
         if not _finite_outputs(runnable, calibration[: min(8, len(calibration))], threads):
@@ -190,55 +252,100 @@ def quantize_verified(fp32_onnx: Union[str, Path], out: Union[str, Path], config
         fidelity = None
         if len(failures) == int(unpromised):  # the other checks passed: measured, also to say why auto refused
             fidelity = _fidelity(proto, runnable, fp32_onnx, check, config["task"], gate, placement, run, threads)
-            fidelity.update(source=held_source, warnings=notes, split={
-                "calibration": int(len(calibration)), "choose": int(len(choose)), "gate": int(len(check))})
+            fidelity.update(
+                source=held_source,
+                warnings=notes,
+                split={"calibration": int(len(calibration)), "choose": int(len(choose)), "gate": int(len(check))},
+            )
             if len(check) < FIRM_GATE_INPUTS:
-                fidelity["weak"] = (f"only {len(check)} gate input(s) (firm from {FIRM_GATE_INPUTS}): a further input "
-                                    f"falls below their worst with probability about 1/{len(check) + 1}")
+                fidelity["weak"] = (
+                    f"only {len(check)} gate input(s) (firm from {FIRM_GATE_INPUTS}): a further input "
+                    f"falls below their worst with probability about 1/{len(check) + 1}"
+                )
             if not fidelity["within_gate"] and not unpromised:
                 failures.append(fidelity["failure"])
         too_low = False
-        accuracy: Dict[str, Any]
+        accuracy: dict[str, Any]
         if o.measure_accuracy and not failures:
-            ev = evaluate_onnx({"fp32": fp32_onnx, dtype: runnable}, config, limit=o.eval_limit, threads=threads,
-                               progress=o.progress)
+            ev = evaluate_onnx(
+                {"fp32": fp32_onnx, dtype: runnable}, config, limit=o.eval_limit, threads=threads, progress=o.progress
+            )
             drop = ev["metrics"]["fp32"] - ev["metrics"][dtype]
-            accuracy = {**ev, "limit": o.eval_limit, "drop": drop, "tolerance": tol, "within_tolerance": drop <= tol,
-                        "accepted_drop": bool(o.accept_accuracy_drop and drop > tol),
-                        "runtime": "onnxruntime CPUExecutionProvider",
-                        "how": ("the FP8 Q/DQ graph simulated in float ops (simulate_fp8: e4m3 RNE round trip at the "
-                                "same Q/DQ points, same scales); ONNX Runtime's CPU provider refuses float8 tensors "
-                                "into Transpose") if dtype == "fp8" else "the Q/DQ graph itself"}
+            accuracy = {
+                **ev,
+                "limit": o.eval_limit,
+                "drop": drop,
+                "tolerance": tol,
+                "within_tolerance": drop <= tol,
+                "accepted_drop": bool(o.accept_accuracy_drop and drop > tol),
+                "runtime": "onnxruntime CPUExecutionProvider",
+                "how": (
+                    "the FP8 Q/DQ graph simulated in float ops (simulate_fp8: e4m3 RNE round trip at the "
+                    "same Q/DQ points, same scales); ONNX Runtime's CPU provider refuses float8 tensors "
+                    "into Transpose"
+                )
+                if dtype == "fp8"
+                else "the Q/DQ graph itself",
+            }
             too_low = drop > tol and not o.accept_accuracy_drop
             if too_low:
-                failures.append(f"{ev['metric_name']} {ev['metrics'][dtype]:.2f} is {drop:.2f} points below fp32's "
-                                f"{ev['metrics']['fp32']:.2f} (tolerance {tol:g}); pass --accept-accuracy-drop to "
-                                "write it anyway")
+                failures.append(
+                    f"{ev['metric_name']} {ev['metrics'][dtype]:.2f} is {drop:.2f} points below fp32's "
+                    f"{ev['metrics']['fp32']:.2f} (tolerance {tol:g}); pass --accept-accuracy-drop to "
+                    "write it anyway"
+                )
         elif not o.measure_accuracy:
-            accuracy = {"measured": False, "warning": "no labelled test split (an untrained or converted model): "
-                                                      "accuracy not measured; the fidelity to fp32 is"}
+            accuracy = {
+                "measured": False,
+                "warning": "no labelled test split (an untrained or converted model): "
+                "accuracy not measured; the fidelity to fp32 is",
+            }
         else:
             accuracy = {"measured": False, "reason": "checks failed before scoring"}
         fp32_report = report_path(fp32_onnx)
         report = QuantizationReport(
-            path=str(out), variant=config["variant"], task=config["task"], arch=config["arch"], dtype=dtype,
-            fp32_source={"path": str(fp32_onnx) if o.fp32_kept else None, "kept": o.fp32_kept,
-                         "sha256": sha256_file(fp32_onnx),
-                         "report": json.loads(fp32_report.read_text()) if fp32_report.is_file() else None},
-            quantization=q, quantize_extra_math=quantize_extra_math,
-            extra_math_scope_check={"nodes": len(extra), "quantized": qdq["extra_math_quantized"],
-                                    "checker": extra_check["ok"] or extra_check["failures"]},
-            fidelity=fidelity, accuracy=accuracy, warnings=notes, file_size=tmp.stat().st_size,
-            sha256=sha256_file(tmp), num_nodes=len(proto.graph.node), op_histogram=op_histogram(proto),
-            batch_dim=BATCH_DIM, onnxruntime=__import__("onnxruntime").__version__,
+            path=str(out),
+            variant=config["variant"],
+            task=config["task"],
+            arch=config["arch"],
+            dtype=dtype,
+            fp32_source={
+                "path": str(fp32_onnx) if o.fp32_kept else None,
+                "kept": o.fp32_kept,
+                "sha256": sha256_file(fp32_onnx),
+                "report": json.loads(fp32_report.read_text()) if fp32_report.is_file() else None,
+            },
+            quantization=q,
+            quantize_extra_math=quantize_extra_math,
+            extra_math_scope_check={
+                "nodes": len(extra),
+                "quantized": qdq["extra_math_quantized"],
+                "checker": extra_check["ok"] or extra_check["failures"],
+            },
+            fidelity=fidelity,
+            accuracy=accuracy,
+            warnings=notes,
+            file_size=tmp.stat().st_size,
+            sha256=sha256_file(tmp),
+            num_nodes=len(proto.graph.node),
+            op_histogram=op_histogram(proto),
+            batch_dim=BATCH_DIM,
+            onnxruntime=__import__("onnxruntime").__version__,
             verified="quantized graph checked (Q/DQ placement, extra math fp32), its output compared with fp32's "
-                     "on held-out inputs" + (" and scored with ONNX Runtime CPU on the test split next to fp32"
-                                             if o.measure_accuracy else ""),
-            passed=not failures, failures=failures)
+            "on held-out inputs"
+            + (" and scored with ONNX Runtime CPU on the test split next to fp32" if o.measure_accuracy else ""),
+            passed=not failures,
+            failures=failures,
+        )
         if failures:
             write_report(report, failed_report_path(out))
-            kind = AccuracyDropError if too_low else FidelityError if unpromised or (
-                fidelity and not fidelity["within_gate"]) else QuantizationCheckError
+            kind = (
+                AccuracyDropError
+                if too_low
+                else FidelityError
+                if unpromised or (fidelity and not fidelity["within_gate"])
+                else QuantizationCheckError
+            )
             raise kind(f"{out.name} not written: {'; '.join(failures[:3])}; see {failed_report_path(out)}")
     # the report after the model: stopped in between, the old report names another SHA-256 and nothing serves it
     write_report(report, report_path(out))
@@ -246,8 +353,9 @@ def quantize_verified(fp32_onnx: Union[str, Path], out: Union[str, Path], config
     return report.to_dict()
 
 
-def _held_out(config: Mapping[str, Any], calibration: np.ndarray, seed: Optional[int],
-              held_out: Optional[np.ndarray], source: str) -> Tuple[np.ndarray, np.ndarray, str]:
+def _held_out(
+    config: Mapping[str, Any], calibration: np.ndarray, seed: int | None, held_out: np.ndarray | None, source: str
+) -> tuple[np.ndarray, np.ndarray, str]:
     """``(calibration, held-out inputs, what they are)``: the given ones, held-out training images, or the last
     part of the calibration batch (then not calibrated on)."""
     if held_out is not None:

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from typing import Dict, Tuple
 
-DRIVER = '''
+DRIVER = """
 import importlib, importlib.util, sys, time, tomllib
 root, module = sys.argv[1], sys.argv[2]
 folders = tomllib.loads(open(root + "/pyproject.toml").read())["tool"]["setuptools"]["package-dir"]
@@ -29,17 +28,18 @@ sys.meta_path.insert(0, Tree)
 t = time.perf_counter()
 m = importlib.import_module(module)
 print(time.perf_counter() - t, "torch" in sys.modules, len(sys.modules), m.__file__)
-'''
+"""
 
 
 def main() -> None:
     n, modules, trees = int(sys.argv[1]), sys.argv[2].split(","), sys.argv[3:]
-    best: Dict[Tuple[str, str], Tuple[float, str, str]] = {}
+    best: dict[tuple[str, str], tuple[float, str, str]] = {}
     for _ in range(n):
         for module in modules:
             for tree in trees:
-                out = subprocess.run([sys.executable, "-c", DRIVER, tree, module], capture_output=True, text=True,
-                                     check=True).stdout.split()
+                out = subprocess.run(
+                    [sys.executable, "-c", DRIVER, tree, module], capture_output=True, text=True, check=True
+                ).stdout.split()
                 assert out[3].startswith(tree), f"{module} came from {out[3]}, not {tree}"
                 seconds = min(best.get((module, tree), (float("inf"),))[0], float(out[0]))
                 best[(module, tree)] = (seconds, out[1], out[2])

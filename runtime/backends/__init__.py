@@ -19,23 +19,37 @@ at the bottom of this file, plus its test.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any
 
 import numpy as np
 
 from ..contract import ModelContract
 from ..parity import compare, tolerance_key
 
-__all__ = ["Backend", "Session", "Call", "LoadOptions", "register_backend", "get_backend", "canonical_backend",
-           "backend_names", "backends", "cpu_runtimes", "DTYPES", "ONNX_REFERENCE", "describe",
-           "check_against_reference"]
+__all__ = [
+    "Backend",
+    "Session",
+    "Call",
+    "LoadOptions",
+    "register_backend",
+    "get_backend",
+    "canonical_backend",
+    "backend_names",
+    "backends",
+    "cpu_runtimes",
+    "DTYPES",
+    "ONNX_REFERENCE",
+    "describe",
+    "check_against_reference",
+]
 
 #: Precisions a backend row can run at (a backend lists the ones it supports). ``fp32`` is IEEE fp32 everywhere: the
 #: GPU backends turn TF32 off for it; ``tf32`` is fp32 tensors with matmuls / convolutions on TF32 tensor cores (a
 #: GPU of compute capability 8.0 or newer), asked for by name, never implied.
-DTYPES: Tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "int8")
+DTYPES: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "int8")
 #: The backend every export was verified with (ONNX Runtime's CPU provider); the others are checked against it.
 ONNX_REFERENCE = "ort-cpu"
 
@@ -59,11 +73,11 @@ class LoadOptions:
 
     dtype: str = "fp32"
     device: str = "cpu"
-    threads: Optional[int] = None
-    batch: Optional[int] = None
-    batch_sizes: Tuple[int, ...] = ()
-    cache_dir: Optional[Path] = None
-    keep_f32: Optional[Tuple[str, ...]] = None
+    threads: int | None = None
+    batch: int | None = None
+    batch_sizes: tuple[int, ...] = ()
+    cache_dir: Path | None = None
+    keep_f32: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -74,10 +88,11 @@ class LoadOptions:
         if self.cache_dir is not None:
             object.__setattr__(self, "cache_dir", Path(self.cache_dir))
 
-    def set_fields(self) -> Tuple[str, ...]:
+    def set_fields(self) -> tuple[str, ...]:
         """The settings that differ from their defaults (``dtype`` aside, which every backend reads)."""
-        return tuple(f.name for f in dataclasses.fields(self)
-                     if f.name != "dtype" and getattr(self, f.name) != f.default)
+        return tuple(
+            f.name for f in dataclasses.fields(self) if f.name != "dtype" and getattr(self, f.name) != f.default
+        )
 
 
 @dataclass
@@ -97,8 +112,8 @@ class Call:
     output: Callable[[], np.ndarray]
     cuda: bool = False
     cuda_graph: bool = False
-    memory: Optional[Callable[[], Tuple[float, str]]] = None
-    session: Optional["Session"] = None
+    memory: Callable[[], tuple[float, str]] | None = None
+    session: Session | None = None
 
     def close(self) -> None:
         """Close the session the call runs on (the call cannot run after it)."""
@@ -128,7 +143,7 @@ class Session:
         xin = np.ascontiguousarray(x, dtype=np.float32)
         return Call(lambda: self.run(xin), lambda: np.asarray(self.run(xin), dtype=np.float32), session=self)
 
-    def info(self) -> Dict[str, Any]:
+    def info(self) -> dict[str, Any]:
         """The settings the session ended up with (threads, providers, precision ...)."""
         return {}
 
@@ -142,7 +157,7 @@ class Session:
             self.closed = True
             self.release()
 
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> Session:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -174,19 +189,18 @@ class Backend:
 
     name: str
     summary: str
-    aliases: Tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()
     takes: str = "onnx"
     device: str = "cpu"
-    dtypes: Tuple[str, ...] = ("fp32",)
-    reads: Tuple[str, ...] = ()
+    dtypes: tuple[str, ...] = ("fp32",)
+    reads: tuple[str, ...] = ()
     library: str = ""
     builds_engine: bool = False
     jit_compiles: bool = False
-    int8_model: Optional[str] = None
-    serving_batch: Optional[int] = None
+    int8_model: str | None = None
+    serving_batch: int | None = None
 
-    def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False
-                           ) -> Optional[str]:
+    def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False) -> str | None:
         """Why this backend cannot run ``dtype`` here (one line), or ``None`` when it can.
 
         Args:
@@ -208,7 +222,7 @@ class Backend:
             raise TypeError(f"unknown load option(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}")
         return LoadOptions(**{k: v for k, v in settings.items() if k == "dtype" or k in self.reads})
 
-    def load(self, model: Any, options: Optional[LoadOptions] = None) -> "Session":
+    def load(self, model: Any, options: LoadOptions | None = None) -> Session:
         """Load ``model`` (a module or an ONNX path, as :attr:`takes` says) as ``options`` say.
 
         Raises:
@@ -217,15 +231,17 @@ class Backend:
         options = options if options is not None else LoadOptions()
         unread = [n for n in options.set_fields() if n not in self.reads]
         if unread:
-            raise ValueError(f"{self.name} does not read the load option(s) {', '.join(unread)} (it reads: dtype"
-                             f"{''.join(', ' + r for r in self.reads)})")
+            raise ValueError(
+                f"{self.name} does not read the load option(s) {', '.join(unread)} (it reads: dtype"
+                f"{''.join(', ' + r for r in self.reads)})"
+            )
         return self.open(model, options)
 
-    def open(self, model: Any, options: LoadOptions) -> "Session":
+    def open(self, model: Any, options: LoadOptions) -> Session:
         """Load ``model`` with ``options`` (already checked by :meth:`load`); what a backend implements."""
         raise NotImplementedError
 
-    def build_only(self, model: Any, options: LoadOptions) -> Dict[str, Any]:
+    def build_only(self, model: Any, options: LoadOptions) -> dict[str, Any]:
         """Build the engine of ``model`` without running it (a backend that :attr:`builds_engine`); its facts."""
         raise NotImplementedError(f"{self.name} builds no engine")
 
@@ -234,8 +250,8 @@ class Backend:
         return device if self.device == "torch" else self.device
 
 
-_REGISTRY: Dict[str, Backend] = {}
-_ALIASES: Dict[str, str] = {}
+_REGISTRY: dict[str, Backend] = {}
+_ALIASES: dict[str, str] = {}
 
 
 def register_backend(backend: Backend) -> Backend:
@@ -248,12 +264,12 @@ def register_backend(backend: Backend) -> Backend:
     return backend
 
 
-def backend_names() -> Tuple[str, ...]:
+def backend_names() -> tuple[str, ...]:
     """Every backend's one name, in registration order."""
     return tuple(_REGISTRY)
 
 
-def backends() -> List[Backend]:
+def backends() -> list[Backend]:
     """Every registered backend."""
     return list(_REGISTRY.values())
 
@@ -264,8 +280,10 @@ def canonical_backend(name: str) -> str:
         return name
     if name in _ALIASES:
         return _ALIASES[name]
-    raise ValueError(f"unknown backend {name!r}; valid: {', '.join(_REGISTRY)} (aliases: "
-                     f"{', '.join(f'{a}={n}' for a, n in _ALIASES.items())})")
+    raise ValueError(
+        f"unknown backend {name!r}; valid: {', '.join(_REGISTRY)} (aliases: "
+        f"{', '.join(f'{a}={n}' for a, n in _ALIASES.items())})"
+    )
 
 
 def get_backend(name: str) -> Backend:
@@ -273,24 +291,26 @@ def get_backend(name: str) -> Backend:
     return _REGISTRY[canonical_backend(name)]
 
 
-def cpu_runtimes() -> List[Backend]:
+def cpu_runtimes() -> list[Backend]:
     """The backends that run an ONNX file on the CPU (the candidates of the measured CPU-runtime choice)."""
     return [b for b in _REGISTRY.values() if b.takes == "onnx" and b.device == "cpu"]
 
 
-def describe(dtype: str = "fp32", device: str = "cpu") -> List[Dict[str, Any]]:
+def describe(dtype: str = "fp32", device: str = "cpu") -> list[dict[str, Any]]:
     """One row per backend: name, aliases, what it takes, where it runs, its precisions, and whether it runs
     ``dtype`` here (and if not, why)."""
     rows = []
     for b in _REGISTRY.values():
         reason = b.unavailable_reason(dtype, device)
-        rows.append({**{k: v for k, v in dataclasses.asdict(b).items()}, "runs_here": reason is None,
-                     "reason": reason or ""})
+        rows.append(
+            {**{k: v for k, v in dataclasses.asdict(b).items()}, "runs_here": reason is None, "reason": reason or ""}
+        )
     return rows
 
 
-def check_against_reference(session: Session, path: Any, contract: Any = None, *, threads: Optional[int] = None,
-                            seed: int = 0) -> None:
+def check_against_reference(
+    session: Session, path: Any, contract: Any = None, *, threads: int | None = None, seed: int = 0
+) -> None:
     """Check that ``session`` (any backend's load of the ONNX file ``path``) answers a seeded random batch as ONNX
     Runtime's CPU provider does on the same file -- the runtime the export was verified with -- under the shared
     tolerance of the file's precision (:mod:`attnzoo.runtime.parity`). ``contract``: the file's already-read
@@ -307,9 +327,11 @@ def check_against_reference(session: Session, path: Any, contract: Any = None, *
         ref = ort.run(x)
     check = compare(session.run(x), ref, tolerance_key(contract.dtype))
     if not check["passed"]:
-        raise ValueError(f"{Path(path).name}: {session.backend} differs from ONNX Runtime by {check['error']:.3g} "
-                         f"(tolerance {check['tolerance']:g}, {check['key']})")
+        raise ValueError(
+            f"{Path(path).name}: {session.backend} differs from ONNX Runtime by {check['error']:.3g} "
+            f"(tolerance {check['tolerance']:g}, {check['key']})"
+        )
 
 
 # The built-in backends register themselves; a new one is imported here.
-from . import eager, torch_compile, ort_cpu, openvino, ort_cuda, ort_trt, tensorrt  # noqa: E402,F401
+from . import eager, openvino, ort_cpu, ort_cuda, ort_trt, tensorrt, torch_compile  # noqa: E402,F401

@@ -7,7 +7,7 @@ import contextlib
 import copy
 import functools
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
 
 import numpy as np
 
@@ -30,8 +30,9 @@ class TorchSession(Session):
     """A private copy of the model at the asked precision on the asked device (so its memory is its own);
     ``compile_mode``: wrapped in ``torch.compile`` with that mode."""
 
-    def __init__(self, model: Any, *, backend: str, dtype: str, device: str, threads: Optional[int],
-                 compile_mode: Optional[str] = None) -> None:
+    def __init__(
+        self, model: Any, *, backend: str, dtype: str, device: str, threads: int | None, compile_mode: str | None = None
+    ) -> None:
         self.backend = backend
         self.device = torch.device(device)
         self.memory = DeviceMemory() if self.device.type == "cuda" else None  # before the copy to the device
@@ -41,7 +42,7 @@ class TorchSession(Session):
         if threads:
             torch.set_num_threads(int(threads))
         self.net = copy.deepcopy(model).to(device=self.device, dtype=self.dtype).eval()
-        self._info: Dict[str, Any] = {"device": str(self.device), "dtype": dtype}
+        self._info: dict[str, Any] = {"device": str(self.device), "dtype": dtype}
         if self.autocast:
             scopes = bf16_autocast(self.net, self.device.type)
             self._info["autocast"] = f"bfloat16, {scopes} extra-math scope module(s) in fp32"
@@ -65,10 +66,16 @@ class TorchSession(Session):
     def call(self, x: np.ndarray) -> Call:
         xin = torch.as_tensor(np.ascontiguousarray(x, dtype=np.float32)).to(self.device, self.dtype)
         cuda = self.device.type == "cuda"
-        return Call(lambda: self._forward(xin), lambda: self._forward(xin).float().cpu().numpy(), cuda=cuda,
-                    cuda_graph=self.cuda_graph, memory=self.memory.torch_peak if cuda else None, session=self)
+        return Call(
+            lambda: self._forward(xin),
+            lambda: self._forward(xin).float().cpu().numpy(),
+            cuda=cuda,
+            cuda_graph=self.cuda_graph,
+            memory=self.memory.torch_peak if cuda else None,
+            session=self,
+        )
 
-    def info(self) -> Dict[str, Any]:
+    def info(self) -> dict[str, Any]:
         return dict(self._info)
 
     def release(self) -> None:
@@ -98,6 +105,7 @@ def bf16_autocast(net: Any, device_type: str) -> int:
         def run(*args, **kwargs):
             with torch.autocast(device_type, enabled=False):
                 return forward(*fp32(args), **{k: fp32(v) for k, v in kwargs.items()})
+
         return run
 
     count = 0
@@ -115,7 +123,7 @@ def bf16_autocast(net: Any, device_type: str) -> int:
     return count
 
 
-def torch_dtype_problem(dtype: str, device: str) -> Optional[str]:
+def torch_dtype_problem(dtype: str, device: str) -> str | None:
     """Why PyTorch cannot run ``dtype`` on ``device`` usefully here, or ``None``."""
     if dtype == "int8":
         return "int8 is a CPU-runtime path here (ModelOpt Q/DQ for ort-cpu, NNCF for openvino); no PyTorch int8"
@@ -132,18 +140,25 @@ def torch_dtype_problem(dtype: str, device: str) -> Optional[str]:
 class TorchBackend(Backend):
     """PyTorch eager: the model's own device and thread count are the caller's (``device``, ``threads``)."""
 
-    reads: Tuple[str, ...] = ("device", "threads")
+    reads: tuple[str, ...] = ("device", "threads")
     library: str = "torch"
 
-    def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False
-                           ) -> Optional[str]:
+    def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False) -> str | None:
         return torch_dtype_problem(dtype, device) or super().unavailable_reason(dtype, device)
 
     def open(self, model: Any, options: LoadOptions) -> TorchSession:
-        return TorchSession(model, backend=self.name, dtype=options.dtype, device=options.device,
-                            threads=options.threads)
+        return TorchSession(
+            model, backend=self.name, dtype=options.dtype, device=options.device, threads=options.threads
+        )
 
 
-EAGER = register_backend(TorchBackend(
-    "eager", "PyTorch eager on the CPU or a CUDA GPU (the reference every backend is checked against)",
-    aliases=("pytorch", "torch"), takes="module", device="torch", dtypes=("fp32", "tf32", "fp16", "bf16")))
+EAGER = register_backend(
+    TorchBackend(
+        "eager",
+        "PyTorch eager on the CPU or a CUDA GPU (the reference every backend is checked against)",
+        aliases=("pytorch", "torch"),
+        takes="module",
+        device="torch",
+        dtypes=("fp32", "tf32", "fp16", "bf16"),
+    )
+)

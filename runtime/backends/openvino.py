@@ -11,15 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any
 
 import numpy as np
 
 from attnzoo.lazy import lazy_import
 
 from .. import openvino as ov
-from . import Backend, Call, LoadOptions, Session, register_backend
 from ..contract import ModelContract
+from . import Backend, Call, LoadOptions, Session, register_backend
 
 models = lazy_import("attnzoo.models")  # torch and timm: the registry imports without them
 
@@ -40,10 +40,11 @@ class OpenVINORuntimeSession(Session):
         xin = np.ascontiguousarray(x, dtype=np.float32)
         if self.session.batch not in (None, len(xin)):
             return super().call(x)
-        return Call(lambda: self.session.infer(xin), lambda: np.array(self.session.infer(xin), dtype=np.float32),
-                    session=self)
+        return Call(
+            lambda: self.session.infer(xin), lambda: np.array(self.session.infer(xin), dtype=np.float32), session=self
+        )
 
-    def info(self) -> Dict[str, Any]:
+    def info(self) -> dict[str, Any]:
         return self.session.info()
 
     def release(self) -> None:
@@ -54,8 +55,7 @@ class OpenVINORuntimeSession(Session):
 class OpenVINOBackend(Backend):
     """OpenVINO, CPU plugin."""
 
-    def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False
-                           ) -> Optional[str]:
+    def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False) -> str | None:
         reason = ov.unavailable_reason()
         if reason:
             return reason
@@ -76,8 +76,13 @@ class OpenVINOBackend(Backend):
         if options.dtype == "bf16" and keep_f32 is None and not _extra_scopes(Path(model)):
             keep_f32 = ()
         precision = "bf16" if options.dtype == "bf16" else "fp32"  # an int8 IR carries its own precision
-        session = ov.OpenVINOSession(Path(model), threads=options.threads, batch=options.batch, precision=precision,
-                                     keep_f32=list(keep_f32) if keep_f32 is not None else None)
+        session = ov.OpenVINOSession(
+            Path(model),
+            threads=options.threads,
+            batch=options.batch,
+            precision=precision,
+            keep_f32=list(keep_f32) if keep_f32 is not None else None,
+        )
         return OpenVINORuntimeSession(session, self.name)
 
 
@@ -87,8 +92,18 @@ def _extra_scopes(path: Path) -> tuple:
     return tuple(spec.extra_scopes) if spec is not None else ()
 
 
-OPENVINO = register_backend(OpenVINOBackend(
-    "openvino", "OpenVINO, CPU plugin, on the same verified ONNX file (bf16: extra math pinned to f32; int8: NNCF's "
-    "quantization of it)",
-    aliases=("ov",), takes="onnx", device="cpu", dtypes=("fp32", "bf16", "int8"),
-    reads=("threads", "batch", "keep_f32"), library="openvino", int8_model="nncf", serving_batch=1))
+OPENVINO = register_backend(
+    OpenVINOBackend(
+        "openvino",
+        "OpenVINO, CPU plugin, on the same verified ONNX file (bf16: extra math pinned to f32; int8: NNCF's "
+        "quantization of it)",
+        aliases=("ov",),
+        takes="onnx",
+        device="cpu",
+        dtypes=("fp32", "bf16", "int8"),
+        reads=("threads", "batch", "keep_f32"),
+        library="openvino",
+        int8_model="nncf",
+        serving_batch=1,
+    )
+)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any
 
 import numpy as np
 
@@ -24,8 +24,13 @@ from . import Backend, Call, LoadOptions, Session, register_backend
 __all__ = ["OrtCpuBackend", "OrtSession", "tuned_cpu_session", "ORT_CPU"]
 
 
-def tuned_cpu_session(onnx_path: Path, threads: Optional[int], cache_dir: Optional[Path] = None,
-                      batch: Optional[int] = None, profile_prefix: Optional[str] = None):
+def tuned_cpu_session(
+    onnx_path: Path,
+    threads: int | None,
+    cache_dir: Path | None = None,
+    batch: int | None = None,
+    profile_prefix: str | None = None,
+):
     """ONNX Runtime CPU session with the module docstring's settings, and a dict describing them.
 
     ``cache_dir``: write the ``ORT_ENABLE_EXTENDED``-optimized graph there once and load it with
@@ -41,8 +46,9 @@ def tuned_cpu_session(onnx_path: Path, threads: Optional[int], cache_dir: Option
         if not source.exists() or source.stat().st_mtime < onnx_path.stat().st_mtime:
             tmp = source.with_name(f".{source.name}.{os.getpid()}.tmp.onnx")
             try:
-                ort_session(onnx_path, "cpu", options=session_options(threads, "extended", optimized_path=tmp,
-                                                                       spinning=False))
+                ort_session(
+                    onnx_path, "cpu", options=session_options(threads, "extended", optimized_path=tmp, spinning=False)
+                )
                 os.replace(tmp, source)
             finally:
                 tmp.unlink(missing_ok=True)
@@ -50,16 +56,21 @@ def tuned_cpu_session(onnx_path: Path, threads: Optional[int], cache_dir: Option
     if batch is not None:
         so.add_free_dimension_override_by_name(BATCH_DIM, int(batch))
     sess = ort_session(source, "cpu", options=so)
-    info = {"optimized_model": source.name if cache_dir is not None else None,
-            "graph_optimization": "extended (saved) + all" if cache_dir is not None else "all",
-            "intra_op_threads": threads, "execution_mode": "sequential", "spinning": False, "fixed_batch": batch}
+    info = {
+        "optimized_model": source.name if cache_dir is not None else None,
+        "graph_optimization": "extended (saved) + all" if cache_dir is not None else "all",
+        "intra_op_threads": threads,
+        "execution_mode": "sequential",
+        "spinning": False,
+        "fixed_batch": batch,
+    }
     return sess, info
 
 
 class OrtSession(Session):
     """An ``onnxruntime.InferenceSession`` behind the :class:`~attnzoo.runtime.backends.Session` interface."""
 
-    def __init__(self, session: Any, backend: str, info: Dict[str, Any]) -> None:
+    def __init__(self, session: Any, backend: str, info: dict[str, Any]) -> None:
         self.session, self.backend, self._info = session, backend, info
         inp = session.get_inputs()[0]
         self._dtype = np.float16 if "float16" in inp.type else np.float32
@@ -77,7 +88,7 @@ class OrtSession(Session):
 
         return Call(fn, lambda: np.asarray(fn()[0], dtype=np.float32), session=self)
 
-    def info(self) -> Dict[str, Any]:
+    def info(self) -> dict[str, Any]:
         return {"providers": self.session.get_providers(), **self._info}
 
     def release(self) -> None:
@@ -88,8 +99,7 @@ class OrtSession(Session):
 class OrtCpuBackend(Backend):
     """ONNX Runtime, CPU execution provider."""
 
-    def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False
-                           ) -> Optional[str]:
+    def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False) -> str | None:
         if "CPUExecutionProvider" not in available_providers():
             return "onnxruntime is not installed"
         if dtype in ("fp16", "bf16"):
@@ -101,7 +111,16 @@ class OrtCpuBackend(Backend):
         return OrtSession(sess, self.name, info)
 
 
-ORT_CPU = register_backend(OrtCpuBackend(
-    "ort-cpu", "ONNX Runtime, CPU execution provider, on the verified ONNX file (int8: its Q/DQ graph)",
-    aliases=("onnxruntime", "ort"), takes="onnx", device="cpu", dtypes=("fp32", "int8"),
-    reads=("threads", "batch", "cache_dir"), library="onnxruntime", int8_model="qdq"))
+ORT_CPU = register_backend(
+    OrtCpuBackend(
+        "ort-cpu",
+        "ONNX Runtime, CPU execution provider, on the verified ONNX file (int8: its Q/DQ graph)",
+        aliases=("onnxruntime", "ort"),
+        takes="onnx",
+        device="cpu",
+        dtypes=("fp32", "int8"),
+        reads=("threads", "batch", "cache_dir"),
+        library="onnxruntime",
+        int8_model="qdq",
+    )
+)

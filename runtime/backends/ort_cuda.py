@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
 
 import numpy as np
 
 from attnzoo.lazy import lazy_import
 
 from ..contract import INPUT_NAME, OUTPUT_NAME
-from ..sessions import available_providers, ort_session, session_options
 from ..device import DeviceMemory, cuda_available, release_cuda_cache, tf32_problem
+from ..sessions import available_providers, ort_session, session_options
 from . import Backend, Call, LoadOptions, Session, register_backend
 
 onnx = lazy_import("onnx")
@@ -33,12 +33,13 @@ class OrtGpuSession(Session):
     made only when asked for, so a timed call's device memory is its own session's.
     """
 
-    def __init__(self, path: Path, backend: str, provider: str, dtype: str, cache_dir: Optional[Path]) -> None:
+    def __init__(self, path: Path, backend: str, provider: str, dtype: str, cache_dir: Path | None) -> None:
         self.memory = DeviceMemory()  # before anything of this session is on the device
         self.path, self.backend, self.provider, self.dtype, self.cache_dir = path, backend, provider, dtype, cache_dir
         graph = onnx.load(str(path), load_external_data=False).graph
-        self._dims = {v.name: [d.dim_value or None for d in v.type.tensor_type.shape.dim]
-                      for v in (*graph.input, *graph.output)}
+        self._dims = {
+            v.name: [d.dim_value or None for d in v.type.tensor_type.shape.dim] for v in (*graph.input, *graph.output)
+        }
         self.fixed_size = all(self._dims[INPUT_NAME][2:])
         self._host = None
 
@@ -53,14 +54,21 @@ class OrtGpuSession(Session):
 
     def _session(self, graph: bool):
         extra = {"cache_dir": self.cache_dir} if self.provider == "tensorrt-ep" else {}
-        return ort_session(self.path, self.provider, options=session_options(sequential=False), cuda_graph=graph,
-                           tf32=self.dtype == "tf32", **extra)
+        return ort_session(
+            self.path,
+            self.provider,
+            options=session_options(sequential=False),
+            cuda_graph=graph,
+            tf32=self.dtype == "tf32",
+            **extra,
+        )
 
     def run(self, x: np.ndarray) -> np.ndarray:
-        return np.asarray(self.session.run([OUTPUT_NAME], {INPUT_NAME: np.ascontiguousarray(x, np.float32)})[0],
-                          dtype=np.float32)
+        return np.asarray(
+            self.session.run([OUTPUT_NAME], {INPUT_NAME: np.ascontiguousarray(x, np.float32)})[0], dtype=np.float32
+        )
 
-    def _output_shape(self, x: np.ndarray) -> Tuple[int, ...]:
+    def _output_shape(self, x: np.ndarray) -> tuple[int, ...]:
         """The logits' shape for ``x``: from the graph (only the batch is symbolic), else by running it once."""
         dims = self._dims[OUTPUT_NAME]
         if dims and all(dims[1:]):
@@ -95,11 +103,14 @@ class OrtGpuSession(Session):
         self._bound = (xin, yout, sess, binding)
         return Call(fn, output, cuda=True, cuda_graph=graph, memory=self.memory.device_used, session=self)
 
-    def info(self) -> Dict[str, Any]:
+    def info(self) -> dict[str, Any]:
         tf32 = "on" if self.dtype == "tf32" else "off"
-        math = (f"use_tf32 {tf32} (CUDA EP); TensorRT's TF32 flag at its default, on (the TensorRT EP has no option "
-                "for it); network strongly typed: no trt_fp16/int8/bf16 flag" if self.provider == "tensorrt-ep"
-                else f"use_tf32 {tf32}")
+        math = (
+            f"use_tf32 {tf32} (CUDA EP); TensorRT's TF32 flag at its default, on (the TensorRT EP has no option "
+            "for it); network strongly typed: no trt_fp16/int8/bf16 flag"
+            if self.provider == "tensorrt-ep"
+            else f"use_tf32 {tf32}"
+        )
         return {"providers": self.session.get_providers(), "precision": math}
 
     def release(self) -> None:
@@ -114,22 +125,27 @@ class OrtGpuBackend(Backend):
 
     provider: str = "cuda"
 
-    def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False
-                           ) -> Optional[str]:
+    def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False) -> str | None:
         if dtype == "int8":
-            return ("int8 rows here are the CPU runtimes'; the GPU int8 engine is export-model --dtype int8 "
-                    "--format tensorrt")
+            return (
+                "int8 rows here are the CPU runtimes'; the GPU int8 engine is export-model --dtype int8 "
+                "--format tensorrt"
+            )
         if not cuda_available():
             return "no CUDA GPU on this machine"
         wanted = "CUDAExecutionProvider" if self.provider == "cuda" else "TensorrtExecutionProvider"
         if wanted not in available_providers():
-            return (f"onnxruntime has no {wanted} (install onnxruntime-gpu"
-                    f"{' with the TensorRT libraries' if self.provider == 'tensorrt-ep' else ''})")
+            return (
+                f"onnxruntime has no {wanted} (install onnxruntime-gpu"
+                f"{' with the TensorRT libraries' if self.provider == 'tensorrt-ep' else ''})"
+            )
         if dtype == "bf16":
             return "bf16 ONNX graphs are not exported (export dtypes: fp32, fp16)"
         if dtype == "fp32" and self.provider == "tensorrt-ep":
-            return ("ONNX Runtime's TensorRT EP has no option to clear TensorRT's TF32 flag (on by default), so its "
-                    "fp32 graph runs as TF32: ask for tf32")
+            return (
+                "ONNX Runtime's TensorRT EP has no option to clear TensorRT's TF32 flag (on by default), so its "
+                "fp32 graph runs as TF32: ask for tf32"
+            )
         return (tf32_problem("cuda") if dtype == "tf32" else None) or super().unavailable_reason(dtype, device)
 
     def open(self, model: Any, options: LoadOptions) -> OrtGpuSession:
@@ -138,7 +154,15 @@ class OrtGpuBackend(Backend):
         return OrtGpuSession(Path(model), self.name, self.provider, options.dtype, cache)
 
 
-ORT_CUDA = register_backend(OrtGpuBackend(
-    "ort-cuda", "ONNX Runtime, CUDA execution provider, I/O bound to GPU memory, CUDA graph where allowed",
-    aliases=("onnxruntime-cuda",), takes="onnx", device="cuda", dtypes=("fp32", "tf32", "fp16"), library="onnxruntime",
-    provider="cuda"))
+ORT_CUDA = register_backend(
+    OrtGpuBackend(
+        "ort-cuda",
+        "ONNX Runtime, CUDA execution provider, I/O bound to GPU memory, CUDA graph where allowed",
+        aliases=("onnxruntime-cuda",),
+        takes="onnx",
+        device="cuda",
+        dtypes=("fp32", "tf32", "fp16"),
+        library="onnxruntime",
+        provider="cuda",
+    )
+)

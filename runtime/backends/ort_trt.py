@@ -11,7 +11,16 @@ from .ort_cuda import OrtGpuBackend
 
 __all__ = ["ORT_TRT"]
 
-ORT_TRT = register_backend(OrtGpuBackend(
-    "ort-trt", "ONNX Runtime, TensorRT execution provider (engines cached on disk), CUDA for the rest",
-    aliases=("onnxruntime-tensorrt", "tensorrt-ep"), takes="onnx", device="cuda", dtypes=("tf32", "fp16"),
-    reads=("cache_dir",), library="onnxruntime", provider="tensorrt-ep"))
+ORT_TRT = register_backend(
+    OrtGpuBackend(
+        "ort-trt",
+        "ONNX Runtime, TensorRT execution provider (engines cached on disk), CUDA for the rest",
+        aliases=("onnxruntime-tensorrt", "tensorrt-ep"),
+        takes="onnx",
+        device="cuda",
+        dtypes=("tf32", "fp16"),
+        reads=("cache_dir",),
+        library="onnxruntime",
+        provider="tensorrt-ep",
+    )
+)

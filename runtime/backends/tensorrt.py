@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
 
 import numpy as np
 
@@ -25,8 +25,9 @@ __all__ = ["TensorRTBackend", "TensorRTSession", "TENSORRT"]
 class TensorRTSession(Session):
     """One engine (built for the batch sizes given, or loaded from an engine file) and one execution context."""
 
-    def __init__(self, engine: "rt.Engine", backend: str, facts: Dict[str, Any],
-                 memory: Optional[DeviceMemory] = None) -> None:
+    def __init__(
+        self, engine: rt.Engine, backend: str, facts: dict[str, Any], memory: DeviceMemory | None = None
+    ) -> None:
         self.engine, self.backend, self._facts, self.memory = engine, backend, facts, memory
         self.fixed_size = True
         self._graph_note = "not made"
@@ -71,13 +72,30 @@ class TensorRTSession(Session):
             return yout.float().cpu().numpy()
 
         self._graph = graph
-        return Call(fn, output, cuda=True, cuda_graph=graph is not None,
-                    memory=self.memory.device_used if self.memory is not None else None, session=self)
+        return Call(
+            fn,
+            output,
+            cuda=True,
+            cuda_graph=graph is not None,
+            memory=self.memory.device_used if self.memory is not None else None,
+            session=self,
+        )
 
-    def info(self) -> Dict[str, Any]:
-        facts = {k: v for k, v in self._facts.items() if k in ("library", "library_version", "compute_capability",
-                                                                "build_time_s", "tf32", "require_user_allocation",
-                                                                "profile")}
+    def info(self) -> dict[str, Any]:
+        facts = {
+            k: v
+            for k, v in self._facts.items()
+            if k
+            in (
+                "library",
+                "library_version",
+                "compute_capability",
+                "build_time_s",
+                "tf32",
+                "require_user_allocation",
+                "profile",
+            )
+        }
         return {**facts, **self.engine.settings, "cuda_graph": self._graph_note}
 
     def release(self) -> None:
@@ -91,25 +109,34 @@ class TensorRTSession(Session):
 class TensorRTBackend(Backend):
     """Native TensorRT engines."""
 
-    def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False
-                           ) -> Optional[str]:
+    def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False) -> str | None:
         if dtype == "int8":
-            return ("int8 rows here are the CPU runtimes'; the GPU int8 engine is export-model --dtype int8 "
-                    "--format tensorrt")
+            return (
+                "int8 rows here are the CPU runtimes'; the GPU int8 engine is export-model --dtype int8 "
+                "--format tensorrt"
+            )
         if dtype == "bf16":
             return "bf16 ONNX graphs are not exported (export dtypes: fp32, fp16)"
-        return (rt.unavailable_reason(run=not build_only) or super().unavailable_reason(dtype, device)
-                or (tf32_problem("cuda") if dtype == "tf32" and not build_only else None))
+        return (
+            rt.unavailable_reason(run=not build_only)
+            or super().unavailable_reason(dtype, device)
+            or (tf32_problem("cuda") if dtype == "tf32" and not build_only else None)
+        )
 
-    def build_only(self, model: Any, options: LoadOptions) -> Dict[str, Any]:
+    def build_only(self, model: Any, options: LoadOptions) -> dict[str, Any]:
         """The engine of the ONNX file ``model`` built ahead of time for
         :data:`~attnzoo.runtime.tensorrt.DEFAULT_COMPUTE_CAPABILITY` (not run: no GPU, or one its engines do not run
         on), once per ONNX file, shape, profile and TF32 choice (kept in ``options.cache_dir/tensorrt`` and reused);
         its build facts."""
         if options.cache_dir is None:
             raise ValueError(f"{self.name}: building without running keeps the engine; give a cache_dir")
-        return rt.build_cached(Path(model), options.cache_dir / "tensorrt", batch_sizes=_sizes(options),
-                               tf32=options.dtype == "tf32", compute_capability=rt.DEFAULT_COMPUTE_CAPABILITY)
+        return rt.build_cached(
+            Path(model),
+            options.cache_dir / "tensorrt",
+            batch_sizes=_sizes(options),
+            tf32=options.dtype == "tf32",
+            compute_capability=rt.DEFAULT_COMPUTE_CAPABILITY,
+        )
 
     def open(self, model: Any, options: LoadOptions) -> TensorRTSession:
         """``model``: an ONNX file (an engine is built for ``options.batch_sizes``, else for exactly
@@ -121,8 +148,10 @@ class TensorRTBackend(Backend):
         if path.suffix == ".engine":
             shaping = [n for n in ("batch", "batch_sizes", "cache_dir") if n in options.set_fields()]
             if shaping:
-                raise ValueError(f"{path.name} is a built engine: {', '.join(shaping)} cannot change it (build "
-                                 "from the ONNX file instead)")
+                raise ValueError(
+                    f"{path.name} is a built engine: {', '.join(shaping)} cannot change it (build "
+                    "from the ONNX file instead)"
+                )
             memory = DeviceMemory() if rt.gpu_available() else None
             return TensorRTSession(rt.Engine(path), self.name, {}, memory)
         sizes, tf32 = _sizes(options), options.dtype == "tf32"
@@ -131,20 +160,30 @@ class TensorRTBackend(Backend):
             facts = rt.build_cached(path, folder, batch_sizes=sizes, tf32=tf32)
             lib = rt.load_library()
             memory = DeviceMemory()  # after the build (which needs none of it), before the engine is loaded
-            return TensorRTSession(rt.Engine(Path(facts["engine"]), lib, rt.runtime_cache_path(folder, lib)),
-                                   self.name, facts, memory)
+            return TensorRTSession(
+                rt.Engine(Path(facts["engine"]), lib, rt.runtime_cache_path(folder, lib)), self.name, facts, memory
+            )
         built = rt.build(path, batch_sizes=sizes, tf32=tf32)
         memory = DeviceMemory() if rt.gpu_available() else None
         return TensorRTSession(rt.Engine(built.blob, built.library), self.name, built.facts(), memory)
 
 
-def _sizes(options: LoadOptions) -> Tuple[int, ...]:
+def _sizes(options: LoadOptions) -> tuple[int, ...]:
     """The batch sizes an engine is built for: ``batch_sizes``, else exactly ``batch``, else 1."""
     return options.batch_sizes or ((int(options.batch),) if options.batch else (1,))
 
 
-TENSORRT = register_backend(TensorRTBackend(
-    "tensorrt", "a native TensorRT engine built from the verified ONNX file (TensorRT-RTX or TensorRT), run "
-                "from a CUDA graph; without a GPU: built, not run",
-    aliases=("trt",), takes="onnx", device="cuda", dtypes=("fp32", "tf32", "fp16"),
-    reads=("batch", "batch_sizes", "cache_dir"), library="tensorrt", builds_engine=True))
+TENSORRT = register_backend(
+    TensorRTBackend(
+        "tensorrt",
+        "a native TensorRT engine built from the verified ONNX file (TensorRT-RTX or TensorRT), run "
+        "from a CUDA graph; without a GPU: built, not run",
+        aliases=("trt",),
+        takes="onnx",
+        device="cuda",
+        dtypes=("fp32", "tf32", "fp16"),
+        reads=("batch", "batch_sizes", "cache_dir"),
+        library="tensorrt",
+        builds_engine=True,
+    )
+)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import shutil
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from . import LoadOptions, register_backend
 from .eager import TorchBackend, TorchSession
@@ -17,8 +17,7 @@ __all__ = ["CompileBackend", "COMPILE"]
 class CompileBackend(TorchBackend):
     """``torch.compile``: ``default`` mode on the CPU, ``reduce-overhead`` (CUDA graphs) on a GPU."""
 
-    def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False
-                           ) -> Optional[str]:
+    def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False) -> str | None:
         reason = super().unavailable_reason(dtype, device)
         if reason:
             return reason
@@ -30,11 +29,24 @@ class CompileBackend(TorchBackend):
 
     def open(self, model: Any, options: LoadOptions) -> TorchSession:
         mode = "reduce-overhead" if str(options.device).startswith("cuda") else "default"
-        return TorchSession(model, backend=self.name, dtype=options.dtype, device=options.device,
-                            threads=options.threads, compile_mode=mode)
+        return TorchSession(
+            model,
+            backend=self.name,
+            dtype=options.dtype,
+            device=options.device,
+            threads=options.threads,
+            compile_mode=mode,
+        )
 
 
-COMPILE = register_backend(CompileBackend(
-    "compile", "torch.compile (Inductor) of the PyTorch model; CUDA graphs on a GPU",
-    aliases=("torch-compile", "inductor"), takes="module", device="torch", dtypes=("fp32", "tf32", "fp16", "bf16"),
-    jit_compiles=True))
+COMPILE = register_backend(
+    CompileBackend(
+        "compile",
+        "torch.compile (Inductor) of the PyTorch model; CUDA graphs on a GPU",
+        aliases=("torch-compile", "inductor"),
+        takes="module",
+        device="torch",
+        dtypes=("fp32", "tf32", "fp16", "bf16"),
+        jit_compiles=True,
+    )
+)

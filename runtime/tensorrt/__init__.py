@@ -22,20 +22,67 @@ it (``builder.run_in_worker``, ``library.gpu_available`` and its imports in ``bu
 
 from __future__ import annotations
 
-from .builder import _LAYER_OF_OP  # noqa: F401 -- read by attnzoo.export.tensorrt
-from .builder import (Built, ParsedNetwork, build, build_cached, check_network_precision,
-                      engine_cache_name, network_layers, parse_onnx, profile_batches)
+from .builder import (
+    _LAYER_OF_OP,  # noqa: F401 -- read by attnzoo.export.tensorrt
+    Built,
+    ParsedNetwork,
+    build,
+    build_cached,
+    check_network_precision,
+    engine_cache_name,
+    network_layers,
+    parse_onnx,
+    profile_batches,
+)
 from .engine import Engine, runtime_cache_path, set_input_shape
-from .library import (COMPUTE_CAPABILITIES, DEFAULT_COMPUTE_CAPABILITY, LIBRARIES, LIBRARY_ENV, RTX_RUNS_ON, Library,
-                      TensorRTError, TensorRTParseError, TensorRTUnavailable, gpu_available, gpu_description,
-                      install_hint, load_library, resolve_compute_capability, run_problem, tensorrt_proper_hint,
-                      unavailable_reason)
+from .library import (
+    COMPUTE_CAPABILITIES,
+    DEFAULT_COMPUTE_CAPABILITY,
+    LIBRARIES,
+    LIBRARY_ENV,
+    RTX_RUNS_ON,
+    Library,
+    TensorRTError,
+    TensorRTParseError,
+    TensorRTUnavailable,
+    gpu_available,
+    gpu_description,
+    install_hint,
+    load_library,
+    resolve_compute_capability,
+    run_problem,
+    tensorrt_proper_hint,
+    unavailable_reason,
+)
 
-__all__ = ["LIBRARIES", "LIBRARY_ENV", "install_hint", "COMPUTE_CAPABILITIES", "DEFAULT_COMPUTE_CAPABILITY",
-           "RTX_RUNS_ON", "gpu_description", "tensorrt_proper_hint", "run_problem", "set_input_shape",
-           "runtime_cache_path",
-           "TensorRTError", "TensorRTUnavailable", "TensorRTParseError", "Library", "gpu_available",
-           "resolve_compute_capability",
-           "load_library", "unavailable_reason", "ParsedNetwork", "parse_onnx", "network_layers",
-           "check_network_precision", "profile_batches", "Built", "build", "build_cached", "engine_cache_name",
-           "Engine"]
+__all__ = [
+    "LIBRARIES",
+    "LIBRARY_ENV",
+    "install_hint",
+    "COMPUTE_CAPABILITIES",
+    "DEFAULT_COMPUTE_CAPABILITY",
+    "RTX_RUNS_ON",
+    "gpu_description",
+    "tensorrt_proper_hint",
+    "run_problem",
+    "set_input_shape",
+    "runtime_cache_path",
+    "TensorRTError",
+    "TensorRTUnavailable",
+    "TensorRTParseError",
+    "Library",
+    "gpu_available",
+    "resolve_compute_capability",
+    "load_library",
+    "unavailable_reason",
+    "ParsedNetwork",
+    "parse_onnx",
+    "network_layers",
+    "check_network_precision",
+    "profile_batches",
+    "Built",
+    "build",
+    "build_cached",
+    "engine_cache_name",
+    "Engine",
+]

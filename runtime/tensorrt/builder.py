@@ -21,25 +21,52 @@ import json
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any
 
 from attnzoo.fileio import atomic_write_bytes, atomic_write_text, sha256_file
 from attnzoo.signals import run_in_worker, signals_deferred
 
-from .library import (Library, TensorRTError, TensorRTParseError, gpu_available, last_errors, load_library,
-                      make_logger, resolve_compute_capability, run_problem, target_name)
+from .library import (
+    Library,
+    TensorRTError,
+    TensorRTParseError,
+    gpu_available,
+    last_errors,
+    load_library,
+    make_logger,
+    resolve_compute_capability,
+    run_problem,
+    target_name,
+)
 
-__all__ = ["ParsedNetwork", "parse_onnx", "network_layers", "check_network_precision", "profile_batches", "Built",
-           "build", "build_cached", "engine_cache_name"]
+__all__ = [
+    "ParsedNetwork",
+    "parse_onnx",
+    "network_layers",
+    "check_network_precision",
+    "profile_batches",
+    "Built",
+    "build",
+    "build_cached",
+    "engine_cache_name",
+]
 
 #: ONNX op type -> TensorRT layer type the parser lowers it to (the ops whose precision is checked).
-_LAYER_OF_OP = {"Mul": "ELEMENTWISE", "Add": "ELEMENTWISE", "Div": "ELEMENTWISE", "Sub": "ELEMENTWISE",
-                "ReduceSum": "REDUCE", "Softmax": "SOFTMAX", "LayerNormalization": "NORMALIZATION"}
+_LAYER_OF_OP = {
+    "Mul": "ELEMENTWISE",
+    "Add": "ELEMENTWISE",
+    "Div": "ELEMENTWISE",
+    "Sub": "ELEMENTWISE",
+    "ReduceSum": "REDUCE",
+    "Softmax": "SOFTMAX",
+    "LayerNormalization": "NORMALIZATION",
+}
 
 
-def profile_batches(batch_sizes: Sequence[int]) -> Tuple[int, int, int]:
+def profile_batches(batch_sizes: Sequence[int]) -> tuple[int, int, int]:
     """(min, opt, max) batch of the optimisation profile: opt is the median requested size."""
     sizes = sorted(set(int(b) for b in batch_sizes))
     if not sizes or sizes[0] < 1:
@@ -60,7 +87,7 @@ class ParsedNetwork:
     source: str = ""
 
 
-def _progress_monitor(trt: Any, cancelled: Callable[[], bool]) -> Optional[Any]:
+def _progress_monitor(trt: Any, cancelled: Callable[[], bool]) -> Any | None:
     """An ``IProgressMonitor`` that cancels the build once ``cancelled()`` is true (``None`` where the bindings
     have none). A C callback: it never raises."""
     base = getattr(trt, "IProgressMonitor", None)
@@ -86,7 +113,7 @@ def _progress_monitor(trt: Any, cancelled: Callable[[], bool]) -> Optional[Any]:
         return None
 
 
-def parse_onnx(onnx_path: Union[str, Path], library: Optional[Library] = None) -> ParsedNetwork:
+def parse_onnx(onnx_path: str | Path, library: Library | None = None) -> ParsedNetwork:
     """Parse an ONNX file into a strongly typed network.
 
     Raises:
@@ -107,23 +134,30 @@ def parse_onnx(onnx_path: Union[str, Path], library: Optional[Library] = None) -
         ok = parser.parse_from_file(str(path))
     if not ok or network.num_layers == 0:
         errors = [str(parser.get_error(i)).strip().replace("\n", " ") for i in range(parser.num_errors)]
-        raise TensorRTParseError(f"{lib.describe()} cannot parse {path.name}: "
-                                 f"{'; '.join(errors) if errors else 'the network is empty'}")
+        raise TensorRTParseError(
+            f"{lib.describe()} cannot parse {path.name}: {'; '.join(errors) if errors else 'the network is empty'}"
+        )
     return ParsedNetwork(lib, builder, network, parser, logger, str(path))
 
 
-def network_layers(network: Any) -> List[Dict[str, Any]]:
+def network_layers(network: Any) -> list[dict[str, Any]]:
     """Every layer as ``{"name", "type", "outputs": [dtype names]}`` (e.g. ``ELEMENTWISE``, ``FLOAT``)."""
     out = []
     for i in range(network.num_layers):
         layer = network.get_layer(i)
-        out.append({"name": layer.name, "type": layer.type.name,
-                    "outputs": [layer.get_output(j).dtype.name for j in range(layer.num_outputs)]})
+        out.append(
+            {
+                "name": layer.name,
+                "type": layer.type.name,
+                "outputs": [layer.get_output(j).dtype.name for j in range(layer.num_outputs)],
+            }
+        )
     return out
 
 
-def check_network_precision(network: Any, scopes: Mapping[str, Sequence[str]],
-                            op_types: Mapping[str, str]) -> Dict[str, Any]:
+def check_network_precision(
+    network: Any, scopes: Mapping[str, Sequence[str]], op_types: Mapping[str, str]
+) -> dict[str, Any]:
     """Every listed ONNX op is a layer of the parsed network, of the right kind, computing in fp32.
 
     Args:
@@ -138,8 +172,8 @@ def check_network_precision(network: Any, scopes: Mapping[str, Sequence[str]],
         ``{"ok", "failures", "blocks": {scope: {"layers": n, "fp32": n}}, "layers": total}``.
     """
     layers = {layer["name"]: layer for layer in network_layers(network)}
-    failures: List[str] = []
-    blocks: Dict[str, Dict[str, int]] = {}
+    failures: list[str] = []
+    blocks: dict[str, dict[str, int]] = {}
     for scope, names in scopes.items():
         counts: Counter = Counter()
         for name in names:
@@ -173,7 +207,7 @@ def check_network_precision(network: Any, scopes: Mapping[str, Sequence[str]],
 # ------------------------------------------------------------------------------------------------ building
 #: What cancelled builds used (network, config, logger, progress monitor): never freed, because TensorRT's own
 #: threads may still call the logger or the monitor after the build returned.
-_CANCELLED: List[Tuple[Any, ...]] = []
+_CANCELLED: list[tuple[Any, ...]] = []
 
 
 @dataclass
@@ -184,37 +218,54 @@ class Built:
     library: Library
     compute_capability: str
     build_time_s: float
-    profile: Dict[str, int]
-    input_shape: Tuple[int, ...]
+    profile: dict[str, int]
+    input_shape: tuple[int, ...]
     workspace_gb: float
-    timing_cache: Optional[str] = None
+    timing_cache: str | None = None
     tf32: bool = False
     require_user_allocation: bool = False
 
-    def facts(self) -> Dict[str, Any]:
+    def facts(self) -> dict[str, Any]:
         """JSON-ready build facts for a report."""
-        return {"library": self.library.name, "library_version": self.library.version,
-                "compute_capability": self.compute_capability, "build_time_s": round(self.build_time_s, 3),
-                "engine_size": len(self.blob), "profile": self.profile, "workspace_gb": self.workspace_gb,
-                "tf32": self.tf32, "require_user_allocation": self.require_user_allocation,
-                "timing_cache": self.timing_cache or "none (TensorRT-RTX: no-op; kernels specialise at run time)"}
+        return {
+            "library": self.library.name,
+            "library_version": self.library.version,
+            "compute_capability": self.compute_capability,
+            "build_time_s": round(self.build_time_s, 3),
+            "engine_size": len(self.blob),
+            "profile": self.profile,
+            "workspace_gb": self.workspace_gb,
+            "tf32": self.tf32,
+            "require_user_allocation": self.require_user_allocation,
+            "timing_cache": self.timing_cache or "none (TensorRT-RTX: no-op; kernels specialise at run time)",
+        }
 
 
-def _resolve_cc(lib: Library, compute_capability: Optional[str], gpu: bool) -> str:
+def _resolve_cc(lib: Library, compute_capability: str | None, gpu: bool) -> str:
     cc = resolve_compute_capability(compute_capability, gpu)
     if not lib.ahead_of_time and cc != "CURRENT":
-        raise ValueError(f"{lib.describe()} builds only for the GPU present (CURRENT), not {cc}; "
-                         "ahead-of-time builds need tensorrt-rtx")
+        raise ValueError(
+            f"{lib.describe()} builds only for the GPU present (CURRENT), not {cc}; "
+            "ahead-of-time builds need tensorrt-rtx"
+        )
     problem = run_problem(lib) if cc == "CURRENT" else None
     if problem:  # an engine for this GPU would be one TensorRT-RTX cannot run
         raise ValueError(problem)
     return cc
 
 
-def build(onnx_path: Union[str, Path], *, batch_sizes: Sequence[int] = (1, 8),
-          input_hw: Optional[Sequence[int]] = None, compute_capability: Optional[str] = None,
-          workspace_gb: float = 2.0, timing_cache: Optional[Union[str, Path]] = None,
-          parsed: Optional[ParsedNetwork] = None, library: Optional[Library] = None, tf32: bool = False) -> Built:
+def build(
+    onnx_path: str | Path,
+    *,
+    batch_sizes: Sequence[int] = (1, 8),
+    input_hw: Sequence[int] | None = None,
+    compute_capability: str | None = None,
+    workspace_gb: float = 2.0,
+    timing_cache: str | Path | None = None,
+    parsed: ParsedNetwork | None = None,
+    library: Library | None = None,
+    tf32: bool = False,
+) -> Built:
     """Build a serialized engine from an ONNX file (nothing is written except the timing cache).
 
     Args:
@@ -277,17 +328,36 @@ def build(onnx_path: Union[str, Path], *, batch_sizes: Sequence[int] = (1, 8),
             _CANCELLED.append((net, config, monitor))
     build_s = time.perf_counter() - start
     if serialized is None:
-        raise TensorRTError(f"{lib.describe()} failed to build an engine from {Path(onnx_path).name} for {cc}"
-                            f"{last_errors(net.logger)}")
+        raise TensorRTError(
+            f"{lib.describe()} failed to build an engine from {Path(onnx_path).name} for {cc}{last_errors(net.logger)}"
+        )
     if cache_path is not None:
         atomic_write_bytes(cache_path, bytes(config.get_timing_cache().serialize()))
-    return Built(bytes(serialized), lib, cc, build_s, {"min": lo, "opt": opt, "max": hi}, (hi, 3, *hw),
-                 workspace_gb, str(cache_path) if cache_path else None, tf32, user_allocation)
+    return Built(
+        bytes(serialized),
+        lib,
+        cc,
+        build_s,
+        {"min": lo, "opt": opt, "max": hi},
+        (hi, 3, *hw),
+        workspace_gb,
+        str(cache_path) if cache_path else None,
+        tf32,
+        user_allocation,
+    )
 
 
-def build_cached(onnx_path: Union[str, Path], cache_dir: Union[str, Path], *, batch_sizes: Sequence[int] = (1, 8),
-                 input_hw: Optional[Sequence[int]] = None, compute_capability: Optional[str] = None,
-                 workspace_gb: float = 2.0, library: Optional[Library] = None, tf32: bool = False) -> Dict[str, Any]:
+def build_cached(
+    onnx_path: str | Path,
+    cache_dir: str | Path,
+    *,
+    batch_sizes: Sequence[int] = (1, 8),
+    input_hw: Sequence[int] | None = None,
+    compute_capability: str | None = None,
+    workspace_gb: float = 2.0,
+    library: Library | None = None,
+    tf32: bool = False,
+) -> dict[str, Any]:
     """Build an engine once and keep it in ``cache_dir``; later calls with the same key reuse it.
 
     For engines that are built but cannot run here (no GPU): building one again would only repeat seconds of
@@ -310,8 +380,16 @@ def build_cached(onnx_path: Union[str, Path], cache_dir: Union[str, Path], *, ba
     sha = sha256_file(path)
     cc = _resolve_cc(lib, compute_capability, gpu_available())
     target = target_name(cc)
-    engine = Path(cache_dir) / engine_cache_name(path.stem, sha, batch_sizes=batch_sizes, input_hw=input_hw,
-                                                 target=target, tf32=tf32, library=lib, workspace_gb=workspace_gb)
+    engine = Path(cache_dir) / engine_cache_name(
+        path.stem,
+        sha,
+        batch_sizes=batch_sizes,
+        input_hw=input_hw,
+        target=target,
+        tf32=tf32,
+        library=lib,
+        workspace_gb=workspace_gb,
+    )
     facts_path = Path(str(engine) + ".json")
     try:
         facts = json.loads(facts_path.read_text())
@@ -320,8 +398,16 @@ def build_cached(onnx_path: Union[str, Path], cache_dir: Union[str, Path], *, ba
     except (OSError, ValueError):
         pass  # not built yet (or an unreadable entry: built again and replaced)
     timing = None if lib.ahead_of_time else Path(cache_dir) / f"timing_{lib.name}-{lib.version}_{target}.cache"
-    built = build(path, batch_sizes=batch_sizes, input_hw=input_hw, compute_capability=cc,
-                  workspace_gb=workspace_gb, library=lib, tf32=tf32, timing_cache=timing)
+    built = build(
+        path,
+        batch_sizes=batch_sizes,
+        input_hw=input_hw,
+        compute_capability=cc,
+        workspace_gb=workspace_gb,
+        library=lib,
+        tf32=tf32,
+        timing_cache=timing,
+    )
     facts = {**built.facts(), "engine": str(engine), "onnx": str(path), "onnx_sha256": sha}
     engine.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(engine, built.blob)
@@ -329,13 +415,24 @@ def build_cached(onnx_path: Union[str, Path], cache_dir: Union[str, Path], *, ba
     return {**facts, "cached": False}
 
 
-def engine_cache_name(stem: str, sha256: str, *, batch_sizes: Sequence[int], input_hw: Optional[Sequence[int]],
-                      target: str, tf32: bool, library: Library, workspace_gb: float) -> str:
+def engine_cache_name(
+    stem: str,
+    sha256: str,
+    *,
+    batch_sizes: Sequence[int],
+    input_hw: Sequence[int] | None,
+    target: str,
+    tf32: bool,
+    library: Library,
+    workspace_gb: float,
+) -> str:
     """The engine cache's key, as a file name: everything an engine depends on -- the ONNX file (its stem and
     the first 16 hex of its SHA-256), the input size (``onnx``: the file's own), the profile (min-opt-max batch),
     the target (``CURRENT-sm<cc>`` or an ahead-of-time compute capability), TF32, the library and its version, and
     the workspace limit. :func:`build_cached` is the one cache every caller (benchmark, server) goes through."""
     lo, opt, hi = profile_batches(batch_sizes)
     hw = "x".join(str(int(v)) for v in input_hw) if input_hw else "onnx"
-    return (f"{stem}_{hw}_b{lo}-{opt}-{hi}_{target}{'_tf32' if tf32 else ''}_{library.name}-{library.version}_"
-            f"ws{workspace_gb:g}_{sha256[:16]}.engine")
+    return (
+        f"{stem}_{hw}_b{lo}-{opt}-{hi}_{target}{'_tf32' if tf32 else ''}_{library.name}-{library.version}_"
+        f"ws{workspace_gb:g}_{sha256[:16]}.engine"
+    )

@@ -12,8 +12,9 @@ callback, runs inside :func:`attnzoo.signals.signals_deferred`: a signal is rais
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import Any
 
 import numpy as np
 
@@ -22,15 +23,24 @@ from attnzoo.lazy import lazy_import
 from attnzoo.signals import signals_deferred
 
 from ..contract import INPUT_NAME, OUTPUT_NAME
-from .library import (Library, TensorRTError, TensorRTUnavailable, gpu_available, last_errors, load_library,
-                      make_logger, run_problem, target_name)
+from .library import (
+    Library,
+    TensorRTError,
+    TensorRTUnavailable,
+    gpu_available,
+    last_errors,
+    load_library,
+    make_logger,
+    run_problem,
+    target_name,
+)
 
 torch = lazy_import("torch")
 
 __all__ = ["runtime_cache_path", "set_input_shape", "Engine"]
 
 
-def runtime_cache_path(cache_dir: Union[str, Path], library: Library) -> Path:
+def runtime_cache_path(cache_dir: str | Path, library: Library) -> Path:
     """Where TensorRT-RTX keeps the kernels it compiles at run time for the visible GPU (one file per library
     version and GPU; the library checks the GPU and versions itself and ignores a cache that does not fit)."""
     return Path(cache_dir) / f"runtime_{library.name}-{library.version}_{target_name('CURRENT')}.cache"
@@ -41,8 +51,9 @@ def set_input_shape(context: Any, engine: Any, name: str, shape: Sequence[int]) 
     profile (min/opt/max) when TensorRT refuses it (it returns ``False``, it does not raise)."""
     if not context.set_input_shape(name, tuple(shape)):
         profile = " / ".join(str(tuple(d)) for d in engine.get_tensor_profile_shape(name, 0))
-        raise TensorRTError(f"the engine does not take {name} of shape {tuple(shape)}: its profile (min / opt / max) "
-                            f"is {profile}")
+        raise TensorRTError(
+            f"the engine does not take {name} of shape {tuple(shape)}: its profile (min / opt / max) is {profile}"
+        )
 
 
 # ------------------------------------------------------------------------------------------------ running
@@ -61,8 +72,9 @@ class Engine:
         TensorRTError: the engine cannot be deserialized.
     """
 
-    def __init__(self, data: Union[bytes, str, Path], library: Optional[Library] = None,
-                 runtime_cache: Optional[Union[str, Path]] = None) -> None:
+    def __init__(
+        self, data: bytes | str | Path, library: Library | None = None, runtime_cache: str | Path | None = None
+    ) -> None:
         if not gpu_available():
             raise TensorRTUnavailable("running a TensorRT engine needs an NVIDIA GPU and none is visible")
 
@@ -77,15 +89,17 @@ class Engine:
         with signals_deferred():  # TensorRT logs through ``_logger``: a signal is raised once it returns
             self.engine = self._runtime.deserialize_cuda_engine(blob)
         if self.engine is None:
-            raise TensorRTError(f"{self.library.describe()} could not deserialize the engine (built by another "
-                                f"TensorRT version, or for another GPU?){last_errors(self._logger)}")
+            raise TensorRTError(
+                f"{self.library.describe()} could not deserialize the engine (built by another "
+                f"TensorRT version, or for another GPU?){last_errors(self._logger)}"
+            )
         self.stream = torch.cuda.Stream()  # not the legacy default stream: TensorRT synchronises around that one
         self.runtime_cache_file = Path(runtime_cache) if runtime_cache is not None else None
-        self.settings: Dict[str, Any] = {"stream": "own", "kernel_specialization": "n/a", "runtime_cache": None}
+        self.settings: dict[str, Any] = {"stream": "own", "kernel_specialization": "n/a", "runtime_cache": None}
         with signals_deferred():
             self.context = self.engine.create_execution_context(*self._runtime_config())
 
-    def _runtime_config(self) -> Tuple[Any, ...]:
+    def _runtime_config(self) -> tuple[Any, ...]:
         """TensorRT-RTX's runtime config: eager kernel specialisation (the final kernels from the first call on, not
         a fallback while they compile) and the runtime cache; ``()`` for a library without one."""
         trt = self.library.module
@@ -122,8 +136,12 @@ class Engine:
         """
         xin = x.to("cuda", self._torch_dtype(INPUT_NAME)).contiguous()
         set_input_shape(self.context, self.engine, INPUT_NAME, xin.shape)
-        out = torch.full(tuple(self.context.get_tensor_shape(OUTPUT_NAME)), float("nan"), device="cuda",
-                         dtype=self._torch_dtype(OUTPUT_NAME))
+        out = torch.full(
+            tuple(self.context.get_tensor_shape(OUTPUT_NAME)),
+            float("nan"),
+            device="cuda",
+            dtype=self._torch_dtype(OUTPUT_NAME),
+        )
         self.context.set_tensor_address(INPUT_NAME, xin.data_ptr())
         self.context.set_tensor_address(OUTPUT_NAME, out.data_ptr())
         self.stream.wait_stream(torch.cuda.current_stream())  # the copies above were made on the current stream
@@ -156,7 +174,7 @@ class Engine:
         self.stream.synchronize()
         return out.float().cpu().numpy()
 
-    def latency_ms(self, x: np.ndarray, iters: int = 50, warmup_s: float = 0.2) -> Dict[str, float]:
+    def latency_ms(self, x: np.ndarray, iters: int = 50, warmup_s: float = 0.2) -> dict[str, float]:
         """Median and min latency of the enqueue on resident inputs, timed with CUDA events on the engine's stream
         after at least ``warmup_s`` seconds (and 10 calls) of warm-up."""
         self.bind(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)))
@@ -173,5 +191,10 @@ class Engine:
             stop.record(self.stream)
             stop.synchronize()
             times.append(start.elapsed_time(stop))
-        return {"batch": int(x.shape[0]), "iterations": iters, "warmup_calls": n,
-                "median_ms": float(np.median(times)), "min_ms": float(np.min(times))}
+        return {
+            "batch": int(x.shape[0]),
+            "iterations": iters,
+            "warmup_calls": n,
+            "median_ms": float(np.median(times)),
+            "min_ms": float(np.min(times)),
+        }

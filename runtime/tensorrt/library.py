@@ -11,27 +11,50 @@ from __future__ import annotations
 import importlib
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from attnzoo.lazy import lazy_import
 
 torch = lazy_import("torch")
 
-__all__ = ["LIBRARIES", "LIBRARY_ENV", "COMPUTE_CAPABILITIES", "DEFAULT_COMPUTE_CAPABILITY", "RTX_RUNS_ON",
-           "TensorRTError", "TensorRTUnavailable", "TensorRTParseError", "Library", "gpu_available",
-           "gpu_description", "tensorrt_proper_hint", "install_hint", "run_problem", "load_library",
-           "unavailable_reason", "resolve_compute_capability", "target_name", "make_logger", "last_errors"]
+__all__ = [
+    "LIBRARIES",
+    "LIBRARY_ENV",
+    "COMPUTE_CAPABILITIES",
+    "DEFAULT_COMPUTE_CAPABILITY",
+    "RTX_RUNS_ON",
+    "TensorRTError",
+    "TensorRTUnavailable",
+    "TensorRTParseError",
+    "Library",
+    "gpu_available",
+    "gpu_description",
+    "tensorrt_proper_hint",
+    "install_hint",
+    "run_problem",
+    "load_library",
+    "unavailable_reason",
+    "resolve_compute_capability",
+    "target_name",
+    "make_logger",
+    "last_errors",
+]
 
-LIBRARIES: Tuple[str, ...] = ("tensorrt", "tensorrt_rtx")
+LIBRARIES: tuple[str, ...] = ("tensorrt", "tensorrt_rtx")
 LIBRARY_ENV = "ATTNZOO_TENSORRT"
 #: Compute capabilities TensorRT-RTX builds for ahead of time (its ``ComputeCapability`` enum, 1.7); ``CURRENT`` is
 #: the GPU present.
-COMPUTE_CAPABILITIES: Tuple[str, ...] = ("SM75", "SM80", "SM86", "SM89", "SM120", "SM121", "CURRENT")
+COMPUTE_CAPABILITIES: tuple[str, ...] = ("SM75", "SM80", "SM86", "SM89", "SM120", "SM121", "CURRENT")
 #: Compute capabilities whose GPUs run TensorRT-RTX engines: its support matrix (Turing RTX 20xx, Ampere RTX 30xx,
 #: Ada RTX 40xx / L4 / L40S, Blackwell RTX 50xx, GB10). 8.0 (A100) is in the enum but not in the matrix; 9.0 (H100,
 #: H200) is in neither: those data-centre GPUs need TensorRT proper.
-RTX_RUNS_ON: Dict[str, Tuple[int, int]] = {"SM75": (7, 5), "SM86": (8, 6), "SM89": (8, 9), "SM120": (12, 0),
-                                           "SM121": (12, 1)}
+RTX_RUNS_ON: dict[str, tuple[int, int]] = {
+    "SM75": (7, 5),
+    "SM86": (8, 6),
+    "SM89": (8, 9),
+    "SM120": (12, 0),
+    "SM121": (12, 1),
+}
 #: Target without a GPU: Ada (SM 8.9: RTX 40xx, L4, L40S), the newest widely deployed data-centre inference part
 #: TensorRT-RTX names.
 DEFAULT_COMPUTE_CAPABILITY = "SM89"
@@ -78,7 +101,7 @@ def gpu_available() -> bool:
         return False
 
 
-def gpu_description() -> Tuple[str, Tuple[int, int]]:
+def gpu_description() -> tuple[str, tuple[int, int]]:
     """The visible GPU's name and compute capability (needs a GPU)."""
     return torch.cuda.get_device_name(0), tuple(torch.cuda.get_device_capability(0))
 
@@ -97,12 +120,14 @@ def tensorrt_proper_hint() -> str:
 
 def install_hint() -> str:
     """How to install a TensorRT library here: ``tensorrt-rtx`` (builds without a GPU), or TensorRT proper."""
-    return (f"pip install tensorrt-rtx (builds engines without a GPU; it comes with attnzoo[dev] / attnzoo[tensorrt]; "
-            f"runs on GeForce/RTX-class GPUs), or {tensorrt_proper_hint()} on a machine with an NVIDIA GPU "
-            "(data-centre GPUs such as the H100)")
+    return (
+        f"pip install tensorrt-rtx (builds engines without a GPU; it comes with attnzoo[dev] / attnzoo[tensorrt]; "
+        f"runs on GeForce/RTX-class GPUs), or {tensorrt_proper_hint()} on a machine with an NVIDIA GPU "
+        "(data-centre GPUs such as the H100)"
+    )
 
 
-def run_problem(lib: Library) -> Optional[str]:
+def run_problem(lib: Library) -> str | None:
     """Why engines of ``lib`` cannot run on the visible GPU (one line), or ``None``: TensorRT-RTX runs only on the
     compute capabilities of :data:`RTX_RUNS_ON`."""
     if lib.name != "tensorrt_rtx" or not gpu_available():
@@ -111,20 +136,26 @@ def run_problem(lib: Library) -> Optional[str]:
     if cc in RTX_RUNS_ON.values():
         return None
     runs = ", ".join(f"{a}.{b}" for a, b in RTX_RUNS_ON.values())
-    return (f"{lib.describe()} does not run on {name} (compute capability {cc[0]}.{cc[1]}): it runs on {runs} "
-            f"(GeForce/RTX-class GPUs); for this GPU install TensorRT proper: {tensorrt_proper_hint()}")
+    return (
+        f"{lib.describe()} does not run on {name} (compute capability {cc[0]}.{cc[1]}): it runs on {runs} "
+        f"(GeForce/RTX-class GPUs); for this GPU install TensorRT proper: {tensorrt_proper_hint()}"
+    )
 
 
-def _import(name: str) -> Optional[Library]:
+def _import(name: str) -> Library | None:
     try:
         mod = importlib.import_module(name)
     except Exception:  # ImportError, or a wheel whose native libraries fail to load
         return None
-    return Library(name, mod, str(getattr(mod, "__version__", "?")),
-                   hasattr(mod, "ComputeCapability") and hasattr(mod.IBuilderConfig, "set_compute_capability"))
+    return Library(
+        name,
+        mod,
+        str(getattr(mod, "__version__", "?")),
+        hasattr(mod, "ComputeCapability") and hasattr(mod.IBuilderConfig, "set_compute_capability"),
+    )
 
 
-def load_library(name: Optional[str] = None, *, gpu: Optional[bool] = None) -> Library:
+def load_library(name: str | None = None, *, gpu: bool | None = None) -> Library:
     """The TensorRT library to build with.
 
     Args:
@@ -145,25 +176,30 @@ def load_library(name: Optional[str] = None, *, gpu: Optional[bool] = None) -> L
     if usable:
         return usable[0]
     if found:
-        raise TensorRTUnavailable(f"{found[0].describe()} builds engines only on a machine with an NVIDIA GPU, and "
-                                  f"none is visible; to build ahead of time here: pip install tensorrt-rtx")
-    raise TensorRTUnavailable(f"no TensorRT library is installed ({' or '.join(order)}); install one with: "
-                              f"{install_hint()}")
+        raise TensorRTUnavailable(
+            f"{found[0].describe()} builds engines only on a machine with an NVIDIA GPU, and "
+            f"none is visible; to build ahead of time here: pip install tensorrt-rtx"
+        )
+    raise TensorRTUnavailable(
+        f"no TensorRT library is installed ({' or '.join(order)}); install one with: {install_hint()}"
+    )
 
 
-def unavailable_reason(*, run: bool = False) -> Optional[str]:
+def unavailable_reason(*, run: bool = False) -> str | None:
     """Why engines cannot be built (``run``: built and run) here, or ``None`` when they can."""
     try:
         lib = load_library()
     except (TensorRTUnavailable, ValueError) as exc:
         return str(exc)
     if run and not gpu_available():
-        return (f"running a TensorRT engine needs an NVIDIA GPU and none is visible ({lib.describe()} can only "
-                f"build engines here)")
+        return (
+            f"running a TensorRT engine needs an NVIDIA GPU and none is visible ({lib.describe()} can only "
+            f"build engines here)"
+        )
     return run_problem(lib) if run else None
 
 
-def resolve_compute_capability(compute_capability: Optional[str], gpu: bool) -> str:
+def resolve_compute_capability(compute_capability: str | None, gpu: bool) -> str:
     """The build target's name: ``compute_capability`` upper-cased, or by default ``CURRENT`` (the GPU present)
     with a GPU and :data:`DEFAULT_COMPUTE_CAPABILITY` without.
 
@@ -174,8 +210,10 @@ def resolve_compute_capability(compute_capability: Optional[str], gpu: bool) -> 
     if cc not in COMPUTE_CAPABILITIES:
         raise ValueError(f"unknown compute capability {compute_capability!r}; valid: {', '.join(COMPUTE_CAPABILITIES)}")
     if cc == "CURRENT" and not gpu:
-        raise ValueError(f"compute capability CURRENT needs a GPU and none is visible; "
-                         f"name one of {', '.join(COMPUTE_CAPABILITIES[:-1])}")
+        raise ValueError(
+            f"compute capability CURRENT needs a GPU and none is visible; "
+            f"name one of {', '.join(COMPUTE_CAPABILITIES[:-1])}"
+        )
     return cc
 
 
@@ -194,7 +232,7 @@ def make_logger(trt: Any) -> Any:
     class _Keep(trt.ILogger):
         def __init__(self) -> None:
             trt.ILogger.__init__(self)
-            self.errors: List[str] = []
+            self.errors: list[str] = []
 
         def log(self, severity, msg) -> None:  # noqa: D401 - TensorRT callback: must never raise
             try:

@@ -13,29 +13,46 @@ import json
 import os
 import shutil
 import stat
-import tempfile
 import sys
+import tempfile
 import traceback
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
-
-import numpy as np
-from PIL import Image
+from typing import Any
 
 import gradio as gr  # offline: attnzoo.serve (the parent package, imported first) set Gradio's environment
+import numpy as np
 from gradio.utils import get_upload_folder
+from PIL import Image
 from starlette.middleware import Middleware
 
 from attnzoo.limits import MAX_UPLOAD_BYTES
 from attnzoo.preprocess import INPUT_STYLES, UnreadableImageError, busy_background, fit_size, load_image
-
 from attnzoo.serve import examples as ex
 from attnzoo.serve.loading import ServedModel
-from attnzoo.serve.predict import (background_classes, class_iou, classify, dominant_classes, model_view, overlay, palette,
-                      pixel_shares, segment, topk_chart)
+from attnzoo.serve.predict import (
+    background_classes,
+    class_iou,
+    classify,
+    dominant_classes,
+    model_view,
+    overlay,
+    palette,
+    pixel_shares,
+    segment,
+    topk_chart,
+)
 
-__all__ = ["build_demo", "launch", "private_upload_folder", "upload_roots", "MAX_FILE_SIZE",
-           "MAX_API_BODY", "BodyLimit", "DISPLAY_MAX_SIDE"]
+__all__ = [
+    "build_demo",
+    "launch",
+    "private_upload_folder",
+    "upload_roots",
+    "MAX_FILE_SIZE",
+    "MAX_API_BODY",
+    "BodyLimit",
+    "DISPLAY_MAX_SIDE",
+]
 
 MAX_FILE_SIZE = MAX_UPLOAD_BYTES  # bytes; the one upload cap (attnzoo.limits), serve-models too
 #: Largest body of any other request (an event's JSON: file references, a variant name, a number): refused with
@@ -52,8 +69,13 @@ QUEUE = "models"
 UPLOAD_MAX_AGE_S = 1800
 UPLOAD_SWEEP_S = 300
 LEGEND_HEADERS = ["colour", "class", "pixels %", "IoU"]
-COMPARE_HEADERS = ["variant", "prediction", "probability / pixel share", "latency (ms)",
-                   "example: top-1 correct / mean IoU"]
+COMPARE_HEADERS = [
+    "variant",
+    "prediction",
+    "probability / pixel share",
+    "latency (ms)",
+    "example: top-1 correct / mean IoU",
+]
 #: Small images (the shapes scenes are 128 px) are shown enlarged with crisp pixels.
 CSS = ".pixelated img { image-rendering: pixelated; min-height: 288px; object-fit: contain; }"
 
@@ -77,13 +99,13 @@ def _user_errors(fn):
     return wrapper
 
 
-def upload_roots() -> Tuple[Path, ...]:
+def upload_roots() -> tuple[Path, ...]:
     """The only folders the demo reads images from: Gradio's upload cache (where every file a client sends
     lands, ``GRADIO_TEMP_DIR``) and the shipped examples."""
     return tuple(Path(os.path.realpath(p)) for p in (get_upload_folder(), ex.EXAMPLES_DIR))
 
 
-def _read_upload(payload: Any, roots: Optional[Sequence[Path]] = None) -> Image.Image:
+def _read_upload(payload: Any, roots: Sequence[Path] | None = None) -> Image.Image:
     """Raw ``gr.Image`` payload (dict with ``path``, or a path) -> RGB PIL image; ``ValueError`` if none.
 
     The handlers take payloads unprocessed, so a client can put any path in one: only a regular file inside
@@ -99,7 +121,7 @@ def _read_upload(payload: Any, roots: Optional[Sequence[Path]] = None) -> Image.
     if not isinstance(payload, (str, os.PathLike)):
         raise ValueError("no image: the request's image is not a file uploaded to this demo")
     shown = str(name or Path(payload).name)
-    shown = shown if len(shown) <= _NAME_SHOWN else shown[:_NAME_SHOWN - 3] + "..."
+    shown = shown if len(shown) <= _NAME_SHOWN else shown[: _NAME_SHOWN - 3] + "..."
     real = Path(os.path.realpath(payload))
     if not any(real.is_relative_to(root) for root in (roots or upload_roots())):
         raise ValueError(f"cannot read image {shown!r}: the demo reads only files uploaded to it and its examples")
@@ -113,14 +135,18 @@ def _read_upload(payload: Any, roots: Optional[Sequence[Path]] = None) -> Image.
         raise ValueError(f"cannot read image {shown!r}: not a regular file")
     with os.fdopen(fd, "rb") as f:
         if info.st_size > MAX_FILE_SIZE:
-            raise ValueError(f"cannot read image {shown!r}: {info.st_size / 2**20:.1f} MiB, over the "
-                             f"{MAX_FILE_SIZE / 2**20:.0f} MiB upload limit")
+            raise ValueError(
+                f"cannot read image {shown!r}: {info.st_size / 2**20:.1f} MiB, over the "
+                f"{MAX_FILE_SIZE / 2**20:.0f} MiB upload limit"
+            )
         data = f.read(MAX_FILE_SIZE + 1)
     try:
         img = load_image(data)  # over the pixel cap or a decompression bomb: its own message passes through
     except UnreadableImageError:
-        raise ValueError(f"cannot read image {shown!r}: not an image file, or a damaged "
-                         "one (PNG, JPEG, WebP, BMP, GIF, TIFF ... are read)") from None
+        raise ValueError(
+            f"cannot read image {shown!r}: not an image file, or a damaged "
+            "one (PNG, JPEG, WebP, BMP, GIF, TIFF ... are read)"
+        ) from None
     if img.width * img.height == 0:
         raise ValueError("cannot read image: it has no pixels")
     return img
@@ -133,31 +159,33 @@ def _display_image(img: Image.Image) -> np.ndarray:
 
 
 def _swatch(colour: Sequence[int], uncoloured: bool) -> str:
-    hexcode = "#%02x%02x%02x" % tuple(int(c) for c in colour)
+    hexcode = "#{:02x}{:02x}{:02x}".format(*tuple(int(c) for c in colour))
     if uncoloured:
         return "<span title='not coloured'>&mdash;</span>"
-    return (f"<span style='display:inline-block;width:1.2em;height:1.2em;border-radius:3px;"
-            f"background:{hexcode}' title='{hexcode}'></span>")
+    return (
+        f"<span style='display:inline-block;width:1.2em;height:1.2em;border-radius:3px;"
+        f"background:{hexcode}' title='{hexcode}'></span>"
+    )
 
 
 class DemoModels:
     """The served models by task and name, with the class colours of each segmenter."""
 
     def __init__(self, models: Sequence[ServedModel]) -> None:
-        self.by_task: Dict[str, Dict[str, ServedModel]] = {"cls": {}, "seg": {}}
+        self.by_task: dict[str, dict[str, ServedModel]] = {"cls": {}, "seg": {}}
         for m in models:
             self.by_task.setdefault(m.task, {})[m.name] = m
 
-    def names(self, task: str) -> List[str]:
+    def names(self, task: str) -> list[str]:
         return list(self.by_task.get(task, {}))
 
-    def default(self, task: str) -> Optional[str]:
+    def default(self, task: str) -> str | None:
         """The model shown first: the one with the best zoo test metric, else the first listed."""
         table = self.by_task.get(task, {})
         scored = [m for m in table.values() if m.score is not None]
         return max(scored, key=lambda m: m.score).name if scored else next(iter(table), None)
 
-    def get(self, task: str, name: Optional[str]) -> ServedModel:
+    def get(self, task: str, name: str | None) -> ServedModel:
         table = self.by_task.get(task, {})
         if not table:
             raise ValueError(f"no {'classification' if task == 'cls' else 'segmentation'} models are served")
@@ -167,7 +195,7 @@ class DemoModels:
 
 
 # ----------------------------------------------------------------------------------------------- handlers
-def _object_classes(model: ServedModel) -> List[str]:
+def _object_classes(model: ServedModel) -> list[str]:
     """The model's class names without background."""
     skip = set(background_classes(model.class_names))
     return [n for i, n in enumerate(model.class_names) if i not in skip]
@@ -176,10 +204,12 @@ def _object_classes(model: ServedModel) -> List[str]:
 def known_classes_note(model: ServedModel) -> str:
     """What a model can answer: its classes, and that anything else is still forced into one of them."""
     names = _object_classes(model)
-    return (f"This model knows only {len(names)} classes ({', '.join(names)}) from "
-            f"{model.input_size[0]}x{model.input_size[1]} px training images. Anything else -- a cat, a street, "
-            "a garment photographed on a busy background -- is still put into one of them, so its probability "
-            "says nothing about such an image.")
+    return (
+        f"This model knows only {len(names)} classes ({', '.join(names)}) from "
+        f"{model.input_size[0]}x{model.input_size[1]} px training images. Anything else -- a cat, a street, "
+        "a garment photographed on a busy background -- is still put into one of them, so its probability "
+        "says nothing about such an image."
+    )
 
 
 def upload_note(model: ServedModel, img: Image.Image) -> str:
@@ -189,13 +219,14 @@ def upload_note(model: ServedModel, img: Image.Image) -> str:
         return ""
     note = f"Converted as the training images look ({INPUT_STYLES[model.input_style]}). "
     if busy_background(img):
-        note += ("**This image has a busy background**, unlike every training image (one object on a plain "
-                 "background): the answer below is unlikely to mean anything. ")
+        note += (
+            "**This image has a busy background**, unlike every training image (one object on a plain "
+            "background): the answer below is unlikely to mean anything. "
+        )
     return note + "\n\n"
 
 
-def _classify(models: DemoModels, img: Image.Image, variant: str
-              ) -> Tuple[Dict[str, float], float, str, np.ndarray]:
+def _classify(models: DemoModels, img: Image.Image, variant: str) -> tuple[dict[str, float], float, str, np.ndarray]:
     """Top classes, latency, the note, and the image as the model saw it."""
     model = models.get("cls", variant)
     probs, ms = classify(model, img)
@@ -205,7 +236,7 @@ def _classify(models: DemoModels, img: Image.Image, variant: str
     return probs, round(ms, 3), note + known_classes_note(model), np.asarray(model_view(model, img))
 
 
-def _segment_state(models: DemoModels, img: Image.Image, variant: str, max_side: Optional[int]) -> Dict:
+def _segment_state(models: DemoModels, img: Image.Image, variant: str, max_side: int | None) -> dict:
     """Run a segmenter; the state keeps everything the opacity slider needs to redraw without the model."""
     model = models.get("seg", variant)
     mask, ms = segment(model, img, max_side=max_side)
@@ -216,11 +247,18 @@ def _segment_state(models: DemoModels, img: Image.Image, variant: str, max_side:
     entry = ex.find_example(img)
     truth = ex.true_mask(entry) if entry else None
     iou = class_iou(mask, truth, k) if truth is not None and truth.shape == mask.shape else None
-    return {"image": shown, "mask": mask, "colours": palette(k), "skip": background_classes(model.class_names),
-            "names": model.class_names, "iou": iou, "ms": ms}
+    return {
+        "image": shown,
+        "mask": mask,
+        "colours": palette(k),
+        "skip": background_classes(model.class_names),
+        "names": model.class_names,
+        "iou": iou,
+        "ms": ms,
+    }
 
 
-def _legend(state: Dict) -> List[List[Any]]:
+def _legend(state: dict) -> list[list[Any]]:
     """Legend rows (colour swatch, class, pixel share %, IoU or None), largest share first."""
     shares = pixel_shares(state["mask"], len(state["names"]))
     iou = state["iou"] or {}
@@ -228,20 +266,27 @@ def _legend(state: Dict) -> List[List[Any]]:
     for c in np.argsort(-shares, kind="stable"):
         c = int(c)
         if shares[c] > 0 or c in iou:
-            rows.append([_swatch(state["colours"][c], c in state["skip"]), state["names"][c],
-                         round(100 * float(shares[c]), 2), round(iou[c], 3) if c in iou else None])
+            rows.append(
+                [
+                    _swatch(state["colours"][c], c in state["skip"]),
+                    state["names"][c],
+                    round(100 * float(shares[c]), 2),
+                    round(iou[c], 3) if c in iou else None,
+                ]
+            )
     return rows
 
 
-def _iou_note(state: Dict) -> str:
+def _iou_note(state: dict) -> str:
     if not state["iou"]:
         return ""
     mean = float(np.mean(list(state["iou"].values())))
     return f"Example image with a true mask: mean IoU over its classes **{mean:.3f}** (per class in the legend)."
 
 
-def _compare_one(models: DemoModels, task: str, name: str, img: Image.Image, max_side: Optional[int]
-                 ) -> Tuple[np.ndarray, str, List[Any]]:
+def _compare_one(
+    models: DemoModels, task: str, name: str, img: Image.Image, max_side: int | None
+) -> tuple[np.ndarray, str, list[Any]]:
     """One Compare gallery item (picture, caption) and table row; a failing model reports its error.
 
     For a shipped example the last column is 1/0 (top-1 correct) or the mean IoU over its true classes."""
@@ -251,15 +296,21 @@ def _compare_one(models: DemoModels, task: str, name: str, img: Image.Image, max
             top, p = next(iter(probs.items()))
             entry = ex.find_example(img)
             truth = float(top == entry["label"]) if entry and entry.get("label") else None
-            return topk_chart(probs, name), f"{name}: {top} ({p:.0%}) · {ms:.1f} ms", [name, top, round(p, 4),
-                                                                                       ms, truth]
+            return (
+                topk_chart(probs, name),
+                f"{name}: {top} ({p:.0%}) · {ms:.1f} ms",
+                [name, top, round(p, 4), ms, truth],
+            )
         state = _segment_state(models, img, name, max_side)
         dom = dominant_classes(pixel_shares(state["mask"], len(state["names"])), state["names"])
         text = ", ".join(f"{c} {s:.0%}" for c, s in dom)
         pic = overlay(state["image"], state["mask"], state["colours"], 0.6, state["skip"])
         miou = round(float(np.mean(list(state["iou"].values()))), 4) if state["iou"] else None
-        return pic, f"{name}: {text} · {state['ms']:.1f} ms", [name, text, round(dom[0][1], 4),
-                                                              round(state["ms"], 3), miou]
+        return (
+            pic,
+            f"{name}: {text} · {state['ms']:.1f} ms",
+            [name, text, round(dom[0][1], 4), round(state["ms"], 3), miou],
+        )
     except ValueError as exc:
         blank = np.full((64, 64, 3), 255, np.uint8)
         return blank, f"{name}: error: {exc}", [name, f"error: {exc}", None, None, None]
@@ -279,8 +330,9 @@ def _choice_label(m: ServedModel) -> str:
 def _variant_dropdown(models: DemoModels, task: str) -> gr.Dropdown:
     """The variants of ``task``, labelled with their zoo test metric; the best one first selected."""
     choices = [(_choice_label(m), name) for name, m in models.by_task.get(task, {}).items()]
-    return gr.Dropdown(choices, value=models.default(task), label="variant (zoo test metric)",
-                       interactive=bool(choices))
+    return gr.Dropdown(
+        choices, value=models.default(task), label="variant (zoo test metric)", interactive=bool(choices)
+    )
 
 
 def _no_models_note(models: DemoModels, task: str) -> None:
@@ -295,14 +347,21 @@ def _classify_tab(models: DemoModels, roots: Sequence[Path]) -> None:
         with gr.Column():
             with gr.Tabs():
                 with gr.Tab("Upload"):
-                    image = gr.Image(type="filepath", sources=["upload", "clipboard"], label="image",
-                                     elem_id="cls-image", elem_classes="pixelated")
-                    button = gr.Button("Classify", variant="primary", elem_id="cls-button",
-                                       interactive=bool(models.names("cls")))
+                    image = gr.Image(
+                        type="filepath",
+                        sources=["upload", "clipboard"],
+                        label="image",
+                        elem_id="cls-image",
+                        elem_classes="pixelated",
+                    )
+                    button = gr.Button(
+                        "Classify", variant="primary", elem_id="cls-button", interactive=bool(models.names("cls"))
+                    )
                 with gr.Tab("Draw"):
                     sketch = gr.Sketchpad(type="numpy", image_mode="RGBA", canvas_size=(320, 320), label="draw")
-                    sketch_button = gr.Button("Classify drawing", variant="primary",
-                                              interactive=bool(models.names("cls")))
+                    sketch_button = gr.Button(
+                        "Classify drawing", variant="primary", interactive=bool(models.names("cls"))
+                    )
             variant = _variant_dropdown(models, "cls")
             if ex.example_paths("cls"):
                 gr.Examples(ex.example_paths("cls"), inputs=image, label=ex.title())
@@ -310,8 +369,14 @@ def _classify_tab(models: DemoModels, roots: Sequence[Path]) -> None:
             label = gr.Label(num_top_classes=5, label="top-5", elem_id="cls-label")
             latency = gr.Number(None, label="model latency (ms)", precision=3, elem_id="cls-latency")
             note = gr.Markdown()
-            seen = gr.Image(label="as the model sees it", format="png", interactive=False, elem_id="cls-seen",
-                            elem_classes="pixelated", height=160)
+            seen = gr.Image(
+                label="as the model sees it",
+                format="png",
+                interactive=False,
+                elem_id="cls-seen",
+                elem_classes="pixelated",
+                height=160,
+            )
 
     @_user_errors
     def run(payload, name):
@@ -325,32 +390,56 @@ def _classify_tab(models: DemoModels, roots: Sequence[Path]) -> None:
             raise ValueError("nothing drawn yet: draw on the canvas first")
         return _classify(models, load_image(pixels), name)
 
-    button.click(run, [image, variant], [label, latency, note, seen], api_name="classify", preprocess=False,
-                 concurrency_id=QUEUE, concurrency_limit=1)
-    sketch_button.click(run_sketch, [sketch, variant], [label, latency, note, seen], api_name="classify_drawing",
-                        concurrency_id=QUEUE, concurrency_limit=1)
+    button.click(
+        run,
+        [image, variant],
+        [label, latency, note, seen],
+        api_name="classify",
+        preprocess=False,
+        concurrency_id=QUEUE,
+        concurrency_limit=1,
+    )
+    sketch_button.click(
+        run_sketch,
+        [sketch, variant],
+        [label, latency, note, seen],
+        api_name="classify_drawing",
+        concurrency_id=QUEUE,
+        concurrency_limit=1,
+    )
 
 
-def _segment_tab(models: DemoModels, max_side: Optional[int], roots: Sequence[Path]) -> None:
+def _segment_tab(models: DemoModels, max_side: int | None, roots: Sequence[Path]) -> None:
     _no_models_note(models, "seg")
     state = gr.State(None)
     with gr.Row():
         with gr.Column():
-            image = gr.Image(type="filepath", sources=["upload", "clipboard"], label="image", elem_id="seg-image",
-                             elem_classes="pixelated")
+            image = gr.Image(
+                type="filepath",
+                sources=["upload", "clipboard"],
+                label="image",
+                elem_id="seg-image",
+                elem_classes="pixelated",
+            )
             variant = _variant_dropdown(models, "seg")
-            button = gr.Button("Segment", variant="primary", elem_id="seg-button",
-                               interactive=bool(models.names("seg")))
+            button = gr.Button(
+                "Segment", variant="primary", elem_id="seg-button", interactive=bool(models.names("seg"))
+            )
             if ex.example_paths("seg"):
                 gr.Examples(ex.example_paths("seg"), inputs=image, label=f"{ex.title()} (with true masks)")
         with gr.Column():
-            shown = gr.Image(label="mask overlay", format="png", interactive=False, elem_id="seg-overlay",
-                             elem_classes="pixelated")
+            shown = gr.Image(
+                label="mask overlay", format="png", interactive=False, elem_id="seg-overlay", elem_classes="pixelated"
+            )
             opacity = gr.Slider(0.0, 1.0, value=0.6, step=0.05, label="mask opacity (redraws without the model)")
             latency = gr.Number(None, label="model latency (ms)", precision=3, elem_id="seg-latency")
-            legend = gr.Dataframe(headers=LEGEND_HEADERS, datatype=["html", "str", "number", "number"],
-                                  label="legend: class colour, share of pixels, IoU (example images)",
-                                  interactive=False, elem_id="seg-legend")
+            legend = gr.Dataframe(
+                headers=LEGEND_HEADERS,
+                datatype=["html", "str", "number", "number"],
+                label="legend: class colour, share of pixels, IoU (example images)",
+                interactive=False,
+                elem_id="seg-legend",
+            )
             note = gr.Markdown()
 
     @_user_errors
@@ -365,27 +454,45 @@ def _segment_tab(models: DemoModels, max_side: Optional[int], roots: Sequence[Pa
             return gr.skip()
         return overlay(st["image"], st["mask"], st["colours"], alpha, st["skip"])
 
-    button.click(run, [image, variant, opacity], [shown, legend, latency, note, state], api_name="segment",
-                 preprocess=False, concurrency_id=QUEUE, concurrency_limit=1)
-    opacity.change(redraw, [state, opacity], shown, api_name="overlay", trigger_mode="always_last",
-                   show_progress="hidden")
+    button.click(
+        run,
+        [image, variant, opacity],
+        [shown, legend, latency, note, state],
+        api_name="segment",
+        preprocess=False,
+        concurrency_id=QUEUE,
+        concurrency_limit=1,
+    )
+    opacity.change(
+        redraw, [state, opacity], shown, api_name="overlay", trigger_mode="always_last", show_progress="hidden"
+    )
 
 
-def _compare_tab(models: DemoModels, max_side: Optional[int], roots: Sequence[Path]) -> None:
+def _compare_tab(models: DemoModels, max_side: int | None, roots: Sequence[Path]) -> None:
     tasks = [t for t in ("cls", "seg") if models.names(t)]
     choices = [("Classify", "cls"), ("Segment", "seg")]
     with gr.Row():
         with gr.Column(scale=1):
-            image = gr.Image(type="filepath", sources=["upload", "clipboard"], label="image", elem_id="cmp-image",
-                             elem_classes="pixelated")
-            task = gr.Radio([c for c in choices if c[1] in tasks], value=tasks[0] if tasks else None,
-                            label="task")
+            image = gr.Image(
+                type="filepath",
+                sources=["upload", "clipboard"],
+                label="image",
+                elem_id="cmp-image",
+                elem_classes="pixelated",
+            )
+            task = gr.Radio([c for c in choices if c[1] in tasks], value=tasks[0] if tasks else None, label="task")
             button = gr.Button("Run every variant", variant="primary", elem_id="cmp-button", interactive=bool(tasks))
             if ex.example_paths():
                 gr.Examples(ex.example_paths(), inputs=image, label=ex.title())
         with gr.Column(scale=2):
-            gallery = gr.Gallery(label="one result per variant", columns=4, format="png", object_fit="contain",
-                                 elem_id="cmp-gallery", height="auto")
+            gallery = gr.Gallery(
+                label="one result per variant",
+                columns=4,
+                format="png",
+                object_fit="contain",
+                elem_id="cmp-gallery",
+                height="auto",
+            )
             table = gr.Dataframe(headers=COMPARE_HEADERS, label="results", interactive=False, elem_id="cmp-table")
 
     @_user_errors
@@ -399,8 +506,15 @@ def _compare_tab(models: DemoModels, max_side: Optional[int], roots: Sequence[Pa
         results = [_compare_one(models, which, n, img, max_side) for n in names]
         return [(pic, caption) for pic, caption, _ in results], [row for _, _, row in results]
 
-    button.click(run, [image, task], [gallery, table], api_name="compare", preprocess=False,
-                 concurrency_id=QUEUE, concurrency_limit=1)
+    button.click(
+        run,
+        [image, task],
+        [gallery, table],
+        api_name="compare",
+        preprocess=False,
+        concurrency_id=QUEUE,
+        concurrency_limit=1,
+    )
 
 
 def _header(models: DemoModels, backend: str, source: str) -> str:
@@ -409,18 +523,22 @@ def _header(models: DemoModels, backend: str, source: str) -> str:
     known = sorted({n for m in served for n in _object_classes(m)})
     dtypes = sorted({getattr(m, "dtype", "fp32") for m in served})
     precision = f" in {'/'.join(dtypes)}" if dtypes and dtypes != ["fp32"] else ""
-    return (f"# attnzoo demo\nAttention variants side by side: {n_cls} classifiers, {n_seg} segmenters, "
-            f"served by **{backend}**{precision} from {source}. Everything runs on this machine; nothing leaves it.\n\n"
-            f"**What the models know:** {len(known)} classes ({', '.join(known)}). Every image is put into one of "
-            "them, whatever it shows; the examples below are the kind of image they were trained on. An upload is "
-            "first converted to look like them (the classify tab shows it as the model sees it)."
-            + ("\n\nEach variant is listed with its test metric on the official test set; the best one is "
-               "selected first." if any(m.score is not None for m in served) else "")
-            + "".join(f"\n\n*Backend chosen automatically:* {n}." for n in {m.backend_note for m in served} if n))
+    return (
+        f"# attnzoo demo\nAttention variants side by side: {n_cls} classifiers, {n_seg} segmenters, "
+        f"served by **{backend}**{precision} from {source}. Everything runs on this machine; nothing leaves it.\n\n"
+        f"**What the models know:** {len(known)} classes ({', '.join(known)}). Every image is put into one of "
+        "them, whatever it shows; the examples below are the kind of image they were trained on. An upload is "
+        "first converted to look like them (the classify tab shows it as the model sees it)."
+        + (
+            "\n\nEach variant is listed with its test metric on the official test set; the best one is selected first."
+            if any(m.score is not None for m in served)
+            else ""
+        )
+        + "".join(f"\n\n*Backend chosen automatically:* {n}." for n in {m.backend_note for m in served} if n)
+    )
 
 
-def build_demo(models: Sequence[ServedModel], *, source: str = "the zoo", seg_max_side: Optional[int] = None
-               ) -> gr.Blocks:
+def build_demo(models: Sequence[ServedModel], *, source: str = "the zoo", seg_max_side: int | None = None) -> gr.Blocks:
     """The demo's ``gr.Blocks`` (queued; launch it with :func:`launch`).
 
     Args:
@@ -432,8 +550,9 @@ def build_demo(models: Sequence[ServedModel], *, source: str = "the zoo", seg_ma
     backend = models[0].backend if models else "none"
     roots = upload_roots()  # the Blocks below take their upload cache from the same GRADIO_TEMP_DIR
     # Uploads older than UPLOAD_MAX_AGE_S are deleted every UPLOAD_SWEEP_S seconds while the server runs.
-    with gr.Blocks(title="attnzoo demo", analytics_enabled=False,
-                   delete_cache=(UPLOAD_SWEEP_S, UPLOAD_MAX_AGE_S)) as demo:
+    with gr.Blocks(
+        title="attnzoo demo", analytics_enabled=False, delete_cache=(UPLOAD_SWEEP_S, UPLOAD_MAX_AGE_S)
+    ) as demo:
         gr.Markdown(_header(table, backend, source))
         with gr.Tab("Classify"):
             _classify_tab(table, roots)
@@ -502,21 +621,41 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
     @staticmethod
-    async def _refuse(send, size: Optional[int], limit: int) -> None:
+    async def _refuse(send, size: int | None, limit: int) -> None:
         said = f"{size:,} bytes, " if size is not None else ""
         text = json.dumps({"error": f"the request body is {said}over the {limit:,}-byte limit"}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(text)).encode()),
-                                (b"connection", b"close")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(text)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": text})
 
 
 def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, *, block: bool = True, **kwargs):
     """Launch offline: no share link, uploads capped at ``MAX_FILE_SIZE`` and every other request body at
     :data:`MAX_API_BODY` (:class:`BodyLimit`), local fonts only, no SSR."""
-    theme = gr.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"],
-                              font_mono=["ui-monospace", "monospace"])
-    return demo.launch(server_name=host, server_port=port, share=False, max_file_size=MAX_FILE_SIZE,
-                       prevent_thread_lock=not block, ssr_mode=False, show_error=False, theme=theme, css=CSS,
-                       footer_links=["api"], quiet=not block, app_kwargs={"middleware": [Middleware(BodyLimit)]},
-                       **kwargs)
+    theme = gr.themes.Default(
+        font=["ui-sans-serif", "system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"]
+    )
+    return demo.launch(
+        server_name=host,
+        server_port=port,
+        share=False,
+        max_file_size=MAX_FILE_SIZE,
+        prevent_thread_lock=not block,
+        ssr_mode=False,
+        show_error=False,
+        theme=theme,
+        css=CSS,
+        footer_links=["api"],
+        quiet=not block,
+        app_kwargs={"middleware": [Middleware(BodyLimit)]},
+        **kwargs,
+    )

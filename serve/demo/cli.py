@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 from attnzoo.cli import add_debug_flag, entry_point
 from attnzoo.errors import UsageError
@@ -33,43 +32,73 @@ __all__ = ["main", "build_parser"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``serve-demo`` argument parser."""
-    p = argparse.ArgumentParser(prog="serve-demo", formatter_class=argparse.RawDescriptionHelpFormatter,
-                                description="The attnzoo Gradio demo (offline; on the CPU by default).",
-                                epilog="examples:\n" + __doc__.split("Examples::\n\n", 1)[1])
+    p = argparse.ArgumentParser(
+        prog="serve-demo",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="The attnzoo Gradio demo (offline; on the CPU by default).",
+        epilog="examples:\n" + __doc__.split("Examples::\n\n", 1)[1],
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=7860, help="port (default 7860)")
-    p.add_argument("--models", type=Path, default=None, metavar="DIR",
-                   help="serve this folder of .onnx files from export-model (.safetensors checkpoints with "
-                        "--backend pytorch) instead of the zoo")
-    p.add_argument("--backend", default=AUTO,
-                   help="auto (default: the faster of the CPU runtimes ort-cpu and openvino on this machine, timed "
-                        "at start-up on the served files), or a backend by name or alias (python -m attnzoo.runtime "
-                        "lists them): ort-cpu (alias onnxruntime), openvino, eager (alias pytorch: the checkpoints), "
-                        "tensorrt (needs an NVIDIA GPU; engines are built once into the cache folder)")
-    p.add_argument("--backend-url", default=None, metavar="URL",
-                   help="run the models on a serve-models deployment at URL (Ray Serve, dynamic batching) "
-                        "instead of in this process; the demo preprocesses and draws as always")
-    p.add_argument("--dtype", default=None, choices=SERVED_DTYPES,
-                   help="int8: serve only int8 models whose export-model verification report is intact (the "
-                        "zoo: quantized once with ModelOpt, calibrated on training images, scored on the test "
-                        "set, refused beyond the tolerance); bf16 (OpenVINO, CPUs with bf16 units): the fp32 exports "
-                        "at bf16, extra math pinned to f32, each verified on its test split first; fp32: only the "
-                        "unquantized files (fp32 and fp16 exports) "
-                        "(default: every file of --models, a quantized one only when verified; the zoo at fp32)")
-    p.add_argument("--data", default=DEFAULT_DATA,
-                   help=f"which zoo models to serve: those trained on this data set (default {DEFAULT_DATA})")
-    p.add_argument("--cache-dir", type=Path, default=None,
-                   help=f"where the zoo's ONNX exports and TensorRT engines are kept (default ${CACHE_ENV} or "
-                        "~/.cache/attnzoo)")
+    p.add_argument(
+        "--models",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="serve this folder of .onnx files from export-model (.safetensors checkpoints with "
+        "--backend pytorch) instead of the zoo",
+    )
+    p.add_argument(
+        "--backend",
+        default=AUTO,
+        help="auto (default: the faster of the CPU runtimes ort-cpu and openvino on this machine, timed "
+        "at start-up on the served files), or a backend by name or alias (python -m attnzoo.runtime "
+        "lists them): ort-cpu (alias onnxruntime), openvino, eager (alias pytorch: the checkpoints), "
+        "tensorrt (needs an NVIDIA GPU; engines are built once into the cache folder)",
+    )
+    p.add_argument(
+        "--backend-url",
+        default=None,
+        metavar="URL",
+        help="run the models on a serve-models deployment at URL (Ray Serve, dynamic batching) "
+        "instead of in this process; the demo preprocesses and draws as always",
+    )
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=SERVED_DTYPES,
+        help="int8: serve only int8 models whose export-model verification report is intact (the "
+        "zoo: quantized once with ModelOpt, calibrated on training images, scored on the test "
+        "set, refused beyond the tolerance); bf16 (OpenVINO, CPUs with bf16 units): the fp32 exports "
+        "at bf16, extra math pinned to f32, each verified on its test split first; fp32: only the "
+        "unquantized files (fp32 and fp16 exports) "
+        "(default: every file of --models, a quantized one only when verified; the zoo at fp32)",
+    )
+    p.add_argument(
+        "--data",
+        default=DEFAULT_DATA,
+        help=f"which zoo models to serve: those trained on this data set (default {DEFAULT_DATA})",
+    )
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help=f"where the zoo's ONNX exports and TensorRT engines are kept (default ${CACHE_ENV} or ~/.cache/attnzoo)",
+    )
     p.add_argument("--threads", type=int, default=None, help="CPU runtime threads per model call")
-    p.add_argument("--seg-max-side", type=int, default=None, metavar="PX",
-                   help="downscale images for segmentation to this longest side (default: the model's input "
-                        "size); larger values run sliding windows")
+    p.add_argument(
+        "--seg-max-side",
+        type=int,
+        default=None,
+        metavar="PX",
+        help="downscale images for segmentation to this longest side (default: the model's input "
+        "size); larger values run sliding windows",
+    )
     return add_debug_flag(p)
 
 
 @entry_point
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Entry point of ``serve-demo``: one ``error: ...`` line and exit 2 (usage) or 1 (failure) on errors."""
     args = build_parser().parse_args(argv)
     if not 0 < args.port < 65536:
@@ -88,26 +117,33 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise UsageError(f"--backend: {exc}; or {AUTO}") from None
     if args.backend_url:
         if args.models or args.backend != AUTO or args.threads or args.dtype:
-            raise UsageError("--backend-url serves the deployment's models; it excludes --models, --backend, "
-                             "--threads and --dtype (give those to serve-models)")
+            raise UsageError(
+                "--backend-url serves the deployment's models; it excludes --models, --backend, "
+                "--threads and --dtype (give those to serve-models)"
+            )
 
         models = load_remote(args.backend_url)
     else:
         cpu = [b.name for b in cpu_runtimes()]
         if args.dtype == "int8" and args.backend not in (AUTO, *cpu):
-            raise UsageError(f"--dtype int8 runs on the CPU runtimes (--backend {AUTO}, {' or '.join(cpu)}), "
-                             f"not {args.backend}")
-        models = load_models(args.models, args.backend, data=args.data, cache_dir=args.cache_dir,
-                             threads=args.threads, dtype=args.dtype)
+            raise UsageError(
+                f"--dtype int8 runs on the CPU runtimes (--backend {AUTO}, {' or '.join(cpu)}), not {args.backend}"
+            )
+        models = load_models(
+            args.models, args.backend, data=args.data, cache_dir=args.cache_dir, threads=args.threads, dtype=args.dtype
+        )
 
-    source = (f"`{args.backend_url}`" if args.backend_url else f"`{args.models}`" if args.models
-              else f"the zoo ({args.data})")
+    source = (
+        f"`{args.backend_url}`" if args.backend_url else f"`{args.models}`" if args.models else f"the zoo ({args.data})"
+    )
     with demo_app.private_upload_folder():  # every upload goes with the server
         demo = demo_app.build_demo(models, source=source, seg_max_side=args.seg_max_side)
         note = f" (--backend auto: {models[0].backend_note})" if models[0].backend_note else ""
         dtypes = sorted({m.dtype for m in models})
-        print(f"serving {len(models)} {'/'.join(dtypes)} models with {models[0].backend}{note} on "
-              f"http://{args.host}:{args.port}")
+        print(
+            f"serving {len(models)} {'/'.join(dtypes)} models with {models[0].backend}{note} on "
+            f"http://{args.host}:{args.port}"
+        )
         try:
             demo_app.launch(demo, args.host, args.port)
         except OSError as exc:  # port taken, address not available

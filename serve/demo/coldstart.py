@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from gradio_client import Client, handle_file
 
@@ -28,11 +28,11 @@ from attnzoo.serve import examples
 __all__ = ["cold_start"]
 
 
-def _wait_for_serving(proc: subprocess.Popen, start: float, timeout: float, log: List[str]) -> float:
+def _wait_for_serving(proc: subprocess.Popen, start: float, timeout: float, log: list[str]) -> float:
     """Seconds until the process prints its ``serving ... on http://`` line; ``RuntimeError`` if it exits or
     ``timeout`` passes first. Every output line is kept in ``log``."""
     found = threading.Event()
-    when: Dict[str, float] = {}
+    when: dict[str, float] = {}
 
     def read() -> None:
         for line in proc.stdout:  # type: ignore[union-attr]
@@ -48,16 +48,21 @@ def _wait_for_serving(proc: subprocess.Popen, start: float, timeout: float, log:
     return when["t"]
 
 
-def cold_start(port: int = 7899, timeout: float = 600.0) -> Dict[str, Any]:
+def cold_start(port: int = 7899, timeout: float = 600.0) -> dict[str, Any]:
     """Start ``serve-demo`` on an empty cache and time it (see the module docstring)."""
     best = zoo.best_entries()
     load_before = load_average()
     with tempfile.TemporaryDirectory(prefix="attnzoo-coldstart-") as cache:
         env = {**os.environ, "ATTNZOO_CACHE": cache, "PYTHONUNBUFFERED": "1"}
         start = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "attnzoo.serve.demo.cli", "--port", str(port)], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        log: List[str] = []
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "attnzoo.serve.demo.cli", "--port", str(port)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        log: list[str] = []
         try:
             serving = _wait_for_serving(proc, start, timeout, log)
             while True:  # the line is printed just before the server binds its port
@@ -68,24 +73,32 @@ def cold_start(port: int = 7899, timeout: float = 600.0) -> Dict[str, Any]:
                     if proc.poll() is not None or time.perf_counter() - start > timeout:
                         raise
                     time.sleep(0.1)
-            label = client.predict(handle_file(examples.example_paths("cls")[0]), best["cls"]["variant"],
-                                   api_name="/classify")[0]["label"]
+            label = client.predict(
+                handle_file(examples.example_paths("cls")[0]), best["cls"]["variant"], api_name="/classify"
+            )[0]["label"]
             first_cls = time.perf_counter() - start
-            client.predict(handle_file(examples.example_paths("seg")[0]), best["seg"]["variant"], 0.6,
-                           api_name="/segment")
+            client.predict(
+                handle_file(examples.example_paths("seg")[0]), best["seg"]["variant"], 0.6, api_name="/segment"
+            )
             first_seg = time.perf_counter() - start
         finally:
             proc.terminate()
             proc.wait(30)
     cpu = cpu_info()
-    return {"serving_s": round(serving, 2), "first_classify_s": round(first_cls, 2),
-            "first_segment_s": round(first_seg, 2), "first_label": label,
-            "models": {t: e["variant"] for t, e in best.items()}, "cpu": cpu_summary(cpu),
-            "usable_cores": cpu["usable_cores"], "load_average_before": load_before,
-            "command": "python -m attnzoo.serve.demo.coldstart"}
+    return {
+        "serving_s": round(serving, 2),
+        "first_classify_s": round(first_cls, 2),
+        "first_segment_s": round(first_seg, 2),
+        "first_label": label,
+        "models": {t: e["variant"] for t, e in best.items()},
+        "cpu": cpu_summary(cpu),
+        "usable_cores": cpu["usable_cores"],
+        "load_average_before": load_before,
+        "command": "python -m attnzoo.serve.demo.coldstart",
+    }
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m attnzoo.serve.demo.coldstart", description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=None, help="also write the result as JSON here")
     p.add_argument("--port", type=int, default=7899)

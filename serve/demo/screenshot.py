@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
 from urllib.parse import urlsplit
 
 from attnzoo.cli import add_debug_flag, entry_point
@@ -29,8 +28,7 @@ _ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-ne
 _BARS = "#cls-label [data-testid$='-confidence-set']"
 
 
-def capture(url: str, out_dir: Path, *, classify: bool = True, segment: bool = True,
-            timeout_ms: int = 30_000) -> Dict:
+def capture(url: str, out_dir: Path, *, classify: bool = True, segment: bool = True, timeout_ms: int = 30_000) -> dict:
     """Open ``url``, run the Classify and/or Segment tab on the first shipped example, screenshot each.
 
     Returns:
@@ -44,7 +42,7 @@ def capture(url: str, out_dir: Path, *, classify: bool = True, segment: bool = T
         raise FileNotFoundError(f"{CHROMIUM} is missing (apt-get install -y chromium)")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    report: Dict = {"labels": [], "overlay_size": None, "legend": "", "files": [], "blocked": []}
+    report: dict = {"labels": [], "overlay_size": None, "legend": "", "files": [], "blocked": []}
 
     def guard(route):
         if urlsplit(route.request.url).hostname in (None, "127.0.0.1"):  # None: data: and blob: URLs
@@ -63,21 +61,24 @@ def capture(url: str, out_dir: Path, *, classify: bool = True, segment: bool = T
             if classify:
                 page.locator("#cls-image input[type=file]").set_input_files(examples.example_paths("cls")[0])
                 page.locator("#cls-button").click()
-                page.wait_for_function(f"() => document.querySelectorAll(\"{_BARS}\").length === 5",
-                                       timeout=timeout_ms)
+                page.wait_for_function(f'() => document.querySelectorAll("{_BARS}").length === 5', timeout=timeout_ms)
                 bars = page.locator(_BARS)
-                report["labels"] = [bars.nth(i).get_attribute("data-testid").removesuffix("-confidence-set")
-                                    for i in range(bars.count())]
+                report["labels"] = [
+                    bars.nth(i).get_attribute("data-testid").removesuffix("-confidence-set")
+                    for i in range(bars.count())
+                ]
                 report["files"].append(_shot(page, out_dir / "demo-classify.png"))
             if segment:
                 page.get_by_role("tab", name="Segment").click()
                 page.locator("#seg-image input[type=file]").set_input_files(examples.example_paths("seg")[0])
                 page.locator("#seg-button").click()
                 page.wait_for_selector("#seg-overlay img[src]", timeout=timeout_ms)
-                page.wait_for_function("() => document.querySelectorAll('#seg-legend tbody tr').length > 0",
-                                       timeout=timeout_ms)
-                report["overlay_size"] = tuple(page.eval_on_selector(
-                    "#seg-overlay img", "img => [img.naturalWidth, img.naturalHeight]"))
+                page.wait_for_function(
+                    "() => document.querySelectorAll('#seg-legend tbody tr').length > 0", timeout=timeout_ms
+                )
+                report["overlay_size"] = tuple(
+                    page.eval_on_selector("#seg-overlay img", "img => [img.naturalWidth, img.naturalHeight]")
+                )
                 report["legend"] = page.locator("#seg-legend").inner_text()
                 report["files"].append(_shot(page, out_dir / "demo.png"))
         finally:
@@ -91,11 +92,15 @@ def _shot(page, path: Path) -> Path:
 
 
 @entry_point
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """``python -m attnzoo.serve.demo.screenshot [--models DIR] [--out PNG]``: screenshot the Segment tab; errors
     (no models, no chromium) exit 1 with one ``error: ...`` line (attnzoo.cli)."""
-    parser = add_debug_flag(argparse.ArgumentParser(
-        prog="python -m attnzoo.serve.demo.screenshot", description="Screenshot the demo (Segment tab) with Debian's chromium."))
+    parser = add_debug_flag(
+        argparse.ArgumentParser(
+            prog="python -m attnzoo.serve.demo.screenshot",
+            description="Screenshot the demo (Segment tab) with Debian's chromium.",
+        )
+    )
     parser.add_argument("--models", type=Path, default=None, help="folder of exported models (default: the zoo)")
     parser.add_argument("--out", type=Path, default=Path("docs/demo.png"))
     args = parser.parse_args(argv)
@@ -106,8 +111,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     launch(demo, "127.0.0.1", port, block=False)
     try:  # FileNotFoundError: no chromium
         tmp = args.out.parent / ".screenshots"
-        report = capture(f"http://127.0.0.1:{port}/", tmp, classify=any(m.task == "cls" for m in models),
-                         segment=any(m.task == "seg" for m in models))
+        report = capture(
+            f"http://127.0.0.1:{port}/",
+            tmp,
+            classify=any(m.task == "cls" for m in models),
+            segment=any(m.task == "seg" for m in models),
+        )
     finally:
         demo.close()
     shot = report["files"][-1]

@@ -38,9 +38,10 @@ import threading
 import time
 import traceback
 from collections import Counter
+from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -60,9 +61,24 @@ from attnzoo.serve import predict
 from attnzoo.serve.loading import load_models, recording_skips
 from attnzoo.serve.rayserve.config import DEPLOYMENT
 
-__all__ = ["ModelServer", "HTTPError", "build_app", "api", "MAX_TENSOR_BATCH", "NPY_TYPE",
-           "mask_png", "decode_mask", "MemoryBudget", "decode_budget", "replica_memory", "DECODE_BYTES_PER_PIXEL",
-           "DECODE_MEMORY_SHARE", "DECODE_MEMORY_CAP", "DECODE_WAIT_S", "BODY_TIMEOUT_S"]
+__all__ = [
+    "ModelServer",
+    "HTTPError",
+    "build_app",
+    "api",
+    "MAX_TENSOR_BATCH",
+    "NPY_TYPE",
+    "mask_png",
+    "decode_mask",
+    "MemoryBudget",
+    "decode_budget",
+    "replica_memory",
+    "DECODE_BYTES_PER_PIXEL",
+    "DECODE_MEMORY_SHARE",
+    "DECODE_MEMORY_CAP",
+    "DECODE_WAIT_S",
+    "BODY_TIMEOUT_S",
+]
 
 #: Most images one ``/logits`` request may carry (the demo sends at most its sliding-window batch, 16).
 MAX_TENSOR_BATCH = 64
@@ -93,8 +109,16 @@ DECODE_WAIT_S = 10.0
 #: HAProxy's own 30 s for a silent client.
 BODY_TIMEOUT_S = 20.0
 #: The settings ``GET /stats`` shows (not the file paths nor the pending models' files).
-_PUBLIC_SETTINGS = ("backend", "threads", "dtype", "max_batch_size", "batch_wait_s", "replicas", "decode_memory_mb",
-                    "max_ongoing_requests")
+_PUBLIC_SETTINGS = (
+    "backend",
+    "threads",
+    "dtype",
+    "max_batch_size",
+    "batch_wait_s",
+    "replicas",
+    "decode_memory_mb",
+    "max_ongoing_requests",
+)
 
 api = FastAPI(title="attnzoo serve-models", docs_url=None, redoc_url=None)  # offline: no CDN-loaded docs pages
 
@@ -128,14 +152,14 @@ class HTTPError(Exception):
     """An answer other than 200: ``status`` and one line for ``{"error": ...}`` (and ``headers``, e.g.
     ``Retry-After``)."""
 
-    def __init__(self, status: int, message: str, headers: Optional[Mapping[str, str]] = None) -> None:
+    def __init__(self, status: int, message: str, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.headers = dict(headers or {})
 
 
-def _error(status: int, message: str, headers: Optional[Mapping[str, str]] = None) -> JSONResponse:
+def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=dict(headers or {}) or None)
 
 
@@ -152,16 +176,18 @@ def _size(n: float) -> str:
     return f"{int(n)} bytes"
 
 
-def replica_memory() -> Optional[int]:
+def replica_memory() -> int | None:
     """Bytes this process can still take: the machine's available memory, or less where a cgroup (v2 or v1) limits
     this container's memory; None when neither is known."""
     known = [m for m in (available_memory(), _cgroup_room()) if m is not None]
     return min(known) if known else None
 
 
-def _cgroup_room() -> Optional[int]:
-    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+def _cgroup_room() -> int | None:
+    for limit, usage in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
         try:
             cap = Path(limit).read_text().strip()
             if cap == "max" or int(cap) >= 2**60:  # no limit
@@ -172,7 +198,7 @@ def _cgroup_room() -> Optional[int]:
     return None
 
 
-def decode_budget(settings: Mapping[str, Any], memory: Optional[int] = None) -> int:
+def decode_budget(settings: Mapping[str, Any], memory: int | None = None) -> int:
     """Bytes the images one replica decodes at once may hold: ``decode_memory_mb`` when set, else
     :data:`DECODE_MEMORY_SHARE` of the replica's memory, i.e. of what this machine had available when the replica
     started (``memory``, default :func:`replica_memory`) split between the deployment's ``replicas`` (a local Ray
@@ -197,7 +223,7 @@ class MemoryBudget:
         self.peak = 0
         self.waited = 0
         self.refused = 0
-        self._waiting: "collections.deque[Tuple[int, asyncio.Future]]" = collections.deque()
+        self._waiting: collections.deque[tuple[int, asyncio.Future]] = collections.deque()
 
     def _take(self, n: int) -> None:
         self.used += n
@@ -240,7 +266,7 @@ class MemoryBudget:
                 self._give_up(entry)
             raise
 
-    def _give_up(self, entry: Tuple[int, "asyncio.Future"]) -> None:
+    def _give_up(self, entry: tuple[int, "asyncio.Future"]) -> None:
         entry[1].cancel()
         with contextlib.suppress(ValueError):
             self._waiting.remove(entry)
@@ -251,9 +277,14 @@ class MemoryBudget:
         self.used -= n
         self._grant()
 
-    def as_dict(self) -> Dict[str, int]:
-        return {"bytes": self.total, "in_use": self.used, "peak": self.peak, "waited": self.waited,
-                "refused": self.refused}
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "bytes": self.total,
+            "in_use": self.used,
+            "peak": self.peak,
+            "waited": self.waited,
+            "refused": self.refused,
+        }
 
 
 @api.exception_handler(StarletteHTTPException)
@@ -271,7 +302,6 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     return _error(400, f"{where or 'request'}: {first.get('msg', 'invalid value')}")
 
 
-
 def _as_http_error(exc: BaseException) -> HTTPError:
     """The answer for an exception raised while handling a request (a traceback only goes to the log)."""
     if isinstance(exc, HTTPError):
@@ -281,15 +311,17 @@ def _as_http_error(exc: BaseException) -> HTTPError:
     if isinstance(exc, ImageTooLargeError):
         return HTTPError(413, first_line(exc))
     if isinstance(exc, UnreadableImageError):
-        return HTTPError(400, "cannot read the image: not an image file, or a damaged one (PNG, JPEG, WebP, BMP, "
-                              "GIF, TIFF ... are read)")
+        return HTTPError(
+            400,
+            "cannot read the image: not an image file, or a damaged one (PNG, JPEG, WebP, BMP, GIF, TIFF ... are read)",
+        )
     if isinstance(exc, ValueError):  # the demo's own messages for bad input (e.g. non-finite outputs)
         return HTTPError(400, first_line(exc))
     traceback.print_exception(exc, file=sys.stderr)
     return HTTPError(500, f"internal error ({type(exc).__name__}); see the server log")
 
 
-def _upload_too_large(size: Optional[int], limit: int, head: bytes) -> str:
+def _upload_too_large(size: int | None, limit: int, head: bytes) -> str:
     said = f"{_size(size)}, " if size is not None else ""
     return f"the request is {said}over the {_size(limit)} upload limit"
 
@@ -310,10 +342,12 @@ async def _body(request: Request, limit: int, too_large=_upload_too_large, peek:
                     if len(body) > limit or (over and len(body) >= peek):
                         break
         except TimeoutError:
-            raise HTTPError(408, f"the request body did not arrive within {BODY_TIMEOUT_S:g} s "
-                                 f"({_size(len(body))} came); send it again") from None
+            raise HTTPError(
+                408,
+                f"the request body did not arrive within {BODY_TIMEOUT_S:g} s ({_size(len(body))} came); send it again",
+            ) from None
     if over or len(body) > limit:
-        raise HTTPError(413, too_large(size, limit, bytes(body[:max(peek, 1)])))
+        raise HTTPError(413, too_large(size, limit, bytes(body[: max(peek, 1)])))
     return bytes(body)
 
 
@@ -335,15 +369,21 @@ async def read_image_upload(request: Request) -> bytes:
             raise HTTPError(400, f"malformed multipart body: {exc.message}") from None
         files = [v for v in form.values() if hasattr(v, "read")]
         if not files:
-            raise HTTPError(400, "no file in the multipart body; send the image as field 'file' "
-                                 "(curl -F file=@image.png)")
+            raise HTTPError(
+                400, "no file in the multipart body; send the image as field 'file' (curl -F file=@image.png)"
+            )
         data = await files[0].read()
         if len(data) > MAX_UPLOAD_BYTES:
-            raise HTTPError(413, f"the file is {len(data) / 2**20:.1f} MiB, over the "
-                                 f"{MAX_UPLOAD_BYTES / 2**20:.0f} MiB upload limit")
+            raise HTTPError(
+                413,
+                f"the file is {len(data) / 2**20:.1f} MiB, over the {MAX_UPLOAD_BYTES / 2**20:.0f} MiB upload limit",
+            )
     if not data:
-        raise HTTPError(400, "no image: send it as multipart field 'file' (curl -F file=@image.png) or as the "
-                             "request body (curl --data-binary @image.png)")
+        raise HTTPError(
+            400,
+            "no image: send it as multipart field 'file' (curl -F file=@image.png) or as the "
+            "request body (curl --data-binary @image.png)",
+        )
     return data
 
 
@@ -360,7 +400,7 @@ def decode_mask(text: str) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(base64.b64decode(text))))
 
 
-def _npy_shape(head: bytes) -> Optional[Tuple[Tuple[int, ...], str]]:
+def _npy_shape(head: bytes) -> tuple[tuple[int, ...], str] | None:
     """(shape, dtype) from the start of a ``.npy`` body, or None when it is not one."""
     try:
         f = io.BytesIO(head)
@@ -391,19 +431,31 @@ class _Stats:
         self.images = 0
         self.model_s = 0.0
 
-    def as_dict(self) -> Dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         n = sum(self.batch_requests.values())
-        return {"uptime_s": round(time.time() - self.started, 3), "requests": dict(self.requests),
-                "statuses": {str(k): v for k, v in self.statuses.items()}, "batches": self.batches,
-                "images": self.images, "model_s": round(self.model_s, 4),
-                "mean_requests_per_batch": (round(sum(k * v for k, v in self.batch_requests.items()) / n, 3)
-                                            if n else None),
-                "requests_per_batch": {str(k): v for k, v in sorted(self.batch_requests.items())}}
+        return {
+            "uptime_s": round(time.time() - self.started, 3),
+            "requests": dict(self.requests),
+            "statuses": {str(k): v for k, v in self.statuses.items()},
+            "batches": self.batches,
+            "images": self.images,
+            "model_s": round(self.model_s, 4),
+            "mean_requests_per_batch": (
+                round(sum(k * v for k, v in self.batch_requests.items()) / n, 3) if n else None
+            ),
+            "requests_per_batch": {str(k): v for k, v in sorted(self.batch_requests.items())},
+        }
 
 
 #: Every route, for the 404 message.
-ROUTES = ("POST /classify", "POST /segment", "POST /models/{task}/{name}/logits", "GET /models", "GET /health",
-          "GET /stats")
+ROUTES = (
+    "POST /classify",
+    "POST /segment",
+    "POST /models/{task}/{name}/logits",
+    "GET /models",
+    "GET /health",
+    "GET /stats",
+)
 
 
 @serve.deployment(name=DEPLOYMENT)
@@ -426,7 +478,7 @@ class ModelServer:
         self.settings = dict(settings)
         self.folder = Path(folder)
         #: Files this replica could not load: file name -> the reason (the driver prints them, see ``skipped``).
-        self.skipped: Dict[str, str] = {}
+        self.skipped: dict[str, str] = {}
         models = self._load(sorted(files))
         self.models = {(m.task, m.name): m for m in models}
         self.order = [(m.task, m.name) for m in models]
@@ -441,8 +493,9 @@ class ModelServer:
         self._infer.set_max_batch_size(int(settings["max_batch_size"]))
         self._infer.set_batch_wait_timeout_s(float(settings["batch_wait_s"]))
         self.model_thread = ThreadPoolExecutor(1, thread_name_prefix="attnzoo-model")
-        self.request_threads = ThreadPoolExecutor(int(settings["max_ongoing_requests"]),
-                                                  thread_name_prefix="attnzoo-request")
+        self.request_threads = ThreadPoolExecutor(
+            int(settings["max_ongoing_requests"]), thread_name_prefix="attnzoo-request"
+        )
         self.stats = _Stats()
         try:
             self.replica = serve.get_replica_context().replica_id.unique_id
@@ -451,25 +504,25 @@ class ModelServer:
 
     # ------------------------------------------------------------------------------------------- batching
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.002)
-    async def _infer(self, items: List[Tuple[str, str, np.ndarray]]) -> List[np.ndarray]:
+    async def _infer(self, items: list[tuple[str, str, np.ndarray]]) -> list[np.ndarray]:
         """One dynamic batch: ``(task, name, float32 (n, 3, H, W))`` requests -> their logits, run on the
         model thread so the event loop keeps taking requests meanwhile."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.model_thread, self._run_batch, items)
 
-    def _run_batch(self, items: Sequence[Tuple[str, str, np.ndarray]]) -> List[np.ndarray]:
+    def _run_batch(self, items: Sequence[tuple[str, str, np.ndarray]]) -> list[np.ndarray]:
         """Concatenate the requests of each model (and input shape), run each group once, split the logits."""
         start = time.perf_counter()
-        groups: Dict[Tuple[str, str, Tuple[int, ...]], List[int]] = {}
+        groups: dict[tuple[str, str, tuple[int, ...]], list[int]] = {}
         for i, (task, name, x) in enumerate(items):
             groups.setdefault((task, name, tuple(x.shape[1:])), []).append(i)
-        out: List[Optional[np.ndarray]] = [None] * len(items)
+        out: list[np.ndarray | None] = [None] * len(items)
         for (task, name, _), idx in groups.items():
             xs = [items[i][2] for i in idx]
             logits = self.models[(task, name)].run(np.concatenate(xs) if len(xs) > 1 else xs[0])
             offset = 0
-            for i, x in zip(idx, xs):
-                out[i] = logits[offset:offset + len(x)]
+            for i, x in zip(idx, xs, strict=False):
+                out[i] = logits[offset : offset + len(x)]
                 offset += len(x)
         self.stats.batches += 1
         self.stats.batch_requests[len(items)] += 1
@@ -494,9 +547,14 @@ class ModelServer:
         cache = self.settings.get("cache_dir")
         with recording_skips() as skipped:
             try:
-                models = load_models(self.folder, self.settings["backend"], threads=self.settings["threads"],
-                                     cache_dir=Path(cache) if cache else None, only=list(files),
-                                     dtype=self.settings.get("dtype"))
+                models = load_models(
+                    self.folder,
+                    self.settings["backend"],
+                    threads=self.settings["threads"],
+                    cache_dir=Path(cache) if cache else None,
+                    only=list(files),
+                    dtype=self.settings.get("dtype"),
+                )
             except Exception as exc:  # noqa: BLE001 - nothing servable (the loader's ValueError) or a loader fault
                 models, reason = [], first_line(exc)
             else:
@@ -505,12 +563,12 @@ class ModelServer:
         self.skipped.update({f: skipped.get(f, reason) for f in files if f not in loaded})
         return models
 
-    def skipped_files(self) -> Dict[str, str]:
+    def skipped_files(self) -> dict[str, str]:
         """``{file: why}`` for the files this replica could not load (called by the driver through a handle)."""
         return dict(self.skipped)
 
     # ----------------------------------------------------------------------------------------- helpers
-    async def _model(self, task: str, name: Optional[str]):
+    async def _model(self, task: str, name: str | None):
         names = [n for t, n in [*self.order, *self.pending] if t == task]
         if not names:
             kind = "classification" if task == "cls" else "segmentation"
@@ -518,8 +576,11 @@ class ModelServer:
         name = name or names[0]
         # loading (sha256, session, warm-up) runs off the event loop: other requests and health checks go on
         if (task, name) in self.pending and not await self._in_thread(self._load_pending, task, name):
-            raise HTTPError(503, f"model {name!r} is still being exported and verified; retry in a few seconds "
-                                 f"(ready now: {', '.join(n for t, n in self.order if t == task)})")
+            raise HTTPError(
+                503,
+                f"model {name!r} is still being exported and verified; retry in a few seconds "
+                f"(ready now: {', '.join(n for t, n in self.order if t == task)})",
+            )
         if (task, name) not in self.models:
             if (task, name) in self.failed:  # a pending one that did not load
                 raise HTTPError(500, f"model {name!r} could not be loaded on this replica; the server log says why")
@@ -569,13 +630,20 @@ class ModelServer:
         ``Retry-After`` when they are not free within :data:`DECODE_WAIT_S`."""
         budget = self.decode
         if need > budget.total:
-            raise HTTPError(413, f"{what} takes about {_size(need)} of memory to decode, over this replica's decode "
-                                 f"budget of {_size(budget.total)} ({budget.total // DECODE_BYTES_PER_PIXEL / 1e6:.1f} "
-                                 "MP); send a smaller one")
+            raise HTTPError(
+                413,
+                f"{what} takes about {_size(need)} of memory to decode, over this replica's decode "
+                f"budget of {_size(budget.total)} ({budget.total // DECODE_BYTES_PER_PIXEL / 1e6:.1f} "
+                "MP); send a smaller one",
+            )
         if not await budget.acquire(need, DECODE_WAIT_S):
-            raise HTTPError(503, f"busy: the work in progress holds {_size(budget.used)} of this replica's "
-                                 f"{_size(budget.total)} decode budget and {what} ({_size(need)}) found no room "
-                                 f"within {DECODE_WAIT_S:g} s; retry", headers={"Retry-After": "5"})
+            raise HTTPError(
+                503,
+                f"busy: the work in progress holds {_size(budget.used)} of this replica's "
+                f"{_size(budget.total)} decode budget and {what} ({_size(need)}) found no room "
+                f"within {DECODE_WAIT_S:g} s; retry",
+                headers={"Retry-After": "5"},
+            )
         try:
             yield
         finally:
@@ -588,7 +656,7 @@ class ModelServer:
 
     # ------------------------------------------------------------------------------------------- routes
     @api.post("/classify")
-    async def classify(self, request: Request, model: Optional[str] = None, k: int = 5):
+    async def classify(self, request: Request, model: str | None = None, k: int = 5):
         """Top-``k`` classes of the uploaded image (``model``: a classifier of ``GET /models``)."""
 
         async def work():
@@ -599,14 +667,18 @@ class ModelServer:
             batched = self._batched(served, asyncio.get_running_loop())
             async with await self._decoding(data):
                 probs, ms = await self._in_thread(predict.classify, batched, data, k)
-            return {"model": served.name, "variant": served.variant,
-                    "top": [{"class": c, "probability": p} for c, p in probs.items()],
-                    "latency_ms": round(ms, 3), "replica": self.replica}
+            return {
+                "model": served.name,
+                "variant": served.variant,
+                "top": [{"class": c, "probability": p} for c, p in probs.items()],
+                "latency_ms": round(ms, 3),
+                "replica": self.replica,
+            }
 
         return await self._answer("classify", work)
 
     @api.post("/segment")
-    async def segment(self, request: Request, model: Optional[str] = None, max_side: Optional[int] = None):
+    async def segment(self, request: Request, model: str | None = None, max_side: int | None = None):
         """Class-id mask of the uploaded image at its own size (``max_side``: the longest side the model sees,
         default its input size; larger runs sliding windows)."""
 
@@ -620,10 +692,17 @@ class ModelServer:
                 mask, ms = await self._in_thread(predict.segment, batched, data, max_side)
                 shares = predict.pixel_shares(mask, len(served.class_names))
                 png = await self._in_thread(mask_png, mask)
-            return {"model": served.name, "variant": served.variant, "height": int(mask.shape[0]),
-                    "width": int(mask.shape[1]), "class_names": served.class_names, "mask_png": png,
-                    "shares": {served.class_names[i]: round(float(s), 6) for i, s in enumerate(shares) if s > 0},
-                    "latency_ms": round(ms, 3), "replica": self.replica}
+            return {
+                "model": served.name,
+                "variant": served.variant,
+                "height": int(mask.shape[0]),
+                "width": int(mask.shape[1]),
+                "class_names": served.class_names,
+                "mask_png": png,
+                "shares": {served.class_names[i]: round(float(s), 6) for i, s in enumerate(shares) if s > 0},
+                "latency_ms": round(ms, 3),
+                "replica": self.replica,
+            }
 
         return await self._answer("segment", work)
 
@@ -639,29 +718,38 @@ class ModelServer:
             want = f"float32 (N, 3, {h}, {w}) with N in 1..{MAX_TENSOR_BATCH}"
             limit = MAX_TENSOR_BATCH * 3 * 4 * h * w + _NPY_HEADER_ROOM
 
-            def too_large(size: Optional[int], limit: int, head: bytes) -> str:
+            def too_large(size: int | None, limit: int, head: bytes) -> str:
                 shape = _npy_shape(head)
                 if shape and len(shape[0]) == 4 and shape[0][0] > MAX_TENSOR_BATCH:
-                    return (f"the batch holds {shape[0][0]} images; at most {MAX_TENSOR_BATCH} per request "
-                            f"({want})")
-                return (f"the body is {f'{_size(size)}, ' if size is not None else ''}over the {_size(limit)} that "
-                        f"{MAX_TENSOR_BATCH} images of float32 (3, {h}, {w}) take; send {want}")
+                    return f"the batch holds {shape[0][0]} images; at most {MAX_TENSOR_BATCH} per request ({want})"
+                return (
+                    f"the body is {f'{_size(size)}, ' if size is not None else ''}over the {_size(limit)} that "
+                    f"{MAX_TENSOR_BATCH} images of float32 (3, {h}, {w}) take; send {want}"
+                )
 
             body = await _body(request, limit, too_large, peek=_NPY_HEADER_ROOM)
             async with self._holding(2 * len(body), f"a {len(body):,}-byte tensor batch"):  # the body, the array
                 x = _load_npy(body)
                 del body
-                if (x.dtype != np.float32 or x.ndim != 4 or x.shape[1] != 3 or not 1 <= len(x) <= MAX_TENSOR_BATCH
-                        or (served.fixed_size and tuple(x.shape[2:]) != (h, w))):
+                if (
+                    x.dtype != np.float32
+                    or x.ndim != 4
+                    or x.shape[1] != 3
+                    or not 1 <= len(x) <= MAX_TENSOR_BATCH
+                    or (served.fixed_size and tuple(x.shape[2:]) != (h, w))
+                ):
                     raise HTTPError(400, f"expected {want}, got {x.dtype} {tuple(x.shape)}")
                 if not np.isfinite(x).all():
                     raise HTTPError(400, "the input holds NaN or infinite values")
                 out = await self._infer((served.task, served.name, x))
                 if not np.isfinite(out).all():  # finite but huge inputs overflow: the input's fault, named
-                    raise HTTPError(400, f"the input (values {float(x.min()):.3g} to {float(x.max()):.3g}) makes model "
-                                         f"{served.name!r} produce non-finite outputs (NaN or inf); it takes "
-                                         f"preprocessed pixels, (x/255 - mean) / std with mean {list(served.mean)} and "
-                                         f"std {list(served.std)}, as GET /models lists")
+                    raise HTTPError(
+                        400,
+                        f"the input (values {float(x.min()):.3g} to {float(x.max()):.3g}) makes model "
+                        f"{served.name!r} produce non-finite outputs (NaN or inf); it takes "
+                        f"preprocessed pixels, (x/255 - mean) / std with mean {list(served.mean)} and "
+                        f"std {list(served.std)}, as GET /models lists",
+                    )
                 buf = io.BytesIO()
                 np.save(buf, np.ascontiguousarray(out, np.float32), allow_pickle=False)
                 return Response(buf.getvalue(), media_type=NPY_TYPE)
@@ -674,11 +762,22 @@ class ModelServer:
         rows = []
         for key in self.order:
             m = self.models[key]
-            rows.append({"name": m.name, "variant": m.variant, "task": m.task, "arch": m.arch,
-                         "class_names": m.class_names, "input_size": list(m.input_size), "mean": list(m.mean),
-                         "std": list(m.std), "fixed_size": m.fixed_size, "backend": m.backend,
-                         "input_style": m.input_style,
-                         "file": Path(m.source).name})
+            rows.append(
+                {
+                    "name": m.name,
+                    "variant": m.variant,
+                    "task": m.task,
+                    "arch": m.arch,
+                    "class_names": m.class_names,
+                    "input_size": list(m.input_size),
+                    "mean": list(m.mean),
+                    "std": list(m.std),
+                    "fixed_size": m.fixed_size,
+                    "backend": m.backend,
+                    "input_style": m.input_style,
+                    "file": Path(m.source).name,
+                }
+            )
         return {"models": rows, "pending": [{"task": t, "name": n} for t, n in self.pending]}
 
     @api.get("/health")
@@ -690,14 +789,27 @@ class ModelServer:
     async def replica_stats(self):
         """This replica's counters: requests, statuses, dynamic batches and their sizes, model time."""
         settings = {k: self.settings[k] for k in _PUBLIC_SETTINGS if k in self.settings}
-        return {"replica": self.replica, "settings": settings, **self.stats.as_dict(),
-                "decode_budget": self.decode.as_dict()}
+        return {
+            "replica": self.replica,
+            "settings": settings,
+            **self.stats.as_dict(),
+            "decode_budget": self.decode.as_dict(),
+        }
 
 
-def build_app(folder: Path, files: Mapping[str, str], *, replicas: int = 1, cpus_per_replica: float = 1.0,
-              gpus_per_replica: float = 0.0, max_ongoing_requests: int = 64, settings: Mapping[str, Any]):
+def build_app(
+    folder: Path,
+    files: Mapping[str, str],
+    *,
+    replicas: int = 1,
+    cpus_per_replica: float = 1.0,
+    gpus_per_replica: float = 0.0,
+    max_ongoing_requests: int = 64,
+    settings: Mapping[str, Any],
+):
     """The bound application (``serve.run`` it): ``replicas`` copies of :class:`ModelServer`."""
     return ModelServer.options(
-        num_replicas=replicas, max_ongoing_requests=max_ongoing_requests,
+        num_replicas=replicas,
+        max_ongoing_requests=max_ongoing_requests,
         ray_actor_options={"num_cpus": cpus_per_replica, "num_gpus": gpus_per_replica},
     ).bind(str(folder), dict(files), {**settings, "max_ongoing_requests": max_ongoing_requests})

@@ -20,7 +20,6 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional
 
 from attnzoo.cli import add_debug_flag, entry_point
 from attnzoo.errors import UsageError
@@ -39,59 +38,99 @@ __all__ = ["main", "build_parser"]
 def build_parser() -> argparse.ArgumentParser:
     """The ``serve-models`` argument parser (every setting defaults to None: config file, then built-in)."""
     d = ServeConfig()
-    p = argparse.ArgumentParser(prog="serve-models", formatter_class=argparse.RawDescriptionHelpFormatter,
-                                description="Serve attnzoo models over HTTP with Ray Serve (dynamic batching, "
-                                            "replicas). Flags override --config, which overrides the defaults.",
-                                epilog="examples:\n" + __doc__.split("Examples::\n\n", 1)[1])
-    p.add_argument("--config", type=Path, default=None, metavar="FILE",
-                   help="YAML or JSON file with any of the settings below (keys as the long flags)")
+    p = argparse.ArgumentParser(
+        prog="serve-models",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Serve attnzoo models over HTTP with Ray Serve (dynamic batching, "
+        "replicas). Flags override --config, which overrides the defaults.",
+        epilog="examples:\n" + __doc__.split("Examples::\n\n", 1)[1],
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="YAML or JSON file with any of the settings below (keys as the long flags)",
+    )
     p.add_argument("--host", help=f"address the HTTP proxy listens on (default {d.host})")
     p.add_argument("--port", type=int, help=f"HTTP port (default {d.port})")
-    p.add_argument("--address", help="join this Ray cluster (e.g. auto, or ray://head:10001) instead of starting "
-                                     "a local Ray; --models must then be readable at the same path on every node")
+    p.add_argument(
+        "--address",
+        help="join this Ray cluster (e.g. auto, or ray://head:10001) instead of starting "
+        "a local Ray; --models must then be readable at the same path on every node",
+    )
     src = p.add_argument_group("models (default: the zoo)")
     src.add_argument("--models", type=Path, metavar="DIR", help="serve this folder of export-model .onnx files")
     src.add_argument("--data", help=f"zoo models trained on this data set (default {d.data})")
-    src.add_argument("--arch", help="serve freshly initialised models of this arch (e.g. tiny: ViT-Ti at 224 px), "
-                                    "exported and verified once into the cache; untrained, for measuring serving")
+    src.add_argument(
+        "--arch",
+        help="serve freshly initialised models of this arch (e.g. tiny: ViT-Ti at 224 px), "
+        "exported and verified once into the cache; untrained, for measuring serving",
+    )
     src.add_argument("--variants", help="comma-separated variants to serve (default: all; standard with --arch)")
-    src.add_argument("--task", choices=TASK_CHOICES, help="which models: cls, seg or both (default both; cls "
-                                                          "with --arch)")
+    src.add_argument(
+        "--task", choices=TASK_CHOICES, help="which models: cls, seg or both (default both; cls with --arch)"
+    )
     run = p.add_argument_group("replicas and batching")
     run.add_argument("--replicas", type=int, help=f"Ray Serve replicas (default {d.replicas})")
-    run.add_argument("--cpus-per-replica", type=float, help=f"CPUs each replica reserves (default "
-                                                             f"{d.cpus_per_replica:g})")
-    run.add_argument("--gpus-per-replica", type=float, help=f"GPUs each replica reserves (default "
-                                                             f"{d.gpus_per_replica:g}); with --backend tensorrt")
+    run.add_argument(
+        "--cpus-per-replica", type=float, help=f"CPUs each replica reserves (default {d.cpus_per_replica:g})"
+    )
+    run.add_argument(
+        "--gpus-per-replica",
+        type=float,
+        help=f"GPUs each replica reserves (default {d.gpus_per_replica:g}); with --backend tensorrt",
+    )
     run.add_argument("--threads", type=int, help="ONNX Runtime threads per replica (default: --cpus-per-replica)")
-    run.add_argument("--max-batch-size", type=int,
-                     help=f"most requests in one dynamic batch; 1 turns batching off (default "
-                          f"{DEFAULT_MAX_BATCH['cpu']} on CPU replicas, where ONNX Runtime runs ViT-Ti faster per "
-                          f"image at batch 1 than at 8; {DEFAULT_MAX_BATCH['gpu']} with --gpus-per-replica)")
-    run.add_argument("--batch-wait-ms", type=float, help=f"how long a batch waits for more requests (default "
-                                                          f"{d.batch_wait_ms:g})")
+    run.add_argument(
+        "--max-batch-size",
+        type=int,
+        help=f"most requests in one dynamic batch; 1 turns batching off (default "
+        f"{DEFAULT_MAX_BATCH['cpu']} on CPU replicas, where ONNX Runtime runs ViT-Ti faster per "
+        f"image at batch 1 than at 8; {DEFAULT_MAX_BATCH['gpu']} with --gpus-per-replica)",
+    )
+    run.add_argument(
+        "--batch-wait-ms", type=float, help=f"how long a batch waits for more requests (default {d.batch_wait_ms:g})"
+    )
     run.add_argument("--no-batching", action="store_true", help="same as --max-batch-size 1 --batch-wait-ms 0")
-    run.add_argument("--decode-memory-mb", type=float, metavar="MIB",
-                     help="memory the images one replica decodes at once may hold, in MiB; uploads beyond it wait, "
-                          "then get 503 (default: a quarter of the memory available to the replica, at most 3.2 GB: "
-                          "two images at the 40 MP cap)")
-    run.add_argument("--max-ongoing-requests", type=int,
-                     help=f"requests a replica takes at once, the rest wait in the proxy (default "
-                          f"{d.max_ongoing_requests})")
-    run.add_argument("--backend", help="ort-cpu (default; alias onnxruntime) or openvino on the CPU, or tensorrt (engines "
-                                       "built once per replica's GPU, checked against ONNX Runtime); any backend of "
-                                       "python -m attnzoo.runtime that runs ONNX files, by name or alias")
-    run.add_argument("--dtype", choices=SERVED_DTYPES,
-                     help="int8: serve only int8 models whose export-model verification report holds (the "
-                          "zoo's, quantized and scored on their test split once into the cache; or the files of "
-                          "--models DIR from export-model --dtype int8, unverified ones skipped with the reason); "
-                          "bf16 (with --backend openvino, on a CPU with bf16 units): the fp32 exports at OpenVINO's "
-                          "bf16 precision, extra math pinned to f32, each verified on its test split first; "
-                          "default fp32: the unquantized files (fp32 and fp16 exports)")
-    p.add_argument("--cache-dir", type=Path, help="zoo / random-init exports (default $ATTNZOO_CACHE or "
-                                                  "~/.cache/attnzoo)")
-    p.add_argument("--metrics-port", type=int, default=None,
-                   help="local Ray only: port of Ray's Prometheus metrics (default: a free port, printed)")
+    run.add_argument(
+        "--decode-memory-mb",
+        type=float,
+        metavar="MIB",
+        help="memory the images one replica decodes at once may hold, in MiB; uploads beyond it wait, "
+        "then get 503 (default: a quarter of the memory available to the replica, at most 3.2 GB: "
+        "two images at the 40 MP cap)",
+    )
+    run.add_argument(
+        "--max-ongoing-requests",
+        type=int,
+        help=f"requests a replica takes at once, the rest wait in the proxy (default {d.max_ongoing_requests})",
+    )
+    run.add_argument(
+        "--backend",
+        help="ort-cpu (default; alias onnxruntime) or openvino on the CPU, or tensorrt (engines "
+        "built once per replica's GPU, checked against ONNX Runtime); any backend of "
+        "python -m attnzoo.runtime that runs ONNX files, by name or alias",
+    )
+    run.add_argument(
+        "--dtype",
+        choices=SERVED_DTYPES,
+        help="int8: serve only int8 models whose export-model verification report holds (the "
+        "zoo's, quantized and scored on their test split once into the cache; or the files of "
+        "--models DIR from export-model --dtype int8, unverified ones skipped with the reason); "
+        "bf16 (with --backend openvino, on a CPU with bf16 units): the fp32 exports at OpenVINO's "
+        "bf16 precision, extra math pinned to f32, each verified on its test split first; "
+        "default fp32: the unquantized files (fp32 and fp16 exports)",
+    )
+    p.add_argument(
+        "--cache-dir", type=Path, help="zoo / random-init exports (default $ATTNZOO_CACHE or ~/.cache/attnzoo)"
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="local Ray only: port of Ray's Prometheus metrics (default: a free port, printed)",
+    )
     return add_debug_flag(p)
 
 
@@ -123,7 +162,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
 
 
 @entry_point
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Entry point of ``serve-models``: runs until Ctrl-C / SIGTERM."""
     args = build_parser().parse_args(argv)
     cfg = config_from_args(args)
@@ -153,26 +192,38 @@ def _native_stderr_off() -> None:
         os.close(null)
     except (OSError, AttributeError, ValueError):  # no stderr to begin with
         return
-    sys.stderr = os.fdopen(kept, "w", buffering=1, encoding=getattr(sys.stderr, "encoding", None) or "utf-8",
-                           errors="backslashreplace")
+    sys.stderr = os.fdopen(
+        kept, "w", buffering=1, encoding=getattr(sys.stderr, "encoding", None) or "utf-8", errors="backslashreplace"
+    )
 
 
 def _announce(cfg: ServeConfig, served) -> None:
     """The start-up lines: what is served where (the first one is what scripts wait for), where the start went."""
     selection, url, mode, metrics = served.selection, served.url, served.mode, served.metrics
-    batching = (f"dynamic batching up to {cfg.max_batch_size} requests, {cfg.batch_wait_ms:g} ms wait"
-                if cfg.max_batch_size > 1 else "batching off")
-    print(f"serving {len(selection.files)} model(s) with {cfg.replicas} replica(s) x {cfg.intra_op_threads} "
-          f"thread(s), {batching}, {mode}, on {url}", flush=True)
-    print(f"  POST {url}/classify   POST {url}/segment   GET {url}/models   GET {url}/health   GET {url}/stats",
-          flush=True)
+    batching = (
+        f"dynamic batching up to {cfg.max_batch_size} requests, {cfg.batch_wait_ms:g} ms wait"
+        if cfg.max_batch_size > 1
+        else "batching off"
+    )
+    print(
+        f"serving {len(selection.files)} model(s) with {cfg.replicas} replica(s) x {cfg.intra_op_threads} "
+        f"thread(s), {batching}, {mode}, on {url}",
+        flush=True,
+    )
+    print(
+        f"  POST {url}/classify   POST {url}/segment   GET {url}/models   GET {url}/health   GET {url}/stats",
+        flush=True,
+    )
     if metrics:
         print(f"  Ray Serve metrics (Prometheus): {metrics}", flush=True)
     if served.startup_s:
         print(f"  {startup_line(served.startup_s)}", flush=True)
     if selection.pending:
-        print(f"  exporting and verifying the other {len(selection.pending)} zoo model(s) in the background; each "
-              "answers 503 until it is ready", flush=True)
+        print(
+            f"  exporting and verifying the other {len(selection.pending)} zoo model(s) in the background; each "
+            "answers 503 until it is ready",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import httpx
 
@@ -35,17 +35,21 @@ psutil = lazy_import("psutil")  # comes with ray (the [serving] extra), which th
 __all__ = ["cold_start"]
 
 
-def cold_start(sig: int = signal.SIGTERM, timeout: float = 600.0) -> Dict[str, Any]:
+def cold_start(sig: int = signal.SIGTERM, timeout: float = 600.0) -> dict[str, Any]:
     """Start ``serve-models`` on an empty cache, time its first answer and its stop (module docstring)."""
     image = Path(examples.example_paths("cls")[0]).read_bytes()
     port = free_port()
     load_before = load_average()
     with tempfile.TemporaryDirectory(prefix="attnzoo-coldstart-") as cache:
         start = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "attnzoo.serve.rayserve.cli", "--port", str(port), "--cache-dir",
-                                 cache], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
-                                text=True)
-        lines: List[str] = []
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "attnzoo.serve.rayserve.cli", "--port", str(port), "--cache-dir", cache],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            text=True,
+        )
+        lines: list[str] = []
         announced = threading.Event()  # its start-up line was printed (it can follow the first answer)
         reader = threading.Thread(target=_read, args=(proc.stdout, lines, announced), daemon=True)
         reader.start()
@@ -75,15 +79,23 @@ def cold_start(sig: int = signal.SIGTERM, timeout: float = 600.0) -> Dict[str, A
                 os.killpg(proc.pid, signal.SIGKILL)
     cpu = cpu_info()
     startup = next((line.strip() for line in list(lines) if line.strip().startswith("started in ")), None)
-    return {"first_classify_s": round(first, 2), "startup": startup, "first_label": label,
-            "signal": signal.Signals(sig).name,
-            "exit_code": code, "stop_s": round(stopped, 2), "processes_left": [p.pid for p in alive],
-            "port_free": port_problem("127.0.0.1", port) is None, "cpu": cpu_summary(cpu),
-            "usable_cores": cpu["usable_cores"], "load_average_before": load_before,
-            "command": "python -m attnzoo.serve.rayserve.coldstart"}
+    return {
+        "first_classify_s": round(first, 2),
+        "startup": startup,
+        "first_label": label,
+        "signal": signal.Signals(sig).name,
+        "exit_code": code,
+        "stop_s": round(stopped, 2),
+        "processes_left": [p.pid for p in alive],
+        "port_free": port_problem("127.0.0.1", port) is None,
+        "cpu": cpu_summary(cpu),
+        "usable_cores": cpu["usable_cores"],
+        "load_average_before": load_before,
+        "command": "python -m attnzoo.serve.rayserve.coldstart",
+    }
 
 
-def _read(stream, lines: List[str], announced: threading.Event) -> None:
+def _read(stream, lines: list[str], announced: threading.Event) -> None:
     for line in stream:
         lines.append(line)
         if line.strip().startswith("started in "):
@@ -97,7 +109,7 @@ def _process(pid: int):
         return None
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m attnzoo.serve.rayserve.coldstart", description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
     p.add_argument("--repeats", type=int, default=2, help="cold starts, alternating SIGTERM and SIGINT")

@@ -14,9 +14,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import Any
 
 import yaml
 
@@ -24,8 +25,15 @@ from attnzoo.limits import MAX_BATCH_SIZE
 from attnzoo.runtime.backends import backends, canonical_backend, get_backend
 from attnzoo.runtime.sessions import SERVED_DTYPES
 
-__all__ = ["ServeConfig", "TASK_CHOICES", "DEFAULT_MAX_BATCH", "DEPLOYMENT", "onnx_backends", "read_config_file",
-           "merged"]
+__all__ = [
+    "ServeConfig",
+    "TASK_CHOICES",
+    "DEFAULT_MAX_BATCH",
+    "DEPLOYMENT",
+    "onnx_backends",
+    "read_config_file",
+    "merged",
+]
 
 #: Deployment (and Ray Serve application) name.
 DEPLOYMENT = "attnzoo"
@@ -40,7 +48,7 @@ TASK_CHOICES = ("cls", "seg", "both")
 DEFAULT_MAX_BATCH = {"cpu": 1, "gpu": 8}
 
 
-def onnx_backends() -> List[str]:
+def onnx_backends() -> list[str]:
     """The registry's backends a replica can run the verified ONNX files with (``--backend``)."""
     return [b.name for b in backends() if b.takes == "onnx"]
 
@@ -74,23 +82,23 @@ class ServeConfig:
 
     host: str = "127.0.0.1"
     port: int = 8000
-    address: Optional[str] = None
-    models: Optional[Path] = None
+    address: str | None = None
+    models: Path | None = None
     data: str = "fashion"
-    variants: Optional[List[str]] = None
+    variants: list[str] | None = None
     task: str = "both"
-    arch: Optional[str] = None
+    arch: str | None = None
     replicas: int = 1
     cpus_per_replica: float = 1.0
     gpus_per_replica: float = 0.0
-    threads: Optional[int] = None
-    max_batch_size: Optional[int] = None
+    threads: int | None = None
+    max_batch_size: int | None = None
     batch_wait_ms: float = 2.0
     max_ongoing_requests: int = 64
     backend: str = "ort-cpu"
-    cache_dir: Optional[Path] = None
+    cache_dir: Path | None = None
     dtype: str = "fp32"
-    decode_memory_mb: Optional[float] = None
+    decode_memory_mb: float | None = None
 
     @property
     def intra_op_threads(self) -> int:
@@ -98,11 +106,11 @@ class ServeConfig:
         return int(self.threads or max(1, math.floor(self.cpus_per_replica)))
 
     @property
-    def tasks(self) -> Optional[List[str]]:
+    def tasks(self) -> list[str] | None:
         """The tasks to serve (``None``: both)."""
         return None if self.task == "both" else [self.task]
 
-    def validate(self) -> "ServeConfig":
+    def validate(self) -> ServeConfig:
         """``ValueError`` (one line, naming the key) for a value out of range; returns ``self``."""
         if self.max_batch_size is None:
             self.max_batch_size = DEFAULT_MAX_BATCH["gpu" if self.gpus_per_replica > 0 else "cpu"]
@@ -114,32 +122,43 @@ class ServeConfig:
             ("threads", self.threads is None or self.threads >= 1, "must be at least 1"),
             ("max_batch_size", 1 <= self.max_batch_size <= MAX_BATCH_SIZE, f"must be in 1..{MAX_BATCH_SIZE}"),
             ("batch_wait_ms", 0 <= self.batch_wait_ms <= 10_000, "must be in 0..10000"),
-            ("max_ongoing_requests", self.max_ongoing_requests >= self.max_batch_size,
-             f"must be at least max_batch_size ({self.max_batch_size})"),
+            (
+                "max_ongoing_requests",
+                self.max_ongoing_requests >= self.max_batch_size,
+                f"must be at least max_batch_size ({self.max_batch_size})",
+            ),
             ("task", self.task in TASK_CHOICES, f"must be one of {', '.join(TASK_CHOICES)}"),
             ("dtype", self.dtype in SERVED_DTYPES, f"must be one of {', '.join(SERVED_DTYPES)}"),
             ("host", bool(re.fullmatch(r"[A-Za-z0-9.:-]+", self.host)), "must be an IP address or a host name"),
-            ("decode_memory_mb", self.decode_memory_mb is None or 0 < self.decode_memory_mb < 2**40,
-             "must be a positive number of MiB"),
+            (
+                "decode_memory_mb",
+                self.decode_memory_mb is None or 0 < self.decode_memory_mb < 2**40,
+                "must be a positive number of MiB",
+            ),
         ]
         for key, ok, why in checks:
             if not ok:
                 raise ValueError(f"{key} {why}, got {getattr(self, key)!r}")
         self.backend = canonical_backend(self.backend)  # an alias (onnxruntime ...) becomes the one name
         if self.backend not in onnx_backends():
-            raise ValueError(f"backend must be one of {', '.join(onnx_backends())} (or an alias), got "
-                             f"{self.backend!r}")
+            raise ValueError(f"backend must be one of {', '.join(onnx_backends())} (or an alias), got {self.backend!r}")
         if self.models is not None and self.arch is not None:
             raise ValueError("models (a folder) and arch (random-init models) exclude each other")
         if self.dtype == "int8" and self.arch is not None:
-            raise ValueError("dtype int8 serves verified int8 models (the zoo's, or a models folder of export-model "
-                             "--dtype int8 files); random-init models have no test set to verify int8 on")
+            raise ValueError(
+                "dtype int8 serves verified int8 models (the zoo's, or a models folder of export-model "
+                "--dtype int8 files); random-init models have no test set to verify int8 on"
+            )
         if self.dtype == "int8" and get_backend(self.backend).int8_model is None:
-            raise ValueError(f"dtype int8 is served on the CPU runtimes ("
-                             f"{', '.join(b.name for b in backends() if b.int8_model)}), not {self.backend}")
+            raise ValueError(
+                f"dtype int8 is served on the CPU runtimes ("
+                f"{', '.join(b.name for b in backends() if b.int8_model)}), not {self.backend}"
+            )
         if self.dtype == "bf16" and self.arch is not None:
-            raise ValueError("dtype bf16 serves trained models verified on their test split (the zoo's, or a models "
-                             "folder); random-init models have no test set to verify bf16 on")
+            raise ValueError(
+                "dtype bf16 serves trained models verified on their test split (the zoo's, or a models "
+                "folder); random-init models have no test set to verify bf16 on"
+            )
         if self.dtype == "bf16" and "bf16" not in get_backend(self.backend).dtypes:
             bf16 = [b.name for b in backends() if b.takes == "onnx" and "bf16" in b.dtypes]
             raise ValueError(f"dtype bf16 runs on OpenVINO (backend {' or '.join(bf16)}), not {self.backend}")
@@ -149,7 +168,7 @@ class ServeConfig:
 _FIELDS = {f.name: f for f in dataclasses.fields(ServeConfig)}
 
 
-def read_config_file(path: Union[str, Path]) -> Dict[str, Any]:
+def read_config_file(path: str | Path) -> dict[str, Any]:
     """The keys of a YAML (or JSON) config file, ``-`` spelt ``_``.
 
     Raises:
@@ -159,8 +178,10 @@ def read_config_file(path: Union[str, Path]) -> Dict[str, Any]:
     if not path.is_file():
         raise ValueError(f"config file not found: {path}")
     if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise ValueError(f"config file {path} is {path.stat().st_size / 2**20:.1f} MiB, over the "
-                         f"{MAX_CONFIG_BYTES // 1024} KiB a settings file can be")
+        raise ValueError(
+            f"config file {path} is {path.stat().st_size / 2**20:.1f} MiB, over the "
+            f"{MAX_CONFIG_BYTES // 1024} KiB a settings file can be"
+        )
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
@@ -209,7 +230,7 @@ def _coerce(key: str, value: Any) -> Any:
 
 def merged(file_values: Mapping[str, Any], flag_values: Mapping[str, Any]) -> ServeConfig:
     """Defaults, overridden by the config file, overridden by the flags given (``None`` = not given)."""
-    values: Dict[str, Any] = {}
+    values: dict[str, Any] = {}
     for source in (file_values, flag_values):
         for key, value in source.items():
             if key in _FIELDS and value is not None:

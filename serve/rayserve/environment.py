@@ -17,15 +17,26 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional
+from typing import Any
 
 from attnzoo.serve.network import free_port, is_loopback
 from attnzoo.serve.rayserve.config import ServeConfig
 from attnzoo.signals import set_handler
 
-__all__ = ["CLIENT_IDLE_S", "LOCAL_RAY_ENV", "REQUEST_TIMEOUT_S", "ray_serve_mode", "haproxy_wrapper",
-           "port_problem", "start_ray", "metrics_url", "free_port", "is_loopback"]
+__all__ = [
+    "CLIENT_IDLE_S",
+    "LOCAL_RAY_ENV",
+    "REQUEST_TIMEOUT_S",
+    "ray_serve_mode",
+    "haproxy_wrapper",
+    "port_problem",
+    "start_ray",
+    "metrics_url",
+    "free_port",
+    "is_loopback",
+]
 
 #: Environment of a Ray that ``start_ray`` starts (each is only a default: a value already set wins, ``=0``
 #: turns a switch off). Ray Serve's throughput-optimized mode (direct ingress to the replicas, gRPC inside Serve,
@@ -45,10 +56,13 @@ __all__ = ["CLIENT_IDLE_S", "LOCAL_RAY_ENV", "REQUEST_TIMEOUT_S", "ray_serve_mod
 #: A client that goes quiet for :data:`CLIENT_IDLE_S` is dropped (``RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S``; Ray's
 #: default is an hour); see :data:`REQUEST_TIMEOUT_S` for the time a whole request may take to arrive.
 CLIENT_IDLE_S = 30
-LOCAL_RAY_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1",
-                 "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response",
-                 "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": str(256 * 1024),
-                 "RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S": str(CLIENT_IDLE_S)}
+LOCAL_RAY_ENV = {
+    "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+    "RAY_SERVE_ENABLE_HA_PROXY": "1",
+    "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response",
+    "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": str(256 * 1024),
+    "RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S": str(CLIENT_IDLE_S),
+}
 #: Seconds a request's headers and the first 256 KiB of its body (all of a body that fits HAProxy's buffer) may
 #: take to arrive: HAProxy holds the request until then (``option http-buffer-request``) and answers 408 after
 #: it, so a slow client never reaches a replica, never takes one of its ``--max-ongoing-requests`` slots, and
@@ -103,15 +117,19 @@ _HAPROXY_PORTS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_POR
 #: read, shared by every Ray of the machine): its config, admin socket, server state, metrics socket and logs. A
 #: local Ray puts them in a folder of its own that only its owner can enter, removed by the stop (Ray adds
 #: ``<node id>/`` to each of these paths).
-_HAPROXY_FILES = {"RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": "haproxy.cfg", "RAY_SERVE_HAPROXY_SOCKET_PATH": "cli.sock",
-                  "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": "", "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": "server-state",
-                  "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": "log.sock"}
+_HAPROXY_FILES = {
+    "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": "haproxy.cfg",
+    "RAY_SERVE_HAPROXY_SOCKET_PATH": "cli.sock",
+    "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": "",
+    "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": "server-state",
+    "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": "log.sock",
+}
 #: Longest socket path HAProxy takes, for any pid: it binds the admin socket as ``<path>.<pid>.tmp`` first (a pid
 #: has up to 7 digits) and a UNIX socket's address holds 107 bytes; its ``log`` target takes 97 (the metrics
 #: socket, ``log.sock``, is as long as ``cli.sock``).
 _MAX_SOCKET_PATH = 95
 #: The values this process set itself (re-chosen at each start; a value set by anyone else is never touched).
-_OWN_ENV: Dict[str, str] = {}
+_OWN_ENV: dict[str, str] = {}
 
 
 def ray_serve_mode() -> str:
@@ -119,8 +137,9 @@ def ray_serve_mode() -> str:
     haproxy = os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1"
     optimized = os.environ.get("RAY_SERVE_THROUGHPUT_OPTIMIZED") == "1"
     retry = os.environ.get("RAY_SERVE_HAPROXY_RETRY_ON", "conn-failure")  # Ray's default
-    return ((f"HAProxy ingress (retry-on {retry})" if haproxy else "Serve's Python proxy")
-            + (", throughput-optimized" if optimized else ""))
+    return (f"HAProxy ingress (retry-on {retry})" if haproxy else "Serve's Python proxy") + (
+        ", throughput-optimized" if optimized else ""
+    )
 
 
 def _set_default(key: str, value: str) -> None:
@@ -128,8 +147,7 @@ def _set_default(key: str, value: str) -> None:
         os.environ[key] = _OWN_ENV[key] = value
 
 
-def haproxy_wrapper(stats: int, metrics: int, binary: str, host: Optional[str] = None,
-                    port: Optional[int] = None) -> str:
+def haproxy_wrapper(stats: int, metrics: int, binary: str, host: str | None = None, port: int | None = None) -> str:
     """The wrapper script of :data:`_HAPROXY_WRAPPER`; with ``host`` and ``port``, it also moves the HTTP
     frontend from ``127.0.0.1:port`` to ``host:port`` (an IPv6 address in brackets)."""
     frontend = note = ""
@@ -137,11 +155,17 @@ def haproxy_wrapper(stats: int, metrics: int, binary: str, host: Optional[str] =
         bind = f"[{host}]" if ":" in host else host
         frontend = f" -e 's/^\\([[:space:]]*bind \\)127\\.0\\.0\\.1:{port}$/\\1{bind}:{port}/'"
         note = f", the HTTP frontend on {bind}:{port}"
-    return _HAPROXY_WRAPPER.format(stats=stats, metrics=metrics, binary=shlex.quote(binary), frontend=frontend,
-                                   note=note, timeout=REQUEST_TIMEOUT_S)
+    return _HAPROXY_WRAPPER.format(
+        stats=stats,
+        metrics=metrics,
+        binary=shlex.quote(binary),
+        frontend=frontend,
+        note=note,
+        timeout=REQUEST_TIMEOUT_S,
+    )
 
 
-def _local_ray_env(host: str = "127.0.0.1", port: Optional[int] = None) -> None:
+def _local_ray_env(host: str = "127.0.0.1", port: int | None = None) -> None:
     """Apply :data:`LOCAL_RAY_ENV` as defaults (HAProxy only where its binary is installed), and give this
     Ray's HAProxy free ports. ``host`` / ``port``: where the HTTP ingress listens (:data:`_LOCAL` ``serve_host``
     says which host Ray Serve is then told)."""
@@ -161,7 +185,7 @@ def _local_ray_env(host: str = "127.0.0.1", port: Optional[int] = None) -> None:
         _set_default("RAY_SERVE_ENABLE_DIRECT_INGRESS", "0")
 
 
-def _haproxy_files(host: Optional[str] = None, port: Optional[int] = None) -> None:
+def _haproxy_files(host: str | None = None, port: int | None = None) -> None:
     """Give this Ray's HAProxy a folder of its own (mode 0700, :data:`_HAPROXY_FILES`; removed by the stop) and
     point Ray at the wrapper of :data:`_HAPROXY_WRAPPER` in it (unless the user chose a binary); with a ``host``
     beyond loopback, the wrapper moves the HTTP frontend there and Ray Serve is told ``127.0.0.1``."""
@@ -181,16 +205,22 @@ def _haproxy_files(host: Optional[str] = None, port: Optional[int] = None) -> No
     except ImportError:
         return
     wrapper = folder / "haproxy"
-    wrapper.write_text(haproxy_wrapper(int(os.environ["RAY_SERVE_HAPROXY_STATS_PORT"]),
-                                       int(os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"]), get_haproxy_binary(),
-                                       host, port))
+    wrapper.write_text(
+        haproxy_wrapper(
+            int(os.environ["RAY_SERVE_HAPROXY_STATS_PORT"]),
+            int(os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"]),
+            get_haproxy_binary(),
+            host,
+            port,
+        )
+    )
     wrapper.chmod(0o700)
     _set_default(key, str(wrapper))
     if host is not None:
         _LOCAL["serve_host"] = "127.0.0.1"
 
 
-def port_problem(host: str, port: int) -> Optional[str]:
+def port_problem(host: str, port: int) -> str | None:
     """Why ``host:port`` cannot be listened on here (one line), or None."""
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -201,11 +231,16 @@ def port_problem(host: str, port: int) -> Optional[str]:
     return None
 
 
-_METRICS: Dict[str, Optional[int]] = {"port": None}
+_METRICS: dict[str, int | None] = {"port": None}
 #: ``temp_dirs``: folders this process made for its local Ray (its session files, the ready list, HAProxy's files
 #: and wrapper), removed when it stops. ``shutdown_abandoned``: a stop gave up waiting for Ray's driver shutdown.
-_LOCAL: Dict[str, Any] = {"started": False, "temp_dirs": [], "mark": None, "serve_host": None,
-                          "shutdown_abandoned": False}
+_LOCAL: dict[str, Any] = {
+    "started": False,
+    "temp_dirs": [],
+    "mark": None,
+    "serve_host": None,
+    "shutdown_abandoned": False,
+}
 
 
 @contextlib.contextmanager
@@ -229,7 +264,7 @@ def _keep_signal_handlers() -> Iterator[None]:
                     set_handler(sig, handler)
 
 
-def start_ray(cfg: ServeConfig, metrics_port: Optional[int] = None) -> bool:
+def start_ray(cfg: ServeConfig, metrics_port: int | None = None) -> bool:
     """Join ``cfg.address``, or start a local Ray with this machine's CPUs (and GPUs), no dashboard, on the
     loopback address, its session files (logs, sockets, HAProxy's config) in a temporary folder that the stop
     removes (under ``$RAY_TMPDIR`` instead, and kept, when that is set). Returns True when this process started
@@ -267,8 +302,14 @@ def start_ray(cfg: ServeConfig, metrics_port: Optional[int] = None) -> bool:
             _LOCAL["temp_dirs"].append(tempfile.mkdtemp(prefix="attnzoo-ray-"))
             session["_temp_dir"] = _LOCAL["temp_dirs"][-1]
         with _keep_signal_handlers():
-            ray.init(num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1",
-                     logging_level=logging.WARNING, _metrics_export_port=_METRICS["port"], **session)
+            ray.init(
+                num_cpus=os.cpu_count(),
+                include_dashboard=False,
+                _node_ip_address="127.0.0.1",
+                logging_level=logging.WARNING,
+                _metrics_export_port=_METRICS["port"],
+                **session,
+            )
         started = True
     have = ray.cluster_resources()
     need_cpu, need_gpu = cfg.replicas * cfg.cpus_per_replica, cfg.replicas * cfg.gpus_per_replica
@@ -276,15 +317,18 @@ def start_ray(cfg: ServeConfig, metrics_port: Optional[int] = None) -> bool:
         if need > avail + 1e-9:
             if started:
                 ray.shutdown()
-            raise ValueError(f"{cfg.replicas} replica(s) x {need / cfg.replicas:g} {what} need {need:g} {what}; "
-                             f"the Ray cluster has {avail:g}")
+            raise ValueError(
+                f"{cfg.replicas} replica(s) x {need / cfg.replicas:g} {what} need {need:g} {what}; "
+                f"the Ray cluster has {avail:g}"
+            )
     return started
 
 
-def metrics_url() -> Optional[str]:
+def metrics_url() -> str | None:
     """Where the local Ray exports its Prometheus metrics (Ray Serve's ``ray_serve_*`` included), or None
     when this process joined a cluster (see that cluster's own metrics setup)."""
     return f"http://127.0.0.1:{_METRICS['port']}/metrics" if _METRICS["port"] else None
+
 
 def _ray_initialized() -> bool:
     ray = sys.modules.get("ray")

@@ -15,10 +15,11 @@ import re
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any
 
 from attnzoo.errors import UsageError, first_line
 from attnzoo.fileio import atomic_write_text
@@ -26,23 +27,60 @@ from attnzoo.lazy import lazy_import
 from attnzoo.runtime.backends import get_backend
 from attnzoo.serve.network import exposure_warning
 from attnzoo.serve.rayserve.config import DEPLOYMENT, ServeConfig
-from attnzoo.serve.rayserve.environment import (CLIENT_IDLE_S, LOCAL_RAY_ENV, REQUEST_TIMEOUT_S, _LOCAL, free_port,
-                                                haproxy_wrapper, is_loopback, metrics_url, port_problem,
-                                                ray_serve_mode, start_ray)
+from attnzoo.serve.rayserve.environment import (
+    _LOCAL,
+    CLIENT_IDLE_S,
+    LOCAL_RAY_ENV,
+    REQUEST_TIMEOUT_S,
+    free_port,
+    haproxy_wrapper,
+    is_loopback,
+    metrics_url,
+    port_problem,
+    ray_serve_mode,
+    start_ray,
+)
 from attnzoo.serve.rayserve.reaping import STOP_GRACE_S, stop
-from attnzoo.serve.rayserve.selection import (Selection, check_zoo_selection, export_pending, random_init_models,
-                                              select_models)
+from attnzoo.serve.rayserve.selection import (
+    Selection,
+    check_zoo_selection,
+    export_pending,
+    random_init_models,
+    select_models,
+)
 from attnzoo.serve.rayserve.watchdog import WATCHDOG_S, stop_watchdog
 
 ray_app = lazy_import("attnzoo.serve.rayserve.app")  # imports ray: loaded by the first deploy
 
-__all__ = ["startup_line", "Selection", "select_models", "check_zoo_selection", "export_pending", "random_init_models",
-           "port_problem", "start_ray", "deploy", "stop", "stop_watchdog", "STOP_GRACE_S",
-           "WATCHDOG_S", "free_port", "metrics_url", "LOCAL_RAY_ENV", "ray_serve_mode", "is_loopback",
-           "haproxy_wrapper", "serve_models", "Served", "check_serve_config", "REQUEST_TIMEOUT_S", "CLIENT_IDLE_S"]
+__all__ = [
+    "startup_line",
+    "Selection",
+    "select_models",
+    "check_zoo_selection",
+    "export_pending",
+    "random_init_models",
+    "port_problem",
+    "start_ray",
+    "deploy",
+    "stop",
+    "stop_watchdog",
+    "STOP_GRACE_S",
+    "WATCHDOG_S",
+    "free_port",
+    "metrics_url",
+    "LOCAL_RAY_ENV",
+    "ray_serve_mode",
+    "is_loopback",
+    "haproxy_wrapper",
+    "serve_models",
+    "Served",
+    "check_serve_config",
+    "REQUEST_TIMEOUT_S",
+    "CLIENT_IDLE_S",
+]
 
 
-def deploy(cfg: ServeConfig, selection: Selection, name: Optional[str] = None) -> str:
+def deploy(cfg: ServeConfig, selection: Selection, name: str | None = None) -> str:
     """Start Serve's HTTP proxy on ``cfg.host:cfg.port`` and run the app (replaces a running one of the same
     name); returns the URL once every replica is up."""
     from ray import serve  # optional: ray (the [serving] extra); --help and usage errors load without it
@@ -51,19 +89,31 @@ def deploy(cfg: ServeConfig, selection: Selection, name: Optional[str] = None) -
     log = {"log_level": "WARNING", "enable_access_log": False}
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # the driver's "Started Serve ..." lines
     serve.start(http_options={"host": _LOCAL.get("serve_host") or cfg.host, "port": cfg.port}, logging_config=log)
-    settings = {"backend": cfg.backend, "threads": cfg.intra_op_threads, "dtype": cfg.dtype,
-                "cache_dir": str(cfg.cache_dir) if cfg.cache_dir else None,
-                "max_batch_size": cfg.max_batch_size, "batch_wait_s": cfg.batch_wait_ms / 1000.0,
-                "replicas": cfg.replicas, "decode_memory_mb": cfg.decode_memory_mb}
+    settings = {
+        "backend": cfg.backend,
+        "threads": cfg.intra_op_threads,
+        "dtype": cfg.dtype,
+        "cache_dir": str(cfg.cache_dir) if cfg.cache_dir else None,
+        "max_batch_size": cfg.max_batch_size,
+        "batch_wait_s": cfg.batch_wait_ms / 1000.0,
+        "replicas": cfg.replicas,
+        "decode_memory_mb": cfg.decode_memory_mb,
+    }
     if selection.pending:
         if selection.ready_file is None:
             selection.ready_file = Path(tempfile.mkdtemp(prefix="attnzoo-serve-")) / "ready.json"
             _LOCAL["temp_dirs"].append(selection.ready_file.parent)
         atomic_write_text(selection.ready_file, json.dumps(selection.files))
         settings.update(pending=list(selection.pending), ready_file=str(selection.ready_file))
-    app = ray_app.build_app(selection.folder, selection.files, replicas=cfg.replicas,
-                            cpus_per_replica=cfg.cpus_per_replica, gpus_per_replica=cfg.gpus_per_replica,
-                            max_ongoing_requests=cfg.max_ongoing_requests, settings=settings)
+    app = ray_app.build_app(
+        selection.folder,
+        selection.files,
+        replicas=cfg.replicas,
+        cpus_per_replica=cfg.cpus_per_replica,
+        gpus_per_replica=cfg.gpus_per_replica,
+        max_ongoing_requests=cfg.max_ongoing_requests,
+        settings=settings,
+    )
     try:
         serve.run(app, name=name or DEPLOYMENT, route_prefix="/", logging_config=log)
     except Exception as exc:  # Ray says only "Failed to update the deployments"; the replica's own error is in status
@@ -100,8 +150,9 @@ def _report_skipped(selection: Selection, handle) -> None:
         print(f"warning: skipping {file}: {why}", file=sys.stderr, flush=True)
         selection.files.pop(file, None)
     if not selection.files and not selection.pending:
-        raise ValueError(f"no model in {selection.folder} could be loaded: "
-                         + "; ".join(f"{f}: {why}" for f, why in skipped.items()))
+        raise ValueError(
+            f"no model in {selection.folder} could be loaded: " + "; ".join(f"{f}: {why}" for f, why in skipped.items())
+        )
 
 
 @dataclass
@@ -113,27 +164,27 @@ class Served:
     url: str
     selection: Selection
     mode: str
-    metrics: Optional[str]
-    cache_dir: Optional[Path] = None
-    startup_s: Dict[str, float] = field(default_factory=dict)
+    metrics: str | None
+    cache_dir: Path | None = None
+    startup_s: dict[str, float] = field(default_factory=dict)
 
     def export_pending(self) -> int:
         """Export and verify the zoo models still pending (each answers 503 until then); return how many are ready."""
         return export_pending(self.selection, self.cache_dir) if self.selection.pending else 0
 
 
-def _timed(fn: Callable[..., Any], *args: Any) -> Tuple[Any, float]:
+def _timed(fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
     t0 = time.perf_counter()
     return fn(*args), time.perf_counter() - t0
 
 
-def startup_line(startup_s: Dict[str, float]) -> str:
+def startup_line(startup_s: dict[str, float]) -> str:
     """``started in T s: step a s, ...`` (the steps of :attr:`Served.startup_s`; ``total`` is the wall time)."""
     steps = ", ".join(f"{k} {v:.1f} s" for k, v in startup_s.items() if k != "total")
     return f"started in {startup_s['total']:.1f} s: {steps}"
 
 
-def check_serve_config(cfg: ServeConfig, metrics_port: Optional[int] = None) -> List[str]:
+def check_serve_config(cfg: ServeConfig, metrics_port: int | None = None) -> list[str]:
     """What ``cfg`` cannot start with, raised before anything starts; returns the warnings to show.
 
     Raises:
@@ -157,7 +208,7 @@ def check_serve_config(cfg: ServeConfig, metrics_port: Optional[int] = None) -> 
 
 
 @contextlib.contextmanager
-def serve_models(cfg: ServeConfig, *, metrics_port: Optional[int] = None) -> Iterator[Served]:
+def serve_models(cfg: ServeConfig, *, metrics_port: int | None = None) -> Iterator[Served]:
     """Serve the verified models ``cfg`` selects until the ``with`` body ends: what ``serve-models`` does.
 
     Checks ``cfg`` (:func:`check_serve_config`), selects the models (the zoo's first ones verified while Ray
@@ -176,12 +227,12 @@ def serve_models(cfg: ServeConfig, *, metrics_port: Optional[int] = None) -> Ite
     for warning in check_serve_config(cfg, metrics_port):
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     started = False
-    steps: Dict[str, float] = {}
+    steps: dict[str, float] = {}
     with stop_watchdog(), ThreadPoolExecutor(1, thread_name_prefix="attnzoo-select") as pool:
         try:  # a signal during start-up too: stop() ends whatever ray.init had started
             chosen = None
             if cfg.models is None and cfg.arch is None:  # the zoo: what it lacks is refused before Ray starts,
-                check_zoo_selection(cfg)                  # its first models are verified while Ray starts
+                check_zoo_selection(cfg)  # its first models are verified while Ray starts
                 chosen = pool.submit(_timed, select_models, cfg)
             else:  # a folder's files (quick), or random-init models: refused or exported before Ray starts
                 selection, steps["model selection and checks"] = _timed(select_models, cfg)

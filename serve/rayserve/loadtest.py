@@ -35,9 +35,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 import aiohttp
 import httpx
@@ -80,14 +81,13 @@ class Record:
     detail: str = ""
 
 
-async def _client(session, url: str, body: bytes, stop_at: float, records: List[Record], timeout: float) -> None:
+async def _client(session, url: str, body: bytes, stop_at: float, records: list[Record], timeout: float) -> None:
     headers = {"Content-Type": "image/png"}
     while time.perf_counter() < stop_at:
         start = time.perf_counter()
         detail = ""
         try:
-            async with session.post(url, data=body, headers=headers,
-                                    timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+            async with session.post(url, data=body, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
                 answer = await r.read()
                 status: Any = r.status
                 if status != 200:
@@ -99,8 +99,8 @@ async def _client(session, url: str, body: bytes, stop_at: float, records: List[
         records.append(Record(start, time.perf_counter(), status, detail))
 
 
-async def _run(url: str, body: bytes, clients: int, seconds: float, timeout: float) -> List[Record]:
-    records: List[Record] = []
+async def _run(url: str, body: bytes, clients: int, seconds: float, timeout: float) -> list[Record]:
+    records: list[Record] = []
     stop_at = time.perf_counter() + seconds
     connector = aiohttp.TCPConnector(limit=clients, force_close=False)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -108,13 +108,13 @@ async def _run(url: str, body: bytes, clients: int, seconds: float, timeout: flo
     return records
 
 
-def run_clients(url: str, body: bytes, clients: int, seconds: float, timeout: float = 60.0) -> List[Record]:
+def run_clients(url: str, body: bytes, clients: int, seconds: float, timeout: float = 60.0) -> list[Record]:
     """``clients`` closed-loop clients posting ``body`` to ``url`` for ``seconds``; every request's record
     (requests in flight at the end are awaited, up to ``timeout``)."""
     return asyncio.run(_run(url, body, clients, seconds, timeout))
 
 
-def summarize(records: Sequence[Record], t0: float, t1: float) -> Dict[str, Any]:
+def summarize(records: Sequence[Record], t0: float, t1: float) -> dict[str, Any]:
     """Throughput and latency of the requests that started in ``[t0, t1)``.
 
     ``throughput_rps``: answers with status 200 that ended in ``[t0, t1)``, per second. Latency percentiles
@@ -125,29 +125,38 @@ def summarize(records: Sequence[Record], t0: float, t1: float) -> Dict[str, Any]
     ok = [r for r in window if r.status == 200]
     lat = np.array([r.end - r.start for r in ok]) * 1000.0
     done = sum(1 for r in records if r.status == 200 and t0 <= r.end < t1)
-    errors: Dict[str, int] = {}
+    errors: dict[str, int] = {}
     for r in window:
         if r.status not in (200, "timeout"):
             errors[str(r.status)] = errors.get(str(r.status), 0) + 1
     pct = (lambda q: round(float(np.percentile(lat, q)), 2)) if len(lat) else (lambda q: None)
-    return {"requests": len(window), "ok": len(ok), "errors": sum(errors.values()), "errors_by_status": errors,
-            "lost": sum(1 for r in window if r.status == "timeout"), "seconds": round(t1 - t0, 3),
-            "throughput_rps": round(done / (t1 - t0), 2), "p50_ms": pct(50), "p95_ms": pct(95), "p99_ms": pct(99),
-            "mean_ms": round(float(lat.mean()), 2) if len(lat) else None,
-            "max_ms": round(float(lat.max()), 2) if len(lat) else None}
+    return {
+        "requests": len(window),
+        "ok": len(ok),
+        "errors": sum(errors.values()),
+        "errors_by_status": errors,
+        "lost": sum(1 for r in window if r.status == "timeout"),
+        "seconds": round(t1 - t0, 3),
+        "throughput_rps": round(done / (t1 - t0), 2),
+        "p50_ms": pct(50),
+        "p95_ms": pct(95),
+        "p99_ms": pct(99),
+        "mean_ms": round(float(lat.mean()), 2) if len(lat) else None,
+        "max_ms": round(float(lat.max()), 2) if len(lat) else None,
+    }
 
 
-def _get_json(url: str, timeout: float = 10.0) -> Dict[str, Any]:
+def _get_json(url: str, timeout: float = 10.0) -> dict[str, Any]:
     r = httpx.get(url, timeout=timeout)
     r.raise_for_status()
     return r.json()
 
 
-def replica_stats(url: str, replicas: int, wait_s: float = 30.0) -> Dict[str, Dict[str, Any]]:
+def replica_stats(url: str, replicas: int, wait_s: float = 30.0) -> dict[str, dict[str, Any]]:
     """``GET /stats`` until each of ``replicas`` replicas answered once (the router spreads the calls), for at most
     ``wait_s`` seconds: a replica the controller already counts as running can take a moment more to be routed to
     (HAProxy reloads its backends), so a fixed number of back-to-back calls could see only the old one."""
-    seen: Dict[str, Dict[str, Any]] = {}
+    seen: dict[str, dict[str, Any]] = {}
     deadline = time.monotonic() + wait_s
     while len(seen) < replicas and time.monotonic() < deadline:
         try:
@@ -171,8 +180,8 @@ def replica_pid(replica: str) -> int:
     return int(found[0])
 
 
-def _mean_batch(stats: Dict[str, Dict[str, Any]]) -> Optional[float]:
-    hist: Dict[int, int] = {}
+def _mean_batch(stats: dict[str, dict[str, Any]]) -> float | None:
+    hist: dict[int, int] = {}
     for s in stats.values():
         for k, v in s["requests_per_batch"].items():
             hist[int(k)] = hist.get(int(k), 0) + v
@@ -181,22 +190,52 @@ def _mean_batch(stats: Dict[str, Dict[str, Any]]) -> Optional[float]:
 
 
 # ------------------------------------------------------------------------------------------ offline bench
-def offline_bench(variant: str, arch: str, threads: int, batch_sizes: Sequence[int], min_time: float,
-                  out: Path, cache_dir: Path, backend: str = ServeConfig.backend) -> Dict[str, Any]:
+def offline_bench(
+    variant: str,
+    arch: str,
+    threads: int,
+    batch_sizes: Sequence[int],
+    min_time: float,
+    out: Path,
+    cache_dir: Path,
+    backend: str = ServeConfig.backend,
+) -> dict[str, Any]:
     """``bench-latency --backends BACKEND`` in a child process (its own threads); its rows of that backend.
 
     Args:
         backend: The backend timed (a name or alias); by default the one the load test's deployment serves with.
     """
     backend = get_backend(backend).name  # the rows carry the one name
-    cmd = [sys.executable, "-m", "attnzoo.benchmarks.cli", "--variants", variant, "--arch", arch,
-           "--backends", backend, "--batch-sizes", ",".join(map(str, batch_sizes)), "--threads", str(threads),
-           "--min-time", str(min_time), "--no-pair-eager", "--out", str(out), "--cache-dir", str(cache_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "attnzoo.benchmarks.cli",
+        "--variants",
+        variant,
+        "--arch",
+        arch,
+        "--backends",
+        backend,
+        "--batch-sizes",
+        ",".join(map(str, batch_sizes)),
+        "--threads",
+        str(threads),
+        "--min-time",
+        str(min_time),
+        "--no-pair-eager",
+        "--out",
+        str(out),
+        "--cache-dir",
+        str(cache_dir),
+    ]
     print("$ " + " ".join(["bench-latency", *cmd[3:]]), flush=True)
     subprocess.run(cmd, check=True)
     result = json.loads((out / "results.json").read_text())
-    rows = [{"threads": threads, "batch": r["batch"], "median_ms": r["median_ms"], "img_s": r["throughput_img_s"]}
-            for r in result["results"] if r["backend"] == backend and r["status"] == "ok"]
+    rows = [
+        {"threads": threads, "batch": r["batch"], "median_ms": r["median_ms"], "img_s": r["throughput_img_s"]}
+        for r in result["results"]
+        if r["backend"] == backend and r["status"] == "ok"
+    ]
     if not rows:
         raise RuntimeError(f"bench-latency timed no {backend} row (see {out / 'results.json'})")
     return {"command": " ".join(["bench-latency", *cmd[3:]]), "rows": rows}
@@ -209,7 +248,7 @@ class _StatusPoller(threading.Thread):
     def __init__(self, app: str, deployment: str, period: float = 0.25) -> None:
         super().__init__(daemon=True)
         self.app, self.deployment, self.period = app, deployment, period
-        self.timeline: List[Tuple[float, int]] = []
+        self.timeline: list[tuple[float, int]] = []
         self._stop_event = threading.Event()
 
     def run(self) -> None:
@@ -228,7 +267,7 @@ class _StatusPoller(threading.Thread):
         self.join(5)
 
 
-def kill_test(url: str, body: bytes, clients: int, seconds: float, replicas: int, timeout: float) -> Dict[str, Any]:
+def kill_test(url: str, body: bytes, clients: int, seconds: float, replicas: int, timeout: float) -> dict[str, Any]:
     """Kill one replica process (SIGKILL) a third into a ``seconds`` run; who failed, and the recovery."""
     before = replica_stats(url, replicas)
     if len(before) < 2:
@@ -237,7 +276,7 @@ def kill_test(url: str, body: bytes, clients: int, seconds: float, replicas: int
     victim_pid = replica_pid(victim["replica"])
     poller = _StatusPoller(DEPLOYMENT, DEPLOYMENT)
     poller.start()
-    killed: Dict[str, float] = {}
+    killed: dict[str, float] = {}
 
     def killer() -> None:
         time.sleep(seconds / 3)
@@ -261,65 +300,91 @@ def kill_test(url: str, body: bytes, clients: int, seconds: float, replicas: int
     back = next((ts for ts, n in poller.timeline if ts > kill_at and n >= replicas), None)
     dropped = any(ts > kill_at and n < replicas for ts, n in poller.timeline)
     after = replica_stats(url, replicas)
-    return {"replicas": replicas, "killed_replica": victim["replica"], "killed_pid": victim_pid,
-            "kill_at_s": round(kill_at - t0, 3), "summary": summarize(records, t0, t1),
-            "failed_in_flight_at_kill": len(in_flight), "failed_sent_after_kill": len(later),
-            "failed_statuses": sorted({str(r.status) for r in failed}),
-            "failures_sent_after_kill": [{"after_kill_s": round(r.start - kill_at, 4), "status": str(r.status),
-                                          "detail": r.detail} for r in later],
-            "replica_count_dropped": dropped,
-            "replicas_back_after_s": round(back - kill_at, 3) if back else None,
-            "replicas_after": sorted(after), "replaced": victim["replica"] not in after and len(after) >= replicas,
-            "timeline": [[round(ts - t0, 3), n] for ts, n in poller.timeline]}
+    return {
+        "replicas": replicas,
+        "killed_replica": victim["replica"],
+        "killed_pid": victim_pid,
+        "kill_at_s": round(kill_at - t0, 3),
+        "summary": summarize(records, t0, t1),
+        "failed_in_flight_at_kill": len(in_flight),
+        "failed_sent_after_kill": len(later),
+        "failed_statuses": sorted({str(r.status) for r in failed}),
+        "failures_sent_after_kill": [
+            {"after_kill_s": round(r.start - kill_at, 4), "status": str(r.status), "detail": r.detail} for r in later
+        ],
+        "replica_count_dropped": dropped,
+        "replicas_back_after_s": round(back - kill_at, 3) if back else None,
+        "replicas_after": sorted(after),
+        "replaced": victim["replica"] not in after and len(after) >= replicas,
+        "timeline": [[round(ts - t0, 3), n] for ts, n in poller.timeline],
+    }
 
 
 # ------------------------------------------------------------------------------------------------ report
-def _table(result: Dict[str, Any]) -> str:
+def _table(result: dict[str, Any]) -> str:
     best = result["offline"]["best_img_s"]
-    lines = [f"Offline best (bench-latency ort-cpu, {result['model']}): **{best:.1f} img/s** "
-             f"({result['offline']['best']['threads']} thread(s), batch {result['offline']['best']['batch']}). "
-             f"Ingress: {result['settings'].get('ingress', 'not recorded')}.", ""]
+    lines = [
+        f"Offline best (bench-latency ort-cpu, {result['model']}): **{best:.1f} img/s** "
+        f"({result['offline']['best']['threads']} thread(s), batch {result['offline']['best']['batch']}). "
+        f"Ingress: {result['settings'].get('ingress', 'not recorded')}.",
+        "",
+    ]
     if result["runs"]:
-        lines += ["| replicas x threads | max batch | clients | img/s | vs offline best | p50 ms | p95 ms | p99 ms | "
-                  "errors | lost | mean batch |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "| replicas x threads | max batch | clients | img/s | vs offline best | p50 ms | p95 ms | p99 ms | "
+            "errors | lost | mean batch |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
     for r in result["runs"]:
         s = r["summary"]
-        lines.append(f"| {r['replicas']} x {r['threads']} | {r['max_batch_size']} | {r['clients']} | "
-                     f"{s['throughput_rps']:.1f} | {r['vs_offline_best']:.2f} | {s['p50_ms']} | {s['p95_ms']} | "
-                     f"{s['p99_ms']} | {s['errors']} | {s['lost']} | {r['mean_batch']} |")
+        lines.append(
+            f"| {r['replicas']} x {r['threads']} | {r['max_batch_size']} | {r['clients']} | "
+            f"{s['throughput_rps']:.1f} | {r['vs_offline_best']:.2f} | {s['p50_ms']} | {s['p95_ms']} | "
+            f"{s['p99_ms']} | {s['errors']} | {s['lost']} | {r['mean_batch']} |"
+        )
     for key, label in (("soak", "Soak"), ("kill", "Replica kill")):
         if result.get(key):
             s = result[key]["summary"]
-            lines += ["", f"{label}: {s['requests']} requests over {s['seconds']:.0f} s, {s['ok']} ok, "
-                          f"{s['errors']} errors, {s['lost']} lost, {s['throughput_rps']:.1f} img/s, "
-                          f"p95 {s['p95_ms']} ms."]
+            lines += [
+                "",
+                f"{label}: {s['requests']} requests over {s['seconds']:.0f} s, {s['ok']} ok, "
+                f"{s['errors']} errors, {s['lost']} lost, {s['throughput_rps']:.1f} img/s, "
+                f"p95 {s['p95_ms']} ms.",
+            ]
     if result.get("kill"):
         k = result["kill"]
-        lines.append(f"Killed replica {k['killed_replica']} (pid {k['killed_pid']}) at {k['kill_at_s']} s: "
-                     f"{k['failed_in_flight_at_kill']} failed requests were in flight at the kill, "
-                     f"{k['failed_sent_after_kill']} were sent after it ({', '.join(k['failed_statuses']) or 'none'}); "
-                     f"replicas back after {k['replicas_back_after_s']} s; replaced: {k['replaced']}.")
+        lines.append(
+            f"Killed replica {k['killed_replica']} (pid {k['killed_pid']}) at {k['kill_at_s']} s: "
+            f"{k['failed_in_flight_at_kill']} failed requests were in flight at the kill, "
+            f"{k['failed_sent_after_kill']} were sent after it ({', '.join(k['failed_statuses']) or 'none'}); "
+            f"replicas back after {k['replicas_back_after_s']} s; replaced: {k['replaced']}."
+        )
     if len(result.get("kill_repeats", [])) > 1:
         ks = result["kill_repeats"]
-        lines.append(f"Kill test repeated {len(ks)} times: failed requests in flight at the kill "
-                     f"{[k['failed_in_flight_at_kill'] for k in ks]}, sent after it "
-                     f"{[k['failed_sent_after_kill'] for k in ks]}, lost {[k['summary']['lost'] for k in ks]}; "
-                     f"runs with a failure sent after the kill: "
-                     f"{sum(k['failed_sent_after_kill'] > 0 for k in ks)} of {len(ks)}; "
-                     f"replaced every time: {all(k['replaced'] for k in ks)}.")
+        lines.append(
+            f"Kill test repeated {len(ks)} times: failed requests in flight at the kill "
+            f"{[k['failed_in_flight_at_kill'] for k in ks]}, sent after it "
+            f"{[k['failed_sent_after_kill'] for k in ks]}, lost {[k['summary']['lost'] for k in ks]}; "
+            f"runs with a failure sent after the kill: "
+            f"{sum(k['failed_sent_after_kill'] > 0 for k in ks)} of {len(ks)}; "
+            f"replaced every time: {all(k['replaced'] for k in ks)}."
+        )
     return "\n".join(lines) + "\n"
 
 
-def _plot(result: Dict[str, Any], path: Path) -> None:
+def _plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib  # heavy: matplotlib, for the plot at the end only
 
     matplotlib.use("Agg")
-    from matplotlib.figure import Figure
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     runs = result["runs"]
-    labels = [f"{r['replicas']}x{r['threads']} thr\n"
-              + (f"batch {r['max_batch_size']}" if r["max_batch_size"] > 1 else "no batching") for r in runs]
+    labels = [
+        f"{r['replicas']}x{r['threads']} thr\n"
+        + (f"batch {r['max_batch_size']}" if r["max_batch_size"] > 1 else "no batching")
+        for r in runs
+    ]
     fig = Figure(figsize=(11, 4.2), dpi=110)
     FigureCanvasAgg(fig)
     ax1, ax2 = fig.subplots(1, 2)
@@ -339,16 +404,21 @@ def _plot(result: Dict[str, Any], path: Path) -> None:
     ax2.set_ylabel("latency (ms)")
     ax2.set_title("latency per request", fontsize=10)
     ax2.legend(fontsize=8)
-    fig.suptitle(f"serve-models load test: {result['model']} on {result['environment']['cpu'].get('model', 'CPU')}, "
-                 f"{result['environment']['cpu'].get('logical_cores', '?')} cores", fontsize=10)
+    fig.suptitle(
+        f"serve-models load test: {result['model']} on {result['environment']['cpu'].get('model', 'CPU')}, "
+        f"{result['environment']['cpu'].get('logical_cores', '?')} cores",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m attnzoo.serve.rayserve.loadtest",
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                description=__doc__.split("\n\n", 1)[0])
+    p = argparse.ArgumentParser(
+        prog="python -m attnzoo.serve.rayserve.loadtest",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__.split("\n\n", 1)[0],
+    )
     p.add_argument("--variant", default="standard", help="model variant (default standard)")
     p.add_argument("--arch", default="tiny", help="architecture, random-init as bench-latency (default tiny: ViT-Ti)")
     p.add_argument("--clients", type=int, default=32, help="concurrent clients (default 32)")
@@ -358,28 +428,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch-sizes", default="1,8", help="max batch sizes to run, 1 = batching off (default 1,8)")
     p.add_argument("--batch-wait-ms", type=float, default=None, help="dynamic batching wait (default serve-models')")
     p.add_argument("--threads", type=int, default=1, help="ONNX Runtime threads per replica (default 1)")
-    p.add_argument("--offline-threads", default=None,
-                   help="bench-latency thread counts (default: 1 and the number of cores)")
+    p.add_argument(
+        "--offline-threads", default=None, help="bench-latency thread counts (default: 1 and the number of cores)"
+    )
     p.add_argument("--offline-batch-sizes", default="1,8", help="bench-latency batch sizes (default 1,8)")
     p.add_argument("--offline-min-time", type=float, default=10.0, help="bench-latency --min-time (default 10)")
     p.add_argument("--soak", type=float, default=0.0, help="seconds of one long run with the most replicas (0: none)")
     p.add_argument("--kill-replica", action="store_true", help="run the replica-kill test (2 replicas)")
     p.add_argument("--kill-duration", type=float, default=30.0, help="seconds of the kill test run (default 30)")
-    p.add_argument("--kill-repeats", type=int, default=1,
-                   help="run the kill test this many times, each on a fresh deployment (default 1)")
-    p.add_argument("--kill-only", action="store_true",
-                   help="only the offline reference and the kill test: no configuration runs or soak")
+    p.add_argument(
+        "--kill-repeats",
+        type=int,
+        default=1,
+        help="run the kill test this many times, each on a fresh deployment (default 1)",
+    )
+    p.add_argument(
+        "--kill-only",
+        action="store_true",
+        help="only the offline reference and the kill test: no configuration runs or soak",
+    )
     p.add_argument("--timeout", type=float, default=60.0, help="a request with no answer after this is lost")
     p.add_argument("--image", type=Path, default=None, help="image the clients send (default a shipped example)")
     p.add_argument("--port", type=int, default=None, help="HTTP port (default: a free one)")
     p.add_argument("--cache-dir", type=Path, default=None, help="bench-latency's cache (default as bench-latency)")
     p.add_argument("--out", type=Path, default=Path("loadtest-out"), help="output folder")
-    p.add_argument("--quick", action="store_true",
-                   help="a short check: 15 s per configuration, 3 s warm-up, 2 s bench --min-time, 15 s kill run")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a short check: 15 s per configuration, 3 s warm-up, 2 s bench --min-time, 15 s kill run",
+    )
     return add_debug_flag(p)
 
 
-def _ints(text: str, flag: str) -> List[int]:
+def _ints(text: str, flag: str) -> list[int]:
     try:
         values = [int(v) for v in str(text).split(",") if v.strip()]
     except ValueError:
@@ -390,7 +471,7 @@ def _ints(text: str, flag: str) -> List[int]:
 
 
 @entry_point
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the load test; writes results.json, results.md and loadtest.png into ``--out``."""
     args = build_parser().parse_args(argv)
     if args.quick:
@@ -407,8 +488,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not v > 0:
             raise UsageError(f"{flag} must be > 0, got {v}")
     if max(replicas) * args.threads > cores:
-        raise UsageError(f"{max(replicas)} replicas x {args.threads} threads need {max(replicas) * args.threads} "
-                         f"cores; this machine has {cores}")
+        raise UsageError(
+            f"{max(replicas)} replicas x {args.threads} threads need {max(replicas) * args.threads} "
+            f"cores; this machine has {cores}"
+        )
     image = args.image or Path(EXAMPLES_DIR) / DEFAULT_IMAGE
     if not image.is_file():
         raise UsageError(f"--image {image} not found")
@@ -418,56 +501,100 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     # the offline reference also exports and verifies the served ONNX file (--kill-only keeps it: pass
     # --offline-threads 1 --offline-batch-sizes 1 --offline-min-time 1 to make it quick)
-    offline = [offline_bench(args.variant, args.arch, t, offline_batches, args.offline_min_time,
-                             out / f"offline-threads{t}", cache) for t in offline_threads]
+    offline = [
+        offline_bench(
+            args.variant, args.arch, t, offline_batches, args.offline_min_time, out / f"offline-threads{t}", cache
+        )
+        for t in offline_threads
+    ]
     rows = [row for o in offline for row in o["rows"]]
     best = max(rows, key=lambda r: r["img_s"])
     model_file = bench_run.onnx_path(cache, args.variant, "cls", args.arch, "fp32", models.ARCHS[args.arch]["img_size"])
     selection = Selection(model_file.parent, {model_file.name: sha256_file(model_file)})
 
     port = args.port or free_port()
-    base = ServeConfig(port=port, threads=args.threads, cpus_per_replica=float(args.threads),
-                       max_ongoing_requests=max(64, 2 * args.clients))
+    base = ServeConfig(
+        port=port,
+        threads=args.threads,
+        cpus_per_replica=float(args.threads),
+        max_ongoing_requests=max(64, 2 * args.clients),
+    )
     if args.batch_wait_ms is not None:
         base.batch_wait_ms = args.batch_wait_ms
-    result: Dict[str, Any] = {
+    result: dict[str, Any] = {
         "command": "python -m attnzoo.serve.rayserve.loadtest " + " ".join(sys.argv[1:] if argv is None else argv),
-        "model": f"{args.variant} {args.arch} (random init, {model_file.name})", "environment": environment(),
-        "settings": {"clients": args.clients, "duration_s": args.duration, "warmup_s": args.warmup,
-                     "threads_per_replica": args.threads, "batch_wait_ms": base.batch_wait_ms,
-                     "image": image.name, "image_bytes": len(body), "upload": "raw body, Content-Type image/png",
-                     "client": "asyncio + aiohttp, closed loop, same machine", "timeout_s": args.timeout},
-        "offline": {"runs": offline, "best": best, "best_img_s": best["img_s"]}, "runs": []}
+        "model": f"{args.variant} {args.arch} (random init, {model_file.name})",
+        "environment": environment(),
+        "settings": {
+            "clients": args.clients,
+            "duration_s": args.duration,
+            "warmup_s": args.warmup,
+            "threads_per_replica": args.threads,
+            "batch_wait_ms": base.batch_wait_ms,
+            "image": image.name,
+            "image_bytes": len(body),
+            "upload": "raw body, Content-Type image/png",
+            "client": "asyncio + aiohttp, closed loop, same machine",
+            "timeout_s": args.timeout,
+        },
+        "offline": {"runs": offline, "best": best, "best_img_s": best["img_s"]},
+        "runs": [],
+    }
     started = start_ray(ServeConfig(replicas=max(replicas), cpus_per_replica=float(args.threads)))
     result["settings"]["ingress"] = ray_serve_mode()
     try:
         for r in [] if args.kill_only else replicas:
             for b in batches:
-                cfg = ServeConfig(**{**base.__dict__, "replicas": r, "max_batch_size": b,
-                                     "batch_wait_ms": base.batch_wait_ms if b > 1 else 0.0})
+                cfg = ServeConfig(
+                    **{
+                        **base.__dict__,
+                        "replicas": r,
+                        "max_batch_size": b,
+                        "batch_wait_ms": base.batch_wait_ms if b > 1 else 0.0,
+                    }
+                )
                 url = deploy(cfg, selection)
-                print(f"{r} replica(s) x {args.threads} thread(s), max batch {b}: warm-up {args.warmup:g} s, "
-                      f"then {args.clients} clients for {args.duration:g} s", flush=True)
+                print(
+                    f"{r} replica(s) x {args.threads} thread(s), max batch {b}: warm-up {args.warmup:g} s, "
+                    f"then {args.clients} clients for {args.duration:g} s",
+                    flush=True,
+                )
                 run_clients(f"{url}/classify", body, args.clients, args.warmup, args.timeout)
                 t0 = time.perf_counter()
                 records = run_clients(f"{url}/classify", body, args.clients, args.duration, args.timeout)
                 s = summarize(records, t0, t0 + args.duration)
                 stats = replica_stats(url, r)
-                run = {"replicas": r, "threads": args.threads, "max_batch_size": b,
-                       "batch_wait_ms": cfg.batch_wait_ms, "clients": args.clients, "summary": s,
-                       "mean_batch": _mean_batch(stats), "replicas_seen": len(stats),
-                       "vs_offline_best": round(s["throughput_rps"] / best["img_s"], 3)}
+                run = {
+                    "replicas": r,
+                    "threads": args.threads,
+                    "max_batch_size": b,
+                    "batch_wait_ms": cfg.batch_wait_ms,
+                    "clients": args.clients,
+                    "summary": s,
+                    "mean_batch": _mean_batch(stats),
+                    "replicas_seen": len(stats),
+                    "vs_offline_best": round(s["throughput_rps"] / best["img_s"], 3),
+                }
                 same = [x["img_s"] for x in rows if x["threads"] == min(r * args.threads, max(offline_threads))]
                 run["vs_offline_same_threads"] = round(s["throughput_rps"] / max(same), 3) if same else None
-                print(f"  {s['throughput_rps']:.1f} img/s ({run['vs_offline_best']:.0%} of offline best), "
-                      f"p50 {s['p50_ms']} p95 {s['p95_ms']} p99 {s['p99_ms']} ms, {s['errors']} errors, "
-                      f"{s['lost']} lost, mean batch {run['mean_batch']}", flush=True)
+                print(
+                    f"  {s['throughput_rps']:.1f} img/s ({run['vs_offline_best']:.0%} of offline best), "
+                    f"p50 {s['p50_ms']} p95 {s['p95_ms']} p99 {s['p99_ms']} ms, {s['errors']} errors, "
+                    f"{s['lost']} lost, mean batch {run['mean_batch']}",
+                    flush=True,
+                )
                 result["runs"].append(run)
         if args.soak > 0 and not args.kill_only:
             top = max(replicas)
             b = batches[0]
-            cfg = ServeConfig(**{**base.__dict__, "replicas": top, "max_batch_size": b,
-                                 "batch_wait_ms": base.batch_wait_ms if b > 1 else 0.0})
+            cfg = ServeConfig(
+                **{
+                    **base.__dict__,
+                    "replicas": top,
+                    "max_batch_size": b,
+                    "batch_wait_ms": base.batch_wait_ms if b > 1 else 0.0,
+                }
+            )
             url = deploy(cfg, selection)
             print(f"soak: {top} replica(s), max batch {b}, {args.clients} clients for {args.soak:g} s", flush=True)
             t0 = time.perf_counter()
@@ -475,16 +602,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             result["soak"] = {"replicas": top, "max_batch_size": b, "summary": summarize(records, t0, t0 + args.soak)}
         if args.kill_replica:
             b = batches[0]
-            cfg = ServeConfig(**{**base.__dict__, "replicas": 2, "max_batch_size": b,
-                                 "batch_wait_ms": base.batch_wait_ms if b > 1 else 0.0})
+            cfg = ServeConfig(
+                **{
+                    **base.__dict__,
+                    "replicas": 2,
+                    "max_batch_size": b,
+                    "batch_wait_ms": base.batch_wait_ms if b > 1 else 0.0,
+                }
+            )
             if 2 * args.threads > cores:
                 raise UsageError("--kill-replica needs 2 replicas; this machine has too few cores for them")
             kills = []
             for i in tqdm(range(args.kill_repeats), desc="kill tests", disable=args.kill_repeats == 1):
                 url = deploy(cfg, selection)
                 run_clients(f"{url}/classify", body, args.clients, min(args.warmup, 5.0), args.timeout)
-                print(f"kill test {i + 1}/{args.kill_repeats}: 2 replicas, {args.clients} clients for "
-                      f"{args.kill_duration:g} s, one replica killed after {args.kill_duration / 3:.0f} s", flush=True)
+                print(
+                    f"kill test {i + 1}/{args.kill_repeats}: 2 replicas, {args.clients} clients for "
+                    f"{args.kill_duration:g} s, one replica killed after {args.kill_duration / 3:.0f} s",
+                    flush=True,
+                )
                 kills.append(kill_test(url, body, args.clients, args.kill_duration, 2, args.timeout))
                 serve.delete(DEPLOYMENT)  # the next run starts from two fresh replicas
             result["kill"] = kills[0]

@@ -10,12 +10,20 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Iterator, List, Optional
+from collections.abc import Iterator
+from typing import Any
 
 from attnzoo.lazy import lazy_import
 from attnzoo.serve.rayserve.config import DEPLOYMENT
-from attnzoo.serve.rayserve.environment import (_LOCAL, _LOOPBACK_ENV, _METRICS, _OWN_ENV, _OWNER_ENV,
-                                                _RAYLET_PID_ENV, _ray_initialized)
+from attnzoo.serve.rayserve.environment import (
+    _LOCAL,
+    _LOOPBACK_ENV,
+    _METRICS,
+    _OWN_ENV,
+    _OWNER_ENV,
+    _RAYLET_PID_ENV,
+    _ray_initialized,
+)
 from attnzoo.signals import abandon, set_handler
 
 psutil = lazy_import("psutil")  # comes with ray (the [serving] extra); serve-models --help loads without it
@@ -29,7 +37,7 @@ STOP_GRACE_S = 1.5
 STOP_ROUNDS = 5
 
 
-def _marked_processes() -> List[Any]:
+def _marked_processes() -> list[Any]:
     """This user's processes that carry this process's :data:`_OWNER_ENV` mark: everything the local Ray
     started, also what was orphaned to PID 1 (an HAProxy whose manager died first)."""
     mark = _LOCAL.get("mark")
@@ -71,8 +79,11 @@ def _end_marked(grace: float = STOP_GRACE_S) -> None:
         with contextlib.suppress(psutil.Error):
             left.append(f"{p.pid} {p.name()}")
     if left:
-        print(f"warning: {len(left)} process(es) of the local Ray still running after the stop: {', '.join(left)}",
-              file=sys.stderr, flush=True)
+        print(
+            f"warning: {len(left)} process(es) of the local Ray still running after the stop: {', '.join(left)}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 @contextlib.contextmanager
@@ -134,7 +145,7 @@ def _forget_local_ray() -> None:
         os.environ.pop(key, None)
     for key, value in _OWN_ENV.items():  # the defaults this start set (the wrapper's path among them, now
         if os.environ.get(key) == value:  # deleted) must not reach a later start, nor a child that would take
-            os.environ.pop(key)           # them for the user's own settings
+            os.environ.pop(key)  # them for the user's own settings
     _OWN_ENV.clear()
     _LOCAL["mark"] = _LOCAL["serve_host"] = None
     if ray is not None and _LOCAL.get("cluster_flag") is not None:
@@ -145,7 +156,7 @@ def _forget_local_ray() -> None:
     _METRICS["port"] = None
 
 
-def stop(started_ray: bool, name: Optional[str] = None) -> None:
+def stop(started_ray: bool, name: str | None = None) -> None:
     """With a Ray this process started (or began to start), end it and every process it started; with a joined
     cluster, delete the app and disconnect."""
     if started_ray or _LOCAL["started"]:

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
 
 from tqdm import tqdm
 
@@ -43,15 +43,16 @@ class Selection:
     answers; a replica loads each on its first request once ``ready_file`` lists it."""
 
     folder: Path
-    files: Dict[str, str]
-    pending: List[Dict[str, str]] = field(default_factory=list)
+    files: dict[str, str]
+    pending: list[dict[str, str]] = field(default_factory=list)
     data: str = ""
     dtype: str = "fp32"
-    ready_file: Optional[Path] = None
+    ready_file: Path | None = None
 
 
-def _matching(folder: Path, names: Sequence[str], variants: Optional[Sequence[str]],
-              tasks: Optional[Sequence[str]], dtype: str = "fp32") -> Selection:
+def _matching(
+    folder: Path, names: Sequence[str], variants: Sequence[str] | None, tasks: Sequence[str] | None, dtype: str = "fp32"
+) -> Selection:
     """The attnzoo exports among ``names`` whose variant, task and precision are wanted; files that are not
     attnzoo models, and quantized ones whose verification does not hold, are left out with a warning (the
     replicas' loader would skip them anyway)."""
@@ -62,8 +63,10 @@ def _matching(folder: Path, names: Sequence[str], variants: Optional[Sequence[st
         try:
             contract = ModelContract.from_onnx(path)
         except Exception as exc:  # not an attnzoo export, damaged: say so, serve the rest
-            print(f"warning: skipping {name}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
-                  file=sys.stderr)
+            print(
+                f"warning: skipping {name}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+                file=sys.stderr,
+            )
             continue
         seen.append(f"{contract.variant}/{contract.task}" + ("" if contract.dtype == "fp32" else f"/{contract.dtype}"))
         if not serves(dtype, contract.dtype):
@@ -75,10 +78,12 @@ def _matching(folder: Path, names: Sequence[str], variants: Optional[Sequence[st
         if (wanted is None or contract.variant in wanted) and (tasks is None or contract.task in tasks):
             files[name] = sha256_file(path)
     if not files:
-        raise ValueError(f"no {dtype} model in {folder} matches variants {', '.join(sorted(wanted or ['any']))} "
-                         f"and task {', '.join(tasks or ['any'])}"
-                         f"{' with an intact verification report' if dtype != 'fp32' else ''}; it has: "
-                         f"{', '.join(sorted(seen)) or 'no attnzoo models'}")
+        raise ValueError(
+            f"no {dtype} model in {folder} matches variants {', '.join(sorted(wanted or ['any']))} "
+            f"and task {', '.join(tasks or ['any'])}"
+            f"{' with an intact verification report' if dtype != 'fp32' else ''}; it has: "
+            f"{', '.join(sorted(seen)) or 'no attnzoo models'}"
+        )
     return Selection(folder, files)  # in the order given: each task's first model is its default
 
 
@@ -89,8 +94,9 @@ def random_init_models(arch: str, variants: Sequence[str], tasks: Sequence[str],
     folder.mkdir(parents=True, exist_ok=True)
     jobs = [(v, t) for v in variants for t in tasks]
     names = []
-    for variant, task in tqdm(jobs, desc=f"random-init {arch} models (export + verify once)", unit="model",
-                              disable=len(jobs) < 2):
+    for variant, task in tqdm(
+        jobs, desc=f"random-init {arch} models (export + verify once)", unit="model", disable=len(jobs) < 2
+    ):
         model, config, _ = export.load_for_export(variant, task, arch, random_init=True)
         path = folder / f"{config['variant']}_{task}_{arch}.onnx"
         names.append(path.name)
@@ -119,8 +125,11 @@ def select_models(cfg: ServeConfig) -> Selection:
         names = [p.name for p in sorted(folder.glob("*.onnx")) if p.is_file()]
         return _matching(folder, names, variants, cfg.tasks, cfg.dtype)
     if cfg.arch is not None:
-        print(f"warning: --arch {cfg.arch}: serving UNTRAINED models with random weights; their predictions are "
-              "meaningless (use them to measure serving, not accuracy)", file=sys.stderr)
+        print(
+            f"warning: --arch {cfg.arch}: serving UNTRAINED models with random weights; their predictions are "
+            "meaningless (use them to measure serving, not accuracy)",
+            file=sys.stderr,
+        )
         return random_init_models(cfg.arch, variants or ["standard"], cfg.tasks or ["cls"], cache)
     return _zoo_first(cfg.data, cache, variants, cfg.tasks, cfg.dtype)
 
@@ -130,8 +139,9 @@ def check_zoo_selection(cfg: ServeConfig) -> None:
     zoo_rows(cfg.data, [registry.canonical_name(v) for v in cfg.variants] if cfg.variants else None, cfg.tasks)
 
 
-def _zoo_first(data: str, cache: Path, variants: Optional[Sequence[str]], tasks: Optional[Sequence[str]],
-               dtype: str = "fp32") -> Selection:
+def _zoo_first(
+    data: str, cache: Path, variants: Sequence[str] | None, tasks: Sequence[str] | None, dtype: str = "fp32"
+) -> Selection:
     """The zoo models to serve at once: per task, the best wanted model the zoo ships as ONNX (verified and
     copied in seconds), else the first wanted one (exported now); the other wanted models are ``pending``.
     ``dtype="int8"``: each model's verified int8 copy (:func:`attnzoo.serve.loading.export_zoo`: calibrated on
@@ -140,16 +150,20 @@ def _zoo_first(data: str, cache: Path, variants: Optional[Sequence[str]], tasks:
     first = []
     for task in dict.fromkeys(e["task"] for e in rows):
         mine = [e for e in rows if e["task"] == task]
-        shipped = sorted((e for e in mine if zoo.shipped_onnx(e) is not None),
-                         key=lambda e: -(e.get("test_metric") or 0))
+        shipped = sorted(
+            (e for e in mine if zoo.shipped_onnx(e) is not None), key=lambda e: -(e.get("test_metric") or 0)
+        )
         first.append((shipped or mine)[0])
     folder, graph = None, _graph_dtype(dtype)
     for e in first:
         folder = export_zoo(data, cache, [e["variant"]], [e["task"]], dtype=graph)
     names = [zoo_onnx_name(e["variant"], e["task"], data, graph) for e in first]
     selection = _matching(folder, [n for n in names if (folder / n).is_file()], None, None, dtype)
-    selection.pending = [{"task": e["task"], "name": e["variant"],
-                          "file": zoo_onnx_name(e["variant"], e["task"], data, graph)} for e in rows if e not in first]
+    selection.pending = [
+        {"task": e["task"], "name": e["variant"], "file": zoo_onnx_name(e["variant"], e["task"], data, graph)}
+        for e in rows
+        if e not in first
+    ]
     selection.data, selection.dtype = data, dtype
     return selection
 
@@ -160,7 +174,7 @@ def _graph_dtype(dtype: str) -> str:
     return "fp32" if dtype == "bf16" else dtype
 
 
-def export_pending(selection: Selection, cache_dir: Optional[Path]) -> int:
+def export_pending(selection: Selection, cache_dir: Path | None) -> int:
     """Export the zoo models ``selection`` left pending (verified, as ``export-model`` does: a model that fails
     is not written; one that passes is renamed into place whole) in a child process at the lowest CPU priority,
     so the server keeps answering. Every 2 s, and at the end, every file that is there is listed in
@@ -172,18 +186,27 @@ def export_pending(selection: Selection, cache_dir: Optional[Path]) -> int:
         return path.is_file() and verification_problem(path, _graph_dtype(selection.dtype)) is None
 
     def publish() -> None:
-        new = {p["file"]: sha256_file(selection.folder / p["file"]) for p in selection.pending
-               if p["file"] not in ready and written(selection.folder / p["file"])}
+        new = {
+            p["file"]: sha256_file(selection.folder / p["file"])
+            for p in selection.pending
+            if p["file"] not in ready and written(selection.folder / p["file"])
+        }
         if new:
             ready.update(new)
             if selection.ready_file is not None:
                 atomic_write_text(selection.ready_file, json.dumps(ready))
 
-    code = export_zoo_in_child(selection.data, Path(cache_dir or default_cache_dir()),
-                               [(p["name"], p["task"]) for p in selection.pending], _graph_dtype(selection.dtype),
-                               while_running=publish)
+    code = export_zoo_in_child(
+        selection.data,
+        Path(cache_dir or default_cache_dir()),
+        [(p["name"], p["task"]) for p in selection.pending],
+        _graph_dtype(selection.dtype),
+        while_running=publish,
+    )
     publish()
     if code != 0:
-        print(f"warning: exporting the other zoo models failed (exit code {code}); those not written answer 503",
-              file=sys.stderr)
+        print(
+            f"warning: exporting the other zoo models failed (exit code {code}); those not written answer 503",
+            file=sys.stderr,
+        )
     return len(ready)

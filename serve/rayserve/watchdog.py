@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 from attnzoo.serve.rayserve.environment import _LOCAL
 from attnzoo.serve.rayserve.reaping import _stop_local_ray
@@ -40,8 +40,11 @@ def stop_watchdog() -> Iterator[None]:
             os.close(r)
         if not data or disarmed.wait(WATCHDOG_S):
             return  # disarmed (the body ended) before the stop needed help
-        print(f"warning: still stopping {WATCHDOG_S:g} s after the signal (blocked in Ray); ending its processes",
-              file=sys.stderr, flush=True)
+        print(
+            f"warning: still stopping {WATCHDOG_S:g} s after the signal (blocked in Ray); ending its processes",
+            file=sys.stderr,
+            flush=True,
+        )
         try:
             _stop_local_ray()
         finally:

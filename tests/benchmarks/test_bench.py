@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from attnzoo.benchmarks import ratio_stats, summarize
-from attnzoo.runtime.parity import check as check_parity
 from attnzoo.benchmarks.cli import main, parse_settings
 from attnzoo.benchmarks.report import OVERHEAD_FIELDS, ROW_FIELDS
 from attnzoo.benchmarks.run import run_benchmark
+from attnzoo.runtime.parity import check as check_parity
 
 
 def test_summarize_known_percentiles():
@@ -63,20 +63,57 @@ def test_check_parity_tolerances():
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    args = ["--arch", "micro", "--variants", "belief,standard", "--backends", "eager,ort-cpu,openvino,ort-cuda",
-            "--dtype", "fp32", "--batch-sizes", "1,2", "--min-time", "0.05", "--threads", "1", "--out",
-            str(out), "--cache-dir", str(out / "cache"), "--no-progress", "--profile", "--ceiling-size", "128"]
+    args = [
+        "--arch",
+        "micro",
+        "--variants",
+        "belief,standard",
+        "--backends",
+        "eager,ort-cpu,openvino,ort-cuda",
+        "--dtype",
+        "fp32",
+        "--batch-sizes",
+        "1,2",
+        "--min-time",
+        "0.05",
+        "--threads",
+        "1",
+        "--out",
+        str(out),
+        "--cache-dir",
+        str(out / "cache"),
+        "--no-progress",
+        "--profile",
+        "--ceiling-size",
+        "128",
+    ]
     assert main(args) == 0
     return out, json.loads((out / "results.json").read_text())
 
 
 def test_short_run_writes_every_field(short_run):
     out, res = short_run
-    for name in ("results.md", "results.csv", "overheads.csv", "latency.png", "overhead.png", "efficiency.png",
-                 "ort_profile.md"):
+    for name in (
+        "results.md",
+        "results.csv",
+        "overheads.csv",
+        "latency.png",
+        "overhead.png",
+        "efficiency.png",
+        "ort_profile.md",
+    ):
         assert (out / name).stat().st_size > 0, name
-    assert set(res) >= {"command", "note", "settings", "environment", "load_average_end", "results", "overheads",
-                        "ort_profile", "wall_time_s"}
+    assert set(res) >= {
+        "command",
+        "note",
+        "settings",
+        "environment",
+        "load_average_end",
+        "results",
+        "overheads",
+        "ort_profile",
+        "wall_time_s",
+    }
     env = res["environment"]
     assert env["cpu"]["model"] and env["cpu"]["usable_cores"] >= 1 and isinstance(env["cpu"]["flags"], list)
     assert set(env["versions"]) >= {"torch", "onnxruntime", "tensorrt"} and env["versions"]["torch"]
@@ -84,7 +121,8 @@ def test_short_run_writes_every_field(short_run):
     assert env["gemm_gflops"]["torch_gflops"] > 0 and env["gemm_gflops"]["onnxruntime_gflops"] > 0
     ok = [r for r in res["results"] if r["status"] == "ok"]
     assert {(r["variant"], r["backend"], r["batch"]) for r in ok} == {
-        (v, b, n) for v in ("standard", "belief") for b in ("eager", "ort-cpu", "openvino") for n in (1, 2)}
+        (v, b, n) for v in ("standard", "belief") for b in ("eager", "ort-cpu", "openvino") for n in (1, 2)
+    }
     for r in ok:
         assert set(ROW_FIELDS) <= set(r)
         assert r["iterations"] >= 10 and r["parity_error"] <= r["parity_tol"]
@@ -94,11 +132,13 @@ def test_short_run_writes_every_field(short_run):
             assert r["speedup_vs_eager"] > 0 and r["speedup_pairs"] >= 10
     over = res["overheads"]
     assert {(o["variant"], o["backend"], o["batch"]) for o in over} == {
-        ("belief", b, n) for b in ("eager", "ort-cpu", "openvino") for n in (1, 2)}
+        ("belief", b, n) for b in ("eager", "ort-cpu", "openvino") for n in (1, 2)
+    }
     for o in over:
         assert set(OVERHEAD_FIELDS) <= set(o) and o["pairs"] >= 10 and o["ratio_q1"] <= o["ratio_q3"]
-    assert {(p["variant"], p["batch"]) for p in res["ort_profile"]} == {(v, n) for v in ("standard", "belief")
-                                                                        for n in (1, 2)}
+    assert {(p["variant"], p["batch"]) for p in res["ort_profile"]} == {
+        (v, n) for v in ("standard", "belief") for n in (1, 2)
+    }
     assert all(p["naive"]["ops"] and p["tuned"]["ops"] for p in res["ort_profile"])
 
 
@@ -107,10 +147,21 @@ def test_the_run_says_where_its_time_went(short_run):
     time, ``other`` the rest; results.md says it in one line."""
     out, res = short_run
     phases = res["phases_s"]
-    assert {"ONNX export and its check", "load and first run: eager", "load and first run: ort-cpu",
-            "load and first run: openvino", "timing", "A/B pairs with eager", "A/B pairs with standard",
-            "CPU head-to-head", "ONNX Runtime profiles", "FLOP count", "GEMM throughput", "matmul ceiling",
-            "other"} <= set(phases)
+    assert {
+        "ONNX export and its check",
+        "load and first run: eager",
+        "load and first run: ort-cpu",
+        "load and first run: openvino",
+        "timing",
+        "A/B pairs with eager",
+        "A/B pairs with standard",
+        "CPU head-to-head",
+        "ONNX Runtime profiles",
+        "FLOP count",
+        "GEMM throughput",
+        "matmul ceiling",
+        "other",
+    } <= set(phases)
     assert all(v >= 0 for v in phases.values()) and phases["timing"] > 0
     assert sum(phases.values()) == pytest.approx(res["wall_time_s"], abs=0.5)
     assert f"Where this run's {res['wall_time_s']:.0f} s went (s): " in (out / "results.md").read_text()
@@ -167,10 +218,30 @@ def test_missing_backend_is_listed_not_dropped(short_run):
 
 @pytest.mark.slow
 def test_parity_gate_rejects_perturbed_backend(tmp_path):
-    s = parse_settings(["--arch", "micro", "--variants", "standard", "--backends", "eager,ort-cpu",
-                        "--batch-sizes", "1", "--min-time", "0.02", "--threads", "1", "--out", str(tmp_path),
-                        "--cache-dir", str(tmp_path / "cache"), "--no-progress", "--no-pair-eager",
-                        "--ceiling-size", "64"])
+    s = parse_settings(
+        [
+            "--arch",
+            "micro",
+            "--variants",
+            "standard",
+            "--backends",
+            "eager,ort-cpu",
+            "--batch-sizes",
+            "1",
+            "--min-time",
+            "0.02",
+            "--threads",
+            "1",
+            "--out",
+            str(tmp_path),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--no-progress",
+            "--no-pair-eager",
+            "--ceiling-size",
+            "64",
+        ]
+    )
     s.perturb = {"ort-cpu": lambda out: out + 0.05 * np.abs(out).max()}
     res = run_benchmark(s)
     row = next(r for r in res["results"] if r["backend"] == "ort-cpu")
@@ -180,13 +251,16 @@ def test_parity_gate_rejects_perturbed_backend(tmp_path):
     assert eager["status"] == "ok"
 
 
-@pytest.mark.parametrize("flag,value,needle", [
-    ("--backends", "eager,warp-drive", "unknown backend 'warp-drive'; valid: eager, compile, ort-cpu"),
-    ("--variants", "standard,nope", "unknown variant 'nope'; valid: all, "),
-    ("--dtype", "fp8", "unknown dtype 'fp8'; valid: fp32, tf32, fp16, bf16, int8"),
-    ("--batch-sizes", "1,0", "--batch-sizes must be comma-separated positive integers"),
-    ("--ceiling-size", "10", "--ceiling-size must be 0 or in 64..8192, got 10"),
-])
+@pytest.mark.parametrize(
+    "flag,value,needle",
+    [
+        ("--backends", "eager,warp-drive", "unknown backend 'warp-drive'; valid: eager, compile, ort-cpu"),
+        ("--variants", "standard,nope", "unknown variant 'nope'; valid: all, "),
+        ("--dtype", "fp8", "unknown dtype 'fp8'; valid: fp32, tf32, fp16, bf16, int8"),
+        ("--batch-sizes", "1,0", "--batch-sizes must be comma-separated positive integers"),
+        ("--ceiling-size", "10", "--ceiling-size must be 0 or in 64..8192, got 10"),
+    ],
+)
 def test_bad_names_give_one_clear_error(flag, value, needle):
     with pytest.raises(SystemExit) as exc:
         main([flag, value])
@@ -196,20 +270,25 @@ def test_bad_names_give_one_clear_error(flag, value, needle):
 
 
 def test_cli_exit_code_and_single_line():
-    proc = subprocess.run([sys.executable, "-m", "attnzoo.benchmarks.cli", "--backends", "foo"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "attnzoo.benchmarks.cli", "--backends", "foo"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "error: unknown backend 'foo'; valid: eager, compile, ort-cpu, openvino, ort-cuda, ort-trt, tensorrt "
-        "(aliases: python -m attnzoo.runtime)"]
+        "(aliases: python -m attnzoo.runtime)"
+    ]
 
 
 def test_int8_quantization_and_confusion(short_run):
     import onnx
 
-    from attnzoo.runtime.evaluate import evaluate_session
     from attnzoo.benchmarks.ort_cpu import quantize_int8
     from attnzoo.runtime.backends.ort_cpu import tuned_cpu_session
+    from attnzoo.runtime.evaluate import evaluate_session
 
     out, _ = short_run
     fp32 = out / "cache" / "standard_cls_micro_32px_fp32.onnx"
@@ -244,10 +323,30 @@ def test_timing_failure_is_a_failed_row_not_a_crash(tmp_path, monkeypatch):
         return real_measure(fn, *args, **kwargs)
 
     monkeypatch.setattr(run_mod, "measure", flaky_measure)
-    s = parse_settings(["--arch", "micro", "--variants", "standard", "--backends", "eager,ort-cpu",
-                        "--batch-sizes", "1", "--min-time", "0.02", "--threads", "1", "--out", str(tmp_path),
-                        "--cache-dir", str(tmp_path / "cache"), "--no-progress", "--no-pair-eager",
-                        "--ceiling-size", "64"])
+    s = parse_settings(
+        [
+            "--arch",
+            "micro",
+            "--variants",
+            "standard",
+            "--backends",
+            "eager,ort-cpu",
+            "--batch-sizes",
+            "1",
+            "--min-time",
+            "0.02",
+            "--threads",
+            "1",
+            "--out",
+            str(tmp_path),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--no-progress",
+            "--no-pair-eager",
+            "--ceiling-size",
+            "64",
+        ]
+    )
     res = run_benchmark(s)
     row = next(r for r in res["results"] if r["backend"] == "ort-cpu")
     assert row["status"] == "failed" and row["reason"].startswith("timing:") and "device lost" in row["reason"]
@@ -258,9 +357,9 @@ def test_timing_failure_is_a_failed_row_not_a_crash(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------ the default scope, engine reuse
 def test_no_flags_is_a_representative_default_that_says_what_it_leaves_out():
-    from attnzoo.runtime.backends import backend_names
     from attnzoo.benchmarks.report import scope_line
     from attnzoo.models import VARIANT_NAMES
+    from attnzoo.runtime.backends import backend_names
 
     s = parse_settings([])
     assert s.variants == ["standard", "belief2", "wafe-mae"]  # the cheapest and the two dearest cost families
@@ -288,10 +387,30 @@ def test_results_say_the_scope(short_run):
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="with a GPU the engine runs (rebuilt per batch)")
 def test_an_engine_that_cannot_run_is_built_once_and_reused(tmp_path):
     def run(out):  # another --out each time: the same one would keep the rows instead (resume)
-        s = parse_settings(["--arch", "micro", "--variants", "standard", "--backends", "eager,tensorrt",
-                            "--batch-sizes", "1,2", "--min-time", "0.02", "--threads", "1", "--ceiling-size", "0",
-                            "--out", str(tmp_path / out), "--cache-dir", str(tmp_path / "cache"), "--no-progress",
-                            "--no-pair-eager"])
+        s = parse_settings(
+            [
+                "--arch",
+                "micro",
+                "--variants",
+                "standard",
+                "--backends",
+                "eager,tensorrt",
+                "--batch-sizes",
+                "1,2",
+                "--min-time",
+                "0.02",
+                "--threads",
+                "1",
+                "--ceiling-size",
+                "0",
+                "--out",
+                str(tmp_path / out),
+                "--cache-dir",
+                str(tmp_path / "cache"),
+                "--no-progress",
+                "--no-pair-eager",
+            ]
+        )
         return [r for r in run_benchmark(s)["results"] if r["backend"] == "tensorrt"]
 
     first, second = run("one"), run("two")
@@ -366,8 +485,11 @@ def test_onnx_runtime_gpu_providers_say_their_precision(monkeypatch):
     from attnzoo.runtime import sessions
     from attnzoo.runtime.backends import get_backend
 
-    monkeypatch.setattr(sessions, "available_providers",
-                        lambda: ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"))
+    monkeypatch.setattr(
+        sessions,
+        "available_providers",
+        lambda: ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"),
+    )
     assert sessions.providers_for("cuda") == [("CUDAExecutionProvider", {"use_tf32": "0", "enable_cuda_graph": "0"})]
     assert sessions.providers_for("cuda", tf32=True)[0][1]["use_tf32"] == "1"
     trt, cuda = sessions.providers_for("tensorrt-ep", tf32=False)
@@ -385,8 +507,9 @@ def twin():
     import attnzoo.runtime.backends as reg
     from attnzoo.runtime.backends.eager import TorchBackend
 
-    backend = reg.register_backend(TorchBackend("twin", "eager under another name", takes="module", device="torch",
-                                                dtypes=("fp32", "fp16")))
+    backend = reg.register_backend(
+        TorchBackend("twin", "eager under another name", takes="module", device="torch", dtypes=("fp32", "fp16"))
+    )
     yield backend
     del reg._REGISTRY["twin"]
 
@@ -394,9 +517,30 @@ def twin():
 def test_parity_gate_rejects_a_perturbed_backend_fast(twin, tmp_path):
     """The parity gate in the default run (the ONNX Runtime version is a slow test): a backend whose output is off
     by 5 % of its largest logit is a failed row with the parity reason, never timed, while eager is measured."""
-    s = parse_settings(["--arch", "micro", "--variants", "standard", "--backends", "eager,twin", "--batch-sizes", "1",
-                        "--min-time", "0.02", "--threads", "1", "--out", str(tmp_path), "--cache-dir",
-                        str(tmp_path / "cache"), "--no-progress", "--no-pair-eager", "--ceiling-size", "0"])
+    s = parse_settings(
+        [
+            "--arch",
+            "micro",
+            "--variants",
+            "standard",
+            "--backends",
+            "eager,twin",
+            "--batch-sizes",
+            "1",
+            "--min-time",
+            "0.02",
+            "--threads",
+            "1",
+            "--out",
+            str(tmp_path),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--no-progress",
+            "--no-pair-eager",
+            "--ceiling-size",
+            "0",
+        ]
+    )
     s.perturb = {"twin": lambda out: out + 0.05 * np.abs(out).max()}
     rows = {r["backend"]: r for r in run_benchmark(s)["results"]}
     bad = rows["twin"]
@@ -412,15 +556,41 @@ def test_rows_are_paired_with_eager_at_their_own_precision(twin, tmp_path, monke
     from attnzoo.benchmarks.report import markdown
 
     monkeypatch.setattr(eager_mod, "torch_dtype_problem", lambda dtype, device: None)  # fp16 on this CPU, slowly
-    s = parse_settings(["--arch", "micro", "--variants", "standard", "--backends", "eager,twin", "--dtypes",
-                        "fp32,fp16", "--batch-sizes", "1", "--min-time", "0.05", "--threads", "1", "--out",
-                        str(tmp_path), "--cache-dir", str(tmp_path / "cache"), "--no-progress", "--ceiling-size", "0"])
+    s = parse_settings(
+        [
+            "--arch",
+            "micro",
+            "--variants",
+            "standard",
+            "--backends",
+            "eager,twin",
+            "--dtypes",
+            "fp32,fp16",
+            "--batch-sizes",
+            "1",
+            "--min-time",
+            "0.05",
+            "--threads",
+            "1",
+            "--out",
+            str(tmp_path),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--no-progress",
+            "--ceiling-size",
+            "0",
+        ]
+    )
     res = run_benchmark(s)
     rows = {(r["backend"], r["dtype"]): r for r in res["results"]}
     assert {k: r["status"] for k, r in rows.items()} == {k: "ok" for k in rows} and len(rows) == 4
     assert [(r["backend"], r["dtype"]) for r in res["results"]][:2] == [("eager", "fp32"), ("eager", "fp16")]
-    want = {("eager", "fp32"): "eager fp32", ("eager", "fp16"): "eager fp32", ("twin", "fp32"): "eager fp32",
-            ("twin", "fp16"): "eager fp16"}
+    want = {
+        ("eager", "fp32"): "eager fp32",
+        ("eager", "fp16"): "eager fp32",
+        ("twin", "fp32"): "eager fp32",
+        ("twin", "fp16"): "eager fp16",
+    }
     assert {k: r["baseline"] for k, r in rows.items()} == want
     median = {k: r["median_ms"] for k, r in rows.items()}
     for key, row in rows.items():
@@ -438,7 +608,7 @@ def test_gpu_memory_is_the_sessions_own_from_a_clean_baseline(monkeypatch):
 
     from attnzoo.runtime.device import DeviceMemory
 
-    mib = 2 ** 20
+    mib = 2**20
     dev = {"allocated": 500 * mib, "peak": 900 * mib, "cached": 300 * mib, "other": 1000 * mib, "calls": []}
 
     def empty_cache():
@@ -454,8 +624,11 @@ def test_gpu_memory_is_the_sessions_own_from_a_clean_baseline(monkeypatch):
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset_peak)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: dev["allocated"])
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: dev["peak"])
-    monkeypatch.setattr(torch.cuda, "mem_get_info",
-                        lambda: (80_000 * mib - dev["allocated"] - dev["cached"] - dev["other"], 80_000 * mib))
+    monkeypatch.setattr(
+        torch.cuda,
+        "mem_get_info",
+        lambda: (80_000 * mib - dev["allocated"] - dev["cached"] - dev["other"], 80_000 * mib),
+    )
     memory = DeviceMemory()  # 500 MB of an earlier session's weights stay allocated
     assert dev["calls"] == ["empty_cache", "reset_peak"]
     dev["allocated"] += 120 * mib  # this session: 120 MB of weights, a 200 MB peak while it runs
@@ -467,13 +640,31 @@ def test_gpu_memory_is_the_sessions_own_from_a_clean_baseline(monkeypatch):
 
 
 # ------------------------------------------------------------------ rows on disk as they finish; one output set
-BENCH = ["--arch", "micro", "--variants", "standard,belief,exclusive", "--backends", "eager", "--batch-sizes", "1,2",
-         "--min-time", "0.1", "--threads", "1", "--ceiling-size", "0", "--no-progress"]
+BENCH = [
+    "--arch",
+    "micro",
+    "--variants",
+    "standard,belief,exclusive",
+    "--backends",
+    "eager",
+    "--batch-sizes",
+    "1,2",
+    "--min-time",
+    "0.1",
+    "--threads",
+    "1",
+    "--ceiling-size",
+    "0",
+    "--no-progress",
+]
 
 
 def _rows_in(log):
-    return [json.loads(line)["row"] for line in log.read_bytes().splitlines(keepends=True)
-            if line.endswith(b"\n") and json.loads(line)["kind"] == "row"]
+    return [
+        json.loads(line)["row"]
+        for line in log.read_bytes().splitlines(keepends=True)
+        if line.endswith(b"\n") and json.loads(line)["kind"] == "row"
+    ]
 
 
 @pytest.mark.slow
@@ -481,7 +672,6 @@ def test_a_killed_run_keeps_its_rows_and_the_same_command_measures_only_the_rest
     """SIGKILL (no handler runs) in the middle of a real bench-latency: the rows it finished are on disk; the same
     command again keeps them as they were, measures the rest, and writes results covering both; another setting
     with the same --out is refused in one line before anything is measured."""
-    import os
     import signal
     import time
 
@@ -514,14 +704,16 @@ def test_a_killed_run_keeps_its_rows_and_the_same_command_measures_only_the_rest
         assert rows[key]["median_ms"] == row["median_ms"] and rows[key]["iterations"] == row["iterations"]
     assert len(_rows_in(log)) == 6 and result["row_log"]["rows_from_earlier_runs"] == len(kept)
     assert {(o["variant"], o["backend"], o["batch"]) for o in result["overheads"]} == {  # standard reloaded as partner
-        (v, "eager", n) for v in ("belief", "exclusive") for n in (1, 2)}
+        (v, "eager", n) for v in ("belief", "exclusive") for n in (1, 2)
+    }
     other = argv[3:]
     other[other.index("0.1")] = "0.2"
     with pytest.raises(SystemExit) as refused:
         main(other)
     assert refused.value.code == 1 and str(refused.value) == (
         f"error: {log} holds rows measured with other settings (differing: min_time_s); use another --out, or "
-        "delete rows.jsonl to measure from the start")
+        "delete rows.jsonl to measure from the start"
+    )
 
 
 KEY = {"task": "cls", "arch": "micro"}
@@ -531,10 +723,30 @@ ASKS = {"variants": ["standard", "belief"], "combos": [["eager", "fp32"]], "batc
 def _ok_row(variant="standard", batch=1, median=2.0):
     """A finished row as the benchmark writes it: every field, statistics in order, throughput = batch / mean."""
     row = dict.fromkeys(ROW_FIELDS)
-    row.update(variant=variant, task="cls", arch="micro", backend="eager", dtype="fp32", batch=batch, status="ok",
-               reason="", parity_error=0.0, parity_tol=1e-4, iterations=10, min_ms=median - 0.5, median_ms=median,
-               mean_ms=median, p90_ms=median + 0.2, p95_ms=median + 0.3, p99_ms=median + 0.4, max_ms=median + 0.5,
-               cv=0.1, throughput_img_s=batch * 1e3 / median, device="cpu", info={})
+    row.update(
+        variant=variant,
+        task="cls",
+        arch="micro",
+        backend="eager",
+        dtype="fp32",
+        batch=batch,
+        status="ok",
+        reason="",
+        parity_error=0.0,
+        parity_tol=1e-4,
+        iterations=10,
+        min_ms=median - 0.5,
+        median_ms=median,
+        mean_ms=median,
+        p90_ms=median + 0.2,
+        p95_ms=median + 0.3,
+        p99_ms=median + 0.4,
+        max_ms=median + 0.5,
+        cv=0.1,
+        throughput_img_s=batch * 1e3 / median,
+        device="cpu",
+        info={},
+    )
     return row
 
 
@@ -606,18 +818,21 @@ def test_bench_latency_refuses_a_bad_row_log_in_one_line_before_measuring(tmp_pa
     assert path.read_bytes() == before and not (out / "results.json").exists()
 
 
-@pytest.mark.parametrize("change, needle", [
-    (lambda r: r["row"].pop("status"), "no row.status"),  # a partial row (was KeyError: 'status')
-    (lambda r: r["row"].update(median_ms=float("nan")), "NaN is not a number JSON allows"),
-    (lambda r: r["row"].update(median_ms=-3.0), "row.median_ms is -3.0"),
-    (lambda r: r["row"].update(median_ms=1e6), "latencies are not 0 < min_ms <= median_ms"),  # a forged median
-    (lambda r: r["row"].update(throughput_img_s=1e9), "throughput_img_s 1e+09 is not batch / mean_ms"),
-    (lambda r: r["row"].update(batch=64), "a row for belief eager fp32 batch 64, which no run line before"),
-    (lambda r: r["row"].update(variant="wafe-mae"), "a row for wafe-mae eager fp32 batch 1, which no run line"),
-    (lambda r: r["row"].update(variant="<script>"), "row.variant is \"<script>\""),
-    (lambda r: r["row"].update(arch="base"), "row.arch is \"base\"; it must be \"micro\", the run's"),
-    (lambda r: r.update(kind="hack"), "kind is \"hack\""),
-])
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        (lambda r: r["row"].pop("status"), "no row.status"),  # a partial row (was KeyError: 'status')
+        (lambda r: r["row"].update(median_ms=float("nan")), "NaN is not a number JSON allows"),
+        (lambda r: r["row"].update(median_ms=-3.0), "row.median_ms is -3.0"),
+        (lambda r: r["row"].update(median_ms=1e6), "latencies are not 0 < min_ms <= median_ms"),  # a forged median
+        (lambda r: r["row"].update(throughput_img_s=1e9), "throughput_img_s 1e+09 is not batch / mean_ms"),
+        (lambda r: r["row"].update(batch=64), "a row for belief eager fp32 batch 64, which no run line before"),
+        (lambda r: r["row"].update(variant="wafe-mae"), "a row for wafe-mae eager fp32 batch 1, which no run line"),
+        (lambda r: r["row"].update(variant="<script>"), 'row.variant is "<script>"'),
+        (lambda r: r["row"].update(arch="base"), 'row.arch is "base"; it must be "micro", the run\'s'),
+        (lambda r: r.update(kind="hack"), 'kind is "hack"'),
+    ],
+)
 def test_rows_are_read_back_only_when_valid_and_asked_for(tmp_path, change, needle):
     """Every row read back becomes a result: one with a field missing, NaN, out of range, statistics out of order,
     for a variant, batch or model no run asked for, or a name that is not a name, is refused, naming the file and
@@ -693,9 +908,14 @@ def test_names_and_reasons_are_escaped_in_the_markdown():
 
     ok = _ok_row("<script>alert(1)</script>")
     bad = {**_ok_row(), "status": "failed", "reason": "<img src=x onerror=alert(1)> | x"}
-    result = {"settings": {"task": "cls", "arch": "micro", "threads": 1}, "command": "bench-latency", "note": "",
-              "environment": {"cpu": {"model": "cpu", "usable_cores": 1, "flags": []}, "load_average": None},
-              "results": [ok, bad], "overheads": []}
+    result = {
+        "settings": {"task": "cls", "arch": "micro", "threads": 1},
+        "command": "bench-latency",
+        "note": "",
+        "environment": {"cpu": {"model": "cpu", "usable_cores": 1, "flags": []}, "load_average": None},
+        "results": [ok, bad],
+        "overheads": [],
+    }
     md = markdown(result)
     assert "<script>" not in md and "<img" not in md
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in md and "&lt;img src=x onerror=alert(1)&gt; \\| x" in md
@@ -709,9 +929,28 @@ def test_results_are_written_as_one_set(tmp_path, monkeypatch):
 
     import attnzoo.benchmarks.report as report
 
-    s = parse_settings([*BENCH[:BENCH.index("--variants")], "--variants", "standard", "--backends", "eager",
-                        "--batch-sizes", "1", "--min-time", "0.05", "--threads", "1", "--ceiling-size", "0",
-                        "--no-progress", "--out", str(tmp_path), "--cache-dir", str(tmp_path / "cache")])
+    s = parse_settings(
+        [
+            *BENCH[: BENCH.index("--variants")],
+            "--variants",
+            "standard",
+            "--backends",
+            "eager",
+            "--batch-sizes",
+            "1",
+            "--min-time",
+            "0.05",
+            "--threads",
+            "1",
+            "--ceiling-size",
+            "0",
+            "--no-progress",
+            "--out",
+            str(tmp_path),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+        ]
+    )
     result = run_benchmark(s)
     report.write_outputs(result, tmp_path)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name in report.OUTPUTS.values()}

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
+from attnzoo.benchmarks.cli import main
 from attnzoo.benchmarks.flops import count_forward, count_variant, meta_model, stored_elements
 from attnzoo.benchmarks.roofline import GPUS, PRECISIONS, WIDTH, against_results, bound, gpu_key, resolve_gpus
-from attnzoo.benchmarks.cli import main
 from attnzoo.models import ARCHS
 
 
@@ -26,8 +26,11 @@ def vit_counts(arch: str, batch: int, classes: int = 1000):
     P = (S // p) ** 2
     N = P + 1  # class token
     B, K = batch, classes
-    flops = B * (2 * P * 3 * p * p * D + L * (2 * N * D * 3 * D + 2 * 2 * N * N * D + 2 * N * D * D
-                                              + 2 * 2 * N * D * H) + 2 * D * K)
+    flops = B * (
+        2 * P * 3 * p * p * D
+        + L * (2 * N * D * 3 * D + 2 * 2 * N * N * D + 2 * N * D * D + 2 * 2 * N * D * H)
+        + 2 * D * K
+    )
     weights = (3 * p * p * D + D) + L * ((3 * D * D + 3 * D) + (D * D + D) + (D * H + H) + (H * D + D)) + (D * K + K)
     per_block = (N * D + 3 * N * D) + (3 * N * D + N * D) + (N * D + N * D) + (N * D + N * H) + (N * H + N * D)
     activations = B * (3 * S * S + P * D + L * per_block + D + K)
@@ -97,9 +100,16 @@ def test_peak_table_is_dense_and_ordered():
     assert GPUS["h200"].dram_gb_s > GPUS["h100-sxm"].dram_gb_s
 
 
-@pytest.mark.parametrize("name,key", [("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA H100 PCIe", "h100-pcie"),
-                                      ("NVIDIA H200", "h200"), ("NVIDIA A100-SXM4-80GB", "a100"),
-                                      ("NVIDIA GeForce RTX 4090", None)])
+@pytest.mark.parametrize(
+    "name,key",
+    [
+        ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+        ("NVIDIA H100 PCIe", "h100-pcie"),
+        ("NVIDIA H200", "h200"),
+        ("NVIDIA A100-SXM4-80GB", "a100"),
+        ("NVIDIA GeForce RTX 4090", None),
+    ],
+)
 def test_gpu_key_from_device_name(name, key):
     assert gpu_key(name) == key
 
@@ -112,20 +122,39 @@ def test_resolve_gpus():
 
 
 def test_roofline_command_writes_tables(tmp_path, capsys):
-    assert main(["--roofline", "h100,a100", "--arch", "micro", "--variants", "standard,wafe-mae",
-                 "--batch-sizes", "1,4", "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "--roofline",
+                "h100,a100",
+                "--arch",
+                "micro",
+                "--variants",
+                "standard,wafe-mae",
+                "--batch-sizes",
+                "1,4",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "NVIDIA H100 SXM5" in printed and "NVIDIA A100 SXM4" in printed
     data = json.loads((tmp_path / "roofline.json").read_text())
     assert len(data["rows"]) == 2 * 2 * len(PRECISIONS) * 2  # variants x batches x precisions x GPUs
     flops, weights, activations = vit_counts("micro", 4)
-    row = next(r for r in data["rows"] if (r["variant"], r["batch"], r["gpu"], r["precision"])
-               == ("standard", 4, "h100-sxm", "bf16"))
+    row = next(
+        r
+        for r in data["rows"]
+        if (r["variant"], r["batch"], r["gpu"], r["precision"]) == ("standard", 4, "h100-sxm", "bf16")
+    )
     assert row["matrix_flops"] == flops
     assert row["bytes"] == (weights + activations) * WIDTH["bf16"]
     gpu = GPUS["h100-sxm"]
-    assert row["bound_s"] == pytest.approx(max(flops / (gpu.tensor_tflops["bf16"] * 1e12),
-                                               row["bytes"] / (gpu.dram_gb_s * 1e9)))
+    assert row["bound_s"] == pytest.approx(
+        max(flops / (gpu.tensor_tflops["bf16"] * 1e12), row["bytes"] / (gpu.dram_gb_s * 1e9))
+    )
     assert (tmp_path / "roofline.md").read_text().count("## NVIDIA") == 2
 
 
@@ -133,12 +162,28 @@ def test_roofline_reads_a_gpu_run_as_a_fraction(tmp_path):
     from attnzoo.benchmarks.roofline import roofline
 
     result = roofline(["standard"], "cls", "micro", [1], ["h100-sxm"])
-    results = {"environment": {"gpu": {"name": "NVIDIA H100 80GB HBM3"}},
-               "settings": {"arch": "micro", "task": "cls", "device": "cuda"},
-               "results": [{"variant": "standard", "backend": "tensorrt", "dtype": "fp16", "batch": 1, "status": "ok",
-                            "median_ms": 0.5},
-                           {"variant": "standard", "backend": "ort-cpu", "dtype": "fp32", "batch": 1, "status": "ok",
-                            "median_ms": 3.0}]}
+    results = {
+        "environment": {"gpu": {"name": "NVIDIA H100 80GB HBM3"}},
+        "settings": {"arch": "micro", "task": "cls", "device": "cuda"},
+        "results": [
+            {
+                "variant": "standard",
+                "backend": "tensorrt",
+                "dtype": "fp16",
+                "batch": 1,
+                "status": "ok",
+                "median_ms": 0.5,
+            },
+            {
+                "variant": "standard",
+                "backend": "ort-cpu",
+                "dtype": "fp32",
+                "batch": 1,
+                "status": "ok",
+                "median_ms": 3.0,
+            },
+        ],
+    }
     path = tmp_path / "results.json"
     path.write_text(json.dumps(results))
     rows = against_results(result, path)
@@ -151,11 +196,14 @@ def test_roofline_reads_a_gpu_run_as_a_fraction(tmp_path):
         against_results(result, path)
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["--roofline", "b200"], "unknown GPU 'b200'"),
-    (["--against", "x.json"], "--against needs --roofline"),
-    (["--roofline", "h100", "--against", "/nonexistent.json"], "no such file"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--roofline", "b200"], "unknown GPU 'b200'"),
+        (["--against", "x.json"], "--against needs --roofline"),
+        (["--roofline", "h100", "--against", "/nonexistent.json"], "no such file"),
+    ],
+)
 def test_roofline_bad_input(argv, needle, tmp_path):
     with pytest.raises(SystemExit) as exc:
         main([*argv, "--out", str(tmp_path)])

@@ -16,8 +16,20 @@ from attnzoo.models import VARIANT_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
 #: What the plan must run without: every package beyond torch, triton, timm, onnx and onnxruntime.
-ABSENT = ("gradio", "ray", "openvino", "tensorrt", "tensorrt_rtx", "modelopt", "matplotlib", "sklearn", "onnxscript",
-          "nncf", "polygraphy", "onnx_graphsurgeon")
+ABSENT = (
+    "gradio",
+    "ray",
+    "openvino",
+    "tensorrt",
+    "tensorrt_rtx",
+    "modelopt",
+    "matplotlib",
+    "sklearn",
+    "onnxscript",
+    "nncf",
+    "polygraphy",
+    "onnx_graphsurgeon",
+)
 
 
 def test_the_parts_cover_every_variant_precision_and_batch_within_the_time_limit(tmp_path):
@@ -52,8 +64,10 @@ def test_gpu_rows_get_their_roofline_fraction():
     from attnzoo.benchmarks.roofline import GPUS, WIDTH, bound
     from attnzoo.benchmarks.run import roofline_fractions
 
-    rows = [{"variant": "standard", "batch": 8, "dtype": d, "device": dev, "status": "ok", "median_ms": 2.0}
-            for d, dev in (("fp32", "cuda"), ("tf32", "cuda"), ("bf16", "cuda"), ("fp32", "cpu"))]
+    rows = [
+        {"variant": "standard", "batch": 8, "dtype": d, "device": dev, "status": "ok", "median_ms": 2.0}
+        for d, dev in (("fp32", "cuda"), ("tf32", "cuda"), ("bf16", "cuda"), ("fp32", "cpu"))
+    ]
     roofline_fractions(rows, "NVIDIA H100 80GB HBM3", "cls", "small", 224)
     c = count_variant("standard", "cls", "small", 224, batch=8)
     for r in rows[:3]:
@@ -66,7 +80,7 @@ def test_gpu_rows_get_their_roofline_fraction():
     assert unknown[0].get("roofline_fraction") is None
 
 
-DRIVER = textwrap.dedent('''
+DRIVER = textwrap.dedent("""
     import importlib.util, runpy, sys
     from importlib.machinery import PathFinder
 
@@ -86,12 +100,13 @@ DRIVER = textwrap.dedent('''
         runpy.run_path("benchmarks/gpu_plan.py", run_name="__main__")
     finally:
         print("imported:", sorted(m for m in sys.modules if m.split(".")[0] in ABSENT))
-''')
+""")
 
 
 def _plan(*argv: str) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-c", DRIVER, ",".join(ABSENT), *argv], cwd=ROOT, capture_output=True,
-                          text=True, timeout=1200)
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, ",".join(ABSENT), *argv], cwd=ROOT, capture_output=True, text=True, timeout=1200
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "imported: []" in done.stdout
     return done
@@ -103,8 +118,24 @@ def test_every_part_runs_from_the_source_tree_with_a_tiny_model(tmp_path):
     precisions and backends listed with their reasons, results per model, a part stopped by its time limit and
     resumed, and the results copied to the --copy-to folder."""
     out, copy = tmp_path / "out", tmp_path / "copy"
-    tiny = ["--arch", "micro", "--img-size", "32", "--batch-sizes", "1,2", "--variants", "standard,belief",
-            "--min-time", "0.02", "--device", "cpu", "--threads", "1", "--out", str(out)]
+    tiny = [
+        "--arch",
+        "micro",
+        "--img-size",
+        "32",
+        "--batch-sizes",
+        "1,2",
+        "--variants",
+        "standard,belief",
+        "--min-time",
+        "0.02",
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--out",
+        str(out),
+    ]
     first = _plan("--part", "eager-a", "--time-limit", "0.001", *tiny)
     assert "part eager-a not finished: stopped at --time-limit 0.001 s" in first.stdout
     parts = [arg for part in plan.PARTS for arg in ("--part", part)]

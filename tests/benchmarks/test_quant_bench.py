@@ -23,9 +23,31 @@ def _few_calibration_images(monkeypatch):
 
 def _bench(tmp_path, *extra):
     out = tmp_path / "bench"
-    args = ["--arch", "micro", "--variants", "standard", "--backends", "ort-cpu,openvino", "--dtypes", "fp32,int8",
-            "--batch-sizes", "1", "--min-time", "0.05", "--threads", "1", "--out", str(out), "--cache-dir",
-            str(tmp_path / "cache"), "--no-progress", "--no-pair-eager", "--ceiling-size", "128", *extra]
+    args = [
+        "--arch",
+        "micro",
+        "--variants",
+        "standard",
+        "--backends",
+        "ort-cpu,openvino",
+        "--dtypes",
+        "fp32,int8",
+        "--batch-sizes",
+        "1",
+        "--min-time",
+        "0.05",
+        "--threads",
+        "1",
+        "--out",
+        str(out),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--no-progress",
+        "--no-pair-eager",
+        "--ceiling-size",
+        "128",
+        *extra,
+    ]
     assert main(args) == 0
     return json.loads((out / "results.json").read_text())
 
@@ -107,10 +129,15 @@ def test_the_int8_cache_is_read_through_the_report_schema_and_remade_when_it_doe
     _, facts = bench_rows.int8_onnx(fp32, {"img_size": 32}, tmp_path / "cache")
     q = ref["quantization"]
     assert calls == [] and facts == {
-        "quantizer": f"{q['quantizer']} {q['quantizer_version']}", "verified": ref["verified"],
-        "placement": q["options"]["placement"], "quantized_ops": q["qdq"]["quantized_ops"],
-        "excluded_extra_math": len(q["excluded_nodes"]), "calibration": q["calibration"]["source"],
-        "fidelity": ref["fidelity"], "model": out.name}
+        "quantizer": f"{q['quantizer']} {q['quantizer_version']}",
+        "verified": ref["verified"],
+        "placement": q["options"]["placement"],
+        "quantized_ops": q["qdq"]["quantized_ops"],
+        "excluded_extra_math": len(q["excluded_nodes"]),
+        "calibration": q["calibration"]["source"],
+        "fidelity": ref["fidelity"],
+        "model": out.name,
+    }
     report_path(out).write_text(json.dumps({**ref, "a_field_of_another_schema": 1}))
     _, again = bench_rows.int8_onnx(fp32, {"img_size": 32}, tmp_path / "cache")
     assert len(calls) == 1 and calls[0]["placement"] == "cpu" and again == facts
@@ -169,18 +196,29 @@ def test_mcnemar_against_the_binomial_formula():
 
     a = np.array([True] * 8 + [True] * 50 + [False] * 10)
     b = np.array([False] * 8 + [True] * 50 + [False] * 10)
-    assert mcnemar_p(a, b) == pytest.approx(2 * 0.5 ** 8)  # 8 discordant pairs, all one way
+    assert mcnemar_p(a, b) == pytest.approx(2 * 0.5**8)  # 8 discordant pairs, all one way
     assert mcnemar_p(a, a) == 1.0
 
 
 def _row(variant, metrics, xm_loses=None):
     d = {k: v - metrics["fp32"] for k, v in metrics.items() if k != "fp32"}
-    row = {"variant": variant, "task": "cls", "metric_name": "top1", "n_images": 10000, "metrics": metrics,
-           "delta": d, "extra_math_nodes": 0 if xm_loses is None else 32, "tolerance": 0.5,
-           "int8_within_tolerance": -d["int8"] <= 0.5}
+    row = {
+        "variant": variant,
+        "task": "cls",
+        "metric_name": "top1",
+        "n_images": 10000,
+        "metrics": metrics,
+        "delta": d,
+        "extra_math_nodes": 0 if xm_loses is None else 32,
+        "tolerance": 0.5,
+        "int8_within_tolerance": -d["int8"] <= 0.5,
+    }
     if xm_loses is not None:
-        row["extra_math_cost"] = {"points": metrics["int8 xm"] - metrics["int8"], "mcnemar_p": 0.001 if xm_loses else 0.6,
-                                  "loses": xm_loses}
+        row["extra_math_cost"] = {
+            "points": metrics["int8 xm"] - metrics["int8"],
+            "mcnemar_p": 0.001 if xm_loses else 0.6,
+            "loses": xm_loses,
+        }
     return row
 
 
@@ -188,30 +226,62 @@ def test_report_tables_say_who_loses_accuracy():
     from attnzoo.studies.quantized import markdown
 
     env = {"cpu": {"model": "Test CPU", "key_flags": ["avx2", "avx512_vnni"], "usable_cores": 2}}
-    speed_row = {"backend": "openvino", "batch": 1, "speedup_median": 1.8, "speedup_q1": 1.7, "speedup_q3": 1.9,
-                 "load_1min": 0.3, "fp32": {"median_ms": 9.0, "ceiling_fraction": 0.5},
-                 "int8": {"median_ms": 5.0, "ceiling_fraction": 0.25}}
-    result = {"command": "python -m attnzoo.studies.quantized --out x", "environment": env,
-              "accuracy": {"data": "fashion", "calibration_count": 512, "seed": 0, "load_start": [3.0],
-                           "load_end": [3.1],
-                           "rows": [_row("standard", {"fp32": 89.6, "int8": 89.3, "fp8": 89.5}),
-                                    _row("belief2", {"fp32": 89.4, "int8": 89.38, "int8 xm": 88.1, "fp8": 89.3}, True),
-                                    _row("belief", {"fp32": 89.0, "int8": 88.2, "int8 xm": 88.2, "fp8": 88.9}, False)]},
-              "speed": {"variant": "standard", "arch": "small", "img_size": 224, "threads": 1,
-                        "gflop_per_image": 9.2, "min_time": 3.0,
-                        "ceiling": {"fp32": {"gflops": 70.0}, "int8": {"gops": 250.0}}, "load_start": [0.2],
-                        "load_end": [0.3], "contended": False, "rows": [speed_row],
-                        "fastest_int8": {"1": {"backend": "openvino", "speedup_median": 1.8}}, "skipped": {}}}
+    speed_row = {
+        "backend": "openvino",
+        "batch": 1,
+        "speedup_median": 1.8,
+        "speedup_q1": 1.7,
+        "speedup_q3": 1.9,
+        "load_1min": 0.3,
+        "fp32": {"median_ms": 9.0, "ceiling_fraction": 0.5},
+        "int8": {"median_ms": 5.0, "ceiling_fraction": 0.25},
+    }
+    result = {
+        "command": "python -m attnzoo.studies.quantized --out x",
+        "environment": env,
+        "accuracy": {
+            "data": "fashion",
+            "calibration_count": 512,
+            "seed": 0,
+            "load_start": [3.0],
+            "load_end": [3.1],
+            "rows": [
+                _row("standard", {"fp32": 89.6, "int8": 89.3, "fp8": 89.5}),
+                _row("belief2", {"fp32": 89.4, "int8": 89.38, "int8 xm": 88.1, "fp8": 89.3}, True),
+                _row("belief", {"fp32": 89.0, "int8": 88.2, "int8 xm": 88.2, "fp8": 88.9}, False),
+            ],
+        },
+        "speed": {
+            "variant": "standard",
+            "arch": "small",
+            "img_size": 224,
+            "threads": 1,
+            "gflop_per_image": 9.2,
+            "min_time": 3.0,
+            "ceiling": {"fp32": {"gflops": 70.0}, "int8": {"gops": 250.0}},
+            "load_start": [0.2],
+            "load_end": [0.3],
+            "contended": False,
+            "rows": [speed_row],
+            "fastest_int8": {"1": {"backend": "openvino", "speedup_median": 1.8}},
+            "skipped": {},
+        },
+    }
     md = markdown(result)
     assert "Test CPU (avx2, avx512_vnni" in md and result["command"] in md
-    assert "| belief2 | cls | top1 | 89.40 | 89.38 (-0.02) | 88.10 (-1.30) | 89.30 (-0.10) | 32 | -1.28 | 0.001 | **loses** |" in md
+    assert (
+        "| belief2 | cls | top1 | 89.40 | 89.38 (-0.02) | 88.10 (-1.30) | 89.30 (-0.10) | 32 | -1.28 | 0.001 | **loses** |"
+        in md
+    )
     assert "| standard | cls | top1 | 89.60 | 89.30 (-0.30) | - | 89.50 (-0.10) | 0 | - | - | - |" in md
     assert "Lose accuracy when their extra math is quantized: belief2." in md
     assert "all but belief" in md  # belief's int8 is 0.8 points below fp32
     assert "| openvino | 1 | 9.00 | 5.00 | 1.80 [1.70, 1.90] | 50% | 25% | 0.30 |" in md
     # ModelOpt's rows name their Q/DQ placement (rows written before placements were compared: the default)
-    result["speed"]["rows"] = [{**speed_row, "backend": "ort-cpu", "placement": "cpu"},
-                               {**speed_row, "backend": "ort-cpu"}]
+    result["speed"]["rows"] = [
+        {**speed_row, "backend": "ort-cpu", "placement": "cpu"},
+        {**speed_row, "backend": "ort-cpu"},
+    ]
     md = markdown(result)
     assert "| ort-cpu (Q/DQ cpu) | 1 | 9.00 |" in md and "| ort-cpu (Q/DQ tensorrt) | 1 | 9.00 |" in md
     assert "measured under load" not in md
@@ -227,21 +297,44 @@ def test_accuracy_only_keeps_earlier_rows_only_under_the_same_settings_and_names
     cpu_a = {"model": "CPU A", "key_flags": ["avx2"], "usable_cores": 2}
     cpu_b = {"model": "CPU B", "key_flags": ["avx2", "avx512_vnni"], "usable_cores": 2}
     settings = {"data": "fashion", "limit": None, "calibration_count": 512, "seed": 0}
-    old = {**settings, "environment": {"cpu": cpu_a},
-           "rows": [_row("standard", {"fp32": 89.6, "int8": 89.3, "fp8": 89.5}),
-                    _row("belief", {"fp32": 89.0, "int8": 88.9, "int8 xm": 88.9, "fp8": 88.9}, False)]}
+    old = {
+        **settings,
+        "environment": {"cpu": cpu_a},
+        "rows": [
+            _row("standard", {"fp32": 89.6, "int8": 89.3, "fp8": 89.5}),
+            _row("belief", {"fp32": 89.0, "int8": 88.9, "int8 xm": 88.9, "fp8": 88.9}, False),
+        ],
+    }
     kept, cpus = _kept_accuracy(old, settings, {("standard", "cls")})
     assert [r["variant"] for r in kept] == ["belief"] and cpus == [cpu_a]
     assert _kept_accuracy(old, {**settings, "calibration_count": 64}, set()) == ([], [])
     assert "calibration_count 512 -> 64" in capsys.readouterr().err
     assert _kept_accuracy(old, settings, {("standard", "cls"), ("belief", "cls")}) == ([], [])
 
-    speed = {"variant": "standard", "arch": "small", "img_size": 224, "threads": 1, "gflop_per_image": 9.2,
-             "min_time": 3.0, "ceiling": {"fp32": {"gflops": 70.0}, "int8": {"gops": 250.0}}, "load_start": [0.2],
-             "load_end": [0.3], "contended": False, "rows": [], "fastest_int8": {}, "skipped": {},
-             "environment": {"cpu": cpu_a}}
-    accuracy = {**settings, "load_start": [1.0], "load_end": [1.0], "rows": [_row("standard", {"fp32": 89.6,
-                "int8": 89.3, "fp8": 89.5}), *kept], "environment": {"cpu": cpu_b}, "cpus": [cpu_b, *cpus]}
+    speed = {
+        "variant": "standard",
+        "arch": "small",
+        "img_size": 224,
+        "threads": 1,
+        "gflop_per_image": 9.2,
+        "min_time": 3.0,
+        "ceiling": {"fp32": {"gflops": 70.0}, "int8": {"gops": 250.0}},
+        "load_start": [0.2],
+        "load_end": [0.3],
+        "contended": False,
+        "rows": [],
+        "fastest_int8": {},
+        "skipped": {},
+        "environment": {"cpu": cpu_a},
+    }
+    accuracy = {
+        **settings,
+        "load_start": [1.0],
+        "load_end": [1.0],
+        "rows": [_row("standard", {"fp32": 89.6, "int8": 89.3, "fp8": 89.5}), *kept],
+        "environment": {"cpu": cpu_b},
+        "cpus": [cpu_b, *cpus],
+    }
     md = markdown({"command": "c", "environment": {"cpu": cpu_b}, "accuracy": accuracy, "speed": speed})
     acc_part, speed_part = md.split("## int8 speed")
     assert "CPU: CPU B (avx2, avx512_vnni" in acc_part and "; CPU A (avx2" in acc_part
@@ -256,17 +349,22 @@ def int8_folder(tmp_path_factory):
     verification does not hold."""
     import shutil
 
-    from attnzoo.export import export_verified
+    from attnzoo.export import export_verified, load_for_export
     from attnzoo.export import quantize as q
-    from attnzoo.export import load_for_export
 
     folder = tmp_path_factory.mktemp("int8")
     model, config, sha = load_for_export("belief2", "cls")
     fp32 = folder / "belief2_fp32.onnx"
     export_verified(model, fp32, config, batch_sizes=(1,), checkpoint_sha256=sha)
     good = folder / "belief2_int8.onnx"
-    q.quantize_verified(fp32, good, config, dtype="int8", calibration=q.calibration_images(config, 64, 0),
-                        calibration_source="64 fashion training images")
+    q.quantize_verified(
+        fp32,
+        good,
+        config,
+        dtype="int8",
+        calibration=q.calibration_images(config, 64, 0),
+        calibration_source="64 fashion training images",
+    )
     report = json.loads(good.with_suffix(".report.json").read_text())
 
     def variant(name, edit=None, model_bytes=None):
@@ -294,8 +392,7 @@ def int8_folder(tmp_path_factory):
 def test_demo_and_serve_models_mean_the_same_by_dtype_fp32(tmp_path):
     """--dtype fp32 serves the unquantized exports, fp16 included, in both commands (one rule:
     runtime.sessions.served_precision); --dtype int8 serves neither of them."""
-    from attnzoo.export import export_verified
-    from attnzoo.export import load_for_export
+    from attnzoo.export import export_verified, load_for_export
     from attnzoo.runtime.sessions import served_precision
     from attnzoo.serve.loading import load_onnx_dir
     from attnzoo.serve.rayserve.selection import _matching
@@ -319,8 +416,10 @@ def test_verification_problem_names_each_reason(int8_folder, tmp_path):
 
     assert verification_problem(int8_folder / "belief2_int8.onnx", "int8") is None
     assert verification_problem(int8_folder / "belief2_fp32.onnx", "fp32") is None
-    reasons = {n: verification_problem(int8_folder / f"{n}.onnx", "int8")
-               for n in ("no_report", "tampered", "accepted_drop", "unscored", "failed", "limited")}
+    reasons = {
+        n: verification_problem(int8_folder / f"{n}.onnx", "int8")
+        for n in ("no_report", "tampered", "accepted_drop", "unscored", "failed", "limited")
+    }
     assert "no verification report no_report.report.json beside it" in reasons["no_report"]
     assert "SHA-256 mismatch" in reasons["tampered"]
     assert "2.50 points below fp32" in reasons["accepted_drop"]
@@ -377,7 +476,7 @@ def test_backend_choice_is_timed_on_the_served_precision(int8_folder):
     from attnzoo.runtime.choice import fastest_cpu_runtime
     from attnzoo.serve.loading import choose_cpu_backend
 
-    run = {"a": lambda p: (lambda x: x), "b": lambda p: (lambda x: x)}
+    run = {"a": lambda p: lambda x: x, "b": lambda p: lambda x: x}
     with pytest.raises(ValueError, match="belief2_fp32.onnx is fp32, not the int8 to be served"):
         fastest_cpu_runtime(run, [(int8_folder / "belief2_fp32.onnx", (28, 28))], seconds=0.01, dtype="int8")
     choice = fastest_cpu_runtime(run, [(int8_folder / "belief2_int8.onnx", (28, 28))], seconds=0.01, dtype="int8")
@@ -413,8 +512,9 @@ def test_serve_models_zoo_int8_serves_verified_copies_first_and_publishes_the_re
     from attnzoo.serve.rayserve.config import merged
     from attnzoo.serve.rayserve.launch import export_pending, select_models
 
-    cfg = merged({}, {"dtype": "int8", "variants": ["belief2", "standard"], "task": "cls",
-                      "cache_dir": tmp_path / "cache"})
+    cfg = merged(
+        {}, {"dtype": "int8", "variants": ["belief2", "standard"], "task": "cls", "cache_dir": tmp_path / "cache"}
+    )
     sel = select_models(cfg)
     names = {"belief2_cls_fashion_int8.onnx", "standard_cls_fashion_int8.onnx"}
     (first,), pending = list(sel.files), [p["file"] for p in sel.pending]

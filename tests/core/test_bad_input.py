@@ -21,17 +21,15 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-import torch
 from PIL import Image
 
 import attnzoo.serve  # noqa: F401  (offline environment first)
 from attnzoo import limits
-from attnzoo.models import memory
-from attnzoo.models.checkpoint import load_checkpoint, read_config, save_checkpoint
-from attnzoo.export import export_onnx, export_verified
+from attnzoo.export import export_verified
 from attnzoo.export import verify as verify_mod
 from attnzoo.export.cli import main as export_main
-from attnzoo.models import create_model
+from attnzoo.models import create_model, memory
+from attnzoo.models.checkpoint import load_checkpoint, read_config, save_checkpoint
 from attnzoo.preprocess import ImageTooLargeError, load_image
 from attnzoo.runtime.parity import TOLERANCES
 from attnzoo.serve.loading import load_models
@@ -55,8 +53,10 @@ def _never(*args, **kwargs):
 def test_export_refuses_batch_sizes_over_the_bound_before_any_work(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(verify_mod, "export_verified", _never)
     out = tmp_path / "out"
-    err = _exit(export_main, ["--variant", "belief2", "--random-init", "--batch-sizes", "1,100000",
-                              "--out", str(out / "m.onnx")])
+    err = _exit(
+        export_main,
+        ["--variant", "belief2", "--random-init", "--batch-sizes", "1,100000", "--out", str(out / "m.onnx")],
+    )
     assert err.code == 2
     assert str(err) == f"error: --batch-sizes: 100000 out of range; batch sizes must be in 1..{limits.MAX_BATCH_SIZE}"
     assert capsys.readouterr().err.strip().splitlines() == [str(err)]
@@ -65,8 +65,22 @@ def test_export_refuses_batch_sizes_over_the_bound_before_any_work(tmp_path, mon
 
 def test_export_refuses_a_batch_that_would_not_fit_in_memory(tmp_path, monkeypatch):
     monkeypatch.setattr(verify_mod, "export_verified", _never)
-    err = _exit(export_main, ["--variant", "wafe-mae", "--random-init", "--task", "seg", "--input-size", "2048",
-                              "--batch-sizes", "8", "--out", str(tmp_path / "m.onnx")])
+    err = _exit(
+        export_main,
+        [
+            "--variant",
+            "wafe-mae",
+            "--random-init",
+            "--task",
+            "seg",
+            "--input-size",
+            "2048",
+            "--batch-sizes",
+            "8",
+            "--out",
+            str(tmp_path / "m.onnx"),
+        ],
+    )
     assert err.code == 2 and "GiB" in str(err) and "use smaller batch sizes" in str(err)
     assert list(tmp_path.iterdir()) == []
 
@@ -88,8 +102,9 @@ def _png_header_only(path: Path, width: int, height: int) -> Path:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b""))
-                     + chunk(b"IEND", b""))
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
+    )
     return path
 
 
@@ -123,8 +138,11 @@ def test_over_the_cap_images_are_refused_without_a_pillow_warning(tmp_path, caps
     A bomb past Pillow's 179 MP error is still refused with one line."""
     import warnings
 
-    for side, needle in ((10000, "10000x10000 (100 MP), over the 40 MP limit"), (13000, "13000x13000 (169 MP)"),
-                         (20000, "refused a decompression bomb")):
+    for side, needle in (
+        (10000, "10000x10000 (100 MP), over the 40 MP limit"),
+        (13000, "13000x13000 (169 MP)"),
+        (20000, "refused a decompression bomb"),
+    ):
         path = _png_header_only(tmp_path / f"{side}.png", side, side)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -144,17 +162,23 @@ def test_zoo_and_screenshot_commands_use_the_one_error_pattern(tmp_path, capsys)
     from attnzoo.serve.demo import screenshot
     from attnzoo.training import zoo as zoo_cli
 
-    errors = [_exit(zoo_cli.main, ["build", "--variants", "nosuch", "--out", str(tmp_path / "zoo")]),
-              _exit(zoo_cli.main, ["onnx", "--data", "nosuch"]),
-              _exit(screenshot.main, ["--models", str(tmp_path / "none"), "--out", str(tmp_path / "x.png")])]
+    errors = [
+        _exit(zoo_cli.main, ["build", "--variants", "nosuch", "--out", str(tmp_path / "zoo")]),
+        _exit(zoo_cli.main, ["onnx", "--data", "nosuch"]),
+        _exit(screenshot.main, ["--models", str(tmp_path / "none"), "--out", str(tmp_path / "x.png")]),
+    ]
     assert all(isinstance(e, CommandExit) for e in errors) and [e.code for e in errors] == [2, 1, 1]
     assert str(errors[0]).startswith("error: unknown variant 'nosuch'; valid variants: ")
     assert not (tmp_path / "zoo").exists()  # refused before anything was written
     assert str(errors[1]) == "error: the zoo has no models trained on 'nosuch'"
     assert str(errors[2]) == f"error: models folder not found: {tmp_path / 'none'}"
     assert capsys.readouterr().err.strip().splitlines() == [str(e) for e in errors]  # one line each, no traceback
-    proc = subprocess.run([sys.executable, "-m", "attnzoo.training.zoo", "onnx", "--data", "nosuch"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "attnzoo.training.zoo", "onnx", "--data", "nosuch"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1 and proc.stderr.strip() == "error: the zoo has no models trained on 'nosuch'"
 
 
@@ -211,7 +235,10 @@ def test_demo_skips_malformed_models_and_serves_the_rest(good_onnx, tmp_path, ca
     assert [Path(m.source).name for m in models] == ["good.onnx"]
     err = capsys.readouterr().err
     assert "warning: skipping empty_config.onnx: " in err and "missing variant" in err
-    assert "warning: skipping bad_size.onnx: " in err and "bad_size.onnx: input_size must be an integer in 1..2048, got 0" in err
+    assert (
+        "warning: skipping bad_size.onnx: " in err
+        and "bad_size.onnx: input_size must be an integer in 1..2048, got 0" in err
+    )
 
 
 def test_demo_fails_only_when_nothing_is_servable(good_onnx, tmp_path):
@@ -227,8 +254,10 @@ def test_class_names_must_match_the_logits(good_onnx, tmp_path, capsys):
     _copy(good_onnx, tmp_path / "good.onnx")
     _with_props(good_onnx, tmp_path / "short.onnx", reported=True, **{"attnzoo.config": json.dumps(short)})
     assert [Path(m.source).name for m in load_models(tmp_path)] == ["good.onnx"]
-    assert "skipping short.onnx: short.onnx: 2 class names but the model outputs 3 logits per image" in \
-        capsys.readouterr().err
+    assert (
+        "skipping short.onnx: short.onnx: 2 class names but the model outputs 3 logits per image"
+        in capsys.readouterr().err
+    )
 
     ckpt = tmp_path / "ck" / "m.safetensors"
     save_checkpoint(create_model("standard", "cls", "micro", num_classes=3), ckpt, class_names="abc")
@@ -263,10 +292,28 @@ def test_bench_checks_out_is_writable_before_measuring(tmp_path, monkeypatch):
     monkeypatch.setattr(bench_run, "run_benchmark", _never)
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
-    err = _exit(bench_cli.main, ["--variants", "standard", "--backends", "eager", "--arch", "micro",
-                                 "--batch-sizes", "1", "--out", str(blocker / "results"),
-                                 "--cache-dir", str(tmp_path / "cache")])
-    assert err.code == 1 and str(err).startswith("error: cannot create the --out folder ") and "Not a directory" in str(err)
+    err = _exit(
+        bench_cli.main,
+        [
+            "--variants",
+            "standard",
+            "--backends",
+            "eager",
+            "--arch",
+            "micro",
+            "--batch-sizes",
+            "1",
+            "--out",
+            str(blocker / "results"),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+        ],
+    )
+    assert (
+        err.code == 1
+        and str(err).startswith("error: cannot create the --out folder ")
+        and "Not a directory" in str(err)
+    )
 
 
 def test_bench_uses_the_attnzoo_cache(tmp_path, monkeypatch):
@@ -293,8 +340,9 @@ def test_failed_export_keeps_the_good_model_and_its_report(tmp_path, monkeypatch
     with monkeypatch.context() as patch:
         patch.setitem(TOLERANCES, "fp32", -1.0)  # no export can pass
         with pytest.raises(verify_mod.VerificationError, match="m.onnx was not written"):
-            verify_mod.export_verified(create_model("belief", "cls", "micro", num_classes=3), out,
-                                       model.attnzoo_config, batch_sizes=(1,))
+            verify_mod.export_verified(
+                create_model("belief", "cls", "micro", num_classes=3), out, model.attnzoo_config, batch_sizes=(1,)
+            )
     assert out.read_bytes() == good_model and verify_mod.report_path(out).read_text() == good_report
     assert json.loads(verify_mod.failed_report_path(out).read_text())["passed"] is False
     verify_mod.export_verified(model, out, model.attnzoo_config, batch_sizes=(1,))
@@ -322,7 +370,7 @@ def test_checkpoint_with_a_huge_img_size_is_refused_before_building(tmp_path, mo
     assert err.code == 1 and "img_size" in str(err) and "\n" not in str(err)
 
 
-@pytest.mark.parametrize("text", ["3", "null", "[1, 2]", "\"a string\""])
+@pytest.mark.parametrize("text", ["3", "null", "[1, 2]", '"a string"'])
 def test_checkpoint_config_that_is_not_an_object(tmp_path, text):
     path = _checkpoint(tmp_path)
     path.with_suffix(".json").write_text(text)
@@ -342,14 +390,34 @@ def _partial_run(tmp_path: Path) -> TrainConfig:
     """Epoch 1 of 2 of the run ``_TRAIN_ARGV`` describes (train-model's defaults), leaving its state."""
     from attnzoo.data.datasets import shapes
 
-    cfg = TrainConfig(variant="standard", epochs=2, batch_size=16, lr=2e-3, warmup_epochs=0.5, train_size=32,
-                      out=str(tmp_path), threads=1)
+    cfg = TrainConfig(
+        variant="standard",
+        epochs=2,
+        batch_size=16,
+        lr=2e-3,
+        warmup_epochs=0.5,
+        train_size=32,
+        out=str(tmp_path),
+        threads=1,
+    )
     train(cfg, progress=False, max_steps=2, train_data=shapes("train", n=32), val_data=shapes("val", n=16))
     return cfg
 
 
-_TRAIN_ARGV = ["--variant", "standard", "--epochs", "2", "--batch-size", "16", "--train-size", "32",
-               "--threads", "1", "--no-progress", "--resume"]
+_TRAIN_ARGV = [
+    "--variant",
+    "standard",
+    "--epochs",
+    "2",
+    "--batch-size",
+    "16",
+    "--train-size",
+    "32",
+    "--threads",
+    "1",
+    "--no-progress",
+    "--resume",
+]
 
 
 def test_resume_from_a_truncated_state_is_one_line(tmp_path, capsys):
@@ -373,10 +441,13 @@ def test_resume_without_state_json_names_the_missing_file(tmp_path):
 
 
 # ------------------------------------------------------------------------------------ 10: --out suffix
-@pytest.mark.parametrize("fmt, name, needle", [
-    ("onnx", "x.engine", "names a TensorRT engine but --format is onnx"),
-    (None, "x.txt", "must end in .onnx (ONNX) or .engine"),
-])
+@pytest.mark.parametrize(
+    "fmt, name, needle",
+    [
+        ("onnx", "x.engine", "names a TensorRT engine but --format is onnx"),
+        (None, "x.txt", "must end in .onnx (ONNX) or .engine"),
+    ],
+)
 def test_export_out_suffix_must_match_the_format(tmp_path, monkeypatch, fmt, name, needle):
     monkeypatch.setattr(verify_mod, "export_verified", _never)
     argv = ["--variant", "belief2", "--random-init", "--out", str(tmp_path / name)]
@@ -404,14 +475,30 @@ def test_debug_shows_the_traceback(monkeypatch, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig, code, line", [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
-                                             (signal.SIGINT, 130, "interrupted (Ctrl-C)")])
+@pytest.mark.parametrize(
+    "sig, code, line", [(signal.SIGTERM, 143, "terminated (SIGTERM)"), (signal.SIGINT, 130, "interrupted (Ctrl-C)")]
+)
 def test_signal_during_export_leaves_no_temporary_file(tmp_path, sig, code, line):
     out = tmp_path / "out"
     out.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "attnzoo.export.cli", "--variant", "belief", "--random-init",
-                             "--batch-sizes", "1", "--out", str(out / "m.onnx")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "attnzoo.export.cli",
+            "--variant",
+            "belief",
+            "--random-init",
+            "--batch-sizes",
+            "1",
+            "--out",
+            str(out / "m.onnx"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
     try:
         deadline = time.monotonic() + 240
         while not any(out.iterdir()) and proc.poll() is None and time.monotonic() < deadline:

@@ -9,9 +9,9 @@ import pytest
 import torch
 from PIL import Image
 
-from attnzoo.models.checkpoint import NoConfigError, load_checkpoint, read_config, save_checkpoint
 from attnzoo.fileio import atomic_path, atomic_write_text
 from attnzoo.models import create_model
+from attnzoo.models.checkpoint import NoConfigError, load_checkpoint, read_config, save_checkpoint
 from attnzoo.preprocess import busy_background, input_style_of, load_image, preprocess, to_input_style
 
 
@@ -70,7 +70,7 @@ SUBSET = Path(__file__).parents[1] / "data" / "fashion-mnist"  # 300 official te
 def _garment_on_white(gray: np.ndarray, side: int = 40, canvas: int = 96) -> Image.Image:
     """A garment as a photo might show it: dark on white, smaller than the frame and off-centre."""
     out = np.full((canvas, canvas), 255, np.uint8)
-    out[10:10 + side, 40:40 + side] = np.asarray(Image.fromarray(255 - gray).resize((side, side), Image.BILINEAR))
+    out[10 : 10 + side, 40 : 40 + side] = np.asarray(Image.fromarray(255 - gray).resize((side, side), Image.BILINEAR))
     return Image.fromarray(out).convert("RGB")
 
 
@@ -137,8 +137,10 @@ def test_conversion_keeps_the_zoo_classifier_accurate_on_real_test_images():
     converted = top1([to_input_style(Image.fromarray(g).convert("RGB"), "gray-on-black") for g in gray])
     on_white = [_garment_on_white(g) for g in gray]
     white_raw, white_converted = top1(on_white), top1([to_input_style(i, "gray-on-black") for i in on_white])
-    print(f"top-1 %: raw {raw:.1f}, converted {converted:.1f}; small on white: unconverted {white_raw:.1f}, "
-          f"converted {white_converted:.1f}")  # the README's numbers (pytest -s)
+    print(
+        f"top-1 %: raw {raw:.1f}, converted {converted:.1f}; small on white: unconverted {white_raw:.1f}, "
+        f"converted {white_converted:.1f}"
+    )  # the README's numbers (pytest -s)
     assert abs(converted - raw) <= 1.0, (raw, converted)
     # shown small on white the model is at chance; converted, it is within a few points (the garment was
     # downscaled to 40 px and back, so some detail is lost): 9.3 % -> 87.0 % with the 6-epoch zoo model

@@ -7,15 +7,24 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from attnzoo.data.datasets import (SHAPES_CLASSES, SHAPES_SEG_CLASSES, TensorDataset, ade_folder, digits,
-                                   imagefolder, load_data, shapes, shapes_images)
+from attnzoo.data.datasets import (
+    SHAPES_CLASSES,
+    SHAPES_SEG_CLASSES,
+    TensorDataset,
+    ade_folder,
+    digits,
+    imagefolder,
+    load_data,
+    shapes,
+    shapes_images,
+)
 
 
 @pytest.mark.parametrize("task", ["cls", "seg"])
 def test_shapes_deterministic_and_split_disjoint(task):
     a = shapes_images(12, 32, "test", seed=3, task=task)
     b = shapes_images(12, 32, "test", seed=3, task=task)
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         np.testing.assert_array_equal(x, y)
     # image i does not depend on how many images are drawn
     np.testing.assert_array_equal(shapes_images(4, 32, "test", seed=3, task=task)[0], a[0][:4])
@@ -32,12 +41,12 @@ def test_shapes_deterministic_and_split_disjoint(task):
 def test_shapes_masks_agree_with_labels(task):
     images, labels, masks = shapes_images(60, 32, "val", seed=0, task=task)
     assert masks.max() <= len(SHAPES_CLASSES) and labels.max() < len(SHAPES_CLASSES)
-    for label, mask in zip(labels, masks):
+    for label, mask in zip(labels, masks, strict=False):
         counts = np.bincount(mask.ravel(), minlength=len(SHAPES_SEG_CLASSES))
         assert counts[label + 1] > 0 and counts[1:].argmax() == label  # label = largest object
         assert counts[0] > 0  # some background is visible
     if task == "cls":  # one dominant object covers a clear share of the image
-        share = np.array([(m == l + 1).mean() for l, m in zip(labels, masks)])
+        share = np.array([(m == l + 1).mean() for l, m in zip(labels, masks, strict=False)])
         assert share.min() > 0.05
     else:  # several objects per image
         assert np.mean([len(np.unique(m)) - 1 for m in masks]) > 1.5
@@ -130,7 +139,7 @@ def test_ade_folder(tmp_path):
     d = data[0]
     assert d.masks.shape[1:] == (8, 8) and d.images.shape[1:] == (8, 8, 3)
     assert d.class_names == ["background", "class_1", "class_2", "class_3"]
-    for label, mask in zip(d.labels, d.masks):
+    for label, mask in zip(d.labels, d.masks, strict=False):
         assert np.bincount(mask.ravel(), minlength=4)[1:].argmax() + 1 == label  # indexes class_names
         assert d.class_names[label] != "background"
     (tmp_path / "classes.txt").write_text("other\nsky\ntree\nroad\ncar\n")

@@ -10,8 +10,8 @@ top-level entry of the repository (``models/wafe.py``) or of the page's folder; 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, List, Tuple
 
 import pytest
 
@@ -22,14 +22,17 @@ PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "res
 #: Top-level entries a root-relative path may start with: what the repository tracks, not run outputs (runs/,
 #: exports/) that a command writes.
 TOP_LEVEL = {p.name for p in ROOT.iterdir() if not p.name.startswith(".") or p.name == ".ci"} - {
-    "attnzoo.egg-info", "test-artifacts", ".venv"}
+    "attnzoo.egg-info",
+    "test-artifacts",
+    ".venv",
+}
 _FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
 _LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 _CODE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
 _PLACEHOLDER = re.compile(r"[<>*?{}$~|]")
 
 
-def _ids(paths: List[Path]) -> List[str]:
+def _ids(paths: list[Path]) -> list[str]:
     return [str(p.relative_to(ROOT)) for p in paths]
 
 
@@ -49,7 +52,7 @@ def _anchors(page: Path) -> set:
     return {_slug(m.group(1)) for m in re.finditer(r"^#+\s+(.+)$", _prose(page.read_text()), re.M)}
 
 
-def _links(page: Path) -> Iterator[Tuple[str, Path, str]]:
+def _links(page: Path) -> Iterator[tuple[str, Path, str]]:
     """(link as written, file it names, #section or '') of every relative link of ``page``."""
     for target in _LINK.findall(_prose(page.read_text())):
         if re.match(r"[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
@@ -66,8 +69,11 @@ def _repo_paths(page: Path) -> Iterator[str]:
         if " " in token or "..." in token or _PLACEHOLDER.search(token):
             continue
         first = token.split("/", 1)[0]
-        if token.endswith("/") or token.startswith("../") or (first in own | TOP_LEVEL and (
-                "/" in token or (ROOT / token).is_file())):
+        if (
+            token.endswith("/")
+            or token.startswith("../")
+            or (first in own | TOP_LEVEL and ("/" in token or (ROOT / token).is_file()))
+        ):
             yield token
 
 
@@ -95,13 +101,20 @@ def test_every_backticked_repository_path_exists(page):
 
 def test_the_checks_catch_a_broken_link_and_path(tmp_path):
     page = tmp_path / "README.md"
-    page.write_text("# Title\n\nSee [x](missing.md), [y](README.md#nowhere), [z](README.md#title) and "
-                    "`results/no-such-run/` or `models/wafe.py`.\n```\n`results/in-a-code-block/`\n```\n")
-    assert [(t, a) for t, _, a in _links(page)] == [("missing.md", ""), ("README.md#nowhere", "nowhere"),
-                                                    ("README.md#title", "title")]
+    page.write_text(
+        "# Title\n\nSee [x](missing.md), [y](README.md#nowhere), [z](README.md#title) and "
+        "`results/no-such-run/` or `models/wafe.py`.\n```\n`results/in-a-code-block/`\n```\n"
+    )
+    assert [(t, a) for t, _, a in _links(page)] == [
+        ("missing.md", ""),
+        ("README.md#nowhere", "nowhere"),
+        ("README.md#title", "title"),
+    ]
     assert "nowhere" not in _anchors(page) and "title" in _anchors(page)
-    assert [(t, _exists(page, t)) for t in _repo_paths(page)] == [("results/no-such-run/", False),
-                                                                  ("models/wafe.py", True)]
+    assert [(t, _exists(page, t)) for t in _repo_paths(page)] == [
+        ("results/no-such-run/", False),
+        ("models/wafe.py", True),
+    ]
 
 
 def test_variant_tables_are_the_registrys(capsys):

@@ -119,7 +119,7 @@ def test_native_size_garments_are_pasted_unresized_and_overlap_ranges_reach_heav
     # native size: every garment pixel in the scene is a pixel value some 28x28 source image holds unresized
     one = fm.compose_scenes(gray[:1], labels[:1], 1, size=56, per_scene=(1, 1), garment_px=(28, 28))[0][0, ..., 0]
     ys, xs = np.nonzero(one)
-    crop = one[ys.min():ys.min() + 28, xs.min():xs.min() + 28]
+    crop = one[ys.min() : ys.min() + 28, xs.min() : xs.min() + 28]
     on = gray[0] > fm.MASK_THRESHOLD
     assert sorted(crop[crop > fm.MASK_THRESHOLD].tolist()) == sorted(gray[0][on].tolist())
     free = fm.compose_scenes(gray, labels, 40, size=56, garment_px=(28, 28), overlap=1.0)[2]
@@ -129,13 +129,16 @@ def test_native_size_garments_are_pasted_unresized_and_overlap_ranges_reach_heav
     again = fm.compose_scenes(gray, labels, 40, size=56, garment_px=(28, 28), overlap=(0.0, 1.0))[2]
     np.testing.assert_array_equal(drawn, again)
     # the defaults draw exactly what they drew before the options existed (the cap as one number)
-    np.testing.assert_array_equal(fm.compose_scenes(gray, labels, 8)[2],
-                                  fm.compose_scenes(gray, labels, 8, overlap=fm.MAX_OVERLAP)[2])
+    np.testing.assert_array_equal(
+        fm.compose_scenes(gray, labels, 8)[2], fm.compose_scenes(gray, labels, 8, overlap=fm.MAX_OVERLAP)[2]
+    )
 
 
 def test_scene_options_are_checked_and_reach_load_data():
-    assert fm.check_scene_options({"garment_px": (28, 28), "overlap": (0, 1)}) == \
-        {"garment_px": [28, 28], "overlap": [0.0, 1.0]}
+    assert fm.check_scene_options({"garment_px": (28, 28), "overlap": (0, 1)}) == {
+        "garment_px": [28, 28],
+        "overlap": [0.0, 1.0],
+    }
     assert fm.check_scene_options({"overlap": 0.5, "fraction": None}) == {"overlap": 0.5}
     for bad in ({"garments": (2, 4)}, {"overlap": (1, 0)}, {"fraction": (0.5, 1.5)}, {"garment_px": (0, 28)}):
         with pytest.raises(ValueError):

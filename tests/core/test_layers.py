@@ -7,13 +7,12 @@ The order is the one ``docs/architecture.md`` draws; a test below checks that th
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, List, Optional, Tuple
-
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Bottom to top: a module may import from its own layer and the layers below it, never above.
-LAYERS: List[Tuple[str, str]] = [
+LAYERS: list[tuple[str, str]] = [
     ("core", "attnzoo"),
     ("data", "attnzoo.data"),
     ("models", "attnzoo.models"),
@@ -29,12 +28,21 @@ LAYERS: List[Tuple[str, str]] = [
 #: Side by side on the top layer: each may use ``attnzoo.serve``'s shared modules, never the other.
 APART = ("attnzoo.serve.demo", "attnzoo.serve.rayserve")
 #: Package name -> folder (``pyproject.toml``'s package-dir).
-FOLDERS = {"attnzoo": "attnzoo", "attnzoo.models": "models", "attnzoo.zoo": "zoo", "attnzoo.runtime": "runtime",
-           "attnzoo.export": "export", "attnzoo.training": "training", "attnzoo.benchmarks": "benchmarks",
-           "attnzoo.studies": "studies", "attnzoo.report": "report", "attnzoo.serve": "serve"}
+FOLDERS = {
+    "attnzoo": "attnzoo",
+    "attnzoo.models": "models",
+    "attnzoo.zoo": "zoo",
+    "attnzoo.runtime": "runtime",
+    "attnzoo.export": "export",
+    "attnzoo.training": "training",
+    "attnzoo.benchmarks": "benchmarks",
+    "attnzoo.studies": "studies",
+    "attnzoo.report": "report",
+    "attnzoo.serve": "serve",
+}
 
 
-def layer_of(module: str) -> Optional[int]:
+def layer_of(module: str) -> int | None:
     """Index in :data:`LAYERS` of an ``attnzoo`` module (the longest matching prefix), else ``None``."""
     best = None
     for i, (_, prefix) in enumerate(LAYERS):
@@ -44,7 +52,7 @@ def layer_of(module: str) -> Optional[int]:
     return best
 
 
-def modules() -> Iterator[Tuple[str, Path]]:
+def modules() -> Iterator[tuple[str, Path]]:
     """Every module of the package with its file."""
     for package, folder in FOLDERS.items():
         for path in sorted((ROOT / folder).rglob("*.py")):
@@ -58,7 +66,7 @@ def modules() -> Iterator[Tuple[str, Path]]:
             yield name, path
 
 
-def imports(name: str, path: Path) -> Iterator[Tuple[str, List[str], int]]:
+def imports(name: str, path: Path) -> Iterator[tuple[str, list[str], int]]:
     """``(imported module, names taken from it, line)`` for every import in the file, nested ones included."""
     is_pkg = path.name == "__init__.py"
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -68,14 +76,14 @@ def imports(name: str, path: Path) -> Iterator[Tuple[str, List[str], int]]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = name.split(".") if is_pkg else name.split(".")[:-1]
-                base = base[:len(base) - node.level + 1]
+                base = base[: len(base) - node.level + 1]
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
             yield target, [a.name for a in node.names], node.lineno
 
 
-def violations() -> List[str]:
+def violations() -> list[str]:
     found = []
     packages = {n for n, p in modules() if p.name == "__init__.py"}
 
@@ -98,8 +106,9 @@ def violations() -> List[str]:
                 private = [n for n in names if n.startswith("_") and not n.startswith("__")]
                 private += [p for p in target.split(".") if p.startswith("_") and not p.startswith("__")]
                 if private:
-                    found.append(f"{where}:{line}: imports {', '.join(private)} from {target}, private to another "
-                                 "package")
+                    found.append(
+                        f"{where}:{line}: imports {', '.join(private)} from {target}, private to another package"
+                    )
     return found
 
 
@@ -111,8 +120,10 @@ def test_the_checker_sees_function_level_and_relative_imports(tmp_path, monkeypa
     """A probe file in the runtime layer that imports the demo inside a function, and a private name of another
     package, is caught; so the test above can fail."""
     probe = ROOT / "runtime" / "_layer_probe.py"
-    probe.write_text("def f():\n    from attnzoo.serve.demo import app\n    from attnzoo.export.quantize import _x\n"
-                     "from .contract import INPUT_NAME\n")
+    probe.write_text(
+        "def f():\n    from attnzoo.serve.demo import app\n    from attnzoo.export.quantize import _x\n"
+        "from .contract import INPUT_NAME\n"
+    )
     try:
         found = violations()
     finally:
@@ -129,6 +140,5 @@ def test_every_module_belongs_to_a_layer():
 def test_the_architecture_document_lists_the_layers_in_order():
     text = (ROOT / "docs" / "architecture.md").read_text()
     positions = [text.find(f"`{prefix}`") for _, prefix in LAYERS]
-    assert -1 not in positions, [p for (_, p), i in zip(LAYERS, positions) if i == -1]
+    assert -1 not in positions, [p for (_, p), i in zip(LAYERS, positions, strict=False) if i == -1]
     assert positions == sorted(positions)
-

@@ -11,8 +11,10 @@ from attnzoo.lazy import lazy_import
 
 
 def test_nothing_is_imported_until_an_attribute_is_read():
-    code = ("import sys; from attnzoo.lazy import lazy_import; m = lazy_import('json.tool'); "
-            "assert 'json.tool' not in sys.modules; m.main; assert 'json.tool' in sys.modules; print('ok')")
+    code = (
+        "import sys; from attnzoo.lazy import lazy_import; m = lazy_import('json.tool'); "
+        "assert 'json.tool' not in sys.modules; m.main; assert 'json.tool' in sys.modules; print('ok')"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 

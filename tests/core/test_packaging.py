@@ -13,7 +13,6 @@ import sys
 import tarfile
 import zipfile
 from pathlib import Path
-from typing import Dict, Set
 
 import pytest
 
@@ -22,27 +21,32 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _setuptools_dist(monkeypatch):
     """The Distribution setuptools configures from setup.py and pyproject.toml (nothing built)."""
-    import setuptools  # noqa: F401 -- installs setuptools' distutils first
     from distutils.core import run_setup
+
+    import setuptools  # noqa: F401 -- installs setuptools' distutils first
 
     monkeypatch.chdir(ROOT)
     return run_setup(str(ROOT / "setup.py"), stop_after="config")
 
 
-def _source_files(folder: Path) -> Set[Path]:
+def _source_files(folder: Path) -> set[Path]:
     """The files under ``folder`` that git tracks or would (not ignored); every file but caches where this is no
     git checkout."""
     try:
-        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--",
-                              str(folder)], cwd=ROOT, capture_output=True, check=True).stdout.decode()
+        out = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", str(folder)],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        ).stdout.decode()
         return {ROOT / f for f in out.split("\0") if f}
     except (OSError, subprocess.CalledProcessError):
         return {p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
 
 
-def _expected(package_dir: Dict[str, str]) -> Dict[str, Set[str]]:
+def _expected(package_dir: dict[str, str]) -> dict[str, set[str]]:
     """From the source tree: ``packages`` (names), ``modules`` and ``data`` (paths as they lie in the wheel)."""
-    want: Dict[str, Set[str]] = {"packages": set(), "modules": set(), "data": set()}
+    want: dict[str, set[str]] = {"packages": set(), "modules": set(), "data": set()}
     for package, folder in package_dir.items():
         base = ROOT / folder
         for path in sorted(_source_files(base)):
@@ -66,12 +70,20 @@ def test_setuptools_packages_every_package_module_and_data_file(monkeypatch):
     build_py.ensure_finalized()
     modules = {"/".join([*package.split("."), Path(file).name]) for package, _, file in build_py.find_all_modules()}
     assert want["modules"] <= modules, f"modules not packaged: {sorted(want['modules'] - modules)}"
-    data = {"/".join([*package.split("."), *Path(name).parts])
-            for package, _, _, names in build_py.data_files for name in names}
-    assert want["data"] <= data, f"data files not packaged (pyproject.toml's package-data): " \
-                                 f"{sorted(want['data'] - data)}"
-    for shipped in ("attnzoo/zoo/manifest.json", "attnzoo/zoo/standard_cls_fashion.safetensors",
-                    "attnzoo/serve/examples/index.json", "attnzoo/data/fashion-mnist/t10k-images-idx3-ubyte.gz"):
+    data = {
+        "/".join([*package.split("."), *Path(name).parts])
+        for package, _, _, names in build_py.data_files
+        for name in names
+    }
+    assert want["data"] <= data, (
+        f"data files not packaged (pyproject.toml's package-data): {sorted(want['data'] - data)}"
+    )
+    for shipped in (
+        "attnzoo/zoo/manifest.json",
+        "attnzoo/zoo/standard_cls_fashion.safetensors",
+        "attnzoo/serve/examples/index.json",
+        "attnzoo/data/fashion-mnist/t10k-images-idx3-ubyte.gz",
+    ):
         assert shipped in data
 
 
@@ -80,8 +92,12 @@ def test_the_built_sdist_and_wheel_hold_every_module_and_data_file(monkeypatch, 
     """``python -m build`` (sdist, then the wheel from the unpacked sdist, as pip does from an index)."""
     want = _expected(_setuptools_dist(monkeypatch).package_dir)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(tmp_path), str(ROOT)],
-                   check=True, env=env, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(tmp_path), str(ROOT)],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
     (wheel,) = tmp_path.glob("attnzoo-*.whl")
     (sdist,) = tmp_path.glob("attnzoo-*.tar.gz")
     names = set(zipfile.ZipFile(wheel).namelist())
@@ -106,4 +122,4 @@ def test_every_attnzoo_name_the_ci_scripts_import_exists():
                 owner = importlib.import_module(module)
                 submodule = hasattr(owner, "__path__") and importlib.util.find_spec(f"{module}.{name}")
                 assert hasattr(owner, name) or submodule, f"{script.name}: {module}.{name} is gone"
-    assert any(name == "free_port" for _, _, name in found), found   # the scan sees the one-liners
+    assert any(name == "free_port" for _, _, name in found), found  # the scan sees the one-liners

@@ -14,18 +14,25 @@ def _isolated(code: str) -> None:
     """Run ``code`` in a fresh interpreter: a signal sent to the test process itself could land in native threads
     that earlier tests left in it (Ray, TensorRT)."""
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), (done.returncode, done.stdout[-2000:],
-                                                                           done.stderr[-2000:])
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), (
+        done.returncode,
+        done.stdout[-2000:],
+        done.stderr[-2000:],
+    )
 
 
 def _under_pythons_own_handler(setup: str, body: str) -> subprocess.CompletedProcess:
     """A control: ``setup``, then ``body`` in a fresh interpreter whose SIGTERM handler is installed the usual way
     (``signal.signal``) and raises at once."""
-    code = textwrap.dedent(setup) + textwrap.dedent("""
+    code = (
+        textwrap.dedent(setup)
+        + textwrap.dedent("""
         def handler(signum, frame):
             raise KeyboardInterrupt
         signal.signal(signal.SIGTERM, handler)
-    """) + textwrap.dedent(body)
+    """)
+        + textwrap.dedent(body)
+    )
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
 
 
@@ -122,7 +129,9 @@ def test_a_handler_runs_even_where_the_alternate_signal_stack_was_unmapped():
     """The package's handlers run on the thread's own stack, so a signal still raises in a thread that a native
     library left on an unmapped alternate stack; Python's own way of installing one ends the process with
     SIGSEGV there (the control, so the setup is known to reproduce the fault)."""
-    _isolated(textwrap.dedent(_DANGLING) + textwrap.dedent("""
+    _isolated(
+        textwrap.dedent(_DANGLING)
+        + textwrap.dedent("""
         from attnzoo.signals import Terminated, signals_raise
         with signals_raise():
             try:
@@ -130,13 +139,17 @@ def test_a_handler_runs_even_where_the_alternate_signal_stack_was_unmapped():
             except Terminated:
                 pass
         print("ok")
-    """))
-    control = _under_pythons_own_handler(_DANGLING, """
+    """)
+    )
+    control = _under_pythons_own_handler(
+        _DANGLING,
+        """
         try:
             raised_by(None)
         except KeyboardInterrupt:
             print("ok")
-    """)
+    """,
+    )
     assert control.returncode == -signal.SIGSEGV, (control.returncode, control.stdout, control.stderr[-2000:])
 
 
@@ -158,7 +171,9 @@ _SLOW_IMPORT = """
 
 
 def test_a_signal_during_an_import_is_raised_once_the_import_returns():
-    _isolated(textwrap.dedent(_SLOW_IMPORT) + textwrap.dedent("""
+    _isolated(
+        textwrap.dedent(_SLOW_IMPORT)
+        + textwrap.dedent("""
         from attnzoo.signals import Terminated, signals_raise
         after = None
         with signals_raise():
@@ -172,13 +187,17 @@ def test_a_signal_during_an_import_is_raised_once_the_import_returns():
                 raised = time.monotonic()
         assert sys.modules["slow_module"].FINISHED and after is not None and raised - after < 2, after
         print("ok")
-    """))
+    """)
+    )
     # the control: a handler that raises at once cuts the import short, inside the module's own code
-    control = _under_pythons_own_handler(_SLOW_IMPORT, """
+    control = _under_pythons_own_handler(
+        _SLOW_IMPORT,
+        """
         try:
             import slow_module
         except KeyboardInterrupt:
             assert "slow_module" not in sys.modules
             print("cut short")
-    """)
+    """,
+    )
     assert control.stdout.strip() == "cut short", (control.returncode, control.stdout, control.stderr[-2000:])

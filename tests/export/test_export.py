@@ -11,30 +11,60 @@ import onnx
 import pytest
 import torch
 
-from attnzoo.models.checkpoint import save_checkpoint
-from attnzoo.fileio import sha256_file
-from attnzoo.export import (BATCH_DIM, assert_extra_math, check_extra_math, export_verified, make_session,
-                            metadata_props, read_metadata, report_path)
+from attnzoo.export import (
+    BATCH_DIM,
+    assert_extra_math,
+    check_extra_math,
+    export_verified,
+    make_session,
+    metadata_props,
+    read_metadata,
+    report_path,
+)
 from attnzoo.export import verify as verify_mod
 from attnzoo.export.check import ExtraMathCheckError
 from attnzoo.export.cli import main
-from attnzoo.runtime.parity import TOLERANCES
+from attnzoo.fileio import sha256_file
 from attnzoo.models import ARCHS, BUILTIN_VARIANTS, PROJECTION_OPS, VARIANTS, create_model
+from attnzoo.models.checkpoint import save_checkpoint
+from attnzoo.runtime.parity import TOLERANCES
 
 DEPTH = ARCHS["micro"]["depth"]
 SEG_HW = (24, 40)  # non-square, not the training size
-CONTRACT_KEYS = {"attnzoo.config", "variant", "task", "arch", "options", "class_names", "input_size", "mean",
-                 "std", "eps", "attnzoo_version", "checkpoint_sha256", "dtype"}
+CONTRACT_KEYS = {
+    "attnzoo.config",
+    "variant",
+    "task",
+    "arch",
+    "options",
+    "class_names",
+    "input_size",
+    "mean",
+    "std",
+    "eps",
+    "attnzoo_version",
+    "checkpoint_sha256",
+    "dtype",
+}
 # The extra-math sub-modules of the built-ins (the papers' extra math) and the ops each must export, written out
 # here so that the registry's extra_scopes are checked against them: the orthogonal projections, MSE's key-norm
 # term and MAE's pairwise L1 distances (the blocked export: maxima and the channel-sum MatMul).
 PROJ = {"Mul": 3, "ReduceSum": 2, "Add": 1, "Div": 1, "Sub": 1}
 KEY_NORM = {"Mul": 2, "ReduceSum": 1}
 MAE_DISTANCE = {"Max": 1, "MatMul": 1, "Sub": 2}
-PROJECTION_MODULES = {"belief": {"projection": PROJ}, "belief-star": {"projection": PROJ, "head_projection": PROJ},
-                      "exclusive": {"head_projection": PROJ}, "belief2": {"projection": PROJ}}
-EXTRA_MODULES = {**PROJECTION_MODULES, "wafe-mse": {"key_norm": KEY_NORM}, "anti-wafe-mse": {"key_norm": KEY_NORM},
-                 "wafe-mae": {"distance": MAE_DISTANCE}, "anti-wafe-mae": {"distance": MAE_DISTANCE}}
+PROJECTION_MODULES = {
+    "belief": {"projection": PROJ},
+    "belief-star": {"projection": PROJ, "head_projection": PROJ},
+    "exclusive": {"head_projection": PROJ},
+    "belief2": {"projection": PROJ},
+}
+EXTRA_MODULES = {
+    **PROJECTION_MODULES,
+    "wafe-mse": {"key_norm": KEY_NORM},
+    "anti-wafe-mse": {"key_norm": KEY_NORM},
+    "wafe-mae": {"distance": MAE_DISTANCE},
+    "anti-wafe-mae": {"distance": MAE_DISTANCE},
+}
 PROJECTION_VARIANTS = tuple(PROJECTION_MODULES)
 VARIANT_NAMES = BUILTIN_VARIANTS
 # The fast set: one variant per export path; the full matrix runs with -m slow. belief2 carries the projection
@@ -64,8 +94,14 @@ def exported(tmp_path_factory):
             torch.manual_seed(0)
             model = create_model(variant, task, "micro", num_classes=5)
             path = root / f"{variant}_{task}_{dtype}.onnx"
-            report = export_verified(model, path, model.attnzoo_config, dtype=dtype, batch_sizes=(1,),
-                                     input_hw=SEG_HW if task == "seg" else None)
+            report = export_verified(
+                model,
+                path,
+                model.attnzoo_config,
+                dtype=dtype,
+                batch_sizes=(1,),
+                input_hw=SEG_HW if task == "seg" else None,
+            )
             cache[key] = (model, path, report)
         return cache[key]
 
@@ -74,7 +110,8 @@ def exported(tmp_path_factory):
 
 def test_builtin_extra_scopes_are_the_papers_extra_math():
     assert {n: VARIANTS[n].extra_scopes for n in BUILTIN_VARIANTS if VARIANTS[n].extra_scopes} == {
-        n: tuple(m) for n, m in EXTRA_MODULES.items()}
+        n: tuple(m) for n, m in EXTRA_MODULES.items()
+    }
     for name, modules in PROJECTION_MODULES.items():
         assert all(dict(VARIANTS[name].required_ops(m)) == PROJ for m in modules)
     assert dict(PROJECTION_OPS) == PROJ
@@ -138,8 +175,11 @@ def test_mae_export_is_blocked_and_verified(exported, variant):
     proto = onnx.load(str(path))
     onnx.checker.check_model(proto)
     inferred = onnx.shape_inference.infer_shapes(proto).graph.value_info
-    per_image = [int(np.prod([dim.dim_value for dim in v.type.tensor_type.shape.dim[1:]]))
-                 for v in inferred if all(dim.dim_value > 0 for dim in v.type.tensor_type.shape.dim[1:])]
+    per_image = [
+        int(np.prod([dim.dim_value for dim in v.type.tensor_type.shape.dim[1:]]))
+        for v in inferred
+        if all(dim.dim_value > 0 for dim in v.type.tensor_type.shape.dim[1:])
+    ]
     head_width = arch["embed_dim"] // arch["num_heads"]
     slab = mae_block(tokens) * head_width * tokens  # (block, d, N) maxima of one head
     assert max(per_image) == max(arch["num_heads"] * tokens * tokens, slab)  # never the pairwise tensor
@@ -218,7 +258,8 @@ def test_fp16_graph_keeps_fp32_islands(exported):
     model, path, report = exported("belief-star", "cls", "fp16")
     assert report["passed"], report["failures"]
     assert report["parity"]["max_abs_err"] <= TOLERANCES["fp16"] * max(
-        1.0, max(r["real"]["max_abs_logit"] for r in report["parity"]["per_batch"]))
+        1.0, max(r["real"]["max_abs_logit"] for r in report["parity"]["per_batch"])
+    )
     proto = onnx.load(str(path))
     assert metadata_props(path)["dtype"] == "fp16"
     assert any(t.data_type == onnx.TensorProto.FLOAT16 for t in proto.graph.initializer)
@@ -310,9 +351,20 @@ def test_an_int8_accuracy_drop_beyond_the_tolerance_is_refused(tmp_path):
     out.write_bytes(b"a good model already there")
     report_path(out).write_text("its report")
     with pytest.raises(qz.AccuracyDropError, match="points below fp32"):
-        qz.quantize_verified(fp32, out, config, dtype="int8", calibration=qz.random_calibration((32, 32), 16),
-                             calibration_source="random", eval_limit=32, tolerance=-100.0, placement="cpu",
-                             held_out=qz.random_calibration((32, 32), 8, seed=1), min_cosine=0.0, threads=1)
+        qz.quantize_verified(
+            fp32,
+            out,
+            config,
+            dtype="int8",
+            calibration=qz.random_calibration((32, 32), 16),
+            calibration_source="random",
+            eval_limit=32,
+            tolerance=-100.0,
+            placement="cpu",
+            held_out=qz.random_calibration((32, 32), 8, seed=1),
+            min_cosine=0.0,
+            threads=1,
+        )
     assert out.read_bytes() == b"a good model already there" and report_path(out).read_text() == "its report"
     failed = json.loads(failed_report_path(out).read_text())
     drop = failed["accuracy"]["drop"]
@@ -321,15 +373,14 @@ def test_an_int8_accuracy_drop_beyond_the_tolerance_is_refused(tmp_path):
     assert f"is {drop:.2f} points below fp32" in failed["failures"][0]
 
 
-def test_calibration_images_are_refused_at_the_packages_limit_naming_what_was_skipped(tmp_path, monkeypatch,
-                                                                                      capsys):
+def test_calibration_images_are_refused_at_the_packages_limit_naming_what_was_skipped(tmp_path, monkeypatch, capsys):
     """export-model --dtype int8 --calibration-data DIR: a 20,000 x 20,000 PNG is refused at the package's 40 MP
     limit (it cited Pillow's 178,956,970 pixels) with exit 1, a bad input file in docs/errors.md (it exited 2); a
     folder whose images are behind a symlinked folder names that folder and why it was skipped."""
     from PIL import Image
-    from tests.core.test_bad_input import _png_header_only
 
     from attnzoo.export import quantize as qz
+    from tests.core.test_bad_input import _png_header_only
 
     monkeypatch.setattr(verify_mod, "export_verified", _never)
     monkeypatch.setattr(qz, "quantize_verified", _never)
@@ -339,15 +390,18 @@ def test_calibration_images_are_refused_at_the_packages_limit_naming_what_was_sk
     Image.new("RGB", (8, 8)).save(photos / "small.png")
     argv = ["--variant", "belief2", "--random-init", "--dtype", "int8", "--out", str(tmp_path / "out" / "m.onnx")]
     line = _cli_error([*argv, "--calibration-data", str(photos)], 1)
-    assert line == (f"error: --calibration-data {photos / 'huge.png'}: refused a decompression bomb: image is 400 MP, "
-                    "over the 40 MP limit; downscale it first")
+    assert line == (
+        f"error: --calibration-data {photos / 'huge.png'}: refused a decompression bomb: image is 400 MP, "
+        "over the 40 MP limit; downscale it first"
+    )
     linked = tmp_path / "linked"
     linked.mkdir()
     (linked / "real").symlink_to(photos, target_is_directory=True)
     (linked / "notes.txt").write_text("not an image")
     line = _cli_error([*argv, "--calibration-data", str(linked)], 1)
     assert line.startswith(f"error: --calibration-data {linked}: no images (.png, ") and line.endswith(
-        "in it; skipped 1 symlinked folder(s), not followed: real and 1 file(s) of other types")
+        "in it; skipped 1 symlinked folder(s), not followed: real and 1 file(s) of other types"
+    )
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
     capsys.readouterr()
 
@@ -358,8 +412,7 @@ def test_cli_exports_a_checkpoint(tmp_path, capsys):
     ckpt = tmp_path / "b2.safetensors"
     save_checkpoint(model, ckpt, class_names=["a", "b", "c"])
     out = tmp_path / "out" / "b2.onnx"
-    assert main(["--variant", "belief2", "--checkpoint", str(ckpt), "--out", str(out),
-                 "--batch-sizes", "1"]) == 0
+    assert main(["--variant", "belief2", "--checkpoint", str(ckpt), "--out", str(out), "--batch-sizes", "1"]) == 0
     props = metadata_props(out)
     assert props["checkpoint_sha256"] == sha256_file(ckpt)
     assert json.loads(props["class_names"]) == ["a", "b", "c"]
@@ -407,10 +460,16 @@ def test_export_model_is_the_library_call_behind_the_cli(tmp_path):
     model = create_model("belief", "cls", "micro", num_classes=4)
     result = export_model(model=model, out=tmp_path / "obj.onnx", batch_sizes=(1,))
     assert result.report["passed"] and metadata_props(result.path)["variant"] == "belief"
-    bad = [dict(), dict(variant="nope", random_init=True), dict(variant="belief2", random_init=True, dtype="int9"),
-           dict(variant="belief2", random_init=True, opset=9), dict(variant="belief2", random_init=True, format="x"),
-           dict(variant="belief2", random_init=True, batch_sizes=(0,)),
-           dict(variant="belief2", model=model), dict(variant="belief2", random_init=True, eval_limit=5)]
+    bad = [
+        dict(),
+        dict(variant="nope", random_init=True),
+        dict(variant="belief2", random_init=True, dtype="int9"),
+        dict(variant="belief2", random_init=True, opset=9),
+        dict(variant="belief2", random_init=True, format="x"),
+        dict(variant="belief2", random_init=True, batch_sizes=(0,)),
+        dict(variant="belief2", model=model),
+        dict(variant="belief2", random_init=True, eval_limit=5),
+    ]
     for kwargs in bad:
         with pytest.raises(UsageError) as info:
             export_model(**{"out": tmp_path / "bad" / "m.onnx", **kwargs})
@@ -426,9 +485,9 @@ def test_cli_bad_inputs(tmp_path, monkeypatch):
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
     assert "cannot create the output folder" in _cli_error(
-        ["--variant", "belief", "--random-init", "--out", str(blocker / "sub" / "m.onnx")], 1)
-    assert "exclude each other" in _cli_error(
-        ["--variant", "belief", "--random-init", "--checkpoint", str(blocker)], 2)
+        ["--variant", "belief", "--random-init", "--out", str(blocker / "sub" / "m.onnx")], 1
+    )
+    assert "exclude each other" in _cli_error(["--variant", "belief", "--random-init", "--checkpoint", str(blocker)], 2)
     assert "positive integers" in _cli_error(["--variant", "belief", "--random-init", "--batch-sizes", "0,x"], 2)
 
     def no_zoo(*args, **kwargs):
@@ -488,8 +547,7 @@ def test_cli_help_lists_variants_and_archs(capsys):
 @pytest.mark.slow
 def test_export_seg_mask_decoder(tmp_path):
     model = create_model("belief-star", "seg", "micro", num_classes=4, decoder="mask")
-    report = export_verified(model, tmp_path / "mask.onnx", model.attnzoo_config, batch_sizes=(1,),
-                             input_hw=SEG_HW)
+    report = export_verified(model, tmp_path / "mask.onnx", model.attnzoo_config, batch_sizes=(1,), input_hw=SEG_HW)
     assert report["passed"], report["failures"]
     _assert_extra_math_found(report, "belief-star", "seg")
 

@@ -69,9 +69,15 @@ def fp32(tmp_path_factory):
 def int8(fp32, tmp_path_factory):
     path, config = fp32
     out = tmp_path_factory.mktemp("int8") / "b2_int8.onnx"
-    options = qz.QuantizeOptions(dtype="int8", calibration=qz.random_calibration((32, 32), 32, seed=0),
-                                 calibration_source="random", calibration_seed=0, measure_accuracy=False,
-                                 placement="tensorrt", min_cosine=0.0)  # untrained: ModelOpt's placement, measured
+    options = qz.QuantizeOptions(
+        dtype="int8",
+        calibration=qz.random_calibration((32, 32), 32, seed=0),
+        calibration_source="random",
+        calibration_seed=0,
+        measure_accuracy=False,
+        placement="tensorrt",
+        min_cosine=0.0,
+    )  # untrained: ModelOpt's placement, measured
     return out, qz.quantize_verified(path, out, config, options)
 
 
@@ -101,8 +107,12 @@ def test_int8_export_writes_a_qdq_model_with_the_extra_math_unquantized(fp32, in
     extra = qz.extra_math_nodes(proto)
     assert len(extra) == 4 * 8  # 4 blocks x (3 Mul, 2 ReduceSum, Add, Div, Sub), all still there
     assert _fed_by_dq(proto, set(extra)) == []
-    assert not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") and n.name.startswith("blocks.")
-                   and ".attn.projection" in n.name for n in proto.graph.node)
+    assert not any(
+        n.op_type in ("QuantizeLinear", "DequantizeLinear")
+        and n.name.startswith("blocks.")
+        and ".attn.projection" in n.name
+        for n in proto.graph.node
+    )
     # MatMuls outside the projection are quantized
     matmuls = [n.name for n in proto.graph.node if n.op_type == "MatMul"]
     assert _fed_by_dq(proto, set(matmuls))
@@ -133,12 +143,17 @@ def test_int8_report_fields(int8):
     # the file is the schema's JSON, and what quantize_verified returns is the same object
     typed = qz.read_quantization_report(report_path(out))
     assert typed.to_json() == report_path(out).read_text() and typed.to_dict() == report == on_disk
-    assert isinstance(typed.quantization, qz.QuantizeReport) and typed.quantization.excluded_nodes == q["excluded_nodes"]
+    assert (
+        isinstance(typed.quantization, qz.QuantizeReport) and typed.quantization.excluded_nodes == q["excluded_nodes"]
+    )
 
 
 #: Committed reports of quantized models: the exporter's own in tests/data, and any under results/ or zoo/.
-COMMITTED_REPORTS = sorted(p for root in ("tests/data", "results", "zoo")
-                           for p in (Path(__file__).resolve().parents[2] / root).rglob("*.report.json"))
+COMMITTED_REPORTS = sorted(
+    p
+    for root in ("tests/data", "results", "zoo")
+    for p in (Path(__file__).resolve().parents[2] / root).rglob("*.report.json")
+)
 
 
 def test_committed_quantization_reports_read_through_the_schema():
@@ -150,7 +165,9 @@ def test_committed_quantization_reports_read_through_the_schema():
         assert report.dtype in ("int8", "fp8") and report.quantization.mode == report.dtype
         assert report.passed == (not report.failures) == (".failed." not in path.name)
         assert (report.fidelity or {}).get("within_gate", True) or not report.passed
-    passed = qz.read_quantization_report(Path(__file__).parents[1] / "data" / "quantization-reports" / "vit_int8.report.json")
+    passed = qz.read_quantization_report(
+        Path(__file__).parents[1] / "data" / "quantization-reports" / "vit_int8.report.json"
+    )
     assert passed.quantization.options["placement"] == "auto" and passed.fidelity["min_cosine"] == 0.99
     assert qz.summary(passed.to_dict()).endswith("PASSED")
 
@@ -158,12 +175,14 @@ def test_committed_quantization_reports_read_through_the_schema():
 def test_the_schema_refuses_a_report_it_does_not_describe(tmp_path):
     text = (Path(__file__).parents[1] / "data" / "quantization-reports" / "vit_int8.report.json").read_text()
     good = json.loads(text)
-    cases = {"missing field(s) sha256": lambda r: r.pop("sha256"),
-             "unknown field(s) extra": lambda r: r.update(extra=1),
-             "passed is str, expected bool": lambda r: r.update(passed="yes"),
-             "file_size is bool, expected int": lambda r: r.update(file_size=True),
-             "quantization: missing field(s) mode": lambda r: r["quantization"].pop("mode"),
-             "quantization: time_s is str, expected float": lambda r: r["quantization"].update(time_s="1s")}
+    cases = {
+        "missing field(s) sha256": lambda r: r.pop("sha256"),
+        "unknown field(s) extra": lambda r: r.update(extra=1),
+        "passed is str, expected bool": lambda r: r.update(passed="yes"),
+        "file_size is bool, expected int": lambda r: r.update(file_size=True),
+        "quantization: missing field(s) mode": lambda r: r["quantization"].pop("mode"),
+        "quantization: time_s is str, expected float": lambda r: r["quantization"].update(time_s="1s"),
+    }
     for message, edit in cases.items():
         bad = json.loads(text)
         edit(bad)
@@ -196,8 +215,16 @@ def test_cpu_placement_quantizes_only_the_weight_matmuls(fp32, int8, tmp_path):
     not on attention's two matmuls; the default (tensorrt) placement has both; the report and metadata say which."""
     path, config = fp32
     out = tmp_path / "b2_cpu.onnx"
-    report = qz.quantize_verified(path, out, config, dtype="int8", calibration=qz.random_calibration((32, 32), 32),
-                                  calibration_source="random", measure_accuracy=False, placement="cpu")
+    report = qz.quantize_verified(
+        path,
+        out,
+        config,
+        dtype="int8",
+        calibration=qz.random_calibration((32, 32), 32),
+        calibration_source="random",
+        measure_accuracy=False,
+        placement="cpu",
+    )
     cpu, default = onnx.load(str(out)), onnx.load(str(int8[0]))
     assert _dq_readers(cpu) <= {"MatMul", "Conv", "Shape"}
     assert {"Add", "LayerNormalization"} <= _dq_readers(default)
@@ -209,17 +236,26 @@ def test_cpu_placement_quantizes_only_the_weight_matmuls(fp32, int8, tmp_path):
     assert json.loads({p.key: p.value for p in cpu.metadata_props}["quantization"])["placement"] == "cpu"
     assert json.loads(report_path(int8[0]).read_text())["quantization"]["options"]["placement"] == "tensorrt"
     with pytest.raises(ValueError, match="cpu is for int8"):
-        qz.quantize_onnx(path, tmp_path / "x.onnx", dtype="fp8", calibration=qz.random_calibration((32, 32), 2),
-                         placement="cpu")
+        qz.quantize_onnx(
+            path, tmp_path / "x.onnx", dtype="fp8", calibration=qz.random_calibration((32, 32), 2), placement="cpu"
+        )
     assert not (tmp_path / "x.onnx").exists()
 
 
 def test_quantize_extra_math_puts_qdq_in_front_of_it(fp32, tmp_path):
     path, config = fp32
     out = tmp_path / "b2_int8_all.onnx"
-    report = qz.quantize_verified(path, out, config, dtype="int8", calibration=qz.random_calibration((32, 32), 16),
-                                  calibration_source="random", quantize_extra_math=True, measure_accuracy=False,
-                                  min_cosine=0.0)  # where the Q/DQ go, not how close an untrained model stays
+    report = qz.quantize_verified(
+        path,
+        out,
+        config,
+        dtype="int8",
+        calibration=qz.random_calibration((32, 32), 16),
+        calibration_source="random",
+        quantize_extra_math=True,
+        measure_accuracy=False,
+        min_cosine=0.0,
+    )  # where the Q/DQ go, not how close an untrained model stays
     proto = onnx.load(str(out))
     assert report["quantization"]["excluded_nodes"] == []
     assert _fed_by_dq(proto, set(qz.extra_math_nodes(proto)))
@@ -231,7 +267,9 @@ def test_output_agreement_against_explicit_values():
     ref = np.array([[1.0, 0.0, 0.0, 0.0, 0.0, 0.0], [3.0, 4.0, 0.0, 0.0, 0.0, 1.0]], np.float32)
     out = np.array([[1.0, 1.0, 0.0, 0.0, 0.0, 0.0], [3.0, 4.0, 0.0, 0.0, 0.0, 1.0]], np.float32)
     r = qz.output_agreement(ref, out, "cls")
-    assert r["cosine"]["min"] == pytest.approx(1 / np.sqrt(2)) and r["cosine"]["mean"] == pytest.approx((1 / np.sqrt(2) + 1) / 2)
+    assert r["cosine"]["min"] == pytest.approx(1 / np.sqrt(2)) and r["cosine"]["mean"] == pytest.approx(
+        (1 / np.sqrt(2) + 1) / 2
+    )
     assert r["relative_error"]["max"] == pytest.approx(1.0) and r["relative_error"]["mean"] == pytest.approx(0.5)
     assert r["top1_agreement"] == 1.0 and r["n_inputs"] == 2 and r["finite"]
     top = qz.output_agreement(np.array([[6, 5, 4, 3, 2, 1.0]]), np.array([[6, 5, 4, 3, 1, 2.0]]), "cls")
@@ -244,8 +282,10 @@ def test_output_agreement_against_explicit_values():
     assert seg["cosine"]["min"] == pytest.approx(-1.0) and seg["top1_agreement"] == pytest.approx(0.5)
 
 
-@pytest.mark.parametrize("n,coverage,confidence,table", [(10, 0.99, 0.95, 3.981), (20, 0.99, 0.95, 3.295),
-                                                          (10, 0.90, 0.95, 2.355), (15, 0.95, 0.90, 2.329)])
+@pytest.mark.parametrize(
+    "n,coverage,confidence,table",
+    [(10, 0.99, 0.95, 3.981), (20, 0.99, 0.95, 3.295), (10, 0.90, 0.95, 2.355), (15, 0.95, 0.90, 2.329)],
+)
 def test_tolerance_factor_against_published_tables(n, coverage, confidence, table):
     """One-sided normal tolerance factors as tabulated (NIST/SEMATECH e-Handbook 7.2.6.3; Natrella, Experimental
     Statistics, Table A-7)."""
@@ -280,11 +320,23 @@ def test_the_gate_is_on_the_worst_input_not_the_mean(fp32, int8, tmp_path):
     assert fid["cosine"]["min"] < fid["cosine"]["mean"] and fid["gate_on"].startswith("not gated (--min-cosine 0")
     gate = (fid["cosine"]["min"] + fid["cosine"]["mean"]) / 2
     out = tmp_path / "b2_int8.onnx"
-    with pytest.raises(qz.FidelityError, match=r"worst output cosine to fp32 0\.\d+ \(mean 0\.\d+\) on 8 held-out "
-                                               r"input\(s\) is below --min-cosine") as exc:
-        qz.quantize_verified(path, out, config, dtype="int8", calibration=qz.random_calibration((32, 32), 32, seed=0),
-                             calibration_source="random", calibration_seed=0, measure_accuracy=False,
-                             placement="tensorrt", min_cosine=gate)
+    with pytest.raises(
+        qz.FidelityError,
+        match=r"worst output cosine to fp32 0\.\d+ \(mean 0\.\d+\) on 8 held-out "
+        r"input\(s\) is below --min-cosine",
+    ) as exc:
+        qz.quantize_verified(
+            path,
+            out,
+            config,
+            dtype="int8",
+            calibration=qz.random_calibration((32, 32), 32, seed=0),
+            calibration_source="random",
+            calibration_seed=0,
+            measure_accuracy=False,
+            placement="tensorrt",
+            min_cosine=gate,
+        )
     assert "\n" not in str(exc.value) and not out.exists() and not report_path(out).exists()
     failed = json.loads(failed_report_path(out).read_text())
     assert failed["fidelity"]["cosine"]["min"] == pytest.approx(fid["cosine"]["min"])
@@ -299,11 +351,23 @@ def test_auto_refuses_when_no_placement_promises_the_gate(fp32, tmp_path):
     measurement, and what each group it kept fp32 costs on ONNX Runtime here."""
     path, config = fp32
     out = tmp_path / "b2_int8.onnx"
-    with pytest.raises(qz.FidelityError, match=r"no Q/DQ placement promises a cosine to fp32 >= 0\.99999 on inputs "
-                                               r"like the 8 choosing one\(s\)") as exc:
-        qz.quantize_verified(path, out, config, dtype="int8", calibration=qz.random_calibration((32, 32), 64, seed=0),
-                             calibration_source="random", calibration_seed=0, measure_accuracy=False,
-                             placement="auto", min_cosine=0.99999)
+    with pytest.raises(
+        qz.FidelityError,
+        match=r"no Q/DQ placement promises a cosine to fp32 >= 0\.99999 on inputs "
+        r"like the 8 choosing one\(s\)",
+    ) as exc:
+        qz.quantize_verified(
+            path,
+            out,
+            config,
+            dtype="int8",
+            calibration=qz.random_calibration((32, 32), 64, seed=0),
+            calibration_source="random",
+            calibration_seed=0,
+            measure_accuracy=False,
+            placement="auto",
+            min_cosine=0.99999,
+        )
     assert "\n" not in str(exc.value) and not out.exists() and not report_path(out).exists()
     failed = json.loads(failed_report_path(out).read_text())
     auto = failed["quantization"]["options"]["auto"]
@@ -325,15 +389,34 @@ def test_export_model_refuses_in_one_line_when_no_placement_promises_the_gate(tm
     naming the promise and the choosing inputs, nothing at --out nor anywhere else but the failed report."""
     out = tmp_path / "b2_int8.onnx"
     with pytest.raises(SystemExit) as info:
-        export_main(["--variant", "belief2", "--arch", "micro", "--random-init", "--dtype", "int8", "--min-cosine",
-                     "0.99999", "--calibration-count", "32", "--fidelity-count", "16", "--out", str(out)])
+        export_main(
+            [
+                "--variant",
+                "belief2",
+                "--arch",
+                "micro",
+                "--random-init",
+                "--dtype",
+                "int8",
+                "--min-cosine",
+                "0.99999",
+                "--calibration-count",
+                "32",
+                "--fidelity-count",
+                "16",
+                "--out",
+                str(out),
+            ]
+        )
     assert info.value.code == 1
     err = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()  # progress bars and warnings before it
     errors = [x for x in err if x.startswith("error: ")]
     assert len(errors) == 1 and err[-1] == errors[0]
     line = errors[0]
-    assert "b2_int8.onnx not written: no Q/DQ placement promises a cosine to fp32 >= 0.99999 on inputs like the 8 " \
-           "choosing one(s)" in line
+    assert (
+        "b2_int8.onnx not written: no Q/DQ placement promises a cosine to fp32 >= 0.99999 on inputs like the 8 "
+        "choosing one(s)" in line
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == [failed_report_path(out).name]
     failed = json.loads(failed_report_path(out).read_text())
     assert failed["passed"] is False and failed["quantization"]["options"]["auto"]["promised"] is False
@@ -354,8 +437,11 @@ def test_calibration_folder_is_preprocessed_from_the_models_metadata(tmp_path):
     (tmp_path / "photos" / "notes.txt").write_text("not an image")
     config = {"task": "cls", "img_size": 16, "mean": [0.4, 0.5, 0.6], "std": [0.2, 0.3, 0.4], "input_style": "rgb"}
     x = qz.load_calibration_folder(tmp_path / "photos", config, (16, 16), count=100)
-    want = normalize(np.stack([np.asarray(load_image(sub / f"{i}.png").resize((16, 16), Image.BILINEAR))
-                               for i in range(8)]), config["mean"], config["std"])
+    want = normalize(
+        np.stack([np.asarray(load_image(sub / f"{i}.png").resize((16, 16), Image.BILINEAR)) for i in range(8)]),
+        config["mean"],
+        config["std"],
+    )
     np.testing.assert_array_equal(x, want)
     cal = qz.calibration_for(config, (16, 16), calibration_data=tmp_path / "photos", fidelity_count=64)
     assert len(cal.inputs) == 6 and len(cal.held_out) == 2 and not cal.random
@@ -399,9 +485,12 @@ def test_pretrained_like_vit_fails_the_gate_with_modelopts_placement_and_passes_
     model, folder, further = pretrained_like
     out = tmp_path / "vit_int8.onnx"
     common = dict(model=model, out=out, dtype="int8", batch_sizes=(1,), calibration_data=folder)
-    with pytest.raises(qz.FidelityError, match=r"worst output cosine to fp32 0\.\d+ \(mean 0\.\d+\) on 32 held-out "
-                                               r"input\(s\) is below --min-cosine 0\.99 \(Q/DQ placement tensorrt\); "
-                                               r"the weight MatMuls alone: worst 0\.\d+"):
+    with pytest.raises(
+        qz.FidelityError,
+        match=r"worst output cosine to fp32 0\.\d+ \(mean 0\.\d+\) on 32 held-out "
+        r"input\(s\) is below --min-cosine 0\.99 \(Q/DQ placement tensorrt\); "
+        r"the weight MatMuls alone: worst 0\.\d+",
+    ):
         export_model(qdq_placement="tensorrt", **common)
     assert not out.exists() and not report_path(out).exists()
     failed = json.loads(failed_report_path(out).read_text())
@@ -418,16 +507,22 @@ def test_pretrained_like_vit_fails_the_gate_with_modelopts_placement_and_passes_
     kept = [g for g, d in auto["groups"].items() if not d["quantized"]]
     assert kept and all("kept fp32" in auto["groups"][g]["why"] for g in kept)
     assert set(auto["speed"]["groups"]) == set(kept)
-    unseen = qz.output_agreement(qz.onnx_outputs(_fp32(model, tmp_path), further, None), qz.onnx_outputs(out, further, None),
-                                 "cls")
+    unseen = qz.output_agreement(
+        qz.onnx_outputs(_fp32(model, tmp_path), further, None), qz.onnx_outputs(out, further, None), "cls"
+    )
     assert unseen["cosine"]["min"] >= 0.99  # inputs that neither chose nor gated the placement
-    assert json.loads({p.key: p.value for p in onnx.load(str(out)).metadata_props}["quantization"])["placement"] == "auto"
+    assert (
+        json.loads({p.key: p.value for p in onnx.load(str(out)).metadata_props}["quantization"])["placement"] == "auto"
+    )
     line = next(x for x in result.summary().splitlines() if "fidelity to fp32" in x)
     assert "on 16 held-out inputs (96 calibrate, 16 others chose the placement): cosine worst" in line
     assert "relative error mean" in line and "WEAK" in line
     refused = tmp_path / "refused.onnx"
-    with pytest.raises(qz.FidelityError, match=r"no Q/DQ placement promises a cosine to fp32 >= 0\.99999 on inputs "
-                                               r"like the 16 choosing one\(s\)"):
+    with pytest.raises(
+        qz.FidelityError,
+        match=r"no Q/DQ placement promises a cosine to fp32 >= 0\.99999 on inputs "
+        r"like the 16 choosing one\(s\)",
+    ):
         export_model(**{**common, "out": refused}, min_cosine=0.99999)
     assert not refused.exists() and not report_path(refused).exists()
 
@@ -454,8 +549,8 @@ def zoo_fp32(tmp_path_factory):
 
 
 def test_calibration_images_are_training_images_preprocessed_like_the_model(zoo_fp32):
-    from attnzoo.preprocess import normalize
     from attnzoo.data.fashion import fashion_arrays
+    from attnzoo.preprocess import normalize
 
     _, config = zoo_fp32
     x = qz.calibration_images(config, 16, seed=3)
@@ -477,8 +572,9 @@ def test_an_accuracy_drop_beyond_the_tolerance_refuses_to_write(zoo_fp32, tmp_pa
     # test hook: an impossible tolerance (int8 would have to beat fp32 by 100 points)
     monkeypatch.setitem(qz.ACCURACY_TOLERANCE, "cls", -100.0)
     with pytest.raises(qz.AccuracyDropError, match="below fp32"):
-        qz.quantize_verified(path, out, config, dtype="int8", calibration=cal, calibration_source="fashion",
-                             eval_limit=300)
+        qz.quantize_verified(
+            path, out, config, dtype="int8", calibration=cal, calibration_source="fashion", eval_limit=300
+        )
     assert out.read_bytes() == b"a good model already there" and report_path(out).read_text() == "its report"
     failed = json.loads(failed_report_path(out).read_text())
     assert failed["passed"] is False and failed["accuracy"]["n_images"] == 300
@@ -487,8 +583,16 @@ def test_an_accuracy_drop_beyond_the_tolerance_refuses_to_write(zoo_fp32, tmp_pa
     assert f"is {drop:.2f} points below fp32" in failed["failures"][0] and failed["accuracy"]["limit"] == 300
     assert not list(tmp_path.glob(".*tmp"))
     # the explicit override writes it, and says so
-    report = qz.quantize_verified(path, out, config, dtype="int8", calibration=cal, calibration_source="fashion",
-                                  eval_limit=300, accept_accuracy_drop=True)
+    report = qz.quantize_verified(
+        path,
+        out,
+        config,
+        dtype="int8",
+        calibration=cal,
+        calibration_source="fashion",
+        eval_limit=300,
+        accept_accuracy_drop=True,
+    )
     assert report["passed"] and report["accuracy"]["accepted_drop"] is True
     assert onnx.load(str(out)).graph.node and not failed_report_path(out).exists()
 
@@ -496,8 +600,23 @@ def test_an_accuracy_drop_beyond_the_tolerance_refuses_to_write(zoo_fp32, tmp_pa
 @pytest.mark.slow
 def test_export_model_int8_scores_the_test_split_next_to_fp32(tmp_path, capsys):
     out = tmp_path / "b2_int8.onnx"
-    assert export_main(["--variant", "belief2", "--dtype", "int8", "--calibration-count", "64",
-                        "--eval-limit", "500", "--out", str(out)]) == 0
+    assert (
+        export_main(
+            [
+                "--variant",
+                "belief2",
+                "--dtype",
+                "int8",
+                "--calibration-count",
+                "64",
+                "--eval-limit",
+                "500",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rep = json.loads(report_path(out).read_text())
     acc = rep["accuracy"]
     assert acc["n_images"] == 500 and acc["split"] == "test" and set(acc["metrics"]) == {"fp32", "int8"}
@@ -538,17 +657,19 @@ def _never(*args, **kwargs):
     raise AssertionError("work started although the input should have been refused up front")
 
 
-@pytest.mark.parametrize("array, message, code", [
-    # the spatial size is known once the model is: a bad input file then (exit 1); the rest with the arguments (2)
-    (np.zeros((4, 3, 16, 16), np.float32), "shape (4, 3, 16, 16)", 1),
-    (np.zeros((4, 32, 32, 3), np.float32), "shape (4, 32, 32, 3)", 2),
-    (np.zeros((4, 3, 32, 32), np.uint8), "dtype uint8", 2),
-    (np.zeros((0, 3, 32, 32), np.float32), "holds no images", 2),
-    (np.array([{"a": 1}], dtype=object), "not a plain .npy array", 2),
-    (np.full((2, 3, 32, 32), np.nan, np.float32), "NaN", 2),
-])
-def test_bad_calibration_files_are_refused_in_one_line_before_work(array, message, code, tmp_path, monkeypatch,
-                                                                  capsys):
+@pytest.mark.parametrize(
+    "array, message, code",
+    [
+        # the spatial size is known once the model is: a bad input file then (exit 1); the rest with the arguments (2)
+        (np.zeros((4, 3, 16, 16), np.float32), "shape (4, 3, 16, 16)", 1),
+        (np.zeros((4, 32, 32, 3), np.float32), "shape (4, 32, 32, 3)", 2),
+        (np.zeros((4, 3, 32, 32), np.uint8), "dtype uint8", 2),
+        (np.zeros((0, 3, 32, 32), np.float32), "holds no images", 2),
+        (np.array([{"a": 1}], dtype=object), "not a plain .npy array", 2),
+        (np.full((2, 3, 32, 32), np.nan, np.float32), "NaN", 2),
+    ],
+)
+def test_bad_calibration_files_are_refused_in_one_line_before_work(array, message, code, tmp_path, monkeypatch, capsys):
     from attnzoo.export import verify as verify_mod
 
     monkeypatch.setattr(verify_mod, "export_verified", _never)
@@ -556,8 +677,11 @@ def test_bad_calibration_files_are_refused_in_one_line_before_work(array, messag
     bad = tmp_path / "cal.npy"
     np.save(bad, array, allow_pickle=True)
     out = tmp_path / "out" / "m.onnx"
-    line = _refused(["--variant", "belief2", "--random-init", "--dtype", "int8", "--calibration-data", str(bad),
-                     "--out", str(out)], capsys, code)
+    line = _refused(
+        ["--variant", "belief2", "--random-init", "--dtype", "int8", "--calibration-data", str(bad), "--out", str(out)],
+        capsys,
+        code,
+    )
     assert message in line
     assert not out.parent.exists() or not any(out.parent.iterdir())
 
@@ -567,8 +691,22 @@ def test_fp8_below_sm89_is_refused_before_work(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(pipeline, "load_for_export", _never)
     out = tmp_path / "m.engine"
-    line = _refused(["--variant", "belief2", "--random-init", "--dtype", "fp8", "--format", "tensorrt",
-                     "--compute-capability", "SM86", "--out", str(out)], capsys)
+    line = _refused(
+        [
+            "--variant",
+            "belief2",
+            "--random-init",
+            "--dtype",
+            "fp8",
+            "--format",
+            "tensorrt",
+            "--compute-capability",
+            "SM86",
+            "--out",
+            str(out),
+        ],
+        capsys,
+    )
     assert line == ("error: --dtype fp8 needs compute capability SM89 or newer (FP8 tensor cores); SM86 has none")
     assert not any(tmp_path.iterdir())
     assert qz.fp8_compute_capability_error("SM89") is None and qz.fp8_compute_capability_error("SM120") is None
@@ -577,16 +715,33 @@ def test_fp8_below_sm89_is_refused_before_work(tmp_path, monkeypatch, capsys):
     from attnzoo.runtime import tensorrt as trt_rt
 
     monkeypatch.setattr(trt_rt, "gpu_available", lambda: False)
-    line = _refused(["--variant", "belief2", "--random-init", "--dtype", "fp8", "--format", "tensorrt",
-                     "--compute-capability", "CURRENT", "--out", str(out)], capsys)
-    assert line == ("error: compute capability CURRENT needs a GPU and none is visible; name one of SM75, SM80, "
-                    "SM86, SM89, SM120, SM121")
+    line = _refused(
+        [
+            "--variant",
+            "belief2",
+            "--random-init",
+            "--dtype",
+            "fp8",
+            "--format",
+            "tensorrt",
+            "--compute-capability",
+            "CURRENT",
+            "--out",
+            str(out),
+        ],
+        capsys,
+    )
+    assert line == (
+        "error: compute capability CURRENT needs a GPU and none is visible; name one of SM75, SM80, "
+        "SM86, SM89, SM120, SM121"
+    )
     assert not any(tmp_path.iterdir())
 
 
 def test_quantization_flags_need_a_quantized_dtype(tmp_path, capsys):
-    line = _refused(["--variant", "belief2", "--random-init", "--quantize-extra-math", "--out",
-                     str(tmp_path / "m.onnx")], capsys)
+    line = _refused(
+        ["--variant", "belief2", "--random-init", "--quantize-extra-math", "--out", str(tmp_path / "m.onnx")], capsys
+    )
     assert line == "error: --quantize-extra-math applies to --dtype int8 / fp8 only"
 
 
@@ -596,12 +751,17 @@ def test_cpu_placement_is_refused_where_it_cannot_work(tmp_path, monkeypatch, ca
 
     monkeypatch.setattr(pipeline, "load_for_export", _never)
     base = ["--variant", "belief2", "--random-init", "--qdq-placement", "cpu"]
-    assert _refused([*base, "--out", str(tmp_path / "m.onnx")], capsys) == \
-        "error: --qdq-placement applies to --dtype int8 / fp8 only"
-    assert _refused([*base, "--dtype", "fp8", "--out", str(tmp_path / "m.onnx")], capsys) == \
-        "error: --qdq-placement cpu is for int8 on the CPU runtimes; fp8 is TensorRT's (use tensorrt)"
-    assert _refused([*base, "--dtype", "int8", "--format", "tensorrt", "--out", str(tmp_path / "m.engine")],
-                    capsys).startswith("error: --qdq-placement cpu is for ONNX Runtime on the CPU")
+    assert (
+        _refused([*base, "--out", str(tmp_path / "m.onnx")], capsys)
+        == "error: --qdq-placement applies to --dtype int8 / fp8 only"
+    )
+    assert (
+        _refused([*base, "--dtype", "fp8", "--out", str(tmp_path / "m.onnx")], capsys)
+        == "error: --qdq-placement cpu is for int8 on the CPU runtimes; fp8 is TensorRT's (use tensorrt)"
+    )
+    assert _refused(
+        [*base, "--dtype", "int8", "--format", "tensorrt", "--out", str(tmp_path / "m.engine")], capsys
+    ).startswith("error: --qdq-placement cpu is for ONNX Runtime on the CPU")
     assert not any(tmp_path.iterdir())
 
 
@@ -616,8 +776,15 @@ def test_ctrl_c_during_calibration_leaves_nothing(fp32, tmp_path, monkeypatch):
     path, config = fp32
     out = tmp_path / "m.onnx"
     with pytest.raises(KeyboardInterrupt):
-        qz.quantize_verified(path, out, config, dtype="int8", calibration=qz.random_calibration((32, 32), 4),
-                             calibration_source="random", measure_accuracy=False)
+        qz.quantize_verified(
+            path,
+            out,
+            config,
+            dtype="int8",
+            calibration=qz.random_calibration((32, 32), 4),
+            calibration_source="random",
+            measure_accuracy=False,
+        )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -635,17 +802,23 @@ def test_simulate_fp8_matches_an_e4m3_round_trip():
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((4, 6)) * 50).astype(np.float32)
     wscale = np.array([0.5, 0.01, 1.0, 3.0], np.float32)
-    inits = [numpy_helper.from_array(np.array(0.05, np.float32), "s"),
-             helper.make_tensor("zp", TensorProto.FLOAT8E4M3FN, [], [0.0]),
-             numpy_helper.from_array(w, "w"), numpy_helper.from_array(wscale, "ws"),
-             helper.make_tensor("wzp", TensorProto.FLOAT8E4M3FN, [4], [0.0] * 4)]
-    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["q"], name="q"),
-             helper.make_node("Transpose", ["q"], ["qt"], perm=[1, 0], name="t"),
-             helper.make_node("DequantizeLinear", ["qt", "s", "zp"], ["y"], name="dq"),
-             helper.make_node("QuantizeLinear", ["w", "ws", "wzp"], ["wq8"], axis=0, name="wq"),
-             helper.make_node("DequantizeLinear", ["wq8", "ws", "wzp"], ["wq"], axis=0, name="wdq")]
-    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y, w_out], inits),
-                              opset_imports=[helper.make_opsetid("", 21)])
+    inits = [
+        numpy_helper.from_array(np.array(0.05, np.float32), "s"),
+        helper.make_tensor("zp", TensorProto.FLOAT8E4M3FN, [], [0.0]),
+        numpy_helper.from_array(w, "w"),
+        numpy_helper.from_array(wscale, "ws"),
+        helper.make_tensor("wzp", TensorProto.FLOAT8E4M3FN, [4], [0.0] * 4),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["q"], name="q"),
+        helper.make_node("Transpose", ["q"], ["qt"], perm=[1, 0], name="t"),
+        helper.make_node("DequantizeLinear", ["qt", "s", "zp"], ["y"], name="dq"),
+        helper.make_node("QuantizeLinear", ["w", "ws", "wzp"], ["wq8"], axis=0, name="wq"),
+        helper.make_node("DequantizeLinear", ["wq8", "ws", "wzp"], ["wq"], axis=0, name="wdq"),
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [x], [y, w_out], inits), opset_imports=[helper.make_opsetid("", 21)]
+    )
     sim = qz.simulate_fp8(model)
     assert not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in sim.graph.node)
     xv = np.concatenate([rng.standard_normal((2, 6)), rng.standard_normal((2, 6)) * 100]).astype(np.float32)
@@ -683,8 +856,11 @@ def fp32_of(fp32, tmp_path_factory):
 def _trt_matrix():
     from attnzoo.models import BUILTIN_VARIANTS
 
-    return [pytest.param(v, d, marks=[] if v in TRT_FAST else [pytest.mark.slow], id=f"{v}-{d}")
-            for v in BUILTIN_VARIANTS for d in ("int8", "fp8")]
+    return [
+        pytest.param(v, d, marks=[] if v in TRT_FAST else [pytest.mark.slow], id=f"{v}-{d}")
+        for v in BUILTIN_VARIANTS
+        for d in ("int8", "fp8")
+    ]
 
 
 @pytest.mark.tensorrt
@@ -700,9 +876,16 @@ def test_tensorrt_builds_the_qdq_graph_with_the_extra_math_fp32(fp32_of, variant
     assert reason is None, reason
     path, config = fp32_of(variant)
     onnx_q = tmp_path / f"{variant}_{dtype}.onnx"
-    qz.quantize_verified(path, onnx_q, config, dtype=dtype, calibration=qz.random_calibration((32, 32), 16),
-                         calibration_source="random", measure_accuracy=False,
-                         min_cosine=0.0)  # an untrained model on random inputs: its fidelity is measured, not gated
+    qz.quantize_verified(
+        path,
+        onnx_q,
+        config,
+        dtype=dtype,
+        calibration=qz.random_calibration((32, 32), 16),
+        calibration_source="random",
+        measure_accuracy=False,
+        min_cosine=0.0,
+    )  # an untrained model on random inputs: its fidelity is measured, not gated
     engine = tmp_path / f"{variant}_{dtype}.engine"
     report = build_engine(onnx_q, engine, batch_sizes=(1, 8), compute_capability="SM89")
     assert engine.stat().st_size > 0 and report["passed"], report.get("failures")

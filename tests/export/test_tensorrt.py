@@ -17,8 +17,7 @@ import torch
 from attnzoo.export import export_onnx
 from attnzoo.export.cli import main as export_main
 from attnzoo.export.tensorrt import STATUS_BUILT, STATUS_RUN, build_engine, engine_report_path, network_check
-from attnzoo.models import ARCHS, VARIANT_NAMES, VARIANTS, create_model
-from attnzoo.models import PROJECTION_OPS
+from attnzoo.models import ARCHS, PROJECTION_OPS, VARIANT_NAMES, VARIANTS, create_model
 from attnzoo.runtime import ModelContract, compare
 from attnzoo.runtime import tensorrt as rt
 
@@ -52,8 +51,9 @@ def onnx_file(tmp_path_factory):
             torch.manual_seed(0)
             model = create_model(variant, task, "micro", num_classes=5).eval()
             hw = SEG_HW if task == "seg" else (model.attnzoo_config["img_size"],) * 2
-            cache[key] = export_onnx(model, root / f"{variant}_{task}_{dtype}.onnx", config=model.attnzoo_config,
-                                     dtype=dtype, input_hw=hw)
+            cache[key] = export_onnx(
+                model, root / f"{variant}_{task}_{dtype}.onnx", config=model.attnzoo_config, dtype=dtype, input_hw=hw
+            )
         return cache[key]
 
     return get
@@ -108,8 +108,7 @@ def test_onnx_parses_projection_is_fp32_and_engine_builds(lib, onnx_file, varian
         assert "HALF" in {o for layer in rt.network_layers(parsed.network) for o in layer["outputs"]}
         fp32 = check["blocks"]["fp32 ops of the fp16 graph"]
         assert fp32["layers"] == fp32["fp32"] >= 2 * DEPTH  # LayerNorm and softmax of every block
-    built = rt.build(path, batch_sizes=(1, 4), input_hw=contract.input_size, compute_capability="SM89",
-                     parsed=parsed)
+    built = rt.build(path, batch_sizes=(1, 4), input_hw=contract.input_size, compute_capability="SM89", parsed=parsed)
     assert len(built.blob) > 100_000 and built.build_time_s > 0
     assert built.compute_capability == "SM89" and built.profile == {"min": 1, "opt": 4, "max": 4}
 
@@ -207,8 +206,11 @@ def test_set_input_shape_is_checked():
             return [(1, 3, 32, 32), (4, 3, 32, 32), (8, 3, 32, 32)]
 
     rt.set_input_shape(Context(), Engine(), "image", (8, 3, 32, 32))
-    with pytest.raises(rt.TensorRTError, match=r"does not take image of shape \(9, 3, 32, 32\): its profile "
-                                               r"\(min / opt / max\) is \(1, 3, 32, 32\) / \(4, 3, 32, 32\)"):
+    with pytest.raises(
+        rt.TensorRTError,
+        match=r"does not take image of shape \(9, 3, 32, 32\): its profile "
+        r"\(min / opt / max\) is \(1, 3, 32, 32\) / \(4, 3, 32, 32\)",
+    ):
         rt.set_input_shape(Context(), Engine(), "image", (9, 3, 32, 32))
 
 
@@ -217,14 +219,16 @@ def test_network_check_catches_a_missing_or_fp16_projection_op(lib, onnx_file):
     parsed = rt.parse_onnx(path, lib)
     proto = onnx.load(str(path))
     ops = {n.name: n.op_type for n in proto.graph.node}
-    half = [layer["name"] for layer in rt.network_layers(parsed.network)
-            if layer["type"] == "ELEMENTWISE" and layer["outputs"] == ["HALF"] and ops.get(layer["name"]) == "Add"]
+    half = [
+        layer["name"]
+        for layer in rt.network_layers(parsed.network)
+        if layer["type"] == "ELEMENTWISE" and layer["outputs"] == ["HALF"] and ops.get(layer["name"]) == "Add"
+    ]
     assert half, "an fp16 graph has fp16 residual Adds"
     result = rt.check_network_precision(parsed.network, {"blocks.0.attn.head_projection": [half[0]]}, ops)
     assert not result["ok"] and "computes in HALF, not FLOAT" in result["failures"][0]
     missing = "blocks.0.attn.head_projection/Div_99"
-    result = rt.check_network_precision(parsed.network, {"blocks.0.attn.head_projection": [missing]},
-                                        {missing: "Div"})
+    result = rt.check_network_precision(parsed.network, {"blocks.0.attn.head_projection": [missing]}, {missing: "Div"})
     assert not result["ok"] and "is not a layer of the TensorRT network" in result["failures"][0]
 
 
@@ -259,8 +263,24 @@ def test_library_choice_and_compute_capability_errors(lib, onnx_file, monkeypatc
 
 def test_export_model_builds_an_engine_and_says_what_ran(lib, tmp_path, capsys):
     out = tmp_path / "b2.engine"
-    assert export_main(["--variant", "belief2", "--random-init", "--format", "tensorrt", "--out", str(out),
-                        "--batch-sizes", "1,2", "--compute-capability", "sm86" if not GPU else "current"]) == 0
+    assert (
+        export_main(
+            [
+                "--variant",
+                "belief2",
+                "--random-init",
+                "--format",
+                "tensorrt",
+                "--out",
+                str(out),
+                "--batch-sizes",
+                "1,2",
+                "--compute-capability",
+                "sm86" if not GPU else "current",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     report = json.loads(engine_report_path(out).read_text())
     assert out.stat().st_size == report["engine_size"] > 0
@@ -277,10 +297,13 @@ def test_export_model_builds_an_engine_and_says_what_ran(lib, tmp_path, capsys):
         assert "BUILT, NOT RUN" in text and "SM86" in text
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--compute-capability", "SM99", "--format", "tensorrt"], "invalid choice: 'SM99'"),
-    (["--compute-capability", "SM89"], "error: --compute-capability applies to --format tensorrt only"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--compute-capability", "SM99", "--format", "tensorrt"], "invalid choice: 'SM99'"),
+        (["--compute-capability", "SM89"], "error: --compute-capability applies to --format tensorrt only"),
+    ],
+)
 def test_export_model_compute_capability_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as info:
         export_main(["--variant", "belief2", "--random-init", *argv])
@@ -307,8 +330,11 @@ def test_only_a_verified_onnx_becomes_an_engine(lib, onnx_file, verified_onnx, t
     proto.doc_string += " (edited)"
     onnx.save(proto, str(edited))
     shutil.copyfile(report_path(good), report_path(edited))
-    for path, reason in ((bare, "has no verification report"), (failed, "failed its verification"),
-                         (edited, "is not the file edited.report.json verified")):
+    for path, reason in (
+        (bare, "has no verification report"),
+        (failed, "failed its verification"),
+        (edited, "is not the file edited.report.json verified"),
+    ):
         engine = tmp_path / f"{path.stem}.engine"
         with pytest.raises(ValueError, match=f"^no engine built: .*{reason}") as info:
             build_engine(path, engine, batch_sizes=(1, 2), compute_capability="SM89")
@@ -344,9 +370,28 @@ def test_bench_tensorrt_rows_say_built_not_run(lib, tmp_path):
     from attnzoo.benchmarks.cli import parse_settings
     from attnzoo.benchmarks.run import run_benchmark
 
-    s = parse_settings(["--arch", "micro", "--variants", "belief", "--backends", "eager,tensorrt", "--batch-sizes",
-                        "1", "--min-time", "0.02", "--threads", "1", "--out", str(tmp_path), "--cache-dir",
-                        str(tmp_path / "cache"), "--no-progress", "--no-pair-eager"])
+    s = parse_settings(
+        [
+            "--arch",
+            "micro",
+            "--variants",
+            "belief",
+            "--backends",
+            "eager,tensorrt",
+            "--batch-sizes",
+            "1",
+            "--min-time",
+            "0.02",
+            "--threads",
+            "1",
+            "--out",
+            str(tmp_path),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--no-progress",
+            "--no-pair-eager",
+        ]
+    )
     rows = [r for r in run_benchmark(s)["results"] if r["backend"] == "tensorrt"]
     assert {r["variant"] for r in rows} == {"standard", "belief"}
     for r in rows:
@@ -402,8 +447,12 @@ def _interrupt_during_build(argv, marker: str, delay_s: float = 1.5, limit_s: fl
     import threading
     import time
 
-    proc = subprocess.Popen([sys.executable, "-m", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     chunks, seen = [], threading.Event()
 
     def read() -> None:
@@ -436,8 +485,22 @@ def test_ctrl_c_during_export_model_build_exits_130_and_writes_no_engine(lib, tm
     the build another way; no engine may be written. ViT-Ti: a build of a few seconds here."""
     out = tmp_path / "t.engine"
     rc, took, err = _interrupt_during_build(
-        ["attnzoo.export.cli", "--variant", "standard", "--arch", "tiny", "--random-init", "--format", "tensorrt",
-         "--batch-sizes", "1,8", "--out", str(out)], marker="tensorrt]")
+        [
+            "attnzoo.export.cli",
+            "--variant",
+            "standard",
+            "--arch",
+            "tiny",
+            "--random-init",
+            "--format",
+            "tensorrt",
+            "--batch-sizes",
+            "1,8",
+            "--out",
+            str(out),
+        ],
+        marker="tensorrt]",
+    )
     assert rc == 130 and took < 15, (rc, took, err[-2000:])
     assert err.strip().splitlines()[-1] == "interrupted (Ctrl-C)"
     assert "Exception caught" not in err and "Traceback" not in err
@@ -449,9 +512,30 @@ def test_ctrl_c_during_export_model_build_exits_130_and_writes_no_engine(lib, tm
 def test_ctrl_c_during_bench_latency_build_exits_130_and_keeps_the_rows(lib, tmp_path):
     cache = tmp_path / "cache"
     rc, took, err = _interrupt_during_build(
-        ["attnzoo.benchmarks.cli", "--arch", "tiny", "--variants", "standard", "--backends", "eager,tensorrt",
-         "--batch-sizes", "1,8", "--min-time", "0.2", "--threads", "1", "--ceiling-size", "0", "--no-pair-eager",
-         "--out", str(tmp_path / "out"), "--cache-dir", str(cache)], marker="standard tensorrt fp32 b1")
+        [
+            "attnzoo.benchmarks.cli",
+            "--arch",
+            "tiny",
+            "--variants",
+            "standard",
+            "--backends",
+            "eager,tensorrt",
+            "--batch-sizes",
+            "1,8",
+            "--min-time",
+            "0.2",
+            "--threads",
+            "1",
+            "--ceiling-size",
+            "0",
+            "--no-pair-eager",
+            "--out",
+            str(tmp_path / "out"),
+            "--cache-dir",
+            str(cache),
+        ],
+        marker="standard tensorrt fp32 b1",
+    )
     assert rc == 130 and took < 15, (rc, took, err[-2000:])
     assert err.strip().splitlines()[-1] == "interrupted (Ctrl-C)"
     assert "Exception caught" not in err and "Traceback" not in err
@@ -461,8 +545,10 @@ def test_ctrl_c_during_bench_latency_build_exits_130_and_keeps_the_rows(lib, tmp
     rows = result["results"]
     assert [(r["backend"], r["batch"], r["status"]) for r in rows] == [("eager", 1, "ok")]  # measured, kept
     assert rows[0]["median_ms"] > 0 and result["interrupted"]["rows_kept"] == 1
-    assert "Interrupted: stopped by Ctrl-C (SIGINT) during standard tensorrt fp32 b1" in \
-        (tmp_path / "out" / "results.md").read_text()
+    assert (
+        "Interrupted: stopped by Ctrl-C (SIGINT) during standard tensorrt fp32 b1"
+        in (tmp_path / "out" / "results.md").read_text()
+    )
     engines = cache / "tensorrt"
     assert not engines.exists() or not any(engines.iterdir())  # no engine, whole or half-written
 
@@ -476,8 +562,11 @@ def _isolated(code: str) -> None:
     import textwrap
 
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), (done.returncode, done.stdout[-2000:],
-                                                                           done.stderr[-2000:])
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), (
+        done.returncode,
+        done.stdout[-2000:],
+        done.stderr[-2000:],
+    )
 
 
 def test_the_progress_monitor_cancels_the_build(onnx_file):
@@ -501,5 +590,3 @@ def test_the_progress_monitor_cancels_the_build(onnx_file):
         assert any("BuildCanceled" in e for e in parsed.logger.errors), parsed.logger.errors
         print("ok")
     """)
-
-

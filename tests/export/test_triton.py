@@ -3,10 +3,8 @@ schema (tritonclient) and checked against the ONNX graph, and the checks failing
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
-
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
@@ -46,7 +44,11 @@ def test_cli_writes_a_repository_that_parses_with_tritons_schema(tmp_path, capsy
     assert "PASSED" in out and "parsed with Triton's schema" in out
     folder = repo / "standard_cls_micro-conv"
     assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()) == [
-        "1/model.onnx", "1/model.report.json", "config.pbtxt", LABELS_FILE]
+        "1/model.onnx",
+        "1/model.report.json",
+        "config.pbtxt",
+        LABELS_FILE,
+    ]
     cfg = text_format.Parse((folder / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
     contract = ModelContract.from_onnx(folder / "1" / "model.onnx")
     assert cfg.name == folder.name == model_name(contract)
@@ -73,14 +75,20 @@ def test_seg_config_dims_come_from_the_contract(seg_model):
     assert (seg_model / LABELS_FILE).read_text().splitlines() == ["background", "a", "b", "c"]
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda t: t.replace("dims: [ 3, 32, 48 ]", "dims: [ 3, 32, 32 ]"), "input dims"),
-    (lambda t: t.replace('name: "logits"', 'name: "probs"'), "output name"),
-    (lambda t: t.replace("data_type: TYPE_FP32\n    dims: [ 4", "data_type: TYPE_FP16\n    dims: [ 4"), "data_type"),
-    (lambda t: t.replace("max_batch_size: 8", "max_batch_size: 0"), "max_batch_size"),
-    (lambda t: t.split("dynamic_batching")[0], "dynamic_batching"),
-    (lambda t: t.replace('platform: "onnxruntime_onnx"', 'platform: "pytorch_libtorch"'), "platform"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda t: t.replace("dims: [ 3, 32, 48 ]", "dims: [ 3, 32, 32 ]"), "input dims"),
+        (lambda t: t.replace('name: "logits"', 'name: "probs"'), "output name"),
+        (
+            lambda t: t.replace("data_type: TYPE_FP32\n    dims: [ 4", "data_type: TYPE_FP16\n    dims: [ 4"),
+            "data_type",
+        ),
+        (lambda t: t.replace("max_batch_size: 8", "max_batch_size: 0"), "max_batch_size"),
+        (lambda t: t.split("dynamic_batching")[0], "dynamic_batching"),
+        (lambda t: t.replace('platform: "onnxruntime_onnx"', 'platform: "pytorch_libtorch"'), "platform"),
+    ],
+)
 def test_check_config_catches_a_wrong_config(seg_model, edit, message):
     contract = ModelContract.from_onnx(seg_model / "1" / "model.onnx")
     text = config_text(contract, seg_model.name, "onnxruntime_onnx", 8)
@@ -105,10 +113,12 @@ def test_a_field_triton_does_not_know_is_refused():
 def test_cli_bad_triton_flags(tmp_path):
     err = _exit(["--variant", "standard", "--format", "triton", "--out", str(tmp_path / "m.onnx")])
     assert err.code == 2 and "names the model repository folder" in str(err)
-    err = _exit(["--variant", "standard", "--format", "triton", "--out", str(tmp_path / "r"),
-                 "--triton-queue-delay-us", "-1"])
+    err = _exit(
+        ["--variant", "standard", "--format", "triton", "--out", str(tmp_path / "r"), "--triton-queue-delay-us", "-1"]
+    )
     assert err.code == 2 and "--triton-queue-delay-us" in str(err)
-    err = _exit(["--variant", "standard", "--format", "triton", "--out", str(tmp_path / "r"),
-                 "--triton-platform", "tensorrt"])
+    err = _exit(
+        ["--variant", "standard", "--format", "triton", "--out", str(tmp_path / "r"), "--triton-platform", "tensorrt"]
+    )
     assert err.code == 2 and "--triton-platform tensorrt" in str(err)  # no GPU / TensorRT proper here
     assert not (tmp_path / "r").exists()

@@ -5,9 +5,21 @@ import timm
 import torch
 from timm.layers import Attention as TimmAttention
 
-from attnzoo.models import (ARCHS, BUILTIN_VARIANTS, VARIANTS, Belief2Attention, Segmenter,
-                            StandardAttention, attention_class, convert_to_belief2, count_params, create_attention,
-                            create_model, load_timm_state_dict, mlp_hidden)
+from attnzoo.models import (
+    ARCHS,
+    BUILTIN_VARIANTS,
+    VARIANTS,
+    Belief2Attention,
+    Segmenter,
+    StandardAttention,
+    attention_class,
+    convert_to_belief2,
+    count_params,
+    create_attention,
+    create_model,
+    load_timm_state_dict,
+    mlp_hidden,
+)
 
 D, M, N, B = 32, 4, 9, 3
 VARIANT_NAMES = BUILTIN_VARIANTS
@@ -103,18 +115,36 @@ def test_standard_equals_timm_attention():
 
 
 EXTRA_KEYS = {
-    "standard": set(), "belief": set(), "exclusive": set(), "mabvit-gelu": set(), "anti-wafe-dot": set(),
-    "wafe-mse": set(), "anti-wafe-mse": set(), "wafe-mae": set(), "anti-wafe-mae": set(),
-    "belief-star": {"proj_s"}, "belief2": {"proj_p", "z"}, "mabvit-glu": {"v_gate"},
-    "horizontal": {"head_a1", "head_a2", "head_b"}, "vertical": {"chan_u1", "chan_u2", "chan_u"},
+    "standard": set(),
+    "belief": set(),
+    "exclusive": set(),
+    "mabvit-gelu": set(),
+    "anti-wafe-dot": set(),
+    "wafe-mse": set(),
+    "anti-wafe-mse": set(),
+    "wafe-mae": set(),
+    "anti-wafe-mae": set(),
+    "belief-star": {"proj_s"},
+    "belief2": {"proj_p", "z"},
+    "mabvit-glu": {"v_gate"},
+    "horizontal": {"head_a1", "head_a2", "head_b"},
+    "vertical": {"chan_u1", "chan_u2", "chan_u"},
     "horizontal-vertical": {"head_a1", "head_a2", "head_b", "chan_u1", "chan_u2", "chan_u"},
 }
 
 
 @pytest.mark.parametrize("name", VARIANT_NAMES)
 def test_timm_checkpoint_loads_and_extras_are_reported(name):
-    sd = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10, img_size=32,
-                           patch_size=4, embed_dim=64, depth=4, num_heads=2).state_dict()
+    sd = timm.create_model(
+        "vit_tiny_patch16_224",
+        pretrained=False,
+        num_classes=10,
+        img_size=32,
+        patch_size=4,
+        embed_dim=64,
+        depth=4,
+        num_heads=2,
+    ).state_dict()
     model = create_model(name, num_classes=10)
     missing = load_timm_state_dict(model, sd)
     assert {k.split(".")[3] for k in missing} == EXTRA_KEYS[name] == set(VARIANTS[name].extra_weights)
@@ -131,8 +161,9 @@ def test_timm_checkpoint_shape_mismatch_is_named():
 
 def test_variant_is_a_timm_attn_layer():
     cls = attention_class("belief2", phi="silu")
-    vit = timm.models.VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2,
-                                        num_classes=4, attn_layer=cls)
+    vit = timm.models.VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=4, attn_layer=cls
+    )
     assert isinstance(vit.blocks[0].attn, Belief2Attention) and vit.blocks[0].attn.phi_name == "silu"
     assert vit(torch.randn(1, 3, 32, 32)).shape == (1, 4)
 
@@ -141,9 +172,9 @@ def test_variant_is_a_timm_attn_layer():
 def _zero_values(attn):
     """Zero the value projection: every V row becomes 0."""
     with torch.no_grad():
-        attn.qkv.weight[2 * attn.attn_dim:].zero_()
+        attn.qkv.weight[2 * attn.attn_dim :].zero_()
         if attn.qkv.bias is not None:
-            attn.qkv.bias[2 * attn.attn_dim:].zero_()
+            attn.qkv.bias[2 * attn.attn_dim :].zero_()
 
 
 @pytest.mark.parametrize("name", PROJECTION_VARIANTS)
@@ -168,7 +199,7 @@ def test_16bit_forward_with_overflowing_inner_products_is_finite(name, dtype):
     torch.manual_seed(0)
     attn = create_attention(name, D, M).eval()
     with torch.no_grad():
-        attn.qkv.weight[2 * attn.attn_dim:].mul_(250.0)  # |V| ~ 100s: sum(V*V) exceeds fp16's 65504
+        attn.qkv.weight[2 * attn.attn_dim :].mul_(250.0)  # |V| ~ 100s: sum(V*V) exceeds fp16's 65504
     attn = attn.to(dtype)
     x = torch.randn(B, N, D, dtype=dtype)
     with torch.no_grad():
@@ -201,9 +232,17 @@ def test_vertical_gates_in_open_unit_interval():
 def test_parameter_counts(arch):
     a = ARCHS[arch]
     dim, depth = a["embed_dim"], a["depth"]
-    n = {name: count_params(create_model(name, arch=arch, num_classes=10, **opts)) for name, opts in [
-        ("standard", {}), ("belief", {}), ("belief-star", {}), ("mabvit-glu", {}), ("mabvit-gelu", {}),
-        ("belief2", {"param_matched": True})]}
+    n = {
+        name: count_params(create_model(name, arch=arch, num_classes=10, **opts))
+        for name, opts in [
+            ("standard", {}),
+            ("belief", {}),
+            ("belief-star", {}),
+            ("mabvit-glu", {}),
+            ("mabvit-gelu", {}),
+            ("belief2", {"param_matched": True}),
+        ]
+    }
     n["glu-pr"] = count_params(create_model("mabvit-glu", arch=arch, num_classes=10, pr=True))
     n["gelu-pr"] = count_params(create_model("mabvit-gelu", arch=arch, num_classes=10, pr=True))
     assert n["belief"] == n["standard"] == n["mabvit-gelu"]
@@ -211,7 +250,9 @@ def test_parameter_counts(arch):
     assert abs(n["belief2"] - n["standard"]) / n["standard"] < 0.01
     # each hidden unit costs 2D + 1 parameters; Belief2 adds W^p (D x D + bias) and W^Z (D x D)
     assert mlp_hidden("belief2", arch, param_matched=True) == 4 * dim - round((2 * dim * dim + dim) / (2 * dim + 1))
-    assert mlp_hidden("belief2", arch, param_matched=True, zz=False) == 4 * dim - round((dim * dim + dim) / (2 * dim + 1))
+    assert mlp_hidden("belief2", arch, param_matched=True, zz=False) == 4 * dim - round(
+        (dim * dim + dim) / (2 * dim + 1)
+    )
     assert n["glu-pr"] < n["standard"] < n["mabvit-glu"]
     assert n["gelu-pr"] < n["standard"]
 
@@ -236,8 +277,13 @@ def _forward_backward(name, arch, cls_size, seg_size, seg_hw):
 @pytest.mark.parametrize("name", VARIANT_NAMES)
 def test_every_variant_cls_and_seg_forward_backward(name, arch):
     """micro at its 32 px; tiny (192/12/3) at 64 px to keep the suite fast (224 px: the slow test below)."""
-    _forward_backward(name, arch, None if arch == "micro" else 64, None if arch == "micro" else 64,
-                      (30, 41) if arch == "micro" else (70, 50))
+    _forward_backward(
+        name,
+        arch,
+        None if arch == "micro" else 64,
+        None if arch == "micro" else 64,
+        (30, 41) if arch == "micro" else (70, 50),
+    )
 
 
 @pytest.mark.slow

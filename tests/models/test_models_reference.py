@@ -27,8 +27,8 @@ def _lin(x, layer):
 def _heads(attn, x):
     """Q_m, K_m, V_m (lists over heads of (B, N, d)) from the fused qkv weight; timm's layout [Q | K | V]."""
     qkv = _lin(x, attn.qkv)
-    q, k, v = qkv[..., :D], qkv[..., D:2 * D], qkv[..., 2 * D:]
-    split = lambda t: [t[..., m * d:(m + 1) * d] for m in range(M)]  # noqa: E731
+    q, k, v = qkv[..., :D], qkv[..., D : 2 * D], qkv[..., 2 * D :]
+    split = lambda t: [t[..., m * d : (m + 1) * d] for m in range(M)]  # noqa: E731
     return split(q), split(k), split(v)
 
 
@@ -63,7 +63,7 @@ def reference(name, attn, x):
     Q, K, V = _heads(attn, x)
     if name == "mabvit-glu":  # V = (X W^a) * SiLU(X W^b)
         gate = _lin(x, attn.v_gate)
-        V = [V[m] * F.silu(gate[..., m * d:(m + 1) * d]) for m in range(M)]
+        V = [V[m] * F.silu(gate[..., m * d : (m + 1) * d]) for m in range(M)]
     elif name == "mabvit-gelu":  # V = GELU(X W^V)
         V = [F.gelu(v) for v in V]
     H = []
@@ -76,7 +76,7 @@ def reference(name, attn, x):
         elif name in ("wafe-mae", "anti-wafe-mae"):
             s = (1.0 if name.startswith("anti") else -1.0) * _pairwise(q, k, 1) / d
         elif name == "belief2":  # eq. 11: (Q K^T + Z Z^T) / sqrt(d)
-            z = _lin(x, attn.z)[..., m * d:(m + 1) * d]
+            z = _lin(x, attn.z)[..., m * d : (m + 1) * d]
             s = (q @ k.transpose(-1, -2) + z @ z.transpose(-1, -2)) / math.sqrt(d)
         else:
             s = _dot_scores(q, k)
@@ -98,11 +98,16 @@ def reference(name, attn, x):
     Y = MH
     if name in ("horizontal", "horizontal-vertical"):
         a_x = x @ attn.head_a2.weight.double().T
-        b = torch.stack([
-            F.relu(H[m] @ attn.head_a1.weight.double().T + a_x) @ attn.head_b.weight.double()[0]
-            + attn.head_b.bias.double()[0] for m in range(M)], dim=-1)  # (B, N, M)
+        b = torch.stack(
+            [
+                F.relu(H[m] @ attn.head_a1.weight.double().T + a_x) @ attn.head_b.weight.double()[0]
+                + attn.head_b.bias.double()[0]
+                for m in range(M)
+            ],
+            dim=-1,
+        )  # (B, N, M)
         alpha = _softmax_rows(b)
-        Y = torch.cat([alpha[..., m:m + 1] * H[m] for m in range(M)], -1)
+        Y = torch.cat([alpha[..., m : m + 1] * H[m] for m in range(M)], -1)
     Y = _lin(Y, attn.proj)
     if name in ("vertical", "horizontal-vertical"):
         U = F.relu(x @ attn.chan_u1.weight.double().T + Y @ attn.chan_u2.weight.double().T)

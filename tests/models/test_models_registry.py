@@ -16,8 +16,22 @@ FAMILY_MODULES = ("standard", "belief", "belief2", "mabvit", "wafe", "hv")
 
 def test_builtin_order_is_the_family_modules_order():
     assert tuple(BUILTIN_VARIANTS) == (
-        "standard", "belief", "belief-star", "exclusive", "belief2", "mabvit-glu", "mabvit-gelu", "anti-wafe-dot",
-        "wafe-mse", "anti-wafe-mse", "wafe-mae", "anti-wafe-mae", "horizontal", "vertical", "horizontal-vertical")
+        "standard",
+        "belief",
+        "belief-star",
+        "exclusive",
+        "belief2",
+        "mabvit-glu",
+        "mabvit-gelu",
+        "anti-wafe-dot",
+        "wafe-mse",
+        "anti-wafe-mse",
+        "wafe-mae",
+        "anti-wafe-mae",
+        "horizontal",
+        "vertical",
+        "horizontal-vertical",
+    )
     modules = [VARIANTS[n].cls.__module__.rsplit(".", 1)[-1] for n in BUILTIN_VARIANTS]
     assert list(dict.fromkeys(modules)) == list(FAMILY_MODULES)
     assert VARIANTS["wafe-dot"] is VARIANTS["standard"] and VARIANTS["standard"].aliases == ("wafe-dot",)
@@ -46,16 +60,25 @@ def test_the_package_points_to_nothing_outside_the_repository():
 
 
 def test_spec_facts_other_layers_read():
-    facts = {n: (VARIANTS[n].cost_family, VARIANTS[n].pairwise_scores, dict(VARIANTS[n].zoo_options))
-             for n in BUILTIN_VARIANTS}
+    facts = {
+        n: (VARIANTS[n].cost_family, VARIANTS[n].pairwise_scores, dict(VARIANTS[n].zoo_options))
+        for n in BUILTIN_VARIANTS
+    }
     assert facts == {
-        "standard": ("standard", False, {}), "anti-wafe-dot": ("standard", False, {}),
-        "belief": ("belief", False, {}), "belief-star": ("belief", False, {}), "exclusive": ("belief", False, {}),
+        "standard": ("standard", False, {}),
+        "anti-wafe-dot": ("standard", False, {}),
+        "belief": ("belief", False, {}),
+        "belief-star": ("belief", False, {}),
+        "exclusive": ("belief", False, {}),
         "belief2": ("belief2", False, {"param_matched": True}),
-        "mabvit-glu": ("mabvit", False, {}), "mabvit-gelu": ("mabvit", False, {}),
-        "wafe-mse": ("wafe-mse", False, {}), "anti-wafe-mse": ("wafe-mse", False, {}),
-        "wafe-mae": ("wafe-mae", True, {}), "anti-wafe-mae": ("wafe-mae", True, {}),
-        "horizontal": ("horizontal-vertical", False, {}), "vertical": ("horizontal-vertical", False, {}),
+        "mabvit-glu": ("mabvit", False, {}),
+        "mabvit-gelu": ("mabvit", False, {}),
+        "wafe-mse": ("wafe-mse", False, {}),
+        "anti-wafe-mse": ("wafe-mse", False, {}),
+        "wafe-mae": ("wafe-mae", True, {}),
+        "anti-wafe-mae": ("wafe-mae", True, {}),
+        "horizontal": ("horizontal-vertical", False, {}),
+        "vertical": ("horizontal-vertical", False, {}),
         "horizontal-vertical": ("horizontal-vertical", False, {}),
     }
 
@@ -66,9 +89,11 @@ def test_forward_memory_counts_the_pairwise_slab(name):
     tokens = (224 // a["patch_size"]) ** 2 + 1
     config = {"arch": "tiny", "task": "cls", "num_classes": 10}
     slab = a["embed_dim"] // a["num_heads"] * mae_block(tokens) * tokens  # fp32 values per image
-    assert forward_bytes({**config, "variant": name}, hw, batch) - forward_bytes(
-        {**config, "variant": "wafe-mse"}, hw, batch) == 4 * slab * batch
-
+    assert (
+        forward_bytes({**config, "variant": name}, hw, batch)
+        - forward_bytes({**config, "variant": "wafe-mse"}, hw, batch)
+        == 4 * slab * batch
+    )
 
 
 def test_tables_command_checks_and_updates_marked_markdown(tmp_path, monkeypatch, capsys):

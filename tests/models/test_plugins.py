@@ -17,13 +17,21 @@ import torch
 from timm.layers import Attention
 from torch import nn
 
-from attnzoo.models.checkpoint import load_checkpoint, save_checkpoint
 from attnzoo.export import export_verified, report_path
 from attnzoo.export.check import check_extra_math, expected_scopes
 from attnzoo.export.verify import VerificationError
-from attnzoo.models import (BUILTIN_VARIANTS, VARIANT_NAMES, VARIANTS, PluginWarning, canonical_name, create_model,
-                            load_plugins, register_variant)
-from attnzoo.models import registry
+from attnzoo.models import (
+    BUILTIN_VARIANTS,
+    VARIANT_NAMES,
+    VARIANTS,
+    PluginWarning,
+    canonical_name,
+    create_model,
+    load_plugins,
+    register_variant,
+    registry,
+)
+from attnzoo.models.checkpoint import load_checkpoint, save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "attnzoo-cosine"
@@ -69,8 +77,9 @@ def test_builtins_register_through_the_same_call():
 
 
 def test_registered_variant_is_listed_built_and_exported_with_its_scope(registry_restored, tmp_path):
-    spec = register_variant("tp-gain", GainAttention, paper="Test paper, https://example.org", equations="eq. 1",
-                            extra_scopes=["gain"])
+    spec = register_variant(
+        "tp-gain", GainAttention, paper="Test paper, https://example.org", equations="eq. 1", extra_scopes=["gain"]
+    )
     assert "tp-gain" in VARIANT_NAMES and VARIANT_NAMES[-1] == "tp-gain" and VARIANTS["tp-gain"] is spec
     assert spec.package == __name__.split(".")[0] and not spec.builtin
     from attnzoo.models.__main__ import variants_table
@@ -117,9 +126,17 @@ def test_plugin_declares_model_options_the_factory_and_train_model_apply(registr
     from attnzoo.models.mabvit import PARALLEL
     from attnzoo.training import cli
 
-    register_variant("tp-post", GainAttention, paper="p", extra_scopes=["gain"],
-                     model_options={"post_norm": ModelOption(False, block_fn=_post_norm_block),
-                                    "halve_mlp": ModelOption(False, mlp_hidden=_halve_mlp), "parallel": PARALLEL})
+    register_variant(
+        "tp-post",
+        GainAttention,
+        paper="p",
+        extra_scopes=["gain"],
+        model_options={
+            "post_norm": ModelOption(False, block_fn=_post_norm_block),
+            "halve_mlp": ModelOption(False, mlp_hidden=_halve_mlp),
+            "parallel": PARALLEL,
+        },
+    )
     assert VARIANTS["tp-post"].valid_options == ("post_norm", "halve_mlp", "parallel")
     plain = create_model("tp-post", num_classes=2)
     assert type(plain.blocks[0]) is Block and plain.blocks[0].mlp.fc1.out_features == 4 * plain.embed_dim
@@ -129,33 +146,64 @@ def test_plugin_declares_model_options_the_factory_and_train_model_apply(registr
     assert model.attnzoo_config["options"] == {"post_norm": True, "halve_mlp": True, "parallel": False}
     assert type(create_model("tp-post", num_classes=2, parallel=True).blocks[0]) is ParallelBlock
     # train-model --option: applied, recorded in the checkpoint, and rebuilt from it
-    assert cli.main(["--variant", "tp-post", "--option", "post_norm=true", "--data", "shapes", "--epochs", "1",
-                     "--train-size", "16", "--val-size", "8", "--batch-size", "8", "--out", str(tmp_path),
-                     "--threads", "1", "--no-progress"]) == 0
+    assert (
+        cli.main(
+            [
+                "--variant",
+                "tp-post",
+                "--option",
+                "post_norm=true",
+                "--data",
+                "shapes",
+                "--epochs",
+                "1",
+                "--train-size",
+                "16",
+                "--val-size",
+                "8",
+                "--batch-size",
+                "8",
+                "--out",
+                str(tmp_path),
+                "--threads",
+                "1",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     ckpt = tmp_path / "tp-post_cls_shapes.safetensors"
     loaded, config = load_checkpoint(ckpt)
     assert config["options"]["post_norm"] is True and all(type(b) is ResPostBlock for b in loaded.blocks)
     # bad input: one line, naming the valid options
-    for argv, message in [(["--option", "bogus=1"], "unknown option(s) bogus for variant 'tp-post'; valid options: "
-                                                     "post_norm, halve_mlp, parallel"),
-                          (["--option", "post_norm=7"], "option post_norm of variant 'tp-post': must be true or "
-                                                        "false, got 7")]:
+    for argv, message in [
+        (
+            ["--option", "bogus=1"],
+            "unknown option(s) bogus for variant 'tp-post'; valid options: post_norm, halve_mlp, parallel",
+        ),
+        (["--option", "post_norm=7"], "option post_norm of variant 'tp-post': must be true or false, got 7"),
+    ]:
         with pytest.raises(SystemExit) as exc:
             cli.main(["--variant", "tp-post", *argv, "--no-progress", "--train-size", "8", "--out", str(tmp_path)])
         assert str(exc.value) == f"error: {message}"
 
 
-@pytest.mark.parametrize("model_options, message", [
-    ({"post_norm": False}, "model option 'post_norm' must be an attnzoo.models.ModelOption"),
-    ({"post-norm": None}, "model option name 'post-norm' must be a Python identifier"),
-    ({"halve": "noop-option"}, "model option 'halve' changes nothing in the model"),
-    ({"halve": "bad-default"}, "the default of model option 'halve' is refused by its own check: must be true"),
-])
+@pytest.mark.parametrize(
+    "model_options, message",
+    [
+        ({"post_norm": False}, "model option 'post_norm' must be an attnzoo.models.ModelOption"),
+        ({"post-norm": None}, "model option name 'post-norm' must be a Python identifier"),
+        ({"halve": "noop-option"}, "model option 'halve' changes nothing in the model"),
+        ({"halve": "bad-default"}, "the default of model option 'halve' is refused by its own check: must be true"),
+    ],
+)
 def test_bad_model_option_refused_at_registration(registry_restored, model_options, message):
     from attnzoo.models import ModelOption
 
-    made = {"noop-option": ModelOption(False), "bad-default": ModelOption("no", mlp_hidden=_halve_mlp,
-                                                                          check=ModelOption(False).validate)}
+    made = {
+        "noop-option": ModelOption(False),
+        "bad-default": ModelOption("no", mlp_hidden=_halve_mlp, check=ModelOption(False).validate),
+    }
     model_options = {k: made.get(v, v) for k, v in model_options.items()}
     with pytest.raises(ValueError, match=message) as exc:
         register_variant("tp-bad", GainAttention, paper="p", model_options=model_options)
@@ -198,17 +246,32 @@ class UnusedScopeAttention(GainAttention):
         return Attention.forward(self, x, attn_mask=attn_mask)
 
 
-@pytest.mark.parametrize("cls, scopes, message", [
-    (NoTimmKeywords, (), r"variant 'tp-bad': NoTimmKeywords does not take timm's Attention constructor keywords"),
-    (WrongShape, ("gain",), r"variant 'tp-bad': WrongShape.forward returns \(2, 32\), expected the input's "
-                            r"shape \(2, 5, 32\)"),
-    (GainAttention, ("nope",), r"variant 'tp-bad': extra scope 'nope' is not a sub-module of GainAttention "
-                               r"\(its sub-modules: .*gain"),
-    (GainAttention, ("half",), r"variant 'tp-bad': extra scope 'half' is not a sub-module of GainAttention"),
-    (UnusedScopeAttention, ("gain",), r"variant 'tp-bad': extra scope\(s\) gain never run in "
-                                      r"UnusedScopeAttention.forward"),
-    (GainAttention, "gain", r"variant 'tp-bad': extra_scopes must be a list"),
-])
+@pytest.mark.parametrize(
+    "cls, scopes, message",
+    [
+        (NoTimmKeywords, (), r"variant 'tp-bad': NoTimmKeywords does not take timm's Attention constructor keywords"),
+        (
+            WrongShape,
+            ("gain",),
+            r"variant 'tp-bad': WrongShape.forward returns \(2, 32\), expected the input's "
+            r"shape \(2, 5, 32\)",
+        ),
+        (
+            GainAttention,
+            ("nope",),
+            r"variant 'tp-bad': extra scope 'nope' is not a sub-module of GainAttention "
+            r"\(its sub-modules: .*gain",
+        ),
+        (GainAttention, ("half",), r"variant 'tp-bad': extra scope 'half' is not a sub-module of GainAttention"),
+        (
+            UnusedScopeAttention,
+            ("gain",),
+            r"variant 'tp-bad': extra scope\(s\) gain never run in "
+            r"UnusedScopeAttention.forward",
+        ),
+        (GainAttention, "gain", r"variant 'tp-bad': extra_scopes must be a list"),
+    ],
+)
 def test_bad_variant_refused_at_registration(registry_restored, cls, scopes, message):
     with pytest.raises(ValueError, match=message) as exc:
         register_variant("tp-bad", cls, paper="p", extra_scopes=scopes)
@@ -216,8 +279,10 @@ def test_bad_variant_refused_at_registration(registry_restored, cls, scopes, mes
     assert "tp-bad" not in VARIANT_NAMES and "tp-bad" not in VARIANTS
 
 
-@pytest.mark.parametrize("name, message", [("belief", "clashes with variant 'belief' from package 'attnzoo'"),
-                                           ("My_Variant", "must be lower-case letters")])
+@pytest.mark.parametrize(
+    "name, message",
+    [("belief", "clashes with variant 'belief' from package 'attnzoo'"), ("My_Variant", "must be lower-case letters")],
+)
 def test_bad_name_refused(registry_restored, name, message):
     with pytest.raises(ValueError, match=message) as exc:
         register_variant(name, GainAttention, paper="p")
@@ -230,8 +295,9 @@ def test_alias_resolves_to_its_variant_and_a_clash_is_refused(registry_restored)
     assert VARIANTS["tp-scaled"] is spec and canonical_name("TP_Scaled") == "tp-gain"
     assert "tp-scaled" not in VARIANT_NAMES  # an alias is not a second variant
     assert create_model("tp-scaled", num_classes=2).attnzoo_config["variant"] == "tp-gain"
-    with pytest.raises(ValueError, match="variant 'wafe-dot' from package .* clashes with variant 'standard' from "
-                                         "package 'attnzoo'") as exc:
+    with pytest.raises(
+        ValueError, match="variant 'wafe-dot' from package .* clashes with variant 'standard' from package 'attnzoo'"
+    ) as exc:
         register_variant("tp-other", GainAttention, paper="p", aliases=("wafe-dot",))
     _one_line(exc)
     assert "tp-other" not in VARIANTS and VARIANTS["wafe-dot"].name == "standard"
@@ -244,8 +310,11 @@ def test_scope_without_graph_ops_refused_before_export_writes(registry_restored,
     with pytest.raises(VerificationError) as exc:
         export_verified(model, out, model.attnzoo_config, batch_sizes=[1])
     text = _one_line(exc)
-    assert "blocks.0.attn.noop: no nodes named blocks.0.attn.noop/... (variant 'tp-noop' declares extra scope " \
-           "'noop'" in text and "n.onnx was not written" in text
+    assert (
+        "blocks.0.attn.noop: no nodes named blocks.0.attn.noop/... (variant 'tp-noop' declares extra scope 'noop'"
+        in text
+        and "n.onnx was not written" in text
+    )
     assert not out.exists()
 
 
@@ -253,8 +322,10 @@ def _network(*layers):
     """A stand-in for a parsed TensorRT network: (name, layer type, output dtypes) per layer."""
     from types import SimpleNamespace as NS
 
-    made = [NS(name=n, type=NS(name=t), num_outputs=len(outs),
-               get_output=lambda j, outs=outs: NS(dtype=NS(name=outs[j]))) for n, t, outs in layers]
+    made = [
+        NS(name=n, type=NS(name=t), num_outputs=len(outs), get_output=lambda j, outs=outs: NS(dtype=NS(name=outs[j])))
+        for n, t, outs in layers
+    ]
     return NS(num_layers=len(made), get_layer=lambda i: made[i])
 
 
@@ -263,8 +334,12 @@ def test_tensorrt_check_covers_every_op_of_a_variants_own_scope():
 
     s = "blocks.0.attn.my_scope"
     ops = {f"{s}/Cast": "Cast", f"{s}/MatMul": "MatMul", f"{s}/Concat": "Concat", f"{s}/Sigmoid": "Sigmoid"}
-    fp32 = _network((f"{s}/Cast", "CAST", ["FLOAT"]), (f"{s}/MatMul", "MATRIX_MULTIPLY", ["FLOAT"]),
-                    (f"{s}/Concat", "CONCATENATION", ["INT64"]), (f"{s}/Sigmoid", "ACTIVATION", ["FLOAT"]))
+    fp32 = _network(
+        (f"{s}/Cast", "CAST", ["FLOAT"]),
+        (f"{s}/MatMul", "MATRIX_MULTIPLY", ["FLOAT"]),
+        (f"{s}/Concat", "CONCATENATION", ["INT64"]),
+        (f"{s}/Sigmoid", "ACTIVATION", ["FLOAT"]),
+    )
     result = check_network_precision(fp32, {s: list(ops)}, ops)
     assert result["ok"] and result["blocks"][s] == {"layers": 2, "fp32": 2}  # MatMul, Sigmoid; not Cast, Concat
     half = _network((f"{s}/MatMul", "MATRIX_MULTIPLY", ["HALF"]), (f"{s}/Sigmoid", "ACTIVATION", ["FLOAT"]))
@@ -331,21 +406,25 @@ def test_plugins_load_and_failures_are_one_warning_each(registry_restored, only_
         added = load_plugins()
     assert added == ["tp-half"], [str(w.message) for w in caught]
     spec = VARIANTS["tp-half"]
-    assert (spec.package, spec.version, spec.paper, spec.extra_scopes) == ("tp-good", "1.2", "Plugin paper",
-                                                                         ("halve",))
+    assert (spec.package, spec.version, spec.paper, spec.extra_scopes) == ("tp-good", "1.2", "Plugin paper", ("halve",))
     texts = sorted(str(w.message) for w in caught if issubclass(w.category, PluginWarning))
     assert len(texts) == 3 and all("\n" not in t for t in texts)
     broken, builtin_clash, other_clash = texts
     assert broken.startswith("attnzoo variant plugin 'tp_broken' (tp-broken 0.1) skipped: ModuleNotFoundError")
-    assert "variant 'belief2' from package 'tp-builtin-clash' clashes with variant 'belief2' from package " \
-           "'attnzoo'" in builtin_clash
-    assert "variant 'tp-half' from package 'tp-other-clash' clashes with variant 'tp-half' from package " \
-           "'tp-good'" in other_clash
+    assert (
+        "variant 'belief2' from package 'tp-builtin-clash' clashes with variant 'belief2' from package "
+        "'attnzoo'" in builtin_clash
+    )
+    assert (
+        "variant 'tp-half' from package 'tp-other-clash' clashes with variant 'tp-half' from package "
+        "'tp-good'" in other_clash
+    )
     assert VARIANTS["belief2"].package == "attnzoo"
 
 
-def test_checkpoint_records_the_plugin_and_names_it_when_missing(registry_restored, only_fake_plugins, tmp_path,
-                                                                monkeypatch):
+def test_checkpoint_records_the_plugin_and_names_it_when_missing(
+    registry_restored, only_fake_plugins, tmp_path, monkeypatch
+):
     _fake_dist(tmp_path, "tp-good", "1.2", "tp_good", _GOOD.replace("{name}", "tp-half"))
     monkeypatch.syspath_prepend(str(tmp_path))
     assert load_plugins() == ["tp-half"]
@@ -381,14 +460,17 @@ def test_a_plugin_module_imported_first_still_registers(tmp_path):
     """``import tp_direct`` before attnzoo.models: its entry point cannot run during that import (the module has
     not defined it yet), so it runs at the first name lookup, with no warning."""
     _fake_dist(tmp_path, "tp-direct", "1.0", "tp_direct", _SUBCLASSING)
-    code = ("import warnings; warnings.filterwarnings('error', message='attnzoo variant plugin')\n"
-            "import tp_direct\n"
-            "from attnzoo.models import VARIANTS, canonical_name, create_model\n"
-            "print(canonical_name('tp-direct'), VARIANTS['tp-direct'].package, "
-            "type(create_model('tp-direct', num_classes=2).blocks[0].attn).__mro__[1].__name__)")
+    code = (
+        "import warnings; warnings.filterwarnings('error', message='attnzoo variant plugin')\n"
+        "import tp_direct\n"
+        "from attnzoo.models import VARIANTS, canonical_name, create_model\n"
+        "print(canonical_name('tp-direct'), VARIANTS['tp-direct'].package, "
+        "type(create_model('tp-direct', num_classes=2).blocks[0].attn).__mro__[1].__name__)"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["tp-direct", "tp-direct", "DirectAttention"]
 
@@ -414,13 +496,20 @@ def _cosine_reference(layer, x: np.ndarray) -> np.ndarray:
     out = np.zeros((batch, n, dim))
     for b in range(batch):
         qkv = x[b] @ w_qkv.T + b_qkv
-        q, k, v = qkv[:, :dim], qkv[:, dim:2 * dim], qkv[:, 2 * dim:]
+        q, k, v = qkv[:, :dim], qkv[:, dim : 2 * dim], qkv[:, 2 * dim :]
         concat = np.zeros((n, dim))
         for h in range(heads):
             sl = slice(h * d, (h + 1) * d)
             tau = max(taus[h], 0.01)
-            sim = np.array([[q[i, sl] @ k[j, sl] / (math.sqrt(q[i, sl] @ q[i, sl]) * math.sqrt(k[j, sl] @ k[j, sl]))
-                             / tau for j in range(n)] for i in range(n)])
+            sim = np.array(
+                [
+                    [
+                        q[i, sl] @ k[j, sl] / (math.sqrt(q[i, sl] @ q[i, sl]) * math.sqrt(k[j, sl] @ k[j, sl])) / tau
+                        for j in range(n)
+                    ]
+                    for i in range(n)
+                ]
+            )
             a = np.exp(sim - sim.max(axis=1, keepdims=True))
             a /= a.sum(axis=1, keepdims=True)
             concat[:, sl] = a @ v[:, sl]
@@ -466,12 +555,30 @@ def installed_example(tmp_path_factory):
     source = tmp_path_factory.mktemp("src") / EXAMPLE.name  # setuptools builds in the source folder: a copy
     shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     target = tmp_path_factory.mktemp("site")
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                           "--target", str(target), str(source)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert list(target.glob("attnzoo_cosine-0.1.0.dist-info/entry_points.txt"))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), os.environ.get("PYTHONPATH", "")]).rstrip(
-        os.pathsep), "ATTNZOO_CACHE": str(target.parent / "cache")}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(target), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        "ATTNZOO_CACHE": str(target.parent / "cache"),
+    }
     return target, env
 
 
@@ -486,12 +593,29 @@ def test_example_plugin_through_every_command(installed_example, tmp_path):
     assert "arxiv.org/abs/2111.09883" in rows[0] and "plugin attnzoo-cosine 0.1.0" in rows[0]
     # train one short epoch on the smoke data, then evaluate
     train = tmp_path / "train"
-    _run(["train-model", "--variant", "cosine",
-          "--data", "shapes", "--epochs", "1", "--train-size", "64", "--out", str(train), "--no-progress"],
-         env, tmp_path)
+    _run(
+        [
+            "train-model",
+            "--variant",
+            "cosine",
+            "--data",
+            "shapes",
+            "--epochs",
+            "1",
+            "--train-size",
+            "64",
+            "--out",
+            str(train),
+            "--no-progress",
+        ],
+        env,
+        tmp_path,
+    )
     ckpt = next(train.glob("cosine_cls_*.safetensors"))
-    assert json.loads(ckpt.with_suffix(".json").read_text())["plugin"] == {"package": "attnzoo-cosine",
-                                                                         "version": "0.1.0"}
+    assert json.loads(ckpt.with_suffix(".json").read_text())["plugin"] == {
+        "package": "attnzoo-cosine",
+        "version": "0.1.0",
+    }
     evaluation = _run(["evaluate-model", str(ckpt), "--limit", "32", "--json"], env, tmp_path).stdout
     result = json.loads(evaluation)
     assert result["metric_name"] == "top1" and result["n"] == 32 and 0.0 <= result["metric"] <= 100.0
@@ -500,8 +624,11 @@ def test_example_plugin_through_every_command(installed_example, tmp_path):
     models = tmp_path / "models"
     for dtype in ("fp32", "fp16"):
         out = models / f"cosine_{dtype}.onnx"
-        _run([*export, "--variant", "cosine", "--checkpoint", str(ckpt), "--dtype", dtype, "--out", str(out)],
-             env, tmp_path)
+        _run(
+            [*export, "--variant", "cosine", "--checkpoint", str(ckpt), "--dtype", dtype, "--out", str(out)],
+            env,
+            tmp_path,
+        )
         proto = onnx.load(str(out))
         props = {p.key: p.value for p in proto.metadata_props}
         assert props["variant"] == "cosine" and props["dtype"] == dtype
@@ -509,18 +636,47 @@ def test_example_plugin_through_every_command(installed_example, tmp_path):
         for i in range(DEPTH):
             assert any(n.startswith(f"blocks.{i}.attn.cosine/ReduceL2") for n in names), i
         report = json.loads(report_path(out).read_text())
-        assert report["passed"] and set(report["extra_math"]["blocks"]) == {f"blocks.{i}.attn.cosine"
-                                                                           for i in range(DEPTH)}
+        assert report["passed"] and set(report["extra_math"]["blocks"]) == {
+            f"blocks.{i}.attn.cosine" for i in range(DEPTH)
+        }
     # int8 (ModelOpt Q/DQ, calibrated on the checkpoint's training split): the cosine scope stays fp32
-    int8 = _run([*export, "--variant", "cosine", "--checkpoint", str(ckpt), "--dtype", "int8",
-                 "--accept-accuracy-drop", "--out", str(tmp_path / "cosine_int8.onnx")], env, tmp_path).stdout
+    int8 = _run(
+        [
+            *export,
+            "--variant",
+            "cosine",
+            "--checkpoint",
+            str(ckpt),
+            "--dtype",
+            "int8",
+            "--accept-accuracy-drop",
+            "--out",
+            str(tmp_path / "cosine_int8.onnx"),
+        ],
+        env,
+        tmp_path,
+    ).stdout
     assert "node(s) excluded, fp32, no Q/DQ" in int8
     scope_check = json.loads(report_path(tmp_path / "cosine_int8.onnx").read_text())["extra_math_scope_check"]
     assert scope_check["checker"] and scope_check["quantized"] == [] and scope_check["nodes"] >= DEPTH * 8
     # TensorRT engine (tensorrt_rtx builds without a GPU): the network check names the scope
     engine = tmp_path / "cosine.engine"
-    built = _run([*export, "--variant", "cosine", "--random-init", "--arch", "micro", "--format", "tensorrt",
-                  "--out", str(engine)], env, tmp_path).stdout
+    built = _run(
+        [
+            *export,
+            "--variant",
+            "cosine",
+            "--random-init",
+            "--arch",
+            "micro",
+            "--format",
+            "tensorrt",
+            "--out",
+            str(engine),
+        ],
+        env,
+        tmp_path,
+    ).stdout
     assert "cosine in every block" in built and engine.is_file()
     from attnzoo.export.tensorrt import engine_report_path
 
@@ -529,29 +685,62 @@ def test_example_plugin_through_every_command(installed_example, tmp_path):
     assert [net["blocks"][f"blocks.{i}.attn.cosine"]["fp32"] >= 5 for i in range(DEPTH)] == [True] * DEPTH
     # Triton model folder
     triton = tmp_path / "triton"
-    _run([*export, "--variant", "cosine", "--checkpoint", str(ckpt), "--format", "triton", "--out", str(triton)],
-         env, tmp_path)
+    _run(
+        [*export, "--variant", "cosine", "--checkpoint", str(ckpt), "--format", "triton", "--out", str(triton)],
+        env,
+        tmp_path,
+    )
     model_dir = triton / "cosine_cls_micro"
     assert (model_dir / "config.pbtxt").is_file() and (model_dir / "1" / "model.onnx").is_file()
     # a bench row
     bench = tmp_path / "bench"
-    _run(["bench-latency", "--variants", "cosine",
-          "--backends", "eager,ort-cpu", "--batch-sizes", "1", "--min-time", "0.05", "--out", str(bench),
-          "--no-progress"], env, tmp_path)
+    _run(
+        [
+            "bench-latency",
+            "--variants",
+            "cosine",
+            "--backends",
+            "eager,ort-cpu",
+            "--batch-sizes",
+            "1",
+            "--min-time",
+            "0.05",
+            "--out",
+            str(bench),
+            "--no-progress",
+        ],
+        env,
+        tmp_path,
+    )
     rows = json.loads((bench / "results.json").read_text())["results"]
     assert [(r["variant"], r["backend"], r["status"]) for r in rows if r["variant"] == "cosine"] == [
-        ("cosine", "eager", "ok"), ("cosine", "ort-cpu", "ok")]
+        ("cosine", "eager", "ok"),
+        ("cosine", "ort-cpu", "ok"),
+    ]
     # the demo lists it (its ONNX files) and the PyTorch backend serves the checkpoint
-    listed = _run(["-c", "from pathlib import Path; from attnzoo.serve.loading import load_models; "
-                   f"print([m.name for m in load_models(Path({str(models)!r}), backend='onnxruntime')]); "
-                   f"print([m.name for m in load_models(Path({str(train)!r}), backend='pytorch')])"],
-                  env, tmp_path).stdout
+    listed = _run(
+        [
+            "-c",
+            "from pathlib import Path; from attnzoo.serve.loading import load_models; "
+            f"print([m.name for m in load_models(Path({str(models)!r}), backend='onnxruntime')]); "
+            f"print([m.name for m in load_models(Path({str(train)!r}), backend='pytorch')])",
+        ],
+        env,
+        tmp_path,
+    ).stdout
     assert "cosine_fp32" in listed or "'cosine'" in listed.splitlines()[0]
     assert "'cosine'" in listed.splitlines()[1]
     # serve-models --models DIR --variants cosine selects its exports
-    chosen = _run(["-c", "from pathlib import Path; from attnzoo.serve.rayserve.selection import _matching; "
-                   f"print(sorted(_matching(Path({str(models)!r}), ['cosine_fp32.onnx', 'cosine_fp16.onnx'], "
-                   "['cosine'], None).files))"], env, tmp_path).stdout
+    chosen = _run(
+        [
+            "-c",
+            "from pathlib import Path; from attnzoo.serve.rayserve.selection import _matching; "
+            f"print(sorted(_matching(Path({str(models)!r}), ['cosine_fp32.onnx', 'cosine_fp16.onnx'], "
+            "['cosine'], None).files))",
+        ],
+        env,
+        tmp_path,
+    ).stdout
     assert "['cosine_fp16.onnx', 'cosine_fp32.onnx']" in chosen
     # without the plugin installed, the checkpoint names the package to install
     bare = {k: v for k, v in env.items() if k != "PYTHONPATH"}
@@ -572,8 +761,12 @@ def test_fp16_copy_keeps_the_fp32_parameters_of_its_fp32_parts(registry_restored
             p.add_(1e-4)  # values fp16 cannot hold exactly
     half = _fp16_model(model, ("gain",))
     src, dst = dict(model.named_parameters()), dict(half.named_parameters())
-    norms = {f"{m}.{p}" for m, mod in model.named_modules() if isinstance(mod, nn.LayerNorm)
-             for p, _ in mod.named_parameters(recurse=False)}
+    norms = {
+        f"{m}.{p}"
+        for m, mod in model.named_modules()
+        if isinstance(mod, nn.LayerNorm)
+        for p, _ in mod.named_parameters(recurse=False)
+    }
     kept = [n for n in dst if ".attn.gain." in n or n in norms]
     assert any(".attn.gain." in n for n in kept) and norms and norms <= set(kept)
     for n in kept:

@@ -8,7 +8,7 @@ the attention branch), and each test also shows the branch matters: zeroing ``W^
 from __future__ import annotations
 
 import json
-from typing import Any, Dict
+from typing import Any
 
 import pytest
 import timm
@@ -20,21 +20,32 @@ from timm.models.vision_transformer import ParallelScalingBlock, ResPostBlock, V
 from attnzoo.export.check import check_extra_math
 from attnzoo.export.onnx_export import config_hw, export_onnx, metadata_props
 from attnzoo.export.verify import verify_onnx
-from attnzoo.runtime.parity import TOLERANCES
 from attnzoo.models import Belief2Attention, attention_class, convert_to_belief2, create_model
 from attnzoo.models.factory import TIMM_DEFAULT_ARCH
+from attnzoo.runtime.parity import TOLERANCES
 
 #: fp32 agreement demanded by Prop. 1 (measured 3e-7 to 1e-6 on these models, logits of magnitude 1-3).
 PROP1_ATOL = 5e-6
 
 #: Small random-init timm ViTs: patch size, width, depth, heads, LayerScale, class/register tokens, pooling.
-SHAPES: Dict[str, Dict[str, Any]] = {
-    "p14-layerscale-reg4": dict(img_size=28, patch_size=14, embed_dim=48, depth=3, num_heads=3, init_values=1e-5,
-                                reg_tokens=4),
-    "p4-noclass-avg-nonsquare": dict(img_size=(32, 48), patch_size=4, embed_dim=64, depth=2, num_heads=4,
-                                     class_token=False, global_pool="avg"),
-    "p8-qknorm-respost-map": dict(img_size=40, patch_size=8, embed_dim=32, depth=3, num_heads=2, qk_norm=True,
-                                  qkv_bias=False, block_fn=ResPostBlock, global_pool="map"),
+SHAPES: dict[str, dict[str, Any]] = {
+    "p14-layerscale-reg4": dict(
+        img_size=28, patch_size=14, embed_dim=48, depth=3, num_heads=3, init_values=1e-5, reg_tokens=4
+    ),
+    "p4-noclass-avg-nonsquare": dict(
+        img_size=(32, 48), patch_size=4, embed_dim=64, depth=2, num_heads=4, class_token=False, global_pool="avg"
+    ),
+    "p8-qknorm-respost-map": dict(
+        img_size=40,
+        patch_size=8,
+        embed_dim=32,
+        depth=3,
+        num_heads=2,
+        qk_norm=True,
+        qkv_bias=False,
+        block_fn=ResPostBlock,
+        global_pool="map",
+    ),
 }
 
 
@@ -60,8 +71,15 @@ def _timm_vit(name: str) -> VisionTransformer:
 def _dinov2_like() -> VisionTransformer:
     """timm's own ``vit_small_patch14_reg4_dinov2`` recipe (patch 14, LayerScale, 4 registers), shrunk."""
     torch.manual_seed(0)
-    model = timm.create_model("vit_small_patch14_reg4_dinov2", pretrained=False, img_size=28, depth=2,
-                              embed_dim=48, num_heads=3, num_classes=5)
+    model = timm.create_model(
+        "vit_small_patch14_reg4_dinov2",
+        pretrained=False,
+        img_size=28,
+        depth=2,
+        embed_dim=48,
+        num_heads=3,
+        num_classes=5,
+    )
     return _rerandomize(model)
 
 
@@ -87,32 +105,48 @@ def test_prop1_timm_vit_same_function(name):
 def test_converted_model_structure_and_config():
     src = _timm_vit("p14-layerscale-reg4")
     b2 = convert_to_belief2(src)
-    assert all(isinstance(blk.attn, Belief2Attention) and blk.attn.phi_name == "identity" and not blk.attn.zz
-               for blk in b2.blocks)
+    assert all(
+        isinstance(blk.attn, Belief2Attention) and blk.attn.phi_name == "identity" and not blk.attn.zz
+        for blk in b2.blocks
+    )
     attn, ref = b2.blocks[1].attn, src.blocks[1].attn
     assert torch.equal(attn.proj_p.weight, ref.proj.weight) and not attn.proj_p.bias.any()
     assert torch.equal(attn.qkv.weight, ref.qkv.weight) and attn.qkv.weight is not ref.qkv.weight
     cfg = b2.attnzoo_config
     assert (cfg["variant"], cfg["task"], cfg["arch"], cfg["num_classes"], cfg["img_size"]) == (
-        "belief2", "cls", TIMM_DEFAULT_ARCH, 7, 28)
+        "belief2",
+        "cls",
+        TIMM_DEFAULT_ARCH,
+        7,
+        28,
+    )
     assert cfg["options"] == {"phi": "identity", "zz": False, "eps": attn.projection.eps, "param_matched": False}
     # no pretrained_cfg: timm's documented default normalisation
     assert cfg["mean"] == pytest.approx(IMAGENET_DEFAULT_MEAN) and cfg["std"] == pytest.approx(IMAGENET_DEFAULT_STD)
-    assert cfg["timm"] == {"class": "VisionTransformer", "patch_size": [14, 14], "embed_dim": 48, "depth": 3,
-                           "num_heads": 3, "class_token": True, "reg_tokens": 4, "layer_scale": True,
-                           "global_pool": "token"}
+    assert cfg["timm"] == {
+        "class": "VisionTransformer",
+        "patch_size": [14, 14],
+        "embed_dim": 48,
+        "depth": 3,
+        "num_heads": 3,
+        "class_token": True,
+        "reg_tokens": 4,
+        "layer_scale": True,
+        "global_pool": "token",
+    }
     assert not b2.training
 
 
-def _export_and_check(model: torch.nn.Module, path) -> Dict[str, str]:
+def _export_and_check(model: torch.nn.Module, path) -> dict[str, str]:
     """``export_onnx`` with no config; the extra-math check (block count from the graph) and parity pass."""
     export_onnx(model, path)
     props = metadata_props(path)
     check = check_extra_math(path)
     assert check["ok"], check["failures"]
     assert check["depth"] == len(model.blocks)
-    parity = verify_onnx(model, path, model.attnzoo_config, batch_sizes=(2,),
-                         input_hw=tuple(json.loads(props["input_size"])))
+    parity = verify_onnx(
+        model, path, model.attnzoo_config, batch_sizes=(2,), input_hw=tuple(json.loads(props["input_size"]))
+    )
     assert parity["passed"], parity["failures"]
     assert parity["max_abs_err"] <= TOLERANCES["fp32"]
     return props
@@ -122,8 +156,9 @@ def _export_and_check(model: torch.nn.Module, path) -> Dict[str, str]:
 def test_export_uses_the_models_own_mean_std_and_input_size(tmp_path):
     """A timm model with a pretrained_cfg (CLIP normalisation) and a non-square bare one."""
     torch.manual_seed(0)
-    clip = timm.create_model("vit_base_patch16_clip_224", pretrained=False, img_size=32, depth=3, embed_dim=64,
-                             num_heads=2, num_classes=5)
+    clip = timm.create_model(
+        "vit_base_patch16_clip_224", pretrained=False, img_size=32, depth=3, embed_dim=64, num_heads=2, num_classes=5
+    )
     props = _export_and_check(convert_to_belief2(_rerandomize(clip)), tmp_path / "clip.onnx")
     assert json.loads(props["mean"]) == pytest.approx(OPENAI_CLIP_MEAN)
     assert json.loads(props["std"]) == pytest.approx(OPENAI_CLIP_STD)
@@ -155,25 +190,38 @@ def test_check_extra_math_counts_blocks_from_the_graph(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ refusals
 def test_refuses_non_standard_attention():
-    vit = VisionTransformer(img_size=16, patch_size=8, embed_dim=32, depth=2, num_heads=2,
-                            attn_layer=attention_class("belief-star"))
+    vit = VisionTransformer(
+        img_size=16, patch_size=8, embed_dim=32, depth=2, num_heads=2, attn_layer=attention_class("belief-star")
+    )
     with pytest.raises(ValueError, match=r"blocks\.0\.attn is a .*not standard attention"):
         convert_to_belief2(vit)
 
 
 def test_accepts_attnzoo_standard_attention_in_a_timm_vit():
     torch.manual_seed(0)
-    vit = _rerandomize(VisionTransformer(img_size=16, patch_size=8, embed_dim=32, depth=2, num_heads=2,
-                                         attn_layer=attention_class("standard"), num_classes=3))
+    vit = _rerandomize(
+        VisionTransformer(
+            img_size=16,
+            patch_size=8,
+            embed_dim=32,
+            depth=2,
+            num_heads=2,
+            attn_layer=attention_class("standard"),
+            num_classes=3,
+        )
+    )
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
         assert _max_err(convert_to_belief2(vit)(x), vit(x)) <= PROP1_ATOL
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(scale_attn_norm=True), "scale_norm"),
-    (dict(block_fn=ParallelScalingBlock), "ParallelScalingBlock"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(scale_attn_norm=True), "scale_norm"),
+        (dict(block_fn=ParallelScalingBlock), "ParallelScalingBlock"),
+    ],
+)
 def test_refuses_what_prop1_does_not_cover(kwargs, match):
     vit = VisionTransformer(img_size=16, patch_size=8, embed_dim=32, depth=2, num_heads=2, **kwargs)
     with pytest.raises(ValueError, match=match):
@@ -194,5 +242,5 @@ def test_forward_memory_estimate_reads_the_converted_vits_own_shape():
 
     config = convert_to_belief2(_timm_vit("p14-layerscale-reg4")).attnzoo_config
     tokens, dim, heads = (28 // 14) ** 2 + 1 + 4, 48, 3  # 2 x 2 patches, a class token and 4 registers
-    per_image = 2 * heads * tokens ** 2 + 20 * tokens * dim + 3 * 28 * 28  # scores, token tensors, input
+    per_image = 2 * heads * tokens**2 + 20 * tokens * dim + 3 * 28 * 28  # scores, token tensors, input
     assert forward_bytes(config, (28, 28), 2) == 4 * per_image * 2

@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any
 
 import pytest
 
@@ -24,36 +24,67 @@ XEON = {"model": "Intel Xeon", "key_flags": ["avx2", "avx512f", "amx_int8"]}
 EPYC = {"model": "AMD EPYC", "key_flags": ["avx", "avx2", "fma", "f16c"]}
 
 
-def _runtime(name: str, fused: int, inspected: bool = True) -> Dict[str, Any]:
-    return {"runtime": name, "inspected": inspected, "cores": 4, "fused": fused} if inspected else \
-        {"runtime": name, "inspected": False, "reason": "needs a GPU"}
+def _runtime(name: str, fused: int, inspected: bool = True) -> dict[str, Any]:
+    return (
+        {"runtime": name, "inspected": inspected, "cores": 4, "fused": fused}
+        if inspected
+        else {"runtime": name, "inspected": False, "reason": "needs a GPU"}
+    )
 
 
-def _report(variant: str, cpu: Dict[str, Any] = XEON, quick: bool = True) -> Dict[str, Any]:
+def _report(variant: str, cpu: dict[str, Any] = XEON, quick: bool = True) -> dict[str, Any]:
     """The fields of ``report.json`` (docs/report-variant.md's schema) that the index reads, with made-up figures."""
     return {
-        "schema": SCHEMA, "variant": variant, "quick": quick,
+        "schema": SCHEMA,
+        "variant": variant,
+        "quick": quick,
         "command": f"report-variant --variant {variant} --out reports/{variant}" + (" --quick" if quick else ""),
         "environment": {"cpu": cpu, "gpu": None, "load_average": [1.5, 1.0, 0.5]},
-        "export": {variant: {
-            "fp32": {"status": "ok", "passed": True, "max_abs_err": 3.21e-06},
-            "fp16": {"status": "ok", "passed": False, "max_abs_err": 0.0234},
-            "int8": {"status": "ok", "passed": True, "cosine_min": 0.99834, "top1_agreement": 0.96875,
-                     "placement": "cpu"},
-            "tensorrt": {"status": "ok", "state": "built, not run", "ran_on_gpu": False,
-                         "network_check": {"ok": True}},
-        }},
-        "fusion": {variant: {"status": "ok", "audit": {"runtimes": [
-            _runtime("openvino", 4), _runtime("onnxruntime", 0), _runtime("onnxruntime-transformers", 1),
-            _runtime("tensorrt", 0, inspected=False)]}}},
-        "verdict": {"deploys": False, "problems": ["fp16"], "line": f"{variant}: does not deploy (fp16)",
-                    "overhead_first": {"ratio": 1.317, "backend": "openvino", "batch": 1, "tokens": 197},
-                    "overhead_most_tokens": {"ratio": 2.456, "backend": "ort-cpu", "batch": 1, "tokens": 1025}},
-        "wall_time_s": 412.3, "cpu_time_s": 388.9,
+        "export": {
+            variant: {
+                "fp32": {"status": "ok", "passed": True, "max_abs_err": 3.21e-06},
+                "fp16": {"status": "ok", "passed": False, "max_abs_err": 0.0234},
+                "int8": {
+                    "status": "ok",
+                    "passed": True,
+                    "cosine_min": 0.99834,
+                    "top1_agreement": 0.96875,
+                    "placement": "cpu",
+                },
+                "tensorrt": {
+                    "status": "ok",
+                    "state": "built, not run",
+                    "ran_on_gpu": False,
+                    "network_check": {"ok": True},
+                },
+            }
+        },
+        "fusion": {
+            variant: {
+                "status": "ok",
+                "audit": {
+                    "runtimes": [
+                        _runtime("openvino", 4),
+                        _runtime("onnxruntime", 0),
+                        _runtime("onnxruntime-transformers", 1),
+                        _runtime("tensorrt", 0, inspected=False),
+                    ]
+                },
+            }
+        },
+        "verdict": {
+            "deploys": False,
+            "problems": ["fp16"],
+            "line": f"{variant}: does not deploy (fp16)",
+            "overhead_first": {"ratio": 1.317, "backend": "openvino", "batch": 1, "tokens": 197},
+            "overhead_most_tokens": {"ratio": 2.456, "backend": "ort-cpu", "batch": 1, "tokens": 1025},
+        },
+        "wall_time_s": 412.3,
+        "cpu_time_s": 388.9,
     }
 
 
-def _write(out: Path, report: Dict[str, Any], md: bool = True) -> Path:
+def _write(out: Path, report: dict[str, Any], md: bool = True) -> Path:
     folder = out / report["variant"]
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "report.json").write_text(json.dumps(report))
@@ -62,14 +93,14 @@ def _write(out: Path, report: Dict[str, Any], md: bool = True) -> Path:
     return folder
 
 
-def _table(text: str) -> List[Dict[str, str]]:
+def _table(text: str) -> list[dict[str, str]]:
     """The index's table as one dict per row, keyed by the header."""
     lines = [line for line in text.splitlines() if line.startswith("| ")]
     header = [c.strip() for c in lines[0].strip("|").split(" | ")]
-    return [dict(zip(header, (c.strip() for c in line.strip("|").split(" | ")))) for line in lines[1:]]
+    return [dict(zip(header, (c.strip() for c in line.strip("|").split(" | ")), strict=False)) for line in lines[1:]]
 
 
-def _expected(r: Dict[str, Any]) -> Dict[str, str]:
+def _expected(r: dict[str, Any]) -> dict[str, str]:
     """What each cell must say: the report's own values, formatted as the index documents."""
     side = r["export"][r["variant"]]
     fused = {x["runtime"]: x for x in r["fusion"][r["variant"]]["audit"]["runtimes"]}
@@ -84,13 +115,10 @@ def _expected(r: Dict[str, Any]) -> Dict[str, str]:
         "TensorRT": f"{side['tensorrt']['state']} - no GPU, network check ok",
         "fused: OpenVINO": f"{fused['openvino']['fused']}/{fused['openvino']['cores']}",
         "fused: ONNX Runtime": f"{fused['onnxruntime']['fused']}/{fused['onnxruntime']['cores']}",
-        "fused: ONNX Runtime transformer optimizer":
-            f"{fused['onnxruntime-transformers']['fused']}/{fused['onnxruntime-transformers']['cores']}",
+        "fused: ONNX Runtime transformer optimizer": f"{fused['onnxruntime-transformers']['fused']}/{fused['onnxruntime-transformers']['cores']}",
         "fused: TensorRT": "not inspected",
-        f"x standard at {v['overhead_first']['tokens']:,} tokens":
-            f"x{v['overhead_first']['ratio']:.2f} ({v['overhead_first']['backend']})",
-        f"x standard at {v['overhead_most_tokens']['tokens']:,} tokens":
-            f"x{v['overhead_most_tokens']['ratio']:.2f} ({v['overhead_most_tokens']['backend']})",
+        f"x standard at {v['overhead_first']['tokens']:,} tokens": f"x{v['overhead_first']['ratio']:.2f} ({v['overhead_first']['backend']})",
+        f"x standard at {v['overhead_most_tokens']['tokens']:,} tokens": f"x{v['overhead_most_tokens']['ratio']:.2f} ({v['overhead_most_tokens']['backend']})",
     }
 
 
@@ -115,12 +143,12 @@ def test_the_index_cells_are_the_report_json_values(tmp_path):
 def test_a_missing_field_or_a_step_not_run_reads_as_the_legend_says(tmp_path):
     r = _report("belief2")
     side = r["export"]["belief2"]
-    del side["fp16"]                                                   # absent from the JSON
+    del side["fp16"]  # absent from the JSON
     side["int8"] = {"status": "failed", "reason": "RuntimeError: boom"}
     side["tensorrt"] = {"status": "unavailable", "reason": "no TensorRT here"}
-    r["fusion"]["belief2"]["audit"]["runtimes"].pop(0)                 # OpenVINO not audited
+    r["fusion"]["belief2"]["audit"]["runtimes"].pop(0)  # OpenVINO not audited
     del r["verdict"]["overhead_most_tokens"]
-    r["verdict"]["overhead_first"] = None                             # latency ran, no ratio
+    r["verdict"]["overhead_first"] = None  # latency ran, no ratio
     r["cost"] = {"latency": {"status": "ok"}}
     wafe = _report("wafe-mae")
     wafe["verdict"]["overhead_first"] = wafe["verdict"]["overhead_most_tokens"] = None
@@ -156,11 +184,11 @@ def test_reports_from_two_machines_or_budgets_are_named_per_row(tmp_path):
 
 def test_only_complete_reports_are_rows_and_a_stopped_one_is_named(tmp_path):
     _write(tmp_path, _report("belief2"))
-    _write(tmp_path, _report("standard"), md=False)                  # stopped between report.json and report.md
+    _write(tmp_path, _report("standard"), md=False)  # stopped between report.json and report.md
     old = _report("wafe-mae")
     old["schema"] = "attnzoo.report-variant/0"
-    _write(tmp_path, old)                                             # another schema
-    (tmp_path / "wafe-mse" / "exports").mkdir(parents=True)           # stopped before report.json
+    _write(tmp_path, old)  # another schema
+    (tmp_path / "wafe-mse" / "exports").mkdir(parents=True)  # stopped before report.json
     (tmp_path / "not-a-report").mkdir()
     found, incomplete = find_reports(tmp_path)
     assert [r["variant"] for _, r in found] == ["belief2"]
@@ -192,13 +220,21 @@ def test_the_set_is_written_one_report_at_a_time_and_resumes(tmp_path, monkeypat
     with pytest.raises(KeyboardInterrupt):
         build_reports(tmp_path, ["standard", "belief2", "wafe-mae", "wafe-mse"], quick=True, progress=False)
     assert [c[0] for c in calls] == ["belief2", "wafe-mae"]
-    assert calls[0] == ("belief2", tmp_path / "belief2", True,
-                        f"report-variant --variant belief2 --out {tmp_path / 'belief2'} --quick")
+    assert calls[0] == (
+        "belief2",
+        tmp_path / "belief2",
+        True,
+        f"report-variant --variant belief2 --out {tmp_path / 'belief2'} --quick",
+    )
     assert not (tmp_path / "wafe-mae" / "report.json").exists()
     assert [r["variant"] for _, r in find_reports(tmp_path)[0]] == ["standard", "belief2"]  # the index so far
     done = build_reports(tmp_path, ["standard", "belief2", "wafe-mae", "wafe-mse"], quick=True, progress=False)
-    assert [(d["variant"], d["state"]) for d in done] == [("standard", "kept"), ("belief2", "kept"),
-                                                          ("wafe-mae", "written"), ("wafe-mse", "written")]
+    assert [(d["variant"], d["state"]) for d in done] == [
+        ("standard", "kept"),
+        ("belief2", "kept"),
+        ("wafe-mae", "written"),
+        ("wafe-mse", "written"),
+    ]
     assert [c[0] for c in calls] == ["belief2", "wafe-mae", "wafe-mae", "wafe-mse"]
     # a report of the other budget is measured again with the one asked for
     done = build_reports(tmp_path, ["standard"], quick=False, progress=False)
@@ -244,11 +280,14 @@ def test_an_unknown_variant_is_refused_listing_the_valid_ones(tmp_path, capsys, 
     assert not (tmp_path / "r").exists()
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--variants", "belief2"], "--variants and --quick choose what --run writes"),
-    (["--quick"], "--variants and --quick choose what --run writes"),
-    ([], "no such folder"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--variants", "belief2"], "--variants and --quick choose what --run writes"),
+        (["--quick"], "--variants and --quick choose what --run writes"),
+        ([], "no such folder"),
+    ],
+)
 def test_bad_flags_are_one_line(tmp_path, capsys, argv, message):
     with pytest.raises(CommandExit) as exc:
         main(["--out", str(tmp_path / "none"), *argv])
@@ -274,8 +313,11 @@ def test_quick_reports_through_the_command_index_their_own_values(quick_set, cap
     for name, r in reports.items():
         row = rows[f"[{name}]({name}/report.md)"]
         side = r["export"][name]
-        assert row["fp32 parity (max err)"] == idx.parity_cell(side["fp32"]) == \
-            f"{'ok' if side['fp32']['passed'] else 'FAILED'} ({side['fp32']['max_abs_err']:.1e})"
+        assert (
+            row["fp32 parity (max err)"]
+            == idx.parity_cell(side["fp32"])
+            == f"{'ok' if side['fp32']['passed'] else 'FAILED'} ({side['fp32']['max_abs_err']:.1e})"
+        )
         if side["int8"]["status"] == "ok":
             assert row["int8 cosine, worst (placement)"] == f"{side['int8']['cosine_min']:.4f} (cpu)"
             assert row["int8 top-1 agreement"] == f"{100 * side['int8']['top1_agreement']:.1f}%"
@@ -294,8 +336,10 @@ def test_quick_reports_through_the_command_index_their_own_values(quick_set, cap
 
 def test_help_loads_without_torch():
     """The command's --help (and its module) start without importing PyTorch, ONNX or timm."""
-    code = ("import sys\nfrom attnzoo.report.index import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n"
-            "    pass\nprint(sorted(m for m in ('torch', 'onnx', 'timm', 'onnxruntime') if m in sys.modules))")
+    code = (
+        "import sys\nfrom attnzoo.report.index import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n"
+        "    pass\nprint(sorted(m for m in ('torch', 'onnx', 'timm', 'onnxruntime') if m in sys.modules))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "--run" in proc.stdout and proc.stdout.strip().splitlines()[-1] == "[]"

@@ -49,8 +49,11 @@ def test_quick_report_writes_the_folder_schema_verdict_and_figures(quick):
     assert report["schema"] == SCHEMA and report["variant"] == "belief2" and report["quick"] is True
     # every top-level and section key is documented, and the documented ones are there
     documented = _documented_keys()
-    present = set(report) | {f"{k}.{s}" for k in ("cost", "verdict") for s in report[k]} | \
-        {f"export.<side>.{s}" for s in report["export"]["belief2"]}
+    present = (
+        set(report)
+        | {f"{k}.{s}" for k in ("cost", "verdict") for s in report[k]}
+        | {f"export.<side>.{s}" for s in report["export"]["belief2"]}
+    )
     assert present <= documented, sorted(present - documented)
     assert {"schema", "variant", "identity", "export", "fusion", "cost", "verdict"} <= set(report)
     # identity: the registry's facts and counted FLOPs beside standard's
@@ -78,8 +81,10 @@ def test_quick_report_writes_the_folder_schema_verdict_and_figures(quick):
     # the fusable export: belief2 at opset 23 is one Attention op per block, kept whole by every runtime, timed
     fz = report["fusable"]
     assert fz["status"] == "ok" and fz["extra_math_kept"] and fz["attention_ops"] == 4
-    assert all(f == c == 4 for f, c in fz["fused"].values()) and "opset 23 fused on every runtime" in \
-        report["verdict"]["line"]
+    assert (
+        all(f == c == 4 for f, c in fz["fused"].values())
+        and "opset 23 fused on every runtime" in report["verdict"]["line"]
+    )
     assert {"ort-cpu", "openvino"} <= set(fz["speed"]) and all(s["speedup"] > 0 for s in fz["speed"].values())
     # cost: latency rows of both variants at batch 1 and 8, overheads, scaling rows
     lat = report["cost"]["latency"]
@@ -89,14 +94,21 @@ def test_quick_report_writes_the_folder_schema_verdict_and_figures(quick):
     assert any(o["variant"] == "belief2" and o["ratio_median"] > 0 for o in lat["overheads"])
     assert all(r["reason"] for r in lat["rows"] if r["status"] == "skipped")  # said plainly, never silent
     sc = report["cost"]["scaling"]
-    assert sc["status"] == "ok" and {r["variant"] for r in sc["rows"] if r["status"] == "ok"} == {"standard",
-                                                                                                 "belief2"}
-    assert report["cost"]["gpu"]["status"] in ("ok", "absent") and (report["cost"]["gpu"].get("reason") or
-                                                                     report["cost"]["gpu"].get("note"))
+    assert sc["status"] == "ok" and {r["variant"] for r in sc["rows"] if r["status"] == "ok"} == {"standard", "belief2"}
+    assert report["cost"]["gpu"]["status"] in ("ok", "absent") and (
+        report["cost"]["gpu"].get("reason") or report["cost"]["gpu"].get("note")
+    )
     # the page: verdict, sections, and every plot it names exists as a PNG
     md = (out / "report.md").read_text()
-    for heading in ("## Identity", "## Export", "## Fusion audit", "### A fusable export (opset 23)", "## Cost",
-                    "### Scaling in tokens", "### GPU"):
+    for heading in (
+        "## Identity",
+        "## Export",
+        "## Fusion audit",
+        "### A fusable export (opset 23)",
+        "## Cost",
+        "### Scaling in tokens",
+        "### GPU",
+    ):
         assert heading in md
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
     assert {"latency.png", "overhead.png", "scaling.png"} <= set(images)
@@ -127,8 +139,11 @@ def test_gpu_rows_come_from_the_committed_gpu_plan_results_failed_rows_included(
     got = gpu_rows(variant)
     assert got["status"] == "ok" and got["rows"]
     mine = {(r["backend"], r["dtype"], r["batch"], r["status"]) for r in got["rows"] if r["variant"] == variant}
-    want = {(r["backend"], r["dtype"], r["batch"], r["status"]) for r in rows
-            if r["variant"] == variant and r["status"] in ("ok", "failed")}
+    want = {
+        (r["backend"], r["dtype"], r["batch"], r["status"])
+        for r in rows
+        if r["variant"] == variant and r["status"] in ("ok", "failed")
+    }
     assert mine == want
     assert all(r["reason"] for r in got["rows"] if r["status"] == "failed")
     assert all(r["median_ms"] is None for r in got["rows"] if r["status"] == "failed")
@@ -150,8 +165,15 @@ def test_latency_measures_batch_by_batch_so_a_time_limit_keeps_the_variants_firs
         calls.append(list(s.batch_sizes))
         rows = [{"variant": v, "batch": s.batch_sizes[0], "status": "ok"} for v in ("standard", "belief2")]
         stop = {"signal": None, "during": "x", "rows_kept": 2, "note": "stopped"} if len(calls) == 1 else None
-        return {"settings": {}, "results": rows, "overheads": [], "fastest_cpu": None, "interrupted": stop,
-                "note": "", "wall_time_s": 0.0}
+        return {
+            "settings": {},
+            "results": rows,
+            "overheads": [],
+            "fastest_cpu": None,
+            "interrupted": stop,
+            "note": "",
+            "wall_time_s": 0.0,
+        }
 
     monkeypatch.setattr(run, "run_benchmark", fake)
     got = rv.latency("belief2", rv.QUICK, tmp_path, "cmd")
@@ -169,8 +191,14 @@ def test_a_signal_during_the_latency_rows_stops_the_report(monkeypatch, tmp_path
     from attnzoo.report import variant as rv
 
     def fake(s):
-        return {"settings": {}, "results": [], "overheads": [], "fastest_cpu": None, "note": "",
-                "interrupted": {"signal": signal_name, "during": "x", "rows_kept": 0, "note": "stopped"}}
+        return {
+            "settings": {},
+            "results": [],
+            "overheads": [],
+            "fastest_cpu": None,
+            "note": "",
+            "interrupted": {"signal": signal_name, "during": "x", "rows_kept": 0, "note": "stopped"},
+        }
 
     monkeypatch.setattr(run, "run_benchmark", fake)
     with pytest.raises(getattr(signals, raised)):
@@ -182,10 +210,22 @@ def _terminated_when(tmp_path, ready, what: str, delay: float = 0.0) -> str:
     the one line, exit 143 and no report.json. Returns the stderr."""
     out, log = tmp_path / "belief2", tmp_path / "stderr.txt"
     with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-c", "from attnzoo.cli import report_variant; report_variant()",
-                                 "--variant", "belief2", "--quick", "--out", str(out)],
-                                stdout=subprocess.DEVNULL, stderr=err, text=True,
-                                env={**os.environ, "PYTHONFAULTHANDLER": "1"})  # a crash shows where it was
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "from attnzoo.cli import report_variant; report_variant()",
+                "--variant",
+                "belief2",
+                "--quick",
+                "--out",
+                str(out),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            text=True,
+            env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+        )  # a crash shows where it was
         deadline = time.monotonic() + 300
         try:
             while not ready(out, log.read_text()) and proc.poll() is None and time.monotonic() < deadline:
@@ -209,10 +249,10 @@ def _terminated_when(tmp_path, ready, what: str, delay: float = 0.0) -> str:
 @pytest.mark.slow
 def test_sigterm_inside_the_export_step_ends_with_the_line_and_143(tmp_path):
     # the fp16 file is written: the int8 export (calibration, ModelOpt, its fidelity and accuracy) is under way
-    text = _terminated_when(tmp_path, lambda out, err: (out / "exports" / "belief2" / "belief2_fp16.onnx").is_file(),
-                            "the int8 export")
+    text = _terminated_when(
+        tmp_path, lambda out, err: (out / "exports" / "belief2" / "belief2_fp16.onnx").is_file(), "the int8 export"
+    )
     assert "export ..." in text and "fusion ..." not in text
-
 
 
 def test_the_fusion_audit_names_heads_and_width_and_keeps_the_optimizers_warnings_off_the_terminal(caplog):

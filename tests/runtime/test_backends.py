@@ -30,8 +30,11 @@ def test_every_backend_has_one_name_and_its_aliases_resolve():
 
 
 def test_an_unknown_name_lists_the_valid_ones():
-    with pytest.raises(ValueError, match=r"unknown backend 'nope'; valid: eager, compile, ort-cpu, openvino, "
-                                         r"ort-cuda, ort-trt, tensorrt \(aliases: pytorch=eager"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown backend 'nope'; valid: eager, compile, ort-cpu, openvino, "
+        r"ort-cuda, ort-trt, tensorrt \(aliases: pytorch=eager",
+    ):
         get_backend("nope")
 
 
@@ -42,8 +45,9 @@ def test_a_name_cannot_be_registered_twice():
 
 
 def test_the_listing_says_what_runs_here_and_why_not():
-    out = subprocess.run([sys.executable, "-m", "attnzoo.runtime", "--device", "cpu"], capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "attnzoo.runtime", "--device", "cpu"], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].startswith("| backend | aliases |") and len(lines) == 2 + len(backend_names())
@@ -72,13 +76,22 @@ def test_openvino_names_the_file_and_the_reason_it_cannot_read_it(tmp_path):
 
     assert get_backend("openvino").unavailable_reason() is None  # a base dependency: its absence is a failure
     w = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [w])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [w],
+    )
     folder = tmp_path / "m"
     folder.mkdir()
-    onnx.save(helper.make_model(graph), str(folder / "model.onnx"), save_as_external_data=True, location="w.bin",
-              size_threshold=0)
+    onnx.save(
+        helper.make_model(graph),
+        str(folder / "model.onnx"),
+        save_as_external_data=True,
+        location="w.bin",
+        size_threshold=0,
+    )
     proto = onnx.load(str(folder / "model.onnx"), load_external_data=False)
     next(e for e in proto.graph.initializer[0].external_data if e.key == "location").value = "../outside.bin"
     (tmp_path / "outside.bin").write_bytes((folder / "w.bin").read_bytes())
@@ -101,8 +114,11 @@ def _tiny_onnx(path: Path) -> Path:
     w = numpy_helper.from_array(np.arange(36, dtype=np.float32).reshape(12, 3) / 36, "w")
     graph = helper.make_graph(
         [helper.make_node("Flatten", [INPUT_NAME], ["flat"]), helper.make_node("MatMul", ["flat", "w"], [OUTPUT_NAME])],
-        "tiny", [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, ["batch", 3, 2, 2])],
-        [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, ["batch", 3])], [w])
+        "tiny",
+        [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, ["batch", 3, 2, 2])],
+        [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, ["batch", 3])],
+        [w],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     return path
 
@@ -172,10 +188,20 @@ def test_no_module_outside_the_registry_branches_on_a_backend_name():
     root = Path(__file__).resolve().parents[2]
     names = "|".join(re.escape(n) for n in backend_names() if n != "eager")
     pattern = re.compile(rf"""(==|!=|\bin\b)\s*\(?["'](?:{names})["']|["'](?:{names})["']\s*(==|!=)""")
-    files = ["benchmarks/rows.py", "benchmarks/run.py", "serve/loading.py", "serve/predict.py", "runtime/choice.py",
-             "runtime/parity.py"]
-    found = [f"{f}:{i}: {line.strip()}" for f in files
-             for i, line in enumerate((root / f).read_text().splitlines(), 1) if pattern.search(line)]
+    files = [
+        "benchmarks/rows.py",
+        "benchmarks/run.py",
+        "serve/loading.py",
+        "serve/predict.py",
+        "runtime/choice.py",
+        "runtime/parity.py",
+    ]
+    found = [
+        f"{f}:{i}: {line.strip()}"
+        for f in files
+        for i, line in enumerate((root / f).read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
     assert found == []
 
 
@@ -206,8 +232,17 @@ class _MadeUp(Backend):
 
 @pytest.fixture
 def made_up():
-    backend = reg.register_backend(_MadeUp("made-up", "a test backend", aliases=("mu",), takes="onnx",
-                                           device="cpu", dtypes=("fp32",), reads=("threads",)))
+    backend = reg.register_backend(
+        _MadeUp(
+            "made-up",
+            "a test backend",
+            aliases=("mu",),
+            takes="onnx",
+            device="cpu",
+            dtypes=("fp32",),
+            reads=("threads",),
+        )
+    )
     _DoubleSession.opened.clear()
     yield backend
     del reg._REGISTRY["made-up"], reg._ALIASES["mu"]
@@ -226,8 +261,9 @@ def test_a_new_backend_loads_through_the_one_contract(made_up, tmp_path):
         contract = SimpleNamespace(input_size=(2, 2), dtype="fp32")  # what the check reads of an export's contract
         check_against_reference(session, path, contract, threads=1)
     assert session.closed and session.inner.closed
-    choice = fastest_cpu_runtime({"made-up": lambda p: made_up.load(p, made_up.options(threads=1, batch=1))},
-                                 [(path, (2, 2))], seconds=0.01)
+    choice = fastest_cpu_runtime(
+        {"made-up": lambda p: made_up.load(p, made_up.options(threads=1, batch=1))}, [(path, (2, 2))], seconds=0.01
+    )
     assert choice.runtime == "made-up" and not choice.failed
     assert len(_DoubleSession.opened) == 2 and all(s.closed for s in _DoubleSession.opened)  # timed, then closed
 
@@ -246,9 +282,33 @@ def test_a_new_backend_is_one_class(made_up, tmp_path):
 
     assert "| `made-up` | `mu` |" in backends_table(device="cpu")
     out = tmp_path / "bench"
-    assert bench(["--arch", "micro", "--variants", "standard,belief2", "--backends", "eager,mu", "--batch-sizes", "1",
-                  "--min-time", "0.05", "--threads", "1", "--out", str(out), "--cache-dir", str(tmp_path / "c"),
-                  "--no-progress", "--no-pair-eager", "--ceiling-size", "0"]) == 0
+    assert (
+        bench(
+            [
+                "--arch",
+                "micro",
+                "--variants",
+                "standard,belief2",
+                "--backends",
+                "eager,mu",
+                "--batch-sizes",
+                "1",
+                "--min-time",
+                "0.05",
+                "--threads",
+                "1",
+                "--out",
+                str(out),
+                "--cache-dir",
+                str(tmp_path / "c"),
+                "--no-progress",
+                "--no-pair-eager",
+                "--ceiling-size",
+                "0",
+            ]
+        )
+        == 0
+    )
     rows = json.loads((out / "results.json").read_text())["results"]
     mine = [r for r in rows if r["backend"] == "made-up"]
     assert [r["variant"] for r in mine] == ["standard", "belief2"]

@@ -34,6 +34,7 @@ def test_bf16_problem_reads_this_machine():
 
 # ------------------------------------------------------------------------------------------------------ OpenVINO
 
+
 @pytest.fixture(scope="module")
 def belief2(tmp_path_factory):
     """A micro belief2 classifier (its projection has the Divide and the Subtract that OpenVINO rewrites), its
@@ -56,8 +57,9 @@ def _inputs(path, n: int = 2, seed: int = 0):
 
     from attnzoo.runtime.contract import ModelContract
 
-    return np.random.default_rng(seed).standard_normal((n, 3, *ModelContract.from_onnx(path).input_size),
-                                                       dtype=np.float32)
+    return np.random.default_rng(seed).standard_normal(
+        (n, 3, *ModelContract.from_onnx(path).input_size), dtype=np.float32
+    )
 
 
 def test_precision_check_lets_a_reshape_pass_the_extra_maths_bf16_input_on_but_not_its_f32_result():
@@ -131,8 +133,9 @@ def test_runtime_model_read_back_finds_every_extra_math_op_in_a_pinned_f32_kerne
     runtime = session.compiled.get_runtime_model().get_ordered_ops()
     computed = {n for op in runtime for n in op.get_rt_info()["originalLayersNames"].astype(str).split(",")}
     assert set(names) <= computed  # every extra-math op is computed by some kernel of the runtime model
-    groups = {op.get_friendly_name(): set(op.get_rt_info()["originalLayersNames"].astype(str).split(","))
-              for op in runtime}
+    groups = {
+        op.get_friendly_name(): set(op.get_rt_info()["originalLayersNames"].astype(str).split(",")) for op in runtime
+    }
     root = next(name for name, ops in groups.items() if len(ops & set(names)) >= 2)  # a kernel of 2+ extra ops
     again = runtime_precisions(session.compiled, [n for n in session.pinned if n != root])
     assert any(u.startswith(f"{root} (") for u in again["extra_math"]["unpinned"])  # its own op unpinned: flagged
@@ -169,10 +172,16 @@ def test_precision_check_refuses_extra_math_off_f32_matmuls_off_bf16_and_a_silen
     from attnzoo.runtime.openvino import PrecisionCheckError, check_runtime_precisions, runtime_precisions
 
     pinned = ["blocks.0.attn.projection/Div", "blocks.0.attn.projection/Mul_2"]
-    good = [("blocks.0.attn/qkv", "FullyConnected", "bf16", "blocks.0.attn/qkv"),
-            ("blocks.0.attn.projection/Div", "Eltwise", "f32",
-             "blocks.0.attn.projection/Div,blocks.0.attn.projection/Mul_2"),
-            ("head", "FullyConnected", "bf16", "head")]
+    good = [
+        ("blocks.0.attn/qkv", "FullyConnected", "bf16", "blocks.0.attn/qkv"),
+        (
+            "blocks.0.attn.projection/Div",
+            "Eltwise",
+            "f32",
+            "blocks.0.attn.projection/Div,blocks.0.attn.projection/Mul_2",
+        ),
+        ("head", "FullyConnected", "bf16", "head"),
+    ]
     report = runtime_precisions(_fake_compiled(good, "bf16"), pinned)
     check_runtime_precisions(report, "bf16")  # passes
     assert report["extra_math"]["by_precision"] == {"f32": 1} and report["matmuls"]["by_precision"] == {"bf16": 2}
@@ -293,9 +302,29 @@ def test_bench_latency_bf16_rows_are_refused_here_or_run_with_the_extra_math_rea
     from attnzoo.benchmarks.cli import main
     from attnzoo.runtime.parity import TOLERANCES
 
-    args = ["--arch", "micro", "--variants", "belief2", "--backends", "eager,openvino", "--dtypes", "fp32,bf16",
-            "--batch-sizes", "1", "--min-time", "0.05", "--threads", "1", "--out", str(tmp_path), "--cache-dir",
-            str(tmp_path / "cache"), "--no-progress", "--ceiling-size", "128"]
+    args = [
+        "--arch",
+        "micro",
+        "--variants",
+        "belief2",
+        "--backends",
+        "eager,openvino",
+        "--dtypes",
+        "fp32,bf16",
+        "--batch-sizes",
+        "1",
+        "--min-time",
+        "0.05",
+        "--threads",
+        "1",
+        "--out",
+        str(tmp_path),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--no-progress",
+        "--ceiling-size",
+        "128",
+    ]
     assert main(args) == 0
     rows = {(r["backend"], r["dtype"]): r for r in json.loads((tmp_path / "results.json").read_text())["results"]}
     assert rows[("eager", "fp32")]["status"] == rows[("openvino", "fp32")]["status"] == "ok"
@@ -390,13 +419,15 @@ class _Fake:
         real = OpenVINOSession(path, threads=1, keep_f32=names)
         rng = np.random.default_rng(0)
         self.precision_check = real.precision_check
-        self.run = lambda x: real.run(x) + rng.normal(0, noise, (len(x), 10)).astype(np.float32) if noise \
-            else real.run(x)
+        self.run = lambda x: (
+            real.run(x) + rng.normal(0, noise, (len(x), 10)).astype(np.float32) if noise else real.run(x)
+        )
 
 
 @pytest.mark.slow
-def test_verify_bf16_writes_a_report_reuses_it_here_only_and_refuses_a_drop_beyond_the_gate(zoo_belief2, tmp_path,
-                                                                                             monkeypatch):
+def test_verify_bf16_writes_a_report_reuses_it_here_only_and_refuses_a_drop_beyond_the_gate(
+    zoo_belief2, tmp_path, monkeypatch
+):
     import json
 
     from attnzoo.runtime import bf16
@@ -490,8 +521,22 @@ def test_the_study_here_checks_the_pins_and_says_why_it_measures_no_bf16(tmp_pat
     from attnzoo.studies.bf16 import main
 
     out = tmp_path / "out"
-    assert main(["--variants", "belief2", "--task", "cls", "--out", str(out), "--cache-dir", str(tmp_path / "c"),
-                 "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "--variants",
+                "belief2",
+                "--task",
+                "cls",
+                "--out",
+                str(out),
+                "--cache-dir",
+                str(tmp_path / "c"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     res = json.loads((out / "bf16.json").read_text())
     assert res["bf16_unavailable"] == bf16_problem() and res["speed_not_measured"] == bf16_problem()
     (row,) = res["zoo"]
@@ -506,27 +551,69 @@ def test_the_study_here_checks_the_pins_and_says_why_it_measures_no_bf16(tmp_pat
 def test_the_study_report_of_a_bf16_cpu_has_accuracy_speed_and_the_read_back():
     from attnzoo.studies.bf16 import markdown
 
-    env = {"cpu": {"model": "Xeon", "key_flags": ["avx2", "avx512_bf16", "amx_bf16"], "usable_cores": 2},
-           "versions": {"openvino": "2026.4.1", "torch": "2.14.1"}}
-    acc = {"metric_name": "top1", "metrics": {"fp32": 89.41, "bf16": 89.38}, "drop": 0.03, "gate": 0.25,
-           "agreement": {"bf16": 0.9981}, "n_images": 10000}
-    zoo = [{"variant": "belief2", "task": "cls", "status": "ok", "extra_math_nodes": 32, "compiled_at": "bf16",
-            "extra_math": {"by_precision": {"f32": 24}, "unpinned": []}, "matmuls": {"bf16": 28}, "accuracy": acc}]
-    speed = [{"variant": "belief2", "threads": 1, "batch": 1, "load_1min": 0.7, "fp32": {"median_ms": 80.0},
-              "bf16": {"median_ms": 25.0, "speedup_median": 3.2, "speedup_q1": 3.1, "speedup_q3": 3.3},
-              "int8": {"median_ms": 23.0, "speedup_median": 3.5, "speedup_q1": 3.4, "speedup_q3": 3.6},
-              "precision_check": {"extra_math_runtime_nodes": {"f32": 72}}}]
-    md = markdown({"command": "python -m attnzoo.studies.bf16 --out x", "environment": env, "bf16_unavailable": None,
-                   "zoo": zoo, "speed": speed, "load_start": [0.5], "load_end": [0.9],
-                   "speed_settings": {"arch": "small", "min_time": 3.0}})
+    env = {
+        "cpu": {"model": "Xeon", "key_flags": ["avx2", "avx512_bf16", "amx_bf16"], "usable_cores": 2},
+        "versions": {"openvino": "2026.4.1", "torch": "2.14.1"},
+    }
+    acc = {
+        "metric_name": "top1",
+        "metrics": {"fp32": 89.41, "bf16": 89.38},
+        "drop": 0.03,
+        "gate": 0.25,
+        "agreement": {"bf16": 0.9981},
+        "n_images": 10000,
+    }
+    zoo = [
+        {
+            "variant": "belief2",
+            "task": "cls",
+            "status": "ok",
+            "extra_math_nodes": 32,
+            "compiled_at": "bf16",
+            "extra_math": {"by_precision": {"f32": 24}, "unpinned": []},
+            "matmuls": {"bf16": 28},
+            "accuracy": acc,
+        }
+    ]
+    speed = [
+        {
+            "variant": "belief2",
+            "threads": 1,
+            "batch": 1,
+            "load_1min": 0.7,
+            "fp32": {"median_ms": 80.0},
+            "bf16": {"median_ms": 25.0, "speedup_median": 3.2, "speedup_q1": 3.1, "speedup_q3": 3.3},
+            "int8": {"median_ms": 23.0, "speedup_median": 3.5, "speedup_q1": 3.4, "speedup_q3": 3.6},
+            "precision_check": {"extra_math_runtime_nodes": {"f32": 72}},
+        }
+    ]
+    md = markdown(
+        {
+            "command": "python -m attnzoo.studies.bf16 --out x",
+            "environment": env,
+            "bf16_unavailable": None,
+            "zoo": zoo,
+            "speed": speed,
+            "load_start": [0.5],
+            "load_end": [0.9],
+            "speed_settings": {"arch": "small", "min_time": 3.0},
+        }
+    )
     assert "refused" not in md and "Test images per model: 10000." in md
     row = "| belief2 | cls | 32 | 24 f32 kernel(s); all pinned | 28 bf16 | top1 | 89.41 | 89.38 | 0.03 | 0.25 | 0.9981"
     assert row in md
     assert "| belief2 | 1 | 1 | 80.00 | 25.00 | 3.20 [3.10, 3.30] | 23.00 | 3.50 [3.40, 3.60] | 72 of 72 | 0.70 |" in md
 
 
-@pytest.mark.parametrize("flag,value,needle", [("--batch-sizes", "0", "batch"), ("--speed-threads", "0", "thread"),
-                                               ("--min-time", "0", "--min-time"), ("--variants", "nope", "nope")])
+@pytest.mark.parametrize(
+    "flag,value,needle",
+    [
+        ("--batch-sizes", "0", "batch"),
+        ("--speed-threads", "0", "thread"),
+        ("--min-time", "0", "--min-time"),
+        ("--variants", "nope", "nope"),
+    ],
+)
 def test_the_study_refuses_bad_input_in_one_line_before_any_work(tmp_path, flag, value, needle):
     from attnzoo.studies.bf16 import main
 
@@ -537,13 +624,16 @@ def test_the_study_refuses_bad_input_in_one_line_before_any_work(tmp_path, flag,
 
 
 # ------------------------------------------------------------------------------------------ light --help
-@pytest.mark.parametrize("module, flag", [("attnzoo.studies.bf16", "--speed-arch"),
-                                          ("attnzoo.serve.rayserve.cli", "--help")])
+@pytest.mark.parametrize(
+    "module, flag", [("attnzoo.studies.bf16", "--speed-arch"), ("attnzoo.serve.rayserve.cli", "--help")]
+)
 def test_help_reads_the_zoo_without_torch(module, flag):
     """The study's and serve-models' --help take the zoo's default data set (attnzoo.zoo) without loading PyTorch,
     ONNX or timm."""
-    code = (f"import sys\nfrom {module} import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-            "print(sorted(m for m in ('torch', 'onnx', 'timm') if m in sys.modules))")
+    code = (
+        f"import sys\nfrom {module} import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('torch', 'onnx', 'timm') if m in sys.modules))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert flag in proc.stdout and proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout[-2000:]

@@ -6,13 +6,12 @@ from __future__ import annotations
 import math
 import time
 
-import numpy as np
 import pytest
 import torch
 
 from attnzoo.benchmarks.ceiling import ceiling_for, fraction, int8_isa, matmul_ceiling
-from attnzoo.machine import KEY_FLAGS, cpu_info, cpu_summary
 from attnzoo.benchmarks.flops import CDIST_FLOPS_PER_TERM, count_flops
+from attnzoo.machine import KEY_FLAGS, cpu_info, cpu_summary
 from attnzoo.models import create_model
 from attnzoo.runtime.choice import fastest_cpu_runtime
 from attnzoo.runtime.parity import TOLERANCES, parity_error
@@ -42,10 +41,14 @@ def test_int8_isa_names_the_best_instruction_set_present():
 
 
 def test_cpu_summary_names_present_and_absent_fast_paths():
-    assert cpu_summary({"model": "X", "key_flags": ["avx", "avx2", "fma", "f16c"]}) == \
-        "X (avx, avx2, fma, f16c; no avx512f, avx512_vnni, avx_vnni, amx_int8)"
-    assert cpu_summary({"model": "Y", "key_flags": ["avx2", "avx512f", "avx512_vnni"]}) == \
-        "Y (avx2, avx512f, avx512_vnni; no avx_vnni, amx_int8)"
+    assert (
+        cpu_summary({"model": "X", "key_flags": ["avx", "avx2", "fma", "f16c"]})
+        == "X (avx, avx2, fma, f16c; no avx512f, avx512_vnni, avx_vnni, amx_int8)"
+    )
+    assert (
+        cpu_summary({"model": "Y", "key_flags": ["avx2", "avx512f", "avx512_vnni"]})
+        == "Y (avx2, avx512f, avx512_vnni; no avx_vnni, amx_int8)"
+    )
 
 
 def _vit_flops(img: int, patch: int, dim: int, depth: int, mlp: int, classes: int, attention_terms: int) -> int:
@@ -61,9 +64,15 @@ def _vit_flops(img: int, patch: int, dim: int, depth: int, mlp: int, classes: in
 def test_flops_of_standard_vit_tiny_match_the_explicit_formula():
     model = create_model("standard", task="cls", arch="tiny").eval()
     img, patch, dim, depth, heads, mlp, classes = 224, 16, 192, 12, 3, 768, 1000  # ViT-Ti
-    assert (model.patch_embed.img_size[0], model.patch_embed.patch_size[0], model.embed_dim, len(model.blocks),
-            model.blocks[0].attn.num_heads, model.blocks[0].mlp.fc1.out_features, model.num_classes) == \
-        (img, patch, dim, depth, heads, mlp, classes)
+    assert (
+        model.patch_embed.img_size[0],
+        model.patch_embed.patch_size[0],
+        model.embed_dim,
+        len(model.blocks),
+        model.blocks[0].attn.num_heads,
+        model.blocks[0].mlp.fc1.out_features,
+        model.num_classes,
+    ) == (img, patch, dim, depth, heads, mlp, classes)
     n = (img // patch) ** 2 + 1
     expected = _vit_flops(img, patch, dim, depth, mlp, classes, attention_terms=2 * 2 * n * n * dim)  # QK^T, PV
     counted = count_flops(model, img)
@@ -79,16 +88,20 @@ def test_flops_of_wafe_mae_count_the_pairwise_l1_terms():
     n = (img // patch) ** 2 + 1
     scores = CDIST_FLOPS_PER_TERM * heads * n * n * (dim // heads)  # |q_i - k_j| summed over d, per head
     weighted = 2 * n * n * dim  # P V
-    assert count_flops(model, img)["flops_per_image"] == _vit_flops(img, patch, dim, depth, mlp, classes,
-                                                                    scores + weighted)
+    assert count_flops(model, img)["flops_per_image"] == _vit_flops(
+        img, patch, dim, depth, mlp, classes, scores + weighted
+    )
 
 
 def test_fraction_is_achieved_over_ceiling():
     f = fraction(flops=2e9, median_ms=10.0, ceiling_gflops=400.0)  # 2 GFLOP in 10 ms = 200 GFLOP/s
     assert f == {"achieved_gflops": pytest.approx(200.0), "ceiling_gflops": 400.0, "ceiling_fraction": 0.5}
     assert fraction(2e9, None, 400.0)["ceiling_fraction"] is None
-    assert fraction(2e9, 10.0, None) == {"achieved_gflops": pytest.approx(200.0), "ceiling_gflops": None,
-                                         "ceiling_fraction": None}
+    assert fraction(2e9, 10.0, None) == {
+        "achieved_gflops": pytest.approx(200.0),
+        "ceiling_gflops": None,
+        "ceiling_fraction": None,
+    }
     c = {"fp32": {"gflops": 90.0}, "int8": {"status": "measured", "gops": 300.0}}
     assert ceiling_for(c, "openvino", "fp32", "cpu") == 90.0 and ceiling_for(c, "ort-cpu", "int8", "cpu") == 300.0
     assert ceiling_for(c, "eager", "fp32", "cuda") is None and ceiling_for(c, "eager", "bf16", "cpu") is None
@@ -134,7 +147,7 @@ def test_openvino_check_against_onnxruntime_refuses_a_wrong_output(micro_onnx, m
 
 
 def _sleeper(seconds: float):
-    return lambda path: (lambda x: time.sleep(seconds))
+    return lambda path: lambda x: time.sleep(seconds)
 
 
 def _broken(path):
@@ -178,12 +191,18 @@ def test_a_signal_after_openvino_released_its_models_out_of_order_still_raises(m
     import sys
 
     def run(tail: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-c", _RELEASED_OUT_OF_ORDER + tail, str(micro_onnx[1])],
-                              capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-c", _RELEASED_OUT_OF_ORDER + tail, str(micro_onnx[1])],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     control = run("signal.signal(signal.SIGTERM, lambda s, f: sys.exit(0))\nraised_by()\n")
     if control.returncode != -11:
         pytest.skip(f"this OpenVINO leaves no unmapped alternate stack behind (control exit {control.returncode})")
-    done = run("from attnzoo.signals import Terminated, signals_raise\n"
-               "with signals_raise():\n    try:\n        raised_by()\n    except Terminated:\n        print('ok')\n")
+    done = run(
+        "from attnzoo.signals import Terminated, signals_raise\n"
+        "with signals_raise():\n    try:\n        raised_by()\n    except Terminated:\n        print('ok')\n"
+    )
     assert done.returncode == 0 and done.stdout.strip() == "ok", (done.returncode, done.stderr[-2000:])

@@ -12,8 +12,15 @@ from onnx import helper
 
 from attnzoo.export.onnx_export import export_onnx
 from attnzoo.models import create_model
-from attnzoo.runtime.fusion import (AttentionCore, attention_cores, audit, markdown, onnxruntime_fusion,
-                                    openvino_fusion, _ort_attention)
+from attnzoo.runtime.fusion import (
+    AttentionCore,
+    _ort_attention,
+    attention_cores,
+    audit,
+    markdown,
+    onnxruntime_fusion,
+    openvino_fusion,
+)
 
 DEPTH = 4  # the micro ViT's blocks
 
@@ -38,13 +45,15 @@ def _cumsum_scores(self, x, attn_mask=None, is_causal=False):
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fusion")
-    return {"standard": _export(tmp, "standard", "standard"),
-            "made-up": _export(tmp, "made-up", "standard", _cumsum_scores),
-            "wafe-mae": _export(tmp, "wafe-mae", "wafe-mae"),
-            # opset 23: each dot-product core one standard Attention op (wafe-mse's key-norm bias as its mask)
-            "standard-23": _export(tmp, "standard-23", "standard", opset=23),
-            "wafe-mse-23": _export(tmp, "wafe-mse-23", "wafe-mse", opset=23),
-            "made-up-23": _export(tmp, "made-up-23", "standard", _cumsum_scores, opset=23)}
+    return {
+        "standard": _export(tmp, "standard", "standard"),
+        "made-up": _export(tmp, "made-up", "standard", _cumsum_scores),
+        "wafe-mae": _export(tmp, "wafe-mae", "wafe-mae"),
+        # opset 23: each dot-product core one standard Attention op (wafe-mse's key-norm bias as its mask)
+        "standard-23": _export(tmp, "standard-23", "standard", opset=23),
+        "wafe-mse-23": _export(tmp, "wafe-mse-23", "wafe-mse", opset=23),
+        "made-up-23": _export(tmp, "made-up-23", "standard", _cumsum_scores, opset=23),
+    }
 
 
 def test_cores_are_found_from_each_blocks_softmax_with_both_matrix_products(exports):
@@ -76,15 +85,26 @@ def test_onnxruntime_verdicts_come_from_its_optimized_graphs(exports):
 
 
 def test_an_attention_op_that_replaced_a_softmax_counts_that_core_as_fused():
-    cores = [AttentionCore(f"blocks.{i}", f"blocks.{i}.attn/Softmax", f"blocks.{i}.attn/MatMul",
-                           f"blocks.{i}.attn/MatMul_1", []) for i in range(2)]
-    graph = helper.make_graph([helper.make_node("MultiHeadAttention", ["q", "k", "v"], ["o"], name="Attention_0",
-                                                domain="com.microsoft"),
-                               helper.make_node("Softmax", ["s"], ["p"], name="blocks.1.attn/Softmax")],
-                              "g", [], [])
+    cores = [
+        AttentionCore(
+            f"blocks.{i}", f"blocks.{i}.attn/Softmax", f"blocks.{i}.attn/MatMul", f"blocks.{i}.attn/MatMul_1", []
+        )
+        for i in range(2)
+    ]
+    graph = helper.make_graph(
+        [
+            helper.make_node("MultiHeadAttention", ["q", "k", "v"], ["o"], name="Attention_0", domain="com.microsoft"),
+            helper.make_node("Softmax", ["s"], ["p"], name="blocks.1.attn/Softmax"),
+        ],
+        "g",
+        [],
+        [],
+    )
     fused = _ort_attention(graph, cores)
-    assert fused == {"blocks.0.attn/Softmax": "Attention_0 (com.microsoft.MultiHeadAttention)",
-                     "blocks.1.attn/Softmax": None}
+    assert fused == {
+        "blocks.0.attn/Softmax": "Attention_0 (com.microsoft.MultiHeadAttention)",
+        "blocks.1.attn/Softmax": None,
+    }
 
 
 def test_audit_says_plainly_what_it_could_not_inspect(exports):
@@ -116,14 +136,26 @@ def test_an_opset_23_export_carries_each_core_as_one_attention_op_that_both_runt
 
 
 def test_a_standard_attention_op_the_runtime_decomposed_is_not_fused():
-    cores = [AttentionCore(f"blocks.{i}", f"blocks.{i}.attn/Attention", None, None, [], None,
-                           op=f"blocks.{i}.attn/Attention") for i in range(2)]
-    graph = helper.make_graph([helper.make_node("Attention", ["q", "k", "v"], ["o"], name="blocks.0.attn/Attention"),
-                               helper.make_node("Softmax", ["s"], ["p"], name="blocks.1.attn/Attention/Softmax")],
-                              "g", [], [])
+    cores = [
+        AttentionCore(
+            f"blocks.{i}", f"blocks.{i}.attn/Attention", None, None, [], None, op=f"blocks.{i}.attn/Attention"
+        )
+        for i in range(2)
+    ]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Attention", ["q", "k", "v"], ["o"], name="blocks.0.attn/Attention"),
+            helper.make_node("Softmax", ["s"], ["p"], name="blocks.1.attn/Attention/Softmax"),
+        ],
+        "g",
+        [],
+        [],
+    )
     fused = _ort_attention(graph, cores)
-    assert fused == {"blocks.0.attn/Attention": "blocks.0.attn/Attention (ai.onnx.Attention)",
-                     "blocks.1.attn/Attention": None}
+    assert fused == {
+        "blocks.0.attn/Attention": "blocks.0.attn/Attention (ai.onnx.Attention)",
+        "blocks.1.attn/Attention": None,
+    }
 
 
 def test_a_masked_core_exported_at_opset_23_runs_on_onnx_runtime_and_stays_fused(tmp_path):

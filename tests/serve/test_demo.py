@@ -12,20 +12,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gradio_client import Client, handle_file
+from gradio_client.exceptions import AppError
 from PIL import Image
 
 import attnzoo.serve  # noqa: F401  (offline environment first)
-from attnzoo.serve import examples, loading as backends, predict
-from attnzoo.serve.loading import ServedModel, load_models
+from attnzoo.data.fashion import FASHION_CLASSES, FASHION_SEG_CLASSES
 from attnzoo.preprocess import fit_size, input_style_of
+from attnzoo.serve import examples, predict
+from attnzoo.serve import loading as backends
 from attnzoo.serve.demo.app import DISPLAY_MAX_SIDE
 from attnzoo.serve.demo.cli import main as cli_main
 from attnzoo.serve.demo.screenshot import CHROMIUM
-from attnzoo.data.fashion import FASHION_CLASSES, FASHION_SEG_CLASSES
+from attnzoo.serve.loading import ServedModel, load_models
 from attnzoo.training.zoo import RECIPES
-
-from gradio_client import Client, handle_file
-from gradio_client.exceptions import AppError
 
 ROOT = Path(__file__).resolve().parents[2]
 CLASSES = list(FASHION_CLASSES)
@@ -50,14 +50,20 @@ def _make_model(variant: str, task: str):
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory) -> Path:
     """Two classifiers and one segmenter exported to ONNX, plus the checkpoints (pytorch backend)."""
-    from attnzoo.models.checkpoint import save_checkpoint
     from attnzoo.export import export_verified
+    from attnzoo.models.checkpoint import save_checkpoint
 
     folder = tmp_path_factory.mktemp("models")
     for variant, task in SERVED:
         model, config = _make_model(variant, task)
-        save_checkpoint(model, folder / f"{variant}_{task}.safetensors", class_names=config["class_names"],
-                        mean=config["mean"], std=config["std"], input_style=input_style_of(config))
+        save_checkpoint(
+            model,
+            folder / f"{variant}_{task}.safetensors",
+            class_names=config["class_names"],
+            mean=config["mean"],
+            std=config["std"],
+            input_style=input_style_of(config),
+        )
         export_verified(model, folder / f"{variant}_{task}.onnx", config, batch_sizes=(1,))
     return folder
 
@@ -228,7 +234,7 @@ def test_compare_endpoint(client, served, images, task):
     gallery, table = client.predict(handle_file(path), task, api_name="/compare")
     names = [m.name for m in served if m.task == task]
     assert len(gallery) == len(names) == len(table["data"])
-    for item, row, name in zip(gallery, table["data"], names):
+    for item, row, name in zip(gallery, table["data"], names, strict=False):
         assert item["caption"].startswith(f"{name}: ") and item["caption"].endswith(" ms")
         assert row[0] == name and row[3] > 0 and 0 < row[2] <= 1
         model = next(m for m in served if m.task == task and m.name == name)  # the example's truth is known
@@ -275,8 +281,14 @@ def hostile_paths(tmp_path_factory) -> dict:
     link = inside / "secret.png"
     link.unlink(missing_ok=True)
     link.symlink_to(secret)
-    yield {"secret": secret, "fifo": fifo, "folder": d, "device": Path("/dev/zero"), "passwd": Path("/etc/passwd"),
-           "link": link}
+    yield {
+        "secret": secret,
+        "fifo": fifo,
+        "folder": d,
+        "device": Path("/dev/zero"),
+        "passwd": Path("/etc/passwd"),
+        "link": link,
+    }
     shutil.rmtree(inside, ignore_errors=True)
 
 
@@ -324,7 +336,7 @@ def test_request_bodies_are_bounded_before_they_are_read_and_never_logged(server
 
     def chunks():
         for i in range(0, len(payload), 65536):
-            yield payload[i:i + 65536]
+            yield payload[i : i + 65536]
 
     with httpx.Client(base_url=server, timeout=30) as http:
         declared = http.post("gradio_api/call/classify", content=payload, headers={"Content-Type": "application/json"})
@@ -332,11 +344,15 @@ def test_request_bodies_are_bounded_before_they_are_read_and_never_logged(server
     for r in (declared, streamed):
         assert r.status_code == 413 and r.json() == {
             "error": f"the request body is {f'{len(payload):,} bytes, ' if r is declared else ''}over the "
-                     f"{MAX_API_BODY:,}-byte limit"}, (r.status_code, r.text[:300])
+            f"{MAX_API_BODY:,}-byte limit"
+        }, (r.status_code, r.text[:300])
     host, port = server.split("//")[1].rstrip("/").rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=30) as conn:  # an upload that says it is too large
-        conn.sendall(f"POST /gradio_api/upload HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; "
-                     f"boundary=x\r\nContent-Length: {2 * MAX_FILE_SIZE}\r\n\r\n".encode() + b"x" * 1024)
+        conn.sendall(
+            f"POST /gradio_api/upload HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; "
+            f"boundary=x\r\nContent-Length: {2 * MAX_FILE_SIZE}\r\n\r\n".encode()
+            + b"x" * 1024
+        )
         answer = conn.recv(65536)
     assert answer.startswith(b"HTTP/1.1 413") and b"over the" in answer, answer[:300]
     # under the limit, a path of 512 KiB: refused in one short line that quotes 80 characters of it at most
@@ -364,8 +380,9 @@ def test_cli_warns_before_listening_beyond_loopback(monkeypatch, capsys):
     monkeypatch.setattr(cli, "load_models", stop_here)
     with pytest.raises(SystemExit, match="stopped before loading"):
         cli_main(["--host", "0.0.0.0", "--port", "7999"])
-    assert ("warning: --host 0.0.0.0: port 7999 answers whoever can reach this machine there (no authentication, "
-            "no TLS)") in capsys.readouterr().err.splitlines()
+    assert (
+        "warning: --host 0.0.0.0: port 7999 answers whoever can reach this machine there (no authentication, no TLS)"
+    ) in capsys.readouterr().err.splitlines()
     with pytest.raises(SystemExit, match="stopped before loading"):
         cli_main(["--host", "127.0.0.1"])
     assert "warning" not in capsys.readouterr().err
@@ -375,8 +392,9 @@ def test_a_fifo_payload_does_not_hold_the_model_slot(server, hostile_paths, imag
     """A FIFO path in one request must not hold the single model slot until someone writes to it."""
     import threading
 
-    stuck = threading.Thread(target=_raw_call, args=(server, "segment",
-                                                      [{"path": str(hostile_paths["fifo"])}, "standard", 0.5]))
+    stuck = threading.Thread(
+        target=_raw_call, args=(server, "segment", [{"path": str(hostile_paths["fifo"])}, "standard", 0.5])
+    )
     stuck.start()
     start = time.perf_counter()
     label, *_ = Client(server, verbose=False).predict(handle_file(images["rgb"]), "standard", api_name="/classify")
@@ -505,15 +523,25 @@ def test_the_tensorrt_backend_serves_from_the_one_engine_cache(models_dir, tmp_p
     with backends.recording_skips() as skipped:
         assert backends.load_onnx_dir(models_dir, "tensorrt", threads=1, cache_dir=tmp_path) == []
     assert sorted(name for name, _, _ in seen) == sorted(p.name for p in models_dir.glob("*.onnx"))
-    assert all(folder == tmp_path / "tensorrt" and kw == {"batch_sizes": (1, backends.SLIDING_BATCH), "tf32": False}
-               for _, folder, kw in seen)
+    assert all(
+        folder == tmp_path / "tensorrt" and kw == {"batch_sizes": (1, backends.SLIDING_BATCH), "tf32": False}
+        for _, folder, kw in seen
+    )
     assert set(skipped) == {name for name, _, _ in seen} and all("stopped at the build" in r for r in skipped.values())
 
 
 def test_non_finite_outputs_are_refused():
-    model = ServedModel(name="nan", variant="standard", task="cls", class_names=CLASSES, input_size=(32, 32),
-                        mean=(0.5,) * 3, std=(0.5,) * 3, fixed_size=True,
-                        run=lambda x: np.full((x.shape[0], len(CLASSES)), np.nan, np.float32))
+    model = ServedModel(
+        name="nan",
+        variant="standard",
+        task="cls",
+        class_names=CLASSES,
+        input_size=(32, 32),
+        mean=(0.5,) * 3,
+        std=(0.5,) * 3,
+        fixed_size=True,
+        run=lambda x: np.full((x.shape[0], len(CLASSES)), np.nan, np.float32),
+    )
     with pytest.raises(ValueError, match="non-finite"):
         predict.classify(model, Image.new("RGB", (8, 8)))
 
@@ -554,12 +582,15 @@ def test_zoo_export_cache_is_reused(monkeypatch, tmp_path):
         backends.export_zoo("nothing", tmp_path)
 
 
-@pytest.mark.parametrize("argv, message, code", [
-    (["--models", "/no/such/dir"], "error: models folder not found", 1),
-    (["--port", "0"], "error: --port must be in 1..65535", 2),
-    (["--seg-max-side", "0"], "error: --seg-max-side must be at least 1", 2),
-    (["--backend", "nope"], "error: --backend: unknown backend 'nope'; valid: eager, compile, ort-cpu", 2),
-])
+@pytest.mark.parametrize(
+    "argv, message, code",
+    [
+        (["--models", "/no/such/dir"], "error: models folder not found", 1),
+        (["--port", "0"], "error: --port must be in 1..65535", 2),
+        (["--seg-max-side", "0"], "error: --seg-max-side must be at least 1", 2),
+        (["--backend", "nope"], "error: --backend: unknown backend 'nope'; valid: eager, compile, ort-cpu", 2),
+    ],
+)
 def test_cli_errors_are_one_line(argv, message, code):
     """One line, and the exit status docs/errors.md gives: 2 for a bad command line, 1 for a missing input."""
     with pytest.raises(SystemExit) as info:
@@ -599,10 +630,15 @@ def test_concurrent_requests_share_one_queue(server, images, monkeypatch):
     """Four users at once on three endpoints: all answered, and never two model calls at the same time."""
     monkeypatch.setitem(ACTIVE, "delay", 0.05)
     monkeypatch.setitem(ACTIVE, "max", 0)
-    calls = [("/classify", ("standard",)), ("/segment", ("standard", 0.5)), ("/compare", ("cls",)),
-             ("/classify", ("belief2",))]
-    jobs = [Client(server, verbose=False).submit(handle_file(images["rgb"]), *args, api_name=api)
-            for api, args in calls]
+    calls = [
+        ("/classify", ("standard",)),
+        ("/segment", ("standard", 0.5)),
+        ("/compare", ("cls",)),
+        ("/classify", ("belief2",)),
+    ]
+    jobs = [
+        Client(server, verbose=False).submit(handle_file(images["rgb"]), *args, api_name=api) for api, args in calls
+    ]
     for job in jobs:
         assert job.result(timeout=60)
     assert ACTIVE["max"] == 1

@@ -24,30 +24,35 @@ def _micro(seed: int):
 def test_adopting_an_export_verifies_it_like_a_fresh_one(tmp_path):
     model, config = _micro(0)
     export_verified(model, tmp_path / "a.onnx", config, batch_sizes=(1,), checkpoint_sha256="abc")
-    report = adopt_verified(model, tmp_path / "a.onnx", tmp_path / "b.onnx", config, batch_sizes=(1,),
-                            checkpoint_sha256="abc")
+    report = adopt_verified(
+        model, tmp_path / "a.onnx", tmp_path / "b.onnx", config, batch_sizes=(1,), checkpoint_sha256="abc"
+    )
     assert report["passed"] and report["adopted_from"] == str(tmp_path / "a.onnx")
     assert (tmp_path / "b.onnx").read_bytes() == (tmp_path / "a.onnx").read_bytes()
     assert report_path(tmp_path / "b.onnx").is_file()
     other, _ = _micro(1)  # the file does not compute this checkpoint's function: refused, nothing written
     with pytest.raises(VerificationError, match="max abs err"):
-        adopt_verified(other, tmp_path / "a.onnx", tmp_path / "c.onnx", config, batch_sizes=(1,),
-                       checkpoint_sha256="abc")
+        adopt_verified(
+            other, tmp_path / "a.onnx", tmp_path / "c.onnx", config, batch_sizes=(1,), checkpoint_sha256="abc"
+        )
     assert not (tmp_path / "c.onnx").exists() and failed_report_path(tmp_path / "c.onnx").is_file()
     with pytest.raises(VerificationError, match="checkpoint_sha256 metadata 'abc'"):
-        adopt_verified(model, tmp_path / "a.onnx", tmp_path / "d.onnx", config, batch_sizes=(1,),
-                       checkpoint_sha256="def")
+        adopt_verified(
+            model, tmp_path / "a.onnx", tmp_path / "d.onnx", config, batch_sizes=(1,), checkpoint_sha256="def"
+        )
     assert not (tmp_path / "d.onnx").exists()
 
 
 def test_the_zoo_ships_onnx_of_its_best_models_only():
     best = zoo.best_entries("fashion")
     for task, e in best.items():
-        assert e["test_metric"] == max(r["test_metric"] for r in zoo.entries()
-                                       if r["data"] == "fashion" and r["task"] == task)
+        assert e["test_metric"] == max(
+            r["test_metric"] for r in zoo.entries() if r["data"] == "fashion" and r["task"] == task
+        )
     shipped = [e for e in zoo.entries() if e.get("onnx")]
-    assert {(e["variant"], e["task"], e["data"]) for e in shipped} == \
-        {(e["variant"], e["task"], e["data"]) for e in best.values()}
+    assert {(e["variant"], e["task"], e["data"]) for e in shipped} == {
+        (e["variant"], e["task"], e["data"]) for e in best.values()
+    }
     for e in shipped:
         path = zoo.shipped_onnx(e)
         assert path is not None and path.name == zoo.onnx_name(e["variant"], e["task"], e["data"])
@@ -62,8 +67,9 @@ def test_the_zoo_on_onnx_starts_with_the_best_models_and_loads_the_others_on_fir
     assert all(m.score is not None and m.input_style == "gray-on-black" for m in models)
     folder = next(tmp_path.glob("onnx/*"))
     best = zoo.best_entries("fashion")
-    assert sorted(p.name for p in folder.glob("*.onnx")) == \
-        sorted(zoo_onnx_name(e["variant"], e["task"]) for e in best.values())  # adopted, not exported
+    assert sorted(p.name for p in folder.glob("*.onnx")) == sorted(
+        zoo_onnx_name(e["variant"], e["task"]) for e in best.values()
+    )  # adopted, not exported
     lazy = next(m for m in models if m.task == "cls" and m.variant != best["cls"]["variant"])
     out = lazy.run(np.zeros((2, 3, *lazy.input_size), np.float32))  # exported, verified, loaded now
     assert out.shape == (2, 10) and np.isfinite(out).all()
@@ -78,9 +84,19 @@ def test_the_demo_selects_the_best_model_first():
     from attnzoo.serve.demo.app import DemoModels, _choice_label
 
     def served(name: str, score):
-        return ServedModel(name=name, variant=name, task="cls", class_names=["a"], input_size=(8, 8),
-                           mean=(0.5,) * 3, std=(0.5,) * 3, fixed_size=True, run=lambda x: x, score=score,
-                           score_name="top1" if score is not None else "")
+        return ServedModel(
+            name=name,
+            variant=name,
+            task="cls",
+            class_names=["a"],
+            input_size=(8, 8),
+            mean=(0.5,) * 3,
+            std=(0.5,) * 3,
+            fixed_size=True,
+            run=lambda x: x,
+            score=score,
+            score_name="top1" if score is not None else "",
+        )
 
     table = DemoModels([served("standard", 85.1), served("belief2", 86.2), served("vertical", 84.0)])
     assert table.default("cls") == "belief2" and table.default("seg") is None

@@ -39,12 +39,11 @@ from attnzoo.preprocess import load_image, preprocess
 from attnzoo.runtime.sessions import ort_session
 from attnzoo.serve import examples, predict
 from attnzoo.serve.loading import load_models, load_remote
-from attnzoo.serve.rayserve.app import (DECODE_BYTES_PER_PIXEL, MemoryBudget, decode_budget, decode_mask,
-                                        mask_png)
+from attnzoo.serve.network import free_port
+from attnzoo.serve.rayserve.app import DECODE_BYTES_PER_PIXEL, MemoryBudget, decode_budget, decode_mask, mask_png
 from attnzoo.serve.rayserve.cli import main as serve_main
 from attnzoo.serve.rayserve.config import ServeConfig, merged, read_config_file
 from attnzoo.serve.rayserve.loadtest import Record, summarize
-from attnzoo.serve.network import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -84,14 +83,17 @@ def test_config_file_errors_name_the_key(tmp_path):
         read_config_file(f)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--replicas", "0"], "error: replicas must be at least 1, got 0"),
-    (["--port", "70000"], "error: port must be in 1..65535, got 70000"),
-    (["--no-batching", "--max-batch-size", "4"], "error: --no-batching and --max-batch-size > 1 contradict"),
-    (["--variants", "nope"], "error: unknown variant 'nope'"),
-    (["--arch", "huge"], "error: unknown arch 'huge'; valid: micro"),
-    (["--models", "x", "--arch", "tiny"], "error: models (a folder) and arch"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--replicas", "0"], "error: replicas must be at least 1, got 0"),
+        (["--port", "70000"], "error: port must be in 1..65535, got 70000"),
+        (["--no-batching", "--max-batch-size", "4"], "error: --no-batching and --max-batch-size > 1 contradict"),
+        (["--variants", "nope"], "error: unknown variant 'nope'"),
+        (["--arch", "huge"], "error: unknown arch 'huge'; valid: micro"),
+        (["--models", "x", "--arch", "tiny"], "error: models (a folder) and arch"),
+    ],
+)
 def test_cli_refuses_bad_flags_before_ray_starts(argv, message, monkeypatch):
     import ray
 
@@ -209,8 +211,14 @@ def server(served_dir):
     from attnzoo.serve.rayserve.reaping import stop
     from attnzoo.serve.rayserve.selection import select_models
 
-    cfg = ServeConfig(models=served_dir, port=free_port(), max_batch_size=4, batch_wait_ms=20.0,
-                      max_ongoing_requests=16, decode_memory_mb=DECODE_MB)
+    cfg = ServeConfig(
+        models=served_dir,
+        port=free_port(),
+        max_batch_size=4,
+        batch_wait_ms=20.0,
+        max_ongoing_requests=16,
+        decode_memory_mb=DECODE_MB,
+    )
     started = start_ray(cfg)
     try:
         said = io.StringIO()
@@ -242,8 +250,7 @@ def _ort_top(models_dir, data: bytes, k: int = 5):
 
     path = models_dir / "standard_cls.onnx"
     c = ModelContract.from_onnx(path)
-    x = preprocess(to_input_style(load_image(data), c.input_style, "cls"), size=c.input_size, mean=c.mean,
-                   std=c.std)
+    x = preprocess(to_input_style(load_image(data), c.input_style, "cls"), size=c.input_size, mean=c.mean, std=c.std)
     logits = ort_session(path, "cpu", threads=1).run(None, {"image": x})[0][0].astype(np.float64)
     p = np.exp(logits - logits.max())
     p /= p.sum()
@@ -274,7 +281,7 @@ def test_concurrent_requests_form_batches_and_each_gets_its_own_answer(server, m
     jobs = [images[i % len(images)] for i in range(16)]
     with ThreadPoolExecutor(16) as pool:
         answers = list(pool.map(lambda d: _post(server, "/classify", d, k=3), jobs))
-    for data, r in zip(jobs, answers):
+    for data, r in zip(jobs, answers, strict=False):
         assert r.status_code == 200, r.text
         ref = _ort_top(models_dir, data, 3)
         assert [t["class"] for t in r.json()["top"]] == [c for c, _ in ref]
@@ -305,8 +312,9 @@ def test_demo_backend_url_runs_on_the_deployment(server, local):
     assert list(got) == list(want)
     np.testing.assert_allclose(list(got.values()), list(want.values()), atol=1e-6)
     seg = Image.open(examples.example_paths("seg")[1])
-    assert np.array_equal(predict.segment(remote[("seg", "standard")], seg)[0],
-                          predict.segment(local[("seg", "standard")], seg)[0])
+    assert np.array_equal(
+        predict.segment(remote[("seg", "standard")], seg)[0], predict.segment(local[("seg", "standard")], seg)[0]
+    )
 
 
 def test_health_models_and_metrics_routes(server, served_dir):
@@ -315,8 +323,15 @@ def test_health_models_and_metrics_routes(server, served_dir):
     said = json.dumps(stats)
     assert str(served_dir) not in said and tempfile.gettempdir() not in said, said
     assert "pid" not in stats and set(stats["settings"]) == {
-        "backend", "threads", "dtype", "max_batch_size", "batch_wait_s", "replicas", "decode_memory_mb",
-        "max_ongoing_requests"}, stats
+        "backend",
+        "threads",
+        "dtype",
+        "max_batch_size",
+        "batch_wait_s",
+        "replicas",
+        "decode_memory_mb",
+        "max_ongoing_requests",
+    }, stats
     rows = httpx.get(f"{server}/models", timeout=30).json()["models"]
     assert {(r["task"], r["name"]) for r in rows} == {(t, v) for v, t in SERVED}
     cls = next(r for r in rows if r["task"] == "cls")
@@ -376,13 +391,22 @@ def _npy(a) -> bytes:
 
 def test_tensor_route_states_its_real_limits_and_blames_the_input_for_overflow(server):
     url = f"{server}/models/cls/standard/logits"
-    _bad(httpx.post(url, content=_npy(np.zeros((65, 3, 28, 28), np.float32)), timeout=30), 413,
-         "the batch holds 65 images; at most 64 per request (float32 (N, 3, 28, 28) with N in 1..64)")
-    _bad(httpx.post(url, content=os.urandom(64 * 3 * 4 * 28 * 28 + 8192), timeout=30), 413,
-         "over the 592 KiB that 64 images of float32 (3, 28, 28) take")
+    _bad(
+        httpx.post(url, content=_npy(np.zeros((65, 3, 28, 28), np.float32)), timeout=30),
+        413,
+        "the batch holds 65 images; at most 64 per request (float32 (N, 3, 28, 28) with N in 1..64)",
+    )
+    _bad(
+        httpx.post(url, content=os.urandom(64 * 3 * 4 * 28 * 28 + 8192), timeout=30),
+        413,
+        "over the 592 KiB that 64 images of float32 (3, 28, 28) take",
+    )
     # finite, but far past any normalised pixel: the outputs overflow, and that is the input's fault (not a 500)
-    _bad(httpx.post(url, content=_npy(np.full((2, 3, 28, 28), 3e38, np.float32)), timeout=30), 400,
-         "the input (values 3e+38 to 3e+38) makes model 'standard' produce non-finite outputs (NaN or inf)")
+    _bad(
+        httpx.post(url, content=_npy(np.full((2, 3, 28, 28), 3e38, np.float32)), timeout=30),
+        400,
+        "the input (values 3e+38 to 3e+38) makes model 'standard' produce non-finite outputs (NaN or inf)",
+    )
 
 
 def test_a_model_the_replica_cannot_load_is_skipped_with_its_reason_in_the_output(server):
@@ -391,7 +415,8 @@ def test_a_model_the_replica_cannot_load_is_skipped_with_its_reason_in_the_outpu
     "Failed to update the deployments" with the reason only in its controller log, before)."""
     said = _DEPLOYED["stderr"].splitlines()
     assert [line for line in said if line.startswith(f"warning: skipping {BAD}: ")] == [
-        f"warning: skipping {BAD}: {BAD}: 2 class names but the model outputs 10 logits per image"], said
+        f"warning: skipping {BAD}: {BAD}: 2 class names but the model outputs 10 logits per image"
+    ], said
     files = {r["file"] for r in httpx.get(f"{server}/models", timeout=30).json()["models"]}
     assert files == {"standard_cls.onnx", "standard_seg.onnx"}
 
@@ -399,8 +424,11 @@ def test_a_model_the_replica_cannot_load_is_skipped_with_its_reason_in_the_outpu
 def test_an_image_over_the_decode_budget_is_refused_from_its_header(server):
     buf = io.BytesIO()
     Image.new("1", (2000, 1500)).save(buf, format="PNG")  # 3 MP in a few kB: the budget holds 2.5 MP
-    _bad(_post(server, "/classify", buf.getvalue()), 413, "a 2000x1500 image takes about 114 MiB of memory to "
-                                                          "decode, over this replica's decode budget of 95 MiB")
+    _bad(
+        _post(server, "/classify", buf.getvalue()),
+        413,
+        "a 2000x1500 image takes about 114 MiB of memory to decode, over this replica's decode budget of 95 MiB",
+    )
     stats = httpx.get(f"{server}/stats", timeout=30).json()["decode_budget"]
     assert stats["bytes"] == int(DECODE_MB * 2**20) and stats["in_use"] == 0
 
@@ -440,8 +468,11 @@ def test_everything_the_local_ray_started_listens_on_loopback_only(server):
     from attnzoo.serve.rayserve.reaping import _marked_processes
 
     pids = {p.pid for p in _marked_processes()}
-    sockets = [(c.laddr.ip, c.laddr.port) for c in psutil.net_connections("tcp")
-               if c.status == psutil.CONN_LISTEN and c.pid in pids]
+    sockets = [
+        (c.laddr.ip, c.laddr.port)
+        for c in psutil.net_connections("tcp")
+        if c.status == psutil.CONN_LISTEN and c.pid in pids
+    ]
     assert int(server.rsplit(":", 1)[1]) in {port for _, port in sockets}, sockets
     addresses = [ipaddress.ip_address(ip.split("%")[0]) for ip, _ in sockets]
     wide = [a for a in addresses if not (getattr(a, "ipv4_mapped", None) or a).is_loopback]
@@ -457,8 +488,7 @@ def _slow_request(server: str, head: bytes) -> socket.socket:
 
 
 #: A request whose body never comes: headers and 4 of the 5000 bytes they announce.
-_SLOW_BODY = (b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\nContent-Length: 5000\r\n\r\n"
-              b"\x89PNG")
+_SLOW_BODY = b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\nContent-Length: 5000\r\n\r\n\x89PNG"
 
 
 def test_slow_clients_hold_no_replica_slot(server):
@@ -497,14 +527,22 @@ def test_an_aborted_upload_is_not_counted_as_a_server_fault(server):
 def test_haproxy_wrapper_moves_only_the_http_frontend_to_a_wider_host(tmp_path):
     """Ray's HAProxy config as its template renders it for host 127.0.0.1: the wrapper puts the stats and
     metrics pages on loopback and, with a host, the HTTP frontend there; the replicas' server lines stay."""
-    from attnzoo.serve.rayserve.environment import haproxy_wrapper
+    from attnzoo.serve.rayserve.environment import REQUEST_TIMEOUT_S, haproxy_wrapper
 
-    from attnzoo.serve.rayserve.environment import REQUEST_TIMEOUT_S
-
-    rendered = ["global", "    stats socket /x/cli.sock mode 666 level admin expose-fd listeners", "defaults",
-                "    mode http", "frontend prometheus", "    bind :9101", "frontend http_frontend",
-                "    bind 127.0.0.1:8000", "backend attnzoo", "    server r1 127.0.0.1:30000 check", "listen stats",
-                "  bind *:8404"]
+    rendered = [
+        "global",
+        "    stats socket /x/cli.sock mode 666 level admin expose-fd listeners",
+        "defaults",
+        "    mode http",
+        "frontend prometheus",
+        "    bind :9101",
+        "frontend http_frontend",
+        "    bind 127.0.0.1:8000",
+        "backend attnzoo",
+        "    server r1 127.0.0.1:30000 check",
+        "listen stats",
+        "  bind *:8404",
+    ]
 
     def run(*where, again: bool = False) -> list:
         cfg, wrapper = tmp_path / "haproxy.cfg", tmp_path / "haproxy"
@@ -515,10 +553,18 @@ def test_haproxy_wrapper_moves_only_the_http_frontend_to_a_wider_host(tmp_path):
         subprocess.run([str(wrapper), "-db", "-f", str(cfg)], check=True, timeout=30)
         return cfg.read_text().splitlines()
 
-    loopback = ["global", "    stats socket /x/cli.sock mode 600 level admin expose-fd listeners", "defaults",
-                f"    timeout http-request {REQUEST_TIMEOUT_S}s # attnzoo", "    option http-buffer-request # attnzoo",
-                "    mode http", "frontend prometheus", "    bind 127.0.0.1:9101", *rendered[6:11],
-                "  bind 127.0.0.1:8404"]
+    loopback = [
+        "global",
+        "    stats socket /x/cli.sock mode 600 level admin expose-fd listeners",
+        "defaults",
+        f"    timeout http-request {REQUEST_TIMEOUT_S}s # attnzoo",
+        "    option http-buffer-request # attnzoo",
+        "    mode http",
+        "frontend prometheus",
+        "    bind 127.0.0.1:9101",
+        *rendered[6:11],
+        "  bind 127.0.0.1:8404",
+    ]
     assert run() == loopback
     assert run(again=True) == loopback  # nothing added twice
     assert run("0.0.0.0", 8000) == [*loopback[:9], "    bind 0.0.0.0:8000", *loopback[10:]]
@@ -627,8 +673,22 @@ def test_serve_models_command_prints_the_url_and_stops_on_sigterm(models_dir, tm
     from attnzoo.serve.rayserve.environment import free_port
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "attnzoo.serve.rayserve.cli", "--models", str(models_dir), "--task",
-                             "cls", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "attnzoo.serve.rayserve.cli",
+            "--models",
+            str(models_dir),
+            "--task",
+            "cls",
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         assert f"on http://127.0.0.1:{port}" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
@@ -636,8 +696,11 @@ def test_serve_models_command_prints_the_url_and_stops_on_sigterm(models_dir, tm
             startup = proc.stdout.readline()
             if startup.startswith("  started in"):
                 break
-        m = re.fullmatch(r"  started in (\d+\.\d) s: model selection and checks (\d+\.\d) s, Ray start (\d+\.\d) s, "
-                         r"deploy \(replicas load and warm up\) (\d+\.\d) s\n", startup)
+        m = re.fullmatch(
+            r"  started in (\d+\.\d) s: model selection and checks (\d+\.\d) s, Ray start (\d+\.\d) s, "
+            r"deploy \(replicas load and warm up\) (\d+\.\d) s\n",
+            startup,
+        )
         assert m and sum(map(float, m.groups()[1:])) <= float(m.group(1)) + 0.15, startup
         r = _post(f"http://127.0.0.1:{port}", "/classify", _images()[0])
         assert r.status_code == 200 and r.json()["top"][0]["class"]
@@ -662,9 +725,9 @@ def test_a_killed_replica_is_replaced_and_loses_no_request(models_dir):
     in flight at the kill are replayed on the other replica), and the deployment has two replicas again."""
     from attnzoo.serve.rayserve.environment import free_port, start_ray
     from attnzoo.serve.rayserve.launch import deploy
+    from attnzoo.serve.rayserve.loadtest import kill_test
     from attnzoo.serve.rayserve.reaping import stop
     from attnzoo.serve.rayserve.selection import select_models
-    from attnzoo.serve.rayserve.loadtest import kill_test
 
     cfg = ServeConfig(models=models_dir, task="cls", port=free_port(), replicas=2, max_batch_size=4)
     started = start_ray(cfg)
@@ -679,7 +742,12 @@ def test_a_killed_replica_is_replaced_and_loses_no_request(models_dir):
 def test_local_ray_defaults_to_haproxy_and_throughput_mode_unless_told_otherwise(monkeypatch):
     from attnzoo.serve.rayserve import environment
 
-    keys = (*environment.LOCAL_RAY_ENV, *environment._HAPROXY_PORTS, *environment._HAPROXY_FILES, "RAY_SERVE_HAPROXY_BINARY_PATH")
+    keys = (
+        *environment.LOCAL_RAY_ENV,
+        *environment._HAPROXY_PORTS,
+        *environment._HAPROXY_FILES,
+        "RAY_SERVE_HAPROXY_BINARY_PATH",
+    )
     monkeypatch.setattr(environment, "_OWN_ENV", {})
     monkeypatch.setitem(environment._LOCAL, "serve_host", None)
     monkeypatch.setitem(environment._LOCAL, "temp_dirs", [])
@@ -693,13 +761,16 @@ def test_local_ray_defaults_to_haproxy_and_throughput_mode_unless_told_otherwise
     assert int(os.environ["RAY_SERVE_HAPROXY_TUNE_BUFSIZE"]) > 224 * 224 * 3
     stats, metrics = int(os.environ["RAY_SERVE_HAPROXY_STATS_PORT"]), int(os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"])
     assert 1024 < stats != metrics > 1024 and {stats, metrics}.isdisjoint({8404, 9101})
-    assert environment.ray_serve_mode() == "HAProxy ingress (retry-on conn-failure empty-response), throughput-optimized"
+    assert (
+        environment.ray_serve_mode() == "HAProxy ingress (retry-on conn-failure empty-response), throughput-optimized"
+    )
     assert int(os.environ["RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S"]) == environment.CLIENT_IDLE_S < 3600  # Ray's: an hour
     # HAProxy's files (config, admin socket, logs) in a folder of this server's own that only its owner enters
     folder = Path(os.environ["RAY_SERVE_HAPROXY_SOCKET_PATH"]).parent
     assert environment._LOCAL["temp_dirs"] == [folder] and folder.stat().st_mode & 0o777 == 0o700
-    assert {Path(os.environ[k]).parent for k in environment._HAPROXY_FILES if k.endswith(("_LOC", "_PATH", "_FILE"))} == {
-        folder} and Path(os.environ["RAY_SERVE_HAPROXY_BINARY_PATH"]).parent == folder
+    assert {
+        Path(os.environ[k]).parent for k in environment._HAPROXY_FILES if k.endswith(("_LOC", "_PATH", "_FILE"))
+    } == {folder} and Path(os.environ["RAY_SERVE_HAPROXY_BINARY_PATH"]).parent == folder
     assert len(str(folder / ("0" * 56) / "cli.sock")) <= environment._MAX_SOCKET_PATH
     shutil.rmtree(folder)  # a stop removes it
     for key in keys:
@@ -737,9 +808,17 @@ def test_a_local_ray_names_its_driver_as_the_raylet_so_a_stop_without_a_parent_i
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", init)
     monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", ray_constants.ENABLE_RAY_CLUSTER)
-    for key in (*environment.LOCAL_RAY_ENV, *environment._HAPROXY_PORTS, *environment._HAPROXY_FILES,
-                "RAY_SERVE_HAPROXY_BINARY_PATH", *environment._LOOPBACK_ENV, environment._RAYLET_PID_ENV,
-                environment._OWNER_ENV, "RAY_TMPDIR", "RAY_USAGE_STATS_ENABLED"):
+    for key in (
+        *environment.LOCAL_RAY_ENV,
+        *environment._HAPROXY_PORTS,
+        *environment._HAPROXY_FILES,
+        "RAY_SERVE_HAPROXY_BINARY_PATH",
+        *environment._LOOPBACK_ENV,
+        environment._RAYLET_PID_ENV,
+        environment._OWNER_ENV,
+        "RAY_TMPDIR",
+        "RAY_USAGE_STATS_ENABLED",
+    ):
         monkeypatch.delenv(key, raising=False)
     try:
         with pytest.raises(RuntimeError, match="stopped before Ray starts"):
@@ -763,9 +842,32 @@ def test_load_test_kill_only_repeats(tmp_path):
     from attnzoo.serve.rayserve import loadtest
 
     out = tmp_path / "out"
-    assert loadtest.main(["--kill-only", "--kill-repeats", "2", "--clients", "8", "--kill-duration", "15",
-                          "--warmup", "3", "--offline-threads", "1", "--offline-batch-sizes", "1",
-                          "--offline-min-time", "1", "--cache-dir", str(tmp_path / "cache"), "--out", str(out)]) == 0
+    assert (
+        loadtest.main(
+            [
+                "--kill-only",
+                "--kill-repeats",
+                "2",
+                "--clients",
+                "8",
+                "--kill-duration",
+                "15",
+                "--warmup",
+                "3",
+                "--offline-threads",
+                "1",
+                "--offline-batch-sizes",
+                "1",
+                "--offline-min-time",
+                "1",
+                "--cache-dir",
+                str(tmp_path / "cache"),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     result = json.loads((out / "results.json").read_text())
     assert result["runs"] == [] and "soak" not in result and len(result["kill_repeats"]) == 2
     for k in result["kill_repeats"]:

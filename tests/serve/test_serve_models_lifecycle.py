@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List, Set, Tuple
 
 import httpx
 import psutil
@@ -40,31 +39,33 @@ def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
     cmd = [sys.executable, "-c", LAUNCH, "--port", str(port), "--cache-dir", str(tmp_path / "cache"), *args]
     log = tmp_path / "serve-models.log"  # a file, not a pipe: a full pipe nobody reads would block the stop
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)  # its own process group, as a shell job has
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )  # its own process group, as a shell job has
     proc.port, proc.log = port, log  # type: ignore[attr-defined]
     return proc
 
 
-def _wait_for(proc: subprocess.Popen, text: str) -> List[str]:
+def _wait_for(proc: subprocess.Popen, text: str) -> list[str]:
     """Output lines up to the first one containing ``text``."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline and proc.poll() is None:
         lines = proc.log.read_text(errors="replace").splitlines()  # type: ignore[attr-defined]
         for i, line in enumerate(lines):
             if text in line:
-                return lines[:i + 1]
+                return lines[: i + 1]
         time.sleep(0.2)
     proc.kill()
-    raise AssertionError(f"no {text!r} line; output: " + " | ".join(
-        proc.log.read_text(errors="replace").splitlines()[-8:]))  # type: ignore[attr-defined]
+    raise AssertionError(
+        f"no {text!r} line; output: " + " | ".join(proc.log.read_text(errors="replace").splitlines()[-8:])
+    )  # type: ignore[attr-defined]
 
 
-def _output(proc: subprocess.Popen) -> List[str]:
+def _output(proc: subprocess.Popen) -> list[str]:
     return proc.log.read_text(errors="replace").splitlines()  # type: ignore[attr-defined]
 
 
-def _running(procs) -> List[str]:
+def _running(procs) -> list[str]:
     """``pid name`` of those of ``procs`` still running (a zombie has ended: only its parent has not reaped it)."""
     names = []
     for p in procs:
@@ -74,12 +75,12 @@ def _running(procs) -> List[str]:
     return names
 
 
-def _tree(pid: int) -> Set[psutil.Process]:
+def _tree(pid: int) -> set[psutil.Process]:
     me = psutil.Process(pid)
     return {me, *me.children(recursive=True)}
 
 
-def _listening(procs: Set[psutil.Process]) -> List[tuple]:
+def _listening(procs: set[psutil.Process]) -> list[tuple]:
     """(address, port, process name) of every listening TCP socket of ``procs``."""
     pids = {p.pid: p for p in procs}
     found = []
@@ -103,7 +104,7 @@ def _is_loopback(ip: str) -> bool:
     return (mapped or addr).is_loopback
 
 
-def _stop_and_check(proc: subprocess.Popen, sig: int, group: bool, tree: Set[psutil.Process]) -> float:
+def _stop_and_check(proc: subprocess.Popen, sig: int, group: bool, tree: set[psutil.Process]) -> float:
     """Send ``sig`` (to the process group when ``group``), assert the whole tree is gone within the limit, the port
     is free and the local Ray's files (its session folder: logs, sockets, HAProxy's config) are gone; return the
     seconds it took."""
@@ -134,15 +135,19 @@ def _stop_and_check(proc: subprocess.Popen, sig: int, group: bool, tree: Set[psu
     return took
 
 
-def _folders(tree: Set[psutil.Process]) -> Set[Path]:
+def _folders(tree: set[psutil.Process]) -> set[Path]:
     """The folders of the local Ray that ``tree`` runs, which the stop removes: its session folder and the one
     above it (named on Ray's command lines) and HAProxy's (its config is in ``<folder>/<node id>/``), when running."""
     found = set()
     for p in tree:
         with contextlib.suppress(psutil.Error):
             cmdline = p.cmdline()
-            found |= {d for a in cmdline if a.startswith("--session-dir=")
-                      for d in (Path(a.split("=", 1)[1]), Path(a.split("=", 1)[1]).parent)}
+            found |= {
+                d
+                for a in cmdline
+                if a.startswith("--session-dir=")
+                for d in (Path(a.split("=", 1)[1]), Path(a.split("=", 1)[1]).parent)
+            }
             if p.name().startswith("haproxy") and "-f" in cmdline:
                 found.add(Path(cmdline[cmdline.index("-f") + 1]).parent.parent)
     return found
@@ -163,8 +168,9 @@ def test_cold_zoo_answers_first_listens_on_loopback_and_sigterm_ends_everything(
         listing = httpx.get(f"{url}/models", timeout=30).json()
         pending = [p["name"] for p in listing["pending"] if p["task"] == "cls"]
         assert pending, listing  # the export of the others has only just begun
-        r = httpx.post(f"{url}/classify", params={"model": pending[-1]}, files={"file": EXAMPLE.read_bytes()},
-                       timeout=60)
+        r = httpx.post(
+            f"{url}/classify", params={"model": pending[-1]}, files={"file": EXAMPLE.read_bytes()}, timeout=60
+        )
         assert r.status_code in (200, 503), r.text
         if r.status_code == 503:
             assert "still being exported" in r.json()["error"]
@@ -173,14 +179,16 @@ def test_cold_zoo_answers_first_listens_on_loopback_and_sigterm_ends_everything(
         route = "classify" if first["task"] == "cls" else "segment"
         deadline = time.monotonic() + 180
         while True:
-            r = httpx.post(f"{url}/{route}", params={"model": first["name"]}, files={"file": EXAMPLE.read_bytes()},
-                           timeout=60)
+            r = httpx.post(
+                f"{url}/{route}", params={"model": first["name"]}, files={"file": EXAMPLE.read_bytes()}, timeout=60
+            )
             if r.status_code != 503 or time.monotonic() > deadline:
                 break
             time.sleep(2)
         assert r.status_code == 200 and r.json()["model"] == first["name"], r.text
-        assert first["name"] not in [p["name"] for p in httpx.get(f"{url}/models", timeout=30).json()["pending"]
-                                     if p["task"] == first["task"]]
+        assert first["name"] not in [
+            p["name"] for p in httpx.get(f"{url}/models", timeout=30).json()["pending"] if p["task"] == first["task"]
+        ]
         tree = _tree(proc.pid)
         sockets = _listening(tree)
         names = {name for _, _, name in sockets}
@@ -211,13 +219,16 @@ def shipped_dir(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig, group, when", [
-    (signal.SIGTERM, True, "launched"),   # the process group, as a supervisor sends it, just after the start
-    (signal.SIGINT, False, "starting"),   # Ctrl-C while Ray starts
-    (signal.SIGTERM, False, "starting"),
-    (signal.SIGINT, True, "serving"),     # Ctrl-C in the terminal reaches every process of the job
-    (signal.SIGTERM, True, "serving"),
-])
+@pytest.mark.parametrize(
+    "sig, group, when",
+    [
+        (signal.SIGTERM, True, "launched"),  # the process group, as a supervisor sends it, just after the start
+        (signal.SIGINT, False, "starting"),  # Ctrl-C while Ray starts
+        (signal.SIGTERM, False, "starting"),
+        (signal.SIGINT, True, "serving"),  # Ctrl-C in the terminal reaches every process of the job
+        (signal.SIGTERM, True, "serving"),
+    ],
+)
 def test_a_signal_ends_the_whole_tree_within_10_s(shipped_dir, tmp_path, sig, group, when):
     """Not covered: a signal to the whole group in the ~1 s between Ray's GCS start and its port file. The GCS
     dies with the group and ``ray.init`` then waits up to Ray's 30 s for the port in C code, where no Python
@@ -255,8 +266,11 @@ def test_group_sigterm_right_after_the_first_answer_leaves_nothing_each_time(shi
         proc = _start(folder, "--models", str(shipped_dir))
         try:
             _wait_for(proc, "serving ")
-            r = httpx.post(f"http://127.0.0.1:{proc.port}/classify", files={"file": EXAMPLE.read_bytes()},  # type: ignore[attr-defined]
-                           timeout=60)
+            r = httpx.post(
+                f"http://127.0.0.1:{proc.port}/classify",
+                files={"file": EXAMPLE.read_bytes()},  # type: ignore[attr-defined]
+                timeout=60,
+            )
             assert r.status_code == 200, r.text
             _stop_and_check(proc, signal.SIGTERM, True, _tree(proc.pid))
             assert proc.returncode == 143, (run, _output(proc)[-5:])
@@ -281,10 +295,28 @@ def test_a_group_sigterm_without_a_live_parent_stops_cleanly_with_one_line(shipp
     from attnzoo.serve.rayserve.environment import free_port, port_problem
 
     port, log = free_port(), tmp_path / "serve-models.log"
-    cmd = shlex.join([sys.executable, "-c", LAUNCH, "--port", str(port), "--cache-dir", str(tmp_path / "cache"),
-                      "--models", str(shipped_dir), "--task", "cls"])
-    shell = subprocess.run(["sh", "-c", f"setsid {cmd} > {shlex.quote(str(log))} 2>&1 < /dev/null & echo $!"],
-                           capture_output=True, text=True, timeout=30, check=True)
+    cmd = shlex.join(
+        [
+            sys.executable,
+            "-c",
+            LAUNCH,
+            "--port",
+            str(port),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--models",
+            str(shipped_dir),
+            "--task",
+            "cls",
+        ]
+    )
+    shell = subprocess.run(
+        ["sh", "-c", f"setsid {cmd} > {shlex.quote(str(log))} 2>&1 < /dev/null & echo $!"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     pid = int(shell.stdout.strip())
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -302,8 +334,9 @@ def test_a_group_sigterm_without_a_live_parent_stops_cleanly_with_one_line(shipp
         took = time.monotonic() - start
         left = _running(alive) + _running(_owned_by(pid))
         assert not left and took <= STOP_LIMIT_S, (left, took)
-        assert log.read_text(errors="replace").splitlines()[-1] == SIGNAL_EXITS[signal.SIGTERM][1], \
-            log.read_text(errors="replace").splitlines()[-8:]
+        assert log.read_text(errors="replace").splitlines()[-1] == SIGNAL_EXITS[signal.SIGTERM][1], log.read_text(
+            errors="replace"
+        ).splitlines()[-8:]
         assert not [str(f) for f in folders if f.exists()] and port_problem("127.0.0.1", port) is None
     finally:
         for p in [*_owned_by(pid), *([psutil.Process(pid)] if psutil.pid_exists(pid) else [])]:
@@ -323,9 +356,11 @@ def test_requests_that_do_not_arrive_in_time_get_408_and_free_their_slot(shipped
     from attnzoo.serve.rayserve.environment import REQUEST_TIMEOUT_S
 
     post = b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\nContent-Length: "
-    cases = {"headers": (b"POST /classify HTTP/1.1\r\nHost: x\r\n", REQUEST_TIMEOUT_S),
-             "body": (post + b"5000\r\n\r\n\x89PNG", REQUEST_TIMEOUT_S),
-             "large body": (post + b"1048576\r\n\r\n\x89PNG" + bytes(300 * 1024), BODY_TIMEOUT_S)}
+    cases = {
+        "headers": (b"POST /classify HTTP/1.1\r\nHost: x\r\n", REQUEST_TIMEOUT_S),
+        "body": (post + b"5000\r\n\r\n\x89PNG", REQUEST_TIMEOUT_S),
+        "large body": (post + b"1048576\r\n\r\n\x89PNG" + bytes(300 * 1024), BODY_TIMEOUT_S),
+    }
     proc = _start(tmp_path, "--models", str(shipped_dir), "--task", "cls")
     try:
         _wait_for(proc, "serving ")
@@ -339,7 +374,7 @@ def test_requests_that_do_not_arrive_in_time_get_408_and_free_their_slot(shipped
                 return conn.recv(4096), time.perf_counter() - start
 
         with ThreadPoolExecutor(len(cases)) as pool:
-            got = dict(zip(cases, pool.map(wait, [head for head, _ in cases.values()])))
+            got = dict(zip(cases, pool.map(wait, [head for head, _ in cases.values()]), strict=False))
         for name, (answer, took) in got.items():
             limit = cases[name][1]
             assert answer.startswith(b"HTTP/1.1 408"), (name, answer[:200])
@@ -361,8 +396,11 @@ def test_a_host_beyond_loopback_opens_only_the_http_port_there(shipped_dir, tmp_
     try:
         lines = _wait_for(proc, "serving ")
         assert any(line.startswith("warning: --host 0.0.0.0: port ") for line in lines), lines
-        r = httpx.post(f"http://127.0.0.1:{proc.port}/classify", files={"file": EXAMPLE.read_bytes()},  # type: ignore[attr-defined]
-                       timeout=60)
+        r = httpx.post(
+            f"http://127.0.0.1:{proc.port}/classify",
+            files={"file": EXAMPLE.read_bytes()},  # type: ignore[attr-defined]
+            timeout=60,
+        )
         assert r.status_code == 200, r.text
         procs = _tree(proc.pid) | set(_owned_by(proc.pid))
         sockets = _listening(procs)
@@ -394,7 +432,7 @@ def test_concurrent_near_cap_images_stay_within_the_replicas_decode_budget(shipp
     budget = int(2.2 * side * side * DECODE_BYTES_PER_PIXEL)
     buf = io.BytesIO()
     pixels = np.zeros((side, side), np.uint16)
-    pixels[side // 4:3 * side // 4, side // 3:2 * side // 3] = 50000  # a garment-like block: a small file
+    pixels[side // 4 : 3 * side // 4, side // 3 : 2 * side // 3] = 50000  # a garment-like block: a small file
     Image.fromarray(pixels).save(buf, format="PNG")
     proc = _start(tmp_path, "--models", str(shipped_dir), "--task", "seg", "--decode-memory-mb", str(budget / 2**20))
     try:
@@ -412,8 +450,9 @@ def test_concurrent_near_cap_images_stay_within_the_replicas_decode_budget(shipp
         watcher = threading.Thread(target=sample, daemon=True)
         watcher.start()
         with ThreadPoolExecutor(6) as pool:
-            answers = list(pool.map(lambda _: httpx.post(f"{url}/segment", files={"file": buf.getvalue()},
-                                                         timeout=300), range(6)))
+            answers = list(
+                pool.map(lambda _: httpx.post(f"{url}/segment", files={"file": buf.getvalue()}, timeout=300), range(6))
+            )
         done.set()
         watcher.join()
         codes = sorted(r.status_code for r in answers)
@@ -431,7 +470,7 @@ def test_concurrent_near_cap_images_stay_within_the_replicas_decode_budget(shipp
             proc.kill()
 
 
-def _sigterm_when_ready(code: str) -> Tuple[subprocess.Popen, float]:
+def _sigterm_when_ready(code: str) -> tuple[subprocess.Popen, float]:
     """Run ``code`` in a fresh interpreter, wait for it to print ``ready``, send it SIGTERM; the process and
     when the signal was sent (``time.monotonic()``)."""
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -444,13 +483,15 @@ def _sigterm_when_ready(code: str) -> Tuple[subprocess.Popen, float]:
 def test_the_stop_watchdog_ends_a_process_whose_main_thread_ignores_the_signal(tmp_path):
     """A main thread blocked where no handler acts (here: a handler that only returns, as Ray's deferred ones
     do) is ended by the watchdog after WATCHDOG_S, with 128 + the signal."""
-    code = ("import signal, sys, time\n"
-            "from attnzoo.serve.rayserve import watchdog\n"
-            "watchdog.WATCHDOG_S = 0.5\n"
-            "signal.signal(signal.SIGTERM, lambda s, f: None)\n"
-            "with watchdog.stop_watchdog():\n"
-            "    print('ready', flush=True)\n"
-            "    time.sleep(60)\n")
+    code = (
+        "import signal, sys, time\n"
+        "from attnzoo.serve.rayserve import watchdog\n"
+        "watchdog.WATCHDOG_S = 0.5\n"
+        "signal.signal(signal.SIGTERM, lambda s, f: None)\n"
+        "with watchdog.stop_watchdog():\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(60)\n"
+    )
     proc, start = _sigterm_when_ready(code)
     assert proc.wait(20) == 128 + signal.SIGTERM
     assert time.monotonic() - start < 10 and "still stopping" in proc.stderr.read()
@@ -459,24 +500,26 @@ def test_the_stop_watchdog_ends_a_process_whose_main_thread_ignores_the_signal(t
 def test_the_stop_watchdog_is_disarmed_when_its_body_ends():
     """After the ``with`` body, a signal is the process's own business again: no exit 6 s later (a test process
     or an embedding program that goes on after serve-models' main)."""
-    code = ("import signal, sys, time\n"
-            "from attnzoo.serve.rayserve import watchdog\n"
-            "watchdog.WATCHDOG_S = 0.3\n"
-            "with watchdog.stop_watchdog():\n"
-            "    pass\n"
-            "got = []\n"
-            "signal.signal(signal.SIGTERM, lambda s, f: got.append(s))\n"
-            "print('ready', flush=True)\n"
-            "deadline = time.monotonic() + 1.5\n"
-            "while time.monotonic() < deadline:\n"
-            "    time.sleep(0.05)\n"
-            "print('alive', got, flush=True)\n")
+    code = (
+        "import signal, sys, time\n"
+        "from attnzoo.serve.rayserve import watchdog\n"
+        "watchdog.WATCHDOG_S = 0.3\n"
+        "with watchdog.stop_watchdog():\n"
+        "    pass\n"
+        "got = []\n"
+        "signal.signal(signal.SIGTERM, lambda s, f: got.append(s))\n"
+        "print('ready', flush=True)\n"
+        "deadline = time.monotonic() + 1.5\n"
+        "while time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n"
+        "print('alive', got, flush=True)\n"
+    )
     proc, _ = _sigterm_when_ready(code)
     assert proc.wait(20) == 0
     assert proc.stdout.read().strip() == f"alive [{int(signal.SIGTERM)}]" and "still stopping" not in proc.stderr.read()
 
 
-def _owned_by(pid: int) -> List[psutil.Process]:
+def _owned_by(pid: int) -> list[psutil.Process]:
     """Every process that carries the environment mark of the local Ray that process ``pid`` started."""
     from attnzoo.serve.rayserve.environment import _OWNER_ENV
 
@@ -539,7 +582,7 @@ main()
 """
 
 
-def _left_running(pids: List[int], tmp_path: Path) -> List[str]:
+def _left_running(pids: list[int], tmp_path: Path) -> list[str]:
     """Those of ``pids`` (and the process the spawner started during the stop) still running; each is killed."""
     started = tmp_path / "reloaded.pid"
     if started.is_file():
@@ -556,14 +599,17 @@ def _left_running(pids: List[int], tmp_path: Path) -> List[str]:
     return left
 
 
-@pytest.mark.parametrize("second", [pytest.param(None, marks=pytest.mark.slow),
-                                    pytest.param(signal.SIGINT, marks=pytest.mark.slow), signal.SIGTERM])
+@pytest.mark.parametrize(
+    "second",
+    [pytest.param(None, marks=pytest.mark.slow), pytest.param(signal.SIGINT, marks=pytest.mark.slow), signal.SIGTERM],
+)
 def test_the_stop_ends_what_starts_during_it_and_a_second_signal_does_not_cut_it_short(tmp_path, second):
     """A process started by one being stopped (an HAProxy reload with ``-sf <old pid>`` while the stop runs) is
     found by a later scan and ended; a second Ctrl-C / SIGTERM while the stop waits for a process that ignores
     SIGTERM neither interrupts the stop nor changes the exit status of the first."""
-    proc = subprocess.Popen([sys.executable, "-c", _FAKE_RAY, str(tmp_path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _FAKE_RAY, str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     words = proc.stdout.readline().split()
     pids = [int(w) for w in words[1:]]
     try:

@@ -10,12 +10,15 @@ from attnzoo.errors import CommandExit
 from attnzoo.studies.fusable import main
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--variants", "nope"], "unknown variant 'nope'; valid: standard"),
-    (["--img-sizes", "33"], "multiples of 16"),
-    (["--rounds", "1"], "--rounds must be >= 2"),
-    (["--arch", "huge"], "--arch: unknown 'huge'"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--variants", "nope"], "unknown variant 'nope'; valid: standard"),
+        (["--img-sizes", "33"], "multiples of 16"),
+        (["--rounds", "1"], "--rounds must be >= 2"),
+        (["--arch", "huge"], "--arch: unknown 'huge'"),
+    ],
+)
 def test_bad_flags_are_one_line_before_any_work(tmp_path, capsys, args, words):
     with pytest.raises(CommandExit) as e:
         main([*args, "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "c")])
@@ -25,8 +28,25 @@ def test_bad_flags_are_one_line_before_any_work(tmp_path, capsys, args, words):
 
 def test_the_opset_23_export_fuses_on_both_runtimes_and_an_l1_variant_says_why_not(tmp_path):
     out = tmp_path / "out"
-    main(["--variants", "standard,wafe-mae", "--arch", "micro", "--img-sizes", "32", "--rounds", "2", "--threads",
-          "1", "--out", str(out), "--cache-dir", str(tmp_path / "c"), "--no-progress"])
+    main(
+        [
+            "--variants",
+            "standard,wafe-mae",
+            "--arch",
+            "micro",
+            "--img-sizes",
+            "32",
+            "--rounds",
+            "2",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+            "--cache-dir",
+            str(tmp_path / "c"),
+            "--no-progress",
+        ]
+    )
     result = json.loads((out / "fusable.json").read_text())
     (e,) = result["exports"]
     assert e["variant"] == "standard" and e["tokens"] == 65

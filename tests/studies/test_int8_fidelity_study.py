@@ -67,12 +67,18 @@ def test_the_zoos_int8_copies_pass_their_accuracy_gate_or_are_refused():
             assert "below fp32" in row["failures"][0] and "--accept-accuracy-drop to write it" in row["failures"][0]
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--zoo-accuracy", "nosuch:cls", "--out", "{tmp}"], "--zoo-accuracy: the zoo has no fashion model 'nosuch:cls'"),
-    ([], "--out is required (or --table to print a report)"),
-    (["--table", "{tmp}/none.json"], "--table: no such file"),
-    (["--zoo-accuracy", "cls", "--name", "../x", "--out", "{tmp}"], "--name: a plain file name, got '../x'"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (
+            ["--zoo-accuracy", "nosuch:cls", "--out", "{tmp}"],
+            "--zoo-accuracy: the zoo has no fashion model 'nosuch:cls'",
+        ),
+        ([], "--out is required (or --table to print a report)"),
+        (["--table", "{tmp}/none.json"], "--table: no such file"),
+        (["--zoo-accuracy", "cls", "--name", "../x", "--out", "{tmp}"], "--name: a plain file name, got '../x'"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
     with pytest.raises(CommandExit) as exc:
         main([a.replace("{tmp}", str(tmp_path)) for a in argv])

@@ -6,18 +6,21 @@ import json
 
 import pytest
 
-from attnzoo.studies.mae_forms import forms, main
 from attnzoo.models import ARCHS
 from attnzoo.runtime.parity import TOLERANCES
+from attnzoo.studies.mae_forms import forms, main
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--variant", "standard"], "--variant: unknown 'standard'; valid: wafe-mae, anti-wafe-mae"),
-    (["--arch", "huge"], "--arch: unknown 'huge'"),
-    (["--blocks", "0"], "--blocks must be comma-separated positive integers, got '0'"),
-    (["--batch-sizes", "0"], "--batch-sizes must be comma-separated positive integers, got '0'"),
-    (["--rounds", "1"], "--rounds must be >= 2"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--variant", "standard"], "--variant: unknown 'standard'; valid: wafe-mae, anti-wafe-mae"),
+        (["--arch", "huge"], "--arch: unknown 'huge'"),
+        (["--blocks", "0"], "--blocks must be comma-separated positive integers, got '0'"),
+        (["--batch-sizes", "0"], "--batch-sizes must be comma-separated positive integers, got '0'"),
+        (["--rounds", "1"], "--rounds must be >= 2"),
+    ],
+)
 def test_bad_input_one_line_exit_2(argv, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main([*argv, "--out", str(tmp_path / "out")])
@@ -34,8 +37,26 @@ def test_forms_names():
 @pytest.mark.slow
 def test_run_times_every_form_after_parity(tmp_path):
     out = tmp_path / "out"
-    assert main(["--arch", "micro", "--batch-sizes", "2", "--blocks", "4", "--rounds", "2", "--out", str(out),
-                 "--cache-dir", str(tmp_path / "cache"), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "--arch",
+                "micro",
+                "--batch-sizes",
+                "2",
+                "--blocks",
+                "4",
+                "--rounds",
+                "2",
+                "--out",
+                str(out),
+                "--cache-dir",
+                str(tmp_path / "cache"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     result = json.loads((out / "mae_forms.json").read_text())
     runners = [r["runner"] for r in result["rows"]]
     assert runners[0] == "eager" and {"ort-cpu broadcast", "ort-cpu blocked4"} <= set(runners)

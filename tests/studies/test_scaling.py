@@ -9,10 +9,10 @@ import pytest
 from timm.layers import Attention
 from torch import nn
 
-from attnzoo.studies import scaling
-from attnzoo.studies.scaling import FAMILIES, cost_model, fit_exponent, main, parse_settings, plan, run_scaling
 from attnzoo.models import BUILTIN_VARIANTS, register_variant
 from attnzoo.runtime.backends import get_backend
+from attnzoo.studies import scaling
+from attnzoo.studies.scaling import FAMILIES, cost_model, fit_exponent, main, parse_settings, plan, run_scaling
 
 
 def test_every_variant_is_in_exactly_one_family():
@@ -32,19 +32,26 @@ class OutLinearAttention(Attention):
 
 
 def test_a_plugin_variant_is_timed_and_modelled_beside_standard(tmp_path, registry_restored):
-    register_variant("tp-out-linear", OutLinearAttention, paper="Test paper, https://example.org",
-                     aliases=("tp-ol",))
-    register_variant("tp-out-std", OutLinearAttention, paper="Test paper, https://example.org",
-                     cost_family="standard")
+    register_variant("tp-out-linear", OutLinearAttention, paper="Test paper, https://example.org", aliases=("tp-ol",))
+    register_variant("tp-out-std", OutLinearAttention, paper="Test paper, https://example.org", cost_family="standard")
     # its own family by default, or the one its registration names
     assert scaling.family_of("tp-out-linear") == scaling.family_of("tp-ol") == "tp-out-linear"
     assert scaling.family_of("tp-out-std") == "standard"
     assert scaling.families()["standard"] == (*FAMILIES["standard"], "tp-out-std")
     with pytest.raises(ValueError, match="no-such-variant"):
         scaling.family_of("no-such-variant")
-    s = scaling.Settings(variants=["standard", "tp-out-linear"], backends=("eager",), arch="micro", sizes=(32,),
-                         seg_sizes=(), batch_sizes=(), min_time=0.01, out=tmp_path, cache_dir=tmp_path / "cache",
-                         progress=False)
+    s = scaling.Settings(
+        variants=["standard", "tp-out-linear"],
+        backends=("eager",),
+        arch="micro",
+        sizes=(32,),
+        seg_sizes=(),
+        batch_sizes=(),
+        min_time=0.01,
+        out=tmp_path,
+        cache_dir=tmp_path / "cache",
+        progress=False,
+    )
     result = run_scaling(s)
     rows = {r["variant"]: r for r in result["rows"]}
     assert set(rows) == {"standard", "tp-out-linear"}
@@ -62,16 +69,19 @@ def test_a_plugin_variant_is_timed_and_modelled_beside_standard(tmp_path, regist
 
 def test_fit_exponent_recovers_a_power_law():
     x = np.array([197, 577, 1025, 4097])
-    assert fit_exponent(x, 3e-6 * x ** 2) == pytest.approx(2.0)
-    assert fit_exponent(x, 5 * x ** 1.3) == pytest.approx(1.3)
+    assert fit_exponent(x, 3e-6 * x**2) == pytest.approx(2.0)
+    assert fit_exponent(x, 5 * x**1.3) == pytest.approx(1.3)
     assert fit_exponent([197], [1.0]) is None and fit_exponent([2, 2], [1.0, 2.0]) is None
 
 
-@pytest.mark.parametrize("variant,linear,quadratic,vector", [
-    ("standard", 24, 4, 0),       # qkv 6 D^2 + proj 2 D^2 + MLP 16 D^2 per token; Q K^T and A V: 2 D + 2 D per pair
-    ("mabvit-glu", 26, 4, 0),     # + the value gate W^b (2 D^2)
-    ("wafe-mae", 24, 2, 3),       # Q K^T replaced by |q - k| summed: 3 vector ops per channel and pair
-])
+@pytest.mark.parametrize(
+    "variant,linear,quadratic,vector",
+    [
+        ("standard", 24, 4, 0),  # qkv 6 D^2 + proj 2 D^2 + MLP 16 D^2 per token; Q K^T and A V: 2 D + 2 D per pair
+        ("mabvit-glu", 26, 4, 0),  # + the value gate W^b (2 D^2)
+        ("wafe-mae", 24, 2, 3),  # Q K^T replaced by |q - k| summed: 3 vector ops per channel and pair
+    ],
+)
 def test_cost_model_matches_the_architecture(variant, linear, quadratic, vector):
     c = cost_model(variant, "tiny")
     assert c["matrix_linear_D2"] == pytest.approx(linear)
@@ -80,8 +90,9 @@ def test_cost_model_matches_the_architecture(variant, linear, quadratic, vector)
 
 
 def _quick(tmp_path, *extra):
-    return parse_settings(["--quick", "--out", str(tmp_path), "--cache-dir", str(tmp_path / "cache"),
-                           "--no-progress", *extra])
+    return parse_settings(
+        ["--quick", "--out", str(tmp_path), "--cache-dir", str(tmp_path / "cache"), "--no-progress", *extra]
+    )
 
 
 def test_quick_defaults_and_plan(tmp_path):
@@ -124,8 +135,18 @@ def test_every_onnx_backend_gets_the_export_not_only_onnx_runtime(tmp_path):
     reason = get_backend("openvino").unavailable_reason("fp32")
     if reason:
         pytest.skip(reason)
-    s = scaling.Settings(variants=["standard"], backends=("openvino",), arch="micro", sizes=(32,), seg_sizes=(),
-                         batch_sizes=(), min_time=0.01, out=tmp_path, cache_dir=tmp_path / "cache", progress=False)
+    s = scaling.Settings(
+        variants=["standard"],
+        backends=("openvino",),
+        arch="micro",
+        sizes=(32,),
+        seg_sizes=(),
+        batch_sizes=(),
+        min_time=0.01,
+        out=tmp_path,
+        cache_dir=tmp_path / "cache",
+        progress=False,
+    )
     (row,) = run_scaling(s)["rows"]
     assert (row["backend"], row["status"]) == ("openvino", "ok") and row["median_ms"] > 0
     assert row["parity_error"] <= 1e-4
@@ -139,15 +160,37 @@ def test_a_sweep_beside_bench_latency_reuses_its_verified_export(tmp_path, monke
     from attnzoo.export import verify
 
     cache = tmp_path / "cache"
-    bench_run.run_benchmark(bench_run.Settings(variants=["standard"], backends=["ort-cpu"], dtypes=["fp32"],
-                                               batch_sizes=[1], arch="micro", min_time=0.01, out=tmp_path / "bench",
-                                               cache_dir=cache, progress=False, pair_eager=False, ceiling_size=0))
+    bench_run.run_benchmark(
+        bench_run.Settings(
+            variants=["standard"],
+            backends=["ort-cpu"],
+            dtypes=["fp32"],
+            batch_sizes=[1],
+            arch="micro",
+            min_time=0.01,
+            out=tmp_path / "bench",
+            cache_dir=cache,
+            progress=False,
+            pair_eager=False,
+            ceiling_size=0,
+        )
+    )
     assert (cache / "standard_cls_micro_32px_fp32.onnx").is_file()
     exports = []
     real = verify.export_onnx
     monkeypatch.setattr(verify, "export_onnx", lambda *a, **k: exports.append(a[1]) or real(*a, **k))
-    s = scaling.Settings(variants=["standard"], backends=("ort-cpu",), arch="micro", sizes=(32, 64), seg_sizes=(),
-                         batch_sizes=(), min_time=0.01, out=tmp_path / "sweep", cache_dir=cache, progress=False)
+    s = scaling.Settings(
+        variants=["standard"],
+        backends=("ort-cpu",),
+        arch="micro",
+        sizes=(32, 64),
+        seg_sizes=(),
+        batch_sizes=(),
+        min_time=0.01,
+        out=tmp_path / "sweep",
+        cache_dir=cache,
+        progress=False,
+    )
     rows = run_scaling(s)["rows"]
     assert [r["status"] for r in rows] == ["ok", "ok"]
     assert len(exports) == 1  # 64 px only; the 32 px file bench-latency verified is kept
@@ -156,15 +199,27 @@ def test_a_sweep_beside_bench_latency_reuses_its_verified_export(tmp_path, monke
 def test_memory_and_time_limits_skip_with_a_reason(tmp_path, monkeypatch):
     import attnzoo.limits as limits
 
-    s = _quick(tmp_path, "--variants", "standard", "--backends", "eager", "--seg-sizes", "", "--batch-sizes", "",
-               "--max-call-s", "1e-9")
+    s = _quick(
+        tmp_path,
+        "--variants",
+        "standard",
+        "--backends",
+        "eager",
+        "--seg-sizes",
+        "",
+        "--batch-sizes",
+        "",
+        "--max-call-s",
+        "1e-9",
+    )
     result = run_scaling(s)
     small, large = result["rows"]
     assert small["status"] == "ok"
     assert large["status"] == "skipped" and "predicted" in large["reason"] and "--max-call-s" in large["reason"]
     monkeypatch.setattr(limits, "available_memory", lambda: 1024)
-    result = run_scaling(_quick(tmp_path, "--variants", "standard", "--backends", "eager", "--seg-sizes", "",
-                                "--batch-sizes", ""))
+    result = run_scaling(
+        _quick(tmp_path, "--variants", "standard", "--backends", "eager", "--seg-sizes", "", "--batch-sizes", "")
+    )
     assert all(r["status"] == "skipped" and "needs about" in r["reason"] for r in result["rows"])
 
 
@@ -184,18 +239,22 @@ def test_quick_run_with_onnx_runtime(tmp_path):
     ort = [r for r in result["rows"] if r["backend"] == "ort-cpu"]
     assert ort and all(r["status"] == "ok" and r["parity_error"] <= 1e-4 for r in ort)
     assert {(f["sweep"], f["backend"]) for f in result["fits"]} == {
-        (sw, b) for sw in ("tokens", "seg", "batch") for b in ("eager", "ort-cpu")}
+        (sw, b) for sw in ("tokens", "seg", "batch") for b in ("eager", "ort-cpu")
+    }
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["--variants", "nope"], "unknown variant 'nope'; valid: all,"),
-    (["--backends", "ort-cuda"], "unknown backend 'ort-cuda'; valid: eager, compile, ort-cpu"),
-    (["--sizes", "230"], "230 px is not a multiple of the small patch size 16"),
-    (["--sizes", "4096"], "must be an integer in 1..2048"),
-    (["--batch-sizes", "0"], "out of range"),
-    (["--sizes", "", "--seg-sizes", "", "--batch-sizes", ""], "nothing to measure"),
-    (["--min-iters", "1"], "--min-iters must be >= 2"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--variants", "nope"], "unknown variant 'nope'; valid: all,"),
+        (["--backends", "ort-cuda"], "unknown backend 'ort-cuda'; valid: eager, compile, ort-cpu"),
+        (["--sizes", "230"], "230 px is not a multiple of the small patch size 16"),
+        (["--sizes", "4096"], "must be an integer in 1..2048"),
+        (["--batch-sizes", "0"], "out of range"),
+        (["--sizes", "", "--seg-sizes", "", "--batch-sizes", ""], "nothing to measure"),
+        (["--min-iters", "1"], "--min-iters must be >= 2"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(argv, needle, tmp_path):
     with pytest.raises(SystemExit) as exc:
         main([*argv, "--out", str(tmp_path)])

@@ -8,18 +8,29 @@ import numpy as np
 import pytest
 import torch
 
-from attnzoo.models.checkpoint import load_checkpoint, load_state_dict_file
-from attnzoo.models import create_model
-from attnzoo.training import cli
 from attnzoo.data.datasets import SHAPES_SEG_CLASSES, shapes
 from attnzoo.metrics import metrics_from_confusion, named_right
+from attnzoo.models import create_model
+from attnzoo.models.checkpoint import load_checkpoint, load_state_dict_file
+from attnzoo.training import cli
 from attnzoo.training.train import TrainConfig, evaluate, evaluate_checkpoint, train
 
 
 def _cfg(tmp_path, task="cls", **kw):
-    base = dict(variant="belief2", task=task, data="shapes", epochs=2, batch_size=16, lr=3e-3,
-                warmup_epochs=0.5, train_size=32, val_size=16, out=str(tmp_path), threads=1,
-                options={"param_matched": True})
+    base = dict(
+        variant="belief2",
+        task=task,
+        data="shapes",
+        epochs=2,
+        batch_size=16,
+        lr=3e-3,
+        warmup_epochs=0.5,
+        train_size=32,
+        val_size=16,
+        out=str(tmp_path),
+        threads=1,
+        options={"param_matched": True},
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -27,8 +38,9 @@ def _cfg(tmp_path, task="cls", **kw):
 def test_short_run_lowers_the_loss_and_writes_a_loadable_checkpoint(tmp_path):
     torch.manual_seed(0)
     fixed = shapes("train", "cls", n=32)
-    result = train(_cfg(tmp_path, epochs=8, train_size=None), progress=False, train_data=fixed,
-                   val_data=shapes("val", "cls", n=16))
+    result = train(
+        _cfg(tmp_path, epochs=8, train_size=None), progress=False, train_data=fixed, val_data=shapes("val", "cls", n=16)
+    )
     hist = result["history"]
     assert len(hist) == 8 and hist[-1]["train_loss"] < hist[0]["train_loss"]
     path = tmp_path / "belief2_cls_shapes.safetensors"
@@ -37,8 +49,14 @@ def test_short_run_lowers_the_loss_and_writes_a_loadable_checkpoint(tmp_path):
     assert cfg["data"] == "shapes" and cfg["seed"] == 0 and cfg["epochs"] == 8
     assert cfg["options"]["param_matched"] is True and len(cfg["history"]) == 8
     model, config = load_checkpoint(path)
-    rebuilt = create_model(config["variant"], config["task"], config["arch"], config["num_classes"],
-                           config["img_size"], **config["options"])
+    rebuilt = create_model(
+        config["variant"],
+        config["task"],
+        config["arch"],
+        config["num_classes"],
+        config["img_size"],
+        **config["options"],
+    )
     rebuilt.load_state_dict(load_state_dict_file(path))
     x = torch.randn(2, 3, 32, 32)
     torch.testing.assert_close(model(x), rebuilt.eval()(x))
@@ -85,15 +103,19 @@ def _resume(tmp_path, state, edit):
     return str(info.value)
 
 
-@pytest.mark.parametrize("epoch, needle", [
-    (10 ** 12, "epoch 1000000000000, not within 0..2"),  # wrote a "finished" checkpoint after 1 of 2 epochs
-    (-5, "epoch -5, not within 0..2"),  # trained from epoch -4
-    (2, "a history of 1 epoch(s) for epoch 2"),
-    ("1", 'epoch "1", not within 0..2'),
-])
+@pytest.mark.parametrize(
+    "epoch, needle",
+    [
+        (10**12, "epoch 1000000000000, not within 0..2"),  # wrote a "finished" checkpoint after 1 of 2 epochs
+        (-5, "epoch -5, not within 0..2"),  # trained from epoch -4
+        (2, "a history of 1 epoch(s) for epoch 2"),
+        ("1", 'epoch "1", not within 0..2'),
+    ],
+)
 def test_a_resume_state_must_be_within_the_run(tmp_path, stopped_run, epoch, needle):
     """The state's epoch must be a whole number within 0..--epochs with one history entry per finished epoch:
     anything else is refused in one line naming the file, before any training."""
+
     def edit(text):
         meta = json.loads(text)
         meta["epoch"] = epoch
@@ -124,10 +146,36 @@ def test_train_model_resume_refuses_a_bad_state_in_one_line(tmp_path, stopped_ru
     js = tmp_path / "belief2_cls_shapes.state.json"
     js.write_text(js.read_text().replace('"epoch": 1,', '"epoch": 1000000000000,', 1))
     with pytest.raises(SystemExit) as info:
-        cli.main(["--variant", "belief2", "--task", "cls", "--data", "shapes", "--epochs", "2", "--batch-size",
-                  "16", "--lr", "0.003", "--warmup-epochs", "0.5", "--train-size", "32", "--val-size", "16",
-                  "--option", "param_matched=true", "--out", str(tmp_path), "--threads", "1", "--resume",
-                  "--no-progress"])
+        cli.main(
+            [
+                "--variant",
+                "belief2",
+                "--task",
+                "cls",
+                "--data",
+                "shapes",
+                "--epochs",
+                "2",
+                "--batch-size",
+                "16",
+                "--lr",
+                "0.003",
+                "--warmup-epochs",
+                "0.5",
+                "--train-size",
+                "32",
+                "--val-size",
+                "16",
+                "--option",
+                "param_matched=true",
+                "--out",
+                str(tmp_path),
+                "--threads",
+                "1",
+                "--resume",
+                "--no-progress",
+            ]
+        )
     err = capsys.readouterr().err.strip().splitlines()
     assert info.value.code == 1 and len(err) == 1 and str(js) in err[0] and "not within 0..2" in err[0]
 
@@ -142,12 +190,11 @@ def test_seg_metrics_are_miou_with_per_class_iou():
     assert set(res["per_class_iou"]) == set(SHAPES_SEG_CLASSES)
 
 
-
 def _named_by_hand(true: np.ndarray, pred: np.ndarray, background: int = 0):
     """The definition, a garment and a scene at a time: a garment class is named right when the class painted on
     most of its pixels is its own, strictly more than any other."""
     garments = right = scenes_right = 0
-    for t, p in zip(true, pred):
+    for t, p in zip(true, pred, strict=False):
         all_right = True
         for c in sorted(set(t.ravel().tolist()) - {background}):
             painted = np.bincount(p[t == c], minlength=max(int(p.max()), c) + 1)
@@ -176,26 +223,51 @@ def test_named_right_counts_garments_and_whole_scenes_as_the_definition_does():
     rng = np.random.default_rng(0)
     t, p = rng.integers(0, 4, (8, 5, 5)), rng.integers(0, 4, (8, 5, 5))
     assert named_right(t, p, 4) == _named_by_hand(t, p)
-    res = evaluate(create_model("standard", "seg", num_classes=len(SHAPES_SEG_CLASSES)), shapes("test", "seg", n=4),
-                   "seg")
+    res = evaluate(
+        create_model("standard", "seg", num_classes=len(SHAPES_SEG_CLASSES)), shapes("test", "seg", n=4), "seg"
+    )
     assert res["named"]["scenes"] == 4 and 0 <= res["named"]["garments_right"] <= res["named"]["garments"]
 
+
 def test_cli_train_and_evaluate(tmp_path, capsys):
-    assert cli.main(["--variant", "standard", "--task", "cls", "--data", "digits", "--epochs", "1",
-                     "--train-size", "32", "--batch-size", "16", "--out", str(tmp_path), "--no-progress"]) == 0
+    assert (
+        cli.main(
+            [
+                "--variant",
+                "standard",
+                "--task",
+                "cls",
+                "--data",
+                "digits",
+                "--epochs",
+                "1",
+                "--train-size",
+                "32",
+                "--batch-size",
+                "16",
+                "--out",
+                str(tmp_path),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     path = tmp_path / "standard_cls_digits.safetensors"
     assert cli.evaluate_main([str(path), "--limit", "10", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.split("\n", 1)[1])
     assert out["metric_name"] == "top1" and out["n_images"] == 10
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--variant", "nope"], "unknown variant"),
-    (["--variant", "standard", "--data", "/no/such/folder"], "unknown data"),
-    (["--variant", "standard", "--data", "digits", "--task", "seg"], "digits has no masks"),
-    (["--variant", "standard", "--epochs", "0"], "--epochs"),
-    (["--variant", "standard", "--option", "bogus=1"], "bogus"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--variant", "nope"], "unknown variant"),
+        (["--variant", "standard", "--data", "/no/such/folder"], "unknown data"),
+        (["--variant", "standard", "--data", "digits", "--task", "seg"], "digits has no masks"),
+        (["--variant", "standard", "--epochs", "0"], "--epochs"),
+        (["--variant", "standard", "--option", "bogus=1"], "bogus"),
+    ],
+)
 def test_cli_bad_input_is_one_clear_line(argv, message):
     with pytest.raises(SystemExit) as exc:
         cli.main(argv + ["--no-progress", "--train-size", "8"])
@@ -266,17 +338,24 @@ def test_train_with_init_from_starts_at_the_classifier(tmp_path):
     result = train(cfg, progress=False, max_steps=1)  # one step at lr 1e-9: the encoder is still the classifier's
     saved = load_state_dict_file(result["path"])
     assert result["recipe"]["init_from"] == str(path)
-    torch.testing.assert_close(saved["encoder.blocks.0.attn.qkv.weight"],
-                               cls_model.state_dict()["blocks.0.attn.qkv.weight"], rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        saved["encoder.blocks.0.attn.qkv.weight"], cls_model.state_dict()["blocks.0.attn.qkv.weight"], rtol=0, atol=1e-6
+    )
 
 
-@pytest.mark.parametrize("state, needle", [
-    ("[" * 100_000 + "]" * 100_000, "not readable JSON (JSON nested too deep)"),
-    (json.dumps({"epoch": 10 ** 12, "history": [], "elapsed": 0.0, "config": {}}),
-     "epoch 1000000000000, not within 0..2"),
-])
-def test_a_zoo_job_trains_afresh_from_a_bad_state_saying_which_file(tmp_path, monkeypatch, capsys, state, needle,
-                                                                     shapes_job):
+@pytest.mark.parametrize(
+    "state, needle",
+    [
+        ("[" * 100_000 + "]" * 100_000, "not readable JSON (JSON nested too deep)"),
+        (
+            json.dumps({"epoch": 10**12, "history": [], "elapsed": 0.0, "config": {}}),
+            "epoch 1000000000000, not within 0..2",
+        ),
+    ],
+)
+def test_a_zoo_job_trains_afresh_from_a_bad_state_saying_which_file(
+    tmp_path, monkeypatch, capsys, state, needle, shapes_job
+):
     """A zoo build's job whose state JSON is 100,000 deep (was "maximum recursion depth exceeded" without the file)
     or claims an epoch past the run: one line naming the file, then the model is trained afresh through every
     epoch, and no state is left."""

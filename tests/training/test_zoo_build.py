@@ -16,8 +16,16 @@ def _fake_job(args):
     path.write_text(f"{job} {path.stat().st_mtime_ns if path.exists() else 0}")  # new bytes on every build
     recipe = job.get("recipe") or zoo.RECIPES[f"{job['data']}/{job['task']}"]  # kept by a later build
     path.with_suffix(".json").write_text(json.dumps({"recipe": recipe}))
-    return {"variant": job["variant"], "task": job["task"], "data": job["data"], "file": path.name,
-            "sha256": sha256_file(path), "metric_name": "m", "test_metric": 50.0, "train_time_s": 0.0}
+    return {
+        "variant": job["variant"],
+        "task": job["task"],
+        "data": job["data"],
+        "file": path.name,
+        "sha256": sha256_file(path),
+        "metric_name": "m",
+        "test_metric": 50.0,
+        "train_time_s": 0.0,
+    }
 
 
 def test_fresh_rebuild_of_the_segmenters_keeps_the_classifiers(tmp_path, monkeypatch):
@@ -25,16 +33,17 @@ def test_fresh_rebuild_of_the_segmenters_keeps_the_classifiers(tmp_path, monkeyp
     monkeypatch.setattr(zoo, "_run_job_star", _fake_job)
     monkeypatch.setattr(zoo, "baselines", lambda *recipes: {})
     zoo.build(variants=["standard", "belief"], out_dir=tmp_path, data=["fashion"])
-    before = {(e["variant"], e["task"]): e["sha256"]
-              for e in json.loads((tmp_path / "manifest.json").read_text())["models"]}
+    before = {
+        (e["variant"], e["task"]): e["sha256"] for e in json.loads((tmp_path / "manifest.json").read_text())["models"]
+    }
     (tmp_path / "log.jsonl").unlink()
-    rows = zoo.build(variants=["standard", "belief"], out_dir=tmp_path, data=["fashion"], tasks=["seg"],
-                     resume=False)
+    rows = zoo.build(variants=["standard", "belief"], out_dir=tmp_path, data=["fashion"], tasks=["seg"], resume=False)
     assert sorted((r["variant"], r["task"]) for r in rows) == sorted(before)
     rebuilt = [(e["variant"], e["task"]) for e in map(json.loads, (tmp_path / "log.jsonl").read_text().splitlines())]
     assert sorted(rebuilt) == [("belief", "seg"), ("standard", "seg")]
-    after = {(e["variant"], e["task"]): e["sha256"]
-             for e in json.loads((tmp_path / "manifest.json").read_text())["models"]}
+    after = {
+        (e["variant"], e["task"]): e["sha256"] for e in json.loads((tmp_path / "manifest.json").read_text())["models"]
+    }
     assert all(after[k] == before[k] for k in before if k[1] == "cls")
     assert all(after[k] != before[k] for k in before if k[1] == "seg")
 
@@ -87,8 +96,13 @@ def test_ctrl_c_in_a_build_is_one_line_and_exit_130(tmp_path):
     import sys
     import time
 
-    proc = subprocess.Popen([sys.executable, "-c", BUILD, str(tmp_path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BUILD, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 240
         states = [tmp_path / f"{v}_cls_shapes.state.json" for v in ("standard", "belief")]
@@ -162,20 +176,33 @@ def test_progress_writes_the_retrain_table_between_its_markers_and_refuses_a_cha
         path = tmp_path / f"{variant}_seg_fashion.safetensors"
         path.write_text(variant)
         path.with_suffix(".json").write_text(json.dumps({"history": [{"val": 20.0}, {"val": 54.25}]}))
-        rows.append({"variant": variant, "task": "seg", "data": "fashion", "file": path.name,
-                     "sha256": sha256_file(path), "test_metric": metric, **({"named": named} if named else {})})
+        rows.append(
+            {
+                "variant": variant,
+                "task": "seg",
+                "data": "fashion",
+                "file": path.name,
+                "sha256": sha256_file(path),
+                "test_metric": metric,
+                **({"named": named} if named else {}),
+            }
+        )
     (tmp_path / "manifest.json").write_text(json.dumps({"models": rows}))
     (tmp_path / "README.md").write_text("# The retrain\n\nprose kept\n")
     evaluated = []
-    monkeypatch.setattr(zoo, "evaluate_checkpoint",
-                        lambda path: evaluated.append(Path(path).name) or {"named": {"scenes": 4, "scenes_right": 3}})
+    monkeypatch.setattr(
+        zoo,
+        "evaluate_checkpoint",
+        lambda path: evaluated.append(Path(path).name) or {"named": {"scenes": 4, "scenes_right": 3}},
+    )
     assert zoo.main(["progress", str(tmp_path)]) == 0
     assert zoo.main(["progress", str(tmp_path)]) == 0
     readme = (tmp_path / "README.md").read_text()
     assert readme.startswith("# The retrain\n\nprose kept\n") and readme.count(zoo.TABLE_BEGIN) == 1
-    table = readme[readme.index(zoo.TABLE_BEGIN):]
-    assert table.index("| belief | 56.00 | 3 of 4 (75.0 %) | not recorded | 20.0 54.2 |") \
-        < table.index("| standard | 55.50 | 1 of 4 (25.0 %) |")
+    table = readme[readme.index(zoo.TABLE_BEGIN) :]
+    assert table.index("| belief | 56.00 | 3 of 4 (75.0 %) | not recorded | 20.0 54.2 |") < table.index(
+        "| standard | 55.50 | 1 of 4 (25.0 %) |"
+    )
     assert evaluated == ["belief_seg_fashion.safetensors"]  # once: the figure is kept in the manifest
     kept = {r["variant"]: r for r in json.loads((tmp_path / "manifest.json").read_text())["models"]}
     assert kept["belief"]["named"] == {"scenes": 4, "scenes_right": 3}

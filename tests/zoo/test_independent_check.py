@@ -57,8 +57,10 @@ def test_its_scene_options_native_garments_and_per_scene_caps(check):
     assert scenes.shape == masks.shape == (30, 56, 56)
     np.testing.assert_array_equal(masks > 0, scenes > 24)
     # the default call still draws the README's scenes (no extra draw for a single cap)
-    np.testing.assert_array_equal(check.compose(images, labels, 5)[1],
-                                  check.compose(images, labels, 5, max_overlap=0.15, fraction=(0.35, 0.60))[1])
+    np.testing.assert_array_equal(
+        check.compose(images, labels, 5)[1],
+        check.compose(images, labels, 5, max_overlap=0.15, fraction=(0.35, 0.60))[1],
+    )
     true, pred = np.array([[0, 1], [2, 2]]), np.array([[0, 1], [1, 2]])
     iou = check.per_class_iou(check.confusion(true, pred, 4))
     assert iou[0] == 100 and iou[1] == 50 and iou[2] == 50 and np.isnan(iou[3])
@@ -68,8 +70,11 @@ def test_its_scene_options_native_garments_and_per_scene_caps(check):
 def test_export_and_plain_onnxruntime_reproduce_the_zoo_subset_metric(check, tmp_path):
     """export-model (a subprocess) + the ONNX metadata's preprocessing + plain onnxruntime on the first
     SUBSET_N official test images gives the top-1 the zoo recorded for them."""
-    entry = next(e for e in json.loads((ROOT / "zoo" / "manifest.json").read_text())["models"]
-                 if (e["variant"], e["task"], e["data"]) == ("standard", "cls", "fashion"))
+    entry = next(
+        e
+        for e in json.loads((ROOT / "zoo" / "manifest.json").read_text())["models"]
+        if (e["variant"], e["task"], e["data"]) == ("standard", "cls", "fashion")
+    )
     onnx_path = tmp_path / "standard.onnx"
     check.export("standard", ROOT / "zoo" / entry["file"], onnx_path)
     images = check.read_idx(SUBSET / "t10k-images-idx3-ubyte.gz")[:SUBSET_N]
@@ -87,15 +92,21 @@ def test_its_extra_math_check_finds_a_dequantized_input_through_layout_ops(check
 
     one = helper.make_tensor("s", TensorProto.FLOAT, [], [0.1])
     zero = helper.make_tensor("z", TensorProto.INT8, [], [0])
-    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="q"),
-             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="dq"),
-             helper.make_node("Transpose", ["xd"], ["xt"], name="blocks.0.attn/Transpose", perm=[1, 0]),
-             helper.make_node("Mul", ["xt", "xt"], ["a"], name="blocks.0.attn.projection/Mul"),
-             helper.make_node("Mul", ["x", "x"], ["b"], name="blocks.0.attn.projection/Mul_1"),
-             helper.make_node("MatMul", ["xd", "xt"], ["c"], name="blocks.0.mlp.fc1/MatMul")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
-                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "abc"],
-                              initializer=[one, zero])
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="q"),
+        helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="dq"),
+        helper.make_node("Transpose", ["xd"], ["xt"], name="blocks.0.attn/Transpose", perm=[1, 0]),
+        helper.make_node("Mul", ["xt", "xt"], ["a"], name="blocks.0.attn.projection/Mul"),
+        helper.make_node("Mul", ["x", "x"], ["b"], name="blocks.0.attn.projection/Mul_1"),
+        helper.make_node("MatMul", ["xd", "xt"], ["c"], name="blocks.0.mlp.fc1/MatMul"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "abc"],
+        initializer=[one, zero],
+    )
     path = tmp_path / "g.onnx"
     onnx.save(helper.make_model(graph), str(path))
     assert check.extra_math_quantized(path) == (2, ["blocks.0.attn.projection/Mul"])

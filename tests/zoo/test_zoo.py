@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from attnzoo import zoo
+from attnzoo.data.datasets import load_data
 from attnzoo.fileio import sha256_file
 from attnzoo.models import VARIANT_NAMES
-from attnzoo.data.datasets import load_data
 from attnzoo.training.train import evaluate
 from attnzoo.training.zoo import DIGITS_VARIANTS, RECIPES, SUBSET_N, background_miou
 
