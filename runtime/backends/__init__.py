@@ -333,5 +333,8 @@ def check_against_reference(
         )
 
 
-# The built-in backends register themselves; a new one is imported here.
-from . import eager, openvino, ort_cpu, ort_cuda, ort_trt, tensorrt, torch_compile  # noqa: E402,F401
+# The built-in backends register themselves, in this order (backend_names(), the command lines' lists); a new one
+# is imported here.
+# isort: off
+from . import eager, torch_compile, ort_cpu, openvino, ort_cuda, ort_trt, tensorrt  # noqa: E402,F401
+# isort: on

@@ -21,9 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _setuptools_dist(monkeypatch):
     """The Distribution setuptools configures from setup.py and pyproject.toml (nothing built)."""
+    import setuptools  # noqa: F401 -- installs setuptools' distutils first  # isort: skip
     from distutils.core import run_setup
-
-    import setuptools  # noqa: F401 -- installs setuptools' distutils first
 
     monkeypatch.chdir(ROOT)
     return run_setup(str(ROOT / "setup.py"), stop_after="config")
