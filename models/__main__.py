@@ -112,7 +112,7 @@ def render_into(text: str, generated: dict[str, str]) -> str:
     ``generated[NAME]``; markers absent from ``text`` are skipped."""
     for name, table in generated.items():
         pattern = re.compile(rf"(<!-- {re.escape(name)} -->\n)(?:.*?\n)?(<!-- /{re.escape(name)} -->)", re.S)
-        text = pattern.sub(lambda m: m.group(1) + table + "\n" + m.group(2), text)
+        text = pattern.sub(lambda m, table=table: m.group(1) + table + "\n" + m.group(2), text)
     return text
 
 

@@ -51,6 +51,7 @@ from .render import write_report
 
 # report-variant --help and its usage errors load without torch, onnx and timm: these import at their first use
 ort = lazy_import("onnxruntime")
+torch = lazy_import("torch")
 models = lazy_import("attnzoo.models")
 zoo = lazy_import("attnzoo.zoo")
 export = lazy_import("attnzoo.export")
@@ -260,9 +261,19 @@ def _zoo_arch(variant: str) -> str | None:
     )
 
 
+#: The seed of a random-init side's one model (the benchmark's ``Settings.seed``).
+SEED = 0
+
+
 def _model_args(variant: str, source: dict[str, Any]) -> dict[str, Any]:
+    """:func:`attnzoo.export.export_model`'s model arguments of one side. A random init is built once here, seeded,
+    and passed as the model object, so every file of the side (fp32, fp16, int8, FP8, TensorRT, Triton, the
+    opset-23 export) holds the same weights."""
     if source["kind"] == "random-init":
-        return {"variant": variant, "random_init": True, "arch": source["arch"], "task": source.get("task")}
+        torch.manual_seed(SEED)
+        model, config, _ = export.load_for_export(variant, source.get("task"), source["arch"], random_init=True)
+        model.attnzoo_config = config  # untrained, with its class names: export_model reads them from the model
+        return {"model": model}
     if source["kind"] == "checkpoint":
         return {"checkpoint": source["checkpoint"]}
     return {"variant": variant}  # the zoo's
@@ -325,12 +336,19 @@ def _int8_summary(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def export_side(
-    variant: str, source: dict[str, Any], folder: Path, out: Path, budget: Budget, steps: tuple[str, ...]
+    variant: str,
+    source: dict[str, Any],
+    folder: Path,
+    out: Path,
+    budget: Budget,
+    steps: tuple[str, ...],
+    args: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Every export of one model (the ``steps`` of fp32, fp16, int8, fp8, tensorrt, triton), each an entry with
-    ``status`` (``ok``, ``failed``, ``unavailable``, ``skipped``) and its figures."""
+    ``status`` (``ok``, ``failed``, ``unavailable``, ``skipped``) and its figures; ``args``: the model's
+    :func:`_model_args` (built from ``source`` when not given)."""
     folder.mkdir(parents=True, exist_ok=True)
-    args = _model_args(variant, source)
+    args = _model_args(variant, source) if args is None else args
     side: dict[str, Any] = {"source": source}
     onnx_path = folder / f"{variant}.onnx"
 
@@ -384,7 +402,7 @@ def export_side(
             continue
         path = folder / f"{variant}_{dtype}.onnx"
         side[dtype] = _attempt(
-            lambda: {
+            lambda path=path, dtype=dtype: {
                 "file": _rel(path, out),
                 **_int8_summary(export.export_model(**args, out=path, dtype=dtype, **budget.int8).report),
             }
@@ -440,7 +458,7 @@ def fusion(paths: dict[str, str]) -> dict[str, Any]:
 
 
 def fusable(
-    variant: str, source: dict[str, Any], folder: Path, out: Path, side: dict[str, Any], budget: Budget, work: Path
+    variant: str, args: dict[str, Any], folder: Path, out: Path, side: dict[str, Any], budget: Budget, work: Path
 ) -> dict[str, Any]:
     """The variant exported at opset 23, where each dot-product core is one standard ``Attention`` op (verified,
     extra math checked), its fusion audit, and its speed against the opset-20 file on ONNX Runtime and OpenVINO
@@ -454,18 +472,37 @@ def fusable(
     if side["fp32"]["status"] != "ok":
         return _skipped("the fp32 export did not pass")
     path20, path23 = Path(side["onnx_path"]), folder / f"{variant}_opset23.onnx"
-    r = export.export_model(**_model_args(variant, source), out=path23, opset=23)
+    r = export.export_model(**args, out=path23, opset=23)  # the opset-20 file's model: the same weights
     found = audit(path23)
+    ops = sum(1 for c in found["cores"] if c.get("op"))
+    if not ops:
+        path23.unlink(missing_ok=True)
+        return {
+            "status": "absent",
+            "reason": f"its opset-23 export holds no Attention op ({len(found['cores'])} attention cores, none in "
+            "the op's form), so there is no fusable form",
+        }
     hw = onnx_export.config_hw(export.read_metadata(path20))
     x = np.random.default_rng(0).standard_normal((1, 3, *hw), dtype=np.float32)
     ref = ort.InferenceSession(str(path20), providers=["CPUExecutionProvider"]).run(None, {"image": x})[0]
-    times = time_opsets({20: path20, 23: path23}, x, ref, 1, work / "fusable-cache", budget.fusable_rounds)
+    times = time_opsets(
+        {20: path20, 23: path23},
+        x,
+        ref,
+        1,
+        work / "fusable-cache",
+        budget.fusable_rounds,
+        reference="the opset-20 file on ONNX Runtime",
+    )
     return {
         "status": "ok",
         "file": _rel(path23, out),
         "extra_math_kept": (r.report.get("extra_math") or {}).get("ok"),
-        "attention_ops": sum(1 for c in found["cores"] if c.get("op")),
-        "fused": {x["runtime"]: [x["fused"], x["cores"]] for x in found["runtimes"] if x["inspected"]},
+        "attention_ops": ops,
+        "fused": {
+            e["runtime"]: {k: e.get(k) for k in ("fused", "cores", "inspected", "reason", "as_exported")}
+            for e in found["runtimes"]
+        },
         "speed": speedups(times),
         "rounds": budget.fusable_rounds,
     }
@@ -667,6 +704,7 @@ def report_variant(
     with tempfile.TemporaryDirectory(prefix="attnzoo-report-") as tmp:
         work = Path(tmp)
         src = _source(variant, checkpoint)
+        args = _model_args(variant, src)  # one model for every file of the side, the opset-23 export included
         sides = {
             variant: section(
                 "export",
@@ -677,6 +715,7 @@ def report_variant(
                     out,
                     budget,
                     ("fp32", "fp16", "int8", "fp8", "tensorrt", "triton"),
+                    args,
                 ),
             )
         }
@@ -695,7 +734,7 @@ def report_variant(
         report["fusable"] = section(
             "fusable export",
             lambda: _attempt(
-                lambda: fusable(variant, src, out / "exports" / variant, out, sides[variant], budget, work)
+                lambda: fusable(variant, args, out / "exports" / variant, out, sides[variant], budget, work)
             ),
         )
         for s in sides.values():

@@ -113,7 +113,7 @@ def fastest_cpu_runtime(
                     runners.append(runner)
                     run = getattr(runner, "run", runner)
                     run(x)
-                    fns[n] = lambda r=run: r(x)
+                    fns[n] = lambda r=run, x=x: r(x)
                 except Exception as exc:  # noqa: BLE001 -- a runtime that fails here is out, with its reason
                     failed[n] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
             if not fns:

@@ -90,11 +90,13 @@ def time_opsets(
     *,
     eager: Callable[[], object] | None = None,
     progress: bool = False,
+    reference: str = "eager",
 ) -> dict[str, list[float]]:
     """Seconds per call of each file (``{opset: path}``) on each of the registry's CPU runtimes that runs here
     (:func:`~attnzoo.runtime.backends.cpu_runtimes`: ONNX Runtime's CPU session, OpenVINO where installed), and of
     ``eager`` when given, timed round-robin after each runner's output passed the fp32 parity check against
-    ``ref``. Keys: ``"<backend> opset<N>"`` (``"ort-cpu opset20"``, ...), ``"eager"``.
+    ``ref`` (what computed it: ``reference``, named in the error). Keys: ``"<backend> opset<N>"``
+    (``"ort-cpu opset20"``, ...), ``"eager"``.
 
     Raises:
         RuntimeError: a runner's output fails the parity check.
@@ -109,7 +111,7 @@ def time_opsets(
         if name != "eager":
             ok, err = check(np.asarray(fn()), ref, "fp32")
             if not ok:
-                raise RuntimeError(f"{name}: parity error {err:.1e} against eager")
+                raise RuntimeError(f"{name}: parity error {err:.1e} against {reference}")
     return time_round_robin(runners, rounds, progress=progress)
 
 
@@ -270,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 a.threads,
                 cache,
                 a.rounds,
-                eager=lambda: model(x),
+                eager=lambda model=model, x=x: model(x),
                 progress=not a.no_progress,
             )
         rows += _rows(times, variant, size, tokens)

@@ -118,7 +118,9 @@ def int8_rows(
             s32, _ = tuned_cpu_session(fp32, threads, cache_dir, batch=b)
             s8, _ = tuned_cpu_session(int8, threads, cache_dir, batch=b)
             feed = {s32.get_inputs()[0].name: x[:b]}
-            a, c = measure_pair(lambda: s32.run(None, feed), lambda: s8.run(None, feed), min_time)
+            a, c = measure_pair(
+                lambda s32=s32, feed=feed: s32.run(None, feed), lambda s8=s8, feed=feed: s8.run(None, feed), min_time
+            )
             r = ratio_stats(c, a)  # per pair: fp32 time / int8 time = the speed-up
             speed[str(b)] = {
                 "fp32_median_ms": float(np.median(a) * 1e3),
@@ -206,14 +208,15 @@ def markdown(result: dict[str, Any]) -> str:
             "",
             f"Command: `{result['command']}`",
             "",
-            "MatMul/Gemm weights int8 (onnxruntime.quantization.quantize_dynamic, QInt8), activations quantized per run; "
-            "everything else fp32. Metric in percent on the test split each model was trained for "
+            "MatMul/Gemm weights int8 (onnxruntime.quantization.quantize_dynamic, QInt8), activations quantized "
+            "per run; everything else fp32. Metric in percent on the test split each model was trained for "
             f"({', '.join(map(str, n))} images); top-1 agreement: share of test images (pixels for seg) where int8 "
             "predicts what fp32 predicts. Speed-up: median [Q1, Q3] of per-pair fp32/int8 latency ratios (A B A B), "
             "measured in this run.",
             "",
             f"CPU: {machine_label(env)}; threads {result['threads']}; load average {env['load_average']} at the start, "
-            f"{result['load_average_end']} at the end{' (shared with other jobs: contended)' if result['contended'] else ''}.",
+            f"{result['load_average_end']} at the end"
+            f"{' (shared with other jobs: contended)' if result['contended'] else ''}.",
             "",
             table,
             "",
