@@ -26,7 +26,8 @@ def predict_session(sess, images: np.ndarray, batch_size: int = EVAL_BATCH) -> n
         FloatingPointError: a batch's logits are not all finite (an argmax of NaN would still name a class, and
             the model would be scored as merely inaccurate).
     """
-    run = sess if callable(sess) else (lambda x, name=sess.get_inputs()[0].name: sess.run(None, {name: x})[0])
+    name = None if callable(sess) else sess.get_inputs()[0].name
+    run = sess if callable(sess) else (lambda x: sess.run(None, {name: x})[0])
     preds = []
     for i in range(0, len(images), batch_size):
         logits = run(images[i : i + batch_size])

@@ -46,7 +46,7 @@ def test_shapes_masks_agree_with_labels(task):
         assert counts[label + 1] > 0 and counts[1:].argmax() == label  # label = largest object
         assert counts[0] > 0  # some background is visible
     if task == "cls":  # one dominant object covers a clear share of the image
-        share = np.array([(m == l + 1).mean() for l, m in zip(labels, masks, strict=False)])
+        share = np.array([(m == label + 1).mean() for label, m in zip(labels, masks, strict=False)])
         assert share.min() > 0.05
     else:  # several objects per image
         assert np.mean([len(np.unique(m)) - 1 for m in masks]) > 1.5

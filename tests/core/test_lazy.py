@@ -25,4 +25,4 @@ def test_attributes_are_the_modules_own_and_a_missing_library_fails_at_first_use
     assert lazy_import("json").dumps is json.dumps
     missing = lazy_import("attnzoo_no_such_library")  # naming it is free
     with pytest.raises(ImportError):
-        missing.anything
+        _ = missing.anything
