@@ -138,8 +138,8 @@ def entry_point(fn: Callable[..., int | None]) -> Callable[..., int]:
     """Wrap a command's ``main(argv=None)``: errors become one line on stderr and :class:`CommandExit`.
 
     :class:`UsageError` exits 2; any other ``Exception`` exits 1 with its first line (prefixed with its type
-    when it is not a ``ValueError``/``OSError``/:class:`CommandError`); ``SystemExit`` from argparse (help, usage errors) passes
-    through. ``--debug`` in the arguments prints the traceback.
+    when it is not a ``ValueError``/``OSError``/:class:`CommandError`); ``SystemExit`` from argparse (help, usage
+    errors) passes through. ``--debug`` in the arguments prints the traceback.
     """
 
     @functools.wraps(fn)

@@ -186,8 +186,8 @@ def signals_deferred() -> Iterator[PendingSignal]:
 
     Inside, a signal only sets ``PendingSignal.signum`` (a callback may poll ``.pending`` to cancel the work; it
     must never raise). On exit the previous handlers come back and a recorded signal is handed to its handler:
-    :class:`Interrupted` / :class:`Terminated` under :func:`attnzoo.cli.entry_point`, ``KeyboardInterrupt`` under Python's
-    default; it replaces any exception the body raised (a build cancelled because of it). Off the main thread
+    :class:`Interrupted` / :class:`Terminated` under :func:`attnzoo.cli.entry_point`, ``KeyboardInterrupt`` under
+    Python's default; it replaces any exception the body raised (a build cancelled because of it). Off the main thread
     signals are not delivered to Python, and this does nothing.
     """
     state = PendingSignal()
@@ -222,9 +222,9 @@ def run_in_worker(fn: Callable[[], T], cancel: Callable[[], None]) -> T:
     (signal handlers run in the main thread only).
 
     On a signal (or any exception while waiting) ``cancel()`` asks ``fn`` to stop (it must not raise) and the
-    exception propagates at once; the worker is left behind, and :func:`attnzoo.cli.entry_point` then ends the process with
-    ``os._exit`` once its line is printed (and the caller's ``finally`` blocks have run). Off the main thread
-    ``fn()`` is simply called.
+    exception propagates at once; the worker is left behind, and :func:`attnzoo.cli.entry_point` then ends the
+    process with ``os._exit`` once its line is printed (and the caller's ``finally`` blocks have run). Off the main
+    thread ``fn()`` is simply called.
     """
     if threading.current_thread() is not threading.main_thread():
         return fn()

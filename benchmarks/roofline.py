@@ -265,7 +265,10 @@ def markdown(result: dict[str, Any], against: list[dict[str, Any]] | None = None
                 f"{m['vector_ops'] / 1e9:.3f}",
                 *[f"{(m['activation_elements'] + m['weight_elements']) * w / 1e6:.1f}" for w in widths],
                 *[
-                    f"{(m['matrix_flops'] + m['vector_ops']) / ((m['activation_elements'] + m['weight_elements']) * w):.0f}"
+                    format(
+                        (m["matrix_flops"] + m["vector_ops"]) / ((m["activation_elements"] + m["weight_elements"]) * w),
+                        ".0f",
+                    )
                     for w in widths
                 ],
             ]

@@ -64,8 +64,8 @@ def _parse_ints(text: str, what: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="export-model",
-        description="Export an attnzoo model to ONNX (the variant's extra math kept as explicit ops, verified against eager "
-        "PyTorch with ONNX Runtime) and optionally build a TensorRT engine.",
+        description="Export an attnzoo model to ONNX (the variant's extra math kept as explicit ops, verified against "
+        "eager PyTorch with ONNX Runtime) and optionally build a TensorRT engine.",
         epilog=f"variants: {', '.join(VARIANT_NAMES)}\narchs: {', '.join(ARCHS)}\n"
         f"Default checkpoint: the zoo's trained model for the variant and task (attnzoo.zoo).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -105,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--format",
         choices=FORMATS,
         default=None,
-        help="onnx, tensorrt or triton (default: from the --out suffix, .onnx or .engine; else onnx); "
+        help="onnx, tensorrt or triton (default: from the --out suffix, .onnx or .engine; no suffix: onnx, "
+        "written to OUT.onnx); "
         "triton writes a Triton model repository into the --out folder (default "
         f"{DEFAULT_TRITON_DIR}): <name>/config.pbtxt, labels.txt, 1/model.onnx (or 1/model.plan)",
     )
@@ -167,9 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="where the Q/DQ nodes go: auto (default: the weight MatMuls, plus attention's two matmuls "
         "and the residual Adds of each block, each kept fp32 unless the cosine to fp32 that the "
-        "choosing inputs promise for most inputs like them stays at --min-cosine), tensorrt (ModelOpt's placement, all of them, which TensorRT "
-        "fuses) or cpu (int8 only: just in front of the MatMul/Gemm/Conv ops ONNX Runtime's CPU "
-        "kernels run in int8; faster there)",
+        "choosing inputs promise for most inputs like them stays at --min-cosine), tensorrt (ModelOpt's placement, "
+        "all of them, which TensorRT fuses) or cpu (int8 only: just in front of the MatMul/Gemm/Conv ops ONNX "
+        "Runtime's CPU kernels run in int8; faster there)",
     )
     q.add_argument(
         "--calibration-data",

@@ -1,11 +1,16 @@
 """Fusion audit: does each runtime run a block's attention core as one fused kernel?
 
 A variant's attention core is, per block, the softmax with the matrix product that makes its scores
-(``Q K^T``) and the one that applies it to the values. A runtime that recognises the pattern runs the three as one
+(``Q K^T``) and the one that applies it to the values. **Fused** (:data:`FUSED`, the one definition every table
+of the package uses) means: one kernel of the runtime's own computes all three, read from the runtime's executed
+or optimized graph, never from the source model. A runtime that recognises the pattern runs the three as one
 kernel (OpenVINO's ``Subgraph`` from its snippets tokenizer, ONNX Runtime's ``Attention`` /
 ``MultiHeadAttention`` contrib ops); where a variant's extra math breaks the pattern, the core runs as separate
 kernels that write the full score matrix to memory, which is what makes custom attention slow on GPUs
-(NVIDIA/TensorRT#3243, #3665). The audit reads each runtime's own result, never the source model alone:
+(NVIDIA/TensorRT#3243, #3665). One kernel is not by itself that saving: ONNX Runtime's CPU ``Attention`` kernel
+still computes the whole score matrix into a buffer of its own, so on that runtime "fused" means one op, not less
+memory (the memory a fused kernel saves is a GPU kernel's, such as a flash-attention one, which this audit cannot
+read without a GPU). The audit reads each runtime's own result, never the source model alone:
 
 - **OpenVINO**: the compiled model's runtime model (``get_runtime_model()``): a block is fused when one executed
   kernel computes its softmax and both of its matrix products (``originalLayersNames``).
@@ -13,11 +18,16 @@ kernels that write the full score matrix to memory, which is what makes custom a
   transformer optimizer (``onnxruntime.transformers.optimizer.optimize_model``, ``model_type="vit"``): a block
   is fused when its softmax is gone and an attention contrib op took its place.
 
+- **TensorRT**: an engine's layers can be read only from a deserialized engine, which needs a GPU; on a machine
+  without one the audit says so (``inspected: false`` with the reason) instead of guessing, and every table shows
+  it as "not inspected".
+
 A file exported at opset 23 (``export_onnx(..., opset=23)``) carries each dot-product core as one standard
 ``Attention`` op; the audit then asks whether each runtime kept it whole: ONNX Runtime when the op is still in its
-optimized graph, OpenVINO when the kernels that compute it hold no separate matrix product or softmax.
-- **TensorRT**: an engine's layers can be read only from a deserialized engine, which needs a GPU; on a machine
-  without one the audit says so instead of guessing.
+optimized graph, OpenVINO when the kernels that compute it hold no separate matrix product or softmax. The
+transformer optimizer runs at ``opt_level=0``, which never splits a standard ``Attention`` op: on such a file its
+count is the export's, not a runtime's reading, and its entry says so (``as_exported``: the cores that were
+already one op in the file; :func:`runtime_label` labels it).
 
     python -m attnzoo.runtime.fusion model.onnx [--json]
 """
@@ -37,6 +47,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from attnzoo import mdtext
 from attnzoo.cli import entry_point
 from attnzoo.errors import UsageError
 from attnzoo.lazy import lazy_import
@@ -52,6 +63,10 @@ ov = lazy_import("openvino")
 models = lazy_import("attnzoo.models")  # the arch table (timm): read by the transformer optimizer's audit only
 
 __all__ = [
+    "FUSED",
+    "RUNTIMES",
+    "runtime_label",
+    "inspected_line",
     "AttentionCore",
     "attention_cores",
     "openvino_fusion",
@@ -61,6 +76,42 @@ __all__ = [
     "markdown",
     "main",
 ]
+
+#: What "fused" means in every table of the package (the audit's one definition).
+FUSED = (
+    "fused: one kernel of the runtime's own computes a block's attention core (the scores' matrix product, the "
+    "softmax and the values' matrix product), read from the runtime's executed or optimized graph"
+)
+#: The audit's runtimes, in order, as tables name them.
+RUNTIMES = {
+    "openvino": "OpenVINO",
+    "onnxruntime": "ONNX Runtime",
+    "onnxruntime-transformers": "ONNX Runtime transformer optimizer",
+    "tensorrt": "TensorRT",
+}
+
+
+def runtime_label(entry: dict[str, Any]) -> str:
+    """A runtime's name in a table, with what its count is where that is not a runtime's kernel: the transformer
+    optimizer on a file whose cores were exported as ``Attention`` ops (its ``opt_level=0`` keeps them as written)."""
+    name = RUNTIMES.get(entry.get("runtime"), str(entry.get("runtime")))
+    if entry.get("as_exported"):
+        name += " (opt_level 0 keeps the exported Attention ops: the export's count, not a kernel it chose)"
+    return name
+
+
+def inspected_line(runtimes: list[dict[str, Any]]) -> str:
+    """One sentence naming the runtimes whose graphs were read and those that were not (with why)."""
+    seen = [RUNTIMES.get(r["runtime"], r["runtime"]) for r in runtimes if r.get("inspected")]
+    not_seen = [
+        f"{RUNTIMES.get(r['runtime'], r['runtime'])} ({r.get('reason')})" for r in runtimes if not r.get("inspected")
+    ]
+    return (
+        f"Inspected: {', '.join(seen) or 'none'}"
+        + (f"; not inspected: {'; '.join(not_seen)}" if not_seen else "")
+        + "."
+    )
+
 
 #: ONNX Runtime contrib ops that compute a whole attention core.
 ORT_ATTENTION_OPS = (
@@ -190,7 +241,8 @@ def _verdict(cores: list[AttentionCore], fused: dict[str, str | None], runtime: 
 
 
 def openvino_fusion(path: str | Path, cores: list[AttentionCore] | None = None, threads: int = 1) -> dict[str, Any]:
-    """Which attention cores OpenVINO's CPU plugin runs as one kernel: softmax and both matrix products in one runtime node.
+    """Which attention cores OpenVINO's CPU plugin runs as one kernel: softmax and both matrix products in one
+    runtime node.
 
     Returns:
         ``{"runtime", "inspected", "cores", "fused", "per_core": [{"block", "softmax", "fused", "kernel",
@@ -303,7 +355,10 @@ def onnxruntime_fusion(
             graph = onnx.load(str(out), load_external_data=False).graph
         name = "onnxruntime"
     ops = Counter(n.op_type for n in graph.node if n.op_type in ORT_ATTENTION_OPS)
-    return _verdict(cores, _ort_attention(graph, cores), name, version=ort.__version__, attention_ops=dict(ops))
+    extra: dict[str, Any] = {"version": ort.__version__, "attention_ops": dict(ops)}
+    if transformer_optimizer:  # opt_level 0 never splits an exported Attention op: those counts are the file's
+        extra["as_exported"] = sum(c.op is not None for c in cores)
+    return _verdict(cores, _ort_attention(graph, cores), name, **extra)
 
 
 def tensorrt_fusion(path: str | Path, cores: list[AttentionCore] | None = None) -> dict[str, Any]:
@@ -338,22 +393,29 @@ def audit(path: str | Path, threads: int = 1) -> dict[str, Any]:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    """One row per runtime: its fused cores of all, and the kernel that computes the first fused one."""
+    """One row per runtime: its fused cores of all, and the kernel that computes the first fused one (every value
+    escaped: node names come from the ONNX file)."""
     cores = result["cores"]
-    dot = sum(c["dot_product"] for c in cores)
+    dot = sum(bool(c.get("dot_product")) for c in cores)
     lines = [
-        f"{len(cores)} attention cores, {dot} with dot-product scores (the form attention fusion matches)",
+        f"{len(cores)} attention cores, {dot} with dot-product scores (the form attention fusion matches). "
+        f"{mdtext.text(FUSED)}. {mdtext.text(inspected_line(result['runtimes']))}",
         "",
         "| runtime | fused cores | kernel (first fused core) |",
         "|---|---|---|",
     ]
     for r in result["runtimes"]:
-        if not r["inspected"]:
-            lines.append(f"| {r['runtime']} | not inspected | {r['reason']} |")
+        name = mdtext.text(runtime_label(r))
+        if not r.get("inspected"):
+            lines.append(f"| {name} | not inspected | {mdtext.text(r.get('reason'))} |")
             continue
-        first = next((c["kernel"] for c in r["per_core"] if c["kernel"]), None)
-        lines.append(f"| {r['runtime']} | {r['fused']} of {r['cores']} | {first or '-'} |")
+        first = next((c["kernel"] for c in r.get("per_core", []) if c.get("kernel")), None)
+        lines.append(f"| {name} | {_int(r.get('fused'))} of {_int(r.get('cores'))} | {mdtext.text(first or '-')} |")
     return "\n".join(lines)
+
+
+def _int(value: Any) -> str:
+    return str(value) if isinstance(value, int) else "?"
 
 
 @entry_point

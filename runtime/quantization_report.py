@@ -1,6 +1,7 @@
 """The report of an int8 / fp8 export, ``<model>.report.json``: one typed schema for its writer
-(:func:`attnzoo.export.quantize.quantize_verified`) and its readers (:func:`attnzoo.runtime.sessions.verification_problem`,
-the summary ``export-model`` prints, the benchmarks and the studies).
+(:func:`attnzoo.export.quantize.quantize_verified`) and its readers
+(:func:`attnzoo.runtime.sessions.verification_problem`, the summary ``export-model`` prints, the benchmarks and the
+studies).
 
 The JSON is the dataclasses' fields in their order (:meth:`QuantizationReport.to_json`); the figures whose shape
 depends on the run (the fidelity, the accuracy, the ``auto`` placement's decision) stay JSON objects.

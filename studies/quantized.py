@@ -441,12 +441,19 @@ def markdown(result: Mapping[str, Any]) -> str:
             *([f"Measured by `{sp['command']}`.", ""] if sp.get("command") else []),
             *machine(sp),
             f"Random-init model ({sp['gflop_per_image']:.2f} GFLOP per image); both models of a row pass "
-            "the parity gate against eager fp32 (fp32 1e-4; static int8 of a random-init model calibrated on random inputs 0.5, a sanity gate) before they are timed alternately "
+            "the parity gate against eager fp32 (fp32 1e-4; static int8 of a random-init model calibrated on random "
+            "inputs 0.5, a sanity gate) before they are timed alternately "
             f"(A B A B, {sp['min_time']:g} s); speed-up = median [Q1, Q3] of per-pair fp32/int8 ratios. Ceiling: "
             f"this machine's fp32 matmul {sp['ceiling']['fp32']['gflops']:.0f} GFLOP/s, int8 "
             + (f"{sp['ceiling']['int8']['gops']:.0f} GOP/s" if sp["ceiling"]["int8"].get("gops") else "not measured")
             + f", {sp['threads']} thread(s). Load average {sp['load_start']} at the start, {sp['load_end']} at "
-            f"the end{': **measured under load (shared machine), re-run with --timing-only when quiet**' if busy else ' (quiet)'}.",
+            "the end"
+            + (
+                ": **measured under load (shared machine), re-run with --timing-only when quiet**"
+                if busy
+                else " (quiet)"
+            )
+            + ".",
             "",
             speed_table(sp),
             "",

@@ -2,8 +2,8 @@
 
     python -m attnzoo.studies.train_speed --out results/studies/train-speed [--variants standard wafe-mae]
 
-Times optimisation steps of a zoo recipe (default: the Fashion-MNIST segmenters', as retrained: ``recipes(retrain=True)``)
-under each setting:
+Times optimisation steps of a zoo recipe (default: the Fashion-MNIST segmenters', as retrained:
+``recipes(retrain=True)``) under each setting:
 ``eager-1t`` (the zoo's one thread per model), ``eager-2t`` (one model on two threads), ``channels-last``,
 ``compile`` (``torch.compile`` of the model; its compile time is reported apart) and ``pair-1t`` (two models at
 once, one thread each: the zoo build's layout, reported as the time per step of each). Every setting starts from

@@ -5,12 +5,13 @@ The four official files ship with the package (:data:`PACKAGED_ROOT`, byte-for-b
 package ``dataset-fashion-mnist`` installs under :data:`DEFAULT_ROOT`); nothing is downloaded. Which copy is read:
 :func:`fashion_root`.
 
-Splits: ``train`` is the official training set less a fixed 5,000-image hold-out (1 in :data:`VAL_EVERY`), ``val`` is that hold-out,
-``test`` is the official 10,000-image test set.
+Splits: ``train`` is the official training set less a fixed 5,000-image hold-out (1 in :data:`VAL_EVERY`),
+``val`` is that hold-out, ``test`` is the official 10,000-image test set.
 
 Segmentation scenes (:func:`compose_scenes`): ``k`` garments (2 to 4) drawn from the split's images, each resized to a
-random fraction of the canvas side (35-60 %) and pasted at a random place on a black ``size`` x ``size`` canvas where it hides little of the
-garments already there (:data:`MAX_OVERLAP`); a later garment covers an earlier one where its own pixels are on. Mask label = garment class + 1 wherever the garment's pixel exceeds
+random fraction of the canvas side (35-60 %) and pasted at a random place on a black ``size`` x ``size`` canvas
+where it hides little of the garments already there (:data:`MAX_OVERLAP`); a later garment covers an earlier one
+where its own pixels are on. Mask label = garment class + 1 wherever the garment's pixel exceeds
 :data:`MASK_THRESHOLD`, 0 = background. Scene ``i`` of a split is drawn with its own generator seeded from
 ``(seed, split, i)``, so the scenes are the same on every machine, train scenes use only official training
 images and test scenes only official test images.

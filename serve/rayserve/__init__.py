@@ -2,8 +2,8 @@
 
 - :func:`serve_models` (:mod:`.launch`: the models :mod:`.selection` chooses, on the Ray and HAProxy that
   :mod:`.environment` starts, ended by :mod:`.reaping` and :mod:`.watchdog`), and ``serve-models`` (:mod:`.cli`)
-  around it: the verified ONNX
-  models behind a Ray Serve deployment (:mod:`.app`) with ``@serve.batch`` dynamic batching, replicas, HTTP routes for classify / segment, health and stats;
+  around it: the verified ONNX models behind a Ray Serve deployment (:mod:`.app`) with ``@serve.batch`` dynamic
+  batching, replicas, HTTP routes for classify / segment, health and stats;
 - :mod:`.loadtest`: concurrent clients against it, with the offline benchmark on the same machine.
 
 Triton model repositories are written by ``export-model --format triton`` (:mod:`attnzoo.export.triton`).

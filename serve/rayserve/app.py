@@ -128,7 +128,8 @@ def _replica_grpc_on_loopback() -> None:
     :data:`attnzoo.serve.rayserve.environment._LOOPBACK_ENV`): Ray Serve 2.60 binds each replica's inter-deployment gRPC
     server to ``[::]:0`` (all interfaces; ``Replica._on_initialized``, not a setting). This module is imported in
     the replica before that runs, so the address is rewritten to ``127.0.0.1:0`` here; a cluster joined with
-    ``--address`` is left as Ray makes it. ``tests/serve/test_serve_models_lifecycle.py`` lists every listening socket."""
+    ``--address`` is left as Ray makes it. ``tests/serve/test_serve_models_lifecycle.py`` lists every listening
+    socket."""
     from ray.serve._private import replica  # Ray's replica internals: loaded only in a replica, by this patch
 
     original = replica.add_port_to_grpc_server

@@ -270,8 +270,8 @@ def test_report_tables_say_who_loses_accuracy():
     md = markdown(result)
     assert "Test CPU (avx2, avx512_vnni" in md and result["command"] in md
     assert (
-        "| belief2 | cls | top1 | 89.40 | 89.38 (-0.02) | 88.10 (-1.30) | 89.30 (-0.10) | 32 | -1.28 | 0.001 | **loses** |"
-        in md
+        "| belief2 | cls | top1 | 89.40 | 89.38 (-0.02) | 88.10 (-1.30) | 89.30 (-0.10) "
+        "| 32 | -1.28 | 0.001 | **loses** |" in md
     )
     assert "| standard | cls | top1 | 89.60 | 89.30 (-0.30) | - | 89.50 (-0.10) | 0 | - | - | - |" in md
     assert "Lose accuracy when their extra math is quantized: belief2." in md

@@ -50,7 +50,8 @@ SHAPES: dict[str, dict[str, Any]] = {
 
 
 def _rerandomize(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Unit-scale weights: matrices ~ N(0, 1/fan_in), norm and LayerScale gains ~ 1 + N(0, 0.25), biases ~ N(0, 0.25)."""
+    """Unit-scale weights: matrices ~ N(0, 1/fan_in), norm and LayerScale gains ~ 1 + N(0, 0.25), biases
+    ~ N(0, 0.25)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():

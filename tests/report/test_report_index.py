@@ -105,6 +105,7 @@ def _expected(r: dict[str, Any]) -> dict[str, str]:
     side = r["export"][r["variant"]]
     fused = {x["runtime"]: x for x in r["fusion"][r["variant"]]["audit"]["runtimes"]}
     v = r["verdict"]
+    ort_t, first, most = fused["onnxruntime-transformers"], v["overhead_first"], v["overhead_most_tokens"]
     return {
         "variant": f"[{r['variant']}]({r['variant']}/report.md)",
         "deploys": "yes" if v["deploys"] else f"no ({', '.join(v['problems'])})",
@@ -115,10 +116,10 @@ def _expected(r: dict[str, Any]) -> dict[str, str]:
         "TensorRT": f"{side['tensorrt']['state']} - no GPU, network check ok",
         "fused: OpenVINO": f"{fused['openvino']['fused']}/{fused['openvino']['cores']}",
         "fused: ONNX Runtime": f"{fused['onnxruntime']['fused']}/{fused['onnxruntime']['cores']}",
-        "fused: ONNX Runtime transformer optimizer": f"{fused['onnxruntime-transformers']['fused']}/{fused['onnxruntime-transformers']['cores']}",
+        "fused: ONNX Runtime transformer optimizer": f"{ort_t['fused']}/{ort_t['cores']}",
         "fused: TensorRT": "not inspected",
-        f"x standard at {v['overhead_first']['tokens']:,} tokens": f"x{v['overhead_first']['ratio']:.2f} ({v['overhead_first']['backend']})",
-        f"x standard at {v['overhead_most_tokens']['tokens']:,} tokens": f"x{v['overhead_most_tokens']['ratio']:.2f} ({v['overhead_most_tokens']['backend']})",
+        f"x standard at {first['tokens']:,} tokens": f"x{first['ratio']:.2f} ({first['backend']})",
+        f"x standard at {most['tokens']:,} tokens": f"x{most['ratio']:.2f} ({most['backend']})",
     }
 
 
