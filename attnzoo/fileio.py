@@ -1,6 +1,7 @@
 """File output: write to a temporary file beside the target, rename on success, delete on failure, so no
 reader ever sees a half-written checkpoint, ONNX model, engine or report; check that an output folder can be
-written before any work starts; the one cache folder every command uses."""
+written before any work starts; the one cache folder every command uses, whose derived files are trusted by
+content (:func:`derived_is_current`), never by modification time."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ __all__ = [
     "atomic_write_text",
     "write_json_report",
     "sha256_file",
+    "derived_is_current",
+    "record_derived",
     "writable_dir",
     "default_cache_dir",
     "parse_json",
@@ -119,6 +122,41 @@ def sha256_file(path: PathLike) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def _derived_facts(source_sha256: str, products: list[Path], key: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "source_sha256": source_sha256,
+        "key": key,
+        "products": {p.name: sha256_file(p) for p in products},
+    }
+
+
+def derived_is_current(
+    record: PathLike, source_sha256: str, products: list[PathLike], key: dict[str, Any] | None = None
+) -> bool:
+    """Whether the cached ``products`` made from a source whose content is ``source_sha256`` (with settings
+    ``key``) are the very files :func:`record_derived` recorded in ``record``: the same source content and key,
+    and each product's own sha256 unchanged. A cache is trusted by content, never by modification time: a product
+    replaced or edited after it was made (an equivalent graph dropped in its place, a half-copied file) reads as
+    not current, and the caller makes it again."""
+    paths = [Path(p) for p in products]
+    try:
+        if not all(p.is_file() for p in paths):
+            return False
+        want = read_json(record, max_bytes=2**20)
+        return isinstance(want, dict) and want == _derived_facts(source_sha256, paths, dict(key or {}))
+    except (OSError, ValueError):
+        return False
+
+
+def record_derived(
+    record: PathLike, source_sha256: str, products: list[PathLike], key: dict[str, Any] | None = None
+) -> None:
+    """Write ``record`` (atomically, after the products are in place): the source's sha256, ``key`` and every
+    product's sha256, read back by :func:`derived_is_current`."""
+    facts = _derived_facts(source_sha256, [Path(p) for p in products], dict(key or {}))
+    atomic_write_text(record, json.dumps(facts, indent=1, sort_keys=True) + "\n")
 
 
 def writable_dir(folder: PathLike, what: str = "output folder") -> Path:

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from attnzoo.benchmarks.timing import measure_pair
+from attnzoo.fileio import derived_is_current, record_derived, sha256_file
 from attnzoo.lazy import lazy_import
 from attnzoo.runtime.sessions import ort_session, session_options
 
@@ -40,16 +41,20 @@ def naive_cpu_session(onnx_path: Path, threads: int, profile_prefix: str | None 
 def quantize_int8(onnx_path: Path, out_path: Path) -> Path:
     """Dynamic int8 quantization of the MatMul/Gemm weights (activations quantized per run, u8 x s8 -> VNNI).
 
-    The orthogonal projection (Mul/ReduceSum/Div) and every non-matmul op stay fp32. Cached by mtime. The
+    The orthogonal projection (Mul/ReduceSum/Div) and every non-matmul op stay fp32. Cached by content
+    (:func:`attnzoo.fileio.derived_is_current`: the source's and the copy's sha256 in ``<out>.json``). The
     export's ``value_info`` is dropped first (with it the quantizer's shape inference fails with "Inferred
     shape and existing shape differ"); ONNX shape inference recomputes it.
     """
     from onnxruntime.quantization import QuantType, quantize_dynamic  # heavy: ONNX Runtime's quantizer, rarely used
 
     onnx_path, out_path = Path(onnx_path), Path(out_path)
-    if out_path.exists() and out_path.stat().st_mtime >= onnx_path.stat().st_mtime:
+    record, source_sha = out_path.with_suffix(".json"), sha256_file(onnx_path)
+    key = {"onnxruntime": ort.__version__, "quantizer": "quantize_dynamic QInt8 MatMul,Gemm"}
+    if derived_is_current(record, source_sha, [out_path], key):
         return out_path
     out_path.parent.mkdir(parents=True, exist_ok=True)
+    record.unlink(missing_ok=True)
     tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp.onnx")
     proto = onnx.load(str(onnx_path))
     del proto.graph.value_info[:]
@@ -62,6 +67,7 @@ def quantize_int8(onnx_path: Path, out_path: Path) -> Path:
     finally:
         root.setLevel(level)
         tmp.unlink(missing_ok=True)
+    record_derived(record, source_sha, [out_path], key)
     return out_path
 
 

@@ -35,7 +35,7 @@ from attnzoo.export.quantize import (
     random_calibration,
 )
 from attnzoo.export.verify import report_path
-from attnzoo.fileio import atomic_write_text, sha256_file
+from attnzoo.fileio import atomic_write_text, derived_is_current, record_derived, sha256_file
 from attnzoo.runtime.backends import Call, get_backend
 from attnzoo.runtime.openvino import nncf_int8
 from attnzoo.runtime.parity import tolerance_key
@@ -100,7 +100,7 @@ def int8_onnx(
             report = QuantizationReport.from_json(report_path(out).read_text())
         except ValueError:  # a report of another schema (or damaged): the cached model is made again
             report = None
-    if report is None or not report.passed:
+    if report is None or not report.passed or report.sha256 != sha256_file(out):  # trusted by content, not date
         calibration, source = _calibration(config)
         # min_cosine 0: the fidelity is measured and reported, not gated -- a random-init model calibrated on
         # random inputs is a speed subject, and every row passes the benchmark's own parity gate (int8-static)
@@ -138,12 +138,17 @@ def extra_math(onnx_path: Path, config: dict[str, Any] | None = None) -> list[st
 
 def int8_openvino(onnx_path: Path, config: dict[str, Any], cache_dir: Path) -> tuple[Path, dict[str, Any]]:
     """NNCF's int8 OpenVINO IR of a verified fp32 export (extra math in the ignored scope, checked free of
-    FakeQuantize; :func:`attnzoo.runtime.openvino.nncf_int8`), cached per fp32 SHA-256 with its report."""
-    out = Path(cache_dir) / "int8" / f"{onnx_path.stem}-{sha256_file(onnx_path)[:12]}.nncf-int8.xml"
-    facts_path = out.with_suffix(".report.json")
+    FakeQuantize; :func:`attnzoo.runtime.openvino.nncf_int8`), cached per fp32 SHA-256 with its report, and
+    reused only while the IR, its weights and the report are the files that were made
+    (:func:`attnzoo.fileio.derived_is_current`)."""
+    source_sha = sha256_file(onnx_path)
+    out = Path(cache_dir) / "int8" / f"{onnx_path.stem}-{source_sha[:12]}.nncf-int8.xml"
+    facts_path, record = out.with_suffix(".report.json"), out.with_suffix(".json")
+    products = [out, out.with_suffix(".bin"), facts_path]
     out.parent.mkdir(parents=True, exist_ok=True)
-    if out.is_file() and facts_path.is_file():
+    if derived_is_current(record, source_sha, products):  # the IR, its weights and facts as they were made
         return out, json.loads(facts_path.read_text())
+    record.unlink(missing_ok=True)
     calibration, source = _calibration(config)
     extra = extra_math(onnx_path, config)
     facts = nncf_int8(onnx_path, out, calibration, ignored=extra)
@@ -153,6 +158,7 @@ def int8_openvino(onnx_path: Path, config: dict[str, Any], cache_dir: Path) -> t
         verified="NNCF model checked: FakeQuantize inserted, none feeding the extra math",
     )
     atomic_write_text(facts_path, json.dumps(facts, indent=1) + "\n")
+    record_derived(record, source_sha, products)
     return out, facts
 
 

@@ -5,21 +5,27 @@ folding, MatMul+Add -> Gemm/FusedMatMul, BiasGelu, SkipLayerNormalization, NCHWc
 fixed when the caller knows it, intra-op threads as given, one inter-op thread, sequential execution, and no
 thread spinning once a run ends (spinning threads steal the cores PyTorch or a neighbour needs on a shared
 machine). With a cache folder the portable ``ORT_ENABLE_EXTENDED`` result is saved once (``<name>.ort.onnx``)
-so later sessions skip the graph work. int8: the Q/DQ graph ``export-model --dtype int8`` writes runs as it is.
+so later sessions skip the graph work; it is reused only while its record (``<name>.ort.json``: the source's
+sha256, ONNX Runtime's version, the saved file's own sha256) matches both files, else made again. int8: the
+Q/DQ graph ``export-model --dtype int8`` writes runs as it is.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from attnzoo.fileio import atomic_path, derived_is_current, record_derived, sha256_file
+from attnzoo.lazy import lazy_import
+
 from ..contract import BATCH_DIM, INPUT_NAME, OUTPUT_NAME
 from ..sessions import available_providers, ort_session, session_options
 from . import Backend, Call, LoadOptions, Session, register_backend
+
+ort = lazy_import("onnxruntime")
 
 __all__ = ["OrtCpuBackend", "OrtSession", "tuned_cpu_session", "ORT_CPU"]
 
@@ -43,15 +49,15 @@ def tuned_cpu_session(
         cache_dir = Path(cache_dir)
         cache_dir.mkdir(parents=True, exist_ok=True)
         source = cache_dir / f"{onnx_path.stem}.ort.onnx"
-        if not source.exists() or source.stat().st_mtime < onnx_path.stat().st_mtime:
-            tmp = source.with_name(f".{source.name}.{os.getpid()}.tmp.onnx")
-            try:
+        record = source.with_suffix(".json")
+        source_sha, key = sha256_file(onnx_path), {"onnxruntime": ort.__version__, "level": "extended"}
+        if not derived_is_current(record, source_sha, [source], key):
+            record.unlink(missing_ok=True)
+            with atomic_path(source) as tmp:
                 ort_session(
                     onnx_path, "cpu", options=session_options(threads, "extended", optimized_path=tmp, spinning=False)
                 )
-                os.replace(tmp, source)
-            finally:
-                tmp.unlink(missing_ok=True)
+            record_derived(record, source_sha, [source], key)
     so = session_options(threads, "all", profile_prefix=profile_prefix, spinning=False)
     if batch is not None:
         so.add_free_dimension_override_by_name(BATCH_DIM, int(batch))
