@@ -222,7 +222,8 @@ def load_for_export(
 
 # ------------------------------------------------------------------------------------------------ arguments
 def output_format(fmt: str | None, out: PathLike | None) -> str:
-    """The output format: ``fmt``, else inferred from the suffix of ``out``; they must agree.
+    """The output format: ``fmt``, else inferred from the suffix of ``out`` (none: ONNX, :func:`_with_suffix`); they
+    must agree.
 
     Raises:
         UsageError: an unknown format, a suffix of no format, or a format and suffix that disagree.
@@ -240,6 +241,8 @@ def output_format(fmt: str | None, out: PathLike | None) -> str:
                 f"e.g. --out {out.with_suffix('')}"
             )
         return fmt
+    if implied is None and not out.suffix:  # no suffix: the format given, else ONNX
+        return fmt or "onnx"
     if implied is None:
         raise UsageError(
             f"--out {out}: the file name must end in "
@@ -248,6 +251,23 @@ def output_format(fmt: str | None, out: PathLike | None) -> str:
     if part is not None and part is not implied:
         raise UsageError(part.mismatch(out, implied))
     return implied.name
+
+
+def _with_suffix(fmt: str, out: PathLike | None) -> Path | None:
+    """``out`` as written, or -- a file format's ``out`` without a suffix -- with the format's suffix added
+    (``--out /tmp/m`` writes ``/tmp/m.onnx``).
+
+    Raises:
+        UsageError: ``out`` without a suffix is an existing folder (a file format writes one file).
+    """
+    if out is None:
+        return None
+    out, suffixes = Path(out), get_format(fmt).suffixes
+    if out.suffix or not suffixes:
+        return out
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a folder; name the file, e.g. --out {out / ('model' + suffixes[0])}")
+    return out.with_name(out.name + suffixes[0])
 
 
 def _usage(check, *args) -> Any:
@@ -306,7 +326,7 @@ def _check_request(
     req = ExportRequest(
         fmt,
         dtype,
-        Path(out) if out is not None else None,
+        _with_suffix(fmt, out),
         opset,
         sizes,
         compute_capability,

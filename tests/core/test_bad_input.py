@@ -456,6 +456,27 @@ def test_export_out_suffix_must_match_the_format(tmp_path, monkeypatch, fmt, nam
     assert list(tmp_path.iterdir()) == []
 
 
+def test_export_out_without_a_suffix_writes_onnx_there_with_the_suffix(tmp_path, monkeypatch):
+    """--help: the format comes from the --out suffix, else ONNX; ``--out m`` writes ``m.onnx`` (``m.engine`` with
+    --format tensorrt); a folder is refused before any work."""
+    from attnzoo.export.pipeline import _with_suffix
+
+    seen = []
+
+    def capture(model, out, *args, **kwargs):
+        seen.append(Path(out))
+        raise KeyboardInterrupt  # stop before the export itself
+
+    monkeypatch.setattr(verify_mod, "export_verified", capture)
+    with pytest.raises((KeyboardInterrupt, SystemExit)):
+        export_main(["--variant", "standard", "--random-init", "--out", str(tmp_path / "nc-int8")])
+    assert seen and seen[0].name.startswith("nc-int8") and seen[0].suffix == ".onnx"
+    assert _with_suffix("tensorrt", tmp_path / "m") == tmp_path / "m.engine"
+    assert _with_suffix("triton", tmp_path / "repo") == tmp_path / "repo"
+    err = _exit(export_main, ["--variant", "standard", "--random-init", "--out", str(tmp_path)])
+    assert err.code == 2 and "is a folder" in str(err)
+
+
 def test_export_format_is_inferred_from_the_out_suffix():
     from attnzoo.export.pipeline import output_format as _format
 
