@@ -6,7 +6,7 @@ Exit status: 2 for :class:`UsageError` (refused before any work starts), 1 for e
 
 from __future__ import annotations
 
-__all__ = ["UsageError", "CommandError", "CommandExit", "first_line"]
+__all__ = ["UsageError", "CommandError", "CommandExit", "first_line", "install_hint"]
 
 
 class UsageError(ValueError):
@@ -43,3 +43,14 @@ def first_line(exc: BaseException, typed: bool = False) -> str:
     if typed:
         return f"{type(exc).__name__}: {line}"[:300] if line else type(exc).__name__
     return line or type(exc).__name__
+
+
+def install_hint(extra: str) -> str:
+    """The command that adds the optional dependencies ``extra`` to this installation: ``pip install -e
+    ".[extra]"`` where the package runs from its source checkout (an editable install: ``pyproject.toml`` beside
+    the package), ``pip install "attnzoo[extra]"`` where it was installed from a wheel."""
+    from pathlib import Path
+
+    if (Path(__file__).resolve().parent.parent / "pyproject.toml").is_file():
+        return f'pip install -e ".[{extra}]"'
+    return f'pip install "attnzoo[{extra}]"'

@@ -23,6 +23,7 @@ from typing import Any
 import onnx
 from google.protobuf import text_format
 
+from attnzoo.errors import install_hint
 from attnzoo.fileio import atomic_write_text
 from attnzoo.runtime.contract import INPUT_NAME, OUTPUT_NAME
 
@@ -57,7 +58,7 @@ def triton_unavailable_reason() -> str | None:
     try:
         from tritonclient.grpc import model_config_pb2  # noqa: F401  # optional: the [serving] extra; installed?
     except ImportError as exc:
-        return f'Triton\'s config schema needs tritonclient[grpc] ({exc}); install it with pip install -e ".[serving]"'
+        return f"Triton's config schema needs tritonclient[grpc] ({exc}); install it with {install_hint('serving')}"
     return None
 
 

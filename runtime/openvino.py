@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from attnzoo.errors import install_hint
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import bf16_problem
 from attnzoo.signals import off_altstack
@@ -518,7 +519,7 @@ def nncf_unavailable_reason() -> str | None:
     try:
         import nncf  # noqa: F401 -- optional: NNCF (the [quantize] extra); importing it is the check
     except ImportError:
-        return "nncf is not installed (pip install -e '.[quantize]')"
+        return f"nncf is not installed ({install_hint('quantize')})"
     return None
 
 

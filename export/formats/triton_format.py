@@ -8,7 +8,7 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from attnzoo.errors import UsageError
+from attnzoo.errors import UsageError, install_hint
 from attnzoo.fileio import writable_dir
 from attnzoo.runtime.contract import ModelContract
 from attnzoo.runtime.tensorrt import gpu_available, load_library
@@ -57,7 +57,7 @@ class TritonFormat(ExportFormat):
                 "--triton-platform tensorrt: Triton's tensorrt_plan backend loads engines of TensorRT "
                 f"proper built on the GPU it serves on; here only {lib.describe()} "
                 f"{'is installed' if gpu_available() else 'without a GPU'} (run this on the GPU machine "
-                'with pip install -e ".[tensorrt10]", or use --triton-platform onnxruntime)'
+                f"with {install_hint('tensorrt10')}, or use --triton-platform onnxruntime)"
             )
 
     def out_path(self, req: ExportRequest, stem: str) -> Path:

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from attnzoo.errors import install_hint
 from attnzoo.fileio import atomic_path
 from attnzoo.runtime.quantization_report import QuantizeReport
 from attnzoo.runtime.sessions import QUANTIZED_DTYPES
@@ -46,14 +47,14 @@ def modelopt_version() -> str | None:
 def quantize_unavailable_reason() -> str | None:
     """Why ``--dtype int8|fp8`` cannot run here (ModelOpt's ONNX quantizer missing), else ``None``."""
     if modelopt_version() is None:
-        return 'needs NVIDIA ModelOpt: pip install -e ".[quantize]" (included in [dev])'
+        return f"needs NVIDIA ModelOpt: {install_hint('quantize')} (included in [dev])"
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             import modelopt.onnx.quantization  # noqa: F401  # optional: the [quantize] extra; is it installed?
     except ImportError as exc:
         return (
             f"ModelOpt's ONNX quantizer cannot be imported ({str(exc).splitlines()[0]}); "
-            'reinstall with pip install -e ".[quantize]"'
+            f"reinstall with {install_hint('quantize')}"
         )
     return None
 

@@ -27,6 +27,28 @@ def test_the_dev_install_has_modelopts_onnx_quantizer():
     assert qz.quantize_unavailable_reason() is None
 
 
+def test_the_missing_quantizer_hint_fits_the_installation(tmp_path, monkeypatch):
+    """Without ModelOpt the hint is the command for this installation: ``pip install -e`` in the source checkout,
+    ``pip install "attnzoo[quantize]"`` where the package was installed from a wheel (no checkout around it)."""
+    import importlib.util
+    import shutil
+
+    import attnzoo.errors
+    from attnzoo.export.quantize import modelopt
+
+    monkeypatch.setattr(modelopt, "modelopt_version", lambda: None)
+    assert 'pip install -e ".[quantize]"' in modelopt.quantize_unavailable_reason()
+    wheel = tmp_path / "site-packages" / "attnzoo"  # the module as a wheel installs it: no pyproject.toml above
+    wheel.mkdir(parents=True)
+    shutil.copy(attnzoo.errors.__file__, wheel / "errors.py")
+    spec = importlib.util.spec_from_file_location("wheel_errors", wheel / "errors.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(modelopt, "install_hint", module.install_hint)
+    reason = modelopt.quantize_unavailable_reason()
+    assert 'pip install "attnzoo[quantize]"' in reason and "-e" not in reason
+
+
 def _installed(name: str) -> bool:
     try:
         distribution(name)
