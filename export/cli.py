@@ -31,7 +31,7 @@ from pathlib import Path
 from attnzoo.cli import add_debug_flag, entry_point
 from attnzoo.errors import CommandError, UsageError
 from attnzoo.limits import MAX_BATCH_SIZE
-from attnzoo.models import ARCHS, TASKS, VARIANT_NAMES
+from attnzoo.models import ARCHS, BUILTIN_VARIANTS, TASKS
 from attnzoo.runtime.sessions import QUANTIZED_DTYPES
 from attnzoo.runtime.tensorrt import COMPUTE_CAPABILITIES, DEFAULT_COMPUTE_CAPABILITY
 
@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="export-model",
         description="Export an attnzoo model to ONNX (the variant's extra math kept as explicit ops, verified against "
         "eager PyTorch with ONNX Runtime) and optionally build a TensorRT engine.",
-        epilog=f"variants: {', '.join(VARIANT_NAMES)}\narchs: {', '.join(ARCHS)}\n"
+        epilog=f"variants: {', '.join(BUILTIN_VARIANTS)} (and installed plugins': python -m attnzoo.models)\n"
+        f"archs: {', '.join(ARCHS)}\n"
         f"Default checkpoint: the zoo's trained model for the variant and task (attnzoo.zoo).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -93,4 +93,5 @@ __all__ = [
     "PHI_CHOICES",
 ]
 
-load_plugins()  # last: a plugin imports register_variant (and anything else) from this package
+# Plugins (entry-point group attnzoo.variants) load at the first lookup of a variant name, not here: importing the
+# package, and every command's --help, runs no third-party code (registry.load_plugins).

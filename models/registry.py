@@ -3,8 +3,9 @@
 Every variant, the 15 built-ins included, is added by :func:`register_variant`, called beside its class in
 the family module (``standard``, ``belief``, ``belief2``, ``mabvit``, ``wafe``, ``hv``; ``attnzoo.models``
 imports them in that order, which is the built-in order). Third-party packages add theirs through the
-entry-point group ``attnzoo.variants`` (:func:`load_plugins`, run once at the end of the ``attnzoo.models``
-import). ``VARIANT_NAMES``, ``BUILTIN_VARIANTS`` and ``VARIANTS`` are live views of the registry; other
+entry-point group ``attnzoo.variants`` (:func:`load_plugins`, run once, at the first lookup of a variant name:
+a command that never asks for a variant, ``--help`` included, runs no plugin code). ``VARIANT_NAMES``,
+``BUILTIN_VARIANTS`` and ``VARIANTS`` are live views of the registry; other
 modules ask a variant's :class:`VariantSpec` (paper, extra-math scopes, pairwise scores, cost family, zoo
 options, extra weights) instead of keeping lists of names.
 """
@@ -24,6 +25,7 @@ from timm.layers import Attention
 from torch import nn
 
 from attnzoo.errors import first_line
+from attnzoo.signals import Interrupted, Terminated
 
 __all__ = [
     "Paper",
@@ -228,8 +230,49 @@ class VariantSpec:
 _ORDER: list[str] = []
 #: Accepted aliases -> canonical name (each variant's ``aliases``).
 ALIASES: dict[str, str] = {}
+
+
+class _Registry(dict):
+    """``name (aliases included) -> spec``: a dict whose lookups first load the installed plugins
+    (:func:`_ensure_plugins`), so that importing the package runs no third-party code."""
+
+    def __getitem__(self, key: str) -> VariantSpec:
+        _ensure_plugins()
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        _ensure_plugins()
+        return super().get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        _ensure_plugins()
+        return super().__contains__(key)
+
+    def __iter__(self) -> Iterator[str]:
+        _ensure_plugins()
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        _ensure_plugins()
+        return super().__len__()
+
+    def keys(self):  # type: ignore[override]
+        _ensure_plugins()
+        return super().keys()
+
+    def values(self):  # type: ignore[override]
+        _ensure_plugins()
+        return super().values()
+
+    def items(self):  # type: ignore[override]
+        _ensure_plugins()
+        return super().items()
+
+
 #: name (aliases included) -> spec; kept up to date by :func:`register_variant`.
-VARIANTS: dict[str, VariantSpec] = {}
+VARIANTS: dict[str, VariantSpec] = _Registry()
+#: Whether :func:`load_plugins` has run (it runs once, at the first lookup).
+_PLUGINS_LOADED: list[bool] = [False]
 #: (package, version) of the plugin whose entry point is running, while :func:`load_plugins` runs it.
 _LOADING: list[tuple[str, str]] = []
 #: Entry points whose module was mid-import when :func:`load_plugins` ran (:func:`_load_deferred`).
@@ -244,9 +287,12 @@ class _Names(Sequence):
         self._builtin = builtin
 
     def _names(self) -> tuple[str, ...]:
+        if self._builtin:  # the built-ins need no plugin loaded
+            return tuple(n for n in _ORDER if dict.__getitem__(VARIANTS, n).builtin)
+        _ensure_plugins()
         if _DEFERRED:
             _load_deferred()
-        return tuple(n for n in _ORDER if VARIANTS[n].builtin) if self._builtin else tuple(_ORDER)
+        return tuple(_ORDER)
 
     @overload
     def __getitem__(self, i: int) -> str: ...
@@ -481,8 +527,8 @@ def register_variant(
     for new in (name, *aliases):
         if not isinstance(new, str) or not _NAME_RE.fullmatch(new):
             raise ValueError(f"variant {name!r}: alias {new!r} must be lower-case letters, digits and '-'")
-        if new in VARIANTS:
-            other = VARIANTS[new]
+        if dict.__contains__(VARIANTS, new):
+            other = dict.__getitem__(VARIANTS, new)
             raise ValueError(
                 f"variant {new!r} from package {package!r} clashes with variant {other.name!r} from "
                 f"package {other.package!r}; not registered (rename one of them)"
@@ -535,39 +581,87 @@ def _importing(module: str) -> bool:
     return bool(getattr(spec, "_initializing", False))
 
 
+def _snapshot() -> tuple[list[str], dict[str, VariantSpec], dict[str, str]]:
+    """The whole registry (order, entries, aliases), to put back when a plugin is skipped."""
+    return list(_ORDER), dict(dict.items(VARIANTS)), dict(ALIASES)
+
+
+def _restore(snapshot: tuple[list[str], dict[str, VariantSpec], dict[str, str]]) -> None:
+    """Undo a skipped plugin: the registry as it was before it ran."""
+    order, variants, aliases = snapshot
+    _ORDER[:] = order
+    dict.clear(VARIANTS)
+    dict.update(VARIANTS, variants)
+    ALIASES.clear()
+    ALIASES.update(aliases)
+
+
+def _changed_builtins(snapshot: tuple[list[str], dict[str, VariantSpec], dict[str, str]]) -> list[str]:
+    """Built-in names (and aliases) whose entry or place a plugin changed or removed."""
+    order, variants, aliases = snapshot
+    builtin = [n for n in order if variants[n].builtin]
+    changed = [n for n, s in variants.items() if s.builtin and dict.get(VARIANTS, n) is not s]
+    changed += [a for a, n in aliases.items() if variants[n].builtin and ALIASES.get(a) != n]
+    if [n for n in _ORDER if n in builtin] != builtin:
+        changed += [n for n in builtin if n not in _ORDER] or ["(their order)"]
+    return list(dict.fromkeys(changed))
+
+
 def _run_entry_point(ep: Any) -> list[str]:
-    """Run one entry point; return the names it registered (none, and one :class:`PluginWarning`, on failure)."""
+    """Run one entry point; return the names it registered (none, and one :class:`PluginWarning`, on failure).
+
+    Guarded: anything the plugin raises, ``SystemExit`` included, skips it with one warning naming it (only
+    Ctrl-C and the command's own termination signals pass through); so does a plugin that replaced or removed a
+    built-in's entry (the entry is put back)."""
     dist = getattr(ep, "dist", None)
     package = dist.metadata["Name"] if dist is not None else ep.value.split(":")[0].split(".")[0]
     version = dist.version if dist is not None else ""
-    before = len(_ORDER)
+    before, start = _snapshot(), len(_ORDER)
     _LOADING.append((package, version))
     try:
         ep.load()()
-    except Exception as exc:  # any failure of third-party code: one warning, keep going
-        for bad in _ORDER[before:]:
-            for alias in VARIANTS.pop(bad).aliases:
-                VARIANTS.pop(alias, None)
-                ALIASES.pop(alias, None)
-        del _ORDER[before:]
-        reason = str(exc) if isinstance(exc, ValueError) else first_line(exc, typed=True)
-        warnings.warn(
-            f"attnzoo variant plugin {ep.name!r} ({package} {version}) skipped: {reason}", PluginWarning, stacklevel=3
+        changed = _changed_builtins(before)
+        if changed:
+            raise ValueError(f"it changed the built-in variant entries {', '.join(map(repr, changed))}")
+    except (KeyboardInterrupt, Interrupted, Terminated):
+        _restore(before)
+        raise
+    except BaseException as exc:  # noqa: BLE001 -- third-party code, SystemExit too: one warning, keep going
+        _restore(before)
+        if isinstance(exc, SystemExit):
+            reason = f"it called sys.exit({exc.code!r})"
+        else:
+            reason = str(exc) if isinstance(exc, ValueError) else first_line(exc, typed=True)
+        # one line on stderr: "attnzoo.variants:0: PluginWarning: ..." (no source line follows: no such file)
+        warnings.warn_explicit(
+            f"attnzoo variant plugin {ep.name!r} ({package} {version}) skipped: {reason}",
+            PluginWarning,
+            ENTRY_POINT_GROUP,
+            0,
         )
         return []
     finally:
         _LOADING.pop()
-    return _ORDER[before:]
+    return _ORDER[start:]
+
+
+def _ensure_plugins() -> None:
+    """Run :func:`load_plugins` once, at the first lookup of a variant (not at import)."""
+    if not _PLUGINS_LOADED[0] and not _importing(__package__ or "attnzoo.models"):
+        load_plugins()  # never while the package itself is importing (the built-ins are not all registered yet)
 
 
 def load_plugins() -> list[str]:
     """Run every entry point of the group ``attnzoo.variants``; return the names they registered.
 
-    A plugin that fails (import error, bad registration, name clash) is named in one :class:`PluginWarning`
+    Called once by the first lookup of a variant name (``VARIANTS``, ``VARIANT_NAMES``, :func:`canonical_name`);
+    ``BUILTIN_VARIANTS`` and importing the package run no plugin. A plugin that fails (import error, bad
+    registration, name clash, ``sys.exit``, a built-in's entry replaced) is named in one :class:`PluginWarning`
     and its variants are removed; the other plugins still load. A plugin module imported directly (``import
     attnzoo_cosine``) imports ``attnzoo.models`` before it has defined its entry point: that one runs once the
     module is imported, at the next name lookup (:func:`canonical_name`, ``VARIANT_NAMES``).
     """
+    _PLUGINS_LOADED[0] = True  # first: a plugin's own lookups (register_variant's) must not load plugins again
     added: list[str] = []
     for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         if _importing(ep.module):
@@ -586,6 +680,7 @@ def _load_deferred() -> None:
 
 def canonical_name(name: str) -> str:
     """Resolve case, ``_``/``-`` spelling and aliases; raise ``ValueError`` listing valid names."""
+    _ensure_plugins()
     if _DEFERRED:
         _load_deferred()
     key = str(name).strip().lower().replace("_", "-")

@@ -422,6 +422,80 @@ def test_plugins_load_and_failures_are_one_warning_each(registry_restored, only_
     assert VARIANTS["belief2"].package == "attnzoo"
 
 
+_EXITS = """
+import sys
+
+def register():
+    sys.exit(3)
+"""
+
+_REPLACES_BUILTIN = """
+from dataclasses import replace
+from attnzoo.models import registry
+
+def register():
+    registry.VARIANTS["standard"] = replace(registry.VARIANTS["standard"], equations="not the paper's")
+    registry.ALIASES["softmax"] = "standard"
+"""
+
+
+def test_plugin_that_exits_or_replaces_a_builtin_is_skipped(
+    registry_restored, only_fake_plugins, tmp_path, monkeypatch
+):
+    _fake_dist(tmp_path, "tp-exits", "0.1", "tp_exits", _EXITS)
+    _fake_dist(tmp_path, "tp-good", "1.2", "tp_good", _GOOD.replace("{name}", "tp-half"))
+    _fake_dist(tmp_path, "tp-replaces", "0.2", "tp_replaces", _REPLACES_BUILTIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    standard = VARIANTS["standard"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        added = load_plugins()  # before: SystemExit(3) ended the process, every command's --help included
+    assert added == ["tp-half"]
+    texts = sorted(str(w.message) for w in caught if issubclass(w.category, PluginWarning))
+    assert texts == [
+        "attnzoo variant plugin 'tp_exits' (tp-exits 0.1) skipped: it called sys.exit(3)",
+        "attnzoo variant plugin 'tp_replaces' (tp-replaces 0.2) skipped: it changed the built-in variant entries "
+        "'standard'",
+    ]
+    assert VARIANTS["standard"] is standard and "softmax" not in registry.ALIASES
+    assert tuple(VARIANT_NAMES)[:15] == tuple(BUILTIN_VARIANTS) and VARIANT_NAMES[-1] == "tp-half"
+
+
+def test_plugins_load_at_the_first_lookup_not_at_import(registry_restored, only_fake_plugins, tmp_path, monkeypatch):
+    _fake_dist(tmp_path, "tp-good", "1.2", "tp_good", _GOOD.replace("{name}", "tp-half"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_PLUGINS_LOADED", [False])  # as right after ``import attnzoo.models``
+    assert len(BUILTIN_VARIANTS) == 15 and registry._PLUGINS_LOADED == [False]  # the built-ins need no plugin
+    assert "tp-half" in VARIANTS and canonical_name("tp-half") == "tp-half" and registry._PLUGINS_LOADED == [True]
+
+
+@pytest.mark.slow
+def test_a_plugin_that_exits_or_hangs_leaves_import_and_help_alone(tmp_path):
+    """Importing the package and a command's --help run no plugin; a lookup skips the exiting one with one line."""
+    _fake_dist(tmp_path, "tp-exits", "0.1", "tp_exits", _EXITS)
+    _fake_dist(tmp_path, "tp-hangs", "0.1", "tp_hangs", "import time\n\ndef register():\n    time.sleep(3600)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    code = "import attnzoo.models, attnzoo.export.cli as c; c.build_parser().format_help(); print('imported')"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert (proc.returncode, proc.stdout.strip(), proc.stderr) == (0, "imported", "")
+    proc = subprocess.run(
+        [str(Path(sys.executable).with_name("bench-latency")), "--help"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0 and "usage: bench-latency" in proc.stdout and proc.stderr == ""
+    (tmp_path / "tp_hangs-0.1.dist-info" / "entry_points.txt").unlink()  # the lookup would wait for it forever
+    code = "from attnzoo.models import VARIANTS; print(len(VARIANTS) > 15)"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert (proc.returncode, proc.stdout.strip()) == (0, "True")
+    assert proc.stderr.splitlines() == [
+        "attnzoo.variants:0: PluginWarning: attnzoo variant plugin 'tp_exits' (tp-exits 0.1) skipped: it called "
+        "sys.exit(3)"
+    ]
+
+
 def test_checkpoint_records_the_plugin_and_names_it_when_missing(
     registry_restored, only_fake_plugins, tmp_path, monkeypatch
 ):
