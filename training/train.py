@@ -191,14 +191,58 @@ def _state_problem(epoch: Any, history: Any, elapsed: float, epochs: int) -> str
     return None
 
 
-def _load_state(out_dir: Path, name: str, model, opt, sched, cfg: TrainConfig) -> dict[str, Any]:
+def _optimizer_problem(meta: dict[str, Any], opt, epoch: int, steps_per_epoch: int) -> str | None:
+    """Why a state's optimizer and scheduler cannot be this run's (``None`` when they can).
+
+    They are facts of the run, not free values: the scheduler's step ``last_epoch`` an integer within the steps
+    ``epoch`` epochs can have taken; one parameter group whose hyper-parameters (betas, eps, weight decay, initial
+    lr, ...) are the ones this run's settings give, with a finite learning rate within ``0..initial lr`` (the
+    schedule never rises above it).
+    """
+    sched = meta.get("scheduler")
+    if not isinstance(sched, dict):
+        return "no scheduler state"
+    last = sched.get("last_epoch")
+    if not isinstance(last, int) or isinstance(last, bool) or not 0 <= last <= epoch * steps_per_epoch:
+        return (
+            f"scheduler step {json.dumps(last)[:40]}, not within 0..{epoch * steps_per_epoch}, the steps of "
+            f"{epoch} epoch(s)"
+        )
+    fresh = json.loads(json.dumps(opt.state_dict()["param_groups"]))  # tuples as lists, as the state file has them
+    groups = meta.get("param_groups")
+    if not isinstance(groups, list) or len(groups) != len(fresh) or not all(isinstance(g, dict) for g in groups):
+        return f"optimizer parameter groups {json.dumps(groups)[:60]}, not this model's {len(fresh)}"
+    for got, want in zip(groups, fresh, strict=True):
+        diff = sorted(k for k in want.keys() & got.keys() if k != "lr" and got[k] != want[k])
+        if diff:
+            shown = ", ".join(f"{k} {json.dumps(got[k])[:40]} (this run: {json.dumps(want[k])[:40]})" for k in diff)
+            return f"optimizer {shown}"
+        lr, top = got.get("lr"), want.get("initial_lr", want["lr"])
+        if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not 0 <= lr <= top:
+            return f"optimizer learning rate {json.dumps(lr)[:40]}, not within 0..{top}"
+    return None
+
+
+def _tensor_problem(tensors: dict[str, torch.Tensor]) -> str | None:
+    """Why saved weights and optimizer moments cannot be resumed: a non-finite value, a negative second moment or
+    step count (``None`` when they can)."""
+    for key, val in tensors.items():
+        if val.is_floating_point() and not bool(torch.isfinite(val).all()):
+            return f"{key} holds non-finite values"
+        if key.startswith("opt.") and key.endswith((".exp_avg_sq", ".step")) and bool((val < 0).any()):
+            return f"{key} is negative"
+    return None
+
+
+def _load_state(out_dir: Path, name: str, model, opt, sched, cfg: TrainConfig, steps_per_epoch: int) -> dict[str, Any]:
     """Restore what :func:`_save_state` wrote.
 
     Raises:
         ValueError: nothing to resume, one of the two state files missing, either of them damaged or
             truncated (a JSON over :data:`MAX_STATE_JSON_BYTES` or nested too deep, an epoch outside
-            ``0..cfg.epochs`` or a history that does not match it), or saved with different settings -- one
-            line naming the file.
+            ``0..cfg.epochs`` or a history that does not match it, an optimizer or scheduler state this run
+            cannot have: :func:`_optimizer_problem`, :func:`_tensor_problem`), or saved with different settings --
+            one line naming the file, before any training.
     """
     st_path, js_path = _state_paths(out_dir, name)
     present = [p for p in (st_path, js_path) if p.is_file()]
@@ -234,10 +278,22 @@ def _load_state(out_dir: Path, name: str, model, opt, sched, cfg: TrainConfig) -
     if saved != now:
         diff = sorted(k for k in now if saved.get(k) != now[k])
         raise ValueError(f"cannot resume {st_path}: it was trained with different settings ({', '.join(diff)})")
+    problem = _optimizer_problem(meta, opt, epoch, steps_per_epoch)
+    if problem:
+        raise ValueError(
+            f"cannot resume: {js_path} is damaged ({problem}); delete it and its "
+            f"{st_path.name} and run without --resume to start afresh"
+        )
     try:
         tensors = load_file(str(st_path))
     except Exception as exc:  # safetensors raises its own error type for a truncated or damaged file
         raise ValueError(f"cannot resume: {st_path} is damaged or truncated ({first_line(exc)})") from None
+    problem = _tensor_problem(tensors)
+    if problem:
+        raise ValueError(
+            f"cannot resume: {st_path} is damaged ({problem}); delete it and its {js_path.name} and run without "
+            "--resume to start afresh"
+        )
     try:
         model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
         state: dict[int, dict[str, torch.Tensor]] = {}
@@ -246,8 +302,9 @@ def _load_state(out_dir: Path, name: str, model, opt, sched, cfg: TrainConfig) -
                 _, idx, sub = key.split(".", 2)
                 state.setdefault(int(idx), {})[sub] = val.reshape(()) if sub == "step" else val
         opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
-        sd = sched.state_dict()
-        sd.update(meta["scheduler"])
+        sd = sched.state_dict()  # only the step is read: the rest (base and last lr) follows from it and the run
+        sd.update(last_epoch=meta["scheduler"]["last_epoch"], _step_count=meta["scheduler"]["last_epoch"] + 1)
+        sd["_last_lr"] = [group["lr"] for group in opt.param_groups]
         sched.load_state_dict(sd)
     except (RuntimeError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"cannot resume: {st_path} does not match this model ({first_line(exc)})") from None
@@ -310,7 +367,7 @@ def train(
     name = checkpoint_name(cfg)
     history, start_epoch, elapsed = [], 0, 0.0
     if resume:
-        meta = _load_state(out_dir, name, model, opt, sched, cfg)
+        meta = _load_state(out_dir, name, model, opt, sched, cfg, steps_per_epoch)
         history, start_epoch, elapsed = meta["history"], meta["epoch"], meta["elapsed"]
         if on_epoch is not None and start_epoch:
             on_epoch(start_epoch, cfg.epochs)

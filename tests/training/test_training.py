@@ -126,6 +126,58 @@ def test_a_resume_state_must_be_within_the_run(tmp_path, stopped_run, epoch, nee
     assert needle in message and "\n" not in message
 
 
+def _set(path: str, value):
+    """An edit of the state JSON setting one dotted path (``param_groups.0.lr``)."""
+
+    def edit(text):
+        meta = json.loads(text)
+        *head, last = path.split(".")
+        node = meta
+        for key in head:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        node[last] = value
+        return json.dumps(meta)
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "path, value, needle",
+    [
+        ("scheduler.last_epoch", 10**12, "scheduler step 1000000000000, not within 0..2, the steps of 1 epoch(s)"),
+        ("scheduler.last_epoch", -3, "scheduler step -3, not within 0..2"),
+        ("param_groups.0.lr", 1e30, "optimizer learning rate 1e+30, not within 0..0.003"),
+        ("param_groups.0.betas", [-0.9, 0.999], "optimizer betas [-0.9, 0.999] (this run: [0.9, 0.999])"),
+        ("param_groups.0.weight_decay", -1.0, "optimizer weight_decay -1.0 (this run: 0.05)"),
+    ],
+)
+def test_a_resume_optimizer_state_must_be_the_runs(tmp_path, stopped_run, path, value, needle):
+    """An optimizer or scheduler state the run cannot have (it trained on to "loss became nan") is refused in one
+    line naming the file, before any training."""
+    message = _resume(tmp_path, stopped_run, _set(path, value))
+    assert message.startswith(f"cannot resume: {tmp_path / 'belief2_cls_shapes.state.json'} is damaged (")
+    assert needle in message and "\n" not in message, message
+
+
+def test_a_resume_with_non_finite_or_negative_moments_is_refused(tmp_path, stopped_run):
+    from safetensors.torch import load_file, save_file
+
+    for name, data in stopped_run.items():
+        (tmp_path / name).write_bytes(data)
+    st = tmp_path / "belief2_cls_shapes.state.safetensors"
+    tensors = load_file(str(st))
+    key = next(k for k in tensors if k.endswith(".exp_avg_sq"))
+    tensors[key] = -tensors[key] - 1
+    save_file(tensors, str(st))
+    with pytest.raises(ValueError) as info:
+        train(_cfg(tmp_path), resume=True, progress=False)
+    assert str(info.value).startswith(f"cannot resume: {st} is damaged ({key} is negative)")
+    tensors[key] = torch.full_like(tensors[key], float("nan"))
+    save_file(tensors, str(st))
+    with pytest.raises(ValueError, match=f"{key} holds non-finite values"):
+        train(_cfg(tmp_path), resume=True, progress=False)
+
+
 def test_a_deep_or_huge_resume_state_is_refused_naming_the_file(tmp_path, stopped_run, monkeypatch):
     """A 100,000-deep state JSON: one line naming the file (was "maximum recursion depth exceeded" alone); a state
     over the size bound: refused from its size, before it is parsed."""
