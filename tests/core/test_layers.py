@@ -10,6 +10,8 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+import tomllib
+
 ROOT = Path(__file__).resolve().parents[2]
 #: Bottom to top: a module may import from its own layer and the layers below it, never above.
 LAYERS: list[tuple[str, str]] = [
@@ -27,19 +29,8 @@ LAYERS: list[tuple[str, str]] = [
 ]
 #: Side by side on the top layer: each may use ``attnzoo.serve``'s shared modules, never the other.
 APART = ("attnzoo.serve.demo", "attnzoo.serve.rayserve")
-#: Package name -> folder (``pyproject.toml``'s package-dir).
-FOLDERS = {
-    "attnzoo": "attnzoo",
-    "attnzoo.models": "models",
-    "attnzoo.zoo": "zoo",
-    "attnzoo.runtime": "runtime",
-    "attnzoo.export": "export",
-    "attnzoo.training": "training",
-    "attnzoo.benchmarks": "benchmarks",
-    "attnzoo.studies": "studies",
-    "attnzoo.report": "report",
-    "attnzoo.serve": "serve",
-}
+#: Package name -> folder: ``pyproject.toml``'s ``[tool.setuptools.package-dir]``, the table the build uses.
+FOLDERS: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
 
 
 def layer_of(module: str) -> int | None:
@@ -135,6 +126,12 @@ def test_the_checker_sees_function_level_and_relative_imports(tmp_path, monkeypa
 
 def test_every_module_belongs_to_a_layer():
     assert [n for n, _ in modules() if layer_of(n) is None] == []
+
+
+def test_every_folder_the_build_maps_is_a_layer():
+    """A folder added to ``pyproject.toml``'s package-dir is checked here only once it has its place in the order."""
+    assert "attnzoo.models" in FOLDERS and FOLDERS["attnzoo.models"] == "models"
+    assert sorted(set(FOLDERS) - {prefix for _, prefix in LAYERS}) == []
 
 
 def test_the_architecture_document_lists_the_layers_in_order():
