@@ -12,6 +12,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -321,8 +322,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     writable_dir(settings.cache_dir, "--cache-dir folder")
     _check_memory(settings)
     print(scope_line(settings.scope), flush=True)
-    result = bench_run.run_benchmark(settings)
-    with signals_deferred():  # a second Ctrl-C waits until the rows measured so far are written
+    # from the end of the jobs (run_benchmark calls hold_signals) until the results are written, a signal waits:
+    # a second Ctrl-C or SIGTERM after the one that stopped the jobs cannot cut the writing of what was measured
+    with contextlib.ExitStack() as held:
+        result = bench_run.run_benchmark(settings, hold_signals=lambda: held.enter_context(signals_deferred()))
         try:
             files = write_outputs(result, settings.out)
         except OSError as exc:

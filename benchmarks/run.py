@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -842,13 +842,19 @@ def _from_log(log: RowLog) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return [rec["row"] for rec in records], [rec["overhead"] for rec in records if rec.get("overhead")]
 
 
-def run_benchmark(s: Settings) -> dict[str, Any]:
+def run_benchmark(s: Settings, hold_signals: Callable[[], object] | None = None) -> dict[str, Any]:
     """Run everything in ``s`` not already in the row log of ``s.out``; return the result dict written to
     ``results.json``: every row of the log, this run's and the earlier runs' with the same :func:`run_key`.
 
     Ctrl-C or SIGTERM during the jobs ends them: the rows measured so far are returned, with ``interrupted``
     saying by what and during which job (``None`` for a complete run); the caller writes them, then exits as
     the signal asks (:func:`attnzoo.benchmarks.cli.main`). Any other end, SIGKILL included, leaves the log.
+
+    Args:
+        hold_signals: Called once, as soon as the jobs end (done, timed out or stopped by a signal): the caller
+            defers signals from there until it has written the results
+            (:func:`attnzoo.signals.signals_deferred`), so that a second Ctrl-C or SIGTERM cannot cut the
+            writing of what was measured.
 
     Raises:
         ValueError: the log in ``s.out`` was written with another :func:`run_key`, or has a line that is not
@@ -865,12 +871,14 @@ def run_benchmark(s: Settings) -> dict[str, Any]:
         {"command": s.command, "started": started},
     )
     try:
-        return _run(s, env, log, started)
+        return _run(s, env, log, started, hold_signals or (lambda: None))
     finally:
         log.close()
 
 
-def _run(s: Settings, env: dict[str, Any], log: RowLog, started: float) -> dict[str, Any]:
+def _run(
+    s: Settings, env: dict[str, Any], log: RowLog, started: float, hold_signals: Callable[[], object]
+) -> dict[str, Any]:
     bench = _Bench(s, log)
     # the GEMM throughput of PyTorch and ONNX Runtime on this CPU, beside the rows of an ONNX Runtime CPU backend
     if any(
@@ -905,6 +913,10 @@ def _run(s: Settings, env: dict[str, Any], log: RowLog, started: float) -> dict[
         try:
             for i, variant in enumerate(variants):
                 bench.variant(variant, bar, needed_later=any(todo[v] for v in variants[i + 1 :]))
+            if ceiling and s.ceiling_size:  # measured again, to show how far the machine's load moved it
+                with bench.phase("matmul ceiling"):
+                    end = matmul_ceiling(s.threads, s.ceiling_size, int8=False)["fp32"]["gflops"]
+                ceiling["fp32_end_gflops"] = end
         except _TimeUp as exc:  # no signal: the rows are written and the command ends normally
             interrupted = {
                 "signal": None,
@@ -926,6 +938,7 @@ def _run(s: Settings, env: dict[str, Any], log: RowLog, started: float) -> dict[
                 "measures the rest)",
             }
         finally:
+            hold_signals()  # from here until the results are written, a further signal waits
             bench.close()
     rows, overheads = _from_log(log)
     groups = log.of("group")
@@ -934,9 +947,6 @@ def _run(s: Settings, env: dict[str, Any], log: RowLog, started: float) -> dict[
     _speedups(rows)
     _efficiency(rows, flops, ceiling, bench.device)
     roofline_fractions(rows, (env.get("gpu") or {}).get("name"), s.task, s.arch, s.img_size)
-    if ceiling and interrupted is None:  # measured again, to show how far the machine's load moved it during the run
-        with bench.phase("matmul ceiling"):
-            ceiling["fp32_end_gflops"] = matmul_ceiling(s.threads, s.ceiling_size, int8=False)["fp32"]["gflops"]
     runs = log.of("run")
     return {
         "command": s.command,

@@ -969,3 +969,32 @@ def test_results_are_written_as_one_set(tmp_path, monkeypatch):
     files = report.write_outputs({**changed, "results": [], "overheads": []}, tmp_path)
     assert "latency_png" not in files and not (tmp_path / "latency.png").exists()
     assert "another command" in (tmp_path / "results.md").read_text()
+
+
+def test_a_second_sigterm_waits_for_the_results_of_the_first(tmp_path, monkeypatch):
+    """SIGTERM stops the jobs; a second one during the work that follows (closing sessions, the statistics) used to
+    end the command before results.json was written. Now it waits until the rows measured are written."""
+    import signal
+
+    from attnzoo.benchmarks import run as bench_run
+
+    real_variant, real_speedups = bench_run._Bench.variant, bench_run._speedups
+
+    def variant_then_sigterm(self, *args, **kwargs):
+        real_variant(self, *args, **kwargs)
+        signal.raise_signal(signal.SIGTERM)  # the first: stops the jobs once this row is measured
+
+    def second_sigterm(rows):
+        signal.raise_signal(signal.SIGTERM)  # the second, while the measured rows are being put together
+        return real_speedups(rows)
+
+    monkeypatch.setattr(bench_run._Bench, "variant", variant_then_sigterm)
+    monkeypatch.setattr(bench_run, "_speedups", second_sigterm)
+    out = tmp_path / "out"
+    args = ["--arch", "micro", "--variants", "standard", "--backends", "eager", "--dtype", "fp32"]
+    args += ["--batch-sizes", "1", "--min-time", "0.01", "--threads", "1", "--ceiling-size", "0", "--no-progress"]
+    with pytest.raises(SystemExit) as info:
+        main([*args, "--out", str(out), "--cache-dir", str(tmp_path / "cache")])
+    assert info.value.code == 143
+    result = json.loads((out / "results.json").read_text())
+    assert result["interrupted"]["signal"] == "SIGTERM" and [r["variant"] for r in result["results"]] == ["standard"]
