@@ -6,6 +6,9 @@ A request past a bound is refused with one line naming the bound, before anythin
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +22,7 @@ __all__ = [
     "check_batch_sizes",
     "check_side",
     "available_memory",
+    "return_free_memory",
 ]
 
 #: Largest batch size ``export-model`` verifies (and puts in a TensorRT profile) and ``bench-latency`` times.
@@ -61,3 +65,27 @@ def available_memory() -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's ``malloc_trim``, or None (another C library, or none found)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
+
+
+def return_free_memory() -> bool:
+    """Hand the memory this process has freed back to the system (glibc's ``malloc_trim(0)``, every arena); True
+    when it was called. The servers call it after a large decode: glibc keeps the freed pages of blocks below its
+    mmap threshold (up to 32 MiB, e.g. Pillow's 16 MiB image blocks) in its per-thread arenas, so without it a
+    server's resident memory only grows, round after round of large images."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True

@@ -38,6 +38,7 @@ from attnzoo import zoo
 from attnzoo.errors import first_line
 from attnzoo.fileio import default_cache_dir, sha256_file
 from attnzoo.lazy import lazy_import
+from attnzoo.limits import MAX_UPLOAD_BYTES
 from attnzoo.machine import cpu_info
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, input_style_of
 from attnzoo.runtime.backends import (
@@ -82,6 +83,8 @@ __all__ = [
     "RemoteError",
     "load_bf16_models",
     "recording_skips",
+    "MAX_TENSOR_BATCH",
+    "tensor_batch_limit",
 ]
 
 #: ``--backend auto``: the faster of the registry's CPU runtimes on this machine, measured at start-up on the
@@ -91,6 +94,22 @@ AUTO = "auto"
 REFERENCE = ONNX_REFERENCE
 #: Most sliding windows run in one call (the TensorRT profile's largest batch).
 SLIDING_BATCH = 16
+#: Most images one request to serve-models' tensor route (``/models/{task}/{name}/logits``) carries; fewer where
+#: they would not fit :data:`MAX_TENSOR_BODY` (:func:`tensor_batch_limit`).
+MAX_TENSOR_BATCH = 64
+#: Room for a ``.npy`` header on top of a tensor batch's data (numpy pads it to 64 bytes; 4 KiB is ample).
+NPY_HEADER_ROOM = 4096
+#: Largest tensor-route body: the largest upload with its multipart envelope, so that serve-models' ingress holds
+#: it whole before a replica sees it (:data:`attnzoo.serve.rayserve.environment.INGRESS_BUFFER_BYTES`).
+MAX_TENSOR_BODY = MAX_UPLOAD_BYTES + 64 * 1024
+
+
+def tensor_batch_limit(input_size: Sequence[int]) -> int:
+    """Most float32 ``(3, H, W)`` images of ``input_size`` one tensor-route request carries: at most
+    :data:`MAX_TENSOR_BATCH`, and as many as fit :data:`MAX_TENSOR_BODY` (at least 1); the demo's
+    ``--backend-url`` splits larger batches into requests of this many."""
+    h, w = int(input_size[0]), int(input_size[1])
+    return max(1, min(MAX_TENSOR_BATCH, (MAX_TENSOR_BODY - NPY_HEADER_ROOM) // (12 * h * w)))
 
 
 @dataclass
@@ -732,10 +751,13 @@ class RemoteError(RuntimeError):
     """A ``serve-models`` deployment answered with an error or could not be reached."""
 
 
-def _remote_runner(client, url: str, task: str, name: str) -> Callable[[np.ndarray], np.ndarray]:
-    """``run(x) -> logits`` that posts the float32 batch as ``.npy`` to ``<url>/models/<task>/<name>/logits``."""
+def _remote_runner(client, url: str, task: str, name: str, most: int = MAX_TENSOR_BATCH) -> Callable:
+    """``run(x) -> logits`` that posts the float32 batch as ``.npy`` to ``<url>/models/<task>/<name>/logits``, in
+    requests of at most ``most`` images (:func:`tensor_batch_limit`)."""
 
     def run(x: np.ndarray) -> np.ndarray:
+        if len(x) > most:
+            return np.concatenate([run(x[i : i + most]) for i in range(0, len(x), most)])
         buf = io.BytesIO()
         np.save(buf, np.ascontiguousarray(x, np.float32), allow_pickle=False)
         try:
@@ -791,7 +813,7 @@ def load_remote(url: str, timeout: float = 60.0) -> list[ServedModel]:
             mean=tuple(r["mean"]),
             std=tuple(r["std"]),
             fixed_size=bool(r["fixed_size"]),
-            run=_remote_runner(client, url, r["task"], r["name"]),
+            run=_remote_runner(client, url, r["task"], r["name"], tensor_batch_limit(r["input_size"])),
             source=f"{url}/models/{r['task']}/{r['name']}",
             backend=f"serve-models at {url}",
             arch=r.get("arch", ""),

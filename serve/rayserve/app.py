@@ -20,7 +20,9 @@ or, for a fault of the server, 500 without a traceback; a request whose client l
 Memory: the images a replica decodes at once share a budget (:class:`MemoryBudget`, sized by
 :func:`decode_budget` from the memory the replica has): each upload reserves :data:`DECODE_BYTES_PER_PIXEL` per
 pixel of its header's size before a pixel is decoded; one that finds no room within :data:`DECODE_WAIT_S` gets 503
-(``Retry-After``), one larger than the whole budget 413. A ``/logits`` batch reserves its bytes the same way.
+(``Retry-After``), one larger than the whole budget 413. A ``/logits`` batch reserves its bytes the same way. A
+large request hands the memory it freed back to the system before its reservation ends
+(:data:`RETURN_MEMORY_BYTES`).
 """
 
 # no "from __future__ import annotations": FastAPI reads the route signatures of the class-based view
@@ -55,11 +57,18 @@ from starlette.requests import ClientDisconnect
 
 from attnzoo.errors import first_line
 from attnzoo.fileio import sha256_file
-from attnzoo.limits import MAX_IMAGE_PIXELS, MAX_SIDE, MAX_UPLOAD_BYTES, available_memory
+from attnzoo.limits import MAX_SIDE, MAX_UPLOAD_BYTES, available_memory, return_free_memory
 from attnzoo.preprocess import ImageTooLargeError, UnreadableImageError, image_size
 from attnzoo.serve import predict
-from attnzoo.serve.loading import load_models, recording_skips
+from attnzoo.serve.admission import (
+    DECODE_BYTES_PER_PIXEL,
+    DECODE_MEMORY_CAP,
+    DECODE_MEMORY_SHARE,
+    RETURN_MEMORY_BYTES,
+)
+from attnzoo.serve.loading import MAX_TENSOR_BATCH, NPY_HEADER_ROOM, load_models, recording_skips, tensor_batch_limit
 from attnzoo.serve.rayserve.config import DEPLOYMENT
+from attnzoo.serve.rayserve.environment import BODY_TIMEOUT_S
 
 __all__ = [
     "ModelServer",
@@ -77,37 +86,16 @@ __all__ = [
     "DECODE_MEMORY_SHARE",
     "DECODE_MEMORY_CAP",
     "DECODE_WAIT_S",
+    "RETURN_MEMORY_BYTES",
     "BODY_TIMEOUT_S",
 ]
 
-#: Most images one ``/logits`` request may carry (the demo sends at most its sliding-window batch, 16).
-MAX_TENSOR_BATCH = 64
 #: Content type of the tensor route's body and answer.
 NPY_TYPE = "application/x-npy"
 #: Room for the multipart envelope (boundaries, part headers, form fields) on top of the file itself.
 _MULTIPART_SLACK = 64 * 1024
-#: Room for a ``.npy`` header on top of a tensor batch's data (numpy pads it to 64 bytes; 4 KiB is ample).
-_NPY_HEADER_ROOM = 4096
-#: Peak memory per pixel while an upload is decoded, converted and preprocessed by the demo's own path
-#: (:mod:`attnzoo.preprocess`, :mod:`attnzoo.serve.predict`), charged from the image's size alone, so it is known
-#: before a pixel is decoded: the images that take the most (16-bit and float ones, converted through float64;
-#: the peak is in that conversion, for classify and segment alike), with room to spare.
-#: ``tests/serve/test_serve_models.py`` measures the peak of both kinds and fails when it passes this.
-DECODE_BYTES_PER_PIXEL = 40
-#: Share of a replica's memory that the images it decodes at once may take by default; the rest is for the models,
-#: the request bodies (at most ``max_ongoing_requests`` x the upload limit), Ray itself and, on a shared machine,
-#: everyone else.
-DECODE_MEMORY_SHARE = 0.25
-#: Most bytes the default budget takes, however much memory is free: room for two images at the pixel cap at once
-#: (3.2 GB), the same as where the memory is unknown. More only with ``--decode-memory-mb``.
-DECODE_MEMORY_CAP = 2 * MAX_IMAGE_PIXELS * DECODE_BYTES_PER_PIXEL
 #: Seconds a request waits for room in the decode budget before it gets 503 with ``Retry-After``.
 DECODE_WAIT_S = 10.0
-#: Seconds a request body may take to arrive in full once its request reached the replica (HAProxy holds a body
-#: that fits its buffer until it is complete, :data:`attnzoo.serve.rayserve.environment.REQUEST_TIMEOUT_S`; a larger
-#: one streams in): then 408, and the replica's slot is free again (10 MiB in 20 s is 0.5 MB/s). It ends before
-#: HAProxy's own 30 s for a silent client.
-BODY_TIMEOUT_S = 20.0
 #: The settings ``GET /stats`` shows (not the file paths nor the pending models' files).
 _PUBLIC_SETTINGS = (
     "backend",
@@ -648,7 +636,11 @@ class ModelServer:
         try:
             yield
         finally:
-            budget.release(need)
+            try:
+                if need >= RETURN_MEMORY_BYTES:
+                    await self._in_thread(return_free_memory)
+            finally:
+                budget.release(need)
 
     async def _decoding(self, data: bytes) -> "contextlib.AbstractAsyncContextManager[None]":
         """The decode budget held for an uploaded image, sized from its header (400 / 413 as for a bad image)."""
@@ -716,19 +708,20 @@ class ModelServer:
                 raise HTTPError(404, f"unknown task {task!r}; valid: cls, seg")
             served = await self._model(task, name)
             h, w = served.input_size
-            want = f"float32 (N, 3, {h}, {w}) with N in 1..{MAX_TENSOR_BATCH}"
-            limit = MAX_TENSOR_BATCH * 3 * 4 * h * w + _NPY_HEADER_ROOM
+            most = tensor_batch_limit((h, w))
+            want = f"float32 (N, 3, {h}, {w}) with N in 1..{most}"
+            limit = most * 3 * 4 * h * w + NPY_HEADER_ROOM
 
             def too_large(size: int | None, limit: int, head: bytes) -> str:
                 shape = _npy_shape(head)
-                if shape and len(shape[0]) == 4 and shape[0][0] > MAX_TENSOR_BATCH:
-                    return f"the batch holds {shape[0][0]} images; at most {MAX_TENSOR_BATCH} per request ({want})"
+                if shape and len(shape[0]) == 4 and shape[0][0] > most:
+                    return f"the batch holds {shape[0][0]} images; at most {most} per request ({want})"
                 return (
                     f"the body is {f'{_size(size)}, ' if size is not None else ''}over the {_size(limit)} that "
-                    f"{MAX_TENSOR_BATCH} images of float32 (3, {h}, {w}) take; send {want}"
+                    f"{most} images of float32 (3, {h}, {w}) take; send {want}"
                 )
 
-            body = await _body(request, limit, too_large, peek=_NPY_HEADER_ROOM)
+            body = await _body(request, limit, too_large, peek=NPY_HEADER_ROOM)
             async with self._holding(2 * len(body), f"a {len(body):,}-byte tensor batch"):  # the body, the array
                 x = _load_npy(body)
                 del body
@@ -736,7 +729,7 @@ class ModelServer:
                     x.dtype != np.float32
                     or x.ndim != 4
                     or x.shape[1] != 3
-                    or not 1 <= len(x) <= MAX_TENSOR_BATCH
+                    or not 1 <= len(x) <= most
                     or (served.fixed_size and tuple(x.shape[2:]) != (h, w))
                 ):
                     raise HTTPError(400, f"expected {want}, got {x.dtype} {tuple(x.shape)}")

