@@ -38,7 +38,7 @@ import numpy as np
 
 from attnzoo.benchmarks.gpu_plan import MODELS, ROOT
 from attnzoo.errors import UsageError, first_line
-from attnzoo.fileio import writable_dir
+from attnzoo.fileio import read_json, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import bf16_problem, environment
 from attnzoo.runtime.backends import backend_names
@@ -62,6 +62,8 @@ scaling_study = lazy_import("attnzoo.studies.scaling")
 
 __all__ = [
     "SCHEMA",
+    "OWN_ENTRIES",
+    "out_problem",
     "BATCH_SIZES",
     "Budget",
     "FULL",
@@ -79,6 +81,43 @@ __all__ = [
 #: ``report.json``'s ``schema`` field (docs/report-variant.md describes this version).
 SCHEMA = "attnzoo.report-variant/1"
 PathLike = str | Path
+#: Every entry report-variant writes in its folder; ``exports`` is written first, the rest last, ``report.json``
+#: before ``report.md``.
+OWN_ENTRIES = frozenset({"report.json", "report.md", "latency.png", "overhead.png", "scaling.png", "exports"})
+
+
+def out_problem(out: Path, variant: str) -> str | None:
+    """Why ``out`` must not be the report folder of ``variant`` (one line), or ``None``: it is new or empty, holds
+    only ``exports`` (a run stopped before its report), or holds a previous report of the same variant (whose
+    :data:`OWN_ENTRIES` a run replaces; other files there are never written). A folder of anything else is
+    refused, so that no user's file is overwritten."""
+    if not out.is_dir():
+        return None
+    names = sorted(p.name for p in out.iterdir())
+    if "report.json" in names:
+        try:
+            previous = read_json(out / "report.json", max_bytes=64 * 2**20)
+        except ValueError:
+            previous = None
+        if not isinstance(previous, dict) or previous.get("schema") != SCHEMA:
+            return (
+                f"--out {out} holds a report.json that report-variant did not write; choose a new or empty folder "
+                "(report-variant overwrites only its own reports)"
+            )
+        if previous.get("variant") != variant:
+            return (
+                f"--out {out} holds the report of variant {str(previous.get('variant'))[:80]!r}, not {variant!r}; "
+                "choose another folder"
+            )
+        return None
+    others = [n for n in names if n != "exports"]
+    if others:
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        return (
+            f"--out {out} is not empty and holds no report of {variant!r} ({shown}); choose a new or empty folder "
+            "(report-variant overwrites only its own reports)"
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -666,8 +705,9 @@ def report_variant(
         :class:`ReportResult`.
 
     Raises:
-        UsageError: an unknown variant (the valid ones listed), a checkpoint that is not a file, or an output
-            path that is a file; nothing is measured or written then.
+        UsageError: an unknown variant (the valid ones listed), a checkpoint that is not a file, an output
+            path that is a file, or an output folder that is neither empty nor a report of ``variant``
+            (:func:`out_problem`); nothing is measured or written then.
     """
     try:
         variant = models.canonical_name(variant)
@@ -678,6 +718,9 @@ def report_variant(
     out = Path(out) if out is not None else Path("variant-reports") / variant
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; it names the report folder")
+    problem = out_problem(out, variant)
+    if problem:
+        raise UsageError(problem)
     writable_dir(out, "report folder")
     budget = budget or (QUICK if quick else FULL)
     started, cpu_started = time.time(), time.process_time()
