@@ -77,6 +77,14 @@ def test_setuptools_packages_every_package_module_and_data_file(monkeypatch):
     assert want["data"] <= data, (
         f"data files not packaged (pyproject.toml's package-data): {sorted(want['data'] - data)}"
     )
+    # a data folder whose name could be imported is a package of its own, or setuptools warns at every build
+    # ("Package 'attnzoo.zoo.onnx' is absent from the `packages` configuration")
+    importable = {
+        ".".join(Path(name).parent.parts)
+        for name in want["data"]
+        if all(part.isidentifier() for part in Path(name).parent.parts)
+    }
+    assert importable <= set(dist.packages), f"data folders not in packages: {sorted(importable - set(dist.packages))}"
     for shipped in (
         "attnzoo/zoo/manifest.json",
         "attnzoo/zoo/standard_cls_fashion.safetensors",
