@@ -67,6 +67,36 @@ def test_the_zoos_int8_copies_pass_their_accuracy_gate_or_are_refused():
             assert "below fp32" in row["failures"][0] and "--accept-accuracy-drop to write it" in row["failures"][0]
 
 
+def test_the_committed_fp32_accuracy_is_the_zoos_own_measurement():
+    """An independent fact: each zoo run's fp32 accuracy (the exported fp32 ONNX scored by the study) is the test
+    metric the zoo's manifest recorded when the model was trained (its own evaluation, on the same split and
+    count), to a hundredth of a point; so the int8 drop beside it is measured against the real model."""
+    from attnzoo import zoo
+
+    manifest = {(e["variant"], e["task"], e["data"]): e for e in zoo.entries()}
+    for path in sorted(RESULTS.glob("zoo-accuracy*.json")):
+        for row in json.loads(path.read_text())["rows"]:
+            entry = manifest[(row["variant"], row["task"], row["data"])]
+            assert row["accuracy"]["n_images"] == entry["test_n"], (path.name, row["variant"])
+            assert row["accuracy"]["metrics"]["fp32"] == pytest.approx(entry["test_metric"], abs=0.01), (
+                path.name,
+                row["variant"],
+                row["placement"],
+            )
+
+
+def test_the_quantization_doc_states_the_served_placements_worst_cosine():
+    """docs/quantization.md gives the worst held-out cosine of the ``cpu`` placement (the one the demo serves), as
+    the committed zoo run measured it, beside ``auto``'s."""
+    rows = json.loads((RESULTS / "zoo-accuracy.json").read_text())["rows"]
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "quantization.md").read_text()
+    for placement in ("cpu", "auto"):
+        worst = min(r["fidelity"]["cosine"]["min"] for r in rows if r["placement"] == placement)
+        assert f"{worst:.4f}" in doc, (placement, worst)
+    below = sorted((r for r in rows if r["placement"] == "cpu" and r["fidelity"]["cosine"]["min"] < 0.99), key=str)
+    assert all(f"`{r['variant']}` {r['fidelity']['cosine']['min']:.4f}" in doc for r in below)
+
+
 @pytest.mark.parametrize(
     "argv,message",
     [
