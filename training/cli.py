@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
+from pathlib import Path
 
 from attnzoo.cli import add_debug_flag, entry_point
 from attnzoo.data.datasets import check_source
 from attnzoo.data.fashion import check_scene_options
 from attnzoo.errors import CommandError, UsageError
-from attnzoo.fileio import parse_json
+from attnzoo.fileio import atomic_write_text, parse_json
 from attnzoo.limits import check_side
 from attnzoo.models import canonical_name, split_options
 from attnzoo.models.checkpoint import check_encoder_source
@@ -199,10 +201,18 @@ def evaluate_main(argv: list[str] | None = None) -> int:
     p.add_argument("--split", choices=("train", "val", "test"), default="test")
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N images")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument(
+        "--out", default=None, help="also write the result, with this command, as JSON to this file (written whole)"
+    )
     args = add_debug_flag(p).parse_args(argv)
     if args.limit is not None and args.limit < 1:
         raise UsageError("--limit must be >= 1")
+    if args.out is not None and (Path(args.out).is_dir() or not Path(args.out).parent.is_dir()):
+        raise UsageError(f"--out {args.out}: not a file in an existing folder")
     result = evaluate_checkpoint(args.checkpoint, data=args.data, limit=args.limit, split=args.split)
+    if args.out is not None:
+        command = shlex.join(["evaluate-model", *(sys.argv[1:] if argv is None else argv)])
+        atomic_write_text(Path(args.out), json.dumps({"command": command, **result}, indent=2) + "\n")
     if args.json:
         print(json.dumps(result, indent=2))
         return 0

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from attnzoo.data.datasets import SHAPES_SEG_CLASSES, shapes
+from attnzoo.errors import CommandExit
 from attnzoo.metrics import metrics_from_confusion, named_right
 from attnzoo.models import create_model
 from attnzoo.models.checkpoint import load_checkpoint, load_state_dict_file
@@ -305,9 +306,14 @@ def test_cli_train_and_evaluate(tmp_path, capsys):
         == 0
     )
     path = tmp_path / "standard_cls_digits.safetensors"
-    assert cli.evaluate_main([str(path), "--limit", "10", "--json"]) == 0
+    assert cli.evaluate_main([str(path), "--limit", "10", "--json", "--out", str(tmp_path / "eval.json")]) == 0
     out = json.loads(capsys.readouterr().out.split("\n", 1)[1])
     assert out["metric_name"] == "top1" and out["n_images"] == 10
+    # --out: the same result, with the command that wrote it, in a file
+    written = json.loads((tmp_path / "eval.json").read_text())
+    assert written.pop("command").startswith("evaluate-model " + str(path)) and written == out
+    with pytest.raises(CommandExit):
+        cli.evaluate_main([str(path), "--out", str(tmp_path / "no" / "such" / "eval.json")])
 
 
 @pytest.mark.parametrize(
