@@ -91,15 +91,43 @@ class NoConfigError(ValueError):
     """The file has no attnzoo config (a plain state dict): the caller must describe the model."""
 
 
+def _metadata_config(path: Path) -> dict[str, Any] | None:
+    """The config :func:`save_checkpoint` stores in the safetensors metadata (covered by the file's sha256), or
+    ``None`` when there is none (a plain state dict, or not a safetensors file)."""
+    if path.suffix != ".safetensors":
+        return None
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+    except Exception as exc:  # safetensors raises its own error types
+        raise ValueError(f"{path}: not a readable safetensors file ({exc})") from exc
+    if CONFIG_KEY not in meta:
+        return None
+    try:
+        return json.loads(meta[CONFIG_KEY])
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: cannot read the config in its metadata ({exc})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: cannot read the config in its metadata (JSON nested too deep)") from None
+
+
 def read_config(path: str | Path) -> dict[str, Any]:
     """The config of a checkpoint: the JSON beside it when present, else the safetensors metadata.
 
+    The model-defining config (variant, options, classes and their names, input size, mean/std, input style) lives
+    in the safetensors metadata, so the checkpoint's sha256 covers it; the JSON beside it repeats it and adds the
+    training record. When both are there, every key of the metadata config must have the same value in the JSON:
+    a JSON edited after the checkpoint was written (reversed ``class_names``) is refused, never exported or served
+    under the checkpoint's sha256.
+
     Raises:
         NoConfigError: neither holds a config (a plain state dict).
-        ValueError: a config is there but unreadable or not an attnzoo config.
+        ValueError: a config is there but unreadable or not an attnzoo config, or the JSON disagrees with the
+            checkpoint's own config (the keys named).
     """
     path = Path(path)
     side = path.with_suffix(".json")
+    stored = _metadata_config(path)
     if side.is_file():
         try:
             config = json.loads(side.read_text())
@@ -107,24 +135,19 @@ def read_config(path: str | Path) -> dict[str, Any]:
             raise ValueError(f"{side}: cannot read the checkpoint config ({exc})") from None
         except RecursionError:  # json's decoder recurses once per nesting level
             raise ValueError(f"{side}: cannot read the checkpoint config (JSON nested too deep)") from None
+        if isinstance(config, dict) and isinstance(stored, dict):
+            differ = [k for k in stored if config.get(k) != stored[k]]
+            if differ:
+                raise ValueError(
+                    f"{side}: its {', '.join(differ[:5])} differ from the config stored in {path.name} (which the "
+                    "checkpoint's sha256 covers); the JSON was edited after the checkpoint was written: restore it "
+                    "or delete it"
+                )
         source = side
     else:
-        meta = {}
-        if path.suffix == ".safetensors":
-            try:
-                with safe_open(str(path), framework="pt") as f:
-                    meta = f.metadata() or {}
-            except Exception as exc:  # safetensors raises its own error types
-                raise ValueError(f"{path}: not a readable safetensors file ({exc})") from exc
-        if CONFIG_KEY not in meta:
+        if stored is None:
             raise NoConfigError(f"{path}: no attnzoo config in its metadata and no {side.name} beside it")
-        try:
-            config = json.loads(meta[CONFIG_KEY])
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: cannot read the config in its metadata ({exc})") from None
-        except RecursionError:
-            raise ValueError(f"{path}: cannot read the config in its metadata (JSON nested too deep)") from None
-        source = path
+        config, source = stored, path
     return validate_config(config, source)
 
 

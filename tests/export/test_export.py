@@ -26,7 +26,7 @@ from attnzoo.export.check import ExtraMathCheckError
 from attnzoo.export.cli import main
 from attnzoo.fileio import sha256_file
 from attnzoo.models import ARCHS, BUILTIN_VARIANTS, PROJECTION_OPS, VARIANTS, create_model
-from attnzoo.models.checkpoint import save_checkpoint
+from attnzoo.models.checkpoint import read_config, save_checkpoint
 from attnzoo.runtime.parity import TOLERANCES
 
 DEPTH = ARCHS["micro"]["depth"]
@@ -534,6 +534,23 @@ def test_cli_refuses_pickles_and_mismatched_checkpoints(tmp_path):
     msg = _cli_error(["--variant", "belief2", "--checkpoint", str(ckpt), "--out", str(tmp_path / "c.onnx")], 2)
     assert "'belief'" in msg and "'belief2'" in msg
     assert not list(tmp_path.glob("*.onnx"))
+
+
+def test_a_checkpoint_json_edited_after_it_was_written_is_refused(tmp_path):
+    """The class names (and the rest of the model's config) are stored in the checkpoint, which its sha256 covers;
+    a JSON beside it that says otherwise (reversed class names) was exported as PASSED under that sha256."""
+    ckpt = tmp_path / "belief.safetensors"
+    save_checkpoint(create_model("belief", "cls", "micro", num_classes=3), ckpt, class_names="abc")
+    side = ckpt.with_suffix(".json")
+    side.write_text(json.dumps({**json.loads(side.read_text()), "class_names": ["c", "b", "a"]}))
+    msg = _cli_error(["--checkpoint", str(ckpt), "--out", str(tmp_path / "c.onnx"), "--batch-sizes", "1"], 1)
+    assert msg == (
+        f"error: {side}: its class_names differ from the config stored in belief.safetensors (which the checkpoint's "
+        "sha256 covers); the JSON was edited after the checkpoint was written: restore it or delete it"
+    )
+    assert not list(tmp_path.glob("*.onnx"))
+    side.write_text(json.dumps({**json.loads(side.read_text()), "class_names": ["a", "b", "c"], "note": "mine"}))
+    assert read_config(ckpt)["note"] == "mine"  # the training record beside the config stays the JSON's
 
 
 def test_cli_help_lists_variants_and_archs(capsys):
