@@ -11,7 +11,8 @@ self-attention of S. Zhai (arXiv:2603.09078).
 
 - eq. 11: ``H_m = softmax((Q_m K_m^T + Z_m Z_m^T) / sqrt(d)) V_m`` with ``Z_m = X W^Z_m`` (optional, ``zz``).
   Since ``Q K^T + Z Z^T = [Q|Z] [K|Z]^T``, the scores go through one fused attention call with
-  query/key width 2d and scale ``1/sqrt(d)`` (docs/variants.md, "Belief2").
+  query/key width 2d and scale ``1/sqrt(d)`` (docs/variants.md, "Belief2"); V is zero-padded to width 2d there,
+  since the fused kernels take one head width (the ONNX export keeps the unpadded call).
 - eq. 12-14: ``MH = Concat(H)``, ``V = Concat(V_m)``, ``Delta = MH - alpha * V`` with
   ``alpha_i = <MH_i, V_i> / (<V_i, V_i> + eps)``.
 - eq. 15: ``X <- X + Delta W + phi(alpha * V) W^p`` (``W`` is ``proj``, ``W^p`` is ``proj_p``).
@@ -28,6 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from timm.layers import Attention as TimmAttention
 from torch import nn
 
@@ -91,6 +93,10 @@ class Belief2Attention(StandardAttention):
         **kwargs: ``timm.layers.Attention`` keywords (see :class:`StandardAttention`).
     """
 
+    #: With ``zz``, pad V to the width of ``[Q|Z]`` so that PyTorch's fused kernels take the attention call
+    #: (``False``: the unpadded call, which PyTorch runs unfused; the ONNX export always writes that one).
+    pad_value: bool = True
+
     def __init__(
         self,
         dim: int,
@@ -122,9 +128,14 @@ class Belief2Attention(StandardAttention):
         B, N, _ = x.shape
         z = self.z(x).reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2)
         # [Q|Z][K|Z]^T = Q K^T + Z Z^T; the scale stays 1/sqrt(d) with d the original head width.
-        return self.sdpa(
-            torch.cat([q, z], dim=-1), torch.cat([k, z], dim=-1), v, attn_mask, is_causal, scale=self.scale
-        )
+        qz, kz = torch.cat([q, z], dim=-1), torch.cat([k, z], dim=-1)
+        if not self.pad_value or torch.onnx.is_in_onnx_export():  # the exported ONNX graph keeps this form
+            return self.sdpa(qz, kz, v, attn_mask, is_causal, scale=self.scale)
+        # The fused kernels (flash on CPU and CUDA) take one head width for q, k and v; with V (width d) beside
+        # [Q|Z] (width 2d), PyTorch falls back to its unfused math path. V padded with zero channels to 2d gives
+        # the same H_m in its first d channels (the zeros only add zero columns) through the fused kernel.
+        h = self.sdpa(qz, kz, F.pad(v, (0, qz.shape[-1] - v.shape[-1])), attn_mask, is_causal, scale=self.scale)
+        return h[..., : v.shape[-1]]
 
     def combine(self, x: torch.Tensor, h: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         delta, parallel = self.projection(merge_heads(h), merge_heads(v))

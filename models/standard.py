@@ -19,7 +19,7 @@ from torch import nn
 
 from .registry import Paper, register_variant
 
-__all__ = ["StandardAttention", "apply_attn_mask", "split_heads", "merge_heads", "PAPER"]
+__all__ = ["StandardAttention", "apply_attn_mask", "additive_mask", "split_heads", "merge_heads", "PAPER"]
 
 PAPER = Paper("Attention Is All You Need", "Vaswani et al.", 2017, "https://arxiv.org/abs/1706.03762")
 
@@ -52,6 +52,33 @@ def apply_attn_mask(
         else:
             scores = scores + attn_mask
     return scores
+
+
+def additive_mask(
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    n_q: int,
+    n_k: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor | None:
+    """One additive float mask (0 = keep, ``-inf`` = drop) from a boolean (True = keep) or additive float mask
+    and/or the causal mask (query ``i`` sees keys ``j <= i``, as :func:`apply_attn_mask`); ``None`` for neither.
+
+    ``F.scaled_dot_product_attention`` refuses ``attn_mask`` together with ``is_causal``, and a variant that adds
+    its own per-key bias (WAFE-MSE) passes a mask always: both hand the kernel this one mask instead.
+    """
+    mask = None
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            mask = torch.zeros(attn_mask.shape, dtype=dtype, device=device).masked_fill(~attn_mask, float("-inf"))
+        else:
+            mask = attn_mask.to(dtype)
+    if is_causal:
+        keep = torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril()
+        causal = torch.zeros(n_q, n_k, dtype=dtype, device=device).masked_fill(~keep, float("-inf"))
+        mask = causal if mask is None else mask + causal
+    return mask
 
 
 class StandardAttention(nn.Module):
@@ -173,7 +200,11 @@ class StandardAttention(nn.Module):
         scale: float | None = None,
     ) -> torch.Tensor:
         """Fused ``softmax(q k^T * scale + mask) v`` through ``F.scaled_dot_product_attention``, with the
-        layer's attention dropout; ``scale`` defaults to ``1 / sqrt(head_dim)``."""
+        layer's attention dropout; ``scale`` defaults to ``1 / sqrt(head_dim)``. A mask together with
+        ``is_causal`` goes to the kernel as one additive mask (:func:`additive_mask`)."""
+        if attn_mask is not None and is_causal:
+            attn_mask = additive_mask(attn_mask, True, q.shape[-2], k.shape[-2], q.dtype, q.device)
+            is_causal = False
         return F.scaled_dot_product_attention(
             q,
             k,

@@ -16,8 +16,16 @@ the last term is constant along a softmax row and cancels, so the scores are dot
 The sign flips for anti-WAFE.
 
 MAE has no such form: it needs the pairwise L1 distances ``sum_c |q_ic - k_jc|`` (N^2 d terms; no matrix
-product computes them). Eager PyTorch uses ``torch.cdist(p=1)``. The ONNX export uses :func:`pairwise_l1`
-(``mae_impl="blocked"``), ordinary ops that runtimes execute without the broadcast (B, M, N, N, d) tensor:
+product computes them). No path materialises the (B, M, N, N, d) tensor of differences:
+
+- eager PyTorch uses ``torch.cdist(p=1)``;
+- under ``torch.compile`` (not ``torch.export``) the distance is written as the broadcast
+  ``|q_i - k_j|`` sum, which the compiler turns into one reduction loop (C++ on CPU, Triton on CUDA) that never
+  stores the differences: a third of ``cdist``'s time on a 2-core AVX-512 Xeon at 1,025 tokens
+  (``results/studies/fused-cores/``);
+- ``torch.export`` (AOTInductor) keeps ``cdist``;
+- the ONNX export uses :func:`pairwise_l1` (``mae_impl="blocked"``), ordinary ops that runtimes execute
+  without the broadcast tensor:
 
 - ``|a - b| = 2 max(a, b) - a - b``, so ``sum_c |q_ic - k_jc| = 2 sum_c max(q_ic, k_jc) - sum_c q_ic -
   sum_c k_jc``: one broadcast ``Max`` per term instead of ``Sub`` then ``Abs``; the two sums are per token.
@@ -48,7 +56,7 @@ import torch
 from torch import nn
 
 from .registry import Paper, register_variant
-from .standard import StandardAttention
+from .standard import StandardAttention, additive_mask
 
 __all__ = [
     "WAFEAttention",
@@ -61,6 +69,7 @@ __all__ = [
     "KEY_NORM_OPS",
     "mae_block",
     "pairwise_l1",
+    "auto_mae_impl",
     "PAPER",
 ]
 
@@ -72,7 +81,7 @@ PAPER = Paper(
 )
 
 SCORE_CHOICES = ("dot", "mse", "mae")
-#: How MAE scores compute the pairwise L1 distance (``auto``: ``cdist`` in eager, ``blocked`` in ONNX export).
+#: How MAE scores compute the pairwise L1 distance (``auto``: :func:`auto_mae_impl`).
 MAE_IMPLS = ("auto", "cdist", "blocked", "broadcast")
 #: Queries per block of :func:`pairwise_l1`: the (B, d, block, N) slab of one head is 0.8 MB per image for a
 #: ViT-Ti at 224 px. Blocks of 8 and 16 ran alike on a 2-core AVX2 EPYC
@@ -121,6 +130,17 @@ def pairwise_l1(q: torch.Tensor, k: torch.Tensor, block: int | None = None) -> t
     return dist.to(dtype)
 
 
+def auto_mae_impl() -> str:
+    """What ``mae_impl="auto"`` runs now: ``blocked`` while exporting to ONNX, ``broadcast`` while
+    ``torch.compile`` traces (the compiler fuses it into one reduction loop that never stores the differences),
+    ``cdist`` otherwise (eager, and ``torch.export``, whose program may also run eagerly)."""
+    if torch.onnx.is_in_onnx_export():
+        return "blocked"
+    if torch.compiler.is_compiling() and not torch.compiler.is_exporting():
+        return "broadcast"
+    return "cdist"
+
+
 def _checked_mae_impl(impl: str) -> str:
     if impl not in MAE_IMPLS:
         raise ValueError(f"unknown mae_impl {impl!r}; valid: {', '.join(MAE_IMPLS)}")
@@ -131,8 +151,10 @@ class PairwiseL1(nn.Module):
     """Pairwise L1 distances ``sum_c |q_ic - k_jc|`` of queries and keys (eq. 5-6), (B, M, Nq, Nk).
 
     Args:
-        impl: ``auto`` (``cdist`` in eager, ``blocked`` while exporting to ONNX), ``cdist``, ``blocked``
-            (:func:`pairwise_l1`) or ``broadcast`` (the direct ``|q_i - k_j|`` tensor).
+        impl: ``auto`` (``cdist`` in eager and ``torch.export``, ``blocked`` while exporting to ONNX, and
+            ``broadcast`` under ``torch.compile``, whose compiler fuses it into one reduction loop), ``cdist``,
+            ``blocked`` (:func:`pairwise_l1`) or ``broadcast`` (the direct ``|q_i - k_j|`` sum: in eager it
+            stores the (B, M, Nq, Nk, d) differences).
     """
 
     def __init__(self, impl: str = "auto") -> None:
@@ -142,7 +164,7 @@ class PairwiseL1(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         impl = self.impl
         if impl == "auto":
-            impl = "blocked" if torch.onnx.is_in_onnx_export() else "cdist"
+            impl = auto_mae_impl()
         if impl == "cdist":
             return torch.cdist(q, k, p=1.0)
         if impl == "blocked":
@@ -182,8 +204,9 @@ class WAFEAttention(StandardAttention):
     Args:
         score: ``dot``, ``mse`` or ``mae``.
         anti: Flip the sign of the scores (anti-WAFE: attend to the *least* similar keys).
-        mae_impl: ``auto`` (``cdist`` in eager, ``blocked`` while exporting to ONNX), ``cdist``,
-            ``blocked`` (:func:`pairwise_l1`) or ``broadcast`` (the direct ``|q_i - k_j|`` tensor).
+        mae_impl: ``auto`` (:func:`auto_mae_impl`: ``cdist`` in eager, ``broadcast`` under ``torch.compile``,
+            ``blocked`` while exporting to ONNX), ``cdist``, ``blocked`` (:func:`pairwise_l1`) or ``broadcast``
+            (the direct ``|q_i - k_j|`` sum).
         **kwargs: ``timm.layers.Attention`` keywords (see :class:`StandardAttention`).
     """
 
@@ -214,14 +237,11 @@ class WAFEAttention(StandardAttention):
         if self.score == "mse":
             # sign * ||q - k||^2 / d  ==  (-2 sign) q.k / d + sign ||k||^2 / d  (+ a per-row constant)
             key_bias = self.key_norm(k)  # (B, M, 1, N)
-            if attn_mask is not None:
-                key_bias = key_bias + (
-                    torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(~attn_mask, float("-inf"))
-                    if attn_mask.dtype == torch.bool
-                    else attn_mask
-                )
+            mask = additive_mask(attn_mask, is_causal, q.shape[-2], k.shape[-2], key_bias.dtype, q.device)
+            if mask is not None:  # the kernel takes one mask: the key bias with the masks added
+                key_bias = key_bias + mask
             # Keep the kernel's scale positive (torch's ONNX decomposition takes sqrt(scale)): flip q instead.
-            return self.sdpa(-q if self.anti else q, k, v, key_bias, is_causal, scale=2.0 / d)
+            return self.sdpa(-q if self.anti else q, k, v, key_bias, False, scale=2.0 / d)
         return self.softmax_attend((sign / d) * self.distance(q, k), v, attn_mask, is_causal)
 
     def extra_repr(self) -> str:

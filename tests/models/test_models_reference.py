@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnzoo.models import VARIANT_NAMES, create_attention
-from attnzoo.models.wafe import MAE_BLOCK, mae_block, pairwise_l1
+from attnzoo.models import VARIANT_NAMES, VARIANTS, create_attention
+from attnzoo.models.wafe import MAE_BLOCK, auto_mae_impl, mae_block, pairwise_l1
 
 D, M, N, B = 32, 4, 7, 2
 d = D // M
@@ -43,13 +43,23 @@ def _dot_scores(q, k, sign=1.0):
 
 
 def _pairwise(q, k, p):
-    """S[i, j] = ||q_i - k_j||_p^p, by explicit loops over i and j."""
+    """S[i, j] = ||q_i - k_j||_p^p, by an explicit loop over the queries i (all keys j at once)."""
     out = torch.empty(q.shape[0], q.shape[1], k.shape[1], dtype=q.dtype)
     for i in range(q.shape[1]):
-        for j in range(k.shape[1]):
-            diff = q[:, i] - k[:, j]
-            out[:, i, j] = (diff.abs() if p == 1 else diff * diff).sum(-1)
+        diff = q[:, i : i + 1] - k  # (B, Nk, d): q_i against every k_j
+        out[:, i] = (diff.abs() if p == 1 else diff * diff).sum(-1)
     return out
+
+
+def _masked(s, mask, causal):
+    """Scores (B, Nq, Nk) with a boolean (True = keep) or additive mask (B, 1, Nq, Nk) and/or causal: key j
+    is dropped (-inf) for query i when j > i."""
+    if mask is not None:
+        s = s.masked_fill(~mask[:, 0], float("-inf")) if mask.dtype == torch.bool else s + mask[:, 0].double()
+    if causal:
+        later = torch.ones(s.shape[-2:], dtype=torch.bool).triu(1)  # [i, j] = j > i
+        s = s.masked_fill(later, float("-inf"))
+    return s
 
 
 def _project(a, v):
@@ -58,8 +68,9 @@ def _project(a, v):
     return a - coef * v, coef * v
 
 
-def reference(name, attn, x):
-    """The variant's update written from its equations (docs/variants.md, "What each variant computes"), float64."""
+def reference(name, attn, x, mask=None, causal=False):
+    """The variant's update written from its equations (docs/variants.md, "What each variant computes"), float64;
+    ``mask`` and ``causal`` act on every head's scores before the softmax."""
     Q, K, V = _heads(attn, x)
     if name == "mabvit-glu":  # V = (X W^a) * SiLU(X W^b)
         gate = _lin(x, attn.v_gate)
@@ -80,7 +91,7 @@ def reference(name, attn, x):
             s = (q @ k.transpose(-1, -2) + z @ z.transpose(-1, -2)) / math.sqrt(d)
         else:
             s = _dot_scores(q, k)
-        H.append(_softmax_rows(s) @ v)
+        H.append(_softmax_rows(_masked(s, mask, causal)) @ v)
     MH, Vc = torch.cat(H, -1), torch.cat(V, -1)
     if name in ("standard", "mabvit-glu", "mabvit-gelu") or "wafe" in name:
         return _lin(MH, attn.proj)
@@ -144,6 +155,98 @@ def test_mae_export_paths_match_reference(name, impl):
     with torch.no_grad():
         out = attn(x)
     torch.testing.assert_close(out.double(), reference(name, attn, x.double()), rtol=0, atol=1e-5)
+
+
+# ------------------------------------------------------------------------ fused cores, masks, long sequences
+MASKS = ("none", "bool", "float", "causal", "bool+causal")
+#: (tokens, mask) of the core checks: a ViT at 224 px, and 37, a multiple of no kernel block, with every mask.
+CORE_CASES = [(197, "none"), (197, "bool+causal"), *((37, kind) for kind in MASKS)]
+#: Variants whose scores are dot products (with a sign, a per-key bias or Z Z^T): one fused kernel each.
+DOT_VARIANTS = [v for v in VARIANT_NAMES if not VARIANTS[v].pairwise_scores]
+MAE_VARIANTS = [v for v in VARIANT_NAMES if VARIANTS[v].pairwise_scores]
+
+
+def _mask(kind, n, seed=1):
+    """A (B, 1, n, n) boolean (True = keep; every query keeps itself) or additive mask, or None."""
+    gen = torch.Generator().manual_seed(seed)
+    if kind.startswith("bool"):
+        return (torch.rand(B, 1, n, n, generator=gen) > 0.3) | torch.eye(n, dtype=torch.bool)
+    return torch.randn(B, 1, n, n, generator=gen) if kind == "float" else None
+
+
+@pytest.mark.parametrize("n,kind", CORE_CASES)
+@pytest.mark.parametrize("name", VARIANT_NAMES)
+def test_core_matches_reference_with_masks(name, n, kind):
+    """Each variant's core (fused kernel, MAE distance) against its paper's equation, fp32, with boolean and
+    additive masks, causal, and a mask with causal (the fused kernel takes them as one mask)."""
+    attn = _layer(name)
+    x = torch.randn(B, n, D, generator=torch.Generator().manual_seed(2))
+    mask, causal = _mask(kind, n), kind.endswith("causal")
+    with torch.no_grad():
+        out = attn(x, attn_mask=mask, is_causal=causal)
+    ref = reference(name, attn, x.double(), mask, causal)
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=1e-5)
+
+
+def _profiled_ops(attn, x, **kwargs):
+    with torch.no_grad(), torch.profiler.profile(profile_memory=True) as prof:
+        attn(x, **kwargs)
+    return prof.events()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", DOT_VARIANTS)
+def test_dot_product_cores_run_one_fused_kernel(name, causal):
+    """softmax(S) V of every dot-product variant is PyTorch's fused flash kernel on the CPU (never its unfused
+    math fallback, which stores the N x N weights): Belief2's [Q|Z] [K|Z]^T included."""
+    ops = {e.name for e in _profiled_ops(_layer(name), torch.randn(B, 197, D), is_causal=causal)}
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in ops
+    assert "aten::_scaled_dot_product_attention_math" not in ops
+
+
+@pytest.mark.parametrize("name", MAE_VARIANTS)
+def test_mae_core_never_stores_the_differences(name):
+    """No tensor of the (B, M, N, N, d) differences |q_i - k_j|: the largest allocation is the N x N scores."""
+    n = 197
+    events = _profiled_ops(_layer(name), torch.randn(B, n, D))
+    biggest = max(e.self_cpu_memory_usage for e in events)
+    scores = B * M * n * n * 4
+    assert scores <= biggest < scores * d / 2
+
+
+def test_auto_mae_impl_follows_the_tracer():
+    """mae_impl="auto": cdist in eager and under torch.export (its program may run eagerly), the broadcast sum
+    under torch.compile (its compiler fuses it into one loop); the ONNX export's blocked form is tested there."""
+    seen = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            seen.append(auto_mae_impl())
+            return x + 1
+
+    probe = Probe()
+    probe(torch.zeros(1))
+    torch.compile(probe, backend="eager", fullgraph=True)(torch.zeros(1))
+    compiled = len(seen)
+    torch.export.export(probe, (torch.zeros(1),))
+    assert seen[0] == "cdist"
+    assert set(seen[1:compiled]) == {"broadcast"}
+    assert set(seen[compiled:]) == {"cdist"}
+
+
+@pytest.mark.slow
+def test_compiled_mae_core_matches_reference():
+    """torch.compile (Inductor, CPU) of an MAE layer: the fused distance loop against eq. 5, and no allocation
+    of the (B, M, N, N, d) differences (anti-WAFE differs by the sign only)."""
+    name, n = "wafe-mae", 37
+    attn = _layer(name)
+    x = torch.randn(B, n, D, generator=torch.Generator().manual_seed(2))
+    compiled = torch.compile(attn, fullgraph=True)
+    with torch.no_grad():
+        out = compiled(x)
+    torch.testing.assert_close(out.double(), reference(name, attn, x.double()), rtol=0, atol=1e-5)
+    biggest = max(e.self_cpu_memory_usage for e in _profiled_ops(compiled, x))
+    assert biggest < B * M * n * n * d * 4 / 2
 
 
 @pytest.mark.parametrize("block", [1, 4, 13, 50, None])
