@@ -241,17 +241,37 @@ def export_fingerprint(
     return h.hexdigest()
 
 
-def _reusable(out: Path, dtype: str, fingerprint: str) -> dict[str, Any] | None:
-    """The report of ``out`` when it was made for this ``fingerprint`` and the file would be served
-    (:func:`verification_problem`: its report passed, for this precision and this very file). The fingerprint is
-    compared first: a stale file is refused without hashing it."""
+def _reusable(
+    model: nn.Module,
+    out: Path,
+    config: Mapping[str, Any],
+    dtype: str,
+    fingerprint: str,
+    threads: int | None,
+) -> dict[str, Any] | None:
+    """The report of ``out`` when it was made for this ``fingerprint``, the file would be served
+    (:func:`verification_problem`: its report passed, for this precision and this very file), and what the report
+    says of the file is re-derived from it: its node count and op histogram, the extra-math check, and parity
+    with the eager ``model`` (batch 1 and 3, real and random inputs). The report is not trusted on its word: a file
+    swapped in with its report's sha256 rewritten to match (other weights, another graph) is exported again. The
+    fingerprint is compared first: a stale file is refused without hashing it."""
     try:
         report = read_report(report_path(out))
     except ValueError:  # no report, or not one
         return None
     if report.get("fingerprint") != fingerprint or not out.is_file() or verification_problem(out, dtype) is not None:
         return None
-    return report
+    try:
+        proto = onnx.load(str(out))
+        if len(proto.graph.node) != report.get("num_nodes") or op_histogram(proto) != report.get("op_histogram"):
+            return None
+        if check_extra_math(proto, dict(config), dtype)["failures"]:
+            return None
+        hw = tuple(json.loads(metadata_props(proto)["input_size"]))
+        parity = verify_onnx(model, out, config, batch_sizes=(1,), dtype=dtype, input_hw=hw, threads=threads)
+    except Exception:  # noqa: BLE001 -- a file that cannot even be checked is exported again
+        return None
+    return report if parity["passed"] else None
 
 
 def export_verified(
@@ -275,8 +295,9 @@ def export_verified(
 
     Args:
         reuse: Keep ``out`` instead of exporting again when its report passed for the same
-            :func:`export_fingerprint` (weights, config, export arguments, versions) and the file still has the
-            sha256 it was verified with; the report returned then has ``reused: true``. For caches that export
+            :func:`export_fingerprint` (weights, config, export arguments, versions), the file still has the
+            sha256 it was verified with, and its facts, extra math and parity re-derive (:func:`_reusable`); the
+            report returned then has ``reused: true``. For caches that export
             the same seeded model more than once (a benchmark resumed batch by batch, a sweep beside it).
     """
     out = Path(out)
@@ -284,7 +305,7 @@ def export_verified(
         model, config, opset=opset, dtype=dtype, input_hw=input_hw, batch_sizes=batch_sizes
     )
     if reuse:
-        report = _reusable(out, dtype, fingerprint)
+        report = _reusable(model, out, config, dtype, fingerprint, threads)
         if report is not None:
             return {**report, "reused": True}
     with atomic_path(out) as tmp:  # only a model that passes is renamed to `out`

@@ -318,6 +318,26 @@ def test_reuse_keeps_only_a_file_verified_for_the_same_weights(tmp_path, monkeyp
     assert verify_mod.export_fingerprint(other, other.attnzoo_config, **args) != before  # edited source: new model
 
 
+def test_reuse_re_derives_the_report_instead_of_trusting_it(tmp_path, monkeypatch):
+    """A file swapped in for a cached export, with its report's sha256 rewritten to match, is not reused: its
+    parity with the eager model (and its graph facts) are re-derived, and it is exported again."""
+    exports = []
+    real = verify_mod.export_onnx
+    monkeypatch.setattr(verify_mod, "export_onnx", lambda *a, **k: exports.append(1) or real(*a, **k))
+    model = create_model("belief", "cls", "micro", num_classes=3)
+    out = tmp_path / "m.onnx"
+    export_verified(model, out, model.attnzoo_config, batch_sizes=(1,), reuse=True)
+    proto = onnx.load(str(out))
+    head = next(t for t in proto.graph.initializer if "head" in t.name and len(t.dims) == 2)
+    head.CopyFrom(onnx.numpy_helper.from_array(-onnx.numpy_helper.to_array(head), head.name))  # other classes
+    onnx.save(proto, str(out))
+    report = json.loads(report_path(out).read_text())
+    report_path(out).write_text(json.dumps({**report, "sha256": sha256_file(out)}))  # the report made to vouch
+    again = export_verified(model, out, model.attnzoo_config, batch_sizes=(1,), reuse=True)
+    assert len(exports) == 2 and not again.get("reused") and again["sha256"] == sha256_file(out)
+    assert again["sha256"] == report["sha256"]  # the export is deterministic: the file is the one verified first
+
+
 # ----------------------------------------------------------------------------------------------------- CLI
 
 
