@@ -157,6 +157,15 @@ async def _http_error(request: Request, exc: HTTPError) -> JSONResponse:
     return _error(exc.status, exc.message, exc.headers)
 
 
+#: Most characters of a client's text (a model name, a path) that a message quotes.
+_QUOTED = 80
+
+
+def _quoted(text: str) -> str:
+    """``text`` as a message quotes it: ``repr``, cut to :data:`_QUOTED` characters with ``...``."""
+    return repr(text if len(text) <= _QUOTED else text[: _QUOTED - 3] + "...")
+
+
 def _size(n: float) -> str:
     """Bytes for a message: ``612 KiB``, ``1.2 GiB``."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
@@ -280,7 +289,7 @@ class MemoryBudget:
 async def _starlette_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
     if exc.status_code == 404:
-        detail = f"no route {request.method} {request.url.path}; routes: {', '.join(ROUTES)}"
+        detail = f"no route {request.method} {_quoted(request.url.path)}; routes: {', '.join(ROUTES)}"
     return _error(exc.status_code, detail)
 
 
@@ -567,13 +576,15 @@ class ModelServer:
         if (task, name) in self.pending and not await self._in_thread(self._load_pending, task, name):
             raise HTTPError(
                 503,
-                f"model {name!r} is still being exported and verified; retry in a few seconds "
+                f"model {_quoted(name)} is still being exported and verified; retry in a few seconds "
                 f"(ready now: {', '.join(n for t, n in self.order if t == task)})",
             )
         if (task, name) not in self.models:
             if (task, name) in self.failed:  # a pending one that did not load
-                raise HTTPError(500, f"model {name!r} could not be loaded on this replica; the server log says why")
-            raise HTTPError(404, f"unknown {task} model {name!r}; valid: {', '.join(names)}")
+                raise HTTPError(
+                    500, f"model {_quoted(name)} could not be loaded on this replica; the server log says why"
+                )
+            raise HTTPError(404, f"unknown {task} model {_quoted(name)}; valid: {', '.join(names)}")
         return self.models[(task, name)]
 
     def _load_pending(self, task: str, name: str) -> bool:
@@ -705,7 +716,7 @@ class ModelServer:
 
         async def work():
             if task not in ("cls", "seg"):
-                raise HTTPError(404, f"unknown task {task!r}; valid: cls, seg")
+                raise HTTPError(404, f"unknown task {_quoted(task)}; valid: cls, seg")
             served = await self._model(task, name)
             h, w = served.input_size
             most = tensor_batch_limit((h, w))

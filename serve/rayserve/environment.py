@@ -317,7 +317,9 @@ def start_ray(cfg: ServeConfig, metrics_port: int | None = None) -> bool:
         session = {}
         if not os.environ.get("RAY_TMPDIR"):  # Ray's session files (logs, sockets, HAProxy's config) go with the stop
             _LOCAL["temp_dirs"].append(tempfile.mkdtemp(prefix="attnzoo-ray-"))
-            session["_temp_dir"] = _LOCAL["temp_dirs"][-1]
+            # Ray makes every folder it creates, its temp folder included, mode 0777 ("shared"): they go one level
+            # down, so the folder only its owner can enter (mkdtemp's 0700) stays closed around them
+            session["_temp_dir"] = os.path.join(_LOCAL["temp_dirs"][-1], "ray")
         with _keep_signal_handlers():
             ray.init(
                 num_cpus=os.cpu_count(),

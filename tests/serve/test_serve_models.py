@@ -363,6 +363,17 @@ def test_bad_input_gets_one_json_error_line(server, tmp_path):
     _bad(httpx.get(f"{server}/nope", timeout=30), 404, "no route GET /nope")
 
 
+def test_a_long_name_is_quoted_cut_short(server):
+    """A 60 KB model name (or path) comes back as 80 characters at most, not whole."""
+    name = "m" * 60_000
+    for r in (
+        httpx.post(f"{server}/classify", params={"model": name}, content=_images()[0], timeout=60),
+        httpx.post(f"{server}/models/cls/{name}/logits", content=b"", timeout=60),
+        httpx.get(f"{server}/{name}", timeout=60),
+    ):
+        assert r.status_code == 404 and len(r.text) < 500 and "m" * 76 + "..." in r.json()["error"], r.text[:300]
+
+
 def test_tensor_route_checks_its_input(server, local):
     m = local[("cls", "standard")]
     url = f"{server}/models/cls/standard/logits"
@@ -460,6 +471,20 @@ def test_haproxy_admin_socket_is_its_owners_alone(server):
     from attnzoo.serve.rayserve.environment import _LOCAL
 
     assert any(config.is_relative_to(d) for d in _LOCAL["temp_dirs"]), (config, _LOCAL["temp_dirs"])
+
+
+def test_the_local_rays_session_folders_are_its_owners_alone(server):
+    """Ray makes its folders mode 0777 (its temp folder too): the local Ray's session folder (logs, sockets) sits
+    in a folder only its owner can enter, which the stop removes."""
+    import ray
+
+    from attnzoo.serve.rayserve.environment import _LOCAL
+
+    session = Path(ray._private.worker._global_node.get_session_dir_path())
+    private = [d for d in session.parents if d.stat().st_uid == os.getuid() and d.stat().st_mode & 0o077 == 0]
+    assert private and any(private[0] == Path(d) for d in _LOCAL["temp_dirs"]), [
+        (str(d), oct(d.stat().st_mode)) for d in session.parents
+    ]
 
 
 def test_everything_the_local_ray_started_listens_on_loopback_only(server):
