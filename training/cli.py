@@ -108,7 +108,14 @@ def _train_parser() -> argparse.ArgumentParser:
         help="variant option, e.g. --option eps=1e-6 --option param_matched=true",
     )
     p.add_argument("--out", default="runs", help="output folder")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: 1 for the micro archs, as the zoo was trained: their small matrices gain "
+        "little from a second thread, and on a busy machine two threads made each step several times slower; "
+        "the usable cores for tiny, small and base)",
+    )
     p.add_argument(
         "--init-from",
         default=None,
@@ -124,6 +131,12 @@ def _train_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-progress", action="store_true")
     return add_debug_flag(p)
+
+
+def default_threads(arch: str) -> int | None:
+    """train-model's threads without ``--threads``: 1 for the micro archs (the zoo's setting), else ``None``
+    (PyTorch's default, the usable cores)."""
+    return 1 if arch.startswith("micro") else None
 
 
 @entry_point
@@ -175,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         val_size=args.val_size,
         options=options,
         out=args.out,
-        threads=args.threads,
+        threads=default_threads(args.arch) if args.threads is None else args.threads,
         init_from=args.init_from,
         decoder=args.decoder,
         scene=scene,

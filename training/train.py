@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -25,6 +26,7 @@ from attnzoo.metrics import confusion_matrix, metric_name, metrics_from_confusio
 from attnzoo.models import canonical_name, count_params, create_model
 from attnzoo.models.checkpoint import init_encoder, load_checkpoint, save_checkpoint
 from attnzoo.preprocess import DATA_INPUT_STYLE, DEFAULT_MEAN, DEFAULT_STD
+from attnzoo.signals import Interrupted, Terminated, signals_deferred
 
 __all__ = [
     "TrainConfig",
@@ -147,9 +149,21 @@ def _state_paths(out_dir: Path, name: str) -> tuple[Path, Path]:
 
 
 def _save_state(
-    out_dir: Path, name: str, model, opt, sched, epoch: int, history, elapsed: float, cfg: TrainConfig
+    out_dir: Path,
+    name: str,
+    model,
+    opt,
+    sched,
+    epoch: int,
+    history,
+    elapsed: float,
+    cfg: TrainConfig,
+    step: int = 0,
+    losses: list[float] | None = None,
 ) -> None:
-    """Resumable state: model + AdamW moments as safetensors, everything else as JSON; atomic writes."""
+    """Resumable state: model + AdamW moments as safetensors, everything else as JSON; atomic writes. ``epoch``
+    finished epochs, then ``step`` steps of the next one (a run stopped part-way through an epoch) with their
+    ``losses``."""
     tensors = {f"model.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
     opt_sd = opt.state_dict()
     for idx, st in opt_sd["state"].items():
@@ -166,6 +180,8 @@ def _save_state(
         json.dumps(
             {
                 "epoch": epoch,
+                "step": step,
+                "losses": list(losses or []) if step else [],
                 "history": history,
                 "elapsed": elapsed,
                 "param_groups": opt_sd["param_groups"],
@@ -191,6 +207,19 @@ def _state_problem(epoch: Any, history: Any, elapsed: float, epochs: int) -> str
     return None
 
 
+def _step_problem(step: Any, losses: Any, epoch: int, epochs: int, steps_per_epoch: int) -> str | None:
+    """Why a state's steps into its unfinished epoch cannot be this run's (``None`` when they can): a whole number
+    within ``0..steps_per_epoch - 1`` (none once every epoch is done), with one finite loss per step."""
+    top = 0 if epoch == epochs else steps_per_epoch - 1
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= top:
+        return f"step {json.dumps(step)[:40]} of epoch {epoch + 1}, not within 0..{top}"
+    if not isinstance(losses, list) or len(losses) != step:
+        return f"{len(losses) if isinstance(losses, list) else 'no'} loss(es) for {step} step(s)"
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in losses):
+        return "a loss that is not a finite number"
+    return None
+
+
 def _optimizer_problem(meta: dict[str, Any], opt, epoch: int, steps_per_epoch: int) -> str | None:
     """Why a state's optimizer and scheduler cannot be this run's (``None`` when they can).
 
@@ -202,12 +231,9 @@ def _optimizer_problem(meta: dict[str, Any], opt, epoch: int, steps_per_epoch: i
     sched = meta.get("scheduler")
     if not isinstance(sched, dict):
         return "no scheduler state"
-    last = sched.get("last_epoch")
-    if not isinstance(last, int) or isinstance(last, bool) or not 0 <= last <= epoch * steps_per_epoch:
-        return (
-            f"scheduler step {json.dumps(last)[:40]}, not within 0..{epoch * steps_per_epoch}, the steps of "
-            f"{epoch} epoch(s)"
-        )
+    last, done = sched.get("last_epoch"), epoch * steps_per_epoch + meta.get("step", 0)
+    if not isinstance(last, int) or isinstance(last, bool) or not 0 <= last <= done:
+        return f"scheduler step {json.dumps(last)[:40]}, not within 0..{done}, the steps of {epoch} epoch(s)"
     fresh = json.loads(json.dumps(opt.state_dict()["param_groups"]))  # tuples as lists, as the state file has them
     groups = meta.get("param_groups")
     if not isinstance(groups, list) or len(groups) != len(fresh) or not all(isinstance(g, dict) for g in groups):
@@ -268,7 +294,9 @@ def _load_state(out_dir: Path, name: str, model, opt, sched, cfg: TrainConfig, s
         epoch, history, elapsed = meta["epoch"], meta["history"], float(meta["elapsed"])
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise ValueError(f"cannot resume: {js_path} is damaged ({type(exc).__name__}: {exc})") from None
-    problem = _state_problem(epoch, history, elapsed, cfg.epochs)
+    problem = _state_problem(epoch, history, elapsed, cfg.epochs) or _step_problem(
+        meta.setdefault("step", 0), meta.setdefault("losses", []), epoch, cfg.epochs, steps_per_epoch
+    )
     if problem:
         raise ValueError(
             f"cannot resume: {js_path} is damaged ({problem}); delete it and its "
@@ -309,6 +337,39 @@ def _load_state(out_dir: Path, name: str, model, opt, sched, cfg: TrainConfig, s
     except (RuntimeError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"cannot resume: {st_path} does not match this model ({first_line(exc)})") from None
     return {**meta, "epoch": epoch, "history": history, "elapsed": elapsed}
+
+
+class _Estimate:
+    """How long the rest of a run takes, from its first steps: :meth:`tick` is true once, after
+    :attr:`MEASURED` steps past the first (which pays for warm-up); :meth:`line` says it."""
+
+    MEASURED = 5
+
+    def __init__(self, steps_left: int, epochs_left: int, val_batches: int) -> None:
+        self.steps_left, self.epochs_left, self.val_batches = steps_left, epochs_left, val_batches
+        self.count, self.t0, self.per_step = 0, 0.0, 0.0
+
+    def tick(self) -> bool:
+        self.count += 1
+        if self.count == 1:
+            self.t0 = time.perf_counter()
+        elif self.count == 1 + self.MEASURED:
+            self.per_step = (time.perf_counter() - self.t0) / self.MEASURED
+            return True
+        return False
+
+    def seconds(self) -> float:
+        """The steps left at the measured pace, plus an evaluation per epoch left (a forward pass over the
+        validation batches: about a third of a training step each)."""
+        return self.per_step * (self.steps_left + self.epochs_left * self.val_batches / 3)
+
+    def line(self) -> str:
+        seconds = self.seconds()
+        took = f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
+        return (
+            f"estimate: about {took} for {self.steps_left} steps in {self.epochs_left} epoch(s) ({self.per_step:.2f} "
+            f"s a step over steps 2-{1 + self.MEASURED}, {torch.get_num_threads()} thread(s); fewer --epochs for less)"
+        )
 
 
 def has_state(cfg: TrainConfig) -> bool:
@@ -365,41 +426,68 @@ def train(
     out_dir = Path(cfg.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     name = checkpoint_name(cfg)
-    history, start_epoch, elapsed = [], 0, 0.0
+    history, start_epoch, elapsed, start_step, losses = [], 0, 0.0, 0, []
     if resume:
         meta = _load_state(out_dir, name, model, opt, sched, cfg, steps_per_epoch)
         history, start_epoch, elapsed = meta["history"], meta["epoch"], meta["elapsed"]
+        start_step, losses = meta["step"], [float(x) for x in meta["losses"]]
         if on_epoch is not None and start_epoch:
             on_epoch(start_epoch, cfg.epochs)
     loss_fn = nn.CrossEntropyLoss()
     step = 0
+    estimate = _Estimate(
+        steps_per_epoch * (cfg.epochs - start_epoch) - start_step,
+        cfg.epochs - start_epoch,
+        math.ceil(len(val_data) / cfg.batch_size),
+    )
     for epoch in range(start_epoch, cfg.epochs):
         t0 = time.perf_counter()
         model.train()
         order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(cfg.seed * 1000 + epoch))
+        first = start_step if epoch == start_epoch else 0
         bar = tqdm(
-            range(steps_per_epoch),
+            range(first, steps_per_epoch),
             desc=f"{name} {epoch + 1}/{cfg.epochs}",
             disable=not progress,
             leave=False,
             mininterval=2.0,
+            initial=first,
+            total=steps_per_epoch,
         )
-        losses = []
-        for i in bar:
-            idx = order[i * cfg.batch_size : (i + 1) * cfg.batch_size]
-            loss = loss_fn(model(ds.x[idx]), ds.y[idx])
-            if not torch.isfinite(loss):
-                raise RuntimeError(f"{name}: loss became {loss.item()} at epoch {epoch + 1} step {i}")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            losses.append(loss.item())
-            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
-            step += 1
-            if max_steps is not None and step >= max_steps:
-                break
+        losses = losses if epoch == start_epoch else []
+        i = first
+        try:
+            for i in bar:
+                idx = order[i * cfg.batch_size : (i + 1) * cfg.batch_size]
+                loss = loss_fn(model(ds.x[idx]), ds.y[idx])
+                if not torch.isfinite(loss):
+                    raise RuntimeError(f"{name}: loss became {loss.item()} at epoch {epoch + 1} step {i}")
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                sched.step()
+                losses.append(loss.item())
+                bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
+                step += 1
+                if progress and estimate.tick():
+                    tqdm.write(estimate.line())
+                if max_steps is not None and step >= max_steps:
+                    break
+        except (KeyboardInterrupt, Interrupted, Terminated):  # keep the steps taken: --resume continues there
+            done = len(losses)
+            if done:
+                with signals_deferred():
+                    bar.close()
+                    spent = elapsed + time.perf_counter() - t0
+                    _save_state(out_dir, name, model, opt, sched, epoch, history, spent, cfg, done, losses)
+                print(
+                    f"stopped in epoch {epoch + 1}/{cfg.epochs} after {done} of {steps_per_epoch} steps: the state "
+                    f"is in {_state_paths(out_dir, name)[1]} (the same command with --resume continues there)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            raise
         val = evaluate(model, val_data, cfg.task)
         elapsed += time.perf_counter() - t0
         history.append(

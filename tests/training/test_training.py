@@ -85,6 +85,45 @@ def test_training_is_deterministic_and_resumable(tmp_path):
         torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-6)
 
 
+def test_a_run_stopped_mid_epoch_leaves_its_steps_and_resumes_there(tmp_path, monkeypatch, capsys):
+    """Ctrl-C in the middle of the first epoch: the state after the steps taken is saved (not lost with the epoch),
+    and --resume finishes the run with the weights of an uninterrupted one."""
+    full = train(_cfg(tmp_path / "a", train_size=64), progress=False)  # 4 steps an epoch
+    clip, calls = torch.nn.utils.clip_grad_norm_, []
+
+    def stop_at_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return clip(*args, **kwargs)
+
+    cfg = _cfg(tmp_path / "b", train_size=64)
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", stop_at_third)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, progress=False)
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
+    state = json.loads((tmp_path / "b" / "belief2_cls_shapes.state.json").read_text())
+    assert (state["epoch"], state["step"], len(state["losses"])) == (0, 2, 2)
+    assert "after 2 of 4 steps" in capsys.readouterr().err
+    resumed = train(cfg, resume=True, progress=False)
+    assert [h["epoch"] for h in resumed["history"]] == [1, 2]
+    assert resumed["history"][0]["losses_first_last"][0] == full["history"][0]["losses_first_last"][0]
+    want, got = load_state_dict_file(full["path"]), load_state_dict_file(resumed["path"])
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-6)
+
+
+def test_train_model_threads_default_to_one_for_the_micro_archs(tmp_path, monkeypatch):
+    """The zoo's setting: on a busy 2-core machine two threads made a micro model's step several times slower."""
+    seen = []
+    monkeypatch.setattr(cli, "train", lambda cfg, **kw: seen.append(cfg.threads) or (_ for _ in ()).throw(SystemExit))
+    for arch in ("micro", "micro-conv", "tiny"):
+        with pytest.raises(SystemExit):
+            cli.main(["--variant", "standard", "--data", "shapes", "--arch", arch, "--out", str(tmp_path)])
+    assert seen == [1, 1, None]
+    assert cli.default_threads("small") is None
+
+
 @pytest.fixture(scope="module")
 def stopped_run(tmp_path_factory):
     """A run stopped after epoch 1 of 2: its state files (bytes), to be damaged by each test."""
