@@ -1,18 +1,19 @@
 """int8 fidelity of a pretrained-like ViT under each Q/DQ placement, through ``export_model`` (what
 ``export-model --dtype int8`` runs), on inputs that neither chose nor gated the placement.
 
-Real pretrained ViTs carry a few residual-stream channels with huge activations (Darcet et al., "Vision
-Transformers Need Registers", 2023, arXiv:2309.16588; Sun et al., "Massive Activations in Large Language Models",
-2024, arXiv:2402.17762) and outlier channels in the queries and keys. No pretrained weights can be fetched here,
-so :func:`pretrained_like_vit` builds a timm ViT in DINOv2 layout (patch embedding, class token, LayerScale) whose
-weights reproduce both, without changing what the LayerNorms and attention compute: a bias of ``residual_outlier``
-in two residual channels that every LayerNorm gain damps, and two query channels scaled by ``qk_outlier`` with the
-matching key channels divided by it (q.k unchanged). It is converted to Belief2 (``convert_to_belief2``, the same
-function) and quantized with each placement from a folder of images (the export's defaults: a quarter, at most
-64, held out; ``auto``: half of those choose, half gate). The report holds, per placement, the export's own
-fidelity figures, the fidelity on a further set of images the export never saw, how the worst-of-n moves with n,
-what ``auto`` kept and what each kept group costs, and the int8 latency next to fp32 on ONNX Runtime and OpenVINO
-(one thread, batch 1, every model's runs interleaved, with the load average: the machine may be shared).
+Real pretrained ViTs carry a few residual-stream channels with huge activations (Darcet et al., "Vision Transformers
+Need Registers", 2023, arXiv:2309.16588; Sun et al., "Massive Activations in Large Language Models", 2024,
+arXiv:2402.17762) and outlier channels in the queries and keys. The study downloads no weights (it runs offline,
+from the package alone), so :func:`pretrained_like_vit` builds a timm ViT in DINOv2 layout (patch embedding, class
+token, LayerScale) whose weights reproduce both, without changing what the LayerNorms and attention compute: a bias
+of ``residual_outlier`` in two residual channels that every LayerNorm gain damps, and two query channels scaled by
+``qk_outlier`` with the matching key channels divided by it (q.k unchanged). It is converted to Belief2
+(``convert_to_belief2``, the same function) and quantized with each placement from a folder of images (the export's
+defaults: a quarter, at most 64, held out; ``auto``: half of those choose, half gate). The report holds, per
+placement, the export's own fidelity figures, the fidelity on a further set of images the export never saw, how the
+worst-of-n moves with n, what ``auto`` kept and what each kept group costs, and the int8 latency next to fp32 on
+ONNX Runtime and OpenVINO (one thread, batch 1, every model's runs interleaved, with the load average: the machine
+may be shared).
 
 ``--zoo-accuracy`` instead exports the zoo's models to int8 as ``export-model --dtype int8`` does (its default
 ``auto`` placement, and the ``cpu`` placement of the copies ``serve-demo`` / ``serve-models --dtype int8`` serve)
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -138,7 +140,7 @@ def pretrained_like_vit(
 
 def smooth_images(count: int, size: int, seed: int = 0) -> np.ndarray:
     """``count`` uint8 RGB images (N, size, size, 3) of smooth random colour fields with a few edges: a stand-in
-    for photos (no natural images can be fetched here)."""
+    for photos (the study downloads no natural images)."""
     rng = np.random.default_rng(seed)
     out = np.empty((count, size, size, 3), np.uint8)
     for i in range(count):
@@ -440,6 +442,16 @@ def zoo_drift(variant: str, task: str, count: int = 512) -> dict[str, Any]:
 ZOO_PLACEMENTS = ("auto", "cpu")
 
 
+#: ``; see <the run's temporary folder>/<file>``: a file of a temporary folder removed when the export returned.
+_WORK_PATH = re.compile(r"; see \S*attnzoo-zoo-int8-[^/\s]+/\S+")
+
+
+def _without_work_path(reason: str) -> str:
+    """A refusal's reason without the path of the failed report in the run's temporary folder (removed with it; its
+    figures are in the row)."""
+    return _WORK_PATH.sub("", reason)
+
+
 def zoo_accuracy(variant: str, task: str, placement: str, data: str) -> dict[str, Any]:
     """A zoo model exported to int8 as ``export-model --variant V --task T --dtype int8 [--qdq-placement P]``
     does (every other default: 512 training images calibrate, 64 further ones held out, the whole test split
@@ -453,7 +465,7 @@ def zoo_accuracy(variant: str, task: str, placement: str, data: str) -> dict[str
         except export.ExportError as exc:
             failed = out.with_name(out.stem + ".failed.report.json")
             report = json.loads(failed.read_text()) if failed.is_file() else None
-            row["refused"] = str(exc).splitlines()[0]
+            row["refused"] = _without_work_path(str(exc).splitlines()[0])
         row["seconds"] = round(time.perf_counter() - start, 1)
     if report is None:
         return row
@@ -500,7 +512,8 @@ def zoo_accuracy_markdown(result: Mapping[str, Any]) -> str:
     ]
     for r in result["rows"]:
         a, f = r.get("accuracy"), r.get("fidelity")
-        verdict = "passes" if r.get("passed") else f"refused: {r.get('refused', '; '.join(r.get('failures', [])))}"
+        reason = _without_work_path(r.get("refused", "; ".join(r.get("failures", []))))
+        verdict = "passes" if r.get("passed") else f"refused: {reason}"
         acc = (
             [f"{a['metrics']['fp32']:.2f}", f"{a['metrics']['int8']:.2f}", f"{a['drop']:+.2f} ({a['tolerance']:g})"]
             if a

@@ -85,6 +85,26 @@ def test_the_committed_fp32_accuracy_is_the_zoos_own_measurement():
             )
 
 
+def test_no_committed_table_names_a_path_of_the_machine_that_ran_it(monkeypatch):
+    """A refused export's reason names its failed report in the run's temporary folder, removed when the export
+    returns: the row records the reason without that path, and the tables never show one."""
+    import attnzoo.export as export
+    from attnzoo.studies import int8_fidelity as study
+
+    for path in RESULTS.glob("*.md"):
+        assert "/tmp/" not in path.read_text(), path.name
+
+    def refuse(variant, *, out, **kw):
+        raise export.ExportError(
+            f"{Path(out).name} not written: miou 1 is 2 points below fp32's 3 (tolerance 1); pass "
+            f"--accept-accuracy-drop to write it anyway; see {Path(out).with_suffix('.failed.report.json')}"
+        )
+
+    monkeypatch.setattr(export, "export_model", refuse)
+    row = study.zoo_accuracy("standard", "seg", "cpu", "fashion")
+    assert row["refused"].endswith("to write it anyway") and "attnzoo-zoo-int8-" not in row["refused"], row
+
+
 def test_the_quantization_doc_states_the_served_placements_worst_cosine():
     """docs/quantization.md gives the worst held-out cosine of the ``cpu`` placement (the one the demo serves), as
     the committed zoo run measured it, beside ``auto``'s."""
