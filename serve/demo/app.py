@@ -1,13 +1,17 @@
 """The Gradio ``Blocks`` demo: Classify, Segment and Compare tabs over a list of :class:`ServedModel`.
 
 Handlers take raw upload payloads (``preprocess=False``) and decode them with :mod:`attnzoo.preprocess`, so
-any image mode is accepted and an unreadable file becomes a ``gr.Error`` message. Every model call runs in
-one queue (``concurrency_id="models"``, one at a time) so concurrent users do not oversubscribe the CPU.
+any image mode is accepted and an unreadable file becomes a ``gr.Error`` message. Requests are admitted by the
+size of their image, read from its header before a pixel is decoded (:class:`attnzoo.serve.admission.SizeGate`:
+smallest first, at most :data:`WORKERS` at once and one large one, their decode memory within a budget), so a
+small request never waits behind a queue of large ones; model calls run one at a time so concurrent users do not
+oversubscribe the CPU.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -15,6 +19,8 @@ import shutil
 import stat
 import sys
 import tempfile
+import threading
+import time
 import traceback
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -27,8 +33,9 @@ from PIL import Image
 from starlette.middleware import Middleware
 
 from attnzoo.limits import MAX_UPLOAD_BYTES
-from attnzoo.preprocess import INPUT_STYLES, UnreadableImageError, busy_background, fit_size, load_image
+from attnzoo.preprocess import INPUT_STYLES, UnreadableImageError, busy_background, fit_size, image_size, load_image
 from attnzoo.serve import examples as ex
+from attnzoo.serve.admission import SizeGate, default_budget
 from attnzoo.serve.loading import ServedModel
 from attnzoo.serve.predict import (
     background_classes,
@@ -51,6 +58,7 @@ __all__ = [
     "MAX_FILE_SIZE",
     "MAX_API_BODY",
     "BodyLimit",
+    "UploadQuota",
     "DISPLAY_MAX_SIDE",
 ]
 
@@ -65,9 +73,21 @@ _NAME_SHOWN = 80
 #: Overlays are shown at the image's size, downscaled past this side.
 DISPLAY_MAX_SIDE = 2048
 QUEUE = "models"
+#: Requests the demo takes at once (the rest wait in Gradio's queue, up to its 64): each is then admitted by its
+#: image's size (:class:`~attnzoo.serve.admission.SizeGate`), not in arrival order.
+ADMITTED = 32
+#: Requests that work at once (decode, resize, pictures; one large image among them); model calls run one at a time.
+WORKERS = 2
 #: Uploads are kept this long (seconds) for a user to re-run them, then deleted by a sweep this often.
-UPLOAD_MAX_AGE_S = 1800
-UPLOAD_SWEEP_S = 300
+UPLOAD_MAX_AGE_S = 600
+UPLOAD_SWEEP_S = 60
+#: What one client (IP address) may upload within :data:`UPLOAD_MAX_AGE_S`: files (one per upload request at
+#: least, each file its answer lists) and bytes (each request's Content-Length); then 429 (:class:`UploadQuota`).
+UPLOAD_FILES_PER_CLIENT = 100
+UPLOAD_BYTES_PER_CLIENT = 128 * 2**20
+#: What all clients together may upload within :data:`UPLOAD_MAX_AGE_S` (what the upload folder holds at most,
+#: until the next sweep): then 503.
+UPLOAD_BYTES_TOTAL = 2**30
 LEGEND_HEADERS = ["colour", "class", "pixels %", "IoU"]
 COMPARE_HEADERS = [
     "variant",
@@ -105,8 +125,9 @@ def upload_roots() -> tuple[Path, ...]:
     return tuple(Path(os.path.realpath(p)) for p in (get_upload_folder(), ex.EXAMPLES_DIR))
 
 
-def _read_upload(payload: Any, roots: Sequence[Path] | None = None) -> Image.Image:
-    """Raw ``gr.Image`` payload (dict with ``path``, or a path) -> RGB PIL image; ``ValueError`` if none.
+def _upload_bytes(payload: Any, roots: Sequence[Path] | None = None) -> tuple[bytes, str]:
+    """Raw ``gr.Image`` payload (dict with ``path``, or a path) -> the file's bytes and its name as messages show
+    it; ``ValueError`` if none.
 
     The handlers take payloads unprocessed, so a client can put any path in one: only a regular file inside
     :func:`upload_roots` is read (the path resolved first, so a link cannot lead out), opened without blocking
@@ -139,17 +160,42 @@ def _read_upload(payload: Any, roots: Sequence[Path] | None = None) -> Image.Ima
                 f"cannot read image {shown!r}: {info.st_size / 2**20:.1f} MiB, over the "
                 f"{MAX_FILE_SIZE / 2**20:.0f} MiB upload limit"
             )
-        data = f.read(MAX_FILE_SIZE + 1)
+        return f.read(MAX_FILE_SIZE + 1), shown
+
+
+def _unreadable(shown: str) -> ValueError:
+    return ValueError(
+        f"cannot read image {shown!r}: not an image file, or a damaged "
+        "one (PNG, JPEG, WebP, BMP, GIF, TIFF ... are read)"
+    )
+
+
+def _decoded(data: bytes, shown: str) -> Image.Image:
     try:
         img = load_image(data)  # over the pixel cap or a decompression bomb: its own message passes through
     except UnreadableImageError:
-        raise ValueError(
-            f"cannot read image {shown!r}: not an image file, or a damaged "
-            "one (PNG, JPEG, WebP, BMP, GIF, TIFF ... are read)"
-        ) from None
+        raise _unreadable(shown) from None
     if img.width * img.height == 0:
         raise ValueError("cannot read image: it has no pixels")
     return img
+
+
+def _read_upload(payload: Any, roots: Sequence[Path] | None = None) -> Image.Image:
+    """Raw ``gr.Image`` payload -> RGB PIL image (:func:`_upload_bytes`, then decoded); ``ValueError`` if none."""
+    return _decoded(*_upload_bytes(payload, roots))
+
+
+@contextlib.contextmanager
+def _admitted_upload(payload: Any, roots: Sequence[Path], gate: SizeGate) -> Iterator[Image.Image]:
+    """The upload decoded once ``gate`` admits it by the size its header gives (nothing decoded before), held
+    until the block ends."""
+    data, shown = _upload_bytes(payload, roots)
+    try:
+        w, h = image_size(data)  # over the pixel cap: its own message passes through
+    except UnreadableImageError:
+        raise _unreadable(shown) from None
+    with gate.admitted(w * h, f"image {shown!r} ({w}x{h})"):
+        yield _decoded(data, shown)
 
 
 def _display_image(img: Image.Image) -> np.ndarray:
@@ -341,7 +387,7 @@ def _no_models_note(models: DemoModels, task: str) -> None:
         gr.Markdown(f"**No {kind} is served** here: none of the served models is a {kind}.")
 
 
-def _classify_tab(models: DemoModels, roots: Sequence[Path]) -> None:
+def _classify_tab(models: DemoModels, roots: Sequence[Path], gate: SizeGate) -> None:
     _no_models_note(models, "cls")
     with gr.Row():
         with gr.Column():
@@ -380,7 +426,8 @@ def _classify_tab(models: DemoModels, roots: Sequence[Path]) -> None:
 
     @_user_errors
     def run(payload, name):
-        return _classify(models, _read_upload(payload, roots), name)
+        with _admitted_upload(payload, roots, gate) as img:
+            return _classify(models, img, name)
 
     @_user_errors
     def run_sketch(value, name):
@@ -388,7 +435,8 @@ def _classify_tab(models: DemoModels, roots: Sequence[Path]) -> None:
         pixels = np.asarray(layer) if layer is not None else np.zeros((0, 0, 4), np.uint8)
         if pixels.size == 0 or (pixels.ndim == 3 and pixels.shape[-1] == 4 and not pixels[..., 3].any()):
             raise ValueError("nothing drawn yet: draw on the canvas first")
-        return _classify(models, load_image(pixels), name)
+        with gate.admitted(pixels.shape[0] * pixels.shape[1], "the drawing"):
+            return _classify(models, load_image(pixels), name)
 
     button.click(
         run,
@@ -397,7 +445,7 @@ def _classify_tab(models: DemoModels, roots: Sequence[Path]) -> None:
         api_name="classify",
         preprocess=False,
         concurrency_id=QUEUE,
-        concurrency_limit=1,
+        concurrency_limit=ADMITTED,
     )
     sketch_button.click(
         run_sketch,
@@ -405,11 +453,11 @@ def _classify_tab(models: DemoModels, roots: Sequence[Path]) -> None:
         [label, latency, note, seen],
         api_name="classify_drawing",
         concurrency_id=QUEUE,
-        concurrency_limit=1,
+        concurrency_limit=ADMITTED,
     )
 
 
-def _segment_tab(models: DemoModels, max_side: int | None, roots: Sequence[Path]) -> None:
+def _segment_tab(models: DemoModels, max_side: int | None, roots: Sequence[Path], gate: SizeGate) -> None:
     _no_models_note(models, "seg")
     state = gr.State(None)
     with gr.Row():
@@ -444,10 +492,11 @@ def _segment_tab(models: DemoModels, max_side: int | None, roots: Sequence[Path]
 
     @_user_errors
     def run(payload, name, alpha):
-        img = _read_upload(payload, roots)
-        st = _segment_state(models, img, name, max_side)
-        pic = overlay(st["image"], st["mask"], st["colours"], alpha, st["skip"])
-        return pic, _legend(st), round(st["ms"], 3), _iou_note(st) or upload_note(models.get("seg", name), img), st
+        with _admitted_upload(payload, roots, gate) as img:
+            st = _segment_state(models, img, name, max_side)
+            pic = overlay(st["image"], st["mask"], st["colours"], alpha, st["skip"])
+            note = _iou_note(st) or upload_note(models.get("seg", name), img)
+            return pic, _legend(st), round(st["ms"], 3), note, st
 
     def redraw(st, alpha):
         if not st:
@@ -461,14 +510,14 @@ def _segment_tab(models: DemoModels, max_side: int | None, roots: Sequence[Path]
         api_name="segment",
         preprocess=False,
         concurrency_id=QUEUE,
-        concurrency_limit=1,
+        concurrency_limit=ADMITTED,
     )
     opacity.change(
         redraw, [state, opacity], shown, api_name="overlay", trigger_mode="always_last", show_progress="hidden"
     )
 
 
-def _compare_tab(models: DemoModels, max_side: int | None, roots: Sequence[Path]) -> None:
+def _compare_tab(models: DemoModels, max_side: int | None, roots: Sequence[Path], gate: SizeGate) -> None:
     tasks = [t for t in ("cls", "seg") if models.names(t)]
     choices = [("Classify", "cls"), ("Segment", "seg")]
     with gr.Row():
@@ -499,11 +548,11 @@ def _compare_tab(models: DemoModels, max_side: int | None, roots: Sequence[Path]
     def run(payload, which):
         if which not in ("cls", "seg"):
             raise ValueError(f"unknown task {which!r}; valid: cls, seg")
-        img = _read_upload(payload, roots)
         names = models.names(which)
         if not names:
             raise ValueError(f"no {which} models are served")
-        results = [_compare_one(models, which, n, img, max_side) for n in names]
+        with _admitted_upload(payload, roots, gate) as img:
+            results = [_compare_one(models, which, n, img, max_side) for n in names]
         return [(pic, caption) for pic, caption, _ in results], [row for _, _, row in results]
 
     button.click(
@@ -513,7 +562,7 @@ def _compare_tab(models: DemoModels, max_side: int | None, roots: Sequence[Path]
         api_name="compare",
         preprocess=False,
         concurrency_id=QUEUE,
-        concurrency_limit=1,
+        concurrency_limit=ADMITTED,
     )
 
 
@@ -538,15 +587,39 @@ def _header(models: DemoModels, backend: str, source: str) -> str:
     )
 
 
-def build_demo(models: Sequence[ServedModel], *, source: str = "the zoo", seg_max_side: int | None = None) -> gr.Blocks:
+def _one_model_call_at_a_time(models: Sequence[ServedModel]) -> list[ServedModel]:
+    """Copies of ``models`` whose calls share one lock: the requests the gate admits work beside each other, their
+    model calls one after another."""
+    lock = threading.Lock()
+
+    def locked(run):
+        def call(x):
+            with lock:
+                return run(x)
+
+        return call
+
+    return [dataclasses.replace(m, run=locked(m.run)) for m in models]
+
+
+def build_demo(
+    models: Sequence[ServedModel],
+    *,
+    source: str = "the zoo",
+    seg_max_side: int | None = None,
+    gate: SizeGate | None = None,
+) -> gr.Blocks:
     """The demo's ``gr.Blocks`` (queued; launch it with :func:`launch`).
 
     Args:
         models: The served models (:func:`attnzoo.serve.load_models`).
         source: Where they came from, for the header.
         seg_max_side: Longest image side segmenters see (default: each model's input size).
+        gate: Admission of the requests by image size (default: :data:`WORKERS` at once within
+            :func:`attnzoo.serve.admission.default_budget`).
     """
-    table = DemoModels(models)
+    gate = gate or SizeGate(default_budget(), slots=WORKERS)
+    table = DemoModels(_one_model_call_at_a_time(models))
     backend = models[0].backend if models else "none"
     roots = upload_roots()  # the Blocks below take their upload cache from the same GRADIO_TEMP_DIR
     # Uploads older than UPLOAD_MAX_AGE_S are deleted every UPLOAD_SWEEP_S seconds while the server runs.
@@ -555,11 +628,11 @@ def build_demo(models: Sequence[ServedModel], *, source: str = "the zoo", seg_ma
     ) as demo:
         gr.Markdown(_header(table, backend, source))
         with gr.Tab("Classify"):
-            _classify_tab(table, roots)
+            _classify_tab(table, roots, gate)
         with gr.Tab("Segment"):
-            _segment_tab(table, seg_max_side, roots)
+            _segment_tab(table, seg_max_side, roots, gate)
         with gr.Tab("Compare"):
-            _compare_tab(table, seg_max_side, roots)
+            _compare_tab(table, seg_max_side, roots, gate)
     demo.queue(max_size=64, default_concurrency_limit=1)
     return demo
 
@@ -609,6 +682,9 @@ class BodyLimit:
             more = message.get("more_body", False)
             if len(body) > limit:
                 return await self._refuse(send, None, limit)
+        refused = _payload_problem(bytes(body))
+        if refused:
+            return await _answer(send, 400, refused)
         sent = False
 
         async def replay():
@@ -623,19 +699,125 @@ class BodyLimit:
     @staticmethod
     async def _refuse(send, size: int | None, limit: int) -> None:
         said = f"{size:,} bytes, " if size is not None else ""
-        text = json.dumps({"error": f"the request body is {said}over the {limit:,}-byte limit"}).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(text)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": text})
+        await _answer(send, 413, f"the request body is {said}over the {limit:,}-byte limit")
+
+
+async def _answer(send, status: int, error: str, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
+    """One JSON line ``{"error": ...}`` with ``status``; the connection is closed after it."""
+    text = json.dumps({"error": error}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(text)).encode()),
+                (b"connection", b"close"),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": text})
+
+
+def _paths(value: Any, depth: int = 0) -> Iterator[str]:
+    """Every ``path`` / ``url`` string of a request's JSON (file payloads), a few levels deep."""
+    if depth > 4:
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key in ("path", "url") and isinstance(item, str):
+                yield item
+            else:
+                yield from _paths(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value[:16]:
+            yield from _paths(item, depth + 1)
+
+
+def _payload_problem(body: bytes) -> str | None:
+    """Why an API request's JSON names a file the demo must not touch, before Gradio sees it (Gradio itself would
+    download a ``path`` that is a URL, and log a traceback for a path outside its cache): a URL, or a path outside
+    :func:`upload_roots`. None for anything else (other requests, other JSON)."""
+    try:
+        data = json.loads(body) if body[:1] == b"{" else None
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    roots = upload_roots()
+    for path in _paths(data.get("data")):
+        shown = path if len(path) <= _NAME_SHOWN else path[: _NAME_SHOWN - 3] + "..."
+        if "://" in path[:16]:
+            if path.startswith(("http://", "https://")) and "/gradio_api/file=" in path:
+                continue  # the demo's own file URL (a url field beside the path): Gradio does not fetch it
+            return f"cannot read image {shown!r}: the demo works offline and reads only files uploaded to it"
+        real = Path(os.path.realpath(path))
+        if not any(real.is_relative_to(root) for root in roots):
+            return f"cannot read image {shown!r}: the demo reads only files uploaded to it and its examples"
+    return None
+
+
+class UploadQuota:
+    """ASGI middleware on the upload route: each client (IP address) may upload :data:`UPLOAD_FILES_PER_CLIENT`
+    files and :data:`UPLOAD_BYTES_PER_CLIENT` bytes within :data:`UPLOAD_MAX_AGE_S` (then 429 with
+    ``Retry-After``), all of them together :data:`UPLOAD_BYTES_TOTAL` (then 503); an upload without a
+    Content-Length gets 411. Bytes are charged from the Content-Length before anything is written; files from the
+    answer (the paths Gradio wrote), at least one per upload."""
+
+    def __init__(
+        self,
+        app,
+        files: int = UPLOAD_FILES_PER_CLIENT,
+        per_client: int = UPLOAD_BYTES_PER_CLIENT,
+        total: int = UPLOAD_BYTES_TOTAL,
+        keep_s: float = UPLOAD_MAX_AGE_S,
+    ) -> None:
+        self.app, self.files, self.per_client, self.total, self.keep_s = app, files, per_client, total, keep_s
+        self.log: list[list] = []  # [time, client, bytes, files], oldest first
+
+    async def __call__(self, scope, receive, send) -> None:
+        upload = scope.get("path", "").rstrip("/").endswith("/upload")
+        if scope["type"] != "http" or scope.get("method") != "POST" or not upload:
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if not declared.isdigit():
+            return await _answer(send, 411, "an upload must state its size (Content-Length)")
+        now, size = time.monotonic(), int(declared)
+        self.log = [e for e in self.log if now - e[0] < self.keep_s]
+        client = (scope.get("client") or ("unknown",))[0]
+        mine = [e for e in self.log if e[1] == client]
+        files, used = sum(e[3] for e in mine), sum(e[2] for e in mine)
+        if files + 1 > self.files or used + size > self.per_client:
+            wait = int(self.keep_s - (now - mine[0][0])) + 1 if mine else int(self.keep_s)
+            return await _answer(
+                send,
+                429,
+                f"upload quota reached: {files} files, {used / 2**20:.1f} MiB of this client's {self.files} files "
+                f"and {self.per_client / 2**20:.0f} MiB per {self.keep_s / 60:g} minutes; retry in {wait} s",
+                [(b"retry-after", str(wait).encode())],
+            )
+        if sum(e[2] for e in self.log) + size > self.total:
+            return await _answer(
+                send,
+                503,
+                f"the demo holds its {self.total / 2**20:.0f} MiB of uploads; retry in a few minutes",
+                [(b"retry-after", b"60")],
+            )
+        entry = [now, client, size, 1]
+        self.log.append(entry)
+        body = bytearray()
+
+        async def counting(message) -> None:
+            if message["type"] == "http.response.body" and len(body) < 2**20:
+                body.extend(message.get("body", b""))
+                if not message.get("more_body"):
+                    with contextlib.suppress(ValueError):
+                        answer = json.loads(bytes(body))
+                        entry[3] = max(1, len(answer)) if isinstance(answer, list) else 1
+            await send(message)
+
+        await self.app(scope, receive, counting)
 
 
 def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, *, block: bool = True, **kwargs):
@@ -655,7 +837,8 @@ def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, *, block:
         theme=theme,
         css=CSS,
         footer_links=["api"],
+        max_threads=ADMITTED + 16,  # the admitted requests wait for the gate in threads of their own
         quiet=not block,
-        app_kwargs={"middleware": [Middleware(BodyLimit)]},
+        app_kwargs={"middleware": [Middleware(BodyLimit), Middleware(UploadQuota)]},
         **kwargs,
     )

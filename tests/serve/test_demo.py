@@ -4,6 +4,7 @@ through a real browser with every non-local request aborted."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import socket
@@ -257,12 +258,14 @@ def test_unreadable_file_is_a_clear_error(client, images, which):
 
 def _raw_call(server: str, api: str, data: list, timeout: float = 10.0) -> str:
     """POST a payload as an attacker would (no ``meta``, any ``path``) to ``/gradio_api/call/<api>`` and return
-    the event stream of its answer."""
+    the event stream of its answer, or ``refused <status>: <body>`` when the call itself was refused."""
     import httpx
 
     with httpx.Client(base_url=server, timeout=timeout) as http:
-        event = http.post(f"gradio_api/call/{api}", json={"data": data}).json()["event_id"]
-        return http.get(f"gradio_api/call/{api}/{event}").text
+        r = http.post(f"gradio_api/call/{api}", json={"data": data})
+        if r.status_code != 200:
+            return f"refused {r.status_code}: {r.text}"
+        return http.get(f"gradio_api/call/{api}/{r.json()['event_id']}").text
 
 
 @pytest.fixture(scope="module")
@@ -302,7 +305,7 @@ def test_the_demo_reads_only_its_uploads(server, hostile_paths, api, args, kind)
     start = time.perf_counter()
     answer = _raw_call(server, api, [{"path": str(hostile_paths[kind])}, *args])
     assert time.perf_counter() - start < 5.0
-    assert "event: error" in answer and "the demo reads only files uploaded to it" in answer, answer
+    assert answer.startswith("refused 400: ") and "the demo reads only files uploaded to it" in answer, answer
     assert "overlay" not in answer and "confidences" not in answer
 
 
@@ -357,9 +360,81 @@ def test_request_bodies_are_bounded_before_they_are_read_and_never_logged(server
     assert answer.startswith(b"HTTP/1.1 413") and b"over the" in answer, answer[:300]
     # under the limit, a path of 512 KiB: refused in one short line that quotes 80 characters of it at most
     answer = _raw_call(server, "classify", [{"path": "/x/" + mark * (MAX_API_BODY // 2 // len(mark))}, "standard"])
-    assert "event: error" in answer and len(answer) < 1000, answer[:300]
+    assert answer.startswith("refused 400: ") and len(answer) < 1000, answer[:300]
     out, err = capfd.readouterr()
     assert (out + err).count(mark) <= 80 // len(mark), (out + err)[:500]
+
+
+def test_a_url_payload_is_refused_in_one_line_and_never_fetched(server, capfd):
+    """The demo works offline: a payload whose ``path`` (or ``url``) is a URL is refused before Gradio sees it
+    (Gradio would download it into its cache), and a refused path logs nothing, no traceback."""
+    import http.server
+    import threading
+
+    hits = []
+
+    class Count(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            hits.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    listener = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Count)
+    threading.Thread(target=listener.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{listener.server_port}/cat.png"
+        capfd.readouterr()
+        for api, args in HOSTILE_CALLS:
+            for payload in ({"path": url}, {"path": url, "url": url, "meta": {"_type": "gradio.FileData"}}):
+                answer = _raw_call(server, api, [payload, *args])
+                assert answer.startswith("refused 400: ") and "works offline" in answer, answer
+            answer = _raw_call(server, api, [{"path": "/etc/passwd"}, *args])
+            assert answer.startswith("refused 400: "), answer
+        time.sleep(0.5)
+        assert hits == []
+        out, err = capfd.readouterr()
+        assert "Traceback" not in out + err, (out + err)[-2000:]
+    finally:
+        listener.shutdown()
+
+
+def test_the_upload_route_has_a_quota_per_client_and_in_all():
+    """Uploads are charged per client from their Content-Length (429 with Retry-After past its files or bytes,
+    503 past the total, 411 without a size) and forgotten after the keep time."""
+    from attnzoo.serve.demo.app import UploadQuota
+
+    written = []
+
+    async def app(scope, receive, send):
+        written.append(scope["client"][0])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b'["/up/a.png", "/up/b.png"]'})
+
+    quota = UploadQuota(app, files=2, per_client=10 * 2**20, total=25 * 2**20, keep_s=0.5)
+
+    def upload(client: str, size: int | None) -> tuple[int, dict]:
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+
+        headers = [(b"content-length", str(size).encode())] if size is not None else []
+        scope = {"type": "http", "method": "POST", "path": "/gradio_api/upload", "headers": headers}
+        asyncio.run(quota({**scope, "client": (client, 1)}, None, send))
+        return sent[0]["status"], dict(sent[0]["headers"])
+
+    assert upload("a", 2**20)[0] == 200  # 2 files, 1 MiB
+    status, headers = upload("a", 2**20)  # its answer listed 2 files: a third is over 2
+    assert status == 429 and int(headers[b"retry-after"]) >= 1
+    assert upload("b", 9 * 2**20)[0] == 200 and upload("b", 2 * 2**20)[0] == 429  # 11 MiB over 10
+    assert upload("c", 9 * 2**20)[0] == 200 and upload("d", 9 * 2**20)[0] == 503  # 28 MiB over 25 in all
+    assert upload("e", None)[0] == 411
+    time.sleep(0.6)
+    assert upload("a", 2**20)[0] == 200 and upload("d", 9 * 2**20)[0] == 200  # forgotten after the keep time
+    assert written == ["a", "b", "c", "a", "d"]
 
 
 def test_a_long_file_name_is_not_repeated_whole():
