@@ -34,8 +34,10 @@ from attnzoo.errors import CommandError, UsageError, first_line
 from attnzoo.fileio import atomic_write_text, read_json, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary
+from attnzoo.mdtext import code, fence, link, text
+from attnzoo.runtime.fusion import FUSED
 
-from .render import RUNTIMES
+from .render import RUNTIMES, failures
 from .variant import SCHEMA, report_variant
 
 models = lazy_import("attnzoo.models")  # torch and timm: --help stays fast
@@ -66,7 +68,8 @@ LEGEND = {
     "unavailable": "the step cannot run on that machine (its reason is in report.md)",
     "failed": "the step ran and failed (its one-line reason is in report.md)",
     "absent": "the variant has no such form or data (its reason is in report.md)",
-    "not inspected": "the runtime's graph could not be read there (TensorRT's layers need a GPU)",
+    "not inspected": "the runtime's graph could not be read there (TensorRT's layers need a GPU); shown, never "
+    "counted as fused or not",
     "not measured": "the section ran but gave no latency ratio to `standard`",
     "baseline": "`standard` itself, the baseline of every ratio",
 }
@@ -329,6 +332,7 @@ def index_markdown(found: Sequence[tuple[Path, Mapping[str, Any]]], out: Path, i
         *[f"fused: {RUNTIMES.get(k, k)}" for k in runtimes],
         over_header(first, "latency rows"),
         over_header(most, "most tokens"),
+        "checks that did not pass",
     ]
     if per_row_budget:
         header.append("budget")
@@ -346,8 +350,8 @@ def index_markdown(found: Sequence[tuple[Path, Mapping[str, Any]]], out: Path, i
             if verdict["deploys"]
             else "no (" + ", ".join(verdict.get("problems") or []) + ")"
         )
-        row = [
-            f"[{name}]({folder.relative_to(out).as_posix()}/report.md)",
+        failed = failures(r)
+        cells = [
             deploys,
             parity_cell(side.get("fp32")),
             parity_cell(side.get("fp16")),
@@ -357,12 +361,14 @@ def index_markdown(found: Sequence[tuple[Path, Mapping[str, Any]]], out: Path, i
             *fused_cells(r, runtimes),
             overhead_cell(r, "overhead_first", len(first) > 1),
             overhead_cell(r, "overhead_most_tokens", len(most) > 1),
+            "; ".join(f"{f['check']}: {f['reason']}" for f in failed) or "none",
         ]
         if per_row_budget:
-            row.append("--quick" if r.get("quick") else "default")
+            cells.append("--quick" if r.get("quick") else "default")
         if per_row_machine:
-            row.append(machine(r))
-        rows.append(row)
+            cells.append(machine(r))
+        # every cell is read from a report.json, which anyone can edit: escaped, and the link only to its folder
+        rows.append([link(name, f"{folder.relative_to(out).as_posix()}/report.md"), *map(text, cells)])
 
     quick = budgets == [True]
     lines = [
@@ -378,7 +384,7 @@ def index_markdown(found: Sequence[tuple[Path, Mapping[str, Any]]], out: Path, i
         lines += ["No complete report here yet."]
     else:
         if not per_row_machine:
-            lines += [f"Machine: {machines[0]}.", ""]
+            lines += [f"Machine: {text(machines[0])}.", ""]
         else:
             lines += ["The reports come from different machines: each row names its own.", ""]
         if not per_row_budget:
@@ -391,11 +397,12 @@ def index_markdown(found: Sequence[tuple[Path, Mapping[str, Any]]], out: Path, i
                 "",
             ]
         lines += [
-            markdown_table(header, rows),
+            markdown_table([text(h) for h in header], rows),
             "",
             "Ratios: the variant's latency over `standard`'s, batch 1, fp32 (`verdict.overhead_first`: the "
             "latency rows, on the variant's fastest CPU runtime; `verdict.overhead_most_tokens`: the most tokens "
-            "of the scaling sweep). Fused: attention cores run as one kernel, of the variant's cores.",
+            f"of the scaling sweep). Fused cores, of the variant's cores, where {text(FUSED)}. "
+            + _inspected(reports, runtimes),
             "",
             "Where a cell holds no figure:",
             "",
@@ -405,7 +412,7 @@ def index_markdown(found: Sequence[tuple[Path, Mapping[str, Any]]], out: Path, i
         lines += [
             "",
             "Folders without a complete report (a run that stopped; the command below finishes them): "
-            + ", ".join(f"`{p.name}`" for p in incomplete)
+            + ", ".join(code(p.name) for p in incomplete)
             + ".",
         ]
     lines += [
@@ -415,12 +422,13 @@ def index_markdown(found: Sequence[tuple[Path, Mapping[str, Any]]], out: Path, i
         "The whole set (each variant's report is kept once written; a stopped run resumes at the first variant "
         "without one):",
         "",
-        "```bash",
-        f"{EXAMPLE_INSTALL}   # the example plugin, in the default set",
-        shlex.join(
-            ["python", "-m", "attnzoo.report.index", "--out", str(out), "--run", *(["--quick"] if quick else [])]
+        *fence(
+            f"{EXAMPLE_INSTALL}   # the example plugin, in the default set\n"
+            + shlex.join(
+                ["python", "-m", "attnzoo.report.index", "--out", str(out), "--run", *(["--quick"] if quick else [])]
+            ),
+            "bash",
         ),
-        "```",
         "",
         "Each report's exports (`<variant>/exports/`: the ONNX files, TensorRT engine and Triton folder its "
         "tables name, about 16 MB a variant) are build outputs, not committed: `report-variant --variant NAME "
@@ -437,14 +445,32 @@ def index_markdown(found: Sequence[tuple[Path, Mapping[str, Any]]], out: Path, i
             env = r.get("environment") or {}
             load = env.get("load_average")
             lines.append(
-                f"- `{r.get('command') or 'report_variant()'}`: {_num(r.get('wall_time_s'))} s, "
-                f"{_num(r.get('cpu_time_s'))} CPU s, load average {load if load is not None else '—'}"
+                f"- {code(r.get('command') or 'report_variant()')}: {text(_num(r.get('wall_time_s')))} s, "
+                f"{text(_num(r.get('cpu_time_s')))} CPU s, load average {text(load if load is not None else '—')}"
             )
     return "\n".join(lines) + "\n"
 
 
 def _num(value: Any) -> str:
-    return "—" if value is None else f"{value:.0f}"
+    return "—" if value is None else f"{value:.0f}" if isinstance(value, (int, float)) else str(value)
+
+
+def _inspected(reports: Sequence[Mapping[str, Any]], runtimes: Sequence[str]) -> str:
+    """Which runtimes' graphs the reports read, and why the others were not (Markdown text)."""
+    parts = []
+    for name in runtimes:
+        entries = [
+            x
+            for r in reports
+            for x in (_get(r, "fusion", r["variant"], "audit", "runtimes") or [])
+            if isinstance(x, Mapping) and x.get("runtime") == name
+        ]
+        seen = sum(bool(x.get("inspected")) for x in entries)
+        why = next((x.get("reason") for x in entries if not x.get("inspected") and x.get("reason")), None)
+        parts.append(
+            f"{RUNTIMES.get(name, name)} inspected in {seen} of {len(entries)} reports" + (f" ({why})" if why else "")
+        )
+    return text("Runtimes: " + "; ".join(parts) + ".") if parts else ""
 
 
 def write_index(out: PathLike) -> Path:

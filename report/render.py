@@ -17,33 +17,29 @@ from attnzoo.benchmarks.report import markdown_table, plot_latency, plot_overhea
 from attnzoo.fileio import atomic_write_text
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary
+from attnzoo.mdtext import code, fence, text
 from attnzoo.runtime.backends import ONNX_REFERENCE
+from attnzoo.runtime.fusion import FUSED, RUNTIMES, inspected_line, runtime_label
+from attnzoo.runtime.fusion import markdown as fusion_markdown
 
 # report-variant --help loads without torch and timm: imported at their first use
 factory = lazy_import("attnzoo.models.factory")
 scaling_study = lazy_import("attnzoo.studies.scaling")
 
-__all__ = ["verdict", "markdown", "plots", "write_report", "RUNTIMES"]
-
-#: The fusion audit's runtimes, as the verdict names them.
-RUNTIMES = {
-    "openvino": "OpenVINO",
-    "onnxruntime": "ONNX Runtime",
-    "onnxruntime-transformers": "ONNX Runtime transformer optimizer",
-    "tensorrt": "TensorRT",
-}
+__all__ = ["verdict", "failures", "markdown", "plots", "write_report", "RUNTIMES"]
 
 
 def _num(v: Any, fmt: str = "{:.3g}") -> str:
+    """A figure as Markdown text (``-`` where there is none; a value that is not a number, escaped)."""
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
     if isinstance(v, bool):
         return "yes" if v else "no"
-    return fmt.format(v) if isinstance(v, (int, float)) else str(v)
+    return fmt.format(v) if isinstance(v, (int, float)) else text(v)
 
 
-def _state(entry: Mapping[str, Any] | None) -> str:
-    """``ok``, or the status with its reason."""
+def _plain_state(entry: Mapping[str, Any] | None) -> str:
+    """``ok``, or the status with its reason (plain text: the verdict line)."""
     if not entry:
         return "-"
     if entry.get("status") == "ok":
@@ -51,9 +47,14 @@ def _state(entry: Mapping[str, Any] | None) -> str:
     return f"{entry.get('status')}: {entry.get('reason', '')}".rstrip(": ")
 
 
+def _state(entry: Mapping[str, Any] | None) -> str:
+    """:func:`_plain_state` as Markdown text."""
+    return text(_plain_state(entry))
+
+
 # ------------------------------------------------------------------------------------------------ verdict
 def _fused(report: Mapping[str, Any], side: str) -> dict[str, str]:
-    """Runtime -> ``fused of cores`` (or why it was not inspected) for one side's audit."""
+    """Runtime -> ``fused/cores``, or ``not inspected``, for one side's audit (every runtime it names)."""
     entry = (report.get("fusion") or {}).get(side) or {}
     if entry.get("status") != "ok":
         return {}
@@ -61,6 +62,49 @@ def _fused(report: Mapping[str, Any], side: str) -> dict[str, str]:
     for r in entry["audit"]["runtimes"]:
         out[r["runtime"]] = f"{r['fused']}/{r['cores']}" if r["inspected"] else "not inspected"
     return out
+
+
+#: The report's sections that hold steps (``cost.gpu``: committed results of another machine, not this run's).
+_STEP_SECTIONS = ("identity", "export", "fusion", "fusable", "cost.latency", "cost.scaling")
+
+
+def _row_name(path: str, row: Mapping[str, Any]) -> str:
+    keys = [str(row[k]) for k in ("variant", "backend", "dtype") if row.get(k) is not None]
+    keys += [f"b{row['batch']}"] if row.get("batch") is not None else []
+    keys += [f"{row['tokens']} tokens"] if row.get("tokens") is not None else []
+    return f"{path} ({' '.join(keys)})"
+
+
+def failures(report: Mapping[str, Any]) -> list[dict[str, str]]:
+    """Every check of the run that did not pass: each entry, at any depth of a step section, whose ``status`` is
+    ``failed``, or ``ok`` with ``passed`` false (an export that wrote a file which failed its check), and every
+    timed row that failed; ``{"check": where in report.json, "reason": its reason}``. Steps that were skipped,
+    unavailable or absent say why in their own place and are not failures."""
+    found: list[dict[str, str]] = []
+
+    def walk(value: Any, path: str) -> None:
+        if isinstance(value, Mapping):
+            status = value.get("status")
+            if status == "failed" or (status == "ok" and value.get("passed") is False):
+                found.append({"check": path, "reason": str(value.get("reason") or "its check did not pass")})
+                return
+            for k, v in value.items():
+                walk(v, f"{path}.{k}")
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                walk(v, _row_name(path, v) if isinstance(v, Mapping) else f"{path}[{i}]")
+
+    for section in _STEP_SECTIONS:
+        value: Any = report
+        for key in section.split("."):
+            value = value.get(key) if isinstance(value, Mapping) else None
+        walk(value, section)
+    return found
+
+
+def _short(reason: str, limit: int = 160) -> str:
+    reason = " ".join(reason.split())
+    return reason if len(reason) <= limit else reason[: limit - 3] + "..."
 
 
 def _overhead_197(report: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -118,6 +162,19 @@ def _overhead_max(report: Mapping[str, Any]) -> dict[str, Any] | None:
     return {"ratio": pick["ratio"], "backend": pick["backend"], "batch": 1, "tokens": top}
 
 
+def _fusable_cell(runtime: str, entry: Any) -> str:
+    """One runtime of the opset-23 audit: ``fused/cores``, ``not inspected``, or the export's count for the
+    transformer optimizer (its ``opt_level=0`` keeps an exported Attention op as it is)."""
+    name = RUNTIMES.get(runtime, runtime)
+    if isinstance(entry, Mapping):
+        if not entry.get("inspected"):
+            return f"{name} not inspected"
+        counts = f"{entry.get('fused')}/{entry.get('cores')}"
+        return f"{name} {counts}" + (" as exported (opt_level 0)" if entry.get("as_exported") else "")
+    fused, cores = entry  # reports written before runtimes kept their inspected flag: [fused, cores]
+    return f"{name} {fused}/{cores}"
+
+
 def verdict(report: Mapping[str, Any], out: Path) -> dict[str, Any]:
     """The checks an author reads first, whether the variant deploys, and the one line that says it."""
     name = report["variant"]
@@ -159,23 +216,28 @@ def verdict(report: Mapping[str, Any], out: Path) -> dict[str, Any]:
         )
     else:
         parts.append(f"TensorRT {_state(trt)}")
-    if fused:
-        parts.append(
-            "fused: " + ", ".join(f"{RUNTIMES.get(k, k)} {v}" for k, v in fused.items() if v != "not inspected")
-        )
+    if fused:  # every runtime the audit names: a runtime whose graph could not be read says so
+        parts.append("fused: " + ", ".join(f"{RUNTIMES.get(k, k)} {v}" for k, v in fused.items()))
     fz = report.get("fusable") or {}
     if fz.get("status") == "ok":
-        whole = all(f == c for f, c in fz["fused"].values())
-        parts.append(f"opset 23 {'fused on every runtime' if whole else 'not fused everywhere'}")
+        parts.append("opset 23: " + ", ".join(_fusable_cell(k, e) for k, e in fz["fused"].items()))
+    else:
+        parts.append(f"opset 23 {_plain_state(fz) if fz else 'not run'}")
     if o1 is None and o2 is None:
         parts.append("latency against standard: not measured")
     for o in (o1, o2):
         if o is not None:
             parts.append(f"x{o['ratio']:.2f} standard's latency at {o['tokens']} tokens ({o['backend']} b{o['batch']})")
+    failed = failures(report)
+    if failed:
+        parts.append(
+            f"{len(failed)} check(s) did not pass: " + "; ".join(f"{f['check']}: {_short(f['reason'])}" for f in failed)
+        )
     parts.append(f"report: {out / 'report.md'}")
     return {
         "deploys": not problems,
         "problems": problems,
+        "failed": failed,
         "checks": checks,
         "fused": fused,
         "overhead_first": o1,
@@ -211,22 +273,22 @@ def _identity_md(report: Mapping[str, Any]) -> list[str]:
         markdown_table(
             ["", ""],
             [
-                ["paper", ident["paper"] or "-"],
-                ["package", f"{ident['package']} {ident['version']}".strip()],
-                ["extra-math scopes", ", ".join(f"`{s}`" for s in ident["extra_scopes"]) or "none (plain attention)"],
-                ["extra parameters", ident["extra_params"]],
+                ["paper", text(ident["paper"] or "-")],
+                ["package", text(f"{ident['package']} {ident['version']}".strip())],
+                ["extra-math scopes", ", ".join(code(s) for s in ident["extra_scopes"]) or "none (plain attention)"],
+                ["extra parameters", _num(ident["extra_params"])],
                 [
                     "extra weights (beyond timm's Attention)",
-                    ", ".join(f"`{w}`" for w in ident["extra_weights"]) or "none",
+                    ", ".join(code(w) for w in ident["extra_weights"]) or "none",
                 ],
                 ["scores", "pairwise distances (no matrix product)" if ident["pairwise_scores"] else "matrix products"],
-                ["cost family", ident["cost_family"]],
+                ["cost family", text(ident["cost_family"])],
             ],
         ),
         "",
     ]
     if ident["equations"]:
-        lines += ["Equations:", "", "```", ident["equations"], "```", ""]
+        lines += ["Equations:", "", *fence(ident["equations"]), ""]
     rows = [
         [
             "parameters",
@@ -239,16 +301,16 @@ def _identity_md(report: Mapping[str, Any]) -> list[str]:
         std = ident["standard_flops_per_image"][size]
         rows.append(
             [
-                f"GFLOPs per image at {size} px",
+                f"GFLOPs per image at {text(size)} px",
                 f"{std / 1e9:.3f}",
                 f"{flops / 1e9:.3f}",
                 f"{ident['flops_ratio'][size]:.3f}",
             ]
         )
     lines += [
-        f"ViT `{ident['arch']}` classifier, counted by {ident['counter']}:",
+        f"ViT {code(ident['arch'])} classifier, counted by {text(ident['counter'])}:",
         "",
-        markdown_table(["", "standard", report["variant"], "ratio"], rows),
+        markdown_table(["", "standard", text(report["variant"]), "ratio"], rows),
     ]
     return lines
 
@@ -270,7 +332,7 @@ def _export_md(report: Mapping[str, Any]) -> list[str]:
         tol = next(iter(e["tolerance"].values()), None)
         return (
             f"{'passed' if e['passed'] else 'FAILED'}: max abs err {e['max_abs_err']:.2e} (tolerance {tol:g} x "
-            f"max(1, max abs logit)), batch sizes {e['batch_sizes']}"
+            f"max(1, max abs logit)), batch sizes {text(e['batch_sizes'])}"
         )
 
     def int8(e: Mapping[str, Any]) -> str:
@@ -280,7 +342,7 @@ def _export_md(report: Mapping[str, Any]) -> list[str]:
         return (
             f"cosine to fp32 min {_num(e['cosine_min'], '{:.4f}')} / mean {_num(e['cosine_mean'], '{:.4f}')}, "
             f"top-1 agreement {_num(100 * top1 if top1 is not None else None, '{:.1f}')}% on "
-            f"{e.get('fidelity_inputs')} held-out inputs"
+            f"{_num(e.get('fidelity_inputs'))} held-out inputs"
         )
 
     def placement(e: Mapping[str, Any]) -> str:
@@ -288,8 +350,8 @@ def _export_md(report: Mapping[str, Any]) -> list[str]:
             return "-"
         kept = e.get("kept_fp32") or []
         q, t = e.get("quantized_ops") or {}, e.get("total_ops") or {}
-        ops = ", ".join(f"{k} {q[k]}/{t.get(k, '?')}" for k in q)
-        return f"`{e.get('placement')}`; kept fp32: {', '.join(kept) or 'nothing'}; quantized {ops}"
+        ops = ", ".join(f"{text(k)} {_num(q[k])}/{_num(t.get(k, '?'))}" for k in q)
+        return f"{code(e.get('placement'))}; kept fp32: {text(', '.join(map(str, kept)) or 'nothing')}; quantized {ops}"
 
     def accuracy(e: Mapping[str, Any]) -> str:
         a = e["accuracy"]
@@ -297,8 +359,9 @@ def _export_md(report: Mapping[str, Any]) -> list[str]:
             return _state(a)
         m = a.get("metrics") or {}
         return (
-            f"{a.get('metric_name')} fp32 {_num(m.get('fp32'), '{:.2f}')} / int8 {_num(m.get('int8'), '{:.2f}')} "
-            f"on {a.get('n_images')} {a.get('data')} {a.get('split')} images"
+            f"{text(a.get('metric_name'))} fp32 {_num(m.get('fp32'), '{:.2f}')} / int8 "
+            f"{_num(m.get('int8'), '{:.2f}')} on {_num(a.get('n_images'))} {text(a.get('data'))} "
+            f"{text(a.get('split'))} images"
         )
 
     def trt(e: Mapping[str, Any]) -> str:
@@ -306,26 +369,26 @@ def _export_md(report: Mapping[str, Any]) -> list[str]:
         if t.get("status") != "ok":
             return _state(t)
         nc = t.get("network_check") or {}
-        state = t.get("state")
+        state = text(t.get("state"))
         if not t.get("ran_on_gpu"):
-            state = f"{state} - no GPU ({t.get('library')}, {t.get('compute_capability')})"
-        return f"{state}; network check {'ok' if nc.get('ok') else 'FAILED'} ({nc.get('layers')} layers)"
+            state = f"{state} - no GPU ({text(t.get('library'))}, {text(t.get('compute_capability'))})"
+        return f"{state}; network check {'ok' if nc.get('ok') else 'FAILED'} ({_num(nc.get('layers'))} layers)"
 
     def kept(e: Mapping[str, Any]) -> str:
-        return ", ".join(f"{k} {_num(v)}" for k, v in e["extra_math_kept"].items())
+        return ", ".join(f"{text(k)} {_num(v)}" for k, v in e["extra_math_kept"].items())
 
     def triton(e: Mapping[str, Any]) -> str:
         t = e["triton"]
         if t.get("status") != "ok":
             return _state(t)
-        return f"{'written' if t.get('passed') else 'FAILED'}: `{t.get('config')}` ({t.get('platform')})"
+        return f"{'written' if t.get('passed') else 'FAILED'}: {code(t.get('config'))} ({text(t.get('platform'))})"
 
     def source(e: Mapping[str, Any]) -> str:
         s = e["source"]
         return {
-            "zoo": f"the zoo's classifier (`{Path(s.get('checkpoint', '')).name}`)",
-            "checkpoint": f"checkpoint `{s.get('checkpoint')}`",
-        }.get(s["kind"], f"random init ({s.get('arch')})")
+            "zoo": f"the zoo's classifier ({code(Path(str(s.get('checkpoint', ''))).name)})",
+            "checkpoint": f"checkpoint {code(s.get('checkpoint'))}",
+        }.get(s["kind"], f"random init ({text(s.get('arch'))})")
 
     rows = [
         ["model", *cells(source)],
@@ -342,7 +405,7 @@ def _export_md(report: Mapping[str, Any]) -> list[str]:
     return [
         "Each row is `export_model()` run here; files under `exports/`.",
         "",
-        markdown_table(["", *names], rows, escape=True),
+        markdown_table(["", *map(text, names)], rows),
     ]
 
 
@@ -353,22 +416,25 @@ def _fusion_md(report: Mapping[str, Any]) -> list[str]:
     if not names:
         return ["Not audited: no fp32 export passed."]
     runtimes: dict[str, dict[str, str]] = {}
+    labels: dict[str, str] = {}
+    inspected = []
     for n in names:
         e = fus[n]
         if e.get("status") != "ok":
             for k in RUNTIMES:
                 runtimes.setdefault(k, {})[n] = _state(e)
             continue
+        inspected.append(f"{text(n)}: {text(inspected_line(e['audit']['runtimes']))}")
         for r in e["audit"]["runtimes"]:
             cell = f"{r['fused']} of {r['cores']}" if r["inspected"] else f"not inspected: {r['reason']}"
-            runtimes.setdefault(r["runtime"], {})[n] = cell
-    rows = [[RUNTIMES.get(k, k), *[v.get(n, "-") for n in names]] for k, v in runtimes.items()]
+            runtimes.setdefault(r["runtime"], {})[n] = text(cell)
+            labels.setdefault(r["runtime"], runtime_label(r))
+    rows = [[text(labels.get(k, RUNTIMES.get(k, k))), *[v.get(n, "-") for n in names]] for k, v in runtimes.items()]
     lines = [
-        "Whether each runtime runs a block's attention core (scores' matrix product, softmax, values' matrix "
-        "product) as one kernel, read from the runtime's own executed or optimized graph "
-        "(`attnzoo.runtime.fusion`), on the fp32 exports above.",
+        f"Whether each runtime runs a block's attention core as one kernel ({text(FUSED)}; "
+        "`attnzoo.runtime.fusion`), on the fp32 exports above. " + " ".join(inspected),
         "",
-        markdown_table(["runtime", *[f"{n}: fused cores" for n in names]], rows, escape=True),
+        markdown_table(["runtime", *[f"{text(n)}: fused cores" for n in names]], rows),
         "",
     ]
     e = fus.get(variant) or {}
@@ -377,12 +443,12 @@ def _fusion_md(report: Mapping[str, Any]) -> list[str]:
         plain = [c for c in cores if not c["dot_product"]]
         if plain:
             lines += [
-                f"{len(plain)} of {len(cores)} attention cores of {variant} have scores that are no matrix "
+                f"{len(plain)} of {len(cores)} attention cores of {text(variant)} have scores that are no matrix "
                 "product (the form every runtime's attention fusion matches), so no runtime can fuse them "
                 "as attention.",
                 "",
             ]
-        lines += [f"{variant}, kernel by kernel:", "", e["table"]]
+        lines += [f"{text(variant)}, kernel by kernel:", "", fusion_markdown(e["audit"])]
     return lines
 
 
@@ -390,7 +456,7 @@ def _ms(row: Mapping[str, Any] | None) -> str:
     """A timed row's median, else its status and reason."""
     if row is None:
         return "-"
-    return f"{row['median_ms']:.2f}" if row["status"] == "ok" else f"{row['status']}: {row['reason']}"
+    return f"{row['median_ms']:.2f}" if row["status"] == "ok" else text(f"{row['status']}: {row['reason']}")
 
 
 def _latency_md(report: Mapping[str, Any], pngs: Mapping[str, Path]) -> list[str]:
@@ -408,25 +474,33 @@ def _latency_md(report: Mapping[str, Any], pngs: Mapping[str, Path]) -> list[str
         s, v, o = by.get(("standard", b, d, n)), by.get((variant, b, d, n)), over.get((b, d, n))
         ratio = f"{o['ratio_median']:.2f} [{o['ratio_q1']:.2f}, {o['ratio_q3']:.2f}]" if o else "-"
         mem = _num((v or {}).get("peak_mem_mb"), "{:.0f}")
-        rows.append([b, d, str(n), _ms(s), _ms(v) if variant != "standard" else "-", ratio, mem])
+        rows.append([text(b), text(d), text(n), _ms(s), _ms(v) if variant != "standard" else "-", ratio, mem])
     untimed: dict[tuple[str, str], str] = {}
     for r in lat["rows"]:
         if r["status"] not in ("ok", "failed") and r["variant"] == variant:
             untimed.setdefault((r["backend"], r["dtype"]), f"{r['status']}: {r['reason']}")
     bf16 = lat["bf16"]
     lines = [
-        f"`bench-latency`'s run ({st['arch']} classifier, {_tokens(report['identity'], st['arch'])} tokens, "
-        f"{st['threads']} thread, {st['min_time_s']:g} s per measurement, seeded random init: latency does not "
+        f"`bench-latency`'s run ({text(st['arch'])} classifier, {_num(_tokens(report['identity'], st['arch']))} "
+        f"tokens, {_num(st['threads'])} thread, {st['min_time_s']:g} s per measurement, seeded random init: latency "
+        "does not "
         "depend on the weights). Overhead: median [Q1, Q3] of per-pair ratios variant / standard from "
         "A B A B runs on the same backend, precision and batch.",
         "",
         markdown_table(
-            ["backend", "dtype", "batch", "standard ms", f"{variant} ms", "x standard", f"{variant} peak MB"],
+            [
+                "backend",
+                "dtype",
+                "batch",
+                "standard ms",
+                f"{text(variant)} ms",
+                "x standard",
+                f"{text(variant)} peak MB",
+            ],
             rows,
-            escape=True,
         ),
         "",
-        "bf16 rows: " + ("this CPU has bf16 units" if bf16["rows"] else f"none - {bf16['reason']}") + ".",
+        "bf16 rows: " + ("this CPU has bf16 units" if bf16["rows"] else f"none - {text(bf16['reason'])}") + ".",
     ]
     if report["budget"]["compile_budget"] == 0:
         lines += [
@@ -435,9 +509,9 @@ def _latency_md(report: Mapping[str, Any], pngs: Mapping[str, Path]) -> list[str
             "fit the report's time; `bench-latency --backends compile` times it.",
         ]
     if untimed:
-        lines += ["", "Not timed here:", ""] + [f"- {b} {d}: {why}" for (b, d), why in untimed.items()]
+        lines += ["", "Not timed here:", ""] + [f"- {text(f'{b} {d}: {why}')}" for (b, d), why in untimed.items()]
     if lat.get("interrupted"):
-        lines += ["", f"Stopped early: {lat['interrupted']['note']}"]
+        lines += ["", f"Stopped early: {text(lat['interrupted']['note'])}"]
     for key in ("latency", "overhead"):
         if key in pngs:
             lines += ["", f"![{key}]({pngs[key].name})"]
@@ -458,9 +532,9 @@ def _scaling_md(report: Mapping[str, Any], pngs: Mapping[str, Path]) -> list[str
 
         rows.append(
             [
-                {"cls": "classifier", "seg": "Segmenter"}[p["task"]],
-                str(p["tokens"]),
-                p["backend"],
+                {"cls": "classifier", "seg": "Segmenter"}.get(p["task"], text(p["task"])),
+                text(p["tokens"]),
+                text(p["backend"]),
                 _ms(p.get("standard")),
                 _ms(p.get("variant")) if variant != "standard" else "-",
                 _num(p["ratio"], "{:.2f}"),
@@ -469,8 +543,8 @@ def _scaling_md(report: Mapping[str, Any], pngs: Mapping[str, Path]) -> list[str
             ]
         )
     lines = [
-        f"`python -m attnzoo.studies.scaling`'s run ({st['arch']} ViT, batch 1, {st['threads']} thread; peak "
-        "memory: the process's peak resident set above the built model; a call predicted to take longer than "
+        f"`python -m attnzoo.studies.scaling`'s run ({text(st['arch'])} ViT, batch 1, {_num(st['threads'])} thread; "
+        "peak memory: the process's peak resident set above the built model; a call predicted to take longer than "
         f"{st['max_call_s']:g} s is skipped with its reason).",
         "",
         markdown_table(
@@ -479,13 +553,12 @@ def _scaling_md(report: Mapping[str, Any], pngs: Mapping[str, Path]) -> list[str
                 "tokens",
                 "backend",
                 "standard ms",
-                f"{variant} ms",
+                f"{text(variant)} ms",
                 "x standard",
                 "standard peak MB",
-                f"{variant} peak MB",
+                f"{text(variant)} peak MB",
             ],
             rows,
-            escape=True,
         ),
     ]
     if not st["seg_sizes"]:
@@ -505,10 +578,15 @@ def _fusable_md(report: Mapping[str, Any]) -> list[str]:
     fz = report.get("fusable") or {"status": "absent", "reason": "not run"}
     if fz["status"] != "ok":
         return [f"{_state(fz)}."]
-    rows = [[RUNTIMES.get(k, k), f"{f} of {c}"] for k, (f, c) in fz["fused"].items()]
+    rows = []
+    for k, e in fz["fused"].items():
+        if not isinstance(e, Mapping):  # an earlier report's [fused, cores]
+            e = {"runtime": k, "inspected": True, "fused": e[0], "cores": e[1]}
+        cell = f"{e['fused']} of {e['cores']}" if e.get("inspected") else f"not inspected: {e.get('reason')}"
+        rows.append([text(runtime_label({"runtime": k, **e})), text(cell)])
     speed = [
         [
-            k,
+            text(k),
             f"{s['opset20_ms']:.2f}",
             f"{s['opset23_ms']:.2f}",
             f"{s['speedup']:.2f} ({s['speedup_q1']:.2f}-{s['speedup_q3']:.2f})",
@@ -516,44 +594,43 @@ def _fusable_md(report: Mapping[str, Any]) -> list[str]:
         for k, s in fz["speed"].items()
     ]
     return [
-        f"The same model exported at opset 23 (`{fz['file']}`), where each dot-product core is one standard "
-        f"`Attention` op ({fz['attention_ops']} here), verified against eager with the extra math "
-        f"{'kept' if fz['extra_math_kept'] else 'NOT kept'} (`export-model --opset 23`).",
+        f"The same model (the same weights) exported at opset 23 ({code(fz['file'])}), where each dot-product core "
+        f"is one standard `Attention` op ({_num(fz['attention_ops'])} here), verified against eager with the extra "
+        f"math {'kept' if fz['extra_math_kept'] else 'NOT kept'} (`export-model --opset 23`). {text(FUSED)}.",
         "",
-        markdown_table(["runtime", "fused cores at opset 23"], rows, escape=True),
+        markdown_table(["runtime", "fused cores at opset 23"], rows),
         "",
-        f"Its speed against the opset-20 file, batch 1, one thread, {fz['rounds']} rounds round-robin "
+        f"Its speed against the opset-20 file, batch 1, one thread, {_num(fz['rounds'])} rounds round-robin, each "
+        "runtime's outputs of both files checked first against the opset-20 file's ONNX Runtime output "
         "(speed-up: the per-round ratio of the opset-20 time to the opset-23 time, median and quartiles):",
         "",
-        markdown_table(["runtime", "opset 20 ms", "opset 23 ms", "speed-up"], speed, escape=True),
+        markdown_table(["runtime", "opset 20 ms", "opset 23 ms", "speed-up"], speed),
     ]
 
 
 def _gpu_md(report: Mapping[str, Any]) -> list[str]:
     g = report["cost"]["gpu"]
     if g["status"] != "ok":
-        return [f"Absent: {g['reason']}."]
+        return [f"Absent: {text(g['reason'])}."]
     rows = [
         [
-            r["from"],
-            r["gpu"] or "-",
-            r["model"],
-            r["variant"],
-            r["backend"],
-            r["dtype"],
-            str(r["batch"]),
-            _num(r["median_ms"], "{:.3f}") if r["status"] == "ok" else f"{r['status']}: {r['reason']}",
+            text(r["from"]),
+            text(r["gpu"] or "-"),
+            text(r["model"]),
+            text(r["variant"]),
+            text(r["backend"]),
+            text(r["dtype"]),
+            text(r["batch"]),
+            _num(r["median_ms"], "{:.3f}") if r["status"] == "ok" else text(f"{r['status']}: {r['reason']}"),
             _num(r["overhead"], "{:.2f}"),
         ]
         for r in g["rows"]
     ]
     return [
-        f"{g['note']}.",
+        f"{text(g['note'])}.",
         "",
         markdown_table(
-            ["from", "GPU", "model", "variant", "backend", "dtype", "batch", "median ms", "x standard"],
-            rows,
-            escape=True,
+            ["from", "GPU", "model", "variant", "backend", "dtype", "batch", "median ms", "x standard"], rows
         ),
     ]
 
@@ -563,15 +640,16 @@ def markdown(report: Mapping[str, Any], pngs: Mapping[str, Path]) -> str:
     env = report["environment"]
     v = report["verdict"]
     gpu = (env.get("gpu") or {}).get("name") or "no GPU"
+    versions = env["versions"]
     lines = [
-        f"# {report['variant']}: does it deploy, and what does it cost?",
+        f"# {text(report['variant'])}: does it deploy, and what does it cost?",
         "",
-        f"**Verdict:** {v['line']}",
+        f"**Verdict:** {text(v['line'])}",
         "",
-        f"Measured by `{report['command'] or 'report_variant()'}` in {report['wall_time_s']:.0f} s "
+        f"Measured by {code(report['command'] or 'report_variant()')} in {report['wall_time_s']:.0f} s "
         f"({report.get('cpu_time_s', 0):.0f} CPU s) on "
-        f"{cpu_summary(env['cpu'])}, {gpu}; torch {env['versions'].get('torch')}, onnxruntime "
-        f"{env['versions'].get('onnxruntime')}, openvino {env['versions'].get('openvino')}"
+        f"{text(cpu_summary(env['cpu']))}, {text(gpu)}; torch {text(versions.get('torch'))}, onnxruntime "
+        f"{text(versions.get('onnxruntime'))}, openvino {text(versions.get('openvino'))}"
         f"{' (--quick: micro models, small sizes, short timing)' if report['quick'] else ''}. Every figure "
         "below comes from this run unless it says otherwise.",
         "",
@@ -579,7 +657,9 @@ def markdown(report: Mapping[str, Any], pngs: Mapping[str, Path]) -> str:
         "|---|---|",
     ]
     for k, ok in v["checks"].items():
-        lines.append(f"| {k.replace('_', ' ')} | {'yes' if ok else 'no'} |")
+        lines.append(f"| {text(k.replace('_', ' '))} | {'yes' if ok else 'no'} |")
+    for f in v.get("failed") or []:
+        lines.append(f"| {text(f['check'])} | no: {text(f['reason'])} |")
     lines += [
         "",
         "## Identity",

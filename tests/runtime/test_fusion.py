@@ -20,6 +20,7 @@ from attnzoo.runtime.fusion import (
     markdown,
     onnxruntime_fusion,
     openvino_fusion,
+    runtime_label,
 )
 
 DEPTH = 4  # the micro ViT's blocks
@@ -113,7 +114,9 @@ def test_audit_says_plainly_what_it_could_not_inspect(exports):
     if not torch.cuda.is_available():
         assert not trt["inspected"] and trt["fused"] is None and "GPU" in trt["reason"]
     table = markdown(result)
-    assert f"| openvino | {DEPTH} of {DEPTH} |" in table and "| tensorrt | not inspected |" in table
+    assert f"| OpenVINO | {DEPTH} of {DEPTH} |" in table and "| TensorRT | not inspected |" in table
+    assert "Inspected: OpenVINO, ONNX Runtime, ONNX Runtime transformer optimizer; not inspected: TensorRT (" in table
+    assert "fused: one kernel of the runtime's own" in table  # the one definition, on every table
 
 
 def test_an_opset_23_export_carries_each_core_as_one_attention_op_that_both_runtimes_keep_whole(exports):
@@ -126,6 +129,9 @@ def test_an_opset_23_export_carries_each_core_as_one_attention_op_that_both_runt
         for optimizer in (False, True):
             r = onnxruntime_fusion(exports[name], transformer_optimizer=optimizer)
             assert r["fused"] == r["cores"] == DEPTH
+            # opt_level 0 never splits an exported Attention op: the optimizer's count is the file's, and says so
+            assert r.get("as_exported") == (DEPTH if optimizer else None)
+            assert ("the export's count" in runtime_label(r)) == optimizer
             assert all(c["kernel"] == f"{c['block']}.attn/Attention (ai.onnx.Attention)" for c in r["per_core"])
         ov = openvino_fusion(exports[name])  # OpenVINO's runtime model: one Subgraph per core, no MatMul / Softmax
         assert ov["fused"] == ov["cores"] == DEPTH and all("Subgraph" in c["kernel"] for c in ov["per_core"])
