@@ -33,6 +33,7 @@ __all__ = [
     "assert_extra_math",
     "expected_scopes",
     "graph_depth",
+    "block_prefix",
     "variant_spec",
 ]
 
@@ -56,7 +57,7 @@ def variant_spec(config: Mapping[str, Any]) -> VariantSpec:
     return require_variant(config)
 
 
-def _block_prefix(config: dict[str, Any]) -> str:
+def block_prefix(config: dict[str, Any]) -> str:
     """Module path of the block list: ``blocks`` (classifier) or ``encoder.blocks`` (Segmenter)."""
     return "encoder.blocks" if config["task"] == "seg" else "blocks"
 
@@ -76,7 +77,7 @@ def expected_scopes(config: dict[str, Any], depth: int) -> list[str]:
     """Node-name scopes that must hold extra math, e.g. ``blocks.0.attn.projection`` (empty when the variant
     declares no ``extra_scopes``), block by block."""
     modules = variant_spec(config).extra_scopes
-    return [f"{_block_prefix(config)}.{i}.attn.{m}" for i in range(depth) for m in modules]
+    return [f"{block_prefix(config)}.{i}.attn.{m}" for i in range(depth) for m in modules]
 
 
 def _scope_module(scope: str) -> str:
@@ -164,10 +165,10 @@ def check_extra_math(
     types, consts = _elem_types(proto), _constants(proto)
     failures: list[str] = []
     blocks: dict[str, Any] = {}
-    depth = graph_depth(proto, _block_prefix(config))
+    depth = graph_depth(proto, block_prefix(config))
     spec = variant_spec(config)
     if depth == 0 and spec.extra_scopes:
-        failures.append(f"no {_block_prefix(config)}.N nodes in the graph (blocks missing or renamed)")
+        failures.append(f"no {block_prefix(config)}.N nodes in the graph (blocks missing or renamed)")
     for scope in expected_scopes(config, depth):
         nodes = by_scope.get(scope, [])
         if not nodes:

@@ -43,7 +43,7 @@ from attnzoo.runtime.tensorrt import COMPUTE_CAPABILITIES
 from . import quantize as quantization
 from . import verify
 from .errors import ExportWarning
-from .formats import ExportRequest, formats, get_format, run_step
+from .formats import ExportRequest, ModelSource, formats, get_format, run_step
 from .formats.triton_format import DEFAULT_TRITON_DIR
 from .onnx_export import DTYPES, SUPPORTED_OPSETS, config_hw
 from .quantize import QuantizeOptions, calibration_for, check_quantize_arguments
@@ -78,8 +78,9 @@ class ExportResult:
     """What :func:`export_model` wrote.
 
     Attributes:
-        path: The output: the ``.onnx`` file, the engine, or the Triton model folder.
-        onnx_path: The verified ONNX file (the output itself, beside the engine, or in the Triton folder).
+        path: The output: the ``.onnx`` file, the engine, the Triton model folder, or the AOTInductor package.
+        onnx_path: The verified ONNX file (the output itself, beside the engine, or in the Triton folder); ``None``
+            for a format written from the PyTorch model (``aoti``).
         report: The ONNX file's report (``<onnx>.report.json``): its verification, or for int8 / fp8 its
             quantization, accuracy and fidelity.
         format, dtype: As exported.
@@ -90,7 +91,7 @@ class ExportResult:
     """
 
     path: Path
-    onnx_path: Path
+    onnx_path: Path | None
     report: dict[str, Any]
     format: str
     dtype: str
@@ -103,12 +104,15 @@ class ExportResult:
     @property
     def files(self) -> list[Path]:
         """Every file written: the ONNX and its report, then its format's (the engine and its report, the Triton
-        config)."""
-        return [self.onnx_path, report_path(self.onnx_path), *get_format(self.format).files(self)]
+        config, the AOTInductor package and its report)."""
+        onnx = [] if self.onnx_path is None else [self.onnx_path, report_path(self.onnx_path)]
+        return [*onnx, *get_format(self.format).files(self)]
 
     def summary(self) -> str:
         """The lines ``export-model`` prints."""
-        if self.fp32_report is None:
+        if self.onnx_path is None:  # written from the model: the format's own lines
+            lines = []
+        elif self.fp32_report is None:
             lines = [verify_summary(self.report)]
         else:
             par = self.fp32_report["parity"]
@@ -521,6 +525,15 @@ def _run(
 ) -> ExportResult:
     """The steps: export + check + verify, quantize, then those of the format's part (engine, Triton config)."""
     part = get_format(req.format)
+    if part.from_model:
+        result = ExportResult(
+            path=out, onnx_path=None, report={}, format=req.format, dtype=req.dtype, warnings=collected
+        )
+        with tqdm(total=1, desc="export-model", unit="step", disable=not progress) as bar:
+            bar.set_postfix_str("export + check + compile + verify")
+            part.write_model(req, ModelSource(model, config, sha, hw, threads), result)
+            bar.update()
+        return result
     onnx_out, writes = part.onnx_path(req, out), part.steps(req)
     steps = (
         ["export + check + verify"]

@@ -12,12 +12,10 @@ under fp16 rounding).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
-import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +27,7 @@ from torch import nn
 from attnzoo.data.datasets import shapes_images
 from attnzoo.fileio import atomic_path, atomic_write_text, sha256_file
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
+from attnzoo.runtime.aoti import fingerprint
 from attnzoo.runtime.parity import TOLERANCES, compare
 from attnzoo.runtime.sessions import ort_session, read_report, verification_problem
 
@@ -40,6 +39,7 @@ from .onnx_export import BATCH_DIM, export_onnx, metadata_props, op_histogram
 __all__ = [
     "EXTRA_BATCH_SIZES",
     "verify_onnx",
+    "parity_vs_eager",
     "export_verified",
     "export_fingerprint",
     "adopt_verified",
@@ -111,7 +111,40 @@ def verify_onnx(
     sizes = sorted(set(int(b) for b in batch_sizes) | set(EXTRA_BATCH_SIZES))
     session = ort_session(path, "cpu", threads=threads)  # fp32 without TF32: the fp32 tolerance holds
     batch_dim = session.get_inputs()[0].shape[0]
-    failures = [] if isinstance(batch_dim, str) else [f"input batch dimension is fixed ({batch_dim}), not symbolic"]
+    name = session.get_inputs()[0].name
+    parity = parity_vs_eager(model, lambda x: session.run(None, {name: x})[0], config, hw, sizes, dtype, seed=seed)
+    if not isinstance(batch_dim, str):
+        parity["failures"].insert(0, f"input batch dimension is fixed ({batch_dim}), not symbolic")
+    return {
+        "passed": not parity["failures"],
+        "failures": parity["failures"],
+        "batch_sizes": sizes,
+        "batch_dim": batch_dim,
+        "providers": session.get_providers(),
+        "per_batch": parity["per_batch"],
+        "max_abs_err": parity["max_abs_err"],
+        "tolerance": parity["tolerance"],
+    }
+
+
+def parity_vs_eager(
+    model: nn.Module,
+    run: Callable[[np.ndarray], np.ndarray],
+    config: Mapping[str, Any],
+    hw: tuple[int, int],
+    batch_sizes: Sequence[int],
+    dtype: str,
+    *,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Compare ``run`` (float32 NCHW in, logits out: an exported model) with the eager fp32 ``model`` on real and
+    random inputs at each of ``batch_sizes``, under the tolerance of ``dtype``; nothing is raised for a mismatch.
+
+    Returns:
+        ``{"passed", "failures", "per_batch", "max_abs_err", "tolerance"}``.
+    """
+    sizes = sorted(set(int(b) for b in batch_sizes))
+    failures: list[str] = []
     data = _inputs(config, hw, max(sizes), seed)
     model = model.float().eval()
     rows = []
@@ -120,7 +153,7 @@ def verify_onnx(
         for kind, x in data.items():
             with torch.no_grad():
                 ref = model(torch.from_numpy(x[:b])).numpy()
-            out = session.run(None, {session.get_inputs()[0].name: x[:b]})[0]
+            out = np.asarray(run(x[:b]))
             if out.shape != ref.shape:
                 failures.append(f"batch {b} {kind}: output shape {out.shape}, eager {ref.shape}")
                 continue
@@ -135,9 +168,6 @@ def verify_onnx(
     return {
         "passed": not failures,
         "failures": failures,
-        "batch_sizes": sizes,
-        "batch_dim": batch_dim,
-        "providers": session.get_providers(),
         "per_batch": rows,
         "max_abs_err": max((r[k]["max_abs_err"] for r in rows for k in data if k in r), default=float("nan")),
         "tolerance": {f"{dtype}_x_max(1,max|logit|)": TOLERANCES[dtype]},
@@ -219,7 +249,6 @@ def export_fingerprint(
     torch and ONNX Runtime."""
     from attnzoo import __version__
 
-    h = hashlib.sha256()
     head = {
         "config": dict(config),
         "opset": opset,
@@ -230,15 +259,7 @@ def export_fingerprint(
         "torch": torch.__version__,
         "onnxruntime": __import__("onnxruntime").__version__,
     }
-    h.update(json.dumps(head, sort_keys=True, default=str).encode())
-    names = {type(m).__module__ for m in model.modules()} | {onnx_export_module.__name__, __name__}
-    for path in sorted({str(getattr(sys.modules.get(name), "__file__", None) or name) for name in names}):
-        h.update(path.encode() + (Path(path).read_bytes() if path and Path(path).is_file() else b""))
-    for name, t in sorted(model.state_dict().items()):
-        t = t.detach().cpu().contiguous()
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
+    return fingerprint(model, head, modules=(onnx_export_module.__name__, __name__))
 
 
 def _reusable(

@@ -13,9 +13,18 @@ import pkgutil
 
 from attnzoo.errors import UsageError
 
-from .base import ExportFormat, ExportRequest, Step, run_step
+from .base import ExportFormat, ExportRequest, ModelSource, Step, run_step
 
-__all__ = ["ExportFormat", "ExportRequest", "Step", "run_step", "formats", "get_format", "register_format"]
+__all__ = [
+    "ExportFormat",
+    "ExportRequest",
+    "ModelSource",
+    "Step",
+    "run_step",
+    "formats",
+    "get_format",
+    "register_format",
+]
 
 _REGISTRY: dict[str, ExportFormat] = {}
 

@@ -17,7 +17,7 @@ from ..errors import ExportError
 if TYPE_CHECKING:
     from ..pipeline import ExportResult
 
-__all__ = ["ExportFormat", "ExportRequest", "Step", "run_step"]
+__all__ = ["ExportFormat", "ExportRequest", "ModelSource", "Step", "run_step"]
 
 
 @dataclass
@@ -33,6 +33,17 @@ class ExportRequest:
     triton_platform: str
     triton_queue_delay_us: int
     quantize: Any  #: the quantization options (int8 / fp8), as :mod:`attnzoo.export.quantize` takes them
+
+
+@dataclass
+class ModelSource:
+    """What a format written from the PyTorch model (:attr:`ExportFormat.from_model`) starts from."""
+
+    model: Any  #: the eager model (fp32, CPU, eval mode): the export's source and its parity reference
+    config: dict[str, Any]
+    checkpoint_sha256: str
+    hw: tuple[int, int]  #: the input's height and width
+    threads: int | None
 
 
 #: One step of a format: its name on the progress bar, and what writes it (``result.path`` is the output,
@@ -53,8 +64,9 @@ def run_step(fn: Callable[..., Any], what: str, *args, **kwargs) -> Any:
 class ExportFormat:
     """One output format of ``export-model``: what it checks, where it writes, what it writes, its summary.
 
-    Every format starts from the verified ONNX (fp32 / fp16, or int8 / fp8 Q/DQ) that the pipeline writes first at
-    :meth:`onnx_path`; the format's :meth:`steps` then write its own files from it. A module of
+    A format starts from the verified ONNX (fp32 / fp16, or int8 / fp8 Q/DQ) that the pipeline writes first at
+    :meth:`onnx_path`, and its :meth:`steps` then write its own files from it; or, :attr:`from_model`, from the
+    PyTorch model itself (:meth:`write_model`: AOTInductor). A module of
     :mod:`attnzoo.export.formats` that defines ``FORMAT``, an instance, adds the format.
 
     Attributes:
@@ -67,6 +79,9 @@ class ExportFormat:
     name: str = ""
     title: str = ""
     suffixes: tuple[str, ...] = ()
+    #: Written from the PyTorch model itself by :meth:`write_model` (its own export, checks and verification), not
+    #: from the verified ONNX: no ONNX file is written and :meth:`steps` is not used.
+    from_model: bool = False
 
     def check(self, req: ExportRequest) -> None:
         """Refuse, with a :class:`UsageError`, arguments this format cannot work with here, before any work."""
@@ -95,6 +110,11 @@ class ExportFormat:
     def steps(self, req: ExportRequest) -> list[Step]:
         """What this format writes once the verified ONNX is there, step by step."""
         return []
+
+    def write_model(self, req: ExportRequest, source: ModelSource, result: ExportResult) -> None:
+        """A :attr:`from_model` format: export ``source``, verify it and write it to ``result.path`` (its report in
+        ``result.report``); nothing at ``result.path`` when it fails (:class:`ExportError`)."""
+        raise NotImplementedError(f"{self.name} is written from the verified ONNX")
 
     def files(self, result: ExportResult) -> list[Path]:
         """The files its steps wrote (besides the ONNX and its report)."""

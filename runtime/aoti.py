@@ -1,0 +1,168 @@
+"""AOTInductor: a model compiled ahead of time into one ``.pt2`` package (``torch.export`` with a dynamic batch
+dimension, then ``torch._inductor.aoti_compile_and_package``), run without the model's Python code.
+
+The package holds the compiled kernels (C++ on the CPU, Triton on a CUDA GPU), the wrapper that calls them and the
+weights; ``torch._inductor.aoti_load_package`` (or C++'s ``AOTIModelPackageLoader``) runs it. One package serves
+every batch size from 1 to :data:`attnzoo.limits.MAX_BATCH_SIZE`; it is traced at batch :data:`TRACE_BATCH`.
+
+Where it compiles for: the CPU at fp32, a CUDA GPU at fp32 (IEEE, TF32 off when run) or fp16 (the whole model in
+fp16, as eager fp16 and ``torch.compile`` fp16 run it). :func:`aoti_problem` says why a device and precision
+cannot be compiled here. ``export-model --format aoti`` (:mod:`attnzoo.export.formats.aoti_format`) verifies a
+package before writing it; the ``aoti`` backend (:mod:`attnzoo.runtime.backends.aoti`) loads one, or compiles one
+from the module into its cache (:func:`cached_package`, keyed by :func:`fingerprint`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from attnzoo.fileio import atomic_path, atomic_write_text
+from attnzoo.lazy import lazy_import
+from attnzoo.limits import MAX_BATCH_SIZE
+
+torch = lazy_import("torch")  # the registry (and --help) load without torch
+inductor = lazy_import("torch._inductor")
+
+__all__ = [
+    "AOTI_DTYPES",
+    "TRACE_BATCH",
+    "BATCH_DIM",
+    "aoti_problem",
+    "export_program",
+    "temporary_package",
+    "compile_package",
+    "load_package",
+    "fingerprint",
+    "cached_package",
+]
+
+#: Precisions a package is compiled at, per device: fp32 on the CPU; fp32 and fp16 on a CUDA GPU.
+AOTI_DTYPES: dict[str, tuple[str, ...]] = {"cpu": ("fp32",), "cuda": ("fp32", "fp16")}
+#: The batch size ``torch.export`` traces with (every other size is one the package was not traced with).
+TRACE_BATCH = 2
+#: Name of the dynamic batch dimension.
+BATCH_DIM = "batch"
+_TORCH_DTYPES = {"fp32": "float32", "fp16": "float16"}
+
+
+def aoti_problem(device: str, dtype: str) -> str | None:
+    """Why a package for ``device`` at ``dtype`` cannot be compiled and run here (one line), or ``None``."""
+    kind = str(device).split(":")[0]
+    if kind not in AOTI_DTYPES:
+        return f"AOTInductor compiles for cpu or cuda, not {device}"
+    if dtype not in AOTI_DTYPES[kind]:
+        return f"AOTInductor packages for {kind} are compiled at {', '.join(AOTI_DTYPES[kind])}, not {dtype}"
+    if not (shutil.which("g++") or shutil.which("c++")):
+        return "AOTInductor needs a C++ compiler (g++) for its wrapper, none found"
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            return "no CUDA GPU visible"
+        if importlib.util.find_spec("triton") is None:
+            return "AOTInductor on CUDA needs triton, not installed"
+    return None
+
+
+def _torch_dtype(dtype: str):
+    return getattr(torch, _TORCH_DTYPES[dtype])
+
+
+def export_program(model: Any, hw: tuple[int, int], *, device: str = "cpu", dtype: str = "fp32") -> Any:
+    """``torch.export`` of a copy of ``model`` at ``dtype`` on ``device``, traced at batch :data:`TRACE_BATCH` with
+    the batch dimension dynamic (1 .. :data:`~attnzoo.limits.MAX_BATCH_SIZE`): the ``ExportedProgram`` whose graph
+    keeps each node's ``nn_module_stack`` (where the extra math is counted)."""
+    net = copy.deepcopy(model).to(device=device, dtype=_torch_dtype(dtype)).eval()
+    x = torch.zeros(TRACE_BATCH, 3, *hw, device=device, dtype=_torch_dtype(dtype))
+    batch = torch.export.Dim(BATCH_DIM, min=1, max=MAX_BATCH_SIZE)
+    with torch.no_grad():
+        return torch.export.export(net, (x,), dynamic_shapes=({0: batch},), strict=False)
+
+
+@contextlib.contextmanager
+def temporary_package(out: Path) -> Iterator[Path]:
+    """A temporary ``.pt2`` name in ``out``'s folder (AOTInductor insists on the suffix): compile and check the
+    package there; leaving the block normally makes it ``out`` (:func:`attnzoo.fileio.atomic_path`), an exception
+    (a failed check, Ctrl-C) removes it."""
+    with atomic_path(out) as tmp:
+        package = tmp.with_name(tmp.name + ".pt2")
+        try:
+            yield package
+            os.replace(package, tmp)
+        finally:
+            package.unlink(missing_ok=True)
+
+
+def compile_package(program: Any, path: Path, metadata: Mapping[str, str] | None = None) -> float:
+    """Compile ``program`` with AOTInductor into the package ``path`` (a ``.pt2`` name, e.g. from
+    :func:`temporary_package`), with ``metadata`` (strings, read back by the package loader's ``get_metadata()``);
+    returns the seconds it took."""
+    start = time.perf_counter()
+    configs = {"aot_inductor.metadata": dict(metadata)} if metadata else None
+    inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=configs)
+    return time.perf_counter() - start
+
+
+def load_package(path: str | Path) -> Any:
+    """The callable model of the package at ``path`` (tensors on the package's device in, its outputs out)."""
+    return inductor.aoti_load_package(str(path))
+
+
+def fingerprint(model: Any, head: Mapping[str, Any], modules: Iterable[str] = ()) -> str:
+    """sha256 of what a model compiled from ``model`` depends on: ``head`` (its config and the compile's
+    arguments, as JSON), the source files of its modules' classes and of the modules named in ``modules``, and its
+    weights and buffers (names, dtypes, shapes, values)."""
+    h = hashlib.sha256()
+    h.update(json.dumps(dict(head), sort_keys=True, default=str).encode())
+    names = {type(m).__module__ for m in model.modules()} | set(modules)
+    for path in sorted({str(getattr(sys.modules.get(name), "__file__", None) or name) for name in names}):
+        h.update(path.encode() + (Path(path).read_bytes() if path and Path(path).is_file() else b""))
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def cached_package(
+    model: Any, cache_dir: str | Path, *, device: str = "cpu", dtype: str = "fp32", hw: tuple[int, int] | None = None
+) -> tuple[Path, dict[str, Any]]:
+    """The package of ``model`` for ``device`` at ``dtype`` in ``<cache_dir>/aoti/``, compiled when no package of
+    the same :func:`fingerprint` (weights, source, config, device, precision, input size, torch version) is there.
+
+    Returns:
+        ``(path, facts)``: ``facts`` says whether it was ``cached``, and the export and compile seconds.
+    """
+    config = dict(getattr(model, "attnzoo_config", None) or {})
+    if hw is None:
+        side = int(config.get("img_size", 224))
+        hw = (side, side)
+    kind = str(device).split(":")[0]
+    head = {"config": config, "device": kind, "dtype": dtype, "hw": list(hw), "torch": torch.__version__}
+    if kind == "cuda":
+        head["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    key = fingerprint(model, head, modules=(__name__,))
+    folder = Path(cache_dir) / "aoti"
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = f"{config.get('variant', type(model).__name__)}_{kind}_{dtype}_{key[:16]}"
+    path = folder / f"{stem}.pt2"
+    facts = {"package": path.name, "device": kind, "dtype": dtype, "trace_batch": TRACE_BATCH}
+    if path.is_file():
+        return path, {**facts, "cached": True}
+    start = time.perf_counter()
+    program = export_program(model, tuple(hw), device=device, dtype=dtype)
+    exported = time.perf_counter() - start
+    with temporary_package(path) as tmp:
+        compiled = compile_package(program, tmp)
+    facts.update(cached=False, export_s=round(exported, 2), compile_s=round(compiled, 2))
+    atomic_write_text(path.with_suffix(".json"), json.dumps({**facts, **head}, indent=1, default=str) + "\n")
+    return path, facts

@@ -1,0 +1,115 @@
+"""``aoti``: an AOTInductor package (``.pt2``, :mod:`attnzoo.runtime.aoti`) of the model, run through
+``torch._inductor.aoti_load_package`` on the CPU or a CUDA GPU.
+
+It loads a package file (``export-model --format aoti`` writes and verifies one), or compiles one from the
+PyTorch module into ``<cache_dir>/aoti/``, keyed by the module's content (weights, source, config), the device, the
+precision and the torch version: one compile per model serves every batch size (the batch dimension is dynamic)
+and every later run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnzoo.fileio import default_cache_dir
+from attnzoo.lazy import lazy_import
+
+from .. import aoti
+from ..device import DeviceMemory, fp32_math, release_cuda_cache
+from . import Backend, Call, LoadOptions, Session, register_backend
+from .eager import TORCH_DTYPES
+
+torch = lazy_import("torch")
+
+__all__ = ["AotiBackend", "AotiSession", "AOTI"]
+
+
+class AotiSession(Session):
+    """A loaded AOTInductor package; ``facts`` says where it came from (file, or the cache and whether it was
+    compiled now)."""
+
+    def __init__(self, path: Path, *, backend: str, dtype: str, device: str, threads: int | None, facts: dict) -> None:
+        self.backend = backend
+        self.device = torch.device(device)
+        self.memory = DeviceMemory() if self.device.type == "cuda" else None
+        self.dtype = getattr(torch, TORCH_DTYPES[dtype])
+        if threads:
+            torch.set_num_threads(int(threads))
+        self.runner = aoti.load_package(path)
+        self._info = {"device": str(self.device), "dtype": dtype, "package": str(path), **facts}
+        if self.device.type == "cuda":
+            self._info["fp32_matmul"] = "ieee"
+
+    def _forward(self, xin):
+        math = fp32_math(False) if self.device.type == "cuda" else contextlib.nullcontext()
+        with torch.inference_mode(), math:
+            return self.runner(xin)
+
+    def _input(self, x: np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(self.device, self.dtype).contiguous()
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        return self._forward(self._input(x)).float().cpu().numpy()
+
+    def call(self, x: np.ndarray) -> Call:
+        xin = self._input(x)
+        cuda = self.device.type == "cuda"
+        return Call(
+            lambda: self._forward(xin),
+            lambda: self._forward(xin).float().cpu().numpy(),
+            cuda=cuda,
+            memory=self.memory.torch_peak if cuda else None,
+            session=self,
+        )
+
+    def info(self) -> dict[str, Any]:
+        return dict(self._info)
+
+    def release(self) -> None:
+        self.runner = None
+        if self.device.type == "cuda":
+            release_cuda_cache()
+
+
+@dataclass(frozen=True)
+class AotiBackend(Backend):
+    """AOTInductor: a ``.pt2`` file, or the PyTorch module compiled into the cache (``cache_dir``)."""
+
+    def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False) -> str | None:
+        return super().unavailable_reason(dtype, device) or aoti.aoti_problem(device, dtype)
+
+    def open(self, model: Any, options: LoadOptions) -> AotiSession:
+        reason = self.unavailable_reason(options.dtype, options.device)
+        if reason:
+            raise ValueError(f"{self.name}: {reason}")
+        if isinstance(model, (str, Path)):
+            path = Path(model)
+            if not path.is_file():
+                raise ValueError(f"AOTInductor package not found: {path}")
+            facts: dict[str, Any] = {"cached": None}
+        else:
+            cache = options.cache_dir or default_cache_dir()
+            path, facts = aoti.cached_package(model, cache, device=options.device, dtype=options.dtype)
+        return AotiSession(
+            path, backend=self.name, dtype=options.dtype, device=options.device, threads=options.threads, facts=facts
+        )
+
+
+AOTI = register_backend(
+    AotiBackend(
+        "aoti",
+        "AOTInductor: torch.export + ahead-of-time Inductor compile into one .pt2 package (CPU fp32, CUDA fp32/fp16)",
+        aliases=("aotinductor",),
+        takes="module",
+        device="torch",
+        dtypes=("fp32", "fp16"),
+        reads=("device", "threads", "cache_dir"),
+        library="torch",
+        jit_compiles=True,
+    )
+)
