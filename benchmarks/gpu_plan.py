@@ -1,6 +1,21 @@
 """The GPU plan: ``bench-latency`` on one GPU (planned for an H100 SXM) in parts that each end within a time limit.
 
-What it measures, every row parity-checked against eager fp32 (on the CPU) before it is timed:
+The headline first -- the one command to run on an H100 (torch with CUDA, triton, timm, onnx; nothing else)::
+
+    python benchmarks/gpu_plan.py --part headline --out results/gpu-h100
+
+``headline``: every variant, ViT-S classifier at 224 px, batch 1 and 64, at fp16: eager PyTorch, ``torch.compile``
+(Inductor, CUDA graphs; compiled once per variant with the batch dimension dynamic) and AOTInductor (``aoti``: one
+``.pt2`` package per variant, compiled ahead of time, any batch), each row parity-checked against eager fp32 and
+paired A B A B with eager fp16 and with ``standard`` (the variant's overhead). It runs in three stages over one row
+log -- eager for every variant, then ``torch.compile``, then AOTInductor -- so that a run stopped by its time
+limit still leaves whole columns; the same command measures the rest. Its table (``headline.md``) and the overhead
+picture are written into ``<out>/headline-vit-s-224``; ``--render`` writes every results folder again from its
+``results.json`` (on a machine with matplotlib, for the pictures)::
+
+    python -m attnzoo.benchmarks.gpu_plan --render --out results/gpu-h100
+
+The older parts, after it:
 
 - ViT-S classifier, 224 px, batch 1, 8, 64 and 256, every variant: eager at fp32 (IEEE, TF32 off), tf32, fp16 and
   bf16 (autocast, extra math fp32), and ``torch.compile`` at bf16 (CUDA graphs); each row paired A B A B with eager
@@ -32,9 +47,11 @@ import argparse
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import json
 import os
 import shutil
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -46,8 +63,11 @@ __all__ = [
     "EAGER_DTYPES",
     "COMPILE_DTYPES",
     "NOT_THERE",
+    "HEADLINE_STAGES",
     "part_settings",
     "run_part",
+    "headline_table",
+    "render",
     "status",
     "main",
 ]
@@ -97,7 +117,7 @@ from attnzoo.benchmarks.report import write_outputs  # noqa: E402
 from attnzoo.benchmarks.rowlog import LOG_NAME, read_log  # noqa: E402
 from attnzoo.cli import add_debug_flag, entry_point  # noqa: E402
 from attnzoo.errors import UsageError  # noqa: E402
-from attnzoo.fileio import default_cache_dir  # noqa: E402
+from attnzoo.fileio import atomic_write_text, default_cache_dir  # noqa: E402
 from attnzoo.lazy import lazy_import  # noqa: E402
 
 # --list, --help and report-variant (which reads MODELS) load without torch and timm: imported at first use
@@ -125,6 +145,10 @@ TIME_LIMIT = 480.0
 COMPILE_BUDGET = 24 * 3600.0
 
 
+#: The headline's stages, in order: the backends each adds (one row log; a stage keeps the rows before it).
+HEADLINE_STAGES: tuple[tuple[str, ...], ...] = (("eager",), ("eager", "compile"), ("eager", "compile", "aoti"))
+
+
 def _halves() -> list[list[str]]:
     rest = [v for v in models.VARIANT_NAMES if v != "standard"]
     return [rest[: len(rest) // 2], rest[len(rest) // 2 :]]
@@ -139,6 +163,15 @@ def _quarters() -> list[list[str]]:
 #: The parts, in the order to run them: name -> model, backends, precisions and which variants (``standard`` is
 #: always added: the overhead baseline). Eager first: every variant and precision before any compilation.
 PARTS: dict[str, dict[str, Any]] = {
+    "headline": {
+        "model": "vit-s-224",
+        "folder": "headline-vit-s-224",
+        "backends": HEADLINE_STAGES[-1],
+        "dtypes": ("fp16",),
+        "batch_sizes": (1, 64),
+        "variants": None,
+        "dynamic_batch": True,
+    },
     "eager-a": {"model": "vit-s-224", "backends": ("eager", *NOT_THERE), "dtypes": EAGER_DTYPES, "variants": 0},
     "eager-b": {"model": "vit-s-224", "backends": ("eager",), "dtypes": EAGER_DTYPES, "variants": 1},
     "seg-eager": {"model": "segmenter-512", "backends": ("eager",), "dtypes": EAGER_DTYPES, "variants": None},
@@ -187,9 +220,12 @@ def part_settings(
     device: str = "auto",
     threads: int | None = None,
     cache_dir: Path | None = None,
+    dtypes: Sequence[str] | None = None,
+    backends: Sequence[str] | None = None,
 ):
     """The :class:`attnzoo.benchmarks.run.Settings` of ``part`` (the overrides shrink it: ``--variants`` a subset,
-    ``--arch``/``--img-size``/``--batch-sizes`` a smaller model, as the CPU test does).
+    ``--arch``/``--img-size``/``--batch-sizes`` a smaller model, ``--dtypes`` other precisions, as the CPU test
+    does; ``backends``: a stage of the part).
 
     Raises:
         ValueError: an unknown part (the valid ones named).
@@ -204,15 +240,15 @@ def part_settings(
     command = ["python", "benchmarks/gpu_plan.py", "--part", part]
     return bench_run.Settings(
         variants=list(dict.fromkeys(["standard", *chosen])),
-        backends=list(spec["backends"]),
-        dtypes=list(spec["dtypes"]),
-        batch_sizes=list(batch_sizes or model["batch_sizes"]),
+        backends=list(backends or spec["backends"]),
+        dtypes=list(dtypes or spec["dtypes"]),
+        batch_sizes=list(batch_sizes or spec.get("batch_sizes") or model["batch_sizes"]),
         task=model["task"],
         arch=arch or model["arch"],
         img_size=img_size or model["img_size"],
         threads=threads or len(os.sched_getaffinity(0)),
         min_time=min_time,
-        out=Path(out) / spec["model"],
+        out=Path(out) / spec.get("folder", spec["model"]),
         cache_dir=cache_dir or default_cache_dir() / "bench-latency",
         device=device,
         compile_budget=COMPILE_BUDGET,
@@ -220,15 +256,101 @@ def part_settings(
         time_limit=time_limit,
         progress=False,
         command=" ".join(command),
+        dynamic_batch=bool(spec.get("dynamic_batch")),
     )
 
 
 def run_part(part: str, out: Path, **overrides: Any) -> dict[str, Any]:
-    """Run ``part`` (resuming its rows in ``out``), write its model's results; return the result."""
-    settings = part_settings(part, out, **overrides)
-    result = bench_run.run_benchmark(settings)
-    write_outputs(result, settings.out)
+    """Run ``part`` (resuming its rows in ``out``), write its model's results; return the result. The headline
+    runs its :data:`HEADLINE_STAGES` one after the other within the one time limit."""
+    if part != "headline":
+        settings = part_settings(part, out, **overrides)
+        result = bench_run.run_benchmark(settings)
+        write_outputs(result, settings.out)
+        return result
+    limit = overrides.pop("time_limit", TIME_LIMIT)
+    start = time.monotonic()
+    for stage in HEADLINE_STAGES:
+        left = None if limit is None else max(limit - (time.monotonic() - start), 1e-3)
+        settings = part_settings(part, out, time_limit=left, backends=stage, **overrides)
+        result = bench_run.run_benchmark(settings)
+        write_outputs(result, settings.out)
+        write_headline(result, settings.out)
+        if result["interrupted"]:
+            break
     return result
+
+
+def headline_table(result: dict[str, Any]) -> str:
+    """The headline as markdown: per variant and batch, the median latency of eager, ``torch.compile`` and
+    AOTInductor at the run's precision (fp16 on the GPU), each one's overhead over ``standard`` on the same
+    backend (A B A B pairs), and compile's and AOTInductor's speed-up over eager; a row that did not run says
+    why."""
+    dtype = list(dict.fromkeys(r["dtype"] for r in result["results"]))[-1]  # eager fp32, the reference, is first
+    rows = {(r["variant"], r["backend"], r["batch"]): r for r in result["results"] if r["dtype"] == dtype}
+    over = {(o["variant"], o["backend"], o["batch"]): o for o in result.get("overheads", []) if o["dtype"] == dtype}
+    backends = [b for b in HEADLINE_STAGES[-1] if any(k[1] == b for k in rows)]
+    head = ["variant", "batch"]
+    for b in backends:
+        head += [f"{b} {dtype} ms", f"{b} x standard"]
+    head += [f"{b} x eager" for b in backends if b != "eager"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for v in dict.fromkeys(k[0] for k in rows):
+        for n in sorted({k[2] for k in rows if k[0] == v}):
+            cells = [f"`{v}`", str(n)]
+            for b in backends:
+                r = rows.get((v, b, n))
+                if r is None or r["status"] != "ok":
+                    why = "not run" if r is None else f"{r['status']}: {r['reason']}"
+                    cells += [why.replace("|", "/")[:90], "-"]
+                    continue
+                o = over.get((v, b, n))
+                cells += [
+                    f"{r['median_ms']:.2f}",
+                    "1" if v == "standard" else (f"{o['ratio_median']:.2f}" if o else "-"),
+                ]
+            for b in backends:
+                if b == "eager":
+                    continue
+                r = rows.get((v, b, n))
+                x = None if r is None else (r.get("speedup_pair_median") or r.get("speedup_vs_eager"))
+                cells.append(f"{x:.2f}" if x else "-")
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_headline(result: dict[str, Any], folder: Path) -> Path:
+    """``headline.md`` in ``folder``: :func:`headline_table` of ``result`` under a line naming the run."""
+    env = result.get("environment") or {}
+    gpu = (env.get("gpu") or {}).get("name") or (env.get("cpu") or {}).get("model") or "this machine"
+    note = ""
+    if result.get("interrupted"):
+        note = f"\n**Not finished:** {result['interrupted']['note']}.\n"
+    text = (
+        f"# Headline: eager vs torch.compile vs AOTInductor on {gpu}\n\n"
+        f"Command: `{result.get('command', '')}`; torch {(env.get('versions') or {}).get('torch')}. `ms`: median "
+        "latency; `x standard`: the variant's latency over `standard`'s on the same backend, precision and batch "
+        "(median of A B A B pairs); `x eager`: speed-up over eager at the same precision (pairs).\n"
+        f"{note}\n{headline_table(result)}"
+    )
+    path = Path(folder) / "headline.md"
+    atomic_write_text(path, text)
+    return path
+
+
+def render(out: Path) -> list[Path]:
+    """Write every results folder in ``out`` again from its ``results.json`` (tables, CSVs, the pictures where
+    matplotlib is installed; the headline's ``headline.md``): what a GPU machine without matplotlib could not draw."""
+    written = []
+    for folder in sorted({*(spec.get("folder", spec["model"]) for spec in PARTS.values())}):
+        path = Path(out) / folder / "results.json"
+        if path.is_file():
+            result = json.loads(path.read_text())
+            write_outputs(result, path.parent)
+            if folder == PARTS["headline"]["folder"]:
+                write_headline(result, path.parent)
+            written.append(path.parent)
+    return written
 
 
 def status(out: Path, **overrides: Any) -> list[dict[str, Any]]:
@@ -250,7 +372,7 @@ def status(out: Path, **overrides: Any) -> list[dict[str, Any]]:
         lines.append(
             {
                 "part": part,
-                "model": PARTS[part]["model"],
+                "model": PARTS[part].get("folder", PARTS[part]["model"]),
                 "rows": len(wanted),
                 "done": len(wanted & written),
                 "ok": len(wanted & ok),
@@ -261,16 +383,21 @@ def status(out: Path, **overrides: Any) -> list[dict[str, Any]]:
 
 def _copy(out: Path, to: Path) -> None:
     """Copy the results folders to ``to`` (``--copy-to``: a folder the user names)."""
-    for model in MODELS:
-        src = out / model
+    for folder in dict.fromkeys(spec.get("folder", spec["model"]) for spec in PARTS.values()):
+        src = out / folder
         if src.is_dir():
-            shutil.copytree(src, to / out.name / model, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".results-*"))
+            shutil.copytree(
+                src, to / out.name / folder, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".results-*")
+            )
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpu_plan", description=__doc__.splitlines()[0])
     p.add_argument("--part", action="append", default=[], help="a part to run (repeatable); --list names them")
     p.add_argument("--list", action="store_true", help="print the parts and how much of each is finished in --out")
+    p.add_argument(
+        "--render", action="store_true", help="write the results folders in --out again from their results.json"
+    )
     p.add_argument("--out", type=Path, default=Path("results/gpu-h100"), help="results folder (one per model in it)")
     p.add_argument("--copy-to", type=Path, default=None, help="copy the results folders there afterwards")
     p.add_argument("--time-limit", type=float, default=TIME_LIMIT, help="start no new row after this many seconds")
@@ -278,6 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", default=None, help="another ViT size (the CPU test: micro)")
     p.add_argument("--img-size", type=int, default=None, help="another input side")
     p.add_argument("--batch-sizes", default=None, help="other batch sizes (comma-separated)")
+    p.add_argument("--dtypes", default=None, help="other precisions (comma-separated; the CPU test: fp32)")
     p.add_argument("--min-time", type=float, default=MIN_TIME, help="seconds per measurement")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: the usable cores)")
@@ -296,8 +424,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "device": a.device,
         "threads": a.threads,
         "batch_sizes": [int(b) for b in a.batch_sizes.split(",")] if a.batch_sizes else None,
+        "dtypes": a.dtypes.split(",") if a.dtypes else None,
     }
     bad = [p for p in a.part if p not in PARTS]
+    if a.render and not bad:
+        for folder in render(a.out):
+            print(f"written: {folder}")
+        if not a.part:
+            return 0
     if bad or not (a.part or a.list):
         raise UsageError(f"unknown part {', '.join(map(repr, bad)) or '(none given)'}; valid: {', '.join(PARTS)}")
     for part in a.part:

@@ -173,6 +173,7 @@ def load_call(
     device: str,
     cache_dir: Path,
     int8_placement: str = CPU_QDQ_PLACEMENT,
+    dynamic_batch: bool = False,
 ) -> tuple[Call, dict[str, Any]]:
     """Load one row's model on ``backend`` and make its repeatable call on ``x``; the call owns its session
     (:meth:`attnzoo.runtime.backends.Call.close` frees it).
@@ -187,6 +188,8 @@ def load_call(
         device: PyTorch device of module backends.
         cache_dir: Where optimized graphs, int8 copies and engines are kept.
         int8_placement: ``qdq`` int8 (``ort-cpu``): ModelOpt's Q/DQ placement (``cpu``, or ``tensorrt`` to compare).
+        dynamic_batch: A backend that compiles the module (``compile``) compiles it once with the batch dimension
+            dynamic, for every batch size, instead of for ``len(x)``.
 
     Returns:
         ``(call, info)``: the call and the settings the session ended up with (plus the int8 copy's facts).
@@ -194,8 +197,9 @@ def load_call(
     b = get_backend(backend)
     settings: dict[str, Any] = dict(dtype=dtype, threads=threads, device=device)
     int8: dict[str, Any] = {}
-    if b.takes == "module":
-        session = b.load(model, b.options(**settings))
+    if b.takes == "module":  # a backend that compiles the module keeps what it compiles in cache_dir
+        batch = None if dynamic_batch else len(x)
+        session = b.load(model, b.options(**settings, cache_dir=cache_dir, batch=batch))
     else:
         if onnx_path is None:
             raise ValueError(f"backend {b.name} needs the exported ONNX file")

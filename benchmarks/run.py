@@ -111,6 +111,9 @@ class Settings:
     #: Seconds after which no new row is started (``None``: no limit); the rows measured are kept and the same
     #: command measures the rest.
     time_limit: float | None = None
+    #: A backend that compiles the module (``compile``) compiles it once per variant with the batch dimension
+    #: dynamic, for every batch size, instead of once per batch size.
+    dynamic_batch: bool = False
     #: Test hook: backend -> function applied to its parity output (to prove the gate rejects a bad backend).
     perturb: dict[str, Any] = field(default_factory=dict)
 
@@ -375,6 +378,7 @@ class _Bench:
                     threads=s.threads,
                     device=self.device.type,
                     cache_dir=s.cache_dir,
+                    dynamic_batch=s.dynamic_batch,
                 )
                 out = runner.output()
         except Exception as exc:  # any backend failure is a result to report, not a crash
@@ -578,6 +582,7 @@ class _Bench:
             threads=self.s.threads,
             device=self.device.type,
             cache_dir=self.s.cache_dir,
+            dynamic_batch=self.s.dynamic_batch,
         )[0]
 
     def batch(self, variant: str, model, batch: int, exports: _Exports, bar) -> None:
@@ -812,7 +817,9 @@ def run_key(s: Settings, env: dict[str, Any]) -> dict[str, Any]:
     """What a row's numbers depend on beyond its own variant, backend, precision and batch: a run resumed from a
     row log must have the same (the machine included)."""
     gpu = env.get("gpu") or {}
+    dynamic = {"dynamic_batch": True} if s.dynamic_batch else {}  # absent when off: older logs still match
     return {
+        **dynamic,
         "task": s.task,
         "arch": s.arch,
         "img_size": s.img_size,
@@ -969,6 +976,7 @@ def _run(
             "device": str(bench.device),
             "seed": s.seed,
             "compile_budget_s": s.compile_budget,
+            "dynamic_batch": s.dynamic_batch,
             "tolerances": TOLERANCES,
             "ceiling_size": s.ceiling_size,
             "parity_measure": "max|out - eager fp32| / max(1, max|eager fp32|)",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,12 +27,28 @@ __all__ = ["TorchBackend", "TorchSession", "EAGER", "TORCH_DTYPES", "bf16_autoca
 TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
+#: ``torch.compile``d copies compiled with a dynamic batch, shared by every session of the same model object at the
+#: same precision, device and mode while that model lives: (id(model), dtype, device, mode) -> compiled copy.
+_DYNAMIC_COMPILED: dict[tuple[int, str, str, str], Any] = {}
+
+
 class TorchSession(Session):
     """A private copy of the model at the asked precision on the asked device (so its memory is its own);
-    ``compile_mode``: wrapped in ``torch.compile`` with that mode."""
+    ``compile_mode``: wrapped in ``torch.compile`` with that mode, for the batch size of its first call
+    (``dynamic_batch=False``), or with the batch dimension dynamic and the compiled copy shared by every later
+    session of the same model object (``dynamic_batch=True``: one compile serves every batch size; PyTorch still
+    specialises batch 1 into its own graph)."""
 
     def __init__(
-        self, model: Any, *, backend: str, dtype: str, device: str, threads: int | None, compile_mode: str | None = None
+        self,
+        model: Any,
+        *,
+        backend: str,
+        dtype: str,
+        device: str,
+        threads: int | None,
+        compile_mode: str | None = None,
+        dynamic_batch: bool = False,
     ) -> None:
         self.backend = backend
         self.device = torch.device(device)
@@ -41,21 +58,35 @@ class TorchSession(Session):
         self.tf32 = dtype == "tf32"  # every call on a GPU sets TF32 on or off itself: the switches are global
         if threads:
             torch.set_num_threads(int(threads))
-        self.net = copy.deepcopy(model).to(device=self.device, dtype=self.dtype).eval()
+        self.dynamic_batch = dynamic_batch and compile_mode is not None
+        key = (id(model), dtype, str(self.device), str(compile_mode))
+        shared = _DYNAMIC_COMPILED.get(key) if self.dynamic_batch else None
+        self.net = (
+            shared if shared is not None else copy.deepcopy(model).to(device=self.device, dtype=self.dtype).eval()
+        )
         self._info: dict[str, Any] = {"device": str(self.device), "dtype": dtype}
-        if self.autocast:
+        if self.autocast and shared is None:
             scopes = bf16_autocast(self.net, self.device.type)
             self._info["autocast"] = f"bfloat16, {scopes} extra-math scope module(s) in fp32"
         if self.device.type == "cuda":
             self._info["fp32_matmul"] = "tf32" if self.tf32 else "ieee"
+        if compile_mode is not None and shared is None:
+            self.net = torch.compile(self.net, mode=compile_mode, dynamic=None if self.dynamic_batch else False)
+            if self.dynamic_batch:
+                _DYNAMIC_COMPILED[key] = self.net
+                weakref.finalize(model, _DYNAMIC_COMPILED.pop, key, None)
         if compile_mode is not None:
-            self.net = torch.compile(self.net, mode=compile_mode, dynamic=False)
             self._info["compile_mode"] = compile_mode
+            self._info["batch"] = "dynamic" if self.dynamic_batch else "static"
+            if self.dynamic_batch:
+                self._info["compiled_copy"] = "shared (compiled by an earlier session)" if shared is not None else "new"
         self.cuda_graph = compile_mode == "reduce-overhead" and self.device.type == "cuda"
         self.fixed_size = (getattr(model, "attnzoo_config", None) or {}).get("task", "cls") == "cls"
 
     def _forward(self, xin):
         math = fp32_math(self.tf32) if self.device.type == "cuda" else contextlib.nullcontext()
+        if self.dynamic_batch:
+            torch._dynamo.maybe_mark_dynamic(xin, 0)
         with torch.inference_mode(), math:
             return self.net(xin)
 

@@ -15,7 +15,9 @@ __all__ = ["CompileBackend", "COMPILE"]
 
 @dataclass(frozen=True)
 class CompileBackend(TorchBackend):
-    """``torch.compile``: ``default`` mode on the CPU, ``reduce-overhead`` (CUDA graphs) on a GPU."""
+    """``torch.compile``: ``default`` mode on the CPU, ``reduce-overhead`` (CUDA graphs) on a GPU; compiled for the
+    load's ``batch``, or -- ``batch`` left out -- once per model with the batch dimension dynamic, the compiled copy
+    shared by the model's later sessions (:class:`~attnzoo.runtime.backends.eager.TorchSession`)."""
 
     def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False) -> str | None:
         reason = super().unavailable_reason(dtype, device)
@@ -36,6 +38,7 @@ class CompileBackend(TorchBackend):
             device=options.device,
             threads=options.threads,
             compile_mode=mode,
+            dynamic_batch=options.batch is None,
         )
 
 
@@ -47,6 +50,7 @@ COMPILE = register_backend(
         takes="module",
         device="torch",
         dtypes=("fp32", "tf32", "fp16", "bf16"),
+        reads=("device", "threads", "batch"),
         jit_compiles=True,
     )
 )

@@ -53,9 +53,60 @@ def test_the_parts_cover_every_variant_precision_and_batch_within_the_time_limit
     assert plan.MODELS["vit-s-224"]["batch_sizes"] == (1, 8, 64, 256)
     assert (plan.MODELS["segmenter-512"]["task"], plan.MODELS["segmenter-512"]["img_size"]) == ("seg", 512)
     assert all(any(k[2] == b for k in rows) for b in plan.NOT_THERE)
-    assert list(plan.PARTS)[:3] == ["eager-a", "eager-b", "seg-eager"]  # every precision before any compile
-    with pytest.raises(ValueError, match="unknown part 'nope'; valid: eager-a, eager-b"):
+    assert list(plan.PARTS)[:4] == ["headline", "eager-a", "eager-b", "seg-eager"]  # eager before the other compiles
+    with pytest.raises(ValueError, match="unknown part 'nope'; valid: headline, eager-a, eager-b"):
         plan.part_settings("nope", tmp_path)
+
+
+def test_the_headline_is_every_variant_at_fp16_eager_compiled_and_ahead_of_time(tmp_path):
+    s = plan.part_settings("headline", tmp_path)
+    assert s.variants == list(VARIANT_NAMES) and s.batch_sizes == [1, 64] and s.dtypes == ["fp16"]
+    assert (s.task, s.arch, s.img_size) == ("cls", "small", 224) and s.backends == ["eager", "compile", "aoti"]
+    assert s.dynamic_batch and s.out == tmp_path / "headline-vit-s-224" and s.time_limit == plan.TIME_LIMIT
+    assert plan.HEADLINE_STAGES == (("eager",), ("eager", "compile"), ("eager", "compile", "aoti"))
+    assert not plan.part_settings("compile-1", tmp_path).dynamic_batch  # the older parts compile per batch
+    assert plan.part_settings("headline", tmp_path, dtypes=["fp32"], backends=("eager",)).backends == ["eager"]
+    assert "python benchmarks/gpu_plan.py --part headline --out results/gpu-h100" in plan.__doc__
+
+
+def test_the_headline_table_shows_each_backend_its_overhead_and_why_a_row_did_not_run():
+    def row(v, b, n, ms, status="ok", reason="", x=None):
+        return {
+            "variant": v,
+            "backend": b,
+            "dtype": "fp16",
+            "batch": n,
+            "status": status,
+            "reason": reason,
+            "median_ms": ms,
+            "speedup_pair_median": x,
+            "speedup_vs_eager": None,
+        }
+
+    ref = {**row("standard", "eager", 1, 9.0), "dtype": "fp32"}
+    result = {
+        "results": [
+            ref,
+            row("standard", "eager", 1, 5.0),
+            row("standard", "compile", 1, 2.0, x=2.5),
+            row("standard", "aoti", 1, None, "failed", "build/run: RuntimeError: no | pipes"),
+            row("belief2", "eager", 1, 7.5),
+            row("belief2", "compile", 1, 2.4, x=3.1),
+        ],
+        "overheads": [
+            {"variant": "belief2", "backend": b, "dtype": "fp16", "batch": 1, "ratio_median": r}
+            for b, r in (("eager", 1.5), ("compile", 1.2))
+        ],
+    }
+    lines = plan.headline_table(result).splitlines()
+    assert lines[0] == (
+        "| variant | batch | eager fp16 ms | eager x standard | compile fp16 ms | compile x standard "
+        "| aoti fp16 ms | aoti x standard | compile x eager | aoti x eager |"
+    )
+    assert lines[2] == (
+        "| `standard` | 1 | 5.00 | 1 | 2.00 | 1 | failed: build/run: RuntimeError: no / pipes | - | 2.50 | - |"
+    )
+    assert lines[3] == "| `belief2` | 1 | 7.50 | 1.50 | 2.40 | 1.20 | not run | - | 3.10 | - |"
 
 
 def test_gpu_rows_get_their_roofline_fraction():
@@ -161,3 +212,56 @@ def test_every_part_runs_from_the_source_tree_with_a_tiny_model(tmp_path):
     again = _plan("--part", "eager-a", *tiny)  # nothing left: every row kept
     assert "resuming:" in again.stdout and "; 0 to measure" in again.stdout
     assert "eager-a  vit-s-224" in again.stdout and "rows done" in again.stdout
+
+
+@pytest.mark.slow
+def test_the_headline_runs_its_stages_resumes_and_renders_from_the_source_tree(tmp_path):
+    """The headline with a micro ViT at fp32 on the CPU (AOTInductor compiles fp32 there): a run stopped by its time
+    limit keeps what it measured, the same command measures the rest -- eager, then torch.compile compiled once
+    per variant for both batch sizes, then AOTInductor from one package per variant -- every row parity-checked
+    and paired with standard; headline.md and, with --render, the pictures."""
+    out = tmp_path / "out"
+    tiny = [
+        "--arch",
+        "micro",
+        "--img-size",
+        "32",
+        "--batch-sizes",
+        "1,2",
+        "--variants",
+        "belief2",
+        "--dtypes",
+        "fp32",
+        "--min-time",
+        "0.02",
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--out",
+        str(out),
+    ]
+    first = _plan("--part", "headline", "--time-limit", "0.001", *tiny)
+    assert "part headline not finished: stopped at --time-limit 0.001 s" in first.stdout
+    folder = out / "headline-vit-s-224"
+    assert json.loads((folder / "results.json").read_text())["interrupted"]["signal"] is None
+    done = _plan("--part", "headline", *tiny)
+    assert "not finished" not in done.stdout and "resuming:" in done.stdout
+    result = json.loads((folder / "results.json").read_text())
+    assert result["settings"]["dynamic_batch"] is True
+    rows = {(r["variant"], r["backend"], r["batch"]): r for r in result["results"] if r["dtype"] == "fp32"}
+    for v in ("standard", "belief2"):
+        for b in ("eager", "compile", "aoti"):
+            for n in (1, 2):
+                r = rows[(v, b, n)]
+                assert r["status"] == "ok" and r["parity_error"] <= r["parity_tol"] == 1e-4, (v, b, n, r["reason"])
+        assert rows[(v, "compile", 1)]["info"]["batch"] == "dynamic"
+        assert rows[(v, "compile", 2)]["info"]["compiled_copy"] == "shared (compiled by an earlier session)"
+        assert rows[(v, "aoti", 2)]["info"]["cached"] is True  # the package compiled for batch 1 runs batch 2
+    assert {(o["backend"], o["batch"]) for o in result["overheads"] if o["variant"] == "belief2"} >= {
+        (b, n) for b in ("eager", "compile", "aoti") for n in (1, 2)
+    }
+    table = (folder / "headline.md").read_text()
+    assert "| `belief2` | 2 |" in table and "aoti x standard" in table
+    assert not (folder / "overhead.png").exists()  # matplotlib hidden: no pictures on such a machine
+    assert plan.render(out) == [folder] and (folder / "overhead.png").is_file()  # drawn here from the rows
