@@ -221,7 +221,7 @@ def preprocess(
         if max_side is not None:
             h, w = fit_size((h, w), max_side)
     if (img.height, img.width) != (h, w):
-        img = img.resize((w, h), Image.BILINEAR)
+        img = img.resize((w, h), Image.Resampling.BILINEAR)
     return normalize(np.asarray(img, dtype=np.uint8), mean, std)[None]
 
 

@@ -56,7 +56,7 @@ def model_view(model: ServedModel, image: ImageLike) -> Image.Image:
     img = to_input_style(load_image(image), model.input_style, model.task)
     h, w = model.input_size
     if model.task == "cls" and (img.height, img.width) != (h, w):
-        img = img.resize((w, h), Image.BILINEAR)
+        img = img.resize((w, h), Image.Resampling.BILINEAR)
     return img
 
 
@@ -126,7 +126,7 @@ def segment(model: ServedModel, image: ImageLike, max_side: int | None = None) -
     logits, ms = _checked(model, x, run=lambda t: sliding_logits(model, t))
     pred = logits[0].argmax(axis=0).astype(np.uint8 if logits.shape[1] <= 256 else np.int32)
     if pred.shape != (img.height, img.width):
-        pred = np.asarray(Image.fromarray(pred).resize((img.width, img.height), Image.NEAREST))
+        pred = np.asarray(Image.fromarray(pred).resize((img.width, img.height), Image.Resampling.NEAREST))
     return pred, ms
 
 

@@ -145,7 +145,7 @@ def smooth_images(count: int, size: int, seed: int = 0) -> np.ndarray:
     out = np.empty((count, size, size, 3), np.uint8)
     for i in range(count):
         low = rng.uniform(0, 255, (4, 4, 3)).astype(np.uint8)
-        img = np.asarray(Image.fromarray(low).resize((size, size), Image.BICUBIC), np.float32)
+        img = np.asarray(Image.fromarray(low).resize((size, size), Image.Resampling.BICUBIC), np.float32)
         yy, xx = np.mgrid[:size, :size]
         edge = (np.cos(rng.uniform(0, np.pi)) * xx + np.sin(rng.uniform(0, np.pi)) * yy) > rng.uniform(0, size)
         img[edge] = 255 - img[edge]

@@ -143,7 +143,9 @@ def _background(rng: np.random.Generator, size: int) -> np.ndarray:
         coarse = rng.normal(0, 1, (4, 4, 3)).astype(np.float32)
         up = (
             np.asarray(
-                Image.fromarray(((coarse + 3) * 40).clip(0, 255).astype(np.uint8)).resize((size, size), Image.BICUBIC),
+                Image.fromarray(((coarse + 3) * 40).clip(0, 255).astype(np.uint8)).resize(
+                    (size, size), Image.Resampling.BICUBIC
+                ),
                 dtype=np.float64,
             )
             / 40
@@ -187,9 +189,9 @@ def _shapes_one(rng: np.random.Generator, img_size: int, task: str) -> tuple[np.
             ImageDraw.Draw(hole_mask).ellipse(hole_box, fill=255)
             canvas.paste(Image.fromarray(np.clip(bg, 0, 255).astype(np.uint8)), (0, 0), hole_mask)
             draw_mask.ellipse(hole_box, fill=0)
-    img = np.asarray(canvas.resize((img_size, img_size), Image.BOX), dtype=np.float64)
+    img = np.asarray(canvas.resize((img_size, img_size), Image.Resampling.BOX), dtype=np.float64)
     img = img + rng.normal(0, rng.uniform(0, 8), img.shape)
-    small_mask = np.asarray(mask.resize((img_size, img_size), Image.NEAREST), dtype=np.uint8)
+    small_mask = np.asarray(mask.resize((img_size, img_size), Image.Resampling.NEAREST), dtype=np.uint8)
     return np.clip(img + 0.5, 0, 255).astype(np.uint8), small_mask
 
 
@@ -261,7 +263,7 @@ def digits(split: str, task: str = "cls", img_size: int = 32, n: int | None = No
     if n is not None:
         idx = idx[:n]
     small = (bunch.images[idx] * (255.0 / 16.0)).clip(0, 255).astype(np.uint8)
-    images = gray_to_rgb(small, img_size, Image.BICUBIC)
+    images = gray_to_rgb(small, img_size, Image.Resampling.BICUBIC)
     return ImageSet(images, bunch.target[idx].astype(np.int64), None, list(DIGITS_CLASSES), "digits")
 
 
@@ -277,7 +279,7 @@ def _read_resized(path: Path, img_size: int) -> np.ndarray:
         img = load_image(path)
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
-    return np.asarray(img.resize((img_size, img_size), Image.BILINEAR), dtype=np.uint8)
+    return np.asarray(img.resize((img_size, img_size), Image.Resampling.BILINEAR), dtype=np.uint8)
 
 
 def _split_root(root: Path, names: Sequence[str]) -> Path | None:
@@ -401,8 +403,8 @@ def ade_folder(
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from None
         mask = _read_mask(ann, (img.height, img.width))
-        images.append(np.asarray(img.resize((img_size, img_size), Image.BILINEAR), dtype=np.uint8))
-        masks.append(np.asarray(Image.fromarray(mask).resize((img_size, img_size), Image.NEAREST)))
+        images.append(np.asarray(img.resize((img_size, img_size), Image.Resampling.BILINEAR), dtype=np.uint8))
+        masks.append(np.asarray(Image.fromarray(mask).resize((img_size, img_size), Image.Resampling.NEAREST)))
     masks_arr = np.stack(masks)
     names_file = root / "classes.txt"
     if names_file.is_file():

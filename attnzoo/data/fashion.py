@@ -206,7 +206,11 @@ def compose_scenes(
                 side = max(4, min(size, int(round(size * rng.uniform(*fraction)))))
             else:
                 side = max(4, min(size, int(rng.integers(int(garment_px[0]), int(garment_px[1]) + 1))))
-            g = images[j] if side == 28 else np.asarray(Image.fromarray(images[j]).resize((side, side), Image.BILINEAR))
+            g = (
+                images[j]
+                if side == 28
+                else np.asarray(Image.fromarray(images[j]).resize((side, side), Image.Resampling.BILINEAR))
+            )
             on = g > MASK_THRESHOLD
             for _try in range(MAX_TRIES):  # a place where the garment hides little of the earlier ones
                 y, x = (int(v) for v in rng.integers(0, size - side + 1, 2))

@@ -35,7 +35,7 @@ class ImageSet:
         return ImageSet(self.images[:n], self.labels[:n], masks, self.class_names, self.name)
 
 
-def gray_to_rgb(gray: np.ndarray, size: int, resample=Image.BILINEAR) -> np.ndarray:
+def gray_to_rgb(gray: np.ndarray, size: int, resample=Image.Resampling.BILINEAR) -> np.ndarray:
     """(N, h, w) uint8 gray images -> (N, size, size, 3) uint8, resized with ``resample`` when the size differs."""
     if gray.shape[1:] != (size, size):
         gray = (

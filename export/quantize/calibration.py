@@ -151,7 +151,7 @@ def load_calibration_folder(
             img = to_input_style(load_image(file), style, config["task"])
         except ValueError as exc:
             raise ValueError(f"--calibration-data {file}: {exc}") from None
-        pixels.append(np.asarray(img.resize((w, h), Image.BILINEAR), np.uint8))
+        pixels.append(np.asarray(img.resize((w, h), Image.Resampling.BILINEAR), np.uint8))
     return normalize(np.stack(pixels), config.get("mean", DEFAULT_MEAN), config.get("std", DEFAULT_STD))
 
 

@@ -201,7 +201,7 @@ def _admitted_upload(payload: Any, roots: Sequence[Path], gate: SizeGate) -> Ite
 def _display_image(img: Image.Image) -> np.ndarray:
     """The image as shown under its overlay: its own size, downscaled past ``DISPLAY_MAX_SIDE``."""
     h, w = fit_size((img.height, img.width), DISPLAY_MAX_SIDE)
-    return np.asarray(img if (h, w) == (img.height, img.width) else img.resize((w, h), Image.BILINEAR))
+    return np.asarray(img if (h, w) == (img.height, img.width) else img.resize((w, h), Image.Resampling.BILINEAR))
 
 
 def _swatch(colour: Sequence[int], uncoloured: bool) -> str:
@@ -288,7 +288,7 @@ def _segment_state(models: DemoModels, img: Image.Image, variant: str, max_side:
     mask, ms = segment(model, img, max_side=max_side)
     shown = _display_image(img)
     if shown.shape[:2] != mask.shape:
-        mask = np.asarray(Image.fromarray(mask).resize((shown.shape[1], shown.shape[0]), Image.NEAREST))
+        mask = np.asarray(Image.fromarray(mask).resize((shown.shape[1], shown.shape[0]), Image.Resampling.NEAREST))
     k = len(model.class_names)
     entry = ex.find_example(img)
     truth = ex.true_mask(entry) if entry else None
