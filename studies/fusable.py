@@ -34,11 +34,11 @@ from attnzoo.fileio import default_cache_dir, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary, environment, load_average
 from attnzoo.runtime.backends import cpu_runtimes
-from attnzoo.runtime.fusion import audit
+from attnzoo.runtime.fusion import FUSED, RUNTIMES, audit
 from attnzoo.runtime.openvino import unavailable_reason
 from attnzoo.runtime.parity import check
 from attnzoo.studies.mae_forms import time_round_robin
-from attnzoo.studies.report import write_report
+from attnzoo.studies.report import reprint, require_out, write_report
 
 # --help and usage errors load without torch, onnx and timm: these import at their first use
 torch = lazy_import("torch")
@@ -75,6 +75,7 @@ def export_pair(model, variant: str, img_size: int, folder: Path, threads: int) 
             "export_time_s": report["export_time_s"],
             "extra_math": report.get("extra_math"),
             "fused": {r["runtime"]: (r["fused"], r["cores"]) for r in found["runtimes"] if r["inspected"]},
+            "not_inspected": {r["runtime"]: r.get("reason") for r in found["runtimes"] if not r["inspected"]},
             "dot_product_cores": sum(c["dot_product"] for c in found["cores"]),
         }
     return out
@@ -142,6 +143,28 @@ def _rows(times: dict[str, list[float]], variant: str, img_size: int, tokens: in
     ]
 
 
+def _inspected(result: dict[str, Any]) -> str:
+    """Which runtimes' graphs the run read, and which it could not (with why)."""
+    reasons: dict[str, str] = {}
+    for e in result["exports"]:
+        for x in e["opsets"].values():
+            reasons.update({k: v for k, v in (x.get("not_inspected") or {}).items() if v})
+    gpu = (result["environment"].get("gpu") or {}).get("name")
+    missing = [k for k in RUNTIMES if k not in result["runtimes"] or k in reasons]
+    for k in missing:  # a run that kept no reason: TensorRT's layers are read only on a GPU
+        reasons.setdefault(
+            k, "its layers are read only from an engine on a GPU" + ("" if gpu else "; this run had none")
+        )
+    seen = [RUNTIMES[k] for k in RUNTIMES if k in result["runtimes"] and k not in missing]
+    return (
+        f"Inspected: {', '.join(seen)}; not inspected: "
+        + "; ".join(f"{RUNTIMES[k]} ({reasons[k]})" for k in missing)
+        + "."
+        if missing
+        else f"Inspected: {', '.join(seen)}."
+    )
+
+
 def markdown(result: dict[str, Any]) -> str:
     """The result as markdown: the fusion audit of both exports, then the timings."""
     env = result["environment"]
@@ -157,14 +180,23 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         "## Fused attention cores (read from each runtime's own optimized or compiled graph)",
         "",
+        f"{FUSED[0].upper()}{FUSED[1:]}. {_inspected(result)} At opset 23 the transformer optimizer's count is the "
+        "export's (\"as exported\": at `opt_level=0` it never splits a standard `Attention` op), and ONNX Runtime's "
+        "CPU `Attention` kernel still computes the whole score matrix (fused there means one op, not less memory).",
+        "",
         "| variant | tokens | opset | Attention ops | extra math kept | " + " | ".join(result["runtimes"]) + " |",
         "|---|---:|---:|---:|---|" + "---|" * len(result["runtimes"]),
     ]
     for e in result["exports"]:
         for opset in map(str, OPSETS):
             x = e["opsets"][opset]
+            exported = x["ops"].get("Attention", 0)
             cells = [
-                f"{x['fused'][r][0]} of {x['fused'][r][1]}" if r in x["fused"] else "-" for r in result["runtimes"]
+                f"{x['fused'][r][0]} of {x['fused'][r][1]}"
+                + (" (as exported)" if r == "onnxruntime-transformers" and exported else "")
+                if r in x["fused"]
+                else "not inspected"
+                for r in result["runtimes"]
             ]
             kept = "yes" if (x["extra_math"] or {}).get("ok") else "no"
             lines.append(
@@ -206,7 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--img-sizes", default="224,512", help="input sides, comma-separated (tokens: (side/16)^2 + 1)")
     p.add_argument("--threads", type=int, default=1, help="threads of PyTorch, ONNX Runtime and OpenVINO")
     p.add_argument("--rounds", type=int, default=15, help="timed rounds per variant and size (>= 2)")
-    p.add_argument("--out", type=Path, required=True, help="output folder (fusable.json, fusable.md)")
+    p.add_argument("--out", type=Path, default=None, help="output folder (fusable.json, fusable.md)")
+    p.add_argument("--table", type=Path, default=None, help="print the markdown of a fusable.json and run nothing")
     p.add_argument("--cache-dir", type=Path, default=None, help="exported models (default: <cache>/fusable)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
@@ -228,6 +261,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m attnzoo.studies.fusable``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
+    if reprint(a.table, markdown):
+        return 0
+    a.out = require_out(a.out)
     variants = parse_names(a.variants, models.canonical_name, "variant", ", ".join(models.VARIANT_NAMES))
     if a.arch not in models.ARCHS:
         raise UsageError(f"--arch: unknown {a.arch!r}; valid: {', '.join(models.ARCHS)}")

@@ -56,3 +56,19 @@ def test_the_opset_23_export_fuses_on_both_runtimes_and_an_l1_variant_says_why_n
     assert {r["runtime"] for r in result["rows"]} == {"ort-cpu", "openvino"}
     assert all(r["speedup"] > 0 and r["opset20_ms"] > 0 for r in result["rows"])
     assert "wafe-mae" in result["no_dot_product"] and "pairwise L1" in (out / "fusable.md").read_text()
+
+
+def test_the_committed_table_says_what_fused_means_and_which_runtimes_were_read(capsys):
+    """fusable.md is --table of the committed fusable.json: it defines fused once, names the runtimes inspected and
+    the one not (TensorRT, with why), and labels the transformer optimizer's opset-23 count as the export's."""
+    from pathlib import Path
+
+    from attnzoo.runtime.fusion import FUSED
+
+    folder = Path(__file__).resolve().parents[2] / "results" / "studies" / "fusable-amx"
+    assert main(["--table", str(folder / "fusable.json")]) == 0
+    text = capsys.readouterr().out
+    assert text == (folder / "fusable.md").read_text()
+    assert FUSED[1:] in text and "not inspected: TensorRT (" in text
+    rows = [line for line in text.splitlines() if line.startswith("| ") and " | 23 | " in line]
+    assert rows and all(line.endswith("(as exported) |") for line in rows)
