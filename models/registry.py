@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -271,8 +272,11 @@ class _Registry(dict):
 
 #: name (aliases included) -> spec; kept up to date by :func:`register_variant`.
 VARIANTS: dict[str, VariantSpec] = _Registry()
-#: Whether :func:`load_plugins` has run (it runs once, at the first lookup).
+#: Whether :func:`load_plugins` has run (it runs once, at the first lookup), and whether it is running now.
 _PLUGINS_LOADED: list[bool] = [False]
+_PLUGINS_LOADING: list[bool] = [False]
+#: Held while plugins load: another thread's first lookup waits for them; the loading thread re-enters.
+_PLUGIN_LOCK = threading.RLock()
 #: (package, version) of the plugin whose entry point is running, while :func:`load_plugins` runs it.
 _LOADING: list[tuple[str, str]] = []
 #: Entry points whose module was mid-import when :func:`load_plugins` ran (:func:`_load_deferred`).
@@ -647,8 +651,11 @@ def _run_entry_point(ep: Any) -> list[str]:
 
 def _ensure_plugins() -> None:
     """Run :func:`load_plugins` once, at the first lookup of a variant (not at import)."""
-    if not _PLUGINS_LOADED[0] and not _importing(__package__ or "attnzoo.models"):
-        load_plugins()  # never while the package itself is importing (the built-ins are not all registered yet)
+    if _PLUGINS_LOADED[0] or _importing(__package__ or "attnzoo.models"):
+        return  # loaded; or the package itself is importing (the built-ins are not all registered yet)
+    with _PLUGIN_LOCK:
+        if not _PLUGINS_LOADED[0] and not _PLUGINS_LOADING[0]:  # a plugin's own lookups must not load again
+            load_plugins()
 
 
 def load_plugins() -> list[str]:
@@ -661,13 +668,18 @@ def load_plugins() -> list[str]:
     attnzoo_cosine``) imports ``attnzoo.models`` before it has defined its entry point: that one runs once the
     module is imported, at the next name lookup (:func:`canonical_name`, ``VARIANT_NAMES``).
     """
-    _PLUGINS_LOADED[0] = True  # first: a plugin's own lookups (register_variant's) must not load plugins again
     added: list[str] = []
-    for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-        if _importing(ep.module):
-            _DEFERRED.append(ep)
-        else:
-            added += _run_entry_point(ep)
+    with _PLUGIN_LOCK:
+        _PLUGINS_LOADING[0] = True
+        try:
+            for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+                if _importing(ep.module):
+                    _DEFERRED.append(ep)
+                else:
+                    added += _run_entry_point(ep)
+        finally:
+            _PLUGINS_LOADING[0] = False
+            _PLUGINS_LOADED[0] = True
     return added
 
 

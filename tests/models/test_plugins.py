@@ -469,6 +469,33 @@ def test_plugins_load_at_the_first_lookup_not_at_import(registry_restored, only_
     assert "tp-half" in VARIANTS and canonical_name("tp-half") == "tp-half" and registry._PLUGINS_LOADED == [True]
 
 
+def test_a_lookup_in_another_thread_waits_for_the_plugins(registry_restored, only_fake_plugins, tmp_path, monkeypatch):
+    """serve-models looks variants up from several threads: one that comes while another loads the plugins waits
+    for them instead of seeing the built-ins alone."""
+    import threading
+    import time
+
+    started = tmp_path / "started"
+    wait = f"def register():\n    open({str(started)!r}, 'w').close()\n    time.sleep(0.5)"
+    _fake_dist(
+        tmp_path,
+        "tp-good",
+        "1.2",
+        "tp_good",
+        "import time\n" + _GOOD.replace("{name}", "tp-half").replace("def register():", wait),
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_PLUGINS_LOADED", [False])
+    loader = threading.Thread(target=lambda: canonical_name("standard"))
+    loader.start()
+    deadline = time.monotonic() + 60
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert started.exists()  # the loader is inside the plugin's register()
+    assert "tp-half" in VARIANTS
+    loader.join()
+
+
 @pytest.mark.slow
 def test_a_plugin_that_exits_or_hangs_leaves_import_and_help_alone(tmp_path):
     """Importing the package and a command's --help run no plugin; a lookup skips the exiting one with one line."""
