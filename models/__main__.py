@@ -13,6 +13,7 @@ import argparse
 import re
 import sys
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -107,12 +108,16 @@ def tables(builtin_only: bool = True) -> dict[str, str]:
     }
 
 
+def _between(m: re.Match[str], table: str) -> str:
+    return m.group(1) + table + "\n" + m.group(2)
+
+
 def render_into(text: str, generated: dict[str, str]) -> str:
     """``text`` with the content between each ``<!-- NAME -->`` / ``<!-- /NAME -->`` pair replaced by
     ``generated[NAME]``; markers absent from ``text`` are skipped."""
     for name, table in generated.items():
         pattern = re.compile(rf"(<!-- {re.escape(name)} -->\n)(?:.*?\n)?(<!-- /{re.escape(name)} -->)", re.S)
-        text = pattern.sub(lambda m, table=table: m.group(1) + table + "\n" + m.group(2), text)
+        text = pattern.sub(partial(_between, table=table), text)
     return text
 
 

@@ -440,12 +440,12 @@ def export_side(
             side[dtype] = _skipped(f"not built with this budget ({unbuilt})")
             continue
         path = folder / f"{variant}_{dtype}.onnx"
-        side[dtype] = _attempt(
-            lambda path=path, dtype=dtype: {
-                "file": _rel(path, out),
-                **_int8_summary(export.export_model(**args, out=path, dtype=dtype, **budget.int8).report),
-            }
-        )
+
+        def quantized(path: Path = path, dtype: str = dtype) -> dict[str, Any]:
+            report = export.export_model(**args, out=path, dtype=dtype, **budget.int8).report
+            return {"file": _rel(path, out), **_int8_summary(report)}
+
+        side[dtype] = _attempt(quantized)
     if "triton" in steps:
 
         def triton() -> dict[str, Any]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +114,7 @@ def fastest_cpu_runtime(
                     runners.append(runner)
                     run = getattr(runner, "run", runner)
                     run(x)
-                    fns[n] = lambda r=run, x=x: r(x)
+                    fns[n] = partial(run, x)
                 except Exception as exc:  # noqa: BLE001 -- a runtime that fails here is out, with its reason
                     failed[n] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
             if not fns:

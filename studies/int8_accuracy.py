@@ -24,6 +24,7 @@ import json
 import shlex
 import sys
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -118,9 +119,7 @@ def int8_rows(
             s32, _ = tuned_cpu_session(fp32, threads, cache_dir, batch=b)
             s8, _ = tuned_cpu_session(int8, threads, cache_dir, batch=b)
             feed = {s32.get_inputs()[0].name: x[:b]}
-            a, c = measure_pair(
-                lambda s32=s32, feed=feed: s32.run(None, feed), lambda s8=s8, feed=feed: s8.run(None, feed), min_time
-            )
+            a, c = measure_pair(partial(s32.run, None, feed), partial(s8.run, None, feed), min_time)
             r = ratio_stats(c, a)  # per pair: fp32 time / int8 time = the speed-up
             speed[str(b)] = {
                 "fp32_median_ms": float(np.median(a) * 1e3),

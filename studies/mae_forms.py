@@ -19,6 +19,7 @@ import argparse
 import shlex
 import sys
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -187,14 +188,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         xn = x.numpy()
         with torch.no_grad():
             ref = model(x).numpy()
-        runners: dict[str, Callable[[], object]] = {"eager": lambda x=x: model(x)}
+        runners: dict[str, Callable[[], object]] = {"eager": partial(model, x)}
         parity: dict[str, float] = {}
         for form, path in paths.items():
             sess, _ = tuned_cpu_session(path, a.threads, cache, batch=batch)
-            runners[f"ort-cpu {form}"] = lambda s=sess, xn=xn: s.run(None, {"image": xn})
+            runners[f"ort-cpu {form}"] = partial(sess.run, None, {"image": xn})
             if ov_missing is None:
                 ov = OpenVINOSession(path, threads=a.threads, batch=batch)
-                runners[f"openvino {form}"] = lambda o=ov, xn=xn: o.run(xn)
+                runners[f"openvino {form}"] = partial(ov.run, xn)
         for name, fn in runners.items():  # the parity gate of bench-latency (the shared tolerance table)
             if name != "eager":
                 ok, parity[name] = check(np.asarray(fn()[0] if name.startswith("ort") else fn()), ref, "fp32")
