@@ -672,6 +672,34 @@ def test_the_ingress_holds_a_trickling_upload_until_it_is_whole(tmp_path):
     assert got["trickled"] == 0 and got["whole"] == got["health"] == 200 and got["took"] < 2.0, got
 
 
+def test_tensor_batches_fit_the_ingress_buffer_and_the_demo_splits_larger_ones():
+    """A tensor-route body never outgrows what HAProxy holds whole (so it never streams into a replica slot): 17
+    images of 224 px at most, 64 of the zoo's 28 px, 1 of 2048 px; the demo's remote runner sends a larger batch
+    in requests of that many."""
+    from attnzoo.serve.loading import MAX_TENSOR_BODY, _remote_runner, tensor_batch_limit
+    from attnzoo.serve.rayserve.environment import INGRESS_BUFFER_BYTES
+
+    assert (tensor_batch_limit((224, 224)), tensor_batch_limit((28, 28)), tensor_batch_limit((2048, 2048))) == (
+        17,
+        64,
+        1,
+    )
+    assert 17 * 12 * 224 * 224 + 4096 <= MAX_TENSOR_BODY < INGRESS_BUFFER_BYTES
+    sent = []
+
+    class Client:
+        def post(self, url, content, headers):
+            x = np.load(io.BytesIO(content))
+            sent.append(len(x))
+            buf = io.BytesIO()
+            np.save(buf, x[:, :2, 0, 0])
+            return httpx.Response(200, content=buf.getvalue())
+
+    run = _remote_runner(Client(), "http://x", "seg", "standard", most=tensor_batch_limit((224, 224)))
+    x = np.random.default_rng(0).random((40, 3, 224, 224), dtype=np.float32)
+    assert np.array_equal(run(x), x[:, :2, 0, 0]) and sent == [17, 17, 6]
+
+
 def test_a_host_counts_as_loopback_only_when_it_is():
     from attnzoo.serve.rayserve.environment import is_loopback
 
