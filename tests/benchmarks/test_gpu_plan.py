@@ -132,7 +132,7 @@ def test_gpu_rows_get_their_roofline_fraction():
 
 
 DRIVER = textwrap.dedent("""
-    import importlib.util, runpy, sys
+    import importlib.util, os, runpy, sys
     from importlib.machinery import PathFinder
 
     ABSENT = set(sys.argv[1].split(","))
@@ -142,7 +142,9 @@ DRIVER = textwrap.dedent("""
         def find_spec(cls, name, path=None, target=None):
             return None if name.split(".")[0] in ABSENT else PathFinder.find_spec(name, path, target)
 
-    # a bare GPU machine: no editable install of attnzoo, none of the packages the plan runs without
+    # a bare GPU machine: no editable install of attnzoo, none of the packages the plan runs without, and the
+    # checkout not on the path (as `python benchmarks/gpu_plan.py` starts; from it attnzoo/'s links would resolve)
+    sys.path[:] = [p for p in sys.path if p not in ("", os.getcwd())]
     sys.meta_path[:] = [Hiding if f is PathFinder else f for f in sys.meta_path
                         if not getattr(f, "__module__", "").startswith("__editable__")]
     assert importlib.util.find_spec("attnzoo.benchmarks") is None  # what bootstrap() then maps

@@ -30,7 +30,8 @@ def _setuptools_dist(monkeypatch):
 
 def _source_files(folder: Path) -> set[Path]:
     """The files under ``folder`` that git tracks or would (not ignored); every file but caches where this is no
-    git checkout."""
+    git checkout. Links are not files of the package: ``attnzoo/models -> ../models`` and its siblings point to the
+    folders the build maps by themselves."""
     try:
         out = subprocess.run(
             ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", str(folder)],
@@ -38,9 +39,9 @@ def _source_files(folder: Path) -> set[Path]:
             capture_output=True,
             check=True,
         ).stdout.decode()
-        return {ROOT / f for f in out.split("\0") if f}
+        return {ROOT / f for f in out.split("\0") if f and not (ROOT / f).is_symlink()}
     except (OSError, subprocess.CalledProcessError):
-        return {p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+        return {p for p in folder.rglob("*") if p.is_file() and not p.is_symlink() and "__pycache__" not in p.parts}
 
 
 def _expected(package_dir: dict[str, str]) -> dict[str, set[str]]:
