@@ -51,6 +51,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -119,10 +120,13 @@ from attnzoo.cli import add_debug_flag, entry_point  # noqa: E402
 from attnzoo.errors import UsageError  # noqa: E402
 from attnzoo.fileio import atomic_write_text, default_cache_dir  # noqa: E402
 from attnzoo.lazy import lazy_import  # noqa: E402
+from attnzoo.machine import load_average  # noqa: E402
+from attnzoo.runtime import aoti  # noqa: E402
 
 # --list, --help and report-variant (which reads MODELS) load without torch and timm: imported at first use
 models = lazy_import("attnzoo.models")
 bench_run = lazy_import("attnzoo.benchmarks.run")
+torch = lazy_import("torch")
 
 
 #: The models of the plan: name -> (task, arch, input side, batch sizes).
@@ -338,6 +342,39 @@ def write_headline(result: dict[str, Any], folder: Path) -> Path:
     return path
 
 
+def compile_times(
+    arch: str = "small", img_size: int = 224, device: str = "cpu", dtype: str = "fp32", variant: str = "standard"
+) -> dict[str, Any]:
+    """What one variant's compiles cost on this machine (what sizes the headline): the first call of a
+    ``torch.compile``d model (the compile), ``torch.export`` and ``aoti_compile_and_package`` of the same model, and
+    loading the package; seconds, with the load average before and after."""
+    torch.manual_seed(0)
+    model = models.create_model(variant, "cls", arch, img_size=img_size).eval()
+    dt = getattr(torch, {"fp32": "float32", "fp16": "float16"}[dtype])
+    x = torch.zeros(aoti.TRACE_BATCH, 3, img_size, img_size, device=device, dtype=dt)
+    times: dict[str, Any] = {"variant": variant, "arch": arch, "img_size": img_size, "device": device, "dtype": dtype}
+    times["load_average_before"] = load_average()
+    start = time.perf_counter()
+    compiled = torch.compile(model.to(device=device, dtype=dt))
+    with torch.inference_mode():
+        compiled(x)
+    times["torch_compile_first_call_s"] = round(time.perf_counter() - start, 2)
+    model = model.float().cpu()
+    start = time.perf_counter()
+    program = aoti.export_program(model, (img_size, img_size), device=device, dtype=dtype)
+    times["torch_export_s"] = round(time.perf_counter() - start, 2)
+    with tempfile.TemporaryDirectory() as folder:
+        with aoti.temporary_package(Path(folder) / "model.pt2") as tmp:
+            times["aoti_compile_s"] = round(aoti.compile_package(program, tmp), 2)
+            start = time.perf_counter()
+            aoti.load_package(tmp)
+            times["aoti_load_s"] = round(time.perf_counter() - start, 2)
+            times["package_mb"] = round(tmp.stat().st_size / 1e6, 1)
+    times["load_average_after"] = load_average()
+    times["torch"] = torch.__version__
+    return times
+
+
 def render(out: Path) -> list[Path]:
     """Write every results folder in ``out`` again from its ``results.json`` (tables, CSVs, the pictures where
     matplotlib is installed; the headline's ``headline.md``): what a GPU machine without matplotlib could not draw."""
@@ -398,6 +435,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--render", action="store_true", help="write the results folders in --out again from their results.json"
     )
+    p.add_argument(
+        "--compile-times",
+        action="store_true",
+        help="measure one ViT-S torch.compile and one AOTInductor compile here (--device, default cpu at fp32, "
+        "cuda at fp16) and print them as JSON: what sizes the headline",
+    )
     p.add_argument("--out", type=Path, default=Path("results/gpu-h100"), help="results folder (one per model in it)")
     p.add_argument("--copy-to", type=Path, default=None, help="copy the results folders there afterwards")
     p.add_argument("--time-limit", type=float, default=TIME_LIMIT, help="start no new row after this many seconds")
@@ -427,6 +470,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "dtypes": a.dtypes.split(",") if a.dtypes else None,
     }
     bad = [p for p in a.part if p not in PARTS]
+    if a.compile_times:
+        device = "cpu" if a.device == "auto" else a.device
+        print(
+            json.dumps(
+                compile_times(a.arch or "small", a.img_size or 224, device, "fp16" if device == "cuda" else "fp32")
+            )
+        )
+        return 0
     if a.render and not bad:
         for folder in render(a.out):
             print(f"written: {folder}")
