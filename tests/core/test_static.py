@@ -1,0 +1,53 @@
+"""The tree passes its static checks: ruff's lint and format, and mypy's type check (the versions ``[dev]`` pins,
+configured in ``pyproject.toml``; ``.ci/run`` runs the same commands). And the links that let those tools, IDEs and
+``python`` started in the checkout follow ``attnzoo.models`` to ``models/`` are there, one per mapped folder."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _tool(module: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed (pip install -e '.[dev]' installs it)")
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_ruff_lint_passes():
+    done = _tool("ruff", "check", "--no-cache", ".")
+    assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-2000:]
+
+
+def test_ruff_format_is_applied():
+    done = _tool("ruff", "format", "--check", "--no-cache", ".")
+    assert done.returncode == 0, "run `ruff format .`:\n" + done.stdout[-5000:] + done.stderr[-2000:]
+
+
+@pytest.mark.slow  # about 3 minutes on a busy 2-core machine without mypy's cache
+def test_mypy_passes():
+    """Every module of the package, reached through the links (an unresolved ``attnzoo.*`` import is an error)."""
+    done = _tool("mypy", timeout=1200)
+    assert done.returncode == 0, done.stdout[-8000:] + done.stderr[-2000:]
+    assert "Success: no issues found" in done.stdout
+
+
+def test_each_mapped_folder_has_its_link_under_attnzoo():
+    folders = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    mapped = {name.split(".", 1)[1]: folder for name, folder in folders.items() if "." in name}
+    assert "models" in mapped
+    for name, folder in mapped.items():
+        link = ROOT / "attnzoo" / name
+        assert link.is_symlink() and os.readlink(link) == f"../{folder}", f"attnzoo/{name} -> ../{folder} is missing"
+    links = {p.name for p in (ROOT / "attnzoo").iterdir() if p.is_symlink()}
+    assert links == set(mapped), f"links to no mapped folder: {sorted(links - set(mapped))}"
