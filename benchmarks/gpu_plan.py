@@ -102,7 +102,8 @@ def bootstrap(root: Path = ROOT) -> bool:
             return False
     except ImportError:  # not even attnzoo: a bare source tree
         pass
-    import tomllib  # the standard library from Python 3.11 (the package supports 3.10); a bare source tree only
+    # the standard library from Python 3.11 (the package supports 3.10, the checker's target); a bare source tree only
+    import tomllib  # type: ignore[import-not-found, unused-ignore]
 
     folders = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     sys.path.insert(0, str(root))

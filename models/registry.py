@@ -257,15 +257,15 @@ class _Registry(dict):
         _ensure_plugins()
         return super().__len__()
 
-    def keys(self):  # type: ignore[override]
+    def keys(self):
         _ensure_plugins()
         return super().keys()
 
-    def values(self):  # type: ignore[override]
+    def values(self):
         _ensure_plugins()
         return super().values()
 
-    def items(self):  # type: ignore[override]
+    def items(self):
         _ensure_plugins()
         return super().items()
 
