@@ -12,6 +12,9 @@ from attnzoo.machine import BF16_FLAGS, bf16_problem, cpu_info
 
 #: This machine has bf16 units (the refusal tests then do not apply; the bf16 runs do).
 HAS_BF16 = bf16_problem() is None
+#: Why a refusal test skips on this CPU: it checks what bf16 does on a CPU without bf16 units (refused in one line),
+#: so it needs a machine that lacks them (AVX2-only, or AVX-512 without avx512_bf16/AMX); this CPU has them.
+NEEDS_NO_BF16 = "needs a CPU without bf16 units (avx512_bf16, AMX), to check the refusal there; this CPU has them"
 
 
 # ------------------------------------------------------------------------------------------ the CPU's bf16 units
@@ -82,7 +85,7 @@ def test_precision_check_lets_a_reshape_pass_the_extra_maths_bf16_input_on_but_n
         check_runtime_precisions(report, "bf16")
 
 
-@pytest.mark.skipif(HAS_BF16, reason="this CPU has bf16 units")
+@pytest.mark.skipif(HAS_BF16, reason=NEEDS_NO_BF16)
 def test_openvino_bf16_is_refused_here_in_one_line(belief2):
     from attnzoo.runtime.backends import LoadOptions, get_backend
     from attnzoo.runtime.openvino import OpenVINOSession
@@ -200,7 +203,7 @@ def test_precision_check_refuses_extra_math_off_f32_matmuls_off_bf16_and_a_silen
         check_runtime_precisions(runtime_precisions(_fake_compiled([good[0]], "bf16"), pinned), "bf16")
 
 
-@pytest.mark.skipif(HAS_BF16, reason="this CPU has bf16 units")
+@pytest.mark.skipif(HAS_BF16, reason=NEEDS_NO_BF16)
 def test_without_the_refusal_openvino_compiles_bf16_at_f32_here_and_the_read_back_says_so(belief2, monkeypatch):
     from attnzoo.runtime import openvino as ov_rt
 
@@ -239,7 +242,7 @@ def test_openvino_bf16_needs_the_extra_math_names_of_a_variant_with_extra_math(b
 
 
 # ---------------------------------------------------------------------------------------------- PyTorch autocast
-@pytest.mark.skipif(HAS_BF16, reason="this CPU has bf16 units")
+@pytest.mark.skipif(HAS_BF16, reason=NEEDS_NO_BF16)
 @pytest.mark.parametrize("backend", ["eager", "compile"])
 def test_pytorch_bf16_on_this_cpu_is_refused_in_one_line_but_not_on_a_gpu(backend):
     from attnzoo.runtime.backends import get_backend
@@ -340,7 +343,7 @@ def test_bench_latency_bf16_rows_are_refused_here_or_run_with_the_extra_math_rea
         assert check["inference_precision"] == "bf16" and check["extra_math_not_f32"] == []
 
 
-@pytest.mark.skipif(HAS_BF16, reason="this CPU has bf16 units")
+@pytest.mark.skipif(HAS_BF16, reason=NEEDS_NO_BF16)
 def test_a_benchmark_row_passes_openvino_the_extra_math_to_pin(belief2, tmp_path, monkeypatch):
     """Without the refusal this CPU compiles bf16 at f32, which the read-back refuses: the row got as far as
     pinning and reading back the extra math, so it passed the names (without them the load refuses earlier)."""
@@ -457,7 +460,7 @@ def test_verify_bf16_writes_a_report_reuses_it_here_only_and_refuses_a_drop_beyo
     assert "points below fp32 on the test split (gate 0.25)" in bf16.bf16_verification_problem(path, tmp_path)
 
 
-@pytest.mark.skipif(HAS_BF16, reason="this CPU has bf16 units")
+@pytest.mark.skipif(HAS_BF16, reason=NEEDS_NO_BF16)
 def test_bf16_serving_is_refused_here_in_one_line_before_any_work(belief2, tmp_path):
     from attnzoo import zoo
     from attnzoo.runtime.bf16 import verify_bf16
@@ -477,7 +480,7 @@ def test_bf16_serving_is_refused_here_in_one_line_before_any_work(belief2, tmp_p
         load_models(path.parent, "ort-cpu", dtype="bf16")
 
 
-@pytest.mark.skipif(HAS_BF16, reason="this CPU has bf16 units")
+@pytest.mark.skipif(HAS_BF16, reason=NEEDS_NO_BF16)
 def test_serve_models_dtype_bf16_is_refused_here_and_needs_openvino_and_trained_models(belief2):
     from attnzoo.serve.rayserve.cli import main as serve_main
     from attnzoo.serve.rayserve.config import ServeConfig
@@ -514,7 +517,7 @@ def test_bf16_is_served_once_verified(zoo_belief2, tmp_path):
 
 # ------------------------------------------------------------------------------------------------ the study
 @pytest.mark.slow
-@pytest.mark.skipif(HAS_BF16, reason="this CPU has bf16 units")
+@pytest.mark.skipif(HAS_BF16, reason=NEEDS_NO_BF16)
 def test_the_study_here_checks_the_pins_and_says_why_it_measures_no_bf16(tmp_path):
     import json
 
