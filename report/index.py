@@ -37,7 +37,7 @@ from attnzoo.machine import cpu_summary
 from attnzoo.mdtext import code, fence, link, text
 from attnzoo.runtime.fusion import FUSED
 
-from .render import RUNTIMES, failures
+from .render import RUNTIMES, failures, write_report
 from .variant import SCHEMA, report_variant
 
 models = lazy_import("attnzoo.models")  # torch and timm: --help stays fast
@@ -504,6 +504,12 @@ def build_parser() -> argparse.ArgumentParser:
         f"{EXAMPLE_PLUGIN!r})",
     )
     p.add_argument("--quick", action="store_true", help="--run with report-variant --quick's budget")
+    p.add_argument(
+        "--render",
+        action="store_true",
+        help="write each complete report's verdict and report.md again from its report.json (nothing measured, "
+        "plots kept), then the index",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar or verdict lines on stderr")
     return add_debug_flag(p)
 
@@ -518,7 +524,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if a.out.exists() and not a.out.is_dir():
         raise UsageError(f"--out {a.out} is a file; it names the reports' folder")
+    if a.render and a.run:
+        raise UsageError("--render rewrites the reports there from their report.json; --run measures: choose one")
     failed = []
+    if a.render:
+        if not a.out.is_dir():
+            raise UsageError(f"--out {a.out}: no such folder")
+        for folder, report in find_reports(a.out)[0]:
+            write_report(report, folder, replot=False)
     if a.run:
         variants = (
             None

@@ -172,7 +172,8 @@ def _fusable_cell(runtime: str, entry: Any) -> str:
         counts = f"{entry.get('fused')}/{entry.get('cores')}"
         return f"{name} {counts}" + (" as exported (opt_level 0)" if entry.get("as_exported") else "")
     fused, cores = entry  # reports written before runtimes kept their inspected flag: [fused, cores]
-    return f"{name} {fused}/{cores}"
+    exported = " as exported (opt_level 0)" if runtime == "onnxruntime-transformers" else ""
+    return f"{name} {fused}/{cores}{exported}"
 
 
 def verdict(report: Mapping[str, Any], out: Path) -> dict[str, Any]:
@@ -220,7 +221,9 @@ def verdict(report: Mapping[str, Any], out: Path) -> dict[str, Any]:
         parts.append("fused: " + ", ".join(f"{RUNTIMES.get(k, k)} {v}" for k, v in fused.items()))
     fz = report.get("fusable") or {}
     if fz.get("status") == "ok":
-        parts.append("opset 23: " + ", ".join(_fusable_cell(k, e) for k, e in fz["fused"].items()))
+        # reports written before every runtime was kept held only the inspected ones: the others were not
+        shown = {**fz["fused"], **{k: {"inspected": False} for k in RUNTIMES if k not in fz["fused"]}}
+        parts.append("opset 23: " + ", ".join(_fusable_cell(k, e) for k, e in shown.items()))
     else:
         parts.append(f"opset 23 {_plain_state(fz) if fz else 'not run'}")
     if o1 is None and o2 is None:
@@ -696,11 +699,16 @@ def markdown(report: Mapping[str, Any], pngs: Mapping[str, Path]) -> str:
     return "\n".join(lines)
 
 
-def write_report(report: dict[str, Any], out: Path) -> tuple[list[Path], str]:
+def write_report(report: dict[str, Any], out: Path, replot: bool = True) -> tuple[list[Path], str]:
     """Add the verdict to ``report``, write ``report.json``, the plots and ``report.md`` into ``out``; returns the
-    files and the verdict line."""
+    files and the verdict line. ``replot=False``: the plots ``report["plots"]`` names are kept as they are (a report
+    rendered again from its ``report.json``, nothing measured)."""
     report["verdict"] = verdict(report, out)
-    pngs = plots(report, out)
+    if replot:
+        pngs = plots(report, out)
+    else:
+        pngs = {k: out / Path(str(name)).name for k, name in (report.get("plots") or {}).items()}
+        pngs = {k: p for k, p in pngs.items() if p.is_file()}
     report["plots"] = {k: p.name for k, p in pngs.items()}
     atomic_write_text(out / "report.json", json.dumps(report, indent=1, default=str) + "\n")
     atomic_write_text(out / "report.md", markdown(report, pngs))

@@ -352,3 +352,30 @@ def test_help_loads_without_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "--run" in proc.stdout and proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_render_rewrites_each_reports_verdict_and_page_from_its_json_measuring_nothing(tmp_path, capsys):
+    """--render: a committed report copied here gets its verdict and report.md written again from its report.json
+    (the one definition of fused, TensorRT shown as not inspected, every check that did not pass); its
+    measurements and plots are kept byte for byte."""
+    import shutil
+
+    from attnzoo import mdtext
+
+    src = ROOT / "results" / "variant-reports" / "horizontal"
+    folder = tmp_path / "horizontal"
+    folder.mkdir()
+    for name in ("report.json", "report.md", "latency.png", "overhead.png", "scaling.png"):
+        shutil.copy(src / name, folder / name)
+    before = json.loads((folder / "report.json").read_text())
+    pngs = {p.name: p.read_bytes() for p in folder.glob("*.png")}
+    assert main(["--out", str(tmp_path), "--render"]) == 0
+    after = json.loads((folder / "report.json").read_text())
+    assert {k: v for k, v in after.items() if k != "verdict"} == {k: v for k, v in before.items() if k != "verdict"}
+    assert {p.name: p.read_bytes() for p in folder.glob("*.png")} == pngs
+    line = after["verdict"]["line"]
+    assert "TensorRT not inspected" in line and "transformer optimizer 4/4 as exported (opt_level 0)" in line
+    assert after["verdict"]["failed"] == [] and mdtext.text(line) in (folder / "report.md").read_text()
+    assert (tmp_path / "README.md").is_file()
+    with pytest.raises(CommandExit):
+        main(["--out", str(tmp_path), "--render", "--run"])
