@@ -53,7 +53,7 @@ KEY_FLAGS = (
 
 def cpu_info() -> dict[str, Any]:
     """Model name, all flags, the key flags present, logical cores and the cores this process may use."""
-    model, flags = platform.processor() or platform.machine(), []
+    model, flags = platform.processor() or platform.machine(), list[str]()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
             for line in fh:

@@ -246,7 +246,7 @@ class OpenVINOSession:
                     "bf16 needs the names of the ops to keep at f32 (the variant's extra math, "
                     "attnzoo.export.quantize.extra_math_nodes; an empty list for a variant without)"
                 )
-        model, pinned, missing = read_onnx(path, batch), [], []
+        model, pinned, missing = read_onnx(path, batch), list[str](), list[str]()
         if keep_f32 is not None:
             model, pinned, missing = pin_f32(model, keep_f32)
         self.compiled = compile_onnx(model, threads=threads, hint=hint, pin=pin, precision=precision)

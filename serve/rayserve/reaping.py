@@ -41,7 +41,7 @@ def _marked_processes() -> list[Any]:
     """This user's processes that carry this process's :data:`_OWNER_ENV` mark: everything the local Ray
     started, also what was orphaned to PID 1 (an HAProxy whose manager died first)."""
     mark = _LOCAL.get("mark")
-    found = []
+    found: list[Any] = []
     if not mark:
         return found
     for p in psutil.process_iter():
