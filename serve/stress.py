@@ -219,7 +219,8 @@ def _demo_call(http, api: str, upload_path: str, *args: Any) -> str:
 
 def demo_fairness(url: str, heavy: int = 20, side: int = 6300, variant: tuple[str, str] = ("standard", "standard")):
     """``heavy`` classify / segment / compare requests with a ``side``-px float32 TIFF sent at once, then one
-    small classification: how long the small one took, and one heavy request's time alone for scale."""
+    small classification: how long the small one took, how many heavy ones were still pending then, and one heavy
+    request's time alone for scale. The heavy ones are not waited for (stop the demo afterwards)."""
     import httpx
 
     images = probe_images(side)
@@ -234,15 +235,16 @@ def demo_fairness(url: str, heavy: int = 20, side: int = 6300, variant: tuple[st
         _demo_call(http, "classify", big, variant[0])
         alone = time.perf_counter() - start
         calls = [("classify", (variant[0],)), ("segment", (variant[1], 0.5)), ("compare", ("cls",))]
-        with ThreadPoolExecutor(heavy) as pool:
+        pool = ThreadPoolExecutor(heavy)
+        try:
             jobs = [pool.submit(_demo_call, http, *calls[i % 3][:1], big, *calls[i % 3][1]) for i in range(heavy)]
             time.sleep(1.0)  # they are all in
             start = time.perf_counter()
             answer = _demo_call(http, "classify", small, variant[0])
             small_s = time.perf_counter() - start
             pending = sum(not j.done() for j in jobs)
-            for j in jobs:
-                j.result()
+        finally:  # the heavy ones are not waited for: their answers end with the client, the demo with its stop
+            pool.shutdown(wait=False, cancel_futures=True)
     return {
         "heavy": heavy,
         "side": side,
@@ -308,7 +310,7 @@ def demo_serving(models: Path, port: int) -> Iterator[subprocess.Popen]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from attnzoo.machine import cpu_info
+    from attnzoo.machine import cpu_info, cpu_summary, load_average
     from attnzoo.serve.network import free_port
 
     p = argparse.ArgumentParser(prog="python -m attnzoo.serve.stress", description=__doc__.split("\n\n")[0])
@@ -322,9 +324,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {flag} must be at least 1, got {value}", file=sys.stderr)
             return 2
     out: dict[str, Any] = {"command": "python -m attnzoo.serve.stress " + " ".join(argv or sys.argv[1:])}
-    out["cpu"] = cpu_info()["model"]
+    out["cpu"] = cpu_summary(cpu_info())
     out["cpus"] = os.cpu_count()
-    out["load_average_before"] = [round(x, 2) for x in os.getloadavg()]
+    out["load_average_before"] = load_average()
     with tempfile.TemporaryDirectory(prefix="attnzoo-stress-models-") as tmp:
         models = standard_models(Path(tmp))
         port = free_port()
@@ -335,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         port = free_port()
         with demo_serving(models, port):
             out["demo_fairness"] = demo_fairness(f"http://127.0.0.1:{port}", heavy=args.heavy, side=args.side)
-    out["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+    out["load_average_after"] = load_average()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".partial")
     tmp.write_text(json.dumps(out, indent=2) + "\n")
