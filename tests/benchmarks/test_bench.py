@@ -254,7 +254,7 @@ def test_parity_gate_rejects_perturbed_backend(tmp_path):
 @pytest.mark.parametrize(
     "flag,value,needle",
     [
-        ("--backends", "eager,warp-drive", "unknown backend 'warp-drive'; valid: eager, compile, ort-cpu"),
+        ("--backends", "eager,warp-drive", "unknown backend 'warp-drive'; valid: eager, compile, aoti, ort-cpu"),
         ("--variants", "standard,nope", "unknown variant 'nope'; valid: all, "),
         ("--dtype", "fp8", "unknown dtype 'fp8'; valid: fp32, tf32, fp16, bf16, int8"),
         ("--batch-sizes", "1,0", "--batch-sizes must be comma-separated positive integers"),
@@ -278,7 +278,7 @@ def test_cli_exit_code_and_single_line():
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "error: unknown backend 'foo'; valid: eager, compile, ort-cpu, openvino, ort-cuda, ort-trt, tensorrt "
+        "error: unknown backend 'foo'; valid: eager, compile, aoti, ort-cpu, openvino, ort-cuda, ort-trt, tensorrt "
         "(aliases: python -m attnzoo.runtime)"
     ]
 

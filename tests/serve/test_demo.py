@@ -663,7 +663,7 @@ def test_zoo_export_cache_is_reused(monkeypatch, tmp_path):
         (["--models", "/no/such/dir"], "error: models folder not found", 1),
         (["--port", "0"], "error: --port must be in 1..65535", 2),
         (["--seg-max-side", "0"], "error: --seg-max-side must be at least 1", 2),
-        (["--backend", "nope"], "error: --backend: unknown backend 'nope'; valid: eager, compile, ort-cpu", 2),
+        (["--backend", "nope"], "error: --backend: unknown backend 'nope'; valid: eager, compile, aoti, ort-cpu", 2),
     ],
 )
 def test_cli_errors_are_one_line(argv, message, code):
