@@ -30,7 +30,7 @@ from attnzoo.errors import CommandError, UsageError
 from attnzoo.fileio import atomic_write_text, default_cache_dir, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.limits import MAX_BATCH_SIZE
-from attnzoo.runtime.backends import DTYPES, backend_names, canonical_backend
+from attnzoo.runtime.backends import DTYPES, backend_names, canonical_backend, get_backend
 from attnzoo.signals import Interrupted, Terminated, signals_deferred
 
 # --help and usage errors load without torch, onnx and timm: these import at their first use
@@ -257,9 +257,19 @@ def parse_settings(argv: Sequence[str] | None = None):
         raise UsageError(f"--ceiling-size must be 0 or in 64..{MAX_SIZE}, got {a.ceiling_size}")
     out = a.out
     cache = a.cache_dir or default_cache_dir() / "bench-latency"
+    backends = _backends(a.backends)
+    named = any(x == "--backends" or x.startswith("--backends=") for x in argv)
+    if not a.all and not named:  # the default table: what runs here (an engine no GPU here runs is not timed)
+        build_only = build_only_backends(backends, a.device)
+        backends = [b for b in backends if b not in build_only]
+        if build_only:
+            covered["left_out"].append(
+                f"{', '.join(build_only)} engine builds (no GPU here runs them; --backends {','.join(build_only)} "
+                "builds them)"
+            )
     return bench_run.Settings(
         variants=variant_list(a.variants),
-        backends=_backends(a.backends),
+        backends=backends,
         dtypes=parse_names(a.dtype, one_of(DTYPES), "dtype", ", ".join(DTYPES)),
         batch_sizes=parse_batch_sizes(a.batch_sizes),
         task=a.task,
@@ -280,6 +290,13 @@ def parse_settings(argv: Sequence[str] | None = None):
         command=shlex.join(["bench-latency", *argv]),
         scope=covered,
     )
+
+
+def build_only_backends(backends: Sequence[str], device: str = "auto") -> list[str]:
+    """The ``backends`` that would only build an engine here, not run it: they build ahead of time and the run's
+    device has no GPU that runs their engines."""
+    where = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
+    return [b for b in backends if get_backend(b).builds_engine and get_backend(b).unavailable_reason("fp32", where)]
 
 
 def roofline_main(a: argparse.Namespace) -> int:

@@ -335,7 +335,10 @@ def ceiling_line(ceiling: Any) -> str:
     else:
         text += f"; int8 not measured: {int8.get('reason')}"
     return text + (
-        ". `% ceiling` = counted FLOPs / median latency / the ceiling of the row's precision (CPU rows only)."
+        ". `% ceiling` = counted FLOPs / median latency / the ceiling of the row's precision (CPU rows only); "
+        "above 100 % a row ran while the machine was less busy than when the ceiling was measured (both are "
+        "medians under the load of their moment: compare the two ceiling figures), or its runtime did less work "
+        "than the FLOPs counted on the eager model."
     )
 
 

@@ -77,7 +77,9 @@ NOTE = (
     "and compile run the same weights in PyTorch. x eager = median eager / median backend from separate "
     "runs, eager at the row's precision where that eager row ran (column 'vs': eager fp16 for an fp16 row), "
     "else eager fp32; x eager (pairs) = median [Q1, Q3] of per-pair ratios from an A B A B run against that "
-    "same eager row (robust to load changes); x eager fp32 = median eager fp32 / median backend."
+    "same eager row (robust to load changes); x eager fp32 = median eager fp32 / median backend. Where x eager "
+    "and x eager (pairs) differ by much, the machine's load changed between the separate runs (each row records "
+    "its load_1min): the paired figure is the one measured under the same load."
 )
 
 
@@ -469,7 +471,9 @@ class _Bench:
         eager = eagers[base].get() if base in eagers and s.pair_eager else None
         if eager is not None and eager is not runner:
             with self.phase("A/B pairs with eager"):
-                a, b = measure_pair(eager.fn, runner.fn, s.min_time, cuda_a=eager.cuda, cuda_b=runner.cuda)
+                a, b = measure_pair(
+                    eager.fn, runner.fn, s.min_time, cuda_a=eager.cuda, cuda_b=runner.cuda, settled=True
+                )
             pair = ratio_stats(b, a)  # eager time / backend time = speed-up
             row.update(
                 speedup_pair_median=pair["ratio_median"],
@@ -481,7 +485,7 @@ class _Bench:
         overhead = None
         if variant != "standard" and std is not None:
             with self.phase("A/B pairs with standard"):
-                a, b = measure_pair(std.fn, runner.fn, s.min_time, cuda_a=std.cuda, cuda_b=runner.cuda)
+                a, b = measure_pair(std.fn, runner.fn, s.min_time, cuda_a=std.cuda, cuda_b=runner.cuda, settled=True)
             overhead = {
                 "variant": variant,
                 "backend": backend,
@@ -512,7 +516,7 @@ class _Bench:
         a, b = sorted(runners, key=lambda k: -speedup.get(k, 0.0))[:2]
         try:
             with self.phase("CPU head-to-head"):
-                ta, tb = measure_pair(runners[a].fn, runners[b].fn, self.s.min_time)
+                ta, tb = measure_pair(runners[a].fn, runners[b].fn, self.s.min_time, settled=True)
         except Exception as exc:  # a timing failure is a note, not a crash
             self.head_to_head_errors.append(f"{variant} b{batch} {a}/{b}: {first_line(exc, typed=True)}")
             return
@@ -805,6 +809,45 @@ def _fastest_cpu(rows: list[dict[str, Any]], pairs: list[dict[str, Any]], device
     return out
 
 
+#: The estimate's model (:func:`estimate_seconds`): an ONNX export and its verification cost a fixed part (tracing,
+#: the ONNX checker, sessions) plus as long as this many batch-1 forward passes; a whole ViT forward pass reaches
+#: this fraction of the matmul ceiling (the committed default runs' rows: 20-80 %). Rough on purpose: it says minutes.
+EXPORT_FIXED_S, EXPORT_CALLS, FORWARD_EFFICIENCY = 6.0, 40, 0.5
+
+
+def estimate_seconds(s: Settings, bench: _Bench, variants: list[str], ceiling: dict[str, Any] | None) -> float | None:
+    """How long the rows still to measure take (``None`` without a measured fp32 ceiling): per row its timed
+    calls (warm-up, ``min_time`` and at least 10 calls), its A/B pairs with eager and ``standard`` (each up to
+    ``min_time`` and 10 pairs), the head-to-head per group, a forward pass costing counted FLOPs over
+    :data:`FORWARD_EFFICIENCY` of the ceiling; one export per variant; and the compile budget."""
+    gflops = ((ceiling or {}).get("fp32") or {}).get("gflops")
+    if not gflops:
+        return None
+    total, compiles = 0.0, False
+    for variant in variants:
+        rows = [(n, b, d) for n in s.batch_sizes for b, d in bench.todo(variant, n)]
+        if not rows:
+            continue
+        count = count_variant(variant, batch=1, model=meta_model(variant, s.task, s.arch, s.img_size))
+        call1 = (count.matrix_flops + count.vector_ops) / (gflops * 1e9 * FORWARD_EFFICIENCY)
+        if any(takes_onnx(b) for _, b, _ in rows):
+            total += EXPORT_FIXED_S + EXPORT_CALLS * call1
+        for n, backend, _ in rows:
+            t = call1 * n
+            calls = max(timing.MIN_ITERS, s.min_time / t) + max(2, timing.WARMUP_S / t)
+            pair = 2 * max(timing.MIN_ITERS, s.min_time / (2 * t)) + 2 * max(2, timing.WARMUP_S / t)
+            calls += pair * ((backend != "eager") + (variant != "standard")) + 1
+            total += calls * t
+            compiles = compiles or get_backend(backend).jit_compiles
+        for n in s.batch_sizes:  # the head-to-head of two runtimes, the eager reference
+            total += (2 * max(timing.MIN_ITERS, s.min_time / (2 * call1 * n)) + 1) * call1 * n
+    return total + (s.compile_budget if compiles else 0.0)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 300 else f"{seconds:.0f} s"
+
+
 def _phases(phases: dict[str, float], wall: float) -> dict[str, float]:
     """This invocation's seconds by kind of work, largest first, and ``other`` (setup, model creation, parity checks,
     the report's arithmetic: the wall time no phase covered)."""
@@ -902,6 +945,13 @@ def _run(
         log.append({"kind": "ceiling", "ceiling": ceiling})
     variants = list(dict.fromkeys(["standard", *s.variants]))  # standard first: the overhead baseline
     todo = {v: sum(len(bench.todo(v, n)) for n in s.batch_sizes) for v in variants}
+    estimate = estimate_seconds(s, bench, variants, ceiling)
+    if estimate is not None and any(todo.values()):
+        print(
+            f"estimate: about {_duration(estimate + time.time() - started)} for {sum(todo.values())} row(s) "
+            "(from this machine's matmul speed and the rows' counted FLOPs; a busy machine takes longer)",
+            flush=True,
+        )
     if log.torn:
         print(
             f"{log.path.name}: dropped its torn last line ({log.torn} bytes without a newline: a write cut by a "
@@ -913,6 +963,7 @@ def _run(
             f"resuming: {len(bench.done)} finished row(s) kept from {log.path}; {sum(todo.values())} to measure",
             flush=True,
         )
+    setup = time.time() - started  # the ceiling and GEMM measurements before the estimate
     interrupted = None
     with tqdm(
         total=sum(todo.values()), desc="bench-latency", unit="job", disable=not s.progress, dynamic_ncols=True
@@ -995,6 +1046,7 @@ def _run(
         "cpu_head_to_head_errors": [e for g in groups for e in g.get("head_to_head_errors", [])],
         "load_average_end": load_average(),
         "wall_time_s": time.time() - started,
+        "estimate_s": None if estimate is None else round(estimate + setup, 1),
         "phases_s": _phases(bench.phases, time.time() - started),
         "results": rows,
         "overheads": overheads,

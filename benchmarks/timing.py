@@ -15,10 +15,12 @@ from attnzoo.machine import rss_bytes
 
 torch = lazy_import("torch")
 
-__all__ = ["time_once", "warmup", "measure", "measure_pair", "PeakRSS"]
+__all__ = ["time_once", "warmup", "measure", "measure_pair", "one_sided", "PeakRSS", "SETTLED_PAIRS"]
 
 WARMUP_S = 0.2
 MIN_ITERS = 10
+#: Fewest pairs of an A/B run that :func:`measure_pair` may stop at once its answer is settled (``settled``).
+SETTLED_PAIRS = 5
 
 
 def time_once(fn: Callable[[], object], cuda: bool = False) -> float:
@@ -69,11 +71,16 @@ def measure_pair(
     cuda_a: bool = False,
     cuda_b: bool = False,
     warmup_s: float = WARMUP_S,
+    settled: bool = False,
 ) -> tuple[list[float], list[float]]:
     """Time two callables alternating A B A B ... for ``min_time`` seconds and ``min_pairs`` pairs.
 
     Both members of a pair run under about the same machine load, so per-pair ratios are robust to the
     slow load changes of a shared machine (see :func:`attnzoo.benchmarks.stats.ratio_stats`).
+
+    ``settled``: stop as soon as ``min_time`` passed and, after at least :data:`SETTLED_PAIRS` pairs, which of the
+    two is faster is no longer in doubt (the per-pair ratios' interquartile range lies wholly on one side of 1);
+    a close call still runs to ``min_pairs``. The pairing time goes where it can change the answer.
     """
     warmup(fn_a, warmup_s / 2, cuda_a)
     warmup(fn_b, warmup_s / 2, cuda_b)
@@ -83,7 +90,17 @@ def measure_pair(
     while len(a) < min_pairs or time.perf_counter() < end:
         a.append(time_once(fn_a, cuda_a))
         b.append(time_once(fn_b, cuda_b))
+        if settled and len(a) >= SETTLED_PAIRS and time.perf_counter() >= end and one_sided(a, b):
+            break
     return a, b
+
+
+def one_sided(a: list[float], b: list[float]) -> bool:
+    """Whether the interquartile range of the per-pair ratios ``b / a`` lies wholly above or below 1."""
+    ratios = sorted(y / x for x, y in zip(a, b, strict=True))
+    n = len(ratios)
+    q1, q3 = ratios[(n - 1) // 4], ratios[-1 - (n - 1) // 4]  # inner quartiles: no interpolation needed
+    return q1 > 1 or q3 < 1
 
 
 class PeakRSS:

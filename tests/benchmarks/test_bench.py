@@ -14,6 +14,7 @@ from attnzoo.benchmarks import ratio_stats, summarize
 from attnzoo.benchmarks.cli import main, parse_settings
 from attnzoo.benchmarks.report import OVERHEAD_FIELDS, ROW_FIELDS
 from attnzoo.benchmarks.run import run_benchmark
+from attnzoo.benchmarks.timing import SETTLED_PAIRS
 from attnzoo.runtime.parity import check as check_parity
 
 
@@ -48,6 +49,28 @@ def test_ratio_stats_pairs():
     assert r["ratio_iqr"] == pytest.approx(1.5)
     with pytest.raises(ValueError):
         ratio_stats([1.0, 2.0], [1.0])
+
+
+def test_a_settled_ab_run_stops_early_and_a_close_call_runs_to_min_pairs(monkeypatch):
+    """A/B pairing spends its time where it can change the answer: a clear winner stops after
+    ``SETTLED_PAIRS`` pairs, a tie runs every pair (``min_pairs``); without ``settled`` both run every pair."""
+    from attnzoo.benchmarks import timing
+
+    clock = iter(range(10**6))  # a fake clock: every call takes 1 s, min_time has passed after the first pair
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: float(next(clock)))
+    seconds = {"fast": [1.0] * 40, "slow": [3.0] * 40, "noisy": [1.0, 3.0] * 20}
+    monkeypatch.setattr(timing, "time_once", lambda fn, cuda=False: fn())
+    fast, slow = (lambda: seconds["fast"].pop()), (lambda: seconds["slow"].pop())
+    a, b = timing.measure_pair(fast, slow, 0.5, min_pairs=20, warmup_s=0, settled=True)
+    assert len(a) == timing.SETTLED_PAIRS
+    tie_a = iter([1.0, 3.0] * 20)
+    tie_b = iter([3.0, 1.0] * 20)
+    a, b = timing.measure_pair(lambda: next(tie_a), lambda: next(tie_b), 0.5, min_pairs=20, warmup_s=0, settled=True)
+    assert len(a) == 20
+    seconds.update(fast=[1.0] * 40, slow=[3.0] * 40)
+    a, b = timing.measure_pair(fast, slow, 0.5, min_pairs=20, warmup_s=0)
+    assert len(a) == 20
+    assert timing.one_sided([1.0] * 5, [2.0] * 5) and not timing.one_sided([1.0, 2.0] * 3, [2.0, 1.0] * 3)
 
 
 def test_check_parity_tolerances():
@@ -129,13 +152,13 @@ def test_short_run_writes_every_field(short_run):
         assert r["min_ms"] <= r["median_ms"] <= r["p90_ms"] <= r["p95_ms"] <= r["p99_ms"] <= r["max_ms"]
         assert r["throughput_img_s"] > 0 and r["cv"] >= 0 and r["peak_mem_mb"] is not None
         if r["backend"] in ("ort-cpu", "openvino"):
-            assert r["speedup_vs_eager"] > 0 and r["speedup_pairs"] >= 10
+            assert r["speedup_vs_eager"] > 0 and r["speedup_pairs"] >= SETTLED_PAIRS  # 10 when a close call
     over = res["overheads"]
     assert {(o["variant"], o["backend"], o["batch"]) for o in over} == {
         ("belief", b, n) for b in ("eager", "ort-cpu", "openvino") for n in (1, 2)
     }
     for o in over:
-        assert set(OVERHEAD_FIELDS) <= set(o) and o["pairs"] >= 10 and o["ratio_q1"] <= o["ratio_q3"]
+        assert set(OVERHEAD_FIELDS) <= set(o) and o["pairs"] >= SETTLED_PAIRS and o["ratio_q1"] <= o["ratio_q3"]
     assert {(p["variant"], p["batch"]) for p in res["ort_profile"]} == {
         (v, n) for v in ("standard", "belief") for n in (1, 2)
     }
@@ -357,13 +380,20 @@ def test_timing_failure_is_a_failed_row_not_a_crash(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------ the default scope, engine reuse
 def test_no_flags_is_a_representative_default_that_says_what_it_leaves_out():
+    from attnzoo.benchmarks.cli import build_only_backends
     from attnzoo.benchmarks.report import scope_line
     from attnzoo.models import VARIANT_NAMES
     from attnzoo.runtime.backends import backend_names
 
     s = parse_settings([])
     assert s.variants == ["standard", "belief2", "wafe-mae"]  # the cheapest and the two dearest cost families
-    assert s.batch_sizes == [1, 8] and list(s.backends) == list(backend_names()) and s.min_time == 0.5
+    # every backend that runs here; an engine no GPU here runs is not built in the default table, and it says so
+    build_only = build_only_backends(backend_names())
+    assert list(s.backends) == [b for b in backend_names() if b not in build_only] and s.min_time == 0.5
+    assert s.batch_sizes == [1, 8]
+    if build_only:
+        assert any(x.startswith(f"{', '.join(build_only)} engine builds (no GPU") for x in s.scope["left_out"])
+    assert list(parse_settings(["--all"]).backends) == list(backend_names())
     left = s.scope["left_out"]
     assert left[0].startswith(f"{len(VARIANT_NAMES) - 3} of {len(VARIANT_NAMES)} variants (belief, ")
     assert "horizontal-vertical" in left[0] and "30 s of torch.compile instead of 600" in left
@@ -379,6 +409,8 @@ def test_no_flags_is_a_representative_default_that_says_what_it_leaves_out():
 def test_results_say_the_scope(short_run):
     out, res = short_run
     assert res["interrupted"] is None
+    # the estimate printed at the start is kept beside the wall time it estimated
+    assert isinstance(res["estimate_s"], float) and 0 < res["estimate_s"]
     assert "batch 8, 32" in res["settings"]["scope"]["left_out"]
     assert "Scope: this run leaves out" in (out / "results.md").read_text()
 
@@ -596,7 +628,7 @@ def test_rows_are_paired_with_eager_at_their_own_precision(twin, tmp_path, monke
     for key, row in rows.items():
         assert row["speedup_vs_eager"] == pytest.approx(median[("eager", row["baseline"].split()[1])] / median[key])
         assert row["speedup_vs_eager_fp32"] == pytest.approx(median[("eager", "fp32")] / median[key])
-        assert key == ("eager", "fp32") or row["speedup_pairs"] >= 10  # an A B A B run against that baseline
+        assert key == ("eager", "fp32") or row["speedup_pairs"] >= SETTLED_PAIRS  # an A B A B run against that baseline
     assert "| standard | twin | fp16 | 1 |" in markdown(res) and "| eager fp16 |" in markdown(res)
 
 
