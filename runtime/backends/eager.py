@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import logging
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,14 @@ __all__ = ["TorchBackend", "TorchSession", "EAGER", "TORCH_DTYPES", "bf16_autoca
 
 #: attnzoo precision -> torch dtype name (``tf32``: float32 tensors, TF32 matmuls / convolutions).
 TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def quiet_cuda_home() -> None:
+    """Silence torch's "No CUDA runtime is found, using CUDA_HOME=..." (``torch.utils.cpp_extension``, logged when
+    torch.compile first looks for a C++ toolchain) on a machine without a CUDA GPU, where no runtime is expected and
+    the line is noise; with a GPU the logger is left as it is."""
+    if not torch.cuda.is_available():
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
 
 #: ``torch.compile``d copies compiled with a dynamic batch, shared by every session of the same model object at the
@@ -71,6 +80,7 @@ class TorchSession(Session):
         if self.device.type == "cuda":
             self._info["fp32_matmul"] = "tf32" if self.tf32 else "ieee"
         if compile_mode is not None and shared is None:
+            quiet_cuda_home()
             self.net = torch.compile(self.net, mode=compile_mode, dynamic=None if self.dynamic_batch else False)
             if self.dynamic_batch:
                 _DYNAMIC_COMPILED[key] = self.net

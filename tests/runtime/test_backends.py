@@ -324,3 +324,22 @@ def test_a_new_backend_is_one_class(made_up, tmp_path):
     x = np.zeros((1, 3, 32, 32), np.float32)
     with get_backend("ort-cpu").load(tmp_path / "m" / "standard.onnx", LoadOptions()) as reference:
         assert np.allclose(served[0].run(x), reference.run(x))
+
+
+def test_torch_compile_says_nothing_of_a_cuda_runtime_on_a_machine_without_a_gpu(tmp_path, monkeypatch, caplog):
+    """torch logs "No CUDA runtime is found, using CUDA_HOME=..." when torch.compile looks for its toolchain and a
+    CUDA_HOME exists; without a GPU that is noise, and the compile backend silences it (with a GPU nothing fires)."""
+    import logging
+
+    from torch.utils import cpp_extension
+
+    from attnzoo.runtime.backends.eager import quiet_cuda_home
+
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    monkeypatch.setattr(logger, "level", logger.level)  # restored after the test
+    quiet_cuda_home()
+    caplog.clear()  # importing cpp_extension above may have logged it already (CUDA_HOME is found at import)
+    with caplog.at_level(logging.WARNING):
+        cpp_extension._find_cuda_home()
+    assert not [r for r in caplog.records if "No CUDA runtime" in r.getMessage()]
