@@ -21,6 +21,7 @@ KINDS = {
     r"/proc": "Linux's `/proc`",
     r"FIFO": "FIFOs",
     r"malloc_trim": "`malloc_trim`",
+    r"installs it\)": "ruff or mypy where `[dev]` is not installed",
 }
 
 
