@@ -217,6 +217,7 @@ def test_every_part_runs_from_the_source_tree_with_a_tiny_model(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # four torch.compile graphs and two AOTInductor packages of the micro model
 def test_the_headline_runs_its_stages_resumes_and_renders_from_the_source_tree(tmp_path):
     """The headline with a micro ViT at fp32 on the CPU (AOTInductor compiles fp32 there): a run stopped by its time
     limit keeps what it measured, the same command measures the rest -- eager, then torch.compile compiled once

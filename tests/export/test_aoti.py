@@ -151,3 +151,25 @@ def test_every_variant_exports_as_a_verified_aoti_package_that_the_backend_runs(
     with torch.no_grad():
         want = model(torch.from_numpy(x)).numpy()
     assert np.abs(got - want).max() <= 1e-4 * max(1.0, float(np.abs(want).max()))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # two AOTInductor compiles of the micro model: minutes on a loaded 2-core machine
+def test_bench_latency_times_aoti_rows_from_one_package_per_variant(tmp_path):
+    """``bench-latency --backends aoti``: each row parity-checked and timed, paired with eager and with standard; the
+    package compiled for the first batch size serves the next from the cache."""
+    from attnzoo.benchmarks.cli import main
+
+    out = tmp_path / "bench"
+    args = ["--arch", "micro", "--variants", "belief2", "--backends", "eager,aoti", "--dtypes", "fp32"]
+    args += ["--batch-sizes", "1,2", "--min-time", "0.02", "--threads", "1", "--ceiling-size", "0", "--no-progress"]
+    args += ["--compile-budget", "3600"]
+    assert main([*args, "--out", str(out), "--cache-dir", str(tmp_path / "cache")]) == 0
+    result = json.loads((out / "results.json").read_text())
+    rows = {(r["variant"], r["batch"]): r for r in result["results"] if r["backend"] == "aoti"}
+    assert set(rows) == {(v, n) for v in ("standard", "belief2") for n in (1, 2)}
+    for (_, batch), r in rows.items():
+        assert r["status"] == "ok" and r["parity_error"] <= r["parity_tol"] == 1e-4, r["reason"]
+        assert r["speedup_pair_median"] is not None and r["info"]["cached"] is (batch == 2)
+    assert any(o["backend"] == "aoti" and o["variant"] == "belief2" for o in result["overheads"])
+    assert len(list((tmp_path / "cache" / "aoti").glob("*.pt2"))) == 2  # one package per variant
