@@ -291,7 +291,8 @@ def headline_table(result: dict[str, Any]) -> str:
     AOTInductor at the run's precision (fp16 on the GPU), each one's overhead over ``standard`` on the same
     backend (A B A B pairs), and compile's and AOTInductor's speed-up over eager; a row that did not run says
     why."""
-    dtype = list(dict.fromkeys(r["dtype"] for r in result["results"]))[-1]  # eager fp32, the reference, is first
+    # the run's precision: eager fp32, the reference, comes first (fp16 when nothing ran yet)
+    dtype = ([*dict.fromkeys(r["dtype"] for r in result["results"])] or ["fp16"])[-1]
     rows = {(r["variant"], r["backend"], r["batch"]): r for r in result["results"] if r["dtype"] == dtype}
     over = {(o["variant"], o["backend"], o["batch"]): o for o in result.get("overheads", []) if o["dtype"] == dtype}
     backends = [b for b in HEADLINE_STAGES[-1] if any(k[1] == b for k in rows)]

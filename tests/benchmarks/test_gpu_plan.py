@@ -107,6 +107,7 @@ def test_the_headline_table_shows_each_backend_its_overhead_and_why_a_row_did_no
         "| `standard` | 1 | 5.00 | 1 | 2.00 | 1 | failed: build/run: RuntimeError: no / pipes | - | 2.50 | - |"
     )
     assert lines[3] == "| `belief2` | 1 | 7.50 | 1.50 | 2.40 | 1.20 | not run | - | 3.10 | - |"
+    assert plan.headline_table({"results": []}) == "| variant | batch |\n|---|---|\n"  # stopped before any row
 
 
 def test_gpu_rows_get_their_roofline_fraction():

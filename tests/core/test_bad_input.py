@@ -445,7 +445,7 @@ def test_resume_without_state_json_names_the_missing_file(tmp_path):
     "fmt, name, needle",
     [
         ("onnx", "x.engine", "names a TensorRT engine but --format is onnx"),
-        (None, "x.txt", "must end in .onnx (ONNX) or .engine"),
+        (None, "x.txt", "must end in .pt2 (PyTorch AOTInductor package) or .onnx (ONNX) or .engine"),
     ],
 )
 def test_export_out_suffix_must_match_the_format(tmp_path, monkeypatch, fmt, name, needle):

@@ -645,10 +645,10 @@ def test_the_builtin_formats_are_parts():
     from attnzoo.export.formats import ExportFormat, formats, get_format, register_format
     from attnzoo.export.pipeline import FORMATS, SUFFIXES
 
-    assert FORMATS == ("onnx", "tensorrt", "triton") == tuple(formats())
-    assert SUFFIXES == {"onnx": (".onnx",), "tensorrt": (".engine", ".plan"), "triton": ()}
+    assert FORMATS == ("aoti", "onnx", "tensorrt", "triton") == tuple(formats())
+    assert SUFFIXES == {"aoti": (".pt2",), "onnx": (".onnx",), "tensorrt": (".engine", ".plan"), "triton": ()}
     assert all(isinstance(part, ExportFormat) for part in formats().values())
-    with pytest.raises(ValueError, match="valid: onnx, tensorrt, triton"):
+    with pytest.raises(ValueError, match="valid: aoti, onnx, tensorrt, triton"):
         get_format("zip")
     with pytest.raises(ValueError, match="already registered"):
         register_format(get_format("onnx"))
