@@ -150,11 +150,11 @@ def _replica(pid: int):
     """The replica process of the ``serve-models`` process ``pid`` (Ray titles it ``ray::ServeReplica:...``)."""
     import psutil
 
-    from attnzoo.serve.rayserve.environment import _OWNER_ENV
+    from attnzoo.serve.rayserve.environment import OWNER_ENV
 
     for p in psutil.process_iter():
         with contextlib.suppress(psutil.Error):
-            if p.environ().get(_OWNER_ENV, "").startswith(f"{pid}-") and "ServeReplica" in " ".join(p.cmdline()):
+            if p.environ().get(OWNER_ENV, "").startswith(f"{pid}-") and "ServeReplica" in " ".join(p.cmdline()):
                 return p
     raise RuntimeError(f"no replica of serve-models process {pid}")
 

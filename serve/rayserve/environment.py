@@ -313,7 +313,7 @@ def start_ray(cfg: ServeConfig, metrics_port: int | None = None) -> bool:
         _LOCAL["cluster_flag"] = ray_constants.ENABLE_RAY_CLUSTER  # restored by stop()
         ray_constants.ENABLE_RAY_CLUSTER = False  # what _LOOPBACK_ENV does, for a process that imported Ray before
         _LOCAL["started"] = True  # from here on stop() ends whatever ray.init started, even if it is interrupted
-        _LOCAL["mark"] = os.environ[_OWNER_ENV] = f"{os.getpid()}-{time.time_ns()}"  # inherited by all of them
+        _LOCAL["mark"] = os.environ[OWNER_ENV] = f"{os.getpid()}-{time.time_ns()}"  # inherited by all of them
         session = {}
         if not os.environ.get("RAY_TMPDIR"):  # Ray's session files (logs, sockets, HAProxy's config) go with the stop
             _LOCAL["temp_dirs"].append(tempfile.mkdtemp(prefix="attnzoo-ray-"))
@@ -355,4 +355,4 @@ def _ray_initialized() -> bool:
 
 
 #: The environment mark every process of a local Ray inherits, so that :func:`stop` finds them all.
-_OWNER_ENV = "ATTNZOO_SERVE_OWNER"
+OWNER_ENV = "ATTNZOO_SERVE_OWNER"

@@ -20,7 +20,7 @@ from attnzoo.serve.rayserve.environment import (
     _LOOPBACK_ENV,
     _METRICS,
     _OWN_ENV,
-    _OWNER_ENV,
+    OWNER_ENV,
     _RAYLET_PID_ENV,
     _ray_initialized,
 )
@@ -38,7 +38,7 @@ STOP_ROUNDS = 5
 
 
 def _marked_processes() -> list[Any]:
-    """This user's processes that carry this process's :data:`_OWNER_ENV` mark: everything the local Ray
+    """This user's processes that carry this process's :data:`OWNER_ENV` mark: everything the local Ray
     started, also what was orphaned to PID 1 (an HAProxy whose manager died first)."""
     mark = _LOCAL.get("mark")
     found: list[Any] = []
@@ -46,7 +46,7 @@ def _marked_processes() -> list[Any]:
         return found
     for p in psutil.process_iter():
         try:
-            if p.pid != os.getpid() and p.environ().get(_OWNER_ENV) == mark:
+            if p.pid != os.getpid() and p.environ().get(OWNER_ENV) == mark:
                 found.append(p)
         except psutil.Error:  # another user's process, or one that just ended
             continue
@@ -107,7 +107,7 @@ def _stop_local_ray() -> None:
     """End the local Ray this process started, fast and completely: Ray's driver shutdown (for at most
     :data:`STOP_GRACE_S`), then every process this process started (GCS, raylet, workers, replicas, HAProxy, a
     background export), and any that one of them starts meanwhile, gets SIGTERM and, after :data:`STOP_GRACE_S`,
-    SIGKILL (:func:`_end_marked`). They are found by the environment mark they all inherit (:data:`_OWNER_ENV`),
+    SIGKILL (:func:`_end_marked`). They are found by the environment mark they all inherit (:data:`OWNER_ENV`),
     so one orphaned to PID 1 is found too and no other process of the caller is touched. Serve's graceful
     shutdown is skipped: it drains the replicas and HAProxy first, and a local Ray keeps nothing that
     needs it. A further signal during the stop is ignored (:func:`_signals_held`)."""
@@ -141,7 +141,7 @@ def _forget_local_ray() -> None:
     for folder in _LOCAL["temp_dirs"]:
         shutil.rmtree(folder, ignore_errors=True)
     _LOCAL["temp_dirs"] = []
-    for key in (*_LOOPBACK_ENV, _RAYLET_PID_ENV, _OWNER_ENV):  # a later start_ray with --address: as Ray decides
+    for key in (*_LOOPBACK_ENV, _RAYLET_PID_ENV, OWNER_ENV):  # a later start_ray with --address: as Ray decides
         os.environ.pop(key, None)
     for key, value in _OWN_ENV.items():  # the defaults this start set (the wrapper's path among them, now
         if os.environ.get(key) == value:  # deleted) must not reach a later start, nor a child that would take

@@ -943,7 +943,7 @@ def test_a_local_ray_names_its_driver_as_the_raylet_so_a_stop_without_a_parent_i
         "RAY_SERVE_HAPROXY_BINARY_PATH",
         *environment._LOOPBACK_ENV,
         environment._RAYLET_PID_ENV,
-        environment._OWNER_ENV,
+        environment.OWNER_ENV,
         "RAY_TMPDIR",
         "RAY_USAGE_STATS_ENABLED",
     ):

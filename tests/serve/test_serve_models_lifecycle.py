@@ -519,12 +519,12 @@ def test_the_stop_watchdog_is_disarmed_when_its_body_ends():
 
 def _owned_by(pid: int) -> list[psutil.Process]:
     """Every process that carries the environment mark of the local Ray that process ``pid`` started."""
-    from attnzoo.serve.rayserve.environment import _OWNER_ENV
+    from attnzoo.serve.rayserve.environment import OWNER_ENV
 
     found = []
     for p in psutil.process_iter():
         try:
-            if p.environ().get(_OWNER_ENV, "").startswith(f"{pid}-"):
+            if p.environ().get(OWNER_ENV, "").startswith(f"{pid}-"):
                 found.append(p)
         except psutil.Error:
             continue
@@ -538,7 +538,7 @@ _FAKE_RAY = """
 import os, signal, subprocess, sys, time
 from pathlib import Path
 from attnzoo.cli import entry_point
-from attnzoo.serve.rayserve.environment import _LOCAL, _OWNER_ENV
+from attnzoo.serve.rayserve.environment import _LOCAL, OWNER_ENV
 from attnzoo.serve.rayserve.reaping import stop
 from attnzoo.serve.rayserve.watchdog import stop_watchdog
 
@@ -563,7 +563,7 @@ time.sleep(60)
 @entry_point
 def main(argv=None):
     _LOCAL.update(started=True, mark=f"{os.getpid()}-{time.time_ns()}")
-    os.environ[_OWNER_ENV] = _LOCAL["mark"]
+    os.environ[OWNER_ENV] = _LOCAL["mark"]
     kids = [subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                              text=True)  # not the test's pipes: a process left holding them would block its reads
             for code, args in ((SPAWNER, [str(Path(sys.argv[1]) / "reloaded.pid")]), (STUBBORN, []))]
