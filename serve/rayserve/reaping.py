@@ -20,8 +20,8 @@ from attnzoo.serve.rayserve.environment import (
     _LOOPBACK_ENV,
     _METRICS,
     _OWN_ENV,
-    OWNER_ENV,
     _RAYLET_PID_ENV,
+    OWNER_ENV,
     _ray_initialized,
 )
 from attnzoo.signals import abandon, set_handler
