@@ -662,7 +662,7 @@ def test_a_new_format_is_one_file_checked_before_any_work(tar_format, tmp_path, 
     from attnzoo.export.formats import formats
     from attnzoo.export.pipeline import output_format
 
-    assert list(formats()) == ["onnx", "tar", "tensorrt", "triton"]  # in module-name order
+    assert list(formats()) == ["aoti", "onnx", "tar", "tensorrt", "triton"]  # in module-name order
     assert output_format(None, tmp_path / "m.tar") == "tar" and output_format("tar", None) == "tar"
     with pytest.raises(UsageError, match=r"\.onnx \(ONNX\) or \.tar \(tar archive\) or \.engine \(TensorRT engine\)"):
         output_format(None, tmp_path / "m.zip")
