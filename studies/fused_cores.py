@@ -49,7 +49,7 @@ from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary, environment, load_average
 from attnzoo.runtime.parity import TOLERANCES, parity_error
 from attnzoo.studies.mae_forms import time_round_robin
-from attnzoo.studies.report import reprint
+from attnzoo.studies.report import reprint, require_out
 
 # --help, --table and usage errors load without torch and timm
 torch = lazy_import("torch")
@@ -253,8 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     if reprint(a.table, markdown):
         return 0
-    if a.out is None:
-        raise UsageError("--out is required (or --table to print a report)")
+    require_out(a.out)
     s = _settings(a)
     writable_dir(a.out, "--out folder")
     partial = a.out / "fused-cores.partial.json"
