@@ -49,6 +49,7 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -227,10 +228,11 @@ def part_settings(
     cache_dir: Path | None = None,
     dtypes: Sequence[str] | None = None,
     backends: Sequence[str] | None = None,
+    flags: Sequence[str] = (),
 ):
     """The :class:`attnzoo.benchmarks.run.Settings` of ``part`` (the overrides shrink it: ``--variants`` a subset,
     ``--arch``/``--img-size``/``--batch-sizes`` a smaller model, ``--dtypes`` other precisions, as the CPU test
-    does; ``backends``: a stage of the part).
+    does; ``backends``: a stage of the part; ``flags``: the command line's other flags, recorded with the part).
 
     Raises:
         ValueError: an unknown part (the valid ones named).
@@ -242,7 +244,7 @@ def part_settings(
     chosen = _variants(spec["variants"])
     if variants:
         chosen = [v for v in chosen if v in variants]
-    command = ["python", "benchmarks/gpu_plan.py", "--part", part]
+    command = ["python", "benchmarks/gpu_plan.py", "--part", part, *flags]
     return bench_run.Settings(
         variants=list(dict.fromkeys(["standard", *chosen])),
         backends=list(backends or spec["backends"]),
@@ -260,7 +262,7 @@ def part_settings(
         ceiling_size=0,
         time_limit=time_limit,
         progress=False,
-        command=" ".join(command),
+        command=shlex.join(command),
         dynamic_batch=bool(spec.get("dynamic_batch")),
     )
 
@@ -458,6 +460,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 @entry_point
+def _other_flags(argv: list[str]) -> list[str]:
+    """``argv`` without its ``--part`` options: what each part's recorded command carries besides its own part."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--part":
+            skip = True
+        elif not arg.startswith("--part="):
+            out.append(arg)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the parts asked for, one after the other; print what is finished."""
     a = add_debug_flag(build_parser()).parse_args(argv)
@@ -487,9 +502,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
     if bad or not (a.part or a.list):
         raise UsageError(f"unknown part {', '.join(map(repr, bad)) or '(none given)'}; valid: {', '.join(PARTS)}")
+    flags = _other_flags(list(sys.argv[1:] if argv is None else argv))
     for part in a.part:
         print(f"part {part}", flush=True)
-        result = run_part(part, a.out, time_limit=a.time_limit, **overrides)
+        result = run_part(part, a.out, time_limit=a.time_limit, flags=flags, **overrides)
         if result["interrupted"]:
             print(f"part {part} not finished: {result['interrupted']['note']}", flush=True)
             if result["interrupted"]["signal"]:

@@ -69,6 +69,15 @@ def test_the_headline_is_every_variant_at_fp16_eager_compiled_and_ahead_of_time(
     assert "python benchmarks/gpu_plan.py --part headline --out results/gpu-h100" in plan.__doc__
 
 
+def test_a_parts_recorded_command_carries_the_flags_it_ran_with(tmp_path):
+    """A part run with ``--time-limit 46`` (or any other flag) records it: the command reruns the same part."""
+    argv = ["--part", "eager-b", "--time-limit", "46", "--part=compile-1", "--out", "results/gpu-h100"]
+    flags = plan._other_flags(argv)
+    assert flags == ["--time-limit", "46", "--out", "results/gpu-h100"]
+    s = plan.part_settings("eager-b", tmp_path, flags=flags)
+    assert s.command == "python benchmarks/gpu_plan.py --part eager-b --time-limit 46 --out results/gpu-h100"
+
+
 def test_the_headline_table_shows_each_backend_its_overhead_and_why_a_row_did_not_run():
     def row(v, b, n, ms, status="ok", reason="", x=None):
         return {
