@@ -261,8 +261,7 @@ def test_class_names_must_match_the_logits(good_onnx, tmp_path, capsys):
 
     ckpt = tmp_path / "ck" / "m.safetensors"
     save_checkpoint(create_model("standard", "cls", "micro", num_classes=3), ckpt, class_names="abc")
-    side = json.loads(ckpt.with_suffix(".json").read_text())
-    ckpt.with_suffix(".json").write_text(json.dumps({**side, "class_names": ["a", "b"]}))
+    _rewrite_config(ckpt, class_names=["a", "b"])
     with pytest.raises(ValueError, match="2 class names for 3 classes"):
         load_checkpoint(ckpt)
 
@@ -351,11 +350,29 @@ def test_failed_export_keeps_the_good_model_and_its_report(tmp_path, monkeypatch
 
 
 # ------------------------------------------------------------------ 7, 8: checkpoints and --resume
+def _rewrite_config(path: Path, **config_changes) -> None:
+    """A checkpoint written with ``config_changes`` in its own config (the safetensors metadata its sha256 covers)
+    and in the JSON beside it, as a hostile file would be: the checks on the values, not the JSON's agreement with
+    the checkpoint, are what refuse it."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from attnzoo.models.checkpoint import CONFIG_KEY
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = dict(f.metadata() or {})
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    stored = json.loads(meta[CONFIG_KEY])
+    meta[CONFIG_KEY] = json.dumps({**stored, **{k: v for k, v in config_changes.items() if k in stored}})
+    save_file(tensors, str(path), metadata=meta)
+    side = path.with_suffix(".json")
+    side.write_text(json.dumps({**json.loads(side.read_text()), **config_changes}))
+
+
 def _checkpoint(tmp_path: Path, **config_changes) -> Path:
     path = tmp_path / "m.safetensors"
     save_checkpoint(create_model("standard", "cls", "micro", num_classes=3), path, class_names="abc")
-    side = path.with_suffix(".json")
-    side.write_text(json.dumps({**json.loads(side.read_text()), **config_changes}))
+    _rewrite_config(path, **config_changes)
     return path
 
 

@@ -477,11 +477,11 @@ def test_a_lookup_in_another_thread_waits_for_the_plugins(registry_restored, onl
 
     started = tmp_path / "started"
     wait = f"def register():\n    open({str(started)!r}, 'w').close()\n    time.sleep(0.5)"
-    _fake_dist(
+    _fake_dist(  # a module name of its own: another test's tp_good may already be imported in this process
         tmp_path,
-        "tp-good",
+        "tp-thread",
         "1.2",
-        "tp_good",
+        "tp_thread",
         "import time\n" + _GOOD.replace("{name}", "tp-half").replace("def register():", wait),
     )
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -360,7 +360,7 @@ def test_bad_input_gets_one_json_error_line(server, tmp_path):
     _bad(_post(server, "/classify", good, k=0), 400, "k must be in 1..10")
     _bad(_post(server, "/classify", good, k="x"), 400, "k:")
     _bad(_post(server, "/segment", good, max_side=0), 400, "max_side must be in")
-    _bad(httpx.get(f"{server}/nope", timeout=30), 404, "no route GET /nope")
+    _bad(httpx.get(f"{server}/nope", timeout=30), 404, "no route GET '/nope'")
 
 
 def test_a_long_name_is_quoted_cut_short(server):

@@ -247,7 +247,7 @@ def test_quick_run_with_onnx_runtime(tmp_path):
     "argv,needle",
     [
         (["--variants", "nope"], "unknown variant 'nope'; valid: all,"),
-        (["--backends", "ort-cuda"], "unknown backend 'ort-cuda'; valid: eager, compile, ort-cpu"),
+        (["--backends", "ort-cuda"], "unknown backend 'ort-cuda'; valid: eager, compile, aoti, ort-cpu"),
         (["--sizes", "230"], "230 px is not a multiple of the small patch size 16"),
         (["--sizes", "4096"], "must be an integer in 1..2048"),
         (["--batch-sizes", "0"], "out of range"),
