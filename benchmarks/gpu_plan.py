@@ -459,7 +459,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-@entry_point
 def _other_flags(argv: list[str]) -> list[str]:
     """``argv`` without its ``--part`` options: what each part's recorded command carries besides its own part."""
     out, skip = [], False
@@ -473,6 +472,7 @@ def _other_flags(argv: list[str]) -> list[str]:
     return out
 
 
+@entry_point
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the parts asked for, one after the other; print what is finished."""
     a = add_debug_flag(build_parser()).parse_args(argv)
