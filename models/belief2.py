@@ -26,7 +26,7 @@ The zoo trains it from scratch with ``param_matched``: the block MLP shrinks so 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -176,10 +176,11 @@ def prop1_options() -> dict[str, Any]:
 
 def tie_proj_p(attn: nn.Module) -> None:
     """``W^p = W``, ``b^p = 0`` in a Belief2 layer: the bias is added once, by ``proj`` (Prop. 1)."""
+    layer = cast(Belief2Attention, attn)
     with torch.no_grad():
-        attn.proj_p.weight.copy_(attn.proj.weight)
-        if attn.proj_p.bias is not None:
-            attn.proj_p.bias.zero_()
+        layer.proj_p.weight.copy_(layer.proj.weight)
+        if layer.proj_p.bias is not None:
+            layer.proj_p.bias.zero_()
 
 
 def check_prop1_source(attn: nn.Module, where: str) -> None:
@@ -218,6 +219,7 @@ def belief2_from_standard(attn: nn.Module) -> nn.Module:
     """
     options = prop1_options()
     cls = attention_class("belief2", **{k: options[k] for k in ("phi", "zz", "eps")})
+    attn = cast("TimmAttention | StandardAttention", attn)  # check_prop1_source admits these two only
     weight = attn.qkv.weight
     new = cls(
         attn.qkv.in_features,

@@ -11,12 +11,13 @@ import math
 import pickle
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from timm.layers import resample_abs_pos_embed
+from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 import attnzoo.models
@@ -324,9 +325,9 @@ def init_encoder(model: nn.Module, path: str | Path) -> int:
         ValueError: the checkpoint is another variant or arch, or an encoder tensor is missing, extra or
             mis-shaped (:func:`load_weights`' message).
     """
-    own = getattr(model, "attnzoo_config", {})
+    own: Any = getattr(model, "attnzoo_config", {})  # its config dict; check_encoder_source compares the names
     check_encoder_source(path, own.get("variant"), own.get("arch"))
-    encoder = getattr(model, "encoder", model)
+    encoder = cast(VisionTransformer, getattr(model, "encoder", model))  # a segmenter or a ViT classifier
     state = {k: v for k, v in load_state_dict_file(path).items() if not k.startswith("head.")}
     target = encoder.state_dict()
     if "pos_embed" in state and "pos_embed" in target and state["pos_embed"].shape != target["pos_embed"].shape:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, SupportsInt, cast
 
 import torch
 from timm.data import resolve_model_data_config
@@ -130,7 +130,8 @@ def create_model(
         attn_layer=attention_class(spec.name, **attn),
     )
     model: nn.Module = encoder if task == "cls" else Segmenter(encoder, num_classes, decoder=decoder)
-    model.attnzoo_config = model_config(
+    # nn.Module.__setattr__ is typed for Tensor | Module values; any attribute is allowed at runtime.
+    model.attnzoo_config = model_config(  # type: ignore[assignment]
         spec.name, task, arch, num_classes, img_size, {**attn, **model_opts}, decoder if task == "seg" else None
     )
     return model
@@ -218,12 +219,13 @@ def _timm_config(model: VisionTransformer) -> dict[str, Any]:
         config["img_size"] = [int(h), int(w)]
     config["mean"] = [float(m) for m in data["mean"]]
     config["std"] = [float(s) for s in data["std"]]
+    heads = int(cast(SupportsInt, cast(nn.Module, model.blocks[0].attn).num_heads)) if len(model.blocks) else 0
     config["timm"] = {
         "class": type(model).__name__,
         "patch_size": list(model.patch_embed.patch_size),
         "embed_dim": int(model.embed_dim),
         "depth": len(model.blocks),
-        "num_heads": int(model.blocks[0].attn.num_heads) if len(model.blocks) else 0,
+        "num_heads": heads,
         "class_token": model.cls_token is not None,
         "reg_tokens": int(model.num_reg_tokens),
         "layer_scale": any(isinstance(m, LayerScale) for m in model.modules()),
@@ -240,11 +242,11 @@ def _convert_timm_vit(model: VisionTransformer) -> nn.Module:
                 f"blocks.{i} is a {type(blk).__name__}; convert_to_belief2 handles "
                 f"{', '.join(c.__name__ for c in _CONVERTIBLE_BLOCKS)} blocks"
             )
-        check_prop1_source(blk.attn, f"blocks.{i}.attn")
+        check_prop1_source(cast(nn.Module, blk.attn), f"blocks.{i}.attn")
     out = copy.deepcopy(model)
     for blk in out.blocks:
-        blk.attn = belief2_from_standard(blk.attn)
-    out.attnzoo_config = _timm_config(model)
+        blk.attn = belief2_from_standard(cast(nn.Module, blk.attn))
+    out.attnzoo_config = _timm_config(model)  # type: ignore[assignment]  # a plain attribute (see create_model)
     return out.eval()
 
 
@@ -313,7 +315,7 @@ def convert_to_belief2(source: nn.Module | Mapping[str, torch.Tensor], **create_
     not_proj_p = [k for k in missing if not k.endswith(("attn.proj_p.weight", "attn.proj_p.bias"))]
     if not_proj_p:
         raise ValueError(f"the standard weights lack: {', '.join(not_proj_p[:20])}")
-    encoder = model.encoder if isinstance(model, Segmenter) else model
+    encoder = model.encoder if isinstance(model, Segmenter) else cast(VisionTransformer, model)
     for blk in encoder.blocks:
-        tie_proj_p(blk.attn)
+        tie_proj_p(cast(nn.Module, blk.attn))
     return model.eval()

@@ -429,10 +429,10 @@ def _probe(spec: VariantSpec) -> tuple[str, ...]:
                     f"variant {spec.name!r}: extra scope {scope!r} has the name of an nn.Module "
                     "attribute, which hides the sub-module; rename it"
                 ) from None
-            subs = ", ".join(subs) or "none"
+            listed = ", ".join(subs) or "none"
             raise ValueError(
                 f"variant {spec.name!r}: extra scope {scope!r} is not a sub-module of {cls_name} "
-                f"(its sub-modules: {subs})"
+                f"(its sub-modules: {listed})"
             ) from None
         hooks.append(module.register_forward_hook(lambda *_, s=scope: called.__setitem__(s, called.get(s, 0) + 1)))
     x = torch.randn(*_PROBE_SHAPE, generator=torch.Generator().manual_seed(0))
@@ -475,7 +475,7 @@ def register_variant(
     name: str,
     attn_layer: type[nn.Module],
     *,
-    paper: str,
+    paper: Paper | str,
     equations: str = "",
     options: Mapping[str, Any] | None = None,
     extra_scopes: Sequence[str] | Mapping[str, Mapping[str, int] | None] = (),

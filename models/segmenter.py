@@ -14,6 +14,7 @@ embedding is resampled to the new grid (timm ``dynamic_img_size``), and the logi
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -111,10 +112,12 @@ class Segmenter(nn.Module):
         size = encoder.patch_embed.img_size
         self.img_size: tuple[int, int] = (int(size[0]), int(size[1]))
         dim = encoder.embed_dim
+        self.decoder: LinearDecoder | MaskTransformerDecoder
         if decoder == "linear":
             self.decoder = LinearDecoder(num_classes, dim)
         else:
-            heads = encoder.blocks[0].attn.num_heads
+            attn = cast(nn.Module, encoder.blocks[0].attn)
+            heads = cast(int, attn.num_heads)  # every attention layer sets its int num_heads
             self.decoder = MaskTransformerDecoder(num_classes, dim, depth=decoder_depth, num_heads=heads)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

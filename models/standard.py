@@ -147,10 +147,10 @@ class StandardAttention(nn.Module):
         self.scale = attn_head_dim**-0.5
 
         self.qkv = nn.Linear(dim, self.attn_dim * 3, bias=qkv_bias, **dd)
-        self.q_norm = norm_layer(attn_head_dim, **dd) if qk_norm else nn.Identity()
-        self.k_norm = norm_layer(attn_head_dim, **dd) if qk_norm else nn.Identity()
+        self.q_norm = norm_layer(attn_head_dim, **dd) if qk_norm and norm_layer is not None else nn.Identity()
+        self.k_norm = norm_layer(attn_head_dim, **dd) if qk_norm and norm_layer is not None else nn.Identity()
         self.attn_drop = nn.Dropout(attn_drop)
-        self.norm = norm_layer(self.attn_dim, **dd) if scale_norm else nn.Identity()
+        self.norm = norm_layer(self.attn_dim, **dd) if scale_norm and norm_layer is not None else nn.Identity()
         self.gate = nn.Linear(dim, self.attn_dim, bias=qkv_bias, **dd) if gated else None
         self.proj = nn.Linear(self.attn_dim, dim_out, bias=proj_bias, **dd)
         self.proj_drop = nn.Dropout(proj_drop)

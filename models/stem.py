@@ -39,4 +39,5 @@ class ConvStemPatchEmbed(PatchEmbed):
             ]
             width = out
         layers.append(nn.Conv2d(width, embed_dim, 1))
-        self.proj = nn.Sequential(*layers)
+        # timm infers PatchEmbed.proj as the Conv2d it builds; its forward only needs (B, C, H, W) -> (B, D, h, w).
+        self.proj = nn.Sequential(*layers)  # type: ignore[assignment]
