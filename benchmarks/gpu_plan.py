@@ -124,6 +124,7 @@ from attnzoo.fileio import atomic_write_text, default_cache_dir  # noqa: E402
 from attnzoo.lazy import lazy_import  # noqa: E402
 from attnzoo.machine import load_average  # noqa: E402
 from attnzoo.runtime import aoti  # noqa: E402
+from attnzoo.runtime.backends import reference_backend  # noqa: E402
 
 # --list, --help and report-variant (which reads MODELS) load without torch and timm: imported at first use
 models = lazy_import("attnzoo.models")
@@ -301,7 +302,7 @@ def headline_table(result: dict[str, Any]) -> str:
     head = ["variant", "batch"]
     for b in backends:
         head += [f"{b} {dtype} ms", f"{b} x standard"]
-    head += [f"{b} x eager" for b in backends if b != "eager"]
+    head += [f"{b} x eager" for b in backends if b != reference_backend()]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for v in dict.fromkeys(k[0] for k in rows):
         for n in sorted({k[2] for k in rows if k[0] == v}):
@@ -318,7 +319,7 @@ def headline_table(result: dict[str, Any]) -> str:
                     "1" if v == "standard" else (f"{o['ratio_median']:.2f}" if o else "-"),
                 ]
             for b in backends:
-                if b == "eager":
+                if b == reference_backend():
                     continue
                 r = rows.get((v, b, n))
                 x = None if r is None else (r.get("speedup_pair_median") or r.get("speedup_vs_eager"))

@@ -25,6 +25,7 @@ from typing import Any
 from attnzoo.benchmarks.rowlog import LOG_NAME, RowLog
 from attnzoo.fileio import atomic_write_bytes
 from attnzoo.machine import cpu_summary
+from attnzoo.runtime.backends import reference_backend
 
 __all__ = [
     "ROW_FIELDS",
@@ -353,7 +354,7 @@ def _speedup_pivot(ok: list[Mapping[str, Any]]) -> str:
         {
             (r["backend"], r["dtype"], r["batch"])
             for r in ok
-            if r["speedup_vs_eager"] is not None and r["backend"] != "eager"
+            if r["speedup_vs_eager"] is not None and r["backend"] != reference_backend()
         },
         key=lambda c: (c[2], c[0], c[1]),
     )

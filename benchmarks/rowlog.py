@@ -28,6 +28,7 @@ from typing import Any
 
 from attnzoo.fileio import parse_json
 from attnzoo.limits import MAX_BATCH_SIZE
+from attnzoo.runtime.backends import reference_backend
 
 __all__ = ["LOG_NAME", "MAX_LINE_BYTES", "MAX_LOG_BYTES", "ROW_STATUSES", "RowLog", "read_log", "run_asks"]
 
@@ -417,8 +418,9 @@ def run_asks(
     """A run's ``asks``: ``standard`` first among its variants (the overhead baseline) and eager fp32 first among
     its backend/precision pairs (the parity reference and every row's A/B baseline always run)."""
     combos = [[b, d] for b in backends for d in dtypes]
-    if ["eager", "fp32"] not in combos:
-        combos.insert(0, ["eager", "fp32"])
+    reference = [reference_backend(), "fp32"]
+    if reference not in combos:
+        combos.insert(0, reference)
     return {
         "variants": list(dict.fromkeys(["standard", *variants])),
         "combos": combos,

@@ -48,7 +48,7 @@ from attnzoo.errors import first_line
 from attnzoo.export import export_verified
 from attnzoo.machine import environment, load_average
 from attnzoo.models import create_model
-from attnzoo.runtime.backends import Backend, Call, get_backend
+from attnzoo.runtime.backends import ONNX_REFERENCE, Backend, Call, get_backend, reference_backend
 from attnzoo.runtime.backends.ort_cpu import tuned_cpu_session
 from attnzoo.runtime.parity import TOLERANCES
 from attnzoo.runtime.parity import check as check_parity
@@ -276,9 +276,10 @@ class _Bench:
         self.deadline = time.time() + s.time_limit if s.time_limit else None
         self.combos = [(b, d) for b, d in run_asks(s.variants, s.backends, s.dtypes, s.batch_sizes)["combos"]]
         self.skip = {c: row_unavailable_reason(c[0], c[1], self.device.type) for c in self.combos}
-        self.skip[("eager", "fp32")] = None  # the reference backend always runs
+        reference = (reference_backend(), "fp32")
+        self.skip[reference] = None  # the reference backend always runs
         # eager first, fp32 first of all: the parity reference's twin and every row's A/B baseline run before them
-        self.combos.sort(key=lambda c: (c[0] != "eager", c != ("eager", "fp32")))
+        self.combos.sort(key=lambda c: (not get_backend(c[0]).is_reference, c != reference))
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -679,7 +680,7 @@ class _Bench:
     ) -> bool:
         """Keep a runner where later rows look for their A/B partners; whether it was kept."""
         kept = variant == "standard"
-        if backend == "eager":
+        if get_backend(backend).is_reference:
             eagers[dtype], kept = partner, True
         elif dtype == "fp32" and on_cpu(backend, self.device):
             cpu_runners[backend], kept = partner, True
@@ -698,9 +699,10 @@ def baseline_dtype(backend: str, dtype: str, eagers: dict[str, Any]) -> str | No
     """The precision of the eager row a ``backend`` row at ``dtype`` is compared with: eager at the same precision
     where that row ran (an fp16 row against eager fp16, not fp32), else -- and for eager's own rows -- eager fp32;
     ``None`` without an eager fp32 row. Eager fp32 is its own baseline."""
-    if backend != "eager" and dtype in eagers:
+    reference = get_backend(backend).is_reference
+    if not reference and dtype in eagers:
         return dtype
-    return "fp32" if "fp32" in eagers or (backend, dtype) == ("eager", "fp32") else None
+    return "fp32" if "fp32" in eagers or (reference and dtype == "fp32") else None
 
 
 def _speedups(rows: list[dict[str, Any]]) -> None:
@@ -709,7 +711,7 @@ def _speedups(rows: list[dict[str, Any]]) -> None:
     eager = {
         (r["variant"], r["batch"], r["dtype"]): r["median_ms"]
         for r in rows
-        if r["status"] == "ok" and r["backend"] == "eager"
+        if r["status"] == "ok" and r["backend"] == reference_backend()
     }
     for r in rows:
         if r["status"] != "ok":
@@ -773,7 +775,7 @@ def _fastest_cpu(rows: list[dict[str, Any]], pairs: list[dict[str, Any]], device
             continue
         score = (
             1.0
-            if r["backend"] == "eager"
+            if r["backend"] == reference_backend()
             else (r["speedup_pair_median"] if r.get("speedup_pair_median") is not None else r["speedup_vs_eager"])
         )
         if score:
@@ -836,7 +838,7 @@ def estimate_seconds(s: Settings, bench: _Bench, variants: list[str], ceiling: d
             t = call1 * n
             calls = max(timing.MIN_ITERS, s.min_time / t) + max(2, timing.WARMUP_S / t)
             pair = 2 * max(timing.MIN_ITERS, s.min_time / (2 * t)) + 2 * max(2, timing.WARMUP_S / t)
-            calls += pair * ((backend != "eager") + (variant != "standard")) + 1
+            calls += pair * ((not get_backend(backend).is_reference) + (variant != "standard")) + 1
             total += calls * t
             compiles = compiles or get_backend(backend).jit_compiles
         for n in s.batch_sizes:  # the head-to-head of two runtimes, the eager reference
@@ -932,7 +934,9 @@ def _run(
     bench = _Bench(s, log)
     # the GEMM throughput of PyTorch and ONNX Runtime on this CPU, beside the rows of an ONNX Runtime CPU backend
     if any(
-        get_backend(b).library == "onnxruntime" and on_cpu(b, bench.device) and not bench.skip[(b, d)]
+        get_backend(b).library == get_backend(ONNX_REFERENCE).library
+        and on_cpu(b, bench.device)
+        and not bench.skip[(b, d)]
         for b, d in bench.combos
     ):
         with bench.phase("GEMM throughput"):

@@ -3,7 +3,8 @@
 Modelled on Polygraphy's runners. A :class:`Backend` says what it is (its one name, the aliases the command lines
 also accept, what it takes: the PyTorch module or a verified ONNX file, where it computes, its precisions, which
 :class:`LoadOptions` it reads) and the facts its callers act on (:attr:`Backend.builds_engine`,
-:attr:`Backend.jit_compiles`, :attr:`Backend.int8_model`, :attr:`Backend.serving_batch`, :attr:`Backend.library`),
+:attr:`Backend.jit_compiles`, :attr:`Backend.int8_model`, :attr:`Backend.serving_batch`, :attr:`Backend.library`,
+:attr:`Backend.is_reference`),
 whether it runs on this machine and if not why (:meth:`Backend.unavailable_reason`), and loads a model into a
 :class:`Session` with one call for every backend, ``backend.load(model, LoadOptions(...))``. A session has ``run``
 (host float32 in, float32 logits out), ``call`` (a reusable timed call on inputs already where the backend
@@ -42,6 +43,7 @@ __all__ = [
     "cpu_runtimes",
     "DTYPES",
     "ONNX_REFERENCE",
+    "reference_backend",
     "describe",
     "check_against_reference",
 ]
@@ -185,6 +187,8 @@ class Backend:
             (NNCF's quantization of the runtime's own model); ``None``: no int8 path.
         serving_batch: The batch a served model is compiled for when the session still runs any batch (one image
             at a time); ``None``: served with a dynamic batch.
+        is_reference: The PyTorch model run as it is: the reference every other backend's rows are compared with
+            (their parity and speed-ups), which always runs. Exactly one backend is (:func:`reference_backend`).
     """
 
     name: str
@@ -199,6 +203,7 @@ class Backend:
     jit_compiles: bool = False
     int8_model: str | None = None
     serving_batch: int | None = None
+    is_reference: bool = False
 
     def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False) -> str | None:
         """Why this backend cannot run ``dtype`` here (one line), or ``None`` when it can.
@@ -259,6 +264,8 @@ def register_backend(backend: Backend) -> Backend:
     for name in (backend.name, *backend.aliases):
         if name in _REGISTRY or name in _ALIASES:
             raise ValueError(f"backend name {name!r} is taken (by {canonical_backend(name)})")
+    if backend.is_reference and any(b.is_reference for b in _REGISTRY.values()):
+        raise ValueError(f"{backend.name} cannot be the reference backend: {reference_backend()} is")
     _REGISTRY[backend.name] = backend
     _ALIASES.update({a: backend.name for a in backend.aliases})
     return backend
@@ -289,6 +296,11 @@ def canonical_backend(name: str) -> str:
 def get_backend(name: str) -> Backend:
     """The backend called ``name`` (or one of its aliases)."""
     return _REGISTRY[canonical_backend(name)]
+
+
+def reference_backend() -> str:
+    """The name of the reference backend (:attr:`Backend.is_reference`: the PyTorch model run as it is)."""
+    return next(b.name for b in _REGISTRY.values() if b.is_reference)
 
 
 def cpu_runtimes() -> list[Backend]:

@@ -201,5 +201,6 @@ EAGER = register_backend(
         takes="module",
         device="torch",
         dtypes=("fp32", "tf32", "fp16", "bf16"),
+        is_reference=True,
     )
 )
