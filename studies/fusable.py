@@ -33,7 +33,7 @@ from attnzoo.errors import UsageError
 from attnzoo.fileio import default_cache_dir, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary, environment, load_average
-from attnzoo.runtime.backends import cpu_runtimes
+from attnzoo.runtime.backends import cpu_runtimes, reference_backend
 from attnzoo.runtime.fusion import FUSED, RUNTIMES, audit
 from attnzoo.runtime.openvino import unavailable_reason
 from attnzoo.runtime.parity import check
@@ -102,17 +102,16 @@ def time_opsets(
     Raises:
         RuntimeError: a runner's output fails the parity check.
     """
-    runners: dict[str, Callable[[], object]] = {"eager": eager} if eager is not None else {}
+    runners: dict[str, Callable[[], object]] = {reference_backend(): eager} if eager is not None else {}
     runtimes = [b for b in cpu_runtimes() if b.unavailable_reason("fp32") is None]
     for opset, path in paths.items():
         for backend in runtimes:
             session = backend.load(path, backend.options(threads=threads, batch=x.shape[0], cache_dir=cache))
-            runners[f"{backend.name} opset{opset}"] = lambda s=session: s.run(x)
-    for name, fn in runners.items():  # bench-latency's parity gate (the shared tolerance table)
-        if name != "eager":
-            ok, err = check(np.asarray(fn()), ref, "fp32")
+            name = f"{backend.name} opset{opset}"
+            ok, err = check(np.asarray(session.run(x)), ref, "fp32")  # bench-latency's parity gate (shared table)
             if not ok:
                 raise RuntimeError(f"{name}: parity error {err:.1e} against {reference}")
+            runners[name] = lambda s=session: s.run(x)
     return time_round_robin(runners, rounds, progress=progress)
 
 

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-import numpy as np
 from tqdm import tqdm
 
 from attnzoo.benchmarks.stats import ratio_stats, summarize
@@ -34,8 +33,7 @@ from attnzoo.errors import UsageError
 from attnzoo.fileio import default_cache_dir, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary, environment, load_average
-from attnzoo.runtime.backends.ort_cpu import tuned_cpu_session
-from attnzoo.runtime.openvino import OpenVINOSession, unavailable_reason
+from attnzoo.runtime.backends import Call, get_backend, reference_backend
 from attnzoo.runtime.parity import check
 from attnzoo.studies.report import write_report
 
@@ -90,8 +88,8 @@ def _rows(times: dict[str, list[float]], batch: int, parity: dict[str, float]) -
     rows = []
     for name, samples in times.items():
         row = {"runner": name, "batch": batch, **summarize(samples, batch)}
-        if name != "eager":
-            r = ratio_stats(samples, times["eager"])  # eager / runner per round: the speed-up
+        if name != reference_backend():
+            r = ratio_stats(samples, times[reference_backend()])  # eager / runner per round: the speed-up
             row.update(
                 speedup=r["ratio_median"], speedup_q1=r["ratio_q1"], speedup_q3=r["ratio_q3"], parity_error=parity[name]
             )
@@ -163,7 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(f"{flag} must be >= {low}, got {v}")
     writable_dir(a.out, "--out folder")
     cache = writable_dir(a.cache_dir or default_cache_dir() / "mae-forms", "--cache-dir folder")
-    ov_missing = unavailable_reason()
+    ort_cpu, openvino = get_backend("ort-cpu"), get_backend("openvino")
+    ov_missing = openvino.unavailable_reason("fp32")
 
     torch.set_num_threads(a.threads)
     env = environment()
@@ -188,21 +187,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         xn = x.numpy()
         with torch.no_grad():
             ref = model(x).numpy()
-        runners: dict[str, Callable[[], object]] = {"eager": partial(model, x)}
-        parity: dict[str, float] = {}
+        calls: dict[str, Call] = {}
         for form, path in paths.items():
-            sess, _ = tuned_cpu_session(path, a.threads, cache, batch=batch)
-            runners[f"ort-cpu {form}"] = partial(sess.run, None, {"image": xn})
-            if ov_missing is None:
-                ov = OpenVINOSession(path, threads=a.threads, batch=batch)
-                runners[f"openvino {form}"] = partial(ov.run, xn)
-        for name, fn in runners.items():  # the parity gate of bench-latency (the shared tolerance table)
-            if name != "eager":
-                ok, parity[name] = check(np.asarray(fn()[0] if name.startswith("ort") else fn()), ref, "fp32")
-                if not ok:
-                    raise RuntimeError(f"batch {batch}, {name}: parity error {parity[name]:.1e} against eager")
+            for backend in (ort_cpu, openvino) if ov_missing is None else (ort_cpu,):
+                options = backend.options(threads=a.threads, batch=batch, cache_dir=cache)
+                calls[f"{backend.name} {form}"] = backend.load(path, options).call(xn)
+        parity: dict[str, float] = {}
+        for name, call in calls.items():  # the parity gate of bench-latency (the shared tolerance table)
+            ok, parity[name] = check(call.output(), ref, "fp32")
+            if not ok:
+                raise RuntimeError(f"batch {batch}, {name}: parity error {parity[name]:.1e} against eager")
+        runners: dict[str, Callable[[], object]] = {reference_backend(): partial(model, x)}
+        runners.update({name: call.fn for name, call in calls.items()})
         with torch.no_grad():
             times = time_round_robin(runners, a.rounds, progress=not a.no_progress)
+        for call in calls.values():
+            call.close()
         rows += _rows(times, batch, parity)
     result = {
         "command": shlex.join(["python", "-m", "attnzoo.studies.mae_forms", *argv]),

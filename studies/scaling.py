@@ -55,7 +55,7 @@ from attnzoo.export import export_verified
 from attnzoo.export.verify import EXTRA_BATCH_SIZES
 from attnzoo.fileio import atomic_path, atomic_write_text, default_cache_dir, writable_dir
 from attnzoo.limits import check_batch_sizes, check_side
-from attnzoo.machine import environment, load_average
+from attnzoo.machine import environment, load_1min, load_average
 from attnzoo.models import ARCHS, BUILTIN_VARIANTS, VARIANT_NAMES, VARIANTS, canonical_name, create_model
 from attnzoo.models.memory import forward_bytes
 from attnzoo.runtime.backends import backends, get_backend
@@ -250,7 +250,7 @@ class _Run:
             "peak_mb": None,
             "build_mb": None,
             "parity_error": None,
-            "load_1min": (load_average() or [None])[0],
+            "load_1min": load_1min(),
         }
         r.update(extra)
         self.rows.append(r)
@@ -342,7 +342,7 @@ class _Run:
                 self.row(*common, status="skipped", reason=reason)
                 self.bar.update(1)
                 continue
-            if ref is None and backend != "eager":
+            if ref is None and not get_backend(backend).is_reference:
                 with torch.inference_mode():
                     ref = model(x).float().numpy()
             try:
@@ -352,7 +352,7 @@ class _Run:
                 self.bar.update(1)
                 continue
             out, extra = result
-            if backend == "eager":
+            if get_backend(backend).is_reference:
                 ref = out if ref is None else ref
             if ref is not out:
                 ok, err = check_parity(out, ref, tolerance_for(backend, "fp32", "cpu"))

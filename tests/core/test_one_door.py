@@ -68,13 +68,10 @@ ALLOWED: dict[str, int] = {
     "runtime/sessions.py": 2,
     "runtime/tensorrt/engine.py": 2,
     "studies/bf16.py": 2,
-    "studies/fusable.py": 1,
     "studies/fused_cores.py": 2,
     "studies/int8_accuracy.py": 4,
     "studies/int8_fidelity.py": 1,
-    "studies/mae_forms.py": 5,
     "studies/quantized.py": 1,
-    "studies/scaling.py": 2,
     "studies/train_speed.py": 4,
 }
 
