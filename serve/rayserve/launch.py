@@ -192,7 +192,7 @@ def check_serve_config(cfg: ServeConfig, metrics_port: int | None = None) -> lis
         ValueError: bf16 on a CPU without bf16 units.
     """
     if cfg.dtype == "bf16":
-        reason = get_backend("openvino").unavailable_reason("bf16")
+        reason = get_backend(cfg.backend).unavailable_reason("bf16")  # the config admits only bf16 backends
         if reason:
             raise ValueError(f"--dtype bf16: {reason}")
     if metrics_port is not None and not 1 <= metrics_port <= 65535:
