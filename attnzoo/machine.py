@@ -21,6 +21,7 @@ __all__ = [
     "cpu_summary",
     "gpu_info",
     "load_average",
+    "load_1min",
     "rss_bytes",
     "BF16_FLAGS",
     "bf16_problem",
@@ -149,6 +150,12 @@ def load_average() -> list[float]:
         return [round(v, 2) for v in os.getloadavg()]
     except OSError:
         return []
+
+
+def load_1min() -> float | None:
+    """The 1-minute load average (None where the OS has none)."""
+    load = load_average()
+    return load[0] if load else None
 
 
 def rss_bytes() -> int:
