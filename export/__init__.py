@@ -4,19 +4,7 @@ int8 / fp8 quantization, TensorRT engines and Triton repositories."""
 
 from .check import ExtraMathCheckError, assert_extra_math, check_extra_math
 from .errors import ExportError, ExportWarning
-from .onnx_export import (
-    BATCH_DIM,
-    DTYPES,
-    INPUT_NAME,
-    OUTPUT_NAME,
-    SUPPORTED_OPSETS,
-    config_from_props,
-    export_onnx,
-    make_session,
-    metadata_props,
-    op_histogram,
-    read_metadata,
-)
+from .onnx_export import DTYPES, SUPPORTED_OPSETS, export_onnx, make_session, op_histogram, read_metadata
 from .pipeline import ExportResult, export_model, load_for_export
 from .verify import VerificationError, adopt_verified, export_verified, report_path, summary, verify_onnx
 
@@ -29,8 +17,6 @@ __all__ = [
     "export_onnx",
     "make_session",
     "read_metadata",
-    "metadata_props",
-    "config_from_props",
     "op_histogram",
     "check_extra_math",
     "assert_extra_math",
@@ -41,9 +27,6 @@ __all__ = [
     "report_path",
     "summary",
     "VerificationError",
-    "INPUT_NAME",
-    "OUTPUT_NAME",
-    "BATCH_DIM",
     "SUPPORTED_OPSETS",
     "DTYPES",
 ]

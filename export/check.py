@@ -24,8 +24,9 @@ from onnx import numpy_helper
 
 from attnzoo.models import PROJECTION_OPS, VariantSpec
 from attnzoo.models.checkpoint import require_variant
+from attnzoo.runtime.contract import config_from_props, metadata_props
 
-from .onnx_export import FP32_OPS, config_from_props, metadata_props
+from .onnx_export import FP32_OPS
 
 __all__ = [
     "ExtraMathCheckError",

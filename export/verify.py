@@ -28,13 +28,14 @@ from attnzoo.data.datasets import shapes_images
 from attnzoo.fileio import atomic_path, atomic_write_text, sha256_file
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
 from attnzoo.runtime.aoti import fingerprint
+from attnzoo.runtime.contract import BATCH_DIM, metadata_props
 from attnzoo.runtime.parity import TOLERANCES, compare
 from attnzoo.runtime.sessions import ort_session, read_report, verification_problem
 
 from . import onnx_export as onnx_export_module
 from .check import check_extra_math
 from .errors import ExportError
-from .onnx_export import BATCH_DIM, export_onnx, metadata_props, op_histogram
+from .onnx_export import export_onnx, op_histogram
 
 __all__ = [
     "EXTRA_BATCH_SIZES",

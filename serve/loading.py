@@ -51,7 +51,7 @@ from attnzoo.runtime.backends import (
 )
 from attnzoo.runtime.bf16 import verify_bf16
 from attnzoo.runtime.choice import fastest_cpu_runtime
-from attnzoo.runtime.contract import ModelContract
+from attnzoo.runtime.contract import ModelContract, metadata_props
 from attnzoo.runtime.quantization_report import QuantizationReport
 from attnzoo.runtime.sessions import SERVED_DTYPES, read_report, served_precision, serves, verification_problem
 from attnzoo.zoo import DEFAULT_DATA
@@ -458,7 +458,7 @@ def export_zoo(
         try:
             return (
                 path.is_file()
-                and export.metadata_props(path).get("checkpoint_sha256") == sha
+                and metadata_props(path).get("checkpoint_sha256") == sha
                 and export.check_extra_math(path)["ok"]
             )
         except Exception:  # a damaged file is exported again

@@ -46,6 +46,7 @@ from attnzoo.fileio import atomic_write_text, default_cache_dir, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary, environment, load_average
 from attnzoo.runtime.bf16 import ACCURACY_GATE, score
+from attnzoo.runtime.contract import metadata_props
 from attnzoo.runtime.openvino import (
     OpenVINOSession,
     PrecisionCheckError,
@@ -80,7 +81,7 @@ def _fp32_export(entry: Mapping[str, Any], cache: Path, threads: int | None) -> 
     if (
         path.is_file()
         and verification_problem(path, "fp32") is None
-        and export.metadata_props(path).get("checkpoint_sha256") == entry.get("sha256")
+        and metadata_props(path).get("checkpoint_sha256") == entry.get("sha256")
     ):
         return path
     model, cfg = zoo.load(entry["variant"], entry["task"], entry["data"])

@@ -11,8 +11,9 @@ from typing import Any
 
 import onnx
 
+from attnzoo.runtime.contract import config_from_props, metadata_props
+
 from ..check import expected_scopes, graph_depth
-from ..onnx_export import config_from_props, metadata_props
 
 __all__ = [
     "QUANTIZED_OP_TYPES",

@@ -17,11 +17,12 @@ from attnzoo.data.datasets import load_data
 from attnzoo.fileio import atomic_path, sha256_file
 from attnzoo.metrics import confusion_matrix, metrics_from_confusion
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
+from attnzoo.runtime.contract import BATCH_DIM
 from attnzoo.runtime.evaluate import EVAL_BATCH, cpu_session, predict_session
 
 from ..check import check_extra_math
 from ..errors import ExportError
-from ..onnx_export import BATCH_DIM, op_histogram
+from ..onnx_export import op_histogram
 from ..verify import failed_report_path, report_path
 from .calibration import DEFAULT_FIDELITY_COUNT, _split, heldout_images
 from .fidelity import DEFAULT_MIN_COSINE, FIRM_GATE_INPUTS, _fidelity, _finite_outputs, onnx_outputs

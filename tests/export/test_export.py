@@ -12,12 +12,10 @@ import pytest
 import torch
 
 from attnzoo.export import (
-    BATCH_DIM,
     assert_extra_math,
     check_extra_math,
     export_verified,
     make_session,
-    metadata_props,
     read_metadata,
     report_path,
 )
@@ -27,6 +25,7 @@ from attnzoo.export.cli import main
 from attnzoo.fileio import sha256_file
 from attnzoo.models import ARCHS, BUILTIN_VARIANTS, PROJECTION_OPS, VARIANTS, create_model
 from attnzoo.models.checkpoint import read_config, save_checkpoint
+from attnzoo.runtime.contract import BATCH_DIM, metadata_props
 from attnzoo.runtime.parity import TOLERANCES
 
 DEPTH = ARCHS["micro"]["depth"]

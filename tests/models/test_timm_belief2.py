@@ -18,10 +18,11 @@ from timm.layers import Attention as TimmAttention
 from timm.models.vision_transformer import ParallelScalingBlock, ResPostBlock, VisionTransformer
 
 from attnzoo.export.check import check_extra_math
-from attnzoo.export.onnx_export import config_hw, export_onnx, metadata_props
+from attnzoo.export.onnx_export import config_hw, export_onnx
 from attnzoo.export.verify import verify_onnx
 from attnzoo.models import Belief2Attention, attention_class, convert_to_belief2, create_model
 from attnzoo.models.factory import TIMM_DEFAULT_ARCH
+from attnzoo.runtime.contract import metadata_props
 from attnzoo.runtime.parity import TOLERANCES
 
 #: fp32 agreement demanded by Prop. 1 (measured 3e-7 to 1e-6 on these models, logits of magnitude 1-3).

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from attnzoo import zoo
-from attnzoo.export import VerificationError, adopt_verified, export_verified, metadata_props
+from attnzoo.export import VerificationError, adopt_verified, export_verified
 from attnzoo.export.verify import failed_report_path, report_path
 from attnzoo.models import create_model
+from attnzoo.runtime.contract import metadata_props
 from attnzoo.serve.loading import ServedModel, load_zoo_onnx, zoo_onnx_name
 
 
