@@ -3,7 +3,7 @@
 :func:`serve_models` checks the settings, selects the models (:mod:`~attnzoo.serve.rayserve.selection`), starts or
 joins Ray (:mod:`~attnzoo.serve.rayserve.environment`), deploys the app (:func:`deploy`) and, when it ends, stops
 everything it started (:mod:`~attnzoo.serve.rayserve.reaping`), with a watchdog for a stop that Ray holds up
-(:mod:`~attnzoo.serve.rayserve.watchdog`). The names of those modules are also importable from here.
+(:mod:`~attnzoo.serve.rayserve.watchdog`).
 """
 
 from __future__ import annotations
@@ -29,55 +29,23 @@ from attnzoo.serve.network import exposure_warning
 from attnzoo.serve.rayserve.config import DEPLOYMENT, ServeConfig
 from attnzoo.serve.rayserve.environment import (
     _LOCAL,
-    CLIENT_IDLE_S,
-    LOCAL_RAY_ENV,
-    REQUEST_TIMEOUT_S,
-    free_port,
-    haproxy_wrapper,
-    is_loopback,
     metrics_url,
     port_problem,
     ray_serve_mode,
     start_ray,
 )
-from attnzoo.serve.rayserve.reaping import STOP_GRACE_S, stop
+from attnzoo.serve.rayserve.reaping import stop
 from attnzoo.serve.rayserve.selection import (
     Selection,
     check_zoo_selection,
     export_pending,
-    random_init_models,
     select_models,
 )
-from attnzoo.serve.rayserve.watchdog import WATCHDOG_S, stop_watchdog
+from attnzoo.serve.rayserve.watchdog import stop_watchdog
 
 ray_app = lazy_import("attnzoo.serve.rayserve.app")  # imports ray: loaded by the first deploy
 
-__all__ = [
-    "startup_line",
-    "Selection",
-    "select_models",
-    "check_zoo_selection",
-    "export_pending",
-    "random_init_models",
-    "port_problem",
-    "start_ray",
-    "deploy",
-    "stop",
-    "stop_watchdog",
-    "STOP_GRACE_S",
-    "WATCHDOG_S",
-    "free_port",
-    "metrics_url",
-    "LOCAL_RAY_ENV",
-    "ray_serve_mode",
-    "is_loopback",
-    "haproxy_wrapper",
-    "serve_models",
-    "Served",
-    "check_serve_config",
-    "REQUEST_TIMEOUT_S",
-    "CLIENT_IDLE_S",
-]
+__all__ = ["startup_line", "deploy", "serve_models", "Served", "check_serve_config"]
 
 
 def deploy(cfg: ServeConfig, selection: Selection, name: str | None = None) -> str:

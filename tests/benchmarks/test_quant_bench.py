@@ -488,7 +488,7 @@ def test_backend_choice_is_timed_on_the_served_precision(int8_folder):
 
 def test_serve_models_selects_only_verified_int8(int8_folder, capsys):
     from attnzoo.serve.rayserve.config import merged
-    from attnzoo.serve.rayserve.launch import select_models
+    from attnzoo.serve.rayserve.selection import select_models
 
     sel = select_models(merged({}, {"models": int8_folder, "dtype": "int8"}))
     assert list(sel.files) == ["belief2_int8.onnx"]
@@ -511,7 +511,7 @@ def test_serve_models_zoo_int8_serves_verified_copies_first_and_publishes_the_re
     report holds."""
     from attnzoo.runtime.sessions import verification_problem
     from attnzoo.serve.rayserve.config import merged
-    from attnzoo.serve.rayserve.launch import export_pending, select_models
+    from attnzoo.serve.rayserve.selection import export_pending, select_models
 
     cfg = merged(
         {}, {"dtype": "int8", "variants": ["belief2", "standard"], "task": "cls", "cache_dir": tmp_path / "cache"}
