@@ -22,7 +22,7 @@ import warnings
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import onnx
 import timm.layers.pos_embed as pos_embed
@@ -131,7 +131,11 @@ def _fp16_model(model: nn.Module, extra_scopes: Sequence[str] = ()) -> nn.Module
     for name, module in list(half.named_modules()):
         if isinstance(module, nn.LayerNorm):
             parent, _, attr = name.rpartition(".")
-            setattr(half.get_submodule(parent) if parent else half, attr, _FP32LayerNorm(model.get_submodule(name)))
+            setattr(
+                half.get_submodule(parent) if parent else half,
+                attr,
+                _FP32LayerNorm(cast(nn.LayerNorm, model.get_submodule(name))),
+            )
     for name, module in list(half.named_modules()):
         if any(name == f"attn.{scope}" or name.endswith(f".attn.{scope}") for scope in extra_scopes):
             _keep_fp32(module)
@@ -308,7 +312,7 @@ def export_onnx(
                 "img_size, options ...)"
             )
     path = Path(path)
-    hw = tuple(input_hw) if input_hw else config_hw(config)
+    hw = (input_hw[0], input_hw[1]) if input_hw else config_hw(config)
     model = model.eval() if dtype == "fp32" else _fp16_model(model, _extra_scopes(config))
     example = torch.randn(2, 3, *hw, dtype=torch.float32 if dtype == "fp32" else torch.float16)
     with torch.no_grad(), warnings.catch_warnings(), _fixed_size_pos_embed():
@@ -329,6 +333,7 @@ def export_onnx(
         except Exception as exc:  # the exporter raises many types; report one line
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ValueError(f"torch.onnx.export failed at opset {opset}: {first}") from exc
+    assert program is not None  # dynamo=True always returns the ONNXProgram
     proto = program.model_proto
     _rename_nodes(proto.graph)
     _full_attention_masks(proto.graph)

@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from torch import nn
 from tqdm import tqdm
@@ -198,7 +198,7 @@ def load_for_export(
         task = task or "cls"
         model = create_model(canonical_name(variant), task, arch or "micro", num_classes=_class_count(state, task))
         load_weights(model, state, source=str(path))
-        return model.eval(), dict(model.attnzoo_config), sha256_file(path)
+        return model.eval(), dict(cast(dict[str, Any], model.attnzoo_config)), sha256_file(path)
     if variant is None:
         raise UsageError("--variant is required unless --checkpoint names a checkpoint with its config")
     variant = canonical_name(variant)
@@ -207,7 +207,7 @@ def load_for_export(
         names = list(SHAPES_CLASSES if task == "cls" else SHAPES_SEG_CLASSES)
         model = create_model(variant, task, arch or "micro", num_classes=len(names))
         config = {
-            **model.attnzoo_config,
+            **cast(dict[str, Any], model.attnzoo_config),
             "class_names": names,
             "mean": list(DEFAULT_MEAN),
             "std": list(DEFAULT_STD),
@@ -239,6 +239,7 @@ def output_format(fmt: str | None, out: PathLike | None) -> str:
     parts = formats().values()
     implied = next((p for p in parts if out.suffix.lower() in p.suffixes), None)
     if part is not None and not part.suffixes:  # a folder
+        assert fmt is not None  # part is its format
         if implied is not None:
             raise UsageError(
                 f"with --format {fmt}, --out names the {part.title} folder, not a file ({out.name}); "

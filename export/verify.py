@@ -108,7 +108,7 @@ def verify_onnx(
 
     The result has ``passed`` and ``failures``; nothing is raised for a mismatch.
     """
-    hw = tuple(input_hw) if input_hw else (int(config["img_size"]),) * 2
+    hw = (input_hw[0], input_hw[1]) if input_hw else (int(config["img_size"]),) * 2
     sizes = sorted(set(int(b) for b in batch_sizes) | set(EXTRA_BATCH_SIZES))
     session = ort_session(path, "cpu", threads=threads)  # fp32 without TF32: the fp32 tolerance holds
     batch_dim = session.get_inputs()[0].shape[0]

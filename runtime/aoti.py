@@ -159,7 +159,7 @@ def cached_package(
     if path.is_file():
         return path, {**facts, "cached": True}
     start = time.perf_counter()
-    program = export_program(model, tuple(hw), device=device, dtype=dtype)
+    program = export_program(model, (hw[0], hw[1]), device=device, dtype=dtype)
     exported = time.perf_counter() - start
     with temporary_package(path) as tmp:
         compiled = compile_package(program, tmp)

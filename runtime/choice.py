@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -112,7 +112,7 @@ def fastest_cpu_runtime(
                 try:
                     runner = factories[n](Path(path))
                     runners.append(runner)
-                    run = getattr(runner, "run", runner)
+                    run = cast(Callable[..., Any], getattr(runner, "run", runner))  # a session's run, or the function
                     run(x)
                     fns[n] = partial(run, x)
                 except Exception as exc:  # noqa: BLE001 -- a runtime that fails here is out, with its reason

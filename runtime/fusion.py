@@ -45,7 +45,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnzoo import mdtext
 from attnzoo.cli import entry_point
@@ -57,7 +57,10 @@ from .contract import config_from_props, metadata_props
 from .openvino import compile_onnx
 from .sessions import session_options
 
-onnx = lazy_import("onnx")
+if TYPE_CHECKING:
+    import onnx
+else:
+    onnx = lazy_import("onnx")
 ort = lazy_import("onnxruntime")
 ov = lazy_import("openvino")
 models = lazy_import("attnzoo.models")  # the arch table (timm): read by the transformer optimizer's audit only
@@ -94,7 +97,8 @@ RUNTIMES = {
 def runtime_label(entry: dict[str, Any]) -> str:
     """A runtime's name in a table, with what its count is where that is not a runtime's kernel: the transformer
     optimizer on a file whose cores were exported as ``Attention`` ops (its ``opt_level=0`` keeps them as written)."""
-    name = RUNTIMES.get(entry.get("runtime"), str(entry.get("runtime")))
+    runtime = str(entry.get("runtime"))
+    name = RUNTIMES.get(runtime, runtime)
     if entry.get("as_exported"):
         name += " (opt_level 0 keeps the exported Attention ops: the export's count, not a kernel it chose)"
     return name

@@ -190,7 +190,7 @@ class AotiFormat(ExportFormat):
 
     def export_verified(self, req: ExportRequest, source: ModelSource, out: Path) -> dict[str, Any]:
         """Export, count the extra math, compile, load, check parity; rename to ``out`` only when all passed."""
-        device, config, hw = package_device(), source.config, tuple(source.hw)
+        device, config, hw = package_device(), source.config, (source.hw[0], source.hw[1])
         sizes = sorted(set(req.batch_sizes) | set(EXTRA_BATCH_SIZES))
         start = time.perf_counter()
         program = aoti.export_program(source.model, hw, device=device, dtype=req.dtype)

@@ -5,7 +5,7 @@ the fidelity gate on the worst held-out input."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import onnx
@@ -46,7 +46,7 @@ def per_input_fidelity(reference: np.ndarray, output: np.ndarray) -> tuple[np.nd
     L2 error ``|out - ref| / |ref|``, and whether the output is finite."""
     ref = reference.reshape(len(reference), -1).astype(np.float64)
     out = output.reshape(len(output), -1).astype(np.float64)
-    finite = np.isfinite(out).all(axis=1)
+    finite = cast(np.ndarray, np.isfinite(out).all(axis=1))  # an array along axis 1 (numpy types a scalar too)
     out = np.where(np.isfinite(out), out, 0.0)
     norm_r, norm_o = np.linalg.norm(ref, axis=1), np.linalg.norm(out, axis=1)
     cos = np.where(finite, (ref * out).sum(1) / np.maximum(norm_r * norm_o, 1e-30), 0.0)

@@ -56,7 +56,9 @@ def simulate_fp8(proto: onnx.ModelProto) -> onnx.ModelProto:
         if not (node.op_type in _QDQ and is_fp8(node)):
             nodes.append(node)
             continue
-        zp = numpy_helper.to_array(tensor(node.input[2])).astype(np.float32)
+        zp_t = tensor(node.input[2])
+        assert zp_t is not None  # is_fp8: a constant float8 zero point
+        zp = numpy_helper.to_array(zp_t).astype(np.float32)
         scale_t = tensor(node.input[1])
         if scale_t is None or np.any(zp != 0):
             raise ValueError(f"{node.name}: FP8 simulation needs a constant scale and zero point 0")

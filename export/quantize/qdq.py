@@ -247,9 +247,9 @@ def qdq_groups(proto: onnx.ModelProto, fixed: Sequence[str] = ()) -> dict[str, d
         return q is not None and q.input[0] not in consts
 
     groups: dict[str, dict[str, Any]] = {}
-    fixed = set(fixed)
+    fixed_names = set(fixed)
     for node in proto.graph.node:
-        if node.op_type in _QDQ or node.name in fixed or not any(activation_dq(i) for i in node.input if i):
+        if node.op_type in _QDQ or node.name in fixed_names or not any(activation_dq(i) for i in node.input if i):
             continue
         block = _block_of(node.name)
         if node.op_type in QUANTIZED_OP_TYPES and any(weight(i) for i in node.input if i):

@@ -85,7 +85,11 @@ def evaluate_onnx(
         config["data"], "test", task, size, n=limit, seed=int(config.get("data_seed", 0)), scene=config.get("scene")
     )
     x = normalize(data.images, config.get("mean", DEFAULT_MEAN), config.get("std", DEFAULT_STD))
-    y = data.labels if task == "cls" else data.masks.astype(np.int64)
+    if task == "cls":
+        y = data.labels
+    else:
+        assert data.masks is not None  # load_data's seg sets carry masks
+        y = data.masks.astype(np.int64)
     k = len(data.class_names)
     metrics, preds, name = {}, {}, "top1"
     for label, model in tqdm(list(models.items()), desc="test-set accuracy", unit="model", disable=not progress):
@@ -184,8 +188,8 @@ def quantize_verified(
         decision: dict[str, Any] = {}
         if placement == AUTO_QDQ_PLACEMENT:
             full = proto
-            proto, decision = (
-                auto_placement(
+            if len(choose):
+                proto, decision = auto_placement(
                     proto,
                     onnx_outputs(fp32_onnx, choose, threads),
                     choose,
@@ -195,16 +199,12 @@ def quantize_verified(
                     threads=threads,
                     fixed=extra if quantize_extra_math else (),
                 )
-                if len(choose)
-                else (
-                    proto,
-                    {
-                        "selection_inputs": 0,
-                        "promised": False,
-                        "note": "too few held-out inputs to choose: ModelOpt's full placement",
-                    },
-                )
-            )
+            else:
+                decision = {
+                    "selection_inputs": 0,
+                    "promised": False,
+                    "note": "too few held-out inputs to choose: ModelOpt's full placement",
+                }
             if dtype == "int8" and any(not d["quantized"] for d in decision.get("groups", {}).values()):
                 decision["speed"] = group_speed(
                     proto, full, decision, check, fixed=extra if quantize_extra_math else ()

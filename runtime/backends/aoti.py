@@ -63,7 +63,7 @@ class AotiSession(Session):
             lambda: self._forward(xin),
             lambda: self._forward(xin).float().cpu().numpy(),
             cuda=cuda,
-            memory=self.memory.torch_peak if cuda else None,
+            memory=self.memory.torch_peak if cuda and self.memory is not None else None,
             session=self,
         )
 

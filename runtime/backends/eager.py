@@ -112,7 +112,7 @@ class TorchSession(Session):
             lambda: self._forward(xin).float().cpu().numpy(),
             cuda=cuda,
             cuda_graph=self.cuda_graph,
-            memory=self.memory.torch_peak if cuda else None,
+            memory=self.memory.torch_peak if cuda and self.memory is not None else None,
             session=self,
         )
 

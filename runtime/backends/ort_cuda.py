@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -33,6 +33,8 @@ class OrtGpuSession(Session):
     made only when asked for, so a timed call's device memory is its own session's.
     """
 
+    _bound: tuple[Any, Any, Any, Any] | None  # (input, output, session, IO binding) of the last call
+
     def __init__(self, path: Path, backend: str, provider: str, dtype: str, cache_dir: Path | None) -> None:
         self.memory = DeviceMemory()  # before anything of this session is on the device
         self.path, self.backend, self.provider, self.dtype, self.cache_dir = path, backend, provider, dtype, cache_dir
@@ -53,7 +55,7 @@ class OrtGpuSession(Session):
         return self._host
 
     def _session(self, graph: bool):
-        extra = {"cache_dir": self.cache_dir} if self.provider == "tensorrt-ep" else {}
+        extra: dict[str, Any] = {"cache_dir": self.cache_dir} if self.provider == "tensorrt-ep" else {}
         return ort_session(
             self.path,
             self.provider,
@@ -72,7 +74,7 @@ class OrtGpuSession(Session):
         """The logits' shape for ``x``: from the graph (only the batch is symbolic), else by running it once."""
         dims = self._dims[OUTPUT_NAME]
         if dims and all(dims[1:]):
-            return (len(x), *dims[1:])
+            return cast(tuple[int, ...], (len(x), *dims[1:]))  # all(dims[1:]): ints
         return self.run(x).shape
 
     def call(self, x: np.ndarray) -> Call:

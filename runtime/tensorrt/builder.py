@@ -90,7 +90,7 @@ class ParsedNetwork:
 def _progress_monitor(trt: Any, cancelled: Callable[[], bool]) -> Any | None:
     """An ``IProgressMonitor`` that cancels the build once ``cancelled()`` is true (``None`` where the bindings
     have none). A C callback: it never raises."""
-    base = getattr(trt, "IProgressMonitor", None)
+    base: Any = getattr(trt, "IProgressMonitor", None)  # a class of the bindings, when they have one
     if base is None:
         return None
 

@@ -72,6 +72,8 @@ class Engine:
         TensorRTError: the engine cannot be deserialized.
     """
 
+    _bound: tuple[Any, Any] | None  # the input and output buffers bound to the context
+
     def __init__(
         self, data: bytes | str | Path, library: Library | None = None, runtime_cache: str | Path | None = None
     ) -> None:
