@@ -211,7 +211,7 @@ def choose_cpu_backend(folder: Path, threads: int | None = None, dtype: str | No
     if len(installed) < 2:
         only = next(iter(installed), REFERENCE)
         return only, f"{only} (the only CPU runtime installed)"
-    probes = {}
+    probes: dict[str, tuple[Path, tuple[int, int]]] = {}
     for path in sorted(Path(folder).glob("*.onnx")):
         if not path.is_file():  # never open a FIFO or a device; load_onnx_dir warns about them
             continue
@@ -536,7 +536,9 @@ def export_zoo_in_child(
     # the child lowers its own priority first: preexec_fn is not safe in a process with threads (Ray's, the
     # demo's server)
     code = (
-        "import os, sys, json\n"
+        "import os, signal, sys, json\n"
+        # Ctrl-C in the terminal reaches this child too: it ends quietly (exit 130), the parent says what happened
+        "signal.signal(signal.SIGINT, lambda *_: sys.exit(130))\n"
         "if hasattr(os, 'nice'): os.nice(19)\n"
         "from pathlib import Path; from attnzoo.serve.loading import export_zoo\n"
         "data, cache, wanted, dtype = json.loads(sys.argv[1])\n"
@@ -549,7 +551,8 @@ def export_zoo_in_child(
     while True:
         try:
             return child.wait(timeout=None if while_running is None else 2.0)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired:  # only with a timeout, i.e. a while_running
+            assert while_running is not None
             while_running()
 
 

@@ -228,8 +228,8 @@ class DemoModels:
     def default(self, task: str) -> str | None:
         """The model shown first: the one with the best zoo test metric, else the first listed."""
         table = self.by_task.get(task, {})
-        scored = [m for m in table.values() if m.score is not None]
-        return max(scored, key=lambda m: m.score).name if scored else next(iter(table), None)
+        scored = [(m.score, m.name) for m in table.values() if m.score is not None]
+        return max(scored, key=lambda s: s[0])[1] if scored else next(iter(table), None)
 
     def get(self, task: str, name: str | None) -> ServedModel:
         table = self.by_task.get(task, {})
@@ -821,8 +821,9 @@ class UploadQuota:
 
 
 def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, *, block: bool = True, **kwargs):
-    """Launch offline: no share link, uploads capped at ``MAX_FILE_SIZE`` and every other request body at
-    :data:`MAX_API_BODY` (:class:`BodyLimit`), local fonts only, no SSR."""
+    """Launch offline and quiet (no share link, no Gradio banner: the caller says where it serves), uploads capped
+    at ``MAX_FILE_SIZE`` and every other request body at :data:`MAX_API_BODY` (:class:`BodyLimit`), local fonts only,
+    no SSR."""
     theme = gr.themes.Default(
         font=["ui-sans-serif", "system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"]
     )
@@ -838,7 +839,7 @@ def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, *, block:
         css=CSS,
         footer_links=["api"],
         max_threads=ADMITTED + 16,  # the admitted requests wait for the gate in threads of their own
-        quiet=not block,
+        quiet=True,  # the command prints its own line with the URL; Gradio's would add a share-link hint
         app_kwargs={"middleware": [Middleware(BodyLimit), Middleware(UploadQuota)]},
         **kwargs,
     )

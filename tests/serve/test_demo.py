@@ -752,6 +752,41 @@ def test_palette_has_distinct_coloured_entries_for_every_fashion_class():
     assert (many.max(1).astype(int) - many.min(1) > 25).all()
 
 
+def test_the_demo_launches_without_gradios_share_hint(monkeypatch):
+    """The command prints its own line with the URL; Gradio is asked for no share link and no banner (its
+    "set share=True" hint), blocking or not."""
+    import gradio as gr
+
+    from attnzoo.serve.demo.app import launch
+
+    seen = []
+    monkeypatch.setattr(gr.Blocks, "launch", lambda self, **kw: seen.append(kw))
+    for block in (True, False):
+        launch(gr.Blocks(), block=block)
+    assert [(kw["share"], kw["quiet"]) for kw in seen] == [(False, True), (False, True)]
+
+
+def test_ctrl_c_ends_the_background_export_child_without_a_traceback(tmp_path, monkeypatch):
+    """Ctrl-C reaches the export child as well as the demo: it exits 130 quietly (the demo prints the one line)."""
+    import signal
+    import subprocess
+
+    real, children = subprocess.Popen, []
+
+    def popen(argv, **kw):
+        children.append(real(argv, stderr=subprocess.PIPE, **kw))
+        return children[-1]
+
+    def interrupt():
+        if children[0].poll() is None:
+            children[0].send_signal(signal.SIGINT)
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    code = backends.export_zoo_in_child("fashion", tmp_path, [("standard", "cls")] * 20, while_running=interrupt)
+    assert code == 130
+    assert children[0].stderr.read() == b""
+
+
 @pytest.mark.slow
 def test_background_zoo_export_runs_at_the_lowest_priority(tmp_path):
     """The child that exports the zoo lowers its own priority (no preexec_fn in a process with threads) and
