@@ -40,7 +40,7 @@ import threading
 import time
 import traceback
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -332,14 +332,17 @@ async def _body(request: Request, limit: int, too_large=_upload_too_large, peek:
     size = int(declared) if declared is not None and declared.isdigit() else None
     over = size is not None and size > limit
     body = bytearray()
+
+    async def read() -> None:
+        async for chunk in request.stream():
+            body.extend(chunk)
+            if len(body) > limit or (over and len(body) >= peek):
+                break
+
     if not over or peek:
-        try:
-            async with asyncio.timeout(BODY_TIMEOUT_S):
-                async for chunk in request.stream():
-                    body += chunk
-                    if len(body) > limit or (over and len(body) >= peek):
-                        break
-        except TimeoutError:
+        try:  # asyncio.wait_for, not asyncio.timeout: Python 3.10 has no asyncio.timeout
+            await asyncio.wait_for(read(), BODY_TIMEOUT_S)
+        except asyncio.TimeoutError:  # TimeoutError from 3.11 on, its own class on 3.10
             raise HTTPError(
                 408,
                 f"the request body did not arrive within {BODY_TIMEOUT_S:g} s ({_size(len(body))} came); send it again",
@@ -358,7 +361,7 @@ async def read_image_upload(request: Request) -> bytes:
     else:
         raw = await _body(request, MAX_UPLOAD_BYTES + _MULTIPART_SLACK)
 
-        async def one_chunk() -> AsyncIterator[bytes]:
+        async def one_chunk() -> AsyncGenerator[bytes, None]:
             yield raw
 
         try:
@@ -488,8 +491,9 @@ class ModelServer:
         self.ready_file = settings.get("ready_file")
         self.failed: set = set()  # pending models whose file did not load (the reason is in ``skipped``)
         self._load_lock = threading.Lock()
-        self._infer.set_max_batch_size(int(settings["max_batch_size"]))
-        self._infer.set_batch_wait_timeout_s(float(settings["batch_wait_s"]))
+        # serve.batch makes _infer a batching wrapper with these setters; ray types it as the plain method.
+        self._infer.set_max_batch_size(int(settings["max_batch_size"]))  # type: ignore[attr-defined]
+        self._infer.set_batch_wait_timeout_s(float(settings["batch_wait_s"]))  # type: ignore[attr-defined]
         self.model_thread = ThreadPoolExecutor(1, thread_name_prefix="attnzoo-model")
         self.request_threads = ThreadPoolExecutor(
             int(settings["max_ongoing_requests"]), thread_name_prefix="attnzoo-request"
@@ -813,7 +817,7 @@ def build_app(
     settings: Mapping[str, Any],
 ):
     """The bound application (``serve.run`` it): ``replicas`` copies of :class:`ModelServer`."""
-    return ModelServer.options(
+    return ModelServer.options(  # type: ignore[attr-defined]  # serve.deployment made it a Deployment
         num_replicas=replicas,
         max_ongoing_requests=max_ongoing_requests,
         ray_actor_options={"num_cpus": cpus_per_replica, "num_gpus": gpus_per_replica},
