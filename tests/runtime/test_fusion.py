@@ -43,7 +43,7 @@ def _cumsum_scores(self, x, attn_mask=None, is_causal=False):
     return self.proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(b, n, -1))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module")  # six exports, about 40 s on 2 cores: the tests that use them are slow
 def exports(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fusion")
     return {
@@ -57,6 +57,7 @@ def exports(tmp_path_factory):
     }
 
 
+@pytest.mark.slow
 def test_cores_are_found_from_each_blocks_softmax_with_both_matrix_products(exports):
     cores = attention_cores(exports["standard"])
     assert [c.block for c in cores] == [f"blocks.{i}" for i in range(DEPTH)]
@@ -68,6 +69,7 @@ def test_cores_are_found_from_each_blocks_softmax_with_both_matrix_products(expo
     assert len(mae) == DEPTH and not any(c.dot_product for c in mae) and all(c.values for c in mae)
 
 
+@pytest.mark.slow
 def test_openvino_runs_standard_attention_fused_and_a_core_that_breaks_the_pattern_unfused(exports):
     std = openvino_fusion(exports["standard"])
     assert std["inspected"] and std["cores"] == std["fused"] == DEPTH
@@ -77,6 +79,7 @@ def test_openvino_runs_standard_attention_fused_and_a_core_that_breaks_the_patte
         assert r["cores"] == DEPTH and r["fused"] == 0 and not any(c["kernel"] for c in r["per_core"])
 
 
+@pytest.mark.slow
 def test_onnxruntime_verdicts_come_from_its_optimized_graphs(exports):
     for optimizer in (False, True):
         r = onnxruntime_fusion(exports["made-up"], transformer_optimizer=optimizer)
@@ -108,6 +111,7 @@ def test_an_attention_op_that_replaced_a_softmax_counts_that_core_as_fused():
     }
 
 
+@pytest.mark.slow
 def test_audit_says_plainly_what_it_could_not_inspect(exports):
     result = audit(exports["standard"])
     trt = next(r for r in result["runtimes"] if r["runtime"] == "tensorrt")
@@ -119,6 +123,7 @@ def test_audit_says_plainly_what_it_could_not_inspect(exports):
     assert "fused: one kernel of the runtime's own" in table  # the one definition, on every table
 
 
+@pytest.mark.slow
 def test_an_opset_23_export_carries_each_core_as_one_attention_op_that_both_runtimes_keep_whole(exports):
     for name in ("standard-23", "wafe-mse-23"):
         ops = [n for n in onnx.load(str(exports[name])).graph.node]

@@ -153,6 +153,7 @@ def test_every_onnx_backend_gets_the_export_not_only_onnx_runtime(tmp_path):
     assert (s.cache_dir / "standard_cls_micro_32px_fp32.onnx").is_file()
 
 
+@pytest.mark.slow  # about 20 s on 2 cores: a bench-latency run and a sweep
 def test_a_sweep_beside_bench_latency_reuses_its_verified_export(tmp_path, monkeypatch):
     """The same seeded model at the same size in a shared cache is exported once (report-variant runs the sweep
     beside its latency rows); a size the cache does not hold is exported."""
