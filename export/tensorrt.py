@@ -46,8 +46,6 @@ from .verify import report_path
 __all__ = [
     "tensorrt_unavailable_reason",
     "build_engine",
-    "load_engine",
-    "run_engine",
     "engine_report_path",
     "failed_engine_report_path",
     "network_check",
@@ -76,16 +74,6 @@ def failed_engine_report_path(engine_path: str | Path) -> Path:
     """``model.engine`` -> ``model.engine.failed.json``: the report of a build that failed, kept apart so that a
     good engine already there keeps its own report."""
     return Path(str(engine_path) + ".failed.json")
-
-
-def load_engine(data: bytes | str | Path) -> rt.Engine:
-    """Deserialize an engine (bytes or file) with an execution context; needs a GPU."""
-    return rt.Engine(data)
-
-
-def run_engine(engine: rt.Engine, x: np.ndarray) -> np.ndarray:
-    """Run a loaded engine on one float32 NCHW batch."""
-    return engine.run(x)
 
 
 #: Layer types that move values without computing on them (followed from a DEQUANTIZE layer to its readers).

@@ -19,15 +19,9 @@ from torch import nn
 
 from .registry import Paper, register_variant
 
-__all__ = ["StandardAttention", "apply_attn_mask", "additive_mask", "split_heads", "merge_heads", "PAPER"]
+__all__ = ["StandardAttention", "apply_attn_mask", "additive_mask", "merge_heads", "PAPER"]
 
 PAPER = Paper("Attention Is All You Need", "Vaswani et al.", 2017, "https://arxiv.org/abs/1706.03762")
-
-
-def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """(B, N, M*d) -> (B, M, N, d)."""
-    B, N, C = x.shape
-    return x.reshape(B, N, num_heads, C // num_heads).transpose(1, 2)
 
 
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
