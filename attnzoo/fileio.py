@@ -10,7 +10,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +133,7 @@ def _derived_facts(source_sha256: str, products: list[Path], key: dict[str, Any]
 
 
 def derived_is_current(
-    record: PathLike, source_sha256: str, products: list[PathLike], key: dict[str, Any] | None = None
+    record: PathLike, source_sha256: str, products: Sequence[PathLike], key: dict[str, Any] | None = None
 ) -> bool:
     """Whether the cached ``products`` made from a source whose content is ``source_sha256`` (with settings
     ``key``) are the very files :func:`record_derived` recorded in ``record``: the same source content and key,
@@ -151,7 +151,7 @@ def derived_is_current(
 
 
 def record_derived(
-    record: PathLike, source_sha256: str, products: list[PathLike], key: dict[str, Any] | None = None
+    record: PathLike, source_sha256: str, products: Sequence[PathLike], key: dict[str, Any] | None = None
 ) -> None:
     """Write ``record`` (atomically, after the products are in place): the source's sha256, ``key`` and every
     product's sha256, read back by :func:`derived_is_current`."""

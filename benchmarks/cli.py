@@ -219,7 +219,9 @@ def scope(a: argparse.Namespace) -> dict[str, Any]:
     missing = [v for v in models.VARIANT_NAMES if v not in variants]
     if missing:
         left_out.append(f"{len(missing)} of {len(models.VARIANT_NAMES)} variants ({', '.join(missing)})")
-    batches = [b for b in parse_batch_sizes(FULL_SCOPE["batch_sizes"]) if b not in parse_batch_sizes(a.batch_sizes)]
+    batches = [
+        b for b in parse_batch_sizes(str(FULL_SCOPE["batch_sizes"])) if b not in parse_batch_sizes(a.batch_sizes)
+    ]
     if batches:
         left_out.append(f"batch {', '.join(map(str, batches))}")
     for key, what in (("min_time", "s per measurement"), ("compile_budget", "s of torch.compile")):

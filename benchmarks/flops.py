@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -203,7 +203,7 @@ def count_variant(
     """Count a ``(batch, 3, S, S)`` forward of ``create_model(variant, task, arch, img_size=S)`` on ``meta``
     (``model``: such a meta model, to count several batch sizes without rebuilding it)."""
     model = model if model is not None else meta_model(variant, task, arch, img_size, **create_kwargs)
-    size = model.attnzoo_config["img_size"]
+    size = cast(dict[str, Any], model.attnzoo_config)["img_size"]
     return count_forward(model, torch.empty(batch, 3, size, size, device="meta"))
 
 

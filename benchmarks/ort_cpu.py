@@ -11,6 +11,7 @@ import os
 import tempfile
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -112,7 +113,7 @@ def profile_ops(sess_factory, x: np.ndarray, runs: int = 10, warmup: int = 3) ->
     return {"runs": counted, "ms_per_run": float(sum(ops.values())), "ops": ops, "top_nodes": [list(t) for t in top]}
 
 
-def gemm_gflops(threads: int, m: int = 8 * 197, k: int = 192, n: int = 768, seconds: float = 0.5) -> dict[str, float]:
+def gemm_gflops(threads: int, m: int = 8 * 197, k: int = 192, n: int = 768, seconds: float = 0.5) -> dict[str, Any]:
     """fp32 GEMM throughput of PyTorch (``F.linear``) and ONNX Runtime (``MatMul``) on one ViT-Ti fc1 shape.
 
     The default shape is ``blocks.*.mlp.fc1`` at batch 8: (8 * 197, 192) x (192, 768). Returns GFLOP/s of

@@ -106,6 +106,10 @@ def _is_int(lo: int, hi: int) -> Callable[[Any], bool]:
     return lambda v: isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
 
 
+def _is_equal(want: Any) -> Callable[[Any], bool]:
+    return lambda v: v == want
+
+
 def _is_name(v: Any) -> bool:
     return isinstance(v, str) and bool(_NAME.match(v))
 
@@ -155,7 +159,7 @@ def _check_row(record: dict[str, Any], key: Mapping[str, Any], asked: _Asked) ->
         _field(r, name, _is_name, _NAME_NEED, "row")
     batch = _field(r, "batch", _is_int(1, MAX_BATCH_SIZE), f"an integer 1..{MAX_BATCH_SIZE}", "row")
     for name in ("task", "arch"):  # the run's model
-        _field(r, name, lambda v, n=name: v == key.get(n), f"{_show(key.get(name))}, the run's", "row")
+        _field(r, name, _is_equal(key.get(name)), f"{_show(key.get(name))}, the run's", "row")
     status = _field(r, "status", lambda v: v in ROW_STATUSES, " or ".join(ROW_STATUSES), "row")
     _field(r, "reason", _is_text, "text", "row")
     for name in _ROW_NUMBERS:
@@ -176,7 +180,7 @@ def _check_row(record: dict[str, Any], key: Mapping[str, Any], asked: _Asked) ->
     overhead = record.get("overhead")
     if overhead is not None:
         for name in ("variant", "backend", "dtype", "batch"):
-            _field(overhead, name, lambda v, n=name: v == r[n], f"the row's {_show(r[name])}", "overhead")
+            _field(overhead, name, _is_equal(r[name]), f"the row's {_show(r[name])}", "overhead")
         _field(overhead, "pairs", _is_int(2, 10**9), "an integer >= 2", "overhead")
         for name in _OVERHEAD_NUMBERS:
             _field(overhead, name, _is_num, _NUM, "overhead")

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -46,7 +46,7 @@ from attnzoo.benchmarks.stats import ratio_stats, summarize
 from attnzoo.benchmarks.timing import PeakRSS, measure, measure_pair
 from attnzoo.errors import first_line
 from attnzoo.export import export_verified
-from attnzoo.machine import environment, load_average
+from attnzoo.machine import environment, load_1min, load_average
 from attnzoo.models import create_model
 from attnzoo.runtime.backends import ONNX_REFERENCE, Backend, Call, get_backend, reference_backend
 from attnzoo.runtime.backends.ort_cpu import tuned_cpu_session
@@ -188,7 +188,7 @@ def _row(
         "ceiling_fraction": None,
         "roofline_us": None,
         "roofline_fraction": None,
-        "load_1min": (load_average() or [None])[0],
+        "load_1min": load_1min(),
         "info": {},
     }
     row.update(extra)
@@ -368,7 +368,8 @@ class _Bench:
         cannot_run = b.unavailable_reason(dtype, self.device.type) if b.builds_engine else None
         if cannot_run:  # built ahead of time instead: no GPU, or one TensorRT-RTX engines do not run on
             why = "no GPU" if not torch.cuda.is_available() else cannot_run
-            return self.built_not_run(variant, b, dtype, batch, src, why)
+            self.built_not_run(variant, b, dtype, batch, src, why)
+            return None
         runner: Call | None = None
         try:
             with self.phase(f"load and first run: {backend}"):
@@ -414,7 +415,7 @@ class _Bench:
             return None
         return runner
 
-    def built_not_run(self, variant: str, b: Backend, dtype: str, batch: int, src: Path, why: str) -> None:
+    def built_not_run(self, variant: str, b: Backend, dtype: str, batch: int, src: Path | None, why: str) -> None:
         """No GPU (or one whose engines cannot run here, ``why``): the engine of a backend that
         :attr:`~attnzoo.runtime.backends.Backend.builds_engine` built ahead of time, one per variant and dtype whose
         profile spans the run's batch sizes, kept in the cache and reused by every batch's row and by later runs;
@@ -464,7 +465,7 @@ class _Bench:
             batch,
             "ok",
             **common,
-            **summarize(samples, batch),
+            **cast(dict[str, Any], summarize(samples, batch)),  # timing keys only, none of _row's own
             peak_mem_mb=mem,
             mem_kind=kind,
             baseline=f"eager {base}" if base else None,
@@ -501,23 +502,23 @@ class _Bench:
         if variant == "standard":
             self.standard[(backend, dtype, batch)] = _Partner(runner)
 
-    def head_to_head(self, variant: str, batch: int, runners: dict[str, Call]) -> None:
+    def head_to_head(self, variant: str, batch: int, runners: dict[str, Call | None]) -> None:
         """Time the two fastest fp32 CPU runtimes (by speed-up over eager) against each other, A B A B, so the
         report's "fastest" rests on a direct comparison, not on two comparisons with eager made at different
         times. A timing failure is a note in ``head_to_head_errors``."""
-        runners = {k: v for k, v in runners.items() if v is not None}
-        if len(runners) < 2:
+        live = {k: v for k, v in runners.items() if v is not None}
+        if len(live) < 2:
             return
         speedup = {
             r["backend"]: r["speedup_pair_median"] or 0.0
             for r in self.all_rows()
             if (r["variant"], r["batch"], r["dtype"], r["status"]) == (variant, batch, "fp32", "ok")
-            and r["backend"] in runners
+            and r["backend"] in live
         }
-        a, b = sorted(runners, key=lambda k: -speedup.get(k, 0.0))[:2]
+        a, b = sorted(live, key=lambda k: -speedup.get(k, 0.0))[:2]
         try:
             with self.phase("CPU head-to-head"):
-                ta, tb = measure_pair(runners[a].fn, runners[b].fn, self.s.min_time, settled=True)
+                ta, tb = measure_pair(live[a].fn, live[b].fn, self.s.min_time, settled=True)
         except Exception as exc:  # a timing failure is a note, not a crash
             self.head_to_head_errors.append(f"{variant} b{batch} {a}/{b}: {first_line(exc, typed=True)}")
             return
@@ -560,8 +561,8 @@ class _Bench:
         if finished and not needed_later:  # only the rows that say why they cannot run here are written again
             for batch in self.s.batch_sizes:
                 for backend, dtype in self.combos:
-                    if self.skip[(backend, dtype)]:
-                        self.add(_row(variant, self.s, backend, dtype, batch, "skipped", self.skip[(backend, dtype)]))
+                    if reason := self.skip[(backend, dtype)]:
+                        self.add(_row(variant, self.s, backend, dtype, batch, "skipped", reason))
             return
         model = self.model(variant)
         if variant not in self.flops:
