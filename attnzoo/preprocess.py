@@ -193,8 +193,8 @@ def normalize(
     pixels: np.ndarray, mean: Sequence[float] = DEFAULT_MEAN, std: Sequence[float] = DEFAULT_STD
 ) -> np.ndarray:
     """uint8 (H, W, 3) or (N, H, W, 3) -> float32 (3, H, W) or (N, 3, H, W), ``(x/255 - mean) / std``."""
-    x = pixels.astype(np.float32) / 255.0
-    x = (x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
+    unit = pixels.astype(np.float32) / 255.0
+    x = (unit - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
     return np.ascontiguousarray(np.moveaxis(x, -1, -3))
 
 

@@ -146,12 +146,14 @@ def _send_after_imports(signum: int, outside: int) -> None:
     frames of the import machinery), from a helper thread that looks every 20 ms: its handler then runs in
     Python's own code, where an exception is safe."""
     main = threading.main_thread()
+    ident = main.ident
+    assert ident is not None  # the main thread has started
 
     def resend() -> None:
         while main.is_alive():
-            frame = sys._current_frames().get(main.ident)
+            frame = sys._current_frames().get(ident)
             if frame is None or _imports_under_way(frame) <= outside:
-                signal.pthread_kill(main.ident, signum)
+                signal.pthread_kill(ident, signum)
                 return
             del frame
             time.sleep(0.02)
@@ -199,7 +201,7 @@ def signals_deferred() -> Iterator[PendingSignal]:
         if state.signum is None:
             state.signum = signum
 
-    previous = {sig: set_handler(sig, record) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous: dict[int, object] = {sig: set_handler(sig, record) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield state
     finally:

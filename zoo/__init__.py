@@ -55,7 +55,7 @@ def entries() -> list[dict[str, Any]]:
     return list(manifest().get("models", []))
 
 
-def available(task: str = None, data: str = DEFAULT_DATA) -> list[str]:
+def available(task: str | None = None, data: str = DEFAULT_DATA) -> list[str]:
     """Variants that have a zoo model for ``task`` (any task when None) trained on ``data``."""
     return [e["variant"] for e in entries() if (task is None or e["task"] == task) and e["data"] == data]
 
@@ -95,5 +95,7 @@ def shipped_onnx(entry: dict[str, Any]) -> Path | None:
     """The shipped ONNX export of a manifest row when there is one and its sha256 matches, else None (the
     caller exports the checkpoint instead). Parity with the checkpoint is the caller's check."""
     ship = entry.get("onnx")
-    path = ZOO_DIR / ship["file"] if ship else None
-    return path if path is not None and path.is_file() and sha256_file(path) == ship.get("sha256") else None
+    if not ship:
+        return None
+    path = ZOO_DIR / ship["file"]
+    return path if path.is_file() and sha256_file(path) == ship.get("sha256") else None

@@ -68,7 +68,11 @@ class TensorDataset(torch.utils.data.Dataset):
         if task == "seg" and data.masks is None:
             raise ValueError(f"data set {data.name!r} has no masks; it can only train classifiers")
         self.x = torch.from_numpy(normalize(data.images, mean, std))
-        target = data.labels if task == "cls" else data.masks.astype(np.int64)
+        if task == "cls":
+            target = data.labels
+        else:
+            assert data.masks is not None  # refused above
+            target = data.masks.astype(np.int64)
         self.y = torch.from_numpy(np.ascontiguousarray(target))
 
     def __len__(self) -> int:
@@ -157,7 +161,8 @@ def _background(rng: np.random.Generator, size: int) -> np.ndarray:
 
 def _object_colour(rng: np.random.Generator) -> tuple[int, int, int]:
     """A random bright colour (objects are brighter than the darker backgrounds)."""
-    return tuple(int(c) for c in rng.uniform(150, 255, 3))
+    r, g, b = rng.uniform(150, 255, 3)
+    return int(r), int(g), int(b)
 
 
 def _shapes_one(rng: np.random.Generator, img_size: int, task: str) -> tuple[np.ndarray, np.ndarray]:
@@ -316,13 +321,14 @@ def imagefolder(
     root = Path(root)
     if not root.is_dir():
         raise ValueError(f"data folder not found: {root}")
-    has_splits = _split_root(root, _SPLIT_DIRS["train"]) is not None
+    train_root = _split_root(root, _SPLIT_DIRS["train"])
+    has_splits = train_root is not None
     base = root
     if has_splits:
         base = _split_root(root, _SPLIT_DIRS[split]) or _split_root(root, _SPLIT_DIRS["val"])
         if base is None:
             raise ValueError(f"{root}: has a train/ folder but no {split}/ or val/ folder")
-    class_root = _split_root(root, _SPLIT_DIRS["train"]) if has_splits else root
+    class_root = train_root if train_root is not None else root
     classes = sorted(p.name for p in class_root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not classes:
         raise ValueError(f"{class_root}: no class sub-folders (expected {class_root}/<class>/<image>)")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import gzip
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from PIL import Image
@@ -225,7 +225,7 @@ def compose_scenes(
 
 def _overlap_range(overlap) -> tuple[float, float]:
     """``overlap`` (a number or a ``(lo, hi)`` pair) as a checked ``(lo, hi)`` pair."""
-    lo, hi = (float(overlap), float(overlap)) if np.isscalar(overlap) else (float(overlap[0]), float(overlap[1]))
+    lo, hi = (float(cast(float, overlap)), float(cast(float, overlap))) if np.isscalar(overlap) else (float(overlap[0]), float(overlap[1]))
     if not 0.0 <= lo <= hi:
         raise ValueError(f"overlap must be a number >= 0 or a range 0 <= lo <= hi, got {overlap!r}")
     return lo, hi
