@@ -225,7 +225,10 @@ def compose_scenes(
 
 def _overlap_range(overlap) -> tuple[float, float]:
     """``overlap`` (a number or a ``(lo, hi)`` pair) as a checked ``(lo, hi)`` pair."""
-    lo, hi = (float(cast(float, overlap)), float(cast(float, overlap))) if np.isscalar(overlap) else (float(overlap[0]), float(overlap[1]))
+    if np.isscalar(overlap):
+        lo = hi = float(cast(float, overlap))  # a number (numpy's isscalar guard names no number type)
+    else:
+        lo, hi = float(overlap[0]), float(overlap[1])
     if not 0.0 <= lo <= hi:
         raise ValueError(f"overlap must be a number >= 0 or a range 0 <= lo <= hi, got {overlap!r}")
     return lo, hi
