@@ -24,7 +24,8 @@ from attnzoo.benchmarks.timing import measure
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_info
 from attnzoo.runtime import openvino as ov_rt
-from attnzoo.runtime.sessions import available_providers, ort_session, session_options
+from attnzoo.runtime.backends.ort_cpu import ORT_CPU
+from attnzoo.runtime.sessions import available_providers, session_options
 
 torch = lazy_import("torch")
 onnx = lazy_import("onnx")
@@ -90,7 +91,7 @@ def _fp32_libraries(n: int, threads: int, tmp: Path) -> dict[str, Callable[[], o
     path = tmp / "matmul_fp32.onnx"
     _onnx_matmul(path, n, False, w)
     try:
-        sess = ort_session(path, "cpu", options=session_options(threads, spinning=False))
+        sess = ORT_CPU.session(path, options=session_options(threads, spinning=False)).session
         fns["onnxruntime"] = lambda: sess.run(None, {"x": x})
     except ImportError:
         pass
@@ -163,7 +164,7 @@ def _int8(n: int, threads: int, ops: float, seconds: float, flags: list[str], tm
     path = tmp / "matmul_int8.onnx"
     _onnx_matmul(path, n, True, w)
     try:
-        sess = ort_session(path, "cpu", options=session_options(threads, spinning=False))
+        sess = ORT_CPU.session(path, options=session_options(threads, spinning=False)).session
     except Exception as exc:  # noqa: BLE001 -- an onnxruntime build without the kernel: say so
         return {"status": "not measured", "reason": f"onnxruntime MatMulInteger failed: {exc}"[:300]}
     rate = _rate(lambda: sess.run(None, {"x": x}), ops, seconds)

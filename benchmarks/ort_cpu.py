@@ -18,7 +18,8 @@ import numpy as np
 from attnzoo.benchmarks.timing import measure_pair
 from attnzoo.fileio import derived_is_current, record_derived, sha256_file
 from attnzoo.lazy import lazy_import
-from attnzoo.runtime.sessions import ort_session, session_options
+from attnzoo.runtime.backends.ort_cpu import ORT_CPU
+from attnzoo.runtime.sessions import session_options
 
 onnx = lazy_import("onnx")
 ort = lazy_import("onnxruntime")
@@ -28,7 +29,7 @@ __all__ = ["naive_cpu_session", "quantize_int8", "profile_ops", "gemm_gflops"]
 
 
 def _session(path: Path, so):
-    return ort_session(path, "cpu", options=so)
+    return ORT_CPU.session(path, options=so).session
 
 
 def naive_cpu_session(onnx_path: Path, threads: int, profile_prefix: str | None = None):
@@ -129,9 +130,7 @@ def gemm_gflops(threads: int, m: int = 8 * 197, k: int = 192, n: int = 768, seco
         [onnx.numpy_helper.from_array(w.T.contiguous().numpy(), "w")],
     )
     proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 20)], ir_version=10)
-    sess = ort.InferenceSession(
-        proto.SerializeToString(), session_options(threads, "all", spinning=False), providers=["CPUExecutionProvider"]
-    )
+    sess = ORT_CPU.session(proto, options=session_options(threads, "all", spinning=False)).session
     feed = {"x": x.numpy()}
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)

@@ -34,8 +34,8 @@ from attnzoo import __version__
 from attnzoo.fileio import atomic_path
 from attnzoo.models import VARIANTS
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, input_style_of
+from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.contract import BATCH_DIM, INPUT_NAME, OUTPUT_NAME, config_from_props, metadata_props
-from attnzoo.runtime.sessions import ort_session
 
 __all__ = [
     "export_onnx",
@@ -357,9 +357,10 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     return config_from_props(metadata_props(path), path)
 
 
-def make_session(path: str | Path, threads: int | None = None, providers: Sequence[str] | None = None):
-    """ONNX Runtime CPU session (:func:`attnzoo.runtime.ort_session`), the provider every export is verified on."""
-    return ort_session(path, "cpu", threads=threads, providers=providers)
+def make_session(path: str | Path, threads: int | None = None):
+    """The ``onnxruntime.InferenceSession`` every export is verified on: the ``ort-cpu`` backend's untuned session
+    (:meth:`~attnzoo.runtime.backends.ort_cpu.OrtCpuBackend.session`)."""
+    return ORT_CPU.session(path, threads).session
 
 
 def op_histogram(proto: onnx.ModelProto) -> dict[str, int]:

@@ -32,9 +32,9 @@ import torch
 
 from attnzoo.fileio import atomic_write_bytes, atomic_write_text, sha256_file
 from attnzoo.runtime import tensorrt as rt
+from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.contract import INPUT_NAME, ModelContract
 from attnzoo.runtime.parity import compare
-from attnzoo.runtime.sessions import ort_session
 from attnzoo.signals import signals_deferred
 
 from .check import check_extra_math
@@ -331,7 +331,7 @@ def _run_and_compare(
     reference: Path | bytes = onnx_path
     if contract.dtype == "fp8":  # ONNX Runtime's CPU provider cannot run float8 tensors: its exact simulation
         reference = simulate_fp8(onnx.load(str(onnx_path))).SerializeToString()
-    session = ort_session(reference, "cpu")
+    session = ORT_CPU.session(reference).session
     # a Q/DQ engine against ONNX Runtime's Q/DQ graph: kernels may round differently; the int8 entry of the table
     tol_dtype = "int8" if contract.dtype in ("int8", "fp8") else contract.dtype
     rng = np.random.default_rng(seed)

@@ -28,9 +28,10 @@ from attnzoo.data.datasets import shapes_images
 from attnzoo.fileio import atomic_path, atomic_write_text, sha256_file
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
 from attnzoo.runtime.aoti import fingerprint
+from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.contract import BATCH_DIM, metadata_props
 from attnzoo.runtime.parity import TOLERANCES, compare
-from attnzoo.runtime.sessions import ort_session, read_report, verification_problem
+from attnzoo.runtime.sessions import read_report, verification_problem
 
 from . import onnx_export as onnx_export_module
 from .check import check_extra_math
@@ -110,7 +111,7 @@ def verify_onnx(
     """
     hw = (input_hw[0], input_hw[1]) if input_hw else (int(config["img_size"]),) * 2
     sizes = sorted(set(int(b) for b in batch_sizes) | set(EXTRA_BATCH_SIZES))
-    session = ort_session(path, "cpu", threads=threads)  # fp32 without TF32: the fp32 tolerance holds
+    session = ORT_CPU.session(path, threads).session  # fp32 without TF32: the fp32 tolerance holds
     batch_dim = session.get_inputs()[0].shape[0]
     name = session.get_inputs()[0].name
     parity = parity_vs_eager(model, lambda x: session.run(None, {name: x})[0], config, hw, sizes, dtype, seed=seed)

@@ -42,6 +42,7 @@ from attnzoo.fileio import read_json, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import bf16_problem, environment
 from attnzoo.runtime.backends import backend_names
+from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.fusion import audit
 from attnzoo.runtime.fusion import markdown as fusion_markdown
 from attnzoo.signals import Interrupted, Terminated
@@ -50,7 +51,6 @@ from attnzoo.studies.fusable import speedups, time_opsets
 from .render import write_report
 
 # report-variant --help and its usage errors load without torch, onnx and timm: these import at their first use
-ort = lazy_import("onnxruntime")
 torch = lazy_import("torch")
 models = lazy_import("attnzoo.models")
 zoo = lazy_import("attnzoo.zoo")
@@ -523,7 +523,7 @@ def fusable(
         }
     hw = onnx_export.config_hw(export.read_metadata(path20))
     x = np.random.default_rng(0).standard_normal((1, 3, *hw), dtype=np.float32)
-    ref = ort.InferenceSession(str(path20), providers=["CPUExecutionProvider"]).run(None, {"image": x})[0]
+    ref = ORT_CPU.session(path20).run(x)
     times = time_opsets(
         {20: path20, 23: path23},
         x,

@@ -3,7 +3,7 @@
 - :mod:`.contract`: the model contract read from ONNX metadata (:class:`ModelContract`, input/output names);
 - :mod:`.backends`: the backend registry, one ``load(model, LoadOptions)`` for every way a model runs;
 - :mod:`.device`: the device helpers the backends share (GPU memory, TF32);
-- :mod:`.sessions`: ONNX Runtime sessions on the CPU, CUDA and the TensorRT execution provider;
+- :mod:`.sessions`: ONNX Runtime's session settings and provider lists (its sessions are the ``ort-*`` backends');
 - :mod:`.openvino`: OpenVINO on the CPU, reading the same ONNX files;
 - :mod:`.choice`: which CPU runtime is fastest on this machine, measured;
 - :mod:`.tensorrt`: TensorRT (``tensorrt_rtx`` or ``tensorrt``) parse, build, load and run;
@@ -12,7 +12,7 @@
 
 from .contract import BATCH_DIM, INPUT_NAME, OUTPUT_NAME, ModelContract, config_from_props, metadata_props
 from .parity import TOLERANCES, compare, parity_error, tolerance_key
-from .sessions import ort_session, session_options
+from .sessions import session_options
 
 __all__ = [
     "ModelContract",
@@ -25,6 +25,5 @@ __all__ = [
     "tolerance_key",
     "parity_error",
     "compare",
-    "ort_session",
     "session_options",
 ]

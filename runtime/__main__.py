@@ -8,7 +8,7 @@ import sys
 
 from attnzoo.lazy import lazy_import
 
-from .backends import describe
+from .backends import describe, get_backend
 
 torch = lazy_import("torch")
 
@@ -23,7 +23,7 @@ def backends_table(dtype: str = "fp32", device: str | None = None) -> str:
         "|---|---|---|---|---|---|",
     ]
     for r in describe(dtype, device):
-        where = device if r["device"] == "torch" else r["device"]
+        where = get_backend(r["name"]).row_device(device)
         here = "yes" if r["runs_here"] else f"no: {r['reason']}"
         rows.append(
             f"| `{r['name']}` | {', '.join(f'`{a}`' for a in r['aliases']) or '-'} | "

@@ -1,8 +1,9 @@
 """ONNX Runtime sessions for every consumer: CPU, CUDA and the TensorRT execution provider.
 
 One place builds ``SessionOptions`` and provider lists, so export verification, the benchmark and the demo run
-models the same way (the backends ``ort-cpu``, ``ort-cuda`` and ``ort-trt`` of :mod:`attnzoo.runtime.backends`
-are built on it). ``provider``:
+models the same way; the sessions themselves are made by the backends ``ort-cpu``, ``ort-cuda`` and ``ort-trt`` of
+:mod:`attnzoo.runtime.backends` (a caller outside them asks ``ort-cpu``: ``ORT_CPU.session(...)`` or
+``get_backend("ort-cpu").load(...)``). ``provider``:
 
 - ``cpu``: ``CPUExecutionProvider`` (export verification always runs here: fp32 without TF32);
 - ``cuda``: ``CUDAExecutionProvider`` (optionally with a CUDA graph);
@@ -16,7 +17,6 @@ the tolerance of fp32.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,6 @@ __all__ = [
     "available_providers",
     "session_options",
     "providers_for",
-    "ort_session",
     "read_report",
     "verification_problem",
 ]
@@ -152,31 +151,6 @@ def providers_for(
         Path(cache_dir).mkdir(parents=True, exist_ok=True)
         opts.update(trt_engine_cache_enable=True, trt_engine_cache_path=str(cache_dir))
     return [("TensorrtExecutionProvider", opts), ("CUDAExecutionProvider", cuda)]
-
-
-def ort_session(
-    model: str | Path | bytes,
-    provider: str = "cpu",
-    *,
-    threads: int | None = None,
-    options=None,
-    providers: Sequence[Any] | None = None,
-    **provider_kwargs: Any,
-):
-    """An ``onnxruntime.InferenceSession`` for an ONNX file (or serialized model).
-
-    Args:
-        model: ``.onnx`` path or model bytes.
-        provider: One of :data:`PROVIDERS` (default: the CPU).
-        threads: Intra-op threads when ``options`` is not given.
-        options: Ready ``SessionOptions`` (default: :func:`session_options` with ``threads``).
-        providers: Explicit provider list (overrides ``provider``).
-        **provider_kwargs: ``cuda_graph``, ``tf32``, ``cache_dir`` for :func:`providers_for`.
-    """
-    so = options if options is not None else session_options(threads)
-    plist = list(providers) if providers is not None else providers_for(provider, **provider_kwargs)
-    src = model if isinstance(model, (bytes, bytearray)) else str(model)
-    return ort.InferenceSession(src, so, providers=plist)
 
 
 #: Largest verification report read (a report is a few kB; anything far larger is not one).

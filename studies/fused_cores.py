@@ -46,7 +46,7 @@ from attnzoo.cli import add_debug_flag, entry_point, parse_batch_sizes
 from attnzoo.errors import UsageError
 from attnzoo.fileio import atomic_write_text, writable_dir
 from attnzoo.lazy import lazy_import
-from attnzoo.machine import cpu_summary, environment, load_average
+from attnzoo.machine import cpu_summary, environment, load_1min, load_average
 from attnzoo.runtime.parity import TOLERANCES, parity_error
 from attnzoo.studies.mae_forms import time_round_robin
 from attnzoo.studies.report import reprint, require_out
@@ -82,7 +82,7 @@ def runners(variants: Sequence[str], mode: str, seed: int) -> dict[str, Any]:
         block = _block(v, seed)
         out[v] = block
         modes, restore = BEFORE.get(v, ((), None))
-        if mode in modes:
+        if mode in modes and restore is not None:
             before = copy.deepcopy(block)
             restore(before.attn)
             out[f"{v} before"] = before
@@ -127,7 +127,7 @@ def run_group(
             "x_standard": ratio_stats(times["standard"], samples),
             "parity_error": errors[name],
             "parity_ok": errors[name] <= TOLERANCES["fp32"],
-            "load_1min": (load_average() or [None])[0],
+            "load_1min": load_1min(),
         }
         if mode == "compiled":
             row["compile_s"] = compile_s[name]
@@ -235,15 +235,14 @@ def _settings(a: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def mode_variants(s: dict[str, Any], mode: str) -> list[str]:
+    """The variants a run times in ``mode`` (one of :data:`MODES`)."""
+    return dict(zip(MODES, (s["variants"], s["compiled_variants"]), strict=True))[mode]
+
+
 def groups(s: dict[str, Any]) -> list[tuple[str, int, int]]:
     """(mode, tokens, batch) in run order: eager first, small before large."""
-    return [
-        (mode, t, b)
-        for mode in MODES
-        if (s["variants"] if mode == "eager" else s["compiled_variants"])
-        for t in s["tokens"]
-        for b in s["batch_sizes"]
-    ]
+    return [(mode, t, b) for mode in MODES if mode_variants(s, mode) for t in s["tokens"] for b in s["batch_sizes"]]
 
 
 @entry_point
@@ -273,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     done = {(r["mode"], r["tokens"], r["batch"]) for r in result["rows"]}
     todo = [g for g in groups(s) if g not in done]
     for mode, tokens, batch in tqdm(todo, desc="fused cores", unit="group", disable=a.no_progress):
-        variants = s["variants"] if mode == "eager" else s["compiled_variants"]
+        variants = mode_variants(s, mode)
         result["rows"] += run_group(variants, mode, tokens, batch, s["rounds"], s["seed"], not a.no_progress)
         atomic_write_text(partial, json.dumps(result, indent=1) + "\n")  # kept if stopped
         torch._dynamo.reset()  # compiled blocks of this group are not needed again

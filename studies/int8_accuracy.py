@@ -45,7 +45,7 @@ from attnzoo.lazy import lazy_import
 from attnzoo.machine import environment, load_average
 from attnzoo.metrics import confusion_matrix, metrics_from_confusion
 from attnzoo.preprocess import normalize
-from attnzoo.runtime.backends.ort_cpu import tuned_cpu_session
+from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.evaluate import predict_session
 from attnzoo.studies.report import add_zoo_selection, contended, write_report, zoo_entries
 
@@ -109,15 +109,15 @@ def int8_rows(
         x = normalize(data.images, cfg["mean"], cfg["std"])
         y = data.labels if e["task"] == "cls" else data.masks.astype(np.int64)
         k = len(data.class_names)
-        sess32, _ = tuned_cpu_session(fp32, threads, cache_dir)
-        sess8, _ = tuned_cpu_session(int8, threads, cache_dir)
-        p32, p8 = predict_session(sess32, x), predict_session(sess8, x)
+        tuned = ORT_CPU.options(threads=threads, cache_dir=cache_dir)
+        with ORT_CPU.load(fp32, tuned) as sess32, ORT_CPU.load(int8, tuned) as sess8:
+            p32, p8 = predict_session(sess32.run, x), predict_session(sess8.run, x)
         m32 = _metric(confusion_matrix(y, p32, k).numpy(), e["task"], data.class_names)
         m8 = _metric(confusion_matrix(y, p8, k).numpy(), e["task"], data.class_names)
         speed = {}
         for b in batch_sizes:
-            s32, _ = tuned_cpu_session(fp32, threads, cache_dir, batch=b)
-            s8, _ = tuned_cpu_session(int8, threads, cache_dir, batch=b)
+            fixed = ORT_CPU.options(threads=threads, cache_dir=cache_dir, batch=b)
+            s32, s8 = ORT_CPU.load(fp32, fixed).session, ORT_CPU.load(int8, fixed).session
             feed = {s32.get_inputs()[0].name: x[:b]}
             a, c = measure_pair(partial(s32.run, None, feed), partial(s8.run, None, feed), min_time)
             r = ratio_stats(c, a)  # per pair: fp32 time / int8 time = the speed-up

@@ -50,7 +50,7 @@ from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_info
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
 from attnzoo.runtime import openvino as ov
-from attnzoo.runtime.evaluate import cpu_session
+from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.studies.report import contended, reprint, require_out
 
 # --help and --table load without torch, onnx and timm: these import at their first use
@@ -180,7 +180,7 @@ def speeds(files: dict[str, Path], x: np.ndarray, runs: int = 40) -> dict[str, A
     fastest run of each and their ratio (the runs least disturbed by other work on the machine)."""
     out: dict[str, Any] = {}
     makers = {
-        "onnxruntime": lambda p: (lambda s: lambda: s.run(None, {"image": x}))(cpu_session(p, 1)),
+        "onnxruntime": lambda p: (lambda s: lambda: s.run(None, {"image": x}))(ORT_CPU.session(p, 1).session),
         "openvino": lambda p: (lambda c: lambda: c(x))(ov.compile_onnx(p, threads=1, batch=1)),
     }
     for runtime, make in makers.items():

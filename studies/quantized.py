@@ -38,7 +38,7 @@ import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import onnx
@@ -64,12 +64,13 @@ from attnzoo.export.quantize import (
     TENSORRT_QDQ_PLACEMENT,
 )
 from attnzoo.fileio import atomic_write_text, default_cache_dir, writable_dir
-from attnzoo.machine import cpu_summary, environment, load_average
+from attnzoo.machine import cpu_summary, environment, load_1min, load_average
 from attnzoo.metrics import confusion_matrix, metrics_from_confusion
 from attnzoo.models import canonical_name, create_model
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
 from attnzoo.runtime.backends import get_backend
-from attnzoo.runtime.evaluate import EVAL_BATCH, cpu_session, predict_session
+from attnzoo.runtime.backends.ort_cpu import ORT_CPU
+from attnzoo.runtime.evaluate import EVAL_BATCH, predict_session
 from attnzoo.runtime.parity import TOLERANCES
 from attnzoo.runtime.parity import check as check_parity
 from attnzoo.studies.int8_accuracy import _verified_fp32
@@ -111,8 +112,12 @@ def _predict(models: Mapping[str, Any], config: Mapping[str, Any], limit: int | 
         config["data"], "test", task, size, n=limit, seed=int(config.get("data_seed", 0)), scene=config.get("scene")
     )
     x = normalize(data.images, config.get("mean", DEFAULT_MEAN), config.get("std", DEFAULT_STD))
-    y = data.labels if task == "cls" else data.masks.astype(np.int64)
-    preds = {label: predict_session(cpu_session(m, threads), x, EVAL_BATCH) for label, m in models.items()}
+    if task == "cls":
+        y = data.labels
+    else:
+        assert data.masks is not None  # load_data's seg sets carry masks
+        y = data.masks.astype(np.int64)
+    preds = {label: predict_session(ORT_CPU.session(m, threads).run, x, EVAL_BATCH) for label, m in models.items()}
     return preds, y, data.class_names
 
 
@@ -213,7 +218,7 @@ def speed_rows(
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     model = create_model(variant, task="cls", arch=arch).eval()
-    cfg = model.attnzoo_config
+    cfg = cast(dict[str, Any], model.attnzoo_config)
     size = int(cfg["img_size"])
     fp32 = cache_dir / f"{variant}_cls_{arch}_fp32.onnx"
     export_verified(model, fp32, cfg, dtype="fp32", input_hw=(size, size), batch_sizes=(1,), threads=threads)
@@ -251,7 +256,7 @@ def speed_rows(
                         f"{TOLERANCES[key]:g}"
                     )
                 parity[dtype] = err
-            load = (load_average() or [None])[0]
+            load = load_1min()
             t32, t8 = measure_pair(runners["fp32"].fn, runners["int8"].fn, min_time)
             r = ratio_stats(t8, t32)  # per pair: fp32 time / int8 time = the int8 speed-up
             row = {

@@ -10,7 +10,8 @@ from typing import Any, cast
 import numpy as np
 import onnx
 
-from attnzoo.runtime.evaluate import EVAL_BATCH, cpu_session
+from attnzoo.runtime.backends.ort_cpu import ORT_CPU
+from attnzoo.runtime.evaluate import EVAL_BATCH
 
 from .calibration import DEFAULT_FIDELITY_COUNT
 from .qdq import AUTO_QDQ_PLACEMENT, _without, qdq_groups
@@ -113,13 +114,13 @@ def promised_cosine(
 
 def onnx_outputs(model: Path | onnx.ModelProto, x: np.ndarray, threads: int | None) -> np.ndarray:
     """The graph's outputs on ``x`` with ONNX Runtime (CPU), in batches."""
-    sess = cpu_session(model, threads)
+    sess = ORT_CPU.session(model, threads).session
     name = sess.get_inputs()[0].name
     return np.concatenate([sess.run(None, {name: x[i : i + EVAL_BATCH]})[0] for i in range(0, len(x), EVAL_BATCH)])
 
 
 def _finite_outputs(model: Path | onnx.ModelProto, x: np.ndarray, threads: int | None) -> bool:
-    sess = cpu_session(model, threads)
+    sess = ORT_CPU.session(model, threads).session
     out = sess.run(None, {sess.get_inputs()[0].name: x})[0]
     return bool(np.isfinite(out).all())
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from attnzoo.runtime.evaluate import cpu_session
+from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 
 from .fidelity import (
     DEFAULT_MIN_COSINE,
@@ -156,7 +156,7 @@ def group_speed(
     kept = [g for g, d in decision["groups"].items() if not d["quantized"] and g in groups]
     quantized = [g for g, d in decision["groups"].items() if d["quantized"]]
     one = np.ascontiguousarray(x[:1])
-    base = cpu_session(chosen, 1)
+    base = ORT_CPU.session(chosen, 1).session
     name = base.get_inputs()[0].name
 
     def timed(sess) -> float:
@@ -174,7 +174,7 @@ def group_speed(
     }
     mine: list[float] = []
     for group in kept:
-        other = cpu_session(_without(full, groups, [g for g in groups if g not in {*quantized, group}]), 1)
+        other = ORT_CPU.session(_without(full, groups, [g for g in groups if g not in {*quantized, group}]), 1).session
         other.run(None, {name: one})
         pairs = [(timed(base), timed(other)) for _ in range(runs)]
         a, b = np.array(pairs).T

@@ -17,8 +17,9 @@ from attnzoo.data.datasets import load_data
 from attnzoo.fileio import atomic_path, sha256_file
 from attnzoo.metrics import confusion_matrix, metrics_from_confusion
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
+from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.contract import BATCH_DIM
-from attnzoo.runtime.evaluate import EVAL_BATCH, cpu_session, predict_session
+from attnzoo.runtime.evaluate import EVAL_BATCH, predict_session
 
 from ..check import check_extra_math
 from ..errors import ExportError
@@ -93,7 +94,7 @@ def evaluate_onnx(
     k = len(data.class_names)
     metrics, preds, name = {}, {}, "top1"
     for label, model in tqdm(list(models.items()), desc="test-set accuracy", unit="model", disable=not progress):
-        pred = predict_session(cpu_session(model, threads), x, EVAL_BATCH)
+        pred = predict_session(ORT_CPU.session(model, threads).run, x, EVAL_BATCH)
         m = metrics_from_confusion(confusion_matrix(y, pred, k), task, data.class_names)
         metrics[label], name, preds[label] = float(m["metric"]), m["metric_name"], pred
     first = next(iter(preds.values()))

@@ -23,7 +23,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -259,7 +259,10 @@ _REGISTRY: dict[str, Backend] = {}
 _ALIASES: dict[str, str] = {}
 
 
-def register_backend(backend: Backend) -> Backend:
+_B = TypeVar("_B", bound=Backend)
+
+
+def register_backend(backend: _B) -> _B:
     """Add ``backend`` to the registry (its name and aliases must be new)."""
     for name in (backend.name, *backend.aliases):
         if name in _REGISTRY or name in _ALIASES:

@@ -12,9 +12,10 @@ Q/DQ graph ``export-model --dtype int8`` writes runs as it is.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -22,12 +23,42 @@ from attnzoo.fileio import atomic_path, derived_is_current, record_derived, sha2
 from attnzoo.lazy import lazy_import
 
 from ..contract import BATCH_DIM, INPUT_NAME, OUTPUT_NAME
-from ..sessions import available_providers, ort_session, session_options
+from ..sessions import available_providers, providers_for, session_options
 from . import Backend, Call, LoadOptions, Session, register_backend
 
 ort = lazy_import("onnxruntime")
 
 __all__ = ["OrtCpuBackend", "OrtSession", "tuned_cpu_session", "ORT_CPU"]
+
+
+def _inference_session(
+    model: Any,
+    provider: str = "cpu",
+    *,
+    threads: int | None = None,
+    options: Any = None,
+    providers: Sequence[Any] | None = None,
+    **provider_kwargs: Any,
+) -> Any:
+    """The one place an ``onnxruntime.InferenceSession`` is made (``ort-cpu``; ``ort-cuda`` and ``ort-trt`` with
+    their provider).
+
+    Args:
+        model: ``.onnx`` path, the model's bytes, or an ``onnx.ModelProto``.
+        provider: One of :data:`attnzoo.runtime.sessions.PROVIDERS` (default: the CPU).
+        threads: Intra-op threads when ``options`` is not given.
+        options: Ready ``SessionOptions`` (default: :func:`~attnzoo.runtime.sessions.session_options` with
+            ``threads``).
+        providers: Explicit provider list (overrides ``provider``).
+        **provider_kwargs: ``cuda_graph``, ``tf32``, ``cache_dir`` for
+            :func:`~attnzoo.runtime.sessions.providers_for`.
+    """
+    so = options if options is not None else session_options(threads)
+    plist = list(providers) if providers is not None else providers_for(provider, **provider_kwargs)
+    if hasattr(model, "SerializeToString"):
+        model = model.SerializeToString()
+    src = model if isinstance(model, (bytes, bytearray)) else str(model)
+    return ort.InferenceSession(src, so, providers=plist)
 
 
 def tuned_cpu_session(
@@ -54,14 +85,14 @@ def tuned_cpu_session(
         if not derived_is_current(record, source_sha, [source], key):
             record.unlink(missing_ok=True)
             with atomic_path(source) as tmp:
-                ort_session(
+                _inference_session(
                     onnx_path, "cpu", options=session_options(threads, "extended", optimized_path=tmp, spinning=False)
                 )
             record_derived(record, source_sha, [source], key)
     so = session_options(threads, "all", profile_prefix=profile_prefix, spinning=False)
     if batch is not None:
         so.add_free_dimension_override_by_name(BATCH_DIM, int(batch))
-    sess = ort_session(source, "cpu", options=so)
+    sess = _inference_session(source, "cpu", options=so)
     info = {
         "optimized_model": source.name if cache_dir is not None else None,
         "graph_optimization": "extended (saved) + all" if cache_dir is not None else "all",
@@ -74,7 +105,12 @@ def tuned_cpu_session(
 
 
 class OrtSession(Session):
-    """An ``onnxruntime.InferenceSession`` behind the :class:`~attnzoo.runtime.backends.Session` interface."""
+    """An ``onnxruntime.InferenceSession`` behind the :class:`~attnzoo.runtime.backends.Session` interface.
+
+    Attributes:
+        session: The ``onnxruntime.InferenceSession`` itself, for a caller that feeds other inputs than the model
+            contract's ``image`` or reads its inputs (``None`` once closed).
+    """
 
     def __init__(self, session: Any, backend: str, info: dict[str, Any]) -> None:
         self.session, self.backend, self._info = session, backend, info
@@ -115,6 +151,23 @@ class OrtCpuBackend(Backend):
     def open(self, model: Any, options: LoadOptions) -> OrtSession:
         sess, info = tuned_cpu_session(Path(model), options.threads, options.cache_dir, options.batch)
         return OrtSession(sess, self.name, info)
+
+    def load(self, model: Any, options: LoadOptions | None = None) -> OrtSession:
+        return cast(OrtSession, super().load(model, options))
+
+    def session(self, model: Any, threads: int | None = None, *, options: Any = None) -> OrtSession:
+        """An untuned session: ONNX Runtime's own settings (all graph optimizations, sequential execution,
+        ``threads`` intra-op threads, threads spinning), as export verification, the int8 gates and the studies
+        that score a file run it; :meth:`load` gives the tuned one.
+
+        Args:
+            model: ``.onnx`` path, the model's bytes, or an in-memory ``onnx.ModelProto``.
+            threads: Intra-op threads (``None``: ONNX Runtime's default, one per core).
+            options: Ready ``SessionOptions`` (:func:`~attnzoo.runtime.sessions.session_options`) instead of
+                ``threads``.
+        """
+        sess = _inference_session(model, "cpu", threads=threads, options=options)
+        return OrtSession(sess, self.name, {"intra_op_threads": threads, "tuned": False})
 
 
 ORT_CPU = register_backend(

@@ -16,8 +16,9 @@ from attnzoo.lazy import lazy_import
 
 from ..contract import INPUT_NAME, OUTPUT_NAME
 from ..device import DeviceMemory, cuda_available, release_cuda_cache, tf32_problem
-from ..sessions import available_providers, ort_session, session_options
+from ..sessions import available_providers, session_options
 from . import Backend, Call, LoadOptions, Session, register_backend
+from .ort_cpu import _inference_session
 
 onnx = lazy_import("onnx")
 torch = lazy_import("torch")
@@ -56,7 +57,7 @@ class OrtGpuSession(Session):
 
     def _session(self, graph: bool):
         extra: dict[str, Any] = {"cache_dir": self.cache_dir} if self.provider == "tensorrt-ep" else {}
-        return ort_session(
+        return _inference_session(
             self.path,
             self.provider,
             options=session_options(sequential=False),

@@ -326,7 +326,7 @@ def test_int8_quantization_and_confusion(short_run):
     ok, err = check_parity(out8, ref, "int8")
     assert ok and err > 0  # quantized, so not bit-identical, but within the int8 tolerance
     labels = ref.argmax(1)  # the int8 session is scored against fp32's classes
-    conf = evaluate_session(s8, x, labels, ref.shape[1], "cls", batch_size=4)
+    conf = evaluate_session(lambda b: s8.run(None, {"image": b})[0], x, labels, ref.shape[1], "cls", batch_size=4)
     want = np.zeros((ref.shape[1], ref.shape[1]), np.int64)
     np.add.at(want, (labels, out8.argmax(1)), 1)  # true (fp32's class) x predicted (int8's), counted by hand
     assert np.array_equal(conf, want) and conf.sum() == 6

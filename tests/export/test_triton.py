@@ -11,8 +11,8 @@ from tritonclient.grpc import model_config_pb2
 from attnzoo.export import export_onnx
 from attnzoo.export.cli import main as export_main
 from attnzoo.export.triton import LABELS_FILE, check_config, config_text, model_name, parse_config, write_config
+from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.contract import ModelContract
-from attnzoo.runtime.sessions import ort_session
 
 
 def _exit(argv) -> SystemExit:
@@ -61,7 +61,7 @@ def test_cli_writes_a_repository_that_parses_with_tritons_schema(tmp_path, capsy
     assert (folder / LABELS_FILE).read_text().splitlines() == list(contract.class_names)
     # the model in the repository is the verified export, and it answers at max_batch_size
     assert '"passed": true' in (folder / "1" / "model.report.json").read_text()
-    sess = ort_session(folder / "1" / "model.onnx", "cpu", threads=1)
+    sess = ORT_CPU.session(folder / "1" / "model.onnx", 1).session
     logits = sess.run(None, {inp.name: np.zeros((4, *inp.dims), np.float32)})[0]
     assert logits.shape == (4, *outp.dims)
 
