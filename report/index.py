@@ -213,7 +213,7 @@ def _status(entry: Any) -> str | None:
     """The cell of an entry that holds no figure (absent, or a status other than ``ok``), else ``None``."""
     if not isinstance(entry, Mapping):
         return "—"
-    status = entry.get("status")
+    status: Any = entry.get("status")  # any JSON value
     return None if status == "ok" else _STATUS_CELL.get(status, str(status or "—"))
 
 
@@ -229,32 +229,32 @@ def _get(report: Mapping[str, Any], *keys: str) -> Any:
 
 def parity_cell(entry: Any) -> str:
     """fp32 or fp16 parity with eager: ``ok (max err 2.6e-06)`` or ``FAILED (...)``."""
-    if _status(entry):
-        return _status(entry)
+    if cell := _status(entry):
+        return cell
     err = entry.get("max_abs_err")
     return f"{'ok' if entry.get('passed') else 'FAILED'}" + (f" ({err:.1e})" if err is not None else "")
 
 
 def int8_cosine_cell(entry: Any) -> str:
     """int8's worst cosine to fp32 on held-out inputs, with the Q/DQ placement."""
-    if _status(entry):
-        return _status(entry)
+    if cell := _status(entry):
+        return cell
     cos = entry.get("cosine_min")
     return "—" if cos is None else f"{cos:.4f} ({entry.get('placement')})"
 
 
 def int8_top1_cell(entry: Any) -> str:
     """int8's top-1 agreement with fp32 on held-out inputs, in percent."""
-    if _status(entry):
-        return _status(entry)
+    if cell := _status(entry):
+        return cell
     top1 = entry.get("top1_agreement")
     return "—" if top1 is None else f"{100 * top1:.1f}%"
 
 
 def tensorrt_cell(entry: Any) -> str:
     """The TensorRT engine's state and its network check."""
-    if _status(entry):
-        return _status(entry)
+    if cell := _status(entry):
+        return cell
     check = (entry.get("network_check") or {}).get("ok")
     state = f"{entry.get('state')}{'' if entry.get('ran_on_gpu') else ' - no GPU'}"
     return state + ("" if check is None else f", network check {'ok' if check else 'FAILED'}")
@@ -263,8 +263,8 @@ def tensorrt_cell(entry: Any) -> str:
 def fused_cells(report: Mapping[str, Any], runtimes: Sequence[str]) -> list[str]:
     """Per runtime: the variant's attention cores it runs fused, ``fused/cores``, from the fusion audit."""
     entry = _get(report, "fusion", report["variant"])
-    if _status(entry):
-        return [_status(entry)] * len(runtimes)
+    if cell := _status(entry):
+        return [cell] * len(runtimes)
     audited = {r.get("runtime"): r for r in _get(entry, "audit", "runtimes") or []}
     cells = []
     for name in runtimes:
@@ -288,7 +288,8 @@ def overhead_cell(report: Mapping[str, Any], key: str, tokens: bool) -> str:
         if report["variant"] == "standard":
             return "baseline"
         section = _get(report, "cost", _RATIO_SECTION[key])
-        return _status(section) if section is not None and _status(section) else "not measured"
+        cell = _status(section) if section is not None else None
+        return cell or "not measured"
     where = f"{o['backend']}" + (f", {o['tokens']} tokens" if tokens else "")
     return f"x{o['ratio']:.2f} ({where})"
 

@@ -145,7 +145,7 @@ def scaling_pairs(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     for entry in table.values():
         v, s = entry.get("variant"), entry.get("standard")
         ok = v is not None and s is not None and v["status"] == s["status"] == "ok"
-        entry["ratio"] = v["median_ms"] / s["median_ms"] if ok else None
+        entry["ratio"] = v["median_ms"] / s["median_ms"] if ok and v is not None and s is not None else None
         out.append(entry)
     return sorted(out, key=lambda e: (e["task"], e["tokens"], e["backend"]))
 

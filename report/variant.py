@@ -561,7 +561,8 @@ def latency(variant: str, budget: Budget, work: Path, command: str) -> dict[str,
             kept; the report stops there, as on a signal in any other step).
     """
     bf16 = bf16_problem()
-    started, r, interrupted = time.monotonic(), None, None
+    started, interrupted = time.monotonic(), None
+    r: dict[str, Any] = {}  # the last batch's benchmark result (the first batch always runs)
     for i, batch in enumerate(BATCH_SIZES):
         left = budget.latency_time_limit - (time.monotonic() - started)
         if i and left <= 0:

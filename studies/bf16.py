@@ -44,7 +44,9 @@ from attnzoo.cli import add_debug_flag, entry_point, parse_batch_sizes
 from attnzoo.errors import UsageError, first_line
 from attnzoo.fileio import atomic_write_text, default_cache_dir, writable_dir
 from attnzoo.lazy import lazy_import
-from attnzoo.machine import cpu_summary, environment, load_average
+from attnzoo.machine import cpu_summary, environment, load_1min, load_average
+from attnzoo.runtime.backends import LoadOptions
+from attnzoo.runtime.backends.openvino import OPENVINO
 from attnzoo.runtime.bf16 import ACCURACY_GATE, score
 from attnzoo.runtime.contract import metadata_props
 from attnzoo.runtime.openvino import (
@@ -113,6 +115,7 @@ def zoo_row(
     except PrecisionCheckError as exc:  # the check itself failed: a result, with the reason
         return {**row, "status": "failed", "reason": first_line(exc), "extra_math_nodes": len(names)}
     check = session.precision_check
+    assert check is not None  # keep_f32 given: the session checked its precisions
     row.update(
         status="ok",
         extra_math_nodes=len(names),
@@ -189,7 +192,7 @@ def speed_rows(
                 "arch": arch,
                 "batch": batch,
                 "threads": threads,
-                "load_1min": (load_average() or [None])[0],
+                "load_1min": load_1min(),
                 "precision_check": infos["bf16"].get("precision_check"),
                 "fp32": {},
             }
@@ -286,7 +289,7 @@ def markdown(result: Mapping[str, Any]) -> str:
                     _f((a.get("agreement") or {}).get("bf16"), ".4f"),
                 ]
             body.append(cells)
-        n_img = {(r.get("accuracy") or {}).get("n_images") for r in zoo} - {None}
+        n_img = {n for r in zoo if (n := (r.get("accuracy") or {}).get("n_images")) is not None}
         parts += [
             "## Zoo models: the extra-math check" + (" and test-split accuracy" if bf16 else ""),
             "",

@@ -21,6 +21,7 @@ import argparse
 import shlex
 import sys
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +112,7 @@ def time_opsets(
             ok, err = check(np.asarray(session.run(x)), ref, "fp32")  # bench-latency's parity gate (shared table)
             if not ok:
                 raise RuntimeError(f"{name}: parity error {err:.1e} against {reference}")
-            runners[name] = lambda s=session: s.run(x)
+            runners[name] = partial(session.run, x)
     return time_round_robin(runners, rounds, progress=progress)
 
 
@@ -307,7 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 a.threads,
                 cache,
                 a.rounds,
-                eager=lambda model=model, x=x: model(x),
+                eager=partial(model, x),
                 progress=not a.no_progress,
             )
         rows += _rows(times, variant, size, tokens)

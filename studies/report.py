@@ -43,7 +43,7 @@ def contended(load_start: list[float], load_end: list[float], threads: int) -> b
     return bool(loads) and max(loads) > threads + 0.5
 
 
-def reprint(table: Path | None, markdown: Callable[[Mapping[str, Any]], str]) -> bool:
+def reprint(table: Path | None, markdown: Callable[[dict[str, Any]], str]) -> bool:
     """With ``--table FILE``, print ``markdown`` of that JSON report and return True (the command then ends)."""
     if table is None:
         return False

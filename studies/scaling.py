@@ -36,7 +36,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -60,6 +60,9 @@ from attnzoo.models import ARCHS, BUILTIN_VARIANTS, VARIANT_NAMES, VARIANTS, can
 from attnzoo.models.memory import forward_bytes
 from attnzoo.runtime.backends import backends, get_backend
 from attnzoo.runtime.parity import check as check_parity
+
+if TYPE_CHECKING:
+    from timm.models.vision_transformer import VisionTransformer
 
 __all__ = [
     "FAMILIES",
@@ -263,8 +266,8 @@ class _Run:
         """One model (variant, task, image size): export once, then every batch size and backend."""
         torch.manual_seed(self.s.seed)
         model = create_model(variant, task=task, arch=self.s.arch, img_size=size).eval()
-        config = model.attnzoo_config
-        encoder = model.encoder if task == "seg" else model
+        config = cast(dict[str, Any], model.attnzoo_config)
+        encoder = cast("VisionTransformer", model.encoder if task == "seg" else model)
         tokens = int(encoder.patch_embed.num_patches + encoder.num_prefix_tokens)
         count = count_variant(variant, task=task, arch=self.s.arch, img_size=size)  # per image
         onnx_path, onnx_reason = None, None
@@ -329,7 +332,7 @@ class _Run:
             if reason is None and get_backend(backend).takes == "onnx" and onnx_path is None:
                 reason = onnx_reason
             if reason is None:
-                reason = _fits_in_memory(model.attnzoo_config, size, batch)
+                reason = _fits_in_memory(cast(dict[str, Any], model.attnzoo_config), size, batch)
             last = self.last.get((variant, backend, task))
             if reason is None and last is not None:
                 predicted = last[1] * work / last[0]
@@ -354,6 +357,7 @@ class _Run:
             out, extra = result
             if get_backend(backend).is_reference:
                 ref = out if ref is None else ref
+            assert ref is not None  # the eager output, or the reference backend's
             if ref is not out:
                 ok, err = check_parity(out, ref, tolerance_for(backend, "fp32", "cpu"))
                 extra["parity_error"] = err if math.isfinite(err) else None
@@ -408,11 +412,11 @@ class _Run:
 # ------------------------------------------------------------------------------------------------- fits
 def fit_exponent(x: Sequence[float], y: Sequence[float]) -> float | None:
     """Least-squares slope of ``log y`` against ``log x`` (``y ~ x^slope``); ``None`` below two points."""
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    keep = (x > 0) & (y > 0)
-    if keep.sum() < 2 or np.unique(x[keep]).size < 2:
+    xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    keep = (xa > 0) & (ya > 0)
+    if keep.sum() < 2 or np.unique(xa[keep]).size < 2:
         return None
-    return float(np.polyfit(np.log(x[keep]), np.log(y[keep]), 1)[0])
+    return float(np.polyfit(np.log(xa[keep]), np.log(ya[keep]), 1)[0])
 
 
 def fits(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -456,7 +460,7 @@ def cost_model(variant: str, arch: str) -> dict[str, Any]:
     into matrix FLOPs and vector ops, for the arch's width D.
     """
     dim = ARCHS[arch]["embed_dim"]
-    block = meta_model(variant, "cls", arch).blocks[0]
+    block = cast(torch.nn.Sequential, meta_model(variant, "cls", arch).blocks)[0]
     n1, n2 = 100, 400
     c1, c2 = (count_forward(block, torch.empty(1, n, dim, device="meta")) for n in (n1, n2))
 

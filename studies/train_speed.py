@@ -90,6 +90,7 @@ def time_steps(variant: str, setting: str, steps: int, warmup: int, recipe: str 
             compile_s = dt
         if i >= warmup:
             times.append(dt)
+    assert loss is not None  # at least one step ran
     return {
         "variant": variant,
         "setting": setting,
