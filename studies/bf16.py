@@ -45,8 +45,6 @@ from attnzoo.errors import UsageError, first_line
 from attnzoo.fileio import atomic_write_text, default_cache_dir, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary, environment, load_1min, load_average
-from attnzoo.runtime.backends import LoadOptions
-from attnzoo.runtime.backends.openvino import OPENVINO
 from attnzoo.runtime.bf16 import ACCURACY_GATE, score
 from attnzoo.runtime.contract import metadata_props
 from attnzoo.runtime.openvino import (
