@@ -410,7 +410,7 @@ def train(
         train_data = load_data(cfg.data, "train", cfg.task, img_size, cfg.train_size, seed=0, scene=cfg.scene)
     if val_data is None:
         val_data = load_data(cfg.data, "val", cfg.task, img_size, cfg.val_size, seed=0, scene=cfg.scene)
-    seg_kw = {"decoder": cfg.decoder} if cfg.task == "seg" else {}
+    seg_kw: dict[str, Any] = {"decoder": cfg.decoder} if cfg.task == "seg" else {}
     model = create_model(
         variant, cfg.task, cfg.arch, num_classes=len(train_data.class_names), img_size=img_size, **seg_kw, **cfg.options
     )

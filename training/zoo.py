@@ -398,6 +398,7 @@ def baselines(recipes: dict[str, dict[str, Any]] = RECIPES) -> dict[str, dict[st
     seg = load_data("fashion", "test", "seg", r["img_size"], TEST_N["fashion"], scene=r.get("scene"))
     k = len(seg.class_names)
     train_masks = load_data("fashion", "train", "seg", r["img_size"], r["train_size"], scene=r.get("scene")).masks
+    assert train_masks is not None  # fashion seg scenes have masks
     majority = int(np.bincount(train_masks.ravel(), minlength=k)[1:].argmax()) + 1
     pred = np.where(seg.images[..., 0] > MASK_THRESHOLD, majority, 0)
     conf = confusion_matrix(seg.masks, pred, k)
