@@ -29,7 +29,9 @@ from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_info
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
 
-from .openvino import OpenVINOSession, precision_summary, version
+from .backends import LoadOptions
+from .backends.openvino import OPENVINO
+from .openvino import precision_summary, version
 from .sessions import read_report
 
 # torch, by way of the data sets and the metrics: the runtime imports without it
@@ -99,8 +101,8 @@ def score(
 
 def _sessions(onnx_path: Path, keep_f32: Sequence[str], threads: int | None):
     """The fp32 and bf16 OpenVINO sessions of the file (bf16 refused where the CPU has no bf16 units)."""
-    bf16 = OpenVINOSession(onnx_path, threads=threads, precision="bf16", keep_f32=keep_f32)
-    return OpenVINOSession(onnx_path, threads=threads), bf16
+    bf16 = OPENVINO.load(onnx_path, LoadOptions(dtype="bf16", threads=threads, keep_f32=tuple(keep_f32))).session
+    return OPENVINO.load(onnx_path, LoadOptions(threads=threads)).session, bf16
 
 
 def _machine() -> dict[str, Any]:

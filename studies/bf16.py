@@ -45,10 +45,11 @@ from attnzoo.errors import UsageError, first_line
 from attnzoo.fileio import atomic_write_text, default_cache_dir, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary, environment, load_1min, load_average
+from attnzoo.runtime.backends import LoadOptions
+from attnzoo.runtime.backends.openvino import OPENVINO
 from attnzoo.runtime.bf16 import ACCURACY_GATE, score
 from attnzoo.runtime.contract import metadata_props
 from attnzoo.runtime.openvino import (
-    OpenVINOSession,
     PrecisionCheckError,
     bf16_unavailable_reason,
     check_runtime_precisions,
@@ -109,7 +110,7 @@ def zoo_row(
     names = quantize.extra_math_nodes(onnx.load(str(path), load_external_data=False), cfg)
     precision = "bf16" if bf16 else "fp32"
     try:
-        session = OpenVINOSession(path, threads=threads, precision=precision, keep_f32=names)
+        session = OPENVINO.load(path, LoadOptions(dtype=precision, threads=threads, keep_f32=tuple(names))).session
     except PrecisionCheckError as exc:  # the check itself failed: a result, with the reason
         return {**row, "status": "failed", "reason": first_line(exc), "extra_math_nodes": len(names)}
     check = session.precision_check
@@ -125,7 +126,9 @@ def zoo_row(
         return row
     try:
         check_runtime_precisions(check, "bf16")
-        ev = score({"fp32": OpenVINOSession(path, threads=threads).run, "bf16": session.run}, cfg, limit=limit)
+        ev = score(
+            {"fp32": OPENVINO.load(path, LoadOptions(threads=threads)).run, "bf16": session.run}, cfg, limit=limit
+        )
     except (PrecisionCheckError, FloatingPointError) as exc:
         return {**row, "status": "failed", "reason": first_line(exc)}
     drop = ev["metrics"]["fp32"] - ev["metrics"]["bf16"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -68,6 +68,9 @@ class OpenVINOBackend(Backend):
         if dtype != "fp32":
             return f"OpenVINO runs the fp32 ONNX file here at fp32 precision (no {dtype} inference-precision hint set)"
         return None
+
+    def load(self, model: Any, options: LoadOptions | None = None) -> OpenVINORuntimeSession:
+        return cast(OpenVINORuntimeSession, super().load(model, options))
 
     def open(self, model: Any, options: LoadOptions) -> OpenVINORuntimeSession:
         """``options.keep_f32``: the names of the ops bf16 keeps at f32 (the variant's extra math; not needed for a

@@ -52,11 +52,9 @@ ALLOWED: dict[str, int] = {
     "export/quantize/options.py": 2,
     "report/render.py": 1,
     "report/variant.py": 1,
-    "runtime/bf16.py": 2,
     "runtime/openvino.py": 1,
     "runtime/sessions.py": 1,
     "runtime/tensorrt/engine.py": 2,
-    "studies/bf16.py": 2,
     "studies/train_speed.py": 4,
 }
 
