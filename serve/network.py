@@ -14,7 +14,7 @@ def is_loopback(host: str) -> bool:
         addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
     except (OSError, UnicodeError):
         return False
-    return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
+    return bool(addresses) and all(ipaddress.ip_address(str(a).split("%")[0]).is_loopback for a in addresses)
 
 
 def exposure_warning(host: str, port: int) -> str | None:

@@ -106,6 +106,7 @@ def sliding_logits(model: ServedModel, x: np.ndarray, batch: int = SLIDING_BATCH
         for (y, x0), logits in zip(chunk, out, strict=False):
             total[:, y : y + ch, x0 : x0 + cw] += logits
             count[y : y + ch, x0 : x0 + cw] += 1
+    assert total is not None  # the windows cover the image: at least one
     return (total / count)[None, :, :H, :W]
 
 

@@ -113,7 +113,9 @@ def trickle(url: str, clients: int = 66, seconds: float = 8.0) -> dict[str, Any]
         stop = asyncio.Event()
         tasks = [asyncio.create_task(slow_client(stop)) for _ in range(clients)]
         await asyncio.sleep(1.5)  # they are all past the first 300 KB
-        health, classify, failed = [], [], []
+        health: list[float] = []
+        classify: list[float] = []
+        failed: list[str] = []
         end = time.monotonic() + seconds
         async with httpx.AsyncClient(base_url=url, timeout=60) as http:
             while time.monotonic() < end:

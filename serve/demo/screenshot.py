@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import cast
 from urllib.parse import urlsplit
 
 from attnzoo.cli import add_debug_flag, entry_point
@@ -64,7 +65,7 @@ def capture(url: str, out_dir: Path, *, classify: bool = True, segment: bool = T
                 page.wait_for_function(f'() => document.querySelectorAll("{_BARS}").length === 5', timeout=timeout_ms)
                 bars = page.locator(_BARS)
                 report["labels"] = [
-                    bars.nth(i).get_attribute("data-testid").removesuffix("-confidence-set")
+                    cast(str, bars.nth(i).get_attribute("data-testid")).removesuffix("-confidence-set")  # _BARS has it
                     for i in range(bars.count())
                 ]
                 report["files"].append(_shot(page, out_dir / "demo-classify.png"))

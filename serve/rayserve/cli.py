@@ -200,6 +200,7 @@ def _native_stderr_off() -> None:
 def _announce(cfg: ServeConfig, served) -> None:
     """The start-up lines: what is served where (the first one is what scripts wait for), where the start went."""
     selection, url, mode, metrics = served.selection, served.url, served.mode, served.metrics
+    assert cfg.max_batch_size is not None  # ServeConfig sets its default
     batching = (
         f"dynamic batching up to {cfg.max_batch_size} requests, {cfg.batch_wait_ms:g} ms wait"
         if cfg.max_batch_size > 1

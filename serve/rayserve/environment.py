@@ -314,7 +314,7 @@ def start_ray(cfg: ServeConfig, metrics_port: int | None = None) -> bool:
         ray_constants.ENABLE_RAY_CLUSTER = False  # what _LOOPBACK_ENV does, for a process that imported Ray before
         _LOCAL["started"] = True  # from here on stop() ends whatever ray.init started, even if it is interrupted
         _LOCAL["mark"] = os.environ[OWNER_ENV] = f"{os.getpid()}-{time.time_ns()}"  # inherited by all of them
-        session = {}
+        session: dict[str, Any] = {}
         if not os.environ.get("RAY_TMPDIR"):  # Ray's session files (logs, sockets, HAProxy's config) go with the stop
             _LOCAL["temp_dirs"].append(tempfile.mkdtemp(prefix="attnzoo-ray-"))
             # Ray makes every folder it creates, its temp folder included, mode 0777 ("shared"): they go one level

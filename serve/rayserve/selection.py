@@ -157,6 +157,7 @@ def _zoo_first(
     folder, graph = None, _graph_dtype(dtype)
     for e in first:
         folder = export_zoo(data, cache, [e["variant"]], [e["task"]], dtype=graph)
+    assert folder is not None  # zoo_rows found at least one model, so first has one
     names = [zoo_onnx_name(e["variant"], e["task"], data, graph) for e in first]
     selection = _matching(folder, [n for n in names if (folder / n).is_file()], None, None, dtype)
     selection.pending = [
