@@ -25,19 +25,7 @@ onnx = lazy_import("onnx")
 ort = lazy_import("onnxruntime")
 torch = lazy_import("torch")
 
-__all__ = ["naive_cpu_session", "quantize_int8", "profile_ops", "gemm_gflops"]
-
-
-def _session(path: Path, so):
-    return ORT_CPU.session(path, options=so).session
-
-
-def naive_cpu_session(onnx_path: Path, threads: int, profile_prefix: str | None = None):
-    """The unmodified export with graph optimizations off (the profiling baseline: the ops as exported).
-
-    Threads, execution mode and spinning match the tuned session, so a comparison isolates the graph work.
-    """
-    return _session(Path(onnx_path), session_options(threads, "disable", profile_prefix=profile_prefix, spinning=False))
+__all__ = ["quantize_int8", "profile_ops", "gemm_gflops"]
 
 
 def quantize_int8(onnx_path: Path, out_path: Path) -> Path:

@@ -38,7 +38,7 @@ from tqdm import tqdm
 from attnzoo.benchmarks import timing
 from attnzoo.benchmarks.ceiling import DEFAULT_SIZE, ceiling_for, fraction, matmul_ceiling
 from attnzoo.benchmarks.flops import count_flops, count_variant, meta_model
-from attnzoo.benchmarks.ort_cpu import gemm_gflops, naive_cpu_session, profile_ops
+from attnzoo.benchmarks.ort_cpu import gemm_gflops, profile_ops
 from attnzoo.benchmarks.roofline import GPUS, WIDTH, bound, gpu_key
 from attnzoo.benchmarks.rowlog import LOG_NAME, RowLog, run_asks
 from attnzoo.benchmarks.rows import load_call, row_unavailable_reason, tolerance_for
@@ -49,7 +49,7 @@ from attnzoo.export import export_verified
 from attnzoo.machine import environment, load_1min, load_average
 from attnzoo.models import create_model
 from attnzoo.runtime.backends import ONNX_REFERENCE, Backend, Call, get_backend, reference_backend
-from attnzoo.runtime.backends.ort_cpu import tuned_cpu_session
+from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.parity import TOLERANCES
 from attnzoo.runtime.parity import check as check_parity
 from attnzoo.signals import Interrupted, Terminated
@@ -537,13 +537,9 @@ class _Bench:
     def profile(self, variant: str, onnx_path: Path, x: torch.Tensor) -> None:
         """ORT profiler: per-op-type time of the naive session and of the tuned ``ort-cpu`` session."""
         xs = x.numpy()
-        naive = profile_ops(lambda prefix: naive_cpu_session(onnx_path, self.s.threads, prefix), xs)
-        tuned = profile_ops(
-            lambda prefix: tuned_cpu_session(
-                onnx_path, self.s.threads, self.s.cache_dir, batch=len(xs), profile_prefix=prefix
-            )[0],
-            xs,
-        )
+        options = ORT_CPU.options(threads=self.s.threads, cache_dir=self.s.cache_dir, batch=len(xs))
+        naive = profile_ops(lambda prefix: ORT_CPU.profiled(onnx_path, options, prefix, optimize=False).session, xs)
+        tuned = profile_ops(lambda prefix: ORT_CPU.profiled(onnx_path, options, prefix).session, xs)
         self.profiles.append({"variant": variant, "batch": int(x.shape[0]), "naive": naive, "tuned": tuned})
 
     def todo(self, variant: str, batch: int) -> list[tuple[str, str]]:

@@ -169,6 +169,21 @@ class OrtCpuBackend(Backend):
         sess = _inference_session(model, "cpu", threads=threads, options=options)
         return OrtSession(sess, self.name, {"intra_op_threads": threads, "tuned": False})
 
+    def profiled(self, model: Any, options: LoadOptions, profile_prefix: str, *, optimize: bool = True) -> OrtSession:
+        """A session of the ONNX file ``model`` with ONNX Runtime's profiler on (``<profile_prefix>_<date>.json``):
+        the tuned session :meth:`load` gives with ``options`` (``optimize``), or the export as it is, graph
+        optimizations off, with the same threads, execution mode and no spinning (the profiling baseline: the ops as
+        exported; ``options.batch`` and ``cache_dir`` unused), so a comparison of the two isolates the graph work.
+        """
+        if optimize:
+            sess, info = tuned_cpu_session(
+                Path(model), options.threads, options.cache_dir, options.batch, profile_prefix
+            )
+            return OrtSession(sess, self.name, info)
+        so = session_options(options.threads, "disable", profile_prefix=profile_prefix, spinning=False)
+        info = {"graph_optimization": "disable", "intra_op_threads": options.threads, "spinning": False}
+        return OrtSession(_inference_session(Path(model), "cpu", options=so), self.name, info)
+
 
 ORT_CPU = register_backend(
     OrtCpuBackend(

@@ -47,7 +47,6 @@ SESSION_CALLS: frozenset[str] = frozenset(
 #: Some compare a name that is also a backend's but means something else here (an export format, a Triton
 #: platform, a training setting, a study's mode); they are listed until they are renamed.
 ALLOWED: dict[str, int] = {
-    "benchmarks/run.py": 2,
     "export/formats/triton_format.py": 4,
     "export/quantize/options.py": 2,
     "report/render.py": 1,
