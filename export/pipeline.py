@@ -31,7 +31,7 @@ from tqdm import tqdm
 from attnzoo import zoo
 from attnzoo.data.datasets import SHAPES_CLASSES, SHAPES_SEG_CLASSES
 from attnzoo.errors import UsageError
-from attnzoo.fileio import sha256_file
+from attnzoo.fileio import PathLike, sha256_file
 from attnzoo.limits import check_batch_sizes, check_side
 from attnzoo.models import canonical_name, create_model
 from attnzoo.models.checkpoint import NoConfigError, load_checkpoint, load_state_dict_file, load_weights, read_config
@@ -69,8 +69,6 @@ SUFFIXES: dict[str, tuple[str, ...]] = {name: part.suffixes for name, part in fo
 FORMATS: tuple[str, ...] = tuple(SUFFIXES)
 #: Batch sizes verified by default (and the TensorRT profile's range).
 DEFAULT_BATCH_SIZES: tuple[int, ...] = (1, 8)
-
-PathLike = str | Path
 
 
 @dataclass

@@ -31,7 +31,7 @@ from tqdm import tqdm
 from attnzoo.benchmarks.report import markdown_table
 from attnzoo.cli import add_debug_flag, entry_point, parse_names
 from attnzoo.errors import CommandError, UsageError, first_line
-from attnzoo.fileio import atomic_write_text, read_json, writable_dir
+from attnzoo.fileio import PathLike, atomic_write_text, read_json, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary
 from attnzoo.mdtext import code, fence, link, text
@@ -55,7 +55,6 @@ __all__ = [
     "main",
 ]
 
-PathLike = str | Path
 #: The example plugin's variant (``examples/attnzoo-cosine``), reported beside the built-ins.
 EXAMPLE_PLUGIN = "cosine"
 EXAMPLE_INSTALL = "pip install ./examples/attnzoo-cosine"
