@@ -38,7 +38,7 @@ import numpy as np
 
 from attnzoo.benchmarks.gpu_plan import MODELS, ROOT
 from attnzoo.errors import UsageError, first_line
-from attnzoo.fileio import read_json, writable_dir
+from attnzoo.fileio import PathLike, read_json, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import bf16_problem, environment
 from attnzoo.runtime.backends import backend_names
@@ -80,7 +80,6 @@ __all__ = [
 
 #: ``report.json``'s ``schema`` field (docs/report-variant.md describes this version).
 SCHEMA = "attnzoo.report-variant/1"
-PathLike = str | Path
 #: Every entry report-variant writes in its folder; ``exports`` is written first, the rest last, ``report.json``
 #: before ``report.md``.
 OWN_ENTRIES = frozenset({"report.json", "report.md", "latency.png", "overhead.png", "scaling.png", "exports"})
@@ -316,6 +315,22 @@ def _model_args(variant: str, source: dict[str, Any]) -> dict[str, Any]:
     if source["kind"] == "checkpoint":
         return {"checkpoint": source["checkpoint"]}
     return {"variant": variant}  # the zoo's
+
+
+#: What stands for the report's temporary folder in the paths it records (its caches are removed with it).
+TEMPORARY = "<temporary>"
+
+
+def _untemp(obj: Any, work: Path) -> Any:
+    """``obj`` with every string path inside ``work`` (the report's temporary folder, removed when it ends) written
+    from :data:`TEMPORARY`: the file names stay, a path nobody can open again does not."""
+    if isinstance(obj, dict):
+        return {k: _untemp(v, work) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_untemp(v, work) for v in obj]
+    if isinstance(obj, str) and (obj == str(work) or obj.startswith(f"{work}/")):
+        return TEMPORARY + obj[len(str(work)) :]
+    return obj
 
 
 def _rel(path: Path, out: Path) -> str:
@@ -788,6 +803,7 @@ def report_variant(
             "scaling": section("scaling", lambda: _attempt(lambda: scaling(variant, budget, work, command, quick))),
             "gpu": gpu_rows(variant),
         }
+        report.update(_untemp(report, work))
     report["section_times_s"] = timings
     report["wall_time_s"] = round(time.time() - started, 1)
     report["cpu_time_s"] = round(time.process_time() - cpu_started, 1)  # all threads: the work, apart from load

@@ -44,12 +44,16 @@ def quick(tmp_path_factory):
     return out, buf.getvalue()
 
 
+@pytest.mark.slow  # a whole quick report: about 2 minutes on 2 cores
 def test_quick_report_writes_the_folder_schema_verdict_and_figures(quick):
     out, stdout = quick
     lines = stdout.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("belief2: ") and str(out / "report.md") in lines[0]
-    report = json.loads((out / "report.json").read_text())
+    text = (out / "report.json").read_text()
+    report = json.loads(text)
     assert report["schema"] == SCHEMA and report["variant"] == "belief2" and report["quick"] is True
+    # no path into the report's temporary folder, removed when it ended: its caches are named from <temporary>
+    assert "attnzoo-report-" not in text and "<temporary>/bench-cache/" in text
     # every top-level and section key is documented, and the documented ones are there
     documented = _documented_keys()
     present = (
