@@ -48,6 +48,7 @@ from attnzoo.runtime.backends import (
     check_against_reference,
     cpu_runtimes,
     get_backend,
+    reference_backend,
 )
 from attnzoo.runtime.bf16 import verify_bf16
 from attnzoo.runtime.choice import fastest_cpu_runtime
@@ -357,7 +358,7 @@ def load_checkpoint_dir(directory: Path) -> list[ServedModel]:
     for path in _model_files(directory, ".safetensors"):
         try:
             model, config = checkpoint.load_checkpoint(path)
-            session = get_backend("eager").load(model, LoadOptions())
+            session = get_backend(reference_backend()).load(model, LoadOptions())
             served = _from_config(config, session.run, session.fixed_size, path, session.backend)
             models.append(_warmed_up(served))
         except Exception as exc:  # noqa: BLE001 - one bad file must not stop the others (like the ONNX path)
@@ -425,7 +426,7 @@ def load_zoo_torch(data: str = DEFAULT_DATA) -> list[ServedModel]:
     for e in rows:
         model, config = zoo.load(e["variant"], e["task"], data)
         path = zoo.checkpoint_path(e["variant"], e["task"], data)
-        session = get_backend("eager").load(model, LoadOptions())
+        session = get_backend(reference_backend()).load(model, LoadOptions())
         models.append(_warmed_up(_from_config(config, session.run, session.fixed_size, path, session.backend)))
     return _with_scores(models, rows)
 
