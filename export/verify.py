@@ -48,6 +48,7 @@ __all__ = [
     "report_path",
     "failed_report_path",
     "summary",
+    "verdict_lines",
     "VerificationError",
 ]
 
@@ -383,20 +384,28 @@ def adopt_verified(
     return report
 
 
-def summary(report: Mapping[str, Any]) -> str:
-    """A few lines for the terminal."""
+def verdict_lines(report: Mapping[str, Any], runtime: str, batches: str) -> list[str]:
+    """The lines every verified file's summary ends with: its parity on ``runtime`` (``batches`` says how the batch
+    is dynamic), the extra-math nodes per block, and PASSED or what failed."""
     par, extra = report["parity"], report["extra_math"]
     lines = [
-        f"{report['path']}: {report['variant']} {report['task']} {report['arch']} {report['dtype']} "
-        f"opset {report['opset']}, {report['num_nodes']} nodes, {report['file_size'] / 1e6:.2f} MB, "
-        f"export {report['export_time_s']:.1f} s",
-        f"  parity vs eager ({', '.join(par['providers'])}): batch sizes {par['batch_sizes']} "
-        f"(dynamic '{report['batch_dim']}'), max abs err {par['max_abs_err']:.2e} "
-        f"(tolerance {next(iter(par['tolerance'].values())):g} x max(1, max|logit|))",
+        f"  parity vs eager ({runtime}): batch sizes {par['batch_sizes']} ({batches}), max abs err "
+        f"{par['max_abs_err']:.2e} (tolerance {next(iter(par['tolerance'].values())):g} x max(1, max|logit|))",
     ]
     if extra["blocks"]:
         lines.append(
             "  extra-math nodes per block: " + ", ".join(f"{b}={n}" for b, n in extra["nodes_per_block"].items())
         )
     lines.append(f"  {'PASSED' if report['passed'] else 'FAILED: ' + '; '.join(report['failures'])}")
-    return "\n".join(lines)
+    return lines
+
+
+def summary(report: Mapping[str, Any]) -> str:
+    """A few lines for the terminal: the file, then :func:`verdict_lines`."""
+    head = (
+        f"{report['path']}: {report['variant']} {report['task']} {report['arch']} {report['dtype']} "
+        f"opset {report['opset']}, {report['num_nodes']} nodes, {report['file_size'] / 1e6:.2f} MB, "
+        f"export {report['export_time_s']:.1f} s"
+    )
+    runtime = ", ".join(report["parity"]["providers"])
+    return "\n".join([head, *verdict_lines(report, runtime, f"dynamic '{report['batch_dim']}'")])

@@ -30,6 +30,7 @@ from typing import Any
 from attnzoo.fileio import atomic_path, atomic_write_text
 from attnzoo.lazy import lazy_import
 from attnzoo.limits import MAX_BATCH_SIZE
+from attnzoo.runtime.contract import BATCH_DIM
 
 torch = lazy_import("torch")  # the registry (and --help) load without torch
 inductor = lazy_import("torch._inductor")
@@ -37,7 +38,6 @@ inductor = lazy_import("torch._inductor")
 __all__ = [
     "AOTI_DTYPES",
     "TRACE_BATCH",
-    "BATCH_DIM",
     "aoti_problem",
     "export_program",
     "temporary_package",
@@ -51,8 +51,6 @@ __all__ = [
 AOTI_DTYPES: dict[str, tuple[str, ...]] = {"cpu": ("fp32",), "cuda": ("fp32", "fp16")}
 #: The batch size ``torch.export`` traces with (every other size is one the package was not traced with).
 TRACE_BATCH = 2
-#: Name of the dynamic batch dimension.
-BATCH_DIM = "batch"
 _TORCH_DTYPES = {"fp32": "float32", "fp16": "float16"}
 
 

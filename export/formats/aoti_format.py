@@ -36,10 +36,11 @@ from attnzoo.fileio import atomic_write_text, sha256_file
 from attnzoo.limits import MAX_BATCH_SIZE
 from attnzoo.runtime import aoti
 from attnzoo.runtime.backends.eager import TORCH_DTYPES
+from attnzoo.runtime.contract import BATCH_DIM
 from attnzoo.runtime.device import fp32_math
 
 from ..check import block_prefix, expected_scopes, variant_spec
-from ..verify import EXTRA_BATCH_SIZES, VerificationError, parity_vs_eager
+from ..verify import EXTRA_BATCH_SIZES, VerificationError, parity_vs_eager, verdict_lines
 from .base import ExportFormat, ExportRequest, ModelSource, run_step
 
 __all__ = [
@@ -204,7 +205,7 @@ class AotiFormat(ExportFormat):
             "device": device,
             "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
             "input_size": list(hw),
-            "batch_dim": aoti.BATCH_DIM,
+            "batch_dim": BATCH_DIM,
             "batch_range": [1, MAX_BATCH_SIZE],
             "trace_batch": aoti.TRACE_BATCH,
             "checkpoint_sha256": source.checkpoint_sha256,
@@ -261,24 +262,16 @@ class AotiFormat(ExportFormat):
 
 def summary(report: dict[str, Any], path: Path | None = None) -> str:
     """A few lines for the terminal: the package, its parity, the extra math per block, the verdict."""
-    par, extra = report["parity"], report["extra_math"]
-    lines = [
+    head = (
         f"{report['path']}: {report['variant']} {report['task']} {report['arch']} {report['dtype']} AOTInductor "
         f"package for {report['gpu'] or report['device']}, {report['num_nodes']} graph nodes, "
         f"{report['file_size'] / 1e6:.2f} MB, export {report['export_time_s']:.1f} s + compile "
-        f"{report['compile_time_s']:.1f} s",
-        f"  parity vs eager ({par['runtime']}): batch sizes {par['batch_sizes']} (dynamic '{report['batch_dim']}' "
-        f"{report['batch_range'][0]}-{report['batch_range'][1]}, traced at {report['trace_batch']}), max abs err "
-        f"{par['max_abs_err']:.2e} (tolerance {next(iter(par['tolerance'].values())):g} x max(1, max|logit|))",
-    ]
-    if extra["blocks"]:
-        lines.append(
-            "  extra-math nodes per block: " + ", ".join(f"{b}={n}" for b, n in extra["nodes_per_block"].items())
-        )
-    lines.append(f"  {'PASSED' if report['passed'] else 'FAILED: ' + '; '.join(report['failures'])}")
-    if path is not None:
-        lines.append(f"  report: {path}")
-    return "\n".join(lines)
+        f"{report['compile_time_s']:.1f} s"
+    )
+    lo, hi = report["batch_range"]
+    batches = f"dynamic '{report['batch_dim']}' {lo}-{hi}, traced at {report['trace_batch']}"
+    lines = [head, *verdict_lines(report, report["parity"]["runtime"], batches)]
+    return "\n".join(lines + ([f"  report: {path}"] if path is not None else []))
 
 
 FORMAT = AotiFormat()
