@@ -101,8 +101,8 @@ def score(
 
 def _sessions(onnx_path: Path, keep_f32: Sequence[str], threads: int | None):
     """The fp32 and bf16 OpenVINO sessions of the file (bf16 refused where the CPU has no bf16 units)."""
-    bf16 = OPENVINO.load(onnx_path, LoadOptions(dtype="bf16", threads=threads, keep_f32=tuple(keep_f32))).session
-    return OPENVINO.load(onnx_path, LoadOptions(threads=threads)).session, bf16
+    bf16 = OPENVINO.load(onnx_path, LoadOptions(dtype="bf16", threads=threads, keep_f32=tuple(keep_f32))).live()
+    return OPENVINO.load(onnx_path, LoadOptions(threads=threads)).live(), bf16
 
 
 def _machine() -> dict[str, Any]:

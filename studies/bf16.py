@@ -110,7 +110,7 @@ def zoo_row(
     names = quantize.extra_math_nodes(onnx.load(str(path), load_external_data=False), cfg)
     precision = "bf16" if bf16 else "fp32"
     try:
-        session = OPENVINO.load(path, LoadOptions(dtype=precision, threads=threads, keep_f32=tuple(names))).session
+        session = OPENVINO.load(path, LoadOptions(dtype=precision, threads=threads, keep_f32=tuple(names))).live()
     except PrecisionCheckError as exc:  # the check itself failed: a result, with the reason
         return {**row, "status": "failed", "reason": first_line(exc), "extra_math_nodes": len(names)}
     check = session.precision_check

@@ -30,22 +30,30 @@ class OpenVINORuntimeSession(Session):
     """An :class:`attnzoo.runtime.openvino.OpenVINOSession` behind the registry's interface."""
 
     def __init__(self, session: ov.OpenVINOSession, backend: str) -> None:
-        self.session, self.backend = session, backend
-        self.fixed_size = True
+        self.session: ov.OpenVINOSession | None = session
+        self.backend, self.fixed_size = backend, True
+
+    def live(self) -> ov.OpenVINOSession:
+        """The OpenVINO session (its compiled model and infer request); raises once this is closed."""
+        if self.session is None:
+            raise RuntimeError(f"this {self.backend} session is closed")
+        return self.session
 
     def run(self, x: np.ndarray) -> np.ndarray:
-        return self.session.run(x)
+        return self.live().run(x)
 
     def call(self, x: np.ndarray) -> Call:
         xin = np.ascontiguousarray(x, dtype=np.float32)
-        if self.session.batch not in (None, len(xin)):
+        if self.live().batch not in (None, len(xin)):
             return super().call(x)
-        return Call(
-            lambda: self.session.infer(xin), lambda: np.array(self.session.infer(xin), dtype=np.float32), session=self
+        return Call(  # the session looked up at each call: a closed one raises, and its memory goes with it
+            lambda: self.live().infer(xin),
+            lambda: np.array(self.live().infer(xin), dtype=np.float32),
+            session=self,
         )
 
     def info(self) -> dict[str, Any]:
-        return self.session.info()
+        return self.live().info()
 
     def release(self) -> None:
         self.session = None  # the compiled model and its infer request go with the last reference

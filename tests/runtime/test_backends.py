@@ -162,6 +162,9 @@ def test_sessions_close_once_and_are_context_managers(tmp_path):
     assert np.allclose(call.output(), want, atol=1e-4)
     call.close()  # a call closes the session it runs on
     assert session.closed and session.session is None
+    for use in (session.run, lambda _: call.fn(), lambda _: session.info()):  # a closed session says so
+        with pytest.raises(RuntimeError, match="openvino session is closed"):
+            use(x)
     net = torch.nn.Flatten()
     with get_backend("eager").load(net, LoadOptions(threads=1)) as session:
         assert np.array_equal(session.run(x), x.reshape(2, 12))
