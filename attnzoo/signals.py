@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import signal
 import sys
 import threading
@@ -116,7 +117,7 @@ def signals_raise() -> Iterator[None]:
     outside = _imports_under_way(sys._getframe())  # imports the command itself runs inside (none, usually)
 
     def handler(signum, frame):
-        if _imports_under_way(frame) > outside:
+        if _unsafe_to_raise(frame, outside):
             _send_after_imports(signum, outside)
             return
         raise Terminated() if signum == signal.SIGTERM else Interrupted()
@@ -132,6 +133,28 @@ def signals_raise() -> Iterator[None]:
 _IMPORT_MACHINERY = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
 
 
+#: Functions where Python prints and drops an exception instead of raising it: logging's lock hooks, which run
+#: around every fork (``os.register_at_fork``; the parent's side of a subprocess start too).
+_SWALLOWING = frozenset(
+    f.__code__
+    for f in (getattr(logging, name, None) for name in ("_acquireLock", "_releaseLock", "_prepareFork", "_afterFork"))
+    if f is not None
+)
+
+
+def _unsafe_to_raise(frame: FrameType | None, outside: int) -> bool:
+    """Whether an exception raised at ``frame`` would be lost or do harm: imports under way (more than ``outside``
+    frames of the import machinery; the module would be left half-imported), or a function that drops exceptions
+    on the stack (:data:`_SWALLOWING`, a finalizer)."""
+    if _imports_under_way(frame) > outside:
+        return True
+    while frame is not None:  # the function itself or one it called
+        if frame.f_code in _SWALLOWING or frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _imports_under_way(frame: FrameType | None) -> int:
     """How many frames of the import machinery are on the stack that ends at ``frame``."""
     depth = 0
@@ -143,8 +166,8 @@ def _imports_under_way(frame: FrameType | None) -> int:
 
 def _send_after_imports(signum: int, outside: int) -> None:
     """Send ``signum`` to the main thread again once it has left the imports under way (down to ``outside``
-    frames of the import machinery), from a helper thread that looks every 20 ms: its handler then runs in
-    Python's own code, where an exception is safe."""
+    frames of the import machinery) and any function that drops exceptions (:func:`_unsafe_to_raise`), from a
+    helper thread that looks every 20 ms: its handler then runs in Python's own code, where an exception is safe."""
     main = threading.main_thread()
     ident = main.ident
     assert ident is not None  # the main thread has started
@@ -152,7 +175,7 @@ def _send_after_imports(signum: int, outside: int) -> None:
     def resend() -> None:
         while main.is_alive():
             frame = sys._current_frames().get(ident)
-            if frame is None or _imports_under_way(frame) <= outside:
+            if not _unsafe_to_raise(frame, outside):
                 signal.pthread_kill(ident, signum)
                 return
             del frame

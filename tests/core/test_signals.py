@@ -4,10 +4,13 @@ running native code is cancelled and given up on at once."""
 
 from __future__ import annotations
 
+import logging
 import signal
 import subprocess
 import sys
 import textwrap
+
+import pytest
 
 
 def _isolated(code: str) -> None:
@@ -201,3 +204,38 @@ def test_a_signal_during_an_import_is_raised_once_the_import_returns():
     """,
     )
     assert control.stdout.strip() == "cut short", (control.returncode, control.stdout, control.stderr[-2000:])
+
+
+@pytest.mark.skipif(not hasattr(logging, "_releaseLock"), reason="this Python's logging has no fork lock hooks")
+def test_a_signal_inside_loggings_fork_hook_is_raised_after_it():
+    """Python runs logging's ``_releaseLock`` around every fork, the parent's side of a subprocess start included,
+    and prints and drops an exception raised there: a SIGTERM that lands in it must be raised after it returns, or
+    the command goes on as if no signal had come."""
+    _isolated("""
+        import logging, signal, sys, time
+        from attnzoo.signals import Terminated, signals_raise
+        release, inside = logging._releaseLock, []
+        with signals_raise():
+            handler = signal.getsignal(signal.SIGTERM)
+
+            def trace(frame, event, arg):  # the signal, as if it arrived while the hook runs
+                if event == "call" and frame.f_code is release.__code__:
+                    try:
+                        handler(signal.SIGTERM, frame)
+                    except Terminated:
+                        inside.append("raised inside the hook")
+
+            logging._acquireLock()
+            sys.settrace(trace)
+            release()
+            sys.settrace(None)
+            try:
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline:
+                    pass
+                raise SystemExit("no Terminated after the hook")
+            except Terminated:
+                pass
+        assert not inside, inside
+        print("ok")
+    """)
