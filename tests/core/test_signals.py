@@ -4,13 +4,10 @@ running native code is cancelled and given up on at once."""
 
 from __future__ import annotations
 
-import logging
 import signal
 import subprocess
 import sys
 import textwrap
-
-import pytest
 
 
 def _isolated(code: str) -> None:
@@ -206,7 +203,6 @@ def test_a_signal_during_an_import_is_raised_once_the_import_returns():
     assert control.stdout.strip() == "cut short", (control.returncode, control.stdout, control.stderr[-2000:])
 
 
-@pytest.mark.skipif(not hasattr(logging, "_releaseLock"), reason="this Python's logging has no fork lock hooks")
 def test_a_signal_inside_loggings_fork_hook_is_raised_after_it():
     """Python runs logging's ``_releaseLock`` around every fork, the parent's side of a subprocess start included,
     and prints and drops an exception raised there: a SIGTERM that lands in it must be raised after it returns, or
@@ -214,7 +210,9 @@ def test_a_signal_inside_loggings_fork_hook_is_raised_after_it():
     _isolated("""
         import logging, signal, sys, time
         from attnzoo.signals import Terminated, signals_raise
-        release, inside = logging._releaseLock, []
+        # the hooks logging registers around a fork: _acquireLock/_releaseLock up to Python 3.12, then renamed
+        acquire = getattr(logging, "_acquireLock", None) or logging._prepareFork
+        release, inside = getattr(logging, "_releaseLock", None) or logging._afterFork, []
         with signals_raise():
             handler = signal.getsignal(signal.SIGTERM)
 
@@ -225,7 +223,7 @@ def test_a_signal_inside_loggings_fork_hook_is_raised_after_it():
                     except Terminated:
                         inside.append("raised inside the hook")
 
-            logging._acquireLock()
+            acquire()
             sys.settrace(trace)
             release()
             sys.settrace(None)
