@@ -1,4 +1,6 @@
-"""The model contract: what an attnzoo ONNX file promises its users, read from its ``metadata_props``.
+"""The model contract: what an attnzoo ONNX file promises its users, read from its ``metadata_props`` (or, for an
+OpenVINO IR ``.xml`` that ``export-model --format openvino`` wrote, from the same entries in its ``rt_info`` section
+:data:`IR_RT_INFO`).
 
 ``export-model`` writes it (:func:`attnzoo.export.export_onnx`); the demo, the benchmark and the TensorRT
 builder read it from here and nowhere else. Input ``image`` (batch, 3, H, W) float32, output ``logits``
@@ -18,12 +20,14 @@ from attnzoo.limits import MAX_ONNX_BYTES, check_side
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, INPUT_STYLES, input_style_of
 
 onnx = lazy_import("onnx")
+ov = lazy_import("openvino")
 checkpoint = lazy_import("attnzoo.models.checkpoint")  # torch and timm: the runtime imports without them
 
 __all__ = [
     "INPUT_NAME",
     "OUTPUT_NAME",
     "BATCH_DIM",
+    "IR_RT_INFO",
     "ModelContract",
     "metadata_props",
     "check_onnx_file",
@@ -33,18 +37,33 @@ __all__ = [
 INPUT_NAME = "image"
 OUTPUT_NAME = "logits"
 BATCH_DIM = "batch"
+#: The ``rt_info`` section of an OpenVINO IR that holds the entries an ONNX file keeps in ``metadata_props``.
+IR_RT_INFO = "attnzoo"
+
+
+def _ir_props(path: Path) -> dict[str, str]:
+    """The :data:`IR_RT_INFO` entries of an OpenVINO IR ``.xml`` (read by OpenVINO with its ``.bin``)."""
+    try:
+        model = ov.Core().read_model(str(path))
+    except RuntimeError as exc:  # OpenVINO's message: a source location first, the reason last
+        raise ValueError(f"{path.name}: OpenVINO cannot read it: {str(exc).strip().splitlines()[-1]}") from None
+    if not model.has_rt_info([IR_RT_INFO]):
+        return {}
+    return {str(k): str(v.astype(str)) for k, v in model.get_rt_info()[IR_RT_INFO].items()}
 
 
 def metadata_props(model: str | Path | Any) -> dict[str, str]:
     """All ``metadata_props`` of an ONNX file (external weights are not loaded) or model proto, as a dict of
-    strings. A file is checked to be a regular file within :data:`attnzoo.limits.MAX_ONNX_BYTES` before any byte
-    of it is parsed.
+    strings; for an OpenVINO IR ``.xml``, its :data:`IR_RT_INFO` entries. A file is checked to be a regular file
+    within :data:`attnzoo.limits.MAX_ONNX_BYTES` before any byte of it is parsed.
 
     Raises:
         ValueError: not a regular file, or larger than an ONNX file can be.
     """
     if not isinstance(model, onnx.ModelProto):
         check_onnx_file(model)
+        if Path(model).suffix.lower() == ".xml":
+            return _ir_props(Path(model))
     proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model), load_external_data=False)
     return {p.key: p.value for p in proto.metadata_props}
 
@@ -153,7 +172,8 @@ class ModelContract:
 
     @classmethod
     def from_onnx(cls, model: str | Path | Any) -> ModelContract:
-        """Read the contract of an ONNX file (or proto) without loading its weights."""
+        """Read the contract of an ONNX file (or proto) without loading its weights, or of an OpenVINO IR ``.xml``
+        (:func:`metadata_props`)."""
         return cls.from_props(metadata_props(model), model if isinstance(model, (str, Path)) else "model")
 
     def input_shape(self, batch: int) -> tuple[int, int, int, int]:

@@ -38,12 +38,13 @@ runtime read-back refuses the model, naming the node.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,7 @@ from attnzoo.lazy import lazy_import
 from attnzoo.machine import bf16_problem
 from attnzoo.signals import off_altstack
 
-from .contract import INPUT_NAME, OUTPUT_NAME
+from .contract import INPUT_NAME, IR_RT_INFO, OUTPUT_NAME
 
 ov = lazy_import("openvino")
 opset = lazy_import("openvino.opset13")
@@ -79,6 +80,9 @@ __all__ = [
     "nncf_int8",
     "fake_quantized",
     "NNCFCheckError",
+    "temporary_ir",
+    "save_ir",
+    "place_ir",
 ]
 
 HINTS = ("LATENCY", "THROUGHPUT")
@@ -502,6 +506,41 @@ def precision_summary(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# ------------------------------------------------------------------------------------------------ IR files
+@contextlib.contextmanager
+def temporary_ir(out: str | Path) -> Iterator[Path]:
+    """A temporary IR ``.xml`` name beside ``out`` (its ``.bin`` beside it), both removed on the way out whatever
+    happened: what :func:`place_ir` has not moved to ``out`` is never left behind."""
+    out = Path(out)
+    tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp.xml")
+    try:
+        yield tmp
+    finally:
+        tmp.unlink(missing_ok=True)
+        tmp.with_suffix(".bin").unlink(missing_ok=True)
+
+
+def save_ir(
+    model: Any, path: str | Path, *, compress_to_fp16: bool = False, metadata: Mapping[str, str] | None = None
+) -> None:
+    """Write ``model`` as IR (``path`` and its ``.bin``), its weights fp16 when ``compress_to_fp16`` (OpenVINO
+    decompresses them to f32 where they are used), with ``metadata`` (the model contract's entries, as an ONNX file
+    keeps them in ``metadata_props``) in the :data:`attnzoo.runtime.contract.IR_RT_INFO` section of its
+    ``rt_info``."""
+    for key, value in (metadata or {}).items():
+        model.set_rt_info(str(value), [IR_RT_INFO, str(key)])
+    ov.save_model(model, str(path), compress_to_fp16=compress_to_fp16)
+
+
+def place_ir(tmp: str | Path, out: str | Path) -> None:
+    """Rename the IR ``tmp`` (and its ``.bin``) to ``out``: the old ``.xml`` goes first and the new one comes last,
+    so an ``.xml`` that exists has its own weights, never an old ``.xml`` beside a new ``.bin``."""
+    tmp, out = Path(tmp), Path(out)
+    out.unlink(missing_ok=True)
+    os.replace(tmp.with_suffix(".bin"), out.with_suffix(".bin"))
+    os.replace(tmp, out)
+
+
 # ------------------------------------------------------------------------------------------------ NNCF int8
 #: Ops a quantizer's FakeQuantize may pass through before it reaches a consumer (layout only, no arithmetic).
 _LAYOUT_OPS = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Convert")
@@ -549,6 +588,7 @@ def nncf_int8(
     *,
     ignored: Sequence[str] = (),
     model_type: str | None = "transformer",
+    metadata: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """NNCF post-training int8 quantization of the OpenVINO model of an fp32 ONNX file; checked, then written.
 
@@ -562,6 +602,7 @@ def nncf_int8(
             reported, not an error.
         model_type: ``"transformer"`` (NNCF's ViT scheme: FakeQuantize on MatMul inputs, SmoothQuant) or
             ``None`` (NNCF's default scheme, which also quantizes elementwise ops).
+        metadata: The model contract's entries to record in the IR (:func:`save_ir`).
 
     Returns:
         The report: NNCF version, calibration count, FakeQuantize count, ignored names found / missing, time.
@@ -601,15 +642,9 @@ def nncf_int8(
         raise NNCFCheckError(f"NNCF quantized {len(leaked)} op(s) of the ignored scope, e.g. {leaked[0]}")
     if fq == 0:
         raise NNCFCheckError("NNCF inserted no FakeQuantize: nothing was quantized")
-    tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp.xml")
-    try:
-        ov.save_model(quantized, str(tmp), compress_to_fp16=False)
-        out.unlink(missing_ok=True)  # an .xml that exists has its weights: never an old .xml beside a new .bin
-        os.replace(tmp.with_suffix(".bin"), out.with_suffix(".bin"))
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
-        tmp.with_suffix(".bin").unlink(missing_ok=True)
+    with temporary_ir(out) as tmp:
+        save_ir(quantized, tmp, metadata=metadata)
+        place_ir(tmp, out)
     return {
         "quantizer": "nncf.quantize (OpenVINO model of the fp32 ONNX)",
         "nncf": nncf.__version__,

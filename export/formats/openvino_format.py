@@ -1,0 +1,400 @@
+"""``--format openvino``: an OpenVINO IR (``model.xml`` + ``model.bin``) converted from the verified ONNX, what the
+``openvino`` backend (``bench-latency --backends openvino``) and :class:`attnzoo.runtime.openvino.OpenVINOSession`
+read natively.
+
+The fp32 ONNX is exported and verified first, as every export is (:func:`attnzoo.export.verify.export_verified`,
+kept in a temporary folder: the IR is the output). OpenVINO's ONNX front end reads it (``Core.read_model``; no
+conversion tool, no telemetry) and it is written as IR by ``openvino.save_model``:
+
+- ``fp32``: weights and compute f32;
+- ``fp16``: the weights compressed to fp16 (``compress_to_fp16``; half the ``.bin``), decompressed to f32 where
+  they are used, so every activation stays f32 (checked: no op but a weight constant is 16-bit);
+- ``int8``: NNCF's post-training quantization of the same model (:func:`attnzoo.runtime.openvino.nncf_int8`), the
+  variant's extra math in NNCF's ignored scope and checked free of FakeQuantize, calibrated as ``export-model
+  --dtype int8`` calibrates (:func:`attnzoo.export.quantize.calibration_for`).
+
+The model contract (``metadata_props`` of the ONNX, its ``dtype`` the IR's) goes into the IR's ``rt_info``
+(:data:`attnzoo.runtime.contract.IR_RT_INFO`), where :class:`~attnzoo.runtime.contract.ModelContract` reads it.
+The IR is written under a temporary name beside ``--out`` and verified before it is renamed:
+
+- the variant's extra math must be in the IR's own graph: for each block and each of the variant's
+  ``extra_scopes``, the ops of ``ov.Model.get_ops()`` whose friendly name (OpenVINO keeps the ONNX node names) is
+  ``<blocks>.N.attn.<scope>/...`` are counted (:func:`count_extra_math`) with the op counts a scope declares (the
+  projection's ``Multiply`` x3, ``ReduceSum`` x2, ``Add`` of eps, ``Divide``, ``Subtract``), each computing in f32,
+  none reading a FakeQuantize;
+- the batch dimension must stay dynamic, and the IR must run in the ``openvino`` backend and match eager fp32
+  PyTorch on real and random inputs at the requested batch sizes and
+  :data:`attnzoo.export.verify.EXTRA_BATCH_SIZES` (the ONNX was traced at batch 2), under the tolerance of its
+  precision (:data:`attnzoo.runtime.parity.TOLERANCES`: ``fp32``, ``fp16``, ``int8``; ``int8-static`` for an
+  untrained model calibrated on random inputs).
+
+Only an IR that passes is renamed to ``--out`` (its ``.bin`` first, the ``.xml`` last), with its report
+``<out>.json``; one that fails, or that OpenVINO refuses to read or compile (the op and OpenVINO's reason in one
+line), leaves ``--out`` as it was and writes ``<out>.failed.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from attnzoo.errors import UsageError
+from attnzoo.fileio import atomic_write_text, sha256_file
+from attnzoo.models import PROJECTION_OPS
+from attnzoo.runtime import openvino as ovrt
+from attnzoo.runtime.backends import get_backend
+from attnzoo.runtime.contract import BATCH_DIM, INPUT_NAME, ModelContract, metadata_props
+
+from .. import quantize, verify
+from ..check import block_prefix, expected_scopes, variant_spec
+from ..errors import ExportError
+from ..verify import EXTRA_BATCH_SIZES, VerificationError, parity_vs_eager, verdict_lines
+from .base import ExportFormat, ExportRequest, ModelSource, run_step
+
+__all__ = [
+    "OpenVINOFormat",
+    "FORMAT",
+    "IR_DTYPES",
+    "ONNX_TO_OV",
+    "count_extra_math",
+    "report_path",
+    "failed_report_path",
+    "summary",
+]
+
+#: Precisions the IR is written at.
+IR_DTYPES: tuple[str, ...] = ("fp32", "fp16", "int8")
+#: ONNX op types of the extra math's declared counts (:meth:`attnzoo.models.VariantSpec.required_ops`) -> the
+#: OpenVINO op each becomes.
+ONNX_TO_OV: dict[str, str] = {
+    "Mul": "Multiply",
+    "Div": "Divide",
+    "Sub": "Subtract",
+    "Add": "Add",
+    "ReduceSum": "ReduceSum",
+}
+#: OpenVINO ops that only move, view or retype data: a scope of these alone holds no extra math.
+NO_MATH_OPS = frozenset({"Constant", "Convert", "Reshape", "Squeeze", "Unsqueeze", "Transpose", "ShapeOf"})
+#: The batch the ONNX is traced at (:func:`attnzoo.export.onnx_export.export_onnx`), never verified.
+TRACE_BATCH = 2
+
+
+def report_path(xml: str | Path) -> Path:
+    """``model.xml`` -> ``model.xml.json``."""
+    return Path(str(xml) + ".json")
+
+
+def failed_report_path(xml: str | Path) -> Path:
+    """``model.xml`` -> ``model.xml.failed.json``: the report of an IR that failed, never replacing a good one's."""
+    return Path(str(xml) + ".failed.json")
+
+
+class ConversionError(VerificationError):
+    """OpenVINO refused the graph (an op its ONNX front end or its CPU plugin does not take)."""
+
+
+def _failed(out: Path, report: dict[str, Any], failures: list[str]) -> str:
+    """Write the failed report of ``out``; the one line that says so."""
+    report.update(passed=False, failures=failures)
+    atomic_write_text(failed_report_path(out), json.dumps(report, indent=2, default=str) + "\n")
+    return (
+        f"{out.name} failed verification ({'; '.join(failures[:3])}); see {failed_report_path(out)}; "
+        f"{out.name} was not written"
+    )
+
+
+def _tolerance(dtype: str, config: dict[str, Any]) -> str:
+    """The tolerance-table key of an IR: its precision; for int8 of an untrained model calibrated on random
+    inputs, ``int8-static`` (the benchmark's sanity gate)."""
+    return "int8-static" if dtype == "int8" and config.get("untrained") else dtype
+
+
+def _constant_value(output: Any) -> np.ndarray | None:
+    """The value behind an op input, when it is a Constant (through a decompression ``Convert``)."""
+    node = output.get_node()
+    while node.get_type_name() == "Convert" and node.get_input_size():
+        node = node.input_value(0).get_node()
+    if node.get_type_name() != "Constant":
+        return None
+    return np.asarray(node.get_data(), dtype=np.float64)
+
+
+def count_extra_math(model: Any, config: dict[str, Any], eps: float | None = None) -> dict[str, Any]:
+    """Count each block's extra-math ops in an OpenVINO model (an IR read back): for each scope of
+    :func:`attnzoo.export.check.expected_scopes`, the ops whose friendly name starts with ``<scope>/``. A scope must
+    hold its declared op counts (ONNX op types, :data:`ONNX_TO_OV`), else at least one op outside
+    :data:`NO_MATH_OPS`; every op of it that computes must output f32 and read no FakeQuantize; a projection's
+    ``Add`` must add ``eps`` (the metadata's, when given). No op outside the weight constants may be 16-bit (the fp16
+    IR compresses weights only). Never raises for a missing scope (see ``failures``).
+
+    Returns:
+        ``{"ok", "failures", "blocks": {scope: {"ops": {op: n}, "nodes": [names]}}, "nodes_per_block", "depth",
+        "half_ops"}``.
+    """
+    prefix = block_prefix(config)
+    block = re.compile(rf"^{re.escape(prefix)}\.(\d+)[./]")
+    ops = list(model.get_ops())
+    depth = 1 + max((int(m.group(1)) for m in (block.match(o.get_friendly_name()) for o in ops) if m), default=-1)
+    spec = variant_spec(config)
+    failures: list[str] = []
+    if depth == 0 and spec.extra_scopes:
+        failures.append(f"no {prefix}.N ops in the IR (blocks missing or renamed)")
+    to_onnx = {v: k for k, v in ONNX_TO_OV.items()}
+    blocks: dict[str, Any] = {}
+    per_block: Counter = Counter()
+    for scope in expected_scopes(config, depth):
+        found = [o for o in ops if o.get_friendly_name().startswith(scope + "/")]
+        counts = Counter(to_onnx.get(o.get_type_name(), o.get_type_name()) for o in found)
+        module = scope.split(".attn.", 1)[1]
+        required = spec.required_ops(module)
+        if not found:
+            failures.append(
+                f"{scope}: no ops named {scope}/... in the IR (variant {spec.name!r} declares extra scope {module!r}; "
+                "its ops are missing, folded away or renamed)"
+            )
+        for op, need in required.items():
+            if found and counts[op] < need:
+                failures.append(f"{scope}: {counts[op]} {ONNX_TO_OV.get(op, op)} op(s), need {need}")
+        computing = [o for o in found if o.get_type_name() not in NO_MATH_OPS]
+        if found and not required and not computing:
+            failures.append(f"{scope}: only {', '.join(sorted(counts))} op(s), no op computes anything")
+        for o in computing:
+            if str(o.get_output_element_type(0).get_type_name()) != "f32":
+                failures.append(f"{scope}: {o.get_friendly_name()} computes in {o.get_output_element_type(0)}, not f32")
+        failures += [
+            f"{scope}: {name} reads a FakeQuantize"
+            for name in ovrt.fake_quantized(model, [o.get_friendly_name() for o in computing])
+        ]
+        if dict(required) == dict(PROJECTION_OPS):
+            for o in (o for o in computing if o.get_type_name() == "Add"):
+                values = [
+                    v for v in (_constant_value(o.input_value(i)) for i in range(o.get_input_size())) if v is not None
+                ]
+                if not values:
+                    failures.append(f"{scope}: {o.get_friendly_name()} adds no constant (eps)")
+                elif eps is not None and not np.isclose(float(np.ravel(values[0])[0]), eps, rtol=1e-3, atol=0.0):
+                    failures.append(
+                        f"{scope}: {o.get_friendly_name()} adds {float(np.ravel(values[0])[0]):g}, metadata eps {eps:g}"
+                    )
+        blocks[scope] = {"ops": dict(counts), "nodes": [o.get_friendly_name() for o in found]}
+        per_block[scope.split(".attn.")[0]] += len(found)
+    half = [
+        f"{o.get_friendly_name()} ({o.get_type_name()})"
+        for o in ops
+        if o.get_type_name() != "Constant"
+        and any(
+            str(o.get_output_element_type(i).get_type_name()) in ("f16", "bf16") for i in range(o.get_output_size())
+        )
+    ]
+    if half:
+        failures.append(f"{len(half)} op(s) compute in 16 bits, not f32, e.g. {half[0]}")
+    return {
+        "ok": not failures,
+        "failures": failures,
+        "blocks": blocks,
+        "nodes_per_block": dict(per_block),
+        "depth": depth,
+        "half_ops": len(half),
+    }
+
+
+def _op_histogram(model: Any) -> dict[str, int]:
+    return dict(sorted(Counter(o.get_type_name() for o in model.get_ops()).items()))
+
+
+def _weight_types(model: Any) -> dict[str, int]:
+    """Element types of the IR's floating-point constants (its weights): ``f16`` in a compressed IR."""
+    types: Counter = Counter()
+    for o in model.get_ops():
+        if o.get_type_name() == "Constant":
+            t = str(o.get_output_element_type(0).get_type_name())
+            if t.startswith(("f", "bf", "i8", "u8")):
+                types[t] += 1
+    return dict(sorted(types.items()))
+
+
+class OpenVINOFormat(ExportFormat):
+    """``model.xml`` + ``model.bin``, an OpenVINO IR verified against eager PyTorch, and its report
+    ``model.xml.json``."""
+
+    name = "openvino"
+    title = "OpenVINO IR"
+    suffixes = (".xml",)
+    from_model = True
+
+    def check(self, req: ExportRequest) -> None:
+        super().check(req)
+        if req.dtype not in IR_DTYPES:
+            raise UsageError(f"--format openvino writes {', '.join(IR_DTYPES)}, not {req.dtype}")
+        reason = ovrt.nncf_unavailable_reason() if req.dtype == "int8" else ovrt.unavailable_reason()
+        if reason:
+            raise UsageError(f"--format openvino: {reason}")
+
+    def write_model(self, req: ExportRequest, source: ModelSource, result) -> None:
+        result.report = run_step(self.export_verified, "OpenVINO IR export failed", req, source, result.path)
+
+    def export_verified(self, req: ExportRequest, source: ModelSource, out: Path) -> dict[str, Any]:
+        """Export and verify the ONNX, convert it, count the extra math, check parity; rename to ``out`` only when
+        all passed."""
+        config, hw = source.config, (source.hw[0], source.hw[1])
+        sizes = sorted(set(req.batch_sizes) | set(EXTRA_BATCH_SIZES))
+        with tempfile.TemporaryDirectory(prefix="attnzoo-openvino-") as work:
+            onnx_path = Path(work) / f"{out.stem}.onnx"
+            with contextlib.redirect_stdout(io.StringIO()):  # the exporter's own progress lines
+                onnx_report = verify.export_verified(
+                    source.model,
+                    onnx_path,
+                    config,
+                    opset=req.opset,
+                    dtype="fp32",
+                    input_hw=hw,
+                    batch_sizes=req.batch_sizes,
+                    checkpoint_sha256=source.checkpoint_sha256,
+                    threads=source.threads,
+                )
+            props = {**metadata_props(onnx_path), "dtype": req.dtype}
+            report: dict[str, Any] = {
+                "path": str(out),
+                "format": "openvino",
+                "variant": config["variant"],
+                "task": config["task"],
+                "arch": config["arch"],
+                "dtype": req.dtype,
+                "input_size": list(hw),
+                "trace_batch": TRACE_BATCH,
+                "checkpoint_sha256": source.checkpoint_sha256,
+                "source_onnx": {
+                    "sha256": onnx_report["sha256"],
+                    "opset": onnx_report["opset"],
+                    "num_nodes": onnx_report["num_nodes"],
+                    "parity_max_abs_err": onnx_report["parity"]["max_abs_err"],
+                    "passed": onnx_report["passed"],
+                },
+                "openvino": ovrt.version(),
+            }
+            with ovrt.temporary_ir(out) as tmp:
+                start = time.perf_counter()
+                self._convert(req, onnx_path, tmp, props, config, hw, source, out, report)
+                report["convert_time_s"] = round(time.perf_counter() - start, 3)
+                model = ovrt.read_onnx(tmp)
+                report.update(
+                    num_ops=len(model.get_ops()),
+                    op_histogram=_op_histogram(model),
+                    weight_types=_weight_types(model),
+                    extra_math=count_extra_math(model, config, float(props["eps"]) if props.get("eps") else None),
+                )
+                failures = list(report["extra_math"]["failures"])
+                dim = model.input(INPUT_NAME).get_partial_shape()[0]
+                report["batch_dim"] = BATCH_DIM if dim.is_dynamic else dim.get_length()
+                if not dim.is_dynamic:
+                    failures.append(f"input batch dimension is fixed ({dim.get_length()}), not dynamic")
+                contract = ModelContract.from_onnx(tmp)  # what serving reads: the contract must come back whole
+                if contract.dtype != req.dtype or contract.checkpoint_sha256 != source.checkpoint_sha256:
+                    failures.append(
+                        f"rt_info contract reads dtype {contract.dtype!r}, checkpoint {contract.checkpoint_sha256!r}"
+                    )
+                if failures:  # refused before it is run
+                    return self._fail(out, report, failures)
+                backend = get_backend("openvino")
+                try:
+                    session = backend.load(tmp, backend.options(dtype=req.dtype, threads=source.threads))
+                except Exception as exc:  # noqa: BLE001 -- the plugin's refusal, as one line
+                    raise self._refused(out, report, "OpenVINO's CPU plugin cannot compile the IR", exc) from None
+                with session:
+                    key = _tolerance(req.dtype, config)
+                    parity = parity_vs_eager(source.model, session.run, config, hw, sizes, key)
+                    info = session.info()
+                report["parity"] = {
+                    **parity,
+                    "batch_sizes": sizes,
+                    "tolerance_key": key,
+                    "runtime": f"OpenVINO {ovrt.version()} CPU, {info.get('inference_precision_hint', 'f32')}",
+                }
+                report.update(
+                    file_size=tmp.stat().st_size + tmp.with_suffix(".bin").stat().st_size,
+                    sha256=sha256_file(tmp),
+                    bin_sha256=sha256_file(tmp.with_suffix(".bin")),
+                )
+                if parity["failures"]:
+                    return self._fail(out, report, list(parity["failures"]))
+                report.update(passed=True, failures=[])
+                ovrt.place_ir(tmp, out)
+        atomic_write_text(report_path(out), json.dumps(report, indent=2) + "\n")
+        failed_report_path(out).unlink(missing_ok=True)
+        return report
+
+    def _convert(
+        self,
+        req: ExportRequest,
+        onnx_path: Path,
+        tmp: Path,
+        props: dict[str, str],
+        config: dict[str, Any],
+        hw: tuple[int, int],
+        source: ModelSource,
+        out: Path,
+        report: dict[str, Any],
+    ) -> None:
+        """Write the IR of ``onnx_path`` to ``tmp`` at ``req.dtype`` (int8: NNCF's, its facts in the report)."""
+        try:
+            if req.dtype == "int8":
+                calibration = quantize.calibration_for(
+                    config,
+                    hw,
+                    untrained=bool(config.get("untrained")),
+                    calibration_data=req.quantize.calibration_data,
+                    calibration_count=req.quantize.calibration_count,
+                    calibration_seed=req.quantize.calibration_seed,
+                )
+                ignored = quantize.extra_math_nodes(onnx.load(str(onnx_path)), config)
+                facts = ovrt.nncf_int8(onnx_path, tmp, calibration.inputs, ignored=ignored, metadata=props)
+                report["nncf"] = {**facts, "calibration": calibration.source, "path": None}
+            else:
+                ovrt.save_ir(ovrt.read_onnx(onnx_path), tmp, compress_to_fp16=req.dtype == "fp16", metadata=props)
+        except ExportError:
+            raise
+        except Exception as exc:  # noqa: BLE001 -- OpenVINO's (or NNCF's) refusal, as one line
+            raise self._refused(out, report, "OpenVINO refuses the ONNX graph", exc) from None
+
+    @staticmethod
+    def _refused(out: Path, report: dict[str, Any], what: str, exc: BaseException) -> ConversionError:
+        """The one-line error of a graph OpenVINO will not take (with the op OpenVINO names), its failed report
+        written."""
+        reason = ovrt.error_message(exc).split(": OpenVINO cannot read it: ")[-1]
+        return ConversionError(_failed(out, report, [f"{what}: {reason}"]))
+
+    @staticmethod
+    def _fail(out: Path, report: dict[str, Any], failures: list[str]) -> dict[str, Any]:
+        raise VerificationError(_failed(out, report, failures))
+
+    def files(self, result) -> list[Path]:
+        return [result.path, result.path.with_suffix(".bin"), report_path(result.path)] if result.report else []
+
+    def summary(self, result) -> list[str]:
+        return summary(result.report, report_path(result.path)).splitlines() if result.report else []
+
+
+def summary(report: dict[str, Any], path: Path | None = None) -> str:
+    """A few lines for the terminal: the IR, its parity, the extra math per block, the verdict."""
+    weights = ", ".join(f"{t} x{n}" for t, n in report["weight_types"].items()) or "none"
+    head = (
+        f"{report['path']}: {report['variant']} {report['task']} {report['arch']} {report['dtype']} OpenVINO IR "
+        f"{report['openvino']}, {report['num_ops']} ops (weight constants {weights}), {report['file_size'] / 1e6:.2f} "
+        f"MB .xml+.bin, convert {report['convert_time_s']:.1f} s"
+    )
+    batches = f"dynamic batch, traced at {report['trace_batch']}"
+    lines = [head, *verdict_lines(report, report["parity"]["runtime"], batches)]
+    return "\n".join(lines + ([f"  report: {path}"] if path is not None else []))
+
+
+FORMAT = OpenVINOFormat()
