@@ -33,6 +33,7 @@ from attnzoo.runtime.contract import BATCH_DIM, metadata_props
 from attnzoo.runtime.parity import TOLERANCES, compare
 from attnzoo.runtime.sessions import read_report, verification_problem
 
+from . import divergence
 from . import onnx_export as onnx_export_module
 from .check import check_extra_math
 from .errors import ExportError
@@ -49,6 +50,7 @@ __all__ = [
     "failed_report_path",
     "summary",
     "verdict_lines",
+    "divergence_inputs",
     "VerificationError",
 ]
 
@@ -78,6 +80,31 @@ def _inputs(config: Mapping[str, Any], hw: tuple[int, int], n: int, seed: int) -
     real = normalize(images[:, :h, :w], config.get("mean", DEFAULT_MEAN), config.get("std", DEFAULT_STD))
     rand = np.random.default_rng(seed).standard_normal((n, 3, h, w)).astype(np.float32)
     return {"real": real, "random": rand}
+
+
+def divergence_inputs(config: Mapping[str, Any], hw: tuple[int, int], seed: int = 0) -> np.ndarray:
+    """The inputs of the per-block comparison (:mod:`attnzoo.export.divergence`): the first half of
+    :data:`~attnzoo.export.divergence.DIVERGENCE_INPUTS` real, the rest random, as the verification's."""
+    half = divergence.DIVERGENCE_INPUTS // 2
+    data = _inputs(config, hw, half, seed)
+    return np.concatenate([data["real"], data["random"]])
+
+
+def _divergence(
+    model: nn.Module,
+    proto: onnx.ModelProto,
+    config: Mapping[str, Any],
+    hw: Sequence[int],
+    dtype: str,
+    threads: int | None,
+) -> dict[str, Any]:
+    """The report's ``divergence`` entry; a graph whose blocks cannot be read says why instead (the figures
+    explain a verdict, they are not one)."""
+    try:
+        x = divergence_inputs(config, (int(hw[0]), int(hw[1])))
+        return divergence.divergence_vs_eager(model, proto, config, x, dtype, threads)
+    except Exception as exc:  # noqa: BLE001 -- a diagnosis that cannot run never decides the verification
+        return divergence.not_exposed(f"block outputs could not be compared: {type(exc).__name__}: {exc}")
 
 
 def _compare(out: np.ndarray, ref: np.ndarray, dtype: str) -> dict[str, Any]:
@@ -215,6 +242,7 @@ def _check_and_place(
         "op_histogram": op_histogram(proto),
         "extra_math": extra_math,
         "parity": parity,
+        "divergence": _divergence(model, proto, config, hw, dtype, threads),
         "onnxruntime": __import__("onnxruntime").__version__,
         "torch": torch.__version__,
     }
@@ -396,7 +424,11 @@ def verdict_lines(report: Mapping[str, Any], runtime: str, batches: str) -> list
         lines.append(
             "  extra-math nodes per block: " + ", ".join(f"{b}={n}" for b, n in extra["nodes_per_block"].items())
         )
-    lines.append(f"  {'PASSED' if report['passed'] else 'FAILED: ' + '; '.join(report['failures'])}")
+    where = divergence.verdict(report.get("divergence"), report["passed"])
+    verdict = "PASSED" + (f" ({where})" if where else "")
+    if not report["passed"]:
+        verdict = "FAILED: " + "; ".join(report["failures"]) + (f"; {where}" if where else "")
+    lines.append(f"  {verdict}")
     return lines
 
 

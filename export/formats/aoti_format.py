@@ -40,6 +40,7 @@ from attnzoo.runtime.contract import BATCH_DIM
 from attnzoo.runtime.device import fp32_math
 
 from ..check import block_prefix, expected_scopes, variant_spec
+from ..divergence import not_exposed
 from ..verify import EXTRA_BATCH_SIZES, VerificationError, parity_vs_eager, verdict_lines
 from .base import ExportFormat, ExportRequest, ModelSource, run_step
 
@@ -212,6 +213,10 @@ class AotiFormat(ExportFormat):
             "export_time_s": round(time.perf_counter() - start, 3),
             "num_nodes": sum(1 for n in program.graph.nodes if n.op == "call_function"),
             "extra_math": count_extra_math(program, config),
+            "divergence": not_exposed(
+                "an AOTInductor package returns the logits only: the block outputs are compiled away (reading them "
+                "would take a second package compiled with them as outputs)"
+            ),
             "torch": torch.__version__,
         }
         if not report["extra_math"]["ok"]:  # refused before the compile

@@ -117,6 +117,8 @@ def test_a_package_that_matches_is_written_with_its_report_and_one_verdict(tmp_p
     lines = result.summary().splitlines()
     assert lines[0].startswith(f"{tmp_path / 'w.pt2'}: wafe-mae cls micro fp32 AOTInductor package for cpu")
     assert "extra-math nodes per block: blocks.0=" in lines[2] and lines[3] == "  PASSED"
+    # the package returns the logits only: the report says its block outputs are not exposed, with no figures
+    assert report["divergence"]["blocks"] == [] and "compiled away" in report["divergence"]["not_exposed"]
 
 
 def test_aoti_refuses_what_it_cannot_compile_here_before_any_work(tmp_path):

@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from onnx import numpy_helper
 
 from attnzoo.export import (
     assert_extra_math,
@@ -22,6 +23,7 @@ from attnzoo.export import (
 from attnzoo.export import verify as verify_mod
 from attnzoo.export.check import ExtraMathCheckError
 from attnzoo.export.cli import main
+from attnzoo.export.divergence import DIVERGENCE_INPUTS, block_output_names, divergence_vs_eager, divergence_vs_onnx
 from attnzoo.fileio import sha256_file
 from attnzoo.models import ARCHS, BUILTIN_VARIANTS, PROJECTION_OPS, VARIANTS, create_model
 from attnzoo.models.checkpoint import read_config, save_checkpoint
@@ -269,6 +271,74 @@ def test_fp16_graph_keeps_fp32_islands(exported):
         assert f"blocks.{i}.attn/Softmax_cast_in" in casts
     assert proto.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
     _assert_extra_math_found(report, "belief-star", "cls")  # includes: every projection op computes in fp32
+    blocks = report["divergence"]["blocks"]  # fp16 block outputs against eager fp32, within fp16's tolerance
+    assert len(blocks) == DEPTH and all(0 < b["rel_err"] <= TOLERANCES["fp16"] for b in blocks)
+    assert report["divergence"]["first_diverging_block"] is None
+
+
+# ------------------------------------------------------------------------------------------------ where it diverges
+def _scaled(path: Path, node: str, factor: float) -> onnx.ModelProto:
+    """The graph at ``path`` with the weight initializer that node ``node`` reads multiplied by ``factor``."""
+    proto = onnx.load(str(path))
+    inits = {t.name: t for t in proto.graph.initializer}
+    weight = next(inits[i] for n in proto.graph.node if n.name == node for i in n.input if i in inits)
+    weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * np.float32(factor), weight.name))
+    return proto
+
+
+def test_a_good_exports_block_errors_are_small_and_finite(exported):
+    _, path, report = exported("standard")
+    d = report["divergence"]
+    assert [b["block"] for b in d["blocks"]] == list(range(DEPTH)) and d["inputs"] == DIVERGENCE_INPUTS
+    assert all(np.isfinite(b["max_abs_err"]) and b["rel_err"] <= 1e-5 and b["cosine"] > 1 - 1e-9 for b in d["blocks"])
+    assert d["first_diverging_block"] is None and d["worst_op"] is None
+    assert verify_mod.summary(report).splitlines()[-1].startswith("  PASSED (worst block ")
+    proto = onnx.load(str(path))  # one tensor per block, read from the scopes: each block's last residual Add
+    producer = {o: n.name for n in proto.graph.node for o in n.output}
+    assert [producer[t] for t in block_output_names(proto)] == [f"blocks.{i}/Add_1" for i in range(DEPTH)]
+
+
+def test_a_perturbed_block_is_named_as_the_first_diverging_block(exported, tmp_path):
+    """Block 1's attention projection scaled by 1.5 in a copy of a verified export: verification fails, and its
+    report names block 1 as the first block over the tolerance and the projection as the op that adds the error."""
+    model, path, _ = exported("standard")
+    onnx.save(_scaled(path, "blocks.1.attn.proj/MatMul", 1.5), str(tmp_path / "bad.onnx"))
+    out = tmp_path / "m.onnx"
+    with pytest.raises(verify_mod.VerificationError, match="failed verification"):
+        verify_mod.adopt_verified(model, tmp_path / "bad.onnx", out, model.attnzoo_config, checkpoint_sha256="")
+    report = json.loads(verify_mod.failed_report_path(out).read_text())
+    d = report["divergence"]
+    assert d["first_diverging_block"] == 1
+    assert d["blocks"][0]["rel_err"] <= 1e-5 < TOLERANCES["fp32"] < d["blocks"][1]["rel_err"]
+    assert d["worst_op"]["scope"] == "blocks.1.attn.proj" and d["worst_op"]["node"].startswith("blocks.1.attn.proj/")
+    assert all(op["scope"].startswith("blocks.1.") for op in d["ops"]) and len(d["ops"]) >= 5
+    verdict = verify_mod.verdict_lines(report, "cpu", "dynamic")[-1]
+    assert verdict.startswith("  FAILED: ") and "; first diverging block blocks.1 (rel err " in verdict
+    assert verdict.endswith(f"worst op {d['worst_op']['node']}")
+
+
+def test_a_segmenters_blocks_are_its_encoders(exported):
+    model, path, report = exported("belief2", "seg")
+    assert report["divergence"]["prefix"] == "encoder.blocks" and len(report["divergence"]["blocks"]) == DEPTH
+    x = verify_mod.divergence_inputs(model.attnzoo_config, SEG_HW)
+    bad = _scaled(path, "encoder.blocks.2.attn.proj/MatMul", 1.5)
+    d = divergence_vs_eager(model, bad, model.attnzoo_config, x, "fp32")
+    assert d["first_diverging_block"] == 2 and d["worst_op"]["scope"] == "encoder.blocks.2.attn.proj"
+
+
+def test_a_quantized_graph_is_compared_with_the_fp32_graph_tensor_by_tensor(exported):
+    """The int8 / fp8 comparison (against the fp32 graph, every node output of the first block below the cosine
+    gate), on a graph whose block 3 projection is scaled: the projection's MatMul itself is the worst op."""
+    model, path, _ = exported("standard")
+    x = verify_mod.divergence_inputs(model.attnzoo_config, (32, 32))
+    good = onnx.load(str(path))
+    same = divergence_vs_onnx(good, good, model.attnzoo_config, x, min_cosine=1 - 1e-9)
+    assert same["first_diverging_block"] is None and all(b["max_abs_err"] == 0 for b in same["blocks"])
+    d = divergence_vs_onnx(
+        _scaled(path, "blocks.3.attn.proj/MatMul", 1.5), good, model.attnzoo_config, x, min_cosine=1 - 1e-9
+    )
+    assert d["first_diverging_block"] == 3 and d["worst_op"]["node"] == "blocks.3.attn.proj/MatMul"
+    assert d["worst_op"]["rel_l2"] == pytest.approx(0.5, rel=1e-4)
 
 
 def test_failed_verification_leaves_no_model(tmp_path, monkeypatch):
