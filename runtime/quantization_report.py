@@ -75,6 +75,9 @@ class QuantizationReport:
         verified: What was checked, in words.
         passed: Every check passed (the model was written).
         failures: Why not, one line each.
+        divergence: The error at each block's output against the fp32 graph's, the first block below the
+            fidelity gate and its worst op (:mod:`attnzoo.export.divergence`); ``None`` (left out of the JSON) in
+            reports written before it was measured, or when an earlier check failed.
     """
 
     path: str
@@ -98,10 +101,15 @@ class QuantizationReport:
     verified: str
     passed: bool = False
     failures: list[str] = field(default_factory=list)
+    divergence: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object (fields in order, :class:`QuantizeReport` as an object)."""
-        return asdict(self)
+        """The JSON object (fields in order, :class:`QuantizeReport` as an object); ``divergence`` is left out
+        while it is ``None``, so a report written before it was measured reads back byte for byte."""
+        data = asdict(self)
+        if data.get("divergence") is None:
+            data.pop("divergence", None)
+        return data
 
     def to_json(self) -> str:
         """The report file's text."""

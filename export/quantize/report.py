@@ -11,6 +11,8 @@ from attnzoo.fileio import atomic_write_text
 from attnzoo.runtime.quantization_report import QuantizationReport, QuantizeReport
 from attnzoo.runtime.sessions import read_report
 
+from ..divergence import verdict as block_verdict
+
 __all__ = ["QuantizeReport", "QuantizationReport", "write_report", "read_quantization_report", "summary"]
 
 
@@ -92,5 +94,9 @@ def summary(report: Mapping[str, Any]) -> str:
         )
     else:
         lines.append(f"  accuracy not measured: {acc.get('warning') or acc.get('reason')}")
-    lines.append(f"  {'PASSED' if report['passed'] else 'FAILED: ' + '; '.join(report['failures'])}")
+    where = block_verdict(report.get("divergence"), report["passed"])
+    verdict = "PASSED" + (f" ({where})" if where else "")
+    if not report["passed"]:
+        verdict = "FAILED: " + "; ".join(report["failures"]) + (f"; {where}" if where else "")
+    lines.append(f"  {verdict}")
     return "\n".join(lines)

@@ -22,6 +22,7 @@ from attnzoo.runtime.contract import BATCH_DIM
 from attnzoo.runtime.evaluate import EVAL_BATCH, predict_session
 
 from ..check import check_extra_math
+from ..divergence import DIVERGENCE_INPUTS, divergence_vs_onnx, not_exposed
 from ..errors import ExportError
 from ..onnx_export import op_histogram
 from ..verify import failed_report_path, report_path
@@ -251,7 +252,7 @@ def quantize_verified(
         dim = proto.graph.input[0].type.tensor_type.shape.dim[0]
         if (dim.dim_param or dim.dim_value) != BATCH_DIM:
             failures.append(f"input batch dimension is {dim.dim_param or dim.dim_value!r}, not {BATCH_DIM!r}")
-        fidelity = None
+        fidelity, blocks = None, None
         if len(failures) == int(unpromised):  # the other checks passed: measured, also to say why auto refused
             fidelity = _fidelity(proto, runnable, fp32_onnx, check, config["task"], gate, placement, run, threads)
             fidelity.update(
@@ -266,6 +267,7 @@ def quantize_verified(
                 )
             if not fidelity["within_gate"] and not unpromised:
                 failures.append(fidelity["failure"])
+            blocks = _divergence(runnable, src, config, check, gate or DEFAULT_MIN_COSINE, threads)
         too_low = False
         accuracy: dict[str, Any]
         if o.measure_accuracy and not failures:
@@ -338,6 +340,7 @@ def quantize_verified(
             + (" and scored with ONNX Runtime CPU on the test split next to fp32" if o.measure_accuracy else ""),
             passed=not failures,
             failures=failures,
+            divergence=blocks,
         )
         if failures:
             write_report(report, failed_report_path(out))
@@ -353,6 +356,22 @@ def quantize_verified(
     write_report(report, report_path(out))
     failed_report_path(out).unlink(missing_ok=True)
     return report.to_dict()
+
+
+def _divergence(
+    runnable: onnx.ModelProto,
+    fp32: onnx.ModelProto,
+    config: Mapping[str, Any],
+    x: np.ndarray,
+    min_cosine: float,
+    threads: int | None,
+) -> dict[str, Any]:
+    """The report's ``divergence`` entry: block by block against the fp32 graph on the first held-out inputs; a
+    graph whose blocks cannot be read says why instead (the figures explain the verdict, they are not one)."""
+    try:
+        return divergence_vs_onnx(runnable, fp32, config, x[:DIVERGENCE_INPUTS], min_cosine=min_cosine, threads=threads)
+    except Exception as exc:  # noqa: BLE001 -- a diagnosis that cannot run never decides the export
+        return not_exposed(f"block outputs could not be compared: {type(exc).__name__}: {exc}")
 
 
 def _held_out(

@@ -162,6 +162,9 @@ def test_int8_report_fields(int8):
     fid = on_disk["fidelity"]  # measured on the last 8 of the 32 random inputs, which were not calibrated on
     assert fid["n_inputs"] == 8 and q["calibration"]["count"] == 24 and "not calibrated on" in fid["source"]
     assert fid["within_gate"] and fid["min_cosine"] == 0.0 and 0.5 < fid["cosine"]["mean"] <= 1.0
+    blocks = on_disk["divergence"]["blocks"]  # each block's output against the fp32 graph's, same tensors
+    assert [b["block"] for b in blocks] == [0, 1, 2, 3] and on_disk["divergence"]["reference"].startswith("the verif")
+    assert all(0 < b["max_abs_err"] < 1 and 0.9 < b["cosine"] < 1 for b in blocks)
     # the file is the schema's JSON, and what quantize_verified returns is the same object
     typed = qz.read_quantization_report(report_path(out))
     assert typed.to_json() == report_path(out).read_text() and typed.to_dict() == report == on_disk
