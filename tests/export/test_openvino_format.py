@@ -1,0 +1,202 @@
+"""``export-model --format openvino``: an OpenVINO IR (``.xml`` + ``.bin``) converted from the verified ONNX is
+verified before it is written (the variant's extra math counted from the IR's own ops, parity against eager at batch
+sizes it was not traced with), carries the model contract, and runs in the ``openvino`` backend."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import numpy as np
+import openvino as ov
+import pytest
+import torch
+
+from attnzoo.errors import UsageError
+from attnzoo.export import export_model, verify
+from attnzoo.export.cli import main
+from attnzoo.export.errors import ExportError
+from attnzoo.export.formats import openvino_format
+from attnzoo.export.formats.openvino_format import count_extra_math, failed_report_path, report_path
+from attnzoo.models import VARIANT_NAMES, VARIANTS, create_model
+from attnzoo.runtime import openvino as ovrt
+from attnzoo.runtime.backends import get_backend
+from attnzoo.runtime.contract import ModelContract
+
+pytestmark = pytest.mark.skipif(ovrt.unavailable_reason() is not None, reason=str(ovrt.unavailable_reason()))
+
+
+def _tiny(variant: str) -> torch.nn.Module:
+    """A micro classifier cut to one block: the export's cost grows with the graph."""
+    torch.manual_seed(0)
+    model = create_model(variant, "cls", "micro", num_classes=5).eval()
+    model.blocks = model.blocks[:1]
+    return model
+
+
+@pytest.fixture(scope="module")
+def belief2_ir(tmp_path_factory):
+    """belief2's fp32 IR, exported once for the tests that read it; the verified ONNX it was converted from is kept
+    (``model.onnx_copy``, with its report) for the tests of the steps after it."""
+    model = _tiny("belief2")
+    folder = tmp_path_factory.mktemp("ov")
+    real = verify.export_verified
+
+    def keep(model, path, *args, **kwargs):
+        report = real(model, path, *args, **kwargs)
+        shutil.copyfile(path, folder / "source.onnx")
+        model.onnx_copy = (folder / "source.onnx", report)
+        return report
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(verify, "export_verified", keep)
+        result = export_model(model=model, out=folder / "b2.xml", format="openvino", batch_sizes=(1, 4))
+    return model, result
+
+
+def _same_onnx(monkeypatch, model) -> None:
+    """The ONNX step answered with the fixture's verified ONNX of ``model`` (the tests here are of the IR steps)."""
+    source, report = model.onnx_copy
+
+    def copy(model, path, *args, **kwargs):
+        shutil.copyfile(source, path)
+        return report
+
+    monkeypatch.setattr(verify, "export_verified", copy)
+
+
+def test_belief2_fp32_ir_is_verified_written_whole_and_runs_in_the_openvino_backend(belief2_ir):
+    model, result = belief2_ir
+    out = result.path
+    assert result.onnx_path is None and result.files == [out, out.with_suffix(".bin"), report_path(out)]
+    written = sorted(p.name for p in out.parent.iterdir() if p.name != "source.onnx")  # the fixture's copy aside
+    assert written == ["b2.bin", "b2.xml", "b2.xml.json"]  # no temporaries
+    report = json.loads(report_path(out).read_text())
+    assert report["passed"] and report["dtype"] == "fp32" and report["batch_dim"] == "batch"
+    assert report["parity"]["batch_sizes"] == [1, 3, 4] and report["trace_batch"] not in report["parity"]["batch_sizes"]
+    assert report["source_onnx"]["passed"] and report["weight_types"] == {"f32": report["weight_types"]["f32"]}
+    ops = report["extra_math"]["blocks"]["blocks.0.attn.projection"]["ops"]
+    assert ops["Mul"] == 3 and ops["ReduceSum"] == 2 and ops["Div"] == ops["Sub"] == ops["Add"] == 1
+    assert result.summary().splitlines()[-2:] == ["  PASSED", f"  report: {report_path(out)}"]
+    contract = ModelContract.from_onnx(out)  # the contract, from the IR's rt_info
+    assert (contract.variant, contract.dtype, contract.input_size, len(contract.class_names)) == (
+        "belief2",
+        "fp32",
+        (32, 32),
+        5,
+    )
+    x = np.random.default_rng(1).standard_normal((5, 3, 32, 32)).astype(np.float32)  # a batch never verified
+    with get_backend("openvino").load(out) as session:
+        got = session.run(x)
+    with torch.no_grad():
+        want = model(torch.from_numpy(x)).numpy()
+    assert np.abs(got - want).max() <= 1e-4 * max(1.0, float(np.abs(want).max()))
+
+
+def test_belief2_fp16_ir_compresses_the_weights_and_keeps_every_activation_f32(belief2_ir, tmp_path, monkeypatch):
+    model, _ = belief2_ir
+    _same_onnx(monkeypatch, model)
+    out = tmp_path / "b2_fp16.xml"
+    report = export_model(model=model, out=out, format="openvino", dtype="fp16", batch_sizes=(1,)).report
+    assert report["passed"] and report["dtype"] == "fp16" and report["parity"]["batch_sizes"] == [1, 3]
+    assert report["weight_types"].get("f16", 0) > 0 and report["extra_math"]["half_ops"] == 0
+    assert report["parity"]["tolerance"] == {"fp16_x_max(1,max|logit|)": 1e-2}
+    assert ModelContract.from_onnx(out).dtype == "fp16"
+
+
+def test_the_extra_math_count_passes_on_the_ir_and_fails_when_an_op_is_removed(belief2_ir):
+    model, result = belief2_ir
+    ir = ov.Core().read_model(str(result.path))
+    found = count_extra_math(ir, model.attnzoo_config, eps=1e-6)
+    assert found["ok"] and found["depth"] == 1 and found["nodes_per_block"] == {"blocks.0": 8}, found["failures"]
+    assert not count_extra_math(ir, model.attnzoo_config, eps=1e-3)["ok"]  # the eps is read from the IR
+
+    div = next(o for o in ir.get_ops() if o.get_friendly_name() == "blocks.0.attn.projection/Div")
+    div.output(0).replace(div.input_value(0))  # the division bypassed: it (and the products only it read) leave
+    found = count_extra_math(ir, model.attnzoo_config)
+    assert not found["ok"] and "blocks.0.attn.projection: 0 Divide op(s), need 1" in found["failures"]
+
+    for op in ir.get_ops():  # every projection op renamed away: the scope is missing
+        if op.get_friendly_name().startswith("blocks.0.attn.projection/"):
+            op.set_friendly_name("elsewhere/" + op.get_type_name())
+    failures = count_extra_math(ir, model.attnzoo_config)["failures"]
+    assert failures == [
+        "blocks.0.attn.projection: no ops named blocks.0.attn.projection/... in the IR (variant 'belief2' declares "
+        "extra scope 'projection'; its ops are missing, folded away or renamed)"
+    ]
+
+
+def test_an_ir_that_differs_from_eager_is_not_written_and_a_good_one_stays(belief2_ir, tmp_path, monkeypatch):
+    model, _ = belief2_ir
+    _same_onnx(monkeypatch, model)
+    out = tmp_path / "b2.xml"
+    out.write_text("a good IR already there")
+    real = openvino_format.parity_vs_eager
+    monkeypatch.setattr(
+        openvino_format, "parity_vs_eager", lambda model, run, *a, **k: real(model, lambda x: run(x) + 0.01, *a, **k)
+    )
+    with pytest.raises(ExportError, match=r"b2.xml failed verification \(batch 1 real: max abs err 0.01 > 0.0001"):
+        export_model(model=model, out=out, format="openvino", batch_sizes=(1,))
+    assert out.read_text() == "a good IR already there"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b2.xml", "b2.xml.failed.json"]  # no .bin, no temporaries
+    report = json.loads(failed_report_path(out).read_text())
+    assert report["passed"] is False and report["extra_math"]["ok"] and report["parity"]["batch_sizes"] == [1, 3]
+
+
+def test_an_op_openvino_refuses_is_named_in_one_line_and_nothing_is_written(belief2_ir, tmp_path, monkeypatch):
+    model, _ = belief2_ir
+    _same_onnx(monkeypatch, model)
+
+    def refuse(path, batch=None):
+        raise ValueError(
+            f"{path.name}: OpenVINO cannot read it: OpenVINO does not support the following ONNX operations: Foo"
+        )
+
+    monkeypatch.setattr(ovrt, "read_onnx", refuse)
+    out = tmp_path / "b2.xml"
+    with pytest.raises(ExportError) as err:
+        export_model(model=model, out=out, format="openvino", batch_sizes=(1,))
+    assert "\n" not in str(err.value)
+    assert "OpenVINO refuses the ONNX graph: OpenVINO does not support the following ONNX operations: Foo" in str(
+        err.value
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b2.xml.failed.json"]
+
+
+def test_bad_arguments_are_refused_before_any_work(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--variant", "belief2", "--random-init", "--out", str(tmp_path / "m.ir")])
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert err.startswith("error: --out") and ".xml (OpenVINO IR)" in err and ".onnx (ONNX)" in err
+    with pytest.raises(UsageError, match="names a OpenVINO IR but --format is onnx"):
+        export_model("belief2", random_init=True, out=tmp_path / "m.xml", format="onnx")
+    with pytest.raises(UsageError, match="--format openvino writes fp32 or fp16 IR; an int8 IR"):
+        export_model("belief2", random_init=True, out=tmp_path / "m.xml", dtype="int8")
+    with pytest.raises(UsageError, match="--compute-capability applies to --format tensorrt only"):
+        export_model("belief2", random_init=True, out=tmp_path / "m.xml", compute_capability="SM89")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.matrix
+def test_every_variant_is_written_as_a_verified_ir_or_its_refused_op_is_reported(tmp_path):
+    """Each of the 15 variants (micro, one block): a verified IR with each declared scope counted in every block, or
+    the one line that names what OpenVINO refused; none is skipped."""
+    outcomes = {}
+    for variant in VARIANT_NAMES:
+        out = tmp_path / f"{variant}.xml"
+        try:
+            report = export_model(model=_tiny(variant), out=out, format="openvino", batch_sizes=(1,)).report
+        except ExportError as exc:
+            outcomes[variant] = str(exc)
+            assert "\n" not in str(exc) and re.search(r"OpenVINO (refuses|'s CPU plugin cannot)", str(exc)), str(exc)
+            assert not out.exists()
+            continue
+        assert report["passed"] and out.is_file() and out.with_suffix(".bin").is_file()
+        assert set(report["extra_math"]["blocks"]) == {f"blocks.0.attn.{s}" for s in VARIANTS[variant].extra_scopes}
+        assert all(sum(b["ops"].values()) > 0 for b in report["extra_math"]["blocks"].values())
+        outcomes[variant] = "verified"
+    assert set(outcomes) == set(VARIANT_NAMES) and len(outcomes) == 15
+    print(json.dumps(outcomes, indent=1))
