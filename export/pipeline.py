@@ -37,6 +37,7 @@ from attnzoo.models import canonical_name, create_model
 from attnzoo.models.checkpoint import NoConfigError, load_checkpoint, load_state_dict_file, load_weights, read_config
 from attnzoo.models.memory import check_forward_memory
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD
+from attnzoo.runtime.reports import EngineReport, TritonConfigCheck
 from attnzoo.runtime.sessions import QUANTIZED_DTYPES
 from attnzoo.runtime.tensorrt import COMPUTE_CAPABILITIES
 
@@ -95,8 +96,8 @@ class ExportResult:
     dtype: str
     fp32_report: dict[str, Any] | None = None
     engine_path: Path | None = None
-    engine_report: dict[str, Any] | None = None
-    triton: dict[str, Any] | None = None
+    engine_report: EngineReport | None = None
+    triton: TritonConfigCheck | None = None
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -491,8 +492,9 @@ def _check_memory(config: dict[str, Any], hw: tuple[int, int], batch_sizes: Sequ
 def _calibration(
     req: ExportRequest, config: dict[str, Any], hw: tuple[int, int], untrained: bool, collected: list[str]
 ) -> Any | None:
-    """The calibration inputs of an int8 / fp8 export (``None`` otherwise)."""
-    if req.dtype not in QUANTIZED_DTYPES:
+    """The calibration inputs of an int8 / fp8 export (``None`` otherwise, and for a format written from the model,
+    which quantizes it itself)."""
+    if req.dtype not in QUANTIZED_DTYPES or get_format(req.format).from_model:
         return None
     # a bad calibration folder is a bad input file (exit 1), not a bad command line
     q = req.quantize

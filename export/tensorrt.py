@@ -20,6 +20,7 @@ demo). This module adds what ``export-model --format tensorrt`` promises:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from collections.abc import Sequence
@@ -35,6 +36,7 @@ from attnzoo.runtime import tensorrt as rt
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.contract import INPUT_NAME, ModelContract
 from attnzoo.runtime.parity import compare
+from attnzoo.runtime.reports import EngineReport
 from attnzoo.signals import signals_deferred
 
 from .check import check_extra_math
@@ -229,7 +231,7 @@ def build_engine(
     timing_cache: str | Path | None = None,
     seed: int = 0,
     run: bool | None = None,
-) -> dict[str, Any]:
+) -> EngineReport:
     """Check, build, (run and compare,) then save an engine; returns the report (also ``<engine>.json``).
 
     Args:
@@ -260,26 +262,22 @@ def build_engine(
             raise ValueError(error)
     lib = rt.load_library()
     parsed = rt.parse_onnx(onnx_path, lib)
-    report: dict[str, Any] = {
-        "engine": str(engine_path),
-        "onnx": str(onnx_path),
-        "variant": contract.variant,
-        "task": contract.task,
-        "arch": contract.arch,
-        "dtype": contract.dtype,
-        "input_size": list(contract.input_size),
-        "status": "not built",
-        "onnx_verification": verification,
-        "library": lib.name,
-        "library_version": lib.version,
-        "ran_on_gpu": False,
-        "gpu": None,
-        "parity": None,
-        "latency": None,
-        "passed": False,
-        "failures": [],
-    }
-    report["network_check"] = net = network_check(parsed, onnx_path, contract)
+    net = network_check(parsed, onnx_path, contract)
+    report = EngineReport(
+        engine=str(engine_path),
+        onnx=str(onnx_path),
+        variant=contract.variant,
+        task=contract.task,
+        arch=contract.arch,
+        dtype=contract.dtype,
+        input_size=list(contract.input_size),
+        status="not built",
+        onnx_verification=verification,
+        library=lib.name,
+        library_version=lib.version,
+        network_check=net,
+        metadata=dict(contract.props),
+    )
     failures = [f"network: {f}" for f in net["failures"]]
     if not failures:
         try:
@@ -293,38 +291,38 @@ def build_engine(
                 timing_cache=timing_cache or engine_path.parent / "tensorrt_timing.cache",
             )
         except rt.TensorRTError as exc:
-            report.update(passed=False, failures=[f"build: {exc}"], metadata=contract.props)
-            atomic_write_text(failed_engine_report_path(engine_path), json.dumps(report, indent=2) + "\n")
+            report.failures = [f"build: {exc}"]
+            atomic_write_text(failed_engine_report_path(engine_path), report.to_json())
             raise
-        report.update(built.facts())
+        report = dataclasses.replace(report, **built.facts())
         gpu = rt.gpu_available()
         do_run = (gpu and built.compute_capability == "CURRENT") if run is None else run
         if do_run:
             failures += _run_and_compare(built, contract, onnx_path, seed, report)
-        report["status"] = STATUS_RUN if report["ran_on_gpu"] else STATUS_BUILT
-        if not report["ran_on_gpu"]:
-            report["not_run_reason"] = (
+        report.status = STATUS_RUN if report.ran_on_gpu else STATUS_BUILT
+        if not report.ran_on_gpu:
+            report.not_run_reason = (
                 "no GPU on this machine: the engine was built ahead of time for "
                 f"{built.compute_capability} and never executed; parity and latency not "
                 "measured"
                 if not gpu
                 else f"built for {built.compute_capability}, not for the GPU present (CURRENT); not executed here"
             )
-    report.update(passed=not failures, failures=failures, metadata=contract.props)
+    report.passed, report.failures = not failures, failures
     if failures:
-        atomic_write_text(failed_engine_report_path(engine_path), json.dumps(report, indent=2) + "\n")
+        atomic_write_text(failed_engine_report_path(engine_path), report.to_json())
         raise EngineBuildError(
             f"{'; '.join(failures[:3])}; engine not saved (see {failed_engine_report_path(engine_path)})"
         )
     with signals_deferred():  # the engine and its report are written together (a signal is raised after both)
         atomic_write_bytes(engine_path, built.blob)
-        atomic_write_text(engine_report_path(engine_path), json.dumps(report, indent=2) + "\n")
+        atomic_write_text(engine_report_path(engine_path), report.to_json())
         failed_engine_report_path(engine_path).unlink(missing_ok=True)  # a stale failure describes nothing now
     return report
 
 
 def _run_and_compare(
-    built: rt.Built, contract: ModelContract, onnx_path: Path, seed: int, report: dict[str, Any]
+    built: rt.Built, contract: ModelContract, onnx_path: Path, seed: int, report: EngineReport
 ) -> list:
     """Run the engine on the profile's smallest and largest batch; compare with ONNX Runtime CPU; time it."""
     engine = rt.Engine(built.blob, built.library)
@@ -347,42 +345,40 @@ def _run_and_compare(
                 f"(x max(1, max|logit|)) against ONNX Runtime"
             )
     x = rng.standard_normal(contract.input_shape(built.profile["opt"])).astype(np.float32)
-    report.update(
-        ran_on_gpu=True,
-        gpu=torch.cuda.get_device_name(0),
-        parity={"reference": "onnxruntime CPUExecutionProvider", "per_batch": rows, "passed": not failures},
-        latency=engine.latency_ms(x),
-    )
+    report.ran_on_gpu, report.gpu = True, torch.cuda.get_device_name(0)
+    report.parity = {"reference": "onnxruntime CPUExecutionProvider", "per_batch": rows, "passed": not failures}
+    report.latency = engine.latency_ms(x)
     return failures
 
 
-def summary(report: dict[str, Any]) -> str:
+def summary(report: EngineReport) -> str:
     """Lines for the terminal: what was built, for what, and whether it ran."""
+    net = report.network_check or {}
     lines = [
-        f"{report['engine']}: {report['library']} {report['library_version']} engine for "
-        f"{report['compute_capability']}, profile {report['profile']}, built in {report['build_time_s']:.1f} s, "
-        f"{report['engine_size'] / 1e6:.2f} MB",
-        f"  network check: {report['network_check']['extra_math_scopes']} extra-math scope(s) "
-        f"({', '.join(report['network_check'].get('extra_scopes', [])) or 'none'} in every block), every "
-        f"op of them a fp32 layer{' (and LayerNorm/softmax)' if report['dtype'] == 'fp16' else ''}",
+        f"{report.engine}: {report.library} {report.library_version} engine for "
+        f"{report.compute_capability}, profile {report.profile}, built in {report.build_time_s or 0:.1f} s, "
+        f"{(report.engine_size or 0) / 1e6:.2f} MB",
+        f"  network check: {net.get('extra_math_scopes')} extra-math scope(s) "
+        f"({', '.join(net.get('extra_scopes', [])) or 'none'} in every block), every "
+        f"op of them a fp32 layer{' (and LayerNorm/softmax)' if report.dtype == 'fp16' else ''}",
     ]
-    quantized = report["network_check"].get("quantized")
+    quantized = net.get("quantized")
     if quantized:
         n_mm = len(quantized["matmuls_fed_by_dequantize"])
         lines.append(
-            f"  {report['dtype']} Q/DQ: {n_mm} MatMul(s) and {quantized['convolutions_fed_by_dequantize']} "
+            f"  {report.dtype} Q/DQ: {n_mm} MatMul(s) and {quantized['convolutions_fed_by_dequantize']} "
             f"convolution(s) read a DequantizeLinear; not quantized: "
             f"{', '.join(quantized['matmuls_not_quantized']) or 'none'}; extra-math layers reading one: "
             f"{len(quantized['extra_math_layers_fed_by_dequantize'])}"
         )
-    if report["ran_on_gpu"]:
-        worst = max(r["error"] for r in report["parity"]["per_batch"])
+    if report.ran_on_gpu and report.parity and report.latency:
+        worst = max(r["error"] for r in report.parity["per_batch"])
         lines.append(
-            f"  ran on {report['gpu']}: parity vs ONNX Runtime {worst:.2e}, latency "
-            f"{report['latency']['median_ms']:.3f} ms at batch {report['latency']['batch']}"
+            f"  ran on {report.gpu}: parity vs ONNX Runtime {worst:.2e}, latency "
+            f"{report.latency['median_ms']:.3f} ms at batch {report.latency['batch']}"
         )
     else:
-        lines.append(f"  BUILT, NOT RUN: {report['not_run_reason']}")
+        lines.append(f"  BUILT, NOT RUN: {report.not_run_reason}")
     return "\n".join(lines)
 
 

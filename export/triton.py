@@ -16,7 +16,7 @@ Everything in ``config.pbtxt`` comes from the model contract (:mod:`attnzoo.runt
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from google.protobuf import text_format
 from attnzoo.errors import install_hint
 from attnzoo.fileio import atomic_write_text
 from attnzoo.runtime.contract import INPUT_NAME, OUTPUT_NAME
+from attnzoo.runtime.reports import TritonConfigCheck, TritonIO
 
 __all__ = [
     "PLATFORMS",
@@ -188,7 +189,7 @@ def write_config(
     platform: str,
     max_batch_size: int,
     queue_delay_us: int = DEFAULT_QUEUE_DELAY_US,
-) -> dict[str, Any]:
+) -> TritonConfigCheck:
     """Write ``labels.txt`` and then ``config.pbtxt`` into ``model_dir``, after both pass :func:`check_config`.
 
     The model file itself (``1/model.onnx`` or ``1/model.plan``) must already be there; ``onnx_path`` is the
@@ -216,23 +217,23 @@ def write_config(
         raise ValueError(f"{model_dir.name}: the Triton config does not match the model: {'; '.join(failures)}")
     atomic_write_text(model_dir / LABELS_FILE, labels_text)
     atomic_write_text(model_dir / "config.pbtxt", text)  # last: a folder with a config is complete
-    return {
-        "passed": True,
-        "failures": [],
-        "schema": "tritonclient.grpc.model_config_pb2.ModelConfig",
-        "platform": parsed.platform,
-        "max_batch_size": parsed.max_batch_size,
-        "input": {"name": parsed.input[0].name, "dims": list(parsed.input[0].dims)},
-        "output": {"name": parsed.output[0].name, "dims": list(parsed.output[0].dims)},
-        "dynamic_batching_max_queue_delay_us": parsed.dynamic_batching.max_queue_delay_microseconds,
-        "labels": len(contract.class_names),
-    }
+    return TritonConfigCheck(
+        passed=True,
+        failures=[],
+        schema="tritonclient.grpc.model_config_pb2.ModelConfig",
+        platform=parsed.platform,
+        max_batch_size=parsed.max_batch_size,
+        input=TritonIO(name=parsed.input[0].name, dims=list(parsed.input[0].dims)),
+        output=TritonIO(name=parsed.output[0].name, dims=list(parsed.output[0].dims)),
+        dynamic_batching_max_queue_delay_us=parsed.dynamic_batching.max_queue_delay_microseconds,
+        labels=len(contract.class_names),
+    )
 
 
-def summary(model_dir: str | Path, check: Mapping[str, Any]) -> str:
+def summary(model_dir: str | Path, check: TritonConfigCheck) -> str:
     """Two lines for the terminal."""
     return (
-        f"{model_dir}: Triton model ({check['platform']}, max_batch_size {check['max_batch_size']}, "
-        f"input {check['input']['dims']}, output {check['output']['dims']}, {check['labels']} labels)\n"
-        f"  config.pbtxt parsed with Triton's schema ({check['schema']}) and matches the graph: PASSED"
+        f"{model_dir}: Triton model ({check.platform}, max_batch_size {check.max_batch_size}, "
+        f"input {check.input.dims}, output {check.output.dims}, {check.labels} labels)\n"
+        f"  config.pbtxt parsed with Triton's schema ({check.schema}) and matches the graph: PASSED"
     )

@@ -82,7 +82,9 @@ __all__ = [
 SCHEMA = "attnzoo.report-variant/1"
 #: Every entry report-variant writes in its folder; ``exports`` is written first, the rest last, ``report.json``
 #: before ``report.md``.
-OWN_ENTRIES = frozenset({"report.json", "report.md", "latency.png", "overhead.png", "scaling.png", "exports"})
+OWN_ENTRIES = frozenset(
+    {"report.json", "report.md", "latency.png", "overhead.png", "scaling.png", "block-errors.png", "exports"}
+)
 
 
 def out_problem(out: Path, variant: str) -> str | None:
@@ -360,6 +362,19 @@ def _fp32_summary(report: dict[str, Any], out: Path, onnx_path: Path) -> dict[st
         },
         "nodes": report.get("num_nodes"),
         "file_size": report.get("file_size"),
+        **_divergence(report),
+    }
+
+
+def _divergence(report: dict[str, Any]) -> dict[str, Any]:
+    """Where an export's report says it diverges: ``blocks`` (``{block, rel_err, cosine}`` each),
+    ``first_diverging_block`` and ``worst_op`` (its node's name), from its ``divergence`` entry."""
+    d = report.get("divergence") or {}
+    op = d.get("worst_op") or {}
+    return {
+        "blocks": [{k: b[k] for k in ("block", "rel_err", "cosine")} for b in d.get("blocks", [])],
+        "first_diverging_block": d.get("first_diverging_block"),
+        "worst_op": op.get("node"),
     }
 
 
@@ -386,6 +401,7 @@ def _int8_summary(report: dict[str, Any]) -> dict[str, Any]:
         "quantizer": q.get("quantizer"),
         "calibration": q.get("calibration"),
         "accuracy": report.get("accuracy"),
+        **_divergence(report),
     }
 
 
@@ -408,20 +424,22 @@ def export_side(
 
     def fp32_and_engine() -> dict[str, Any]:
         r = export.export_model(**args, out=folder / f"{variant}.engine", format="tensorrt", batch_sizes=BATCH_SIZES)
-        e = r.engine_report or {}
+        e = r.engine_report
+        if e is None:
+            raise RuntimeError("export_model(format='tensorrt') returned no engine report")
         side["tensorrt"] = {
             "status": "ok",
             "engine": _rel(r.engine_path, out),
-            "state": e.get("status"),
-            "ran_on_gpu": e.get("ran_on_gpu"),
-            "not_run_reason": e.get("not_run_reason"),
+            "state": e.status,
+            "ran_on_gpu": e.ran_on_gpu,
+            "not_run_reason": e.not_run_reason,
             "network_check": {
-                k: (e.get("network_check") or {}).get(k) for k in ("ok", "failures", "layers", "extra_math_scopes")
+                k: (e.network_check or {}).get(k) for k in ("ok", "failures", "layers", "extra_math_scopes")
             },
-            "library": f"{e.get('library')} {e.get('library_version')}",
-            "compute_capability": e.get("compute_capability"),
-            "parity": e.get("parity"),
-            "latency": e.get("latency"),
+            "library": f"{e.library} {e.library_version}",
+            "compute_capability": e.compute_capability,
+            "parity": e.parity,
+            "latency": e.latency,
         }
         return _fp32_summary(r.report, out, r.onnx_path)
 
@@ -465,7 +483,11 @@ def export_side(
 
         def triton() -> dict[str, Any]:
             r = export.export_model(**args, out=folder / "triton", format="triton")
-            return {"folder": _rel(r.path, out), "config": _rel(r.path / "config.pbtxt", out), **(r.triton or {})}
+            return {
+                "folder": _rel(r.path, out),
+                "config": _rel(r.path / "config.pbtxt", out),
+                **(r.triton.to_dict() if r.triton else {}),
+            }
 
         side["triton"] = _attempt(triton)
     else:

@@ -9,16 +9,16 @@ depends on the run (the fidelity, the accuracy, the ``auto`` placement's decisio
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
-from dataclasses import MISSING, asdict, dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from .reports import JsonReport
 
 __all__ = ["QuantizeReport", "QuantizationReport"]
 
 
 @dataclass
-class QuantizeReport:
+class QuantizeReport(JsonReport):
     """What the quantizer did (the report's ``quantization`` entry; JSON-ready with :meth:`to_dict`).
 
     Attributes:
@@ -44,17 +44,11 @@ class QuantizeReport:
     options: dict[str, Any] = field(default_factory=dict)
     extra_math_inputs_unquantized: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> QuantizeReport:
-        """Read the ``quantization`` entry; ``ValueError`` naming what is missing, unknown or mistyped."""
-        return cls(**_checked(cls, data, "quantization"))
+    what: ClassVar[str] = "quantization"
 
 
 @dataclass
-class QuantizationReport:
+class QuantizationReport(JsonReport):
     """``<model>.report.json`` of an int8 / fp8 export (also ``<model>.failed.report.json`` of a refused one).
 
     Attributes:
@@ -106,54 +100,7 @@ class QuantizationReport:
     def to_dict(self) -> dict[str, Any]:
         """The JSON object (fields in order, :class:`QuantizeReport` as an object); ``divergence`` is left out
         while it is ``None``, so a report written before it was measured reads back byte for byte."""
-        data = asdict(self)
+        data = super().to_dict()
         if data.get("divergence") is None:
             data.pop("divergence", None)
         return data
-
-    def to_json(self) -> str:
-        """The report file's text."""
-        return json.dumps(self.to_dict(), indent=2) + "\n"
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> QuantizationReport:
-        """Read a report object; ``ValueError`` naming what is missing, unknown or mistyped."""
-        values = _checked(cls, data, "report")
-        values["quantization"] = QuantizeReport.from_dict(values["quantization"])
-        return cls(**values)
-
-    @classmethod
-    def from_json(cls, text: str) -> QuantizationReport:
-        """Read a report file's text (:meth:`from_dict`); ``ValueError`` for text that is not a JSON object."""
-        data = json.loads(text)
-        if not isinstance(data, dict):
-            raise ValueError("not a quantization report (not a JSON object)")
-        return cls.from_dict(data)
-
-
-#: JSON types a field's annotation accepts (``None`` too where it is ``Optional``).
-_JSON_TYPES = {"str": (str,), "bool": (bool,), "int": (int,), "float": (int, float), "QuantizeReport": (dict,)}
-
-
-def _checked(cls: type, data: Mapping[str, Any], what: str) -> dict[str, Any]:
-    """``data``'s values for ``cls``'s fields, each present (unless it has a default) and of its JSON type."""
-    if not isinstance(data, Mapping):
-        raise ValueError(f"{what}: not a JSON object")
-    known = {f.name: f for f in fields(cls)}
-    unknown = sorted(set(data) - set(known))
-    if unknown:
-        raise ValueError(f"{what}: unknown field(s) {', '.join(unknown)}")
-    missing = [n for n, f in known.items() if n not in data and f.default is MISSING and f.default_factory is MISSING]
-    if missing:
-        raise ValueError(f"{what}: missing field(s) {', '.join(missing)}")
-    for name, value in data.items():
-        kind = str(known[name].type)
-        base = kind.removeprefix("Optional[").removesuffix("]")
-        if value is None and kind.startswith("Optional["):
-            continue
-        want = _JSON_TYPES.get(base) or (
-            (dict,) if base.startswith("Dict") else (list,) if base.startswith("List") else (object,)
-        )
-        if not isinstance(value, want) or (isinstance(value, bool) and bool not in want):
-            raise ValueError(f"{what}: {name} is {type(value).__name__}, expected {base}")
-    return dict(data)

@@ -913,8 +913,8 @@ def test_tensorrt_builds_the_qdq_graph_with_the_extra_math_fp32(fp32_of, variant
     )  # an untrained model on random inputs: its fidelity is measured, not gated
     engine = tmp_path / f"{variant}_{dtype}.engine"
     report = build_engine(onnx_q, engine, batch_sizes=(1, 8), compute_capability="SM89")
-    assert engine.stat().st_size > 0 and report["passed"], report.get("failures")
-    net = report["network_check"]
+    assert engine.stat().st_size > 0 and report.passed and report.network_check, report.failures
+    net = report.network_check
     scopes = VARIANTS[variant].extra_scopes
     assert net["extra_scopes"] == sorted(scopes)
     assert net["extra_math_scopes"] == ARCHS["micro"]["depth"] * len(scopes)
@@ -922,7 +922,7 @@ def test_tensorrt_builds_the_qdq_graph_with_the_extra_math_fp32(fp32_of, variant
     quantized = net["quantized"]
     assert quantized["matmuls_fed_by_dequantize"] and quantized["extra_math_layers_fed_by_dequantize"] == []
     if not gpu_available():
-        assert report["status"] == STATUS_BUILT
+        assert report.status == STATUS_BUILT
     if dtype == "fp8" and variant == "belief2":  # the API refuses it too, before parsing
         with pytest.raises(ValueError, match="SM89 or newer"):
             build_engine(onnx_q, tmp_path / "old.engine", batch_sizes=(1, 8), compute_capability="SM86")

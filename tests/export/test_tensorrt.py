@@ -20,6 +20,7 @@ from attnzoo.export.tensorrt import STATUS_BUILT, STATUS_RUN, build_engine, engi
 from attnzoo.models import ARCHS, PROJECTION_OPS, VARIANT_NAMES, VARIANTS, create_model
 from attnzoo.runtime import ModelContract, compare
 from attnzoo.runtime import tensorrt as rt
+from attnzoo.runtime.reports import EngineReport
 
 pytestmark = pytest.mark.tensorrt
 
@@ -342,8 +343,12 @@ def test_only_a_verified_onnx_becomes_an_engine(lib, onnx_file, verified_onnx, t
         assert not engine.exists() and not engine_report_path(engine).exists()
         assert not failed_engine_report_path(engine).exists()
     report = build_engine(good, tmp_path / "good.engine", batch_sizes=(1, 2), compute_capability="SM89")
-    assert report["passed"] and report["onnx_verification"]["verified"] is True
-    assert report["onnx_verification"]["onnx_sha256"] == json.loads(report_path(good).read_text())["sha256"]
+    assert report.passed and report.onnx_verification["verified"] is True
+    assert report.onnx_verification["onnx_sha256"] == json.loads(report_path(good).read_text())["sha256"]
+    # the report file is the returned report, read back through its schema byte for byte
+    text = engine_report_path(tmp_path / "good.engine").read_text()
+    assert EngineReport.from_json(text) == report and report.to_json() == text
+    assert report.status == STATUS_BUILT and report.engine_size and report.compute_capability == "SM89"
 
 
 def test_failed_build_keeps_the_good_engine_and_its_report(lib, verified_onnx, tmp_path, monkeypatch):
@@ -410,7 +415,7 @@ def test_engine_runs_and_matches_onnxruntime(lib, verified_onnx, tmp_path, dtype
 
     path = verified_onnx("belief2", dtype)
     report = build_engine(path, tmp_path / "e.engine", batch_sizes=(1, 4, 8))
-    assert report["ran_on_gpu"] and report["parity"]["passed"], report["failures"]
+    assert report.ran_on_gpu and report.parity and report.parity["passed"], report.failures
     engine = rt.Engine(tmp_path / "e.engine")
     assert engine.stream.cuda_stream != torch.cuda.default_stream().cuda_stream  # its own, not the legacy default
     x = np.random.default_rng(1).standard_normal((3, 3, 32, 32)).astype(np.float32)

@@ -13,6 +13,7 @@ from attnzoo.export.cli import main as export_main
 from attnzoo.export.triton import LABELS_FILE, check_config, config_text, model_name, parse_config, write_config
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.contract import ModelContract
+from attnzoo.runtime.reports import TritonConfigCheck
 
 
 def _exit(argv) -> SystemExit:
@@ -69,7 +70,8 @@ def test_cli_writes_a_repository_that_parses_with_tritons_schema(tmp_path, capsy
 def test_seg_config_dims_come_from_the_contract(seg_model):
     contract = ModelContract.from_onnx(seg_model / "1" / "model.onnx")
     check = write_config(seg_model, contract, seg_model / "1" / "model.onnx", "onnxruntime_onnx", 16)
-    assert check["input"]["dims"] == [3, 32, 48] and check["output"]["dims"] == [4, 32, 48]
+    assert check.input.dims == [3, 32, 48] and check.output.dims == [4, 32, 48] and check.labels == 4
+    assert TritonConfigCheck.from_json(check.to_json()) == check  # read back through its schema
     cfg = parse_config((seg_model / "config.pbtxt").read_text())
     assert cfg.max_batch_size == 16 and cfg.dynamic_batching.max_queue_delay_microseconds > 0
     assert (seg_model / LABELS_FILE).read_text().splitlines() == ["background", "a", "b", "c"]
