@@ -7,14 +7,15 @@ Plots reuse the benchmark's and the scaling study's own (:func:`attnzoo.benchmar
 
 from __future__ import annotations
 
+import io
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from attnzoo.benchmarks.report import markdown_table, plot_latency, plot_overhead
-from attnzoo.fileio import atomic_write_text
+from attnzoo.fileio import atomic_write_bytes, atomic_write_text
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary
 from attnzoo.mdtext import code, fence, text
@@ -26,7 +27,16 @@ from attnzoo.runtime.fusion import markdown as fusion_markdown
 factory = lazy_import("attnzoo.models.factory")
 scaling_study = lazy_import("attnzoo.studies.scaling")
 
-__all__ = ["verdict", "failures", "markdown", "plots", "write_report", "RUNTIMES"]
+__all__ = [
+    "verdict",
+    "failures",
+    "markdown",
+    "plots",
+    "block_series",
+    "plot_block_errors",
+    "write_report",
+    "RUNTIMES",
+]
 
 
 def _num(v: Any, fmt: str = "{:.3g}") -> str:
@@ -198,6 +208,11 @@ def verdict(report: Mapping[str, Any], out: Path) -> dict[str, Any]:
     parts.append(
         f"fp32 parity {'ok' if checks['parity'] else 'FAILED'}"
         + (f" (max err {fp32['max_abs_err']:.1e})" if fp32.get("max_abs_err") is not None else "")
+        + (
+            f", first diverging block {fp32['first_diverging_block']}"
+            if fp32.get("first_diverging_block") is not None
+            else ""
+        )
     )
     parts.append(f"fp16 {'ok' if checks['fp16'] else _state(fp16) if fp16.get('status') != 'ok' else 'FAILED'}")
     parts.append("extra math kept" if checks["extra_math_kept"] else "extra math NOT kept")
@@ -264,7 +279,55 @@ def plots(report: Mapping[str, Any], out: Path) -> dict[str, Path]:
     sc = cost.get("scaling") or {}
     if sc.get("status") == "ok" and any(r["status"] == "ok" for r in sc["rows"]):
         written["scaling"] = scaling_study.plot(dict(sc), out / "scaling.png")
+    series = block_series(report)
+    if series:
+        written["blocks"] = plot_block_errors(series, out / "block-errors.png")
     return written
+
+
+#: The precisions whose exports carry block figures, in the order the plot shows them.
+BLOCK_PRECISIONS = ("fp32", "fp16", "int8", "fp8")
+
+
+def block_series(report: Mapping[str, Any]) -> dict[str, dict[str, list[float]]]:
+    """``{precision: {side: [rel_err of block 0, 1, ...]}}`` of every export that has block figures."""
+    series: dict[str, dict[str, list[float]]] = {}
+    for side, entries in (report.get("export") or {}).items():
+        for dtype in BLOCK_PRECISIONS:
+            e = entries.get(dtype) or {}
+            if e.get("status") == "ok" and e.get("blocks"):
+                series.setdefault(dtype, {})[side] = [float(b["rel_err"]) for b in e["blocks"]]
+    return {d: series[d] for d in BLOCK_PRECISIONS if d in series}
+
+
+def plot_block_errors(series: Mapping[str, Mapping[str, Sequence[float]]], path: Path) -> Path:
+    """One small panel per precision: each side's error at each block's output (``max |out - ref| / max(1, max
+    |ref|)``, log scale; fp32 / fp16 against eager, int8 / FP8 against the fp32 graph)."""
+    import matplotlib  # heavy: matplotlib, for the charts only
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(side for sides in series.values() for side in sides))
+    fig, axes = plt.subplots(1, len(series), figsize=(2.8 * len(series) + 0.6, 2.6), squeeze=False)
+    for ax, (dtype, sides) in zip(axes[0], series.items(), strict=True):
+        for side, errs in sides.items():
+            color = f"C{names.index(side)}"  # one colour per side in every panel
+            ax.plot(range(len(errs)), [max(e, 1e-12) for e in errs], marker="o", ms=3, color=color, label=side)
+        ax.set_yscale("log")
+        ax.set_title(f"{dtype}" + (" vs fp32 graph" if dtype in ("int8", "fp8") else " vs eager"), fontsize=9)
+        ax.set_xlabel("block", fontsize=8)
+        ax.set_xticks(range(max(len(errs) for errs in sides.values())))
+        ax.tick_params(which="both", labelsize=7)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("rel. error at block output", fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+    return path
 
 
 # ------------------------------------------------------------------------------------------------ markdown
@@ -393,9 +456,14 @@ def _export_md(report: Mapping[str, Any]) -> list[str]:
             "checkpoint": f"checkpoint {code(s.get('checkpoint'))}",
         }.get(s["kind"], f"random init ({text(s.get('arch'))})")
 
+    def diverges(e: Mapping[str, Any]) -> str:
+        said = [f"{d} {_where(e[d])}" for d in BLOCK_PRECISIONS if (e.get(d) or {}).get("blocks")]
+        return "; ".join(said) or "-"
+
     rows = [
         ["model", *cells(source)],
         ["fp32: parity with eager", *cells(lambda e: parity(e["fp32"]))],
+        ["where it diverges (block outputs)", *cells(diverges)],
         ["fp16: parity with eager fp32", *cells(lambda e: parity(e["fp16"]))],
         ["extra math kept (per format)", *cells(kept)],
         ["int8: fidelity to fp32", *cells(lambda e: int8(e["int8"]))],
@@ -410,6 +478,16 @@ def _export_md(report: Mapping[str, Any]) -> list[str]:
         "",
         markdown_table(["", *map(text, names)], rows),
     ]
+
+
+def _where(entry: Mapping[str, Any]) -> str:
+    """``first diverging block 1 (worst op `blocks.1.attn.proj/Add`)`` or ``worst block 3 (2.9e-07)``."""
+    first, blocks = entry.get("first_diverging_block"), entry.get("blocks") or []
+    if first is not None:
+        op = entry.get("worst_op")
+        return f"first diverging block {first}" + (f" (worst op {code(op)})" if op else "")
+    worst = max(blocks, key=lambda b: b["rel_err"])
+    return f"worst block {worst['block']} ({_num(worst['rel_err'], '{:.1e}')})"
 
 
 def _fusion_md(report: Mapping[str, Any]) -> list[str]:
@@ -672,6 +750,7 @@ def markdown(report: Mapping[str, Any], pngs: Mapping[str, Path]) -> str:
         "## Export",
         "",
         *_export_md(report),
+        *([] if "blocks" not in pngs else ["", f"![error at each block's output]({pngs['blocks'].name})"]),
         "",
         "## Fusion audit",
         "",

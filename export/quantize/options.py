@@ -162,6 +162,14 @@ def check_quantize_arguments(options: QuantizeOptions, fmt: str, compute_capabil
         raise ValueError(
             f"--dtype {dtype}: --format triton is not supported yet; export the ONNX (--format onnx) "
             "or a TensorRT engine"
+    if fmt == "executorch":  # dynamic int8 of the Linear layers (XNNPACK): no ModelOpt, no calibration
+        given = [flag for flag, value in flags.items() if value]
+        if dtype != "int8" or given:
+            raise ValueError(
+                f"--format executorch quantizes dynamically (--dtype int8, no calibration); "
+                f"{dtype if dtype != 'int8' else ', '.join(given)} does not apply"
+            )
+        return
         )
     if dtype == "fp8" and fmt == "tensorrt":
         error = fp8_compute_capability_error(compute_capability)

@@ -351,5 +351,5 @@ def check_against_reference(
 # The built-in backends register themselves, in this order (backend_names(), the command lines' lists); a new one
 # is imported here.
 # isort: off
-from . import eager, torch_compile, aoti, ort_cpu, openvino, ort_cuda, ort_trt, tensorrt  # noqa: E402,F401
+from . import eager, torch_compile, aoti, ort_cpu, openvino, ort_cuda, ort_trt, tensorrt, executorch  # noqa: E402,F401
 # isort: on

@@ -126,9 +126,36 @@ def test_quick_report_writes_the_folder_schema_verdict_and_figures(quick):
     ):
         assert heading in md
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
-    assert {"latency.png", "overhead.png", "scaling.png"} <= set(images)
+    assert {"latency.png", "overhead.png", "scaling.png", "block-errors.png"} <= set(images)
+    assert [b["block"] for b in side["fp32"]["blocks"]] == [0, 1, 2, 3] and side["fp32"][
+        "first_diverging_block"
+    ] is None
+    assert "| where it diverges (block outputs) | fp32 worst block " in md
     for name in images:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_block_errors_are_plotted_per_precision_and_a_failed_parity_names_its_first_diverging_block(tmp_path):
+    from attnzoo.report import render
+
+    def entry(errs, first=None, op=None):
+        blocks = [{"block": i, "rel_err": e, "cosine": 1.0} for i, e in enumerate(errs)]
+        return {"status": "ok", "blocks": blocks, "first_diverging_block": first, "worst_op": op}
+
+    report = {
+        "export": {
+            "belief2": {"fp32": entry([1e-7, 3e-2, 4e-2], 1, "blocks.1.attn.proj/Add"), "int8": entry([1e-2, 2e-2])},
+            "standard": {"fp32": entry([2e-7, 3e-7, 1e-7]), "fp16": {"status": "skipped"}},
+        }
+    }
+    series = render.block_series(report)
+    assert list(series) == ["fp32", "int8"] and series["fp32"]["standard"] == [2e-7, 3e-7, 1e-7]
+    assert render.plots(report, tmp_path) == {"blocks": tmp_path / "block-errors.png"}
+    assert (tmp_path / "block-errors.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert render._where(report["export"]["belief2"]["fp32"]) == (
+        "first diverging block 1 (worst op `blocks.1.attn.proj/Add`)"
+    )
+    assert render._where(report["export"]["standard"]["fp32"]) == "worst block 1 (3.0e-07)"
 
 
 def test_an_unknown_variant_is_refused_listing_the_valid_ones(tmp_path, capsys):

@@ -1,0 +1,190 @@
+"""``--format executorch``: an ExecuTorch program (``.pte``): ``torch.export`` of the model with a dynamic batch
+dimension, lowered to the XNNPACK delegate (:mod:`attnzoo.runtime.backends.executorch`), at fp32 or dynamic int8
+(``--dtype int8``: the Linear layers int8, activations quantized at run time, the variant's extra math fp32; no
+calibration). It runs without the model's Python code (ExecuTorch's runtime, in Python or C++) and is what
+``bench-latency --backends executorch`` times.
+
+Written from the PyTorch model, not from the ONNX (no ONNX is written), and verified before it is written, as every
+export is: the program is lowered and serialized under a temporary name beside ``--out``, then
+
+- the variant's extra math must be in the lowered graph: for each block and each of the variant's
+  ``extra_scopes``, the nodes whose ``nn_module_stack`` holds ``<blocks>.N.attn.<scope>`` are counted, inside the
+  XNNPACK delegates (each delegate's own graph) and outside them (ExecuTorch's portable kernels), as
+  :func:`attnzoo.export.formats.aoti_format.count_extra_math` counts them; under int8 none of them may be
+  quantized;
+- the program, loaded by ExecuTorch's runtime, must match eager fp32 PyTorch on real and random inputs at the
+  requested batch sizes and :data:`attnzoo.export.verify.EXTRA_BATCH_SIZES`, none of which it was traced with
+  (:data:`attnzoo.runtime.aoti.TRACE_BATCH`), under the tolerance of its precision
+  (:data:`attnzoo.runtime.parity.TOLERANCES`: ``int8`` for dynamic int8).
+
+A variant the converter cannot carry (an op it refuses) fails with that op's error in one line. Only a program that
+passes is renamed to ``--out``, with its report ``<out>.json`` (which holds the model contract's metadata,
+``metadata``); a failing one leaves ``--out`` as it was and writes ``<out>.failed.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+
+from attnzoo.errors import UsageError, first_line
+from attnzoo.fileio import atomic_path, atomic_write_text, sha256_file
+from attnzoo.limits import MAX_BATCH_SIZE
+from attnzoo.runtime import aoti
+from attnzoo.runtime.backends import executorch as et
+from attnzoo.runtime.contract import BATCH_DIM
+
+from ..check import variant_spec
+from ..onnx_export import _metadata
+from ..verify import EXTRA_BATCH_SIZES, VerificationError, parity_vs_eager, verdict_lines
+from .aoti_format import _module_path, count_extra_math, failed_report_path, report_path
+from .base import ExportFormat, ExportRequest, ModelSource, run_step
+
+__all__ = ["ExecuTorchFormat", "FORMAT", "count_lowered_extra_math", "refusal", "summary"]
+
+
+def count_lowered_extra_math(edge: Any, config: dict[str, Any]) -> dict[str, Any]:
+    """:func:`~attnzoo.export.formats.aoti_format.count_extra_math` over the lowered program's nodes
+    (:func:`attnzoo.runtime.backends.executorch.graph_nodes`), each scope's count split by where it runs
+    (``xnnpack``: inside a delegate; ``portable``: ExecuTorch's own kernels); a quantize / dequantize node in a
+    scope fails (the extra math stays fp32)."""
+    placed = list(et.graph_nodes(edge))
+    found = count_extra_math(SimpleNamespace(nodes=[n for _, n in placed]), config)
+    where: dict[str, Counter] = {scope: Counter() for scope in found["blocks"]}
+    for kind, node in placed:
+        for path, *_ in (node.meta.get("nn_module_stack") or {}).values():
+            scope = _module_path(str(path))
+            if scope in where:
+                where[scope][kind] += 1
+    for scope, counts in where.items():
+        found["blocks"][scope]["runs_in"] = dict(counts)
+        quantized = sorted(op for op in found["blocks"][scope]["ops"] if "quantize" in op)
+        if quantized:
+            found["failures"].append(f"{scope}: quantized ({', '.join(quantized)}); the extra math must stay fp32")
+    found["ok"] = not found["failures"]
+    found["delegated_nodes"] = sum(1 for kind, _ in placed if kind == "xnnpack")
+    found["portable_nodes"] = sum(1 for kind, _ in placed if kind == "portable")
+    return found
+
+
+def refusal(exc: BaseException, variant: str) -> str:
+    """One line: the converter refused ``variant``, the op it names (an ``aten`` op in its message) and why."""
+    line = first_line(exc)
+    ops = re.findall(r"aten[.:]+[A-Za-z_0-9]+(?:\.[A-Za-z_0-9]+)?", str(exc))
+    op = f" op {ops[0]}" if ops else ""
+    return f"ExecuTorch cannot carry {variant}:{op} ({type(exc).__name__}: {line})"
+
+
+class ExecuTorchFormat(ExportFormat):
+    """``model.pte``, an ExecuTorch program (XNNPACK) verified against eager PyTorch, and its report
+    ``model.pte.json``."""
+
+    name = "executorch"
+    title = "ExecuTorch program"
+    suffixes = (".pte",)
+    from_model = True
+
+    def check(self, req: ExportRequest) -> None:
+        super().check(req)
+        reason = et.executorch_problem(req.dtype)
+        if reason:
+            raise UsageError(f"--format executorch: {reason}")
+
+    def write_model(self, req: ExportRequest, source: ModelSource, result) -> None:
+        result.report = run_step(self.export_verified, "ExecuTorch export failed", req, source, result.path)
+
+    def export_verified(self, req: ExportRequest, source: ModelSource, out: Path) -> dict[str, Any]:
+        """Export, lower, count the extra math, serialize, load, check parity; rename to ``out`` only when all
+        passed."""
+        config, hw = source.config, (source.hw[0], source.hw[1])
+        sizes = sorted(set(req.batch_sizes) | set(EXTRA_BATCH_SIZES))
+        report: dict[str, Any] = {
+            "path": str(out),
+            "format": "executorch",
+            "variant": config["variant"],
+            "task": config["task"],
+            "arch": config["arch"],
+            "dtype": req.dtype,
+            "quantization": "dynamic int8 (Linear layers; extra math fp32)" if req.dtype == "int8" else None,
+            "delegate": "XnnpackBackend",
+            "input_size": list(hw),
+            "batch_dim": BATCH_DIM,
+            "batch_range": [1, MAX_BATCH_SIZE],
+            "trace_batch": aoti.TRACE_BATCH,
+            "checkpoint_sha256": source.checkpoint_sha256,
+            "metadata": _metadata(config, hw, req.dtype, source.checkpoint_sha256),
+            "torch": torch.__version__,
+            "executorch": et.executorch_version(),
+        }
+        start = time.perf_counter()
+        try:
+            program, edge = et.lower_program(
+                source.model, hw, dtype=req.dtype, keep_fp32=variant_spec(config).extra_scopes
+            )
+        except Exception as exc:  # the converter refused an op: the report says which, in one line
+            return self._fail(out, report, [refusal(exc, config["variant"])])
+        report["lower_time_s"] = round(time.perf_counter() - start, 3)
+        report["num_nodes"] = sum(1 for n in program.graph.nodes if n.op == "call_function")
+        report["extra_math"] = count_lowered_extra_math(edge, config)
+        if not report["extra_math"]["ok"]:
+            return self._fail(out, report, list(report["extra_math"]["failures"]))
+        with atomic_path(out) as tmp:
+            try:
+                report["serialize_time_s"] = round(et.write_program(edge, tmp), 3)
+            except Exception as exc:
+                return self._fail(out, report, [refusal(exc, config["variant"])])
+            method = et.load_method(tmp)
+
+            def run(x: np.ndarray) -> np.ndarray:
+                return method.execute([torch.from_numpy(np.ascontiguousarray(x))])[0].float().numpy()
+
+            parity = parity_vs_eager(source.model, run, config, hw, sizes, req.dtype)
+            report["parity"] = {**parity, "batch_sizes": sizes, "runtime": "executorch.runtime (XNNPACK, cpu)"}
+            report.update(file_size=tmp.stat().st_size, sha256=sha256_file(tmp))
+            if parity["failures"]:
+                return self._fail(out, report, list(parity["failures"]))
+        report.update(passed=True, failures=[])
+        atomic_write_text(report_path(out), json.dumps(report, indent=2, default=str) + "\n")
+        failed_report_path(out).unlink(missing_ok=True)
+        return report
+
+    @staticmethod
+    def _fail(out: Path, report: dict[str, Any], failures: list[str]) -> dict[str, Any]:
+        report.update(passed=False, failures=failures)
+        atomic_write_text(failed_report_path(out), json.dumps(report, indent=2, default=str) + "\n")
+        raise VerificationError(
+            f"{out.name} failed verification ({'; '.join(failures[:3])}); see {failed_report_path(out)}; "
+            f"{out.name} was not written"
+        )
+
+    def files(self, result) -> list[Path]:
+        return [result.path, report_path(result.path)] if result.report else []
+
+    def summary(self, result) -> list[str]:
+        return summary(result.report, report_path(result.path)).splitlines() if result.report else []
+
+
+def summary(report: dict[str, Any], path: Path | None = None) -> str:
+    """A few lines for the terminal: the program, its parity, the extra math per block, the verdict."""
+    em = report["extra_math"]
+    head = (
+        f"{report['path']}: {report['variant']} {report['task']} {report['arch']} {report['dtype']} ExecuTorch "
+        f"program (XNNPACK), {em['delegated_nodes']} delegated + {em['portable_nodes']} portable nodes, "
+        f"{report['file_size'] / 1e6:.2f} MB, lower {report['lower_time_s']:.1f} s + serialize "
+        f"{report['serialize_time_s']:.1f} s"
+    )
+    lo, hi = report["batch_range"]
+    batches = f"dynamic '{report['batch_dim']}' {lo}-{hi}, traced at {report['trace_batch']}"
+    lines = [head, *verdict_lines(report, report["parity"]["runtime"], batches)]
+    return "\n".join(lines + ([f"  report: {path}"] if path is not None else []))
+
+
+FORMAT = ExecuTorchFormat()

@@ -1,0 +1,264 @@
+"""``executorch``: an ExecuTorch program (``.pte``) of the model, lowered to the XNNPACK delegate and run through
+ExecuTorch's Python runtime (``executorch.runtime.Runtime``) on the CPU, at fp32 or dynamic int8.
+
+The program is ``torch.export`` of the model with the batch dimension dynamic (traced at
+:data:`attnzoo.runtime.aoti.TRACE_BATCH`, 1 .. :data:`attnzoo.limits.MAX_BATCH_SIZE`), then
+``to_edge_transform_and_lower`` with ``XnnpackPartitioner``: the ops XNNPACK takes run in its delegate, the rest in
+ExecuTorch's portable kernels. Dynamic int8 (:func:`lower_program` ``dtype="int8"``) quantizes the ``nn.Linear``
+layers only (``XNNPACKQuantizer``, per-channel int8 weights, int8 activations quantized at run time), the variant's
+extra math (its ``extra_scopes``) excluded: it stays fp32.
+
+It loads a program file (``export-model --format executorch`` writes and verifies one), or lowers one from the
+PyTorch module into ``<cache_dir>/executorch/``, keyed by the module's content
+(:func:`attnzoo.runtime.aoti.fingerprint`), the precision and the versions of torch and ExecuTorch.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.metadata
+import importlib.util
+import json
+import re
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from attnzoo.fileio import atomic_path, atomic_write_text, default_cache_dir
+from attnzoo.lazy import lazy_import
+from attnzoo.limits import MAX_BATCH_SIZE
+
+from .. import aoti
+from ..contract import BATCH_DIM
+from . import Backend, LoadOptions, Session, register_backend
+
+torch = lazy_import("torch")
+
+__all__ = [
+    "EXECUTORCH",
+    "EXECUTORCH_DTYPES",
+    "ExecuTorchBackend",
+    "ExecuTorchSession",
+    "executorch_problem",
+    "executorch_version",
+    "lower_program",
+    "write_program",
+    "load_method",
+    "graph_nodes",
+    "cached_program",
+]
+
+#: Precisions a program is lowered at: fp32, and dynamic int8 (the Linear layers; the extra math fp32).
+EXECUTORCH_DTYPES: tuple[str, ...] = ("fp32", "int8")
+
+
+def executorch_version() -> str | None:
+    """The installed ExecuTorch's version, ``None`` when it is not installed."""
+    if importlib.util.find_spec("executorch") is None:
+        return None
+    try:
+        return importlib.metadata.version("executorch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def executorch_problem(dtype: str = "fp32") -> str | None:
+    """Why a program at ``dtype`` cannot be lowered and run here (one line), or ``None``."""
+    if dtype not in EXECUTORCH_DTYPES:
+        return f"ExecuTorch programs are lowered at {', '.join(EXECUTORCH_DTYPES)}, not {dtype}"
+    if executorch_version() is None:
+        return "ExecuTorch is not installed (pip install 'attnzoo[executorch]')"
+    return None
+
+
+def lower_program(
+    model: Any, hw: tuple[int, int], *, dtype: str = "fp32", keep_fp32: Sequence[str] = ()
+) -> tuple[Any, Any]:
+    """``torch.export`` of a copy of ``model`` (fp32, CPU) with a dynamic batch, quantized at ``dtype="int8"``
+    (:func:`_quantize`, ``keep_fp32``: the variant's ``extra_scopes``, left fp32 in every block), lowered to XNNPACK.
+
+    Returns:
+        ``(exported, edge)``: the ``ExportedProgram`` and the ``EdgeProgramManager`` (its
+        ``exported_program()`` is the graph the program is made of: :func:`graph_nodes`).
+    """
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    net = copy.deepcopy(model).float().cpu().eval()
+    x = torch.zeros(aoti.TRACE_BATCH, 3, *hw)
+    dynamic = ({0: torch.export.Dim(BATCH_DIM, min=1, max=MAX_BATCH_SIZE)},)
+    if dtype == "int8":
+        net = _quantize(net, x, dynamic, keep_fp32)
+    with torch.no_grad():
+        exported = torch.export.export(net, (x,), dynamic_shapes=dynamic, strict=False)
+    return exported, to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()])
+
+
+def _in_scopes(node: Any, scopes: Sequence[str]) -> bool:
+    """Whether ``node`` comes from a module ``<...>.attn.<scope>`` (or below) for one of ``scopes`` (a variant's
+    ``extra_scopes``: ``projection``)."""
+    if not scopes:
+        return False
+    pattern = re.compile(rf"(^|\.)attn\.({'|'.join(map(re.escape, scopes))})(\.|$)")
+    return any(pattern.search(_dotted(str(path))) for path, *_ in (node.meta.get("nn_module_stack") or {}).values())
+
+
+def _dotted(path: str) -> str:
+    """A ``nn_module_stack`` path as a dotted module name (``L['self'].blocks[0].attn`` -> ``blocks.0.attn``)."""
+    path = re.sub(r"^L\['self'\]\.?|^L__self__\.?", "", path)
+    return re.sub(r"\[(\d+)\]", r".\1", path)
+
+
+def _quantize(net: Any, x: Any, dynamic: Any, keep_fp32: Sequence[str]) -> Any:
+    """``net`` with its Linear layers dynamically quantized to int8 (pt2e, ``XNNPACKQuantizer``: per-channel int8
+    weights, activations quantized at run time); each block's ``attn.<scope>`` module for the scopes ``keep_fp32``
+    (and everything below it) is left fp32."""
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=True)
+    quantizer = XNNPACKQuantizer().set_module_type(torch.nn.Linear, config)
+    scopes = tuple(keep_fp32)
+    quantizer.set_filter_function(lambda node: not _in_scopes(node, scopes))
+    graph = torch.export.export(net, (x,), dynamic_shapes=dynamic, strict=False).module()
+    prepared = prepare_pt2e(graph, quantizer)
+    with torch.no_grad():
+        prepared(torch.randn(*x.shape, generator=torch.Generator().manual_seed(0)))
+    return convert_pt2e(prepared)
+
+
+def graph_nodes(edge: Any) -> Iterator[tuple[str, Any]]:
+    """Every op node of the lowered program, as ``(where, node)``: ``xnnpack`` for the nodes inside a delegate (from
+    each delegate's own graph), ``portable`` for those ExecuTorch runs itself. Each ``node`` has ``op``, ``target``
+    (its op, named as ATen names it: ``mul``, ``view`` for the edge dialect's ``view_copy``) and ``meta`` (with the
+    ``nn_module_stack`` torch.export recorded)."""
+    from executorch.exir.lowered_backend_module import LoweredBackendModule
+
+    program = edge.exported_program() if hasattr(edge, "exported_program") else edge
+    module = program.graph_module
+
+    def plain(node: Any) -> Any:
+        op = getattr(node.target, "_op", node.target)
+        name = getattr(op, "__name__", str(op)).split(".")[0]
+        name = name[: -len("_copy")] if name.endswith("_copy") else name
+        return SimpleNamespace(op="call_function", target=SimpleNamespace(__name__=name), meta=node.meta)
+
+    delegate = torch.ops.higher_order.executorch_call_delegate
+    for node in module.graph.nodes:
+        if node.op == "call_function" and node.target is not delegate:
+            yield "portable", plain(node)
+    for _, child in module.named_children():
+        if isinstance(child, LoweredBackendModule):
+            for node in child.original_module.graph.nodes:
+                if node.op == "call_function":
+                    yield "xnnpack", plain(node)
+
+
+def write_program(edge: Any, path: Path) -> float:
+    """Serialize ``edge`` (:func:`lower_program`) as an ExecuTorch program at ``path``; returns the seconds it took."""
+    start = time.perf_counter()
+    buffer = edge.to_executorch().buffer
+    Path(path).write_bytes(buffer)
+    return time.perf_counter() - start
+
+
+def load_method(path: str | Path) -> Any:
+    """The ``forward`` method of the program at ``path``, loaded by ExecuTorch's Python runtime (its ``execute``
+    takes a list of CPU tensors and returns a list)."""
+    from executorch.runtime import Runtime
+
+    return Runtime.get().load_program(Path(path)).load_method("forward")
+
+
+def cached_program(model: Any, cache_dir: str | Path, *, dtype: str = "fp32") -> tuple[Path, dict[str, Any]]:
+    """The program of ``model`` at ``dtype`` in ``<cache_dir>/executorch/``, lowered when none of the same
+    fingerprint (weights, source, config, precision, input size, torch and ExecuTorch versions) is there."""
+    from attnzoo.models import VARIANTS
+
+    config = dict(getattr(model, "attnzoo_config", None) or {})
+    side = int(config.get("img_size", 224))
+    hw = (side, side)
+    head = {"config": config, "dtype": dtype, "hw": list(hw), "torch": torch.__version__}
+    head["executorch"] = executorch_version()
+    key = aoti.fingerprint(model, head, modules=(__name__,))
+    folder = Path(cache_dir) / "executorch"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{config.get('variant', type(model).__name__)}_{dtype}_{key[:16]}.pte"
+    facts: dict[str, Any] = {"program": path.name, "dtype": dtype, "trace_batch": aoti.TRACE_BATCH}
+    if path.is_file():
+        return path, {**facts, "cached": True}
+    spec = VARIANTS.get(str(config.get("variant")))
+    keep = spec.extra_scopes if spec is not None else ()
+    start = time.perf_counter()
+    _, edge = lower_program(model, hw, dtype=dtype, keep_fp32=keep)
+    lowered = time.perf_counter() - start
+    with atomic_path(path) as tmp:
+        written = write_program(edge, tmp)
+    facts.update(cached=False, lower_s=round(lowered, 2), serialize_s=round(written, 2))
+    atomic_write_text(path.with_suffix(".json"), json.dumps({**facts, **head}, indent=1, default=str) + "\n")
+    return path, facts
+
+
+class ExecuTorchSession(Session):
+    """A loaded ExecuTorch program's ``forward``; ``facts`` says where it came from."""
+
+    def __init__(self, path: Path, *, backend: str, dtype: str, facts: dict) -> None:
+        self.backend = backend
+        self.method = load_method(path)
+        self._info = {"device": "cpu", "dtype": dtype, "program": str(path), "delegate": "XnnpackBackend", **facts}
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        if self.method is None:
+            raise ValueError("this executorch session is closed")
+        xin = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+        return self.method.execute([xin])[0].float().numpy()
+
+    def info(self) -> dict[str, Any]:
+        return dict(self._info)
+
+    def release(self) -> None:
+        self.method = None
+
+
+@dataclass(frozen=True)
+class ExecuTorchBackend(Backend):
+    """ExecuTorch with the XNNPACK delegate: a ``.pte`` file, or the PyTorch module lowered into the cache."""
+
+    def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False) -> str | None:
+        return super().unavailable_reason(dtype, device) or executorch_problem(dtype)
+
+    def open(self, model: Any, options: LoadOptions) -> ExecuTorchSession:
+        reason = self.unavailable_reason(options.dtype)
+        if reason:
+            raise ValueError(f"{self.name}: {reason}")
+        if isinstance(model, (str, Path)):
+            path = Path(model)
+            if not path.is_file():
+                raise ValueError(f"ExecuTorch program not found: {path}")
+            facts: dict[str, Any] = {"cached": None}
+        else:
+            path, facts = cached_program(model, options.cache_dir or default_cache_dir(), dtype=options.dtype)
+        return ExecuTorchSession(path, backend=self.name, dtype=options.dtype, facts=facts)
+
+
+EXECUTORCH = register_backend(
+    ExecuTorchBackend(
+        "executorch",
+        "ExecuTorch: torch.export lowered to the XNNPACK delegate in one .pte program, run by ExecuTorch's runtime "
+        "(CPU fp32, dynamic int8 Linear layers)",
+        takes="module",
+        device="cpu",
+        dtypes=EXECUTORCH_DTYPES,
+        reads=("cache_dir",),
+        library="executorch",
+        jit_compiles=True,
+    )
+)
