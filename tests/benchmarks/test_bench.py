@@ -301,8 +301,8 @@ def test_cli_exit_code_and_single_line():
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "error: unknown backend 'foo'; valid: eager, compile, aoti, ort-cpu, openvino, ort-cuda, ort-trt, tensorrt "
-        "(aliases: python -m attnzoo.runtime)"
+        "error: unknown backend 'foo'; valid: eager, compile, aoti, ort-cpu, openvino, ort-cuda, ort-trt, tensorrt, "
+        "executorch (aliases: python -m attnzoo.runtime)"
     ]
 
 
