@@ -1,4 +1,6 @@
-"""``openvino``: OpenVINO on the CPU, reading the same verified ONNX file (or NNCF's int8 IR of it).
+"""``openvino``: OpenVINO on the CPU, reading the same verified ONNX file (or NNCF's int8 IR of it, or the IR
+``.xml`` that ``export-model --format openvino`` writes, whose contract :class:`ModelContract` reads from its
+``rt_info``).
 
 The settings (fp32 inference precision, the caller's threads, the latency hint, no thread pinning, the batch
 fixed when known) are :mod:`attnzoo.runtime.openvino`'s. ``bf16`` (CPUs with bf16 units): the same file at
