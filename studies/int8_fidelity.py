@@ -73,11 +73,16 @@ __all__ = [
     "cpu_line",
     "markdown",
     "zoo_accuracy_markdown",
+    "augmented_crops",
+    "remedies",
+    "remedies_markdown",
     "main",
 ]
 
 #: Residual-stream channels given a massive activation, and the query/key channel of each head scaled.
 OUTLIER_CHANNELS = (3, 17)
+#: LayerNorm output channels (feeding the qkv and fc1 matmuls) given an outlier gain by ``ln_outlier``.
+LN_OUTLIER_CHANNELS = (5, 40)
 
 
 def pretrained_like_vit(
@@ -91,6 +96,7 @@ def pretrained_like_vit(
     residual_outlier: float = 20.0,
     qk_outlier: float = 8.0,
     layer_scale: float = 0.2,
+    ln_outlier: float = 1.0,
     seed: int = 0,
 ):
     """A timm ``VisionTransformer`` (LayerScale, class token) with the outlier activations of a pretrained ViT.
@@ -98,7 +104,11 @@ def pretrained_like_vit(
     Weights are drawn at unit scale (matrices ~ N(0, 1/fan_in), LayerScale ~ ``layer_scale``), then the residual
     channels :data:`OUTLIER_CHANNELS` get a bias of ``residual_outlier`` (their LayerNorm gains 0.01, as a trained
     model damps them), and in every block the first query channel of each head is scaled by ``qk_outlier`` and the
-    matching key channel divided by it.
+    matching key channel divided by it. ``ln_outlier`` > 1 also gives the LayerNorm outputs that feed the qkv and
+    fc1 matmuls outlier channels (:data:`LN_OUTLIER_CHANNELS`: their gain and bias times ``ln_outlier``, the
+    matmul's weights of those input channels divided by it; the function is unchanged), the outliers SmoothQuant
+    migrates (Xiao et al., "SmoothQuant", 2022, arXiv:2211.10438; Wei et al., "Outlier Suppression", 2022,
+    arXiv:2209.13325).
     """
     torch.manual_seed(seed)
     model = vision_transformer.VisionTransformer(
@@ -135,6 +145,11 @@ def pretrained_like_vit(
             b[queries] *= qk_outlier
             w[keys] /= qk_outlier
             b[keys] /= qk_outlier
+            for norm, linear in ((blk.norm1, blk.attn.qkv), (blk.norm2, blk.mlp.fc1)):
+                ln = list(LN_OUTLIER_CHANNELS)
+                norm.weight[ln] *= ln_outlier
+                norm.bias[ln] *= ln_outlier
+                linear.weight[:, ln] /= ln_outlier
     return model
 
 
@@ -174,6 +189,11 @@ def _interleaved_ms(runners: dict[str, Any], runs: int) -> dict[str, list[float]
     return times
 
 
+def _ov_compiled(path: Path) -> Any:
+    """An OpenVINO CPU model of ``path`` (ONNX or IR), one thread, batch 1: the study's OpenVINO runs."""
+    return ov.compile_onnx(path, threads=1, batch=1)
+
+
 def speeds(files: dict[str, Path], x: np.ndarray, runs: int = 40) -> dict[str, Any]:
     """Batch-1, one-thread latency of every file on ONNX Runtime and OpenVINO (``files["fp32"]`` the reference),
     interleaved per runtime: median ms and the median of the per-round fp32 / int8 ratios (speed-up), and the
@@ -181,7 +201,7 @@ def speeds(files: dict[str, Path], x: np.ndarray, runs: int = 40) -> dict[str, A
     out: dict[str, Any] = {}
     makers = {
         "onnxruntime": lambda p: (lambda s: lambda: s.run(None, {"image": x}))(ORT_CPU.session(p, 1).session),
-        "openvino": lambda p: (lambda c: lambda: c(x))(ov.compile_onnx(p, threads=1, batch=1)),
+        "openvino": lambda p: (lambda c: lambda: c(x))(_ov_compiled(p)),
     }
     for runtime, make in makers.items():
         try:
@@ -317,6 +337,246 @@ def measure(
         "contended": contended(load_start, load_end, 1),
         "rows": rows,
     }
+
+
+def augmented_crops(photos: np.ndarray, count: int, seed: int = 0, shift: int = 4) -> np.ndarray:
+    """``count`` uint8 augmentations of ``photos`` (N, H, W, 3), in turn: a random horizontal flip, a shift of up
+    to ``shift`` pixels each way (edges reflected), brightness x0.8-1.2 and noise of 4 grey levels (sd): a
+    calibration set made of a few photos, as a user makes one."""
+    rng = np.random.default_rng(seed)
+    size = photos.shape[1]
+    out = np.empty((count, *photos.shape[1:]), np.uint8)
+    for i in range(count):
+        img = photos[i % len(photos)].astype(np.float32)
+        if rng.random() < 0.5:
+            img = img[:, ::-1]
+        dy, dx = rng.integers(-shift, shift + 1, 2)
+        padded = np.pad(img, ((shift, shift), (shift, shift), (0, 0)), mode="reflect")
+        img = padded[shift + dy : shift + dy + size, shift + dx : shift + dx + size]
+        img = img * rng.uniform(0.8, 1.2) + rng.normal(0, 4, img.shape)
+        out[i] = np.clip(img, 0, 255).astype(np.uint8)
+    return out
+
+
+#: ``--remedies``: the placements and ModelOpt calibration methods tried (ModelOpt 0.47's ONNX int8 quantizer
+#: offers ``entropy`` and ``max``; its weights are per channel either way).
+REMEDY_PLACEMENTS = ("auto", "cpu", "tensorrt")
+REMEDY_METHODS = ("entropy", "max")
+
+
+def _openvino_outputs(path: Path, x: np.ndarray) -> np.ndarray:
+    """An OpenVINO model's (ONNX or IR) outputs on ``x``, one input at a time."""
+    compiled = _ov_compiled(path)
+    return np.concatenate([np.asarray(compiled(x[i : i + 1])[compiled.output(0)]) for i in range(len(x))])
+
+
+def remedies(
+    out: Path,
+    *,
+    photos: int = 3,
+    crops: int = 96,
+    unrelated: int = 64,
+    runs: int = 40,
+    placements: Sequence[str] = REMEDY_PLACEMENTS,
+    methods: Sequence[str] = REMEDY_METHODS,
+    smooth: Sequence[str] = ("auto", "cpu"),
+    **model_kwargs: Any,
+) -> dict[str, Any]:
+    """A user's int8 export of the pretrained-like ViT calibrated on augmented crops of a few photos, and what
+    each remedy for its outlier channels does, on the same footing.
+
+    ``crops`` augmentations (:func:`augmented_crops`) of ``photos`` smooth images are the ``.npy``
+    ``calibration_data`` of ``export_model(dtype="int8")`` (its defaults: a quarter held out, ``auto``: half
+    choose, half gate), once per placement x ModelOpt calibration method, with ``min_cosine=0`` so that every row
+    is measured (``default gate`` says what the default gate would have done); NNCF's ``TRANSFORMER`` scheme
+    (SmoothQuant, per-channel weights) on the OpenVINO model of the same fp32 ONNX is one more row. Each is
+    measured on the photos themselves (un-augmented), on ``unrelated`` other images and on 64 further crops, and
+    timed on ONNX Runtime and OpenVINO (:func:`speeds`).
+    """
+    load_start = list(os.getloadavg())
+    model = models.convert_to_belief2(pretrained_like_vit(**model_kwargs))
+    config = model.attnzoo_config
+    size = int(config["img_size"])
+    mean, std = config.get("mean", DEFAULT_MEAN), config.get("std", DEFAULT_STD)
+    originals = smooth_images(photos, size, seed=2)
+    sets = {
+        "originals": normalize(originals, mean, std),
+        "unrelated": normalize(smooth_images(unrelated, size, seed=1), mean, std),
+        "further_crops": normalize(augmented_crops(originals, 64, seed=1), mean, std),
+    }
+    calibration = out / "crops.npy"
+    np.save(calibration, normalize(augmented_crops(originals, crops, seed=0), mean, std))
+    fp32 = export.export_model(model=model, out=out / "fp32.onnx", batch_sizes=(1,))
+    refs = {k: quantize.onnx_outputs(fp32.path, x, None) for k, x in sets.items()}
+    rows: list[dict[str, Any]] = []
+    files: dict[str, Path] = {"fp32": fp32.path}
+    arr = np.load(calibration)
+    held = min(quantize.DEFAULT_FIDELITY_COUNT, len(arr) // 4)  # export_model's split of a .npy
+    tried = [(p, m, False) for p in placements for m in methods] + [(p, methods[0], True) for p in smooth]
+    for placement, method, smoothed in tried:
+        key = f"{placement}/{method}" + (" + SmoothQuant" if smoothed else "")
+        path = out / f"int8-{placement}-{method}{'-smooth' if smoothed else ''}.onnx"
+        start = time.perf_counter()
+        saved = quantize.CALIBRATION_METHODS["int8"]
+        quantize.CALIBRATION_METHODS["int8"] = method
+        try:
+            if smoothed:  # export_model's defaults, through the Python API's smooth_quant option
+                report = quantize.quantize_verified(
+                    fp32.path,
+                    path,
+                    config,
+                    dtype="int8",
+                    calibration=arr[: len(arr) - held],
+                    held_out=arr[len(arr) - held :],
+                    measure_accuracy=False,
+                    min_cosine=0.0,
+                    placement=placement,
+                    smooth_quant=True,
+                )
+            else:
+                report = export.export_model(
+                    model=model,
+                    out=path,
+                    dtype="int8",
+                    batch_sizes=(1,),
+                    qdq_placement=placement,
+                    calibration_data=calibration,
+                    min_cosine=0.0,
+                ).report
+        except export.ExportError as exc:
+            rows.append({"remedy": key, "refused": str(exc).splitlines()[0]})
+            continue
+        finally:
+            quantize.CALIBRATION_METHODS["int8"] = saved
+        fid, q = report["fidelity"], report["quantization"]
+        auto = q["options"].get("auto") or {}
+        worst = {
+            k: float(quantize.per_input_fidelity(refs[k], quantize.onnx_outputs(path, x, None))[0].min())
+            for k, x in sets.items()
+        }
+        files[key] = path
+        rows.append(
+            {
+                "remedy": key,
+                "placement": placement,
+                "calibration_method": method,
+                "export_s": round(time.perf_counter() - start, 1),
+                "split": fid["split"],
+                "gate_worst": fid["cosine"]["min"],
+                "default_gate_passes": bool(
+                    fid["cosine"]["min"] >= quantize.DEFAULT_MIN_COSINE
+                    and (placement != "auto" or auto.get("promised"))
+                ),
+                "worst": worst,
+                "quantize_linear": q["qdq"]["quantize_linear"],
+                "auto_kept_fp32": [g for g, d in auto.get("groups", {}).items() if not d["quantized"]],
+                "smooth_quant_migrated": (q["options"].get("smooth_quant") or {}).get("migrated"),
+            }
+        )
+    nncf_row: dict[str, Any] = {"remedy": "nncf transformer (SmoothQuant), OpenVINO"}
+    try:
+        ir = out / "int8-nncf.xml"
+        nncf_report = ov.nncf_int8(
+            fp32.path,
+            ir,
+            np.load(calibration),
+            ignored=quantize.extra_math_nodes(onnx.load(str(fp32.path)), config),
+        )
+        ov_refs = {k: _openvino_outputs(fp32.path, x) for k, x in sets.items()}
+        nncf_row.update(
+            placement="nncf",
+            calibration_method="nncf default (min-max, SmoothQuant alpha for TRANSFORMER)",
+            fake_quantize=nncf_report["fake_quantize"],
+            worst={
+                k: float(quantize.per_input_fidelity(ov_refs[k], _openvino_outputs(ir, x))[0].min())
+                for k, x in sets.items()
+            },
+        )
+    except Exception as exc:  # noqa: BLE001 - a quantizer that cannot run here is a result, stated
+        nncf_row["refused"] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    rows.append(nncf_row)
+    x = np.random.default_rng(1).standard_normal((1, 3, size, size)).astype(np.float32)
+    speed = speeds(files, x, runs)
+    for row in rows:
+        if row["remedy"] in files:
+            row["speed"] = {rt: s.get(row["remedy"], s) for rt, s in speed.items()}
+    if "refused" not in nncf_row:
+        ov_speed = _interleaved_ms(
+            {
+                "fp32": (lambda c: lambda: c(x))(_ov_compiled(fp32.path)),
+                "nncf": (lambda c: lambda: c(x))(_ov_compiled(out / "int8-nncf.xml")),
+            },
+            runs,
+        )
+        ref = np.array(ov_speed["fp32"])
+        nncf_row["speed"] = {
+            "openvino": {
+                "ms": float(np.median(ov_speed["nncf"])),
+                "speedup": float(np.median(ref / np.array(ov_speed["nncf"]))),
+            }
+        }
+    load_end = list(os.getloadavg())
+    return {
+        "command": "python -m attnzoo.studies.int8_fidelity " + " ".join(sys.argv[1:]),
+        "remedies": True,
+        "cpu": cpu_info(),
+        "versions": _versions(),
+        "model": {**model_kwargs, "config": config},
+        "calibration": f"a .npy of {crops} augmented crops of {photos} smooth images (flip, shift <= 4 px, "
+        "brightness x0.8-1.2, noise sd 4; export defaults: a quarter held out, auto: half choose, half gate)",
+        "inputs": {
+            "originals": f"the {photos} images themselves, un-augmented",
+            "unrelated": f"{unrelated} other smooth images (seed 1)",
+            "further_crops": "64 further augmented crops of the same images (seed 1)",
+        },
+        "fp32_speed": {rt: s.get("fp32", s) for rt, s in speed.items()},
+        "load_average": {"start": load_start, "end": load_end},
+        "contended": contended(load_start, load_end, 1),
+        "rows": rows,
+    }
+
+
+def remedies_markdown(result: Mapping[str, Any]) -> str:
+    """The remedies table: placement x calibration method -> worst cosine on each kind of input, gate, speed."""
+    lines = [
+        cpu_line(result["cpu"]),
+        "",
+        f"Command: `{result['command']}`; calibration: {result['calibration']}; load average "
+        f"{result['load_average']['start'][0]:.2f} -> {result['load_average']['end'][0]:.2f}"
+        + (" (contended)" if result["contended"] else ""),
+        "",
+        "| placement / calibration | worst cosine: clean originals | unrelated images | further crops | "
+        "export's gate worst (default gate) | Q/DQ pairs | ORT int8 ms (x fp32) | OpenVINO int8 ms (x fp32) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        if "refused" in r:
+            lines.append(f"| {r['remedy']} | refused: {r['refused']} | | | | | | |")
+            continue
+        w, sp = r["worst"], r.get("speed", {})
+        cells = [
+            f"{sp[rt]['ms']:.2f} ({sp[rt]['speedup']:.2f}x)" if "ms" in sp.get(rt, {}) else "-"
+            for rt in ("onnxruntime", "openvino")
+        ]
+        gate = (
+            f"{r['gate_worst']:.4f} ({'passes' if r['default_gate_passes'] else 'refused'})"
+            if "gate_worst" in r
+            else "-"
+        )
+        lines.append(
+            f"| {r['remedy']} | {w['originals']:.4f} | {w['unrelated']:.4f} | {w['further_crops']:.4f} | {gate} | "
+            f"{r.get('quantize_linear', r.get('fake_quantize', '-'))} | {cells[0]} | {cells[1]} |"
+        )
+    fp = result["fp32_speed"]
+    lines += [
+        "",
+        "fp32: ONNX Runtime "
+        + (f"{fp['onnxruntime']['ms']:.2f} ms" if "ms" in fp["onnxruntime"] else "-")
+        + ", OpenVINO "
+        + (f"{fp['openvino']['ms']:.2f} ms" if "ms" in fp.get("openvino", {}) else "-")
+        + " (one thread, batch 1, median of interleaved runs)",
+    ]
+    return "\n".join(lines)
 
 
 def cpu_line(cpu: Mapping[str, Any]) -> str:
@@ -570,11 +830,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="print the markdown of an earlier results.json or zoo-accuracy.json and run nothing",
     )
-    p.add_argument("--img-size", type=int, default=64)
+    p.add_argument("--img-size", type=int, default=None, help="default 64 (--remedies: 32)")
     p.add_argument("--patch-size", type=int, default=8)
-    p.add_argument("--embed-dim", type=int, default=192)
-    p.add_argument("--depth", type=int, default=6)
+    p.add_argument("--embed-dim", type=int, default=None, help="default 192 (--remedies: 96)")
+    p.add_argument("--depth", type=int, default=None, help="default 6 (--remedies: 4)")
     p.add_argument("--num-heads", type=int, default=3)
+    p.add_argument(
+        "--ln-outlier",
+        type=float,
+        default=None,
+        help="gain of the LayerNorm outputs' outlier channels (pretrained_like_vit; default 1, --remedies: 30)",
+    )
     p.add_argument("--images", type=int, default=256, help="images in the calibration folder (a quarter held out)")
     p.add_argument("--further", type=int, default=512, help="further images, never seen by the export")
     p.add_argument("--runs", type=int, default=40, help="interleaved timed runs per model and runtime")
@@ -592,6 +858,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="instead: export the zoo's models (VARIANT:TASK,... or cls, seg, all) to int8 with each of "
         f"{', '.join(ZOO_PLACEMENTS)} and record their accuracy gate (zoo-accuracy.json / .md)",
     )
+    p.add_argument(
+        "--remedies",
+        action="store_true",
+        help="instead: calibrate on augmented crops of 3 images and measure each outlier remedy (placement x "
+        "calibration method, NNCF's SmoothQuant) on the clean images, unrelated ones and further crops "
+        "(remedies.json / .md; the stand-in is 32 px, width 96, depth 4 unless given)",
+    )
     p.add_argument("--data", default="fashion", help="the zoo's data set for --zoo-accuracy (default fashion)")
     p.add_argument(
         "--name",
@@ -604,7 +877,16 @@ def build_parser() -> argparse.ArgumentParser:
 @entry_point
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if reprint(args.table, lambda r: zoo_accuracy_markdown(r) if "zoo_accuracy" in r else markdown(r)):
+    if reprint(
+        args.table,
+        lambda r: (
+            zoo_accuracy_markdown(r)
+            if "zoo_accuracy" in r
+            else remedies_markdown(r)
+            if "remedies" in r
+            else markdown(r)
+        ),
+    ):
         return 0
     if not args.name or "/" in args.name or args.name.startswith("."):
         raise UsageError(f"--name: a plain file name, got {args.name!r}")
@@ -634,6 +916,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                 atomic_write_text(out / f"{args.name}.md", zoo_accuracy_markdown(result) + "\n")
         print(zoo_accuracy_markdown(result))
         return 0 if all(r.get("passed") for r in rows) else 1
+    if args.remedies:
+        with tempfile.TemporaryDirectory(prefix="attnzoo-int8-remedies-") as work:
+            result = remedies(
+                Path(work),
+                runs=args.runs,
+                img_size=args.img_size or 32,
+                patch_size=args.patch_size,
+                embed_dim=args.embed_dim or 96,
+                depth=args.depth or 4,
+                num_heads=args.num_heads,
+                ln_outlier=30.0 if args.ln_outlier is None else args.ln_outlier,
+            )
+        atomic_write_text(out / "remedies.json", json.dumps(result, indent=2) + "\n")
+        atomic_write_text(out / "remedies.md", remedies_markdown(result) + "\n")
+        print(remedies_markdown(result))
+        return 0
     if args.zoo:
         rows = [zoo_drift(*item.split(":")) for item in args.zoo.split(",")]
         atomic_write_text(
@@ -648,11 +946,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="attnzoo-int8-fidelity-") as work:
         result = measure(
             Path(work),
-            img_size=args.img_size,
+            img_size=args.img_size or 64,
             patch_size=args.patch_size,
-            embed_dim=args.embed_dim,
-            depth=args.depth,
+            embed_dim=args.embed_dim or 192,
+            depth=args.depth or 6,
             num_heads=args.num_heads,
+            ln_outlier=1.0 if args.ln_outlier is None else args.ln_outlier,
             images=args.images,
             further=args.further,
             runs=args.runs,

@@ -41,12 +41,15 @@ from .calibration import (
 from .fidelity import (
     DEFAULT_MIN_COSINE,
     FIRM_GATE_INPUTS,
+    NEAR_COPY_SIMILARITY,
     PROMISE_CONFIDENCE,
     PROMISE_COVERAGE,
     onnx_outputs,
     output_agreement,
     per_input_fidelity,
+    pixel_similarity,
     promised_cosine,
+    related_inputs,
     tolerance_factor,
 )
 from .fp8 import simulate_fp8
@@ -73,6 +76,7 @@ from .qdq import (
     qdq_summary,
 )
 from .report import QuantizationReport, QuantizeReport, read_quantization_report, summary, write_report
+from .smooth import smooth_layernorm_matmuls
 from .verified import AccuracyDropError, FidelityError, QuantizationCheckError, evaluate_onnx, quantize_verified
 
 __all__ = [
@@ -92,6 +96,10 @@ __all__ = [
     "output_agreement",
     "per_input_fidelity",
     "onnx_outputs",
+    "NEAR_COPY_SIMILARITY",
+    "pixel_similarity",
+    "related_inputs",
+    "smooth_layernorm_matmuls",
     "tolerance_factor",
     "promised_cosine",
     "qdq_groups",

@@ -68,6 +68,9 @@ class QuantizeOptions:
         progress: Show progress bars on stderr.
         fp32_kept: ``False`` when the fp32 graph is a temporary file (``export-model --dtype int8``): the report
             records its SHA-256 and verification report, not a path that will not exist.
+        smooth_quant: Migrate the outlier channels of LayerNorm outputs into the MatMul weights they feed before
+            calibrating (:func:`attnzoo.export.quantize.smooth.smooth_layernorm_matmuls`, SmoothQuant); the
+            fidelity is measured against the original fp32 graph. Off by default (measured: docs/quantization.md).
     """
 
     dtype: str
@@ -90,6 +93,7 @@ class QuantizeOptions:
     threads: int | None = None
     progress: bool = False
     fp32_kept: bool = True
+    smooth_quant: bool = False
 
     def with_calibration(self, calibration: Calibration, **changes: Any) -> QuantizeOptions:
         """These options with the inputs :func:`calibration_for` drew (scored only when they are labelled) and

@@ -80,6 +80,14 @@ def summary(report: Mapping[str, Any]) -> str:
             f"agreement {fid['top1_agreement']:.1%}"
         )
         line += f", top-5 overlap {fid['top5_overlap']:.1%}" if "top5_overlap" in fid else ""
+        related = fid.get("related") or {}
+        if related.get("near_copies"):
+            worst = related["worst"]
+            line += (
+                f"; of them {related['near_copies']} near-copies of calibration inputs (worst "
+                f"{worst['near_copies']:.4f}), {related['distinct']} distinct"
+                + (f" (worst {worst['distinct']:.4f})" if "distinct" in worst else "")
+            )
         lines.append(line + (f" [WEAK: {fid['weak']}]" if fid.get("weak") else ""))
     for warning in report.get("warnings", []):
         lines.append(f"  warning: {warning}")

@@ -4,6 +4,7 @@ fp32, and only then write it with its report (:func:`quantize_verified`)."""
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -41,6 +42,7 @@ from .qdq import (
     qdq_summary,
 )
 from .report import QuantizationReport, write_report
+from .smooth import layernorm_outliers, outlier_note, smooth_layernorm_matmuls
 
 __all__ = ["AccuracyDropError", "QuantizationCheckError", "FidelityError", "evaluate_onnx", "quantize_verified"]
 
@@ -174,9 +176,14 @@ def quantize_verified(
         else (held_out[:0], held_out)
     )
     run = simulate_fp8 if dtype == "fp8" else (lambda p: p)
-    with atomic_path(out) as tmp:
+    with atomic_path(out) as tmp, tempfile.TemporaryDirectory(prefix="attnzoo-smooth-") as work:
+        source, smoothing = fp32_onnx, None
+        if o.smooth_quant:  # calibrated on the migrated graph; measured against the original fp32 one
+            migrated, smoothing = smooth_layernorm_matmuls(src, calibration, exclude=extra, threads=threads)
+            source = Path(work) / "smoothed.onnx"
+            onnx.save(migrated, str(source))
         q = quantize_onnx(
-            fp32_onnx,
+            source,
             tmp,
             dtype=dtype,
             calibration=calibration,
@@ -186,6 +193,8 @@ def quantize_verified(
             extra_nodes=extra,
             placement=TENSORRT_QDQ_PLACEMENT if placement == AUTO_QDQ_PLACEMENT else placement,
         )
+        if smoothing is not None:
+            q.options["smooth_quant"] = smoothing
         proto = onnx.load(str(tmp))
         decision: dict[str, Any] = {}
         if placement == AUTO_QDQ_PLACEMENT:
@@ -226,6 +235,7 @@ def quantize_verified(
             }
             tried = {label: decision[key] for label, key in named.items() if key in decision}
             best = max(tried, key=lambda label: tried[label]["promised"], default=None)
+            note = outlier_note(layernorm_outliers(src, calibration, exclude=extra, threads=threads))
             failures.append(
                 f"no Q/DQ placement promises a cosine to fp32 >= {gate:g} on inputs like the {len(choose)} "
                 f"choosing one(s)"
@@ -234,6 +244,7 @@ def quantize_verified(
                     if best
                     else ""
                 )
+                + (f"; {note}" if note else "")
                 + "; calibrate on more images like the model's inputs (--calibration-data DIR) or lower "
                 "--min-cosine"
             )
@@ -254,7 +265,20 @@ def quantize_verified(
             failures.append(f"input batch dimension is {dim.dim_param or dim.dim_value!r}, not {BATCH_DIM!r}")
         fidelity, blocks = None, None
         if len(failures) == int(unpromised):  # the other checks passed: measured, also to say why auto refused
-            fidelity = _fidelity(proto, runnable, fp32_onnx, check, config["task"], gate, placement, run, threads)
+            fidelity = _fidelity(
+                proto,
+                runnable,
+                fp32_onnx,
+                check,
+                config["task"],
+                gate,
+                placement,
+                run,
+                threads,
+                None if o.measure_accuracy else calibration,  # the promise of a model its test split does not score
+            )
+            if (fidelity.get("related") or {}).get("warning"):
+                notes.append(fidelity["related"]["warning"])
             fidelity.update(
                 source=held_source,
                 warnings=notes,
