@@ -273,6 +273,7 @@ class OpenVINOFormat(ExportFormat):
                 "checkpoint_sha256": source.checkpoint_sha256,
                 "source_onnx": {
                     "sha256": onnx_report["sha256"],
+                    "export_time_s": onnx_report.get("export_time_s"),
                     "opset": onnx_report["opset"],
                     "num_nodes": onnx_report["num_nodes"],
                     "parity_max_abs_err": onnx_report["parity"]["max_abs_err"],
@@ -371,7 +372,8 @@ def summary(report: dict[str, Any], path: Path | None = None) -> str:
     head = (
         f"{report['path']}: {report['variant']} {report['task']} {report['arch']} {report['dtype']} OpenVINO IR "
         f"{report['openvino']}, {report['num_ops']} ops (weight constants {weights}), {report['file_size'] / 1e6:.2f} "
-        f"MB .xml+.bin, convert {report['convert_time_s']:.1f} s"
+        f"MB .xml+.bin, ONNX export {report['source_onnx']['export_time_s'] or 0:.1f} s + convert "
+        f"{report['convert_time_s']:.1f} s"
     )
     batches = f"dynamic batch, traced at {report['trace_batch']}"
     lines = [head, *verdict_lines(report, report["parity"]["runtime"], batches)]
