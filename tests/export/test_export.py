@@ -714,10 +714,17 @@ def test_the_builtin_formats_are_parts():
     from attnzoo.export.formats import ExportFormat, formats, get_format, register_format
     from attnzoo.export.pipeline import FORMATS, SUFFIXES
 
-    assert FORMATS == ("aoti", "onnx", "tensorrt", "triton") == tuple(formats())
-    assert SUFFIXES == {"aoti": (".pt2",), "onnx": (".onnx",), "tensorrt": (".engine", ".plan"), "triton": ()}
+    assert FORMATS == ("aoti", "executorch", "onnx", "openvino", "tensorrt", "triton") == tuple(formats())
+    assert SUFFIXES == {
+        "aoti": (".pt2",),
+        "executorch": (".pte",),
+        "onnx": (".onnx",),
+        "openvino": (".xml",),
+        "tensorrt": (".engine", ".plan"),
+        "triton": (),
+    }
     assert all(isinstance(part, ExportFormat) for part in formats().values())
-    with pytest.raises(ValueError, match="valid: aoti, onnx, tensorrt, triton"):
+    with pytest.raises(ValueError, match="valid: aoti, executorch, onnx, openvino, tensorrt, triton"):
         get_format("zip")
     with pytest.raises(ValueError, match="already registered"):
         register_format(get_format("onnx"))
@@ -731,9 +738,9 @@ def test_a_new_format_is_one_file_checked_before_any_work(tar_format, tmp_path, 
     from attnzoo.export.formats import formats
     from attnzoo.export.pipeline import output_format
 
-    assert list(formats()) == ["aoti", "onnx", "tar", "tensorrt", "triton"]  # in module-name order
+    assert list(formats()) == ["aoti", "executorch", "onnx", "openvino", "tar", "tensorrt", "triton"]  # module order
     assert output_format(None, tmp_path / "m.tar") == "tar" and output_format("tar", None) == "tar"
-    with pytest.raises(UsageError, match=r"\.onnx \(ONNX\) or \.tar \(tar archive\) or \.engine \(TensorRT engine\)"):
+    with pytest.raises(UsageError, match=r"\(ONNX\) or \.xml \(OpenVINO IR\) or \.tar \(tar archive\) or \.engine \("):
         output_format(None, tmp_path / "m.zip")
     with pytest.raises(UsageError, match="names a tar archive but --format is onnx; use --out .*m.onnx"):
         output_format("onnx", tmp_path / "m.tar")
