@@ -20,7 +20,6 @@ from attnzoo.limits import MAX_ONNX_BYTES, check_side
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, INPUT_STYLES, input_style_of
 
 onnx = lazy_import("onnx")
-ov = lazy_import("openvino")
 checkpoint = lazy_import("attnzoo.models.checkpoint")  # torch and timm: the runtime imports without them
 
 __all__ = [
@@ -42,11 +41,11 @@ IR_RT_INFO = "attnzoo"
 
 
 def _ir_props(path: Path) -> dict[str, str]:
-    """The :data:`IR_RT_INFO` entries of an OpenVINO IR ``.xml`` (read by OpenVINO with its ``.bin``)."""
-    try:
-        model = ov.Core().read_model(str(path))
-    except RuntimeError as exc:  # OpenVINO's message: a source location first, the reason last
-        raise ValueError(f"{path.name}: OpenVINO cannot read it: {str(exc).strip().splitlines()[-1]}") from None
+    """The :data:`IR_RT_INFO` entries of an OpenVINO IR ``.xml`` (read by OpenVINO with its ``.bin``; ``ValueError``
+    naming the file when OpenVINO cannot read it)."""
+    from . import openvino  # imports this module: read at the first IR
+
+    model = openvino.read_onnx(path)
     if not model.has_rt_info([IR_RT_INFO]):
         return {}
     return {str(k): str(v.astype(str)) for k, v in model.get_rt_info()[IR_RT_INFO].items()}

@@ -200,3 +200,9 @@ def test_every_variant_is_written_as_a_verified_ir_or_its_refused_op_is_reported
         outcomes[variant] = "verified"
     assert set(outcomes) == set(VARIANT_NAMES) and len(outcomes) == 15
     print(json.dumps(outcomes, indent=1))
+
+
+def test_an_ir_the_contract_cannot_read_is_refused_in_one_line(tmp_path):
+    (tmp_path / "m.xml").write_text("<net>broken")
+    with pytest.raises(ValueError, match=r"^m.xml: OpenVINO cannot read it: "):
+        ModelContract.from_onnx(tmp_path / "m.xml")
