@@ -76,6 +76,8 @@ __all__ = [
     "augmented_crops",
     "remedies",
     "remedies_markdown",
+    "zoo_outliers",
+    "zoo_outliers_markdown",
     "main",
 ]
 
@@ -386,9 +388,10 @@ def remedies(
     each remedy for its outlier channels does, on the same footing.
 
     ``crops`` augmentations (:func:`augmented_crops`) of ``photos`` smooth images are the ``.npy``
-    ``calibration_data`` of ``export_model(dtype="int8")`` (its defaults: a quarter held out, ``auto``: half
-    choose, half gate), once per placement x ModelOpt calibration method, with ``min_cosine=0`` so that every row
-    is measured (``default gate`` says what the default gate would have done); NNCF's ``TRANSFORMER`` scheme
+    ``calibration_data`` of ``export_model(dtype="int8")`` with every default (the first row); then the same split
+    (a quarter held out, ``auto``: half choose, half gate) through ``quantize_verified`` once per placement x
+    ModelOpt calibration method without SmoothQuant, and with it for ``smooth``, with ``min_cosine=0`` so that
+    every row is measured (``default gate`` says what the default gate would have done); NNCF's ``TRANSFORMER`` scheme
     (SmoothQuant, per-channel weights) on the OpenVINO model of the same fp32 ONNX is one more row. Each is
     measured on the photos themselves (un-augmented), on ``unrelated`` other images and on 64 further crops, and
     timed on ONNX Runtime and OpenVINO (:func:`speeds`).
@@ -412,15 +415,21 @@ def remedies(
     files: dict[str, Path] = {"fp32": fp32.path}
     arr = np.load(calibration)
     held = min(quantize.DEFAULT_FIDELITY_COUNT, len(arr) // 4)  # export_model's split of a .npy
-    tried = [(p, m, False) for p in placements for m in methods] + [(p, methods[0], True) for p in smooth]
-    for placement, method, smoothed in tried:
-        key = f"{placement}/{method}" + (" + SmoothQuant" if smoothed else "")
-        path = out / f"int8-{placement}-{method}{'-smooth' if smoothed else ''}.onnx"
+    defaults = "export_model defaults (auto/entropy, SmoothQuant where outliers, gate 0.99)"
+    tried: list[tuple[str, str, str, bool | None]] = [(defaults, "auto", "entropy", None)]
+    tried += [(f"{p}/{m}", p, m, False) for p in placements for m in methods]
+    tried += [(f"{p}/{methods[0]} + SmoothQuant", p, methods[0], True) for p in smooth]
+    for key, placement, method, smoothed in tried:
+        path = out / f"int8-{len(rows)}.onnx"
         start = time.perf_counter()
         saved = quantize.CALIBRATION_METHODS["int8"]
         quantize.CALIBRATION_METHODS["int8"] = method
         try:
-            if smoothed:  # export_model's defaults, through the Python API's smooth_quant option
+            if smoothed is None:  # every default, the gate on: what a user gets
+                report = export.export_model(
+                    model=model, out=path, dtype="int8", batch_sizes=(1,), calibration_data=calibration
+                ).report
+            else:  # export_model's split of the .npy, the gate off (measured either way), SmoothQuant as asked
                 report = quantize.quantize_verified(
                     fp32.path,
                     path,
@@ -428,23 +437,14 @@ def remedies(
                     dtype="int8",
                     calibration=arr[: len(arr) - held],
                     held_out=arr[len(arr) - held :],
+                    calibration_source=f"--calibration-data {calibration.name}",
                     measure_accuracy=False,
                     min_cosine=0.0,
                     placement=placement,
-                    smooth_quant=True,
+                    smooth_quant=smoothed,
                 )
-            else:
-                report = export.export_model(
-                    model=model,
-                    out=path,
-                    dtype="int8",
-                    batch_sizes=(1,),
-                    qdq_placement=placement,
-                    calibration_data=calibration,
-                    min_cosine=0.0,
-                ).report
         except export.ExportError as exc:
-            rows.append({"remedy": key, "refused": str(exc).splitlines()[0]})
+            rows.append({"remedy": key, "refused": re.sub(r"; see \S+", "", str(exc).splitlines()[0])})
             continue
         finally:
             quantize.CALIBRATION_METHODS["int8"] = saved
@@ -471,6 +471,8 @@ def remedies(
                 "quantize_linear": q["qdq"]["quantize_linear"],
                 "auto_kept_fp32": [g for g, d in auto.get("groups", {}).items() if not d["quantized"]],
                 "smooth_quant_migrated": (q["options"].get("smooth_quant") or {}).get("migrated"),
+                "related": fid.get("related"),
+                "warnings": report.get("warnings", []),
             }
         )
     nncf_row: dict[str, Any] = {"remedy": "nncf transformer (SmoothQuant), OpenVINO"}
@@ -576,6 +578,19 @@ def remedies_markdown(result: Mapping[str, Any]) -> str:
         + (f"{fp['openvino']['ms']:.2f} ms" if "ms" in fp.get("openvino", {}) else "-")
         + " (one thread, batch 1, median of interleaved runs)",
     ]
+    for r in result["rows"]:  # the defaults' report on its gate inputs: near-copies of calibration inputs or not
+        rel = r.get("related") or {}
+        if rel:
+            worst = rel["worst"]
+            lines += [
+                "",
+                f"`{r['remedy']}`: of its {rel['near_copies'] + rel['distinct']} gate inputs, {rel['near_copies']} "
+                f"are near-copies of calibration inputs (worst {worst.get('near_copies', float('nan')):.4f}), "
+                f"{rel['distinct']} distinct"
+                + (f" (worst {worst['distinct']:.4f})" if "distinct" in worst else "")
+                + (f"; the report warns: {rel['warning']}" if rel.get("warning") else ""),
+            ]
+            break
     return "\n".join(lines)
 
 
@@ -754,7 +769,54 @@ def zoo_accuracy(variant: str, task: str, placement: str, data: str) -> dict[str
             "fallback": auto.get("fallback"),
         }
     row["quantize_linear"] = report["quantization"]["qdq"]["quantize_linear"]
+    smooth = report["quantization"]["options"].get("smooth_quant")
+    if smooth is not None:
+        row["smooth_quant"] = {"migrated": smooth["migrated"], "layernorms": len(smooth["layernorms"])}
     return row
+
+
+def zoo_outliers(variant: str, task: str) -> dict[str, Any]:
+    """Whether ``auto``'s SmoothQuant step would move anything in a zoo model: the largest max / median channel
+    range of its LayerNorm outputs that feed MatMuls, on the 512 training images the export calibrates on."""
+    from attnzoo.export.quantize.smooth import SMOOTH_MIN_RATIO, layernorm_outliers
+
+    model, config, sha = export.load_for_export(variant, task)
+    with tempfile.TemporaryDirectory(prefix="attnzoo-zoo-outliers-") as work:
+        fp32 = Path(work) / "fp32.onnx"
+        export.export_verified(model, fp32, config, batch_sizes=(1,), checkpoint_sha256=sha)
+        proto = onnx.load(str(fp32))
+        ratios = layernorm_outliers(
+            proto,
+            quantize.calibration_images(config, quantize.DEFAULT_CALIBRATION_COUNT),
+            exclude=quantize.extra_math_nodes(proto, config),
+        )
+    worst = max(ratios, key=lambda k: ratios[k]) if ratios else None
+    return {
+        "variant": variant,
+        "task": task,
+        "layernorms": len(ratios),
+        "worst_ratio": ratios[worst] if worst else None,
+        "worst_layernorm": worst,
+        "would_migrate": sum(r >= SMOOTH_MIN_RATIO for r in ratios.values()),
+    }
+
+
+def zoo_outliers_markdown(result: Mapping[str, Any]) -> str:
+    """The zoo's LayerNorm outlier ratios: per model, the worst one and how many LayerNorms auto would migrate."""
+    from attnzoo.export.quantize.smooth import SMOOTH_MIN_RATIO
+
+    lines = [
+        cpu_line(result["cpu"]),
+        "",
+        f"Command: `{result['command']}`; a LayerNorm output is migrated from {SMOOTH_MIN_RATIO:g}x",
+        "",
+        "| variant | task | LayerNorms feeding MatMuls | worst max / median channel range | migrated |",
+        "|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        worst = f"{r['worst_ratio']:.1f}x ({r['worst_layernorm']})" if r["worst_layernorm"] else "-"
+        lines.append(f"| {r['variant']} | {r['task']} | {r['layernorms']} | {worst} | {r['would_migrate']} |")
+    return "\n".join(lines)
 
 
 def zoo_accuracy_markdown(result: Mapping[str, Any]) -> str:
@@ -865,6 +927,13 @@ def build_parser() -> argparse.ArgumentParser:
         "calibration method, NNCF's SmoothQuant) on the clean images, unrelated ones and further crops "
         "(remedies.json / .md; the stand-in is 32 px, width 96, depth 4 unless given)",
     )
+    p.add_argument(
+        "--zoo-outliers",
+        default=None,
+        metavar="SELECTION",
+        help="instead: the LayerNorm outputs' outlier ratio of these zoo models (VARIANT:TASK,... or cls, seg, "
+        "all), i.e. whether auto's SmoothQuant step moves anything (zoo-outliers.json / .md)",
+    )
     p.add_argument("--data", default="fashion", help="the zoo's data set for --zoo-accuracy (default fashion)")
     p.add_argument(
         "--name",
@@ -884,6 +953,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if "zoo_accuracy" in r
             else remedies_markdown(r)
             if "remedies" in r
+            else zoo_outliers_markdown(r)
+            if "zoo_outliers" in r
             else markdown(r)
         ),
     ):
@@ -916,6 +987,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 atomic_write_text(out / f"{args.name}.md", zoo_accuracy_markdown(result) + "\n")
         print(zoo_accuracy_markdown(result))
         return 0 if all(r.get("passed") for r in rows) else 1
+    if args.zoo_outliers:
+        selection = _zoo_selection(args.zoo_outliers, args.data)
+        result = {
+            "command": "python -m attnzoo.studies.int8_fidelity " + " ".join(sys.argv[1:] if argv is None else argv),
+            "zoo_outliers": True,
+            "cpu": cpu_info(),
+            "rows": [zoo_outliers(v, t) for v, t in selection],
+        }
+        atomic_write_text(out / "zoo-outliers.json", json.dumps(result, indent=1) + "\n")
+        atomic_write_text(out / "zoo-outliers.md", zoo_outliers_markdown(result) + "\n")
+        print(zoo_outliers_markdown(result))
+        return 0
     if args.remedies:
         with tempfile.TemporaryDirectory(prefix="attnzoo-int8-remedies-") as work:
             result = remedies(

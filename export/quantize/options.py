@@ -70,7 +70,9 @@ class QuantizeOptions:
             records its SHA-256 and verification report, not a path that will not exist.
         smooth_quant: Migrate the outlier channels of LayerNorm outputs into the MatMul weights they feed before
             calibrating (:func:`attnzoo.export.quantize.smooth.smooth_layernorm_matmuls`, SmoothQuant); the
-            fidelity is measured against the original fp32 graph. Off by default (measured: docs/quantization.md).
+            fidelity is measured against the original fp32 graph; only LayerNorm outputs with an outlier channel
+            move. ``None``: on for int8 with the ``auto`` placement, off otherwise (measured:
+            docs/quantization.md).
     """
 
     dtype: str
@@ -93,7 +95,7 @@ class QuantizeOptions:
     threads: int | None = None
     progress: bool = False
     fp32_kept: bool = True
-    smooth_quant: bool = False
+    smooth_quant: bool | None = None
 
     def with_calibration(self, calibration: Calibration, **changes: Any) -> QuantizeOptions:
         """These options with the inputs :func:`calibration_for` drew (scored only when they are labelled) and

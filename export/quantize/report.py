@@ -68,6 +68,13 @@ def summary(report: Mapping[str, Any]) -> str:
             f"promised cosine {chosen.get('promised', 0.0):.4f} on {auto['selection_inputs']} choosing inputs"
             + (f"; kept fp32 (time in fp32 / quantized, ONNX Runtime CPU): {', '.join(named)}" if kept else "")
         )
+    smooth = q["options"].get("smooth_quant") or {}
+    if smooth.get("migrated"):
+        lines.append(
+            f"  SmoothQuant: {smooth['migrated']} of {len(smooth['layernorms'])} LayerNorm outputs had an outlier "
+            f"channel (>= {smooth['min_ratio']:g}x the median range), migrated into the MatMul weights they feed "
+            f"(alpha {smooth['alpha']:g}) before calibrating"
+        )
     fid = report.get("fidelity")
     if fid:
         split = fid.get("split", {})

@@ -178,10 +178,12 @@ def quantize_verified(
     run = simulate_fp8 if dtype == "fp8" else (lambda p: p)
     with atomic_path(out) as tmp, tempfile.TemporaryDirectory(prefix="attnzoo-smooth-") as work:
         source, smoothing = fp32_onnx, None
-        if o.smooth_quant:  # calibrated on the migrated graph; measured against the original fp32 one
+        smooth = o.smooth_quant if o.smooth_quant is not None else placement == AUTO_QDQ_PLACEMENT and dtype == "int8"
+        if smooth:  # calibrated on the migrated graph; measured against the original fp32 one
             migrated, smoothing = smooth_layernorm_matmuls(src, calibration, exclude=extra, threads=threads)
-            source = Path(work) / "smoothed.onnx"
-            onnx.save(migrated, str(source))
+            if smoothing["migrated"]:  # no outlier channel: the graph as it was
+                source = Path(work) / "smoothed.onnx"
+                onnx.save(migrated, str(source))
         q = quantize_onnx(
             source,
             tmp,
