@@ -5,9 +5,10 @@ Block outputs are read through the module scopes the exported graph keeps in its
 (``blocks.N/<Op>``, ``encoder.blocks.N/...`` in a Segmenter, :func:`attnzoo.export.check.block_prefix`): block
 N's output is the last tensor produced inside scope ``blocks.N`` that a node outside every block, or of a later
 block, reads (the block's final residual ``Add``). Only those tensors, one per block, are added as outputs of an
-in-memory copy of the graph, which ONNX Runtime's CPU session (:meth:`ORT_CPU.session`) runs once on a few inputs;
-nothing else is marked. The reference is the eager model's block outputs (forward hooks on each block) for fp32 and
-fp16 exports, and the verified fp32 graph's own tensors of the same names for int8 / fp8 Q/DQ graphs.
+in-memory copy of the graph, which ONNX Runtime's CPU session (:meth:`ORT_CPU.session`) runs once on a few inputs
+(the verification's smallest batch, whose eager block outputs its own forward kept); nothing else is marked.
+The reference is the eager model's block outputs (forward hooks on each block) for fp32 and fp16 exports, and the
+verified fp32 graph's own tensors of the same names for int8 / fp8 Q/DQ graphs.
 
 Per block: ``max_abs_err`` (``max |out - ref|``), ``rel_err`` (that over ``max(1, max |ref|)``, the measure of
 :data:`attnzoo.runtime.parity.TOLERANCES`) and ``cosine`` (the outputs flattened). A block is over the tolerance
@@ -44,6 +45,7 @@ from .check import block_prefix
 __all__ = [
     "DIVERGENCE_INPUTS",
     "block_output_names",
+    "BlockRecorder",
     "eager_block_outputs",
     "block_errors",
     "first_over",
@@ -53,7 +55,8 @@ __all__ = [
     "verdict",
 ]
 
-#: Inputs of the one extra ONNX Runtime run (half real, half random, as the verification's).
+#: Inputs of an int8 / fp8 graph's comparison: the first held-out inputs of its fidelity gate. (An fp32 / fp16
+#: export's are the verification's own smallest batch, one real and one random input: :class:`BlockRecorder`.)
 DIVERGENCE_INPUTS = 4
 #: Ops whose outputs are not compared inside a block: they only move or hold data.
 _SKIP_OPS = ("Constant", "Shape", "QuantizeLinear", "DequantizeLinear")
@@ -150,6 +153,11 @@ def _run(proto: onnx.ModelProto, names: Sequence[str], x: np.ndarray, threads: i
 
 def _hooked(model: nn.Module, names: Sequence[str], x: np.ndarray) -> dict[str, np.ndarray]:
     """The outputs of ``model``'s sub-modules ``names`` (those that return one tensor) on ``x``, fp32 eager."""
+    return _forward(model, names, x)[1]
+
+
+def _forward(model: nn.Module, names: Sequence[str], x: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """``model``'s output on ``x`` and the outputs of its sub-modules ``names`` (those returning one tensor)."""
     got: dict[str, np.ndarray] = {}
     handles = []
     modules = dict(model.named_modules())
@@ -163,11 +171,41 @@ def _hooked(model: nn.Module, names: Sequence[str], x: np.ndarray) -> dict[str, 
             handles.append(modules[name].register_forward_hook(hook))
     try:
         with torch.no_grad():
-            model(torch.from_numpy(np.ascontiguousarray(x)))
+            out = model(torch.from_numpy(np.ascontiguousarray(x)))
     finally:
         for h in handles:
             h.remove()
-    return got
+    return out.numpy(), got
+
+
+class BlockRecorder:
+    """Runs the eager model as the verification does and keeps each block's output on the way (forward hooks), so
+    that the per-block comparison reuses the parity's own eager forward: calling it returns the logits, and
+    :attr:`inputs` / :attr:`blocks` are then every input it ran and each block's output on them."""
+
+    def __init__(self, model: nn.Module, prefix: str) -> None:
+        self.model, self.prefix = model, prefix
+        try:
+            depth = len(model.get_submodule(prefix))  # type: ignore[arg-type]
+        except (AttributeError, TypeError):  # no block list there: nothing recorded, the report says so
+            depth = 0
+        self.names = [f"{prefix}.{i}" for i in range(depth)]
+        self._inputs: list[np.ndarray] = []
+        self._blocks: list[list[np.ndarray]] = []
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        logits, got = _forward(self.model, self.names, x)
+        self._inputs.append(x)
+        self._blocks.append([got[n] for n in self.names])
+        return logits
+
+    @property
+    def inputs(self) -> np.ndarray:
+        return np.concatenate(self._inputs)
+
+    @property
+    def blocks(self) -> list[np.ndarray]:
+        return [np.concatenate([run[i] for run in self._blocks]) for i in range(len(self.names))]
 
 
 def eager_block_outputs(model: nn.Module, x: np.ndarray, prefix: str | None = None) -> list[np.ndarray]:
@@ -262,12 +300,14 @@ def divergence_vs_eager(
     x: np.ndarray,
     dtype: str,
     threads: int | None = None,
+    refs: Sequence[np.ndarray] | None = None,
 ) -> dict[str, Any]:
     """Block errors of the ONNX graph ``proto`` (fp32 or fp16) against the eager fp32 ``model`` on ``x``, under
-    ``TOLERANCES[dtype]``; in the first block over it, the module scopes' errors and the worst op."""
+    ``TOLERANCES[dtype]``; in the first block over it, the module scopes' errors and the worst op. ``refs``: the
+    eager block outputs on ``x`` when already computed (:class:`BlockRecorder`)."""
     prefix = block_prefix(dict(config))
     names = block_output_names(proto, prefix)
-    refs = eager_block_outputs(model, x, prefix)
+    refs = list(refs) if refs is not None else eager_block_outputs(model, x, prefix)
     if not names or len(names) != len(refs) or not all(names):
         return not_exposed(
             f"the graph's {prefix}.N scopes name {len(names)} block output(s), the model has {len(refs)}"

@@ -35,7 +35,7 @@ from attnzoo.runtime.sessions import read_report, verification_problem
 
 from . import divergence
 from . import onnx_export as onnx_export_module
-from .check import check_extra_math
+from .check import block_prefix, check_extra_math
 from .errors import ExportError
 from .onnx_export import export_onnx, op_histogram
 
@@ -83,10 +83,9 @@ def _inputs(config: Mapping[str, Any], hw: tuple[int, int], n: int, seed: int) -
 
 
 def divergence_inputs(config: Mapping[str, Any], hw: tuple[int, int], seed: int = 0) -> np.ndarray:
-    """The inputs of the per-block comparison (:mod:`attnzoo.export.divergence`): the first half of
-    :data:`~attnzoo.export.divergence.DIVERGENCE_INPUTS` real, the rest random, as the verification's."""
-    half = divergence.DIVERGENCE_INPUTS // 2
-    data = _inputs(config, hw, half, seed)
+    """One real and one random input, as the verification's smallest batch (:func:`_inputs`), for a per-block
+    comparison run outside the verification (:mod:`attnzoo.export.divergence`)."""
+    data = _inputs(config, hw, 1, seed)
     return np.concatenate([data["real"], data["random"]])
 
 
@@ -94,15 +93,16 @@ def _divergence(
     model: nn.Module,
     proto: onnx.ModelProto,
     config: Mapping[str, Any],
-    hw: Sequence[int],
     dtype: str,
     threads: int | None,
+    record: divergence.BlockRecorder,
 ) -> dict[str, Any]:
-    """The report's ``divergence`` entry; a graph whose blocks cannot be read says why instead (the figures
-    explain a verdict, they are not one)."""
+    """The report's ``divergence`` entry, on the inputs the parity's smallest batch ran (``record`` kept their
+    eager block outputs); a graph whose blocks cannot be read says why instead (the figures explain a verdict,
+    they are not one)."""
     try:
-        x = divergence_inputs(config, (int(hw[0]), int(hw[1])))
-        return divergence.divergence_vs_eager(model, proto, config, x, dtype, threads)
+        x, refs = record.inputs, record.blocks
+        return divergence.divergence_vs_eager(model, proto, config, x, dtype, threads, refs=refs)
     except Exception as exc:  # noqa: BLE001 -- a diagnosis that cannot run never decides the verification
         return divergence.not_exposed(f"block outputs could not be compared: {type(exc).__name__}: {exc}")
 
@@ -132,17 +132,21 @@ def verify_onnx(
     input_hw: tuple[int, int] | None = None,
     seed: int = 0,
     threads: int | None = None,
+    record: divergence.BlockRecorder | None = None,
 ) -> dict[str, Any]:
     """Compare the ONNX file with the eager fp32 ``model``; returns the parity part of the report.
 
-    The result has ``passed`` and ``failures``; nothing is raised for a mismatch.
+    The result has ``passed`` and ``failures``; nothing is raised for a mismatch. ``record``: see
+    :func:`parity_vs_eager`.
     """
     hw = (input_hw[0], input_hw[1]) if input_hw else (int(config["img_size"]),) * 2
     sizes = sorted(set(int(b) for b in batch_sizes) | set(EXTRA_BATCH_SIZES))
     session = ORT_CPU.session(path, threads).session  # fp32 without TF32: the fp32 tolerance holds
     batch_dim = session.get_inputs()[0].shape[0]
     name = session.get_inputs()[0].name
-    parity = parity_vs_eager(model, lambda x: session.run(None, {name: x})[0], config, hw, sizes, dtype, seed=seed)
+    parity = parity_vs_eager(
+        model, lambda x: session.run(None, {name: x})[0], config, hw, sizes, dtype, seed=seed, record=record
+    )
     if not isinstance(batch_dim, str):
         parity["failures"].insert(0, f"input batch dimension is fixed ({batch_dim}), not symbolic")
     return {
@@ -166,9 +170,13 @@ def parity_vs_eager(
     dtype: str,
     *,
     seed: int = 0,
+    record: divergence.BlockRecorder | None = None,
 ) -> dict[str, Any]:
     """Compare ``run`` (float32 NCHW in, logits out: an exported model) with the eager fp32 ``model`` on real and
     random inputs at each of ``batch_sizes``, under the tolerance of ``dtype``; nothing is raised for a mismatch.
+
+    ``record``: a :class:`~attnzoo.export.divergence.BlockRecorder` of ``model`` runs the eager forward of the
+    smallest batch, keeping its inputs and block outputs for the per-block comparison (no second eager run).
 
     Returns:
         ``{"passed", "failures", "per_batch", "max_abs_err", "tolerance"}``.
@@ -181,8 +189,11 @@ def parity_vs_eager(
     for b in sizes:
         row: dict[str, Any] = {"batch": b}
         for kind, x in data.items():
-            with torch.no_grad():
-                ref = model(torch.from_numpy(x[:b])).numpy()
+            if record is not None and b == sizes[0]:
+                ref = record(x[:b])
+            else:
+                with torch.no_grad():
+                    ref = model(torch.from_numpy(x[:b])).numpy()
             out = np.asarray(run(x[:b]))
             if out.shape != ref.shape:
                 failures.append(f"batch {b} {kind}: output shape {out.shape}, eager {ref.shape}")
@@ -222,7 +233,10 @@ def _check_and_place(
     props = metadata_props(proto)
     hw = json.loads(props["input_size"])
     extra_math = check_extra_math(proto, dict(config), dtype)
-    parity = verify_onnx(model, tmp, config, batch_sizes=batch_sizes, dtype=dtype, input_hw=hw, threads=threads)
+    record = divergence.BlockRecorder(model, block_prefix(dict(config)))
+    parity = verify_onnx(
+        model, tmp, config, batch_sizes=batch_sizes, dtype=dtype, input_hw=hw, threads=threads, record=record
+    )
     dim = proto.graph.input[0].type.tensor_type.shape.dim[0]
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
     report = {
@@ -242,7 +256,7 @@ def _check_and_place(
         "op_histogram": op_histogram(proto),
         "extra_math": extra_math,
         "parity": parity,
-        "divergence": _divergence(model, proto, config, hw, dtype, threads),
+        "divergence": _divergence(model, proto, config, dtype, threads, record),
         "onnxruntime": __import__("onnxruntime").__version__,
         "torch": torch.__version__,
     }
