@@ -39,6 +39,7 @@ from attnzoo.runtime.contract import BATCH_DIM, INPUT_NAME, OUTPUT_NAME, config_
 
 __all__ = [
     "export_onnx",
+    "contract_metadata",
     "make_session",
     "read_metadata",
     "config_hw",
@@ -200,10 +201,11 @@ def _full_attention_masks(graph: onnx.GraphProto) -> None:
     graph.node.extend(nodes)
 
 
-def _metadata(
+def contract_metadata(
     config: Mapping[str, Any], input_hw: tuple[int, int], dtype: str, checkpoint_sha256: str
 ) -> dict[str, str]:
-    """The metadata_props contract shared with the benchmarks and the demo."""
+    """The metadata_props contract shared with the benchmarks and the demo (an ExecuTorch program's report holds the
+    same entries: :class:`attnzoo.runtime.contract.ModelContract` reads either)."""
     config = dict(config)
     config.setdefault("class_names", [str(i) for i in range(int(config["num_classes"]))])
     config.setdefault("mean", list(DEFAULT_MEAN))
@@ -342,7 +344,7 @@ def export_onnx(
     proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param = BATCH_DIM
     proto.graph.output[0].type.tensor_type.shape.dim[0].dim_param = BATCH_DIM
     del proto.metadata_props[:]
-    onnx.helper.set_model_props(proto, _metadata(config, hw, dtype, checkpoint_sha256))
+    onnx.helper.set_model_props(proto, contract_metadata(config, hw, dtype, checkpoint_sha256))
     proto.doc_string = f"attnzoo {config['variant']} ({config['task']}, {config['arch']}), {dtype}"
     _save_atomic(proto, path)
     return path

@@ -82,6 +82,9 @@ class ExportFormat:
     #: Written from the PyTorch model itself by :meth:`write_model` (its own export, checks and verification), not
     #: from the verified ONNX: no ONNX file is written and :meth:`steps` is not used.
     from_model: bool = False
+    #: ``--dtype int8`` is quantized by the format itself, dynamically (activations at run time): no ModelOpt and
+    #: no calibration, whose flags it refuses.
+    dynamic_int8: bool = False
 
     def check(self, req: ExportRequest) -> None:
         """Refuse, with a :class:`UsageError`, arguments this format cannot work with here, before any work."""

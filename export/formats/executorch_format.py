@@ -43,7 +43,7 @@ from attnzoo.runtime.backends import executorch as et
 from attnzoo.runtime.contract import BATCH_DIM
 
 from ..check import variant_spec
-from ..onnx_export import _metadata
+from ..onnx_export import contract_metadata
 from ..verify import EXTRA_BATCH_SIZES, VerificationError, parity_vs_eager, verdict_lines
 from .aoti_format import _module_path, count_extra_math, failed_report_path, report_path
 from .base import ExportFormat, ExportRequest, ModelSource, run_step
@@ -91,6 +91,7 @@ class ExecuTorchFormat(ExportFormat):
     title = "ExecuTorch program"
     suffixes = (".pte",)
     from_model = True
+    dynamic_int8 = True
 
     def check(self, req: ExportRequest) -> None:
         super().check(req)
@@ -120,7 +121,7 @@ class ExecuTorchFormat(ExportFormat):
             "batch_range": [1, MAX_BATCH_SIZE],
             "trace_batch": aoti.TRACE_BATCH,
             "checkpoint_sha256": source.checkpoint_sha256,
-            "metadata": _metadata(config, hw, req.dtype, source.checkpoint_sha256),
+            "metadata": contract_metadata(config, hw, req.dtype, source.checkpoint_sha256),
             "torch": torch.__version__,
             "executorch": et.executorch_version(),
         }

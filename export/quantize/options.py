@@ -164,11 +164,9 @@ def check_quantize_arguments(options: QuantizeOptions, fmt: str, compute_capabil
         if given:
             raise ValueError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to --dtype int8 / fp8 only")
         return
-    if fmt == "triton":
-        raise ValueError(
-            f"--dtype {dtype}: --format triton is not supported yet; export the ONNX (--format onnx) "
-            "or a TensorRT engine"
-    if fmt == "executorch":  # dynamic int8 of the Linear layers (XNNPACK): no ModelOpt, no calibration
+    from ..formats import get_format
+
+    if get_format(fmt).dynamic_int8:  # it quantizes int8 itself, at run time: no ModelOpt, no calibration
         given = [flag for flag, value in flags.items() if value]
         if dtype != "int8" or given:
             raise ValueError(

@@ -148,6 +148,7 @@ def test_every_variant_is_tried_verified_or_refused_with_its_op(variant, tmp_pat
 
 @needs_executorch
 @pytest.mark.slow
+@pytest.mark.matrix  # a second lowering of about a minute: with the per-variant ones, not in every slow run
 def test_dynamic_int8_keeps_the_extra_math_fp32_and_passes_the_int8_gate(tmp_path):
     report = export_model(model=_tiny("belief2"), out=tmp_path / "q.pte", format="executorch", dtype="int8").report
     assert report["passed"] and report["dtype"] == "int8"
