@@ -472,7 +472,7 @@ def remedies(
                 "auto_kept_fp32": [g for g, d in auto.get("groups", {}).items() if not d["quantized"]],
                 "smooth_quant_migrated": (q["options"].get("smooth_quant") or {}).get("migrated"),
                 "related": fid.get("related"),
-                "warnings": report.get("warnings", []),
+                "warnings": [w.replace(f"{out}/", "") for w in report.get("warnings", [])],  # not the work folder
             }
         )
     nncf_row: dict[str, Any] = {"remedy": "nncf transformer (SmoothQuant), OpenVINO"}

@@ -116,9 +116,7 @@ def promised_cosine(
 
 
 #: Held-out inputs whose :func:`pixel_similarity` to a calibration input is at least this are near-copies of it
-#: (crops, flips, brightness or noise of the same image): on the pretrained-like ViT's study images, augmented crops
-#: of three images score 0.81-1.0 (median 0.98) to the other crops, and 256 distinct images at most 0.55 to one
-#: another (``python -m attnzoo.studies.int8_fidelity --remedies``).
+#: (crops, flips, brightness or noise of the same image); the figures are in docs/quantization.md.
 NEAR_COPY_SIMILARITY = 0.9
 #: The grid :func:`pixel_similarity` averages each channel down to.
 _SIMILARITY_GRID = 8
