@@ -24,6 +24,12 @@ Usage::
     python -m attnzoo.studies.int8_fidelity --out results/studies/int8-fidelity
     python -m attnzoo.studies.int8_fidelity --out results/studies/int8-fidelity --zoo-accuracy cls
     python -m attnzoo.studies.int8_fidelity --table results/studies/int8-fidelity/results.json
+    python -m attnzoo.studies.int8_fidelity --remedies --out results/studies/int8-remedies
+    python -m attnzoo.studies.int8_fidelity --zoo-outliers cls --out results/studies/int8-remedies
+
+``--remedies``: the stand-in with LayerNorm outlier channels calibrated on augmented crops of three images,
+each outlier remedy on the same footing (:func:`remedies`); ``--zoo-outliers``: whether ``auto``'s SmoothQuant
+step moves anything in the zoo's models (:func:`zoo_outliers`).
 """
 
 from __future__ import annotations
