@@ -170,10 +170,14 @@ def check_quantize_arguments(options: QuantizeOptions, fmt: str, compute_capabil
         given = [flag for flag, value in flags.items() if value]
         if dtype != "int8" or given:
             raise ValueError(
-                f"--format executorch quantizes dynamically (--dtype int8, no calibration); "
+                f"--format {fmt} quantizes dynamically (--dtype int8, no calibration); "
                 f"{dtype if dtype != 'int8' else ', '.join(given)} does not apply"
             )
         return
+    if fmt == "triton":
+        raise ValueError(
+            f"--dtype {dtype}: --format triton is not supported yet; export the ONNX (--format onnx) "
+            "or a TensorRT engine"
         )
     if dtype == "fp8" and fmt == "tensorrt":
         error = fp8_compute_capability_error(compute_capability)
