@@ -92,6 +92,22 @@ def test_the_remedies_table_is_its_json_and_the_defaults_keep_their_promise_on_t
             assert all(row["speed"][rt]["ms"] > 0 for rt in ("onnxruntime", "openvino")), row["remedy"]
 
 
+def test_the_zoo_outliers_table_is_its_json_and_nothing_migrates(capsys):
+    """results/studies/int8-remedies/zoo-outliers: the table is the markdown of the JSON, led by the CPU line; the
+    zoo models measured have no LayerNorm outlier channel, so auto's SmoothQuant step leaves their graphs as
+    they were."""
+    from attnzoo.export.quantize.smooth import SMOOTH_MIN_RATIO
+    from attnzoo.studies.int8_fidelity import zoo_outliers_markdown
+
+    path = RESULTS.parent / "int8-remedies" / "zoo-outliers.json"
+    result = json.loads(path.read_text())
+    text = path.with_suffix(".md").read_text()
+    assert text == zoo_outliers_markdown(result) + "\n" and text.splitlines()[0] == cpu_line(result["cpu"])
+    assert main(["--table", str(path)]) == 0 and capsys.readouterr().out == text
+    assert result["rows"] and all(r["layernorms"] > 0 for r in result["rows"])
+    assert all(r["worst_ratio"] < SMOOTH_MIN_RATIO and r["would_migrate"] == 0 for r in result["rows"])
+
+
 def test_the_committed_fp32_accuracy_is_the_zoos_own_measurement():
     """An independent fact: each zoo run's fp32 accuracy (the exported fp32 ONNX scored by the study) is the test
     metric the zoo's manifest recorded when the model was trained (its own evaluation, on the same split and
