@@ -174,6 +174,14 @@ def build_parser() -> argparse.ArgumentParser:
         "Runtime's CPU kernels run in int8; faster there)",
     )
     q.add_argument(
+        "--smooth-quant",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="int8: migrate LayerNorm outputs' outlier channels into the MatMul weights they feed before "
+        "calibrating (SmoothQuant; only outputs with a channel >= 8x the median channel's range move); default on "
+        "with --qdq-placement auto, off otherwise (docs/quantization.md)",
+    )
+    q.add_argument(
         "--calibration-data",
         type=Path,
         default=None,
@@ -279,6 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 eval_limit=args.eval_limit,
                 min_cosine=args.min_cosine,
                 fidelity_count=args.fidelity_count,
+                smooth_quant=args.smooth_quant,
                 progress=True,
             )
     except ExportError as exc:

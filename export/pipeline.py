@@ -383,6 +383,7 @@ def export_model(
     eval_limit: int | None = None,
     min_cosine: float | None = None,
     fidelity_count: int | None = None,
+    smooth_quant: bool | None = None,
     progress: bool = False,
 ) -> ExportResult:
     """Export a model to a verified ONNX file (fp32, fp16, int8 or fp8), and optionally build a TensorRT engine
@@ -406,7 +407,7 @@ def export_model(
         triton_platform, triton_queue_delay_us: ``format="triton"``: ``onnxruntime`` or ``tensorrt``, and dynamic
             batching's queue delay.
         quantize_extra_math, qdq_placement, calibration_data, calibration_count, calibration_seed,
-        accept_accuracy_drop, eval_limit, min_cosine, fidelity_count: int8 / fp8 only (see
+        accept_accuracy_drop, eval_limit, min_cosine, fidelity_count, smooth_quant: int8 / fp8 only (see
             :func:`attnzoo.export.quantize.quantize_verified`; ``calibration_data``: a folder of images or a
             ``.npy`` array, :func:`attnzoo.export.quantize.calibration_for`). Every int8 / fp8 export measures its
             output's fidelity to fp32 on held-out inputs and is refused when the worst of them is below
@@ -433,6 +434,7 @@ def export_model(
         eval_limit=eval_limit,
         min_cosine=min_cosine,
         fidelity_count=fidelity_count,
+        smooth_quant=smooth_quant,
     )
     req = _check_request(
         format,

@@ -158,6 +158,7 @@ def check_quantize_arguments(options: QuantizeOptions, fmt: str, compute_capabil
         "--eval-limit": o.eval_limit is not None,
         "--min-cosine": o.min_cosine is not None,
         "--fidelity-count": o.fidelity_count is not None,
+        "--smooth-quant": o.smooth_quant is not None,
     }
     if dtype not in QUANTIZED_DTYPES:
         given = [flag for flag, value in flags.items() if value]

@@ -768,6 +768,27 @@ def test_quantization_flags_need_a_quantized_dtype(tmp_path, capsys):
         ["--variant", "belief2", "--random-init", "--quantize-extra-math", "--out", str(tmp_path / "m.onnx")], capsys
     )
     assert line == "error: --quantize-extra-math applies to --dtype int8 / fp8 only"
+    for flag in ("--smooth-quant", "--no-smooth-quant"):
+        line = _refused(["--variant", "belief2", "--random-init", flag, "--out", str(tmp_path / "m.onnx")], capsys)
+        assert line == "error: --smooth-quant applies to --dtype int8 / fp8 only"
+
+
+def test_smooth_quant_flag_reaches_the_quantizer_as_given(monkeypatch):
+    """--smooth-quant / --no-smooth-quant force the outlier migration on or off; without either, None (auto's
+    default decides)."""
+    from attnzoo.export import cli, pipeline
+
+    seen = []
+
+    def stop(*args, **kwargs):
+        seen.append(kwargs["smooth_quant"])
+        raise pipeline.UsageError("stopped here")
+
+    monkeypatch.setattr(cli, "export_model", stop)
+    for flags, want in (([], None), (["--smooth-quant"], True), (["--no-smooth-quant"], False)):
+        with pytest.raises(SystemExit):
+            cli.main(["--variant", "belief2", "--dtype", "int8", *flags])
+        assert seen[-1] is want
 
 
 def test_cpu_placement_is_refused_where_it_cannot_work(tmp_path, monkeypatch, capsys):
