@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from attnzoo.errors import UsageError
-from attnzoo.fileio import atomic_write_text, sha256_file
+from attnzoo.fileio import sha256_file
 from attnzoo.limits import MAX_BATCH_SIZE
 from attnzoo.runtime import aoti
 from attnzoo.runtime.backends.eager import TORCH_DTYPES
@@ -42,7 +42,7 @@ from attnzoo.runtime.device import fp32_math
 from ..check import block_prefix, expected_scopes, variant_spec
 from ..divergence import not_exposed
 from ..verify import EXTRA_BATCH_SIZES, VerificationError, parity_vs_eager, verdict_lines
-from .base import ExportFormat, ExportRequest, ModelSource, run_step
+from .base import ExportFormat, ExportRequest, ModelSource, keep_report, record_failure, report_path, run_step
 
 __all__ = [
     "AotiFormat",
@@ -50,8 +50,6 @@ __all__ = [
     "NO_MATH_TARGETS",
     "count_extra_math",
     "package_device",
-    "report_path",
-    "failed_report_path",
     "summary",
 ]
 
@@ -86,16 +84,6 @@ NO_MATH_TARGETS = frozenset(
         "sym_size",
     }
 )
-
-
-def report_path(package: str | Path) -> Path:
-    """``model.pt2`` -> ``model.pt2.json``."""
-    return Path(str(package) + ".json")
-
-
-def failed_report_path(package: str | Path) -> Path:
-    """``model.pt2`` -> ``model.pt2.failed.json``: the report of a package that failed, never replacing a good one's."""
-    return Path(str(package) + ".failed.json")
 
 
 def package_device() -> str:
@@ -245,21 +233,11 @@ class AotiFormat(ExportFormat):
             if parity["failures"]:
                 return self._fail(out, report, list(parity["failures"]))
         report.update(passed=True, failures=[])
-        atomic_write_text(report_path(out), json.dumps(report, indent=2) + "\n")
-        failed_report_path(out).unlink(missing_ok=True)
-        return report
+        return keep_report(out, report)
 
     @staticmethod
     def _fail(out: Path, report: dict[str, Any], failures: list[str]) -> dict[str, Any]:
-        report.update(passed=False, failures=failures)
-        atomic_write_text(failed_report_path(out), json.dumps(report, indent=2) + "\n")
-        raise VerificationError(
-            f"{out.name} failed verification ({'; '.join(failures[:3])}); see {failed_report_path(out)}; "
-            f"{out.name} was not written"
-        )
-
-    def files(self, result) -> list[Path]:
-        return [result.path, report_path(result.path)] if result.report else []
+        raise VerificationError(record_failure(out, report, failures))
 
     def summary(self, result) -> list[str]:
         return summary(result.report, report_path(result.path)).splitlines() if result.report else []

@@ -4,20 +4,31 @@ verified ONNX is written, and :class:`ExportRequest`, the checked arguments ever
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnzoo.errors import UsageError, first_line
-from attnzoo.fileio import writable_dir
+from attnzoo.fileio import atomic_write_text, writable_dir
 
 from ..errors import ExportError
 
 if TYPE_CHECKING:
     from ..pipeline import ExportResult
 
-__all__ = ["ExportFormat", "ExportRequest", "ModelSource", "Step", "run_step"]
+__all__ = [
+    "ExportFormat",
+    "ExportRequest",
+    "ModelSource",
+    "Step",
+    "run_step",
+    "report_path",
+    "failed_report_path",
+    "keep_report",
+    "record_failure",
+]
 
 
 @dataclass
@@ -59,6 +70,35 @@ def run_step(fn: Callable[..., Any], what: str, *args, **kwargs) -> Any:
         raise
     except Exception as exc:  # ONNX Runtime / exporter / TensorRT errors: one line (the cause is chained)
         raise ExportError(f"{what}: {type(exc).__name__}: {first_line(exc)}") from exc
+
+
+def report_path(out: str | Path) -> Path:
+    """The report beside a file written from the model (:attr:`ExportFormat.from_model`): ``model.pt2`` ->
+    ``model.pt2.json``."""
+    return Path(str(out) + ".json")
+
+
+def failed_report_path(out: str | Path) -> Path:
+    """``model.pt2`` -> ``model.pt2.failed.json``: the report of a file that failed, never replacing a good one's."""
+    return Path(str(out) + ".failed.json")
+
+
+def keep_report(out: Path, report: dict[str, Any]) -> dict[str, Any]:
+    """Write the report of ``out``, which passed, beside it (a failed report left by an earlier try goes)."""
+    atomic_write_text(report_path(out), json.dumps(report, indent=2, default=str) + "\n")
+    failed_report_path(out).unlink(missing_ok=True)
+    return report
+
+
+def record_failure(out: Path, report: dict[str, Any], failures: list[str]) -> str:
+    """Record ``failures`` in ``report`` and write it as ``out``'s failed report; the one line that says so
+    (nothing is written at ``out``)."""
+    report.update(passed=False, failures=failures)
+    atomic_write_text(failed_report_path(out), json.dumps(report, indent=2, default=str) + "\n")
+    return (
+        f"{out.name} failed verification ({'; '.join(failures[:3])}); see {failed_report_path(out)}; "
+        f"{out.name} was not written"
+    )
 
 
 class ExportFormat:
@@ -120,8 +160,9 @@ class ExportFormat:
         raise NotImplementedError(f"{self.name} is written from the verified ONNX")
 
     def files(self, result: ExportResult) -> list[Path]:
-        """The files its steps wrote (besides the ONNX and its report)."""
-        return []
+        """The files its steps wrote (besides the ONNX and its report); a :attr:`from_model` format's: its output
+        and its :func:`report_path`."""
+        return [result.path, report_path(result.path)] if self.from_model and result.report else []
 
     def summary(self, result: ExportResult) -> list[str]:
         """Its lines of ``export-model``'s summary (after the ONNX's)."""

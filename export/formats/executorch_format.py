@@ -24,7 +24,6 @@ passes is renamed to ``--out``, with its report ``<out>.json`` (which holds the 
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections import Counter
@@ -36,7 +35,7 @@ import numpy as np
 import torch
 
 from attnzoo.errors import UsageError, first_line
-from attnzoo.fileio import atomic_path, atomic_write_text, sha256_file
+from attnzoo.fileio import atomic_path, sha256_file
 from attnzoo.limits import MAX_BATCH_SIZE
 from attnzoo.runtime import aoti
 from attnzoo.runtime.backends import executorch as et
@@ -45,8 +44,8 @@ from attnzoo.runtime.contract import BATCH_DIM
 from ..check import variant_spec
 from ..onnx_export import contract_metadata
 from ..verify import EXTRA_BATCH_SIZES, VerificationError, parity_vs_eager, verdict_lines
-from .aoti_format import _module_path, count_extra_math, failed_report_path, report_path
-from .base import ExportFormat, ExportRequest, ModelSource, run_step
+from .aoti_format import _module_path, count_extra_math
+from .base import ExportFormat, ExportRequest, ModelSource, keep_report, record_failure, report_path, run_step
 
 __all__ = ["ExecuTorchFormat", "FORMAT", "count_lowered_extra_math", "refusal", "summary"]
 
@@ -153,21 +152,11 @@ class ExecuTorchFormat(ExportFormat):
             if parity["failures"]:
                 return self._fail(out, report, list(parity["failures"]))
         report.update(passed=True, failures=[])
-        atomic_write_text(report_path(out), json.dumps(report, indent=2, default=str) + "\n")
-        failed_report_path(out).unlink(missing_ok=True)
-        return report
+        return keep_report(out, report)
 
     @staticmethod
     def _fail(out: Path, report: dict[str, Any], failures: list[str]) -> dict[str, Any]:
-        report.update(passed=False, failures=failures)
-        atomic_write_text(failed_report_path(out), json.dumps(report, indent=2, default=str) + "\n")
-        raise VerificationError(
-            f"{out.name} failed verification ({'; '.join(failures[:3])}); see {failed_report_path(out)}; "
-            f"{out.name} was not written"
-        )
-
-    def files(self, result) -> list[Path]:
-        return [result.path, report_path(result.path)] if result.report else []
+        raise VerificationError(record_failure(out, report, failures))
 
     def summary(self, result) -> list[str]:
         return summary(result.report, report_path(result.path)).splitlines() if result.report else []

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import re
 import tempfile
 import time
@@ -48,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from attnzoo.errors import UsageError
-from attnzoo.fileio import atomic_write_text, sha256_file
+from attnzoo.fileio import sha256_file
 from attnzoo.models import PROJECTION_OPS
 from attnzoo.runtime import openvino as ovrt
 from attnzoo.runtime.backends import get_backend
@@ -57,7 +56,7 @@ from attnzoo.runtime.contract import BATCH_DIM, INPUT_NAME, ModelContract, metad
 from .. import verify
 from ..check import block_prefix, expected_scopes, variant_spec
 from ..verify import EXTRA_BATCH_SIZES, VerificationError, parity_vs_eager, verdict_lines
-from .base import ExportFormat, ExportRequest, ModelSource, run_step
+from .base import ExportFormat, ExportRequest, ModelSource, keep_report, record_failure, report_path, run_step
 
 __all__ = [
     "OpenVINOFormat",
@@ -65,8 +64,6 @@ __all__ = [
     "IR_DTYPES",
     "ONNX_TO_OV",
     "count_extra_math",
-    "report_path",
-    "failed_report_path",
     "summary",
 ]
 
@@ -87,28 +84,8 @@ NO_MATH_OPS = frozenset({"Constant", "Convert", "Reshape", "Squeeze", "Unsqueeze
 TRACE_BATCH = 2
 
 
-def report_path(xml: str | Path) -> Path:
-    """``model.xml`` -> ``model.xml.json``."""
-    return Path(str(xml) + ".json")
-
-
-def failed_report_path(xml: str | Path) -> Path:
-    """``model.xml`` -> ``model.xml.failed.json``: the report of an IR that failed, never replacing a good one's."""
-    return Path(str(xml) + ".failed.json")
-
-
 class ConversionError(VerificationError):
     """OpenVINO refused the graph (an op its ONNX front end or its CPU plugin does not take)."""
-
-
-def _failed(out: Path, report: dict[str, Any], failures: list[str]) -> str:
-    """Write the failed report of ``out``; the one line that says so."""
-    report.update(passed=False, failures=failures)
-    atomic_write_text(failed_report_path(out), json.dumps(report, indent=2, default=str) + "\n")
-    return (
-        f"{out.name} failed verification ({'; '.join(failures[:3])}); see {failed_report_path(out)}; "
-        f"{out.name} was not written"
-    )
 
 
 def _constant_value(output: Any) -> np.ndarray | None:
@@ -326,9 +303,7 @@ class OpenVINOFormat(ExportFormat):
                     return self._fail(out, report, list(parity["failures"]))
                 report.update(passed=True, failures=[])
                 ovrt.place_ir(tmp, out)
-        atomic_write_text(report_path(out), json.dumps(report, indent=2) + "\n")
-        failed_report_path(out).unlink(missing_ok=True)
-        return report
+        return keep_report(out, report)
 
     def _convert(
         self,
@@ -353,11 +328,11 @@ class OpenVINOFormat(ExportFormat):
         """The one-line error of a graph OpenVINO will not take (with the op OpenVINO names), its failed report
         written."""
         reason = ovrt.error_message(exc).split(": OpenVINO cannot read it: ")[-1]
-        return ConversionError(_failed(out, report, [f"{what}: {reason}"]))
+        return ConversionError(record_failure(out, report, [f"{what}: {reason}"]))
 
     @staticmethod
     def _fail(out: Path, report: dict[str, Any], failures: list[str]) -> dict[str, Any]:
-        raise VerificationError(_failed(out, report, failures))
+        raise VerificationError(record_failure(out, report, failures))
 
     def files(self, result) -> list[Path]:
         return [result.path, result.path.with_suffix(".bin"), report_path(result.path)] if result.report else []

@@ -19,7 +19,7 @@ from attnzoo.errors import UsageError
 from attnzoo.export import export_model
 from attnzoo.export.errors import ExportError
 from attnzoo.export.formats import executorch_format
-from attnzoo.export.formats.aoti_format import failed_report_path, report_path
+from attnzoo.export.formats.base import failed_report_path, report_path
 from attnzoo.models import VARIANT_NAMES, VARIANTS, create_model
 from attnzoo.runtime.backends import LoadOptions, get_backend
 from attnzoo.runtime.backends import executorch as et

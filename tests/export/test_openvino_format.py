@@ -18,7 +18,8 @@ from attnzoo.export import export_model, verify
 from attnzoo.export.cli import main
 from attnzoo.export.errors import ExportError
 from attnzoo.export.formats import openvino_format
-from attnzoo.export.formats.openvino_format import count_extra_math, failed_report_path, report_path
+from attnzoo.export.formats.base import failed_report_path, report_path
+from attnzoo.export.formats.openvino_format import count_extra_math
 from attnzoo.models import VARIANT_NAMES, VARIANTS, create_model
 from attnzoo.runtime import openvino as ovrt
 from attnzoo.runtime.backends import get_backend
