@@ -273,13 +273,24 @@ def _worst(points: Sequence[dict[str, Any]], before: float) -> dict[str, Any] | 
 
 
 def _result(
-    blocks: list[dict[str, Any]], first: int | None, prefix: str, reference: str, n: int, criterion: str
+    blocks: list[dict[str, Any]],
+    first: int | None,
+    prefix: str,
+    reference: str,
+    n: int,
+    criterion: str,
+    measure: str = "rel_err",
 ) -> dict[str, Any]:
-    worst = max(blocks, key=lambda b: b["rel_err"], default=None)
+    """``measure``: what the criterion reads, ``rel_err`` (worst: the largest) or ``cosine`` (the smallest)."""
+    if measure == "cosine":
+        worst = min(blocks, key=lambda b: b["cosine"], default=None)
+    else:
+        worst = max(blocks, key=lambda b: b["rel_err"], default=None)
     return {
         "reference": reference,
         "inputs": n,
         "criterion": criterion,
+        "measure": measure,
         "prefix": prefix,
         "blocks": blocks,
         "worst_block": None if worst is None else worst["block"],
@@ -361,6 +372,7 @@ def divergence_vs_onnx(
         "the verified fp32 ONNX graph (same tensors)",
         len(x),
         f"cosine < {min_cosine:g} (the fidelity gate)",
+        "cosine",
     )
     if first is not None:
         points = [
@@ -390,13 +402,17 @@ def verdict(divergence: Mapping[str, Any] | None, passed: bool) -> str:
     if not divergence or not divergence.get("blocks"):
         return ""
     prefix, blocks = divergence.get("prefix", "blocks"), {b["block"]: b for b in divergence["blocks"]}
+    measure = divergence.get("measure", "rel_err")
+
+    def figure(block: int) -> str:
+        value = blocks[block][measure]
+        return f"cosine {value:.4f}" if measure == "cosine" else f"rel err {value:.2g}"
+
     first = divergence.get("first_diverging_block")
     if first is not None:
         op = divergence.get("worst_op")
-        return f"first diverging block {prefix}.{first} (rel err {blocks[first]['rel_err']:.2g})" + (
-            f", worst op {op['node']}" if op else ""
-        )
+        return f"first diverging block {prefix}.{first} ({figure(first)})" + (f", worst op {op['node']}" if op else "")
     if not passed:
         return "every block within tolerance: it diverges after the last block"
     worst = divergence.get("worst_block")
-    return "" if worst is None else f"worst block {worst} err {blocks[worst]['rel_err']:.1e}"
+    return "" if worst is None else f"worst block {worst} {figure(worst)}"

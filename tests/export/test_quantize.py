@@ -165,6 +165,8 @@ def test_int8_report_fields(int8):
     blocks = on_disk["divergence"]["blocks"]  # each block's output against the fp32 graph's, same tensors
     assert [b["block"] for b in blocks] == [0, 1, 2, 3] and on_disk["divergence"]["reference"].startswith("the verif")
     assert all(0 < b["max_abs_err"] < 1 and 0.9 < b["cosine"] < 1 for b in blocks)
+    worst = min(blocks, key=lambda b: b["cosine"])  # gated on the cosine: the verdict gives the worst block's
+    assert f"worst block {worst['block']} cosine {worst['cosine']:.4f}" in qz.summary(on_disk)
     # the file is the schema's JSON, and what quantize_verified returns is the same object
     typed = qz.read_quantization_report(report_path(out))
     assert typed.to_json() == report_path(out).read_text() and typed.to_dict() == report == on_disk
