@@ -99,13 +99,14 @@ def test_the_zoo_outliers_table_is_its_json_and_nothing_migrates(capsys):
     from attnzoo.export.quantize.smooth import SMOOTH_MIN_RATIO
     from attnzoo.studies.int8_fidelity import zoo_outliers_markdown
 
-    path = RESULTS.parent / "int8-remedies" / "zoo-outliers.json"
-    result = json.loads(path.read_text())
-    text = path.with_suffix(".md").read_text()
-    assert text == zoo_outliers_markdown(result) + "\n" and text.splitlines()[0] == cpu_line(result["cpu"])
-    assert main(["--table", str(path)]) == 0 and capsys.readouterr().out == text
-    assert result["rows"] and all(r["layernorms"] > 0 for r in result["rows"])
-    assert all(r["worst_ratio"] < SMOOTH_MIN_RATIO and r["would_migrate"] == 0 for r in result["rows"])
+    folder = RESULTS.parent / "int8-remedies"
+    for path, task in ((folder / "zoo-outliers.json", "cls"), (folder / "seg" / "zoo-outliers.json", "seg")):
+        result = json.loads(path.read_text())
+        text = path.with_suffix(".md").read_text()
+        assert text == zoo_outliers_markdown(result) + "\n" and text.splitlines()[0] == cpu_line(result["cpu"])
+        assert main(["--table", str(path)]) == 0 and capsys.readouterr().out == text
+        assert len(result["rows"]) == 15 and all(r["task"] == task and r["layernorms"] > 0 for r in result["rows"])
+        assert all(r["worst_ratio"] < SMOOTH_MIN_RATIO and r["would_migrate"] == 0 for r in result["rows"])
 
 
 def test_the_committed_fp32_accuracy_is_the_zoos_own_measurement():
