@@ -41,8 +41,8 @@ from attnzoo.runtime.device import fp32_math
 
 from ..check import block_prefix, expected_scopes, variant_spec
 from ..divergence import not_exposed
-from ..verify import EXTRA_BATCH_SIZES, VerificationError, parity_vs_eager, verdict_lines
-from .base import ExportFormat, ExportRequest, ModelSource, keep_report, record_failure, report_path, run_step
+from ..verify import EXTRA_BATCH_SIZES, parity_vs_eager, verdict_lines
+from .base import ExportFormat, ExportRequest, ModelSource, keep_report, report_path, run_step
 
 __all__ = [
     "AotiFormat",
@@ -208,7 +208,7 @@ class AotiFormat(ExportFormat):
             "torch": torch.__version__,
         }
         if not report["extra_math"]["ok"]:  # refused before the compile
-            return self._fail(out, report, list(report["extra_math"]["failures"]))
+            return self.fail(out, report, list(report["extra_math"]["failures"]))
         with aoti.temporary_package(out) as tmp:
             metadata = {
                 "attnzoo.config": json.dumps(config, sort_keys=True, default=str),
@@ -231,13 +231,9 @@ class AotiFormat(ExportFormat):
             report["parity"] = {**parity, "batch_sizes": sizes, "runtime": f"aoti_load_package ({device})"}
             report.update(file_size=tmp.stat().st_size, sha256=sha256_file(tmp))
             if parity["failures"]:
-                return self._fail(out, report, list(parity["failures"]))
+                return self.fail(out, report, list(parity["failures"]))
         report.update(passed=True, failures=[])
         return keep_report(out, report)
-
-    @staticmethod
-    def _fail(out: Path, report: dict[str, Any], failures: list[str]) -> dict[str, Any]:
-        raise VerificationError(record_failure(out, report, failures))
 
     def summary(self, result) -> list[str]:
         return summary(result.report, report_path(result.path)).splitlines() if result.report else []

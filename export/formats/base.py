@@ -8,12 +8,13 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from attnzoo.errors import UsageError, first_line
 from attnzoo.fileio import atomic_write_text, writable_dir
 
 from ..errors import ExportError
+from ..verify import VerificationError
 
 if TYPE_CHECKING:
     from ..pipeline import ExportResult
@@ -167,6 +168,12 @@ class ExportFormat:
     def summary(self, result: ExportResult) -> list[str]:
         """Its lines of ``export-model``'s summary (after the ONNX's)."""
         return []
+
+    @staticmethod
+    def fail(out: Path, report: dict[str, Any], failures: list[str]) -> NoReturn:
+        """Refuse ``out`` (a :attr:`from_model` format's output): its failed report written
+        (:func:`record_failure`), the one line raised as a :class:`~attnzoo.export.verify.VerificationError`."""
+        raise VerificationError(record_failure(out, report, failures))
 
     @contextlib.contextmanager
     def cleanup(self, out: Path) -> Iterator[None]:

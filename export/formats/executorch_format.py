@@ -43,9 +43,9 @@ from attnzoo.runtime.contract import BATCH_DIM
 
 from ..check import variant_spec
 from ..onnx_export import contract_metadata
-from ..verify import EXTRA_BATCH_SIZES, VerificationError, parity_vs_eager, verdict_lines
+from ..verify import EXTRA_BATCH_SIZES, parity_vs_eager, verdict_lines
 from .aoti_format import _module_path, count_extra_math
-from .base import ExportFormat, ExportRequest, ModelSource, keep_report, record_failure, report_path, run_step
+from .base import ExportFormat, ExportRequest, ModelSource, keep_report, report_path, run_step
 
 __all__ = ["ExecuTorchFormat", "FORMAT", "count_lowered_extra_math", "refusal", "summary"]
 
@@ -130,17 +130,17 @@ class ExecuTorchFormat(ExportFormat):
                 source.model, hw, dtype=req.dtype, keep_fp32=variant_spec(config).extra_scopes
             )
         except Exception as exc:  # the converter refused an op: the report says which, in one line
-            return self._fail(out, report, [refusal(exc, config["variant"])])
+            return self.fail(out, report, [refusal(exc, config["variant"])])
         report["lower_time_s"] = round(time.perf_counter() - start, 3)
         report["num_nodes"] = sum(1 for n in program.graph.nodes if n.op == "call_function")
         report["extra_math"] = count_lowered_extra_math(edge, config)
         if not report["extra_math"]["ok"]:
-            return self._fail(out, report, list(report["extra_math"]["failures"]))
+            return self.fail(out, report, list(report["extra_math"]["failures"]))
         with atomic_path(out) as tmp:
             try:
                 report["serialize_time_s"] = round(et.write_program(edge, tmp), 3)
             except Exception as exc:
-                return self._fail(out, report, [refusal(exc, config["variant"])])
+                return self.fail(out, report, [refusal(exc, config["variant"])])
             method = et.load_method(tmp)
 
             def run(x: np.ndarray) -> np.ndarray:
@@ -150,13 +150,9 @@ class ExecuTorchFormat(ExportFormat):
             report["parity"] = {**parity, "batch_sizes": sizes, "runtime": "executorch.runtime (XNNPACK, cpu)"}
             report.update(file_size=tmp.stat().st_size, sha256=sha256_file(tmp))
             if parity["failures"]:
-                return self._fail(out, report, list(parity["failures"]))
+                return self.fail(out, report, list(parity["failures"]))
         report.update(passed=True, failures=[])
         return keep_report(out, report)
-
-    @staticmethod
-    def _fail(out: Path, report: dict[str, Any], failures: list[str]) -> dict[str, Any]:
-        raise VerificationError(record_failure(out, report, failures))
 
     def summary(self, result) -> list[str]:
         return summary(result.report, report_path(result.path)).splitlines() if result.report else []

@@ -280,7 +280,7 @@ class OpenVINOFormat(ExportFormat):
                         f"rt_info contract reads dtype {contract.dtype!r}, checkpoint {contract.checkpoint_sha256!r}"
                     )
                 if failures:  # refused before it is run
-                    return self._fail(out, report, failures)
+                    return self.fail(out, report, failures)
                 backend = get_backend("openvino")
                 try:
                     session = backend.load(tmp, backend.options(dtype=req.dtype, threads=source.threads))
@@ -300,7 +300,7 @@ class OpenVINOFormat(ExportFormat):
                     bin_sha256=sha256_file(tmp.with_suffix(".bin")),
                 )
                 if parity["failures"]:
-                    return self._fail(out, report, list(parity["failures"]))
+                    return self.fail(out, report, list(parity["failures"]))
                 report.update(passed=True, failures=[])
                 ovrt.place_ir(tmp, out)
         return keep_report(out, report)
@@ -329,10 +329,6 @@ class OpenVINOFormat(ExportFormat):
         written."""
         reason = ovrt.error_message(exc).split(": OpenVINO cannot read it: ")[-1]
         return ConversionError(record_failure(out, report, [f"{what}: {reason}"]))
-
-    @staticmethod
-    def _fail(out: Path, report: dict[str, Any], failures: list[str]) -> dict[str, Any]:
-        raise VerificationError(record_failure(out, report, failures))
 
     def files(self, result) -> list[Path]:
         return [result.path, result.path.with_suffix(".bin"), report_path(result.path)] if result.report else []
