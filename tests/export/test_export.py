@@ -29,6 +29,7 @@ from attnzoo.models import ARCHS, BUILTIN_VARIANTS, PROJECTION_OPS, VARIANTS, cr
 from attnzoo.models.checkpoint import read_config, save_checkpoint
 from attnzoo.runtime.contract import BATCH_DIM, metadata_props
 from attnzoo.runtime.parity import TOLERANCES
+from tests.tiers import per_variant
 
 DEPTH = ARCHS["micro"]["depth"]
 SEG_HW = (24, 40)  # non-square, not the training size
@@ -68,19 +69,12 @@ EXTRA_MODULES = {
 }
 PROJECTION_VARIANTS = tuple(PROJECTION_MODULES)
 VARIANT_NAMES = BUILTIN_VARIANTS
-# The fast set: one variant per export path; the full matrix runs with -m slow. belief2 carries the projection
+# The fast set: one variant per export path; CI's slow run adds one of each kind of math (tests/tiers.py), the matrix
+# run (-m matrix) every other variant. belief2 carries the projection
 # (and its extra weights), anti-wafe-mse guards the fused-MSE path (a negative sdpa scale once exported as
 # sqrt(scale) = NaN), wafe-mae the blocked pairwise-L1 export (attnzoo.models.wafe.pairwise_l1).
 FAST_CLS = ("standard", "belief2", "anti-wafe-mse", "wafe-mae")
 FAST_SEG = ("belief2",)
-
-
-def _params(names, fast):
-    out = []
-    for name in names:
-        marks = [] if name in fast else [pytest.mark.slow]
-        out.append(pytest.param(name, marks=marks))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +126,7 @@ def _assert_extra_math_found(report, variant, task):
         assert all(name.startswith(scope + "/") for name in found["nodes"])
 
 
-@pytest.mark.parametrize("variant", _params(VARIANT_NAMES, FAST_CLS))
+@pytest.mark.parametrize("variant", per_variant(VARIANT_NAMES, FAST_CLS))
 def test_export_cls_parity_and_projection(exported, variant):
     model, path, report = exported(variant)
     assert path.is_file() and report["passed"], report["failures"]
@@ -147,7 +141,7 @@ def test_export_cls_parity_and_projection(exported, variant):
     assert saved["sha256"] == sha256_file(path) and saved["opset"] == 20 and saved["op_histogram"]
 
 
-@pytest.mark.parametrize("variant", _params(VARIANT_NAMES, FAST_SEG))
+@pytest.mark.parametrize("variant", per_variant(VARIANT_NAMES, FAST_SEG))
 def test_export_seg_non_square(exported, variant):
     model, path, report = exported(variant, "seg")
     assert report["passed"], report["failures"]

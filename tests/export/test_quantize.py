@@ -19,6 +19,8 @@ from attnzoo.export import quantize as qz
 from attnzoo.export.cli import main as export_main
 from attnzoo.export.verify import failed_report_path, report_path
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
+from tests.tiers import SLOW_SET
+from tests.tiers import marks as tier_marks
 
 
 def test_the_dev_install_has_modelopts_onnx_quantizer():
@@ -877,9 +879,11 @@ def test_simulate_fp8_matches_an_e4m3_round_trip():
 
 
 # ------------------------------------------------------------------------------------------------ TensorRT
-#: Built in the default run: belief2 (the projection) and wafe-mae (the pairwise L1 distances); every other
-#: variant's int8 and fp8 engines are built with -m slow (CI runs both).
+#: Built in the default run: belief2's int8 and fp8 engines (the projection).
 TRT_FAST = ("belief2",)
+#: CI's slow run builds the int8 engines of tests/tiers.py's set and the fp8 ones of the distance variants (the rest:
+#: the matrix run, -m matrix).
+TRT_SLOW = {"int8": SLOW_SET, "fp8": ("wafe-mae", "anti-wafe-mae")}
 
 
 @pytest.fixture(scope="module")
@@ -905,7 +909,7 @@ def _trt_matrix():
     from attnzoo.models import BUILTIN_VARIANTS
 
     return [
-        pytest.param(v, d, marks=[] if v in TRT_FAST else [pytest.mark.slow], id=f"{v}-{d}")
+        pytest.param(v, d, marks=tier_marks(v, TRT_FAST, slow=TRT_SLOW.get(d, ())), id=f"{v}-{d}")
         for v in BUILTIN_VARIANTS
         for d in ("int8", "fp8")
     ]

@@ -21,6 +21,7 @@ from attnzoo.models import ARCHS, PROJECTION_OPS, VARIANT_NAMES, VARIANTS, creat
 from attnzoo.runtime import ModelContract, compare
 from attnzoo.runtime import tensorrt as rt
 from attnzoo.runtime.reports import EngineReport
+from tests.tiers import marks as tier_marks
 
 pytestmark = pytest.mark.tensorrt
 
@@ -30,6 +31,18 @@ GPU = rt.gpu_available()
 #: Built in the default run: the projection (belief2) and the pairwise-L1 distances (wafe-mae), the two kinds of
 #: extra math; every variant, task and precision with -m slow.
 FAST = {("belief2", "cls", "fp32"), ("wafe-mae", "cls", "fp32")}
+#: CI's slow run: one more build of the fast variants and of each of tests/tiers.py's set, the tasks and precisions
+#: spread over them (every variant's four builds: the matrix run).
+SLOW = {
+    ("belief2", "seg", "fp16"),
+    ("wafe-mae", "seg", "fp32"),
+    ("standard", "seg", "fp16"),
+    ("belief-star", "cls", "fp16"),
+    ("mabvit-glu", "seg", "fp32"),
+    ("wafe-mse", "cls", "fp16"),
+    ("anti-wafe-mae", "seg", "fp16"),
+    ("horizontal-vertical", "cls", "fp32"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +98,8 @@ def _matrix():
     for variant in VARIANT_NAMES:
         for task in ("cls", "seg"):
             for dtype in ("fp32", "fp16"):
-                marks = [] if (variant, task, dtype) in FAST else [pytest.mark.slow]
+                case = (variant, task, dtype)
+                marks = [] if case in FAST else tier_marks(variant, slow=(variant,) if case in SLOW else ())
                 out.append(pytest.param(variant, task, dtype, marks=marks, id=f"{variant}-{task}-{dtype}"))
     return out
 

@@ -20,6 +20,7 @@ from attnzoo.models import (
     load_timm_state_dict,
     mlp_hidden,
 )
+from tests.tiers import per_variant
 
 D, M, N, B = 32, 4, 9, 3
 VARIANT_NAMES = BUILTIN_VARIANTS
@@ -286,8 +287,7 @@ def test_every_variant_cls_and_seg_forward_backward(name, arch):
     )
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", VARIANT_NAMES)
+@pytest.mark.parametrize("name", per_variant(VARIANT_NAMES))
 def test_every_variant_tiny_at_224(name):
     _forward_backward(name, "tiny", 224, 224, (230, 190))
 

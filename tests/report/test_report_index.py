@@ -303,10 +303,13 @@ def test_bad_flags_are_one_line(tmp_path, capsys, argv, message):
 
 # ------------------------------------------------------------------------------------------------ real reports
 @pytest.fixture(scope="module")
-def quick_set(tmp_path_factory):
-    """Two real ``--quick`` reports written through the command (7 minutes on 2 cores shared with a training job)."""
-    out = tmp_path_factory.mktemp("reports")
+def quick_set(belief2_quick):
+    """Two real ``--quick`` reports through the command: belief2's, written by report-variant beside it
+    (tests/report/conftest.py) and kept, and wafe-mae's, which the command writes."""
+    out = belief2_quick[0].parent
+    kept = (out / "belief2" / "report.json").stat().st_mtime_ns
     assert main(["--out", str(out), "--run", "--quick", "--variants", "belief2,wafe-mae", "--no-progress"]) == 0
+    assert (out / "belief2" / "report.json").stat().st_mtime_ns == kept and (out / "wafe-mae" / "report.json").exists()
     return out
 
 

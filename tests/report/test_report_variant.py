@@ -32,21 +32,9 @@ def _documented_keys() -> set:
     return set(re.findall(r"^\| `([a-z0-9_.<>]+)`", text, flags=re.M))
 
 
-@pytest.fixture(scope="module")
-def quick(tmp_path_factory):
-    out = tmp_path_factory.mktemp("report") / "belief2"
-    import contextlib
-    import io
-
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        assert main(["--variant", "belief2", "--quick", "--quiet", "--out", str(out)]) == 0
-    return out, buf.getvalue()
-
-
-@pytest.mark.slow  # a whole quick report: about 2 minutes on 2 cores
-def test_quick_report_writes_the_folder_schema_verdict_and_figures(quick):
-    out, stdout = quick
+@pytest.mark.slow  # a whole quick report: about 2 minutes on 2 cores (tests/report/conftest.py, shared)
+def test_quick_report_writes_the_folder_schema_verdict_and_figures(belief2_quick):
+    out, stdout = belief2_quick
     lines = stdout.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("belief2: ") and str(out / "report.md") in lines[0]
     text = (out / "report.json").read_text()
