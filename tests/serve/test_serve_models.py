@@ -962,6 +962,7 @@ def test_a_local_ray_names_its_driver_as_the_raylet_so_a_stop_without_a_parent_i
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # a long repeat of the kill test above (about 4 minutes on 2 cores): the matrix run
 def test_load_test_kill_only_repeats(tmp_path):
     """``loadtest --kill-only --kill-repeats 2`` as a user runs it: in both runs the replica is replaced, no
     request is lost and at most one fails, in flight at the kill or sent after it (with Ray's default HAProxy retry
