@@ -161,6 +161,7 @@ def test_every_variant_exports_as_a_verified_aoti_package_that_the_backend_runs(
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # two more compiles (a minute or more on 2 cores); CI's slow run compiles belief2 above
 @pytest.mark.timeout(1800)  # two AOTInductor compiles of the micro model: minutes on a loaded 2-core machine
 def test_bench_latency_times_aoti_rows_from_one_package_per_variant(tmp_path):
     """``bench-latency --backends aoti``: each row parity-checked and timed, paired with eager and with standard; the

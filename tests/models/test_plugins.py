@@ -806,6 +806,9 @@ def test_example_plugin_through_every_command(installed_example, tmp_path):
             "1",
             "--min-time",
             "0.05",
+            "--no-pair-eager",  # the rows are the point here; pairing is tested with the benchmark
+            "--ceiling-size",
+            "0",
             "--out",
             str(bench),
             "--no-progress",

@@ -302,22 +302,17 @@ def test_bad_flags_are_one_line(tmp_path, capsys, argv, message):
 
 
 # ------------------------------------------------------------------------------------------------ real reports
-@pytest.fixture(scope="module")
-def quick_set(belief2_quick):
-    """Two real ``--quick`` reports through the command: belief2's, written by report-variant beside it
-    (tests/report/conftest.py) and kept, and wafe-mae's, which the command writes."""
-    out = belief2_quick[0].parent
-    kept = (out / "belief2" / "report.json").stat().st_mtime_ns
-    assert main(["--out", str(out), "--run", "--quick", "--variants", "belief2,wafe-mae", "--no-progress"]) == 0
-    assert (out / "belief2" / "report.json").stat().st_mtime_ns == kept and (out / "wafe-mae" / "report.json").exists()
-    return out
+def _run_index(out: Path, variants: str) -> dict[str, int]:
+    """``python -m attnzoo.report.index --out OUT --run --quick --variants VARIANTS``; each report's mtime after."""
+    assert main(["--out", str(out), "--run", "--quick", "--variants", variants, "--no-progress"]) == 0
+    return {n: (out / n / "report.json").stat().st_mtime_ns for n in variants.split(",")}
 
 
-@pytest.mark.slow
-def test_quick_reports_through_the_command_index_their_own_values(quick_set, capsys):
-    reports = {r["variant"]: r for _, r in find_reports(quick_set)[0]}
-    assert list(reports) == ["belief2", "wafe-mae"]
-    rows = {row["variant"]: row for row in _table((quick_set / "README.md").read_text())}
+def _assert_rows_are_the_reports(out: Path, names: list[str]) -> None:
+    """The index's row of each report in ``out`` says what its report.json says."""
+    reports = {r["variant"]: r for _, r in find_reports(out)[0]}
+    assert list(reports) == names
+    rows = {row["variant"]: row for row in _table((out / "README.md").read_text())}
     for name, r in reports.items():
         row = rows[f"[{name}]({name}/report.md)"]
         side = r["export"][name]
@@ -337,13 +332,33 @@ def test_quick_reports_through_the_command_index_their_own_values(quick_set, cap
         assert row["fused: OpenVINO"] == f"{fused['openvino']['fused']}/{fused['openvino']['cores']}"
         o = r["verdict"]["overhead_first"]
         assert o is not None and row[f"x standard at {o['tokens']:,} tokens"] == f"x{o['ratio']:.2f} ({o['backend']})"
-        assert r["command"] == f"report-variant --variant {name} --out {quick_set / name} --quick"
-    assert rows["[wafe-mae](wafe-mae/report.md)"]["fused: OpenVINO"] == "0/4"  # pairwise L1: no fusable core
-    # a second run keeps both reports as they are
-    before = {n: (quick_set / n / "report.json").stat().st_mtime_ns for n in reports}
-    capsys.readouterr()
-    assert main(["--out", str(quick_set), "--run", "--quick", "--variants", "belief2,wafe-mae", "--no-progress"]) == 0
-    assert {n: (quick_set / n / "report.json").stat().st_mtime_ns for n in reports} == before
+        assert r["command"] == f"report-variant --variant {name} --out {out / name} --quick"
+
+
+@pytest.mark.slow
+def test_a_quick_report_is_kept_by_the_command_and_indexed_with_its_own_values(belief2_quick):
+    """belief2's real ``--quick`` report (written by report-variant, tests/report/conftest.py): the command keeps
+    it as it is, twice, and its index row reads every cell from it."""
+    out = belief2_quick[0].parent
+    kept = (out / "belief2" / "report.json").stat().st_mtime_ns
+    assert _run_index(out, "belief2") == {"belief2": kept}
+    _assert_rows_are_the_reports(out, ["belief2"])
+    assert _run_index(out, "belief2") == {"belief2": kept}
+
+
+@pytest.mark.slow
+@pytest.mark.matrix  # a second whole quick report (about 3 minutes on 2 cores): the matrix run
+def test_the_command_writes_a_missing_report_and_indexes_it_beside_the_kept_one(belief2_quick):
+    """With belief2's report kept, the command writes wafe-mae's (pairwise L1: no core for OpenVINO to fuse)
+    and indexes both; a second run keeps both as they are."""
+    out = belief2_quick[0].parent
+    kept = (out / "belief2" / "report.json").stat().st_mtime_ns
+    first = _run_index(out, "belief2,wafe-mae")
+    assert first["belief2"] == kept
+    _assert_rows_are_the_reports(out, ["belief2", "wafe-mae"])
+    rows = {row["variant"]: row for row in _table((out / "README.md").read_text())}
+    assert rows["[wafe-mae](wafe-mae/report.md)"]["fused: OpenVINO"] == "0/4"
+    assert _run_index(out, "belief2,wafe-mae") == first
 
 
 def test_help_loads_without_torch():

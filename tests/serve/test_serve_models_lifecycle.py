@@ -226,7 +226,8 @@ def shipped_dir(tmp_path_factory) -> Path:
         (signal.SIGINT, False, "starting"),  # Ctrl-C while Ray starts
         pytest.param(signal.SIGTERM, False, "starting", marks=pytest.mark.matrix),  # the other signal: matrix run
         pytest.param(signal.SIGINT, True, "serving", marks=pytest.mark.matrix),  # Ctrl-C reaches the whole job
-        (signal.SIGTERM, True, "serving"),
+        # in CI's slow run the group SIGTERM while serving is the first of the repeated runs below
+        pytest.param(signal.SIGTERM, True, "serving", marks=pytest.mark.matrix),
     ],
 )
 def test_a_signal_ends_the_whole_tree_within_10_s(shipped_dir, tmp_path, sig, group, when):
@@ -257,10 +258,10 @@ def test_a_signal_ends_the_whole_tree_within_10_s(shipped_dir, tmp_path, sig, gr
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("runs", [2, pytest.param(4, marks=pytest.mark.matrix)])
+@pytest.mark.parametrize("runs", [1, pytest.param(4, marks=pytest.mark.matrix)])
 def test_group_sigterm_right_after_the_first_answer_leaves_nothing_each_time(shipped_dir, tmp_path, runs):
     """SIGTERM to the process group right after the first answer (``kill -- -PGID``, a service manager, a container
-    stop), ``runs`` times (twice in CI's slow run, four times in the matrix run): each time exit 143, nothing of the
+    stop), ``runs`` times (once in CI's slow run, four times in the matrix run): each time exit 143, nothing of the
     local Ray left, an HAProxy that a reload started during the stop (``-sf <old pid>``, orphaned to PID 1) included,
     and the port free. Before the stop scanned again for such late processes, one run in four left an HAProxy
     listening on the port."""
@@ -278,6 +279,7 @@ def test_group_sigterm_right_after_the_first_answer_leaves_nothing_each_time(shi
             assert r.status_code == 200, r.text
             _stop_and_check(proc, signal.SIGTERM, True, _tree(proc.pid))
             assert proc.returncode == 143, (run, _output(proc)[-5:])
+            assert _output(proc)[-1] == SIGNAL_EXITS[signal.SIGTERM][1], (run, _output(proc)[-5:])
             time.sleep(2.0)  # nothing shows up late either
             late = _running(_owned_by(proc.pid))
             assert not late, f"run {run}: started after the stop and still running: {late}"

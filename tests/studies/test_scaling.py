@@ -234,6 +234,7 @@ def test_an_export_whose_eager_check_would_exceed_the_limit_is_not_made(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # eight verified exports (3 to 4 minutes on 2 cores); the default run's ORT test and the eager run
 def test_quick_run_with_onnx_runtime(tmp_path):
     """The --quick pipeline end to end: verified exports, parity-gated ORT rows, fits for both backends."""
     result = run_scaling(_quick(tmp_path, "--variants", "standard,wafe-mae"))
