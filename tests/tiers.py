@@ -13,9 +13,10 @@ from collections.abc import Collection, Iterable
 import pytest
 
 #: One variant of each kind of math the variants add to attention, beside the reference: belief-star (the
-#: projection and the head projection), mabvit-glu (a gated score function instead of softmax), wafe-mse (the key
-#: norm), anti-wafe-mae (the pairwise L1 distance with the flipped sign) and horizontal-vertical (both token
-#: orders). With the tests' fast sets (belief2, wafe-mae, anti-wafe-mse, mostly) every extra-math scope is covered.
+#: projection and the head projection), mabvit-glu (the value through a SiLU gate), wafe-mse (squared-distance
+#: scores, the key norm), anti-wafe-mae (pairwise L1 scores with the flipped sign) and horizontal-vertical (the
+#: gate over heads and the gate over the output). With the tests' fast sets (belief2, wafe-mae, anti-wafe-mse,
+#: mostly) every extra-math scope is covered.
 SLOW_SET = ("standard", "belief-star", "mabvit-glu", "wafe-mse", "anti-wafe-mae", "horizontal-vertical")
 
 
