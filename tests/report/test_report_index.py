@@ -308,8 +308,8 @@ def _run_index(out: Path, variants: str) -> dict[str, int]:
     return {n: (out / n / "report.json").stat().st_mtime_ns for n in variants.split(",")}
 
 
-def _assert_rows_are_the_reports(out: Path, names: list[str]) -> None:
-    """The index's row of each report in ``out`` says what its report.json says."""
+def _assert_rows_are_the_reports(out: Path, names: list[str]) -> dict[str, dict[str, str]]:
+    """The index's row of each report in ``out`` says what its report.json says; returns the rows by variant cell."""
     reports = {r["variant"]: r for _, r in find_reports(out)[0]}
     assert list(reports) == names
     rows = {row["variant"]: row for row in _table((out / "README.md").read_text())}
@@ -333,6 +333,7 @@ def _assert_rows_are_the_reports(out: Path, names: list[str]) -> None:
         o = r["verdict"]["overhead_first"]
         assert o is not None and row[f"x standard at {o['tokens']:,} tokens"] == f"x{o['ratio']:.2f} ({o['backend']})"
         assert r["command"] == f"report-variant --variant {name} --out {out / name} --quick"
+    return rows
 
 
 @pytest.mark.slow
@@ -355,8 +356,7 @@ def test_the_command_writes_a_missing_report_and_indexes_it_beside_the_kept_one(
     kept = (out / "belief2" / "report.json").stat().st_mtime_ns
     first = _run_index(out, "belief2,wafe-mae")
     assert first["belief2"] == kept
-    _assert_rows_are_the_reports(out, ["belief2", "wafe-mae"])
-    rows = {row["variant"]: row for row in _table((out / "README.md").read_text())}
+    rows = _assert_rows_are_the_reports(out, ["belief2", "wafe-mae"])
     assert rows["[wafe-mae](wafe-mae/report.md)"]["fused: OpenVINO"] == "0/4"
     assert _run_index(out, "belief2,wafe-mae") == first
 
