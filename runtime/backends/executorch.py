@@ -11,6 +11,9 @@ extra math (its ``extra_scopes``) excluded: it stays fp32.
 It loads a program file (``export-model --format executorch`` writes and verifies one), or lowers one from the
 PyTorch module into ``<cache_dir>/executorch/``, keyed by the module's content
 (:func:`attnzoo.runtime.aoti.fingerprint`), the precision and the versions of torch and ExecuTorch.
+
+``threads`` sizes ExecuTorch's one CPU threadpool, which XNNPACK's delegate runs on: it is process-wide, so a load
+that sets it resizes the pool of every program loaded in the process (:func:`set_threads`).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ __all__ = [
     "load_method",
     "graph_nodes",
     "cached_program",
+    "set_threads",
 ]
 
 #: Precisions a program is lowered at: fp32, and dynamic int8 (the Linear layers; the extra math fp32).
@@ -178,6 +182,21 @@ def load_method(path: str | Path) -> Any:
     return Runtime.get().load_program(Path(path)).load_method("forward")
 
 
+def set_threads(threads: int | None) -> int:
+    """Resize ExecuTorch's CPU threadpool to ``threads`` (``None``: leave it as it is); returns its size.
+
+    The pool is one per process (ExecuTorch's ``_unsafe_reset_threadpool``: unsafe only while a method runs on
+    it, which a session in this process never does at load time)."""
+    from executorch.extension.pybindings import portable_lib
+
+    if threads is not None:
+        if int(threads) < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        if portable_lib._threadpool_get_thread_count() != int(threads):
+            portable_lib._unsafe_reset_threadpool(int(threads))
+    return int(portable_lib._threadpool_get_thread_count())
+
+
 def cached_program(model: Any, cache_dir: str | Path, *, dtype: str = "fp32") -> tuple[Path, dict[str, Any]]:
     """The program of ``model`` at ``dtype`` in ``<cache_dir>/executorch/``, lowered when none of the same
     fingerprint (weights, source, config, precision, input size, torch and ExecuTorch versions) is there."""
@@ -210,10 +229,18 @@ def cached_program(model: Any, cache_dir: str | Path, *, dtype: str = "fp32") ->
 class ExecuTorchSession(Session):
     """A loaded ExecuTorch program's ``forward``; ``facts`` says where it came from."""
 
-    def __init__(self, path: Path, *, backend: str, dtype: str, facts: dict) -> None:
+    def __init__(self, path: Path, *, backend: str, dtype: str, facts: dict, threads: int | None = None) -> None:
         self.backend = backend
         self.method = load_method(path)
-        self._info = {"device": "cpu", "dtype": dtype, "program": str(path), "delegate": "XnnpackBackend", **facts}
+        pool = set_threads(threads)
+        self._info = {
+            "device": "cpu",
+            "dtype": dtype,
+            "program": str(path),
+            "delegate": "XnnpackBackend",
+            "threads": pool,
+            **facts,
+        }
 
     def run(self, x: np.ndarray) -> np.ndarray:
         if self.method is None:
@@ -246,7 +273,7 @@ class ExecuTorchBackend(Backend):
             facts: dict[str, Any] = {"cached": None}
         else:
             path, facts = cached_program(model, options.cache_dir or default_cache_dir(), dtype=options.dtype)
-        return ExecuTorchSession(path, backend=self.name, dtype=options.dtype, facts=facts)
+        return ExecuTorchSession(path, backend=self.name, dtype=options.dtype, facts=facts, threads=options.threads)
 
 
 EXECUTORCH = register_backend(
@@ -257,7 +284,7 @@ EXECUTORCH = register_backend(
         takes="module",
         device="cpu",
         dtypes=EXECUTORCH_DTYPES,
-        reads=("cache_dir",),
+        reads=("cache_dir", "threads"),
         library="executorch",
         jit_compiles=True,
     )

@@ -70,6 +70,20 @@ def test_a_refused_op_is_one_line_naming_it_and_nothing_is_written(tmp_path, mon
 
 
 @needs_executorch
+def test_threads_size_executorchs_one_threadpool():
+    """``--threads`` reaches ExecuTorch: its process-wide pool is resized, ``None`` leaves it, 0 is refused."""
+    before = et.set_threads(None)
+    try:
+        assert et.set_threads(1) == 1 and et.set_threads(None) == 1
+        assert et.set_threads(2) == 2
+        with pytest.raises(ValueError, match="threads must be >= 1, got 0"):
+            et.set_threads(0)
+        assert "threads" in get_backend("executorch").reads
+    finally:
+        et.set_threads(before)
+
+
+@needs_executorch
 @pytest.mark.slow
 def test_belief2_exports_as_a_verified_program_with_its_extra_math_counted_and_the_backend_runs_it(tmp_path):
     """A real lowering (one block; about a minute on 2 cores): parity at batch 1 and 3 (traced at 2), the
@@ -87,8 +101,9 @@ def test_belief2_exports_as_a_verified_program_with_its_extra_math_counted_and_t
     assert ModelContract.from_props(report["metadata"]).variant == "belief2"
     assert result.summary().splitlines()[-2] == "  PASSED"
     x = torch.randn(3, 3, 32, 32).numpy()
-    with get_backend("executorch").load(out, LoadOptions()) as session:
+    with get_backend("executorch").load(out, LoadOptions(threads=1)) as session:
         got = session.run(x)
+        assert session.info()["threads"] == 1
     with torch.no_grad():
         want = model(torch.from_numpy(x)).numpy()
     assert abs(got - want).max() < 1e-4
