@@ -43,6 +43,7 @@ __all__ = [
     "EXTRA_BATCH_SIZES",
     "verify_onnx",
     "parity_vs_eager",
+    "checked_batch_sizes",
     "export_verified",
     "export_fingerprint",
     "adopt_verified",
@@ -56,6 +57,11 @@ __all__ = [
 
 #: Batch sizes verified on top of the requested ones (the export traces batch 2).
 EXTRA_BATCH_SIZES: tuple[int, ...] = (1, 3)
+
+
+def checked_batch_sizes(batch_sizes: Sequence[int]) -> list[int]:
+    """The batch sizes parity is checked at: the requested ones and :data:`EXTRA_BATCH_SIZES`, sorted."""
+    return sorted(set(int(b) for b in batch_sizes) | set(EXTRA_BATCH_SIZES))
 
 
 class VerificationError(ExportError):
@@ -140,7 +146,7 @@ def verify_onnx(
     :func:`parity_vs_eager`.
     """
     hw = (input_hw[0], input_hw[1]) if input_hw else (int(config["img_size"]),) * 2
-    sizes = sorted(set(int(b) for b in batch_sizes) | set(EXTRA_BATCH_SIZES))
+    sizes = checked_batch_sizes(batch_sizes)
     session = ORT_CPU.session(path, threads).session  # fp32 without TF32: the fp32 tolerance holds
     batch_dim = session.get_inputs()[0].shape[0]
     name = session.get_inputs()[0].name

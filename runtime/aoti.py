@@ -20,6 +20,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -45,6 +46,7 @@ __all__ = [
     "load_package",
     "fingerprint",
     "cached_package",
+    "module_path",
 ]
 
 #: Precisions a package is compiled at, per device: fp32 on the CPU; fp32 and fp16 on a CUDA GPU.
@@ -52,6 +54,13 @@ AOTI_DTYPES: dict[str, tuple[str, ...]] = {"cpu": ("fp32",), "cuda": ("fp32", "f
 #: The batch size ``torch.export`` traces with (every other size is one the package was not traced with).
 TRACE_BATCH = 2
 _TORCH_DTYPES = {"fp32": "float32", "fp16": "float16"}
+
+
+def module_path(path: str) -> str:
+    """A ``torch.export`` ``nn_module_stack`` path as a dotted module name (``L['self'].blocks[0].attn`` ->
+    ``blocks.0.attn``): how the exported programs name the module a node comes from."""
+    path = re.sub(r"^L\['self'\]\.?|^L__self__\.?", "", path)
+    return re.sub(r"\[(\d+)\]", r".\1", path)
 
 
 def aoti_problem(device: str, dtype: str) -> str | None:

@@ -32,7 +32,6 @@ import numpy as np
 import torch
 
 from attnzoo.errors import UsageError
-from attnzoo.fileio import sha256_file
 from attnzoo.limits import MAX_BATCH_SIZE
 from attnzoo.runtime import aoti
 from attnzoo.runtime.backends.eager import TORCH_DTYPES
@@ -41,14 +40,15 @@ from attnzoo.runtime.device import fp32_math
 
 from ..check import block_prefix, expected_scopes, variant_spec
 from ..divergence import not_exposed
-from ..verify import EXTRA_BATCH_SIZES, parity_vs_eager, verdict_lines
-from .base import ExportFormat, ExportRequest, ModelSource, keep_report, report_path, run_step
+from ..verify import checked_batch_sizes
+from .base import ExportFormat, ExportRequest, ModelSource, keep_report, report_path, run_step, summary_text
 
 __all__ = [
     "AotiFormat",
     "FORMAT",
     "NO_MATH_TARGETS",
     "count_extra_math",
+    "dynamic_batch",
     "package_device",
     "summary",
 ]
@@ -91,12 +91,6 @@ def package_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _module_path(path: str) -> str:
-    """A ``nn_module_stack`` path as a dotted module name (``L['self'].blocks[0].attn`` -> ``blocks.0.attn``)."""
-    path = re.sub(r"^L\['self'\]\.?|^L__self__\.?", "", path)
-    return re.sub(r"\[(\d+)\]", r".\1", path)
-
-
 def _target(node: Any) -> str:
     """``aten.mul.Tensor`` -> ``mul``; ``operator.getitem`` -> ``getitem``."""
     name = getattr(node.target, "__name__", str(node.target))
@@ -121,7 +115,7 @@ def count_extra_math(program: Any, config: dict[str, Any]) -> dict[str, Any]:
         if node.op != "call_function":
             continue
         for path, *_ in (node.meta.get("nn_module_stack") or {}).values():
-            name = _module_path(str(path))
+            name = aoti.module_path(str(path))
             m = block.match(name)
             if m:
                 depth = max(depth, int(m.group(1)) + 1)
@@ -181,7 +175,7 @@ class AotiFormat(ExportFormat):
     def export_verified(self, req: ExportRequest, source: ModelSource, out: Path) -> dict[str, Any]:
         """Export, count the extra math, compile, load, check parity; rename to ``out`` only when all passed."""
         device, config, hw = package_device(), source.config, (source.hw[0], source.hw[1])
-        sizes = sorted(set(req.batch_sizes) | set(EXTRA_BATCH_SIZES))
+        sizes = checked_batch_sizes(req.batch_sizes)
         start = time.perf_counter()
         program = aoti.export_program(source.model, hw, device=device, dtype=req.dtype)
         report: dict[str, Any] = {
@@ -227,11 +221,8 @@ class AotiFormat(ExportFormat):
                     y = runner(torch.from_numpy(np.ascontiguousarray(x)).to(device, dtype))
                 return y.float().cpu().numpy()
 
-            parity = parity_vs_eager(source.model, run, config, hw, sizes, req.dtype)
-            report["parity"] = {**parity, "batch_sizes": sizes, "runtime": f"aoti_load_package ({device})"}
-            report.update(file_size=tmp.stat().st_size, sha256=sha256_file(tmp))
-            if parity["failures"]:
-                return self.fail(out, report, list(parity["failures"]))
+            runtime = f"aoti_load_package ({device})"
+            self.check_parity(out, report, source, run, dtype=req.dtype, sizes=sizes, runtime=runtime, files=[tmp])
         report.update(passed=True, failures=[])
         return keep_report(out, report)
 
@@ -247,10 +238,13 @@ def summary(report: dict[str, Any], path: Path | None = None) -> str:
         f"{report['file_size'] / 1e6:.2f} MB, export {report['export_time_s']:.1f} s + compile "
         f"{report['compile_time_s']:.1f} s"
     )
+    return summary_text(head, report, dynamic_batch(report), path)
+
+
+def dynamic_batch(report: dict[str, Any]) -> str:
+    """How a program exported by ``torch.export`` takes its batch: ``dynamic 'batch' 1-256, traced at 2``."""
     lo, hi = report["batch_range"]
-    batches = f"dynamic '{report['batch_dim']}' {lo}-{hi}, traced at {report['trace_batch']}"
-    lines = [head, *verdict_lines(report, report["parity"]["runtime"], batches)]
-    return "\n".join(lines + ([f"  report: {path}"] if path is not None else []))
+    return f"dynamic '{report['batch_dim']}' {lo}-{hi}, traced at {report['trace_batch']}"
 
 
 FORMAT = AotiFormat()

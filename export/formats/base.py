@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from attnzoo.errors import UsageError, first_line
-from attnzoo.fileio import atomic_write_text, writable_dir
+from attnzoo.fileio import atomic_write_text, sha256_file, writable_dir
 
 from ..errors import ExportError
-from ..verify import VerificationError
+from ..verify import VerificationError, parity_vs_eager, verdict_lines
 
 if TYPE_CHECKING:
     from ..pipeline import ExportResult
@@ -29,6 +29,7 @@ __all__ = [
     "failed_report_path",
     "keep_report",
     "record_failure",
+    "summary_text",
 ]
 
 
@@ -100,6 +101,13 @@ def record_failure(out: Path, report: dict[str, Any], failures: list[str]) -> st
         f"{out.name} failed verification ({'; '.join(failures[:3])}); see {failed_report_path(out)}; "
         f"{out.name} was not written"
     )
+
+
+def summary_text(head: str, report: dict[str, Any], batches: str, path: Path | None = None) -> str:
+    """A file written from the model, for the terminal: ``head`` (what the file is), its parity (``batches``: how
+    its batch is dynamic), the extra math per block, the verdict, and where its report is."""
+    lines = [head, *verdict_lines(report, report["parity"]["runtime"], batches)]
+    return "\n".join(lines + ([f"  report: {path}"] if path is not None else []))
 
 
 class ExportFormat:
@@ -174,6 +182,27 @@ class ExportFormat:
         """Refuse ``out`` (a :attr:`from_model` format's output): its failed report written
         (:func:`record_failure`), the one line raised as a :class:`~attnzoo.export.verify.VerificationError`."""
         raise VerificationError(record_failure(out, report, failures))
+
+    def check_parity(
+        self,
+        out: Path,
+        report: dict[str, Any],
+        source: ModelSource,
+        run: Callable[[Any], Any],
+        *,
+        dtype: str,
+        sizes: Sequence[int],
+        runtime: str,
+        files: Sequence[Path],
+    ) -> None:
+        """The file written for ``out`` (``files``: its parts, the first the one ``sha256`` names), run by ``run``,
+        against the eager fp32 model at ``sizes`` under ``dtype``'s tolerance: the parity (run on ``runtime``), the
+        files' size and the hash go into ``report``, and a failed parity refuses ``out`` (:meth:`fail`)."""
+        parity = parity_vs_eager(source.model, run, source.config, source.hw, list(sizes), dtype)
+        report["parity"] = {**parity, "batch_sizes": list(sizes), "runtime": runtime}
+        report.update(file_size=sum(f.stat().st_size for f in files), sha256=sha256_file(files[0]))
+        if parity["failures"]:
+            self.fail(out, report, list(parity["failures"]))
 
     @contextlib.contextmanager
     def cleanup(self, out: Path) -> Iterator[None]:

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from attnzoo.errors import UsageError, first_line
-from attnzoo.fileio import atomic_path, sha256_file
+from attnzoo.fileio import atomic_path
 from attnzoo.limits import MAX_BATCH_SIZE
 from attnzoo.runtime import aoti
 from attnzoo.runtime.backends import executorch as et
@@ -43,9 +43,9 @@ from attnzoo.runtime.contract import BATCH_DIM
 
 from ..check import variant_spec
 from ..onnx_export import contract_metadata
-from ..verify import EXTRA_BATCH_SIZES, parity_vs_eager, verdict_lines
-from .aoti_format import _module_path, count_extra_math
-from .base import ExportFormat, ExportRequest, ModelSource, keep_report, report_path, run_step
+from ..verify import checked_batch_sizes
+from .aoti_format import count_extra_math, dynamic_batch
+from .base import ExportFormat, ExportRequest, ModelSource, keep_report, report_path, run_step, summary_text
 
 __all__ = ["ExecuTorchFormat", "FORMAT", "count_lowered_extra_math", "refusal", "summary"]
 
@@ -60,7 +60,7 @@ def count_lowered_extra_math(edge: Any, config: dict[str, Any]) -> dict[str, Any
     where: dict[str, Counter] = {scope: Counter() for scope in found["blocks"]}
     for kind, node in placed:
         for path, *_ in (node.meta.get("nn_module_stack") or {}).values():
-            scope = _module_path(str(path))
+            scope = aoti.module_path(str(path))
             if scope in where:
                 where[scope][kind] += 1
     for scope, counts in where.items():
@@ -105,7 +105,7 @@ class ExecuTorchFormat(ExportFormat):
         """Export, lower, count the extra math, serialize, load, check parity; rename to ``out`` only when all
         passed."""
         config, hw = source.config, (source.hw[0], source.hw[1])
-        sizes = sorted(set(req.batch_sizes) | set(EXTRA_BATCH_SIZES))
+        sizes = checked_batch_sizes(req.batch_sizes)
         report: dict[str, Any] = {
             "path": str(out),
             "format": "executorch",
@@ -146,11 +146,8 @@ class ExecuTorchFormat(ExportFormat):
             def run(x: np.ndarray) -> np.ndarray:
                 return method.execute([torch.from_numpy(np.ascontiguousarray(x))])[0].float().numpy()
 
-            parity = parity_vs_eager(source.model, run, config, hw, sizes, req.dtype)
-            report["parity"] = {**parity, "batch_sizes": sizes, "runtime": "executorch.runtime (XNNPACK, cpu)"}
-            report.update(file_size=tmp.stat().st_size, sha256=sha256_file(tmp))
-            if parity["failures"]:
-                return self.fail(out, report, list(parity["failures"]))
+            runtime = "executorch.runtime (XNNPACK, cpu)"
+            self.check_parity(out, report, source, run, dtype=req.dtype, sizes=sizes, runtime=runtime, files=[tmp])
         report.update(passed=True, failures=[])
         return keep_report(out, report)
 
@@ -167,10 +164,7 @@ def summary(report: dict[str, Any], path: Path | None = None) -> str:
         f"{report['file_size'] / 1e6:.2f} MB, lower {report['lower_time_s']:.1f} s + serialize "
         f"{report['serialize_time_s']:.1f} s"
     )
-    lo, hi = report["batch_range"]
-    batches = f"dynamic '{report['batch_dim']}' {lo}-{hi}, traced at {report['trace_batch']}"
-    lines = [head, *verdict_lines(report, report["parity"]["runtime"], batches)]
-    return "\n".join(lines + ([f"  report: {path}"] if path is not None else []))
+    return summary_text(head, report, dynamic_batch(report), path)
 
 
 FORMAT = ExecuTorchFormat()

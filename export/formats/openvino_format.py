@@ -55,8 +55,17 @@ from attnzoo.runtime.contract import BATCH_DIM, INPUT_NAME, ModelContract, metad
 
 from .. import verify
 from ..check import block_prefix, expected_scopes, variant_spec
-from ..verify import EXTRA_BATCH_SIZES, VerificationError, parity_vs_eager, verdict_lines
-from .base import ExportFormat, ExportRequest, ModelSource, keep_report, record_failure, report_path, run_step
+from ..verify import VerificationError, checked_batch_sizes
+from .base import (
+    ExportFormat,
+    ExportRequest,
+    ModelSource,
+    keep_report,
+    record_failure,
+    report_path,
+    run_step,
+    summary_text,
+)
 
 __all__ = [
     "OpenVINOFormat",
@@ -222,7 +231,7 @@ class OpenVINOFormat(ExportFormat):
         """Export and verify the ONNX, convert it, count the extra math, check parity; rename to ``out`` only when
         all passed."""
         config, hw = source.config, (source.hw[0], source.hw[1])
-        sizes = sorted(set(req.batch_sizes) | set(EXTRA_BATCH_SIZES))
+        sizes = checked_batch_sizes(req.batch_sizes)
         with tempfile.TemporaryDirectory(prefix="attnzoo-openvino-") as work:
             onnx_path = Path(work) / f"{out.stem}.onnx"
             with contextlib.redirect_stdout(io.StringIO()):  # the exporter's own progress lines
@@ -286,21 +295,14 @@ class OpenVINOFormat(ExportFormat):
                     session = backend.load(tmp, backend.options(dtype=req.dtype, threads=source.threads))
                 except Exception as exc:  # noqa: BLE001 -- the plugin's refusal, as one line
                     raise self._refused(out, report, "OpenVINO's CPU plugin cannot compile the IR", exc) from None
+                report["bin_sha256"] = sha256_file(tmp.with_suffix(".bin"))
                 with session:
-                    parity = parity_vs_eager(source.model, session.run, config, hw, sizes, req.dtype)
-                    info = session.info()
-                report["parity"] = {
-                    **parity,
-                    "batch_sizes": sizes,
-                    "runtime": f"OpenVINO {ovrt.version()} CPU, {info.get('inference_precision_hint', 'f32')}",
-                }
-                report.update(
-                    file_size=tmp.stat().st_size + tmp.with_suffix(".bin").stat().st_size,
-                    sha256=sha256_file(tmp),
-                    bin_sha256=sha256_file(tmp.with_suffix(".bin")),
-                )
-                if parity["failures"]:
-                    return self.fail(out, report, list(parity["failures"]))
+                    hint = session.info().get("inference_precision_hint", "f32")
+                    runtime = f"OpenVINO {ovrt.version()} CPU, {hint}"
+                    files = [tmp, tmp.with_suffix(".bin")]
+                    self.check_parity(
+                        out, report, source, session.run, dtype=req.dtype, sizes=sizes, runtime=runtime, files=files
+                    )
                 report.update(passed=True, failures=[])
                 ovrt.place_ir(tmp, out)
         return keep_report(out, report)
@@ -346,9 +348,7 @@ def summary(report: dict[str, Any], path: Path | None = None) -> str:
         f"MB .xml+.bin, ONNX export {report['source_onnx']['export_time_s'] or 0:.1f} s + convert "
         f"{report['convert_time_s']:.1f} s"
     )
-    batches = f"dynamic batch, traced at {report['trace_batch']}"
-    lines = [head, *verdict_lines(report, report["parity"]["runtime"], batches)]
-    return "\n".join(lines + ([f"  report: {path}"] if path is not None else []))
+    return summary_text(head, report, f"dynamic batch, traced at {report['trace_batch']}", path)
 
 
 FORMAT = OpenVINOFormat()

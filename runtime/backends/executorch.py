@@ -109,13 +109,8 @@ def _in_scopes(node: Any, scopes: Sequence[str]) -> bool:
     if not scopes:
         return False
     pattern = re.compile(rf"(^|\.)attn\.({'|'.join(map(re.escape, scopes))})(\.|$)")
-    return any(pattern.search(_dotted(str(path))) for path, *_ in (node.meta.get("nn_module_stack") or {}).values())
-
-
-def _dotted(path: str) -> str:
-    """A ``nn_module_stack`` path as a dotted module name (``L['self'].blocks[0].attn`` -> ``blocks.0.attn``)."""
-    path = re.sub(r"^L\['self'\]\.?|^L__self__\.?", "", path)
-    return re.sub(r"\[(\d+)\]", r".\1", path)
+    stack = (node.meta.get("nn_module_stack") or {}).values()
+    return any(pattern.search(aoti.module_path(str(path))) for path, *_ in stack)
 
 
 def _quantize(net: Any, x: Any, dynamic: Any, keep_fp32: Sequence[str]) -> Any:

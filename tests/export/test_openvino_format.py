@@ -17,7 +17,7 @@ from attnzoo.errors import UsageError
 from attnzoo.export import export_model, verify
 from attnzoo.export.cli import main
 from attnzoo.export.errors import ExportError
-from attnzoo.export.formats import openvino_format
+from attnzoo.export.formats import base
 from attnzoo.export.formats.base import failed_report_path, report_path
 from attnzoo.export.formats.openvino_format import count_extra_math
 from attnzoo.models import VARIANT_NAMES, VARIANTS, create_model
@@ -133,9 +133,9 @@ def test_an_ir_that_differs_from_eager_is_not_written_and_a_good_one_stays(belie
     _same_onnx(monkeypatch, model)
     out = tmp_path / "b2.xml"
     out.write_text("a good IR already there")
-    real = openvino_format.parity_vs_eager
+    real = base.parity_vs_eager
     monkeypatch.setattr(
-        openvino_format, "parity_vs_eager", lambda model, run, *a, **k: real(model, lambda x: run(x) + 0.01, *a, **k)
+        base, "parity_vs_eager", lambda model, run, *a, **k: real(model, lambda x: run(x) + 0.01, *a, **k)
     )
     with pytest.raises(ExportError, match=r"b2.xml failed verification \(batch 1 real: max abs err 0.01 > 0.0001"):
         export_model(model=model, out=out, format="openvino", batch_sizes=(1,))
