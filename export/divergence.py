@@ -22,6 +22,8 @@ every float output of every node of the block, by tensor name. ``worst_op`` is t
 over the largest error measured before it in the block (the block's input, the previous block's output, included):
 the op that adds the most error, not one that only carries an error made upstream.
 
+A runtime's own model converted from the graph that keeps its tensor names (an OpenVINO IR) is compared the same
+way, with that runtime computing the named tensors (:func:`divergence_vs_eager` ``values``).
 :func:`eager_block_outputs` and :func:`block_errors` are the two halves another runtime's export uses when it can
 return its block outputs as arrays.
 """
@@ -29,7 +31,7 @@ return its block outputs as arrays.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -312,10 +314,18 @@ def divergence_vs_eager(
     dtype: str,
     threads: int | None = None,
     refs: Sequence[np.ndarray] | None = None,
+    values: Callable[[Sequence[str], np.ndarray], dict[str, np.ndarray]] | None = None,
 ) -> dict[str, Any]:
     """Block errors of the ONNX graph ``proto`` (fp32 or fp16) against the eager fp32 ``model`` on ``x``, under
     ``TOLERANCES[dtype]``; in the first block over it, the module scopes' errors and the worst op. ``refs``: the
-    eager block outputs on ``x`` when already computed (:class:`BlockRecorder`)."""
+    eager block outputs on ``x`` when already computed (:class:`BlockRecorder`). ``values``: what computes the
+    named tensors of ``proto`` on ``x`` (default: ONNX Runtime on ``proto`` itself; a runtime's own model converted
+    from it, such as an OpenVINO IR, names the same tensors); a tensor it does not return is not compared."""
+    if values is None:
+
+        def values(names: Sequence[str], x: np.ndarray) -> dict[str, np.ndarray]:
+            return _run(proto, names, x, threads)
+
     prefix = block_prefix(dict(config))
     names = block_output_names(proto, prefix)
     refs = list(refs) if refs is not None else eager_block_outputs(model, x, prefix)
@@ -323,7 +333,10 @@ def divergence_vs_eager(
         return not_exposed(
             f"the graph's {prefix}.N scopes name {len(names)} block output(s), the model has {len(refs)}"
         )
-    got = _run(proto, names, x, threads)
+    got = values(names, x)
+    if not all(n in got for n in names):
+        missing = [n for n in names if n not in got]
+        return not_exposed(f"the runtime's model does not keep the block output tensor(s) {', '.join(missing)}")
     blocks = block_errors([got[n] for n in names], refs)
     tol = TOLERANCES[dtype]
     first = first_over(blocks, tolerance=tol)
@@ -338,8 +351,8 @@ def divergence_vs_eager(
     if first is not None:
         points = _op_points(proto, f"{prefix}.{first}", every_node=False)
         modules = _hooked(model, [p["scope"] for p in points], x)
-        values = _run(proto, [p["tensor"] for p in points if p["scope"] in modules], x, threads)
-        ops = [{**p, **_error(values[p["tensor"]], modules[p["scope"]])} for p in points if p["tensor"] in values]
+        got = values([p["tensor"] for p in points if p["scope"] in modules], x)
+        ops = [{**p, **_error(got[p["tensor"]], modules[p["scope"]])} for p in points if p["tensor"] in got]
         result["ops"] = [p for p in ops if np.isfinite(p["rel_err"]) or p["max_abs_err"] != float("inf")]
         result["worst_op"] = _worst(result["ops"], _inputs_error(blocks, first))
     return result

@@ -44,6 +44,7 @@ __all__ = [
     "verify_onnx",
     "parity_vs_eager",
     "checked_batch_sizes",
+    "block_divergence",
     "export_verified",
     "export_fingerprint",
     "adopt_verified",
@@ -95,20 +96,22 @@ def divergence_inputs(config: Mapping[str, Any], hw: tuple[int, int], seed: int 
     return np.concatenate([data["real"], data["random"]])
 
 
-def _divergence(
+def block_divergence(
     model: nn.Module,
     proto: onnx.ModelProto,
     config: Mapping[str, Any],
     dtype: str,
     threads: int | None,
     record: divergence.BlockRecorder,
+    values: Callable[[Sequence[str], np.ndarray], dict[str, np.ndarray]] | None = None,
 ) -> dict[str, Any]:
     """The report's ``divergence`` entry, on the inputs the parity's smallest batch ran (``record`` kept their
     eager block outputs); a graph whose blocks cannot be read says why instead (the figures explain a verdict,
-    they are not one)."""
+    they are not one). ``values``: the runtime that computes ``proto``'s tensors
+    (:func:`~attnzoo.export.divergence.divergence_vs_eager`; default ONNX Runtime)."""
     try:
         x, refs = record.inputs, record.blocks
-        return divergence.divergence_vs_eager(model, proto, config, x, dtype, threads, refs=refs)
+        return divergence.divergence_vs_eager(model, proto, config, x, dtype, threads, refs=refs, values=values)
     except Exception as exc:  # noqa: BLE001 -- a diagnosis that cannot run never decides the verification
         return divergence.not_exposed(f"block outputs could not be compared: {type(exc).__name__}: {exc}")
 
@@ -262,7 +265,7 @@ def _check_and_place(
         "op_histogram": op_histogram(proto),
         "extra_math": extra_math,
         "parity": parity,
-        "divergence": _divergence(model, proto, config, dtype, threads, record),
+        "divergence": block_divergence(model, proto, config, dtype, threads, record),
         "onnxruntime": __import__("onnxruntime").__version__,
         "torch": torch.__version__,
     }

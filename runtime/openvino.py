@@ -71,6 +71,7 @@ __all__ = [
     "read_onnx",
     "compile_onnx",
     "OpenVINOSession",
+    "tensor_values",
     "pin_f32",
     "runtime_precisions",
     "check_runtime_precisions",
@@ -214,6 +215,22 @@ def compile_onnx(
         config["INFERENCE_NUM_THREADS"] = int(threads)
     off_altstack()  # the plugin may leave this thread on an unmapped alternate stack (attnzoo.signals)
     return ov.Core().compile_model(model, "CPU", config)
+
+
+def tensor_values(
+    path: str | Path, names: Sequence[str], x: np.ndarray, *, threads: int | None = None
+) -> dict[str, np.ndarray]:
+    """The tensors ``names`` (the ONNX tensor names an IR converted from an attnzoo ONNX keeps) as OpenVINO's CPU
+    plugin computes them on ``x``, at f32 precision: a fresh read of ``path`` with those tensors added as outputs,
+    compiled and run once. A name the model does not keep (folded or fused away by the conversion) is left out."""
+    model = read_onnx(path)
+    kept = {name for op in model.get_ops() for out in op.outputs() for name in out.get_names()}
+    wanted = [n for n in dict.fromkeys(names) if n and n in kept]
+    if wanted:
+        model.add_outputs(wanted)
+    compiled = compile_onnx(model, threads=threads)
+    result = compiled({INPUT_NAME: np.ascontiguousarray(x, dtype=np.float32)})
+    return {n: np.array(result[n], dtype=np.float32) for n in wanted}
 
 
 class OpenVINOSession:

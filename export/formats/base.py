@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from attnzoo.errors import UsageError, first_line
 from attnzoo.fileio import atomic_write_text, sha256_file, writable_dir
 
+from ..check import block_prefix
+from ..divergence import BlockRecorder
 from ..errors import ExportError
 from ..verify import VerificationError, parity_vs_eager, verdict_lines
 
@@ -194,12 +196,20 @@ class ExportFormat:
         sizes: Sequence[int],
         runtime: str,
         files: Sequence[Path],
+        divergence: Callable[[BlockRecorder], dict[str, Any]] | None = None,
     ) -> None:
         """The file written for ``out`` (``files``: its parts, the first the one ``sha256`` names), run by ``run``,
         against the eager fp32 model at ``sizes`` under ``dtype``'s tolerance: the parity (run on ``runtime``), the
-        files' size and the hash go into ``report``, and a failed parity refuses ``out`` (:meth:`fail`)."""
-        parity = parity_vs_eager(source.model, run, source.config, source.hw, list(sizes), dtype)
+        files' size and the hash go into ``report``, and a failed parity refuses ``out`` (:meth:`fail`).
+
+        ``divergence``: the per-block comparison of a format whose block outputs can be read, given the parity's
+        smallest batch with the eager block outputs kept on the way (:class:`BlockRecorder`); its entry goes into
+        ``report["divergence"]`` before the verdict, so that a failed parity names its first diverging block."""
+        record = BlockRecorder(source.model, block_prefix(source.config)) if divergence is not None else None
+        parity = parity_vs_eager(source.model, run, source.config, source.hw, list(sizes), dtype, record=record)
         report["parity"] = {**parity, "batch_sizes": list(sizes), "runtime": runtime}
+        if divergence is not None and record is not None:
+            report["divergence"] = divergence(record)
         report.update(file_size=sum(f.stat().st_size for f in files), sha256=sha256_file(files[0]))
         if parity["failures"]:
             self.fail(out, report, list(parity["failures"]))

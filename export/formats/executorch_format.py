@@ -42,6 +42,7 @@ from attnzoo.runtime.backends import executorch as et
 from attnzoo.runtime.contract import BATCH_DIM
 
 from ..check import variant_spec
+from ..divergence import not_exposed
 from ..onnx_export import contract_metadata
 from ..verify import checked_batch_sizes
 from .aoti_format import count_extra_math, dynamic_batch
@@ -123,6 +124,10 @@ class ExecuTorchFormat(ExportFormat):
             "metadata": contract_metadata(config, hw, req.dtype, source.checkpoint_sha256),
             "torch": torch.__version__,
             "executorch": et.executorch_version(),
+            "divergence": not_exposed(
+                "an ExecuTorch program returns the logits only: the block outputs live inside the XNNPACK delegates "
+                "(reading them would take a second program lowered with them as outputs)"
+            ),
         }
         start = time.perf_counter()
         try:

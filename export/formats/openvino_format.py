@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
 from attnzoo.errors import UsageError
 from attnzoo.fileio import sha256_file
@@ -299,9 +300,24 @@ class OpenVINOFormat(ExportFormat):
                 with session:
                     hint = session.info().get("inference_precision_hint", "f32")
                     runtime = f"OpenVINO {ovrt.version()} CPU, {hint}"
-                    files = [tmp, tmp.with_suffix(".bin")]
                     self.check_parity(
-                        out, report, source, session.run, dtype=req.dtype, sizes=sizes, runtime=runtime, files=files
+                        out,
+                        report,
+                        source,
+                        session.run,
+                        dtype=req.dtype,
+                        sizes=sizes,
+                        runtime=runtime,
+                        files=[tmp, tmp.with_suffix(".bin")],
+                        divergence=lambda record: verify.block_divergence(
+                            source.model,
+                            onnx.load(str(onnx_path)),
+                            config,
+                            req.dtype,
+                            source.threads,
+                            record,
+                            values=lambda names, x: ovrt.tensor_values(tmp, names, x, threads=source.threads),
+                        ),
                     )
                 report.update(passed=True, failures=[])
                 ovrt.place_ir(tmp, out)

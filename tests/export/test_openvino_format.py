@@ -9,9 +9,11 @@ import re
 import shutil
 
 import numpy as np
+import onnx
 import openvino as ov
 import pytest
 import torch
+from onnx import numpy_helper
 
 from attnzoo.errors import UsageError
 from attnzoo.export import export_model, verify
@@ -79,7 +81,13 @@ def test_belief2_fp32_ir_is_verified_written_whole_and_runs_in_the_openvino_back
     assert report["source_onnx"]["passed"] and report["weight_types"] == {"f32": report["weight_types"]["f32"]}
     ops = report["extra_math"]["blocks"]["blocks.0.attn.projection"]["ops"]
     assert ops["Mul"] == 3 and ops["ReduceSum"] == 2 and ops["Div"] == ops["Sub"] == ops["Add"] == 1
-    assert result.summary().splitlines()[-2:] == ["  PASSED", f"  report: {report_path(out)}"]
+    d = report["divergence"]  # the IR's block output, read through OpenVINO, against eager's
+    assert [b["block"] for b in d["blocks"]] == [0] and d["blocks"][0]["rel_err"] <= 1e-5
+    assert d["first_diverging_block"] is None and d["reference"] == "eager fp32 PyTorch (forward hooks)"
+    assert result.summary().splitlines()[-2:] == [
+        f"  PASSED (worst block 0 rel err {d['blocks'][0]['rel_err']:.2g})",
+        f"  report: {report_path(out)}",
+    ]
     contract = ModelContract.from_onnx(out)  # the contract, from the IR's rt_info
     assert (contract.variant, contract.dtype, contract.input_size, len(contract.class_names)) == (
         "belief2",
@@ -143,6 +151,36 @@ def test_an_ir_that_differs_from_eager_is_not_written_and_a_good_one_stays(belie
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b2.xml", "b2.xml.failed.json"]  # no .bin, no temporaries
     report = json.loads(failed_report_path(out).read_text())
     assert report["passed"] is False and report["extra_math"]["ok"] and report["parity"]["batch_sizes"] == [1, 3]
+
+
+def test_a_perturbed_block_of_the_ir_is_named_as_the_first_diverging_block(tmp_path, monkeypatch):
+    """A two-block model whose verified ONNX has block 1's attention projection scaled by 1.5 before it becomes an
+    IR: the IR fails parity, and its report names block 1, read through OpenVINO, and the projection as the op
+    that adds the error."""
+    torch.manual_seed(0)
+    model = create_model("standard", "cls", "micro", num_classes=5).eval()
+    model.blocks = model.blocks[:2]
+    real = verify.export_verified
+
+    def perturbed(model, path, *args, **kwargs):
+        report = real(model, path, *args, **kwargs)
+        proto = onnx.load(str(path))
+        inits = {t.name: t for t in proto.graph.initializer}
+        node = next(n for n in proto.graph.node if n.name == "blocks.1.attn.proj/MatMul")
+        weight = next(inits[i] for i in node.input if i in inits)
+        weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * np.float32(1.5), weight.name))
+        onnx.save(proto, str(path))
+        return report
+
+    monkeypatch.setattr(verify, "export_verified", perturbed)
+    out = tmp_path / "s.xml"
+    with pytest.raises(ExportError, match="s.xml failed verification") as err:
+        export_model(model=model, out=out, format="openvino", batch_sizes=(1,))
+    assert "\n" not in str(err.value) and not out.exists()
+    d = json.loads(failed_report_path(out).read_text())["divergence"]
+    assert d["first_diverging_block"] == 1 and d["blocks"][0]["rel_err"] <= 1e-5 < 1e-4 < d["blocks"][1]["rel_err"]
+    assert d["worst_op"]["scope"] == "blocks.1.attn.proj"
+    assert all(op["scope"].startswith("blocks.1.") for op in d["ops"]) and len(d["ops"]) >= 5
 
 
 def test_an_op_openvino_refuses_is_named_in_one_line_and_nothing_is_written(belief2_ir, tmp_path, monkeypatch):
