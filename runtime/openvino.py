@@ -71,7 +71,6 @@ __all__ = [
     "read_onnx",
     "compile_onnx",
     "OpenVINOSession",
-    "tensor_values",
     "pin_f32",
     "runtime_precisions",
     "check_runtime_precisions",
@@ -217,22 +216,6 @@ def compile_onnx(
     return ov.Core().compile_model(model, "CPU", config)
 
 
-def tensor_values(
-    path: str | Path, names: Sequence[str], x: np.ndarray, *, threads: int | None = None
-) -> dict[str, np.ndarray]:
-    """The tensors ``names`` (the ONNX tensor names an IR converted from an attnzoo ONNX keeps) as OpenVINO's CPU
-    plugin computes them on ``x``, at f32 precision: a fresh read of ``path`` with those tensors added as outputs,
-    compiled and run once. A name the model does not keep (folded or fused away by the conversion) is left out."""
-    model = read_onnx(path)
-    kept = {name for op in model.get_ops() for out in op.outputs() for name in out.get_names()}
-    wanted = [n for n in dict.fromkeys(names) if n and n in kept]
-    if wanted:
-        model.add_outputs(wanted)
-    compiled = compile_onnx(model, threads=threads)
-    result = compiled({INPUT_NAME: np.ascontiguousarray(x, dtype=np.float32)})
-    return {n: np.array(result[n], dtype=np.float32) for n in wanted}
-
-
 class OpenVINOSession:
     """One compiled model and one reused infer request: ``run(x) -> logits`` (float32 NumPy).
 
@@ -242,6 +225,9 @@ class OpenVINOSession:
             :func:`attnzoo.export.quantize.extra_math_nodes`): pinned (:func:`pin_f32`) and, after compiling,
             read back from the runtime model (:func:`runtime_precisions`, in ``precision_check``). Required for
             bf16 (an empty list for a variant without extra math).
+        outputs: Tensor names (the ONNX tensor names an IR converted from an attnzoo ONNX keeps) added as outputs
+            before compiling, for :meth:`tensors`; a name the model does not keep (folded or fused away) is left
+            out of :attr:`outputs`.
 
     Raises:
         ValueError: bf16 without ``keep_f32``, or where :func:`bf16_unavailable_reason` says why not.
@@ -259,6 +245,7 @@ class OpenVINOSession:
         pin: bool = False,
         precision: str = "fp32",
         keep_f32: Sequence[str] | None = None,
+        outputs: Sequence[str] = (),
     ) -> None:
         if precision == "bf16":  # refused before any work
             _refuse_bf16()
@@ -268,6 +255,10 @@ class OpenVINOSession:
                     "attnzoo.export.quantize.extra_math_nodes; an empty list for a variant without)"
                 )
         model, pinned, missing = read_onnx(path, batch), list[str](), list[str]()
+        kept = {name for op in model.get_ops() for out in op.outputs() for name in out.get_names()} if outputs else ()
+        self.outputs = [n for n in dict.fromkeys(outputs) if n and n in kept]
+        if self.outputs:
+            model.add_outputs(self.outputs)
         if keep_f32 is not None:
             model, pinned, missing = pin_f32(model, keep_f32)
         self.compiled = compile_onnx(model, threads=threads, hint=hint, pin=pin, precision=precision)
@@ -283,6 +274,11 @@ class OpenVINOSession:
         call). The input is used in place, without a copy (float32, C-contiguous)."""
         self.request.infer({INPUT_NAME: x}, share_inputs=True, share_outputs=True)
         return self.request.get_tensor(OUTPUT_NAME).data
+
+    def tensors(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        """The tensors :attr:`outputs` on ``x``, as float32 arrays the caller owns (one inference)."""
+        self.infer(np.ascontiguousarray(x, dtype=np.float32))
+        return {n: np.array(self.request.get_tensor(n).data, dtype=np.float32) for n in self.outputs}
 
     def run(self, x: np.ndarray) -> np.ndarray:
         """Logits of ``x`` (N, 3, H, W) as a float32 array the caller owns. A model compiled for batch 1 takes

@@ -52,6 +52,7 @@ from attnzoo.fileio import sha256_file
 from attnzoo.models import PROJECTION_OPS
 from attnzoo.runtime import openvino as ovrt
 from attnzoo.runtime.backends import get_backend
+from attnzoo.runtime.backends.openvino import tensor_values
 from attnzoo.runtime.contract import BATCH_DIM, INPUT_NAME, ModelContract, metadata_props
 
 from .. import verify
@@ -316,7 +317,7 @@ class OpenVINOFormat(ExportFormat):
                             req.dtype,
                             source.threads,
                             record,
-                            values=lambda names, x: ovrt.tensor_values(tmp, names, x, threads=source.threads),
+                            values=lambda names, x: tensor_values(tmp, names, x, threads=source.threads),
                         ),
                     )
                 report.update(passed=True, failures=[])

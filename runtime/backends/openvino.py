@@ -11,6 +11,7 @@ runtime model before the session is returned; the caller passes those ops' names
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -25,7 +26,7 @@ from . import Backend, Call, LoadOptions, Session, register_backend
 
 models = lazy_import("attnzoo.models")  # torch and timm: the registry imports without them
 
-__all__ = ["OpenVINOBackend", "OpenVINORuntimeSession", "OPENVINO"]
+__all__ = ["OpenVINOBackend", "OpenVINORuntimeSession", "OPENVINO", "tensor_values"]
 
 
 class OpenVINORuntimeSession(Session):
@@ -97,6 +98,16 @@ class OpenVINOBackend(Backend):
             keep_f32=list(keep_f32) if keep_f32 is not None else None,
         )
         return OpenVINORuntimeSession(session, self.name)
+
+
+def tensor_values(
+    path: str | Path, names: Sequence[str], x: np.ndarray, *, threads: int | None = None
+) -> dict[str, np.ndarray]:
+    """The tensors ``names`` of an IR (or ONNX) file as OpenVINO's CPU plugin computes them on ``x`` at f32: a
+    fresh read of ``path`` with those tensors added as outputs (a name it does not keep is left out), run once.
+    What an export's per-block comparison reads from an IR (:func:`attnzoo.export.divergence.divergence_vs_eager`)."""
+    session = ov.OpenVINOSession(Path(path), threads=threads, outputs=names)
+    return session.tensors(x)
 
 
 def _extra_scopes(path: Path) -> tuple:
