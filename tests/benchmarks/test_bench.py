@@ -114,6 +114,7 @@ def short_run(tmp_path_factory):
     return out, json.loads((out / "results.json").read_text())
 
 
+@pytest.mark.slow  # a short bench-latency run this group shares (about 35 s on 2 cores)
 def test_short_run_writes_every_field(short_run):
     out, res = short_run
     for name in (
@@ -165,6 +166,7 @@ def test_short_run_writes_every_field(short_run):
     assert all(p["naive"]["ops"] and p["tuned"]["ops"] for p in res["ort_profile"])
 
 
+@pytest.mark.slow  # a short bench-latency run this group shares (about 35 s on 2 cores)
 def test_the_run_says_where_its_time_went(short_run):
     """``phases_s``: this run's seconds by kind of work, each phase the run did present, together within the wall
     time, ``other`` the rest; results.md says it in one line."""
@@ -190,6 +192,7 @@ def test_the_run_says_where_its_time_went(short_run):
     assert f"Where this run's {res['wall_time_s']:.0f} s went (s): " in (out / "results.md").read_text()
 
 
+@pytest.mark.slow  # a short bench-latency run this group shares (about 35 s on 2 cores)
 def test_every_cpu_row_has_its_ceiling_fraction_from_the_counted_flops(short_run):
     out, res = short_run
     ceiling = res["ceiling"]
@@ -221,6 +224,7 @@ def test_every_cpu_row_has_its_ceiling_fraction_from_the_counted_flops(short_run
             assert f["how"] == "speed-ups over eager" and "eager" in (f["backend"], f["runner_up"])
 
 
+@pytest.mark.slow  # a short bench-latency run this group shares (about 35 s on 2 cores)
 def test_missing_backend_is_listed_not_dropped(short_run):
     import torch
 
@@ -292,6 +296,7 @@ def test_bad_names_give_one_clear_error(flag, value, needle):
     assert "\n" not in str(exc.value)
 
 
+@pytest.mark.slow  # a whole bench-latency command (about 11 s)
 def test_cli_exit_code_and_single_line():
     proc = subprocess.run(
         [sys.executable, "-m", "attnzoo.benchmarks.cli", "--backends", "foo"],
@@ -306,6 +311,7 @@ def test_cli_exit_code_and_single_line():
     ]
 
 
+@pytest.mark.slow  # a short bench-latency run this group shares (about 35 s on 2 cores)
 def test_int8_quantization_and_confusion(short_run):
     import onnx
 
@@ -406,6 +412,7 @@ def test_no_flags_is_a_representative_default_that_says_what_it_leaves_out():
     assert "batch 8, 32" in mixed.scope["left_out"] and "Scope: this run leaves out" in scope_line(mixed.scope)
 
 
+@pytest.mark.slow  # a short bench-latency run this group shares (about 35 s on 2 cores)
 def test_results_say_the_scope(short_run):
     out, res = short_run
     assert res["interrupted"] is None

@@ -390,6 +390,7 @@ def int8_folder(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow  # int8 and fp32 exports served both ways (about 13 s)
 def test_demo_and_serve_models_mean_the_same_by_dtype_fp32(tmp_path):
     """--dtype fp32 serves the unquantized exports, fp16 included, in both commands (one rule:
     runtime.sessions.served_precision); --dtype int8 serves neither of them."""
@@ -410,6 +411,7 @@ def test_demo_and_serve_models_mean_the_same_by_dtype_fp32(tmp_path):
         _matching(tmp_path, names, None, None, "int8")
 
 
+@pytest.mark.slow  # the int8 exports of the zoo's models this group shares (about a minute on 2 cores)
 def test_verification_problem_names_each_reason(int8_folder, tmp_path):
     import shutil
 
@@ -441,6 +443,7 @@ def test_verification_problem_names_each_reason(int8_folder, tmp_path):
     assert verification_problem(deep, "fp32") == "deep.report.json is not a verification report (JSON nested too deep)"
 
 
+@pytest.mark.slow  # the int8 exports of the zoo's models this group shares (about a minute on 2 cores)
 def test_demo_serves_only_verified_int8_models(int8_folder, capsys):
     from attnzoo.serve.loading import load_models
 
@@ -461,6 +464,7 @@ def test_demo_serves_only_verified_int8_models(int8_folder, capsys):
     assert np.mean(by["int8"].argmax(1) == by["fp32"].argmax(1)) >= 0.75
 
 
+@pytest.mark.slow  # the int8 exports of the zoo's models this group shares (about a minute on 2 cores)
 def test_demo_int8_refuses_a_folder_without_verified_int8(tmp_path, int8_folder):
     import shutil
 
@@ -473,6 +477,7 @@ def test_demo_int8_refuses_a_folder_without_verified_int8(tmp_path, int8_folder)
         load_models(tmp_path, "pytorch", dtype="int8")
 
 
+@pytest.mark.slow  # the int8 exports of the zoo's models this group shares (about a minute on 2 cores)
 def test_backend_choice_is_timed_on_the_served_precision(int8_folder):
     from attnzoo.runtime.choice import fastest_cpu_runtime
     from attnzoo.serve.loading import choose_cpu_backend
@@ -486,6 +491,7 @@ def test_backend_choice_is_timed_on_the_served_precision(int8_folder):
     assert backend in ("ort-cpu", "openvino") and "for int8 models" in reason and "belief2_int8.onnx" in reason
 
 
+@pytest.mark.slow  # the int8 exports of the zoo's models this group shares (about a minute on 2 cores)
 def test_serve_models_selects_only_verified_int8(int8_folder, capsys):
     from attnzoo.serve.rayserve.config import merged
     from attnzoo.serve.rayserve.selection import select_models

@@ -346,6 +346,7 @@ def test_failed_verification_leaves_no_model(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "m.failed.report.json").read_text())["passed"] is False
 
 
+@pytest.mark.slow  # four verified exports (about 30 s)
 def test_reuse_keeps_only_a_file_verified_for_the_same_weights(tmp_path, monkeypatch):
     """``reuse=True`` skips the export only where the report passed for the same fingerprint and the file is
     the one it verified; other weights, a changed file or ``reuse=False`` export again."""
@@ -381,6 +382,7 @@ def test_reuse_keeps_only_a_file_verified_for_the_same_weights(tmp_path, monkeyp
     assert verify_mod.export_fingerprint(other, other.attnzoo_config, **args) != before  # edited source: new model
 
 
+@pytest.mark.slow  # three verified exports (about 15 s)
 def test_reuse_re_derives_the_report_instead_of_trusting_it(tmp_path, monkeypatch):
     """A file swapped in for a cached export, with its report's sha256 rewritten to match, is not reused: its
     parity with the eager model (and its graph facts) are re-derived, and it is exported again."""

@@ -28,12 +28,15 @@ pytestmark = pytest.mark.tensorrt
 DEPTH = ARCHS["micro"]["depth"]
 SEG_HW = (24, 40)
 GPU = rt.gpu_available()
-#: Built in the default run: the projection (belief2) and the pairwise-L1 distances (wafe-mae), the two kinds of
-#: extra math; every variant, task and precision with -m slow.
-FAST = {("belief2", "cls", "fp32"), ("wafe-mae", "cls", "fp32")}
-#: CI's slow run: one more build of the fast variants and of each of tests/tiers.py's set, the tasks and precisions
-#: spread over them (every variant's four builds: the matrix run).
+#: Built in the default run: none (an engine build takes 10-20 s on 2 cores; the default suite keeps the checks
+#: around the builds); every variant, task and precision with -m slow.
+FAST: set[tuple[str, str, str]] = set()
+#: CI's slow run: the projection (belief2) and the pairwise-L1 distances (wafe-mae), the two kinds of extra math, at
+#: each task, and one build of each of tests/tiers.py's set, the tasks and precisions spread over them (every
+#: variant's four builds: the matrix run).
 SLOW = {
+    ("belief2", "cls", "fp32"),
+    ("wafe-mae", "cls", "fp32"),
     ("belief2", "seg", "fp16"),
     ("wafe-mae", "seg", "fp32"),
     ("standard", "seg", "fp16"),
@@ -187,6 +190,7 @@ def test_install_hint_names_tensorrt_for_the_cuda_major_of_torch(monkeypatch):
     assert "pip install 'tensorrt-cu12>=10'" in rt.install_hint()
 
 
+@pytest.mark.slow  # builds a TensorRT engine (about 7 s)
 def test_tensorrt_rtx_engines_are_refused_on_a_gpu_they_do_not_run_on(lib, onnx_file, monkeypatch):
     """An H100 (9.0) is not in TensorRT-RTX's support matrix: one line naming the GPU and what to install,
     before anything is built or deserialized; an RTX 4090 (8.9) is."""
@@ -229,6 +233,7 @@ def test_set_input_shape_is_checked():
         rt.set_input_shape(Context(), Engine(), "image", (9, 3, 32, 32))
 
 
+@pytest.mark.slow  # parses and checks TensorRT networks (about 11 s)
 def test_network_check_catches_a_missing_or_fp16_projection_op(lib, onnx_file):
     path = onnx_file("exclusive", "cls", "fp16")
     parsed = rt.parse_onnx(path, lib)
@@ -276,6 +281,7 @@ def test_library_choice_and_compute_capability_errors(lib, onnx_file, monkeypatc
         rt.load_library()
 
 
+@pytest.mark.slow  # builds a TensorRT engine (about 11 s on 2 cores)
 def test_export_model_builds_an_engine_and_says_what_ran(lib, tmp_path, capsys):
     out = tmp_path / "b2.engine"
     assert (
@@ -326,6 +332,7 @@ def test_export_model_compute_capability_errors(argv, message, capsys):
     assert message in (str(info.value) + capsys.readouterr().err)
 
 
+@pytest.mark.slow  # builds TensorRT engines (about 12 s)
 def test_only_a_verified_onnx_becomes_an_engine(lib, onnx_file, verified_onnx, tmp_path):
     """No report beside the file, a failed report, or a report of another file (edited after verification): refused
     in one line before parsing, and nothing written."""
@@ -588,6 +595,7 @@ def _isolated(code: str) -> None:
     )
 
 
+@pytest.mark.slow  # starts a TensorRT build (about 6 s)
 def test_the_progress_monitor_cancels_the_build(onnx_file):
     """What a signal triggers: the monitor (a C callback: it never raises) answers False, TensorRT stops."""
     path = onnx_file("standard")

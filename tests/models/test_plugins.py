@@ -76,6 +76,7 @@ def test_builtins_register_through_the_same_call():
     assert not hasattr(check, "PROJECTION_MODULES")
 
 
+@pytest.mark.slow  # a plugin variant trained, exported and verified (about 10 s)
 def test_registered_variant_is_listed_built_and_exported_with_its_scope(registry_restored, tmp_path):
     spec = register_variant(
         "tp-gain", GainAttention, paper="Test paper, https://example.org", equations="eq. 1", extra_scopes=["gain"]
@@ -303,6 +304,7 @@ def test_alias_resolves_to_its_variant_and_a_clash_is_refused(registry_restored)
     assert "tp-other" not in VARIANTS and VARIANTS["wafe-dot"].name == "standard"
 
 
+@pytest.mark.slow  # exports of a plugin variant (about 7 s)
 def test_scope_without_graph_ops_refused_before_export_writes(registry_restored, tmp_path):
     register_variant("tp-noop", NoOpScopeAttention, paper="p", extra_scopes=["noop"])
     model = create_model("tp-noop", num_classes=3)

@@ -263,6 +263,7 @@ def _images():
     return [Path(p).read_bytes() for p in examples.example_paths("cls")]
 
 
+@pytest.mark.slow  # a served zoo on a local Ray (about 40 s to start on 2 cores, shared by this group)
 def test_classify_matches_onnxruntime(server, models_dir):
     data = _images()[0]
     r = _post(server, "/classify", data, k=5)
@@ -276,6 +277,7 @@ def test_classify_matches_onnxruntime(server, models_dir):
     assert raw.status_code == 200 and [t["class"] for t in raw.json()["top"]] == [c for c, _ in ref]
 
 
+@pytest.mark.slow  # a served zoo on a local Ray (about 40 s to start on 2 cores, shared by this group)
 def test_concurrent_requests_form_batches_and_each_gets_its_own_answer(server, models_dir):
     images = _images()
     jobs = [images[i % len(images)] for i in range(16)]
@@ -291,6 +293,7 @@ def test_concurrent_requests_form_batches_and_each_gets_its_own_answer(server, m
     assert max(sizes) > 1 and max(sizes) <= 4, stats  # dynamic batches formed, never over max_batch_size
 
 
+@pytest.mark.slow  # a served zoo on a local Ray (about 40 s to start on 2 cores, shared by this group)
 def test_segment_matches_the_demo(server, local):
     data = Path(examples.example_paths("seg")[0]).read_bytes()
     r = _post(server, "/segment", data)
@@ -303,6 +306,7 @@ def test_segment_matches_the_demo(server, local):
     assert body["shares"] == {body["class_names"][i]: round(float(s), 6) for i, s in enumerate(shares) if s > 0}
 
 
+@pytest.mark.slow  # a served zoo on a local Ray (about 40 s to start on 2 cores, shared by this group)
 def test_demo_backend_url_runs_on_the_deployment(server, local):
     remote = {(m.task, m.name): m for m in load_remote(server)}
     assert set(remote) == set(local)
@@ -317,6 +321,7 @@ def test_demo_backend_url_runs_on_the_deployment(server, local):
     )
 
 
+@pytest.mark.slow  # a served zoo on a local Ray (about 40 s to start on 2 cores, shared by this group)
 def test_health_models_and_metrics_routes(server, served_dir):
     assert httpx.get(f"{server}/health", timeout=30).json()["status"] == "ok"
     stats = httpx.get(f"{server}/stats", timeout=30).json()  # no process id, no file path of this machine
@@ -345,6 +350,7 @@ def _bad(r, status: int, text: str) -> None:
     assert text in body["error"], body
 
 
+@pytest.mark.slow  # a served zoo on a local Ray (about 40 s to start on 2 cores, shared by this group)
 def test_bad_input_gets_one_json_error_line(server, tmp_path):
     good = _images()[0]
     _bad(_post(server, "/classify", b"this is not an image\n"), 400, "cannot read the image")
@@ -363,6 +369,7 @@ def test_bad_input_gets_one_json_error_line(server, tmp_path):
     _bad(httpx.get(f"{server}/nope", timeout=30), 404, "no route GET '/nope'")
 
 
+@pytest.mark.slow  # a served zoo on a local Ray (about 40 s to start on 2 cores, shared by this group)
 def test_a_long_name_is_quoted_cut_short(server):
     """A 60 KB model name (or path) comes back as 80 characters at most, not whole."""
     name = "m" * 60_000
@@ -374,6 +381,7 @@ def test_a_long_name_is_quoted_cut_short(server):
         assert r.status_code == 404 and len(r.text) < 500 and "m" * 76 + "..." in r.json()["error"], r.text[:300]
 
 
+@pytest.mark.slow  # a served zoo on a local Ray (about 40 s to start on 2 cores, shared by this group)
 def test_tensor_route_checks_its_input(server, local):
     m = local[("cls", "standard")]
     url = f"{server}/models/cls/standard/logits"
@@ -400,6 +408,7 @@ def _npy(a) -> bytes:
     return buf.getvalue()
 
 
+@pytest.mark.slow  # a served zoo on a local Ray (about 40 s to start on 2 cores, shared by this group)
 def test_tensor_route_states_its_real_limits_and_blames_the_input_for_overflow(server):
     url = f"{server}/models/cls/standard/logits"
     _bad(
@@ -420,6 +429,7 @@ def test_tensor_route_states_its_real_limits_and_blames_the_input_for_overflow(s
     )
 
 
+@pytest.mark.slow  # a served zoo on a local Ray (about 40 s to start on 2 cores, shared by this group)
 def test_a_model_the_replica_cannot_load_is_skipped_with_its_reason_in_the_output(server):
     """The driver's checks (metadata, verification report) pass :data:`BAD`; the replica's warm-up refuses it. The
     deployment serves the rest, and the command's own output says which file was skipped and why (Ray's
@@ -432,6 +442,7 @@ def test_a_model_the_replica_cannot_load_is_skipped_with_its_reason_in_the_outpu
     assert files == {"standard_cls.onnx", "standard_seg.onnx"}
 
 
+@pytest.mark.slow  # a served zoo on a local Ray (about 40 s to start on 2 cores, shared by this group)
 def test_an_image_over_the_decode_budget_is_refused_from_its_header(server):
     buf = io.BytesIO()
     Image.new("1", (2000, 1500)).save(buf, format="PNG")  # 3 MP in a few kB: the budget holds 2.5 MP
@@ -456,6 +467,7 @@ def _haproxy_config() -> Path:
     pytest.fail("no HAProxy of this module's Ray is running")
 
 
+@pytest.mark.slow  # a served zoo on a local Ray (about 40 s to start on 2 cores, shared by this group)
 def test_haproxy_admin_socket_is_its_owners_alone(server):
     """HAProxy's admin socket (``level admin``: it can stop the server and hand out its listening sockets) is
     mode 600 in a folder only its owner can enter, for the HAProxy that runs now (Ray Serve starts a new one with a
@@ -473,6 +485,7 @@ def test_haproxy_admin_socket_is_its_owners_alone(server):
     assert any(config.is_relative_to(d) for d in _LOCAL["temp_dirs"]), (config, _LOCAL["temp_dirs"])
 
 
+@pytest.mark.slow  # a served zoo on a local Ray (about 40 s to start on 2 cores, shared by this group)
 def test_the_local_rays_session_folders_are_its_owners_alone(server):
     """Ray makes its folders mode 0777 (its temp folder too): the local Ray's session folder (logs, sockets) sits
     in a folder only its owner can enter, which the stop removes."""
@@ -487,6 +500,7 @@ def test_the_local_rays_session_folders_are_its_owners_alone(server):
     ]
 
 
+@pytest.mark.slow  # a served zoo on a local Ray (about 40 s to start on 2 cores, shared by this group)
 def test_everything_the_local_ray_started_listens_on_loopback_only(server):
     """Every listening TCP socket of the local Ray's processes (GCS, raylet, workers, replicas, HAProxy) is on a
     loopback address, the HTTP port among them."""
@@ -516,6 +530,7 @@ def _slow_request(server: str, head: bytes) -> socket.socket:
 _SLOW_BODY = b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\nContent-Length: 5000\r\n\r\n\x89PNG"
 
 
+@pytest.mark.slow  # a served zoo on a local Ray (about 40 s to start on 2 cores, shared by this group)
 def test_slow_clients_hold_no_replica_slot(server):
     """More clients than the replica has slots (16) send a body, or their headers, slower than anyone would:
     HAProxy holds each request until it has arrived, so none reaches the replica, and /health and a classification
@@ -534,6 +549,7 @@ def test_slow_clients_hold_no_replica_slot(server):
             conn.close()
 
 
+@pytest.mark.slow  # a served zoo on a local Ray (about 40 s to start on 2 cores, shared by this group)
 def test_an_aborted_upload_never_reaches_the_replica(server):
     """A client that goes away in the middle of a large upload (past the 256 KiB HAProxy used to buffer): HAProxy
     drops it; the replica neither counts it as a fault nor sees it at all."""

@@ -31,6 +31,7 @@ class OutLinearAttention(Attention):
         return self.post(super().forward(x, attn_mask=attn_mask))
 
 
+@pytest.mark.slow  # a timed sweep of two variants (about 12 s)
 def test_a_plugin_variant_is_timed_and_modelled_beside_standard(tmp_path, registry_restored):
     register_variant("tp-out-linear", OutLinearAttention, paper="Test paper, https://example.org", aliases=("tp-ol",))
     register_variant("tp-out-std", OutLinearAttention, paper="Test paper, https://example.org", cost_family="standard")
@@ -130,6 +131,7 @@ def test_crossover_tokens():
     assert scaling.crossover_tokens(cost_model("standard", "small")) == pytest.approx(6 * 384)
 
 
+@pytest.mark.slow  # a timed sweep on every ONNX backend (about 11 s)
 def test_every_onnx_backend_gets_the_export_not_only_onnx_runtime(tmp_path):
     """OpenVINO alone (no ort-cpu in the run) still gets the verified export, so its rows are measured."""
     reason = get_backend("openvino").unavailable_reason("fp32")
@@ -197,6 +199,7 @@ def test_a_sweep_beside_bench_latency_reuses_its_verified_export(tmp_path, monke
     assert len(exports) == 1  # 64 px only; the 32 px file bench-latency verified is kept
 
 
+@pytest.mark.slow  # a timed sweep to its limits (about 11 s)
 def test_memory_and_time_limits_skip_with_a_reason(tmp_path, monkeypatch):
     import attnzoo.limits as limits
 
