@@ -372,6 +372,7 @@ def test_only_a_verified_onnx_becomes_an_engine(lib, onnx_file, verified_onnx, t
     assert report.status == STATUS_BUILT and report.engine_size and report.compute_capability == "SM89"
 
 
+@pytest.mark.slow  # builds a TensorRT engine from a verified export (about 12 s on 2 cores)
 def test_failed_build_keeps_the_good_engine_and_its_report(lib, verified_onnx, tmp_path, monkeypatch):
     import attnzoo.export.tensorrt as etrt
 

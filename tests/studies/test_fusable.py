@@ -26,6 +26,7 @@ def test_bad_flags_are_one_line_before_any_work(tmp_path, capsys, args, words):
     assert not (tmp_path / "out" / "fusable.json").exists()
 
 
+@pytest.mark.slow  # two exports and three runtimes' fusion audits (about 13 s)
 def test_the_opset_23_export_fuses_on_both_runtimes_and_an_l1_variant_says_why_not(tmp_path):
     out = tmp_path / "out"
     main(

@@ -10,6 +10,7 @@ import pytest
 from attnzoo.studies.int8_accuracy import main, readme_table
 
 
+@pytest.mark.slow  # an int8 export scored on real images (about 10 s)
 def test_real_run_matches_eager_on_the_same_images(tmp_path):
     import torch
 

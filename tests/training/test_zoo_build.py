@@ -3,6 +3,8 @@
 import json
 from pathlib import Path
 
+import pytest
+
 from attnzoo.fileio import sha256_file
 from attnzoo.training import zoo
 
@@ -87,6 +89,7 @@ sys.exit(zoo.main(["build", "--out", sys.argv[1], "--data", "shapes", "--tasks",
 """
 
 
+@pytest.mark.slow  # a zoo build started and stopped in a subprocess (about 10 s)
 def test_ctrl_c_in_a_build_is_one_line_and_exit_130(tmp_path):
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while both workers train: the build ends
     with its one line and 130, no worker prints a traceback (one did in 4 of 6 runs), and no process is left."""
