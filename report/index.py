@@ -37,7 +37,7 @@ from attnzoo.machine import cpu_summary
 from attnzoo.mdtext import code, fence, link, text
 from attnzoo.runtime.fusion import FUSED
 
-from .render import RUNTIMES, failures, write_report
+from .render import REPORT_FORMATS, RUNTIMES, entry_title, failures, write_report
 from .variant import SCHEMA, report_variant
 
 models = lazy_import("attnzoo.models")  # torch and timm: --help stays fast
@@ -227,7 +227,8 @@ def _get(report: Mapping[str, Any], *keys: str) -> Any:
 
 
 def parity_cell(entry: Any) -> str:
-    """fp32 or fp16 parity with eager: ``ok (max err 2.6e-06)`` or ``FAILED (...)``."""
+    """fp32, fp16, an OpenVINO IR's or an ExecuTorch program's parity with eager: ``ok (max err 2.6e-06)`` or
+    ``FAILED (...)``."""
     if cell := _status(entry):
         return cell
     err = entry.get("max_abs_err")
@@ -329,6 +330,7 @@ def index_markdown(found: Sequence[tuple[Path, Mapping[str, Any]]], out: Path, i
         "int8 cosine, worst (placement)",
         "int8 top-1 agreement",
         "TensorRT",
+        *[f"{entry_title(f)} parity (max err)" for f in REPORT_FORMATS],
         *[f"fused: {RUNTIMES.get(k, k)}" for k in runtimes],
         over_header(first, "latency rows"),
         over_header(most, "most tokens"),
@@ -358,6 +360,7 @@ def index_markdown(found: Sequence[tuple[Path, Mapping[str, Any]]], out: Path, i
             int8_cosine_cell(side.get("int8")),
             int8_top1_cell(side.get("int8")),
             tensorrt_cell(side.get("tensorrt")),
+            *[parity_cell(side.get(f)) for f in REPORT_FORMATS],
             *fused_cells(r, runtimes),
             overhead_cell(r, "overhead_first", len(first) > 1),
             overhead_cell(r, "overhead_most_tokens", len(most) > 1),

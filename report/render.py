@@ -26,6 +26,7 @@ from attnzoo.runtime.fusion import markdown as fusion_markdown
 # report-variant --help loads without torch and timm: imported at their first use
 factory = lazy_import("attnzoo.models.factory")
 scaling_study = lazy_import("attnzoo.studies.scaling")
+export_formats = lazy_import("attnzoo.export.formats")
 
 __all__ = [
     "verdict",
@@ -199,6 +200,8 @@ def verdict(report: Mapping[str, Any], out: Path) -> dict[str, Any]:
         "int8": int8.get("status") == "ok" and bool(int8.get("passed")),
         "tensorrt": trt.get("status") == "ok" and bool((trt.get("network_check") or {}).get("ok")),
     }
+    formats = {f: side[f] for f in REPORT_FORMATS if (side.get(f) or {}).get("status") in ("ok", "failed")}
+    checks.update({f: e["status"] == "ok" and bool(e.get("passed")) for f, e in formats.items()})
     problems = [
         k for k, ok in checks.items() if not ok and not (k == "tensorrt" and trt.get("status") == "unavailable")
     ]
@@ -232,6 +235,8 @@ def verdict(report: Mapping[str, Any], out: Path) -> dict[str, Any]:
         )
     else:
         parts.append(f"TensorRT {_state(trt)}")
+    for f in formats:  # a format written (or refused) here; one that cannot run here says so in the table
+        parts.append(f"{entry_title(f)} {'ok' if checks[f] else 'FAILED'}")
     if fused:  # every runtime the audit names: a runtime whose graph could not be read says so
         parts.append("fused: " + ", ".join(f"{RUNTIMES.get(k, k)} {v}" for k, v in fused.items()))
     fz = report.get("fusable") or {}
@@ -287,17 +292,28 @@ def plots(report: Mapping[str, Any], out: Path) -> dict[str, Path]:
 
 #: The precisions whose exports carry block figures, in the order the plot shows them.
 BLOCK_PRECISIONS = ("fp32", "fp16", "int8", "fp8")
+#: The formats besides the ONNX family and TensorRT a report can write for the variant (``export-model --format
+#: NAME``), in the order its tables show them; an OpenVINO IR carries block figures too (read from the IR).
+REPORT_FORMATS: tuple[str, ...] = ("openvino", "executorch")
+#: Every export entry that can carry block figures, in the order the plot and the table show them.
+BLOCK_ENTRIES = (*BLOCK_PRECISIONS, *REPORT_FORMATS)
+
+
+def entry_title(name: str) -> str:
+    """A report entry as the tables name it: a precision as it is (``fp16``), a format by its title (``OpenVINO
+    IR``, from the export format's part)."""
+    return export_formats.get_format(name).title if name in REPORT_FORMATS else name
 
 
 def block_series(report: Mapping[str, Any]) -> dict[str, dict[str, list[float]]]:
     """``{precision: {side: [rel_err of block 0, 1, ...]}}`` of every export that has block figures."""
     series: dict[str, dict[str, list[float]]] = {}
     for side, entries in (report.get("export") or {}).items():
-        for dtype in BLOCK_PRECISIONS:
+        for dtype in BLOCK_ENTRIES:
             e = entries.get(dtype) or {}
             if e.get("status") == "ok" and e.get("blocks"):
                 series.setdefault(dtype, {})[side] = [float(b["rel_err"]) for b in e["blocks"]]
-    return {d: series[d] for d in BLOCK_PRECISIONS if d in series}
+    return {d: series[d] for d in BLOCK_ENTRIES if d in series}
 
 
 def plot_block_errors(series: Mapping[str, Mapping[str, Sequence[float]]], path: Path) -> Path:
@@ -315,7 +331,7 @@ def plot_block_errors(series: Mapping[str, Mapping[str, Sequence[float]]], path:
             color = f"C{names.index(side)}"  # one colour per side in every panel
             ax.plot(range(len(errs)), [max(e, 1e-12) for e in errs], marker="o", ms=3, color=color, label=side)
         ax.set_yscale("log")
-        ax.set_title(f"{dtype}" + (" vs fp32 graph" if dtype in ("int8", "fp8") else " vs eager"), fontsize=9)
+        ax.set_title(entry_title(dtype) + (" vs fp32 graph" if dtype in ("int8", "fp8") else " vs eager"), fontsize=9)
         ax.set_xlabel("block", fontsize=8)
         ax.set_xticks(range(max(len(errs) for errs in sides.values())))
         ax.tick_params(which="both", labelsize=7)
@@ -457,8 +473,17 @@ def _export_md(report: Mapping[str, Any]) -> list[str]:
         }.get(s["kind"], f"random init ({text(s.get('arch'))})")
 
     def diverges(e: Mapping[str, Any]) -> str:
-        said = [f"{d} {_where(e[d])}" for d in BLOCK_PRECISIONS if (e.get(d) or {}).get("blocks")]
+        said = [f"{entry_title(d)} {_where(e[d])}" for d in BLOCK_ENTRIES if (e.get(d) or {}).get("blocks")]
         return "; ".join(said) or "-"
+
+    def written(e: Mapping[str, Any]) -> str:
+        if e.get("status") != "ok":
+            return _state(e)
+        extra = e.get("extra_math") or {}
+        count = ", ".join(f"{text(k)} {_num(v)}" for k, v in (extra.get("nodes_per_block") or {}).items())
+        return f"{parity(e)}; on {text(e.get('runtime'))}; extra math {'kept' if extra.get('ok') else 'NOT kept'}" + (
+            f" (ops per block: {count})" if count else ""
+        )
 
     rows = [
         ["model", *cells(source)],
@@ -472,6 +497,10 @@ def _export_md(report: Mapping[str, Any]) -> list[str]:
         ["FP8 graph", *cells(lambda e: int8(e["fp8"]))],
         ["TensorRT", *cells(trt)],
         ["Triton config", *cells(triton)],
+        *[
+            [f"{entry_title(f)}: parity with eager fp32", *cells(lambda e, f=f: written(e.get(f) or {}))]
+            for f in REPORT_FORMATS
+        ],
     ]
     return [
         "Each row is `export_model()` run here; files under `exports/`.",

@@ -48,7 +48,7 @@ from attnzoo.runtime.fusion import markdown as fusion_markdown
 from attnzoo.signals import Interrupted, Terminated
 from attnzoo.studies.fusable import speedups, time_opsets
 
-from .render import write_report
+from .render import REPORT_FORMATS, write_report
 
 # report-variant --help and its usage errors load without torch, onnx and timm: these import at their first use
 torch = lazy_import("torch")
@@ -139,6 +139,9 @@ class Budget:
             always: the fusion audit's baseline).
         fp8: Build the FP8 graph.
         fusable_rounds: Timed rounds of the opset-20 against the opset-23 file (round-robin, batch 1).
+        formats: The CPU and on-device formats written for the variant (of
+            :data:`~attnzoo.report.render.REPORT_FORMATS`), each verified as ``export-model --format NAME`` verifies
+            it.
     """
 
     latency_arch: str
@@ -155,6 +158,7 @@ class Budget:
     standard_exports: tuple[str, ...] = ("fp32", "fp16", "int8", "fp8", "tensorrt", "triton")
     fp8: bool = True
     fusable_rounds: int = 15
+    formats: tuple[str, ...] = REPORT_FORMATS
 
 
 #: The default run: ViT-Ti latency rows at 197 tokens without torch.compile (its compilation per shape and
@@ -176,7 +180,8 @@ FULL = Budget(
     standard_exports=("fp32", "fp16", "int8", "tensorrt", "triton"),
 )
 #: ``--quick``: micro models at small sizes, short timing, small int8 sets with the CPU placement (no placement
-#: search), no compile, no FP8, scaling on eager only, ``standard`` exported at fp32 only (the fusion baseline).
+#: search), no compile, no FP8, scaling on eager only, ``standard`` exported at fp32 only (the fusion baseline),
+#: the OpenVINO IR but no ExecuTorch program (its lowering to XNNPACK alone takes minutes on 2 cores).
 QUICK = Budget(
     latency_arch="micro",
     latency_min_time=0.02,
@@ -192,6 +197,7 @@ QUICK = Budget(
     int8=dict(calibration_count=64, fidelity_count=32, eval_limit=200, qdq_placement="cpu"),
     standard_exports=("fp32",),
     fp8=False,
+    formats=("openvino",),
 )
 #: Batch sizes of the latency rows.
 BATCH_SIZES = (1, 8)
@@ -366,6 +372,19 @@ def _fp32_summary(report: dict[str, Any], out: Path, onnx_path: Path) -> dict[st
     }
 
 
+def _format_summary(report: dict[str, Any], out: Path, path: Path) -> dict[str, Any]:
+    """An OpenVINO IR's or an ExecuTorch program's entry: the fp32 entry's fields (its parity with eager fp32, the
+    extra math counted from the format's own graph, where it diverges), the runtime its parity ran on, and why its
+    block outputs are not exposed where they are not."""
+    summary = _fp32_summary(report, out, path)
+    del summary["opset"]
+    summary["nodes"] = report.get("num_nodes", report.get("num_ops"))
+    summary["dtype"] = report.get("dtype")
+    summary["runtime"] = report["parity"].get("runtime")
+    summary["blocks_not_exposed"] = (report.get("divergence") or {}).get("not_exposed")
+    return summary
+
+
 def _divergence(report: dict[str, Any]) -> dict[str, Any]:
     """Where an export's report says it diverges: ``blocks`` (``{block, rel_err, cosine}`` each),
     ``first_diverging_block`` and ``worst_op`` (its node's name), from its ``divergence`` entry."""
@@ -414,7 +433,8 @@ def export_side(
     steps: tuple[str, ...],
     args: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Every export of one model (the ``steps`` of fp32, fp16, int8, fp8, tensorrt, triton), each an entry with
+    """Every export of one model (the ``steps`` of fp32, fp16, int8, fp8, tensorrt, triton, and the formats of
+    :data:`~attnzoo.report.render.REPORT_FORMATS`), each an entry with
     ``status`` (``ok``, ``failed``, ``unavailable``, ``skipped``) and its figures; ``args``: the model's
     :func:`_model_args` (built from ``source`` when not given)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -492,11 +512,30 @@ def export_side(
         side["triton"] = _attempt(triton)
     else:
         side["triton"] = _skipped("not written with this budget (--quick)")
+    for fmt in REPORT_FORMATS:
+        if fmt not in steps:
+            why = (
+                "written for the variant only"
+                if fmt in budget.formats
+                else "--quick"
+                if budget == QUICK
+                else "not in its formats"
+            )
+            side[fmt] = _skipped(f"not written with this budget ({why})")
+            continue
+
+        def written(fmt: str = fmt) -> dict[str, Any]:
+            path = folder / f"{variant}{export.formats.get_format(fmt).suffixes[0]}"
+            r = export.export_model(**args, out=path, format=fmt, batch_sizes=BATCH_SIZES)
+            return _format_summary(r.report, out, path)
+
+        side[fmt] = _attempt(written)
     side["extra_math_kept"] = {
         "fp32": (side["fp32"].get("extra_math") or {}).get("ok"),
         "fp16": (side["fp16"].get("extra_math") or {}).get("ok"),
         "int8": side["int8"].get("extra_math_kept"),
         "tensorrt": ((side.get("tensorrt") or {}).get("network_check") or {}).get("ok"),
+        **{fmt: (side[fmt].get("extra_math") or {}).get("ok") for fmt in REPORT_FORMATS},
     }
     acc = side["int8"].get("accuracy") if side["int8"]["status"] == "ok" else None
     if acc:
@@ -795,7 +834,7 @@ def report_variant(
                     out / "exports" / variant,
                     out,
                     budget,
-                    ("fp32", "fp16", "int8", "fp8", "tensorrt", "triton"),
+                    ("fp32", "fp16", "int8", "fp8", "tensorrt", "triton", *budget.formats),
                     args,
                 ),
             )

@@ -71,6 +71,20 @@ def test_quick_report_writes_the_folder_schema_verdict_and_figures(belief2_quick
         if not side["tensorrt"]["ran_on_gpu"]:
             assert "no GPU" in report["verdict"]["line"]
     assert report["export"]["standard"]["fp32"]["status"] == "ok"
+    # the OpenVINO IR, verified as export-model writes it, its block errors read from the IR itself; no ExecuTorch
+    # program in --quick (its lowering takes minutes), and neither format for standard, each said so
+    ir = side["openvino"]
+    assert ir["status"] == "ok" and ir["passed"] and ir["max_abs_err"] < 1e-4 and ir["runtime"].startswith("OpenVINO")
+    assert (
+        ir["extra_math"]["ok"]
+        and side["extra_math_kept"]["openvino"] is True
+        and ir["file"] == "exports/belief2/belief2.xml"
+    )
+    assert [b["block"] for b in ir["blocks"]] == [0, 1, 2, 3] and ir["first_diverging_block"] is None
+    assert side["executorch"]["status"] == "skipped" and side["executorch"]["reason"].endswith("(--quick)")
+    std_ir = report["export"]["standard"]["openvino"]
+    assert std_ir["status"] == "skipped" and "for the variant only" in std_ir["reason"]
+    assert "OpenVINO IR ok" in report["verdict"]["line"]
     # fusion: read from the runtimes; standard's cores run fused on OpenVINO (its snippets Subgraph)
     std = {r["runtime"]: r for r in report["fusion"]["standard"]["audit"]["runtimes"]}
     assert std["openvino"]["inspected"] and std["openvino"]["fused"] == std["openvino"]["cores"] == 4
@@ -118,7 +132,8 @@ def test_quick_report_writes_the_folder_schema_verdict_and_figures(belief2_quick
     assert [b["block"] for b in side["fp32"]["blocks"]] == [0, 1, 2, 3] and side["fp32"][
         "first_diverging_block"
     ] is None
-    assert "| where it diverges (block outputs) | fp32 worst block " in md
+    assert "| where it diverges (block outputs) | fp32 worst block " in md and "; OpenVINO IR worst block " in md
+    assert "| OpenVINO IR: parity with eager fp32 | " in md and "| ExecuTorch program: parity with eager fp32 | " in md
     for name in images:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -132,12 +147,17 @@ def test_the_block_errors_are_plotted_per_precision_and_a_failed_parity_names_it
 
     report = {
         "export": {
-            "belief2": {"fp32": entry([1e-7, 3e-2, 4e-2], 1, "blocks.1.attn.proj/Add"), "int8": entry([1e-2, 2e-2])},
+            "belief2": {
+                "fp32": entry([1e-7, 3e-2, 4e-2], 1, "blocks.1.attn.proj/Add"),
+                "int8": entry([1e-2, 2e-2]),
+                "openvino": entry([2e-7, 1e-7, 2e-7]),
+            },
             "standard": {"fp32": entry([2e-7, 3e-7, 1e-7]), "fp16": {"status": "skipped"}},
         }
     }
     series = render.block_series(report)
-    assert list(series) == ["fp32", "int8"] and series["fp32"]["standard"] == [2e-7, 3e-7, 1e-7]
+    assert list(series) == ["fp32", "int8", "openvino"] and series["fp32"]["standard"] == [2e-7, 3e-7, 1e-7]
+    assert render.entry_title("openvino") == "OpenVINO IR" and render.entry_title("fp16") == "fp16"
     assert render.plots(report, tmp_path) == {"blocks": tmp_path / "block-errors.png"}
     assert (tmp_path / "block-errors.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert render._where(report["export"]["belief2"]["fp32"]) == (
