@@ -21,6 +21,7 @@ from attnzoo.export.errors import ExportError
 from attnzoo.export.formats import executorch_format
 from attnzoo.export.formats.base import failed_report_path, report_path
 from attnzoo.models import VARIANT_NAMES, VARIANTS, create_model
+from attnzoo.report.variant import _format_summary
 from attnzoo.runtime.backends import LoadOptions, get_backend
 from attnzoo.runtime.backends import executorch as et
 from attnzoo.runtime.contract import ModelContract
@@ -100,6 +101,9 @@ def test_belief2_exports_as_a_verified_program_with_its_extra_math_counted_and_t
     assert report["extra_math"]["nodes_per_block"]["blocks.0"] > 0
     assert ModelContract.from_props(report["metadata"]).variant == "belief2"
     assert result.summary().splitlines()[-2] == "  PASSED"
+    entry = _format_summary(report, tmp_path, out)  # what report-variant's executorch step keeps of it
+    assert entry["passed"] and entry["file"] == "b2.pte" and entry["extra_math"]["ok"] and entry["blocks"] == []
+    assert entry["blocks_not_exposed"].startswith("an ExecuTorch program returns the logits only")
     x = torch.randn(3, 3, 32, 32).numpy()
     with get_backend("executorch").load(out, LoadOptions(threads=1)) as session:
         got = session.run(x)
