@@ -131,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--compile-budget",
         type=float,
         default=argparse.SUPPRESS,
-        help="seconds of torch.compile compilation allowed; later compile jobs are skipped "
+        help="seconds of compilation allowed (torch.compile, AOTInductor, ExecuTorch); a compile job the "
+        "compiles so far predict would pass it is skipped, and says so "
         f"(default: {DEFAULT_SCOPE['compile_budget']:g})",
     )
     p.add_argument(

@@ -65,6 +65,7 @@ __all__ = [
     "baseline_dtype",
     "run_key",
     "roofline_fractions",
+    "compile_budget_reason",
     "FINAL",
 ]
 
@@ -347,20 +348,9 @@ class _Bench:
         """Build, check, time one combination; append its row (and overhead row). Returns its call."""
         s = self.s
         b = get_backend(backend)
-        if b.jit_compiles and self.compile_spent >= s.compile_budget:
-            each = self.compile_spent / max(self.compile_count, 1)
-            self.add(
-                _row(
-                    variant,
-                    s,
-                    backend,
-                    dtype,
-                    batch,
-                    "skipped",
-                    f"--compile-budget {s.compile_budget:g} s spent ({self.compile_count} "
-                    f"compile(s), {each:.0f} s each on this machine)",
-                )
-            )
+        over = compile_budget_reason(self.compile_spent, self.compile_count, s.compile_budget)
+        if b.jit_compiles and over:
+            self.add(_row(variant, s, backend, dtype, batch, "skipped", over))
             return None
         rss = PeakRSS()  # the sessions of earlier jobs were closed when they were no longer needed
         t0 = time.perf_counter()
@@ -845,6 +835,21 @@ def estimate_seconds(s: Settings, bench: _Bench, variants: list[str], ceiling: d
 
 def _duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 300 else f"{seconds:.0f} s"
+
+
+def compile_budget_reason(spent: float, count: int, budget: float) -> str | None:
+    """Why a compile job is not started (``--compile-budget``), or ``None``: the budget is spent, or the next compile,
+    predicted to take as long as the ones before it on this machine, would pass it (a budget is a limit, not a
+    threshold one last compile may run far over)."""
+    if count == 0:
+        return None if budget > 0 else f"--compile-budget {budget:g} s allows no compile"
+    each = spent / count
+    if spent + each <= budget:
+        return None
+    return (
+        f"--compile-budget {budget:g} s: {count} compile(s) took {spent:.0f} s, {each:.0f} s each on this machine; "
+        "another would pass it"
+    )
 
 
 def _phases(phases: dict[str, float], wall: float) -> dict[str, float]:

@@ -13,7 +13,7 @@ import pytest
 from attnzoo.benchmarks import ratio_stats, summarize
 from attnzoo.benchmarks.cli import main, parse_settings
 from attnzoo.benchmarks.report import OVERHEAD_FIELDS, ROW_FIELDS
-from attnzoo.benchmarks.run import run_benchmark
+from attnzoo.benchmarks.run import compile_budget_reason, run_benchmark
 from attnzoo.benchmarks.timing import SETTLED_PAIRS
 from attnzoo.runtime.parity import check as check_parity
 
@@ -1037,3 +1037,15 @@ def test_a_second_sigterm_waits_for_the_results_of_the_first(tmp_path, monkeypat
     assert info.value.code == 143
     result = json.loads((out / "results.json").read_text())
     assert result["interrupted"]["signal"] == "SIGTERM" and [r["variant"] for r in result["results"]] == ["standard"]
+
+
+def test_a_compile_that_would_pass_the_budget_is_not_started():
+    """The budget is a limit: after a 28 s compile, a 30 s budget has no room for another (the bare run's first
+    compile took 28 s on a 2-core EPYC; the AOTInductor one it then started ran 38 s more)."""
+    assert compile_budget_reason(0.0, 0, 30.0) is None  # the first compile always starts
+    assert compile_budget_reason(0.0, 0, 0.0) == "--compile-budget 0 s allows no compile"
+    assert compile_budget_reason(12.0, 1, 30.0) is None  # 12 + 12 fits
+    assert compile_budget_reason(28.3, 1, 30.0) == (
+        "--compile-budget 30 s: 1 compile(s) took 28 s, 28 s each on this machine; another would pass it"
+    )
+    assert compile_budget_reason(40.0, 2, 30.0) is not None  # spent already
