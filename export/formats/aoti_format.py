@@ -242,7 +242,7 @@ def summary(report: dict[str, Any], path: Path | None = None) -> str:
 
 
 def dynamic_batch(report: dict[str, Any]) -> str:
-    """How a program exported by ``torch.export`` takes its batch: ``dynamic 'batch' 1-256, traced at 2``."""
+    """How a program exported by ``torch.export`` takes its batch: ``dynamic 'batch' 1-N, traced at 2``."""
     lo, hi = report["batch_range"]
     return f"dynamic '{report['batch_dim']}' {lo}-{hi}, traced at {report['trace_batch']}"
 
