@@ -263,6 +263,154 @@ def _images():
     return [Path(p).read_bytes() for p in examples.example_paths("cls")]
 
 
+# ------------------------------------------------------------------------------------------ slow: processes
+# These start a Ray of their own: they come before the tests of the module-scoped `server` (file order is run
+# order), whose Ray and HAProxy stay up until the module ends and would be found by theirs.
+@pytest.mark.slow
+def test_serve_models_command_prints_the_url_and_stops_on_sigterm(models_dir, tmp_path):
+    """As a user runs it: the command prints the URL, answers an image, and SIGTERM ends it with 143."""
+    from attnzoo.serve.rayserve.environment import free_port
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "attnzoo.serve.rayserve.cli",
+            "--models",
+            str(models_dir),
+            "--task",
+            "cls",
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline()
+        assert f"on http://127.0.0.1:{port}" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+        for _ in range(3):  # the routes, the metrics URL when on, then where the start went
+            startup = proc.stdout.readline()
+            if startup.startswith("  started in"):
+                break
+        m = re.fullmatch(
+            r"  started in (\d+\.\d) s: model selection and checks (\d+\.\d) s, Ray start (\d+\.\d) s, "
+            r"deploy \(replicas load and warm up\) (\d+\.\d) s\n",
+            startup,
+        )
+        assert m and sum(map(float, m.groups()[1:])) <= float(m.group(1)) + 0.15, startup
+        r = _post(f"http://127.0.0.1:{port}", "/classify", _images()[0])
+        assert r.status_code == 200 and r.json()["top"][0]["class"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(120)
+    assert code == 143 and proc.stderr.read().strip().splitlines()[-1] == "terminated (SIGTERM)"
+
+
+def _assert_replaced_and_nothing_lost(kill: dict) -> None:
+    """One kill-test result, as docs/serving.md states it for uploads that fit HAProxy's buffer: the replica was
+    replaced and the deployment had its replicas again, no request was lost, and at most one failed (HAProxy
+    replays those in flight at the kill, but a kill can still fail one request: docs/serving.md)."""
+    assert kill["replaced"] and kill["replicas_back_after_s"] is not None, kill
+    assert kill["summary"]["lost"] == 0 and kill["summary"]["errors"] <= 1, kill
+    assert kill["failed_in_flight_at_kill"] + kill["failed_sent_after_kill"] <= 1, kill
+
+
+@pytest.mark.slow
+def test_a_killed_replica_is_replaced_and_loses_no_request(models_dir):
+    """Two replicas under load; one replica process is SIGKILLed: no request is lost and at most one fails (those
+    in flight at the kill are replayed on the other replica), and the deployment has two replicas again."""
+    from attnzoo.serve.rayserve.environment import free_port, start_ray
+    from attnzoo.serve.rayserve.launch import deploy
+    from attnzoo.serve.rayserve.loadtest import kill_test
+    from attnzoo.serve.rayserve.reaping import stop
+    from attnzoo.serve.rayserve.selection import select_models
+
+    cfg = ServeConfig(models=models_dir, task="cls", port=free_port(), replicas=2, max_batch_size=4)
+    started = start_ray(cfg)
+    try:
+        url = deploy(cfg, select_models(cfg))
+        result = kill_test(url, _images()[0], clients=8, seconds=15.0, replicas=2, timeout=60.0)
+    finally:
+        stop(started)
+    _assert_replaced_and_nothing_lost(result)
+
+
+@pytest.mark.slow
+@pytest.mark.matrix  # a long repeat of the kill test above it (about 4 minutes on 2 cores): the matrix run
+def test_load_test_kill_only_repeats(tmp_path):
+    """``loadtest --kill-only --kill-repeats 2`` as a user runs it: in both runs the replica is replaced, no
+    request is lost and at most one fails, in flight at the kill or sent after it (with Ray's default HAProxy retry
+    policy every run failed the requests in flight, and 4 of 5 also some sent after the kill). Uploads over HAProxy's
+    buffer are not covered: see docs/serving.md, "A dead replica's requests are replayed"."""
+    from attnzoo.serve.rayserve import loadtest
+
+    out = tmp_path / "out"
+    assert (
+        loadtest.main(
+            [
+                "--kill-only",
+                "--kill-repeats",
+                "2",
+                "--clients",
+                "8",
+                "--kill-duration",
+                "15",
+                "--warmup",
+                "3",
+                "--offline-threads",
+                "1",
+                "--offline-batch-sizes",
+                "1",
+                "--offline-min-time",
+                "1",
+                "--cache-dir",
+                str(tmp_path / "cache"),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    result = json.loads((out / "results.json").read_text())
+    assert result["runs"] == [] and "soak" not in result and len(result["kill_repeats"]) == 2
+    for k in result["kill_repeats"]:
+        _assert_replaced_and_nothing_lost(k)
+    assert "Kill test repeated 2 times" in (out / "results.md").read_text()
+
+
+@pytest.mark.slow
+def test_serve_models_serves_from_python_and_leaves_nothing(tmp_path):
+    """``with serve_models(cfg) as served``: the URL answers a classification while the body runs; after it the
+    port is free and no process of the local Ray is left (a fresh interpreter: Ray in the test process)."""
+    code = f"""
+import sys, httpx, psutil
+from attnzoo.serve.rayserve import ServeConfig, serve_models
+from attnzoo.serve.rayserve.environment import free_port, port_problem
+port = free_port()
+before = {{p.pid for p in psutil.Process().children(recursive=True)}}
+with serve_models(ServeConfig(port=port, arch="micro", variants=["standard"], task="cls",
+                              cache_dir={str(tmp_path)!r})) as served:
+    assert served.url == f"http://127.0.0.1:{{port}}", served.url
+    names = [m["name"] for m in httpx.get(served.url + "/models", timeout=30).json()["models"]]
+    assert names, names
+    with open({str(tmp_path / "x.png")!r}, "rb") as f:
+        answer = httpx.post(served.url + "/classify", files={{"file": f}}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    kids = psutil.Process().children(recursive=True)
+    assert kids, "no Ray process started"
+gone, alive = psutil.wait_procs(kids, timeout=10)
+assert not alive, alive
+assert port_problem("127.0.0.1", port) is None
+print("ok")
+"""
+    Image.fromarray(np.full((28, 28, 3), 200, np.uint8)).save(tmp_path / "x.png")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), (done.stdout[-2000:], done.stderr[-3000:])
+
+
 @pytest.mark.slow  # a served zoo on a local Ray (about 40 s to start on 2 cores, shared by this group)
 def test_classify_matches_onnxruntime(server, models_dir):
     data = _images()[0]
@@ -810,79 +958,6 @@ def test_decoding_an_image_takes_at_most_the_budgeted_bytes_per_pixel(models_dir
     assert all(0 < b <= DECODE_BYTES_PER_PIXEL for b in peaks.values()), peaks
 
 
-# ------------------------------------------------------------------------------------------ slow: processes
-@pytest.mark.slow
-def test_serve_models_command_prints_the_url_and_stops_on_sigterm(models_dir, tmp_path):
-    """As a user runs it: the command prints the URL, answers an image, and SIGTERM ends it with 143."""
-    from attnzoo.serve.rayserve.environment import free_port
-
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "attnzoo.serve.rayserve.cli",
-            "--models",
-            str(models_dir),
-            "--task",
-            "cls",
-            "--port",
-            str(port),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        line = proc.stdout.readline()
-        assert f"on http://127.0.0.1:{port}" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
-        for _ in range(3):  # the routes, the metrics URL when on, then where the start went
-            startup = proc.stdout.readline()
-            if startup.startswith("  started in"):
-                break
-        m = re.fullmatch(
-            r"  started in (\d+\.\d) s: model selection and checks (\d+\.\d) s, Ray start (\d+\.\d) s, "
-            r"deploy \(replicas load and warm up\) (\d+\.\d) s\n",
-            startup,
-        )
-        assert m and sum(map(float, m.groups()[1:])) <= float(m.group(1)) + 0.15, startup
-        r = _post(f"http://127.0.0.1:{port}", "/classify", _images()[0])
-        assert r.status_code == 200 and r.json()["top"][0]["class"]
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(120)
-    assert code == 143 and proc.stderr.read().strip().splitlines()[-1] == "terminated (SIGTERM)"
-
-
-def _assert_replaced_and_nothing_lost(kill: dict) -> None:
-    """One kill-test result, as docs/serving.md states it for uploads that fit HAProxy's buffer: the replica was
-    replaced and the deployment had its replicas again, no request was lost, and at most one failed (HAProxy
-    replays those in flight at the kill, but a kill can still fail one request: docs/serving.md)."""
-    assert kill["replaced"] and kill["replicas_back_after_s"] is not None, kill
-    assert kill["summary"]["lost"] == 0 and kill["summary"]["errors"] <= 1, kill
-    assert kill["failed_in_flight_at_kill"] + kill["failed_sent_after_kill"] <= 1, kill
-
-
-@pytest.mark.slow
-def test_a_killed_replica_is_replaced_and_loses_no_request(models_dir):
-    """Two replicas under load; one replica process is SIGKILLed: no request is lost and at most one fails (those
-    in flight at the kill are replayed on the other replica), and the deployment has two replicas again."""
-    from attnzoo.serve.rayserve.environment import free_port, start_ray
-    from attnzoo.serve.rayserve.launch import deploy
-    from attnzoo.serve.rayserve.loadtest import kill_test
-    from attnzoo.serve.rayserve.reaping import stop
-    from attnzoo.serve.rayserve.selection import select_models
-
-    cfg = ServeConfig(models=models_dir, task="cls", port=free_port(), replicas=2, max_batch_size=4)
-    started = start_ray(cfg)
-    try:
-        url = deploy(cfg, select_models(cfg))
-        result = kill_test(url, _images()[0], clients=8, seconds=15.0, replicas=2, timeout=60.0)
-    finally:
-        stop(started)
-    _assert_replaced_and_nothing_lost(result)
-
-
 def test_local_ray_defaults_to_haproxy_and_throughput_mode_unless_told_otherwise(monkeypatch):
     from attnzoo.serve.rayserve import environment
 
@@ -977,49 +1052,6 @@ def test_a_local_ray_names_its_driver_as_the_raylet_so_a_stop_without_a_parent_i
     assert seen == [(str(os.getpid()), "0"), (None, None)], seen
 
 
-@pytest.mark.slow
-@pytest.mark.matrix  # a long repeat of the kill test above (about 4 minutes on 2 cores): the matrix run
-def test_load_test_kill_only_repeats(tmp_path):
-    """``loadtest --kill-only --kill-repeats 2`` as a user runs it: in both runs the replica is replaced, no
-    request is lost and at most one fails, in flight at the kill or sent after it (with Ray's default HAProxy retry
-    policy every run failed the requests in flight, and 4 of 5 also some sent after the kill). Uploads over HAProxy's
-    buffer are not covered: see docs/serving.md, "A dead replica's requests are replayed"."""
-    from attnzoo.serve.rayserve import loadtest
-
-    out = tmp_path / "out"
-    assert (
-        loadtest.main(
-            [
-                "--kill-only",
-                "--kill-repeats",
-                "2",
-                "--clients",
-                "8",
-                "--kill-duration",
-                "15",
-                "--warmup",
-                "3",
-                "--offline-threads",
-                "1",
-                "--offline-batch-sizes",
-                "1",
-                "--offline-min-time",
-                "1",
-                "--cache-dir",
-                str(tmp_path / "cache"),
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
-    result = json.loads((out / "results.json").read_text())
-    assert result["runs"] == [] and "soak" not in result and len(result["kill_repeats"]) == 2
-    for k in result["kill_repeats"]:
-        _assert_replaced_and_nothing_lost(k)
-    assert "Kill test repeated 2 times" in (out / "results.md").read_text()
-
-
 def test_serve_models_refuses_before_anything_starts(monkeypatch):
     """The library call checks its settings first: a taken port is a UsageError (exit 2 from the command) and
     Ray never starts."""
@@ -1040,33 +1072,3 @@ def test_serve_models_refuses_before_anything_starts(monkeypatch):
     with pytest.raises(UsageError, match="--metrics-port must be in 1..65535"):
         with serve_models(ServeConfig(arch="micro", variants=["standard"]), metrics_port=0):
             pytest.fail("the body ran")
-
-
-@pytest.mark.slow
-def test_serve_models_serves_from_python_and_leaves_nothing(tmp_path):
-    """``with serve_models(cfg) as served``: the URL answers a classification while the body runs; after it the
-    port is free and no process of the local Ray is left (a fresh interpreter: Ray in the test process)."""
-    code = f"""
-import sys, httpx, psutil
-from attnzoo.serve.rayserve import ServeConfig, serve_models
-from attnzoo.serve.rayserve.environment import free_port, port_problem
-port = free_port()
-before = {{p.pid for p in psutil.Process().children(recursive=True)}}
-with serve_models(ServeConfig(port=port, arch="micro", variants=["standard"], task="cls",
-                              cache_dir={str(tmp_path)!r})) as served:
-    assert served.url == f"http://127.0.0.1:{{port}}", served.url
-    names = [m["name"] for m in httpx.get(served.url + "/models", timeout=30).json()["models"]]
-    assert names, names
-    with open({str(tmp_path / "x.png")!r}, "rb") as f:
-        answer = httpx.post(served.url + "/classify", files={{"file": f}}, timeout=60)
-    assert answer.status_code == 200, answer.text
-    kids = psutil.Process().children(recursive=True)
-    assert kids, "no Ray process started"
-gone, alive = psutil.wait_procs(kids, timeout=10)
-assert not alive, alive
-assert port_problem("127.0.0.1", port) is None
-print("ok")
-"""
-    Image.fromarray(np.full((28, 28, 3), 200, np.uint8)).save(tmp_path / "x.png")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), (done.stdout[-2000:], done.stderr[-3000:])
