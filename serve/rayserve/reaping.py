@@ -22,6 +22,7 @@ from attnzoo.serve.rayserve.environment import (
     _OWN_ENV,
     _RAYLET_PID_ENV,
     OWNER_ENV,
+    SET_BY_ATTNZOO_ENV,
     _ray_initialized,
 )
 from attnzoo.signals import abandon, set_handler
@@ -147,6 +148,7 @@ def _forget_local_ray() -> None:
         if os.environ.get(key) == value:  # deleted) must not reach a later start, nor a child that would take
             os.environ.pop(key)  # them for the user's own settings
     _OWN_ENV.clear()
+    os.environ.pop(SET_BY_ATTNZOO_ENV, None)
     _LOCAL["mark"] = _LOCAL["serve_host"] = None
     if ray is not None and _LOCAL.get("cluster_flag") is not None:
         from ray._private import ray_constants  # optional: ray (the [serving] extra), imported by now

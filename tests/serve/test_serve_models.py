@@ -269,6 +269,12 @@ def _images():
 @pytest.mark.slow
 def test_serve_models_command_prints_the_url_and_stops_on_sigterm(models_dir, tmp_path):
     """As a user runs it: the command prints the URL, answers an image, and SIGTERM ends it with 143."""
+    _command_answers_and_stops(models_dir)
+
+
+def _command_answers_and_stops(models_dir: Path) -> None:
+    """serve-models as a command: it prints the URL and where its start went, answers an image, and SIGTERM ends
+    it with 143 and its line."""
     from attnzoo.serve.rayserve.environment import free_port
 
     port = free_port()
@@ -710,6 +716,19 @@ def test_an_aborted_upload_never_reaches_the_replica(server):
     assert after == before, (before, after)
 
 
+@pytest.mark.slow  # a second serve-models beside the served zoo (about 40 s on 2 cores)
+def test_a_serve_models_started_by_a_serving_process_runs_beside_it(server, models_dir):
+    """This process serves (the ``server`` fixture); a serve-models it starts inherits its environment, its HAProxy
+    ports, folder and wrapper among it, and must choose its own instead (sharing them crashed its HAProxy at
+    startup); the first server still answers after the second has stopped."""
+    from attnzoo.serve.rayserve.environment import SET_BY_ATTNZOO_ENV
+
+    assert "RAY_SERVE_HAPROXY_STATS_PORT" in json.loads(os.environ[SET_BY_ATTNZOO_ENV])
+    _command_answers_and_stops(models_dir)
+    r = _post(server, "/classify", _images()[0])
+    assert r.status_code == 200 and r.json()["top"][0]["class"]
+
+
 def test_haproxy_wrapper_moves_only_the_http_frontend_to_a_wider_host(tmp_path):
     """Ray's HAProxy config as its template renders it for host 127.0.0.1: the wrapper puts the stats and
     metrics pages on loopback and, with a host, the HTTP frontend there; the replicas' server lines stay."""
@@ -970,6 +989,7 @@ def test_local_ray_defaults_to_haproxy_and_throughput_mode_unless_told_otherwise
     monkeypatch.setattr(environment, "_OWN_ENV", {})
     monkeypatch.setitem(environment._LOCAL, "serve_host", None)
     monkeypatch.setitem(environment._LOCAL, "temp_dirs", [])
+    monkeypatch.setenv(environment.SET_BY_ATTNZOO_ENV, "{}")  # restored (removed) after the test
     for key in keys:
         monkeypatch.delenv(key, raising=False)
     assert environment.ray_serve_mode() == "Serve's Python proxy"
@@ -1000,6 +1020,38 @@ def test_local_ray_defaults_to_haproxy_and_throughput_mode_unless_told_otherwise
     assert os.environ["RAY_SERVE_ENABLE_HA_PROXY"] == "0" and "RAY_SERVE_HAPROXY_STATS_PORT" not in os.environ
     assert os.environ["RAY_SERVE_HAPROXY_RETRY_ON"] == "conn-failure"
     assert environment.ray_serve_mode() == "Serve's Python proxy, throughput-optimized"
+
+
+def test_a_child_replaces_the_settings_its_serving_parent_set_and_keeps_the_users(monkeypatch):
+    """A serve-models started by a process that serves inherits that parent's HAProxy ports, folder and wrapper in
+    its environment: it takes them for attnzoo's (the parent listed them) and chooses its own, while a value the user
+    set stays. Sharing the parent's made the child's HAProxy crash at startup."""
+    import json
+
+    from attnzoo.serve.rayserve import environment
+
+    parent = {"RAY_SERVE_HAPROXY_STATS_PORT": "41001", "RAY_SERVE_HAPROXY_METRICS_PORT": "41002"}
+    monkeypatch.setattr(environment, "_OWN_ENV", {})  # the child: nothing set by itself yet
+    monkeypatch.setenv(environment.SET_BY_ATTNZOO_ENV, json.dumps(parent))
+    for key, value in parent.items():
+        monkeypatch.setenv(key, value)
+    environment._set_default("RAY_SERVE_HAPROXY_STATS_PORT", "42001")
+    environment._set_default("RAY_SERVE_HAPROXY_METRICS_PORT", "42002")
+    assert (os.environ["RAY_SERVE_HAPROXY_STATS_PORT"], os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"]) == (
+        "42001",
+        "42002",
+    )
+    assert json.loads(os.environ[environment.SET_BY_ATTNZOO_ENV]) == {
+        "RAY_SERVE_HAPROXY_STATS_PORT": "42001",
+        "RAY_SERVE_HAPROXY_METRICS_PORT": "42002",
+    }  # what its own children then replace
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_RETRY_ON", "conn-failure")  # the user's own: never listed, kept
+    environment._set_default("RAY_SERVE_HAPROXY_RETRY_ON", "conn-failure empty-response")
+    assert os.environ["RAY_SERVE_HAPROXY_RETRY_ON"] == "conn-failure"
+    monkeypatch.setenv(environment.SET_BY_ATTNZOO_ENV, "not json")  # a mangled list claims nothing of the user's
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_TUNE_BUFSIZE", "65536")
+    environment._set_default("RAY_SERVE_HAPROXY_TUNE_BUFSIZE", "1048576")
+    assert os.environ["RAY_SERVE_HAPROXY_TUNE_BUFSIZE"] == "65536"
 
 
 def test_a_local_ray_names_its_driver_as_the_raylet_so_a_stop_without_a_parent_is_clean(monkeypatch):
