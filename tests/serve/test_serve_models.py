@@ -264,8 +264,8 @@ def _images():
 
 
 # ------------------------------------------------------------------------------------------ slow: processes
-# These start a Ray of their own: they come before the tests of the module-scoped `server` (file order is run
-# order), whose Ray and HAProxy stay up until the module ends and would be found by theirs.
+# These start a Ray of their own, before the module-scoped `server` starts one (file order is run order): each as a
+# user's serve-models on a machine where none runs. One started beside a serving process is tested after `server`.
 @pytest.mark.slow
 def test_serve_models_command_prints_the_url_and_stops_on_sigterm(models_dir, tmp_path):
     """As a user runs it: the command prints the URL, answers an image, and SIGTERM ends it with 143."""
