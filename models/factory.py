@@ -13,6 +13,8 @@ from timm.layers import LayerScale, PatchEmbed
 from timm.models.vision_transformer import Block, ResPostBlock, VisionTransformer
 from torch import nn
 
+from attnzoo.modelconfig import TASKS
+
 from .belief2 import belief2_from_standard, check_prop1_source, prop1_options, tie_proj_p
 from .mabvit import ParallelBlock
 from .registry import VARIANTS, ModelBuild, attention_class, split_options
@@ -41,7 +43,6 @@ ARCHS: dict[str, dict[str, Any]] = {
     "small": dict(img_size=224, patch_size=16, embed_dim=384, depth=12, num_heads=6, mlp_ratio=4.0),
     "base": dict(img_size=224, patch_size=16, embed_dim=768, depth=12, num_heads=12, mlp_ratio=4.0),
 }
-TASKS = ("cls", "seg")
 
 
 def _check_choice(kind: str, value: str, valid) -> None:

@@ -17,10 +17,10 @@ from typing import Any
 
 from attnzoo.lazy import lazy_import
 from attnzoo.limits import MAX_ONNX_BYTES, check_side
+from attnzoo.modelconfig import validate_config
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, INPUT_STYLES, input_style_of
 
 onnx = lazy_import("onnx")
-checkpoint = lazy_import("attnzoo.models.checkpoint")  # torch and timm: the runtime imports without them
 
 __all__ = [
     "INPUT_NAME",
@@ -132,10 +132,10 @@ class ModelContract:
 
         Raises:
             ValueError: not an attnzoo export, or a required entry is missing or malformed; the config is checked
-                by :func:`attnzoo.models.checkpoint.validate_config` and the input size against
+                by :func:`attnzoo.modelconfig.validate_config` and the input size against
                 :data:`attnzoo.limits.MAX_SIDE`.
         """
-        config = checkpoint.validate_config(config_from_props(props, source), source)
+        config = validate_config(config_from_props(props, source), source)
         try:
             size = json.loads(props["input_size"]) if "input_size" in props else [config["img_size"]] * 2
         except ValueError as exc:

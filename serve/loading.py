@@ -40,6 +40,7 @@ from attnzoo.fileio import default_cache_dir, sha256_file
 from attnzoo.lazy import lazy_import
 from attnzoo.limits import MAX_UPLOAD_BYTES
 from attnzoo.machine import cpu_info
+from attnzoo.modelconfig import check_logits
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, input_style_of
 from attnzoo.runtime.backends import (
     ONNX_REFERENCE,
@@ -263,7 +264,9 @@ def _unique_names(models: list[ServedModel]) -> list[ServedModel]:
         if counts[(m.task, m.variant)] > 1:
             m.name = Path(m.source).stem
 
-    order = {v: i for i, v in enumerate(registry.VARIANT_NAMES)}  # standard first, then the papers' variants
+    # standard first, then the papers' variants: the zoo's order, which is the registry's (a replica sorts its
+    # models without importing PyTorch and timm); a variant the zoo lacks (a plugin's) after them
+    order = {v: i for i, v in enumerate(dict.fromkeys(e["variant"] for e in zoo.entries()))}
     return sorted(models, key=lambda m: (m.task, order.get(m.variant, len(order)), m.name))
 
 
@@ -275,7 +278,7 @@ def _warmed_up(m: ServedModel) -> ServedModel:
     """Run ``m`` once on zeros (the first call allocates, so the first latency shown is a real one) and check
     that it outputs one logit channel per class name; ``ValueError`` naming both counts otherwise."""
     out = m.run(np.zeros((1, 3, *m.input_size), np.float32))
-    checkpoint.check_logits(m.class_names, out.shape, m.task, Path(m.source).name)
+    check_logits(m.class_names, out.shape, m.task, Path(m.source).name)
     return m
 
 
@@ -376,7 +379,8 @@ def zoo_rows(data: str, variants: Sequence[str] | None = None, tasks: Sequence[s
             f"the zoo has no models trained on {data!r} (it has: {', '.join(have) or 'none'}); "
             "serve a folder of exported models with --models DIR"
         )
-    wanted = None if variants is None else {registry.canonical_name(v) for v in variants}
+    names = {e["variant"] for e in rows}  # canonical already: the registry (PyTorch, timm) only for an alias
+    wanted = None if variants is None else {v if v in names else registry.canonical_name(v) for v in variants}
     chosen = [e for e in rows if (wanted is None or e["variant"] in wanted) and (tasks is None or e["task"] in tasks)]
     if not chosen:
         have = sorted(f"{e['variant']}/{e['task']}" for e in rows)

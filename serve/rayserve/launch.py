@@ -11,9 +11,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import re
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -45,18 +47,31 @@ from attnzoo.serve.rayserve.watchdog import stop_watchdog
 
 ray_app = lazy_import("attnzoo.serve.rayserve.app")  # imports ray: loaded by the first deploy
 
-__all__ = ["startup_line", "deploy", "serve_models", "Served", "check_serve_config"]
+__all__ = ["startup_line", "start_serve", "deploy", "serve_models", "Served", "check_serve_config"]
+
+
+#: Ray Serve's logging for the controller, the proxy and the replicas: warnings and errors, no access log.
+_SERVE_LOG = {"log_level": "WARNING", "enable_access_log": False}
+
+
+def start_serve(cfg: ServeConfig) -> None:
+    """Start Serve's controller and HTTP proxy on ``cfg.host:cfg.port`` (nothing when they run already), which
+    needs no model: :func:`serve_models` does it while the models are still being checked."""
+    from ray import serve  # optional: ray (the [serving] extra); --help and usage errors load without it
+
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)  # the driver's "Started Serve ..." lines
+    serve.start(
+        http_options={"host": _LOCAL.get("serve_host") or cfg.host, "port": cfg.port}, logging_config=_SERVE_LOG
+    )
 
 
 def deploy(cfg: ServeConfig, selection: Selection, name: str | None = None) -> str:
-    """Start Serve's HTTP proxy on ``cfg.host:cfg.port`` and run the app (replaces a running one of the same
-    name); returns the URL once every replica is up."""
+    """Start Serve's HTTP proxy on ``cfg.host:cfg.port`` (:func:`start_serve`) and run the app (replaces a running
+    one of the same name); returns the URL once every replica is up."""
     from ray import serve  # optional: ray (the [serving] extra); --help and usage errors load without it
 
     cfg.validate()  # resolves the defaults that depend on other settings
-    log = {"log_level": "WARNING", "enable_access_log": False}
-    logging.getLogger("ray.serve").setLevel(logging.WARNING)  # the driver's "Started Serve ..." lines
-    serve.start(http_options={"host": _LOCAL.get("serve_host") or cfg.host, "port": cfg.port}, logging_config=log)
+    start_serve(cfg)
     settings = {
         "backend": cfg.backend,
         "threads": cfg.intra_op_threads,
@@ -83,7 +98,7 @@ def deploy(cfg: ServeConfig, selection: Selection, name: str | None = None) -> s
         settings=settings,
     )
     try:
-        serve.run(app, name=name or DEPLOYMENT, route_prefix="/", logging_config=log)
+        serve.run(app, name=name or DEPLOYMENT, route_prefix="/", logging_config=_SERVE_LOG)
     except Exception as exc:  # Ray says only "Failed to update the deployments"; the replica's own error is in status
         raise ValueError(f"the deployment did not start: {_deployment_error(name or DEPLOYMENT, exc)}") from None
     _report_skipped(selection, serve.get_app_handle(name or DEPLOYMENT))
@@ -146,6 +161,18 @@ def _timed(fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
     return fn(*args), time.perf_counter() - t0
 
 
+def _in_idle_time(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` run by a thread at the lowest CPU priority (Linux gives each thread its own nice value): the model
+    checks beside Ray's and Serve's start use the CPU those leave idle instead of slowing them down."""
+
+    def run(*args: Any) -> Any:
+        with contextlib.suppress(OSError, AttributeError):  # not Linux, or not allowed: the default priority
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        return fn(*args)
+
+    return run
+
+
 def startup_line(startup_s: dict[str, float]) -> str:
     """``started in T s: step a s, ...`` (the steps of :attr:`Served.startup_s`; ``total`` is the wall time)."""
     steps = ", ".join(f"{k} {v:.1f} s" for k, v in startup_s.items() if k != "total")
@@ -201,14 +228,15 @@ def serve_models(cfg: ServeConfig, *, metrics_port: int | None = None) -> Iterat
             chosen = None
             if cfg.models is None and cfg.arch is None:  # the zoo: what it lacks is refused before Ray starts,
                 check_zoo_selection(cfg)  # its first models are verified while Ray starts
-                chosen = pool.submit(_timed, select_models, cfg)
+                chosen = pool.submit(_timed, _in_idle_time(select_models), cfg)
             else:  # a folder's files (quick), or random-init models: refused or exported before Ray starts
                 selection, steps["model selection and checks"] = _timed(select_models, cfg)
             started, steps["Ray start"] = _timed(start_ray, cfg, metrics_port)
             if chosen is not None:
+                _, steps["Serve start (beside the checks)"] = _timed(start_serve, cfg)
                 t_wait = time.perf_counter()
-                selection, steps["model selection and checks (beside Ray start)"] = chosen.result()
-                steps["waiting for them after Ray start"] = time.perf_counter() - t_wait
+                selection, steps["model selection and checks (beside Ray and Serve start)"] = chosen.result()
+                steps["waiting for them after Serve start"] = time.perf_counter() - t_wait
             url, steps["deploy (replicas load and warm up)"] = _timed(deploy, cfg, selection)
             steps["total"] = time.perf_counter() - t0
             yield Served(url, selection, ray_serve_mode(), metrics_url(), cfg.cache_dir, startup_s=steps)

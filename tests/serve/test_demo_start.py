@@ -103,3 +103,26 @@ def test_the_demo_selects_the_best_model_first():
     assert table.default("cls") == "belief2" and table.default("seg") is None
     assert _choice_label(table.get("cls", "belief2")) == "belief2 (top-1 86.2 %)"
     assert DemoModels([served("x", None), served("y", None)]).default("cls") == "x"  # no metrics: the first
+
+
+def test_a_replica_loads_verified_onnx_files_without_pytorch(tmp_path):
+    """serve-models' replicas (and the demo's ONNX path) read the model contract, run the files and check their
+    logits without importing PyTorch or timm: both cost seconds of CPU per replica start (the contract's config
+    check and the logits check live in ``attnzoo.modelconfig``; the models' order comes from the zoo)."""
+    import subprocess
+    import sys
+
+    from attnzoo.serve.loading import export_zoo
+
+    best = zoo.best_entries("fashion")  # the shipped exports: adopted in seconds
+    folder = [export_zoo("fashion", tmp_path, [e["variant"]], [task]) for task, e in best.items()][0]
+    files = sorted(p.name for p in folder.glob("*.onnx"))
+    assert len(files) == 2
+    code = (
+        "import sys; from pathlib import Path; from attnzoo.serve.loading import load_models; "
+        f"m = load_models(Path({str(folder)!r}), 'ort-cpu', threads=1, only={files!r}); "
+        "print(sorted((x.task, x.name) for x in m), 'torch' in sys.modules, 'timm' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.split("]")[0] + "]" == str(sorted((t, e["variant"]) for t, e in best.items()))
+    assert out.strip().endswith("] False False"), out
