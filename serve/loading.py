@@ -25,11 +25,13 @@ import io
 import json
 import subprocess
 import sys
+import tempfile
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -79,6 +81,7 @@ __all__ = [
     "load_zoo_torch",
     "load_zoo_onnx",
     "export_zoo",
+    "zoo_onnx_folder",
     "zoo_onnx_name",
     "choose_cpu_backend",
     "load_remote",
@@ -435,6 +438,12 @@ def load_zoo_torch(data: str = DEFAULT_DATA) -> list[ServedModel]:
     return _with_scores(models, rows)
 
 
+def zoo_onnx_folder(cache_dir: Path | None = None) -> Path:
+    """The folder :func:`export_zoo` writes to: ``<cache>/onnx/<first 12 hex of the manifest's sha256>``."""
+    digest = hashlib.sha256(json.dumps(zoo.manifest(), sort_keys=True).encode()).hexdigest()[:12]
+    return Path(cache_dir or default_cache_dir()) / "onnx" / digest
+
+
 def export_zoo(
     data: str = DEFAULT_DATA,
     cache_dir: Path | None = None,
@@ -453,8 +462,7 @@ def export_zoo(
     copy (:func:`zoo_onnx_name`); a model whose int8 fails its verification is left out with a warning.
     """
     rows = zoo_rows(data, variants, tasks)
-    digest = hashlib.sha256(json.dumps(zoo.manifest(), sort_keys=True).encode()).hexdigest()[:12]
-    folder = Path(cache_dir or default_cache_dir()) / "onnx" / digest
+    folder = zoo_onnx_folder(cache_dir)
     folder.mkdir(parents=True, exist_ok=True)
 
     def fresh(path: Path, sha: str) -> bool:
@@ -532,33 +540,51 @@ def export_zoo_in_child(
     wanted: Sequence[tuple[str, str]],
     dtype: str = "fp32",
     while_running: Callable[[], None] | None = None,
+    *,
+    quiet: bool = False,
+    nice: int = 19,
 ) -> int:
     """Export (verified, as :func:`export_zoo` does) the zoo models ``wanted`` (``(variant, task)`` pairs) in a
-    child process at the lowest CPU priority: its own interpreter, so a torch export never holds the caller's
-    GIL while a request waits. Waits for it (calling ``while_running`` every 2 s meanwhile, e.g. to publish the
-    models written so far) and returns its exit code; the child is ended when this process exits (a file is
-    written whole or not at all)."""
+    child process at a lower CPU priority (``nice`` added to this one's; 19, the lowest, by default): its own
+    interpreter, so a torch export never holds the caller's GIL while a request waits, or while Ray starts. Waits
+    for it (calling ``while_running`` every 2 s meanwhile, e.g. to publish the models written so far) and returns
+    its exit code; the child is ended when this process exits (a file is written whole or not at all). A failure
+    is one ``error:`` line on the child's stderr; ``quiet``: nothing of the child is shown (its progress bars),
+    and a failure raises ``ValueError`` with that line instead."""
     # the child lowers its own priority first: preexec_fn is not safe in a process with threads (Ray's, the
     # demo's server)
     code = (
         "import os, signal, sys, json\n"
         # Ctrl-C in the terminal reaches this child too: it ends quietly (exit 130), the parent says what happened
         "signal.signal(signal.SIGINT, lambda *_: sys.exit(130))\n"
-        "if hasattr(os, 'nice'): os.nice(19)\n"
-        "from pathlib import Path; from attnzoo.serve.loading import export_zoo\n"
+        f"if hasattr(os, 'nice'): os.nice({int(nice)})\n"
+        "from pathlib import Path; from attnzoo.errors import first_line\n"
+        "from attnzoo.serve.loading import export_zoo\n"
         "data, cache, wanted, dtype = json.loads(sys.argv[1])\n"
-        "for v, t in wanted:\n"
-        "    export_zoo(data, Path(cache) if cache else None, variants=[v], tasks=[t], dtype=dtype)\n"
+        "try:\n"
+        "    for v, t in wanted:\n"
+        "        export_zoo(data, Path(cache) if cache else None, variants=[v], tasks=[t], dtype=dtype)\n"
+        "except Exception as exc:\n"
+        "    sys.exit(f'error: {first_line(exc)}')\n"
     )
     args = json.dumps([data, str(cache_dir) if cache_dir else None, [list(w) for w in wanted], dtype])
-    child = subprocess.Popen([sys.executable, "-c", code, args], stdout=subprocess.DEVNULL)
-    atexit.register(child.terminate)
-    while True:
-        try:
-            return child.wait(timeout=None if while_running is None else 2.0)
-        except subprocess.TimeoutExpired:  # only with a timeout, i.e. a while_running
-            assert while_running is not None
-            while_running()
+    with contextlib.ExitStack() as stack:
+        err = stack.enter_context(tempfile.TemporaryFile("w+")) if quiet else None
+        quiet_kw: dict[str, Any] = {"stderr": err} if quiet else {}  # a test's Popen passes its own stderr
+        child = subprocess.Popen([sys.executable, "-c", code, args], stdout=subprocess.DEVNULL, **quiet_kw)
+        atexit.register(child.terminate)
+        while True:
+            try:
+                status = child.wait(timeout=None if while_running is None else 2.0)
+                break
+            except subprocess.TimeoutExpired:  # only with a timeout, i.e. a while_running
+                assert while_running is not None
+                while_running()
+        if err is not None and status != 0:
+            err.seek(0)
+            lines = [ln.strip() for ln in err.read().splitlines() if ln.strip().startswith("error: ")]
+            raise ValueError(lines[-1].removeprefix("error: ") if lines else f"the export exited with status {status}")
+    return status
 
 
 def _prefetch(runners: Sequence[_LazyZooRunner], data: str, cache_dir: Path | None) -> None:

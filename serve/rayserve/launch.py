@@ -11,11 +11,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import re
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -161,18 +159,6 @@ def _timed(fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
     return fn(*args), time.perf_counter() - t0
 
 
-def _in_idle_time(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` run by a thread at the lowest CPU priority (Linux gives each thread its own nice value): the model
-    checks beside Ray's and Serve's start use the CPU those leave idle instead of slowing them down."""
-
-    def run(*args: Any) -> Any:
-        with contextlib.suppress(OSError, AttributeError):  # not Linux, or not allowed: the default priority
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        return fn(*args)
-
-    return run
-
-
 def startup_line(startup_s: dict[str, float]) -> str:
     """``started in T s: step a s, ...`` (the steps of :attr:`Served.startup_s`; ``total`` is the wall time)."""
     steps = ", ".join(f"{k} {v:.1f} s" for k, v in startup_s.items() if k != "total")
@@ -228,7 +214,7 @@ def serve_models(cfg: ServeConfig, *, metrics_port: int | None = None) -> Iterat
             chosen = None
             if cfg.models is None and cfg.arch is None:  # the zoo: what it lacks is refused before Ray starts,
                 check_zoo_selection(cfg)  # its first models are verified while Ray starts
-                chosen = pool.submit(_timed, _in_idle_time(select_models), cfg)
+                chosen = pool.submit(_timed, select_models, cfg)
             else:  # a folder's files (quick), or random-init models: refused or exported before Ray starts
                 selection, steps["model selection and checks"] = _timed(select_models, cfg)
             started, steps["Ray start"] = _timed(start_ray, cfg, metrics_port)

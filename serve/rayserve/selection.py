@@ -26,7 +26,7 @@ from attnzoo.fileio import atomic_write_text, default_cache_dir, sha256_file
 from attnzoo.lazy import lazy_import
 from attnzoo.runtime.contract import ModelContract
 from attnzoo.runtime.sessions import serves, verification_problem
-from attnzoo.serve.loading import export_zoo, export_zoo_in_child, zoo_onnx_name, zoo_rows
+from attnzoo.serve.loading import export_zoo_in_child, zoo_onnx_folder, zoo_onnx_name, zoo_rows
 from attnzoo.serve.rayserve.config import ServeConfig
 
 # imported on first use: the driver selects and checks files without timm and the exporter (only --arch needs them)
@@ -154,10 +154,12 @@ def _zoo_first(
             (e for e in mine if zoo.shipped_onnx(e) is not None), key=lambda e: -(e.get("test_metric") or 0)
         )
         first.append((shipped or mine)[0])
-    folder, graph = None, _graph_dtype(dtype)
-    for e in first:
-        folder = export_zoo(data, cache, [e["variant"]], [e["task"]], dtype=graph)
-    assert folder is not None  # zoo_rows found at least one model, so first has one
+    graph = _graph_dtype(dtype)
+    # verified in a child process at a lower priority (nice 10): its PyTorch (the parity with each checkpoint)
+    # never holds this process's GIL, and it mostly takes the CPU that Ray's and Serve's start leave idle; at the
+    # lowest priority it ended after them, and the deploy waited for it (runs: docs/serving.md)
+    export_zoo_in_child(data, cache, [(e["variant"], e["task"]) for e in first], graph, quiet=True, nice=10)
+    folder = zoo_onnx_folder(cache)
     names = [zoo_onnx_name(e["variant"], e["task"], data, graph) for e in first]
     selection = _matching(folder, [n for n in names if (folder / n).is_file()], None, None, dtype)
     selection.pending = [

@@ -126,3 +126,11 @@ def test_a_replica_loads_verified_onnx_files_without_pytorch(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
     assert out.split("]")[0] + "]" == str(sorted((t, e["variant"]) for t, e in best.items()))
     assert out.strip().endswith("] False False"), out
+
+
+def test_served_models_are_ordered_as_the_registry_orders_the_variants():
+    """A replica orders its models by the zoo's variant order, to stay clear of PyTorch: that is the registry's."""
+    from attnzoo.models import BUILTIN_VARIANTS, VARIANT_NAMES
+
+    builtin = [v for v in VARIANT_NAMES if v in BUILTIN_VARIANTS]
+    assert list(dict.fromkeys(e["variant"] for e in zoo.entries())) == builtin
