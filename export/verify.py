@@ -31,7 +31,7 @@ from attnzoo.runtime.aoti import fingerprint
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.contract import BATCH_DIM, metadata_props
 from attnzoo.runtime.parity import TOLERANCES, compare
-from attnzoo.runtime.sessions import read_report, verification_problem
+from attnzoo.runtime.sessions import read_report, report_file, verification_problem
 
 from . import divergence
 from . import onnx_export as onnx_export_module
@@ -70,8 +70,8 @@ class VerificationError(ExportError):
 
 
 def report_path(onnx_path: str | Path) -> Path:
-    """``model.onnx`` -> ``model.report.json``."""
-    return Path(onnx_path).with_suffix(".report.json")
+    """``model.onnx`` -> ``model.report.json`` (:func:`attnzoo.runtime.sessions.report_file`)."""
+    return report_file(Path(onnx_path).with_suffix(".onnx"))
 
 
 def failed_report_path(onnx_path: str | Path) -> Path:

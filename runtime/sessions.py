@@ -38,7 +38,9 @@ __all__ = [
     "available_providers",
     "session_options",
     "providers_for",
+    "IR_SUFFIX",
     "read_report",
+    "report_file",
     "verification_problem",
 ]
 
@@ -178,40 +180,56 @@ def read_report(path: str | Path) -> dict[str, Any]:
     return report
 
 
+#: The suffix of an OpenVINO IR's graph (``model.xml``, its weights in ``model.bin`` beside it).
+IR_SUFFIX = ".xml"
+
+
+def report_file(path: str | Path) -> Path:
+    """Where ``export-model`` writes the verification report of the model file ``path``: ``model.onnx`` ->
+    ``model.report.json``; a file of another format (``model.xml``, ``model.pt2``, ``model.pte``) ->
+    ``model.xml.json``."""
+    path = Path(path)
+    return path.with_suffix(".report.json") if path.suffix == ".onnx" else Path(f"{path}.json")
+
+
 def verification_problem(path: str | Path, dtype: str) -> str | None:
     """Why the exported model ``path`` (graph precision ``dtype``) must not be served (one line), or ``None``.
 
-    Served only when its ``<model>.report.json`` -- written by ``export-model`` (and the zoo's export) after its
-    checks: the extra math as named fp32 ops, parity with eager PyTorch, for a quantized graph also the Q/DQ
+    Served only when its report (:func:`report_file`) -- written by ``export-model`` (and the zoo's export) after
+    its checks: the extra math as named fp32 ops, parity with eager PyTorch, for a quantized graph also the Q/DQ
     placement, finite outputs and test-split accuracy next to fp32 -- says it passed, names this precision and
-    matches the file's SHA-256. A quantized model must also have been scored on the whole test split within the
-    tolerance (a drop accepted with ``--accept-accuracy-drop``, one scored with ``--eval-limit``, or an unscored
-    ``--random-init`` model is not served).
+    matches the file's SHA-256 (an OpenVINO IR's ``.bin`` too). A quantized model must also have been scored on
+    the whole test split within the tolerance (a drop accepted with ``--accept-accuracy-drop``, one scored with
+    ``--eval-limit``, or an unscored ``--random-init`` model is not served).
     """
     path = Path(path)
-    report_file = path.with_suffix(".report.json")
-    if not report_file.exists():
-        return (
-            f"no verification report {report_file.name} beside it (export it with export-model"
-            f"{' --dtype ' + dtype if dtype != 'fp32' else ''})"
-        )
+    report = report_file(path)
+    if not report.exists():
+        how = " --format openvino" if path.suffix == IR_SUFFIX else (f" --dtype {dtype}" if dtype != "fp32" else "")
+        return f"no verification report {report.name} beside it (export it with export-model{how})"
     try:
-        rep = read_report(report_file)
+        rep = read_report(report)
     except ValueError as exc:
         return str(exc)
     if not rep.get("passed"):
-        return f"{report_file.name} does not say the {dtype} model passed its verification"
+        return f"{report.name} does not say the {dtype} model passed its verification"
     if rep.get("dtype", "fp32") != dtype:
-        return f"{report_file.name} is for a {rep.get('dtype')} model, the file is {dtype}"
+        return f"{report.name} is for a {rep.get('dtype')} model, the file is {dtype}"
     if rep.get("sha256") != sha256_file(path):
-        return f"{path.name} differs from the file its report {report_file.name} verified (SHA-256 mismatch)"
+        return f"{path.name} differs from the file its report {report.name} verified (SHA-256 mismatch)"
+    if path.suffix == IR_SUFFIX:
+        weights = path.with_suffix(".bin")
+        if not weights.is_file():
+            return f"no weights file {weights.name} beside it"
+        if rep.get("bin_sha256") != sha256_file(weights):
+            return f"{weights.name} differs from the weights its report {report.name} verified (SHA-256 mismatch)"
     if dtype not in QUANTIZED_DTYPES:
         return None
 
     try:
         acc = QuantizationReport.from_dict(rep).accuracy
     except ValueError as exc:
-        return f"{report_file.name} is not a quantization report ({exc})"
+        return f"{report.name} is not a quantization report ({exc})"
     if not acc.get("metrics"):
         return f"{path.name} was not scored on a test set ({acc.get('warning') or acc.get('reason') or 'no accuracy'})"
     if acc.get("limit"):

@@ -48,6 +48,7 @@ from attnzoo.runtime.backends import (
     ONNX_REFERENCE,
     LoadOptions,
     Session,
+    backends,
     check_against_reference,
     cpu_runtimes,
     get_backend,
@@ -57,7 +58,14 @@ from attnzoo.runtime.bf16 import verify_bf16
 from attnzoo.runtime.choice import fastest_cpu_runtime
 from attnzoo.runtime.contract import ModelContract, metadata_props
 from attnzoo.runtime.quantization_report import QuantizationReport
-from attnzoo.runtime.sessions import SERVED_DTYPES, read_report, served_precision, serves, verification_problem
+from attnzoo.runtime.sessions import (
+    IR_SUFFIX,
+    SERVED_DTYPES,
+    read_report,
+    served_precision,
+    serves,
+    verification_problem,
+)
 from attnzoo.zoo import DEFAULT_DATA
 
 # imported on first use, so that serve-demo and serve-models (their --help too) start without timm, onnx and the
@@ -84,6 +92,8 @@ __all__ = [
     "zoo_onnx_folder",
     "zoo_onnx_name",
     "choose_cpu_backend",
+    "model_files",
+    "unread_reason",
     "load_remote",
     "RemoteError",
     "load_bf16_models",
@@ -181,8 +191,8 @@ def resolve_backend(name: str) -> str:
 
 
 def _session(path: Path, backend: str, threads: int | None, cache_dir: Path | None, contract=None) -> Session:
-    """A verified ONNX file loaded by ``backend``; a backend other than ONNX Runtime's CPU provider (the export's
-    own reference) is checked against it on the same file first
+    """A verified ONNX file (or OpenVINO IR) loaded by ``backend``; a backend other than ONNX Runtime's CPU
+    provider (the export's own reference) is checked against it on the same ONNX file first
     (:func:`attnzoo.runtime.backends.check_against_reference`). A backend with a
     :attr:`~attnzoo.runtime.backends.Backend.serving_batch` (OpenVINO: 1) is compiled for it (other batches run
     image by image); one that :attr:`~attnzoo.runtime.backends.Backend.builds_engine` (TensorRT) builds it for
@@ -195,13 +205,28 @@ def _session(path: Path, backend: str, threads: int | None, cache_dir: Path | No
         else {}
     )
     session = b.load(path, b.options(threads=threads, batch=b.serving_batch, **engine))
-    try:
-        if b.name != REFERENCE:
+    try:  # an IR, which ONNX Runtime cannot read, was checked against eager PyTorch when it was written
+        if b.name != REFERENCE and Path(path).suffix in get_backend(REFERENCE).suffixes:
             check_against_reference(session, path, contract, threads=threads)
     except BaseException:
         session.close()
         raise
     return session
+
+
+def model_files(directory: Path) -> list[Path]:
+    """The model files of ``directory`` a server may load: ``.onnx`` files and OpenVINO IRs (``.xml``), regular
+    files only (anything else of that name is skipped with a warning, never opened)."""
+    return sorted([*_model_files(directory, ".onnx"), *_model_files(directory, IR_SUFFIX)])
+
+
+def unread_reason(path: Path, backend: str) -> str | None:
+    """Why ``backend`` cannot load the model file ``path`` (an OpenVINO IR on a backend that reads only ONNX), or
+    None (:attr:`~attnzoo.runtime.backends.Backend.suffixes`)."""
+    if Path(path).suffix in get_backend(backend).suffixes:
+        return None
+    readers = [b.name for b in backends() if Path(path).suffix in b.suffixes]
+    return f"an OpenVINO IR is served with --backend {' or '.join(readers)}, not {backend}"
 
 
 def choose_cpu_backend(folder: Path, threads: int | None = None, dtype: str | None = None) -> tuple[str, str]:
@@ -227,6 +252,9 @@ def choose_cpu_backend(folder: Path, threads: int | None = None, dtype: str | No
         if (dtype and contract.dtype != dtype) or verification_problem(path, contract.dtype):
             continue
         probes.setdefault(contract.task, (path, contract.input_size))
+    readers = [name for name in installed if IR_SUFFIX in get_backend(name).suffixes]
+    if not probes and readers and any(p.is_file() for p in Path(folder).glob(f"*{IR_SUFFIX}")):
+        return readers[0], f"{readers[0]} (the folder holds OpenVINO IRs and no ONNX file)"
     choice = fastest_cpu_runtime(installed, list(probes.values()), cpu=cpu_info()["model"], dtype=dtype or "")
     return choice.runtime, choice.reason
 
@@ -328,7 +356,8 @@ def load_onnx_dir(
     only: Sequence[str] | None = None,
     dtype: str | None = None,
 ) -> list[ServedModel]:
-    """Every attnzoo ``.onnx`` file of ``directory`` (``only``: just these file names; ``dtype``: just the files
+    """Every attnzoo ``.onnx`` file of ``directory``, and every OpenVINO IR ``.xml`` when ``backend`` reads one
+    (:attr:`~attnzoo.runtime.backends.Backend.suffixes`; ``only``: just these file names; ``dtype``: just the files
     :func:`attnzoo.runtime.sessions.served_precision` serves at that ``--dtype``), each with one reused ONNX
     session of ``backend``. A file that is not an attnzoo model, is larger than an ONNX file can be, has invalid
     metadata (config, input size, class names vs logits), has no verification report that covers it
@@ -336,9 +365,12 @@ def load_onnx_dir(
     a quantized one also scored within the tolerance), or fails to load is skipped with a warning naming it and the
     reason."""
     models = []
-    paths = [p for p in _model_files(directory, ".onnx") if only is None or p.name in set(only)]
+    paths = [p for p in model_files(directory) if only is None or p.name in set(only)]
     for path in tqdm(paths, desc=f"loading models ({backend})", unit="model", disable=len(paths) < 4):
         try:
+            problem = unread_reason(path, backend)
+            if problem:
+                raise ValueError(problem)
             contract = ModelContract.from_onnx(path)  # one read of the file's metadata, validated
             config, input_size = contract.config, contract.input_size
             if dtype and served_precision(contract.dtype) != dtype:
@@ -710,7 +742,7 @@ def load_models(
         models = load_onnx_dir(Path(models_dir), backend, threads, cache_dir, only, dtype)
         for m in models:
             m.backend_note = note
-        wanted = f"{dtype + ' ' if dtype else ''}.onnx files exported by export-model" + (
+        wanted = f"{dtype + ' ' if dtype else ''}.onnx files (or OpenVINO IRs) exported by export-model" + (
             " with their verification reports" if dtype == "int8" else ""
         )
     if not models:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from attnzoo.errors import UsageError, first_line
 from attnzoo.fileio import atomic_write_text, sha256_file, writable_dir
+from attnzoo.runtime.sessions import report_file
 
 from ..check import block_prefix
 from ..divergence import BlockRecorder
@@ -79,7 +80,7 @@ def run_step(fn: Callable[..., Any], what: str, *args, **kwargs) -> Any:
 def report_path(out: str | Path) -> Path:
     """The report beside a file written from the model (:attr:`ExportFormat.from_model`): ``model.pt2`` ->
     ``model.pt2.json``."""
-    return Path(str(out) + ".json")
+    return report_file(out)
 
 
 def failed_report_path(out: str | Path) -> Path:

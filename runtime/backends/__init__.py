@@ -187,6 +187,8 @@ class Backend:
             (NNCF's quantization of the runtime's own model); ``None``: no int8 path.
         serving_batch: The batch a served model is compiled for when the session still runs any batch (one image
             at a time); ``None``: served with a dynamic batch.
+        suffixes: The model files it loads when it takes ``onnx``, by suffix: ``.onnx``, and ``.xml`` for a runtime
+            that reads its own IR (what the demo and ``serve-models`` serve with it from a folder).
         is_reference: The PyTorch model run as it is: the reference every other backend's rows are compared with
             (their parity and speed-ups), which always runs. Exactly one backend is (:func:`reference_backend`).
     """
@@ -203,6 +205,7 @@ class Backend:
     jit_compiles: bool = False
     int8_model: str | None = None
     serving_batch: int | None = None
+    suffixes: tuple[str, ...] = (".onnx",)
     is_reference: bool = False
 
     def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False) -> str | None:

@@ -129,5 +129,6 @@ OPENVINO = register_backend(
         library="openvino",
         int8_model="nncf",
         serving_batch=1,
+        suffixes=(".onnx", ".xml"),
     )
 )

@@ -26,7 +26,14 @@ from attnzoo.fileio import atomic_write_text, default_cache_dir, sha256_file
 from attnzoo.lazy import lazy_import
 from attnzoo.runtime.contract import ModelContract
 from attnzoo.runtime.sessions import serves, verification_problem
-from attnzoo.serve.loading import export_zoo_in_child, zoo_onnx_folder, zoo_onnx_name, zoo_rows
+from attnzoo.serve.loading import (
+    export_zoo_in_child,
+    model_files,
+    unread_reason,
+    zoo_onnx_folder,
+    zoo_onnx_name,
+    zoo_rows,
+)
 from attnzoo.serve.rayserve.config import ServeConfig
 
 # imported on first use: the driver selects and checks files without timm and the exporter (only --arch needs them)
@@ -51,16 +58,25 @@ class Selection:
 
 
 def _matching(
-    folder: Path, names: Sequence[str], variants: Sequence[str] | None, tasks: Sequence[str] | None, dtype: str = "fp32"
+    folder: Path,
+    names: Sequence[str],
+    variants: Sequence[str] | None,
+    tasks: Sequence[str] | None,
+    dtype: str = "fp32",
+    backend: str | None = None,
 ) -> Selection:
-    """The attnzoo exports among ``names`` whose variant, task and precision are wanted; files that are not
-    attnzoo models, and quantized ones whose verification does not hold, are left out with a warning (the
-    replicas' loader would skip them anyway)."""
+    """The attnzoo exports among ``names`` whose variant, task and precision are wanted and that ``backend``
+    reads (None: ONNX files, which every backend of ``serve-models`` reads); files that are not attnzoo models,
+    IRs of another runtime and files whose verification does not hold are left out with a warning (the replicas'
+    loader would skip them anyway)."""
     wanted = None if variants is None else {registry.canonical_name(v) for v in variants}
     files, seen = {}, []
     for name in names:
         path = folder / name
         try:
+            problem = unread_reason(path, backend) if backend else None
+            if problem:
+                raise ValueError(problem)
             contract = ModelContract.from_onnx(path)
         except Exception as exc:  # not an attnzoo export, damaged: say so, serve the rest
             print(
@@ -122,8 +138,8 @@ def select_models(cfg: ServeConfig) -> Selection:
         folder = Path(cfg.models)
         if not folder.is_dir():
             raise ValueError(f"models folder not found: {folder}")
-        names = [p.name for p in sorted(folder.glob("*.onnx")) if p.is_file()]
-        return _matching(folder, names, variants, cfg.tasks, cfg.dtype)
+        names = [p.name for p in model_files(folder)]
+        return _matching(folder, names, variants, cfg.tasks, cfg.dtype, cfg.backend)
     if cfg.arch is not None:
         print(
             f"warning: --arch {cfg.arch}: serving UNTRAINED models with random weights; their predictions are "

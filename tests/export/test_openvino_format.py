@@ -103,6 +103,49 @@ def test_belief2_fp32_ir_is_verified_written_whole_and_runs_in_the_openvino_back
     assert np.abs(got - want).max() <= 1e-4 * max(1.0, float(np.abs(want).max()))
 
 
+def test_the_demo_and_serve_models_serve_an_ir_directly_on_openvino_only(belief2_ir, tmp_path, capsys):
+    """A folder of IRs is served as written (``--models DIR``): by OpenVINO, whose ``auto`` choice it is when the
+    folder holds no ONNX file; on a backend that reads only ONNX each IR is skipped saying which backend serves
+    it; an IR whose ``.bin`` changed after its verification is not served."""
+    from attnzoo.serve.loading import load_models
+    from attnzoo.serve.rayserve.config import ServeConfig
+    from attnzoo.serve.rayserve.selection import select_models
+
+    model, result = belief2_ir
+    folder = tmp_path / "irs"
+    folder.mkdir()
+    for f in result.files:
+        shutil.copyfile(f, folder / f.name)
+    x = np.random.default_rng(2).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    with torch.no_grad():
+        want = model(torch.from_numpy(x)).numpy()
+    for backend in ("openvino", "auto"):
+        (served,) = load_models(folder, backend, threads=1)
+        assert (served.name, served.backend, served.source) == ("belief2", "openvino", str(folder / "b2.xml"))
+        assert np.abs(served.run(x) - want).max() <= 1e-4 * max(1.0, float(np.abs(want).max()))
+    assert served.backend_note == "openvino (the folder holds OpenVINO IRs and no ONNX file)"
+    assert select_models(ServeConfig(models=folder, backend="openvino")).files == {
+        "b2.xml": json.loads((folder / "b2.xml.json").read_text())["sha256"]
+    }
+    capsys.readouterr()
+    with pytest.raises(ValueError, match="no servable models"):
+        load_models(folder, "ort-cpu", threads=1)
+    with pytest.raises(ValueError, match="no fp32 model"):
+        select_models(ServeConfig(models=folder, backend="ort-cpu"))
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["warning: skipping b2.xml: an OpenVINO IR is served with --backend openvino, not ort-cpu"] * 2
+    with open(folder / "b2.bin", "r+b") as f:  # one weight byte changed after the verification
+        f.seek(200)
+        byte = f.read(1)
+        f.seek(200)
+        f.write(bytes([byte[0] ^ 1]))
+    with pytest.raises(ValueError, match="no servable models"):
+        load_models(folder, "openvino", threads=1)
+    assert (
+        "b2.bin differs from the weights its report b2.xml.json verified (SHA-256 mismatch)" in capsys.readouterr().err
+    )
+
+
 def test_belief2_fp16_ir_compresses_the_weights_and_keeps_every_activation_f32(belief2_ir, tmp_path, monkeypatch):
     model, _ = belief2_ir
     _same_onnx(monkeypatch, model)
