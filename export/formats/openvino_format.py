@@ -109,11 +109,27 @@ def _constant_value(output: Any) -> np.ndarray | None:
     return np.asarray(node.get_data(), dtype=np.float64)
 
 
+#: Integer outputs that carry quantized values, not shapes or indices (an extra-math op that outputs one was
+#: quantized).
+QUANTIZED_TYPES = frozenset({"i8", "u8", "i4", "u4", "u1", "nf4"})
+
+
+def _keeps_f32(element_type: Any) -> bool:
+    """Whether an op's output keeps the extra math at f32: an f32 tensor, or an integer one that is shape or index
+    arithmetic (``i64`` / ``i32`` / ``boolean``: a ``Concat`` of a reshape's target shape). A 16-bit or 8-bit float,
+    or a quantized integer type (:data:`QUANTIZED_TYPES`), is not."""
+    name = str(element_type.get_type_name())
+    if element_type.is_real():
+        return name == "f32"
+    return name not in QUANTIZED_TYPES
+
+
 def count_extra_math(model: Any, config: dict[str, Any], eps: float | None = None) -> dict[str, Any]:
     """Count each block's extra-math ops in an OpenVINO model (an IR read back): for each scope of
     :func:`attnzoo.export.check.expected_scopes`, the ops whose friendly name starts with ``<scope>/``. A scope must
     hold its declared op counts (ONNX op types, :data:`ONNX_TO_OV`), else at least one op outside
-    :data:`NO_MATH_OPS`; every op of it that computes must output f32 and read no FakeQuantize; a projection's
+    :data:`NO_MATH_OPS`; every op of it that computes must output f32 (integer shape and index arithmetic aside:
+    :func:`_keeps_f32`) and read no FakeQuantize; a projection's
     ``Add`` must add ``eps`` (the metadata's, when given). No op outside the weight constants may be 16-bit (the fp16
     IR compresses weights only). Never raises for a missing scope (see ``failures``).
 
@@ -149,7 +165,7 @@ def count_extra_math(model: Any, config: dict[str, Any], eps: float | None = Non
         if found and not required and not computing:
             failures.append(f"{scope}: only {', '.join(sorted(counts))} op(s), no op computes anything")
         for o in computing:
-            if str(o.get_output_element_type(0).get_type_name()) != "f32":
+            if not _keeps_f32(o.get_output_element_type(0)):
                 failures.append(f"{scope}: {o.get_friendly_name()} computes in {o.get_output_element_type(0)}, not f32")
         failures += [
             f"{scope}: {name} reads a FakeQuantize"

@@ -164,6 +164,23 @@ def test_the_extra_math_count_passes_on_the_ir_and_fails_when_an_op_is_removed(b
     assert found["ok"] and found["depth"] == 1 and found["nodes_per_block"] == {"blocks.0": 8}, found["failures"]
     assert not count_extra_math(ir, model.attnzoo_config, eps=1e-3)["ok"]  # the eps is read from the IR
 
+    import openvino.opset13 as ops
+
+    def scoped(dtype, name):  # an op of the scope computing in ``dtype``, kept in the model by a result of its own
+        c = ops.constant(np.ones(2, dtype))
+        op = ops.multiply(c, c)
+        op.set_friendly_name(f"blocks.0.attn.projection/{name}")
+        ir.add_results([ops.result(op)])
+
+    scoped(np.int64, "ShapeArithmetic")  # integer shape arithmetic in the scope (a Concat of a target shape)
+    assert count_extra_math(ir, model.attnzoo_config, eps=1e-6)["ok"]
+    scoped(np.float16, "HalfMultiply")
+    failures = count_extra_math(ir, model.attnzoo_config, eps=1e-6)["failures"]
+    assert failures[0] == (
+        "blocks.0.attn.projection: blocks.0.attn.projection/HalfMultiply computes in <Type: 'float16'>, not f32"
+    )
+    ir = ov.Core().read_model(str(result.path))
+
     div = next(o for o in ir.get_ops() if o.get_friendly_name() == "blocks.0.attn.projection/Div")
     div.output(0).replace(div.input_value(0))  # the division bypassed: it (and the products only it read) leave
     found = count_extra_math(ir, model.attnzoo_config)
