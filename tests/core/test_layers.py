@@ -242,3 +242,26 @@ def test_the_architecture_document_lists_the_layers_in_order():
     positions = [text.find(f"`{prefix}`") for _, prefix in LAYERS]
     assert -1 not in positions, [p for (_, p), i in zip(LAYERS, positions, strict=False) if i == -1]
     assert positions == sorted(positions)
+
+
+def launcher_targets() -> dict[str, str]:
+    """``attnzoo/cli.py``'s :data:`COMMANDS`, read from its source: command name -> ``module:function``."""
+    tree = ast.parse((ROOT / "attnzoo" / "cli.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "COMMANDS" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError("attnzoo/cli.py defines no COMMANDS literal")
+
+
+def test_the_launcher_is_the_one_place_the_core_names_the_layers_above():
+    """The console scripts' launcher (``attnzoo.cli``, the core) imports each command's module by name when the
+    command starts: the one reference from the core to the layers above, which an import statement would make a
+    violation. Each name must be a command module (``...cli``) of a layer that has commands (export and the
+    applications above it), and exist."""
+    known = module_names()
+    applications = {name for name, _ in LAYERS[LAYERS.index(("export", "attnzoo.export")) :]}
+    for command, target in launcher_targets().items():
+        module, _, function = target.partition(":")
+        assert module in known, f"{command}: {module} is no module of the package"
+        assert module.rsplit(".", 1)[-1] == "cli" and function, f"{command}: {target} is not a command's main"
+        assert LAYERS[layer_of(module)][0] in applications, f"{command}: {module} is not an application's module"
