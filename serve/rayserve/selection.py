@@ -173,7 +173,7 @@ def _zoo_first(
     graph = _graph_dtype(dtype)
     # verified in a child process at a lower priority (nice 10): its PyTorch (the parity with each checkpoint)
     # never holds this process's GIL, and it mostly takes the CPU that Ray's and Serve's start leave idle; at the
-    # lowest priority it ended after them, and the deploy waited for it (runs: docs/serving.md)
+    # lowest priority it ended after them, and the deploy waited for it (python -m attnzoo.serve.rayserve.coldstart)
     export_zoo_in_child(data, cache, [(e["variant"], e["task"]) for e in first], graph, quiet=True, nice=10)
     folder = zoo_onnx_folder(cache)
     names = [zoo_onnx_name(e["variant"], e["task"], data, graph) for e in first]
