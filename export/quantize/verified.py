@@ -333,6 +333,9 @@ def quantize_verified(
         else:
             accuracy = {"measured": False, "reason": "checks failed before scoring"}
         fp32_report = report_path(fp32_onnx)
+        fp32_verified = json.loads(fp32_report.read_text()) if fp32_report.is_file() else None
+        if fp32_verified is not None and not o.fp32_kept:
+            fp32_verified["path"] = None  # a temporary file: its hash and report, no path that dangles
         report = QuantizationReport(
             path=str(out),
             variant=config["variant"],
@@ -343,7 +346,7 @@ def quantize_verified(
                 "path": str(fp32_onnx) if o.fp32_kept else None,
                 "kept": o.fp32_kept,
                 "sha256": sha256_file(fp32_onnx),
-                "report": json.loads(fp32_report.read_text()) if fp32_report.is_file() else None,
+                "report": fp32_verified,
             },
             quantization=q,
             quantize_extra_math=quantize_extra_math,

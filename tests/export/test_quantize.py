@@ -147,7 +147,7 @@ def test_int8_export_writes_a_qdq_model_with_the_extra_math_unquantized(fp32, in
     assert np.isfinite(ORT_CPU.session(out).session.run(None, {"image": x})[0]).all()
 
 
-def test_int8_report_fields(int8):
+def test_int8_report_fields(int8, fp32):
     out, report = int8
     on_disk = json.loads(report_path(out).read_text())
     assert on_disk["sha256"] == report["sha256"] and on_disk["passed"] is True
@@ -161,6 +161,7 @@ def test_int8_report_fields(int8):
     assert 0 < n_mm <= q["qdq"]["total_ops"]["MatMul"] and len(q["qdq"]["quantized_matmuls"]) == n_mm
     assert on_disk["accuracy"]["measured"] is False and "no labelled test split" in on_disk["accuracy"]["warning"]
     assert on_disk["fp32_source"]["report"]["passed"] is True
+    assert on_disk["fp32_source"]["path"] == str(fp32[0]) == on_disk["fp32_source"]["report"]["path"]  # kept
     fid = on_disk["fidelity"]  # measured on the last 8 of the 32 random inputs, which were not calibrated on
     assert fid["n_inputs"] == 8 and q["calibration"]["count"] == 24 and "not calibrated on" in fid["source"]
     assert fid["within_gate"] and fid["min_cosine"] == 0.0 and 0.5 < fid["cosine"]["mean"] <= 1.0
@@ -253,7 +254,10 @@ def test_cpu_placement_quantizes_only_the_weight_matmuls(fp32, int8, tmp_path):
         calibration_source="random",
         measure_accuracy=False,
         placement="cpu",
+        fp32_kept=False,  # as export-model's temporary fp32 graph: its report names no path to it
     )
+    assert report["fp32_source"]["path"] is None and report["fp32_source"]["report"]["path"] is None
+    assert str(path) not in json.dumps(report) and report["fp32_source"]["report"]["passed"]
     cpu, default = onnx.load(str(out)), onnx.load(str(int8[0]))
     assert _dq_readers(cpu) <= {"MatMul", "Conv", "Shape"}
     assert {"Add", "LayerNormalization"} <= _dq_readers(default)
@@ -655,6 +659,7 @@ def test_export_model_int8_scores_the_test_split_next_to_fp32(tmp_path, capsys):
     # the fp32 model it was quantized from was a temporary file: its hash and report, no dangling path
     src = rep["fp32_source"]
     assert src["path"] is None and src["kept"] is False and src["report"]["passed"] and len(src["sha256"]) == 64
+    assert src["report"]["path"] is None and "attnzoo-fp32-" not in json.dumps(rep)  # nor in its own report
     assert "top1 on 500 fashion test images" in capsys.readouterr().out
     # code that is not the package's (evaluation/independent_check.py: gzip + numpy IDX reader, preprocessing
     # from the file's metadata, plain onnxruntime) scores the same int8 file on the same 500 images
