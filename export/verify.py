@@ -69,9 +69,8 @@ class VerificationError(ExportError):
     """The exported graph does not match the eager model (or its extra-math check failed)."""
 
 
-def report_path(onnx_path: str | Path) -> Path:
-    """``model.onnx`` -> ``model.report.json`` (:func:`attnzoo.runtime.sessions.report_file`)."""
-    return report_file(Path(onnx_path).with_suffix(".onnx"))
+#: ``model.onnx`` -> ``model.report.json``, ``model.xml`` -> ``model.xml.json``: the report beside an exported file.
+report_path = report_file
 
 
 def failed_report_path(onnx_path: str | Path) -> Path:

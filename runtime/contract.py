@@ -20,6 +20,8 @@ from attnzoo.limits import MAX_ONNX_BYTES, check_side
 from attnzoo.modelconfig import validate_config
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, INPUT_STYLES, input_style_of
 
+from .sessions import IR_SUFFIX
+
 onnx = lazy_import("onnx")
 
 __all__ = [
@@ -61,7 +63,7 @@ def metadata_props(model: str | Path | Any) -> dict[str, str]:
     """
     if not isinstance(model, onnx.ModelProto):
         check_onnx_file(model)
-        if Path(model).suffix.lower() == ".xml":
+        if Path(model).suffix.lower() == IR_SUFFIX:
             return _ir_props(Path(model))
     proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model), load_external_data=False)
     return {p.key: p.value for p in proto.metadata_props}

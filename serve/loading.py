@@ -28,7 +28,7 @@ import sys
 import tempfile
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -225,8 +225,13 @@ def unread_reason(path: Path, backend: str) -> str | None:
     None (:attr:`~attnzoo.runtime.backends.Backend.suffixes`)."""
     if Path(path).suffix in get_backend(backend).suffixes:
         return None
-    readers = [b.name for b in backends() if Path(path).suffix in b.suffixes]
-    return f"an OpenVINO IR is served with --backend {' or '.join(readers)}, not {backend}"
+    return f"an OpenVINO IR is served with --backend {' or '.join(_readers(Path(path).suffix))}, not {backend}"
+
+
+def _readers(suffix: str, among: Iterable[str] | None = None) -> list[str]:
+    """The backends (of ``among``, else the registry) that load a model file ending in ``suffix``."""
+    names = [b.name for b in backends()] if among is None else list(among)
+    return [name for name in names if suffix in get_backend(name).suffixes]
 
 
 def choose_cpu_backend(folder: Path, threads: int | None = None, dtype: str | None = None) -> tuple[str, str]:
@@ -252,7 +257,7 @@ def choose_cpu_backend(folder: Path, threads: int | None = None, dtype: str | No
         if (dtype and contract.dtype != dtype) or verification_problem(path, contract.dtype):
             continue
         probes.setdefault(contract.task, (path, contract.input_size))
-    readers = [name for name in installed if IR_SUFFIX in get_backend(name).suffixes]
+    readers = _readers(IR_SUFFIX, installed)
     if not probes and readers and any(p.is_file() for p in Path(folder).glob(f"*{IR_SUFFIX}")):
         return readers[0], f"{readers[0]} (the folder holds OpenVINO IRs and no ONNX file)"
     choice = fastest_cpu_runtime(installed, list(probes.values()), cpu=cpu_info()["model"], dtype=dtype or "")

@@ -12,12 +12,11 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from attnzoo.errors import UsageError, first_line
 from attnzoo.fileio import atomic_write_text, sha256_file, writable_dir
-from attnzoo.runtime.sessions import report_file
 
 from ..check import block_prefix
 from ..divergence import BlockRecorder
 from ..errors import ExportError
-from ..verify import VerificationError, parity_vs_eager, verdict_lines
+from ..verify import VerificationError, parity_vs_eager, report_path, verdict_lines
 
 if TYPE_CHECKING:
     from ..pipeline import ExportResult
@@ -75,12 +74,6 @@ def run_step(fn: Callable[..., Any], what: str, *args, **kwargs) -> Any:
         raise
     except Exception as exc:  # ONNX Runtime / exporter / TensorRT errors: one line (the cause is chained)
         raise ExportError(f"{what}: {type(exc).__name__}: {first_line(exc)}") from exc
-
-
-def report_path(out: str | Path) -> Path:
-    """The report beside a file written from the model (:attr:`ExportFormat.from_model`): ``model.pt2`` ->
-    ``model.pt2.json``."""
-    return report_file(out)
 
 
 def failed_report_path(out: str | Path) -> Path:

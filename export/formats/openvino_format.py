@@ -54,6 +54,7 @@ from attnzoo.runtime import openvino as ovrt
 from attnzoo.runtime.backends import get_backend
 from attnzoo.runtime.backends.openvino import tensor_values
 from attnzoo.runtime.contract import BATCH_DIM, INPUT_NAME, ModelContract, metadata_props
+from attnzoo.runtime.sessions import IR_SUFFIX
 
 from .. import verify
 from ..check import block_prefix, expected_scopes, variant_spec
@@ -225,7 +226,7 @@ class OpenVINOFormat(ExportFormat):
 
     name = "openvino"
     title = "OpenVINO IR"
-    suffixes = (".xml",)
+    suffixes = (IR_SUFFIX,)
     from_model = True
 
     def check(self, req: ExportRequest) -> None:

@@ -22,6 +22,7 @@ from attnzoo.lazy import lazy_import
 
 from .. import openvino as ov
 from ..contract import ModelContract
+from ..sessions import IR_SUFFIX
 from . import Backend, Call, LoadOptions, Session, register_backend
 
 models = lazy_import("attnzoo.models")  # torch and timm: the registry imports without them
@@ -129,6 +130,6 @@ OPENVINO = register_backend(
         library="openvino",
         int8_model="nncf",
         serving_batch=1,
-        suffixes=(".onnx", ".xml"),
+        suffixes=(".onnx", IR_SUFFIX),
     )
 )
