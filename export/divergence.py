@@ -366,16 +366,28 @@ def divergence_vs_onnx(
     *,
     min_cosine: float,
     threads: int | None = None,
+    values: Callable[[Sequence[str], np.ndarray], dict[str, np.ndarray]] | None = None,
 ) -> dict[str, Any]:
     """Block errors of a quantized graph (``proto``, runnable by ONNX Runtime's CPU provider) against the fp32
     graph it was quantized from, tensor by tensor of the same names; a block is over when its cosine is below
-    ``min_cosine``. In the first such block, every node output's error and the worst op."""
+    ``min_cosine``. In the first such block, every node output's error and the worst op. ``values``: what
+    computes the named tensors of ``proto`` on ``x`` (default: ONNX Runtime on ``proto``; a runtime's own model
+    converted from it, such as an int8 OpenVINO IR, names the same tensors); a tensor it does not return is not
+    compared."""
+    if values is None:
+
+        def values(names: Sequence[str], x: np.ndarray) -> dict[str, np.ndarray]:
+            return _run(proto, names, x, threads)
+
     prefix = block_prefix(dict(config))
     names = block_output_names(reference, prefix)
     produced = {o for n in proto.graph.node for o in n.output}
     if not names or not all(n in produced for n in names):
         return not_exposed("the quantized graph does not keep the fp32 graph's block output tensors")
-    got, refs = _run(proto, names, x, threads), _run(reference, names, x, threads)
+    got, refs = values(names, x), _run(reference, names, x, threads)
+    if not all(n in got for n in names):
+        missing = [n for n in names if n not in got]
+        return not_exposed(f"the runtime's model does not keep the block output tensor(s) {', '.join(missing)}")
     blocks = block_errors([got[n] for n in names], [refs[n] for n in names])
     first = first_over(blocks, min_cosine=min_cosine)
     result = _result(
@@ -394,11 +406,11 @@ def divergence_vs_onnx(
             if p["tensor"] in {o for n in reference.graph.node for o in n.output}
         ]
         tensors = [p["tensor"] for p in points]
-        a, b = _run(proto, tensors, x, threads), _run(reference, tensors, x, threads)
+        a, b = values(tensors, x), _run(reference, tensors, x, threads)
         result["ops"] = [
             {**p, **_error(a[p["tensor"]], b[p["tensor"]])}
             for p in points
-            if np.issubdtype(np.asarray(b[p["tensor"]]).dtype, np.floating)
+            if p["tensor"] in a and np.issubdtype(np.asarray(b[p["tensor"]]).dtype, np.floating)
         ]
         result["worst_op"] = _worst(result["ops"], _inputs_error(blocks, first))
     return result

@@ -31,6 +31,7 @@ from attnzoo.runtime.aoti import fingerprint
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.contract import BATCH_DIM, metadata_props
 from attnzoo.runtime.parity import TOLERANCES, compare
+from attnzoo.runtime.reports import schema_checked
 from attnzoo.runtime.sessions import read_report, report_file, verification_problem
 
 from . import divergence
@@ -277,6 +278,7 @@ def _check_and_place(
             f"{checkpoint_sha256!r}"
         )
     report.update(passed=not failures, failures=failures)
+    report = schema_checked(report)  # written through its schema (VerificationReport)
     if failures:
         atomic_write_text(failed_report_path(out), json.dumps(report, indent=2) + "\n")
         raise VerificationError(
@@ -436,12 +438,28 @@ def adopt_verified(
 
 def verdict_lines(report: Mapping[str, Any], runtime: str, batches: str) -> list[str]:
     """The lines every verified file's summary ends with: its parity on ``runtime`` (``batches`` says how the batch
-    is dynamic), the extra-math nodes per block, and PASSED or what failed."""
-    par, extra = report["parity"], report["extra_math"]
-    lines = [
-        f"  parity vs eager ({runtime}): batch sizes {par['batch_sizes']} ({batches}), max abs err "
-        f"{par['max_abs_err']:.2e} (tolerance {next(iter(par['tolerance'].values())):g} x max(1, max|logit|))",
-    ]
+    is dynamic) or, for a file gated as a quantized graph is, its fidelity to fp32 and its test-split score; the
+    extra-math nodes per block, and PASSED or what failed."""
+    par, fid, acc, extra = report.get("parity"), report.get("fidelity"), report.get("accuracy"), report["extra_math"]
+    lines = []
+    if par:
+        lines.append(
+            f"  parity vs eager ({runtime}): batch sizes {par['batch_sizes']} ({batches}), max abs err "
+            f"{par['max_abs_err']:.2e} (tolerance {next(iter(par['tolerance'].values())):g} x max(1, max|logit|))"
+        )
+    if fid and "cosine" in fid:
+        lines.append(
+            f"  fidelity to fp32 ({runtime}): worst output cosine {fid['cosine']['min']:.4f} (mean "
+            f"{fid['cosine']['mean']:.4f}) on {fid['inputs']} held-out input(s), gate {fid['min_cosine']:g}"
+        )
+    if acc and acc.get("metrics"):
+        m = acc["metrics"]
+        lines.append(
+            f"  {acc['metric_name']} on {acc['n_images']} {acc['data']} test images: {report['dtype']} "
+            f"{m[report['dtype']]:.2f}, fp32 {m['fp32']:.2f} (drop {acc['drop']:.2f}, tolerance {acc['tolerance']:g})"
+        )
+    elif acc and acc.get("warning"):
+        lines.append(f"  {acc['warning']}")
     if extra["blocks"]:
         lines.append(
             "  extra-math nodes per block: " + ", ".join(f"{b}={n}" for b, n in extra["nodes_per_block"].items())

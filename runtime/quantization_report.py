@@ -97,10 +97,6 @@ class QuantizationReport(JsonReport):
     failures: list[str] = field(default_factory=list)
     divergence: dict[str, Any] | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON object (fields in order, :class:`QuantizeReport` as an object); ``divergence`` is left out
-        while it is ``None``, so a report written before it was measured reads back byte for byte."""
-        data = super().to_dict()
-        if data.get("divergence") is None:
-            data.pop("divergence", None)
-        return data
+    what: ClassVar[str] = "quantization report"
+    #: ``divergence`` is left out while it is ``None``: a report written before it was measured reads back whole.
+    omit_none: ClassVar[tuple[str, ...]] = ("divergence",)

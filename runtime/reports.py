@@ -5,8 +5,11 @@ is refused, naming it).
 The kinds (what each field means is the class's docstring; ``python -m attnzoo.runtime.reports KIND`` prints a
 kind's JSON Schema, generated from the class):
 
+- ``verification``: :class:`VerificationReport`, ``<model>.report.json`` of an fp32 / fp16 ONNX file.
 - ``quantization``: :class:`attnzoo.runtime.quantization_report.QuantizationReport`, ``<model>.report.json`` of an
   int8 / fp8 ONNX file.
+- ``openvino``, ``executorch``, ``aoti``: :class:`OpenVINOReport`, :class:`ExecuTorchReport`, :class:`AOTIReport`,
+  ``<file>.json`` beside an OpenVINO IR ``.xml``, an ExecuTorch program ``.pte``, an AOTInductor package ``.pt2``.
 - ``engine``: :class:`EngineReport`, ``<engine>.json`` of a TensorRT engine.
 - ``triton``: :class:`TritonConfigCheck`, the Triton model folder's config check (the ``triton`` part of
   ``export-model``'s result and of ``report-variant``'s report).
@@ -18,12 +21,29 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-__all__ = ["JsonReport", "EngineReport", "TritonConfigCheck", "TritonIO", "report_kinds", "main"]
+__all__ = [
+    "JsonReport",
+    "ParityCheck",
+    "ExtraMathCheck",
+    "BlockDivergence",
+    "VerificationReport",
+    "SourceOnnx",
+    "OpenVINOReport",
+    "ExecuTorchReport",
+    "AOTIReport",
+    "EngineReport",
+    "TritonConfigCheck",
+    "TritonIO",
+    "exported_report_type",
+    "schema_checked",
+    "report_kinds",
+    "main",
+]
 
 R = TypeVar("R", bound="JsonReport")
 
@@ -68,16 +88,35 @@ def _problem(error: ValidationError, what: str) -> str:
     return f"{where}{name}: {first['msg']}"
 
 
+def _plain(value: Any) -> Any:
+    """A field's JSON value: a nested report as its object, containers element by element."""
+    if isinstance(value, JsonReport):
+        return value.to_dict()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
 class JsonReport:
     """What every report dataclass shares: the JSON text in field order, reading it back through the schema."""
 
     __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(extra="forbid", strict=True)
     #: What the refusal lines call a report of this kind (``"report"``, ``"quantization"``).
     what: ClassVar[str] = "report"
+    #: Fields left out of the JSON while they are ``None``: facts only some files (a format, a stage reached
+    #: before a refusal) have, so that a report reads back as the very object it was written from.
+    omit_none: ClassVar[tuple[str, ...]] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object (fields in order, nested reports as objects)."""
-        return asdict(self)  # type: ignore[call-overload]  # every subclass is a dataclass
+        """The JSON object (fields in order, nested reports as objects, :attr:`omit_none` fields left out while
+        ``None``)."""
+        return {
+            f.name: _plain(value)
+            for f in fields(self)  # type: ignore[arg-type]  # every subclass is a dataclass
+            if not ((value := getattr(self, f.name)) is None and f.name in self.omit_none)
+        }
 
     def to_json(self) -> str:
         """The report file's text."""
@@ -108,6 +147,339 @@ class JsonReport:
     def json_schema(cls) -> dict[str, Any]:
         """The JSON Schema of this kind, generated from the dataclass."""
         return _adapter(cls).json_schema()
+
+
+@dataclass
+class ParityCheck(JsonReport):
+    """A verified file's parity with eager fp32 PyTorch (its ``parity`` entry).
+
+    Attributes:
+        passed, failures: Every batch and input kind within the tolerance; why not, one line each.
+        per_batch: Per batch size, the ``real`` and ``random`` inputs' errors against eager.
+        max_abs_err: The largest absolute logit error over them.
+        tolerance: ``{"<dtype>_x_max(1,max|logit|)": value}``: the tolerance, scaled by the logits' size.
+        batch_sizes: The batch sizes run (some of them not the one traced).
+        batch_dim, providers: An ONNX file's: its symbolic batch dimension and ONNX Runtime's providers.
+        runtime: Another format's: what ran it (``OpenVINO 2026.0 CPU, f32``).
+    """
+
+    what: ClassVar[str] = "parity"
+    omit_none: ClassVar[tuple[str, ...]] = ("batch_dim", "providers", "runtime")
+
+    passed: bool
+    failures: list[str]
+    per_batch: list[dict[str, Any]]
+    max_abs_err: float
+    tolerance: dict[str, float]
+    batch_sizes: list[int]
+    batch_dim: str | int | None = None
+    providers: list[str] | None = None
+    runtime: str | None = None
+
+
+@dataclass
+class ExtraMathCheck(JsonReport):
+    """The variant's extra math found in the written graph, counted from the format's own graph (``extra_math``).
+
+    Attributes:
+        ok, failures: Every block holds its extra math as ops of full precision; why not, one line each.
+        blocks: Per extra-math scope, the ops found in it (and their precision where the format has one).
+        nodes_per_block: Extra-math nodes per block.
+        depth: The blocks the model has.
+        non_standard_ops: An ONNX file's ops outside the standard ONNX domain.
+        half_ops: An OpenVINO IR's: ops of the scopes computing in f16 (an fp16 IR's compressed weights aside).
+        delegated_nodes, portable_nodes: An ExecuTorch program's: extra-math nodes XNNPACK runs, and the rest.
+    """
+
+    what: ClassVar[str] = "extra math check"
+    omit_none: ClassVar[tuple[str, ...]] = ("non_standard_ops", "half_ops", "delegated_nodes", "portable_nodes")
+
+    ok: bool
+    failures: list[str]
+    blocks: dict[str, dict[str, Any]]
+    nodes_per_block: dict[str, int]
+    depth: int
+    non_standard_ops: list[str] | None = None
+    half_ops: int | None = None
+    delegated_nodes: int | None = None
+    portable_nodes: int | None = None
+
+
+@dataclass
+class BlockDivergence(JsonReport):
+    """The error at each attention block's output against its reference, and where a failed file first diverges
+    (:mod:`attnzoo.export.divergence`; the ``divergence`` entry).
+
+    Attributes:
+        blocks: Per block: its errors (``max_abs_err``, ``rel_err``, ``rel_l2``, ``cosine``).
+        first_diverging_block: The first block over the criterion (``None``: none is).
+        worst_op: In that block, the op with the largest error of its own (``None``: no block is over).
+        reference, inputs, criterion, measure, prefix: What it was compared with, on how many inputs, the
+            criterion and the measure it reads, the blocks' scope prefix.
+        worst_block: The block with the largest error.
+        ops: The first diverging block's ops and their errors.
+        not_exposed: Why a file's block outputs cannot be read (then no figures).
+    """
+
+    what: ClassVar[str] = "divergence"
+    omit_none: ClassVar[tuple[str, ...]] = (
+        "reference",
+        "inputs",
+        "criterion",
+        "measure",
+        "prefix",
+        "worst_block",
+        "ops",
+        "not_exposed",
+    )
+
+    blocks: list[dict[str, Any]]
+    first_diverging_block: int | None
+    worst_op: dict[str, Any] | None
+    reference: str | None = None
+    inputs: int | None = None
+    criterion: str | None = None
+    measure: str | None = None
+    prefix: str | None = None
+    worst_block: int | None = None
+    ops: list[dict[str, Any]] | None = None
+    not_exposed: str | None = None
+
+
+@dataclass
+class VerificationReport(JsonReport):
+    """``<model>.report.json`` of an fp32 / fp16 ONNX file (``<model>.failed.report.json`` of a refused one),
+    written by :func:`attnzoo.export.export_verified` after its checks.
+
+    Attributes:
+        path: The file written (or refused).
+        variant, task, arch, dtype, opset, input_size, batch_dim: The model and the graph's input.
+        file_size, sha256: The file (what serving matches before it loads it).
+        checkpoint_sha256: The weights it was exported from.
+        num_nodes, op_histogram: The graph.
+        extra_math, parity, divergence: :class:`ExtraMathCheck`, :class:`ParityCheck`, :class:`BlockDivergence`.
+        onnxruntime, torch: The versions that exported and checked it.
+        passed, failures: Every check passed (the file was written); why not, one line each.
+        export_time_s, fingerprint: A fresh export's: its time, and the hash of all it depends on (reused while
+            it matches).
+        adopted_from: A file copied from an earlier export (the zoo's), verified again.
+    """
+
+    what: ClassVar[str] = "verification report"
+    omit_none: ClassVar[tuple[str, ...]] = ("export_time_s", "fingerprint", "adopted_from")
+
+    path: str
+    variant: str
+    task: str
+    arch: str
+    dtype: str
+    opset: int | None
+    input_size: list[int]
+    batch_dim: str | int
+    file_size: int
+    sha256: str
+    checkpoint_sha256: str
+    num_nodes: int
+    op_histogram: dict[str, int]
+    extra_math: ExtraMathCheck
+    parity: ParityCheck
+    divergence: BlockDivergence
+    onnxruntime: str
+    torch: str
+    passed: bool = False
+    failures: list[str] = field(default_factory=list)
+    export_time_s: float | None = None
+    fingerprint: str | None = None
+    adopted_from: str | None = None
+
+
+@dataclass
+class FormatReport(JsonReport):
+    """What every file written from the model or the verified ONNX in another format reports, ``<file>.json``
+    (``<file>.failed.json`` when refused; the facts of a stage not reached are left out).
+
+    Attributes:
+        path, format: The file written (or refused) and its format.
+        variant, task, arch, dtype, input_size: The model.
+        trace_batch: The batch it was traced or converted at (parity runs others).
+        checkpoint_sha256: The weights it came from.
+        extra_math, parity, divergence: As in :class:`VerificationReport`.
+        file_size, sha256: The file (its parts' total size; the hash of the first).
+        passed, failures: Every check passed (the file was written); why not, one line each.
+    """
+
+    omit_none: ClassVar[tuple[str, ...]] = ("extra_math", "parity", "divergence", "file_size", "sha256")
+
+    path: str
+    format: str
+    variant: str
+    task: str
+    arch: str
+    dtype: str
+    input_size: list[int]
+    trace_batch: int
+    checkpoint_sha256: str
+
+
+@dataclass
+class SourceOnnx(JsonReport):
+    """The verified ONNX file an OpenVINO IR was converted from: its hash, export and parity."""
+
+    sha256: str
+    export_time_s: float | None
+    opset: int | None
+    num_nodes: int
+    parity_max_abs_err: float
+    passed: bool
+
+
+@dataclass
+class OpenVINOReport(FormatReport):
+    """``<model>.xml.json``: an OpenVINO IR (``export-model --format openvino``).
+
+    Attributes:
+        source_onnx: :class:`SourceOnnx`.
+        openvino: OpenVINO's version.
+        convert_time_s, num_ops, op_histogram, weight_types: The conversion and the IR's graph.
+        batch_dim: The IR's batch dimension (the symbolic name when dynamic).
+        bin_sha256: The weights file ``<model>.bin`` (matched before the IR is served).
+        quantized_onnx: An int8 IR's: the verified Q/DQ graph it was converted from (its hash, quantizer,
+            placement, calibration, and the gates it passed).
+        fake_quantize_ops: An int8 IR's FakeQuantize ops (OpenVINO's form of the Q/DQ pairs).
+        fidelity: An int8 IR's own worst output cosine to the fp32 graph on the held-out inputs, and the gate.
+        accuracy: An int8 IR's own score on the test split next to fp32's (``{"measured": False, ...}`` when the
+            model has no labelled split).
+    """
+
+    what: ClassVar[str] = "OpenVINO IR report"
+    omit_none: ClassVar[tuple[str, ...]] = (
+        *FormatReport.omit_none,
+        "convert_time_s",
+        "num_ops",
+        "op_histogram",
+        "weight_types",
+        "batch_dim",
+        "bin_sha256",
+        "quantized_onnx",
+        "fake_quantize_ops",
+        "fidelity",
+        "accuracy",
+    )
+
+    source_onnx: SourceOnnx = field(kw_only=True)
+    openvino: str = field(kw_only=True)
+    quantized_onnx: dict[str, Any] | None = None
+    convert_time_s: float | None = None
+    num_ops: int | None = None
+    op_histogram: dict[str, int] | None = None
+    weight_types: dict[str, int] | None = None
+    extra_math: ExtraMathCheck | None = None
+    fake_quantize_ops: int | None = None
+    batch_dim: str | int | None = None
+    bin_sha256: str | None = None
+    parity: ParityCheck | None = None
+    fidelity: dict[str, Any] | None = None
+    accuracy: dict[str, Any] | None = None
+    divergence: BlockDivergence | None = None
+    file_size: int | None = None
+    sha256: str | None = None
+    passed: bool = False
+    failures: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ExecuTorchReport(FormatReport):
+    """``<program>.pte.json``: an ExecuTorch program (``export-model --format executorch``).
+
+    Attributes:
+        quantization: How an int8 program is quantized (``None`` at fp32).
+        delegate: The backend its graph is lowered to (XNNPACK).
+        batch_dim, batch_range: Its dynamic batch.
+        metadata: The model contract it carries.
+        torch, executorch: The versions that lowered it.
+        lower_time_s, num_nodes, serialize_time_s: The lowering and the program.
+    """
+
+    what: ClassVar[str] = "ExecuTorch program report"
+    omit_none: ClassVar[tuple[str, ...]] = (*FormatReport.omit_none, "lower_time_s", "num_nodes", "serialize_time_s")
+
+    quantization: str | None = field(kw_only=True)
+    delegate: str = field(kw_only=True)
+    batch_dim: str = field(kw_only=True)
+    batch_range: list[int] = field(kw_only=True)
+    metadata: dict[str, str] = field(kw_only=True)
+    torch: str = field(kw_only=True)
+    executorch: str = field(kw_only=True)
+    divergence: BlockDivergence | None = None
+    lower_time_s: float | None = None
+    num_nodes: int | None = None
+    extra_math: ExtraMathCheck | None = None
+    serialize_time_s: float | None = None
+    parity: ParityCheck | None = None
+    file_size: int | None = None
+    sha256: str | None = None
+    passed: bool = False
+    failures: list[str] = field(default_factory=list)
+
+
+@dataclass
+class AOTIReport(FormatReport):
+    """``<package>.pt2.json``: an AOTInductor package (``export-model --format aoti``).
+
+    Attributes:
+        device, gpu: What it was compiled for (the GPU's name on CUDA).
+        batch_dim, batch_range: Its dynamic batch.
+        export_time_s, num_nodes: ``torch.export``'s time and the program's call nodes.
+        torch: PyTorch's version.
+        compile_time_s, load_time_s: AOTInductor's compile and the package's load.
+    """
+
+    what: ClassVar[str] = "AOTInductor package report"
+    omit_none: ClassVar[tuple[str, ...]] = (*FormatReport.omit_none, "compile_time_s", "load_time_s")
+
+    device: str = field(kw_only=True)
+    gpu: str | None = field(kw_only=True)
+    batch_dim: str = field(kw_only=True)
+    batch_range: list[int] = field(kw_only=True)
+    export_time_s: float = field(kw_only=True)
+    num_nodes: int = field(kw_only=True)
+    extra_math: ExtraMathCheck | None = None
+    divergence: BlockDivergence | None = None
+    torch: str = field(kw_only=True)
+    compile_time_s: float | None = None
+    load_time_s: float | None = None
+    parity: ParityCheck | None = None
+    file_size: int | None = None
+    sha256: str | None = None
+    passed: bool = False
+    failures: list[str] = field(default_factory=list)
+
+
+#: ``format`` -> the report type of a file written in it (beside the ONNX verification report).
+FORMAT_REPORTS: dict[str, type[FormatReport]] = {
+    "openvino": OpenVINOReport,
+    "executorch": ExecuTorchReport,
+    "aoti": AOTIReport,
+}
+
+
+def exported_report_type(data: Mapping[str, Any]) -> type[JsonReport]:
+    """The schema of an exported file's report object: a format's (its ``format``), a quantized ONNX file's
+    (``dtype`` int8 / fp8) or an ONNX file's verification report."""
+    if data.get("format") in FORMAT_REPORTS:
+        return FORMAT_REPORTS[data["format"]]
+    if data.get("dtype") in ("int8", "fp8"):
+        from .quantization_report import QuantizationReport
+
+        return QuantizationReport
+    return VerificationReport
+
+
+def schema_checked(data: Mapping[str, Any]) -> dict[str, Any]:
+    """An exported file's report object as its schema (:func:`exported_report_type`) writes it: read through the
+    type (``ValueError`` naming a missing, unknown or mistyped field) and back, in field order."""
+    plain = json.loads(json.dumps(dict(data), default=str))
+    return exported_report_type(plain).from_dict(plain).to_dict()
 
 
 @dataclass
@@ -205,7 +577,13 @@ def report_kinds() -> dict[str, type[JsonReport]]:
     """Every report kind by name (module docstring)."""
     from .quantization_report import QuantizationReport
 
-    return {"quantization": QuantizationReport, "engine": EngineReport, "triton": TritonConfigCheck}
+    return {
+        "verification": VerificationReport,
+        "quantization": QuantizationReport,
+        **FORMAT_REPORTS,
+        "engine": EngineReport,
+        "triton": TritonConfigCheck,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:

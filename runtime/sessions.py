@@ -24,6 +24,7 @@ from attnzoo.fileio import sha256_file
 from attnzoo.lazy import lazy_import
 
 from .quantization_report import QuantizationReport
+from .reports import OpenVINOReport, exported_report_type
 
 ort = lazy_import("onnxruntime")
 
@@ -209,8 +210,9 @@ def verification_problem(path: str | Path, dtype: str) -> str | None:
         return f"no verification report {report.name} beside it (export it with export-model{how})"
     try:
         rep = read_report(report)
+        typed = exported_report_type(rep).from_dict(rep)  # read through its schema
     except ValueError as exc:
-        return str(exc)
+        return f"{report.name} is not a report export-model writes ({exc})"
     if not rep.get("passed"):
         return f"{report.name} does not say the {dtype} model passed its verification"
     if rep.get("dtype", "fp32") != dtype:
@@ -221,15 +223,13 @@ def verification_problem(path: str | Path, dtype: str) -> str | None:
         weights = path.with_suffix(".bin")
         if not weights.is_file():
             return f"no weights file {weights.name} beside it"
-        if rep.get("bin_sha256") != sha256_file(weights):
+        if not isinstance(typed, OpenVINOReport) or typed.bin_sha256 != sha256_file(weights):
             return f"{weights.name} differs from the weights its report {report.name} verified (SHA-256 mismatch)"
     if dtype not in QUANTIZED_DTYPES:
         return None
-
-    try:
-        acc = QuantizationReport.from_dict(rep).accuracy
-    except ValueError as exc:
-        return f"{report.name} is not a quantization report ({exc})"
+    acc = typed.accuracy if isinstance(typed, (QuantizationReport, OpenVINOReport)) else None
+    if acc is None:
+        return f"{report.name} does not say how the {dtype} model scores next to fp32"
     if not acc.get("metrics"):
         return f"{path.name} was not scored on a test set ({acc.get('warning') or acc.get('reason') or 'no accuracy'})"
     if acc.get("limit"):

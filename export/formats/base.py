@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from attnzoo.errors import UsageError, first_line
 from attnzoo.fileio import atomic_write_text, sha256_file, writable_dir
+from attnzoo.runtime.reports import schema_checked
 
 from ..check import block_prefix
 from ..divergence import BlockRecorder
@@ -82,17 +83,19 @@ def failed_report_path(out: str | Path) -> Path:
 
 
 def keep_report(out: Path, report: dict[str, Any]) -> dict[str, Any]:
-    """Write the report of ``out``, which passed, beside it (a failed report left by an earlier try goes)."""
-    atomic_write_text(report_path(out), json.dumps(report, indent=2, default=str) + "\n")
+    """Write the report of ``out``, which passed, beside it through its schema (:func:`schema_checked`; a failed
+    report left by an earlier try goes); the report as written."""
+    written = schema_checked(report)
+    atomic_write_text(report_path(out), json.dumps(written, indent=2) + "\n")
     failed_report_path(out).unlink(missing_ok=True)
-    return report
+    return written
 
 
 def record_failure(out: Path, report: dict[str, Any], failures: list[str]) -> str:
     """Record ``failures`` in ``report`` and write it as ``out``'s failed report; the one line that says so
     (nothing is written at ``out``)."""
     report.update(passed=False, failures=failures)
-    atomic_write_text(failed_report_path(out), json.dumps(report, indent=2, default=str) + "\n")
+    atomic_write_text(failed_report_path(out), json.dumps(schema_checked(report), indent=2) + "\n")
     return (
         f"{out.name} failed verification ({'; '.join(failures[:3])}); see {failed_report_path(out)}; "
         f"{out.name} was not written"
@@ -102,7 +105,8 @@ def record_failure(out: Path, report: dict[str, Any], failures: list[str]) -> st
 def summary_text(head: str, report: dict[str, Any], batches: str, path: Path | None = None) -> str:
     """A file written from the model, for the terminal: ``head`` (what the file is), its parity (``batches``: how
     its batch is dynamic), the extra math per block, the verdict, and where its report is."""
-    lines = [head, *verdict_lines(report, report["parity"]["runtime"], batches)]
+    runtime = (report.get("parity") or report.get("fidelity") or {}).get("runtime", "")
+    lines = [head, *verdict_lines(report, runtime, batches)]
     return "\n".join(lines + ([f"  report: {path}"] if path is not None else []))
 
 

@@ -9,10 +9,12 @@ conversion tool, no telemetry) and it is written as IR by ``openvino.save_model`
 - ``fp32``: weights and compute f32;
 - ``fp16``: the weights compressed to fp16 (``compress_to_fp16``; half the ``.bin``), decompressed to f32 where
   they are used, so every activation stays f32 (checked: no op but a weight constant is 16-bit);
-
-int8 is refused for now: NNCF's int8 IR of a trained model (:func:`attnzoo.runtime.openvino.nncf_int8`, what
-``bench-latency --backends openvino --dtypes int8`` times) misses the ``int8`` parity tolerance, and the fidelity and
-test-split scoring that ``--dtype int8`` verifies a Q/DQ ONNX with are not wired to an IR yet.
+- ``int8``: the verified int8 Q/DQ ONNX that ``--dtype int8`` writes
+  (:func:`attnzoo.export.quantize.quantize_verified`, the ``cpu`` placement unless asked, its gates passed on ONNX
+  Runtime), converted: each Q/DQ pair becomes a FakeQuantize that OpenVINO runs in int8. The IR is held to the
+  same gates on OpenVINO itself (:meth:`OpenVINOFormat._check_int8`): its worst output cosine to the fp32 graph on
+  the held-out inputs, and its own test-split score within the accuracy tolerance of fp32's, instead of a parity
+  tolerance against eager.
 
 The model contract (``metadata_props`` of the ONNX, its ``dtype`` the IR's) goes into the IR's ``rt_info``
 (:data:`attnzoo.runtime.contract.IR_RT_INFO`), where :class:`~attnzoo.runtime.contract.ModelContract` reads it.
@@ -26,7 +28,7 @@ The IR is written under a temporary name beside ``--out`` and verified before it
 - the batch dimension must stay dynamic, and the IR must run in the ``openvino`` backend and match eager fp32
   PyTorch on real and random inputs at the requested batch sizes and
   :data:`attnzoo.export.verify.EXTRA_BATCH_SIZES` (the ONNX was traced at batch 2), under the tolerance of its
-  precision (:data:`attnzoo.runtime.parity.TOLERANCES`: ``fp32``, ``fp16``).
+  precision (:data:`attnzoo.runtime.parity.TOLERANCES`: ``fp32``, ``fp16``); an int8 IR, the gates above.
 
 Only an IR that passes is renamed to ``--out`` (its ``.bin`` first, the ``.xml`` last), with its report
 ``<out>.json``; one that fails, or that OpenVINO refuses to read or compile (the op and OpenVINO's reason in one
@@ -36,7 +38,9 @@ line), leaves ``--out`` as it was and writes ``<out>.failed.json``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
+import json
 import re
 import tempfile
 import time
@@ -47,17 +51,20 @@ from typing import Any
 import numpy as np
 import onnx
 
-from attnzoo.errors import UsageError
+from attnzoo.errors import UsageError, first_line
 from attnzoo.fileio import sha256_file
 from attnzoo.models import PROJECTION_OPS
 from attnzoo.runtime import openvino as ovrt
 from attnzoo.runtime.backends import get_backend
 from attnzoo.runtime.backends.openvino import tensor_values
 from attnzoo.runtime.contract import BATCH_DIM, INPUT_NAME, ModelContract, metadata_props
-from attnzoo.runtime.sessions import IR_SUFFIX
+from attnzoo.runtime.evaluate import EVAL_BATCH
+from attnzoo.runtime.sessions import IR_SUFFIX, QUANTIZED_DTYPES
 
-from .. import verify
+from .. import quantize, verify
 from ..check import block_prefix, expected_scopes, variant_spec
+from ..divergence import DIVERGENCE_INPUTS, divergence_vs_onnx, not_exposed
+from ..errors import ExportError
 from ..verify import VerificationError, checked_batch_sizes
 from .base import (
     ExportFormat,
@@ -79,8 +86,20 @@ __all__ = [
     "summary",
 ]
 
+
+@dataclasses.dataclass
+class _Quantized:
+    """The verified int8 Q/DQ graph an int8 IR is converted from: its report, the inputs it was calibrated and
+    gated on, what the IR's report says of it, and whether a drop in accuracy was accepted."""
+
+    report: dict[str, Any]
+    calibration: Any
+    summary: dict[str, Any]
+    accept_drop: bool
+
+
 #: Precisions the IR is written at.
-IR_DTYPES: tuple[str, ...] = ("fp32", "fp16")
+IR_DTYPES: tuple[str, ...] = ("fp32", "fp16", "int8")
 #: ONNX op types of the extra math's declared counts (:meth:`attnzoo.models.VariantSpec.required_ops`) -> the
 #: OpenVINO op each becomes.
 ONNX_TO_OV: dict[str, str] = {
@@ -231,12 +250,6 @@ class OpenVINOFormat(ExportFormat):
 
     def check(self, req: ExportRequest) -> None:
         super().check(req)
-        if req.dtype == "int8":
-            raise UsageError(
-                "--format openvino writes fp32 or fp16 IR; an int8 IR (NNCF's, the extra math in its ignored scope) "
-                "is made and timed by bench-latency --backends openvino --dtypes int8, not yet written by "
-                "export-model (export the Q/DQ ONNX with --dtype int8 --qdq-placement cpu)"
-            )
         if req.dtype not in IR_DTYPES:
             raise UsageError(f"--format openvino writes {', '.join(IR_DTYPES)}, not {req.dtype}")
         reason = ovrt.unavailable_reason()
@@ -252,11 +265,11 @@ class OpenVINOFormat(ExportFormat):
         config, hw = source.config, (source.hw[0], source.hw[1])
         sizes = checked_batch_sizes(req.batch_sizes)
         with tempfile.TemporaryDirectory(prefix="attnzoo-openvino-") as work:
-            onnx_path = Path(work) / f"{out.stem}.onnx"
+            fp32_path = Path(work) / f"{out.stem}_fp32.onnx"
             with contextlib.redirect_stdout(io.StringIO()):  # the exporter's own progress lines
                 onnx_report = verify.export_verified(
                     source.model,
-                    onnx_path,
+                    fp32_path,
                     config,
                     opset=req.opset,
                     dtype="fp32",
@@ -265,7 +278,7 @@ class OpenVINOFormat(ExportFormat):
                     checkpoint_sha256=source.checkpoint_sha256,
                     threads=source.threads,
                 )
-            props = {**metadata_props(onnx_path), "dtype": req.dtype}
+            onnx_path, quantized = fp32_path, None
             report: dict[str, Any] = {
                 "path": str(out),
                 "format": "openvino",
@@ -286,6 +299,11 @@ class OpenVINOFormat(ExportFormat):
                 },
                 "openvino": ovrt.version(),
             }
+            if req.dtype in QUANTIZED_DTYPES:  # converted from the verified Q/DQ graph, which passed its gates
+                onnx_path = Path(work) / f"{out.stem}.onnx"
+                quantized = self._quantized(req, source, fp32_path, onnx_path, out, report)
+                report["quantized_onnx"] = quantized.summary
+            props = {**metadata_props(onnx_path), "dtype": req.dtype}
             with ovrt.temporary_ir(out) as tmp:
                 start = time.perf_counter()
                 self._convert(req, onnx_path, tmp, props, config, hw, source, out, report)
@@ -298,6 +316,10 @@ class OpenVINOFormat(ExportFormat):
                     extra_math=count_extra_math(model, config, float(props["eps"]) if props.get("eps") else None),
                 )
                 failures = list(report["extra_math"]["failures"])
+                if quantized is not None:
+                    report["fake_quantize_ops"] = report["op_histogram"].get("FakeQuantize", 0)
+                    if not report["fake_quantize_ops"]:
+                        failures.append("no FakeQuantize in the IR: OpenVINO dropped the int8 graph's Q/DQ pairs")
                 dim = model.input(INPUT_NAME).get_partial_shape()[0]
                 report["batch_dim"] = BATCH_DIM if dim.is_dynamic else dim.get_length()
                 if not dim.is_dynamic:
@@ -318,28 +340,164 @@ class OpenVINOFormat(ExportFormat):
                 with session:
                     hint = session.info().get("inference_precision_hint", "f32")
                     runtime = f"OpenVINO {ovrt.version()} CPU, {hint}"
-                    self.check_parity(
-                        out,
-                        report,
-                        source,
-                        session.run,
-                        dtype=req.dtype,
-                        sizes=sizes,
-                        runtime=runtime,
-                        files=[tmp, tmp.with_suffix(".bin")],
-                        divergence=lambda record: verify.block_divergence(
-                            source.model,
-                            onnx.load(str(onnx_path)),
-                            config,
-                            req.dtype,
-                            source.threads,
-                            record,
-                            values=lambda names, x: tensor_values(tmp, names, x, threads=source.threads),
-                        ),
-                    )
+                    if quantized is not None:  # int8: the gates its Q/DQ graph passed, measured on the IR
+                        self._check_int8(
+                            out, report, session, tmp, fp32_path, onnx_path, quantized, config, runtime, source.threads
+                        )
+                    else:
+                        self.check_parity(
+                            out,
+                            report,
+                            source,
+                            session.run,
+                            dtype=req.dtype,
+                            sizes=sizes,
+                            runtime=runtime,
+                            files=[tmp, tmp.with_suffix(".bin")],
+                            divergence=lambda record: verify.block_divergence(
+                                source.model,
+                                onnx.load(str(onnx_path)),
+                                config,
+                                req.dtype,
+                                source.threads,
+                                record,
+                                values=lambda names, x: tensor_values(tmp, names, x, threads=source.threads),
+                            ),
+                        )
                 report.update(passed=True, failures=[])
                 ovrt.place_ir(tmp, out)
         return keep_report(out, report)
+
+    def _quantized(
+        self, req: ExportRequest, source: ModelSource, fp32: Path, int8: Path, out: Path, report: dict[str, Any]
+    ) -> _Quantized:
+        """The verified int8 Q/DQ graph ``int8`` of the verified fp32 graph ``fp32``, made as ``export-model --dtype
+        int8`` makes it (:func:`~attnzoo.export.quantize.quantize_verified`: calibration, the extra math kept
+        fp32, the fidelity gate and the test-split score); its placement ``cpu`` unless asked. A graph that fails
+        its gates refuses ``out`` with its failures."""
+        config, q = source.config, req.quantize
+        calibration = quantize.calibration_for(
+            config,
+            (source.hw[0], source.hw[1]),
+            untrained=bool(config.get("untrained")),
+            calibration_data=q.calibration_data,
+            calibration_count=q.calibration_count,
+            calibration_seed=q.calibration_seed,
+            fidelity_count=q.fidelity_count,
+        )
+        options = q.with_calibration(calibration, threads=source.threads, fp32_kept=False)
+        options = dataclasses.replace(options, placement=options.placement or quantize.CPU_QDQ_PLACEMENT)
+        try:
+            made = quantize.quantize_verified(fp32, int8, config, options)
+        except ExportError as exc:  # its gates refused it: its failures, not a path into this temporary folder
+            failed = verify.failed_report_path(int8)
+            failures = json.loads(failed.read_text())["failures"] if failed.is_file() else [first_line(exc)]
+            self.fail(out, report, [f"the int8 Q/DQ graph: {f}" for f in failures])
+        fidelity, accuracy = made["fidelity"], made["accuracy"]
+        summary = {
+            "sha256": made["sha256"],
+            "num_nodes": made["num_nodes"],
+            "quantizer": f"{made['quantization']['quantizer']} {made['quantization']['quantizer_version']}",
+            "placement": made["quantization"]["options"].get("placement"),
+            "calibration": {k: made["quantization"]["calibration"].get(k) for k in ("source", "count", "seed")},
+            "fidelity_worst_cosine": fidelity["cosine"]["min"],
+            "min_cosine": fidelity["min_cosine"],
+            "accuracy": accuracy.get("metrics"),
+            "warnings": made["warnings"],
+        }
+        return _Quantized(made, calibration, summary, q.accept_accuracy_drop)
+
+    def _check_int8(
+        self,
+        out: Path,
+        report: dict[str, Any],
+        session: Any,
+        ir: Path,
+        fp32: Path,
+        int8: Path,
+        quantized: _Quantized,
+        config: dict[str, Any],
+        runtime: str,
+        threads: int | None,
+    ) -> None:
+        """An int8 IR against the gates its Q/DQ graph passed, run on OpenVINO itself: its worst output cosine to
+        the fp32 graph on the held-out inputs (the same gate), and, for a model with a labelled test split, its
+        own score there within the accuracy tolerance of fp32's; the per-block errors against the fp32 graph.
+        A failed gate refuses ``out`` (:meth:`fail`)."""
+        made = quantized.report
+        x = quantized.calibration.held_out
+        reference = quantize.onnx_outputs(fp32, x, threads)
+        output = np.concatenate([session.run(x[i : i + EVAL_BATCH]) for i in range(0, len(x), EVAL_BATCH)])
+        gate = float(made["fidelity"]["min_cosine"])
+        fidelity = {
+            **quantize.output_agreement(reference, output, config["task"]),
+            "min_cosine": gate,
+            "inputs": int(len(x)),
+            "source": made["fidelity"].get("source"),
+            "reference": "the verified fp32 ONNX graph on ONNX Runtime",
+            "runtime": runtime,
+        }
+        fidelity["within_gate"] = bool(fidelity["finite"] and fidelity["cosine"]["min"] >= gate)
+        report["fidelity"] = fidelity
+        report["divergence"] = self._int8_divergence(
+            ir, fp32, int8, config, x, gate or quantize.DEFAULT_MIN_COSINE, threads
+        )
+        report.update(file_size=ir.stat().st_size + ir.with_suffix(".bin").stat().st_size, sha256=sha256_file(ir))
+        failures = []
+        if not fidelity["within_gate"]:
+            failures.append(
+                f"worst output cosine to fp32 {fidelity['cosine']['min']:.4f} on {len(x)} held-out input(s) is below "
+                f"the gate {gate:g} its Q/DQ graph passed"
+            )
+        measured = made["accuracy"]
+        if failures or not measured.get("metrics"):
+            report["accuracy"] = (
+                {k: v for k, v in measured.items() if k in ("measured", "warning", "reason")}
+                if not measured.get("metrics")
+                else {"measured": False, "reason": "checks failed before scoring"}
+            )
+        else:
+            ev = quantize.evaluate_runs({"int8": session.run}, config, limit=measured.get("limit"))
+            fp32_score, tol = float(measured["metrics"]["fp32"]), float(measured["tolerance"])
+            drop = fp32_score - ev["metrics"]["int8"]
+            accept = bool(measured.get("accepted_drop") or quantized.accept_drop)
+            report["accuracy"] = {
+                **{k: v for k, v in ev.items() if k != "agreement"},
+                "metrics": {"fp32": fp32_score, "int8": ev["metrics"]["int8"]},
+                "fp32_from": "the fp32 graph's score on the same images (the Q/DQ graph's report)",
+                "limit": measured.get("limit"),
+                "drop": drop,
+                "tolerance": tol,
+                "within_tolerance": drop <= tol,
+                "accepted_drop": bool(accept and drop > tol),
+                "runtime": runtime,
+            }
+            if drop > tol and not accept:
+                failures.append(
+                    f"{ev['metric_name']} {ev['metrics']['int8']:.2f} on OpenVINO is {drop:.2f} points below fp32's "
+                    f"{fp32_score:.2f} (tolerance {tol:g}); pass --accept-accuracy-drop to write it anyway"
+                )
+        if failures:
+            self.fail(out, report, failures)
+
+    @staticmethod
+    def _int8_divergence(
+        ir: Path, fp32: Path, int8: Path, config: dict[str, Any], x: np.ndarray, min_cosine: float, threads: int | None
+    ) -> dict[str, Any]:
+        """The IR's block outputs against the fp32 graph's, tensor by tensor of the same names (the IR keeps the
+        Q/DQ graph's names); a diagnosis that cannot run says why and never decides the export."""
+        try:
+            return divergence_vs_onnx(
+                onnx.load(str(int8)),
+                onnx.load(str(fp32)),
+                config,
+                x[:DIVERGENCE_INPUTS],
+                min_cosine=min_cosine,
+                threads=threads,
+                values=lambda names, v: tensor_values(ir, names, v, threads=threads),
+            )
+        except Exception as exc:  # noqa: BLE001
+            return not_exposed(f"block outputs could not be compared: {type(exc).__name__}: {exc}")
 
     def _convert(
         self,

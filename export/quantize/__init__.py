@@ -77,7 +77,14 @@ from .qdq import (
 )
 from .report import QuantizationReport, QuantizeReport, read_quantization_report, summary, write_report
 from .smooth import smooth_layernorm_matmuls
-from .verified import AccuracyDropError, FidelityError, QuantizationCheckError, evaluate_onnx, quantize_verified
+from .verified import (
+    AccuracyDropError,
+    FidelityError,
+    QuantizationCheckError,
+    evaluate_onnx,
+    evaluate_runs,
+    quantize_verified,
+)
 
 __all__ = [
     "QDQ_PLACEMENTS",
@@ -130,6 +137,7 @@ __all__ = [
     "qdq_summary",
     "simulate_fp8",
     "evaluate_onnx",
+    "evaluate_runs",
     "fp8_compute_capability_error",
     "check_quantize_arguments",
     "calibration_for",

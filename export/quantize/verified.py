@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -84,6 +84,19 @@ def evaluate_onnx(
         ``{"data", "split": "test", "n_images", "metric_name", "metrics": {label: percent},
         "agreement": {label: share of predictions equal to the first model's}}``.
     """
+    runs = {label: ORT_CPU.session(model, threads).run for label, model in models.items()}
+    return evaluate_runs(runs, config, limit=limit, progress=progress)
+
+
+def evaluate_runs(
+    runs: Mapping[str, Callable[[np.ndarray], np.ndarray]],
+    config: Mapping[str, Any],
+    *,
+    limit: int | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """:func:`evaluate_onnx` for models of any runtime: ``runs`` maps a label to what computes the logits of a
+    float32 NCHW batch (an OpenVINO IR's session, ONNX Runtime's); the same images, metrics and result."""
     task, size = config["task"], int(config["img_size"])
     data = load_data(
         config["data"], "test", task, size, n=limit, seed=int(config.get("data_seed", 0)), scene=config.get("scene")
@@ -96,8 +109,8 @@ def evaluate_onnx(
         y = data.masks.astype(np.int64)
     k = len(data.class_names)
     metrics, preds, name = {}, {}, "top1"
-    for label, model in tqdm(list(models.items()), desc="test-set accuracy", unit="model", disable=not progress):
-        pred = predict_session(ORT_CPU.session(model, threads).run, x, EVAL_BATCH)
+    for label, run in tqdm(list(runs.items()), desc="test-set accuracy", unit="model", disable=not progress):
+        pred = predict_session(run, x, EVAL_BATCH)
         m = metrics_from_confusion(confusion_matrix(y, pred, k), task, data.class_names)
         metrics[label], name, preds[label] = float(m["metric"]), m["metric_name"], pred
     first = next(iter(preds.values()))
@@ -328,7 +341,7 @@ def quantize_verified(
             accuracy = {
                 "measured": False,
                 "warning": "no labelled test split (an untrained or converted model): "
-                "accuracy not measured; the fidelity to fp32 is",
+                "accuracy not measured; the fidelity to fp32 is the gate",
             }
         else:
             accuracy = {"measured": False, "reason": "checks failed before scoring"}

@@ -22,6 +22,7 @@ from attnzoo.export.formats.base import failed_report_path, report_path
 from attnzoo.models import VARIANT_NAMES, VARIANTS, create_model
 from attnzoo.runtime import aoti
 from attnzoo.runtime.backends import get_backend
+from tests.schemas import read_back
 
 
 def _tiny(variant: str) -> torch.nn.Module:
@@ -87,7 +88,7 @@ def test_a_variant_without_its_extra_math_is_refused_before_the_compile_and_noth
         export_model(model=model, out=out, format="aoti")
     assert calls == []  # refused before anything was compiled
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b2.pt2.failed.json"]
-    report = json.loads(failed_report_path(out).read_text())
+    report = read_back(failed_report_path(out), "aoti")
     assert report["passed"] is False and report["extra_math"]["depth"] == 1
 
 
@@ -113,7 +114,7 @@ def test_a_package_that_matches_is_written_with_its_report_and_one_verdict(tmp_p
     assert calls == ["compile", "load"] and result.onnx_path is None
     assert result.files == [tmp_path / "w.pt2", report_path(tmp_path / "w.pt2")]
     assert (tmp_path / "w.pt2").read_bytes() == b"stub package"
-    report = json.loads(report_path(tmp_path / "w.pt2").read_text())
+    report = read_back(report_path(tmp_path / "w.pt2"), "aoti")
     assert report["passed"] and report["parity"]["batch_sizes"] == [1, 3, 4] and report["batch_dim"] == "batch"
     lines = result.summary().splitlines()
     assert lines[0].startswith(f"{tmp_path / 'w.pt2'}: wafe-mae cls micro fp32 AOTInductor package for cpu")

@@ -25,6 +25,7 @@ from attnzoo.report.variant import _format_summary
 from attnzoo.runtime.backends import LoadOptions, get_backend
 from attnzoo.runtime.backends import executorch as et
 from attnzoo.runtime.contract import ModelContract
+from tests.schemas import read_back
 
 MISSING = et.executorch_problem("fp32")
 needs_executorch = pytest.mark.skipif(MISSING is not None, reason=str(MISSING))
@@ -66,7 +67,7 @@ def test_a_refused_op_is_one_line_naming_it_and_nothing_is_written(tmp_path, mon
     with pytest.raises(ExportError, match=r"ExecuTorch cannot carry belief2: op aten::_fft_r2c \(RuntimeError: Mis"):
         export_model(model=_tiny("belief2"), out=out, format="executorch")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b2.pte.failed.json"]
-    report = json.loads(failed_report_path(out).read_text())
+    report = read_back(failed_report_path(out), "executorch")
     assert report["passed"] is False and len(report["failures"]) == 1 and "\n" not in report["failures"][0]
 
 
@@ -92,7 +93,7 @@ def test_belief2_exports_as_a_verified_program_with_its_extra_math_counted_and_t
     model = _tiny("belief2")
     out = tmp_path / "b2.pte"
     result = export_model(model=model, out=out, format="executorch")
-    report = json.loads(report_path(out).read_text())
+    report = read_back(report_path(out), "executorch")
     assert report["passed"] and out.is_file() and result.files == [out, report_path(out)]
     assert report["parity"]["batch_sizes"] == [1, 3, 8] and report["trace_batch"] == 2
     assert report["batch_dim"] == "batch"

@@ -29,6 +29,7 @@ from attnzoo.models import ARCHS, BUILTIN_VARIANTS, PROJECTION_OPS, VARIANTS, cr
 from attnzoo.models.checkpoint import read_config, save_checkpoint
 from attnzoo.runtime.contract import BATCH_DIM, metadata_props
 from attnzoo.runtime.parity import TOLERANCES
+from tests.schemas import read_back
 from tests.tiers import per_variant
 
 DEPTH = ARCHS["micro"]["depth"]
@@ -137,7 +138,7 @@ def test_export_cls_parity_and_projection(exported, variant):
     assert report["parity"]["batch_sizes"] == [1, 3]  # 2 is the traced size; neither of these was
     _assert_extra_math_found(report, variant, "cls")
     assert CONTRACT_KEYS <= set(metadata_props(path))
-    saved = json.loads(report_path(path).read_text())
+    saved = read_back(report_path(path), "verification")
     assert saved["sha256"] == sha256_file(path) and saved["opset"] == 20 and saved["op_histogram"]
 
 
@@ -343,7 +344,7 @@ def test_failed_verification_leaves_no_model(tmp_path, monkeypatch):
         export_verified(model, out, model.attnzoo_config, batch_sizes=(1,))
     assert not out.exists()
     assert [p.name for p in tmp_path.iterdir()] == ["m.failed.report.json"]
-    assert json.loads((tmp_path / "m.failed.report.json").read_text())["passed"] is False
+    assert read_back(tmp_path / "m.failed.report.json", "verification")["passed"] is False
 
 
 @pytest.mark.slow  # four verified exports (about 30 s)

@@ -231,7 +231,9 @@ def test_the_schema_refuses_a_report_it_does_not_describe(tmp_path):
     good.update(sha256=sha256_file(model))
     (tmp_path / "m_int8.report.json").write_text(json.dumps(good))
     problem = verification_problem(model, "int8")
-    assert problem == "m_int8.report.json is not a quantization report (report: missing field(s) onnxruntime)"
+    assert problem == (
+        "m_int8.report.json is not a report export-model writes (quantization report: missing field(s) onnxruntime)"
+    )
 
 
 def _dq_readers(proto: onnx.ModelProto) -> set:
