@@ -23,6 +23,7 @@ __all__ = [
     "load_average",
     "load_1min",
     "rss_bytes",
+    "usable_cores",
     "BF16_FLAGS",
     "bf16_problem",
 ]
@@ -52,6 +53,11 @@ KEY_FLAGS = (
 )
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, where the system has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def cpu_info() -> dict[str, Any]:
     """Model name, all flags, the key flags present, logical cores and the cores this process may use."""
     model, flags = platform.processor() or platform.machine(), list[str]()
@@ -66,7 +72,7 @@ def cpu_info() -> dict[str, Any]:
                     flags = value.split()
     except OSError:
         pass
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    usable = usable_cores()
     return {
         "model": model,
         "logical_cores": os.cpu_count(),

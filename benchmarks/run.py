@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import contextlib
 import math
+import multiprocessing as mp
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -46,7 +48,7 @@ from attnzoo.benchmarks.stats import ratio_stats, summarize
 from attnzoo.benchmarks.timing import PeakRSS, measure, measure_pair
 from attnzoo.errors import first_line
 from attnzoo.export import export_verified
-from attnzoo.machine import environment, load_1min, load_average
+from attnzoo.machine import environment, load_1min, load_average, usable_cores
 from attnzoo.models import create_model
 from attnzoo.runtime.backends import ONNX_REFERENCE, Backend, Call, get_backend, reference_backend
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
@@ -250,6 +252,42 @@ class _Exports:
         return self.paths.get(src)
 
 
+def bench_model(s: Settings, variant: str):
+    """The run's model of ``variant``: seeded random init (:data:`NOTE`)."""
+    torch.manual_seed(s.seed)
+    return create_model(variant, task=s.task, arch=s.arch, img_size=s.img_size).eval()
+
+
+def bench_export(s: Settings, model, variant: str, dtype: str) -> Path:
+    """The verified ONNX file of ``model`` in the run's cache, exported as export-model verifies (projection check,
+    ORT vs eager at batch 1 and 3); a file this cache verified for the same weights and versions is kept (a run
+    resumed, the scaling sweep beside it, the exports made ahead)."""
+    cfg = model.attnzoo_config
+    path = onnx_path(s.cache_dir, variant, s.task, s.arch, dtype, cfg["img_size"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    export_verified(
+        model,
+        path,
+        cfg,
+        dtype=dtype,
+        input_hw=(cfg["img_size"], cfg["img_size"]),
+        batch_sizes=(1,),
+        threads=s.threads,
+        reuse=True,
+    )
+    return path
+
+
+def _export_jobs(s: Settings, jobs: Sequence[tuple[str, str]]) -> None:
+    """A child process of :meth:`_Bench.export_ahead`: export each ``(variant, precision)``, quietly (a failure is
+    met again, and reported, by the row that needs the file)."""
+    torch.set_num_threads(s.threads)
+    with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+        for variant, src in jobs:
+            with contextlib.suppress(Exception):
+                bench_export(s, bench_model(s, variant), variant, src)
+
+
 class _Bench:
     """State of one run: models, exports, references, the standard and eager runners kept for A/B pairs."""
 
@@ -306,26 +344,44 @@ class _Bench:
 
     # ---------------------------------------------------------------------------------------- models
     def model(self, variant: str):
-        torch.manual_seed(self.s.seed)
-        return create_model(variant, task=self.s.task, arch=self.s.arch, img_size=self.s.img_size).eval()
+        return bench_model(self.s, variant)
 
     def export(self, model, variant: str, dtype: str) -> Path:
-        cfg = model.attnzoo_config
-        path = onnx_path(self.s.cache_dir, variant, self.s.task, self.s.arch, dtype, cfg["img_size"])
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # verified as export-model verifies (projection check, ORT vs eager at batch 1 and 3); a file this cache
-        # verified for the same weights and versions is kept (a run resumed, the scaling sweep beside it)
-        export_verified(
-            model,
-            path,
-            cfg,
-            dtype=dtype,
-            input_hw=(cfg["img_size"], cfg["img_size"]),
-            batch_sizes=(1,),
-            threads=self.s.threads,
-            reuse=True,
+        return bench_export(self.s, model, variant, dtype)
+
+    def export_ahead(self, variants: Sequence[str]) -> None:
+        """Export the ONNX files the rows still to measure will read before any row is timed, a child process
+        exporting every other one beside this process: an export is mostly single-threaded tracing, so on two
+        cores they take about half as long, and nothing is timed while they run. Each is kept in the cache
+        (:func:`bench_export`), and the rows' own export reuses it after checking it again; a file the child could
+        not make is made when a row needs it, whose failure that row reports."""
+        jobs = [
+            (v, src)
+            for v in variants
+            for src in dict.fromkeys(
+                "fp16" if d == "fp16" else "fp32"
+                for n in self.s.batch_sizes
+                for b, d in self.todo(v, n)
+                if takes_onnx(b)
+            )
+        ]
+        if len(jobs) < 2 or usable_cores() < 2:
+            return
+        self.current = "the ONNX exports"
+        child = mp.get_context("spawn").Process(
+            target=_export_jobs, args=(replace(self.s, perturb={}, threads=1), jobs[1::2]), daemon=True
         )
-        return path
+        with self.phase("ONNX export and its check"):
+            child.start()
+            try:
+                for variant, src in jobs[0::2]:
+                    with contextlib.suppress(Exception):  # made again, and reported, by the row that needs it
+                        self.export(self.model(variant), variant, src)
+                child.join()
+            finally:
+                if child.is_alive():  # stopped by a signal: the child's half-made file is never renamed into place
+                    child.terminate()
+                    child.join()
 
     def inputs(self, model, batch: int) -> torch.Tensor:
         size = model.attnzoo_config["img_size"]
@@ -975,6 +1031,7 @@ def _run(
         total=sum(todo.values()), desc="bench-latency", unit="job", disable=not s.progress, dynamic_ncols=True
     ) as bar:
         try:
+            bench.export_ahead(variants)
             for i, variant in enumerate(variants):
                 bench.variant(variant, bar, needed_later=any(todo[v] for v in variants[i + 1 :]))
             if ceiling and s.ceiling_size:  # measured again, to show how far the machine's load moved it
