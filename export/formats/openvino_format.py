@@ -45,6 +45,7 @@ import re
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -279,26 +280,7 @@ class OpenVINOFormat(ExportFormat):
                     threads=source.threads,
                 )
             onnx_path, quantized = fp32_path, None
-            report: dict[str, Any] = {
-                "path": str(out),
-                "format": "openvino",
-                "variant": config["variant"],
-                "task": config["task"],
-                "arch": config["arch"],
-                "dtype": req.dtype,
-                "input_size": list(hw),
-                "trace_batch": TRACE_BATCH,
-                "checkpoint_sha256": source.checkpoint_sha256,
-                "source_onnx": {
-                    "sha256": onnx_report["sha256"],
-                    "export_time_s": onnx_report.get("export_time_s"),
-                    "opset": onnx_report["opset"],
-                    "num_nodes": onnx_report["num_nodes"],
-                    "parity_max_abs_err": onnx_report["parity"]["max_abs_err"],
-                    "passed": onnx_report["passed"],
-                },
-                "openvino": ovrt.version(),
-            }
+            report = _report(out, req.dtype, source, onnx_report)
             if req.dtype in QUANTIZED_DTYPES:  # converted from the verified Q/DQ graph, which passed its gates
                 onnx_path = Path(work) / f"{out.stem}.onnx"
                 quantized = self._quantized(req, source, fp32_path, onnx_path, out, report)
@@ -308,27 +290,7 @@ class OpenVINOFormat(ExportFormat):
                 start = time.perf_counter()
                 self._convert(req, onnx_path, tmp, props, config, hw, source, out, report)
                 report["convert_time_s"] = round(time.perf_counter() - start, 3)
-                model = ovrt.read_onnx(tmp)
-                report.update(
-                    num_ops=len(model.get_ops()),
-                    op_histogram=_op_histogram(model),
-                    weight_types=_weight_types(model),
-                    extra_math=count_extra_math(model, config, float(props["eps"]) if props.get("eps") else None),
-                )
-                failures = list(report["extra_math"]["failures"])
-                if quantized is not None:
-                    report["fake_quantize_ops"] = report["op_histogram"].get("FakeQuantize", 0)
-                    if not report["fake_quantize_ops"]:
-                        failures.append("no FakeQuantize in the IR: OpenVINO dropped the int8 graph's Q/DQ pairs")
-                dim = model.input(INPUT_NAME).get_partial_shape()[0]
-                report["batch_dim"] = BATCH_DIM if dim.is_dynamic else dim.get_length()
-                if not dim.is_dynamic:
-                    failures.append(f"input batch dimension is fixed ({dim.get_length()}), not dynamic")
-                contract = ModelContract.from_onnx(tmp)  # what serving reads: the contract must come back whole
-                if contract.dtype != req.dtype or contract.checkpoint_sha256 != source.checkpoint_sha256:
-                    failures.append(
-                        f"rt_info contract reads dtype {contract.dtype!r}, checkpoint {contract.checkpoint_sha256!r}"
-                    )
+                failures = _graph_failures(tmp, report, config, props, req.dtype, source.checkpoint_sha256)
                 if failures:  # refused before it is run
                     return self.fail(out, report, failures)
                 backend = get_backend("openvino")
@@ -345,28 +307,44 @@ class OpenVINOFormat(ExportFormat):
                             out, report, session, tmp, fp32_path, onnx_path, quantized, config, runtime, source.threads
                         )
                     else:
-                        self.check_parity(
-                            out,
-                            report,
-                            source,
-                            session.run,
-                            dtype=req.dtype,
-                            sizes=sizes,
-                            runtime=runtime,
-                            files=[tmp, tmp.with_suffix(".bin")],
-                            divergence=lambda record: verify.block_divergence(
-                                source.model,
-                                onnx.load(str(onnx_path)),
-                                config,
-                                req.dtype,
-                                source.threads,
-                                record,
-                                values=lambda names, x: tensor_values(tmp, names, x, threads=source.threads),
-                            ),
-                        )
+                        self._check_parity(out, report, source, session, tmp, onnx_path, req.dtype, sizes, runtime)
                 report.update(passed=True, failures=[])
                 ovrt.place_ir(tmp, out)
         return keep_report(out, report)
+
+    def _check_parity(
+        self,
+        out: Path,
+        report: dict[str, Any],
+        source: ModelSource,
+        session: Any,
+        ir: Path,
+        onnx_path: Path,
+        dtype: str,
+        sizes: Sequence[int],
+        runtime: str,
+    ) -> None:
+        """An fp32 / fp16 IR against eager fp32 at ``sizes`` (:meth:`check_parity`), its block outputs read from the
+        IR itself by the names of the ONNX graph it was converted from."""
+        self.check_parity(
+            out,
+            report,
+            source,
+            session.run,
+            dtype=dtype,
+            sizes=sizes,
+            runtime=runtime,
+            files=[ir, ir.with_suffix(".bin")],
+            divergence=lambda record: verify.block_divergence(
+                source.model,
+                onnx.load(str(onnx_path)),
+                source.config,
+                dtype,
+                source.threads,
+                record,
+                values=lambda names, x: tensor_values(ir, names, x, threads=source.threads),
+            ),
+        )
 
     def _quantized(
         self, req: ExportRequest, source: ModelSource, fp32: Path, int8: Path, out: Path, report: dict[str, Any]
@@ -424,59 +402,26 @@ class OpenVINOFormat(ExportFormat):
         the fp32 graph on the held-out inputs (the same gate), and, for a model with a labelled test split, its
         own score there within the accuracy tolerance of fp32's; the per-block errors against the fp32 graph.
         A failed gate refuses ``out`` (:meth:`fail`)."""
-        made = quantized.report
-        x = quantized.calibration.held_out
-        reference = quantize.onnx_outputs(fp32, x, threads)
-        output = np.concatenate([session.run(x[i : i + EVAL_BATCH]) for i in range(0, len(x), EVAL_BATCH)])
+        made, x = quantized.report, quantized.calibration.held_out
         gate = float(made["fidelity"]["min_cosine"])
-        fidelity = {
-            **quantize.output_agreement(reference, output, config["task"]),
-            "min_cosine": gate,
-            "inputs": int(len(x)),
-            "source": made["fidelity"].get("source"),
-            "reference": "the verified fp32 ONNX graph on ONNX Runtime",
-            "runtime": runtime,
-        }
-        fidelity["within_gate"] = bool(fidelity["finite"] and fidelity["cosine"]["min"] >= gate)
-        report["fidelity"] = fidelity
+        output = np.concatenate([session.run(x[i : i + EVAL_BATCH]) for i in range(0, len(x), EVAL_BATCH)])
+        report["fidelity"] = fidelity = _int8_fidelity(
+            quantize.onnx_outputs(fp32, x, threads), output, gate, config, made["fidelity"].get("source"), runtime
+        )
         report["divergence"] = self._int8_divergence(
             ir, fp32, int8, config, x, gate or quantize.DEFAULT_MIN_COSINE, threads
         )
         report.update(file_size=ir.stat().st_size + ir.with_suffix(".bin").stat().st_size, sha256=sha256_file(ir))
-        failures = []
-        if not fidelity["within_gate"]:
-            failures.append(
-                f"worst output cosine to fp32 {fidelity['cosine']['min']:.4f} on {len(x)} held-out input(s) is below "
-                f"the gate {gate:g} its Q/DQ graph passed"
-            )
+        failures = [] if fidelity["within_gate"] else [fidelity.pop("failure")]
         measured = made["accuracy"]
-        if failures or not measured.get("metrics"):
-            report["accuracy"] = (
-                {k: v for k, v in measured.items() if k in ("measured", "warning", "reason")}
-                if not measured.get("metrics")
-                else {"measured": False, "reason": "checks failed before scoring"}
-            )
+        if not measured.get("metrics"):  # no labelled test split: what the Q/DQ graph's report says of it
+            report["accuracy"] = {k: v for k, v in measured.items() if k in ("measured", "warning", "reason")}
+        elif failures:
+            report["accuracy"] = {"measured": False, "reason": "checks failed before scoring"}
         else:
-            ev = quantize.evaluate_runs({"int8": session.run}, config, limit=measured.get("limit"))
-            fp32_score, tol = float(measured["metrics"]["fp32"]), float(measured["tolerance"])
-            drop = fp32_score - ev["metrics"]["int8"]
             accept = bool(measured.get("accepted_drop") or quantized.accept_drop)
-            report["accuracy"] = {
-                **{k: v for k, v in ev.items() if k != "agreement"},
-                "metrics": {"fp32": fp32_score, "int8": ev["metrics"]["int8"]},
-                "fp32_from": "the fp32 graph's score on the same images (the Q/DQ graph's report)",
-                "limit": measured.get("limit"),
-                "drop": drop,
-                "tolerance": tol,
-                "within_tolerance": drop <= tol,
-                "accepted_drop": bool(accept and drop > tol),
-                "runtime": runtime,
-            }
-            if drop > tol and not accept:
-                failures.append(
-                    f"{ev['metric_name']} {ev['metrics']['int8']:.2f} on OpenVINO is {drop:.2f} points below fp32's "
-                    f"{fp32_score:.2f} (tolerance {tol:g}); pass --accept-accuracy-drop to write it anyway"
-                )
+            report["accuracy"] = accuracy = _int8_accuracy(session.run, measured, config, runtime, accept)
+            failures += [accuracy.pop("failure")] if "failure" in accuracy else []
         if failures:
             self.fail(out, report, failures)
 
@@ -529,6 +474,109 @@ class OpenVINOFormat(ExportFormat):
 
     def summary(self, result) -> list[str]:
         return summary(result.report, report_path(result.path)).splitlines() if result.report else []
+
+
+def _report(out: Path, dtype: str, source: ModelSource, onnx_report: dict[str, Any]) -> dict[str, Any]:
+    """The IR's report as it starts: the model, and the verified fp32 ONNX it is converted from."""
+    config = source.config
+    return {
+        "path": str(out),
+        "format": "openvino",
+        "variant": config["variant"],
+        "task": config["task"],
+        "arch": config["arch"],
+        "dtype": dtype,
+        "input_size": [source.hw[0], source.hw[1]],
+        "trace_batch": TRACE_BATCH,
+        "checkpoint_sha256": source.checkpoint_sha256,
+        "source_onnx": {
+            "sha256": onnx_report["sha256"],
+            "export_time_s": onnx_report.get("export_time_s"),
+            "opset": onnx_report["opset"],
+            "num_nodes": onnx_report["num_nodes"],
+            "parity_max_abs_err": onnx_report["parity"]["max_abs_err"],
+            "passed": onnx_report["passed"],
+        },
+        "openvino": ovrt.version(),
+    }
+
+
+def _graph_failures(
+    ir: Path, report: dict[str, Any], config: dict[str, Any], props: dict[str, str], dtype: str, checkpoint: str
+) -> list[str]:
+    """What the IR written at ``ir`` holds, into ``report`` (its ops, weights, extra math, batch dimension; an int8
+    IR's FakeQuantize ops), and why it must not be run, one line each: extra math missing or not f32, a fixed batch,
+    an int8 IR without FakeQuantize, a contract that does not come back whole from its ``rt_info``."""
+    model = ovrt.read_onnx(ir)
+    report.update(
+        num_ops=len(model.get_ops()),
+        op_histogram=_op_histogram(model),
+        weight_types=_weight_types(model),
+        extra_math=count_extra_math(model, config, float(props["eps"]) if props.get("eps") else None),
+    )
+    failures = list(report["extra_math"]["failures"])
+    if dtype in QUANTIZED_DTYPES:
+        report["fake_quantize_ops"] = report["op_histogram"].get("FakeQuantize", 0)
+        if not report["fake_quantize_ops"]:
+            failures.append("no FakeQuantize in the IR: OpenVINO dropped the int8 graph's Q/DQ pairs")
+    dim = model.input(INPUT_NAME).get_partial_shape()[0]
+    report["batch_dim"] = BATCH_DIM if dim.is_dynamic else dim.get_length()
+    if not dim.is_dynamic:
+        failures.append(f"input batch dimension is fixed ({dim.get_length()}), not dynamic")
+    contract = ModelContract.from_onnx(ir)  # what serving reads: the contract must come back whole
+    if contract.dtype != dtype or contract.checkpoint_sha256 != checkpoint:
+        failures.append(f"rt_info contract reads dtype {contract.dtype!r}, checkpoint {contract.checkpoint_sha256!r}")
+    return failures
+
+
+def _int8_fidelity(
+    reference: np.ndarray, output: np.ndarray, gate: float, config: dict[str, Any], source: Any, runtime: str
+) -> dict[str, Any]:
+    """An int8 IR's outputs against the fp32 graph's on the same held-out inputs, under the gate its Q/DQ graph
+    passed (``failure``: the line refusing it, when below)."""
+    fidelity = {
+        **quantize.output_agreement(reference, output, config["task"]),
+        "min_cosine": gate,
+        "inputs": int(len(output)),
+        "source": source,
+        "reference": "the verified fp32 ONNX graph on ONNX Runtime",
+        "runtime": runtime,
+    }
+    fidelity["within_gate"] = bool(fidelity["finite"] and fidelity["cosine"]["min"] >= gate)
+    if not fidelity["within_gate"]:
+        fidelity["failure"] = (
+            f"worst output cosine to fp32 {fidelity['cosine']['min']:.4f} on {len(output)} held-out input(s) is "
+            f"below the gate {gate:g} its Q/DQ graph passed"
+        )
+    return fidelity
+
+
+def _int8_accuracy(
+    run: Any, measured: dict[str, Any], config: dict[str, Any], runtime: str, accept: bool
+) -> dict[str, Any]:
+    """An int8 IR's own score on the test split its Q/DQ graph was scored on (``measured``: that graph's
+    ``accuracy``, whose fp32 score on the same images is the reference), within the same tolerance unless the drop
+    is accepted (``failure``: the line refusing it)."""
+    ev = quantize.evaluate_runs({"int8": run}, config, limit=measured.get("limit"))
+    fp32_score, tol = float(measured["metrics"]["fp32"]), float(measured["tolerance"])
+    drop = fp32_score - ev["metrics"]["int8"]
+    accuracy = {
+        **{k: v for k, v in ev.items() if k != "agreement"},
+        "metrics": {"fp32": fp32_score, "int8": ev["metrics"]["int8"]},
+        "fp32_from": "the fp32 graph's score on the same images (the Q/DQ graph's report)",
+        "limit": measured.get("limit"),
+        "drop": drop,
+        "tolerance": tol,
+        "within_tolerance": drop <= tol,
+        "accepted_drop": bool(accept and drop > tol),
+        "runtime": runtime,
+    }
+    if drop > tol and not accept:
+        accuracy["failure"] = (
+            f"{ev['metric_name']} {ev['metrics']['int8']:.2f} on OpenVINO is {drop:.2f} points below fp32's "
+            f"{fp32_score:.2f} (tolerance {tol:g}); pass --accept-accuracy-drop to write it anyway"
+        )
+    return accuracy
 
 
 def summary(report: dict[str, Any], path: Path | None = None) -> str:
