@@ -17,17 +17,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
-
-import numpy as np
-from tqdm import tqdm
 
 from attnzoo.fileio import atomic_write_text, default_cache_dir, sha256_file
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_info
-from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
 
 from .backends import LoadOptions
 from .backends.openvino import OPENVINO
@@ -39,7 +35,7 @@ datasets = lazy_import("attnzoo.data.datasets")
 metrics_lib = lazy_import("attnzoo.metrics")
 evaluate = lazy_import("attnzoo.runtime.evaluate")
 
-__all__ = ["ACCURACY_GATE", "Bf16AccuracyError", "report_path", "score", "verify_bf16", "bf16_verification_problem"]
+__all__ = ["ACCURACY_GATE", "Bf16AccuracyError", "report_path", "verify_bf16", "bf16_verification_problem"]
 
 #: Largest accuracy drop of bf16 under fp32 (points: top-1 for classifiers, mIoU for segmenters) that is served.
 ACCURACY_GATE: dict[str, float] = {"cls": 0.25, "seg": 0.5}
@@ -53,50 +49,6 @@ def report_path(onnx_path: str | Path, cache_dir: str | Path | None = None) -> P
     """Where the bf16 verification of ``onnx_path`` is kept: ``<cache>/bf16/<stem>-<sha256[:16]>.json``."""
     onnx_path = Path(onnx_path)
     return Path(cache_dir or default_cache_dir()) / "bf16" / f"{onnx_path.stem}-{sha256_file(onnx_path)[:16]}.json"
-
-
-def score(
-    runs: Mapping[str, Callable[[np.ndarray], np.ndarray]],
-    config: Mapping[str, Any],
-    *,
-    limit: int | None = None,
-    progress: bool = False,
-) -> dict[str, Any]:
-    """Score each ``run(x) -> logits`` on the model's test split, all on the same images (the split, size, data
-    seed and normalisation of the model's config, as ``export-model --dtype int8`` scores), refusing non-finite
-    logits (:func:`attnzoo.runtime.evaluate.predict_session`).
-
-    Returns:
-        ``{"data", "split", "n_images", "metric_name", "metrics": {label: percent}, "agreement": {label: share of
-        predictions equal to the first run's}}``.
-
-    Raises:
-        ValueError: the config names no data set (an untrained model has no test split).
-    """
-    if not config.get("data") or config.get("untrained"):
-        raise ValueError(
-            "the model names no data set (untrained or config-less): there is no test split to verify bf16 on"
-        )
-    task, size = config["task"], int(config["img_size"])
-    data = datasets.load_data(config["data"], "test", task, size, n=limit, seed=int(config.get("data_seed", 0)))
-    x = normalize(data.images, config.get("mean", DEFAULT_MEAN), config.get("std", DEFAULT_STD))
-    y = data.labels if task == "cls" else data.masks.astype(np.int64)
-    metrics, preds, name = {}, {}, "top1"
-    for label, run in tqdm(list(runs.items()), desc="bf16 test-set accuracy", unit="model", disable=not progress):
-        pred = evaluate.predict_session(run, x, evaluate.EVAL_BATCH)
-        m = metrics_lib.metrics_from_confusion(
-            metrics_lib.confusion_matrix(y, pred, len(data.class_names)), task, data.class_names
-        )
-        metrics[label], name, preds[label] = float(m["metric"]), m["metric_name"], pred
-    first = next(iter(preds.values()))
-    return {
-        "data": config["data"],
-        "split": "test",
-        "n_images": len(data),
-        "metric_name": name,
-        "metrics": metrics,
-        "agreement": {k: float(np.mean(p == first)) for k, p in preds.items()},
-    }
 
 
 def _sessions(onnx_path: Path, keep_f32: Sequence[str], threads: int | None):
@@ -170,7 +122,9 @@ def verify_bf16(
         return json.loads(path.read_text())
     start = time.perf_counter()
     fp32, bf16 = _sessions(onnx_path, keep_f32, threads)
-    ev = score({"fp32": fp32.run, "bf16": bf16.run}, config, limit=limit, progress=progress)
+    ev = evaluate.score_runs(
+        {"fp32": fp32.run, "bf16": bf16.run}, config, limit=limit, progress=progress, desc="bf16 test-set accuracy"
+    )
     gate = ACCURACY_GATE[config["task"]]
     drop = ev["metrics"]["fp32"] - ev["metrics"]["bf16"]
     report = {

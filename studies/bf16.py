@@ -8,7 +8,7 @@ check that the extra math runs at f32.
    kernels (an extra-math op inside a kernel whose own op carries no pin, which OpenVINO is then free to run at
    the inference precision). At f32 the precisions say nothing about bf16; the pins and kernels do.
 2. Accuracy (CPUs with bf16 units): the test split at OpenVINO f32 and bf16 on the same images
-   (:func:`attnzoo.runtime.bf16.score`), the drop against :data:`attnzoo.runtime.bf16.ACCURACY_GATE`.
+   (:func:`attnzoo.runtime.evaluate.score_runs`), the drop against :data:`attnzoo.runtime.bf16.ACCURACY_GATE`.
 3. Speed (CPUs with bf16 units): random-init ``--speed-arch`` models (ViT-S 224 by default) of
    ``--speed-variants``: OpenVINO fp32, bf16 (extra math pinned, read back) and NNCF int8
    (:mod:`attnzoo.benchmarks.rows`), each gated against eager fp32 by the shared tolerance table, then timed
@@ -47,8 +47,9 @@ from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary, environment, load_1min, load_average
 from attnzoo.runtime.backends import LoadOptions
 from attnzoo.runtime.backends.openvino import OPENVINO
-from attnzoo.runtime.bf16 import ACCURACY_GATE, score
+from attnzoo.runtime.bf16 import ACCURACY_GATE
 from attnzoo.runtime.contract import metadata_props
+from attnzoo.runtime.evaluate import score_runs
 from attnzoo.runtime.openvino import (
     PrecisionCheckError,
     bf16_unavailable_reason,
@@ -126,7 +127,7 @@ def zoo_row(
         return row
     try:
         check_runtime_precisions(check, "bf16")
-        ev = score(
+        ev = score_runs(
             {"fp32": OPENVINO.load(path, LoadOptions(threads=threads)).run, "bf16": session.run}, cfg, limit=limit
         )
     except (PrecisionCheckError, FloatingPointError) as exc:

@@ -59,7 +59,7 @@ from attnzoo.runtime import openvino as ovrt
 from attnzoo.runtime.backends import get_backend
 from attnzoo.runtime.backends.openvino import tensor_values
 from attnzoo.runtime.contract import BATCH_DIM, INPUT_NAME, ModelContract, metadata_props
-from attnzoo.runtime.evaluate import EVAL_BATCH
+from attnzoo.runtime.evaluate import EVAL_BATCH, score_runs
 from attnzoo.runtime.sessions import IR_SUFFIX, QUANTIZED_DTYPES
 
 from .. import quantize, verify
@@ -557,7 +557,7 @@ def _int8_accuracy(
     """An int8 IR's own score on the test split its Q/DQ graph was scored on (``measured``: that graph's
     ``accuracy``, whose fp32 score on the same images is the reference), within the same tolerance unless the drop
     is accepted (``failure``: the line refusing it)."""
-    ev = quantize.evaluate_runs({"int8": run}, config, limit=measured.get("limit"))
+    ev = score_runs({"int8": run}, config, limit=measured.get("limit"))
     fp32_score, tol = float(measured["metrics"]["fp32"]), float(measured["tolerance"])
     drop = fp32_score - ev["metrics"]["int8"]
     accuracy = {

@@ -82,7 +82,6 @@ from .verified import (
     FidelityError,
     QuantizationCheckError,
     evaluate_onnx,
-    evaluate_runs,
     quantize_verified,
 )
 
@@ -137,7 +136,6 @@ __all__ = [
     "qdq_summary",
     "simulate_fp8",
     "evaluate_onnx",
-    "evaluate_runs",
     "fp8_compute_capability_error",
     "check_quantize_arguments",
     "calibration_for",

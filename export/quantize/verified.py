@@ -6,21 +6,17 @@ from __future__ import annotations
 import json
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
-from tqdm import tqdm
 
-from attnzoo.data.datasets import load_data
 from attnzoo.fileio import atomic_path, sha256_file
-from attnzoo.metrics import confusion_matrix, metrics_from_confusion
-from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.contract import BATCH_DIM
-from attnzoo.runtime.evaluate import EVAL_BATCH, predict_session
+from attnzoo.runtime.evaluate import score_runs
 
 from ..check import check_extra_math
 from ..divergence import DIVERGENCE_INPUTS, divergence_vs_onnx, not_exposed
@@ -41,7 +37,7 @@ from .qdq import (
     qdq_placement_error,
     qdq_summary,
 )
-from .report import QuantizationReport, write_report
+from .report import QuantizationReport, QuantizeReport, write_report
 from .smooth import layernorm_outliers, outlier_note, smooth_layernorm_matmuls
 
 __all__ = ["AccuracyDropError", "QuantizationCheckError", "FidelityError", "evaluate_onnx", "quantize_verified"]
@@ -67,61 +63,10 @@ def evaluate_onnx(
     threads: int | None = None,
     progress: bool = False,
 ) -> dict[str, Any]:
-    """Score ONNX models on the model's test split with ONNX Runtime (CPU), all on the same images.
-
-    Classifiers: top-1 on the test split (Fashion-MNIST: the official 10,000 test images); segmenters: mIoU on
-    the test scenes. Data loading, preprocessing and metrics are the training code's
-    (:func:`attnzoo.data.datasets.load_data`, :func:`attnzoo.preprocess.normalize`,
-    :func:`attnzoo.metrics.metrics_from_confusion`); predictions come from
-    :func:`attnzoo.runtime.evaluate.predict_session`, which refuses non-finite logits.
-
-    Args:
-        models: ``{label: ONNX file or proto}``, e.g. ``{"fp32": ..., "int8": ...}``.
-        config: The model config (``data``, ``task``, ``img_size``, ``data_seed``, ``mean``, ``std``).
-        limit: First ``limit`` test images only (default: the whole split).
-
-    Returns:
-        ``{"data", "split": "test", "n_images", "metric_name", "metrics": {label: percent},
-        "agreement": {label: share of predictions equal to the first model's}}``.
-    """
+    """Score ONNX models (``{label: ONNX file or proto}``) on the model's test split with ONNX Runtime (CPU), all on
+    the same images (:func:`attnzoo.runtime.evaluate.score_runs`, whose result it returns)."""
     runs = {label: ORT_CPU.session(model, threads).run for label, model in models.items()}
-    return evaluate_runs(runs, config, limit=limit, progress=progress)
-
-
-def evaluate_runs(
-    runs: Mapping[str, Callable[[np.ndarray], np.ndarray]],
-    config: Mapping[str, Any],
-    *,
-    limit: int | None = None,
-    progress: bool = False,
-) -> dict[str, Any]:
-    """:func:`evaluate_onnx` for models of any runtime: ``runs`` maps a label to what computes the logits of a
-    float32 NCHW batch (an OpenVINO IR's session, ONNX Runtime's); the same images, metrics and result."""
-    task, size = config["task"], int(config["img_size"])
-    data = load_data(
-        config["data"], "test", task, size, n=limit, seed=int(config.get("data_seed", 0)), scene=config.get("scene")
-    )
-    x = normalize(data.images, config.get("mean", DEFAULT_MEAN), config.get("std", DEFAULT_STD))
-    if task == "cls":
-        y = data.labels
-    else:
-        assert data.masks is not None  # load_data's seg sets carry masks
-        y = data.masks.astype(np.int64)
-    k = len(data.class_names)
-    metrics, preds, name = {}, {}, "top1"
-    for label, run in tqdm(list(runs.items()), desc="test-set accuracy", unit="model", disable=not progress):
-        pred = predict_session(run, x, EVAL_BATCH)
-        m = metrics_from_confusion(confusion_matrix(y, pred, k), task, data.class_names)
-        metrics[label], name, preds[label] = float(m["metric"]), m["metric_name"], pred
-    first = next(iter(preds.values()))
-    return {
-        "data": config["data"],
-        "split": "test",
-        "n_images": len(data),
-        "metric_name": name,
-        "metrics": metrics,
-        "agreement": {k_: float(np.mean(p == first)) for k_, p in preds.items()},
-    }
+    return score_runs(runs, config, limit=limit, progress=progress)
 
 
 def quantize_verified(
@@ -164,22 +109,73 @@ def quantize_verified(
         AccuracyDropError: the accuracy drop exceeds the tolerance.
     """
     o = replace(options, **fields) if options is not None else QuantizeOptions(**fields)
+    r = _prepare(Path(fp32_onnx), Path(out), config, o)
+    with atomic_path(r.out) as tmp, tempfile.TemporaryDirectory(prefix="attnzoo-smooth-") as work:
+        q, proto, decision = _quantized_graph(r, tmp, Path(work))
+        runnable = r.run(proto)
+        unpromised = r.placement == AUTO_QDQ_PLACEMENT and r.gate > 0 and not decision.get("promised")
+        failures = [_unpromised(r, decision)] if unpromised else []  # first: auto's fallback may hold no int8 op
+        checks, extra_check = _graph_failures(r, q, proto, runnable, unpromised)
+        failures += checks
+        fidelity, blocks = None, None
+        if len(failures) == int(unpromised):  # the other checks passed: measured, also to say why auto refused
+            fidelity, blocks = _measured_fidelity(r, proto, runnable)
+            if not fidelity["within_gate"] and not unpromised:
+                failures.append(fidelity["failure"])
+        accuracy, too_low = _scored(r, runnable, failures)
+        report = _report(r, q, proto, tmp, extra_check, fidelity, accuracy, blocks, failures)
+        if failures:
+            write_report(report, failed_report_path(r.out))
+            kind = (
+                AccuracyDropError
+                if too_low
+                else FidelityError
+                if unpromised or (fidelity and not fidelity["within_gate"])
+                else QuantizationCheckError
+            )
+            raise kind(f"{r.out.name} not written: {'; '.join(failures[:3])}; see {failed_report_path(r.out)}")
+    # the report after the model: stopped in between, the old report names another SHA-256 and nothing serves it
+    write_report(report, report_path(r.out))
+    failed_report_path(r.out).unlink(missing_ok=True)
+    return report.to_dict()
+
+
+@dataclass
+class _Run:
+    """One :func:`quantize_verified` call, its options resolved: the fp32 graph and its extra math, the placement,
+    the fidelity gate and the accuracy tolerance, the calibration inputs and the held-out ones (``choose``: the
+    ``auto`` placement's half, ``check``: the gate's), the warnings so far, and how a graph is run (FP8 simulated)."""
+
+    o: QuantizeOptions
+    config: Mapping[str, Any]
+    fp32_onnx: Path
+    out: Path
+    src: onnx.ModelProto
+    extra: list[str]
+    placement: str
+    gate: float
+    tol: float
+    notes: list[str]
+    calibration: np.ndarray
+    held_source: str
+    choose: np.ndarray
+    check: np.ndarray
+    run: Callable[[onnx.ModelProto], onnx.ModelProto]
+
+
+def _prepare(fp32_onnx: Path, out: Path, config: Mapping[str, Any], o: QuantizeOptions) -> _Run:
+    """The options resolved against the fp32 graph (``ValueError``: no calibration, a placement for another
+    dtype)."""
     if o.calibration is None:
         raise ValueError("quantize_verified needs calibration inputs (QuantizeOptions.calibration)")
-    dtype, calibration, calibration_seed, held_out = o.dtype, o.calibration, o.calibration_seed, o.held_out
-    placement, quantize_extra_math, threads = o.placement or DEFAULT_QDQ_PLACEMENT, o.quantize_extra_math, o.threads
-    fp32_onnx, out = Path(fp32_onnx), Path(out)
-    error = qdq_placement_error(placement, dtype)
+    placement = o.placement or DEFAULT_QDQ_PLACEMENT
+    error = qdq_placement_error(placement, o.dtype)
     if error:
         raise ValueError(error)
     src = onnx.load(str(fp32_onnx))
-    extra = extra_math_nodes(src, config)
-    exclude = [] if quantize_extra_math else extra
-    tol = ACCURACY_TOLERANCE[config["task"]] if o.tolerance is None else float(o.tolerance)
-    gate = (0.0 if o.measure_accuracy else DEFAULT_MIN_COSINE) if o.min_cosine is None else float(o.min_cosine)
     notes = list(o.warnings)
     calibration, held_out, held_source = _held_out(
-        config, calibration, calibration_seed, held_out, o.calibration_source
+        config, o.calibration, o.calibration_seed, o.held_out, o.calibration_source
     )
     if o.calibration_random and not config.get("untrained"):
         notes.append("a trained model calibrated on random inputs: real inputs' activations differ")
@@ -188,216 +184,261 @@ def quantize_verified(
         if placement == AUTO_QDQ_PLACEMENT and len(held_out) >= 2
         else (held_out[:0], held_out)
     )
-    run = simulate_fp8 if dtype == "fp8" else (lambda p: p)
-    with atomic_path(out) as tmp, tempfile.TemporaryDirectory(prefix="attnzoo-smooth-") as work:
-        source, smoothing = fp32_onnx, None
-        smooth = o.smooth_quant if o.smooth_quant is not None else placement == AUTO_QDQ_PLACEMENT and dtype == "int8"
-        if smooth:  # calibrated on the migrated graph; measured against the original fp32 one
-            migrated, smoothing = smooth_layernorm_matmuls(src, calibration, exclude=extra, threads=threads)
-            if smoothing["migrated"]:  # no outlier channel: the graph as it was
-                source = Path(work) / "smoothed.onnx"
-                onnx.save(migrated, str(source))
-        q = quantize_onnx(
-            source,
-            tmp,
-            dtype=dtype,
-            calibration=calibration,
-            exclude_nodes=exclude,
-            calibration_source=o.calibration_source,
-            calibration_seed=calibration_seed,
-            extra_nodes=extra,
-            placement=TENSORRT_QDQ_PLACEMENT if placement == AUTO_QDQ_PLACEMENT else placement,
+    return _Run(
+        o=o,
+        config=config,
+        fp32_onnx=fp32_onnx,
+        out=out,
+        src=src,
+        extra=extra_math_nodes(src, config),
+        placement=placement,
+        gate=(0.0 if o.measure_accuracy else DEFAULT_MIN_COSINE) if o.min_cosine is None else float(o.min_cosine),
+        tol=ACCURACY_TOLERANCE[config["task"]] if o.tolerance is None else float(o.tolerance),
+        notes=notes,
+        calibration=calibration,
+        held_source=held_source,
+        choose=choose,
+        check=check,
+        run=simulate_fp8 if o.dtype == "fp8" else (lambda p: p),
+    )
+
+
+def _quantized_graph(r: _Run, tmp: Path, work: Path) -> tuple[QuantizeReport, onnx.ModelProto, dict[str, Any]]:
+    """The quantized graph written at ``tmp``: SmoothQuant's migration first where asked (``auto`` int8 by default;
+    calibrated on the migrated graph, measured against the original), ModelOpt's quantization, then for ``auto``
+    the placement chosen on the choosing inputs (:func:`_auto`). Returns the quantizer's report, the graph and the
+    ``auto`` decision (empty otherwise)."""
+    o, exclude = r.o, [] if r.o.quantize_extra_math else r.extra
+    source, smoothing = r.fp32_onnx, None
+    smooth = o.smooth_quant if o.smooth_quant is not None else r.placement == AUTO_QDQ_PLACEMENT and o.dtype == "int8"
+    if smooth:
+        migrated, smoothing = smooth_layernorm_matmuls(r.src, r.calibration, exclude=r.extra, threads=o.threads)
+        if smoothing["migrated"]:  # no outlier channel: the graph as it was
+            source = work / "smoothed.onnx"
+            onnx.save(migrated, str(source))
+    q = quantize_onnx(
+        source,
+        tmp,
+        dtype=o.dtype,
+        calibration=r.calibration,
+        exclude_nodes=exclude,
+        calibration_source=o.calibration_source,
+        calibration_seed=o.calibration_seed,
+        extra_nodes=r.extra,
+        placement=TENSORRT_QDQ_PLACEMENT if r.placement == AUTO_QDQ_PLACEMENT else r.placement,
+    )
+    if smoothing is not None:
+        q.options["smooth_quant"] = smoothing
+    proto = onnx.load(str(tmp))
+    if r.placement != AUTO_QDQ_PLACEMENT:
+        return q, proto, {}
+    return (q, *_auto(r, q, proto, tmp))
+
+
+def _auto(r: _Run, q: QuantizeReport, full: onnx.ModelProto, tmp: Path) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """``auto``: the Q/DQ groups kept that promise the gate on the choosing inputs (:func:`auto_placement`), what
+    each group kept fp32 costs in speed (int8), recorded in ``q`` and written back to ``tmp``."""
+    fixed = r.extra if r.o.quantize_extra_math else ()
+    proto = full
+    if len(r.choose):
+        proto, decision = auto_placement(
+            full,
+            onnx_outputs(r.fp32_onnx, r.choose, r.o.threads),
+            r.choose,
+            r.config["task"],
+            min_cosine=r.gate or DEFAULT_MIN_COSINE,
+            runnable=r.run,
+            threads=r.o.threads,
+            fixed=fixed,
         )
-        if smoothing is not None:
-            q.options["smooth_quant"] = smoothing
-        proto = onnx.load(str(tmp))
-        decision: dict[str, Any] = {}
-        if placement == AUTO_QDQ_PLACEMENT:
-            full = proto
-            if len(choose):
-                proto, decision = auto_placement(
-                    proto,
-                    onnx_outputs(fp32_onnx, choose, threads),
-                    choose,
-                    config["task"],
-                    min_cosine=gate or DEFAULT_MIN_COSINE,
-                    runnable=run,
-                    threads=threads,
-                    fixed=extra if quantize_extra_math else (),
-                )
-            else:
-                decision = {
-                    "selection_inputs": 0,
-                    "promised": False,
-                    "note": "too few held-out inputs to choose: ModelOpt's full placement",
-                }
-            if dtype == "int8" and any(not d["quantized"] for d in decision.get("groups", {}).values()):
-                decision["speed"] = group_speed(
-                    proto, full, decision, check, fixed=extra if quantize_extra_math else ()
-                )
-            q.options.update(placement=AUTO_QDQ_PLACEMENT, auto=decision)
-            q.qdq = qdq_summary(proto, extra)
-            _set_placement(proto, AUTO_QDQ_PLACEMENT)
-            onnx.save(proto, str(tmp))
-        runnable = run(proto)
-        failures: list[str] = []
-        unpromised = placement == AUTO_QDQ_PLACEMENT and gate > 0 and not decision.get("promised")
-        if unpromised:  # checked first: the graph auto fell back to may hold no int8 op at all
-            named = {
-                "ModelOpt's full placement": "all_quantized",
-                "the weight MatMuls alone": "weights_only",
-                "the best choice": "chosen",
-            }
-            tried = {label: decision[key] for label, key in named.items() if key in decision}
-            best = max(tried, key=lambda label: tried[label]["promised"], default=None)
-            note = outlier_note(layernorm_outliers(src, calibration, exclude=extra, threads=threads))
-            failures.append(
-                f"no Q/DQ placement promises a cosine to fp32 >= {gate:g} on inputs like the {len(choose)} "
-                f"choosing one(s)"
-                + (
-                    f" ({best} promises {tried[best]['promised']:.4f}, worst {tried[best]['worst']:.4f})"
-                    if best
-                    else ""
-                )
-                + (f"; {note}" if note else "")
-                + "; calibrate on more images like the model's inputs (--calibration-data DIR) or lower "
-                "--min-cosine"
-            )
-        qdq = q.qdq
-        if not unpromised and sum(qdq["quantized_ops"].values()) == 0:
-            failures.append("no MatMul/Gemm/Conv was quantized")
-        if not quantize_extra_math and qdq["extra_math_quantized"]:
-            failures.append(
-                f"{len(qdq['extra_math_quantized'])} extra-math op(s) read quantized values, e.g. "
-                f"{qdq['extra_math_quantized'][0]}"
-            )
-        extra_check = check_extra_math(proto, dict(config), "fp32")
-        failures += [f"extra math: {f}" for f in extra_check["failures"]] if not quantize_extra_math else []
-        if not _finite_outputs(runnable, calibration[: min(8, len(calibration))], threads):
-            failures.append("non-finite outputs on calibration inputs")
-        dim = proto.graph.input[0].type.tensor_type.shape.dim[0]
-        if (dim.dim_param or dim.dim_value) != BATCH_DIM:
-            failures.append(f"input batch dimension is {dim.dim_param or dim.dim_value!r}, not {BATCH_DIM!r}")
-        fidelity, blocks = None, None
-        if len(failures) == int(unpromised):  # the other checks passed: measured, also to say why auto refused
-            fidelity = _fidelity(
-                proto,
-                runnable,
-                fp32_onnx,
-                check,
-                config["task"],
-                gate,
-                placement,
-                run,
-                threads,
-                None if o.measure_accuracy else calibration,  # the promise of a model its test split does not score
-            )
-            if (fidelity.get("related") or {}).get("warning"):
-                notes.append(fidelity["related"]["warning"])
-            fidelity.update(
-                source=held_source,
-                warnings=notes,
-                split={"calibration": int(len(calibration)), "choose": int(len(choose)), "gate": int(len(check))},
-            )
-            if len(check) < FIRM_GATE_INPUTS:
-                fidelity["weak"] = (
-                    f"only {len(check)} gate input(s) (firm from {FIRM_GATE_INPUTS}): a further input "
-                    f"falls below their worst with probability about 1/{len(check) + 1}"
-                )
-            if not fidelity["within_gate"] and not unpromised:
-                failures.append(fidelity["failure"])
-            blocks = _divergence(runnable, src, config, check, gate or DEFAULT_MIN_COSINE, threads)
-        too_low = False
-        accuracy: dict[str, Any]
-        if o.measure_accuracy and not failures:
-            ev = evaluate_onnx(
-                {"fp32": fp32_onnx, dtype: runnable}, config, limit=o.eval_limit, threads=threads, progress=o.progress
-            )
-            drop = ev["metrics"]["fp32"] - ev["metrics"][dtype]
-            accuracy = {
-                **ev,
-                "limit": o.eval_limit,
-                "drop": drop,
-                "tolerance": tol,
-                "within_tolerance": drop <= tol,
-                "accepted_drop": bool(o.accept_accuracy_drop and drop > tol),
-                "runtime": "onnxruntime CPUExecutionProvider",
-                "how": (
-                    "the FP8 Q/DQ graph simulated in float ops (simulate_fp8: e4m3 RNE round trip at the "
-                    "same Q/DQ points, same scales); ONNX Runtime's CPU provider refuses float8 tensors "
-                    "into Transpose"
-                )
-                if dtype == "fp8"
-                else "the Q/DQ graph itself",
-            }
-            too_low = drop > tol and not o.accept_accuracy_drop
-            if too_low:
-                failures.append(
-                    f"{ev['metric_name']} {ev['metrics'][dtype]:.2f} is {drop:.2f} points below fp32's "
-                    f"{ev['metrics']['fp32']:.2f} (tolerance {tol:g}); pass --accept-accuracy-drop to "
-                    "write it anyway"
-                )
-        elif not o.measure_accuracy:
-            accuracy = {
-                "measured": False,
-                "warning": "no labelled test split (an untrained or converted model): "
-                "accuracy not measured; the fidelity to fp32 is the gate",
-            }
-        else:
-            accuracy = {"measured": False, "reason": "checks failed before scoring"}
-        fp32_report = report_path(fp32_onnx)
-        fp32_verified = json.loads(fp32_report.read_text()) if fp32_report.is_file() else None
-        if fp32_verified is not None and not o.fp32_kept:
-            fp32_verified["path"] = None  # a temporary file: its hash and report, no path that dangles
-        report = QuantizationReport(
-            path=str(out),
-            variant=config["variant"],
-            task=config["task"],
-            arch=config["arch"],
-            dtype=dtype,
-            fp32_source={
-                "path": str(fp32_onnx) if o.fp32_kept else None,
-                "kept": o.fp32_kept,
-                "sha256": sha256_file(fp32_onnx),
-                "report": fp32_verified,
-            },
-            quantization=q,
-            quantize_extra_math=quantize_extra_math,
-            extra_math_scope_check={
-                "nodes": len(extra),
-                "quantized": qdq["extra_math_quantized"],
-                "checker": extra_check["ok"] or extra_check["failures"],
-            },
-            fidelity=fidelity,
-            accuracy=accuracy,
-            warnings=notes,
-            file_size=tmp.stat().st_size,
-            sha256=sha256_file(tmp),
-            num_nodes=len(proto.graph.node),
-            op_histogram=op_histogram(proto),
-            batch_dim=BATCH_DIM,
-            onnxruntime=__import__("onnxruntime").__version__,
-            verified="quantized graph checked (Q/DQ placement, extra math fp32), its output compared with fp32's "
-            "on held-out inputs"
-            + (" and scored with ONNX Runtime CPU on the test split next to fp32" if o.measure_accuracy else ""),
-            passed=not failures,
-            failures=failures,
-            divergence=blocks,
+    else:
+        decision = {
+            "selection_inputs": 0,
+            "promised": False,
+            "note": "too few held-out inputs to choose: ModelOpt's full placement",
+        }
+    if r.o.dtype == "int8" and any(not d["quantized"] for d in decision.get("groups", {}).values()):
+        decision["speed"] = group_speed(proto, full, decision, r.check, fixed=fixed)
+    q.options.update(placement=AUTO_QDQ_PLACEMENT, auto=decision)
+    q.qdq = qdq_summary(proto, r.extra)
+    _set_placement(proto, AUTO_QDQ_PLACEMENT)
+    onnx.save(proto, str(tmp))
+    return proto, decision
+
+
+def _unpromised(r: _Run, decision: Mapping[str, Any]) -> str:
+    """The line refusing an ``auto`` graph when no placement promises the gate on the choosing inputs: the best
+    one tried, an outlier note where the fp32 graph has outlier channels, what to do."""
+    named = {
+        "ModelOpt's full placement": "all_quantized",
+        "the weight MatMuls alone": "weights_only",
+        "the best choice": "chosen",
+    }
+    tried = {label: decision[key] for label, key in named.items() if key in decision}
+    best = max(tried, key=lambda label: tried[label]["promised"], default=None)
+    note = outlier_note(layernorm_outliers(r.src, r.calibration, exclude=r.extra, threads=r.o.threads))
+    return (
+        f"no Q/DQ placement promises a cosine to fp32 >= {r.gate:g} on inputs like the {len(r.choose)} "
+        f"choosing one(s)"
+        + (f" ({best} promises {tried[best]['promised']:.4f}, worst {tried[best]['worst']:.4f})" if best else "")
+        + (f"; {note}" if note else "")
+        + "; calibrate on more images like the model's inputs (--calibration-data DIR) or lower --min-cosine"
+    )
+
+
+def _graph_failures(
+    r: _Run, q: QuantizeReport, proto: onnx.ModelProto, runnable: onnx.ModelProto, unpromised: bool
+) -> tuple[list[str], dict[str, Any]]:
+    """What the quantized graph breaks, one line each (no quantized op, Q/DQ read by the extra math unless asked,
+    the extra math's own check, non-finite outputs, a batch dimension that is not the contract's), and the extra
+    math's check."""
+    failures, qdq = [], q.qdq
+    if not unpromised and sum(qdq["quantized_ops"].values()) == 0:
+        failures.append("no MatMul/Gemm/Conv was quantized")
+    if not r.o.quantize_extra_math and qdq["extra_math_quantized"]:
+        failures.append(
+            f"{len(qdq['extra_math_quantized'])} extra-math op(s) read quantized values, e.g. "
+            f"{qdq['extra_math_quantized'][0]}"
         )
-        if failures:
-            write_report(report, failed_report_path(out))
-            kind = (
-                AccuracyDropError
-                if too_low
-                else FidelityError
-                if unpromised or (fidelity and not fidelity["within_gate"])
-                else QuantizationCheckError
-            )
-            raise kind(f"{out.name} not written: {'; '.join(failures[:3])}; see {failed_report_path(out)}")
-    # the report after the model: stopped in between, the old report names another SHA-256 and nothing serves it
-    write_report(report, report_path(out))
-    failed_report_path(out).unlink(missing_ok=True)
-    return report.to_dict()
+    extra_check = check_extra_math(proto, dict(r.config), "fp32")
+    failures += [f"extra math: {f}" for f in extra_check["failures"]] if not r.o.quantize_extra_math else []
+    if not _finite_outputs(runnable, r.calibration[: min(8, len(r.calibration))], r.o.threads):
+        failures.append("non-finite outputs on calibration inputs")
+    dim = proto.graph.input[0].type.tensor_type.shape.dim[0]
+    if (dim.dim_param or dim.dim_value) != BATCH_DIM:
+        failures.append(f"input batch dimension is {dim.dim_param or dim.dim_value!r}, not {BATCH_DIM!r}")
+    return failures, extra_check
+
+
+def _measured_fidelity(
+    r: _Run, proto: onnx.ModelProto, runnable: onnx.ModelProto
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The gate's measurement on the held-out inputs (:func:`_fidelity`, its sources and split, a weak gate
+    named), and the per-block errors against the fp32 graph (:func:`_divergence`)."""
+    o, check = r.o, r.check
+    fidelity = _fidelity(
+        proto,
+        runnable,
+        r.fp32_onnx,
+        check,
+        r.config["task"],
+        r.gate,
+        r.placement,
+        r.run,
+        o.threads,
+        None if o.measure_accuracy else r.calibration,  # the promise of a model its test split does not score
+    )
+    if (fidelity.get("related") or {}).get("warning"):
+        r.notes.append(fidelity["related"]["warning"])
+    fidelity.update(
+        source=r.held_source,
+        warnings=r.notes,
+        split={"calibration": int(len(r.calibration)), "choose": int(len(r.choose)), "gate": int(len(check))},
+    )
+    if len(check) < FIRM_GATE_INPUTS:
+        fidelity["weak"] = (
+            f"only {len(check)} gate input(s) (firm from {FIRM_GATE_INPUTS}): a further input "
+            f"falls below their worst with probability about 1/{len(check) + 1}"
+        )
+    return fidelity, _divergence(runnable, r.src, r.config, check, r.gate or DEFAULT_MIN_COSINE, o.threads)
+
+
+def _scored(r: _Run, runnable: onnx.ModelProto, failures: list[str]) -> tuple[dict[str, Any], bool]:
+    """The quantized graph and the fp32 graph scored on the test split (when the model has one and every check
+    passed), the drop against the tolerance (a line in ``failures`` when over it and not accepted); and whether
+    it was too low."""
+    o, dtype, tol = r.o, r.o.dtype, r.tol
+    if not o.measure_accuracy:
+        return {
+            "measured": False,
+            "warning": "no labelled test split (an untrained or converted model): "
+            "accuracy not measured; the fidelity to fp32 is the gate",
+        }, False
+    if failures:
+        return {"measured": False, "reason": "checks failed before scoring"}, False
+    ev = evaluate_onnx(
+        {"fp32": r.fp32_onnx, dtype: runnable}, r.config, limit=o.eval_limit, threads=o.threads, progress=o.progress
+    )
+    drop = ev["metrics"]["fp32"] - ev["metrics"][dtype]
+    accuracy = {
+        **ev,
+        "limit": o.eval_limit,
+        "drop": drop,
+        "tolerance": tol,
+        "within_tolerance": drop <= tol,
+        "accepted_drop": bool(o.accept_accuracy_drop and drop > tol),
+        "runtime": "onnxruntime CPUExecutionProvider",
+        "how": (
+            "the FP8 Q/DQ graph simulated in float ops (simulate_fp8: e4m3 RNE round trip at the "
+            "same Q/DQ points, same scales); ONNX Runtime's CPU provider refuses float8 tensors "
+            "into Transpose"
+        )
+        if dtype == "fp8"
+        else "the Q/DQ graph itself",
+    }
+    too_low = drop > tol and not o.accept_accuracy_drop
+    if too_low:
+        failures.append(
+            f"{ev['metric_name']} {ev['metrics'][dtype]:.2f} is {drop:.2f} points below fp32's "
+            f"{ev['metrics']['fp32']:.2f} (tolerance {tol:g}); pass --accept-accuracy-drop to "
+            "write it anyway"
+        )
+    return accuracy, too_low
+
+
+def _report(
+    r: _Run,
+    q: QuantizeReport,
+    proto: onnx.ModelProto,
+    tmp: Path,
+    extra_check: Mapping[str, Any],
+    fidelity: dict[str, Any] | None,
+    accuracy: dict[str, Any],
+    blocks: dict[str, Any] | None,
+    failures: list[str],
+) -> QuantizationReport:
+    """The report of the graph at ``tmp``: the fp32 graph it came from (its own report; no path when it was a
+    temporary file), the quantizer's, the checks, the fidelity, the score."""
+    o = r.o
+    fp32_report = report_path(r.fp32_onnx)
+    fp32_verified = json.loads(fp32_report.read_text()) if fp32_report.is_file() else None
+    if fp32_verified is not None and not o.fp32_kept:
+        fp32_verified["path"] = None  # a temporary file: its hash and report, no path that dangles
+    return QuantizationReport(
+        path=str(r.out),
+        variant=r.config["variant"],
+        task=r.config["task"],
+        arch=r.config["arch"],
+        dtype=o.dtype,
+        fp32_source={
+            "path": str(r.fp32_onnx) if o.fp32_kept else None,
+            "kept": o.fp32_kept,
+            "sha256": sha256_file(r.fp32_onnx),
+            "report": fp32_verified,
+        },
+        quantization=q,
+        quantize_extra_math=o.quantize_extra_math,
+        extra_math_scope_check={
+            "nodes": len(r.extra),
+            "quantized": q.qdq["extra_math_quantized"],
+            "checker": extra_check["ok"] or extra_check["failures"],
+        },
+        fidelity=fidelity,
+        accuracy=accuracy,
+        warnings=r.notes,
+        file_size=tmp.stat().st_size,
+        sha256=sha256_file(tmp),
+        num_nodes=len(proto.graph.node),
+        op_histogram=op_histogram(proto),
+        batch_dim=BATCH_DIM,
+        onnxruntime=__import__("onnxruntime").__version__,
+        verified="quantized graph checked (Q/DQ placement, extra math fp32), its output compared with fp32's "
+        "on held-out inputs"
+        + (" and scored with ONNX Runtime CPU on the test split next to fp32" if o.measure_accuracy else ""),
+        passed=not failures,
+        failures=failures,
+        divergence=blocks,
+    )
 
 
 def _divergence(

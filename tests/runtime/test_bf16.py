@@ -393,7 +393,7 @@ def test_score_puts_each_run_on_the_same_test_images(zoo_belief2):
     import numpy as np
 
     from attnzoo.export.quantize import evaluate_onnx
-    from attnzoo.runtime.bf16 import score
+    from attnzoo.runtime.evaluate import score_runs as score
     from attnzoo.runtime.openvino import OpenVINOSession
 
     path, config = zoo_belief2
