@@ -210,6 +210,9 @@ def verification_problem(path: str | Path, dtype: str) -> str | None:
         return f"no verification report {report.name} beside it (export it with export-model{how})"
     try:
         rep = read_report(report)
+    except ValueError as exc:
+        return str(exc)
+    try:
         typed = exported_report_type(rep).from_dict(rep)  # read through its schema
     except ValueError as exc:
         return f"{report.name} is not a report export-model writes ({exc})"
