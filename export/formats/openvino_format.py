@@ -44,6 +44,7 @@ import json
 import re
 import tempfile
 import time
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -65,7 +66,7 @@ from attnzoo.runtime.sessions import IR_SUFFIX, QUANTIZED_DTYPES
 from .. import quantize, verify
 from ..check import block_prefix, expected_scopes, variant_spec
 from ..divergence import DIVERGENCE_INPUTS, divergence_vs_onnx, not_exposed
-from ..errors import ExportError
+from ..errors import ExportError, ExportWarning
 from ..verify import VerificationError, checked_batch_sizes
 from .base import (
     ExportFormat,
@@ -259,10 +260,11 @@ class OpenVINOFormat(ExportFormat):
 
     def write_model(self, req: ExportRequest, source: ModelSource, result) -> None:
         result.report = run_step(self.export_verified, "OpenVINO IR export failed", req, source, result.path)
+        result.warnings += (result.report.get("quantized_onnx") or {}).get("warnings", [])  # issued as it ran
 
     def export_verified(self, req: ExportRequest, source: ModelSource, out: Path) -> dict[str, Any]:
-        """Export and verify the ONNX, convert it, count the extra math, check parity; rename to ``out`` only when
-        all passed."""
+        """Export and verify the ONNX (for int8, its Q/DQ graph too), convert it, count the extra math, check parity
+        (int8: the gates of :meth:`_check_int8`); rename to ``out`` only when all passed."""
         config, hw = source.config, (source.hw[0], source.hw[1])
         sizes = checked_batch_sizes(req.batch_sizes)
         with tempfile.TemporaryDirectory(prefix="attnzoo-openvino-") as work:
@@ -363,6 +365,8 @@ class OpenVINOFormat(ExportFormat):
             calibration_seed=q.calibration_seed,
             fidelity_count=q.fidelity_count,
         )
+        for message in calibration.warnings:  # as export-model --dtype int8 warns
+            warnings.warn(message, ExportWarning, stacklevel=2)
         options = q.with_calibration(calibration, threads=source.threads, fp32_kept=False)
         options = dataclasses.replace(options, placement=options.placement or quantize.CPU_QDQ_PLACEMENT)
         try:

@@ -302,6 +302,7 @@ def test_an_int8_ir_is_converted_from_the_verified_qdq_graph_and_gated_on_openvi
     assert y.shape == (3, 5) and np.isfinite(y).all()
     assert "not scored on a test set" in verification_problem(out, "int8")
     assert "fidelity to fp32 (OpenVINO" in belief2_int8_ir.summary() and "PASSED" in belief2_int8_ir.summary()
+    assert any("calibrated on random" in w for w in belief2_int8_ir.warnings)  # a model without data, warned
 
 
 def test_an_int8_ir_below_its_gate_on_openvino_is_refused_and_nothing_is_written(tmp_path, monkeypatch):
