@@ -32,6 +32,8 @@ __all__ = [
     "ExtraMathCheck",
     "BlockDivergence",
     "VerificationReport",
+    "FormatReport",
+    "FORMAT_REPORTS",
     "SourceOnnx",
     "OpenVINOReport",
     "ExecuTorchReport",
