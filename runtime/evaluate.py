@@ -18,7 +18,7 @@ from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
 metrics = lazy_import("attnzoo.metrics")
 datasets = lazy_import("attnzoo.data.datasets")
 
-__all__ = ["EVAL_BATCH", "predict_session", "evaluate_session", "score_runs"]
+__all__ = ["EVAL_BATCH", "predict_session", "evaluate_session", "score_runs", "load_test_split"]
 
 #: Test images per inference call while scoring (the timed batch sizes are ``--batch-sizes``).
 EVAL_BATCH = 64
@@ -87,28 +87,34 @@ def score_runs(
     """
     if not config.get("data") or config.get("untrained"):
         raise ValueError("the model names no data set (untrained or config-less): it has no test split to score on")
+    task = config["task"]
+    x, y, class_names = load_test_split(config, limit)
+    k = len(class_names)
+    scores, preds, name = {}, {}, "top1"
+    for label, run in tqdm(list(runs.items()), desc=desc, unit="model", disable=not progress):
+        pred = predict_session(run, x, EVAL_BATCH)
+        m = metrics.metrics_from_confusion(metrics.confusion_matrix(y, pred, k), task, class_names)
+        scores[label], name, preds[label] = float(m["metric"]), m["metric_name"], pred
+    first = next(iter(preds.values()))
+    return {
+        "data": config["data"],
+        "split": "test",
+        "n_images": len(x),
+        "metric_name": name,
+        "metrics": scores,
+        "agreement": {k_: float(np.mean(p == first)) for k_, p in preds.items()},
+    }
+
+
+def load_test_split(config: Mapping[str, Any], limit: int | None = None) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """The model's test split as its config says (data set, size, data seed, scene), normalised as the model
+    expects: ``(images NCHW float32, labels or masks, class names)``; the first ``limit`` images only when given."""
     task, size = config["task"], int(config["img_size"])
     data = datasets.load_data(
         config["data"], "test", task, size, n=limit, seed=int(config.get("data_seed", 0)), scene=config.get("scene")
     )
     x = normalize(data.images, config.get("mean", DEFAULT_MEAN), config.get("std", DEFAULT_STD))
     if task == "cls":
-        y = data.labels
-    else:
-        assert data.masks is not None  # load_data's seg sets carry masks
-        y = data.masks.astype(np.int64)
-    k = len(data.class_names)
-    scores, preds, name = {}, {}, "top1"
-    for label, run in tqdm(list(runs.items()), desc=desc, unit="model", disable=not progress):
-        pred = predict_session(run, x, EVAL_BATCH)
-        m = metrics.metrics_from_confusion(metrics.confusion_matrix(y, pred, k), task, data.class_names)
-        scores[label], name, preds[label] = float(m["metric"]), m["metric_name"], pred
-    first = next(iter(preds.values()))
-    return {
-        "data": config["data"],
-        "split": "test",
-        "n_images": len(data),
-        "metric_name": name,
-        "metrics": scores,
-        "agreement": {k_: float(np.mean(p == first)) for k_, p in preds.items()},
-    }
+        return x, data.labels, list(data.class_names)
+    assert data.masks is not None  # load_data's seg sets carry masks
+    return x, data.masks.astype(np.int64), list(data.class_names)

@@ -53,7 +53,6 @@ from attnzoo.benchmarks.rows import load_call, row_unavailable_reason, tolerance
 from attnzoo.benchmarks.stats import ratio_stats
 from attnzoo.benchmarks.timing import measure_pair
 from attnzoo.cli import add_debug_flag, entry_point, parse_batch_sizes
-from attnzoo.data.datasets import load_data
 from attnzoo.errors import UsageError
 from attnzoo.export import export_verified
 from attnzoo.export import quantize as q
@@ -67,10 +66,9 @@ from attnzoo.fileio import atomic_write_text, default_cache_dir, writable_dir
 from attnzoo.machine import cpu_summary, environment, load_1min, load_average
 from attnzoo.metrics import confusion_matrix, metrics_from_confusion
 from attnzoo.models import canonical_name, create_model
-from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
 from attnzoo.runtime.backends import get_backend
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
-from attnzoo.runtime.evaluate import EVAL_BATCH, predict_session
+from attnzoo.runtime.evaluate import EVAL_BATCH, load_test_split, predict_session
 from attnzoo.runtime.parity import TOLERANCES
 from attnzoo.runtime.parity import check as check_parity
 from attnzoo.studies.int8_accuracy import _verified_fp32
@@ -107,18 +105,9 @@ def mcnemar_p(right_a: np.ndarray, right_b: np.ndarray) -> float:
 def _predict(models: Mapping[str, Any], config: Mapping[str, Any], limit: int | None, threads: int | None):
     """Predictions of each model on the test split (the split, preprocessing and batching of
     :func:`attnzoo.export.quantize.evaluate_onnx`), the targets and the class names."""
-    task, size = config["task"], int(config["img_size"])
-    data = load_data(
-        config["data"], "test", task, size, n=limit, seed=int(config.get("data_seed", 0)), scene=config.get("scene")
-    )
-    x = normalize(data.images, config.get("mean", DEFAULT_MEAN), config.get("std", DEFAULT_STD))
-    if task == "cls":
-        y = data.labels
-    else:
-        assert data.masks is not None  # load_data's seg sets carry masks
-        y = data.masks.astype(np.int64)
+    x, y, class_names = load_test_split(config, limit)
     preds = {label: predict_session(ORT_CPU.session(m, threads).run, x, EVAL_BATCH) for label, m in models.items()}
-    return preds, y, data.class_names
+    return preds, y, class_names
 
 
 def accuracy_row(
