@@ -10,7 +10,7 @@ export is: the program is lowered and serialized under a temporary name beside `
 - the variant's extra math must be in the lowered graph: for each block and each of the variant's
   ``extra_scopes``, the nodes whose ``nn_module_stack`` holds ``<blocks>.N.attn.<scope>`` are counted, inside the
   XNNPACK delegates (each delegate's own graph) and outside them (ExecuTorch's portable kernels), as
-  :func:`attnzoo.export.formats.aoti_format.count_extra_math` counts them; under int8 none of them may be
+  :func:`attnzoo.export.formats.program_part.count_extra_math` counts them; under int8 none of them may be
   quantized;
 - the program, loaded by ExecuTorch's runtime, must match eager fp32 PyTorch on real and random inputs at the
   requested batch sizes and :data:`attnzoo.export.verify.EXTRA_BATCH_SIZES`, none of which it was traced with
@@ -45,14 +45,14 @@ from ..check import variant_spec
 from ..divergence import not_exposed
 from ..onnx_export import contract_metadata
 from ..verify import checked_batch_sizes
-from .aoti_format import count_extra_math, dynamic_batch
 from .base import ExportFormat, ExportRequest, ModelSource, keep_report, report_path, run_step, summary_text
+from .program_part import count_extra_math, dynamic_batch
 
 __all__ = ["ExecuTorchFormat", "FORMAT", "count_lowered_extra_math", "refusal", "summary"]
 
 
 def count_lowered_extra_math(edge: Any, config: dict[str, Any]) -> dict[str, Any]:
-    """:func:`~attnzoo.export.formats.aoti_format.count_extra_math` over the lowered program's nodes
+    """:func:`~attnzoo.export.formats.program_part.count_extra_math` over the lowered program's nodes
     (:func:`attnzoo.runtime.backends.executorch.graph_nodes`), each scope's count split by where it runs
     (``xnnpack``: inside a delegate; ``portable``: ExecuTorch's own kernels); a quantize / dequantize node in a
     scope fails (the extra math stays fp32)."""

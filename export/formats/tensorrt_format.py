@@ -8,9 +8,9 @@ from pathlib import Path
 from attnzoo.errors import UsageError
 from attnzoo.runtime.tensorrt import gpu_available
 
-from ..tensorrt import build_engine, engine_report_path, tensorrt_unavailable_reason
-from ..tensorrt import summary as engine_summary
-from .base import ExportFormat, ExportRequest, Step, run_step
+from ..tensorrt import tensorrt_unavailable_reason
+from . import engine_part
+from .base import ExportFormat, ExportRequest, Step
 
 __all__ = ["TensorRTFormat", "FORMAT"]
 
@@ -39,30 +39,13 @@ class TensorRTFormat(ExportFormat):
         )
 
     def steps(self, req: ExportRequest) -> list[Step]:
-        return [("tensorrt", lambda req, result: self.build(req, result, result.path))]
-
-    def build(self, req: ExportRequest, result, engine: Path) -> None:
-        """Build ``engine`` from ``result.onnx_path`` (checked, and compared with ONNX Runtime on a GPU); the
-        engine and its report go into ``result``."""
-        result.engine_path = engine
-        result.engine_report = run_step(
-            build_engine,
-            "TensorRT build failed",
-            result.onnx_path,
-            engine,
-            batch_sizes=req.batch_sizes,
-            compute_capability=req.compute_capability,
-        )
+        return [("tensorrt", lambda req, result: engine_part.build(req, result, result.path))]
 
     def files(self, result) -> list[Path]:
-        if result.engine_path is None:
-            return []
-        return [result.engine_path, engine_report_path(result.engine_path)]
+        return engine_part.files(result)
 
     def summary(self, result) -> list[str]:
-        if result.engine_report is None:
-            return []
-        return [engine_summary(result.engine_report), f"  report: {engine_report_path(result.engine_path)}"]
+        return engine_part.summary(result)
 
 
 FORMAT = TensorRTFormat()

@@ -1,6 +1,6 @@
 """``--format triton``: a Triton model repository folder from the verified ONNX (:mod:`attnzoo.export.triton`):
 ``<name>/config.pbtxt``, ``labels.txt`` and ``1/model.onnx``, or ``1/model.plan``, an engine built by
-:mod:`~attnzoo.export.formats.tensorrt_format` (``--triton-platform tensorrt``)."""
+:mod:`~attnzoo.export.formats.engine_part` (``--triton-platform tensorrt``)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from attnzoo.runtime.tensorrt import gpu_available, load_library
 from ..tensorrt import tensorrt_unavailable_reason
 from ..triton import LABELS_FILE, MODEL_FILES, PLATFORMS, triton_unavailable_reason, write_config
 from ..triton import summary as triton_summary
+from . import engine_part
 from .base import ExportFormat, ExportRequest, Step
-from .tensorrt_format import FORMAT as TENSORRT
 
 __all__ = ["TritonFormat", "FORMAT", "DEFAULT_TRITON_DIR"]
 
@@ -81,7 +81,9 @@ class TritonFormat(ExportFormat):
     def steps(self, req: ExportRequest) -> list[Step]:
         engine = []
         if req.triton_platform == "tensorrt":
-            engine = [("tensorrt", lambda req, result: TENSORRT.build(req, result, self._model_file(req, result.path)))]
+            engine = [
+                ("tensorrt", lambda req, result: engine_part.build(req, result, self._model_file(req, result.path)))
+            ]
         return engine + [("triton config", self.write_config)]
 
     def write_config(self, req: ExportRequest, result) -> None:
@@ -97,12 +99,12 @@ class TritonFormat(ExportFormat):
 
     def files(self, result) -> list[Path]:
         if result.triton is None:
-            return TENSORRT.files(result)
-        return TENSORRT.files(result) + [result.path / LABELS_FILE, result.path / "config.pbtxt"]
+            return engine_part.files(result)
+        return engine_part.files(result) + [result.path / LABELS_FILE, result.path / "config.pbtxt"]
 
     def summary(self, result) -> list[str]:
         lines = [triton_summary(result.path, result.triton)] if result.triton is not None else []
-        return lines + TENSORRT.summary(result)
+        return lines + engine_part.summary(result)
 
     @contextlib.contextmanager
     def cleanup(self, out: Path) -> Iterator[None]:

@@ -17,8 +17,8 @@ import torch
 from attnzoo.errors import UsageError
 from attnzoo.export import export_model
 from attnzoo.export.errors import ExportError
-from attnzoo.export.formats.aoti_format import count_extra_math
 from attnzoo.export.formats.base import failed_report_path, report_path
+from attnzoo.export.formats.program_part import count_extra_math
 from attnzoo.models import VARIANT_NAMES, VARIANTS, create_model
 from attnzoo.runtime import aoti
 from attnzoo.runtime.backends import get_backend

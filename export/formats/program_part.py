@@ -1,0 +1,109 @@
+"""A ``torch.export`` program as a part the formats written from the PyTorch model compose (``aoti``,
+``executorch``): the variant's extra math counted in the program, and how the program takes its batch. The formats
+call this part, not each other."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any
+
+from attnzoo.runtime import aoti
+
+from ..check import block_prefix, expected_scopes, variant_spec
+
+__all__ = ["NO_MATH_TARGETS", "count_extra_math", "dynamic_batch"]
+
+#: ATen ops that only move, view or retype data: a scope of these alone holds no extra math.
+NO_MATH_TARGETS = frozenset(
+    {
+        "getitem",
+        "view",
+        "reshape",
+        "_unsafe_view",
+        "expand",
+        "permute",
+        "transpose",
+        "t",
+        "unsqueeze",
+        "squeeze",
+        "contiguous",
+        "clone",
+        "alias",
+        "detach",
+        "_to_copy",
+        "to",
+        "type_as",
+        "flatten",
+        "unflatten",
+        "split",
+        "split_with_sizes",
+        "chunk",
+        "unbind",
+        "select",
+        "slice",
+        "sym_size",
+    }
+)
+
+
+def _target(node: Any) -> str:
+    """``aten.mul.Tensor`` -> ``mul``; ``operator.getitem`` -> ``getitem``."""
+    name = getattr(node.target, "__name__", str(node.target))
+    return name.split(".")[0]
+
+
+def count_extra_math(program: Any, config: dict[str, Any]) -> dict[str, Any]:
+    """Count each block's extra-math nodes in an exported program (``torch.export``'s ``ExportedProgram``, or an
+    FX ``Graph``): for each scope of :func:`attnzoo.export.check.expected_scopes`, the ``call_function`` nodes whose
+    ``nn_module_stack`` holds that module. A scope with no node, or only nodes in :data:`NO_MATH_TARGETS`, fails.
+    Never raises for a missing scope (see ``failures``).
+
+    Returns:
+        ``{"ok", "failures", "blocks": {scope: {"ops": {op: n}}}, "nodes_per_block", "depth"}``.
+    """
+    graph = getattr(program, "graph", program)
+    prefix = block_prefix(config)
+    block = re.compile(rf"^{re.escape(prefix)}\.(\d+)(\.|$)")
+    by_scope: dict[str, Counter] = {}
+    depth = 0
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        for path, *_ in (node.meta.get("nn_module_stack") or {}).values():
+            name = aoti.module_path(str(path))
+            m = block.match(name)
+            if m:
+                depth = max(depth, int(m.group(1)) + 1)
+            by_scope.setdefault(name, Counter())[_target(node)] += 1
+    spec = variant_spec(config)
+    failures: list[str] = []
+    if depth == 0 and spec.extra_scopes:
+        failures.append(f"no {prefix}.N modules in the graph's nn_module_stack (blocks missing or renamed)")
+    blocks: dict[str, Any] = {}
+    per_block: Counter = Counter()
+    for scope in expected_scopes(config, depth):
+        ops = by_scope.get(scope, Counter())
+        module = scope.split(".attn.", 1)[1]
+        if not ops:
+            failures.append(
+                f"{scope}: no nodes of module {scope} in the exported program (variant {spec.name!r} declares extra "
+                f"scope {module!r}; its ops are missing, folded away or renamed)"
+            )
+        elif all(op in NO_MATH_TARGETS for op in ops):
+            failures.append(f"{scope}: only {', '.join(sorted(ops))} node(s), no op computes anything")
+        blocks[scope] = {"ops": dict(ops)}
+        per_block[scope.split(".attn.")[0]] += sum(ops.values())
+    return {
+        "ok": not failures,
+        "failures": failures,
+        "blocks": blocks,
+        "nodes_per_block": dict(per_block),
+        "depth": depth,
+    }
+
+
+def dynamic_batch(report: dict[str, Any]) -> str:
+    """How a program exported by ``torch.export`` takes its batch: ``dynamic 'batch' 1-N, traced at 2``."""
+    lo, hi = report["batch_range"]
+    return f"dynamic '{report['batch_dim']}' {lo}-{hi}, traced at {report['trace_batch']}"
