@@ -25,8 +25,7 @@ from onnx import numpy_helper
 from attnzoo.models import PROJECTION_OPS, VariantSpec
 from attnzoo.models.checkpoint import require_variant
 from attnzoo.runtime.contract import config_from_props, metadata_props
-
-from .onnx_export import FP32_OPS
+from attnzoo.runtime.precision import PRECISIONS
 
 __all__ = [
     "ExtraMathCheckError",
@@ -182,11 +181,12 @@ def check_extra_math(
         blocks[scope] = {"ops": dict(Counter(n.op_type for n in nodes)), "nodes": [n.name for n in nodes]}
     odd = sorted({f"{n.domain}::{n.op_type}" for n in proto.graph.node if n.domain not in _STANDARD_DOMAINS})
     failures += [f"non-standard op {o} in the graph" for o in odd]
-    if dtype == "fp16":
+    fp32_ops = PRECISIONS[dtype].fp32_ops if dtype in PRECISIONS else ()  # an unknown dtype: the contract's check
+    if fp32_ops:
         failures += [
             f"{n.name}: {n.op_type} does not compute in fp32"
             for n in proto.graph.node
-            if n.op_type in FP32_OPS and types.get(n.output[0]) != onnx.TensorProto.FLOAT
+            if n.op_type in fp32_ops and types.get(n.output[0]) != onnx.TensorProto.FLOAT
         ]
     per_block: Counter = Counter()
     for scope, found in blocks.items():

@@ -32,12 +32,12 @@ from attnzoo.cli import add_debug_flag, entry_point
 from attnzoo.errors import CommandError, UsageError
 from attnzoo.limits import MAX_BATCH_SIZE
 from attnzoo.models import ARCHS, BUILTIN_VARIANTS, TASKS
-from attnzoo.runtime.sessions import QUANTIZED_DTYPES
+from attnzoo.runtime.precision import PRECISIONS
 from attnzoo.runtime.tensorrt import COMPUTE_CAPABILITIES, DEFAULT_COMPUTE_CAPABILITY
 
 from .errors import ExportError, ExportWarning
-from .onnx_export import DTYPES, SUPPORTED_OPSETS
-from .pipeline import DEFAULT_BATCH_SIZES, DEFAULT_TRITON_DIR, FORMATS, export_model
+from .onnx_export import SUPPORTED_OPSETS
+from .pipeline import DEFAULT_BATCH_SIZES, DEFAULT_TRITON_DIR, FORMATS, SUFFIXES, export_model
 from .quantize import (
     ACCURACY_TOLERANCE,
     DEFAULT_CALIBRATION_COUNT,
@@ -71,6 +71,17 @@ def build_parser() -> argparse.ArgumentParser:
         f"Default checkpoint: the zoo's trained model for the variant and task (attnzoo.zoo).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _model_arguments(p)
+    _output_arguments(p)
+    _target_arguments(p)
+    quantization = p.add_argument_group("quantization (--dtype int8 / fp8)")
+    _placement_arguments(quantization)
+    _calibration_arguments(quantization)
+    return add_debug_flag(p)
+
+
+def _model_arguments(p: argparse.ArgumentParser) -> None:
+    """What is exported: the variant, task and arch, the checkpoint, the opset and the precision."""
     p.add_argument(
         "--variant",
         default=None,
@@ -96,17 +107,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--opset", type=int, default=20, help=f"ONNX opset ({', '.join(map(str, SUPPORTED_OPSETS))})")
     p.add_argument(
         "--dtype",
-        choices=(*DTYPES, *QUANTIZED_DTYPES),
+        choices=tuple(PRECISIONS),
         default="fp32",
         help="fp32, fp16, or int8/fp8: post-training quantization with NVIDIA ModelOpt (Q/DQ nodes; the "
         "extra math stays fp32), its output compared with fp32's on held-out inputs (--min-cosine) "
         "and, for a model with a labelled test split, scored on it next to fp32",
     )
+
+
+def _output_arguments(p: argparse.ArgumentParser) -> None:
+    """Where it goes and how it is verified: the format, the file, the batch sizes and input size, the threads."""
+    suffixes = ", ".join(f"{s} {name}" for name, ss in SUFFIXES.items() for s in ss)
     p.add_argument(
         "--format",
         choices=FORMATS,
         default=None,
-        help="onnx, tensorrt or triton (default: from the --out suffix, .onnx or .engine; no suffix: onnx, "
+        help=f"{', '.join(FORMATS)} (default: from the --out suffix: {suffixes}; no suffix: onnx, "
         "written to OUT.onnx); "
         "triton writes a Triton model repository into the --out folder (default "
         f"{DEFAULT_TRITON_DIR}): <name>/config.pbtxt, labels.txt, 1/model.onnx (or 1/model.plan)",
@@ -130,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads for the verification")
 
+
+def _target_arguments(p: argparse.ArgumentParser) -> None:
+    """The Triton model folder's settings and the TensorRT engine's GPU."""
     p.add_argument(
         "--triton-platform",
         choices=tuple(PLATFORMS),
@@ -156,7 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
         f"CURRENT, the GPU present; without a GPU {DEFAULT_COMPUTE_CAPABILITY}, built ahead of time "
         "with tensorrt-rtx and not run)",
     )
-    q = p.add_argument_group("quantization (--dtype int8 / fp8)")
+
+
+def _placement_arguments(q: argparse._ArgumentGroup) -> None:
+    """``--dtype int8 / fp8``: what is quantized (the extra math, the Q/DQ placement, SmoothQuant)."""
     q.add_argument(
         "--quantize-extra-math",
         action="store_true",
@@ -181,6 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
         "calibrating (SmoothQuant; only outputs with a channel >= 8x the median channel's range move); default on "
         "with --qdq-placement auto, off otherwise (docs/quantization.md)",
     )
+
+
+def _calibration_arguments(q: argparse._ArgumentGroup) -> None:
+    """``--dtype int8 / fp8``: the calibration inputs and the gates (accuracy, fidelity)."""
     q.add_argument(
         "--calibration-data",
         type=Path,
@@ -234,7 +260,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="score on the first N test images only (quick checks, not served by serve-demo / serve-models; "
         "default: the whole test split)",
     )
-    return add_debug_flag(p)
 
 
 @contextlib.contextmanager

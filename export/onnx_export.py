@@ -36,6 +36,7 @@ from attnzoo.models import VARIANTS
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, input_style_of
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.contract import BATCH_DIM, INPUT_NAME, OUTPUT_NAME, config_from_props, metadata_props
+from attnzoo.runtime.precision import PRECISIONS, TRACED
 
 __all__ = [
     "export_onnx",
@@ -46,14 +47,12 @@ __all__ = [
     "op_histogram",
     "SUPPORTED_OPSETS",
     "DTYPES",
-    "FP32_OPS",
 ]
 
 #: Opsets the torch dynamo exporter and ONNX Runtime both handle for these models.
 SUPPORTED_OPSETS: tuple[int, ...] = (18, 19, 20, 21, 22, 23)
-DTYPES = ("fp32", "fp16")
-#: Op types computed in fp32 (explicit Cast nodes around them) in an fp16 graph, besides the projection.
-FP32_OPS: tuple[str, ...] = ("LayerNormalization", "Softmax")
+#: The precisions a model is traced at (the quantized ones start from the verified fp32 graph).
+DTYPES: tuple[str, ...] = TRACED
 #: Protobuf's hard limit: bigger models keep their weights in an external data file.
 _PROTO_LIMIT = 2**31 - 1
 _SCOPES_KEY = "pkg.torch.onnx.name_scopes"
@@ -304,7 +303,8 @@ def export_onnx(
     """
     if opset not in SUPPORTED_OPSETS:
         raise ValueError(f"unsupported opset {opset}; supported: {', '.join(map(str, SUPPORTED_OPSETS))}")
-    if dtype not in DTYPES:
+    precision = PRECISIONS.get(dtype)
+    if precision is None or precision.quantized:
         raise ValueError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
     if config is None:
         config = getattr(model, "attnzoo_config", None)
@@ -315,8 +315,8 @@ def export_onnx(
             )
     path = Path(path)
     hw = (input_hw[0], input_hw[1]) if input_hw else config_hw(config)
-    model = model.eval() if dtype == "fp32" else _fp16_model(model, _extra_scopes(config))
-    example = torch.randn(2, 3, *hw, dtype=torch.float32 if dtype == "fp32" else torch.float16)
+    model = _fp16_model(model, _extra_scopes(config)) if precision.half else model.eval()
+    example = torch.randn(2, 3, *hw, dtype=torch.float16 if precision.half else torch.float32)
     with torch.no_grad(), warnings.catch_warnings(), _fixed_size_pos_embed():
         warnings.simplefilter("ignore")
         try:
@@ -339,7 +339,7 @@ def export_onnx(
     proto = program.model_proto
     _rename_nodes(proto.graph)
     _full_attention_masks(proto.graph)
-    if dtype == "fp16":
+    if precision.half:
         _fp32_softmax_and_io(proto.graph)
     proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param = BATCH_DIM
     proto.graph.output[0].type.tensor_type.shape.dim[0].dim_param = BATCH_DIM

@@ -37,8 +37,8 @@ from attnzoo.models import canonical_name, create_model
 from attnzoo.models.checkpoint import NoConfigError, load_checkpoint, load_state_dict_file, load_weights, read_config
 from attnzoo.models.memory import check_forward_memory
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD
+from attnzoo.runtime.precision import PRECISIONS, QUANTIZED, get_precision
 from attnzoo.runtime.reports import EngineReport, TritonConfigCheck
-from attnzoo.runtime.sessions import QUANTIZED_DTYPES
 from attnzoo.runtime.tensorrt import COMPUTE_CAPABILITIES
 
 from . import quantize as quantization
@@ -46,7 +46,7 @@ from . import verify
 from .errors import ExportWarning
 from .formats import ExportRequest, ModelSource, formats, get_format, run_step
 from .formats.triton_format import DEFAULT_TRITON_DIR
-from .onnx_export import DTYPES, SUPPORTED_OPSETS, config_hw
+from .onnx_export import SUPPORTED_OPSETS, config_hw
 from .quantize import QuantizeOptions, calibration_for, check_quantize_arguments
 from .quantize import summary as quantize_summary
 from .triton import DEFAULT_QUEUE_DELAY_US
@@ -313,8 +313,8 @@ def _check_request(
     """Every argument that can be checked without the model, checked (UsageError otherwise)."""
     if opset not in SUPPORTED_OPSETS:
         raise UsageError(f"unsupported opset {opset}; supported: {', '.join(map(str, SUPPORTED_OPSETS))}")
-    if dtype not in (*DTYPES, *QUANTIZED_DTYPES):
-        raise UsageError(f"unknown dtype {dtype!r}; valid: {', '.join((*DTYPES, *QUANTIZED_DTYPES))}")
+    if dtype not in PRECISIONS:
+        raise UsageError(f"unknown dtype {dtype!r}; valid: {', '.join(PRECISIONS)}")
     sizes = [int(b) for b in batch_sizes]
     if not sizes:
         raise UsageError("--batch-sizes: give at least one batch size")
@@ -346,8 +346,8 @@ def _check_request(
 def _out_path(req: ExportRequest, config: dict[str, Any]) -> Path:
     """The output file (the model's folder in the repository for Triton); its folder is created and must be
     writable."""
-    dtype = "" if req.dtype == "fp32" else f"_{req.dtype}"
-    return get_format(req.format).out_path(req, f"{config['variant']}_{config['task']}_{config['arch']}{dtype}")
+    tag = get_precision(req.dtype).file_tag
+    return get_format(req.format).out_path(req, f"{config['variant']}_{config['task']}_{config['arch']}{tag}")
 
 
 def _warn(message: str, collected: list[str]) -> None:
@@ -496,7 +496,7 @@ def _calibration(
 ) -> Any | None:
     """The calibration inputs of an int8 / fp8 export (``None`` otherwise, and for a format written from the model,
     which quantizes it itself)."""
-    if req.dtype not in QUANTIZED_DTYPES or get_format(req.format).from_model:
+    if req.dtype not in QUANTIZED or get_format(req.format).from_model:
         return None
     # a bad calibration folder is a bad input file (exit 1), not a bad command line
     q = req.quantize

@@ -36,13 +36,13 @@ from attnzoo.runtime import tensorrt as rt
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.contract import INPUT_NAME, ModelContract
 from attnzoo.runtime.parity import compare
+from attnzoo.runtime.precision import get_precision
 from attnzoo.runtime.reports import EngineReport
 from attnzoo.signals import signals_deferred
 
 from .check import check_extra_math
 from .errors import ExportError
-from .onnx_export import FP32_OPS
-from .quantize import fp8_compute_capability_error, simulate_fp8
+from .quantize import compute_capability_error
 from .verify import report_path
 
 __all__ = [
@@ -129,15 +129,18 @@ def network_check(parsed: rt.ParsedNetwork, onnx_path: str | Path, contract: Mod
     onnx_check = check_extra_math(proto, contract.config, contract.dtype)
     scopes = {scope: found["nodes"] for scope, found in onnx_check["blocks"].items()}
     op_types = {n.name: n.op_type for n in proto.graph.node}
-    if contract.dtype == "fp16":
-        scopes["fp32 ops of the fp16 graph"] = [n.name for n in proto.graph.node if n.op_type in FP32_OPS]
+    precision = get_precision(contract.dtype)
+    if precision.fp32_ops:
+        scopes[f"fp32 ops of the {precision.name} graph"] = [
+            n.name for n in proto.graph.node if n.op_type in precision.fp32_ops
+        ]
     result = rt.check_network_precision(parsed.network, scopes, op_types)
     if not onnx_check["ok"]:
         result["failures"] = [f"ONNX: {f}" for f in onnx_check["failures"]] + result["failures"]
         result["ok"] = False
     result["extra_math_scopes"] = len(onnx_check["blocks"])  # extra-math scopes checked, all blocks
     result["extra_scopes"] = sorted({scope.split(".attn.", 1)[1] for scope in onnx_check["blocks"]})
-    if contract.dtype in ("int8", "fp8"):
+    if precision.quantized:
         _quantized_check(parsed, contract, scopes, result)
     return result
 
@@ -256,10 +259,9 @@ def build_engine(
     if verification["error"]:
         raise ValueError(f"no engine built: {verification['error']}")
     contract = ModelContract.from_onnx(onnx_path)
-    if contract.dtype == "fp8":
-        error = fp8_compute_capability_error(compute_capability)
-        if error:
-            raise ValueError(error)
+    error = compute_capability_error(get_precision(contract.dtype), compute_capability)
+    if error:
+        raise ValueError(error)
     lib = rt.load_library()
     parsed = rt.parse_onnx(onnx_path, lib)
     net = network_check(parsed, onnx_path, contract)
@@ -280,34 +282,16 @@ def build_engine(
     )
     failures = [f"network: {f}" for f in net["failures"]]
     if not failures:
-        try:
-            built = rt.build(
-                onnx_path,
-                batch_sizes=batch_sizes,
-                input_hw=contract.input_size,
-                compute_capability=compute_capability,
-                workspace_gb=workspace_gb,
-                parsed=parsed,
-                timing_cache=timing_cache or engine_path.parent / "tensorrt_timing.cache",
-            )
-        except rt.TensorRTError as exc:
-            report.failures = [f"build: {exc}"]
-            atomic_write_text(failed_engine_report_path(engine_path), report.to_json())
-            raise
-        report = dataclasses.replace(report, **built.facts())
-        gpu = rt.gpu_available()
-        do_run = (gpu and built.compute_capability == "CURRENT") if run is None else run
-        if do_run:
-            failures += _run_and_compare(built, contract, onnx_path, seed, report)
-        report.status = STATUS_RUN if report.ran_on_gpu else STATUS_BUILT
-        if not report.ran_on_gpu:
-            report.not_run_reason = (
-                "no GPU on this machine: the engine was built ahead of time for "
-                f"{built.compute_capability} and never executed; parity and latency not "
-                "measured"
-                if not gpu
-                else f"built for {built.compute_capability}, not for the GPU present (CURRENT); not executed here"
-            )
+        options = {
+            "batch_sizes": batch_sizes,
+            "input_hw": contract.input_size,
+            "compute_capability": compute_capability,
+            "workspace_gb": workspace_gb,
+            "parsed": parsed,
+            "timing_cache": timing_cache or engine_path.parent / "tensorrt_timing.cache",
+        }
+        built, report = _build(onnx_path, engine_path, report, options)
+        failures += _run_if_asked(built, contract, onnx_path, seed, report, run)
     report.passed, report.failures = not failures, failures
     if failures:
         atomic_write_text(failed_engine_report_path(engine_path), report.to_json())
@@ -321,17 +305,53 @@ def build_engine(
     return report
 
 
+def _build(
+    onnx_path: Path, engine_path: Path, report: EngineReport, options: dict[str, Any]
+) -> tuple[rt.Built, EngineReport]:
+    """The engine built with ``options`` (:func:`attnzoo.runtime.tensorrt.build`) and ``report`` with its facts;
+    a build failure writes the failed report and raises."""
+    try:
+        built = rt.build(onnx_path, **options)
+    except rt.TensorRTError as exc:
+        report.failures = [f"build: {exc}"]
+        atomic_write_text(failed_engine_report_path(engine_path), report.to_json())
+        raise
+    return built, dataclasses.replace(report, **built.facts())
+
+
+def _run_if_asked(
+    built: rt.Built, contract: ModelContract, onnx_path: Path, seed: int, report: EngineReport, run: bool | None
+) -> list[str]:
+    """Run and compare the engine when asked (default: a GPU is present and the engine targets it); the report's
+    status says whether it ran, and why not. Returns the parity failures."""
+    gpu = rt.gpu_available()
+    failures = []
+    if (gpu and built.compute_capability == "CURRENT") if run is None else run:
+        failures = _run_and_compare(built, contract, onnx_path, seed, report)
+    report.status = STATUS_RUN if report.ran_on_gpu else STATUS_BUILT
+    if not report.ran_on_gpu:
+        report.not_run_reason = (
+            "no GPU on this machine: the engine was built ahead of time for "
+            f"{built.compute_capability} and never executed; parity and latency not "
+            "measured"
+            if not gpu
+            else f"built for {built.compute_capability}, not for the GPU present (CURRENT); not executed here"
+        )
+    return failures
+
+
 def _run_and_compare(
     built: rt.Built, contract: ModelContract, onnx_path: Path, seed: int, report: EngineReport
 ) -> list:
     """Run the engine on the profile's smallest and largest batch; compare with ONNX Runtime CPU; time it."""
     engine = rt.Engine(built.blob, built.library)
+    precision = get_precision(contract.dtype)
     reference: Path | bytes = onnx_path
-    if contract.dtype == "fp8":  # ONNX Runtime's CPU provider cannot run float8 tensors: its exact simulation
-        reference = simulate_fp8(onnx.load(str(onnx_path))).SerializeToString()
+    if precision.ort_simulated:  # ONNX Runtime's CPU provider cannot run the graph itself: its exact simulation
+        reference = precision.ort_graph(onnx.load(str(onnx_path))).SerializeToString()
     session = ORT_CPU.session(reference).session
-    # a Q/DQ engine against ONNX Runtime's Q/DQ graph: kernels may round differently; the int8 entry of the table
-    tol_dtype = "int8" if contract.dtype in ("int8", "fp8") else contract.dtype
+    # a Q/DQ engine against ONNX Runtime's Q/DQ graph: kernels may round differently (the precision's parity key)
+    tol_dtype = precision.parity_key
     rng = np.random.default_rng(seed)
     failures, rows = [], []
     for batch in sorted({built.profile["min"], built.profile["max"]}):
@@ -354,13 +374,15 @@ def _run_and_compare(
 def summary(report: EngineReport) -> str:
     """Lines for the terminal: what was built, for what, and whether it ran."""
     net = report.network_check or {}
+    kept = get_precision(report.dtype).fp32_ops
+    also = f" (and {'/'.join(kept)})" if kept else ""
     lines = [
         f"{report.engine}: {report.library} {report.library_version} engine for "
         f"{report.compute_capability}, profile {report.profile}, built in {report.build_time_s or 0:.1f} s, "
         f"{(report.engine_size or 0) / 1e6:.2f} MB",
         f"  network check: {net.get('extra_math_scopes')} extra-math scope(s) "
         f"({', '.join(net.get('extra_scopes', [])) or 'none'} in every block), every "
-        f"op of them a fp32 layer{' (and LayerNorm/softmax)' if report.dtype == 'fp16' else ''}",
+        f"op of them a fp32 layer{also}",
     ]
     quantized = net.get("quantized")
     if quantized:

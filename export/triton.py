@@ -26,6 +26,7 @@ from google.protobuf import text_format
 from attnzoo.errors import install_hint
 from attnzoo.fileio import atomic_write_text
 from attnzoo.runtime.contract import INPUT_NAME, OUTPUT_NAME
+from attnzoo.runtime.precision import get_precision
 from attnzoo.runtime.reports import TritonConfigCheck, TritonIO
 
 __all__ = [
@@ -64,8 +65,8 @@ def triton_unavailable_reason() -> str | None:
 
 
 def model_name(contract: Any) -> str:
-    """``<variant>_<task>_<arch>[_fp16]``, the name ``export-model`` gives the model's files."""
-    return f"{contract.variant}_{contract.task}_{contract.arch}{'_fp16' if contract.dtype == 'fp16' else ''}"
+    """``<variant>_<task>_<arch>[_<dtype>]``, the name ``export-model`` gives the model's files."""
+    return f"{contract.variant}_{contract.task}_{contract.arch}{get_precision(contract.dtype).file_tag}"
 
 
 def _dims(values: Sequence[int]) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 from attnzoo.fileio import sha256_file
 from attnzoo.lazy import lazy_import
 
+from .precision import QUANTIZED
 from .quantization_report import QuantizationReport
 from .reports import OpenVINOReport, exported_report_type
 
@@ -31,7 +32,6 @@ ort = lazy_import("onnxruntime")
 __all__ = [
     "PROVIDERS",
     "LEVELS",
-    "QUANTIZED_DTYPES",
     "SERVED_DTYPES",
     "MAX_REPORT_BYTES",
     "served_precision",
@@ -47,8 +47,6 @@ __all__ = [
 
 PROVIDERS: tuple[str, ...] = ("cpu", "cuda", "tensorrt-ep")
 LEVELS: tuple[str, ...] = ("disable", "basic", "extended", "all")
-#: Graph precisions whose served files must also have been scored on a test split (:func:`verification_problem`).
-QUANTIZED_DTYPES: tuple[str, ...] = ("int8", "fp8")
 #: What the demo's and serve-models' ``--dtype`` select: ``fp32``, the unquantized exports (fp32 and fp16
 #: graphs, both with fp32 input and output), ``int8``, verified int8 Q/DQ graphs (:func:`served_precision`), or
 #: ``bf16``, the fp32 exports run by OpenVINO at bf16 on a CPU with bf16 units, each verified on its test split
@@ -60,7 +58,7 @@ def served_precision(graph_dtype: str) -> str:
     """The ``--dtype`` that serves a graph of ``graph_dtype``: ``fp32`` for fp32 and fp16 exports, else the
     quantized precision itself (``int8``; ``fp8`` graphs are TensorRT's, served by neither CPU command). An fp32
     graph is also served by ``--dtype bf16`` (:func:`serves`)."""
-    return graph_dtype if graph_dtype in QUANTIZED_DTYPES else "fp32"
+    return graph_dtype if graph_dtype in QUANTIZED else "fp32"
 
 
 def serves(dtype: str, graph_dtype: str) -> bool:
@@ -228,7 +226,7 @@ def verification_problem(path: str | Path, dtype: str) -> str | None:
             return f"no weights file {weights.name} beside it"
         if not isinstance(typed, OpenVINOReport) or typed.bin_sha256 != sha256_file(weights):
             return f"{weights.name} differs from the weights its report {report.name} verified (SHA-256 mismatch)"
-    if dtype not in QUANTIZED_DTYPES:
+    if dtype not in QUANTIZED:  # a quantized file must also have been scored on a test split
         return None
     acc = typed.accuracy if isinstance(typed, (QuantizationReport, OpenVINOReport)) else None
     if acc is None:

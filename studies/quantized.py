@@ -9,7 +9,7 @@ training-split images (:func:`attnzoo.export.quantize.calibration_images`):
 - ``int8 xm``: the extra math quantized too (``--quantize-extra-math``, the ablation); variants without extra
   math have no such column;
 - ``fp8``: ModelOpt's FP8 Q/DQ graph (extra math excluded) scored through
-  :func:`attnzoo.export.quantize.simulate_fp8` (exact e4m3 round trip at the same Q/DQ points): ONNX
+  :func:`attnzoo.runtime.fp8.simulate_fp8` (exact e4m3 round trip at the same Q/DQ points): ONNX
   Runtime's CPU provider refuses the float8 graph itself.
 
 All four run in ONNX Runtime (CPU) on the same images. Whether quantizing the extra math costs accuracy is
@@ -71,6 +71,7 @@ from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.evaluate import EVAL_BATCH, load_test_split, predict_session
 from attnzoo.runtime.parity import TOLERANCES
 from attnzoo.runtime.parity import check as check_parity
+from attnzoo.runtime.precision import get_precision
 from attnzoo.studies.int8_accuracy import _verified_fp32
 from attnzoo.studies.report import add_zoo_selection, contended, reprint, require_out, write_report, zoo_entries
 
@@ -156,7 +157,8 @@ def accuracy_row(
             raise RuntimeError(
                 f"{out.name}: {len(rep.qdq['extra_math_quantized'])} excluded extra-math op(s) read quantized values"
             )
-        paths[label] = q.simulate_fp8(onnx.load(str(out))) if dtype == "fp8" else out
+        precision = get_precision(dtype)
+        paths[label] = precision.ort_graph(onnx.load(str(out))) if precision.ort_simulated else out
     preds, y, class_names = _predict(paths, cfg, limit, threads)
     k = len(class_names)
     metrics, metric_name = {}, "top1"

@@ -61,7 +61,8 @@ from attnzoo.runtime.backends import get_backend
 from attnzoo.runtime.backends.openvino import tensor_values
 from attnzoo.runtime.contract import BATCH_DIM, INPUT_NAME, ModelContract, metadata_props
 from attnzoo.runtime.evaluate import EVAL_BATCH, score_runs
-from attnzoo.runtime.sessions import IR_SUFFIX, QUANTIZED_DTYPES
+from attnzoo.runtime.precision import QUANTIZED, get_precision
+from attnzoo.runtime.sessions import IR_SUFFIX
 
 from .. import quantize, verify
 from ..check import block_prefix, expected_scopes, variant_spec
@@ -167,53 +168,14 @@ def count_extra_math(model: Any, config: dict[str, Any], eps: float | None = Non
     failures: list[str] = []
     if depth == 0 and spec.extra_scopes:
         failures.append(f"no {prefix}.N ops in the IR (blocks missing or renamed)")
-    to_onnx = {v: k for k, v in ONNX_TO_OV.items()}
     blocks: dict[str, Any] = {}
     per_block: Counter = Counter()
     for scope in expected_scopes(config, depth):
         found = [o for o in ops if o.get_friendly_name().startswith(scope + "/")]
-        counts = Counter(to_onnx.get(o.get_type_name(), o.get_type_name()) for o in found)
-        module = scope.split(".attn.", 1)[1]
-        required = spec.required_ops(module)
-        if not found:
-            failures.append(
-                f"{scope}: no ops named {scope}/... in the IR (variant {spec.name!r} declares extra scope {module!r}; "
-                "its ops are missing, folded away or renamed)"
-            )
-        for op, need in required.items():
-            if found and counts[op] < need:
-                failures.append(f"{scope}: {counts[op]} {ONNX_TO_OV.get(op, op)} op(s), need {need}")
-        computing = [o for o in found if o.get_type_name() not in NO_MATH_OPS]
-        if found and not required and not computing:
-            failures.append(f"{scope}: only {', '.join(sorted(counts))} op(s), no op computes anything")
-        for o in computing:
-            if not _keeps_f32(o.get_output_element_type(0)):
-                failures.append(f"{scope}: {o.get_friendly_name()} computes in {o.get_output_element_type(0)}, not f32")
-        failures += [
-            f"{scope}: {name} reads a FakeQuantize"
-            for name in ovrt.fake_quantized(model, [o.get_friendly_name() for o in computing])
-        ]
-        if dict(required) == dict(PROJECTION_OPS):
-            for o in (o for o in computing if o.get_type_name() == "Add"):
-                values = [
-                    v for v in (_constant_value(o.input_value(i)) for i in range(o.get_input_size())) if v is not None
-                ]
-                if not values:
-                    failures.append(f"{scope}: {o.get_friendly_name()} adds no constant (eps)")
-                elif eps is not None and not np.isclose(float(np.ravel(values[0])[0]), eps, rtol=1e-3, atol=0.0):
-                    failures.append(
-                        f"{scope}: {o.get_friendly_name()} adds {float(np.ravel(values[0])[0]):g}, metadata eps {eps:g}"
-                    )
-        blocks[scope] = {"ops": dict(counts), "nodes": [o.get_friendly_name() for o in found]}
+        failures += _scope_failures(model, scope, found, spec, eps)
+        blocks[scope] = {"ops": dict(_onnx_counts(found)), "nodes": [o.get_friendly_name() for o in found]}
         per_block[scope.split(".attn.")[0]] += len(found)
-    half = [
-        f"{o.get_friendly_name()} ({o.get_type_name()})"
-        for o in ops
-        if o.get_type_name() != "Constant"
-        and any(
-            str(o.get_output_element_type(i).get_type_name()) in ("f16", "bf16") for i in range(o.get_output_size())
-        )
-    ]
+    half = _half_ops(ops)
     if half:
         failures.append(f"{len(half)} op(s) compute in 16 bits, not f32, e.g. {half[0]}")
     return {
@@ -224,6 +186,67 @@ def count_extra_math(model: Any, config: dict[str, Any], eps: float | None = Non
         "depth": depth,
         "half_ops": len(half),
     }
+
+
+def _onnx_counts(found: list[Any]) -> Counter:
+    """The OpenVINO ops ``found`` counted by the ONNX op type they come from (:data:`ONNX_TO_OV`)."""
+    to_onnx = {v: k for k, v in ONNX_TO_OV.items()}
+    return Counter(to_onnx.get(o.get_type_name(), o.get_type_name()) for o in found)
+
+
+def _scope_failures(model: Any, scope: str, found: list[Any], spec: Any, eps: float | None) -> list[str]:
+    """What is wrong with one extra-math scope's ops ``found`` in ``model`` (see :func:`count_extra_math`)."""
+    counts = _onnx_counts(found)
+    module = scope.split(".attn.", 1)[1]
+    required = spec.required_ops(module)
+    if not found:
+        return [
+            f"{scope}: no ops named {scope}/... in the IR (variant {spec.name!r} declares extra scope {module!r}; "
+            "its ops are missing, folded away or renamed)"
+        ]
+    failures = [
+        f"{scope}: {counts[op]} {ONNX_TO_OV.get(op, op)} op(s), need {need}"
+        for op, need in required.items()
+        if counts[op] < need
+    ]
+    computing = [o for o in found if o.get_type_name() not in NO_MATH_OPS]
+    if not required and not computing:
+        failures.append(f"{scope}: only {', '.join(sorted(counts))} op(s), no op computes anything")
+    failures += [
+        f"{scope}: {o.get_friendly_name()} computes in {o.get_output_element_type(0)}, not f32"
+        for o in computing
+        if not _keeps_f32(o.get_output_element_type(0))
+    ]
+    failures += [
+        f"{scope}: {name} reads a FakeQuantize"
+        for name in ovrt.fake_quantized(model, [o.get_friendly_name() for o in computing])
+    ]
+    if dict(required) == dict(PROJECTION_OPS):
+        failures += [f for o in computing if o.get_type_name() == "Add" for f in _eps_failures(scope, o, eps)]
+    return failures
+
+
+def _eps_failures(scope: str, add: Any, eps: float | None) -> list[str]:
+    """A projection's ``Add`` must add a constant, ``eps`` when that is given."""
+    values = [v for v in (_constant_value(add.input_value(i)) for i in range(add.get_input_size())) if v is not None]
+    if not values:
+        return [f"{scope}: {add.get_friendly_name()} adds no constant (eps)"]
+    added = float(np.ravel(values[0])[0])
+    if eps is not None and not np.isclose(added, eps, rtol=1e-3, atol=0.0):
+        return [f"{scope}: {add.get_friendly_name()} adds {added:g}, metadata eps {eps:g}"]
+    return []
+
+
+def _half_ops(ops: list[Any]) -> list[str]:
+    """The ops outside the weight constants with a 16-bit float output (the fp16 IR compresses weights only)."""
+    return [
+        f"{o.get_friendly_name()} ({o.get_type_name()})"
+        for o in ops
+        if o.get_type_name() != "Constant"
+        and any(
+            str(o.get_output_element_type(i).get_type_name()) in ("f16", "bf16") for i in range(o.get_output_size())
+        )
+    ]
 
 
 def _op_histogram(model: Any) -> dict[str, int]:
@@ -283,7 +306,7 @@ class OpenVINOFormat(ExportFormat):
                 )
             onnx_path, quantized = fp32_path, None
             report = _report(out, req.dtype, source, onnx_report)
-            if req.dtype in QUANTIZED_DTYPES:  # converted from the verified Q/DQ graph, which passed its gates
+            if req.dtype in QUANTIZED:  # converted from the verified Q/DQ graph, which passed its gates
                 onnx_path = Path(work) / f"{out.stem}.onnx"
                 quantized = self._quantized(req, source, fp32_path, onnx_path, out, report)
                 report["quantized_onnx"] = quantized.summary
@@ -462,7 +485,7 @@ class OpenVINOFormat(ExportFormat):
     ) -> None:
         """Write the IR of ``onnx_path`` to ``tmp`` at ``req.dtype``."""
         try:
-            ovrt.save_ir(ovrt.read_onnx(onnx_path), tmp, compress_to_fp16=req.dtype == "fp16", metadata=props)
+            ovrt.save_ir(ovrt.read_onnx(onnx_path), tmp, compress_to_fp16=get_precision(req.dtype).half, metadata=props)
         except Exception as exc:  # noqa: BLE001 -- OpenVINO's refusal, as one line
             raise self._refused(out, report, "OpenVINO refuses the ONNX graph", exc) from None
 
@@ -519,7 +542,7 @@ def _graph_failures(
         extra_math=count_extra_math(model, config, float(props["eps"]) if props.get("eps") else None),
     )
     failures = list(report["extra_math"]["failures"])
-    if dtype in QUANTIZED_DTYPES:
+    if dtype in QUANTIZED:
         report["fake_quantize_ops"] = report["op_histogram"].get("FakeQuantize", 0)
         if not report["fake_quantize_ops"]:
             failures.append("no FakeQuantize in the IR: OpenVINO dropped the int8 graph's Q/DQ pairs")

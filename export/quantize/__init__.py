@@ -11,15 +11,15 @@
 3. the quantized graph is checked (:func:`qdq_summary`: which MatMul/Gemm/Conv are fed by a DequantizeLinear, and
    that no extra-math op is unless asked for) and scored with ONNX Runtime (CPU) on the test split next to the
    fp32 model in the same run (:func:`evaluate_onnx`). ONNX Runtime's CPU provider cannot run ModelOpt's FP8 graph
-   (float8 tensors into Transpose), so FP8 is scored on :func:`simulate_fp8`, the same graph with every FP8
-   Q -> DQ pair rewritten into float ops that round to the float8 e4m3 grid exactly as QuantizeLinear does
-   (RNE, saturating at +-448) with the same scales;
+   (float8 tensors into Transpose), so FP8 is scored on :func:`attnzoo.runtime.fp8.simulate_fp8`, the same graph
+   with every FP8 Q -> DQ pair rewritten into float ops that round to the float8 e4m3 grid exactly as QuantizeLinear
+   does (RNE, saturating at +-448) with the same scales;
 4. a drop beyond :data:`ACCURACY_TOLERANCE` refuses to write (:class:`AccuracyDropError`) unless
    ``accept_accuracy_drop``; otherwise the model is renamed into place (temp + rename: an interrupted run leaves
    nothing half-written) and its report ``<model>.report.json`` written beside it.
 
 The parts: :mod:`.calibration` (the inputs), :mod:`.qdq` (the placements and the Q/DQ graph), :mod:`.modelopt`
-(the quantizer), :mod:`.placement` (``auto``), :mod:`.fp8` (the FP8 simulation), :mod:`.fidelity` (the agreement
+(the quantizer), :mod:`.placement` (``auto``), :mod:`.fidelity` (the agreement
 with fp32 and its gate), :mod:`.options` (:class:`QuantizeOptions`, the arguments refused before work),
 :mod:`.verified` (the export) and :mod:`.report` (:class:`QuantizationReport`, written and read).
 """
@@ -52,14 +52,12 @@ from .fidelity import (
     related_inputs,
     tolerance_factor,
 )
-from .fp8 import simulate_fp8
 from .modelopt import CALIBRATION_METHODS, modelopt_version, quantize_onnx, quantize_unavailable_reason
 from .options import (
     ACCURACY_TOLERANCE,
-    FP8_MIN_COMPUTE_CAPABILITY,
     QuantizeOptions,
     check_quantize_arguments,
-    fp8_compute_capability_error,
+    compute_capability_error,
 )
 from .placement import SPEED_RUNS, auto_placement, group_speed
 from .qdq import (
@@ -117,7 +115,6 @@ __all__ = [
     "DEFAULT_CALIBRATION_COUNT",
     "DEFAULT_CALIBRATION_SEED",
     "CALIBRATION_METHODS",
-    "FP8_MIN_COMPUTE_CAPABILITY",
     "QUANTIZED_OP_TYPES",
     "QuantizeOptions",
     "QuantizeReport",
@@ -134,9 +131,8 @@ __all__ = [
     "quantize_onnx",
     "qdq_placement_error",
     "qdq_summary",
-    "simulate_fp8",
     "evaluate_onnx",
-    "fp8_compute_capability_error",
+    "compute_capability_error",
     "check_quantize_arguments",
     "calibration_for",
     "quantize_verified",

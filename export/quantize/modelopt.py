@@ -18,8 +18,8 @@ import onnx
 
 from attnzoo.errors import install_hint
 from attnzoo.fileio import atomic_path
+from attnzoo.runtime.precision import QUANTIZED
 from attnzoo.runtime.quantization_report import QuantizeReport
-from attnzoo.runtime.sessions import QUANTIZED_DTYPES
 
 from .qdq import (
     QDQ_PLACEMENTS,
@@ -93,47 +93,13 @@ def quantize_onnx(
     Raises:
         ValueError: unknown dtype or placement, calibration not float32 NCHW or empty.
     """
-    if dtype not in QUANTIZED_DTYPES:
-        raise ValueError(f"unknown quantized dtype {dtype!r}; valid: {', '.join(QUANTIZED_DTYPES)}")
-    placement_error = qdq_placement_error(placement, dtype)
-    if placement_error or placement not in QDQ_PLACEMENTS:
-        raise ValueError(
-            placement_error
-            or f"the {placement} placement is measured by quantize_verified; "
-            f"quantize_onnx places {', '.join(QDQ_PLACEMENTS)}"
-        )
-    calibration = np.asarray(calibration)
-    if calibration.ndim != 4 or calibration.shape[0] == 0 or calibration.dtype != np.float32:
-        raise ValueError(
-            f"calibration must be a non-empty float32 (N, 3, H, W) array, got {calibration.dtype} {calibration.shape}"
-        )
+    calibration = _checked(dtype, placement, calibration)
     fp32_onnx, out = Path(fp32_onnx), Path(out)
     method = calibration_method or CALIBRATION_METHODS[dtype]
     src = onnx.load(str(fp32_onnx))
     extra = list(extra_nodes) if extra_nodes is not None else extra_math_nodes(src)
-    with contextlib.redirect_stdout(io.StringIO()):
-        from modelopt.onnx.quantization import quantize as mo_quantize  # optional: the [quantize] extra
-    start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="attnzoo-quantize-") as work, atomic_path(out) as tmp:
-        staged = Path(work) / "model.onnx"
-        onnx.save(src, str(staged))
-        quantized = Path(work) / "model.quant.onnx"
-        # the ORT calibrator prints a line and a progress bar per batch: export-model's own bar stands for them
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            mo_quantize(
-                str(staged),
-                quantize_mode=dtype,
-                calibration_data=calibration,
-                calibration_method=method,
-                calibration_eps=["cpu"],
-                nodes_to_exclude=[f"^{re.escape(n)}$" for n in exclude_nodes] or None,
-                high_precision_dtype="fp32",
-                output_path=str(quantized),
-                log_level="ERROR",
-                **QDQ_PLACEMENTS[placement],
-            )
-        elapsed = time.perf_counter() - start
-        proto = onnx.load(str(quantized))
+    with atomic_path(out) as tmp:
+        proto, elapsed = _modelopt_graph(src, dtype, calibration, method, exclude_nodes, placement)
         rerouted = _reroute_extra_math(proto, exclude_nodes)
         report = QuantizeReport(
             quantizer="nvidia-modelopt (modelopt.onnx.quantization.quantize)",
@@ -161,6 +127,58 @@ def quantize_onnx(
         _carry_metadata(src, proto, dtype, report, quantize_extra_math=bool(set(extra) - set(exclude_nodes)))
         onnx.save(proto, str(tmp))
     return report
+
+
+def _checked(dtype: str, placement: str, calibration: np.ndarray) -> np.ndarray:
+    """``calibration`` as an array, once ``dtype``, ``placement`` and it are known to work (else ``ValueError``)."""
+    if dtype not in QUANTIZED:
+        raise ValueError(f"unknown quantized dtype {dtype!r}; valid: {', '.join(QUANTIZED)}")
+    placement_error = qdq_placement_error(placement, dtype)
+    if placement_error or placement not in QDQ_PLACEMENTS:
+        raise ValueError(
+            placement_error
+            or f"the {placement} placement is measured by quantize_verified; "
+            f"quantize_onnx places {', '.join(QDQ_PLACEMENTS)}"
+        )
+    calibration = np.asarray(calibration)
+    if calibration.ndim != 4 or calibration.shape[0] == 0 or calibration.dtype != np.float32:
+        raise ValueError(
+            f"calibration must be a non-empty float32 (N, 3, H, W) array, got {calibration.dtype} {calibration.shape}"
+        )
+    return calibration
+
+
+def _modelopt_graph(
+    src: onnx.ModelProto,
+    dtype: str,
+    calibration: np.ndarray,
+    method: str,
+    exclude_nodes: Sequence[str],
+    placement: str,
+) -> tuple[onnx.ModelProto, float]:
+    """ModelOpt's Q/DQ graph of ``src``, calibrated on the CPU, and the seconds it took (ModelOpt's import
+    aside); its output silenced (export-model's own bar stands for the ORT calibrator's line and bar per batch)."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        from modelopt.onnx.quantization import quantize as mo_quantize  # optional: the [quantize] extra
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="attnzoo-quantize-") as work:
+        staged = Path(work) / "model.onnx"
+        onnx.save(src, str(staged))
+        quantized = Path(work) / "model.quant.onnx"
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            mo_quantize(
+                str(staged),
+                quantize_mode=dtype,
+                calibration_data=calibration,
+                calibration_method=method,
+                calibration_eps=["cpu"],
+                nodes_to_exclude=[f"^{re.escape(n)}$" for n in exclude_nodes] or None,
+                high_precision_dtype="fp32",
+                output_path=str(quantized),
+                log_level="ERROR",
+                **QDQ_PLACEMENTS[placement],
+            )
+        return onnx.load(str(quantized)), time.perf_counter() - start
 
 
 def _carry_metadata(

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from attnzoo.runtime import tensorrt as rt_tensorrt
-from attnzoo.runtime.sessions import QUANTIZED_DTYPES
+from attnzoo.runtime.precision import QUANTIZED, Precision, get_precision
 
 from .calibration import Calibration, load_calibration_file
 from .modelopt import quantize_unavailable_reason
@@ -20,17 +20,14 @@ from .qdq import CPU_QDQ_PLACEMENT, DEFAULT_QDQ_PLACEMENT, qdq_placement_error
 
 __all__ = [
     "ACCURACY_TOLERANCE",
-    "FP8_MIN_COMPUTE_CAPABILITY",
     "QuantizeOptions",
-    "fp8_compute_capability_error",
+    "compute_capability_error",
     "check_quantize_arguments",
 ]
 
 #: Largest accuracy drop (percentage points: top-1 for classifiers, mIoU for segmenters) of the quantized model
 #: below the fp32 model on the test split that is accepted.
 ACCURACY_TOLERANCE: dict[str, float] = {"cls": 0.5, "seg": 1.0}
-#: FP8 tensor cores: Ada (SM 8.9) and newer.
-FP8_MIN_COMPUTE_CAPABILITY: tuple[int, int] = (8, 9)
 
 
 @dataclass(frozen=True, eq=False)
@@ -113,12 +110,16 @@ class QuantizeOptions:
         )
 
 
-def fp8_compute_capability_error(compute_capability: str | None) -> str | None:
-    """One line when a TensorRT target cannot run FP8 (below SM 8.9), else ``None``.
+def compute_capability_error(precision: Precision, compute_capability: str | None) -> str | None:
+    """One line when a TensorRT target is older than ``precision`` needs (FP8: SM 8.9, its tensor cores), else
+    ``None``.
 
     ``compute_capability`` is a name of :data:`attnzoo.runtime.tensorrt.COMPUTE_CAPABILITIES`; ``None`` is the
     build default (the GPU present, else ``DEFAULT_COMPUTE_CAPABILITY``); ``CURRENT`` asks the GPU.
     """
+    need = precision.min_compute_capability
+    if need is None:
+        return None
     try:
         cc = rt_tensorrt.resolve_compute_capability(compute_capability, rt_tensorrt.gpu_available())
     except ValueError as exc:  # an unknown name, or CURRENT without a GPU: the build would refuse it the same way
@@ -130,9 +131,11 @@ def fp8_compute_capability_error(compute_capability: str | None) -> str | None:
         digits = cc[2:]
         major, minor = int(digits[:-1]), int(digits[-1])
         name = cc
-    if (major, minor) < FP8_MIN_COMPUTE_CAPABILITY:
-        need = "SM{}{}".format(*FP8_MIN_COMPUTE_CAPABILITY)
-        return f"--dtype fp8 needs compute capability {need} or newer (FP8 tensor cores); {name} has none"
+    if (major, minor) < need:
+        return (
+            f"--dtype {precision.name} needs compute capability SM{need[0]}{need[1]} or newer "
+            f"({precision.name.upper()} tensor cores); {name} has none"
+        )
     return None
 
 
@@ -148,27 +151,14 @@ def check_quantize_arguments(options: QuantizeOptions, fmt: str, compute_capabil
         ValueError: one line naming the flag.
     """
     o, dtype = options, options.dtype
-    flags = {
-        "--quantize-extra-math": o.quantize_extra_math,
-        "--qdq-placement": o.placement is not None,
-        "--calibration-data": o.calibration_data is not None,
-        "--calibration-count": o.calibration_count is not None,
-        "--calibration-seed": o.calibration_seed is not None,
-        "--accept-accuracy-drop": o.accept_accuracy_drop,
-        "--eval-limit": o.eval_limit is not None,
-        "--min-cosine": o.min_cosine is not None,
-        "--fidelity-count": o.fidelity_count is not None,
-        "--smooth-quant": o.smooth_quant is not None,
-    }
-    if dtype not in QUANTIZED_DTYPES:
-        given = [flag for flag, value in flags.items() if value]
+    given = _given_flags(o)
+    if dtype not in QUANTIZED:
         if given:
             raise ValueError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to --dtype int8 / fp8 only")
         return
     from ..formats import get_format
 
     if get_format(fmt).dynamic_int8:  # it quantizes int8 itself, at run time: no ModelOpt, no calibration
-        given = [flag for flag, value in flags.items() if value]
         if dtype != "int8" or given:
             raise ValueError(
                 f"--format {fmt} quantizes dynamically (--dtype int8, no calibration); "
@@ -180,8 +170,8 @@ def check_quantize_arguments(options: QuantizeOptions, fmt: str, compute_capabil
             f"--dtype {dtype}: --format triton is not supported yet; export the ONNX (--format onnx) "
             "or a TensorRT engine"
         )
-    if dtype == "fp8" and fmt == "tensorrt":
-        error = fp8_compute_capability_error(compute_capability)
+    if fmt == "tensorrt":
+        error = compute_capability_error(get_precision(dtype), compute_capability)
         if error:
             raise ValueError(error)
     error = qdq_placement_error(o.placement or DEFAULT_QDQ_PLACEMENT, dtype)
@@ -195,6 +185,28 @@ def check_quantize_arguments(options: QuantizeOptions, fmt: str, compute_capabil
     reason = quantize_unavailable_reason()
     if reason:
         raise ValueError(f"--dtype {dtype} {reason}")
+    _check_values(o, given)
+
+
+def _given_flags(o: QuantizeOptions) -> list[str]:
+    """The quantization flags given (``None`` / ``False``: not given), by their command-line names."""
+    flags = {
+        "--quantize-extra-math": o.quantize_extra_math,
+        "--qdq-placement": o.placement is not None,
+        "--calibration-data": o.calibration_data is not None,
+        "--calibration-count": o.calibration_count is not None,
+        "--calibration-seed": o.calibration_seed is not None,
+        "--accept-accuracy-drop": o.accept_accuracy_drop,
+        "--eval-limit": o.eval_limit is not None,
+        "--min-cosine": o.min_cosine is not None,
+        "--fidelity-count": o.fidelity_count is not None,
+        "--smooth-quant": o.smooth_quant is not None,
+    }
+    return [flag for flag, value in flags.items() if value]
+
+
+def _check_values(o: QuantizeOptions, given: list[str]) -> None:
+    """Refuse counts below 1, a cosine outside 0..1 and a bad ``.npy`` calibration file."""
     for flag, value in (
         ("calibration-count", o.calibration_count),
         ("eval-limit", o.eval_limit),
@@ -205,7 +217,7 @@ def check_quantize_arguments(options: QuantizeOptions, fmt: str, compute_capabil
     if o.min_cosine is not None and not 0.0 <= o.min_cosine <= 1.0:
         raise ValueError(f"--min-cosine must be in 0..1, got {o.min_cosine}")
     if o.calibration_data is not None and not Path(o.calibration_data).is_dir():
-        if flags["--calibration-count"] or flags["--calibration-seed"]:
+        if "--calibration-count" in given or "--calibration-seed" in given:
             raise ValueError(
                 "--calibration-count/--calibration-seed draw images from the training split or a "
                 "folder; the images of a .npy --calibration-data are used as they are"

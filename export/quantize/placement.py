@@ -5,7 +5,7 @@ chosen on held-out inputs with a margin (:func:`auto_placement`), and what each 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -57,7 +57,7 @@ def auto_placement(
         proto: ModelOpt's Q/DQ graph (``tensorrt`` placement).
         reference: The fp32 graph's outputs on ``x``.
         x: Held-out inputs (not the calibration batch, and not those the final gate measures).
-        runnable: Turns a candidate into what ONNX Runtime runs (:func:`simulate_fp8` for fp8).
+        runnable: Turns a candidate into what ONNX Runtime runs (:meth:`attnzoo.runtime.precision.Precision.ort_graph`).
         fixed: Nodes whose Q/DQ stay whatever the choice (the extra math under ``--quantize-extra-math``).
 
     Returns:
@@ -65,16 +65,7 @@ def auto_placement(
         figures of the full, weights-only and chosen graphs, and the rule.
     """
     groups = qdq_groups(proto, fixed)
-    seen: dict[frozenset, dict[str, float]] = {}
-
-    def measure(names: Sequence[str]) -> dict[str, float]:
-        key = frozenset(names)
-        if key not in seen:
-            candidate = _without(proto, groups, [g for g in groups if g not in key])
-            cos = per_input_fidelity(reference, onnx_outputs(runnable(candidate), x, threads))[0]
-            seen[key] = {"worst": float(cos.min()), "mean": float(cos.mean()), "promised": promised_cosine(cos)}
-        return seen[key]
-
+    measure = _measurer(proto, groups, reference, x, runnable, threads)
     k = tolerance_factor(len(x))
     decision: dict[str, Any] = {
         "min_cosine": min_cosine,
@@ -86,41 +77,14 @@ def auto_placement(
         "groups": {},
     }
     weights = [g for g in groups if groups[g]["kind"] == "weights"]
-    others = [g for g in groups if g not in weights]
     full = decision["all_quantized"] = measure(list(groups))
     if full["promised"] >= min_cosine or not groups:
         for name, g in groups.items():
             decision["groups"][name] = {"kind": g["kind"], "quantized": True, "why": "the full placement qualifies"}
         decision.update(chosen=full, promised=full["promised"] >= min_cosine)
         return proto, decision
-    base = decision["weights_only"] = measure(weights)
-    if base["promised"] >= min_cosine:
-        chosen, order = list(weights), others
-        for name in weights:
-            decision["groups"][name] = {
-                "kind": "weights",
-                "quantized": True,
-                "why": f"the weight inputs together qualify ({base['promised']:.4f})",
-            }
-    else:
-        chosen, order = [], weights + others
-        decision["nothing_quantized"] = measure([])
-        if decision["nothing_quantized"]["promised"] < min_cosine:
-            order = []  # not even the graph with no activation quantized qualifies: nothing will
-    alone = {name: measure([*chosen, name]) for name in order}
-    order = sorted(order, key=lambda n: (groups[n]["kind"] != "weights", -alone[n]["promised"]))
-    for name in order:
-        entry: dict[str, Any] = {"kind": groups[name]["kind"], "alone": alone[name]}
-        with_it = measure([*chosen, name]) if alone[name]["promised"] >= min_cosine else alone[name]
-        if with_it["promised"] >= min_cosine:
-            chosen.append(name)
-            entry.update(quantized=True, why=f"promised cosine with it {with_it['promised']:.4f} >= {min_cosine:g}")
-        else:
-            entry.update(
-                quantized=False,
-                why=f"kept fp32: quantizing it takes the promised cosine to {with_it['promised']:.4f} < {min_cosine:g}",
-            )
-        decision["groups"][name] = entry
+    chosen, order = _start(decision, measure, weights, [g for g in groups if g not in weights], min_cosine)
+    _add_greedily(decision, measure, groups, chosen, order, min_cosine)
     final = decision["chosen"] = measure(chosen)
     decision["promised"] = bool(chosen) and final["promised"] >= min_cosine
     if not decision["promised"]:  # nothing qualifies: the weight MatMuls alone (refused unless the gate is 0)
@@ -133,6 +97,77 @@ def auto_placement(
                 entry["why"] = decision["fallback"]
         decision["chosen"] = measure(chosen)
     return _without(proto, groups, [g for g in groups if g not in chosen]), decision
+
+
+_Measure = Callable[[Sequence[str]], dict[str, float]]
+
+
+def _measurer(
+    proto: onnx.ModelProto,
+    groups: dict[str, Any],
+    reference: np.ndarray,
+    x: np.ndarray,
+    runnable: Callable[[onnx.ModelProto], onnx.ModelProto],
+    threads: int | None,
+) -> _Measure:
+    """A function giving the fidelity (worst, mean and promised cosine on ``x``) of the graph with only the named
+    groups quantized, each set measured once."""
+    seen: dict[frozenset, dict[str, float]] = {}
+
+    def measure(names: Sequence[str]) -> dict[str, float]:
+        key = frozenset(names)
+        if key not in seen:
+            candidate = _without(proto, groups, [g for g in groups if g not in key])
+            cos = per_input_fidelity(reference, onnx_outputs(runnable(candidate), x, threads))[0]
+            seen[key] = {"worst": float(cos.min()), "mean": float(cos.mean()), "promised": promised_cosine(cos)}
+        return seen[key]
+
+    return measure
+
+
+def _start(
+    decision: dict[str, Any], measure: _Measure, weights: list[str], others: list[str], min_cosine: float
+) -> tuple[list[str], list[str]]:
+    """Where the greedy choice starts (the weight inputs, when they qualify together; else nothing) and the groups
+    it tries (none when not even the graph with no activation quantized qualifies)."""
+    base = decision["weights_only"] = measure(weights)
+    if base["promised"] >= min_cosine:
+        for name in weights:
+            decision["groups"][name] = {
+                "kind": "weights",
+                "quantized": True,
+                "why": f"the weight inputs together qualify ({base['promised']:.4f})",
+            }
+        return list(weights), others
+    decision["nothing_quantized"] = measure([])
+    if decision["nothing_quantized"]["promised"] < min_cosine:
+        return [], []  # not even the graph with no activation quantized qualifies: nothing will
+    return [], weights + others
+
+
+def _add_greedily(
+    decision: dict[str, Any],
+    measure: _Measure,
+    groups: dict[str, Any],
+    chosen: list[str],
+    order: list[str],
+    min_cosine: float,
+) -> None:
+    """Add each group of ``order`` to ``chosen``, least harmful alone first (weight inputs before the rest), while
+    the graph still qualifies; each group's entry says why."""
+    alone = {name: measure([*chosen, name]) for name in order}
+    for name in sorted(order, key=lambda n: (groups[n]["kind"] != "weights", -alone[n]["promised"])):
+        entry: dict[str, Any] = {"kind": groups[name]["kind"], "alone": alone[name]}
+        with_it = measure([*chosen, name]) if alone[name]["promised"] >= min_cosine else alone[name]
+        if with_it["promised"] >= min_cosine:
+            chosen.append(name)
+            entry.update(quantized=True, why=f"promised cosine with it {with_it['promised']:.4f} >= {min_cosine:g}")
+        else:
+            entry.update(
+                quantized=False,
+                why=f"kept fp32: quantizing it takes the promised cosine to {with_it['promised']:.4f} < {min_cosine:g}",
+            )
+        decision["groups"][name] = entry
 
 
 def group_speed(

@@ -12,6 +12,7 @@ from typing import Any
 import onnx
 
 from attnzoo.runtime.contract import config_from_props, metadata_props
+from attnzoo.runtime.precision import get_precision
 
 from ..check import expected_scopes, graph_depth
 
@@ -66,7 +67,7 @@ def qdq_placement_error(placement: str, dtype: str) -> str | None:
     """One line saying why ``placement`` cannot be used for ``dtype``, or ``None``."""
     if placement not in PLACEMENT_CHOICES:
         return f"unknown Q/DQ placement {placement!r}; valid: {', '.join(PLACEMENT_CHOICES)}"
-    if placement == CPU_QDQ_PLACEMENT and dtype != "int8":
+    if placement == CPU_QDQ_PLACEMENT and not get_precision(dtype).cpu_runtimes:
         return f"--qdq-placement cpu is for int8 on the CPU runtimes; {dtype} is TensorRT's (use tensorrt)"
     return None
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from attnzoo.fileio import atomic_write_text
+from attnzoo.runtime.precision import get_precision
 from attnzoo.runtime.quantization_report import QuantizationReport, QuantizeReport
 from attnzoo.runtime.sessions import read_report
 
@@ -57,61 +58,79 @@ def summary(report: Mapping[str, Any]) -> str:
             else "none declared for this variant: nothing excluded"
         ),
     ]
-    auto = q["options"].get("auto")
-    if auto and auto.get("groups"):
-        kept = [g for g, d in auto["groups"].items() if not d["quantized"]]
-        speed = (auto.get("speed") or {}).get("groups", {})
-        named = [f"{g} ({speed[g]['slowdown']:.2f}x)" if g in speed else g for g in kept]
-        chosen = auto.get("chosen", {})
-        lines.append(
-            f"  auto placement: {len(auto['groups']) - len(kept)} of {len(auto['groups'])} Q/DQ groups quantized, "
-            f"promised cosine {chosen.get('promised', 0.0):.4f} on {auto['selection_inputs']} choosing inputs"
-            + (f"; kept fp32 (time in fp32 / quantized, ONNX Runtime CPU): {', '.join(named)}" if kept else "")
-        )
-    smooth = q["options"].get("smooth_quant") or {}
-    if smooth.get("migrated"):
-        lines.append(
-            f"  SmoothQuant: {smooth['migrated']} of {len(smooth['layernorms'])} LayerNorm outputs had an outlier "
-            f"channel (>= {smooth['min_ratio']:g}x the median range), migrated into the MatMul weights they feed "
-            f"(alpha {smooth['alpha']:g}) before calibrating"
-        )
-    fid = report.get("fidelity")
-    if fid:
-        split = fid.get("split", {})
-        chose = f", {split['choose']} others chose the placement" if split.get("choose") else ""
-        line = (
-            f"  fidelity to fp32 on {fid['n_inputs']} held-out inputs ({split.get('calibration', '?')} calibrate"
-            f"{chose}): cosine worst "
-            f"{fid['cosine']['min']:.4f} (gate {fid['min_cosine']:g}), mean {fid['cosine']['mean']:.4f}; relative "
-            f"error mean {fid['relative_error']['mean']:.3f}, max {fid['relative_error']['max']:.3f}; top-1 "
-            f"agreement {fid['top1_agreement']:.1%}"
-        )
-        line += f", top-5 overlap {fid['top5_overlap']:.1%}" if "top5_overlap" in fid else ""
-        related = fid.get("related") or {}
-        if related.get("near_copies"):
-            worst = related["worst"]
-            line += (
-                f"; of them {related['near_copies']} near-copies of calibration inputs (worst "
-                f"{worst['near_copies']:.4f}), {related['distinct']} distinct"
-                + (f" (worst {worst['distinct']:.4f})" if "distinct" in worst else "")
-            )
-        lines.append(line + (f" [WEAK: {fid['weak']}]" if fid.get("weak") else ""))
-    for warning in report.get("warnings", []):
-        lines.append(f"  warning: {warning}")
-    acc = report["accuracy"]
-    if acc.get("metrics"):
-        m = acc["metrics"]
-        unit = "images" if report["task"] == "cls" else "scenes"
-        lines.append(
-            f"  {acc['metric_name']} on {acc['n_images']} {acc['data']} test {unit}: fp32 {m['fp32']:.2f}, "
-            f"{report['dtype']} {m[report['dtype']]:.2f} (drop {acc['drop']:+.2f}, tolerance {acc['tolerance']:g})"
-            + (" [FP8 simulated]" if report["dtype"] == "fp8" else "")
-        )
-    else:
-        lines.append(f"  accuracy not measured: {acc.get('warning') or acc.get('reason')}")
+    lines += _auto_lines(q["options"].get("auto") or {}) + _smooth_lines(q["options"].get("smooth_quant") or {})
+    lines += _fidelity_lines(report.get("fidelity") or {})
+    lines += [f"  warning: {warning}" for warning in report.get("warnings", [])]
+    lines.append(_accuracy_line(report))
     where = block_verdict(report.get("divergence"), report["passed"])
     verdict = "PASSED" + (f" ({where})" if where else "")
     if not report["passed"]:
         verdict = "FAILED: " + "; ".join(report["failures"]) + (f"; {where}" if where else "")
     lines.append(f"  {verdict}")
     return "\n".join(lines)
+
+
+def _auto_lines(auto: Mapping[str, Any]) -> list[str]:
+    """The ``auto`` placement's choice: groups quantized, the promise, what each group kept fp32 costs."""
+    if not auto.get("groups"):
+        return []
+    kept = [g for g, d in auto["groups"].items() if not d["quantized"]]
+    speed = (auto.get("speed") or {}).get("groups", {})
+    named = [f"{g} ({speed[g]['slowdown']:.2f}x)" if g in speed else g for g in kept]
+    chosen = auto.get("chosen", {})
+    return [
+        f"  auto placement: {len(auto['groups']) - len(kept)} of {len(auto['groups'])} Q/DQ groups quantized, "
+        f"promised cosine {chosen.get('promised', 0.0):.4f} on {auto['selection_inputs']} choosing inputs"
+        + (f"; kept fp32 (time in fp32 / quantized, ONNX Runtime CPU): {', '.join(named)}" if kept else "")
+    ]
+
+
+def _smooth_lines(smooth: Mapping[str, Any]) -> list[str]:
+    """SmoothQuant's migration, when it moved anything."""
+    if not smooth.get("migrated"):
+        return []
+    return [
+        f"  SmoothQuant: {smooth['migrated']} of {len(smooth['layernorms'])} LayerNorm outputs had an outlier "
+        f"channel (>= {smooth['min_ratio']:g}x the median range), migrated into the MatMul weights they feed "
+        f"(alpha {smooth['alpha']:g}) before calibrating"
+    ]
+
+
+def _fidelity_lines(fid: Mapping[str, Any]) -> list[str]:
+    """The agreement with fp32 on the held-out inputs, near-copies of calibration inputs apart."""
+    if not fid:
+        return []
+    split = fid.get("split", {})
+    chose = f", {split['choose']} others chose the placement" if split.get("choose") else ""
+    line = (
+        f"  fidelity to fp32 on {fid['n_inputs']} held-out inputs ({split.get('calibration', '?')} calibrate"
+        f"{chose}): cosine worst "
+        f"{fid['cosine']['min']:.4f} (gate {fid['min_cosine']:g}), mean {fid['cosine']['mean']:.4f}; relative "
+        f"error mean {fid['relative_error']['mean']:.3f}, max {fid['relative_error']['max']:.3f}; top-1 "
+        f"agreement {fid['top1_agreement']:.1%}"
+    )
+    line += f", top-5 overlap {fid['top5_overlap']:.1%}" if "top5_overlap" in fid else ""
+    related = fid.get("related") or {}
+    if related.get("near_copies"):
+        worst = related["worst"]
+        line += (
+            f"; of them {related['near_copies']} near-copies of calibration inputs (worst "
+            f"{worst['near_copies']:.4f}), {related['distinct']} distinct"
+            + (f" (worst {worst['distinct']:.4f})" if "distinct" in worst else "")
+        )
+    return [line + (f" [WEAK: {fid['weak']}]" if fid.get("weak") else "")]
+
+
+def _accuracy_line(report: Mapping[str, Any]) -> str:
+    """The test-split score next to fp32's, or why there is none."""
+    acc = report["accuracy"]
+    if not acc.get("metrics"):
+        return f"  accuracy not measured: {acc.get('warning') or acc.get('reason')}"
+    m = acc["metrics"]
+    unit = "images" if report["task"] == "cls" else "scenes"
+    simulated = " [FP8 simulated]" if get_precision(report["dtype"]).ort_simulated else ""
+    return (
+        f"  {acc['metric_name']} on {acc['n_images']} {acc['data']} test {unit}: fp32 {m['fp32']:.2f}, "
+        f"{report['dtype']} {m[report['dtype']]:.2f} (drop {acc['drop']:+.2f}, tolerance {acc['tolerance']:g})"
+        + simulated
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ from attnzoo.fileio import atomic_path, sha256_file
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.contract import BATCH_DIM
 from attnzoo.runtime.evaluate import score_runs
+from attnzoo.runtime.precision import Precision, get_precision
 
 from ..check import check_extra_math
 from ..divergence import DIVERGENCE_INPUTS, divergence_vs_onnx, not_exposed
@@ -25,7 +26,6 @@ from ..onnx_export import op_histogram
 from ..verify import failed_report_path, report_path
 from .calibration import DEFAULT_FIDELITY_COUNT, _split, heldout_images
 from .fidelity import DEFAULT_MIN_COSINE, FIRM_GATE_INPUTS, _fidelity, _finite_outputs, onnx_outputs
-from .fp8 import simulate_fp8
 from .modelopt import quantize_onnx
 from .options import ACCURACY_TOLERANCE, QuantizeOptions
 from .placement import auto_placement, group_speed
@@ -112,7 +112,7 @@ def quantize_verified(
     r = _prepare(Path(fp32_onnx), Path(out), config, o)
     with atomic_path(r.out) as tmp, tempfile.TemporaryDirectory(prefix="attnzoo-smooth-") as work:
         q, proto, decision = _quantized_graph(r, tmp, Path(work))
-        runnable = r.run(proto)
+        runnable = r.precision.ort_graph(proto)
         unpromised = r.placement == AUTO_QDQ_PLACEMENT and r.gate > 0 and not decision.get("promised")
         failures = [_unpromised(r, decision)] if unpromised else []  # first: auto's fallback may hold no int8 op
         checks, extra_check = _graph_failures(r, q, proto, runnable, unpromised)
@@ -144,7 +144,8 @@ def quantize_verified(
 class _Run:
     """One :func:`quantize_verified` call, its options resolved: the fp32 graph and its extra math, the placement,
     the fidelity gate and the accuracy tolerance, the calibration inputs and the held-out ones (``choose``: the
-    ``auto`` placement's half, ``check``: the gate's), the warnings so far, and how a graph is run (FP8 simulated)."""
+    ``auto`` placement's half, ``check``: the gate's), the warnings so far, and the precision (how ONNX Runtime
+    runs its graph: FP8 simulated)."""
 
     o: QuantizeOptions
     config: Mapping[str, Any]
@@ -160,7 +161,7 @@ class _Run:
     held_source: str
     choose: np.ndarray
     check: np.ndarray
-    run: Callable[[onnx.ModelProto], onnx.ModelProto]
+    precision: Precision
 
 
 def _prepare(fp32_onnx: Path, out: Path, config: Mapping[str, Any], o: QuantizeOptions) -> _Run:
@@ -199,7 +200,7 @@ def _prepare(fp32_onnx: Path, out: Path, config: Mapping[str, Any], o: QuantizeO
         held_source=held_source,
         choose=choose,
         check=check,
-        run=simulate_fp8 if o.dtype == "fp8" else (lambda p: p),
+        precision=get_precision(o.dtype),
     )
 
 
@@ -210,7 +211,9 @@ def _quantized_graph(r: _Run, tmp: Path, work: Path) -> tuple[QuantizeReport, on
     ``auto`` decision (empty otherwise)."""
     o, exclude = r.o, [] if r.o.quantize_extra_math else r.extra
     source, smoothing = r.fp32_onnx, None
-    smooth = o.smooth_quant if o.smooth_quant is not None else r.placement == AUTO_QDQ_PLACEMENT and o.dtype == "int8"
+    smooth = (
+        o.smooth_quant if o.smooth_quant is not None else r.placement == AUTO_QDQ_PLACEMENT and r.precision.smooth_quant
+    )
     if smooth:
         migrated, smoothing = smooth_layernorm_matmuls(r.src, r.calibration, exclude=r.extra, threads=o.threads)
         if smoothing["migrated"]:  # no outlier channel: the graph as it was
@@ -247,7 +250,7 @@ def _auto(r: _Run, q: QuantizeReport, full: onnx.ModelProto, tmp: Path) -> tuple
             r.choose,
             r.config["task"],
             min_cosine=r.gate or DEFAULT_MIN_COSINE,
-            runnable=r.run,
+            runnable=r.precision.ort_graph,
             threads=r.o.threads,
             fixed=fixed,
         )
@@ -257,7 +260,7 @@ def _auto(r: _Run, q: QuantizeReport, full: onnx.ModelProto, tmp: Path) -> tuple
             "promised": False,
             "note": "too few held-out inputs to choose: ModelOpt's full placement",
         }
-    if r.o.dtype == "int8" and any(not d["quantized"] for d in decision.get("groups", {}).values()):
+    if r.precision.cpu_runtimes and any(not d["quantized"] for d in decision.get("groups", {}).values()):
         decision["speed"] = group_speed(proto, full, decision, r.check, fixed=fixed)
     q.options.update(placement=AUTO_QDQ_PLACEMENT, auto=decision)
     q.qdq = qdq_summary(proto, r.extra)
@@ -324,7 +327,7 @@ def _measured_fidelity(
         r.config["task"],
         r.gate,
         r.placement,
-        r.run,
+        r.precision.ort_graph,
         o.threads,
         None if o.measure_accuracy else r.calibration,  # the promise of a model its test split does not score
     )
@@ -373,7 +376,7 @@ def _scored(r: _Run, runnable: onnx.ModelProto, failures: list[str]) -> tuple[di
             "same Q/DQ points, same scales); ONNX Runtime's CPU provider refuses float8 tensors "
             "into Transpose"
         )
-        if dtype == "fp8"
+        if r.precision.ort_simulated
         else "the Q/DQ graph itself",
     }
     too_low = drop > tol and not o.accept_accuracy_drop

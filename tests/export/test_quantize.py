@@ -19,6 +19,8 @@ from attnzoo.export import quantize as qz
 from attnzoo.export.cli import main as export_main
 from attnzoo.export.verify import failed_report_path, report_path
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
+from attnzoo.runtime.fp8 import simulate_fp8
+from attnzoo.runtime.precision import get_precision
 from tests.tiers import SLOW_SET
 from tests.tiers import marks as tier_marks
 
@@ -746,8 +748,10 @@ def test_fp8_below_sm89_is_refused_before_work(tmp_path, monkeypatch, capsys):
     )
     assert line == ("error: --dtype fp8 needs compute capability SM89 or newer (FP8 tensor cores); SM86 has none")
     assert not any(tmp_path.iterdir())
-    assert qz.fp8_compute_capability_error("SM89") is None and qz.fp8_compute_capability_error("SM120") is None
-    assert qz.fp8_compute_capability_error("SM75") is not None
+    fp8 = get_precision("fp8")
+    assert qz.compute_capability_error(fp8, "SM89") is None and qz.compute_capability_error(fp8, "SM120") is None
+    assert qz.compute_capability_error(fp8, "SM75") is not None
+    assert qz.compute_capability_error(get_precision("int8"), "SM75") is None  # int8 builds for every target
     # CURRENT without a GPU: the usage line, before torch is asked for a device's capability
     from attnzoo.runtime import tensorrt as trt_rt
 
@@ -877,7 +881,7 @@ def test_simulate_fp8_matches_an_e4m3_round_trip():
     model = helper.make_model(
         helper.make_graph(nodes, "g", [x], [y, w_out], inits), opset_imports=[helper.make_opsetid("", 21)]
     )
-    sim = qz.simulate_fp8(model)
+    sim = simulate_fp8(model)
     assert not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in sim.graph.node)
     xv = np.concatenate([rng.standard_normal((2, 6)), rng.standard_normal((2, 6)) * 100]).astype(np.float32)
     got_y, got_w = ORT_CPU.session(sim.SerializeToString()).session.run(None, {"x": xv})

@@ -1,0 +1,158 @@
+"""Export is made of parts: precisions are objects (:mod:`attnzoo.runtime.precision`), formats do not call each
+other, and no function of ``export/`` grows past :data:`MAX_LINES` lines of code (its docstring aside).
+
+The precision scan looks for a comparison of something named ``dtype`` with a precision's name (``dtype == "fp16"``,
+``req.dtype in ("int8", "fp8")``) in ``export/``: such a fact belongs to the :class:`Precision`. The sites that are a
+format's own rule, not a precision's fact, are listed in :data:`ALLOWED`; the list may only shrink.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from attnzoo.export.cli import build_parser
+from attnzoo.runtime.fp8 import simulate_fp8
+from attnzoo.runtime.precision import PRECISIONS, QUANTIZED, TRACED, get_precision
+
+ROOT = Path(__file__).resolve().parents[2]
+EXPORT = ROOT / "export"
+#: Longest function of ``export/`` in lines of code (its docstring aside).
+MAX_LINES = 60
+#: Format rules that name a precision: file -> count. Only ever lower an entry.
+ALLOWED: dict[str, int] = {
+    "export/quantize/options.py": 2,  # a dynamic-int8 format (ExecuTorch) quantizes int8 itself and nothing else
+    "export/formats/executorch_format.py": 1,  # its report names its dynamic int8
+    "export/formats/aoti_format.py": 1,  # AOTInductor compiles fp16 for CUDA only
+}
+
+
+def _code_lines(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    body = fn.body
+    has_doc = isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and len(body) > 1
+    start = body[1].lineno if has_doc and isinstance(body[0].value.value, str) else body[0].lineno
+    return fn.end_lineno - start + 1  # type: ignore[operator]
+
+
+def long_functions(source: str) -> list[tuple[str, int]]:
+    """Every function of ``source`` over :data:`MAX_LINES` lines of code: (name, lines)."""
+    return [
+        (n.name, _code_lines(n))
+        for n in ast.walk(ast.parse(source))
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and _code_lines(n) > MAX_LINES
+    ]
+
+
+def _names_dtype(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Name) and "dtype" in node.id) or (
+        isinstance(node, ast.Attribute) and "dtype" in node.attr
+    )
+
+
+def _precision_names(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value] if node.value in PRECISIONS else []
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [n for elt in node.elts for n in _precision_names(elt)]
+    return []
+
+
+def precision_branches(source: str) -> list[int]:
+    """Lines of ``source`` that compare a ``dtype`` with a precision's name."""
+    hits = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any(_names_dtype(o) for o in operands) and any(_precision_names(o) for o in operands):
+                hits.append(node.lineno)
+    return sorted(hits)
+
+
+def _sources() -> dict[str, str]:
+    return {p.relative_to(ROOT).as_posix(): p.read_text() for p in sorted(EXPORT.rglob("*.py"))}
+
+
+def test_the_scans_find_what_they_look_for():
+    body = "\n".join(f"    x = {i}" for i in range(MAX_LINES))
+    assert long_functions(f'def f():\n    """Doc."""\n{body}\n') == []  # the docstring does not count
+    assert long_functions(f"def f():\n{body}\n    return x\n") == [("f", MAX_LINES + 1)]
+    planted = "if dtype == 'fp16':\n    pass\nif req.dtype in ('int8', 'fp8'):\n    pass\ny = x == 'fp16'\n"
+    assert precision_branches(planted) == [1, 3]
+    assert precision_branches("if get_precision(dtype).half:\n    pass\nif fmt == 'tensorrt':\n    pass\n") == []
+
+
+def test_no_function_in_export_is_over_the_limit():
+    long = [f"{rel}: {name} ({n} lines)" for rel, src in _sources().items() for name, n in long_functions(src)]
+    assert not long, f"split these into parts of at most {MAX_LINES} lines:\n" + "\n".join(long)
+
+
+def test_export_asks_the_precision_instead_of_naming_it():
+    problems = []
+    for rel, src in _sources().items():
+        hits, allowed = precision_branches(src), ALLOWED.get(rel, 0)
+        if len(hits) != allowed:
+            problems.append(
+                f"{rel}: {len(hits)} comparison(s) of a dtype with a precision's name at {hits}, {allowed} allowed"
+            )
+    assert not problems, "ask attnzoo.runtime.precision.get_precision(dtype) for the fact:\n" + "\n".join(problems)
+
+
+def test_formats_compose_parts_and_do_not_import_each_other():
+    formats = sorted((EXPORT / "formats").glob("*_format.py"))
+    assert len(formats) >= 6
+    for path in formats:
+        imported = {
+            node.module
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom) and node.module
+        }
+        others = sorted(m for m in imported if m.endswith("_format") and m.split(".")[-1] != path.stem)
+        assert not others, f"{path.name} imports {others}: share a part module instead"
+
+
+def test_the_precisions_and_their_facts():
+    assert TRACED == ("fp32", "fp16") and QUANTIZED == ("int8", "fp8")
+    fp32, fp16, int8, fp8 = (get_precision(n) for n in ("fp32", "fp16", "int8", "fp8"))
+    assert [p.file_tag for p in (fp32, fp16, int8, fp8)] == ["", "_fp16", "_int8", "_fp8"]
+    assert fp16.half and not fp32.half and not int8.half
+    assert fp16.fp32_ops == ("LayerNormalization", "Softmax") and fp32.fp32_ops == ()
+    assert fp32.same_top1 and not fp16.same_top1
+    # a quantized engine is compared with ONNX Runtime's Q/DQ graph under the int8 entry; FP8 runs on the CPU
+    # runtimes only through its simulation, needs SM 8.9 to build, and is not SmoothQuant's default
+    assert (int8.parity_key, fp8.parity_key) == ("int8", "int8")
+    assert int8.cpu_runtimes and not fp8.cpu_runtimes and int8.smooth_quant and not fp8.smooth_quant
+    assert fp8.min_compute_capability == (8, 9) and int8.min_compute_capability is None
+    with pytest.raises(ValueError, match="unknown dtype 'bf16'; valid: fp32, fp16, int8, fp8"):
+        get_precision("bf16")
+    # export-model offers exactly these
+    dtype = next(a for a in build_parser()._actions if a.dest == "dtype")
+    assert tuple(dtype.choices) == tuple(PRECISIONS)
+
+
+def test_only_a_simulated_precision_rewrites_the_graph_onnx_runtime_runs():
+    """FP8's ONNX Runtime graph is :func:`simulate_fp8`'s (no float8 tensor left); every other precision's graph
+    is the file's own."""
+    scale = numpy_helper.from_array(np.array(0.5, np.float32), "s")
+    zp = helper.make_tensor("zp", TensorProto.FLOAT8E4M3FN, [], [0.0])
+    graph = helper.make_graph(
+        [
+            helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["q"], name="q"),
+            helper.make_node("DequantizeLinear", ["q", "s", "zp"], ["y"], name="dq"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        [scale, zp],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    assert get_precision("int8").ort_graph(proto) is proto
+    simulated = get_precision("fp8").ort_graph(proto)
+    assert simulated.SerializeToString() == simulate_fp8(proto).SerializeToString()
+    assert [n.op_type for n in simulated.graph.node] == ["Div", "Cast", "Cast", "Mul"]
+    assert all(t.data_type != TensorProto.FLOAT8E4M3FN for t in simulated.graph.initializer)
+    onnx.checker.check_model(simulated)
