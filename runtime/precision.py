@@ -48,6 +48,7 @@ class Precision:
         ort_simulated: ONNX Runtime's CPU provider cannot run the graph itself; :meth:`ort_graph` is its exact
             float simulation (same Q/DQ points, same scales).
         min_compute_capability: The oldest TensorRT target that builds it, ``(major, minor)``, or ``None``.
+        half: Traced in fp16 (weights and activations outside the fp32 parts).
     """
 
     name: str
@@ -59,11 +60,7 @@ class Precision:
     smooth_quant: bool = False
     ort_simulated: bool = False
     min_compute_capability: tuple[int, int] | None = None
-
-    @property
-    def half(self) -> bool:
-        """Traced in fp16 (weights and activations outside the fp32 parts)."""
-        return not self.quantized and self.name == "fp16"
+    half: bool = False
 
     @property
     def file_tag(self) -> str:
@@ -84,7 +81,7 @@ PRECISIONS: dict[str, Precision] = {
     p.name: p
     for p in (
         Precision("fp32", parity_key="fp32", same_top1=True),
-        Precision("fp16", parity_key="fp16", fp32_ops=("LayerNormalization", "Softmax")),
+        Precision("fp16", parity_key="fp16", fp32_ops=("LayerNormalization", "Softmax"), half=True),
         Precision("int8", quantized=True, parity_key="int8", smooth_quant=True),
         Precision(
             "fp8",
