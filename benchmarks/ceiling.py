@@ -24,6 +24,7 @@ from attnzoo.benchmarks.timing import measure
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_info
 from attnzoo.runtime import openvino as ov_rt
+from attnzoo.runtime.backends.openvino import OPENVINO
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.sessions import available_providers, session_options
 
@@ -97,7 +98,7 @@ def _fp32_libraries(n: int, threads: int, tmp: Path) -> dict[str, Callable[[], o
         pass
 
     if ov_rt.unavailable_reason() is None:
-        request = ov_rt.compile_onnx(path, threads=threads).create_infer_request()
+        request = OPENVINO.compiled(path, threads=threads).create_infer_request()
         fns["openvino"] = lambda: request.infer({0: x}, share_inputs=True, share_outputs=True)
     return fns
 

@@ -53,9 +53,9 @@ from attnzoo.errors import UsageError
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import gpu_info
 
+from .backends.openvino import OPENVINO
 from .backends.ort_cpu import ORT_CPU
 from .contract import config_from_props, metadata_props
-from .openvino import compile_onnx
 from .sessions import session_options
 
 if TYPE_CHECKING:
@@ -254,7 +254,7 @@ def openvino_fusion(path: str | Path, cores: list[AttentionCore] | None = None, 
         "dot_product"}], "version"}`` (``kernel``: the fused node's name and layer type).
     """
     cores = attention_cores(path) if cores is None else cores
-    compiled = compile_onnx(path, threads=threads)
+    compiled = OPENVINO.compiled(path, threads=threads)
     ops = compiled.get_runtime_model().get_ordered_ops()
     kernels = []
     for op in ops:

@@ -18,7 +18,7 @@ int8: OpenVINO gains nothing from a Q/DQ ONNX made for TensorRT / ONNX Runtime (
 post-training quantization, NNCF's. :func:`nncf_int8` quantizes the OpenVINO model of the same fp32 ONNX file,
 calibrated on the caller's images, with the variant's extra-math nodes in NNCF's ignored scope, checks that no
 FakeQuantize feeds them (:func:`fake_quantized`) and writes the IR (``.xml`` + ``.bin``) that
-:func:`compile_onnx` / :class:`OpenVINOSession` read like an ONNX file.
+:mod:`attnzoo.runtime.backends.openvino` reads like an ONNX file.
 
 bf16 (``precision="bf16"``, CPUs with bf16 units only: :func:`bf16_unavailable_reason`): the same fp32 file
 compiled with ``INFERENCE_PRECISION_HINT bf16``, the variant's extra-math ops pinned to f32 first
@@ -53,9 +53,8 @@ import numpy as np
 from attnzoo.errors import install_hint
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import bf16_problem
-from attnzoo.signals import off_altstack
 
-from .contract import INPUT_NAME, IR_RT_INFO, OUTPUT_NAME
+from .contract import INPUT_NAME, IR_RT_INFO
 
 ov = lazy_import("openvino")
 opset = lazy_import("openvino.opset13")
@@ -69,8 +68,7 @@ __all__ = [
     "version",
     "error_message",
     "read_onnx",
-    "compile_onnx",
-    "OpenVINOSession",
+    "refuse_bf16",
     "pin_f32",
     "runtime_precisions",
     "check_runtime_precisions",
@@ -128,7 +126,8 @@ def bf16_unavailable_reason() -> str | None:
     return None
 
 
-def _refuse_bf16() -> None:
+def refuse_bf16() -> None:
+    """``ValueError`` naming why bf16 cannot run here (:func:`bf16_unavailable_reason`); nothing when it can."""
     reason = bf16_unavailable_reason()
     if reason:
         raise ValueError(f"bf16: {reason}")
@@ -168,152 +167,6 @@ def read_onnx(path: str | Path, batch: int | None = None):
         shape[0] = int(batch)
         model.reshape({INPUT_NAME: shape})
     return model
-
-
-def compile_onnx(
-    path: str | Path | Any,
-    *,
-    threads: int | None = None,
-    batch: int | None = None,
-    hint: str = "LATENCY",
-    pin: bool = False,
-    precision: str = "fp32",
-):
-    """An ``openvino.CompiledModel`` of an ONNX file on the CPU, with the settings of the module docstring.
-
-    Args:
-        path: The ``.onnx`` file (an attnzoo export: input ``image``, output ``logits``), an OpenVINO IR
-            ``.xml`` of one (:func:`nncf_int8`), or an ``openvino.Model`` already read (:func:`read_onnx`,
-            :func:`pin_f32`; ``batch`` is then ignored).
-        threads: ``INFERENCE_NUM_THREADS`` (``None``: OpenVINO's default, the machine's cores).
-        batch: Fix the batch dimension to this size (``None``: keep it symbolic).
-        hint: ``PERFORMANCE_HINT``, one of ``HINTS``.
-        pin: ``ENABLE_CPU_PINNING`` (off by default, see the module docstring).
-        precision: ``fp32`` or ``bf16`` (:data:`PRECISIONS`), the ``INFERENCE_PRECISION_HINT``. bf16 is refused
-            where :func:`bf16_unavailable_reason` says why; :class:`OpenVINOSession` also pins the extra math and
-            checks the compiled model.
-
-    Raises:
-        ValueError: unknown hint or precision, a batch / thread count below 1, bf16 on a CPU without it.
-    """
-    if hint not in HINTS:
-        raise ValueError(f"unknown performance hint {hint!r}; valid: {', '.join(HINTS)}")
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
-    if threads is not None and threads < 1:
-        raise ValueError(f"threads must be >= 1, got {threads}")
-    if precision == "bf16":
-        _refuse_bf16()
-    model = path if isinstance(path, ov.Model) else read_onnx(path, batch)
-    config: dict[str, Any] = {
-        "PERFORMANCE_HINT": hint,
-        "INFERENCE_PRECISION_HINT": PRECISIONS[precision],
-        "ENABLE_CPU_PINNING": bool(pin),
-    }
-    if threads is not None:
-        config["INFERENCE_NUM_THREADS"] = int(threads)
-    off_altstack()  # the plugin may leave this thread on an unmapped alternate stack (attnzoo.signals)
-    return ov.Core().compile_model(model, "CPU", config)
-
-
-class OpenVINOSession:
-    """One compiled model and one reused infer request: ``run(x) -> logits`` (float32 NumPy).
-
-    Args:
-        path, threads, batch, hint, pin, precision: As for :func:`compile_onnx`.
-        keep_f32: Names of the ops to keep at f32 (the variant's extra math,
-            :func:`attnzoo.export.quantize.extra_math_nodes`): pinned (:func:`pin_f32`) and, after compiling,
-            read back from the runtime model (:func:`runtime_precisions`, in ``precision_check``). Required for
-            bf16 (an empty list for a variant without extra math).
-        outputs: Tensor names (the ONNX tensor names an IR converted from an attnzoo ONNX keeps) added as outputs
-            before compiling, for :meth:`tensors`; a name the model does not keep (folded or fused away) is left
-            out of :attr:`outputs`.
-
-    Raises:
-        ValueError: bf16 without ``keep_f32``, or where :func:`bf16_unavailable_reason` says why not.
-        PrecisionCheckError: the runtime model does not run the precisions asked for
-            (:func:`check_runtime_precisions`).
-    """
-
-    def __init__(
-        self,
-        path: str | Path,
-        *,
-        threads: int | None = None,
-        batch: int | None = None,
-        hint: str = "LATENCY",
-        pin: bool = False,
-        precision: str = "fp32",
-        keep_f32: Sequence[str] | None = None,
-        outputs: Sequence[str] = (),
-    ) -> None:
-        if precision == "bf16":  # refused before any work
-            _refuse_bf16()
-            if keep_f32 is None:
-                raise ValueError(
-                    "bf16 needs the names of the ops to keep at f32 (the variant's extra math, "
-                    "attnzoo.export.quantize.extra_math_nodes; an empty list for a variant without)"
-                )
-        model, pinned, missing = read_onnx(path, batch), list[str](), list[str]()
-        kept = {name for op in model.get_ops() for out in op.outputs() for name in out.get_names()} if outputs else ()
-        self.outputs = [n for n in dict.fromkeys(outputs) if n and n in kept]
-        if self.outputs:
-            model.add_outputs(self.outputs)
-        if keep_f32 is not None:
-            model, pinned, missing = pin_f32(model, keep_f32)
-        self.compiled = compile_onnx(model, threads=threads, hint=hint, pin=pin, precision=precision)
-        self.precision, self.precision_check, self.pinned = precision, None, pinned
-        if keep_f32 is not None:
-            self.precision_check = runtime_precisions(self.compiled, pinned, missing)
-            check_runtime_precisions(self.precision_check, precision)
-        self.request = self.compiled.create_infer_request()
-        self.batch = batch
-
-    def infer(self, x: np.ndarray) -> np.ndarray:
-        """One inference; the returned array is the request's own output buffer (overwritten by the next
-        call). The input is used in place, without a copy (float32, C-contiguous)."""
-        self.request.infer({INPUT_NAME: x}, share_inputs=True, share_outputs=True)
-        return self.request.get_tensor(OUTPUT_NAME).data
-
-    def tensors(self, x: np.ndarray) -> dict[str, np.ndarray]:
-        """The tensors :attr:`outputs` on ``x``, as float32 arrays the caller owns (one inference)."""
-        self.infer(np.ascontiguousarray(x, dtype=np.float32))
-        return {n: np.array(self.request.get_tensor(n).data, dtype=np.float32) for n in self.outputs}
-
-    def run(self, x: np.ndarray) -> np.ndarray:
-        """Logits of ``x`` (N, 3, H, W) as a float32 array the caller owns. A model compiled for batch 1 takes
-        any N, one image at a time.
-
-        Raises:
-            ValueError: N differs from a fixed batch size other than 1.
-        """
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        if self.batch is None or len(x) == self.batch:
-            return np.array(self.infer(x), dtype=np.float32)
-        if self.batch != 1:
-            raise ValueError(f"this OpenVINO model is compiled for batch {self.batch}, got {len(x)} images")
-        return np.concatenate([np.array(self.infer(x[i : i + 1]), dtype=np.float32) for i in range(len(x))])
-
-    def info(self) -> dict[str, Any]:
-        """The settings the compiled model ended up with (what a benchmark row reports)."""
-        props = {}
-        for key in (
-            "INFERENCE_NUM_THREADS",
-            "PERFORMANCE_HINT",
-            "INFERENCE_PRECISION_HINT",
-            "NUM_STREAMS",
-            "ENABLE_CPU_PINNING",
-        ):
-            try:
-                value = self.compiled.get_property(key)
-            except Exception:  # noqa: BLE001 -- a property this version does not report is left out
-                continue
-            # ov.Type -> "f32", enums -> "LATENCY"; ints and bools stay as they are
-            props[key.lower()] = value.to_string() if hasattr(value, "to_string") else getattr(value, "name", value)
-        info = {"openvino": version(), "fixed_batch": self.batch, **props}
-        if self.precision_check is not None:
-            info["precision_check"] = precision_summary(self.precision_check)
-        return info
 
 
 # ------------------------------------------------------------------------------------------ per-node precision

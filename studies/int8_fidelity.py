@@ -56,6 +56,7 @@ from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_info
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
 from attnzoo.runtime import openvino as ov
+from attnzoo.runtime.backends.openvino import OPENVINO, OpenVINORuntimeSession
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.studies.report import contended, reprint, require_out
 
@@ -197,9 +198,9 @@ def _interleaved_ms(runners: dict[str, Any], runs: int) -> dict[str, list[float]
     return times
 
 
-def _ov_compiled(path: Path) -> Any:
-    """An OpenVINO CPU model of ``path`` (ONNX or IR), one thread, batch 1: the study's OpenVINO runs."""
-    return ov.compile_onnx(path, threads=1, batch=1)
+def _ov_session(path: Path) -> OpenVINORuntimeSession:
+    """The ``openvino`` backend's session of ``path`` (ONNX or IR), one thread, batch 1: the study's OpenVINO runs."""
+    return OPENVINO.load(path, OPENVINO.options(threads=1, batch=1))
 
 
 def speeds(files: dict[str, Path], x: np.ndarray, runs: int = 40) -> dict[str, Any]:
@@ -209,7 +210,7 @@ def speeds(files: dict[str, Path], x: np.ndarray, runs: int = 40) -> dict[str, A
     out: dict[str, Any] = {}
     makers = {
         "onnxruntime": lambda p: (lambda s: lambda: s.run(None, {"image": x}))(ORT_CPU.session(p, 1).session),
-        "openvino": lambda p: (lambda c: lambda: c(x))(_ov_compiled(p)),
+        "openvino": lambda p: _ov_session(p).call(x).fn,
     }
     for runtime, make in makers.items():
         try:
@@ -374,8 +375,8 @@ REMEDY_METHODS = ("entropy", "max")
 
 def _openvino_outputs(path: Path, x: np.ndarray) -> np.ndarray:
     """An OpenVINO model's (ONNX or IR) outputs on ``x``, one input at a time."""
-    compiled = _ov_compiled(path)
-    return np.concatenate([np.asarray(compiled(x[i : i + 1])[compiled.output(0)]) for i in range(len(x))])
+    with _ov_session(path) as session:
+        return session.run(x)
 
 
 def remedies(
@@ -511,8 +512,8 @@ def remedies(
     if "refused" not in nncf_row:
         ov_speed = _interleaved_ms(
             {
-                "fp32": (lambda c: lambda: c(x))(_ov_compiled(fp32.path)),
-                "nncf": (lambda c: lambda: c(x))(_ov_compiled(out / "int8-nncf.xml")),
+                "fp32": _ov_session(fp32.path).call(x).fn,
+                "nncf": _ov_session(out / "int8-nncf.xml").call(x).fn,
             },
             runs,
         )

@@ -123,6 +123,9 @@ class Call:
             self.session.close()
 
 
+_S = TypeVar("_S", bound="Session")
+
+
 class Session:
     """A model loaded by one backend; close it (or use it as a context manager) to free its memory.
 
@@ -159,7 +162,7 @@ class Session:
             self.closed = True
             self.release()
 
-    def __enter__(self) -> Session:
+    def __enter__(self: _S) -> _S:
         return self
 
     def __exit__(self, *exc: Any) -> None:

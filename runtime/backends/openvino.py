@@ -19,25 +19,177 @@ from typing import Any, cast
 import numpy as np
 
 from attnzoo.lazy import lazy_import
+from attnzoo.signals import off_altstack
 
 from .. import openvino as ov
-from ..contract import ModelContract
+from ..contract import INPUT_NAME, OUTPUT_NAME, ModelContract
 from ..sessions import IR_SUFFIX
 from . import Backend, Call, LoadOptions, Session, register_backend
 
+ov_lib = lazy_import("openvino")
 models = lazy_import("attnzoo.models")  # torch and timm: the registry imports without them
 
-__all__ = ["OpenVINOBackend", "OpenVINORuntimeSession", "OPENVINO", "tensor_values"]
+__all__ = ["OpenVINOBackend", "OpenVINORuntimeSession", "OPENVINO", "OpenVINOSession", "compile_onnx", "tensor_values"]
+
+
+def compile_onnx(
+    path: str | Path | Any,
+    *,
+    threads: int | None = None,
+    batch: int | None = None,
+    hint: str = "LATENCY",
+    pin: bool = False,
+    precision: str = "fp32",
+):
+    """An ``openvino.CompiledModel`` of an ONNX file on the CPU, with the settings of
+    :mod:`attnzoo.runtime.openvino` (whose functions, ``ov.`` here, read, pin and check the model): the one place an
+    OpenVINO model is compiled. The backend's sessions compile through it; :meth:`OpenVINOBackend.compiled` gives
+    the compiled model itself to a caller that reads OpenVINO's own objects.
+
+    Args:
+        path: The ``.onnx`` file (an attnzoo export: input ``image``, output ``logits``), an OpenVINO IR ``.xml``
+            of one (``ov.nncf_int8``), or an ``openvino.Model`` already read (``ov.read_onnx``, ``ov.pin_f32``;
+            ``batch`` is then ignored).
+        threads: ``INFERENCE_NUM_THREADS`` (``None``: OpenVINO's default, the machine's cores).
+        batch: Fix the batch dimension to this size (``None``: keep it symbolic).
+        hint: ``PERFORMANCE_HINT``, one of ``ov.HINTS``.
+        pin: ``ENABLE_CPU_PINNING`` (off by default).
+        precision: ``fp32`` or ``bf16`` (``ov.PRECISIONS``), the ``INFERENCE_PRECISION_HINT``. bf16 is refused where
+            ``ov.bf16_unavailable_reason`` says why; :class:`OpenVINOSession` also pins the extra math and checks
+            the compiled model.
+
+    Raises:
+        ValueError: unknown hint or precision, a batch / thread count below 1, bf16 on a CPU without it.
+    """
+    if hint not in ov.HINTS:
+        raise ValueError(f"unknown performance hint {hint!r}; valid: {', '.join(ov.HINTS)}")
+    if precision not in ov.PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; valid: {', '.join(ov.PRECISIONS)}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    if precision == "bf16":
+        ov.refuse_bf16()
+    model = path if isinstance(path, ov_lib.Model) else ov.read_onnx(path, batch)
+    config: dict[str, Any] = {
+        "PERFORMANCE_HINT": hint,
+        "INFERENCE_PRECISION_HINT": ov.PRECISIONS[precision],
+        "ENABLE_CPU_PINNING": bool(pin),
+    }
+    if threads is not None:
+        config["INFERENCE_NUM_THREADS"] = int(threads)
+    off_altstack()  # the plugin may leave this thread on an unmapped alternate stack (attnzoo.signals)
+    return ov_lib.Core().compile_model(model, "CPU", config)
+
+
+class OpenVINOSession:
+    """One compiled model and one reused infer request: ``run(x) -> logits`` (float32 NumPy); what an
+    :class:`OpenVINORuntimeSession` holds.
+
+    Args:
+        path, threads, batch, hint, pin, precision: As for :func:`compile_onnx`.
+        keep_f32: Names of the ops to keep at f32 (the variant's extra math,
+            :func:`attnzoo.export.quantize.extra_math_nodes`): pinned (``ov.pin_f32``) and, after compiling, read
+            back from the runtime model (``ov.runtime_precisions``, in ``precision_check``). Required for bf16 (an
+            empty list for a variant without extra math).
+        outputs: Tensor names (the ONNX tensor names an IR converted from an attnzoo ONNX keeps) added as outputs
+            before compiling, for :meth:`tensors`; a name the model does not keep (folded or fused away) is left
+            out of :attr:`outputs`.
+
+    Raises:
+        ValueError: bf16 without ``keep_f32``, or where ``ov.bf16_unavailable_reason`` says why not.
+        PrecisionCheckError: the runtime model does not run the precisions asked for
+            (``ov.check_runtime_precisions``).
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        threads: int | None = None,
+        batch: int | None = None,
+        hint: str = "LATENCY",
+        pin: bool = False,
+        precision: str = "fp32",
+        keep_f32: Sequence[str] | None = None,
+        outputs: Sequence[str] = (),
+    ) -> None:
+        if precision == "bf16":  # refused before any work
+            ov.refuse_bf16()
+            if keep_f32 is None:
+                raise ValueError(
+                    "bf16 needs the names of the ops to keep at f32 (the variant's extra math, "
+                    "attnzoo.export.quantize.extra_math_nodes; an empty list for a variant without)"
+                )
+        model, pinned, missing = ov.read_onnx(path, batch), list[str](), list[str]()
+        kept = {name for op in model.get_ops() for out in op.outputs() for name in out.get_names()} if outputs else ()
+        self.outputs = [n for n in dict.fromkeys(outputs) if n and n in kept]
+        if self.outputs:
+            model.add_outputs(self.outputs)
+        if keep_f32 is not None:
+            model, pinned, missing = ov.pin_f32(model, keep_f32)
+        self.compiled = compile_onnx(model, threads=threads, hint=hint, pin=pin, precision=precision)
+        self.precision, self.precision_check, self.pinned = precision, None, pinned
+        if keep_f32 is not None:
+            self.precision_check = ov.runtime_precisions(self.compiled, pinned, missing)
+            ov.check_runtime_precisions(self.precision_check, precision)
+        self.request = self.compiled.create_infer_request()
+        self.batch = batch
+
+    def infer(self, x: np.ndarray) -> np.ndarray:
+        """One inference; the returned array is the request's own output buffer (overwritten by the next
+        call). The input is used in place, without a copy (float32, C-contiguous)."""
+        self.request.infer({INPUT_NAME: x}, share_inputs=True, share_outputs=True)
+        return self.request.get_tensor(OUTPUT_NAME).data
+
+    def tensors(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        """The tensors :attr:`outputs` on ``x``, as float32 arrays the caller owns (one inference)."""
+        self.infer(np.ascontiguousarray(x, dtype=np.float32))
+        return {n: np.array(self.request.get_tensor(n).data, dtype=np.float32) for n in self.outputs}
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        """Logits of ``x`` (N, 3, H, W) as a float32 array the caller owns. A model compiled for batch 1 takes
+        any N, one image at a time.
+
+        Raises:
+            ValueError: N differs from a fixed batch size other than 1.
+        """
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if self.batch is None or len(x) == self.batch:
+            return np.array(self.infer(x), dtype=np.float32)
+        if self.batch != 1:
+            raise ValueError(f"this OpenVINO model is compiled for batch {self.batch}, got {len(x)} images")
+        return np.concatenate([np.array(self.infer(x[i : i + 1]), dtype=np.float32) for i in range(len(x))])
+
+    def info(self) -> dict[str, Any]:
+        """The settings the compiled model ended up with (what a benchmark row reports)."""
+        props = {}
+        for key in (
+            "INFERENCE_NUM_THREADS",
+            "PERFORMANCE_HINT",
+            "INFERENCE_PRECISION_HINT",
+            "NUM_STREAMS",
+            "ENABLE_CPU_PINNING",
+        ):
+            try:
+                value = self.compiled.get_property(key)
+            except Exception:  # noqa: BLE001 -- a property this version does not report is left out
+                continue
+            # ov.Type -> "f32", enums -> "LATENCY"; ints and bools stay as they are
+            props[key.lower()] = value.to_string() if hasattr(value, "to_string") else getattr(value, "name", value)
+        info = {"openvino": ov.version(), "fixed_batch": self.batch, **props}
+        if self.precision_check is not None:
+            info["precision_check"] = ov.precision_summary(self.precision_check)
+        return info
 
 
 class OpenVINORuntimeSession(Session):
-    """An :class:`attnzoo.runtime.openvino.OpenVINOSession` behind the registry's interface."""
+    """An :class:`OpenVINOSession` behind the registry's interface."""
 
-    def __init__(self, session: ov.OpenVINOSession, backend: str) -> None:
-        self.session: ov.OpenVINOSession | None = session
+    def __init__(self, session: OpenVINOSession, backend: str) -> None:
+        self.session: OpenVINOSession | None = session
         self.backend, self.fixed_size = backend, True
 
-    def live(self) -> ov.OpenVINOSession:
+    def live(self) -> OpenVINOSession:
         """The OpenVINO session (its compiled model and infer request); raises once this is closed."""
         if self.session is None:
             raise RuntimeError(f"this {self.backend} session is closed")
@@ -91,7 +243,7 @@ class OpenVINOBackend(Backend):
         if options.dtype == "bf16" and keep_f32 is None and not _extra_scopes(Path(model)):
             keep_f32 = ()
         precision = "bf16" if options.dtype == "bf16" else "fp32"  # an int8 IR carries its own precision
-        session = ov.OpenVINOSession(
+        session = OpenVINOSession(
             Path(model),
             threads=options.threads,
             batch=options.batch,
@@ -100,6 +252,12 @@ class OpenVINOBackend(Backend):
         )
         return OpenVINORuntimeSession(session, self.name)
 
+    def compiled(self, model: Any, threads: int | None = None) -> Any:
+        """The ``openvino.CompiledModel`` of ``model`` (an ONNX or IR file, any graph, not only a model's export)
+        with the backend's fp32 settings: for a caller that reads OpenVINO's own objects instead of running a model
+        (the fusion audit's runtime graph, the GEMM ceiling's infer request on a bare matmul)."""
+        return compile_onnx(Path(model), threads=threads)
+
 
 def tensor_values(
     path: str | Path, names: Sequence[str], x: np.ndarray, *, threads: int | None = None
@@ -107,7 +265,7 @@ def tensor_values(
     """The tensors ``names`` of an IR (or ONNX) file as OpenVINO's CPU plugin computes them on ``x`` at f32: a
     fresh read of ``path`` with those tensors added as outputs (a name it does not keep is left out), run once.
     What an export's per-block comparison reads from an IR (:func:`attnzoo.export.divergence.divergence_vs_eager`)."""
-    session = ov.OpenVINOSession(Path(path), threads=threads, outputs=names)
+    session = OpenVINOSession(Path(path), threads=threads, outputs=names)
     return session.tensors(x)
 
 

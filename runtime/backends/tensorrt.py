@@ -16,6 +16,7 @@ from attnzoo.lazy import lazy_import
 from .. import tensorrt as rt
 from ..device import DeviceMemory, release_cuda_cache, tf32_problem
 from . import Backend, Call, LoadOptions, Session, register_backend
+from .tensorrt_engine import Engine, runtime_cache_path
 
 torch = lazy_import("torch")
 
@@ -25,9 +26,7 @@ __all__ = ["TensorRTBackend", "TensorRTSession", "TENSORRT"]
 class TensorRTSession(Session):
     """One engine (built for the batch sizes given, or loaded from an engine file) and one execution context."""
 
-    def __init__(
-        self, engine: rt.Engine, backend: str, facts: dict[str, Any], memory: DeviceMemory | None = None
-    ) -> None:
+    def __init__(self, engine: Engine, backend: str, facts: dict[str, Any], memory: DeviceMemory | None = None) -> None:
         self.engine, self.backend, self._facts, self.memory = engine, backend, facts, memory
         self.fixed_size = True
         self._graph_note = "not made"
@@ -80,6 +79,12 @@ class TensorRTSession(Session):
             memory=self.memory.device_used if self.memory is not None else None,
             session=self,
         )
+
+    def latency_ms(self, x: np.ndarray, iters: int = 50) -> dict[str, float]:
+        """Median and min latency of the engine's enqueue on ``x`` made resident, timed with CUDA events after a
+        warm-up (:meth:`~attnzoo.runtime.backends.tensorrt_engine.Engine.latency_ms`): what an export's engine
+        check reports."""
+        return self.engine.latency_ms(x, iters)
 
     def info(self) -> dict[str, Any]:
         facts = {
@@ -153,7 +158,7 @@ class TensorRTBackend(Backend):
                     "from the ONNX file instead)"
                 )
             memory = DeviceMemory() if rt.gpu_available() else None
-            return TensorRTSession(rt.Engine(path), self.name, {}, memory)
+            return TensorRTSession(Engine(path), self.name, {}, memory)
         sizes, tf32 = _sizes(options), options.dtype == "tf32"
         if options.cache_dir is not None:  # engines and compiled kernels kept: every later row and run reuses them
             folder = options.cache_dir / "tensorrt"
@@ -161,11 +166,19 @@ class TensorRTBackend(Backend):
             lib = rt.load_library()
             memory = DeviceMemory()  # after the build (which needs none of it), before the engine is loaded
             return TensorRTSession(
-                rt.Engine(Path(facts["engine"]), lib, rt.runtime_cache_path(folder, lib)), self.name, facts, memory
+                Engine(Path(facts["engine"]), lib, runtime_cache_path(folder, lib)), self.name, facts, memory
             )
-        built = rt.build(path, batch_sizes=sizes, tf32=tf32)
+        return self.open_built(rt.build(path, batch_sizes=sizes, tf32=tf32))
+
+    def open_built(self, built: rt.Built) -> TensorRTSession:
+        """A session of the engine :func:`~attnzoo.runtime.tensorrt.build` just made, from its bytes (nothing read
+        from disk): what ``export-model``'s engine check runs before the engine is kept.
+
+        Raises:
+            TensorRTUnavailable: no GPU, or one the engine's library does not run on.
+        """
         memory = DeviceMemory() if rt.gpu_available() else None
-        return TensorRTSession(rt.Engine(built.blob, built.library), self.name, built.facts(), memory)
+        return TensorRTSession(Engine(built.blob, built.library), self.name, built.facts(), memory)
 
 
 def _sizes(options: LoadOptions) -> tuple[int, ...]:

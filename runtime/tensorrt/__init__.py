@@ -1,4 +1,4 @@
-"""TensorRT build, load and run: one builder for ``export-model``, ``bench-latency`` and the demo.
+"""TensorRT build: one builder for ``export-model``, ``bench-latency`` and the demo.
 
 Two libraries, one API:
 
@@ -13,11 +13,12 @@ The modules, by role:
 - :mod:`.library`: which library is used here and its version, the build targets and the GPUs its engines run
   on, the errors, and the logger TensorRT calls back into;
 - :mod:`.builder`: ONNX parsed into a strongly typed network, the network's precision checked, the builder
-  configured (profile, target, TF32) and the engine built, once per key in the engine cache (:func:`build_cached`);
-- :mod:`.engine`: an engine deserialized and run on torch CUDA buffers on a stream of its own (needs a GPU).
+  configured (profile, target, TF32) and the engine built, once per key in the engine cache (:func:`build_cached`).
 
-Every public name is importable from here. A test that replaces a function patches it in the module that calls
-it (``builder.run_in_worker``, ``library.gpu_available`` and its imports in ``builder`` and ``engine``).
+Running an engine is the ``tensorrt`` backend's (:mod:`attnzoo.runtime.backends.tensorrt`, whose loader
+:mod:`attnzoo.runtime.backends.tensorrt_engine` deserializes and runs it on torch CUDA buffers). Every public name
+of the two modules is importable from here. A test that replaces a function patches it in the module that calls it
+(``builder.run_in_worker``, ``library.gpu_available`` and its imports in ``builder`` and the engine loader).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from .builder import (
     parse_onnx,
     profile_batches,
 )
-from .engine import Engine, runtime_cache_path, set_input_shape
 from .library import (
     COMPUTE_CAPABILITIES,
     DEFAULT_COMPUTE_CAPABILITY,
@@ -65,8 +65,6 @@ __all__ = [
     "gpu_description",
     "tensorrt_proper_hint",
     "run_problem",
-    "set_input_shape",
-    "runtime_cache_path",
     "TensorRTError",
     "TensorRTUnavailable",
     "TensorRTParseError",
@@ -84,5 +82,4 @@ __all__ = [
     "build",
     "build_cached",
     "engine_cache_name",
-    "Engine",
 ]

@@ -53,13 +53,6 @@ ALLOWED: dict[str, int] = {
     "report/variant.py": 1,  # report-variant's "tensorrt" export step
     "runtime/sessions.py": 1,  # ONNX Runtime's "tensorrt-ep" provider
     "studies/train_speed.py": 4,  # the training setting "compile"
-    # runtimes whose factory still lives outside runtime/backends/:
-    "runtime/openvino.py": 2,  # OpenVINO's compile_model (the openvino backend wraps OpenVINOSession)
-    "runtime/fusion.py": 1,  # the fusion audit compiles with OpenVINO to read its executed graph
-    "benchmarks/ceiling.py": 1,  # the GEMM ceiling's OpenVINO infer request
-    "studies/int8_fidelity.py": 1,  # OpenVINO's int8 latency
-    "export/tensorrt.py": 1,  # the export's engine check runs the engine it built
-    "runtime/tensorrt/engine.py": 2,  # the TensorRT runtime and engine (the tensorrt backend wraps Engine)
 }
 
 

@@ -20,6 +20,7 @@ from attnzoo.export.tensorrt import STATUS_BUILT, STATUS_RUN, build_engine, engi
 from attnzoo.models import ARCHS, PROJECTION_OPS, VARIANT_NAMES, VARIANTS, create_model
 from attnzoo.runtime import ModelContract, compare
 from attnzoo.runtime import tensorrt as rt
+from attnzoo.runtime.backends import tensorrt_engine as engine_loader
 from attnzoo.runtime.reports import EngineReport
 from tests.tiers import marks as tier_marks
 
@@ -197,7 +198,7 @@ def test_tensorrt_rtx_engines_are_refused_on_a_gpu_they_do_not_run_on(lib, onnx_
     if lib.name != "tensorrt_rtx":
         pytest.skip("the refusal is TensorRT-RTX's")
     monkeypatch.setattr(torch.version, "cuda", "13.0")
-    for module in (rt.library, rt.builder, rt.engine):  # patched where each looks it up
+    for module in (rt.library, rt.builder, engine_loader):  # patched where each looks it up
         monkeypatch.setattr(module, "gpu_available", lambda: True)
     monkeypatch.setattr(rt.library, "gpu_description", lambda: ("NVIDIA H100 80GB HBM3", (9, 0)))
     line = rt.run_problem(lib)
@@ -207,7 +208,7 @@ def test_tensorrt_rtx_engines_are_refused_on_a_gpu_they_do_not_run_on(lib, onnx_
     with pytest.raises(ValueError, match="does not run on NVIDIA H100"):
         rt.build(onnx_file("standard"), compute_capability="CURRENT")
     with pytest.raises(rt.TensorRTUnavailable, match="does not run on NVIDIA H100"):
-        rt.Engine(b"not an engine")
+        engine_loader.Engine(b"not an engine")
     assert rt.build(onnx_file("standard"), batch_sizes=(1,), compute_capability="SM89").compute_capability == "SM89"
     monkeypatch.setattr(rt.library, "gpu_description", lambda: ("NVIDIA GeForce RTX 4090", (8, 9)))
     assert rt.run_problem(lib) is None
@@ -224,13 +225,13 @@ def test_set_input_shape_is_checked():
         def get_tensor_profile_shape(self, name, profile):
             return [(1, 3, 32, 32), (4, 3, 32, 32), (8, 3, 32, 32)]
 
-    rt.set_input_shape(Context(), Engine(), "image", (8, 3, 32, 32))
+    engine_loader.set_input_shape(Context(), Engine(), "image", (8, 3, 32, 32))
     with pytest.raises(
         rt.TensorRTError,
         match=r"does not take image of shape \(9, 3, 32, 32\): its profile "
         r"\(min / opt / max\) is \(1, 3, 32, 32\) / \(4, 3, 32, 32\)",
     ):
-        rt.set_input_shape(Context(), Engine(), "image", (9, 3, 32, 32))
+        engine_loader.set_input_shape(Context(), Engine(), "image", (9, 3, 32, 32))
 
 
 @pytest.mark.slow  # parses and checks TensorRT networks (about 11 s)
@@ -438,7 +439,7 @@ def test_engine_runs_and_matches_onnxruntime(lib, verified_onnx, tmp_path, dtype
     path = verified_onnx("belief2", dtype)
     report = build_engine(path, tmp_path / "e.engine", batch_sizes=(1, 4, 8))
     assert report.ran_on_gpu and report.parity and report.parity["passed"], report.failures
-    engine = rt.Engine(tmp_path / "e.engine")
+    engine = engine_loader.Engine(tmp_path / "e.engine")
     assert engine.stream.cuda_stream != torch.cuda.default_stream().cuda_stream  # its own, not the legacy default
     x = np.random.default_rng(1).standard_normal((3, 3, 32, 32)).astype(np.float32)
     ref = ORT_CPU.session(path).session.run(None, {"image": x})[0]

@@ -88,7 +88,7 @@ def test_precision_check_lets_a_reshape_pass_the_extra_maths_bf16_input_on_but_n
 @pytest.mark.skipif(HAS_BF16, reason=NEEDS_NO_BF16)
 def test_openvino_bf16_is_refused_here_in_one_line(belief2):
     from attnzoo.runtime.backends import LoadOptions, get_backend
-    from attnzoo.runtime.openvino import OpenVINOSession
+    from attnzoo.runtime.backends.openvino import OpenVINOSession
 
     _, path, names = belief2
     reason = get_backend("openvino").unavailable_reason("bf16")
@@ -103,7 +103,8 @@ def test_openvino_bf16_is_refused_here_in_one_line(belief2):
 def test_pin_f32_gives_each_extra_math_op_openvinos_attribute_and_keeps_the_math(belief2):
     import numpy as np
 
-    from attnzoo.runtime.openvino import OpenVINOSession, pin_f32, read_onnx
+    from attnzoo.runtime.backends.openvino import OpenVINOSession
+    from attnzoo.runtime.openvino import pin_f32, read_onnx
 
     _, path, names = belief2
     model, pinned, missing = pin_f32(read_onnx(path), names)
@@ -123,7 +124,8 @@ def test_pin_f32_gives_each_extra_math_op_openvinos_attribute_and_keeps_the_math
 
 
 def test_runtime_model_read_back_finds_every_extra_math_op_in_a_pinned_f32_kernel(belief2):
-    from attnzoo.runtime.openvino import OpenVINOSession, runtime_precisions
+    from attnzoo.runtime.backends.openvino import OpenVINOSession
+    from attnzoo.runtime.openvino import runtime_precisions
 
     _, path, names = belief2
     session = OpenVINOSession(path, threads=1, keep_f32=names)
@@ -206,11 +208,12 @@ def test_precision_check_refuses_extra_math_off_f32_matmuls_off_bf16_and_a_silen
 @pytest.mark.skipif(HAS_BF16, reason=NEEDS_NO_BF16)
 def test_without_the_refusal_openvino_compiles_bf16_at_f32_here_and_the_read_back_says_so(belief2, monkeypatch):
     from attnzoo.runtime import openvino as ov_rt
+    from attnzoo.runtime.backends.openvino import OpenVINOSession
 
     _, path, names = belief2
     monkeypatch.setattr(ov_rt, "bf16_unavailable_reason", lambda: None)
     with pytest.raises(ov_rt.PrecisionCheckError, match="compiled the model at f32, not bf16"):
-        ov_rt.OpenVINOSession(path, threads=1, precision="bf16", keep_f32=names)
+        OpenVINOSession(path, threads=1, precision="bf16", keep_f32=names)
 
 
 @pytest.mark.skipif(not HAS_BF16, reason="needs a CPU with bf16 units")
@@ -393,8 +396,8 @@ def test_score_puts_each_run_on_the_same_test_images(zoo_belief2):
     import numpy as np
 
     from attnzoo.export.quantize import evaluate_onnx
+    from attnzoo.runtime.backends.openvino import OpenVINOSession
     from attnzoo.runtime.evaluate import score_runs as score
-    from attnzoo.runtime.openvino import OpenVINOSession
 
     path, config = zoo_belief2
     run = OpenVINOSession(path, threads=1).run
@@ -417,7 +420,7 @@ class _Fake:
     def __init__(self, path, names, noise: float = 0.0):
         import numpy as np
 
-        from attnzoo.runtime.openvino import OpenVINOSession
+        from attnzoo.runtime.backends.openvino import OpenVINOSession
 
         real = OpenVINOSession(path, threads=1, keep_f32=names)
         rng = np.random.default_rng(0)
@@ -434,7 +437,7 @@ def test_verify_bf16_writes_a_report_reuses_it_here_only_and_refuses_a_drop_beyo
     import json
 
     from attnzoo.runtime import bf16
-    from attnzoo.runtime.openvino import OpenVINOSession
+    from attnzoo.runtime.backends.openvino import OpenVINOSession
 
     path, config = zoo_belief2
     names = _names(path)

@@ -1,4 +1,5 @@
 """Running a TensorRT engine: deserialize it, bind torch CUDA buffers, enqueue on a CUDA stream of its own, time it.
+The ``tensorrt`` backend's loader (:mod:`attnzoo.runtime.backends.tensorrt`): every engine is run through it.
 
 An :class:`Engine` enqueues on a stream of its own (never the legacy default stream, which makes TensorRT add
 synchronisations). TensorRT-RTX contexts specialise kernels eagerly (``EAGER``: no fallback kernel while a
@@ -23,7 +24,7 @@ from attnzoo.lazy import lazy_import
 from attnzoo.signals import signals_deferred
 
 from ..contract import INPUT_NAME, OUTPUT_NAME
-from .library import (
+from ..tensorrt.library import (
     Library,
     TensorRTError,
     TensorRTUnavailable,
