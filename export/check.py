@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,8 @@ __all__ = [
     "check_extra_math",
     "assert_extra_math",
     "expected_scopes",
+    "ScopeWalk",
+    "walk_extra_scopes",
     "graph_depth",
     "block_prefix",
     "variant_spec",
@@ -78,6 +81,39 @@ def expected_scopes(config: dict[str, Any], depth: int) -> list[str]:
     declares no ``extra_scopes``), block by block."""
     modules = variant_spec(config).extra_scopes
     return [f"{block_prefix(config)}.{i}.attn.{m}" for i in range(depth) for m in modules]
+
+
+@dataclass
+class ScopeWalk:
+    """What one extra-math check found, scope by scope (:func:`walk_extra_scopes`).
+
+    Attributes:
+        failures: What is missing or wrong, in scope order (the depth's own line first).
+        blocks: Per scope, what the check describes of it (its ops, its node names).
+        nodes_per_block: Per block (``blocks.3``), the nodes counted in its extra-math scopes.
+    """
+
+    failures: list[str] = field(default_factory=list)
+    blocks: dict[str, Any] = field(default_factory=dict)
+    nodes_per_block: Counter = field(default_factory=Counter)
+
+
+def walk_extra_scopes(
+    config: Mapping[str, Any], depth: int, where: str, judge: Callable[[str], tuple[list[str], dict[str, Any], int]]
+) -> ScopeWalk:
+    """The walk every extra-math check shares, whatever it reads (an ONNX graph, an OpenVINO IR, a
+    ``torch.export`` program): a model of no block fails for a variant that declares extra scopes (``where``: what
+    was searched, e.g. ``nodes in the graph``); then each scope of :func:`expected_scopes` is judged by the check's
+    own ``judge(scope) -> (failures, the scope's entry of blocks, its node count)``."""
+    walk = ScopeWalk()
+    if depth == 0 and variant_spec(config).extra_scopes:
+        walk.failures.append(f"no {block_prefix(dict(config))}.N {where} (blocks missing or renamed)")
+    for scope in expected_scopes(dict(config), depth):
+        failures, entry, count = judge(scope)
+        walk.failures += failures
+        walk.blocks[scope] = entry
+        walk.nodes_per_block[scope.split(".attn.")[0]] += count
+    return walk
 
 
 def _scope_module(scope: str) -> str:
@@ -163,39 +199,40 @@ def check_extra_math(
     for node in proto.graph.node:
         by_scope[node.name.rsplit("/", 1)[0]].append(node)
     types, consts = _elem_types(proto), _constants(proto)
-    failures: list[str] = []
-    blocks: dict[str, Any] = {}
     depth = graph_depth(proto, block_prefix(config))
     spec = variant_spec(config)
-    if depth == 0 and spec.extra_scopes:
-        failures.append(f"no {block_prefix(config)}.N nodes in the graph (blocks missing or renamed)")
-    for scope in expected_scopes(config, depth):
+
+    def judge(scope: str) -> tuple[list[str], dict[str, Any], int]:
         nodes = by_scope.get(scope, [])
+        entry = {"ops": dict(Counter(n.op_type for n in nodes)), "nodes": [n.name for n in nodes]}
         if not nodes:
-            failures.append(
+            missing = (
                 f"{scope}: no nodes named {scope}/... (variant {spec.name!r} declares extra scope "
                 f"{_scope_module(scope)!r}; its ops are missing, folded away or renamed)"
             )
-        required = spec.required_ops(_scope_module(scope))
-        failures += [] if not nodes else _check_scope(scope, nodes, types, consts, eps, required)
-        blocks[scope] = {"ops": dict(Counter(n.op_type for n in nodes)), "nodes": [n.name for n in nodes]}
+            return [missing], entry, 0
+        return (
+            _check_scope(scope, nodes, types, consts, eps, spec.required_ops(_scope_module(scope))),
+            entry,
+            len(nodes),
+        )
+
+    walk = walk_extra_scopes(config, depth, "nodes in the graph", judge)
     odd = sorted({f"{n.domain}::{n.op_type}" for n in proto.graph.node if n.domain not in _STANDARD_DOMAINS})
-    failures += [f"non-standard op {o} in the graph" for o in odd]
-    fp32_ops = PRECISIONS[dtype].fp32_ops if dtype in PRECISIONS else ()  # an unknown dtype: the contract's check
+    failures = walk.failures + [f"non-standard op {o} in the graph" for o in odd]
+    precision = PRECISIONS.get(dtype)  # an unknown dtype: the contract's check
+    fp32_ops = precision.fp32_ops if precision is not None else ()
     if fp32_ops:
         failures += [
             f"{n.name}: {n.op_type} does not compute in fp32"
             for n in proto.graph.node
             if n.op_type in fp32_ops and types.get(n.output[0]) != onnx.TensorProto.FLOAT
         ]
-    per_block: Counter = Counter()
-    for scope, found in blocks.items():
-        per_block[scope.split(".attn.")[0]] += len(found["nodes"])
     return {
         "ok": not failures,
         "failures": failures,
-        "blocks": blocks,
-        "nodes_per_block": dict(per_block),
+        "blocks": walk.blocks,
+        "nodes_per_block": dict(walk.nodes_per_block),
         "non_standard_ops": odd,
         "depth": depth,
     }

@@ -65,7 +65,7 @@ from attnzoo.runtime.precision import QUANTIZED, get_precision
 from attnzoo.runtime.sessions import IR_SUFFIX
 
 from .. import quantize, verify
-from ..check import block_prefix, expected_scopes, variant_spec
+from ..check import block_prefix, variant_spec, walk_extra_scopes
 from ..divergence import DIVERGENCE_INPUTS, divergence_vs_onnx, not_exposed
 from ..errors import ExportError, ExportWarning
 from ..verify import VerificationError, checked_batch_sizes
@@ -160,29 +160,24 @@ def count_extra_math(model: Any, config: dict[str, Any], eps: float | None = Non
         ``{"ok", "failures", "blocks": {scope: {"ops": {op: n}, "nodes": [names]}}, "nodes_per_block", "depth",
         "half_ops"}``.
     """
-    prefix = block_prefix(config)
-    block = re.compile(rf"^{re.escape(prefix)}\.(\d+)[./]")
+    block = re.compile(rf"^{re.escape(block_prefix(config))}\.(\d+)[./]")
     ops = list(model.get_ops())
     depth = 1 + max((int(m.group(1)) for m in (block.match(o.get_friendly_name()) for o in ops) if m), default=-1)
     spec = variant_spec(config)
-    failures: list[str] = []
-    if depth == 0 and spec.extra_scopes:
-        failures.append(f"no {prefix}.N ops in the IR (blocks missing or renamed)")
-    blocks: dict[str, Any] = {}
-    per_block: Counter = Counter()
-    for scope in expected_scopes(config, depth):
+
+    def judge(scope: str) -> tuple[list[str], dict[str, Any], int]:
         found = [o for o in ops if o.get_friendly_name().startswith(scope + "/")]
-        failures += _scope_failures(model, scope, found, spec, eps)
-        blocks[scope] = {"ops": dict(_onnx_counts(found)), "nodes": [o.get_friendly_name() for o in found]}
-        per_block[scope.split(".attn.")[0]] += len(found)
+        entry = {"ops": dict(_onnx_counts(found)), "nodes": [o.get_friendly_name() for o in found]}
+        return _scope_failures(model, scope, found, spec, eps), entry, len(found)
+
+    walk = walk_extra_scopes(config, depth, "ops in the IR", judge)
     half = _half_ops(ops)
-    if half:
-        failures.append(f"{len(half)} op(s) compute in 16 bits, not f32, e.g. {half[0]}")
+    failures = walk.failures + ([f"{len(half)} op(s) compute in 16 bits, not f32, e.g. {half[0]}"] if half else [])
     return {
         "ok": not failures,
         "failures": failures,
-        "blocks": blocks,
-        "nodes_per_block": dict(per_block),
+        "blocks": walk.blocks,
+        "nodes_per_block": dict(walk.nodes_per_block),
         "depth": depth,
         "half_ops": len(half),
     }

@@ -10,7 +10,7 @@ from typing import Any
 
 from attnzoo.runtime import aoti
 
-from ..check import block_prefix, expected_scopes, variant_spec
+from ..check import block_prefix, variant_spec, walk_extra_scopes
 
 __all__ = ["NO_MATH_TARGETS", "count_extra_math", "dynamic_batch"]
 
@@ -77,14 +77,11 @@ def count_extra_math(program: Any, config: dict[str, Any]) -> dict[str, Any]:
                 depth = max(depth, int(m.group(1)) + 1)
             by_scope.setdefault(name, Counter())[_target(node)] += 1
     spec = variant_spec(config)
-    failures: list[str] = []
-    if depth == 0 and spec.extra_scopes:
-        failures.append(f"no {prefix}.N modules in the graph's nn_module_stack (blocks missing or renamed)")
-    blocks: dict[str, Any] = {}
-    per_block: Counter = Counter()
-    for scope in expected_scopes(config, depth):
+
+    def judge(scope: str) -> tuple[list[str], dict[str, Any], int]:
         ops = by_scope.get(scope, Counter())
         module = scope.split(".attn.", 1)[1]
+        failures = []
         if not ops:
             failures.append(
                 f"{scope}: no nodes of module {scope} in the exported program (variant {spec.name!r} declares extra "
@@ -92,13 +89,14 @@ def count_extra_math(program: Any, config: dict[str, Any]) -> dict[str, Any]:
             )
         elif all(op in NO_MATH_TARGETS for op in ops):
             failures.append(f"{scope}: only {', '.join(sorted(ops))} node(s), no op computes anything")
-        blocks[scope] = {"ops": dict(ops)}
-        per_block[scope.split(".attn.")[0]] += sum(ops.values())
+        return failures, {"ops": dict(ops)}, sum(ops.values())
+
+    walk = walk_extra_scopes(config, depth, "modules in the graph's nn_module_stack", judge)
     return {
-        "ok": not failures,
-        "failures": failures,
-        "blocks": blocks,
-        "nodes_per_block": dict(per_block),
+        "ok": not walk.failures,
+        "failures": walk.failures,
+        "blocks": walk.blocks,
+        "nodes_per_block": dict(walk.nodes_per_block),
         "depth": depth,
     }
 
