@@ -32,7 +32,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -49,6 +49,9 @@ from attnzoo.signals import Interrupted, Terminated
 from attnzoo.studies.fusable import speedups, time_opsets
 
 from .render import REPORT_FORMATS, write_report
+
+if TYPE_CHECKING:
+    from attnzoo.export.formats import ExportFormat
 
 # report-variant --help and its usage errors load without torch, onnx and timm: these import at their first use
 torch = lazy_import("torch")
@@ -424,6 +427,14 @@ def _int8_summary(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _engine_format() -> ExportFormat:
+    """The export format of the engine step: the one whose output is a TensorRT engine
+    (:attr:`~attnzoo.export.formats.ExportFormat.builds_engine`, ``--format tensorrt``); its name is the step's in
+    ``steps`` and keys its entry in an export side, as a format of :data:`~attnzoo.report.render.REPORT_FORMATS`'s
+    does."""
+    return next(part for part in export.formats.formats().values() if part.builds_engine)
+
+
 def export_side(
     variant: str,
     source: dict[str, Any],
@@ -441,13 +452,16 @@ def export_side(
     args = _model_args(variant, source) if args is None else args
     side: dict[str, Any] = {"source": source}
     onnx_path = folder / f"{variant}.onnx"
+    engine_fmt = _engine_format()
 
     def fp32_and_engine() -> dict[str, Any]:
-        r = export.export_model(**args, out=folder / f"{variant}.engine", format="tensorrt", batch_sizes=BATCH_SIZES)
+        r = export.export_model(
+            **args, out=folder / f"{variant}{engine_fmt.suffixes[0]}", format=engine_fmt.name, batch_sizes=BATCH_SIZES
+        )
         e = r.engine_report
         if e is None:
-            raise RuntimeError("export_model(format='tensorrt') returned no engine report")
-        side["tensorrt"] = {
+            raise RuntimeError(f"export_model(format={engine_fmt.name!r}) returned no engine report")
+        side[engine_fmt.name] = {
             "status": "ok",
             "engine": _rel(r.engine_path, out),
             "state": e.status,
@@ -463,7 +477,7 @@ def export_side(
         }
         return _fp32_summary(r.report, out, r.onnx_path)
 
-    tensorrt_wanted = "tensorrt" in steps
+    engine_wanted = engine_fmt.name in steps
     unbuilt = (
         "--quick"
         if budget == QUICK
@@ -471,13 +485,13 @@ def export_side(
         if budget == FULL
         else "not in its standard_exports, or fp8 off"
     )
-    side["fp32"] = _attempt(fp32_and_engine) if tensorrt_wanted else {"status": "skipped"}
+    side["fp32"] = _attempt(fp32_and_engine) if engine_wanted else {"status": "skipped"}
     if side["fp32"]["status"] != "ok":  # no engine (no TensorRT here, or its build failed): the ONNX alone
         engine = side["fp32"]
         side["fp32"] = _attempt(
             lambda: _fp32_summary(export.export_model(**args, out=onnx_path).report, out, onnx_path)
         )
-        side["tensorrt"] = engine if tensorrt_wanted else _skipped(f"not built with this budget ({unbuilt})")
+        side[engine_fmt.name] = engine if engine_wanted else _skipped(f"not built with this budget ({unbuilt})")
     else:
         onnx_path = folder / f"{variant}.onnx"
     side["onnx_path"] = str(onnx_path)
@@ -534,7 +548,7 @@ def export_side(
         "fp32": (side["fp32"].get("extra_math") or {}).get("ok"),
         "fp16": (side["fp16"].get("extra_math") or {}).get("ok"),
         "int8": side["int8"].get("extra_math_kept"),
-        "tensorrt": ((side.get("tensorrt") or {}).get("network_check") or {}).get("ok"),
+        engine_fmt.name: ((side.get(engine_fmt.name) or {}).get("network_check") or {}).get("ok"),
         **{fmt: (side[fmt].get("extra_math") or {}).get("ok") for fmt in REPORT_FORMATS},
     }
     acc = side["int8"].get("accuracy") if side["int8"]["status"] == "ok" else None

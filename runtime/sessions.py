@@ -17,6 +17,7 @@ the tolerance of fp32.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,8 @@ from .reports import OpenVINOReport, exported_report_type
 ort = lazy_import("onnxruntime")
 
 __all__ = [
+    "OrtProvider",
+    "ORT_PROVIDERS",
     "PROVIDERS",
     "LEVELS",
     "SERVED_DTYPES",
@@ -45,7 +48,34 @@ __all__ = [
     "verification_problem",
 ]
 
-PROVIDERS: tuple[str, ...] = ("cpu", "cuda", "tensorrt-ep")
+
+@dataclass(frozen=True)
+class OrtProvider:
+    """One ``provider`` of :func:`providers_for`: an ONNX Runtime execution provider and what it needs.
+
+    Attributes:
+        name: Its name here (one of :data:`PROVIDERS`).
+        execution_provider: ONNX Runtime's name for it.
+        gpu: It comes with ``onnxruntime-gpu`` (checked among :func:`available_providers`); else always there.
+        needs_tensorrt: It also needs the TensorRT libraries, and falls back to CUDA for what it rejects.
+    """
+
+    name: str
+    execution_provider: str
+    gpu: bool = True
+    needs_tensorrt: bool = False
+
+
+#: Every provider of :func:`providers_for` by name (see the module docstring).
+ORT_PROVIDERS: dict[str, OrtProvider] = {
+    p.name: p
+    for p in (
+        OrtProvider("cpu", "CPUExecutionProvider", gpu=False),
+        OrtProvider("cuda", "CUDAExecutionProvider"),
+        OrtProvider("tensorrt-ep", "TensorrtExecutionProvider", needs_tensorrt=True),
+    )
+}
+PROVIDERS: tuple[str, ...] = tuple(ORT_PROVIDERS)
 LEVELS: tuple[str, ...] = ("disable", "basic", "extended", "all")
 #: What the demo's and serve-models' ``--dtype`` select: ``fp32``, the unquantized exports (fp32 and fp16
 #: graphs, both with fp32 input and output), ``int8``, verified int8 Q/DQ graphs (:func:`served_precision`), or
@@ -134,24 +164,24 @@ def providers_for(
     Raises:
         ValueError: unknown provider, or the installed onnxruntime lacks it.
     """
-    if provider not in PROVIDERS:
+    if provider not in ORT_PROVIDERS:
         raise ValueError(f"unknown provider {provider!r}; valid: {', '.join(PROVIDERS)}")
-    if provider == "cpu":
-        return ["CPUExecutionProvider"]
-    wanted = "CUDAExecutionProvider" if provider == "cuda" else "TensorrtExecutionProvider"
-    if wanted not in available_providers():
+    p = ORT_PROVIDERS[provider]
+    if not p.gpu:
+        return [p.execution_provider]
+    if p.execution_provider not in available_providers():
         raise ValueError(
-            f"onnxruntime has no {wanted} (install onnxruntime-gpu"
-            f"{' with the TensorRT libraries' if provider == 'tensorrt-ep' else ''})"
+            f"onnxruntime has no {p.execution_provider} (install onnxruntime-gpu"
+            f"{' with the TensorRT libraries' if p.needs_tensorrt else ''})"
         )
     cuda = {"use_tf32": "1" if tf32 else "0"}
-    if provider == "cuda":
-        return [("CUDAExecutionProvider", {**cuda, "enable_cuda_graph": "1" if cuda_graph else "0"})]
+    if not p.needs_tensorrt:
+        return [(p.execution_provider, {**cuda, "enable_cuda_graph": "1" if cuda_graph else "0"})]
     opts: dict[str, Any] = {"trt_cuda_graph_enable": bool(cuda_graph)}
     if cache_dir is not None:
         Path(cache_dir).mkdir(parents=True, exist_ok=True)
         opts.update(trt_engine_cache_enable=True, trt_engine_cache_path=str(cache_dir))
-    return [("TensorrtExecutionProvider", opts), ("CUDAExecutionProvider", cuda)]
+    return [(p.execution_provider, opts), ("CUDAExecutionProvider", cuda)]
 
 
 #: Largest verification report read (a report is a few kB; anything far larger is not one).

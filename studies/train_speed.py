@@ -17,6 +17,7 @@ import argparse
 import multiprocessing as mp
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +36,44 @@ from attnzoo.studies.report import reprint, require_out, write_report
 models = lazy_import("attnzoo.models")
 training_zoo = lazy_import("attnzoo.training.zoo")
 
-__all__ = ["SETTINGS", "time_steps", "run", "markdown", "main"]
+__all__ = ["TrainSetting", "TRAIN_SETTINGS", "SETTINGS", "time_steps", "run", "markdown", "main"]
 
-SETTINGS = ("eager-1t", "eager-2t", "channels-last", "compile", "pair-1t")
+
+@dataclass(frozen=True)
+class TrainSetting:
+    """One setting of the study: how a training step runs, every other thing kept as the recipe has it.
+
+    Attributes:
+        name: Its ``--settings`` name, the rows' ``setting``.
+        threads: Torch threads of the model.
+        channels_last: Model and batches in the channels-last memory format.
+        compiles: The model runs through ``torch.compile``; its first step is timed apart (``compile_s``).
+        models_at_once: Models training at once on the two cores, for the throughput column.
+        pair: Two ``eager-1t`` jobs run at once in two processes (the time per step of each: the slower's).
+        alone: Timed one model at a time, the throughput then that of two at once (the table says so).
+    """
+
+    name: str
+    threads: int = 1
+    channels_last: bool = False
+    compiles: bool = False
+    models_at_once: int = 2
+    pair: bool = False
+    alone: bool = False
+
+
+#: Every setting by name, in the study's order (the module docstring says what each is).
+TRAIN_SETTINGS: dict[str, TrainSetting] = {
+    s.name: s
+    for s in (
+        TrainSetting("eager-1t"),
+        TrainSetting("eager-2t", threads=2, models_at_once=1),
+        TrainSetting("channels-last", channels_last=True, alone=True),
+        TrainSetting("compile", compiles=True, alone=True),
+        TrainSetting("pair-1t", pair=True),
+    )
+}
+SETTINGS = tuple(TRAIN_SETTINGS)
 
 
 def _setup(variant: str, recipe: str, n_images: int):
@@ -60,17 +96,18 @@ def _setup(variant: str, recipe: str, n_images: int):
 
 def time_steps(variant: str, setting: str, steps: int, warmup: int, recipe: str = "fashion/seg") -> dict[str, Any]:
     """Mean seconds per step over ``steps`` steps after ``warmup`` untimed ones."""
-    torch.set_num_threads(2 if setting == "eager-2t" else 1)
+    how = TRAIN_SETTINGS[setting]
+    torch.set_num_threads(how.threads)
     model, ds, r = _setup(variant, recipe, 4 * 64)
     x_all, y_all = ds.x, ds.y
-    if setting == "channels-last":
+    if how.channels_last:
         model = model.to(memory_format=torch.channels_last)
         x_all = x_all.contiguous(memory_format=torch.channels_last)
     opt = torch.optim.AdamW(model.parameters(), lr=r["lr"], weight_decay=r["weight_decay"])
     loss_fn = nn.CrossEntropyLoss()
     fwd = model
     compile_s = None
-    if setting == "compile":
+    if how.compiles:
         t0 = time.perf_counter()
         fwd = torch.compile(model)
     model.train()
@@ -79,14 +116,14 @@ def time_steps(variant: str, setting: str, steps: int, warmup: int, recipe: str 
     loss = None
     for i in range(warmup + steps):
         j = (i % (len(ds) // bs)) * bs
-        t0 = time.perf_counter() if setting != "compile" or i > 0 else t0
+        t0 = time.perf_counter() if not how.compiles or i > 0 else t0
         loss = loss_fn(fwd(x_all[j : j + bs]), y_all[j : j + bs])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         dt = time.perf_counter() - t0
-        if setting == "compile" and i == 0:
+        if how.compiles and i == 0:
             compile_s = dt
         if i >= warmup:
             times.append(dt)
@@ -111,7 +148,7 @@ def run(variants: list[str], settings: list[str], steps: int, warmup: int) -> di
     load_start = load_average()
     for variant in variants:
         for setting in tqdm(settings, desc=variant, unit="setting"):
-            if setting == "pair-1t":
+            if TRAIN_SETTINGS[setting].pair:
                 with mp.get_context("spawn").Pool(2) as pool:
                     pair = pool.map(_pair_worker, [(variant, "eager-1t", steps, warmup)] * 2)
                 row = dict(pair[0], setting=setting, s_per_step=max(p["s_per_step"] for p in pair))
@@ -142,10 +179,10 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     base = {r["variant"]: r["s_per_step"] for r in result["rows"] if r["setting"] == "eager-1t"}
     for r in result["rows"]:
-        models_at_once = 1 if r["setting"] == "eager-2t" else 2  # one model on two threads, else two models
+        how = TRAIN_SETTINGS[r["setting"]]
         ref = base.get(r["variant"])
-        gain = "-" if ref is None else f"{(models_at_once / r['s_per_step']) / (2 / ref):.2f}x"
-        if r["setting"] == "compile" or r["setting"] == "channels-last":
+        gain = "-" if ref is None else f"{(how.models_at_once / r['s_per_step']) / (2 / ref):.2f}x"
+        if how.alone:
             gain += " (if two run at once)"
         comp = "-" if r.get("compile_s") is None else f"{r['compile_s']:.0f}"
         lines.append(

@@ -134,6 +134,9 @@ class ExportFormat:
     #: ``--dtype int8`` is quantized by the format itself, dynamically (activations at run time): no ModelOpt and
     #: no calibration, whose flags it refuses.
     dynamic_int8: bool = False
+    #: Its output is a TensorRT engine built from the verified ONNX: ``--compute-capability`` names its target, and
+    #: a quantized export wants TensorRT's Q/DQ placement and a target with the precision's tensor cores.
+    builds_engine: bool = False
 
     def check(self, req: ExportRequest) -> None:
         """Refuse, with a :class:`UsageError`, arguments this format cannot work with here, before any work."""

@@ -21,6 +21,7 @@ class TensorRTFormat(ExportFormat):
     name = "tensorrt"
     title = "TensorRT engine"
     suffixes = (".engine", ".plan")
+    builds_engine = True
 
     def check(self, req: ExportRequest) -> None:
         reason = tensorrt_unavailable_reason(run=False)  # building needs no GPU with tensorrt-rtx

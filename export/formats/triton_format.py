@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from attnzoo.errors import UsageError, install_hint
@@ -19,10 +20,46 @@ from ..triton import summary as triton_summary
 from . import engine_part
 from .base import ExportFormat, ExportRequest, Step
 
-__all__ = ["TritonFormat", "FORMAT", "DEFAULT_TRITON_DIR"]
+__all__ = ["TritonFormat", "TritonPlatform", "TRITON_PLATFORMS", "FORMAT", "DEFAULT_TRITON_DIR"]
 
 #: ``format="triton"`` without ``out``.
 DEFAULT_TRITON_DIR = Path("triton-models")
+
+
+@dataclass(frozen=True)
+class TritonPlatform:
+    """One ``--triton-platform``: the Triton platform the model's folder is written for.
+
+    Attributes:
+        name: The ``--triton-platform`` choice (a key of :data:`~attnzoo.export.triton.PLATFORMS`).
+        platform: Triton's platform name in ``config.pbtxt``.
+        engine_library: The TensorRT library whose engines the platform loads (an engine built here from the
+            verified ONNX is its model file); ``None``: it serves the ONNX itself.
+    """
+
+    name: str
+    platform: str
+    engine_library: str | None = None
+
+    @property
+    def builds_engine(self) -> bool:
+        """Its model file is a TensorRT engine built from the verified ONNX, which stays beside ``1/``."""
+        return self.engine_library is not None
+
+    @property
+    def model_file(self) -> str:
+        """Triton's default model file name in the version folder."""
+        return MODEL_FILES[self.platform]
+
+
+#: Every ``--triton-platform`` by name, in :data:`~attnzoo.export.triton.PLATFORMS`'s order.
+TRITON_PLATFORMS: dict[str, TritonPlatform] = {
+    p.name: p
+    for p in (
+        TritonPlatform("onnxruntime", PLATFORMS["onnxruntime"]),
+        TritonPlatform("tensorrt", PLATFORMS["tensorrt"], engine_library="tensorrt"),
+    )
+}
 
 
 class TritonFormat(ExportFormat):
@@ -33,16 +70,16 @@ class TritonFormat(ExportFormat):
     suffixes = ()
 
     def check(self, req: ExportRequest) -> None:
-        platform, compute_capability = req.triton_platform, req.compute_capability
-        if platform not in PLATFORMS:
-            raise UsageError(f"unknown Triton platform {platform!r}; valid: {', '.join(PLATFORMS)}")
+        if req.triton_platform not in TRITON_PLATFORMS:
+            raise UsageError(f"unknown Triton platform {req.triton_platform!r}; valid: {', '.join(TRITON_PLATFORMS)}")
+        platform = TRITON_PLATFORMS[req.triton_platform]
         reason = triton_unavailable_reason()
         if reason:
             raise UsageError(f"--format triton: {reason}")
         if req.triton_queue_delay_us < 0:
             raise UsageError(f"--triton-queue-delay-us must be >= 0, got {req.triton_queue_delay_us}")
-        if platform != "tensorrt":
-            if compute_capability:
+        if not platform.builds_engine:
+            if req.compute_capability:
                 raise UsageError(
                     "--compute-capability applies to --format tensorrt and --triton-platform tensorrt only"
                 )
@@ -52,7 +89,7 @@ class TritonFormat(ExportFormat):
         if reason:
             raise UsageError(f"--triton-platform tensorrt: {reason}")
         lib = load_library()
-        if lib.name != "tensorrt" or not gpu_available():
+        if lib.name != platform.engine_library or not gpu_available():
             raise UsageError(
                 "--triton-platform tensorrt: Triton's tensorrt_plan backend loads engines of TensorRT "
                 f"proper built on the GPU it serves on; here only {lib.describe()} "
@@ -70,17 +107,17 @@ class TritonFormat(ExportFormat):
     def onnx_path(self, req: ExportRequest, out: Path) -> Path:
         """``1/model.onnx`` for onnxruntime_onnx; beside ``1/`` for tensorrt_plan, whose version folder holds the
         engine."""
-        if req.triton_platform == "onnxruntime":
-            return self._model_file(req, out)
-        return out / "model.onnx"
+        if TRITON_PLATFORMS[req.triton_platform].builds_engine:
+            return out / "model.onnx"
+        return self._model_file(req, out)
 
     @staticmethod
     def _model_file(req: ExportRequest, out: Path) -> Path:
-        return out / "1" / MODEL_FILES[PLATFORMS[req.triton_platform]]
+        return out / "1" / TRITON_PLATFORMS[req.triton_platform].model_file
 
     def steps(self, req: ExportRequest) -> list[Step]:
         engine = []
-        if req.triton_platform == "tensorrt":
+        if TRITON_PLATFORMS[req.triton_platform].builds_engine:
             engine = [
                 ("tensorrt", lambda req, result: engine_part.build(req, result, self._model_file(req, result.path)))
             ]
@@ -92,7 +129,7 @@ class TritonFormat(ExportFormat):
             result.path,
             ModelContract.from_onnx(result.onnx_path),
             result.onnx_path,
-            PLATFORMS[req.triton_platform],
+            TRITON_PLATFORMS[req.triton_platform].platform,
             max(req.batch_sizes),
             req.triton_queue_delay_us,
         )

@@ -158,7 +158,8 @@ def check_quantize_arguments(options: QuantizeOptions, fmt: str, compute_capabil
         return
     from ..formats import get_format
 
-    if get_format(fmt).dynamic_int8:  # it quantizes int8 itself, at run time: no ModelOpt, no calibration
+    part = get_format(fmt)
+    if part.dynamic_int8:  # it quantizes int8 itself, at run time: no ModelOpt, no calibration
         if dtype != "int8" or given:
             raise ValueError(
                 f"--format {fmt} quantizes dynamically (--dtype int8, no calibration); "
@@ -170,14 +171,14 @@ def check_quantize_arguments(options: QuantizeOptions, fmt: str, compute_capabil
             f"--dtype {dtype}: --format triton is not supported yet; export the ONNX (--format onnx) "
             "or a TensorRT engine"
         )
-    if fmt == "tensorrt":
+    if part.builds_engine:
         error = compute_capability_error(get_precision(dtype), compute_capability)
         if error:
             raise ValueError(error)
     error = qdq_placement_error(o.placement or DEFAULT_QDQ_PLACEMENT, dtype)
     if error:
         raise ValueError(error)
-    if o.placement == CPU_QDQ_PLACEMENT and fmt == "tensorrt":
+    if o.placement == CPU_QDQ_PLACEMENT and part.builds_engine:
         raise ValueError(
             "--qdq-placement cpu is for ONNX Runtime on the CPU; a TensorRT engine wants the tensorrt "
             "placement (the default)"
