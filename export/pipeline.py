@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from torch import nn
 from tqdm import tqdm
@@ -38,7 +38,6 @@ from attnzoo.models.checkpoint import NoConfigError, load_checkpoint, load_state
 from attnzoo.models.memory import check_forward_memory
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD
 from attnzoo.runtime.precision import PRECISIONS, QUANTIZED, get_precision
-from attnzoo.runtime.reports import EngineReport, TritonConfigCheck
 from attnzoo.runtime.tensorrt import COMPUTE_CAPABILITIES
 
 from . import quantize as quantization
@@ -72,6 +71,9 @@ FORMATS: tuple[str, ...] = tuple(SUFFIXES)
 DEFAULT_BATCH_SIZES: tuple[int, ...] = (1, 8)
 
 
+_P = TypeVar("_P")
+
+
 @dataclass
 class ExportResult:
     """What :func:`export_model` wrote.
@@ -84,8 +86,9 @@ class ExportResult:
             quantization, accuracy and fidelity.
         format, dtype: As exported.
         fp32_report: int8 / fp8: the verification report of the fp32 graph it was quantized from.
-        engine_path, engine_report: The TensorRT engine and its report (``<engine>.json``), when built.
-        triton: The Triton config check, for ``format="triton"``.
+        parts: What the format's parts wrote besides ``path``, each a typed record of its own (the TensorRT engine
+            part's :class:`~attnzoo.export.formats.engine_part.EngineOutput`, Triton's
+            :class:`~attnzoo.runtime.reports.TritonConfigCheck`); read one with :meth:`part`.
         warnings: What the export warned about (also issued as :class:`ExportWarning`).
     """
 
@@ -95,10 +98,12 @@ class ExportResult:
     format: str
     dtype: str
     fp32_report: dict[str, Any] | None = None
-    engine_path: Path | None = None
-    engine_report: EngineReport | None = None
-    triton: TritonConfigCheck | None = None
+    parts: list[Any] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+
+    def part(self, kind: type[_P]) -> _P | None:
+        """The record of type ``kind`` a format part wrote (``result.part(EngineOutput)``), or ``None``."""
+        return next((p for p in self.parts if isinstance(p, kind)), None)
 
     @property
     def files(self) -> list[Path]:

@@ -45,6 +45,7 @@ from attnzoo.runtime.backends import backend_names
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.fusion import audit
 from attnzoo.runtime.fusion import markdown as fusion_markdown
+from attnzoo.runtime.reports import TritonConfigCheck
 from attnzoo.signals import Interrupted, Terminated
 from attnzoo.studies.fusable import speedups, time_opsets
 
@@ -458,12 +459,15 @@ def export_side(
         r = export.export_model(
             **args, out=folder / f"{variant}{engine_fmt.suffixes[0]}", format=engine_fmt.name, batch_sizes=BATCH_SIZES
         )
-        e = r.engine_report
-        if e is None:
+        from attnzoo.export.formats.engine_part import EngineOutput  # torch and onnx: at the step, not at --help
+
+        built = r.part(EngineOutput)
+        if built is None:
             raise RuntimeError(f"export_model(format={engine_fmt.name!r}) returned no engine report")
+        e = built.report
         side[engine_fmt.name] = {
             "status": "ok",
-            "engine": _rel(r.engine_path, out),
+            "engine": _rel(built.path, out),
             "state": e.status,
             "ran_on_gpu": e.ran_on_gpu,
             "not_run_reason": e.not_run_reason,
@@ -520,7 +524,7 @@ def export_side(
             return {
                 "folder": _rel(r.path, out),
                 "config": _rel(r.path / "config.pbtxt", out),
-                **(r.triton.to_dict() if r.triton else {}),
+                **(check.to_dict() if (check := r.part(TritonConfigCheck)) else {}),
             }
 
         side["triton"] = _attempt(triton)

@@ -12,6 +12,7 @@ from pathlib import Path
 from attnzoo.errors import UsageError, install_hint
 from attnzoo.fileio import writable_dir
 from attnzoo.runtime.contract import ModelContract
+from attnzoo.runtime.reports import TritonConfigCheck
 from attnzoo.runtime.tensorrt import gpu_available, load_library
 
 from ..tensorrt import tensorrt_unavailable_reason
@@ -125,7 +126,7 @@ class TritonFormat(ExportFormat):
 
     def write_config(self, req: ExportRequest, result) -> None:
         """``config.pbtxt`` and ``labels.txt``, checked with Triton's schema against the graph (config last)."""
-        result.triton = write_config(
+        check = write_config(
             result.path,
             ModelContract.from_onnx(result.onnx_path),
             result.onnx_path,
@@ -133,14 +134,16 @@ class TritonFormat(ExportFormat):
             max(req.batch_sizes),
             req.triton_queue_delay_us,
         )
+        result.parts.append(check)
 
     def files(self, result) -> list[Path]:
-        if result.triton is None:
+        if result.part(TritonConfigCheck) is None:
             return engine_part.files(result)
         return engine_part.files(result) + [result.path / LABELS_FILE, result.path / "config.pbtxt"]
 
     def summary(self, result) -> list[str]:
-        lines = [triton_summary(result.path, result.triton)] if result.triton is not None else []
+        check = result.part(TritonConfigCheck)
+        lines = [triton_summary(result.path, check)] if check is not None else []
         return lines + engine_part.summary(result)
 
     @contextlib.contextmanager
