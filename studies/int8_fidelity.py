@@ -429,8 +429,6 @@ def remedies(
     for key, placement, method, smoothed in tried:
         path = out / f"int8-{len(rows)}.onnx"
         start = time.perf_counter()
-        saved = quantize.CALIBRATION_METHODS["int8"]
-        quantize.CALIBRATION_METHODS["int8"] = method
         try:
             if smoothed is None:  # every default, the gate on: what a user gets
                 report = export.export_model(
@@ -449,12 +447,11 @@ def remedies(
                     min_cosine=0.0,
                     placement=placement,
                     smooth_quant=smoothed,
+                    calibration_method=method,
                 )
         except export.ExportError as exc:
             rows.append({"remedy": key, "refused": re.sub(r"; see \S+", "", str(exc).splitlines()[0])})
             continue
-        finally:
-            quantize.CALIBRATION_METHODS["int8"] = saved
         fid, q = report["fidelity"], report["quantization"]
         auto = q["options"].get("auto") or {}
         worst = {

@@ -70,6 +70,8 @@ class QuantizeOptions:
             fidelity is measured against the original fp32 graph; only LayerNorm outputs with an outlier channel
             move. ``None``: on for int8 with the ``auto`` placement, off otherwise (measured:
             docs/quantization.md).
+        calibration_method: ModelOpt's calibration method (``entropy``, ``max``); ``None``: the precision's
+            default (:data:`~attnzoo.export.quantize.modelopt.CALIBRATION_METHODS`).
     """
 
     dtype: str
@@ -93,6 +95,7 @@ class QuantizeOptions:
     progress: bool = False
     fp32_kept: bool = True
     smooth_quant: bool | None = None
+    calibration_method: str | None = None
 
     def with_calibration(self, calibration: Calibration, **changes: Any) -> QuantizeOptions:
         """These options with the inputs :func:`calibration_for` drew (scored only when they are labelled) and

@@ -227,6 +227,7 @@ def _quantized_graph(r: _Run, tmp: Path, work: Path) -> tuple[QuantizeReport, on
         exclude_nodes=exclude,
         calibration_source=o.calibration_source,
         calibration_seed=o.calibration_seed,
+        calibration_method=o.calibration_method,
         extra_nodes=r.extra,
         placement=TENSORRT_QDQ_PLACEMENT if r.placement == AUTO_QDQ_PLACEMENT else r.placement,
     )

@@ -259,7 +259,10 @@ def test_cpu_placement_quantizes_only_the_weight_matmuls(fp32, int8, tmp_path):
         measure_accuracy=False,
         placement="cpu",
         fp32_kept=False,  # as export-model's temporary fp32 graph: its report names no path to it
+        calibration_method="max",  # asked for by one export, the precision's default left as it is
     )
+    assert report["quantization"]["calibration"]["method"] == "max" and qz.CALIBRATION_METHODS["int8"] == "entropy"
+    assert int8[1]["quantization"]["calibration"]["method"] == "entropy"
     assert report["fp32_source"]["path"] is None and report["fp32_source"]["report"]["path"] is None
     assert str(path) not in json.dumps(report) and report["fp32_source"]["report"]["passed"]
     cpu, default = onnx.load(str(out)), onnx.load(str(int8[0]))
