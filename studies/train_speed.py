@@ -76,6 +76,13 @@ TRAIN_SETTINGS: dict[str, TrainSetting] = {
 SETTINGS = tuple(TRAIN_SETTINGS)
 
 
+def _setting(name: str) -> TrainSetting:
+    """The setting called ``name``; ``ValueError`` listing the valid ones (a row of a hand-made report)."""
+    if name not in TRAIN_SETTINGS:
+        raise ValueError(f"unknown train-speed setting {name!r}; valid: {', '.join(SETTINGS)}")
+    return TRAIN_SETTINGS[name]
+
+
 def _setup(variant: str, recipe: str, n_images: int):
     data, task = recipe.split("/")
     r = training_zoo.recipes(retrain=True)[recipe]
@@ -96,7 +103,7 @@ def _setup(variant: str, recipe: str, n_images: int):
 
 def time_steps(variant: str, setting: str, steps: int, warmup: int, recipe: str = "fashion/seg") -> dict[str, Any]:
     """Mean seconds per step over ``steps`` steps after ``warmup`` untimed ones."""
-    how = TRAIN_SETTINGS[setting]
+    how = _setting(setting)
     torch.set_num_threads(how.threads)
     model, ds, r = _setup(variant, recipe, 4 * 64)
     x_all, y_all = ds.x, ds.y
@@ -148,7 +155,7 @@ def run(variants: list[str], settings: list[str], steps: int, warmup: int) -> di
     load_start = load_average()
     for variant in variants:
         for setting in tqdm(settings, desc=variant, unit="setting"):
-            if TRAIN_SETTINGS[setting].pair:
+            if _setting(setting).pair:
                 with mp.get_context("spawn").Pool(2) as pool:
                     pair = pool.map(_pair_worker, [(variant, "eager-1t", steps, warmup)] * 2)
                 row = dict(pair[0], setting=setting, s_per_step=max(p["s_per_step"] for p in pair))
@@ -179,7 +186,7 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     base = {r["variant"]: r["s_per_step"] for r in result["rows"] if r["setting"] == "eager-1t"}
     for r in result["rows"]:
-        how = TRAIN_SETTINGS[r["setting"]]
+        how = _setting(r["setting"])
         ref = base.get(r["variant"])
         gain = "-" if ref is None else f"{(how.models_at_once / r['s_per_step']) / (2 / ref):.2f}x"
         if how.alone:
