@@ -33,9 +33,8 @@ import torch
 
 from attnzoo.fileio import atomic_write_bytes, atomic_write_text, sha256_file
 from attnzoo.runtime import tensorrt as rt
-from attnzoo.runtime.backends import Session
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
-from attnzoo.runtime.backends.tensorrt import TENSORRT, TensorRTSession
+from attnzoo.runtime.backends.tensorrt import TENSORRT
 from attnzoo.runtime.contract import ModelContract
 from attnzoo.runtime.parity import compare
 from attnzoo.runtime.precision import get_precision
@@ -352,32 +351,25 @@ def _run_and_compare(
     if precision.ort_simulated:  # ONNX Runtime's CPU provider cannot run the graph itself: its exact simulation
         reference = precision.ort_graph(onnx.load(str(onnx_path))).SerializeToString()
     with TENSORRT.open_built(built) as engine, ORT_CPU.session(reference) as session:
-        return _compare_and_time(engine, session, built, contract, seed, report)
-
-
-def _compare_and_time(
-    engine: TensorRTSession, session: Session, built: rt.Built, contract: ModelContract, seed: int, report: EngineReport
-) -> list:
-    """:func:`_run_and_compare` with the engine's session and ONNX Runtime's (``session``)."""
-    # a Q/DQ engine against ONNX Runtime's Q/DQ graph: kernels may round differently (the precision's parity key)
-    tol_dtype = get_precision(contract.dtype).parity_key
-    rng = np.random.default_rng(seed)
-    failures, rows = [], []
-    for batch in sorted({built.profile["min"], built.profile["max"]}):
-        x = rng.standard_normal(contract.input_shape(batch)).astype(np.float32)
-        ref = session.run(x)
-        c = compare(engine.run(x), ref, tol_dtype)  # TF32 is off in the engine: fp32 is compared as fp32
-        rows.append({"batch": batch, **c})
-        if not c["passed"]:
-            failures.append(
-                f"parity: batch {batch}: error {c['error']:.3g} > {c['tolerance']:g} "
-                f"(x max(1, max|logit|)) against ONNX Runtime"
-            )
-    x = rng.standard_normal(contract.input_shape(built.profile["opt"])).astype(np.float32)
-    report.ran_on_gpu, report.gpu = True, torch.cuda.get_device_name(0)
-    report.parity = {"reference": "onnxruntime CPUExecutionProvider", "per_batch": rows, "passed": not failures}
-    report.latency = engine.latency_ms(x)
-    return failures
+        # a Q/DQ engine against ONNX Runtime's Q/DQ graph: kernels may round differently (the precision's parity key)
+        tol_dtype = precision.parity_key
+        rng = np.random.default_rng(seed)
+        failures, rows = [], []
+        for batch in sorted({built.profile["min"], built.profile["max"]}):
+            x = rng.standard_normal(contract.input_shape(batch)).astype(np.float32)
+            ref = session.run(x)
+            c = compare(engine.run(x), ref, tol_dtype)  # TF32 is off in the engine: fp32 is compared as fp32
+            rows.append({"batch": batch, **c})
+            if not c["passed"]:
+                failures.append(
+                    f"parity: batch {batch}: error {c['error']:.3g} > {c['tolerance']:g} "
+                    f"(x max(1, max|logit|)) against ONNX Runtime"
+                )
+        x = rng.standard_normal(contract.input_shape(built.profile["opt"])).astype(np.float32)
+        report.ran_on_gpu, report.gpu = True, torch.cuda.get_device_name(0)
+        report.parity = {"reference": "onnxruntime CPUExecutionProvider", "per_batch": rows, "passed": not failures}
+        report.latency = engine.latency_ms(x)
+        return failures
 
 
 def summary(report: EngineReport) -> str:
