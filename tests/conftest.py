@@ -1,5 +1,7 @@
-"""Fixtures shared by the tests of more than one layer."""
+"""Fixtures shared by the tests of more than one layer, and the fault handler kept on to the end."""
 
+import faulthandler
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -17,3 +19,12 @@ def registry_restored() -> Iterator[None]:
     registry.VARIANTS.update(variants)
     registry.ALIASES.clear()
     registry.ALIASES.update(aliases)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Keep the fault handler on until the interpreter is gone. pytest switches its own off here (after the summary),
+    so a native crash in a library's teardown at exit would end the run with status 139 and nothing said; this way
+    it prints every thread's Python stack."""
+    if sys.__stderr__ is not None and not sys.__stderr__.closed:
+        faulthandler.enable(file=sys.__stderr__, all_threads=True)
