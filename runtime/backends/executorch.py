@@ -12,8 +12,11 @@ It loads a program file (``export-model --format executorch`` writes and verifie
 PyTorch module into ``<cache_dir>/executorch/``, keyed by the module's content
 (:func:`attnzoo.runtime.aoti.fingerprint`), the precision and the versions of torch and ExecuTorch.
 
-``threads`` sizes ExecuTorch's one CPU threadpool, which XNNPACK's delegate runs on: it is process-wide, so a load
-that sets it resizes the pool of every program loaded in the process (:func:`set_threads`).
+``threads`` sizes ExecuTorch's one CPU threadpool, which XNNPACK's delegate runs on. The pool is process-wide and a
+loaded method keeps the pool it was loaded with: resizing it (which replaces it) under a method still open made that
+method run on freed memory (a crash, or a corrupted heap, at its next call or when it was freed). So the pool is
+sized before a method loads, and a size other than the pool's is refused while a method loaded here is open
+(:func:`set_threads`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import importlib.util
 import json
 import re
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,26 +173,47 @@ def write_program(edge: Any, path: Path) -> float:
     return time.perf_counter() - start
 
 
-def load_method(path: str | Path) -> Any:
+#: The methods :func:`load_method` loaded that are still open (each keeps the threadpool it was loaded with).
+_OPEN_METHODS: weakref.WeakSet = weakref.WeakSet()
+
+
+def load_method(path: str | Path, threads: int | None = None) -> Any:
     """The ``forward`` method of the program at ``path``, loaded by ExecuTorch's Python runtime (its ``execute``
-    takes a list of CPU tensors and returns a list)."""
+    takes a list of CPU tensors and returns a list), on a threadpool of ``threads`` (:func:`set_threads`, sized
+    before the method loads; ``None``: the pool as it is)."""
     from executorch.runtime import Runtime
 
-    return Runtime.get().load_program(Path(path)).load_method("forward")
+    set_threads(threads)
+    method = Runtime.get().load_program(Path(path)).load_method("forward")
+    _OPEN_METHODS.add(method)
+    return method
 
 
 def set_threads(threads: int | None) -> int:
-    """Resize ExecuTorch's CPU threadpool to ``threads`` (``None``: leave it as it is); returns its size.
+    """Size ExecuTorch's CPU threadpool to ``threads`` (``None``: leave it as it is); returns its size.
 
-    The pool is one per process (ExecuTorch's ``_unsafe_reset_threadpool``: unsafe only while a method runs on
-    it, which a session in this process never does at load time)."""
+    The pool is one per process, and ExecuTorch's resize (``_unsafe_reset_threadpool``) replaces it: a method loaded
+    on the old pool would then run on freed memory. So a new size is refused while a method :func:`load_method`
+    loaded is still open.
+
+    Raises:
+        ValueError: ``threads`` below 1, or a new size while a method is open.
+    """
     from executorch.extension.pybindings import portable_lib
 
-    if threads is not None:
-        if int(threads) < 1:
-            raise ValueError(f"threads must be >= 1, got {threads}")
-        if portable_lib._threadpool_get_thread_count() != int(threads):
-            portable_lib._unsafe_reset_threadpool(int(threads))
+    size = int(portable_lib._threadpool_get_thread_count())
+    if threads is None:
+        return size
+    if int(threads) < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    if size != int(threads):
+        if len(_OPEN_METHODS):
+            raise ValueError(
+                f"ExecuTorch runs every program of a process on one threadpool, of {size} thread(s), and "
+                f"{len(_OPEN_METHODS)} program(s) loaded on it are open: it cannot become {int(threads)} thread(s) "
+                f"until they are closed (or ask for {size})"
+            )
+        portable_lib._unsafe_reset_threadpool(int(threads))
     return int(portable_lib._threadpool_get_thread_count())
 
 
@@ -226,8 +251,8 @@ class ExecuTorchSession(Session):
 
     def __init__(self, path: Path, *, backend: str, dtype: str, facts: dict, threads: int | None = None) -> None:
         self.backend = backend
-        self.method = load_method(path)
-        pool = set_threads(threads)
+        self.method = load_method(path, threads)
+        pool = set_threads(None)
         self._info = {
             "device": "cpu",
             "dtype": dtype,

@@ -72,6 +72,26 @@ def test_a_refused_op_is_one_line_naming_it_and_nothing_is_written(tmp_path, mon
 
 
 @needs_executorch
+def test_the_pool_is_not_replaced_under_an_open_method():
+    """A loaded method keeps the pool it was loaded with: while one is open, only its size is taken."""
+
+    class Method:  # what load_method keeps track of (weakly)
+        pass
+
+    opened = Method()
+    et._OPEN_METHODS.add(opened)
+    try:
+        size = et.set_threads(None)
+        assert et.set_threads(size) == size
+        refused = rf"of {size} thread\(s\), and 1 program\(s\) .* cannot become {size + 1} "
+        with pytest.raises(ValueError, match=refused):
+            et.set_threads(size + 1)
+        assert et.set_threads(None) == size
+    finally:
+        et._OPEN_METHODS.discard(opened)
+    del opened
+
+
 def test_threads_size_executorchs_one_threadpool():
     """``--threads`` reaches ExecuTorch: its process-wide pool is resized, ``None`` leaves it, 0 is refused."""
     before = et.set_threads(None)
@@ -109,6 +129,10 @@ def test_belief2_exports_as_a_verified_program_with_its_extra_math_counted_and_t
     with get_backend("executorch").load(out, LoadOptions(threads=1)) as session:
         got = session.run(x)
         assert session.info()["threads"] == 1
+        with pytest.raises(ValueError, match=r"one threadpool, of 1 thread\(s\), and 1 program\(s\) loaded on it"):
+            et.set_threads(2)  # would replace the pool the open program runs on
+        assert abs(session.run(x) - got).max() == 0
+    assert et.set_threads(2) == 2  # closed: the pool may change
     with torch.no_grad():
         want = model(torch.from_numpy(x)).numpy()
     assert abs(got - want).max() < 1e-4
