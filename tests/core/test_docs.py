@@ -9,8 +9,11 @@ top-level entry of the repository (``models/wafe.py``) or of the page's folder; 
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 from collections.abc import Iterator
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -77,9 +80,43 @@ def _repo_paths(page: Path) -> Iterator[str]:
             yield token
 
 
+@cache
+def _tracked() -> frozenset[Path] | None:
+    """Every file git tracks and every folder above one, or None outside a git checkout (an unpacked sdist)."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    files = [ROOT / name for name in listed.decode().split("\0") if name]
+    return frozenset(files + [parent for f in files for parent in f.parents])
+
+
+def _ignored(page: Path, tokens: list[str]) -> set[str]:
+    """The ``tokens`` of ``page`` that git ignores, read from the page's folder or the root: a tool's output
+    (``.mypy_cache/``, ``runs/``), not a repository path."""
+    asked = {
+        os.path.relpath((base / token).resolve(), ROOT) + ("/" if token.endswith("/") else ""): token
+        for token in tokens
+        for base in (page.parent, ROOT)
+    }
+    done = subprocess.run(
+        ["git", "check-ignore", "--no-index", "--stdin"],
+        cwd=ROOT,
+        input="\n".join(asked),
+        capture_output=True,
+        text=True,
+    )
+    return {asked[line] for line in done.stdout.splitlines() if line in asked}
+
+
 def _exists(page: Path, token: str) -> bool:
-    """A path resolves from the page's folder or from the repository root."""
-    return (page.parent / token).exists() or (ROOT / token).exists()
+    """A path resolves from the page's folder or from the repository root to something the checkout holds as
+    a fresh clone does: a tracked file or a folder holding one, never a file a tool or a test left behind."""
+    tracked = _tracked()
+    candidates = [(page.parent / token).resolve(), (ROOT / token).resolve()]
+    if tracked is None:
+        return any(path.exists() for path in candidates)
+    return any(path in tracked for path in candidates)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_ids(PAGES))
@@ -95,7 +132,9 @@ def test_every_relative_link_resolves(page):
 
 @pytest.mark.parametrize("page", PAGES, ids=_ids(PAGES))
 def test_every_backticked_repository_path_exists(page):
-    missing = sorted({token for token in _repo_paths(page) if not _exists(page, token)})
+    tokens = list(_repo_paths(page))
+    paths = set(tokens) - _ignored(page, tokens)
+    missing = sorted({token for token in paths if not _exists(page, token)})
     assert not missing, f"{page.relative_to(ROOT)} names paths that do not exist: {', '.join(missing)}"
 
 
@@ -115,6 +154,20 @@ def test_the_checks_catch_a_broken_link_and_path(tmp_path):
         ("results/no-such-run/", False),
         ("models/wafe.py", True),
     ]
+
+
+def test_a_path_counts_only_as_a_fresh_clone_holds_it(tmp_path):
+    """A file a run left in the checkout (untracked) is not a repository path, and a tool's ignored cache is not
+    checked at all, so the result is the same in a fresh clone and after mypy, pytest or a command has run."""
+    left = ROOT / "results" / f"left-by-a-run-{tmp_path.name}.md"
+    left.write_text("x")
+    try:
+        assert left.exists() and not _exists(tmp_path / "README.md", str(left.relative_to(ROOT)))
+    finally:
+        left.unlink()
+    page = ROOT / "docs" / "contributing.md"
+    assert _ignored(page, [".mypy_cache/", "runs/", "models/"]) == {".mypy_cache/", "runs/"}
+    assert _exists(page, "models/")
 
 
 def test_variant_tables_are_the_registrys(capsys):
