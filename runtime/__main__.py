@@ -1,5 +1,6 @@
-"""``python -m attnzoo.runtime``: print the backend registry (markdown): each backend's one name, its aliases,
-what it runs, and whether it runs here and if not why -- as ``python -m attnzoo.models`` prints the variants."""
+"""``python -m attnzoo.runtime``: print the deployment targets and the backend registry (markdown): each target with
+its backends and formats and whether its library is installed; each backend's one name, its aliases, what it runs,
+and whether it runs here and if not why -- as ``python -m attnzoo.models`` prints the variants."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 from attnzoo.lazy import lazy_import
 
 from .backends import describe, get_backend
+from .targets import targets
 
 torch = lazy_import("torch")
 
@@ -33,12 +35,24 @@ def backends_table(dtype: str = "fp32", device: str | None = None) -> str:
     return "\n".join(rows)
 
 
+def targets_table() -> str:
+    """Markdown table of the deployment targets (:func:`attnzoo.runtime.targets.targets`)."""
+    rows = ["| target | what | backends | export formats | installed here |", "|---|---|---|---|---|"]
+    for t in targets():
+        reason = t.unavailable_reason()
+        rows.append(
+            f"| `{t.name}` | {t.summary} | {', '.join(f'`{b.name}`' for b in t.backends) or '-'} | "
+            f"{', '.join(f'`{f.name}`' for f in t.formats) or '-'} | {'yes' if reason is None else f'no: {reason}'} |"
+        )
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m attnzoo.runtime", description=__doc__.splitlines()[0])
     p.add_argument("--dtype", default="fp32", help="the precision to check (default fp32)")
     p.add_argument("--device", default=None, choices=("cpu", "cuda"), help="PyTorch device of eager / compile")
     args = p.parse_args(argv)
-    print(backends_table(args.dtype, args.device))
+    print(targets_table() + "\n\n" + backends_table(args.dtype, args.device))
     return 0
 
 

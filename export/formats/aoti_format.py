@@ -32,7 +32,7 @@ import torch
 from attnzoo.errors import UsageError
 from attnzoo.limits import MAX_BATCH_SIZE
 from attnzoo.runtime import aoti
-from attnzoo.runtime.backends.eager import TORCH_DTYPES
+from attnzoo.runtime.backends import TORCH_DTYPES
 from attnzoo.runtime.contract import BATCH_DIM
 from attnzoo.runtime.device import fp32_math
 

@@ -23,12 +23,13 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
 from ..contract import ModelContract
 from ..parity import compare, tolerance_key
+from ..targets import collect
 
 __all__ = [
     "Backend",
@@ -42,6 +43,7 @@ __all__ = [
     "backends",
     "cpu_runtimes",
     "DTYPES",
+    "TORCH_DTYPES",
     "ONNX_REFERENCE",
     "reference_backend",
     "describe",
@@ -52,6 +54,9 @@ __all__ = [
 #: GPU backends turn TF32 off for it; ``tf32`` is fp32 tensors with matmuls / convolutions on TF32 tensor cores (a
 #: GPU of compute capability 8.0 or newer), asked for by name, never implied.
 DTYPES: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "int8")
+#: The torch dtype name of each precision a PyTorch module runs at (``tf32``: float32 tensors, TF32 matmuls /
+#: convolutions).
+TORCH_DTYPES: dict[str, str] = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 #: The backend every export was verified with (ONNX Runtime's CPU provider); the others are checked against it.
 ONNX_REFERENCE = "ort-cpu"
 
@@ -263,42 +268,62 @@ class Backend:
 
 _REGISTRY: dict[str, Backend] = {}
 _ALIASES: dict[str, str] = {}
+#: Whether the targets' backends are in the registry (added at the first lookup, :func:`_with_targets`).
+_TARGETS_ADDED: list[bool] = [False]
 
 
 _B = TypeVar("_B", bound=Backend)
 
 
 def register_backend(backend: _B) -> _B:
-    """Add ``backend`` to the registry (its name and aliases must be new)."""
+    """Add ``backend`` to the registry for this process (its name and aliases must be new); a target's backends
+    are added from the targets (:mod:`attnzoo.runtime.targets`) without it."""
+    if _REGISTRY.get(backend.name) is backend:
+        return backend
     for name in (backend.name, *backend.aliases):
         if name in _REGISTRY or name in _ALIASES:
             raise ValueError(f"backend name {name!r} is taken (by {canonical_backend(name)})")
-    if backend.is_reference and any(b.is_reference for b in _REGISTRY.values()):
+    if backend.is_reference and any(b.is_reference for b in _REGISTRY.values() if b is not backend):
         raise ValueError(f"{backend.name} cannot be the reference backend: {reference_backend()} is")
     _REGISTRY[backend.name] = backend
     _ALIASES.update({a: backend.name for a in backend.aliases})
     return backend
 
 
+def _with_targets() -> dict[str, Backend]:
+    """Every backend by name: the targets' first, in their listing order (added to the registry at the first
+    lookup), then those registered for this process."""
+    if not _TARGETS_ADDED[0]:
+        _TARGETS_ADDED[0] = True
+        for backend in collect("backends"):
+            register_backend(backend)
+    listed: dict[str, Backend] = {}
+    for backend in cast(list[Backend], collect("backends")):
+        if _REGISTRY.get(backend.name) is backend:
+            listed[backend.name] = backend
+    return {**listed, **{n: b for n, b in _REGISTRY.items() if n not in listed}}
+
+
 def backend_names() -> tuple[str, ...]:
-    """Every backend's one name, in registration order."""
-    return tuple(_REGISTRY)
+    """Every backend's one name: the targets' in their listing order, then those registered."""
+    return tuple(_with_targets())
 
 
 def backends() -> list[Backend]:
-    """Every registered backend."""
-    return list(_REGISTRY.values())
+    """Every backend."""
+    return list(_with_targets().values())
 
 
 def canonical_backend(name: str) -> str:
     """The one name of ``name`` (itself or an alias); ``ValueError`` listing the valid names otherwise."""
-    if name in _REGISTRY:
+    table = _with_targets()
+    if name in table:
         return name
     if name in _ALIASES:
         return _ALIASES[name]
     raise ValueError(
-        f"unknown backend {name!r}; valid: {', '.join(_REGISTRY)} (aliases: "
-        f"{', '.join(f'{a}={n}' for a, n in _ALIASES.items())})"
+        f"unknown backend {name!r}; valid: {', '.join(table)} (aliases: "
+        f"{', '.join(f'{a}={b.name}' for b in table.values() for a in b.aliases)})"
     )
 
 
@@ -309,19 +334,19 @@ def get_backend(name: str) -> Backend:
 
 def reference_backend() -> str:
     """The name of the reference backend (:attr:`Backend.is_reference`: the PyTorch model run as it is)."""
-    return next(b.name for b in _REGISTRY.values() if b.is_reference)
+    return next(b.name for b in backends() if b.is_reference)
 
 
 def cpu_runtimes() -> list[Backend]:
     """The backends that run an ONNX file on the CPU (the candidates of the measured CPU-runtime choice)."""
-    return [b for b in _REGISTRY.values() if b.takes == "onnx" and b.device == "cpu"]
+    return [b for b in backends() if b.takes == "onnx" and b.device == "cpu"]
 
 
 def describe(dtype: str = "fp32", device: str = "cpu") -> list[dict[str, Any]]:
     """One row per backend: name, aliases, what it takes, where it runs, its precisions, and whether it runs
     ``dtype`` here (and if not, why)."""
     rows = []
-    for b in _REGISTRY.values():
+    for b in backends():
         reason = b.unavailable_reason(dtype, device)
         rows.append(
             {**{k: v for k, v in dataclasses.asdict(b).items()}, "runs_here": reason is None, "reason": reason or ""}
@@ -357,5 +382,5 @@ def check_against_reference(
 # The built-in backends register themselves, in this order (backend_names(), the command lines' lists); a new one
 # is imported here.
 # isort: off
-from . import eager, torch_compile, aoti, ort_cpu, openvino, ort_cuda, ort_trt, tensorrt, executorch  # noqa: E402,F401
+from . import aoti, ort_cpu, openvino, ort_cuda, ort_trt, tensorrt, executorch  # noqa: E402,F401
 # isort: on

@@ -21,8 +21,7 @@ from attnzoo.lazy import lazy_import
 
 from .. import aoti
 from ..device import DeviceMemory, fp32_math, release_cuda_cache
-from . import Backend, Call, LoadOptions, Session, register_backend
-from .eager import TORCH_DTYPES
+from . import TORCH_DTYPES, Backend, Call, LoadOptions, Session, register_backend
 
 torch = lazy_import("torch")
 

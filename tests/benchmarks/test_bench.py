@@ -544,7 +544,7 @@ def test_onnx_runtime_gpu_providers_say_their_precision(monkeypatch):
 def twin():
     """A second PyTorch backend, ``twin``, registered for one test: a backend whose precisions eager also runs."""
     import attnzoo.runtime.backends as reg
-    from attnzoo.runtime.backends.eager import TorchBackend
+    from attnzoo.targets.pytorch.eager import TorchBackend
 
     backend = reg.register_backend(
         TorchBackend("twin", "eager under another name", takes="module", device="torch", dtypes=("fp32", "fp16"))
@@ -591,7 +591,7 @@ def test_parity_gate_rejects_a_perturbed_backend_fast(twin, tmp_path):
 def test_rows_are_paired_with_eager_at_their_own_precision(twin, tmp_path, monkeypatch):
     """An fp16 row's x eager and its A/B pairs are against eager fp16 (a precision change is not a backend's
     speed-up); its ratio to eager fp32 is kept beside them; eager fp16 itself is paired with eager fp32."""
-    import attnzoo.runtime.backends.eager as eager_mod
+    import attnzoo.targets.pytorch.eager as eager_mod
     from attnzoo.benchmarks.report import markdown
 
     monkeypatch.setattr(eager_mod, "torch_dtype_problem", lambda dtype, device: None)  # fp16 on this CPU, slowly

@@ -135,7 +135,10 @@ def test_every_backticked_repository_path_exists(page):
     tokens = list(_repo_paths(page))
     paths = set(tokens) - _ignored(page, tokens)
     missing = sorted({token for token in paths if not _exists(page, token)})
-    assert not missing, f"{page.relative_to(ROOT)} names paths that do not exist: {', '.join(missing)}"
+    assert not missing, (
+        f"{page.relative_to(ROOT)} names paths a fresh clone does not hold (a new file: git add it): "
+        + ", ".join(missing)
+    )
 
 
 def test_the_checks_catch_a_broken_link_and_path(tmp_path):

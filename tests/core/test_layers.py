@@ -22,6 +22,7 @@ LAYERS: list[tuple[str, str]] = [
     ("zoo", "attnzoo.zoo"),
     ("runtime", "attnzoo.runtime"),
     ("export", "attnzoo.export"),
+    ("targets", "attnzoo.targets"),
     ("training", "attnzoo.training"),
     ("benchmarks", "attnzoo.benchmarks"),
     ("studies", "attnzoo.studies"),

@@ -1,11 +1,12 @@
 """Deployment code goes through one door: the backend registry (``attnzoo.runtime.backends``).
 
-Outside ``runtime/backends/`` no module compares a string against a registered backend name or alias (a caller acts
-on a backend's fact, :class:`~attnzoo.runtime.backends.Backend`'s attributes, never on its name), and none builds
-a runtime session itself (an ONNX Runtime ``InferenceSession``, an OpenVINO compiled model, a TensorRT runtime):
-it asks ``get_backend(name).load(model, LoadOptions(...))``. The scan reads every module of the folders
-``pyproject.toml``'s package-dir maps, and allows no site: a string that means something else (a Triton platform,
-an export format, a training setting) is an object of its own domain asked for its facts, not a bare name.
+Outside the backend registry (``runtime/backends/``) and the targets that make backends (``targets/``: each
+technology's folder, its own room), no module compares a string against a registered backend name or alias (a caller
+acts on a backend's fact, :class:`~attnzoo.runtime.backends.Backend`'s attributes, never on its name), and none
+builds a runtime session itself (an ONNX Runtime ``InferenceSession``, an OpenVINO compiled model, a TensorRT
+runtime): it asks ``get_backend(name).load(model, LoadOptions(...))``. The scan reads every module of the folders
+``pyproject.toml``'s package-dir maps, and allows no site: a string that means something else (a Triton platform, an
+export format, a training setting) is an object of its own domain asked for its facts, not a bare name.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 FOLDERS: tuple[str, ...] = tuple(
     sorted(set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values()))
 )
-#: Where backends are made: the one place that may name them and build sessions.
-INSIDE = "runtime/backends/"
+#: Where backends are made: the registry and the targets' folders, the places that may name them and build sessions.
+INSIDE = ("runtime/backends/", "targets/")
 #: Every registered backend's name and aliases.
 NAMES: frozenset[str] = frozenset(n for b in backends() for n in (b.name, *b.aliases))
 #: Calls that build a runtime session directly (the function's or method's own name).
@@ -101,7 +102,7 @@ def scan(source: str) -> list[tuple[int, str]]:
 
 
 def modules() -> list[Path]:
-    """Every module of the package folders outside ``runtime/backends/`` (links not followed)."""
+    """Every module of the package folders outside :data:`INSIDE` (links not followed)."""
     found = []
     for folder in FOLDERS:
         for dirpath, dirnames, filenames in os.walk(ROOT / folder):

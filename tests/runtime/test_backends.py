@@ -49,7 +49,8 @@ def test_the_listing_says_what_runs_here_and_why_not():
         [sys.executable, "-m", "attnzoo.runtime", "--device", "cpu"], capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
+    targets, lines = (part.splitlines() for part in out.stdout.split("\n\n"))
+    assert targets[0].startswith("| target | what | backends |") and "| `pytorch` |" in targets[2]
     assert lines[0].startswith("| backend | aliases |") and len(lines) == 2 + len(backend_names())
     row = {ln.split("|")[1].strip(" `"): ln for ln in lines[2:]}
     assert set(row) == set(backend_names())
@@ -314,7 +315,7 @@ def test_torch_compile_says_nothing_of_a_cuda_runtime_on_a_machine_without_a_gpu
 
     from torch.utils import cpp_extension
 
-    from attnzoo.runtime.backends.eager import quiet_cuda_home
+    from attnzoo.targets.pytorch.eager import quiet_cuda_home
 
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))
     logger = logging.getLogger("torch.utils.cpp_extension")

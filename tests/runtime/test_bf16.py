@@ -263,8 +263,8 @@ def test_pytorch_bf16_autocast_runs_the_extra_scopes_in_fp32_and_the_rest_in_bf1
     import torch
 
     from attnzoo.models import create_model
-    from attnzoo.runtime.backends.eager import TorchSession
     from attnzoo.runtime.parity import TOLERANCES, parity_error
+    from attnzoo.targets.pytorch.eager import TorchSession
 
     torch.manual_seed(0)
     model = create_model(variant, task="cls", arch="micro").eval()

@@ -15,17 +15,13 @@ import numpy as np
 
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import bf16_problem, cpu_info
-
-from ..device import DeviceMemory, fp32_math, release_cuda_cache, tf32_problem
-from . import Backend, Call, LoadOptions, Session, register_backend
+from attnzoo.runtime.backends import TORCH_DTYPES, Backend, Call, LoadOptions, Session
+from attnzoo.runtime.device import DeviceMemory, fp32_math, release_cuda_cache, tf32_problem
 
 torch = lazy_import("torch")
 models = lazy_import("attnzoo.models")  # timm too: the registry imports without them
 
-__all__ = ["TorchBackend", "TorchSession", "EAGER", "TORCH_DTYPES", "bf16_autocast"]
-
-#: attnzoo precision -> torch dtype name (``tf32``: float32 tensors, TF32 matmuls / convolutions).
-TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+__all__ = ["TorchBackend", "TorchSession", "EAGER", "bf16_autocast"]
 
 
 def quiet_cuda_home() -> None:
@@ -193,14 +189,12 @@ class TorchBackend(Backend):
         )
 
 
-EAGER = register_backend(
-    TorchBackend(
-        "eager",
-        "PyTorch eager on the CPU or a CUDA GPU (the reference every backend is checked against)",
-        aliases=("pytorch", "torch"),
-        takes="module",
-        device="torch",
-        dtypes=("fp32", "tf32", "fp16", "bf16"),
-        is_reference=True,
-    )
+EAGER = TorchBackend(
+    "eager",
+    "PyTorch eager on the CPU or a CUDA GPU (the reference every backend is checked against)",
+    aliases=("pytorch", "torch"),
+    takes="module",
+    device="torch",
+    dtypes=("fp32", "tf32", "fp16", "bf16"),
+    is_reference=True,
 )

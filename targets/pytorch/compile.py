@@ -7,7 +7,8 @@ import shutil
 from dataclasses import dataclass
 from typing import Any
 
-from . import LoadOptions, register_backend
+from attnzoo.runtime.backends import LoadOptions
+
 from .eager import TorchBackend, TorchSession
 
 __all__ = ["CompileBackend", "COMPILE"]
@@ -17,7 +18,7 @@ __all__ = ["CompileBackend", "COMPILE"]
 class CompileBackend(TorchBackend):
     """``torch.compile``: ``default`` mode on the CPU, ``reduce-overhead`` (CUDA graphs) on a GPU; compiled for the
     load's ``batch``, or -- ``batch`` left out -- once per model with the batch dimension dynamic, the compiled copy
-    shared by the model's later sessions (:class:`~attnzoo.runtime.backends.eager.TorchSession`)."""
+    shared by the model's later sessions (:class:`~attnzoo.targets.pytorch.eager.TorchSession`)."""
 
     def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False) -> str | None:
         reason = super().unavailable_reason(dtype, device)
@@ -42,15 +43,13 @@ class CompileBackend(TorchBackend):
         )
 
 
-COMPILE = register_backend(
-    CompileBackend(
-        "compile",
-        "torch.compile (Inductor) of the PyTorch model; CUDA graphs on a GPU",
-        aliases=("torch-compile", "inductor"),
-        takes="module",
-        device="torch",
-        dtypes=("fp32", "tf32", "fp16", "bf16"),
-        reads=("device", "threads", "batch"),
-        jit_compiles=True,
-    )
+COMPILE = CompileBackend(
+    "compile",
+    "torch.compile (Inductor) of the PyTorch model; CUDA graphs on a GPU",
+    aliases=("torch-compile", "inductor"),
+    takes="module",
+    device="torch",
+    dtypes=("fp32", "tf32", "fp16", "bf16"),
+    reads=("device", "threads", "batch"),
+    jit_compiles=True,
 )

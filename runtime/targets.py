@@ -1,0 +1,148 @@
+"""Deployment targets: one technology each (ONNX Runtime, OpenVINO, TensorRT, ...), one folder each.
+
+A target is everything of one technology in one place, as Polygraphy keeps ``backend/trt/``: its export format (if it
+has one), its backends, the schemas of the reports its format writes, its own options and whether it is installed
+here. The package's own targets are the folders of :mod:`attnzoo.targets`, each defining ``TARGET``; an installed
+package adds one through the ``attnzoo.targets`` entry-point group (an entry point naming a module that defines
+``TARGET``). Nothing else names them: the backend registry, the export formats and the report schemas are read from
+:func:`targets`, so adding a technology is one folder.
+
+The registries below the targets (this layer's backends and report schemas, the export layer's formats) load the
+targets at their first lookup (:func:`load_targets`); a target imports those layers, never the reverse.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import pkgutil
+import threading
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any
+
+from attnzoo.errors import first_line
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "BUILTIN_PACKAGE",
+    "Target",
+    "TargetWarning",
+    "load_targets",
+    "targets",
+    "get_target",
+]
+
+#: The entry-point group an installed package adds a target through.
+ENTRY_POINT_GROUP = "attnzoo.targets"
+#: The package whose sub-packages are the built-in targets.
+BUILTIN_PACKAGE = "attnzoo.targets"
+
+
+class TargetWarning(UserWarning):
+    """An installed target that could not be loaded (the rest load; the line names it and why)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """One deployment technology.
+
+    Attributes:
+        name: Its one name (``tensorrt``); the folder of a built-in one.
+        title: What it is called in messages and tables (``TensorRT``).
+        summary: One line: what it runs or writes, and with what.
+        requires: The Python modules it needs (any one of them: ``("tensorrt_rtx", "tensorrt")``); empty when it
+            needs nothing beyond the package's own dependencies.
+        install: How to install what it needs (``pip install 'attnzoo[tensorrt]'``), said when it is missing.
+        backends: Its :class:`~attnzoo.runtime.backends.Backend` instances, in the order the command lines list them.
+        formats: Its export formats (:class:`~attnzoo.export.formats.ExportFormat` instances).
+        reports: The :class:`~attnzoo.runtime.reports.JsonReport` schemas of the files it writes (their
+            ``format`` keys name which).
+        order: Where it stands in listings (lower first): the PyTorch reference first, then the rest.
+    """
+
+    name: str
+    title: str
+    summary: str
+    requires: tuple[str, ...] = ()
+    install: str = ""
+    backends: tuple[Any, ...] = ()
+    formats: tuple[Any, ...] = ()
+    reports: tuple[type, ...] = ()
+    order: int = 100
+
+    def unavailable_reason(self) -> str | None:
+        """Why this target's library is not installed here (one line), or ``None`` when it is."""
+        if not self.requires or any(_installed(module) for module in self.requires):
+            return None
+        what = " or ".join(self.requires)
+        return f"{self.title} needs {what}, not installed" + (f" ({self.install})" if self.install else "")
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+_TARGETS: dict[str, Target] = {}
+_LOADED: list[bool] = [False]
+#: Held while the targets load: a second thread's first lookup waits; the loading thread (whose targets' imports
+#: ask a registry again) re-enters and sees the targets loaded so far.
+_LOCK = threading.RLock()
+
+
+def _add(target: Any, where: str) -> None:
+    if not isinstance(target, Target):
+        raise TypeError(f"{where}: TARGET is a {type(target).__name__}, not an attnzoo Target")
+    if target.name in _TARGETS:
+        raise ValueError(f"{where}: target name {target.name!r} is taken")
+    _TARGETS[target.name] = target
+
+
+def _builtin_names() -> list[str]:
+    package = importlib.import_module(BUILTIN_PACKAGE)
+    return sorted(info.name for info in pkgutil.iter_modules(package.__path__) if info.ispkg)
+
+
+def load_targets() -> None:
+    """Import every target once: the built-in folders of :mod:`attnzoo.targets`, then the installed ones
+    (:data:`ENTRY_POINT_GROUP`; one that fails to load is skipped with a :class:`TargetWarning` naming it)."""
+    with _LOCK:
+        if _LOADED[0]:
+            return
+        _LOADED[0] = True
+        for name in _builtin_names():
+            module = f"{BUILTIN_PACKAGE}.{name}"
+            _add(getattr(importlib.import_module(module), "TARGET", None), module)
+        for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+            try:
+                _add(getattr(importlib.import_module(ep.value.split(":")[0]), "TARGET", None), ep.value)
+            except Exception as exc:  # an installed package's fault must not stop every command: one line, go on
+                warnings.warn(
+                    f"target plugin {ep.name} ({ep.value}) not loaded: {type(exc).__name__}: {first_line(exc)}",
+                    TargetWarning,
+                    stacklevel=2,
+                )
+
+
+def targets() -> list[Target]:
+    """Every target, in listing order (:attr:`Target.order`, then name)."""
+    load_targets()
+    return sorted(_TARGETS.values(), key=lambda t: (t.order, t.name))
+
+
+def get_target(name: str) -> Target:
+    """The target called ``name``; ``ValueError`` listing the valid ones otherwise."""
+    known = {t.name: t for t in targets()}
+    if name not in known:
+        raise ValueError(f"unknown target {name!r}; valid: {', '.join(known)}")
+    return known[name]
+
+
+def collect(attribute: str) -> Sequence[Any]:
+    """Every target's ``attribute`` (``backends``, ``formats``, ``reports``), concatenated in listing order."""
+    return [item for target in targets() for item in getattr(target, attribute)]
