@@ -33,11 +33,11 @@ from attnzoo.errors import CommandError, UsageError
 from attnzoo.limits import MAX_BATCH_SIZE
 from attnzoo.models import ARCHS, BUILTIN_VARIANTS, TASKS
 from attnzoo.runtime.precision import PRECISIONS
-from attnzoo.runtime.tensorrt import COMPUTE_CAPABILITIES, DEFAULT_COMPUTE_CAPABILITY
 
 from .errors import ExportError, ExportWarning
+from .formats import FormatOption, formats
 from .onnx_export import SUPPORTED_OPSETS
-from .pipeline import DEFAULT_BATCH_SIZES, DEFAULT_TRITON_DIR, FORMATS, SUFFIXES, export_model
+from .pipeline import DEFAULT_BATCH_SIZES, FORMATS, SUFFIXES, export_model
 from .quantize import (
     ACCURACY_TOLERANCE,
     DEFAULT_CALIBRATION_COUNT,
@@ -46,7 +46,6 @@ from .quantize import (
     DEFAULT_MIN_COSINE,
     PLACEMENT_CHOICES,
 )
-from .triton import DEFAULT_QUEUE_DELAY_US, PLATFORMS
 
 __all__ = ["main", "build_parser"]
 
@@ -124,8 +123,7 @@ def _output_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help=f"{', '.join(FORMATS)} (default: from the --out suffix: {suffixes}; no suffix: onnx, "
         "written to OUT.onnx); "
-        "triton writes a Triton model repository into the --out folder (default "
-        f"{DEFAULT_TRITON_DIR}): <name>/config.pbtxt, labels.txt, 1/model.onnx (or 1/model.plan)",
+        "a format that writes a folder (triton: a Triton model repository) writes it into --out",
     )
     p.add_argument(
         "--batch-sizes",
@@ -147,34 +145,26 @@ def _output_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads for the verification")
 
 
-def _target_arguments(p: argparse.ArgumentParser) -> None:
-    """The Triton model folder's settings and the TensorRT engine's GPU."""
-    p.add_argument(
-        "--triton-platform",
-        choices=tuple(PLATFORMS),
-        default="onnxruntime",
-        help="--format triton: onnxruntime (platform onnxruntime_onnx, default) or tensorrt "
-        "(tensorrt_plan: an engine of TensorRT proper, built on the GPU it will serve on); "
-        "max_batch_size is the largest of --batch-sizes",
-    )
-    p.add_argument(
-        "--triton-queue-delay-us",
-        type=int,
-        default=None,
-        metavar="US",
-        help=f"--format triton: dynamic batching's max_queue_delay_microseconds (default {DEFAULT_QUEUE_DELAY_US})",
-    )
+def format_options() -> dict[str, FormatOption]:
+    """Every format's own options by name (:attr:`~attnzoo.export.formats.ExportFormat.options`), each once."""
+    return {o.name: o for part in formats().values() for o in part.options}
 
-    p.add_argument(
-        "--compute-capability",
-        type=str.upper,
-        choices=COMPUTE_CAPABILITIES,
-        default=None,
-        metavar="SM",
-        help=f"--format tensorrt: GPU to build for, one of {', '.join(COMPUTE_CAPABILITIES)} (default: "
-        f"CURRENT, the GPU present; without a GPU {DEFAULT_COMPUTE_CAPABILITY}, built ahead of time "
-        "with tensorrt-rtx and not run)",
-    )
+
+def _target_arguments(p: argparse.ArgumentParser) -> None:
+    """The formats' own options (TensorRT's GPU, Triton's platform ...), a group per format that owns some: each
+    format declares them, so a new one adds its flags here with no edit."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for option in format_options().values():
+        if option.owner not in groups:
+            groups[option.owner] = p.add_argument_group(f"--format {option.owner}")
+        groups[option.owner].add_argument(
+            option.flag,
+            type=option.parse,
+            choices=option.choices,
+            default=None,  # not given: the format's default (a format refuses another's option given)
+            metavar=option.metavar,
+            help=option.help,
+        )
 
 
 def _placement_arguments(q: argparse._ArgumentGroup) -> None:
@@ -300,9 +290,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 batch_sizes=_parse_ints(args.batch_sizes, "--batch-sizes"),
                 input_size=input_size,
                 threads=args.threads,
-                compute_capability=args.compute_capability,
-                triton_platform=args.triton_platform,
-                triton_queue_delay_us=args.triton_queue_delay_us,
                 quantize_extra_math=args.quantize_extra_math,
                 qdq_placement=args.qdq_placement,
                 calibration_data=args.calibration_data,
@@ -314,6 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 fidelity_count=args.fidelity_count,
                 smooth_quant=args.smooth_quant,
                 progress=True,
+                **{name: getattr(args, name) for name in format_options()},
             )
     except ExportError as exc:
         raise CommandError(str(exc)) from exc

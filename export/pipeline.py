@@ -38,24 +38,20 @@ from attnzoo.models.checkpoint import NoConfigError, load_checkpoint, load_state
 from attnzoo.models.memory import check_forward_memory
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD
 from attnzoo.runtime.precision import PRECISIONS, QUANTIZED, get_precision
-from attnzoo.runtime.tensorrt import COMPUTE_CAPABILITIES
 
 from . import quantize as quantization
 from . import verify
 from .errors import ExportWarning
-from .formats import ExportRequest, ModelSource, formats, get_format, run_step
-from .formats.triton_format import DEFAULT_TRITON_DIR
+from .formats import ExportFormat, ExportRequest, ModelSource, formats, get_format, run_step
 from .onnx_export import SUPPORTED_OPSETS, config_hw
 from .quantize import QuantizeOptions, calibration_for, check_quantize_arguments
 from .quantize import summary as quantize_summary
-from .triton import DEFAULT_QUEUE_DELAY_US
 from .verify import EXTRA_BATCH_SIZES, report_path
 from .verify import summary as verify_summary
 
 __all__ = [
     "FORMATS",
     "SUFFIXES",
-    "DEFAULT_TRITON_DIR",
     "DEFAULT_BATCH_SIZES",
     "ExportResult",
     "export_model",
@@ -87,8 +83,8 @@ class ExportResult:
         format, dtype: As exported.
         fp32_report: int8 / fp8: the verification report of the fp32 graph it was quantized from.
         parts: What the format's parts wrote besides ``path``, each a typed record of its own (the TensorRT engine
-            part's :class:`~attnzoo.export.formats.engine_part.EngineOutput`, Triton's
-            :class:`~attnzoo.runtime.reports.TritonConfigCheck`); read one with :meth:`part`.
+            part's :class:`~attnzoo.targets.tensorrt.engine_step.EngineOutput`, Triton's
+            :class:`~attnzoo.targets.triton.schema.TritonConfigCheck`); read one with :meth:`part`.
         warnings: What the export warned about (also issued as :class:`ExportWarning`).
     """
 
@@ -304,16 +300,43 @@ def _input_hw(input_size: int | Sequence[int] | None, config: dict[str, Any]) ->
     return h, w
 
 
+def _format_options(part: ExportFormat, given: dict[str, Any]) -> dict[str, Any]:
+    """The format options given (``None``: not given), each one of ``part``'s own, normalized and in its choices.
+
+    Raises:
+        TypeError: a keyword that is no format's option (as Python says of an unknown keyword).
+        UsageError: an option of another format, or a value outside its choices.
+    """
+    known = {o.name: o for p in formats().values() for o in p.options}
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise TypeError(
+            f"export_model() got unexpected keyword(s) {', '.join(unknown)}; format options: {', '.join(known)}"
+        )
+    own = {o.name: o for o in part.options}
+    options = {}
+    for name, value in given.items():
+        if value is None:
+            continue
+        if name not in own:
+            raise UsageError(f"{known[name].flag} applies to --format {known[name].owner} only")
+        option = own[name]
+        value = option.normalize(value) if option.normalize else value
+        if option.choices is not None and value not in option.choices:
+            what = option.title or option.flag
+            raise UsageError(f"unknown {what} {value!r}; valid: {', '.join(map(str, option.choices))}")
+        options[name] = value
+    return options
+
+
 def _check_request(
     fmt: str | None,
     out: PathLike | None,
     dtype: str,
     opset: int,
     batch_sizes: Sequence[int],
-    compute_capability: str | None,
-    triton_platform: str,
-    triton_queue_delay_us: int,
     quantize: QuantizeOptions,
+    format_options: dict[str, Any],
 ) -> ExportRequest:
     """Every argument that can be checked without the model, checked (UsageError otherwise)."""
     if opset not in SUPPORTED_OPSETS:
@@ -325,24 +348,9 @@ def _check_request(
         raise UsageError("--batch-sizes: give at least one batch size")
     _usage(check_batch_sizes, sizes)
     fmt = output_format(fmt, out)
-    if compute_capability is not None:
-        compute_capability = compute_capability.upper()
-        if compute_capability not in COMPUTE_CAPABILITIES:
-            raise UsageError(
-                f"unknown compute capability {compute_capability!r}; valid: {', '.join(COMPUTE_CAPABILITIES)}"
-            )
-    _usage(check_quantize_arguments, quantize, fmt, compute_capability)
-    req = ExportRequest(
-        fmt,
-        dtype,
-        _with_suffix(fmt, out),
-        opset,
-        sizes,
-        compute_capability,
-        triton_platform,
-        triton_queue_delay_us,
-        quantize,
-    )
+    options = _format_options(get_format(fmt), format_options)
+    _usage(check_quantize_arguments, quantize, fmt)
+    req = ExportRequest(fmt, dtype, _with_suffix(fmt, out), opset, sizes, quantize, options)
     get_format(fmt).check(req)
     return req
 
@@ -376,9 +384,6 @@ def export_model(
     batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
     input_size: int | Sequence[int] | None = None,
     threads: int | None = None,
-    compute_capability: str | None = None,
-    triton_platform: str = "onnxruntime",
-    triton_queue_delay_us: int | None = None,
     quantize_extra_math: bool = False,
     qdq_placement: str | None = None,
     calibration_data: PathLike | None = None,
@@ -390,6 +395,7 @@ def export_model(
     fidelity_count: int | None = None,
     smooth_quant: bool | None = None,
     progress: bool = False,
+    **format_options: Any,
 ) -> ExportResult:
     """Export a model to a verified ONNX file (fp32, fp16, int8 or fp8), and optionally build a TensorRT engine
     or write a Triton model repository from it: what ``export-model`` does (its flags are these arguments).
@@ -408,9 +414,6 @@ def export_model(
         dtype: ``fp32``, ``fp16``, ``int8`` or ``fp8`` (int8 / fp8: NVIDIA ModelOpt Q/DQ, the extra math fp32).
         batch_sizes: Verified batch sizes (and the TensorRT profile's range).
         input_size: ``H`` or ``(H, W)`` (segmenters take any; default the training size).
-        compute_capability: TensorRT target (default: the GPU present, else SM89, built ahead of time).
-        triton_platform, triton_queue_delay_us: ``format="triton"``: ``onnxruntime`` or ``tensorrt``, and dynamic
-            batching's queue delay.
         quantize_extra_math, qdq_placement, calibration_data, calibration_count, calibration_seed,
         accept_accuracy_drop, eval_limit, min_cosine, fidelity_count, smooth_quant: int8 / fp8 only (see
             :func:`attnzoo.export.quantize.quantize_verified`; ``calibration_data``: a folder of images or a
@@ -419,6 +422,10 @@ def export_model(
             ``min_cosine`` (default 0.99 for a model without a labelled test split) or, with ``auto`` placement,
             when no placement promises it.
         progress: Show a progress bar on stderr.
+        format_options: The format's own options (:attr:`~attnzoo.export.formats.ExportFormat.options`; ``export-model
+            --help`` lists them by target), e.g. ``compute_capability="SM89"`` (TensorRT's target GPU, default: the
+            GPU present, else SM89, built ahead of time), ``triton_platform="tensorrt"`` and
+            ``triton_queue_delay_us`` (Triton's); one of another format is refused.
 
     Returns:
         :class:`ExportResult`: the paths written and the reports.
@@ -441,17 +448,7 @@ def export_model(
         fidelity_count=fidelity_count,
         smooth_quant=smooth_quant,
     )
-    req = _check_request(
-        format,
-        out,
-        dtype,
-        opset,
-        batch_sizes,
-        compute_capability,
-        triton_platform,
-        DEFAULT_QUEUE_DELAY_US if triton_queue_delay_us is None else triton_queue_delay_us,
-        quantize,
-    )
+    req = _check_request(format, out, dtype, opset, batch_sizes, quantize, format_options)
     collected: list[str] = []
     model, config, sha = _source(variant, task, arch, checkpoint, random_init, model)
     hw = _input_hw(input_size, config)

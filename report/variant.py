@@ -45,9 +45,9 @@ from attnzoo.runtime.backends import backend_names
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.fusion import audit
 from attnzoo.runtime.fusion import markdown as fusion_markdown
-from attnzoo.runtime.reports import TritonConfigCheck
 from attnzoo.signals import Interrupted, Terminated
 from attnzoo.studies.fusable import speedups, time_opsets
+from attnzoo.targets.triton.schema import TritonConfigCheck
 
 from .render import REPORT_FORMATS, write_report
 
@@ -459,7 +459,7 @@ def export_side(
         r = export.export_model(
             **args, out=folder / f"{variant}{engine_fmt.suffixes[0]}", format=engine_fmt.name, batch_sizes=BATCH_SIZES
         )
-        from attnzoo.export.formats.engine_part import EngineOutput  # torch and onnx: at the step, not at --help
+        from attnzoo.targets.tensorrt.engine_step import EngineOutput  # torch and onnx: at the step, not at --help
 
         built = r.part(EngineOutput)
         if built is None:

@@ -42,7 +42,7 @@ def targets_table() -> str:
         reason = t.unavailable_reason()
         rows.append(
             f"| `{t.name}` | {t.summary} | {', '.join(f'`{b.name}`' for b in t.backends) or '-'} | "
-            f"{', '.join(f'`{f.name}`' for f in t.formats) or '-'} | {'yes' if reason is None else f'no: {reason}'} |"
+            f"{', '.join(f'`{f}`' for f in t.formats) or '-'} | {'yes' if reason is None else f'no: {reason}'} |"
         )
     return "\n".join(rows)
 

@@ -10,9 +10,10 @@ kind's JSON Schema, generated from the class):
   int8 / fp8 ONNX file.
 - ``openvino``, ``executorch``, ``aoti``: :class:`OpenVINOReport`, :class:`ExecuTorchReport`, :class:`AOTIReport`,
   ``<file>.json`` beside an OpenVINO IR ``.xml``, an ExecuTorch program ``.pte``, an AOTInductor package ``.pt2``.
-- ``engine``: :class:`EngineReport`, ``<engine>.json`` of a TensorRT engine.
-- ``triton``: :class:`TritonConfigCheck`, the Triton model folder's config check (the ``triton`` part of
-  ``export-model``'s result and of ``report-variant``'s report).
+- each deployment target's own (:attr:`attnzoo.runtime.targets.Target.reports`): ``engine``, ``<engine>.json`` of a
+  TensorRT engine (:mod:`attnzoo.targets.tensorrt.schema`); ``triton``, the Triton model folder's config check
+  (the ``triton`` part of ``export-model``'s result and of ``report-variant``'s report,
+  :mod:`attnzoo.targets.triton.schema`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
+from .targets import target_reports
+
 __all__ = [
     "JsonReport",
     "ParityCheck",
@@ -38,9 +41,6 @@ __all__ = [
     "OpenVINOReport",
     "ExecuTorchReport",
     "AOTIReport",
-    "EngineReport",
-    "TritonConfigCheck",
-    "TritonIO",
     "exported_report_type",
     "schema_checked",
     "report_kinds",
@@ -484,97 +484,6 @@ def schema_checked(data: Mapping[str, Any]) -> dict[str, Any]:
     return exported_report_type(plain).from_dict(plain).to_dict()
 
 
-@dataclass
-class EngineReport(JsonReport):
-    """``<engine>.json``: a TensorRT engine's build, check and (where a GPU ran it) parity and latency; also
-    ``<engine>.failed.json`` of a build that was refused (then the build facts are ``None`` when it failed before
-    them).
-
-    Attributes:
-        engine, onnx: The engine written (or refused) and the verified ONNX it was built from.
-        variant, task, arch, dtype, input_size: The model (from the ONNX file's contract).
-        status: ``built, not run`` or ``built and run`` (``not built`` when refused before the build).
-        onnx_verification: The ONNX file's verification report, and whether it is still the file it verified.
-        library, library_version: The TensorRT library that built it (TensorRT-RTX or TensorRT).
-        ran_on_gpu, gpu: Whether it was run, and on which GPU.
-        parity: Against ONNX Runtime on the CPU, per batch (``None`` when not run).
-        latency: Its median and spread at the profile's ``opt`` batch (``None`` when not run).
-        network_check: The extra math found in the parsed network, every op of it a fp32 layer (and in an int8 /
-            fp8 network, what reads a DequantizeLinear).
-        compute_capability, build_time_s, engine_size, profile, workspace_gb, tf32, require_user_allocation,
-            timing_cache: The build's facts.
-        not_run_reason: Why it was built but not run.
-        metadata: The ONNX file's metadata (the model contract).
-        passed, failures: Every check passed (the engine was written); why not, one line each.
-    """
-
-    what: ClassVar[str] = "engine report"
-
-    engine: str
-    onnx: str
-    variant: str
-    task: str
-    arch: str
-    dtype: str
-    input_size: list[int]
-    status: str
-    onnx_verification: dict[str, Any]
-    library: str
-    library_version: str
-    ran_on_gpu: bool = False
-    gpu: str | None = None
-    parity: dict[str, Any] | None = None
-    latency: dict[str, Any] | None = None
-    network_check: dict[str, Any] | None = None
-    compute_capability: str | None = None
-    build_time_s: float | None = None
-    engine_size: int | None = None
-    profile: dict[str, int] | None = None
-    workspace_gb: float | None = None
-    tf32: bool | None = None
-    require_user_allocation: bool | None = None
-    timing_cache: str | None = None
-    not_run_reason: str | None = None
-    metadata: dict[str, str] = field(default_factory=dict)
-    passed: bool = False
-    failures: list[str] = field(default_factory=list)
-
-
-@dataclass
-class TritonIO(JsonReport):
-    """A Triton config's input or output: its name and its dims (``-1`` for a dynamic one; no batch dim)."""
-
-    name: str
-    dims: list[int]
-
-
-@dataclass
-class TritonConfigCheck(JsonReport):
-    """The check of a Triton model folder's ``config.pbtxt`` (parsed with Triton's own schema) against the graph.
-
-    Attributes:
-        passed, failures: It parsed and matches the model (a folder is written only then).
-        schema: The protobuf message it was parsed with.
-        platform: ``onnxruntime_onnx`` or ``tensorrt_plan``.
-        max_batch_size: The batch dynamic batching may form.
-        input, output: The model's tensors as the config names them.
-        dynamic_batching_max_queue_delay_us: How long Triton waits to fill a batch.
-        labels: Lines of ``labels.txt`` (the model's class names).
-    """
-
-    what: ClassVar[str] = "triton config check"
-
-    passed: bool
-    failures: list[str]
-    schema: str
-    platform: str
-    max_batch_size: int
-    input: TritonIO
-    output: TritonIO
-    dynamic_batching_max_queue_delay_us: int
-    labels: int
-
-
 def report_kinds() -> dict[str, type[JsonReport]]:
     """Every report kind by name (module docstring)."""
     from .quantization_report import QuantizationReport
@@ -583,8 +492,7 @@ def report_kinds() -> dict[str, type[JsonReport]]:
         "verification": VerificationReport,
         "quantization": QuantizationReport,
         **FORMAT_REPORTS,
-        "engine": EngineReport,
-        "triton": TritonConfigCheck,
+        **target_reports(),
     }
 
 

@@ -18,8 +18,8 @@ import importlib.util
 import pkgutil
 import threading
 import warnings
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -33,6 +33,9 @@ __all__ = [
     "load_targets",
     "targets",
     "get_target",
+    "collect",
+    "load_object",
+    "target_reports",
 ]
 
 #: The entry-point group an installed package adds a target through.
@@ -57,9 +60,11 @@ class Target:
             needs nothing beyond the package's own dependencies.
         install: How to install what it needs (``pip install 'attnzoo[tensorrt]'``), said when it is missing.
         backends: Its :class:`~attnzoo.runtime.backends.Backend` instances, in the order the command lines list them.
-        formats: Its export formats (:class:`~attnzoo.export.formats.ExportFormat` instances).
-        reports: The :class:`~attnzoo.runtime.reports.JsonReport` schemas of the files it writes (their
-            ``format`` keys name which).
+        formats: Its export formats by name, each where its :class:`~attnzoo.export.formats.ExportFormat` instance
+            is (``"attnzoo.targets.tensorrt.format:FORMAT"``): the export layer imports it when it lists the
+            formats, so that listing the backends loads neither PyTorch nor ONNX.
+        reports: The :class:`~attnzoo.runtime.reports.JsonReport` schemas of the reports it writes, by kind
+            (``python -m attnzoo.runtime.reports KIND``; a format's report under the format's name).
         order: Where it stands in listings (lower first): the PyTorch reference first, then the rest.
     """
 
@@ -69,8 +74,8 @@ class Target:
     requires: tuple[str, ...] = ()
     install: str = ""
     backends: tuple[Any, ...] = ()
-    formats: tuple[Any, ...] = ()
-    reports: tuple[type, ...] = ()
+    formats: Mapping[str, str] = field(default_factory=dict)
+    reports: Mapping[str, type] = field(default_factory=dict)
     order: int = 100
 
     def unavailable_reason(self) -> str | None:
@@ -144,5 +149,21 @@ def get_target(name: str) -> Target:
 
 
 def collect(attribute: str) -> Sequence[Any]:
-    """Every target's ``attribute`` (``backends``, ``formats``, ``reports``), concatenated in listing order."""
-    return [item for target in targets() for item in getattr(target, attribute)]
+    """Every target's ``attribute`` (``backends``; a mapping's values: ``formats``), concatenated in listing
+    order."""
+    found: list[Any] = []
+    for target in targets():
+        items = getattr(target, attribute)
+        found.extend(items.values() if isinstance(items, Mapping) else items)
+    return found
+
+
+def load_object(reference: str) -> Any:
+    """The object a ``"module:NAME"`` reference names (a target's format)."""
+    module, _, name = reference.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def target_reports() -> dict[str, type]:
+    """Every target's report schemas by kind."""
+    return {kind: schema for target in targets() for kind, schema in target.reports.items()}

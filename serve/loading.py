@@ -196,7 +196,7 @@ def _session(path: Path, backend: str, threads: int | None, cache_dir: Path | No
     (:func:`attnzoo.runtime.backends.check_against_reference`). A backend with a
     :attr:`~attnzoo.runtime.backends.Backend.serving_batch` (OpenVINO: 1) is compiled for it (other batches run
     image by image); one that :attr:`~attnzoo.runtime.backends.Backend.builds_engine` (TensorRT) builds it for
-    batch 1 to :data:`SLIDING_BATCH`, once, in the one engine cache (:func:`attnzoo.runtime.tensorrt.build_cached`,
+    batch 1 to :data:`SLIDING_BATCH`, once, in the one engine cache (:func:`attnzoo.targets.tensorrt.build_cached`,
     under ``<cache>/tensorrt``)."""
     b = get_backend(backend)
     engine = (

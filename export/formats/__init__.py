@@ -1,9 +1,10 @@
-"""``export-model``'s output formats as parts: one module per format, each an :class:`ExportFormat`.
+"""``export-model``'s output formats: each an :class:`ExportFormat`, most of them a deployment target's.
 
 Every format starts from the verified ONNX; its part says what it checks, what it writes and its summary lines
-(:class:`ExportFormat`). A module of this package that defines ``FORMAT`` is found by :func:`formats`, so adding
-a format is one file here (``tests/export/test_export.py`` adds a made-up one); :func:`register_format` adds one from
-elsewhere, for this process.
+(:class:`ExportFormat`). :func:`formats` finds them: the ``formats`` of every deployment target
+(:mod:`attnzoo.runtime.targets`: a technology's folder of :mod:`attnzoo.targets`, or an installed target), and the
+``FORMAT`` of each module of this package still holding one; :func:`register_format` adds one for this process
+(``tests/export/test_export.py`` adds a made-up one).
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ import importlib
 import pkgutil
 
 from attnzoo.errors import UsageError
+from attnzoo.runtime.targets import collect, load_object
 
-from .base import ExportFormat, ExportRequest, ModelSource, Step, run_step
+from .base import ExportFormat, ExportRequest, FormatOption, ModelSource, Step, run_step
 
 __all__ = [
     "ExportFormat",
     "ExportRequest",
+    "FormatOption",
     "ModelSource",
     "Step",
     "run_step",
@@ -30,12 +33,13 @@ _REGISTRY: dict[str, ExportFormat] = {}
 
 
 def _discover() -> None:
-    """Register the ``FORMAT`` of every module of this package, in module-name order."""
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name != "base":
-            part = getattr(importlib.import_module(f"{__name__}.{info.name}"), "FORMAT", None)
-            if isinstance(part, ExportFormat):
-                _REGISTRY.setdefault(part.name, part)
+    """Register the ``FORMAT`` of every module of this package and the targets' formats, in name order."""
+    found = [
+        getattr(importlib.import_module(f"{__name__}.{m.name}"), "FORMAT", None) for m in pkgutil.iter_modules(__path__)
+    ]
+    found += [load_object(reference) for reference in collect("formats")]
+    for part in sorted((p for p in found if isinstance(p, ExportFormat)), key=lambda p: p.name):
+        _REGISTRY.setdefault(part.name, part)
 
 
 def register_format(part: ExportFormat) -> ExportFormat:

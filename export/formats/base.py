@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ExportFormat",
     "ExportRequest",
+    "FormatOption",
     "ModelSource",
     "Step",
     "run_step",
@@ -36,6 +37,45 @@ __all__ = [
 ]
 
 
+@dataclass(frozen=True)
+class FormatOption:
+    """One option a format has of its own (TensorRT's target GPU, Triton's platform): a keyword of
+    :func:`attnzoo.export.export_model` and a flag of ``export-model``, declared by the formats that read it
+    (:attr:`ExportFormat.options`) and refused with any other.
+
+    Attributes:
+        name: The keyword (``compute_capability``); the flag is ``--compute-capability``.
+        owner: The format it belongs to (a refusal names it); another format whose output holds the owner's (Triton's
+            model folder holding an engine) declares it too.
+        help: The flag's help, without its default.
+        default: Its value when not given.
+        choices: The values it takes (the flag's choices), or ``None``.
+        kind: What a value given on the command line is read as (``str``, ``int``).
+        normalize: Applied to a given value before it is checked (``str.upper``: ``sm89`` is ``SM89``).
+        metavar: The flag's placeholder.
+        title: What a value is called in a refusal (``unknown compute capability 'SM90'``; default: the flag).
+    """
+
+    name: str
+    owner: str
+    help: str
+    default: Any = None
+    choices: tuple[Any, ...] | None = None
+    kind: Callable[[str], Any] = str
+    normalize: Callable[[Any], Any] | None = None
+    metavar: str | None = None
+    title: str = ""
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def parse(self, text: str) -> Any:
+        """A value given on the command line, read as :attr:`kind` and normalized."""
+        value = self.kind(text)
+        return self.normalize(value) if self.normalize else value
+
+
 @dataclass
 class ExportRequest:
     """The arguments of one :func:`attnzoo.export.export_model` call, checked."""
@@ -45,10 +85,13 @@ class ExportRequest:
     out: Path | None
     opset: int
     batch_sizes: list[int]
-    compute_capability: str | None
-    triton_platform: str
-    triton_queue_delay_us: int
     quantize: Any  #: the quantization options (int8 / fp8), as :mod:`attnzoo.export.quantize` takes them
+    #: The format's own options that were given (:attr:`ExportFormat.options`), by name; :meth:`option` reads one.
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def option(self, option: FormatOption) -> Any:
+        """The value of one of the format's own options: as given, else its default."""
+        return self.options.get(option.name, option.default)
 
 
 @dataclass
@@ -134,14 +177,14 @@ class ExportFormat:
     #: ``--dtype int8`` is quantized by the format itself, dynamically (activations at run time): no ModelOpt and
     #: no calibration, whose flags it refuses.
     dynamic_int8: bool = False
-    #: Its output is a TensorRT engine built from the verified ONNX: ``--compute-capability`` names its target, and
-    #: a quantized export wants TensorRT's Q/DQ placement and a target with the precision's tensor cores.
+    #: Its output is a TensorRT engine built from the verified ONNX: a quantized export wants TensorRT's Q/DQ
+    #: placement.
     builds_engine: bool = False
+    #: The options it has of its own (:class:`FormatOption`); one given for a format that lacks it is refused.
+    options: tuple[FormatOption, ...] = ()
 
     def check(self, req: ExportRequest) -> None:
         """Refuse, with a :class:`UsageError`, arguments this format cannot work with here, before any work."""
-        if req.compute_capability:
-            raise UsageError("--compute-capability applies to --format tensorrt only")
 
     def mismatch(self, out: Path, implied: ExportFormat) -> str:
         """The line refusing ``--format NAME --out FILE`` when FILE's suffix is ``implied``'s."""

@@ -57,7 +57,6 @@ from .options import (
     ACCURACY_TOLERANCE,
     QuantizeOptions,
     check_quantize_arguments,
-    compute_capability_error,
 )
 from .placement import SPEED_RUNS, auto_placement, group_speed
 from .qdq import (
@@ -132,7 +131,6 @@ __all__ = [
     "qdq_placement_error",
     "qdq_summary",
     "evaluate_onnx",
-    "compute_capability_error",
     "check_quantize_arguments",
     "calibration_for",
     "quantize_verified",

@@ -9,10 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from attnzoo.runtime import tensorrt as rt_tensorrt
-from attnzoo.runtime.precision import QUANTIZED, Precision, get_precision
+from attnzoo.runtime.precision import QUANTIZED
 
 from .calibration import Calibration, load_calibration_file
 from .modelopt import quantize_unavailable_reason
@@ -21,7 +19,6 @@ from .qdq import CPU_QDQ_PLACEMENT, DEFAULT_QDQ_PLACEMENT, qdq_placement_error
 __all__ = [
     "ACCURACY_TOLERANCE",
     "QuantizeOptions",
-    "compute_capability_error",
     "check_quantize_arguments",
 ]
 
@@ -113,42 +110,14 @@ class QuantizeOptions:
         )
 
 
-def compute_capability_error(precision: Precision, compute_capability: str | None) -> str | None:
-    """One line when a TensorRT target is older than ``precision`` needs (FP8: SM 8.9, its tensor cores), else
-    ``None``.
-
-    ``compute_capability`` is a name of :data:`attnzoo.runtime.tensorrt.COMPUTE_CAPABILITIES`; ``None`` is the
-    build default (the GPU present, else ``DEFAULT_COMPUTE_CAPABILITY``); ``CURRENT`` asks the GPU.
-    """
-    need = precision.min_compute_capability
-    if need is None:
-        return None
-    try:
-        cc = rt_tensorrt.resolve_compute_capability(compute_capability, rt_tensorrt.gpu_available())
-    except ValueError as exc:  # an unknown name, or CURRENT without a GPU: the build would refuse it the same way
-        return str(exc)
-    if cc == "CURRENT":
-        major, minor = torch.cuda.get_device_capability(0)
-        name = f"the GPU present (SM{major}{minor})"
-    else:
-        digits = cc[2:]
-        major, minor = int(digits[:-1]), int(digits[-1])
-        name = cc
-    if (major, minor) < need:
-        return (
-            f"--dtype {precision.name} needs compute capability SM{need[0]}{need[1]} or newer "
-            f"({precision.name.upper()} tensor cores); {name} has none"
-        )
-    return None
-
-
-def check_quantize_arguments(options: QuantizeOptions, fmt: str, compute_capability: str | None) -> None:
-    """Refuse quantization arguments that cannot work, before any work (ModelOpt missing, FP8 below SM 8.9, a
-    placement for another dtype or target, bad counts, a bad calibration file).
+def check_quantize_arguments(options: QuantizeOptions, fmt: str) -> None:
+    """Refuse quantization arguments that cannot work, before any work (ModelOpt missing, a placement for another
+    dtype or target, bad counts, a bad calibration file); what a target needs of a precision (FP8's tensor cores)
+    its format checks (:meth:`~attnzoo.export.formats.ExportFormat.check`).
 
     Args:
         options: The export's dtype and its quantization flags (``None`` / ``False``: not given).
-        fmt, compute_capability: The export's.
+        fmt: The export's format.
 
     Raises:
         ValueError: one line naming the flag.
@@ -174,10 +143,6 @@ def check_quantize_arguments(options: QuantizeOptions, fmt: str, compute_capabil
             f"--dtype {dtype}: --format triton is not supported yet; export the ONNX (--format onnx) "
             "or a TensorRT engine"
         )
-    if part.builds_engine:
-        error = compute_capability_error(get_precision(dtype), compute_capability)
-        if error:
-            raise ValueError(error)
     error = qdq_placement_error(o.placement or DEFAULT_QDQ_PLACEMENT, dtype)
     if error:
         raise ValueError(error)

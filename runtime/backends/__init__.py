@@ -29,7 +29,7 @@ import numpy as np
 
 from ..contract import ModelContract
 from ..parity import compare, tolerance_key
-from ..targets import collect
+from ..targets import collect, targets
 
 __all__ = [
     "Backend",
@@ -291,17 +291,20 @@ def register_backend(backend: _B) -> _B:
 
 
 def _with_targets() -> dict[str, Backend]:
-    """Every backend by name: the targets' first, in their listing order (added to the registry at the first
-    lookup), then those registered for this process."""
+    """Every backend by name, in listing order: each target's at its :attr:`~attnzoo.runtime.targets.Target.order`
+    (added to the registry at the first lookup), the built-ins not yet in a target's folder at their
+    :data:`_PLACES`, then those registered for this process in their order."""
     if not _TARGETS_ADDED[0]:
         _TARGETS_ADDED[0] = True
         for backend in collect("backends"):
             register_backend(backend)
-    listed: dict[str, Backend] = {}
-    for backend in cast(list[Backend], collect("backends")):
-        if _REGISTRY.get(backend.name) is backend:
-            listed[backend.name] = backend
-    return {**listed, **{n: b for n, b in _REGISTRY.items() if n not in listed}}
+    place: dict[str, int] = {}
+    for target in targets():
+        for backend in cast(tuple[Backend, ...], target.backends):
+            if _REGISTRY.get(backend.name) is backend:
+                place[backend.name] = target.order
+    place |= {name: order for name, order in _PLACES.items() if name in _REGISTRY and name not in place}
+    return dict(sorted(_REGISTRY.items(), key=lambda item: place.get(item[0], 1_000)))
 
 
 def backend_names() -> tuple[str, ...]:
@@ -379,8 +382,9 @@ def check_against_reference(
         )
 
 
-# The built-in backends register themselves, in this order (backend_names(), the command lines' lists); a new one
-# is imported here.
+# The built-in backends not yet in a target's folder register themselves here; their places in the listing among the
+# targets' (Target.order: pytorch 0, tensorrt 40).
+_PLACES: dict[str, int] = {"aoti": 10, "ort-cpu": 20, "openvino": 25, "ort-cuda": 30, "ort-trt": 31, "executorch": 50}
 # isort: off
-from . import aoti, ort_cpu, openvino, ort_cuda, ort_trt, tensorrt, executorch  # noqa: E402,F401
+from . import aoti, ort_cpu, openvino, ort_cuda, ort_trt, executorch  # noqa: E402,F401
 # isort: on

@@ -6,7 +6,7 @@
   batching, replicas, HTTP routes for classify / segment, health and stats;
 - :mod:`.loadtest`: concurrent clients against it, with the offline benchmark on the same machine.
 
-Triton model repositories are written by ``export-model --format triton`` (:mod:`attnzoo.export.triton`).
+Triton model repositories are written by ``export-model --format triton`` (:mod:`attnzoo.targets.triton.config`).
 """
 
 from attnzoo.serve.rayserve.config import ServeConfig

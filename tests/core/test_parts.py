@@ -102,17 +102,23 @@ def test_export_asks_the_precision_instead_of_naming_it():
     assert not problems, "ask attnzoo.runtime.precision.get_precision(dtype) for the fact:\n" + "\n".join(problems)
 
 
+def _format_modules() -> list[Path]:
+    """Every format's module: those of ``export/formats/`` and each target's ``format.py``."""
+    return sorted([*(EXPORT / "formats").glob("*_format.py"), *(ROOT / "targets").glob("*/format.py")])
+
+
 def test_formats_compose_parts_and_do_not_import_each_other():
-    formats = sorted((EXPORT / "formats").glob("*_format.py"))
+    formats = _format_modules()
     assert len(formats) >= 6
     for path in formats:
-        imported = {
-            node.module
-            for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.ImportFrom) and node.module
-        }
-        others = sorted(m for m in imported if m.endswith("_format") and m.split(".")[-1] != path.stem)
-        assert not others, f"{path.name} imports {others}: share a part module instead"
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                imported |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        others = sorted(
+            m for m in imported if m.split(".")[-1] == "format" or (m.endswith("_format") and not m.endswith(path.stem))
+        )
+        assert not others, f"{path.relative_to(ROOT)} imports {others}: share a step module instead"
 
 
 def test_the_precisions_and_their_facts():

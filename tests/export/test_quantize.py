@@ -751,12 +751,14 @@ def test_fp8_below_sm89_is_refused_before_work(tmp_path, monkeypatch, capsys):
     )
     assert line == ("error: --dtype fp8 needs compute capability SM89 or newer (FP8 tensor cores); SM86 has none")
     assert not any(tmp_path.iterdir())
+    from attnzoo.targets.tensorrt.options import compute_capability_error
+
     fp8 = get_precision("fp8")
-    assert qz.compute_capability_error(fp8, "SM89") is None and qz.compute_capability_error(fp8, "SM120") is None
-    assert qz.compute_capability_error(fp8, "SM75") is not None
-    assert qz.compute_capability_error(get_precision("int8"), "SM75") is None  # int8 builds for every target
+    assert compute_capability_error(fp8, "SM89") is None and compute_capability_error(fp8, "SM120") is None
+    assert compute_capability_error(fp8, "SM75") is not None
+    assert compute_capability_error(get_precision("int8"), "SM75") is None  # int8 builds for every target
     # CURRENT without a GPU: the usage line, before torch is asked for a device's capability
-    from attnzoo.runtime import tensorrt as trt_rt
+    from attnzoo.targets import tensorrt as trt_rt
 
     monkeypatch.setattr(trt_rt, "gpu_available", lambda: False)
     line = _refused(
@@ -935,9 +937,9 @@ def _trt_matrix():
 def test_tensorrt_builds_the_qdq_graph_with_the_extra_math_fp32(fp32_of, variant, dtype, tmp_path):
     """Every variant's int8 and fp8 Q/DQ graph builds for SM89 (no GPU needed) with its extra math fp32 and
     no extra-math layer reading a DequantizeLinear, while some MatMuls do."""
-    from attnzoo.export.tensorrt import STATUS_BUILT, build_engine, tensorrt_unavailable_reason
     from attnzoo.models import ARCHS, VARIANTS
-    from attnzoo.runtime.tensorrt import gpu_available
+    from attnzoo.targets.tensorrt import gpu_available
+    from attnzoo.targets.tensorrt.verified import STATUS_BUILT, build_engine, tensorrt_unavailable_reason
 
     reason = tensorrt_unavailable_reason(run=False)
     assert reason is None, reason

@@ -16,12 +16,12 @@ import torch
 
 from attnzoo.export import export_onnx
 from attnzoo.export.cli import main as export_main
-from attnzoo.export.tensorrt import STATUS_BUILT, STATUS_RUN, build_engine, engine_report_path, network_check
 from attnzoo.models import ARCHS, PROJECTION_OPS, VARIANT_NAMES, VARIANTS, create_model
 from attnzoo.runtime import ModelContract, compare
-from attnzoo.runtime import tensorrt as rt
-from attnzoo.runtime.backends import tensorrt_engine as engine_loader
-from attnzoo.runtime.reports import EngineReport
+from attnzoo.targets import tensorrt as rt
+from attnzoo.targets.tensorrt import engine as engine_loader
+from attnzoo.targets.tensorrt.schema import EngineReport
+from attnzoo.targets.tensorrt.verified import STATUS_BUILT, STATUS_RUN, build_engine, engine_report_path, network_check
 from tests.tiers import marks as tier_marks
 
 pytestmark = pytest.mark.tensorrt
@@ -339,8 +339,8 @@ def test_only_a_verified_onnx_becomes_an_engine(lib, onnx_file, verified_onnx, t
     in one line before parsing, and nothing written."""
     import shutil
 
-    from attnzoo.export.tensorrt import failed_engine_report_path, onnx_verification_error
     from attnzoo.export.verify import report_path
+    from attnzoo.targets.tensorrt.verified import failed_engine_report_path, onnx_verification_error
 
     good = verified_onnx("belief2")
     assert onnx_verification_error(good) is None
@@ -375,7 +375,7 @@ def test_only_a_verified_onnx_becomes_an_engine(lib, onnx_file, verified_onnx, t
 
 @pytest.mark.slow  # builds a TensorRT engine from a verified export (about 12 s on 2 cores)
 def test_failed_build_keeps_the_good_engine_and_its_report(lib, verified_onnx, tmp_path, monkeypatch):
-    import attnzoo.export.tensorrt as etrt
+    import attnzoo.targets.tensorrt.verified as etrt
 
     real = rt.check_network_precision
 
@@ -602,8 +602,8 @@ def test_the_progress_monitor_cancels_the_build(onnx_file):
     """What a signal triggers: the monitor (a C callback: it never raises) answers False, TensorRT stops."""
     path = onnx_file("standard")
     _isolated(f"""
-        from attnzoo.runtime import tensorrt as rt
-        from attnzoo.runtime.tensorrt import builder
+        from attnzoo.targets import tensorrt as rt
+        from attnzoo.targets.tensorrt import builder
 
         def cancel_first(fn, cancel):
             cancel()

@@ -10,10 +10,10 @@ from tritonclient.grpc import model_config_pb2
 
 from attnzoo.export import export_onnx
 from attnzoo.export.cli import main as export_main
-from attnzoo.export.triton import LABELS_FILE, check_config, config_text, model_name, parse_config, write_config
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.contract import ModelContract
-from attnzoo.runtime.reports import TritonConfigCheck
+from attnzoo.targets.triton.config import LABELS_FILE, check_config, config_text, model_name, parse_config, write_config
+from attnzoo.targets.triton.schema import TritonConfigCheck
 
 
 def _exit(argv) -> SystemExit:

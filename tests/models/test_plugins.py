@@ -332,7 +332,7 @@ def _network(*layers):
 
 
 def test_tensorrt_check_covers_every_op_of_a_variants_own_scope():
-    from attnzoo.runtime.tensorrt import check_network_precision
+    from attnzoo.targets.tensorrt import check_network_precision
 
     s = "blocks.0.attn.my_scope"
     ops = {f"{s}/Cast": "Cast", f"{s}/MatMul": "MatMul", f"{s}/Concat": "Concat", f"{s}/Sigmoid": "Sigmoid"}
@@ -781,7 +781,7 @@ def test_example_plugin_through_every_command(installed_example, tmp_path):
         tmp_path,
     ).stdout
     assert "cosine in every block" in built and engine.is_file()
-    from attnzoo.export.tensorrt import engine_report_path
+    from attnzoo.targets.tensorrt.verified import engine_report_path
 
     net = json.loads(engine_report_path(engine).read_text())["network_check"]
     assert net["ok"] and net["extra_scopes"] == ["cosine"]

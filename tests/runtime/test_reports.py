@@ -12,16 +12,15 @@ import pytest
 from attnzoo.fileio import sha256_file
 from attnzoo.runtime.reports import (
     BlockDivergence,
-    EngineReport,
     ExtraMathCheck,
     ParityCheck,
-    TritonConfigCheck,
-    TritonIO,
     VerificationReport,
     main,
     report_kinds,
 )
 from attnzoo.runtime.sessions import verification_problem
+from attnzoo.targets.tensorrt.schema import EngineReport
+from attnzoo.targets.triton.schema import TritonConfigCheck, TritonIO
 
 
 def _engine() -> EngineReport:

@@ -572,7 +572,7 @@ def test_openvino_backend_matches_pytorch(models_dir, images):
 
 @pytest.mark.tensorrt
 def test_tensorrt_backend_matches_onnxruntime(models_dir, served, images, tmp_path):
-    from attnzoo.export.tensorrt import tensorrt_unavailable_reason
+    from attnzoo.targets.tensorrt.verified import tensorrt_unavailable_reason
 
     reason = tensorrt_unavailable_reason(run=True)
     if reason:
@@ -586,7 +586,7 @@ def test_the_tensorrt_backend_serves_from_the_one_engine_cache(models_dir, tmp_p
     """The server builds its engines with the runtime's :func:`build_cached` (the benchmark's cache and key), for
     batch 1 to the sliding windows' batch, under ``<cache>/tensorrt``; a build that fails skips the file with why.
     Checked without a GPU by stopping at the build."""
-    from attnzoo.runtime import tensorrt as rt
+    from attnzoo.targets import tensorrt as rt
 
     seen = []
 
@@ -675,7 +675,7 @@ def test_cli_errors_are_one_line(argv, message, code):
 
 
 def test_cli_tensorrt_says_why_it_is_unavailable(tmp_path):
-    from attnzoo.export.tensorrt import tensorrt_unavailable_reason
+    from attnzoo.targets.tensorrt.verified import tensorrt_unavailable_reason
 
     if tensorrt_unavailable_reason(run=True) is None:
         pytest.skip("TensorRT and a GPU are available here")

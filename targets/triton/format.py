@@ -1,6 +1,7 @@
-"""``--format triton``: a Triton model repository folder from the verified ONNX (:mod:`attnzoo.export.triton`):
-``<name>/config.pbtxt``, ``labels.txt`` and ``1/model.onnx``, or ``1/model.plan``, an engine built by
-:mod:`~attnzoo.export.formats.engine_part` (``--triton-platform tensorrt``)."""
+"""``--format triton``: a Triton model repository folder from the verified ONNX (:mod:`.config`):
+``<name>/config.pbtxt``, ``labels.txt`` and ``1/model.onnx``, or ``1/model.plan``, an engine built by the TensorRT
+target's engine step (``--triton-platform tensorrt``), with the options ``--triton-platform`` and
+``--triton-queue-delay-us``."""
 
 from __future__ import annotations
 
@@ -10,18 +11,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnzoo.errors import UsageError, install_hint
+from attnzoo.export.formats import ExportFormat, ExportRequest, FormatOption, Step
 from attnzoo.fileio import writable_dir
 from attnzoo.runtime.contract import ModelContract
-from attnzoo.runtime.reports import TritonConfigCheck
-from attnzoo.runtime.tensorrt import gpu_available, load_library
+from attnzoo.targets.tensorrt import engine_step, gpu_available, load_library
+from attnzoo.targets.tensorrt.options import COMPUTE_CAPABILITY
 
-from ..tensorrt import tensorrt_unavailable_reason
-from ..triton import LABELS_FILE, MODEL_FILES, PLATFORMS, triton_unavailable_reason, write_config
-from ..triton import summary as triton_summary
-from . import engine_part
-from .base import ExportFormat, ExportRequest, Step
+from .config import DEFAULT_QUEUE_DELAY_US, LABELS_FILE, MODEL_FILES, PLATFORMS, triton_unavailable_reason, write_config
+from .config import summary as triton_summary
+from .schema import TritonConfigCheck
 
-__all__ = ["TritonFormat", "TritonPlatform", "TRITON_PLATFORMS", "FORMAT", "DEFAULT_TRITON_DIR"]
+__all__ = [
+    "TritonFormat",
+    "TritonPlatform",
+    "TRITON_PLATFORMS",
+    "FORMAT",
+    "DEFAULT_TRITON_DIR",
+    "PLATFORM",
+    "QUEUE_DELAY_US",
+]
 
 #: ``format="triton"`` without ``out``.
 DEFAULT_TRITON_DIR = Path("triton-models")
@@ -32,7 +40,7 @@ class TritonPlatform:
     """One ``--triton-platform``: the Triton platform the model's folder is written for.
 
     Attributes:
-        name: The ``--triton-platform`` choice (a key of :data:`~attnzoo.export.triton.PLATFORMS`).
+        name: The ``--triton-platform`` choice (a key of :data:`~attnzoo.targets.triton.config.PLATFORMS`).
         platform: Triton's platform name in ``config.pbtxt``.
         engine_library: The TensorRT library whose engines the platform loads (an engine built here from the
             verified ONNX is its model file); ``None``: it serves the ONNX itself.
@@ -53,7 +61,7 @@ class TritonPlatform:
         return MODEL_FILES[self.platform]
 
 
-#: Every ``--triton-platform`` by name, in :data:`~attnzoo.export.triton.PLATFORMS`'s order.
+#: Every ``--triton-platform`` by name, in :data:`~attnzoo.targets.triton.config.PLATFORMS`'s order.
 TRITON_PLATFORMS: dict[str, TritonPlatform] = {
     p.name: p
     for p in (
@@ -61,6 +69,24 @@ TRITON_PLATFORMS: dict[str, TritonPlatform] = {
         TritonPlatform("tensorrt", PLATFORMS["tensorrt"], engine_library="tensorrt"),
     )
 }
+#: ``--triton-platform`` and ``--triton-queue-delay-us``: the Triton target's options.
+PLATFORM = FormatOption(
+    "triton_platform",
+    owner="triton",
+    help="--format triton: onnxruntime (platform onnxruntime_onnx, default) or tensorrt (tensorrt_plan: an engine "
+    "of TensorRT proper, built on the GPU it will serve on); max_batch_size is the largest of --batch-sizes",
+    default="onnxruntime",
+    choices=tuple(TRITON_PLATFORMS),
+    title="Triton platform",
+)
+QUEUE_DELAY_US = FormatOption(
+    "triton_queue_delay_us",
+    owner="triton",
+    help=f"--format triton: dynamic batching's max_queue_delay_microseconds (default {DEFAULT_QUEUE_DELAY_US})",
+    default=DEFAULT_QUEUE_DELAY_US,
+    kind=int,
+    metavar="US",
+)
 
 
 class TritonFormat(ExportFormat):
@@ -69,26 +95,22 @@ class TritonFormat(ExportFormat):
     name = "triton"
     title = "model repository"
     suffixes = ()
+    options = (PLATFORM, QUEUE_DELAY_US, COMPUTE_CAPABILITY)
 
     def check(self, req: ExportRequest) -> None:
-        if req.triton_platform not in TRITON_PLATFORMS:
-            raise UsageError(f"unknown Triton platform {req.triton_platform!r}; valid: {', '.join(TRITON_PLATFORMS)}")
-        platform = TRITON_PLATFORMS[req.triton_platform]
+        platform = self._platform(req)
         reason = triton_unavailable_reason()
         if reason:
             raise UsageError(f"--format triton: {reason}")
-        if req.triton_queue_delay_us < 0:
-            raise UsageError(f"--triton-queue-delay-us must be >= 0, got {req.triton_queue_delay_us}")
+        if req.option(QUEUE_DELAY_US) < 0:
+            raise UsageError(f"--triton-queue-delay-us must be >= 0, got {req.option(QUEUE_DELAY_US)}")
         if not platform.builds_engine:
-            if req.compute_capability:
+            if req.option(COMPUTE_CAPABILITY):
                 raise UsageError(
                     "--compute-capability applies to --format tensorrt and --triton-platform tensorrt only"
                 )
             return
-
-        reason = tensorrt_unavailable_reason(run=False)
-        if reason:
-            raise UsageError(f"--triton-platform tensorrt: {reason}")
+        engine_step.check_build(req, "--triton-platform tensorrt")
         lib = load_library()
         if lib.name != platform.engine_library or not gpu_available():
             raise UsageError(
@@ -108,19 +130,25 @@ class TritonFormat(ExportFormat):
     def onnx_path(self, req: ExportRequest, out: Path) -> Path:
         """``1/model.onnx`` for onnxruntime_onnx; beside ``1/`` for tensorrt_plan, whose version folder holds the
         engine."""
-        if TRITON_PLATFORMS[req.triton_platform].builds_engine:
+        if self._platform(req).builds_engine:
             return out / "model.onnx"
         return self._model_file(req, out)
 
     @staticmethod
-    def _model_file(req: ExportRequest, out: Path) -> Path:
-        return out / "1" / TRITON_PLATFORMS[req.triton_platform].model_file
+    def _platform(req: ExportRequest) -> TritonPlatform:
+        return TRITON_PLATFORMS[req.option(PLATFORM)]
+
+    def _model_file(self, req: ExportRequest, out: Path) -> Path:
+        return out / "1" / self._platform(req).model_file
 
     def steps(self, req: ExportRequest) -> list[Step]:
         engine = []
-        if TRITON_PLATFORMS[req.triton_platform].builds_engine:
+        if self._platform(req).builds_engine:
             engine = [
-                ("tensorrt", lambda req, result: engine_part.build(req, result, self._model_file(req, result.path)))
+                (
+                    "tensorrt",
+                    lambda req, result: engine_step.build_step(req, result, self._model_file(req, result.path)),
+                )
             ]
         return engine + [("triton config", self.write_config)]
 
@@ -130,21 +158,21 @@ class TritonFormat(ExportFormat):
             result.path,
             ModelContract.from_onnx(result.onnx_path),
             result.onnx_path,
-            TRITON_PLATFORMS[req.triton_platform].platform,
+            self._platform(req).platform,
             max(req.batch_sizes),
-            req.triton_queue_delay_us,
+            req.option(QUEUE_DELAY_US),
         )
         result.parts.append(check)
 
     def files(self, result) -> list[Path]:
         if result.part(TritonConfigCheck) is None:
-            return engine_part.files(result)
-        return engine_part.files(result) + [result.path / LABELS_FILE, result.path / "config.pbtxt"]
+            return engine_step.files(result)
+        return engine_step.files(result) + [result.path / LABELS_FILE, result.path / "config.pbtxt"]
 
     def summary(self, result) -> list[str]:
         check = result.part(TritonConfigCheck)
         lines = [triton_summary(result.path, check)] if check is not None else []
-        return lines + engine_part.summary(result)
+        return lines + engine_step.summary(result)
 
     @contextlib.contextmanager
     def cleanup(self, out: Path) -> Iterator[None]:

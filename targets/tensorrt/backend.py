@@ -1,5 +1,5 @@
 """``tensorrt``: a TensorRT engine built from the verified ONNX file by the runtime's builder
-(:mod:`attnzoo.runtime.tensorrt`: ``tensorrt_rtx`` ahead of time, or ``tensorrt`` on the GPU present), run on torch
+(:mod:`attnzoo.targets.tensorrt`: ``tensorrt_rtx`` ahead of time, or ``tensorrt`` on the GPU present), run on torch
 CUDA buffers on the engine's own stream, from a CUDA graph where the context can be captured. Without a GPU the
 engine can still be built (:meth:`TensorRTBackend.build_only`)."""
 
@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 
 from attnzoo.lazy import lazy_import
+from attnzoo.runtime.backends import Backend, Call, LoadOptions, Session
+from attnzoo.runtime.device import DeviceMemory, release_cuda_cache, tf32_problem
+from attnzoo.targets import tensorrt as rt  # the package's face (builder and library), patched there by tests
 
-from .. import tensorrt as rt
-from ..device import DeviceMemory, release_cuda_cache, tf32_problem
-from . import Backend, Call, LoadOptions, Session, register_backend
-from .tensorrt_engine import Engine, runtime_cache_path
+from .engine import Engine, runtime_cache_path
 
 torch = lazy_import("torch")
 
@@ -82,7 +82,7 @@ class TensorRTSession(Session):
 
     def latency_ms(self, x: np.ndarray, iters: int = 50) -> dict[str, float]:
         """Median and min latency of the engine's enqueue on ``x`` made resident, timed with CUDA events after a
-        warm-up (:meth:`~attnzoo.runtime.backends.tensorrt_engine.Engine.latency_ms`): what an export's engine
+        warm-up (:meth:`~attnzoo.targets.tensorrt.engine.Engine.latency_ms`): what an export's engine
         check reports."""
         return self.engine.latency_ms(x, iters)
 
@@ -130,7 +130,7 @@ class TensorRTBackend(Backend):
 
     def build_only(self, model: Any, options: LoadOptions) -> dict[str, Any]:
         """The engine of the ONNX file ``model`` built ahead of time for
-        :data:`~attnzoo.runtime.tensorrt.DEFAULT_COMPUTE_CAPABILITY` (not run: no GPU, or one its engines do not run
+        :data:`~attnzoo.targets.tensorrt.DEFAULT_COMPUTE_CAPABILITY` (not run: no GPU, or one its engines do not run
         on), once per ONNX file, shape, profile and TF32 choice (kept in ``options.cache_dir/tensorrt`` and reused);
         its build facts."""
         if options.cache_dir is None:
@@ -146,7 +146,7 @@ class TensorRTBackend(Backend):
     def open(self, model: Any, options: LoadOptions) -> TensorRTSession:
         """``model``: an ONNX file (an engine is built for ``options.batch_sizes``, else for exactly
         ``options.batch``: a static shape, the tactics chosen for it; cached under ``cache_dir/tensorrt`` when
-        given -- :func:`attnzoo.runtime.tensorrt.build_cached`, the one engine cache -- with TensorRT's timing cache
+        given -- :func:`attnzoo.targets.tensorrt.build_cached`, the one engine cache -- with TensorRT's timing cache
         or TensorRT-RTX's runtime cache beside it) or an ``.engine`` file (loaded as it is; options that would shape
         an engine are refused for it)."""
         path = Path(model)
@@ -171,7 +171,7 @@ class TensorRTBackend(Backend):
         return self.open_built(rt.build(path, batch_sizes=sizes, tf32=tf32))
 
     def open_built(self, built: rt.Built) -> TensorRTSession:
-        """A session of the engine :func:`~attnzoo.runtime.tensorrt.build` just made, from its bytes (nothing read
+        """A session of the engine :func:`~attnzoo.targets.tensorrt.build` just made, from its bytes (nothing read
         from disk): what ``export-model``'s engine check runs before the engine is kept.
 
         Raises:
@@ -186,17 +186,15 @@ def _sizes(options: LoadOptions) -> tuple[int, ...]:
     return options.batch_sizes or ((int(options.batch),) if options.batch else (1,))
 
 
-TENSORRT = register_backend(
-    TensorRTBackend(
-        "tensorrt",
-        "a native TensorRT engine built from the verified ONNX file (TensorRT-RTX or TensorRT), run "
-        "from a CUDA graph; without a GPU: built, not run",
-        aliases=("trt",),
-        takes="onnx",
-        device="cuda",
-        dtypes=("fp32", "tf32", "fp16"),
-        reads=("batch", "batch_sizes", "cache_dir"),
-        library="tensorrt",
-        builds_engine=True,
-    )
+TENSORRT = TensorRTBackend(
+    "tensorrt",
+    "a native TensorRT engine built from the verified ONNX file (TensorRT-RTX or TensorRT), run "
+    "from a CUDA graph; without a GPU: built, not run",
+    aliases=("trt",),
+    takes="onnx",
+    device="cuda",
+    dtypes=("fp32", "tf32", "fp16"),
+    reads=("batch", "batch_sizes", "cache_dir"),
+    library="tensorrt",
+    builds_engine=True,
 )

@@ -1,16 +1,14 @@
 """``--format tensorrt``: a TensorRT engine built from the verified ONNX, which is written beside it, with the
-engine's report (:mod:`attnzoo.export.tensorrt`)."""
+engine's report (:mod:`.verified`); the engine is the step :mod:`.engine_step`, which Triton's folder composes too."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from attnzoo.errors import UsageError
-from attnzoo.runtime.tensorrt import gpu_available
+from attnzoo.export.formats import ExportFormat, ExportRequest, Step
 
-from ..tensorrt import tensorrt_unavailable_reason
-from . import engine_part
-from .base import ExportFormat, ExportRequest, Step
+from . import engine_step
+from .options import COMPUTE_CAPABILITY
 
 __all__ = ["TensorRTFormat", "FORMAT"]
 
@@ -22,16 +20,10 @@ class TensorRTFormat(ExportFormat):
     title = "TensorRT engine"
     suffixes = (".engine", ".plan")
     builds_engine = True
+    options = (COMPUTE_CAPABILITY,)
 
     def check(self, req: ExportRequest) -> None:
-        reason = tensorrt_unavailable_reason(run=False)  # building needs no GPU with tensorrt-rtx
-        if reason:
-            raise UsageError(f"--format tensorrt: {reason}")
-        if req.compute_capability == "CURRENT" and not gpu_available():
-            raise UsageError(
-                "--compute-capability CURRENT needs a GPU and none is visible; name one to build ahead "
-                "of time (e.g. SM89)"
-            )
+        engine_step.check_build(req, "--format tensorrt")
 
     def mismatch(self, out: Path, implied: ExportFormat) -> str:
         return (
@@ -40,13 +32,13 @@ class TensorRTFormat(ExportFormat):
         )
 
     def steps(self, req: ExportRequest) -> list[Step]:
-        return [("tensorrt", lambda req, result: engine_part.build(req, result, result.path))]
+        return [("tensorrt", lambda req, result: engine_step.build_step(req, result, result.path))]
 
     def files(self, result) -> list[Path]:
-        return engine_part.files(result)
+        return engine_step.files(result)
 
     def summary(self, result) -> list[str]:
-        return engine_part.summary(result)
+        return engine_step.summary(result)
 
 
 FORMAT = TensorRTFormat()

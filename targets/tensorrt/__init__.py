@@ -1,4 +1,5 @@
-"""TensorRT build: one builder for ``export-model``, ``bench-latency`` and the demo.
+"""The TensorRT target: one builder for ``export-model``, ``bench-latency`` and the demo, the ``tensorrt`` backend
+that runs its engines, and ``--format tensorrt``.
 
 Two libraries, one API:
 
@@ -13,18 +14,23 @@ The modules, by role:
 - :mod:`.library`: which library is used here and its version, the build targets and the GPUs its engines run
   on, the errors, and the logger TensorRT calls back into;
 - :mod:`.builder`: ONNX parsed into a strongly typed network, the network's precision checked, the builder
-  configured (profile, target, TF32) and the engine built, once per key in the engine cache (:func:`build_cached`).
+  configured (profile, target, TF32) and the engine built, once per key in the engine cache (:func:`build_cached`);
+- :mod:`.backend` and its loader :mod:`.engine`: the ``tensorrt`` backend, which deserializes an engine and runs it
+  on torch CUDA buffers from a CUDA graph;
+- :mod:`.verified`: an engine of ``export-model``: built from a verified ONNX only, its network checked for the
+  variant's extra math, compared with ONNX Runtime where a GPU runs it, its report written (:mod:`.schema`);
+- :mod:`.options` and :mod:`.format`: ``--compute-capability`` and ``--format tensorrt``, whose engine step
+  Triton's ``tensorrt_plan`` folder composes.
 
-Running an engine is the ``tensorrt`` backend's (:mod:`attnzoo.runtime.backends.tensorrt`, whose loader
-:mod:`attnzoo.runtime.backends.tensorrt_engine` deserializes and runs it on torch CUDA buffers). Every public name
-of the two modules is importable from here. A test that replaces a function patches it in the module that calls it
-(``builder.run_in_worker``, ``library.gpu_available`` and its imports in ``builder`` and the engine loader).
+Every public name of :mod:`.library` and :mod:`.builder` is importable from here. A test that replaces a function
+patches it in the module that calls it (``builder.run_in_worker``, ``library.gpu_available`` and its imports in
+``builder`` and the engine loader).
 """
 
 from __future__ import annotations
 
 from .builder import (
-    _LAYER_OF_OP,  # noqa: F401 -- read by attnzoo.export.tensorrt
+    _LAYER_OF_OP,  # noqa: F401 -- read by .verified
     Built,
     ParsedNetwork,
     build,
@@ -56,6 +62,7 @@ from .library import (
 )
 
 __all__ = [
+    "TARGET",
     "LIBRARIES",
     "LIBRARY_ENV",
     "install_hint",
@@ -83,3 +90,24 @@ __all__ = [
     "build_cached",
     "engine_cache_name",
 ]
+
+# isort: off -- the backend and the format import the names above from this package's face
+from attnzoo.runtime.targets import Target  # noqa: E402
+
+from .backend import TENSORRT  # noqa: E402
+from .schema import EngineReport  # noqa: E402
+
+# isort: on
+
+TARGET = Target(
+    "tensorrt",
+    "TensorRT",
+    "engines built from the verified ONNX with TensorRT-RTX (ahead of time, no GPU needed) or TensorRT proper (on "
+    "the GPU it runs on), run from a CUDA graph",
+    requires=("tensorrt_rtx", "tensorrt"),
+    install="pip install 'attnzoo[tensorrt]' (TensorRT-RTX), or 'attnzoo[tensorrt10]' on a data-centre GPU",
+    backends=(TENSORRT,),
+    formats={"tensorrt": "attnzoo.targets.tensorrt.format:FORMAT"},
+    reports={"engine": EngineReport},
+    order=40,
+)

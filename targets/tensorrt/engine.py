@@ -1,5 +1,5 @@
 """Running a TensorRT engine: deserialize it, bind torch CUDA buffers, enqueue on a CUDA stream of its own, time it.
-The ``tensorrt`` backend's loader (:mod:`attnzoo.runtime.backends.tensorrt`): every engine is run through it.
+The ``tensorrt`` backend's loader (:mod:`attnzoo.targets.tensorrt.backend`): every engine is run through it.
 
 An :class:`Engine` enqueues on a stream of its own (never the legacy default stream, which makes TensorRT add
 synchronisations). TensorRT-RTX contexts specialise kernels eagerly (``EAGER``: no fallback kernel while a
@@ -21,10 +21,10 @@ import numpy as np
 
 from attnzoo.fileio import atomic_write_bytes
 from attnzoo.lazy import lazy_import
+from attnzoo.runtime.contract import INPUT_NAME, OUTPUT_NAME
 from attnzoo.signals import signals_deferred
 
-from ..contract import INPUT_NAME, OUTPUT_NAME
-from ..tensorrt.library import (
+from .library import (
     Library,
     TensorRTError,
     TensorRTUnavailable,

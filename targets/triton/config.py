@@ -27,7 +27,8 @@ from attnzoo.errors import install_hint
 from attnzoo.fileio import atomic_write_text
 from attnzoo.runtime.contract import INPUT_NAME, OUTPUT_NAME
 from attnzoo.runtime.precision import get_precision
-from attnzoo.runtime.reports import TritonConfigCheck, TritonIO
+
+from .schema import TritonConfigCheck, TritonIO
 
 __all__ = [
     "PLATFORMS",

@@ -1,6 +1,6 @@
 """TensorRT engines from a verified ONNX file, with a report beside every engine.
 
-The work is done by :mod:`attnzoo.runtime.tensorrt` (the one builder, shared with ``bench-latency`` and the
+The work is done by :mod:`attnzoo.targets.tensorrt` (the one builder, shared with ``bench-latency`` and the
 demo). This module adds what ``export-model --format tensorrt`` promises:
 
 0. only an ONNX file whose verification report (``<model>.report.json``, written by the export's checks) is
@@ -14,7 +14,7 @@ demo). This module adds what ``export-model --format tensorrt`` promises:
    tolerance table, and timed; without one the report says ``"built, not run"``;
 4. the engine is written atomically, and only when every check passed, then its report ``<engine>.json``; a failed
    build writes ``<engine>.failed.json`` instead and leaves a good engine already there, and its report, untouched.
-   Ctrl-C during the build (:mod:`attnzoo.runtime.tensorrt`) writes nothing; during the writes, both are
+   Ctrl-C during the build (:mod:`attnzoo.targets.tensorrt`) writes nothing; during the writes, both are
    written, then it is acted on.
 """
 
@@ -31,20 +31,20 @@ import numpy as np
 import onnx
 import torch
 
+from attnzoo.export.check import check_extra_math
+from attnzoo.export.errors import ExportError
+from attnzoo.export.verify import report_path
 from attnzoo.fileio import atomic_write_bytes, atomic_write_text, sha256_file
-from attnzoo.runtime import tensorrt as rt
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
-from attnzoo.runtime.backends.tensorrt import TENSORRT
 from attnzoo.runtime.contract import ModelContract
 from attnzoo.runtime.parity import compare
 from attnzoo.runtime.precision import get_precision
-from attnzoo.runtime.reports import EngineReport
 from attnzoo.signals import signals_deferred
+from attnzoo.targets import tensorrt as rt  # the package's face (builder and library), patched there by tests
 
-from .check import check_extra_math
-from .errors import ExportError
-from .quantize import compute_capability_error
-from .verify import report_path
+from .backend import TENSORRT
+from .options import compute_capability_error
+from .schema import EngineReport
 
 __all__ = [
     "tensorrt_unavailable_reason",
@@ -242,14 +242,14 @@ def build_engine(
         onnx_path: ONNX file written by :func:`attnzoo.export.export_verified`.
         engine_path: Output ``.engine`` file (written only when every check passes).
         batch_sizes: The profile spans min..max of these; ``opt`` is their median.
-        compute_capability: See :func:`attnzoo.runtime.tensorrt.build` (default: the GPU, else ``SM89``).
+        compute_capability: See :func:`attnzoo.targets.tensorrt.build` (default: the GPU, else ``SM89``).
         workspace_gb: Workspace memory-pool limit.
         timing_cache: Timing-cache file (TensorRT proper; default beside the engine); TensorRT-RTX has none.
         seed: Seed of the random check inputs.
         run: Run and compare the engine (default: when a GPU is present and the engine targets it).
 
     Raises:
-        attnzoo.runtime.tensorrt.TensorRTUnavailable: no usable TensorRT library.
+        attnzoo.targets.tensorrt.TensorRTUnavailable: no usable TensorRT library.
         ValueError: the ONNX file is not verified (no report beside it, a failed one, or one of another file:
             nothing is written), a bad compute capability / batch sizes, or the file is not an attnzoo export.
         EngineBuildError: network-check or parity failure (the failed report says which).
@@ -309,7 +309,7 @@ def build_engine(
 def _build(
     onnx_path: Path, engine_path: Path, report: EngineReport, options: dict[str, Any]
 ) -> tuple[rt.Built, EngineReport]:
-    """The engine built with ``options`` (:func:`attnzoo.runtime.tensorrt.build`) and ``report`` with its facts;
+    """The engine built with ``options`` (:func:`attnzoo.targets.tensorrt.build`) and ``report`` with its facts;
     a build failure writes the failed report and raises."""
     try:
         built = rt.build(onnx_path, **options)

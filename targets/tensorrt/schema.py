@@ -1,0 +1,67 @@
+"""The TensorRT target's report: ``<engine>.json``, an engine's build, check and (where a GPU ran it) parity and
+latency (``python -m attnzoo.runtime.reports engine`` prints its JSON Schema)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from attnzoo.runtime.reports import JsonReport
+
+__all__ = ["EngineReport"]
+
+
+@dataclass
+class EngineReport(JsonReport):
+    """``<engine>.json``: a TensorRT engine's build, check and (where a GPU ran it) parity and latency; also
+    ``<engine>.failed.json`` of a build that was refused (then the build facts are ``None`` when it failed before
+    them).
+
+    Attributes:
+        engine, onnx: The engine written (or refused) and the verified ONNX it was built from.
+        variant, task, arch, dtype, input_size: The model (from the ONNX file's contract).
+        status: ``built, not run`` or ``built and run`` (``not built`` when refused before the build).
+        onnx_verification: The ONNX file's verification report, and whether it is still the file it verified.
+        library, library_version: The TensorRT library that built it (TensorRT-RTX or TensorRT).
+        ran_on_gpu, gpu: Whether it was run, and on which GPU.
+        parity: Against ONNX Runtime on the CPU, per batch (``None`` when not run).
+        latency: Its median and spread at the profile's ``opt`` batch (``None`` when not run).
+        network_check: The extra math found in the parsed network, every op of it a fp32 layer (and in an int8 /
+            fp8 network, what reads a DequantizeLinear).
+        compute_capability, build_time_s, engine_size, profile, workspace_gb, tf32, require_user_allocation,
+            timing_cache: The build's facts.
+        not_run_reason: Why it was built but not run.
+        metadata: The ONNX file's metadata (the model contract).
+        passed, failures: Every check passed (the engine was written); why not, one line each.
+    """
+
+    what: ClassVar[str] = "engine report"
+
+    engine: str
+    onnx: str
+    variant: str
+    task: str
+    arch: str
+    dtype: str
+    input_size: list[int]
+    status: str
+    onnx_verification: dict[str, Any]
+    library: str
+    library_version: str
+    ran_on_gpu: bool = False
+    gpu: str | None = None
+    parity: dict[str, Any] | None = None
+    latency: dict[str, Any] | None = None
+    network_check: dict[str, Any] | None = None
+    compute_capability: str | None = None
+    build_time_s: float | None = None
+    engine_size: int | None = None
+    profile: dict[str, int] | None = None
+    workspace_gb: float | None = None
+    tf32: bool | None = None
+    require_user_allocation: bool | None = None
+    timing_cache: str | None = None
+    not_run_reason: str | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+    passed: bool = False
+    failures: list[str] = field(default_factory=list)
