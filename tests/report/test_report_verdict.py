@@ -1,5 +1,6 @@
 """The verdict counts only what ran: every step's state (passed, failed, built not run, unavailable, not run),
-``deploys`` from the steps that ran and passed, a TensorRT engine built without a GPU never a passed check."""
+``deploys`` from the steps that ran and passed, a TensorRT engine built without a GPU never a passed check, and
+the committed reports' verdicts the ones their ``report.json`` gives now."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from attnzoo.report import render
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORTS = ROOT / "results" / "variant-reports"
+COMMITTED = sorted(p.parent.name for p in REPORTS.glob("*/report.json"))
 
 
 def _committed(name: str = "belief2") -> dict[str, Any]:
@@ -108,3 +110,15 @@ def test_the_schema_documents_every_step_and_state():
     assert set(steps) == {*render.REQUIRED_STEPS, "tensorrt", *render.REPORT_FORMATS}
     for word in (*render.STEP_STATES, *steps):
         assert f"`{word}`" in row, word
+
+
+@pytest.mark.parametrize("name", COMMITTED)
+def test_each_committed_verdict_is_the_one_its_report_json_gives(name):
+    """No committed report says it deploys on a check that did not run: its verdict is the one rendered now from
+    its measurements (``python -m attnzoo.report.index --out results/variant-reports --render`` rewrites them)."""
+    r = _committed(name)
+    v = _verdict(r)
+    assert r["verdict"] == json.loads(json.dumps(v, default=str)), f"{name}: render the committed reports again"
+    assert all(v["states"][k] == "passed" for k, ok in v["checks"].items() if ok)
+    if not r["export"][name]["tensorrt"].get("ran_on_gpu"):
+        assert v["checks"]["tensorrt"] is False and v["states"]["tensorrt"] != "passed"
