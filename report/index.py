@@ -191,7 +191,7 @@ def build_reports(
             result = report_variant(name, out=folder, quick=quick, command=_report_command(name, folder, quick))
         except UsageError:
             raise
-        except Exception as exc:  # noqa: BLE001 - one variant's failure is reported; the others still run
+        except Exception as exc:  # one variant's failure is reported; the others still run
             done.append(
                 {
                     "variant": name,
