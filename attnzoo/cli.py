@@ -166,7 +166,7 @@ def entry_point(fn: Callable[..., int | None]) -> Callable[..., int]:
             raise _exit(*SIGNAL_EXITS[signal.SIGTERM], exc, debug) from None
         except (ValueError, OSError, CommandError) as exc:
             raise _exit(1, f"error: {first_line(exc)}", exc, debug) from None
-        except Exception as exc:  # noqa: BLE001 - the one place that turns any failure into one line
+        except Exception as exc:  # the one place that turns any failure into one line
             raise _exit(1, f"error: {type(exc).__name__}: {first_line(exc)}{hint}", exc, debug) from None
 
     return wrapper

@@ -166,7 +166,7 @@ def _int8(n: int, threads: int, ops: float, seconds: float, flags: list[str], tm
     _onnx_matmul(path, n, True, w)
     try:
         sess = ORT_CPU.session(path, options=session_options(threads, spinning=False)).session
-    except Exception as exc:  # noqa: BLE001 -- an onnxruntime build without the kernel: say so
+    except Exception as exc:  # an onnxruntime build without the kernel: say so
         return {"status": "not measured", "reason": f"onnxruntime MatMulInteger failed: {exc}"[:300]}
     rate = _rate(lambda: sess.run(None, {"x": x}), ops, seconds)
     return {

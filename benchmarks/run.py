@@ -222,7 +222,7 @@ class _Partner:
             load, self.load = self.load, None
             try:
                 self.runner = load()
-            except Exception:  # noqa: BLE001 -- a partner that will not load: no pairs, the row says nothing wrong
+            except Exception:  # a partner that will not load: no pairs, the row says nothing wrong
                 self.runner = None
         return self.runner
 

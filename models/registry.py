@@ -630,7 +630,7 @@ def _run_entry_point(ep: Any) -> list[str]:
     except (KeyboardInterrupt, Interrupted, Terminated):
         _restore(before)
         raise
-    except BaseException as exc:  # noqa: BLE001 -- third-party code, SystemExit too: one warning, keep going
+    except BaseException as exc:  # third-party code, SystemExit too: one warning, keep going
         _restore(before)
         if isinstance(exc, SystemExit):
             reason = f"it called sys.exit({exc.code!r})"

@@ -37,7 +37,17 @@ from attnzoo.machine import cpu_summary
 from attnzoo.mdtext import code, fence, link, text
 from attnzoo.runtime.fusion import FUSED
 
-from .render import REPORT_FORMATS, RUNTIMES, entry_title, failures, write_report
+from .render import (
+    FAILED,
+    PASSED,
+    REPORT_FORMATS,
+    RUNTIMES,
+    entry_title,
+    failures,
+    step_states,
+    step_title,
+    write_report,
+)
 from .variant import SCHEMA, report_variant
 
 models = lazy_import("attnzoo.models")  # torch and timm: --help stays fast
@@ -51,6 +61,7 @@ __all__ = [
     "build_reports",
     "find_reports",
     "index_markdown",
+    "deploys_cell",
     "write_index",
     "main",
 ]
@@ -70,6 +81,8 @@ LEGEND = {
     "not inspected": "the runtime's graph could not be read there (TensorRT's layers need a GPU); shown, never "
     "counted as fused or not",
     "not measured": "the section ran but gave no latency ratio to `standard`",
+    "not counted": "in deploys: the steps that did not run there (a TensorRT engine `built, not run` without a GPU, "
+    "a step `unavailable` or `not run`); deploys rests only on the steps that ran and passed",
     "baseline": "`standard` itself, the baseline of every ratio",
 }
 _STATUS_CELL = {"skipped": "not run", "unavailable": "unavailable", "failed": "failed", "absent": "absent"}
@@ -178,7 +191,7 @@ def build_reports(
             result = report_variant(name, out=folder, quick=quick, command=_report_command(name, folder, quick))
         except UsageError:
             raise
-        except Exception as exc:  # noqa: BLE001 - one variant's failure is reported; the others still run
+        except Exception as exc:  # one variant's failure is reported; the others still run
             done.append(
                 {
                     "variant": name,
@@ -252,12 +265,30 @@ def int8_top1_cell(entry: Any) -> str:
 
 
 def tensorrt_cell(entry: Any) -> str:
-    """The TensorRT engine's state and its network check."""
+    """The TensorRT engine's state, its network check and, where it ran on a GPU, its parity."""
     if cell := _status(entry):
         return cell
     check = (entry.get("network_check") or {}).get("ok")
     state = f"{entry.get('state')}{'' if entry.get('ran_on_gpu') else ' - no GPU'}"
-    return state + ("" if check is None else f", network check {'ok' if check else 'FAILED'}")
+    parity = (entry.get("parity") or {}).get("passed") if entry.get("ran_on_gpu") else None
+    return (
+        state
+        + ("" if check is None else f", network check {'ok' if check else 'FAILED'}")
+        + ("" if parity is None else f", parity {'ok' if parity else 'FAILED'}")
+    )
+
+
+def deploys_cell(report: Mapping[str, Any]) -> str:
+    """``verdict.deploys`` with its problems, or with the steps it does not count (``verdict.states``: those that did
+    not run there; read from the export section for a report written before the verdict kept them)."""
+    verdict = report.get("verdict") or {}
+    if "deploys" not in verdict:
+        return "—"
+    if not verdict["deploys"]:
+        return "no (" + ", ".join(verdict.get("problems") or []) + ")"
+    states = verdict.get("states") or step_states(report)
+    said = "; ".join(f"{step_title(k)} {s}" for k, s in states.items() if s not in (PASSED, FAILED))
+    return f"yes (not counted: {said})" if said else "yes"
 
 
 def fused_cells(report: Mapping[str, Any], runtimes: Sequence[str]) -> list[str]:
@@ -344,17 +375,9 @@ def index_markdown(found: Sequence[tuple[Path, Mapping[str, Any]]], out: Path, i
     for folder, r in found:
         name = r["variant"]
         side = _get(r, "export", name) or {}
-        verdict = r.get("verdict") or {}
-        deploys = (
-            "—"
-            if "deploys" not in verdict
-            else "yes"
-            if verdict["deploys"]
-            else "no (" + ", ".join(verdict.get("problems") or []) + ")"
-        )
         failed = failures(r)
         cells = [
-            deploys,
+            deploys_cell(r),
             parity_cell(side.get("fp32")),
             parity_cell(side.get("fp16")),
             int8_cosine_cell(side.get("int8")),
@@ -377,7 +400,8 @@ def index_markdown(found: Sequence[tuple[Path, Mapping[str, Any]]], out: Path, i
     lines = [
         "# Variant reports",
         "",
-        "One `report-variant` report per variant: whether it deploys (export parity, int8 fidelity, TensorRT), "
+        "One `report-variant` report per variant: whether it deploys, from the steps that ran (export parity, "
+        "int8 fidelity, the other formats; a TensorRT engine built without a GPU is `built, not run` and not counted), "
         "whether each runtime fuses its attention core, and its latency against `standard`. Each row links its "
         "`report.md`; every cell is read from that folder's `report.json` (docs/report-variant.md has the "
         "schema and how each figure is measured).",

@@ -30,6 +30,15 @@ export_formats = lazy_import("attnzoo.export.formats")
 
 __all__ = [
     "verdict",
+    "step_states",
+    "step_title",
+    "STEP_STATES",
+    "PASSED",
+    "FAILED",
+    "BUILT",
+    "UNAVAILABLE",
+    "NOT_RUN",
+    "REQUIRED_STEPS",
     "failures",
     "markdown",
     "plots",
@@ -187,27 +196,84 @@ def _fusable_cell(runtime: str, entry: Any) -> str:
     return f"{name} {fused}/{cores}{exported}"
 
 
+#: What each step of the verdict did in the run: it ``passed`` or ``failed`` (it ran, or was refused), or it did
+#: not run here: ``built, not run`` (a TensorRT engine built and its network checked, never executed: no GPU),
+#: ``unavailable`` (it cannot run on this machine: TensorRT or a format's runtime not installed) or ``not run`` (not
+#: asked for with this budget). Only a step that ran and passed counts toward ``deploys``.
+PASSED, FAILED, BUILT, UNAVAILABLE, NOT_RUN = "passed", "failed", "built, not run", "unavailable", "not run"
+STEP_STATES = (PASSED, FAILED, BUILT, UNAVAILABLE, NOT_RUN)
+#: The steps ``deploys`` requires to have run and passed; any other step counts where it ran (a failure is a
+#: problem, a pass is counted) and is named as not counted where it did not.
+REQUIRED_STEPS = ("parity", "fp16", "extra_math_kept", "int8")
+#: The verdict's steps as its line names them (a format by its title, :func:`entry_title`).
+_STEP_TITLES = {"parity": "fp32 parity", "extra_math_kept": "extra math", "tensorrt": "TensorRT"}
+
+
+def step_title(step: str) -> str:
+    """A verdict step as the line and the index name it (``fp32 parity``, ``TensorRT``, ``OpenVINO IR``)."""
+    return _STEP_TITLES.get(step) or entry_title(step)
+
+
+def _ran(entry: Mapping[str, Any] | None) -> str:
+    """The state of an export step: ``ok`` and passed, ``ok`` with ``passed`` false or ``failed``, ``unavailable``,
+    else (``skipped``, ``absent``, no entry) not run."""
+    status = (entry or {}).get("status")
+    if status == "ok":
+        return PASSED if (entry or {}).get("passed") else FAILED
+    return {"failed": FAILED, "unavailable": UNAVAILABLE}.get(str(status), NOT_RUN)
+
+
+def _engine_state(trt: Mapping[str, Any]) -> str:
+    """The TensorRT step's state: its network check failed, it was built and never executed (``built, not run``),
+    or it ran on a GPU and its parity against ONNX Runtime passed or failed. A built engine is a fact about the
+    build, never a passed check."""
+    if trt.get("status") != "ok":
+        return _ran(trt)
+    if not (trt.get("network_check") or {}).get("ok"):
+        return FAILED
+    passed = (trt.get("parity") or {}).get("passed") if trt.get("ran_on_gpu") else None
+    return BUILT if passed is None else PASSED if passed else FAILED
+
+
+def step_states(report: Mapping[str, Any]) -> dict[str, str]:
+    """Per step of the verdict (``parity``, ``fp16``, ``extra_math_kept``, ``int8``, ``tensorrt`` and every format of
+    :data:`REPORT_FORMATS`), its state in :data:`STEP_STATES`, read from the variant's export section."""
+    side = (report.get("export") or {}).get(report["variant"]) or {}
+    kept = [v for v in (side.get("extra_math_kept") or {}).values() if v is not None]
+    return {
+        "parity": _ran(side.get("fp32")),
+        "fp16": _ran(side.get("fp16")),
+        "extra_math_kept": (PASSED if all(kept) else FAILED) if kept else NOT_RUN,
+        "int8": _ran(side.get("int8")),
+        "tensorrt": _engine_state(side.get("tensorrt") or {}),
+        **{f: _ran(side.get(f)) for f in REPORT_FORMATS},
+    }
+
+
 def verdict(report: Mapping[str, Any], out: Path) -> dict[str, Any]:
-    """The checks an author reads first, whether the variant deploys, and the one line that says it."""
+    """The checks an author reads first, whether the variant deploys, and the one line that says it.
+
+    ``deploys`` rests only on steps that ran here: every step of :data:`REQUIRED_STEPS` passed and no step failed;
+    a step that did not run (a TensorRT engine built without a GPU, a runtime not installed, a step this budget
+    leaves out) is named as not counted, never as a pass."""
     name = report["variant"]
     side = report["export"][name]
     fp32, fp16, int8, trt = side["fp32"], side["fp16"], side["int8"], side.get("tensorrt") or {}
-    kept = [v for v in side["extra_math_kept"].values() if v is not None]
-    checks = {
-        "parity": fp32.get("status") == "ok" and bool(fp32.get("passed")),
-        "fp16": fp16.get("status") == "ok" and bool(fp16.get("passed")),
-        "extra_math_kept": bool(kept) and all(kept),
-        "int8": int8.get("status") == "ok" and bool(int8.get("passed")),
-        "tensorrt": trt.get("status") == "ok" and bool((trt.get("network_check") or {}).get("ok")),
-    }
-    formats = {f: side[f] for f in REPORT_FORMATS if (side.get(f) or {}).get("status") in ("ok", "failed")}
-    checks.update({f: e["status"] == "ok" and bool(e.get("passed")) for f, e in formats.items()})
-    # a check whose step cannot run here (the engine without a TensorRT library) is said in the line, not a problem
-    waived = {"tensorrt": trt.get("status") == "unavailable"}
-    problems = [k for k, ok in checks.items() if not ok and not waived.get(k)]
+    states = step_states(report)
+    # a format counts among the checks where it was written or refused, as it always has
+    formats = [f for f in REPORT_FORMATS if (side.get(f) or {}).get("status") in ("ok", "failed")]
+    checks = {k: s == PASSED for k, s in states.items() if k not in REPORT_FORMATS or k in formats}
+    problems = [k for k, s in states.items() if s == FAILED or (k in REQUIRED_STEPS and s != PASSED)]
+    uncounted = {k: s for k, s in states.items() if s != PASSED and k not in problems}
+    network_ok = bool((trt.get("network_check") or {}).get("ok"))
     fused = _fused(report, name)
     o1, o2 = _overhead_197(report), _overhead_max(report)
-    parts = [f"{name}: {'deploys' if not problems else 'does not deploy (' + ', '.join(problems) + ')'}"]
+    said = "; ".join(f"{step_title(k)} {s}" for k, s in uncounted.items())
+    parts = [
+        f"{name}: deploys{f' (not counted: {said})' if said else ''}"
+        if not problems
+        else f"{name}: does not deploy ({', '.join(problems)})"
+    ]
     parts.append(
         f"fp32 parity {'ok' if checks['parity'] else 'FAILED'}"
         + (f" (max err {fp32['max_abs_err']:.1e})" if fp32.get("max_abs_err") is not None else "")
@@ -218,7 +284,11 @@ def verdict(report: Mapping[str, Any], out: Path) -> dict[str, Any]:
         )
     )
     parts.append(f"fp16 {'ok' if checks['fp16'] else _state(fp16) if fp16.get('status') != 'ok' else 'FAILED'}")
-    parts.append("extra math kept" if checks["extra_math_kept"] else "extra math NOT kept")
+    parts.append(
+        {PASSED: "extra math kept", FAILED: "extra math NOT kept"}.get(
+            states["extra_math_kept"], "extra math not counted (no file written)"
+        )
+    )
     if int8.get("status") == "ok":
         parts.append(
             f"int8 cosine {_num(int8.get('cosine_min'), '{:.4f}')} top-1 "
@@ -229,9 +299,10 @@ def verdict(report: Mapping[str, Any], out: Path) -> dict[str, Any]:
         parts.append(f"int8 {_state(int8)}")
     if trt.get("status") == "ok":
         state = trt.get("state") or "built"
+        ran = f", parity {'ok' if states['tensorrt'] == PASSED else 'FAILED'}" if trt.get("ran_on_gpu") else ""
         parts.append(
             f"TensorRT {state}{' - no GPU' if not trt.get('ran_on_gpu') else ''}, network check "
-            f"{'ok' if checks['tensorrt'] else 'FAILED'}"
+            f"{'ok' if network_ok else 'FAILED'}{ran}"
         )
     else:
         parts.append(f"TensorRT {_state(trt)}")
@@ -262,6 +333,7 @@ def verdict(report: Mapping[str, Any], out: Path) -> dict[str, Any]:
         "problems": problems,
         "failed": failed,
         "checks": checks,
+        "states": states,
         "fused": fused,
         "overhead_first": o1,
         "overhead_most_tokens": o2,
@@ -766,8 +838,11 @@ def markdown(report: Mapping[str, Any], pngs: Mapping[str, Path]) -> str:
         "| check | result |",
         "|---|---|",
     ]
-    for k, ok in v["checks"].items():
-        lines.append(f"| {text(k.replace('_', ' '))} | {'yes' if ok else 'no'} |")
+    for k, state in v["states"].items():
+        cell = {PASSED: "yes", FAILED: "no"}.get(state) or (
+            f"{state}: required" if k in v["problems"] else f"{state}: not counted toward deploys"
+        )
+        lines.append(f"| {text(k.replace('_', ' '))} | {text(cell)} |")
     for f in v.get("failed") or []:
         lines.append(f"| {text(f['check'])} | no: {text(f['reason'])} |")
     lines += [

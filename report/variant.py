@@ -235,7 +235,7 @@ def _attempt(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
             result = {"status": "ok", **fn()}
     except UsageError as exc:
         result = {"status": "unavailable", "reason": first_line(exc)}
-    except Exception as exc:  # noqa: BLE001 - a failed step is a finding of the report, not its end
+    except Exception as exc:  # a failed step is a finding of the report, not its end
         result = {"status": "failed", "reason": first_line(exc, typed=True)}
     result["seconds"] = round(time.perf_counter() - t0, 1)
     return result

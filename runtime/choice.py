@@ -115,7 +115,7 @@ def fastest_cpu_runtime(
                     run = cast(Callable[..., Any], getattr(runner, "run", runner))  # a session's run, or the function
                     run(x)
                     fns[n] = partial(run, x)
-                except Exception as exc:  # noqa: BLE001 -- a runtime that fails here is out, with its reason
+                except Exception as exc:  # a runtime that fails here is out, with its reason
                     failed[n] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
             if not fns:
                 continue

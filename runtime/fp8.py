@@ -64,7 +64,7 @@ def _ranks(proto: onnx.ModelProto) -> dict[str, int]:
         for v in (*inferred.value_info, *inferred.input, *inferred.output):
             if v.type.tensor_type.HasField("shape"):
                 ranks.setdefault(v.name, len(v.type.tensor_type.shape.dim))
-    except Exception:  # noqa: BLE001 - ranks are only needed for per-channel scales; refused if unknown
+    except Exception:  # ranks are only needed for per-channel scales; refused if unknown
         pass
     return ranks
 

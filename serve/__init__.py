@@ -18,9 +18,9 @@ os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 os.environ["DO_NOT_TRACK"] = "1"
 os.environ.setdefault("GRADIO_SSR_MODE", "False")
 
-from attnzoo.lazy import lazy_import  # noqa: E402
-from attnzoo.serve.loading import ServedModel, load_models  # noqa: E402
-from attnzoo.serve.predict import classify, segment  # noqa: E402
+from attnzoo.lazy import lazy_import
+from attnzoo.serve.loading import ServedModel, load_models
+from attnzoo.serve.predict import classify, segment
 
 _demo_app = lazy_import("attnzoo.serve.demo.app")  # gradio: imported by the first build_demo
 

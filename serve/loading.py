@@ -252,7 +252,7 @@ def choose_cpu_backend(folder: Path, threads: int | None = None, dtype: str | No
             continue
         try:
             contract = ModelContract.from_onnx(path)
-        except Exception:  # noqa: BLE001 -- an invalid file is not a probe; load_onnx_dir says why it is skipped
+        except Exception:  # an invalid file is not a probe; load_onnx_dir says why it is skipped
             continue
         if (dtype and contract.dtype != dtype) or verification_problem(path, contract.dtype):
             continue
@@ -404,7 +404,7 @@ def load_checkpoint_dir(directory: Path) -> list[ServedModel]:
             session = get_backend(reference_backend()).load(model, LoadOptions())
             served = _from_config(config, session.run, session.fixed_size, path, session.backend)
             models.append(_warmed_up(served))
-        except Exception as exc:  # noqa: BLE001 - one bad file must not stop the others (like the ONNX path)
+        except Exception as exc:  # one bad file must not stop the others (like the ONNX path)
             _skip(path, exc)
     return models
 
@@ -533,7 +533,7 @@ def export_zoo(
                     zoo.load(e["variant"], e["task"], data)[1],
                     data,
                 )
-            except Exception as exc:  # noqa: BLE001 -- this model is not served in int8; say why, go on
+            except Exception as exc:  # this model is not served in int8; say why, go on
                 _warn(f"{e['variant']} {e['task']}: no {dtype} model: {first_line(exc)}")
     return folder
 
@@ -637,7 +637,7 @@ def _prefetch(runners: Sequence[_LazyZooRunner], data: str, cache_dir: Path | No
     for runner in runners:
         try:
             runner.ready()
-        except Exception as exc:  # noqa: BLE001 -- logged; the demo stays up for the other models
+        except Exception as exc:  # logged; the demo stays up for the other models
             _warn(f"preparing {runner.row['variant']} {runner.row['task']} failed: {first_line(exc)}")
 
 
@@ -807,7 +807,7 @@ def load_bf16_models(
             )
             served.dtype, served.backend_note = "bf16", note
             models.append(_warmed_up(served))
-        except Exception as exc:  # noqa: BLE001 -- this file is not served at bf16; say why, serve the others
+        except Exception as exc:  # this file is not served at bf16; say why, serve the others
             _skip(path, exc)
     if not models:
         raise ValueError(

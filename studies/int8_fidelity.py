@@ -215,7 +215,7 @@ def speeds(files: dict[str, Path], x: np.ndarray, runs: int = 40) -> dict[str, A
     for runtime, make in makers.items():
         try:
             times = _interleaved_ms({k: make(p) for k, p in files.items()}, runs)
-        except Exception as exc:  # noqa: BLE001 - a runtime that cannot run a graph is a result, stated
+        except Exception as exc:  # a runtime that cannot run a graph is a result, stated
             out[runtime] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}
             continue
         ref = np.array(times["fp32"])
@@ -498,7 +498,7 @@ def remedies(
                 for k, x in sets.items()
             },
         )
-    except Exception as exc:  # noqa: BLE001 - a quantizer that cannot run here is a result, stated
+    except Exception as exc:  # a quantizer that cannot run here is a result, stated
         nncf_row["refused"] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
     rows.append(nncf_row)
     x = np.random.default_rng(1).standard_normal((1, 3, size, size)).astype(np.float32)

@@ -1,4 +1,5 @@
-"""Fixtures shared by the tests of more than one layer, and the fault handler kept on to the end."""
+"""Fixtures shared by the tests of more than one layer, the fault handler kept on to the end, and every skip held
+to the README's sentence on skipped tests (tests/skips.py)."""
 
 import faulthandler
 import sys
@@ -7,6 +8,13 @@ from collections.abc import Iterator
 import pytest
 
 from attnzoo.models import registry
+from tests import skips
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A skip whose reason the README's sentence does not name fails, naming it (tests/skips.py)."""
+    if not config.pluginmanager.is_registered(skips):
+        config.pluginmanager.register(skips, "attnzoo-readme-skips")
 
 
 @pytest.fixture

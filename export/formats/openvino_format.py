@@ -316,7 +316,7 @@ class OpenVINOFormat(ExportFormat):
                 backend = get_backend("openvino")
                 try:
                     session = backend.load(tmp, backend.options(dtype=req.dtype, threads=source.threads))
-                except Exception as exc:  # noqa: BLE001 -- the plugin's refusal, as one line
+                except Exception as exc:  # the plugin's refusal, as one line
                     raise self._refused(out, report, "OpenVINO's CPU plugin cannot compile the IR", exc) from None
                 report["bin_sha256"] = sha256_file(tmp.with_suffix(".bin"))
                 with session:
@@ -463,7 +463,7 @@ class OpenVINOFormat(ExportFormat):
                 threads=threads,
                 values=lambda names, v: tensor_values(ir, names, v, threads=threads),
             )
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             return not_exposed(f"block outputs could not be compared: {type(exc).__name__}: {exc}")
 
     def _convert(
@@ -481,7 +481,7 @@ class OpenVINOFormat(ExportFormat):
         """Write the IR of ``onnx_path`` to ``tmp`` at ``req.dtype``."""
         try:
             ovrt.save_ir(ovrt.read_onnx(onnx_path), tmp, compress_to_fp16=get_precision(req.dtype).half, metadata=props)
-        except Exception as exc:  # noqa: BLE001 -- OpenVINO's refusal, as one line
+        except Exception as exc:  # OpenVINO's refusal, as one line
             raise self._refused(out, report, "OpenVINO refuses the ONNX graph", exc) from None
 
     @staticmethod

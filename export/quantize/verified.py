@@ -457,7 +457,7 @@ def _divergence(
     graph whose blocks cannot be read says why instead (the figures explain the verdict, they are not one)."""
     try:
         return divergence_vs_onnx(runnable, fp32, config, x[:DIVERGENCE_INPUTS], min_cosine=min_cosine, threads=threads)
-    except Exception as exc:  # noqa: BLE001 -- a diagnosis that cannot run never decides the export
+    except Exception as exc:  # a diagnosis that cannot run never decides the export
         return not_exposed(f"block outputs could not be compared: {type(exc).__name__}: {exc}")
 
 

@@ -172,7 +172,7 @@ class OpenVINOSession:
         ):
             try:
                 value = self.compiled.get_property(key)
-            except Exception:  # noqa: BLE001 -- a property this version does not report is left out
+            except Exception:  # a property this version does not report is left out
                 continue
             # ov.Type -> "f32", enums -> "LATENCY"; ints and bools stay as they are
             props[key.lower()] = value.to_string() if hasattr(value, "to_string") else getattr(value, "name", value)

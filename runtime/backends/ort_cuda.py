@@ -91,7 +91,7 @@ class OrtGpuSession(Session):
                 binding.bind_output(OUTPUT_NAME, "cuda", 0, np.float32, out_shape, yout.data_ptr())
                 sess.run_with_iobinding(binding)  # with a graph: the capture run
                 break
-            except Exception:  # noqa: BLE001 -- the graph-less retry reports its own failure
+            except Exception:  # the graph-less retry reports its own failure
                 if not graph:
                     raise
 

@@ -69,7 +69,7 @@ def cold_start(port: int = 7899, timeout: float = 600.0) -> dict[str, Any]:
                 try:
                     client = Client(f"http://127.0.0.1:{port}/", verbose=False)
                     break
-                except Exception:  # noqa: BLE001 -- httpx's connection errors; retried until the timeout
+                except Exception:  # httpx's connection errors; retried until the timeout
                     if proc.poll() is not None or time.perf_counter() - start > timeout:
                         raise
                     time.sleep(0.1)

@@ -409,7 +409,7 @@ def _npy_shape(head: bytes) -> tuple[tuple[int, ...], str] | None:
         read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
         shape, _, dtype = read(f)
         return tuple(shape), str(dtype)
-    except Exception:  # noqa: BLE001 - not .npy, or a header cut short
+    except Exception:  # not .npy, or a header cut short
         return None
 
 
@@ -557,7 +557,7 @@ class ModelServer:
                     only=list(files),
                     dtype=self.settings.get("dtype"),
                 )
-            except Exception as exc:  # noqa: BLE001 - nothing servable (the loader's ValueError) or a loader fault
+            except Exception as exc:  # nothing servable (the loader's ValueError) or a loader fault
                 models, reason = [], first_line(exc)
             else:
                 reason = "the loader served nothing from it"

@@ -111,7 +111,7 @@ def _deployment_error(name: str, exc: BaseException) -> str:
     try:
         app = serve.status().applications[name]
         messages = [d.message for d in app.deployments.values() if d.message] + [app.message]
-    except Exception:  # noqa: BLE001 - the status itself is out of reach: Ray's line is all there is
+    except Exception:  # the status itself is out of reach: Ray's line is all there is
         messages = []
     for message in messages:
         lines = [ln.strip() for ln in (message or "").splitlines() if ln.strip()]

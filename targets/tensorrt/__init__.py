@@ -91,11 +91,11 @@ __all__ = [
     "engine_cache_name",
 ]
 
-# isort: off -- the backend and the format import the names above from this package's face
-from attnzoo.runtime.targets import Target  # noqa: E402
+# isort: off -- the backend imports the names above from this package's face
+from attnzoo.runtime.targets import Target
 
-from .backend import TENSORRT  # noqa: E402
-from .schema import EngineReport  # noqa: E402
+from .backend import TENSORRT
+from .schema import EngineReport
 
 # isort: on
 

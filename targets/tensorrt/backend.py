@@ -53,7 +53,7 @@ class TensorRTSession(Session):
                 with torch.cuda.graph(graph, stream=engine.stream):
                     engine.enqueue()
                 self._graph_note = "captured"
-            except Exception as exc:  # noqa: BLE001 -- a capture TensorRT refuses: timed without a graph
+            except Exception as exc:  # a capture TensorRT refuses: timed without a graph
                 graph, self._graph_note = None, f"capture failed ({type(exc).__name__}); timed as plain enqueues"
                 torch.cuda.synchronize()
 

@@ -234,11 +234,11 @@ def make_logger(trt: Any) -> Any:
             trt.ILogger.__init__(self)
             self.errors: list[str] = []
 
-        def log(self, severity, msg) -> None:  # noqa: D401 - TensorRT callback: must never raise
+        def log(self, severity, msg) -> None:  # a TensorRT callback: it must never raise
             try:
                 if severity in (trt.ILogger.Severity.ERROR, trt.ILogger.Severity.INTERNAL_ERROR):
                     self.errors.append(str(msg).strip().replace("\n", " "))
-            except Exception:  # noqa: BLE001 -- nothing may leave a C callback; the message is lost, not the run
+            except Exception:  # nothing may leave a C callback; the message is lost, not the run
                 pass
 
     try:

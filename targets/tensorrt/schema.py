@@ -32,7 +32,9 @@ class EngineReport(JsonReport):
             timing_cache: The build's facts.
         not_run_reason: Why it was built but not run.
         metadata: The ONNX file's metadata (the model contract).
-        passed, failures: Every check passed (the engine was written); why not, one line each.
+        passed, failures: Every check that ran passed (the engine was written); why not, one line each. With
+            ``status`` ``built, not run`` that is the build and the network check alone: the engine was never
+            executed, so ``passed`` says nothing of its outputs (``report-variant`` counts it as built, not run).
     """
 
     what: ClassVar[str] = "engine report"

@@ -29,6 +29,15 @@ def test_ruff_lint_passes():
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-2000:]
 
 
+def test_a_noqa_for_a_rule_ruff_does_not_select_is_an_error(tmp_path):
+    """A marker that silences nothing (here BLE001, a rule the configuration leaves off) fails the lint, so no
+    marker claims a check that never runs."""
+    (tmp_path / "m.py").write_text("try:\n    pass\nexcept Exception:  # noqa: BLE001\n    pass\n")
+    config = str(ROOT / "pyproject.toml")
+    done = _tool("ruff", "check", "--no-cache", "--config", config, "--output-format", "concise", str(tmp_path))
+    assert done.returncode == 1 and "RUF100" in done.stdout and "BLE001" in done.stdout, done.stdout + done.stderr
+
+
 def test_ruff_format_is_applied():
     done = _tool("ruff", "format", "--check", "--no-cache", ".")
     assert done.returncode == 0, "run `ruff format .`:\n" + done.stdout[-5000:] + done.stderr[-2000:]

@@ -60,6 +60,7 @@ def _report(variant: str, cpu: dict[str, Any] = XEON, quick: bool = True) -> dic
                 },
                 "openvino": {"status": "ok", "passed": True, "max_abs_err": 2.86e-06},
                 "executorch": {"status": "skipped", "reason": "not written with this budget (--quick)"},
+                "extra_math_kept": {"fp32": True, "fp16": True, "int8": True, "tensorrt": True, "openvino": True},
             }
         },
         "fusion": {
@@ -78,6 +79,15 @@ def _report(variant: str, cpu: dict[str, Any] = XEON, quick: bool = True) -> dic
         "verdict": {
             "deploys": False,
             "problems": ["fp16"],
+            "states": {
+                "parity": "passed",
+                "fp16": "failed",
+                "extra_math_kept": "passed",
+                "int8": "passed",
+                "tensorrt": "built, not run",
+                "openvino": "passed",
+                "executorch": "not run",
+            },
             "line": f"{variant}: does not deploy (fp16)",
             "overhead_first": {"ratio": 1.317, "backend": "openvino", "batch": 1, "tokens": 197},
             "overhead_most_tokens": {"ratio": 2.456, "backend": "ort-cpu", "batch": 1, "tokens": 1025},
@@ -111,7 +121,10 @@ def _expected(r: dict[str, Any]) -> dict[str, str]:
     ort_t, first, most = fused["onnxruntime-transformers"], v["overhead_first"], v["overhead_most_tokens"]
     return {
         "variant": f"[{r['variant']}]({r['variant']}/report.md)",
-        "deploys": "yes" if v["deploys"] else f"no ({', '.join(v['problems'])})",
+        # the steps that did not run are named, never counted: the engine built without a GPU among them
+        "deploys": "yes (not counted: TensorRT built, not run; ExecuTorch program not run)"
+        if v["deploys"]
+        else f"no ({', '.join(v['problems'])})",
         "fp32 parity (max err)": f"{'ok' if side['fp32']['passed'] else 'FAILED'} ({side['fp32']['max_abs_err']:.1e})",
         "fp16 parity (max err)": f"{'ok' if side['fp16']['passed'] else 'FAILED'} ({side['fp16']['max_abs_err']:.1e})",
         "int8 cosine, worst (placement)": f"{side['int8']['cosine_min']:.4f} ({side['int8']['placement']})",
@@ -137,7 +150,9 @@ def test_the_index_cells_are_the_report_json_values(tmp_path):
     b["export"]["wafe-mae"]["fp32"]["max_abs_err"] = 7.5e-05
     b["export"]["wafe-mae"]["int8"].update(cosine_min=0.95, top1_agreement=0.5, placement="auto")
     b["fusion"]["wafe-mae"]["audit"]["runtimes"][0]["fused"] = 0
+    b["export"]["wafe-mae"]["fp16"]["passed"] = True
     b["verdict"].update(deploys=True, problems=[])
+    b["verdict"]["states"]["fp16"] = "passed"
     b["verdict"]["overhead_first"]["ratio"] = 0.987
     for r in (b, a):  # written in the other order: rows come in registry order
         _write(tmp_path, r)
@@ -179,6 +194,32 @@ def test_a_missing_field_or_a_step_not_run_reads_as_the_legend_says(tmp_path):
     assert (w["x standard, latency rows"], w["x standard, most tokens"]) == ("not run", "failed")
     for cell in ("—", "not run", "unavailable", "failed", "not measured", "baseline", "not inspected"):
         assert f"\n- {cell}: " in text, cell  # each in the legend
+
+
+def test_the_deploys_cell_names_what_did_not_run_and_an_engine_run_on_a_gpu_shows_its_parity(tmp_path):
+    """``deploys`` counts only steps that ran: an engine that ran on a GPU and passed is not named as uncounted and
+    its cell shows its parity; one that ran and failed says so; a report whose verdict predates ``states`` has them
+    read from its export section (its engine built without a GPU named as not counted)."""
+    ran = _report("belief2")
+    side = ran["export"]["belief2"]
+    side["fp16"]["passed"] = True
+    side["executorch"] = {"status": "ok", "passed": True, "max_abs_err": 1e-6}
+    side["tensorrt"].update(state="built and run", ran_on_gpu=True, parity={"passed": True})
+    ran["verdict"].update(deploys=True, problems=[], states=dict.fromkeys(ran["verdict"]["states"], "passed"))
+    bad = _report("wafe-mae")
+    bad["export"]["wafe-mae"]["tensorrt"].update(state="built and run", ran_on_gpu=True, parity={"passed": False})
+    bad["verdict"].update(problems=["fp16", "tensorrt"])
+    old = _report("standard")
+    old["export"]["standard"]["fp16"]["passed"] = True
+    old["verdict"].update(deploys=True, problems=[])
+    del old["verdict"]["states"]
+    for r in (ran, bad, old):
+        _write(tmp_path, r)
+    s, b, w = _table(write_index(tmp_path).read_text())
+    assert b["deploys"] == "yes" and b["TensorRT"] == "built and run, network check ok, parity ok"
+    assert w["deploys"] == "no (fp16, tensorrt)" and w["TensorRT"] == "built and run, network check ok, parity FAILED"
+    assert s["deploys"] == "yes (not counted: TensorRT built, not run; ExecuTorch program not run)"
+    assert s["TensorRT"] == "built, not run - no GPU, network check ok"
 
 
 def test_reports_from_two_machines_or_budgets_are_named_per_row(tmp_path):
