@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnzoo.fileio import sha256_file
+from attnzoo.fileio import private_dir, sha256_file
 from attnzoo.lazy import lazy_import
 
 from .precision import QUANTIZED
@@ -178,8 +178,8 @@ def providers_for(
     if not p.needs_tensorrt:
         return [(p.execution_provider, {**cuda, "enable_cuda_graph": "1" if cuda_graph else "0"})]
     opts: dict[str, Any] = {"trt_cuda_graph_enable": bool(cuda_graph)}
-    if cache_dir is not None:
-        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    if cache_dir is not None:  # ONNX Runtime loads the engines it finds there by name: the user's folder alone
+        private_dir(cache_dir, "TensorRT engine cache folder")
         opts.update(trt_engine_cache_enable=True, trt_engine_cache_path=str(cache_dir))
     return [(p.execution_provider, opts), ("CUDAExecutionProvider", cuda)]
 

@@ -4,6 +4,7 @@ trusted by content, and the folders of caches whose files hold code are the user
 import os
 import stat
 import time
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -144,3 +145,43 @@ def test_a_cache_folder_another_user_owns_is_refused_in_one_line(tmp_path, monke
     monkeypatch.undo()
     link.symlink_to(root)
     assert private_dir(link) == link  # the user's own link to the user's own folder
+
+
+def _fake_engine_build(monkeypatch):
+    """TensorRT's build replaced by one that returns fixed bytes: what is left is the cache's own logic."""
+    from attnzoo.runtime.tensorrt import builder
+
+    lib = builder.Library(name="tensorrt_rtx", module=None, version="test", ahead_of_time=True)
+    builds: list[str] = []
+
+    def build(path, **kw):
+        builds.append(str(path))
+        return builder.Built(b"engine built here", lib, "SM89", 0.1, {"min": 1, "opt": 1, "max": 1}, (1, 3, 8, 8), 1)
+
+    monkeypatch.setattr(builder, "build", build)
+    return lib, builds
+
+
+def test_a_tensorrt_engine_planted_at_its_cache_name_is_built_again(tmp_path, monkeypatch):
+    """An engine can carry code: one that is not the file the cache recorded (planted at the name, same size, or
+    left with no record) is built again, never handed to TensorRT; the recorded one is reused."""
+    from attnzoo.runtime.tensorrt import build_cached
+
+    lib, builds = _fake_engine_build(monkeypatch)
+    src = _matmul_model(tmp_path / "m.onnx", 1.0)
+    cache = tmp_path / "cache" / "tensorrt"
+    first = build_cached(src, cache, library=lib, compute_capability="SM89", batch_sizes=(1,))
+    engine = Path(first["engine"])
+    assert not first["cached"] and engine.read_bytes() == b"engine built here" and len(builds) == 1
+    again = build_cached(src, cache, library=lib, compute_capability="SM89", batch_sizes=(1,))
+    assert again["cached"] and again["engine"] == str(engine) and len(builds) == 1  # the recorded one, reused
+    engine.write_bytes(b"planted".ljust(len(b"engine built here"), b"!"))  # the recorded one's size
+    assert not build_cached(src, cache, library=lib, compute_capability="SM89", batch_sizes=(1,))["cached"]
+    assert engine.read_bytes() == b"engine built here" and len(builds) == 2
+    Path(f"{engine}.json").unlink()  # an engine with no record
+    assert not build_cached(src, cache, library=lib, compute_capability="SM89", batch_sizes=(1,))["cached"]
+    assert len(builds) == 3
+    os.chmod(cache, 0o777)
+    with pytest.raises(ValueError, match=rf"^the TensorRT engine cache folder {cache} can be written by its group"):
+        build_cached(src, cache, library=lib, compute_capability="SM89", batch_sizes=(1,))
+    assert len(builds) == 3
