@@ -30,7 +30,7 @@ from attnzoo.report.variant import _format_summary
 from attnzoo.runtime.backends import LoadOptions, get_backend
 from attnzoo.runtime.backends import executorch as et
 from attnzoo.runtime.contract import ModelContract
-from tests.schemas import read_back
+from tests.schemas import assert_only_verified_loads, read_back
 
 MISSING = et.executorch_problem("fp32")
 needs_executorch = pytest.mark.skipif(MISSING is not None, reason=str(MISSING))
@@ -190,19 +190,7 @@ def test_the_path_api_loads_only_a_program_whose_report_verified_it(tmp_path, mo
         backend.load(out, LoadOptions(dtype="int8"))
     other = tmp_path / "other.pte"
     other.write_bytes(_header(64) + b"\1" * 24)
-    with pytest.raises(ValueError) as refused:
-        backend.load(other)
-    assert str(refused.value) == (
-        f"executorch: {other} is not loaded: no verification report other.pte.json beside it (export it with "
-        "export-model --format executorch)"
-    )
-    shutil.copyfile(other, out)  # another file where the verified one was, its report left beside it
-    with pytest.raises(ValueError) as refused:
-        backend.load(out)
-    assert str(refused.value) == (
-        f"executorch: {out} is not loaded: b2.pte differs from the file its report b2.pte.json verified "
-        "(SHA-256 mismatch)"
-    )
+    assert_only_verified_loads(backend, out, other)
     assert len(loaded) == 2
 
 
