@@ -1,7 +1,8 @@
 """File output: write to a temporary file beside the target, rename on success, delete on failure, so no
 reader ever sees a half-written checkpoint, ONNX model, engine or report; check that an output folder can be
 written before any work starts; the one cache folder every command uses, whose derived files are trusted by
-content (:func:`derived_is_current`), never by modification time."""
+content (:func:`derived_is_current`), never by modification time, in a folder that is the user's alone
+(:func:`private_dir`) where they can hold code (a compiled program, an engine)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -21,8 +23,11 @@ __all__ = [
     "write_json_report",
     "sha256_file",
     "derived_is_current",
+    "derived_facts",
     "record_derived",
     "writable_dir",
+    "private_dir",
+    "cache_subdir",
     "default_cache_dir",
     "parse_json",
     "read_json",
@@ -127,9 +132,30 @@ def sha256_file(path: PathLike) -> str:
 def _derived_facts(source_sha256: str, products: list[Path], key: dict[str, Any]) -> dict[str, Any]:
     return {
         "source_sha256": source_sha256,
-        "key": key,
+        "key": json.loads(json.dumps(key, sort_keys=True, default=str)),  # as the record holds it once read back
         "products": {p.name: sha256_file(p) for p in products},
     }
+
+
+def derived_facts(
+    record: PathLike, source_sha256: str, products: Sequence[PathLike], key: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """The facts :func:`record_derived` kept with the cached ``products`` (``{}`` when it kept none) when they are
+    current (:func:`derived_is_current`), else ``None``."""
+    paths = [Path(p) for p in products]
+    try:
+        if not all(p.is_file() for p in paths):
+            return None
+        want = read_json(record, max_bytes=2**20)
+        if not isinstance(want, dict):
+            return None
+        have = _derived_facts(source_sha256, paths, dict(key or {}))
+        if any(want.get(name) != value for name, value in have.items()):
+            return None
+        facts = want.get("facts", {})
+        return facts if isinstance(facts, dict) else None
+    except (OSError, ValueError):
+        return None
 
 
 def derived_is_current(
@@ -137,26 +163,27 @@ def derived_is_current(
 ) -> bool:
     """Whether the cached ``products`` made from a source whose content is ``source_sha256`` (with settings
     ``key``) are the very files :func:`record_derived` recorded in ``record``: the same source content and key,
-    and each product's own sha256 unchanged. A cache is trusted by content, never by modification time: a product
-    replaced or edited after it was made (an equivalent graph dropped in its place, a half-copied file) reads as
-    not current, and the caller makes it again."""
-    paths = [Path(p) for p in products]
-    try:
-        if not all(p.is_file() for p in paths):
-            return False
-        want = read_json(record, max_bytes=2**20)
-        return isinstance(want, dict) and want == _derived_facts(source_sha256, paths, dict(key or {}))
-    except (OSError, ValueError):
-        return False
+    and each product's own sha256 unchanged. A cache is trusted by content, never by modification time or name: a
+    product replaced or edited after it was made (an equivalent graph dropped in its place, a half-copied file, a
+    program planted at its name) or one with no record reads as not current, and the caller makes it again (never
+    opening it)."""
+    return derived_facts(record, source_sha256, products, key) is not None
 
 
 def record_derived(
-    record: PathLike, source_sha256: str, products: Sequence[PathLike], key: dict[str, Any] | None = None
+    record: PathLike,
+    source_sha256: str,
+    products: Sequence[PathLike],
+    key: dict[str, Any] | None = None,
+    facts: dict[str, Any] | None = None,
 ) -> None:
     """Write ``record`` (atomically, after the products are in place): the source's sha256, ``key`` and every
-    product's sha256, read back by :func:`derived_is_current`."""
-    facts = _derived_facts(source_sha256, [Path(p) for p in products], dict(key or {}))
-    atomic_write_text(record, json.dumps(facts, indent=1, sort_keys=True) + "\n")
+    product's sha256, read back by :func:`derived_is_current`, and ``facts`` (how they were made), read back by
+    :func:`derived_facts`."""
+    made = _derived_facts(source_sha256, [Path(p) for p in products], dict(key or {}))
+    if facts is not None:
+        made["facts"] = json.loads(json.dumps(facts, default=str))
+    atomic_write_text(record, json.dumps(made, indent=1, sort_keys=True) + "\n")
 
 
 def writable_dir(folder: PathLike, what: str = "output folder") -> Path:
@@ -179,6 +206,45 @@ def writable_dir(folder: PathLike, what: str = "output folder") -> Path:
     except OSError as exc:
         raise ValueError(f"the {what} {folder} cannot be written: {exc.strerror or exc}") from None
     return folder
+
+
+def private_dir(folder: PathLike, what: str = "cache folder") -> Path:
+    """Create ``folder`` if needed (mode 0700: the user's alone; parents as needed) and check that it is the
+    user's alone, as a folder whose files are run (compiled programs, engines) must be: a record beside a file
+    that another user could plant proves nothing.
+
+    Raises:
+        ValueError: one line naming ``what``, the folder and what is wrong: not a folder, owned by another user
+            (or reached through another user's link), writable by its group or by others, or not writable.
+    """
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"the {what} {folder} is not a folder")
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        link, st = folder.lstat(), folder.stat()  # a link's own owner counts too: it can point elsewhere later
+    except OSError as exc:
+        raise ValueError(f"cannot create the {what} {folder}: {exc.strerror or exc}") from None
+    me = os.geteuid()
+    owner = next((uid for uid in (link.st_uid, st.st_uid) if uid != me), None)
+    if owner is not None:
+        raise ValueError(
+            f"the {what} {folder} is owned by another user (uid {owner}; you are uid {me}): a program there may not "
+            f"be the one this package made; use a folder of your own (--cache-dir or ${CACHE_ENV})"
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        who = " and ".join(w for bit, w in ((stat.S_IWGRP, "its group"), (stat.S_IWOTH, "others")) if st.st_mode & bit)
+        raise ValueError(
+            f"the {what} {folder} can be written by {who} (mode {stat.S_IMODE(st.st_mode):04o}): a program there may "
+            f"not be the one this package made; make it yours alone (chmod 700 {folder}) or use another"
+        )
+    return writable_dir(folder, what)
+
+
+def cache_subdir(cache_dir: PathLike, name: str) -> Path:
+    """``<cache_dir>/<name>``, both checked by :func:`private_dir` (created 0700 when missing): where a cache of
+    files that hold code (AOTInductor packages, ExecuTorch programs, TensorRT engines) is kept."""
+    return private_dir(private_dir(cache_dir) / name, f"{name} cache folder")
 
 
 def default_cache_dir() -> Path:

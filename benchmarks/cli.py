@@ -26,7 +26,7 @@ from attnzoo.benchmarks.roofline import against_results, resolve_gpus, roofline
 from attnzoo.benchmarks.roofline import markdown as roofline_markdown
 from attnzoo.cli import add_debug_flag, entry_point, one_of, parse_batch_sizes, parse_names
 from attnzoo.errors import CommandError, UsageError
-from attnzoo.fileio import atomic_write_text, default_cache_dir, writable_dir
+from attnzoo.fileio import atomic_write_text, default_cache_dir, private_dir, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.limits import MAX_BATCH_SIZE
 from attnzoo.machine import usable_cores
@@ -340,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not torch.cuda.is_available():
             raise UsageError("--device cuda but no CUDA GPU is available")
     writable_dir(settings.out, "--out folder")
-    writable_dir(settings.cache_dir, "--cache-dir folder")
+    private_dir(settings.cache_dir, "--cache-dir folder")  # it keeps compiled programs and engines: yours alone
     _check_memory(settings)
     print(scope_line(settings.scope), flush=True)
     # from the end of the jobs (run_benchmark calls hold_signals) until the results are written, a signal waits:

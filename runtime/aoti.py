@@ -10,6 +10,11 @@ fp16, as eager fp16 and ``torch.compile`` fp16 run it). :func:`aoti_problem` say
 cannot be compiled here. ``export-model --format aoti`` (:mod:`attnzoo.export.formats.aoti_format`) verifies a
 package before writing it; the ``aoti`` backend (:mod:`attnzoo.runtime.backends.aoti`) loads one, or compiles one
 from the module into its cache (:func:`cached_package`, keyed by :func:`fingerprint`).
+
+A package holds native code that loading it runs, so a cached one is loaded only when its SHA-256 is the one
+recorded when it was compiled, in a cache folder that is the user's alone (:func:`attnzoo.fileio.cache_subdir`);
+anything else at its name is compiled again, never opened. :func:`load_package` first checks that the file is a
+package (:func:`package_problem`) and names it when it is not.
 """
 
 from __future__ import annotations
@@ -24,11 +29,12 @@ import re
 import shutil
 import sys
 import time
+import zipfile
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from attnzoo.fileio import atomic_path, atomic_write_text
+from attnzoo.fileio import atomic_path, cache_subdir, derived_is_current, record_derived
 from attnzoo.lazy import lazy_import
 from attnzoo.limits import MAX_BATCH_SIZE
 from attnzoo.runtime.contract import BATCH_DIM
@@ -43,6 +49,7 @@ __all__ = [
     "export_program",
     "temporary_package",
     "compile_package",
+    "package_problem",
     "load_package",
     "fingerprint",
     "cached_package",
@@ -119,8 +126,41 @@ def compile_package(program: Any, path: Path, metadata: Mapping[str, str] | None
     return time.perf_counter() - start
 
 
+def package_problem(path: str | Path) -> str | None:
+    """Why the file ``path`` is not an AOTInductor package (one line), or ``None``: a package is a zip archive
+    (every member's CRC intact: a truncated or damaged one is not) with one top folder holding ``archive_format``
+    ``pt2`` and the compiled model under ``data/aotinductor/``, no member's name leaving that folder."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+            roots = {name.split("/")[0] for name in names}
+            if len(roots) != 1:
+                return f"a zip archive with {len(roots)} top folders, not a package's one"
+            root = roots.pop()
+            if any(name.startswith("/") or ".." in name.split("/") for name in names):
+                return "a zip archive whose member names leave its folder"
+            if f"{root}/archive_format" not in names or archive.read(f"{root}/archive_format") != b"pt2":
+                return "a zip archive that does not say it is a pt2 package (archive_format)"
+            if not any(name.startswith(f"{root}/data/aotinductor/") for name in names):
+                return "a pt2 archive with no AOTInductor model (data/aotinductor/)"
+            damaged = archive.testzip()
+            if damaged is not None:
+                return f"a damaged archive (member {damaged} fails its CRC)"
+    except (OSError, zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError) as exc:
+        return f"not a zip archive, or a truncated one ({exc})"
+    return None
+
+
 def load_package(path: str | Path) -> Any:
-    """The callable model of the package at ``path`` (tensors on the package's device in, its outputs out)."""
+    """The callable model of the package at ``path`` (tensors on the package's device in, its outputs out).
+
+    Raises:
+        ValueError: one line naming ``path`` when it is not a package (:func:`package_problem`), before
+            AOTInductor opens it.
+    """
+    problem = package_problem(path)
+    if problem is not None:
+        raise ValueError(f"{path} is not an AOTInductor package: {problem}")
     return inductor.aoti_load_package(str(path))
 
 
@@ -145,6 +185,12 @@ def cached_package(
 ) -> tuple[Path, dict[str, Any]]:
     """The package of ``model`` for ``device`` at ``dtype`` in ``<cache_dir>/aoti/``, compiled when no package of
     the same :func:`fingerprint` (weights, source, config, device, precision, input size, torch version) is there.
+    A package there is used only when it is the file this function compiled and recorded (its SHA-256 in the
+    ``.json`` beside it, :func:`attnzoo.fileio.derived_is_current`); one edited, planted or left without its record is
+    compiled again, never opened.
+
+    Raises:
+        ValueError: the cache folder is not the user's alone (:func:`attnzoo.fileio.private_dir`).
 
     Returns:
         ``(path, facts)``: ``facts`` says whether it was ``cached``, and the export and compile seconds.
@@ -158,12 +204,11 @@ def cached_package(
     if kind == "cuda":
         head["gpu"] = torch.cuda.get_device_name(torch.device(device))
     key = fingerprint(model, head, modules=(__name__,))
-    folder = Path(cache_dir) / "aoti"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = cache_subdir(cache_dir, "aoti")
     stem = f"{config.get('variant', type(model).__name__)}_{kind}_{dtype}_{key[:16]}"
-    path = folder / f"{stem}.pt2"
+    path, record = folder / f"{stem}.pt2", folder / f"{stem}.json"
     facts = {"package": path.name, "device": kind, "dtype": dtype, "trace_batch": TRACE_BATCH}
-    if path.is_file():
+    if derived_is_current(record, key, [path], head):  # not when absent, unrecorded or not the file compiled
         return path, {**facts, "cached": True}
     start = time.perf_counter()
     program = export_program(model, (hw[0], hw[1]), device=device, dtype=dtype)
@@ -171,5 +216,5 @@ def cached_package(
     with temporary_package(path) as tmp:
         compiled = compile_package(program, tmp)
     facts.update(cached=False, export_s=round(exported, 2), compile_s=round(compiled, 2))
-    atomic_write_text(path.with_suffix(".json"), json.dumps({**facts, **head}, indent=1, default=str) + "\n")
+    record_derived(record, key, [path], head, facts={k: v for k, v in facts.items() if k != "cached"})
     return path, facts

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnzoo.fileio import sha256_file
+from attnzoo.fileio import private_dir, sha256_file
 from attnzoo.lazy import lazy_import
 
 from .precision import QUANTIZED
 from .quantization_report import QuantizationReport
-from .reports import OpenVINOReport, exported_report_type
+from .reports import JsonReport, OpenVINOReport, exported_report_type
 
 ort = lazy_import("onnxruntime")
 
@@ -45,6 +45,7 @@ __all__ = [
     "IR_SUFFIX",
     "read_report",
     "report_file",
+    "verified_report",
     "verification_problem",
 ]
 
@@ -178,8 +179,8 @@ def providers_for(
     if not p.needs_tensorrt:
         return [(p.execution_provider, {**cuda, "enable_cuda_graph": "1" if cuda_graph else "0"})]
     opts: dict[str, Any] = {"trt_cuda_graph_enable": bool(cuda_graph)}
-    if cache_dir is not None:
-        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    if cache_dir is not None:  # ONNX Runtime loads the engines it finds there by name: the user's folder alone
+        private_dir(cache_dir, "TensorRT engine cache folder")
         opts.update(trt_engine_cache_enable=True, trt_engine_cache_path=str(cache_dir))
     return [(p.execution_provider, opts), ("CUDAExecutionProvider", cuda)]
 
@@ -221,41 +222,62 @@ def report_file(path: str | Path) -> Path:
     return path.with_suffix(".report.json") if path.suffix == ".onnx" else Path(f"{path}.json")
 
 
-def verification_problem(path: str | Path, dtype: str) -> str | None:
-    """Why the exported model ``path`` (graph precision ``dtype``) must not be served (one line), or ``None``.
+def verified_report(path: str | Path, dtype: str, fmt: str | None = None) -> JsonReport:
+    """The report (:func:`report_file`) of the exported model ``path`` (graph precision ``dtype``), read through
+    its schema, when it says the file passed its verification: written by ``export-model`` after its checks (the
+    extra math counted, parity with eager PyTorch), for this precision, for a file of format ``fmt`` when given
+    (``aoti``, ``executorch``, ``openvino``) and for this very file (its SHA-256; an OpenVINO IR's ``.bin`` too).
 
-    Served only when its report (:func:`report_file`) -- written by ``export-model`` (and the zoo's export) after
-    its checks: the extra math as named fp32 ops, parity with eager PyTorch, for a quantized graph also the Q/DQ
-    placement, finite outputs and test-split accuracy next to fp32 -- says it passed, names this precision and
-    matches the file's SHA-256 (an OpenVINO IR's ``.bin`` too). A quantized model must also have been scored on
-    the whole test split within the tolerance (a drop accepted with ``--accept-accuracy-drop``, one scored with
-    ``--eval-limit``, or an unscored ``--random-init`` model is not served).
+    Raises:
+        ValueError: one line saying why not (no report, unreadable, another schema or format, not passed, another
+            precision, another file).
     """
     path = Path(path)
     report = report_file(path)
     if not report.exists():
-        how = " --format openvino" if path.suffix == IR_SUFFIX else (f" --dtype {dtype}" if dtype != "fp32" else "")
-        return f"no verification report {report.name} beside it (export it with export-model{how})"
-    try:
-        rep = read_report(report)
-    except ValueError as exc:
-        return str(exc)
+        flag = f" --dtype {dtype}" if dtype != "fp32" else ""
+        how = f" --format {fmt}{flag}" if fmt else (" --format openvino" if path.suffix == IR_SUFFIX else flag)
+        raise ValueError(f"no verification report {report.name} beside it (export it with export-model{how})")
+    rep = read_report(report)
     try:
         typed = exported_report_type(rep).from_dict(rep)  # read through its schema
     except ValueError as exc:
-        return f"{report.name} is not a report export-model writes ({exc})"
+        raise ValueError(f"{report.name} is not a report export-model writes ({exc})") from None
+    if fmt is not None and rep.get("format") != fmt:
+        raise ValueError(f"{report.name} is the report of a {rep.get('format') or 'onnx'} file, not of a {fmt} one")
     if not rep.get("passed"):
-        return f"{report.name} does not say the {dtype} model passed its verification"
+        raise ValueError(f"{report.name} does not say the {dtype} model passed its verification")
     if rep.get("dtype", "fp32") != dtype:
-        return f"{report.name} is for a {rep.get('dtype')} model, the file is {dtype}"
+        raise ValueError(f"{report.name} is for a {rep.get('dtype')} model, the file is {dtype}")
     if rep.get("sha256") != sha256_file(path):
-        return f"{path.name} differs from the file its report {report.name} verified (SHA-256 mismatch)"
+        raise ValueError(f"{path.name} differs from the file its report {report.name} verified (SHA-256 mismatch)")
     if path.suffix == IR_SUFFIX:
         weights = path.with_suffix(".bin")
         if not weights.is_file():
-            return f"no weights file {weights.name} beside it"
+            raise ValueError(f"no weights file {weights.name} beside it")
         if not isinstance(typed, OpenVINOReport) or typed.bin_sha256 != sha256_file(weights):
-            return f"{weights.name} differs from the weights its report {report.name} verified (SHA-256 mismatch)"
+            raise ValueError(
+                f"{weights.name} differs from the weights its report {report.name} verified (SHA-256 mismatch)"
+            )
+    return typed
+
+
+def verification_problem(path: str | Path, dtype: str) -> str | None:
+    """Why the exported model ``path`` (graph precision ``dtype``) must not be served (one line), or ``None``.
+
+    Served only when its report is one :func:`verified_report` accepts -- written by ``export-model`` (and the
+    zoo's export) after its checks: the extra math as named fp32 ops, parity with eager PyTorch, for a quantized
+    graph also the Q/DQ placement, finite outputs and test-split accuracy next to fp32 -- saying it passed, naming
+    this precision and matching the file's SHA-256 (an OpenVINO IR's ``.bin`` too). A quantized model must also
+    have been scored on the whole test split within the tolerance (a drop accepted with ``--accept-accuracy-drop``,
+    one scored with ``--eval-limit``, or an unscored ``--random-init`` model is not served).
+    """
+    path = Path(path)
+    try:
+        typed = verified_report(path, dtype)
+    except ValueError as exc:
+        return str(exc)
+    report = report_file(path)
     if dtype not in QUANTIZED:  # a quantized file must also have been scored on a test split
         return None
     acc = typed.accuracy if isinstance(typed, (QuantizationReport, OpenVINOReport)) else None

@@ -1,10 +1,13 @@
 """``aoti``: an AOTInductor package (``.pt2``, :mod:`attnzoo.runtime.aoti`) of the model, run through
 ``torch._inductor.aoti_load_package`` on the CPU or a CUDA GPU.
 
-It loads a package file (``export-model --format aoti`` writes and verifies one), or compiles one from the
-PyTorch module into ``<cache_dir>/aoti/``, keyed by the module's content (weights, source, config), the device, the
+It loads a package file that ``export-model --format aoti`` wrote and verified (its report says so, for this very
+file, precision and device: :func:`attnzoo.runtime.sessions.verified_report`), or compiles one from the PyTorch
+module into ``<cache_dir>/aoti/``, keyed by the module's content (weights, source, config), the device, the
 precision and the torch version: one compile per model serves every batch size (the batch dimension is dynamic)
-and every later run.
+and every later run. Loading a package runs its native code, so nothing else is loaded: a file without such a
+report, or a cached package that is not the one recorded when it was compiled (:func:`aoti.cached_package`), is
+refused or compiled again, never opened.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from attnzoo.lazy import lazy_import
 
 from .. import aoti
 from ..device import DeviceMemory, fp32_math, release_cuda_cache
+from ..reports import AOTIReport
+from ..sessions import verified_report
 from . import TORCH_DTYPES, Backend, Call, LoadOptions, Session, register_backend
 
 torch = lazy_import("torch")
@@ -77,7 +82,8 @@ class AotiSession(Session):
 
 @dataclass(frozen=True)
 class AotiBackend(Backend):
-    """AOTInductor: a ``.pt2`` file, or the PyTorch module compiled into the cache (``cache_dir``)."""
+    """AOTInductor: a ``.pt2`` file ``export-model`` verified (its report beside it, for this file, precision and
+    device), or the PyTorch module compiled into the cache (``cache_dir``)."""
 
     def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False) -> str | None:
         return super().unavailable_reason(dtype, device) or aoti.aoti_problem(device, dtype)
@@ -90,6 +96,13 @@ class AotiBackend(Backend):
             path = Path(model)
             if not path.is_file():
                 raise ValueError(f"AOTInductor package not found: {path}")
+            try:
+                report = verified_report(path, options.dtype, fmt="aoti")
+                kind = str(options.device).split(":")[0]
+                if isinstance(report, AOTIReport) and report.device != kind:
+                    raise ValueError(f"it was compiled for {report.device}, not {kind}")
+            except ValueError as exc:
+                raise ValueError(f"{self.name}: {path} is not loaded: {exc}") from None
             facts: dict[str, Any] = {"cached": None}
         else:
             cache = options.cache_dir or default_cache_dir()

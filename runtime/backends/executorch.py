@@ -8,9 +8,14 @@ ExecuTorch's portable kernels. Dynamic int8 (:func:`lower_program` ``dtype="int8
 layers only (``XNNPACKQuantizer``, per-channel int8 weights, int8 activations quantized at run time), the variant's
 extra math (its ``extra_scopes``) excluded: it stays fp32.
 
-It loads a program file (``export-model --format executorch`` writes and verifies one), or lowers one from the
-PyTorch module into ``<cache_dir>/executorch/``, keyed by the module's content
-(:func:`attnzoo.runtime.aoti.fingerprint`), the precision and the versions of torch and ExecuTorch.
+It loads a program file that ``export-model --format executorch`` wrote and verified (its report says so, for
+this very file: :func:`attnzoo.runtime.sessions.verified_report`), or lowers one from the PyTorch module into
+``<cache_dir>/executorch/``, keyed by the module's content (:func:`attnzoo.runtime.aoti.fingerprint`), the
+precision and the versions of torch and ExecuTorch; a cached program is used only when its SHA-256 is the one
+recorded when it was lowered, in a cache folder that is the user's alone (:func:`attnzoo.fileio.cache_subdir`).
+ExecuTorch's runtime can abort the process on a file that is not a program (its log line about a foreign
+identifier is not UTF-8), so every program is checked first (:func:`program_problem`: the identifier, the header's
+sizes against the file's) and a refusal is one line naming the file.
 
 ``threads`` sizes ExecuTorch's one CPU threadpool, which XNNPACK's delegate runs on. The pool is process-wide and a
 loaded method keeps the pool it was loaded with: resizing it (which replaces it) under a method still open made that
@@ -22,9 +27,9 @@ sized before a method loads, and a size other than the pool's is refused while a
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.metadata
 import importlib.util
-import json
 import re
 import time
 import weakref
@@ -36,12 +41,14 @@ from typing import Any
 
 import numpy as np
 
-from attnzoo.fileio import atomic_path, atomic_write_text, default_cache_dir
+from attnzoo.errors import first_line
+from attnzoo.fileio import atomic_path, cache_subdir, default_cache_dir, derived_is_current, record_derived
 from attnzoo.lazy import lazy_import
 from attnzoo.limits import MAX_BATCH_SIZE
 
 from .. import aoti
 from ..contract import BATCH_DIM
+from ..sessions import verified_report
 from . import Backend, LoadOptions, Session, register_backend
 
 torch = lazy_import("torch")
@@ -55,6 +62,8 @@ __all__ = [
     "executorch_version",
     "lower_program",
     "write_program",
+    "program_identifier",
+    "program_problem",
     "load_method",
     "graph_nodes",
     "cached_program",
@@ -173,6 +182,54 @@ def write_program(edge: Any, path: Path) -> float:
     return time.perf_counter() - start
 
 
+#: ExecuTorch's extended header (after the identifier): ``eh00``, its length, the program's size, where the
+#: segments (a delegate's data, the weights) start and how many bytes they take.
+_EXTENDED_HEADER = b"eh00"
+
+
+@functools.cache
+def program_identifier() -> bytes:
+    """The FlatBuffers file identifier of the installed ExecuTorch's programs (its ``program.fbs``; ``ET12`` when
+    the schema is not shipped): bytes 4-7 of every ``.pte`` it loads."""
+    spec = importlib.util.find_spec("executorch")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        schema = Path(folder) / "schema" / "program.fbs"
+        found = re.search(r'file_identifier\s+"(.{4})"', schema.read_text()) if schema.is_file() else None
+        if found:
+            return found.group(1).encode()
+    return b"ET12"
+
+
+def program_problem(path: str | Path) -> str | None:
+    """Why ``path`` is not an ExecuTorch program its runtime can be given (one line), or ``None``: it must carry
+    the program identifier (:func:`program_identifier`) at byte 4, and the sizes its header states (the program,
+    its segments) must fit in the file, as a truncated program's do not."""
+    try:
+        size = Path(path).stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    identifier = program_identifier()
+    if head[4:8] != identifier:
+        return f"not an ExecuTorch program (no {identifier.decode()} identifier at byte 4)"
+    end, what = size, "its program takes"
+    if head[8:12] == _EXTENDED_HEADER:
+        length = int.from_bytes(head[12:16], "little")
+        if not 24 <= length <= 56:
+            return f"a damaged ExecuTorch program (its extended header says it is {length} bytes)"
+        end = program = int.from_bytes(head[16:24], "little")
+        base = int.from_bytes(head[24:32], "little")
+        data = int.from_bytes(head[32:40], "little") if length >= 32 else 0
+        if base:
+            end, what = max(program, base + data), "its program and segments take"
+    if end > size:
+        return f"a truncated ExecuTorch program ({what} {end:,} bytes, the file has {size:,})"
+    if not 8 <= int.from_bytes(head[0:4], "little") < end:
+        return "a damaged ExecuTorch program (its root table lies outside it)"
+    return None
+
+
 #: The methods :func:`load_method` loaded that are still open (each keeps the threadpool it was loaded with).
 _OPEN_METHODS: weakref.WeakSet = weakref.WeakSet()
 
@@ -180,11 +237,22 @@ _OPEN_METHODS: weakref.WeakSet = weakref.WeakSet()
 def load_method(path: str | Path, threads: int | None = None) -> Any:
     """The ``forward`` method of the program at ``path``, loaded by ExecuTorch's Python runtime (its ``execute``
     takes a list of CPU tensors and returns a list), on a threadpool of ``threads`` (:func:`set_threads`, sized
-    before the method loads; ``None``: the pool as it is)."""
+    before the method loads; ``None``: the pool as it is).
+
+    Raises:
+        ValueError: one line naming ``path``: not a program (:func:`program_problem`, checked before ExecuTorch
+            sees it), or one ExecuTorch refuses.
+    """
+    problem = program_problem(path)
+    if problem is not None:
+        raise ValueError(f"{path}: {problem}")
     from executorch.runtime import Runtime
 
     set_threads(threads)
-    method = Runtime.get().load_program(Path(path)).load_method("forward")
+    try:
+        method = Runtime.get().load_program(Path(path)).load_method("forward")
+    except RuntimeError as exc:  # ExecuTorch's own refusal names an error code, not the file
+        raise ValueError(f"{path}: ExecuTorch cannot load it ({first_line(exc)})") from None
     _OPEN_METHODS.add(method)
     return method
 
@@ -219,7 +287,14 @@ def set_threads(threads: int | None) -> int:
 
 def cached_program(model: Any, cache_dir: str | Path, *, dtype: str = "fp32") -> tuple[Path, dict[str, Any]]:
     """The program of ``model`` at ``dtype`` in ``<cache_dir>/executorch/``, lowered when none of the same
-    fingerprint (weights, source, config, precision, input size, torch and ExecuTorch versions) is there."""
+    fingerprint (weights, source, config, precision, input size, torch and ExecuTorch versions) is there. A program
+    there is used only when it is the file this function lowered and recorded (its SHA-256 in the ``.json`` beside
+    it, :func:`attnzoo.fileio.derived_is_current`); one edited, planted or left without its record is lowered
+    again, never opened.
+
+    Raises:
+        ValueError: the cache folder is not the user's alone (:func:`attnzoo.fileio.private_dir`).
+    """
     from attnzoo.models import VARIANTS
 
     config = dict(getattr(model, "attnzoo_config", None) or {})
@@ -228,11 +303,11 @@ def cached_program(model: Any, cache_dir: str | Path, *, dtype: str = "fp32") ->
     head = {"config": config, "dtype": dtype, "hw": list(hw), "torch": torch.__version__}
     head["executorch"] = executorch_version()
     key = aoti.fingerprint(model, head, modules=(__name__,))
-    folder = Path(cache_dir) / "executorch"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{config.get('variant', type(model).__name__)}_{dtype}_{key[:16]}.pte"
+    folder = cache_subdir(cache_dir, "executorch")
+    stem = f"{config.get('variant', type(model).__name__)}_{dtype}_{key[:16]}"
+    path, record = folder / f"{stem}.pte", folder / f"{stem}.json"
     facts: dict[str, Any] = {"program": path.name, "dtype": dtype, "trace_batch": aoti.TRACE_BATCH}
-    if path.is_file():
+    if derived_is_current(record, key, [path], head):  # not when absent, unrecorded or not the file lowered
         return path, {**facts, "cached": True}
     spec = VARIANTS.get(str(config.get("variant")))
     keep = spec.extra_scopes if spec is not None else ()
@@ -242,7 +317,7 @@ def cached_program(model: Any, cache_dir: str | Path, *, dtype: str = "fp32") ->
     with atomic_path(path) as tmp:
         written = write_program(edge, tmp)
     facts.update(cached=False, lower_s=round(lowered, 2), serialize_s=round(written, 2))
-    atomic_write_text(path.with_suffix(".json"), json.dumps({**facts, **head}, indent=1, default=str) + "\n")
+    record_derived(record, key, [path], head, facts={k: v for k, v in facts.items() if k != "cached"})
     return path, facts
 
 
@@ -277,7 +352,8 @@ class ExecuTorchSession(Session):
 
 @dataclass(frozen=True)
 class ExecuTorchBackend(Backend):
-    """ExecuTorch with the XNNPACK delegate: a ``.pte`` file, or the PyTorch module lowered into the cache."""
+    """ExecuTorch with the XNNPACK delegate: a ``.pte`` file ``export-model`` verified (its report beside it, for
+    this file and precision), or the PyTorch module lowered into the cache."""
 
     def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False) -> str | None:
         return super().unavailable_reason(dtype, device) or executorch_problem(dtype)
@@ -290,6 +366,10 @@ class ExecuTorchBackend(Backend):
             path = Path(model)
             if not path.is_file():
                 raise ValueError(f"ExecuTorch program not found: {path}")
+            try:
+                verified_report(path, options.dtype, fmt="executorch")
+            except ValueError as exc:
+                raise ValueError(f"{self.name}: {path} is not loaded: {exc}") from None
             facts: dict[str, Any] = {"cached": None}
         else:
             path, facts = cached_program(model, options.cache_dir or default_cache_dir(), dtype=options.dtype)

@@ -12,6 +12,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from attnzoo.fileio import cache_subdir
 from attnzoo.lazy import lazy_import
 
 from ..contract import INPUT_NAME, OUTPUT_NAME
@@ -153,7 +154,9 @@ class OrtGpuBackend(Backend):
 
     def open(self, model: Any, options: LoadOptions) -> OrtGpuSession:
         """``options.cache_dir`` (the TensorRT execution provider): its engines are kept in ``<cache_dir>/ort-trt``."""
-        cache = options.cache_dir / "ort-trt" if options.cache_dir is not None else None
+        cache = None
+        if options.cache_dir is not None and self.provider == "tensorrt-ep":  # its engines: the user's folder alone
+            cache = cache_subdir(options.cache_dir, "ort-trt")
         return OrtGpuSession(Path(model), self.name, self.provider, options.dtype, cache)
 
 

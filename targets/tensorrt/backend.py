@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from attnzoo.fileio import cache_subdir
 from attnzoo.lazy import lazy_import
 from attnzoo.runtime.backends import Backend, Call, LoadOptions, Session
 from attnzoo.runtime.device import DeviceMemory, release_cuda_cache, tf32_problem
@@ -137,7 +138,7 @@ class TensorRTBackend(Backend):
             raise ValueError(f"{self.name}: building without running keeps the engine; give a cache_dir")
         return rt.build_cached(
             Path(model),
-            options.cache_dir / "tensorrt",
+            cache_subdir(options.cache_dir, "tensorrt"),
             batch_sizes=_sizes(options),
             tf32=options.dtype == "tf32",
             compute_capability=rt.DEFAULT_COMPUTE_CAPABILITY,
@@ -161,7 +162,7 @@ class TensorRTBackend(Backend):
             return TensorRTSession(Engine(path), self.name, {}, memory)
         sizes, tf32 = _sizes(options), options.dtype == "tf32"
         if options.cache_dir is not None:  # engines and compiled kernels kept: every later row and run reuses them
-            folder = options.cache_dir / "tensorrt"
+            folder = cache_subdir(options.cache_dir, "tensorrt")
             facts = rt.build_cached(path, folder, batch_sizes=sizes, tf32=tf32)
             lib = rt.load_library()
             memory = DeviceMemory()  # after the build (which needs none of it), before the engine is loaded

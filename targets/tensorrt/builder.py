@@ -17,7 +17,6 @@ inside :func:`attnzoo.signals.signals_deferred`: a signal is raised as soon as T
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import Counter
@@ -26,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attnzoo.fileio import atomic_write_bytes, atomic_write_text, sha256_file
+from attnzoo.fileio import atomic_write_bytes, derived_facts, private_dir, record_derived, sha256_file
 from attnzoo.signals import run_in_worker, signals_deferred
 
 from .library import (
@@ -364,19 +363,23 @@ def build_cached(
     work; for engines that run, it spares every batch row and every later (or resumed) run the build. The key is
     everything the engine depends on: the ONNX file's content (sha256: the variant, arch, dtype and weights), the
     input size, the profile, the target (``CURRENT`` with the GPU's compute capability), TF32, the library and its
-    version. The engine and its facts (``<engine>.json``, written last: a key with facts is complete) are written
-    atomically. TensorRT proper shares one timing cache per library and target in ``cache_dir`` across builds
-    (TensorRT-RTX has none: it keeps its run-time kernels in :func:`runtime_cache_path`).
+    version. The engine and its record (``<engine>.json``, written last: the engine's SHA-256 and its build facts)
+    are written atomically; an engine is reused only when it is the file recorded (an engine can carry code: one
+    edited, planted or left without its record is built again, never deserialized), in a folder that is the user's
+    alone (:func:`attnzoo.fileio.private_dir`). TensorRT proper shares one timing cache per library and target in
+    ``cache_dir`` across builds (TensorRT-RTX has none: it keeps its run-time kernels in
+    :func:`runtime_cache_path`).
 
     Returns:
         :meth:`Built.facts` plus ``engine`` (its file), ``onnx_sha256`` and ``cached`` (``True``: reused, not
         built by this call).
 
     Raises:
-        As :func:`build`.
+        As :func:`build`; ``ValueError`` when ``cache_dir`` is not the user's alone.
     """
     lib = library or load_library()
     path = Path(onnx_path)
+    private_dir(cache_dir, "TensorRT engine cache folder")
     sha = sha256_file(path)
     cc = _resolve_cc(lib, compute_capability, gpu_available())
     target = target_name(cc)
@@ -390,13 +393,10 @@ def build_cached(
         library=lib,
         workspace_gb=workspace_gb,
     )
-    facts_path = Path(str(engine) + ".json")
-    try:
-        facts = json.loads(facts_path.read_text())
-        if facts.get("onnx_sha256") == sha and engine.stat().st_size == facts.get("engine_size"):
-            return {**facts, "cached": True}
-    except (OSError, ValueError):
-        pass  # not built yet (or an unreadable entry: built again and replaced)
+    facts_path, key = Path(str(engine) + ".json"), {"engine": engine.name}
+    kept = derived_facts(facts_path, sha, [engine], key)  # None: not built yet, or not the engine recorded
+    if kept:
+        return {**kept, "engine": str(engine), "cached": True}
     timing = None if lib.ahead_of_time else Path(cache_dir) / f"timing_{lib.name}-{lib.version}_{target}.cache"
     built = build(
         path,
@@ -409,9 +409,8 @@ def build_cached(
         timing_cache=timing,
     )
     facts = {**built.facts(), "engine": str(engine), "onnx": str(path), "onnx_sha256": sha}
-    engine.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(engine, built.blob)
-    atomic_write_text(facts_path, json.dumps(facts, indent=1) + "\n")
+    record_derived(facts_path, sha, [engine], key, facts=facts)
     return {**facts, "cached": False}
 
 

@@ -9,6 +9,11 @@ themselves (the extra-math count, the parity gate, nothing half-written) are tes
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,10 +24,11 @@ from attnzoo.export import export_model
 from attnzoo.export.errors import ExportError
 from attnzoo.export.formats.base import failed_report_path, report_path
 from attnzoo.export.formats.program_part import count_extra_math
+from attnzoo.fileio import sha256_file
 from attnzoo.models import VARIANT_NAMES, VARIANTS, create_model
 from attnzoo.runtime import aoti
-from attnzoo.runtime.backends import get_backend
-from tests.schemas import read_back
+from attnzoo.runtime.backends import LoadOptions, get_backend
+from tests.schemas import assert_only_verified_loads, read_back
 
 
 def _tiny(variant: str) -> torch.nn.Module:
@@ -132,6 +138,148 @@ def test_aoti_refuses_what_it_cannot_compile_here_before_any_work(tmp_path):
     backend = get_backend("aoti")
     assert backend.unavailable_reason("fp16", "cpu") == "AOTInductor packages for cpu are compiled at fp32, not fp16"
     assert backend.unavailable_reason("bf16", "cpu") == "aoti runs fp32, fp16, not bf16"
+
+
+def _package(path: Path, so: bytes) -> Path:
+    """A zip laid out as AOTInductor lays out a package, with ``so`` as the model's compiled wrapper."""
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("package/archive_format", "pt2")
+        archive.writestr("package/archive_version", "0")
+        archive.writestr("package/data/aotinductor/model/model.wrapper.so", so)
+        archive.writestr("package/data/aotinductor/model/model.wrapper_metadata.json", '{"AOTI_DEVICE_KEY": "cpu"}')
+    return path
+
+
+def _planted(tmp_path: Path) -> tuple[Path, Path]:
+    """``(package, marker)``: a package whose shared object's constructor writes ``marker`` as soon as anything
+    loads it (built with the C compiler here)."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("the planted package's shared object is built with a C compiler (gcc); none found")
+    marker, source, so = tmp_path / "marker", tmp_path / "planted.c", tmp_path / "planted.so"
+    source.write_text(
+        "#include <stdio.h>\n"
+        "__attribute__((constructor)) static void planted(void) {\n"
+        '    FILE *f = fopen(MARKER, "w");\n'
+        '    if (f) { fputs("ran", f); fclose(f); }\n'
+        "}\n"
+    )
+    cmd = [cc, "-shared", "-fPIC", f'-DMARKER="{marker}"', "-o", str(so), str(source)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+    return _package(tmp_path / "planted.pt2", so.read_bytes()), marker
+
+
+def _stub_compile(monkeypatch, model) -> tuple[list[str], list[str]]:
+    """The AOTInductor compile replaced by one that writes a package-shaped zip holding no code, and AOTInductor's
+    own loader spied on: a package the stub wrote runs as eager ``model`` does, any other file goes on to the real
+    loader (where a planted package's code runs). Returns the SHA-256 of every package compiled and loaded."""
+    compiled: list[str] = []
+    loaded: list[str] = []
+    real = torch._inductor.aoti_load_package
+
+    def compile_package(program, path, metadata=None):
+        _package(path, b"compiled here, no code")
+        compiled.append(sha256_file(path))
+        return 0.0
+
+    def aoti_load_package(path):
+        loaded.append(sha256_file(path))
+        if loaded[-1] not in compiled:
+            return real(path)
+        return lambda x: model(x.float())
+
+    monkeypatch.setattr(aoti, "compile_package", compile_package)
+    monkeypatch.setattr(torch._inductor, "aoti_load_package", aoti_load_package)
+    return compiled, loaded
+
+
+def test_a_package_planted_at_the_cache_name_runs_no_code_and_is_compiled_again(tmp_path, monkeypatch):
+    """The cache hands AOTInductor only the package it compiled and recorded: a package planted at its name (with
+    the record of the one it replaced beside it, or none) is compiled again, never opened; the recorded one is
+    reused. The planted package is live: opened, it runs its code."""
+    planted, marker = _planted(tmp_path)
+    model = _tiny("belief2")
+    compiled, loaded = _stub_compile(monkeypatch, model)
+    monkeypatch.setattr(aoti, "export_program", lambda *a, **k: "the exported program")
+    options = LoadOptions(cache_dir=tmp_path / "cache")
+    x = np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32)
+
+    def load() -> tuple[np.ndarray, dict]:
+        with get_backend("aoti").load(model, options) as session:
+            return session.run(x), session.info()
+
+    _, info = load()
+    assert info["cached"] is False and len(compiled) == 1
+    _, info = load()
+    assert info["cached"] is True and len(compiled) == 1  # the recorded package, reused
+    package = tmp_path / "cache" / "aoti" / info["package"]
+    shutil.copyfile(planted, package)  # planted over it, the record of the package it replaced left beside it
+    _, info = load()
+    assert info["cached"] is False and len(compiled) == 2
+    package.with_suffix(".json").unlink()
+    shutil.copyfile(planted, package)  # planted, with no record at all
+    got, info = load()
+    assert info["cached"] is False and len(compiled) == 3
+    assert not marker.exists() and sha256_file(planted) not in loaded and set(loaded) <= set(compiled)
+    with torch.no_grad():
+        assert np.allclose(got, model(torch.from_numpy(x)).numpy())
+    with pytest.raises(RuntimeError):  # the control: AOTInductor's loader runs a package's code as it opens it
+        aoti.load_package(planted)
+    assert marker.read_text() == "ran"
+
+
+def test_the_path_api_loads_only_a_package_whose_report_verified_it(tmp_path, monkeypatch):
+    """``get_backend("aoti").load(path)``: the package ``export-model`` verified loads; a file without a report, or
+    another file at the verified one's name, is refused in one line before AOTInductor sees it."""
+    planted, marker = _planted(tmp_path)
+    model = _tiny("wafe-mae")
+    compiled, loaded = _stub_compile(monkeypatch, model)
+    out = tmp_path / "w.pt2"
+    export_model(model=model, out=out, format="aoti", batch_sizes=(1,))
+    backend = get_backend("aoti")
+    with backend.load(out) as session:
+        assert session.info()["package"] == str(out)
+    assert_only_verified_loads(backend, out, planted)
+    assert not marker.exists() and sha256_file(planted) not in loaded
+
+
+def test_a_file_that_is_not_a_package_is_refused_naming_it_before_aotinductor_opens_it(tmp_path, monkeypatch):
+    opened: list[str] = []
+    monkeypatch.setattr(torch._inductor, "aoti_load_package", opened.append)
+    good = _package(tmp_path / "good.pt2", b"\0" * 4096)
+    random = tmp_path / "random.pt2"
+    random.write_bytes(np.random.default_rng(0).bytes(4096))
+    cut = tmp_path / "cut.pt2"
+    cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    damaged = tmp_path / "damaged.pt2"
+    data = bytearray(good.read_bytes())
+    data[data.index(b"\0" * 4096) + 100] = 1  # one byte of the shared object changed: its CRC fails
+    damaged.write_bytes(bytes(data))
+    other = tmp_path / "other.pt2"
+    with zipfile.ZipFile(other, "w") as archive:
+        archive.writestr("package/data/aotinductor/model/model.wrapper.so", b"")
+    for path, why in [
+        (random, r"not a zip archive, or a truncated one"),
+        (cut, r"not a zip archive, or a truncated one"),
+        (damaged, r"a damaged archive \(member package/data/aotinductor/model/model.wrapper.so fails its CRC\)"),
+        (other, r"a zip archive that does not say it is a pt2 package \(archive_format\)"),
+    ]:
+        with pytest.raises(ValueError, match=rf"^{path} is not an AOTInductor package: {why}") as refused:
+            aoti.load_package(path)
+        assert "\n" not in str(refused.value)
+    assert opened == []
+    aoti.load_package(good)
+    assert opened == [str(good)]
+
+
+def test_a_cache_folder_others_can_write_is_refused_before_anything_is_compiled(tmp_path, monkeypatch):
+    compiled, _ = _stub_compile(monkeypatch, None)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    os.chmod(cache, 0o777)
+    with pytest.raises(ValueError, match=rf"^the cache folder {cache} can be written by its group and others"):
+        get_backend("aoti").load(_tiny("belief2"), LoadOptions(cache_dir=cache))
+    assert compiled == [] and not (cache / "aoti").exists()
 
 
 @pytest.mark.slow

@@ -11,7 +11,11 @@ lowering or the runtime replaced.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -20,12 +24,13 @@ from attnzoo.export import export_model
 from attnzoo.export.errors import ExportError
 from attnzoo.export.formats import executorch_format
 from attnzoo.export.formats.base import failed_report_path, report_path
+from attnzoo.fileio import sha256_file
 from attnzoo.models import VARIANT_NAMES, VARIANTS, create_model
 from attnzoo.report.variant import _format_summary
 from attnzoo.runtime.backends import LoadOptions, get_backend
 from attnzoo.runtime.backends import executorch as et
 from attnzoo.runtime.contract import ModelContract
-from tests.schemas import read_back
+from tests.schemas import assert_only_verified_loads, read_back
 
 MISSING = et.executorch_problem("fp32")
 needs_executorch = pytest.mark.skipif(MISSING is not None, reason=str(MISSING))
@@ -105,6 +110,131 @@ def test_threads_size_executorchs_one_threadpool():
         et.set_threads(before)
 
 
+def _header(program: int, segments: tuple[int, int] = (0, 0), identifier: bytes = b"ET12") -> bytes:
+    """The first 40 bytes of an ExecuTorch program as its serializer writes them: the root table's offset, the
+    identifier, then the extended header (``eh00``, its length, the program's size, the segments' start and size)."""
+    fields = [(60, 4), (int.from_bytes(identifier, "little"), 4), (int.from_bytes(b"eh00", "little"), 4), (32, 4)]
+    fields += [(program, 8), (segments[0], 8), (segments[1], 8)]
+    return b"".join(v.to_bytes(n, "little") for v, n in fields)
+
+
+def _stub_runtime(monkeypatch, model, program=None) -> tuple[list[str], list[str]]:
+    """Lowering replaced by a stub (that returns ``program``, the exported one, as both the exported and the lowered
+    program) writing a program-shaped file, and ExecuTorch's loading spied on (a program the stub wrote runs as
+    eager ``model`` does). Returns the SHA-256 of every program written and loaded."""
+    if MISSING:
+        monkeypatch.setattr(et, "executorch_version", lambda: "test")
+    written: list[str] = []
+    loaded: list[str] = []
+
+    class Method:
+        def execute(self, inputs):
+            with torch.no_grad():
+                return [model(inputs[0])]
+
+    def write_program(edge, path):
+        Path(path).write_bytes(_header(64) + b"\0" * 24)
+        written.append(sha256_file(path))
+        return 0.0
+
+    def load_method(path, threads=None):
+        loaded.append(sha256_file(path))
+        assert loaded[-1] in written, f"{path} is not a program this test wrote"
+        return Method()
+
+    monkeypatch.setattr(et, "lower_program", lambda *a, **k: (program, program))
+    monkeypatch.setattr(et, "write_program", write_program)
+    monkeypatch.setattr(et, "load_method", load_method)
+    monkeypatch.setattr(et, "set_threads", lambda threads: 1)
+    return written, loaded
+
+
+def test_a_program_planted_at_the_cache_name_is_lowered_again_and_never_loaded(tmp_path, monkeypatch):
+    """The cache gives ExecuTorch only the program it lowered and recorded: a file planted at its name (the record
+    of the program it replaced beside it, or none) is lowered again and never loaded; the recorded one is reused."""
+    model = _tiny("belief2")
+    written, loaded = _stub_runtime(monkeypatch, model)
+    options = LoadOptions(cache_dir=tmp_path / "cache")
+
+    def load() -> dict:
+        with get_backend("executorch").load(model, options) as session:
+            session.run(np.zeros((1, 3, 32, 32), np.float32))
+            return session.info()
+
+    assert load()["cached"] is False and len(written) == 1
+    info = load()
+    assert info["cached"] is True and len(written) == 1  # the recorded program, reused
+    program = tmp_path / "cache" / "executorch" / info["program"]
+    planted = tmp_path / "planted.pte"
+    planted.write_bytes(np.random.default_rng(0).bytes(len(program.read_bytes())))
+    shutil.copyfile(planted, program)  # planted over it, the record of the program it replaced left beside it
+    assert load()["cached"] is False and len(written) == 2
+    program.with_suffix(".json").unlink()
+    shutil.copyfile(planted, program)  # planted, with no record at all
+    assert load()["cached"] is False and len(written) == 3
+    assert sha256_file(planted) not in loaded and len(loaded) == 4
+
+
+def test_the_path_api_loads_only_a_program_whose_report_verified_it(tmp_path, monkeypatch):
+    """``get_backend("executorch").load(path)``: the program ``export-model`` verified loads; a file without a
+    report, or another file at the verified one's name, is refused in one line before ExecuTorch sees it."""
+    model = _tiny("belief2")
+    written, loaded = _stub_runtime(monkeypatch, model, torch.export.export(model, (torch.zeros(2, 3, 32, 32),)))
+    monkeypatch.setattr(et, "graph_nodes", lambda edge: (("xnnpack", n) for n in edge.graph.nodes))
+    out = tmp_path / "b2.pte"
+    export_model(model=model, out=out, format="executorch", batch_sizes=(1,))
+    backend = get_backend("executorch")
+    with backend.load(out) as session:
+        assert session.info()["program"] == str(out) and len(loaded) == 2  # the export's check, then this load
+    with pytest.raises(ValueError, match=rf"^executorch: {out} is not loaded: b2.pte.json is for a fp32 model, the"):
+        backend.load(out, LoadOptions(dtype="int8"))
+    other = tmp_path / "other.pte"
+    other.write_bytes(_header(64) + b"\1" * 24)
+    assert_only_verified_loads(backend, out, other)
+    assert len(loaded) == 2
+
+
+def test_a_file_that_is_not_a_program_is_one_line_naming_it_and_the_process_lives(tmp_path):
+    """Before ExecuTorch's runtime sees a file: random bytes (whose identifier, not UTF-8, made ExecuTorch's log
+    line abort the process), a program cut short, a damaged header, each refused in one line naming the file."""
+    data = bytearray(np.random.default_rng(0).bytes(4096))
+    data[4:8] = b"\xaf\x9f\xcf\xff"  # what ExecuTorch prints as the identifier it found, and cannot decode
+    random = tmp_path / "random.pte"
+    random.write_bytes(bytes(data))
+    cut = tmp_path / "cut.pte"  # a real program's header (its program 1,216 bytes, segments to 2,188), cut short
+    cut.write_bytes(_header(1216, (1280, 908)) + bytes(1400))
+    short = tmp_path / "short.pte"  # the program itself cut short
+    short.write_bytes(_header(1216) + bytes(600))
+    damaged = tmp_path / "damaged.pte"
+    damaged.write_bytes(_header(1216)[:12] + (3).to_bytes(4, "little") + bytes(1200))
+    empty = tmp_path / "empty.pte"
+    empty.write_bytes(b"")
+    for path, why in [
+        (random, r"not an ExecuTorch program \(no ET12 identifier at byte 4\)"),
+        (cut, r"a truncated ExecuTorch program \(its program and segments take 2,188 bytes, the file has 1,440\)"),
+        (short, r"a truncated ExecuTorch program \(its program takes 1,216 bytes, the file has 640\)"),
+        (damaged, r"a damaged ExecuTorch program \(its extended header says it is 3 bytes\)"),
+        (empty, r"not an ExecuTorch program \(no ET12 identifier at byte 4\)"),
+        (tmp_path / "missing.pte", r"cannot be read \(No such file or directory\)"),
+    ]:
+        with pytest.raises(ValueError, match=rf"^{path}: {why}$"):
+            et.load_method(path)
+    whole = tmp_path / "whole.pte"
+    whole.write_bytes(_header(1216, (1280, 908)) + bytes(2148))
+    assert et.program_problem(whole) is None
+
+
+def test_a_cache_folder_others_can_write_is_refused_before_anything_is_lowered(tmp_path, monkeypatch):
+    written, _ = _stub_runtime(monkeypatch, None)
+    cache = tmp_path / "cache"
+    (cache / "executorch").mkdir(parents=True)
+    os.chmod(cache, 0o700)
+    os.chmod(cache / "executorch", 0o777)
+    with pytest.raises(ValueError, match=rf"^the executorch cache folder {cache / 'executorch'} can be written by"):
+        get_backend("executorch").load(_tiny("belief2"), LoadOptions(cache_dir=cache))
+    assert written == []
+
+
 @needs_executorch
 @pytest.mark.slow
 def test_belief2_exports_as_a_verified_program_with_its_extra_math_counted_and_the_backend_runs_it(tmp_path):
@@ -121,6 +251,12 @@ def test_belief2_exports_as_a_verified_program_with_its_extra_math_counted_and_t
     assert {"mul", "div", "sub"} <= set(scope["ops"]) and scope["runs_in"].get("xnnpack", 0) > 0
     assert report["extra_math"]["nodes_per_block"]["blocks.0"] > 0
     assert ModelContract.from_props(report["metadata"]).variant == "belief2"
+    data = out.read_bytes()  # the real program cut short, or its body garbled: one line naming the file each
+    for name, bad in [("half", data[: len(data) // 2]), ("end", data[:-1]), ("garbled", data[:8] + data[:7:-1])]:
+        path = tmp_path / f"{name}.pte"
+        path.write_bytes(bad)
+        with pytest.raises(ValueError, match=rf"^{path}: (a truncated ExecuTorch program|ExecuTorch cannot load)"):
+            et.load_method(path)
     assert result.summary().splitlines()[-2] == "  PASSED"
     entry = _format_summary(report, tmp_path, out)  # what report-variant's executorch step keeps of it
     assert entry["passed"] and entry["file"] == "b2.pte" and entry["extra_math"]["ok"] and entry["blocks"] == []

@@ -3,6 +3,9 @@ registry read from them."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -91,3 +94,160 @@ def test_an_installed_target_is_found_and_a_broken_one_is_named(tmp_path, monkey
     assert "echo" in backend_names() and get_backend("echo").load("m").run(3) == 3
     sys.modules.pop("tt_echo", None)
     sys.modules.pop("tt_broken", None)
+
+
+# ------------------------------------------------------------------------------ a new target is one folder
+#: A whole deployment target in one folder: a backend (ONNX Runtime underneath, as a new runtime would wrap its own
+#: library), an export format with an option of its own, its report kind. Installed by an entry point only.
+TOY = {
+    "__init__.py": """
+        from attnzoo.runtime.targets import Target
+
+        from .backend import TOY_BACKEND
+
+        TARGET = Target(
+            "toy",
+            "Toy",
+            "the verified ONNX copied to a .toy file, run by ONNX Runtime",
+            backends=(TOY_BACKEND,),
+            formats={"toy": "tt_toy.format:FORMAT"},
+        )
+        """,
+    "backend.py": """
+        from dataclasses import dataclass
+
+        from attnzoo.runtime.backends import Backend, Session, get_backend
+
+
+        class ToySession(Session):
+            def __init__(self, inner):
+                self.backend, self.inner = "toy", inner
+
+            def run(self, x):
+                return self.inner.run(x)
+
+            def release(self):
+                self.inner.close()
+
+
+        @dataclass(frozen=True)
+        class ToyBackend(Backend):
+            def open(self, model, options):
+                ort = get_backend("ort-cpu")
+                return ToySession(ort.load(model, ort.options(threads=options.threads)))
+
+
+        TOY_BACKEND = ToyBackend("toy", "a .toy file on ONNX Runtime", reads=("threads",), library="onnxruntime")
+        """,
+    "format.py": """
+        import shutil
+
+        from attnzoo.export.formats import ExportFormat, FormatOption
+        from attnzoo.runtime.backends import check_against_reference
+
+        from .backend import TOY_BACKEND
+
+        LEVEL = FormatOption("toy_level", owner="toy", help="--format toy: how toy it is", default=1, kind=int)
+
+
+        class ToyFormat(ExportFormat):
+            name, title, suffixes, options = "toy", "toy file", (".toy",), (LEVEL,)
+
+            def steps(self, req):
+                return [("toy", self.write)]
+
+            def write(self, req, result):
+                shutil.copyfile(result.onnx_path, result.path)
+                with TOY_BACKEND.load(result.path) as session:
+                    check_against_reference(session, result.path)  # its parity, or one ValueError line
+                result.parts.append(("toy level", req.option(LEVEL)))
+
+            def files(self, result):
+                return [result.path]
+
+            def summary(self, result):
+                return [f"{result.path}: toy file, level {result.parts[-1][1]}, parity checked"]
+
+
+        FORMAT = ToyFormat()
+        """,
+}
+
+
+def _install_toy(root: Path) -> None:
+    """:data:`TOY` as an installed package ``tt_toy`` with its ``attnzoo.targets`` entry point."""
+    (root / "tt_toy").mkdir()
+    for name, code in TOY.items():
+        (root / "tt_toy" / name).write_text(textwrap.dedent(code))
+    info = root / "tt_toy-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tt_toy\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[attnzoo.targets]\ntoy = tt_toy\n")
+
+
+def _run(root: Path, *argv: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(ROOT)]), "ATTNZOO_CACHE": str(root / "c")}
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=root)
+
+
+def test_a_new_target_is_listed_and_its_options_are_flags(tmp_path, monkeypatch, fresh_registries):
+    _install_toy(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = _run(tmp_path, sys.executable, "-m", "attnzoo.runtime", "--device", "cpu")
+    assert out.returncode == 0, out.stderr
+    assert (
+        "| `toy` | the verified ONNX copied to a .toy file, run by ONNX Runtime | `toy` | `toy` | yes |" in out.stdout
+    )
+    assert "| `toy` | - | verified ONNX | cpu | fp32 | yes |" in out.stdout
+    import attnzoo.export.formats as formats_mod
+    from attnzoo.errors import UsageError
+    from attnzoo.export import export_model
+    from attnzoo.export.cli import build_parser
+
+    monkeypatch.setattr(formats_mod, "_REGISTRY", {})
+    assert "toy" in formats_mod.formats()
+    help_text = build_parser().format_help()
+    assert "--toy-level" in help_text and "--format toy:" in help_text
+    with pytest.raises(UsageError, match=r"^--toy-level applies to --format toy only$"):
+        export_model("belief2", random_init=True, toy_level=2)
+    for name in [m for m in sys.modules if m == "tt_toy" or m.startswith("tt_toy.")]:
+        sys.modules.pop(name)
+
+
+@pytest.mark.slow
+def test_a_new_target_is_exported_with_its_parity_and_timed(tmp_path):
+    """With no edit outside its folder: ``export-model --format toy`` writes and checks it, ``bench-latency
+    --backends toy`` times it against eager."""
+    _install_toy(tmp_path)
+    out = _run(
+        tmp_path,
+        sys.executable,
+        "-m",
+        "attnzoo.export.cli",
+        "--variant=belief2",
+        "--random-init",
+        "--format=toy",
+        "--toy-level=3",
+        "--batch-sizes=1",
+        "--out=b2.toy",
+    )
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "b2.toy").read_bytes() == (tmp_path / "b2.onnx").read_bytes()
+    assert "b2.toy: toy file, level 3, parity checked" in out.stdout
+    bench = _run(
+        tmp_path,
+        sys.executable,
+        "-m",
+        "attnzoo.benchmarks.cli",
+        "--variants=standard",
+        "--backends=eager,toy",
+        "--batch-sizes=1",
+        "--min-time=0.05",
+        "--threads=1",
+        "--out=bench",
+        "--no-progress",
+    )
+    assert bench.returncode == 0, bench.stderr
+    rows = json.loads((tmp_path / "bench" / "results.json").read_text())["results"]
+    toy = [r for r in rows if r["backend"] == "toy"]
+    assert toy and all(r["median_ms"] > 0 and r["x_eager"] > 0 for r in toy), toy
