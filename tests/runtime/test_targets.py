@@ -250,4 +250,4 @@ def test_a_new_target_is_exported_with_its_parity_and_timed(tmp_path):
     assert bench.returncode == 0, bench.stderr
     rows = json.loads((tmp_path / "bench" / "results.json").read_text())["results"]
     toy = [r for r in rows if r["backend"] == "toy"]
-    assert toy and all(r["median_ms"] > 0 and r["x_eager"] > 0 for r in toy), toy
+    assert toy and all(r["median_ms"] > 0 for r in toy), toy
