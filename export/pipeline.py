@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from attnzoo import zoo
 from attnzoo.data.datasets import SHAPES_CLASSES, SHAPES_SEG_CLASSES
-from attnzoo.errors import UsageError
+from attnzoo.errors import UsageError, quoted
 from attnzoo.fileio import PathLike, sha256_file
 from attnzoo.limits import check_batch_sizes, check_side
 from attnzoo.models import canonical_name, create_model
@@ -319,7 +319,7 @@ def _check_request(
     if opset not in SUPPORTED_OPSETS:
         raise UsageError(f"unsupported opset {opset}; supported: {', '.join(map(str, SUPPORTED_OPSETS))}")
     if dtype not in PRECISIONS:
-        raise UsageError(f"unknown dtype {dtype!r}; valid: {', '.join(PRECISIONS)}")
+        raise UsageError(f"unknown dtype {quoted(dtype)}; valid: {', '.join(PRECISIONS)}")
     sizes = [int(b) for b in batch_sizes]
     if not sizes:
         raise UsageError("--batch-sizes: give at least one batch size")
@@ -329,7 +329,7 @@ def _check_request(
         compute_capability = compute_capability.upper()
         if compute_capability not in COMPUTE_CAPABILITIES:
             raise UsageError(
-                f"unknown compute capability {compute_capability!r}; valid: {', '.join(COMPUTE_CAPABILITIES)}"
+                f"unknown compute capability {quoted(compute_capability)}; valid: {', '.join(COMPUTE_CAPABILITIES)}"
             )
     _usage(check_quantize_arguments, quantize, fmt, compute_capability)
     req = ExportRequest(

@@ -25,7 +25,7 @@ import torch
 from timm.layers import Attention
 from torch import nn
 
-from attnzoo.errors import first_line
+from attnzoo.errors import first_line, quoted
 from attnzoo.signals import Interrupted, Terminated
 
 __all__ = [
@@ -698,7 +698,7 @@ def canonical_name(name: str) -> str:
     key = str(name).strip().lower().replace("_", "-")
     key = ALIASES.get(key, key)
     if key not in _ORDER:
-        raise ValueError(f"unknown variant {name!r}; valid variants: {', '.join(sorted(VARIANTS))}")
+        raise ValueError(f"unknown variant {quoted(name)}; valid variants: {', '.join(sorted(VARIANTS))}")
     return key
 
 

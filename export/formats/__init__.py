@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from attnzoo.errors import UsageError
+from attnzoo.errors import UsageError, quoted
 
 from .base import ExportFormat, ExportRequest, ModelSource, Step, run_step
 
@@ -57,5 +57,5 @@ def get_format(name: str) -> ExportFormat:
     """The format called ``name``; a :class:`UsageError` listing the valid ones otherwise."""
     known = formats()
     if name not in known:
-        raise UsageError(f"unknown format {name!r}; valid: {', '.join(known)}")
+        raise UsageError(f"unknown format {quoted(name)}; valid: {', '.join(known)}")
     return known[name]

@@ -27,6 +27,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from attnzoo.errors import quoted
+
 from ..contract import ModelContract
 from ..parity import compare, tolerance_key
 
@@ -297,7 +299,7 @@ def canonical_backend(name: str) -> str:
     if name in _ALIASES:
         return _ALIASES[name]
     raise ValueError(
-        f"unknown backend {name!r}; valid: {', '.join(_REGISTRY)} (aliases: "
+        f"unknown backend {quoted(name)}; valid: {', '.join(_REGISTRY)} (aliases: "
         f"{', '.join(f'{a}={n}' for a, n in _ALIASES.items())})"
     )
 
