@@ -86,7 +86,7 @@ def test_registered_variant_is_listed_built_and_exported_with_its_scope(registry
     from attnzoo.models.__main__ import variants_table
 
     row = [r for r in variants_table("micro").splitlines() if r.startswith("| `tp-gain`")]
-    assert len(row) == 1 and "Test paper, https://example.org" in row[0] and "`gain`" in row[0]
+    assert len(row) == 1 and "Test paper, https&#58;//example.org" in row[0] and "`gain`" in row[0]  # no autolink
     model = create_model("tp-gain", num_classes=3)
     assert "plugin" not in model.attnzoo_config  # registered by a module no installed distribution provides
     # fp16: the scope's nodes in every block, computing in fp32 (the fp32 export is the slow whole-path test's)
@@ -105,6 +105,23 @@ def test_registered_variant_is_listed_built_and_exported_with_its_scope(registry
     register_variant("tp-gain-div", GainAttention, paper="p", extra_scopes={"gain": {"Mul": 1, "Div": 1}})
     result = check_extra_math(proto, {**model.attnzoo_config, "variant": "tp-gain-div"})
     assert result["failures"] == [f"blocks.{i}.attn.gain: 0 Div node(s), need 1" for i in range(DEPTH)]
+
+
+def test_a_plugins_metadata_renders_as_text_in_the_variant_tables(registry_restored, monkeypatch):
+    """``python -m attnzoo.models`` puts a plugin's paper, equations, extra parameters and package into Markdown
+    tables: each goes through attnzoo.mdtext, as the report pages do (no raw HTML, no link to an unknown host or a
+    ``javascript:`` address, no table cell or row added)."""
+    from attnzoo.models.__main__ import extra_weights_table, papers_table, variants_table
+    from tests.report.test_report_escaping import HOSTILE, _check_page
+
+    monkeypatch.setattr(registry, "_LOADING", [(HOSTILE, HOSTILE)])  # as if an entry point of that package ran
+    register_variant(
+        "tp-hostile", GainAttention, paper=HOSTILE, equations=HOSTILE, extra_params=HOSTILE, extra_scopes=["gain"]
+    )
+    page = "\n\n".join([variants_table("micro"), papers_table(), extra_weights_table()])
+    _check_page(page)
+    rows = [r for r in page.splitlines() if r.startswith("| `tp-hostile`") or "x\\|y" in r]
+    assert len(rows) == 3 and all("x\\|y &lt;script&gt;" in r for r in rows), rows  # shown, escaped, not dropped
 
 
 def _post_norm_block(post_norm: bool):
