@@ -22,6 +22,7 @@ __all__ = [
     "MAX_SIDE",
     "MAX_CLASSES",
     "MAX_NAME_SHOWN",  # (defined beside attnzoo.errors.quoted, which cuts to it)
+    "PLUGIN_REGISTER_TIMEOUT_S",
     "check_batch_sizes",
     "check_side",
     "available_memory",
@@ -42,6 +43,9 @@ MAX_ONNX_BYTES = 2**31 - 1
 MAX_SIDE = 2048
 #: Most classes a model config may declare (ImageNet-21k has 21,841).
 MAX_CLASSES = 100_000
+#: Longest a variant plugin's entry point (its import and its ``register()``) may take before it is skipped with
+#: one warning (:func:`attnzoo.models.registry.load_plugins`): a plugin that hangs never blocks a command.
+PLUGIN_REGISTER_TIMEOUT_S = 30.0
 
 
 def check_batch_sizes(sizes: Sequence[int], flag: str = "--batch-sizes") -> None:
