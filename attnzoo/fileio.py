@@ -1,7 +1,13 @@
 """File output: write to a temporary file beside the target, rename on success, delete on failure, so no
 reader ever sees a half-written checkpoint, ONNX model, engine or report; check that an output folder can be
 written before any work starts; the one cache folder every command uses, whose derived files are trusted by
-content (:func:`derived_is_current`), never by modification time."""
+content (:func:`derived_is_current`), never by modification time.
+
+A temporary file or folder is named after the process that owns it, ``.<name>.<host>.<pid>.<random>.tmp``
+beside ``<name>`` (:func:`temporary_sibling`, :func:`atomic_path`) or ``<prefix><host>.<pid>.<random>`` in the
+system's temporary folder (:func:`temporary_folder`): a process killed with ``kill -9`` cannot remove its own, so
+the next one that writes the same target (or uses the same prefix) removes every one whose process no longer runs
+on this host (:func:`remove_dead_temporaries`). Another host's (a shared network folder) are left alone."""
 
 from __future__ import annotations
 
@@ -9,6 +15,9 @@ import contextlib
 import hashlib
 import json
 import os
+import re
+import shutil
+import socket
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -16,6 +25,9 @@ from typing import Any
 
 __all__ = [
     "atomic_path",
+    "temporary_sibling",
+    "temporary_folder",
+    "remove_dead_temporaries",
     "atomic_write_bytes",
     "atomic_write_text",
     "write_json_report",
@@ -45,16 +57,87 @@ def _read_umask() -> int:
 
 
 _UMASK = _read_umask()
+#: This host in a temporary file's name (letters, digits and ``-``; its first 16).
+_HOST = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:16] or "host"
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host (another user's counts: it cannot be signalled, but it is there;
+    off POSIX every process counts as running, since ``os.kill`` there would end it)."""
+    if pid == os.getpid() or os.name != "posix":
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: another user's process
+        return True
+    return True
+
+
+def remove_dead_temporaries(folder: PathLike, lead: str, tail: str = r"\.tmp(?:\.[A-Za-z0-9]+)?") -> list[Path]:
+    """Remove the temporary files and folders in ``folder`` named ``<lead><host>.<pid>.<random><tail>`` whose
+    process no longer runs on this host (killed before it could clean up); return those removed. ``lead`` is
+    ``.<name>.`` for the siblings of ``<name>`` (:func:`temporary_sibling`), a prefix for :func:`temporary_folder`;
+    ``tail`` is a regular expression (default: ``.tmp`` and an optional suffix, ``.tmp.pt2``)."""
+    pattern = re.compile(re.escape(f"{lead}{_HOST}.") + r"(\d+)\.[a-z0-9_]+" + tail)
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return []
+    for entry in entries:
+        m = pattern.fullmatch(entry.name)
+        if m is None or _alive(int(m.group(1))):
+            continue
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+            removed.append(Path(entry.path))
+        except OSError:  # gone already (another process cleaned it), or not ours to remove
+            continue
+    return removed
+
+
+def temporary_sibling(path: PathLike, suffix: str = "") -> Path:
+    """Create an empty temporary file beside ``path``, ``.<name>.<host>.<pid>.<random>.tmp<suffix>`` (a library
+    that insists on a suffix gets it: ``.xml``), after removing the ones of ``path`` that a dead process left
+    (:func:`remove_dead_temporaries`); the caller renames or removes it."""
+    path = Path(path)
+    lead = _sibling_lead(path)
+    remove_dead_temporaries(path.parent, lead)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f"{lead}{_HOST}.{os.getpid()}.", suffix=f".tmp{suffix}")
+    os.close(fd)
+    return Path(name)
+
+
+def _sibling_lead(path: Path) -> str:
+    """``.<name>.``, the start of a temporary sibling's name (the name's first 160 characters: room for the rest in
+    a file name's 255)."""
+    return f".{path.name[:160]}."
+
+
+@contextlib.contextmanager
+def temporary_folder(prefix: str) -> Iterator[Path]:
+    """A temporary folder in the system's (``<prefix><host>.<pid>.<random>``, mode 0700), removed with what it holds
+    on the way out, whatever happened; the ones of ``prefix`` that a dead process left are removed first."""
+    remove_dead_temporaries(tempfile.gettempdir(), prefix, tail="")
+    folder = Path(tempfile.mkdtemp(prefix=f"{prefix}{_HOST}.{os.getpid()}."))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextlib.contextmanager
 def atomic_path(path: PathLike) -> Iterator[Path]:
-    """Yield a temporary path in ``path``'s folder; on success it becomes ``path`` (mode 0666 & ~umask,
-    like a normally created file), on any exception it is removed."""
+    """Yield a temporary path beside ``path`` (:func:`temporary_sibling`); on success it becomes ``path`` (mode 0666
+    & ~umask, like a normally created file), on any exception it is removed; after a kill, by the next writer of
+    ``path`` (with ``<temporary>.<suffix>``, a name derived from it: AOTInductor's ``.pt2``)."""
     path = Path(path)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(tmp_name)
+    tmp = temporary_sibling(path)
     try:
         yield tmp
         os.chmod(tmp, 0o666 & ~_UMASK)

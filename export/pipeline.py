@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import tempfile
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from tqdm import tqdm
 from attnzoo import zoo
 from attnzoo.data.datasets import SHAPES_CLASSES, SHAPES_SEG_CLASSES
 from attnzoo.errors import UsageError, quoted
-from attnzoo.fileio import PathLike, sha256_file
+from attnzoo.fileio import PathLike, sha256_file, temporary_folder
 from attnzoo.limits import check_batch_sizes, check_side
 from attnzoo.models import canonical_name, create_model
 from attnzoo.models.checkpoint import NoConfigError, load_checkpoint, load_state_dict_file, load_weights, read_config
@@ -579,7 +578,7 @@ def _export_onnx_step(
     with contextlib.ExitStack() as stack:
         fp32_out = onnx_out
         if calibration is not None:  # the verified fp32 model is the quantizer's input, kept aside
-            fp32_out = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="attnzoo-fp32-"))) / onnx_out.name
+            fp32_out = stack.enter_context(temporary_folder("attnzoo-fp32-")) / onnx_out.name
         with contextlib.redirect_stdout(io.StringIO()):  # the exporter's own progress lines
             report = run_step(
                 verify.export_verified,
