@@ -12,6 +12,7 @@ on this host (:func:`remove_dead_temporaries`). Another host's (a shared network
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -28,6 +29,7 @@ __all__ = [
     "temporary_sibling",
     "temporary_folder",
     "remove_dead_temporaries",
+    "no_space_problem",
     "atomic_write_bytes",
     "atomic_write_text",
     "write_json_report",
@@ -155,6 +157,67 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> None:
 def atomic_write_text(path: PathLike, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically."""
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+#: ``errno`` of a write that found no room: a full disk, a full quota.
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+#: What libraries say of a write that found no room, in messages that carry no ``errno``.
+_NO_SPACE_TEXT = ("No space left on device", "Disk quota exceeded")
+#: A library's bare I/O error, with no reason (OpenVINO's C++ streams): a full disk when the folder has no room.
+_BARE_IO_ERROR = ("iostream error", "basic_ios::clear")
+
+
+def _caused(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from (at most 8)."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return
+        yield seen
+        seen = seen.__cause__ or seen.__context__
+
+
+def no_space_problem(exc: BaseException, folder: PathLike | None = None, needed: int = 0) -> str | None:
+    """The line that names a full disk as the reason for ``exc`` (a write that failed), or None when it is another:
+    an ``OSError`` with ``ENOSPC`` or ``EDQUOT``, a library's message that says so, or a library's bare I/O error
+    (OpenVINO's ``basic_ios::clear: iostream error``) while ``folder``, where it was writing, has less than
+    ``needed`` bytes (and at least 1 MiB) free. The line names the folder and its free space."""
+    where = Path(folder) if folder is not None else None
+    full = False
+    for e in _caused(exc):
+        text = str(e)
+        name = getattr(e, "filename", None)  # an OSError's: the file it was writing
+        if isinstance(name, str) and name:
+            where = Path(name).parent
+        if (isinstance(e, OSError) and e.errno in _NO_SPACE) or any(t in text for t in _NO_SPACE_TEXT):
+            full = True
+            break
+        if folder is not None and any(t in text for t in _BARE_IO_ERROR):
+            free = _free_bytes(Path(folder))
+            if free is not None and free < max(needed, 2**20):
+                full, where = True, Path(folder)
+                break
+    if not full:
+        return None
+    free = _free_bytes(where) if where is not None else None
+    room = (
+        f" ({free / 1e6:.1f} MB free{f', about {needed / 1e6:.1f} MB needed' if needed else ''})"
+        if free is not None
+        else ""
+    )
+    place = f" in {where}" if where is not None else ""
+    return (
+        f"the disk is full: no space left on device{place}{room}; free some space and run it again (the model is "
+        "not at fault)"
+    )
+
+
+def _free_bytes(folder: Path) -> int | None:
+    """Bytes free for this user in ``folder``'s file system, or None when it cannot be read."""
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
 
 
 def write_json_report(result: Any, out: PathLike | None = None) -> None:
