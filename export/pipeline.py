@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -89,6 +90,9 @@ class ExportResult:
             part's :class:`~attnzoo.export.formats.engine_part.EngineOutput`, Triton's
             :class:`~attnzoo.runtime.reports.TritonConfigCheck`); read one with :meth:`part`.
         warnings: What the export warned about (also issued as :class:`ExportWarning`).
+        replaced: What the export replaced, one line each (a file that was at the output path, or a symbolic link
+            there, which the new file replaced while the file it pointed to was left as it was); the summary's last
+            lines.
     """
 
     path: Path
@@ -99,6 +103,7 @@ class ExportResult:
     fp32_report: dict[str, Any] | None = None
     parts: list[Any] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    replaced: list[str] = field(default_factory=list)
 
     def part(self, kind: type[_P]) -> _P | None:
         """The record of type ``kind`` a format part wrote (``result.part(EngineOutput)``), or ``None``."""
@@ -125,7 +130,7 @@ class ExportResult:
                 quantize_summary(self.report),
                 f"  report: {report_path(self.onnx_path)}",
             ]
-        return "\n".join(lines + get_format(self.format).summary(self))
+        return "\n".join(lines + get_format(self.format).summary(self) + self.replaced)
 
 
 # ------------------------------------------------------------------------------------------------ the model
@@ -463,8 +468,25 @@ def export_model(
             "predictions are meaningless",
             collected,
         )
+    replacing = _replacing(req, out_path)
     with get_format(req.format).cleanup(out_path):
-        return _run(req, model, config, sha, hw, calibration, out_path, threads, progress, collected)
+        result = _run(req, model, config, sha, hw, calibration, out_path, threads, progress, collected)
+    result.replaced = replacing
+    return result
+
+
+def _replacing(req: ExportRequest, out: Path) -> list[str]:
+    """What the export will replace once it passes, one line each: a file at the output (or at the ONNX beside an
+    engine), or a symbolic link there. A link is replaced by the new file, never written through: the file it
+    points to is left as it was (as ``mv`` and every atomic write do; docs/export.md)."""
+    part = get_format(req.format)
+    lines = []
+    for path in dict.fromkeys([out, *([] if part.from_model else [part.onnx_path(req, out)])]):
+        if path.is_symlink():
+            lines.append(f"replaced: the symbolic link {path} (to {os.readlink(path)}, left as it was) by the new file")
+        elif path.is_file():
+            lines.append(f"replaced: the file that was at {path}")
+    return lines
 
 
 def _source(
