@@ -22,12 +22,13 @@ import contextlib
 import functools
 import importlib
 import os
+import re
 import signal
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 
-from attnzoo.errors import CommandError, CommandExit, UsageError, first_line
+from attnzoo.errors import MAX_NAME_SHOWN, CommandError, CommandExit, UsageError, first_line, quoted
 from attnzoo.limits import check_batch_sizes
 from attnzoo.signals import (
     SIGNAL_EXITS,
@@ -82,7 +83,8 @@ def parse_names(value: str, canonical: Callable[[str], str], kind: str, valid: s
         except ValueError:
             bad.append(name)
     if bad or not names:
-        raise UsageError(f"unknown {kind} {', '.join(map(repr, bad)) or '(none given)'}; valid: {valid}")
+        shown = ", ".join(map(quoted, bad[:3])) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise UsageError(f"unknown {kind} {shown or '(none given)'}; valid: {valid}")
     return list(dict.fromkeys(names))
 
 
@@ -98,7 +100,7 @@ def parse_batch_sizes(value: str, flag: str = "--batch-sizes") -> list[int]:
     except ValueError:
         sizes = []
     if not sizes or any(b < 1 for b in sizes):
-        raise UsageError(f"{flag} must be comma-separated positive integers, got {value!r}")
+        raise UsageError(f"{flag} must be comma-separated positive integers, got {quoted(value)}")
     try:
         check_batch_sizes(sizes, flag)
     except ValueError as exc:
@@ -118,9 +120,22 @@ def one_of(valid: Sequence[str]) -> Callable[[str], str]:
 
 
 def add_debug_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add ``--debug`` (show tracebacks) to a command's parser."""
+    """Add ``--debug`` (show tracebacks) to a command's parser, whose own errors (``invalid choice: ...``,
+    ``unrecognized arguments: ...``) then quote what they were given as every error line does: each word cut to
+    :data:`attnzoo.errors.MAX_NAME_SHOWN` characters."""
     parser.add_argument(DEBUG_FLAG, action="store_true", help="show the full traceback of an error")
+    error = parser.error
+    parser.error = lambda message: error(_LONG_WORD.sub(_cut_word, message))  # type: ignore[method-assign]
     return parser
+
+
+#: A word (no white space) longer than an error line quotes, between the quotes and brackets around it.
+_LONG_WORD = re.compile(rf"(['\"(\[]*)(\S{{{MAX_NAME_SHOWN + 1},}}?)([)\]'\",]*)(?=\s|$)")
+
+
+def _cut_word(m: re.Match[str]) -> str:
+    opening, word, closing = m.groups()
+    return f"{opening}{word[: MAX_NAME_SHOWN - 3]}...{closing}"
 
 
 def _exit_line(code: int, message: str, exc: BaseException | None, debug: bool, abandoned: bool) -> CommandExit:

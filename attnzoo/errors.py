@@ -6,7 +6,14 @@ Exit status: 2 for :class:`UsageError` (refused before any work starts), 1 for e
 
 from __future__ import annotations
 
-__all__ = ["UsageError", "CommandError", "CommandExit", "first_line", "install_hint"]
+from typing import Any
+
+__all__ = ["UsageError", "CommandError", "CommandExit", "first_line", "quoted", "install_hint", "MAX_NAME_SHOWN"]
+
+#: Most characters of a name or path someone else chose (a client's, a command line's, a file's) that an error line
+#: quotes (:func:`quoted`): a 60 KB name comes back as its first 77 characters and ``...``. One of the bounds
+#: :mod:`attnzoo.limits` lists.
+MAX_NAME_SHOWN = 80
 
 
 class UsageError(ValueError):
@@ -43,6 +50,23 @@ def first_line(exc: BaseException, typed: bool = False) -> str:
     if typed:
         return f"{type(exc).__name__}: {line}"[:300] if line else type(exc).__name__
     return line or type(exc).__name__
+
+
+def quoted(value: Any, limit: int = MAX_NAME_SHOWN) -> str:
+    """``value`` (a name or path someone else chose) as an error line quotes it: its ``repr``, whose text between
+    the quotes is at most ``limit`` characters (:data:`attnzoo.limits.MAX_NAME_SHOWN`), cut with ``...``; the one
+    place every message that echoes a client's, a command line's or a file's name shortens it. A value that is not
+    a string is its ``repr`` cut the same way (a number stays unquoted)."""
+    if not isinstance(value, str):
+        shown = repr(value)
+        return shown if len(shown) <= limit else shown[: limit - 3] + "..."
+    shown = repr(value)
+    if len(shown) - 2 <= limit:
+        return shown
+    cut = value[:limit]  # escapes (\x00, \U0001f600) make repr longer than the text: cut until it fits
+    while cut and len(repr(cut + "...")) - 2 > limit:
+        cut = cut[: min(len(cut) - 1, limit - 3)]
+    return repr(cut + "...")
 
 
 def install_hint(extra: str) -> str:

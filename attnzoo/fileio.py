@@ -2,14 +2,24 @@
 reader ever sees a half-written checkpoint, ONNX model, engine or report; check that an output folder can be
 written before any work starts; the one cache folder every command uses, whose derived files are trusted by
 content (:func:`derived_is_current`), never by modification time, in a folder that is the user's alone
-(:func:`private_dir`) where they can hold code (a compiled program, an engine)."""
+(:func:`private_dir`) where they can hold code (a compiled program, an engine).
+
+A temporary file or folder is named after the process that owns it, ``.<name>.<host>.<pid>.<random>.tmp``
+beside ``<name>`` (:func:`temporary_sibling`, :func:`atomic_path`) or ``<prefix><host>.<pid>.<random>`` in the
+system's temporary folder (:func:`temporary_folder`): a process killed with ``kill -9`` cannot remove its own, so
+the next one that writes the same target (or uses the same prefix) removes every one whose process no longer runs
+on this host (:func:`remove_dead_temporaries`). Another host's (a shared network folder) are left alone."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
+import re
+import shutil
+import socket
 import stat
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -18,6 +28,10 @@ from typing import Any
 
 __all__ = [
     "atomic_path",
+    "temporary_sibling",
+    "temporary_folder",
+    "remove_dead_temporaries",
+    "no_space_problem",
     "atomic_write_bytes",
     "atomic_write_text",
     "write_json_report",
@@ -50,16 +64,87 @@ def _read_umask() -> int:
 
 
 _UMASK = _read_umask()
+#: This host in a temporary file's name (letters, digits and ``-``; its first 16).
+_HOST = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:16] or "host"
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host (another user's counts: it cannot be signalled, but it is there;
+    off POSIX every process counts as running, since ``os.kill`` there would end it)."""
+    if pid == os.getpid() or os.name != "posix":
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: another user's process
+        return True
+    return True
+
+
+def remove_dead_temporaries(folder: PathLike, lead: str, tail: str = r"\.tmp(?:\.[A-Za-z0-9]+)?") -> list[Path]:
+    """Remove the temporary files and folders in ``folder`` named ``<lead><host>.<pid>.<random><tail>`` whose
+    process no longer runs on this host (killed before it could clean up); return those removed. ``lead`` is
+    ``.<name>.`` for the siblings of ``<name>`` (:func:`temporary_sibling`), a prefix for :func:`temporary_folder`;
+    ``tail`` is a regular expression (default: ``.tmp`` and an optional suffix, ``.tmp.pt2``)."""
+    pattern = re.compile(re.escape(f"{lead}{_HOST}.") + r"(\d+)\.[a-z0-9_]+" + tail)
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return []
+    for entry in entries:
+        m = pattern.fullmatch(entry.name)
+        if m is None or _alive(int(m.group(1))):
+            continue
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+            removed.append(Path(entry.path))
+        except OSError:  # gone already (another process cleaned it), or not ours to remove
+            continue
+    return removed
+
+
+def temporary_sibling(path: PathLike, suffix: str = "") -> Path:
+    """Create an empty temporary file beside ``path``, ``.<name>.<host>.<pid>.<random>.tmp<suffix>`` (a library
+    that insists on a suffix gets it: ``.xml``), after removing the ones of ``path`` that a dead process left
+    (:func:`remove_dead_temporaries`); the caller renames or removes it."""
+    path = Path(path)
+    lead = _sibling_lead(path)
+    remove_dead_temporaries(path.parent, lead)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f"{lead}{_HOST}.{os.getpid()}.", suffix=f".tmp{suffix}")
+    os.close(fd)
+    return Path(name)
+
+
+def _sibling_lead(path: Path) -> str:
+    """``.<name>.``, the start of a temporary sibling's name (the name's first 160 characters: room for the rest in
+    a file name's 255)."""
+    return f".{path.name[:160]}."
+
+
+@contextlib.contextmanager
+def temporary_folder(prefix: str) -> Iterator[Path]:
+    """A temporary folder in the system's (``<prefix><host>.<pid>.<random>``, mode 0700), removed with what it holds
+    on the way out, whatever happened; the ones of ``prefix`` that a dead process left are removed first."""
+    remove_dead_temporaries(tempfile.gettempdir(), prefix, tail="")
+    folder = Path(tempfile.mkdtemp(prefix=f"{prefix}{_HOST}.{os.getpid()}."))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextlib.contextmanager
 def atomic_path(path: PathLike) -> Iterator[Path]:
-    """Yield a temporary path in ``path``'s folder; on success it becomes ``path`` (mode 0666 & ~umask,
-    like a normally created file), on any exception it is removed."""
+    """Yield a temporary path beside ``path`` (:func:`temporary_sibling`); on success it becomes ``path`` (mode 0666
+    & ~umask, like a normally created file), on any exception it is removed; after a kill, by the next writer of
+    ``path`` (with ``<temporary>.<suffix>``, a name derived from it: AOTInductor's ``.pt2``)."""
     path = Path(path)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(tmp_name)
+    tmp = temporary_sibling(path)
     try:
         yield tmp
         os.chmod(tmp, 0o666 & ~_UMASK)
@@ -77,6 +162,67 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> None:
 def atomic_write_text(path: PathLike, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically."""
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+#: ``errno`` of a write that found no room: a full disk, a full quota.
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+#: What libraries say of a write that found no room, in messages that carry no ``errno``.
+_NO_SPACE_TEXT = ("No space left on device", "Disk quota exceeded")
+#: A library's bare I/O error, with no reason (OpenVINO's C++ streams): a full disk when the folder has no room.
+_BARE_IO_ERROR = ("iostream error", "basic_ios::clear")
+
+
+def _caused(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from (at most 8)."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return
+        yield seen
+        seen = seen.__cause__ or seen.__context__
+
+
+def no_space_problem(exc: BaseException, folder: PathLike | None = None, needed: int = 0) -> str | None:
+    """The line that names a full disk as the reason for ``exc`` (a write that failed), or None when it is another:
+    an ``OSError`` with ``ENOSPC`` or ``EDQUOT``, a library's message that says so, or a library's bare I/O error
+    (OpenVINO's ``basic_ios::clear: iostream error``) while ``folder``, where it was writing, has less than
+    ``needed`` bytes (and at least 1 MiB) free. The line names the folder and its free space."""
+    where = Path(folder) if folder is not None else None
+    full = False
+    for e in _caused(exc):
+        text = str(e)
+        name = getattr(e, "filename", None)  # an OSError's: the file it was writing
+        if isinstance(name, str) and name:
+            where = Path(name).parent
+        if (isinstance(e, OSError) and e.errno in _NO_SPACE) or any(t in text for t in _NO_SPACE_TEXT):
+            full = True
+            break
+        if folder is not None and any(t in text for t in _BARE_IO_ERROR):
+            free = _free_bytes(Path(folder))
+            if free is not None and free < max(needed, 2**20):
+                full, where = True, Path(folder)
+                break
+    if not full:
+        return None
+    free = _free_bytes(where) if where is not None else None
+    room = (
+        f" ({free / 1e6:.1f} MB free{f', about {needed / 1e6:.1f} MB needed' if needed else ''})"
+        if free is not None
+        else ""
+    )
+    place = f" in {where}" if where is not None else ""
+    return (
+        f"the disk is full: no space left on device{place}{room}; free some space and run it again (the model is "
+        "not at fault)"
+    )
+
+
+def _free_bytes(folder: Path) -> int | None:
+    """Bytes free for this user in ``folder``'s file system, or None when it cannot be read."""
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
 
 
 def write_json_report(result: Any, out: PathLike | None = None) -> None:

@@ -12,6 +12,8 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+from attnzoo.errors import MAX_NAME_SHOWN, quoted
+
 __all__ = [
     "MAX_BATCH_SIZE",
     "MAX_IMAGE_PIXELS",
@@ -19,6 +21,8 @@ __all__ = [
     "MAX_ONNX_BYTES",
     "MAX_SIDE",
     "MAX_CLASSES",
+    "MAX_NAME_SHOWN",  # (defined beside attnzoo.errors.quoted, which cuts to it)
+    "PLUGIN_REGISTER_TIMEOUT_S",
     "check_batch_sizes",
     "check_side",
     "available_memory",
@@ -39,6 +43,9 @@ MAX_ONNX_BYTES = 2**31 - 1
 MAX_SIDE = 2048
 #: Most classes a model config may declare (ImageNet-21k has 21,841).
 MAX_CLASSES = 100_000
+#: Longest a variant plugin's entry point (its import and its ``register()``) may take before it is skipped with
+#: one warning (:func:`attnzoo.models.registry.load_plugins`): a plugin that hangs never blocks a command.
+PLUGIN_REGISTER_TIMEOUT_S = 30.0
 
 
 def check_batch_sizes(sizes: Sequence[int], flag: str = "--batch-sizes") -> None:
@@ -51,7 +58,7 @@ def check_batch_sizes(sizes: Sequence[int], flag: str = "--batch-sizes") -> None
 def check_side(value: Any, what: str) -> int:
     """``value`` as an int in ``1..MAX_SIDE``; ``ValueError`` naming ``what`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SIDE:
-        raise ValueError(f"{what} must be an integer in 1..{MAX_SIDE}, got {value!r}")
+        raise ValueError(f"{what} must be an integer in 1..{MAX_SIDE}, got {quoted(value)}")
     return value
 
 

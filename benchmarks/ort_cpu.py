@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from attnzoo.benchmarks.timing import measure_pair
-from attnzoo.fileio import derived_is_current, record_derived, sha256_file
+from attnzoo.fileio import derived_is_current, record_derived, sha256_file, temporary_sibling
 from attnzoo.lazy import lazy_import
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.sessions import session_options
@@ -45,9 +45,9 @@ def quantize_int8(onnx_path: Path, out_path: Path) -> Path:
         return out_path
     out_path.parent.mkdir(parents=True, exist_ok=True)
     record.unlink(missing_ok=True)
-    tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp.onnx")
     proto = onnx.load(str(onnx_path))
     del proto.graph.value_info[:]
+    tmp = temporary_sibling(out_path, ".onnx")  # removed below, or after a kill by the next run
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)  # the quantizer logs a pre-processing hint on the root logger

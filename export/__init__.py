@@ -3,7 +3,7 @@ extra math kept as explicit ops, verification against eager PyTorch with ONNX Ru
 int8 / fp8 quantization, TensorRT engines and Triton repositories."""
 
 from .check import ExtraMathCheckError, assert_extra_math, check_extra_math
-from .errors import ExportError, ExportWarning
+from .errors import DiskFullError, ExportError, ExportWarning
 from .onnx_export import DTYPES, SUPPORTED_OPSETS, export_onnx, make_session, op_histogram, read_metadata
 from .pipeline import ExportResult, export_model, load_for_export
 from .verify import VerificationError, adopt_verified, export_verified, report_path, summary, verify_onnx
@@ -13,6 +13,7 @@ __all__ = [
     "ExportResult",
     "load_for_export",
     "ExportError",
+    "DiskFullError",
     "ExportWarning",
     "export_onnx",
     "make_session",

@@ -3,11 +3,16 @@ and where its failed report is; nothing was written at the output path."""
 
 from __future__ import annotations
 
-__all__ = ["ExportError", "ExportWarning"]
+__all__ = ["ExportError", "DiskFullError", "ExportWarning"]
 
 
 class ExportError(RuntimeError):
     """An export step failed its checks; the message names the failure and the failed report."""
+
+
+class DiskFullError(ExportError):
+    """A write of the export found no room (:func:`attnzoo.fileio.no_space_problem`): the disk, not the model, is at
+    fault, so no failed report blames the model; nothing was written at the output path."""
 
 
 class ExportWarning(UserWarning):

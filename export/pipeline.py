@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import io
-import tempfile
+import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,8 +30,8 @@ from tqdm import tqdm
 
 from attnzoo import zoo
 from attnzoo.data.datasets import SHAPES_CLASSES, SHAPES_SEG_CLASSES
-from attnzoo.errors import UsageError
-from attnzoo.fileio import PathLike, sha256_file
+from attnzoo.errors import UsageError, quoted
+from attnzoo.fileio import PathLike, sha256_file, temporary_folder
 from attnzoo.limits import check_batch_sizes, check_side
 from attnzoo.models import canonical_name, create_model
 from attnzoo.models.checkpoint import NoConfigError, load_checkpoint, load_state_dict_file, load_weights, read_config
@@ -86,6 +86,9 @@ class ExportResult:
             part's :class:`~attnzoo.targets.tensorrt.engine_step.EngineOutput`, Triton's
             :class:`~attnzoo.targets.triton.schema.TritonConfigCheck`); read one with :meth:`part`.
         warnings: What the export warned about (also issued as :class:`ExportWarning`).
+        replaced: What the export replaced, one line each (a file that was at the output path, or a symbolic link
+            there, which the new file replaced while the file it pointed to was left as it was); the summary's last
+            lines.
     """
 
     path: Path
@@ -96,6 +99,7 @@ class ExportResult:
     fp32_report: dict[str, Any] | None = None
     parts: list[Any] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    replaced: list[str] = field(default_factory=list)
 
     def part(self, kind: type[_P]) -> _P | None:
         """The record of type ``kind`` a format part wrote (``result.part(EngineOutput)``), or ``None``."""
@@ -122,7 +126,7 @@ class ExportResult:
                 quantize_summary(self.report),
                 f"  report: {report_path(self.onnx_path)}",
             ]
-        return "\n".join(lines + get_format(self.format).summary(self))
+        return "\n".join(lines + get_format(self.format).summary(self) + self.replaced)
 
 
 # ------------------------------------------------------------------------------------------------ the model
@@ -324,7 +328,7 @@ def _format_options(part: ExportFormat, given: dict[str, Any]) -> dict[str, Any]
         value = option.normalize(value) if option.normalize else value
         if option.choices is not None and value not in option.choices:
             what = option.title or option.flag
-            raise UsageError(f"unknown {what} {value!r}; valid: {', '.join(map(str, option.choices))}")
+            raise UsageError(f"unknown {what} {quoted(value)}; valid: {', '.join(map(str, option.choices))}")
         options[name] = value
     return options
 
@@ -342,7 +346,7 @@ def _check_request(
     if opset not in SUPPORTED_OPSETS:
         raise UsageError(f"unsupported opset {opset}; supported: {', '.join(map(str, SUPPORTED_OPSETS))}")
     if dtype not in PRECISIONS:
-        raise UsageError(f"unknown dtype {dtype!r}; valid: {', '.join(PRECISIONS)}")
+        raise UsageError(f"unknown dtype {quoted(dtype)}; valid: {', '.join(PRECISIONS)}")
     sizes = [int(b) for b in batch_sizes]
     if not sizes:
         raise UsageError("--batch-sizes: give at least one batch size")
@@ -461,8 +465,25 @@ def export_model(
             "predictions are meaningless",
             collected,
         )
+    replacing = _replacing(req, out_path)
     with get_format(req.format).cleanup(out_path):
-        return _run(req, model, config, sha, hw, calibration, out_path, threads, progress, collected)
+        result = _run(req, model, config, sha, hw, calibration, out_path, threads, progress, collected)
+    result.replaced = replacing
+    return result
+
+
+def _replacing(req: ExportRequest, out: Path) -> list[str]:
+    """What the export will replace once it passes, one line each: a file at the output (or at the ONNX beside an
+    engine), or a symbolic link there. A link is replaced by the new file, never written through: the file it
+    points to is left as it was (as ``mv`` and every atomic write do; docs/export.md)."""
+    part = get_format(req.format)
+    lines = []
+    for path in dict.fromkeys([out, *([] if part.from_model else [part.onnx_path(req, out)])]):
+        if path.is_symlink():
+            lines.append(f"replaced: the symbolic link {path} (to {os.readlink(path)}, left as it was) by the new file")
+        elif path.is_file():
+            lines.append(f"replaced: the file that was at {path}")
+    return lines
 
 
 def _source(
@@ -576,7 +597,7 @@ def _export_onnx_step(
     with contextlib.ExitStack() as stack:
         fp32_out = onnx_out
         if calibration is not None:  # the verified fp32 model is the quantizer's input, kept aside
-            fp32_out = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="attnzoo-fp32-"))) / onnx_out.name
+            fp32_out = stack.enter_context(temporary_folder("attnzoo-fp32-")) / onnx_out.name
         with contextlib.redirect_stdout(io.StringIO()):  # the exporter's own progress lines
             report = run_step(
                 verify.export_verified,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from attnzoo import mdtext
 from attnzoo.cli import add_debug_flag, entry_point
 from attnzoo.errors import CommandError, UsageError
 from attnzoo.fileio import atomic_write_text
@@ -36,11 +37,21 @@ def _names(builtin_only: bool) -> Sequence[str]:
 
 
 def _label(name: str) -> str:
+    """A variant's cell: its name, aliases and, for a plugin's, the package (every value a plugin gave goes through
+    :mod:`attnzoo.mdtext`: no raw HTML, link or table cell comes from it)."""
     spec = VARIANTS[name]
-    label = f"`{name}`" + "".join(f" (alias `{a}`)" for a in spec.aliases)
+    label = mdtext.code(name) + "".join(f" (alias {mdtext.code(a)})" for a in spec.aliases)
     if not spec.builtin:
-        label += f" (plugin {spec.package}{' ' + spec.version if spec.version else ''})"
+        label += f" (plugin {mdtext.text(spec.package)}{' ' + mdtext.text(spec.version) if spec.version else ''})"
     return label
+
+
+def _cite(paper: Paper | str, short: bool) -> str:
+    """A paper as a table cell: a built-in's linked title (``short``: authors and year), a plugin's citation string
+    as text (an address in it autolinks only to a known host, :func:`attnzoo.mdtext.text`)."""
+    if not isinstance(paper, Paper):
+        return mdtext.text(paper)
+    return mdtext.link(f"{paper.authors} {paper.year}" if short else paper.title, paper.url)
 
 
 def _param_count(name: str, arch: str) -> int:
@@ -61,15 +72,10 @@ def variants_table(arch: str = "tiny", builtin_only: bool = False) -> str:
     for name in _names(builtin_only):
         spec = VARIANTS[name]
         n = _param_count(name, arch)
-        paper = (
-            f"[{spec.paper.authors} {spec.paper.year}]({spec.paper.url})"
-            if isinstance(spec.paper, Paper)
-            else spec.paper
-        )
-        scopes = ", ".join(f"`{s}`" for s in spec.extra_scopes) or "none"
+        scopes = ", ".join(mdtext.code(s) for s in spec.extra_scopes) or "none"
         rows.append(
-            f"| {_label(name)} | {paper} | {spec.equations or '-'} | {scopes} | {spec.extra_params or '-'} | "
-            f"{n / 1e6:.2f} M ({(n - base) / base:+.1%}) |"
+            f"| {_label(name)} | {_cite(spec.paper, short=True)} | {mdtext.text(spec.equations or '-')} | {scopes} | "
+            f"{mdtext.text(spec.extra_params or '-')} | {n / 1e6:.2f} M ({(n - base) / base:+.1%}) |"
         )
     return "\n".join(rows)
 
@@ -81,10 +87,8 @@ def papers_table(builtin_only: bool = False) -> str:
         papers.setdefault(VARIANTS[name].paper, []).append(name)
     rows = ["| paper | authors, year | variants |", "|---|---|---|"]
     for paper, names in papers.items():
-        cite = (
-            f"[{paper.title}]({paper.url}) | {paper.authors} {paper.year}" if isinstance(paper, Paper) else f"{paper} |"
-        )
-        rows.append(f"| {cite} | {', '.join(f'`{n}`' for n in names)} |")
+        who = f"{mdtext.text(paper.authors)} {paper.year}" if isinstance(paper, Paper) else ""
+        rows.append(f"| {_cite(paper, short=False)} | {who} | {', '.join(mdtext.code(n) for n in names)} |")
     return "\n".join(rows)
 
 
@@ -95,7 +99,7 @@ def extra_weights_table(builtin_only: bool = False) -> str:
     for name in _names(builtin_only):
         weights = VARIANTS[name].extra_weights
         if weights:
-            rows.append(f"| {_label(name)} | {', '.join(f'`attn.{w}`' for w in weights)} |")
+            rows.append(f"| {_label(name)} | {', '.join(mdtext.code(f'attn.{w}') for w in weights)} |")
     return "\n".join(rows)
 
 

@@ -13,6 +13,7 @@ from timm.layers import LayerScale, PatchEmbed
 from timm.models.vision_transformer import Block, ResPostBlock, VisionTransformer
 from torch import nn
 
+from attnzoo.errors import quoted
 from attnzoo.modelconfig import TASKS
 
 from .belief2 import belief2_from_standard, check_prop1_source, prop1_options, tie_proj_p
@@ -47,7 +48,7 @@ ARCHS: dict[str, dict[str, Any]] = {
 
 def _check_choice(kind: str, value: str, valid) -> None:
     if value not in valid:
-        raise ValueError(f"unknown {kind} {value!r}; valid: {', '.join(valid)}")
+        raise ValueError(f"unknown {kind} {quoted(value)}; valid: {', '.join(valid)}")
 
 
 def mlp_hidden(variant: str, arch: str, **options: Any) -> int:

@@ -25,7 +25,8 @@ import torch
 from timm.layers import Attention
 from torch import nn
 
-from attnzoo.errors import first_line
+from attnzoo import limits
+from attnzoo.errors import first_line, quoted
 from attnzoo.signals import Interrupted, Terminated
 
 __all__ = [
@@ -281,6 +282,12 @@ _PLUGIN_LOCK = threading.RLock()
 _LOADING: list[tuple[str, str]] = []
 #: Entry points whose module was mid-import when :func:`load_plugins` ran (:func:`_load_deferred`).
 _DEFERRED: list[Any] = []
+#: The threads running an entry point (:func:`_run_bounded`): their own lookups do not wait for the plugins.
+_RUNNERS: set[threading.Thread] = set()
+#: Those that did not return in time: their plugin was skipped, and nothing they register later is kept.
+_ABANDONED: set[threading.Thread] = set()
+#: Held while the registry changes, so that a skipped plugin's late registration cannot interleave with its undoing.
+_REGISTER_LOCK = threading.Lock()
 
 
 class _Names(Sequence):
@@ -557,10 +564,13 @@ def register_variant(
         dict(zoo_options or {}),
     )
     spec = replace(spec, extra_weights=_probe(spec))
-    VARIANTS[name] = spec
-    VARIANTS.update({alias: spec for alias in aliases})
-    ALIASES.update({alias: name for alias in aliases})
-    _ORDER.append(name)
+    with _REGISTER_LOCK:
+        if threading.current_thread() in _ABANDONED:
+            raise ValueError(f"variant {name!r}: its plugin was skipped (its entry point did not return in time)")
+        VARIANTS[name] = spec
+        VARIANTS.update({alias: spec for alias in aliases})
+        ALIASES.update({alias: name for alias in aliases})
+        _ORDER.append(name)
     return spec
 
 
@@ -593,11 +603,12 @@ def _snapshot() -> tuple[list[str], dict[str, VariantSpec], dict[str, str]]:
 def _restore(snapshot: tuple[list[str], dict[str, VariantSpec], dict[str, str]]) -> None:
     """Undo a skipped plugin: the registry as it was before it ran."""
     order, variants, aliases = snapshot
-    _ORDER[:] = order
-    dict.clear(VARIANTS)
-    dict.update(VARIANTS, variants)
-    ALIASES.clear()
-    ALIASES.update(aliases)
+    with _REGISTER_LOCK:
+        _ORDER[:] = order
+        dict.clear(VARIANTS)
+        dict.update(VARIANTS, variants)
+        ALIASES.clear()
+        ALIASES.update(aliases)
 
 
 def _changed_builtins(snapshot: tuple[list[str], dict[str, VariantSpec], dict[str, str]]) -> list[str]:
@@ -611,19 +622,52 @@ def _changed_builtins(snapshot: tuple[list[str], dict[str, VariantSpec], dict[st
     return list(dict.fromkeys(changed))
 
 
+def _run_bounded(ep: Any) -> None:
+    """``ep.load()()`` in a thread of its own, waited for at most :data:`attnzoo.limits.PLUGIN_REGISTER_TIMEOUT_S`;
+    what it raised is raised here. One that is still running then is left to run (a daemon thread: it never holds
+    the process at exit), and a ``ValueError`` says so; anything it registers afterwards is refused."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            ep.load()()
+        except BaseException as exc:  # handed to the loading thread, which judges it
+            raised.append(exc)
+
+    worker = threading.Thread(target=run, name=f"attnzoo-plugin-{ep.name}", daemon=True)
+    _RUNNERS.add(worker)
+    worker.start()
+    try:
+        worker.join(limits.PLUGIN_REGISTER_TIMEOUT_S)  # Ctrl-C and SIGTERM still reach this thread while it waits
+    finally:
+        with _REGISTER_LOCK:
+            if worker.is_alive():
+                _ABANDONED.add(worker)
+            else:
+                _RUNNERS.discard(worker)
+    if worker in _ABANDONED:
+        raise ValueError(
+            f"its entry point did not return within {limits.PLUGIN_REGISTER_TIMEOUT_S:g} s "
+            "(PLUGIN_REGISTER_TIMEOUT_S in attnzoo/limits.py)"
+        )
+    if raised:
+        raise raised[0]
+
+
 def _run_entry_point(ep: Any) -> list[str]:
     """Run one entry point; return the names it registered (none, and one :class:`PluginWarning`, on failure).
 
     Guarded: anything the plugin raises, ``SystemExit`` included, skips it with one warning naming it (only
     Ctrl-C and the command's own termination signals pass through); so does a plugin that replaced or removed a
-    built-in's entry (the entry is put back)."""
+    built-in's entry (the entry is put back), and one whose import and ``register()`` take longer than
+    :data:`attnzoo.limits.PLUGIN_REGISTER_TIMEOUT_S` (:func:`_run_bounded`)."""
     dist = getattr(ep, "dist", None)
     package = dist.metadata["Name"] if dist is not None else ep.value.split(":")[0].split(".")[0]
     version = dist.version if dist is not None else ""
     before, start = _snapshot(), len(_ORDER)
     _LOADING.append((package, version))
     try:
-        ep.load()()
+        _run_bounded(ep)
         changed = _changed_builtins(before)
         if changed:
             raise ValueError(f"it changed the built-in variant entries {', '.join(map(repr, changed))}")
@@ -653,6 +697,8 @@ def _ensure_plugins() -> None:
     """Run :func:`load_plugins` once, at the first lookup of a variant (not at import)."""
     if _PLUGINS_LOADED[0] or _importing(__package__ or "attnzoo.models"):
         return  # loaded; or the package itself is importing (the built-ins are not all registered yet)
+    if threading.current_thread() in _RUNNERS:
+        return  # a plugin's own lookups, in the thread that runs it: they must not wait for the plugins
     with _PLUGIN_LOCK:
         if not _PLUGINS_LOADED[0] and not _PLUGINS_LOADING[0]:  # a plugin's own lookups must not load again
             load_plugins()
@@ -698,7 +744,7 @@ def canonical_name(name: str) -> str:
     key = str(name).strip().lower().replace("_", "-")
     key = ALIASES.get(key, key)
     if key not in _ORDER:
-        raise ValueError(f"unknown variant {name!r}; valid variants: {', '.join(sorted(VARIANTS))}")
+        raise ValueError(f"unknown variant {quoted(name)}; valid variants: {', '.join(sorted(VARIANTS))}")
     return key
 
 

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from attnzoo.benchmarks.gpu_plan import MODELS, ROOT
-from attnzoo.errors import UsageError, first_line
+from attnzoo.errors import UsageError, first_line, quoted
 from attnzoo.fileio import PathLike, read_json, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import bf16_problem, environment
@@ -807,7 +807,7 @@ def report_variant(
     try:
         variant = models.canonical_name(variant)
     except ValueError:
-        raise UsageError(f"unknown variant {variant!r}; valid: {', '.join(models.VARIANT_NAMES)}") from None
+        raise UsageError(f"unknown variant {quoted(variant)}; valid: {', '.join(models.VARIANT_NAMES)}") from None
     if checkpoint is not None and not Path(checkpoint).is_file():
         raise UsageError(f"--checkpoint {checkpoint}: no such file")
     out = Path(out) if out is not None else Path("variant-reports") / variant

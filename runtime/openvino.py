@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from attnzoo.errors import install_hint
+from attnzoo.fileio import temporary_sibling
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import bf16_problem
 
@@ -375,10 +376,10 @@ def precision_summary(report: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------ IR files
 @contextlib.contextmanager
 def temporary_ir(out: str | Path) -> Iterator[Path]:
-    """A temporary IR ``.xml`` name beside ``out`` (its ``.bin`` beside it), both removed on the way out whatever
-    happened: what :func:`place_ir` has not moved to ``out`` is never left behind."""
-    out = Path(out)
-    tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp.xml")
+    """A temporary IR ``.xml`` beside ``out`` (its ``.bin`` beside it; :func:`attnzoo.fileio.temporary_sibling`),
+    both removed on the way out whatever happened, or after a kill by the next export to ``out``: what
+    :func:`place_ir` has not moved to ``out`` is never left behind."""
+    tmp = temporary_sibling(out, ".xml")
     try:
         yield tmp
     finally:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
-from attnzoo.errors import first_line
+from attnzoo.errors import first_line, quoted
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -144,7 +144,7 @@ def get_target(name: str) -> Target:
     """The target called ``name``; ``ValueError`` listing the valid ones otherwise."""
     known = {t.name: t for t in targets()}
     if name not in known:
-        raise ValueError(f"unknown target {name!r}; valid: {', '.join(known)}")
+        raise ValueError(f"unknown target {quoted(name)}; valid: {', '.join(known)}")
     return known[name]
 
 

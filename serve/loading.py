@@ -37,7 +37,7 @@ import numpy as np
 from tqdm import tqdm
 
 from attnzoo import zoo
-from attnzoo.errors import first_line
+from attnzoo.errors import first_line, quoted
 from attnzoo.fileio import default_cache_dir, sha256_file
 from attnzoo.lazy import lazy_import
 from attnzoo.limits import MAX_UPLOAD_BYTES
@@ -416,7 +416,7 @@ def zoo_rows(data: str, variants: Sequence[str] | None = None, tasks: Sequence[s
     if not rows:
         have = sorted({e["data"] for e in zoo.entries()})
         raise ValueError(
-            f"the zoo has no models trained on {data!r} (it has: {', '.join(have) or 'none'}); "
+            f"the zoo has no models trained on {quoted(data)} (it has: {', '.join(have) or 'none'}); "
             "serve a folder of exported models with --models DIR"
         )
     names = {e["variant"] for e in rows}  # canonical already: the registry (PyTorch, timm) only for an alias
@@ -425,7 +425,7 @@ def zoo_rows(data: str, variants: Sequence[str] | None = None, tasks: Sequence[s
     if not chosen:
         have = sorted(f"{e['variant']}/{e['task']}" for e in rows)
         raise ValueError(
-            f"the zoo has no {data!r} model of {', '.join(sorted(wanted or ['any variant']))} for task "
+            f"the zoo has no {quoted(data)} model of {', '.join(sorted(wanted or ['any variant']))} for task "
             f"{', '.join(tasks or ['any'])}; it has: {', '.join(have)}"
         )
     return chosen
@@ -724,7 +724,7 @@ def load_models(
     """
     backend = resolve_backend(backend)
     if dtype is not None and dtype not in SERVED_DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; valid: {', '.join(SERVED_DTYPES)}")
+        raise ValueError(f"unknown dtype {quoted(dtype)}; valid: {', '.join(SERVED_DTYPES)}")
     if dtype == "int8" and backend != AUTO and backend not in [b.name for b in cpu_runtimes()]:
         raise ValueError(
             f"--dtype int8 serves the int8 ONNX models on the CPU runtimes, not {backend} "
@@ -863,7 +863,7 @@ def load_remote(url: str, timeout: float = 60.0) -> list[ServedModel]:
     """
     url = url.rstrip("/")
     if not url.startswith(("http://", "https://")):
-        raise ValueError(f"--backend-url must start with http:// or https://, got {url!r}")
+        raise ValueError(f"--backend-url must start with http:// or https://, got {quoted(url)}")
     client = httpx.Client(timeout=timeout)
     try:
         listed = client.get(f"{url}/models")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from attnzoo.errors import UsageError
+from attnzoo.errors import UsageError, quoted
 from attnzoo.runtime.targets import collect, load_object
 
 from .base import ExportFormat, ExportRequest, FormatOption, ModelSource, Step, run_step
@@ -61,5 +61,5 @@ def get_format(name: str) -> ExportFormat:
     """The format called ``name``; a :class:`UsageError` listing the valid ones otherwise."""
     known = formats()
     if name not in known:
-        raise UsageError(f"unknown format {name!r}; valid: {', '.join(known)}")
+        raise UsageError(f"unknown format {quoted(name)}; valid: {', '.join(known)}")
     return known[name]

@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from attnzoo.errors import UsageError, first_line
-from attnzoo.fileio import atomic_write_text, sha256_file, writable_dir
+from attnzoo.fileio import atomic_write_text, no_space_problem, sha256_file, writable_dir
 from attnzoo.runtime.reports import schema_checked
 
 from ..check import block_prefix
 from ..divergence import BlockRecorder
-from ..errors import ExportError
+from ..errors import DiskFullError, ExportError
 from ..verify import VerificationError, parity_vs_eager, report_path, verdict_lines
 
 if TYPE_CHECKING:
@@ -111,12 +111,18 @@ Step = tuple[str, Callable[[ExportRequest, "ExportResult"], None]]
 
 
 def run_step(fn: Callable[..., Any], what: str, *args, **kwargs) -> Any:
-    """``fn(*args, **kwargs)``; a failure that is not one of ours becomes one :class:`ExportError` line."""
+    """``fn(*args, **kwargs)``; a failure that is not one of ours becomes one :class:`ExportError` line, and one
+    that a full disk caused (:func:`attnzoo.fileio.no_space_problem`) a :class:`DiskFullError` that says so."""
     try:
         return fn(*args, **kwargs)
-    except (ExportError, ValueError, OSError):
+    except ExportError:
         raise
     except Exception as exc:  # ONNX Runtime / exporter / TensorRT errors: one line (the cause is chained)
+        full = no_space_problem(exc)
+        if full:
+            raise DiskFullError(f"{what}: {full}") from exc
+        if isinstance(exc, (ValueError, OSError)):
+            raise
         raise ExportError(f"{what}: {type(exc).__name__}: {first_line(exc)}") from exc
 
 

@@ -42,7 +42,6 @@ import dataclasses
 import io
 import json
 import re
-import tempfile
 import time
 import warnings
 from collections import Counter
@@ -54,7 +53,7 @@ import numpy as np
 import onnx
 
 from attnzoo.errors import UsageError, first_line
-from attnzoo.fileio import sha256_file
+from attnzoo.fileio import no_space_problem, sha256_file, temporary_folder
 from attnzoo.models import PROJECTION_OPS
 from attnzoo.runtime import openvino as ovrt
 from attnzoo.runtime.backends import get_backend
@@ -67,7 +66,7 @@ from attnzoo.runtime.sessions import IR_SUFFIX
 from .. import quantize, verify
 from ..check import block_prefix, variant_spec, walk_extra_scopes
 from ..divergence import DIVERGENCE_INPUTS, divergence_vs_onnx, not_exposed
-from ..errors import ExportError, ExportWarning
+from ..errors import DiskFullError, ExportError, ExportWarning
 from ..verify import VerificationError, checked_batch_sizes
 from .base import (
     ExportFormat,
@@ -285,7 +284,7 @@ class OpenVINOFormat(ExportFormat):
         (int8: the gates of :meth:`_check_int8`); rename to ``out`` only when all passed."""
         config, hw = source.config, (source.hw[0], source.hw[1])
         sizes = checked_batch_sizes(req.batch_sizes)
-        with tempfile.TemporaryDirectory(prefix="attnzoo-openvino-") as work:
+        with temporary_folder("attnzoo-openvino-") as work:
             fp32_path = Path(work) / f"{out.stem}_fp32.onnx"
             with contextlib.redirect_stdout(io.StringIO()):  # the exporter's own progress lines
                 onnx_report = verify.export_verified(
@@ -478,10 +477,14 @@ class OpenVINOFormat(ExportFormat):
         out: Path,
         report: dict[str, Any],
     ) -> None:
-        """Write the IR of ``onnx_path`` to ``tmp`` at ``req.dtype``."""
+        """Write the IR of ``onnx_path`` to ``tmp`` at ``req.dtype``; a write that found no room is a full disk
+        (OpenVINO says only ``basic_ios::clear: iostream error``), not a graph OpenVINO refuses."""
         try:
             ovrt.save_ir(ovrt.read_onnx(onnx_path), tmp, compress_to_fp16=get_precision(req.dtype).half, metadata=props)
         except Exception as exc:  # OpenVINO's refusal, as one line
+            full = no_space_problem(exc, tmp.parent, needed=onnx_path.stat().st_size)
+            if full:
+                raise DiskFullError(f"OpenVINO IR export failed: writing {out.name}: {full}") from None
             raise self._refused(out, report, "OpenVINO refuses the ONNX graph", exc) from None
 
     @staticmethod

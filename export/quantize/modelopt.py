@@ -7,7 +7,6 @@ import contextlib
 import io
 import json
 import re
-import tempfile
 import time
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
@@ -17,7 +16,7 @@ import numpy as np
 import onnx
 
 from attnzoo.errors import install_hint
-from attnzoo.fileio import atomic_path
+from attnzoo.fileio import atomic_path, temporary_folder
 from attnzoo.runtime.precision import QUANTIZED
 from attnzoo.runtime.quantization_report import QuantizeReport
 
@@ -161,7 +160,7 @@ def _modelopt_graph(
     with contextlib.redirect_stdout(io.StringIO()):
         from modelopt.onnx.quantization import quantize as mo_quantize  # optional: the [quantize] extra
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="attnzoo-quantize-") as work:
+    with temporary_folder("attnzoo-quantize-") as work:
         staged = Path(work) / "model.onnx"
         onnx.save(src, str(staged))
         quantized = Path(work) / "model.quant.onnx"

@@ -4,7 +4,6 @@ fp32, and only then write it with its report (:func:`quantize_verified`)."""
 from __future__ import annotations
 
 import json
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from attnzoo.fileio import atomic_path, sha256_file
+from attnzoo.fileio import atomic_path, sha256_file, temporary_folder
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.contract import BATCH_DIM
 from attnzoo.runtime.evaluate import score_runs
@@ -110,7 +109,7 @@ def quantize_verified(
     """
     o = replace(options, **fields) if options is not None else QuantizeOptions(**fields)
     r = _prepare(Path(fp32_onnx), Path(out), config, o)
-    with atomic_path(r.out) as tmp, tempfile.TemporaryDirectory(prefix="attnzoo-smooth-") as work:
+    with atomic_path(r.out) as tmp, temporary_folder("attnzoo-smooth-") as work:
         q, proto, decision = _quantized_graph(r, tmp, Path(work))
         runnable = r.precision.ort_graph(proto)
         unpromised = r.placement == AUTO_QDQ_PLACEMENT and r.gate > 0 and not decision.get("promised")

@@ -27,6 +27,8 @@ from typing import Any, TypeVar, cast
 
 import numpy as np
 
+from attnzoo.errors import quoted
+
 from ..contract import ModelContract
 from ..parity import compare, tolerance_key
 from ..targets import collect, targets
@@ -325,7 +327,7 @@ def canonical_backend(name: str) -> str:
     if name in _ALIASES:
         return _ALIASES[name]
     raise ValueError(
-        f"unknown backend {name!r}; valid: {', '.join(table)} (aliases: "
+        f"unknown backend {quoted(name)}; valid: {', '.join(table)} (aliases: "
         f"{', '.join(f'{a}={b.name}' for b in table.values() for a in b.aliases)})"
     )
 

@@ -32,6 +32,7 @@ from gradio.utils import get_upload_folder
 from PIL import Image
 from starlette.middleware import Middleware
 
+from attnzoo.errors import quoted
 from attnzoo.limits import MAX_UPLOAD_BYTES
 from attnzoo.preprocess import INPUT_STYLES, UnreadableImageError, busy_background, fit_size, image_size, load_image
 from attnzoo.serve import examples as ex
@@ -68,8 +69,6 @@ MAX_FILE_SIZE = MAX_UPLOAD_BYTES  # bytes; the one upload cap (attnzoo.limits), 
 MAX_API_BODY = 2**20
 #: Room for the multipart envelope on top of an uploaded file.
 _MULTIPART_SLACK = 64 * 1024
-#: Longest file name a message quotes (a client chooses it).
-_NAME_SHOWN = 80
 #: Overlays are shown at the image's size, downscaled past this side.
 DISPLAY_MAX_SIDE = 2048
 QUEUE = "models"
@@ -141,23 +140,22 @@ def _upload_bytes(payload: Any, roots: Sequence[Path] | None = None) -> tuple[by
         raise ValueError("no image: upload one (or pick an example) first")
     if not isinstance(payload, (str, os.PathLike)):
         raise ValueError("no image: the request's image is not a file uploaded to this demo")
-    shown = str(name or Path(payload).name)
-    shown = shown if len(shown) <= _NAME_SHOWN else shown[: _NAME_SHOWN - 3] + "..."
+    shown = quoted(str(name or Path(payload).name))
     real = Path(os.path.realpath(payload))
     if not any(real.is_relative_to(root) for root in (roots or upload_roots())):
-        raise ValueError(f"cannot read image {shown!r}: the demo reads only files uploaded to it and its examples")
+        raise ValueError(f"cannot read image {shown}: the demo reads only files uploaded to it and its examples")
     try:
         fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
-        raise ValueError(f"cannot read image {shown!r}: no such upload (upload it again)") from None
+        raise ValueError(f"cannot read image {shown}: no such upload (upload it again)") from None
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):  # a folder, FIFO or device: refused before Python's file object opens it
         os.close(fd)
-        raise ValueError(f"cannot read image {shown!r}: not a regular file")
+        raise ValueError(f"cannot read image {shown}: not a regular file")
     with os.fdopen(fd, "rb") as f:
         if info.st_size > MAX_FILE_SIZE:
             raise ValueError(
-                f"cannot read image {shown!r}: {info.st_size / 2**20:.1f} MiB, over the "
+                f"cannot read image {shown}: {info.st_size / 2**20:.1f} MiB, over the "
                 f"{MAX_FILE_SIZE / 2**20:.0f} MiB upload limit"
             )
         return f.read(MAX_FILE_SIZE + 1), shown
@@ -165,8 +163,7 @@ def _upload_bytes(payload: Any, roots: Sequence[Path] | None = None) -> tuple[by
 
 def _unreadable(shown: str) -> ValueError:
     return ValueError(
-        f"cannot read image {shown!r}: not an image file, or a damaged "
-        "one (PNG, JPEG, WebP, BMP, GIF, TIFF ... are read)"
+        f"cannot read image {shown}: not an image file, or a damaged one (PNG, JPEG, WebP, BMP, GIF, TIFF ... are read)"
     )
 
 
@@ -194,7 +191,7 @@ def _admitted_upload(payload: Any, roots: Sequence[Path], gate: SizeGate) -> Ite
         w, h = image_size(data)  # over the pixel cap: its own message passes through
     except UnreadableImageError:
         raise _unreadable(shown) from None
-    with gate.admitted(w * h, f"image {shown!r} ({w}x{h})"):
+    with gate.admitted(w * h, f"image {shown} ({w}x{h})"):
         yield _decoded(data, shown)
 
 
@@ -236,7 +233,7 @@ class DemoModels:
         if not table:
             raise ValueError(f"no {'classification' if task == 'cls' else 'segmentation'} models are served")
         if name not in table:
-            raise ValueError(f"unknown variant {name!r}; valid: {', '.join(table)}")
+            raise ValueError(f"unknown variant {quoted(name)}; valid: {', '.join(table)}")
         return table[name]
 
 
@@ -547,7 +544,7 @@ def _compare_tab(models: DemoModels, max_side: int | None, roots: Sequence[Path]
     @_user_errors
     def run(payload, which):
         if which not in ("cls", "seg"):
-            raise ValueError(f"unknown task {which!r}; valid: cls, seg")
+            raise ValueError(f"unknown task {quoted(which)}; valid: cls, seg")
         names = models.names(which)
         if not names:
             raise ValueError(f"no {which} models are served")
@@ -747,14 +744,14 @@ def _payload_problem(body: bytes) -> str | None:
         return None
     roots = upload_roots()
     for path in _paths(data.get("data")):
-        shown = path if len(path) <= _NAME_SHOWN else path[: _NAME_SHOWN - 3] + "..."
+        shown = quoted(path)
         if "://" in path[:16]:
             if path.startswith(("http://", "https://")) and "/gradio_api/file=" in path:
                 continue  # the demo's own file URL (a url field beside the path): Gradio does not fetch it
-            return f"cannot read image {shown!r}: the demo works offline and reads only files uploaded to it"
+            return f"cannot read image {shown}: the demo works offline and reads only files uploaded to it"
         real = Path(os.path.realpath(path))
         if not any(real.is_relative_to(root) for root in roots):
-            return f"cannot read image {shown!r}: the demo reads only files uploaded to it and its examples"
+            return f"cannot read image {shown}: the demo reads only files uploaded to it and its examples"
     return None
 
 

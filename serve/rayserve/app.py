@@ -55,7 +55,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import ClientDisconnect
 
-from attnzoo.errors import first_line
+from attnzoo.errors import first_line, quoted
 from attnzoo.fileio import sha256_file
 from attnzoo.limits import MAX_SIDE, MAX_UPLOAD_BYTES, available_memory, return_free_memory
 from attnzoo.preprocess import ImageTooLargeError, UnreadableImageError, image_size
@@ -155,15 +155,6 @@ def _error(status: int, message: str, headers: Mapping[str, str] | None = None) 
 @api.exception_handler(HTTPError)
 async def _http_error(request: Request, exc: HTTPError) -> JSONResponse:
     return _error(exc.status, exc.message, exc.headers)
-
-
-#: Most characters of a client's text (a model name, a path) that a message quotes.
-_QUOTED = 80
-
-
-def _quoted(text: str) -> str:
-    """``text`` as a message quotes it: ``repr``, cut to :data:`_QUOTED` characters with ``...``."""
-    return repr(text if len(text) <= _QUOTED else text[: _QUOTED - 3] + "...")
 
 
 def _size(n: float) -> str:
@@ -289,7 +280,7 @@ class MemoryBudget:
 async def _starlette_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
     if exc.status_code == 404:
-        detail = f"no route {request.method} {_quoted(request.url.path)}; routes: {', '.join(ROUTES)}"
+        detail = f"no route {request.method} {quoted(request.url.path)}; routes: {', '.join(ROUTES)}"
     return _error(exc.status_code, detail)
 
 
@@ -580,15 +571,15 @@ class ModelServer:
         if (task, name) in self.pending and not await self._in_thread(self._load_pending, task, name):
             raise HTTPError(
                 503,
-                f"model {_quoted(name)} is still being exported and verified; retry in a few seconds "
+                f"model {quoted(name)} is still being exported and verified; retry in a few seconds "
                 f"(ready now: {', '.join(n for t, n in self.order if t == task)})",
             )
         if (task, name) not in self.models:
             if (task, name) in self.failed:  # a pending one that did not load
                 raise HTTPError(
-                    500, f"model {_quoted(name)} could not be loaded on this replica; the server log says why"
+                    500, f"model {quoted(name)} could not be loaded on this replica; the server log says why"
                 )
-            raise HTTPError(404, f"unknown {task} model {_quoted(name)}; valid: {', '.join(names)}")
+            raise HTTPError(404, f"unknown {task} model {quoted(name)}; valid: {', '.join(names)}")
         return self.models[(task, name)]
 
     def _load_pending(self, task: str, name: str) -> bool:
@@ -720,7 +711,7 @@ class ModelServer:
 
         async def work():
             if task not in ("cls", "seg"):
-                raise HTTPError(404, f"unknown task {_quoted(task)}; valid: cls, seg")
+                raise HTTPError(404, f"unknown task {quoted(task)}; valid: cls, seg")
             served = await self._model(task, name)
             h, w = served.input_size
             most = tensor_batch_limit((h, w))

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from attnzoo.cli import add_debug_flag, entry_point
-from attnzoo.errors import UsageError
+from attnzoo.errors import UsageError, quoted
 from attnzoo.lazy import lazy_import
 from attnzoo.runtime.sessions import SERVED_DTYPES
 from attnzoo.serve.loading import resolve_backend
@@ -152,7 +152,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if cfg.arch is not None and cfg.arch not in registry.ARCHS:
-        raise UsageError(f"unknown arch {cfg.arch!r}; valid: {', '.join(registry.ARCHS)}")
+        raise UsageError(f"unknown arch {quoted(cfg.arch)}; valid: {', '.join(registry.ARCHS)}")
     if cfg.variants:
         try:
             [registry.canonical_name(v) for v in cfg.variants]

@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from attnzoo.errors import quoted
 from attnzoo.limits import MAX_BATCH_SIZE
 from attnzoo.runtime.backends import backends, canonical_backend, get_backend
 from attnzoo.runtime.sessions import SERVED_DTYPES
@@ -138,10 +139,12 @@ class ServeConfig:
         ]
         for key, ok, why in checks:
             if not ok:
-                raise ValueError(f"{key} {why}, got {getattr(self, key)!r}")
+                raise ValueError(f"{key} {why}, got {quoted(getattr(self, key))}")
         self.backend = canonical_backend(self.backend)  # an alias (onnxruntime ...) becomes the one name
         if self.backend not in onnx_backends():
-            raise ValueError(f"backend must be one of {', '.join(onnx_backends())} (or an alias), got {self.backend!r}")
+            raise ValueError(
+                f"backend must be one of {', '.join(onnx_backends())} (or an alias), got {quoted(self.backend)}"
+            )
         if self.models is not None and self.arch is not None:
             raise ValueError("models (a folder) and arch (random-init models) exclude each other")
         if self.dtype == "int8" and self.arch is not None:
@@ -225,7 +228,7 @@ def _coerce(key: str, value: Any) -> Any:
     except (TypeError, ValueError, OverflowError):
         integral = key in ("threads", "max_batch_size") or isinstance(default, int)
         kind = "an integer" if integral else "a number" if key == "decode_memory_mb" else type(default).__name__
-        raise ValueError(f"{key} must be {kind}, got {value!r}") from None
+        raise ValueError(f"{key} must be {kind}, got {quoted(value)}") from None
 
 
 def merged(file_values: Mapping[str, Any], flag_values: Mapping[str, Any]) -> ServeConfig:

@@ -46,7 +46,7 @@ import numpy as np
 from tqdm import tqdm
 
 from attnzoo.cli import add_debug_flag, entry_point
-from attnzoo.errors import UsageError
+from attnzoo.errors import UsageError, quoted
 from attnzoo.fileio import atomic_write_text, default_cache_dir, sha256_file, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import environment
@@ -464,9 +464,9 @@ def _ints(text: str, flag: str) -> list[int]:
     try:
         values = [int(v) for v in str(text).split(",") if v.strip()]
     except ValueError:
-        raise UsageError(f"{flag} must be integers separated by commas, got {text!r}") from None
+        raise UsageError(f"{flag} must be integers separated by commas, got {quoted(text)}") from None
     if not values or min(values) < 1:
-        raise UsageError(f"{flag} must be positive integers, got {text!r}")
+        raise UsageError(f"{flag} must be positive integers, got {quoted(text)}")
     return values
 
 

@@ -3,7 +3,7 @@ before any work (a known target; one the precision's tensor cores exist on; ``CU
 
 from __future__ import annotations
 
-from attnzoo.errors import UsageError
+from attnzoo.errors import UsageError, quoted
 from attnzoo.export.formats import FormatOption
 from attnzoo.lazy import lazy_import
 from attnzoo.runtime.precision import Precision, get_precision
@@ -51,7 +51,7 @@ def check_compute_capability(compute_capability: str | None, dtype: str) -> None
     if compute_capability is None:
         error = None
     elif compute_capability not in COMPUTE_CAPABILITIES:
-        error = f"unknown compute capability {compute_capability!r}; valid: {', '.join(COMPUTE_CAPABILITIES)}"
+        error = f"unknown compute capability {quoted(compute_capability)}; valid: {', '.join(COMPUTE_CAPABILITIES)}"
     elif compute_capability == "CURRENT" and not rt.gpu_available():
         error = (
             "--compute-capability CURRENT needs a GPU and none is visible; name one to build ahead of time (e.g. SM89)"

@@ -1,7 +1,11 @@
 """Shared pieces: checkpoint config reading, the preprocessing path and atomic writes."""
 
 import os
+import signal
 import stat
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +13,8 @@ import pytest
 import torch
 from PIL import Image
 
-from attnzoo.fileio import atomic_path, atomic_write_text
+from attnzoo import fileio
+from attnzoo.fileio import atomic_path, atomic_write_text, temporary_folder
 from attnzoo.models import create_model
 from attnzoo.models.checkpoint import NoConfigError, load_checkpoint, read_config, save_checkpoint
 from attnzoo.preprocess import busy_background, input_style_of, load_image, preprocess, to_input_style
@@ -61,6 +66,50 @@ def test_atomic_path_leaves_nothing_on_failure_and_normal_permissions_on_success
     mask = os.umask(0)
     os.umask(mask)
     assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~mask
+
+
+_KILLED_MID_WRITE = """
+import sys, time
+from pathlib import Path
+from attnzoo.fileio import atomic_path, temporary_folder
+out = Path(sys.argv[1])
+with temporary_folder(sys.argv[2]) as work, atomic_path(out) as tmp:
+    tmp.with_name(tmp.name + ".pt2").write_bytes(b"half")  # a library's own name beside it (AOTInductor's)
+    (work / "fp32.onnx").write_bytes(b"half")
+    print(tmp, work, sep="\\n", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_kill_leaves_no_temporary_file_past_the_next_write(tmp_path):
+    """``kill -9`` mid-write leaves the temporary files (nothing runs to remove them); the next write of the same
+    target removes them, and the next temporary folder of the same prefix the dead one's, while a live process's
+    temporaries and another host's are left alone."""
+    out, prefix = tmp_path / "m.pt2", f"attnzoo-test-{os.getpid()}-"
+    root = Path(__file__).resolve().parents[2]  # the child imports this checkout's attnzoo
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_MID_WRITE, str(out), prefix], cwd=root, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        tmp, work = (Path(proc.stdout.readline().strip()) for _ in range(2))
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    left = [tmp, tmp.with_name(tmp.name + ".pt2"), work]
+    assert (
+        all(p.exists() for p in left) and tmp.name.startswith(".m.pt2.") and work.parent == Path(tempfile.gettempdir())
+    )
+    assert f".{proc.pid}." in tmp.name and f".{proc.pid}." in work.name  # its owner, named
+    live = tmp_path / tmp.name.replace(f".{proc.pid}.", ".1.")  # pid 1 always runs
+    other_host = tmp_path / tmp.name.replace(f".{fileio._HOST}.", ".elsewhere.")
+    live.write_bytes(b"")
+    other_host.write_bytes(b"")
+    atomic_write_text(out, "new")
+    assert out.read_text() == "new" and not tmp.exists() and not tmp.with_name(tmp.name + ".pt2").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([out.name, live.name, other_host.name])
+    with temporary_folder(prefix) as mine:
+        assert not work.exists() and mine.is_dir()
+    assert not mine.exists()
 
 
 # ------------------------------------------------------------------------------------------- input styles

@@ -136,3 +136,40 @@ def test_a_ray_task_error_says_its_cause_in_the_one_line(capsys):
         "(run with --debug for the traceback)"
     )
     assert capsys.readouterr().err.strip() == str(info.value)
+
+
+def test_quoted_cuts_a_name_to_the_limit_whatever_it_holds():
+    from attnzoo.errors import MAX_NAME_SHOWN, quoted
+
+    assert quoted("standard") == "'standard'" and quoted(3) == "3" and quoted("x" * 80) == repr("x" * 80)
+    assert quoted("m" * 60_000) == repr("m" * 77 + "...")
+    for hostile in ("\x00" * 60_000, "\U0001f600" * 60_000, "'\"\n" * 20_000, ["m" * 60_000]):
+        shown = quoted(hostile)
+        assert len(shown) <= MAX_NAME_SHOWN + 2 and shown.rstrip("'\"]").endswith("..."), shown
+
+
+LONG = "v" * 60_000
+
+
+@pytest.mark.parametrize(
+    "module, argv",
+    [
+        ("attnzoo.export.cli", ["--variant", LONG]),
+        ("attnzoo.export.cli", ["--dtype", LONG]),
+        ("attnzoo.export.cli", ["--format", LONG]),
+        ("attnzoo.benchmarks.cli", ["--variants", LONG]),
+        ("attnzoo.benchmarks.cli", ["--batch-sizes", LONG]),
+        ("attnzoo.report.cli", ["--variant", LONG]),
+        ("attnzoo.serve.demo.cli", ["--backend", LONG]),
+    ],
+)
+def test_a_long_name_on_a_command_line_comes_back_cut(module, argv, capsys):
+    """Every error line that echoes a name it was given quotes 80 characters of it at most (attnzoo.errors.quoted),
+    argparse's own (``invalid choice: ...``) too."""
+    main = importlib.import_module(module).main
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err
+    line = err.strip().splitlines()[-1]  # the command's error line, or argparse's after its usage
+    assert info.value.code == 2 and "error: " in line and len(err) < 3000, err[-300:]
+    assert "v" * 77 + "..." in line and "v" * 78 not in line, line[:300]

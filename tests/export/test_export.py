@@ -563,6 +563,36 @@ def test_export_model_is_the_library_call_behind_the_cli(tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
+def test_out_says_when_it_replaces_a_file_and_replaces_a_link_not_its_target(exported, tmp_path, monkeypatch):
+    """An existing ``--out`` is replaced only by a file that passed, and the summary says so in one line; a symbolic
+    link there is replaced by the new file, and the file it pointed to is left as it was (never written through)."""
+    from attnzoo.export import export_model
+    from attnzoo.fileio import atomic_write_bytes
+
+    model, path, report = exported("standard")
+    verified = path.read_bytes()
+
+    def again(model, path, *args, **kwargs):  # the fixture's verified file, written as the export writes it
+        atomic_write_bytes(path, verified)
+        return report
+
+    monkeypatch.setattr(verify_mod, "export_verified", again)
+    out = tmp_path / "m.onnx"
+    first = export_model(model=model, out=out, batch_sizes=(1,))
+    assert first.replaced == [] and "replaced" not in first.summary()
+    second = export_model(model=model, out=out, batch_sizes=(1,))
+    assert second.replaced == [f"replaced: the file that was at {out}"]
+    assert second.summary().splitlines()[-1] == second.replaced[0]
+    kept = tmp_path / "kept.onnx"
+    kept.write_bytes(b"another model, not to be touched")
+    out.unlink()
+    out.symlink_to(kept.name)
+    third = export_model(model=model, out=out, batch_sizes=(1,))
+    assert third.replaced == [f"replaced: the symbolic link {out} (to kept.onnx, left as it was) by the new file"]
+    assert not out.is_symlink() and sha256_file(out) == third.report["sha256"]
+    assert kept.read_bytes() == b"another model, not to be touched"
+
+
 def test_cli_bad_inputs(tmp_path, monkeypatch):
     from attnzoo import zoo
 

@@ -265,6 +265,63 @@ def test_an_op_openvino_refuses_is_named_in_one_line_and_nothing_is_written(beli
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b2.xml.failed.json"]
 
 
+def test_a_full_disk_is_named_as_a_full_disk_not_blamed_on_the_model(belief2_ir, tmp_path, monkeypatch):
+    """OpenVINO says only ``basic_ios::clear: iostream error`` when its write finds no room: with no space left where
+    the IR is written, the export says the disk is full, writes no ``.failed.json`` blaming the model and leaves the
+    good IR there; the same error with room to spare stays OpenVINO's refusal."""
+    from attnzoo import fileio
+    from attnzoo.export import DiskFullError
+
+    model, _ = belief2_ir
+    _same_onnx(monkeypatch, model)
+
+    def stream_error(model, path, **kwargs):
+        path.write_bytes(b"<?xml")  # what fitted before the disk was full
+        raise RuntimeError("Exception from src/core/src/pass/serialize.cpp:1261:\nbasic_ios::clear: iostream error")
+
+    monkeypatch.setattr(ovrt, "save_ir", stream_error)
+    monkeypatch.setattr(fileio, "_free_bytes", lambda folder: 4096)
+    out = tmp_path / "b2.xml"
+    out.write_text("a good IR already there")
+    with pytest.raises(DiskFullError) as err:
+        export_model(model=model, out=out, format="openvino", batch_sizes=(1,))
+    line = str(err.value)
+    assert "\n" not in line and line.startswith("OpenVINO IR export failed: writing b2.xml: the disk is full")
+    assert f"no space left on device in {tmp_path} (0.0 MB free, about " in line and "verification" not in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b2.xml"] and out.read_text() == "a good IR already there"
+    monkeypatch.setattr(fileio, "_free_bytes", lambda folder: 2**40)  # room: OpenVINO's own failure, as before
+    with pytest.raises(ExportError, match="OpenVINO refuses the ONNX graph: basic_ios::clear: iostream error") as err:
+        export_model(model=model, out=out, format="openvino", batch_sizes=(1,))
+    assert not isinstance(err.value, DiskFullError)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b2.xml", "b2.xml.failed.json"]
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [
+        OSError(28, "No space left on device", "/data/exports/m.pte"),  # ExecuTorch's, onnx.save's: an OSError
+        RuntimeError("could not write the program: No space left on device"),  # a library's own words
+    ],
+)
+def test_the_step_runner_names_a_full_disk_whatever_raised_it(raised, monkeypatch):
+    from attnzoo import fileio
+    from attnzoo.export import DiskFullError
+
+    monkeypatch.setattr(fileio, "_free_bytes", lambda folder: 0)
+
+    def write():
+        raise raised
+
+    with pytest.raises(DiskFullError) as err:
+        base.run_step(write, "ExecuTorch export failed")
+    line = str(err.value)
+    assert line.startswith("ExecuTorch export failed: the disk is full: no space left on device") and "\n" not in line
+    if isinstance(raised, OSError):
+        assert "in /data/exports (0.0 MB free)" in line
+    with pytest.raises(OSError):  # any other OSError is left as it was
+        base.run_step(lambda: open("/nonexistent/x"), "export failed")
+
+
 @pytest.fixture(scope="module")
 def belief2_int8_ir(tmp_path_factory):
     """belief2's int8 IR (one block, untrained: calibrated and gated on random inputs, the gate at 0)."""

@@ -86,7 +86,7 @@ def test_registered_variant_is_listed_built_and_exported_with_its_scope(registry
     from attnzoo.models.__main__ import variants_table
 
     row = [r for r in variants_table("micro").splitlines() if r.startswith("| `tp-gain`")]
-    assert len(row) == 1 and "Test paper, https://example.org" in row[0] and "`gain`" in row[0]
+    assert len(row) == 1 and "Test paper, https&#58;//example.org" in row[0] and "`gain`" in row[0]  # no autolink
     model = create_model("tp-gain", num_classes=3)
     assert "plugin" not in model.attnzoo_config  # registered by a module no installed distribution provides
     # fp16: the scope's nodes in every block, computing in fp32 (the fp32 export is the slow whole-path test's)
@@ -105,6 +105,23 @@ def test_registered_variant_is_listed_built_and_exported_with_its_scope(registry
     register_variant("tp-gain-div", GainAttention, paper="p", extra_scopes={"gain": {"Mul": 1, "Div": 1}})
     result = check_extra_math(proto, {**model.attnzoo_config, "variant": "tp-gain-div"})
     assert result["failures"] == [f"blocks.{i}.attn.gain: 0 Div node(s), need 1" for i in range(DEPTH)]
+
+
+def test_a_plugins_metadata_renders_as_text_in_the_variant_tables(registry_restored, monkeypatch):
+    """``python -m attnzoo.models`` puts a plugin's paper, equations, extra parameters and package into Markdown
+    tables: each goes through attnzoo.mdtext, as the report pages do (no raw HTML, no link to an unknown host or a
+    ``javascript:`` address, no table cell or row added)."""
+    from attnzoo.models.__main__ import extra_weights_table, papers_table, variants_table
+    from tests.report.test_report_escaping import HOSTILE, _check_page
+
+    monkeypatch.setattr(registry, "_LOADING", [(HOSTILE, HOSTILE)])  # as if an entry point of that package ran
+    register_variant(
+        "tp-hostile", GainAttention, paper=HOSTILE, equations=HOSTILE, extra_params=HOSTILE, extra_scopes=["gain"]
+    )
+    page = "\n\n".join([variants_table("micro"), papers_table(), extra_weights_table()])
+    _check_page(page)
+    rows = [r for r in page.splitlines() if r.startswith("| `tp-hostile`") or "x\\|y" in r]
+    assert len(rows) == 3 and all("x\\|y &lt;script&gt;" in r for r in rows), rows  # shown, escaped, not dropped
 
 
 def _post_norm_block(post_norm: bool):
@@ -498,6 +515,40 @@ def test_a_lookup_in_another_thread_waits_for_the_plugins(registry_restored, onl
     loader.join()
 
 
+def test_a_plugin_that_hangs_is_skipped_after_the_limit_with_one_warning(
+    registry_restored, only_fake_plugins, tmp_path, monkeypatch
+):
+    """A ``register()`` that does not return is waited for PLUGIN_REGISTER_TIMEOUT_S (attnzoo/limits.py), then
+    skipped with one line naming it; the other plugins load, and what it registers once it wakes is refused."""
+    import threading
+    import time
+
+    from attnzoo import limits
+
+    late = "import time\n" + _GOOD.replace("{name}", "tp-late").replace(
+        "def register():", "def register():\n    time.sleep(1.5)"
+    )
+    _fake_dist(tmp_path, "tp-sleeps", "0.3", "tp_sleeps", late)
+    _fake_dist(tmp_path, "tp-good", "1.2", "tp_good", _GOOD.replace("{name}", "tp-half"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(limits, "PLUGIN_REGISTER_TIMEOUT_S", 0.3)
+    start = time.monotonic()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        added = load_plugins()
+    took = time.monotonic() - start
+    texts = [str(w.message) for w in caught if issubclass(w.category, PluginWarning)]
+    assert added == ["tp-half"] and took < 1.4, (added, took)
+    assert texts == [
+        "attnzoo variant plugin 'tp_sleeps' (tp-sleeps 0.3) skipped: its entry point did not return within 0.3 s "
+        "(PLUGIN_REGISTER_TIMEOUT_S in attnzoo/limits.py)"
+    ]
+    sleeper = next(t for t in threading.enumerate() if t.name == "attnzoo-plugin-tp_sleeps")
+    assert sleeper.daemon  # never holds the process at exit
+    sleeper.join(30)
+    assert not sleeper.is_alive() and "tp-late" not in VARIANTS and "tp-late" not in VARIANT_NAMES
+
+
 @pytest.mark.slow
 def test_a_plugin_that_exits_or_hangs_leaves_import_and_help_alone(tmp_path):
     """Importing the package and a command's --help run no plugin; a lookup skips the exiting one with one line."""
@@ -515,7 +566,7 @@ def test_a_plugin_that_exits_or_hangs_leaves_import_and_help_alone(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0 and "usage: bench-latency" in proc.stdout and proc.stderr == ""
-    (tmp_path / "tp_hangs-0.1.dist-info" / "entry_points.txt").unlink()  # the lookup would wait for it forever
+    (tmp_path / "tp_hangs-0.1.dist-info" / "entry_points.txt").unlink()  # else the lookup waits the 30 s limit for it
     code = "from attnzoo.models import VARIANTS; print(len(VARIANTS) > 15)"
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert (proc.returncode, proc.stdout.strip()) == (0, "True")

@@ -483,6 +483,15 @@ def test_unknown_variant_lists_the_valid_ones(client, images):
         client.predict(handle_file(images["rgb"]), "nope", api_name="/classify")
 
 
+def test_a_long_variant_name_comes_back_cut_in_the_error_event(client, images):
+    """A 60 KB model name is quoted in the error event as 80 characters at most, as serve-models quotes it."""
+    for api, value in (("/classify", "v" * 60_000), ("/compare", "t" * 60_000)):
+        with pytest.raises(AppError) as info:
+            client.predict(handle_file(images["rgb"]), value, api_name=api)
+        message = str(info.value)
+        assert len(message) < 300 and value[:77] + "..." in message and value[:78] not in message, message[:300]
+
+
 def test_upload_size_is_capped(client, tmp_path):
     big = tmp_path / "big.png"
     big.write_bytes(b"\x89PNG" + os.urandom(11 * 1024 * 1024))
