@@ -33,13 +33,12 @@ from attnzoo.mdtext import code, link, text
 from attnzoo.preprocess import INPUT_STYLES, input_style_of
 
 from . import hub
+from .names import CARDS_DIR, packaged_card
 
 __all__ = ["ROOT", "CARDS_DIR", "DATASETS", "card_markdown", "write_folder", "packaged_card", "names_table"]
 
 #: The repository root in a checkout (``zoo/`` is one of its folders); a card's sources are read from it.
 ROOT = zoo.ZOO_DIR.parent
-#: The committed cards, one folder per timm name (package data: they ship with the weights).
-CARDS_DIR = zoo.ZOO_DIR / "cards"
 REPORTS = Path("results") / "variant-reports"
 VARIANTS_DOC = Path("docs") / "variants.md"
 
@@ -447,12 +446,6 @@ def write_folder(name: str, out: Path, markdown: str | None = None, readme_only:
         for file in ("config.json", "model.safetensors", "README.md"):
             os.replace(staged / file, folder / file)
     return folder
-
-
-def packaged_card(name: str) -> str | None:
-    """The committed (packaged) card of a timm name, or ``None`` when there is none."""
-    path = CARDS_DIR / name / "README.md"
-    return path.read_text(encoding="utf-8") if path.is_file() else None
 
 
 def names_table(data: str = zoo.DEFAULT_DATA, cards: str = "../zoo/cards") -> str:

@@ -1,7 +1,8 @@
 """The zoo as timm models: one timm name per zoo model, registered with timm's own ``register_model`` and
 ``generate_default_cfgs`` when ``attnzoo.models`` is imported, its weights the packaged file.
 
-A name is timm's ``architecture.tag``. The architecture says what is built, the tag which weights:
+A name is timm's ``architecture.tag`` (:mod:`attnzoo.zoo.names`). The architecture says what is built, the tag
+which weights:
 
 - a classifier: ``vit_<arch>_<variant>``, e.g. ``vit_micro_conv_belief2`` (a timm ``VisionTransformer`` of the
   ``micro-conv`` layout with belief2 attention);
@@ -34,13 +35,10 @@ from torch import nn
 
 from attnzoo import models, zoo
 from attnzoo.models.checkpoint import read_config
+from attnzoo.zoo import names as naming
+from attnzoo.zoo.names import tag
 
-__all__ = ["TAGS", "ZooArch", "timm_name", "arch_name", "names", "entry", "config", "default_cfgs"]
-
-#: The timm tag of each zoo data set (its weights' source, as timm's ``in1k``).
-TAGS = {"fashion": "fashion_mnist", "shapes": "shapes", "digits": "digits"}
-#: The decoder a segmenter's name leaves unsaid (the zoo's).
-DEFAULT_DECODER = "linear"
+__all__ = ["ZooArch", "timm_name", "arch_name", "names", "entry", "config", "default_cfgs"]
 
 
 @dataclass(frozen=True)
@@ -93,21 +91,9 @@ class ZooArch:
         )
 
 
-def _part(name: str) -> str:
-    return name.replace("-", "_")
-
-
 def arch_name(arch: ZooArch) -> str:
     """timm architecture name: ``vit_micro_conv_belief2``, ``segmenter_vit_micro_conv_belief2``."""
-    base = f"vit_{_part(arch.arch)}_{_part(arch.variant)}"
-    if arch.task == "cls":
-        return base
-    suffix = "" if arch.decoder in (None, DEFAULT_DECODER) else f"_{_part(str(arch.decoder))}"
-    return f"segmenter_{base}{suffix}"
-
-
-def _tag(data: str) -> str:
-    return TAGS.get(data, _part(data))
+    return naming.arch_name(arch.variant, arch.task, arch.arch, arch.decoder)
 
 
 def _first_conv(arch: ZooArch) -> str:
@@ -153,7 +139,7 @@ def timm_name(e: Mapping[str, Any]) -> str:
     cfg = _CONFIGS.get(e["file"])
     if cfg is None:
         raise ValueError(f"{e['file']}: not registered with timm (its config could not be read at import)")
-    return f"{arch_name(ZooArch.of(cfg))}.{_tag(e['data'])}"
+    return f"{arch_name(ZooArch.of(cfg))}.{tag(e['data'])}"
 
 
 def _register() -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], dict[str, ZooArch], dict[str, Any]]:
@@ -174,7 +160,7 @@ def _register() -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], d
         if archs.setdefault(name, arch) != arch:
             raise RuntimeError(f"zoo models of two builds share the timm name {name}: {archs[name]} and {arch}")
         configs[e["file"]] = cfg
-        full = f"{name}.{_tag(e['data'])}"
+        full = f"{name}.{tag(e['data'])}"
         rows[full] = e
         cfgs[full] = _pretrained_cfg(e, cfg, arch)
     return configs, rows, archs, cfgs

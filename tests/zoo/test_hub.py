@@ -16,7 +16,7 @@ from timm.data import create_transform, resolve_data_config
 
 from attnzoo import zoo
 from attnzoo.data.datasets import load_data
-from attnzoo.zoo import hub
+from attnzoo.zoo import hub, names
 
 CLASSIFIER = "vit_micro_conv_belief2.fashion_mnist"
 SEGMENTER = "segmenter_vit_micro_conv_belief2.fashion_mnist"
@@ -34,6 +34,11 @@ def test_every_zoo_model_has_one_timm_name_that_timm_lists_as_pretrained():
     fashion_seg = hub.names(data="fashion", task="seg")
     assert len(fashion_seg) == 15 and all(n.startswith("segmenter_vit_micro_conv_") for n in fashion_seg)
     assert "vit_micro_conv_anti_wafe_mae.fashion_mnist" in names  # "-" spelled "_", as timm names are
+
+
+def test_the_light_names_are_the_registered_ones():
+    """``attnzoo.zoo.names`` (no torch: the demo reads it) names every zoo model as the hub registers it."""
+    assert [names.entry_name(e) for e in zoo.entries()] == [hub.timm_name(e) for e in zoo.entries()] == hub.names()
 
 
 def test_a_pretrained_cfg_describes_the_weights_it_names(offline):
