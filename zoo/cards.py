@@ -438,7 +438,10 @@ def write_folder(name: str, out: Path, markdown: str | None = None, readme_only:
     with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{name}.") as tmp:
         staged = Path(tmp)
         save_for_hf(
-            model, staged, safe_serialization=True, model_config={"label_names": list(hub.config(name)["class_names"])}
+            model,
+            str(staged),
+            safe_serialization=True,
+            model_config={"label_names": list(hub.config(name)["class_names"])},
         )
         shutil.copyfile(zoo.ZOO_DIR / e["file"], staged / "model.safetensors")  # the zoo's bytes, attnzoo metadata kept
         (staged / "README.md").write_text(markdown, encoding="utf-8")

@@ -84,10 +84,10 @@ class ZooArch:
             if len(img_size) != 2 or img_size[0] != img_size[1]:
                 raise ValueError(f"{arch_name(self)} takes a square img_size, got {tuple(img_size)}")
             img_size = int(img_size[0])
-        decoder = {"decoder": self.decoder} if self.decoder else {}
-        options = {**dict(self.options), **kwargs}
+        # the variant's options as the zoo trained them, each one overridden by a keyword given here
+        build: dict[str, Any] = {**({"decoder": self.decoder} if self.decoder else {}), **dict(self.options), **kwargs}
         return models.create_model(
-            self.variant, self.task, self.arch, num_classes=num_classes, img_size=img_size, **decoder, **options
+            self.variant, self.task, self.arch, num_classes=num_classes, img_size=img_size, **build
         )
 
 

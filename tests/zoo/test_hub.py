@@ -111,6 +111,9 @@ def test_timm_adapts_a_zoo_model_as_it_adapts_its_own(offline):
     assert torch.equal(three.blocks[0].attn.qkv.weight, zoo_model.blocks[0].attn.qkv.weight)
     seg = timm.create_model(SEGMENTER, pretrained=True, num_classes=4)
     assert seg.decoder.head.weight.shape[0] == 4
+    # a variant option given to timm overrides the zoo's (an untrained model of another build)
+    assert timm.create_model(CLASSIFIER, phi="silu").attnzoo_config["options"]["phi"] == "silu"
+    assert zoo_model.attnzoo_config["options"]["phi"] == "gelu"
     with pytest.raises(ValueError, match="takes 3-channel images"):
         timm.create_model(CLASSIFIER, in_chans=1)
     with pytest.raises(ValueError, match="unknown option"):
