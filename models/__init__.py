@@ -95,3 +95,8 @@ __all__ = [
 
 # Plugins (entry-point group attnzoo.variants) load at the first lookup of a variant name, not here: importing the
 # package, and every command's --help, runs no third-party code (registry.load_plugins).
+
+# The zoo's trained models as timm models (timm.create_model("vit_micro_conv_belief2.fashion_mnist", pretrained=True)),
+# registered here so that importing attnzoo.models is all a timm user does: the one import of the layer above
+# (attnzoo.zoo.hub reads the zoo's listing and builds with the factory above; docs/architecture.md).
+from attnzoo.zoo import hub as _zoo_hub  # noqa: F401  # isort: skip

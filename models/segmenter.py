@@ -108,6 +108,7 @@ class Segmenter(nn.Module):
             raise ValueError(f"unknown decoder {decoder!r}; valid: {', '.join(DECODERS)}")
         self.encoder = encoder
         self.num_classes = num_classes
+        self.num_features = encoder.num_features  # timm's name for the width the head reads (save_for_hf records it)
         self.patch_size = encoder.patch_embed.patch_size[0]
         size = encoder.patch_embed.img_size
         self.img_size: tuple[int, int] = (int(size[0]), int(size[1]))

@@ -67,6 +67,7 @@ from attnzoo.runtime.sessions import (
     verification_problem,
 )
 from attnzoo.zoo import DEFAULT_DATA
+from attnzoo.zoo.names import entry_name
 
 # imported on first use, so that serve-demo and serve-models (their --help too) start without timm, onnx and the
 # exporter, which only an export or a checkpoint needs; httpx only for --backend-url
@@ -147,6 +148,7 @@ class ServedModel:
         backend_note: Why this backend serves it (``auto``'s measurement), for the page.
         input_style: How an upload is converted before preprocessing (:data:`attnzoo.preprocess.INPUT_STYLES`).
         score: The zoo's measured test metric of the model (``score_name``: ``top1`` or ``miou``), or None.
+        timm_name: A zoo model's timm name (:mod:`attnzoo.zoo.names`; its card, where one ships), else ``""``.
     """
 
     name: str
@@ -166,6 +168,7 @@ class ServedModel:
     score: float | None = None
     score_name: str = ""
     dtype: str = "fp32"
+    timm_name: str = ""
 
 
 def resolve_backend(name: str) -> str:
@@ -642,11 +645,12 @@ def _prefetch(runners: Sequence[_LazyZooRunner], data: str, cache_dir: Path | No
 
 
 def _with_scores(models: list[ServedModel], rows: Sequence[dict]) -> list[ServedModel]:
-    """Give each zoo model its manifest test metric."""
+    """Give each zoo model its manifest test metric and its timm name."""
     by_key = {(e["variant"], e["task"]): e for e in rows}
     for m in models:
         row = by_key.get((m.variant, m.task), {})
         m.score, m.score_name = row.get("test_metric"), row.get("metric_name", "")
+        m.timm_name = entry_name(row) if row else ""
     return models
 
 

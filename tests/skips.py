@@ -34,6 +34,7 @@ KINDS: dict[str, str] = {
     r"/proc": "Linux's `/proc`",
     r"FIFO": "FIFOs",
     r"malloc_trim": "`malloc_trim`",
+    r"C compiler \(gcc\)": "a C compiler",
     r"\.\[dev\]'? installs it": "ruff or mypy where `[dev]` is not installed",
 }
 

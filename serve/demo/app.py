@@ -29,6 +29,7 @@ from typing import Any
 import gradio as gr  # offline: attnzoo.serve (the parent package, imported first) set Gradio's environment
 import numpy as np
 from gradio.utils import get_upload_folder
+from huggingface_hub import ModelCard
 from PIL import Image
 from starlette.middleware import Middleware
 
@@ -50,6 +51,7 @@ from attnzoo.serve.predict import (
     segment,
     topk_chart,
 )
+from attnzoo.zoo.names import packaged_card
 
 __all__ = [
     "build_demo",
@@ -378,6 +380,27 @@ def _variant_dropdown(models: DemoModels, task: str) -> gr.Dropdown:
     )
 
 
+def model_card(model: ServedModel) -> str:
+    """The card of a served zoo model, as its Markdown body (the YAML metadata is for the Hub's tools), or one line
+    saying that none ships with it."""
+    card = packaged_card(model.timm_name) if model.timm_name else None
+    if card is None:
+        return f"No model card ships with {model.name}: the zoo's Fashion-MNIST models carry one."
+    return ModelCard(card).text.strip()
+
+
+def _card_panel(models: DemoModels, task: str, variant: gr.Dropdown) -> None:
+    """The picked model's card (``zoo/cards/<timm name>/README.md``, packaged), under its dropdown and following it."""
+
+    @_user_errors
+    def card_of(name: str | None) -> str:
+        return model_card(models.get(task, name)) if models.names(task) else ""
+
+    with gr.Accordion("model card: what was measured, how it deploys", open=False):
+        shown = gr.Markdown(card_of(models.default(task)), elem_id=f"{task}-card")
+    variant.change(card_of, variant, shown, api_name=f"{task}_card", show_progress="hidden")
+
+
 def _no_models_note(models: DemoModels, task: str) -> None:
     if not models.names(task):
         kind = "classifier" if task == "cls" else "segmenter"
@@ -406,6 +429,7 @@ def _classify_tab(models: DemoModels, roots: Sequence[Path], gate: SizeGate) -> 
                         "Classify drawing", variant="primary", interactive=bool(models.names("cls"))
                     )
             variant = _variant_dropdown(models, "cls")
+            _card_panel(models, "cls", variant)
             if ex.example_paths("cls"):
                 gr.Examples(ex.example_paths("cls"), inputs=image, label=ex.title())
         with gr.Column():
@@ -467,6 +491,7 @@ def _segment_tab(models: DemoModels, max_side: int | None, roots: Sequence[Path]
                 elem_classes="pixelated",
             )
             variant = _variant_dropdown(models, "seg")
+            _card_panel(models, "seg", variant)
             button = gr.Button(
                 "Segment", variant="primary", elem_id="seg-button", interactive=bool(models.names("seg"))
             )

@@ -29,6 +29,10 @@ LAYERS: list[tuple[str, str]] = [
     ("report", "attnzoo.report"),
     ("serve", "attnzoo.serve"),
 ]
+#: The one import of a layer above made on purpose, as ``(importer, imported)``: ``attnzoo.models`` ends by importing
+#: ``attnzoo.zoo.hub``, which registers the zoo's trained models as timm models, so that ``import attnzoo.models`` is
+#: all a timm user does before ``timm.create_model(name, pretrained=True)`` (docs/architecture.md).
+UPWARD: frozenset[tuple[str, str]] = frozenset({("attnzoo.models", "attnzoo.zoo.hub")})
 #: Side by side on the top layer: each may use ``attnzoo.serve``'s shared modules, never the other.
 APART = ("attnzoo.serve.demo", "attnzoo.serve.rayserve")
 #: Package name -> folder: ``pyproject.toml``'s ``[tool.setuptools.package-dir]``, the table the build uses.
@@ -132,7 +136,7 @@ def check_module(
         if lazy and target not in known:
             found.append(f"{where}:{line}: lazy_import names {target}, no module of the package")
         other = layer_of(target)
-        if other is not None and own is not None and other > own:
+        if other is not None and own is not None and other > own and (name, target) not in UPWARD:
             found.append(f"{where}:{line}: {LAYERS[own][0]} imports {target} ({LAYERS[other][0]}, a layer above)")
         for a, b in (APART, APART[::-1]):
             if (name == a or name.startswith(a + ".")) and (target == b or target.startswith(b + ".")):
@@ -157,6 +161,20 @@ def violations() -> list[str]:
 
 def test_every_import_points_down_the_layers():
     assert violations() == []
+
+
+def test_the_one_upward_import_is_the_zoo_registration_at_the_end_of_attnzoo_models():
+    """The allowance is used, only by the package ``attnzoo.models`` itself (a module of it importing the hub is
+    caught), and only as the last statement of ``models/__init__.py``, after every name the hub builds with."""
+    tree = ast.parse((ROOT / "models" / "__init__.py").read_text())
+    last = tree.body[-1]
+    assert isinstance(last, ast.ImportFrom) and last.module == "attnzoo.zoo" and [a.name for a in last.names] == ["hub"]
+    probe = check_module("attnzoo.models.probe", "from attnzoo.zoo import hub\n")
+    assert probe == ["attnzoo.models.probe:1: models imports attnzoo.zoo.hub (zoo, a layer above)"]
+    assert check_module("attnzoo.models", "from attnzoo.zoo import hub\n", is_package=True) == []
+    assert check_module("attnzoo.models", "from attnzoo.zoo import load\n", is_package=True) == [
+        "attnzoo.models:1: models imports attnzoo.zoo (zoo, a layer above)"
+    ]
 
 
 def test_the_checker_sees_function_level_and_relative_imports():

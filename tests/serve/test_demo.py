@@ -492,6 +492,37 @@ def test_a_long_variant_name_comes_back_cut_in_the_error_event(client, images):
         assert len(message) < 300 and value[:77] + "..." in message and value[:78] not in message, message[:300]
 
 
+def test_the_model_picker_shows_the_picked_models_card(client):
+    """Each dropdown has the picked model's card under it; a model without one (these are served from a folder, not
+    as the zoo's) says so, and a name the dropdown does not list is refused (by Gradio, before the handler)."""
+    assert client.predict("belief2", api_name="/cls_card").startswith("No model card ships with belief2")
+    with pytest.raises(AppError, match=r"nope is not in the list of choices: \['standard', 'belief2'\]"):
+        client.predict("nope", api_name="/cls_card")
+
+
+def test_a_zoo_model_carries_its_timm_name_and_its_packaged_card():
+    from attnzoo.serve.demo.app import model_card
+
+    def served(variant: str, task: str, timm_name: str = "") -> ServedModel:
+        names = CLASSES if task == "cls" else list(FASHION_SEG_CLASSES)
+        return ServedModel(
+            variant, variant, task, names, (28, 28), (0.5,) * 3, (0.5,) * 3, True, run=np.asarray, timm_name=timm_name
+        )
+
+    scored = backends._with_scores([served("belief2", "cls"), served("belief", "seg")], backends.zoo_rows("fashion"))
+    assert [m.timm_name for m in scored] == [
+        "vit_micro_conv_belief2.fashion_mnist",
+        "segmenter_vit_micro_conv_belief.fashion_mnist",
+    ]
+    card = model_card(scored[0])
+    assert card.startswith("# vit_micro_conv_belief2.fashion_mnist\n") and "model-index" not in card
+    assert "## Deployability" in card and "89.41" in card
+    assert (
+        model_card(served("cosine", "cls"))
+        == "No model card ships with cosine: the zoo's Fashion-MNIST models carry one."
+    )
+
+
 def test_upload_size_is_capped(client, tmp_path):
     big = tmp_path / "big.png"
     big.write_bytes(b"\x89PNG" + os.urandom(11 * 1024 * 1024))
