@@ -20,25 +20,22 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from tqdm import tqdm
 
-from attnzoo.benchmarks.stats import ratio_stats, summarize
+from attnzoo.benchmarks.fusable import OPSETS, speedups, time_opsets
+from attnzoo.benchmarks.stats import summarize
 from attnzoo.cli import add_debug_flag, entry_point, parse_names
 from attnzoo.errors import UsageError
 from attnzoo.fileio import default_cache_dir, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary, environment, load_average
-from attnzoo.runtime.backends import cpu_runtimes, reference_backend
 from attnzoo.runtime.fusion import FUSED, RUNTIMES, audit
 from attnzoo.runtime.openvino import unavailable_reason
-from attnzoo.runtime.parity import check
-from attnzoo.studies.mae_forms import time_round_robin
 from attnzoo.studies.report import reprint, require_out, write_report
 
 # --help and usage errors load without torch, onnx and timm: these import at their first use
@@ -46,10 +43,7 @@ torch = lazy_import("torch")
 models = lazy_import("attnzoo.models")
 export = lazy_import("attnzoo.export")
 
-__all__ = ["OPSETS", "export_pair", "time_opsets", "speedups", "markdown", "main"]
-
-#: The unfused form (the package's default export) and the fusable one.
-OPSETS = (20, 23)
+__all__ = ["export_pair", "markdown", "main"]
 
 
 def export_pair(model, variant: str, img_size: int, folder: Path, threads: int) -> dict[int, dict[str, Any]]:
@@ -78,59 +72,6 @@ def export_pair(model, variant: str, img_size: int, folder: Path, threads: int) 
             "fused": {r["runtime"]: (r["fused"], r["cores"]) for r in found["runtimes"] if r["inspected"]},
             "not_inspected": {r["runtime"]: r.get("reason") for r in found["runtimes"] if not r["inspected"]},
             "dot_product_cores": sum(c["dot_product"] for c in found["cores"]),
-        }
-    return out
-
-
-def time_opsets(
-    paths: dict[int, Path],
-    x: np.ndarray,
-    ref: np.ndarray,
-    threads: int,
-    cache: Path,
-    rounds: int,
-    *,
-    eager: Callable[[], object] | None = None,
-    progress: bool = False,
-    reference: str = "eager",
-) -> dict[str, list[float]]:
-    """Seconds per call of each file (``{opset: path}``) on each of the registry's CPU runtimes that runs here
-    (:func:`~attnzoo.runtime.backends.cpu_runtimes`: ONNX Runtime's CPU session, OpenVINO where installed), and of
-    ``eager`` when given, timed round-robin after each runner's output passed the fp32 parity check against
-    ``ref`` (what computed it: ``reference``, named in the error). Keys: ``"<backend> opset<N>"``
-    (``"ort-cpu opset20"``, ...), ``"eager"``.
-
-    Raises:
-        RuntimeError: a runner's output fails the parity check.
-    """
-    runners: dict[str, Callable[[], object]] = {reference_backend(): eager} if eager is not None else {}
-    runtimes = [b for b in cpu_runtimes() if b.unavailable_reason("fp32") is None]
-    for opset, path in paths.items():
-        for backend in runtimes:
-            session = backend.load(path, backend.options(threads=threads, batch=x.shape[0], cache_dir=cache))
-            name = f"{backend.name} opset{opset}"
-            ok, err = check(np.asarray(session.run(x)), ref, "fp32")  # bench-latency's parity gate (shared table)
-            if not ok:
-                raise RuntimeError(f"{name}: parity error {err:.1e} against {reference}")
-            runners[name] = partial(session.run, x)
-    return time_round_robin(runners, rounds, progress=progress)
-
-
-def speedups(times: dict[str, list[float]]) -> dict[str, dict[str, float]]:
-    """Per runtime: the opset-23 file's speed-up over the opset-20 one (median and quartiles of the per-round
-    ratio of their times) and both medians in ms."""
-    out = {}
-    for runtime in [r.name for r in cpu_runtimes()]:
-        a, b = times.get(f"{runtime} opset20"), times.get(f"{runtime} opset23")
-        if a is None or b is None:
-            continue
-        r = ratio_stats(b, a)  # opset-20 time / opset-23 time per round: the fusable file's speed-up
-        out[runtime] = {
-            "opset20_ms": summarize(a, 1)["median_ms"],
-            "opset23_ms": summarize(b, 1)["median_ms"],
-            "speedup": r["ratio_median"],
-            "speedup_q1": r["ratio_q1"],
-            "speedup_q3": r["ratio_q3"],
         }
     return out
 

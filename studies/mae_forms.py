@@ -27,7 +27,7 @@ from unittest import mock
 from tqdm import tqdm
 
 from attnzoo.benchmarks.stats import ratio_stats, summarize
-from attnzoo.benchmarks.timing import time_once, warmup
+from attnzoo.benchmarks.timing import time_round_robin
 from attnzoo.cli import add_debug_flag, entry_point, parse_batch_sizes
 from attnzoo.errors import UsageError
 from attnzoo.fileio import default_cache_dir, writable_dir
@@ -43,7 +43,7 @@ models = lazy_import("attnzoo.models")
 wafe = lazy_import("attnzoo.models.wafe")
 export = lazy_import("attnzoo.export")
 
-__all__ = ["forms", "time_round_robin", "markdown", "main"]
+__all__ = ["forms", "markdown", "main"]
 
 MAE_VARIANTS = ("wafe-mae", "anti-wafe-mae")
 
@@ -69,19 +69,6 @@ def _export(model, form: str, path: Path, threads: int) -> dict[str, Any]:
     finally:
         for layer in layers:
             layer.impl = "auto"
-
-
-def time_round_robin(
-    runners: dict[str, Callable[[], object]], rounds: int, progress: bool = True
-) -> dict[str, list[float]]:
-    """Seconds per call of every runner, ``rounds`` rounds of one call each in a fixed order (after a warm-up)."""
-    for fn in runners.values():
-        warmup(fn)
-    times: dict[str, list[float]] = {name: [] for name in runners}
-    for _ in tqdm(range(rounds), desc="rounds", disable=not progress, leave=False):
-        for name, fn in runners.items():
-            times[name].append(time_once(fn))
-    return times
 
 
 def _rows(times: dict[str, list[float]], batch: int, parity: dict[str, float]) -> list[dict[str, Any]]:

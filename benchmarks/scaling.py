@@ -17,9 +17,9 @@ and memory against tokens or batch) and the FLOP cost model per family come out 
 
 Usage::
 
-    python -m attnzoo.studies.scaling --out results/studies/scaling-cpu
-    python -m attnzoo.studies.scaling --quick --out /tmp/scaling      # micro models, a minute or two
-    python -m attnzoo.studies.scaling --render DIR/scaling.json --out DIR   # tables and plot again
+    python -m attnzoo.benchmarks.scaling --out results/studies/scaling-cpu
+    python -m attnzoo.benchmarks.scaling --quick --out /tmp/scaling      # micro models, a minute or two
+    python -m attnzoo.benchmarks.scaling --render DIR/scaling.json --out DIR   # tables and plot again
 """
 
 from __future__ import annotations
@@ -773,7 +773,7 @@ def cpu_backends() -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m attnzoo.studies.scaling",
+        prog="python -m attnzoo.benchmarks.scaling",
         description=__doc__.split("\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -877,14 +877,14 @@ def parse_settings(argv: Sequence[str]) -> Settings:
         out=a.out,
         cache_dir=a.cache_dir or default_cache_dir() / "scaling",
         progress=not a.no_progress,
-        command=shlex.join(["python", "-m", "attnzoo.studies.scaling", *argv]),
+        command=shlex.join(["python", "-m", "attnzoo.benchmarks.scaling", *argv]),
         quick=a.quick,
     )
 
 
 @entry_point
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m attnzoo.studies.scaling``: the output folders are checked writable before any work."""
+    """``python -m attnzoo.benchmarks.scaling``: the output folders are checked writable before any work."""
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
     if a.render is not None:
