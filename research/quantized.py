@@ -24,9 +24,9 @@ row has its fraction of the machine's matmul ceiling (fp32 or int8) measured in 
 
 Usage::
 
-    python -m attnzoo.studies.quantized --out results/studies/quantized-fashion
-    python -m attnzoo.studies.quantized --out results/studies/quantized-fashion --timing-only  # quiet machine
-    python -m attnzoo.studies.quantized --table results/studies/quantized-fashion/quantized.json
+    python -m research.quantized --out results/studies/quantized-fashion
+    python -m research.quantized --out results/studies/quantized-fashion --timing-only  # quiet machine
+    python -m research.quantized --table results/studies/quantized-fashion/quantized.json
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ from attnzoo.runtime.evaluate import EVAL_BATCH, load_test_split, predict_sessio
 from attnzoo.runtime.parity import TOLERANCES
 from attnzoo.runtime.parity import check as check_parity
 from attnzoo.runtime.precision import get_precision
-from attnzoo.studies.int8_accuracy import _verified_fp32
-from attnzoo.studies.report import add_zoo_selection, contended, reprint, require_out, write_report, zoo_entries
+from research.int8_accuracy import _verified_fp32
+from research.study import add_zoo_selection, contended, reprint, require_out, write_report, zoo_entries
 
 __all__ = ["MODELS", "mcnemar_p", "accuracy_row", "speed_rows", "markdown", "main"]
 
@@ -498,7 +498,7 @@ def _kept_accuracy(
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m attnzoo.studies.quantized",
+        prog="python -m research.quantized",
         description=__doc__.split("\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -566,7 +566,7 @@ def _check(a: argparse.Namespace) -> list[int]:
 
 @entry_point
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m attnzoo.studies.quantized``."""
+    """``python -m research.quantized``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
     if reprint(a.table, markdown):
@@ -588,7 +588,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             old[section]["environment"] = old["environment"]
     env = environment()
     result: dict[str, Any] = {
-        "command": shlex.join(["python", "-m", "attnzoo.studies.quantized", *argv]),
+        "command": shlex.join(["python", "-m", "research.quantized", *argv]),
         "environment": env,
         "accuracy": old.get("accuracy"),
         "speed": old.get("speed"),

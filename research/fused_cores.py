@@ -49,7 +49,7 @@ from attnzoo.fileio import atomic_write_text, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary, environment, load_1min, load_average
 from attnzoo.runtime.parity import TOLERANCES, parity_error
-from attnzoo.studies.report import reprint, require_out
+from research.study import reprint, require_out
 
 # --help, --table and usage errors load without torch and timm
 torch = lazy_import("torch")

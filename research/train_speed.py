@@ -1,6 +1,6 @@
 """What makes a zoo training step cheaper on this CPU, without changing what the recipe trains.
 
-    python -m attnzoo.studies.train_speed --out results/studies/train-speed [--variants standard wafe-mae]
+    python -m research.train_speed --out results/studies/train-speed [--variants standard wafe-mae]
 
 Times optimisation steps of a zoo recipe (default: the Fashion-MNIST segmenters', as retrained:
 ``recipes(retrain=True)``) under each setting:
@@ -30,7 +30,7 @@ from attnzoo.data.datasets import TensorDataset, load_data
 from attnzoo.errors import UsageError
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary, environment, load_average
-from attnzoo.studies.report import reprint, require_out, write_report
+from research.study import reprint, require_out, write_report
 
 # --help and --table load without timm: imported at their first use
 models = lazy_import("attnzoo.models")
@@ -163,7 +163,7 @@ def run(variants: list[str], settings: list[str], steps: int, warmup: int) -> di
                 row = time_steps(variant, setting, steps, warmup)
             rows.append(row)
     return {
-        "command": "python -m attnzoo.studies.train_speed " + " ".join(sys.argv[1:]),
+        "command": "python -m research.train_speed " + " ".join(sys.argv[1:]),
         "environment": environment(),
         "load_start": load_start,
         "load_end": load_average(),
@@ -201,7 +201,7 @@ def markdown(result: dict[str, Any]) -> str:
 @entry_point
 def main(argv: list[str] | None = None) -> int:
     p = add_debug_flag(
-        argparse.ArgumentParser(prog="python -m attnzoo.studies.train_speed", description=__doc__.splitlines()[0])
+        argparse.ArgumentParser(prog="python -m research.train_speed", description=__doc__.splitlines()[0])
     )
     p.add_argument("--variants", nargs="+", default=["standard"])
     p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS)

@@ -21,11 +21,11 @@ and records whether each still passes its accuracy gate on the test split, with 
 
 Usage::
 
-    python -m attnzoo.studies.int8_fidelity --out results/studies/int8-fidelity
-    python -m attnzoo.studies.int8_fidelity --out results/studies/int8-fidelity --zoo-accuracy cls
-    python -m attnzoo.studies.int8_fidelity --table results/studies/int8-fidelity/results.json
-    python -m attnzoo.studies.int8_fidelity --remedies --out results/studies/int8-remedies
-    python -m attnzoo.studies.int8_fidelity --zoo-outliers cls --out results/studies/int8-remedies
+    python -m research.int8_fidelity --out results/studies/int8-fidelity
+    python -m research.int8_fidelity --out results/studies/int8-fidelity --zoo-accuracy cls
+    python -m research.int8_fidelity --table results/studies/int8-fidelity/results.json
+    python -m research.int8_fidelity --remedies --out results/studies/int8-remedies
+    python -m research.int8_fidelity --zoo-outliers cls --out results/studies/int8-remedies
 
 ``--remedies``: the stand-in with LayerNorm outlier channels calibrated on augmented crops of three images,
 each outlier remedy on the same footing (:func:`remedies`); ``--zoo-outliers``: whether ``auto``'s SmoothQuant
@@ -58,7 +58,7 @@ from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
 from attnzoo.runtime import openvino as ov
 from attnzoo.runtime.backends.openvino import OPENVINO, OpenVINORuntimeSession
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
-from attnzoo.studies.report import contended, reprint, require_out
+from research.study import contended, reprint, require_out
 
 # --help and --table load without torch, onnx and timm: these import at their first use
 torch = lazy_import("torch")
@@ -336,7 +336,7 @@ def measure(
             row["speed"] = {rt: s.get(row["placement"], s) for rt, s in speed.items()}
     load_end = list(os.getloadavg())
     return {
-        "command": "python -m attnzoo.studies.int8_fidelity " + " ".join(sys.argv[1:]),
+        "command": "python -m research.int8_fidelity " + " ".join(sys.argv[1:]),
         "cpu": cpu_info(),
         "model": {**model_kwargs, "config": config},
         "calibration": f"a folder of {images} smooth images (export defaults: the last quarter, at most 64, held out)",
@@ -523,7 +523,7 @@ def remedies(
         }
     load_end = list(os.getloadavg())
     return {
-        "command": "python -m attnzoo.studies.int8_fidelity " + " ".join(sys.argv[1:]),
+        "command": "python -m research.int8_fidelity " + " ".join(sys.argv[1:]),
         "remedies": True,
         "cpu": cpu_info(),
         "versions": _versions(),
@@ -887,7 +887,7 @@ def _zoo_selection(spec: str, data: str) -> list[tuple[str, str]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m attnzoo.studies.int8_fidelity", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m research.int8_fidelity", description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=None, help="folder for results.json and results.md")
     p.add_argument(
         "--table",
@@ -970,7 +970,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         selection = _zoo_selection(args.zoo_accuracy, args.data)
         load_start = list(os.getloadavg())
         rows: list[dict[str, Any]] = []
-        command = "python -m attnzoo.studies.int8_fidelity " + " ".join(sys.argv[1:] if argv is None else argv)
+        command = "python -m research.int8_fidelity " + " ".join(sys.argv[1:] if argv is None else argv)
         result: dict[str, Any] = {}
         for variant, task in selection:  # the report rewritten after each row: a stopped run keeps what it measured
             for placement in ZOO_PLACEMENTS:
@@ -994,7 +994,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.zoo_outliers:
         selection = _zoo_selection(args.zoo_outliers, args.data)
         result = {
-            "command": "python -m attnzoo.studies.int8_fidelity " + " ".join(sys.argv[1:] if argv is None else argv),
+            "command": "python -m research.int8_fidelity " + " ".join(sys.argv[1:] if argv is None else argv),
             "zoo_outliers": True,
             "cpu": cpu_info(),
             "rows": [zoo_outliers(v, t) for v, t in selection],
@@ -1024,7 +1024,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         atomic_write_text(
             out / "zoo-drift.json",
             json.dumps(
-                {"command": "python -m attnzoo.studies.int8_fidelity " + " ".join(sys.argv[1:]), "rows": rows}, indent=2
+                {"command": "python -m research.int8_fidelity " + " ".join(sys.argv[1:]), "rows": rows}, indent=2
             )
             + "\n",
         )

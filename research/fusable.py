@@ -11,7 +11,7 @@ ones) export no ``Attention`` op and are listed with that reason.
 
 Usage::
 
-    python -m attnzoo.studies.fusable --variants standard,belief2,wafe-mse --arch tiny --img-sizes 224,512 \\
+    python -m research.fusable --variants standard,belief2,wafe-mse --arch tiny --img-sizes 224,512 \\
         --threads 1 --out results/studies/fusable-amx
 """
 
@@ -36,7 +36,7 @@ from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary, environment, load_average
 from attnzoo.runtime.fusion import FUSED, RUNTIMES, audit
 from attnzoo.runtime.openvino import unavailable_reason
-from attnzoo.studies.report import reprint, require_out, write_report
+from research.study import reprint, require_out, write_report
 
 # --help and usage errors load without torch, onnx and timm: these import at their first use
 torch = lazy_import("torch")
@@ -170,7 +170,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m attnzoo.studies.fusable",
+        prog="python -m research.fusable",
         description=__doc__.split("\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -199,7 +199,7 @@ def _sizes(text: str) -> list[int]:
 
 @entry_point
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m attnzoo.studies.fusable``."""
+    """``python -m research.fusable``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
     if reprint(a.table, markdown):
@@ -255,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows += _rows(times, variant, size, tokens)
     runtimes = ["openvino", "onnxruntime", "onnxruntime-transformers"]
     result = {
-        "command": shlex.join(["python", "-m", "attnzoo.studies.fusable", *argv]),
+        "command": shlex.join(["python", "-m", "research.fusable", *argv]),
         "arch": a.arch,
         "threads": a.threads,
         "img_sizes": sizes,

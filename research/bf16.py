@@ -18,8 +18,8 @@ On a CPU without bf16 units 2 and 3 are not measured: the report says why (one l
 
 Usage::
 
-    python -m attnzoo.studies.bf16 --out results/studies/bf16-amx
-    python -m attnzoo.studies.bf16 --table results/studies/bf16-amx/bf16.json
+    python -m research.bf16 --out results/studies/bf16-amx
+    python -m research.bf16 --table results/studies/bf16-amx/bf16.json
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ from attnzoo.runtime.openvino import (
 from attnzoo.runtime.parity import TOLERANCES
 from attnzoo.runtime.parity import check as check_parity
 from attnzoo.runtime.sessions import verification_problem
-from attnzoo.studies.report import add_zoo_selection, reprint, require_out, write_report, zoo_entries
+from research.study import add_zoo_selection, reprint, require_out, write_report, zoo_entries
 
 # --table loads without torch, onnx and timm: these import at their first use
 onnx = lazy_import("onnx")
@@ -363,7 +363,7 @@ def markdown(result: Mapping[str, Any]) -> str:
 # ------------------------------------------------------------------------------------------------ command
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m attnzoo.studies.bf16",
+        prog="python -m research.bf16",
         description=__doc__.split("\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -404,7 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 @entry_point
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m attnzoo.studies.bf16``."""
+    """``python -m research.bf16``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
     if reprint(a.table, markdown):
@@ -431,7 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if refused:
         print(f"bf16 not measured on this CPU: {refused}", file=sys.stderr)
     result: dict[str, Any] = {
-        "command": shlex.join(["python", "-m", "attnzoo.studies.bf16", *argv]),
+        "command": shlex.join(["python", "-m", "research.bf16", *argv]),
         "environment": environment(),
         "bf16_unavailable": refused,
         "load_start": load_average(),

@@ -9,7 +9,7 @@ rounds of eager's time / its time in that round, with quartiles. The same seeded
 
 Usage::
 
-    python -m attnzoo.studies.mae_forms --arch tiny --batch-sizes 1,8 --blocks 8,16,32 --threads 1 \\
+    python -m research.mae_forms --arch tiny --batch-sizes 1,8 --blocks 8,16,32 --threads 1 \\
         --out results/bench-latency/cpu-tiny-mae/forms
 """
 
@@ -35,7 +35,7 @@ from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary, environment, load_average
 from attnzoo.runtime.backends import Call, get_backend, reference_backend
 from attnzoo.runtime.parity import check
-from attnzoo.studies.report import write_report
+from research.study import write_report
 
 # --help and usage errors load without torch, onnx and timm: these import at their first use
 torch = lazy_import("torch")
@@ -110,7 +110,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m attnzoo.studies.mae_forms",
+        prog="python -m research.mae_forms",
         description=__doc__.split("\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 @entry_point
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m attnzoo.studies.mae_forms``."""
+    """``python -m research.mae_forms``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
     if a.variant not in MAE_VARIANTS:
@@ -192,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             call.close()
         rows += _rows(times, batch, parity)
     result = {
-        "command": shlex.join(["python", "-m", "attnzoo.studies.mae_forms", *argv]),
+        "command": shlex.join(["python", "-m", "research.mae_forms", *argv]),
         "variant": a.variant,
         "arch": a.arch,
         "threads": a.threads,

@@ -13,8 +13,8 @@ and ``--table`` puts the machines side by side.
 
 Usage::
 
-    python -m attnzoo.studies.int8_accuracy --out results/studies/int8-fashion-avx2
-    python -m attnzoo.studies.int8_accuracy --table results/int8-fashion-*/int8_accuracy.json
+    python -m research.int8_accuracy --out results/studies/int8-fashion-avx2
+    python -m research.int8_accuracy --table results/int8-fashion-*/int8_accuracy.json
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from attnzoo.metrics import confusion_matrix, metrics_from_confusion
 from attnzoo.preprocess import normalize
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.evaluate import predict_session
-from attnzoo.studies.report import add_zoo_selection, contended, write_report, zoo_entries
+from research.study import add_zoo_selection, contended, write_report, zoo_entries
 
 export = lazy_import("attnzoo.export")  # onnx and timm: --help and --table load without them
 
@@ -252,7 +252,7 @@ def readme_table(results: Sequence[dict[str, Any]]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m attnzoo.studies.int8_accuracy",
+        prog="python -m research.int8_accuracy",
         description=__doc__.split("\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -281,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 @entry_point
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m attnzoo.studies.int8_accuracy``."""
+    """``python -m research.int8_accuracy``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
     if a.table is not None:
@@ -306,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = int8_rows(entries, cache, a.threads, batches, a.min_time, a.limit, progress=not a.no_progress)
     load_end = load_average()
     result = {
-        "command": shlex.join(["python", "-m", "attnzoo.studies.int8_accuracy", *argv]),
+        "command": shlex.join(["python", "-m", "research.int8_accuracy", *argv]),
         "threads": a.threads,
         "batch_sizes": batches,
         "data": a.data,
