@@ -25,9 +25,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -38,11 +36,10 @@ from tqdm import tqdm
 
 from attnzoo.benchmarks.cli import variant_list
 from attnzoo.benchmarks.report import markdown_table
-from attnzoo.benchmarks.stats import ratio_stats
 from attnzoo.benchmarks.timing import measure_pair
-from attnzoo.cli import add_debug_flag, entry_point, parse_batch_sizes
+from attnzoo.cli import entry_point, parse_batch_sizes
 from attnzoo.errors import UsageError, first_line
-from attnzoo.fileio import atomic_write_text, default_cache_dir, writable_dir
+from attnzoo.fileio import default_cache_dir, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary, environment, load_1min, load_average
 from attnzoo.runtime.backends import LoadOptions
@@ -56,10 +53,22 @@ from attnzoo.runtime.openvino import (
     check_runtime_precisions,
     unavailable_reason,
 )
-from attnzoo.runtime.parity import TOLERANCES
-from attnzoo.runtime.parity import check as check_parity
 from attnzoo.runtime.sessions import verification_problem
-from research.study import add_zoo_selection, reprint, require_out, write_report, zoo_entries
+from research.study import (
+    add_output_flags,
+    add_speed_arch,
+    add_zoo_selection,
+    check_above_zero,
+    check_at_least,
+    command_line,
+    gated_calls,
+    paired_speedup,
+    parse_study,
+    study_parser,
+    write_json,
+    write_report,
+    zoo_entries,
+)
 
 # --table loads without torch, onnx and timm: these import at their first use
 onnx = lazy_import("onnx")
@@ -150,6 +159,46 @@ def _threads(spec: str) -> list[int]:
     return list(dict.fromkeys(out))
 
 
+def _speed_row(arch: str, variant: str, threads: int, batch: int, min_time: float, cache: Path) -> dict[str, Any]:
+    """One variant at one thread count and batch size: OpenVINO fp32, bf16 and int8, parity-gated, then each of
+    bf16 and int8 timed A B A B against fp32."""
+    torch.manual_seed(0)
+    torch.set_num_threads(threads)
+    model = models.create_model(variant, task="cls", arch=arch).eval()
+    cfg = model.attnzoo_config
+    size = int(cfg["img_size"])
+    fp32 = cache / f"{variant}_cls_{arch}_fp32.onnx"
+    if not fp32.is_file():
+        export.export_verified(model, fp32, cfg, input_hw=(size, size), batch_sizes=(1,), threads=threads)
+    x = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(batch))
+    with torch.inference_mode():
+        ref = model(x).float().numpy()
+    dtypes = ("fp32", *SPEED_DTYPES)
+    name = f"{variant} {{dtype}} b{batch} t{threads}"
+    calls, infos, parity = gated_calls("openvino", model, fp32, x, ref, dtypes, name, threads=threads, cache_dir=cache)
+    try:
+        row: dict[str, Any] = {
+            "variant": variant,
+            "arch": arch,
+            "batch": batch,
+            "threads": threads,
+            "load_1min": load_1min(),
+            "precision_check": infos["bf16"].get("precision_check"),
+            "fp32": {},
+        }
+        fp32_ms = []
+        for dtype in SPEED_DTYPES:
+            t32, tx = measure_pair(calls["fp32"].fn, calls[dtype].fn, min_time)
+            fp32_ms += t32
+            row[dtype] = {"median_ms": float(np.median(tx) * 1e3), **paired_speedup(t32, tx)}
+            row[dtype]["parity_error"] = parity[dtype]
+        row["fp32"] = {"median_ms": float(np.median(fp32_ms) * 1e3), "parity_error": parity["fp32"]}
+        return row
+    finally:  # each call owns its compiled model: freed now, not by the garbage collector
+        for call in calls.values():
+            call.close()
+
+
 def speed_rows(
     arch: str,
     variants: Sequence[str],
@@ -161,78 +210,119 @@ def speed_rows(
 ) -> list[dict[str, Any]]:
     """OpenVINO fp32 against bf16 and NNCF int8, per variant, thread count and batch size: each model gated
     against eager fp32 under the tolerance table, then timed A B A B against fp32."""
-    rows = []
     jobs = [(v, t, n) for v in variants for t in thread_counts for n in batch_sizes]
-    for variant, threads, batch in tqdm(jobs, desc="bf16 speed", unit="job", disable=not progress):
-        torch.manual_seed(0)
-        torch.set_num_threads(threads)
-        model = models.create_model(variant, task="cls", arch=arch).eval()
-        cfg = model.attnzoo_config
-        size = int(cfg["img_size"])
-        fp32 = cache / f"{variant}_cls_{arch}_fp32.onnx"
-        if not fp32.is_file():
-            export.export_verified(model, fp32, cfg, input_hw=(size, size), batch_sizes=(1,), threads=threads)
-        x = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(batch))
-        with torch.inference_mode():
-            ref = model(x).float().numpy()
-        calls, infos, parity = {}, {}, {}
-        try:
-            for dtype in ("fp32", *SPEED_DTYPES):
-                calls[dtype], infos[dtype] = bench_rows.load_call(
-                    "openvino", model, fp32, x.numpy(), dtype, threads=threads, device="cpu", cache_dir=cache
-                )
-                key = bench_rows.tolerance_for("openvino", dtype, "cpu")
-                ok, err = check_parity(calls[dtype].output(), ref, key)
-                if not ok:
-                    raise RuntimeError(
-                        f"{variant} {dtype} b{batch} t{threads}: parity error {err:.3g} beyond the "
-                        f"{key} tolerance {TOLERANCES[key]:g}"
-                    )
-                parity[dtype] = err
-            row: dict[str, Any] = {
-                "variant": variant,
-                "arch": arch,
-                "batch": batch,
-                "threads": threads,
-                "load_1min": load_1min(),
-                "precision_check": infos["bf16"].get("precision_check"),
-                "fp32": {},
-            }
-            fp32_ms = []
-            for dtype in SPEED_DTYPES:
-                t32, tx = measure_pair(calls["fp32"].fn, calls[dtype].fn, min_time)
-                r = ratio_stats(tx, t32)  # per pair: fp32 time / dtype time = the speed-up
-                fp32_ms += t32
-                row[dtype] = {
-                    "median_ms": float(np.median(tx) * 1e3),
-                    "speedup_median": r["ratio_median"],
-                    "speedup_q1": r["ratio_q1"],
-                    "speedup_q3": r["ratio_q3"],
-                    "pairs": r["pairs"],
-                    "parity_error": parity[dtype],
-                }
-            row["fp32"] = {"median_ms": float(np.median(fp32_ms) * 1e3), "parity_error": parity["fp32"]}
-            rows.append(row)
-        finally:  # each call owns its compiled model: freed now, not by the garbage collector
-            for call in calls.values():
-                call.close()
-    return rows
+    return [
+        _speed_row(arch, variant, threads, batch, min_time, cache)
+        for variant, threads, batch in tqdm(jobs, desc="bf16 speed", unit="job", disable=not progress)
+    ]
 
 
 # ------------------------------------------------------------------------------------------------ report
-def _f(v: float | None, fmt: str = ".2f") -> str:
-    return "-" if v is None else format(v, fmt)
+def _f(value: float | None, fmt: str = ".2f") -> str:
+    return "-" if value is None else format(value, fmt)
 
 
 def _check_cell(row: Mapping[str, Any]) -> str:
-    x = row.get("extra_math") or {}
-    if row.get("status") != "ok" and not x:
+    extra = row.get("extra_math") or {}
+    if row.get("status") != "ok" and not extra:
         return f"failed: {row.get('reason')}"
     if not row.get("extra_math_nodes"):
         return "no extra math"
-    kernels = ", ".join(f"{n} {p}" for p, n in sorted((x.get("by_precision") or {}).items()))
-    unpinned = len(x.get("unpinned") or [])
+    kernels = ", ".join(f"{n} {p}" for p, n in sorted((extra.get("by_precision") or {}).items()))
+    unpinned = len(extra.get("unpinned") or [])
     return f"{kernels} kernel(s); {'all pinned' if not unpinned else f'{unpinned} unpinned'}"
+
+
+def _zoo_cells(row: Mapping[str, Any], bf16: bool) -> list[str]:
+    """One zoo model's row: its extra-math check and, where bf16 was measured, its accuracy at both precisions."""
+    cells = [
+        row["variant"],
+        row["task"],
+        str(row.get("extra_math_nodes", "-")),
+        _check_cell(row),
+        ", ".join(f"{n} {p}" for p, n in sorted((row.get("matmuls") or {}).items())) or "-",
+    ]
+    if bf16:
+        acc = row.get("accuracy") or {}
+        metrics = acc.get("metrics") or {}
+        cells += [
+            acc.get("metric_name", "-"),
+            _f(metrics.get("fp32")),
+            _f(metrics.get("bf16")),
+            _f(acc.get("drop")),
+            _f(acc.get("gate")),
+            _f((acc.get("agreement") or {}).get("bf16"), ".4f"),
+        ]
+    return cells
+
+
+def _zoo_section(result: Mapping[str, Any]) -> list[str]:
+    """The zoo models' table (the extra-math check, and the accuracy where bf16 was measured), the images scored
+    and the unpinned kernels."""
+    rows = result.get("zoo") or []
+    if not rows:
+        return []
+    bf16 = not result.get("bf16_unavailable")
+    head = ["model", "task", "extra-math ops", f"extra-math kernels (compiled at {'bf16' if bf16 else 'f32'})"]
+    head += ["matmul kernels", *(["metric", "fp32", "bf16", "drop", "gate", "agreement"] if bf16 else [])]
+    parts = [
+        "## Zoo models: the extra-math check" + (" and test-split accuracy" if bf16 else ""),
+        "",
+        markdown_table(head, [_zoo_cells(row, bf16) for row in rows]),
+        "",
+    ]
+    n_img = {n for row in rows if (n := (row.get("accuracy") or {}).get("n_images")) is not None}
+    if n_img:
+        parts += [f"Test images per model: {', '.join(str(n) for n in sorted(n_img))}.", ""]
+    unpinned = [
+        f"{row['variant']} {row['task']}: {', '.join((row.get('extra_math') or {}).get('unpinned', [])[:3])}"
+        for row in rows
+        if (row.get("extra_math") or {}).get("unpinned")
+    ]
+    if unpinned:
+        parts += ["Unpinned extra-math kernels (their own op carries no pin):", "", *[f"- {u}" for u in unpinned], ""]
+    return parts
+
+
+def _speed_cells(row: Mapping[str, Any]) -> list[str]:
+    """One speed row: fp32, bf16 and int8 latency, each speed-up with its quartiles, the kernels kept at f32."""
+    kernels = (row.get("precision_check") or {}).get("extra_math_runtime_nodes") or {}
+    speedups = [
+        f"{_f(row[d]['speedup_median'])} [{_f(row[d]['speedup_q1'])}, {_f(row[d]['speedup_q3'])}]" for d in SPEED_DTYPES
+    ]
+    return [
+        row["variant"],
+        str(row["threads"]),
+        str(row["batch"]),
+        _f(row["fp32"]["median_ms"]),
+        _f(row["bf16"]["median_ms"]),
+        speedups[0],
+        _f(row["int8"]["median_ms"]),
+        speedups[1],
+        f"{kernels.get('f32', 0)} of {sum(kernels.values())}" if kernels else "no extra math",
+        _f(row.get("load_1min")),
+    ]
+
+
+def _speed_section(result: Mapping[str, Any]) -> list[str]:
+    """The speed table, or why it was not measured."""
+    speed = result.get("speed") or []
+    if not speed:
+        why = result.get("speed_not_measured")
+        return ["## Speed", "", f"Not measured: {why}", ""] if why else []
+    head = ["variant", "threads", "batch", "fp32 ms", "bf16 ms", "bf16 speed-up [Q1, Q3]", "int8 ms"]
+    head += ["int8 speed-up [Q1, Q3]", "extra-math kernels at f32", "load (1 min)"]
+    settings = result["speed_settings"]
+    return [
+        f"## Speed: OpenVINO, {settings['arch']} random init, fp32 against bf16 and NNCF int8",
+        "",
+        f"Each model passes the parity gate against eager fp32 (fp32 1e-4, bf16 6e-2, static int8 0.5) "
+        f"before it is timed alternately with fp32 (A B A B, {settings['min_time']:g} s); speed-up = median "
+        "[Q1, Q3] of per-pair fp32 / other ratios.",
+        "",
+        markdown_table(head, [_speed_cells(row) for row in speed]),
+        "",
+    ]
 
 
 def markdown(result: Mapping[str, Any]) -> str:
@@ -258,208 +348,100 @@ def markdown(result: Mapping[str, Any]) -> str:
             "compile from, its precisions are f32 by construction.",
             "",
         ]
-    zoo = result.get("zoo") or []
-    if zoo:
-        bf16 = not result.get("bf16_unavailable")
-        head = [
-            "model",
-            "task",
-            "extra-math ops",
-            f"extra-math kernels (compiled at {'bf16' if bf16 else 'f32'})",
-            "matmul kernels",
-        ]
-        if bf16:
-            head += ["metric", "fp32", "bf16", "drop", "gate", "agreement"]
-        body = []
-        for r in zoo:
-            cells = [
-                r["variant"],
-                r["task"],
-                str(r.get("extra_math_nodes", "-")),
-                _check_cell(r),
-                ", ".join(f"{n} {p}" for p, n in sorted((r.get("matmuls") or {}).items())) or "-",
-            ]
-            if bf16:
-                a = r.get("accuracy") or {}
-                m = a.get("metrics") or {}
-                cells += [
-                    a.get("metric_name", "-"),
-                    _f(m.get("fp32")),
-                    _f(m.get("bf16")),
-                    _f(a.get("drop")),
-                    _f(a.get("gate")),
-                    _f((a.get("agreement") or {}).get("bf16"), ".4f"),
-                ]
-            body.append(cells)
-        n_img = {n for r in zoo if (n := (r.get("accuracy") or {}).get("n_images")) is not None}
-        parts += [
-            "## Zoo models: the extra-math check" + (" and test-split accuracy" if bf16 else ""),
-            "",
-            markdown_table(head, body),
-            "",
-        ]
-        if n_img:
-            parts += [f"Test images per model: {', '.join(str(n) for n in sorted(n_img))}.", ""]
-        unpinned = [
-            f"{r['variant']} {r['task']}: {', '.join((r.get('extra_math') or {}).get('unpinned', [])[:3])}"
-            for r in zoo
-            if (r.get("extra_math") or {}).get("unpinned")
-        ]
-        if unpinned:
-            parts += [
-                "Unpinned extra-math kernels (their own op carries no pin):",
-                "",
-                *[f"- {u}" for u in unpinned],
-                "",
-            ]
-    speed = result.get("speed") or []
-    if speed:
-        head = [
-            "variant",
-            "threads",
-            "batch",
-            "fp32 ms",
-            "bf16 ms",
-            "bf16 speed-up [Q1, Q3]",
-            "int8 ms",
-            "int8 speed-up [Q1, Q3]",
-            "extra-math kernels at f32",
-            "load (1 min)",
-        ]
-        body = []
-        for r in speed:
-            pc = r.get("precision_check") or {}
-            kernels = pc.get("extra_math_runtime_nodes") or {}
-            body.append(
-                [
-                    r["variant"],
-                    str(r["threads"]),
-                    str(r["batch"]),
-                    _f(r["fp32"]["median_ms"]),
-                    _f(r["bf16"]["median_ms"]),
-                    f"{_f(r['bf16']['speedup_median'])} [{_f(r['bf16']['speedup_q1'])}, {_f(r['bf16']['speedup_q3'])}]",
-                    _f(r["int8"]["median_ms"]),
-                    f"{_f(r['int8']['speedup_median'])} [{_f(r['int8']['speedup_q1'])}, {_f(r['int8']['speedup_q3'])}]",
-                    f"{kernels.get('f32', 0)} of {sum(kernels.values())}" if kernels else "no extra math",
-                    _f(r.get("load_1min")),
-                ]
-            )
-        s = result["speed_settings"]
-        parts += [
-            f"## Speed: OpenVINO, {s['arch']} random init, fp32 against bf16 and NNCF int8",
-            "",
-            f"Each model passes the parity gate against eager fp32 (fp32 1e-4, bf16 6e-2, static int8 0.5) "
-            f"before it is timed alternately with fp32 (A B A B, {s['min_time']:g} s); speed-up = median "
-            "[Q1, Q3] of per-pair fp32 / other ratios.",
-            "",
-            markdown_table(head, body),
-            "",
-        ]
-    elif result.get("speed_not_measured"):
-        parts += ["## Speed", "", f"Not measured: {result['speed_not_measured']}", ""]
-    return "\n".join(parts)
+    return "\n".join(parts + _zoo_section(result) + _speed_section(result))
 
 
 # ------------------------------------------------------------------------------------------------ command
+COMMAND = "python -m research.bf16"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m research.bf16",
-        description=__doc__.split("\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    add_zoo_selection(p, task="all")
-    p.add_argument(
+    parser = study_parser(COMMAND, __doc__)
+    add_zoo_selection(parser, task="all")
+    parser.add_argument(
         "--threads", type=int, default=None, help="OpenVINO threads of the zoo check and scoring (default: all cores)"
     )
-    p.add_argument(
-        "--speed-arch",
-        default="small",
-        choices=("micro", "tiny", "small", "base"),
-        help="architecture of the speed comparison (small: ViT-S 224)",
-    )
-    p.add_argument("--speed-variants", default="standard,belief2", help="variants of the speed comparison")
-    p.add_argument(
+    add_speed_arch(parser)
+    parser.add_argument("--speed-variants", default="standard,belief2", help="variants of the speed comparison")
+    parser.add_argument(
         "--speed-threads", default="1,all", help="thread counts of the speed comparison ('all': every usable core)"
     )
-    p.add_argument("--batch-sizes", default="1,8", help="batch sizes of the speed comparison")
-    p.add_argument("--min-time", type=float, default=3.0, help="seconds of A B A B timing per pair")
-    p.add_argument("--no-speed", action="store_true", help="the zoo only")
-    p.add_argument("--out", type=Path, default=None, help="output folder (bf16.md/.json)")
-    p.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=None,
-        help="exported and quantized models (default: <cache>/bf16-study, <cache> as for bench-latency)",
+    parser.add_argument("--batch-sizes", default="1,8", help="batch sizes of the speed comparison")
+    parser.add_argument("--min-time", type=float, default=3.0, help="seconds of A B A B timing per pair")
+    parser.add_argument("--no-speed", action="store_true", help="the zoo only")
+    return add_output_flags(
+        parser,
+        "bf16.md/.json",
+        "exported and quantized models (default: <cache>/bf16-study, <cache> as for bench-latency)",
+        "print the markdown report of this bf16.json",
     )
-    p.add_argument(
-        "--table",
-        type=Path,
-        metavar="JSON",
-        default=None,
-        help="print the markdown report of this bf16.json; runs nothing",
+
+
+def _speed_plan(args: argparse.Namespace) -> dict[str, Any]:
+    """The speed comparison's settings from the command line; ``UsageError`` for a bad value, before any work."""
+    batches = parse_batch_sizes(args.batch_sizes)
+    try:
+        thread_counts = _threads(args.speed_threads)
+        speed_variants = variant_list(args.speed_variants)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    check_at_least(("--threads", 1 if args.threads is None else args.threads, 1))
+    check_above_zero("--min-time", args.min_time)
+    return {
+        "arch": args.speed_arch,
+        "variants": speed_variants,
+        "batch_sizes": batches,
+        "threads": thread_counts,
+        "min_time": args.min_time,
+    }
+
+
+def _speed(args: argparse.Namespace, plan: Mapping[str, Any], refused: str | None, cache: Path) -> dict[str, Any]:
+    """``speed`` (the rows) or ``speed_not_measured`` (why not: ``--no-speed``, or the CPU's refusal)."""
+    if args.no_speed or refused:
+        return {"speed_not_measured": "--no-speed" if args.no_speed else refused}
+    rows = speed_rows(
+        plan["arch"],
+        plan["variants"],
+        plan["batch_sizes"],
+        plan["threads"],
+        plan["min_time"],
+        cache,
+        progress=not args.no_progress,
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return add_debug_flag(p)
+    return {"speed": rows}
 
 
 @entry_point
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m research.bf16``."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    a = build_parser().parse_args(argv)
-    if reprint(a.table, markdown):
+    argv, args = parse_study(build_parser(), argv, markdown)
+    if args is None:
         return 0
-    require_out(a.out)
-    batches = parse_batch_sizes(a.batch_sizes)
-    try:
-        thread_counts = _threads(a.speed_threads)
-        speed_variants = variant_list(a.speed_variants)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    if a.threads is not None and a.threads < 1:
-        raise UsageError(f"--threads must be >= 1, got {a.threads}")
-    if a.min_time <= 0:
-        raise UsageError(f"--min-time must be > 0, got {a.min_time}")
+    plan = _speed_plan(args)
     reason = unavailable_reason()
     if reason:
         raise ValueError(reason)
-    entries = zoo_entries(a)
-    writable_dir(a.out, "--out folder")
-    cache = a.cache_dir or default_cache_dir() / "bf16-study"
-    writable_dir(cache, "--cache-dir folder")
+    entries = zoo_entries(args)
+    writable_dir(args.out, "--out folder")
+    cache = writable_dir(args.cache_dir or default_cache_dir() / "bf16-study", "--cache-dir folder")
     refused = bf16_unavailable_reason()
     if refused:
         print(f"bf16 not measured on this CPU: {refused}", file=sys.stderr)
     result: dict[str, Any] = {
-        "command": shlex.join(["python", "-m", "research.bf16", *argv]),
+        "command": command_line(COMMAND, argv),
         "environment": environment(),
         "bf16_unavailable": refused,
         "load_start": load_average(),
     }
     rows: list[dict[str, Any]] = []
-    for e in tqdm(entries, desc="bf16 zoo", unit="model", disable=a.no_progress):
-        rows.append(zoo_row(e, cache, bf16=refused is None, threads=a.threads, limit=a.limit))
-        atomic_write_text(a.out / "bf16.partial.json", json.dumps(rows, indent=1) + "\n")  # kept if stopped
-    result["zoo"] = rows
-    result["speed_settings"] = {
-        "arch": a.speed_arch,
-        "variants": speed_variants,
-        "batch_sizes": batches,
-        "threads": thread_counts,
-        "min_time": a.min_time,
-    }
-    if a.no_speed:
-        result["speed_not_measured"] = "--no-speed"
-    elif refused:
-        result["speed_not_measured"] = refused
-    else:
-        result["speed"] = speed_rows(
-            a.speed_arch, speed_variants, batches, thread_counts, a.min_time, cache, progress=not a.no_progress
-        )
+    for entry in tqdm(entries, desc="bf16 zoo", unit="model", disable=args.no_progress):
+        rows.append(zoo_row(entry, cache, bf16=refused is None, threads=args.threads, limit=args.limit))
+        write_json(args.out / "bf16.partial.json", rows)  # kept if stopped
+    result.update(zoo=rows, speed_settings=plan, **_speed(args, plan, refused, cache))
     result["load_end"] = load_average()
-    md = markdown(result)
-    write_report(a.out, "bf16", result, md)
-    (a.out / "bf16.partial.json").unlink(missing_ok=True)
+    write_report(args.out, "bf16", result, markdown(result))
+    (args.out / "bf16.partial.json").unlink(missing_ok=True)
     return 0
 
 

@@ -16,7 +16,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -28,14 +27,24 @@ from tqdm import tqdm
 
 from attnzoo.benchmarks.stats import ratio_stats, summarize
 from attnzoo.benchmarks.timing import time_round_robin
-from attnzoo.cli import add_debug_flag, entry_point, parse_batch_sizes
+from attnzoo.cli import entry_point, parse_batch_sizes
 from attnzoo.errors import UsageError
 from attnzoo.fileio import default_cache_dir, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary, environment, load_average
 from attnzoo.runtime.backends import Call, get_backend, reference_backend
 from attnzoo.runtime.parity import check
-from research.study import write_report
+from research.study import (
+    add_output_flags,
+    add_round_robin_flags,
+    check_arch,
+    check_at_least,
+    comma_ints,
+    command_line,
+    parse_study,
+    study_parser,
+    write_report,
+)
 
 # --help and usage errors load without torch, onnx and timm: these import at their first use
 torch = lazy_import("torch")
@@ -108,57 +117,29 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+COMMAND = "python -m research.mae_forms"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m research.mae_forms",
-        description=__doc__.split("\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    parser = study_parser(COMMAND, __doc__)
+    parser.add_argument("--variant", default="wafe-mae", help=f"one of {', '.join(MAE_VARIANTS)}")
+    parser.add_argument("--batch-sizes", default="1,8", help="comma-separated integers")
+    parser.add_argument("--blocks", default="8,16,32", help="query block sizes of the blocked form, comma-separated")
+    add_round_robin_flags(parser, "batch size")
+    return add_output_flags(
+        parser,
+        "mae_forms.json, mae_forms.md",
+        "exported models (default: <cache>/mae-forms)",
+        "print the markdown of a mae_forms.json",
     )
-    p.add_argument("--variant", default="wafe-mae", help=f"one of {', '.join(MAE_VARIANTS)}")
-    p.add_argument("--arch", default="tiny", help="model arch (attnzoo.models.ARCHS)")
-    p.add_argument("--batch-sizes", default="1,8", help="comma-separated integers")
-    p.add_argument("--blocks", default="8,16,32", help="query block sizes of the blocked form, comma-separated")
-    p.add_argument("--threads", type=int, default=1, help="threads of PyTorch, ONNX Runtime and OpenVINO")
-    p.add_argument("--rounds", type=int, default=15, help="timed rounds per batch size (>= 2)")
-    p.add_argument("--out", type=Path, required=True, help="output folder (mae_forms.json, mae_forms.md)")
-    p.add_argument("--cache-dir", type=Path, default=None, help="exported models (default: <cache>/mae-forms)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-progress", action="store_true")
-    return add_debug_flag(p)
 
 
-@entry_point
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m research.mae_forms``."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    a = build_parser().parse_args(argv)
-    if a.variant not in MAE_VARIANTS:
-        raise UsageError(f"--variant: unknown {a.variant!r}; valid: {', '.join(MAE_VARIANTS)}")
-    if a.arch not in models.ARCHS:
-        raise UsageError(f"--arch: unknown {a.arch!r}; valid: {', '.join(models.ARCHS)}")
-    batches = parse_batch_sizes(a.batch_sizes)
-    try:
-        blocks = list(dict.fromkeys(int(b) for b in a.blocks.split(",") if b.strip()))
-    except ValueError:
-        blocks = [0]
-    if any(b < 1 for b in blocks):
-        raise UsageError(f"--blocks must be comma-separated positive integers, got {a.blocks!r}")
-    for flag, v, low in (("--threads", a.threads, 1), ("--rounds", a.rounds, 2)):
-        if v < low:
-            raise UsageError(f"{flag} must be >= {low}, got {v}")
-    writable_dir(a.out, "--out folder")
-    cache = writable_dir(a.cache_dir or default_cache_dir() / "mae-forms", "--cache-dir folder")
-    ort_cpu, openvino = get_backend("ort-cpu"), get_backend("openvino")
-    ov_missing = openvino.unavailable_reason("fp32")
-
-    torch.set_num_threads(a.threads)
-    env = environment()
-    torch.manual_seed(a.seed)
-    model = models.create_model(a.variant, task="cls", arch=a.arch).eval()
+def _exports(model, args: argparse.Namespace, blocks: Sequence[int], cache: Path) -> tuple[dict, dict]:
+    """Every form of ``model`` exported and verified: ``({form: path}, {form: what its verification reported})``."""
     paths, exports = {}, {}
-    for form in tqdm(forms(blocks), desc="export + verify", disable=a.no_progress):
-        paths[form] = cache / f"{a.variant}_{a.arch}_{form}.onnx"
-        report = _export(model, form, paths[form], a.threads)
+    for form in tqdm(forms(blocks), desc="export + verify", disable=args.no_progress):
+        paths[form] = cache / f"{args.variant}_{args.arch}_{form}.onnx"
+        report = _export(model, form, paths[form], args.threads)
         if not report["passed"]:
             raise RuntimeError(f"{form}: export failed verification: {report['failures']}")
         exports[form] = {
@@ -167,45 +148,73 @@ def main(argv: Sequence[str] | None = None) -> int:
             "ops": report["op_histogram"],
             "verified_batch_sizes": report["parity"]["batch_sizes"],
         }
-    rows: list[dict[str, Any]] = []
-    for batch in batches:
-        gen = torch.Generator().manual_seed(a.seed + batch)
-        x = torch.randn(batch, 3, *(model.attnzoo_config["img_size"],) * 2, generator=gen)
-        xn = x.numpy()
-        with torch.no_grad():
-            ref = model(x).numpy()
-        calls: dict[str, Call] = {}
-        for form, path in paths.items():
-            for backend in (ort_cpu, openvino) if ov_missing is None else (ort_cpu,):
-                options = backend.options(threads=a.threads, batch=batch, cache_dir=cache)
-                calls[f"{backend.name} {form}"] = backend.load(path, options).call(xn)
-        parity: dict[str, float] = {}
-        for name, call in calls.items():  # the parity gate of bench-latency (the shared tolerance table)
-            ok, parity[name] = check(call.output(), ref, "fp32")
-            if not ok:
-                raise RuntimeError(f"batch {batch}, {name}: parity error {parity[name]:.1e} against eager")
-        runners: dict[str, Callable[[], object]] = {reference_backend(): partial(model, x)}
-        runners.update({name: call.fn for name, call in calls.items()})
-        with torch.no_grad():
-            times = time_round_robin(runners, a.rounds, progress=not a.no_progress)
-        for call in calls.values():
-            call.close()
-        rows += _rows(times, batch, parity)
+    return paths, exports
+
+
+def _time_batch(model, paths: dict[str, Path], batch: int, args: argparse.Namespace, cache: Path) -> list:
+    """Every form on each CPU runtime at one batch size, parity-gated against eager, then timed round-robin."""
+    gen = torch.Generator().manual_seed(args.seed + batch)
+    x = torch.randn(batch, 3, *(model.attnzoo_config["img_size"],) * 2, generator=gen)
+    with torch.no_grad():
+        ref = model(x).numpy()
+    calls: dict[str, Call] = {}
+    runtimes = [b for b in (get_backend("ort-cpu"), get_backend("openvino")) if b.unavailable_reason("fp32") is None]
+    for form, path in paths.items():
+        for backend in runtimes:
+            options = backend.options(threads=args.threads, batch=batch, cache_dir=cache)
+            calls[f"{backend.name} {form}"] = backend.load(path, options).call(x.numpy())
+    parity: dict[str, float] = {}
+    for name, call in calls.items():  # the parity gate of bench-latency (the shared tolerance table)
+        ok, parity[name] = check(call.output(), ref, "fp32")
+        if not ok:
+            raise RuntimeError(f"batch {batch}, {name}: parity error {parity[name]:.1e} against eager")
+    runners: dict[str, Callable[[], object]] = {reference_backend(): partial(model, x)}
+    runners.update({name: call.fn for name, call in calls.items()})
+    with torch.no_grad():
+        times = time_round_robin(runners, args.rounds, progress=not args.no_progress)
+    for call in calls.values():
+        call.close()
+    return _rows(times, batch, parity)
+
+
+@entry_point
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m research.mae_forms``."""
+    argv, args = parse_study(build_parser(), argv, markdown)
+    if args is None:
+        return 0
+    if args.variant not in MAE_VARIANTS:
+        raise UsageError(f"--variant: unknown {args.variant!r}; valid: {', '.join(MAE_VARIANTS)}")
+    check_arch(args.arch)
+    batches = parse_batch_sizes(args.batch_sizes)
+    blocks = comma_ints(
+        args.blocks, lambda b: b >= 1, f"--blocks must be comma-separated positive integers, got {args.blocks!r}", True
+    )
+    check_at_least(("--threads", args.threads, 1), ("--rounds", args.rounds, 2))
+    writable_dir(args.out, "--out folder")
+    cache = writable_dir(args.cache_dir or default_cache_dir() / "mae-forms", "--cache-dir folder")
+    ov_missing = get_backend("openvino").unavailable_reason("fp32")
+    torch.set_num_threads(args.threads)
+    env = environment()
+    torch.manual_seed(args.seed)
+    model = models.create_model(args.variant, task="cls", arch=args.arch).eval()
+    paths, exports = _exports(model, args, blocks, cache)
+    rows = [row for batch in batches for row in _time_batch(model, paths, batch, args, cache)]
     result = {
-        "command": shlex.join(["python", "-m", "research.mae_forms", *argv]),
-        "variant": a.variant,
-        "arch": a.arch,
-        "threads": a.threads,
+        "command": command_line(COMMAND, argv),
+        "variant": args.variant,
+        "arch": args.arch,
+        "threads": args.threads,
         "batch_sizes": batches,
         "blocks": blocks,
-        "rounds": a.rounds,
+        "rounds": args.rounds,
         "openvino": ov_missing or "used",
         "exports": exports,
         "environment": env,
         "load_average_end": load_average(),
         "rows": rows,
     }
-    write_report(a.out, "mae_forms", result, markdown(result))
+    write_report(args.out, "mae_forms", result, markdown(result))
     return 0
 
 

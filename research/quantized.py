@@ -20,7 +20,8 @@ Speed (``--speed-arch``, default ViT-S 224, random-init ``standard`` by default,
 the fp32 export against its int8 model (``ort-cpu``: ModelOpt's Q/DQ graph; ``openvino``: NNCF's own
 quantization, extra math in the ignored scope; :mod:`attnzoo.benchmarks.rows`), each checked against
 eager fp32 under the shared tolerance table, then timed alternately (A B A B) so both see the same load; each
-row has its fraction of the machine's matmul ceiling (fp32 or int8) measured in the same run.
+row has its fraction of the machine's matmul ceiling (fp32 or int8) measured in the same run
+(:mod:`research.quantized_speed`).
 
 Usage::
 
@@ -34,46 +35,47 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import onnx
-import torch
 from tqdm import tqdm
 
 from attnzoo import zoo
-from attnzoo.benchmarks.ceiling import ceiling_for, fraction, matmul_ceiling
-from attnzoo.benchmarks.flops import count_flops
 from attnzoo.benchmarks.report import markdown_table
-from attnzoo.benchmarks.rows import load_call, row_unavailable_reason, tolerance_for
-from attnzoo.benchmarks.stats import ratio_stats
-from attnzoo.benchmarks.timing import measure_pair
-from attnzoo.cli import add_debug_flag, entry_point, parse_batch_sizes
+from attnzoo.cli import entry_point, parse_batch_sizes
 from attnzoo.errors import UsageError
-from attnzoo.export import export_verified
 from attnzoo.export import quantize as q
 from attnzoo.export.quantize import (
-    CPU_QDQ_PLACEMENT,
     DEFAULT_CALIBRATION_COUNT,
     DEFAULT_CALIBRATION_SEED,
-    TENSORRT_QDQ_PLACEMENT,
 )
-from attnzoo.fileio import atomic_write_text, default_cache_dir, writable_dir
-from attnzoo.machine import cpu_summary, environment, load_1min, load_average
+from attnzoo.fileio import default_cache_dir, writable_dir
+from attnzoo.machine import environment, load_average
 from attnzoo.metrics import confusion_matrix, metrics_from_confusion
-from attnzoo.models import canonical_name, create_model
-from attnzoo.runtime.backends import get_backend
+from attnzoo.models import canonical_name
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.evaluate import EVAL_BATCH, load_test_split, predict_session
-from attnzoo.runtime.parity import TOLERANCES
-from attnzoo.runtime.parity import check as check_parity
 from attnzoo.runtime.precision import get_precision
-from research.int8_accuracy import _verified_fp32
-from research.study import add_zoo_selection, contended, reprint, require_out, write_report, zoo_entries
+from research.int8_accuracy import verified_fp32
+from research.quantized_speed import machine_lines, speed_rows, speed_section
+from research.study import (
+    add_output_flags,
+    add_speed_arch,
+    add_zoo_selection,
+    check_above_zero,
+    check_at_least,
+    command_line,
+    contended,
+    parse_study,
+    study_parser,
+    write_json,
+    write_report,
+    zoo_entries,
+)
 
 __all__ = ["MODELS", "mcnemar_p", "accuracy_row", "speed_rows", "markdown", "main"]
 
@@ -86,10 +88,6 @@ MODELS: dict[str, str] = {
 }
 #: Significance level of "loses accuracy when its extra math is quantized".
 ALPHA = 0.05
-#: The speed comparison's int8 runs: (runtime, ModelOpt Q/DQ placement): ONNX Runtime with the CPU placement
-#: (what bench-latency and the demo run) and with ModelOpt's default (TensorRT's) for comparison, OpenVINO with
-#: NNCF's own quantization.
-SPEED_JOBS = (("ort-cpu", CPU_QDQ_PLACEMENT), ("ort-cpu", TENSORRT_QDQ_PLACEMENT), ("openvino", None))
 
 
 def mcnemar_p(right_a: np.ndarray, right_b: np.ndarray) -> float:
@@ -111,21 +109,11 @@ def _predict(models: Mapping[str, Any], config: Mapping[str, Any], limit: int | 
     return preds, y, class_names
 
 
-def accuracy_row(
-    entry: Mapping[str, Any],
-    cache_dir: Path,
-    *,
-    calibration_count: int,
-    seed: int,
-    limit: int | None = None,
-    threads: int | None = None,
-) -> dict[str, Any]:
-    """Quantize one zoo model three ways and score all four on its test split (see the module docstring)."""
-    model, cfg = zoo.load(entry["variant"], entry["task"], entry["data"])
-    stem = f"{entry['variant']}_{entry['task']}_{entry['data']}"
-    fp32 = _verified_fp32(model, cfg, cache_dir / f"{stem}.onnx", entry.get("sha256", ""), threads or 1)
+def _quantized(fp32: Path, cfg: Mapping[str, Any], stem: str, cache_dir: Path, seed: int, count: int):
+    """The three ModelOpt quantizations of ``fp32`` (see the module docstring), calibrated on the same images:
+    ``({label: the file to score}, {label: what its quantization reported})``, fp32 first."""
     extra = q.extra_math_nodes(onnx.load(str(fp32)), cfg)
-    calibration = q.calibration_images(cfg, calibration_count, seed)
+    calibration = q.calibration_images(cfg, count, seed)
     source = f"{len(calibration)} {cfg['data']} training images, seed {seed}"
     plan = {"int8": ("int8", extra), "fp8": ("fp8", extra)}
     if extra:
@@ -159,11 +147,36 @@ def accuracy_row(
             )
         precision = get_precision(dtype)
         paths[label] = precision.ort_graph(onnx.load(str(out))) if precision.ort_simulated else out
+    return paths, quant, len(extra)
+
+
+def _extra_math_cost(preds: Mapping[str, np.ndarray], y: np.ndarray, metrics: Mapping[str, float], row) -> dict:
+    """What quantizing the extra math costs: the points, McNemar's p (classifiers) and whether it loses."""
+    cost = metrics["int8 xm"] - metrics["int8"]
+    cls = row["task"] == "cls"
+    p = mcnemar_p(preds["int8"] == y, preds["int8 xm"] == y) if cls else None
+    loses = bool(cost < 0 and (p is None or p < ALPHA)) if cls else bool(cost < -row["tolerance"])
+    return {"points": cost, "mcnemar_p": p, "loses": loses}
+
+
+def accuracy_row(
+    entry: Mapping[str, Any],
+    cache_dir: Path,
+    *,
+    calibration_count: int,
+    seed: int,
+    limit: int | None = None,
+    threads: int | None = None,
+) -> dict[str, Any]:
+    """Quantize one zoo model three ways and score all four on its test split (see the module docstring)."""
+    model, cfg = zoo.load(entry["variant"], entry["task"], entry["data"])
+    stem = f"{entry['variant']}_{entry['task']}_{entry['data']}"
+    fp32 = verified_fp32(model, cfg, cache_dir / f"{stem}.onnx", entry.get("sha256", ""), threads or 1)
+    paths, quant, extra_nodes = _quantized(fp32, cfg, stem, cache_dir, seed, calibration_count)
     preds, y, class_names = _predict(paths, cfg, limit, threads)
-    k = len(class_names)
     metrics, metric_name = {}, "top1"
     for label, pred in preds.items():
-        m = metrics_from_confusion(confusion_matrix(y, pred, k), cfg["task"], class_names)
+        m = metrics_from_confusion(confusion_matrix(y, pred, len(class_names)), cfg["task"], class_names)
         metrics[label], metric_name = float(m["metric"]), m["metric_name"]
         if not math.isfinite(metrics[label]):
             raise RuntimeError(f"{stem} {label}: metric is not finite")
@@ -175,129 +188,20 @@ def accuracy_row(
         "checkpoint_sha256": entry.get("sha256"),
         "metric_name": metric_name,
         "n_images": int(len(y)),
-        "extra_math_nodes": len(extra),
+        "extra_math_nodes": extra_nodes,
         "metrics": metrics,
-        "delta": {k_: v - metrics["fp32"] for k_, v in metrics.items() if k_ != "fp32"},
-        "agreement": {k_: float(np.mean(p == preds["fp32"])) for k_, p in preds.items() if k_ != "fp32"},
+        "delta": {k: v - metrics["fp32"] for k, v in metrics.items() if k != "fp32"},
+        "agreement": {k: float(np.mean(p == preds["fp32"])) for k, p in preds.items() if k != "fp32"},
         "tolerance": q.ACCURACY_TOLERANCE[cfg["task"]],
         "quantization": quant,
     }
     row["int8_within_tolerance"] = -row["delta"]["int8"] <= row["tolerance"]
     if "int8 xm" in preds:
-        cost = metrics["int8 xm"] - metrics["int8"]
-        p = mcnemar_p(preds["int8"] == y, preds["int8 xm"] == y) if cfg["task"] == "cls" else None
-        row["extra_math_cost"] = {
-            "points": cost,
-            "mcnemar_p": p,
-            "loses": bool(cost < 0 and (p is None or p < ALPHA))
-            if cfg["task"] == "cls"
-            else bool(cost < -row["tolerance"]),
-        }
+        row["extra_math_cost"] = _extra_math_cost(preds, y, metrics, row)
     return row
 
 
-def speed_rows(
-    arch: str,
-    variant: str,
-    batch_sizes: Sequence[int],
-    threads: int,
-    min_time: float,
-    cache_dir: Path,
-    progress: bool = True,
-) -> dict[str, Any]:
-    """fp32 against int8 per CPU runtime on a random-init model: parity-gated, timed A B A B, ceiling fractions."""
-    torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    model = create_model(variant, task="cls", arch=arch).eval()
-    cfg = cast(dict[str, Any], model.attnzoo_config)
-    size = int(cfg["img_size"])
-    fp32 = cache_dir / f"{variant}_cls_{arch}_fp32.onnx"
-    export_verified(model, fp32, cfg, dtype="fp32", input_hw=(size, size), batch_sizes=(1,), threads=threads)
-    flops = count_flops(model, size)["flops_per_image"]
-    ceiling = matmul_ceiling(threads)
-    rows, skipped = [], {}
-    jobs = [(b, p, n) for b, p in SPEED_JOBS for n in batch_sizes]
-    for backend, placement, batch in tqdm(jobs, desc="int8 speed", unit="job", disable=not progress):
-        reason = row_unavailable_reason(backend, "fp32", "cpu") or row_unavailable_reason(backend, "int8", "cpu")
-        if reason:
-            skipped[backend] = reason
-            continue
-        x = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(batch))
-        with torch.inference_mode():
-            ref = model(x).float().numpy()
-        runners, infos, parity = {}, {}, {}
-        try:
-            for dtype in ("fp32", "int8"):
-                runners[dtype], infos[dtype] = load_call(
-                    backend,
-                    model,
-                    fp32,
-                    x.numpy(),
-                    dtype,
-                    threads=threads,
-                    device="cpu",
-                    cache_dir=cache_dir,
-                    int8_placement=placement or CPU_QDQ_PLACEMENT,
-                )
-                key = tolerance_for(backend, dtype, "cpu")
-                ok, err = check_parity(runners[dtype].output(), ref, key)
-                if not ok:
-                    raise RuntimeError(
-                        f"{backend} {dtype} b{batch}: parity error {err:.3g} beyond the {key} tolerance "
-                        f"{TOLERANCES[key]:g}"
-                    )
-                parity[dtype] = err
-            load = load_1min()
-            t32, t8 = measure_pair(runners["fp32"].fn, runners["int8"].fn, min_time)
-            r = ratio_stats(t8, t32)  # per pair: fp32 time / int8 time = the int8 speed-up
-            row = {
-                "backend": backend,
-                "placement": placement,
-                "batch": batch,
-                "speedup_median": r["ratio_median"],
-                "speedup_q1": r["ratio_q1"],
-                "speedup_q3": r["ratio_q3"],
-                "pairs": r["pairs"],
-                "load_1min": load,
-                "int8_model": infos["int8"].get("int8"),
-            }
-            for dtype, t in (("fp32", t32), ("int8", t8)):
-                med = float(np.median(t) * 1e3)
-                row[dtype] = {
-                    "median_ms": med,
-                    "parity_error": parity[dtype],
-                    **fraction(flops * batch, med, ceiling_for(ceiling, backend, dtype, "cpu")),
-                }
-            rows.append(row)
-        finally:  # each runner owns its session: freed now, not by the garbage collector
-            for runner in runners.values():
-                runner.close()
-    best = {}
-    for n in batch_sizes:
-        mine = [r for r in rows if r["batch"] == n]
-        if mine:
-            top = min(mine, key=lambda r: r["int8"]["median_ms"])
-            best[str(n)] = {"backend": _runtime_label(top), "speedup_median": top["speedup_median"]}
-    return {
-        "arch": arch,
-        "variant": variant,
-        "img_size": size,
-        "threads": threads,
-        "batch_sizes": list(batch_sizes),
-        "min_time": min_time,
-        "gflop_per_image": flops / 1e9,
-        "ceiling": ceiling,
-        "rows": rows,
-        "skipped": skipped,
-        "fastest_int8": best,
-    }
-
-
 # ------------------------------------------------------------------------------------------------ report
-def _f(v: float | None, fmt: str = ".2f") -> str:
-    return "-" if v is None else format(v, fmt)
-
-
 def accuracy_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """The accuracy table: metric per model, drops, and the extra-math verdict."""
     body = []
@@ -339,128 +243,46 @@ def accuracy_table(rows: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
-def _runtime_label(row: Mapping[str, Any]) -> str:
-    """``ort-cpu (Q/DQ cpu)``, ``openvino``: the runtime and, for a backend whose int8 rows run ModelOpt's Q/DQ
-    graph (:attr:`~attnzoo.runtime.backends.Backend.int8_model`), its Q/DQ placement (rows written before
-    placements were compared used ModelOpt's default, ``tensorrt``)."""
-    if get_backend(row["backend"]).int8_model != "qdq":
-        return row["backend"]
-    return f"{row['backend']} (Q/DQ {row.get('placement') or TENSORRT_QDQ_PLACEMENT})"
-
-
-def speed_table(speed: Mapping[str, Any]) -> str:
-    """The speed table: per runtime and batch, fp32 and int8 latency, speed-up [Q1, Q3], ceiling fractions."""
-    body = [
-        [
-            _runtime_label(r),
-            str(r["batch"]),
-            f"{r['fp32']['median_ms']:.2f}",
-            f"{r['int8']['median_ms']:.2f}",
-            f"{r['speedup_median']:.2f} [{r['speedup_q1']:.2f}, {r['speedup_q3']:.2f}]",
-            _percent(r["fp32"]["ceiling_fraction"]),
-            _percent(r["int8"]["ceiling_fraction"]),
-            _f(r["load_1min"]),
-        ]
-        for r in speed["rows"]
+def _accuracy_section(acc: Mapping[str, Any], result: Mapping[str, Any]) -> list[str]:
+    """The accuracy table, how it was measured and its two verdicts."""
+    rows = acc["rows"]
+    n = sorted({r["n_images"] for r in rows})
+    within = [r["variant"] for r in rows if not r["int8_within_tolerance"]]
+    losers = [r["variant"] for r in rows if (r.get("extra_math_cost") or {}).get("loses")]
+    return [
+        "## Accuracy (ONNX Runtime CPU, percent)",
+        "",
+        *([f"Measured by `{acc['command']}`.", ""] if acc.get("command") else []),
+        *machine_lines(acc, result),
+        f"{acc['data']} test split ({', '.join(map(str, n))} images); calibration: "
+        f"{acc['calibration_count']} training images, seed {acc['seed']}, ModelOpt's default method per "
+        f"dtype. int8: extra math excluded (fp32); int8 xm: extra math quantized too; fp8 sim: ModelOpt's "
+        "FP8 graph through simulate_fp8 (exact e4m3 round trip at the same Q/DQ points). xm - int8: "
+        f"points lost by quantizing the extra math; **loses**: lower with McNemar p < {ALPHA} "
+        "(classifiers; segmenters: beyond the 1-point tolerance). Load average "
+        f"{acc['load_start']} at the start, {acc['load_end']} at the end (accuracy does not depend on it).",
+        "",
+        accuracy_table(rows),
+        "",
+        f"int8 within the tolerance of fp32 (0.5 points top-1, 1 point mIoU): "
+        f"{'all' if not within else 'all but ' + ', '.join(within)}.",
+        f"Lose accuracy when their extra math is quantized: {', '.join(losers) or 'none'}.",
+        "",
     ]
-    return markdown_table(
-        [
-            "runtime",
-            "batch",
-            "fp32 ms",
-            "int8 ms",
-            "int8 speed-up [Q1, Q3]",
-            "fp32 of fp32 ceiling",
-            "int8 of int8 ceiling",
-            "load (1 min)",
-        ],
-        body,
-    )
-
-
-def _percent(v: float | None) -> str:
-    return "-" if v is None else f"{100 * v:.0f}%"
 
 
 def markdown(result: Mapping[str, Any]) -> str:
     """The whole report: machine, command, accuracy table, verdicts, speed table."""
-
-    def machine(section: Mapping[str, Any]) -> list[str]:
-        """The CPU a section was measured on (files written before sections kept their own: the run's)."""
-        cpus = section.get("cpus") or [(section.get("environment") or result["environment"])["cpu"]]
-        return [
-            f"CPU: {'; '.join(cpu_summary(c) for c in cpus)}, "
-            f"{'/'.join(str(c.get('usable_cores', '?')) for c in cpus)} usable cores.",
-            "",
-        ]
-
     parts = [
         "# Quantized zoo: accuracy on the test sets and int8 speed on the CPU",
         "",
         f"Last command: `{result['command']}`",
         "",
     ]
-    acc = result.get("accuracy")
-    if acc:
-        rows = acc["rows"]
-        n = sorted({r["n_images"] for r in rows})
-        parts += [
-            "## Accuracy (ONNX Runtime CPU, percent)",
-            "",
-            *([f"Measured by `{acc['command']}`.", ""] if acc.get("command") else []),
-            *machine(acc),
-            f"{acc['data']} test split ({', '.join(map(str, n))} images); calibration: "
-            f"{acc['calibration_count']} training images, seed {acc['seed']}, ModelOpt's default method per "
-            f"dtype. int8: extra math excluded (fp32); int8 xm: extra math quantized too; fp8 sim: ModelOpt's "
-            "FP8 graph through simulate_fp8 (exact e4m3 round trip at the same Q/DQ points). xm - int8: "
-            f"points lost by quantizing the extra math; **loses**: lower with McNemar p < {ALPHA} "
-            "(classifiers; segmenters: beyond the 1-point tolerance). Load average "
-            f"{acc['load_start']} at the start, {acc['load_end']} at the end (accuracy does not depend on it).",
-            "",
-            accuracy_table(rows),
-            "",
-        ]
-        within = [r["variant"] for r in rows if not r["int8_within_tolerance"]]
-        losers = [r["variant"] for r in rows if (r.get("extra_math_cost") or {}).get("loses")]
-        parts += [
-            f"int8 within the tolerance of fp32 (0.5 points top-1, 1 point mIoU): "
-            f"{'all' if not within else 'all but ' + ', '.join(within)}.",
-            f"Lose accuracy when their extra math is quantized: {', '.join(losers) or 'none'}.",
-            "",
-        ]
-    sp = result.get("speed")
-    if sp:
-        busy = sp["contended"]
-        parts += [
-            f"## int8 speed ({sp['variant']}, arch {sp['arch']}, {sp['img_size']} px, {sp['threads']} thread(s))",
-            "",
-            *([f"Measured by `{sp['command']}`.", ""] if sp.get("command") else []),
-            *machine(sp),
-            f"Random-init model ({sp['gflop_per_image']:.2f} GFLOP per image); both models of a row pass "
-            "the parity gate against eager fp32 (fp32 1e-4; static int8 of a random-init model calibrated on random "
-            "inputs 0.5, a sanity gate) before they are timed alternately "
-            f"(A B A B, {sp['min_time']:g} s); speed-up = median [Q1, Q3] of per-pair fp32/int8 ratios. Ceiling: "
-            f"this machine's fp32 matmul {sp['ceiling']['fp32']['gflops']:.0f} GFLOP/s, int8 "
-            + (f"{sp['ceiling']['int8']['gops']:.0f} GOP/s" if sp["ceiling"]["int8"].get("gops") else "not measured")
-            + f", {sp['threads']} thread(s). Load average {sp['load_start']} at the start, {sp['load_end']} at "
-            "the end"
-            + (
-                ": **measured under load (shared machine), re-run with --timing-only when quiet**"
-                if busy
-                else " (quiet)"
-            )
-            + ".",
-            "",
-            speed_table(sp),
-            "",
-        ]
-        for b, best in sp["fastest_int8"].items():
-            parts.append(
-                f"- batch {b}: fastest int8 runtime {best['backend']}, {best['speedup_median']:.2f}x its fp32."
-            )
-        for b, why in sp["skipped"].items():
-            parts.append(f"- {b}: skipped ({why}).")
-        parts.append("")
+    if result.get("accuracy"):
+        parts += _accuracy_section(result["accuracy"], result)
+    if result.get("speed"):
+        parts += speed_section(result["speed"], result)
     return "\n".join(parts)
 
 
@@ -496,142 +318,125 @@ def _kept_accuracy(
     return kept, old.get("cpus") or [old["environment"]["cpu"]]
 
 
+COMMAND = "python -m research.quantized"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m research.quantized",
-        description=__doc__.split("\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    add_zoo_selection(p)
-    p.add_argument(
+    parser = study_parser(COMMAND, __doc__)
+    add_zoo_selection(parser)
+    parser.add_argument(
         "--calibration-count", type=int, default=DEFAULT_CALIBRATION_COUNT, help="training images to calibrate on"
     )
-    p.add_argument("--seed", type=int, default=DEFAULT_CALIBRATION_SEED, help="seed of the calibration draw")
-    p.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads of the scoring (default: all)")
-    p.add_argument(
-        "--speed-arch",
-        default="small",
-        choices=("micro", "tiny", "small", "base"),
-        help="architecture of the speed comparison (small: ViT-S 224)",
-    )
-    p.add_argument("--speed-variant", default="standard", help="variant of the speed comparison")
-    p.add_argument("--speed-threads", type=int, default=1)
-    p.add_argument("--batch-sizes", default="1,8", help="batch sizes of the speed comparison")
-    p.add_argument("--min-time", type=float, default=3.0, help="seconds of A B A B timing per runtime and batch")
-    grp = p.add_mutually_exclusive_group()
-    grp.add_argument(
+    parser.add_argument("--seed", type=int, default=DEFAULT_CALIBRATION_SEED, help="seed of the calibration draw")
+    parser.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads of the scoring (default: all)")
+    add_speed_arch(parser)
+    parser.add_argument("--speed-variant", default="standard", help="variant of the speed comparison")
+    parser.add_argument("--speed-threads", type=int, default=1)
+    parser.add_argument("--batch-sizes", default="1,8", help="batch sizes of the speed comparison")
+    parser.add_argument("--min-time", type=float, default=3.0, help="seconds of A B A B timing per runtime and batch")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument(
         "--timing-only",
         action="store_true",
         help="measure speed only; the accuracy of an existing quantized.json in --out is kept",
     )
-    grp.add_argument(
+    only.add_argument(
         "--accuracy-only",
         action="store_true",
         help="measure accuracy only; the speed, and the rows of models not chosen now, of an existing "
         "quantized.json in --out are kept",
     )
-    p.add_argument("--out", type=Path, default=None, help="output folder (quantized.md/.json)")
-    p.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=None,
-        help="exported and quantized models (default: <cache>/quantized, <cache> as for bench-latency)",
+    return add_output_flags(
+        parser,
+        "quantized.md/.json",
+        "exported and quantized models (default: <cache>/quantized, <cache> as for bench-latency)",
+        "print the markdown report of this quantized.json",
     )
-    p.add_argument(
-        "--table",
-        type=Path,
-        metavar="JSON",
-        default=None,
-        help="print the markdown report of this quantized.json; runs nothing",
+
+
+def _check(args: argparse.Namespace) -> tuple[list[int], str]:
+    """The batch sizes and the speed comparison's variant; ``UsageError`` for a bad value, before any work."""
+    batches = parse_batch_sizes(args.batch_sizes)
+    check_at_least(
+        ("--speed-threads", args.speed_threads, 1),
+        ("--calibration-count", args.calibration_count, 1),
+        ("--threads", args.threads if args.threads is not None else 1, 1),
+        ("--limit", args.limit if args.limit is not None else 1, 1),
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return add_debug_flag(p)
+    check_above_zero("--min-time", args.min_time)
+    try:
+        return batches, canonical_name(args.speed_variant)
+    except ValueError as exc:
+        raise UsageError(f"--speed-variant: {exc}") from None
 
 
-def _check(a: argparse.Namespace) -> list[int]:
+def _earlier(args: argparse.Namespace) -> dict[str, Any]:
+    """With ``--timing-only`` or ``--accuracy-only``, the ``quantized.json`` already in ``--out`` (each section
+    naming its machine), else nothing."""
+    path = args.out / "quantized.json"
+    old = json.loads(path.read_text()) if path.is_file() and (args.timing_only or args.accuracy_only) else {}
+    for section in ("accuracy", "speed"):  # files from before sections kept their own machine: the run's
+        if old.get(section) and "environment" not in old[section]:
+            old[section]["environment"] = old["environment"]
+    return old
 
-    batches = parse_batch_sizes(a.batch_sizes)
-    for flag, v in (
-        ("--speed-threads", a.speed_threads),
-        ("--calibration-count", a.calibration_count),
-        ("--threads", a.threads if a.threads is not None else 1),
-        ("--limit", a.limit if a.limit is not None else 1),
-    ):
-        if v < 1:
-            raise UsageError(f"{flag} must be >= 1, got {v}")
-    if not a.min_time > 0:
-        raise UsageError(f"--min-time must be > 0, got {a.min_time}")
-    return batches
+
+def _accuracy(args: argparse.Namespace, entries, cache: Path, old: Mapping[str, Any], env, command: str) -> dict:
+    """The accuracy section: every chosen model scored now, and the earlier run's rows of the others it keeps."""
+    start = load_average()
+    rows: list[dict[str, Any]] = []
+    for entry in tqdm(entries, desc="quantized accuracy", unit="model", disable=args.no_progress):
+        count, seed = args.calibration_count, args.seed
+        rows.append(
+            accuracy_row(entry, cache, calibration_count=count, seed=seed, limit=args.limit, threads=args.threads)
+        )
+        # the rows so far, kept if a later model fails or the run is stopped (the report is written at the end)
+        write_json(args.out / "quantized.partial.json", rows)
+    settings = {"data": args.data, "limit": args.limit, "calibration_count": args.calibration_count, "seed": args.seed}
+    kept, cpus = _kept_accuracy(old.get("accuracy"), settings, {(r["variant"], r["task"]) for r in rows})
+    return {
+        **settings,
+        "load_start": start,
+        "load_end": load_average(),
+        "rows": rows + kept,
+        "command": command,
+        "environment": env,
+        "cpus": _unique([env["cpu"], *cpus]),
+    }
 
 
 @entry_point
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m research.quantized``."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    a = build_parser().parse_args(argv)
-    if reprint(a.table, markdown):
+    argv, args = parse_study(build_parser(), argv, markdown)
+    if args is None:
         return 0
-    require_out(a.out)
-    batches = _check(a)
-    try:
-        speed_variant = canonical_name(a.speed_variant)
-    except ValueError as exc:
-        raise UsageError(f"--speed-variant: {exc}") from None
-    entries = [] if a.timing_only else zoo_entries(a)
-    writable_dir(a.out, "--out folder")
-    cache = a.cache_dir or default_cache_dir() / "quantized"
-    writable_dir(cache, "--cache-dir folder")
-    old_path = a.out / "quantized.json"
-    old = json.loads(old_path.read_text()) if old_path.is_file() and (a.timing_only or a.accuracy_only) else {}
-    for section in ("accuracy", "speed"):  # files from before sections kept their own machine: the run's
-        if old.get(section) and "environment" not in old[section]:
-            old[section]["environment"] = old["environment"]
+    batches, speed_variant = _check(args)
+    entries = [] if args.timing_only else zoo_entries(args)
+    writable_dir(args.out, "--out folder")
+    cache = writable_dir(args.cache_dir or default_cache_dir() / "quantized", "--cache-dir folder")
+    old = _earlier(args)
     env = environment()
+    command = command_line(COMMAND, argv)
     result: dict[str, Any] = {
-        "command": shlex.join(["python", "-m", "research.quantized", *argv]),
+        "command": command,
         "environment": env,
         "accuracy": old.get("accuracy"),
         "speed": old.get("speed"),
     }
-    if not a.timing_only:
-        start = load_average()
-        rows: list[dict[str, Any]] = []
-        for e in tqdm(entries, desc="quantized accuracy", unit="model", disable=a.no_progress):
-            rows.append(
-                accuracy_row(
-                    e, cache, calibration_count=a.calibration_count, seed=a.seed, limit=a.limit, threads=a.threads
-                )
-            )
-            # the rows so far, kept if a later model fails or the run is stopped (the report is written at the end)
-            atomic_write_text(a.out / "quantized.partial.json", json.dumps(rows, indent=1) + "\n")
-        settings = {"data": a.data, "limit": a.limit, "calibration_count": a.calibration_count, "seed": a.seed}
-        kept, cpus = _kept_accuracy(old.get("accuracy"), settings, {(r["variant"], r["task"]) for r in rows})
-        result["accuracy"] = {
-            **settings,
-            "load_start": start,
-            "load_end": load_average(),
-            "rows": rows + kept,
-            "command": result["command"],
-            "environment": env,
-            "cpus": _unique([env["cpu"], *cpus]),
-        }
-    if not a.accuracy_only:
+    if not args.timing_only:
+        result["accuracy"] = _accuracy(args, entries, cache, old, env, command)
+    if not args.accuracy_only:
         start = load_average()
         speed = speed_rows(
-            a.speed_arch, speed_variant, batches, a.speed_threads, a.min_time, cache, progress=not a.no_progress
+            args.speed_arch, speed_variant, batches, args.speed_threads, args.min_time, cache, not args.no_progress
         )
         end = load_average()
-        speed.update(
-            load_start=start,
-            load_end=end,
-            contended=contended(start, end, a.speed_threads),
-            command=result["command"],
-            environment=env,
-        )
+        contention = contended(start, end, args.speed_threads)
+        speed.update(load_start=start, load_end=end, contended=contention, command=command, environment=env)
         result["speed"] = speed
-    md = markdown(result)
-    write_report(a.out, "quantized", result, md)
-    (a.out / "quantized.partial.json").unlink(missing_ok=True)
+    write_report(args.out, "quantized", result, markdown(result))
+    (args.out / "quantized.partial.json").unlink(missing_ok=True)
     return 0
 
 
