@@ -1053,6 +1053,3 @@ def _versions() -> dict[str, str]:
     """The versions of what quantizes and runs the int8 graphs."""
     return {name: version(name) for name in ("onnxruntime", "nvidia-modelopt", "torch")}
 
-
-if __name__ == "__main__":
-    sys.exit(main())
