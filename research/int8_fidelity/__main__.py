@@ -2,6 +2,6 @@
 
 import sys
 
-from research.int8_fidelity import main
+from research.int8_fidelity.cli import main
 
 sys.exit(main())

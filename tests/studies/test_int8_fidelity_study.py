@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from attnzoo.errors import CommandExit
-from research.int8_fidelity import cpu_line, main, markdown, zoo_accuracy_markdown
+from research.int8_fidelity import main, markdown, zoo_accuracy_markdown
+from research.study import cpu_line
 
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "studies" / "int8-fidelity"
 
@@ -131,7 +132,7 @@ def test_no_committed_table_names_a_path_of_the_machine_that_ran_it(monkeypatch)
     """A refused export's reason names its failed report in the run's temporary folder, removed when the export
     returns: the row records the reason without that path, and the tables never show one."""
     import attnzoo.export as export
-    from research import int8_fidelity as study
+    from research.int8_fidelity import zoo as study
 
     for path in RESULTS.glob("*.md"):
         assert "/tmp/" not in path.read_text(), path.name
