@@ -62,16 +62,16 @@ def speedups(times: dict[str, list[float]]) -> dict[str, dict[str, float]]:
     """Per runtime: the opset-23 file's speed-up over the opset-20 one (median and quartiles of the per-round
     ratio of their times) and both medians in ms."""
     out = {}
-    for runtime in [r.name for r in cpu_runtimes()]:
-        a, b = times.get(f"{runtime} opset20"), times.get(f"{runtime} opset23")
-        if a is None or b is None:
+    for runtime in [backend.name for backend in cpu_runtimes()]:
+        opset20, opset23 = times.get(f"{runtime} opset20"), times.get(f"{runtime} opset23")
+        if opset20 is None or opset23 is None:
             continue
-        r = ratio_stats(b, a)  # opset-20 time / opset-23 time per round: the fusable file's speed-up
+        ratios = ratio_stats(opset23, opset20)  # opset-20 time / opset-23 time per round: the fusable file's speed-up
         out[runtime] = {
-            "opset20_ms": summarize(a, 1)["median_ms"],
-            "opset23_ms": summarize(b, 1)["median_ms"],
-            "speedup": r["ratio_median"],
-            "speedup_q1": r["ratio_q1"],
-            "speedup_q3": r["ratio_q3"],
+            "opset20_ms": summarize(opset20, 1)["median_ms"],
+            "opset23_ms": summarize(opset23, 1)["median_ms"],
+            "speedup": ratios["ratio_median"],
+            "speedup_q1": ratios["ratio_q1"],
+            "speedup_q3": ratios["ratio_q3"],
         }
     return out

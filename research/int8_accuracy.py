@@ -174,8 +174,12 @@ def machine_label(env: dict[str, Any]) -> str:
 
 
 def _speed_cell(row: dict[str, Any], batch: str) -> str:
-    s = row["speed"].get(batch)
-    return "-" if s is None else f"{s['speedup_median']:.2f} [{s['speedup_q1']:.2f}, {s['speedup_q3']:.2f}]"
+    speed = row["speed"].get(batch)
+    return (
+        "-"
+        if speed is None
+        else f"{speed['speedup_median']:.2f} [{speed['speedup_q1']:.2f}, {speed['speedup_q3']:.2f}]"
+    )
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -245,8 +249,8 @@ def readme_table(results: Sequence[dict[str, Any]]) -> str:
     int8 speed-up at each batch size; the machines listed under it."""
     if not results:
         raise ValueError("no result files given")
-    keys = list(dict.fromkeys((r["variant"], r["task"]) for res in results for r in res["rows"]))
-    cell = [{(r["variant"], r["task"]): r for r in res["rows"]} for res in results]
+    keys = list(dict.fromkeys((row["variant"], row["task"]) for res in results for row in res["rows"]))
+    cell = [{(row["variant"], row["task"]): row for row in res["rows"]} for res in results]
     header = ["variant", "task", "ORT fp32"]
     for i, res in enumerate(results, 1):
         header += [f"int8 - fp32 (M{i})", *[f"int8 speed-up b{b} (M{i})" for b in res["batch_sizes"]]]
@@ -255,9 +259,11 @@ def readme_table(results: Sequence[dict[str, Any]]) -> str:
         fp32 = [c[key]["ort_fp32_metric"] for c in cell if key in c]
         line = [key[0], key[1], f"{fp32[0]:.2f}" if len(set(fp32)) == 1 else " / ".join(f"{v:.2f}" for v in fp32)]
         for c, res in zip(cell, results, strict=False):
-            r = c.get(key)
-            line.append("-" if r is None else f"{r['delta']:+.2f}")
-            line += ["-" if r is None else f"{r['speed'][str(b)]['speedup_median']:.2f}" for b in res["batch_sizes"]]
+            row = c.get(key)
+            line.append("-" if row is None else f"{row['delta']:+.2f}")
+            line += [
+                "-" if row is None else f"{row['speed'][str(b)]['speedup_median']:.2f}" for b in res["batch_sizes"]
+            ]
         rows.append(line)
     notes = [
         f"M{i}: {machine_label(res['environment'])}, {res['threads']} thread(s)"

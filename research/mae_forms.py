@@ -85,9 +85,12 @@ def _rows(times: dict[str, list[float]], batch: int, parity: dict[str, float]) -
     for name, samples in times.items():
         row = {"runner": name, "batch": batch, **summarize(samples, batch)}
         if name != reference_backend():
-            r = ratio_stats(samples, times[reference_backend()])  # eager / runner per round: the speed-up
+            ratios = ratio_stats(samples, times[reference_backend()])  # eager / runner per round: the speed-up
             row.update(
-                speedup=r["ratio_median"], speedup_q1=r["ratio_q1"], speedup_q3=r["ratio_q3"], parity_error=parity[name]
+                speedup=ratios["ratio_median"],
+                speedup_q1=ratios["ratio_q1"],
+                speedup_q3=ratios["ratio_q3"],
+                parity_error=parity[name],
             )
         rows.append(row)
     return rows

@@ -154,9 +154,9 @@ def _extra_math_cost(preds: Mapping[str, np.ndarray], y: np.ndarray, metrics: Ma
     """What quantizing the extra math costs: the points, McNemar's p (classifiers) and whether it loses."""
     cost = metrics["int8 xm"] - metrics["int8"]
     cls = row["task"] == "cls"
-    p = mcnemar_p(preds["int8"] == y, preds["int8 xm"] == y) if cls else None
-    loses = bool(cost < 0 and (p is None or p < ALPHA)) if cls else bool(cost < -row["tolerance"])
-    return {"points": cost, "mcnemar_p": p, "loses": loses}
+    p_value = mcnemar_p(preds["int8"] == y, preds["int8 xm"] == y) if cls else None
+    loses = bool(cost < 0 and (p_value is None or p_value < ALPHA)) if cls else bool(cost < -row["tolerance"])
+    return {"points": cost, "mcnemar_p": p_value, "loses": loses}
 
 
 def accuracy_row(
@@ -176,8 +176,8 @@ def accuracy_row(
     preds, y, class_names = _predict(paths, cfg, limit, threads)
     metrics, metric_name = {}, "top1"
     for label, pred in preds.items():
-        m = metrics_from_confusion(confusion_matrix(y, pred, len(class_names)), cfg["task"], class_names)
-        metrics[label], metric_name = float(m["metric"]), m["metric_name"]
+        scored = metrics_from_confusion(confusion_matrix(y, pred, len(class_names)), cfg["task"], class_names)
+        metrics[label], metric_name = float(scored["metric"]), scored["metric_name"]
         if not math.isfinite(metrics[label]):
             raise RuntimeError(f"{stem} {label}: metric is not finite")
     row: dict[str, Any] = {
@@ -205,23 +205,23 @@ def accuracy_row(
 def accuracy_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """The accuracy table: metric per model, drops, and the extra-math verdict."""
     body = []
-    for r in rows:
-        m, d = r["metrics"], r["delta"]
-        xm = r.get("extra_math_cost")
+    for row in rows:
+        metrics, delta = row["metrics"], row["delta"]
+        xm = row.get("extra_math_cost")
         verdict = "-" if xm is None else ("**loses**" if xm["loses"] else "no loss")
-        p = "-" if not xm or xm["mcnemar_p"] is None else f"{xm['mcnemar_p']:.2g}"
+        p_text = "-" if not xm or xm["mcnemar_p"] is None else f"{xm['mcnemar_p']:.2g}"
         body.append(
             [
-                r["variant"],
-                r["task"],
-                r["metric_name"],
-                f"{m['fp32']:.2f}",
-                f"{m['int8']:.2f} ({d['int8']:+.2f})",
-                "-" if "int8 xm" not in m else f"{m['int8 xm']:.2f} ({d['int8 xm']:+.2f})",
-                f"{m['fp8']:.2f} ({d['fp8']:+.2f})",
-                str(r["extra_math_nodes"]),
+                row["variant"],
+                row["task"],
+                row["metric_name"],
+                f"{metrics['fp32']:.2f}",
+                f"{metrics['int8']:.2f} ({delta['int8']:+.2f})",
+                "-" if "int8 xm" not in metrics else f"{metrics['int8 xm']:.2f} ({delta['int8 xm']:+.2f})",
+                f"{metrics['fp8']:.2f} ({delta['fp8']:+.2f})",
+                str(row["extra_math_nodes"]),
                 "-" if xm is None else f"{xm['points']:+.2f}",
-                p,
+                p_text,
                 verdict,
             ]
         )

@@ -104,8 +104,8 @@ def plan(settings: Settings) -> dict[tuple[str, int], dict[str, Any]]:
 def _rss_kib(field_name: str) -> int | None:
     try:
         with open("/proc/self/status", encoding="ascii") as fh:
-            m = re.search(rf"^{field_name}:\s+(\d+) kB", fh.read(), re.M)
-        return int(m.group(1)) if m else None
+            match = re.search(rf"^{field_name}:\s+(\d+) kB", fh.read(), re.M)
+        return int(match.group(1)) if match else None
     except OSError:
         return None
 

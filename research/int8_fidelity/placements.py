@@ -81,8 +81,8 @@ def _placement_row(model, placement: str, folder: Path, fp32: Path, unseen: np.n
         )
     except export.ExportError as exc:
         return {"placement": placement, "refused": str(exc)}, None
-    fid, q = result.report["fidelity"], result.report["quantization"]
-    auto = q["options"].get("auto") or {}
+    fid, quant = result.report["fidelity"], result.report["quantization"]
+    auto = quant["options"].get("auto") or {}
     seen, cos = _agreement(fp32, result.path, unseen)
     row = {
         "placement": placement,
@@ -93,7 +93,7 @@ def _placement_row(model, placement: str, folder: Path, fp32: Path, unseen: np.n
         "default_gate_passes": bool(fid["cosine"]["min"] >= quantize.DEFAULT_MIN_COSINE),
         "further": seen,
         "worst_of_n": worst_of_n(cos),
-        "quantize_linear": q["qdq"]["quantize_linear"],
+        "quantize_linear": quant["qdq"]["quantize_linear"],
         "auto": {k: auto[k] for k in ("all_quantized", "weights_only", "chosen", "rule", "speed") if k in auto},
         "auto_kept_fp32": [g for g, d in auto.get("groups", {}).items() if not d["quantized"]],
         "auto_groups": len(auto.get("groups", {})),
@@ -160,15 +160,16 @@ def _placement_lines(result: Mapping[str, Any]) -> list[str]:
         if "refused" in row:
             lines.append(f"| {row['placement']} | refused: {row['refused']} | | | | | | |")
             continue
-        g, f = row["gate"], row["further"]
+        gate, further = row["gate"], row["further"]
         sp = [row["speed"][rt] for rt in ("onnxruntime", "openvino")]
         cell = [f"{s['ms']:.2f} ({s['speedup']:.2f}x)" if "ms" in s else s.get("error", "-") for s in sp]
         lines.append(
-            f"| {row['placement']} | {g['cosine']['min']:.4f} / {g['cosine']['mean']:.4f}, "
-            f"{g['relative_error']['mean']:.3f} (n={g['n_inputs']}) | "
-            f"{'passes' if row['default_gate_passes'] else 'refused'} | {f['cosine']['min']:.4f} / "
-            f"{f['cosine']['mean']:.4f}, {f['relative_error']['mean']:.3f} ({f['relative_error']['max']:.3f}) | "
-            f"{f['top1_agreement']:.1%} | {row['quantize_linear']} | {cell[0]} | {cell[1]} |"
+            f"| {row['placement']} | {gate['cosine']['min']:.4f} / {gate['cosine']['mean']:.4f}, "
+            f"{gate['relative_error']['mean']:.3f} (n={gate['n_inputs']}) | "
+            f"{'passes' if row['default_gate_passes'] else 'refused'} | {further['cosine']['min']:.4f} / "
+            f"{further['cosine']['mean']:.4f}, {further['relative_error']['mean']:.3f} "
+            f"({further['relative_error']['max']:.3f}) | "
+            f"{further['top1_agreement']:.1%} | {row['quantize_linear']} | {cell[0]} | {cell[1]} |"
         )
     return lines
 

@@ -76,8 +76,8 @@ def _remedy_row(tried: tuple[str, str, str, bool | None], setup: Mapping[str, An
         report = _quantize(placement, method, smoothed, setup, path)
     except export.ExportError as exc:
         return {"remedy": key, "refused": re.sub(r"; see \S+", "", str(exc).splitlines()[0])}, None
-    fid, q = report["fidelity"], report["quantization"]
-    auto = q["options"].get("auto") or {}
+    fid, quant = report["fidelity"], report["quantization"]
+    auto = quant["options"].get("auto") or {}
     row = {
         "remedy": key,
         "placement": placement,
@@ -89,9 +89,9 @@ def _remedy_row(tried: tuple[str, str, str, bool | None], setup: Mapping[str, An
             fid["cosine"]["min"] >= quantize.DEFAULT_MIN_COSINE and (placement != "auto" or auto.get("promised"))
         ),
         "worst": _worst(setup["refs"], lambda x: quantize.onnx_outputs(path, x, None), setup["sets"]),
-        "quantize_linear": q["qdq"]["quantize_linear"],
+        "quantize_linear": quant["qdq"]["quantize_linear"],
         "auto_kept_fp32": [g for g, d in auto.get("groups", {}).items() if not d["quantized"]],
-        "smooth_quant_migrated": (q["options"].get("smooth_quant") or {}).get("migrated"),
+        "smooth_quant_migrated": (quant["options"].get("smooth_quant") or {}).get("migrated"),
         "related": fid.get("related"),
         "warnings": [w.replace(f"{out}/", "") for w in report.get("warnings", [])],  # not the work folder
     }
@@ -237,32 +237,33 @@ def remedies_markdown(result: Mapping[str, Any]) -> str:
         "export's gate worst (default gate) | Q/DQ pairs | ORT int8 ms (x fp32) | OpenVINO int8 ms (x fp32) |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for r in result["rows"]:
-        if "refused" in r:
-            lines.append(f"| {r['remedy']} | refused: {r['refused']} | | | | | | |")
+    for row in result["rows"]:
+        if "refused" in row:
+            lines.append(f"| {row['remedy']} | refused: {row['refused']} | | | | | | |")
             continue
-        w, sp = r["worst"], r.get("speed", {})
+        worst, sp = row["worst"], row.get("speed", {})
         cells = [
             f"{sp[rt]['ms']:.2f} ({sp[rt]['speedup']:.2f}x)" if "ms" in sp.get(rt, {}) else "-"
             for rt in ("onnxruntime", "openvino")
         ]
         gate = (
-            f"{r['gate_worst']:.4f} ({'passes' if r['default_gate_passes'] else 'refused'})"
-            if "gate_worst" in r
+            f"{row['gate_worst']:.4f} ({'passes' if row['default_gate_passes'] else 'refused'})"
+            if "gate_worst" in row
             else "-"
         )
         lines.append(
-            f"| {r['remedy']} | {w['originals']:.4f} | {w['unrelated']:.4f} | {w['further_crops']:.4f} | {gate} | "
-            f"{r.get('quantize_linear', r.get('fake_quantize', '-'))} | {cells[0]} | {cells[1]} |"
+            f"| {row['remedy']} | {worst['originals']:.4f} | {worst['unrelated']:.4f} | "
+            f"{worst['further_crops']:.4f} | {gate} | "
+            f"{row.get('quantize_linear', row.get('fake_quantize', '-'))} | {cells[0]} | {cells[1]} |"
         )
     lines += ["", fp32_speed_line(result["fp32_speed"]) + " (one thread, batch 1, median of interleaved runs)"]
-    for r in result["rows"]:  # the defaults' report on its gate inputs: near-copies of calibration inputs or not
-        rel = r.get("related") or {}
+    for row in result["rows"]:  # the defaults' report on its gate inputs: near-copies of calibration inputs or not
+        rel = row.get("related") or {}
         if rel:
             worst = rel["worst"]
             lines += [
                 "",
-                f"`{r['remedy']}`: of its {rel['near_copies'] + rel['distinct']} gate inputs, {rel['near_copies']} "
+                f"`{row['remedy']}`: of its {rel['near_copies'] + rel['distinct']} gate inputs, {rel['near_copies']} "
                 f"are near-copies of calibration inputs (worst {worst.get('near_copies', float('nan')):.4f}), "
                 f"{rel['distinct']} distinct"
                 + (f" (worst {worst['distinct']:.4f})" if "distinct" in worst else "")

@@ -201,27 +201,35 @@ def zoo_accuracy_markdown(result: Mapping[str, Any]) -> str:
         "cosine (n) | auto kept fp32 | s |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in result["rows"]:
-        a, f = r.get("accuracy"), r.get("fidelity")
-        reason = _without_work_path(r.get("refused", "; ".join(r.get("failures", []))))
-        verdict = "passes" if r.get("passed") else f"refused: {reason}"
+    for row in result["rows"]:
+        accuracy, fidelity = row.get("accuracy"), row.get("fidelity")
+        reason = _without_work_path(row.get("refused", "; ".join(row.get("failures", []))))
+        verdict = "passes" if row.get("passed") else f"refused: {reason}"
         acc = (
-            [f"{a['metrics']['fp32']:.2f}", f"{a['metrics']['int8']:.2f}", f"{a['drop']:+.2f} ({a['tolerance']:g})"]
-            if a
+            [
+                f"{accuracy['metrics']['fp32']:.2f}",
+                f"{accuracy['metrics']['int8']:.2f}",
+                f"{accuracy['drop']:+.2f} ({accuracy['tolerance']:g})",
+            ]
+            if accuracy
             else ["-", "-", "-"]
         )
-        fid = f"{f['cosine']['min']:.4f} / {f['cosine']['mean']:.4f} ({f['n_inputs']})" if f else "-"
-        auto = r.get("auto")
+        fid = (
+            f"{fidelity['cosine']['min']:.4f} / {fidelity['cosine']['mean']:.4f} ({fidelity['n_inputs']})"
+            if fidelity
+            else "-"
+        )
+        auto = row.get("auto")
         kept = (
             "-"
             if not auto
             else (f"{len(auto['kept_fp32'])} of {auto['groups']}" + (" (weights only)" if auto.get("fallback") else ""))
         )
         lines.append(
-            f"| {r['variant']} | {r['task']} | {r['placement']} | {verdict} | {' | '.join(acc)} | {fid} | "
-            f"{kept} | {r.get('seconds', '-')} |"
+            f"| {row['variant']} | {row['task']} | {row['placement']} | {verdict} | {' | '.join(acc)} | {fid} | "
+            f"{kept} | {row.get('seconds', '-')} |"
         )
-    passed = sum(bool(r.get("passed")) for r in result["rows"])
+    passed = sum(bool(row.get("passed")) for row in result["rows"])
     selected = result.get("selected", len(result["rows"]))
     lines += [
         "",
