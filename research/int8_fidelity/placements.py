@@ -18,7 +18,7 @@ from attnzoo.machine import cpu_info
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
 from research.study import contended, cpu_line
 
-from .speed import fp32_speed_line, speeds
+from .speed import fp32_speed_line, load_span, speeds
 from .standin import pretrained_like_vit, smooth_images, write_images
 
 # --help and --table load without torch, onnx and timm: these import at their first use
@@ -219,12 +219,11 @@ def _worst_of_n_lines(result: Mapping[str, Any]) -> list[str]:
 
 def markdown(result: Mapping[str, Any]) -> str:
     """The README tables: fidelity (the export's gate inputs, the further inputs), speed, worst-of-n."""
-    load = result["load_average"]
     lines = [cpu_line(result["cpu"]), "", *_placement_lines(result), ""]
     lines.append(
         fp32_speed_line(result["fp32_speed"])
-        + f"; load average {load['start'][0]:.2f} -> {load['end'][0]:.2f}"
-        + (" (contended: timings shared the cores with other work)" if result["contended"] else "")
+        + "; "
+        + load_span(result, " (contended: timings shared the cores with other work)")
     )
     for row in result["rows"]:
         lines += _auto_lines(row)

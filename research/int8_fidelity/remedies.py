@@ -19,7 +19,7 @@ from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
 from attnzoo.runtime import openvino as ov
 from research.study import contended, cpu_line
 
-from .speed import fp32_speed_line, interleaved_ms, openvino_outputs, ov_session, speeds, versions
+from .speed import fp32_speed_line, interleaved_ms, load_span, openvino_outputs, ov_session, speeds, versions
 from .standin import augmented_crops, pretrained_like_vit, smooth_images
 
 # --help and --table load without onnx and timm: these import at their first use
@@ -229,9 +229,7 @@ def remedies_markdown(result: Mapping[str, Any]) -> str:
     lines = [
         cpu_line(result["cpu"]),
         "",
-        f"Command: `{result['command']}`; calibration: {result['calibration']}; load average "
-        f"{result['load_average']['start'][0]:.2f} -> {result['load_average']['end'][0]:.2f}"
-        + (" (contended)" if result["contended"] else ""),
+        f"Command: `{result['command']}`; calibration: {result['calibration']}; {load_span(result)}",
         "",
         "| placement / calibration | worst cosine: clean originals | unrelated images | further crops | "
         "export's gate worst (default gate) | Q/DQ pairs | ORT int8 ms (x fp32) | OpenVINO int8 ms (x fp32) |",

@@ -14,7 +14,7 @@ from attnzoo.benchmarks.timing import time_round_robin
 from attnzoo.runtime.backends.openvino import OPENVINO, OpenVINORuntimeSession
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 
-__all__ = ["ov_session", "openvino_outputs", "interleaved_ms", "speeds", "fp32_speed_line", "versions"]
+__all__ = ["ov_session", "openvino_outputs", "interleaved_ms", "speeds", "fp32_speed_line", "load_span", "versions"]
 
 
 def ov_session(path: Path) -> OpenVINORuntimeSession:
@@ -72,6 +72,14 @@ def fp32_speed_line(fp32: Mapping[str, Any]) -> str:
     ort = f"{fp32['onnxruntime']['ms']:.2f} ms" if "ms" in fp32["onnxruntime"] else "-"
     ov = f"{fp32['openvino']['ms']:.2f} ms" if "ms" in fp32.get("openvino", {}) else "-"
     return f"fp32: ONNX Runtime {ort}, OpenVINO {ov}"
+
+
+def load_span(result: Mapping[str, Any], contended_note: str = " (contended)") -> str:
+    """``load average <start> -> <end>`` of a result's run, and ``contended_note`` where other work shared it."""
+    load = result["load_average"]
+    return f"load average {load['start'][0]:.2f} -> {load['end'][0]:.2f}" + (
+        contended_note if result["contended"] else ""
+    )
 
 
 def versions() -> dict[str, str]:

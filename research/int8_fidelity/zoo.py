@@ -21,7 +21,7 @@ from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_info
 from research.study import contended, cpu_line, write_json
 
-from .speed import versions
+from .speed import load_span, versions
 
 # --help and --table load without torch, onnx and timm: these import at their first use
 onnx = lazy_import("onnx")
@@ -193,9 +193,7 @@ def zoo_accuracy_markdown(result: Mapping[str, Any]) -> str:
     lines = [
         cpu_line(result["cpu"]),
         "",
-        f"Command: `{result['command']}`; load average "
-        f"{result['load_average']['start'][0]:.2f} -> {result['load_average']['end'][0]:.2f}"
-        + (" (contended)" if result["contended"] else ""),
+        f"Command: `{result['command']}`; {load_span(result)}",
         "",
         "| variant | task | placement | accuracy gate | fp32 | int8 | drop (tolerance) | fidelity: worst / mean "
         "cosine (n) | auto kept fp32 | s |",
