@@ -13,8 +13,11 @@ The layers, bottom to top (each a folder of the repository; a module imports onl
 - :mod:`attnzoo.export` -- ONNX export with the extra math as named ops, verification, int8/fp8, TensorRT,
   Triton; ``export-model``.
 - Applications: :mod:`attnzoo.training` (``train-model``, the zoo build), :mod:`attnzoo.benchmarks`
-  (``bench-latency``), :mod:`attnzoo.studies` (scaling, MAE forms, quantized tables), :mod:`attnzoo.serve`
+  (``bench-latency``, the scaling benchmark), :mod:`attnzoo.report` (``report-variant``), :mod:`attnzoo.serve`
   (the Gradio demo ``serve-demo`` and the Ray Serve app ``serve-models``).
+
+The research studies (MAE forms, quantized tables, int8, bf16) are not part of the package: they live in the
+repository's ``research/`` folder and run from a checkout.
 """
 
 from importlib.metadata import PackageNotFoundError, version

@@ -10,12 +10,23 @@ import threading
 import time
 from collections.abc import Callable
 
+from tqdm import tqdm
+
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import rss_bytes
 
 torch = lazy_import("torch")
 
-__all__ = ["time_once", "warmup", "measure", "measure_pair", "one_sided", "PeakRSS", "SETTLED_PAIRS"]
+__all__ = [
+    "time_once",
+    "warmup",
+    "measure",
+    "measure_pair",
+    "one_sided",
+    "time_round_robin",
+    "PeakRSS",
+    "SETTLED_PAIRS",
+]
 
 WARMUP_S = 0.2
 MIN_ITERS = 10
@@ -101,6 +112,20 @@ def one_sided(a: list[float], b: list[float]) -> bool:
     n = len(ratios)
     q1, q3 = ratios[(n - 1) // 4], ratios[-1 - (n - 1) // 4]  # inner quartiles: no interpolation needed
     return q1 > 1 or q3 < 1
+
+
+def time_round_robin(
+    runners: dict[str, Callable[[], object]], rounds: int, progress: bool = True
+) -> dict[str, list[float]]:
+    """Seconds per call of every runner, ``rounds`` rounds of one call each in a fixed order (after a warm-up), so
+    that every runner sees about the same load."""
+    for fn in runners.values():
+        warmup(fn)
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in tqdm(range(rounds), desc="rounds", disable=not progress, leave=False):
+        for name, fn in runners.items():
+            times[name].append(time_once(fn))
+    return times
 
 
 class PeakRSS:

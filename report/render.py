@@ -1,8 +1,8 @@
 """The report folder: ``report.json`` (the measurements, schema in docs/report-variant.md), ``report.md`` (one
 GitHub-renderable page with PNG plots) and the one-line verdict.
 
-Plots reuse the benchmark's and the scaling study's own (:func:`attnzoo.benchmarks.report.plot_latency`,
-:func:`~attnzoo.benchmarks.report.plot_overhead`, :func:`attnzoo.studies.scaling.plot`).
+Plots reuse the benchmarks' own (:func:`attnzoo.benchmarks.report.plot_latency`,
+:func:`~attnzoo.benchmarks.report.plot_overhead`, :func:`attnzoo.benchmarks.scaling.plot`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from attnzoo.runtime.fusion import markdown as fusion_markdown
 
 # report-variant --help loads without torch and timm: imported at their first use
 factory = lazy_import("attnzoo.models.factory")
-scaling_study = lazy_import("attnzoo.studies.scaling")
+scaling_bench = lazy_import("attnzoo.benchmarks.scaling")
 export_formats = lazy_import("attnzoo.export.formats")
 
 __all__ = [
@@ -355,7 +355,7 @@ def plots(report: Mapping[str, Any], out: Path) -> dict[str, Path]:
             written["overhead"] = plot_overhead(lat["overheads"], out / "overhead.png")
     sc = cost.get("scaling") or {}
     if sc.get("status") == "ok" and any(r["status"] == "ok" for r in sc["rows"]):
-        written["scaling"] = scaling_study.plot(dict(sc), out / "scaling.png")
+        written["scaling"] = scaling_bench.plot(dict(sc), out / "scaling.png")
     series = block_series(report)
     if series:
         written["blocks"] = plot_block_errors(series, out / "block-errors.png")
@@ -725,7 +725,7 @@ def _scaling_md(report: Mapping[str, Any], pngs: Mapping[str, Path]) -> list[str
             ]
         )
     lines = [
-        f"`python -m attnzoo.studies.scaling`'s run ({text(st['arch'])} ViT, batch 1, {_num(st['threads'])} thread; "
+        f"`python -m attnzoo.benchmarks.scaling`'s run ({text(st['arch'])} ViT, batch 1, {_num(st['threads'])} thread; "
         "peak memory: the process's peak resident set above the built model; a call predicted to take longer than "
         f"{st['max_call_s']:g} s is skipped with its reason).",
         "",
@@ -747,7 +747,7 @@ def _scaling_md(report: Mapping[str, Any], pngs: Mapping[str, Path]) -> list[str
         lines += [
             "",
             "The Segmenter encoder at 4,097 tokens is not in this run (its calls take seconds each on a CPU); "
-            "`python -m attnzoo.studies.scaling` measures it.",
+            "`python -m attnzoo.benchmarks.scaling` measures it.",
         ]
     if sc.get("contended"):
         lines += ["", "The machine was shared with other work during the run (load above the run's threads)."]

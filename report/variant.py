@@ -12,7 +12,7 @@ beside the variant where it compares, by the package's own library calls (nothin
 - **fusion**: :func:`attnzoo.runtime.fusion.audit` on the fp32 exports: whether each runtime runs each block's
   attention core as one kernel;
 - **cost**: :func:`attnzoo.benchmarks.run.run_benchmark` (every backend, batch 1 and 8, fp32 and bf16 where the CPU
-  has bf16 units, overhead against ``standard`` from A B A B pairs), :func:`attnzoo.studies.scaling.run_scaling`
+  has bf16 units, overhead against ``standard`` from A B A B pairs), :func:`attnzoo.benchmarks.scaling.run_scaling`
   (latency and memory against tokens), and the GPU plan's committed results where they exist (marked as such).
 
 A step that fails is a finding, not a crash: its entry says ``failed`` with the reason, and one that cannot run
@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from attnzoo.benchmarks.fusable import speedups, time_opsets
 from attnzoo.benchmarks.gpu_plan import MODELS, ROOT
 from attnzoo.errors import UsageError, first_line, quoted
 from attnzoo.fileio import PathLike, read_json, writable_dir
@@ -46,7 +47,6 @@ from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.fusion import audit
 from attnzoo.runtime.fusion import markdown as fusion_markdown
 from attnzoo.signals import Interrupted, Terminated
-from attnzoo.studies.fusable import speedups, time_opsets
 from attnzoo.targets.triton.schema import TritonConfigCheck
 
 from .render import REPORT_FORMATS, write_report
@@ -62,7 +62,7 @@ export = lazy_import("attnzoo.export")
 onnx_export = lazy_import("attnzoo.export.onnx_export")
 bench_flops = lazy_import("attnzoo.benchmarks.flops")
 bench_run = lazy_import("attnzoo.benchmarks.run")
-scaling_study = lazy_import("attnzoo.studies.scaling")
+scaling_bench = lazy_import("attnzoo.benchmarks.scaling")
 
 __all__ = [
     "SCHEMA",
@@ -167,8 +167,8 @@ class Budget:
 
 #: The default run: ViT-Ti latency rows at 197 tokens without torch.compile (its compilation per shape and
 #: precision does not fit the budget; ``bench-latency --backends compile`` times it), scaling 197 -> 577 -> 1,025
-#: tokens on eager and ONNX Runtime (the Segmenter encoder at 4,097 tokens is the scaling study's:
-#: ``python -m attnzoo.studies.scaling``), int8 scored on 2,000 test images, FP8 for the variant only. Designed
+#: tokens on eager and ONNX Runtime (the Segmenter encoder at 4,097 tokens is the scaling benchmark's:
+#: ``python -m attnzoo.benchmarks.scaling``), int8 scored on 2,000 test images, FP8 for the variant only. Designed
 #: for at most 10 minutes on 2 cores (docs/report-variant.md has the measured runs).
 FULL = Budget(
     latency_arch="tiny",
@@ -595,7 +595,7 @@ def fusable(
 ) -> dict[str, Any]:
     """The variant exported at opset 23, where each dot-product core is one standard ``Attention`` op (verified,
     extra math checked), its fusion audit, and its speed against the opset-20 file on ONNX Runtime and OpenVINO
-    (:mod:`attnzoo.studies.fusable`: round-robin, batch 1, one thread, parity-checked first)."""
+    (:mod:`attnzoo.benchmarks.fusable`: round-robin, batch 1, one thread, parity-checked first)."""
     if models.VARIANTS[models.canonical_name(variant)].pairwise_scores:
         return {
             "status": "absent",
@@ -704,12 +704,12 @@ def latency(variant: str, budget: Budget, work: Path, command: str) -> dict[str,
 
 
 def scaling(variant: str, budget: Budget, work: Path, command: str, quick: bool) -> dict[str, Any]:
-    """:func:`attnzoo.studies.scaling.run_scaling` of ``standard`` and ``variant``: latency and peak memory against
+    """:func:`attnzoo.benchmarks.scaling.run_scaling` of ``standard`` and ``variant``: latency and peak memory against
     tokens (classifier; a Segmenter encoder where ``budget.seg_sizes``), batch 1.
 
     Its exports share :func:`latency`'s cache: the seeded model at the latency rows' size is exported once for both
     (``export_verified(reuse=True)``), which is most of the time of a variant whose export is slow."""
-    s = scaling_study.Settings(
+    settings = scaling_bench.Settings(
         variants=list(dict.fromkeys(["standard", variant])),
         backends=budget.scaling_backends,
         arch=budget.scaling_arch,
@@ -725,7 +725,7 @@ def scaling(variant: str, budget: Budget, work: Path, command: str, quick: bool)
         command=command,
         quick=quick,
     )
-    return scaling_study.run_scaling(s)
+    return scaling_bench.run_scaling(settings)
 
 
 def gpu_rows(variant: str) -> dict[str, Any]:

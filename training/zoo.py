@@ -161,7 +161,7 @@ NOTES: dict[str, str] = {
 }
 ZOO_DIR = Path(__file__).resolve().parents[1] / "zoo"
 
-#: The build's order, cheapest training step first (``python -m attnzoo.studies.train_speed --settings eager-1t
+#: The build's order, cheapest training step first (``python -m research.train_speed --settings eager-1t
 #: --variants ...``, results/studies/train-speed/all-variants: the pairwise-L1 MAE ones cost about three times
 #: ``standard``); variants not named here (plugins) come last.
 TRAIN_ORDER = (

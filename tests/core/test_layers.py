@@ -1,7 +1,9 @@
 """The layers hold: every module's imports (function-level ones too) point down the declared order, the demo
 and the Ray app stay apart, and no package imports another package's private names.
 
-The order is the one ``docs/architecture.md`` draws; a test below checks that the document lists it.
+The order is the one ``docs/architecture.md`` draws; a test below checks that the document lists it. The studies
+(``research/``, beside the package and not in the wheel) sit above every layer: they import the package, and
+nothing in the package imports them.
 """
 
 from __future__ import annotations
@@ -25,14 +27,16 @@ LAYERS: list[tuple[str, str]] = [
     ("targets", "attnzoo.targets"),
     ("training", "attnzoo.training"),
     ("benchmarks", "attnzoo.benchmarks"),
-    ("studies", "attnzoo.studies"),
     ("report", "attnzoo.report"),
     ("serve", "attnzoo.serve"),
+    ("research", "research"),
 ]
 #: The one import of a layer above made on purpose, as ``(importer, imported)``: ``attnzoo.models`` ends by importing
 #: ``attnzoo.zoo.hub``, which registers the zoo's trained models as timm models, so that ``import attnzoo.models`` is
 #: all a timm user does before ``timm.create_model(name, pretrained=True)`` (docs/architecture.md).
 UPWARD: frozenset[tuple[str, str]] = frozenset({("attnzoo.models", "attnzoo.zoo.hub")})
+#: The studies' folder (``python -m research.<name>``): above the package, checked by the same rules, never built.
+RESEARCH = "research"
 #: Side by side on the top layer: each may use ``attnzoo.serve``'s shared modules, never the other.
 APART = ("attnzoo.serve.demo", "attnzoo.serve.rayserve")
 #: Package name -> folder: ``pyproject.toml``'s ``[tool.setuptools.package-dir]``, the table the build uses.
@@ -50,9 +54,9 @@ def layer_of(module: str) -> int | None:
 
 
 def modules() -> Iterator[tuple[str, Path]]:
-    """Every module of the package with its file."""
+    """Every module of the package, then of the research folder, with its file."""
     linked = {f.split(".")[1] for f in FOLDERS if "." in f}  # attnzoo/'s links to the layer folders
-    for package, folder in FOLDERS.items():
+    for package, folder in [*FOLDERS.items(), (RESEARCH, RESEARCH)]:
         for path in sorted((ROOT / folder).rglob("*.py")):
             rel = path.relative_to(ROOT / folder).with_suffix("")
             parts = [p for p in rel.parts if p != "__init__"]
@@ -63,7 +67,7 @@ def modules() -> Iterator[tuple[str, Path]]:
 
 @cache
 def module_names() -> frozenset[str]:
-    """The dotted name of every module and package of the package."""
+    """The dotted name of every module and package of the package and of the research folder."""
     return frozenset(name for name, _ in modules())
 
 
@@ -131,7 +135,10 @@ def check_module(
                 f"{where}:{line}: lazy_import of a name that is not a string literal (the check cannot see it)"
             )
             continue
-        if not (target == "attnzoo" or target.startswith("attnzoo.")):
+        if target.split(".")[0] in _FOLDER_PACKAGES:
+            found.append(f"{where}:{line}: imports {target} by its folder, not as attnzoo.{target}")
+            continue
+        if layer_of(target) is None:  # the standard library, third-party packages
             continue
         if lazy and target not in known:
             found.append(f"{where}:{line}: lazy_import names {target}, no module of the package")
@@ -149,8 +156,13 @@ def check_module(
     return found
 
 
+#: The layer folders, importable by their bare names from the repository root (``import models``) where the one
+#: name of each is ``attnzoo.<folder>``: a module taking one by its folder's name loads a second copy of it.
+_FOLDER_PACKAGES = frozenset(folder for package, folder in FOLDERS.items() if "." in package)
+
+
 def violations() -> list[str]:
-    """What every module of the package breaks (:func:`check_module`)."""
+    """What every module of the package and of the research folder breaks (:func:`check_module`)."""
     found = []
     for name, path in modules():
         found += check_module(
@@ -217,6 +229,35 @@ def test_the_checker_sees_lazy_imports():
     ]
 
 
+def test_the_package_imports_no_study_and_the_studies_import_the_package_by_its_name():
+    """A package module that imports a study (directly, inside a function or lazily) points above every layer; a
+    study may import any layer of the package and other studies, but not a layer folder by its bare name."""
+    found = check_module(
+        "attnzoo.report.probe",
+        "from research.fusable import export_pair\n"
+        "def f():\n    import research.bf16\n"
+        'study = lazy_import("research.quantized")\n',
+    )
+    assert [v.split(": ", 1)[1] for v in found] == [
+        "report imports research.fusable (research, a layer above)",
+        "report imports research.bf16 (research, a layer above)",
+        "report imports research.quantized (research, a layer above)",
+    ]
+    study = "from attnzoo.serve import loading\nfrom attnzoo.benchmarks.timing import time_round_robin\n"
+    assert check_module("research.probe", study + "from research.study import reprint\n") == []
+    found = check_module("research.probe", "from benchmarks.timing import time_round_robin\n")
+    assert found == ["research.probe:1: imports benchmarks.timing by its folder, not as attnzoo.benchmarks.timing"]
+    assert check_module("research.probe", "from attnzoo.export.quantize import _x\n") != []  # private stays private
+
+
+def test_the_research_folder_is_checked_and_never_built():
+    """The studies are read by the check (so the test above holds for them), and the build maps no folder to them."""
+    names = {n for n, _ in modules()}
+    assert {"research", "research.study", "research.bf16"} <= names
+    assert RESEARCH not in FOLDERS.values() and not [p for p in FOLDERS if p.split(".")[-1] in ("research", "studies")]
+    assert not (ROOT / "attnzoo" / RESEARCH).exists() and not (ROOT / "attnzoo" / "studies").exists()
+
+
 def test_the_checker_resolves_from_package_import_module():
     """``from attnzoo import zoo`` (and ``from . import x``) imports the module ``attnzoo.zoo``, in its own layer,
     not the core package; a plain name taken from a package stays the package's."""
@@ -278,7 +319,7 @@ def test_the_launcher_is_the_one_place_the_core_names_the_layers_above():
     violation. Each name must be a command module (``...cli``) of a layer that has commands (export and the
     applications above it), and exist."""
     known = module_names()
-    applications = {name for name, _ in LAYERS[LAYERS.index(("export", "attnzoo.export")) :]}
+    applications = {name for name, _ in LAYERS[LAYERS.index(("export", "attnzoo.export")) : -1]}  # not research
     for command, target in launcher_targets().items():
         module, _, function = target.partition(":")
         assert module in known, f"{command}: {module} is no module of the package"

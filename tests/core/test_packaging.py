@@ -1,5 +1,6 @@
 """The distribution carries the whole package: every folder with an ``__init__.py`` under the folders setup.py maps
-to ``attnzoo.*`` is a package of it, with all its modules, and every committed data file there is package data.
+to ``attnzoo.*`` is a package of it, with all its modules, and every committed data file there is package data. The
+studies (``research/``, run from the checkout) are not in it.
 
 The default test reads what setuptools itself would package (setup.py and pyproject.toml, no build); the slow
 test builds the sdist and, from it, the wheel (``python -m build``) and reads the archives. ``.ci/wheel-smoke``
@@ -86,6 +87,9 @@ def test_setuptools_packages_every_package_module_and_data_file(monkeypatch):
         if all(part.isidentifier() for part in Path(name).parent.parts)
     }
     assert importable <= set(dist.packages), f"data folders not in packages: {sorted(importable - set(dist.packages))}"
+    studies = [p for p in dist.packages if p.split(".")[0] == "research" or p.startswith("attnzoo.studies")]
+    assert not studies and not [m for m in modules if m.startswith(("research/", "attnzoo/studies/"))], studies
+    assert "attnzoo.benchmarks.scaling" in dist.packages  # the scaling benchmark the product runs is the product's
     for shipped in (
         "attnzoo/zoo/manifest.json",
         "attnzoo/zoo/standard_cls_fashion.safetensors",
@@ -114,6 +118,8 @@ def test_the_built_sdist_and_wheel_hold_every_module_and_data_file(monkeypatch, 
     with tarfile.open(sdist) as tar:  # the wheel was built from it: what the wheel holds, it held
         in_sdist = {m.name.split("/", 1)[1] for m in tar.getmembers() if m.isfile()}
     assert {"setup.py", "pyproject.toml", "README.md", "runtime/backends/__init__.py"} <= in_sdist
+    studies = sorted(n for n in names | in_sdist if n.startswith(("research/", "studies/", "attnzoo/studies/")))
+    assert not studies, f"a study is in the distribution: {studies[:5]}"
 
 
 def test_every_attnzoo_name_the_ci_scripts_import_exists():

@@ -503,10 +503,10 @@ def _empty_dir(root: Path) -> Path:
 @pytest.fixture(scope="module")
 def pretrained_like(tmp_path_factory):
     """A converted pretrained-like ViT (massive residual channels, query/key outlier channels: see
-    attnzoo.studies.int8_fidelity), a folder of 128 smooth images to calibrate on, and 256 further ones."""
+    research.int8_fidelity.standin), a folder of 128 smooth images to calibrate on, and 256 further ones."""
     from attnzoo.models import convert_to_belief2
     from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
-    from attnzoo.studies.int8_fidelity import pretrained_like_vit, smooth_images, write_images
+    from research.int8_fidelity.standin import pretrained_like_vit, smooth_images, write_images
 
     model = convert_to_belief2(pretrained_like_vit())
     folder = write_images(tmp_path_factory.mktemp("photos"), smooth_images(128, 32))

@@ -17,7 +17,7 @@ from attnzoo.export.quantize.smooth import smooth_layernorm_matmuls
 from attnzoo.export.verify import failed_report_path, report_path
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
-from attnzoo.studies.int8_fidelity import augmented_crops, smooth_images
+from research.int8_fidelity.standin import augmented_crops, smooth_images
 
 
 def _ln_matmul(gain: np.ndarray, extra_reader: bool = False) -> onnx.ModelProto:
@@ -130,7 +130,7 @@ def test_crops_of_three_images_keep_their_promise_on_the_images_or_refuse_in_one
     written; either way the report counts the held-out near-copies and gives the worst cosine on them."""
     from attnzoo.export import ExportError, export_model
     from attnzoo.models import convert_to_belief2
-    from attnzoo.studies.int8_fidelity import pretrained_like_vit
+    from research.int8_fidelity.standin import pretrained_like_vit
 
     model = convert_to_belief2(pretrained_like_vit(img_size=32, embed_dim=96, depth=4, ln_outlier=30.0))
     photos = smooth_images(3, 32, seed=2)

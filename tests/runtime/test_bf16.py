@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -524,7 +525,7 @@ def test_bf16_is_served_once_verified(zoo_belief2, tmp_path):
 def test_the_study_here_checks_the_pins_and_says_why_it_measures_no_bf16(tmp_path):
     import json
 
-    from attnzoo.studies.bf16 import main
+    from research.bf16 import main
 
     out = tmp_path / "out"
     assert (
@@ -555,7 +556,7 @@ def test_the_study_here_checks_the_pins_and_says_why_it_measures_no_bf16(tmp_pat
 
 
 def test_the_study_report_of_a_bf16_cpu_has_accuracy_speed_and_the_read_back():
-    from attnzoo.studies.bf16 import markdown
+    from research.bf16 import markdown
 
     env = {
         "cpu": {"model": "Xeon", "key_flags": ["avx2", "avx512_bf16", "amx_bf16"], "usable_cores": 2},
@@ -595,7 +596,7 @@ def test_the_study_report_of_a_bf16_cpu_has_accuracy_speed_and_the_read_back():
     ]
     md = markdown(
         {
-            "command": "python -m attnzoo.studies.bf16 --out x",
+            "command": "python -m research.bf16 --out x",
             "environment": env,
             "bf16_unavailable": None,
             "zoo": zoo,
@@ -621,7 +622,7 @@ def test_the_study_report_of_a_bf16_cpu_has_accuracy_speed_and_the_read_back():
     ],
 )
 def test_the_study_refuses_bad_input_in_one_line_before_any_work(tmp_path, flag, value, needle):
-    from attnzoo.studies.bf16 import main
+    from research.bf16 import main
 
     with pytest.raises(SystemExit) as exc:
         main(["--out", str(tmp_path / "out"), flag, value])
@@ -630,9 +631,7 @@ def test_the_study_refuses_bad_input_in_one_line_before_any_work(tmp_path, flag,
 
 
 # ------------------------------------------------------------------------------------------ light --help
-@pytest.mark.parametrize(
-    "module, flag", [("attnzoo.studies.bf16", "--speed-arch"), ("attnzoo.serve.rayserve.cli", "--help")]
-)
+@pytest.mark.parametrize("module, flag", [("research.bf16", "--speed-arch"), ("attnzoo.serve.rayserve.cli", "--help")])
 def test_help_reads_the_zoo_without_torch(module, flag):
     """The study's and serve-models' --help take the zoo's default data set (attnzoo.zoo) without loading PyTorch,
     ONNX or timm."""
@@ -640,6 +639,7 @@ def test_help_reads_the_zoo_without_torch(module, flag):
         f"import sys\nfrom {module} import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
         "print(sorted(m for m in ('torch', 'onnx', 'timm') if m in sys.modules))"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    root = Path(__file__).resolve().parents[2]  # the studies (research/) run from the repository root
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert flag in proc.stdout and proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout[-2000:]

@@ -1,1 +1,1 @@
-"""Tests of attnzoo.studies."""
+"""Tests of the studies in research/ (run as ``python -m research.<name>``)."""

@@ -1,4 +1,4 @@
-"""python -m attnzoo.studies.fusable: both opsets exported and verified, audited, timed on each CPU runtime."""
+"""python -m research.fusable: both opsets exported and verified, audited, timed on each CPU runtime."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from attnzoo.errors import CommandExit
-from attnzoo.studies.fusable import main
+from research.fusable import main
 
 
 @pytest.mark.parametrize(

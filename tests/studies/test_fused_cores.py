@@ -7,7 +7,7 @@ import json
 import pytest
 
 from attnzoo.errors import CommandExit
-from attnzoo.studies.fused_cores import main
+from research.fused_cores import main
 
 # eager only (a compile per block is minutes on a loaded 2-core machine); tiny token counts, ViT-S width
 FAST = ["--variants", "belief2,wafe-mae", "--compiled-variants", "none", "--batch-sizes", "1", "--rounds", "2"]

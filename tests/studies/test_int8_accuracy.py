@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from attnzoo.studies.int8_accuracy import main, readme_table
+from research.int8_accuracy import main, readme_table
 
 
 @pytest.mark.slow  # an int8 export scored on real images (about 10 s)
@@ -66,7 +66,7 @@ def _result(model: str, flags, deltas, speeds, contended=False):
         for v, d, s in zip(("standard", "belief"), deltas, speeds, strict=False)
     ]
     return {
-        "command": "python -m attnzoo.studies.int8_accuracy --out x",
+        "command": "python -m research.int8_accuracy --out x",
         "threads": 1,
         "batch_sizes": [1, 8],
         "contended": contended,

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from attnzoo.errors import CommandExit
-from attnzoo.studies.int8_fidelity import cpu_line, main, markdown, zoo_accuracy_markdown
+from research.int8_fidelity import main, markdown, zoo_accuracy_markdown
+from research.study import cpu_line
 
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "studies" / "int8-fidelity"
 
@@ -72,7 +73,7 @@ def test_the_remedies_table_is_its_json_and_the_defaults_keep_their_promise_on_t
     flags; export_model's defaults on crops of three images either were refused or hold >= 0.99 on the images
     themselves and on unrelated ones, and their report counted the held-out near-copies; ModelOpt's full
     placement is below 0.99 everywhere; every measured ModelOpt row has an int8 speed on both CPU runtimes."""
-    from attnzoo.studies.int8_fidelity import remedies_markdown
+    from research.int8_fidelity import remedies_markdown
 
     folder = RESULTS.parent / "int8-remedies"
     result = json.loads((folder / "remedies.json").read_text())
@@ -97,7 +98,7 @@ def test_the_zoo_outliers_table_is_its_json_and_nothing_migrates(capsys):
     zoo models measured have no LayerNorm outlier channel, so auto's SmoothQuant step leaves their graphs as
     they were."""
     from attnzoo.export.quantize.smooth import SMOOTH_MIN_RATIO
-    from attnzoo.studies.int8_fidelity import zoo_outliers_markdown
+    from research.int8_fidelity import zoo_outliers_markdown
 
     folder = RESULTS.parent / "int8-remedies"
     for path, task in ((folder / "zoo-outliers.json", "cls"), (folder / "seg" / "zoo-outliers.json", "seg")):
@@ -131,7 +132,7 @@ def test_no_committed_table_names_a_path_of_the_machine_that_ran_it(monkeypatch)
     """A refused export's reason names its failed report in the run's temporary folder, removed when the export
     returns: the row records the reason without that path, and the tables never show one."""
     import attnzoo.export as export
-    from attnzoo.studies import int8_fidelity as study
+    from research.int8_fidelity import zoo as study
 
     for path in RESULTS.glob("*.md"):
         assert "/tmp/" not in path.read_text(), path.name

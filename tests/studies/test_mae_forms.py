@@ -1,4 +1,4 @@
-"""python -m attnzoo.studies.mae_forms: every form exported, verified, timed against eager; bad input."""
+"""python -m research.mae_forms: every form exported, verified, timed against eager; bad input."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from attnzoo.models import ARCHS
 from attnzoo.runtime.parity import TOLERANCES
-from attnzoo.studies.mae_forms import forms, main
+from research.mae_forms import forms, main
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from attnzoo.errors import CommandExit
-from attnzoo.studies.train_speed import SETTINGS, TRAIN_SETTINGS, main, markdown
+from research.train_speed import SETTINGS, TRAIN_SETTINGS, main, markdown
 
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "studies" / "train-speed"
 

@@ -42,14 +42,14 @@ from tqdm import tqdm
 
 from attnzoo.benchmarks.cli import variant_list
 from attnzoo.benchmarks.stats import ratio_stats, summarize
+from attnzoo.benchmarks.timing import time_round_robin
 from attnzoo.cli import add_debug_flag, entry_point, parse_batch_sizes
 from attnzoo.errors import UsageError
 from attnzoo.fileio import atomic_write_text, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary, environment, load_1min, load_average
 from attnzoo.runtime.parity import TOLERANCES, parity_error
-from attnzoo.studies.mae_forms import time_round_robin
-from attnzoo.studies.report import reprint, require_out
+from research.study import reprint, require_out
 
 # --help, --table and usage errors load without torch and timm
 torch = lazy_import("torch")

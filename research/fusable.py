@@ -11,45 +11,47 @@ ones) export no ``Attention`` op and are listed with that reason.
 
 Usage::
 
-    python -m attnzoo.studies.fusable --variants standard,belief2,wafe-mse --arch tiny --img-sizes 224,512 \\
+    python -m research.fusable --variants standard,belief2,wafe-mse --arch tiny --img-sizes 224,512 \\
         --threads 1 --out results/studies/fusable-amx
 """
 
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from tqdm import tqdm
 
-from attnzoo.benchmarks.stats import ratio_stats, summarize
-from attnzoo.cli import add_debug_flag, entry_point, parse_names
-from attnzoo.errors import UsageError
+from attnzoo.benchmarks.fusable import OPSETS, speedups, time_opsets
+from attnzoo.benchmarks.stats import summarize
+from attnzoo.cli import entry_point, parse_names
 from attnzoo.fileio import default_cache_dir, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary, environment, load_average
-from attnzoo.runtime.backends import cpu_runtimes, reference_backend
 from attnzoo.runtime.fusion import FUSED, RUNTIMES, audit
 from attnzoo.runtime.openvino import unavailable_reason
-from attnzoo.runtime.parity import check
-from attnzoo.studies.mae_forms import time_round_robin
-from attnzoo.studies.report import reprint, require_out, write_report
+from research.study import (
+    add_output_flags,
+    add_round_robin_flags,
+    check_arch,
+    check_at_least,
+    comma_ints,
+    command_line,
+    parse_study,
+    study_parser,
+    write_report,
+)
 
 # --help and usage errors load without torch, onnx and timm: these import at their first use
 torch = lazy_import("torch")
 models = lazy_import("attnzoo.models")
 export = lazy_import("attnzoo.export")
 
-__all__ = ["OPSETS", "export_pair", "time_opsets", "speedups", "markdown", "main"]
-
-#: The unfused form (the package's default export) and the fusable one.
-OPSETS = (20, 23)
+__all__ = ["export_pair", "markdown", "main"]
 
 
 def export_pair(model, variant: str, img_size: int, folder: Path, threads: int) -> dict[int, dict[str, Any]]:
@@ -78,59 +80,6 @@ def export_pair(model, variant: str, img_size: int, folder: Path, threads: int) 
             "fused": {r["runtime"]: (r["fused"], r["cores"]) for r in found["runtimes"] if r["inspected"]},
             "not_inspected": {r["runtime"]: r.get("reason") for r in found["runtimes"] if not r["inspected"]},
             "dot_product_cores": sum(c["dot_product"] for c in found["cores"]),
-        }
-    return out
-
-
-def time_opsets(
-    paths: dict[int, Path],
-    x: np.ndarray,
-    ref: np.ndarray,
-    threads: int,
-    cache: Path,
-    rounds: int,
-    *,
-    eager: Callable[[], object] | None = None,
-    progress: bool = False,
-    reference: str = "eager",
-) -> dict[str, list[float]]:
-    """Seconds per call of each file (``{opset: path}``) on each of the registry's CPU runtimes that runs here
-    (:func:`~attnzoo.runtime.backends.cpu_runtimes`: ONNX Runtime's CPU session, OpenVINO where installed), and of
-    ``eager`` when given, timed round-robin after each runner's output passed the fp32 parity check against
-    ``ref`` (what computed it: ``reference``, named in the error). Keys: ``"<backend> opset<N>"``
-    (``"ort-cpu opset20"``, ...), ``"eager"``.
-
-    Raises:
-        RuntimeError: a runner's output fails the parity check.
-    """
-    runners: dict[str, Callable[[], object]] = {reference_backend(): eager} if eager is not None else {}
-    runtimes = [b for b in cpu_runtimes() if b.unavailable_reason("fp32") is None]
-    for opset, path in paths.items():
-        for backend in runtimes:
-            session = backend.load(path, backend.options(threads=threads, batch=x.shape[0], cache_dir=cache))
-            name = f"{backend.name} opset{opset}"
-            ok, err = check(np.asarray(session.run(x)), ref, "fp32")  # bench-latency's parity gate (shared table)
-            if not ok:
-                raise RuntimeError(f"{name}: parity error {err:.1e} against {reference}")
-            runners[name] = partial(session.run, x)
-    return time_round_robin(runners, rounds, progress=progress)
-
-
-def speedups(times: dict[str, list[float]]) -> dict[str, dict[str, float]]:
-    """Per runtime: the opset-23 file's speed-up over the opset-20 one (median and quartiles of the per-round
-    ratio of their times) and both medians in ms."""
-    out = {}
-    for runtime in [r.name for r in cpu_runtimes()]:
-        a, b = times.get(f"{runtime} opset20"), times.get(f"{runtime} opset23")
-        if a is None or b is None:
-            continue
-        r = ratio_stats(b, a)  # opset-20 time / opset-23 time per round: the fusable file's speed-up
-        out[runtime] = {
-            "opset20_ms": summarize(a, 1)["median_ms"],
-            "opset23_ms": summarize(b, 1)["median_ms"],
-            "speedup": r["ratio_median"],
-            "speedup_q1": r["ratio_q1"],
-            "speedup_q3": r["ratio_q3"],
         }
     return out
 
@@ -227,54 +176,68 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+COMMAND = "python -m research.fusable"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m attnzoo.studies.fusable",
-        description=__doc__.split("\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    parser = study_parser(COMMAND, __doc__)
+    parser.add_argument("--variants", default="standard,belief2,wafe-mse", help="comma-separated variant names")
+    parser.add_argument("--img-sizes", default="224,512", help="input sides, comma-separated (tokens: (side/16)^2 + 1)")
+    add_round_robin_flags(parser, "variant and size")
+    return add_output_flags(
+        parser,
+        "fusable.json, fusable.md",
+        "exported models (default: <cache>/fusable)",
+        "print the markdown of a fusable.json",
     )
-    p.add_argument("--variants", default="standard,belief2,wafe-mse", help="comma-separated variant names")
-    p.add_argument("--arch", default="tiny", help="model arch (attnzoo.models.ARCHS)")
-    p.add_argument("--img-sizes", default="224,512", help="input sides, comma-separated (tokens: (side/16)^2 + 1)")
-    p.add_argument("--threads", type=int, default=1, help="threads of PyTorch, ONNX Runtime and OpenVINO")
-    p.add_argument("--rounds", type=int, default=15, help="timed rounds per variant and size (>= 2)")
-    p.add_argument("--out", type=Path, default=None, help="output folder (fusable.json, fusable.md)")
-    p.add_argument("--table", type=Path, default=None, help="print the markdown of a fusable.json and run nothing")
-    p.add_argument("--cache-dir", type=Path, default=None, help="exported models (default: <cache>/fusable)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-progress", action="store_true")
-    return add_debug_flag(p)
 
 
-def _sizes(text: str) -> list[int]:
-    try:
-        sizes = list(dict.fromkeys(int(s) for s in text.split(",") if s.strip()))
-    except ValueError:
-        sizes = []
-    if not sizes or any(s < 16 or s % 16 or s > 1024 for s in sizes):
-        raise UsageError(f"--img-sizes must be comma-separated multiples of 16 from 16 to 1024, got {text!r}")
-    return sizes
+def _measure(variant: str, size: int, args: argparse.Namespace, cache: Path) -> tuple[dict[str, Any], list]:
+    """One variant at one input size: both exports (verified, audited) and their timing rows beside eager."""
+    torch.manual_seed(args.seed)
+    model = models.create_model(variant, task="cls", arch=args.arch, img_size=size).eval()
+    tokens = (size // models.ARCHS[args.arch]["patch_size"]) ** 2 + 1
+    pair = export_pair(model, variant, size, cache, args.threads)
+    exported = {
+        "variant": variant,
+        "img_size": size,
+        "tokens": tokens,
+        "opsets": {str(o): {k: v for k, v in e.items() if k != "path"} for o, e in pair.items()},
+    }
+    x = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(args.seed))
+    with torch.no_grad():
+        ref = model(x).numpy()
+        times = time_opsets(
+            {o: e["path"] for o, e in pair.items()},
+            x.numpy(),
+            ref,
+            args.threads,
+            cache,
+            args.rounds,
+            eager=partial(model, x),
+            progress=not args.no_progress,
+        )
+    return exported, _rows(times, variant, size, tokens)
 
 
 @entry_point
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m attnzoo.studies.fusable``."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    a = build_parser().parse_args(argv)
-    if reprint(a.table, markdown):
+    """``python -m research.fusable``."""
+    argv, args = parse_study(build_parser(), argv, markdown)
+    if args is None:
         return 0
-    a.out = require_out(a.out)
-    variants = parse_names(a.variants, models.canonical_name, "variant", ", ".join(models.VARIANT_NAMES))
-    if a.arch not in models.ARCHS:
-        raise UsageError(f"--arch: unknown {a.arch!r}; valid: {', '.join(models.ARCHS)}")
-    sizes = _sizes(a.img_sizes)
-    for flag, v, low in (("--threads", a.threads, 1), ("--rounds", a.rounds, 2)):
-        if v < low:
-            raise UsageError(f"{flag} must be >= {low}, got {v}")
-    writable_dir(a.out, "--out folder")
-    cache = writable_dir(a.cache_dir or default_cache_dir() / "fusable", "--cache-dir folder")
+    variants = parse_names(args.variants, models.canonical_name, "variant", ", ".join(models.VARIANT_NAMES))
+    check_arch(args.arch)
+    sizes = comma_ints(
+        args.img_sizes,
+        lambda side: 16 <= side <= 1024 and side % 16 == 0,
+        f"--img-sizes must be comma-separated multiples of 16 from 16 to 1024, got {args.img_sizes!r}",
+    )
+    check_at_least(("--threads", args.threads, 1), ("--rounds", args.rounds, 2))
+    writable_dir(args.out, "--out folder")
+    cache = writable_dir(args.cache_dir or default_cache_dir() / "fusable", "--cache-dir folder")
     ov_missing = unavailable_reason()
-    torch.set_num_threads(a.threads)
+    torch.set_num_threads(args.threads)
     env = environment()
     no_dot = {
         v: "its scores are a pairwise L1 distance, not a dot product, so no attention op computes them"
@@ -282,52 +245,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         if models.VARIANTS[v].pairwise_scores
     }
     exports, rows = [], []
-    jobs = [(v, s) for v in variants if v not in no_dot for s in sizes]
-    for variant, size in tqdm(jobs, desc="fusable", disable=a.no_progress):
-        torch.manual_seed(a.seed)
-        model = models.create_model(variant, task="cls", arch=a.arch, img_size=size).eval()
-        tokens = (size // models.ARCHS[a.arch]["patch_size"]) ** 2 + 1
-        pair = export_pair(model, variant, size, cache, a.threads)
-        exports.append(
-            {
-                "variant": variant,
-                "img_size": size,
-                "tokens": tokens,
-                "opsets": {str(o): {k: v for k, v in x.items() if k != "path"} for o, x in pair.items()},
-            }
-        )
-        x = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(a.seed))
-        xn = x.numpy()
-        with torch.no_grad():
-            ref = model(x).numpy()
-        with torch.no_grad():
-            times = time_opsets(
-                {o: e["path"] for o, e in pair.items()},
-                xn,
-                ref,
-                a.threads,
-                cache,
-                a.rounds,
-                eager=partial(model, x),
-                progress=not a.no_progress,
-            )
-        rows += _rows(times, variant, size, tokens)
-    runtimes = ["openvino", "onnxruntime", "onnxruntime-transformers"]
+    jobs = [(v, size) for v in variants if v not in no_dot for size in sizes]
+    for variant, size in tqdm(jobs, desc="fusable", disable=args.no_progress):
+        exported, measured = _measure(variant, size, args, cache)
+        exports.append(exported)
+        rows += measured
     result = {
-        "command": shlex.join(["python", "-m", "attnzoo.studies.fusable", *argv]),
-        "arch": a.arch,
-        "threads": a.threads,
+        "command": command_line(COMMAND, argv),
+        "arch": args.arch,
+        "threads": args.threads,
         "img_sizes": sizes,
-        "rounds": a.rounds,
+        "rounds": args.rounds,
         "openvino": ov_missing or "used",
-        "runtimes": runtimes,
+        "runtimes": ["openvino", "onnxruntime", "onnxruntime-transformers"],
         "exports": exports,
         "rows": rows,
         "no_dot_product": no_dot,
         "environment": env,
         "load_average_end": load_average(),
     }
-    write_report(a.out, "fusable", result, markdown(result))
+    write_report(args.out, "fusable", result, markdown(result))
     return 0
 
 

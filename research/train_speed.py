@@ -1,6 +1,6 @@
 """What makes a zoo training step cheaper on this CPU, without changing what the recipe trains.
 
-    python -m attnzoo.studies.train_speed --out results/studies/train-speed [--variants standard wafe-mae]
+    python -m research.train_speed --out results/studies/train-speed [--variants standard wafe-mae]
 
 Times optimisation steps of a zoo recipe (default: the Fashion-MNIST segmenters', as retrained:
 ``recipes(retrain=True)``) under each setting:
@@ -18,19 +18,19 @@ import multiprocessing as mp
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from tqdm import tqdm
 
-from attnzoo.cli import add_debug_flag, entry_point
+from attnzoo.cli import entry_point
 from attnzoo.data.datasets import TensorDataset, load_data
 from attnzoo.errors import UsageError
+from attnzoo.fileio import writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary, environment, load_average
-from attnzoo.studies.report import reprint, require_out, write_report
+from research.study import add_output_flags, command_line, parse_study, study_parser, write_report
 
 # --help and --table load without timm: imported at their first use
 models = lazy_import("attnzoo.models")
@@ -85,32 +85,32 @@ def _setting(name: str) -> TrainSetting:
 
 def _setup(variant: str, recipe: str, n_images: int):
     data, task = recipe.split("/")
-    r = training_zoo.recipes(retrain=True)[recipe]
-    images = load_data(data, "train", task, r["img_size"], n_images, scene=r.get("scene"))
+    recipe_config = training_zoo.recipes(retrain=True)[recipe]
+    images = load_data(data, "train", task, recipe_config["img_size"], n_images, scene=recipe_config.get("scene"))
     torch.manual_seed(0)
     seg_kw = {"decoder": "linear"} if task == "seg" else {}
     model = models.create_model(
         variant,
         task,
-        r["arch"],
+        recipe_config["arch"],
         num_classes=len(images.class_names),
-        img_size=r["img_size"],
+        img_size=recipe_config["img_size"],
         **seg_kw,
         **training_zoo.VARIANT_OPTIONS.get(variant, {}),
     )
-    return model, TensorDataset(images, task), r
+    return model, TensorDataset(images, task), recipe_config
 
 
 def time_steps(variant: str, setting: str, steps: int, warmup: int, recipe: str = "fashion/seg") -> dict[str, Any]:
     """Mean seconds per step over ``steps`` steps after ``warmup`` untimed ones."""
     how = _setting(setting)
     torch.set_num_threads(how.threads)
-    model, ds, r = _setup(variant, recipe, 4 * 64)
+    model, ds, recipe_config = _setup(variant, recipe, 4 * 64)
     x_all, y_all = ds.x, ds.y
     if how.channels_last:
         model = model.to(memory_format=torch.channels_last)
         x_all = x_all.contiguous(memory_format=torch.channels_last)
-    opt = torch.optim.AdamW(model.parameters(), lr=r["lr"], weight_decay=r["weight_decay"])
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe_config["lr"], weight_decay=recipe_config["weight_decay"])
     loss_fn = nn.CrossEntropyLoss()
     fwd = model
     compile_s = None
@@ -118,7 +118,7 @@ def time_steps(variant: str, setting: str, steps: int, warmup: int, recipe: str 
         t0 = time.perf_counter()
         fwd = torch.compile(model)
     model.train()
-    bs = r["batch_size"]
+    bs = recipe_config["batch_size"]
     times: list[float] = []
     loss = None
     for i in range(warmup + steps):
@@ -149,12 +149,15 @@ def _pair_worker(args):
     return time_steps(*args)
 
 
-def run(variants: list[str], settings: list[str], steps: int, warmup: int) -> dict[str, Any]:
-    """Every setting for every variant; ``pair-1t`` runs two identical jobs in two processes at once."""
+def run(
+    variants: list[str], settings: list[str], steps: int, warmup: int, command: str = "", progress: bool = True
+) -> dict[str, Any]:
+    """Every setting for every variant; ``pair-1t`` runs two identical jobs in two processes at once.
+    ``command``: the command line the result records."""
     rows = []
     load_start = load_average()
     for variant in variants:
-        for setting in tqdm(settings, desc=variant, unit="setting"):
+        for setting in tqdm(settings, desc=variant, unit="setting", disable=not progress):
             if _setting(setting).pair:
                 with mp.get_context("spawn").Pool(2) as pool:
                     pair = pool.map(_pair_worker, [(variant, "eager-1t", steps, warmup)] * 2)
@@ -163,7 +166,7 @@ def run(variants: list[str], settings: list[str], steps: int, warmup: int) -> di
                 row = time_steps(variant, setting, steps, warmup)
             rows.append(row)
     return {
-        "command": "python -m attnzoo.studies.train_speed " + " ".join(sys.argv[1:]),
+        "command": command,
         "environment": environment(),
         "load_start": load_start,
         "load_end": load_average(),
@@ -198,30 +201,36 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+COMMAND = "python -m research.train_speed"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = study_parser(COMMAND, __doc__)
+    parser.add_argument("--variants", nargs="+", default=["standard"])
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    return add_output_flags(
+        parser, "train_speed.json, train_speed.md", None, "print the markdown of a train_speed.json"
+    )
+
+
 @entry_point
 def main(argv: list[str] | None = None) -> int:
-    p = add_debug_flag(
-        argparse.ArgumentParser(prog="python -m attnzoo.studies.train_speed", description=__doc__.splitlines()[0])
-    )
-    p.add_argument("--variants", nargs="+", default=["standard"])
-    p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--out", type=Path)
-    p.add_argument("--table", type=Path, help="print the markdown of an earlier train_speed.json")
-    a = p.parse_args(argv)
-    if reprint(a.table, markdown):
+    """``python -m research.train_speed``."""
+    argv, args = parse_study(build_parser(), argv, markdown)
+    if args is None:
         return 0
-    out = require_out(a.out)
     try:
-        variants = [models.canonical_name(v) for v in a.variants]
+        variants = [models.canonical_name(v) for v in args.variants]
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if a.steps < 1 or a.warmup < 1:
+    if args.steps < 1 or args.warmup < 1:
         raise UsageError("--steps and --warmup must be at least 1")
-    out.mkdir(parents=True, exist_ok=True)
-    result = run(variants, a.settings, a.steps, a.warmup)
-    write_report(out, "train_speed", result, markdown(result))
+    writable_dir(args.out, "--out folder")
+    command = command_line(COMMAND, argv)
+    result = run(variants, args.settings, args.steps, args.warmup, command, progress=not args.no_progress)
+    write_report(args.out, "train_speed", result, markdown(result))
     return 0
 
 

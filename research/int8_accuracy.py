@@ -13,15 +13,14 @@ and ``--table`` puts the machines side by side.
 
 Usage::
 
-    python -m attnzoo.studies.int8_accuracy --out results/studies/int8-fashion-avx2
-    python -m attnzoo.studies.int8_accuracy --table results/int8-fashion-*/int8_accuracy.json
+    python -m research.int8_accuracy --out results/studies/int8-fashion-avx2
+    python -m research.int8_accuracy --table results/int8-fashion-*/int8_accuracy.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from collections.abc import Sequence
 from functools import partial
@@ -35,9 +34,8 @@ from tqdm import tqdm
 from attnzoo import zoo
 from attnzoo.benchmarks.ort_cpu import quantize_int8
 from attnzoo.benchmarks.report import markdown_table
-from attnzoo.benchmarks.stats import ratio_stats
 from attnzoo.benchmarks.timing import measure_pair
-from attnzoo.cli import add_debug_flag, entry_point, parse_batch_sizes
+from attnzoo.cli import entry_point, parse_batch_sizes
 from attnzoo.data.datasets import load_data
 from attnzoo.errors import UsageError
 from attnzoo.fileio import default_cache_dir, writable_dir
@@ -47,18 +45,30 @@ from attnzoo.metrics import confusion_matrix, metrics_from_confusion
 from attnzoo.preprocess import normalize
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.evaluate import predict_session
-from attnzoo.studies.report import add_zoo_selection, contended, write_report, zoo_entries
+from research.study import (
+    add_output_flags,
+    add_zoo_selection,
+    check_above_zero,
+    check_at_least,
+    command_line,
+    contended,
+    paired_speedup,
+    require_out,
+    study_parser,
+    write_report,
+    zoo_entries,
+)
 
 export = lazy_import("attnzoo.export")  # onnx and timm: --help and --table load without them
 
-__all__ = ["int8_rows", "markdown", "readme_table", "machine_label", "main"]
+__all__ = ["verified_fp32", "int8_rows", "markdown", "readme_table", "machine_label", "main"]
 
 
 def _metric(conf: np.ndarray, task: str, class_names: Sequence[str]) -> float:
     return float(metrics_from_confusion(torch.from_numpy(conf), task, class_names)["metric"])
 
 
-def _verified_fp32(model, cfg: dict[str, Any], path: Path, sha256: str, threads: int) -> Path:
+def verified_fp32(model, cfg: dict[str, Any], path: Path, sha256: str, threads: int) -> Path:
     """The model's fp32 ONNX, exported and verified as ``export-model`` does it (raises if it fails)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     size = int(cfg["img_size"])
@@ -75,6 +85,68 @@ def _verified_fp32(model, cfg: dict[str, Any], path: Path, sha256: str, threads:
     return path
 
 
+def _test_split(entry: dict[str, Any], cfg: dict[str, Any], *, limit: int | None, loaded: dict) -> Any:
+    """The test split the model was trained for (loaded once per data set, size, seed and scene: ``loaded``)."""
+    key = (
+        entry["data"],
+        entry["task"],
+        int(cfg["img_size"]),
+        int(cfg.get("data_seed", 0)),
+        json.dumps(cfg.get("scene"), sort_keys=True),
+    )
+    if key not in loaded:
+        loaded[key] = load_data(
+            entry["data"], "test", entry["task"], key[2], n=limit, seed=key[3], scene=cfg.get("scene")
+        )
+    return loaded[key]
+
+
+def _speed(fp32: Path, int8: Path, x: np.ndarray, threads: int, batch: int, min_time: float, cache: Path) -> dict:
+    """fp32 against int8 at one batch size, A B A B: both medians and the per-pair speed-up."""
+    fixed = ORT_CPU.options(threads=threads, cache_dir=cache, batch=batch)
+    s32, s8 = ORT_CPU.load(fp32, fixed).session, ORT_CPU.load(int8, fixed).session
+    feed = {s32.get_inputs()[0].name: x[:batch]}
+    t32, t8 = measure_pair(partial(s32.run, None, feed), partial(s8.run, None, feed), min_time)
+    return {
+        "fp32_median_ms": float(np.median(t32) * 1e3),
+        "int8_median_ms": float(np.median(t8) * 1e3),
+        **paired_speedup(t32, t8),
+    }
+
+
+def _int8_row(entry: dict[str, Any], cache_dir: Path, threads: int, batch_sizes, min_time: float, split) -> dict:
+    """One zoo model: fp32 and int8 scored on its test split (``split(cfg)``), then timed at each batch size."""
+    model, cfg = zoo.load(entry["variant"], entry["task"], entry["data"])
+    data = split(cfg)
+    stem = f"{entry['variant']}_{entry['task']}_{entry['data']}"
+    fp32 = verified_fp32(model, cfg, cache_dir / f"{stem}.onnx", entry.get("sha256", ""), threads)
+    int8 = quantize_int8(fp32, cache_dir / f"{stem}.int8.onnx")
+    x = normalize(data.images, cfg["mean"], cfg["std"])
+    y = data.labels if entry["task"] == "cls" else data.masks.astype(np.int64)
+    k = len(data.class_names)
+    tuned = ORT_CPU.options(threads=threads, cache_dir=cache_dir)
+    with ORT_CPU.load(fp32, tuned) as sess32, ORT_CPU.load(int8, tuned) as sess8:
+        p32, p8 = predict_session(sess32.run, x), predict_session(sess8.run, x)
+    m32 = _metric(confusion_matrix(y, p32, k).numpy(), entry["task"], data.class_names)
+    m8 = _metric(confusion_matrix(y, p8, k).numpy(), entry["task"], data.class_names)
+    return {
+        "variant": entry["variant"],
+        "task": entry["task"],
+        "data": entry["data"],
+        "arch": cfg["arch"],
+        "checkpoint": entry.get("file"),
+        "checkpoint_sha256": entry.get("sha256"),
+        "metric_name": entry.get("metric_name", "top1" if entry["task"] == "cls" else "miou"),
+        "zoo_metric": entry.get("test_metric"),
+        "ort_fp32_metric": m32,
+        "ort_int8_metric": m8,
+        "delta": m8 - m32,
+        "agreement": float(np.mean(p32 == p8)),
+        "n_images": len(data),
+        "speed": {str(b): _speed(fp32, int8, x, threads, b, min_time, cache_dir) for b in batch_sizes},
+    }
+
+
 def int8_rows(
     entries: list[dict[str, Any]],
     cache_dir: Path,
@@ -87,66 +159,11 @@ def int8_rows(
     """One row per zoo entry: fp32 / int8 metric on the test split, top-1 agreement, and the int8 speed-up
     (median of per-pair fp32/int8 latency ratios) at each batch size."""
     rows = []
-    data_cache: dict[tuple[str, str, int, int, str], Any] = {}
+    loaded: dict[tuple[str, str, int, int, str], Any] = {}
     cache_dir.mkdir(parents=True, exist_ok=True)
-    for e in tqdm(entries, desc="int8 accuracy", unit="model", disable=not progress):
-        model, cfg = zoo.load(e["variant"], e["task"], e["data"])
-        stem = f"{e['variant']}_{e['task']}_{e['data']}"
-        fp32 = _verified_fp32(model, cfg, cache_dir / f"{stem}.onnx", e.get("sha256", ""), threads)
-        int8 = quantize_int8(fp32, cache_dir / f"{stem}.int8.onnx")
-        key = (
-            e["data"],
-            e["task"],
-            int(cfg["img_size"]),
-            int(cfg.get("data_seed", 0)),
-            json.dumps(cfg.get("scene"), sort_keys=True),
-        )
-        if key not in data_cache:
-            data_cache[key] = load_data(
-                e["data"], "test", e["task"], key[2], n=limit, seed=key[3], scene=cfg.get("scene")
-            )
-        data = data_cache[key]
-        x = normalize(data.images, cfg["mean"], cfg["std"])
-        y = data.labels if e["task"] == "cls" else data.masks.astype(np.int64)
-        k = len(data.class_names)
-        tuned = ORT_CPU.options(threads=threads, cache_dir=cache_dir)
-        with ORT_CPU.load(fp32, tuned) as sess32, ORT_CPU.load(int8, tuned) as sess8:
-            p32, p8 = predict_session(sess32.run, x), predict_session(sess8.run, x)
-        m32 = _metric(confusion_matrix(y, p32, k).numpy(), e["task"], data.class_names)
-        m8 = _metric(confusion_matrix(y, p8, k).numpy(), e["task"], data.class_names)
-        speed = {}
-        for b in batch_sizes:
-            fixed = ORT_CPU.options(threads=threads, cache_dir=cache_dir, batch=b)
-            s32, s8 = ORT_CPU.load(fp32, fixed).session, ORT_CPU.load(int8, fixed).session
-            feed = {s32.get_inputs()[0].name: x[:b]}
-            a, c = measure_pair(partial(s32.run, None, feed), partial(s8.run, None, feed), min_time)
-            r = ratio_stats(c, a)  # per pair: fp32 time / int8 time = the speed-up
-            speed[str(b)] = {
-                "fp32_median_ms": float(np.median(a) * 1e3),
-                "int8_median_ms": float(np.median(c) * 1e3),
-                "speedup_median": r["ratio_median"],
-                "speedup_q1": r["ratio_q1"],
-                "speedup_q3": r["ratio_q3"],
-                "pairs": r["pairs"],
-            }
-        rows.append(
-            {
-                "variant": e["variant"],
-                "task": e["task"],
-                "data": e["data"],
-                "arch": cfg["arch"],
-                "checkpoint": e.get("file"),
-                "checkpoint_sha256": e.get("sha256"),
-                "metric_name": e.get("metric_name", "top1" if e["task"] == "cls" else "miou"),
-                "zoo_metric": e.get("test_metric"),
-                "ort_fp32_metric": m32,
-                "ort_int8_metric": m8,
-                "delta": m8 - m32,
-                "agreement": float(np.mean(p32 == p8)),
-                "n_images": len(data),
-                "speed": speed,
-            }
-        )
+    for entry in tqdm(entries, desc="int8 accuracy", unit="model", disable=not progress):
+        split = partial(_test_split, entry, limit=limit, loaded=loaded)
+        rows.append(_int8_row(entry, cache_dir, threads, batch_sizes, min_time, split))
     return rows
 
 
@@ -157,8 +174,12 @@ def machine_label(env: dict[str, Any]) -> str:
 
 
 def _speed_cell(row: dict[str, Any], batch: str) -> str:
-    s = row["speed"].get(batch)
-    return "-" if s is None else f"{s['speedup_median']:.2f} [{s['speedup_q1']:.2f}, {s['speedup_q3']:.2f}]"
+    speed = row["speed"].get(batch)
+    return (
+        "-"
+        if speed is None
+        else f"{speed['speedup_median']:.2f} [{speed['speedup_q1']:.2f}, {speed['speedup_q3']:.2f}]"
+    )
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -228,8 +249,8 @@ def readme_table(results: Sequence[dict[str, Any]]) -> str:
     int8 speed-up at each batch size; the machines listed under it."""
     if not results:
         raise ValueError("no result files given")
-    keys = list(dict.fromkeys((r["variant"], r["task"]) for res in results for r in res["rows"]))
-    cell = [{(r["variant"], r["task"]): r for r in res["rows"]} for res in results]
+    keys = list(dict.fromkeys((row["variant"], row["task"]) for res in results for row in res["rows"]))
+    cell = [{(row["variant"], row["task"]): row for row in res["rows"]} for res in results]
     header = ["variant", "task", "ORT fp32"]
     for i, res in enumerate(results, 1):
         header += [f"int8 - fp32 (M{i})", *[f"int8 speed-up b{b} (M{i})" for b in res["batch_sizes"]]]
@@ -238,9 +259,11 @@ def readme_table(results: Sequence[dict[str, Any]]) -> str:
         fp32 = [c[key]["ort_fp32_metric"] for c in cell if key in c]
         line = [key[0], key[1], f"{fp32[0]:.2f}" if len(set(fp32)) == 1 else " / ".join(f"{v:.2f}" for v in fp32)]
         for c, res in zip(cell, results, strict=False):
-            r = c.get(key)
-            line.append("-" if r is None else f"{r['delta']:+.2f}")
-            line += ["-" if r is None else f"{r['speed'][str(b)]['speedup_median']:.2f}" for b in res["batch_sizes"]]
+            row = c.get(key)
+            line.append("-" if row is None else f"{row['delta']:+.2f}")
+            line += [
+                "-" if row is None else f"{row['speed'][str(b)]['speedup_median']:.2f}" for b in res["batch_sizes"]
+            ]
         rows.append(line)
     notes = [
         f"M{i}: {machine_label(res['environment'])}, {res['threads']} thread(s)"
@@ -250,24 +273,16 @@ def readme_table(results: Sequence[dict[str, Any]]) -> str:
     return "\n".join([markdown_table(header, rows), "", *[f"- {n}" for n in notes]])
 
 
+COMMAND = "python -m research.int8_accuracy"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m attnzoo.studies.int8_accuracy",
-        description=__doc__.split("\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    add_zoo_selection(p)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--batch-sizes", default="1,8", help="batch sizes of the speed comparison")
-    p.add_argument("--min-time", type=float, default=1.0, help="seconds of A B A B timing per batch size")
-    p.add_argument("--out", type=Path, default=None, help="output folder (int8_accuracy.md/.json)")
-    p.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=None,
-        help="exported and quantized models (default: <cache>/int8, <cache> as for bench-latency)",
-    )
-    p.add_argument(
+    parser = study_parser(COMMAND, __doc__)
+    add_zoo_selection(parser)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--batch-sizes", default="1,8", help="batch sizes of the speed comparison")
+    parser.add_argument("--min-time", type=float, default=1.0, help="seconds of A B A B timing per batch size")
+    parser.add_argument(
         "--table",
         nargs="+",
         type=Path,
@@ -275,48 +290,52 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="print the README table from these int8_accuracy.json files (one per machine); runs nothing",
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return add_debug_flag(p)
+    return add_output_flags(
+        parser,
+        "int8_accuracy.md/.json",
+        "exported and quantized models (default: <cache>/int8, <cache> as for bench-latency)",
+        table=None,
+    )
+
+
+def _reprint(tables: Sequence[Path]) -> None:
+    """``--table FILE...``: the README table of those result files."""
+    missing = [str(p) for p in tables if not p.is_file()]
+    if missing:
+        raise UsageError(f"--table: no such file: {', '.join(missing)}")
+    print(readme_table([json.loads(p.read_text()) for p in tables]))
 
 
 @entry_point
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m attnzoo.studies.int8_accuracy``."""
+    """``python -m research.int8_accuracy``."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    a = build_parser().parse_args(argv)
-    if a.table is not None:
-        missing = [str(p) for p in a.table if not p.is_file()]
-        if missing:
-            raise UsageError(f"--table: no such file: {', '.join(missing)}")
-        print(readme_table([json.loads(p.read_text()) for p in a.table]))
+    args = build_parser().parse_args(argv)
+    if args.table is not None:
+        _reprint(args.table)
         return 0
-    if a.out is None:
-        raise UsageError("--out is required (or --table to print the README table)")
-    batches = parse_batch_sizes(a.batch_sizes)
-    for flag, v in (("--threads", a.threads), ("--limit", a.limit if a.limit is not None else 1)):
-        if v < 1:
-            raise UsageError(f"{flag} must be >= 1, got {v}")
-    if not a.min_time > 0:
-        raise UsageError(f"--min-time must be > 0, got {a.min_time}")
-    entries = zoo_entries(a)
-    writable_dir(a.out, "--out folder")  # before the models are exported, quantized and timed
-    cache = a.cache_dir or default_cache_dir() / "int8"
-    writable_dir(cache, "--cache-dir folder")
+    require_out(args.out, "print the README table")
+    batches = parse_batch_sizes(args.batch_sizes)
+    check_at_least(("--threads", args.threads, 1), ("--limit", args.limit if args.limit is not None else 1, 1))
+    check_above_zero("--min-time", args.min_time)
+    entries = zoo_entries(args)
+    writable_dir(args.out, "--out folder")  # before the models are exported, quantized and timed
+    cache = writable_dir(args.cache_dir or default_cache_dir() / "int8", "--cache-dir folder")
     env = environment()
-    rows = int8_rows(entries, cache, a.threads, batches, a.min_time, a.limit, progress=not a.no_progress)
+    rows = int8_rows(entries, cache, args.threads, batches, args.min_time, args.limit, progress=not args.no_progress)
     load_end = load_average()
     result = {
-        "command": shlex.join(["python", "-m", "attnzoo.studies.int8_accuracy", *argv]),
-        "threads": a.threads,
+        "command": command_line(COMMAND, argv),
+        "threads": args.threads,
         "batch_sizes": batches,
-        "data": a.data,
-        "limit": a.limit,
+        "data": args.data,
+        "limit": args.limit,
         "environment": env,
         "load_average_end": load_end,
-        "contended": contended(env["load_average"], load_end, a.threads),
+        "contended": contended(env["load_average"], load_end, args.threads),
         "rows": rows,
     }
-    write_report(a.out, "int8_accuracy", result, markdown(result))
+    write_report(args.out, "int8_accuracy", result, markdown(result))
     return 0
 
 

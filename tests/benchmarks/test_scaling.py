@@ -1,4 +1,5 @@
-"""The scaling sweep: families, fits, the cost model, skips, bad input, and a real (quick) run."""
+"""The scaling benchmark (python -m attnzoo.benchmarks.scaling): families, fits, the cost model, skips, bad input, and a
+real (quick) run."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import pytest
 from timm.layers import Attention
 from torch import nn
 
+from attnzoo.benchmarks import scaling
+from attnzoo.benchmarks.scaling import FAMILIES, cost_model, fit_exponent, main, parse_settings, plan, run_scaling
 from attnzoo.models import BUILTIN_VARIANTS, register_variant
 from attnzoo.runtime.backends import get_backend
-from attnzoo.studies import scaling
-from attnzoo.studies.scaling import FAMILIES, cost_model, fit_exponent, main, parse_settings, plan, run_scaling
 
 
 def test_every_variant_is_in_exactly_one_family():

@@ -1,0 +1,7 @@
+"""``python -m attnzoo.benchmarks.scaling``."""
+
+import sys
+
+from attnzoo.benchmarks.scaling.cli import main
+
+sys.exit(main())
