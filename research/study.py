@@ -172,8 +172,8 @@ def require_out(out: Path | None, table_does: str = "print a report") -> Path:
     return out
 
 
-def write_json(path: Path, result: Mapping[str, Any], indent: int = 1) -> None:
-    """``result`` as a JSON file, written whole (atomically)."""
+def write_json(path: Path, result: Any, indent: int = 1) -> None:
+    """``result`` (a JSON value: a report, or the rows so far) as a JSON file, written whole (atomically)."""
     atomic_write_text(path, json.dumps(result, indent=indent) + "\n")
 
 

@@ -299,6 +299,6 @@ def run_zoo_outliers(selection: Sequence[tuple[str, str]], out: Path, command: s
 
 def run_zoo_drift(spec: str, out: Path, command: str) -> None:
     """``--zoo VARIANT:TASK,...``: each model's int8 copy's drift, into ``zoo-drift.json``."""
-    rows = [zoo_drift(*item.split(":")) for item in spec.split(",")]
+    rows = [zoo_drift(variant, task) for variant, _, task in (item.partition(":") for item in spec.split(","))]
     write_json(out / "zoo-drift.json", {"command": command, "rows": rows}, indent=2)
     print(json.dumps(rows, indent=1))
