@@ -219,6 +219,13 @@ def _announce(cfg: ServeConfig, served) -> None:
         print(f"  Ray Serve metrics (Prometheus): {metrics}", flush=True)
     if served.startup_s:
         print(f"  {startup_line(served.startup_s)}", flush=True)
+    if served.logs:
+        folder, kept = served.logs
+        print(
+            f"  logs of Ray, Serve and the replicas (a 500's traceback): {folder}"
+            + ("" if kept else " (removed at the stop; set RAY_TMPDIR to keep them)"),
+            flush=True,
+        )
     if selection.pending:
         print(
             f"  exporting and verifying the other {len(selection.pending)} zoo model(s) in the background; each "
