@@ -42,6 +42,7 @@ from attnzoo.fileio import PathLike, read_json, writable_dir
 from attnzoo.filekind import checkpoint_kind
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import bf16_problem, environment
+from attnzoo.modelconfig import check_variant, variant_names
 from attnzoo.runtime.backends import backend_names
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.fusion import audit
@@ -805,10 +806,11 @@ def report_variant(
             model ...: named), an output path that is a file, or an output folder that is neither empty nor a
             report of ``variant`` (:func:`out_problem`); nothing is measured or written then.
     """
-    try:
-        variant = models.canonical_name(variant)
+    try:  # without torch where no plugin is installed: a bad name is refused at once
+        variant = check_variant(variant) or models.canonical_name(variant)
     except ValueError:
-        raise UsageError(f"unknown variant {variant!r}; valid: {', '.join(models.VARIANT_NAMES)}") from None
+        valid = variant_names() or models.VARIANT_NAMES
+        raise UsageError(f"unknown variant {variant!r}; valid: {', '.join(valid)}") from None
     if checkpoint is not None:
         try:
             checkpoint_kind(checkpoint)
