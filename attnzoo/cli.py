@@ -42,6 +42,9 @@ from attnzoo.signals import (
 __all__ = [
     "entry_point",
     "add_debug_flag",
+    "CommandParser",
+    "Later",
+    "check_choice",
     "parse_names",
     "parse_batch_sizes",
     "one_of",
@@ -117,6 +120,40 @@ def one_of(valid: Sequence[str]) -> Callable[[str], str]:
         return name
 
     return canonical
+
+
+class Later(str):
+    """A help text or epilog whose words come from a module a command's parser should not import to be built (the
+    defaults and choices of heavy modules): empty until :class:`CommandParser` prints the help, which calls
+    ``text``. Parsing and usage errors never read it."""
+
+    text: Callable[[], str]
+
+    def __new__(cls, text: Callable[[], str]) -> Later:
+        self = super().__new__(cls, "")
+        self.text = text
+        return self
+
+
+class CommandParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose help texts and epilog may be :class:`Later`: ``--help`` imports what they quote,
+    a bad command line is refused without it. Choices that live in heavy modules are given to
+    :func:`check_choice` after the cheap checks instead of ``choices=``."""
+
+    def format_help(self) -> str:
+        for action in self._actions:
+            if isinstance(action.help, Later):
+                action.help = action.help.text()
+        if isinstance(self.epilog, Later):
+            self.epilog = self.epilog.text()
+        return super().format_help()
+
+
+def check_choice(parser: argparse.ArgumentParser, flag: str, value: str | None, valid: Sequence[str]) -> None:
+    """argparse's own refusal of a ``value`` of ``flag`` outside ``valid`` (the usage line and ``invalid choice``,
+    exit 2), for a flag whose choices are read only once the cheap checks have passed; ``None`` (not given) passes."""
+    if value is not None and value not in valid:
+        parser.error(f"argument {flag}: invalid choice: {value!r} (choose from {', '.join(map(repr, valid))})")
 
 
 def add_debug_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -22,6 +22,8 @@ __all__ = [
     "gpu_info",
     "load_average",
     "load_1min",
+    "others_load",
+    "load_slowdown",
     "rss_bytes",
     "usable_cores",
     "BF16_FLAGS",
@@ -162,6 +164,20 @@ def load_1min() -> float | None:
     """The 1-minute load average (None where the OS has none)."""
     load = load_average()
     return load[0] if load else None
+
+
+def others_load(load_1min: float, own_cpu_s: float, threads: int) -> float:
+    """The part of a 1-minute load average that is other work than this process: its own share taken out, at most
+    ``threads`` runnable threads and at most the CPU seconds it has used spread over the minute (a process under a
+    minute old, as a command is when it starts, adds about ``own_cpu_s / 60`` to the average)."""
+    return max(0.0, load_1min - min(own_cpu_s / 60.0, float(threads)))
+
+
+def load_slowdown(others: float, cores: int, threads: int) -> float:
+    """How many times longer work on ``threads`` threads takes beside ``others`` runnable threads of other work
+    (:func:`others_load`) on ``cores`` cores than on an idle machine, each runnable thread getting an equal share
+    of the cores: ``(others + threads) / max(cores, threads)``, at least 1."""
+    return max(1.0, (others + threads) / max(cores, threads, 1))
 
 
 def rss_bytes() -> int:

@@ -30,6 +30,7 @@ from attnzoo.fileio import atomic_write_text, default_cache_dir, private_dir, wr
 from attnzoo.lazy import lazy_import
 from attnzoo.limits import MAX_BATCH_SIZE
 from attnzoo.machine import usable_cores
+from attnzoo.modelconfig import check_variant, known_variants, variant_names
 from attnzoo.runtime.backends import DTYPES, backend_names, canonical_backend, get_backend
 from attnzoo.signals import Interrupted, Terminated, signals_deferred
 
@@ -184,10 +185,19 @@ def _backends(value: str) -> list[str]:
 
 
 def variant_list(value: str) -> list[str]:
-    """``--variants``: ``all`` or comma-separated variant names (aliases resolved); ``UsageError`` otherwise."""
+    """``--variants``: ``all`` or comma-separated variant names (aliases resolved); ``UsageError`` otherwise. Checked
+    without torch where no variant plugin is installed (:func:`attnzoo.modelconfig.known_variants`), by the
+    registry otherwise."""
     if value.strip() == "all":
-        return list(models.VARIANT_NAMES)
-    return parse_names(value, models.canonical_name, "variant", f"all, {', '.join(sorted(models.VARIANTS))}")
+        return list(_all_variants())
+    known = known_variants()
+    if known is None:  # a plugin is installed (or the registry is loaded here): the registry knows the names
+        return parse_names(value, models.canonical_name, "variant", f"all, {', '.join(sorted(models.VARIANTS))}")
+    return parse_names(value, lambda n: check_variant(n) or n, "variant", f"all, {', '.join(sorted(known))}")
+
+
+def _all_variants() -> Sequence[str]:
+    return variant_names() or models.VARIANT_NAMES
 
 
 def _check_memory(settings) -> None:
@@ -219,9 +229,10 @@ def scope(a: argparse.Namespace) -> dict[str, Any]:
         setattr(a, k, preset[k])
     left_out = []
     variants = variant_list(a.variants)
-    missing = [v for v in models.VARIANT_NAMES if v not in variants]
+    every = _all_variants()
+    missing = [v for v in every if v not in variants]
     if missing:
-        left_out.append(f"{len(missing)} of {len(models.VARIANT_NAMES)} variants ({', '.join(missing)})")
+        left_out.append(f"{len(missing)} of {len(every)} variants ({', '.join(missing)})")
     batches = [
         b for b in parse_batch_sizes(str(FULL_SCOPE["batch_sizes"])) if b not in parse_batch_sizes(a.batch_sizes)
     ]
@@ -262,8 +273,10 @@ def parse_settings(argv: Sequence[str] | None = None):
     out = a.out
     cache = a.cache_dir or default_cache_dir() / "bench-latency"
     backends = _backends(a.backends)
+    dtypes = parse_names(a.dtype, one_of(DTYPES), "dtype", ", ".join(DTYPES))
     named = any(x == "--backends" or x.startswith("--backends=") for x in argv)
-    if not a.all and not named:  # the default table: what runs here (an engine no GPU here runs is not timed)
+    if not a.all and not named:  # the default table: what runs here (an engine no GPU here runs is not timed;
+        # torch is asked whether a GPU is here, so every name above is checked first)
         build_only = build_only_backends(backends, a.device)
         backends = [b for b in backends if b not in build_only]
         if build_only:
@@ -274,7 +287,7 @@ def parse_settings(argv: Sequence[str] | None = None):
     return bench_run.Settings(
         variants=variant_list(a.variants),
         backends=backends,
-        dtypes=parse_names(a.dtype, one_of(DTYPES), "dtype", ", ".join(DTYPES)),
+        dtypes=dtypes,
         batch_sizes=parse_batch_sizes(a.batch_sizes),
         task=a.task,
         arch=a.arch,

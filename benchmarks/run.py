@@ -48,7 +48,7 @@ from attnzoo.benchmarks.stats import ratio_stats, summarize
 from attnzoo.benchmarks.timing import PeakRSS, measure, measure_pair
 from attnzoo.errors import first_line
 from attnzoo.export import export_verified
-from attnzoo.machine import environment, load_1min, load_average, usable_cores
+from attnzoo.machine import environment, load_1min, load_average, load_slowdown, others_load, usable_cores
 from attnzoo.models import create_model
 from attnzoo.runtime.backends import ONNX_REFERENCE, Backend, Call, get_backend, reference_backend
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
@@ -855,16 +855,25 @@ def _fastest_cpu(rows: list[dict[str, Any]], pairs: list[dict[str, Any]], device
 
 
 #: The estimate's model (:func:`estimate_seconds`): an ONNX export and its verification cost a fixed part (tracing,
-#: the ONNX checker, sessions) plus as long as this many batch-1 forward passes; a whole ViT forward pass reaches
-#: this fraction of the matmul ceiling (the committed default runs' rows: 20-80 %). Rough on purpose: it says minutes.
-EXPORT_FIXED_S, EXPORT_CALLS, FORWARD_EFFICIENCY = 6.0, 40, 0.5
+#: the ONNX checker, sessions, the verification's Python) plus as long as this many batch-1 forward passes; a whole
+#: ViT forward pass reaches this fraction of the matmul ceiling (the committed default runs' rows: 20-80 %). The
+#: fixed part is a quiet machine's: the committed default run on a quiet 2-core AMD EPYC spent 72 s on its three
+#: variants' exports (``phases_s`` in ``results/bench-latency/default-avx2/results.json``), of which their forward
+#: passes were under a second each. Rough on purpose: it says minutes.
+EXPORT_FIXED_S, EXPORT_CALLS, FORWARD_EFFICIENCY = 20.0, 40, 0.5
 
 
-def estimate_seconds(s: Settings, bench: _Bench, variants: list[str], ceiling: dict[str, Any] | None) -> float | None:
+def estimate_seconds(
+    s: Settings, bench: _Bench, variants: list[str], ceiling: dict[str, Any] | None, slowdown: float = 1.0
+) -> float | None:
     """How long the rows still to measure take (``None`` without a measured fp32 ceiling): per row its timed
     calls (warm-up, ``min_time`` and at least 10 calls), its A/B pairs with eager and ``standard`` (each up to
     ``min_time`` and 10 pairs), the head-to-head per group, a forward pass costing counted FLOPs over
-    :data:`FORWARD_EFFICIENCY` of the ceiling; one export per variant; and the compile budget."""
+    :data:`FORWARD_EFFICIENCY` of the ceiling; one export per variant; and the compile budget.
+
+    The ceiling is measured under the machine's load of the moment, so the forward passes' share already counts
+    it; the exports' fixed part is a quiet machine's and takes ``slowdown`` times as long
+    (:func:`attnzoo.machine.load_slowdown`). The compile budget is a limit, counted as it is."""
     gflops = ((ceiling or {}).get("fp32") or {}).get("gflops")
     if not gflops:
         return None
@@ -876,7 +885,7 @@ def estimate_seconds(s: Settings, bench: _Bench, variants: list[str], ceiling: d
         count = count_variant(variant, batch=1, model=meta_model(variant, s.task, s.arch, s.img_size))
         call1 = (count.matrix_flops + count.vector_ops) / (gflops * 1e9 * FORWARD_EFFICIENCY)
         if any(takes_onnx(b) for _, b, _ in rows):
-            total += EXPORT_FIXED_S + EXPORT_CALLS * call1
+            total += EXPORT_FIXED_S * slowdown + EXPORT_CALLS * call1
         for n, backend, _ in rows:
             t = call1 * n
             calls = max(timing.MIN_ITERS, s.min_time / t) + max(2, timing.WARMUP_S / t)
@@ -891,6 +900,39 @@ def estimate_seconds(s: Settings, bench: _Bench, variants: list[str], ceiling: d
 
 def _duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 300 else f"{seconds:.0f} s"
+
+
+def estimate_line(seconds: float, rows: int, load: dict[str, Any] | None) -> str:
+    """The opening ``estimate: ...`` line: ``seconds`` for ``rows`` rows, and the load it assumed (``load``:
+    ``{"others", "cpus", "slowdown"}``, :func:`estimate_load`), or that the system reports none."""
+    head = f"estimate: about {_duration(seconds)} for {rows} row(s)"
+    how = "from this machine's matmul speed and the rows' counted FLOPs"
+    if load is None:
+        return f"{head} ({how}; this system reports no load average, so other work beside this run is not counted)"
+    beside = f"load {load['others']:.1f} beside this run on {load['cpus']} CPUs"
+    if load["slowdown"] < 1.05:
+        return f"{head} ({how}, at the {beside}; more load makes it longer)"
+    return (
+        f"{head} at the {beside} ({how}, measured under it; the exports' fixed work is counted "
+        f"{load['slowdown']:.1f}x a quiet machine's); a load that changes moves it"
+    )
+
+
+def estimate_load(threads: int) -> dict[str, Any] | None:
+    """The load :func:`estimate_seconds` assumes: other work's share of the 1-minute load average
+    (:func:`attnzoo.machine.others_load`, this process's CPU time so far taken out), the CPUs it shares, and the
+    slowdown of ``threads`` threads beside it (:func:`attnzoo.machine.load_slowdown`); None where the system
+    reports no load average."""
+    load = load_1min()
+    if load is None:
+        return None
+    others, cpus = others_load(load, time.process_time(), threads), os.cpu_count() or 1
+    return {
+        "load_1min": load,
+        "others": round(others, 2),
+        "cpus": cpus,
+        "slowdown": load_slowdown(others, cpus, threads),
+    }
 
 
 def compile_budget_reason(spent: float, count: int, budget: float) -> str | None:
@@ -1007,13 +1049,10 @@ def _run(
         log.append({"kind": "ceiling", "ceiling": ceiling})
     variants = list(dict.fromkeys(["standard", *s.variants]))  # standard first: the overhead baseline
     todo = {v: sum(len(bench.todo(v, n)) for n in s.batch_sizes) for v in variants}
-    estimate = estimate_seconds(s, bench, variants, ceiling)
+    load = estimate_load(s.threads)
+    estimate = estimate_seconds(s, bench, variants, ceiling, load["slowdown"] if load else 1.0)
     if estimate is not None and any(todo.values()):
-        print(
-            f"estimate: about {_duration(estimate + time.time() - started)} for {sum(todo.values())} row(s) "
-            "(from this machine's matmul speed and the rows' counted FLOPs; a busy machine takes longer)",
-            flush=True,
-        )
+        print(estimate_line(estimate + time.time() - started, sum(todo.values()), load), flush=True)
     if log.torn:
         print(
             f"{log.path.name}: dropped its torn last line ({log.torn} bytes without a newline: a write cut by a "
@@ -1110,6 +1149,7 @@ def _run(
         "load_average_end": load_average(),
         "wall_time_s": time.time() - started,
         "estimate_s": None if estimate is None else round(estimate + setup, 1),
+        "estimate_load": load,
         "phases_s": _phases(bench.phases, time.time() - started),
         "results": rows,
         "overheads": overheads,

@@ -28,24 +28,21 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-from attnzoo.cli import add_debug_flag, entry_point
+from attnzoo.cli import CommandParser, Later, add_debug_flag, check_choice, entry_point
 from attnzoo.errors import CommandError, UsageError
-from attnzoo.limits import MAX_BATCH_SIZE
-from attnzoo.models import ARCHS, BUILTIN_VARIANTS, TASKS
+from attnzoo.lazy import lazy_import
+from attnzoo.limits import MAX_BATCH_SIZE, check_batch_sizes, check_side
+from attnzoo.modelconfig import ARCHS, BUILTIN_VARIANT_NAMES, TASKS, check_variant
 from attnzoo.runtime.precision import PRECISIONS
+from attnzoo.runtime.targets import FormatOption, targets
 
 from .errors import ExportError, ExportWarning
-from .formats import FormatOption, formats
-from .onnx_export import SUPPORTED_OPSETS
-from .pipeline import DEFAULT_BATCH_SIZES, FORMATS, SUFFIXES, export_model
-from .quantize import (
-    ACCURACY_TOLERANCE,
-    DEFAULT_CALIBRATION_COUNT,
-    DEFAULT_CALIBRATION_SEED,
-    DEFAULT_FIDELITY_COUNT,
-    DEFAULT_MIN_COSINE,
-    PLACEMENT_CHOICES,
-)
+
+# a bad command line is refused without torch, onnx and ModelOpt: these import at their first use (the help texts
+# that quote them are Later, the choices they hold are checked after the cheap checks)
+onnx_export = lazy_import("attnzoo.export.onnx_export")
+pipeline = lazy_import("attnzoo.export.pipeline")
+quantize = lazy_import("attnzoo.export.quantize")
 
 __all__ = ["main", "build_parser"]
 
@@ -61,11 +58,11 @@ def _parse_ints(text: str, what: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = CommandParser(
         prog="export-model",
         description="Export an attnzoo model to ONNX (the variant's extra math kept as explicit ops, verified against "
         "eager PyTorch with ONNX Runtime) and optionally build a TensorRT engine.",
-        epilog=f"variants: {', '.join(BUILTIN_VARIANTS)} (and installed plugins': python -m attnzoo.models)\n"
+        epilog=f"variants: {', '.join(BUILTIN_VARIANT_NAMES)} (and installed plugins': python -m attnzoo.models)\n"
         f"archs: {', '.join(ARCHS)}\n"
         f"Default checkpoint: the zoo's trained model for the variant and task (attnzoo.zoo).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -76,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     quantization = p.add_argument_group("quantization (--dtype int8 / fp8)")
     _placement_arguments(quantization)
     _calibration_arguments(quantization)
+    _gate_arguments(quantization)
     return add_debug_flag(p)
 
 
@@ -103,7 +101,12 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="export a freshly initialised (untrained) model instead of a checkpoint",
     )
-    p.add_argument("--opset", type=int, default=20, help=f"ONNX opset ({', '.join(map(str, SUPPORTED_OPSETS))})")
+    p.add_argument(
+        "--opset",
+        type=int,
+        default=20,
+        help=Later(lambda: f"ONNX opset ({', '.join(map(str, onnx_export.SUPPORTED_OPSETS))})"),
+    )
     p.add_argument(
         "--dtype",
         choices=tuple(PRECISIONS),
@@ -116,19 +119,16 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
 
 def _output_arguments(p: argparse.ArgumentParser) -> None:
     """Where it goes and how it is verified: the format, the file, the batch sizes and input size, the threads."""
-    suffixes = ", ".join(f"{s} {name}" for name, ss in SUFFIXES.items() for s in ss)
-    p.add_argument(
-        "--format",
-        choices=FORMATS,
-        default=None,
-        help=f"{', '.join(FORMATS)} (default: from the --out suffix: {suffixes}; no suffix: onnx, "
-        "written to OUT.onnx); "
-        "a format that writes a folder (triton: a Triton model repository) writes it into --out",
-    )
+    p.add_argument("--format", default=None, metavar="FORMAT", help=Later(_format_help))  # checked in main
     p.add_argument(
         "--batch-sizes",
-        default=",".join(map(str, DEFAULT_BATCH_SIZES)),
-        help=f"batch sizes verified (and the TensorRT profile range), each in 1..{MAX_BATCH_SIZE}",
+        default=None,
+        help=Later(
+            lambda: (
+                f"batch sizes verified (and the TensorRT profile range), each in 1..{MAX_BATCH_SIZE} "
+                f"(default: {','.join(map(str, pipeline.DEFAULT_BATCH_SIZES))})"
+            )
+        ),
     )
     p.add_argument(
         "--input-size",
@@ -145,14 +145,23 @@ def _output_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads for the verification")
 
 
+def _format_help() -> str:
+    suffixes = ", ".join(f"{s} {name}" for name, ss in pipeline.SUFFIXES.items() for s in ss)
+    return (
+        f"{', '.join(pipeline.FORMATS)} (default: from the --out suffix: {suffixes}; no suffix: onnx, written to "
+        "OUT.onnx); a format that writes a folder (triton: a Triton model repository) writes it into --out"
+    )
+
+
 def format_options() -> dict[str, FormatOption]:
-    """Every format's own options by name (:attr:`~attnzoo.export.formats.ExportFormat.options`), each once."""
-    return {o.name: o for part in formats().values() for o in part.options}
+    """Every format's own options by name, as the targets declare them (:attr:`~attnzoo.runtime.targets.Target.
+    options`; read without importing a format), each once."""
+    return {option.name: option for target in targets() for option in target.options}
 
 
 def _target_arguments(p: argparse.ArgumentParser) -> None:
     """The formats' own options (TensorRT's GPU, Triton's platform ...), a group per format that owns some: each
-    format declares them, so a new one adds its flags here with no edit."""
+    target declares them, so a new one adds its flags here with no edit."""
     groups: dict[str, argparse._ArgumentGroup] = {}
     for option in format_options().values():
         if option.owner not in groups:
@@ -177,8 +186,8 @@ def _placement_arguments(q: argparse._ArgumentGroup) -> None:
     )
     q.add_argument(
         "--qdq-placement",
-        choices=PLACEMENT_CHOICES,
         default=None,
+        metavar="PLACEMENT",
         help="where the Q/DQ nodes go: auto (default: the weight MatMuls, plus attention's two matmuls "
         "and the residual Adds of each block, each kept fp32 unless the cosine to fp32 that the "
         "choosing inputs promise for most inputs like them stays at --min-cosine), tensorrt (ModelOpt's placement, "
@@ -196,7 +205,7 @@ def _placement_arguments(q: argparse._ArgumentGroup) -> None:
 
 
 def _calibration_arguments(q: argparse._ArgumentGroup) -> None:
-    """``--dtype int8 / fp8``: the calibration inputs and the gates (accuracy, fidelity)."""
+    """``--dtype int8 / fp8``: the calibration inputs."""
     q.add_argument(
         "--calibration-data",
         type=Path,
@@ -211,36 +220,54 @@ def _calibration_arguments(q: argparse._ArgumentGroup) -> None:
         type=int,
         default=None,
         metavar="N",
-        help=f"images (training split or folder) to calibrate on (default {DEFAULT_CALIBRATION_COUNT})",
+        help=Later(
+            lambda: f"images (training split or folder) to calibrate on (default {quantize.DEFAULT_CALIBRATION_COUNT})"
+        ),
     )
     q.add_argument(
         "--calibration-seed",
         type=int,
         default=None,
-        help=f"seed of the calibration draw (default {DEFAULT_CALIBRATION_SEED})",
+        help=Later(lambda: f"seed of the calibration draw (default {quantize.DEFAULT_CALIBRATION_SEED})"),
     )
+
+
+def _gate_arguments(q: argparse._ArgumentGroup) -> None:
+    """``--dtype int8 / fp8``: the gates a quantized graph must pass (accuracy, fidelity) and their inputs."""
     q.add_argument(
         "--accept-accuracy-drop",
         action="store_true",
-        help="write the quantized model even when it scores more than the tolerance below fp32 "
-        f"({ACCURACY_TOLERANCE['cls']:g} points top-1, {ACCURACY_TOLERANCE['seg']:g} mIoU)",
+        help=Later(
+            lambda: (
+                "write the quantized model even when it scores more than the tolerance below fp32 "
+                f"({quantize.ACCURACY_TOLERANCE['cls']:g} points top-1, {quantize.ACCURACY_TOLERANCE['seg']:g} mIoU)"
+            )
+        ),
     )
     q.add_argument(
         "--min-cosine",
         type=float,
         default=None,
         metavar="C",
-        help=f"fidelity gate: refuse a graph whose output's cosine similarity to fp32's on the worst "
-        f"held-out input is below C (default {DEFAULT_MIN_COSINE:g} for a model without a labelled "
-        "test split, which is gated on its accuracy instead; 0 measures without refusing)",
+        help=Later(
+            lambda: (
+                "fidelity gate: refuse a graph whose output's cosine similarity to fp32's on the worst "
+                f"held-out input is below C (default {quantize.DEFAULT_MIN_COSINE:g} for a model without a labelled "
+                "test split, which is gated on its accuracy instead; 0 measures without refusing)"
+            )
+        ),
     )
     q.add_argument(
         "--fidelity-count",
         type=int,
         default=None,
         metavar="N",
-        help=f"held-out inputs the fidelity is measured on (default {DEFAULT_FIDELITY_COUNT}; with "
-        "--qdq-placement auto half of them choose the placement)",
+        help=Later(
+            lambda: (
+                f"held-out inputs the fidelity is measured on (default {quantize.DEFAULT_FIDELITY_COUNT}; with "
+                "--qdq-placement auto half of them choose the placement)"
+            )
+        ),
     )
     q.add_argument(
         "--eval-limit",
@@ -269,15 +296,37 @@ def _warnings_as_lines():
         yield
 
 
+def _cheap_checks(args: argparse.Namespace) -> tuple[list[int] | None, list[int] | None]:
+    """What the command line can be refused for before torch or onnx is imported (exit 2 in a fraction of a
+    second): the variant's name and the sizes' bounds; returns the input size and batch sizes given (or None)."""
+    try:
+        if args.variant is not None:
+            check_variant(args.variant)  # a plugin's names are checked once the registry has run it
+        input_size = None if args.input_size is None else _parse_ints(args.input_size, "--input-size")
+        batch_sizes = None if args.batch_sizes is None else _parse_ints(args.batch_sizes, "--batch-sizes")
+        for side in input_size or ():
+            check_side(side, "--input-size sides")
+        if batch_sizes:
+            check_batch_sizes(batch_sizes)
+    except UsageError:
+        raise
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return input_size, batch_sizes
+
+
 @entry_point
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``export-model``; errors exit non-zero with one ``error: ...`` line (2: refused before
     any work, 1: a failure)."""
-    args = build_parser().parse_args(argv)
-    input_size = None if args.input_size is None else _parse_ints(args.input_size, "--input-size")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    input_size, batch_sizes = _cheap_checks(args)
+    check_choice(parser, "--format", args.format, pipeline.FORMATS)  # the heavy modules' choices, after the rest
+    check_choice(parser, "--qdq-placement", args.qdq_placement, quantize.PLACEMENT_CHOICES)
     try:
         with _warnings_as_lines():
-            result = export_model(
+            result = pipeline.export_model(
                 args.variant,
                 task=args.task,
                 arch=args.arch,
@@ -287,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 format=args.format,
                 dtype=args.dtype,
                 opset=args.opset,
-                batch_sizes=_parse_ints(args.batch_sizes, "--batch-sizes"),
+                batch_sizes=batch_sizes or pipeline.DEFAULT_BATCH_SIZES,
                 input_size=input_size,
                 threads=args.threads,
                 quantize_extra_math=args.quantize_extra_math,

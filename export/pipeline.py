@@ -142,10 +142,9 @@ def _checkpoint_config(path: Path) -> dict[str, Any] | None:
     """The config a checkpoint carries (``None`` for a plain state dict); read without loading the weights.
 
     Raises:
-        ValueError: the file is missing, or holds an unreadable config.
+        ValueError: the file is missing or not a checkpoint (a directory, an ONNX model ...: named), or holds an
+            unreadable config.
     """
-    if not path.is_file():
-        raise ValueError(f"checkpoint not found: {path}")
     try:
         return read_config(path)
     except NoConfigError:

@@ -22,6 +22,7 @@ from torch import nn
 
 import attnzoo.models
 from attnzoo.fileio import atomic_path, atomic_write_text
+from attnzoo.filekind import SAFETENSORS, checkpoint_kind
 from attnzoo.modelconfig import validate_config
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, INPUT_STYLES
 
@@ -92,7 +93,7 @@ class NoConfigError(ValueError):
 def _metadata_config(path: Path) -> dict[str, Any] | None:
     """The config :func:`save_checkpoint` stores in the safetensors metadata (covered by the file's sha256), or
     ``None`` when there is none (a plain state dict, or not a safetensors file)."""
-    if path.suffix != ".safetensors":
+    if checkpoint_kind(path) != SAFETENSORS:
         return None
     try:
         with safe_open(str(path), framework="pt") as f:
@@ -120,8 +121,9 @@ def read_config(path: str | Path) -> dict[str, Any]:
 
     Raises:
         NoConfigError: neither holds a config (a plain state dict).
-        ValueError: a config is there but unreadable or not an attnzoo config, or the JSON disagrees with the
-            checkpoint's own config (the keys named).
+        ValueError: ``path`` is not a checkpoint (:func:`attnzoo.filekind.checkpoint_kind`: missing, a directory,
+            an ONNX model ...), a config is there but unreadable or not an attnzoo config, or the JSON disagrees
+            with the checkpoint's own config (the keys named).
     """
     path = Path(path)
     side = path.with_suffix(".json")
@@ -152,20 +154,19 @@ def read_config(path: str | Path) -> dict[str, Any]:
 def load_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
     """Read a state dict without executing any pickle.
 
-    ``.safetensors`` via safetensors; anything else via ``torch.load(weights_only=True)``, which refuses
-    arbitrary objects. A ``{"state_dict": ...}`` or ``{"model": ...}`` wrapper is unwrapped.
+    safetensors via safetensors; a PyTorch save via ``torch.load(weights_only=True)``, which refuses arbitrary
+    objects (:func:`attnzoo.filekind.checkpoint_kind` tells them apart and refuses anything else by name). A
+    ``{"state_dict": ...}`` or ``{"model": ...}`` wrapper is unwrapped.
     """
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"checkpoint not found: {path}")
-    if path.suffix == ".safetensors":
+    if checkpoint_kind(path) == SAFETENSORS:
         try:
             return load_file(str(path))
         except Exception as exc:
             raise ValueError(f"{path}: not a readable safetensors file ({exc})") from exc
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as exc:
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError, KeyError, IndexError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(
             f"{path}: refused to load (only plain tensor state dicts are read, with "

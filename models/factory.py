@@ -14,7 +14,7 @@ from timm.models.vision_transformer import Block, ResPostBlock, VisionTransforme
 from torch import nn
 
 from attnzoo.errors import quoted
-from attnzoo.modelconfig import TASKS
+from attnzoo.modelconfig import ARCHS, TASKS
 
 from .belief2 import belief2_from_standard, check_prop1_source, prop1_options, tie_proj_p
 from .mabvit import ParallelBlock
@@ -33,17 +33,6 @@ __all__ = [
     "mlp_hidden",
     "block_fn",
 ]
-
-#: Architectures: ViT-Ti/S/B at 224 px as in timm, ``micro`` for CPU training at 32 px (~0.2 M params), and
-#: ``micro-conv``, micro with a convolutional stem (``stem="conv"``) for small real images.
-ARCHS: dict[str, dict[str, Any]] = {
-    "micro": dict(img_size=32, patch_size=4, embed_dim=64, depth=4, num_heads=2, mlp_ratio=4.0),
-    # micro with a convolutional stem (models/stem.py), for 28-64 px images such as Fashion-MNIST
-    "micro-conv": dict(img_size=28, patch_size=4, embed_dim=64, depth=4, num_heads=2, mlp_ratio=4.0, stem="conv"),
-    "tiny": dict(img_size=224, patch_size=16, embed_dim=192, depth=12, num_heads=3, mlp_ratio=4.0),
-    "small": dict(img_size=224, patch_size=16, embed_dim=384, depth=12, num_heads=6, mlp_ratio=4.0),
-    "base": dict(img_size=224, patch_size=16, embed_dim=768, depth=12, num_heads=12, mlp_ratio=4.0),
-}
 
 
 def _check_choice(kind: str, value: str, valid) -> None:

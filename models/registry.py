@@ -27,6 +27,7 @@ from torch import nn
 
 from attnzoo import limits
 from attnzoo.errors import first_line, quoted
+from attnzoo.modelconfig import BUILTIN_VARIANT_ALIASES, BUILTIN_VARIANT_NAMES, VARIANT_ENTRY_POINTS
 from attnzoo.signals import Interrupted, Terminated
 
 __all__ = [
@@ -54,7 +55,7 @@ __all__ = [
 BUILTIN_PACKAGE = "attnzoo"
 #: Entry-point group of third-party variant packages: each entry point is a zero-argument callable that calls
 #: :func:`register_variant`.
-ENTRY_POINT_GROUP = "attnzoo.variants"
+ENTRY_POINT_GROUP = VARIANT_ENTRY_POINTS
 #: The keywords timm's ``Block`` passes to its ``attn_layer`` (timm >= 1.0.23), used to probe a new class.
 TIMM_ATTN_KWARGS: dict[str, Any] = dict(
     qkv_bias=True,
@@ -544,6 +545,8 @@ def register_variant(
                 f"variant {new!r} from package {package!r} clashes with variant {other.name!r} from "
                 f"package {other.package!r}; not registered (rename one of them)"
             )
+    if package == BUILTIN_PACKAGE:
+        _check_listed(name, aliases)
     scopes, scope_ops = _normalize_scopes(name, extra_scopes)
     model_options = _check_model_options(name, dict(options or {}), dict(model_options or {}))
     spec = VariantSpec(
@@ -572,6 +575,20 @@ def register_variant(
         ALIASES.update({alias: name for alias in aliases})
         _ORDER.append(name)
     return spec
+
+
+def _check_listed(name: str, aliases: tuple[str, ...]) -> None:
+    """A built-in is registered in the place and with the aliases :data:`attnzoo.modelconfig.BUILTIN_VARIANT_NAMES`
+    and ``BUILTIN_VARIANT_ALIASES`` give it: the light list every command checks a name against before it imports
+    PyTorch must name exactly the registry's built-ins."""
+    place = sum(dict.__getitem__(VARIANTS, n).builtin for n in _ORDER)
+    listed = {a for a, n in BUILTIN_VARIANT_ALIASES.items() if n == name}
+    if place >= len(BUILTIN_VARIANT_NAMES) or BUILTIN_VARIANT_NAMES[place] != name or set(aliases) != listed:
+        raise ValueError(
+            f"built-in variant {name!r} (aliases {list(aliases)}) is not the one attnzoo.modelconfig lists in its "
+            "place: add it to BUILTIN_VARIANT_NAMES (and its aliases to BUILTIN_VARIANT_ALIASES) in registration "
+            "order, so that commands check names without importing PyTorch"
+        )
 
 
 def _package_of(attn_layer: type) -> tuple[str, str]:

@@ -40,8 +40,10 @@ from attnzoo.benchmarks.fusable import speedups, time_opsets
 from attnzoo.benchmarks.gpu_plan import MODELS, ROOT
 from attnzoo.errors import UsageError, first_line, quoted
 from attnzoo.fileio import PathLike, read_json, writable_dir
+from attnzoo.filekind import checkpoint_kind
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import bf16_problem, environment
+from attnzoo.modelconfig import check_variant, variant_names
 from attnzoo.runtime.backends import backend_names
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.fusion import audit
@@ -800,16 +802,20 @@ def report_variant(
         :class:`ReportResult`.
 
     Raises:
-        UsageError: an unknown variant (the valid ones listed), a checkpoint that is not a file, an output
-            path that is a file, or an output folder that is neither empty nor a report of ``variant``
-            (:func:`out_problem`); nothing is measured or written then.
+        UsageError: an unknown variant (the valid ones listed), a checkpoint that is none (a directory, an ONNX
+            model ...: named), an output path that is a file, or an output folder that is neither empty nor a
+            report of ``variant`` (:func:`out_problem`); nothing is measured or written then.
     """
-    try:
-        variant = models.canonical_name(variant)
+    try:  # without torch where no plugin is installed: a bad name is refused at once
+        variant = check_variant(variant) or models.canonical_name(variant)
     except ValueError:
-        raise UsageError(f"unknown variant {quoted(variant)}; valid: {', '.join(models.VARIANT_NAMES)}") from None
-    if checkpoint is not None and not Path(checkpoint).is_file():
-        raise UsageError(f"--checkpoint {checkpoint}: no such file")
+        valid = variant_names() or models.VARIANT_NAMES
+        raise UsageError(f"unknown variant {quoted(variant)}; valid: {', '.join(valid)}") from None
+    if checkpoint is not None:
+        try:
+            checkpoint_kind(checkpoint)
+        except ValueError as exc:
+            raise UsageError(f"--checkpoint {exc}") from None
     out = Path(out) if out is not None else Path("variant-reports") / variant
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; it names the report folder")

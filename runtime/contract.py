@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attnzoo.errors import first_line
+from attnzoo.filekind import MISSING, ONNX, file_kind
 from attnzoo.lazy import lazy_import
 from attnzoo.limits import MAX_ONNX_BYTES, check_side
 from attnzoo.modelconfig import validate_config
@@ -59,22 +61,41 @@ def metadata_props(model: str | Path | Any) -> dict[str, str]:
     within :data:`attnzoo.limits.MAX_ONNX_BYTES` before any byte of it is parsed.
 
     Raises:
-        ValueError: not a regular file, or larger than an ONNX file can be.
+        ValueError: not a regular file (a directory ...), larger than an ONNX file can be, or not an ONNX model
+            (what it is named: a text file, a zip archive, ...).
     """
     if not isinstance(model, onnx.ModelProto):
         check_onnx_file(model)
         if Path(model).suffix.lower() == IR_SUFFIX:
             return _ir_props(Path(model))
-    proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model), load_external_data=False)
+    proto = model if isinstance(model, onnx.ModelProto) else _read_proto(Path(model))
     return {p.key: p.value for p in proto.metadata_props}
+
+
+def _read_proto(path: Path) -> Any:
+    """The ONNX model in ``path`` without its external weights; ``ValueError`` saying what the file is when it holds
+    no ONNX model (a protobuf parser reads some bytes of other files, an empty one for instance, as a model with no
+    graph)."""
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:
+        kind = file_kind(path)
+        if kind == ONNX:  # it starts as a model does: cut short or damaged
+            raise ValueError(f"{path.name}: not a readable ONNX model file ({first_line(exc)})") from None
+        raise ValueError(f"{path.name}: is {kind}, not an ONNX model file") from None
+    if not proto.HasField("graph"):
+        raise ValueError(f"{path.name}: is {file_kind(path)}, not an ONNX model file (it holds no graph)")
+    return proto
 
 
 def check_onnx_file(path: str | Path) -> None:
     """``ValueError`` naming ``path`` unless it is a regular file of at most :data:`attnzoo.limits.MAX_ONNX_BYTES`
-    (a protobuf cannot be larger; bigger models keep their weights in external data files)."""
+    (a protobuf cannot be larger; bigger models keep their weights in external data files); a directory, a FIFO or
+    a device is named as such and never opened."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"{path.name}: not a regular file")
+        kind = file_kind(path)
+        raise ValueError(f"{path.name}: {kind}" if kind == MISSING else f"{path.name}: is {kind}, not a model file")
     size = path.stat().st_size
     if size > MAX_ONNX_BYTES:
         raise ValueError(

@@ -18,7 +18,7 @@ import importlib.util
 import pkgutil
 import threading
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
@@ -28,6 +28,7 @@ from attnzoo.errors import first_line, quoted
 __all__ = [
     "ENTRY_POINT_GROUP",
     "BUILTIN_PACKAGE",
+    "FormatOption",
     "Target",
     "TargetWarning",
     "load_targets",
@@ -42,6 +43,45 @@ __all__ = [
 ENTRY_POINT_GROUP = "attnzoo.targets"
 #: The package whose sub-packages are the built-in targets.
 BUILTIN_PACKAGE = "attnzoo.targets"
+
+
+@dataclass(frozen=True)
+class FormatOption:
+    """One option a format has of its own (TensorRT's target GPU, Triton's platform): a keyword of
+    :func:`attnzoo.export.export_model` and a flag of ``export-model``, declared by its target (:attr:`Target.options`)
+    and by the formats that read it (:attr:`~attnzoo.export.formats.ExportFormat.options`), refused with any other.
+
+    Attributes:
+        name: The keyword (``compute_capability``); the flag is ``--compute-capability``.
+        owner: The format it belongs to (a refusal names it); another format whose output holds the owner's (Triton's
+            model folder holding an engine) declares it too.
+        help: The flag's help, without its default.
+        default: Its value when not given.
+        choices: The values it takes (the flag's choices), or ``None``.
+        kind: What a value given on the command line is read as (``str``, ``int``).
+        normalize: Applied to a given value before it is checked (``str.upper``: ``sm89`` is ``SM89``).
+        metavar: The flag's placeholder.
+        title: What a value is called in a refusal (``unknown compute capability 'SM90'``; default: the flag).
+    """
+
+    name: str
+    owner: str
+    help: str
+    default: Any = None
+    choices: tuple[Any, ...] | None = None
+    kind: Callable[[str], Any] = str
+    normalize: Callable[[Any], Any] | None = None
+    metavar: str | None = None
+    title: str = ""
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def parse(self, text: str) -> Any:
+        """A value given on the command line, read as :attr:`kind` and normalized."""
+        value = self.kind(text)
+        return self.normalize(value) if self.normalize else value
 
 
 class TargetWarning(UserWarning):
@@ -65,6 +105,8 @@ class Target:
             formats, so that listing the backends loads neither PyTorch nor ONNX.
         reports: The :class:`~attnzoo.runtime.reports.JsonReport` schemas of the reports it writes, by kind
             (``python -m attnzoo.runtime.reports KIND``; a format's report under the format's name).
+        options: The options its formats have of their own (:class:`FormatOption`): ``export-model`` adds them
+            as flags without importing a format.
         order: Where it stands in listings (lower first): the PyTorch reference first, then the rest.
     """
 
@@ -76,6 +118,7 @@ class Target:
     backends: tuple[Any, ...] = ()
     formats: Mapping[str, str] = field(default_factory=dict)
     reports: Mapping[str, type] = field(default_factory=dict)
+    options: tuple[FormatOption, ...] = ()
     order: int = 100
 
     def unavailable_reason(self) -> str | None:

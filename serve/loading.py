@@ -39,6 +39,7 @@ from tqdm import tqdm
 from attnzoo import zoo
 from attnzoo.errors import first_line, quoted
 from attnzoo.fileio import default_cache_dir, sha256_file
+from attnzoo.filekind import DIRECTORY, MISSING, file_kind
 from attnzoo.lazy import lazy_import
 from attnzoo.limits import MAX_UPLOAD_BYTES
 from attnzoo.machine import cpu_info
@@ -94,6 +95,7 @@ __all__ = [
     "zoo_onnx_name",
     "choose_cpu_backend",
     "model_files",
+    "models_folder",
     "unread_reason",
     "load_remote",
     "RemoteError",
@@ -217,6 +219,17 @@ def _session(path: Path, backend: str, threads: int | None, cache_dir: Path | No
     return session
 
 
+def models_folder(path: Path) -> Path:
+    """``path`` when it is a folder (``--models``); ``ValueError`` saying what it is otherwise (missing, a file:
+    which kind, a FIFO ...)."""
+    kind = file_kind(path)
+    if kind == MISSING:
+        raise ValueError(f"models folder not found: {path}")
+    if kind != DIRECTORY:
+        raise ValueError(f"{path}: is {kind}, not a folder (--models takes a folder of export-model files)")
+    return Path(path)
+
+
 def model_files(directory: Path) -> list[Path]:
     """The model files of ``directory`` a server may load: ``.onnx`` files and OpenVINO IRs (``.xml``), regular
     files only (anything else of that name is skipped with a warning, never opened)."""
@@ -329,7 +342,7 @@ def _model_files(directory: Path, suffix: str) -> list[Path]:
         if path.is_file():
             paths.append(path)
         else:
-            _warn(f"skipping {path.name}: not a regular file")
+            _warn(f"skipping {path.name}: is {file_kind(path)}, not a regular file")
     return paths
 
 
@@ -723,8 +736,8 @@ def load_models(
             verified), the zoo at fp32.
 
     Raises:
-        ValueError: the backend cannot run here, the folder is missing, or nothing servable was found (bad
-            files are skipped with a warning naming each).
+        ValueError: the backend cannot run here, the folder is missing or not a folder (:func:`models_folder`), or
+            nothing servable was found (bad files are skipped with a warning naming each).
     """
     backend = resolve_backend(backend)
     if dtype is not None and dtype not in SERVED_DTYPES:
@@ -734,8 +747,8 @@ def load_models(
             f"--dtype int8 serves the int8 ONNX models on the CPU runtimes, not {backend} "
             f"(use --backend {AUTO}, {' or '.join(b.name for b in cpu_runtimes())})"
         )
-    if models_dir is not None and not Path(models_dir).is_dir():
-        raise ValueError(f"models folder not found: {models_dir}")
+    if models_dir is not None:
+        models_folder(Path(models_dir))
     if dtype == "bf16":
         return _unique_names(load_bf16_models(models_dir, backend, data, cache_dir, threads, only))
     if backend != AUTO and get_backend(backend).takes == "module":

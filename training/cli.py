@@ -13,14 +13,19 @@ import sys
 from pathlib import Path
 
 from attnzoo.cli import add_debug_flag, entry_point
-from attnzoo.data.datasets import check_source
-from attnzoo.data.fashion import check_scene_options
 from attnzoo.errors import CommandError, UsageError
 from attnzoo.fileio import atomic_write_text, parse_json
+from attnzoo.filekind import checkpoint_kind
+from attnzoo.lazy import lazy_import
 from attnzoo.limits import check_side
-from attnzoo.models import canonical_name, split_options
-from attnzoo.models.checkpoint import check_encoder_source
-from attnzoo.training.train import TrainConfig, evaluate_checkpoint, train
+from attnzoo.modelconfig import ARCHS, check_variant
+
+# a bad command line is refused without torch: these import at their first use, once the cheap checks have passed
+datasets = lazy_import("attnzoo.data.datasets")
+fashion = lazy_import("attnzoo.data.fashion")
+models = lazy_import("attnzoo.models")
+checkpoint = lazy_import("attnzoo.models.checkpoint")
+training = lazy_import("attnzoo.training.train")
 
 __all__ = ["main", "evaluate_main"]
 
@@ -51,7 +56,7 @@ def _train_parser() -> argparse.ArgumentParser:
         default="shapes",
         help="fashion (Fashion-MNIST), shapes, digits, a class-per-folder image folder or an ADE20K-layout folder",
     )
-    p.add_argument("--arch", default="micro", help="micro, micro-conv, tiny, small or base")
+    p.add_argument("--arch", default="micro", choices=tuple(ARCHS), help="architecture (default micro)")
     p.add_argument("--img-size", type=int, default=None, help="input size (default 32)")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=64)
@@ -145,13 +150,15 @@ def main(argv: list[str] | None = None) -> int:
     args = _train_parser().parse_args(argv)
     if args.epochs < 1 or args.batch_size < 1 or args.lr <= 0:
         raise UsageError("--epochs and --batch-size must be >= 1 and --lr > 0")
-    if args.img_size is not None:
-        try:
+    try:  # before torch is imported: a bad name or size is refused at once
+        check_variant(args.variant)  # a plugin's names are checked below, once the registry has run it
+        if args.img_size is not None:
             check_side(args.img_size, "--img-size")
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if args.init_from:
-        check_encoder_source(args.init_from, args.variant, args.arch)  # before any data is loaded
+        checkpoint_kind(args.init_from)  # a path that is no checkpoint, named (exit 1)
+        checkpoint.check_encoder_source(args.init_from, args.variant, args.arch)  # before any data is loaded
     scene = {
         "per_scene": args.scene_garments,
         "fraction": args.scene_fraction,
@@ -167,12 +174,12 @@ def main(argv: list[str] | None = None) -> int:
         raise UsageError("--scene-* options compose Fashion-MNIST scenes: use them with --data fashion --task seg")
     options = _parse_options(args.option)
     try:  # bad flags refused before any data is loaded: exit 2, as every command's usage errors
-        scene = check_scene_options(scene)
-        check_source(args.data, args.task, scene)
-        split_options(canonical_name(args.variant), **options)
+        scene = fashion.check_scene_options(scene)
+        datasets.check_source(args.data, args.task, scene)
+        models.split_options(models.canonical_name(args.variant), **options)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    cfg = TrainConfig(
+    cfg = training.TrainConfig(
         variant=args.variant,
         task=args.task,
         data=args.data,
@@ -194,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         scene=scene,
     )
     try:
-        result = train(cfg, resume=args.resume, progress=not args.no_progress)
+        result = training.train(cfg, resume=args.resume, progress=not args.no_progress)
     except RuntimeError as exc:  # a diverged loss: its message says where
         raise CommandError(str(exc)) from exc
     print(
@@ -222,7 +229,8 @@ def evaluate_main(argv: list[str] | None = None) -> int:
         raise UsageError("--limit must be >= 1")
     if args.out is not None and (Path(args.out).is_dir() or not Path(args.out).parent.is_dir()):
         raise UsageError(f"--out {args.out}: not a file in an existing folder")
-    result = evaluate_checkpoint(args.checkpoint, data=args.data, limit=args.limit, split=args.split)
+    checkpoint_kind(args.checkpoint)  # a path that is no checkpoint, named before torch is imported (exit 1)
+    result = training.evaluate_checkpoint(args.checkpoint, data=args.data, limit=args.limit, split=args.split)
     if args.out is not None:
         command = shlex.join(["evaluate-model", *(sys.argv[1:] if argv is None else argv)])
         atomic_write_text(Path(args.out), json.dumps({"command": command, **result}, indent=2) + "\n")

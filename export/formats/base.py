@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from attnzoo.errors import UsageError, first_line
 from attnzoo.fileio import atomic_write_text, no_space_problem, sha256_file, writable_dir
 from attnzoo.runtime.reports import schema_checked
+from attnzoo.runtime.targets import FormatOption
 
 from ..check import block_prefix
 from ..divergence import BlockRecorder
@@ -35,45 +36,6 @@ __all__ = [
     "record_failure",
     "summary_text",
 ]
-
-
-@dataclass(frozen=True)
-class FormatOption:
-    """One option a format has of its own (TensorRT's target GPU, Triton's platform): a keyword of
-    :func:`attnzoo.export.export_model` and a flag of ``export-model``, declared by the formats that read it
-    (:attr:`ExportFormat.options`) and refused with any other.
-
-    Attributes:
-        name: The keyword (``compute_capability``); the flag is ``--compute-capability``.
-        owner: The format it belongs to (a refusal names it); another format whose output holds the owner's (Triton's
-            model folder holding an engine) declares it too.
-        help: The flag's help, without its default.
-        default: Its value when not given.
-        choices: The values it takes (the flag's choices), or ``None``.
-        kind: What a value given on the command line is read as (``str``, ``int``).
-        normalize: Applied to a given value before it is checked (``str.upper``: ``sm89`` is ``SM89``).
-        metavar: The flag's placeholder.
-        title: What a value is called in a refusal (``unknown compute capability 'SM90'``; default: the flag).
-    """
-
-    name: str
-    owner: str
-    help: str
-    default: Any = None
-    choices: tuple[Any, ...] | None = None
-    kind: Callable[[str], Any] = str
-    normalize: Callable[[Any], Any] | None = None
-    metavar: str | None = None
-    title: str = ""
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-    def parse(self, text: str) -> Any:
-        """A value given on the command line, read as :attr:`kind` and normalized."""
-        value = self.kind(text)
-        return self.normalize(value) if self.normalize else value
 
 
 @dataclass

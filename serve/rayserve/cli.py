@@ -24,13 +24,14 @@ from pathlib import Path
 from attnzoo.cli import add_debug_flag, entry_point
 from attnzoo.errors import UsageError, quoted
 from attnzoo.lazy import lazy_import
+from attnzoo.modelconfig import ARCHS, check_variant
 from attnzoo.runtime.sessions import SERVED_DTYPES
 from attnzoo.serve.loading import resolve_backend
 from attnzoo.serve.rayserve.config import DEFAULT_MAX_BATCH, TASK_CHOICES, ServeConfig, merged, read_config_file
 from attnzoo.serve.rayserve.environment import _LOCAL
 from attnzoo.serve.rayserve.launch import serve_models, startup_line
 
-registry = lazy_import("attnzoo.models")  # timm: only --arch and --variants are checked against it
+registry = lazy_import("attnzoo.models")  # timm: a plugin's variant names are checked against it
 
 __all__ = ["main", "build_parser"]
 
@@ -147,17 +148,15 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
-    try:
+    if cfg.arch is not None and cfg.arch not in ARCHS:
+        raise UsageError(f"unknown arch {quoted(cfg.arch)}; valid: {', '.join(ARCHS)}")
+    try:  # the names first, without torch where no variant plugin is installed; then the backend, whose check
+        for v in cfg.variants or ():  # imports its library
+            if check_variant(v) is None:  # a plugin is installed: the registry knows its names
+                registry.canonical_name(v)
         resolve_backend(cfg.backend)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if cfg.arch is not None and cfg.arch not in registry.ARCHS:
-        raise UsageError(f"unknown arch {quoted(cfg.arch)}; valid: {', '.join(registry.ARCHS)}")
-    if cfg.variants:
-        try:
-            [registry.canonical_name(v) for v in cfg.variants]
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
     return cfg
 
 
@@ -219,6 +218,13 @@ def _announce(cfg: ServeConfig, served) -> None:
         print(f"  Ray Serve metrics (Prometheus): {metrics}", flush=True)
     if served.startup_s:
         print(f"  {startup_line(served.startup_s)}", flush=True)
+    if served.logs:
+        folder, kept = served.logs
+        print(
+            f"  logs of Ray, Serve and the replicas (a 500's traceback): {folder}"
+            + ("" if kept else " (removed at the stop; set RAY_TMPDIR to keep them)"),
+            flush=True,
+        )
     if selection.pending:
         print(
             f"  exporting and verifying the other {len(selection.pending)} zoo model(s) in the background; each "

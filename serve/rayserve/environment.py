@@ -38,6 +38,7 @@ __all__ = [
     "port_problem",
     "start_ray",
     "metrics_url",
+    "ray_logs",
     "free_port",
     "is_loopback",
 ]
@@ -274,9 +275,11 @@ def port_problem(host: str, port: int) -> str | None:
 _METRICS: dict[str, int | None] = {"port": None}
 #: ``temp_dirs``: folders this process made for its local Ray (its session files, the ready list, HAProxy's files
 #: and wrapper), removed when it stops. ``shutdown_abandoned``: a stop gave up waiting for Ray's driver shutdown.
+#: ``logs``: the local Ray's log folder (:func:`ray_logs`).
 _LOCAL: dict[str, Any] = {
     "started": False,
     "temp_dirs": [],
+    "logs": None,
     "mark": None,
     "serve_host": None,
     "shutdown_abandoned": False,
@@ -304,6 +307,25 @@ def _keep_signal_handlers() -> Iterator[None]:
                     set_handler(sig, handler)
 
 
+#: The warning a new local Ray logs on every start to say that token authentication, its default, is on (it
+#: names ``RAY_AUTH_MODE=disabled`` to opt out; setting ``RAY_AUTH_MODE=token`` instead would silence it only if done
+#: before Ray is imported); the logger it comes from.
+_TOKEN_NOTICE = "Token authentication is enabled for this Ray cluster"
+_TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+def _token_notice_filter(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith(_TOKEN_NOTICE)
+
+
+def _hold_back_token_notice() -> None:
+    """Keep :data:`_TOKEN_NOTICE` off the terminal (Ray's other warnings still show): the command's start-up lines
+    are its own."""
+    logger = logging.getLogger(_TOKEN_LOGGER)
+    if _token_notice_filter not in logger.filters:
+        logger.addFilter(_token_notice_filter)
+
+
 def start_ray(cfg: ServeConfig, metrics_port: int | None = None) -> bool:
     """Join ``cfg.address``, or start a local Ray with this machine's CPUs (and GPUs), no dashboard, on the
     loopback address, its session files (logs, sockets, HAProxy's config) in a temporary folder that the stop
@@ -324,7 +346,7 @@ def start_ray(cfg: ServeConfig, metrics_port: int | None = None) -> bool:
     elif cfg.address:
         try:
             with _keep_signal_handlers():
-                ray.init(address=cfg.address, logging_level=logging.WARNING, log_to_driver=True)
+                ray.init(address=cfg.address, logging_level=logging.WARNING, log_to_driver=False)
         except Exception as exc:  # ConnectionError, RuntimeError ...: one line naming the address
             raise ValueError(f"cannot join the Ray cluster at {cfg.address}: {str(exc).splitlines()[0]}") from None
         started = False
@@ -343,15 +365,18 @@ def start_ray(cfg: ServeConfig, metrics_port: int | None = None) -> bool:
             # Ray makes every folder it creates, its temp folder included, mode 0777 ("shared"): they go one level
             # down, so the folder only its owner can enter (mkdtemp's 0700) stays closed around them
             session["_temp_dir"] = os.path.join(_LOCAL["temp_dirs"][-1], "ray")
+        _hold_back_token_notice()
         with _keep_signal_handlers():
             ray.init(
                 num_cpus=os.cpu_count(),
                 include_dashboard=False,
                 _node_ip_address="127.0.0.1",
                 logging_level=logging.WARNING,
+                log_to_driver=False,
                 _metrics_export_port=_METRICS["port"],
                 **session,
             )
+        _LOCAL["logs"] = os.path.join(session.get("_temp_dir") or _ray_temp_dir(), "session_latest", "logs")
         started = True
     have = ray.cluster_resources()
     need_cpu, need_gpu = cfg.replicas * cfg.cpus_per_replica, cfg.replicas * cfg.gpus_per_replica
@@ -364,6 +389,24 @@ def start_ray(cfg: ServeConfig, metrics_port: int | None = None) -> bool:
                 f"the Ray cluster has {avail:g}"
             )
     return started
+
+
+def _ray_temp_dir() -> str:
+    """The folder a local Ray keeps its sessions in when none is given (Ray's own rule: ``$RAY_TMPDIR/ray``, else
+    the system's temporary folder's ``ray``)."""
+    return os.path.join(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir(), "ray")
+
+
+def ray_logs() -> tuple[str, bool] | None:
+    """Where the local Ray's log files are (``<session>/logs``: Ray's, Ray Serve's, and what the controller and the
+    replicas write to stdout and stderr, a replica's traceback of a 500 included) and whether they are kept after
+    the stop (only under ``$RAY_TMPDIR``: the default session folder goes with the stop); None when this process
+    joined a cluster (its logs are on that cluster's nodes). ``start_ray`` passes ``log_to_driver=False``, so no
+    line of theirs reaches this process's terminal: the command's own lines are all it prints."""
+    logs = _LOCAL.get("logs")
+    if not logs:
+        return None
+    return logs, not any(Path(logs).is_relative_to(folder) for folder in _LOCAL["temp_dirs"])
 
 
 def metrics_url() -> str | None:

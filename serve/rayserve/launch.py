@@ -31,6 +31,7 @@ from attnzoo.serve.rayserve.environment import (
     _LOCAL,
     metrics_url,
     port_problem,
+    ray_logs,
     ray_serve_mode,
     start_ray,
 )
@@ -139,8 +140,9 @@ def _report_skipped(selection: Selection, handle) -> None:
 @dataclass
 class Served:
     """What :func:`serve_models` started: the models' ``url``, the :class:`Selection` served, Ray Serve's ingress
-    mode, its Prometheus ``metrics`` URL (None when off) and where the start-up went (``startup_s``: seconds by
-    step, :func:`startup_line`)."""
+    mode, its Prometheus ``metrics`` URL (None when off), where the start-up went (``startup_s``: seconds by
+    step, :func:`startup_line`) and where the local Ray's logs are (``logs``:
+    :func:`attnzoo.serve.rayserve.environment.ray_logs`)."""
 
     url: str
     selection: Selection
@@ -148,6 +150,7 @@ class Served:
     metrics: str | None
     cache_dir: Path | None = None
     startup_s: dict[str, float] = field(default_factory=dict)
+    logs: tuple[str, bool] | None = None
 
     def export_pending(self) -> int:
         """Export and verify the zoo models still pending (each answers 503 until then); return how many are ready."""
@@ -225,6 +228,6 @@ def serve_models(cfg: ServeConfig, *, metrics_port: int | None = None) -> Iterat
                 steps["waiting for them after Serve start"] = time.perf_counter() - t_wait
             url, steps["deploy (replicas load and warm up)"] = _timed(deploy, cfg, selection)
             steps["total"] = time.perf_counter() - t0
-            yield Served(url, selection, ray_serve_mode(), metrics_url(), cfg.cache_dir, startup_s=steps)
+            yield Served(url, selection, ray_serve_mode(), metrics_url(), cfg.cache_dir, steps, ray_logs())
         finally:
             stop(started)

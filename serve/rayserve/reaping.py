@@ -149,7 +149,7 @@ def _forget_local_ray() -> None:
             os.environ.pop(key)  # them for the user's own settings
     _OWN_ENV.clear()
     os.environ.pop(SET_BY_ATTNZOO_ENV, None)
-    _LOCAL["mark"] = _LOCAL["serve_host"] = None
+    _LOCAL["mark"] = _LOCAL["serve_host"] = _LOCAL["logs"] = None
     if ray is not None and _LOCAL.get("cluster_flag") is not None:
         from ray._private import ray_constants  # optional: ray (the [serving] extra), imported by now
 

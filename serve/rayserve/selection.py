@@ -29,6 +29,7 @@ from attnzoo.runtime.sessions import serves, verification_problem
 from attnzoo.serve.loading import (
     export_zoo_in_child,
     model_files,
+    models_folder,
     unread_reason,
     zoo_onnx_folder,
     zoo_onnx_name,
@@ -131,9 +132,7 @@ def select_models(cfg: ServeConfig) -> Selection:
     cache = Path(cfg.cache_dir or default_cache_dir())
     variants = [registry.canonical_name(v) for v in cfg.variants] if cfg.variants else None
     if cfg.models is not None:
-        folder = Path(cfg.models)
-        if not folder.is_dir():
-            raise ValueError(f"models folder not found: {folder}")
+        folder = models_folder(Path(cfg.models))
         names = [p.name for p in model_files(folder)]
         return _matching(folder, names, variants, cfg.tasks, cfg.dtype, cfg.backend)
     if cfg.arch is not None:

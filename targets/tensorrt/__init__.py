@@ -95,6 +95,7 @@ __all__ = [
 from attnzoo.runtime.targets import Target
 
 from .backend import TENSORRT
+from .options import COMPUTE_CAPABILITY
 from .schema import EngineReport
 
 # isort: on
@@ -109,5 +110,6 @@ TARGET = Target(
     backends=(TENSORRT,),
     formats={"tensorrt": "attnzoo.targets.tensorrt.format:FORMAT"},
     reports={"engine": EngineReport},
+    options=(COMPUTE_CAPABILITY,),
     order=40,
 )

@@ -4,9 +4,9 @@ before any work (a known target; one the precision's tensor cores exist on; ``CU
 from __future__ import annotations
 
 from attnzoo.errors import UsageError, quoted
-from attnzoo.export.formats import FormatOption
 from attnzoo.lazy import lazy_import
 from attnzoo.runtime.precision import Precision, get_precision
+from attnzoo.runtime.targets import FormatOption
 from attnzoo.targets import tensorrt as rt  # the package's face, patched there by tests
 
 from .library import COMPUTE_CAPABILITIES, DEFAULT_COMPUTE_CAPABILITY
@@ -46,19 +46,18 @@ def compute_capability_error(precision: Precision, compute_capability: str | Non
 
 
 def check_compute_capability(compute_capability: str | None, dtype: str) -> None:
-    """Refuse, with a :class:`UsageError`, a target no engine of ``dtype`` can be built for: an unknown name,
-    ``CURRENT`` without a GPU, or one without the precision's tensor cores."""
-    if compute_capability is None:
-        error = None
-    elif compute_capability not in COMPUTE_CAPABILITIES:
-        error = f"unknown compute capability {quoted(compute_capability)}; valid: {', '.join(COMPUTE_CAPABILITIES)}"
-    elif compute_capability == "CURRENT" and not rt.gpu_available():
+    """Refuse, with a :class:`UsageError`, a target no engine of ``dtype`` can be built for: an unknown name, one
+    without the precision's tensor cores, or ``CURRENT`` without a GPU."""
+    if compute_capability is not None and compute_capability not in COMPUTE_CAPABILITIES:
+        error: str | None = (
+            f"unknown compute capability {quoted(compute_capability)}; valid: {', '.join(COMPUTE_CAPABILITIES)}"
+        )
+    else:
+        error = compute_capability_error(get_precision(dtype), compute_capability)
+    if error is None and compute_capability == "CURRENT" and not rt.gpu_available():
         error = (
             "--compute-capability CURRENT needs a GPU and none is visible; name one to build ahead of time (e.g. SM89)"
         )
-    else:
-        error = None
-    error = error or compute_capability_error(get_precision(dtype), compute_capability)
     if error:
         raise UsageError(error)
 

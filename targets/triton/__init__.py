@@ -5,6 +5,7 @@ server."""
 
 from attnzoo.runtime.targets import Target
 
+from .options import PLATFORM, QUEUE_DELAY_US
 from .schema import TritonConfigCheck, TritonIO
 
 __all__ = ["TARGET", "TritonConfigCheck", "TritonIO"]
@@ -17,5 +18,6 @@ TARGET = Target(
     install="pip install 'attnzoo[serving]' (tritonclient: Triton's config schema)",
     formats={"triton": "attnzoo.targets.triton.format:FORMAT"},
     reports={"triton": TritonConfigCheck},
+    options=(PLATFORM, QUEUE_DELAY_US),
     order=60,
 )

@@ -28,6 +28,7 @@ from attnzoo.fileio import atomic_write_text
 from attnzoo.runtime.contract import INPUT_NAME, OUTPUT_NAME
 from attnzoo.runtime.precision import get_precision
 
+from .options import DEFAULT_QUEUE_DELAY_US, MODEL_FILES, PLATFORMS
 from .schema import TritonConfigCheck, TritonIO
 
 __all__ = [
@@ -44,13 +45,7 @@ __all__ = [
     "summary",
 ]
 
-#: ``--triton-platform`` -> Triton platform name.
-PLATFORMS: dict[str, str] = {"onnxruntime": "onnxruntime_onnx", "tensorrt": "tensorrt_plan"}
-#: Triton's default model file name in a version folder, per platform.
-MODEL_FILES: dict[str, str] = {"onnxruntime_onnx": "model.onnx", "tensorrt_plan": "model.plan"}
 LABELS_FILE = "labels.txt"
-#: How long Triton's dynamic batcher holds a request for others to join it.
-DEFAULT_QUEUE_DELAY_US = 2000
 #: ONNX TensorProto element type -> Triton data type (the contract's tensors are float32; fp16 listed for
 #: completeness).
 _ONNX_TO_TRITON = {1: "TYPE_FP32", 10: "TYPE_FP16"}

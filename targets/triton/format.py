@@ -7,86 +7,24 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from attnzoo.errors import UsageError, install_hint
-from attnzoo.export.formats import ExportFormat, ExportRequest, FormatOption, Step
+from attnzoo.export.formats import ExportFormat, ExportRequest, Step
 from attnzoo.fileio import writable_dir
 from attnzoo.runtime.contract import ModelContract
 from attnzoo.targets.tensorrt import engine_step, gpu_available, load_library
 from attnzoo.targets.tensorrt.options import COMPUTE_CAPABILITY
 
-from .config import DEFAULT_QUEUE_DELAY_US, LABELS_FILE, MODEL_FILES, PLATFORMS, triton_unavailable_reason, write_config
+from .config import LABELS_FILE, triton_unavailable_reason, write_config
 from .config import summary as triton_summary
+from .options import PLATFORM, QUEUE_DELAY_US, TRITON_PLATFORMS, TritonPlatform
 from .schema import TritonConfigCheck
 
-__all__ = [
-    "TritonFormat",
-    "TritonPlatform",
-    "TRITON_PLATFORMS",
-    "FORMAT",
-    "DEFAULT_TRITON_DIR",
-    "PLATFORM",
-    "QUEUE_DELAY_US",
-]
+__all__ = ["TritonFormat", "FORMAT", "DEFAULT_TRITON_DIR"]
 
 #: ``format="triton"`` without ``out``.
 DEFAULT_TRITON_DIR = Path("triton-models")
-
-
-@dataclass(frozen=True)
-class TritonPlatform:
-    """One ``--triton-platform``: the Triton platform the model's folder is written for.
-
-    Attributes:
-        name: The ``--triton-platform`` choice (a key of :data:`~attnzoo.targets.triton.config.PLATFORMS`).
-        platform: Triton's platform name in ``config.pbtxt``.
-        engine_library: The TensorRT library whose engines the platform loads (an engine built here from the
-            verified ONNX is its model file); ``None``: it serves the ONNX itself.
-    """
-
-    name: str
-    platform: str
-    engine_library: str | None = None
-
-    @property
-    def builds_engine(self) -> bool:
-        """Its model file is a TensorRT engine built from the verified ONNX, which stays beside ``1/``."""
-        return self.engine_library is not None
-
-    @property
-    def model_file(self) -> str:
-        """Triton's default model file name in the version folder."""
-        return MODEL_FILES[self.platform]
-
-
-#: Every ``--triton-platform`` by name, in :data:`~attnzoo.targets.triton.config.PLATFORMS`'s order.
-TRITON_PLATFORMS: dict[str, TritonPlatform] = {
-    p.name: p
-    for p in (
-        TritonPlatform("onnxruntime", PLATFORMS["onnxruntime"]),
-        TritonPlatform("tensorrt", PLATFORMS["tensorrt"], engine_library="tensorrt"),
-    )
-}
-#: ``--triton-platform`` and ``--triton-queue-delay-us``: the Triton target's options.
-PLATFORM = FormatOption(
-    "triton_platform",
-    owner="triton",
-    help="--format triton: onnxruntime (platform onnxruntime_onnx, default) or tensorrt (tensorrt_plan: an engine "
-    "of TensorRT proper, built on the GPU it will serve on); max_batch_size is the largest of --batch-sizes",
-    default="onnxruntime",
-    choices=tuple(TRITON_PLATFORMS),
-    title="Triton platform",
-)
-QUEUE_DELAY_US = FormatOption(
-    "triton_queue_delay_us",
-    owner="triton",
-    help=f"--format triton: dynamic batching's max_queue_delay_microseconds (default {DEFAULT_QUEUE_DELAY_US})",
-    default=DEFAULT_QUEUE_DELAY_US,
-    kind=int,
-    metavar="US",
-)
 
 
 class TritonFormat(ExportFormat):

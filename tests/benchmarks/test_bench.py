@@ -418,6 +418,7 @@ def test_results_say_the_scope(short_run):
     assert res["interrupted"] is None
     # the estimate printed at the start is kept beside the wall time it estimated
     assert isinstance(res["estimate_s"], float) and 0 < res["estimate_s"]
+    assert res["estimate_load"]["slowdown"] >= 1.0 and res["estimate_load"]["cpus"] >= 1  # the load it assumed
     assert "batch 8, 32" in res["settings"]["scope"]["left_out"]
     assert "Scope: this run leaves out" in (out / "results.md").read_text()
 
@@ -1083,3 +1084,54 @@ def test_the_exports_are_made_ahead_two_at_a_time_and_the_rows_reuse_them(tmp_pa
         reuse=True,
     )
     assert report["reused"] is True and report["passed"]
+
+
+def test_the_estimates_load_arithmetic():
+    """Other work's share of the load average (this process's own CPU time taken out) and the slowdown it causes
+    to a run's threads, each runnable thread getting an equal share of the cores."""
+    from attnzoo.machine import load_slowdown, others_load
+
+    assert others_load(4.0, own_cpu_s=12.0, threads=2) == pytest.approx(3.8)  # 12 s of CPU in the minute: 0.2
+    assert others_load(4.0, own_cpu_s=600.0, threads=2) == pytest.approx(2.0)  # at most its 2 threads
+    assert others_load(0.1, own_cpu_s=30.0, threads=2) == 0.0  # never below 0
+    assert load_slowdown(3.8, cores=2, threads=2) == pytest.approx(2.9)  # (3.8 + 2) threads on 2 cores
+    assert load_slowdown(1.0, cores=2, threads=1) == 1.0  # one thread beside one: a core each
+    assert load_slowdown(0.0, cores=2, threads=4) == 1.0  # its own oversubscription is in what it measures
+    assert load_slowdown(4.0, cores=2, threads=4) == pytest.approx(2.0)  # 8 runnable threads for its 4's share
+
+
+def test_the_opening_estimate_counts_the_load_it_reads(monkeypatch):
+    """The exports' fixed (quiet-machine) seconds grow by the slowdown, the forward passes' (from the ceiling,
+    measured under the load) and the compile budget do not; the line says what load it assumed, or that the
+    system reports none, and the run records it beside ``estimate_s``."""
+    from attnzoo.benchmarks import run
+
+    class Bench:  # one ONNX row and one eager row per variant
+        def todo(self, variant, batch):
+            return [("ort-cpu", "fp32"), ("eager", "fp32")]
+
+    s = run.Settings(variants=["standard", "belief2"], backends=["ort-cpu", "eager"], dtypes=["fp32"], batch_sizes=[1])
+    ceiling = {"fp32": {"gflops": 100.0}}
+    quiet = run.estimate_seconds(s, Bench(), ["standard", "belief2"], ceiling)
+    loaded = run.estimate_seconds(s, Bench(), ["standard", "belief2"], ceiling, slowdown=2.9)
+    assert loaded - quiet == pytest.approx(2 * run.EXPORT_FIXED_S * 1.9)  # two variants' exports, 1.9x more
+    assert run.estimate_seconds(s, Bench(), ["standard"], None, slowdown=2.9) is None  # no ceiling, no estimate
+
+    monkeypatch.setattr(run, "load_1min", lambda: 4.0)
+    monkeypatch.setattr(run.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(run.time, "process_time", lambda: 12.0)
+    load = run.estimate_load(threads=2)
+    assert load == {"load_1min": 4.0, "others": 3.8, "cpus": 2, "slowdown": pytest.approx(2.9)}
+    line = run.estimate_line(400.0, 18, load)
+    assert line.startswith("estimate: about 7 min for 18 row(s) at the load 3.8 beside this run on 2 CPUs (")
+    assert "2.9x a quiet machine's" in line and line.endswith("a load that changes moves it")
+    monkeypatch.setattr(run.time, "process_time", lambda: 60.0)
+    monkeypatch.setattr(run, "load_1min", lambda: 1.0)  # all of it this run's own
+    quiet_load = run.estimate_load(threads=2)
+    assert quiet_load["others"] == 0.0 and quiet_load["slowdown"] == 1.0
+    assert "at the load 0.0 beside this run on 2 CPUs; more load makes it longer" in run.estimate_line(
+        134.0, 18, quiet_load
+    )
+    monkeypatch.setattr(run, "load_1min", lambda: None)
+    assert run.estimate_load(threads=2) is None
+    assert "this system reports no load average" in run.estimate_line(134.0, 18, None)

@@ -280,7 +280,94 @@ def test_a_fifo_named_onnx_is_skipped_not_opened(good_onnx, tmp_path, capsys):
         worker.join(10)
         pytest.fail("loading the models folder hung on a FIFO")
     assert [Path(m.source).name for m in result["models"]] == ["good.onnx"]
-    assert "warning: skipping pipe.onnx: not a regular file" in capsys.readouterr().err
+    assert "warning: skipping pipe.onnx: is a FIFO, not a regular file" in capsys.readouterr().err
+
+
+def test_file_kind_names_what_a_path_is(tmp_path, good_onnx):
+    """The words an error line uses for a path given as a model: from the file system (a FIFO is never opened) and
+    the format's own first bytes."""
+    import pickle
+
+    import torch
+
+    from attnzoo.filekind import file_kind
+
+    (tmp_path / "folder.onnx").mkdir()
+    os.mkfifo(tmp_path / "pipe.onnx")
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    (tmp_path / "notes.onnx").write_text("hello, I am not a model\n")
+    (tmp_path / "noise.bin").write_bytes(bytes(range(256)) * 2)
+    torch.save({"w": torch.zeros(2)}, tmp_path / "zip.pt")
+    torch.save({"w": torch.zeros(2)}, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)
+    (tmp_path / "plain.pkl").write_bytes(pickle.dumps({"w": 1}))
+    kinds = {
+        "missing.onnx": "no such file",
+        "folder.onnx": "a directory",
+        "pipe.onnx": "a FIFO",
+        "empty.onnx": "an empty file",
+        "notes.onnx": "a text file",
+        "noise.bin": "binary data",
+        "zip.pt": "a zip archive",
+        "legacy.pt": "a pickle",
+        "plain.pkl": "a pickle",
+    }
+    assert {name: file_kind(tmp_path / name) for name in kinds} == kinds
+    assert file_kind(good_onnx) == "an ONNX model"
+    assert file_kind(ROOT / "zoo" / "belief_cls_fashion.safetensors") == "a safetensors file"
+    assert file_kind(ROOT / "serve" / "examples" / "fashion_cls_0.png") == "a PNG image"
+
+
+def test_a_model_path_that_is_no_model_is_named_for_what_it_is(tmp_path, good_onnx, capsys):
+    """A directory, a text file named ``.onnx``, an ONNX model or a FIFO where a checkpoint belongs
+    (``evaluate-model``, ``export-model --checkpoint``, ``train-model --init-from``, ``report-variant
+    --checkpoint``), and a folder of models
+    (``serve-demo --models``) that is a file: one line that says what the path is, never "no attnzoo config"; a
+    text file among a folder's ``.onnx`` files is skipped as a text file."""
+    from attnzoo.errors import CommandExit
+    from attnzoo.report.cli import main as report_main
+
+    folder, notes, pipe = tmp_path / "runs", tmp_path / "notes.onnx", tmp_path / "pipe.safetensors"
+    folder.mkdir()
+    notes.write_text("hello, I am not a model\n")
+    os.mkfifo(pipe)
+    forms = "not a checkpoint (a .safetensors checkpoint from train-model, or a PyTorch state dict)"
+    cases = [
+        (train_cli.evaluate_main, [str(folder)], f"error: {folder}: is a directory, {forms}"),
+        (train_cli.evaluate_main, [str(notes)], f"error: {notes}: is a text file, {forms}"),
+        (train_cli.evaluate_main, [str(good_onnx)], f"error: {good_onnx}: is an ONNX model, {forms}"),
+        (train_cli.evaluate_main, [str(pipe)], f"error: {pipe}: is a FIFO, {forms}"),
+        (
+            export_main,
+            ["--checkpoint", str(folder), "--out", str(tmp_path / "x.onnx")],
+            f"error: {folder}: is a directory, {forms}",
+        ),
+        (
+            export_main,
+            ["--checkpoint", str(notes), "--variant", "belief", "--out", str(tmp_path / "x.onnx")],
+            f"error: {notes}: is a text file, {forms}",
+        ),
+        (
+            train_cli.main,
+            ["--variant", "belief", "--init-from", str(folder), "--out", str(tmp_path / "r")],
+            f"error: {folder}: is a directory, {forms}",
+        ),
+        (
+            report_main,
+            ["--variant", "belief", "--checkpoint", str(good_onnx), "--out", str(tmp_path / "r")],
+            f"error: --checkpoint {good_onnx}: is an ONNX model, {forms}",
+        ),
+    ]
+    for fn, argv, line in cases:
+        err = _exit(fn, argv)
+        assert isinstance(err, CommandExit) and err.code in (1, 2) and str(err) == line, (argv, str(err))
+    assert not (tmp_path / "x.onnx").exists() and not (tmp_path / "r").exists()
+    with pytest.raises(ValueError, match=f"^{notes}: is a text file, not a folder \\(--models takes a folder"):
+        load_models(notes)
+    capsys.readouterr()
+    _copy(good_onnx, folder / "good.onnx")
+    shutil.copy(notes, folder / "notes.onnx")
+    assert [Path(m.source).name for m in load_models(folder, "ort-cpu")] == ["good.onnx"]
+    assert "warning: skipping notes.onnx: notes.onnx: is a text file, not an ONNX model file" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------- 4, 12: bench-latency

@@ -5,6 +5,7 @@ with one line and 130 / 143 instead of a traceback."""
 from __future__ import annotations
 
 import importlib
+import json
 import signal
 import subprocess
 import sys
@@ -173,3 +174,52 @@ def test_a_long_name_on_a_command_line_comes_back_cut(module, argv, capsys):
     line = err.strip().splitlines()[-1]  # the command's error line, or argparse's after its usage
     assert info.value.code == 2 and "error: " in line and len(err) < 3000, err[-300:]
     assert "v" * 77 + "..." in line and "v" * 78 not in line, line[:300]
+
+
+#: Runs one command through its launcher, as its console script does, and prints its exit status and which heavy
+#: libraries it had imported by then.
+_REFUSAL = """
+import json, sys
+from attnzoo import cli
+command, sys.argv = sys.argv[1], sys.argv[1:]
+try:
+    code = getattr(cli, command.replace("-", "_"))()
+except SystemExit as exc:
+    code = exc.code
+heavy = ("torch", "timm", "onnx", "onnxruntime", "openvino", "tensorrt", "modelopt", "ray", "gradio")
+print(json.dumps({"code": code, "heavy": [m for m in heavy if m in sys.modules]}))
+"""
+
+
+@pytest.mark.parametrize(
+    "argv, code, line",
+    [
+        (["bench-latency", "--batch-sizes", "0"], 2, "error: --batch-sizes must be comma-separated positive integers"),
+        (["bench-latency", "--variants", "all", "--batch-sizes", "0"], 2, "error: --batch-sizes must be comma-sep"),
+        (["bench-latency", "--variants", "nope"], 2, "error: unknown variant 'nope'; valid: all, anti-wafe-dot, "),
+        (["export-model", "--variant", "nope"], 2, "error: unknown variant 'nope'; valid variants: anti-wafe-dot, "),
+        (["export-model", "--variant", "belief", "--batch-sizes", "2000"], 2, "error: --batch-sizes: 2000 out of"),
+        (["train-model", "--variant", "no_pe", "--epochs", "1"], 2, "error: unknown variant 'no_pe'; valid variants"),
+        (["train-model", "--variant", "belief", "--img-size", "9999"], 2, "error: --img-size must be an integer in"),
+        (["report-variant", "--variant", "nope"], 2, "error: unknown variant 'nope'; valid: standard, belief, "),
+        (["serve-models", "--variants", "standard,nope"], 2, "error: unknown variant 'nope'; valid variants: "),
+        (["serve-models", "--arch", "huge"], 2, "error: unknown arch 'huge'; valid: micro, micro-conv, tiny"),
+        (["evaluate-model", "."], 1, "error: .: is a directory, not a checkpoint"),
+    ],
+)
+def test_a_bad_command_line_is_refused_before_anything_heavy_is_imported(argv, code, line):
+    """docs/errors.md: a bad command line is refused before anything is loaded. Each command checks its names
+    (variants against ``attnzoo.modelconfig``'s list, not the registry) and bounds before it imports torch, onnx,
+    ONNX Runtime, Ray or Gradio, so the refusal costs the interpreter's start and a few light modules on any
+    machine, whatever its load: one line, the exit status, and none of them imported. (With a variant plugin
+    installed an unknown variant name waits for the registry, which runs the plugin: that needs torch.)"""
+    from attnzoo.modelconfig import plugins_installed
+
+    done = subprocess.run(
+        [sys.executable, "-c", _REFUSAL, *argv], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["code"] == code and done.stderr.strip().splitlines()[:1] == done.stderr.strip().splitlines()
+    assert done.stderr.startswith(line), done.stderr
+    if not (plugins_installed() and "variant" in line):
+        assert result["heavy"] == [], result

@@ -805,7 +805,7 @@ def test_smooth_quant_flag_reaches_the_quantizer_as_given(monkeypatch):
         seen.append(kwargs["smooth_quant"])
         raise pipeline.UsageError("stopped here")
 
-    monkeypatch.setattr(cli, "export_model", stop)
+    monkeypatch.setattr(pipeline, "export_model", stop)  # where it is defined: the command names it lazily
     for flags, want in (([], None), (["--smooth-quant"], True), (["--no-smooth-quant"], False)):
         with pytest.raises(SystemExit):
             cli.main(["--variant", "belief2", "--dtype", "int8", *flags])

@@ -15,26 +15,28 @@ FAMILY_MODULES = ("standard", "belief", "belief2", "mabvit", "wafe", "hv")
 
 
 def test_builtin_order_is_the_family_modules_order():
-    assert tuple(BUILTIN_VARIANTS) == (
-        "standard",
-        "belief",
-        "belief-star",
-        "exclusive",
-        "belief2",
-        "mabvit-glu",
-        "mabvit-gelu",
-        "anti-wafe-dot",
-        "wafe-mse",
-        "anti-wafe-mse",
-        "wafe-mae",
-        "anti-wafe-mae",
-        "horizontal",
-        "vertical",
-        "horizontal-vertical",
-    )
+    """The built-ins register in the family modules' order (the list commands check names against,
+    ``attnzoo.modelconfig.BUILTIN_VARIANT_NAMES``, is that order: the test below)."""
     modules = [VARIANTS[n].cls.__module__.rsplit(".", 1)[-1] for n in BUILTIN_VARIANTS]
     assert list(dict.fromkeys(modules)) == list(FAMILY_MODULES)
     assert VARIANTS["wafe-dot"] is VARIANTS["standard"] and VARIANTS["standard"].aliases == ("wafe-dot",)
+
+
+def test_the_light_name_list_is_the_registrys_and_a_builtin_it_lacks_is_refused():
+    """Commands check a variant name against ``attnzoo.modelconfig`` before PyTorch is imported: its list is the
+    registry's built-ins, in order, with the same aliases, and a built-in registration it does not list (a new
+    family module that forgot it) is refused naming what to add."""
+    from attnzoo import modelconfig
+    from attnzoo.models import ALIASES, register_variant
+    from attnzoo.models.standard import StandardAttention
+
+    assert modelconfig.BUILTIN_VARIANT_NAMES == tuple(BUILTIN_VARIANTS)
+    assert modelconfig.BUILTIN_VARIANT_ALIASES == {a: n for a, n in ALIASES.items() if VARIANTS[n].builtin}
+    assert modelconfig.check_variant("Wafe_Dot") == "standard" and modelconfig.check_variant("belief2") == "belief2"
+    unlisted = type("UnlistedAttention", (StandardAttention,), {"__module__": "attnzoo.models.unlisted"})
+    with pytest.raises(ValueError, match="built-in variant 'unlisted' .* add it to BUILTIN_VARIANT_NAMES"):
+        register_variant("unlisted", unlisted, paper="A paper, https://example.org")
+    assert "unlisted" not in VARIANTS
 
 
 @pytest.mark.parametrize("module_name", FAMILY_MODULES)

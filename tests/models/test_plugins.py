@@ -931,3 +931,28 @@ def test_fp16_copy_keeps_the_fp32_parameters_of_its_fp32_parts(registry_restored
     rounded = [n for n in dst if n not in kept]
     assert rounded and all(dst[n].dtype == torch.float16 for n in rounded)
     assert not torch.equal(dst[rounded[0]].float(), src[rounded[0]])  # the rest is fp16
+
+
+def test_commands_check_names_without_torch_only_where_no_plugin_could_add_one(
+    only_fake_plugins, tmp_path, monkeypatch
+):
+    """A command checks a variant name against ``attnzoo.modelconfig``'s built-in list before it imports torch
+    only while nothing else could answer for a name: with a variant plugin installed (an entry point in
+    ``attnzoo.variants``), or the registry already loaded in this process (a variant registered here), a name that
+    is not a built-in's goes to the registry, so plugin variants stay accepted; a built-in's is known either way."""
+    import sys
+
+    from attnzoo import modelconfig
+
+    loaded = sys.modules["attnzoo.models.registry"]
+    monkeypatch.delitem(sys.modules, "attnzoo.models.registry")  # as in a command's fresh process (restored after)
+    assert modelconfig.known_variants() is not None and modelconfig.variant_names() == modelconfig.BUILTIN_VARIANT_NAMES
+    with pytest.raises(ValueError, match="^unknown variant 'tp-half'; valid variants: anti-wafe-dot, "):
+        modelconfig.check_variant("tp-half")
+    _fake_dist(tmp_path, "tp-good", "1.2", "tp_good", _GOOD.replace("{name}", "tp-half"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert modelconfig.plugins_installed() and modelconfig.known_variants() is None
+    assert modelconfig.check_variant("tp-half") is None and modelconfig.check_variant("BELIEF_STAR") == "belief-star"
+    monkeypatch.setitem(sys.modules, "attnzoo.models.registry", loaded)
+    monkeypatch.setattr(modelconfig, "plugins_installed", lambda: False)
+    assert modelconfig.check_variant("tp-anything") is None  # the loaded registry answers

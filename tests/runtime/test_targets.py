@@ -104,6 +104,7 @@ TOY = {
         from attnzoo.runtime.targets import Target
 
         from .backend import TOY_BACKEND
+        from .options import LEVEL
 
         TARGET = Target(
             "toy",
@@ -111,7 +112,13 @@ TOY = {
             "the verified ONNX copied to a .toy file, run by ONNX Runtime",
             backends=(TOY_BACKEND,),
             formats={"toy": "tt_toy.format:FORMAT"},
+            options=(LEVEL,),
         )
+        """,
+    "options.py": """
+        from attnzoo.runtime.targets import FormatOption
+
+        LEVEL = FormatOption("toy_level", owner="toy", help="--format toy: how toy it is", default=1, kind=int)
         """,
     "backend.py": """
         from dataclasses import dataclass
@@ -142,12 +149,11 @@ TOY = {
     "format.py": """
         import shutil
 
-        from attnzoo.export.formats import ExportFormat, FormatOption
+        from attnzoo.export.formats import ExportFormat
         from attnzoo.runtime.backends import check_against_reference
 
         from .backend import TOY_BACKEND
-
-        LEVEL = FormatOption("toy_level", owner="toy", help="--format toy: how toy it is", default=1, kind=int)
+        from .options import LEVEL
 
 
         class ToyFormat(ExportFormat):

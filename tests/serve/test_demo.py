@@ -854,3 +854,48 @@ def test_a_quiet_zoo_export_child_fails_with_its_one_line(tmp_path, capfd):
     with pytest.raises(ValueError, match=r"^the zoo has no models trained on 'nodata' \(it has: "):
         backends.export_zoo_in_child("nodata", tmp_path, [("standard", "cls")], quiet=True)
     assert capfd.readouterr().err == ""
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_demo_with_its_one_line(models_dir, tmp_path):
+    """``serve-demo`` stopped with Ctrl-C in a terminal (SIGINT to its whole process group) after serving a page:
+    exit 130, and after its ``serving ...`` line nothing but ``interrupted (Ctrl-C)``, no line of Gradio's own."""
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    from attnzoo.serve.network import free_port
+    from attnzoo.signals import SIGNAL_EXITS
+
+    port = free_port()
+    launch = "import sys; from attnzoo.cli import serve_demo; sys.exit(serve_demo())"
+    log = tmp_path / "serve-demo.log"  # a file, not a pipe nobody reads
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", launch, "--models", str(models_dir), "--backend", "ort-cpu", "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 240
+        while "serving " not in log.read_text(errors="replace"):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-2000:]
+            time.sleep(0.2)
+        while True:  # the line comes just before Gradio listens
+            try:
+                page = urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30).read()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-2000:]
+                time.sleep(0.2)
+        assert b"gradio" in page.lower()
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(30) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = log.read_text(errors="replace").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("serving "))
+    assert lines[start + 1 :] == [SIGNAL_EXITS[signal.SIGINT][1]], lines

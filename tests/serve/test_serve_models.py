@@ -1093,12 +1093,10 @@ def test_a_child_replaces_the_settings_its_serving_parent_set_and_keeps_the_user
     assert os.environ["RAY_SERVE_HAPROXY_TUNE_BUFSIZE"] == "65536"
 
 
-def test_a_local_ray_names_its_driver_as_the_raylet_so_a_stop_without_a_parent_is_clean(monkeypatch):
-    """Ray's core worker in a driver takes the raylet for dead (and ends the process at once: no stop, no line, the
-    folders left) when ``RAY_RAYLET_PID`` names no live process and the driver's parent is PID 1, which is what a
-    group SIGTERM to ``setsid serve-models ... &`` met. Before Ray starts, a local start names the driver itself
-    there; joining a cluster leaves Ray's own choice. (The slow test in test_serve_models_lifecycle.py stops such a
-    command.)"""
+@pytest.fixture
+def ray_inits(monkeypatch):
+    """``start_ray`` with ``ray.init`` replaced by one that records (``RAY_RAYLET_PID``, the loopback switch, its
+    keyword arguments) and raises before Ray starts; this process's Ray state as if none had started."""
     import ray
     from ray._private import ray_constants
 
@@ -1107,7 +1105,9 @@ def test_a_local_ray_names_its_driver_as_the_raylet_so_a_stop_without_a_parent_i
     seen = []
 
     def init(*args, **kwargs):
-        seen.append((os.environ.get(environment._RAYLET_PID_ENV), os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")))
+        seen.append(
+            (os.environ.get(environment._RAYLET_PID_ENV), os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"), kwargs)
+        )
         raise RuntimeError("stopped before Ray starts")
 
     local = {"started": False, "temp_dirs": [], "mark": None, "serve_host": None, "shutdown_abandoned": False}
@@ -1131,16 +1131,62 @@ def test_a_local_ray_names_its_driver_as_the_raylet_so_a_stop_without_a_parent_i
     ):
         monkeypatch.delenv(key, raising=False)
     try:
-        with pytest.raises(RuntimeError, match="stopped before Ray starts"):
-            environment.start_ray(ServeConfig(port=free_port()))
-        for key in (*environment._LOOPBACK_ENV, environment._RAYLET_PID_ENV):
-            monkeypatch.delenv(key)
-        with pytest.raises(ValueError, match="cannot join the Ray cluster at 10.0.0.1:6379"):
-            environment.start_ray(ServeConfig(address="10.0.0.1:6379"))
+        yield seen
     finally:
         for folder in local["temp_dirs"]:
             shutil.rmtree(folder, ignore_errors=True)
-    assert seen == [(str(os.getpid()), "0"), (None, None)], seen
+
+
+def _start_local_then_join(monkeypatch) -> None:
+    from attnzoo.serve.rayserve import environment
+
+    with pytest.raises(RuntimeError, match="stopped before Ray starts"):
+        environment.start_ray(ServeConfig(port=free_port()))
+    for key in (*environment._LOOPBACK_ENV, environment._RAYLET_PID_ENV):
+        monkeypatch.delenv(key)
+    with pytest.raises(ValueError, match="cannot join the Ray cluster at 10.0.0.1:6379"):
+        environment.start_ray(ServeConfig(address="10.0.0.1:6379"))
+
+
+def test_a_local_ray_names_its_driver_as_the_raylet_so_a_stop_without_a_parent_is_clean(monkeypatch, ray_inits):
+    """Ray's core worker in a driver takes the raylet for dead (and ends the process at once: no stop, no line, the
+    folders left) when ``RAY_RAYLET_PID`` names no live process and the driver's parent is PID 1, which is what a
+    group SIGTERM to ``setsid serve-models ... &`` met. Before Ray starts, a local start names the driver itself
+    there; joining a cluster leaves Ray's own choice. (The slow test in test_serve_models_lifecycle.py stops such a
+    command.)"""
+    _start_local_then_join(monkeypatch)
+    assert [s[:2] for s in ray_inits] == [(str(os.getpid()), "0"), (None, None)], ray_inits
+
+
+def test_no_line_of_rays_own_reaches_the_terminal(monkeypatch, ray_inits):
+    """What Ray's workers print (the Serve controller's start-up lines, a replica's traceback) goes to the session's
+    log files, never to the command's terminal (``log_to_driver=False``), for a local Ray and a joined cluster
+    alike; the warning a local Ray logs on every start to say that token authentication is on is held back, and
+    Ray's other warnings are not. (The slow tests in test_serve_models_lifecycle.py read a real start and stop.)"""
+    import logging
+
+    from attnzoo.serve.rayserve import environment
+
+    _start_local_then_join(monkeypatch)
+    assert [s[2].get("log_to_driver") for s in ray_inits] == [False, False], ray_inits
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    logger = logging.getLogger(environment._TOKEN_LOGGER)
+    keep = Keep()
+    logger.addHandler(keep)
+    try:
+        logger.warning(
+            "Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled to opt out. For more "
+            "information, see https://docs.ray.io/en/latest/ray-security/token-auth.html"
+        )
+        logger.warning("Token authentication is disabled for this Ray cluster. Anyone with network access ...")
+    finally:
+        logger.removeHandler(keep)
+    assert records == ["Token authentication is disabled for this Ray cluster. Anyone with network access ..."]
 
 
 def test_serve_models_refuses_before_anything_starts(monkeypatch):

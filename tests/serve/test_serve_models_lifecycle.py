@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -63,6 +64,16 @@ def _wait_for(proc: subprocess.Popen, text: str) -> list[str]:
 
 def _output(proc: subprocess.Popen) -> list[str]:
     return proc.log.read_text(errors="replace").splitlines()  # type: ignore[attr-defined]
+
+
+#: Lines of Ray's own: a worker's output relayed to the driver (``(ServeController pid=12) INFO ...``, coloured),
+#: the driver's Python logging (``2026-01-02 03:04:05,678	WARNING ...``) and its native logging (``[2026-01-02
+#: 03:04:05,678 W 12 12] ...``).
+_RAY_LINE = re.compile(r"^(\x1b\[[0-9;]*m)?\(\w+ pid=\d+|^\[?\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
+
+
+def _ray_lines(lines: list[str]) -> list[str]:
+    return [line for line in lines if _RAY_LINE.match(line)]
 
 
 def _running(procs) -> list[str]:
@@ -225,7 +236,7 @@ def shipped_dir(tmp_path_factory) -> Path:
         (signal.SIGTERM, True, "launched"),  # the process group, as a supervisor sends it, just after the start
         (signal.SIGINT, False, "starting"),  # Ctrl-C while Ray starts
         pytest.param(signal.SIGTERM, False, "starting", marks=pytest.mark.matrix),  # the other signal: matrix run
-        pytest.param(signal.SIGINT, True, "serving", marks=pytest.mark.matrix),  # Ctrl-C reaches the whole job
+        (signal.SIGINT, True, "serving"),  # Ctrl-C in a terminal: it reaches the whole job, Ray's processes too
         # in CI's slow run the group SIGTERM while serving is the first of the repeated runs below
         pytest.param(signal.SIGTERM, True, "serving", marks=pytest.mark.matrix),
     ],
@@ -245,11 +256,20 @@ def test_a_signal_ends_the_whole_tree_within_10_s(shipped_dir, tmp_path, sig, gr
                 time.sleep(0.05)
         else:
             _wait_for(proc, "serving ")
+            logs = _wait_for(proc, "logs of Ray, Serve and the replicas")[-1].split(": ", 1)[1].split(" (")[0]
+            told = [
+                f for f in Path(logs).glob("worker-*.err") if "Throughput optimized" in f.read_text("utf-8", "replace")
+            ]
+            assert told, f"the controller's start-up lines are not in {logs}"  # where they went instead of the terminal
+        before = len(_output(proc))
         _stop_and_check(proc, sig, group, _tree(proc.pid))
         # the same status and line whenever the signal comes: while the command imports, while Ray starts, later
         code, line = SIGNAL_EXITS[sig]
         assert proc.returncode == code, (proc.returncode, _output(proc)[-5:])
         assert _output(proc)[-1] == line, _output(proc)[-5:]
+        if when == "serving":  # everything after the start-up lines: the one line
+            assert _output(proc)[before:] == [line], _output(proc)[before - 2 :]
+        assert not _ray_lines(_output(proc)), _ray_lines(_output(proc))[:5]  # Ray's lines go to its log files
         noise = [x for x in _output(proc) if "Traceback" in x or "Exception ignored" in x]
         assert not noise, _output(proc)[-8:]  # one line, never a traceback (a write to a closed wakeup pipe)
     finally:

@@ -1,6 +1,7 @@
 """Training: a few steps on tiny data lower the loss and write a checkpoint that evaluate-model,
 create_model and load_checkpoint read; resuming continues the run; the CLIs fail with one clear line."""
 
+import importlib
 import json
 import re
 
@@ -116,7 +117,11 @@ def test_a_run_stopped_mid_epoch_leaves_its_steps_and_resumes_there(tmp_path, mo
 def test_train_model_threads_default_to_one_for_the_micro_archs(tmp_path, monkeypatch):
     """The zoo's setting: on a busy 2-core machine two threads made a micro model's step several times slower."""
     seen = []
-    monkeypatch.setattr(cli, "train", lambda cfg, **kw: seen.append(cfg.threads) or (_ for _ in ()).throw(SystemExit))
+    monkeypatch.setattr(  # where it is defined: the command names it through a lazy module
+        importlib.import_module("attnzoo.training.train"),
+        "train",
+        lambda cfg, **kw: seen.append(cfg.threads) or (_ for _ in ()).throw(SystemExit),
+    )
     for arch in ("micro", "micro-conv", "tiny"):
         with pytest.raises(SystemExit):
             cli.main(["--variant", "standard", "--data", "shapes", "--arch", arch, "--out", str(tmp_path)])
