@@ -40,6 +40,7 @@ from attnzoo.export.verify import VerificationError, failed_report_path, report_
 from attnzoo.models import PROJECTION_OPS, create_model
 from attnzoo.runtime.parity import TOLERANCES
 from attnzoo.runtime.reports import EngineReport
+from tests.export.boundary import shift_parity
 from tests.schemas import read_back
 
 # one torch export per precision and one ModelOpt run, shared (about 30 s on 2 cores); then seconds a test
@@ -102,28 +103,13 @@ def _failed(out: Path, kind: str = "verification") -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------------- parity
-def _shift(monkeypatch, factor: float, key: str) -> None:
-    """Every output the export's parity gate compares moved by ``factor`` x ``TOLERANCES[key]`` x max(1, max
-    |logit|): the error it measures becomes ``factor`` tolerances (plus the export's own, ~1e-6)."""
-    real, tol = verify.parity_vs_eager, TOLERANCES[key]
-
-    def shifted(model, run, *args, **kwargs):
-        def moved(x):
-            y = np.asarray(run(x))
-            return y + np.asarray(factor * tol * max(1.0, float(np.abs(y).max())), y.dtype)
-
-        return real(model, moved, *args, **kwargs)
-
-    monkeypatch.setattr(verify, "parity_vs_eager", shifted)
-
-
 def _errors(report: dict) -> list[float]:
     return [row[k]["error"] for row in report["parity"]["per_batch"] for k in ("real", "random")]
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 def test_an_onnx_file_off_by_half_its_tolerance_is_written(model, monkeypatch, tmp_path, dtype):
-    _shift(monkeypatch, 0.5, dtype)
+    shift_parity(monkeypatch, verify, 0.5, dtype)
     out = tmp_path / "b2.onnx"
     report = export_model(model=model, out=out, dtype=dtype, batch_sizes=(1,)).report
     assert report["passed"] and out.is_file() and report["dtype"] == dtype
@@ -133,7 +119,7 @@ def test_an_onnx_file_off_by_half_its_tolerance_is_written(model, monkeypatch, t
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 def test_an_onnx_file_off_by_twice_its_tolerance_is_refused(model, monkeypatch, tmp_path, dtype):
-    _shift(monkeypatch, 2.0, dtype)
+    shift_parity(monkeypatch, verify, 2.0, dtype)
     out = tmp_path / "b2.onnx"
     with pytest.raises(VerificationError, match=r"^b2.onnx failed verification \(batch 1 real: max abs err ") as info:
         export_model(model=model, out=out, dtype=dtype, batch_sizes=(1,))
