@@ -18,7 +18,6 @@ in tests/runtime/test_parity.py.
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 import shutil
@@ -39,11 +38,12 @@ from attnzoo.export.quantize import fidelity, verified
 from attnzoo.export.verify import VerificationError, failed_report_path, report_path
 from attnzoo.models import PROJECTION_OPS, create_model
 from attnzoo.runtime.parity import TOLERANCES
+from attnzoo.runtime.quantization_report import QuantizeReport
 from attnzoo.runtime.reports import EngineReport
-from tests.export.boundary import shift_parity
+from tests.export.boundary import made_once, shift_parity
 from tests.schemas import read_back
 
-# one torch export per precision and one ModelOpt run, shared (about 30 s on 2 cores); then seconds a test
+# one torch export per precision and one ModelOpt run, shared (about 10 s on 2 cores); then a second or two a test
 pytestmark = pytest.mark.slow
 
 SCOPE = "blocks.0.attn.projection"
@@ -59,7 +59,10 @@ def source(tmp_path_factory):
     model.attnzoo_config = {**model.attnzoo_config, "data": "digits", "class_names": list(DIGITS_CLASSES)}
     folder = tmp_path_factory.mktemp("gates")
     files = {
-        dtype: export_onnx(model, folder / f"b2_{dtype}.onnx", config=model.attnzoo_config, dtype=dtype)
+        dtype: made_once(
+            folder / f"gates_b2_{dtype}.onnx",
+            lambda path, dtype=dtype: export_onnx(model, path, config=model.attnzoo_config, dtype=dtype),
+        )
         for dtype in ("fp32", "fp16")
     }
     return model, files, {}
@@ -82,12 +85,15 @@ def model(source, monkeypatch):
     real_quantize = verified.quantize_onnx
 
     def quantized_once(source, out, **kwargs):
-        if "report" not in quantized:
-            quantized["report"] = real_quantize(source, out, **kwargs)
-            quantized["file"] = files["fp32"].with_suffix(".int8.onnx")
-            shutil.copyfile(out, quantized["file"])
+        """ModelOpt's graph of the fixture's fp32 file (the only one the int8 tests quantize) and its report."""
+
+        def make(path):
+            Path(f"{path}.json").write_text(real_quantize(source, path, **kwargs).to_json())
+
+        if "file" not in quantized:
+            quantized["file"] = made_once(files["fp32"].with_name("gates_b2_int8.onnx"), make, siblings=(".json",))
         shutil.copyfile(quantized["file"], out)
-        return copy.deepcopy(quantized["report"])
+        return QuantizeReport.from_json(Path(f"{quantized['file']}.json").read_text())
 
     monkeypatch.setattr(verify, "export_onnx", exported)
     monkeypatch.setattr(verified, "quantize_onnx", quantized_once)
