@@ -146,6 +146,16 @@ def test_an_opset_23_export_carries_each_core_as_one_attention_op_that_both_runt
     assert all(r["fused"] == 0 for r in made_up["runtimes"] if r["inspected"])
 
 
+def test_a_standard_attention_op_is_kept_whole_in_either_spelling_of_the_standard_domain():
+    """ONNX's standard domain is ``""`` or ``"ai.onnx"``: an Attention op kept under either is the core, fused."""
+    cores = [AttentionCore("blocks.0", "blocks.0.attn/Attention", None, None, [], None, op="blocks.0.attn/Attention")]
+    for domain in ("", "ai.onnx"):
+        node = helper.make_node("Attention", ["q", "k", "v"], ["o"], name="blocks.0.attn/Attention", domain=domain)
+        assert _ort_attention(helper.make_graph([node], "g", [], []), cores) == {
+            "blocks.0.attn/Attention": "blocks.0.attn/Attention (ai.onnx.Attention)"
+        }
+
+
 def test_a_standard_attention_op_the_runtime_decomposed_is_not_fused():
     cores = [
         AttentionCore(
