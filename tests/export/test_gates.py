@@ -333,11 +333,13 @@ def test_a_network_with_one_16_bit_extra_math_layer_is_refused(model, monkeypatc
         return layers
 
     _layers(monkeypatch, half)
+    _stop_before_the_build(monkeypatch)  # a check that let it through fails here, without an engine build
     report = _trt_failed(model, tmp_path, rf"network: {SCOPE}: {SCOPE}/Div computes in HALF, not FLOAT \(fp32\)")
     assert report["network_check"]["blocks"][SCOPE] == {"layers": 8, "fp32": 7} and report["passed"] is False
 
 
 def test_a_network_missing_one_extra_math_layer_is_refused(model, monkeypatch, tmp_path):
     _layers(monkeypatch, lambda layers: [x for x in layers if x["name"] != f"{SCOPE}/Sub"])
+    _stop_before_the_build(monkeypatch)
     report = _trt_failed(model, tmp_path, rf"network: {SCOPE}: {SCOPE}/Sub \(Sub\) is not a layer of the TensorRT")
     assert report["network_check"]["blocks"][SCOPE] == {"layers": 7, "fp32": 7}
