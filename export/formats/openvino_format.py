@@ -286,20 +286,8 @@ class OpenVINOFormat(ExportFormat):
         sizes = checked_batch_sizes(req.batch_sizes)
         with temporary_folder("attnzoo-openvino-") as work:
             fp32_path = Path(work) / f"{out.stem}_fp32.onnx"
-            with contextlib.redirect_stdout(io.StringIO()):  # the exporter's own progress lines
-                onnx_report = verify.export_verified(
-                    source.model,
-                    fp32_path,
-                    config,
-                    opset=req.opset,
-                    dtype="fp32",
-                    input_hw=hw,
-                    batch_sizes=req.batch_sizes,
-                    checkpoint_sha256=source.checkpoint_sha256,
-                    threads=source.threads,
-                )
             onnx_path, quantized = fp32_path, None
-            report = _report(out, req.dtype, source, onnx_report)
+            report = _report(out, req.dtype, source, self._verified_onnx(req, source, fp32_path, out))
             if req.dtype in QUANTIZED:  # converted from the verified Q/DQ graph, which passed its gates
                 onnx_path = Path(work) / f"{out.stem}.onnx"
                 quantized = self._quantized(req, source, fp32_path, onnx_path, out, report)
@@ -330,6 +318,31 @@ class OpenVINOFormat(ExportFormat):
                 report.update(passed=True, failures=[])
                 ovrt.place_ir(tmp, out)
         return keep_report(out, report)
+
+    def _verified_onnx(self, req: ExportRequest, source: ModelSource, fp32: Path, out: Path) -> dict[str, Any]:
+        """The fp32 ONNX the IR is converted from, exported and verified at ``fp32`` (a temporary file); its report.
+        A graph its checks refuse (its extra math lost, its parity off) refuses ``out``: the IR's failed report holds
+        the graph's failures and figures, not a path into the temporary folder."""
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):  # the exporter's own progress lines
+                return verify.export_verified(
+                    source.model,
+                    fp32,
+                    source.config,
+                    opset=req.opset,
+                    dtype="fp32",
+                    input_hw=(source.hw[0], source.hw[1]),
+                    batch_sizes=req.batch_sizes,
+                    checkpoint_sha256=source.checkpoint_sha256,
+                    threads=source.threads,
+                )
+        except VerificationError:
+            failed = verify.failed_report_path(fp32)
+            if not failed.is_file():  # every refusal of the verification writes it first
+                raise
+            onnx_report = json.loads(failed.read_text())
+            failures = [f"the ONNX graph: {f}" for f in onnx_report["failures"]]
+            self.fail(out, _report(out, req.dtype, source, onnx_report), failures)
 
     def _check_parity(
         self,
@@ -502,7 +515,8 @@ class OpenVINOFormat(ExportFormat):
 
 
 def _report(out: Path, dtype: str, source: ModelSource, onnx_report: dict[str, Any]) -> dict[str, Any]:
-    """The IR's report as it starts: the model, and the verified fp32 ONNX it is converted from."""
+    """The IR's report as it starts: the model, and the fp32 ONNX it is converted from (its verification report:
+    ``passed`` false when that refused it)."""
     config = source.config
     return {
         "path": str(out),

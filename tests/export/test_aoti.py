@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import zipfile
@@ -28,6 +29,7 @@ from attnzoo.fileio import sha256_file
 from attnzoo.models import VARIANT_NAMES, VARIANTS, create_model
 from attnzoo.runtime import aoti
 from attnzoo.runtime.backends import LoadOptions, get_backend
+from tests.export.boundary import moved, rename_scope
 from tests.schemas import assert_only_verified_loads, read_back
 
 
@@ -96,6 +98,53 @@ def test_a_variant_without_its_extra_math_is_refused_before_the_compile_and_noth
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b2.pt2.failed.json"]
     report = read_back(failed_report_path(out), "aoti")
     assert report["passed"] is False and report["extra_math"]["depth"] == 1
+
+
+@pytest.mark.parametrize(
+    "forward,passes",
+    [
+        (lambda h, v: (h * 1.0, v), True),  # one op that computes: the least a scope may hold
+        (lambda h, v: (h.view(h.shape), v.view(v.shape)), False),  # views only: no math
+    ],
+    ids=["one-computing-op", "views-only"],
+)
+def test_one_computing_op_in_a_scope_is_enough_and_views_only_are_refused(tmp_path, monkeypatch, forward, passes):
+    calls, stub = _no_compile(monkeypatch)
+    stub.model = model = _tiny("belief2")
+    model.blocks[0].attn.projection.forward = forward
+    out = tmp_path / "b2.pt2"
+    if passes:
+        report = export_model(model=model, out=out, format="aoti").report
+        assert report["passed"] and calls == ["compile", "load"]
+        assert report["extra_math"]["blocks"]["blocks.0.attn.projection"]["ops"] == {"mul": 1}
+        return
+    line = "blocks.0.attn.projection: only view node(s), no op computes anything"
+    with pytest.raises(ExportError, match=rf"^b2.pt2 failed verification \({re.escape(line)}\); see "):
+        export_model(model=model, out=out, format="aoti")
+    assert calls == [] and sorted(p.name for p in tmp_path.iterdir()) == ["b2.pt2.failed.json"]
+    assert read_back(failed_report_path(out), "aoti")["failures"] == [line]
+
+
+def test_a_model_whose_projection_scope_is_renamed_is_refused_before_the_compile(tmp_path, monkeypatch):
+    calls, stub = _no_compile(monkeypatch)
+    stub.model = model = rename_scope(_tiny("belief2"), "projection")
+    out = tmp_path / "b2.pt2"
+    with pytest.raises(ExportError, match=r"\(blocks.0.attn.projection: no nodes of module blocks.0.attn.projection "):
+        export_model(model=model, out=out, format="aoti")
+    assert calls == [] and sorted(p.name for p in tmp_path.iterdir()) == ["b2.pt2.failed.json"]
+
+
+@pytest.mark.parametrize("factor", [0.5, 2.0])
+def test_the_packages_parity_gate_writes_half_its_tolerance_and_refuses_twice_it(tmp_path, monkeypatch, factor):
+    calls, stub = _no_compile(monkeypatch, perturb=lambda y: torch.from_numpy(moved(y.numpy(), factor, "fp32")))
+    stub.model = model = _tiny("belief2")
+    out = tmp_path / "b2.pt2"
+    if factor < 1:
+        assert export_model(model=model, out=out, format="aoti", batch_sizes=(1,)).report["passed"] and out.is_file()
+        return
+    with pytest.raises(ExportError, match=r"^b2.pt2 failed verification \(batch 1 real: max abs err "):
+        export_model(model=model, out=out, format="aoti", batch_sizes=(1,))
+    assert calls == ["compile", "load"] and sorted(p.name for p in tmp_path.iterdir()) == ["b2.pt2.failed.json"]
 
 
 def test_a_package_that_differs_from_eager_fails_parity_and_is_not_written(tmp_path, monkeypatch):

@@ -30,6 +30,8 @@ from attnzoo.report.variant import _format_summary
 from attnzoo.runtime.backends import LoadOptions, get_backend
 from attnzoo.runtime.backends import executorch as et
 from attnzoo.runtime.contract import ModelContract
+from attnzoo.runtime.parity import TOLERANCES
+from tests.export.boundary import moved, rename_scope
 from tests.schemas import assert_only_verified_loads, read_back
 
 MISSING = et.executorch_problem("fp32")
@@ -274,23 +276,37 @@ def test_belief2_exports_as_a_verified_program_with_its_extra_math_counted_and_t
     assert abs(got - want).max() < 1e-4
 
 
-def test_a_program_that_differs_from_eager_fails_parity_and_is_not_written(tmp_path, monkeypatch):
-    """The lowering replaced by a stub program whose runtime is eager plus an offset: the parity gate refuses it
-    and the good file already at --out stays."""
+def _stub_lowering(monkeypatch, model, perturb=lambda y: y) -> list[str]:
+    """The XNNPACK lowering replaced by ``torch.export``'s program of ``model`` (its nodes counted as if delegated), and
+    the runtime by eager ``model`` with ``perturb`` applied: what is left is the format's own checks. Returns the
+    steps run after the lowering."""
     if MISSING:
         monkeypatch.setattr(et, "executorch_version", lambda: "test")
-    model = _tiny("belief2")
     program = torch.export.export(model, (torch.zeros(2, 3, 32, 32),))
+    calls: list[str] = []
 
     class Method:
         def execute(self, inputs):
             with torch.no_grad():
-                return [model(inputs[0]) + 0.01]
+                return [torch.from_numpy(np.asarray(perturb(model(inputs[0]).numpy())))]
+
+    def write_program(edge, path):
+        calls.append("write")
+        path.write_bytes(b"stub")
+        return 0.0
 
     monkeypatch.setattr(et, "lower_program", lambda *a, **k: (program, program))
     monkeypatch.setattr(et, "graph_nodes", lambda edge: (("xnnpack", n) for n in edge.graph.nodes))
-    monkeypatch.setattr(et, "write_program", lambda edge, path: path.write_bytes(b"stub") and 0.0)
-    monkeypatch.setattr(et, "load_method", lambda path: Method())
+    monkeypatch.setattr(et, "write_program", write_program)
+    monkeypatch.setattr(et, "load_method", lambda path: calls.append("load") or Method())
+    return calls
+
+
+def test_a_program_that_differs_from_eager_fails_parity_and_is_not_written(tmp_path, monkeypatch):
+    """The lowering replaced by a stub program whose runtime is eager plus an offset: the parity gate refuses it
+    and the good file already at --out stays."""
+    model = _tiny("belief2")
+    _stub_lowering(monkeypatch, model, lambda y: y + 0.01)
     out = tmp_path / "b2.pte"
     out.write_bytes(b"a good program already there")
     with pytest.raises(ExportError, match=r"b2.pte failed verification \(batch 1 real: max abs err 0.01 > 0.0001"):
@@ -300,6 +316,46 @@ def test_a_program_that_differs_from_eager_fails_parity_and_is_not_written(tmp_p
     report = json.loads(failed_report_path(out).read_text())
     assert report["parity"]["batch_sizes"] == [1, 3, 8] and report["extra_math"]["ok"]
     assert report["extra_math"]["blocks"]["blocks.0.attn.projection"]["runs_in"]["xnnpack"] > 0
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_the_programs_parity_gate_writes_half_its_tolerance_and_refuses_twice_it(tmp_path, monkeypatch, dtype):
+    """The program's outputs moved by half / twice the tolerance of its precision (dynamic int8: ``int8``)."""
+    model = _tiny("belief2")
+    for factor in (0.5, 2.0):
+        _stub_lowering(monkeypatch, model, lambda y, factor=factor: moved(y, factor, dtype))
+        out = tmp_path / f"{factor}.pte"
+        if factor < 1:
+            report = export_model(model=model, out=out, format="executorch", dtype=dtype, batch_sizes=(1,)).report
+            assert report["passed"] and out.read_bytes() == b"stub"
+            assert report["parity"]["tolerance"] == {f"{dtype}_x_max(1,max|logit|)": TOLERANCES[dtype]}
+            continue
+        with pytest.raises(ExportError, match=r"^2.0.pte failed verification \(batch 1 real: max abs err "):
+            export_model(model=model, out=out, format="executorch", dtype=dtype, batch_sizes=(1,))
+        assert not out.exists() and len(read_back(failed_report_path(out), "executorch")["failures"]) == 4
+
+
+def test_a_program_whose_projection_scope_is_renamed_is_refused_before_it_is_written(tmp_path, monkeypatch):
+    """A model whose projection is registered under another name: the math is in the program, its scope is not;
+    the count refuses it before anything is serialized, and nothing is at --out."""
+    model = rename_scope(_tiny("belief2"), "projection")
+    calls = _stub_lowering(monkeypatch, model)
+    out = tmp_path / "b2.pte"
+    with pytest.raises(ExportError, match=r"^b2.pte failed verification \(blocks.0.attn.projection: no nodes of mod"):
+        export_model(model=model, out=out, format="executorch")
+    assert calls == [] and sorted(p.name for p in tmp_path.iterdir()) == ["b2.pte.failed.json"]
+    report = read_back(failed_report_path(out), "executorch")
+    assert report["extra_math"]["ok"] is False and report["extra_math"]["nodes_per_block"] == {"blocks.0": 0}
+    assert report.get("parity") is None
+
+
+@needs_executorch
+@pytest.mark.slow  # one XNNPACK lowering (30-70 s on 2 cores)
+def test_a_model_whose_projection_scope_is_renamed_is_refused_by_the_real_lowering(tmp_path):
+    out = tmp_path / "b2.pte"
+    with pytest.raises(ExportError, match=r"\(blocks.0.attn.projection: no nodes of module blocks.0.attn.projection"):
+        export_model(model=rename_scope(_tiny("belief2"), "projection"), out=out, format="executorch")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b2.pte.failed.json"]
 
 
 @needs_executorch

@@ -22,14 +22,18 @@ from attnzoo.export.errors import ExportError
 from attnzoo.export.formats import base
 from attnzoo.export.formats.base import failed_report_path, report_path
 from attnzoo.export.formats.openvino_format import count_extra_math
+from attnzoo.export.onnx_export import export_onnx
 from attnzoo.models import VARIANT_NAMES, VARIANTS, create_model
 from attnzoo.runtime import openvino as ovrt
 from attnzoo.runtime.backends import get_backend
 from attnzoo.runtime.contract import ModelContract
+from attnzoo.runtime.parity import TOLERANCES
 from attnzoo.runtime.sessions import verification_problem
+from tests.export.boundary import made_once, rename_scope, shift_parity
 from tests.schemas import read_back
 
 pytestmark = pytest.mark.skipif(ovrt.unavailable_reason() is not None, reason=str(ovrt.unavailable_reason()))
+SCOPE = "blocks.0.attn.projection"
 
 
 def _tiny(variant: str) -> torch.nn.Module:
@@ -41,10 +45,32 @@ def _tiny(variant: str) -> torch.nn.Module:
 
 
 @pytest.fixture(scope="module")
-def belief2_ir(tmp_path_factory):
-    """belief2's fp32 IR, exported once for the tests that read it; the verified ONNX it was converted from is kept
-    (``model.onnx_copy``, with its report) for the tests of the steps after it."""
+def b2_onnx(tmp_path_factory):
+    """belief2 cut to one block and its fp32 ONNX export, made once: the tests of the IR's own gates answer the
+    export's torch step with it (:func:`_exported_as`), and the ONNX's checks and everything after run as written."""
     model = _tiny("belief2")
+    path = tmp_path_factory.mktemp("ov-onnx") / "ov_b2_fp32.onnx"
+    return model, made_once(path, lambda p: export_onnx(model, p, config=model.attnzoo_config))
+
+
+def _exported_as(monkeypatch, path, edit=lambda proto: None) -> None:
+    """The torch export answered with the ONNX at ``path``, changed by ``edit`` first."""
+
+    def exported(model, out, **kwargs):
+        proto = onnx.load(str(path))
+        edit(proto)
+        onnx.save(proto, str(out))
+        return out
+
+    monkeypatch.setattr(verify, "export_onnx", exported)
+
+
+@pytest.fixture(scope="module")
+def belief2_ir(tmp_path_factory, b2_onnx):
+    """belief2's fp32 IR, exported once for the tests that read it (its torch step answered by :func:`b2_onnx`);
+    the verified ONNX it was converted from is kept (``model.onnx_copy``, with its report) for the tests of the
+    steps after it."""
+    model, onnx_path = b2_onnx
     folder = tmp_path_factory.mktemp("ov")
     real = verify.export_verified
 
@@ -55,6 +81,7 @@ def belief2_ir(tmp_path_factory):
         return report
 
     with pytest.MonkeyPatch.context() as mp:
+        _exported_as(mp, onnx_path)
         mp.setattr(verify, "export_verified", keep)
         result = export_model(model=model, out=folder / "b2.xml", format="openvino", batch_sizes=(1, 4))
     return model, result
@@ -213,6 +240,104 @@ def test_an_ir_that_differs_from_eager_is_not_written_and_a_good_one_stays(belie
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b2.xml", "b2.xml.failed.json"]  # no .bin, no temporaries
     report = read_back(failed_report_path(out), "openvino")
     assert report["passed"] is False and report["extra_math"]["ok"] and report["parity"]["batch_sizes"] == [1, 3]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+@pytest.mark.parametrize("factor", [0.5, 2.0])
+def test_the_irs_parity_gate_writes_half_its_tolerance_and_refuses_twice_it(
+    b2_onnx, tmp_path, monkeypatch, dtype, factor
+):
+    """The IR's outputs moved by half / twice the tolerance of its precision: written / refused, nothing at --out."""
+    model, path = b2_onnx
+    _exported_as(monkeypatch, path)
+    shift_parity(monkeypatch, base, factor, dtype)
+    out = tmp_path / "b2.xml"
+    if factor < 1:
+        report = export_model(model=model, out=out, format="openvino", dtype=dtype, batch_sizes=(1,)).report
+        errors = [row[k]["error"] for row in report["parity"]["per_batch"] for k in ("real", "random")]
+        assert report["passed"] and out.is_file() and 0.4 * TOLERANCES[dtype] < min(errors) < TOLERANCES[dtype]
+        return
+    with pytest.raises(ExportError, match=r"^b2.xml failed verification \(batch 1 real: max abs err "):
+        export_model(model=model, out=out, format="openvino", dtype=dtype, batch_sizes=(1,))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b2.xml.failed.json"]
+    report = read_back(failed_report_path(out), "openvino")
+    assert (
+        len(report["failures"]) == 4
+        and report["extra_math"]["ok"]
+        and report["parity"]["tolerance"] == {f"{dtype}_x_max(1,max|logit|)": TOLERANCES[dtype]}
+    )
+
+
+def _converted_without(monkeypatch, chosen) -> None:
+    """OpenVINO's conversion made to lose names: the ops ``chosen(ops)`` picks among the projection scope's leave
+    it (renamed, still computing the same) before the IR is saved."""
+    real = ovrt.save_ir
+
+    def save_ir(model, path, **kwargs):
+        for op in chosen([o for o in model.get_ops() if o.get_friendly_name().startswith(f"{SCOPE}/")]):
+            op.set_friendly_name(op.get_friendly_name().replace(SCOPE, "blocks.0.attn.elsewhere"))
+        real(model, path, **kwargs)
+
+    monkeypatch.setattr(ovrt, "save_ir", save_ir)
+
+
+def test_an_ir_whose_conversion_lost_one_projection_op_is_refused_before_it_runs(b2_onnx, tmp_path, monkeypatch):
+    """The verified ONNX holds the projection; the IR's own count, one Multiply short of the three declared, refuses
+    it (the count is exactly at its boundary in the IR that is written: three, see the first test)."""
+    model, path = b2_onnx
+    _exported_as(monkeypatch, path)
+    _converted_without(monkeypatch, lambda ops: [next(o for o in ops if o.get_type_name() == "Multiply")])
+    out = tmp_path / "b2.xml"
+    line = f"{SCOPE}: 2 Multiply op(s), need 3"
+    with pytest.raises(ExportError, match=rf"^b2.xml failed verification \({re.escape(line)}\); see "):
+        export_model(model=model, out=out, format="openvino", batch_sizes=(1,))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b2.xml.failed.json"]
+    report = read_back(failed_report_path(out), "openvino")
+    assert report["failures"] == [line] and report["extra_math"]["blocks"][SCOPE]["ops"]["Mul"] == 2
+    assert report.get("parity") is None  # refused before it was run
+
+
+def test_an_ir_whose_conversion_lost_the_projection_scope_is_refused(b2_onnx, tmp_path, monkeypatch):
+    model, path = b2_onnx
+    _exported_as(monkeypatch, path)
+    _converted_without(monkeypatch, lambda ops: ops)
+    out = tmp_path / "b2.xml"
+    with pytest.raises(ExportError, match=rf"\({SCOPE}: no ops named {SCOPE}/\.\.\. in the IR \(variant 'belief2'"):
+        export_model(model=model, out=out, format="openvino", batch_sizes=(1,))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b2.xml.failed.json"]
+    assert read_back(failed_report_path(out), "openvino")["extra_math"]["nodes_per_block"] == {"blocks.0": 0}
+
+
+def test_an_onnx_graph_that_lost_the_projection_refuses_the_ir_in_its_own_failed_report(b2_onnx, tmp_path, monkeypatch):
+    """The ONNX the IR would be converted from, its projection scope unnamed, fails its own verification: the IR is
+    refused with those failures in ``<out>.failed.json`` (the ONNX was a temporary file: no path into it)."""
+    model, path = b2_onnx
+
+    def unnamed(proto):
+        for node in proto.graph.node:
+            node.name = node.name.replace(SCOPE, "blocks.0.attn.anonymous")
+
+    _exported_as(monkeypatch, path, unnamed)
+    out = tmp_path / "b2.xml"
+    with pytest.raises(ExportError) as info:
+        export_model(model=model, out=out, format="openvino", batch_sizes=(1,))
+    message = str(info.value)
+    assert message.startswith(f"b2.xml failed verification (the ONNX graph: {SCOPE}: no nodes named {SCOPE}/...")
+    assert (
+        message.endswith(f"see {failed_report_path(out)}; b2.xml was not written")
+        and "attnzoo-openvino-" not in message
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b2.xml.failed.json"]
+    report = read_back(failed_report_path(out), "openvino")
+    assert report["source_onnx"]["passed"] is False and report["failures"][0].startswith("the ONNX graph: ")
+
+
+@pytest.mark.slow  # a torch export of the renamed model (about 15 s on 2 cores)
+def test_a_model_whose_projection_scope_is_renamed_before_export_is_refused_by_the_export(tmp_path):
+    out = tmp_path / "b2.xml"
+    with pytest.raises(ExportError, match=rf"\(the ONNX graph: {SCOPE}: no nodes named {SCOPE}/"):
+        export_model(model=rename_scope(_tiny("belief2"), "projection"), out=out, format="openvino", batch_sizes=(1,))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b2.xml.failed.json"]
 
 
 def test_a_perturbed_block_of_the_ir_is_named_as_the_first_diverging_block(tmp_path, monkeypatch):

@@ -146,6 +146,16 @@ def test_an_opset_23_export_carries_each_core_as_one_attention_op_that_both_runt
     assert all(r["fused"] == 0 for r in made_up["runtimes"] if r["inspected"])
 
 
+def test_a_standard_attention_op_is_kept_whole_in_either_spelling_of_the_standard_domain():
+    """ONNX's standard domain is ``""`` or ``"ai.onnx"``: an Attention op kept under either is the core, fused."""
+    cores = [AttentionCore("blocks.0", "blocks.0.attn/Attention", None, None, [], None, op="blocks.0.attn/Attention")]
+    for domain in ("", "ai.onnx"):
+        node = helper.make_node("Attention", ["q", "k", "v"], ["o"], name="blocks.0.attn/Attention", domain=domain)
+        assert _ort_attention(helper.make_graph([node], "g", [], []), cores) == {
+            "blocks.0.attn/Attention": "blocks.0.attn/Attention (ai.onnx.Attention)"
+        }
+
+
 def test_a_standard_attention_op_the_runtime_decomposed_is_not_fused():
     cores = [
         AttentionCore(
@@ -185,3 +195,84 @@ def test_a_masked_core_exported_at_opset_23_runs_on_onnx_runtime_and_stays_fused
     ops = [n for n in graph.node if n.op_type == "Attention"]
     assert len(ops) == DEPTH and all(made[n.input[3]].op_type == "Expand" for n in ops)
     assert onnxruntime_fusion(path)["fused"] == DEPTH
+
+
+def _core_graph(path, blocks: int) -> None:
+    """An ONNX file of ``blocks`` attention cores named as an export names them (scores' MatMul, Softmax, values'
+    MatMul per block): what the audit reads besides the runtime's own graph."""
+    nodes, x = [], "x"
+    for i in range(blocks):
+        p = f"blocks.{i}.attn/"
+        nodes += [
+            helper.make_node("MatMul", [x, "k"], [f"s{i}"], name=p + "MatMul"),
+            helper.make_node("Softmax", [f"s{i}"], [f"a{i}"], name=p + "Softmax", axis=-1),
+            helper.make_node("MatMul", [f"a{i}", "v"], [f"o{i}"], name=p + "MatMul_1"),
+        ]
+        x = f"o{i}"
+    io = [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [4, 4]) for n in ("x", "k", "v", x)]
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", io[:3], io[3:])), str(path))
+
+
+class _Kernel:
+    """One executed kernel of OpenVINO's runtime model: its name, layer type and the ONNX ops it computes."""
+
+    class _Info(str):
+        def astype(self, kind):
+            return str(self)
+
+    def __init__(self, name: str, layer: str, ops: list[str]) -> None:
+        self.name, self.rt = name, {"layerType": self._Info(layer), "originalLayersNames": self._Info(",".join(ops))}
+
+    def get_rt_info(self):
+        return self.rt
+
+    def get_friendly_name(self):
+        return self.name
+
+    def get_type_name(self):
+        return "ExecutionNode"
+
+
+def test_a_core_is_fused_when_one_kernel_computes_all_three_of_its_ops_and_not_when_it_computes_two(
+    tmp_path, monkeypatch
+):
+    """OpenVINO's count at its boundary: block 0's three ops in one kernel (with another op beside them: still one
+    kernel) is fused; block 1's softmax and values' product in one kernel, its scores' product in another, is not;
+    the count is one of two."""
+    from attnzoo.runtime import fusion
+
+    path = tmp_path / "cores.onnx"
+    _core_graph(path, 2)
+    kernels = [
+        _Kernel("k0", "Subgraph", ["blocks.0.attn/MatMul", "blocks.0.attn/Softmax", "blocks.0.attn/MatMul_1", "x"]),
+        _Kernel("k1", "MatMul", ["blocks.1.attn/MatMul"]),
+        _Kernel("k2", "Subgraph", ["blocks.1.attn/Softmax", "blocks.1.attn/MatMul_1"]),
+    ]
+    compiled = types.SimpleNamespace(get_runtime_model=lambda: types.SimpleNamespace(get_ordered_ops=lambda: kernels))
+    monkeypatch.setattr(fusion, "OPENVINO", types.SimpleNamespace(compiled=lambda path, threads=1: compiled))
+    result = openvino_fusion(path)
+    assert (result["cores"], result["fused"]) == (2, 1) and result["inspected"]
+    assert [(c["block"], c["fused"], c["kernel"]) for c in result["per_core"]] == [
+        ("blocks.0", True, "k0 (Subgraph)"),
+        ("blocks.1", False, None),
+    ]
+    kernels[1:] = [
+        _Kernel("k1", "Subgraph", ["blocks.1.attn/MatMul", "blocks.1.attn/Softmax", "blocks.1.attn/MatMul_1"])
+    ]
+    assert openvino_fusion(path)["fused"] == 2
+
+
+def test_onnx_runtime_counts_no_more_fused_cores_than_attention_ops_that_replaced_them():
+    """Both softmaxes gone but one attention op in the optimized graph: one core fused, not two; a softmax still
+    there is never fused, whatever ops there are."""
+    cores = [
+        AttentionCore(f"blocks.{i}", f"blocks.{i}.attn/Softmax", f"blocks.{i}.attn/MatMul", f"b{i}/MatMul_1", [])
+        for i in range(2)
+    ]
+    one = helper.make_node("Attention", ["q"], ["o"], name="Attention_0", domain="com.microsoft")
+    fused = _ort_attention(helper.make_graph([one], "g", [], []), cores)
+    assert fused == {"blocks.0.attn/Softmax": "Attention_0 (com.microsoft.Attention)", "blocks.1.attn/Softmax": None}
+    kept = helper.make_node("Softmax", ["s"], ["p"], name="blocks.0.attn/Softmax")
+    two = [one, helper.make_node("MultiHeadAttention", ["q"], ["o2"], name="Attention_1", domain="com.microsoft")]
+    fused = _ort_attention(helper.make_graph([kept, *two], "g", [], []), cores)
+    assert fused == {"blocks.0.attn/Softmax": None, "blocks.1.attn/Softmax": "Attention_0 (com.microsoft.Attention)"}
