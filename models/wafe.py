@@ -28,8 +28,12 @@ even the N x N scores (``mae_impl``; ``auto`` picks by where the layer runs, :fu
 - ``cdist``: ``torch.cdist(p=1)``, then softmax and ``P V``. ``auto`` where autograd records (training: its
   backward ran 3-5x faster than the fused op's at 50-197 tokens here) and under a plain ``torch.export``
   (ExecuTorch runs the program with its own kernels);
+- ``loop``: the fused op exported to ONNX as one ``Loop`` over query tiles of every head, each iteration the whole
+  core in ordinary ops (:mod:`attnzoo.export.onnx_l1`), so the graph holds a tile of scores, never a head's N x N;
+  ``auto`` while exporting to ONNX from :data:`ONNX_LOOP_TOKENS` keys on, and what ``fused`` exports as (in
+  PyTorch it runs ``fused``). Without a mask and not causal only (an image model's core): else ``blocked``;
 - ``blocked``: :func:`pairwise_l1`, ordinary ops that ONNX runtimes execute without the broadcast tensor; ``auto``
-  while exporting to ONNX (``fused`` exports this form too: the op has no ONNX form):
+  while exporting to ONNX below :data:`ONNX_LOOP_TOKENS` keys:
 
 - ``|a - b| = 2 max(a, b) - a - b``, so ``sum_c |q_ic - k_jc| = 2 sum_c max(q_ic, k_jc) - sum_c q_ic -
   sum_c k_jc``: one broadcast ``Max`` per term instead of ``Sub`` then ``Abs``; the two sums are per token.
@@ -48,7 +52,8 @@ The distance math is the variant's extra math (``attnzoo.models.register_variant
 its own sub-module so that an export names its ops ``blocks.N.attn.<scope>/...``; they stay fp32 in fp16
 exports and unquantized in int8/fp8 ones:
 
-- MAE: ``distance`` (:class:`PairwiseL1`), the pairwise L1 distances of eq. 5-6, all of them;
+- MAE: ``distance`` (:class:`PairwiseL1`), the pairwise L1 distances of eq. 5-6, all of them (in the core impls,
+  and so in an ONNX ``Loop``, the softmax and ``P V`` with them);
 - MSE: ``key_norm`` (:class:`KeyNormBias`), the per-key term ``±||k_j||^2 / d`` that turns the fused kernel's
   dot product into the squared distance of eq. 3-4. The ``q.k`` term is the kernel's own product, the same
   op as in standard attention, and is quantized as there.
@@ -80,6 +85,7 @@ __all__ = [
     "auto_mae_impl",
     "export_mae_impl",
     "CORE_IMPLS",
+    "ONNX_LOOP_TOKENS",
     "PAPER",
 ]
 
@@ -92,9 +98,13 @@ PAPER = Paper(
 
 SCORE_CHOICES = ("dot", "mse", "mae")
 #: How MAE scores compute the pairwise L1 distance (``auto``: :func:`auto_mae_impl`).
-MAE_IMPLS = ("auto", "fused", "tiled", "cdist", "blocked", "broadcast")
+MAE_IMPLS = ("auto", "fused", "loop", "tiled", "cdist", "blocked", "broadcast")
 #: The impls that compute the whole core ``softmax(sign * dist / d) V`` (the others the distances only).
-CORE_IMPLS = ("fused", "tiled")
+CORE_IMPLS = ("fused", "loop", "tiled")
+#: From this many keys on, ``auto`` exports the ONNX ``Loop`` form (``loop``) instead of ``blocked``: the blocked
+#: form holds every head's N x N distances, 13x the memory of standard's graph on OpenVINO at 4,097 tokens (which
+#: runs standard's attention fused); measured in ``results/studies/fused-cores/`` (``docs/variants.md``).
+ONNX_LOOP_TOKENS = 2048
 #: Queries per block of :func:`pairwise_l1`: the (B, d, block, N) slab of one head is 0.8 MB per image for a
 #: ViT-Ti at 224 px. Blocks of 8 and 16 ran alike on a 2-core AVX2 EPYC
 #: (``results/bench-latency/cpu-tiny-mae/forms/``); 16 halves the unrolled export. Slabs far past the cache
@@ -157,13 +167,14 @@ def export_mae_impl(impl: str) -> Iterator[None]:
         _EXPORT_IMPL.pop()
 
 
-def auto_mae_impl(needs_grad: bool = False, device: torch.device | str = "cpu") -> str:
-    """What ``mae_impl="auto"`` runs now on ``device``: ``blocked`` while exporting to ONNX; while
+def auto_mae_impl(needs_grad: bool = False, device: torch.device | str = "cpu", tokens: int = 0) -> str:
+    """What ``mae_impl="auto"`` runs now on ``device`` for ``tokens`` keys: while exporting to ONNX ``blocked``,
+    or ``loop`` from :data:`ONNX_LOOP_TOKENS` keys on; ``cdist`` where ``needs_grad`` (autograd records); while
     ``torch.compile`` traces, ``tiled`` on the CPU (the compiler fuses each tile into one loop) and ``fused`` on
-    CUDA with Triton (its kernel); under ``torch.export`` ``cdist`` or what :func:`export_mae_impl` set; in eager
-    ``fused``, or ``cdist`` where ``needs_grad`` (autograd records)."""
+    CUDA with Triton (its kernel); under ``torch.export`` ``cdist`` or what :func:`export_mae_impl` set; else
+    ``fused``."""
     if torch.onnx.is_in_onnx_export():
-        return "blocked"
+        return "loop" if tokens >= ONNX_LOOP_TOKENS else "blocked"
     if needs_grad:
         return "cdist"
     if torch.compiler.is_compiling():
@@ -193,11 +204,13 @@ class PairwiseL1(nn.Module):
         super().__init__()
         self.impl = _checked_mae_impl(impl)
 
-    def resolved(self, needs_grad: bool = False, device: torch.device | str = "cpu") -> str:
-        """The impl a call on ``device`` runs now: ``auto`` resolved, and the fused op's ONNX export as
-        ``blocked``."""
-        impl = auto_mae_impl(needs_grad, device) if self.impl == "auto" else self.impl
-        return "blocked" if impl == "fused" and torch.onnx.is_in_onnx_export() else impl
+    def resolved(self, needs_grad: bool = False, device: torch.device | str = "cpu", tokens: int = 0) -> str:
+        """The impl a call on ``device`` with ``tokens`` keys runs now: ``auto`` resolved; while exporting to ONNX
+        the fused op is its ``Loop`` form, and ``loop`` runs the fused op anywhere else."""
+        impl = auto_mae_impl(needs_grad, device, tokens) if self.impl == "auto" else self.impl
+        if torch.onnx.is_in_onnx_export():
+            return "loop" if impl == "fused" else impl
+        return "fused" if impl == "loop" else impl
 
     def forward(
         self,
@@ -212,11 +225,11 @@ class PairwiseL1(nn.Module):
     ) -> torch.Tensor:
         """Distances of ``q`` (B, M, Nq, d) and ``k`` (B, M, Nk, d); with ``v`` (B, M, Nk, dv) and a core impl,
         the attention output (B, M, Nq, dv). ``impl`` defaults to :meth:`resolved`."""
-        impl = impl or self.resolved(device=q.device)
+        impl = impl or self.resolved(device=q.device, tokens=k.shape[-2])
         if v is not None:
             if impl not in CORE_IMPLS:
                 raise ValueError(f"impl {impl!r} computes distances only; the core: {', '.join(CORE_IMPLS)}")
-            core = l1_attention if impl == "fused" else l1_attention_decomposed
+            core = l1_attention_decomposed if impl == "tiled" else l1_attention  # loop: the op, exported as a Loop
             return core(q, k, v, sign, 1.0 / q.shape[-1], attn_mask, is_causal)
         if impl in ("cdist", "fused", "tiled"):
             return torch.cdist(q, k, p=1.0)
@@ -296,7 +309,9 @@ class WAFEAttention(StandardAttention):
             return self.sdpa(-q if self.anti else q, k, v, key_bias, False, scale=2.0 / d)
         dropout = self.training and self.attn_drop.p > 0
         needs_grad = torch.is_grad_enabled() and q.requires_grad
-        impl = "cdist" if dropout else self.distance.resolved(needs_grad, q.device)
+        impl = "cdist" if dropout else self.distance.resolved(needs_grad, q.device, k.shape[-2])
+        if impl == "loop" and (attn_mask is not None or is_causal):
+            impl = "blocked"  # the ONNX Loop form is the image models' core: no mask, not causal
         if impl in CORE_IMPLS:
             return self.distance(q, k, v, impl=impl, sign=sign, attn_mask=attn_mask, is_causal=is_causal)
         return self.softmax_attend((sign / d) * self.distance(q, k, impl=impl), v, attn_mask, is_causal)
