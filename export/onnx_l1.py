@@ -23,15 +23,18 @@ Every node is made while the exporter translates the op, so it carries the op's 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-import torch
-from onnxscript import ir
-from onnxscript import opset20 as op
+import onnxscript
+from onnxscript import FLOAT, ir
 
-from attnzoo.models import kernels  # registers attnzoo::l1_attention
+from attnzoo.models.kernels import L1_ATTENTION_OP
 
+#: onnxscript's ops, typed for its own tensors, not the exporter's ``ir.Value``s they are called with here.
+op: Any = onnxscript.opset20
+_call_op: Callable[..., Sequence[ir.Value]] | None
 try:  # private: the exporter's recorder of multi-output nodes (Loop, Scan) in a translation
     from torch.onnx._internal.exporter._torchlib.ops.hop import call_op as _call_op
 except ImportError:
@@ -51,6 +54,14 @@ def _record_op(op_type: str, *inputs: ir.Value, body: ir.Graph, outputs: int) ->
     if _call_op is None:
         raise NotImplementedError(f"this torch's ONNX exporter has no {op_type} builder (torch 2.6 or later has one)")
     return list(_call_op(op_type, *inputs, body=body, _num_outputs=outputs))
+
+
+def _static(value: Any, *axes: int) -> list[int]:
+    """The sizes of ``value`` (an ``ir.Value``) on ``axes``, which the export knows (every axis but the batch)."""
+    shape = value.shape
+    if shape is None or not all(isinstance(shape[a], int) for a in axes):
+        raise ValueError(f"the ONNX Loop form needs static sizes on axes {axes}, got {shape}")
+    return [int(shape[a]) for a in axes]
 
 
 def loop_block(n_q: int, n_k: int, d: int) -> int:
@@ -96,22 +107,23 @@ def _tile_body(qt: ir.Value, kt: ir.Value, ks: ir.Value, vf: ir.Value, tiles: in
 
 
 def l1_attention_loop(
-    q: ir.Value,
-    k: ir.Value,
-    v: ir.Value,
-    attn_mask: ir.Value | None,
+    q: FLOAT,
+    k: FLOAT,
+    v: FLOAT,
+    attn_mask: FLOAT | None,
     sign: float,
     scale: float,
     is_causal: bool,
     block_q: int,
     block_k: int,
-) -> tuple[ir.Value, ir.Value]:
-    """The ONNX translation of ``attnzoo::l1_attention`` (its schema's arguments; the block sizes of the CPU
-    kernel are not used): ``(out, lse)``, ``lse`` a placeholder the models never read."""
+) -> tuple[FLOAT, FLOAT]:
+    """The ONNX translation of ``attnzoo::l1_attention`` (its schema's arguments, annotated with onnxscript's
+    types, from which the exporter reads its signature; the block sizes of the CPU kernel are not used):
+    ``(out, lse)``, ``lse`` a placeholder the models never read. The exporter passes ``ir.Value``s."""
     if attn_mask is not None or is_causal:
         raise ValueError("the ONNX Loop form of attnzoo::l1_attention takes no mask and is not causal")
-    heads, n_q, d = (int(x) for x in q.shape[1:])
-    n_k, dv = int(k.shape[2]), int(v.shape[3])
+    heads, n_q, d = _static(q, 1, 2, 3)
+    n_k, dv = _static(k, 2)[0], _static(v, 3)[0]
     bq = loop_block(n_q, n_k, d)
     tiles = -(-n_q // bq)
     qf = op.Reshape(q, op.Constant(value_ints=[-1, n_q, d]))  # (B*M, Nq, d)
@@ -132,5 +144,4 @@ def l1_attention_loop(
 
 
 #: ``torch.onnx.export``'s ``custom_translation_table`` for the package's custom ops.
-TRANSLATIONS = {torch.ops.attnzoo.l1_attention.default: l1_attention_loop}
-assert kernels.l1_attention  # the op's module, imported for its registration
+TRANSLATIONS: dict[Callable[..., Any], Callable[..., Any]] = {L1_ATTENTION_OP: l1_attention_loop}

@@ -26,8 +26,8 @@ even the N x N scores (``mae_impl``; ``auto`` picks by where the layer runs, :fu
   that never stores the differences. ``auto`` under ``torch.compile`` and in AOTInductor packages
   (:func:`export_mae_impl`), whose C++ loader could not run the op's Python kernel;
 - ``cdist``: ``torch.cdist(p=1)``, then softmax and ``P V``. ``auto`` where autograd records (training: its
-  backward ran 3-5x faster than the fused op's at 50-197 tokens here) and under a plain ``torch.export``
-  (ExecuTorch runs the program with its own kernels);
+  backward is one ATen kernel, faster at the zoo's token counts than the op's tiled backward, a Python loop over
+  ATen ops) and under a plain ``torch.export`` (ExecuTorch runs the program with its own kernels);
 - ``loop``: the fused op exported to ONNX as one ``Loop`` over query tiles of every head, each iteration the whole
   core in ordinary ops (:mod:`attnzoo.export.onnx_l1`), so the graph holds a tile of scores, never a head's N x N;
   ``auto`` while exporting to ONNX from :data:`ONNX_LOOP_TOKENS` keys on, and what ``fused`` exports as (in
@@ -102,8 +102,8 @@ MAE_IMPLS = ("auto", "fused", "loop", "tiled", "cdist", "blocked", "broadcast")
 #: The impls that compute the whole core ``softmax(sign * dist / d) V`` (the others the distances only).
 CORE_IMPLS = ("fused", "loop", "tiled")
 #: From this many keys on, ``auto`` exports the ONNX ``Loop`` form (``loop``) instead of ``blocked``: the blocked
-#: form holds every head's N x N distances, 13x the memory of standard's graph on OpenVINO at 4,097 tokens (which
-#: runs standard's attention fused); measured in ``results/studies/fused-cores/`` (``docs/variants.md``).
+#: form holds every head's N x N distances, which OpenVINO (it runs standard's attention fused) does not
+#: (``results/studies/fused-cores/l1-memory-4096/``); below, the scores are small and ``blocked`` is faster.
 ONNX_LOOP_TOKENS = 2048
 #: Queries per block of :func:`pairwise_l1`: the (B, d, block, N) slab of one head is 0.8 MB per image for a
 #: ViT-Ti at 224 px. Blocks of 8 and 16 ran alike on a 2-core AVX2 EPYC

@@ -28,7 +28,7 @@ from typing import Any
 from attnzoo.fileio import atomic_path
 from attnzoo.lazy import lazy_import
 from attnzoo.limits import return_free_memory
-from attnzoo.runtime.backends import get_backend
+from attnzoo.runtime.backends.openvino import OPENVINO
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.contract import INPUT_NAME, OUTPUT_NAME
 
@@ -91,9 +91,8 @@ def current_impl(variant_is_mae: bool, mode: str, tokens: int) -> str | None:
     label of a ``current`` row; a test holds the two together), None for other variants."""
     if not variant_is_mae:
         return None
-    if mode in ("ort", "openvino"):
-        return "loop" if tokens >= wafe.ONNX_LOOP_TOKENS else "blocked"
-    return {"eager": "fused", "compiled": "tiled", "aoti": aoti.MAE_IMPL}[mode]
+    onnx_form = "loop" if tokens >= wafe.ONNX_LOOP_TOKENS else "blocked"
+    return {"eager": "fused", "compiled": "tiled", "aoti": aoti.MAE_IMPL, "ort": onnx_form, "openvino": onnx_form}[mode]
 
 
 def configured(block: Any, impl: str | None) -> Any:
@@ -143,28 +142,51 @@ def _aoti(block: Any, x: Any, cache: Path, name: str) -> tuple[Path, float]:
     return path, time.perf_counter() - start
 
 
+def _eager(block: Any, x: Any, threads: int, cache: Path, name: str) -> Runner:
+    return _measured(lambda: _torch_call(block, x), None, None)
+
+
+def _compiled(block: Any, x: Any, threads: int, cache: Path, name: str) -> Runner:
+    fn = torch.compile(block, dynamic=False)
+    start = time.perf_counter()
+    _torch_call(fn, x)  # the compile
+    return _measured(lambda: _torch_call(fn, x), None, time.perf_counter() - start)
+
+
+def _packaged(block: Any, x: Any, threads: int, cache: Path, name: str) -> Runner:
+    path, built = _aoti(block, x, cache / "aoti", name)
+    return _measured(lambda: aoti.load_package(path), lambda runner: runner(x).numpy(), built)
+
+
+def _onnx_runner(session: Callable[[Path, int], Any], run: Callable[[Any, Any], Any]):
+    """A builder that exports the block to ONNX (cached) and runs it in ``session(path, threads)``."""
+
+    def build(block: Any, x: Any, threads: int, cache: Path, name: str) -> Runner:
+        path = cache / "onnx" / f"{name}.onnx"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        built = _onnx(block, x, path)
+        xn = x.numpy()
+        return _measured(lambda: session(path, threads), lambda loaded: run(loaded, xn), built)
+
+    return build
+
+
+#: How each mode builds a runner: (block, input, threads, cache folder, export name) -> Runner.
+_BUILDERS: dict[str, Callable[..., Runner]] = {
+    "eager": _eager,
+    "compiled": _compiled,
+    "aoti": _packaged,
+    "ort": _onnx_runner(ORT_CPU.session, lambda s, xn: s.run(xn)),
+    "openvino": _onnx_runner(OPENVINO.compiled, lambda c, xn: np.asarray(c([xn])[0])),
+}
+
+
 def build_runner(mode: str, block: Any, x: Any, threads: int, cache: Path, name: str) -> Runner:
     """``block`` (from :func:`configured`) on ``mode`` with ``threads`` threads, called once (the compile, for
     ``compiled``; a warm-up otherwise) with its peak memory measured (module docstring); ``name`` keys its cached
     export (variant, core and tokens)."""
     torch.set_num_threads(threads)
-    xn = x.numpy()
-    if mode == "eager":
-        return _measured(lambda: _torch_call(block, x), None, None)
-    if mode == "compiled":
-        fn = torch.compile(block, dynamic=False)
-        start = time.perf_counter()
-        _torch_call(fn, x)
-        return _measured(lambda: _torch_call(fn, x), None, time.perf_counter() - start)
-    if mode == "aoti":
-        path, built = _aoti(block, x, cache / "aoti", name)
-        return _measured(lambda: aoti.load_package(path), lambda runner: runner(x).numpy(), built)
-    path = cache / "onnx" / f"{name}.onnx"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    built = _onnx(block, x, path)
-    if mode == "ort":
-        return _measured(lambda: ORT_CPU.session(path, threads), lambda s: s.run(xn), built)
-    return _measured(lambda: get_backend("openvino").compiled(path, threads), lambda c: np.asarray(c([xn])[0]), built)
+    return _BUILDERS[mode](block, x, threads, cache, name)
 
 
 def _torch_call(fn: Any, x: Any) -> Any:

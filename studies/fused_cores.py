@@ -128,7 +128,8 @@ def run_group(
         refs = {v: b(x).numpy() for (v, core), b in blocks.items() if core == "current"}  # eager, auto
     runners = {key: build_runner(mode, b, x, threads, cache, _name(*key, b, tokens)) for key, b in blocks.items()}
     errors = {key: parity_error(r.call(), refs[key[0]]) for key, r in runners.items()}
-    times = time_round_robin({key: r.call for key, r in runners.items()}, s["rounds"], progress=progress)
+    named = time_round_robin({"/".join(key): r.call for key, r in runners.items()}, s["rounds"], progress=progress)
+    times = {key: named["/".join(key)] for key in runners}
     std = runners[("standard", "current")].peak_mb
     rows = []
     for (variant, core), samples in times.items():

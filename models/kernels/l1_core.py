@@ -42,6 +42,7 @@ __all__ = [
     "BLOCK_K",
     "TILE_ELEMENTS",
     "DECOMPOSED_BLOCK",
+    "L1_ATTENTION_OP",
     "default_block_q",
     "l1_attention",
     "l1_attention_decomposed",
@@ -53,9 +54,9 @@ __all__ = [
 BLOCK_Q = 64
 #: Keys per tile of the fused op: longer sequences take an online softmax over key tiles.
 BLOCK_K = 1024
-#: Scores per tile (heads x queries x keys): heads of one image are taken together up to this many. Tiles of
-#: 384 Ki scores (6 heads x 64 x 1,024) ran fastest of those tried for a ViT-S head shape at 1,025 tokens on a
-#: 2-core AMD EPYC (AVX-512), one thread; 96 Ki to 770 Ki were within 2x (``docs/variants.md``, "MAE scores").
+#: Scores per tile (heads x queries x keys): heads are taken together up to this many (6 heads x 64 x 1,024: a
+#: ViT-S image's heads). Larger tiles make fewer ATen calls per score, smaller ones stay in cache; the choice comes
+#: from exploratory timings on a loaded machine, and the fused-cores study times the op as it stands.
 TILE_ELEMENTS = 6 * BLOCK_Q * BLOCK_K
 #: Queries per tile of :func:`l1_attention_decomposed`.
 DECOMPOSED_BLOCK = 128
@@ -262,20 +263,10 @@ def _backward(
     return t.restored(dq).to(q.dtype), t.restored(dk).to(k.dtype), t.restored(dv).to(v.dtype)
 
 
-@torch.library.custom_op("attnzoo::l1_attention", mutates_args=())
-def _l1_attention_op(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    attn_mask: Tensor | None,
-    sign: float,
-    scale: float,
-    is_causal: bool,
-    block_q: int,
-    block_k: int,
-) -> tuple[Tensor, Tensor]:
-    """``(softmax(sign * ||q_i - k_j||_1 * scale + mask) v, row log-sum-exp)``; see :func:`l1_attention`."""
-    return _forward(q, k, v, attn_mask, sign, scale, is_causal, block_q, block_k)
+#: ``(softmax(sign * ||q_i - k_j||_1 * scale + mask) v, row log-sum-exp)``; see :func:`l1_attention`.
+_l1_attention_op = torch.library.custom_op("attnzoo::l1_attention", _forward, mutates_args=())
+#: The op's overload, as graphs (an export, a translation table) name it.
+L1_ATTENTION_OP = torch.ops.attnzoo.l1_attention.default
 
 
 @_l1_attention_op.register_kernel("cuda")
@@ -296,23 +287,8 @@ def _l1_attention_fake(q, k, v, attn_mask, sign, scale, is_causal, block_q, bloc
     return out, q.new_empty(q.shape[:-1], dtype=work_dtype(q.dtype))
 
 
-@torch.library.custom_op("attnzoo::l1_attention_backward", mutates_args=())
-def _l1_attention_backward_op(
-    grad: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    attn_mask: Tensor | None,
-    out: Tensor,
-    lse: Tensor,
-    sign: float,
-    scale: float,
-    is_causal: bool,
-    block_q: int,
-    block_k: int,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Gradients of ``attnzoo::l1_attention`` for (q, k, v)."""
-    return _backward(grad, q, k, v, attn_mask, out, lse, sign, scale, is_causal, block_q, block_k)
+#: Gradients of ``attnzoo::l1_attention`` for (q, k, v).
+_l1_attention_backward_op = torch.library.custom_op("attnzoo::l1_attention_backward", _backward, mutates_args=())
 
 
 @_l1_attention_backward_op.register_fake
