@@ -7,7 +7,8 @@ One counter for every consumer (the roofline table, the scaling fits; a GFLOP/s 
   the CPU SDPA kernel (``_scaled_dot_product_flash_attention_for_cpu``), which that registry lacks, so
   ``FlopCounterMode`` alone misses every attention matmul on a CPU.
 - **Vector ops** (CUDA-core / SIMD work that no matrix unit does): the pairwise L1 distance of the MAE
-  variants (``torch.cdist(p=1)``), 3 ops per (query, key, channel): subtract, absolute value, add.
+  variants (``torch.cdist(p=1)``, or inside their fused core ``attnzoo::l1_attention``, whose ``P V`` is counted
+  as matrix FLOPs), 3 ops per (query, key, channel): subtract, absolute value, add.
 - **Not counted**: other element-wise ops (softmax, LayerNorm, GELU, residual adds, the projection's inner
   products); they are a few percent of the matrix FLOPs for every variant here.
 
@@ -31,7 +32,7 @@ from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from attnzoo.models import create_model
+from attnzoo.models import create_model  # registers attnzoo::l1_attention (WAFE-MAE's fused core)
 
 __all__ = [
     "CDIST_FLOPS_PER_TERM",
@@ -70,6 +71,15 @@ def _cdist_ops(x1, x2, p: float = 2.0, *args, **kwargs) -> int:
     return CDIST_FLOPS_PER_TERM * batch * x1.shape[-2] * x2.shape[-2] * x1.shape[-1]
 
 
+def _l1_core_counts(q, k, v, *args, **kwargs) -> tuple[int, int]:
+    """(matrix FLOPs, vector ops) of the fused L1 core: ``P V`` as a matrix product, the distances as
+    :func:`_cdist_ops` counts them."""
+    heads = q.shape[0] * q.shape[1]
+    return 2 * heads * q.shape[2] * k.shape[2] * v.shape[3], _cdist_ops(q, k)
+
+
+#: Fused cores counted as both: op packet -> formula(args, kwargs) -> (matrix FLOPs, vector ops).
+_BOTH: dict[Any, Callable[..., tuple[int, int]]] = {torch.ops.attnzoo.l1_attention: _l1_core_counts}
 #: Matrix ops the torch registry lacks: op packet -> formula(args, kwargs) -> FLOPs.
 _EXTRA_MATRIX: dict[Any, Callable[..., int]] = {
     aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_cpu_flops,
@@ -128,7 +138,8 @@ class _Counter(TorchDispatchMode):
         matrix = flop_counter.flop_registry.get(packet)
         extra = _EXTRA_MATRIX.get(packet)
         vector = _VECTOR.get(packet)
-        if matrix is None and extra is None and vector is None:
+        both = _BOTH.get(packet)
+        if matrix is None and extra is None and vector is None and both is None:
             # not counted: a composite op decomposes, so its matrix parts are seen (as in FlopCounterMode)
             with self:
                 out = func.decompose(*args, **kwargs)
@@ -141,18 +152,20 @@ class _Counter(TorchDispatchMode):
             flops = int(matrix(*args, **kwargs, out_val=out))
             c.matrix_flops += flops
             row["flops"] += flops
-        elif extra is not None:
-            flops = int(extra(*args, **kwargs))
+        elif extra is not None or both is not None:
+            flops, ops = (int(extra(*args, **kwargs)), 0) if extra is not None else both(*args, **kwargs)
             c.matrix_flops += flops
             row["flops"] += flops
+            c.vector_ops += ops
+            row["vector_ops"] += ops
         else:
             ops = int(vector(*args, **kwargs))
             c.vector_ops += ops
             row["vector_ops"] += ops
         inputs = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
         outputs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
-        if extra is not None and isinstance(out, tuple):
-            outputs = outputs[:1]  # the CPU kernel's logsumexp is a by-product, not written in inference
+        if (extra is not None or both is not None) and isinstance(out, tuple):
+            outputs = outputs[:1]  # a kernel's logsumexp is a by-product, not written in inference
         for t in inputs:
             n = stored_elements(t)
             if t.untyped_storage()._cdata in self.weights:

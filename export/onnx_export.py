@@ -38,6 +38,8 @@ from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.contract import BATCH_DIM, INPUT_NAME, OUTPUT_NAME, config_from_props, metadata_props
 from attnzoo.runtime.precision import PRECISIONS, TRACED
 
+from .onnx_l1 import TRANSLATIONS
+
 __all__ = [
     "export_onnx",
     "contract_metadata",
@@ -331,6 +333,7 @@ def export_onnx(
                 optimize=True,
                 verbose=False,
                 report=False,
+                custom_translation_table=TRANSLATIONS,  # attnzoo::l1_attention as one Loop (WAFE-MAE)
             )
         except Exception as exc:  # the exporter raises many types; report one line
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

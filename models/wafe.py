@@ -16,16 +16,24 @@ the last term is constant along a softmax row and cancels, so the scores are dot
 The sign flips for anti-WAFE.
 
 MAE has no such form: it needs the pairwise L1 distances ``sum_c |q_ic - k_jc|`` (N^2 d terms; no matrix
-product computes them). No path materialises the (B, M, N, N, d) tensor of differences:
+product computes them). No path materialises the (B, M, N, N, d) tensor of differences, and the fused paths not
+even the N x N scores (``mae_impl``; ``auto`` picks by where the layer runs, :func:`auto_mae_impl`):
 
-- eager PyTorch uses ``torch.cdist(p=1)``;
-- under ``torch.compile`` (not ``torch.export``) the distance is written as the broadcast
-  ``|q_i - k_j|`` sum, which the compiler turns into one reduction loop (C++ on CPU, Triton on CUDA) that never
-  stores the differences: a ViT-S block ran 1.1-1.8x faster than with ``cdist`` on a 2-core AMX Xeon
-  (``results/studies/fused-cores/``);
-- ``torch.export`` (AOTInductor) keeps ``cdist``;
-- the ONNX export uses :func:`pairwise_l1` (``mae_impl="blocked"``), ordinary ops that runtimes execute
-  without the broadcast tensor:
+- ``fused``: the custom op ``attnzoo::l1_attention`` (:mod:`attnzoo.models.kernels`), the whole core
+  ``softmax(sign * dist / d + mask) V`` tile by tile with an online softmax; ATen ops on the CPU (nothing
+  compiled), a Triton kernel on CUDA. ``auto`` in eager inference;
+- ``tiled``: the same core in ordinary ops, a query tile at a time, which Inductor fuses into one loop per tile
+  that never stores the differences. ``auto`` under ``torch.compile`` and in AOTInductor packages
+  (:func:`export_mae_impl`), whose C++ loader could not run the op's Python kernel;
+- ``cdist``: ``torch.cdist(p=1)``, then softmax and ``P V``. ``auto`` where autograd records (training: its
+  backward is one ATen kernel, faster at the zoo's token counts than the op's tiled backward, a Python loop over
+  ATen ops) and under a plain ``torch.export`` (ExecuTorch runs the program with its own kernels);
+- ``loop``: the fused op exported to ONNX as one ``Loop`` over query tiles of every head, each iteration the whole
+  core in ordinary ops (:mod:`attnzoo.export.onnx_l1`), so the graph holds a tile of scores, never a head's N x N;
+  ``auto`` while exporting to ONNX from :data:`ONNX_LOOP_TOKENS` keys on, and what ``fused`` exports as (in
+  PyTorch it runs ``fused``). Without a mask and not causal only (an image model's core): else ``blocked``;
+- ``blocked``: :func:`pairwise_l1`, ordinary ops that ONNX runtimes execute without the broadcast tensor; ``auto``
+  while exporting to ONNX below :data:`ONNX_LOOP_TOKENS` keys:
 
 - ``|a - b| = 2 max(a, b) - a - b``, so ``sum_c |q_ic - k_jc| = 2 sum_c max(q_ic, k_jc) - sum_c q_ic -
   sum_c k_jc``: one broadcast ``Max`` per term instead of ``Sub`` then ``Abs``; the two sums are per token.
@@ -36,13 +44,16 @@ product computes them). No path materialises the (B, M, N, N, d) tensor of diffe
 
 ``mae_impl="broadcast"`` keeps the direct ``|q_i - k_j|`` broadcast (``Sub``, ``Abs``, ``ReduceSum``) for
 comparison. In fp16/bf16 the blocked distance is computed in fp32 (the subtraction of the token sums would
-otherwise lose the small distances of large, similar vectors).
+otherwise lose the small distances of large, similar vectors). Attention dropout in training needs the explicit
+weights: with it every impl runs as ``cdist``. A query whose keys are all masked gets zeros from ``fused`` and
+``tiled`` (as from ``F.scaled_dot_product_attention``), NaN from the softmax of the others.
 
 The distance math is the variant's extra math (``attnzoo.models.register_variant``'s ``extra_scopes``), kept in
 its own sub-module so that an export names its ops ``blocks.N.attn.<scope>/...``; they stay fp32 in fp16
 exports and unquantized in int8/fp8 ones:
 
-- MAE: ``distance`` (:class:`PairwiseL1`), the pairwise L1 distances of eq. 5-6, all of them;
+- MAE: ``distance`` (:class:`PairwiseL1`), the pairwise L1 distances of eq. 5-6, all of them (in the core impls,
+  and so in an ONNX ``Loop``, the softmax and ``P V`` with them);
 - MSE: ``key_norm`` (:class:`KeyNormBias`), the per-key term ``±||k_j||^2 / d`` that turns the fused kernel's
   dot product into the squared distance of eq. 3-4. The ``q.k`` term is the kernel's own product, the same
   op as in standard attention, and is quantized as there.
@@ -50,11 +61,13 @@ exports and unquantized in int8/fp8 ones:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 
 import torch
 from torch import nn
 
+from .kernels import l1_attention, l1_attention_decomposed, triton_unavailable_reason
 from .registry import Paper, register_variant
 from .standard import StandardAttention, additive_mask
 
@@ -70,6 +83,9 @@ __all__ = [
     "mae_block",
     "pairwise_l1",
     "auto_mae_impl",
+    "export_mae_impl",
+    "CORE_IMPLS",
+    "ONNX_LOOP_TOKENS",
     "PAPER",
 ]
 
@@ -82,7 +98,13 @@ PAPER = Paper(
 
 SCORE_CHOICES = ("dot", "mse", "mae")
 #: How MAE scores compute the pairwise L1 distance (``auto``: :func:`auto_mae_impl`).
-MAE_IMPLS = ("auto", "cdist", "blocked", "broadcast")
+MAE_IMPLS = ("auto", "fused", "loop", "tiled", "cdist", "blocked", "broadcast")
+#: The impls that compute the whole core ``softmax(sign * dist / d) V`` (the others the distances only).
+CORE_IMPLS = ("fused", "loop", "tiled")
+#: From this many keys on, ``auto`` exports the ONNX ``Loop`` form (``loop``) instead of ``blocked``: the blocked
+#: form holds every head's N x N distances, which OpenVINO (it runs standard's attention fused) does not
+#: (``results/studies/fused-cores/l1-memory-4096/``); below, the scores are small and ``blocked`` is faster.
+ONNX_LOOP_TOKENS = 2048
 #: Queries per block of :func:`pairwise_l1`: the (B, d, block, N) slab of one head is 0.8 MB per image for a
 #: ViT-Ti at 224 px. Blocks of 8 and 16 ran alike on a 2-core AVX2 EPYC
 #: (``results/bench-latency/cpu-tiny-mae/forms/``); 16 halves the unrolled export. Slabs far past the cache
@@ -130,15 +152,36 @@ def pairwise_l1(q: torch.Tensor, k: torch.Tensor, block: int | None = None) -> t
     return dist.to(dtype)
 
 
-def auto_mae_impl() -> str:
-    """What ``mae_impl="auto"`` runs now: ``blocked`` while exporting to ONNX, ``broadcast`` while
-    ``torch.compile`` traces (the compiler fuses it into one reduction loop that never stores the differences),
-    ``cdist`` otherwise (eager, and ``torch.export``, whose program may also run eagerly)."""
+_EXPORT_IMPL = ["cdist"]  # what ``auto`` runs under torch.export (export_mae_impl)
+
+
+@contextlib.contextmanager
+def export_mae_impl(impl: str) -> Iterator[None]:
+    """What ``mae_impl="auto"`` runs under ``torch.export`` inside the block (``cdist`` outside it): the
+    AOTInductor export asks for ``tiled``, which Inductor compiles into the package."""
+    _checked_mae_impl(impl)
+    _EXPORT_IMPL.append(impl)
+    try:
+        yield
+    finally:
+        _EXPORT_IMPL.pop()
+
+
+def auto_mae_impl(needs_grad: bool = False, device: torch.device | str = "cpu", tokens: int = 0) -> str:
+    """What ``mae_impl="auto"`` runs now on ``device`` for ``tokens`` keys: while exporting to ONNX ``blocked``,
+    or ``loop`` from :data:`ONNX_LOOP_TOKENS` keys on; ``cdist`` where ``needs_grad`` (autograd records); while
+    ``torch.compile`` traces, ``tiled`` on the CPU (the compiler fuses each tile into one loop) and ``fused`` on
+    CUDA with Triton (its kernel); under ``torch.export`` ``cdist`` or what :func:`export_mae_impl` set; else
+    ``fused``."""
     if torch.onnx.is_in_onnx_export():
-        return "blocked"
-    if torch.compiler.is_compiling() and not torch.compiler.is_exporting():
-        return "broadcast"
-    return "cdist"
+        return "loop" if tokens >= ONNX_LOOP_TOKENS else "blocked"
+    if needs_grad:
+        return "cdist"
+    if torch.compiler.is_compiling():
+        if torch.compiler.is_exporting():
+            return _EXPORT_IMPL[-1]
+        return "fused" if torch.device(device).type == "cuda" and triton_unavailable_reason() is None else "tiled"
+    return "fused"
 
 
 def _checked_mae_impl(impl: str) -> str:
@@ -148,24 +191,47 @@ def _checked_mae_impl(impl: str) -> str:
 
 
 class PairwiseL1(nn.Module):
-    """Pairwise L1 distances ``sum_c |q_ic - k_jc|`` of queries and keys (eq. 5-6), (B, M, Nq, Nk).
+    """Pairwise L1 distances ``sum_c |q_ic - k_jc|`` of queries and keys (eq. 5-6), (B, M, Nq, Nk), or with
+    values the whole core ``softmax(sign * dist / d + mask) v`` (impls :data:`CORE_IMPLS`), so that every form of
+    the variant's extra math runs in this module (its export scope ``distance``).
 
     Args:
-        impl: ``auto`` (``cdist`` in eager and ``torch.export``, ``blocked`` while exporting to ONNX, and
-            ``broadcast`` under ``torch.compile``, whose compiler fuses it into one reduction loop), ``cdist``,
-            ``blocked`` (:func:`pairwise_l1`) or ``broadcast`` (the direct ``|q_i - k_j|`` sum: in eager it
-            stores the (B, M, Nq, Nk, d) differences).
+        impl: One of :data:`MAE_IMPLS` (the module docstring says what each runs); ``auto``:
+            :func:`auto_mae_impl`.
     """
 
     def __init__(self, impl: str = "auto") -> None:
         super().__init__()
         self.impl = _checked_mae_impl(impl)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        impl = self.impl
-        if impl == "auto":
-            impl = auto_mae_impl()
-        if impl == "cdist":
+    def resolved(self, needs_grad: bool = False, device: torch.device | str = "cpu", tokens: int = 0) -> str:
+        """The impl a call on ``device`` with ``tokens`` keys runs now: ``auto`` resolved; while exporting to ONNX
+        the fused op is its ``Loop`` form, and ``loop`` runs the fused op anywhere else."""
+        impl = auto_mae_impl(needs_grad, device, tokens) if self.impl == "auto" else self.impl
+        if torch.onnx.is_in_onnx_export():
+            return "loop" if impl == "fused" else impl
+        return "fused" if impl == "loop" else impl
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor | None = None,
+        *,
+        impl: str | None = None,
+        sign: float = -1.0,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+    ) -> torch.Tensor:
+        """Distances of ``q`` (B, M, Nq, d) and ``k`` (B, M, Nk, d); with ``v`` (B, M, Nk, dv) and a core impl,
+        the attention output (B, M, Nq, dv). ``impl`` defaults to :meth:`resolved`."""
+        impl = impl or self.resolved(device=q.device, tokens=k.shape[-2])
+        if v is not None:
+            if impl not in CORE_IMPLS:
+                raise ValueError(f"impl {impl!r} computes distances only; the core: {', '.join(CORE_IMPLS)}")
+            core = l1_attention_decomposed if impl == "tiled" else l1_attention  # loop: the op, exported as a Loop
+            return core(q, k, v, sign, 1.0 / q.shape[-1], attn_mask, is_causal)
+        if impl in ("cdist", "fused", "tiled"):
             return torch.cdist(q, k, p=1.0)
         if impl == "blocked":
             return pairwise_l1(q, k)
@@ -204,9 +270,8 @@ class WAFEAttention(StandardAttention):
     Args:
         score: ``dot``, ``mse`` or ``mae``.
         anti: Flip the sign of the scores (anti-WAFE: attend to the *least* similar keys).
-        mae_impl: ``auto`` (:func:`auto_mae_impl`: ``cdist`` in eager, ``broadcast`` under ``torch.compile``,
-            ``blocked`` while exporting to ONNX), ``cdist``, ``blocked`` (:func:`pairwise_l1`) or ``broadcast``
-            (the direct ``|q_i - k_j|`` sum).
+        mae_impl: One of :data:`MAE_IMPLS` (the module docstring says what each runs); ``auto``:
+            :func:`auto_mae_impl`.
         **kwargs: ``timm.layers.Attention`` keywords (see :class:`StandardAttention`).
     """
 
@@ -242,7 +307,14 @@ class WAFEAttention(StandardAttention):
                 key_bias = key_bias + mask
             # Keep the kernel's scale positive (torch's ONNX decomposition takes sqrt(scale)): flip q instead.
             return self.sdpa(-q if self.anti else q, k, v, key_bias, False, scale=2.0 / d)
-        return self.softmax_attend((sign / d) * self.distance(q, k), v, attn_mask, is_causal)
+        dropout = self.training and self.attn_drop.p > 0
+        needs_grad = torch.is_grad_enabled() and q.requires_grad
+        impl = "cdist" if dropout else self.distance.resolved(needs_grad, q.device, k.shape[-2])
+        if impl == "loop" and (attn_mask is not None or is_causal):
+            impl = "blocked"  # the ONNX Loop form is the image models' core: no mask, not causal
+        if impl in CORE_IMPLS:
+            return self.distance(q, k, v, impl=impl, sign=sign, attn_mask=attn_mask, is_causal=is_causal)
+        return self.softmax_attend((sign / d) * self.distance(q, k, impl=impl), v, attn_mask, is_causal)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", score={self.score}, anti={self.anti}"

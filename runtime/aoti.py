@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
+import importlib
 import importlib.util
 import json
 import os
@@ -41,6 +42,7 @@ from attnzoo.runtime.contract import BATCH_DIM
 
 torch = lazy_import("torch")  # the registry (and --help) load without torch
 inductor = lazy_import("torch._inductor")
+wafe = lazy_import("attnzoo.models.wafe")
 
 __all__ = [
     "AOTI_DTYPES",
@@ -54,12 +56,22 @@ __all__ = [
     "fingerprint",
     "cached_package",
     "module_path",
+    "MAE_IMPL",
+    "CODE_MODULES",
 ]
 
 #: Precisions a package is compiled at, per device: fp32 on the CPU; fp32 and fp16 on a CUDA GPU.
 AOTI_DTYPES: dict[str, tuple[str, ...]] = {"cpu": ("fp32",), "cuda": ("fp32", "fp16")}
 #: The batch size ``torch.export`` traces with (every other size is one the package was not traced with).
 TRACE_BATCH = 2
+#: How a package computes the MAE variants' L1 core (``attnzoo.models.wafe.export_mae_impl``): ``tiled``, ordinary
+#: ops that Inductor compiles into the package as one loop per query tile. The fused op ``attnzoo::l1_attention``
+#: is a Python custom op: a package calling it loads only in a Python process that imported attnzoo (C++'s
+#: loader refuses it: "Custom operators created via torch.library.custom_op cannot be run via AOTI without Python
+#: environment").
+MAE_IMPL = "tiled"
+#: Modules whose code a package holds besides the model's classes (the tiled L1 core): part of the cache key.
+CODE_MODULES = ("attnzoo.models.kernels.l1_core",)
 _TORCH_DTYPES = {"fp32": "float32", "fp16": "float16"}
 
 
@@ -91,14 +103,17 @@ def _torch_dtype(dtype: str):
     return getattr(torch, _TORCH_DTYPES[dtype])
 
 
-def export_program(model: Any, hw: tuple[int, int], *, device: str = "cpu", dtype: str = "fp32") -> Any:
+def export_program(
+    model: Any, hw: tuple[int, int], *, device: str = "cpu", dtype: str = "fp32", mae_impl: str = MAE_IMPL
+) -> Any:
     """``torch.export`` of a copy of ``model`` at ``dtype`` on ``device``, traced at batch :data:`TRACE_BATCH` with
     the batch dimension dynamic (1 .. :data:`~attnzoo.limits.MAX_BATCH_SIZE`): the ``ExportedProgram`` whose graph
-    keeps each node's ``nn_module_stack`` (where the extra math is counted)."""
+    keeps each node's ``nn_module_stack`` (where the extra math is counted). The MAE variants' L1 core runs as
+    ``mae_impl`` (default :data:`MAE_IMPL`)."""
     net = copy.deepcopy(model).to(device=device, dtype=_torch_dtype(dtype)).eval()
     x = torch.zeros(TRACE_BATCH, 3, *hw, device=device, dtype=_torch_dtype(dtype))
     batch = torch.export.Dim(BATCH_DIM, min=1, max=MAX_BATCH_SIZE)
-    with torch.no_grad():
+    with torch.no_grad(), wafe.export_mae_impl(mae_impl):
         return torch.export.export(net, (x,), dynamic_shapes=({0: batch},), strict=False)
 
 
@@ -170,6 +185,8 @@ def fingerprint(model: Any, head: Mapping[str, Any], modules: Iterable[str] = ()
     weights and buffers (names, dtypes, shapes, values)."""
     h = hashlib.sha256()
     h.update(json.dumps(dict(head), sort_keys=True, default=str).encode())
+    for name in modules:  # hashed by their source: imported first, so a module not loaded yet is not hashed by name
+        importlib.import_module(name)
     names = {type(m).__module__ for m in model.modules()} | set(modules)
     for path in sorted({str(getattr(sys.modules.get(name), "__file__", None) or name) for name in names}):
         h.update(path.encode() + (Path(path).read_bytes() if path and Path(path).is_file() else b""))
@@ -203,7 +220,7 @@ def cached_package(
     head = {"config": config, "device": kind, "dtype": dtype, "hw": list(hw), "torch": torch.__version__}
     if kind == "cuda":
         head["gpu"] = torch.cuda.get_device_name(torch.device(device))
-    key = fingerprint(model, head, modules=(__name__,))
+    key = fingerprint(model, head, modules=(__name__, *CODE_MODULES))
     folder = cache_subdir(cache_dir, "aoti")
     stem = f"{config.get('variant', type(model).__name__)}_{kind}_{dtype}_{key[:16]}"
     path, record = folder / f"{stem}.pt2", folder / f"{stem}.json"

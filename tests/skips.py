@@ -35,6 +35,7 @@ KINDS: dict[str, str] = {
     r"FIFO": "FIFOs",
     r"malloc_trim": "`malloc_trim`",
     r"C compiler \(gcc\)": "a C compiler",
+    r"[Tt]riton (is )?not installed|no Triton": "Triton where torch's wheel brings none",
     r"\.\[dev\]'? installs it": "ruff or mypy where `[dev]` is not installed",
 }
 

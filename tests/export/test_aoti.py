@@ -379,3 +379,59 @@ def test_bench_latency_times_aoti_rows_from_one_package_per_variant(tmp_path):
         assert r["speedup_pair_median"] is not None and r["info"]["cached"] is (batch == 2)
     assert any(o["backend"] == "aoti" and o["variant"] == "belief2" for o in result["overheads"])
     assert len(list((tmp_path / "cache" / "aoti").glob("*.pt2"))) == 2  # one package per variant
+
+
+def test_a_mae_package_compiles_the_tiled_l1_core_not_the_python_op():
+    """wafe-mae's exported program for AOTInductor holds the tiled core as ordinary ops (Inductor compiles them
+    into the package) in the distance scope: no call of the Python op attnzoo::l1_attention, no cdist."""
+    model = _tiny("wafe-mae")
+    program = aoti.export_program(model, (32, 32))
+    targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+    assert not any("attnzoo" in t or "cdist" in t for t in targets), targets
+    assert {"aten.abs.default", "aten._softmax.default"} <= targets or {
+        "aten.abs.default",
+        "aten.softmax.int",
+    } <= targets
+    found = count_extra_math(program, model.attnzoo_config)
+    assert found["ok"] and "abs" in found["blocks"]["blocks.0.attn.distance"]["ops"], found
+
+
+_LOAD_IN_A_FRESH_PROCESS = """
+import sys, torch
+if sys.argv[2] == "import":
+    import attnzoo.models  # registers attnzoo::l1_attention
+runner = torch._inductor.aoti_load_package(sys.argv[1])
+x = torch.load(sys.argv[3])
+torch.save(runner(x), sys.argv[4])
+"""
+
+
+@pytest.mark.slow  # one AOTInductor compile: a minute or more on a loaded 2-core machine
+def test_a_package_calling_the_fused_op_loads_where_attnzoo_is_imported_only(tmp_path):
+    """mae_impl="fused" exported: the package calls the Python op through AOTInductor's proxy executor; it runs in a
+    fresh process that imported attnzoo.models (matching eager), and one that did not is refused in one line."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    model = _tiny("wafe-mae")
+    program = aoti.export_program(model, (32, 32), mae_impl="fused")
+    assert any(str(n.target) == "attnzoo.l1_attention.default" for n in program.graph.nodes)
+    package = tmp_path / "fused.pt2"
+    aoti.compile_package(program, package)
+    x = torch.randn(3, 3, 32, 32)
+    torch.save(x, tmp_path / "x.pt")
+    root = str(Path(__file__).resolve().parents[2])
+    for mode in ("import", "bare"):
+        proc = subprocess.run(
+            [sys.executable, "-c", _LOAD_IN_A_FRESH_PROCESS, str(package), mode, str(tmp_path / "x.pt"),
+             str(tmp_path / f"{mode}.pt")],
+            cwd=root, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        if mode == "import":
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            with torch.no_grad():
+                np.testing.assert_allclose(torch.load(tmp_path / "import.pt").numpy(), model(x).numpy(), atol=1e-5)
+        else:
+            assert proc.returncode != 0
+            assert "Could not find schema for attnzoo::l1_attention" in proc.stderr

@@ -799,3 +799,37 @@ def test_the_pipeline_runs_a_new_format_writes_its_file_and_summary(tar_format, 
     lines = result.summary().splitlines()
     assert any(line.startswith("  PASSED (worst block ") for line in lines)  # the ONNX's verdict, then the part's
     assert lines[-1] == f"{out}: tar archive of b2.onnx, b2.report.json"
+
+
+@pytest.mark.slow  # two micro exports with their verification: ~15 s on a loaded 2-core machine
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_mae_loop_export_holds_a_tile_never_a_heads_scores(tmp_path, dtype):
+    """mae_impl="loop" (auto's ONNX form for long sequences, here forced at micro size): the fused core is one Loop
+    per block in the distance scope, the graph holds no head's N x N scores outside it, and the file verifies
+    against eager (ONNX Runtime) and runs on OpenVINO where it is installed."""
+    torch.manual_seed(0)
+    model = create_model("anti-wafe-mae", "cls", "micro", num_classes=5, mae_impl="loop")
+    path = tmp_path / f"loop_{dtype}.onnx"
+    report = export_verified(model, path, model.attnzoo_config, dtype=dtype, batch_sizes=(1,))
+    assert report["passed"], report["failures"]
+    found = report["extra_math"]
+    assert found["ok"] and set(found["blocks"]) == {f"blocks.{i}.attn.distance" for i in range(DEPTH)}
+    assert all(scope["ops"].get("Loop") == 1 for scope in found["blocks"].values())  # counted in the scope
+    proto = onnx.load(str(path))
+    loops = [n.name for n in proto.graph.node if n.op_type == "Loop"]
+    assert loops == [f"blocks.{i}.attn.distance/Loop" for i in range(DEPTH)]
+    arch = ARCHS["micro"]
+    tokens = (32 // arch["patch_size"]) ** 2 + 1
+    inferred = onnx.shape_inference.infer_shapes(proto).graph.value_info
+    shapes = [[d.dim_value for d in v.type.tensor_type.shape.dim] for v in inferred]
+    assert len(shapes) > 50 and any(tokens in s for s in shapes)  # shapes known, so the next line means something
+    assert not [s for s in shapes if s.count(tokens) >= 2]  # no (..., N, N) scores: they live inside the loop
+    x = np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    with torch.no_grad():
+        want = model.eval()(torch.from_numpy(x)).numpy()
+    from attnzoo.runtime.backends import get_backend
+
+    openvino = get_backend("openvino")
+    if openvino.unavailable_reason("fp32", "cpu") is None:
+        got = openvino.compiled(path, 1)([x])[0]
+        assert np.abs(got - want).max() < (1e-4 if dtype == "fp32" else 5e-2)

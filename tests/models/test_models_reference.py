@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from attnzoo.models import VARIANT_NAMES, VARIANTS, create_attention
-from attnzoo.models.wafe import MAE_BLOCK, auto_mae_impl, mae_block, pairwise_l1
+from attnzoo.models.wafe import MAE_BLOCK, auto_mae_impl, export_mae_impl, mae_block, pairwise_l1
 
 D, M, N, B = 32, 4, 7, 2
 d = D // M
@@ -146,10 +146,11 @@ def test_matches_reference_fp32(name):
     torch.testing.assert_close(out.double(), ref, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("impl", ["broadcast", "blocked"])
+@pytest.mark.parametrize("impl", ["fused", "tiled", "cdist", "broadcast", "blocked"])
 @pytest.mark.parametrize("name", ["wafe-mae", "anti-wafe-mae"])
-def test_mae_export_paths_match_reference(name, impl):
-    """The formulations the ONNX export can use (eager runs cdist) against the paper's eq. 5/6."""
+def test_mae_impls_match_reference(name, impl):
+    """Every form of the MAE core, run eagerly, against the paper's eq. 5/6 (``auto`` runs ``fused`` here; the
+    training form, ``cdist``, is checked with gradients below)."""
     attn = _layer(name, mae_impl=impl)
     x = torch.randn(B, N, D)
     with torch.no_grad():
@@ -206,38 +207,72 @@ def test_dot_product_cores_run_one_fused_kernel(name, causal):
 
 @pytest.mark.parametrize("name", MAE_VARIANTS)
 def test_mae_core_never_stores_the_differences(name):
-    """No tensor of the (B, M, N, N, d) differences |q_i - k_j|: the largest allocation is the N x N scores."""
+    """No tensor of the (B, M, N, N, d) differences |q_i - k_j|: the fused core (eager inference) holds one tile
+    of scores (all of them where they fit one, as at 197 tokens here), never more; the cdist form (training)
+    holds the scores, not the differences."""
+    from attnzoo.models.kernels import TILE_ELEMENTS
+
+    for n in (197, 400):
+        x = torch.randn(B, n, D)
+        scores = B * M * n * n * 4
+        biggest = max(e.self_cpu_memory_usage for e in _profiled_ops(_layer(name), x))
+        assert biggest <= min(scores, 4 * TILE_ELEMENTS), n
     n = 197
-    events = _profiled_ops(_layer(name), torch.randn(B, n, D))
-    biggest = max(e.self_cpu_memory_usage for e in events)
     scores = B * M * n * n * 4
+    biggest = max(e.self_cpu_memory_usage for e in _profiled_ops(_layer(name, mae_impl="cdist"), torch.randn(B, n, D)))
     assert scores <= biggest < scores * d / 2
 
 
+@pytest.mark.parametrize("name", MAE_VARIANTS)
+def test_mae_training_path_gradients_match_reference(name):
+    """Where autograd records, ``auto`` runs the cdist form: its output and its gradients for the layer's weights
+    against autograd through the float64 reference of eq. 5/6."""
+    attn = _layer(name)
+    x = torch.randn(B, N, D, generator=torch.Generator().manual_seed(7))
+    assert attn.distance.resolved(needs_grad=True) == "cdist"
+    out = attn(x)
+    grads = torch.autograd.grad(out.square().sum(), [attn.qkv.weight, attn.proj.weight])
+    ref_attn = _layer(name).double()
+    ref = reference(name, ref_attn, x.double())
+    ref_grads = torch.autograd.grad(ref.square().sum(), [ref_attn.qkv.weight, ref_attn.proj.weight])
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=1e-5)
+    for got, want in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-4)
+
+
 def test_auto_mae_impl_follows_the_tracer():
-    """mae_impl="auto": cdist in eager and under torch.export (its program may run eagerly), the broadcast sum
-    under torch.compile (its compiler fuses it into one loop); the ONNX export's blocked form is tested there."""
+    """mae_impl="auto": the fused op in eager inference, cdist where autograd records and under a plain
+    torch.export (ExecuTorch runs the program with its own kernels), what export_mae_impl sets under it, the
+    tiled core under torch.compile on the CPU (its compiler fuses each tile); the ONNX export's blocked form is
+    tested there."""
     seen = []
 
     class Probe(torch.nn.Module):
         def forward(self, x):
-            seen.append(auto_mae_impl())
+            seen.append(auto_mae_impl(device=x.device))
             return x + 1
 
     probe = Probe()
     probe(torch.zeros(1))
+    assert auto_mae_impl(needs_grad=True) == "cdist"
     torch.compile(probe, backend="eager", fullgraph=True)(torch.zeros(1))
     compiled = len(seen)
     torch.export.export(probe, (torch.zeros(1),))
-    assert seen[0] == "cdist"
-    assert set(seen[1:compiled]) == {"broadcast"}
-    assert set(seen[compiled:]) == {"cdist"}
+    exported = len(seen)
+    with export_mae_impl("tiled"):
+        torch.export.export(probe, (torch.zeros(1),))
+    assert seen[0] == "fused"
+    assert set(seen[1:compiled]) == {"tiled"}
+    assert set(seen[compiled:exported]) == {"cdist"}
+    assert set(seen[exported:]) == {"tiled"}
+    with pytest.raises(ValueError, match="unknown mae_impl 'nope'"), export_mae_impl("nope"):
+        pass
 
 
 @pytest.mark.slow
 def test_compiled_mae_core_matches_reference():
-    """torch.compile (Inductor, CPU) of an MAE layer: the fused distance loop against eq. 5, and no allocation
-    of the (B, M, N, N, d) differences (anti-WAFE differs by the sign only)."""
+    """torch.compile (Inductor, CPU) of an MAE layer: the tiled core, one loop per tile, against eq. 5, and no
+    allocation of the (B, M, N, N, d) differences (anti-WAFE differs by the sign only)."""
     name, n = "wafe-mae", 37
     attn = _layer(name)
     x = torch.randn(B, n, D, generator=torch.Generator().manual_seed(2))

@@ -1,4 +1,5 @@
-"""python -m attnzoo.studies.fused_cores: rows per group against standard, the previous cores, resume, bad flags."""
+"""python -m research.fused_cores: rows per group against standard, the previous and alternative cores, the
+runtimes, each row's memory and bound, resume, bad flags."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ FAST = ["--variants", "belief2,wafe-mae", "--compiled-variants", "none", "--batc
     [
         (["--variants", "nope"], "unknown variant 'nope'"),
         (["--rounds", "1"], "--rounds must be >= 2"),
-        (["--tokens", "1"], "--tokens must list token counts >= 2"),
+        (["--tokens", "1"], "--tokens must list integers >= 2"),
         (["--batch-sizes", "0"], "--batch-sizes must be comma-separated positive integers"),
+        (["--threads", "0"], "--threads must list integers >= 1"),
+        (["--modes", "eager,nope"], "--modes: unknown nope; valid: eager, compiled, aoti, ort, openvino"),
     ],
 )
 def test_bad_flags_are_one_line_before_any_work(tmp_path, capsys, args, words):
@@ -39,22 +42,83 @@ def test_rows_ratios_previous_cores_and_resume(tmp_path, capsys):
     assert {(r["tokens"], r["variant"], r["core"]) for r in rows} == {
         (t, v, c)
         for t in (5, 7)
-        for v, c in [("standard", "current"), ("belief2", "current"), ("belief2", "before"), ("wafe-mae", "current")]
-    }  # eager MAE runs cdist before and after: no before row
+        for v, c in [
+            ("standard", "current"),
+            ("belief2", "current"),
+            ("belief2", "before"),
+            ("wafe-mae", "current"),
+            ("wafe-mae", "cdist"),  # the eager MAE core before the fused op
+        ]
+    }
     for r in rows:
-        assert r["parity_ok"] and r["median_ms"] > 0
+        assert r["parity_ok"] and r["median_ms"] > 0 and r["threads"] == 1 and r["mode"] == "eager"
         if r["variant"] == "standard":
-            assert r["x_standard"]["ratio_median"] == 1.0
-        assert ("speedup" in r) == (r["core"] == "before")
+            assert r["x_standard"]["ratio_median"] == 1.0 and r["bound"] == 1.0
+        assert ("speedup" in r) == (r["core"] != "current")
+        assert r["peak_mb"] is not None and r["peak_mb"] >= 0
+    assert {r["impl"] for r in rows if r["variant"] == "wafe-mae"} == {"fused", "cdist"}
     readme = (out / "README.md").read_text()
-    assert result["command"] in readme and "| 7 | 1 | `belief2` | before |" in readme
+    assert result["command"] in readme and "| 7 | 1 | 1 | `belief2` | before |" in readme
+    assert "| 7 | 1 | 1 | `wafe-mae` | current (`fused`) |" in readme
 
     # a stopped run: the 5-token group done (marked), the 7-token group not; the rerun keeps the first
     kept = [dict(r, median_ms=-1.0) for r in rows if r["tokens"] == 5]
     partial = dict(result, rows=kept, complete=False)
     (out / "fused-cores.partial.json").write_text(json.dumps(partial))
     main([*FAST, "--tokens", "5,7", "--out", str(out), "--no-progress"])
-    assert "resuming: 4 rows kept" in capsys.readouterr().err
+    assert "resuming: 5 rows kept" in capsys.readouterr().err
     again = json.loads((out / "fused-cores.json").read_text())["rows"]
-    assert [r["median_ms"] for r in again if r["tokens"] == 5] == [-1.0] * 4
+    assert [r["median_ms"] for r in again if r["tokens"] == 5] == [-1.0] * 5
     assert all(r["median_ms"] > 0 for r in again if r["tokens"] == 7)
+
+
+def test_current_core_labels_follow_auto_mae_impl():
+    """The study labels each current MAE row with what mae_impl="auto" runs there; the rules live in
+    attnzoo.models.wafe and attnzoo.runtime.aoti, and these labels must not drift from them."""
+    from attnzoo.models.wafe import ONNX_LOOP_TOKENS, auto_mae_impl
+    from attnzoo.runtime.aoti import MAE_IMPL
+    from research.core_runners import current_impl
+
+    assert current_impl(True, "eager", 197) == auto_mae_impl() == "fused"
+    assert current_impl(True, "aoti", 197) == MAE_IMPL
+    assert current_impl(True, "ort", ONNX_LOOP_TOKENS - 1) == "blocked"
+    assert current_impl(True, "openvino", ONNX_LOOP_TOKENS) == "loop"
+    assert current_impl(False, "eager", 197) is None
+
+
+def test_peak_resident_sees_a_short_allocation():
+    """The kernel's high-water mark catches an allocation freed before the block ends (no sampling to miss it)."""
+    import numpy as np
+
+    from research.core_runners import PeakResident
+
+    with PeakResident() as mem:
+        a = np.ones(64 * 2**20 // 8)  # 64 MiB, touched
+        del a
+    if mem.mb is None:  # no /proc/self/clear_refs: not Linux
+        pytest.skip("peak resident memory needs Linux's /proc")
+    assert 60 <= mem.mb < 200
+
+
+@pytest.mark.slow  # three tiny ONNX exports and their sessions: about a minute on a loaded 2-core machine
+def test_runtimes_rows_the_onnx_forms_memory_and_bound(tmp_path):
+    """The ONNX runtimes: each MAE block in its current ONNX form and the other one (blocked, Loop), checked
+    against eager, with its peak memory, its ratio to standard's and the arithmetic bound."""
+    from attnzoo.runtime.backends import get_backend
+
+    modes = "ort,openvino" if get_backend("openvino").unavailable_reason() is None else "ort"
+    out = tmp_path / "out"
+    args = ["--variants", "anti-wafe-mae", "--modes", modes, "--tokens", "9", "--batch-sizes", "2", "--rounds", "2"]
+    main([*args, "--threads", "1", "--out", str(out), "--cache-dir", str(tmp_path / "cache"), "--no-progress"])
+    rows = json.loads((out / "fused-cores.json").read_text())["rows"]
+    for mode in modes.split(","):
+        got = {(r["variant"], r["core"], r["impl"]) for r in rows if r["mode"] == mode}
+        assert got == {
+            ("standard", "current", None),
+            ("anti-wafe-mae", "current", "blocked"),
+            ("anti-wafe-mae", "loop", "loop"),
+        }
+    for r in rows:
+        assert r["parity_ok"] and r["peak_mb"] > 0 and r["mem_x_standard"] > 0
+        assert r["bound"] == (1.0 if r["variant"] == "standard" else pytest.approx(1.0, abs=0.01))
+    assert len(list((tmp_path / "cache" / "onnx").glob("*.onnx"))) == 3  # one export per form, both runtimes
