@@ -233,7 +233,7 @@ class PairwiseL1(nn.Module):
             return core(q, k, v, sign, 1.0 / q.shape[-1], attn_mask, is_causal)
         if impl in ("cdist", "fused", "tiled"):
             return torch.cdist(q, k, p=1.0)
-        if impl == "blocked":
+        if impl in ("blocked", "loop"):  # loop: the distances alone have no Loop form; the ONNX one
             return pairwise_l1(q, k)
         return (q.unsqueeze(-2) - k.unsqueeze(-3)).abs().sum(dim=-1)
 

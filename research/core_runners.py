@@ -130,6 +130,7 @@ def _onnx(block: Any, x: Any, path: Path) -> float:
 
 def _aoti(block: Any, x: Any, cache: Path, name: str) -> tuple[Path, float]:
     """An AOTInductor package of ``block`` at ``x``'s shape, cached by its fingerprint; (path, compile seconds)."""
+    cache.mkdir(parents=True, exist_ok=True)
     head = {"name": name, "shape": list(x.shape), "torch": torch.__version__}
     path = cache / f"{name}-{aoti.fingerprint(block, head, modules=aoti.CODE_MODULES)[:16]}.pt2"
     if path.is_file():

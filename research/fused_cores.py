@@ -243,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--variants", default="all", help="'all' or comma-separated variants (eager, ort, openvino)")
+    p.add_argument("--variants", default="all", help="'all', 'none' or comma-separated variants (eager, ort, openvino)")
     p.add_argument(
         "--compiled-variants",
         default=",".join(DEFAULT_COMPILED),
@@ -266,9 +266,9 @@ def _settings(a: argparse.Namespace) -> dict[str, Any]:
     """The parsed command line as the JSON settings (the resume key); ``UsageError`` before any work."""
     if a.rounds < 2:
         raise UsageError(f"--rounds must be >= 2, got {a.rounds}")
-    compiled = a.compiled_variants.strip()
+    compiled, eager = a.compiled_variants.strip(), a.variants.strip()
     return {
-        "variants": variant_list(a.variants),
+        "variants": [] if eager == "none" else variant_list(eager),
         "compiled_variants": [] if compiled == "none" else variant_list(compiled),
         "modes": _modes(a.modes),
         "tokens": _ints(a.tokens, "--tokens", 2),

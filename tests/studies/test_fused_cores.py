@@ -122,3 +122,30 @@ def test_runtimes_rows_the_onnx_forms_memory_and_bound(tmp_path):
         assert r["parity_ok"] and r["peak_mb"] > 0 and r["mem_x_standard"] > 0
         assert r["bound"] == (1.0 if r["variant"] == "standard" else pytest.approx(1.0, abs=0.01))
     assert len(list((tmp_path / "cache" / "onnx").glob("*.onnx"))) == 3  # one export per form, both runtimes
+
+
+@pytest.mark.slow
+@pytest.mark.matrix  # four compiles and four AOTInductor packages of a ViT-S block: minutes on 2 cores
+def test_compiling_modes_rows_and_package_cache(tmp_path):
+    """torch.compile and AOTInductor rows of an MAE block: the tiled core current, its alternatives beside it, all
+    matching eager; the packages are cached, so a second run compiles none."""
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    args = ["--variants", "none", "--compiled-variants", "wafe-mae", "--modes", "compiled,aoti", "--tokens", "9"]
+    args += ["--batch-sizes", "1", "--rounds", "2", "--cache-dir", str(cache), "--no-progress"]
+    main([*args, "--out", str(out)])
+    rows = json.loads((out / "fused-cores.json").read_text())["rows"]
+    assert {(r["mode"], r["variant"], r["impl"]) for r in rows if r["variant"] == "wafe-mae"} == {
+        ("compiled", "wafe-mae", "tiled"),
+        ("compiled", "wafe-mae", "broadcast"),
+        ("compiled", "wafe-mae", "fused"),
+        ("aoti", "wafe-mae", "tiled"),
+        ("aoti", "wafe-mae", "cdist"),
+        ("aoti", "wafe-mae", "fused"),
+    }
+    assert all(r["parity_ok"] and r["peak_mb"] is not None for r in rows)
+    packages = sorted((cache / "aoti").glob("*.pt2"))
+    assert len(packages) == 4  # standard and the three MAE cores
+    main([*args, "--out", str(tmp_path / "again")])
+    assert sorted((cache / "aoti").glob("*.pt2")) == packages
+    again = json.loads((tmp_path / "again" / "fused-cores.json").read_text())["rows"]
+    assert all(r["build_s"] == 0.0 for r in again if r["mode"] == "aoti")
