@@ -38,8 +38,6 @@ from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.contract import BATCH_DIM, INPUT_NAME, OUTPUT_NAME, config_from_props, metadata_props
 from attnzoo.runtime.precision import PRECISIONS, TRACED
 
-from .onnx_l1 import TRANSLATIONS
-
 __all__ = [
     "export_onnx",
     "contract_metadata",
@@ -319,6 +317,8 @@ def export_onnx(
     hw = (input_hw[0], input_hw[1]) if input_hw else config_hw(config)
     model = _fp16_model(model, _extra_scopes(config)) if precision.half else model.eval()
     example = torch.randn(2, 3, *hw, dtype=torch.float16 if precision.half else torch.float32)
+    from .onnx_l1 import TRANSLATIONS  # onnxscript, as torch's exporter: imported by an export only
+
     with torch.no_grad(), warnings.catch_warnings(), _fixed_size_pos_embed():
         warnings.simplefilter("ignore")
         try:

@@ -61,6 +61,7 @@ torch = lazy_import("torch")
 models = lazy_import("attnzoo.models")
 zoo = lazy_import("attnzoo.zoo")
 export = lazy_import("attnzoo.export")
+export_formats = lazy_import("attnzoo.export.formats")
 onnx_export = lazy_import("attnzoo.export.onnx_export")
 bench_flops = lazy_import("attnzoo.benchmarks.flops")
 bench_run = lazy_import("attnzoo.benchmarks.run")
@@ -435,7 +436,7 @@ def _engine_format() -> ExportFormat:
     (:attr:`~attnzoo.export.formats.ExportFormat.builds_engine`, ``--format tensorrt``); its name is the step's in
     ``steps`` and keys its entry in an export side, as a format of :data:`~attnzoo.report.render.REPORT_FORMATS`'s
     does."""
-    return next(part for part in export.formats.formats().values() if part.builds_engine)
+    return next(part for part in export_formats.formats().values() if part.builds_engine)
 
 
 def export_side(
@@ -545,7 +546,7 @@ def export_side(
             continue
 
         def written(fmt: str = fmt) -> dict[str, Any]:
-            path = folder / f"{variant}{export.formats.get_format(fmt).suffixes[0]}"
+            path = folder / f"{variant}{export_formats.get_format(fmt).suffixes[0]}"
             r = export.export_model(**args, out=path, format=fmt, batch_sizes=BATCH_SIZES)
             return _format_summary(r.report, out, path)
 
