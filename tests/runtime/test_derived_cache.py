@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from attnzoo.fileio import cache_subdir, derived_facts, derived_is_current, private_dir, record_derived, sha256_file
-from attnzoo.runtime.backends.ort_cpu import tuned_cpu_session
+from attnzoo.targets.onnxruntime.cpu import tuned_cpu_session
 
 
 def _matmul_model(path, scale: float, extra: int = 0):
