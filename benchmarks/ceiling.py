@@ -24,9 +24,8 @@ from attnzoo.benchmarks.timing import measure
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_info
 from attnzoo.runtime import openvino as ov_rt
+from attnzoo.runtime.backends import onnx_reference
 from attnzoo.runtime.backends.openvino import OPENVINO
-from attnzoo.runtime.backends.ort_cpu import ORT_CPU
-from attnzoo.runtime.sessions import available_providers, session_options
 
 torch = lazy_import("torch")
 onnx = lazy_import("onnx")
@@ -92,7 +91,7 @@ def _fp32_libraries(n: int, threads: int, tmp: Path) -> dict[str, Callable[[], o
     path = tmp / "matmul_fp32.onnx"
     _onnx_matmul(path, n, False, w)
     try:
-        sess = ORT_CPU.session(path, options=session_options(threads, spinning=False)).session
+        sess = onnx_reference().session(path, threads, spinning=False).session
         fns["onnxruntime"] = lambda: sess.run(None, {"x": x})
     except ImportError:
         pass
@@ -154,7 +153,7 @@ def _int8(n: int, threads: int, ops: float, seconds: float, flags: list[str], tm
             "(no AMX, VNNI, AVX2 or Arm dot product in its flags)",
         }
 
-    if "CPUExecutionProvider" not in available_providers():
+    if onnx_reference().unavailable_reason() is not None:
         return {
             "status": "not measured",
             "reason": "onnxruntime is not installed (its MatMulInteger is the kernel dynamic int8 quantization runs)",
@@ -165,7 +164,7 @@ def _int8(n: int, threads: int, ops: float, seconds: float, flags: list[str], tm
     path = tmp / "matmul_int8.onnx"
     _onnx_matmul(path, n, True, w)
     try:
-        sess = ORT_CPU.session(path, options=session_options(threads, spinning=False)).session
+        sess = onnx_reference().session(path, threads, spinning=False).session
     except Exception as exc:  # an onnxruntime build without the kernel: say so
         return {"status": "not measured", "reason": f"onnxruntime MatMulInteger failed: {exc}"[:300]}
     rate = _rate(lambda: sess.run(None, {"x": x}), ops, seconds)

@@ -1,5 +1,5 @@
 """ONNX Runtime on the CPU, for the benchmark's looks inside it: the op profiler (the export as it is against the
-``ort-cpu`` backend's tuned session, :func:`attnzoo.runtime.backends.ort_cpu.tuned_cpu_session`), dynamic int8,
+``ort-cpu`` backend's tuned session, both from :meth:`attnzoo.runtime.backends.OnnxReference.profiled`), dynamic int8,
 and a GEMM throughput probe against PyTorch.
 """
 
@@ -18,8 +18,7 @@ import numpy as np
 from attnzoo.benchmarks.timing import measure_pair
 from attnzoo.fileio import derived_is_current, record_derived, sha256_file, temporary_sibling
 from attnzoo.lazy import lazy_import
-from attnzoo.runtime.backends.ort_cpu import ORT_CPU
-from attnzoo.runtime.sessions import session_options
+from attnzoo.runtime.backends import onnx_reference
 
 onnx = lazy_import("onnx")
 ort = lazy_import("onnxruntime")
@@ -118,7 +117,7 @@ def gemm_gflops(threads: int, m: int = 8 * 197, k: int = 192, n: int = 768, seco
         [onnx.numpy_helper.from_array(w.T.contiguous().numpy(), "w")],
     )
     proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 20)], ir_version=10)
-    sess = ORT_CPU.session(proto, options=session_options(threads, "all", spinning=False)).session
+    sess = onnx_reference().session(proto, threads, spinning=False).session
     feed = {"x": x.numpy()}
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)

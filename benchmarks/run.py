@@ -50,8 +50,7 @@ from attnzoo.errors import first_line
 from attnzoo.export import export_verified
 from attnzoo.machine import environment, load_1min, load_average, load_slowdown, others_load, usable_cores
 from attnzoo.models import create_model
-from attnzoo.runtime.backends import ONNX_REFERENCE, Backend, Call, get_backend, reference_backend
-from attnzoo.runtime.backends.ort_cpu import ORT_CPU
+from attnzoo.runtime.backends import ONNX_REFERENCE, Backend, Call, get_backend, onnx_reference, reference_backend
 from attnzoo.runtime.parity import TOLERANCES
 from attnzoo.runtime.parity import check as check_parity
 from attnzoo.signals import Interrupted, Terminated
@@ -583,9 +582,10 @@ class _Bench:
     def profile(self, variant: str, onnx_path: Path, x: torch.Tensor) -> None:
         """ORT profiler: per-op-type time of the naive session and of the tuned ``ort-cpu`` session."""
         xs = x.numpy()
-        options = ORT_CPU.options(threads=self.s.threads, cache_dir=self.s.cache_dir, batch=len(xs))
-        naive = profile_ops(lambda prefix: ORT_CPU.profiled(onnx_path, options, prefix, optimize=False).session, xs)
-        tuned = profile_ops(lambda prefix: ORT_CPU.profiled(onnx_path, options, prefix).session, xs)
+        ort_cpu = onnx_reference()
+        options = ort_cpu.options(threads=self.s.threads, cache_dir=self.s.cache_dir, batch=len(xs))
+        naive = profile_ops(lambda prefix: ort_cpu.profiled(onnx_path, options, prefix, optimize=False).session, xs)
+        tuned = profile_ops(lambda prefix: ort_cpu.profiled(onnx_path, options, prefix).session, xs)
         self.profiles.append({"variant": variant, "batch": int(x.shape[0]), "naive": naive, "tuned": tuned})
 
     def todo(self, variant: str, batch: int) -> list[tuple[str, str]]:

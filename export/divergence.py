@@ -5,7 +5,7 @@ Block outputs are read through the module scopes the exported graph keeps in its
 (``blocks.N/<Op>``, ``encoder.blocks.N/...`` in a Segmenter, :func:`attnzoo.export.check.block_prefix`): block
 N's output is the last tensor produced inside scope ``blocks.N`` that a node outside every block, or of a later
 block, reads (the block's final residual ``Add``). Only those tensors, one per block, are added as outputs of an
-in-memory copy of the graph, which ONNX Runtime's CPU session (:meth:`ORT_CPU.session`) runs once on a few inputs
+in-memory copy of the graph, which ONNX Runtime's CPU session (``onnx_reference().session``) runs once on a few inputs
 (the verification's smallest batch, whose eager block outputs its own forward kept); nothing else is marked.
 The reference is the eager model's block outputs (forward hooks on each block) for fp32 and fp16 exports, and the
 verified fp32 graph's own tensors of the same names for int8 / fp8 Q/DQ graphs.
@@ -39,7 +39,7 @@ import onnx
 import torch
 from torch import nn
 
-from attnzoo.runtime.backends.ort_cpu import ORT_CPU
+from attnzoo.runtime.backends import onnx_reference
 from attnzoo.runtime.parity import TOLERANCES
 
 from .check import block_prefix
@@ -147,7 +147,7 @@ def _run(proto: onnx.ModelProto, names: Sequence[str], x: np.ndarray, threads: i
     copy.CopyFrom(proto)
     have = {o.name for o in copy.graph.output}
     copy.graph.output.extend(onnx.ValueInfoProto(name=n) for n in dict.fromkeys(names) if n and n not in have)
-    sess = ORT_CPU.session(copy, threads).session
+    sess = onnx_reference().session(copy, threads).session
     wanted = [n for n in dict.fromkeys(names) if n]
     values = sess.run(wanted, {sess.get_inputs()[0].name: x})
     return dict(zip(wanted, values, strict=True))

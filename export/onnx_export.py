@@ -34,7 +34,7 @@ from attnzoo import __version__
 from attnzoo.fileio import atomic_path
 from attnzoo.models import VARIANTS
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, input_style_of
-from attnzoo.runtime.backends.ort_cpu import ORT_CPU
+from attnzoo.runtime.backends import onnx_reference
 from attnzoo.runtime.contract import BATCH_DIM, INPUT_NAME, OUTPUT_NAME, config_from_props, metadata_props
 from attnzoo.runtime.precision import PRECISIONS, TRACED
 
@@ -364,8 +364,8 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
 
 def make_session(path: str | Path, threads: int | None = None):
     """The ``onnxruntime.InferenceSession`` every export is verified on: the ``ort-cpu`` backend's untuned session
-    (:meth:`~attnzoo.runtime.backends.ort_cpu.OrtCpuBackend.session`)."""
-    return ORT_CPU.session(path, threads).session
+    (:meth:`~attnzoo.runtime.backends.OnnxReference.session`)."""
+    return onnx_reference().session(path, threads).session
 
 
 def op_histogram(proto: onnx.ModelProto) -> dict[str, int]:

@@ -28,7 +28,7 @@ from attnzoo.data.datasets import shapes_images
 from attnzoo.fileio import atomic_path, atomic_write_text, sha256_file
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
 from attnzoo.runtime.aoti import fingerprint
-from attnzoo.runtime.backends.ort_cpu import ORT_CPU
+from attnzoo.runtime.backends import onnx_reference
 from attnzoo.runtime.contract import BATCH_DIM, metadata_props
 from attnzoo.runtime.parity import TOLERANCES, compare
 from attnzoo.runtime.precision import PRECISIONS
@@ -151,7 +151,7 @@ def verify_onnx(
     """
     hw = (input_hw[0], input_hw[1]) if input_hw else (int(config["img_size"]),) * 2
     sizes = checked_batch_sizes(batch_sizes)
-    session = ORT_CPU.session(path, threads).session  # fp32 without TF32: the fp32 tolerance holds
+    session = onnx_reference().session(path, threads).session  # fp32 without TF32: the fp32 tolerance holds
     batch_dim = session.get_inputs()[0].shape[0]
     name = session.get_inputs()[0].name
     parity = parity_vs_eager(

@@ -44,8 +44,7 @@ from attnzoo.filekind import checkpoint_kind
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import bf16_problem, environment
 from attnzoo.modelconfig import check_variant, variant_names
-from attnzoo.runtime.backends import backend_names
-from attnzoo.runtime.backends.ort_cpu import ORT_CPU
+from attnzoo.runtime.backends import backend_names, onnx_reference
 from attnzoo.runtime.fusion import audit
 from attnzoo.runtime.fusion import markdown as fusion_markdown
 from attnzoo.signals import Interrupted, Terminated
@@ -620,7 +619,7 @@ def fusable(
         }
     hw = onnx_export.config_hw(export.read_metadata(path20))
     x = np.random.default_rng(0).standard_normal((1, 3, *hw), dtype=np.float32)
-    ref = ORT_CPU.session(path20).run(x)
+    ref = onnx_reference().session(path20).run(x)
     times = time_opsets(
         {20: path20, 23: path23},
         x,

@@ -7,7 +7,7 @@ A block (LayerNorm, attention, MLP) takes (batch, tokens, width) token tensors. 
   block's fingerprint in ``<cache>/fused-cores/``), loaded and run;
 - ``ort``, ``openvino``: its ONNX export (the package's exporter settings: opset 20, dynamic batch, the custom op's
   ``Loop`` translation; cached per variant, core and tokens), in ONNX Runtime's untuned CPU session (the one
-  export verification and the studies run, ``ORT_CPU.session``) and OpenVINO's CPU plugin at f32
+  export verification and the studies run, ``onnx_reference().session``) and OpenVINO's CPU plugin at f32
   (``OPENVINO.compiled``), each with the group's threads.
 
 A row's peak memory (:class:`PeakResident`) is the process's peak resident set above its resident set just before
@@ -28,8 +28,8 @@ from typing import Any
 from attnzoo.fileio import atomic_path
 from attnzoo.lazy import lazy_import
 from attnzoo.limits import return_free_memory
+from attnzoo.runtime.backends import onnx_reference
 from attnzoo.runtime.backends.openvino import OPENVINO
-from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.contract import INPUT_NAME, OUTPUT_NAME
 
 torch = lazy_import("torch")
@@ -177,7 +177,7 @@ _BUILDERS: dict[str, Callable[..., Runner]] = {
     "eager": _eager,
     "compiled": _compiled,
     "aoti": _packaged,
-    "ort": _onnx_runner(ORT_CPU.session, lambda s, xn: s.run(xn)),
+    "ort": _onnx_runner(lambda path, threads: onnx_reference().session(path, threads), lambda s, xn: s.run(xn)),
     "openvino": _onnx_runner(OPENVINO.compiled, lambda c, xn: np.asarray(c([xn])[0])),
 }
 

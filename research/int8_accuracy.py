@@ -43,7 +43,7 @@ from attnzoo.lazy import lazy_import
 from attnzoo.machine import environment, load_average
 from attnzoo.metrics import confusion_matrix, metrics_from_confusion
 from attnzoo.preprocess import normalize
-from attnzoo.runtime.backends.ort_cpu import ORT_CPU
+from attnzoo.runtime.backends import onnx_reference
 from attnzoo.runtime.evaluate import predict_session
 from research.study import (
     add_output_flags,
@@ -103,8 +103,9 @@ def _test_split(entry: dict[str, Any], cfg: dict[str, Any], *, limit: int | None
 
 def _speed(fp32: Path, int8: Path, x: np.ndarray, threads: int, batch: int, min_time: float, cache: Path) -> dict:
     """fp32 against int8 at one batch size, A B A B: both medians and the per-pair speed-up."""
-    fixed = ORT_CPU.options(threads=threads, cache_dir=cache, batch=batch)
-    s32, s8 = ORT_CPU.load(fp32, fixed).session, ORT_CPU.load(int8, fixed).session
+    ort_cpu = onnx_reference()
+    fixed = ort_cpu.options(threads=threads, cache_dir=cache, batch=batch)
+    s32, s8 = ort_cpu.load(fp32, fixed).session, ort_cpu.load(int8, fixed).session
     feed = {s32.get_inputs()[0].name: x[:batch]}
     t32, t8 = measure_pair(partial(s32.run, None, feed), partial(s8.run, None, feed), min_time)
     return {
@@ -124,8 +125,9 @@ def _int8_row(entry: dict[str, Any], cache_dir: Path, threads: int, batch_sizes,
     x = normalize(data.images, cfg["mean"], cfg["std"])
     y = data.labels if entry["task"] == "cls" else data.masks.astype(np.int64)
     k = len(data.class_names)
-    tuned = ORT_CPU.options(threads=threads, cache_dir=cache_dir)
-    with ORT_CPU.load(fp32, tuned) as sess32, ORT_CPU.load(int8, tuned) as sess8:
+    ort_cpu = onnx_reference()
+    tuned = ort_cpu.options(threads=threads, cache_dir=cache_dir)
+    with ort_cpu.load(fp32, tuned) as sess32, ort_cpu.load(int8, tuned) as sess8:
         p32, p8 = predict_session(sess32.run, x), predict_session(sess8.run, x)
     m32 = _metric(confusion_matrix(y, p32, k).numpy(), entry["task"], data.class_names)
     m8 = _metric(confusion_matrix(y, p8, k).numpy(), entry["task"], data.class_names)

@@ -57,7 +57,7 @@ from attnzoo.fileio import default_cache_dir, writable_dir
 from attnzoo.machine import environment, load_average
 from attnzoo.metrics import confusion_matrix, metrics_from_confusion
 from attnzoo.models import canonical_name
-from attnzoo.runtime.backends.ort_cpu import ORT_CPU
+from attnzoo.runtime.backends import onnx_reference
 from attnzoo.runtime.evaluate import EVAL_BATCH, load_test_split, predict_session
 from attnzoo.runtime.precision import get_precision
 from research.int8_accuracy import verified_fp32
@@ -105,7 +105,9 @@ def _predict(models: Mapping[str, Any], config: Mapping[str, Any], limit: int | 
     """Predictions of each model on the test split (the split, preprocessing and batching of
     :func:`attnzoo.export.quantize.evaluate_onnx`), the targets and the class names."""
     x, y, class_names = load_test_split(config, limit)
-    preds = {label: predict_session(ORT_CPU.session(m, threads).run, x, EVAL_BATCH) for label, m in models.items()}
+    preds = {
+        label: predict_session(onnx_reference().session(m, threads).run, x, EVAL_BATCH) for label, m in models.items()
+    }
     return preds, y, class_names
 
 

@@ -3,7 +3,7 @@
 - :mod:`.contract`: the model contract read from ONNX metadata (:class:`ModelContract`, input/output names);
 - :mod:`.backends`: the backend registry, one ``load(model, LoadOptions)`` for every way a model runs;
 - :mod:`.device`: the device helpers the backends share (GPU memory, TF32);
-- :mod:`.sessions`: ONNX Runtime's session settings and provider lists (its sessions are the ``ort-*`` backends');
+- :mod:`.sessions`: which exported files are served (their verification reports, read and checked);
 - :mod:`.openvino`: OpenVINO on the CPU, reading the same ONNX files;
 - :mod:`.choice`: which CPU runtime is fastest on this machine, measured;
 - :mod:`.tensorrt`: TensorRT (``tensorrt_rtx`` or ``tensorrt``) parse, build, load and run;
@@ -12,7 +12,6 @@
 
 from .contract import BATCH_DIM, INPUT_NAME, OUTPUT_NAME, ModelContract, config_from_props, metadata_props
 from .parity import TOLERANCES, compare, parity_error, tolerance_key
-from .sessions import session_options
 
 __all__ = [
     "ModelContract",
@@ -25,5 +24,4 @@ __all__ = [
     "tolerance_key",
     "parity_error",
     "compare",
-    "session_options",
 ]

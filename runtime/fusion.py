@@ -53,10 +53,9 @@ from attnzoo.errors import UsageError
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import gpu_info
 
+from .backends import onnx_reference
 from .backends.openvino import OPENVINO
-from .backends.ort_cpu import ORT_CPU
 from .contract import config_from_props, metadata_props
-from .sessions import session_options
 
 if TYPE_CHECKING:
     import onnx
@@ -354,7 +353,7 @@ def onnxruntime_fusion(
     else:
         with tempfile.TemporaryDirectory(prefix="attnzoo-fusion-") as tmp:
             out = Path(tmp) / "optimized.onnx"
-            ORT_CPU.session(path, options=session_options(threads=1, optimized_path=out))
+            onnx_reference().session(path, 1, optimized_path=out)
             graph = onnx.load(str(out), load_external_data=False).graph
         name = "onnxruntime"
     ops = Counter(n.op_type for n in graph.node if n.op_type in ORT_ATTENTION_OPS)

@@ -1,47 +1,29 @@
-"""ONNX Runtime sessions for every consumer: CPU, CUDA and the TensorRT execution provider.
-
-One place builds ``SessionOptions`` and provider lists, so export verification, the benchmark and the demo run
-models the same way; the sessions themselves are made by the backends ``ort-cpu``, ``ort-cuda`` and ``ort-trt`` of
-:mod:`attnzoo.runtime.backends` (a caller outside them asks ``ort-cpu``: ``ORT_CPU.session(...)`` or
-``get_backend("ort-cpu").load(...)``). ``provider``:
-
-- ``cpu``: ``CPUExecutionProvider`` (export verification always runs here: fp32 without TF32);
-- ``cuda``: ``CUDAExecutionProvider`` (optionally with a CUDA graph);
-- ``tensorrt-ep``: ``TensorrtExecutionProvider`` (engine cache on disk), falling back to CUDA for what it rejects.
+"""Which exported files are served, and at which ``--dtype``: the verification report beside a file, read and
+checked.
 
 Exported files are served only when :func:`verification_problem` finds their verification report intact: written
 by the export's checks, for exactly this file (its SHA-256); a quantized one also scored on the test split within
-the tolerance of fp32.
+the tolerance of fp32. (ONNX Runtime's session settings and provider lists are its target's:
+:mod:`attnzoo.targets.onnxruntime.sessions`.)
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnzoo.fileio import private_dir, sha256_file
-from attnzoo.lazy import lazy_import
+from attnzoo.fileio import sha256_file
 
 from .precision import QUANTIZED
 from .quantization_report import QuantizationReport
 from .reports import JsonReport, OpenVINOReport, exported_report_type
 
-ort = lazy_import("onnxruntime")
-
 __all__ = [
-    "OrtProvider",
-    "ORT_PROVIDERS",
-    "PROVIDERS",
-    "LEVELS",
     "SERVED_DTYPES",
     "MAX_REPORT_BYTES",
     "served_precision",
     "serves",
-    "available_providers",
-    "session_options",
-    "providers_for",
     "IR_SUFFIX",
     "read_report",
     "report_file",
@@ -50,34 +32,6 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class OrtProvider:
-    """One ``provider`` of :func:`providers_for`: an ONNX Runtime execution provider and what it needs.
-
-    Attributes:
-        name: Its name here (one of :data:`PROVIDERS`).
-        execution_provider: ONNX Runtime's name for it.
-        gpu: It comes with ``onnxruntime-gpu`` (checked among :func:`available_providers`); else always there.
-        needs_tensorrt: It also needs the TensorRT libraries, and falls back to CUDA for what it rejects.
-    """
-
-    name: str
-    execution_provider: str
-    gpu: bool = True
-    needs_tensorrt: bool = False
-
-
-#: Every provider of :func:`providers_for` by name (see the module docstring).
-ORT_PROVIDERS: dict[str, OrtProvider] = {
-    p.name: p
-    for p in (
-        OrtProvider("cpu", "CPUExecutionProvider", gpu=False),
-        OrtProvider("cuda", "CUDAExecutionProvider"),
-        OrtProvider("tensorrt-ep", "TensorrtExecutionProvider", needs_tensorrt=True),
-    )
-}
-PROVIDERS: tuple[str, ...] = tuple(ORT_PROVIDERS)
-LEVELS: tuple[str, ...] = ("disable", "basic", "extended", "all")
 #: What the demo's and serve-models' ``--dtype`` select: ``fp32``, the unquantized exports (fp32 and fp16
 #: graphs, both with fp32 input and output), ``int8``, verified int8 Q/DQ graphs (:func:`served_precision`), or
 #: ``bf16``, the fp32 exports run by OpenVINO at bf16 on a CPU with bf16 units, each verified on its test split
@@ -96,93 +50,6 @@ def serves(dtype: str, graph_dtype: str) -> bool:
     """Whether ``--dtype dtype`` serves a graph of ``graph_dtype``: bf16 runs fp32 graphs at a bf16 precision;
     otherwise :func:`served_precision`."""
     return graph_dtype == "fp32" if dtype == "bf16" else served_precision(graph_dtype) == dtype
-
-
-def available_providers() -> tuple[str, ...]:
-    """Execution providers of the installed onnxruntime (empty when it is not installed)."""
-    try:
-        return tuple(ort.get_available_providers())
-    except ImportError:  # the first attribute read imports onnxruntime
-        return ()
-
-
-def session_options(
-    threads: int | None = None,
-    level: str = "all",
-    optimized_path: Path | None = None,
-    profile_prefix: str | None = None,
-    sequential: bool = True,
-    spinning: bool = True,
-):
-    """``onnxruntime.SessionOptions``.
-
-    Args:
-        threads: Intra-op threads (``None``: ONNX Runtime's default, one per core); set: one inter-op thread.
-        level: Graph optimization level, one of ``LEVELS``.
-        optimized_path: Save the optimized graph here.
-        profile_prefix: Turn the profiler on, writing ``<prefix>_<date>.json``.
-        sequential: Sequential execution mode.
-        spinning: Let intra-op threads spin after a run (ONNX Runtime's default); off on a shared machine.
-    """
-    if level not in LEVELS:
-        raise ValueError(f"unknown optimization level {level!r}; valid: {', '.join(LEVELS)}")
-    levels = {
-        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    }
-    so = ort.SessionOptions()
-    so.graph_optimization_level = levels[level]
-    so.log_severity_level = 3
-    if sequential:
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    if threads:
-        so.intra_op_num_threads = int(threads)
-        so.inter_op_num_threads = 1
-    if not spinning:
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    if optimized_path is not None:
-        so.optimized_model_filepath = str(optimized_path)
-    if profile_prefix is not None:
-        so.enable_profiling = True
-        so.profile_file_prefix = profile_prefix
-    return so
-
-
-def providers_for(
-    provider: str = "cpu", *, cuda_graph: bool = False, tf32: bool = False, cache_dir: Path | None = None
-) -> list[Any]:
-    """The provider list for ``provider`` (one of :data:`PROVIDERS`; see the module docstring).
-
-    Precision is set explicitly, never left to a provider's default: the CUDA provider's ``use_tf32`` (on by
-    default in ONNX Runtime) is ``tf32``. The TensorRT provider gets no precision flag at all: ONNX Runtime's
-    TensorRT EP builds a strongly typed network, taking every tensor's type from the graph (an fp16 export keeps
-    its fp32 LayerNorm / softmax / extra math), as long as none of ``trt_fp16_enable`` / ``trt_int8_enable`` /
-    ``trt_bf16_enable`` is set (setting one turns strong typing off); it has no strong-typing option of its own and
-    no option for TensorRT's TF32 flag, which stays at TensorRT's default (on).
-
-    Raises:
-        ValueError: unknown provider, or the installed onnxruntime lacks it.
-    """
-    if provider not in ORT_PROVIDERS:
-        raise ValueError(f"unknown provider {provider!r}; valid: {', '.join(PROVIDERS)}")
-    p = ORT_PROVIDERS[provider]
-    if not p.gpu:
-        return [p.execution_provider]
-    if p.execution_provider not in available_providers():
-        raise ValueError(
-            f"onnxruntime has no {p.execution_provider} (install onnxruntime-gpu"
-            f"{' with the TensorRT libraries' if p.needs_tensorrt else ''})"
-        )
-    cuda = {"use_tf32": "1" if tf32 else "0"}
-    if not p.needs_tensorrt:
-        return [(p.execution_provider, {**cuda, "enable_cuda_graph": "1" if cuda_graph else "0"})]
-    opts: dict[str, Any] = {"trt_cuda_graph_enable": bool(cuda_graph)}
-    if cache_dir is not None:  # ONNX Runtime loads the engines it finds there by name: the user's folder alone
-        private_dir(cache_dir, "TensorRT engine cache folder")
-        opts.update(trt_engine_cache_enable=True, trt_engine_cache_path=str(cache_dir))
-    return [(p.execution_provider, opts), ("CUDAExecutionProvider", cuda)]
 
 
 #: Largest verification report read (a report is a few kB; anything far larger is not one).

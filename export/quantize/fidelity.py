@@ -10,7 +10,7 @@ from typing import Any, cast
 import numpy as np
 import onnx
 
-from attnzoo.runtime.backends.ort_cpu import ORT_CPU
+from attnzoo.runtime.backends import onnx_reference
 from attnzoo.runtime.evaluate import EVAL_BATCH
 
 from .calibration import DEFAULT_FIDELITY_COUNT
@@ -172,13 +172,13 @@ def related_inputs(x: np.ndarray, calibration: np.ndarray, cosines: np.ndarray) 
 
 def onnx_outputs(model: Path | onnx.ModelProto, x: np.ndarray, threads: int | None) -> np.ndarray:
     """The graph's outputs on ``x`` with ONNX Runtime (CPU), in batches."""
-    sess = ORT_CPU.session(model, threads).session
+    sess = onnx_reference().session(model, threads).session
     name = sess.get_inputs()[0].name
     return np.concatenate([sess.run(None, {name: x[i : i + EVAL_BATCH]})[0] for i in range(0, len(x), EVAL_BATCH)])
 
 
 def _finite_outputs(model: Path | onnx.ModelProto, x: np.ndarray, threads: int | None) -> bool:
-    sess = ORT_CPU.session(model, threads).session
+    sess = onnx_reference().session(model, threads).session
     out = sess.run(None, {sess.get_inputs()[0].name: x})[0]
     return bool(np.isfinite(out).all())
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from attnzoo.runtime.backends.ort_cpu import ORT_CPU
+from attnzoo.runtime.backends import onnx_reference
 
 from .fidelity import (
     DEFAULT_MIN_COSINE,
@@ -191,7 +191,7 @@ def group_speed(
     kept = [g for g, d in decision["groups"].items() if not d["quantized"] and g in groups]
     quantized = [g for g, d in decision["groups"].items() if d["quantized"]]
     one = np.ascontiguousarray(x[:1])
-    base = ORT_CPU.session(chosen, 1).session
+    base = onnx_reference().session(chosen, 1).session
     name = base.get_inputs()[0].name
 
     def timed(sess) -> float:
@@ -209,7 +209,11 @@ def group_speed(
     }
     mine: list[float] = []
     for group in kept:
-        other = ORT_CPU.session(_without(full, groups, [g for g in groups if g not in {*quantized, group}]), 1).session
+        other = (
+            onnx_reference()
+            .session(_without(full, groups, [g for g in groups if g not in {*quantized, group}]), 1)
+            .session
+        )
         other.run(None, {name: one})
         pairs = [(timed(base), timed(other)) for _ in range(runs)]
         a, b = np.array(pairs).T

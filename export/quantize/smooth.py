@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from attnzoo.runtime.backends.ort_cpu import ORT_CPU
+from attnzoo.runtime.backends import onnx_reference
 from attnzoo.runtime.evaluate import EVAL_BATCH
 
 __all__ = ["SMOOTH_ALPHA", "SMOOTH_MIN_RATIO", "layernorm_outliers", "outlier_note", "smooth_layernorm_matmuls"]
@@ -76,7 +76,7 @@ def _channel_max(proto: onnx.ModelProto, names: Sequence[str], x: np.ndarray, th
     del probe.graph.output[:]
     for name in names:
         probe.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
-    sess = ORT_CPU.session(probe, threads).session
+    sess = onnx_reference().session(probe, threads).session
     feed = sess.get_inputs()[0].name
     peaks = [np.zeros(0, np.float32) for _ in names]
     for i in range(0, len(x), EVAL_BATCH):

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 
 from attnzoo.fileio import atomic_path, sha256_file, temporary_folder
-from attnzoo.runtime.backends.ort_cpu import ORT_CPU
+from attnzoo.runtime.backends import onnx_reference
 from attnzoo.runtime.contract import BATCH_DIM
 from attnzoo.runtime.evaluate import score_runs
 from attnzoo.runtime.precision import Precision, get_precision
@@ -64,7 +64,7 @@ def evaluate_onnx(
 ) -> dict[str, Any]:
     """Score ONNX models (``{label: ONNX file or proto}``) on the model's test split with ONNX Runtime (CPU), all on
     the same images (:func:`attnzoo.runtime.evaluate.score_runs`, whose result it returns)."""
-    runs = {label: ORT_CPU.session(model, threads).run for label, model in models.items()}
+    runs = {label: onnx_reference().session(model, threads).run for label, model in models.items()}
     return score_runs(runs, config, limit=limit, progress=progress)
 
 

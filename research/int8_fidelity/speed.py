@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from attnzoo.benchmarks.timing import time_round_robin
+from attnzoo.runtime.backends import onnx_reference
 from attnzoo.runtime.backends.openvino import OPENVINO, OpenVINORuntimeSession
-from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 
 __all__ = ["ov_session", "openvino_outputs", "interleaved_ms", "speeds", "fp32_speed_line", "load_span", "versions"]
 
@@ -35,7 +35,7 @@ def interleaved_ms(runners: Mapping[str, Callable[[], object]], runs: int) -> di
 
 
 def _ort_runner(path: Path, x: np.ndarray) -> Callable[[], object]:
-    session = ORT_CPU.session(path, 1).session
+    session = onnx_reference().session(path, 1).session
     return lambda: session.run(None, {"image": x})
 
 

@@ -23,7 +23,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import numpy as np
 
@@ -47,6 +47,9 @@ __all__ = [
     "DTYPES",
     "TORCH_DTYPES",
     "ONNX_REFERENCE",
+    "OnnxReference",
+    "RuntimeSession",
+    "onnx_reference",
     "reference_backend",
     "describe",
     "check_against_reference",
@@ -342,6 +345,67 @@ def reference_backend() -> str:
     return next(b.name for b in backends() if b.is_reference)
 
 
+class RuntimeSession(Protocol):
+    """A :class:`Session` of the ONNX reference backend that also shows its runtime's own session (an
+    ``onnxruntime.InferenceSession``), for a caller that feeds other inputs than the contract's ``image``, reads other
+    outputs than its logits or reads the session's inputs (the export's verification, the int8 gates)."""
+
+    backend: str
+    #: The runtime's own session object (``None`` once closed).
+    session: Any
+
+    def run(self, x: np.ndarray) -> np.ndarray: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, *exc: Any) -> None: ...
+
+
+class OnnxReference(Protocol):
+    """What the ONNX reference backend (:data:`ONNX_REFERENCE`, :func:`onnx_reference`) offers beyond a
+    :class:`Backend`'s ``load``: the runtime's untuned session of a file, and its profiled sessions."""
+
+    name: str
+
+    def options(self, **settings: Any) -> LoadOptions: ...
+
+    def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False) -> str | None: ...
+
+    def load(self, model: Any, options: LoadOptions | None = None) -> RuntimeSession:
+        """The tuned session (:meth:`Backend.load`)."""
+        ...
+
+    def session(
+        self, model: Any, threads: int | None = None, *, spinning: bool = True, optimized_path: Path | None = None
+    ) -> RuntimeSession:
+        """The runtime's own settings, untuned, on a path, the model's bytes or an ``onnx.ModelProto``: what export
+        verification, the int8 gates and the studies that score a file run (``optimized_path``: the optimized graph
+        saved there; ``spinning``: threads spin after a run)."""
+        ...
+
+    def profiled(
+        self, model: Any, options: LoadOptions, profile_prefix: str, *, optimize: bool = True
+    ) -> RuntimeSession:
+        """The tuned session (``optimize``) or the file as exported, with the runtime's profiler on."""
+        ...
+
+
+def onnx_reference() -> OnnxReference:
+    """The backend every export is verified with (:data:`ONNX_REFERENCE`), for a caller below or beside the targets
+    that needs its untuned session (:meth:`OnnxReference.session`) or its profiler: asked of the registry, never
+    imported from its target.
+
+    Raises:
+        TypeError: the backend registered under that name has no untuned session.
+    """
+    backend = get_backend(ONNX_REFERENCE)
+    if not callable(getattr(backend, "session", None)) or not callable(getattr(backend, "profiled", None)):
+        raise TypeError(f"{backend.name} offers no untuned session: it cannot be the ONNX reference")
+    return cast(OnnxReference, backend)
+
+
 def cpu_runtimes() -> list[Backend]:
     """The backends that run an ONNX file on the CPU (the candidates of the measured CPU-runtime choice)."""
     return [b for b in backends() if b.takes == "onnx" and b.device == "cpu"]
@@ -385,8 +449,8 @@ def check_against_reference(
 
 
 # The built-in backends not yet in a target's folder register themselves here; their places in the listing among the
-# targets' (Target.order: pytorch 0, tensorrt 40).
-_PLACES: dict[str, int] = {"aoti": 10, "ort-cpu": 20, "openvino": 25, "ort-cuda": 30, "ort-trt": 31, "executorch": 50}
+# targets' (Target.order: pytorch 0, onnxruntime 20, tensorrt 40).
+_PLACES: dict[str, int] = {"aoti": 10, "openvino": 25, "executorch": 50}
 # isort: off
-from . import aoti, ort_cpu, openvino, ort_cuda, ort_trt, executorch  # noqa: E402,F401
+from . import aoti, openvino, executorch  # noqa: E402,F401
 # isort: on

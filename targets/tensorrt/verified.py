@@ -35,7 +35,7 @@ from attnzoo.export.check import check_extra_math
 from attnzoo.export.errors import ExportError
 from attnzoo.export.verify import report_path
 from attnzoo.fileio import atomic_write_bytes, atomic_write_text, sha256_file
-from attnzoo.runtime.backends.ort_cpu import ORT_CPU
+from attnzoo.runtime.backends import onnx_reference
 from attnzoo.runtime.contract import ModelContract
 from attnzoo.runtime.parity import compare
 from attnzoo.runtime.precision import get_precision
@@ -350,7 +350,7 @@ def _run_and_compare(
     reference: Path | bytes = onnx_path
     if precision.ort_simulated:  # ONNX Runtime's CPU provider cannot run the graph itself: its exact simulation
         reference = precision.ort_graph(onnx.load(str(onnx_path))).SerializeToString()
-    with TENSORRT.open_built(built) as engine, ORT_CPU.session(reference) as session:
+    with TENSORRT.open_built(built) as engine, onnx_reference().session(reference) as session:
         # a Q/DQ engine against ONNX Runtime's Q/DQ graph: kernels may round differently (the precision's parity key)
         tol_dtype = precision.parity_key
         rng = np.random.default_rng(seed)

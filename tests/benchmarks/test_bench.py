@@ -306,7 +306,7 @@ def test_cli_exit_code_and_single_line():
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "error: unknown backend 'foo'; valid: eager, compile, aoti, ort-cpu, openvino, ort-cuda, ort-trt, tensorrt, "
+        "error: unknown backend 'foo'; valid: eager, compile, aoti, ort-cpu, ort-cuda, ort-trt, openvino, tensorrt, "
         "executorch (aliases: python -m attnzoo.runtime)"
     ]
 
@@ -316,8 +316,8 @@ def test_int8_quantization_and_confusion(short_run):
     import onnx
 
     from attnzoo.benchmarks.ort_cpu import quantize_int8
-    from attnzoo.runtime.backends.ort_cpu import tuned_cpu_session
     from attnzoo.runtime.evaluate import evaluate_session
+    from attnzoo.targets.onnxruntime.cpu import tuned_cpu_session
 
     out, _ = short_run
     fp32 = out / "cache" / "standard_cls_micro_32px_fp32.onnx"
@@ -521,9 +521,8 @@ def test_a_torch_session_on_a_gpu_runs_every_call_in_its_own_fp32_math():
 def test_onnx_runtime_gpu_providers_say_their_precision(monkeypatch):
     """CUDA EP: use_tf32 set either way (ONNX Runtime's default is on). TensorRT EP: no precision flag (a flag turns
     strong typing off); its fp32 rows are refused because TensorRT's TF32 cannot be cleared through it."""
-    import attnzoo.runtime.backends.ort_cuda as ort_cuda
-    from attnzoo.runtime import sessions
     from attnzoo.runtime.backends import get_backend
+    from attnzoo.targets.onnxruntime import gpu, sessions
 
     monkeypatch.setattr(
         sessions,
@@ -535,8 +534,8 @@ def test_onnx_runtime_gpu_providers_say_their_precision(monkeypatch):
     trt, cuda = sessions.providers_for("tensorrt-ep", tf32=False)
     assert not {"trt_fp16_enable", "trt_int8_enable", "trt_bf16_enable"} & set(trt[1])
     assert cuda == ("CUDAExecutionProvider", {"use_tf32": "0"})
-    monkeypatch.setattr(ort_cuda, "available_providers", sessions.available_providers)
-    monkeypatch.setattr(ort_cuda, "cuda_available", lambda: True)
+    monkeypatch.setattr(gpu, "available_providers", sessions.available_providers)
+    monkeypatch.setattr(gpu, "cuda_available", lambda: True)
     assert "TF32" in get_backend("ort-trt").unavailable_reason("fp32", "cuda")
     assert get_backend("ort-trt").unavailable_reason("fp16", "cuda") is None
 

@@ -165,8 +165,8 @@ def test_nncf_ignored_scope_keeps_the_extra_math_unquantized(belief2_fp32, tmp_p
     import openvino as ov
 
     from attnzoo.export.quantize import extra_math_nodes, random_calibration
+    from attnzoo.runtime.backends import onnx_reference
     from attnzoo.runtime.backends.openvino import OpenVINOSession
-    from attnzoo.runtime.backends.ort_cpu import ORT_CPU
     from attnzoo.runtime.openvino import fake_quantized, nncf_int8
     from attnzoo.runtime.parity import TOLERANCES, parity_error
 
@@ -188,7 +188,7 @@ def test_nncf_ignored_scope_keeps_the_extra_math_unquantized(belief2_fp32, tmp_p
     vit = nncf_int8(path, tmp_path / "vit.xml", cal, ignored=extra)
     assert vit["ignored_fake_quantized"] == [] and vit["fake_quantize"] > 0
     x = cal[:2]
-    ref = ORT_CPU.session(path, 1).session.run(["logits"], {"image": x})[0]
+    ref = onnx_reference().session(path, 1).session.run(["logits"], {"image": x})[0]
     out = OpenVINOSession(tmp_path / "vit.xml", threads=1).run(x)
     assert 0 < parity_error(out, ref) <= TOLERANCES["int8"]
 

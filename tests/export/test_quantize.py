@@ -18,7 +18,7 @@ from attnzoo.export import export_verified
 from attnzoo.export import quantize as qz
 from attnzoo.export.cli import main as export_main
 from attnzoo.export.verify import failed_report_path, report_path
-from attnzoo.runtime.backends.ort_cpu import ORT_CPU
+from attnzoo.runtime.backends import onnx_reference
 from attnzoo.runtime.fp8 import simulate_fp8
 from attnzoo.runtime.precision import get_precision
 from tests.tiers import SLOW_SET
@@ -146,7 +146,7 @@ def test_int8_export_writes_a_qdq_model_with_the_extra_math_unquantized(fp32, in
     assert props["dtype"] == "int8" and json.loads(props["quantization"])["mode"] == "int8"
     # it runs in ONNX Runtime CPU with a symbolic batch
     x = np.random.default_rng(0).standard_normal((3, 3, 32, 32)).astype(np.float32)
-    assert np.isfinite(ORT_CPU.session(out).session.run(None, {"image": x})[0]).all()
+    assert np.isfinite(onnx_reference().session(out).session.run(None, {"image": x})[0]).all()
 
 
 def test_int8_report_fields(int8, fp32):
@@ -889,7 +889,7 @@ def test_simulate_fp8_matches_an_e4m3_round_trip():
     sim = simulate_fp8(model)
     assert not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in sim.graph.node)
     xv = np.concatenate([rng.standard_normal((2, 6)), rng.standard_normal((2, 6)) * 100]).astype(np.float32)
-    got_y, got_w = ORT_CPU.session(sim.SerializeToString()).session.run(None, {"x": xv})
+    got_y, got_w = onnx_reference().session(sim.SerializeToString()).session.run(None, {"x": xv})
     np.testing.assert_array_equal(got_y, (_e4m3(xv / np.float32(0.05)) * np.float32(0.05)).T)
     np.testing.assert_array_equal(got_w, _e4m3(w / wscale[:, None]) * wscale[:, None])
     assert np.abs(xv).max() / 0.05 > 448  # saturation exercised

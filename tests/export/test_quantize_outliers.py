@@ -16,7 +16,7 @@ from attnzoo.export import quantize as qz
 from attnzoo.export.quantize.smooth import smooth_layernorm_matmuls
 from attnzoo.export.verify import failed_report_path, report_path
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
-from attnzoo.runtime.backends.ort_cpu import ORT_CPU
+from attnzoo.runtime.backends import onnx_reference
 from research.int8_fidelity.standin import augmented_crops, smooth_images
 
 
@@ -52,7 +52,7 @@ def _ln_matmul(gain: np.ndarray, extra_reader: bool = False) -> onnx.ModelProto:
 
 
 def _run(proto: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
-    sess = ORT_CPU.session(proto, 1).session
+    sess = onnx_reference().session(proto, 1).session
     return sess.run(None, {"image": x})[0]
 
 
@@ -60,7 +60,7 @@ def _channel_peaks(proto: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
     probe = onnx.ModelProto()
     probe.CopyFrom(proto)
     probe.graph.output.append(helper.make_tensor_value_info("normed", TensorProto.FLOAT, None))
-    return np.abs(ORT_CPU.session(probe, 1).session.run(["normed"], {"image": x})[0]).reshape(-1, 8).max(0)
+    return np.abs(onnx_reference().session(probe, 1).session.run(["normed"], {"image": x})[0]).reshape(-1, 8).max(0)
 
 
 def test_smoothquant_migration_keeps_the_function_and_evens_the_channels():

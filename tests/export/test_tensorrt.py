@@ -434,7 +434,7 @@ def test_bench_tensorrt_rows_say_built_not_run(lib, tmp_path):
 @pytest.mark.skipif(not GPU, reason="running a TensorRT engine needs an NVIDIA GPU; none is visible")
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 def test_engine_runs_and_matches_onnxruntime(lib, verified_onnx, tmp_path, dtype):
-    from attnzoo.runtime.backends.ort_cpu import ORT_CPU
+    from attnzoo.runtime.backends import onnx_reference
 
     path = verified_onnx("belief2", dtype)
     report = build_engine(path, tmp_path / "e.engine", batch_sizes=(1, 4, 8))
@@ -442,7 +442,7 @@ def test_engine_runs_and_matches_onnxruntime(lib, verified_onnx, tmp_path, dtype
     engine = engine_loader.Engine(tmp_path / "e.engine")
     assert engine.stream.cuda_stream != torch.cuda.default_stream().cuda_stream  # its own, not the legacy default
     x = np.random.default_rng(1).standard_normal((3, 3, 32, 32)).astype(np.float32)
-    ref = ORT_CPU.session(path).session.run(None, {"image": x})[0]
+    ref = onnx_reference().session(path).session.run(None, {"image": x})[0]
     assert compare(engine.run(x), ref, dtype)["passed"]
     with pytest.raises(rt.TensorRTError, match="does not take image of shape"):
         engine.run(np.zeros((9, 3, 32, 32), np.float32))

@@ -10,7 +10,7 @@ from tritonclient.grpc import model_config_pb2
 
 from attnzoo.export import export_onnx
 from attnzoo.export.cli import main as export_main
-from attnzoo.runtime.backends.ort_cpu import ORT_CPU
+from attnzoo.runtime.backends import onnx_reference
 from attnzoo.runtime.contract import ModelContract
 from attnzoo.targets.triton.config import LABELS_FILE, check_config, config_text, model_name, parse_config, write_config
 from attnzoo.targets.triton.schema import TritonConfigCheck
@@ -62,7 +62,7 @@ def test_cli_writes_a_repository_that_parses_with_tritons_schema(tmp_path, capsy
     assert (folder / LABELS_FILE).read_text().splitlines() == list(contract.class_names)
     # the model in the repository is the verified export, and it answers at max_batch_size
     assert '"passed": true' in (folder / "1" / "model.report.json").read_text()
-    sess = ORT_CPU.session(folder / "1" / "model.onnx", 1).session
+    sess = onnx_reference().session(folder / "1" / "model.onnx", 1).session
     logits = sess.run(None, {inp.name: np.zeros((4, *inp.dims), np.float32)})[0]
     assert logits.shape == (4, *outp.dims)
 

@@ -20,7 +20,7 @@ from attnzoo.runtime.backends import Backend, LoadOptions, Session, backend_name
 
 def test_every_backend_has_one_name_and_its_aliases_resolve():
     names = backend_names()
-    assert names == ("eager", "compile", "aoti", "ort-cpu", "openvino", "ort-cuda", "ort-trt", "tensorrt", "executorch")
+    assert names == ("eager", "compile", "aoti", "ort-cpu", "ort-cuda", "ort-trt", "openvino", "tensorrt", "executorch")
     for b in reg.backends():
         assert canonical_backend(b.name) == b.name
         assert all(canonical_backend(a) == b.name for a in b.aliases)
@@ -32,8 +32,8 @@ def test_every_backend_has_one_name_and_its_aliases_resolve():
 def test_an_unknown_name_lists_the_valid_ones():
     with pytest.raises(
         ValueError,
-        match=r"unknown backend 'nope'; valid: eager, compile, aoti, ort-cpu, openvino, "
-        r"ort-cuda, ort-trt, tensorrt, executorch \(aliases: pytorch=eager",
+        match=r"unknown backend 'nope'; valid: eager, compile, aoti, ort-cpu, ort-cuda, "
+        r"ort-trt, openvino, tensorrt, executorch \(aliases: pytorch=eager",
     ):
         get_backend("nope")
 

@@ -12,7 +12,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from attnzoo.fileio import cache_subdir, derived_facts, derived_is_current, private_dir, record_derived, sha256_file
-from attnzoo.runtime.backends.ort_cpu import tuned_cpu_session
+from attnzoo.runtime.backends import onnx_reference
+from attnzoo.targets.onnxruntime.cpu import tuned_cpu_session
 
 
 def _matmul_model(path, scale: float, extra: int = 0):
@@ -37,6 +38,20 @@ def _matmul_model(path, scale: float, extra: int = 0):
 
 def _run(sess) -> np.ndarray:
     return sess.run(None, {"x": np.ones((2, 8), np.float32)})[0]
+
+
+def test_the_untuned_session_saves_its_optimized_graph_where_asked(tmp_path):
+    """``onnx_reference().session(..., optimized_path=)`` (the fusion audit's view of ONNX Runtime's graph work) saves
+    the graph it runs, which answers as the source does; without it nothing is written."""
+    src = _matmul_model(tmp_path / "m.onnx", 2.0, extra=2)
+    saved = tmp_path / "optimized.onnx"
+    with onnx_reference().session(src, 1, spinning=False, optimized_path=saved) as session:
+        assert np.array_equal(_run(session.session), np.full((2, 8), 2.0, np.float32))
+        assert session.info()["tuned"] is False
+    assert saved.is_file() and onnx.load(str(saved)).graph.node
+    with onnx_reference().session(src.read_bytes(), 1) as session:
+        assert np.array_equal(_run(session.session), np.full((2, 8), 2.0, np.float32))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "optimized.onnx"]
 
 
 def test_swapped_optimized_graph_is_made_again(tmp_path):

@@ -35,6 +35,18 @@ def test_the_registry_holds_each_targets_backends_in_its_order():
     assert list(names[: len(pytorch)]) == pytorch == ["eager", "compile"]
 
 
+def test_the_onnx_reference_is_asked_of_the_registry_and_is_onnx_runtimes_cpu_backend(monkeypatch):
+    """The layers below the targets reach ONNX Runtime's CPU session through ``onnx_reference()``: the backend named
+    ``ONNX_REFERENCE``, which the ``onnxruntime`` target holds; a backend without an untuned session is refused."""
+    reference = backends_mod.onnx_reference()
+    assert reference is get_backend(backends_mod.ONNX_REFERENCE)
+    assert [b.name for b in get_target("onnxruntime").backends] == ["ort-cpu", "ort-cuda", "ort-trt"]
+    assert any(b is reference for b in get_target("onnxruntime").backends)
+    monkeypatch.setitem(backends_mod._REGISTRY, backends_mod.ONNX_REFERENCE, backends_mod.Backend("ort-cpu", "bare"))
+    with pytest.raises(TypeError, match="ort-cpu offers no untuned session: it cannot be the ONNX reference"):
+        backends_mod.onnx_reference()
+
+
 def test_an_unknown_target_lists_the_valid_ones():
     with pytest.raises(ValueError, match=r"unknown target 'nope'; valid: pytorch\b"):
         get_target("nope")

@@ -36,7 +36,7 @@ from PIL import Image
 from attnzoo import limits
 from attnzoo.fileio import sha256_file
 from attnzoo.preprocess import load_image, preprocess
-from attnzoo.runtime.backends.ort_cpu import ORT_CPU
+from attnzoo.runtime.backends import onnx_reference
 from attnzoo.serve import examples, predict
 from attnzoo.serve.loading import load_models, load_remote
 from attnzoo.serve.network import free_port
@@ -251,7 +251,7 @@ def _ort_top(models_dir, data: bytes, k: int = 5):
     path = models_dir / "standard_cls.onnx"
     c = ModelContract.from_onnx(path)
     x = preprocess(to_input_style(load_image(data), c.input_style, "cls"), size=c.input_size, mean=c.mean, std=c.std)
-    logits = ORT_CPU.session(path, 1).session.run(None, {"image": x})[0][0].astype(np.float64)
+    logits = onnx_reference().session(path, 1).session.run(None, {"image": x})[0][0].astype(np.float64)
     p = np.exp(logits - logits.max())
     p /= p.sum()
     top = np.argsort(-p, kind="stable")[:k]

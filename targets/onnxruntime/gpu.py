@@ -1,8 +1,13 @@
-"""``ort-cuda``: ONNX Runtime's CUDA execution provider, inputs and outputs bound to CUDA memory (I/O binding),
-with a CUDA graph where ONNX Runtime allows one.
+"""ONNX Runtime on a CUDA GPU, inputs and outputs bound to CUDA memory (I/O binding), with a CUDA graph where ONNX
+Runtime allows one: two backends of one class.
 
-Precision is the row's: ``fp32`` with the provider's ``use_tf32`` off (ONNX Runtime's default is on), ``tf32``
-with it on (same fp32 file), ``fp16`` the fp16 export with ``use_tf32`` off for its fp32 islands."""
+- ``ort-cuda``: the CUDA execution provider. Precision is the row's: ``fp32`` with the provider's ``use_tf32`` off
+  (ONNX Runtime's default is on), ``tf32`` with it on (same fp32 file), ``fp16`` the fp16 export with ``use_tf32``
+  off for its fp32 islands.
+- ``ort-trt``: the TensorRT execution provider (engine cache on disk, CUDA for what it rejects). The network is
+  strongly typed (no ``trt_fp16_enable``: the fp16 export's own types hold, its fp32 islands stay fp32). TensorRT's
+  TF32 flag cannot be cleared through the EP, so its fp32 rows are ``tf32`` rows (:func:`.sessions.providers_for`).
+"""
 
 from __future__ import annotations
 
@@ -14,17 +19,16 @@ import numpy as np
 
 from attnzoo.fileio import cache_subdir
 from attnzoo.lazy import lazy_import
+from attnzoo.runtime.backends import Backend, Call, LoadOptions, Session
+from attnzoo.runtime.contract import INPUT_NAME, OUTPUT_NAME
+from attnzoo.runtime.device import DeviceMemory, cuda_available, release_cuda_cache, tf32_problem
 
-from ..contract import INPUT_NAME, OUTPUT_NAME
-from ..device import DeviceMemory, cuda_available, release_cuda_cache, tf32_problem
-from ..sessions import available_providers, session_options
-from . import Backend, Call, LoadOptions, Session, register_backend
-from .ort_cpu import _inference_session
+from .sessions import available_providers, inference_session, session_options
 
 onnx = lazy_import("onnx")
 torch = lazy_import("torch")
 
-__all__ = ["OrtGpuBackend", "OrtGpuSession", "ORT_CUDA"]
+__all__ = ["OrtGpuBackend", "OrtGpuSession", "ORT_CUDA", "ORT_TRT"]
 
 
 class OrtGpuSession(Session):
@@ -58,7 +62,7 @@ class OrtGpuSession(Session):
 
     def _session(self, graph: bool):
         extra: dict[str, Any] = {"cache_dir": self.cache_dir} if self.provider == "tensorrt-ep" else {}
-        return _inference_session(
+        return inference_session(
             self.path,
             self.provider,
             options=session_options(sequential=False),
@@ -160,15 +164,24 @@ class OrtGpuBackend(Backend):
         return OrtGpuSession(Path(model), self.name, self.provider, options.dtype, cache)
 
 
-ORT_CUDA = register_backend(
-    OrtGpuBackend(
-        "ort-cuda",
-        "ONNX Runtime, CUDA execution provider, I/O bound to GPU memory, CUDA graph where allowed",
-        aliases=("onnxruntime-cuda",),
-        takes="onnx",
-        device="cuda",
-        dtypes=("fp32", "tf32", "fp16"),
-        library="onnxruntime",
-        provider="cuda",
-    )
+ORT_CUDA = OrtGpuBackend(
+    "ort-cuda",
+    "ONNX Runtime, CUDA execution provider, I/O bound to GPU memory, CUDA graph where allowed",
+    aliases=("onnxruntime-cuda",),
+    takes="onnx",
+    device="cuda",
+    dtypes=("fp32", "tf32", "fp16"),
+    library="onnxruntime",
+    provider="cuda",
+)
+ORT_TRT = OrtGpuBackend(
+    "ort-trt",
+    "ONNX Runtime, TensorRT execution provider (engines cached on disk), CUDA for the rest",
+    aliases=("onnxruntime-tensorrt", "tensorrt-ep"),
+    takes="onnx",
+    device="cuda",
+    dtypes=("tf32", "fp16"),
+    reads=("cache_dir",),
+    library="onnxruntime",
+    provider="tensorrt-ep",
 )

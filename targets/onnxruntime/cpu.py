@@ -12,7 +12,6 @@ Q/DQ graph ``export-model --dtype int8`` writes runs as it is.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -21,44 +20,14 @@ import numpy as np
 
 from attnzoo.fileio import atomic_path, derived_is_current, record_derived, sha256_file
 from attnzoo.lazy import lazy_import
+from attnzoo.runtime.backends import Backend, Call, LoadOptions, Session
+from attnzoo.runtime.contract import BATCH_DIM, INPUT_NAME, OUTPUT_NAME
 
-from ..contract import BATCH_DIM, INPUT_NAME, OUTPUT_NAME
-from ..sessions import available_providers, providers_for, session_options
-from . import Backend, Call, LoadOptions, Session, register_backend
+from .sessions import available_providers, inference_session, session_options
 
 ort = lazy_import("onnxruntime")
 
 __all__ = ["OrtCpuBackend", "OrtSession", "tuned_cpu_session", "ORT_CPU"]
-
-
-def _inference_session(
-    model: Any,
-    provider: str = "cpu",
-    *,
-    threads: int | None = None,
-    options: Any = None,
-    providers: Sequence[Any] | None = None,
-    **provider_kwargs: Any,
-) -> Any:
-    """The one place an ``onnxruntime.InferenceSession`` is made (``ort-cpu``; ``ort-cuda`` and ``ort-trt`` with
-    their provider).
-
-    Args:
-        model: ``.onnx`` path, the model's bytes, or an ``onnx.ModelProto``.
-        provider: One of :data:`attnzoo.runtime.sessions.PROVIDERS` (default: the CPU).
-        threads: Intra-op threads when ``options`` is not given.
-        options: Ready ``SessionOptions`` (default: :func:`~attnzoo.runtime.sessions.session_options` with
-            ``threads``).
-        providers: Explicit provider list (overrides ``provider``).
-        **provider_kwargs: ``cuda_graph``, ``tf32``, ``cache_dir`` for
-            :func:`~attnzoo.runtime.sessions.providers_for`.
-    """
-    so = options if options is not None else session_options(threads)
-    plist = list(providers) if providers is not None else providers_for(provider, **provider_kwargs)
-    if hasattr(model, "SerializeToString"):
-        model = model.SerializeToString()
-    src = model if isinstance(model, (bytes, bytearray)) else str(model)
-    return ort.InferenceSession(src, so, providers=plist)
 
 
 def tuned_cpu_session(
@@ -85,14 +54,14 @@ def tuned_cpu_session(
         if not derived_is_current(record, source_sha, [source], key):
             record.unlink(missing_ok=True)
             with atomic_path(source) as tmp:
-                _inference_session(
+                inference_session(
                     onnx_path, "cpu", options=session_options(threads, "extended", optimized_path=tmp, spinning=False)
                 )
             record_derived(record, source_sha, [source], key)
     so = session_options(threads, "all", profile_prefix=profile_prefix, spinning=False)
     if batch is not None:
         so.add_free_dimension_override_by_name(BATCH_DIM, int(batch))
-    sess = _inference_session(source, "cpu", options=so)
+    sess = inference_session(source, "cpu", options=so)
     info = {
         "optimized_model": source.name if cache_dir is not None else None,
         "graph_optimization": "extended (saved) + all" if cache_dir is not None else "all",
@@ -155,7 +124,9 @@ class OrtCpuBackend(Backend):
     def load(self, model: Any, options: LoadOptions | None = None) -> OrtSession:
         return cast(OrtSession, super().load(model, options))
 
-    def session(self, model: Any, threads: int | None = None, *, options: Any = None) -> OrtSession:
+    def session(
+        self, model: Any, threads: int | None = None, *, spinning: bool = True, optimized_path: Path | None = None
+    ) -> OrtSession:
         """An untuned session: ONNX Runtime's own settings (all graph optimizations, sequential execution,
         ``threads`` intra-op threads, threads spinning), as export verification, the int8 gates and the studies
         that score a file run it; :meth:`load` gives the tuned one.
@@ -163,10 +134,11 @@ class OrtCpuBackend(Backend):
         Args:
             model: ``.onnx`` path, the model's bytes, or an in-memory ``onnx.ModelProto``.
             threads: Intra-op threads (``None``: ONNX Runtime's default, one per core).
-            options: Ready ``SessionOptions`` (:func:`~attnzoo.runtime.sessions.session_options`) instead of
-                ``threads``.
+            spinning: Let intra-op threads spin after a run (ONNX Runtime's default); off on a shared machine.
+            optimized_path: Save the optimized graph there (the fusion audit reads what ONNX Runtime fused).
         """
-        sess = _inference_session(model, "cpu", threads=threads, options=options)
+        options = session_options(threads, spinning=spinning, optimized_path=optimized_path)
+        sess = inference_session(model, "cpu", options=options)
         return OrtSession(sess, self.name, {"intra_op_threads": threads, "tuned": False})
 
     def profiled(self, model: Any, options: LoadOptions, profile_prefix: str, *, optimize: bool = True) -> OrtSession:
@@ -182,19 +154,17 @@ class OrtCpuBackend(Backend):
             return OrtSession(sess, self.name, info)
         so = session_options(options.threads, "disable", profile_prefix=profile_prefix, spinning=False)
         info = {"graph_optimization": "disable", "intra_op_threads": options.threads, "spinning": False}
-        return OrtSession(_inference_session(Path(model), "cpu", options=so), self.name, info)
+        return OrtSession(inference_session(Path(model), "cpu", options=so), self.name, info)
 
 
-ORT_CPU = register_backend(
-    OrtCpuBackend(
-        "ort-cpu",
-        "ONNX Runtime, CPU execution provider, on the verified ONNX file (int8: its Q/DQ graph)",
-        aliases=("onnxruntime", "ort"),
-        takes="onnx",
-        device="cpu",
-        dtypes=("fp32", "int8"),
-        reads=("threads", "batch", "cache_dir"),
-        library="onnxruntime",
-        int8_model="qdq",
-    )
+ORT_CPU = OrtCpuBackend(
+    "ort-cpu",
+    "ONNX Runtime, CPU execution provider, on the verified ONNX file (int8: its Q/DQ graph)",
+    aliases=("onnxruntime", "ort"),
+    takes="onnx",
+    device="cpu",
+    dtypes=("fp32", "int8"),
+    reads=("threads", "batch", "cache_dir"),
+    library="onnxruntime",
+    int8_model="qdq",
 )
