@@ -28,9 +28,9 @@ from typing import Any
 from attnzoo.fileio import atomic_path
 from attnzoo.lazy import lazy_import
 from attnzoo.limits import return_free_memory
-from attnzoo.runtime.backends.openvino import OPENVINO
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
 from attnzoo.runtime.contract import INPUT_NAME, OUTPUT_NAME
+from attnzoo.targets.openvino import OPENVINO
 
 torch = lazy_import("torch")
 np = lazy_import("numpy")

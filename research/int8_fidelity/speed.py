@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from attnzoo.benchmarks.timing import time_round_robin
-from attnzoo.runtime.backends.openvino import OPENVINO, OpenVINORuntimeSession
 from attnzoo.runtime.backends.ort_cpu import ORT_CPU
+from attnzoo.targets.openvino import OPENVINO, OpenVINORuntimeSession
 
 __all__ = ["ov_session", "openvino_outputs", "interleaved_ms", "speeds", "fp32_speed_line", "load_span", "versions"]
 

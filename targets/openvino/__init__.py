@@ -1,0 +1,99 @@
+"""The OpenVINO target: the ``openvino`` backend (OpenVINO's CPU plugin on the same verified ONNX file, its bf16 and
+NNCF int8 paths), ``--format openvino`` (an OpenVINO IR verified before it is written) and the bf16 verification
+that serving asks for.
+
+The modules, by role:
+
+- :mod:`.library`: whether OpenVINO runs here and its version, reading a model, the per-node f32 pins of bf16 and
+  their read-back from the compiled model, NNCF's int8 of the fp32 ONNX, and the IR files written in place;
+- :mod:`.backend`: the ``openvino`` backend, its sessions and the one place an OpenVINO model is compiled
+  (``compile_onnx``);
+- :mod:`.format` and its checks :mod:`.checks`: ``--format openvino``, the IR's graph checks (the extra math per
+  block at f32, a dynamic batch, the contract in its ``rt_info``) and an int8 IR's gates, its report
+  :mod:`.schema`;
+- :mod:`.bf16`: bf16 served only once verified on the test split (``serve-demo`` / ``serve-models --dtype bf16``).
+
+Every public name of :mod:`.library` is importable from here. A test that replaces one of its functions patches it in
+:mod:`.library` (the backend, the format and its checks call it there). The fusion audit's OpenVINO reading stays in
+:mod:`attnzoo.runtime.fusion`, which audits every runtime by one definition of "fused" and opens OpenVINO's compiled
+model through the backend registry.
+"""
+
+from __future__ import annotations
+
+# isort: off -- the backend and the schema after the library they read
+from attnzoo.runtime.targets import Target
+
+from .backend import OPENVINO, OpenVINOBackend, OpenVINORuntimeSession, OpenVINOSession, compile_onnx, tensor_values
+from .library import (
+    HINTS,
+    MATMUL_LAYERS,
+    PRECISIONS,
+    NNCFCheckError,
+    PrecisionCheckError,
+    bf16_unavailable_reason,
+    check_runtime_precisions,
+    error_message,
+    fake_quantized,
+    nncf_int8,
+    nncf_unavailable_reason,
+    pin_f32,
+    place_ir,
+    precision_summary,
+    read_onnx,
+    refuse_bf16,
+    runtime_precisions,
+    save_ir,
+    temporary_ir,
+    unavailable_reason,
+    version,
+)
+from .schema import OpenVINOReport, SourceOnnx
+
+# isort: on
+
+__all__ = [
+    "TARGET",
+    "OPENVINO",
+    "OpenVINOBackend",
+    "OpenVINORuntimeSession",
+    "OpenVINOSession",
+    "compile_onnx",
+    "tensor_values",
+    "OpenVINOReport",
+    "SourceOnnx",
+    "HINTS",
+    "PRECISIONS",
+    "MATMUL_LAYERS",
+    "unavailable_reason",
+    "bf16_unavailable_reason",
+    "version",
+    "error_message",
+    "read_onnx",
+    "refuse_bf16",
+    "pin_f32",
+    "runtime_precisions",
+    "check_runtime_precisions",
+    "precision_summary",
+    "PrecisionCheckError",
+    "nncf_unavailable_reason",
+    "nncf_int8",
+    "fake_quantized",
+    "NNCFCheckError",
+    "temporary_ir",
+    "save_ir",
+    "place_ir",
+]
+
+TARGET = Target(
+    "openvino",
+    "OpenVINO",
+    "OpenVINO's CPU plugin on the verified ONNX file or an OpenVINO IR of it (bf16 with the extra math pinned to "
+    "f32, NNCF's int8), and IR files verified before they are written",
+    requires=("openvino",),
+    install="pip install openvino",
+    backends=(OPENVINO,),
+    formats={"openvino": "attnzoo.targets.openvino.format:FORMAT"},
+    reports={"openvino": OpenVINOReport},
+    order=25,
+)
