@@ -21,36 +21,12 @@ model through the backend registry.
 
 from __future__ import annotations
 
-# isort: off -- the backend and the schema after the library they read
 from attnzoo.runtime.targets import Target
 
+from . import library
 from .backend import OPENVINO, OpenVINOBackend, OpenVINORuntimeSession, OpenVINOSession, compile_onnx, tensor_values
-from .library import (
-    HINTS,
-    MATMUL_LAYERS,
-    PRECISIONS,
-    NNCFCheckError,
-    PrecisionCheckError,
-    bf16_unavailable_reason,
-    check_runtime_precisions,
-    error_message,
-    fake_quantized,
-    nncf_int8,
-    nncf_unavailable_reason,
-    pin_f32,
-    place_ir,
-    precision_summary,
-    read_onnx,
-    refuse_bf16,
-    runtime_precisions,
-    save_ir,
-    temporary_ir,
-    unavailable_reason,
-    version,
-)
+from .library import *  # noqa: F403 -- the library's public names (its __all__) are the package's face
 from .schema import OpenVINOReport, SourceOnnx
-
-# isort: on
 
 __all__ = [
     "TARGET",
@@ -62,28 +38,8 @@ __all__ = [
     "tensor_values",
     "OpenVINOReport",
     "SourceOnnx",
-    "HINTS",
-    "PRECISIONS",
-    "MATMUL_LAYERS",
-    "unavailable_reason",
-    "bf16_unavailable_reason",
-    "version",
-    "error_message",
-    "read_onnx",
-    "refuse_bf16",
-    "pin_f32",
-    "runtime_precisions",
-    "check_runtime_precisions",
-    "precision_summary",
-    "PrecisionCheckError",
-    "nncf_unavailable_reason",
-    "nncf_int8",
-    "fake_quantized",
-    "NNCFCheckError",
-    "temporary_ir",
-    "save_ir",
-    "place_ir",
 ]
+__all__ += library.__all__
 
 TARGET = Target(
     "openvino",
