@@ -16,16 +16,14 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from attnzoo.benchmarks.timing import measure
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_info
-from attnzoo.runtime import openvino as ov_rt
-from attnzoo.runtime.backends import onnx_reference
-from attnzoo.runtime.backends.openvino import OPENVINO
+from attnzoo.runtime.backends import get_backend, onnx_reference
 
 torch = lazy_import("torch")
 onnx = lazy_import("onnx")
@@ -96,8 +94,9 @@ def _fp32_libraries(n: int, threads: int, tmp: Path) -> dict[str, Callable[[], o
     except ImportError:
         pass
 
-    if ov_rt.unavailable_reason() is None:
-        request = OPENVINO.compiled(path, threads=threads).create_infer_request()
+    openvino = cast(Any, get_backend("openvino"))  # its compiled model's own infer request, on a bare matmul
+    if openvino.unavailable_reason() is None:
+        request = openvino.compiled(path, threads=threads).create_infer_request()
         fns["openvino"] = lambda: request.infer({0: x}, share_inputs=True, share_outputs=True)
     return fns
 

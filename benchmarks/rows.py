@@ -9,13 +9,13 @@ ModelOpt's Q/DQ graph with the CPU placement (Q/DQ only in front of the weight M
 :data:`attnzoo.export.quantize.QDQ_PLACEMENTS`), written and verified by
 :func:`attnzoo.export.quantize.quantize_verified` (the ``export-model --dtype int8`` checks: Q/DQ placement, extra
 math fp32, finite outputs; no test-set accuracy for a random-init model); ``openvino`` runs NNCF's own
-quantization of the OpenVINO model (:func:`attnzoo.runtime.openvino.nncf_int8`, extra math in the ignored scope,
+quantization of the OpenVINO model (:func:`attnzoo.targets.openvino.nncf_int8`, extra math in the ignored scope,
 checked free of FakeQuantize), because OpenVINO gains nothing from the Q/DQ graph. Both are cached per fp32 file
 (its SHA-256) and then pass the benchmark's int8 parity gate before they are timed.
 
 bf16 (``openvino``, CPUs with bf16 units): the same fp32 file at OpenVINO's bf16 inference precision with the
 variant's extra-math nodes pinned to f32 (:func:`extra_math`), refused unless OpenVINO's runtime model runs them at
-f32 and the matmuls at bf16 (:class:`attnzoo.runtime.openvino.OpenVINOSession`); the row's info has that read-back.
+f32 and the matmuls at bf16 (:class:`attnzoo.targets.openvino.OpenVINOSession`); the row's info has that read-back.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from attnzoo.export.quantize import (
 from attnzoo.export.verify import report_path
 from attnzoo.fileio import atomic_write_text, derived_is_current, record_derived, sha256_file
 from attnzoo.runtime.backends import Call, get_backend
-from attnzoo.runtime.openvino import nncf_int8
 from attnzoo.runtime.parity import tolerance_key
 from attnzoo.runtime.quantization_report import QuantizationReport
+from attnzoo.targets.openvino import nncf_int8  # the int8 model of a backend whose int8_model is NNCF's
 
 __all__ = [
     "CALIBRATION_COUNT",
@@ -138,7 +138,7 @@ def extra_math(onnx_path: Path, config: dict[str, Any] | None = None) -> list[st
 
 def int8_openvino(onnx_path: Path, config: dict[str, Any], cache_dir: Path) -> tuple[Path, dict[str, Any]]:
     """NNCF's int8 OpenVINO IR of a verified fp32 export (extra math in the ignored scope, checked free of
-    FakeQuantize; :func:`attnzoo.runtime.openvino.nncf_int8`), cached per fp32 SHA-256 with its report, and
+    FakeQuantize; :func:`attnzoo.targets.openvino.nncf_int8`), cached per fp32 SHA-256 with its report, and
     reused only while the IR, its weights and the report are the files that were made
     (:func:`attnzoo.fileio.derived_is_current`)."""
     source_sha = sha256_file(onnx_path)

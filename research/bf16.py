@@ -2,13 +2,13 @@
 check that the extra math runs at f32.
 
 1. Extra-math check (every zoo model chosen, every CPU): the model's verified fp32 export, its extra-math ops
-   pinned to f32 (:func:`attnzoo.runtime.openvino.pin_f32`) and compiled by OpenVINO at bf16 where the CPU has bf16
-   units, else at f32; OpenVINO's runtime model is read back (:func:`attnzoo.runtime.openvino.runtime_precisions`):
+   pinned to f32 (:func:`attnzoo.targets.openvino.pin_f32`) and compiled by OpenVINO at bf16 where the CPU has bf16
+   units, else at f32; OpenVINO's runtime model is read back (:func:`attnzoo.targets.openvino.runtime_precisions`):
    the kernels that compute extra-math ops, their runtime precisions, the matmuls' precisions, and the "unpinned"
    kernels (an extra-math op inside a kernel whose own op carries no pin, which OpenVINO is then free to run at
    the inference precision). At f32 the precisions say nothing about bf16; the pins and kernels do.
 2. Accuracy (CPUs with bf16 units): the test split at OpenVINO f32 and bf16 on the same images
-   (:func:`attnzoo.runtime.evaluate.score_runs`), the drop against :data:`attnzoo.runtime.bf16.ACCURACY_GATE`.
+   (:func:`attnzoo.runtime.evaluate.score_runs`), the drop against :data:`attnzoo.targets.openvino.bf16.ACCURACY_GATE`.
 3. Speed (CPUs with bf16 units): random-init ``--speed-arch`` models (ViT-S 224 by default) of
    ``--speed-variants``: OpenVINO fp32, bf16 (extra math pinned, read back) and NNCF int8
    (:mod:`attnzoo.benchmarks.rows`), each gated against eager fp32 by the shared tolerance table, then timed
@@ -43,17 +43,17 @@ from attnzoo.fileio import default_cache_dir, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary, environment, load_1min, load_average
 from attnzoo.runtime.backends import LoadOptions
-from attnzoo.runtime.backends.openvino import OPENVINO
-from attnzoo.runtime.bf16 import ACCURACY_GATE
 from attnzoo.runtime.contract import metadata_props
 from attnzoo.runtime.evaluate import score_runs
-from attnzoo.runtime.openvino import (
+from attnzoo.runtime.sessions import verification_problem
+from attnzoo.targets.openvino import (
+    OPENVINO,
     PrecisionCheckError,
     bf16_unavailable_reason,
     check_runtime_precisions,
     unavailable_reason,
 )
-from attnzoo.runtime.sessions import verification_problem
+from attnzoo.targets.openvino.bf16 import ACCURACY_GATE
 from research.study import (
     add_output_flags,
     add_speed_arch,

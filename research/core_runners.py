@@ -29,8 +29,8 @@ from attnzoo.fileio import atomic_path
 from attnzoo.lazy import lazy_import
 from attnzoo.limits import return_free_memory
 from attnzoo.runtime.backends import onnx_reference
-from attnzoo.runtime.backends.openvino import OPENVINO
 from attnzoo.runtime.contract import INPUT_NAME, OUTPUT_NAME
+from attnzoo.targets.openvino import OPENVINO
 
 torch = lazy_import("torch")
 np = lazy_import("numpy")

@@ -33,7 +33,7 @@ from attnzoo.fileio import default_cache_dir, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary, environment, load_average
 from attnzoo.runtime.fusion import FUSED, RUNTIMES, audit
-from attnzoo.runtime.openvino import unavailable_reason
+from attnzoo.targets.openvino import unavailable_reason
 from research.study import (
     add_output_flags,
     add_round_robin_flags,

@@ -25,12 +25,15 @@ from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, INPUT_STYLES, input_st
 from .sessions import IR_SUFFIX
 
 onnx = lazy_import("onnx")
+ov = lazy_import("openvino")  # the reader of an IR's entries (its weights are read with it)
 
 __all__ = [
     "INPUT_NAME",
     "OUTPUT_NAME",
     "BATCH_DIM",
     "IR_RT_INFO",
+    "openvino_error",
+    "read_ir",
     "ModelContract",
     "metadata_props",
     "check_onnx_file",
@@ -44,12 +47,31 @@ BATCH_DIM = "batch"
 IR_RT_INFO = "attnzoo"
 
 
+def openvino_error(exc: BaseException) -> str:
+    """The reason in an OpenVINO exception: its last line that is not a source location or a failed check's
+    header (its first line is ``Exception from src/...cpp:NN:``)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    useful = [ln for ln in lines if not ln.startswith(("Exception from ", "Check '"))]
+    return (useful or lines or [type(exc).__name__])[-1]
+
+
+def read_ir(path: str | Path) -> Any:
+    """OpenVINO's model of an IR ``.xml`` (with its ``.bin``) or an ONNX file, as its reader makes it: the reader
+    of an IR's contract (:data:`IR_RT_INFO`) and of the OpenVINO target's models.
+
+    Raises:
+        ValueError: OpenVINO cannot read the file (naming it and the reason).
+    """
+    try:
+        return ov.Core().read_model(str(path))
+    except RuntimeError as exc:  # OpenVINO's message: a source location first, the reason last
+        raise ValueError(f"{Path(path).name}: OpenVINO cannot read it: {openvino_error(exc)}") from None
+
+
 def _ir_props(path: Path) -> dict[str, str]:
     """The :data:`IR_RT_INFO` entries of an OpenVINO IR ``.xml`` (read by OpenVINO with its ``.bin``; ``ValueError``
     naming the file when OpenVINO cannot read it)."""
-    from . import openvino  # imports this module: read at the first IR
-
-    model = openvino.read_onnx(path)
+    model = read_ir(path)
     if not model.has_rt_info([IR_RT_INFO]):
         return {}
     return {str(k): str(v.astype(str)) for k, v in model.get_rt_info()[IR_RT_INFO].items()}

@@ -45,7 +45,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from attnzoo import mdtext
 from attnzoo.cli import entry_point
@@ -53,8 +53,7 @@ from attnzoo.errors import UsageError
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import gpu_info
 
-from .backends import onnx_reference
-from .backends.openvino import OPENVINO
+from .backends import get_backend, onnx_reference
 from .contract import config_from_props, metadata_props
 
 if TYPE_CHECKING:
@@ -253,7 +252,7 @@ def openvino_fusion(path: str | Path, cores: list[AttentionCore] | None = None, 
         "dot_product"}], "version"}`` (``kernel``: the fused node's name and layer type).
     """
     cores = attention_cores(path) if cores is None else cores
-    compiled = OPENVINO.compiled(path, threads=threads)
+    compiled = _openvino_compiled(path, threads)
     ops = compiled.get_runtime_model().get_ordered_ops()
     kernels = []
     for op in ops:
@@ -269,6 +268,12 @@ def openvino_fusion(path: str | Path, cores: list[AttentionCore] | None = None, 
         else:
             fused[c.softmax] = next((k for k, names, _ in kernels if c.kernel_ops <= names), None)
     return _verdict(cores, fused, "openvino", version=ov.get_version())
+
+
+def _openvino_compiled(path: str | Path, threads: int) -> Any:
+    """OpenVINO's compiled model of ``path``, from the ``openvino`` backend of the registry (its ``compiled``: the
+    backend's fp32 settings), whose runtime model the audit reads."""
+    return cast(Any, get_backend("openvino")).compiled(path, threads=threads)
 
 
 def _openvino_op_kernel(op_name: str, ops: list, kernels: list, onnx_names: set) -> str | None:

@@ -8,8 +8,8 @@ kind's JSON Schema, generated from the class):
 - ``verification``: :class:`VerificationReport`, ``<model>.report.json`` of an fp32 / fp16 ONNX file.
 - ``quantization``: :class:`attnzoo.runtime.quantization_report.QuantizationReport`, ``<model>.report.json`` of an
   int8 / fp8 ONNX file.
-- ``openvino``, ``executorch``, ``aoti``: :class:`OpenVINOReport`, :class:`ExecuTorchReport`, :class:`AOTIReport`,
-  ``<file>.json`` beside an OpenVINO IR ``.xml``, an ExecuTorch program ``.pte``, an AOTInductor package ``.pt2``.
+- ``executorch``, ``aoti``: :class:`ExecuTorchReport`, :class:`AOTIReport`, ``<file>.json`` beside an ExecuTorch
+  program ``.pte``, an AOTInductor package ``.pt2``.
 - each deployment target's own (:attr:`attnzoo.runtime.targets.Target.reports`): ``engine``, ``<engine>.json`` of a
   TensorRT engine (:mod:`attnzoo.targets.tensorrt.schema`); ``triton``, the Triton model folder's config check
   (the ``triton`` part of ``export-model``'s result and of ``report-variant``'s report,
@@ -37,8 +37,7 @@ __all__ = [
     "VerificationReport",
     "FormatReport",
     "FORMAT_REPORTS",
-    "SourceOnnx",
-    "OpenVINOReport",
+    "format_reports",
     "ExecuTorchReport",
     "AOTIReport",
     "exported_report_type",
@@ -324,72 +323,6 @@ class FormatReport(JsonReport):
 
 
 @dataclass
-class SourceOnnx(JsonReport):
-    """The verified ONNX file an OpenVINO IR was converted from: its hash, export and parity."""
-
-    sha256: str
-    export_time_s: float | None
-    opset: int | None
-    num_nodes: int
-    parity_max_abs_err: float
-    passed: bool
-
-
-@dataclass
-class OpenVINOReport(FormatReport):
-    """``<model>.xml.json``: an OpenVINO IR (``export-model --format openvino``).
-
-    Attributes:
-        source_onnx: :class:`SourceOnnx`.
-        openvino: OpenVINO's version.
-        convert_time_s, num_ops, op_histogram, weight_types: The conversion and the IR's graph.
-        batch_dim: The IR's batch dimension (the symbolic name when dynamic).
-        bin_sha256: The weights file ``<model>.bin`` (matched before the IR is served).
-        quantized_onnx: An int8 IR's: the verified Q/DQ graph it was converted from (its hash, quantizer,
-            placement, calibration, and the gates it passed).
-        fake_quantize_ops: An int8 IR's FakeQuantize ops (OpenVINO's form of the Q/DQ pairs).
-        fidelity: An int8 IR's own worst output cosine to the fp32 graph on the held-out inputs, and the gate.
-        accuracy: An int8 IR's own score on the test split next to fp32's (``{"measured": False, ...}`` when the
-            model has no labelled split).
-    """
-
-    what: ClassVar[str] = "OpenVINO IR report"
-    omit_none: ClassVar[tuple[str, ...]] = (
-        *FormatReport.omit_none,
-        "convert_time_s",
-        "num_ops",
-        "op_histogram",
-        "weight_types",
-        "batch_dim",
-        "bin_sha256",
-        "quantized_onnx",
-        "fake_quantize_ops",
-        "fidelity",
-        "accuracy",
-    )
-
-    source_onnx: SourceOnnx = field(kw_only=True)
-    openvino: str = field(kw_only=True)
-    quantized_onnx: dict[str, Any] | None = None
-    convert_time_s: float | None = None
-    num_ops: int | None = None
-    op_histogram: dict[str, int] | None = None
-    weight_types: dict[str, int] | None = None
-    extra_math: ExtraMathCheck | None = None
-    fake_quantize_ops: int | None = None
-    batch_dim: str | int | None = None
-    bin_sha256: str | None = None
-    parity: ParityCheck | None = None
-    fidelity: dict[str, Any] | None = None
-    accuracy: dict[str, Any] | None = None
-    divergence: BlockDivergence | None = None
-    file_size: int | None = None
-    sha256: str | None = None
-    passed: bool = False
-    failures: list[str] = field(default_factory=list)
-
-
-@dataclass
 class ExecuTorchReport(FormatReport):
     """``<program>.pte.json``: an ExecuTorch program (``export-model --format executorch``).
 
@@ -457,19 +390,28 @@ class AOTIReport(FormatReport):
     failures: list[str] = field(default_factory=list)
 
 
-#: ``format`` -> the report type of a file written in it (beside the ONNX verification report).
+#: ``format`` -> the report type of a file written in it (beside the ONNX verification report), for the formats not
+#: yet in a target's folder; a target's are in its :attr:`~attnzoo.runtime.targets.Target.reports`
+#: (:func:`format_reports` reads both).
 FORMAT_REPORTS: dict[str, type[FormatReport]] = {
-    "openvino": OpenVINOReport,
     "executorch": ExecuTorchReport,
     "aoti": AOTIReport,
 }
 
 
+def format_reports() -> dict[str, type[FormatReport]]:
+    """``format`` -> the report type of a file written in it: :data:`FORMAT_REPORTS` and every target's
+    :class:`FormatReport` schemas (a format's report is named in its target's ``reports`` by the format's name)."""
+    found = {kind: schema for kind, schema in target_reports().items() if issubclass(schema, FormatReport)}
+    return {**FORMAT_REPORTS, **found}
+
+
 def exported_report_type(data: Mapping[str, Any]) -> type[JsonReport]:
     """The schema of an exported file's report object: a format's (its ``format``), a quantized ONNX file's
     (``dtype`` int8 / fp8) or an ONNX file's verification report."""
-    if data.get("format") in FORMAT_REPORTS:
-        return FORMAT_REPORTS[data["format"]]
+    by_format = format_reports()
+    if data.get("format") in by_format:
+        return by_format[data["format"]]
     if data.get("dtype") in ("int8", "fp8"):
         from .quantization_report import QuantizationReport
 

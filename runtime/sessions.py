@@ -16,8 +16,7 @@ from typing import Any
 from attnzoo.fileio import sha256_file
 
 from .precision import QUANTIZED
-from .quantization_report import QuantizationReport
-from .reports import JsonReport, OpenVINOReport, exported_report_type
+from .reports import JsonReport, exported_report_type
 
 __all__ = [
     "SERVED_DTYPES",
@@ -35,7 +34,7 @@ __all__ = [
 #: What the demo's and serve-models' ``--dtype`` select: ``fp32``, the unquantized exports (fp32 and fp16
 #: graphs, both with fp32 input and output), ``int8``, verified int8 Q/DQ graphs (:func:`served_precision`), or
 #: ``bf16``, the fp32 exports run by OpenVINO at bf16 on a CPU with bf16 units, each verified on its test split
-#: first (:mod:`attnzoo.runtime.bf16`).
+#: first (:mod:`attnzoo.targets.openvino.bf16`).
 SERVED_DTYPES: tuple[str, ...] = ("fp32", "int8", "bf16")
 
 
@@ -122,7 +121,7 @@ def verified_report(path: str | Path, dtype: str, fmt: str | None = None) -> Jso
         weights = path.with_suffix(".bin")
         if not weights.is_file():
             raise ValueError(f"no weights file {weights.name} beside it")
-        if not isinstance(typed, OpenVINOReport) or typed.bin_sha256 != sha256_file(weights):
+        if getattr(typed, "bin_sha256", None) != sha256_file(weights):  # an IR's report (OpenVINO's schema) has it
             raise ValueError(
                 f"{weights.name} differs from the weights its report {report.name} verified (SHA-256 mismatch)"
             )
@@ -147,7 +146,7 @@ def verification_problem(path: str | Path, dtype: str) -> str | None:
     report = report_file(path)
     if dtype not in QUANTIZED:  # a quantized file must also have been scored on a test split
         return None
-    acc = typed.accuracy if isinstance(typed, (QuantizationReport, OpenVINOReport)) else None
+    acc = getattr(typed, "accuracy", None)  # a quantized ONNX file's report and an int8 IR's (OpenVINO's) have it
     if acc is None:
         return f"{report.name} does not say how the {dtype} model scores next to fp32"
     if not acc.get("metrics"):

@@ -55,7 +55,6 @@ from attnzoo.runtime.backends import (
     get_backend,
     reference_backend,
 )
-from attnzoo.runtime.bf16 import verify_bf16
 from attnzoo.runtime.choice import fastest_cpu_runtime
 from attnzoo.runtime.contract import ModelContract, metadata_props
 from attnzoo.runtime.quantization_report import QuantizationReport
@@ -67,6 +66,7 @@ from attnzoo.runtime.sessions import (
     serves,
     verification_problem,
 )
+from attnzoo.targets.openvino.bf16 import verify_bf16  # OpenVINO's bf16 path, the one CPU runtime with one
 from attnzoo.zoo import DEFAULT_DATA
 from attnzoo.zoo.names import entry_name
 
@@ -782,8 +782,8 @@ def load_bf16_models(
 ) -> list[ServedModel]:
     """``--dtype bf16``: the verified fp32 exports (``models_dir``'s, or the zoo's trained on ``data``, all exported
     first) run by OpenVINO at bf16 with the variant's extra math pinned to f32 and read back, each verified on its
-    test split next to fp32 before it is served (:func:`attnzoo.runtime.bf16.verify_bf16`, kept per file, OpenVINO
-    version and CPU); a file that fails is skipped with the reason.
+    test split next to fp32 before it is served (:func:`attnzoo.targets.openvino.bf16.verify_bf16`, kept per file,
+    OpenVINO version and CPU); a file that fails is skipped with the reason.
 
     Raises:
         ValueError: a backend other than OpenVINO (``auto`` is OpenVINO, the one CPU runtime with a bf16 path), or

@@ -16,7 +16,7 @@ import numpy as np
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_info
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
-from attnzoo.runtime import openvino as ov
+from attnzoo.targets import openvino as ov
 from research.study import contended, cpu_line
 
 from .speed import fp32_speed_line, interleaved_ms, load_span, openvino_outputs, ov_session, speeds, versions

@@ -12,7 +12,7 @@ import numpy as np
 
 from attnzoo.benchmarks.timing import time_round_robin
 from attnzoo.runtime.backends import onnx_reference
-from attnzoo.runtime.backends.openvino import OPENVINO, OpenVINORuntimeSession
+from attnzoo.targets.openvino import OPENVINO, OpenVINORuntimeSession
 
 __all__ = ["ov_session", "openvino_outputs", "interleaved_ms", "speeds", "fp32_speed_line", "load_span", "versions"]
 

@@ -449,8 +449,8 @@ def check_against_reference(
 
 
 # The built-in backends not yet in a target's folder register themselves here; their places in the listing among the
-# targets' (Target.order: pytorch 0, onnxruntime 20, tensorrt 40).
-_PLACES: dict[str, int] = {"aoti": 10, "openvino": 25, "executorch": 50}
+# targets' (Target.order: pytorch 0, onnxruntime 20, openvino 25, tensorrt 40).
+_PLACES: dict[str, int] = {"aoti": 10, "executorch": 50}
 # isort: off
-from . import aoti, openvino, executorch  # noqa: E402,F401
+from . import aoti, executorch  # noqa: E402,F401
 # isort: on

@@ -166,9 +166,9 @@ def test_nncf_ignored_scope_keeps_the_extra_math_unquantized(belief2_fp32, tmp_p
 
     from attnzoo.export.quantize import extra_math_nodes, random_calibration
     from attnzoo.runtime.backends import onnx_reference
-    from attnzoo.runtime.backends.openvino import OpenVINOSession
-    from attnzoo.runtime.openvino import fake_quantized, nncf_int8
     from attnzoo.runtime.parity import TOLERANCES, parity_error
+    from attnzoo.targets.openvino.backend import OpenVINOSession
+    from attnzoo.targets.openvino.library import fake_quantized, nncf_int8
 
     path, cfg = belief2_fp32
     extra = extra_math_nodes(onnx.load(str(path)), cfg)

@@ -33,7 +33,7 @@ SESSION_CALLS: frozenset[str] = frozenset(
     {
         "InferenceSession",  # onnxruntime
         "compile_model",  # OpenVINO's Core
-        "compile_onnx",  # attnzoo.runtime.openvino's compiled model
+        "compile_onnx",  # attnzoo.targets.openvino's compiled model
         "OpenVINOSession",
         "ort_session",
         "cpu_session",

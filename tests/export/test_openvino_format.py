@@ -21,14 +21,14 @@ from attnzoo.export.cli import main
 from attnzoo.export.errors import ExportError
 from attnzoo.export.formats import base
 from attnzoo.export.formats.base import failed_report_path, report_path
-from attnzoo.export.formats.openvino_format import count_extra_math
 from attnzoo.export.onnx_export import export_onnx
 from attnzoo.models import VARIANT_NAMES, VARIANTS, create_model
-from attnzoo.runtime import openvino as ovrt
 from attnzoo.runtime.backends import get_backend
 from attnzoo.runtime.contract import ModelContract
 from attnzoo.runtime.parity import TOLERANCES
 from attnzoo.runtime.sessions import verification_problem
+from attnzoo.targets.openvino import library as ovrt
+from attnzoo.targets.openvino.format import count_extra_math
 from tests.export.boundary import made_once, rename_scope, shift_parity
 from tests.schemas import read_back
 

@@ -67,7 +67,7 @@ def _inputs(path, n: int = 2, seed: int = 0):
 
 
 def test_precision_check_lets_a_reshape_pass_the_extra_maths_bf16_input_on_but_not_its_f32_result():
-    from attnzoo.runtime.openvino import PrecisionCheckError, check_runtime_precisions, runtime_precisions
+    from attnzoo.targets.openvino.library import PrecisionCheckError, check_runtime_precisions, runtime_precisions
 
     pinned = ["blocks.0.attn.distance/Unsqueeze", "blocks.0.attn.distance/Sub"]
     qkv = ("blocks.0.attn/qkv", "FullyConnected", "bf16", "blocks.0.attn/qkv")
@@ -89,7 +89,7 @@ def test_precision_check_lets_a_reshape_pass_the_extra_maths_bf16_input_on_but_n
 @pytest.mark.skipif(HAS_BF16, reason=NEEDS_NO_BF16)
 def test_openvino_bf16_is_refused_here_in_one_line(belief2):
     from attnzoo.runtime.backends import LoadOptions, get_backend
-    from attnzoo.runtime.backends.openvino import OpenVINOSession
+    from attnzoo.targets.openvino.backend import OpenVINOSession
 
     _, path, names = belief2
     reason = get_backend("openvino").unavailable_reason("bf16")
@@ -104,8 +104,8 @@ def test_openvino_bf16_is_refused_here_in_one_line(belief2):
 def test_pin_f32_gives_each_extra_math_op_openvinos_attribute_and_keeps_the_math(belief2):
     import numpy as np
 
-    from attnzoo.runtime.backends.openvino import OpenVINOSession
-    from attnzoo.runtime.openvino import pin_f32, read_onnx
+    from attnzoo.targets.openvino.backend import OpenVINOSession
+    from attnzoo.targets.openvino.library import pin_f32, read_onnx
 
     _, path, names = belief2
     model, pinned, missing = pin_f32(read_onnx(path), names)
@@ -125,8 +125,8 @@ def test_pin_f32_gives_each_extra_math_op_openvinos_attribute_and_keeps_the_math
 
 
 def test_runtime_model_read_back_finds_every_extra_math_op_in_a_pinned_f32_kernel(belief2):
-    from attnzoo.runtime.backends.openvino import OpenVINOSession
-    from attnzoo.runtime.openvino import runtime_precisions
+    from attnzoo.targets.openvino.backend import OpenVINOSession
+    from attnzoo.targets.openvino.library import runtime_precisions
 
     _, path, names = belief2
     session = OpenVINOSession(path, threads=1, keep_f32=names)
@@ -175,7 +175,7 @@ def _fake_compiled(nodes, precision: str):
 
 
 def test_precision_check_refuses_extra_math_off_f32_matmuls_off_bf16_and_a_silent_f32():
-    from attnzoo.runtime.openvino import PrecisionCheckError, check_runtime_precisions, runtime_precisions
+    from attnzoo.targets.openvino.library import PrecisionCheckError, check_runtime_precisions, runtime_precisions
 
     pinned = ["blocks.0.attn.projection/Div", "blocks.0.attn.projection/Mul_2"]
     good = [
@@ -208,8 +208,8 @@ def test_precision_check_refuses_extra_math_off_f32_matmuls_off_bf16_and_a_silen
 
 @pytest.mark.skipif(HAS_BF16, reason=NEEDS_NO_BF16)
 def test_without_the_refusal_openvino_compiles_bf16_at_f32_here_and_the_read_back_says_so(belief2, monkeypatch):
-    from attnzoo.runtime import openvino as ov_rt
-    from attnzoo.runtime.backends.openvino import OpenVINOSession
+    from attnzoo.targets.openvino import library as ov_rt
+    from attnzoo.targets.openvino.backend import OpenVINOSession
 
     _, path, names = belief2
     monkeypatch.setattr(ov_rt, "bf16_unavailable_reason", lambda: None)
@@ -236,8 +236,8 @@ def test_openvino_bf16_runs_the_extra_math_at_f32_and_matches_eager_within_the_b
 
 
 def test_openvino_bf16_needs_the_extra_math_names_of_a_variant_with_extra_math(belief2, monkeypatch):
-    from attnzoo.runtime import openvino as ov_rt
     from attnzoo.runtime.backends import LoadOptions, get_backend
+    from attnzoo.targets.openvino import library as ov_rt
 
     _, path, _ = belief2
     monkeypatch.setattr(ov_rt, "bf16_unavailable_reason", lambda: None)
@@ -354,7 +354,7 @@ def test_a_benchmark_row_passes_openvino_the_extra_math_to_pin(belief2, tmp_path
     import numpy as np
 
     from attnzoo.benchmarks.rows import load_call
-    from attnzoo.runtime import openvino as ov_rt
+    from attnzoo.targets.openvino import library as ov_rt
 
     model, path, _ = belief2
     monkeypatch.setattr(ov_rt, "bf16_unavailable_reason", lambda: None)
@@ -397,8 +397,8 @@ def test_score_puts_each_run_on_the_same_test_images(zoo_belief2):
     import numpy as np
 
     from attnzoo.export.quantize import evaluate_onnx
-    from attnzoo.runtime.backends.openvino import OpenVINOSession
     from attnzoo.runtime.evaluate import score_runs as score
+    from attnzoo.targets.openvino.backend import OpenVINOSession
 
     path, config = zoo_belief2
     run = OpenVINOSession(path, threads=1).run
@@ -421,7 +421,7 @@ class _Fake:
     def __init__(self, path, names, noise: float = 0.0):
         import numpy as np
 
-        from attnzoo.runtime.backends.openvino import OpenVINOSession
+        from attnzoo.targets.openvino.backend import OpenVINOSession
 
         real = OpenVINOSession(path, threads=1, keep_f32=names)
         rng = np.random.default_rng(0)
@@ -437,8 +437,8 @@ def test_verify_bf16_writes_a_report_reuses_it_here_only_and_refuses_a_drop_beyo
 ):
     import json
 
-    from attnzoo.runtime import bf16
-    from attnzoo.runtime.backends.openvino import OpenVINOSession
+    from attnzoo.targets.openvino import bf16
+    from attnzoo.targets.openvino.backend import OpenVINOSession
 
     path, config = zoo_belief2
     names = _names(path)
@@ -467,9 +467,9 @@ def test_verify_bf16_writes_a_report_reuses_it_here_only_and_refuses_a_drop_beyo
 @pytest.mark.skipif(HAS_BF16, reason=NEEDS_NO_BF16)
 def test_bf16_serving_is_refused_here_in_one_line_before_any_work(belief2, tmp_path):
     from attnzoo import zoo
-    from attnzoo.runtime.bf16 import verify_bf16
     from attnzoo.serve.demo.cli import main as demo_main
     from attnzoo.serve.loading import load_models
+    from attnzoo.targets.openvino.bf16 import verify_bf16
 
     _, path, names = belief2
     config = zoo.load("belief2", "cls", "fashion")[1]
@@ -510,8 +510,8 @@ def test_serve_models_selects_the_fp32_exports_for_bf16(zoo_belief2):
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_BF16, reason="needs a CPU with bf16 units")
 def test_bf16_is_served_once_verified(zoo_belief2, tmp_path):
-    from attnzoo.runtime.bf16 import bf16_verification_problem
     from attnzoo.serve.loading import load_models
+    from attnzoo.targets.openvino.bf16 import bf16_verification_problem
 
     path, _ = zoo_belief2
     (model,) = load_models(path.parent, cache_dir=tmp_path, dtype="bf16")

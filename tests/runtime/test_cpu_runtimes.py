@@ -119,7 +119,7 @@ def micro_onnx(tmp_path_factory):
 
 @pytest.mark.parametrize("batch,fixed", [(1, 1), (3, None), (3, 1)])
 def test_openvino_matches_eager_within_the_fp32_tolerance(micro_onnx, batch, fixed):
-    from attnzoo.runtime.backends.openvino import OpenVINOSession
+    from attnzoo.targets.openvino.backend import OpenVINOSession
 
     model, path = micro_onnx
     x = torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(batch))
@@ -135,7 +135,7 @@ def test_openvino_matches_eager_within_the_fp32_tolerance(micro_onnx, batch, fix
 
 def test_openvino_check_against_onnxruntime_refuses_a_wrong_output(micro_onnx, monkeypatch):
     from attnzoo.runtime.backends import LoadOptions, check_against_reference, get_backend
-    from attnzoo.runtime.backends.openvino import OpenVINOSession
+    from attnzoo.targets.openvino.backend import OpenVINOSession
 
     _, path = micro_onnx
     session = get_backend("openvino").load(path, LoadOptions(threads=1, batch=1))
@@ -169,7 +169,7 @@ def test_fastest_cpu_runtime_is_measured_and_a_failing_runtime_cannot_win(tmp_pa
 
 _RELEASED_OUT_OF_ORDER = """
 import gc, signal, sys, time
-from attnzoo.runtime.backends.openvino import compile_onnx
+from attnzoo.targets.openvino.backend import compile_onnx
 first, second = compile_onnx(sys.argv[1]), compile_onnx(sys.argv[1])  # each from its own ov.Core
 del first; gc.collect()
 del second; gc.collect()  # OpenVINO's CPU plugin puts back the first one's alternate stack, unmapped by now

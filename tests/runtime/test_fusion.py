@@ -249,7 +249,7 @@ def test_a_core_is_fused_when_one_kernel_computes_all_three_of_its_ops_and_not_w
         _Kernel("k2", "Subgraph", ["blocks.1.attn/Softmax", "blocks.1.attn/MatMul_1"]),
     ]
     compiled = types.SimpleNamespace(get_runtime_model=lambda: types.SimpleNamespace(get_ordered_ops=lambda: kernels))
-    monkeypatch.setattr(fusion, "OPENVINO", types.SimpleNamespace(compiled=lambda path, threads=1: compiled))
+    monkeypatch.setattr(fusion, "_openvino_compiled", lambda path, threads=1: compiled)
     result = openvino_fusion(path)
     assert (result["cores"], result["fused"]) == (2, 1) and result["inspected"]
     assert [(c["block"], c["fused"], c["kernel"]) for c in result["per_core"]] == [

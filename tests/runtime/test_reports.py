@@ -183,3 +183,15 @@ def test_every_kind_prints_its_json_schema(capsys):
     with pytest.raises(SystemExit):
         main(["nope"])
     assert "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_a_formats_report_is_read_through_its_targets_schema():
+    """A file's report names its format: a target's format report (OpenVINO's, in its folder) is found by that name
+    before the precision is looked at, and a target's report of another kind (an engine's, a Triton config check) is
+    no format's."""
+    from attnzoo.runtime.reports import exported_report_type, format_reports
+    from attnzoo.targets.openvino.schema import OpenVINOReport
+
+    assert format_reports()["openvino"] is OpenVINOReport
+    assert exported_report_type({"format": "openvino", "dtype": "int8"}) is OpenVINOReport
+    assert not {"engine", "triton"} & set(format_reports())

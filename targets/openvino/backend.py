@@ -3,7 +3,7 @@
 ``rt_info``).
 
 The settings (fp32 inference precision, the caller's threads, the latency hint, no thread pinning, the batch
-fixed when known) are :mod:`attnzoo.runtime.openvino`'s. ``bf16`` (CPUs with bf16 units): the same file at
+fixed when known) are :mod:`attnzoo.targets.openvino.library`'s. ``bf16`` (CPUs with bf16 units): the same file at
 OpenVINO's bf16 inference precision with the variant's extra-math ops pinned to f32, read back from the
 runtime model before the session is returned; the caller passes those ops' names (``keep_f32``,
 :func:`attnzoo.export.quantize.extra_math_nodes`), as for NNCF's ignored scope.
@@ -19,12 +19,12 @@ from typing import Any, cast
 import numpy as np
 
 from attnzoo.lazy import lazy_import
+from attnzoo.runtime.backends import Backend, Call, LoadOptions, Session
+from attnzoo.runtime.contract import INPUT_NAME, OUTPUT_NAME, ModelContract
+from attnzoo.runtime.sessions import IR_SUFFIX
 from attnzoo.signals import off_altstack
 
-from .. import openvino as ov
-from ..contract import INPUT_NAME, OUTPUT_NAME, ModelContract
-from ..sessions import IR_SUFFIX
-from . import Backend, Call, LoadOptions, Session, register_backend
+from . import library as ov
 
 ov_lib = lazy_import("openvino")
 models = lazy_import("attnzoo.models")  # torch and timm: the registry imports without them
@@ -42,7 +42,7 @@ def compile_onnx(
     precision: str = "fp32",
 ):
     """An ``openvino.CompiledModel`` of an ONNX file on the CPU, with the settings of
-    :mod:`attnzoo.runtime.openvino` (whose functions, ``ov.`` here, read, pin and check the model): the one place an
+    :mod:`.library` (whose functions, ``ov.`` here, read, pin and check the model): the one place an
     OpenVINO model is compiled. The backend's sessions compile through it; :meth:`OpenVINOBackend.compiled` gives
     the compiled model itself to a caller that reads OpenVINO's own objects.
 
@@ -275,19 +275,17 @@ def _extra_scopes(path: Path) -> tuple:
     return tuple(spec.extra_scopes) if spec is not None else ()
 
 
-OPENVINO = register_backend(
-    OpenVINOBackend(
-        "openvino",
-        "OpenVINO, CPU plugin, on the same verified ONNX file (bf16: extra math pinned to f32; int8: NNCF's "
-        "quantization of it)",
-        aliases=("ov",),
-        takes="onnx",
-        device="cpu",
-        dtypes=("fp32", "bf16", "int8"),
-        reads=("threads", "batch", "keep_f32"),
-        library="openvino",
-        int8_model="nncf",
-        serving_batch=1,
-        suffixes=(".onnx", IR_SUFFIX),
-    )
+OPENVINO = OpenVINOBackend(
+    "openvino",
+    "OpenVINO, CPU plugin, on the same verified ONNX file (bf16: extra math pinned to f32; int8: NNCF's "
+    "quantization of it)",
+    aliases=("ov",),
+    takes="onnx",
+    device="cpu",
+    dtypes=("fp32", "bf16", "int8"),
+    reads=("threads", "batch", "keep_f32"),
+    library="openvino",
+    int8_model="nncf",
+    serving_batch=1,
+    suffixes=(".onnx", IR_SUFFIX),
 )

@@ -18,7 +18,7 @@ int8: OpenVINO gains nothing from a Q/DQ ONNX made for TensorRT / ONNX Runtime (
 post-training quantization, NNCF's. :func:`nncf_int8` quantizes the OpenVINO model of the same fp32 ONNX file,
 calibrated on the caller's images, with the variant's extra-math nodes in NNCF's ignored scope, checks that no
 FakeQuantize feeds them (:func:`fake_quantized`) and writes the IR (``.xml`` + ``.bin``) that
-:mod:`attnzoo.runtime.backends.openvino` reads like an ONNX file.
+:mod:`attnzoo.targets.openvino.backend` reads like an ONNX file.
 
 bf16 (``precision="bf16"``, CPUs with bf16 units only: :func:`bf16_unavailable_reason`): the same fp32 file
 compiled with ``INFERENCE_PRECISION_HINT bf16``, the variant's extra-math ops pinned to f32 first
@@ -54,8 +54,8 @@ from attnzoo.errors import install_hint
 from attnzoo.fileio import temporary_sibling
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import bf16_problem
-
-from .contract import INPUT_NAME, IR_RT_INFO
+from attnzoo.runtime.contract import INPUT_NAME, IR_RT_INFO, read_ir
+from attnzoo.runtime.contract import openvino_error as error_message
 
 ov = lazy_import("openvino")
 opset = lazy_import("openvino.opset13")
@@ -143,24 +143,13 @@ def version() -> str | None:
     return str(get_version())
 
 
-def error_message(exc: BaseException) -> str:
-    """The reason in an OpenVINO exception: its last line that is not a source location or a failed check's
-    header (its first line is ``Exception from src/...cpp:NN:``)."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    useful = [ln for ln in lines if not ln.startswith(("Exception from ", "Check '"))]
-    return (useful or lines or [type(exc).__name__])[-1]
-
-
 def read_onnx(path: str | Path, batch: int | None = None):
     """OpenVINO's model of an ONNX file (or IR ``.xml``), its batch dimension fixed to ``batch`` when given.
 
     Raises:
         ValueError: OpenVINO cannot read the file (naming it and the reason), or a batch below 1.
     """
-    try:
-        model = ov.Core().read_model(str(path))
-    except RuntimeError as exc:  # OpenVINO's message: a source location first, the reason last
-        raise ValueError(f"{Path(path).name}: OpenVINO cannot read it: {error_message(exc)}") from None
+    model = read_ir(path)
     if batch is not None:
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")

@@ -1,6 +1,6 @@
 """bf16 is served only once verified: the fp32 export at OpenVINO's bf16 precision (the extra math pinned to f32
-and read back, :class:`attnzoo.runtime.openvino.OpenVINOSession`) scored on the model's test split next to the same
-file at OpenVINO's f32, on the same images, within :data:`ACCURACY_GATE`.
+and read back, :class:`~attnzoo.targets.openvino.backend.OpenVINOSession`) scored on the model's test split next to
+the same file at OpenVINO's f32, on the same images, within :data:`ACCURACY_GATE`.
 
 The gate is half of int8's (``attnzoo.export.quantize.ACCURACY_TOLERANCE``: 0.5 points top-1, 1.0 point mIoU): bf16
 keeps fp32's exponent range and needs no calibration, and its logits stay within the bf16 parity tolerance of fp32
@@ -24,11 +24,11 @@ from typing import Any
 from attnzoo.fileio import atomic_write_text, default_cache_dir, sha256_file
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_info
+from attnzoo.runtime.backends import LoadOptions
+from attnzoo.runtime.sessions import read_report
 
-from .backends import LoadOptions
-from .backends.openvino import OPENVINO
-from .openvino import precision_summary, version
-from .sessions import read_report
+from .backend import OPENVINO
+from .library import precision_summary, version
 
 # torch, by way of the data sets and the metrics: the runtime imports without it
 datasets = lazy_import("attnzoo.data.datasets")
