@@ -385,8 +385,8 @@ def check_against_reference(
 
 
 # The built-in backends not yet in a target's folder register themselves here; their places in the listing among the
-# targets' (Target.order: pytorch 0, tensorrt 40).
-_PLACES: dict[str, int] = {"aoti": 10, "ort-cpu": 20, "openvino": 25, "ort-cuda": 30, "ort-trt": 31, "executorch": 50}
+# targets' (Target.order: pytorch 0, aoti 10, tensorrt 40, executorch 50).
+_PLACES: dict[str, int] = {"ort-cpu": 20, "openvino": 25, "ort-cuda": 30, "ort-trt": 31}
 # isort: off
-from . import aoti, ort_cpu, openvino, ort_cuda, ort_trt, executorch  # noqa: E402,F401
+from . import ort_cpu, openvino, ort_cuda, ort_trt  # noqa: E402,F401
 # isort: on
