@@ -27,13 +27,13 @@ from torch import nn
 from attnzoo.data.datasets import shapes_images
 from attnzoo.fileio import atomic_path, atomic_write_text, sha256_file
 from attnzoo.preprocess import DEFAULT_MEAN, DEFAULT_STD, normalize
-from attnzoo.runtime.aoti import fingerprint
 from attnzoo.runtime.backends import onnx_reference
 from attnzoo.runtime.contract import BATCH_DIM, metadata_props
 from attnzoo.runtime.parity import TOLERANCES, compare
 from attnzoo.runtime.precision import PRECISIONS
 from attnzoo.runtime.reports import schema_checked
 from attnzoo.runtime.sessions import read_report, report_file, verification_problem
+from attnzoo.runtime.torch_export import fingerprint
 
 from . import divergence
 from . import onnx_export as onnx_export_module

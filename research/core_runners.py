@@ -30,11 +30,12 @@ from attnzoo.lazy import lazy_import
 from attnzoo.limits import return_free_memory
 from attnzoo.runtime.backends import onnx_reference
 from attnzoo.runtime.contract import INPUT_NAME, OUTPUT_NAME
+from attnzoo.runtime.torch_export import fingerprint
 from attnzoo.targets.openvino import OPENVINO
 
 torch = lazy_import("torch")
 np = lazy_import("numpy")
-aoti = lazy_import("attnzoo.runtime.aoti")
+aoti = lazy_import("attnzoo.targets.aoti.package")
 wafe = lazy_import("attnzoo.models.wafe")
 flops = lazy_import("attnzoo.benchmarks.flops")
 onnx_l1 = lazy_import("attnzoo.export.onnx_l1")
@@ -132,7 +133,7 @@ def _aoti(block: Any, x: Any, cache: Path, name: str) -> tuple[Path, float]:
     """An AOTInductor package of ``block`` at ``x``'s shape, cached by its fingerprint; (path, compile seconds)."""
     cache.mkdir(parents=True, exist_ok=True)
     head = {"name": name, "shape": list(x.shape), "torch": torch.__version__}
-    path = cache / f"{name}-{aoti.fingerprint(block, head, modules=aoti.CODE_MODULES)[:16]}.pt2"
+    path = cache / f"{name}-{fingerprint(block, head, modules=aoti.CODE_MODULES)[:16]}.pt2"
     if path.is_file():
         return path, 0.0
     start = time.perf_counter()

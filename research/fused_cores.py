@@ -57,13 +57,14 @@ from attnzoo.fileio import atomic_write_text, default_cache_dir, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary, environment, load_1min, load_average
 from attnzoo.runtime.parity import TOLERANCES, parity_error
+from attnzoo.runtime.torch_export import fingerprint
 from research.core_runners import COMPILING, MODES, build_runner, configured, current_impl, l1_bound
 from research.study import reprint, require_out
 
 # --help, --table and usage errors load without torch and timm
 torch = lazy_import("torch")
 models = lazy_import("attnzoo.models")
-aoti = lazy_import("attnzoo.runtime.aoti")
+aoti = lazy_import("attnzoo.targets.aoti.package")
 
 __all__ = ["BEFORE", "MAE_ALTERNATIVES", "MODES", "cores", "run_group", "markdown", "main"]
 
@@ -111,7 +112,7 @@ def cores(variants: Sequence[str], mode: str, tokens: int, seed: int) -> dict[tu
 def _name(variant: str, core: str, block: Any, tokens: int) -> str:
     """The cache name of a block's export: variant, core, tokens and its fingerprint (code and weights)."""
     modules = (*aoti.CODE_MODULES, "attnzoo.export.onnx_l1")
-    key = aoti.fingerprint(block, {"variant": variant, "core": core, "tokens": tokens}, modules=modules)
+    key = fingerprint(block, {"variant": variant, "core": core, "tokens": tokens}, modules=modules)
     return f"{variant}-{core}-{tokens}-{key[:12]}"
 
 

@@ -8,12 +8,14 @@ kind's JSON Schema, generated from the class):
 - ``verification``: :class:`VerificationReport`, ``<model>.report.json`` of an fp32 / fp16 ONNX file.
 - ``quantization``: :class:`attnzoo.runtime.quantization_report.QuantizationReport`, ``<model>.report.json`` of an
   int8 / fp8 ONNX file.
-- ``executorch``, ``aoti``: :class:`ExecuTorchReport`, :class:`AOTIReport`, ``<file>.json`` beside an ExecuTorch
-  program ``.pte``, an AOTInductor package ``.pt2``.
 - each deployment target's own (:attr:`attnzoo.runtime.targets.Target.reports`): ``engine``, ``<engine>.json`` of a
   TensorRT engine (:mod:`attnzoo.targets.tensorrt.schema`); ``triton``, the Triton model folder's config check
   (the ``triton`` part of ``export-model``'s result and of ``report-variant``'s report,
-  :mod:`attnzoo.targets.triton.schema`).
+  :mod:`attnzoo.targets.triton.schema`); ``openvino``, ``executorch`` and ``aoti``, ``<file>.json`` beside an
+  OpenVINO IR ``.xml``, an ExecuTorch program ``.pte`` and an AOTInductor package ``.pt2``
+  (:mod:`attnzoo.targets.openvino.schema`, :mod:`attnzoo.targets.executorch.schema`,
+  :mod:`attnzoo.targets.aoti.schema`). A target's report kept under one of its formats' names is the report of a
+  file in that format (:func:`exported_report_type`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-from .targets import target_reports
+from .targets import target_reports, targets
 
 __all__ = [
     "JsonReport",
@@ -36,10 +38,7 @@ __all__ = [
     "BlockDivergence",
     "VerificationReport",
     "FormatReport",
-    "FORMAT_REPORTS",
     "format_reports",
-    "ExecuTorchReport",
-    "AOTIReport",
     "exported_report_type",
     "schema_checked",
     "report_kinds",
@@ -322,96 +321,23 @@ class FormatReport(JsonReport):
     checkpoint_sha256: str
 
 
-@dataclass
-class ExecuTorchReport(FormatReport):
-    """``<program>.pte.json``: an ExecuTorch program (``export-model --format executorch``).
-
-    Attributes:
-        quantization: How an int8 program is quantized (``None`` at fp32).
-        delegate: The backend its graph is lowered to (XNNPACK).
-        batch_dim, batch_range: Its dynamic batch.
-        metadata: The model contract it carries.
-        torch, executorch: The versions that lowered it.
-        lower_time_s, num_nodes, serialize_time_s: The lowering and the program.
-    """
-
-    what: ClassVar[str] = "ExecuTorch program report"
-    omit_none: ClassVar[tuple[str, ...]] = (*FormatReport.omit_none, "lower_time_s", "num_nodes", "serialize_time_s")
-
-    quantization: str | None = field(kw_only=True)
-    delegate: str = field(kw_only=True)
-    batch_dim: str = field(kw_only=True)
-    batch_range: list[int] = field(kw_only=True)
-    metadata: dict[str, str] = field(kw_only=True)
-    torch: str = field(kw_only=True)
-    executorch: str = field(kw_only=True)
-    divergence: BlockDivergence | None = None
-    lower_time_s: float | None = None
-    num_nodes: int | None = None
-    extra_math: ExtraMathCheck | None = None
-    serialize_time_s: float | None = None
-    parity: ParityCheck | None = None
-    file_size: int | None = None
-    sha256: str | None = None
-    passed: bool = False
-    failures: list[str] = field(default_factory=list)
-
-
-@dataclass
-class AOTIReport(FormatReport):
-    """``<package>.pt2.json``: an AOTInductor package (``export-model --format aoti``).
-
-    Attributes:
-        device, gpu: What it was compiled for (the GPU's name on CUDA).
-        batch_dim, batch_range: Its dynamic batch.
-        export_time_s, num_nodes: ``torch.export``'s time and the program's call nodes.
-        torch: PyTorch's version.
-        compile_time_s, load_time_s: AOTInductor's compile and the package's load.
-    """
-
-    what: ClassVar[str] = "AOTInductor package report"
-    omit_none: ClassVar[tuple[str, ...]] = (*FormatReport.omit_none, "compile_time_s", "load_time_s")
-
-    device: str = field(kw_only=True)
-    gpu: str | None = field(kw_only=True)
-    batch_dim: str = field(kw_only=True)
-    batch_range: list[int] = field(kw_only=True)
-    export_time_s: float = field(kw_only=True)
-    num_nodes: int = field(kw_only=True)
-    extra_math: ExtraMathCheck | None = None
-    divergence: BlockDivergence | None = None
-    torch: str = field(kw_only=True)
-    compile_time_s: float | None = None
-    load_time_s: float | None = None
-    parity: ParityCheck | None = None
-    file_size: int | None = None
-    sha256: str | None = None
-    passed: bool = False
-    failures: list[str] = field(default_factory=list)
-
-
-#: ``format`` -> the report type of a file written in it (beside the ONNX verification report), for the formats not
-#: yet in a target's folder; a target's are in its :attr:`~attnzoo.runtime.targets.Target.reports`
-#: (:func:`format_reports` reads both).
-FORMAT_REPORTS: dict[str, type[FormatReport]] = {
-    "executorch": ExecuTorchReport,
-    "aoti": AOTIReport,
-}
-
-
 def format_reports() -> dict[str, type[FormatReport]]:
-    """``format`` -> the report type of a file written in it: :data:`FORMAT_REPORTS` and every target's
-    :class:`FormatReport` schemas (a format's report is named in its target's ``reports`` by the format's name)."""
-    found = {kind: schema for kind, schema in target_reports().items() if issubclass(schema, FormatReport)}
-    return {**FORMAT_REPORTS, **found}
+    """``format`` -> the report type of a file written in it: each target's :class:`FormatReport` kept under the
+    name of one of its formats."""
+    return {
+        kind: schema
+        for target in targets()
+        for kind, schema in target.reports.items()
+        if kind in target.formats and issubclass(schema, FormatReport)
+    }
 
 
 def exported_report_type(data: Mapping[str, Any]) -> type[JsonReport]:
-    """The schema of an exported file's report object: a format's (its ``format``), a quantized ONNX file's
-    (``dtype`` int8 / fp8) or an ONNX file's verification report."""
-    by_format = format_reports()
-    if data.get("format") in by_format:
-        return by_format[data["format"]]
+    """The schema of an exported file's report object: a format's (its ``format``, :func:`format_reports`), a
+    quantized ONNX file's (``dtype`` int8 / fp8) or an ONNX file's verification report."""
+    known = format_reports()
+    if data.get("format") in known:
+        return known[data["format"]]
     if data.get("dtype") in ("int8", "fp8"):
         from .quantization_report import QuantizationReport
 
@@ -433,7 +359,6 @@ def report_kinds() -> dict[str, type[JsonReport]]:
     return {
         "verification": VerificationReport,
         "quantization": QuantizationReport,
-        **FORMAT_REPORTS,
         **target_reports(),
     }
 

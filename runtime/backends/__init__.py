@@ -12,9 +12,11 @@ computes, for the benchmark), ``info`` (the settings it ended up with) and ``clo
 engine; sessions are context managers: ``with backend.load(path, options) as session:``).
 
 ``bench-latency``, the demo, ``serve-models`` and the CPU-runtime choice all go through :func:`get_backend` and
-never branch on a backend's name; ``python -m attnzoo.runtime`` prints the registry. Adding a backend is one
-module that subclasses :class:`Backend` (its :meth:`Backend.open`), calls :func:`register_backend` and is imported
-at the bottom of this file, plus its test.
+never branch on a backend's name; ``python -m attnzoo.runtime`` prints the registry. Every backend belongs to a
+deployment target (:mod:`attnzoo.runtime.targets`: a folder of :mod:`attnzoo.targets` or an installed package's entry
+point), which lists it; the registry adds the targets' backends at its first lookup. Adding a backend is one module
+of its target's folder that subclasses :class:`Backend` (its :meth:`Backend.open`), named in the target's
+``backends``, plus its test; :func:`register_backend` adds one for this process only.
 """
 
 from __future__ import annotations
@@ -297,8 +299,7 @@ def register_backend(backend: _B) -> _B:
 
 def _with_targets() -> dict[str, Backend]:
     """Every backend by name, in listing order: each target's at its :attr:`~attnzoo.runtime.targets.Target.order`
-    (added to the registry at the first lookup), the built-ins not yet in a target's folder at their
-    :data:`_PLACES`, then those registered for this process in their order."""
+    (added to the registry at the first lookup), then those registered for this process in their order."""
     if not _TARGETS_ADDED[0]:
         _TARGETS_ADDED[0] = True
         for backend in collect("backends"):
@@ -308,7 +309,6 @@ def _with_targets() -> dict[str, Backend]:
         for backend in cast(tuple[Backend, ...], target.backends):
             if _REGISTRY.get(backend.name) is backend:
                 place[backend.name] = target.order
-    place |= {name: order for name, order in _PLACES.items() if name in _REGISTRY and name not in place}
     return dict(sorted(_REGISTRY.items(), key=lambda item: place.get(item[0], 1_000)))
 
 
@@ -446,11 +446,3 @@ def check_against_reference(
             f"{Path(path).name}: {session.backend} differs from ONNX Runtime by {check['error']:.3g} "
             f"(tolerance {check['tolerance']:g}, {check['key']})"
         )
-
-
-# The built-in backends not yet in a target's folder register themselves here; their places in the listing among the
-# targets' (Target.order: pytorch 0, onnxruntime 20, openvino 25, tensorrt 40).
-_PLACES: dict[str, int] = {"aoti": 10, "executorch": 50}
-# isort: off
-from . import aoti, executorch  # noqa: E402,F401
-# isort: on

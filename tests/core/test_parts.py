@@ -1,9 +1,10 @@
 """Export is made of parts: precisions are objects (:mod:`attnzoo.runtime.precision`), formats do not call each
-other, and no function of ``export/`` grows past :data:`MAX_LINES` lines of code (its docstring aside).
+other, and no function of ``export/`` or of a target's format module grows past :data:`MAX_LINES` lines of code (its
+docstring aside).
 
 The precision scan looks for a comparison of something named ``dtype`` with a precision's name (``dtype == "fp16"``,
-``req.dtype in ("int8", "fp8")``) in ``export/``: such a fact belongs to the :class:`Precision`. The sites that are a
-format's own rule, not a precision's fact, are listed in :data:`ALLOWED`; the list may only shrink.
+``req.dtype in ("int8", "fp8")``) in the same modules: such a fact belongs to the :class:`Precision`. The sites that
+are a format's own rule, not a precision's fact, are listed in :data:`ALLOWED`; the list may only shrink.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ MAX_LINES = 60
 #: Format rules that name a precision: file -> count. Only ever lower an entry.
 ALLOWED: dict[str, int] = {
     "export/quantize/options.py": 2,  # a dynamic-int8 format (ExecuTorch) quantizes int8 itself and nothing else
-    "export/formats/executorch_format.py": 1,  # its report names its dynamic int8
-    "export/formats/aoti_format.py": 1,  # AOTInductor compiles fp16 for CUDA only
+    "targets/executorch/format.py": 1,  # its report names its dynamic int8
+    "targets/aoti/format.py": 1,  # AOTInductor compiles fp16 for CUDA only
 }
 
 
@@ -74,7 +75,9 @@ def precision_branches(source: str) -> list[int]:
 
 
 def _sources() -> dict[str, str]:
-    return {p.relative_to(ROOT).as_posix(): p.read_text() for p in sorted(EXPORT.rglob("*.py"))}
+    """Every module of ``export/``, and each target's format module (the formats written from the export layer)."""
+    paths = sorted({*EXPORT.rglob("*.py"), *(ROOT / "targets").glob("*/format.py")})
+    return {p.relative_to(ROOT).as_posix(): p.read_text() for p in paths}
 
 
 def test_the_scans_find_what_they_look_for():

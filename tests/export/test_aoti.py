@@ -24,11 +24,11 @@ from attnzoo.errors import UsageError
 from attnzoo.export import export_model
 from attnzoo.export.errors import ExportError
 from attnzoo.export.formats.base import failed_report_path, report_path
-from attnzoo.export.formats.program_part import count_extra_math
+from attnzoo.export.formats.program import count_extra_math
 from attnzoo.fileio import sha256_file
 from attnzoo.models import VARIANT_NAMES, VARIANTS, create_model
-from attnzoo.runtime import aoti
 from attnzoo.runtime.backends import LoadOptions, get_backend
+from attnzoo.targets.aoti import package as aoti
 from tests.export.boundary import moved, rename_scope
 from tests.schemas import assert_only_verified_loads, read_back
 

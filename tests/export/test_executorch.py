@@ -22,15 +22,15 @@ import torch
 from attnzoo.errors import UsageError
 from attnzoo.export import export_model
 from attnzoo.export.errors import ExportError
-from attnzoo.export.formats import executorch_format
 from attnzoo.export.formats.base import failed_report_path, report_path
 from attnzoo.fileio import sha256_file
 from attnzoo.models import VARIANT_NAMES, VARIANTS, create_model
 from attnzoo.report.variant import _format_summary
 from attnzoo.runtime.backends import LoadOptions, get_backend
-from attnzoo.runtime.backends import executorch as et
 from attnzoo.runtime.contract import ModelContract
 from attnzoo.runtime.parity import TOLERANCES
+from attnzoo.targets.executorch import format as executorch_format
+from attnzoo.targets.executorch import program as et
 from tests.export.boundary import moved, rename_scope
 from tests.schemas import assert_only_verified_loads, read_back
 

@@ -74,9 +74,9 @@ def test_rows_ratios_previous_cores_and_resume(tmp_path, capsys):
 
 def test_current_core_labels_follow_auto_mae_impl():
     """The study labels each current MAE row with what mae_impl="auto" runs there; the rules live in
-    attnzoo.models.wafe and attnzoo.runtime.aoti, and these labels must not drift from them."""
+    attnzoo.models.wafe and attnzoo.targets.aoti.package, and these labels must not drift from them."""
     from attnzoo.models.wafe import ONNX_LOOP_TOKENS, auto_mae_impl
-    from attnzoo.runtime.aoti import MAE_IMPL
+    from attnzoo.targets.aoti.package import MAE_IMPL
     from research.core_runners import current_impl
 
     assert current_impl(True, "eager", 197) == auto_mae_impl() == "fused"

@@ -1,5 +1,5 @@
 """``--format executorch``: an ExecuTorch program (``.pte``): ``torch.export`` of the model with a dynamic batch
-dimension, lowered to the XNNPACK delegate (:mod:`attnzoo.runtime.backends.executorch`), at fp32 or dynamic int8
+dimension, lowered to the XNNPACK delegate (:mod:`attnzoo.targets.executorch.program`), at fp32 or dynamic int8
 (``--dtype int8``: the Linear layers int8, activations quantized at run time, the variant's extra math fp32; no
 calibration). It runs without the model's Python code (ExecuTorch's runtime, in Python or C++) and is what
 ``bench-latency --backends executorch`` times.
@@ -10,11 +10,11 @@ export is: the program is lowered and serialized under a temporary name beside `
 - the variant's extra math must be in the lowered graph: for each block and each of the variant's
   ``extra_scopes``, the nodes whose ``nn_module_stack`` holds ``<blocks>.N.attn.<scope>`` are counted, inside the
   XNNPACK delegates (each delegate's own graph) and outside them (ExecuTorch's portable kernels), as
-  :func:`attnzoo.export.formats.program_part.count_extra_math` counts them; under int8 none of them may be
+  :func:`attnzoo.export.formats.program.count_extra_math` counts them; under int8 none of them may be
   quantized;
 - the program, loaded by ExecuTorch's runtime, must match eager fp32 PyTorch on real and random inputs at the
   requested batch sizes and :data:`attnzoo.export.verify.EXTRA_BATCH_SIZES`, none of which it was traced with
-  (:data:`attnzoo.runtime.aoti.TRACE_BATCH`), under the tolerance of its precision
+  (:data:`attnzoo.runtime.torch_export.TRACE_BATCH`), under the tolerance of its precision
   (:data:`attnzoo.runtime.parity.TOLERANCES`: ``int8`` for dynamic int8).
 
 A variant the converter cannot carry (an op it refuses) fails with that op's error in one line. Only a program that
@@ -35,25 +35,33 @@ import numpy as np
 import torch
 
 from attnzoo.errors import UsageError, first_line
+from attnzoo.export.check import variant_spec
+from attnzoo.export.divergence import not_exposed
+from attnzoo.export.formats.base import (
+    ExportFormat,
+    ExportRequest,
+    ModelSource,
+    keep_report,
+    report_path,
+    run_step,
+    summary_text,
+)
+from attnzoo.export.formats.program import count_extra_math, dynamic_batch
+from attnzoo.export.onnx_export import contract_metadata
+from attnzoo.export.verify import checked_batch_sizes
 from attnzoo.fileio import atomic_path
 from attnzoo.limits import MAX_BATCH_SIZE
-from attnzoo.runtime import aoti
-from attnzoo.runtime.backends import executorch as et
 from attnzoo.runtime.contract import BATCH_DIM
+from attnzoo.runtime.torch_export import TRACE_BATCH, module_path
 
-from ..check import variant_spec
-from ..divergence import not_exposed
-from ..onnx_export import contract_metadata
-from ..verify import checked_batch_sizes
-from .base import ExportFormat, ExportRequest, ModelSource, keep_report, report_path, run_step, summary_text
-from .program_part import count_extra_math, dynamic_batch
+from . import program as et  # called through the module: tests replace its functions there
 
 __all__ = ["ExecuTorchFormat", "FORMAT", "count_lowered_extra_math", "refusal", "summary"]
 
 
 def count_lowered_extra_math(edge: Any, config: dict[str, Any]) -> dict[str, Any]:
-    """:func:`~attnzoo.export.formats.program_part.count_extra_math` over the lowered program's nodes
-    (:func:`attnzoo.runtime.backends.executorch.graph_nodes`), each scope's count split by where it runs
+    """:func:`~attnzoo.export.formats.program.count_extra_math` over the lowered program's nodes
+    (:func:`attnzoo.targets.executorch.program.graph_nodes`), each scope's count split by where it runs
     (``xnnpack``: inside a delegate; ``portable``: ExecuTorch's own kernels); a quantize / dequantize node in a
     scope fails (the extra math stays fp32)."""
     placed = list(et.graph_nodes(edge))
@@ -61,7 +69,7 @@ def count_lowered_extra_math(edge: Any, config: dict[str, Any]) -> dict[str, Any
     where: dict[str, Counter] = {scope: Counter() for scope in found["blocks"]}
     for kind, node in placed:
         for path, *_ in (node.meta.get("nn_module_stack") or {}).values():
-            scope = aoti.module_path(str(path))
+            scope = module_path(str(path))
             if scope in where:
                 where[scope][kind] += 1
     for scope, counts in where.items():
@@ -119,7 +127,7 @@ class ExecuTorchFormat(ExportFormat):
             "input_size": list(hw),
             "batch_dim": BATCH_DIM,
             "batch_range": [1, MAX_BATCH_SIZE],
-            "trace_batch": aoti.TRACE_BATCH,
+            "trace_batch": TRACE_BATCH,
             "checkpoint_sha256": source.checkpoint_sha256,
             "metadata": contract_metadata(config, hw, req.dtype, source.checkpoint_sha256),
             "torch": torch.__version__,

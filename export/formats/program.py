@@ -1,6 +1,6 @@
-"""A ``torch.export`` program as a part the formats written from the PyTorch model compose (``aoti``,
-``executorch``): the variant's extra math counted in the program, and how the program takes its batch. The formats
-call this part, not each other."""
+"""The ``torch.export`` program step the formats written from the PyTorch model share (AOTInductor's ``aoti``,
+ExecuTorch's ``executorch``): the variant's extra math counted in the program, and how the program takes its batch.
+The formats call this module, not each other."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 from collections import Counter
 from typing import Any
 
-from attnzoo.runtime import aoti
+from attnzoo.runtime.torch_export import module_path
 
 from ..check import block_prefix, variant_spec, walk_extra_scopes
 
@@ -71,7 +71,7 @@ def count_extra_math(program: Any, config: dict[str, Any]) -> dict[str, Any]:
         if node.op != "call_function":
             continue
         for path, *_ in (node.meta.get("nn_module_stack") or {}).values():
-            name = aoti.module_path(str(path))
+            name = module_path(str(path))
             m = block.match(name)
             if m:
                 depth = max(depth, int(m.group(1)) + 1)

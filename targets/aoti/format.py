@@ -1,6 +1,6 @@
 """``--format aoti``: an AOTInductor package (``.pt2``): ``torch.export`` of the model with a dynamic batch dimension,
-compiled ahead of time by Inductor (:mod:`attnzoo.runtime.aoti`), for the CUDA GPU present (fp32 or fp16), else for
-the CPU (fp32). It runs without the model's Python code (``torch._inductor.aoti_load_package``, or C++'s
+compiled ahead of time by Inductor (:mod:`attnzoo.targets.aoti.package`), for the CUDA GPU present (fp32 or fp16),
+else for the CPU (fp32). It runs without the model's Python code (``torch._inductor.aoti_load_package``, or C++'s
 ``AOTIModelPackageLoader``) and is what ``bench-latency --backends aoti`` times.
 
 Written from the PyTorch model, not from the ONNX (no ONNX is written), and verified before it is written, as every
@@ -12,7 +12,7 @@ export is: the package is compiled under a temporary name beside ``--out``, then
   computes anything fails -- before anything is compiled;
 - the loaded package must match eager fp32 PyTorch on real and random inputs at the requested batch sizes and
   :data:`attnzoo.export.verify.EXTRA_BATCH_SIZES`, none of which is the batch it was traced with
-  (:data:`attnzoo.runtime.aoti.TRACE_BATCH`), under the tolerance of its precision
+  (:data:`attnzoo.runtime.torch_export.TRACE_BATCH`), under the tolerance of its precision
   (:data:`attnzoo.runtime.parity.TOLERANCES`).
 
 Only a package that passes is renamed to ``--out``, with its report ``<out>.json``; a failing one leaves ``--out``
@@ -30,16 +30,24 @@ import numpy as np
 import torch
 
 from attnzoo.errors import UsageError
+from attnzoo.export.divergence import not_exposed
+from attnzoo.export.formats.base import (
+    ExportFormat,
+    ExportRequest,
+    ModelSource,
+    keep_report,
+    report_path,
+    run_step,
+    summary_text,
+)
+from attnzoo.export.formats.program import count_extra_math, dynamic_batch
+from attnzoo.export.verify import checked_batch_sizes
 from attnzoo.limits import MAX_BATCH_SIZE
-from attnzoo.runtime import aoti
 from attnzoo.runtime.backends import TORCH_DTYPES
 from attnzoo.runtime.contract import BATCH_DIM
 from attnzoo.runtime.device import fp32_math
 
-from ..divergence import not_exposed
-from ..verify import checked_batch_sizes
-from .base import ExportFormat, ExportRequest, ModelSource, keep_report, report_path, run_step, summary_text
-from .program_part import count_extra_math, dynamic_batch
+from . import package as aoti
 
 __all__ = [
     "AotiFormat",

@@ -1,4 +1,4 @@
-"""``aoti``: an AOTInductor package (``.pt2``, :mod:`attnzoo.runtime.aoti`) of the model, run through
+"""``aoti``: an AOTInductor package (``.pt2``, :mod:`attnzoo.targets.aoti.package`) of the model, run through
 ``torch._inductor.aoti_load_package`` on the CPU or a CUDA GPU.
 
 It loads a package file that ``export-model --format aoti`` wrote and verified (its report says so, for this very
@@ -6,8 +6,8 @@ file, precision and device: :func:`attnzoo.runtime.sessions.verified_report`), o
 module into ``<cache_dir>/aoti/``, keyed by the module's content (weights, source, config), the device, the
 precision and the torch version: one compile per model serves every batch size (the batch dimension is dynamic)
 and every later run. Loading a package runs its native code, so nothing else is loaded: a file without such a
-report, or a cached package that is not the one recorded when it was compiled (:func:`aoti.cached_package`), is
-refused or compiled again, never opened.
+report, or a cached package that is not the one recorded when it was compiled (:func:`.package.cached_package`),
+is refused or compiled again, never opened.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ import numpy as np
 
 from attnzoo.fileio import default_cache_dir
 from attnzoo.lazy import lazy_import
+from attnzoo.runtime.backends import TORCH_DTYPES, Backend, Call, LoadOptions, Session
+from attnzoo.runtime.device import DeviceMemory, fp32_math, release_cuda_cache
+from attnzoo.runtime.sessions import verified_report
 
-from .. import aoti
-from ..device import DeviceMemory, fp32_math, release_cuda_cache
-from ..reports import AOTIReport
-from ..sessions import verified_report
-from . import TORCH_DTYPES, Backend, Call, LoadOptions, Session, register_backend
+from . import package as aoti
+from .schema import AOTIReport
 
 torch = lazy_import("torch")
 
@@ -112,16 +112,14 @@ class AotiBackend(Backend):
         )
 
 
-AOTI = register_backend(
-    AotiBackend(
-        "aoti",
-        "AOTInductor: torch.export + ahead-of-time Inductor compile into one .pt2 package (CPU fp32, CUDA fp32/fp16)",
-        aliases=("aotinductor",),
-        takes="module",
-        device="torch",
-        dtypes=("fp32", "fp16"),
-        reads=("device", "threads", "cache_dir"),
-        library="torch",
-        jit_compiles=True,
-    )
+AOTI = AotiBackend(
+    "aoti",
+    "AOTInductor: torch.export + ahead-of-time Inductor compile into one .pt2 package (CPU fp32, CUDA fp32/fp16)",
+    aliases=("aotinductor",),
+    takes="module",
+    device="torch",
+    dtypes=("fp32", "fp16"),
+    reads=("device", "threads", "cache_dir"),
+    library="torch",
+    jit_compiles=True,
 )

@@ -7,9 +7,9 @@ every batch size from 1 to :data:`attnzoo.limits.MAX_BATCH_SIZE`; it is traced a
 
 Where it compiles for: the CPU at fp32, a CUDA GPU at fp32 (IEEE, TF32 off when run) or fp16 (the whole model in
 fp16, as eager fp16 and ``torch.compile`` fp16 run it). :func:`aoti_problem` says why a device and precision
-cannot be compiled here. ``export-model --format aoti`` (:mod:`attnzoo.export.formats.aoti_format`) verifies a
-package before writing it; the ``aoti`` backend (:mod:`attnzoo.runtime.backends.aoti`) loads one, or compiles one
-from the module into its cache (:func:`cached_package`, keyed by :func:`fingerprint`).
+cannot be compiled here. ``export-model --format aoti`` (:mod:`attnzoo.targets.aoti.format`) verifies a
+package before writing it; the ``aoti`` backend (:mod:`attnzoo.targets.aoti.backend`) loads one, or compiles one
+from the module into its cache (:func:`cached_package`, keyed by :func:`attnzoo.runtime.torch_export.fingerprint`).
 
 A package holds native code that loading it runs, so a cached one is loaded only when its SHA-256 is the one
 recorded when it was compiled, in a cache folder that is the user's alone (:func:`attnzoo.fileio.cache_subdir`);
@@ -21,17 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
-import importlib
 import importlib.util
-import json
 import os
-import re
 import shutil
-import sys
 import time
 import zipfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +34,7 @@ from attnzoo.fileio import atomic_path, cache_subdir, derived_is_current, record
 from attnzoo.lazy import lazy_import
 from attnzoo.limits import MAX_BATCH_SIZE
 from attnzoo.runtime.contract import BATCH_DIM
+from attnzoo.runtime.torch_export import TRACE_BATCH, fingerprint
 
 torch = lazy_import("torch")  # the registry (and --help) load without torch
 inductor = lazy_import("torch._inductor")
@@ -53,17 +49,13 @@ __all__ = [
     "compile_package",
     "package_problem",
     "load_package",
-    "fingerprint",
     "cached_package",
-    "module_path",
     "MAE_IMPL",
     "CODE_MODULES",
 ]
 
 #: Precisions a package is compiled at, per device: fp32 on the CPU; fp32 and fp16 on a CUDA GPU.
 AOTI_DTYPES: dict[str, tuple[str, ...]] = {"cpu": ("fp32",), "cuda": ("fp32", "fp16")}
-#: The batch size ``torch.export`` traces with (every other size is one the package was not traced with).
-TRACE_BATCH = 2
 #: How a package computes the MAE variants' L1 core (``attnzoo.models.wafe.export_mae_impl``): ``tiled``, ordinary
 #: ops that Inductor compiles into the package as one loop per query tile. The fused op ``attnzoo::l1_attention``
 #: is a Python custom op: a package calling it loads only in a Python process that imported attnzoo (C++'s
@@ -73,13 +65,6 @@ MAE_IMPL = "tiled"
 #: Modules whose code a package holds besides the model's classes (the tiled L1 core): part of the cache key.
 CODE_MODULES = ("attnzoo.models.kernels.l1_core",)
 _TORCH_DTYPES = {"fp32": "float32", "fp16": "float16"}
-
-
-def module_path(path: str) -> str:
-    """A ``torch.export`` ``nn_module_stack`` path as a dotted module name (``L['self'].blocks[0].attn`` ->
-    ``blocks.0.attn``): how the exported programs name the module a node comes from."""
-    path = re.sub(r"^L\['self'\]\.?|^L__self__\.?", "", path)
-    return re.sub(r"\[(\d+)\]", r".\1", path)
 
 
 def aoti_problem(device: str, dtype: str) -> str | None:
@@ -177,24 +162,6 @@ def load_package(path: str | Path) -> Any:
     if problem is not None:
         raise ValueError(f"{path} is not an AOTInductor package: {problem}")
     return inductor.aoti_load_package(str(path))
-
-
-def fingerprint(model: Any, head: Mapping[str, Any], modules: Iterable[str] = ()) -> str:
-    """sha256 of what a model compiled from ``model`` depends on: ``head`` (its config and the compile's
-    arguments, as JSON), the source files of its modules' classes and of the modules named in ``modules``, and its
-    weights and buffers (names, dtypes, shapes, values)."""
-    h = hashlib.sha256()
-    h.update(json.dumps(dict(head), sort_keys=True, default=str).encode())
-    for name in modules:  # hashed by their source: imported first, so a module not loaded yet is not hashed by name
-        importlib.import_module(name)
-    names = {type(m).__module__ for m in model.modules()} | set(modules)
-    for path in sorted({str(getattr(sys.modules.get(name), "__file__", None) or name) for name in names}):
-        h.update(path.encode() + (Path(path).read_bytes() if path and Path(path).is_file() else b""))
-    for name, t in sorted(model.state_dict().items()):
-        t = t.detach().cpu().contiguous()
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 def cached_package(

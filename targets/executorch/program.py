@@ -1,16 +1,18 @@
-"""``executorch``: an ExecuTorch program (``.pte``) of the model, lowered to the XNNPACK delegate and run through
-ExecuTorch's Python runtime (``executorch.runtime.Runtime``) on the CPU, at fp32 or dynamic int8.
+"""An ExecuTorch program (``.pte``) of the model: lowered to the XNNPACK delegate, written, checked and loaded by
+ExecuTorch's Python runtime (``executorch.runtime.Runtime``) on the CPU, at fp32 or dynamic int8; what the
+``executorch`` backend (:mod:`.backend`) runs and ``--format executorch`` (:mod:`.format`) writes.
 
 The program is ``torch.export`` of the model with the batch dimension dynamic (traced at
-:data:`attnzoo.runtime.aoti.TRACE_BATCH`, 1 .. :data:`attnzoo.limits.MAX_BATCH_SIZE`), then
+:data:`attnzoo.runtime.torch_export.TRACE_BATCH`, 1 .. :data:`attnzoo.limits.MAX_BATCH_SIZE`), then
 ``to_edge_transform_and_lower`` with ``XnnpackPartitioner``: the ops XNNPACK takes run in its delegate, the rest in
 ExecuTorch's portable kernels. Dynamic int8 (:func:`lower_program` ``dtype="int8"``) quantizes the ``nn.Linear``
 layers only (``XNNPACKQuantizer``, per-channel int8 weights, int8 activations quantized at run time), the variant's
 extra math (its ``extra_scopes``) excluded: it stays fp32.
 
-It loads a program file that ``export-model --format executorch`` wrote and verified (its report says so, for
-this very file: :func:`attnzoo.runtime.sessions.verified_report`), or lowers one from the PyTorch module into
-``<cache_dir>/executorch/``, keyed by the module's content (:func:`attnzoo.runtime.aoti.fingerprint`), the
+The backend loads a program file that ``export-model --format executorch`` wrote and verified (its report says so,
+for this very file: :func:`attnzoo.runtime.sessions.verified_report`), or one :func:`cached_program` lowers from the
+PyTorch module into ``<cache_dir>/executorch/``, keyed by the module's content
+(:func:`attnzoo.runtime.torch_export.fingerprint`), the
 precision and the versions of torch and ExecuTorch; a cached program is used only when its SHA-256 is the one
 recorded when it was lowered, in a cache folder that is the user's alone (:func:`attnzoo.fileio.cache_subdir`).
 ExecuTorch's runtime can abort the process on a file that is not a program (its log line about a foreign
@@ -34,30 +36,21 @@ import re
 import time
 import weakref
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
-
 from attnzoo.errors import first_line
-from attnzoo.fileio import atomic_path, cache_subdir, default_cache_dir, derived_is_current, record_derived
+from attnzoo.fileio import atomic_path, cache_subdir, derived_is_current, record_derived
 from attnzoo.lazy import lazy_import
 from attnzoo.limits import MAX_BATCH_SIZE
-
-from .. import aoti
-from ..contract import BATCH_DIM
-from ..sessions import verified_report
-from . import Backend, LoadOptions, Session, register_backend
+from attnzoo.runtime.contract import BATCH_DIM
+from attnzoo.runtime.torch_export import TRACE_BATCH, fingerprint, module_path
 
 torch = lazy_import("torch")
 
 __all__ = [
-    "EXECUTORCH",
     "EXECUTORCH_DTYPES",
-    "ExecuTorchBackend",
-    "ExecuTorchSession",
     "executorch_problem",
     "executorch_version",
     "lower_program",
@@ -107,7 +100,7 @@ def lower_program(
     from executorch.exir import to_edge_transform_and_lower
 
     net = copy.deepcopy(model).float().cpu().eval()
-    x = torch.zeros(aoti.TRACE_BATCH, 3, *hw)
+    x = torch.zeros(TRACE_BATCH, 3, *hw)
     dynamic = ({0: torch.export.Dim(BATCH_DIM, min=1, max=MAX_BATCH_SIZE)},)
     if dtype == "int8":
         net = _quantize(net, x, dynamic, keep_fp32)
@@ -123,7 +116,7 @@ def _in_scopes(node: Any, scopes: Sequence[str]) -> bool:
         return False
     pattern = re.compile(rf"(^|\.)attn\.({'|'.join(map(re.escape, scopes))})(\.|$)")
     stack = (node.meta.get("nn_module_stack") or {}).values()
-    return any(pattern.search(aoti.module_path(str(path))) for path, *_ in stack)
+    return any(pattern.search(module_path(str(path))) for path, *_ in stack)
 
 
 def _quantize(net: Any, x: Any, dynamic: Any, keep_fp32: Sequence[str]) -> Any:
@@ -302,11 +295,11 @@ def cached_program(model: Any, cache_dir: str | Path, *, dtype: str = "fp32") ->
     hw = (side, side)
     head = {"config": config, "dtype": dtype, "hw": list(hw), "torch": torch.__version__}
     head["executorch"] = executorch_version()
-    key = aoti.fingerprint(model, head, modules=(__name__,))
+    key = fingerprint(model, head, modules=(__name__,))
     folder = cache_subdir(cache_dir, "executorch")
     stem = f"{config.get('variant', type(model).__name__)}_{dtype}_{key[:16]}"
     path, record = folder / f"{stem}.pte", folder / f"{stem}.json"
-    facts: dict[str, Any] = {"program": path.name, "dtype": dtype, "trace_batch": aoti.TRACE_BATCH}
+    facts: dict[str, Any] = {"program": path.name, "dtype": dtype, "trace_batch": TRACE_BATCH}
     if derived_is_current(record, key, [path], head):  # not when absent, unrecorded or not the file lowered
         return path, {**facts, "cached": True}
     spec = VARIANTS.get(str(config.get("variant")))
@@ -319,73 +312,3 @@ def cached_program(model: Any, cache_dir: str | Path, *, dtype: str = "fp32") ->
     facts.update(cached=False, lower_s=round(lowered, 2), serialize_s=round(written, 2))
     record_derived(record, key, [path], head, facts={k: v for k, v in facts.items() if k != "cached"})
     return path, facts
-
-
-class ExecuTorchSession(Session):
-    """A loaded ExecuTorch program's ``forward``; ``facts`` says where it came from."""
-
-    def __init__(self, path: Path, *, backend: str, dtype: str, facts: dict, threads: int | None = None) -> None:
-        self.backend = backend
-        self.method = load_method(path, threads)
-        pool = set_threads(None)
-        self._info = {
-            "device": "cpu",
-            "dtype": dtype,
-            "program": str(path),
-            "delegate": "XnnpackBackend",
-            "threads": pool,
-            **facts,
-        }
-
-    def run(self, x: np.ndarray) -> np.ndarray:
-        if self.method is None:
-            raise ValueError("this executorch session is closed")
-        xin = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
-        return self.method.execute([xin])[0].float().numpy()
-
-    def info(self) -> dict[str, Any]:
-        return dict(self._info)
-
-    def release(self) -> None:
-        self.method = None
-
-
-@dataclass(frozen=True)
-class ExecuTorchBackend(Backend):
-    """ExecuTorch with the XNNPACK delegate: a ``.pte`` file ``export-model`` verified (its report beside it, for
-    this file and precision), or the PyTorch module lowered into the cache."""
-
-    def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False) -> str | None:
-        return super().unavailable_reason(dtype, device) or executorch_problem(dtype)
-
-    def open(self, model: Any, options: LoadOptions) -> ExecuTorchSession:
-        reason = self.unavailable_reason(options.dtype)
-        if reason:
-            raise ValueError(f"{self.name}: {reason}")
-        if isinstance(model, (str, Path)):
-            path = Path(model)
-            if not path.is_file():
-                raise ValueError(f"ExecuTorch program not found: {path}")
-            try:
-                verified_report(path, options.dtype, fmt="executorch")
-            except ValueError as exc:
-                raise ValueError(f"{self.name}: {path} is not loaded: {exc}") from None
-            facts: dict[str, Any] = {"cached": None}
-        else:
-            path, facts = cached_program(model, options.cache_dir or default_cache_dir(), dtype=options.dtype)
-        return ExecuTorchSession(path, backend=self.name, dtype=options.dtype, facts=facts, threads=options.threads)
-
-
-EXECUTORCH = register_backend(
-    ExecuTorchBackend(
-        "executorch",
-        "ExecuTorch: torch.export lowered to the XNNPACK delegate in one .pte program, run by ExecuTorch's runtime "
-        "(CPU fp32, dynamic int8 Linear layers)",
-        takes="module",
-        device="cpu",
-        dtypes=EXECUTORCH_DTYPES,
-        reads=("cache_dir", "threads"),
-        library="executorch",
-        jit_compiles=True,
-    )
-)
