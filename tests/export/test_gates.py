@@ -350,6 +350,21 @@ def test_an_int8_graph_whose_projection_scope_lost_its_name_is_refused(model, mo
     ]
 
 
+def test_an_int8_export_whose_fp32_graph_fails_names_a_failed_report_that_stays(model, monkeypatch, tmp_path):
+    """The fp32 graph an int8 export quantizes is verified in a temporary folder; its refusal's line names the failed
+    report beside ``--out``, which is there after the command, not one in that folder."""
+    shift_parity(monkeypatch, verify, 2.0, "fp32")
+    out = tmp_path / "b2_int8.onnx"
+    with pytest.raises(VerificationError) as info:
+        export_model(model=model, out=out, **INT8)
+    line = str(info.value)
+    assert line.startswith("b2_int8.onnx failed verification (batch 1 real: max abs err ") and "\n" not in line
+    assert f"; see {failed_report_path(out)}; b2_int8.onnx was not written" in line and "attnzoo-fp32-" not in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == [failed_report_path(out).name]
+    report = read_back(failed_report_path(out), "verification")
+    assert report["passed"] is False and report["failures"][0].startswith("batch 1 real: max abs err ")
+
+
 # ------------------------------------------------------------------------------------------------------ TensorRT
 def _layers(monkeypatch, change) -> None:
     """The TensorRT network's layers, as the network check reads them, changed by ``change(layers)``."""
