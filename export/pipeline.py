@@ -31,7 +31,7 @@ from tqdm import tqdm
 from attnzoo import zoo
 from attnzoo.data.datasets import SHAPES_CLASSES, SHAPES_SEG_CLASSES
 from attnzoo.errors import UsageError, quoted
-from attnzoo.fileio import PathLike, sha256_file, temporary_folder
+from attnzoo.fileio import PathLike, atomic_write_text, sha256_file, temporary_folder
 from attnzoo.limits import check_batch_sizes, check_side
 from attnzoo.models import canonical_name, create_model
 from attnzoo.models.checkpoint import NoConfigError, load_checkpoint, load_state_dict_file, load_weights, read_config
@@ -578,6 +578,18 @@ def _run(
     return result
 
 
+def _failure_beside(exc: verify.VerificationError, kept: Path, out: Path) -> verify.VerificationError:
+    """The refusal of the fp32 graph an int8 / fp8 export quantizes, which was verified in a temporary folder
+    (removed when the command ends): its failed report copied beside ``out``, where it stays, and the line naming it
+    there (or no path, when the verification wrote none)."""
+    failed, kept_failed = verify.failed_report_path(out), verify.failed_report_path(kept)
+    line = str(exc)
+    if kept_failed.is_file():
+        atomic_write_text(failed, kept_failed.read_text())
+        return verify.VerificationError(line.replace(str(kept_failed), str(failed)))
+    return verify.VerificationError(line.replace(f"; see {kept_failed}", ""))
+
+
 def _export_onnx_step(
     req: ExportRequest,
     model: nn.Module,
@@ -597,20 +609,25 @@ def _export_onnx_step(
         fp32_out = onnx_out
         if calibration is not None:  # the verified fp32 model is the quantizer's input, kept aside
             fp32_out = stack.enter_context(temporary_folder("attnzoo-fp32-")) / onnx_out.name
-        with contextlib.redirect_stdout(io.StringIO()):  # the exporter's own progress lines
-            report = run_step(
-                verify.export_verified,
-                "export failed",
-                model,
-                fp32_out,
-                config,
-                opset=req.opset,
-                dtype="fp32" if calibration is not None else req.dtype,
-                input_hw=hw,
-                batch_sizes=req.batch_sizes,
-                checkpoint_sha256=sha,
-                threads=threads,
-            )
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):  # the exporter's own progress lines
+                report = run_step(
+                    verify.export_verified,
+                    "export failed",
+                    model,
+                    fp32_out,
+                    config,
+                    opset=req.opset,
+                    dtype="fp32" if calibration is not None else req.dtype,
+                    input_hw=hw,
+                    batch_sizes=req.batch_sizes,
+                    checkpoint_sha256=sha,
+                    threads=threads,
+                )
+        except verify.VerificationError as exc:
+            if fp32_out == onnx_out:
+                raise
+            raise _failure_beside(exc, fp32_out, onnx_out) from None
         bar.update()
         if calibration is None:
             result.report = report

@@ -5,12 +5,14 @@ engine can still be built (:meth:`TensorRTBackend.build_only`)."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from attnzoo.errors import first_line
 from attnzoo.fileio import cache_subdir
 from attnzoo.lazy import lazy_import
 from attnzoo.runtime.backends import Backend, Call, LoadOptions, Session
@@ -18,6 +20,7 @@ from attnzoo.runtime.device import DeviceMemory, release_cuda_cache, tf32_proble
 from attnzoo.targets import tensorrt as rt  # the package's face (builder and library), patched there by tests
 
 from .engine import Engine, runtime_cache_path
+from .schema import EngineReport, engine_report_path
 
 torch = lazy_import("torch")
 
@@ -158,8 +161,12 @@ class TensorRTBackend(Backend):
                     f"{path.name} is a built engine: {', '.join(shaping)} cannot change it (build "
                     "from the ONNX file instead)"
                 )
+            try:
+                blob = trusted_engine(path)
+            except ValueError as exc:
+                raise ValueError(f"{self.name}: {path} is not loaded: {exc}") from None
             memory = DeviceMemory() if rt.gpu_available() else None
-            return TensorRTSession(Engine(path), self.name, {}, memory)
+            return TensorRTSession(Engine(blob), self.name, {}, memory)
         sizes, tf32 = _sizes(options), options.dtype == "tf32"
         if options.cache_dir is not None:  # engines and compiled kernels kept: every later row and run reuses them
             folder = cache_subdir(options.cache_dir, "tensorrt")
@@ -180,6 +187,47 @@ class TensorRTBackend(Backend):
         """
         memory = DeviceMemory() if rt.gpu_available() else None
         return TensorRTSession(Engine(built.blob, built.library), self.name, built.facts(), memory)
+
+
+#: How an engine the backend would not load by path is made anew.
+_EXPORT_IT = "build it with export-model --format tensorrt"
+
+
+def trusted_engine(path: Path) -> bytes:
+    """The bytes of the engine file ``path``, read once (what is checked is what TensorRT deserializes), when its
+    report ``<engine>.json`` says it passed the checks of ``export-model --format tensorrt`` and records their
+    SHA-256. An engine holds code TensorRT runs, so a file without such a record is not trusted: a report written
+    before engines were hashed records none (the engine is built again to be loaded by path).
+
+    Raises:
+        ValueError: one line saying why not (no engine file, no report, unreadable, not passed, no SHA-256 recorded,
+            other bytes).
+    """
+    if not path.is_file():
+        raise ValueError("no such engine file")
+    report_path = engine_report_path(path)
+    if not report_path.is_file():
+        raise ValueError(f"no engine report {report_path.name} beside it ({_EXPORT_IT})")
+    try:
+        report = EngineReport.from_json(report_path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise ValueError(
+            f"{report_path.name} is not an engine report export-model writes ({first_line(exc)})"
+        ) from None
+    if not report.passed:
+        raise ValueError(f"{report_path.name} does not say the engine passed its checks")
+    if not report.engine_sha256:
+        raise ValueError(
+            f"{report_path.name} records no SHA-256 of the engine (written before engines were hashed), so it is not "
+            f"trusted; {_EXPORT_IT} again"
+        )
+    mismatch = f"{path.name} differs from the engine its report {report_path.name} verified (SHA-256 mismatch)"
+    if report.engine_size is not None and path.stat().st_size != report.engine_size:
+        raise ValueError(mismatch)  # another size: not read
+    blob = path.read_bytes()
+    if hashlib.sha256(blob).hexdigest() != report.engine_sha256:
+        raise ValueError(mismatch)
+    return blob
 
 
 def _sizes(options: LoadOptions) -> tuple[int, ...]:

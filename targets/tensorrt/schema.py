@@ -4,11 +4,12 @@ latency (``python -m attnzoo.runtime.reports engine`` prints its JSON Schema).""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from attnzoo.runtime.reports import JsonReport
 
-__all__ = ["EngineReport"]
+__all__ = ["EngineReport", "engine_report_path"]
 
 
 @dataclass
@@ -31,6 +32,9 @@ class EngineReport(JsonReport):
         compute_capability, build_time_s, engine_size, profile, workspace_gb, tf32, require_user_allocation,
             timing_cache: The build's facts.
         not_run_reason: Why it was built but not run.
+        engine_sha256: The SHA-256 of the engine's bytes as written (``None`` in a failed report, and in a report
+            written before engines were hashed): the ``tensorrt`` backend loads an engine by path only when its bytes
+            match it.
         metadata: The ONNX file's metadata (the model contract).
         passed, failures: Every check that ran passed (the engine was written); why not, one line each. With
             ``status`` ``built, not run`` that is the build and the network check alone: the engine was never
@@ -64,6 +68,12 @@ class EngineReport(JsonReport):
     require_user_allocation: bool | None = None
     timing_cache: str | None = None
     not_run_reason: str | None = None
+    engine_sha256: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)
     passed: bool = False
     failures: list[str] = field(default_factory=list)
+
+
+def engine_report_path(engine_path: str | Path) -> Path:
+    """``model.engine`` -> ``model.engine.json``."""
+    return Path(str(engine_path) + ".json")

@@ -21,6 +21,7 @@ demo). This module adds what ``export-model --format tensorrt`` promises:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from collections import Counter
 from collections.abc import Sequence
@@ -44,7 +45,7 @@ from attnzoo.targets import tensorrt as rt  # the package's face (builder and li
 
 from .backend import TENSORRT
 from .options import compute_capability_error
-from .schema import EngineReport
+from .schema import EngineReport, engine_report_path
 
 __all__ = [
     "tensorrt_unavailable_reason",
@@ -66,11 +67,6 @@ STATUS_RUN = "built and run"
 def tensorrt_unavailable_reason(run: bool = False) -> str | None:
     """Why engines cannot be built (``run``: built and run) here; ``None`` when they can."""
     return rt.unavailable_reason(run=run)
-
-
-def engine_report_path(engine_path: str | Path) -> Path:
-    """``model.engine`` -> ``model.engine.json``."""
-    return Path(str(engine_path) + ".json")
 
 
 def failed_engine_report_path(engine_path: str | Path) -> Path:
@@ -299,6 +295,7 @@ def build_engine(
         raise EngineBuildError(
             f"{'; '.join(failures[:3])}; engine not saved (see {failed_engine_report_path(engine_path)})"
         )
+    report.engine_sha256 = hashlib.sha256(built.blob).hexdigest()  # what a load by path checks its bytes against
     with signals_deferred():  # the engine and its report are written together (a signal is raised after both)
         atomic_write_bytes(engine_path, built.blob)
         atomic_write_text(engine_report_path(engine_path), report.to_json())

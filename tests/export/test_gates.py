@@ -285,6 +285,86 @@ def test_an_int8_drop_twice_the_accuracy_tolerance_is_refused_unless_accepted(mo
     assert report["passed"] and report["accuracy"]["accepted_drop"] and not failed_report_path(out).exists()
 
 
+# ------------------------------------------------------------------------------------------- the int8 graph's own
+def _quantizer_answers(monkeypatch, change) -> None:
+    """ModelOpt's answer (the fixture's graph and report) changed by ``change(proto, report)`` before the int8
+    graph's checks read them: a quantizer that left the graph, or its report, other than asked."""
+    answered = verified.quantize_onnx
+
+    def changed(source, out, **kwargs):
+        report = answered(source, out, **kwargs)
+        proto = onnx.load(str(out))
+        change(proto, report)
+        onnx.save(proto, str(out))
+        return report
+
+    monkeypatch.setattr(verified, "quantize_onnx", changed)
+
+
+def _int8_refused(model, tmp_path, line: str) -> dict:
+    """The int8 export of ``model``, refused by its graph's checks with exactly ``line`` (the gates after them not
+    run): nothing at ``--out``, the failed report returned."""
+    out = tmp_path / "b2_int8.onnx"
+    with pytest.raises(qz.QuantizationCheckError, match=rf"^b2_int8.onnx not written: {re.escape(line)}; see "):
+        export_model(model=model, out=out, **INT8)
+    report = _failed(out, "quantization")
+    assert report["failures"] == [line] and report["fidelity"] is None
+    return report
+
+
+def test_the_unchanged_quantizer_answer_passes_the_int8_graphs_checks(model, monkeypatch, tmp_path):
+    _quantizer_answers(monkeypatch, lambda proto, report: None)  # the twin of the three refusals below
+    _scores(monkeypatch, 0.0)
+    report = export_model(model=model, out=tmp_path / "b2_int8.onnx", **INT8).report
+    scope_check = report["extra_math_scope_check"]
+    assert report["passed"] and scope_check["checker"] is True and scope_check["quantized"] == []
+    assert sum(report["quantization"]["qdq"]["quantized_ops"].values()) > 0
+
+
+def test_an_int8_graph_with_no_quantized_op_is_refused(model, monkeypatch, tmp_path):
+    def none_quantized(proto, report):
+        report.qdq["quantized_ops"] = dict.fromkeys(report.qdq["quantized_ops"], 0)
+
+    _quantizer_answers(monkeypatch, none_quantized)
+    _int8_refused(model, tmp_path, "no MatMul/Gemm/Conv was quantized")
+
+
+def test_an_int8_graph_whose_extra_math_reads_quantized_values_is_refused(model, monkeypatch, tmp_path):
+    def into_the_projection(proto, report):
+        report.qdq["extra_math_quantized"] = [f"{SCOPE}/Div"]
+
+    _quantizer_answers(monkeypatch, into_the_projection)
+    _int8_refused(model, tmp_path, f"1 extra-math op(s) read quantized values, e.g. {SCOPE}/Div")
+
+
+def test_an_int8_graph_whose_projection_scope_lost_its_name_is_refused(model, monkeypatch, tmp_path):
+    def unnamed(proto, report):
+        for node in proto.graph.node:
+            node.name = node.name.replace(SCOPE, "blocks.0.attn.anonymous")
+
+    _quantizer_answers(monkeypatch, unnamed)
+    line = f"extra math: {SCOPE}: no nodes named {SCOPE}/... (variant 'belief2' declares extra scope 'projection'"
+    report = _int8_refused(model, tmp_path, line + "; its ops are missing, folded away or renamed)")
+    assert report["extra_math_scope_check"]["checker"] == [
+        line[len("extra math: ") :] + "; its ops are missing, folded away or renamed)"
+    ]
+
+
+def test_an_int8_export_whose_fp32_graph_fails_names_a_failed_report_that_stays(model, monkeypatch, tmp_path):
+    """The fp32 graph an int8 export quantizes is verified in a temporary folder; its refusal's line names the failed
+    report beside ``--out``, which is there after the command, not one in that folder."""
+    shift_parity(monkeypatch, verify, 2.0, "fp32")
+    out = tmp_path / "b2_int8.onnx"
+    with pytest.raises(VerificationError) as info:
+        export_model(model=model, out=out, **INT8)
+    line = str(info.value)
+    assert line.startswith("b2_int8.onnx failed verification (batch 1 real: max abs err ") and "\n" not in line
+    assert f"; see {failed_report_path(out)}; b2_int8.onnx was not written" in line and "attnzoo-fp32-" not in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == [failed_report_path(out).name]
+    report = read_back(failed_report_path(out), "verification")
+    assert report["passed"] is False and report["failures"][0].startswith("batch 1 real: max abs err ")
+
+
 # ------------------------------------------------------------------------------------------------------ TensorRT
 def _layers(monkeypatch, change) -> None:
     """The TensorRT network's layers, as the network check reads them, changed by ``change(layers)``."""

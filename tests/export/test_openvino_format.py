@@ -332,6 +332,52 @@ def test_an_onnx_graph_that_lost_the_projection_refuses_the_ir_in_its_own_failed
     assert report["source_onnx"]["passed"] is False and report["failures"][0].startswith("the ONNX graph: ")
 
 
+def _saved_as(monkeypatch, change) -> None:
+    """The IR's conversion changed by ``change(model, metadata)`` (both changeable) before it is saved."""
+    real = ovrt.save_ir
+
+    def save_ir(model, path, *, metadata=None, **kwargs):
+        metadata = dict(metadata or {})
+        change(model, metadata)
+        real(model, path, metadata=metadata, **kwargs)
+
+    monkeypatch.setattr(ovrt, "save_ir", save_ir)
+
+
+def test_an_ir_whose_rt_info_names_another_checkpoint_is_refused(b2_onnx, tmp_path, monkeypatch):
+    """The contract serving reads back from the IR must be the exported one in every field: its dtype right and its
+    checkpoint another (a random init's is '') refuses it."""
+    model, path = b2_onnx
+    _exported_as(monkeypatch, path)
+    _saved_as(monkeypatch, lambda model, metadata: metadata.update(checkpoint_sha256="0" * 64))
+    out = tmp_path / "b2.xml"
+    line = f"rt_info contract reads dtype 'fp32', checkpoint '{'0' * 64}'"
+    with pytest.raises(ExportError, match=rf"^b2.xml failed verification \({re.escape(line)}\); see "):
+        export_model(model=model, out=out, format="openvino", batch_sizes=(1,))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b2.xml.failed.json"]
+    assert read_back(failed_report_path(out), "openvino")["failures"] == [line]
+
+
+def _without_fake_quantize(model, metadata) -> None:
+    """Every FakeQuantize of ``model`` bypassed: its readers read its input, as a conversion that dropped the
+    graph's Q/DQ pairs would leave them."""
+    for op in model.get_ops():
+        if op.get_type_name() == "FakeQuantize":
+            op.output(0).replace(op.input_value(0))
+
+
+@pytest.mark.slow  # an int8 export: a ModelOpt quantization and its gates (about 15 s on 2 cores)
+def test_an_int8_ir_whose_conversion_dropped_its_fake_quantize_ops_is_refused(tmp_path, monkeypatch):
+    _saved_as(monkeypatch, _without_fake_quantize)
+    out = tmp_path / "b2_int8.xml"
+    line = "no FakeQuantize in the IR: OpenVINO dropped the int8 graph's Q/DQ pairs"
+    with pytest.raises(ExportError, match=rf"^b2_int8.xml failed verification \({re.escape(line)}\); see "):
+        export_model(model=_tiny("belief2"), out=out, format="openvino", dtype="int8", min_cosine=0.0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b2_int8.xml.failed.json"]
+    report = read_back(failed_report_path(out), "openvino")
+    assert report["failures"] == [line] and report["fake_quantize_ops"] == 0
+
+
 @pytest.mark.slow  # a torch export of the renamed model (about 15 s on 2 cores)
 def test_a_model_whose_projection_scope_is_renamed_before_export_is_refused_by_the_export(tmp_path):
     out = tmp_path / "b2.xml"

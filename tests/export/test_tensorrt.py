@@ -7,6 +7,7 @@ engine need a GPU; they are also marked ``gpu`` and skip with that reason.
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import numpy as np
@@ -371,6 +372,7 @@ def test_only_a_verified_onnx_becomes_an_engine(lib, onnx_file, verified_onnx, t
     text = engine_report_path(tmp_path / "good.engine").read_text()
     assert EngineReport.from_json(text) == report and report.to_json() == text
     assert report.status == STATUS_BUILT and report.engine_size and report.compute_capability == "SM89"
+    assert report.engine_sha256 == hashlib.sha256((tmp_path / "good.engine").read_bytes()).hexdigest()
 
 
 @pytest.mark.slow  # builds a TensorRT engine from a verified export (about 12 s on 2 cores)
