@@ -37,7 +37,6 @@ SIZED_FOLDERS: tuple[str, ...] = (
 #: entry that fits now fails the test until it is removed).
 PENDING: frozenset[str] = frozenset(
     {
-        "benchmarks/roofline.py:markdown",
         "benchmarks/run.py:_run",
         "models/kernels/l1_triton.py:_l1_attention_fwd",
         "serve/demo/app.py:_classify_tab",
