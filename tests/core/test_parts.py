@@ -38,9 +38,6 @@ SIZED_FOLDERS: tuple[str, ...] = (
 PENDING: frozenset[str] = frozenset(
     {
         "benchmarks/run.py:_run",
-        "models/kernels/l1_triton.py:_l1_attention_fwd",
-        "serve/demo/app.py:_classify_tab",
-        "training/train.py:_load_state",
         "training/train.py:train",
     }
 )
