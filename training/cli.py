@@ -215,8 +215,8 @@ def _scene_options(args: argparse.Namespace) -> dict[str, Any]:
     return scene
 
 
-def _train_config(args: argparse.Namespace, options: dict[str, Any], scene: dict[str, Any]) -> training.TrainConfig:
-    """The run's :class:`~attnzoo.training.TrainConfig` from the flags."""
+def _train_config(args: argparse.Namespace, options: dict[str, Any], scene: dict[str, Any]) -> Any:
+    """The run's :class:`~attnzoo.training.train.TrainConfig` from the flags (its module is imported lazily)."""
     return training.TrainConfig(
         variant=args.variant,
         task=args.task,
