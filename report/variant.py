@@ -456,19 +456,26 @@ def _engine_entry(built: Any, out: Path) -> dict[str, Any]:
     }
 
 
-def _fp32_and_engine_sides(
-    side: dict[str, Any],
-    variant: str,
-    folder: Path,
-    out: Path,
-    steps: tuple[str, ...],
-    args: dict[str, Any],
-    engine_fmt: ExportFormat,
-    unbuilt: str,
-) -> Path:
+@dataclass(frozen=True)
+class _SideRun:
+    """What every export of one model's side shares: the variant, its exports' folder, the report folder (an entry's
+    paths are relative to it), the budget, the steps asked for, :func:`_model_args`'s keywords and why a step the
+    budget leaves out was not built."""
+
+    variant: str
+    folder: Path
+    out: Path
+    budget: Budget
+    steps: tuple[str, ...]
+    args: dict[str, Any]
+    unbuilt: str
+
+
+def _fp32_and_engine_sides(side: dict[str, Any], run: _SideRun, engine_fmt: ExportFormat) -> Path:
     """The fp32 ONNX entry and the entry of ``engine_fmt`` in ``side``: the engine's export writes the ONNX file
     too; without an engine (not asked for, no TensorRT here, or its build failed) the ONNX is exported alone.
     Returns the ONNX file's path."""
+    variant, folder, out, steps, args, unbuilt = run.variant, run.folder, run.out, run.steps, run.args, run.unbuilt
     onnx_path = folder / f"{variant}.onnx"
 
     def fp32_and_engine() -> dict[str, Any]:
@@ -494,17 +501,17 @@ def _fp32_and_engine_sides(
     return onnx_path
 
 
-def _precision_sides(
-    side: dict[str, Any],
-    variant: str,
-    folder: Path,
-    out: Path,
-    budget: Budget,
-    steps: tuple[str, ...],
-    args: dict[str, Any],
-    unbuilt: str,
-) -> None:
+def _precision_sides(side: dict[str, Any], run: _SideRun) -> None:
     """The fp16, int8 and fp8 ONNX entries of ``side``, each exported where ``steps`` (and the budget's fp8) ask."""
+    variant, folder, out, budget, steps, args, unbuilt = (
+        run.variant,
+        run.folder,
+        run.out,
+        run.budget,
+        run.steps,
+        run.args,
+        run.unbuilt,
+    )
     if "fp16" in steps:
         path16 = folder / f"{variant}_fp16.onnx"
         side["fp16"] = _attempt(
@@ -525,8 +532,9 @@ def _precision_sides(
         side[dtype] = _attempt(quantized)
 
 
-def _triton_side(folder: Path, out: Path, steps: tuple[str, ...], args: dict[str, Any]) -> dict[str, Any]:
+def _triton_side(run: _SideRun) -> dict[str, Any]:
     """The Triton repository's entry: its folder, its config and the config's check."""
+    folder, out, steps, args = run.folder, run.out, run.steps, run.args
     if "triton" not in steps:
         return _skipped("not written with this budget (--quick)")
 
@@ -541,16 +549,9 @@ def _triton_side(folder: Path, out: Path, steps: tuple[str, ...], args: dict[str
     return _attempt(triton)
 
 
-def _format_sides(
-    side: dict[str, Any],
-    variant: str,
-    folder: Path,
-    out: Path,
-    budget: Budget,
-    steps: tuple[str, ...],
-    args: dict[str, Any],
-) -> None:
+def _format_sides(side: dict[str, Any], run: _SideRun) -> None:
     """The entry of each format of :data:`~attnzoo.report.render.REPORT_FORMATS` in ``side``."""
+    variant, folder, out, budget, steps, args = run.variant, run.folder, run.out, run.budget, run.steps, run.args
     for fmt in REPORT_FORMATS:
         if fmt not in steps:
             why = (
@@ -615,11 +616,12 @@ def export_side(
         if budget == FULL
         else "not in its standard_exports, or fp8 off"
     )
+    run = _SideRun(variant, folder, out, budget, steps, args, unbuilt)
     engine_fmt = _engine_format()
-    side["onnx_path"] = str(_fp32_and_engine_sides(side, variant, folder, out, steps, args, engine_fmt, unbuilt))
-    _precision_sides(side, variant, folder, out, budget, steps, args, unbuilt)
-    side["triton"] = _triton_side(folder, out, steps, args)
-    _format_sides(side, variant, folder, out, budget, steps, args)
+    side["onnx_path"] = str(_fp32_and_engine_sides(side, run, engine_fmt))
+    _precision_sides(side, run)
+    side["triton"] = _triton_side(run)
+    _format_sides(side, run)
     engine = engine_fmt.name
     side["extra_math_kept"] = {
         "fp32": (side["fp32"].get("extra_math") or {}).get("ok"),
