@@ -66,6 +66,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="bench-latency", description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
+    _add_scope_args(p)
+    _add_run_args(p)
+    _add_timing_args(p)
+    _add_roofline_args(p)
+    return add_debug_flag(p)
+
+
+def _add_scope_args(p: argparse.ArgumentParser) -> None:
+    """What is measured: the variants, the model, the backends, the precisions and the batch sizes."""
     p.add_argument(
         "--all",
         action="store_true",
@@ -108,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,
         help=f"comma-separated integers in 1..{MAX_BATCH_SIZE} (default: {DEFAULT_SCOPE['batch_sizes']})",
     )
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    """Where and how the run works: threads, time per measurement, its folders, the device and the seed."""
     p.add_argument(
         "--threads",
         type=int,
@@ -130,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="device of eager/compile")
     p.add_argument("--seed", type=int, default=0, help="seed of the random-init weights and the inputs")
+
+
+def _add_timing_args(p: argparse.ArgumentParser) -> None:
+    """What the run spends time on: compiles, the matmul ceiling, the profile, the paired run, its own limit."""
     p.add_argument(
         "--compile-budget",
         type=float,
@@ -159,6 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
         "command measures the rest (every finished row is kept in <out>/rows.jsonl)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _add_roofline_args(p: argparse.ArgumentParser) -> None:
+    """``--roofline``: the bound alone, measured against a GPU run's results."""
     p.add_argument(
         "--roofline",
         metavar="GPUS",
@@ -174,7 +195,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="with --roofline: read a GPU run's results.json as fractions of the bound",
     )
-    return add_debug_flag(p)
 
 
 def _backends(value: str) -> list[str]:

@@ -129,6 +129,28 @@ def markdown(result: Mapping[str, Any]) -> str:
     """All tables of a run: latency, speed-up pivot, overhead vs standard, skipped and failed backends."""
     rows = result["results"]
     ok = [r for r in rows if r["status"] == "ok"]
+    parts = _run_header(result)
+    parts += ["", "## Latency (ms; throughput in images/s)", ""]
+    parts += _latency_section(ok)
+    parts += _flops_lines(result.get("flops") or {})
+    parts += _fastest_section(result.get("fastest_cpu") or [])
+    pivot = _speedup_pivot(ok)
+    if pivot:
+        parts += [
+            "",
+            "## Speed-up over eager PyTorch (same variant and batch, eager at the row's precision where "
+            "that row ran, else fp32: the table's 'vs'; median of per-pair ratios of an eager/backend A B A B "
+            "run, else ratio of medians)",
+            "",
+            pivot,
+        ]
+    parts += _overhead_section(result.get("overheads", []))
+    parts += _skipped_section([r for r in rows if r["status"] != "ok"])
+    return "\n".join(parts) + "\n"
+
+
+def _run_header(result: Mapping[str, Any]) -> list[str]:
+    """The title, the command, the scope, the machine, the ceiling, where the time went and the GEMM rate."""
     parts = [
         f"# bench-latency: {result['settings']['task']} / {result['settings']['arch']}",
         "",
@@ -163,62 +185,65 @@ def markdown(result: Mapping[str, Any]) -> str:
             f"\nfp32 GEMM {' x '.join(map(str, gemm['shape']))} ({gemm['threads']} thread(s)): PyTorch "
             f"{gemm['torch_gflops']:.0f} GFLOP/s, ONNX Runtime {gemm['onnxruntime_gflops']:.0f} GFLOP/s."
         )
-    parts += ["", "## Latency (ms; throughput in images/s)", ""]
-    header = [
-        "variant",
-        "backend",
-        "dtype",
-        "batch",
-        "median",
-        "min",
-        "mean",
-        "p90",
-        "p95",
-        "p99",
-        "CV",
-        "img/s",
-        "mem MB",
-        "vs",
-        "x eager",
-        "x eager (pairs) [Q1, Q3]",
-        "x eager fp32",
-        "GFLOP/s",
-        "% ceiling",
-        "% roof",
-        "parity err",
+    return parts
+
+
+#: The latency table's columns, one per cell of :func:`_latency_cells`.
+_LATENCY_HEADER = [
+    "variant",
+    "backend",
+    "dtype",
+    "batch",
+    "median",
+    "min",
+    "mean",
+    "p90",
+    "p95",
+    "p99",
+    "CV",
+    "img/s",
+    "mem MB",
+    "vs",
+    "x eager",
+    "x eager (pairs) [Q1, Q3]",
+    "x eager fp32",
+    "GFLOP/s",
+    "% ceiling",
+    "% roof",
+    "parity err",
+]
+
+
+def _latency_cells(r: Mapping[str, Any]) -> list[str]:
+    """One timed row of the latency table."""
+    return [
+        r["variant"],
+        r["backend"],
+        r["dtype"],
+        str(r["batch"]),
+        _fmt(r["median_ms"]),
+        _fmt(r["min_ms"]),
+        _fmt(r["mean_ms"]),
+        _fmt(r["p90_ms"]),
+        _fmt(r["p95_ms"]),
+        _fmt(r["p99_ms"]),
+        _fmt(r["cv"], 3),
+        _fmt(r["throughput_img_s"], 1),
+        _fmt(r["peak_mem_mb"], 1),
+        _fmt(r.get("baseline")),
+        _fmt(r["speedup_vs_eager"]),
+        _pair(r),
+        _fmt(r.get("speedup_vs_eager_fp32")),
+        _fmt(r.get("achieved_gflops"), 1),
+        _percent(r.get("ceiling_fraction")),
+        _percent(r.get("roofline_fraction")),
+        f"{r['parity_error']:.1e}",
     ]
-    parts.append(
-        markdown_table(
-            header,
-            [
-                [
-                    r["variant"],
-                    r["backend"],
-                    r["dtype"],
-                    str(r["batch"]),
-                    _fmt(r["median_ms"]),
-                    _fmt(r["min_ms"]),
-                    _fmt(r["mean_ms"]),
-                    _fmt(r["p90_ms"]),
-                    _fmt(r["p95_ms"]),
-                    _fmt(r["p99_ms"]),
-                    _fmt(r["cv"], 3),
-                    _fmt(r["throughput_img_s"], 1),
-                    _fmt(r["peak_mem_mb"], 1),
-                    _fmt(r.get("baseline")),
-                    _fmt(r["speedup_vs_eager"]),
-                    _pair(r),
-                    _fmt(r.get("speedup_vs_eager_fp32")),
-                    _fmt(r.get("achieved_gflops"), 1),
-                    _percent(r.get("ceiling_fraction")),
-                    _percent(r.get("roofline_fraction")),
-                    f"{r['parity_error']:.1e}",
-                ]
-                for r in ok
-            ],
-            escape=True,
-        )
-    )
+
+
+def _latency_section(ok: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The latency table of the timed rows, and what `% roof` means where a row has one."""
+    parts = [markdown_table(_LATENCY_HEADER, [_latency_cells(r) for r in ok], escape=True)]
     if any(r.get("roofline_fraction") is not None for r in ok):
         parts += [
             "",
@@ -226,85 +251,93 @@ def markdown(result: Mapping[str, Any]) -> str:
             "precision (attnzoo.benchmarks.roofline: dense datasheet peaks, fp32 on CUDA cores, tf32/fp16/bf16 "
             "on tensor cores, HBM bandwidth) / its median latency.",
         ]
-    flops = result.get("flops") or {}
-    if flops:
-        parts += [
-            "",
-            "Counted GFLOP per image (one count per variant, on the eager model; every backend's row "
-            "uses it): "
-            + ", ".join(f"{_esc(v)} {f['flops_per_image'] / 1e9:.3f}" for v, f in flops.items())
-            + f". Counter: {_esc(next(iter(flops.values()))['counter'])}.",
-        ]
-    fastest = result.get("fastest_cpu") or []
-    if fastest:
-        parts += [
-            "",
-            "## Fastest fp32 CPU runtime on this machine (per variant and batch: the largest speed-up over eager fp32)",
-            "",
-            markdown_table(
-                ["variant", "batch", "fastest", "median ms", "x eager", "runner-up", "x runner-up", "decided by"],
+    return parts
+
+
+def _flops_lines(flops: Mapping[str, Any]) -> list[str]:
+    """The counted GFLOP per image of each variant and the counter that counted them (none without counts)."""
+    if not flops:
+        return []
+    return [
+        "",
+        "Counted GFLOP per image (one count per variant, on the eager model; every backend's row "
+        "uses it): "
+        + ", ".join(f"{_esc(v)} {f['flops_per_image'] / 1e9:.3f}" for v, f in flops.items())
+        + f". Counter: {_esc(next(iter(flops.values()))['counter'])}.",
+    ]
+
+
+def _fastest_section(fastest: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The fastest fp32 CPU runtime per variant and batch (none without a choice)."""
+    if not fastest:
+        return []
+    return [
+        "",
+        "## Fastest fp32 CPU runtime on this machine (per variant and batch: the largest speed-up over eager fp32)",
+        "",
+        markdown_table(
+            ["variant", "batch", "fastest", "median ms", "x eager", "runner-up", "x runner-up", "decided by"],
+            [
                 [
-                    [
-                        f["variant"],
-                        str(f["batch"]),
-                        f["backend"],
-                        _fmt(f["median_ms"]),
-                        _fmt(f["x_eager"]),
-                        f["runner_up"] or "-",
-                        _fmt(f["x_runner_up"]),
-                        f["how"] or "-",
-                    ]
-                    for f in fastest
-                ],
-                escape=True,
-            ),
-        ]
-    pivot = _speedup_pivot(ok)
-    if pivot:
-        parts += [
-            "",
-            "## Speed-up over eager PyTorch (same variant and batch, eager at the row's precision where "
-            "that row ran, else fp32: the table's 'vs'; median of per-pair ratios of an eager/backend A B A B "
-            "run, else ratio of medians)",
-            "",
-            pivot,
-        ]
-    over = result.get("overheads", [])
-    if over:
-        parts += ["", "## Overhead vs standard (median of per-pair ratios of an A B A B run; [Q1, Q3])", ""]
-        parts.append(
-            markdown_table(
-                ["variant", "backend", "dtype", "batch", "ratio", "Q1", "Q3", "pairs"],
+                    f["variant"],
+                    str(f["batch"]),
+                    f["backend"],
+                    _fmt(f["median_ms"]),
+                    _fmt(f["x_eager"]),
+                    f["runner_up"] or "-",
+                    _fmt(f["x_runner_up"]),
+                    f["how"] or "-",
+                ]
+                for f in fastest
+            ],
+            escape=True,
+        ),
+    ]
+
+
+def _overhead_section(over: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Each variant's overhead against standard from the paired runs (none without pairs)."""
+    if not over:
+        return []
+    parts = ["", "## Overhead vs standard (median of per-pair ratios of an A B A B run; [Q1, Q3])", ""]
+    parts.append(
+        markdown_table(
+            ["variant", "backend", "dtype", "batch", "ratio", "Q1", "Q3", "pairs"],
+            [
                 [
-                    [
-                        o["variant"],
-                        o["backend"],
-                        o["dtype"],
-                        str(o["batch"]),
-                        _fmt(o["ratio_median"], 3),
-                        _fmt(o["ratio_q1"], 3),
-                        _fmt(o["ratio_q3"], 3),
-                        str(o["pairs"]),
-                    ]
-                    for o in over
-                ],
-                escape=True,
-            )
+                    o["variant"],
+                    o["backend"],
+                    o["dtype"],
+                    str(o["batch"]),
+                    _fmt(o["ratio_median"], 3),
+                    _fmt(o["ratio_q1"], 3),
+                    _fmt(o["ratio_q3"], 3),
+                    str(o["pairs"]),
+                ]
+                for o in over
+            ],
+            escape=True,
         )
-    bad = [r for r in rows if r["status"] != "ok"]
-    if bad:
-        parts += ["", "## Skipped and failed", ""]
-        seen = set()
-        lines = []
-        for r in bad:
-            key = (r["backend"], r["dtype"], r["status"], r["reason"])
-            if r["status"] == "skipped" and key in seen:
-                continue
-            seen.add(key)
-            who = "all variants" if r["status"] == "skipped" else f"{r['variant']} b{r['batch']}"
-            lines.append([r["backend"], r["dtype"], r["status"], who, r["reason"]])
-        parts.append(markdown_table(["backend", "dtype", "status", "where", "reason"], lines, escape=True))
-    return "\n".join(parts) + "\n"
+    )
+    return parts
+
+
+def _skipped_section(bad: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The skipped and failed rows; a skip shared by every variant is listed once."""
+    if not bad:
+        return []
+    parts = ["", "## Skipped and failed", ""]
+    seen = set()
+    lines = []
+    for r in bad:
+        key = (r["backend"], r["dtype"], r["status"], r["reason"])
+        if r["status"] == "skipped" and key in seen:
+            continue
+        seen.add(key)
+        who = "all variants" if r["status"] == "skipped" else f"{r['variant']} b{r['batch']}"
+        lines.append([r["backend"], r["dtype"], r["status"], who, r["reason"]])
+    parts.append(markdown_table(["backend", "dtype", "status", "where", "reason"], lines, escape=True))
+    return parts
 
 
 def scope_line(sc: Mapping[str, Any]) -> str:

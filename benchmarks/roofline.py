@@ -245,10 +245,31 @@ def _us(seconds: float | None) -> str:
 
 def markdown(result: dict[str, Any], against: list[dict[str, Any]] | None = None) -> str:
     """The tables: counts per model, then per GPU the bound (µs) per precision, c/m = compute/memory bound."""
+    parts = [
+        f"# Roofline lower bounds: {result['arch']} {result['task']}",
+        "",
+        "bound = max(matrix FLOPs / matrix peak, vector ops / vector peak, bytes / DRAM bandwidth); "
+        "dense peaks from the datasheets (attnzoo.benchmarks.roofline.GPUS). Bytes: weights + activations "
+        "under the fused-kernel traffic model (attnzoo.benchmarks.flops), every tensor at the precision's "
+        "width. Launch overhead is not included.",
+        "",
+        _counts_table(result),
+        "",
+    ]
+    cell = {(r["variant"], r["batch"], r["gpu"], r["precision"]): r for r in result["rows"]}
+    for key, gpu in result["gpus"].items():
+        parts += _gpu_section(result, key, gpu, cell)
+    if against:
+        parts += ["## Measured against the bound", "", _against_table(against), ""]
+    return "\n".join(parts)
+
+
+def _counts_table(result: dict[str, Any]) -> str:
+    """Each model's counts: matrix FLOPs, vector ops, and the bytes moved and arithmetic intensity per width."""
     precisions = result["precisions"]
     widths = sorted({result["widths"][p] for p in precisions}, reverse=True)
     label = {w: "/".join(p for p in precisions if result["widths"][p] == w) for w in widths}
-    counts = markdown_table(
+    return markdown_table(
         [
             "variant",
             "batch",
@@ -275,70 +296,61 @@ def markdown(result: dict[str, Any], against: list[dict[str, Any]] | None = None
             for m in result["models"]
         ],
     )
+
+
+def _gpu_section(
+    result: dict[str, Any], key: str, gpu: dict[str, Any], cell: dict[tuple[Any, ...], dict[str, Any]]
+) -> list[str]:
+    """One GPU's peaks and its table of bounds (µs) per model and precision."""
+    precisions = result["precisions"]
+    peaks = ", ".join(
+        f"{p} {gpu['fp32_tflops'] if p == 'fp32' else gpu['tensor_tflops'].get(p) or '-'}" for p in precisions
+    )
     parts = [
-        f"# Roofline lower bounds: {result['arch']} {result['task']}",
+        f"## {gpu['name']}: lower bound in µs (c = compute-bound, m = memory-bound)",
         "",
-        "bound = max(matrix FLOPs / matrix peak, vector ops / vector peak, bytes / DRAM bandwidth); "
-        "dense peaks from the datasheets (attnzoo.benchmarks.roofline.GPUS). Bytes: weights + activations "
-        "under the fused-kernel traffic model (attnzoo.benchmarks.flops), every tensor at the precision's "
-        "width. Launch overhead is not included.",
-        "",
-        counts,
+        f"Peaks (TFLOP/s, dense): {peaks}; DRAM {gpu['dram_gb_s']:,.0f} GB/s. Source: {gpu['source']}.",
         "",
     ]
-    cell = {(r["variant"], r["batch"], r["gpu"], r["precision"]): r for r in result["rows"]}
-    for key, gpu in result["gpus"].items():
-        peaks = ", ".join(
-            f"{p} {gpu['fp32_tflops'] if p == 'fp32' else gpu['tensor_tflops'].get(p) or '-'}" for p in precisions
-        )
-        parts += [
-            f"## {gpu['name']}: lower bound in µs (c = compute-bound, m = memory-bound)",
-            "",
-            f"Peaks (TFLOP/s, dense): {peaks}; DRAM {gpu['dram_gb_s']:,.0f} GB/s. Source: {gpu['source']}.",
-            "",
-        ]
-        rows = []
-        for m in result["models"]:
-            line = [m["variant"], str(m["batch"])]
-            for p in precisions:
-                r = cell[(m["variant"], m["batch"], key, p)]
-                line.append("n/a" if r["bound_s"] is None else f"{_us(r['bound_s'])} {r['limited_by'][0]}")
-            rows.append(line)
-        parts += [markdown_table(["variant", "batch", *precisions], rows), ""]
-    if against:
-        parts += [
-            "## Measured against the bound",
-            "",
-            markdown_table(
-                [
-                    "variant",
-                    "backend",
-                    "dtype",
-                    "batch",
-                    "GPU",
-                    "bound precision",
-                    "bound µs",
-                    "measured µs",
-                    "fraction of the roof",
-                ],
-                [
-                    [
-                        a["variant"],
-                        a["backend"],
-                        a["dtype"],
-                        str(a["batch"]),
-                        a["gpu"],
-                        a["precision"],
-                        _us(a["bound_s"]),
-                        _us(a["measured_s"]),
-                        f"{a['fraction']:.1%}",
-                    ]
-                    for a in against
-                ],
-            ),
-            "",
-        ]
-    return "\n".join(parts)
+    rows = []
+    for m in result["models"]:
+        line = [m["variant"], str(m["batch"])]
+        for p in precisions:
+            r = cell[(m["variant"], m["batch"], key, p)]
+            line.append("n/a" if r["bound_s"] is None else f"{_us(r['bound_s'])} {r['limited_by'][0]}")
+        rows.append(line)
+    return [*parts, markdown_table(["variant", "batch", *precisions], rows), ""]
+
+
+def _against_table(against: list[dict[str, Any]]) -> str:
+    """Measured rows of a GPU run against their bound."""
+    return markdown_table(
+        [
+            "variant",
+            "backend",
+            "dtype",
+            "batch",
+            "GPU",
+            "bound precision",
+            "bound µs",
+            "measured µs",
+            "fraction of the roof",
+        ],
+        [
+            [
+                a["variant"],
+                a["backend"],
+                a["dtype"],
+                str(a["batch"]),
+                a["gpu"],
+                a["precision"],
+                _us(a["bound_s"]),
+                _us(a["measured_s"]),
+                f"{a['fraction']:.1%}",
+            ]
+            for a in against
+        ],
+    )
 
 
 #: Which bound a measured row is read against: its own precision (an fp32 row ran with TF32 off, on CUDA cores; a

@@ -184,7 +184,8 @@ def extra_math_quantized(path: Path) -> tuple[int, list[str]]:
     return len(inside), fed
 
 
-def main() -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command's options: which models, the test files, the output, and the segmentation scenes."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--zoo", type=Path, default=ROOT / "zoo")
     p.add_argument("--tasks", default="cls,seg")
@@ -198,7 +199,20 @@ def main() -> int:
         choices=("fp32", "int8"),
         help="int8: classifiers exported with export-model --dtype int8, checked against its report",
     )
-    g = p.add_argument_group("segmentation test scenes (default: the zoo's scenes)")
+    _add_scene_args(p.add_argument_group("segmentation test scenes (default: the zoo's scenes)"))
+    p.add_argument(
+        "--checkpoints",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="CKPT",
+        help="check these checkpoint files (each with its JSON beside it) instead of the zoo's",
+    )
+    return p
+
+
+def _add_scene_args(g: argparse._ArgumentGroup) -> None:
+    """How the segmentation test scenes are composed, and the mIoU each kind of scene must reach."""
     g.add_argument("--size", type=int, default=56, help="canvas side in pixels (the segmenters' input size)")
     g.add_argument(
         "--fraction",
@@ -235,20 +249,10 @@ def main() -> int:
     )
     g.add_argument("--seg-min", type=float, default=SEG_MIN, help="target mIoU on the first scenes")
     g.add_argument("--free-min", type=float, default=FREE_MIN, help="target mIoU on the placed-anywhere scenes")
-    p.add_argument(
-        "--checkpoints",
-        type=Path,
-        nargs="+",
-        default=None,
-        metavar="CKPT",
-        help="check these checkpoint files (each with its JSON beside it) instead of the zoo's",
-    )
-    args = p.parse_args()
-    if args.dtype == "int8" and args.tasks != "cls":
-        p.error("--dtype int8 checks classifiers: pass --tasks cls")
-    if len(args.overlap) not in (1, 2):
-        p.error("--overlap takes one cap or a range LO HI")
-    tasks, wanted = args.tasks.split(","), [v for v in args.variants.split(",") if v]
+
+
+def _entries(args: argparse.Namespace, tasks: list[str], wanted: list[str]) -> list[dict]:
+    """The models to check: the given checkpoints (each read from its JSON), else the zoo manifest's."""
     if args.checkpoints:
         entries = []
         for path in args.checkpoints:
@@ -262,20 +266,15 @@ def main() -> int:
                     name=path.stem,
                 )
             )
-        entries = [e for e in entries if e["task"] in tasks and (not wanted or e["variant"] in wanted)]
-    else:
-        manifest = json.loads((args.zoo / "manifest.json").read_text())["models"]
-        entries = [
-            e
-            for e in manifest
-            if e["data"] == "fashion" and e["task"] in tasks and (not wanted or e["variant"] in wanted)
-        ]
-    if not entries:
-        p.error("no Fashion-MNIST models in the manifest match --tasks/--variants")
-    if not (args.fashion / "t10k-images-idx3-ubyte.gz").is_file():
-        p.error(f"no Fashion-MNIST test files (t10k-*-ubyte.gz) in {args.fashion}")
-    images = read_idx(args.fashion / "t10k-images-idx3-ubyte.gz")
-    labels = read_idx(args.fashion / "t10k-labels-idx1-ubyte.gz").astype(np.int64)
+        return [e for e in entries if e["task"] in tasks and (not wanted or e["variant"] in wanted)]
+    manifest = json.loads((args.zoo / "manifest.json").read_text())["models"]
+    return [
+        e for e in manifest if e["data"] == "fashion" and e["task"] in tasks and (not wanted or e["variant"] in wanted)
+    ]
+
+
+def _scenes(args: argparse.Namespace, images: np.ndarray, labels: np.ndarray) -> dict[str, tuple]:
+    """The two sets of test scenes, composed here: the zoo's kind (``readme``) and garments placed ``anywhere``."""
     cap = args.overlap[0] if len(args.overlap) == 1 else tuple(args.overlap)
     shape = dict(
         size=args.size,
@@ -284,59 +283,52 @@ def main() -> int:
         garment_px=tuple(args.garment_px) if any(args.garment_px) else None,
     )
     free = dict(shape, garment_px=tuple(args.free_garment_px)) if args.free_garment_px else shape
-    scenes = (
-        {
-            "readme": compose(images, labels, args.scenes, max_overlap=cap, **shape),
-            "anywhere": compose(images, labels, args.scenes, max_overlap=1.0, **free),
+    return {
+        "readme": compose(images, labels, args.scenes, max_overlap=cap, **shape),
+        "anywhere": compose(images, labels, args.scenes, max_overlap=1.0, **free),
+    }
+
+
+def _row(
+    args: argparse.Namespace, e: dict, onnx_path: Path, data: tuple[np.ndarray, np.ndarray, dict], export_s: float
+) -> dict:
+    """One model's row: its metric measured here on the test images (or scenes), against the reported one."""
+    images, labels, scenes = data
+    detail = {}
+    anywhere = None
+    if e["task"] == "cls":
+        ours = 100.0 * float((run_onnx(onnx_path, images).argmax(1) == labels).mean())
+        ok = (
+            ours >= (CLS_STANDARD_MIN if e["variant"] == "standard" else CLS_MIN)
+            and abs(ours - e["test_metric"]) <= MAX_GAP
+        )
+    else:
+        k = int(json.loads(metadata(onnx_path)["attnzoo.config"])["num_classes"])
+        confs = {key: confusion(m, run_onnx(onnx_path, s).argmax(1), k) for key, (s, m) in scenes.items()}
+        ours, anywhere = (float(np.nanmean(per_class_iou(confs[key]))) for key in ("readme", "anywhere"))
+        ok = ours >= args.seg_min and (args.free_min is None or anywhere >= args.free_min)
+        detail = {
+            f"{key}_per_class_iou": [None if np.isnan(v) else round(float(v), 2) for v in per_class_iou(c)]
+            for key, c in confs.items()
         }
-        if "seg" in tasks
-        else {}
+        detail.update({f"{key}_confusion": c.tolist() for key, c in confs.items()})
+    reported = e["test_metric"]
+    return dict(
+        variant=e["variant"],
+        task=e["task"],
+        name=e.get("name", e["variant"]),
+        reported=None if reported is None else round(reported, 2),
+        independent=round(ours, 2),
+        gap=None if reported is None else round(ours - reported, 2),
+        ok=bool(ok),
+        placed_anywhere=None if anywhere is None else round(anywhere, 2),
+        export_s=round(export_s, 1),
+        **detail,
     )
-    rows: list[dict] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for e in tqdm(entries, desc="independent check", unit="model"):
-            onnx_path = Path(tmp) / f"{e.get('name', e['variant'] + '_' + e['task'])}.onnx"
-            export_s = export(e["variant"], args.zoo / e["file"], onnx_path, args.dtype)
-            detail = {}
-            anywhere = None
-            if args.dtype == "int8":
-                rows.append(int8_row(e, onnx_path, images, labels, export_s))
-                continue
-            if e["task"] == "cls":
-                ours = 100.0 * float((run_onnx(onnx_path, images).argmax(1) == labels).mean())
-                ok = (
-                    ours >= (CLS_STANDARD_MIN if e["variant"] == "standard" else CLS_MIN)
-                    and abs(ours - e["test_metric"]) <= MAX_GAP
-                )
-            else:
-                k = int(json.loads(metadata(onnx_path)["attnzoo.config"])["num_classes"])
-                confs = {key: confusion(m, run_onnx(onnx_path, s).argmax(1), k) for key, (s, m) in scenes.items()}
-                ours, anywhere = (float(np.nanmean(per_class_iou(confs[key]))) for key in ("readme", "anywhere"))
-                ok = ours >= args.seg_min and (args.free_min is None or anywhere >= args.free_min)
-                detail = {
-                    f"{key}_per_class_iou": [None if np.isnan(v) else round(float(v), 2) for v in per_class_iou(c)]
-                    for key, c in confs.items()
-                }
-                detail.update({f"{key}_confusion": c.tolist() for key, c in confs.items()})
-            reported = e["test_metric"]
-            rows.append(
-                dict(
-                    variant=e["variant"],
-                    task=e["task"],
-                    name=e.get("name", e["variant"]),
-                    reported=None if reported is None else round(reported, 2),
-                    independent=round(ours, 2),
-                    gap=None if reported is None else round(ours - reported, 2),
-                    ok=bool(ok),
-                    placed_anywhere=None if anywhere is None else round(anywhere, 2),
-                    export_s=round(export_s, 1),
-                    **detail,
-                )
-            )
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(dict(command=" ".join(sys.argv), rows=rows), indent=1))
-    if args.dtype == "int8":
-        return write_int8_report(args.out, rows)
+
+
+def _write_report(args: argparse.Namespace, rows: list[dict]) -> int:
+    """``results.md`` beside ``results.json``, printed too; 0 when every model meets its target."""
     lines = [
         f"Command: `python {' '.join(sys.argv)}`",
         "",
@@ -358,6 +350,38 @@ def main() -> int:
     (args.out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0 if all(r["ok"] for r in rows) else 1
+
+
+def main() -> int:
+    p = _parser()
+    args = p.parse_args()
+    if args.dtype == "int8" and args.tasks != "cls":
+        p.error("--dtype int8 checks classifiers: pass --tasks cls")
+    if len(args.overlap) not in (1, 2):
+        p.error("--overlap takes one cap or a range LO HI")
+    tasks, wanted = args.tasks.split(","), [v for v in args.variants.split(",") if v]
+    entries = _entries(args, tasks, wanted)
+    if not entries:
+        p.error("no Fashion-MNIST models in the manifest match --tasks/--variants")
+    if not (args.fashion / "t10k-images-idx3-ubyte.gz").is_file():
+        p.error(f"no Fashion-MNIST test files (t10k-*-ubyte.gz) in {args.fashion}")
+    images = read_idx(args.fashion / "t10k-images-idx3-ubyte.gz")
+    labels = read_idx(args.fashion / "t10k-labels-idx1-ubyte.gz").astype(np.int64)
+    scenes = _scenes(args, images, labels) if "seg" in tasks else {}
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for e in tqdm(entries, desc="independent check", unit="model"):
+            onnx_path = Path(tmp) / f"{e.get('name', e['variant'] + '_' + e['task'])}.onnx"
+            export_s = export(e["variant"], args.zoo / e["file"], onnx_path, args.dtype)
+            if args.dtype == "int8":
+                rows.append(int8_row(e, onnx_path, images, labels, export_s))
+                continue
+            rows.append(_row(args, e, onnx_path, (images, labels, scenes), export_s))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(dict(command=" ".join(sys.argv), rows=rows), indent=1))
+    if args.dtype == "int8":
+        return write_int8_report(args.out, rows)
+    return _write_report(args, rows)
 
 
 def int8_row(entry: dict, onnx_path: Path, images: np.ndarray, labels: np.ndarray, export_s: float) -> dict:

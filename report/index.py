@@ -23,6 +23,7 @@ import shlex
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -340,39 +341,45 @@ def _tokens(reports: Sequence[Mapping[str, Any]], key: str) -> list[int]:
 
 
 # ------------------------------------------------------------------------------------------------ index
-def index_markdown(found: Sequence[tuple[Path, Mapping[str, Any]]], out: Path, incomplete: Sequence[Path] = ()) -> str:
-    """The index page of the reports ``found`` (each a folder of ``out`` and its ``report.json``)."""
-    reports = [r for _, r in found]
-    seen = [x.get("runtime") for r in reports for x in (_get(r, "fusion", r["variant"], "audit", "runtimes") or [])]
-    runtimes = [k for k in RUNTIMES if k in seen] + [k for k in dict.fromkeys(seen) if k and k not in RUNTIMES]
-    machines = list(dict.fromkeys(machine(r) for r in reports))
-    budgets = list(dict.fromkeys(bool(r.get("quick")) for r in reports))
-    per_row_machine, per_row_budget = len(machines) > 1, len(budgets) > 1
-    first, most = _tokens(reports, "overhead_first"), _tokens(reports, "overhead_most_tokens")
+@dataclass(frozen=True)
+class _IndexColumns:
+    """The index table's columns, which depend on the reports: the runtimes their fusion audits name, the token
+    counts of their latency ratios, and whether rows differ in budget or machine (then each row names its own)."""
 
-    def over_header(tokens: list[int], what: str) -> str:
-        return f"x standard at {tokens[0]:,} tokens" if len(tokens) == 1 else f"x standard, {what}"
+    runtimes: list[str]
+    first: list[int]
+    most: list[int]
+    per_row_budget: bool
+    per_row_machine: bool
 
-    header = [
-        "variant",
-        "deploys",
-        "fp32 parity (max err)",
-        "fp16 parity (max err)",
-        "int8 cosine, worst (placement)",
-        "int8 top-1 agreement",
-        "TensorRT",
-        *[f"{entry_title(f)} parity (max err)" for f in REPORT_FORMATS],
-        *[f"fused: {RUNTIMES.get(k, k)}" for k in runtimes],
-        over_header(first, "latency rows"),
-        over_header(most, "most tokens"),
-        "checks that did not pass",
-    ]
-    if per_row_budget:
-        header.append("budget")
-    if per_row_machine:
-        header.append("machine")
-    rows = []
-    for folder, r in found:
+    def header(self) -> list[str]:
+        """The table's header."""
+
+        def over_header(tokens: list[int], what: str) -> str:
+            return f"x standard at {tokens[0]:,} tokens" if len(tokens) == 1 else f"x standard, {what}"
+
+        header = [
+            "variant",
+            "deploys",
+            "fp32 parity (max err)",
+            "fp16 parity (max err)",
+            "int8 cosine, worst (placement)",
+            "int8 top-1 agreement",
+            "TensorRT",
+            *[f"{entry_title(f)} parity (max err)" for f in REPORT_FORMATS],
+            *[f"fused: {RUNTIMES.get(k, k)}" for k in self.runtimes],
+            over_header(self.first, "latency rows"),
+            over_header(self.most, "most tokens"),
+            "checks that did not pass",
+        ]
+        if self.per_row_budget:
+            header.append("budget")
+        if self.per_row_machine:
+            header.append("machine")
+        return header
+
+    def row(self, folder: Path, r: Mapping[str, Any], out: Path) -> list[str]:
+        """The row of the report ``r`` in ``folder`` (below ``out``), its variant linked to its ``report.md``."""
         name = r["variant"]
         side = _get(r, "export", name) or {}
         failed = failures(r)
@@ -384,18 +391,34 @@ def index_markdown(found: Sequence[tuple[Path, Mapping[str, Any]]], out: Path, i
             int8_top1_cell(side.get("int8")),
             tensorrt_cell(side.get("tensorrt")),
             *[parity_cell(side.get(f)) for f in REPORT_FORMATS],
-            *fused_cells(r, runtimes),
-            overhead_cell(r, "overhead_first", len(first) > 1),
-            overhead_cell(r, "overhead_most_tokens", len(most) > 1),
+            *fused_cells(r, self.runtimes),
+            overhead_cell(r, "overhead_first", len(self.first) > 1),
+            overhead_cell(r, "overhead_most_tokens", len(self.most) > 1),
             "; ".join(f"{f['check']}: {f['reason']}" for f in failed) or "none",
         ]
-        if per_row_budget:
+        if self.per_row_budget:
             cells.append("--quick" if r.get("quick") else "default")
-        if per_row_machine:
+        if self.per_row_machine:
             cells.append(machine(r))
         # every cell is read from a report.json, which anyone can edit: escaped, and the link only to its folder
-        rows.append([link(name, f"{folder.relative_to(out).as_posix()}/report.md"), *map(text, cells)])
+        return [link(name, f"{folder.relative_to(out).as_posix()}/report.md"), *map(text, cells)]
 
+
+def index_markdown(found: Sequence[tuple[Path, Mapping[str, Any]]], out: Path, incomplete: Sequence[Path] = ()) -> str:
+    """The index page of the reports ``found`` (each a folder of ``out`` and its ``report.json``)."""
+    reports = [r for _, r in found]
+    seen = [x.get("runtime") for r in reports for x in (_get(r, "fusion", r["variant"], "audit", "runtimes") or [])]
+    runtimes = [k for k in RUNTIMES if k in seen] + [k for k in dict.fromkeys(seen) if k and k not in RUNTIMES]
+    machines = list(dict.fromkeys(machine(r) for r in reports))
+    budgets = list(dict.fromkeys(bool(r.get("quick")) for r in reports))
+    columns = _IndexColumns(
+        runtimes,
+        _tokens(reports, "overhead_first"),
+        _tokens(reports, "overhead_most_tokens"),
+        per_row_budget=len(budgets) > 1,
+        per_row_machine=len(machines) > 1,
+    )
+    rows = [columns.row(folder, r, out) for folder, r in found]
     quick = budgets == [True]
     lines = [
         "# Variant reports",
@@ -410,31 +433,7 @@ def index_markdown(found: Sequence[tuple[Path, Mapping[str, Any]]], out: Path, i
     if not found:
         lines += ["No complete report here yet."]
     else:
-        if not per_row_machine:
-            lines += [f"Machine: {text(machines[0])}.", ""]
-        else:
-            lines += ["The reports come from different machines: each row names its own.", ""]
-        if not per_row_budget:
-            lines += [
-                (
-                    "Budget: `--quick` (micro models, small sizes, short timing)."
-                    if quick
-                    else "Budget: the default `report-variant` run."
-                ),
-                "",
-            ]
-        lines += [
-            markdown_table([text(h) for h in header], rows),
-            "",
-            "Ratios: the variant's latency over `standard`'s, batch 1, fp32 (`verdict.overhead_first`: the "
-            "latency rows, on the variant's fastest CPU runtime; `verdict.overhead_most_tokens`: the most tokens "
-            f"of the scaling sweep). Fused cores, of the variant's cores, where {text(FUSED)}. "
-            + _inspected(reports, runtimes),
-            "",
-            "Where a cell holds no figure:",
-            "",
-        ]
-        lines += [f"- {k}: {v}" for k, v in LEGEND.items()]
+        lines += _index_table(columns, rows, machines, quick, reports)
     if incomplete:
         lines += [
             "",
@@ -442,7 +441,52 @@ def index_markdown(found: Sequence[tuple[Path, Mapping[str, Any]]], out: Path, i
             + ", ".join(code(p.name) for p in incomplete)
             + ".",
         ]
+    lines += _index_commands(out, quick)
+    if found:
+        lines += _index_runs(reports)
+    return "\n".join(lines) + "\n"
+
+
+def _index_table(
+    columns: _IndexColumns,
+    rows: list[list[str]],
+    machines: list[str],
+    quick: bool,
+    reports: Sequence[Mapping[str, Any]],
+) -> list[str]:
+    """The machine and budget the reports share, the table, how its ratios read and the legend of empty cells."""
+    lines = []
+    if not columns.per_row_machine:
+        lines += [f"Machine: {text(machines[0])}.", ""]
+    else:
+        lines += ["The reports come from different machines: each row names its own.", ""]
+    if not columns.per_row_budget:
+        lines += [
+            (
+                "Budget: `--quick` (micro models, small sizes, short timing)."
+                if quick
+                else "Budget: the default `report-variant` run."
+            ),
+            "",
+        ]
     lines += [
+        markdown_table([text(h) for h in columns.header()], rows),
+        "",
+        "Ratios: the variant's latency over `standard`'s, batch 1, fp32 (`verdict.overhead_first`: the "
+        "latency rows, on the variant's fastest CPU runtime; `verdict.overhead_most_tokens`: the most tokens "
+        f"of the scaling sweep). Fused cores, of the variant's cores, where {text(FUSED)}. "
+        + _inspected(reports, columns.runtimes),
+        "",
+        "Where a cell holds no figure:",
+        "",
+    ]
+    lines += [f"- {k}: {v}" for k, v in LEGEND.items()]
+    return lines
+
+
+def _index_commands(out: Path, quick: bool) -> list[str]:
+    """The command that builds (or finishes) the whole set, and where each report's exports went."""
+    return [
         "",
         "## Commands",
         "",
@@ -462,20 +506,22 @@ def index_markdown(found: Sequence[tuple[Path, Mapping[str, Any]]], out: Path, i
         "--out DIR` writes them again.",
         "",
     ]
-    if found:
-        lines += [
-            "Each report, as its `report.json` records it (wall and CPU seconds of its run, load average at its "
-            "start):",
-            "",
-        ]
-        for _, r in found:
-            env = r.get("environment") or {}
-            load = env.get("load_average")
-            lines.append(
-                f"- {code(r.get('command') or 'report_variant()')}: {text(_num(r.get('wall_time_s')))} s, "
-                f"{text(_num(r.get('cpu_time_s')))} CPU s, load average {text(load if load is not None else '—')}"
-            )
-    return "\n".join(lines) + "\n"
+
+
+def _index_runs(reports: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Each report's command, wall and CPU seconds and load average, as its ``report.json`` records them."""
+    lines = [
+        "Each report, as its `report.json` records it (wall and CPU seconds of its run, load average at its start):",
+        "",
+    ]
+    for r in reports:
+        env = r.get("environment") or {}
+        load = env.get("load_average")
+        lines.append(
+            f"- {code(r.get('command') or 'report_variant()')}: {text(_num(r.get('wall_time_s')))} s, "
+            f"{text(_num(r.get('cpu_time_s')))} CPU s, load average {text(load if load is not None else '—')}"
+        )
+    return lines
 
 
 def _num(value: Any) -> str:

@@ -258,14 +258,12 @@ def verdict(report: Mapping[str, Any], out: Path) -> dict[str, Any]:
     leaves out) is named as not counted, never as a pass."""
     name = report["variant"]
     side = report["export"][name]
-    fp32, fp16, int8, trt = side["fp32"], side["fp16"], side["int8"], side.get("tensorrt") or {}
     states = step_states(report)
     # a format counts among the checks where it was written or refused, as it always has
     formats = [f for f in REPORT_FORMATS if (side.get(f) or {}).get("status") in ("ok", "failed")]
     checks = {k: s == PASSED for k, s in states.items() if k not in REPORT_FORMATS or k in formats}
     problems = [k for k, s in states.items() if s == FAILED or (k in REQUIRED_STEPS and s != PASSED)]
     uncounted = {k: s for k, s in states.items() if s != PASSED and k not in problems}
-    network_ok = bool((trt.get("network_check") or {}).get("ok"))
     fused = _fused(report, name)
     o1, o2 = _overhead_197(report), _overhead_max(report)
     said = "; ".join(f"{step_title(k)} {s}" for k, s in uncounted.items())
@@ -274,7 +272,36 @@ def verdict(report: Mapping[str, Any], out: Path) -> dict[str, Any]:
         if not problems
         else f"{name}: does not deploy ({', '.join(problems)})"
     ]
-    parts.append(
+    parts += _export_parts(side, checks, states, formats)
+    if fused:  # every runtime the audit names: a runtime whose graph could not be read says so
+        parts.append("fused: " + ", ".join(f"{RUNTIMES.get(k, k)} {v}" for k, v in fused.items()))
+    parts += _cost_parts(report, o1, o2)
+    failed = failures(report)
+    if failed:
+        parts.append(
+            f"{len(failed)} check(s) did not pass: " + "; ".join(f"{f['check']}: {_short(f['reason'])}" for f in failed)
+        )
+    parts.append(f"report: {out / 'report.md'}")
+    return {
+        "deploys": not problems,
+        "problems": problems,
+        "failed": failed,
+        "checks": checks,
+        "states": states,
+        "fused": fused,
+        "overhead_first": o1,
+        "overhead_most_tokens": o2,
+        "line": " | ".join(parts),
+    }
+
+
+def _export_parts(
+    side: Mapping[str, Any], checks: Mapping[str, bool], states: Mapping[str, str], formats: Sequence[str]
+) -> list[str]:
+    """The verdict line's export parts: fp32 parity, fp16, the extra math, int8, TensorRT and each format counted."""
+    fp32, fp16, int8, trt = side["fp32"], side["fp16"], side["int8"], side.get("tensorrt") or {}
+    network_ok = bool((trt.get("network_check") or {}).get("ok"))
+    parts = [
         f"fp32 parity {'ok' if checks['parity'] else 'FAILED'}"
         + (f" (max err {fp32['max_abs_err']:.1e})" if fp32.get("max_abs_err") is not None else "")
         + (
@@ -282,7 +309,7 @@ def verdict(report: Mapping[str, Any], out: Path) -> dict[str, Any]:
             if fp32.get("first_diverging_block") is not None
             else ""
         )
-    )
+    ]
     parts.append(f"fp16 {'ok' if checks['fp16'] else _state(fp16) if fp16.get('status') != 'ok' else 'FAILED'}")
     parts.append(
         {PASSED: "extra math kept", FAILED: "extra math NOT kept"}.get(
@@ -308,8 +335,12 @@ def verdict(report: Mapping[str, Any], out: Path) -> dict[str, Any]:
         parts.append(f"TensorRT {_state(trt)}")
     for f in formats:  # a format written (or refused) here; one that cannot run here says so in the table
         parts.append(f"{entry_title(f)} {'ok' if checks[f] else 'FAILED'}")
-    if fused:  # every runtime the audit names: a runtime whose graph could not be read says so
-        parts.append("fused: " + ", ".join(f"{RUNTIMES.get(k, k)} {v}" for k, v in fused.items()))
+    return parts
+
+
+def _cost_parts(report: Mapping[str, Any], o1: Mapping[str, Any] | None, o2: Mapping[str, Any] | None) -> list[str]:
+    """The verdict line's opset-23 fusion and its latency against standard (``o1``, ``o2``: the two overheads)."""
+    parts = []
     fz = report.get("fusable") or {}
     if fz.get("status") == "ok":
         # reports written before every runtime was kept held only the inspected ones: the others were not
@@ -322,23 +353,7 @@ def verdict(report: Mapping[str, Any], out: Path) -> dict[str, Any]:
     for o in (o1, o2):
         if o is not None:
             parts.append(f"x{o['ratio']:.2f} standard's latency at {o['tokens']} tokens ({o['backend']} b{o['batch']})")
-    failed = failures(report)
-    if failed:
-        parts.append(
-            f"{len(failed)} check(s) did not pass: " + "; ".join(f"{f['check']}: {_short(f['reason'])}" for f in failed)
-        )
-    parts.append(f"report: {out / 'report.md'}")
-    return {
-        "deploys": not problems,
-        "problems": problems,
-        "failed": failed,
-        "checks": checks,
-        "states": states,
-        "fused": fused,
-        "overhead_first": o1,
-        "overhead_most_tokens": o2,
-        "line": " | ".join(parts),
-    }
+    return parts
 
 
 # ------------------------------------------------------------------------------------------------ plots
@@ -469,6 +484,103 @@ def _identity_md(report: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _md_parity(e: Mapping[str, Any]) -> str:
+    """An ONNX entry's parity with eager: passed or not, its error, tolerance and batch sizes."""
+    if e.get("status") != "ok":
+        return _state(e)
+    tol = next(iter(e["tolerance"].values()), None)
+    return (
+        f"{'passed' if e['passed'] else 'FAILED'}: max abs err {e['max_abs_err']:.2e} (tolerance {tol:g} x "
+        f"max(1, max abs logit)), batch sizes {text(e['batch_sizes'])}"
+    )
+
+
+def _md_int8(e: Mapping[str, Any]) -> str:
+    """A quantized entry's fidelity to fp32: cosine and top-1 agreement on held-out inputs."""
+    if e.get("status") != "ok":
+        return _state(e)
+    top1 = e.get("top1_agreement")
+    return (
+        f"cosine to fp32 min {_num(e['cosine_min'], '{:.4f}')} / mean {_num(e['cosine_mean'], '{:.4f}')}, "
+        f"top-1 agreement {_num(100 * top1 if top1 is not None else None, '{:.1f}')}% on "
+        f"{_num(e.get('fidelity_inputs'))} held-out inputs"
+    )
+
+
+def _md_placement(e: Mapping[str, Any]) -> str:
+    """The int8 placement chosen: what stayed fp32 and how many ops of each kind were quantized."""
+    if e.get("status") != "ok":
+        return "-"
+    kept = e.get("kept_fp32") or []
+    q, t = e.get("quantized_ops") or {}, e.get("total_ops") or {}
+    ops = ", ".join(f"{text(k)} {_num(q[k])}/{_num(t.get(k, '?'))}" for k in q)
+    return f"{code(e.get('placement'))}; kept fp32: {text(', '.join(map(str, kept)) or 'nothing')}; quantized {ops}"
+
+
+def _md_accuracy(e: Mapping[str, Any]) -> str:
+    """A side's test-split accuracy, fp32 and int8."""
+    a = e["accuracy"]
+    if a.get("status") != "ok":
+        return _state(a)
+    m = a.get("metrics") or {}
+    return (
+        f"{text(a.get('metric_name'))} fp32 {_num(m.get('fp32'), '{:.2f}')} / int8 "
+        f"{_num(m.get('int8'), '{:.2f}')} on {_num(a.get('n_images'))} {text(a.get('data'))} "
+        f"{text(a.get('split'))} images"
+    )
+
+
+def _md_tensorrt(e: Mapping[str, Any]) -> str:
+    """A side's TensorRT engine: its state (without a GPU: the library and target) and its network check."""
+    t = e.get("tensorrt") or {}
+    if t.get("status") != "ok":
+        return _state(t)
+    nc = t.get("network_check") or {}
+    state = text(t.get("state"))
+    if not t.get("ran_on_gpu"):
+        state = f"{state} - no GPU ({text(t.get('library'))}, {text(t.get('compute_capability'))})"
+    return f"{state}; network check {'ok' if nc.get('ok') else 'FAILED'} ({_num(nc.get('layers'))} layers)"
+
+
+def _md_kept(e: Mapping[str, Any]) -> str:
+    """Whether each format of a side kept the extra math."""
+    return ", ".join(f"{text(k)} {_num(v)}" for k, v in e["extra_math_kept"].items())
+
+
+def _md_triton(e: Mapping[str, Any]) -> str:
+    """A side's Triton config: written or not, its file and platform."""
+    t = e["triton"]
+    if t.get("status") != "ok":
+        return _state(t)
+    return f"{'written' if t.get('passed') else 'FAILED'}: {code(t.get('config'))} ({text(t.get('platform'))})"
+
+
+def _md_source(e: Mapping[str, Any]) -> str:
+    """Which model a side exported: the zoo's classifier, the author's checkpoint or a random init."""
+    s = e["source"]
+    return {
+        "zoo": f"the zoo's classifier ({code(Path(str(s.get('checkpoint', ''))).name)})",
+        "checkpoint": f"checkpoint {code(s.get('checkpoint'))}",
+    }.get(s["kind"], f"random init ({text(s.get('arch'))})")
+
+
+def _md_diverges(e: Mapping[str, Any]) -> str:
+    """Where each entry with block outputs diverges."""
+    said = [f"{entry_title(d)} {_where(e[d])}" for d in BLOCK_ENTRIES if (e.get(d) or {}).get("blocks")]
+    return "; ".join(said) or "-"
+
+
+def _md_written(e: Mapping[str, Any]) -> str:
+    """A format's entry: its parity, the runtime it ran on and whether it kept the extra math."""
+    if e.get("status") != "ok":
+        return _state(e)
+    extra = e.get("extra_math") or {}
+    count = ", ".join(f"{text(k)} {_num(v)}" for k, v in (extra.get("nodes_per_block") or {}).items())
+    return f"{_md_parity(e)}; on {text(e.get('runtime'))}; extra math {'kept' if extra.get('ok') else 'NOT kept'}" + (
+        f" (ops per block: {count})" if count else ""
+    )
+
+
 def _export_md(report: Mapping[str, Any]) -> list[str]:
     sides = report["export"]
     names = (
@@ -480,97 +592,20 @@ def _export_md(report: Mapping[str, Any]) -> list[str]:
     def cells(fn) -> list[str]:
         return [fn(sides[n]) for n in names]
 
-    def parity(e: Mapping[str, Any]) -> str:
-        if e.get("status") != "ok":
-            return _state(e)
-        tol = next(iter(e["tolerance"].values()), None)
-        return (
-            f"{'passed' if e['passed'] else 'FAILED'}: max abs err {e['max_abs_err']:.2e} (tolerance {tol:g} x "
-            f"max(1, max abs logit)), batch sizes {text(e['batch_sizes'])}"
-        )
-
-    def int8(e: Mapping[str, Any]) -> str:
-        if e.get("status") != "ok":
-            return _state(e)
-        top1 = e.get("top1_agreement")
-        return (
-            f"cosine to fp32 min {_num(e['cosine_min'], '{:.4f}')} / mean {_num(e['cosine_mean'], '{:.4f}')}, "
-            f"top-1 agreement {_num(100 * top1 if top1 is not None else None, '{:.1f}')}% on "
-            f"{_num(e.get('fidelity_inputs'))} held-out inputs"
-        )
-
-    def placement(e: Mapping[str, Any]) -> str:
-        if e.get("status") != "ok":
-            return "-"
-        kept = e.get("kept_fp32") or []
-        q, t = e.get("quantized_ops") or {}, e.get("total_ops") or {}
-        ops = ", ".join(f"{text(k)} {_num(q[k])}/{_num(t.get(k, '?'))}" for k in q)
-        return f"{code(e.get('placement'))}; kept fp32: {text(', '.join(map(str, kept)) or 'nothing')}; quantized {ops}"
-
-    def accuracy(e: Mapping[str, Any]) -> str:
-        a = e["accuracy"]
-        if a.get("status") != "ok":
-            return _state(a)
-        m = a.get("metrics") or {}
-        return (
-            f"{text(a.get('metric_name'))} fp32 {_num(m.get('fp32'), '{:.2f}')} / int8 "
-            f"{_num(m.get('int8'), '{:.2f}')} on {_num(a.get('n_images'))} {text(a.get('data'))} "
-            f"{text(a.get('split'))} images"
-        )
-
-    def trt(e: Mapping[str, Any]) -> str:
-        t = e.get("tensorrt") or {}
-        if t.get("status") != "ok":
-            return _state(t)
-        nc = t.get("network_check") or {}
-        state = text(t.get("state"))
-        if not t.get("ran_on_gpu"):
-            state = f"{state} - no GPU ({text(t.get('library'))}, {text(t.get('compute_capability'))})"
-        return f"{state}; network check {'ok' if nc.get('ok') else 'FAILED'} ({_num(nc.get('layers'))} layers)"
-
-    def kept(e: Mapping[str, Any]) -> str:
-        return ", ".join(f"{text(k)} {_num(v)}" for k, v in e["extra_math_kept"].items())
-
-    def triton(e: Mapping[str, Any]) -> str:
-        t = e["triton"]
-        if t.get("status") != "ok":
-            return _state(t)
-        return f"{'written' if t.get('passed') else 'FAILED'}: {code(t.get('config'))} ({text(t.get('platform'))})"
-
-    def source(e: Mapping[str, Any]) -> str:
-        s = e["source"]
-        return {
-            "zoo": f"the zoo's classifier ({code(Path(str(s.get('checkpoint', ''))).name)})",
-            "checkpoint": f"checkpoint {code(s.get('checkpoint'))}",
-        }.get(s["kind"], f"random init ({text(s.get('arch'))})")
-
-    def diverges(e: Mapping[str, Any]) -> str:
-        said = [f"{entry_title(d)} {_where(e[d])}" for d in BLOCK_ENTRIES if (e.get(d) or {}).get("blocks")]
-        return "; ".join(said) or "-"
-
-    def written(e: Mapping[str, Any]) -> str:
-        if e.get("status") != "ok":
-            return _state(e)
-        extra = e.get("extra_math") or {}
-        count = ", ".join(f"{text(k)} {_num(v)}" for k, v in (extra.get("nodes_per_block") or {}).items())
-        return f"{parity(e)}; on {text(e.get('runtime'))}; extra math {'kept' if extra.get('ok') else 'NOT kept'}" + (
-            f" (ops per block: {count})" if count else ""
-        )
-
     rows = [
-        ["model", *cells(source)],
-        ["fp32: parity with eager", *cells(lambda e: parity(e["fp32"]))],
-        ["where it diverges (block outputs)", *cells(diverges)],
-        ["fp16: parity with eager fp32", *cells(lambda e: parity(e["fp16"]))],
-        ["extra math kept (per format)", *cells(kept)],
-        ["int8: fidelity to fp32", *cells(lambda e: int8(e["int8"]))],
-        ["int8: placement chosen", *cells(lambda e: placement(e["int8"]))],
-        ["accuracy on the test split", *cells(accuracy)],
-        ["FP8 graph", *cells(lambda e: int8(e["fp8"]))],
-        ["TensorRT", *cells(trt)],
-        ["Triton config", *cells(triton)],
+        ["model", *cells(_md_source)],
+        ["fp32: parity with eager", *cells(lambda e: _md_parity(e["fp32"]))],
+        ["where it diverges (block outputs)", *cells(_md_diverges)],
+        ["fp16: parity with eager fp32", *cells(lambda e: _md_parity(e["fp16"]))],
+        ["extra math kept (per format)", *cells(_md_kept)],
+        ["int8: fidelity to fp32", *cells(lambda e: _md_int8(e["int8"]))],
+        ["int8: placement chosen", *cells(lambda e: _md_placement(e["int8"]))],
+        ["accuracy on the test split", *cells(_md_accuracy)],
+        ["FP8 graph", *cells(lambda e: _md_int8(e["fp8"]))],
+        ["TensorRT", *cells(_md_tensorrt)],
+        ["Triton config", *cells(_md_triton)],
         *[
-            [f"{entry_title(f)}: parity with eager fp32", *cells(lambda e, f=f: written(e.get(f) or {}))]
+            [f"{entry_title(f)}: parity with eager fp32", *cells(lambda e, f=f: _md_written(e.get(f) or {}))]
             for f in REPORT_FORMATS
         ],
     ]
@@ -819,33 +854,8 @@ def _gpu_md(report: Mapping[str, Any]) -> list[str]:
 
 def markdown(report: Mapping[str, Any], pngs: Mapping[str, Path]) -> str:
     """``report.md``."""
-    env = report["environment"]
-    v = report["verdict"]
-    gpu = (env.get("gpu") or {}).get("name") or "no GPU"
-    versions = env["versions"]
     lines = [
-        f"# {text(report['variant'])}: does it deploy, and what does it cost?",
-        "",
-        f"**Verdict:** {text(v['line'])}",
-        "",
-        f"Measured by {code(report['command'] or 'report_variant()')} in {report['wall_time_s']:.0f} s "
-        f"({report.get('cpu_time_s', 0):.0f} CPU s) on "
-        f"{text(cpu_summary(env['cpu']))}, {text(gpu)}; torch {text(versions.get('torch'))}, onnxruntime "
-        f"{text(versions.get('onnxruntime'))}, openvino {text(versions.get('openvino'))}"
-        f"{' (--quick: micro models, small sizes, short timing)' if report['quick'] else ''}. Every figure "
-        "below comes from this run unless it says otherwise.",
-        "",
-        "| check | result |",
-        "|---|---|",
-    ]
-    for k, state in v["states"].items():
-        cell = {PASSED: "yes", FAILED: "no"}.get(state) or (
-            f"{state}: required" if k in v["problems"] else f"{state}: not counted toward deploys"
-        )
-        lines.append(f"| {text(k.replace('_', ' '))} | {text(cell)} |")
-    for f in v.get("failed") or []:
-        lines.append(f"| {text(f['check'])} | no: {text(f['reason'])} |")
-    lines += [
+        *_checks_md(report),
         "",
         "## Identity",
         "",
@@ -880,6 +890,37 @@ def markdown(report: Mapping[str, Any], pngs: Mapping[str, Path]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _checks_md(report: Mapping[str, Any]) -> list[str]:
+    """The title, the verdict, where and how the run was measured, and the table of checks."""
+    env = report["environment"]
+    v = report["verdict"]
+    gpu = (env.get("gpu") or {}).get("name") or "no GPU"
+    versions = env["versions"]
+    lines = [
+        f"# {text(report['variant'])}: does it deploy, and what does it cost?",
+        "",
+        f"**Verdict:** {text(v['line'])}",
+        "",
+        f"Measured by {code(report['command'] or 'report_variant()')} in {report['wall_time_s']:.0f} s "
+        f"({report.get('cpu_time_s', 0):.0f} CPU s) on "
+        f"{text(cpu_summary(env['cpu']))}, {text(gpu)}; torch {text(versions.get('torch'))}, onnxruntime "
+        f"{text(versions.get('onnxruntime'))}, openvino {text(versions.get('openvino'))}"
+        f"{' (--quick: micro models, small sizes, short timing)' if report['quick'] else ''}. Every figure "
+        "below comes from this run unless it says otherwise.",
+        "",
+        "| check | result |",
+        "|---|---|",
+    ]
+    for k, state in v["states"].items():
+        cell = {PASSED: "yes", FAILED: "no"}.get(state) or (
+            f"{state}: required" if k in v["problems"] else f"{state}: not counted toward deploys"
+        )
+        lines.append(f"| {text(k.replace('_', ' '))} | {text(cell)} |")
+    for f in v.get("failed") or []:
+        lines.append(f"| {text(f['check'])} | no: {text(f['reason'])} |")
+    return lines
 
 
 def write_report(report: dict[str, Any], out: Path, replot: bool = True) -> tuple[list[Path], str]:

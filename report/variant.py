@@ -438,24 +438,44 @@ def _engine_format() -> ExportFormat:
     return next(part for part in export_formats.formats().values() if part.builds_engine)
 
 
-def export_side(
-    variant: str,
-    source: dict[str, Any],
-    folder: Path,
-    out: Path,
-    budget: Budget,
-    steps: tuple[str, ...],
-    args: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Every export of one model (the ``steps`` of fp32, fp16, int8, fp8, tensorrt, triton, and the formats of
-    :data:`~attnzoo.report.render.REPORT_FORMATS`), each an entry with
-    ``status`` (``ok``, ``failed``, ``unavailable``, ``skipped``) and its figures; ``args``: the model's
-    :func:`_model_args` (built from ``source`` when not given)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    args = _model_args(variant, source) if args is None else args
-    side: dict[str, Any] = {"source": source}
+def _engine_entry(built: Any, out: Path) -> dict[str, Any]:
+    """The engine step's entry of an export side, from the engine part ``built`` of its export."""
+    e = built.report
+    return {
+        "status": "ok",
+        "engine": _rel(built.path, out),
+        "state": e.status,
+        "ran_on_gpu": e.ran_on_gpu,
+        "not_run_reason": e.not_run_reason,
+        "network_check": {k: (e.network_check or {}).get(k) for k in ("ok", "failures", "layers", "extra_math_scopes")},
+        "library": f"{e.library} {e.library_version}",
+        "compute_capability": e.compute_capability,
+        "parity": e.parity,
+        "latency": e.latency,
+    }
+
+
+@dataclass(frozen=True)
+class _SideRun:
+    """What every export of one model's side shares: the variant, its exports' folder, the report folder (an entry's
+    paths are relative to it), the budget, the steps asked for, :func:`_model_args`'s keywords and why a step the
+    budget leaves out was not built."""
+
+    variant: str
+    folder: Path
+    out: Path
+    budget: Budget
+    steps: tuple[str, ...]
+    args: dict[str, Any]
+    unbuilt: str
+
+
+def _fp32_and_engine_sides(side: dict[str, Any], run: _SideRun, engine_fmt: ExportFormat) -> Path:
+    """The fp32 ONNX entry and the entry of ``engine_fmt`` in ``side``: the engine's export writes the ONNX file
+    too; without an engine (not asked for, no TensorRT here, or its build failed) the ONNX is exported alone.
+    Returns the ONNX file's path."""
+    variant, folder, out, steps, args, unbuilt = run.variant, run.folder, run.out, run.steps, run.args, run.unbuilt
     onnx_path = folder / f"{variant}.onnx"
-    engine_fmt = _engine_format()
 
     def fp32_and_engine() -> dict[str, Any]:
         r = export.export_model(
@@ -466,31 +486,10 @@ def export_side(
         built = r.part(EngineOutput)
         if built is None:
             raise RuntimeError(f"export_model(format={engine_fmt.name!r}) returned no engine report")
-        e = built.report
-        side[engine_fmt.name] = {
-            "status": "ok",
-            "engine": _rel(built.path, out),
-            "state": e.status,
-            "ran_on_gpu": e.ran_on_gpu,
-            "not_run_reason": e.not_run_reason,
-            "network_check": {
-                k: (e.network_check or {}).get(k) for k in ("ok", "failures", "layers", "extra_math_scopes")
-            },
-            "library": f"{e.library} {e.library_version}",
-            "compute_capability": e.compute_capability,
-            "parity": e.parity,
-            "latency": e.latency,
-        }
+        side[engine_fmt.name] = _engine_entry(built, out)
         return _fp32_summary(r.report, out, r.onnx_path)
 
     engine_wanted = engine_fmt.name in steps
-    unbuilt = (
-        "--quick"
-        if budget == QUICK
-        else "the default run builds it for the variant only"
-        if budget == FULL
-        else "not in its standard_exports, or fp8 off"
-    )
     side["fp32"] = _attempt(fp32_and_engine) if engine_wanted else {"status": "skipped"}
     if side["fp32"]["status"] != "ok":  # no engine (no TensorRT here, or its build failed): the ONNX alone
         engine = side["fp32"]
@@ -498,9 +497,20 @@ def export_side(
             lambda: _fp32_summary(export.export_model(**args, out=onnx_path).report, out, onnx_path)
         )
         side[engine_fmt.name] = engine if engine_wanted else _skipped(f"not built with this budget ({unbuilt})")
-    else:
-        onnx_path = folder / f"{variant}.onnx"
-    side["onnx_path"] = str(onnx_path)
+    return onnx_path
+
+
+def _precision_sides(side: dict[str, Any], run: _SideRun) -> None:
+    """The fp16, int8 and fp8 ONNX entries of ``side``, each exported where ``steps`` (and the budget's fp8) ask."""
+    variant, folder, out, budget, steps, args, unbuilt = (
+        run.variant,
+        run.folder,
+        run.out,
+        run.budget,
+        run.steps,
+        run.args,
+        run.unbuilt,
+    )
     if "fp16" in steps:
         path16 = folder / f"{variant}_fp16.onnx"
         side["fp16"] = _attempt(
@@ -519,19 +529,28 @@ def export_side(
             return {"file": _rel(path, out), **_int8_summary(report)}
 
         side[dtype] = _attempt(quantized)
-    if "triton" in steps:
 
-        def triton() -> dict[str, Any]:
-            r = export.export_model(**args, out=folder / "triton", format="triton")
-            return {
-                "folder": _rel(r.path, out),
-                "config": _rel(r.path / "config.pbtxt", out),
-                **(check.to_dict() if (check := r.part(TritonConfigCheck)) else {}),
-            }
 
-        side["triton"] = _attempt(triton)
-    else:
-        side["triton"] = _skipped("not written with this budget (--quick)")
+def _triton_side(run: _SideRun) -> dict[str, Any]:
+    """The Triton repository's entry: its folder, its config and the config's check."""
+    folder, out, steps, args = run.folder, run.out, run.steps, run.args
+    if "triton" not in steps:
+        return _skipped("not written with this budget (--quick)")
+
+    def triton() -> dict[str, Any]:
+        r = export.export_model(**args, out=folder / "triton", format="triton")
+        return {
+            "folder": _rel(r.path, out),
+            "config": _rel(r.path / "config.pbtxt", out),
+            **(check.to_dict() if (check := r.part(TritonConfigCheck)) else {}),
+        }
+
+    return _attempt(triton)
+
+
+def _format_sides(side: dict[str, Any], run: _SideRun) -> None:
+    """The entry of each format of :data:`~attnzoo.report.render.REPORT_FORMATS` in ``side``."""
+    variant, folder, out, budget, steps, args = run.variant, run.folder, run.out, run.budget, run.steps, run.args
     for fmt in REPORT_FORMATS:
         if fmt not in steps:
             why = (
@@ -550,31 +569,67 @@ def export_side(
             return _format_summary(r.report, out, path)
 
         side[fmt] = _attempt(written)
+
+
+def _accuracy_entry(side: dict[str, Any], source: dict[str, Any], variant: str) -> dict[str, Any]:
+    """The test-split accuracy the int8 export measured, or why there is none."""
+    acc = side["int8"].get("accuracy") if side["int8"]["status"] == "ok" else None
+    if acc:
+        return {"status": "ok", **acc}
+    if source["kind"] == "random-init":
+        return {
+            "status": "absent",
+            "reason": f"the zoo has no trained {variant} classifier: random init, no test split to score",
+        }
+    return {
+        "status": "absent",
+        "reason": "the int8 export measured no test-split accuracy"
+        + (
+            f" ({side['int8'].get('reason')})"
+            if side["int8"].get("reason")
+            else " (the model has no labelled test split)"
+        ),
+    }
+
+
+def export_side(
+    variant: str,
+    source: dict[str, Any],
+    folder: Path,
+    out: Path,
+    budget: Budget,
+    steps: tuple[str, ...],
+    args: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Every export of one model (the ``steps`` of fp32, fp16, int8, fp8, tensorrt, triton, and the formats of
+    :data:`~attnzoo.report.render.REPORT_FORMATS`), each an entry with
+    ``status`` (``ok``, ``failed``, ``unavailable``, ``skipped``) and its figures; ``args``: the model's
+    :func:`_model_args` (built from ``source`` when not given)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    args = _model_args(variant, source) if args is None else args
+    side: dict[str, Any] = {"source": source}
+    unbuilt = (
+        "--quick"
+        if budget == QUICK
+        else "the default run builds it for the variant only"
+        if budget == FULL
+        else "not in its standard_exports, or fp8 off"
+    )
+    run = _SideRun(variant, folder, out, budget, steps, args, unbuilt)
+    engine_fmt = _engine_format()
+    side["onnx_path"] = str(_fp32_and_engine_sides(side, run, engine_fmt))
+    _precision_sides(side, run)
+    side["triton"] = _triton_side(run)
+    _format_sides(side, run)
+    engine = engine_fmt.name
     side["extra_math_kept"] = {
         "fp32": (side["fp32"].get("extra_math") or {}).get("ok"),
         "fp16": (side["fp16"].get("extra_math") or {}).get("ok"),
         "int8": side["int8"].get("extra_math_kept"),
-        engine_fmt.name: ((side.get(engine_fmt.name) or {}).get("network_check") or {}).get("ok"),
+        engine: ((side.get(engine) or {}).get("network_check") or {}).get("ok"),
         **{fmt: (side[fmt].get("extra_math") or {}).get("ok") for fmt in REPORT_FORMATS},
     }
-    acc = side["int8"].get("accuracy") if side["int8"]["status"] == "ok" else None
-    if acc:
-        side["accuracy"] = {"status": "ok", **acc}
-    elif source["kind"] == "random-init":
-        side["accuracy"] = {
-            "status": "absent",
-            "reason": f"the zoo has no trained {variant} classifier: random init, no test split to score",
-        }
-    else:
-        side["accuracy"] = {
-            "status": "absent",
-            "reason": "the int8 export measured no test-split accuracy"
-            + (
-                f" ({side['int8'].get('reason')})"
-                if side["int8"].get("reason")
-                else " (the model has no labelled test split)"
-            ),
-        }
+    side["accuracy"] = _accuracy_entry(side, source, variant)
     return side
 
 
@@ -806,35 +861,11 @@ def report_variant(
             model ...: named), an output path that is a file, or an output folder that is neither empty nor a
             report of ``variant`` (:func:`out_problem`); nothing is measured or written then.
     """
-    try:  # without torch where no plugin is installed: a bad name is refused at once
-        variant = check_variant(variant) or models.canonical_name(variant)
-    except ValueError:
-        valid = variant_names() or models.VARIANT_NAMES
-        raise UsageError(f"unknown variant {quoted(variant)}; valid: {', '.join(valid)}") from None
-    if checkpoint is not None:
-        try:
-            checkpoint_kind(checkpoint)
-        except ValueError as exc:
-            raise UsageError(f"--checkpoint {exc}") from None
-    out = Path(out) if out is not None else Path("variant-reports") / variant
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file; it names the report folder")
-    problem = out_problem(out, variant)
-    if problem:
-        raise UsageError(problem)
-    writable_dir(out, "report folder")
+    variant, out = _checked_request(variant, checkpoint, out)
     budget = budget or (QUICK if quick else FULL)
     started, cpu_started = time.time(), time.process_time()
     timings: dict[str, float] = {}
-
-    def section(name: str, fn: Callable[[], Any]) -> Any:
-        if progress:
-            print(f"report-variant {variant}: {name} ...", file=sys.stderr, flush=True)
-        t0 = time.time()
-        value = fn()
-        timings[name] = round(time.time() - t0, 1)
-        return value
-
+    section = _section_timer(variant, progress, timings)
     sizes = tuple(budget.scaling_sizes)
     report: dict[str, Any] = {
         "schema": SCHEMA,
@@ -849,28 +880,7 @@ def report_variant(
         work = Path(tmp)
         src = _source(variant, checkpoint)
         args = _model_args(variant, src)  # one model for every file of the side, the opset-23 export included
-        sides = {
-            variant: section(
-                "export",
-                lambda: export_side(
-                    variant,
-                    src,
-                    out / "exports" / variant,
-                    out,
-                    budget,
-                    ("fp32", "fp16", "int8", "fp8", "tensorrt", "triton", *budget.formats),
-                    args,
-                ),
-            )
-        }
-        if variant != "standard":
-            std_src = _source("standard", None, like=_side_model(sides[variant], src))
-            sides["standard"] = section(
-                "export (standard)",
-                lambda: export_side(
-                    "standard", std_src, out / "exports" / "standard", out, budget, budget.standard_exports
-                ),
-            )
+        sides = _export_sides(variant, src, args, out, budget, section)
         report["export"] = sides
         report["fusion"] = section(
             "fusion", lambda: fusion({k: s["onnx_path"] for k, s in sides.items() if s["fp32"]["status"] == "ok"})
@@ -894,6 +904,78 @@ def report_variant(
     report["cpu_time_s"] = round(time.process_time() - cpu_started, 1)  # all threads: the work, apart from load
     files, verdict = write_report(report, out)
     return ReportResult(report=report, out=out, verdict=verdict, files=files)
+
+
+def _checked_request(variant: str, checkpoint: PathLike | None, out: PathLike | None) -> tuple[str, Path]:
+    """The variant's canonical name and the report folder (made), each refused with a :class:`UsageError` before
+    anything is measured or written (:func:`report_variant`'s ``Raises``)."""
+    try:  # without torch where no plugin is installed: a bad name is refused at once
+        variant = check_variant(variant) or models.canonical_name(variant)
+    except ValueError:
+        valid = variant_names() or models.VARIANT_NAMES
+        raise UsageError(f"unknown variant {quoted(variant)}; valid: {', '.join(valid)}") from None
+    if checkpoint is not None:
+        try:
+            checkpoint_kind(checkpoint)
+        except ValueError as exc:
+            raise UsageError(f"--checkpoint {exc}") from None
+    out = Path(out) if out is not None else Path("variant-reports") / variant
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; it names the report folder")
+    problem = out_problem(out, variant)
+    if problem:
+        raise UsageError(problem)
+    writable_dir(out, "report folder")
+    return variant, out
+
+
+#: Runs one named section of a report and records its seconds: ``section(name, fn) -> fn()``.
+_Section = Callable[[str, Callable[[], Any]], Any]
+
+
+def _section_timer(variant: str, progress: bool, timings: dict[str, float]) -> _Section:
+    """A :data:`_Section` that records each section's seconds in ``timings`` (and, with ``progress``, names it on
+    stderr as it starts)."""
+
+    def section(name: str, fn: Callable[[], Any]) -> Any:
+        if progress:
+            print(f"report-variant {variant}: {name} ...", file=sys.stderr, flush=True)
+        t0 = time.time()
+        value = fn()
+        timings[name] = round(time.time() - t0, 1)
+        return value
+
+    return section
+
+
+def _export_sides(
+    variant: str, src: dict[str, Any], args: dict[str, Any], out: Path, budget: Budget, section: _Section
+) -> dict[str, dict[str, Any]]:
+    """The variant's export side (every step), then, for another variant, ``standard``'s (its standard exports,
+    of the same arch and task)."""
+    sides = {
+        variant: section(
+            "export",
+            lambda: export_side(
+                variant,
+                src,
+                out / "exports" / variant,
+                out,
+                budget,
+                ("fp32", "fp16", "int8", "fp8", "tensorrt", "triton", *budget.formats),
+                args,
+            ),
+        )
+    }
+    if variant != "standard":
+        std_src = _source("standard", None, like=_side_model(sides[variant], src))
+        sides["standard"] = section(
+            "export (standard)",
+            lambda: export_side(
+                "standard", std_src, out / "exports" / "standard", out, budget, budget.standard_exports
+            ),
+        )
+    return sides
 
 
 def _side_model(side: dict[str, Any], source: dict[str, Any]) -> dict[str, Any]:

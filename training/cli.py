@@ -11,6 +11,7 @@ import json
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 from attnzoo.cli import add_debug_flag, entry_point
 from attnzoo.errors import CommandError, UsageError
@@ -49,6 +50,20 @@ def _train_parser() -> argparse.ArgumentParser:
         prog="train-model",
         description="Train an attnzoo model (AdamW, cosine schedule with warm-up, validation each epoch, resumable).",
     )
+    _add_recipe_args(p)
+    _add_scene_args(
+        p.add_argument_group(
+            "Fashion-MNIST scenes (--data fashion --task seg; default: 2-4 garments of 35-60 % of the "
+            "canvas, at most 15 % of a garment on earlier ones; the zoo's: --scene-garment-px 28 28 "
+            "--scene-overlap 0 1)"
+        )
+    )
+    _add_run_args(p)
+    return add_debug_flag(p)
+
+
+def _add_recipe_args(p: argparse.ArgumentParser) -> None:
+    """What is trained and how: the variant, task, data, model size and the optimiser's schedule."""
     p.add_argument("--variant", required=True, help="attention variant (see attnzoo.models.VARIANTS)")
     p.add_argument("--task", choices=("cls", "seg"), default="cls")
     p.add_argument(
@@ -67,11 +82,10 @@ def _train_parser() -> argparse.ArgumentParser:
     p.add_argument("--train-size", type=int, default=None, help="train images (default: all / 8000 shapes)")
     p.add_argument("--val-size", type=int, default=None, help="validation images (default: the data set's)")
     p.add_argument("--decoder", choices=("linear", "mask"), default="linear", help="segmentation decoder")
-    scene = p.add_argument_group(
-        "Fashion-MNIST scenes (--data fashion --task seg; default: 2-4 garments of 35-60 % of the "
-        "canvas, at most 15 % of a garment on earlier ones; the zoo's: --scene-garment-px 28 28 "
-        "--scene-overlap 0 1)"
-    )
+
+
+def _add_scene_args(scene: argparse._ArgumentGroup) -> None:
+    """How the Fashion-MNIST segmentation scenes are composed."""
     scene.add_argument(
         "--scene-garments",
         type=int,
@@ -105,6 +119,10 @@ def _train_parser() -> argparse.ArgumentParser:
         help="the most of a garment's pixels that may land on earlier garments: one cap (default "
         "0.15; 1: anywhere) or LO HI, a cap drawn per scene",
     )
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    """The variant's options, the output folder, threads, a starting checkpoint, resuming and the progress bar."""
     p.add_argument(
         "--option",
         action="append",
@@ -135,7 +153,6 @@ def _train_parser() -> argparse.ArgumentParser:
         "an error when it is missing or damaged",
     )
     p.add_argument("--no-progress", action="store_true")
-    return add_debug_flag(p)
 
 
 def default_threads(arch: str) -> int | None:
@@ -159,6 +176,29 @@ def main(argv: list[str] | None = None) -> int:
     if args.init_from:
         checkpoint_kind(args.init_from)  # a path that is no checkpoint, named (exit 1)
         checkpoint.check_encoder_source(args.init_from, args.variant, args.arch)  # before any data is loaded
+    scene = _scene_options(args)
+    options = _parse_options(args.option)
+    try:  # bad flags refused before any data is loaded: exit 2, as every command's usage errors
+        scene = fashion.check_scene_options(scene)
+        datasets.check_source(args.data, args.task, scene)
+        models.split_options(models.canonical_name(args.variant), **options)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    cfg = _train_config(args, options, scene)
+    try:
+        result = training.train(cfg, resume=args.resume, progress=not args.no_progress)
+    except RuntimeError as exc:  # a diverged loss: its message says where
+        raise CommandError(str(exc)) from exc
+    print(
+        f"saved {result['path']}  val {result['metric_name']} {result['val_metric']:.2f}  "
+        f"({result['train_time_s']:.0f} s)"
+    )
+    return 0
+
+
+def _scene_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``--scene-*`` options given (for :func:`attnzoo.data.fashion.check_scene_options`); refused with
+    a :class:`UsageError` when malformed or given without ``--data fashion --task seg``."""
     scene = {
         "per_scene": args.scene_garments,
         "fraction": args.scene_fraction,
@@ -172,14 +212,12 @@ def main(argv: list[str] | None = None) -> int:
     scene = {k: v for k, v in scene.items() if v is not None}
     if scene and (args.data != "fashion" or args.task != "seg"):
         raise UsageError("--scene-* options compose Fashion-MNIST scenes: use them with --data fashion --task seg")
-    options = _parse_options(args.option)
-    try:  # bad flags refused before any data is loaded: exit 2, as every command's usage errors
-        scene = fashion.check_scene_options(scene)
-        datasets.check_source(args.data, args.task, scene)
-        models.split_options(models.canonical_name(args.variant), **options)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    cfg = training.TrainConfig(
+    return scene
+
+
+def _train_config(args: argparse.Namespace, options: dict[str, Any], scene: dict[str, Any]) -> Any:
+    """The run's :class:`~attnzoo.training.train.TrainConfig` from the flags (its module is imported lazily)."""
+    return training.TrainConfig(
         variant=args.variant,
         task=args.task,
         data=args.data,
@@ -200,15 +238,6 @@ def main(argv: list[str] | None = None) -> int:
         decoder=args.decoder,
         scene=scene,
     )
-    try:
-        result = training.train(cfg, resume=args.resume, progress=not args.no_progress)
-    except RuntimeError as exc:  # a diverged loss: its message says where
-        raise CommandError(str(exc)) from exc
-    print(
-        f"saved {result['path']}  val {result['metric_name']} {result['val_metric']:.2f}  "
-        f"({result['train_time_s']:.0f} s)"
-    )
-    return 0
 
 
 @entry_point

@@ -260,16 +260,9 @@ def _tensor_problem(tensors: dict[str, torch.Tensor]) -> str | None:
     return None
 
 
-def _load_state(out_dir: Path, name: str, model, opt, sched, cfg: TrainConfig, steps_per_epoch: int) -> dict[str, Any]:
-    """Restore what :func:`_save_state` wrote.
-
-    Raises:
-        ValueError: nothing to resume, one of the two state files missing, either of them damaged or
-            truncated (a JSON over :data:`MAX_STATE_JSON_BYTES` or nested too deep, an epoch outside
-            ``0..cfg.epochs`` or a history that does not match it, an optimizer or scheduler state this run
-            cannot have: :func:`_optimizer_problem`, :func:`_tensor_problem`), or saved with different settings --
-            one line naming the file, before any training.
-    """
+def _resumable_state(out_dir: Path, name: str) -> tuple[Path, Path]:
+    """The two state files of a run to resume (tensors, JSON); a ``ValueError`` naming what is missing when
+    either is."""
     st_path, js_path = _state_paths(out_dir, name)
     present = [p for p in (st_path, js_path) if p.is_file()]
     if not present:
@@ -285,6 +278,39 @@ def _load_state(out_dir: Path, name: str, model, opt, sched, cfg: TrainConfig, s
             f"cannot resume: {missing} is missing ({present[0].name} is there); delete "
             f"{present[0].name} and run without --resume to start afresh"
         )
+    return st_path, js_path
+
+
+def _restore(model, opt, sched, tensors: dict[str, torch.Tensor], meta: dict[str, Any], st_path: Path) -> None:
+    """Load the saved model, optimizer and scheduler state (checked by :func:`_load_state`) into ``model``,
+    ``opt`` and ``sched``; a ``ValueError`` when it does not fit this model."""
+    try:
+        model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        for key, val in tensors.items():
+            if key.startswith("opt."):
+                _, idx, sub = key.split(".", 2)
+                state.setdefault(int(idx), {})[sub] = val.reshape(()) if sub == "step" else val
+        opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+        sd = sched.state_dict()  # only the step is read: the rest (base and last lr) follows from it and the run
+        sd.update(last_epoch=meta["scheduler"]["last_epoch"], _step_count=meta["scheduler"]["last_epoch"] + 1)
+        sd["_last_lr"] = [group["lr"] for group in opt.param_groups]
+        sched.load_state_dict(sd)
+    except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"cannot resume: {st_path} does not match this model ({first_line(exc)})") from None
+
+
+def _load_state(out_dir: Path, name: str, model, opt, sched, cfg: TrainConfig, steps_per_epoch: int) -> dict[str, Any]:
+    """Restore what :func:`_save_state` wrote.
+
+    Raises:
+        ValueError: nothing to resume, one of the two state files missing, either of them damaged or
+            truncated (a JSON over :data:`MAX_STATE_JSON_BYTES` or nested too deep, an epoch outside
+            ``0..cfg.epochs`` or a history that does not match it, an optimizer or scheduler state this run
+            cannot have: :func:`_optimizer_problem`, :func:`_tensor_problem`), or saved with different settings --
+            one line naming the file, before any training.
+    """
+    st_path, js_path = _resumable_state(out_dir, name)
     try:
         meta = read_json(js_path, MAX_STATE_JSON_BYTES)
     except ValueError as exc:
@@ -322,20 +348,7 @@ def _load_state(out_dir: Path, name: str, model, opt, sched, cfg: TrainConfig, s
             f"cannot resume: {st_path} is damaged ({problem}); delete it and its {js_path.name} and run without "
             "--resume to start afresh"
         )
-    try:
-        model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
-        state: dict[int, dict[str, torch.Tensor]] = {}
-        for key, val in tensors.items():
-            if key.startswith("opt."):
-                _, idx, sub = key.split(".", 2)
-                state.setdefault(int(idx), {})[sub] = val.reshape(()) if sub == "step" else val
-        opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
-        sd = sched.state_dict()  # only the step is read: the rest (base and last lr) follows from it and the run
-        sd.update(last_epoch=meta["scheduler"]["last_epoch"], _step_count=meta["scheduler"]["last_epoch"] + 1)
-        sd["_last_lr"] = [group["lr"] for group in opt.param_groups]
-        sched.load_state_dict(sd)
-    except (RuntimeError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"cannot resume: {st_path} does not match this model ({first_line(exc)})") from None
+    _restore(model, opt, sched, tensors, meta, st_path)
     return {**meta, "epoch": epoch, "history": history, "elapsed": elapsed}
 
 

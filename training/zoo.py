@@ -617,13 +617,7 @@ def table(rows: list[dict[str, Any]] | None = None, refs: dict[str, dict[str, fl
             f"| {v} | {cell(v, 'cls', 'fashion')} | {cell(v, 'seg', 'fashion')} | "
             f"{c['params'] if c else 0:,} | {train_time(v, 'fashion')} |"
         )
-    c, g = refs.get("fashion/cls", {}), refs.get("fashion/seg", {})
-    if c or g:
-        lines.append(f"| *chance / all background* | *{c.get('chance', '-')}* | *{g.get('all_background', '-')}* | | |")
-        lines.append(
-            f"| *logistic regression on pixels / threshold + majority class* | "
-            f"*{c.get('logistic_regression_pixels', '-')}* | *{g.get('threshold_majority_class', '-')}* | | |"
-        )
+    lines += _baseline_rows(refs)
     n_test = {(e["data"], e["task"]): e["test_n"] for e in rows}
     lines += [
         "",
@@ -654,6 +648,18 @@ def table(rows: list[dict[str, Any]] | None = None, refs: dict[str, dict[str, fl
     if notes:
         lines += [""] + [f"- {e['variant']} ({e['task']}, {e['data']}): {e['note']}" for e in notes]
     return "\n".join(lines)
+
+
+def _baseline_rows(refs: dict[str, dict[str, float]]) -> list[str]:
+    """The Fashion-MNIST table's two baseline rows (none without baselines)."""
+    c, g = refs.get("fashion/cls", {}), refs.get("fashion/seg", {})
+    if not (c or g):
+        return []
+    return [
+        f"| *chance / all background* | *{c.get('chance', '-')}* | *{g.get('all_background', '-')}* | | |",
+        f"| *logistic regression on pixels / threshold + majority class* | "
+        f"*{c.get('logistic_regression_pixels', '-')}* | *{g.get('threshold_majority_class', '-')}* | | |",
+    ]
 
 
 def verify(limit: int = SUBSET_N, tolerance: float = 0.5) -> list[str]:
@@ -717,9 +723,8 @@ def ship_onnx(data: str = "fashion", out_dir: Path = ZOO_DIR) -> list[dict[str, 
     return [e for e in rows if "onnx" in e]
 
 
-@entry_point
-def main(argv: list[str] | None = None) -> int:
-    """``python -m attnzoo.training.zoo``: errors exit non-zero with one ``error: ...`` line (attnzoo.cli)."""
+def _parser() -> argparse.ArgumentParser:
+    """The subcommands: build, adopt, progress, table, baselines, verify and onnx."""
     p = add_debug_flag(
         argparse.ArgumentParser(prog="python -m attnzoo.training.zoo", description=__doc__.splitlines()[0])
     )
@@ -752,7 +757,60 @@ def main(argv: list[str] | None = None) -> int:
         "first start adopts them instead of exporting)",
     )
     o.add_argument("--data", default="fashion")
-    args = p.parse_args(argv)
+    return p
+
+
+def _command(args: argparse.Namespace) -> int:
+    """Run the subcommand ``args.cmd``: 0, or 1 where ``verify`` found problems."""
+    if args.cmd == "build":
+        build(
+            args.variants,
+            args.jobs,
+            Path(args.out),
+            resume=not args.fresh,
+            data=args.data,
+            tasks=args.tasks,
+            retrain=args.retrain,
+        )
+    elif args.cmd == "adopt":
+        try:
+            adopted = adopt(args.staging, args.data, args.tasks)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        print(
+            f"zoo: adopted {len(adopted)} models from {args.staging}; now move their NEXT_RECIPES entries "
+            "into RECIPES, regenerate the ONNX copies (python -m attnzoo.training.zoo onnx) and verify"
+        )
+    elif args.cmd == "baselines":
+        refs = baselines()
+        _write_manifest(ZOO_DIR, zoo.entries(), refs)
+        print(json.dumps(refs, indent=1))
+    elif args.cmd == "progress":
+        if not (args.staging / "manifest.json").is_file():
+            raise UsageError(f"{args.staging}: no manifest.json (a folder written by build --retrain --out)")
+        print(progress(args.staging))
+    elif args.cmd == "table":
+        print(table())
+    elif args.cmd == "onnx":
+        for e in ship_onnx(args.data):
+            print(
+                f"zoo/{e['onnx']['file']}: {e['variant']} {e['task']} ({e['metric_name']} {e['test_metric']}), "
+                f"verified against its checkpoint, max abs err {e['onnx']['max_abs_err']:.2g}"
+            )
+    else:
+        problems = verify(args.limit)
+        for line in problems:
+            print(f"error: {line}")
+        if problems:
+            return 1
+        print("zoo verified: all sha256s match and every model reproduces its metric")
+    return 0
+
+
+@entry_point
+def main(argv: list[str] | None = None) -> int:
+    """``python -m attnzoo.training.zoo``: errors exit non-zero with one ``error: ...`` line (attnzoo.cli)."""
+    args = _parser().parse_args(argv)
     if args.cmd == "build":
         try:  # refused before any file is touched
             for variant in args.variants:
@@ -760,51 +818,9 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     try:
-        if args.cmd == "build":
-            build(
-                args.variants,
-                args.jobs,
-                Path(args.out),
-                resume=not args.fresh,
-                data=args.data,
-                tasks=args.tasks,
-                retrain=args.retrain,
-            )
-        elif args.cmd == "adopt":
-            try:
-                adopted = adopt(args.staging, args.data, args.tasks)
-            except ValueError as exc:
-                raise CommandError(str(exc)) from None
-            print(
-                f"zoo: adopted {len(adopted)} models from {args.staging}; now move their NEXT_RECIPES entries "
-                "into RECIPES, regenerate the ONNX copies (python -m attnzoo.training.zoo onnx) and verify"
-            )
-        elif args.cmd == "baselines":
-            refs = baselines()
-            _write_manifest(ZOO_DIR, zoo.entries(), refs)
-            print(json.dumps(refs, indent=1))
-        elif args.cmd == "progress":
-            if not (args.staging / "manifest.json").is_file():
-                raise UsageError(f"{args.staging}: no manifest.json (a folder written by build --retrain --out)")
-            print(progress(args.staging))
-        elif args.cmd == "table":
-            print(table())
-        elif args.cmd == "onnx":
-            for e in ship_onnx(args.data):
-                print(
-                    f"zoo/{e['onnx']['file']}: {e['variant']} {e['task']} ({e['metric_name']} {e['test_metric']}), "
-                    f"verified against its checkpoint, max abs err {e['onnx']['max_abs_err']:.2g}"
-                )
-        else:
-            problems = verify(args.limit)
-            for line in problems:
-                print(f"error: {line}")
-            if problems:
-                return 1
-            print("zoo verified: all sha256s match and every model reproduces its metric")
+        return _command(args)
     except RuntimeError as exc:  # failed training jobs / exports: their message says what failed
         raise CommandError(str(exc)) from exc
-    return 0
 
 
 if __name__ == "__main__":

@@ -31,6 +31,32 @@ BLOCK_D = 8
 
 
 @triton.jit
+def _l1_distances(
+    q_rows,
+    k_rows,
+    row_ok,
+    key_ok,
+    stride_qd,
+    stride_kd,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """The L1 distances ``sum_c |q_c - k_c|`` of a tile of queries to a tile of keys (``q_rows``, ``k_rows``: the
+    pointers to each row's first channel), in fp32, read ``BLOCK_D`` channels at a time; rows, keys and channels
+    out of range read 0."""
+    dist = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for c0 in range(0, HEAD_DIM, BLOCK_D):
+        ch = c0 + tl.arange(0, BLOCK_D)
+        ch_ok = ch < HEAD_DIM
+        q = tl.load(q_rows + ch[None, :] * stride_qd, mask=row_ok[:, None] & ch_ok[None, :], other=0.0).to(tl.float32)
+        k = tl.load(k_rows + ch[None, :] * stride_kd, mask=key_ok[:, None] & ch_ok[None, :], other=0.0).to(tl.float32)
+        dist += tl.sum(tl.abs(q[:, None, :] - k[None, :, :]), axis=2)
+    return dist
+
+
+@triton.jit
 def _l1_attention_fwd(
     Q,
     K,
@@ -88,24 +114,12 @@ def _l1_attention_fwd(
     hi = n_k
     if IS_CAUSAL:
         hi = tl.minimum(n_k, (pid_m + 1) * BLOCK_M)  # later keys are after every query of this tile
+    q_rows = q_base + rows[:, None] * stride_qn  # each query row's first channel
     for start in range(0, hi, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
         key_ok = keys < n_k
-        dist = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for c0 in range(0, HEAD_DIM, BLOCK_D):
-            ch = c0 + tl.arange(0, BLOCK_D)
-            ch_ok = ch < HEAD_DIM
-            q = tl.load(
-                q_base + rows[:, None] * stride_qn + ch[None, :] * stride_qd,
-                mask=row_ok[:, None] & ch_ok[None, :],
-                other=0.0,
-            ).to(tl.float32)
-            k = tl.load(
-                k_base + keys[:, None] * stride_kn + ch[None, :] * stride_kd,
-                mask=key_ok[:, None] & ch_ok[None, :],
-                other=0.0,
-            ).to(tl.float32)
-            dist += tl.sum(tl.abs(q[:, None, :] - k[None, :, :]), axis=2)
+        k_rows = k_base + keys[:, None] * stride_kn
+        dist = _l1_distances(q_rows, k_rows, row_ok, key_ok, stride_qd, stride_kd, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D)
         s = dist * coef
         if HAS_MASK:
             s += tl.load(

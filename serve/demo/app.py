@@ -433,17 +433,7 @@ def _classify_tab(models: DemoModels, roots: Sequence[Path], gate: SizeGate) -> 
             if ex.example_paths("cls"):
                 gr.Examples(ex.example_paths("cls"), inputs=image, label=ex.title())
         with gr.Column():
-            label = gr.Label(num_top_classes=5, label="top-5", elem_id="cls-label")
-            latency = gr.Number(None, label="model latency (ms)", precision=3, elem_id="cls-latency")
-            note = gr.Markdown()
-            seen = gr.Image(
-                label="as the model sees it",
-                format="png",
-                interactive=False,
-                elem_id="cls-seen",
-                elem_classes="pixelated",
-                height=160,
-            )
+            label, latency, note, seen = _classify_outputs()
 
     @_user_errors
     def run(payload, name):
@@ -476,6 +466,23 @@ def _classify_tab(models: DemoModels, roots: Sequence[Path], gate: SizeGate) -> 
         concurrency_id=QUEUE,
         concurrency_limit=ADMITTED,
     )
+
+
+def _classify_outputs() -> tuple[gr.Label, gr.Number, gr.Markdown, gr.Image]:
+    """The classify tab's outputs, in the column it is called in: the top-5, the model's latency, a note and the
+    image as the model sees it."""
+    label = gr.Label(num_top_classes=5, label="top-5", elem_id="cls-label")
+    latency = gr.Number(None, label="model latency (ms)", precision=3, elem_id="cls-latency")
+    note = gr.Markdown()
+    seen = gr.Image(
+        label="as the model sees it",
+        format="png",
+        interactive=False,
+        elem_id="cls-seen",
+        elem_classes="pixelated",
+        height=160,
+    )
+    return label, latency, note, seen
 
 
 def _segment_tab(models: DemoModels, max_side: int | None, roots: Sequence[Path], gate: SizeGate) -> None:

@@ -40,6 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=7860, help="port (default 7860)")
+    _add_model_args(p)
+    _add_run_args(p)
+    return add_debug_flag(p)
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    """Which models the demo serves (a folder, or the zoo's of a data set), on which backend and precision."""
     p.add_argument(
         "--models",
         type=Path,
@@ -79,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_DATA,
         help=f"which zoo models to serve: those trained on this data set (default {DEFAULT_DATA})",
     )
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    """Where the exports are kept, the CPU threads of a model call and the segmentation's image size."""
     p.add_argument(
         "--cache-dir",
         type=Path,
@@ -94,7 +105,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="downscale images for segmentation to this longest side (default: the model's input "
         "size); larger values run sliding windows",
     )
-    return add_debug_flag(p)
 
 
 @entry_point

@@ -60,7 +60,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="join this Ray cluster (e.g. auto, or ray://head:10001) instead of starting "
         "a local Ray; --models must then be readable at the same path on every node",
     )
-    src = p.add_argument_group("models (default: the zoo)")
+    _add_model_args(p.add_argument_group("models (default: the zoo)"), d)
+    run = p.add_argument_group("replicas and batching")
+    _add_replica_args(run, d)
+    _add_request_args(run, d)
+    p.add_argument(
+        "--cache-dir", type=Path, help="zoo / random-init exports (default $ATTNZOO_CACHE or ~/.cache/attnzoo)"
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="local Ray only: port of Ray's Prometheus metrics (default: a free port, printed)",
+    )
+    return add_debug_flag(p)
+
+
+def _add_model_args(src: argparse._ArgumentGroup, d: ServeConfig) -> None:
+    """Which models are served: a folder of exports, or the zoo's (or fresh ones of an arch) by variant and task;
+    ``d``: the built-in settings the help names."""
     src.add_argument("--models", type=Path, metavar="DIR", help="serve this folder of export-model .onnx files")
     src.add_argument("--data", help=f"zoo models trained on this data set (default {d.data})")
     src.add_argument(
@@ -72,7 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument(
         "--task", choices=TASK_CHOICES, help="which models: cls, seg or both (default both; cls with --arch)"
     )
-    run = p.add_argument_group("replicas and batching")
+
+
+def _add_replica_args(run: argparse._ArgumentGroup, d: ServeConfig) -> None:
+    """How many replicas, what each reserves, and the dynamic batching; ``d``: the built-in settings."""
     run.add_argument("--replicas", type=int, help=f"Ray Serve replicas (default {d.replicas})")
     run.add_argument(
         "--cpus-per-replica", type=float, help=f"CPUs each replica reserves (default {d.cpus_per_replica:g})"
@@ -94,6 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-wait-ms", type=float, help=f"how long a batch waits for more requests (default {d.batch_wait_ms:g})"
     )
     run.add_argument("--no-batching", action="store_true", help="same as --max-batch-size 1 --batch-wait-ms 0")
+
+
+def _add_request_args(run: argparse._ArgumentGroup, d: ServeConfig) -> None:
+    """What a replica admits at once and what it runs: decode memory, requests in flight, the backend and the
+    precision; ``d``: the built-in settings."""
     run.add_argument(
         "--decode-memory-mb",
         type=float,
@@ -123,16 +149,6 @@ def build_parser() -> argparse.ArgumentParser:
         "bf16 precision, extra math pinned to f32, each verified on its test split first; "
         "default fp32: the unquantized files (fp32 and fp16 exports)",
     )
-    p.add_argument(
-        "--cache-dir", type=Path, help="zoo / random-init exports (default $ATTNZOO_CACHE or ~/.cache/attnzoo)"
-    )
-    p.add_argument(
-        "--metrics-port",
-        type=int,
-        default=None,
-        help="local Ray only: port of Ray's Prometheus metrics (default: a free port, printed)",
-    )
-    return add_debug_flag(p)
 
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:

@@ -470,6 +470,146 @@ def _ints(text: str, flag: str) -> list[int]:
     return values
 
 
+def _check_sizes(args: argparse.Namespace, most_replicas: int, cores: int) -> None:
+    """Refuse counts below 1, durations not above 0, and more replica threads than this machine has cores."""
+    for flag, v in (("--clients", args.clients), ("--threads", args.threads), ("--kill-repeats", args.kill_repeats)):
+        if v < 1:
+            raise UsageError(f"{flag} must be at least 1, got {v}")
+    for flag, v in (("--duration", args.duration), ("--timeout", args.timeout)):
+        if not v > 0:
+            raise UsageError(f"{flag} must be > 0, got {v}")
+    if most_replicas * args.threads > cores:
+        raise UsageError(
+            f"{most_replicas} replicas x {args.threads} threads need {most_replicas * args.threads} "
+            f"cores; this machine has {cores}"
+        )
+
+
+def _base_config(args: argparse.Namespace) -> ServeConfig:
+    """The deployment settings every run shares (a free port unless ``--port``)."""
+    port = args.port or free_port()
+    base = ServeConfig(
+        port=port,
+        threads=args.threads,
+        cpus_per_replica=float(args.threads),
+        max_ongoing_requests=max(64, 2 * args.clients),
+    )
+    if args.batch_wait_ms is not None:
+        base.batch_wait_ms = args.batch_wait_ms
+    return base
+
+
+def _config(base: ServeConfig, replicas: int, max_batch: int) -> ServeConfig:
+    """``base`` with ``replicas`` and ``max_batch`` (batching off, no batch wait, at 1)."""
+    return ServeConfig(
+        **{
+            **base.__dict__,
+            "replicas": replicas,
+            "max_batch_size": max_batch,
+            "batch_wait_ms": base.batch_wait_ms if max_batch > 1 else 0.0,
+        }
+    )
+
+
+def _settings(args: argparse.Namespace, base: ServeConfig, image: Path, body: bytes) -> dict[str, Any]:
+    """The result's ``settings``: the clients, the timing, the replicas' threads and the request."""
+    return {
+        "clients": args.clients,
+        "duration_s": args.duration,
+        "warmup_s": args.warmup,
+        "threads_per_replica": args.threads,
+        "batch_wait_ms": base.batch_wait_ms,
+        "image": image.name,
+        "image_bytes": len(body),
+        "upload": "raw body, Content-Type image/png",
+        "client": "asyncio + aiohttp, closed loop, same machine",
+        "timeout_s": args.timeout,
+    }
+
+
+def _serve_run(
+    args: argparse.Namespace,
+    cfg: ServeConfig,
+    selection: Selection,
+    body: bytes,
+    offline_rows: list[dict[str, Any]],
+    best: dict[str, Any],
+    offline_threads: list[int],
+) -> dict[str, Any]:
+    """Deploy ``cfg``, warm up, run the clients; the run's numbers against the offline ones."""
+    r, b = cfg.replicas, cfg.max_batch_size
+    url = deploy(cfg, selection)
+    print(
+        f"{r} replica(s) x {args.threads} thread(s), max batch {b}: warm-up {args.warmup:g} s, "
+        f"then {args.clients} clients for {args.duration:g} s",
+        flush=True,
+    )
+    run_clients(f"{url}/classify", body, args.clients, args.warmup, args.timeout)
+    t0 = time.perf_counter()
+    records = run_clients(f"{url}/classify", body, args.clients, args.duration, args.timeout)
+    s = summarize(records, t0, t0 + args.duration)
+    stats = replica_stats(url, r)
+    run = {
+        "replicas": r,
+        "threads": args.threads,
+        "max_batch_size": b,
+        "batch_wait_ms": cfg.batch_wait_ms,
+        "clients": args.clients,
+        "summary": s,
+        "mean_batch": _mean_batch(stats),
+        "replicas_seen": len(stats),
+        "vs_offline_best": round(s["throughput_rps"] / best["img_s"], 3),
+    }
+    same = [x["img_s"] for x in offline_rows if x["threads"] == min(r * args.threads, max(offline_threads))]
+    run["vs_offline_same_threads"] = round(s["throughput_rps"] / max(same), 3) if same else None
+    print(
+        f"  {s['throughput_rps']:.1f} img/s ({run['vs_offline_best']:.0%} of offline best), "
+        f"p50 {s['p50_ms']} p95 {s['p95_ms']} p99 {s['p99_ms']} ms, {s['errors']} errors, "
+        f"{s['lost']} lost, mean batch {run['mean_batch']}",
+        flush=True,
+    )
+    return run
+
+
+def _soak(args: argparse.Namespace, cfg: ServeConfig, selection: Selection, body: bytes) -> dict[str, Any]:
+    """One long run of ``cfg``: its summary over ``--soak`` seconds."""
+    url = deploy(cfg, selection)
+    top, b = cfg.replicas, cfg.max_batch_size
+    print(f"soak: {top} replica(s), max batch {b}, {args.clients} clients for {args.soak:g} s", flush=True)
+    t0 = time.perf_counter()
+    records = run_clients(f"{url}/classify", body, args.clients, args.soak, args.timeout)
+    return {"replicas": top, "max_batch_size": b, "summary": summarize(records, t0, t0 + args.soak)}
+
+
+def _kill_tests(args: argparse.Namespace, cfg: ServeConfig, selection: Selection, body: bytes) -> list[dict[str, Any]]:
+    """``--kill-repeats`` kill tests of ``cfg`` (two replicas), each on a fresh deployment."""
+    kills = []
+    for i in tqdm(range(args.kill_repeats), desc="kill tests", disable=args.kill_repeats == 1):
+        url = deploy(cfg, selection)
+        run_clients(f"{url}/classify", body, args.clients, min(args.warmup, 5.0), args.timeout)
+        print(
+            f"kill test {i + 1}/{args.kill_repeats}: 2 replicas, {args.clients} clients for "
+            f"{args.kill_duration:g} s, one replica killed after {args.kill_duration / 3:.0f} s",
+            flush=True,
+        )
+        kills.append(kill_test(url, body, args.clients, args.kill_duration, 2, args.timeout))
+        serve.delete(DEPLOYMENT)  # the next run starts from two fresh replicas
+    return kills
+
+
+def _write(result: dict[str, Any], out: Path) -> None:
+    """``results.json``, ``results.md`` and (with runs) ``loadtest.png`` into ``out``; the table printed."""
+    atomic_write_text(out / "results.json", json.dumps(result, indent=2) + "\n")
+    table = _table(result)
+    atomic_write_text(out / "results.md", table)
+    written = [out / "results.json", out / "results.md"]
+    if result["runs"]:
+        _plot(result, out / "loadtest.png")
+        written.append(out / "loadtest.png")
+    print(table)
+    print("wrote " + ", ".join(map(str, written)))
+
+
 @entry_point
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the load test; writes results.json, results.md and loadtest.png into ``--out``."""
@@ -481,17 +621,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     offline_threads = _ints(args.offline_threads, "--offline-threads") if args.offline_threads else sorted({1, cores})
     offline_batches = _ints(args.offline_batch_sizes, "--offline-batch-sizes")
     args.kill_replica = args.kill_replica or args.kill_only
-    for flag, v in (("--clients", args.clients), ("--threads", args.threads), ("--kill-repeats", args.kill_repeats)):
-        if v < 1:
-            raise UsageError(f"{flag} must be at least 1, got {v}")
-    for flag, v in (("--duration", args.duration), ("--timeout", args.timeout)):
-        if not v > 0:
-            raise UsageError(f"{flag} must be > 0, got {v}")
-    if max(replicas) * args.threads > cores:
-        raise UsageError(
-            f"{max(replicas)} replicas x {args.threads} threads need {max(replicas) * args.threads} "
-            f"cores; this machine has {cores}"
-        )
+    _check_sizes(args, max(replicas), cores)
     image = args.image or Path(EXAMPLES_DIR) / DEFAULT_IMAGE
     if not image.is_file():
         raise UsageError(f"--image {image} not found")
@@ -512,31 +642,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     model_file = bench_run.onnx_path(cache, args.variant, "cls", args.arch, "fp32", models.ARCHS[args.arch]["img_size"])
     selection = Selection(model_file.parent, {model_file.name: sha256_file(model_file)})
 
-    port = args.port or free_port()
-    base = ServeConfig(
-        port=port,
-        threads=args.threads,
-        cpus_per_replica=float(args.threads),
-        max_ongoing_requests=max(64, 2 * args.clients),
-    )
-    if args.batch_wait_ms is not None:
-        base.batch_wait_ms = args.batch_wait_ms
+    base = _base_config(args)
     result: dict[str, Any] = {
         "command": "python -m attnzoo.serve.rayserve.loadtest " + " ".join(sys.argv[1:] if argv is None else argv),
         "model": f"{args.variant} {args.arch} (random init, {model_file.name})",
         "environment": environment(),
-        "settings": {
-            "clients": args.clients,
-            "duration_s": args.duration,
-            "warmup_s": args.warmup,
-            "threads_per_replica": args.threads,
-            "batch_wait_ms": base.batch_wait_ms,
-            "image": image.name,
-            "image_bytes": len(body),
-            "upload": "raw body, Content-Type image/png",
-            "client": "asyncio + aiohttp, closed loop, same machine",
-            "timeout_s": args.timeout,
-        },
+        "settings": _settings(args, base, image, body),
         "offline": {"runs": offline, "best": best, "best_img_s": best["img_s"]},
         "runs": [],
     }
@@ -545,99 +656,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for r in [] if args.kill_only else replicas:
             for b in batches:
-                cfg = ServeConfig(
-                    **{
-                        **base.__dict__,
-                        "replicas": r,
-                        "max_batch_size": b,
-                        "batch_wait_ms": base.batch_wait_ms if b > 1 else 0.0,
-                    }
-                )
-                url = deploy(cfg, selection)
-                print(
-                    f"{r} replica(s) x {args.threads} thread(s), max batch {b}: warm-up {args.warmup:g} s, "
-                    f"then {args.clients} clients for {args.duration:g} s",
-                    flush=True,
-                )
-                run_clients(f"{url}/classify", body, args.clients, args.warmup, args.timeout)
-                t0 = time.perf_counter()
-                records = run_clients(f"{url}/classify", body, args.clients, args.duration, args.timeout)
-                s = summarize(records, t0, t0 + args.duration)
-                stats = replica_stats(url, r)
-                run = {
-                    "replicas": r,
-                    "threads": args.threads,
-                    "max_batch_size": b,
-                    "batch_wait_ms": cfg.batch_wait_ms,
-                    "clients": args.clients,
-                    "summary": s,
-                    "mean_batch": _mean_batch(stats),
-                    "replicas_seen": len(stats),
-                    "vs_offline_best": round(s["throughput_rps"] / best["img_s"], 3),
-                }
-                same = [x["img_s"] for x in rows if x["threads"] == min(r * args.threads, max(offline_threads))]
-                run["vs_offline_same_threads"] = round(s["throughput_rps"] / max(same), 3) if same else None
-                print(
-                    f"  {s['throughput_rps']:.1f} img/s ({run['vs_offline_best']:.0%} of offline best), "
-                    f"p50 {s['p50_ms']} p95 {s['p95_ms']} p99 {s['p99_ms']} ms, {s['errors']} errors, "
-                    f"{s['lost']} lost, mean batch {run['mean_batch']}",
-                    flush=True,
-                )
+                run = _serve_run(args, _config(base, r, b), selection, body, rows, best, offline_threads)
                 result["runs"].append(run)
         if args.soak > 0 and not args.kill_only:
-            top = max(replicas)
-            b = batches[0]
-            cfg = ServeConfig(
-                **{
-                    **base.__dict__,
-                    "replicas": top,
-                    "max_batch_size": b,
-                    "batch_wait_ms": base.batch_wait_ms if b > 1 else 0.0,
-                }
-            )
-            url = deploy(cfg, selection)
-            print(f"soak: {top} replica(s), max batch {b}, {args.clients} clients for {args.soak:g} s", flush=True)
-            t0 = time.perf_counter()
-            records = run_clients(f"{url}/classify", body, args.clients, args.soak, args.timeout)
-            result["soak"] = {"replicas": top, "max_batch_size": b, "summary": summarize(records, t0, t0 + args.soak)}
+            result["soak"] = _soak(args, _config(base, max(replicas), batches[0]), selection, body)
         if args.kill_replica:
-            b = batches[0]
-            cfg = ServeConfig(
-                **{
-                    **base.__dict__,
-                    "replicas": 2,
-                    "max_batch_size": b,
-                    "batch_wait_ms": base.batch_wait_ms if b > 1 else 0.0,
-                }
-            )
             if 2 * args.threads > cores:
                 raise UsageError("--kill-replica needs 2 replicas; this machine has too few cores for them")
-            kills = []
-            for i in tqdm(range(args.kill_repeats), desc="kill tests", disable=args.kill_repeats == 1):
-                url = deploy(cfg, selection)
-                run_clients(f"{url}/classify", body, args.clients, min(args.warmup, 5.0), args.timeout)
-                print(
-                    f"kill test {i + 1}/{args.kill_repeats}: 2 replicas, {args.clients} clients for "
-                    f"{args.kill_duration:g} s, one replica killed after {args.kill_duration / 3:.0f} s",
-                    flush=True,
-                )
-                kills.append(kill_test(url, body, args.clients, args.kill_duration, 2, args.timeout))
-                serve.delete(DEPLOYMENT)  # the next run starts from two fresh replicas
+            kills = _kill_tests(args, _config(base, 2, batches[0]), selection, body)
             result["kill"] = kills[0]
             if len(kills) > 1:
                 result["kill_repeats"] = kills
     finally:
         stop(started)
     result["load_average_end"] = list(os.getloadavg())
-    atomic_write_text(out / "results.json", json.dumps(result, indent=2) + "\n")
-    table = _table(result)
-    atomic_write_text(out / "results.md", table)
-    written = [out / "results.json", out / "results.md"]
-    if result["runs"]:
-        _plot(result, out / "loadtest.png")
-        written.append(out / "loadtest.png")
-    print(table)
-    print("wrote " + ", ".join(map(str, written)))
+    _write(result, out)
     return 0
 
 

@@ -302,14 +302,7 @@ def build(
         cache_path = Path(timing_cache)
         cache = config.create_timing_cache(cache_path.read_bytes() if cache_path.is_file() else b"")
         config.set_timing_cache(cache, False)
-    inp = net.network.get_input(0)
-    hw = tuple(int(v) for v in (input_hw or tuple(inp.shape)[2:]))
-    if any(v < 1 for v in hw):
-        raise ValueError(f"the input's spatial size is dynamic {tuple(inp.shape)}; pass input_hw")
-    lo, opt, hi = profile_batches(batch_sizes)
-    profile = net.builder.create_optimization_profile()
-    profile.set_shape(inp.name, (lo, 3, *hw), (opt, 3, *hw), (hi, 3, *hw))
-    config.add_optimization_profile(profile)
+    (lo, opt, hi), hw = _add_profile(net, config, batch_sizes, input_hw)
     cancelled = threading.Event()
     monitor = _progress_monitor(trt, cancelled.is_set)
     if monitor is not None and hasattr(config, "progress_monitor"):
@@ -344,6 +337,22 @@ def build(
         tf32,
         user_allocation,
     )
+
+
+def _add_profile(
+    net: ParsedNetwork, config: Any, batch_sizes: Sequence[int], input_hw: Sequence[int] | None
+) -> tuple[tuple[int, int, int], tuple[int, ...]]:
+    """Add the optimization profile of ``batch_sizes`` at the input's (H, W) to ``config``: returns the profile's
+    (min, opt, max) batches and the (H, W)."""
+    inp = net.network.get_input(0)
+    hw = tuple(int(v) for v in (input_hw or tuple(inp.shape)[2:]))
+    if any(v < 1 for v in hw):
+        raise ValueError(f"the input's spatial size is dynamic {tuple(inp.shape)}; pass input_hw")
+    lo, opt, hi = profile_batches(batch_sizes)
+    profile = net.builder.create_optimization_profile()
+    profile.set_shape(inp.name, (lo, 3, *hw), (opt, 3, *hw), (hi, 3, *hw))
+    config.add_optimization_profile(profile)
+    return (lo, opt, hi), hw
 
 
 def build_cached(
