@@ -3,8 +3,9 @@ each other, and no function grows past :data:`MAX_LINES` lines of code (its docs
 package, the studies (``research/``) or the evaluation scripts (``evaluation/``).
 
 The precision scan looks for a comparison of something named ``dtype`` with a precision's name (``dtype == "fp16"``,
-``req.dtype in ("int8", "fp8")``) in ``export/`` and the targets' format modules: such a fact belongs to the :class:`Precision`. The sites that
-are a format's own rule, not a precision's fact, are listed in :data:`ALLOWED`; the list may only shrink.
+``req.dtype in ("int8", "fp8")``) in ``export/`` and the targets' format modules: such a fact belongs to the
+:class:`Precision`. The sites that are a format's own rule, not a precision's fact, are listed in :data:`ALLOWED`;
+the list may only shrink.
 """
 
 from __future__ import annotations
