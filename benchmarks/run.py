@@ -30,6 +30,7 @@ derived from every row). This module runs them in order and puts the result toge
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -241,7 +242,7 @@ class _Bench:
         kept = self.plan.done.get((variant, backend, dtype, batch))
         if kept is not None:
             if kept["row"]["status"] == "ok":
-                partner = Partner(load=lambda b=backend, d=dtype: self._reload(b, d, group))
+                partner = Partner(load=functools.partial(self._reload, backend, dtype, group))
                 self.pairing.keep(variant, backend, dtype, batch, partner, group.eagers, group.cpu_runners)
             return
         src = onnx_source(dtype)
