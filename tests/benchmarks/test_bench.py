@@ -243,8 +243,31 @@ def test_missing_backend_is_listed_not_dropped(short_run):
     assert "ort-cuda" in md
 
 
+@pytest.fixture
+def perturbed(monkeypatch):
+    """``perturbed(backend, fn)``: the runner the benchmark loads for ``backend`` returns ``fn(out)`` to the parity
+    gate instead of its output ``out`` (to prove the gate rejects a bad backend); its timed call is unchanged."""
+    import dataclasses
+
+    from attnzoo.benchmarks import measurement
+
+    real = measurement.load_call
+
+    def perturb(backend, fn):
+        def load_call(name, *args, **kwargs):
+            runner, info = real(name, *args, **kwargs)
+            if name == backend:
+                output = runner.output
+                runner = dataclasses.replace(runner, output=lambda: fn(output()))
+            return runner, info
+
+        monkeypatch.setattr(measurement, "load_call", load_call)
+
+    return perturb
+
+
 @pytest.mark.slow
-def test_parity_gate_rejects_perturbed_backend(tmp_path):
+def test_parity_gate_rejects_perturbed_backend(tmp_path, perturbed):
     s = parse_settings(
         [
             "--arch",
@@ -269,7 +292,7 @@ def test_parity_gate_rejects_perturbed_backend(tmp_path):
             "64",
         ]
     )
-    s.perturb = {"ort-cpu": lambda out: out + 0.05 * np.abs(out).max()}
+    perturbed("ort-cpu", lambda out: out + 0.05 * np.abs(out).max())
     res = run_benchmark(s)
     row = next(r for r in res["results"] if r["backend"] == "ort-cpu")
     assert row["status"] == "failed" and row["reason"].startswith("parity")
@@ -340,10 +363,10 @@ def test_int8_quantization_and_confusion(short_run):
 
 @pytest.mark.slow
 def test_timing_failure_is_a_failed_row_not_a_crash(tmp_path, monkeypatch):
-    import attnzoo.benchmarks.run as run_mod
+    from attnzoo.benchmarks import measurement
 
     calls = []
-    real_measure = run_mod.measure
+    real_measure = measurement.measure
 
     def flaky_measure(fn, *args, **kwargs):
         calls.append(fn)
@@ -351,7 +374,7 @@ def test_timing_failure_is_a_failed_row_not_a_crash(tmp_path, monkeypatch):
             raise RuntimeError("device lost\nsecond line")
         return real_measure(fn, *args, **kwargs)
 
-    monkeypatch.setattr(run_mod, "measure", flaky_measure)
+    monkeypatch.setattr(measurement, "measure", flaky_measure)
     s = parse_settings(
         [
             "--arch",
@@ -553,7 +576,7 @@ def twin():
     del reg._REGISTRY["twin"]
 
 
-def test_parity_gate_rejects_a_perturbed_backend_fast(twin, tmp_path):
+def test_parity_gate_rejects_a_perturbed_backend_fast(twin, tmp_path, perturbed):
     """The parity gate in the default run (the ONNX Runtime version is a slow test): a backend whose output is off
     by 5 % of its largest logit is a failed row with the parity reason, never timed, while eager is measured."""
     s = parse_settings(
@@ -580,7 +603,7 @@ def test_parity_gate_rejects_a_perturbed_backend_fast(twin, tmp_path):
             "0",
         ]
     )
-    s.perturb = {"twin": lambda out: out + 0.05 * np.abs(out).max()}
+    perturbed("twin", lambda out: out + 0.05 * np.abs(out).max())
     rows = {r["backend"]: r for r in run_benchmark(s)["results"]}
     bad = rows["twin"]
     assert bad["status"] == "failed" and bad["reason"].startswith("parity: max|out-ref|/max(1, max|ref|) = ")
@@ -1017,7 +1040,7 @@ def test_a_second_sigterm_waits_for_the_results_of_the_first(tmp_path, monkeypat
 
     from attnzoo.benchmarks import run as bench_run
 
-    real_variant, real_speedups = bench_run._Bench.variant, bench_run._speedups
+    real_variant, real_speedups = bench_run._Bench.variant, bench_run.speedups
 
     def variant_then_sigterm(self, *args, **kwargs):
         real_variant(self, *args, **kwargs)
@@ -1028,7 +1051,7 @@ def test_a_second_sigterm_waits_for_the_results_of_the_first(tmp_path, monkeypat
         return real_speedups(rows)
 
     monkeypatch.setattr(bench_run._Bench, "variant", variant_then_sigterm)
-    monkeypatch.setattr(bench_run, "_speedups", second_sigterm)
+    monkeypatch.setattr(bench_run, "speedups", second_sigterm)
     out = tmp_path / "out"
     args = ["--arch", "micro", "--variants", "standard", "--backends", "eager", "--dtype", "fp32"]
     args += ["--batch-sizes", "1", "--min-time", "0.01", "--threads", "1", "--ceiling-size", "0", "--no-progress"]
@@ -1103,34 +1126,35 @@ def test_the_opening_estimate_counts_the_load_it_reads(monkeypatch):
     """The exports' fixed (quiet-machine) seconds grow by the slowdown, the forward passes' (from the ceiling,
     measured under the load) and the compile budget do not; the line says what load it assumed, or that the
     system reports none, and the run records it beside ``estimate_s``."""
-    from attnzoo.benchmarks import run
+    from attnzoo.benchmarks import estimate
+    from attnzoo.benchmarks.run import Settings
 
-    class Bench:  # one ONNX row and one eager row per variant
+    class Plan:  # one ONNX row and one eager row per variant
         def todo(self, variant, batch):
             return [("ort-cpu", "fp32"), ("eager", "fp32")]
 
-    s = run.Settings(variants=["standard", "belief2"], backends=["ort-cpu", "eager"], dtypes=["fp32"], batch_sizes=[1])
+    s = Settings(variants=["standard", "belief2"], backends=["ort-cpu", "eager"], dtypes=["fp32"], batch_sizes=[1])
     ceiling = {"fp32": {"gflops": 100.0}}
-    quiet = run.estimate_seconds(s, Bench(), ["standard", "belief2"], ceiling)
-    loaded = run.estimate_seconds(s, Bench(), ["standard", "belief2"], ceiling, slowdown=2.9)
-    assert loaded - quiet == pytest.approx(2 * run.EXPORT_FIXED_S * 1.9)  # two variants' exports, 1.9x more
-    assert run.estimate_seconds(s, Bench(), ["standard"], None, slowdown=2.9) is None  # no ceiling, no estimate
+    quiet = estimate.estimate_seconds(s, Plan(), ["standard", "belief2"], ceiling)
+    loaded = estimate.estimate_seconds(s, Plan(), ["standard", "belief2"], ceiling, slowdown=2.9)
+    assert loaded - quiet == pytest.approx(2 * estimate.EXPORT_FIXED_S * 1.9)  # two variants' exports, 1.9x more
+    assert estimate.estimate_seconds(s, Plan(), ["standard"], None, slowdown=2.9) is None  # no ceiling, no estimate
 
-    monkeypatch.setattr(run, "load_1min", lambda: 4.0)
-    monkeypatch.setattr(run.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(run.time, "process_time", lambda: 12.0)
-    load = run.estimate_load(threads=2)
+    monkeypatch.setattr(estimate, "load_1min", lambda: 4.0)
+    monkeypatch.setattr(estimate.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(estimate.time, "process_time", lambda: 12.0)
+    load = estimate.estimate_load(threads=2)
     assert load == {"load_1min": 4.0, "others": 3.8, "cpus": 2, "slowdown": pytest.approx(2.9)}
-    line = run.estimate_line(400.0, 18, load)
+    line = estimate.estimate_line(400.0, 18, load)
     assert line.startswith("estimate: about 7 min for 18 row(s) at the load 3.8 beside this run on 2 CPUs (")
     assert "2.9x a quiet machine's" in line and line.endswith("a load that changes moves it")
-    monkeypatch.setattr(run.time, "process_time", lambda: 60.0)
-    monkeypatch.setattr(run, "load_1min", lambda: 1.0)  # all of it this run's own
-    quiet_load = run.estimate_load(threads=2)
+    monkeypatch.setattr(estimate.time, "process_time", lambda: 60.0)
+    monkeypatch.setattr(estimate, "load_1min", lambda: 1.0)  # all of it this run's own
+    quiet_load = estimate.estimate_load(threads=2)
     assert quiet_load["others"] == 0.0 and quiet_load["slowdown"] == 1.0
-    assert "at the load 0.0 beside this run on 2 CPUs; more load makes it longer" in run.estimate_line(
+    assert "at the load 0.0 beside this run on 2 CPUs; more load makes it longer" in estimate.estimate_line(
         134.0, 18, quiet_load
     )
-    monkeypatch.setattr(run, "load_1min", lambda: None)
-    assert run.estimate_load(threads=2) is None
-    assert "this system reports no load average" in run.estimate_line(134.0, 18, None)
+    monkeypatch.setattr(estimate, "load_1min", lambda: None)
+    assert estimate.estimate_load(threads=2) is None
+    assert "this system reports no load average" in estimate.estimate_line(134.0, 18, None)

@@ -38,7 +38,6 @@ SIZED_FOLDERS: tuple[str, ...] = (
 #: entry that fits now fails the test until it is removed).
 PENDING: frozenset[str] = frozenset(
     {
-        "benchmarks/run.py:_run",
         "training/train.py:train",
     }
 )
