@@ -38,7 +38,6 @@ SIZED_FOLDERS: tuple[str, ...] = (
 PENDING: frozenset[str] = frozenset(
     {
         "benchmarks/run.py:_run",
-        "training/train.py:train",
     }
 )
 #: Format rules that name a precision: file -> count. Only ever lower an entry.
