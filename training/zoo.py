@@ -24,22 +24,37 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
 from attnzoo import zoo
 from attnzoo.cli import add_debug_flag, entry_point
-from attnzoo.data.datasets import DIGITS_CLASSES, SHAPES_CLASSES, ImageSet, load_data
-from attnzoo.data.fashion import MASK_THRESHOLD
+from attnzoo.data.datasets import ImageSet, load_data
 from attnzoo.errors import CommandError, UsageError
-from attnzoo.export import export_verified, report_path
-from attnzoo.fileio import atomic_write_text, sha256_file
+from attnzoo.fileio import sha256_file
 from attnzoo.machine import cpu_info, cpu_summary
-from attnzoo.metrics import confusion_matrix, metric_name, metrics_from_confusion
-from attnzoo.models import BUILTIN_VARIANTS, TASKS, VARIANT_NAMES, VARIANTS, canonical_name
+from attnzoo.metrics import metric_name
+from attnzoo.models import TASKS, VARIANT_NAMES, canonical_name
 from attnzoo.models.checkpoint import load_checkpoint
-from attnzoo.training.train import TrainConfig, evaluate, evaluate_checkpoint, has_state, train
+from attnzoo.training._zoo_manifest import (
+    DIGITS_VARIANTS,
+    NEXT_RECIPES,
+    NOTES,
+    RECIPES,
+    SUBSET_N,
+    TEST_N,
+    TRAIN_ORDER,
+    VARIANT_OPTIONS,
+    ZOO_DATA,
+    ZOO_DIR,
+    _key,
+    _trained_with_recipe,
+    _write_manifest,
+    recipes,
+)
+from attnzoo.training._zoo_shipped import ship_onnx, verify
+from attnzoo.training._zoo_tables import TABLE_BEGIN, TABLE_END, background_miou, baselines, progress, table
+from attnzoo.training.train import TrainConfig, evaluate, has_state, train
 
 __all__ = [
     "RECIPES",
@@ -56,148 +71,17 @@ __all__ = [
     "table",
     "verify",
     "main",
+    # kept importable here: the zoo's data, its folder and the parts a build and the tables share
+    "TEST_N",
+    "ZOO_DATA",
+    "ZOO_DIR",
+    "NOTES",
+    "TABLE_BEGIN",
+    "TABLE_END",
+    "background_miou",
+    "baselines",
+    "ship_onnx",
 ]
-
-#: One recipe per (data, task), shared by every variant so the numbers are comparable.
-RECIPES: dict[str, dict[str, Any]] = {
-    "fashion/cls": dict(
-        arch="micro-conv",
-        img_size=28,
-        epochs=6,
-        batch_size=64,
-        lr=2e-3,
-        weight_decay=0.05,
-        warmup_epochs=0.25,
-        min_lr_ratio=0.01,
-        seed=0,
-        train_size=None,
-        val_size=1000,
-    ),
-    # From results/studies/seg-occlusion: a 56-px canvas of 2-4 native 28-px garments, each scene drawing its
-    # overlap cap from U(0, 1), 16 epochs from scratch (the 48-px, 10-epoch recipe before it lost on overlapping
-    # garments: that study's README).
-    "fashion/seg": dict(
-        arch="micro-conv",
-        img_size=56,
-        epochs=16,
-        batch_size=64,
-        lr=2e-3,
-        weight_decay=0.05,
-        warmup_epochs=0.25,
-        min_lr_ratio=0.01,
-        seed=0,
-        train_size=12000,
-        val_size=300,
-        scene={"garment_px": [28, 28], "overlap": [0.0, 1.0]},
-    ),
-    "shapes/cls": dict(
-        arch="micro",
-        img_size=32,
-        epochs=6,
-        batch_size=32,
-        lr=2e-3,
-        weight_decay=0.05,
-        warmup_epochs=0.2,
-        min_lr_ratio=0.01,
-        seed=0,
-        train_size=6000,
-        val_size=300,
-    ),
-    "shapes/seg": dict(
-        arch="micro",
-        img_size=32,
-        epochs=10,
-        batch_size=32,
-        lr=2e-3,
-        weight_decay=0.05,
-        warmup_epochs=0.2,
-        min_lr_ratio=0.01,
-        seed=0,
-        train_size=6000,
-        val_size=300,
-    ),
-    "digits/cls": dict(
-        arch="micro",
-        img_size=32,
-        epochs=12,
-        batch_size=32,
-        lr=2e-3,
-        weight_decay=0.05,
-        warmup_epochs=1.0,
-        min_lr_ratio=0.01,
-        seed=0,
-        train_size=None,
-        val_size=None,
-    ),
-}
-#: Recipes a retrain of the zoo trains with (``build --retrain --out STAGING``), apart from the shipped zoo, which
-#: keeps one recipe per task meanwhile; ``adopt`` moves the finished retrain in, and then its recipe replaces the
-#: entry in :data:`RECIPES`. Empty while no retrain is under way.
-NEXT_RECIPES: dict[str, dict[str, Any]] = {}
-#: Test images: the full test split for ``test_metric``, its first ``SUBSET_N`` for ``subset_metric``
-#: (what ``verify`` and the tests recompute).
-TEST_N = {"fashion": None, "shapes": 1000, "digits": None}
-#: The zoo's data sets: Fashion-MNIST (the real one) and the two smoke sets.
-ZOO_DATA = tuple(TEST_N)
-SUBSET_N = 200
-DIGITS_VARIANTS = ("standard", "belief", "belief2")
-#: Model options used in the zoo, from each variant's spec (Belief2 trained from scratch with the parameter
-#: count of standard).
-VARIANT_OPTIONS: dict[str, dict[str, Any]] = {
-    v: dict(VARIANTS[v].zoo_options) for v in BUILTIN_VARIANTS if VARIANTS[v].zoo_options
-}
-#: Why a variant lands far below ``standard`` (filled in from the build's results; see the manifest).
-NOTES: dict[str, str] = {
-    "belief/cls/digits": (
-        "belief trains less stably than standard on digits with this recipe: its training loss rises again "
-        "after the 1-epoch warm-up at the peak lr 2e-3 (epoch 3), and how far it recovers in 480 steps depends "
-        "on the draw -- seed 0: 77.2 (this model); seed 1: 88.9 with --threads 1 but 57.1 with 2 threads; "
-        "seed 2: 91.4 -- while standard gives 88.9 / 87.7 (seeds 0 / 1). A plausible, unverified cause is the "
-        "division by <V_i, V_i> of the projection on the many near-constant black patches of digits; a lower "
-        "lr or longer warm-up was not tried. Reproduce: train-model --variant belief --data digits --epochs 12 "
-        "--batch-size 32 --lr 2e-3 --warmup-epochs 1 --threads 1 --seed 1 --out runs && evaluate-model "
-        "runs/belief_cls_digits.safetensors"
-    ),
-}
-ZOO_DIR = Path(__file__).resolve().parents[1] / "zoo"
-
-#: The build's order, cheapest training step first (``python -m research.train_speed --settings eager-1t
-#: --variants ...``, results/studies/train-speed/all-variants: the pairwise-L1 MAE ones cost about three times
-#: ``standard``); variants not named here (plugins) come last.
-TRAIN_ORDER = (
-    "anti-wafe-dot",
-    "standard",
-    "mabvit-gelu",
-    "mabvit-glu",
-    "vertical",
-    "horizontal",
-    "belief",
-    "horizontal-vertical",
-    "wafe-mse",
-    "belief-star",
-    "exclusive",
-    "anti-wafe-mse",
-    "belief2",
-    "wafe-mae",
-    "anti-wafe-mae",
-)
-
-
-def recipes(retrain: bool = False) -> dict[str, dict[str, Any]]:
-    """The recipes a build trains with: :data:`RECIPES`, with :data:`NEXT_RECIPES` over them for a retrain."""
-    return {**RECIPES, **NEXT_RECIPES} if retrain else dict(RECIPES)
-
-
-def _trained_with_recipe(path: Path, row: dict[str, Any], recipes: dict[str, dict[str, Any]] = RECIPES) -> bool:
-    """Whether the zoo file at ``path`` was trained with the recipe of its data and task in ``recipes`` (a recipe
-    change retrains the models it concerns on the next build)."""
-    recipe = recipes.get(f"{row['data']}/{row['task']}", {})
-    try:
-        saved = json.loads(path.with_suffix(".json").read_text()).get("recipe") or {}
-    except (OSError, ValueError):
-        return False
-    return all(saved.get(k, {} if k == "scene" else None) == v for k, v in recipe.items())
-
 
 _SHARED: dict[str, ImageSet] = {}  # data loaded once in the parent, inherited by forked workers
 
@@ -209,10 +93,6 @@ def jobs(
     out = [dict(variant=v, task=t, data=d) for d in ("fashion", "shapes") for v in variants for t in TASKS]
     out += [dict(variant=v, task="cls", data="digits") for v in variants if v in DIGITS_VARIANTS]
     return [j for j in out if j["data"] in data and j["task"] in tasks]
-
-
-def _key(data: str, task: str, split: str) -> str:
-    return f"{data}/{task}/{split}"
 
 
 def _load_shared(todo: list[dict[str, Any]]) -> None:
@@ -331,84 +211,6 @@ def _run_job_star(args) -> dict[str, Any]:
         return {"error": f"{args[0]['variant']}/{args[0]['task']}/{args[0]['data']}: {type(exc).__name__}: {exc}"}
 
 
-def _add_notes(rows: list[dict[str, Any]]) -> None:
-    """Every model more than 10 points below ``standard`` (same task and data) gets a note."""
-    ref = {(e["task"], e["data"]): e["test_metric"] for e in rows if e["variant"] == "standard"}
-    for e in rows:
-        base = ref.get((e["task"], e["data"]))
-        gap = None if base is None else base - e["test_metric"]
-        specific = NOTES.get(f"{e['variant']}/{e['task']}/{e['data']}", NOTES.get(f"{e['variant']}/{e['task']}"))
-        if specific:
-            e["note"] = specific
-        elif gap is not None and gap > 10:
-            e["note"] = (
-                f"{gap:.1f} points below standard under the shared short recipe; no variant-specific "
-                f"tuning was done (see the manifest's recipe)"
-            )
-
-
-def _write_manifest(
-    out_dir: Path,
-    rows: list[dict[str, Any]],
-    baselines: dict[str, Any] | None = None,
-    recipes: dict[str, dict[str, Any]] = RECIPES,
-) -> None:
-    """Write ``manifest.json``: recipes, models (sorted, with notes) and the baselines (kept when not given)."""
-    order = {v: i for i, v in enumerate(VARIANT_NAMES)}
-    data_order = {d: i for i, d in enumerate(("fashion", "shapes", "digits"))}
-    rows.sort(key=lambda e: (data_order.get(e["data"], 9), e["data"], e["task"], order.get(e["variant"], 99)))
-    _add_notes(rows)
-    recipe = {
-        "recipes": recipes,
-        "test_images": TEST_N,
-        "subset_n": SUBSET_N,
-        "options": VARIANT_OPTIONS,
-        "optimizer": "AdamW, cosine schedule with linear warm-up, grad-norm clip 1.0, cross-entropy",
-        "threads_per_model": 1,
-        "command": "python -m attnzoo.training.zoo build --jobs 2",
-    }
-    path = out_dir / "manifest.json"
-    if baselines is None and path.is_file():
-        baselines = json.loads(path.read_text()).get("baselines")
-    atomic_write_text(
-        path, json.dumps({"recipe": recipe, "baselines": baselines or {}, "models": rows}, indent=1) + "\n"
-    )
-
-
-def baselines(recipes: dict[str, dict[str, Any]] = RECIPES) -> dict[str, dict[str, float]]:
-    """Reference points for the Fashion-MNIST zoo, on the same test images as the models (percent).
-
-    cls: chance, and multinomial logistic regression on the raw pixels (scikit-learn, trained on the train
-    split). seg: predicting background everywhere, and thresholding the pixels with the masks' own rule
-    (:data:`~attnzoo.data.fashion.MASK_THRESHOLD`), every foreground pixel given the most frequent garment
-    class of the training scenes.
-    """
-    from sklearn.linear_model import LogisticRegression  # heavy: scikit-learn loads scipy; only the baselines fit
-
-    r = recipes["fashion/cls"]
-    train_set = load_data("fashion", "train", "cls", r["img_size"], r["train_size"])
-    test_set = load_data("fashion", "test", "cls", r["img_size"], TEST_N["fashion"])
-    flat = lambda s: s.images[..., 0].reshape(len(s), -1) / 255.0  # noqa: E731
-    clf = LogisticRegression(max_iter=200).fit(flat(train_set), train_set.labels)
-    cls = {
-        "chance": round(100.0 / len(test_set.class_names), 2),
-        "logistic_regression_pixels": round(100.0 * clf.score(flat(test_set), test_set.labels), 2),
-    }
-    r = recipes["fashion/seg"]
-    seg = load_data("fashion", "test", "seg", r["img_size"], TEST_N["fashion"], scene=r.get("scene"))
-    k = len(seg.class_names)
-    train_masks = load_data("fashion", "train", "seg", r["img_size"], r["train_size"], scene=r.get("scene")).masks
-    assert train_masks is not None  # fashion seg scenes have masks
-    majority = int(np.bincount(train_masks.ravel(), minlength=k)[1:].argmax()) + 1
-    pred = np.where(seg.images[..., 0] > MASK_THRESHOLD, majority, 0)
-    conf = confusion_matrix(seg.masks, pred, k)
-    seg_ref = {
-        "all_background": round(background_miou(seg.masks, k), 2),
-        "threshold_majority_class": round(metrics_from_confusion(conf, "seg", seg.class_names)["metric"], 2),
-    }
-    return {"fashion/cls": cls, "fashion/seg": seg_ref}
-
-
 def build(
     variants: Sequence[str] = VARIANT_NAMES,
     n_jobs: int = 2,
@@ -484,57 +286,6 @@ def build(
     return rows
 
 
-TABLE_BEGIN, TABLE_END = "<!-- progress table: python -m attnzoo.training.zoo progress -->", "<!-- /progress table -->"
-
-
-def progress(staging: Path, task: str = "seg", data: str = "fashion") -> str:
-    """The table of a retrain under way (``build --retrain --out staging``), written into ``staging/README.md``
-    between :data:`TABLE_BEGIN` and :data:`TABLE_END`: each finished model's test metric, the scenes in which it
-    names every garment right (:func:`attnzoo.metrics.named_right`; where its manifest row predates that figure,
-    evaluated from the file once and written into the manifest), the machine it trained on, its validation curve;
-    then the variants still to train in the build's order. Returns the table."""
-    staging = Path(staging)
-    manifest = json.loads((staging / "manifest.json").read_text())
-    rows = [r for r in manifest["models"] if r["task"] == task and r["data"] == data]
-    backfilled = False
-    lines = [
-        "| variant | test mIoU (%) | scenes with every garment named right | trained on | validation mIoU per epoch |",
-        "|---|---:|---:|---|---|",
-    ]
-    for r in sorted(rows, key=lambda r: -r["test_metric"]):
-        path = staging / r["file"]
-        if sha256_file(path) != r["sha256"]:
-            raise ValueError(f"{path}: its sha256 is not the manifest's; rebuild it")
-        if not r.get("named"):  # a row from before the figure: evaluated once, kept in the manifest
-            r["named"], backfilled = evaluate_checkpoint(path)["named"], True
-        named = r["named"]
-        history = json.loads(path.with_suffix(".json").read_text())["history"]
-        curve = " ".join(f"{h['val']:.1f}" for h in history)
-        lines.append(
-            f"| {r['variant']} | {r['test_metric']:.2f} | {named['scenes_right']} of {named['scenes']} "
-            f"({100.0 * named['scenes_right'] / named['scenes']:.1f} %) | "
-            f"{r.get('machine', 'not recorded')} | {curve} |"
-        )
-    if backfilled:
-        atomic_write_text(staging / "manifest.json", json.dumps(manifest, indent=1) + "\n")
-    done = {r["variant"] for r in rows}
-    left = [v for v in TRAIN_ORDER if v not in done]
-    lines += ["", f"Still to train (the build's order): {', '.join(left)}." if left else "All variants are in."]
-    text = "\n".join(lines)
-    readme = staging / "README.md"
-    old = readme.read_text() if readme.is_file() else ""
-    if TABLE_BEGIN in old and TABLE_END in old:
-        new = (
-            old[: old.index(TABLE_BEGIN)]
-            + f"{TABLE_BEGIN}\n{text}\n{TABLE_END}"
-            + old[old.index(TABLE_END) + len(TABLE_END) :]
-        )
-    else:
-        new = old.rstrip("\n") + f"\n\n{TABLE_BEGIN}\n{text}\n{TABLE_END}\n"
-    atomic_write_text(readme, new)
-    return text
-
-
 def adopt(
     staging: Path, data: Sequence[str] = ZOO_DATA, tasks: Sequence[str] = TASKS, out_dir: Path = ZOO_DIR
 ) -> list[dict[str, Any]]:
@@ -581,146 +332,6 @@ def adopt(
     new = kept + [rows[k] for k in wanted]
     _write_manifest(out_dir, new, baselines(recipes(True)), recipes=recipes(True))
     return [rows[k] for k in wanted]
-
-
-def background_miou(masks, num_classes: int) -> float:
-    """mIoU (%) of predicting background everywhere: the floor a segmenter must clearly beat."""
-    conf = confusion_matrix(masks, np.zeros_like(masks), num_classes)
-    return metrics_from_confusion(conf, "seg", list(range(num_classes)))["metric"]
-
-
-def table(rows: list[dict[str, Any]] | None = None, refs: dict[str, dict[str, float]] | None = None) -> str:
-    """Markdown tables: Fashion-MNIST top-1 and mIoU per variant with the baselines, then the smoke sets."""
-    if rows is None:
-        rows = zoo.entries()
-    if refs is None:
-        refs = zoo.manifest().get("baselines", {})
-    by = {(e["variant"], e["task"], e["data"]): e for e in rows}
-
-    def cell(v, task, data):
-        e = by.get((v, task, data))
-        return "-" if e is None else f"{e['test_metric']:.1f}"
-
-    def train_time(v, data):
-        times = [by[(v, t, data)]["train_time_s"] for t in TASKS if (v, t, data) in by]
-        return f"{sum(times):.0f}" if times else "-"
-
-    lines = [
-        "| variant | Fashion-MNIST top-1 (%) | fashion scenes mIoU (%) | params (cls) | train time cls+seg (s)* |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for v in VARIANT_NAMES:
-        c = by.get((v, "cls", "fashion"))
-        if c is None and (v, "seg", "fashion") not in by:
-            continue
-        lines.append(
-            f"| {v} | {cell(v, 'cls', 'fashion')} | {cell(v, 'seg', 'fashion')} | "
-            f"{c['params'] if c else 0:,} | {train_time(v, 'fashion')} |"
-        )
-    lines += _baseline_rows(refs)
-    n_test = {(e["data"], e["task"]): e["test_n"] for e in rows}
-    lines += [
-        "",
-        f"Test images: {n_test.get(('fashion', 'cls'), '-')} (the official Fashion-MNIST test set) and "
-        f"{n_test.get(('fashion', 'seg'), '-')} scenes composed from it. Baselines: `zoo baselines` "
-        "(attnzoo.training.zoo.baselines). *Train times were measured on a 2-core CPU shared with other jobs, "
-        "one thread per model; they vary with the load and are not a speed comparison (see bench-latency).",
-    ]
-    smoke = [e for e in rows if e["data"] in ("shapes", "digits")]
-    if smoke:
-        lines += [
-            "",
-            "Smoke sets (procedural shapes, scikit-learn digits):",
-            "",
-            "| variant | shapes cls top-1 (%) | shapes seg mIoU (%) | digits top-1 (%) |",
-            "|---|---:|---:|---:|",
-        ]
-        for v in VARIANT_NAMES:
-            if any((v, t, d) in by for t in TASKS for d in ("shapes", "digits")):
-                lines.append(
-                    f"| {v} | {cell(v, 'cls', 'shapes')} | {cell(v, 'seg', 'shapes')} | {cell(v, 'cls', 'digits')} |"
-                )
-        lines += [
-            "",
-            f"Chance: {100 / len(SHAPES_CLASSES):.1f}% on shapes, {100 / len(DIGITS_CLASSES):.0f}% on digits.",
-        ]
-    notes = [e for e in rows if e.get("note")]
-    if notes:
-        lines += [""] + [f"- {e['variant']} ({e['task']}, {e['data']}): {e['note']}" for e in notes]
-    return "\n".join(lines)
-
-
-def _baseline_rows(refs: dict[str, dict[str, float]]) -> list[str]:
-    """The Fashion-MNIST table's two baseline rows (none without baselines)."""
-    c, g = refs.get("fashion/cls", {}), refs.get("fashion/seg", {})
-    if not (c or g):
-        return []
-    return [
-        f"| *chance / all background* | *{c.get('chance', '-')}* | *{g.get('all_background', '-')}* | | |",
-        f"| *logistic regression on pixels / threshold + majority class* | "
-        f"*{c.get('logistic_regression_pixels', '-')}* | *{g.get('threshold_majority_class', '-')}* | | |",
-    ]
-
-
-def verify(limit: int = SUBSET_N, tolerance: float = 0.5) -> list[str]:
-    """Check every zoo file's sha256 and re-evaluate it on the first ``limit`` test images; returns the
-    problems found (empty when all is well)."""
-    problems = []
-    cache: dict[str, ImageSet] = {}
-    for e in tqdm(zoo.entries(), desc="verify"):
-        path = zoo.ZOO_DIR / e["file"]
-        if not path.is_file():
-            problems.append(f"{e['file']}: missing")
-            continue
-        if sha256_file(path) != e["sha256"]:
-            problems.append(f"{e['file']}: sha256 does not match the manifest")
-            continue
-        if e.get("onnx") and zoo.shipped_onnx(e) is None:
-            problems.append(f"zoo/{e['onnx']['file']}: missing, or its sha256 does not match the manifest")
-        model, config = load_checkpoint(path)
-        key = _key(e["data"], e["task"], "test")
-        if key not in cache:  # the test scenes of the model's own recipe (scene options in its config)
-            cache[key] = load_data(e["data"], "test", e["task"], config["img_size"], limit, scene=config.get("scene"))
-        got = evaluate(model, cache[key], e["task"], config["mean"], config["std"])["metric"]
-        n_eval = len(cache[key])
-        if limit == e.get("subset_n"):
-            want = e["subset_metric"]
-        elif n_eval == e.get("test_n"):
-            want = e["test_metric"]
-        else:
-            raise ValueError(
-                f"--limit {limit} matches neither the recorded subset ({e.get('subset_n')} images) "
-                f"nor the whole test set ({e.get('test_n')} images) of {e['file']}"
-            )
-        if abs(got - want) > tolerance:
-            problems.append(f"{e['file']}: {e['metric_name']} {got:.2f} on {limit} test images, manifest {want:.2f}")
-    return problems
-
-
-def ship_onnx(data: str = "fashion", out_dir: Path = ZOO_DIR) -> list[dict[str, Any]]:
-    """Export the best classifier and segmenter trained on ``data`` to ``<out_dir>/onnx/`` (verified as
-    ``export-model`` verifies) and name them in the manifest rows' ``onnx`` entry; exports of other models are
-    removed. ``serve-demo`` adopts these files after verifying them again, instead of a torch export."""
-    if out_dir != ZOO_DIR:
-        raise ValueError("ship_onnx writes into the package's zoo folder only")
-    rows = zoo.entries()
-    best = {(e["variant"], e["task"]) for e in zoo.best_entries(data).values()}
-    if not best:
-        raise ValueError(f"the zoo has no models trained on {data!r}")
-    folder = out_dir / "onnx"
-    folder.mkdir(exist_ok=True)
-    for e in tqdm([e for e in rows if e["data"] == data], desc="zoo ONNX exports", unit="model"):
-        name = zoo.onnx_name(e["variant"], e["task"], data)
-        if (e["variant"], e["task"]) not in best:
-            e.pop("onnx", None)
-            (folder / name).unlink(missing_ok=True)
-            continue
-        model, config = zoo.load(e["variant"], e["task"], data)
-        report = export_verified(model, folder / name, config, batch_sizes=(1,), checkpoint_sha256=e["sha256"])
-        report_path(folder / name).unlink(missing_ok=True)  # the file's sha256 lives in the manifest
-        e["onnx"] = {"file": f"onnx/{name}", "sha256": report["sha256"], "max_abs_err": report["parity"]["max_abs_err"]}
-    _write_manifest(out_dir, rows)
-    return [e for e in rows if "onnx" in e]
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -10,46 +10,55 @@ oversubscribe the CPU.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import json
-import os
-import shutil
-import stat
 import sys
-import tempfile
 import threading
-import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import gradio as gr  # offline: attnzoo.serve (the parent package, imported first) set Gradio's environment
 import numpy as np
-from gradio.utils import get_upload_folder
 from huggingface_hub import ModelCard
-from PIL import Image
 from starlette.middleware import Middleware
 
 from attnzoo.errors import quoted
-from attnzoo.limits import MAX_UPLOAD_BYTES
-from attnzoo.preprocess import INPUT_STYLES, UnreadableImageError, busy_background, fit_size, image_size, load_image
+from attnzoo.preprocess import load_image
 from attnzoo.serve import examples as ex
 from attnzoo.serve.admission import SizeGate, default_budget
+from attnzoo.serve.demo._answers import (
+    DISPLAY_MAX_SIDE,
+    DemoModels,
+    _classify,
+    _compare_one,
+    _iou_note,
+    _legend,
+    _object_classes,
+    _segment_state,
+    known_classes_note,
+    upload_note,
+)
+from attnzoo.serve.demo._guards import (
+    MAX_API_BODY,
+    UPLOAD_BYTES_PER_CLIENT,
+    UPLOAD_BYTES_TOTAL,
+    UPLOAD_FILES_PER_CLIENT,
+    BodyLimit,
+    UploadQuota,
+)
+from attnzoo.serve.demo._uploads import (
+    MAX_FILE_SIZE,
+    UPLOAD_MAX_AGE_S,
+    UPLOAD_SWEEP_S,
+    _admitted_upload,
+    _read_upload,
+    private_upload_folder,
+    upload_roots,
+)
 from attnzoo.serve.loading import ServedModel
 from attnzoo.serve.predict import (
-    background_classes,
-    class_iou,
-    classify,
-    dominant_classes,
-    model_view,
     overlay,
-    palette,
-    pixel_shares,
-    segment,
-    topk_chart,
 )
 from attnzoo.zoo.names import packaged_card
 
@@ -63,32 +72,24 @@ __all__ = [
     "BodyLimit",
     "UploadQuota",
     "DISPLAY_MAX_SIDE",
+    # kept importable here: the demo's parts
+    "DemoModels",
+    "known_classes_note",
+    "upload_note",
+    "UPLOAD_MAX_AGE_S",
+    "UPLOAD_SWEEP_S",
+    "UPLOAD_FILES_PER_CLIENT",
+    "UPLOAD_BYTES_PER_CLIENT",
+    "UPLOAD_BYTES_TOTAL",
+    "_read_upload",
 ]
 
-MAX_FILE_SIZE = MAX_UPLOAD_BYTES  # bytes; the one upload cap (attnzoo.limits), serve-models too
-#: Largest body of any other request (an event's JSON: file references, a variant name, a number): refused with
-#: 413 before it is read, by its Content-Length or as it streams in (:class:`BodyLimit`).
-MAX_API_BODY = 2**20
-#: Room for the multipart envelope on top of an uploaded file.
-_MULTIPART_SLACK = 64 * 1024
-#: Overlays are shown at the image's size, downscaled past this side.
-DISPLAY_MAX_SIDE = 2048
 QUEUE = "models"
 #: Requests the demo takes at once (the rest wait in Gradio's queue, up to its 64): each is then admitted by its
 #: image's size (:class:`~attnzoo.serve.admission.SizeGate`), not in arrival order.
 ADMITTED = 32
 #: Requests that work at once (decode, resize, pictures; one large image among them); model calls run one at a time.
 WORKERS = 2
-#: Uploads are kept this long (seconds) for a user to re-run them, then deleted by a sweep this often.
-UPLOAD_MAX_AGE_S = 600
-UPLOAD_SWEEP_S = 60
-#: What one client (IP address) may upload within :data:`UPLOAD_MAX_AGE_S`: files (one per upload request at
-#: least, each file its answer lists) and bytes (each request's Content-Length); then 429 (:class:`UploadQuota`).
-UPLOAD_FILES_PER_CLIENT = 100
-UPLOAD_BYTES_PER_CLIENT = 128 * 2**20
-#: What all clients together may upload within :data:`UPLOAD_MAX_AGE_S` (what the upload folder holds at most,
-#: until the next sweep): then 503.
-UPLOAD_BYTES_TOTAL = 2**30
 LEGEND_HEADERS = ["colour", "class", "pixels %", "IoU"]
 COMPARE_HEADERS = [
     "variant",
@@ -118,252 +119,6 @@ def _user_errors(fn):
             raise gr.Error(f"internal error ({type(exc).__name__}); see the server log") from None
 
     return wrapper
-
-
-def upload_roots() -> tuple[Path, ...]:
-    """The only folders the demo reads images from: Gradio's upload cache (where every file a client sends
-    lands, ``GRADIO_TEMP_DIR``) and the shipped examples."""
-    return tuple(Path(os.path.realpath(p)) for p in (get_upload_folder(), ex.EXAMPLES_DIR))
-
-
-def _upload_bytes(payload: Any, roots: Sequence[Path] | None = None) -> tuple[bytes, str]:
-    """Raw ``gr.Image`` payload (dict with ``path``, or a path) -> the file's bytes and its name as messages show
-    it; ``ValueError`` if none.
-
-    The handlers take payloads unprocessed, so a client can put any path in one: only a regular file inside
-    :func:`upload_roots` is read (the path resolved first, so a link cannot lead out), opened without blocking
-    (a FIFO or device never holds the model slot) and at most ``MAX_FILE_SIZE`` bytes of it.
-    """
-    name = None
-    if isinstance(payload, dict):
-        name = payload.get("orig_name")
-        payload = payload.get("path")
-    if not payload:
-        raise ValueError("no image: upload one (or pick an example) first")
-    if not isinstance(payload, (str, os.PathLike)):
-        raise ValueError("no image: the request's image is not a file uploaded to this demo")
-    shown = quoted(str(name or Path(payload).name))
-    real = Path(os.path.realpath(payload))
-    if not any(real.is_relative_to(root) for root in (roots or upload_roots())):
-        raise ValueError(f"cannot read image {shown}: the demo reads only files uploaded to it and its examples")
-    try:
-        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
-        raise ValueError(f"cannot read image {shown}: no such upload (upload it again)") from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):  # a folder, FIFO or device: refused before Python's file object opens it
-        os.close(fd)
-        raise ValueError(f"cannot read image {shown}: not a regular file")
-    with os.fdopen(fd, "rb") as f:
-        if info.st_size > MAX_FILE_SIZE:
-            raise ValueError(
-                f"cannot read image {shown}: {info.st_size / 2**20:.1f} MiB, over the "
-                f"{MAX_FILE_SIZE / 2**20:.0f} MiB upload limit"
-            )
-        return f.read(MAX_FILE_SIZE + 1), shown
-
-
-def _unreadable(shown: str) -> ValueError:
-    return ValueError(
-        f"cannot read image {shown}: not an image file, or a damaged one (PNG, JPEG, WebP, BMP, GIF, TIFF ... are read)"
-    )
-
-
-def _decoded(data: bytes, shown: str) -> Image.Image:
-    try:
-        img = load_image(data)  # over the pixel cap or a decompression bomb: its own message passes through
-    except UnreadableImageError:
-        raise _unreadable(shown) from None
-    if img.width * img.height == 0:
-        raise ValueError("cannot read image: it has no pixels")
-    return img
-
-
-def _read_upload(payload: Any, roots: Sequence[Path] | None = None) -> Image.Image:
-    """Raw ``gr.Image`` payload -> RGB PIL image (:func:`_upload_bytes`, then decoded); ``ValueError`` if none."""
-    return _decoded(*_upload_bytes(payload, roots))
-
-
-@contextlib.contextmanager
-def _admitted_upload(payload: Any, roots: Sequence[Path], gate: SizeGate) -> Iterator[Image.Image]:
-    """The upload decoded once ``gate`` admits it by the size its header gives (nothing decoded before), held
-    until the block ends."""
-    data, shown = _upload_bytes(payload, roots)
-    try:
-        w, h = image_size(data)  # over the pixel cap: its own message passes through
-    except UnreadableImageError:
-        raise _unreadable(shown) from None
-    with gate.admitted(w * h, f"image {shown} ({w}x{h})"):
-        yield _decoded(data, shown)
-
-
-def _display_image(img: Image.Image) -> np.ndarray:
-    """The image as shown under its overlay: its own size, downscaled past ``DISPLAY_MAX_SIDE``."""
-    h, w = fit_size((img.height, img.width), DISPLAY_MAX_SIDE)
-    return np.asarray(img if (h, w) == (img.height, img.width) else img.resize((w, h), Image.Resampling.BILINEAR))
-
-
-def _swatch(colour: Sequence[int], uncoloured: bool) -> str:
-    hexcode = "#{:02x}{:02x}{:02x}".format(*tuple(int(c) for c in colour))
-    if uncoloured:
-        return "<span title='not coloured'>&mdash;</span>"
-    return (
-        f"<span style='display:inline-block;width:1.2em;height:1.2em;border-radius:3px;"
-        f"background:{hexcode}' title='{hexcode}'></span>"
-    )
-
-
-class DemoModels:
-    """The served models by task and name, with the class colours of each segmenter."""
-
-    def __init__(self, models: Sequence[ServedModel]) -> None:
-        self.by_task: dict[str, dict[str, ServedModel]] = {"cls": {}, "seg": {}}
-        for m in models:
-            self.by_task.setdefault(m.task, {})[m.name] = m
-
-    def names(self, task: str) -> list[str]:
-        return list(self.by_task.get(task, {}))
-
-    def default(self, task: str) -> str | None:
-        """The model shown first: the one with the best zoo test metric, else the first listed."""
-        table = self.by_task.get(task, {})
-        scored = [(m.score, m.name) for m in table.values() if m.score is not None]
-        return max(scored, key=lambda s: s[0])[1] if scored else next(iter(table), None)
-
-    def get(self, task: str, name: str | None) -> ServedModel:
-        table = self.by_task.get(task, {})
-        if not table:
-            raise ValueError(f"no {'classification' if task == 'cls' else 'segmentation'} models are served")
-        if name not in table:
-            raise ValueError(f"unknown variant {quoted(name)}; valid: {', '.join(table)}")
-        return table[name]
-
-
-# ----------------------------------------------------------------------------------------------- handlers
-def _object_classes(model: ServedModel) -> list[str]:
-    """The model's class names without background."""
-    skip = set(background_classes(model.class_names))
-    return [n for i, n in enumerate(model.class_names) if i not in skip]
-
-
-def known_classes_note(model: ServedModel) -> str:
-    """What a model can answer: its classes, and that anything else is still forced into one of them."""
-    names = _object_classes(model)
-    return (
-        f"This model knows only {len(names)} classes ({', '.join(names)}) from "
-        f"{model.input_size[0]}x{model.input_size[1]} px training images. Anything else -- a cat, a street, "
-        "a garment photographed on a busy background -- is still put into one of them, so its probability "
-        "says nothing about such an image."
-    )
-
-
-def upload_note(model: ServedModel, img: Image.Image) -> str:
-    """What was done to an upload before the model saw it, and a warning when it cannot look like the training
-    images (a busy background); empty for models that take images as they are."""
-    if model.input_style == "rgb":
-        return ""
-    note = f"Converted as the training images look ({INPUT_STYLES[model.input_style]}). "
-    if busy_background(img):
-        note += (
-            "**This image has a busy background**, unlike every training image (one object on a plain "
-            "background): the answer below is unlikely to mean anything. "
-        )
-    return note + "\n\n"
-
-
-def _classify(models: DemoModels, img: Image.Image, variant: str) -> tuple[dict[str, float], float, str, np.ndarray]:
-    """Top classes, latency, the note, and the image as the model saw it."""
-    model = models.get("cls", variant)
-    probs, ms = classify(model, img)
-    entry = ex.find_example(img)
-    truth = f"Example image; true class: **{entry['label']}**.\n\n" if entry and entry.get("label") else ""
-    note = truth or upload_note(model, img)
-    return probs, round(ms, 3), note + known_classes_note(model), np.asarray(model_view(model, img))
-
-
-def _segment_state(models: DemoModels, img: Image.Image, variant: str, max_side: int | None) -> dict:
-    """Run a segmenter; the state keeps everything the opacity slider needs to redraw without the model."""
-    model = models.get("seg", variant)
-    mask, ms = segment(model, img, max_side=max_side)
-    shown = _display_image(img)
-    if shown.shape[:2] != mask.shape:
-        mask = np.asarray(Image.fromarray(mask).resize((shown.shape[1], shown.shape[0]), Image.Resampling.NEAREST))
-    k = len(model.class_names)
-    entry = ex.find_example(img)
-    truth = ex.true_mask(entry) if entry else None
-    iou = class_iou(mask, truth, k) if truth is not None and truth.shape == mask.shape else None
-    return {
-        "image": shown,
-        "mask": mask,
-        "colours": palette(k),
-        "skip": background_classes(model.class_names),
-        "names": model.class_names,
-        "iou": iou,
-        "ms": ms,
-    }
-
-
-def _legend(state: dict) -> list[list[Any]]:
-    """Legend rows (colour swatch, class, pixel share %, IoU or None), largest share first."""
-    shares = pixel_shares(state["mask"], len(state["names"]))
-    iou = state["iou"] or {}
-    rows = []
-    for c in np.argsort(-shares, kind="stable"):
-        c = int(c)
-        if shares[c] > 0 or c in iou:
-            rows.append(
-                [
-                    _swatch(state["colours"][c], c in state["skip"]),
-                    state["names"][c],
-                    round(100 * float(shares[c]), 2),
-                    round(iou[c], 3) if c in iou else None,
-                ]
-            )
-    return rows
-
-
-def _iou_note(state: dict) -> str:
-    if not state["iou"]:
-        return ""
-    mean = float(np.mean(list(state["iou"].values())))
-    return f"Example image with a true mask: mean IoU over its classes **{mean:.3f}** (per class in the legend)."
-
-
-def _compare_one(
-    models: DemoModels, task: str, name: str, img: Image.Image, max_side: int | None
-) -> tuple[np.ndarray, str, list[Any]]:
-    """One Compare gallery item (picture, caption) and table row; a failing model reports its error.
-
-    For a shipped example the last column is 1/0 (top-1 correct) or the mean IoU over its true classes."""
-    try:
-        if task == "cls":
-            probs, ms, _, _ = _classify(models, img, name)
-            top, p = next(iter(probs.items()))
-            entry = ex.find_example(img)
-            truth = float(top == entry["label"]) if entry and entry.get("label") else None
-            return (
-                topk_chart(probs, name),
-                f"{name}: {top} ({p:.0%}) · {ms:.1f} ms",
-                [name, top, round(p, 4), ms, truth],
-            )
-        state = _segment_state(models, img, name, max_side)
-        dom = dominant_classes(pixel_shares(state["mask"], len(state["names"])), state["names"])
-        text = ", ".join(f"{c} {s:.0%}" for c, s in dom)
-        pic = overlay(state["image"], state["mask"], state["colours"], 0.6, state["skip"])
-        miou = round(float(np.mean(list(state["iou"].values()))), 4) if state["iou"] else None
-        return (
-            pic,
-            f"{name}: {text} · {state['ms']:.1f} ms",
-            [name, text, round(dom[0][1], 4), round(state["ms"], 3), miou],
-        )
-    except ValueError as exc:
-        blank = np.full((64, 64, 3), 255, np.uint8)
-        return blank, f"{name}: error: {exc}", [name, f"error: {exc}", None, None, None]
-    except Exception as exc:  # one failing model must not fail the whole comparison
-        traceback.print_exc(file=sys.stderr)
-        blank = np.full((64, 64, 3), 255, np.uint8)
-        msg = f"{type(exc).__name__}: {exc}"
-        return blank, f"{name}: error: {msg}", [name, f"error: {msg}", None, None, None]
 
 
 # ------------------------------------------------------------------------------------------------- layout
@@ -664,189 +419,6 @@ def build_demo(
             _compare_tab(table, seg_max_side, roots, gate)
     demo.queue(max_size=64, default_concurrency_limit=1)
     return demo
-
-
-@contextlib.contextmanager
-def private_upload_folder() -> Iterator[Path]:
-    """Uploads of this server go to a folder of its own (``GRADIO_TEMP_DIR``), removed with everything in it
-    when the block ends; a ``GRADIO_TEMP_DIR`` the user set is used as it is and left in place."""
-    given = os.environ.get("GRADIO_TEMP_DIR")
-    if given:
-        yield Path(given)
-        return
-    folder = Path(tempfile.mkdtemp(prefix="attnzoo-demo-uploads-"))
-    os.environ["GRADIO_TEMP_DIR"] = str(folder)
-    try:
-        yield folder
-    finally:
-        os.environ.pop("GRADIO_TEMP_DIR", None)
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-class BodyLimit:
-    """ASGI middleware: a request body over its route's limit gets 413 (one JSON line) before the app reads it. An
-    upload (``.../upload``) may carry :data:`MAX_FILE_SIZE` plus its multipart envelope (Gradio streams it to disk
-    and checks the file's size itself); any other request :data:`MAX_API_BODY`, read here in full (so it never
-    reaches Gradio larger) and handed on."""
-
-    def __init__(self, app, upload_limit: int = MAX_FILE_SIZE + _MULTIPART_SLACK, limit: int = MAX_API_BODY) -> None:
-        self.app, self.upload_limit, self.limit = app, upload_limit, limit
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or scope.get("method") in ("GET", "HEAD", "OPTIONS"):
-            return await self.app(scope, receive, send)
-        upload = scope.get("path", "").rstrip("/").endswith("/upload")
-        limit = self.upload_limit if upload else self.limit
-        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > limit:
-            return await self._refuse(send, int(declared), limit)
-        if upload:
-            return await self.app(scope, receive, send)
-        body, more = bytearray(), True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            if len(body) > limit:
-                return await self._refuse(send, None, limit)
-        refused = _payload_problem(bytes(body))
-        if refused:
-            return await _answer(send, 400, refused)
-        sent = False
-
-        async def replay():
-            nonlocal sent
-            if sent:
-                return await receive()  # the app waits for a disconnect: pass it on
-            sent = True
-            return {"type": "http.request", "body": bytes(body), "more_body": False}
-
-        await self.app(scope, replay, send)
-
-    @staticmethod
-    async def _refuse(send, size: int | None, limit: int) -> None:
-        said = f"{size:,} bytes, " if size is not None else ""
-        await _answer(send, 413, f"the request body is {said}over the {limit:,}-byte limit")
-
-
-async def _answer(send, status: int, error: str, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
-    """One JSON line ``{"error": ...}`` with ``status``; the connection is closed after it."""
-    text = json.dumps({"error": error}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(text)).encode()),
-                (b"connection", b"close"),
-                *headers,
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": text})
-
-
-def _paths(value: Any, depth: int = 0) -> Iterator[str]:
-    """Every ``path`` / ``url`` string of a request's JSON (file payloads), a few levels deep."""
-    if depth > 4:
-        return
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if key in ("path", "url") and isinstance(item, str):
-                yield item
-            else:
-                yield from _paths(item, depth + 1)
-    elif isinstance(value, list):
-        for item in value[:16]:
-            yield from _paths(item, depth + 1)
-
-
-def _payload_problem(body: bytes) -> str | None:
-    """Why an API request's JSON names a file the demo must not touch, before Gradio sees it (Gradio itself would
-    download a ``path`` that is a URL, and log a traceback for a path outside its cache): a URL, or a path outside
-    :func:`upload_roots`. None for anything else (other requests, other JSON)."""
-    try:
-        data = json.loads(body) if body[:1] == b"{" else None
-    except ValueError:
-        return None
-    if not isinstance(data, dict):
-        return None
-    roots = upload_roots()
-    for path in _paths(data.get("data")):
-        shown = quoted(path)
-        if "://" in path[:16]:
-            if path.startswith(("http://", "https://")) and "/gradio_api/file=" in path:
-                continue  # the demo's own file URL (a url field beside the path): Gradio does not fetch it
-            return f"cannot read image {shown}: the demo works offline and reads only files uploaded to it"
-        real = Path(os.path.realpath(path))
-        if not any(real.is_relative_to(root) for root in roots):
-            return f"cannot read image {shown}: the demo reads only files uploaded to it and its examples"
-    return None
-
-
-class UploadQuota:
-    """ASGI middleware on the upload route: each client (IP address) may upload :data:`UPLOAD_FILES_PER_CLIENT`
-    files and :data:`UPLOAD_BYTES_PER_CLIENT` bytes within :data:`UPLOAD_MAX_AGE_S` (then 429 with
-    ``Retry-After``), all of them together :data:`UPLOAD_BYTES_TOTAL` (then 503); an upload without a
-    Content-Length gets 411. Bytes are charged from the Content-Length before anything is written; files from the
-    answer (the paths Gradio wrote), at least one per upload."""
-
-    def __init__(
-        self,
-        app,
-        files: int = UPLOAD_FILES_PER_CLIENT,
-        per_client: int = UPLOAD_BYTES_PER_CLIENT,
-        total: int = UPLOAD_BYTES_TOTAL,
-        keep_s: float = UPLOAD_MAX_AGE_S,
-    ) -> None:
-        self.app, self.files, self.per_client, self.total, self.keep_s = app, files, per_client, total, keep_s
-        self.log: list[list] = []  # [time, client, bytes, files], oldest first
-
-    async def __call__(self, scope, receive, send) -> None:
-        upload = scope.get("path", "").rstrip("/").endswith("/upload")
-        if scope["type"] != "http" or scope.get("method") != "POST" or not upload:
-            return await self.app(scope, receive, send)
-        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
-        if not declared.isdigit():
-            return await _answer(send, 411, "an upload must state its size (Content-Length)")
-        now, size = time.monotonic(), int(declared)
-        self.log = [e for e in self.log if now - e[0] < self.keep_s]
-        client = (scope.get("client") or ("unknown",))[0]
-        mine = [e for e in self.log if e[1] == client]
-        files, used = sum(e[3] for e in mine), sum(e[2] for e in mine)
-        if files + 1 > self.files or used + size > self.per_client:
-            wait = int(self.keep_s - (now - mine[0][0])) + 1 if mine else int(self.keep_s)
-            return await _answer(
-                send,
-                429,
-                f"upload quota reached: {files} files, {used / 2**20:.1f} MiB of this client's {self.files} files "
-                f"and {self.per_client / 2**20:.0f} MiB per {self.keep_s / 60:g} minutes; retry in {wait} s",
-                [(b"retry-after", str(wait).encode())],
-            )
-        if sum(e[2] for e in self.log) + size > self.total:
-            return await _answer(
-                send,
-                503,
-                f"the demo holds its {self.total / 2**20:.0f} MiB of uploads; retry in a few minutes",
-                [(b"retry-after", b"60")],
-            )
-        entry = [now, client, size, 1]
-        self.log.append(entry)
-        body = bytearray()
-
-        async def counting(message) -> None:
-            if message["type"] == "http.response.body" and len(body) < 2**20:
-                body.extend(message.get("body", b""))
-                if not message.get("more_body"):
-                    with contextlib.suppress(ValueError):
-                        answer = json.loads(bytes(body))
-                        entry[3] = max(1, len(answer)) if isinstance(answer, list) else 1
-            await send(message)
-
-        await self.app(scope, receive, counting)
 
 
 def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, *, block: bool = True, **kwargs):

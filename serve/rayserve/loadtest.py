@@ -27,31 +27,33 @@ Outputs in ``--out``: ``results.json`` (environment, settings, every number), ``
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-import httpx
-import numpy as np
 from tqdm import tqdm
 
 from attnzoo.cli import add_debug_flag, entry_point
 from attnzoo.errors import UsageError, quoted
-from attnzoo.fileio import atomic_write_text, default_cache_dir, sha256_file, writable_dir
+from attnzoo.fileio import default_cache_dir, sha256_file, writable_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import environment
 from attnzoo.runtime.backends import get_backend
 from attnzoo.serve.examples import EXAMPLES_DIR
+from attnzoo.serve.rayserve._load_clients import (
+    Record,
+    _mean_batch,
+    kill_test,
+    replica_stats,
+    run_clients,
+    summarize,
+)
+from attnzoo.serve.rayserve._load_report import _write
 from attnzoo.serve.rayserve.config import DEPLOYMENT, ServeConfig
 from attnzoo.serve.rayserve.environment import free_port, ray_serve_mode, start_ray
 from attnzoo.serve.rayserve.launch import deploy
@@ -60,7 +62,6 @@ from attnzoo.serve.rayserve.selection import Selection
 
 # imported on first use, so that a bad command line is refused at once: Ray, and the benchmark (torch, onnx)
 serve = lazy_import("ray.serve")
-ray_state = lazy_import("ray._private.state")
 bench_run = lazy_import("attnzoo.benchmarks.run")
 models = lazy_import("attnzoo.models")
 
@@ -68,125 +69,6 @@ __all__ = ["main", "build_parser", "run_clients", "summarize", "Record"]
 
 #: Shipped example the clients send by default (resized to the model's input by the server).
 DEFAULT_IMAGE = "fashion_cls_0.png"
-
-
-@dataclass
-class Record:
-    """One request: start and end (``time.perf_counter``), HTTP status or the exception's name, and for a
-    failure the start of its response body or the exception's message."""
-
-    start: float
-    end: float
-    status: Any
-    detail: str = ""
-
-
-async def _client(session, url: str, body: bytes, stop_at: float, records: list[Record], timeout: float) -> None:
-    headers = {"Content-Type": "image/png"}
-    while time.perf_counter() < stop_at:
-        start = time.perf_counter()
-        detail = ""
-        try:
-            async with session.post(url, data=body, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
-                answer = await r.read()
-                status: Any = r.status
-                if status != 200:
-                    detail = answer[:200].decode("utf-8", "replace")
-        except asyncio.TimeoutError:
-            status = "timeout"
-        except Exception as exc:  # connection reset by a killed replica's proxy, refused ...: an error
-            status, detail = type(exc).__name__, str(exc)[:200]
-        records.append(Record(start, time.perf_counter(), status, detail))
-
-
-async def _run(url: str, body: bytes, clients: int, seconds: float, timeout: float) -> list[Record]:
-    records: list[Record] = []
-    stop_at = time.perf_counter() + seconds
-    connector = aiohttp.TCPConnector(limit=clients, force_close=False)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        await asyncio.gather(*(_client(session, url, body, stop_at, records, timeout) for _ in range(clients)))
-    return records
-
-
-def run_clients(url: str, body: bytes, clients: int, seconds: float, timeout: float = 60.0) -> list[Record]:
-    """``clients`` closed-loop clients posting ``body`` to ``url`` for ``seconds``; every request's record
-    (requests in flight at the end are awaited, up to ``timeout``)."""
-    return asyncio.run(_run(url, body, clients, seconds, timeout))
-
-
-def summarize(records: Sequence[Record], t0: float, t1: float) -> dict[str, Any]:
-    """Throughput and latency of the requests that started in ``[t0, t1)``.
-
-    ``throughput_rps``: answers with status 200 that ended in ``[t0, t1)``, per second. Latency percentiles
-    are over the successful requests that started in the window. ``errors``: answered with another status or
-    failed by the connection; ``lost``: no answer within the timeout.
-    """
-    window = [r for r in records if t0 <= r.start < t1]
-    ok = [r for r in window if r.status == 200]
-    lat = np.array([r.end - r.start for r in ok]) * 1000.0
-    done = sum(1 for r in records if r.status == 200 and t0 <= r.end < t1)
-    errors: dict[str, int] = {}
-    for r in window:
-        if r.status not in (200, "timeout"):
-            errors[str(r.status)] = errors.get(str(r.status), 0) + 1
-    pct = (lambda q: round(float(np.percentile(lat, q)), 2)) if len(lat) else (lambda q: None)
-    return {
-        "requests": len(window),
-        "ok": len(ok),
-        "errors": sum(errors.values()),
-        "errors_by_status": errors,
-        "lost": sum(1 for r in window if r.status == "timeout"),
-        "seconds": round(t1 - t0, 3),
-        "throughput_rps": round(done / (t1 - t0), 2),
-        "p50_ms": pct(50),
-        "p95_ms": pct(95),
-        "p99_ms": pct(99),
-        "mean_ms": round(float(lat.mean()), 2) if len(lat) else None,
-        "max_ms": round(float(lat.max()), 2) if len(lat) else None,
-    }
-
-
-def _get_json(url: str, timeout: float = 10.0) -> dict[str, Any]:
-    r = httpx.get(url, timeout=timeout)
-    r.raise_for_status()
-    return r.json()
-
-
-def replica_stats(url: str, replicas: int, wait_s: float = 30.0) -> dict[str, dict[str, Any]]:
-    """``GET /stats`` until each of ``replicas`` replicas answered once (the router spreads the calls), for at most
-    ``wait_s`` seconds: a replica the controller already counts as running can take a moment more to be routed to
-    (HAProxy reloads its backends), so a fixed number of back-to-back calls could see only the old one."""
-    seen: dict[str, dict[str, Any]] = {}
-    deadline = time.monotonic() + wait_s
-    while len(seen) < replicas and time.monotonic() < deadline:
-        try:
-            s = _get_json(f"{url}/stats")
-            seen[s["replica"]] = s
-        except Exception:  # a replica being replaced: try again
-            time.sleep(0.2)
-            continue
-        if len(seen) < replicas:
-            time.sleep(0.05)
-    return seen
-
-
-def replica_pid(replica: str) -> int:
-    """The process id of the running replica whose id ``GET /stats`` gives (from Ray's actor table: the replica
-    does not tell HTTP clients its pid)."""
-    name = f"SERVE_REPLICA::{DEPLOYMENT}#{DEPLOYMENT}#{replica}"
-    found = [a["Pid"] for a in ray_state.actors().values() if a.get("Name") == name and a.get("State") == "ALIVE"]
-    if not found:
-        raise RuntimeError(f"no running replica {replica} in Ray's actor table")
-    return int(found[0])
-
-
-def _mean_batch(stats: dict[str, dict[str, Any]]) -> float | None:
-    hist: dict[int, int] = {}
-    for s in stats.values():
-        for k, v in s["requests_per_batch"].items():
-            hist[int(k)] = hist.get(int(k), 0) + v
-    n = sum(hist.values())
-    return round(sum(k * v for k, v in hist.items()) / n, 3) if n else None
 
 
 # ------------------------------------------------------------------------------------------ offline bench
@@ -239,178 +121,6 @@ def offline_bench(
     if not rows:
         raise RuntimeError(f"bench-latency timed no {backend} row (see {out / 'results.json'})")
     return {"command": " ".join(["bench-latency", *cmd[3:]]), "rows": rows}
-
-
-# ------------------------------------------------------------------------------------------ kill test
-class _StatusPoller(threading.Thread):
-    """Polls ``serve.status()`` (the running replica count) every ``period`` s until stopped."""
-
-    def __init__(self, app: str, deployment: str, period: float = 0.25) -> None:
-        super().__init__(daemon=True)
-        self.app, self.deployment, self.period = app, deployment, period
-        self.timeline: list[tuple[float, int]] = []
-        self._stop_event = threading.Event()
-
-    def run(self) -> None:
-        while not self._stop_event.is_set():
-            try:
-                d = serve.status().applications[self.app].deployments[self.deployment]
-                running = int(d.replica_states.get("RUNNING", 0))
-                if not self.timeline or self.timeline[-1][1] != running:
-                    self.timeline.append((time.perf_counter(), running))
-            except Exception:  # the controller busy: next poll
-                pass
-            self._stop_event.wait(self.period)
-
-    def stop(self) -> None:
-        self._stop_event.set()
-        self.join(5)
-
-
-def kill_test(url: str, body: bytes, clients: int, seconds: float, replicas: int, timeout: float) -> dict[str, Any]:
-    """Kill one replica process (SIGKILL) a third into a ``seconds`` run; who failed, and the recovery."""
-    before = replica_stats(url, replicas)
-    if len(before) < 2:
-        raise RuntimeError(f"the kill test needs 2 replicas answering, saw {len(before)}")
-    victim = sorted(before.values(), key=lambda s: s["replica"])[0]
-    victim_pid = replica_pid(victim["replica"])
-    poller = _StatusPoller(DEPLOYMENT, DEPLOYMENT)
-    poller.start()
-    killed: dict[str, float] = {}
-
-    def killer() -> None:
-        time.sleep(seconds / 3)
-        killed["at"] = time.perf_counter()
-        os.kill(victim_pid, signal.SIGKILL)
-
-    t = threading.Thread(target=killer, daemon=True)
-    t0 = time.perf_counter()
-    t.start()
-    records = run_clients(f"{url}/classify", body, clients, seconds, timeout)
-    t1 = time.perf_counter()
-    # wait (bounded) for the deployment to have all its replicas again
-    deadline = time.perf_counter() + 120
-    while time.perf_counter() < deadline and (not poller.timeline or poller.timeline[-1][1] < replicas):
-        time.sleep(0.5)
-    poller.stop()
-    kill_at = killed["at"]
-    failed = [r for r in records if r.status != 200]
-    in_flight = [r for r in failed if r.start <= kill_at]
-    later = [r for r in failed if r.start > kill_at]
-    back = next((ts for ts, n in poller.timeline if ts > kill_at and n >= replicas), None)
-    dropped = any(ts > kill_at and n < replicas for ts, n in poller.timeline)
-    after = replica_stats(url, replicas)
-    return {
-        "replicas": replicas,
-        "killed_replica": victim["replica"],
-        "killed_pid": victim_pid,
-        "kill_at_s": round(kill_at - t0, 3),
-        "summary": summarize(records, t0, t1),
-        "failed_in_flight_at_kill": len(in_flight),
-        "failed_sent_after_kill": len(later),
-        "failed_statuses": sorted({str(r.status) for r in failed}),
-        "failures_sent_after_kill": [
-            {"after_kill_s": round(r.start - kill_at, 4), "status": str(r.status), "detail": r.detail} for r in later
-        ],
-        "replica_count_dropped": dropped,
-        "replicas_back_after_s": round(back - kill_at, 3) if back else None,
-        "replicas_after": sorted(after),
-        "replaced": victim["replica"] not in after and len(after) >= replicas,
-        "timeline": [[round(ts - t0, 3), n] for ts, n in poller.timeline],
-    }
-
-
-# ------------------------------------------------------------------------------------------------ report
-def _table(result: dict[str, Any]) -> str:
-    best = result["offline"]["best_img_s"]
-    lines = [
-        f"Offline best (bench-latency ort-cpu, {result['model']}): **{best:.1f} img/s** "
-        f"({result['offline']['best']['threads']} thread(s), batch {result['offline']['best']['batch']}). "
-        f"Ingress: {result['settings'].get('ingress', 'not recorded')}.",
-        "",
-    ]
-    if result["runs"]:
-        lines += [
-            "| replicas x threads | max batch | clients | img/s | vs offline best | p50 ms | p95 ms | p99 ms | "
-            "errors | lost | mean batch |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-    for r in result["runs"]:
-        s = r["summary"]
-        lines.append(
-            f"| {r['replicas']} x {r['threads']} | {r['max_batch_size']} | {r['clients']} | "
-            f"{s['throughput_rps']:.1f} | {r['vs_offline_best']:.2f} | {s['p50_ms']} | {s['p95_ms']} | "
-            f"{s['p99_ms']} | {s['errors']} | {s['lost']} | {r['mean_batch']} |"
-        )
-    for key, label in (("soak", "Soak"), ("kill", "Replica kill")):
-        if result.get(key):
-            s = result[key]["summary"]
-            lines += [
-                "",
-                f"{label}: {s['requests']} requests over {s['seconds']:.0f} s, {s['ok']} ok, "
-                f"{s['errors']} errors, {s['lost']} lost, {s['throughput_rps']:.1f} img/s, "
-                f"p95 {s['p95_ms']} ms.",
-            ]
-    if result.get("kill"):
-        k = result["kill"]
-        lines.append(
-            f"Killed replica {k['killed_replica']} (pid {k['killed_pid']}) at {k['kill_at_s']} s: "
-            f"{k['failed_in_flight_at_kill']} failed requests were in flight at the kill, "
-            f"{k['failed_sent_after_kill']} were sent after it ({', '.join(k['failed_statuses']) or 'none'}); "
-            f"replicas back after {k['replicas_back_after_s']} s; replaced: {k['replaced']}."
-        )
-    if len(result.get("kill_repeats", [])) > 1:
-        ks = result["kill_repeats"]
-        lines.append(
-            f"Kill test repeated {len(ks)} times: failed requests in flight at the kill "
-            f"{[k['failed_in_flight_at_kill'] for k in ks]}, sent after it "
-            f"{[k['failed_sent_after_kill'] for k in ks]}, lost {[k['summary']['lost'] for k in ks]}; "
-            f"runs with a failure sent after the kill: "
-            f"{sum(k['failed_sent_after_kill'] > 0 for k in ks)} of {len(ks)}; "
-            f"replaced every time: {all(k['replaced'] for k in ks)}."
-        )
-    return "\n".join(lines) + "\n"
-
-
-def _plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib  # heavy: matplotlib, for the plot at the end only
-
-    matplotlib.use("Agg")
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    runs = result["runs"]
-    labels = [
-        f"{r['replicas']}x{r['threads']} thr\n"
-        + (f"batch {r['max_batch_size']}" if r["max_batch_size"] > 1 else "no batching")
-        for r in runs
-    ]
-    fig = Figure(figsize=(11, 4.2), dpi=110)
-    FigureCanvasAgg(fig)
-    ax1, ax2 = fig.subplots(1, 2)
-    x = np.arange(len(runs))
-    ax1.bar(x, [r["summary"]["throughput_rps"] for r in runs], color="#4c72b0")
-    best = result["offline"]["best_img_s"]
-    ax1.axhline(best, color="k", ls="--", lw=1, label=f"offline best {best:.0f} img/s")
-    ax1.axhline(0.85 * best, color="#c44e52", ls=":", lw=1, label="85 % of it")
-    ax1.set_xticks(x, labels, fontsize=8)
-    ax1.set_ylabel("images/s")
-    ax1.set_title(f"throughput, {runs[0]['clients']} clients", fontsize=10)
-    ax1.legend(fontsize=8, loc="lower right")
-    w = 0.27
-    for i, (q, c) in enumerate((("p50_ms", "#55a868"), ("p95_ms", "#dd8452"), ("p99_ms", "#c44e52"))):
-        ax2.bar(x + (i - 1) * w, [r["summary"][q] or 0 for r in runs], w, label=q[:-3], color=c)
-    ax2.set_xticks(x, labels, fontsize=8)
-    ax2.set_ylabel("latency (ms)")
-    ax2.set_title("latency per request", fontsize=10)
-    ax2.legend(fontsize=8)
-    fig.suptitle(
-        f"serve-models load test: {result['model']} on {result['environment']['cpu'].get('model', 'CPU')}, "
-        f"{result['environment']['cpu'].get('logical_cores', '?')} cores",
-        fontsize=10,
-    )
-    fig.tight_layout()
-    fig.savefig(path)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -595,19 +305,6 @@ def _kill_tests(args: argparse.Namespace, cfg: ServeConfig, selection: Selection
         kills.append(kill_test(url, body, args.clients, args.kill_duration, 2, args.timeout))
         serve.delete(DEPLOYMENT)  # the next run starts from two fresh replicas
     return kills
-
-
-def _write(result: dict[str, Any], out: Path) -> None:
-    """``results.json``, ``results.md`` and (with runs) ``loadtest.png`` into ``out``; the table printed."""
-    atomic_write_text(out / "results.json", json.dumps(result, indent=2) + "\n")
-    table = _table(result)
-    atomic_write_text(out / "results.md", table)
-    written = [out / "results.json", out / "results.md"]
-    if result["runs"]:
-        _plot(result, out / "loadtest.png")
-        written.append(out / "loadtest.png")
-    print(table)
-    print("wrote " + ", ".join(map(str, written)))
 
 
 @entry_point

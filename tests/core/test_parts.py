@@ -34,13 +34,6 @@ SIZED_FOLDERS: tuple[str, ...] = (
     "research",
     "evaluation",
 )
-#: Functions still over :data:`MAX_LINES`, as ``file:function``, each to be split: the list may only shrink (an
-#: entry that fits now fails the test until it is removed).
-PENDING: frozenset[str] = frozenset(
-    {
-        "training/train.py:train",
-    }
-)
 #: Format rules that name a precision: file -> count. Only ever lower an entry.
 ALLOWED: dict[str, int] = {
     "export/quantize/options.py": 2,  # a dynamic-int8 format (ExecuTorch) quantizes int8 itself and nothing else
@@ -120,10 +113,8 @@ def test_the_size_rule_reads_every_folder():
 
 def test_no_function_is_over_the_limit():
     found = {f"{rel}:{name}": n for rel, src in _sized_sources().items() for name, n in long_functions(src)}
-    long = [f"{where} ({n} lines)" for where, n in sorted(found.items()) if where not in PENDING]
+    long = [f"{where} ({n} lines)" for where, n in sorted(found.items())]
     assert not long, f"split these into parts of at most {MAX_LINES} lines:\n" + "\n".join(long)
-    fit = sorted(PENDING - set(found))
-    assert not fit, "these fit now: remove them from PENDING:\n" + "\n".join(fit)
 
 
 def test_export_asks_the_precision_instead_of_naming_it():

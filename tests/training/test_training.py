@@ -228,11 +228,11 @@ def test_a_deep_or_huge_resume_state_is_refused_naming_the_file(tmp_path, stoppe
     over the size bound: refused from its size, before it is parsed."""
     import importlib
 
-    train_mod = importlib.import_module("attnzoo.training.train")  # the package's ``train`` is the function
+    state_mod = importlib.import_module("attnzoo.training._state")
     js = tmp_path / "belief2_cls_shapes.state.json"
     message = _resume(tmp_path, stopped_run, lambda text: "[" * 100_000 + "]" * 100_000)
     assert message == f"cannot resume: {js}: not readable JSON (JSON nested too deep)"
-    monkeypatch.setattr(train_mod, "MAX_STATE_JSON_BYTES", 100)
+    monkeypatch.setattr(state_mod, "MAX_STATE_JSON_BYTES", 100)
     message = _resume(tmp_path, stopped_run, lambda text: text)
     assert message == f"cannot resume: {js}: not readable JSON (over the 100 bytes such a file can be)"
 

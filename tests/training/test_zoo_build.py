@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from attnzoo.fileio import sha256_file
-from attnzoo.training import zoo
+from attnzoo.training import _zoo_tables, zoo
 
 
 def _fake_job(args):
@@ -194,7 +194,7 @@ def test_progress_writes_the_retrain_table_between_its_markers_and_refuses_a_cha
     (tmp_path / "README.md").write_text("# The retrain\n\nprose kept\n")
     evaluated = []
     monkeypatch.setattr(
-        zoo,
+        _zoo_tables,  # where progress reads it
         "evaluate_checkpoint",
         lambda path: evaluated.append(Path(path).name) or {"named": {"scenes": 4, "scenes_right": 3}},
     )
