@@ -38,7 +38,6 @@ from attnzoo.limits import MAX_UPLOAD_BYTES
 from attnzoo.preprocess import INPUT_STYLES, UnreadableImageError, busy_background, fit_size, image_size, load_image
 from attnzoo.serve import examples as ex
 from attnzoo.serve.admission import SizeGate, default_budget
-from attnzoo.serve.loading import ServedModel
 from attnzoo.serve.predict import (
     background_classes,
     class_iou,
@@ -51,6 +50,7 @@ from attnzoo.serve.predict import (
     segment,
     topk_chart,
 )
+from attnzoo.serve.served import ServedModel
 from attnzoo.zoo.names import packaged_card
 
 __all__ = [

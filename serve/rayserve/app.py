@@ -66,9 +66,11 @@ from attnzoo.serve.admission import (
     DECODE_MEMORY_SHARE,
     RETURN_MEMORY_BYTES,
 )
-from attnzoo.serve.loading import MAX_TENSOR_BATCH, NPY_HEADER_ROOM, load_models, recording_skips, tensor_batch_limit
+from attnzoo.serve.folders import recording_skips
+from attnzoo.serve.loading import load_models
 from attnzoo.serve.rayserve.config import DEPLOYMENT
 from attnzoo.serve.rayserve.environment import BODY_TIMEOUT_S
+from attnzoo.serve.served import MAX_TENSOR_BATCH, NPY_HEADER_ROOM, tensor_batch_limit
 
 __all__ = [
     "ModelServer",

@@ -859,8 +859,9 @@ def test_tensor_batches_fit_the_ingress_buffer_and_the_demo_splits_larger_ones()
     """A tensor-route body never outgrows what HAProxy holds whole (so it never streams into a replica slot): 17
     images of 224 px at most, 64 of the zoo's 28 px, 1 of 2048 px; the demo's remote runner sends a larger batch
     in requests of that many."""
-    from attnzoo.serve.loading import MAX_TENSOR_BODY, _remote_runner, tensor_batch_limit
     from attnzoo.serve.rayserve.environment import INGRESS_BUFFER_BYTES
+    from attnzoo.serve.remote import _remote_runner
+    from attnzoo.serve.served import MAX_TENSOR_BODY, tensor_batch_limit
 
     assert (tensor_batch_limit((224, 224)), tensor_batch_limit((28, 28)), tensor_batch_limit((2048, 2048))) == (
         17,
