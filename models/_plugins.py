@@ -12,7 +12,6 @@ from __future__ import annotations
 import sys
 import threading
 import warnings
-from collections.abc import MutableMapping
 from importlib import metadata
 from typing import Any
 
@@ -79,7 +78,7 @@ class PluginLoader:
             is kept.
     """
 
-    def __init__(self, order: list[str], variants: MutableMapping[str, Any], aliases: dict[str, str]) -> None:
+    def __init__(self, order: list[str], variants: dict[str, Any], aliases: dict[str, str]) -> None:
         self.order, self.variants, self.aliases = order, variants, aliases
         self.loaded, self.loading = False, False
         self.lock = threading.RLock()
@@ -101,15 +100,15 @@ class PluginLoader:
     # ------------------------------------------------------------------------------ the sandbox
     def _snapshot(self) -> Snapshot:
         """The whole registry (order, entries, aliases), to put back when a plugin is skipped."""
-        return list(self.order), dict(dict.items(self.variants)), dict(self.aliases)  # type: ignore[arg-type]
+        return list(self.order), dict(dict.items(self.variants)), dict(self.aliases)
 
     def _restore(self, snapshot: Snapshot) -> None:
         """Undo a skipped plugin: the registry as it was before it ran."""
         order, variants, aliases = snapshot
         with self.register_lock:
             self.order[:] = order
-            dict.clear(self.variants)  # type: ignore[arg-type]
-            dict.update(self.variants, variants)  # type: ignore[arg-type]
+            dict.clear(self.variants)
+            dict.update(self.variants, variants)
             self.aliases.clear()
             self.aliases.update(aliases)
 
@@ -117,7 +116,7 @@ class PluginLoader:
         """Built-in names (and aliases) whose entry or place a plugin changed or removed."""
         order, variants, aliases = snapshot
         builtin = [n for n in order if variants[n].builtin]
-        changed = [n for n, s in variants.items() if s.builtin and dict.get(self.variants, n) is not s]  # type: ignore[arg-type]
+        changed = [n for n, s in variants.items() if s.builtin and dict.get(self.variants, n) is not s]
         changed += [a for a, n in aliases.items() if variants[n].builtin and self.aliases.get(a) != n]
         if [n for n in self.order if n in builtin] != builtin:
             changed += [n for n in builtin if n not in self.order] or ["(their order)"]

@@ -5,7 +5,6 @@ timm name."""
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -18,7 +17,7 @@ from attnzoo.export.zoo_cache import export_zoo, export_zoo_in_child, zoo_onnx_n
 from attnzoo.lazy import lazy_import
 from attnzoo.runtime.backends import LoadOptions, get_backend, reference_backend
 from attnzoo.runtime.choice import choose_cpu_backend
-from attnzoo.serve.folders import load_onnx_dir
+from attnzoo.serve.folders import _warn, load_onnx_dir
 from attnzoo.serve.served import AUTO, ServedModel, _from_config, _warmed_up
 from attnzoo.zoo import DEFAULT_DATA
 from attnzoo.zoo.names import entry_name
@@ -27,10 +26,6 @@ from attnzoo.zoo.names import entry_name
 checkpoint = lazy_import("attnzoo.models.checkpoint")
 
 __all__ = ["load_zoo_torch", "load_zoo_onnx"]
-
-
-def _warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr)
 
 
 def load_zoo_torch(data: str = DEFAULT_DATA) -> list[ServedModel]:
