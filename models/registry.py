@@ -8,27 +8,26 @@ a command that never asks for a variant, ``--help`` included, runs no plugin cod
 ``BUILTIN_VARIANTS`` and ``VARIANTS`` are live views of the registry; other
 modules ask a variant's :class:`VariantSpec` (paper, extra-math scopes, pairwise scores, cost family, zoo
 options, extra weights) instead of keeping lists of names.
+
+This module keeps registration and lookup; running the plugins, each in a sandbox, is :mod:`._plugins`', and the
+probe every registered class passes (timm's keywords, the output's shape, the extra scopes) is :mod:`._probe`'s.
 """
 
 from __future__ import annotations
 
 import re
-import sys
-import threading
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from importlib import metadata
 from typing import Any, overload
 
 import torch
-from timm.layers import Attention
 from torch import nn
 
-from attnzoo import limits
 from attnzoo.errors import first_line, quoted
-from attnzoo.modelconfig import BUILTIN_VARIANT_ALIASES, BUILTIN_VARIANT_NAMES, VARIANT_ENTRY_POINTS
-from attnzoo.signals import Interrupted, Terminated
+from attnzoo.modelconfig import BUILTIN_VARIANT_ALIASES, BUILTIN_VARIANT_NAMES
+
+from ._plugins import BUILTIN_PACKAGE, ENTRY_POINT_GROUP, PluginLoader, PluginWarning
+from ._probe import TIMM_ATTN_KWARGS, bound_class, probe
 
 __all__ = [
     "Paper",
@@ -51,27 +50,7 @@ __all__ = [
     "TIMM_ATTN_KWARGS",
 ]
 
-#: The distribution the built-in variants come from.
-BUILTIN_PACKAGE = "attnzoo"
-#: Entry-point group of third-party variant packages: each entry point is a zero-argument callable that calls
-#: :func:`register_variant`.
-ENTRY_POINT_GROUP = VARIANT_ENTRY_POINTS
-#: The keywords timm's ``Block`` passes to its ``attn_layer`` (timm >= 1.0.23), used to probe a new class.
-TIMM_ATTN_KWARGS: dict[str, Any] = dict(
-    qkv_bias=True,
-    qk_norm=False,
-    scale_norm=False,
-    proj_bias=True,
-    attn_drop=0.0,
-    proj_drop=0.0,
-    norm_layer=nn.LayerNorm,
-)
-_PROBE_DIM, _PROBE_HEADS, _PROBE_SHAPE = 32, 2, (2, 5, 32)
 _NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]*")
-
-
-class PluginWarning(UserWarning):
-    """A variant plugin failed to load or was refused (its other variants and other plugins still load)."""
 
 
 @dataclass(frozen=True)
@@ -114,7 +93,8 @@ class ModelBuild:
         """Parameters one attention layer of the variant has over ``standard``'s of the same width (both built
         on the meta device)."""
         with torch.device("meta"):
-            layer = _bound_class(VARIANTS[self.variant], self.attn_options)(
+            spec = VARIANTS[self.variant]
+            layer = bound_class(spec.name, spec.cls, self.attn_options)(
                 self.embed_dim, num_heads=self.num_heads, qkv_bias=True
             )
             base = VARIANTS["standard"].cls(self.embed_dim, num_heads=self.num_heads, qkv_bias=True)
@@ -237,58 +217,45 @@ ALIASES: dict[str, str] = {}
 
 class _Registry(dict):
     """``name (aliases included) -> spec``: a dict whose lookups first load the installed plugins
-    (:func:`_ensure_plugins`), so that importing the package runs no third-party code."""
+    (:meth:`~attnzoo.models._plugins.PluginLoader.ensure`), so that importing the package runs no third-party code."""
 
     def __getitem__(self, key: str) -> VariantSpec:
-        _ensure_plugins()
+        _PLUGINS.ensure()
         return super().__getitem__(key)
 
     def get(self, key: str, default: Any = None) -> Any:
-        _ensure_plugins()
+        _PLUGINS.ensure()
         return super().get(key, default)
 
     def __contains__(self, key: object) -> bool:
-        _ensure_plugins()
+        _PLUGINS.ensure()
         return super().__contains__(key)
 
     def __iter__(self) -> Iterator[str]:
-        _ensure_plugins()
+        _PLUGINS.ensure()
         return super().__iter__()
 
     def __len__(self) -> int:
-        _ensure_plugins()
+        _PLUGINS.ensure()
         return super().__len__()
 
     def keys(self):
-        _ensure_plugins()
+        _PLUGINS.ensure()
         return super().keys()
 
     def values(self):
-        _ensure_plugins()
+        _PLUGINS.ensure()
         return super().values()
 
     def items(self):
-        _ensure_plugins()
+        _PLUGINS.ensure()
         return super().items()
 
 
 #: name (aliases included) -> spec; kept up to date by :func:`register_variant`.
 VARIANTS: dict[str, VariantSpec] = _Registry()
-#: Whether :func:`load_plugins` has run (it runs once, at the first lookup), and whether it is running now.
-_PLUGINS_LOADED: list[bool] = [False]
-_PLUGINS_LOADING: list[bool] = [False]
-#: Held while plugins load: another thread's first lookup waits for them; the loading thread re-enters.
-_PLUGIN_LOCK = threading.RLock()
-#: (package, version) of the plugin whose entry point is running, while :func:`load_plugins` runs it.
-_LOADING: list[tuple[str, str]] = []
-#: Entry points whose module was mid-import when :func:`load_plugins` ran (:func:`_load_deferred`).
-_DEFERRED: list[Any] = []
-#: The threads running an entry point (:func:`_run_bounded`): their own lookups do not wait for the plugins.
-_RUNNERS: set[threading.Thread] = set()
-#: Those that did not return in time: their plugin was skipped, and nothing they register later is kept.
-_ABANDONED: set[threading.Thread] = set()
-#: Held while the registry changes, so that a skipped plugin's late registration cannot interleave with its undoing.
-_REGISTER_LOCK = threading.Lock()
+#: The installed plugins, run once at the first lookup over these tables, each sandboxed (:mod:`._plugins`).
+_PLUGINS = PluginLoader(_ORDER, VARIANTS, ALIASES)
 
 
 class _Names(Sequence):
@@ -301,9 +268,9 @@ class _Names(Sequence):
     def _names(self) -> tuple[str, ...]:
         if self._builtin:  # the built-ins need no plugin loaded
             return tuple(n for n in _ORDER if dict.__getitem__(VARIANTS, n).builtin)
-        _ensure_plugins()
-        if _DEFERRED:
-            _load_deferred()
+        _PLUGINS.ensure()
+        if _PLUGINS.deferred:
+            _PLUGINS.load_deferred()
         return tuple(_ORDER)
 
     @overload
@@ -403,82 +370,6 @@ def _check_model_options(
     return dict(model_options)
 
 
-def _probe(spec: VariantSpec) -> tuple[str, ...]:
-    """Build one layer of ``spec`` with timm's ``Block`` keywords, run it, and find its extra scopes.
-
-    Returns:
-        The layer's extra weights (:func:`_extra_weights`).
-
-    Raises:
-        ValueError: one line naming the variant and what is wrong.
-    """
-    cls_name = spec.cls.__name__
-    try:
-        layer = _bound_class(spec, dict(spec.options))(_PROBE_DIM, num_heads=_PROBE_HEADS, **TIMM_ATTN_KWARGS)
-    except TypeError as exc:
-        raise ValueError(
-            f"variant {spec.name!r}: {cls_name} does not take timm's Attention constructor keywords "
-            f"(dim, num_heads, {', '.join(TIMM_ATTN_KWARGS)}) plus its options: {first_line(exc, typed=True)}"
-        ) from None
-    except Exception as exc:
-        raise ValueError(
-            f"variant {spec.name!r}: {cls_name}(dim={_PROBE_DIM}, num_heads={_PROBE_HEADS}, ...) "
-            f"failed: {first_line(exc, typed=True)}"
-        ) from None
-    called: dict[str, int] = {}
-    hooks = []
-    for scope in spec.extra_scopes:
-        try:
-            module = layer.get_submodule(scope)
-        except AttributeError:
-            subs = [n for n, _ in layer.named_modules() if n]
-            if scope in subs:
-                raise ValueError(
-                    f"variant {spec.name!r}: extra scope {scope!r} has the name of an nn.Module "
-                    "attribute, which hides the sub-module; rename it"
-                ) from None
-            listed = ", ".join(subs) or "none"
-            raise ValueError(
-                f"variant {spec.name!r}: extra scope {scope!r} is not a sub-module of {cls_name} "
-                f"(its sub-modules: {listed})"
-            ) from None
-        hooks.append(module.register_forward_hook(lambda *_, s=scope: called.__setitem__(s, called.get(s, 0) + 1)))
-    x = torch.randn(*_PROBE_SHAPE, generator=torch.Generator().manual_seed(0))
-    try:
-        with torch.no_grad():
-            out = layer.eval()(x, attn_mask=None)
-    except Exception as exc:
-        raise ValueError(
-            f"variant {spec.name!r}: {cls_name}.forward(x, attn_mask=None) failed on tokens of shape "
-            f"{tuple(x.shape)}: {first_line(exc, typed=True)}"
-        ) from None
-    finally:
-        for hook in hooks:
-            hook.remove()
-    if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(x.shape):
-        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ValueError(
-            f"variant {spec.name!r}: {cls_name}.forward returns {got}, expected the input's shape "
-            f"{tuple(x.shape)} (batch, tokens, dim)"
-        )
-    unused = [s for s in spec.extra_scopes if not called.get(s)]
-    if unused:
-        raise ValueError(
-            f"variant {spec.name!r}: extra scope(s) {', '.join(unused)} never run in "
-            f"{cls_name}.forward, so they would produce no ops in the graph"
-        )
-    return _extra_weights(layer)
-
-
-def _extra_weights(layer: nn.Module) -> tuple[str, ...]:
-    """Parameters of ``layer`` that timm's ``Attention`` of the probe's width lacks, as module names
-    (``proj_s.weight`` and ``proj_s.bias`` give ``proj_s``)."""
-    with torch.device("meta"):
-        base = {n for n, _ in Attention(_PROBE_DIM, num_heads=_PROBE_HEADS, **TIMM_ATTN_KWARGS).named_parameters()}
-    names = [re.sub(r"\.(weight|bias)$", "", n) for n, _ in layer.named_parameters() if n not in base]
-    return tuple(dict.fromkeys(names))
-
-
 def register_variant(
     name: str,
     attn_layer: type[nn.Module],
@@ -534,7 +425,7 @@ def register_variant(
         )
     if not isinstance(paper, Paper) and (not isinstance(paper, str) or not paper.strip()):
         raise ValueError(f"variant {name!r}: paper must name the source paper (title and link)")
-    package, version = _LOADING[-1] if _LOADING else _package_of(attn_layer)
+    package, version = _PLUGINS.source(attn_layer)
     aliases = (aliases,) if isinstance(aliases, str) else tuple(aliases)
     for new in (name, *aliases):
         if not isinstance(new, str) or not _NAME_RE.fullmatch(new):
@@ -566,9 +457,9 @@ def register_variant(
         cost_family or name,
         dict(zoo_options or {}),
     )
-    spec = replace(spec, extra_weights=_probe(spec))
-    with _REGISTER_LOCK:
-        if threading.current_thread() in _ABANDONED:
+    spec = replace(spec, extra_weights=probe(name, spec.cls, spec.options, spec.extra_scopes))
+    with _PLUGINS.register_lock:
+        if _PLUGINS.refused():
             raise ValueError(f"variant {name!r}: its plugin was skipped (its entry point did not return in time)")
         VARIANTS[name] = spec
         VARIANTS.update({alias: spec for alias in aliases})
@@ -591,136 +482,6 @@ def _check_listed(name: str, aliases: tuple[str, ...]) -> None:
         )
 
 
-def _package_of(attn_layer: type) -> tuple[str, str]:
-    """``(distribution, version)`` of the installed package that defines ``attn_layer`` (registered outside an
-    entry point); a module that no installed distribution provides (a script, a notebook: ``__main__``) gives
-    ``(module, "")``, and such a variant's checkpoints record no plugin to install."""
-    top = attn_layer.__module__.split(".")[0]
-    if top == BUILTIN_PACKAGE:
-        return BUILTIN_PACKAGE, ""
-    for dist in metadata.packages_distributions().get(top, []):
-        try:
-            return dist, metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return top, ""
-
-
-def _importing(module: str) -> bool:
-    """Whether ``module`` is being imported right now (it imported ``attnzoo.models``, which loads plugins)."""
-    spec = getattr(sys.modules.get(module), "__spec__", None)
-    return bool(getattr(spec, "_initializing", False))
-
-
-def _snapshot() -> tuple[list[str], dict[str, VariantSpec], dict[str, str]]:
-    """The whole registry (order, entries, aliases), to put back when a plugin is skipped."""
-    return list(_ORDER), dict(dict.items(VARIANTS)), dict(ALIASES)
-
-
-def _restore(snapshot: tuple[list[str], dict[str, VariantSpec], dict[str, str]]) -> None:
-    """Undo a skipped plugin: the registry as it was before it ran."""
-    order, variants, aliases = snapshot
-    with _REGISTER_LOCK:
-        _ORDER[:] = order
-        dict.clear(VARIANTS)
-        dict.update(VARIANTS, variants)
-        ALIASES.clear()
-        ALIASES.update(aliases)
-
-
-def _changed_builtins(snapshot: tuple[list[str], dict[str, VariantSpec], dict[str, str]]) -> list[str]:
-    """Built-in names (and aliases) whose entry or place a plugin changed or removed."""
-    order, variants, aliases = snapshot
-    builtin = [n for n in order if variants[n].builtin]
-    changed = [n for n, s in variants.items() if s.builtin and dict.get(VARIANTS, n) is not s]
-    changed += [a for a, n in aliases.items() if variants[n].builtin and ALIASES.get(a) != n]
-    if [n for n in _ORDER if n in builtin] != builtin:
-        changed += [n for n in builtin if n not in _ORDER] or ["(their order)"]
-    return list(dict.fromkeys(changed))
-
-
-def _run_bounded(ep: Any) -> None:
-    """``ep.load()()`` in a thread of its own, waited for at most :data:`attnzoo.limits.PLUGIN_REGISTER_TIMEOUT_S`;
-    what it raised is raised here. One that is still running then is left to run (a daemon thread: it never holds
-    the process at exit), and a ``ValueError`` says so; anything it registers afterwards is refused."""
-    raised: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            ep.load()()
-        except BaseException as exc:  # handed to the loading thread, which judges it
-            raised.append(exc)
-
-    worker = threading.Thread(target=run, name=f"attnzoo-plugin-{ep.name}", daemon=True)
-    _RUNNERS.add(worker)
-    worker.start()
-    try:
-        worker.join(limits.PLUGIN_REGISTER_TIMEOUT_S)  # Ctrl-C and SIGTERM still reach this thread while it waits
-    finally:
-        with _REGISTER_LOCK:
-            if worker.is_alive():
-                _ABANDONED.add(worker)
-            else:
-                _RUNNERS.discard(worker)
-    if worker in _ABANDONED:
-        raise ValueError(
-            f"its entry point did not return within {limits.PLUGIN_REGISTER_TIMEOUT_S:g} s "
-            "(PLUGIN_REGISTER_TIMEOUT_S in attnzoo/limits.py)"
-        )
-    if raised:
-        raise raised[0]
-
-
-def _run_entry_point(ep: Any) -> list[str]:
-    """Run one entry point; return the names it registered (none, and one :class:`PluginWarning`, on failure).
-
-    Guarded: anything the plugin raises, ``SystemExit`` included, skips it with one warning naming it (only
-    Ctrl-C and the command's own termination signals pass through); so does a plugin that replaced or removed a
-    built-in's entry (the entry is put back), and one whose import and ``register()`` take longer than
-    :data:`attnzoo.limits.PLUGIN_REGISTER_TIMEOUT_S` (:func:`_run_bounded`)."""
-    dist = getattr(ep, "dist", None)
-    package = dist.metadata["Name"] if dist is not None else ep.value.split(":")[0].split(".")[0]
-    version = dist.version if dist is not None else ""
-    before, start = _snapshot(), len(_ORDER)
-    _LOADING.append((package, version))
-    try:
-        _run_bounded(ep)
-        changed = _changed_builtins(before)
-        if changed:
-            raise ValueError(f"it changed the built-in variant entries {', '.join(map(repr, changed))}")
-    except (KeyboardInterrupt, Interrupted, Terminated):
-        _restore(before)
-        raise
-    except BaseException as exc:  # third-party code, SystemExit too: one warning, keep going
-        _restore(before)
-        if isinstance(exc, SystemExit):
-            reason = f"it called sys.exit({exc.code!r})"
-        else:
-            reason = str(exc) if isinstance(exc, ValueError) else first_line(exc, typed=True)
-        # one line on stderr: "attnzoo.variants:0: PluginWarning: ..." (no source line follows: no such file)
-        warnings.warn_explicit(
-            f"attnzoo variant plugin {ep.name!r} ({package} {version}) skipped: {reason}",
-            PluginWarning,
-            ENTRY_POINT_GROUP,
-            0,
-        )
-        return []
-    finally:
-        _LOADING.pop()
-    return _ORDER[start:]
-
-
-def _ensure_plugins() -> None:
-    """Run :func:`load_plugins` once, at the first lookup of a variant (not at import)."""
-    if _PLUGINS_LOADED[0] or _importing(__package__ or "attnzoo.models"):
-        return  # loaded; or the package itself is importing (the built-ins are not all registered yet)
-    if threading.current_thread() in _RUNNERS:
-        return  # a plugin's own lookups, in the thread that runs it: they must not wait for the plugins
-    with _PLUGIN_LOCK:
-        if not _PLUGINS_LOADED[0] and not _PLUGINS_LOADING[0]:  # a plugin's own lookups must not load again
-            load_plugins()
-
-
 def load_plugins() -> list[str]:
     """Run every entry point of the group ``attnzoo.variants``; return the names they registered.
 
@@ -731,33 +492,14 @@ def load_plugins() -> list[str]:
     attnzoo_cosine``) imports ``attnzoo.models`` before it has defined its entry point: that one runs once the
     module is imported, at the next name lookup (:func:`canonical_name`, ``VARIANT_NAMES``).
     """
-    added: list[str] = []
-    with _PLUGIN_LOCK:
-        _PLUGINS_LOADING[0] = True
-        try:
-            for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-                if _importing(ep.module):
-                    _DEFERRED.append(ep)
-                else:
-                    added += _run_entry_point(ep)
-        finally:
-            _PLUGINS_LOADING[0] = False
-            _PLUGINS_LOADED[0] = True
-    return added
-
-
-def _load_deferred() -> None:
-    """Run the entry points :func:`load_plugins` deferred whose modules have finished importing."""
-    for ep in [ep for ep in _DEFERRED if not _importing(ep.module)]:
-        _DEFERRED.remove(ep)
-        _run_entry_point(ep)
+    return _PLUGINS.load()
 
 
 def canonical_name(name: str) -> str:
     """Resolve case, ``_``/``-`` spelling and aliases; raise ``ValueError`` listing valid names."""
-    _ensure_plugins()
-    if _DEFERRED:
-        _load_deferred()
+    _PLUGINS.ensure()
+    if _PLUGINS.deferred:
+        _PLUGINS.load_deferred()
     key = str(name).strip().lower().replace("_", "-")
     key = ALIASES.get(key, key)
     if key not in _ORDER:
@@ -785,21 +527,6 @@ def split_options(name: str, **options: Any) -> tuple[VariantSpec, dict[str, Any
     return spec, attn, model
 
 
-def _bound_class(spec: VariantSpec, attn: Mapping[str, Any]) -> type[nn.Module]:
-    """A real subclass of ``spec.cls`` (timm checks ``issubclass``) with ``attn`` bound as constructor defaults."""
-    base = spec.cls
-
-    def __init__(self, *args, **kwargs):
-        base.__init__(self, *args, **{**attn, **kwargs})
-
-    cls_name = "".join(p.capitalize() for p in spec.name.split("-")) + "Attention"
-    return type(
-        cls_name,
-        (base,),
-        {"__init__": __init__, "__module__": base.__module__, "variant": spec.name, "variant_options": dict(attn)},
-    )
-
-
 def attention_class(name: str, **options: Any) -> type[nn.Module]:
     """A class usable as timm's ``attn_layer`` with the variant's options bound as constructor defaults.
 
@@ -810,7 +537,7 @@ def attention_class(name: str, **options: Any) -> type[nn.Module]:
     given_model = sorted(k for k in options if k in spec.model_options)
     if given_model:
         raise ValueError(f"{', '.join(given_model)} are model options of {spec.name!r}; pass them to create_model")
-    return _bound_class(spec, attn)
+    return bound_class(spec.name, spec.cls, attn)
 
 
 def create_attention(name: str, dim: int, num_heads: int = 8, **options: Any) -> nn.Module:

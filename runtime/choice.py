@@ -10,6 +10,10 @@ The precision is part of the question: an int8 Q/DQ graph and its fp32 original 
 differently (ONNX Runtime has int8 kernels for ModelOpt's Q/DQ graphs; OpenVINO gains little from them), so the
 probes must be files of the precision that will be served (``dtype`` names it in the reason; a probe of another
 precision is refused).
+
+:func:`choose_cpu_backend` is the one place the choice is made for a folder of served files (the demo's and
+serve-models' ``--backend auto``): it picks the probes (the first servable classifier and segmenter) and asks
+:func:`fastest_cpu_runtime`.
 """
 
 from __future__ import annotations
@@ -23,9 +27,13 @@ from typing import Any, cast
 
 import numpy as np
 
-from .contract import ModelContract
+from attnzoo.machine import cpu_info
 
-__all__ = ["Choice", "fastest_cpu_runtime"]
+from .backends import ONNX_REFERENCE, backends_reading, cpu_runtimes
+from .contract import ModelContract
+from .sessions import IR_SUFFIX, verification_problem
+
+__all__ = ["Choice", "fastest_cpu_runtime", "choose_cpu_backend"]
 
 #: ``factory(path) -> runner``: a backend's :class:`~attnzoo.runtime.backends.Session` (its ``run``; closed once its
 #: probe is timed), or a plain ``run(x: float32 (N, 3, H, W)) -> logits``.
@@ -143,3 +151,33 @@ def fastest_cpu_runtime(
         f"{total[best] * 1e3:.2f} vs {total[runner_up] * 1e3:.2f} ms on {files}, timed alternately"
     )
     return Choice(best, reason, medians, failed)
+
+
+def choose_cpu_backend(folder: Path, threads: int | None = None, dtype: str | None = None) -> tuple[str, str]:
+    """``auto``: the faster CPU runtime of the registry on this machine, timed on the first valid classifier and
+    segmenter of ``folder`` (only files of precision ``dtype`` when given, and only servable ones: a quantized
+    file must pass :func:`attnzoo.runtime.sessions.verification_problem`); returns ``(backend, one-line reason)``."""
+    installed = {
+        b.name: (lambda p, b=b: b.load(p, b.options(threads=threads, batch=1)))
+        for b in cpu_runtimes()
+        if b.unavailable_reason("fp32", "cpu") is None
+    }
+    if len(installed) < 2:
+        only = next(iter(installed), ONNX_REFERENCE)
+        return only, f"{only} (the only CPU runtime installed)"
+    probes: dict[str, tuple[Path, tuple[int, int]]] = {}
+    for path in sorted(Path(folder).glob("*.onnx")):
+        if not path.is_file():  # never open a FIFO or a device; the server's loader warns about them
+            continue
+        try:
+            contract = ModelContract.from_onnx(path)
+        except Exception:  # an invalid file is not a probe; the server's loader says why it is skipped
+            continue
+        if (dtype and contract.dtype != dtype) or verification_problem(path, contract.dtype):
+            continue
+        probes.setdefault(contract.task, (path, contract.input_size))
+    readers = backends_reading(IR_SUFFIX, installed)
+    if not probes and readers and any(p.is_file() for p in Path(folder).glob(f"*{IR_SUFFIX}")):
+        return readers[0], f"{readers[0]} (the folder holds OpenVINO IRs and no ONNX file)"
+    choice = fastest_cpu_runtime(installed, list(probes.values()), cpu=cpu_info()["model"], dtype=dtype or "")
+    return choice.runtime, choice.reason

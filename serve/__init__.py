@@ -19,8 +19,9 @@ os.environ["DO_NOT_TRACK"] = "1"
 os.environ.setdefault("GRADIO_SSR_MODE", "False")
 
 from attnzoo.lazy import lazy_import
-from attnzoo.serve.loading import ServedModel, load_models
+from attnzoo.serve.loading import load_models
 from attnzoo.serve.predict import classify, segment
+from attnzoo.serve.served import ServedModel
 
 _demo_app = lazy_import("attnzoo.serve.demo.app")  # gradio: imported by the first build_demo
 

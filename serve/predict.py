@@ -14,7 +14,7 @@ import numpy as np
 from PIL import Image
 
 from attnzoo.preprocess import ImageLike, load_image, preprocess, to_input_style
-from attnzoo.serve.loading import SLIDING_BATCH, ServedModel
+from attnzoo.serve.served import SLIDING_BATCH, ServedModel
 
 __all__ = [
     "classify",

@@ -22,7 +22,7 @@ of its target's folder that subclasses :class:`Backend` (its :meth:`Backend.open
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, cast
@@ -46,6 +46,7 @@ __all__ = [
     "backend_names",
     "backends",
     "cpu_runtimes",
+    "backends_reading",
     "DTYPES",
     "TORCH_DTYPES",
     "ONNX_REFERENCE",
@@ -409,6 +410,13 @@ def onnx_reference() -> OnnxReference:
 def cpu_runtimes() -> list[Backend]:
     """The backends that run an ONNX file on the CPU (the candidates of the measured CPU-runtime choice)."""
     return [b for b in backends() if b.takes == "onnx" and b.device == "cpu"]
+
+
+def backends_reading(suffix: str, among: Iterable[str] | None = None) -> list[str]:
+    """The names of the backends (of ``among``, else the registry) that load a model file ending in ``suffix``
+    (:attr:`Backend.suffixes`)."""
+    names = [b.name for b in backends()] if among is None else list(among)
+    return [name for name in names if suffix in get_backend(name).suffixes]
 
 
 def describe(dtype: str = "fp32", device: str = "cpu") -> list[dict[str, Any]]:

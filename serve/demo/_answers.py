@@ -15,7 +15,6 @@ from PIL import Image
 from attnzoo.errors import quoted
 from attnzoo.preprocess import INPUT_STYLES, busy_background, fit_size
 from attnzoo.serve import examples as ex
-from attnzoo.serve.loading import ServedModel
 from attnzoo.serve.predict import (
     background_classes,
     class_iou,
@@ -28,6 +27,7 @@ from attnzoo.serve.predict import (
     segment,
     topk_chart,
 )
+from attnzoo.serve.served import ServedModel
 
 #: Overlays are shown at the image's size, downscaled past this side.
 DISPLAY_MAX_SIDE = 2048

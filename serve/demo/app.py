@@ -56,10 +56,10 @@ from attnzoo.serve.demo._uploads import (
     private_upload_folder,
     upload_roots,
 )
-from attnzoo.serve.loading import ServedModel
 from attnzoo.serve.predict import (
     overlay,
 )
+from attnzoo.serve.served import ServedModel
 from attnzoo.zoo.names import packaged_card
 
 __all__ = [

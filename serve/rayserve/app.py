@@ -23,24 +23,22 @@ pixel of its header's size before a pixel is decoded; one that finds no room wit
 (``Retry-After``), one larger than the whole budget 413. A ``/logits`` batch reserves its bytes the same way. A
 large request hands the memory it freed back to the system before its reservation ends
 (:data:`RETURN_MEMORY_BYTES`).
+
+The parts: the replica's models (:mod:`attnzoo.serve.rayserve.replica_models`), its decode budget
+(:mod:`attnzoo.serve.rayserve.budget`) and what goes in and out over HTTP (:mod:`attnzoo.serve.rayserve.http_io`);
+this module holds the routes, the batch queue and the deployment.
 """
 
 # no "from __future__ import annotations": FastAPI reads the route signatures of the class-based view
 
 import asyncio
-import base64
-import collections
 import contextlib
 import dataclasses
 import io
-import json
 import os
-import sys
-import threading
 import time
-import traceback
 from collections import Counter
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -49,16 +47,12 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from PIL import Image
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.formparsers import MultiPartException, MultiPartParser
-from starlette.requests import ClientDisconnect
 
-from attnzoo.errors import first_line, quoted
-from attnzoo.fileio import sha256_file
-from attnzoo.limits import MAX_SIDE, MAX_UPLOAD_BYTES, available_memory, return_free_memory
-from attnzoo.preprocess import ImageTooLargeError, UnreadableImageError, image_size
+from attnzoo.errors import quoted
+from attnzoo.limits import MAX_SIDE
+from attnzoo.preprocess import image_size
 from attnzoo.serve import predict
 from attnzoo.serve.admission import (
     DECODE_BYTES_PER_PIXEL,
@@ -66,9 +60,24 @@ from attnzoo.serve.admission import (
     DECODE_MEMORY_SHARE,
     RETURN_MEMORY_BYTES,
 )
-from attnzoo.serve.loading import MAX_TENSOR_BATCH, NPY_HEADER_ROOM, load_models, recording_skips, tensor_batch_limit
+from attnzoo.serve.rayserve.budget import DECODE_WAIT_S, MemoryBudget, decode_budget, holding, replica_memory
 from attnzoo.serve.rayserve.config import DEPLOYMENT
 from attnzoo.serve.rayserve.environment import BODY_TIMEOUT_S
+from attnzoo.serve.rayserve.http_io import (
+    NPY_TYPE,
+    HTTPError,
+    _as_http_error,
+    _body,
+    _error,
+    _load_npy,
+    _npy_shape,
+    _size,
+    decode_mask,
+    mask_png,
+    read_image_upload,
+)
+from attnzoo.serve.rayserve.replica_models import ReplicaModels
+from attnzoo.serve.served import MAX_TENSOR_BATCH, NPY_HEADER_ROOM, tensor_batch_limit
 
 __all__ = [
     "ModelServer",
@@ -90,12 +99,6 @@ __all__ = [
     "BODY_TIMEOUT_S",
 ]
 
-#: Content type of the tensor route's body and answer.
-NPY_TYPE = "application/x-npy"
-#: Room for the multipart envelope (boundaries, part headers, form fields) on top of the file itself.
-_MULTIPART_SLACK = 64 * 1024
-#: Seconds a request waits for room in the decode budget before it gets 503 with ``Retry-After``.
-DECODE_WAIT_S = 10.0
 #: The settings ``GET /stats`` shows (not the file paths nor the pending models' files).
 _PUBLIC_SETTINGS = (
     "backend",
@@ -137,143 +140,9 @@ if os.environ.get("ATTNZOO_SERVE_LOOPBACK") == "1":
     _replica_grpc_on_loopback()
 
 
-class HTTPError(Exception):
-    """An answer other than 200: ``status`` and one line for ``{"error": ...}`` (and ``headers``, e.g.
-    ``Retry-After``)."""
-
-    def __init__(self, status: int, message: str, headers: Mapping[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = dict(headers or {})
-
-
-def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers=dict(headers or {}) or None)
-
-
 @api.exception_handler(HTTPError)
 async def _http_error(request: Request, exc: HTTPError) -> JSONResponse:
     return _error(exc.status, exc.message, exc.headers)
-
-
-def _size(n: float) -> str:
-    """Bytes for a message: ``612 KiB``, ``1.2 GiB``."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}" if n < 10 * scale else f"{n / scale:.0f} {unit}"
-    return f"{int(n)} bytes"
-
-
-def replica_memory() -> int | None:
-    """Bytes this process can still take: the machine's available memory, or less where a cgroup (v2 or v1) limits
-    this container's memory; None when neither is known."""
-    known = [m for m in (available_memory(), _cgroup_room()) if m is not None]
-    return min(known) if known else None
-
-
-def _cgroup_room() -> int | None:
-    for limit, usage in (
-        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
-    ):
-        try:
-            cap = Path(limit).read_text().strip()
-            if cap == "max" or int(cap) >= 2**60:  # no limit
-                return None
-            return max(0, int(cap) - int(Path(usage).read_text()))
-        except (OSError, ValueError):
-            continue
-    return None
-
-
-def decode_budget(settings: Mapping[str, Any], memory: int | None = None) -> int:
-    """Bytes the images one replica decodes at once may hold: ``decode_memory_mb`` when set, else
-    :data:`DECODE_MEMORY_SHARE` of the replica's memory, i.e. of what this machine had available when the replica
-    started (``memory``, default :func:`replica_memory`) split between the deployment's ``replicas`` (a local Ray
-    runs them all here; on a cluster this is on the safe side), and at most :data:`DECODE_MEMORY_CAP` (also where
-    the memory is unknown)."""
-    if settings.get("decode_memory_mb"):
-        return int(float(settings["decode_memory_mb"]) * 2**20)
-    memory = replica_memory() if memory is None else memory
-    if memory is None:
-        return DECODE_MEMORY_CAP
-    return min(DECODE_MEMORY_CAP, int(memory * DECODE_MEMORY_SHARE / max(1, int(settings.get("replicas", 1)))))
-
-
-class MemoryBudget:
-    """Bytes that concurrent work may hold at once, handed out first come, first served: a request that does not
-    fit waits, and so does every request after it, so a large image is not starved by a stream of small ones.
-    Used from the replica's event loop only."""
-
-    def __init__(self, total: int) -> None:
-        self.total = int(total)
-        self.used = 0
-        self.peak = 0
-        self.waited = 0
-        self.refused = 0
-        self._waiting: collections.deque[tuple[int, asyncio.Future]] = collections.deque()
-
-    def _take(self, n: int) -> None:
-        self.used += n
-        self.peak = max(self.peak, self.used)
-
-    def _grant(self) -> None:
-        while self._waiting:
-            n, fut = self._waiting[0]
-            if fut.done():  # given up
-                self._waiting.popleft()
-                continue
-            if self.used + n > self.total:
-                return
-            self._waiting.popleft()
-            self._take(n)
-            fut.set_result(None)
-
-    async def acquire(self, n: int, timeout: float) -> bool:
-        """Take ``n`` bytes, waiting up to ``timeout`` s for them (in arrival order); False when they were not
-        free in time. ``n`` over :attr:`total` never fits: check that first."""
-        if not self._waiting and self.used + n <= self.total:
-            self._take(n)
-            return True
-        self.waited += 1
-        entry = (n, asyncio.get_running_loop().create_future())
-        self._waiting.append(entry)
-        try:
-            await asyncio.wait_for(asyncio.shield(entry[1]), timeout)
-            return True
-        except asyncio.TimeoutError:
-            if entry[1].done():  # granted just as the wait ended
-                return True
-            self.refused += 1
-            self._give_up(entry)
-            return False
-        except BaseException:  # the request was cancelled (its client went away) while it waited
-            if entry[1].done() and not entry[1].cancelled():
-                self.release(n)
-            else:
-                self._give_up(entry)
-            raise
-
-    def _give_up(self, entry: tuple[int, "asyncio.Future"]) -> None:
-        entry[1].cancel()
-        with contextlib.suppress(ValueError):
-            self._waiting.remove(entry)
-        self._grant()  # the requests behind it may fit
-
-    def release(self, n: int) -> None:
-        """Give back ``n`` bytes taken by :meth:`acquire`."""
-        self.used -= n
-        self._grant()
-
-    def as_dict(self) -> dict[str, int]:
-        return {
-            "bytes": self.total,
-            "in_use": self.used,
-            "peak": self.peak,
-            "waited": self.waited,
-            "refused": self.refused,
-        }
 
 
 @api.exception_handler(StarletteHTTPException)
@@ -289,126 +158,6 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     first = exc.errors()[0] if exc.errors() else {}
     where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("query", "path"))
     return _error(400, f"{where or 'request'}: {first.get('msg', 'invalid value')}")
-
-
-def _as_http_error(exc: BaseException) -> HTTPError:
-    """The answer for an exception raised while handling a request (a traceback only goes to the log)."""
-    if isinstance(exc, HTTPError):
-        return exc
-    if isinstance(exc, ClientDisconnect):  # nobody reads the answer; counted apart from the server's faults
-        return HTTPError(499, "the client closed the connection before its request arrived")
-    if isinstance(exc, ImageTooLargeError):
-        return HTTPError(413, first_line(exc))
-    if isinstance(exc, UnreadableImageError):
-        return HTTPError(
-            400,
-            "cannot read the image: not an image file, or a damaged one (PNG, JPEG, WebP, BMP, GIF, TIFF ... are read)",
-        )
-    if isinstance(exc, ValueError):  # the demo's own messages for bad input (e.g. non-finite outputs)
-        return HTTPError(400, first_line(exc))
-    traceback.print_exception(exc, file=sys.stderr)
-    return HTTPError(500, f"internal error ({type(exc).__name__}); see the server log")
-
-
-def _upload_too_large(size: int | None, limit: int, head: bytes) -> str:
-    said = f"{_size(size)}, " if size is not None else ""
-    return f"the request is {said}over the {_size(limit)} upload limit"
-
-
-async def _body(request: Request, limit: int, too_large=_upload_too_large, peek: int = 0) -> bytes:
-    """The request body, refused with 413 as soon as it passes ``limit``; a Content-Length over it is refused
-    before anything is read, or once ``peek`` bytes are (what ``too_large(declared size or None, limit, the first
-    bytes)`` needs to say why in one line). 408 when it has not arrived within :data:`BODY_TIMEOUT_S`."""
-    declared = request.headers.get("content-length")
-    size = int(declared) if declared is not None and declared.isdigit() else None
-    over = size is not None and size > limit
-    body = bytearray()
-
-    async def read() -> None:
-        async for chunk in request.stream():
-            body.extend(chunk)
-            if len(body) > limit or (over and len(body) >= peek):
-                break
-
-    if not over or peek:
-        try:  # asyncio.wait_for, not asyncio.timeout: Python 3.10 has no asyncio.timeout
-            await asyncio.wait_for(read(), BODY_TIMEOUT_S)
-        except asyncio.TimeoutError:  # TimeoutError from 3.11 on, its own class on 3.10
-            raise HTTPError(
-                408,
-                f"the request body did not arrive within {BODY_TIMEOUT_S:g} s ({_size(len(body))} came); send it again",
-            ) from None
-    if over or len(body) > limit:
-        raise HTTPError(413, too_large(size, limit, bytes(body[: max(peek, 1)])))
-    return bytes(body)
-
-
-async def read_image_upload(request: Request) -> bytes:
-    """The uploaded file's bytes: the first file of a ``multipart/form-data`` body (field ``file``), or the
-    raw body otherwise; 413 over :data:`attnzoo.limits.MAX_UPLOAD_BYTES`, 400 when there is none."""
-    ctype = request.headers.get("content-type", "")
-    if not ctype.startswith("multipart/form-data"):
-        data = await _body(request, MAX_UPLOAD_BYTES)
-    else:
-        raw = await _body(request, MAX_UPLOAD_BYTES + _MULTIPART_SLACK)
-
-        async def one_chunk() -> AsyncGenerator[bytes, None]:
-            yield raw
-
-        try:
-            form = await MultiPartParser(request.headers, one_chunk(), max_files=1, max_fields=16).parse()
-        except MultiPartException as exc:
-            raise HTTPError(400, f"malformed multipart body: {exc.message}") from None
-        files = [v for v in form.values() if hasattr(v, "read")]
-        if not files:
-            raise HTTPError(
-                400, "no file in the multipart body; send the image as field 'file' (curl -F file=@image.png)"
-            )
-        data = await files[0].read()
-        if len(data) > MAX_UPLOAD_BYTES:
-            raise HTTPError(
-                413,
-                f"the file is {len(data) / 2**20:.1f} MiB, over the {MAX_UPLOAD_BYTES / 2**20:.0f} MiB upload limit",
-            )
-    if not data:
-        raise HTTPError(
-            400,
-            "no image: send it as multipart field 'file' (curl -F file=@image.png) or as the "
-            "request body (curl --data-binary @image.png)",
-        )
-    return data
-
-
-def mask_png(mask: np.ndarray) -> str:
-    """A class-id mask as a base64 PNG: 8-bit gray for up to 256 classes, else 16-bit (pixel value = class)."""
-    arr = mask.astype(np.uint8) if mask.max(initial=0) < 256 else mask.astype(np.uint16)
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, format="PNG")
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def decode_mask(text: str) -> np.ndarray:
-    """The inverse of :func:`mask_png` (for clients and tests)."""
-    return np.asarray(Image.open(io.BytesIO(base64.b64decode(text))))
-
-
-def _npy_shape(head: bytes) -> tuple[tuple[int, ...], str] | None:
-    """(shape, dtype) from the start of a ``.npy`` body, or None when it is not one."""
-    try:
-        f = io.BytesIO(head)
-        version = np.lib.format.read_magic(f)
-        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        shape, _, dtype = read(f)
-        return tuple(shape), str(dtype)
-    except Exception:  # not .npy, or a header cut short
-        return None
-
-
-def _load_npy(data: bytes) -> np.ndarray:
-    try:
-        return np.load(io.BytesIO(data), allow_pickle=False)
-    except Exception as exc:  # numpy raises ValueError, OSError, EOFError ... for a body that is not .npy
-        raise HTTPError(400, f"the body is not a .npy array ({type(exc).__name__}: {first_line(exc)})") from None
 
 
 class _Stats:
@@ -464,24 +213,11 @@ class ModelServer:
     """
 
     def __init__(self, folder: str, files: Mapping[str, str], settings: Mapping[str, Any]) -> None:
-        for name, digest in files.items():
-            if sha256_file(Path(folder) / name) != digest:
-                raise RuntimeError(f"{Path(folder) / name} is not the file the driver verified (sha256 differs)")
         self.settings = dict(settings)
-        self.folder = Path(folder)
-        #: Files this replica could not load: file name -> the reason (the driver prints them, see ``skipped``).
-        self.skipped: dict[str, str] = {}
-        models = self._load(sorted(files))
-        self.models = {(m.task, m.name): m for m in models}
-        self.order = [(m.task, m.name) for m in models]
+        #: The models, loaded and pending, and the files that did not load (:class:`ReplicaModels`).
+        self.store = ReplicaModels(folder, files, settings)
         #: The images being decoded (and ``/logits`` batches) share this many bytes (:func:`decode_budget`).
         self.decode = MemoryBudget(decode_budget(settings))
-        #: Zoo models still being exported by the driver: (task, name) -> file; loaded on first use once the
-        #: driver lists them in ``ready_file`` (``{file: sha256}``, written whole) with the sha256 to check.
-        self.pending = {(p["task"], p["name"]): p["file"] for p in settings.get("pending", ())}
-        self.ready_file = settings.get("ready_file")
-        self.failed: set = set()  # pending models whose file did not load (the reason is in ``skipped``)
-        self._load_lock = threading.Lock()
         # serve.batch makes _infer a batching wrapper with these setters; ray types it as the plain method.
         self._infer.set_max_batch_size(int(settings["max_batch_size"]))  # type: ignore[attr-defined]
         self._infer.set_batch_wait_timeout_s(float(settings["batch_wait_s"]))  # type: ignore[attr-defined]
@@ -512,7 +248,7 @@ class ModelServer:
         out: list[np.ndarray | None] = [None] * len(items)
         for (task, name, _), idx in groups.items():
             xs = [items[i][2] for i in idx]
-            logits = self.models[(task, name)].run(np.concatenate(xs) if len(xs) > 1 else xs[0])
+            logits = self.store.models[(task, name)].run(np.concatenate(xs) if len(xs) > 1 else xs[0])
             offset = 0
             for i, x in zip(idx, xs, strict=False):
                 out[i] = logits[offset : offset + len(x)]
@@ -532,78 +268,34 @@ class ModelServer:
 
         return dataclasses.replace(model, run=run)
 
-    # ----------------------------------------------------------------------------------------- loading
-    def _load(self, files: Sequence[str]) -> list:
-        """The models of ``files`` (the loader's sessions, warm-up and names); a file the loader skips is left out
-        with its reason in :attr:`skipped` (the replica's stderr goes to Ray's log, not to the user: the driver
-        prints these)."""
-        cache = self.settings.get("cache_dir")
-        with recording_skips() as skipped:
-            try:
-                models = load_models(
-                    self.folder,
-                    self.settings["backend"],
-                    threads=self.settings["threads"],
-                    cache_dir=Path(cache) if cache else None,
-                    only=list(files),
-                    dtype=self.settings.get("dtype"),
-                )
-            except Exception as exc:  # nothing servable (the loader's ValueError) or a loader fault
-                models, reason = [], first_line(exc)
-            else:
-                reason = "the loader served nothing from it"
-        loaded = {Path(m.source).name for m in models}
-        self.skipped.update({f: skipped.get(f, reason) for f in files if f not in loaded})
-        return models
-
+    # ------------------------------------------------------------------------------------------- models
     def skipped_files(self) -> dict[str, str]:
         """``{file: why}`` for the files this replica could not load (called by the driver through a handle)."""
-        return dict(self.skipped)
+        return dict(self.store.skipped)
 
-    # ----------------------------------------------------------------------------------------- helpers
     async def _model(self, task: str, name: str | None):
-        names = [n for t, n in [*self.order, *self.pending] if t == task]
+        store = self.store
+        names = store.names(task)
         if not names:
             kind = "classification" if task == "cls" else "segmentation"
             raise HTTPError(404, f"no {kind} models are served here")
         name = name or names[0]
         # loading (sha256, session, warm-up) runs off the event loop: other requests and health checks go on
-        if (task, name) in self.pending and not await self._in_thread(self._load_pending, task, name):
+        if (task, name) in store.pending and not await self._in_thread(store.load_pending, task, name):
             raise HTTPError(
                 503,
                 f"model {quoted(name)} is still being exported and verified; retry in a few seconds "
-                f"(ready now: {', '.join(n for t, n in self.order if t == task)})",
+                f"(ready now: {', '.join(n for t, n in store.order if t == task)})",
             )
-        if (task, name) not in self.models:
-            if (task, name) in self.failed:  # a pending one that did not load
+        if (task, name) not in store.models:
+            if (task, name) in store.failed:  # a pending one that did not load
                 raise HTTPError(
                     500, f"model {quoted(name)} could not be loaded on this replica; the server log says why"
                 )
             raise HTTPError(404, f"unknown {task} model {quoted(name)}; valid: {', '.join(names)}")
-        return self.models[(task, name)]
+        return store.models[(task, name)]
 
-    def _load_pending(self, task: str, name: str) -> bool:
-        """Load a pending zoo model if the driver has listed it as ready (its sha256 checked first)."""
-        with self._load_lock:
-            if (task, name) in self.models:
-                return True
-            try:
-                ready = json.loads(Path(self.ready_file).read_text()) if self.ready_file else {}
-            except (OSError, ValueError):
-                ready = {}
-            file = self.pending[(task, name)]
-            if file not in ready:
-                return False
-            if sha256_file(self.folder / file) != ready[file]:
-                raise RuntimeError(f"{self.folder / file} is not the file the driver verified (sha256 differs)")
-            for m in self._load([file]):
-                self.models[(m.task, m.name)] = m
-                self.order.append((m.task, m.name))
-            del self.pending[(task, name)]
-            if (task, name) not in self.models:
-                self.failed.add((task, name))
-            return True
-
+    # ----------------------------------------------------------------------------------------- helpers
     async def _answer(self, route: str, work) -> Any:
         """Run ``work()`` (a coroutine factory), count it, turn failures into one-line JSON errors."""
         self.stats.requests[route] += 1
@@ -619,34 +311,10 @@ class ModelServer:
     async def _in_thread(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.request_threads, fn, *args)
 
-    @contextlib.asynccontextmanager
-    async def _holding(self, need: int, what: str) -> AsyncIterator[None]:
-        """Hold ``need`` bytes of the decode budget for the body: 413 when they never fit, 503 with
-        ``Retry-After`` when they are not free within :data:`DECODE_WAIT_S`."""
-        budget = self.decode
-        if need > budget.total:
-            raise HTTPError(
-                413,
-                f"{what} takes about {_size(need)} of memory to decode, over this replica's decode "
-                f"budget of {_size(budget.total)} ({budget.total // DECODE_BYTES_PER_PIXEL / 1e6:.1f} "
-                "MP); send a smaller one",
-            )
-        if not await budget.acquire(need, DECODE_WAIT_S):
-            raise HTTPError(
-                503,
-                f"busy: the work in progress holds {_size(budget.used)} of this replica's "
-                f"{_size(budget.total)} decode budget and {what} ({_size(need)}) found no room "
-                f"within {DECODE_WAIT_S:g} s; retry",
-                headers={"Retry-After": "5"},
-            )
-        try:
-            yield
-        finally:
-            try:
-                if need >= RETURN_MEMORY_BYTES:
-                    await self._in_thread(return_free_memory)
-            finally:
-                budget.release(need)
+    def _holding(self, need: int, what: str) -> "contextlib.AbstractAsyncContextManager[None]":
+        """``need`` bytes of the decode budget held for a request's body (413 / 503 as
+        :func:`~attnzoo.serve.rayserve.budget.holding` says)."""
+        return holding(self.decode, need, what, self._in_thread)
 
     async def _decoding(self, data: bytes) -> "contextlib.AbstractAsyncContextManager[None]":
         """The decode budget held for an uploaded image, sized from its header (400 / 413 as for a bad image)."""
@@ -760,8 +428,8 @@ class ModelServer:
     async def list_models(self):
         """The served models with what a client needs to preprocess for them (the model contract)."""
         rows = []
-        for key in self.order:
-            m = self.models[key]
+        for key in self.store.order:
+            m = self.store.models[key]
             rows.append(
                 {
                     "name": m.name,
@@ -778,12 +446,12 @@ class ModelServer:
                     "file": Path(m.source).name,
                 }
             )
-        return {"models": rows, "pending": [{"task": t, "name": n} for t, n in self.pending]}
+        return {"models": rows, "pending": [{"task": t, "name": n} for t, n in self.store.pending]}
 
     @api.get("/health")
     async def health(self):
         """200 with the replica and its model count while the replica runs."""
-        return {"status": "ok", "replica": self.replica, "models": len(self.models)}
+        return {"status": "ok", "replica": self.replica, "models": len(self.store.models)}
 
     @api.get("/stats")
     async def replica_stats(self):

@@ -78,7 +78,7 @@ class ServeConfig:
             zoo's int8 copies, made and verified in the cache, or those of ``models``).
         decode_memory_mb: MiB of memory the images one replica decodes at once may hold (``None``: a quarter of
             what the replica has, at most room for two images at the pixel cap,
-            :func:`attnzoo.serve.rayserve.app.decode_budget`).
+            :func:`attnzoo.serve.rayserve.budget.decode_budget`).
     """
 
     host: str = "127.0.0.1"

@@ -2,7 +2,7 @@
 
 Model sources (the same ones as the demo):
 
-- the zoo (default): :func:`attnzoo.serve.loading.export_zoo` exports the chosen models once, verified, into
+- the zoo (default): :func:`attnzoo.export.zoo_cache.export_zoo` exports the chosen models once, verified, into
   the cache;
 - ``--models DIR``: ``export-model`` outputs (verified when they were written);
 - ``--arch tiny|small|base|...``: freshly initialised models exported the way ``export-model --random-init``
@@ -22,19 +22,12 @@ from pathlib import Path
 from tqdm import tqdm
 
 from attnzoo import zoo
+from attnzoo.export.zoo_cache import export_zoo_in_child, zoo_onnx_folder, zoo_onnx_name, zoo_rows
 from attnzoo.fileio import atomic_write_text, default_cache_dir, sha256_file
 from attnzoo.lazy import lazy_import
 from attnzoo.runtime.contract import ModelContract
 from attnzoo.runtime.sessions import serves, verification_problem
-from attnzoo.serve.loading import (
-    export_zoo_in_child,
-    model_files,
-    models_folder,
-    unread_reason,
-    zoo_onnx_folder,
-    zoo_onnx_name,
-    zoo_rows,
-)
+from attnzoo.serve.folders import model_files, models_folder, unread_reason
 from attnzoo.serve.rayserve.config import ServeConfig
 
 # imported on first use: the driver selects and checks files without timm and the exporter (only --arch needs them)
@@ -155,7 +148,7 @@ def _zoo_first(
 ) -> Selection:
     """The zoo models to serve at once: per task, the best wanted model the zoo ships as ONNX (verified and
     copied in seconds), else the first wanted one (exported now); the other wanted models are ``pending``.
-    ``dtype="int8"``: each model's verified int8 copy (:func:`attnzoo.serve.loading.export_zoo`: calibrated on
+    ``dtype="int8"``: each model's verified int8 copy (:func:`attnzoo.export.zoo_cache.export_zoo`: calibrated on
     its training images, scored on its test split next to fp32), made from the fp32 export."""
     rows = zoo_rows(data, variants, tasks)  # ValueError naming what the zoo has
     first = []
@@ -184,7 +177,7 @@ def _zoo_first(
 
 def _graph_dtype(dtype: str) -> str:
     """The precision of the files ``--dtype`` serves: bf16 runs the fp32 exports (each replica verifies them at
-    bf16 on their test split before serving, :func:`attnzoo.serve.loading.load_bf16_models`)."""
+    bf16 on their test split before serving, :func:`attnzoo.serve.bf16.load_bf16_models`)."""
     return "fp32" if dtype == "bf16" else dtype
 
 

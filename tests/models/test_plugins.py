@@ -114,7 +114,7 @@ def test_a_plugins_metadata_renders_as_text_in_the_variant_tables(registry_resto
     from attnzoo.models.__main__ import extra_weights_table, papers_table, variants_table
     from tests.report.test_report_escaping import HOSTILE, _check_page
 
-    monkeypatch.setattr(registry, "_LOADING", [(HOSTILE, HOSTILE)])  # as if an entry point of that package ran
+    monkeypatch.setattr(registry._PLUGINS, "running", [(HOSTILE, HOSTILE)])  # as if an entry point of that package ran
     register_variant(
         "tp-hostile", GainAttention, paper=HOSTILE, equations=HOSTILE, extra_params=HOSTILE, extra_scopes=["gain"]
     )
@@ -483,9 +483,9 @@ def test_plugin_that_exits_or_replaces_a_builtin_is_skipped(
 def test_plugins_load_at_the_first_lookup_not_at_import(registry_restored, only_fake_plugins, tmp_path, monkeypatch):
     _fake_dist(tmp_path, "tp-good", "1.2", "tp_good", _GOOD.replace("{name}", "tp-half"))
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(registry, "_PLUGINS_LOADED", [False])  # as right after ``import attnzoo.models``
-    assert len(BUILTIN_VARIANTS) == 15 and registry._PLUGINS_LOADED == [False]  # the built-ins need no plugin
-    assert "tp-half" in VARIANTS and canonical_name("tp-half") == "tp-half" and registry._PLUGINS_LOADED == [True]
+    monkeypatch.setattr(registry._PLUGINS, "loaded", False)  # as right after ``import attnzoo.models``
+    assert len(BUILTIN_VARIANTS) == 15 and registry._PLUGINS.loaded is False  # the built-ins need no plugin
+    assert "tp-half" in VARIANTS and canonical_name("tp-half") == "tp-half" and registry._PLUGINS.loaded is True
 
 
 def test_a_lookup_in_another_thread_waits_for_the_plugins(registry_restored, only_fake_plugins, tmp_path, monkeypatch):
@@ -504,7 +504,7 @@ def test_a_lookup_in_another_thread_waits_for_the_plugins(registry_restored, onl
         "import time\n" + _GOOD.replace("{name}", "tp-half").replace("def register():", wait),
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(registry, "_PLUGINS_LOADED", [False])
+    monkeypatch.setattr(registry._PLUGINS, "loaded", False)
     loader = threading.Thread(target=lambda: canonical_name("standard"))
     loader.start()
     deadline = time.monotonic() + 60

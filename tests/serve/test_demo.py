@@ -19,13 +19,15 @@ from PIL import Image
 
 import attnzoo.serve  # noqa: F401  (offline environment first)
 from attnzoo.data.fashion import FASHION_CLASSES, FASHION_SEG_CLASSES
+from attnzoo.export import zoo_cache
 from attnzoo.preprocess import fit_size, input_style_of
-from attnzoo.serve import examples, predict
+from attnzoo.serve import examples, predict, zoo_models
 from attnzoo.serve import loading as backends
 from attnzoo.serve.demo.app import DISPLAY_MAX_SIDE
 from attnzoo.serve.demo.cli import main as cli_main
 from attnzoo.serve.demo.screenshot import CHROMIUM
 from attnzoo.serve.loading import ServedModel, load_models
+from attnzoo.serve.served import SLIDING_BATCH
 from attnzoo.training.zoo import RECIPES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -509,7 +511,7 @@ def test_a_zoo_model_carries_its_timm_name_and_its_packaged_card():
             variant, variant, task, names, (28, 28), (0.5,) * 3, (0.5,) * 3, True, run=np.asarray, timm_name=timm_name
         )
 
-    scored = backends._with_scores([served("belief2", "cls"), served("belief", "seg")], backends.zoo_rows("fashion"))
+    scored = zoo_models._with_scores([served("belief2", "cls"), served("belief", "seg")], backends.zoo_rows("fashion"))
     assert [m.timm_name for m in scored] == [
         "vit_micro_conv_belief2.fashion_mnist",
         "segmenter_vit_micro_conv_belief.fashion_mnist",
@@ -639,7 +641,7 @@ def test_the_tensorrt_backend_serves_from_the_one_engine_cache(models_dir, tmp_p
         assert backends.load_onnx_dir(models_dir, "tensorrt", threads=1, cache_dir=tmp_path) == []
     assert sorted(name for name, _, _ in seen) == sorted(p.name for p in models_dir.glob("*.onnx"))
     assert all(
-        folder == tmp_path / "tensorrt" and kw == {"batch_sizes": (1, backends.SLIDING_BATCH), "tf32": False}
+        folder == tmp_path / "tensorrt" and kw == {"batch_sizes": (1, SLIDING_BATCH), "tf32": False}
         for _, folder, kw in seen
     )
     assert set(skipped) == {name for name, _, _ in seen} and all("stopped at the build" in r for r in skipped.values())
@@ -822,7 +824,7 @@ def test_ctrl_c_ends_the_background_export_child_without_a_traceback(tmp_path, m
             children[0].send_signal(signal.SIGINT)
 
     monkeypatch.setattr(subprocess, "Popen", popen)
-    code = backends.export_zoo_in_child("fashion", tmp_path, [("standard", "cls")] * 20, while_running=interrupt)
+    code = zoo_cache.export_zoo_in_child("fashion", tmp_path, [("standard", "cls")] * 20, while_running=interrupt)
     assert code == 130
     err = children[0].stderr.read()  # its progress bar's last state at most: no traceback, no KeyboardInterrupt
     assert b"Traceback" not in err and b"Interrupt" not in err and b"rror" not in err, err
@@ -843,7 +845,7 @@ def test_background_zoo_export_runs_at_the_lowest_priority(tmp_path):
             if c.is_running() and "resource_tracker" not in " ".join(c.cmdline())
         )
 
-    code = backends.export_zoo_in_child("fashion", tmp_path, [("standard", "cls")], while_running=children_nice)
+    code = zoo_cache.export_zoo_in_child("fashion", tmp_path, [("standard", "cls")], while_running=children_nice)
     assert code == 0 and seen and set(seen) == {19}
     assert list((tmp_path / "onnx").glob("*/standard_cls_fashion.onnx"))
 
@@ -852,7 +854,7 @@ def test_a_quiet_zoo_export_child_fails_with_its_one_line(tmp_path, capfd):
     """serve-models verifies its first zoo models in a child process: its failure is the child's one line, raised
     in the parent, and nothing of the child (a traceback, its bars) reaches the terminal."""
     with pytest.raises(ValueError, match=r"^the zoo has no models trained on 'nodata' \(it has: "):
-        backends.export_zoo_in_child("nodata", tmp_path, [("standard", "cls")], quiet=True)
+        zoo_cache.export_zoo_in_child("nodata", tmp_path, [("standard", "cls")], quiet=True)
     assert capfd.readouterr().err == ""
 
 

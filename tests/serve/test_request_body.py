@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from attnzoo.serve.rayserve import app
+from attnzoo.serve.rayserve import http_io
 
 
 class _Request:
@@ -31,12 +31,12 @@ def python(request, monkeypatch):
 
 
 def test_body_is_read_whole(python):
-    body = asyncio.run(app._body(_Request([b"ab", b"cd"]), limit=10))
+    body = asyncio.run(http_io._body(_Request([b"ab", b"cd"]), limit=10))
     assert body == b"abcd"
 
 
 def test_body_that_does_not_arrive_is_a_408(python, monkeypatch):
-    monkeypatch.setattr(app, "BODY_TIMEOUT_S", 0.05)
-    with pytest.raises(app.HTTPError) as err:
-        asyncio.run(app._body(_Request([b"ab", b"cd"], delay=1.0), limit=10))
+    monkeypatch.setattr(http_io, "BODY_TIMEOUT_S", 0.05)
+    with pytest.raises(http_io.HTTPError) as err:
+        asyncio.run(http_io._body(_Request([b"ab", b"cd"], delay=1.0), limit=10))
     assert err.value.status == 408 and "did not arrive within 0.05 s" in err.value.message

@@ -859,8 +859,9 @@ def test_tensor_batches_fit_the_ingress_buffer_and_the_demo_splits_larger_ones()
     """A tensor-route body never outgrows what HAProxy holds whole (so it never streams into a replica slot): 17
     images of 224 px at most, 64 of the zoo's 28 px, 1 of 2048 px; the demo's remote runner sends a larger batch
     in requests of that many."""
-    from attnzoo.serve.loading import MAX_TENSOR_BODY, _remote_runner, tensor_batch_limit
     from attnzoo.serve.rayserve.environment import INGRESS_BUFFER_BYTES
+    from attnzoo.serve.remote import _remote_runner
+    from attnzoo.serve.served import MAX_TENSOR_BODY, tensor_batch_limit
 
     assert (tensor_batch_limit((224, 224)), tensor_batch_limit((28, 28)), tensor_batch_limit((2048, 2048))) == (
         17,
@@ -962,7 +963,7 @@ def test_memory_budget_hands_out_bytes_in_arrival_order():
 def test_decode_budget_is_a_quarter_of_the_replica_memory_split_between_its_replicas_and_capped(monkeypatch):
     """On a shared machine one replica must not take half of what is free: a quarter, split between the replicas,
     and never more than room for two images at the pixel cap unless --decode-memory-mb says so."""
-    from attnzoo.serve.rayserve import app
+    from attnzoo.serve.rayserve import app, budget
 
     gib, cap = 2**30, 2 * limits.MAX_IMAGE_PIXELS * DECODE_BYTES_PER_PIXEL
     assert cap == app.DECODE_MEMORY_CAP == 3_200_000_000
@@ -970,9 +971,9 @@ def test_decode_budget_is_a_quarter_of_the_replica_memory_split_between_its_repl
     assert decode_budget({"replicas": 2}, memory=8 * gib) == gib
     assert decode_budget({"replicas": 1}, memory=64 * gib) == cap  # not 32 GiB of a big shared machine
     assert decode_budget({"replicas": 2, "decode_memory_mb": 8192}, memory=64 * gib) == 8 * gib  # asked for
-    monkeypatch.setattr(app, "replica_memory", lambda: None)  # unknown: room for two images at the pixel cap
+    monkeypatch.setattr(budget, "replica_memory", lambda: None)  # unknown: room for two images at the pixel cap
     assert decode_budget({"replicas": 1}) == cap
-    monkeypatch.setattr(app, "replica_memory", lambda: 12 * gib)
+    monkeypatch.setattr(budget, "replica_memory", lambda: 12 * gib)
     assert decode_budget({"replicas": 3}) == gib
 
 
