@@ -376,12 +376,12 @@ def _layers(monkeypatch, change) -> None:
 
 def _stop_before_the_build(monkeypatch) -> None:
     """The engine build replaced by a refusal: reached only once the network check passed."""
-    from attnzoo.targets import tensorrt as rt
+    from attnzoo.targets.tensorrt import builder, library
 
     def build(*args, **kwargs):
-        raise rt.TensorRTError("stopped before the build")
+        raise library.TensorRTError("stopped before the build")
 
-    monkeypatch.setattr(rt, "build", build)
+    monkeypatch.setattr(builder, "build", build)  # where the engine step looks it up
 
 
 def _trt_failed(model, tmp_path, match: str) -> dict:
