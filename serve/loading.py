@@ -57,7 +57,7 @@ from attnzoo.runtime.backends import (
 )
 from attnzoo.runtime.choice import fastest_cpu_runtime
 from attnzoo.runtime.contract import ModelContract, metadata_props
-from attnzoo.runtime.quantization_report import QuantizationReport
+from attnzoo.runtime.schemas import QuantizationReport
 from attnzoo.runtime.sessions import (
     IR_SUFFIX,
     SERVED_DTYPES,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from attnzoo.errors import UsageError, first_line
 from attnzoo.fileio import atomic_write_text, no_space_problem, sha256_file, writable_dir
-from attnzoo.runtime.reports import schema_checked
+from attnzoo.runtime.schemas import schema_checked
 from attnzoo.runtime.targets import FormatOption
 
 from ..check import block_prefix

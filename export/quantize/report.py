@@ -1,5 +1,5 @@
 """The quantization report: its schema (:class:`QuantizationReport`, shared with the readers in
-:mod:`attnzoo.runtime.quantization_report`), writing it, and the lines ``export-model`` prints of it."""
+:mod:`attnzoo.runtime.schemas`), writing it, and the lines ``export-model`` prints of it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from attnzoo.fileio import atomic_write_text
 from attnzoo.runtime.precision import get_precision
-from attnzoo.runtime.quantization_report import QuantizationReport, QuantizeReport
+from attnzoo.runtime.schemas import QuantizationReport, QuantizeReport
 from attnzoo.runtime.sessions import read_report
 
 from ..divergence import verdict as block_verdict

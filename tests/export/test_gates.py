@@ -38,7 +38,7 @@ from attnzoo.export.quantize import fidelity, verified
 from attnzoo.export.verify import VerificationError, failed_report_path, report_path
 from attnzoo.models import PROJECTION_OPS, create_model
 from attnzoo.runtime.parity import TOLERANCES
-from attnzoo.runtime.quantization_report import QuantizeReport
+from attnzoo.runtime.schemas import QuantizeReport
 from attnzoo.targets.tensorrt.schema import EngineReport
 from tests.export.boundary import made_once, shift_parity
 from tests.schemas import read_back
