@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -25,6 +25,15 @@ __all__ = [
 #: Largest accuracy drop (percentage points: top-1 for classifiers, mIoU for segmenters) of the quantized model
 #: below the fp32 model on the test split that is accepted.
 ACCURACY_TOLERANCE: dict[str, float] = {"cls": 0.5, "seg": 1.0}
+
+
+class OutputFormat(Protocol):
+    """What :func:`check_quantize_arguments` reads of the export's format (an
+    :class:`~attnzoo.export.formats.ExportFormat`, resolved by the caller: quantization sits below the formats)."""
+
+    name: str
+    dynamic_int8: bool
+    builds_engine: bool
 
 
 @dataclass(frozen=True, eq=False)
@@ -110,14 +119,14 @@ class QuantizeOptions:
         )
 
 
-def check_quantize_arguments(options: QuantizeOptions, fmt: str) -> None:
+def check_quantize_arguments(options: QuantizeOptions, fmt: OutputFormat) -> None:
     """Refuse quantization arguments that cannot work, before any work (ModelOpt missing, a placement for another
     dtype or target, bad counts, a bad calibration file); what a target needs of a precision (FP8's tensor cores)
     its format checks (:meth:`~attnzoo.export.formats.ExportFormat.check`).
 
     Args:
         options: The export's dtype and its quantization flags (``None`` / ``False``: not given).
-        fmt: The export's format.
+        fmt: The export's format (an :class:`~attnzoo.export.formats.ExportFormat`).
 
     Raises:
         ValueError: one line naming the flag.
@@ -128,17 +137,14 @@ def check_quantize_arguments(options: QuantizeOptions, fmt: str) -> None:
         if given:
             raise ValueError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to --dtype int8 / fp8 only")
         return
-    from ..formats import get_format
-
-    part = get_format(fmt)
-    if part.dynamic_int8:  # it quantizes int8 itself, at run time: no ModelOpt, no calibration
+    if fmt.dynamic_int8:  # it quantizes int8 itself, at run time: no ModelOpt, no calibration
         if dtype != "int8" or given:
             raise ValueError(
-                f"--format {fmt} quantizes dynamically (--dtype int8, no calibration); "
+                f"--format {fmt.name} quantizes dynamically (--dtype int8, no calibration); "
                 f"{dtype if dtype != 'int8' else ', '.join(given)} does not apply"
             )
         return
-    if fmt == "triton":
+    if fmt.name == "triton":
         raise ValueError(
             f"--dtype {dtype}: --format triton is not supported yet; export the ONNX (--format onnx) "
             "or a TensorRT engine"
@@ -146,7 +152,7 @@ def check_quantize_arguments(options: QuantizeOptions, fmt: str) -> None:
     error = qdq_placement_error(o.placement or DEFAULT_QDQ_PLACEMENT, dtype)
     if error:
         raise ValueError(error)
-    if o.placement == CPU_QDQ_PLACEMENT and part.builds_engine:
+    if o.placement == CPU_QDQ_PLACEMENT and fmt.builds_engine:
         raise ValueError(
             "--qdq-placement cpu is for ONNX Runtime on the CPU; a TensorRT engine wants the tensorrt "
             "placement (the default)"

@@ -36,7 +36,7 @@ from .qdq import (
     qdq_placement_error,
     qdq_summary,
 )
-from .report import QuantizationReport, QuantizeReport, write_report
+from .record import QuantizationReport, QuantizeReport, write_report
 from .smooth import layernorm_outliers, outlier_note, smooth_layernorm_matmuls
 
 __all__ = ["AccuracyDropError", "QuantizationCheckError", "FidelityError", "evaluate_onnx", "quantize_verified"]

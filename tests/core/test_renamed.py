@@ -17,11 +17,13 @@ ROOT = Path(__file__).resolve().parents[2]
 RENAMED: dict[str, str] = {
     "attnzoo.runtime.reports": "attnzoo.runtime.schemas",
     "attnzoo.runtime.quantization_report": "attnzoo.runtime.schemas",
+    "attnzoo.export.quantize.report": "attnzoo.export.quantize.record",
 }
 #: Names each old module must still give (those its importers took from it).
 NAMES: dict[str, tuple[str, ...]] = {
     "attnzoo.runtime.reports": ("JsonReport", "FormatReport", "VerificationReport", "report_kinds", "main"),
     "attnzoo.runtime.quantization_report": ("QuantizationReport", "QuantizeReport"),
+    "attnzoo.export.quantize.report": ("QuantizationReport", "write_report", "read_quantization_report", "summary"),
 }
 
 
