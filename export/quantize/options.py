@@ -131,8 +131,8 @@ def check_quantize_arguments(options: QuantizeOptions, fmt: OutputFormat) -> Non
     Raises:
         ValueError: one line naming the flag.
     """
-    o, dtype = options, options.dtype
-    given = _given_flags(o)
+    dtype = options.dtype
+    given = _given_flags(options)
     if dtype not in QUANTIZED:
         if given:
             raise ValueError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to --dtype int8 / fp8 only")
@@ -149,10 +149,10 @@ def check_quantize_arguments(options: QuantizeOptions, fmt: OutputFormat) -> Non
             f"--dtype {dtype}: --format triton is not supported yet; export the ONNX (--format onnx) "
             "or a TensorRT engine"
         )
-    error = qdq_placement_error(o.placement or DEFAULT_QDQ_PLACEMENT, dtype)
+    error = qdq_placement_error(options.placement or DEFAULT_QDQ_PLACEMENT, dtype)
     if error:
         raise ValueError(error)
-    if o.placement == CPU_QDQ_PLACEMENT and fmt.builds_engine:
+    if options.placement == CPU_QDQ_PLACEMENT and fmt.builds_engine:
         raise ValueError(
             "--qdq-placement cpu is for ONNX Runtime on the CPU; a TensorRT engine wants the tensorrt "
             "placement (the default)"
@@ -160,41 +160,41 @@ def check_quantize_arguments(options: QuantizeOptions, fmt: OutputFormat) -> Non
     reason = quantize_unavailable_reason()
     if reason:
         raise ValueError(f"--dtype {dtype} {reason}")
-    _check_values(o, given)
+    _check_values(options, given)
 
 
-def _given_flags(o: QuantizeOptions) -> list[str]:
+def _given_flags(options: QuantizeOptions) -> list[str]:
     """The quantization flags given (``None`` / ``False``: not given), by their command-line names."""
     flags = {
-        "--quantize-extra-math": o.quantize_extra_math,
-        "--qdq-placement": o.placement is not None,
-        "--calibration-data": o.calibration_data is not None,
-        "--calibration-count": o.calibration_count is not None,
-        "--calibration-seed": o.calibration_seed is not None,
-        "--accept-accuracy-drop": o.accept_accuracy_drop,
-        "--eval-limit": o.eval_limit is not None,
-        "--min-cosine": o.min_cosine is not None,
-        "--fidelity-count": o.fidelity_count is not None,
-        "--smooth-quant": o.smooth_quant is not None,
+        "--quantize-extra-math": options.quantize_extra_math,
+        "--qdq-placement": options.placement is not None,
+        "--calibration-data": options.calibration_data is not None,
+        "--calibration-count": options.calibration_count is not None,
+        "--calibration-seed": options.calibration_seed is not None,
+        "--accept-accuracy-drop": options.accept_accuracy_drop,
+        "--eval-limit": options.eval_limit is not None,
+        "--min-cosine": options.min_cosine is not None,
+        "--fidelity-count": options.fidelity_count is not None,
+        "--smooth-quant": options.smooth_quant is not None,
     }
     return [flag for flag, value in flags.items() if value]
 
 
-def _check_values(o: QuantizeOptions, given: list[str]) -> None:
+def _check_values(options: QuantizeOptions, given: list[str]) -> None:
     """Refuse counts below 1, a cosine outside 0..1 and a bad ``.npy`` calibration file."""
     for flag, value in (
-        ("calibration-count", o.calibration_count),
-        ("eval-limit", o.eval_limit),
-        ("fidelity-count", o.fidelity_count),
+        ("calibration-count", options.calibration_count),
+        ("eval-limit", options.eval_limit),
+        ("fidelity-count", options.fidelity_count),
     ):
         if value is not None and value < 1:
             raise ValueError(f"--{flag} must be >= 1, got {value}")
-    if o.min_cosine is not None and not 0.0 <= o.min_cosine <= 1.0:
-        raise ValueError(f"--min-cosine must be in 0..1, got {o.min_cosine}")
-    if o.calibration_data is not None and not Path(o.calibration_data).is_dir():
+    if options.min_cosine is not None and not 0.0 <= options.min_cosine <= 1.0:
+        raise ValueError(f"--min-cosine must be in 0..1, got {options.min_cosine}")
+    if options.calibration_data is not None and not Path(options.calibration_data).is_dir():
         if "--calibration-count" in given or "--calibration-seed" in given:
             raise ValueError(
                 "--calibration-count/--calibration-seed draw images from the training split or a "
                 "folder; the images of a .npy --calibration-data are used as they are"
             )
-        load_calibration_file(o.calibration_data, None)  # shape (but H, W), dtype, emptiness
+        load_calibration_file(options.calibration_data, None)  # shape (but H, W), dtype, emptiness
