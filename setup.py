@@ -18,12 +18,19 @@ def packages(root: Path = ROOT) -> list[str]:
     """Every package: each folder of ``[tool.setuptools.package-dir]``, the folders with an ``__init__.py``
     below it, and the data folders ``[tool.setuptools.package-data]`` names as packages (``attnzoo.zoo.onnx``)."""
     config = load_file(str(root / "pyproject.toml"))["tool"]["setuptools"]
-    # attnzoo/models -> ../models and its siblings: packages of their own folders, not of attnzoo/
+    # attnzoo/models -> ../models and its siblings: packages of their own folders, not of attnzoo/ (a package of
+    # another folder may share a layer's name: benchmarks/report/ is attnzoo.benchmarks.report)
     linked = [f"{name.split('.')[1]}{tail}" for name in config["package-dir"] if "." in name for tail in ("", ".*")]
     found = [
         name
         for package, folder in config["package-dir"].items()
-        for name in [package, *(f"{package}.{sub}" for sub in find_packages(str(root / folder), exclude=linked))]
+        for name in [
+            package,
+            *(
+                f"{package}.{sub}"
+                for sub in find_packages(str(root / folder), exclude=linked if folder == "attnzoo" else ())
+            ),
+        ]
     ]
     return found + [name for name in config.get("package-data", {}) if name not in found]
 

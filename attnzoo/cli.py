@@ -170,8 +170,8 @@ def add_debug_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 _LONG_WORD = re.compile(rf"(['\"(\[]*)(\S{{{MAX_NAME_SHOWN + 1},}}?)([)\]'\",]*)(?=\s|$)")
 
 
-def _cut_word(m: re.Match[str]) -> str:
-    opening, word, closing = m.groups()
+def _cut_word(match: re.Match[str]) -> str:
+    opening, word, closing = match.groups()
     return f"{opening}{word[: MAX_NAME_SHOWN - 3]}...{closing}"
 
 

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from attnzoo.benchmarks.ceiling import DEFAULT_SIZE, MAX_SIZE
-from attnzoo.benchmarks.report import LOG_NAME, charts_unavailable, markdown, scope_line, write_outputs
 from attnzoo.benchmarks.roofline import against_results, resolve_gpus, roofline
 from attnzoo.benchmarks.roofline import markdown as roofline_markdown
+from attnzoo.benchmarks.tables import LOG_NAME, charts_unavailable, markdown, scope_line, write_outputs
 from attnzoo.cli import add_debug_flag, entry_point, one_of, parse_batch_sizes, parse_names
 from attnzoo.errors import CommandError, UsageError
 from attnzoo.fileio import atomic_write_text, default_cache_dir, private_dir, writable_dir

@@ -116,8 +116,8 @@ if __name__ == "__main__" and __package__ in (None, ""):  # started as a file fr
     bootstrap()
 
 # after bootstrap(): a bare source tree imports these through the mapping above
-from attnzoo.benchmarks.report import write_outputs  # noqa: E402
 from attnzoo.benchmarks.rowlog import LOG_NAME, read_log  # noqa: E402
+from attnzoo.benchmarks.tables import write_outputs  # noqa: E402
 from attnzoo.cli import add_debug_flag, entry_point  # noqa: E402
 from attnzoo.errors import UsageError  # noqa: E402
 from attnzoo.fileio import atomic_write_text, default_cache_dir  # noqa: E402

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from attnzoo.benchmarks.report import markdown_table
+from attnzoo.benchmarks.tables import markdown_table
 from attnzoo.lazy import lazy_import
 from attnzoo.runtime.backends import backend_names, get_backend
 

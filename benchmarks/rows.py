@@ -38,7 +38,7 @@ from attnzoo.export.verify import report_path
 from attnzoo.fileio import atomic_write_text, derived_is_current, record_derived, sha256_file
 from attnzoo.runtime.backends import Call, get_backend
 from attnzoo.runtime.parity import tolerance_key
-from attnzoo.runtime.quantization_report import QuantizationReport
+from attnzoo.runtime.schemas import QuantizationReport
 from attnzoo.targets.openvino import nncf_int8  # the int8 model of a backend whose int8_model is NNCF's
 
 __all__ = [

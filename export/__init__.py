@@ -13,8 +13,9 @@ from attnzoo.lazy import lazy_exports
 if TYPE_CHECKING:  # for type checkers; at run time each name is imported at its first use
     from .check import ExtraMathCheckError, assert_extra_math, check_extra_math
     from .errors import DiskFullError, ExportError, ExportWarning
+    from .formats.base import ExportResult
     from .onnx_export import DTYPES, SUPPORTED_OPSETS, export_onnx, make_session, op_histogram, read_metadata
-    from .pipeline import ExportResult, export_model, load_for_export
+    from .pipeline import export_model, load_for_export
     from .verify import VerificationError, adopt_verified, export_verified, report_path, summary, verify_onnx
 
 __all__ = [
@@ -46,8 +47,9 @@ __getattr__, __dir__ = lazy_exports(
     {
         ".check": ("ExtraMathCheckError", "assert_extra_math", "check_extra_math"),
         ".errors": ("DiskFullError", "ExportError", "ExportWarning"),
+        ".formats.base": ("ExportResult",),
         ".onnx_export": ("DTYPES", "SUPPORTED_OPSETS", "export_onnx", "make_session", "op_histogram", "read_metadata"),
-        ".pipeline": ("ExportResult", "export_model", "load_for_export"),
+        ".pipeline": ("export_model", "load_for_export"),
         ".verify": ("VerificationError", "adopt_verified", "export_verified", "report_path", "summary", "verify_onnx"),
     },
 )

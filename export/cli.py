@@ -58,7 +58,7 @@ def _parse_ints(text: str, what: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = CommandParser(
+    parser = CommandParser(
         prog="export-model",
         description="Export an attnzoo model to ONNX (the variant's extra math kept as explicit ops, verified against "
         "eager PyTorch with ONNX Runtime) and optionally build a TensorRT engine.",
@@ -67,47 +67,47 @@ def build_parser() -> argparse.ArgumentParser:
         f"Default checkpoint: the zoo's trained model for the variant and task (attnzoo.zoo).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _model_arguments(p)
-    _output_arguments(p)
-    _target_arguments(p)
-    quantization = p.add_argument_group("quantization (--dtype int8 / fp8)")
+    _model_arguments(parser)
+    _output_arguments(parser)
+    _target_arguments(parser)
+    quantization = parser.add_argument_group("quantization (--dtype int8 / fp8)")
     _placement_arguments(quantization)
     _calibration_arguments(quantization)
     _gate_arguments(quantization)
-    return add_debug_flag(p)
+    return add_debug_flag(parser)
 
 
-def _model_arguments(p: argparse.ArgumentParser) -> None:
+def _model_arguments(parser: argparse.ArgumentParser) -> None:
     """What is exported: the variant, task and arch, the checkpoint, the opset and the precision."""
-    p.add_argument(
+    parser.add_argument(
         "--variant",
         default=None,
         metavar="NAME",
         help="attention variant (see the list below; default: the --checkpoint's own)",
     )
-    p.add_argument("--task", choices=TASKS, default=None, help="cls or seg (default: the checkpoint's, else cls)")
-    p.add_argument(
+    parser.add_argument("--task", choices=TASKS, default=None, help="cls or seg (default: the checkpoint's, else cls)")
+    parser.add_argument(
         "--arch", choices=tuple(ARCHS), default=None, help="architecture (default: the checkpoint's, else micro)"
     )
-    p.add_argument(
+    parser.add_argument(
         "--checkpoint",
         type=Path,
         default=None,
         help=".safetensors checkpoint, whose config names the variant, task and arch (or a plain .pt state "
         "dict with --variant; never unpickled)",
     )
-    p.add_argument(
+    parser.add_argument(
         "--random-init",
         action="store_true",
         help="export a freshly initialised (untrained) model instead of a checkpoint",
     )
-    p.add_argument(
+    parser.add_argument(
         "--opset",
         type=int,
         default=20,
         help=Later(lambda: f"ONNX opset ({', '.join(map(str, onnx_export.SUPPORTED_OPSETS))})"),
     )
-    p.add_argument(
+    parser.add_argument(
         "--dtype",
         choices=tuple(PRECISIONS),
         default="fp32",
@@ -117,10 +117,10 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _output_arguments(p: argparse.ArgumentParser) -> None:
+def _output_arguments(parser: argparse.ArgumentParser) -> None:
     """Where it goes and how it is verified: the format, the file, the batch sizes and input size, the threads."""
-    p.add_argument("--format", default=None, metavar="FORMAT", help=Later(_format_help))  # checked in main
-    p.add_argument(
+    parser.add_argument("--format", default=None, metavar="FORMAT", help=Later(_format_help))  # checked in main
+    parser.add_argument(
         "--batch-sizes",
         default=None,
         help=Later(
@@ -130,19 +130,19 @@ def _output_arguments(p: argparse.ArgumentParser) -> None:
             )
         ),
     )
-    p.add_argument(
+    parser.add_argument(
         "--input-size",
         default=None,
         metavar="H[xW]",
         help="input size (default: the model's training size; segmenters take any H x W)",
     )
-    p.add_argument(
+    parser.add_argument(
         "--out",
         type=Path,
         default=None,
         help="output file (default: exports/<variant>_<task>_<arch>[_<dtype>].onnx or .engine)",
     )
-    p.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads for the verification")
+    parser.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads for the verification")
 
 
 def _format_help() -> str:
@@ -159,13 +159,13 @@ def format_options() -> dict[str, FormatOption]:
     return {option.name: option for target in targets() for option in target.options}
 
 
-def _target_arguments(p: argparse.ArgumentParser) -> None:
+def _target_arguments(parser: argparse.ArgumentParser) -> None:
     """The formats' own options (TensorRT's GPU, Triton's platform ...), a group per format that owns some: each
     target declares them, so a new one adds its flags here with no edit."""
     groups: dict[str, argparse._ArgumentGroup] = {}
     for option in format_options().values():
         if option.owner not in groups:
-            groups[option.owner] = p.add_argument_group(f"--format {option.owner}")
+            groups[option.owner] = parser.add_argument_group(f"--format {option.owner}")
         groups[option.owner].add_argument(
             option.flag,
             type=option.parse,
@@ -176,15 +176,15 @@ def _target_arguments(p: argparse.ArgumentParser) -> None:
         )
 
 
-def _placement_arguments(q: argparse._ArgumentGroup) -> None:
+def _placement_arguments(group: argparse._ArgumentGroup) -> None:
     """``--dtype int8 / fp8``: what is quantized (the extra math, the Q/DQ placement, SmoothQuant)."""
-    q.add_argument(
+    group.add_argument(
         "--quantize-extra-math",
         action="store_true",
         help="quantize the variant's extra-math scopes too (the projection; an ablation): by default "
         "every op in them stays unquantized and fp32",
     )
-    q.add_argument(
+    group.add_argument(
         "--qdq-placement",
         default=None,
         metavar="PLACEMENT",
@@ -194,7 +194,7 @@ def _placement_arguments(q: argparse._ArgumentGroup) -> None:
         "all of them, which TensorRT fuses) or cpu (int8 only: just in front of the MatMul/Gemm/Conv ops ONNX "
         "Runtime's CPU kernels run in int8; faster there)",
     )
-    q.add_argument(
+    group.add_argument(
         "--smooth-quant",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -204,9 +204,9 @@ def _placement_arguments(q: argparse._ArgumentGroup) -> None:
     )
 
 
-def _calibration_arguments(q: argparse._ArgumentGroup) -> None:
+def _calibration_arguments(group: argparse._ArgumentGroup) -> None:
     """``--dtype int8 / fp8``: the calibration inputs."""
-    q.add_argument(
+    group.add_argument(
         "--calibration-data",
         type=Path,
         default=None,
@@ -215,7 +215,7 @@ def _calibration_arguments(q: argparse._ArgumentGroup) -> None:
         "(N, 3, H, W) .npy array of normalised inputs (never unpickled) instead of the model's "
         "training split; the last --fidelity-count (at most a quarter) are held out",
     )
-    q.add_argument(
+    group.add_argument(
         "--calibration-count",
         type=int,
         default=None,
@@ -224,7 +224,7 @@ def _calibration_arguments(q: argparse._ArgumentGroup) -> None:
             lambda: f"images (training split or folder) to calibrate on (default {quantize.DEFAULT_CALIBRATION_COUNT})"
         ),
     )
-    q.add_argument(
+    group.add_argument(
         "--calibration-seed",
         type=int,
         default=None,
@@ -232,9 +232,9 @@ def _calibration_arguments(q: argparse._ArgumentGroup) -> None:
     )
 
 
-def _gate_arguments(q: argparse._ArgumentGroup) -> None:
+def _gate_arguments(group: argparse._ArgumentGroup) -> None:
     """``--dtype int8 / fp8``: the gates a quantized graph must pass (accuracy, fidelity) and their inputs."""
-    q.add_argument(
+    group.add_argument(
         "--accept-accuracy-drop",
         action="store_true",
         help=Later(
@@ -244,7 +244,7 @@ def _gate_arguments(q: argparse._ArgumentGroup) -> None:
             )
         ),
     )
-    q.add_argument(
+    group.add_argument(
         "--min-cosine",
         type=float,
         default=None,
@@ -257,7 +257,7 @@ def _gate_arguments(q: argparse._ArgumentGroup) -> None:
             )
         ),
     )
-    q.add_argument(
+    group.add_argument(
         "--fidelity-count",
         type=int,
         default=None,
@@ -269,7 +269,7 @@ def _gate_arguments(q: argparse._ArgumentGroup) -> None:
             )
         ),
     )
-    q.add_argument(
+    group.add_argument(
         "--eval-limit",
         type=int,
         default=None,

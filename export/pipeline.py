@@ -21,9 +21,8 @@ import io
 import os
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 from torch import nn
 from tqdm import tqdm
@@ -42,12 +41,10 @@ from attnzoo.runtime.precision import PRECISIONS, QUANTIZED, get_precision
 from . import quantize as quantization
 from . import verify
 from .errors import ExportWarning
-from .formats import ExportFormat, ExportRequest, ModelSource, formats, get_format, run_step
+from .formats import ExportFormat, ExportRequest, ExportResult, ModelSource, formats, get_format, run_step
 from .onnx_export import SUPPORTED_OPSETS, config_hw
 from .quantize import QuantizeOptions, calibration_for, check_quantize_arguments
-from .quantize import summary as quantize_summary
-from .verify import EXTRA_BATCH_SIZES, report_path
-from .verify import summary as verify_summary
+from .verify import EXTRA_BATCH_SIZES
 
 __all__ = [
     "FORMATS",
@@ -65,68 +62,6 @@ SUFFIXES: dict[str, tuple[str, ...]] = {name: part.suffixes for name, part in fo
 FORMATS: tuple[str, ...] = tuple(SUFFIXES)
 #: Batch sizes verified by default (and the TensorRT profile's range).
 DEFAULT_BATCH_SIZES: tuple[int, ...] = (1, 8)
-
-
-_P = TypeVar("_P")
-
-
-@dataclass
-class ExportResult:
-    """What :func:`export_model` wrote.
-
-    Attributes:
-        path: The output: the ``.onnx`` file, the engine, the Triton model folder, or the AOTInductor package.
-        onnx_path: The verified ONNX file (the output itself, beside the engine, or in the Triton folder); ``None``
-            for a format written from the PyTorch model (``aoti``).
-        report: The ONNX file's report (``<onnx>.report.json``): its verification, or for int8 / fp8 its
-            quantization, accuracy and fidelity.
-        format, dtype: As exported.
-        fp32_report: int8 / fp8: the verification report of the fp32 graph it was quantized from.
-        parts: What the format's parts wrote besides ``path``, each a typed record of its own (the TensorRT engine
-            part's :class:`~attnzoo.targets.tensorrt.engine_step.EngineOutput`, Triton's
-            :class:`~attnzoo.targets.triton.schema.TritonConfigCheck`); read one with :meth:`part`.
-        warnings: What the export warned about (also issued as :class:`ExportWarning`).
-        replaced: What the export replaced, one line each (a file that was at the output path, or a symbolic link
-            there, which the new file replaced while the file it pointed to was left as it was); the summary's last
-            lines.
-    """
-
-    path: Path
-    onnx_path: Path | None
-    report: dict[str, Any]
-    format: str
-    dtype: str
-    fp32_report: dict[str, Any] | None = None
-    parts: list[Any] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    replaced: list[str] = field(default_factory=list)
-
-    def part(self, kind: type[_P]) -> _P | None:
-        """The record of type ``kind`` a format part wrote (``result.part(EngineOutput)``), or ``None``."""
-        return next((p for p in self.parts if isinstance(p, kind)), None)
-
-    @property
-    def files(self) -> list[Path]:
-        """Every file written: the ONNX and its report, then its format's (the engine and its report, the Triton
-        config, the AOTInductor package and its report)."""
-        onnx = [] if self.onnx_path is None else [self.onnx_path, report_path(self.onnx_path)]
-        return [*onnx, *get_format(self.format).files(self)]
-
-    def summary(self) -> str:
-        """The lines ``export-model`` prints."""
-        if self.onnx_path is None:  # written from the model: the format's own lines
-            lines = []
-        elif self.fp32_report is None:
-            lines = [verify_summary(self.report)]
-        else:
-            par = self.fp32_report["parity"]
-            lines = [
-                f"fp32 source verified: parity vs eager max abs err {par['max_abs_err']:.2e} at batch sizes "
-                f"{par['batch_sizes']}",
-                quantize_summary(self.report),
-                f"  report: {report_path(self.onnx_path)}",
-            ]
-        return "\n".join(lines + get_format(self.format).summary(self) + self.replaced)
 
 
 # ------------------------------------------------------------------------------------------------ the model
@@ -351,10 +286,11 @@ def _check_request(
         raise UsageError("--batch-sizes: give at least one batch size")
     _usage(check_batch_sizes, sizes)
     fmt = output_format(fmt, out)
-    options = _format_options(get_format(fmt), format_options)
-    _usage(check_quantize_arguments, quantize, fmt)
+    part = get_format(fmt)
+    options = _format_options(part, format_options)
+    _usage(check_quantize_arguments, quantize, part)
     req = ExportRequest(fmt, dtype, _with_suffix(fmt, out), opset, sizes, quantize, options)
-    get_format(fmt).check(req)
+    part.check(req)
     return req
 
 
@@ -552,7 +488,7 @@ def _run(
     part = get_format(req.format)
     if part.from_model:
         result = ExportResult(
-            path=out, onnx_path=None, report={}, format=req.format, dtype=req.dtype, warnings=collected
+            path=out, onnx_path=None, report={}, format=req.format, dtype=req.dtype, warnings=collected, writer=part
         )
         with tqdm(total=1, desc="export-model", unit="step", disable=not progress) as bar:
             bar.set_postfix_str("export + check + compile + verify")
@@ -566,7 +502,7 @@ def _run(
         + [name for name, _ in writes]
     )
     result = ExportResult(
-        path=out, onnx_path=onnx_out, report={}, format=req.format, dtype=req.dtype, warnings=collected
+        path=out, onnx_path=onnx_out, report={}, format=req.format, dtype=req.dtype, warnings=collected, writer=part
     )
     with tqdm(total=len(steps), desc="export-model", unit="step", disable=not progress) as bar:
         bar.set_postfix_str(steps[0])

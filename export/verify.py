@@ -31,7 +31,7 @@ from attnzoo.runtime.backends import onnx_reference
 from attnzoo.runtime.contract import BATCH_DIM, metadata_props
 from attnzoo.runtime.parity import TOLERANCES, compare
 from attnzoo.runtime.precision import PRECISIONS
-from attnzoo.runtime.reports import schema_checked
+from attnzoo.runtime.schemas import schema_checked
 from attnzoo.runtime.sessions import read_report, report_file, verification_problem
 from attnzoo.runtime.torch_export import fingerprint
 

@@ -28,7 +28,7 @@ from attnzoo.fileio import default_cache_dir, sha256_file
 from attnzoo.lazy import lazy_import
 from attnzoo.runtime.contract import metadata_props
 from attnzoo.runtime.precision import get_precision
-from attnzoo.runtime.quantization_report import QuantizationReport
+from attnzoo.runtime.schemas import QuantizationReport
 from attnzoo.runtime.sessions import read_report, verification_problem
 from attnzoo.zoo import DEFAULT_DATA
 

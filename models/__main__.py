@@ -112,8 +112,8 @@ def tables(builtin_only: bool = True) -> dict[str, str]:
     }
 
 
-def _between(m: re.Match[str], table: str) -> str:
-    return m.group(1) + table + "\n" + m.group(2)
+def _between(match: re.Match[str], table: str) -> str:
+    return match.group(1) + table + "\n" + match.group(2)
 
 
 def render_into(text: str, generated: dict[str, str]) -> str:
@@ -130,8 +130,8 @@ def _marked(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m attnzoo.models", description=__doc__.splitlines()[0])
-    group = p.add_mutually_exclusive_group()
+    parser = argparse.ArgumentParser(prog="python -m attnzoo.models", description=__doc__.splitlines()[0])
+    group = parser.add_mutually_exclusive_group()
     group.add_argument(
         "--update",
         nargs="+",
@@ -142,14 +142,14 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument(
         "--check", nargs="+", type=Path, metavar="FILE", help="exit 1 if these files' tables are not the registry's"
     )
-    return add_debug_flag(p)
+    return add_debug_flag(parser)
 
 
 @entry_point
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the tables, or update / check them in markdown files."""
-    a = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    files = a.update or a.check
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    files = args.update or args.check
     if not files:
         print(variants_table(), papers_table(), extra_weights_table(), sep="\n\n")
         return 0
@@ -165,14 +165,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         new = render_into(text, generated)
         if new != text:
             stale.append(str(path))
-            if a.update:
+            if args.update:
                 atomic_write_text(path, new)
-    if a.check and stale:
+    if args.check and stale:
         raise CommandError(
             f"variant tables differ from the registry in {', '.join(stale)}; run "
             f"python -m attnzoo.models --update {' '.join(stale)}"
         )
-    print(f"{'updated' if a.update else 'up to date'}: {', '.join(stale if a.update else map(str, files)) or 'none'}")
+    print(
+        f"{'updated' if args.update else 'up to date'}: "
+        f"{', '.join(stale if args.update else map(str, files)) or 'none'}"
+    )
     return 0
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from attnzoo.benchmarks.report import markdown_table
+from attnzoo.benchmarks.tables import markdown_table
 from attnzoo.cli import add_debug_flag, entry_point, parse_names
 from attnzoo.errors import CommandError, UsageError, first_line
 from attnzoo.fileio import PathLike, atomic_write_text, read_json, writable_dir

@@ -1,8 +1,8 @@
 """The report folder: ``report.json`` (the measurements, schema in docs/report-variant.md), ``report.md`` (one
 GitHub-renderable page with PNG plots) and the one-line verdict.
 
-Plots reuse the benchmarks' own (:func:`attnzoo.benchmarks.report.plot_latency`,
-:func:`~attnzoo.benchmarks.report.plot_overhead`, :func:`attnzoo.benchmarks.scaling.plot`).
+Plots reuse the benchmarks' own (:func:`attnzoo.benchmarks.tables.plot_latency`,
+:func:`~attnzoo.benchmarks.tables.plot_overhead`, :func:`attnzoo.benchmarks.scaling.plot`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from attnzoo.benchmarks.report import markdown_table, plot_latency, plot_overhead
+from attnzoo.benchmarks.tables import markdown_table, plot_latency, plot_overhead
 from attnzoo.fileio import atomic_write_bytes, atomic_write_text
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary

@@ -35,7 +35,7 @@ import numpy as np
 from tqdm import tqdm
 
 from attnzoo.benchmarks.cli import variant_list
-from attnzoo.benchmarks.report import markdown_table
+from attnzoo.benchmarks.tables import markdown_table
 from attnzoo.benchmarks.timing import measure_pair
 from attnzoo.cli import entry_point, parse_batch_sizes
 from attnzoo.errors import UsageError, first_line

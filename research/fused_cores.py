@@ -117,19 +117,21 @@ def _name(variant: str, core: str, block: Any, tokens: int) -> str:
 
 
 def run_group(
-    s: dict[str, Any], mode: str, tokens: int, batch: int, threads: int, cache: Path, progress: bool = True
+    settings: dict[str, Any], mode: str, tokens: int, batch: int, threads: int, cache: Path, progress: bool = True
 ) -> list[dict[str, Any]]:
     """Rows of one (mode, tokens, batch, threads) group: every block round-robin, ratios to ``standard`` per
     round, each row's peak memory, bound and parity against the eager block with the current core."""
-    seed = s["seed"]
-    blocks = cores(mode_variants(s, mode), mode, tokens, seed)
+    seed = settings["seed"]
+    blocks = cores(mode_variants(settings, mode), mode, tokens, seed)
     x = torch.randn(batch, tokens, WIDTH, generator=torch.Generator().manual_seed(seed + tokens + batch))
     torch.set_num_threads(threads)
     with torch.inference_mode():
         refs = {v: b(x).numpy() for (v, core), b in blocks.items() if core == "current"}  # eager, auto
     runners = {key: build_runner(mode, b, x, threads, cache, _name(*key, b, tokens)) for key, b in blocks.items()}
     errors = {key: parity_error(r.call(), refs[key[0]]) for key, r in runners.items()}
-    named = time_round_robin({"/".join(key): r.call for key, r in runners.items()}, s["rounds"], progress=progress)
+    named = time_round_robin(
+        {"/".join(key): r.call for key, r in runners.items()}, settings["rounds"], progress=progress
+    )
     times = {key: named["/".join(key)] for key in runners}
     std = runners[("standard", "current")].peak_mb
     rows = []
@@ -160,8 +162,8 @@ def run_group(
     return rows
 
 
-def _ratio(r: dict[str, float]) -> str:
-    return f"{r['ratio_median']:.2f} ({r['ratio_q1']:.2f}-{r['ratio_q3']:.2f})"
+def _ratio(ratios: dict[str, float]) -> str:
+    return f"{ratios['ratio_median']:.2f} ({ratios['ratio_q1']:.2f}-{ratios['ratio_q3']:.2f})"
 
 
 def _mb(v: float | None, fmt: str = "{:.0f}") -> str:
@@ -239,61 +241,67 @@ def _modes(value: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(
         prog="python -m research.fused_cores",
         description=__doc__.split("\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--variants", default="all", help="'all', 'none' or comma-separated variants (eager, ort, openvino)")
-    p.add_argument(
+    parser.add_argument(
+        "--variants", default="all", help="'all', 'none' or comma-separated variants (eager, ort, openvino)"
+    )
+    parser.add_argument(
         "--compiled-variants",
         default=",".join(DEFAULT_COMPILED),
         help="'all', 'none' or comma-separated variants of the compiling modes (compiled, aoti: a compile each)",
     )
-    p.add_argument("--modes", default="eager,compiled", help=f"comma-separated, of {', '.join(MODES)}")
-    p.add_argument("--tokens", default="197,1025", help="token counts")
-    p.add_argument("--batch-sizes", default="1,8")
-    p.add_argument("--threads", default="1", help="comma-separated thread counts (PyTorch, ONNX Runtime, OpenVINO)")
-    p.add_argument("--rounds", type=int, default=5, help="timed rounds per group (every block once per round)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=None, help="output folder (fused-cores.json, README.md)")
-    p.add_argument("--cache-dir", type=Path, default=None, help="exports and packages (default: attnzoo's cache)")
-    p.add_argument("--table", type=Path, metavar="JSON", default=None, help="print the table of a fused-cores.json")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return add_debug_flag(p)
+    parser.add_argument("--modes", default="eager,compiled", help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument("--tokens", default="197,1025", help="token counts")
+    parser.add_argument("--batch-sizes", default="1,8")
+    parser.add_argument(
+        "--threads", default="1", help="comma-separated thread counts (PyTorch, ONNX Runtime, OpenVINO)"
+    )
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per group (every block once per round)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None, help="output folder (fused-cores.json, README.md)")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="exports and packages (default: attnzoo's cache)")
+    parser.add_argument(
+        "--table", type=Path, metavar="JSON", default=None, help="print the table of a fused-cores.json"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return add_debug_flag(parser)
 
 
-def _settings(a: argparse.Namespace) -> dict[str, Any]:
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
     """The parsed command line as the JSON settings (the resume key); ``UsageError`` before any work."""
-    if a.rounds < 2:
-        raise UsageError(f"--rounds must be >= 2, got {a.rounds}")
-    compiled, eager = a.compiled_variants.strip(), a.variants.strip()
+    if args.rounds < 2:
+        raise UsageError(f"--rounds must be >= 2, got {args.rounds}")
+    compiled, eager = args.compiled_variants.strip(), args.variants.strip()
     return {
         "variants": [] if eager == "none" else variant_list(eager),
         "compiled_variants": [] if compiled == "none" else variant_list(compiled),
-        "modes": _modes(a.modes),
-        "tokens": _ints(a.tokens, "--tokens", 2),
-        "batch_sizes": parse_batch_sizes(a.batch_sizes),
-        "threads": _ints(a.threads, "--threads", 1),
-        "rounds": a.rounds,
-        "seed": a.seed,
+        "modes": _modes(args.modes),
+        "tokens": _ints(args.tokens, "--tokens", 2),
+        "batch_sizes": parse_batch_sizes(args.batch_sizes),
+        "threads": _ints(args.threads, "--threads", 1),
+        "rounds": args.rounds,
+        "seed": args.seed,
     }
 
 
-def mode_variants(s: dict[str, Any], mode: str) -> list[str]:
+def mode_variants(settings: dict[str, Any], mode: str) -> list[str]:
     """The variants a run times in ``mode`` (the compiling modes take ``compiled_variants``)."""
-    return s["compiled_variants"] if mode in COMPILING else s["variants"]
+    return settings["compiled_variants"] if mode in COMPILING else settings["variants"]
 
 
-def groups(s: dict[str, Any]) -> list[tuple[str, int, int, int]]:
+def groups(settings: dict[str, Any]) -> list[tuple[str, int, int, int]]:
     """(mode, tokens, batch, threads) in run order: by threads, then mode, small before large."""
     return [
         (mode, t, b, n)
-        for n in s["threads"]
-        for mode in s["modes"]
-        if mode_variants(s, mode)
-        for t in s["tokens"]
-        for b in s["batch_sizes"]
+        for n in settings["threads"]
+        for mode in settings["modes"]
+        if mode_variants(settings, mode)
+        for t in settings["tokens"]
+        for b in settings["batch_sizes"]
     ]
 
 
@@ -301,37 +309,37 @@ def groups(s: dict[str, Any]) -> list[tuple[str, int, int, int]]:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m research.fused_cores``."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    a = build_parser().parse_args(argv)
-    if reprint(a.table, markdown):
+    args = build_parser().parse_args(argv)
+    if reprint(args.table, markdown):
         return 0
-    require_out(a.out)
-    s = _settings(a)
-    writable_dir(a.out, "--out folder")
-    cache = writable_dir(a.cache_dir or default_cache_dir() / "fused-cores", "--cache-dir")
-    partial = a.out / "fused-cores.partial.json"
+    require_out(args.out)
+    settings = _settings(args)
+    writable_dir(args.out, "--out folder")
+    cache = writable_dir(args.cache_dir or default_cache_dir() / "fused-cores", "--cache-dir")
+    partial = args.out / "fused-cores.partial.json"
     result: dict[str, Any] = {
         "command": shlex.join(["python", "-m", "research.fused_cores", *argv]),
-        "settings": s,
+        "settings": settings,
         "environment": environment(),
         "rows": [],
         "complete": False,
     }
     if partial.is_file():
         kept = json.loads(partial.read_text())
-        if kept.get("settings") == s:
+        if kept.get("settings") == settings:
             result["rows"] = kept["rows"]
             print(f"resuming: {len(kept['rows'])} rows kept from {partial}", file=sys.stderr)
     done = {(r["mode"], r["tokens"], r["batch"], r["threads"]) for r in result["rows"]}
-    todo = [g for g in groups(s) if g not in done]
-    for mode, tokens, batch, threads in tqdm(todo, desc="fused cores", unit="group", disable=a.no_progress):
-        result["rows"] += run_group(s, mode, tokens, batch, threads, cache, not a.no_progress)
+    todo = [g for g in groups(settings) if g not in done]
+    for mode, tokens, batch, threads in tqdm(todo, desc="fused cores", unit="group", disable=args.no_progress):
+        result["rows"] += run_group(settings, mode, tokens, batch, threads, cache, not args.no_progress)
         atomic_write_text(partial, json.dumps(result, indent=1) + "\n")  # kept if stopped
         torch._dynamo.reset()  # compiled blocks of this group are not needed again
     result["complete"] = True
     result["load_end"] = load_average()
     md = markdown(result)
-    atomic_write_text(a.out / "fused-cores.json", json.dumps(result, indent=1) + "\n")
-    atomic_write_text(a.out / "README.md", md)
+    atomic_write_text(args.out / "fused-cores.json", json.dumps(result, indent=1) + "\n")
+    atomic_write_text(args.out / "README.md", md)
     partial.unlink(missing_ok=True)
     print(md)
     return 0

@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from attnzoo import zoo
 from attnzoo.benchmarks.ort_cpu import quantize_int8
-from attnzoo.benchmarks.report import markdown_table
+from attnzoo.benchmarks.tables import markdown_table
 from attnzoo.benchmarks.timing import measure_pair
 from attnzoo.cli import entry_point, parse_batch_sizes
 from attnzoo.data.datasets import load_data

@@ -45,7 +45,7 @@ import onnx
 from tqdm import tqdm
 
 from attnzoo import zoo
-from attnzoo.benchmarks.report import markdown_table
+from attnzoo.benchmarks.tables import markdown_table
 from attnzoo.cli import entry_point, parse_batch_sizes
 from attnzoo.errors import UsageError
 from attnzoo.export import quantize as q

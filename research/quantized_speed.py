@@ -15,8 +15,8 @@ from tqdm import tqdm
 
 from attnzoo.benchmarks.ceiling import ceiling_for, fraction, matmul_ceiling
 from attnzoo.benchmarks.flops import count_flops
-from attnzoo.benchmarks.report import markdown_table
 from attnzoo.benchmarks.rows import row_unavailable_reason
+from attnzoo.benchmarks.tables import markdown_table
 from attnzoo.benchmarks.timing import measure_pair
 from attnzoo.export import export_verified
 from attnzoo.export.quantize import CPU_QDQ_PLACEMENT, TENSORRT_QDQ_PLACEMENT

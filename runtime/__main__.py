@@ -48,10 +48,10 @@ def targets_table() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m attnzoo.runtime", description=__doc__.splitlines()[0])
-    p.add_argument("--dtype", default="fp32", help="the precision to check (default fp32)")
-    p.add_argument("--device", default=None, choices=("cpu", "cuda"), help="PyTorch device of eager / compile")
-    args = p.parse_args(argv)
+    parser = argparse.ArgumentParser(prog="python -m attnzoo.runtime", description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="fp32", help="the precision to check (default fp32)")
+    parser.add_argument("--device", default=None, choices=("cpu", "cuda"), help="PyTorch device of eager / compile")
+    args = parser.parse_args(argv)
     print(targets_table() + "\n\n" + backends_table(args.dtype, args.device))
     return 0
 

@@ -427,14 +427,14 @@ def _int(value: Any) -> str:
 
 @entry_point
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m attnzoo.runtime.fusion", description=__doc__.splitlines()[0])
-    p.add_argument("onnx", type=Path, help="an ONNX file (an attnzoo export or any ViT-like model)")
-    p.add_argument("--json", action="store_true", help="print the whole audit as JSON")
-    a = p.parse_args(argv)
-    if not a.onnx.is_file():
-        raise UsageError(f"no such file: {a.onnx}")
-    result = audit(a.onnx)
-    print(json.dumps(result, indent=1) if a.json else markdown(result))
+    parser = argparse.ArgumentParser(prog="python -m attnzoo.runtime.fusion", description=__doc__.splitlines()[0])
+    parser.add_argument("onnx", type=Path, help="an ONNX file (an attnzoo export or any ViT-like model)")
+    parser.add_argument("--json", action="store_true", help="print the whole audit as JSON")
+    args = parser.parse_args(argv)
+    if not args.onnx.is_file():
+        raise UsageError(f"no such file: {args.onnx}")
+    result = audit(args.onnx)
+    print(json.dumps(result, indent=1) if args.json else markdown(result))
     return 0
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from attnzoo.fileio import sha256_file
 
 from .precision import QUANTIZED
-from .reports import JsonReport, exported_report_type
+from .schemas import JsonReport, exported_report_type
 
 __all__ = [
     "SERVED_DTYPES",

@@ -103,8 +103,8 @@ class Target:
         formats: Its export formats by name, each where its :class:`~attnzoo.export.formats.ExportFormat` instance
             is (``"attnzoo.targets.tensorrt.format:FORMAT"``): the export layer imports it when it lists the
             formats, so that listing the backends loads neither PyTorch nor ONNX.
-        reports: The :class:`~attnzoo.runtime.reports.JsonReport` schemas of the reports it writes, by kind
-            (``python -m attnzoo.runtime.reports KIND``; a format's report under the format's name).
+        reports: The :class:`~attnzoo.runtime.schemas.JsonReport` schemas of the reports it writes, by kind
+            (``python -m attnzoo.runtime.schemas KIND``; a format's report under the format's name).
         options: The options its formats have of their own (:class:`FormatOption`): ``export-model`` adds them
             as flags without importing a format.
         order: Where it stands in listings (lower first): the PyTorch reference first, then the rest.

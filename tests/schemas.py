@@ -1,4 +1,4 @@
-"""Reading a report a test's export wrote through its schema (:mod:`attnzoo.runtime.reports`)."""
+"""Reading a report a test's export wrote through its schema (:mod:`attnzoo.runtime.schemas`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from attnzoo.runtime.reports import exported_report_type, report_kinds
+from attnzoo.runtime.schemas import exported_report_type, report_kinds
 
 
 def read_back(path: str | Path, kind: str) -> dict[str, Any]:

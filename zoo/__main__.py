@@ -29,8 +29,8 @@ from attnzoo.zoo import cards, hub
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m attnzoo.zoo", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="python -m attnzoo.zoo", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
     card = add_debug_flag(sub.add_parser("card", help="write model folders (config.json, model.safetensors, card)"))
     card.add_argument("names", nargs="*", metavar="NAME", help="timm names of zoo models (python -m attnzoo.zoo names)")
     card.add_argument("--all", action="store_true", help="every zoo model of --data")
@@ -40,25 +40,25 @@ def build_parser() -> argparse.ArgumentParser:
     card.add_argument("--check", action="store_true", help="with --readme-only: write nothing, exit 1 if stale")
     names = add_debug_flag(sub.add_parser("names", help="print the zoo's timm names, linked to their cards"))
     names.add_argument("--data", default=zoo.DEFAULT_DATA, choices=BUILTIN_DATA)
-    return add_debug_flag(p)
+    return add_debug_flag(parser)
 
 
-def _chosen(a: argparse.Namespace) -> list[str]:
+def _chosen(args: argparse.Namespace) -> list[str]:
     """The names to write, checked before any work starts."""
-    if a.all == bool(a.names):
+    if args.all == bool(args.names):
         raise UsageError("name the models or give --all (not both)")
-    if a.check and not a.readme_only:
+    if args.check and not args.readme_only:
         raise UsageError("--check compares the cards alone: give --readme-only with it")
-    chosen = hub.names(data=a.data) if a.all else list(dict.fromkeys(a.names))
+    chosen = hub.names(data=args.data) if args.all else list(dict.fromkeys(args.names))
     for name in chosen:
         try:
             hub.entry(name)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     if not chosen:
-        raise UsageError(f"the zoo has no models of {a.data!r}")
-    if a.out.exists() and not a.out.is_dir():
-        raise UsageError(f"--out {a.out}: not a folder")
+        raise UsageError(f"the zoo has no models of {args.data!r}")
+    if args.out.exists() and not args.out.is_dir():
+        raise UsageError(f"--out {args.out}: not a folder")
     return chosen
 
 
@@ -81,15 +81,15 @@ def _check(markdown: dict[str, str], out: Path) -> int:
 @entry_point
 def main(argv: Sequence[str] | None = None) -> int:
     """Write (or check) model folders, or print the names table."""
-    a = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    if a.command == "names":
-        print(cards.names_table(a.data))
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "names":
+        print(cards.names_table(args.data))
         return 0
-    markdown = {n: cards.card_markdown(n) for n in _chosen(a)}  # every card's sources read before a file is written
-    if a.check:
-        return _check(markdown, a.out)
+    markdown = {n: cards.card_markdown(n) for n in _chosen(args)}  # every card's sources read before a file is written
+    if args.check:
+        return _check(markdown, args.out)
     for name, text in tqdm(markdown.items(), desc="model folders", unit="model", disable=len(markdown) < 2):
-        tqdm.write(str(cards.write_folder(name, a.out, text, readme_only=a.readme_only)))
+        tqdm.write(str(cards.write_folder(name, args.out, text, readme_only=args.readme_only)))
     return 0
 
 

@@ -89,30 +89,32 @@ _RUNTIMES = {
 }
 
 
-def _data(e: Mapping[str, Any]) -> dict[str, Any]:
-    return DATASETS.get(e["data"], {"hub": None, "name": e["data"], "licence": "unknown", e["task"]: "its test split"})
+def _data(entry: Mapping[str, Any]) -> dict[str, Any]:
+    return DATASETS.get(
+        entry["data"], {"hub": None, "name": entry["data"], "licence": "unknown", entry["task"]: "its test split"}
+    )
 
 
-def _metadata(name: str, e: Mapping[str, Any]) -> ModelCardData:
+def _metadata(name: str, entry: Mapping[str, Any]) -> ModelCardData:
     """The card's YAML metadata: what the Hub and its tools read."""
-    task, task_name = _TASKS[e["task"]]
-    metric, metric_label, _ = _METRICS[e["metric_name"]]
-    data = _data(e)
+    task, task_name = _TASKS[entry["task"]]
+    metric, metric_label, _ = _METRICS[entry["metric_name"]]
+    data = _data(entry)
     result = EvalResult(
         task_type=task,
         task_name=task_name,
-        dataset_type=data["hub"] or f"attnzoo-{e['data']}",
+        dataset_type=data["hub"] or f"attnzoo-{entry['data']}",
         dataset_name=data["name"],
         dataset_split="test",
         metric_type=metric,
         metric_name=metric_label,
-        metric_value=e["test_metric"],
+        metric_value=entry["test_metric"],
     )
-    tags = ["timm", task, "attnzoo", f"attnzoo-{e['variant']}", "vision-transformer"]
+    tags = ["timm", task, "attnzoo", f"attnzoo-{entry['variant']}", "vision-transformer"]
     return ModelCardData(
         library_name="timm",
         license="apache-2.0",
-        tags=tags + (["segmenter"] if e["task"] == "seg" else []),
+        tags=tags + (["segmenter"] if entry["task"] == "seg" else []),
         datasets=[data["hub"]] if data["hub"] else None,
         pipeline_tag=task,
         model_name=name,
@@ -142,7 +144,7 @@ def _equations(variant: str, root: Path) -> list[str]:
     raise ValueError(f"{VARIANTS_DOC} has no row for {variant!r} under 'What each variant computes'")
 
 
-def _architecture(e: Mapping[str, Any], cfg: Mapping[str, Any]) -> str:
+def _architecture(entry: Mapping[str, Any], cfg: Mapping[str, Any]) -> str:
     a = models.ARCHS[cfg["arch"]]
     stem = (
         "a stem of two stride-2 3x3 convolutions (patch 4)"
@@ -155,12 +157,12 @@ def _architecture(e: Mapping[str, Any], cfg: Mapping[str, Any]) -> str:
         f"timm `VisionTransformer` (attnzoo's `{cfg['arch']}`): {a['depth']} blocks, width {a['embed_dim']}, "
         f"{a['num_heads']} heads, MLP {hidden}, {stem}; attention `{cfg['variant']}` ({options})"
     )
-    if e["task"] == "cls":
+    if entry["task"] == "cls":
         return vit
     return f"`attnzoo.models.Segmenter` (Strudel et al. 2021, {cfg.get('decoder')} decoder) over a {vit}"
 
 
-def _details(name: str, e: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[str]:
+def _details(name: str, entry: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[str]:
     size, k = cfg["img_size"], cfg["num_classes"]
     style = input_style_of(cfg)
     return [
@@ -169,15 +171,15 @@ def _details(name: str, e: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[st
         "|  |  |",
         "|---|---|",
         f"| timm name | `{name}` (registered by `import attnzoo.models`) |",
-        f"| task | {_TASKS[e['task']][1].lower()}, {k} classes |",
-        f"| architecture | {_architecture(e, cfg)} |",
-        f"| parameters | {e['params']:,} |",
-        f"| input | {size} x {size} RGB{' or larger (padded to a multiple of 4)' if e['task'] == 'seg' else ''}, "
+        f"| task | {_TASKS[entry['task']][1].lower()}, {k} classes |",
+        f"| architecture | {_architecture(entry, cfg)} |",
+        f"| parameters | {entry['params']:,} |",
+        f"| input | {size} x {size} RGB{' or larger (padded to a multiple of 4)' if entry['task'] == 'seg' else ''}, "
         f"resized bilinearly without a crop, mean {tuple(cfg['mean'])}, std {tuple(cfg['std'])}; input style "
         f"`{style}`: attnzoo's demo makes an upload look like the training images so ({text(INPUT_STYLES[style])}) |",
         f"| classes | {text(', '.join(cfg['class_names']))} |",
-        f"| weights | `zoo/{e['file']}` in the attnzoo package, sha256 `{e['sha256']}` |",
-        f"| licence | Apache-2.0; training data: {_data(e)['name']} ({_data(e)['licence']}) |",
+        f"| weights | `zoo/{entry['file']}` in the attnzoo package, sha256 `{entry['sha256']}` |",
+        f"| licence | Apache-2.0; training data: {_data(entry)['name']} ({_data(entry)['licence']}) |",
     ]
 
 
@@ -197,8 +199,8 @@ _USE = {
 }
 
 
-def _usage(name: str, e: Mapping[str, Any]) -> list[str]:
-    seg = ["from torchvision.transforms.functional import normalize, to_tensor"] if e["task"] == "seg" else []
+def _usage(name: str, entry: Mapping[str, Any]) -> list[str]:
+    seg = ["from torchvision.transforms.functional import normalize, to_tensor"] if entry["task"] == "seg" else []
     return [
         "## How to use",
         "",
@@ -209,7 +211,7 @@ def _usage(name: str, e: Mapping[str, Any]) -> list[str]:
         *seg,
         "",
         f'model = timm.create_model("{name}", pretrained=True).eval()',
-        *_USE[e["task"]],
+        *_USE[entry["task"]],
         "```",
         "",
         f"`python -m attnzoo.zoo card {name} --out DIR` writes this card with `config.json` and `model.safetensors` "
@@ -218,74 +220,75 @@ def _usage(name: str, e: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def _attention(e: Mapping[str, Any], root: Path) -> list[str]:
-    spec = _spec(e["variant"])
+def _attention(entry: Mapping[str, Any], root: Path) -> list[str]:
+    spec = _spec(entry["variant"])
     return [
         "## Attention",
         "",
-        f"Paper: {_paper(e['variant'])}. Equations: {text(spec.equations or '-')} of the paper, as attnzoo computes "
-        "them:",
+        f"Paper: {_paper(entry['variant'])}. Equations: {text(spec.equations or '-')} of the paper, "
+        "as attnzoo computes them:",
         "",
-        *_equations(e["variant"], root),
+        *_equations(entry["variant"], root),
     ]
 
 
-def _training(e: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[str]:
+def _training(entry: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[str]:
     r, manifest = cfg["recipe"], zoo.manifest()["recipe"]
     start = f"from `{r['init_from']}`" if r.get("init_from") else "from scratch"
     scene = f"; scenes {code(json.dumps(r['scene']))}" if r.get("scene") else ""
     return [
         "## Training",
         "",
-        f"The zoo's one recipe for {_data(e)['name']} {_KINDS[e['task']][0]}s (the same for every variant), {start}: "
-        f"{r['epochs']} epochs of {cfg['train_size']:,} training {_KINDS[e['task']][1]} "
+        f"The zoo's one recipe for {_data(entry)['name']} {_KINDS[entry['task']][0]}s "
+        f"(the same for every variant), {start}: "
+        f"{r['epochs']} epochs of {cfg['train_size']:,} training {_KINDS[entry['task']][1]} "
         f"({r['img_size']} px{scene}), batch {r['batch_size']}, lr {r['lr']}, weight decay {r['weight_decay']}, "
         f"{r['warmup_epochs']} warm-up epochs, cosine to {r['min_lr_ratio']} of the peak; "
         f"{text(manifest['optimizer'])}; seed {cfg['seed']} (data seed {cfg.get('data_seed', 0)}), "
         f"{r.get('threads', 1)} thread. `{manifest['command']}` trains the zoo with it "
-        f"(`--data {e['data']} --tasks {e['task']}` for these models).",
+        f"(`--data {entry['data']} --tasks {entry['task']}` for these models).",
     ]
 
 
-def _spread(e: Mapping[str, Any]) -> str:
-    peers = [p["test_metric"] for p in zoo.entries() if (p["task"], p["data"]) == (e["task"], e["data"])]
+def _spread(entry: Mapping[str, Any]) -> str:
+    peers = [p["test_metric"] for p in zoo.entries() if (p["task"], p["data"]) == (entry["task"], entry["data"])]
     return f"{min(peers):.2f}-{max(peers):.2f}"
 
 
-def _evaluation(e: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[str]:
-    _, _, short = _METRICS[e["metric_name"]]
-    base = zoo.manifest().get("baselines", {}).get(f"{e['data']}/{e['task']}", {})
+def _evaluation(entry: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[str]:
+    _, _, short = _METRICS[entry["metric_name"]]
+    base = zoo.manifest().get("baselines", {}).get(f"{entry['data']}/{entry['task']}", {})
     lines = [
         "## Evaluation",
         "",
-        f"| split | {_KINDS[e['task']][1]} | {short} (%) |",
+        f"| split | {_KINDS[entry['task']][1]} | {short} (%) |",
         "|---|---:|---:|",
-        f"| test: {_data(e)[e['task']]} | {e['test_n']:,} | {e['test_metric']:.2f} |",
+        f"| test: {_data(entry)[entry['task']]} | {entry['test_n']:,} | {entry['test_metric']:.2f} |",
         f"| validation (held out of the training data) | {cfg['recipe'].get('val_size') or 0:,} | "
-        f"{e['val_metric']:.2f} |",
+        f"{entry['val_metric']:.2f} |",
         *(f"| baseline on the test split: {text(_BASELINES.get(k, k))} | | {v:.2f} |" for k, v in base.items()),
         "",
         f"Measured in fp32 (eager PyTorch on the CPU) when the zoo was built: `test_metric` in `zoo/manifest.json`. "
-        f"`evaluate-model zoo/{e['file']}` measures it again.",
+        f"`evaluate-model zoo/{entry['file']}` measures it again.",
     ]
-    if e.get("per_class_iou"):
-        ious = ", ".join(f"{text(c)} {v:.1f}" for c, v in e["per_class_iou"].items())
+    if entry.get("per_class_iou"):
+        ious = ", ".join(f"{text(c)} {v:.1f}" for c, v in entry["per_class_iou"].items())
         lines += ["", f"IoU per class (%): {ious}."]
     return lines
 
 
-def _limits(e: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[str]:
-    n = sum(1 for p in zoo.entries() if (p["task"], p["data"]) == (e["task"], e["data"]))
+def _limits(entry: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[str]:
+    n = sum(1 for p in zoo.entries() if (p["task"], p["data"]) == (entry["task"], entry["data"]))
     notes = [
-        f"- Trained and measured on {_data(e)['name']} {_KINDS[e['task']][1]} only: any "
+        f"- Trained and measured on {_data(entry)['name']} {_KINDS[entry['task']][1]} only: any "
         f"other image is still put into its {len(cfg['class_names'])} classes.",
         f"- One training run (seed {cfg['seed']}); the seed-to-seed spread was not measured, so its place among the "
-        f"zoo's {n} {_KINDS[e['task']][0]}s of this data ({_spread(e)} %) is weak evidence.",
-        f"- A small model ({e['params']:,} parameters) with a short recipe: neither the paper's setting nor its "
+        f"zoo's {n} {_KINDS[entry['task']][0]}s of this data ({_spread(entry)} %) is weak evidence.",
+        f"- A small model ({entry['params']:,} parameters) with a short recipe: neither the paper's setting nor its "
         "results.",
     ]
-    if e.get("note"):
-        notes.append(f"- {text(e['note'])}")
+    if entry.get("note"):
+        notes.append(f"- {text(entry['note'])}")
     return ["## Limits", "", *notes]
 
 
@@ -308,15 +311,15 @@ def _fused(report: Mapping[str, Any], side: str) -> dict[str, str]:
     }
 
 
-def _deployability(e: Mapping[str, Any], report: Mapping[str, Any], path: str) -> list[str]:
-    v, env = e["variant"], report["environment"]
-    steps = report["export"][v]
+def _deployability(model_entry: Mapping[str, Any], report: Mapping[str, Any], path: str) -> list[str]:
+    variant, env = model_entry["variant"], report["environment"]
+    steps = report["export"][variant]
     source = steps.get("source", {}).get("checkpoint")
     whose = (
         f"It exported this model (`{source}`)."
-        if source == e["file"]
-        else f"It exported the variant's classifier (`{source}`), not this model: the rows say how `{v}` attention "
-        "fares on each path."
+        if source == model_entry["file"]
+        else f"It exported the variant's classifier (`{source}`), not this model: the rows say how `{variant}` "
+        "attention fares on each path."
     )
     gpu = (env.get("gpu") or {}).get("name") if env.get("gpu") else None
     lines = [
@@ -336,9 +339,9 @@ def _deployability(e: Mapping[str, Any], report: Mapping[str, Any], path: str) -
         if isinstance(entry, dict) and "status" in entry and key != "accuracy":
             mark = {True: "yes", False: "NO"}.get(kept.get(key), "-")
             lines.append(f"| {text(_STEPS.get(key, key))} | {_step_result(entry)} | {mark} |")
-    mine, base = _fused(report, v), _fused(report, "standard")
+    mine, base = _fused(report, variant), _fused(report, "standard")
     lines += ["", "Attention cores each runtime runs as one fused kernel (the fusion audit, fp32 exports):", ""]
-    lines += [f"| runtime | {v} | standard |", "|---|---|---|"]
+    lines += [f"| runtime | {variant} | standard |", "|---|---|---|"]
     lines += [f"| {_RUNTIMES.get(r, text(r))} | {text(f)} | {text(base.get(r, '-'))} |" for r, f in mine.items()]
     return lines + _latency(report)
 
@@ -402,7 +405,7 @@ def card_markdown(name: str, root: Path = ROOT) -> str:
     return f"---\n{_metadata(name, e).to_yaml()}\n---\n\n{body}\n"
 
 
-def _verify(folder: Path, name: str, e: Mapping[str, Any], model: torch.nn.Module) -> None:
+def _verify(folder: Path, name: str, entry: Mapping[str, Any], model: torch.nn.Module) -> None:
     """The folder loads with timm's ``local-dir:`` to the zoo model's logits, holds the zoo's bytes, and its card's
     metadata reads back with the manifest's metric.
 
@@ -415,10 +418,10 @@ def _verify(folder: Path, name: str, e: Mapping[str, Any], model: torch.nn.Modul
     with torch.no_grad():
         if not torch.equal(loaded(x), model(x)):
             raise ValueError(f"{folder}: timm's local-dir load does not give the zoo model's logits")
-    if sha256_file(folder / "model.safetensors") != e["sha256"]:
+    if sha256_file(folder / "model.safetensors") != entry["sha256"]:
         raise ValueError(f"{folder}/model.safetensors is not the zoo file (sha256 differs from the manifest)")
     results = ModelCard.load(folder / "README.md").data.eval_results or []
-    if [r.metric_value for r in results] != [e["test_metric"]]:
+    if [r.metric_value for r in results] != [entry["test_metric"]]:
         raise ValueError(f"{folder}/README.md: its model-index metrics do not read back as the manifest's")
 
 

@@ -112,10 +112,10 @@ def _paper_cfg(variant: str) -> dict[str, Any]:
     return {"paper_name": paper.title, "paper_ids": ids}
 
 
-def _pretrained_cfg(e: Mapping[str, Any], cfg: Mapping[str, Any], arch: ZooArch) -> dict[str, Any]:
+def _pretrained_cfg(entry: Mapping[str, Any], cfg: Mapping[str, Any], arch: ZooArch) -> dict[str, Any]:
     size = int(cfg["img_size"])
     return {
-        "file": str(zoo.ZOO_DIR / e["file"]),
+        "file": str(zoo.ZOO_DIR / entry["file"]),
         "num_classes": int(cfg["num_classes"]),
         "label_names": tuple(cfg["class_names"]),
         "input_size": (3, size, size),
@@ -128,18 +128,18 @@ def _pretrained_cfg(e: Mapping[str, Any], cfg: Mapping[str, Any], arch: ZooArch)
         "first_conv": _first_conv(arch),
         "classifier": "head" if arch.task == "cls" else "decoder.head",
         "license": "apache-2.0",
-        "description": f"attnzoo {e['variant']} {'classifier' if arch.task == 'cls' else 'segmenter'} "
-        f"trained on {e['data']} ({cfg.get('input_style', 'rgb')} input)",
+        "description": f"attnzoo {entry['variant']} {'classifier' if arch.task == 'cls' else 'segmenter'} "
+        f"trained on {entry['data']} ({cfg.get('input_style', 'rgb')} input)",
         **_paper_cfg(arch.variant),
     }
 
 
-def timm_name(e: Mapping[str, Any]) -> str:
+def timm_name(entry: Mapping[str, Any]) -> str:
     """The timm name (``architecture.tag``) of a manifest row."""
-    cfg = _CONFIGS.get(e["file"])
+    cfg = _CONFIGS.get(entry["file"])
     if cfg is None:
-        raise ValueError(f"{e['file']}: not registered with timm (its config could not be read at import)")
-    return f"{arch_name(ZooArch.of(cfg))}.{tag(e['data'])}"
+        raise ValueError(f"{entry['file']}: not registered with timm (its config could not be read at import)")
+    return f"{arch_name(ZooArch.of(cfg))}.{tag(entry['data'])}"
 
 
 def _register() -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], dict[str, ZooArch], dict[str, Any]]:

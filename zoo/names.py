@@ -41,16 +41,16 @@ def tag(data: str) -> str:
     return TAGS.get(data, _part(data))
 
 
-def entry_name(e: Mapping[str, Any]) -> str:
+def entry_name(entry: Mapping[str, Any]) -> str:
     """The timm name of a manifest row: its decoder read from the JSON beside its file (the default when that
     cannot be read; :mod:`attnzoo.zoo.hub` registers from the checked config)."""
     decoder = None
-    if e["task"] == "seg":
+    if entry["task"] == "seg":
         try:
-            decoder = json.loads((ZOO_DIR / e["file"]).with_suffix(".json").read_text()).get("decoder")
+            decoder = json.loads((ZOO_DIR / entry["file"]).with_suffix(".json").read_text()).get("decoder")
         except (OSError, ValueError, AttributeError):
             pass
-    return f"{arch_name(e['variant'], e['task'], e['arch'], decoder)}.{tag(e['data'])}"
+    return f"{arch_name(entry['variant'], entry['task'], entry['arch'], decoder)}.{tag(entry['data'])}"
 
 
 def packaged_card(name: str) -> str | None:

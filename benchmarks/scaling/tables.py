@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from attnzoo.benchmarks.report import markdown_table
+from attnzoo.benchmarks.tables import markdown_table
 from attnzoo.fileio import atomic_path, atomic_write_text
 
 from .fits import crossover_tokens

@@ -15,11 +15,12 @@ import pkgutil
 from attnzoo.errors import UsageError, quoted
 from attnzoo.runtime.targets import collect, load_object
 
-from .base import ExportFormat, ExportRequest, FormatOption, ModelSource, Step, run_step
+from .base import ExportFormat, ExportRequest, ExportResult, FormatOption, ModelSource, Step, run_step
 
 __all__ = [
     "ExportFormat",
     "ExportRequest",
+    "ExportResult",
     "FormatOption",
     "ModelSource",
     "Step",

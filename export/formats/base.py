@@ -1,5 +1,6 @@
 """What an export format is: :class:`ExportFormat`, the part :func:`attnzoo.export.export_model` runs after the
-verified ONNX is written, and :class:`ExportRequest`, the checked arguments every part sees."""
+verified ONNX is written, :class:`ExportRequest`, the checked arguments every part sees, and :class:`ExportResult`,
+what the export wrote, which each part fills in and which holds its format."""
 
 from __future__ import annotations
 
@@ -8,24 +9,24 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from attnzoo.errors import UsageError, first_line
 from attnzoo.fileio import atomic_write_text, no_space_problem, sha256_file, writable_dir
-from attnzoo.runtime.reports import schema_checked
+from attnzoo.runtime.schemas import schema_checked
 from attnzoo.runtime.targets import FormatOption
 
 from ..check import block_prefix
 from ..divergence import BlockRecorder
 from ..errors import DiskFullError, ExportError
+from ..quantize.record import summary as quantize_summary
 from ..verify import VerificationError, parity_vs_eager, report_path, verdict_lines
-
-if TYPE_CHECKING:
-    from ..pipeline import ExportResult
+from ..verify import summary as verify_summary
 
 __all__ = [
     "ExportFormat",
     "ExportRequest",
+    "ExportResult",
     "FormatOption",
     "ModelSource",
     "Step",
@@ -67,9 +68,75 @@ class ModelSource:
     threads: int | None
 
 
+_P = TypeVar("_P")
+
+
+@dataclass
+class ExportResult:
+    """What :func:`export_model` wrote.
+
+    Attributes:
+        path: The output: the ``.onnx`` file, the engine, the Triton model folder, or the AOTInductor package.
+        onnx_path: The verified ONNX file (the output itself, beside the engine, or in the Triton folder); ``None``
+            for a format written from the PyTorch model (``aoti``).
+        report: The ONNX file's report (``<onnx>.report.json``): its verification, or for int8 / fp8 its
+            quantization, accuracy and fidelity.
+        format, dtype: As exported.
+        fp32_report: int8 / fp8: the verification report of the fp32 graph it was quantized from.
+        parts: What the format's parts wrote besides ``path``, each a typed record of its own (the TensorRT engine
+            part's :class:`~attnzoo.targets.tensorrt.engine_step.EngineOutput`, Triton's
+            :class:`~attnzoo.targets.triton.schema.TritonConfigCheck`); read one with :meth:`part`.
+        warnings: What the export warned about (also issued as :class:`ExportWarning`).
+        writer: The :class:`ExportFormat` called ``format``, which wrote it: the lines and files of its own
+            are its.
+        replaced: What the export replaced, one line each (a file that was at the output path, or a symbolic link
+            there, which the new file replaced while the file it pointed to was left as it was); the summary's last
+            lines.
+    """
+
+    path: Path
+    onnx_path: Path | None
+    report: dict[str, Any]
+    format: str
+    dtype: str
+    #: The :class:`ExportFormat` called ``format``, which wrote it (its files and summary lines are its).
+    writer: ExportFormat = field(repr=False, compare=False, kw_only=True)
+    fp32_report: dict[str, Any] | None = None
+    parts: list[Any] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    replaced: list[str] = field(default_factory=list)
+
+    def part(self, kind: type[_P]) -> _P | None:
+        """The record of type ``kind`` a format part wrote (``result.part(EngineOutput)``), or ``None``."""
+        return next((p for p in self.parts if isinstance(p, kind)), None)
+
+    @property
+    def files(self) -> list[Path]:
+        """Every file written: the ONNX and its report, then its format's (the engine and its report, the Triton
+        config, the AOTInductor package and its report)."""
+        onnx = [] if self.onnx_path is None else [self.onnx_path, report_path(self.onnx_path)]
+        return [*onnx, *self.writer.files(self)]
+
+    def summary(self) -> str:
+        """The lines ``export-model`` prints."""
+        if self.onnx_path is None:  # written from the model: the format's own lines
+            lines = []
+        elif self.fp32_report is None:
+            lines = [verify_summary(self.report)]
+        else:
+            par = self.fp32_report["parity"]
+            lines = [
+                f"fp32 source verified: parity vs eager max abs err {par['max_abs_err']:.2e} at batch sizes "
+                f"{par['batch_sizes']}",
+                quantize_summary(self.report),
+                f"  report: {report_path(self.onnx_path)}",
+            ]
+        return "\n".join(lines + self.writer.summary(self) + self.replaced)
+
+
 #: One step of a format: its name on the progress bar, and what writes it (``result.path`` is the output,
 #: ``result.onnx_path`` the verified ONNX already written).
-Step = tuple[str, Callable[[ExportRequest, "ExportResult"], None]]
+Step = tuple[str, Callable[[ExportRequest, ExportResult], None]]
 
 
 def run_step(fn: Callable[..., Any], what: str, *args, **kwargs) -> Any:

@@ -72,7 +72,7 @@ from .qdq import (
     qdq_placement_error,
     qdq_summary,
 )
-from .report import QuantizationReport, QuantizeReport, read_quantization_report, summary, write_report
+from .record import QuantizationReport, QuantizeReport, read_quantization_report, summary, write_report
 from .smooth import smooth_layernorm_matmuls
 from .verified import (
     AccuracyDropError,

@@ -18,7 +18,7 @@ import onnx
 from attnzoo.errors import install_hint
 from attnzoo.fileio import atomic_path, temporary_folder
 from attnzoo.runtime.precision import QUANTIZED
-from attnzoo.runtime.quantization_report import QuantizeReport
+from attnzoo.runtime.schemas import QuantizeReport
 
 from .qdq import (
     QDQ_PLACEMENTS,

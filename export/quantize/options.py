@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -25,6 +25,15 @@ __all__ = [
 #: Largest accuracy drop (percentage points: top-1 for classifiers, mIoU for segmenters) of the quantized model
 #: below the fp32 model on the test split that is accepted.
 ACCURACY_TOLERANCE: dict[str, float] = {"cls": 0.5, "seg": 1.0}
+
+
+class OutputFormat(Protocol):
+    """What :func:`check_quantize_arguments` reads of the export's format (an
+    :class:`~attnzoo.export.formats.ExportFormat`, resolved by the caller: quantization sits below the formats)."""
+
+    name: str
+    dynamic_int8: bool
+    builds_engine: bool
 
 
 @dataclass(frozen=True, eq=False)
@@ -110,43 +119,40 @@ class QuantizeOptions:
         )
 
 
-def check_quantize_arguments(options: QuantizeOptions, fmt: str) -> None:
+def check_quantize_arguments(options: QuantizeOptions, fmt: OutputFormat) -> None:
     """Refuse quantization arguments that cannot work, before any work (ModelOpt missing, a placement for another
     dtype or target, bad counts, a bad calibration file); what a target needs of a precision (FP8's tensor cores)
     its format checks (:meth:`~attnzoo.export.formats.ExportFormat.check`).
 
     Args:
         options: The export's dtype and its quantization flags (``None`` / ``False``: not given).
-        fmt: The export's format.
+        fmt: The export's format (an :class:`~attnzoo.export.formats.ExportFormat`).
 
     Raises:
         ValueError: one line naming the flag.
     """
-    o, dtype = options, options.dtype
-    given = _given_flags(o)
+    dtype = options.dtype
+    given = _given_flags(options)
     if dtype not in QUANTIZED:
         if given:
             raise ValueError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to --dtype int8 / fp8 only")
         return
-    from ..formats import get_format
-
-    part = get_format(fmt)
-    if part.dynamic_int8:  # it quantizes int8 itself, at run time: no ModelOpt, no calibration
+    if fmt.dynamic_int8:  # it quantizes int8 itself, at run time: no ModelOpt, no calibration
         if dtype != "int8" or given:
             raise ValueError(
-                f"--format {fmt} quantizes dynamically (--dtype int8, no calibration); "
+                f"--format {fmt.name} quantizes dynamically (--dtype int8, no calibration); "
                 f"{dtype if dtype != 'int8' else ', '.join(given)} does not apply"
             )
         return
-    if fmt == "triton":
+    if fmt.name == "triton":
         raise ValueError(
             f"--dtype {dtype}: --format triton is not supported yet; export the ONNX (--format onnx) "
             "or a TensorRT engine"
         )
-    error = qdq_placement_error(o.placement or DEFAULT_QDQ_PLACEMENT, dtype)
+    error = qdq_placement_error(options.placement or DEFAULT_QDQ_PLACEMENT, dtype)
     if error:
         raise ValueError(error)
-    if o.placement == CPU_QDQ_PLACEMENT and part.builds_engine:
+    if options.placement == CPU_QDQ_PLACEMENT and fmt.builds_engine:
         raise ValueError(
             "--qdq-placement cpu is for ONNX Runtime on the CPU; a TensorRT engine wants the tensorrt "
             "placement (the default)"
@@ -154,41 +160,41 @@ def check_quantize_arguments(options: QuantizeOptions, fmt: str) -> None:
     reason = quantize_unavailable_reason()
     if reason:
         raise ValueError(f"--dtype {dtype} {reason}")
-    _check_values(o, given)
+    _check_values(options, given)
 
 
-def _given_flags(o: QuantizeOptions) -> list[str]:
+def _given_flags(options: QuantizeOptions) -> list[str]:
     """The quantization flags given (``None`` / ``False``: not given), by their command-line names."""
     flags = {
-        "--quantize-extra-math": o.quantize_extra_math,
-        "--qdq-placement": o.placement is not None,
-        "--calibration-data": o.calibration_data is not None,
-        "--calibration-count": o.calibration_count is not None,
-        "--calibration-seed": o.calibration_seed is not None,
-        "--accept-accuracy-drop": o.accept_accuracy_drop,
-        "--eval-limit": o.eval_limit is not None,
-        "--min-cosine": o.min_cosine is not None,
-        "--fidelity-count": o.fidelity_count is not None,
-        "--smooth-quant": o.smooth_quant is not None,
+        "--quantize-extra-math": options.quantize_extra_math,
+        "--qdq-placement": options.placement is not None,
+        "--calibration-data": options.calibration_data is not None,
+        "--calibration-count": options.calibration_count is not None,
+        "--calibration-seed": options.calibration_seed is not None,
+        "--accept-accuracy-drop": options.accept_accuracy_drop,
+        "--eval-limit": options.eval_limit is not None,
+        "--min-cosine": options.min_cosine is not None,
+        "--fidelity-count": options.fidelity_count is not None,
+        "--smooth-quant": options.smooth_quant is not None,
     }
     return [flag for flag, value in flags.items() if value]
 
 
-def _check_values(o: QuantizeOptions, given: list[str]) -> None:
+def _check_values(options: QuantizeOptions, given: list[str]) -> None:
     """Refuse counts below 1, a cosine outside 0..1 and a bad ``.npy`` calibration file."""
     for flag, value in (
-        ("calibration-count", o.calibration_count),
-        ("eval-limit", o.eval_limit),
-        ("fidelity-count", o.fidelity_count),
+        ("calibration-count", options.calibration_count),
+        ("eval-limit", options.eval_limit),
+        ("fidelity-count", options.fidelity_count),
     ):
         if value is not None and value < 1:
             raise ValueError(f"--{flag} must be >= 1, got {value}")
-    if o.min_cosine is not None and not 0.0 <= o.min_cosine <= 1.0:
-        raise ValueError(f"--min-cosine must be in 0..1, got {o.min_cosine}")
-    if o.calibration_data is not None and not Path(o.calibration_data).is_dir():
+    if options.min_cosine is not None and not 0.0 <= options.min_cosine <= 1.0:
+        raise ValueError(f"--min-cosine must be in 0..1, got {options.min_cosine}")
+    if options.calibration_data is not None and not Path(options.calibration_data).is_dir():
         if "--calibration-count" in given or "--calibration-seed" in given:
             raise ValueError(
                 "--calibration-count/--calibration-seed draw images from the training split or a "
                 "folder; the images of a .npy --calibration-data are used as they are"
             )
-        load_calibration_file(o.calibration_data, None)  # shape (but H, W), dtype, emptiness
+        load_calibration_file(options.calibration_data, None)  # shape (but H, W), dtype, emptiness

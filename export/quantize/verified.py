@@ -36,7 +36,7 @@ from .qdq import (
     qdq_placement_error,
     qdq_summary,
 )
-from .report import QuantizationReport, QuantizeReport, write_report
+from .record import QuantizationReport, QuantizeReport, write_report
 from .smooth import layernorm_outliers, outlier_note, smooth_layernorm_matmuls
 
 __all__ = ["AccuracyDropError", "QuantizationCheckError", "FidelityError", "evaluate_onnx", "quantize_verified"]
@@ -107,24 +107,24 @@ def quantize_verified(
             (``auto``) no placement promises it on the choosing inputs.
         AccuracyDropError: the accuracy drop exceeds the tolerance.
     """
-    o = replace(options, **fields) if options is not None else QuantizeOptions(**fields)
-    r = _prepare(Path(fp32_onnx), Path(out), config, o)
-    with atomic_path(r.out) as tmp, temporary_folder("attnzoo-smooth-") as work:
-        q, proto, decision = _quantized_graph(r, tmp, Path(work))
-        runnable = r.precision.ort_graph(proto)
-        unpromised = r.placement == AUTO_QDQ_PLACEMENT and r.gate > 0 and not decision.get("promised")
-        failures = [_unpromised(r, decision)] if unpromised else []  # first: auto's fallback may hold no int8 op
-        checks, extra_check = _graph_failures(r, q, proto, runnable, unpromised)
+    resolved = replace(options, **fields) if options is not None else QuantizeOptions(**fields)
+    run = _prepare(Path(fp32_onnx), Path(out), config, resolved)
+    with atomic_path(run.out) as tmp, temporary_folder("attnzoo-smooth-") as work:
+        q, proto, decision = _quantized_graph(run, tmp, Path(work))
+        runnable = run.precision.ort_graph(proto)
+        unpromised = run.placement == AUTO_QDQ_PLACEMENT and run.gate > 0 and not decision.get("promised")
+        failures = [_unpromised(run, decision)] if unpromised else []  # first: auto's fallback may hold no int8 op
+        checks, extra_check = _graph_failures(run, q, proto, runnable, unpromised)
         failures += checks
         fidelity, blocks = None, None
         if len(failures) == int(unpromised):  # the other checks passed: measured, also to say why auto refused
-            fidelity, blocks = _measured_fidelity(r, proto, runnable)
+            fidelity, blocks = _measured_fidelity(run, proto, runnable)
             if not fidelity["within_gate"] and not unpromised:
                 failures.append(fidelity["failure"])
-        accuracy, too_low = _scored(r, runnable, failures)
-        report = _report(r, q, proto, tmp, extra_check, fidelity, accuracy, blocks, failures)
+        accuracy, too_low = _scored(run, runnable, failures)
+        report = _report(run, q, proto, tmp, extra_check, fidelity, accuracy, blocks, failures)
         if failures:
-            write_report(report, failed_report_path(r.out))
+            write_report(report, failed_report_path(run.out))
             kind = (
                 AccuracyDropError
                 if too_low
@@ -132,10 +132,10 @@ def quantize_verified(
                 if unpromised or (fidelity and not fidelity["within_gate"])
                 else QuantizationCheckError
             )
-            raise kind(f"{r.out.name} not written: {'; '.join(failures[:3])}; see {failed_report_path(r.out)}")
+            raise kind(f"{run.out.name} not written: {'; '.join(failures[:3])}; see {failed_report_path(run.out)}")
     # the report after the model: stopped in between, the old report names another SHA-256 and nothing serves it
-    write_report(report, report_path(r.out))
-    failed_report_path(r.out).unlink(missing_ok=True)
+    write_report(report, report_path(run.out))
+    failed_report_path(run.out).unlink(missing_ok=True)
     return report.to_dict()
 
 
@@ -146,7 +146,7 @@ class _Run:
     ``auto`` placement's half, ``check``: the gate's), the warnings so far, and the precision (how ONNX Runtime
     runs its graph: FP8 simulated)."""
 
-    o: QuantizeOptions
+    options: QuantizeOptions
     config: Mapping[str, Any]
     fp32_onnx: Path
     out: Path
@@ -163,21 +163,21 @@ class _Run:
     precision: Precision
 
 
-def _prepare(fp32_onnx: Path, out: Path, config: Mapping[str, Any], o: QuantizeOptions) -> _Run:
+def _prepare(fp32_onnx: Path, out: Path, config: Mapping[str, Any], options: QuantizeOptions) -> _Run:
     """The options resolved against the fp32 graph (``ValueError``: no calibration, a placement for another
     dtype)."""
-    if o.calibration is None:
+    if options.calibration is None:
         raise ValueError("quantize_verified needs calibration inputs (QuantizeOptions.calibration)")
-    placement = o.placement or DEFAULT_QDQ_PLACEMENT
-    error = qdq_placement_error(placement, o.dtype)
+    placement = options.placement or DEFAULT_QDQ_PLACEMENT
+    error = qdq_placement_error(placement, options.dtype)
     if error:
         raise ValueError(error)
     src = onnx.load(str(fp32_onnx))
-    notes = list(o.warnings)
+    notes = list(options.warnings)
     calibration, held_out, held_source = _held_out(
-        config, o.calibration, o.calibration_seed, o.held_out, o.calibration_source
+        config, options.calibration, options.calibration_seed, options.held_out, options.calibration_source
     )
-    if o.calibration_random and not config.get("untrained"):
+    if options.calibration_random and not config.get("untrained"):
         notes.append("a trained model calibrated on random inputs: real inputs' activations differ")
     choose, check = (
         (held_out[: len(held_out) // 2], held_out[len(held_out) // 2 :])
@@ -185,73 +185,81 @@ def _prepare(fp32_onnx: Path, out: Path, config: Mapping[str, Any], o: QuantizeO
         else (held_out[:0], held_out)
     )
     return _Run(
-        o=o,
+        options=options,
         config=config,
         fp32_onnx=fp32_onnx,
         out=out,
         src=src,
         extra=extra_math_nodes(src, config),
         placement=placement,
-        gate=(0.0 if o.measure_accuracy else DEFAULT_MIN_COSINE) if o.min_cosine is None else float(o.min_cosine),
-        tol=ACCURACY_TOLERANCE[config["task"]] if o.tolerance is None else float(o.tolerance),
+        gate=(0.0 if options.measure_accuracy else DEFAULT_MIN_COSINE)
+        if options.min_cosine is None
+        else float(options.min_cosine),
+        tol=ACCURACY_TOLERANCE[config["task"]] if options.tolerance is None else float(options.tolerance),
         notes=notes,
         calibration=calibration,
         held_source=held_source,
         choose=choose,
         check=check,
-        precision=get_precision(o.dtype),
+        precision=get_precision(options.dtype),
     )
 
 
-def _quantized_graph(r: _Run, tmp: Path, work: Path) -> tuple[QuantizeReport, onnx.ModelProto, dict[str, Any]]:
+def _quantized_graph(run: _Run, tmp: Path, work: Path) -> tuple[QuantizeReport, onnx.ModelProto, dict[str, Any]]:
     """The quantized graph written at ``tmp``: SmoothQuant's migration first where asked (``auto`` int8 by default;
     calibrated on the migrated graph, measured against the original), ModelOpt's quantization, then for ``auto``
     the placement chosen on the choosing inputs (:func:`_auto`). Returns the quantizer's report, the graph and the
     ``auto`` decision (empty otherwise)."""
-    o, exclude = r.o, [] if r.o.quantize_extra_math else r.extra
-    source, smoothing = r.fp32_onnx, None
+    options, exclude = run.options, [] if run.options.quantize_extra_math else run.extra
+    source, smoothing = run.fp32_onnx, None
     smooth = (
-        o.smooth_quant if o.smooth_quant is not None else r.placement == AUTO_QDQ_PLACEMENT and r.precision.smooth_quant
+        options.smooth_quant
+        if options.smooth_quant is not None
+        else run.placement == AUTO_QDQ_PLACEMENT and run.precision.smooth_quant
     )
     if smooth:
-        migrated, smoothing = smooth_layernorm_matmuls(r.src, r.calibration, exclude=r.extra, threads=o.threads)
+        migrated, smoothing = smooth_layernorm_matmuls(
+            run.src, run.calibration, exclude=run.extra, threads=options.threads
+        )
         if smoothing["migrated"]:  # no outlier channel: the graph as it was
             source = work / "smoothed.onnx"
             onnx.save(migrated, str(source))
     q = quantize_onnx(
         source,
         tmp,
-        dtype=o.dtype,
-        calibration=r.calibration,
+        dtype=options.dtype,
+        calibration=run.calibration,
         exclude_nodes=exclude,
-        calibration_source=o.calibration_source,
-        calibration_seed=o.calibration_seed,
-        calibration_method=o.calibration_method,
-        extra_nodes=r.extra,
-        placement=TENSORRT_QDQ_PLACEMENT if r.placement == AUTO_QDQ_PLACEMENT else r.placement,
+        calibration_source=options.calibration_source,
+        calibration_seed=options.calibration_seed,
+        calibration_method=options.calibration_method,
+        extra_nodes=run.extra,
+        placement=TENSORRT_QDQ_PLACEMENT if run.placement == AUTO_QDQ_PLACEMENT else run.placement,
     )
     if smoothing is not None:
         q.options["smooth_quant"] = smoothing
     proto = onnx.load(str(tmp))
-    if r.placement != AUTO_QDQ_PLACEMENT:
+    if run.placement != AUTO_QDQ_PLACEMENT:
         return q, proto, {}
-    return (q, *_auto(r, q, proto, tmp))
+    return (q, *_auto(run, q, proto, tmp))
 
 
-def _auto(r: _Run, q: QuantizeReport, full: onnx.ModelProto, tmp: Path) -> tuple[onnx.ModelProto, dict[str, Any]]:
+def _auto(
+    run: _Run, quantization: QuantizeReport, full: onnx.ModelProto, tmp: Path
+) -> tuple[onnx.ModelProto, dict[str, Any]]:
     """``auto``: the Q/DQ groups kept that promise the gate on the choosing inputs (:func:`auto_placement`), what
     each group kept fp32 costs in speed (int8), recorded in ``q`` and written back to ``tmp``."""
-    fixed = r.extra if r.o.quantize_extra_math else ()
+    fixed = run.extra if run.options.quantize_extra_math else ()
     proto = full
-    if len(r.choose):
+    if len(run.choose):
         proto, decision = auto_placement(
             full,
-            onnx_outputs(r.fp32_onnx, r.choose, r.o.threads),
-            r.choose,
-            r.config["task"],
-            min_cosine=r.gate or DEFAULT_MIN_COSINE,
-            runnable=r.precision.ort_graph,
-            threads=r.o.threads,
+            onnx_outputs(run.fp32_onnx, run.choose, run.options.threads),
+            run.choose,
+            run.config["task"],
+            min_cosine=run.gate or DEFAULT_MIN_COSINE,
+            runnable=run.precision.ort_graph,
+            threads=run.options.threads,
             fixed=fixed,
         )
     else:
@@ -260,16 +268,16 @@ def _auto(r: _Run, q: QuantizeReport, full: onnx.ModelProto, tmp: Path) -> tuple
             "promised": False,
             "note": "too few held-out inputs to choose: ModelOpt's full placement",
         }
-    if r.precision.cpu_runtimes and any(not d["quantized"] for d in decision.get("groups", {}).values()):
-        decision["speed"] = group_speed(proto, full, decision, r.check, fixed=fixed)
-    q.options.update(placement=AUTO_QDQ_PLACEMENT, auto=decision)
-    q.qdq = qdq_summary(proto, r.extra)
+    if run.precision.cpu_runtimes and any(not d["quantized"] for d in decision.get("groups", {}).values()):
+        decision["speed"] = group_speed(proto, full, decision, run.check, fixed=fixed)
+    quantization.options.update(placement=AUTO_QDQ_PLACEMENT, auto=decision)
+    quantization.qdq = qdq_summary(proto, run.extra)
     _set_placement(proto, AUTO_QDQ_PLACEMENT)
     onnx.save(proto, str(tmp))
     return proto, decision
 
 
-def _unpromised(r: _Run, decision: Mapping[str, Any]) -> str:
+def _unpromised(run: _Run, decision: Mapping[str, Any]) -> str:
     """The line refusing an ``auto`` graph when no placement promises the gate on the choosing inputs: the best
     one tried, an outlier note where the fp32 graph has outlier channels, what to do."""
     named = {
@@ -279,9 +287,9 @@ def _unpromised(r: _Run, decision: Mapping[str, Any]) -> str:
     }
     tried = {label: decision[key] for label, key in named.items() if key in decision}
     best = max(tried, key=lambda label: tried[label]["promised"], default=None)
-    note = outlier_note(layernorm_outliers(r.src, r.calibration, exclude=r.extra, threads=r.o.threads))
+    note = outlier_note(layernorm_outliers(run.src, run.calibration, exclude=run.extra, threads=run.options.threads))
     return (
-        f"no Q/DQ placement promises a cosine to fp32 >= {r.gate:g} on inputs like the {len(r.choose)} "
+        f"no Q/DQ placement promises a cosine to fp32 >= {run.gate:g} on inputs like the {len(run.choose)} "
         f"choosing one(s)"
         + (f" ({best} promises {tried[best]['promised']:.4f}, worst {tried[best]['worst']:.4f})" if best else "")
         + (f"; {note}" if note else "")
@@ -290,22 +298,22 @@ def _unpromised(r: _Run, decision: Mapping[str, Any]) -> str:
 
 
 def _graph_failures(
-    r: _Run, q: QuantizeReport, proto: onnx.ModelProto, runnable: onnx.ModelProto, unpromised: bool
+    run: _Run, quantization: QuantizeReport, proto: onnx.ModelProto, runnable: onnx.ModelProto, unpromised: bool
 ) -> tuple[list[str], dict[str, Any]]:
     """What the quantized graph breaks, one line each (no quantized op, Q/DQ read by the extra math unless asked,
     the extra math's own check, non-finite outputs, a batch dimension that is not the contract's), and the extra
     math's check."""
-    failures, qdq = [], q.qdq
+    failures, qdq = [], quantization.qdq
     if not unpromised and sum(qdq["quantized_ops"].values()) == 0:
         failures.append("no MatMul/Gemm/Conv was quantized")
-    if not r.o.quantize_extra_math and qdq["extra_math_quantized"]:
+    if not run.options.quantize_extra_math and qdq["extra_math_quantized"]:
         failures.append(
             f"{len(qdq['extra_math_quantized'])} extra-math op(s) read quantized values, e.g. "
             f"{qdq['extra_math_quantized'][0]}"
         )
-    extra_check = check_extra_math(proto, dict(r.config), "fp32")
-    failures += [f"extra math: {f}" for f in extra_check["failures"]] if not r.o.quantize_extra_math else []
-    if not _finite_outputs(runnable, r.calibration[: min(8, len(r.calibration))], r.o.threads):
+    extra_check = check_extra_math(proto, dict(run.config), "fp32")
+    failures += [f"extra math: {f}" for f in extra_check["failures"]] if not run.options.quantize_extra_math else []
+    if not _finite_outputs(runnable, run.calibration[: min(8, len(run.calibration))], run.options.threads):
         failures.append("non-finite outputs on calibration inputs")
     dim = proto.graph.input[0].type.tensor_type.shape.dim[0]
     if (dim.dim_param or dim.dim_value) != BATCH_DIM:
@@ -314,44 +322,44 @@ def _graph_failures(
 
 
 def _measured_fidelity(
-    r: _Run, proto: onnx.ModelProto, runnable: onnx.ModelProto
+    run: _Run, proto: onnx.ModelProto, runnable: onnx.ModelProto
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The gate's measurement on the held-out inputs (:func:`_fidelity`, its sources and split, a weak gate
     named), and the per-block errors against the fp32 graph (:func:`_divergence`)."""
-    o, check = r.o, r.check
+    options, check = run.options, run.check
     fidelity = _fidelity(
         proto,
         runnable,
-        r.fp32_onnx,
+        run.fp32_onnx,
         check,
-        r.config["task"],
-        r.gate,
-        r.placement,
-        r.precision.ort_graph,
-        o.threads,
-        None if o.measure_accuracy else r.calibration,  # the promise of a model its test split does not score
+        run.config["task"],
+        run.gate,
+        run.placement,
+        run.precision.ort_graph,
+        options.threads,
+        None if options.measure_accuracy else run.calibration,  # the promise of a model its test split does not score
     )
     if (fidelity.get("related") or {}).get("warning"):
-        r.notes.append(fidelity["related"]["warning"])
+        run.notes.append(fidelity["related"]["warning"])
     fidelity.update(
-        source=r.held_source,
-        warnings=r.notes,
-        split={"calibration": int(len(r.calibration)), "choose": int(len(r.choose)), "gate": int(len(check))},
+        source=run.held_source,
+        warnings=run.notes,
+        split={"calibration": int(len(run.calibration)), "choose": int(len(run.choose)), "gate": int(len(check))},
     )
     if len(check) < FIRM_GATE_INPUTS:
         fidelity["weak"] = (
             f"only {len(check)} gate input(s) (firm from {FIRM_GATE_INPUTS}): a further input "
             f"falls below their worst with probability about 1/{len(check) + 1}"
         )
-    return fidelity, _divergence(runnable, r.src, r.config, check, r.gate or DEFAULT_MIN_COSINE, o.threads)
+    return fidelity, _divergence(runnable, run.src, run.config, check, run.gate or DEFAULT_MIN_COSINE, options.threads)
 
 
-def _scored(r: _Run, runnable: onnx.ModelProto, failures: list[str]) -> tuple[dict[str, Any], bool]:
+def _scored(run: _Run, runnable: onnx.ModelProto, failures: list[str]) -> tuple[dict[str, Any], bool]:
     """The quantized graph and the fp32 graph scored on the test split (when the model has one and every check
     passed), the drop against the tolerance (a line in ``failures`` when over it and not accepted); and whether
     it was too low."""
-    o, dtype, tol = r.o, r.o.dtype, r.tol
-    if not o.measure_accuracy:
+    options, dtype, tol = run.options, run.options.dtype, run.tol
+    if not options.measure_accuracy:
         return {
             "measured": False,
             "warning": "no labelled test split (an untrained or converted model): "
@@ -360,26 +368,30 @@ def _scored(r: _Run, runnable: onnx.ModelProto, failures: list[str]) -> tuple[di
     if failures:
         return {"measured": False, "reason": "checks failed before scoring"}, False
     ev = evaluate_onnx(
-        {"fp32": r.fp32_onnx, dtype: runnable}, r.config, limit=o.eval_limit, threads=o.threads, progress=o.progress
+        {"fp32": run.fp32_onnx, dtype: runnable},
+        run.config,
+        limit=options.eval_limit,
+        threads=options.threads,
+        progress=options.progress,
     )
     drop = ev["metrics"]["fp32"] - ev["metrics"][dtype]
     accuracy = {
         **ev,
-        "limit": o.eval_limit,
+        "limit": options.eval_limit,
         "drop": drop,
         "tolerance": tol,
         "within_tolerance": drop <= tol,
-        "accepted_drop": bool(o.accept_accuracy_drop and drop > tol),
+        "accepted_drop": bool(options.accept_accuracy_drop and drop > tol),
         "runtime": "onnxruntime CPUExecutionProvider",
         "how": (
             "the FP8 Q/DQ graph simulated in float ops (simulate_fp8: e4m3 RNE round trip at the "
             "same Q/DQ points, same scales); ONNX Runtime's CPU provider refuses float8 tensors "
             "into Transpose"
         )
-        if r.precision.ort_simulated
+        if run.precision.ort_simulated
         else "the Q/DQ graph itself",
     }
-    too_low = drop > tol and not o.accept_accuracy_drop
+    too_low = drop > tol and not options.accept_accuracy_drop
     if too_low:
         failures.append(
             f"{ev['metric_name']} {ev['metrics'][dtype]:.2f} is {drop:.2f} points below fp32's "
@@ -390,8 +402,8 @@ def _scored(r: _Run, runnable: onnx.ModelProto, failures: list[str]) -> tuple[di
 
 
 def _report(
-    r: _Run,
-    q: QuantizeReport,
+    run: _Run,
+    quantization: QuantizeReport,
     proto: onnx.ModelProto,
     tmp: Path,
     extra_check: Mapping[str, Any],
@@ -402,33 +414,33 @@ def _report(
 ) -> QuantizationReport:
     """The report of the graph at ``tmp``: the fp32 graph it came from (its own report; no path when it was a
     temporary file), the quantizer's, the checks, the fidelity, the score."""
-    o = r.o
-    fp32_report = report_path(r.fp32_onnx)
+    options = run.options
+    fp32_report = report_path(run.fp32_onnx)
     fp32_verified = json.loads(fp32_report.read_text()) if fp32_report.is_file() else None
-    if fp32_verified is not None and not o.fp32_kept:
+    if fp32_verified is not None and not options.fp32_kept:
         fp32_verified["path"] = None  # a temporary file: its hash and report, no path that dangles
     return QuantizationReport(
-        path=str(r.out),
-        variant=r.config["variant"],
-        task=r.config["task"],
-        arch=r.config["arch"],
-        dtype=o.dtype,
+        path=str(run.out),
+        variant=run.config["variant"],
+        task=run.config["task"],
+        arch=run.config["arch"],
+        dtype=options.dtype,
         fp32_source={
-            "path": str(r.fp32_onnx) if o.fp32_kept else None,
-            "kept": o.fp32_kept,
-            "sha256": sha256_file(r.fp32_onnx),
+            "path": str(run.fp32_onnx) if options.fp32_kept else None,
+            "kept": options.fp32_kept,
+            "sha256": sha256_file(run.fp32_onnx),
             "report": fp32_verified,
         },
-        quantization=q,
-        quantize_extra_math=o.quantize_extra_math,
+        quantization=quantization,
+        quantize_extra_math=options.quantize_extra_math,
         extra_math_scope_check={
-            "nodes": len(r.extra),
-            "quantized": q.qdq["extra_math_quantized"],
+            "nodes": len(run.extra),
+            "quantized": quantization.qdq["extra_math_quantized"],
             "checker": extra_check["ok"] or extra_check["failures"],
         },
         fidelity=fidelity,
         accuracy=accuracy,
-        warnings=r.notes,
+        warnings=run.notes,
         file_size=tmp.stat().st_size,
         sha256=sha256_file(tmp),
         num_nodes=len(proto.graph.node),
@@ -437,7 +449,7 @@ def _report(
         onnxruntime=__import__("onnxruntime").__version__,
         verified="quantized graph checked (Q/DQ placement, extra math fp32), its output compared with fp32's "
         "on held-out inputs"
-        + (" and scored with ONNX Runtime CPU on the test split next to fp32" if o.measure_accuracy else ""),
+        + (" and scored with ONNX Runtime CPU on the test split next to fp32" if options.measure_accuracy else ""),
         passed=not failures,
         failures=failures,
         divergence=blocks,

@@ -1,5 +1,5 @@
 """The AOTInductor target's report: ``<package>.pt2.json``, an AOTInductor package's export and compile, its extra
-math counted in the exported program and its parity (``python -m attnzoo.runtime.reports aoti`` prints its JSON
+math counted in the exported program and its parity (``python -m attnzoo.runtime.schemas aoti`` prints its JSON
 Schema)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from attnzoo.runtime.reports import BlockDivergence, ExtraMathCheck, FormatReport, ParityCheck
+from attnzoo.runtime.schemas import BlockDivergence, ExtraMathCheck, FormatReport, ParityCheck
 
 __all__ = ["AOTIReport"]
 

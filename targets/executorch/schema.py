@@ -1,5 +1,5 @@
 """The ExecuTorch target's report: ``<program>.pte.json``, an ExecuTorch program's lowering, its extra math
-counted in the lowered graph and its parity (``python -m attnzoo.runtime.reports executorch`` prints its JSON
+counted in the lowered graph and its parity (``python -m attnzoo.runtime.schemas executorch`` prints its JSON
 Schema)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from attnzoo.runtime.reports import BlockDivergence, ExtraMathCheck, FormatReport, ParityCheck
+from attnzoo.runtime.schemas import BlockDivergence, ExtraMathCheck, FormatReport, ParityCheck
 
 __all__ = ["ExecuTorchReport"]
 

@@ -1,12 +1,12 @@
 """The OpenVINO target's report: ``<model>.xml.json``, an OpenVINO IR's conversion, graph checks and parity (or an
-int8 IR's gates) (``python -m attnzoo.runtime.reports openvino`` prints its JSON Schema)."""
+int8 IR's gates) (``python -m attnzoo.runtime.schemas openvino`` prints its JSON Schema)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from attnzoo.runtime.reports import BlockDivergence, ExtraMathCheck, FormatReport, JsonReport, ParityCheck
+from attnzoo.runtime.schemas import BlockDivergence, ExtraMathCheck, FormatReport, JsonReport, ParityCheck
 
 __all__ = ["OpenVINOReport", "SourceOnnx"]
 

@@ -22,15 +22,19 @@ The modules, by role:
 - :mod:`.options` and :mod:`.format`: ``--compute-capability`` and ``--format tensorrt``, whose engine step
   Triton's ``tensorrt_plan`` folder composes.
 
-Every public name of :mod:`.library` and :mod:`.builder` is importable from here. A test that replaces a function
-patches it in the module that calls it (``builder.run_in_worker``, ``library.gpu_available`` and its imports in
-``builder`` and the engine loader).
+Every public name of :mod:`.library` and :mod:`.builder` is importable from here; the modules of this folder
+import them from the module that defines them, never from here (so this face imports its modules and none of them
+imports it back). A test that replaces a function patches it where it is defined and looked up
+(``builder.build_cached``, ``builder.run_in_worker``, ``library.gpu_available`` and its imports in ``builder`` and
+the engine loader).
 """
 
 from __future__ import annotations
 
+from attnzoo.runtime.targets import Target
+
+from .backend import TENSORRT
 from .builder import (
-    _LAYER_OF_OP,  # noqa: F401 -- read by .verified
     Built,
     ParsedNetwork,
     build,
@@ -60,6 +64,8 @@ from .library import (
     tensorrt_proper_hint,
     unavailable_reason,
 )
+from .options import COMPUTE_CAPABILITY
+from .schema import EngineReport
 
 __all__ = [
     "TARGET",
@@ -90,15 +96,6 @@ __all__ = [
     "build_cached",
     "engine_cache_name",
 ]
-
-# isort: off -- the backend imports the names above from this package's face
-from attnzoo.runtime.targets import Target
-
-from .backend import TENSORRT
-from .options import COMPUTE_CAPABILITY
-from .schema import EngineReport
-
-# isort: on
 
 TARGET = Target(
     "tensorrt",

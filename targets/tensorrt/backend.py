@@ -17,8 +17,8 @@ from attnzoo.fileio import cache_subdir
 from attnzoo.lazy import lazy_import
 from attnzoo.runtime.backends import Backend, Call, LoadOptions, Session
 from attnzoo.runtime.device import DeviceMemory, release_cuda_cache, tf32_problem
-from attnzoo.targets import tensorrt as rt  # the package's face (builder and library), patched there by tests
 
+from . import builder, library
 from .engine import Engine, runtime_cache_path
 from .schema import EngineReport, engine_report_path
 
@@ -127,7 +127,7 @@ class TensorRTBackend(Backend):
         if dtype == "bf16":
             return "bf16 ONNX graphs are not exported (export dtypes: fp32, fp16)"
         return (
-            rt.unavailable_reason(run=not build_only)
+            library.unavailable_reason(run=not build_only)
             or super().unavailable_reason(dtype, device)
             or (tf32_problem("cuda") if dtype == "tf32" and not build_only else None)
         )
@@ -139,12 +139,12 @@ class TensorRTBackend(Backend):
         its build facts."""
         if options.cache_dir is None:
             raise ValueError(f"{self.name}: building without running keeps the engine; give a cache_dir")
-        return rt.build_cached(
+        return builder.build_cached(
             Path(model),
             cache_subdir(options.cache_dir, "tensorrt"),
             batch_sizes=_sizes(options),
             tf32=options.dtype == "tf32",
-            compute_capability=rt.DEFAULT_COMPUTE_CAPABILITY,
+            compute_capability=library.DEFAULT_COMPUTE_CAPABILITY,
         )
 
     def open(self, model: Any, options: LoadOptions) -> TensorRTSession:
@@ -165,27 +165,27 @@ class TensorRTBackend(Backend):
                 blob = trusted_engine(path)
             except ValueError as exc:
                 raise ValueError(f"{self.name}: {path} is not loaded: {exc}") from None
-            memory = DeviceMemory() if rt.gpu_available() else None
+            memory = DeviceMemory() if library.gpu_available() else None
             return TensorRTSession(Engine(blob), self.name, {}, memory)
         sizes, tf32 = _sizes(options), options.dtype == "tf32"
         if options.cache_dir is not None:  # engines and compiled kernels kept: every later row and run reuses them
             folder = cache_subdir(options.cache_dir, "tensorrt")
-            facts = rt.build_cached(path, folder, batch_sizes=sizes, tf32=tf32)
-            lib = rt.load_library()
+            facts = builder.build_cached(path, folder, batch_sizes=sizes, tf32=tf32)
+            lib = library.load_library()
             memory = DeviceMemory()  # after the build (which needs none of it), before the engine is loaded
             return TensorRTSession(
                 Engine(Path(facts["engine"]), lib, runtime_cache_path(folder, lib)), self.name, facts, memory
             )
-        return self.open_built(rt.build(path, batch_sizes=sizes, tf32=tf32))
+        return self.open_built(builder.build(path, batch_sizes=sizes, tf32=tf32))
 
-    def open_built(self, built: rt.Built) -> TensorRTSession:
+    def open_built(self, built: builder.Built) -> TensorRTSession:
         """A session of the engine :func:`~attnzoo.targets.tensorrt.build` just made, from its bytes (nothing read
         from disk): what ``export-model``'s engine check runs before the engine is kept.
 
         Raises:
             TensorRTUnavailable: no GPU, or one the engine's library does not run on.
         """
-        memory = DeviceMemory() if rt.gpu_available() else None
+        memory = DeviceMemory() if library.gpu_available() else None
         return TensorRTSession(Engine(built.blob, built.library), self.name, built.facts(), memory)
 
 

@@ -7,8 +7,8 @@ from attnzoo.errors import UsageError, quoted
 from attnzoo.lazy import lazy_import
 from attnzoo.runtime.precision import Precision, get_precision
 from attnzoo.runtime.targets import FormatOption
-from attnzoo.targets import tensorrt as rt  # the package's face, patched there by tests
 
+from . import library
 from .library import COMPUTE_CAPABILITIES, DEFAULT_COMPUTE_CAPABILITY
 
 torch = lazy_import("torch")
@@ -27,7 +27,7 @@ def compute_capability_error(precision: Precision, compute_capability: str | Non
     if need is None:
         return None
     try:
-        cc = rt.resolve_compute_capability(compute_capability, rt.gpu_available())
+        cc = library.resolve_compute_capability(compute_capability, library.gpu_available())
     except ValueError as exc:  # an unknown name, or CURRENT without a GPU: the build would refuse it the same way
         return str(exc)
     if cc == "CURRENT":
@@ -54,7 +54,7 @@ def check_compute_capability(compute_capability: str | None, dtype: str) -> None
         )
     else:
         error = compute_capability_error(get_precision(dtype), compute_capability)
-    if error is None and compute_capability == "CURRENT" and not rt.gpu_available():
+    if error is None and compute_capability == "CURRENT" and not library.gpu_available():
         error = (
             "--compute-capability CURRENT needs a GPU and none is visible; name one to build ahead of time (e.g. SM89)"
         )

@@ -1,5 +1,5 @@
 """The TensorRT target's report: ``<engine>.json``, an engine's build, check and (where a GPU ran it) parity and
-latency (``python -m attnzoo.runtime.reports engine`` prints its JSON Schema)."""
+latency (``python -m attnzoo.runtime.schemas engine`` prints its JSON Schema)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from attnzoo.runtime.reports import JsonReport
+from attnzoo.runtime.schemas import JsonReport
 
 __all__ = ["EngineReport", "engine_report_path"]
 

@@ -41,8 +41,8 @@ from attnzoo.runtime.contract import ModelContract
 from attnzoo.runtime.parity import compare
 from attnzoo.runtime.precision import get_precision
 from attnzoo.signals import signals_deferred
-from attnzoo.targets import tensorrt as rt  # the package's face (builder and library), patched there by tests
 
+from . import builder, library
 from .backend import TENSORRT
 from .options import compute_capability_error
 from .schema import EngineReport, engine_report_path
@@ -66,7 +66,7 @@ STATUS_RUN = "built and run"
 
 def tensorrt_unavailable_reason(run: bool = False) -> str | None:
     """Why engines cannot be built (``run``: built and run) here; ``None`` when they can."""
-    return rt.unavailable_reason(run=run)
+    return library.unavailable_reason(run=run)
 
 
 def failed_engine_report_path(engine_path: str | Path) -> Path:
@@ -116,7 +116,7 @@ def dequantized_layers(network: Any, layer_types: Sequence[str] = ("MATRIX_MULTI
     }
 
 
-def network_check(parsed: rt.ParsedNetwork, onnx_path: str | Path, contract: ModelContract) -> dict[str, Any]:
+def network_check(parsed: builder.ParsedNetwork, onnx_path: str | Path, contract: ModelContract) -> dict[str, Any]:
     """Projection ops of every block (and, in fp16, LayerNorm/softmax) present in the network and fp32.
 
     Read from the parsed ``INetworkDefinition`` before building. Blocks are the ones the ONNX extra-math
@@ -131,7 +131,7 @@ def network_check(parsed: rt.ParsedNetwork, onnx_path: str | Path, contract: Mod
         scopes[f"fp32 ops of the {precision.name} graph"] = [
             n.name for n in proto.graph.node if n.op_type in precision.fp32_ops
         ]
-    result = rt.check_network_precision(parsed.network, scopes, op_types)
+    result = builder.check_network_precision(parsed.network, scopes, op_types)
     if not onnx_check["ok"]:
         result["failures"] = [f"ONNX: {f}" for f in onnx_check["failures"]] + result["failures"]
         result["ok"] = False
@@ -143,11 +143,13 @@ def network_check(parsed: rt.ParsedNetwork, onnx_path: str | Path, contract: Mod
 
 
 def _quantized_check(
-    parsed: rt.ParsedNetwork, contract: ModelContract, scopes: dict[str, list[str]], result: dict[str, Any]
+    parsed: builder.ParsedNetwork, contract: ModelContract, scopes: dict[str, list[str]], result: dict[str, Any]
 ) -> None:
     """A Q/DQ network: which MatMuls/convolutions read a DEQUANTIZE layer (some must), and, unless the export
     quantized the extra math on purpose, that no extra-math layer does."""
-    q = dequantized_layers(parsed.network, ("MATRIX_MULTIPLY", "CONVOLUTION", *sorted(set(rt._LAYER_OF_OP.values()))))
+    q = dequantized_layers(
+        parsed.network, ("MATRIX_MULTIPLY", "CONVOLUTION", *sorted(set(builder._LAYER_OF_OP.values())))
+    )
     meta = json.loads(contract.props.get("quantization") or "{}")
     extra = {name for names in scopes.values() for name in names}
     in_extra = sorted(extra.intersection(name for names in q["fed_by_dequantize"].values() for name in names))
@@ -259,8 +261,8 @@ def build_engine(
     error = compute_capability_error(get_precision(contract.dtype), compute_capability)
     if error:
         raise ValueError(error)
-    lib = rt.load_library()
-    parsed = rt.parse_onnx(onnx_path, lib)
+    lib = library.load_library()
+    parsed = builder.parse_onnx(onnx_path, lib)
     net = network_check(parsed, onnx_path, contract)
     report = EngineReport(
         engine=str(engine_path),
@@ -305,12 +307,12 @@ def build_engine(
 
 def _build(
     onnx_path: Path, engine_path: Path, report: EngineReport, options: dict[str, Any]
-) -> tuple[rt.Built, EngineReport]:
+) -> tuple[builder.Built, EngineReport]:
     """The engine built with ``options`` (:func:`attnzoo.targets.tensorrt.build`) and ``report`` with its facts;
     a build failure writes the failed report and raises."""
     try:
-        built = rt.build(onnx_path, **options)
-    except rt.TensorRTError as exc:
+        built = builder.build(onnx_path, **options)
+    except library.TensorRTError as exc:
         report.failures = [f"build: {exc}"]
         atomic_write_text(failed_engine_report_path(engine_path), report.to_json())
         raise
@@ -318,11 +320,11 @@ def _build(
 
 
 def _run_if_asked(
-    built: rt.Built, contract: ModelContract, onnx_path: Path, seed: int, report: EngineReport, run: bool | None
+    built: builder.Built, contract: ModelContract, onnx_path: Path, seed: int, report: EngineReport, run: bool | None
 ) -> list[str]:
     """Run and compare the engine when asked (default: a GPU is present and the engine targets it); the report's
     status says whether it ran, and why not. Returns the parity failures."""
-    gpu = rt.gpu_available()
+    gpu = library.gpu_available()
     failures = []
     if (gpu and built.compute_capability == "CURRENT") if run is None else run:
         failures = _run_and_compare(built, contract, onnx_path, seed, report)
@@ -339,7 +341,7 @@ def _run_if_asked(
 
 
 def _run_and_compare(
-    built: rt.Built, contract: ModelContract, onnx_path: Path, seed: int, report: EngineReport
+    built: builder.Built, contract: ModelContract, onnx_path: Path, seed: int, report: EngineReport
 ) -> list:
     """Run the engine on the profile's smallest and largest batch; compare with ONNX Runtime CPU; time it. Both
     sessions are closed after it."""

@@ -1,12 +1,12 @@
 """The Triton target's report: the check of a model folder's ``config.pbtxt`` against the graph (``python -m
-attnzoo.runtime.reports triton`` prints its JSON Schema)."""
+attnzoo.runtime.schemas triton`` prints its JSON Schema)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
 
-from attnzoo.runtime.reports import JsonReport
+from attnzoo.runtime.schemas import JsonReport
 
 __all__ = ["TritonIO", "TritonConfigCheck"]
 

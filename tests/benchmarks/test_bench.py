@@ -12,8 +12,8 @@ import pytest
 
 from attnzoo.benchmarks import ratio_stats, summarize
 from attnzoo.benchmarks.cli import main, parse_settings
-from attnzoo.benchmarks.report import OVERHEAD_FIELDS, ROW_FIELDS
 from attnzoo.benchmarks.run import compile_budget_reason, run_benchmark
+from attnzoo.benchmarks.tables import OVERHEAD_FIELDS, ROW_FIELDS
 from attnzoo.benchmarks.timing import SETTLED_PAIRS
 from attnzoo.runtime.parity import check as check_parity
 
@@ -410,7 +410,7 @@ def test_timing_failure_is_a_failed_row_not_a_crash(tmp_path, monkeypatch):
 # ------------------------------------------------------------------ the default scope, engine reuse
 def test_no_flags_is_a_representative_default_that_says_what_it_leaves_out():
     from attnzoo.benchmarks.cli import build_only_backends
-    from attnzoo.benchmarks.report import scope_line
+    from attnzoo.benchmarks.tables import scope_line
     from attnzoo.models import VARIANT_NAMES
     from attnzoo.runtime.backends import backend_names
 
@@ -615,7 +615,7 @@ def test_rows_are_paired_with_eager_at_their_own_precision(twin, tmp_path, monke
     """An fp16 row's x eager and its A/B pairs are against eager fp16 (a precision change is not a backend's
     speed-up); its ratio to eager fp32 is kept beside them; eager fp16 itself is paired with eager fp32."""
     import attnzoo.targets.pytorch.eager as eager_mod
-    from attnzoo.benchmarks.report import markdown
+    from attnzoo.benchmarks.tables import markdown
 
     monkeypatch.setattr(eager_mod, "torch_dtype_problem", lambda dtype, device: None)  # fp16 on this CPU, slowly
     s = parse_settings(
@@ -966,7 +966,7 @@ def test_an_earlier_runs_rows_are_kept_but_only_as_that_run_asked(tmp_path):
 
 def test_names_and_reasons_are_escaped_in_the_markdown():
     """A name or reason from the row log is text in results.md, never markup."""
-    from attnzoo.benchmarks.report import markdown
+    from attnzoo.benchmarks.tables import markdown
 
     ok = _ok_row("<script>alert(1)</script>")
     bad = {**_ok_row(), "status": "failed", "reason": "<img src=x onerror=alert(1)> | x"}
@@ -989,7 +989,7 @@ def test_results_are_written_as_one_set(tmp_path, monkeypatch):
     files of the old one it does not have."""
     import errno
 
-    import attnzoo.benchmarks.report as report
+    import attnzoo.benchmarks.tables as report
 
     s = parse_settings(
         [

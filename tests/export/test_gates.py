@@ -38,7 +38,7 @@ from attnzoo.export.quantize import fidelity, verified
 from attnzoo.export.verify import VerificationError, failed_report_path, report_path
 from attnzoo.models import PROJECTION_OPS, create_model
 from attnzoo.runtime.parity import TOLERANCES
-from attnzoo.runtime.quantization_report import QuantizeReport
+from attnzoo.runtime.schemas import QuantizeReport
 from attnzoo.targets.tensorrt.schema import EngineReport
 from tests.export.boundary import made_once, shift_parity
 from tests.schemas import read_back
@@ -376,12 +376,12 @@ def _layers(monkeypatch, change) -> None:
 
 def _stop_before_the_build(monkeypatch) -> None:
     """The engine build replaced by a refusal: reached only once the network check passed."""
-    from attnzoo.targets import tensorrt as rt
+    from attnzoo.targets.tensorrt import builder, library
 
     def build(*args, **kwargs):
-        raise rt.TensorRTError("stopped before the build")
+        raise library.TensorRTError("stopped before the build")
 
-    monkeypatch.setattr(rt, "build", build)
+    monkeypatch.setattr(builder, "build", build)  # where the engine step looks it up
 
 
 def _trt_failed(model, tmp_path, match: str) -> dict:

@@ -758,9 +758,9 @@ def test_fp8_below_sm89_is_refused_before_work(tmp_path, monkeypatch, capsys):
     assert compute_capability_error(fp8, "SM75") is not None
     assert compute_capability_error(get_precision("int8"), "SM75") is None  # int8 builds for every target
     # CURRENT without a GPU: the usage line, before torch is asked for a device's capability
-    from attnzoo.targets import tensorrt as trt_rt
+    from attnzoo.targets.tensorrt import library
 
-    monkeypatch.setattr(trt_rt, "gpu_available", lambda: False)
+    monkeypatch.setattr(library, "gpu_available", lambda: False)  # where the option's check looks it up
     line = _refused(
         [
             "--variant",

@@ -1,4 +1,4 @@
-"""The report kinds' schemas (:mod:`attnzoo.runtime.reports`): each reads back what it writes, refuses what it does
+"""The report kinds' schemas (:mod:`attnzoo.runtime.schemas`): each reads back what it writes, refuses what it does
 not describe with one line naming the field, and prints its JSON Schema. Reports written by real exports are read
 back in the tests of their writers (tests/export: test_export, test_openvino_format, test_executorch, test_aoti,
 test_tensorrt, test_triton, test_quantize)."""
@@ -10,7 +10,7 @@ import json
 import pytest
 
 from attnzoo.fileio import sha256_file
-from attnzoo.runtime.reports import (
+from attnzoo.runtime.schemas import (
     BlockDivergence,
     ExtraMathCheck,
     ParityCheck,
@@ -189,7 +189,7 @@ def test_a_formats_report_is_read_through_its_targets_schema():
     """A file's report names its format: a target's format report (OpenVINO's, in its folder) is found by that name
     before the precision is looked at, and a target's report of another kind (an engine's, a Triton config check) is
     no format's."""
-    from attnzoo.runtime.reports import exported_report_type, format_reports
+    from attnzoo.runtime.schemas import exported_report_type, format_reports
     from attnzoo.targets.openvino.schema import OpenVINOReport
 
     assert format_reports()["openvino"] is OpenVINOReport

@@ -629,6 +629,7 @@ def test_the_tensorrt_backend_serves_from_the_one_engine_cache(models_dir, tmp_p
     batch 1 to the sliding windows' batch, under ``<cache>/tensorrt``; a build that fails skips the file with why.
     Checked without a GPU by stopping at the build."""
     from attnzoo.targets import tensorrt as rt
+    from attnzoo.targets.tensorrt import builder
 
     seen = []
 
@@ -636,7 +637,7 @@ def test_the_tensorrt_backend_serves_from_the_one_engine_cache(models_dir, tmp_p
         seen.append((Path(path).name, Path(folder), kw))
         raise rt.TensorRTError("stopped at the build")
 
-    monkeypatch.setattr(rt, "build_cached", build_cached)
+    monkeypatch.setattr(builder, "build_cached", build_cached)  # where the backend looks it up
     with backends.recording_skips() as skipped:
         assert backends.load_onnx_dir(models_dir, "tensorrt", threads=1, cache_dir=tmp_path) == []
     assert sorted(name for name, _, _ in seen) == sorted(p.name for p in models_dir.glob("*.onnx"))
