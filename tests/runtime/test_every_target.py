@@ -17,7 +17,7 @@ import pytest
 
 from attnzoo.export.formats import ExportFormat, formats
 from attnzoo.runtime import backends as backends_mod
-from attnzoo.runtime.backends import DTYPES, Backend, LoadOptions, Session, backends, canonical_backend, get_backend
+from attnzoo.runtime.backends import DTYPES, Backend, LoadOptions, backends, canonical_backend, get_backend
 from attnzoo.runtime.targets import FormatOption, Target, load_object, target_reports, targets
 from tests.schemas import minimal_report
 
@@ -163,24 +163,13 @@ def test_python_m_attnzoo_runtime_lists_every_target_and_its_backends(target, li
 
 
 # ----------------------------------------------------------------------------- the check fails where it should
-class _EchoSession(Session):
-    def run(self, x):
-        return x
-
-
-@dataclasses.dataclass(frozen=True)
-class _Echo(Backend):
-    def open(self, model, options):
-        return _EchoSession()
-
-
 def test_a_target_declared_wrong_is_named_line_by_line(monkeypatch):
     """A target whose backend is not the registry's and reads no real setting, whose alias is another backend's,
     whose format reference names another format, whose option belongs to no format and whose report kind no
     registry holds: each is one line of :func:`target_problems`."""
     monkeypatch.setattr(backends_mod, "_REGISTRY", dict(backends_mod._REGISTRY))
     monkeypatch.setattr(backends_mod, "_ALIASES", dict(backends_mod._ALIASES))
-    stray = _Echo("tt-echo", "returns its input", aliases=("onnxruntime",), reads=("thread",))
+    stray = Backend("tt-echo", "returns its input", aliases=("onnxruntime",), reads=("thread",))
     bad = Target(
         "tt-bad",
         "Bad",
