@@ -428,7 +428,7 @@ def _never(*args, **kwargs):
     raise AssertionError("work started although the input should have been refused up front")
 
 
-def test_an_int8_accuracy_drop_beyond_the_tolerance_is_refused(tmp_path):
+def test_an_int8_accuracy_drop_beyond_the_tolerance_is_refused(tmp_path, random_int8):
     """The int8 accuracy gate in the default run (the zoo model's version is a slow test): a micro model scored
     on 32 ``shapes`` test images against a tolerance it cannot meet is refused, the model and report already at
     the path stay as they were, and the failed report says by how much."""
@@ -445,19 +445,18 @@ def test_an_int8_accuracy_drop_beyond_the_tolerance_is_refused(tmp_path):
     out.write_bytes(b"a good model already there")
     report_path(out).write_text("its report")
     with pytest.raises(qz.AccuracyDropError, match="points below fp32"):
-        qz.quantize_verified(
+        random_int8(
             fp32,
             out,
             config,
-            dtype="int8",
-            calibration=qz.random_calibration((32, 32), 16),
-            calibration_source="random",
+            16,
             eval_limit=32,
             tolerance=-100.0,
             placement="cpu",
             held_out=qz.random_calibration((32, 32), 8, seed=1),
             min_cosine=0.0,
             threads=1,
+            measure_accuracy=True,
         )
     assert out.read_bytes() == b"a good model already there" and report_path(out).read_text() == "its report"
     failed = json.loads(failed_report_path(out).read_text())
