@@ -700,22 +700,8 @@ def test_fp8_below_sm89_is_refused_before_work(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(pipeline, "load_for_export", _never)
     out = tmp_path / "m.engine"
-    line = _refused(
-        [
-            "--variant",
-            "belief2",
-            "--random-init",
-            "--dtype",
-            "fp8",
-            "--format",
-            "tensorrt",
-            "--compute-capability",
-            "SM86",
-            "--out",
-            str(out),
-        ],
-        capsys,
-    )
+    fp8_engine = ["--variant", "belief2", "--random-init", "--dtype", "fp8", "--format", "tensorrt", "--out", str(out)]
+    line = _refused([*fp8_engine, "--compute-capability", "SM86"], capsys)
     assert line == ("error: --dtype fp8 needs compute capability SM89 or newer (FP8 tensor cores); SM86 has none")
     assert not any(tmp_path.iterdir())
     from attnzoo.targets.tensorrt.options import compute_capability_error
@@ -728,22 +714,7 @@ def test_fp8_below_sm89_is_refused_before_work(tmp_path, monkeypatch, capsys):
     from attnzoo.targets import tensorrt as trt_rt
 
     monkeypatch.setattr(trt_rt, "gpu_available", lambda: False)
-    line = _refused(
-        [
-            "--variant",
-            "belief2",
-            "--random-init",
-            "--dtype",
-            "fp8",
-            "--format",
-            "tensorrt",
-            "--compute-capability",
-            "CURRENT",
-            "--out",
-            str(out),
-        ],
-        capsys,
-    )
+    line = _refused([*fp8_engine, "--compute-capability", "CURRENT"], capsys)
     assert line == (
         "error: compute capability CURRENT needs a GPU and none is visible; name one of SM75, SM80, "
         "SM86, SM89, SM120, SM121"

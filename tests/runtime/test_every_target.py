@@ -170,15 +170,9 @@ def test_a_target_declared_wrong_is_named_line_by_line(monkeypatch):
     monkeypatch.setattr(backends_mod, "_REGISTRY", dict(backends_mod._REGISTRY))
     monkeypatch.setattr(backends_mod, "_ALIASES", dict(backends_mod._ALIASES))
     stray = Backend("tt-echo", "returns its input", aliases=("onnxruntime",), reads=("thread",))
-    bad = Target(
-        "tt-bad",
-        "Bad",
-        "declared wrong",
-        backends=(stray,),
-        formats={"tt-bad": "attnzoo.targets.tensorrt.format:FORMAT"},
-        options=(FormatOption("tt_level", owner="nowhere", help="how bad"),),
-        reports={"tt-bad": dict},
-    )
+    level = FormatOption("tt_level", owner="nowhere", help="how bad")
+    parts = {"formats": {"tt-bad": "attnzoo.targets.tensorrt.format:FORMAT"}, "reports": {"tt-bad": dict}}
+    bad = Target("tt-bad", "Bad", "declared wrong", backends=(stray,), options=(level,), **parts)
     problems = target_problems(bad)
     assert problems == [
         "backend tt-echo: not in the registry (unknown backend 'tt-echo')",
