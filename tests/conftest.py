@@ -3,7 +3,8 @@ to the README's sentence on skipped tests (tests/skips.py)."""
 
 import faulthandler
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +28,33 @@ def registry_restored() -> Iterator[None]:
     registry.VARIANTS.update(variants)
     registry.ALIASES.clear()
     registry.ALIASES.update(aliases)
+
+
+def quick_bench_args(
+    out: str | Path,
+    variants: str,
+    backends: str,
+    *extra: str,
+    cache_dir: str | Path | None = None,
+    batch_sizes: str = "1",
+    min_time: str = "0.05",
+) -> list[str]:
+    """``bench-latency``'s arguments for a short run of the micro model on one thread, into ``out`` (its engine and
+    export cache in ``cache_dir``, default ``out/cache``), without a progress bar; ``extra`` follows."""
+    return [
+        *("--arch", "micro", "--variants", variants, "--backends", backends),
+        *("--batch-sizes", batch_sizes, "--min-time", min_time, "--threads", "1"),
+        *("--out", str(out), "--cache-dir", str(cache_dir if cache_dir is not None else Path(out) / "cache")),
+        "--no-progress",
+        *extra,
+    ]
+
+
+@pytest.fixture(scope="session")
+def bench_args() -> Callable[..., list[str]]:
+    """:func:`quick_bench_args`: the setup of a short ``bench-latency`` run that the benchmark, backend, bf16,
+    TensorRT and plugin tests share."""
+    return quick_bench_args
 
 
 @pytest.hookimpl(trylast=True)

@@ -39,3 +39,31 @@ def assert_only_verified_loads(backend: Any, verified: Path, foreign: Path) -> N
         f"{backend.name}: {verified} is not loaded: {verified.name} differs from the file its report "
         f"{verified.name}.json verified (SHA-256 mismatch)"
     )
+
+
+def _sample(schema: dict[str, Any], defs: dict[str, Any]) -> Any:
+    """The smallest value a JSON Schema node allows: its required properties only, empty containers."""
+    if "$ref" in schema:
+        return _sample(defs[schema["$ref"].rsplit("/", 1)[-1]], defs)
+    if "const" in schema:
+        return schema["const"]
+    if "enum" in schema:
+        return schema["enum"][0]
+    for key in ("anyOf", "oneOf", "allOf"):
+        if key in schema:
+            options = [s for s in schema[key] if s.get("type") != "null"] or schema[key]
+            return _sample(options[0], defs)
+    kind = schema.get("type", "object")
+    if kind == "object":
+        return {name: _sample(schema["properties"][name], defs) for name in schema.get("required", ())}
+    minimum = schema.get("minimum", schema.get("exclusiveMinimum", 0))
+    return {"array": [], "string": "x", "boolean": True, "integer": int(minimum) + 1, "number": minimum + 0.5}.get(
+        kind, None
+    )
+
+
+def minimal_report(schema: type) -> dict[str, Any]:
+    """A report object of ``schema`` (a report dataclass) with only its required fields, each its type's smallest
+    value, made from the schema's own JSON Schema: what a round trip through the schema is checked on."""
+    tree = schema.json_schema()
+    return _sample(tree, tree.get("$defs", {}))

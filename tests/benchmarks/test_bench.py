@@ -84,32 +84,19 @@ def test_check_parity_tolerances():
 
 
 @pytest.fixture(scope="module")
-def short_run(tmp_path_factory):
+def short_run(tmp_path_factory, bench_args):
     out = tmp_path_factory.mktemp("bench")
-    args = [
-        "--arch",
-        "micro",
-        "--variants",
+    args = bench_args(
+        out,
         "belief,standard",
-        "--backends",
         "eager,ort-cpu,openvino,ort-cuda",
-        "--dtype",
-        "fp32",
-        "--batch-sizes",
-        "1,2",
-        "--min-time",
-        "0.05",
-        "--threads",
-        "1",
-        "--out",
-        str(out),
-        "--cache-dir",
-        str(out / "cache"),
-        "--no-progress",
-        "--profile",
         "--ceiling-size",
         "128",
-    ]
+        "--dtype",
+        "fp32",
+        "--profile",
+        batch_sizes="1,2",
+    )
     assert main(args) == 0
     return out, json.loads((out / "results.json").read_text())
 
@@ -267,30 +254,9 @@ def perturbed(monkeypatch):
 
 
 @pytest.mark.slow
-def test_parity_gate_rejects_perturbed_backend(tmp_path, perturbed):
+def test_parity_gate_rejects_perturbed_backend(tmp_path, perturbed, bench_args):
     s = parse_settings(
-        [
-            "--arch",
-            "micro",
-            "--variants",
-            "standard",
-            "--backends",
-            "eager,ort-cpu",
-            "--batch-sizes",
-            "1",
-            "--min-time",
-            "0.02",
-            "--threads",
-            "1",
-            "--out",
-            str(tmp_path),
-            "--cache-dir",
-            str(tmp_path / "cache"),
-            "--no-progress",
-            "--no-pair-eager",
-            "--ceiling-size",
-            "64",
-        ]
+        bench_args(tmp_path, "standard", "eager,ort-cpu", "--ceiling-size", "64", "--no-pair-eager", min_time="0.02")
     )
     perturbed("ort-cpu", lambda out: out + 0.05 * np.abs(out).max())
     res = run_benchmark(s)
@@ -362,7 +328,7 @@ def test_int8_quantization_and_confusion(short_run):
 
 
 @pytest.mark.slow
-def test_timing_failure_is_a_failed_row_not_a_crash(tmp_path, monkeypatch):
+def test_timing_failure_is_a_failed_row_not_a_crash(tmp_path, monkeypatch, bench_args):
     from attnzoo.benchmarks import measurement
 
     calls = []
@@ -376,28 +342,7 @@ def test_timing_failure_is_a_failed_row_not_a_crash(tmp_path, monkeypatch):
 
     monkeypatch.setattr(measurement, "measure", flaky_measure)
     s = parse_settings(
-        [
-            "--arch",
-            "micro",
-            "--variants",
-            "standard",
-            "--backends",
-            "eager,ort-cpu",
-            "--batch-sizes",
-            "1",
-            "--min-time",
-            "0.02",
-            "--threads",
-            "1",
-            "--out",
-            str(tmp_path),
-            "--cache-dir",
-            str(tmp_path / "cache"),
-            "--no-progress",
-            "--no-pair-eager",
-            "--ceiling-size",
-            "64",
-        ]
+        bench_args(tmp_path, "standard", "eager,ort-cpu", "--ceiling-size", "64", "--no-pair-eager", min_time="0.02")
     )
     res = run_benchmark(s)
     row = next(r for r in res["results"] if r["backend"] == "ort-cpu")
@@ -448,31 +393,20 @@ def test_results_say_the_scope(short_run):
 
 @pytest.mark.slow
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="with a GPU the engine runs (rebuilt per batch)")
-def test_an_engine_that_cannot_run_is_built_once_and_reused(tmp_path):
+def test_an_engine_that_cannot_run_is_built_once_and_reused(tmp_path, bench_args):
     def run(out):  # another --out each time: the same one would keep the rows instead (resume)
         s = parse_settings(
-            [
-                "--arch",
-                "micro",
-                "--variants",
+            bench_args(
+                tmp_path / out,
                 "standard",
-                "--backends",
                 "eager,tensorrt",
-                "--batch-sizes",
-                "1,2",
-                "--min-time",
-                "0.02",
-                "--threads",
-                "1",
                 "--ceiling-size",
                 "0",
-                "--out",
-                str(tmp_path / out),
-                "--cache-dir",
-                str(tmp_path / "cache"),
-                "--no-progress",
                 "--no-pair-eager",
-            ]
+                cache_dir=tmp_path / "cache",
+                batch_sizes="1,2",
+                min_time="0.02",
+            )
         )
         return [r for r in run_benchmark(s)["results"] if r["backend"] == "tensorrt"]
 
@@ -576,32 +510,11 @@ def twin():
     del reg._REGISTRY["twin"]
 
 
-def test_parity_gate_rejects_a_perturbed_backend_fast(twin, tmp_path, perturbed):
+def test_parity_gate_rejects_a_perturbed_backend_fast(twin, tmp_path, perturbed, bench_args):
     """The parity gate in the default run (the ONNX Runtime version is a slow test): a backend whose output is off
     by 5 % of its largest logit is a failed row with the parity reason, never timed, while eager is measured."""
     s = parse_settings(
-        [
-            "--arch",
-            "micro",
-            "--variants",
-            "standard",
-            "--backends",
-            "eager,twin",
-            "--batch-sizes",
-            "1",
-            "--min-time",
-            "0.02",
-            "--threads",
-            "1",
-            "--out",
-            str(tmp_path),
-            "--cache-dir",
-            str(tmp_path / "cache"),
-            "--no-progress",
-            "--no-pair-eager",
-            "--ceiling-size",
-            "0",
-        ]
+        bench_args(tmp_path, "standard", "eager,twin", "--ceiling-size", "0", "--no-pair-eager", min_time="0.02")
     )
     perturbed("twin", lambda out: out + 0.05 * np.abs(out).max())
     rows = {r["backend"]: r for r in run_benchmark(s)["results"]}
@@ -611,38 +524,14 @@ def test_parity_gate_rejects_a_perturbed_backend_fast(twin, tmp_path, perturbed)
     assert rows["eager"]["status"] == "ok" and rows["eager"]["median_ms"] > 0
 
 
-def test_rows_are_paired_with_eager_at_their_own_precision(twin, tmp_path, monkeypatch):
+def test_rows_are_paired_with_eager_at_their_own_precision(twin, tmp_path, monkeypatch, bench_args):
     """An fp16 row's x eager and its A/B pairs are against eager fp16 (a precision change is not a backend's
     speed-up); its ratio to eager fp32 is kept beside them; eager fp16 itself is paired with eager fp32."""
     import attnzoo.targets.pytorch.eager as eager_mod
     from attnzoo.benchmarks.tables import markdown
 
     monkeypatch.setattr(eager_mod, "torch_dtype_problem", lambda dtype, device: None)  # fp16 on this CPU, slowly
-    s = parse_settings(
-        [
-            "--arch",
-            "micro",
-            "--variants",
-            "standard",
-            "--backends",
-            "eager,twin",
-            "--dtypes",
-            "fp32,fp16",
-            "--batch-sizes",
-            "1",
-            "--min-time",
-            "0.05",
-            "--threads",
-            "1",
-            "--out",
-            str(tmp_path),
-            "--cache-dir",
-            str(tmp_path / "cache"),
-            "--no-progress",
-            "--ceiling-size",
-            "0",
-        ]
-    )
+    s = parse_settings(bench_args(tmp_path, "standard", "eager,twin", "--ceiling-size", "0", "--dtypes", "fp32,fp16"))
     res = run_benchmark(s)
     rows = {(r["backend"], r["dtype"]): r for r in res["results"]}
     assert {k: r["status"] for k, r in rows.items()} == {k: "ok" for k in rows} and len(rows) == 4

@@ -21,33 +21,20 @@ def _few_calibration_images(monkeypatch):
     monkeypatch.setattr(rows, "CALIBRATION_COUNT", 8)  # the test checks the path, not calibration quality
 
 
-def _bench(tmp_path, *extra):
+def _bench(bench_args, tmp_path, *extra):
     out = tmp_path / "bench"
-    args = [
-        "--arch",
-        "micro",
-        "--variants",
+    args = bench_args(
+        out,
         "standard",
-        "--backends",
         "ort-cpu,openvino",
-        "--dtypes",
-        "fp32,int8",
-        "--batch-sizes",
-        "1",
-        "--min-time",
-        "0.05",
-        "--threads",
-        "1",
-        "--out",
-        str(out),
-        "--cache-dir",
-        str(tmp_path / "cache"),
-        "--no-progress",
-        "--no-pair-eager",
         "--ceiling-size",
         "128",
+        "--dtypes",
+        "fp32,int8",
+        "--no-pair-eager",
         *extra,
-    ]
+        cache_dir=tmp_path / "cache",
+    )
     assert main(args) == 0
     return json.loads((out / "results.json").read_text())
 
@@ -65,11 +52,11 @@ def test_old_dtype_spelling_still_parses():
 
 
 @pytest.mark.slow
-def test_bench_times_fp32_and_verified_int8_per_cpu_runtime(tmp_path):
+def test_bench_times_fp32_and_verified_int8_per_cpu_runtime(tmp_path, bench_args):
     from attnzoo.export.verify import report_path
     from attnzoo.fileio import sha256_file
 
-    result = _bench(tmp_path)
+    result = _bench(bench_args, tmp_path)
     rows = {(r["backend"], r["dtype"]): r for r in result["results"]}
     for backend in ("ort-cpu", "openvino"):
         for dtype in ("fp32", "int8"):
@@ -92,7 +79,7 @@ def test_bench_times_fp32_and_verified_int8_per_cpu_runtime(tmp_path):
 
 
 @pytest.mark.slow
-def test_int8_model_failing_its_verification_is_not_timed(tmp_path, monkeypatch):
+def test_int8_model_failing_its_verification_is_not_timed(tmp_path, monkeypatch, bench_args):
     from attnzoo.benchmarks import rows as bench_rows
     from attnzoo.export import quantize as q
 
@@ -100,7 +87,7 @@ def test_int8_model_failing_its_verification_is_not_timed(tmp_path, monkeypatch)
         raise q.QuantizationCheckError("x.onnx not written: 3 extra-math op(s) read quantized values")
 
     monkeypatch.setattr(bench_rows, "quantize_verified", refuse)  # where the benchmark looks it up
-    result = _bench(tmp_path, "--backends", "ort-cpu")
+    result = _bench(bench_args, tmp_path, "--backends", "ort-cpu")
     rows = {(r["backend"], r["dtype"]): r for r in result["results"]}
     assert rows[("ort-cpu", "fp32")]["status"] == "ok"
     bad = rows[("ort-cpu", "int8")]

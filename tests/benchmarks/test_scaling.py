@@ -33,7 +33,7 @@ class OutLinearAttention(Attention):
 
 
 @pytest.mark.slow  # a timed sweep of two variants (about 12 s)
-def test_a_plugin_variant_is_timed_and_modelled_beside_standard(tmp_path, registry_restored):
+def test_a_plugin_variant_is_timed_and_modelled_beside_standard(tmp_path, registry_restored, micro_sweep):
     register_variant("tp-out-linear", OutLinearAttention, paper="Test paper, https://example.org", aliases=("tp-ol",))
     register_variant("tp-out-std", OutLinearAttention, paper="Test paper, https://example.org", cost_family="standard")
     # its own family by default, or the one its registration names
@@ -42,18 +42,7 @@ def test_a_plugin_variant_is_timed_and_modelled_beside_standard(tmp_path, regist
     assert scaling.families()["standard"] == (*FAMILIES["standard"], "tp-out-std")
     with pytest.raises(ValueError, match="no-such-variant"):
         scaling.family_of("no-such-variant")
-    s = scaling.Settings(
-        variants=["standard", "tp-out-linear"],
-        backends=("eager",),
-        arch="micro",
-        sizes=(32,),
-        seg_sizes=(),
-        batch_sizes=(),
-        min_time=0.01,
-        out=tmp_path,
-        cache_dir=tmp_path / "cache",
-        progress=False,
-    )
+    s = micro_sweep(["standard", "tp-out-linear"], ["eager"])
     result = run_scaling(s)
     rows = {r["variant"]: r for r in result["rows"]}
     assert set(rows) == {"standard", "tp-out-linear"}
@@ -133,23 +122,12 @@ def test_crossover_tokens():
 
 
 @pytest.mark.slow  # a timed sweep on every ONNX backend (about 11 s)
-def test_every_onnx_backend_gets_the_export_not_only_onnx_runtime(tmp_path):
+def test_every_onnx_backend_gets_the_export_not_only_onnx_runtime(tmp_path, micro_sweep):
     """OpenVINO alone (no ort-cpu in the run) still gets the verified export, so its rows are measured."""
     reason = get_backend("openvino").unavailable_reason("fp32")
     if reason:
         pytest.skip(reason)
-    s = scaling.Settings(
-        variants=["standard"],
-        backends=("openvino",),
-        arch="micro",
-        sizes=(32,),
-        seg_sizes=(),
-        batch_sizes=(),
-        min_time=0.01,
-        out=tmp_path,
-        cache_dir=tmp_path / "cache",
-        progress=False,
-    )
+    s = micro_sweep(["standard"], ["openvino"])
     (row,) = run_scaling(s)["rows"]
     assert (row["backend"], row["status"]) == ("openvino", "ok") and row["median_ms"] > 0
     assert row["parity_error"] <= 1e-4
@@ -157,7 +135,7 @@ def test_every_onnx_backend_gets_the_export_not_only_onnx_runtime(tmp_path):
 
 
 @pytest.mark.slow  # about 20 s on 2 cores: a bench-latency run and a sweep
-def test_a_sweep_beside_bench_latency_reuses_its_verified_export(tmp_path, monkeypatch):
+def test_a_sweep_beside_bench_latency_reuses_its_verified_export(tmp_path, monkeypatch, micro_sweep):
     """The same seeded model at the same size in a shared cache is exported once (report-variant runs the sweep
     beside its latency rows); a size the cache does not hold is exported."""
     from attnzoo.benchmarks import run as bench_run
@@ -183,18 +161,7 @@ def test_a_sweep_beside_bench_latency_reuses_its_verified_export(tmp_path, monke
     exports = []
     real = verify.export_onnx
     monkeypatch.setattr(verify, "export_onnx", lambda *a, **k: exports.append(a[1]) or real(*a, **k))
-    s = scaling.Settings(
-        variants=["standard"],
-        backends=("ort-cpu",),
-        arch="micro",
-        sizes=(32, 64),
-        seg_sizes=(),
-        batch_sizes=(),
-        min_time=0.01,
-        out=tmp_path / "sweep",
-        cache_dir=cache,
-        progress=False,
-    )
+    s = micro_sweep(["standard"], ["ort-cpu"], sizes=(32, 64), out=tmp_path / "sweep", cache_dir=cache)
     rows = run_scaling(s)["rows"]
     assert [r["status"] for r in rows] == ["ok", "ok"]
     assert len(exports) == 1  # 64 px only; the 32 px file bench-latency verified is kept

@@ -619,7 +619,7 @@ def test_bad_arguments_are_refused_before_any_work(tmp_path, capsys):
 @pytest.mark.slow
 @pytest.mark.matrix
 def test_every_variant_is_written_as_a_verified_ir_or_its_refused_op_is_reported(tmp_path):
-    """Each of the 15 variants (micro, one block): a verified IR with each declared scope counted in every block, or
+    """Each registered variant (micro, one block): a verified IR with each declared scope counted in every block, or
     the one line that names what OpenVINO refused; none is skipped."""
     outcomes = {}
     for variant in VARIANT_NAMES:
@@ -635,7 +635,7 @@ def test_every_variant_is_written_as_a_verified_ir_or_its_refused_op_is_reported
         assert set(report["extra_math"]["blocks"]) == {f"blocks.0.attn.{s}" for s in VARIANTS[variant].extra_scopes}
         assert all(sum(b["ops"].values()) > 0 for b in report["extra_math"]["blocks"].values())
         outcomes[variant] = "verified"
-    assert set(outcomes) == set(VARIANT_NAMES) and len(outcomes) == 15
+    assert list(outcomes) == list(VARIANT_NAMES) and len(outcomes) >= 15
     print(json.dumps(outcomes, indent=1))
 
 

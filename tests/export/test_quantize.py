@@ -244,19 +244,16 @@ def _dq_readers(proto: onnx.ModelProto) -> set:
     return {n.op_type for n in proto.graph.node if dq.intersection(n.input)}
 
 
-def test_cpu_placement_quantizes_only_the_weight_matmuls(fp32, int8, tmp_path):
+def test_cpu_placement_quantizes_only_the_weight_matmuls(fp32, int8, tmp_path, random_int8):
     """--qdq-placement cpu: Q/DQ only in front of MatMul/Conv (none dequantized into an Add or LayerNorm) and
     not on attention's two matmuls; the default (tensorrt) placement has both; the report and metadata say which."""
     path, config = fp32
     out = tmp_path / "b2_cpu.onnx"
-    report = qz.quantize_verified(
+    report = random_int8(
         path,
         out,
         config,
-        dtype="int8",
-        calibration=qz.random_calibration((32, 32), 32),
-        calibration_source="random",
-        measure_accuracy=False,
+        32,
         placement="cpu",
         fp32_kept=False,  # as export-model's temporary fp32 graph: its report names no path to it
         calibration_method="max",  # asked for by one export, the precision's default left as it is
@@ -282,19 +279,11 @@ def test_cpu_placement_quantizes_only_the_weight_matmuls(fp32, int8, tmp_path):
     assert not (tmp_path / "x.onnx").exists()
 
 
-def test_quantize_extra_math_puts_qdq_in_front_of_it(fp32, tmp_path):
+def test_quantize_extra_math_puts_qdq_in_front_of_it(fp32, tmp_path, random_int8):
     path, config = fp32
     out = tmp_path / "b2_int8_all.onnx"
-    report = qz.quantize_verified(
-        path,
-        out,
-        config,
-        dtype="int8",
-        calibration=qz.random_calibration((32, 32), 16),
-        calibration_source="random",
-        quantize_extra_math=True,
-        measure_accuracy=False,
-        min_cosine=0.0,
+    report = random_int8(
+        path, out, config, 16, quantize_extra_math=True, min_cosine=0.0
     )  # where the Q/DQ go, not how close an untrained model stays
     proto = onnx.load(str(out))
     assert report["quantization"]["excluded_nodes"] == []
@@ -352,7 +341,7 @@ def test_promised_cosine_covers_what_it_promises():
     assert qz.promised_cosine(population[:2]) == 0.0
 
 
-def test_the_gate_is_on_the_worst_input_not_the_mean(fp32, int8, tmp_path):
+def test_the_gate_is_on_the_worst_input_not_the_mean(fp32, int8, tmp_path, random_int8):
     """A gate between the worst and the mean held-out cosine of the same export refuses it (it would pass a gate
     on the mean): nothing written, one line naming worst and mean, the failed report beside."""
     path, config = fp32
@@ -365,18 +354,7 @@ def test_the_gate_is_on_the_worst_input_not_the_mean(fp32, int8, tmp_path):
         match=r"worst output cosine to fp32 0\.\d+ \(mean 0\.\d+\) on 8 held-out "
         r"input\(s\) is below --min-cosine",
     ) as exc:
-        qz.quantize_verified(
-            path,
-            out,
-            config,
-            dtype="int8",
-            calibration=qz.random_calibration((32, 32), 32, seed=0),
-            calibration_source="random",
-            calibration_seed=0,
-            measure_accuracy=False,
-            placement="tensorrt",
-            min_cosine=gate,
-        )
+        random_int8(path, out, config, 32, seed=0, placement="tensorrt", min_cosine=gate)
     assert "\n" not in str(exc.value) and not out.exists() and not report_path(out).exists()
     failed = json.loads(failed_report_path(out).read_text())
     assert failed["fidelity"]["cosine"]["min"] == pytest.approx(fid["cosine"]["min"])
@@ -385,7 +363,7 @@ def test_the_gate_is_on_the_worst_input_not_the_mean(fp32, int8, tmp_path):
     assert "only 8 gate input(s)" in failed["fidelity"]["weak"]
 
 
-def test_auto_refuses_when_no_placement_promises_the_gate(fp32, tmp_path):
+def test_auto_refuses_when_no_placement_promises_the_gate(fp32, tmp_path, random_int8):
     """auto measures every group (weight inputs included) on the choosing inputs; when no placement promises the
     gate the export is refused in one line and nothing is written; the failed report names each group, its
     measurement, and what each group it kept fp32 costs on ONNX Runtime here."""
@@ -396,18 +374,7 @@ def test_auto_refuses_when_no_placement_promises_the_gate(fp32, tmp_path):
         match=r"no Q/DQ placement promises a cosine to fp32 >= 0\.99999 on inputs "
         r"like the 8 choosing one\(s\)",
     ) as exc:
-        qz.quantize_verified(
-            path,
-            out,
-            config,
-            dtype="int8",
-            calibration=qz.random_calibration((32, 32), 64, seed=0),
-            calibration_source="random",
-            calibration_seed=0,
-            measure_accuracy=False,
-            placement="auto",
-            min_cosine=0.99999,
-        )
+        random_int8(path, out, config, 64, seed=0, placement="auto", min_cosine=0.99999)
     assert "\n" not in str(exc.value) and not out.exists() and not report_path(out).exists()
     failed = json.loads(failed_report_path(out).read_text())
     auto = failed["quantization"]["options"]["auto"]
@@ -733,22 +700,8 @@ def test_fp8_below_sm89_is_refused_before_work(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(pipeline, "load_for_export", _never)
     out = tmp_path / "m.engine"
-    line = _refused(
-        [
-            "--variant",
-            "belief2",
-            "--random-init",
-            "--dtype",
-            "fp8",
-            "--format",
-            "tensorrt",
-            "--compute-capability",
-            "SM86",
-            "--out",
-            str(out),
-        ],
-        capsys,
-    )
+    fp8_engine = ["--variant", "belief2", "--random-init", "--dtype", "fp8", "--format", "tensorrt", "--out", str(out)]
+    line = _refused([*fp8_engine, "--compute-capability", "SM86"], capsys)
     assert line == ("error: --dtype fp8 needs compute capability SM89 or newer (FP8 tensor cores); SM86 has none")
     assert not any(tmp_path.iterdir())
     from attnzoo.targets.tensorrt.options import compute_capability_error
@@ -761,22 +714,7 @@ def test_fp8_below_sm89_is_refused_before_work(tmp_path, monkeypatch, capsys):
     from attnzoo.targets.tensorrt import library
 
     monkeypatch.setattr(library, "gpu_available", lambda: False)  # where the option's check looks it up
-    line = _refused(
-        [
-            "--variant",
-            "belief2",
-            "--random-init",
-            "--dtype",
-            "fp8",
-            "--format",
-            "tensorrt",
-            "--compute-capability",
-            "CURRENT",
-            "--out",
-            str(out),
-        ],
-        capsys,
-    )
+    line = _refused([*fp8_engine, "--compute-capability", "CURRENT"], capsys)
     assert line == (
         "error: compute capability CURRENT needs a GPU and none is visible; name one of SM75, SM80, "
         "SM86, SM89, SM120, SM121"
@@ -832,7 +770,7 @@ def test_cpu_placement_is_refused_where_it_cannot_work(tmp_path, monkeypatch, ca
     assert not any(tmp_path.iterdir())
 
 
-def test_ctrl_c_during_calibration_leaves_nothing(fp32, tmp_path, monkeypatch):
+def test_ctrl_c_during_calibration_leaves_nothing(fp32, tmp_path, monkeypatch, random_int8):
     import modelopt.onnx.quantization as mo
 
     def interrupted(*args, **kwargs):
@@ -843,15 +781,7 @@ def test_ctrl_c_during_calibration_leaves_nothing(fp32, tmp_path, monkeypatch):
     path, config = fp32
     out = tmp_path / "m.onnx"
     with pytest.raises(KeyboardInterrupt):
-        qz.quantize_verified(
-            path,
-            out,
-            config,
-            dtype="int8",
-            calibration=qz.random_calibration((32, 32), 4),
-            calibration_source="random",
-            measure_accuracy=False,
-        )
+        random_int8(path, out, config, 4)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -396,32 +396,11 @@ def test_failed_build_keeps_the_good_engine_and_its_report(lib, verified_onnx, t
 
 
 @pytest.mark.slow
-def test_bench_tensorrt_rows_say_built_not_run(lib, tmp_path):
+def test_bench_tensorrt_rows_say_built_not_run(lib, tmp_path, bench_args):
     from attnzoo.benchmarks.cli import parse_settings
     from attnzoo.benchmarks.run import run_benchmark
 
-    s = parse_settings(
-        [
-            "--arch",
-            "micro",
-            "--variants",
-            "belief",
-            "--backends",
-            "eager,tensorrt",
-            "--batch-sizes",
-            "1",
-            "--min-time",
-            "0.02",
-            "--threads",
-            "1",
-            "--out",
-            str(tmp_path),
-            "--cache-dir",
-            str(tmp_path / "cache"),
-            "--no-progress",
-            "--no-pair-eager",
-        ]
-    )
+    s = parse_settings(bench_args(tmp_path, "belief", "eager,tensorrt", "--no-pair-eager", min_time="0.02"))
     rows = [r for r in run_benchmark(s)["results"] if r["backend"] == "tensorrt"]
     assert {r["variant"] for r in rows} == {"standard", "belief"}
     for r in rows:

@@ -5,6 +5,8 @@ equations token by token / head by head with plain torch arithmetic in float64.
 """
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -68,62 +70,163 @@ def _project(a, v):
     return a - coef * v, coef * v
 
 
+def _signed(sign, p):
+    """WAFE eq. 5/6 scores: ``sign * ||q_i - k_j||_p^p / d`` (WAFE -1, anti-WAFE +1; p = 1 MAE, 2 MSE)."""
+    return lambda attn, x, m, q, k: sign * _pairwise(q, k, p) / d
+
+
+def _dot(sign=1.0):
+    return lambda attn, x, m, q, k: _dot_scores(q, k, sign)
+
+
+def _zz_scores(attn, x, m, q, k):
+    """Improved Belief-Attention eq. 11: (Q K^T + Z Z^T) / sqrt(d)."""
+    z = _lin(x, attn.z)[..., m * d : (m + 1) * d]
+    return (q @ k.transpose(-1, -2) + z @ z.transpose(-1, -2)) / math.sqrt(d)
+
+
+def _cosine_scores(attn, x, m, q, k):
+    """Swin Transformer V2 eq. 2 (B = 0): cos(q_i, k_j) / max(tau_m, 0.01) (the example plugin's variant)."""
+    cos = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-1, -2)
+    return cos / attn.cosine.tau.double().ravel()[m].clamp(min=0.01)
+
+
+def _glu_values(attn, x, V):
+    """MABViT: V = (X W^a) * SiLU(X W^b)."""
+    gate = _lin(x, attn.v_gate)
+    return [V[m] * F.silu(gate[..., m * d : (m + 1) * d]) for m in range(M)]
+
+
+def _gelu_values(attn, x, V):
+    """MABViT: V = GELU(X W^V)."""
+    return [F.gelu(v) for v in V]
+
+
+def _plain_out(attn, x, H, V):
+    return _lin(torch.cat(H, -1), attn.proj)
+
+
+def _belief_out(attn, x, H, V):
+    """BeliefFormer eq. 10-12: the part of MH orthogonal to V."""
+    return _lin(_project(torch.cat(H, -1), torch.cat(V, -1))[0], attn.proj)
+
+
+def _belief_star_out(attn, x, H, V):
+    """BeliefFormer eq. 13-15: eq. 12 plus each head's own orthogonal part through its projection."""
+    delta_s = torch.cat([_project(H[m], V[m])[0] for m in range(M)], -1)
+    return _belief_out(attn, x, H, V) + _lin(delta_s, attn.proj_s)
+
+
+def _exclusive_out(attn, x, H, V):
+    """BeliefFormer Remark 1: each head's orthogonal part only."""
+    return _lin(torch.cat([_project(H[m], V[m])[0] for m in range(M)], -1), attn.proj)
+
+
+def _belief2_out(attn, x, H, V):
+    """Improved Belief-Attention eq. 15 with phi = GELU (the default)."""
+    perp, par = _project(torch.cat(H, -1), torch.cat(V, -1))
+    return _lin(perp, attn.proj) + _lin(F.gelu(par), attn.proj_p)
+
+
+def _horizontal(attn, x, H):
+    """HV paper eq. 5-6, per token: the heads weighted by a softmax over heads of a small MLP's scores."""
+    a_x = x @ attn.head_a2.weight.double().T
+    b = torch.stack(
+        [
+            F.relu(H[m] @ attn.head_a1.weight.double().T + a_x) @ attn.head_b.weight.double()[0]
+            + attn.head_b.bias.double()[0]
+            for m in range(M)
+        ],
+        dim=-1,
+    )  # (B, N, M)
+    alpha = _softmax_rows(b)
+    return torch.cat([alpha[..., m : m + 1] * H[m] for m in range(M)], -1)
+
+
+def _vertical(attn, x, Y):
+    """HV paper eq. 7-8, per token: the output gated channel-wise by a sigmoid of a small MLP."""
+    U = F.relu(x @ attn.chan_u1.weight.double().T + Y @ attn.chan_u2.weight.double().T)
+    return torch.sigmoid(_lin(U, attn.chan_u)) * Y
+
+
+def _hv_out(horizontal, vertical):
+    def out(attn, x, H, V):
+        Y = _lin(_horizontal(attn, x, H) if horizontal else torch.cat(H, -1), attn.proj)
+        return _vertical(attn, x, Y) if vertical else Y
+
+    return out
+
+
+@dataclass(frozen=True)
+class Equations:
+    """One variant's update from its paper, in three parts (float64, plain torch arithmetic).
+
+    Attributes:
+        scores: ``(attn, x, m, Q_m, K_m) -> S_m`` (B, Nq, Nk), before the mask and the softmax.
+        output: ``(attn, x, H, V) -> Y`` (B, N, D) from the heads' ``softmax(S_m) V_m`` and values.
+        values: ``(attn, x, V) -> V`` (the per-head values), where the variant changes them.
+    """
+
+    scores: Callable = _dot()
+    output: Callable = _plain_out
+    values: Callable | None = None
+
+
+#: Every variant's reference, by name (docs/variants.md, "What each variant computes"). A registered variant
+#: missing here fails test_every_registered_variant_has_a_reference, which names it: write its equations here.
+REFERENCES: dict[str, Equations] = {
+    "standard": Equations(),
+    "belief": Equations(output=_belief_out),
+    "belief-star": Equations(output=_belief_star_out),
+    "exclusive": Equations(output=_exclusive_out),
+    "belief2": Equations(scores=_zz_scores, output=_belief2_out),
+    "mabvit-glu": Equations(values=_glu_values),
+    "mabvit-gelu": Equations(values=_gelu_values),
+    "anti-wafe-dot": Equations(scores=_dot(-1.0)),
+    "wafe-mse": Equations(scores=_signed(-1.0, 2)),
+    "anti-wafe-mse": Equations(scores=_signed(1.0, 2)),
+    "wafe-mae": Equations(scores=_signed(-1.0, 1)),
+    "anti-wafe-mae": Equations(scores=_signed(1.0, 1)),
+    "horizontal": Equations(output=_hv_out(True, False)),
+    "vertical": Equations(output=_hv_out(False, True)),
+    "horizontal-vertical": Equations(output=_hv_out(True, True)),
+    "cosine": Equations(scores=_cosine_scores),  # examples/attnzoo-cosine, when installed
+}
+
+
+def unreferenced() -> list[str]:
+    """The registered variants (built-in and plugins) with no entry in :data:`REFERENCES`."""
+    return [name for name in VARIANT_NAMES if name not in REFERENCES]
+
+
 def reference(name, attn, x, mask=None, causal=False):
-    """The variant's update written from its equations (docs/variants.md, "What each variant computes"), float64;
-    ``mask`` and ``causal`` act on every head's scores before the softmax."""
+    """The variant's update written from its equations (:data:`REFERENCES`), float64; ``mask`` and ``causal`` act
+    on every head's scores before the softmax."""
+    eq = REFERENCES[name]
     Q, K, V = _heads(attn, x)
-    if name == "mabvit-glu":  # V = (X W^a) * SiLU(X W^b)
-        gate = _lin(x, attn.v_gate)
-        V = [V[m] * F.silu(gate[..., m * d : (m + 1) * d]) for m in range(M)]
-    elif name == "mabvit-gelu":  # V = GELU(X W^V)
-        V = [F.gelu(v) for v in V]
-    H = []
-    for m in range(M):
-        q, k, v = Q[m], K[m], V[m]
-        if name == "anti-wafe-dot":
-            s = _dot_scores(q, k, -1.0)
-        elif name in ("wafe-mse", "anti-wafe-mse"):
-            s = (1.0 if name.startswith("anti") else -1.0) * _pairwise(q, k, 2) / d
-        elif name in ("wafe-mae", "anti-wafe-mae"):
-            s = (1.0 if name.startswith("anti") else -1.0) * _pairwise(q, k, 1) / d
-        elif name == "belief2":  # eq. 11: (Q K^T + Z Z^T) / sqrt(d)
-            z = _lin(x, attn.z)[..., m * d : (m + 1) * d]
-            s = (q @ k.transpose(-1, -2) + z @ z.transpose(-1, -2)) / math.sqrt(d)
-        else:
-            s = _dot_scores(q, k)
-        H.append(_softmax_rows(_masked(s, mask, causal)) @ v)
-    MH, Vc = torch.cat(H, -1), torch.cat(V, -1)
-    if name in ("standard", "mabvit-glu", "mabvit-gelu") or "wafe" in name:
-        return _lin(MH, attn.proj)
-    if name == "belief":  # eq. 10-12
-        return _lin(_project(MH, Vc)[0], attn.proj)
-    if name == "belief-star":  # eq. 13-15
-        delta_s = torch.cat([_project(H[m], V[m])[0] for m in range(M)], -1)
-        return _lin(_project(MH, Vc)[0], attn.proj) + _lin(delta_s, attn.proj_s)
-    if name == "exclusive":  # Remark 1
-        return _lin(torch.cat([_project(H[m], V[m])[0] for m in range(M)], -1), attn.proj)
-    if name == "belief2":  # eq. 15 with phi = GELU (the default)
-        perp, par = _project(MH, Vc)
-        return _lin(perp, attn.proj) + _lin(F.gelu(par), attn.proj_p)
-    # horizontal / vertical (HV paper eq. 5-8), per token
-    Y = MH
-    if name in ("horizontal", "horizontal-vertical"):
-        a_x = x @ attn.head_a2.weight.double().T
-        b = torch.stack(
-            [
-                F.relu(H[m] @ attn.head_a1.weight.double().T + a_x) @ attn.head_b.weight.double()[0]
-                + attn.head_b.bias.double()[0]
-                for m in range(M)
-            ],
-            dim=-1,
-        )  # (B, N, M)
-        alpha = _softmax_rows(b)
-        Y = torch.cat([alpha[..., m : m + 1] * H[m] for m in range(M)], -1)
-    Y = _lin(Y, attn.proj)
-    if name in ("vertical", "horizontal-vertical"):
-        U = F.relu(x @ attn.chan_u1.weight.double().T + Y @ attn.chan_u2.weight.double().T)
-        Y = torch.sigmoid(_lin(U, attn.chan_u)) * Y
-    return Y
+    if eq.values is not None:
+        V = eq.values(attn, x, V)
+    H = [_softmax_rows(_masked(eq.scores(attn, x, m, Q[m], K[m]), mask, causal)) @ V[m] for m in range(M)]
+    return eq.output(attn, x, H, V)
+
+
+def test_every_registered_variant_has_a_reference():
+    """The table covers the registry: a variant registered without its paper's equations here fails, named."""
+    assert unreferenced() == [], f"no reference in tests/models/test_models_reference.py for: {unreferenced()}"
+
+
+def test_a_variant_without_a_reference_is_named(registry_restored):
+    """The coverage check can fail: a variant registered here (a StandardAttention under a new name) has no
+    reference, and the check names it, and its reference refuses to fall back to another variant's."""
+    from attnzoo.models import StandardAttention, register_variant
+
+    class Unreferenced(StandardAttention):
+        """Standard attention under a name of its own."""
+
+    register_variant("tp-unreferenced", Unreferenced, paper="Test paper, https://example.org", equations="eq. 1")
+    assert unreferenced() == ["tp-unreferenced"]
+    with pytest.raises(KeyError, match="tp-unreferenced"):
+        reference("tp-unreferenced", _layer("standard"), torch.randn(B, N, D, dtype=torch.float64))
 
 
 def _layer(name, seed=0, **opts):

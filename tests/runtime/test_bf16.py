@@ -303,35 +303,13 @@ def test_pytorch_bf16_autocast_runs_the_extra_scopes_in_fp32_and_the_rest_in_bf1
 
 # ---------------------------------------------------------------------------------------------- bench-latency
 @pytest.mark.slow
-def test_bench_latency_bf16_rows_are_refused_here_or_run_with_the_extra_math_read_back(tmp_path):
+def test_bench_latency_bf16_rows_are_refused_here_or_run_with_the_extra_math_read_back(tmp_path, bench_args):
     import json
 
     from attnzoo.benchmarks.cli import main
     from attnzoo.runtime.parity import TOLERANCES
 
-    args = [
-        "--arch",
-        "micro",
-        "--variants",
-        "belief2",
-        "--backends",
-        "eager,openvino",
-        "--dtypes",
-        "fp32,bf16",
-        "--batch-sizes",
-        "1",
-        "--min-time",
-        "0.05",
-        "--threads",
-        "1",
-        "--out",
-        str(tmp_path),
-        "--cache-dir",
-        str(tmp_path / "cache"),
-        "--no-progress",
-        "--ceiling-size",
-        "128",
-    ]
+    args = bench_args(tmp_path, "belief2", "eager,openvino", "--ceiling-size", "128", "--dtypes", "fp32,bf16")
     assert main(args) == 0
     rows = {(r["backend"], r["dtype"]): r for r in json.loads((tmp_path / "results.json").read_text())["results"]}
     assert rows[("eager", "fp32")]["status"] == rows[("openvino", "fp32")]["status"] == "ok"

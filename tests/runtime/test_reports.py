@@ -19,6 +19,7 @@ from attnzoo.runtime.schemas import (
     report_kinds,
 )
 from attnzoo.runtime.sessions import verification_problem
+from attnzoo.runtime.targets import target_reports
 from attnzoo.targets.tensorrt.schema import EngineReport
 from attnzoo.targets.triton.schema import TritonConfigCheck, TritonIO
 
@@ -173,7 +174,7 @@ def test_serving_refuses_a_report_its_schema_does_not_describe(tmp_path):
 
 
 def test_every_kind_prints_its_json_schema(capsys):
-    assert set(report_kinds()) == {"verification", "quantization", "openvino", "executorch", "aoti", "engine", "triton"}
+    assert set(report_kinds()) == {"verification", "quantization", *target_reports()}  # the runtime's, every target's
     for kind, cls in report_kinds().items():
         assert main([kind]) == 0
         schema = json.loads(capsys.readouterr().out)
