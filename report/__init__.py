@@ -10,7 +10,7 @@ and its :class:`Budget`), :mod:`.exports` (the export side), :mod:`.cost` (laten
 """
 
 from .render import verdict, write_report
-from .settings import BATCH_SIZES, SCHEMA, Budget, ReportResult, full_budget, quick_budget
+from .settings import BATCH_SIZES, SCHEMA, Budget, ReportResult, named_budget
 from .variant import report_variant
 
 __all__ = [
@@ -28,8 +28,4 @@ __all__ = [
 
 def __getattr__(name: str) -> Budget:
     """:data:`FULL` and :data:`QUICK` (:mod:`attnzoo.report.settings`), made when asked for."""
-    if name == "FULL":
-        return full_budget()
-    if name == "QUICK":
-        return quick_budget()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return named_budget(__name__, name)

@@ -36,6 +36,7 @@ __all__ = [
     "Budget",
     "full_budget",
     "quick_budget",
+    "named_budget",
     "ReportResult",
 ]
 
@@ -236,10 +237,15 @@ def _skipped(reason: str) -> dict[str, Any]:
 _Section = Callable[[str, Callable[[], Any]], Any]
 
 
-def __getattr__(name: str) -> Budget:
-    """:data:`FULL` (:func:`full_budget`) and :data:`QUICK` (:func:`quick_budget`), made when asked for."""
+def named_budget(module: str, name: str) -> Budget:
+    """``module``'s :data:`FULL` (:func:`full_budget`) or :data:`QUICK` (:func:`quick_budget`), made when asked for:
+    the ``__getattr__`` of each module that offers them."""
     if name == "FULL":
         return full_budget()
     if name == "QUICK":
         return quick_budget()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+
+def __getattr__(name: str) -> Budget:
+    return named_budget(__name__, name)

@@ -55,6 +55,7 @@ from .settings import (
     _Section,
     _skipped,
     full_budget,
+    named_budget,
     out_problem,
     quick_budget,
 )
@@ -284,8 +285,4 @@ def command_line(argv: list[str] | None = None) -> str:
 
 def __getattr__(name: str) -> Budget:
     """:data:`FULL` and :data:`QUICK` (:mod:`attnzoo.report.settings`), made when asked for."""
-    if name == "FULL":
-        return full_budget()
-    if name == "QUICK":
-        return quick_budget()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return named_budget(__name__, name)
