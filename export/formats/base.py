@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, Literal, NoReturn, TypeVar
 
 from attnzoo.errors import UsageError, first_line
 from attnzoo.fileio import atomic_write_text, no_space_problem, sha256_file, writable_dir
@@ -217,6 +217,10 @@ class ExportFormat:
     builds_engine: bool = False
     #: The options it has of its own (:class:`FormatOption`); one given for a format that lacks it is refused.
     options: tuple[FormatOption, ...] = ()
+    #: Whether ``report-variant`` writes it for every variant, verified as ``export-model --format NAME`` verifies
+    #: it (its parity and extra math in the report's export table and verdict): ``"quick"`` in every run,
+    #: ``--quick`` included; ``"full"`` in the full run only (its export takes minutes); ``None``: never.
+    in_variant_report: Literal["quick", "full"] | None = None
 
     def check(self, req: ExportRequest) -> None:
         """Refuse, with a :class:`UsageError`, arguments this format cannot work with here, before any work."""

@@ -99,6 +99,7 @@ class ExecuTorchFormat(ExportFormat):
     title = "ExecuTorch program"
     suffixes = (".pte",)
     from_model = True
+    in_variant_report = "full"  # its lowering to XNNPACK alone takes minutes on 2 cores: not in --quick
     dynamic_int8 = True
 
     def check(self, req: ExportRequest) -> None:

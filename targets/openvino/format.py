@@ -115,6 +115,7 @@ class OpenVINOFormat(ExportFormat):
     title = "OpenVINO IR"
     suffixes = (IR_SUFFIX,)
     from_model = True
+    in_variant_report = "quick"
 
     def check(self, req: ExportRequest) -> None:
         super().check(req)

@@ -197,12 +197,7 @@ MAX_CLASS_LINES = 300
 #: Modules over :data:`MAX_MODULE_LINES` today, each to be split by concern: path -> its lines when listed. The
 #: list may only shrink: a module listed must still be over the limit (remove it once it is split), and a module
 #: not listed must be within it.
-PENDING_MODULES: dict[str, int] = {
-    "benchmarks/tables.py": 655,
-    "report/index.py": 628,
-    "report/render.py": 939,
-    "report/variant.py": 993,
-}
+PENDING_MODULES: dict[str, int] = {}
 #: Classes over :data:`MAX_CLASS_LINES` today, as ``path:name`` -> lines when listed; the same rules.
 PENDING_CLASSES: dict[str, int] = {}
 

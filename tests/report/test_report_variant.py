@@ -139,7 +139,7 @@ def test_quick_report_writes_the_folder_schema_verdict_and_figures(belief2_quick
 
 
 def test_the_block_errors_are_plotted_per_precision_and_a_failed_parity_names_its_first_diverging_block(tmp_path):
-    from attnzoo.report import render
+    from attnzoo.report import markdown, render
 
     def entry(errs, first=None, op=None):
         blocks = [{"block": i, "rel_err": e, "cosine": 1.0} for i, e in enumerate(errs)]
@@ -160,10 +160,10 @@ def test_the_block_errors_are_plotted_per_precision_and_a_failed_parity_names_it
     assert render.entry_title("openvino") == "OpenVINO IR" and render.entry_title("fp16") == "fp16"
     assert render.plots(report, tmp_path) == {"blocks": tmp_path / "block-errors.png"}
     assert (tmp_path / "block-errors.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert render._where(report["export"]["belief2"]["fp32"]) == (
+    assert markdown._where(report["export"]["belief2"]["fp32"]) == (
         "first diverging block 1 (worst op `blocks.1.attn.proj/Add`)"
     )
-    assert render._where(report["export"]["standard"]["fp32"]) == "worst block 1 (3.0e-07)"
+    assert markdown._where(report["export"]["standard"]["fp32"]) == "worst block 1 (3.0e-07)"
 
 
 def test_an_unknown_variant_is_refused_listing_the_valid_ones(tmp_path, capsys):

@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import tomllib
 
 import attnzoo.runtime.backends as backends_mod
 import attnzoo.runtime.targets as targets_mod
@@ -170,6 +171,7 @@ TOY = {
 
         class ToyFormat(ExportFormat):
             name, title, suffixes, options = "toy", "toy file", (".toy",), (LEVEL,)
+            in_variant_report = "quick"  # report-variant writes and verifies it for every variant, --quick too
 
             def steps(self, req):
                 return [("toy", self.write)]
@@ -193,7 +195,8 @@ TOY = {
 
 
 def _install_toy(root: Path) -> None:
-    """:data:`TOY` as an installed package ``tt_toy`` with its ``attnzoo.targets`` entry point."""
+    """:data:`TOY` as an installed package ``tt_toy`` with its ``attnzoo.targets`` entry point: its folder and the
+    entry point are every file written for it, and no module of the package names it (``_assert_one_folder``)."""
     (root / "tt_toy").mkdir()
     for name, code in TOY.items():
         (root / "tt_toy" / name).write_text(textwrap.dedent(code))
@@ -201,6 +204,29 @@ def _install_toy(root: Path) -> None:
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tt_toy\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text("[attnzoo.targets]\ntoy = tt_toy\n")
+    _assert_one_folder(root)
+
+
+#: The package's folders (``pyproject.toml``'s package-dir), where an edit for the toy would be one outside its folder.
+PACKAGE_FOLDERS = sorted(
+    tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values()
+)
+
+
+def _assert_one_folder(root: Path) -> None:
+    """The toy is its folder and its entry point and nothing else: the only files written for it, and no module of the
+    package names it (a list, a branch or an import added for it would be an edit outside its folder)."""
+    written = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+    assert written == sorted(
+        [f"tt_toy/{name}" for name in TOY] + ["tt_toy-0.1.dist-info/METADATA", "tt_toy-0.1.dist-info/entry_points.txt"]
+    ), written
+    named = subprocess.run(
+        ["git", "grep", "-I", "-l", "-w", "-e", "toy", "-e", "tt_toy", "--", *PACKAGE_FOLDERS],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert named.returncode == 1 and not named.stdout, f"package files name the toy target: {named.stdout}"
 
 
 def _run(root: Path, *argv: str, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -224,6 +250,10 @@ def test_a_new_target_is_listed_and_its_options_are_flags(tmp_path, monkeypatch,
 
     monkeypatch.setattr(formats_mod, "_REGISTRY", {})
     assert "toy" in formats_mod.formats()
+    from attnzoo.report.formats import report_formats
+
+    # marked for the variant report: after the built-in targets' formats, in --quick too
+    assert report_formats() == ("openvino", "executorch", "toy") and report_formats(quick=True) == ("openvino", "toy")
     help_text = build_parser().format_help()
     assert "--toy-level" in help_text and "--format toy:" in help_text
     with pytest.raises(UsageError, match=r"^--toy-level applies to --format toy only$"):
@@ -269,3 +299,51 @@ def test_a_new_target_is_exported_with_its_parity_and_timed(tmp_path):
     rows = json.loads((tmp_path / "bench" / "results.json").read_text())["results"]
     toy = [r for r in rows if r["backend"] == "toy"]
     assert toy and all(r["median_ms"] > 0 for r in toy), toy
+
+
+#: report-variant's export side of one variant with the toy marked for the report, rendered into a report page: the
+#: export side through its library call (fp32 and the report's formats only, as ``--quick`` asks for the variant),
+#: the page from a committed report with that side in place of its own (nothing else measured again).
+REPORT_TOY = """
+import json, shutil, sys
+from pathlib import Path
+
+from attnzoo.report.exports import export_side
+from attnzoo.report.formats import report_formats
+from attnzoo.report.render import write_report
+from attnzoo.report.settings import quick_budget
+
+budget = quick_budget()
+assert report_formats()[-1] == "toy" and "toy" in budget.formats, (report_formats(), budget.formats)
+out = Path("report")
+out.mkdir()
+source = {"kind": "random-init", "arch": "micro", "task": "cls"}
+side = export_side("belief2", source, out / "exports" / "belief2", out, budget, ("fp32", "toy"))
+report = json.loads(Path(sys.argv[1]).read_text())
+report["export"]["belief2"] = {**side, "onnx_path": "exports/belief2/belief2.onnx"}
+report["budget"] = {**report["budget"], "formats": list(budget.formats)}
+write_report(report, out, replot=False)
+print(json.dumps({"side": side["toy"], "kept": side["extra_math_kept"], "verdict": report["verdict"]}))
+"""
+
+
+@pytest.mark.slow
+def test_a_new_target_marked_for_the_variant_report_is_written_and_shown_by_report_variant(tmp_path):
+    """With no edit outside its folder: a format whose ``in_variant_report`` is set is exported and verified on
+    report-variant's export side, its extra math counted, and it has its row in ``report.md``, its state in the
+    verdict and the table of checks."""
+    _install_toy(tmp_path)
+    committed = ROOT / "results" / "variant-reports" / "belief2" / "report.json"
+    done = _run(tmp_path, sys.executable, "-c", REPORT_TOY, str(committed), timeout=600)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    toy = got["side"]
+    assert toy["status"] == "ok" and toy["passed"] is True and toy["file"] == "exports/belief2/belief2.toy", toy
+    assert (tmp_path / "report" / toy["file"]).is_file()
+    assert toy["max_abs_err"] < 1e-3 and toy["extra_math"]["ok"] is True and toy["extra_math"]["scopes"] > 0, toy
+    assert got["kept"]["toy"] is True and got["verdict"]["states"]["toy"] == "passed", got
+    assert got["verdict"]["checks"]["toy"] is True and "toy file ok" in got["verdict"]["line"], got["verdict"]
+    page = (tmp_path / "report" / "report.md").read_text()
+    row = next(line for line in page.splitlines() if line.startswith("| toy file: parity with eager fp32 |"))
+    assert "extra math kept" in row and "passed: max abs err" in row, row
+    assert "| toy | yes |" in page
