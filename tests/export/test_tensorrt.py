@@ -388,7 +388,7 @@ def test_failed_build_keeps_the_good_engine_and_its_report(lib, verified_onnx, t
     engine = tmp_path / "m.engine"
     build_engine(verified_onnx("belief2"), engine)  # a good engine and its report
     good, good_report = engine.read_bytes(), engine_report_path(engine).read_text()
-    monkeypatch.setattr(etrt.rt, "check_network_precision", broken)
+    monkeypatch.setattr(etrt.builder, "check_network_precision", broken)
     with pytest.raises(etrt.EngineBuildError, match="network: .*engine not saved"):
         build_engine(verified_onnx("belief2"), engine)
     assert engine.read_bytes() == good and engine_report_path(engine).read_text() == good_report

@@ -839,12 +839,13 @@ def test_background_zoo_export_runs_at_the_lowest_priority(tmp_path):
 
     seen = []
 
-    def children_nice():  # not multiprocessing's resource tracker, which a spawn earlier in this process leaves
-        seen.extend(
-            c.nice()
-            for c in psutil.Process().children()
-            if c.is_running() and "resource_tracker" not in " ".join(c.cmdline())
-        )
+    def children_nice():  # the export's child only: not a resource tracker or a child an earlier test left to reap
+        for child in psutil.Process().children():
+            try:
+                if child.status() != psutil.STATUS_ZOMBIE and "export_zoo(" in " ".join(child.cmdline()):
+                    seen.append(child.nice())
+            except psutil.Error:  # it ended between the listing and the reading
+                continue
 
     code = zoo_cache.export_zoo_in_child("fashion", tmp_path, [("standard", "cls")], while_running=children_nice)
     assert code == 0 and seen and set(seen) == {19}
