@@ -326,6 +326,43 @@ def _hold_back_token_notice() -> None:
         logger.addFilter(_token_notice_filter)
 
 
+#: The file, beside the local Ray's session folder (``/tmp/attnzoo-ray-*/`` or ``$RAY_TMPDIR``), that takes what Ray's
+#: native code writes to the terminal while ``ray.init`` runs, before the driver has log files of its own.
+RAY_START_LOG = "ray-start.err"
+
+
+@contextlib.contextmanager
+def _native_stderr_to(path: str) -> Iterator[None]:
+    """While the body runs, what native code writes to file descriptor 2 goes to ``path``, and Python's
+    ``sys.stderr`` (the command's own lines, the stop's warning) still reaches the terminal through a copy of it.
+    Inside ``ray.init`` Ray's C++ logs to fd 2 (``Failed to connect to GCS ... within 5 seconds`` when a signal to
+    the process group has ended the GCS it just started); those lines are Ray's, not the command's."""
+    try:
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    except OSError:  # no such folder yet ($RAY_TMPDIR, which Ray creates): fd 2 is left as it is
+        yield
+        return
+    try:
+        terminal = os.dup(2)
+    except OSError:  # no fd 2 (a daemon): nothing reaches a terminal anyway
+        os.close(target)
+        yield
+        return
+    sys.stderr.flush()
+    kept = sys.stderr
+    errors = getattr(kept, "errors", None) or "backslashreplace"
+    sys.stderr = open(terminal, "w", buffering=1, encoding=kept.encoding, errors=errors, closefd=False)
+    os.dup2(target, 2)
+    os.close(target)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(terminal, 2)
+        sys.stderr = kept
+        os.close(terminal)
+
+
 def start_ray(cfg: ServeConfig, metrics_port: int | None = None) -> bool:
     """Join ``cfg.address``, or start a local Ray with this machine's CPUs (and GPUs), no dashboard, on the
     loopback address, its session files (logs, sockets, HAProxy's config) in a temporary folder that the stop
@@ -366,7 +403,8 @@ def start_ray(cfg: ServeConfig, metrics_port: int | None = None) -> bool:
             # down, so the folder only its owner can enter (mkdtemp's 0700) stays closed around them
             session["_temp_dir"] = os.path.join(_LOCAL["temp_dirs"][-1], "ray")
         _hold_back_token_notice()
-        with _keep_signal_handlers():
+        start_log = os.path.join(os.path.dirname(session.get("_temp_dir") or _ray_temp_dir()), RAY_START_LOG)
+        with _keep_signal_handlers(), _native_stderr_to(start_log):
             ray.init(
                 num_cpus=os.cpu_count(),
                 include_dashboard=False,

@@ -1210,3 +1210,30 @@ def test_serve_models_refuses_before_anything_starts(monkeypatch):
     with pytest.raises(UsageError, match="--metrics-port must be in 1..65535"):
         with serve_models(ServeConfig(arch="micro", variants=["standard"]), metrics_port=0):
             pytest.fail("the body ran")
+
+
+def test_rays_native_lines_while_it_starts_go_to_its_start_log_and_the_commands_own_reach_the_terminal(
+    monkeypatch, ray_inits, capfd
+):
+    """Inside ``ray.init`` Ray's C++ writes to file descriptor 2 (``Failed to connect to GCS ...`` when a signal to
+    the process group ended the GCS it had just started): that line goes to the start log beside the session
+    files, while a line the command prints meanwhile (the stop watchdog's warning) still reaches the terminal."""
+    import ray
+
+    from attnzoo.serve.rayserve import environment
+
+    native = b"[2026-01-02 03:04:05,678 W 12 12] rpc_client.h:153: Failed to connect to GCS\n"
+
+    def init(*args, **kwargs):
+        os.write(2, native)
+        print("warning: still stopping", file=sys.stderr)
+        raise RuntimeError("stopped before Ray starts")
+
+    monkeypatch.setattr(ray, "init", init)
+    with pytest.raises(RuntimeError, match="stopped before Ray starts"):
+        environment.start_ray(ServeConfig(port=free_port()))
+    start_log = Path(environment._LOCAL["temp_dirs"][-1]) / environment.RAY_START_LOG
+    assert start_log.read_bytes() == native
+    assert capfd.readouterr().err == "warning: still stopping\n"
+    os.write(2, b"after\n")  # fd 2 is the terminal again once ray.init has returned
+    assert capfd.readouterr().err == "after\n"
