@@ -47,8 +47,6 @@ COMPILE = CompileBackend(
     "compile",
     "torch.compile (Inductor) of the PyTorch model; CUDA graphs on a GPU",
     aliases=("torch-compile", "inductor"),
-    takes="module",
-    device="torch",
     dtypes=("fp32", "tf32", "fp16", "bf16"),
     reads=("device", "threads", "batch"),
     jit_compiles=True,

@@ -177,6 +177,8 @@ def torch_dtype_problem(dtype: str, device: str) -> str | None:
 class TorchBackend(Backend):
     """PyTorch eager: the model's own device and thread count are the caller's (``device``, ``threads``)."""
 
+    takes: str = "module"
+    device: str = "torch"
     reads: tuple[str, ...] = ("device", "threads")
     library: str = "torch"
 
@@ -193,8 +195,6 @@ EAGER = TorchBackend(
     "eager",
     "PyTorch eager on the CPU or a CUDA GPU (the reference every backend is checked against)",
     aliases=("pytorch", "torch"),
-    takes="module",
-    device="torch",
     dtypes=("fp32", "tf32", "fp16", "bf16"),
     is_reference=True,
 )
