@@ -76,7 +76,7 @@ class BuildCache:
     def get(
         self,
         model: Any,
-        head: Mapping[str, Any],
+        head: dict[str, Any],
         cache_dir: str | Path,
         settings: Sequence[str],
         facts: Mapping[str, Any],
