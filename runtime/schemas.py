@@ -111,16 +111,25 @@ class JsonReport:
     #: What the refusal lines call a report of this kind (``"report"``, ``"quantization"``).
     what: ClassVar[str] = "report"
     #: Fields left out of the JSON while they are ``None``: facts only some files (a format, a stage reached
-    #: before a refusal) have, so that a report reads back as the very object it was written from.
-    omit_none: ClassVar[tuple[str, ...]] = ()
+    #: before a refusal) have, so that a report reads back as the very object it was written from. ``None`` (the
+    #: default): every field whose default is ``None``, the facts a report may lack; ``()``: every field written.
+    omit_none: ClassVar[tuple[str, ...] | None] = None
+
+    @classmethod
+    def omitted_while_none(cls) -> frozenset[str]:
+        """The fields :meth:`to_dict` leaves out while they are ``None`` (:attr:`omit_none`)."""
+        if cls.omit_none is not None:
+            return frozenset(cls.omit_none)
+        return frozenset(f.name for f in fields(cls) if f.default is None)  # type: ignore[arg-type]  # a dataclass
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object (fields in order, nested reports as objects, :attr:`omit_none` fields left out while
         ``None``)."""
+        omitted = self.omitted_while_none()
         return {
             f.name: _plain(value)
             for f in fields(self)  # type: ignore[arg-type]  # every subclass is a dataclass
-            if not ((value := getattr(self, f.name)) is None and f.name in self.omit_none)
+            if not ((value := getattr(self, f.name)) is None and f.name in omitted)
         }
 
     def to_json(self) -> str:
@@ -169,7 +178,6 @@ class ParityCheck(JsonReport):
     """
 
     what: ClassVar[str] = "parity"
-    omit_none: ClassVar[tuple[str, ...]] = ("batch_dim", "providers", "runtime")
 
     passed: bool
     failures: list[str]
@@ -197,7 +205,6 @@ class ExtraMathCheck(JsonReport):
     """
 
     what: ClassVar[str] = "extra math check"
-    omit_none: ClassVar[tuple[str, ...]] = ("non_standard_ops", "half_ops", "delegated_nodes", "portable_nodes")
 
     ok: bool
     failures: list[str]
@@ -227,16 +234,6 @@ class BlockDivergence(JsonReport):
     """
 
     what: ClassVar[str] = "divergence"
-    omit_none: ClassVar[tuple[str, ...]] = (
-        "reference",
-        "inputs",
-        "criterion",
-        "measure",
-        "prefix",
-        "worst_block",
-        "ops",
-        "not_exposed",
-    )
 
     blocks: list[dict[str, Any]]
     first_diverging_block: int | None
@@ -271,7 +268,6 @@ class VerificationReport(JsonReport):
     """
 
     what: ClassVar[str] = "verification report"
-    omit_none: ClassVar[tuple[str, ...]] = ("export_time_s", "fingerprint", "adopted_from")
 
     path: str
     variant: str
@@ -312,8 +308,6 @@ class FormatReport(JsonReport):
         file_size, sha256: The file (its parts' total size; the hash of the first).
         passed, failures: Every check passed (the file was written); why not, one line each.
     """
-
-    omit_none: ClassVar[tuple[str, ...]] = ("extra_math", "parity", "divergence", "file_size", "sha256")
 
     path: str
     format: str
@@ -410,8 +404,6 @@ class QuantizationReport(JsonReport):
     divergence: dict[str, Any] | None = None
 
     what: ClassVar[str] = "quantization report"
-    #: ``divergence`` is left out while it is ``None``: a report written before it was measured reads back whole.
-    omit_none: ClassVar[tuple[str, ...]] = ("divergence",)
 
 
 def format_reports() -> dict[str, type[FormatReport]]:

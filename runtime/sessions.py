@@ -27,6 +27,7 @@ __all__ = [
     "read_report",
     "report_file",
     "verified_report",
+    "verified_file",
     "verification_problem",
 ]
 
@@ -88,15 +89,16 @@ def report_file(path: str | Path) -> Path:
     return path.with_suffix(".report.json") if path.suffix == ".onnx" else Path(f"{path}.json")
 
 
-def verified_report(path: str | Path, dtype: str, fmt: str | None = None) -> JsonReport:
+def verified_report(path: str | Path, dtype: str, fmt: str | None = None, device: str | None = None) -> JsonReport:
     """The report (:func:`report_file`) of the exported model ``path`` (graph precision ``dtype``), read through
     its schema, when it says the file passed its verification: written by ``export-model`` after its checks (the
     extra math counted, parity with eager PyTorch), for this precision, for a file of format ``fmt`` when given
-    (``aoti``, ``executorch``, ``openvino``) and for this very file (its SHA-256; an OpenVINO IR's ``.bin`` too).
+    (``aoti``, ``executorch``, ``openvino``), for this very file (its SHA-256; an OpenVINO IR's ``.bin`` too) and,
+    ``device`` given, for a file compiled for that device (``cpu``, ``cuda``: an AOTInductor package's report says).
 
     Raises:
         ValueError: one line saying why not (no report, unreadable, another schema or format, not passed, another
-            precision, another file).
+            precision, another file, another device).
     """
     path = Path(path)
     report = report_file(path)
@@ -125,7 +127,29 @@ def verified_report(path: str | Path, dtype: str, fmt: str | None = None) -> Jso
             raise ValueError(
                 f"{weights.name} differs from the weights its report {report.name} verified (SHA-256 mismatch)"
             )
+    compiled_for = getattr(typed, "device", None)  # a report of a file compiled for one device (AOTInductor's)
+    if device is not None and compiled_for is not None and compiled_for != device:
+        raise ValueError(f"it was compiled for {compiled_for}, not {device}")
     return typed
+
+
+def verified_file(
+    backend: str, model: str | Path, dtype: str, *, fmt: str, title: str, device: str | None = None
+) -> Path:
+    """The exported file ``model`` (a ``title``, format ``fmt``) that ``backend`` loads by path: there, and
+    verified for ``dtype`` (and ``device``) by its report (:func:`verified_report`).
+
+    Raises:
+        ValueError: ``<title> not found: <path>``, or ``<backend>: <path> is not loaded: <why>``.
+    """
+    path = Path(model)
+    if not path.is_file():
+        raise ValueError(f"{title} not found: {path}")
+    try:
+        verified_report(path, dtype, fmt=fmt, device=device)
+    except ValueError as exc:
+        raise ValueError(f"{backend}: {path} is not loaded: {exc}") from None
+    return path
 
 
 def verification_problem(path: str | Path, dtype: str) -> str | None:

@@ -15,29 +15,20 @@ import pkgutil
 from attnzoo.errors import UsageError, quoted
 from attnzoo.runtime.targets import collect, load_object
 
-from .base import ExportFormat, ExportRequest, ExportResult, FormatOption, ModelSource, Step, run_step
+from . import base
+from .base import *  # noqa: F403 -- the base's public names (its __all__) are the package's face
+from .base import ExportFormat
 
-__all__ = [
-    "ExportFormat",
-    "ExportRequest",
-    "ExportResult",
-    "FormatOption",
-    "ModelSource",
-    "Step",
-    "run_step",
-    "formats",
-    "get_format",
-    "register_format",
-]
+__all__ = ["formats", "get_format", "register_format"]
+__all__ += base.__all__
 
 _REGISTRY: dict[str, ExportFormat] = {}
 
 
 def _discover() -> None:
     """Register the ``FORMAT`` of every module of this package and the targets' formats, in name order."""
-    found = [
-        getattr(importlib.import_module(f"{__name__}.{m.name}"), "FORMAT", None) for m in pkgutil.iter_modules(__path__)
-    ]
+    modules = pkgutil.iter_modules(__path__)  # noqa: F405 -- the package's own path, not a star-imported name
+    found = [getattr(importlib.import_module(f"{__name__}.{m.name}"), "FORMAT", None) for m in modules]
     found += [load_object(reference) for reference in collect("formats")]
     for part in sorted((p for p in found if isinstance(p, ExportFormat)), key=lambda p: p.name):
         _REGISTRY.setdefault(part.name, part)

@@ -1,18 +1,23 @@
 """The ``torch.export`` program step the formats written from the PyTorch model share (AOTInductor's ``aoti``,
-ExecuTorch's ``executorch``): the variant's extra math counted in the program, and how the program takes its batch.
-The formats call this module, not each other."""
+ExecuTorch's ``executorch``): the variant's extra math counted in the program, how the program takes its batch, and
+:class:`ProgramFormat`, what such a format's export, report and summary have in common. The formats call this
+module, not each other."""
 
 from __future__ import annotations
 
 import re
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
-from attnzoo.runtime.torch_export import module_path
+from attnzoo.limits import MAX_BATCH_SIZE
+from attnzoo.runtime.contract import BATCH_DIM
+from attnzoo.runtime.torch_export import TRACE_BATCH, module_path
 
 from ..check import block_prefix, variant_spec, walk_extra_scopes
+from .base import ExportFormat, ExportRequest, ExportResult, ModelSource, report_path, run_step, summary_text
 
-__all__ = ["NO_MATH_TARGETS", "count_extra_math", "dynamic_batch"]
+__all__ = ["NO_MATH_TARGETS", "count_extra_math", "dynamic_batch", "ProgramFormat"]
 
 #: ATen ops that only move, view or retype data: a scope of these alone holds no extra math.
 NO_MATH_TARGETS = frozenset(
@@ -105,3 +110,50 @@ def dynamic_batch(report: dict[str, Any]) -> str:
     """How a program exported by ``torch.export`` takes its batch: ``dynamic 'batch' 1-N, traced at 2``."""
     lo, hi = report["batch_range"]
     return f"dynamic '{report['batch_dim']}' {lo}-{hi}, traced at {report['trace_batch']}"
+
+
+class ProgramFormat(ExportFormat):
+    """A format written from the PyTorch model as one ``torch.export`` program file, verified against eager PyTorch
+    before it is written (:meth:`export_verified`): its report's common facts (:meth:`report_head`) and its summary
+    (:meth:`report_text`, the file described by :meth:`head`)."""
+
+    from_model = True
+    #: What makes its file, as the line of a failed export names it (``AOTInductor export failed``).
+    maker: str = ""
+
+    def write_model(self, req: ExportRequest, source: ModelSource, result: ExportResult) -> None:
+        result.report = run_step(self.export_verified, f"{self.maker} export failed", req, source, result.path)
+
+    def export_verified(self, req: ExportRequest, source: ModelSource, out: Path) -> dict[str, Any]:
+        """Export, check and write the file ``out``, renamed there only when every check passed; its report."""
+        raise NotImplementedError
+
+    def report_head(self, req: ExportRequest, source: ModelSource, out: Path) -> dict[str, Any]:
+        """The facts every program's report starts with: the file and its format, the model, the precision, the
+        input and how the program takes its batch (dynamic, traced at :data:`TRACE_BATCH`), the weights."""
+        config = source.config
+        return {
+            "path": str(out),
+            "format": self.name,
+            "variant": config["variant"],
+            "task": config["task"],
+            "arch": config["arch"],
+            "dtype": req.dtype,
+            "input_size": [source.hw[0], source.hw[1]],
+            "batch_dim": BATCH_DIM,
+            "batch_range": [1, MAX_BATCH_SIZE],
+            "trace_batch": TRACE_BATCH,
+            "checkpoint_sha256": source.checkpoint_sha256,
+        }
+
+    def head(self, report: dict[str, Any]) -> str:
+        """What the file of ``report`` is, after its model and precision (the summary's first line)."""
+        raise NotImplementedError
+
+    def report_text(self, report: dict[str, Any], path: Path | None = None) -> str:
+        """A few lines for the terminal: the file, its parity, the extra math per block, the verdict."""
+        what = f"{report['path']}: {report['variant']} {report['task']} {report['arch']} {report['dtype']}"
+        return summary_text(f"{what} {self.head(report)}", report, dynamic_batch(report), path)
+
+    def summary(self, result: ExportResult) -> list[str]:
+        return self.report_text(result.report, report_path(result.path)).splitlines() if result.report else []

@@ -30,14 +30,19 @@ from typing import Any, Protocol, TypeVar, cast
 import numpy as np
 
 from attnzoo.errors import quoted
+from attnzoo.lazy import lazy_import
 
 from ..contract import ModelContract
+from ..device import DeviceMemory, release_cuda_cache
 from ..parity import compare, tolerance_key
 from ..targets import collect, targets
+
+torch = lazy_import("torch")  # the registry (and --help) load without torch
 
 __all__ = [
     "Backend",
     "Session",
+    "TorchDeviceSession",
     "Call",
     "LoadOptions",
     "register_backend",
@@ -180,6 +185,51 @@ class Session:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class TorchDeviceSession(Session):
+    """A session whose model (:attr:`net`: the PyTorch module, or a package compiled from it) takes torch tensors on
+    :attr:`device`: host images moved there at :attr:`dtype`, the logits back as float32 on the host; on a GPU its
+    calls are timed with CUDA events, its memory measured by :attr:`memory`, and closing it empties PyTorch's
+    cache. A subclass sets these attributes and :attr:`_info`, and implements :meth:`_forward`."""
+
+    net: Any = None
+    device: Any = None  #: the ``torch.device``
+    dtype: Any = None  #: the ``torch.dtype`` inputs are moved at
+    memory: DeviceMemory | None = None
+    cuda_graph: bool = False  #: its calls replay a CUDA graph
+    _info: dict[str, Any]
+
+    def _forward(self, xin: Any) -> Any:
+        """The model on ``xin``, a tensor on :attr:`device`."""
+        raise NotImplementedError
+
+    def _input(self, x: np.ndarray) -> Any:
+        return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(self.device, self.dtype)
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        return self._forward(self._input(x)).float().cpu().numpy()
+
+    def call(self, x: np.ndarray) -> Call:
+        xin = self._input(x)
+        cuda = self.device.type == "cuda"
+        return Call(
+            lambda: self._forward(xin),
+            lambda: self._forward(xin).float().cpu().numpy(),
+            cuda=cuda,
+            cuda_graph=self.cuda_graph,
+            memory=self.memory.torch_peak if cuda and self.memory is not None else None,
+            session=self,
+        )
+
+    def info(self) -> dict[str, Any]:
+        return dict(self._info)
+
+    def release(self) -> None:
+        """Drop the model (:attr:`net`); on a GPU, PyTorch's cache is emptied."""
+        self.net = None
+        if self.device.type == "cuda":
+            release_cuda_cache()
 
 
 @dataclass(frozen=True)

@@ -17,23 +17,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from attnzoo.fileio import default_cache_dir
 from attnzoo.lazy import lazy_import
-from attnzoo.runtime.backends import TORCH_DTYPES, Backend, Call, LoadOptions, Session
-from attnzoo.runtime.device import DeviceMemory, fp32_math, release_cuda_cache
-from attnzoo.runtime.sessions import verified_report
+from attnzoo.runtime.backends import TORCH_DTYPES, Backend, LoadOptions, TorchDeviceSession
+from attnzoo.runtime.device import DeviceMemory, fp32_math
+from attnzoo.runtime.sessions import verified_file
 
 from . import package as aoti
-from .schema import AOTIReport
 
 torch = lazy_import("torch")
 
 __all__ = ["AotiBackend", "AotiSession", "AOTI"]
 
 
-class AotiSession(Session):
+class AotiSession(TorchDeviceSession):
     """A loaded AOTInductor package; ``facts`` says where it came from (file, or the cache and whether it was
     compiled now)."""
 
@@ -44,7 +41,7 @@ class AotiSession(Session):
         self.dtype = getattr(torch, TORCH_DTYPES[dtype])
         if threads:
             torch.set_num_threads(int(threads))
-        self.runner = aoti.load_package(path)
+        self.net = aoti.load_package(path)
         self._info = {"device": str(self.device), "dtype": dtype, "package": str(path), **facts}
         if self.device.type == "cuda":
             self._info["fp32_matmul"] = "ieee"
@@ -52,32 +49,7 @@ class AotiSession(Session):
     def _forward(self, xin):
         math = fp32_math(False) if self.device.type == "cuda" else contextlib.nullcontext()
         with torch.inference_mode(), math:
-            return self.runner(xin)
-
-    def _input(self, x: np.ndarray):
-        return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(self.device, self.dtype).contiguous()
-
-    def run(self, x: np.ndarray) -> np.ndarray:
-        return self._forward(self._input(x)).float().cpu().numpy()
-
-    def call(self, x: np.ndarray) -> Call:
-        xin = self._input(x)
-        cuda = self.device.type == "cuda"
-        return Call(
-            lambda: self._forward(xin),
-            lambda: self._forward(xin).float().cpu().numpy(),
-            cuda=cuda,
-            memory=self.memory.torch_peak if cuda and self.memory is not None else None,
-            session=self,
-        )
-
-    def info(self) -> dict[str, Any]:
-        return dict(self._info)
-
-    def release(self) -> None:
-        self.runner = None
-        if self.device.type == "cuda":
-            release_cuda_cache()
+            return self.net(xin)
 
 
 @dataclass(frozen=True)
@@ -93,16 +65,8 @@ class AotiBackend(Backend):
         if reason:
             raise ValueError(f"{self.name}: {reason}")
         if isinstance(model, (str, Path)):
-            path = Path(model)
-            if not path.is_file():
-                raise ValueError(f"AOTInductor package not found: {path}")
-            try:
-                report = verified_report(path, options.dtype, fmt="aoti")
-                kind = str(options.device).split(":")[0]
-                if isinstance(report, AOTIReport) and report.device != kind:
-                    raise ValueError(f"it was compiled for {report.device}, not {kind}")
-            except ValueError as exc:
-                raise ValueError(f"{self.name}: {path} is not loaded: {exc}") from None
+            kind = str(options.device).split(":")[0]
+            path = verified_file(self.name, model, options.dtype, fmt="aoti", title="AOTInductor package", device=kind)
             facts: dict[str, Any] = {"cached": None}
         else:
             cache = options.cache_dir or default_cache_dir()

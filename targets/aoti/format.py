@@ -31,20 +31,10 @@ import torch
 
 from attnzoo.errors import UsageError
 from attnzoo.export.divergence import not_exposed
-from attnzoo.export.formats.base import (
-    ExportFormat,
-    ExportRequest,
-    ModelSource,
-    keep_report,
-    report_path,
-    run_step,
-    summary_text,
-)
-from attnzoo.export.formats.program import count_extra_math, dynamic_batch
+from attnzoo.export.formats.base import ExportRequest, ModelSource, keep_report
+from attnzoo.export.formats.program import ProgramFormat, count_extra_math
 from attnzoo.export.verify import checked_batch_sizes
-from attnzoo.limits import MAX_BATCH_SIZE
 from attnzoo.runtime.backends import TORCH_DTYPES
-from attnzoo.runtime.contract import BATCH_DIM
 from attnzoo.runtime.device import fp32_math
 
 from . import package as aoti
@@ -62,13 +52,13 @@ def package_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-class AotiFormat(ExportFormat):
+class AotiFormat(ProgramFormat):
     """``model.pt2``, an AOTInductor package verified against eager PyTorch, and its report ``model.pt2.json``."""
 
     name = "aoti"
     title = "PyTorch AOTInductor package"
     suffixes = (".pt2",)
-    from_model = True
+    maker = "AOTInductor"
 
     def check(self, req: ExportRequest) -> None:
         super().check(req)
@@ -84,9 +74,6 @@ class AotiFormat(ExportFormat):
         if reason:
             raise UsageError(f"--format aoti: {reason}")
 
-    def write_model(self, req: ExportRequest, source: ModelSource, result) -> None:
-        result.report = run_step(self.export_verified, "AOTInductor export failed", req, source, result.path)
-
     def export_verified(self, req: ExportRequest, source: ModelSource, out: Path) -> dict[str, Any]:
         """Export, count the extra math, compile, load, check parity; rename to ``out`` only when all passed."""
         device, config, hw = package_device(), source.config, (source.hw[0], source.hw[1])
@@ -94,19 +81,9 @@ class AotiFormat(ExportFormat):
         start = time.perf_counter()
         program = aoti.export_program(source.model, hw, device=device, dtype=req.dtype)
         report: dict[str, Any] = {
-            "path": str(out),
-            "format": "aoti",
-            "variant": config["variant"],
-            "task": config["task"],
-            "arch": config["arch"],
-            "dtype": req.dtype,
+            **self.report_head(req, source, out),
             "device": device,
             "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
-            "input_size": list(hw),
-            "batch_dim": BATCH_DIM,
-            "batch_range": [1, MAX_BATCH_SIZE],
-            "trace_batch": aoti.TRACE_BATCH,
-            "checkpoint_sha256": source.checkpoint_sha256,
             "export_time_s": round(time.perf_counter() - start, 3),
             "num_nodes": sum(1 for n in program.graph.nodes if n.op == "call_function"),
             "extra_math": count_extra_math(program, config),
@@ -141,19 +118,14 @@ class AotiFormat(ExportFormat):
         report.update(passed=True, failures=[])
         return keep_report(out, report)
 
-    def summary(self, result) -> list[str]:
-        return summary(result.report, report_path(result.path)).splitlines() if result.report else []
-
-
-def summary(report: dict[str, Any], path: Path | None = None) -> str:
-    """A few lines for the terminal: the package, its parity, the extra math per block, the verdict."""
-    head = (
-        f"{report['path']}: {report['variant']} {report['task']} {report['arch']} {report['dtype']} AOTInductor "
-        f"package for {report['gpu'] or report['device']}, {report['num_nodes']} graph nodes, "
-        f"{report['file_size'] / 1e6:.2f} MB, export {report['export_time_s']:.1f} s + compile "
-        f"{report['compile_time_s']:.1f} s"
-    )
-    return summary_text(head, report, dynamic_batch(report), path)
+    def head(self, report: dict[str, Any]) -> str:
+        return (
+            f"AOTInductor package for {report['gpu'] or report['device']}, {report['num_nodes']} graph nodes, "
+            f"{report['file_size'] / 1e6:.2f} MB, export {report['export_time_s']:.1f} s + compile "
+            f"{report['compile_time_s']:.1f} s"
+        )
 
 
 FORMAT = AotiFormat()
+#: A few lines for the terminal: the package, its parity, the extra math per block, the verdict.
+summary = FORMAT.report_text

@@ -30,11 +30,11 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from attnzoo.fileio import atomic_path, cache_subdir, derived_is_current, record_derived
+from attnzoo.fileio import atomic_path
 from attnzoo.lazy import lazy_import
 from attnzoo.limits import MAX_BATCH_SIZE
 from attnzoo.runtime.contract import BATCH_DIM
-from attnzoo.runtime.torch_export import TRACE_BATCH, fingerprint
+from attnzoo.runtime.torch_export import TRACE_BATCH, BuildCache, model_input
 
 torch = lazy_import("torch")  # the registry (and --help) load without torch
 inductor = lazy_import("torch._inductor")
@@ -64,6 +64,9 @@ AOTI_DTYPES: dict[str, tuple[str, ...]] = {"cpu": ("fp32",), "cuda": ("fp32", "f
 MAE_IMPL = "tiled"
 #: Modules whose code a package holds besides the model's classes (the tiled L1 core): part of the cache key.
 CODE_MODULES = ("attnzoo.models.kernels.l1_core",)
+#: Where the backend keeps the packages it compiles from the module: ``<cache_dir>/aoti/``
+#: ``<variant>_<device>_<dtype>_<key>.pt2`` (:func:`cached_package`).
+CACHE = BuildCache("aoti", ".pt2", "package")
 _TORCH_DTYPES = {"fp32": "float32", "fp16": "float16"}
 
 
@@ -167,38 +170,28 @@ def load_package(path: str | Path) -> Any:
 def cached_package(
     model: Any, cache_dir: str | Path, *, device: str = "cpu", dtype: str = "fp32", hw: tuple[int, int] | None = None
 ) -> tuple[Path, dict[str, Any]]:
-    """The package of ``model`` for ``device`` at ``dtype`` in ``<cache_dir>/aoti/``, compiled when no package of
-    the same :func:`fingerprint` (weights, source, config, device, precision, input size, torch version) is there.
-    A package there is used only when it is the file this function compiled and recorded (its SHA-256 in the
-    ``.json`` beside it, :func:`attnzoo.fileio.derived_is_current`); one edited, planted or left without its record is
-    compiled again, never opened.
-
-    Raises:
-        ValueError: the cache folder is not the user's alone (:func:`attnzoo.fileio.private_dir`).
+    """The package of ``model`` for ``device`` at ``dtype`` in ``<cache_dir>/aoti/`` (:data:`CACHE`), compiled when
+    none of the same fingerprint (weights, source, config, device, precision, input size, torch version) is there. A
+    package there is used only when it is the file compiled and recorded there
+    (:meth:`attnzoo.runtime.torch_export.BuildCache.get`, which raises ``ValueError`` for a cache folder that is not
+    the user's alone); one edited, planted or left without its record is compiled again, never opened.
 
     Returns:
         ``(path, facts)``: ``facts`` says whether it was ``cached``, and the export and compile seconds.
     """
-    config = dict(getattr(model, "attnzoo_config", None) or {})
-    if hw is None:
-        side = int(config.get("img_size", 224))
-        hw = (side, side)
+    config, hw = model_input(model, hw)
     kind = str(device).split(":")[0]
     head = {"config": config, "device": kind, "dtype": dtype, "hw": list(hw), "torch": torch.__version__}
     if kind == "cuda":
         head["gpu"] = torch.cuda.get_device_name(torch.device(device))
-    key = fingerprint(model, head, modules=(__name__, *CODE_MODULES))
-    folder = cache_subdir(cache_dir, "aoti")
-    stem = f"{config.get('variant', type(model).__name__)}_{kind}_{dtype}_{key[:16]}"
-    path, record = folder / f"{stem}.pt2", folder / f"{stem}.json"
-    facts = {"package": path.name, "device": kind, "dtype": dtype, "trace_batch": TRACE_BATCH}
-    if derived_is_current(record, key, [path], head):  # not when absent, unrecorded or not the file compiled
-        return path, {**facts, "cached": True}
-    start = time.perf_counter()
-    program = export_program(model, (hw[0], hw[1]), device=device, dtype=dtype)
-    exported = time.perf_counter() - start
-    with temporary_package(path) as tmp:
-        compiled = compile_package(program, tmp)
-    facts.update(cached=False, export_s=round(exported, 2), compile_s=round(compiled, 2))
-    record_derived(record, key, [path], head, facts={k: v for k, v in facts.items() if k != "cached"})
-    return path, facts
+
+    def compile_into(path: Path) -> dict[str, float]:
+        start = time.perf_counter()
+        program = export_program(model, (hw[0], hw[1]), device=device, dtype=dtype)
+        exported = time.perf_counter() - start
+        with temporary_package(path) as tmp:
+            compiled = compile_package(program, tmp)
+        return {"export_s": round(exported, 2), "compile_s": round(compiled, 2)}
+
+    facts = {"device": kind, "dtype": dtype, "trace_batch": TRACE_BATCH}
+    return CACHE.get(model, head, cache_dir, (kind, dtype), facts, compile_into, modules=(__name__, *CODE_MODULES))

@@ -25,7 +25,6 @@ class AOTIReport(FormatReport):
     """
 
     what: ClassVar[str] = "AOTInductor package report"
-    omit_none: ClassVar[tuple[str, ...]] = (*FormatReport.omit_none, "compile_time_s", "load_time_s")
 
     device: str = field(kw_only=True)
     gpu: str | None = field(kw_only=True)

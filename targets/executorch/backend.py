@@ -19,7 +19,7 @@ import numpy as np
 from attnzoo.fileio import default_cache_dir
 from attnzoo.lazy import lazy_import
 from attnzoo.runtime.backends import Backend, LoadOptions, Session
-from attnzoo.runtime.sessions import verified_report
+from attnzoo.runtime.sessions import verified_file
 
 from . import program as et  # called through the module: tests replace its functions there
 
@@ -70,13 +70,7 @@ class ExecuTorchBackend(Backend):
         if reason:
             raise ValueError(f"{self.name}: {reason}")
         if isinstance(model, (str, Path)):
-            path = Path(model)
-            if not path.is_file():
-                raise ValueError(f"ExecuTorch program not found: {path}")
-            try:
-                verified_report(path, options.dtype, fmt="executorch")
-            except ValueError as exc:
-                raise ValueError(f"{self.name}: {path} is not loaded: {exc}") from None
+            path = verified_file(self.name, model, options.dtype, fmt="executorch", title="ExecuTorch program")
             facts: dict[str, Any] = {"cached": None}
         else:
             path, facts = et.cached_program(model, options.cache_dir or default_cache_dir(), dtype=options.dtype)

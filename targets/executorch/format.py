@@ -37,22 +37,12 @@ import torch
 from attnzoo.errors import UsageError, first_line
 from attnzoo.export.check import variant_spec
 from attnzoo.export.divergence import not_exposed
-from attnzoo.export.formats.base import (
-    ExportFormat,
-    ExportRequest,
-    ModelSource,
-    keep_report,
-    report_path,
-    run_step,
-    summary_text,
-)
-from attnzoo.export.formats.program import count_extra_math, dynamic_batch
+from attnzoo.export.formats.base import ExportRequest, ModelSource, keep_report
+from attnzoo.export.formats.program import ProgramFormat, count_extra_math
 from attnzoo.export.onnx_export import contract_metadata
 from attnzoo.export.verify import checked_batch_sizes
 from attnzoo.fileio import atomic_path
-from attnzoo.limits import MAX_BATCH_SIZE
-from attnzoo.runtime.contract import BATCH_DIM
-from attnzoo.runtime.torch_export import TRACE_BATCH, module_path
+from attnzoo.runtime.torch_export import module_path
 
 from . import program as et  # called through the module: tests replace its functions there
 
@@ -91,14 +81,14 @@ def refusal(exc: BaseException, variant: str) -> str:
     return f"ExecuTorch cannot carry {variant}:{op} ({type(exc).__name__}: {line})"
 
 
-class ExecuTorchFormat(ExportFormat):
+class ExecuTorchFormat(ProgramFormat):
     """``model.pte``, an ExecuTorch program (XNNPACK) verified against eager PyTorch, and its report
     ``model.pte.json``."""
 
     name = "executorch"
     title = "ExecuTorch program"
     suffixes = (".pte",)
-    from_model = True
+    maker = "ExecuTorch"
     in_variant_report = "full"  # its lowering to XNNPACK alone takes minutes on 2 cores: not in --quick
     dynamic_int8 = True
 
@@ -108,28 +98,15 @@ class ExecuTorchFormat(ExportFormat):
         if reason:
             raise UsageError(f"--format executorch: {reason}")
 
-    def write_model(self, req: ExportRequest, source: ModelSource, result) -> None:
-        result.report = run_step(self.export_verified, "ExecuTorch export failed", req, source, result.path)
-
     def export_verified(self, req: ExportRequest, source: ModelSource, out: Path) -> dict[str, Any]:
         """Export, lower, count the extra math, serialize, load, check parity; rename to ``out`` only when all
         passed."""
         config, hw = source.config, (source.hw[0], source.hw[1])
         sizes = checked_batch_sizes(req.batch_sizes)
         report: dict[str, Any] = {
-            "path": str(out),
-            "format": "executorch",
-            "variant": config["variant"],
-            "task": config["task"],
-            "arch": config["arch"],
-            "dtype": req.dtype,
+            **self.report_head(req, source, out),
             "quantization": "dynamic int8 (Linear layers; extra math fp32)" if req.dtype == "int8" else None,
             "delegate": "XnnpackBackend",
-            "input_size": list(hw),
-            "batch_dim": BATCH_DIM,
-            "batch_range": [1, MAX_BATCH_SIZE],
-            "trace_batch": TRACE_BATCH,
-            "checkpoint_sha256": source.checkpoint_sha256,
             "metadata": contract_metadata(config, hw, req.dtype, source.checkpoint_sha256),
             "torch": torch.__version__,
             "executorch": et.executorch_version(),
@@ -165,20 +142,15 @@ class ExecuTorchFormat(ExportFormat):
         report.update(passed=True, failures=[])
         return keep_report(out, report)
 
-    def summary(self, result) -> list[str]:
-        return summary(result.report, report_path(result.path)).splitlines() if result.report else []
-
-
-def summary(report: dict[str, Any], path: Path | None = None) -> str:
-    """A few lines for the terminal: the program, its parity, the extra math per block, the verdict."""
-    em = report["extra_math"]
-    head = (
-        f"{report['path']}: {report['variant']} {report['task']} {report['arch']} {report['dtype']} ExecuTorch "
-        f"program (XNNPACK), {em['delegated_nodes']} delegated + {em['portable_nodes']} portable nodes, "
-        f"{report['file_size'] / 1e6:.2f} MB, lower {report['lower_time_s']:.1f} s + serialize "
-        f"{report['serialize_time_s']:.1f} s"
-    )
-    return summary_text(head, report, dynamic_batch(report), path)
+    def head(self, report: dict[str, Any]) -> str:
+        em = report["extra_math"]
+        return (
+            f"ExecuTorch program (XNNPACK), {em['delegated_nodes']} delegated + {em['portable_nodes']} portable nodes, "
+            f"{report['file_size'] / 1e6:.2f} MB, lower {report['lower_time_s']:.1f} s + serialize "
+            f"{report['serialize_time_s']:.1f} s"
+        )
 
 
 FORMAT = ExecuTorchFormat()
+#: A few lines for the terminal: the program, its parity, the extra math per block, the verdict.
+summary = FORMAT.report_text

@@ -41,11 +41,11 @@ from types import SimpleNamespace
 from typing import Any
 
 from attnzoo.errors import first_line
-from attnzoo.fileio import atomic_path, cache_subdir, derived_is_current, record_derived
+from attnzoo.fileio import atomic_path
 from attnzoo.lazy import lazy_import
 from attnzoo.limits import MAX_BATCH_SIZE
 from attnzoo.runtime.contract import BATCH_DIM
-from attnzoo.runtime.torch_export import TRACE_BATCH, fingerprint, module_path
+from attnzoo.runtime.torch_export import TRACE_BATCH, BuildCache, model_input, module_path
 
 torch = lazy_import("torch")
 
@@ -65,6 +65,9 @@ __all__ = [
 
 #: Precisions a program is lowered at: fp32, and dynamic int8 (the Linear layers; the extra math fp32).
 EXECUTORCH_DTYPES: tuple[str, ...] = ("fp32", "int8")
+#: Where the backend keeps the programs it lowers from the module: ``<cache_dir>/executorch/``
+#: ``<variant>_<dtype>_<key>.pte`` (:func:`cached_program`).
+CACHE = BuildCache("executorch", ".pte", "program")
 
 
 def executorch_version() -> str | None:
@@ -279,36 +282,26 @@ def set_threads(threads: int | None) -> int:
 
 
 def cached_program(model: Any, cache_dir: str | Path, *, dtype: str = "fp32") -> tuple[Path, dict[str, Any]]:
-    """The program of ``model`` at ``dtype`` in ``<cache_dir>/executorch/``, lowered when none of the same
-    fingerprint (weights, source, config, precision, input size, torch and ExecuTorch versions) is there. A program
-    there is used only when it is the file this function lowered and recorded (its SHA-256 in the ``.json`` beside
-    it, :func:`attnzoo.fileio.derived_is_current`); one edited, planted or left without its record is lowered
-    again, never opened.
-
-    Raises:
-        ValueError: the cache folder is not the user's alone (:func:`attnzoo.fileio.private_dir`).
+    """The program of ``model`` at ``dtype`` in ``<cache_dir>/executorch/`` (:data:`CACHE`), lowered when none of
+    the same fingerprint (weights, source, config, precision, input size, torch and ExecuTorch versions) is there,
+    as :meth:`attnzoo.runtime.torch_export.BuildCache.get` keeps it: a program there is used only when it is the file
+    lowered and recorded there (``ValueError`` for a cache folder that is not the user's alone).
     """
     from attnzoo.models import VARIANTS
 
-    config = dict(getattr(model, "attnzoo_config", None) or {})
-    side = int(config.get("img_size", 224))
-    hw = (side, side)
+    config, hw = model_input(model)
     head = {"config": config, "dtype": dtype, "hw": list(hw), "torch": torch.__version__}
     head["executorch"] = executorch_version()
-    key = fingerprint(model, head, modules=(__name__,))
-    folder = cache_subdir(cache_dir, "executorch")
-    stem = f"{config.get('variant', type(model).__name__)}_{dtype}_{key[:16]}"
-    path, record = folder / f"{stem}.pte", folder / f"{stem}.json"
-    facts: dict[str, Any] = {"program": path.name, "dtype": dtype, "trace_batch": TRACE_BATCH}
-    if derived_is_current(record, key, [path], head):  # not when absent, unrecorded or not the file lowered
-        return path, {**facts, "cached": True}
-    spec = VARIANTS.get(str(config.get("variant")))
-    keep = spec.extra_scopes if spec is not None else ()
-    start = time.perf_counter()
-    _, edge = lower_program(model, hw, dtype=dtype, keep_fp32=keep)
-    lowered = time.perf_counter() - start
-    with atomic_path(path) as tmp:
-        written = write_program(edge, tmp)
-    facts.update(cached=False, lower_s=round(lowered, 2), serialize_s=round(written, 2))
-    record_derived(record, key, [path], head, facts={k: v for k, v in facts.items() if k != "cached"})
-    return path, facts
+
+    def lower_into(path: Path) -> dict[str, float]:
+        spec = VARIANTS.get(str(config.get("variant")))
+        keep = spec.extra_scopes if spec is not None else ()
+        start = time.perf_counter()
+        _, edge = lower_program(model, hw, dtype=dtype, keep_fp32=keep)
+        lowered = time.perf_counter() - start
+        with atomic_path(path) as tmp:
+            written = write_program(edge, tmp)
+        return {"lower_s": round(lowered, 2), "serialize_s": round(written, 2)}
+
+    facts = {"dtype": dtype, "trace_batch": TRACE_BATCH}
+    return CACHE.get(model, head, cache_dir, (dtype,), facts, lower_into, modules=(__name__,))

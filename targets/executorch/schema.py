@@ -26,7 +26,6 @@ class ExecuTorchReport(FormatReport):
     """
 
     what: ClassVar[str] = "ExecuTorch program report"
-    omit_none: ClassVar[tuple[str, ...]] = (*FormatReport.omit_none, "lower_time_s", "num_nodes", "serialize_time_s")
 
     quantization: str | None = field(kw_only=True)
     delegate: str = field(kw_only=True)

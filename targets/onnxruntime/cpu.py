@@ -161,8 +161,6 @@ ORT_CPU = OrtCpuBackend(
     "ort-cpu",
     "ONNX Runtime, CPU execution provider, on the verified ONNX file (int8: its Q/DQ graph)",
     aliases=("onnxruntime", "ort"),
-    takes="onnx",
-    device="cpu",
     dtypes=("fp32", "int8"),
     reads=("threads", "batch", "cache_dir"),
     library="onnxruntime",

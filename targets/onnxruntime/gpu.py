@@ -131,6 +131,8 @@ class OrtGpuSession(Session):
 class OrtGpuBackend(Backend):
     """ONNX Runtime on a CUDA GPU; ``provider``: ``cuda`` or ``tensorrt-ep`` (its TensorRT execution provider)."""
 
+    device: str = "cuda"
+    library: str = "onnxruntime"
     provider: str = "cuda"
 
     def unavailable_reason(self, dtype: str = "fp32", device: str = "cpu", build_only: bool = False) -> str | None:
@@ -168,20 +170,14 @@ ORT_CUDA = OrtGpuBackend(
     "ort-cuda",
     "ONNX Runtime, CUDA execution provider, I/O bound to GPU memory, CUDA graph where allowed",
     aliases=("onnxruntime-cuda",),
-    takes="onnx",
-    device="cuda",
     dtypes=("fp32", "tf32", "fp16"),
-    library="onnxruntime",
     provider="cuda",
 )
 ORT_TRT = OrtGpuBackend(
     "ort-trt",
     "ONNX Runtime, TensorRT execution provider (engines cached on disk), CUDA for the rest",
     aliases=("onnxruntime-tensorrt", "tensorrt-ep"),
-    takes="onnx",
-    device="cuda",
     dtypes=("tf32", "fp16"),
     reads=("cache_dir",),
-    library="onnxruntime",
     provider="tensorrt-ep",
 )

@@ -280,8 +280,6 @@ OPENVINO = OpenVINOBackend(
     "OpenVINO, CPU plugin, on the same verified ONNX file (bf16: extra math pinned to f32; int8: NNCF's "
     "quantization of it)",
     aliases=("ov",),
-    takes="onnx",
-    device="cpu",
     dtypes=("fp32", "bf16", "int8"),
     reads=("threads", "batch", "keep_f32"),
     library="openvino",

@@ -42,19 +42,6 @@ class OpenVINOReport(FormatReport):
     """
 
     what: ClassVar[str] = "OpenVINO IR report"
-    omit_none: ClassVar[tuple[str, ...]] = (
-        *FormatReport.omit_none,
-        "convert_time_s",
-        "num_ops",
-        "op_histogram",
-        "weight_types",
-        "batch_dim",
-        "bin_sha256",
-        "quantized_onnx",
-        "fake_quantize_ops",
-        "fidelity",
-        "accuracy",
-    )
 
     source_onnx: SourceOnnx = field(kw_only=True)
     openvino: str = field(kw_only=True)

@@ -9,7 +9,7 @@ from typing import Any
 
 from attnzoo.runtime.backends import LoadOptions
 
-from .eager import TorchBackend, TorchSession
+from .eager import TorchBackend
 
 __all__ = ["CompileBackend", "COMPILE"]
 
@@ -30,25 +30,15 @@ class CompileBackend(TorchBackend):
             return "torch.compile on CUDA needs triton, not installed"
         return None
 
-    def open(self, model: Any, options: LoadOptions) -> TorchSession:
+    def compiling(self, options: LoadOptions) -> dict[str, Any]:
         mode = "reduce-overhead" if str(options.device).startswith("cuda") else "default"
-        return TorchSession(
-            model,
-            backend=self.name,
-            dtype=options.dtype,
-            device=options.device,
-            threads=options.threads,
-            compile_mode=mode,
-            dynamic_batch=options.batch is None,
-        )
+        return {"compile_mode": mode, "dynamic_batch": options.batch is None}
 
 
 COMPILE = CompileBackend(
     "compile",
     "torch.compile (Inductor) of the PyTorch model; CUDA graphs on a GPU",
     aliases=("torch-compile", "inductor"),
-    takes="module",
-    device="torch",
     dtypes=("fp32", "tf32", "fp16", "bf16"),
     reads=("device", "threads", "batch"),
     jit_compiles=True,

@@ -11,12 +11,10 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from attnzoo.lazy import lazy_import
 from attnzoo.machine import bf16_problem, cpu_info
-from attnzoo.runtime.backends import TORCH_DTYPES, Backend, Call, LoadOptions, Session
-from attnzoo.runtime.device import DeviceMemory, fp32_math, release_cuda_cache, tf32_problem
+from attnzoo.runtime.backends import TORCH_DTYPES, Backend, LoadOptions, TorchDeviceSession
+from attnzoo.runtime.device import DeviceMemory, fp32_math, tf32_problem
 
 torch = lazy_import("torch")
 models = lazy_import("attnzoo.models")  # timm too: the registry imports without them
@@ -37,12 +35,12 @@ def quiet_cuda_home() -> None:
 _DYNAMIC_COMPILED: dict[tuple[int, str, str, str], Any] = {}
 
 
-class TorchSession(Session):
+class TorchSession(TorchDeviceSession):
     """A private copy of the model at the asked precision on the asked device (so its memory is its own);
     ``compile_mode``: wrapped in ``torch.compile`` with that mode, for the batch size of its first call
     (``dynamic_batch=False``), or with the batch dimension dynamic and the compiled copy shared by every later
     session of the same model object (``dynamic_batch=True``: one compile serves every batch size; PyTorch still
-    specialises batch 1 into its own graph)."""
+    specialises batch 1 into its own graph). Closing it drops the copy (and its compiled wrapper)."""
 
     def __init__(
         self,
@@ -95,31 +93,6 @@ class TorchSession(Session):
             torch._dynamo.maybe_mark_dynamic(xin, 0)
         with torch.inference_mode(), math:
             return self.net(xin)
-
-    def run(self, x: np.ndarray) -> np.ndarray:
-        xin = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(self.device, self.dtype)
-        return self._forward(xin).float().cpu().numpy()
-
-    def call(self, x: np.ndarray) -> Call:
-        xin = torch.as_tensor(np.ascontiguousarray(x, dtype=np.float32)).to(self.device, self.dtype)
-        cuda = self.device.type == "cuda"
-        return Call(
-            lambda: self._forward(xin),
-            lambda: self._forward(xin).float().cpu().numpy(),
-            cuda=cuda,
-            cuda_graph=self.cuda_graph,
-            memory=self.memory.torch_peak if cuda and self.memory is not None else None,
-            session=self,
-        )
-
-    def info(self) -> dict[str, Any]:
-        return dict(self._info)
-
-    def release(self) -> None:
-        """Drop the private copy of the model (and its compiled wrapper); on a GPU, PyTorch's cache is emptied."""
-        self.net = None
-        if self.device.type == "cuda":
-            release_cuda_cache()
 
 
 def bf16_autocast(net: Any, device_type: str) -> int:
@@ -177,6 +150,8 @@ def torch_dtype_problem(dtype: str, device: str) -> str | None:
 class TorchBackend(Backend):
     """PyTorch eager: the model's own device and thread count are the caller's (``device``, ``threads``)."""
 
+    takes: str = "module"
+    device: str = "torch"
     reads: tuple[str, ...] = ("device", "threads")
     library: str = "torch"
 
@@ -184,17 +159,21 @@ class TorchBackend(Backend):
         return torch_dtype_problem(dtype, device) or super().unavailable_reason(dtype, device)
 
     def open(self, model: Any, options: LoadOptions) -> TorchSession:
+        compiling = self.compiling(options)
         return TorchSession(
-            model, backend=self.name, dtype=options.dtype, device=options.device, threads=options.threads
+            model, backend=self.name, dtype=options.dtype, device=options.device, threads=options.threads, **compiling
         )
+
+    def compiling(self, options: LoadOptions) -> dict[str, Any]:
+        """How its sessions wrap the model in ``torch.compile`` (:class:`TorchSession`'s ``compile_mode`` and
+        ``dynamic_batch``): eagerly, not at all."""
+        return {}
 
 
 EAGER = TorchBackend(
     "eager",
     "PyTorch eager on the CPU or a CUDA GPU (the reference every backend is checked against)",
     aliases=("pytorch", "torch"),
-    takes="module",
-    device="torch",
     dtypes=("fp32", "tf32", "fp16", "bf16"),
     is_reference=True,
 )

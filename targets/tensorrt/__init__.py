@@ -33,69 +33,16 @@ from __future__ import annotations
 
 from attnzoo.runtime.targets import Target
 
+from . import builder, library
 from .backend import TENSORRT
-from .builder import (
-    Built,
-    ParsedNetwork,
-    build,
-    build_cached,
-    check_network_precision,
-    engine_cache_name,
-    network_layers,
-    parse_onnx,
-    profile_batches,
-)
-from .library import (
-    COMPUTE_CAPABILITIES,
-    DEFAULT_COMPUTE_CAPABILITY,
-    LIBRARIES,
-    LIBRARY_ENV,
-    RTX_RUNS_ON,
-    Library,
-    TensorRTError,
-    TensorRTParseError,
-    TensorRTUnavailable,
-    gpu_available,
-    gpu_description,
-    install_hint,
-    load_library,
-    resolve_compute_capability,
-    run_problem,
-    tensorrt_proper_hint,
-    unavailable_reason,
-)
+from .builder import *  # noqa: F403 -- the builder's public names (its __all__) are the package's face
+from .library import *  # noqa: F403 -- and the library's
 from .options import COMPUTE_CAPABILITY
 from .schema import EngineReport
 
-__all__ = [
-    "TARGET",
-    "LIBRARIES",
-    "LIBRARY_ENV",
-    "install_hint",
-    "COMPUTE_CAPABILITIES",
-    "DEFAULT_COMPUTE_CAPABILITY",
-    "RTX_RUNS_ON",
-    "gpu_description",
-    "tensorrt_proper_hint",
-    "run_problem",
-    "TensorRTError",
-    "TensorRTUnavailable",
-    "TensorRTParseError",
-    "Library",
-    "gpu_available",
-    "resolve_compute_capability",
-    "load_library",
-    "unavailable_reason",
-    "ParsedNetwork",
-    "parse_onnx",
-    "network_layers",
-    "check_network_precision",
-    "profile_batches",
-    "Built",
-    "build",
-    "build_cached",
-    "engine_cache_name",
-]
+__all__ = ["TARGET"]
+__all__ += library.__all__
+__all__ += builder.__all__
 
 TARGET = Target(
     "tensorrt",

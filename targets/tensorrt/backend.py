@@ -240,7 +240,6 @@ TENSORRT = TensorRTBackend(
     "a native TensorRT engine built from the verified ONNX file (TensorRT-RTX or TensorRT), run "
     "from a CUDA graph; without a GPU: built, not run",
     aliases=("trt",),
-    takes="onnx",
     device="cuda",
     dtypes=("fp32", "tf32", "fp16"),
     reads=("batch", "batch_sizes", "cache_dir"),

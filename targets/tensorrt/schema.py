@@ -42,6 +42,8 @@ class EngineReport(JsonReport):
     """
 
     what: ClassVar[str] = "engine report"
+    #: Every fact written, ``null`` when absent (a build refused before it, an engine not run).
+    omit_none: ClassVar[tuple[str, ...]] = ()
 
     engine: str
     onnx: str
