@@ -104,19 +104,12 @@ class BeliefStarAttention(StandardAttention):
     """
 
     def __init__(
-        self,
-        dim: int,
-        num_heads: int = 8,
-        eps: float = DEFAULT_EPS,
-        proj_bias: bool = True,
-        device=None,
-        dtype=None,
-        **kwargs,
+        self, dim: int, num_heads: int = 8, eps: float = DEFAULT_EPS, proj_bias: bool = True, **kwargs
     ) -> None:
-        super().__init__(dim, num_heads=num_heads, proj_bias=proj_bias, device=device, dtype=dtype, **kwargs)
+        super().__init__(dim, num_heads=num_heads, proj_bias=proj_bias, **kwargs)
         self.projection = OrthogonalProjection(eps)
         self.head_projection = OrthogonalProjection(eps)
-        self.proj_s = nn.Linear(self.attn_dim, self.dim_out, bias=proj_bias, device=device, dtype=dtype)
+        self.proj_s = self.new_linear(self.attn_dim, self.dim_out, bias=proj_bias)
 
     def combine(self, x: torch.Tensor, h: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         delta, _ = self.projection(merge_heads(h), merge_heads(v))

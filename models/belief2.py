@@ -105,22 +105,17 @@ class Belief2Attention(StandardAttention):
         zz: bool = True,
         eps: float = DEFAULT_EPS,
         proj_bias: bool = True,
-        qk_norm: bool = False,
-        device=None,
-        dtype=None,
         **kwargs,
     ) -> None:
         if phi not in PHI_CHOICES:
             raise ValueError(f"unknown phi {phi!r}; valid: {', '.join(PHI_CHOICES)}")
-        super().__init__(
-            dim, num_heads=num_heads, proj_bias=proj_bias, qk_norm=qk_norm, device=device, dtype=dtype, **kwargs
-        )
+        super().__init__(dim, num_heads=num_heads, proj_bias=proj_bias, **kwargs)
         self.phi_name = phi
         self.zz = bool(zz)
-        self.z: nn.Linear | None = nn.Linear(dim, self.attn_dim, bias=False, device=device, dtype=dtype) if zz else None
+        self.z: nn.Linear | None = self.new_linear(dim, self.attn_dim, bias=False) if zz else None
         self.projection = OrthogonalProjection(eps)
         self.phi = PHI_CHOICES[phi]()
-        self.proj_p = nn.Linear(self.attn_dim, self.dim_out, bias=proj_bias, device=device, dtype=dtype)
+        self.proj_p = self.new_linear(self.attn_dim, self.dim_out, bias=proj_bias)
 
     def scores_attention(self, x, q, k, v, attn_mask, is_causal):
         if self.z is None:
