@@ -33,8 +33,8 @@ import torch.nn.functional as F
 from timm.layers import Attention as TimmAttention
 from torch import nn
 
-from .belief import DEFAULT_EPS, PROJECTION_OPS, OrthogonalProjection
-from .registry import ModelBuild, ModelOption, Paper, attention_class, register_variant, split_options
+from .belief import DEFAULT_EPS, OrthogonalProjection, register_projection_variant
+from .registry import ModelBuild, ModelOption, Paper, attention_class, split_options
 from .standard import StandardAttention, merge_heads
 
 __all__ = [
@@ -72,14 +72,8 @@ class ExclusiveAttention(StandardAttention):
         return self.proj(self.norm_and_gate(x, merge_heads(delta_s)))
 
 
-register_variant(
-    "exclusive",
-    ExclusiveAttention,
-    paper=PAPER,
-    equations="Remark 1 (eq. 7, W = 0)",
-    options={"eps": DEFAULT_EPS},
-    extra_scopes={"head_projection": PROJECTION_OPS},
-    cost_family="belief",
+register_projection_variant(
+    "exclusive", ExclusiveAttention, PAPER, "Remark 1 (eq. 7, W = 0)", ["head_projection"], cost_family="belief"
 )
 
 
@@ -148,15 +142,15 @@ def _param_matched_hidden(matched: bool, hidden: int, build: ModelBuild) -> int:
 #: Model option ``param_matched``: the block MLP shrinks so that the model has ``standard``'s parameter count.
 PARAM_MATCHED = ModelOption(False, mlp_hidden=_param_matched_hidden)
 
-register_variant(
+register_projection_variant(
     "belief2",
     Belief2Attention,
-    paper=PAPER,
-    equations="eq. 11-15, Prop. 1",
-    options={"phi": "gelu", "zz": True, "eps": DEFAULT_EPS},
+    PAPER,
+    "eq. 11-15, Prop. 1",
+    ["projection"],
+    options={"phi": "gelu", "zz": True},
     model_options={"param_matched": PARAM_MATCHED},
     extra_params="W^p (D x D + bias), W^Z (D x D) if zz",
-    extra_scopes={"projection": PROJECTION_OPS},
     zoo_options={"param_matched": True},
 )
 

@@ -321,7 +321,7 @@ class WAFEAttention(StandardAttention):
 
 
 #: Each score's extra math, by sub-module (``extra_scopes`` of :func:`register_variant`).
-_SCORE_SCOPES: dict[str, dict[str, dict[str, int] | None]] = {
+_SCORE_SCOPES: dict[str, dict[str, Mapping[str, int] | None]] = {
     "mse": {"key_norm": KEY_NORM_OPS},  # the ||k||^2 term of the squared distance (eq. 3-4)
     "mae": {"distance": None},  # the pairwise L1 distances (eq. 5-6); their ops depend on mae_impl
 }
