@@ -402,7 +402,7 @@ def export_model(
         )
     replacing = _replacing(req, out_path)
     with get_format(req.format).cleanup(out_path):
-        result = _run(req, model, config, sha, hw, calibration, out_path, threads, progress, collected)
+        result = _run(req, ModelSource(model, config, sha, hw, threads), calibration, out_path, progress, collected)
     result.replaced = replacing
     return result
 
@@ -474,13 +474,9 @@ def _calibration(
 
 def _run(
     req: ExportRequest,
-    model: nn.Module,
-    config: dict[str, Any],
-    sha: str,
-    hw: tuple[int, int],
+    source: ModelSource,
     calibration: Any | None,
     out: Path,
-    threads: int | None,
     progress: bool,
     collected: list[str],
 ) -> ExportResult:
@@ -492,7 +488,7 @@ def _run(
         )
         with tqdm(total=1, desc="export-model", unit="step", disable=not progress) as bar:
             bar.set_postfix_str("export + check + compile + verify")
-            part.write_model(req, ModelSource(model, config, sha, hw, threads), result)
+            part.write_model(req, source, result)
             bar.update()
         return result
     onnx_out, writes = part.onnx_path(req, out), part.steps(req)
@@ -506,7 +502,7 @@ def _run(
     )
     with tqdm(total=len(steps), desc="export-model", unit="step", disable=not progress) as bar:
         bar.set_postfix_str(steps[0])
-        _export_onnx_step(req, model, config, sha, hw, calibration, onnx_out, threads, progress, result, bar)
+        _export_onnx_step(req, source, calibration, onnx_out, progress, result, bar)
         for name, write in writes:
             bar.set_postfix_str(name)
             write(req, result)
@@ -528,13 +524,9 @@ def _failure_beside(exc: verify.VerificationError, kept: Path, out: Path) -> ver
 
 def _export_onnx_step(
     req: ExportRequest,
-    model: nn.Module,
-    config: dict[str, Any],
-    sha: str,
-    hw: tuple[int, int],
+    source: ModelSource,
     calibration: Any | None,
     onnx_out: Path,
-    threads: int | None,
     progress: bool,
     result: ExportResult,
     bar,
@@ -550,15 +542,15 @@ def _export_onnx_step(
                 report = run_step(
                     verify.export_verified,
                     "export failed",
-                    model,
+                    source.model,
                     fp32_out,
-                    config,
+                    source.config,
                     opset=req.opset,
                     dtype="fp32" if calibration is not None else req.dtype,
-                    input_hw=hw,
+                    input_hw=source.hw,
                     batch_sizes=req.batch_sizes,
-                    checkpoint_sha256=sha,
-                    threads=threads,
+                    checkpoint_sha256=source.checkpoint_sha256,
+                    threads=source.threads,
                 )
         except verify.VerificationError as exc:
             if fp32_out == onnx_out:
@@ -570,8 +562,8 @@ def _export_onnx_step(
             return
         bar.set_postfix_str("quantize + score")
         result.fp32_report = report
-        options = req.quantize.with_calibration(calibration, threads=threads, progress=progress, fp32_kept=False)
+        options = req.quantize.with_calibration(calibration, threads=source.threads, progress=progress, fp32_kept=False)
         result.report = run_step(
-            quantization.quantize_verified, "quantization failed", fp32_out, onnx_out, config, options
+            quantization.quantize_verified, "quantization failed", fp32_out, onnx_out, source.config, options
         )
         bar.update()

@@ -227,6 +227,36 @@ def parity_vs_eager(
     }
 
 
+def _placed_if_verified(
+    model: nn.Module,
+    out: Path,
+    config: Mapping[str, Any],
+    write: Callable[[Path], tuple[str, dict[str, Any]]],
+    *,
+    batch_sizes: Sequence[int],
+    checkpoint_sha256: str,
+    threads: int | None,
+) -> dict[str, Any]:
+    """The report of the ONNX file ``write`` puts at a temporary path (returning its dtype and the report's own
+    fields), checked by :func:`_check_and_place`: only a file that passes is renamed to ``out``, and then a stale
+    failure report beside it, which no longer describes anything, is removed."""
+    with atomic_path(out) as tmp:
+        dtype, extra = write(tmp)
+        report = _check_and_place(
+            model,
+            tmp,
+            out,
+            config,
+            dtype=dtype,
+            batch_sizes=batch_sizes,
+            checkpoint_sha256=checkpoint_sha256,
+            threads=threads,
+            extra=extra,
+        )
+    failed_report_path(out).unlink(missing_ok=True)
+    return report
+
+
 def _check_and_place(
     model: nn.Module,
     tmp: Path,
@@ -387,24 +417,17 @@ def export_verified(
         report = _reusable(model, out, config, dtype, fingerprint, threads)
         if report is not None:
             return {**report, "reused": True}
-    with atomic_path(out) as tmp:  # only a model that passes is renamed to `out`
+
+    def export(tmp: Path) -> tuple[str, dict[str, Any]]:
         start = time.perf_counter()
         export_onnx(
             model, tmp, config=config, opset=opset, dtype=dtype, input_hw=input_hw, checkpoint_sha256=checkpoint_sha256
         )
-        report = _check_and_place(
-            model,
-            tmp,
-            out,
-            config,
-            dtype=dtype,
-            batch_sizes=batch_sizes,
-            checkpoint_sha256=checkpoint_sha256,
-            threads=threads,
-            extra={"export_time_s": round(time.perf_counter() - start, 3), "fingerprint": fingerprint},
-        )
-    failed_report_path(out).unlink(missing_ok=True)  # a stale failure report no longer describes anything
-    return report
+        return dtype, {"export_time_s": round(time.perf_counter() - start, 3), "fingerprint": fingerprint}
+
+    return _placed_if_verified(
+        model, out, config, export, batch_sizes=batch_sizes, checkpoint_sha256=checkpoint_sha256, threads=threads
+    )
 
 
 def adopt_verified(
@@ -420,23 +443,15 @@ def adopt_verified(
     """Copy an ONNX file exported earlier (the zoo's shipped exports) to ``out``, verified exactly as
     :func:`export_verified` verifies a fresh export, and its metadata checked to name ``checkpoint_sha256``:
     seconds instead of a torch export. Same report and failure behaviour."""
-    out = Path(out)
-    with atomic_path(out) as tmp:
+
+    def copy(tmp: Path) -> tuple[str, dict[str, Any]]:
         shutil.copyfile(src, tmp)
         dtype = metadata_props(onnx.load(str(tmp), load_external_data=False)).get("dtype", "fp32")
-        report = _check_and_place(
-            model,
-            tmp,
-            out,
-            config,
-            dtype=dtype,
-            batch_sizes=batch_sizes,
-            checkpoint_sha256=checkpoint_sha256,
-            threads=threads,
-            extra={"adopted_from": str(src)},
-        )
-    failed_report_path(out).unlink(missing_ok=True)
-    return report
+        return dtype, {"adopted_from": str(src)}
+
+    return _placed_if_verified(
+        model, Path(out), config, copy, batch_sizes=batch_sizes, checkpoint_sha256=checkpoint_sha256, threads=threads
+    )
 
 
 def verdict_lines(report: Mapping[str, Any], runtime: str, batches: str) -> list[str]:

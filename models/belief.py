@@ -21,7 +21,8 @@ carry that name; :data:`PROJECTION_OPS` are the ops every export must find there
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,7 +30,15 @@ from torch import nn
 from .registry import Paper, register_variant
 from .standard import StandardAttention, merge_heads
 
-__all__ = ["OrthogonalProjection", "BeliefAttention", "BeliefStarAttention", "DEFAULT_EPS", "PROJECTION_OPS", "PAPER"]
+__all__ = [
+    "OrthogonalProjection",
+    "BeliefAttention",
+    "BeliefStarAttention",
+    "DEFAULT_EPS",
+    "PROJECTION_OPS",
+    "PAPER",
+    "register_projection_variant",
+]
 
 PAPER = Paper(
     "BeliefFormer: Belief Attention in Transformer",
@@ -104,19 +113,12 @@ class BeliefStarAttention(StandardAttention):
     """
 
     def __init__(
-        self,
-        dim: int,
-        num_heads: int = 8,
-        eps: float = DEFAULT_EPS,
-        proj_bias: bool = True,
-        device=None,
-        dtype=None,
-        **kwargs,
+        self, dim: int, num_heads: int = 8, eps: float = DEFAULT_EPS, proj_bias: bool = True, **kwargs
     ) -> None:
-        super().__init__(dim, num_heads=num_heads, proj_bias=proj_bias, device=device, dtype=dtype, **kwargs)
+        super().__init__(dim, num_heads=num_heads, proj_bias=proj_bias, **kwargs)
         self.projection = OrthogonalProjection(eps)
         self.head_projection = OrthogonalProjection(eps)
-        self.proj_s = nn.Linear(self.attn_dim, self.dim_out, bias=proj_bias, device=device, dtype=dtype)
+        self.proj_s = self.new_linear(self.attn_dim, self.dim_out, bias=proj_bias)
 
     def combine(self, x: torch.Tensor, h: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         delta, _ = self.projection(merge_heads(h), merge_heads(v))
@@ -124,21 +126,36 @@ class BeliefStarAttention(StandardAttention):
         return self.proj(self.norm_and_gate(x, delta)) + self.proj_s(merge_heads(delta_s))
 
 
-register_variant(
-    "belief",
-    BeliefAttention,
-    paper=PAPER,
-    equations="eq. 10-12",
-    options={"eps": DEFAULT_EPS},
-    extra_scopes={"projection": PROJECTION_OPS},
-)
-register_variant(
+def register_projection_variant(
+    name: str,
+    attn_layer: type[nn.Module],
+    paper: Paper,
+    equations: str,
+    projections: Sequence[str],
+    options: Mapping[str, Any] | None = None,
+    **facts: Any,
+) -> None:
+    """Register a variant built on :class:`OrthogonalProjection`: its option ``eps`` (after ``options``; default
+    :data:`DEFAULT_EPS`), and its ``projections`` (the sub-modules) as extra scopes that must export
+    :data:`PROJECTION_OPS`. ``facts``: the other keywords of :func:`register_variant`."""
+    register_variant(
+        name,
+        attn_layer,
+        paper=paper,
+        equations=equations,
+        options={**(options or {}), "eps": DEFAULT_EPS},
+        extra_scopes=dict.fromkeys(projections, PROJECTION_OPS),
+        **facts,
+    )
+
+
+register_projection_variant("belief", BeliefAttention, PAPER, "eq. 10-12", ["projection"])
+register_projection_variant(
     "belief-star",
     BeliefStarAttention,
-    paper=PAPER,
-    equations="eq. 10, 13-15",
-    options={"eps": DEFAULT_EPS},
+    PAPER,
+    "eq. 10, 13-15",
+    ["projection", "head_projection"],
     extra_params="W^s (D x D + bias)",
-    extra_scopes={"projection": PROJECTION_OPS, "head_projection": PROJECTION_OPS},
     cost_family="belief",
 )

@@ -33,8 +33,8 @@ import torch.nn.functional as F
 from timm.layers import Attention as TimmAttention
 from torch import nn
 
-from .belief import DEFAULT_EPS, PROJECTION_OPS, OrthogonalProjection
-from .registry import ModelBuild, ModelOption, Paper, attention_class, register_variant, split_options
+from .belief import DEFAULT_EPS, OrthogonalProjection, register_projection_variant
+from .registry import ModelBuild, ModelOption, Paper, attention_class, split_options
 from .standard import StandardAttention, merge_heads
 
 __all__ = [
@@ -72,14 +72,8 @@ class ExclusiveAttention(StandardAttention):
         return self.proj(self.norm_and_gate(x, merge_heads(delta_s)))
 
 
-register_variant(
-    "exclusive",
-    ExclusiveAttention,
-    paper=PAPER,
-    equations="Remark 1 (eq. 7, W = 0)",
-    options={"eps": DEFAULT_EPS},
-    extra_scopes={"head_projection": PROJECTION_OPS},
-    cost_family="belief",
+register_projection_variant(
+    "exclusive", ExclusiveAttention, PAPER, "Remark 1 (eq. 7, W = 0)", ["head_projection"], cost_family="belief"
 )
 
 
@@ -105,22 +99,17 @@ class Belief2Attention(StandardAttention):
         zz: bool = True,
         eps: float = DEFAULT_EPS,
         proj_bias: bool = True,
-        qk_norm: bool = False,
-        device=None,
-        dtype=None,
         **kwargs,
     ) -> None:
         if phi not in PHI_CHOICES:
             raise ValueError(f"unknown phi {phi!r}; valid: {', '.join(PHI_CHOICES)}")
-        super().__init__(
-            dim, num_heads=num_heads, proj_bias=proj_bias, qk_norm=qk_norm, device=device, dtype=dtype, **kwargs
-        )
+        super().__init__(dim, num_heads=num_heads, proj_bias=proj_bias, **kwargs)
         self.phi_name = phi
         self.zz = bool(zz)
-        self.z: nn.Linear | None = nn.Linear(dim, self.attn_dim, bias=False, device=device, dtype=dtype) if zz else None
+        self.z: nn.Linear | None = self.new_linear(dim, self.attn_dim, bias=False) if zz else None
         self.projection = OrthogonalProjection(eps)
         self.phi = PHI_CHOICES[phi]()
-        self.proj_p = nn.Linear(self.attn_dim, self.dim_out, bias=proj_bias, device=device, dtype=dtype)
+        self.proj_p = self.new_linear(self.attn_dim, self.dim_out, bias=proj_bias)
 
     def scores_attention(self, x, q, k, v, attn_mask, is_causal):
         if self.z is None:
@@ -153,15 +142,15 @@ def _param_matched_hidden(matched: bool, hidden: int, build: ModelBuild) -> int:
 #: Model option ``param_matched``: the block MLP shrinks so that the model has ``standard``'s parameter count.
 PARAM_MATCHED = ModelOption(False, mlp_hidden=_param_matched_hidden)
 
-register_variant(
+register_projection_variant(
     "belief2",
     Belief2Attention,
-    paper=PAPER,
-    equations="eq. 11-15, Prop. 1",
-    options={"phi": "gelu", "zz": True, "eps": DEFAULT_EPS},
+    PAPER,
+    "eq. 11-15, Prop. 1",
+    ["projection"],
+    options={"phi": "gelu", "zz": True},
     model_options={"param_matched": PARAM_MATCHED},
     extra_params="W^p (D x D + bias), W^Z (D x D) if zz",
-    extra_scopes={"projection": PROJECTION_OPS},
     zoo_options={"param_matched": True},
 )
 

@@ -18,7 +18,6 @@ https://arxiv.org/abs/2207.04399, eq. 5-8.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from .registry import Paper, register_variant
 from .standard import StandardAttention, merge_heads
@@ -50,26 +49,23 @@ class HVAttention(StandardAttention):
         horizontal: bool = True,
         vertical: bool = False,
         reduction: int = 4,
-        device=None,
-        dtype=None,
         **kwargs,
     ) -> None:
         if not (horizontal or vertical):
             raise ValueError("HVAttention needs horizontal=True or vertical=True (else use 'standard')")
-        super().__init__(dim, num_heads=num_heads, device=device, dtype=dtype, **kwargs)
-        dd = {"device": device, "dtype": dtype}
+        super().__init__(dim, num_heads=num_heads, **kwargs)
         self.horizontal = bool(horizontal)
         self.vertical = bool(vertical)
         d = self.head_dim
         if horizontal:
-            self.head_a1 = nn.Linear(d, d, bias=False, **dd)  # W^{A1}
-            self.head_a2 = nn.Linear(dim, d, bias=False, **dd)  # W^{A2}
-            self.head_b = nn.Linear(d, 1, bias=True, **dd)  # w^B, b^B
+            self.head_a1 = self.new_linear(d, d, bias=False)  # W^{A1}
+            self.head_a2 = self.new_linear(dim, d, bias=False)  # W^{A2}
+            self.head_b = self.new_linear(d, 1, bias=True)  # w^B, b^B
         if vertical:
             d_a = max(1, self.dim_out // reduction)
-            self.chan_u1 = nn.Linear(dim, d_a, bias=False, **dd)  # W^{U1}
-            self.chan_u2 = nn.Linear(self.dim_out, d_a, bias=False, **dd)  # W^{U2}
-            self.chan_u = nn.Linear(d_a, self.dim_out, bias=True, **dd)  # W^U, b^U
+            self.chan_u1 = self.new_linear(dim, d_a, bias=False)  # W^{U1}
+            self.chan_u2 = self.new_linear(self.dim_out, d_a, bias=False)  # W^{U2}
+            self.chan_u = self.new_linear(d_a, self.dim_out, bias=True)  # W^U, b^U
 
     def head_weights(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """Horizontal weights alpha, (B, M, N, 1), summing to 1 over heads (dim 1)."""
@@ -92,31 +88,20 @@ class HVAttention(StandardAttention):
         return super().extra_repr() + f", horizontal={self.horizontal}, vertical={self.vertical}"
 
 
-_HORIZONTAL_PARAMS = "W^A1 (d x d), W^A2 (D x d), w^B, b^B"
-register_variant(
-    "horizontal",
-    HVAttention,
-    paper=PAPER,
-    equations="eq. 5-6",
-    options={"horizontal": True, "vertical": False},
-    extra_params=_HORIZONTAL_PARAMS,
-    cost_family="horizontal-vertical",
-)
-register_variant(
-    "vertical",
-    HVAttention,
-    paper=PAPER,
-    equations="eq. 7-8",
-    options={"horizontal": False, "vertical": True, "reduction": 4},
-    extra_params="W^U1, W^U2 (D x D/4), W^U (D/4 x D), b^U",
-    cost_family="horizontal-vertical",
-)
-register_variant(
-    "horizontal-vertical",
-    HVAttention,
-    paper=PAPER,
-    equations="eq. 5-8",
-    options={"horizontal": True, "vertical": True, "reduction": 4},
-    extra_params="both of the above",
-    cost_family="horizontal-vertical",
-)
+def _register(name: str, horizontal: bool, vertical: bool, equations: str, extra_params: str) -> None:
+    """Register the HV variant with the horizontal and/or vertical re-weighting (the vertical gate's bottleneck
+    at the paper's ``D / 4``)."""
+    register_variant(
+        name,
+        HVAttention,
+        paper=PAPER,
+        equations=equations,
+        options={"horizontal": horizontal, "vertical": vertical, **({"reduction": 4} if vertical else {})},
+        extra_params=extra_params,
+        cost_family="horizontal-vertical",
+    )
+
+
+_register("horizontal", True, False, "eq. 5-6", "W^A1 (d x d), W^A2 (D x d), w^B, b^B")
+_register("vertical", False, True, "eq. 7-8", "W^U1, W^U2 (D x D/4), W^U (D/4 x D), b^U")
+_register("horizontal-vertical", True, True, "eq. 5-8", "both of the above")

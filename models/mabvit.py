@@ -45,23 +45,12 @@ class MABViTAttention(StandardAttention):
         **kwargs: ``timm.layers.Attention`` keywords (see :class:`StandardAttention`).
     """
 
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int = 8,
-        value_act: str = "glu",
-        qkv_bias: bool = False,
-        device=None,
-        dtype=None,
-        **kwargs,
-    ) -> None:
+    def __init__(self, dim: int, num_heads: int = 8, value_act: str = "glu", qkv_bias: bool = False, **kwargs) -> None:
         if value_act not in VALUE_ACTS:
             raise ValueError(f"unknown value_act {value_act!r}; valid: {', '.join(VALUE_ACTS)}")
-        super().__init__(dim, num_heads=num_heads, qkv_bias=qkv_bias, device=device, dtype=dtype, **kwargs)
+        super().__init__(dim, num_heads=num_heads, qkv_bias=qkv_bias, **kwargs)
         self.value_act = value_act
-        self.v_gate: nn.Linear | None = (
-            nn.Linear(dim, self.attn_dim, bias=qkv_bias, device=device, dtype=dtype) if value_act == "glu" else None
-        )
+        self.v_gate = self.new_linear(dim, self.attn_dim, bias=qkv_bias) if value_act == "glu" else None
 
     def transform_value(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.v_gate is None:
@@ -83,26 +72,19 @@ PARALLEL = ModelOption(False, block_fn=lambda parallel: ParallelBlock if paralle
 #: Model option ``pr``: the paper's parameter-reduced MLP, hidden width 3D.
 PR = ModelOption(False, mlp_hidden=_pr_hidden)
 _BLOCK_OPTIONS = {"parallel": PARALLEL, "pr": PR}
-register_variant(
-    "mabvit-glu",
-    MABViTAttention,
-    paper=PAPER,
-    equations="Modified Attention Block (GLU)",
-    options={"value_act": "glu"},
-    model_options=_BLOCK_OPTIONS,
-    extra_params="W^b (D x D + bias); pr: MLP 3D",
-    cost_family="mabvit",
-)
-register_variant(
-    "mabvit-gelu",
-    MABViTAttention,
-    paper=PAPER,
-    equations="Modified Attention Block (GELU)",
-    options={"value_act": "gelu"},
-    model_options=_BLOCK_OPTIONS,
-    extra_params="none; pr: MLP 3D",
-    cost_family="mabvit",
-)
+#: Each value activation's extra parameters per block, in words.
+_VALUE_ACT_PARAMS = {"glu": "W^b (D x D + bias)", "gelu": "none"}
+for _act in VALUE_ACTS:  # mabvit-glu, mabvit-gelu
+    register_variant(
+        f"mabvit-{_act}",
+        MABViTAttention,
+        paper=PAPER,
+        equations=f"Modified Attention Block ({_act.upper()})",
+        options={"value_act": _act},
+        model_options=_BLOCK_OPTIONS,
+        extra_params=f"{_VALUE_ACT_PARAMS[_act]}; pr: MLP 3D",
+        cost_family="mabvit",
+    )
 
 
 class ParallelBlock(nn.Module):

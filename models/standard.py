@@ -184,6 +184,11 @@ class StandardAttention(nn.Module):
         return self.proj(self.norm_and_gate(x, merge_heads(h)))
 
     # ------------------------------------------------------- helpers the hooks call
+    def new_linear(self, in_features: int, out_features: int, bias: bool) -> nn.Linear:
+        """A variant's extra projection: an ``nn.Linear`` on the layer's device and dtype (those of ``qkv``)."""
+        weight = self.qkv.weight
+        return nn.Linear(in_features, out_features, bias=bias, device=weight.device, dtype=weight.dtype)
+
     def sdpa(
         self,
         q: torch.Tensor,

@@ -320,49 +320,32 @@ class WAFEAttention(StandardAttention):
         return super().extra_repr() + f", score={self.score}, anti={self.anti}"
 
 
-_MSE_SCOPES = {"key_norm": KEY_NORM_OPS}  # the ||k||^2 term of the squared distance (eq. 3-4)
-_MAE_SCOPES = {"distance": None}  # the pairwise L1 distances (eq. 5-6); their ops depend on mae_impl
-register_variant(
-    "anti-wafe-dot",
-    WAFEAttention,
-    paper=PAPER,
-    equations="eq. 2",
-    options={"score": "dot", "anti": True},
-    cost_family="standard",
-)
-register_variant(
-    "wafe-mse",
-    WAFEAttention,
-    paper=PAPER,
-    equations="eq. 3",
-    options={"score": "mse", "anti": False},
-    extra_scopes=_MSE_SCOPES,
-)
-register_variant(
-    "anti-wafe-mse",
-    WAFEAttention,
-    paper=PAPER,
-    equations="eq. 4",
-    options={"score": "mse", "anti": True},
-    extra_scopes=_MSE_SCOPES,
-    cost_family="wafe-mse",
-)
-register_variant(
-    "wafe-mae",
-    WAFEAttention,
-    paper=PAPER,
-    equations="eq. 5",
-    options={"score": "mae", "anti": False, "mae_impl": "auto"},
-    extra_scopes=_MAE_SCOPES,
-    pairwise_scores=True,
-)
-register_variant(
-    "anti-wafe-mae",
-    WAFEAttention,
-    paper=PAPER,
-    equations="eq. 6",
-    options={"score": "mae", "anti": True, "mae_impl": "auto"},
-    extra_scopes=_MAE_SCOPES,
-    pairwise_scores=True,
-    cost_family="wafe-mae",
-)
+#: Each score's extra math, by sub-module (``extra_scopes`` of :func:`register_variant`).
+_SCORE_SCOPES: dict[str, dict[str, Mapping[str, int] | None]] = {
+    "mse": {"key_norm": KEY_NORM_OPS},  # the ||k||^2 term of the squared distance (eq. 3-4)
+    "mae": {"distance": None},  # the pairwise L1 distances (eq. 5-6); their ops depend on mae_impl
+}
+
+
+def _register(name: str, score: str, anti: bool, equations: str, cost_family: str = "") -> None:
+    """Register the WAFE variant with ``score`` (``anti``: its scores negated) and what that score brings: its
+    extra scopes, and for ``mae`` the ``mae_impl`` option and slab-by-slab pairwise distances."""
+    mae = score == "mae"
+    register_variant(
+        name,
+        WAFEAttention,
+        paper=PAPER,
+        equations=equations,
+        options={"score": score, "anti": anti, **({"mae_impl": "auto"} if mae else {})},
+        extra_scopes=_SCORE_SCOPES.get(score, {}),
+        pairwise_scores=mae,
+        cost_family=cost_family,
+    )
+
+
+# ``standard`` is WAFE-dot (eq. 1).
+_register("anti-wafe-dot", "dot", True, "eq. 2", cost_family="standard")
+_register("wafe-mse", "mse", False, "eq. 3")
+_register("anti-wafe-mse", "mse", True, "eq. 4", cost_family="wafe-mse")
+_register("wafe-mae", "mae", False, "eq. 5")
+_register("anti-wafe-mae", "mae", True, "eq. 6", cost_family="wafe-mae")

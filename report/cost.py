@@ -38,19 +38,19 @@ def latency(variant: str, budget: Budget, work: Path, command: str) -> dict[str,
     """
     bf16 = bf16_problem()
     started, interrupted = time.monotonic(), None
-    r: dict[str, Any] = {}  # the last batch's benchmark result (the first batch always runs)
+    result: dict[str, Any] = {}  # the last batch's benchmark result (the first batch always runs)
     for i, batch in enumerate(BATCH_SIZES):
         left = budget.latency_time_limit - (time.monotonic() - started)
         if i and left <= 0:
             interrupted = {
                 "signal": None,
                 "during": f"batch {batch}",
-                "rows_kept": len(r["results"]),
+                "rows_kept": len(result["results"]),
                 "note": f"stopped at the latency time limit ({budget.latency_time_limit:g} s) before "
                 f"batch {', '.join(map(str, BATCH_SIZES[i:]))}",
             }
             break
-        s = bench_run.Settings(
+        settings = bench_run.Settings(
             variants=[variant],
             backends=list(backend_names()),
             dtypes=["fp32"] + ([] if bf16 else ["bf16"]),
@@ -67,20 +67,20 @@ def latency(variant: str, budget: Budget, work: Path, command: str) -> dict[str,
             time_limit=max(left, 0.0),
             command=command,
         )
-        r = bench_run.run_benchmark(s)
-        if (r["interrupted"] or {}).get("signal"):  # the benchmark keeps its rows on a signal; the report stops
-            raise Terminated() if r["interrupted"]["signal"] == "SIGTERM" else Interrupted()
-        if r["interrupted"]:
-            interrupted = r["interrupted"]
+        result = bench_run.run_benchmark(settings)
+        if (result["interrupted"] or {}).get("signal"):  # the benchmark keeps its rows on a signal; the report stops
+            raise Terminated() if result["interrupted"]["signal"] == "SIGTERM" else Interrupted()
+        if result["interrupted"]:
+            interrupted = result["interrupted"]
             break
     return {
-        "settings": r["settings"],
+        "settings": result["settings"],
         "bf16": {"rows": bf16 is None, "reason": bf16},
-        "rows": r["results"],
-        "overheads": r["overheads"],
-        "fastest_cpu": r["fastest_cpu"],
+        "rows": result["results"],
+        "overheads": result["overheads"],
+        "fastest_cpu": result["fastest_cpu"],
         "interrupted": interrupted,
-        "note": r["note"],
+        "note": result["note"],
         "wall_time_s": time.monotonic() - started,
     }
 

@@ -265,28 +265,28 @@ class _IndexColumns:
             header.append("machine")
         return header
 
-    def row(self, folder: Path, r: Mapping[str, Any], out: Path) -> list[str]:
-        """The row of the report ``r`` in ``folder`` (below ``out``), its variant linked to its ``report.md``."""
-        name = r["variant"]
-        side = _get(r, "export", name) or {}
-        failed = failures(r)
+    def row(self, folder: Path, report: Mapping[str, Any], out: Path) -> list[str]:
+        """The row of ``report`` (in ``folder``, below ``out``), its variant linked to its ``report.md``."""
+        name = report["variant"]
+        side = _get(report, "export", name) or {}
+        failed = failures(report)
         cells = [
-            deploys_cell(r),
+            deploys_cell(report),
             parity_cell(side.get("fp32")),
             parity_cell(side.get("fp16")),
             int8_cosine_cell(side.get("int8")),
             int8_top1_cell(side.get("int8")),
             tensorrt_cell(side.get("tensorrt")),
             *[parity_cell(side.get(f)) for f in report_formats()],
-            *fused_cells(r, self.runtimes),
-            overhead_cell(r, "overhead_first", len(self.first) > 1),
-            overhead_cell(r, "overhead_most_tokens", len(self.most) > 1),
+            *fused_cells(report, self.runtimes),
+            overhead_cell(report, "overhead_first", len(self.first) > 1),
+            overhead_cell(report, "overhead_most_tokens", len(self.most) > 1),
             "; ".join(f"{f['check']}: {f['reason']}" for f in failed) or "none",
         ]
         if self.per_row_budget:
-            cells.append("--quick" if r.get("quick") else "default")
+            cells.append("--quick" if report.get("quick") else "default")
         if self.per_row_machine:
-            cells.append(machine(r))
+            cells.append(machine(report))
         # every cell is read from a report.json, which anyone can edit: escaped, and the link only to its folder
         return [link(name, f"{folder.relative_to(out).as_posix()}/report.md"), *map(text, cells)]
 
@@ -444,65 +444,65 @@ def write_index(out: PathLike) -> Path:
 
 # ------------------------------------------------------------------------------------------------ command
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(
         prog="python -m attnzoo.report.index",
         description="A set of report-variant reports, one folder per variant, and the index table that compares them.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="docs/report-variant.md describes the reports and the index.",
     )
-    p.add_argument("--out", type=Path, required=True, help="the reports' folder (one sub-folder per variant)")
-    p.add_argument(
+    parser.add_argument("--out", type=Path, required=True, help="the reports' folder (one sub-folder per variant)")
+    parser.add_argument(
         "--run",
         action="store_true",
         help="write each variant's report whose folder lacks a complete one, then the index "
         "(without it: the index alone, from the reports there)",
     )
-    p.add_argument(
+    parser.add_argument(
         "--variants",
         default=None,
         help="comma-separated variants for --run (default: every built-in, then the example plugin "
         f"{EXAMPLE_PLUGIN!r})",
     )
-    p.add_argument("--quick", action="store_true", help="--run with report-variant --quick's budget")
-    p.add_argument(
+    parser.add_argument("--quick", action="store_true", help="--run with report-variant --quick's budget")
+    parser.add_argument(
         "--render",
         action="store_true",
         help="write each complete report's verdict and report.md again from its report.json (nothing measured, "
         "plots kept), then the index",
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar or verdict lines on stderr")
-    return add_debug_flag(p)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar or verdict lines on stderr")
+    return add_debug_flag(parser)
 
 
 @entry_point
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m attnzoo.report.index``."""
-    a = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    if not a.run and (a.variants is not None or a.quick):
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if not args.run and (args.variants is not None or args.quick):
         raise UsageError(
             "--variants and --quick choose what --run writes; add --run (without it only the index is written)"
         )
-    if a.out.exists() and not a.out.is_dir():
-        raise UsageError(f"--out {a.out} is a file; it names the reports' folder")
-    if a.render and a.run:
+    if args.out.exists() and not args.out.is_dir():
+        raise UsageError(f"--out {args.out} is a file; it names the reports' folder")
+    if args.render and args.run:
         raise UsageError("--render rewrites the reports there from their report.json; --run measures: choose one")
     failed = []
-    if a.render:
-        if not a.out.is_dir():
-            raise UsageError(f"--out {a.out}: no such folder")
-        for folder, report in find_reports(a.out)[0]:
+    if args.render:
+        if not args.out.is_dir():
+            raise UsageError(f"--out {args.out}: no such folder")
+        for folder, report in find_reports(args.out)[0]:
             write_report(report, folder, replot=False)
-    if a.run:
+    if args.run:
         variants = (
             None
-            if a.variants is None
-            else parse_names(a.variants, models.canonical_name, "variant", ", ".join(models.VARIANT_NAMES))
+            if args.variants is None
+            else parse_names(args.variants, models.canonical_name, "variant", ", ".join(models.VARIANT_NAMES))
         )
-        done = build_reports(a.out, variants, quick=a.quick, progress=not a.no_progress)
+        done = build_reports(args.out, variants, quick=args.quick, progress=not args.no_progress)
         failed = [d for d in done if d["state"] == "failed"]
-    elif not a.out.is_dir():
-        raise UsageError(f"--out {a.out}: no such folder (add --run to write the reports)")
-    path = write_index(a.out)
+    elif not args.out.is_dir():
+        raise UsageError(f"--out {args.out}: no such folder (add --run to write the reports)")
+    path = write_index(args.out)
     print(path, flush=True)
     if failed:
         raise CommandError(

@@ -4,7 +4,7 @@ variant's identity, its exports side by side with ``standard``'s, the fusion aud
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,9 @@ from .formats import block_entries, entry_title, report_formats
 from .verdict import FAILED, PASSED, _num, _state, _tokens, scaling_pairs
 
 __all__ = ["markdown"]
+
+#: A measured cost section's lines: of the report, the section and the plots.
+_CostBody = Callable[[Mapping[str, Any], Mapping[str, Any], Mapping[str, Path]], list[str]]
 
 
 def _identity_md(report: Mapping[str, Any]) -> list[str]:
@@ -70,42 +73,42 @@ def _identity_md(report: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _md_parity(e: Mapping[str, Any]) -> str:
+def _md_parity(entry: Mapping[str, Any]) -> str:
     """An ONNX entry's parity with eager: passed or not, its error, tolerance and batch sizes."""
-    if e.get("status") != "ok":
-        return _state(e)
-    tol = next(iter(e["tolerance"].values()), None)
+    if entry.get("status") != "ok":
+        return _state(entry)
+    tol = next(iter(entry["tolerance"].values()), None)
     return (
-        f"{'passed' if e['passed'] else 'FAILED'}: max abs err {e['max_abs_err']:.2e} (tolerance {tol:g} x "
-        f"max(1, max abs logit)), batch sizes {text(e['batch_sizes'])}"
+        f"{'passed' if entry['passed'] else 'FAILED'}: max abs err {entry['max_abs_err']:.2e} (tolerance {tol:g} x "
+        f"max(1, max abs logit)), batch sizes {text(entry['batch_sizes'])}"
     )
 
 
-def _md_int8(e: Mapping[str, Any]) -> str:
+def _md_int8(entry: Mapping[str, Any]) -> str:
     """A quantized entry's fidelity to fp32: cosine and top-1 agreement on held-out inputs."""
-    if e.get("status") != "ok":
-        return _state(e)
-    top1 = e.get("top1_agreement")
+    if entry.get("status") != "ok":
+        return _state(entry)
+    top1 = entry.get("top1_agreement")
     return (
-        f"cosine to fp32 min {_num(e['cosine_min'], '{:.4f}')} / mean {_num(e['cosine_mean'], '{:.4f}')}, "
+        f"cosine to fp32 min {_num(entry['cosine_min'], '{:.4f}')} / mean {_num(entry['cosine_mean'], '{:.4f}')}, "
         f"top-1 agreement {_num(100 * top1 if top1 is not None else None, '{:.1f}')}% on "
-        f"{_num(e.get('fidelity_inputs'))} held-out inputs"
+        f"{_num(entry.get('fidelity_inputs'))} held-out inputs"
     )
 
 
-def _md_placement(e: Mapping[str, Any]) -> str:
+def _md_placement(entry: Mapping[str, Any]) -> str:
     """The int8 placement chosen: what stayed fp32 and how many ops of each kind were quantized."""
-    if e.get("status") != "ok":
+    if entry.get("status") != "ok":
         return "-"
-    kept = e.get("kept_fp32") or []
-    q, t = e.get("quantized_ops") or {}, e.get("total_ops") or {}
+    kept = entry.get("kept_fp32") or []
+    q, t = entry.get("quantized_ops") or {}, entry.get("total_ops") or {}
     ops = ", ".join(f"{text(k)} {_num(q[k])}/{_num(t.get(k, '?'))}" for k in q)
-    return f"{code(e.get('placement'))}; kept fp32: {text(', '.join(map(str, kept)) or 'nothing')}; quantized {ops}"
+    return f"{code(entry.get('placement'))}; kept fp32: {text(', '.join(map(str, kept)) or 'nothing')}; quantized {ops}"
 
 
-def _md_accuracy(e: Mapping[str, Any]) -> str:
+def _md_accuracy(side: Mapping[str, Any]) -> str:
     """A side's test-split accuracy, fp32 and int8."""
-    a = e["accuracy"]
+    a = side["accuracy"]
     if a.get("status") != "ok":
         return _state(a)
     m = a.get("metrics") or {}
@@ -116,9 +119,9 @@ def _md_accuracy(e: Mapping[str, Any]) -> str:
     )
 
 
-def _md_tensorrt(e: Mapping[str, Any]) -> str:
+def _md_tensorrt(side: Mapping[str, Any]) -> str:
     """A side's TensorRT engine: its state (without a GPU: the library and target) and its network check."""
-    t = e.get("tensorrt") or {}
+    t = side.get("tensorrt") or {}
     if t.get("status") != "ok":
         return _state(t)
     nc = t.get("network_check") or {}
@@ -128,41 +131,42 @@ def _md_tensorrt(e: Mapping[str, Any]) -> str:
     return f"{state}; network check {'ok' if nc.get('ok') else 'FAILED'} ({_num(nc.get('layers'))} layers)"
 
 
-def _md_kept(e: Mapping[str, Any]) -> str:
+def _md_kept(side: Mapping[str, Any]) -> str:
     """Whether each format of a side kept the extra math."""
-    return ", ".join(f"{text(k)} {_num(v)}" for k, v in e["extra_math_kept"].items())
+    return ", ".join(f"{text(k)} {_num(v)}" for k, v in side["extra_math_kept"].items())
 
 
-def _md_triton(e: Mapping[str, Any]) -> str:
+def _md_triton(side: Mapping[str, Any]) -> str:
     """A side's Triton config: written or not, its file and platform."""
-    t = e["triton"]
+    t = side["triton"]
     if t.get("status") != "ok":
         return _state(t)
     return f"{'written' if t.get('passed') else 'FAILED'}: {code(t.get('config'))} ({text(t.get('platform'))})"
 
 
-def _md_source(e: Mapping[str, Any]) -> str:
+def _md_source(side: Mapping[str, Any]) -> str:
     """Which model a side exported: the zoo's classifier, the author's checkpoint or a random init."""
-    s = e["source"]
+    s = side["source"]
     return {
         "zoo": f"the zoo's classifier ({code(Path(str(s.get('checkpoint', ''))).name)})",
         "checkpoint": f"checkpoint {code(s.get('checkpoint'))}",
     }.get(s["kind"], f"random init ({text(s.get('arch'))})")
 
 
-def _md_diverges(e: Mapping[str, Any]) -> str:
+def _md_diverges(side: Mapping[str, Any]) -> str:
     """Where each entry with block outputs diverges."""
-    said = [f"{entry_title(d)} {_where(e[d])}" for d in block_entries() if (e.get(d) or {}).get("blocks")]
+    said = [f"{entry_title(d)} {_where(side[d])}" for d in block_entries() if (side.get(d) or {}).get("blocks")]
     return "; ".join(said) or "-"
 
 
-def _md_written(e: Mapping[str, Any]) -> str:
+def _md_written(entry: Mapping[str, Any]) -> str:
     """A format's entry: its parity, the runtime it ran on and whether it kept the extra math."""
-    if e.get("status") != "ok":
-        return _state(e)
-    extra = e.get("extra_math") or {}
+    if entry.get("status") != "ok":
+        return _state(entry)
+    extra = entry.get("extra_math") or {}
     count = ", ".join(f"{text(k)} {_num(v)}" for k, v in (extra.get("nodes_per_block") or {}).items())
-    return f"{_md_parity(e)}; on {text(e.get('runtime'))}; extra math {'kept' if extra.get('ok') else 'NOT kept'}" + (
+    kept = "kept" if extra.get("ok") else "NOT kept"
+    return f"{_md_parity(entry)}; on {text(entry.get('runtime'))}; extra math {kept}" + (
         f" (ops per block: {count})" if count else ""
     )
 
@@ -262,10 +266,15 @@ def _ms(row: Mapping[str, Any] | None) -> str:
     return f"{row['median_ms']:.2f}" if row["status"] == "ok" else text(f"{row['status']}: {row['reason']}")
 
 
-def _latency_md(report: Mapping[str, Any], pngs: Mapping[str, Path]) -> list[str]:
-    lat = report["cost"]["latency"]
-    if lat.get("status") != "ok":
-        return [f"Not measured: {_state(lat)}"]
+def _cost_md(report: Mapping[str, Any], pngs: Mapping[str, Path], key: str, body: _CostBody) -> list[str]:
+    """The cost section ``key`` (``latency``, ``scaling``): ``body`` of its measurement, or why it was not measured."""
+    section = report["cost"][key]
+    if section.get("status") != "ok":
+        return [f"Not measured: {_state(section)}"]
+    return body(report, section, pngs)
+
+
+def _latency_md(report: Mapping[str, Any], lat: Mapping[str, Any], pngs: Mapping[str, Path]) -> list[str]:
     st = lat["settings"]
     variant = report["variant"]
     over = {(o["backend"], o["dtype"], o["batch"]): o for o in lat["overheads"]}
@@ -321,10 +330,7 @@ def _latency_md(report: Mapping[str, Any], pngs: Mapping[str, Path]) -> list[str
     return lines
 
 
-def _scaling_md(report: Mapping[str, Any], pngs: Mapping[str, Path]) -> list[str]:
-    sc = report["cost"]["scaling"]
-    if sc.get("status") != "ok":
-        return [f"Not measured: {_state(sc)}"]
+def _scaling_md(report: Mapping[str, Any], sc: Mapping[str, Any], pngs: Mapping[str, Path]) -> list[str]:
     st = sc["settings"]
     variant = report["variant"]
     rows = []
@@ -464,11 +470,11 @@ def markdown(report: Mapping[str, Any], pngs: Mapping[str, Path]) -> str:
         "",
         "### Latency",
         "",
-        *_latency_md(report, pngs),
+        *_cost_md(report, pngs, "latency", _latency_md),
         "",
         "### Scaling in tokens",
         "",
-        *_scaling_md(report, pngs),
+        *_cost_md(report, pngs, "scaling", _scaling_md),
         "",
         "### GPU",
         "",

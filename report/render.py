@@ -18,34 +18,12 @@ from attnzoo.runtime.fusion import RUNTIMES
 from .formats import BLOCK_PRECISIONS, block_entries, entry_title, report_formats
 from .markdown import markdown
 from .plots import block_series, plot_block_errors, plots
-from .verdict import (
-    BUILT,
-    FAILED,
-    NOT_RUN,
-    PASSED,
-    REQUIRED_STEPS,
-    STEP_STATES,
-    UNAVAILABLE,
-    failures,
-    scaling_pairs,
-    step_states,
-    step_title,
-    verdict,
-)
+from .verdict import *  # noqa: F403 -- the verdict's public names are this module's too
+from .verdict import __all__ as _VERDICT_NAMES
+from .verdict import verdict
 
 __all__ = [
-    "verdict",
-    "step_states",
-    "step_title",
-    "STEP_STATES",
-    "PASSED",
-    "FAILED",
-    "BUILT",
-    "UNAVAILABLE",
-    "NOT_RUN",
-    "REQUIRED_STEPS",
-    "failures",
-    "scaling_pairs",
+    *_VERDICT_NAMES,
     "markdown",
     "plots",
     "block_series",

@@ -44,9 +44,8 @@ from .cost import gpu_rows, latency, scaling
 from .exports import _format_summary as _format_summary
 from .exports import _model_args, _rel, _source, _untemp, export_side, export_sides
 from .render import write_report
+from .settings import *  # noqa: F403 -- the request's public names are this module's too
 from .settings import (
-    BATCH_SIZES,
-    OWN_ENTRIES,
     SCHEMA,
     Budget,
     ReportResult,
@@ -56,9 +55,9 @@ from .settings import (
     _skipped,
     full_budget,
     named_budget,
-    out_problem,
     quick_budget,
 )
+from .settings import __all__ as _SETTINGS_NAMES
 
 # report-variant --help and its usage errors load without torch, onnx and timm: these import at their first use
 models = lazy_import("attnzoo.models")
@@ -67,14 +66,9 @@ onnx_export = lazy_import("attnzoo.export.onnx_export")
 bench_flops = lazy_import("attnzoo.benchmarks.flops")
 
 __all__ = [
-    "SCHEMA",
-    "OWN_ENTRIES",
-    "out_problem",
-    "BATCH_SIZES",
-    "Budget",
-    "FULL",  # noqa: F822 -- made when asked for (module __getattr__)
-    "QUICK",  # noqa: F822 -- made when asked for (module __getattr__)
-    "ReportResult",
+    *_SETTINGS_NAMES,
+    "FULL",  # noqa: F405 -- made when asked for (module __getattr__)
+    "QUICK",  # noqa: F405 -- made when asked for (module __getattr__)
     "report_variant",
     "identity",
     "export_side",

@@ -123,9 +123,9 @@ def _from_config(
     )
 
 
-def _warmed_up(m: ServedModel) -> ServedModel:
-    """Run ``m`` once on zeros (the first call allocates, so the first latency shown is a real one) and check
+def _warmed_up(model: ServedModel) -> ServedModel:
+    """Run ``model`` once on zeros (the first call allocates, so the first latency shown is a real one) and check
     that it outputs one logit channel per class name; ``ValueError`` naming both counts otherwise."""
-    out = m.run(np.zeros((1, 3, *m.input_size), np.float32))
-    check_logits(m.class_names, out.shape, m.task, Path(m.source).name)
-    return m
+    out = model.run(np.zeros((1, 3, *model.input_size), np.float32))
+    check_logits(model.class_names, out.shape, model.task, Path(model.source).name)
+    return model

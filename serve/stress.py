@@ -315,12 +315,12 @@ def main(argv: list[str] | None = None) -> int:
     from attnzoo.machine import cpu_info, cpu_summary, load_average
     from attnzoo.serve.network import free_port
 
-    p = argparse.ArgumentParser(prog="python -m attnzoo.serve.stress", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, required=True, help="JSON file to write")
-    p.add_argument("--side", type=int, default=6300, help="side of the heavy images (default 6300: 39.7 MP)")
-    p.add_argument("--rounds", type=int, default=2, help="heavy rounds (default 2)")
-    p.add_argument("--heavy", type=int, default=20, help="heavy demo requests (default 20)")
-    args = p.parse_args(argv)
+    parser = argparse.ArgumentParser(prog="python -m attnzoo.serve.stress", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    parser.add_argument("--side", type=int, default=6300, help="side of the heavy images (default 6300: 39.7 MP)")
+    parser.add_argument("--rounds", type=int, default=2, help="heavy rounds (default 2)")
+    parser.add_argument("--heavy", type=int, default=20, help="heavy demo requests (default 20)")
+    args = parser.parse_args(argv)
     for flag, value in (("--side", args.side), ("--rounds", args.rounds), ("--heavy", args.heavy)):
         if value < 1:
             print(f"error: {flag} must be at least 1, got {value}", file=sys.stderr)

@@ -15,8 +15,9 @@ import functools
 import sys
 import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import gradio as gr  # offline: attnzoo.serve (the parent package, imported first) set Gradio's environment
 import numpy as np
@@ -122,9 +123,37 @@ def _user_errors(fn):
 
 
 # ------------------------------------------------------------------------------------------------- layout
-def _choice_label(m: ServedModel) -> str:
-    metric = {"top1": "top-1", "miou": "mIoU"}.get(m.score_name, m.score_name)
-    return f"{m.name} ({metric} {m.score:.1f} %)" if m.score is not None else m.name
+def _admitted_click(
+    button: gr.Button,
+    fn: Callable[..., Any],
+    inputs: list[Any],
+    outputs: list[Any],
+    api_name: str,
+    preprocess: bool = True,
+) -> None:
+    """A click on ``button`` runs ``fn`` (API endpoint ``api_name``) in the one queue of model calls every tab
+    shares (:data:`QUEUE`, at most :data:`ADMITTED` at once)."""
+    button.click(
+        fn,
+        inputs,
+        outputs,
+        api_name=api_name,
+        preprocess=preprocess,
+        concurrency_id=QUEUE,
+        concurrency_limit=ADMITTED,
+    )
+
+
+def _image_input(elem_id: str) -> gr.Image:
+    """A tab's input image: uploaded or pasted, handed to the tab's function as a file path, shown unsmoothed."""
+    return gr.Image(
+        type="filepath", sources=["upload", "clipboard"], label="image", elem_id=elem_id, elem_classes="pixelated"
+    )
+
+
+def _choice_label(model: ServedModel) -> str:
+    metric = {"top1": "top-1", "miou": "mIoU"}.get(model.score_name, model.score_name)
+    return f"{model.name} ({metric} {model.score:.1f} %)" if model.score is not None else model.name
 
 
 def _variant_dropdown(models: DemoModels, task: str) -> gr.Dropdown:
@@ -168,13 +197,7 @@ def _classify_tab(models: DemoModels, roots: Sequence[Path], gate: SizeGate) -> 
         with gr.Column():
             with gr.Tabs():
                 with gr.Tab("Upload"):
-                    image = gr.Image(
-                        type="filepath",
-                        sources=["upload", "clipboard"],
-                        label="image",
-                        elem_id="cls-image",
-                        elem_classes="pixelated",
-                    )
+                    image = _image_input("cls-image")
                     button = gr.Button(
                         "Classify", variant="primary", elem_id="cls-button", interactive=bool(models.names("cls"))
                     )
@@ -204,23 +227,8 @@ def _classify_tab(models: DemoModels, roots: Sequence[Path], gate: SizeGate) -> 
         with gate.admitted(pixels.shape[0] * pixels.shape[1], "the drawing"):
             return _classify(models, load_image(pixels), name)
 
-    button.click(
-        run,
-        [image, variant],
-        [label, latency, note, seen],
-        api_name="classify",
-        preprocess=False,
-        concurrency_id=QUEUE,
-        concurrency_limit=ADMITTED,
-    )
-    sketch_button.click(
-        run_sketch,
-        [sketch, variant],
-        [label, latency, note, seen],
-        api_name="classify_drawing",
-        concurrency_id=QUEUE,
-        concurrency_limit=ADMITTED,
-    )
+    _admitted_click(button, run, [image, variant], [label, latency, note, seen], "classify", preprocess=False)
+    _admitted_click(sketch_button, run_sketch, [sketch, variant], [label, latency, note, seen], "classify_drawing")
 
 
 def _classify_outputs() -> tuple[gr.Label, gr.Number, gr.Markdown, gr.Image]:
@@ -245,13 +253,7 @@ def _segment_tab(models: DemoModels, max_side: int | None, roots: Sequence[Path]
     state = gr.State(None)
     with gr.Row():
         with gr.Column():
-            image = gr.Image(
-                type="filepath",
-                sources=["upload", "clipboard"],
-                label="image",
-                elem_id="seg-image",
-                elem_classes="pixelated",
-            )
+            image = _image_input("seg-image")
             variant = _variant_dropdown(models, "seg")
             _card_panel(models, "seg", variant)
             button = gr.Button(
@@ -287,14 +289,8 @@ def _segment_tab(models: DemoModels, max_side: int | None, roots: Sequence[Path]
             return gr.skip()
         return overlay(st["image"], st["mask"], st["colours"], alpha, st["skip"])
 
-    button.click(
-        run,
-        [image, variant, opacity],
-        [shown, legend, latency, note, state],
-        api_name="segment",
-        preprocess=False,
-        concurrency_id=QUEUE,
-        concurrency_limit=ADMITTED,
+    _admitted_click(
+        button, run, [image, variant, opacity], [shown, legend, latency, note, state], "segment", preprocess=False
     )
     opacity.change(
         redraw, [state, opacity], shown, api_name="overlay", trigger_mode="always_last", show_progress="hidden"
@@ -306,13 +302,7 @@ def _compare_tab(models: DemoModels, max_side: int | None, roots: Sequence[Path]
     choices = [("Classify", "cls"), ("Segment", "seg")]
     with gr.Row():
         with gr.Column(scale=1):
-            image = gr.Image(
-                type="filepath",
-                sources=["upload", "clipboard"],
-                label="image",
-                elem_id="cmp-image",
-                elem_classes="pixelated",
-            )
+            image = _image_input("cmp-image")
             task = gr.Radio([c for c in choices if c[1] in tasks], value=tasks[0] if tasks else None, label="task")
             button = gr.Button("Run every variant", variant="primary", elem_id="cmp-button", interactive=bool(tasks))
             if ex.example_paths():
@@ -339,15 +329,7 @@ def _compare_tab(models: DemoModels, max_side: int | None, roots: Sequence[Path]
             results = [_compare_one(models, which, n, img, max_side) for n in names]
         return [(pic, caption) for pic, caption, _ in results], [row for _, _, row in results]
 
-    button.click(
-        run,
-        [image, task],
-        [gallery, table],
-        api_name="compare",
-        preprocess=False,
-        concurrency_id=QUEUE,
-        concurrency_limit=ADMITTED,
-    )
+    _admitted_click(button, run, [image, task], [gallery, table], "compare", preprocess=False)
 
 
 def _header(models: DemoModels, backend: str, source: str) -> str:

@@ -99,10 +99,10 @@ def cold_start(port: int = 7899, timeout: float = 600.0) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m attnzoo.serve.demo.coldstart", description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=None, help="also write the result as JSON here")
-    p.add_argument("--port", type=int, default=7899)
-    args = p.parse_args(argv)
+    parser = argparse.ArgumentParser(prog="python -m attnzoo.serve.demo.coldstart", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=None, help="also write the result as JSON here")
+    parser.add_argument("--port", type=int, default=7899)
+    args = parser.parse_args(argv)
     write_json_report(cold_start(args.port), args.out)
     return 0
 

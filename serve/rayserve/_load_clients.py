@@ -186,9 +186,9 @@ def kill_test(url: str, body: bytes, clients: int, seconds: float, replicas: int
         killed["at"] = time.perf_counter()
         os.kill(victim_pid, signal.SIGKILL)
 
-    t = threading.Thread(target=killer, daemon=True)
+    killer_thread = threading.Thread(target=killer, daemon=True)
     t0 = time.perf_counter()
-    t.start()
+    killer_thread.start()
     records = run_clients(f"{url}/classify", body, clients, seconds, timeout)
     t1 = time.perf_counter()
     # wait (bounded) for the deployment to have all its replicas again

@@ -110,10 +110,12 @@ def _process(pid: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m attnzoo.serve.rayserve.coldstart", description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
-    p.add_argument("--repeats", type=int, default=2, help="cold starts, alternating SIGTERM and SIGINT")
-    args = p.parse_args(argv)
+    parser = argparse.ArgumentParser(
+        prog="python -m attnzoo.serve.rayserve.coldstart", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
+    parser.add_argument("--repeats", type=int, default=2, help="cold starts, alternating SIGTERM and SIGINT")
+    args = parser.parse_args(argv)
     runs = [cold_start((signal.SIGTERM, signal.SIGINT)[i % 2]) for i in range(args.repeats)]
     write_json_report({"runs": runs}, args.out)
     return 0

@@ -158,10 +158,10 @@ def decode_mask(text: str) -> np.ndarray:
 def _npy_shape(head: bytes) -> tuple[tuple[int, ...], str] | None:
     """(shape, dtype) from the start of a ``.npy`` body, or None when it is not one."""
     try:
-        f = io.BytesIO(head)
-        version = np.lib.format.read_magic(f)
+        header_file = io.BytesIO(head)
+        version = np.lib.format.read_magic(header_file)
         read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        shape, _, dtype = read(f)
+        shape, _, dtype = read(header_file)
         return tuple(shape), str(dtype)
     except Exception:  # not .npy, or a header cut short
         return None
