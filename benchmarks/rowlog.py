@@ -186,19 +186,19 @@ def _check_row(record: dict[str, Any], key: Mapping[str, Any], asked: _Asked) ->
             _field(overhead, name, _is_num, _NUM, "overhead")
 
 
-def _check_timing(r: dict[str, Any]) -> None:
+def _check_timing(row: dict[str, Any]) -> None:
     """An ``ok`` row's statistics, as :func:`attnzoo.benchmarks.stats.summarize` makes them: all there, in order."""
-    _field(r, "iterations", _is_int(2, 10**9), "an integer >= 2 for an ok row", "row")
+    _field(row, "iterations", _is_int(2, 10**9), "an integer >= 2 for an ok row", "row")
     for name in (*_ORDERED, "mean_ms", "cv", "throughput_img_s"):
-        _field(r, name, _is_num, f"{_NUM} for an ok row", "row")
-    values = [r[name] for name in _ORDERED]
+        _field(row, name, _is_num, f"{_NUM} for an ok row", "row")
+    values = [row[name] for name in _ORDERED]
     if values[0] <= 0 or values != sorted(values):
         raise _Bad(f"row's latencies are not 0 < {' <= '.join(_ORDERED)} ({', '.join(f'{v:g}' for v in values)})")
-    if not r["min_ms"] <= r["mean_ms"] <= r["max_ms"]:
-        raise _Bad(f"row.mean_ms {r['mean_ms']:g} is outside min_ms..max_ms")
-    expected = r["batch"] * 1e3 / r["mean_ms"]
-    if not math.isclose(r["throughput_img_s"], expected, rel_tol=1e-6):
-        raise _Bad(f"row.throughput_img_s {r['throughput_img_s']:g} is not batch / mean_ms ({expected:g})")
+    if not row["min_ms"] <= row["mean_ms"] <= row["max_ms"]:
+        raise _Bad(f"row.mean_ms {row['mean_ms']:g} is outside min_ms..max_ms")
+    expected = row["batch"] * 1e3 / row["mean_ms"]
+    if not math.isclose(row["throughput_img_s"], expected, rel_tol=1e-6):
+        raise _Bad(f"row.throughput_img_s {row['throughput_img_s']:g} is not batch / mean_ms ({expected:g})")
 
 
 def _check_ceiling(record: dict[str, Any]) -> None:

@@ -214,30 +214,30 @@ _LATENCY_HEADER = [
 ]
 
 
-def _latency_cells(r: Mapping[str, Any]) -> list[str]:
+def _latency_cells(row: Mapping[str, Any]) -> list[str]:
     """One timed row of the latency table."""
     return [
-        r["variant"],
-        r["backend"],
-        r["dtype"],
-        str(r["batch"]),
-        _fmt(r["median_ms"]),
-        _fmt(r["min_ms"]),
-        _fmt(r["mean_ms"]),
-        _fmt(r["p90_ms"]),
-        _fmt(r["p95_ms"]),
-        _fmt(r["p99_ms"]),
-        _fmt(r["cv"], 3),
-        _fmt(r["throughput_img_s"], 1),
-        _fmt(r["peak_mem_mb"], 1),
-        _fmt(r.get("baseline")),
-        _fmt(r["speedup_vs_eager"]),
-        _pair(r),
-        _fmt(r.get("speedup_vs_eager_fp32")),
-        _fmt(r.get("achieved_gflops"), 1),
-        _percent(r.get("ceiling_fraction")),
-        _percent(r.get("roofline_fraction")),
-        f"{r['parity_error']:.1e}",
+        row["variant"],
+        row["backend"],
+        row["dtype"],
+        str(row["batch"]),
+        _fmt(row["median_ms"]),
+        _fmt(row["min_ms"]),
+        _fmt(row["mean_ms"]),
+        _fmt(row["p90_ms"]),
+        _fmt(row["p95_ms"]),
+        _fmt(row["p99_ms"]),
+        _fmt(row["cv"], 3),
+        _fmt(row["throughput_img_s"], 1),
+        _fmt(row["peak_mem_mb"], 1),
+        _fmt(row.get("baseline")),
+        _fmt(row["speedup_vs_eager"]),
+        _pair(row),
+        _fmt(row.get("speedup_vs_eager_fp32")),
+        _fmt(row.get("achieved_gflops"), 1),
+        _percent(row.get("ceiling_fraction")),
+        _percent(row.get("roofline_fraction")),
+        f"{row['parity_error']:.1e}",
     ]
 
 
@@ -376,10 +376,10 @@ def ceiling_line(ceiling: Any) -> str:
     )
 
 
-def _pair(r: Mapping[str, Any]) -> str:
-    if r.get("speedup_pair_median") is None:
+def _pair(row: Mapping[str, Any]) -> str:
+    if row.get("speedup_pair_median") is None:
         return "-"
-    return f"{r['speedup_pair_median']:.2f} [{r['speedup_pair_q1']:.2f}, {r['speedup_pair_q3']:.2f}]"
+    return f"{row['speedup_pair_median']:.2f} [{row['speedup_pair_q1']:.2f}, {row['speedup_pair_q3']:.2f}]"
 
 
 def _speedup_pivot(ok: list[Mapping[str, Any]]) -> str:
