@@ -24,7 +24,7 @@ from attnzoo.benchmarks.ceiling import DEFAULT_SIZE, MAX_SIZE
 from attnzoo.benchmarks.roofline import against_results, resolve_gpus, roofline
 from attnzoo.benchmarks.roofline import markdown as roofline_markdown
 from attnzoo.benchmarks.tables import LOG_NAME, charts_unavailable, markdown, scope_line, write_outputs
-from attnzoo.cli import add_debug_flag, entry_point, one_of, parse_batch_sizes, parse_names
+from attnzoo.cli import entry_point, flag_values, one_of, parse_batch_sizes, parse_names, with_arguments
 from attnzoo.errors import CommandError, UsageError
 from attnzoo.fileio import atomic_write_text, default_cache_dir, private_dir, writable_dir
 from attnzoo.lazy import lazy_import
@@ -66,11 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bench-latency", description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    _add_scope_args(parser)
-    _add_run_args(parser)
-    _add_timing_args(parser)
-    _add_roofline_args(parser)
-    return add_debug_flag(parser)
+    return with_arguments(parser, _add_scope_args, _add_run_args, _add_timing_args, _add_roofline_args)
 
 
 def _add_scope_args(parser: argparse.ArgumentParser) -> None:
@@ -309,18 +305,12 @@ def parse_settings(argv: Sequence[str] | None = None):
         backends=backends,
         dtypes=dtypes,
         batch_sizes=parse_batch_sizes(args.batch_sizes),
-        task=args.task,
-        arch=args.arch,
-        img_size=args.img_size,
-        time_limit=args.time_limit,
+        **flag_values(args, "task", "arch", "img_size", "time_limit"),
         threads=threads,
         min_time=args.min_time,
         out=out,
         cache_dir=cache,
-        device=args.device,
-        seed=args.seed,
-        compile_budget=args.compile_budget,
-        profile=args.profile,
+        **flag_values(args, "device", "seed", "compile_budget", "profile"),
         pair_eager=not args.no_pair_eager,
         progress=not args.no_progress,
         ceiling_size=args.ceiling_size,

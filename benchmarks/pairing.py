@@ -98,8 +98,7 @@ class Pairing:
             "dtype": dtype,
             "batch": batch,
             **ratio_stats(a, b),
-            "variant_median_ms": float(np.median(b) * 1e3),
-            "standard_median_ms": float(np.median(a) * 1e3),
+            **_medians_ms(variant=b, standard=a),
         }
 
     def head_to_head(
@@ -131,8 +130,7 @@ class Pairing:
                 "a": a,
                 "b": b,
                 **ratio_stats(ta, tb),
-                "a_median_ms": float(np.median(ta) * 1e3),
-                "b_median_ms": float(np.median(tb) * 1e3),
+                **_medians_ms(a=ta, b=tb),
             }
         )
 
@@ -161,3 +159,8 @@ class Pairing:
         for partner in self.standard.values():
             partner.close()
         self.standard.clear()
+
+
+def _medians_ms(**samples: Sequence[float]) -> dict[str, float]:
+    """Each side's median of a pair's timings (seconds), in ms, as ``<side>_median_ms`` in the order given."""
+    return {f"{side}_median_ms": float(np.median(times) * 1e3) for side, times in samples.items()}

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from attnzoo.benchmarks.rowlog import LOG_NAME, RowLog
+from attnzoo.benchmarks.rowlog import LOG_NAME, ROW_FIELDS, RowLog
 from attnzoo.machine import cpu_summary
 from attnzoo.runtime.backends import reference_backend
 
@@ -44,48 +44,6 @@ __all__ = [
     "profile_markdown",
 ]
 
-#: Columns of a latency row (CSV and JSON ``results``), in order.
-ROW_FIELDS = (
-    "variant",
-    "task",
-    "arch",
-    "backend",
-    "dtype",
-    "batch",
-    "status",
-    "reason",
-    "parity_error",
-    "parity_tol",
-    "iterations",
-    "min_ms",
-    "median_ms",
-    "mean_ms",
-    "p90_ms",
-    "p95_ms",
-    "p99_ms",
-    "max_ms",
-    "cv",
-    "throughput_img_s",
-    "peak_mem_mb",
-    "mem_kind",
-    "baseline",
-    "speedup_vs_eager",
-    "speedup_vs_eager_fp32",
-    "speedup_pair_median",
-    "speedup_pair_q1",
-    "speedup_pair_q3",
-    "speedup_pairs",
-    "cuda_graph",
-    "build_s",
-    "gflop",
-    "achieved_gflops",
-    "ceiling_gflops",
-    "ceiling_fraction",
-    "roofline_us",
-    "roofline_fraction",
-    "device",
-    "load_1min",
-)
 #: Columns of an overhead row (variant against standard, A B A B alternation).
 OVERHEAD_FIELDS = (
     "variant",

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from attnzoo.cli import add_debug_flag, entry_point
+from attnzoo.cli import add_debug_flag, add_range_flag, entry_point, flag_values
 from attnzoo.errors import CommandError, UsageError
 from attnzoo.fileio import atomic_write_text, parse_json
 from attnzoo.filekind import checkpoint_kind
@@ -86,29 +86,16 @@ def _add_recipe_args(parser: argparse.ArgumentParser) -> None:
 
 def _add_scene_args(scene: argparse._ArgumentGroup) -> None:
     """How the Fashion-MNIST segmentation scenes are composed."""
-    scene.add_argument(
-        "--scene-garments",
-        type=int,
-        nargs=2,
-        metavar=("LO", "HI"),
-        default=None,
-        help="garments per scene, inclusive range (default 2 4)",
+    add_range_flag(scene, "--scene-garments", int, None, "garments per scene, inclusive range (default 2 4)")
+    add_range_flag(
+        scene, "--scene-fraction", float, None, "garment side as a fraction of the canvas (default 0.35 0.6)"
     )
-    scene.add_argument(
-        "--scene-fraction",
-        type=float,
-        nargs=2,
-        metavar=("LO", "HI"),
-        default=None,
-        help="garment side as a fraction of the canvas (default 0.35 0.6)",
-    )
-    scene.add_argument(
+    add_range_flag(
+        scene,
         "--scene-garment-px",
-        type=int,
-        nargs=2,
-        metavar=("LO", "HI"),
-        default=None,
-        help="garment side in pixels instead of a fraction (28 28: native, not resized)",
+        int,
+        None,
+        "garment side in pixels instead of a fraction (28 28: native, not resized)",
     )
     scene.add_argument(
         "--scene-overlap",
@@ -218,19 +205,22 @@ def _scene_options(args: argparse.Namespace) -> dict[str, Any]:
 def _train_config(args: argparse.Namespace, options: dict[str, Any], scene: dict[str, Any]) -> Any:
     """The run's :class:`~attnzoo.training.train.TrainConfig` from the flags (its module is imported lazily)."""
     return training.TrainConfig(
-        variant=args.variant,
-        task=args.task,
-        data=args.data,
-        arch=args.arch,
-        img_size=args.img_size,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        weight_decay=args.weight_decay,
-        warmup_epochs=args.warmup_epochs,
-        seed=args.seed,
-        train_size=args.train_size,
-        val_size=args.val_size,
+        **flag_values(
+            args,
+            "variant",
+            "task",
+            "data",
+            "arch",
+            "img_size",
+            "epochs",
+            "batch_size",
+            "lr",
+            "weight_decay",
+            "warmup_epochs",
+            "seed",
+            "train_size",
+            "val_size",
+        ),
         options=options,
         out=args.out,
         threads=default_threads(args.arch) if args.threads is None else args.threads,

@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from attnzoo.cli import add_debug_flag, entry_point
+from attnzoo.cli import entry_point, with_arguments
 from attnzoo.errors import UsageError
 from attnzoo.fileio import CACHE_ENV
 from attnzoo.lazy import lazy_import
@@ -40,9 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=7860, help="port (default 7860)")
-    _add_model_args(parser)
-    _add_run_args(parser)
-    return add_debug_flag(parser)
+    return with_arguments(parser, _add_model_args, _add_run_args)
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
