@@ -27,6 +27,7 @@ import signal
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from attnzoo.errors import MAX_NAME_SHOWN, CommandError, CommandExit, UsageError, first_line, quoted
 from attnzoo.limits import check_batch_sizes
@@ -42,12 +43,15 @@ from attnzoo.signals import (
 __all__ = [
     "entry_point",
     "add_debug_flag",
+    "with_arguments",
     "CommandParser",
     "Later",
     "check_choice",
     "parse_names",
     "parse_batch_sizes",
     "one_of",
+    "flag_values",
+    "add_range_flag",
     "COMMANDS",
     "export_model",
     "bench_latency",
@@ -122,6 +126,19 @@ def one_of(valid: Sequence[str]) -> Callable[[str], str]:
     return canonical
 
 
+def flag_values(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """The parsed values of the flags whose ``dest`` is one of ``names``, by that name: the keyword arguments of a
+    command's settings whose fields are named like its flags."""
+    return {name: getattr(args, name) for name in names}
+
+
+def add_range_flag(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, flag: str, kind: type, default: Any, help: str
+) -> None:
+    """Add ``flag``, an inclusive range given as two numbers of type ``kind`` (``LO HI``)."""
+    parser.add_argument(flag, type=kind, nargs=2, metavar=("LO", "HI"), default=default, help=help)
+
+
 class Later(str):
     """A help text or epilog whose words come from a module a command's parser should not import to be built (the
     defaults and choices of heavy modules): empty until :class:`CommandParser` prints the help, which calls
@@ -164,6 +181,16 @@ def add_debug_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     error = parser.error
     parser.error = lambda message: error(_LONG_WORD.sub(_cut_word, message))  # type: ignore[method-assign]
     return parser
+
+
+def with_arguments(
+    parser: argparse.ArgumentParser, *parts: Callable[[argparse.ArgumentParser], None]
+) -> argparse.ArgumentParser:
+    """A command's parser: ``parser`` with the arguments each of ``parts`` adds, in order, then ``--debug``
+    (:func:`add_debug_flag`)."""
+    for add in parts:
+        add(parser)
+    return add_debug_flag(parser)
 
 
 #: A word (no white space) longer than an error line quotes, between the quotes and brackets around it.

@@ -24,7 +24,7 @@ from attnzoo.benchmarks.ceiling import DEFAULT_SIZE, MAX_SIZE
 from attnzoo.benchmarks.roofline import against_results, resolve_gpus, roofline
 from attnzoo.benchmarks.roofline import markdown as roofline_markdown
 from attnzoo.benchmarks.tables import LOG_NAME, charts_unavailable, markdown, scope_line, write_outputs
-from attnzoo.cli import add_debug_flag, entry_point, one_of, parse_batch_sizes, parse_names
+from attnzoo.cli import entry_point, flag_values, one_of, parse_batch_sizes, parse_names, with_arguments
 from attnzoo.errors import CommandError, UsageError
 from attnzoo.fileio import atomic_write_text, default_cache_dir, private_dir, writable_dir
 from attnzoo.lazy import lazy_import
@@ -63,47 +63,43 @@ _FLAGS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(
         prog="bench-latency", description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    _add_scope_args(p)
-    _add_run_args(p)
-    _add_timing_args(p)
-    _add_roofline_args(p)
-    return add_debug_flag(p)
+    return with_arguments(parser, _add_scope_args, _add_run_args, _add_timing_args, _add_roofline_args)
 
 
-def _add_scope_args(p: argparse.ArgumentParser) -> None:
+def _add_scope_args(parser: argparse.ArgumentParser) -> None:
     """What is measured: the variants, the model, the backends, the precisions and the batch sizes."""
-    p.add_argument(
+    parser.add_argument(
         "--all",
         action="store_true",
         help="measure everything: "
         + " ".join(f"{_FLAGS[k]} {v:g}" if isinstance(v, float) else f"{_FLAGS[k]} {v}" for k, v in FULL_SCOPE.items())
         + " (45-80 minutes on 2 cores); flags given as well still win",
     )
-    p.add_argument(
+    parser.add_argument(
         "--variants",
         default=argparse.SUPPRESS,
         help=f"'all' or comma-separated variant names (default: {DEFAULT_SCOPE['variants']})",
     )
-    p.add_argument("--task", default="cls", choices=("cls", "seg"))
-    p.add_argument("--arch", default="tiny", choices=("micro", "tiny", "small", "base"))
-    p.add_argument(
+    parser.add_argument("--task", default="cls", choices=("cls", "seg"))
+    parser.add_argument("--arch", default="tiny", choices=("micro", "tiny", "small", "base"))
+    parser.add_argument(
         "--img-size",
         type=int,
         default=None,
         metavar="PX",
         help="input side in pixels (default: the arch's own, 224 for tiny/small/base)",
     )
-    p.add_argument(
+    parser.add_argument(
         "--backends",
         default=",".join(backend_names()),
         help=f"comma-separated, from: {', '.join(backend_names())} (python -m attnzoo.runtime lists them "
         "with their aliases; those this machine lacks are listed as "
         "skipped, with the reason)",
     )
-    p.add_argument(
+    parser.add_argument(
         "--dtypes",
         "--dtype",
         dest="dtype",
@@ -112,42 +108,42 @@ def _add_scope_args(p: argparse.ArgumentParser) -> None:
         "a GPU's TF32 tensor cores; int8: ModelOpt Q/DQ on ort-cpu, NNCF on openvino; --dtype is "
         "the old spelling)",
     )
-    p.add_argument(
+    parser.add_argument(
         "--batch-sizes",
         default=argparse.SUPPRESS,
         help=f"comma-separated integers in 1..{MAX_BATCH_SIZE} (default: {DEFAULT_SCOPE['batch_sizes']})",
     )
 
 
-def _add_run_args(p: argparse.ArgumentParser) -> None:
+def _add_run_args(parser: argparse.ArgumentParser) -> None:
     """Where and how the run works: threads, time per measurement, its folders, the device and the seed."""
-    p.add_argument(
+    parser.add_argument(
         "--threads",
         type=int,
         default=None,
         help="intra-op threads for PyTorch and ONNX Runtime (default: the usable cores)",
     )
-    p.add_argument(
+    parser.add_argument(
         "--min-time",
         type=float,
         default=argparse.SUPPRESS,
         help=f"seconds timed per measurement, >= 10 iterations (default: {DEFAULT_SCOPE['min_time']:g})",
     )
-    p.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder")
-    p.add_argument(
+    parser.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder")
+    parser.add_argument(
         "--cache-dir",
         type=Path,
         default=None,
         help="exported / optimized models (default: <cache>/bench-latency, <cache> being "
         "$ATTNZOO_CACHE, else $XDG_CACHE_HOME/attnzoo, else ~/.cache/attnzoo, as for serve-demo)",
     )
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="device of eager/compile")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random-init weights and the inputs")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="device of eager/compile")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random-init weights and the inputs")
 
 
-def _add_timing_args(p: argparse.ArgumentParser) -> None:
+def _add_timing_args(parser: argparse.ArgumentParser) -> None:
     """What the run spends time on: compiles, the matmul ceiling, the profile, the paired run, its own limit."""
-    p.add_argument(
+    parser.add_argument(
         "--compile-budget",
         type=float,
         default=argparse.SUPPRESS,
@@ -155,7 +151,7 @@ def _add_timing_args(p: argparse.ArgumentParser) -> None:
         "compiles so far predict would pass it is skipped, and says so "
         f"(default: {DEFAULT_SCOPE['compile_budget']:g})",
     )
-    p.add_argument(
+    parser.add_argument(
         "--ceiling-size",
         type=int,
         default=DEFAULT_SIZE,
@@ -163,11 +159,11 @@ def _add_timing_args(p: argparse.ArgumentParser) -> None:
         help="side of the square matmul that measures the machine's fp32/int8 ceiling at the start "
         "(0: not measured; then no row has a ceiling fraction)",
     )
-    p.add_argument(
+    parser.add_argument(
         "--profile", action="store_true", help="profile ONNX Runtime CPU ops (naive vs tuned session) -> ort_profile.md"
     )
-    p.add_argument("--no-pair-eager", action="store_true", help="skip the backend/eager A B A B speed-up run")
-    p.add_argument(
+    parser.add_argument("--no-pair-eager", action="store_true", help="skip the backend/eager A B A B speed-up run")
+    parser.add_argument(
         "--time-limit",
         type=float,
         default=None,
@@ -175,12 +171,12 @@ def _add_timing_args(p: argparse.ArgumentParser) -> None:
         help="start no new row after this many seconds: the rows measured are written and the same "
         "command measures the rest (every finished row is kept in <out>/rows.jsonl)",
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def _add_roofline_args(p: argparse.ArgumentParser) -> None:
+def _add_roofline_args(parser: argparse.ArgumentParser) -> None:
     """``--roofline``: the bound alone, measured against a GPU run's results."""
-    p.add_argument(
+    parser.add_argument(
         "--roofline",
         metavar="GPUS",
         default=None,
@@ -188,7 +184,7 @@ def _add_roofline_args(p: argparse.ArgumentParser) -> None:
         "per precision on these GPUs (all, auto, h100, h100-sxm, h100-pcie, h200, a100) and write "
         "roofline.md/.json to --out",
     )
-    p.add_argument(
+    parser.add_argument(
         "--against",
         metavar="RESULTS_JSON",
         type=Path,
@@ -237,33 +233,33 @@ def _flag(key: str, value: Any) -> str:
     return f"{_FLAGS[key]} {value:g}" if isinstance(value, float) else f"{_FLAGS[key]} {value}"
 
 
-def scope(a: argparse.Namespace) -> dict[str, Any]:
-    """Fill the scope flags not given from :data:`DEFAULT_SCOPE` (``--all``: :data:`FULL_SCOPE`) into ``a``;
+def scope(args: argparse.Namespace) -> dict[str, Any]:
+    """Fill the scope flags not given from :data:`DEFAULT_SCOPE` (``--all``: :data:`FULL_SCOPE`) into ``args``;
     return what the run covers against ``--all``: ``{"preset", "from_preset", "left_out", "everything"}``.
 
     ``left_out`` lists, in words, what ``--all`` would measure beyond this run (empty when nothing).
     """
-    preset = FULL_SCOPE if a.all else DEFAULT_SCOPE
-    from_preset = [k for k in preset if not hasattr(a, k)]
+    preset = FULL_SCOPE if args.all else DEFAULT_SCOPE
+    from_preset = [k for k in preset if not hasattr(args, k)]
     for k in from_preset:
-        setattr(a, k, preset[k])
+        setattr(args, k, preset[k])
     left_out = []
-    variants = variant_list(a.variants)
+    variants = variant_list(args.variants)
     every = _all_variants()
     missing = [v for v in every if v not in variants]
     if missing:
         left_out.append(f"{len(missing)} of {len(every)} variants ({', '.join(missing)})")
     batches = [
-        b for b in parse_batch_sizes(str(FULL_SCOPE["batch_sizes"])) if b not in parse_batch_sizes(a.batch_sizes)
+        b for b in parse_batch_sizes(str(FULL_SCOPE["batch_sizes"])) if b not in parse_batch_sizes(args.batch_sizes)
     ]
     if batches:
         left_out.append(f"batch {', '.join(map(str, batches))}")
     for key, what in (("min_time", "s per measurement"), ("compile_budget", "s of torch.compile")):
-        if getattr(a, key) < FULL_SCOPE[key]:
-            left_out.append(f"{getattr(a, key):g} {what} instead of {FULL_SCOPE[key]:g}")
+        if getattr(args, key) < FULL_SCOPE[key]:
+            left_out.append(f"{getattr(args, key):g} {what} instead of {FULL_SCOPE[key]:g}")
     full = " ".join(_flag(k, v) for k, v in FULL_SCOPE.items())
     return {
-        "preset": "all" if a.all else "default",
+        "preset": "all" if args.all else "default",
         "from_preset": {k: preset[k] for k in from_preset},
         "left_out": left_out,
         "everything": f"bench-latency --all (= {full}; 45-80 minutes on 2 cores), or those flags one by one",
@@ -277,27 +273,27 @@ def parse_settings(argv: Sequence[str] | None = None):
         UsageError: a bad flag value (one line).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    a = build_parser().parse_args(argv)
-    covered = scope(a)
-    if not a.min_time > 0:
-        raise UsageError(f"--min-time must be > 0, got {a.min_time}")
-    threads = a.threads if a.threads is not None else usable_cores()
+    args = build_parser().parse_args(argv)
+    covered = scope(args)
+    if not args.min_time > 0:
+        raise UsageError(f"--min-time must be > 0, got {args.min_time}")
+    threads = args.threads if args.threads is not None else usable_cores()
     if threads < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
-    if a.img_size is not None and not 16 <= a.img_size <= 4096:
-        raise UsageError(f"--img-size must be in 16..4096 pixels, got {a.img_size}")
-    if a.time_limit is not None and not a.time_limit > 0:
-        raise UsageError(f"--time-limit must be > 0 seconds, got {a.time_limit}")
-    if a.ceiling_size != 0 and not 64 <= a.ceiling_size <= MAX_SIZE:
-        raise UsageError(f"--ceiling-size must be 0 or in 64..{MAX_SIZE}, got {a.ceiling_size}")
-    out = a.out
-    cache = a.cache_dir or default_cache_dir() / "bench-latency"
-    backends = _backends(a.backends)
-    dtypes = parse_names(a.dtype, one_of(DTYPES), "dtype", ", ".join(DTYPES))
+    if args.img_size is not None and not 16 <= args.img_size <= 4096:
+        raise UsageError(f"--img-size must be in 16..4096 pixels, got {args.img_size}")
+    if args.time_limit is not None and not args.time_limit > 0:
+        raise UsageError(f"--time-limit must be > 0 seconds, got {args.time_limit}")
+    if args.ceiling_size != 0 and not 64 <= args.ceiling_size <= MAX_SIZE:
+        raise UsageError(f"--ceiling-size must be 0 or in 64..{MAX_SIZE}, got {args.ceiling_size}")
+    out = args.out
+    cache = args.cache_dir or default_cache_dir() / "bench-latency"
+    backends = _backends(args.backends)
+    dtypes = parse_names(args.dtype, one_of(DTYPES), "dtype", ", ".join(DTYPES))
     named = any(x == "--backends" or x.startswith("--backends=") for x in argv)
-    if not a.all and not named:  # the default table: what runs here (an engine no GPU here runs is not timed;
+    if not args.all and not named:  # the default table: what runs here (an engine no GPU here runs is not timed;
         # torch is asked whether a GPU is here, so every name above is checked first)
-        build_only = build_only_backends(backends, a.device)
+        build_only = build_only_backends(backends, args.device)
         backends = [b for b in backends if b not in build_only]
         if build_only:
             covered["left_out"].append(
@@ -305,25 +301,19 @@ def parse_settings(argv: Sequence[str] | None = None):
                 "builds them)"
             )
     return bench_run.Settings(
-        variants=variant_list(a.variants),
+        variants=variant_list(args.variants),
         backends=backends,
         dtypes=dtypes,
-        batch_sizes=parse_batch_sizes(a.batch_sizes),
-        task=a.task,
-        arch=a.arch,
-        img_size=a.img_size,
-        time_limit=a.time_limit,
+        batch_sizes=parse_batch_sizes(args.batch_sizes),
+        **flag_values(args, "task", "arch", "img_size", "time_limit"),
         threads=threads,
-        min_time=a.min_time,
+        min_time=args.min_time,
         out=out,
         cache_dir=cache,
-        device=a.device,
-        seed=a.seed,
-        compile_budget=a.compile_budget,
-        profile=a.profile,
-        pair_eager=not a.no_pair_eager,
-        progress=not a.no_progress,
-        ceiling_size=a.ceiling_size,
+        **flag_values(args, "device", "seed", "compile_budget", "profile"),
+        pair_eager=not args.no_pair_eager,
+        progress=not args.no_progress,
+        ceiling_size=args.ceiling_size,
         command=shlex.join(["bench-latency", *argv]),
         scope=covered,
     )
@@ -336,24 +326,24 @@ def build_only_backends(backends: Sequence[str], device: str = "auto") -> list[s
     return [b for b in backends if get_backend(b).builds_engine and get_backend(b).unavailable_reason("fp32", where)]
 
 
-def roofline_main(a: argparse.Namespace) -> int:
+def roofline_main(args: argparse.Namespace) -> int:
     """``bench-latency --roofline GPUS``: the roofline tables (:mod:`attnzoo.benchmarks.roofline`), no timing."""
     try:
-        gpus = resolve_gpus(a.roofline)
+        gpus = resolve_gpus(args.roofline)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    variants, batches = variant_list(a.variants), parse_batch_sizes(a.batch_sizes)
-    if a.against is not None and not a.against.is_file():
-        raise UsageError(f"--against {a.against}: no such file")
-    writable_dir(a.out, "--out folder")
-    result = roofline(variants, a.task, a.arch, batches, gpus)
-    against = against_results(result, a.against) if a.against is not None else None
+    variants, batches = variant_list(args.variants), parse_batch_sizes(args.batch_sizes)
+    if args.against is not None and not args.against.is_file():
+        raise UsageError(f"--against {args.against}: no such file")
+    writable_dir(args.out, "--out folder")
+    result = roofline(variants, args.task, args.arch, batches, gpus)
+    against = against_results(result, args.against) if args.against is not None else None
     result["against"] = against
     md = roofline_markdown(result, against)
-    atomic_write_text(a.out / "roofline.md", md + "\n")
-    atomic_write_text(a.out / "roofline.json", json.dumps(result, indent=1) + "\n")
+    atomic_write_text(args.out / "roofline.md", md + "\n")
+    atomic_write_text(args.out / "roofline.json", json.dumps(result, indent=1) + "\n")
     print(md)
-    print(f"wrote {a.out / 'roofline.md'}, {a.out / 'roofline.json'}")
+    print(f"wrote {args.out / 'roofline.md'}, {args.out / 'roofline.json'}")
     return 0
 
 
@@ -361,12 +351,12 @@ def roofline_main(a: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``bench-latency``; the output folder is checked writable before anything is measured."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    a = build_parser().parse_args(argv)
-    if a.roofline is not None:
-        a.all = True  # nothing is timed: the full scope costs nothing
-        scope(a)
-        return roofline_main(a)
-    if a.against is not None:
+    args = build_parser().parse_args(argv)
+    if args.roofline is not None:
+        args.all = True  # nothing is timed: the full scope costs nothing
+        scope(args)
+        return roofline_main(args)
+    if args.against is not None:
         raise UsageError("--against needs --roofline")
     settings = parse_settings(argv)
     if settings.device == "cuda":

@@ -32,7 +32,7 @@ EXPORT_FIXED_S, EXPORT_CALLS, FORWARD_EFFICIENCY = 20.0, 40, 0.5
 
 
 def estimate_seconds(
-    s: Settings, plan: _Rows, variants: list[str], ceiling: dict[str, Any] | None, slowdown: float = 1.0
+    settings: Settings, plan: _Rows, variants: list[str], ceiling: dict[str, Any] | None, slowdown: float = 1.0
 ) -> float | None:
     """How long the rows still to measure take (``None`` without a measured fp32 ceiling): per row its timed
     calls (warm-up, ``min_time`` and at least 10 calls), its A/B pairs with eager and ``standard`` (each up to
@@ -47,23 +47,25 @@ def estimate_seconds(
         return None
     total, compiles = 0.0, False
     for variant in variants:
-        rows = [(n, b, d) for n in s.batch_sizes for b, d in plan.todo(variant, n)]
+        rows = [(n, b, d) for n in settings.batch_sizes for b, d in plan.todo(variant, n)]
         if not rows:
             continue
-        count = count_variant(variant, batch=1, model=meta_model(variant, s.task, s.arch, s.img_size))
+        count = count_variant(
+            variant, batch=1, model=meta_model(variant, settings.task, settings.arch, settings.img_size)
+        )
         call1 = (count.matrix_flops + count.vector_ops) / (gflops * 1e9 * FORWARD_EFFICIENCY)
         if any(takes_onnx(b) for _, b, _ in rows):
             total += EXPORT_FIXED_S * slowdown + EXPORT_CALLS * call1
         for n, backend, _ in rows:
             t = call1 * n
-            calls = max(timing.MIN_ITERS, s.min_time / t) + max(2, timing.WARMUP_S / t)
-            pair = 2 * max(timing.MIN_ITERS, s.min_time / (2 * t)) + 2 * max(2, timing.WARMUP_S / t)
+            calls = max(timing.MIN_ITERS, settings.min_time / t) + max(2, timing.WARMUP_S / t)
+            pair = 2 * max(timing.MIN_ITERS, settings.min_time / (2 * t)) + 2 * max(2, timing.WARMUP_S / t)
             calls += pair * ((not get_backend(backend).is_reference) + (variant != "standard")) + 1
             total += calls * t
             compiles = compiles or get_backend(backend).jit_compiles
-        for n in s.batch_sizes:  # the head-to-head of two runtimes, the eager reference
-            total += (2 * max(timing.MIN_ITERS, s.min_time / (2 * call1 * n)) + 1) * call1 * n
-    return total + (s.compile_budget if compiles else 0.0)
+        for n in settings.batch_sizes:  # the head-to-head of two runtimes, the eager reference
+            total += (2 * max(timing.MIN_ITERS, settings.min_time / (2 * call1 * n)) + 1) * call1 * n
+    return total + (settings.compile_budget if compiles else 0.0)
 
 
 def _duration(seconds: float) -> str:

@@ -400,16 +400,22 @@ def status(out: Path, **overrides: Any) -> list[dict[str, Any]]:
     skipped with their reason: nothing left to do) and how many were measured (``ok``)."""
     lines = []
     for part in PARTS:
-        s = part_settings(part, out, **overrides)
-        wanted = {(v, b, d, n) for v in s.variants for b in s.backends for d in s.dtypes for n in s.batch_sizes}
+        settings = part_settings(part, out, **overrides)
+        wanted = {
+            (v, b, d, n)
+            for v in settings.variants
+            for b in settings.backends
+            for d in settings.dtypes
+            for n in settings.batch_sizes
+        }
         written, ok = set(), set()
-        log = Path(s.out) / LOG_NAME
+        log = Path(settings.out) / LOG_NAME
         for record in read_log(log)[0] if log.is_file() else []:
-            r = record["row"] if record["kind"] == "row" else None
-            if r and "--compile-budget" not in r["reason"]:
-                key = (r["variant"], r["backend"], r["dtype"], r["batch"])
+            row = record["row"] if record["kind"] == "row" else None
+            if row and "--compile-budget" not in row["reason"]:
+                key = (row["variant"], row["backend"], row["dtype"], row["batch"])
                 written.add(key)
-                if r["status"] == "ok":
+                if row["status"] == "ok":
                     ok.add(key)
         lines.append(
             {
@@ -434,30 +440,32 @@ def _copy(out: Path, to: Path) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gpu_plan", description=__doc__.splitlines()[0])
-    p.add_argument("--part", action="append", default=[], help="a part to run (repeatable); --list names them")
-    p.add_argument("--list", action="store_true", help="print the parts and how much of each is finished in --out")
-    p.add_argument(
+    parser = argparse.ArgumentParser(prog="gpu_plan", description=__doc__.splitlines()[0])
+    parser.add_argument("--part", action="append", default=[], help="a part to run (repeatable); --list names them")
+    parser.add_argument("--list", action="store_true", help="print the parts and how much of each is finished in --out")
+    parser.add_argument(
         "--render", action="store_true", help="write the results folders in --out again from their results.json"
     )
-    p.add_argument(
+    parser.add_argument(
         "--compile-times",
         action="store_true",
         help="measure one ViT-S torch.compile and one AOTInductor compile here (--device, default cpu at fp32, "
         "cuda at fp16) and print them as JSON: what sizes the headline",
     )
-    p.add_argument("--out", type=Path, default=Path("results/gpu-h100"), help="results folder (one per model in it)")
-    p.add_argument("--copy-to", type=Path, default=None, help="copy the results folders there afterwards")
-    p.add_argument("--time-limit", type=float, default=TIME_LIMIT, help="start no new row after this many seconds")
-    p.add_argument("--variants", default=None, help="only these variants of each part (comma-separated)")
-    p.add_argument("--arch", default=None, help="another ViT size (the CPU test: micro)")
-    p.add_argument("--img-size", type=int, default=None, help="another input side")
-    p.add_argument("--batch-sizes", default=None, help="other batch sizes (comma-separated)")
-    p.add_argument("--dtypes", default=None, help="other precisions (comma-separated; the CPU test: fp32)")
-    p.add_argument("--min-time", type=float, default=MIN_TIME, help="seconds per measurement")
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: the usable cores)")
-    return p
+    parser.add_argument(
+        "--out", type=Path, default=Path("results/gpu-h100"), help="results folder (one per model in it)"
+    )
+    parser.add_argument("--copy-to", type=Path, default=None, help="copy the results folders there afterwards")
+    parser.add_argument("--time-limit", type=float, default=TIME_LIMIT, help="start no new row after this many seconds")
+    parser.add_argument("--variants", default=None, help="only these variants of each part (comma-separated)")
+    parser.add_argument("--arch", default=None, help="another ViT size (the CPU test: micro)")
+    parser.add_argument("--img-size", type=int, default=None, help="another input side")
+    parser.add_argument("--batch-sizes", default=None, help="other batch sizes (comma-separated)")
+    parser.add_argument("--dtypes", default=None, help="other precisions (comma-separated; the CPU test: fp32)")
+    parser.add_argument("--min-time", type=float, default=MIN_TIME, help="seconds per measurement")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: the usable cores)")
+    return parser
 
 
 def _other_flags(argv: list[str]) -> list[str]:
@@ -476,48 +484,50 @@ def _other_flags(argv: list[str]) -> list[str]:
 @entry_point
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the parts asked for, one after the other; print what is finished."""
-    a = add_debug_flag(build_parser()).parse_args(argv)
+    args = add_debug_flag(build_parser()).parse_args(argv)
     overrides = {
-        "variants": a.variants.split(",") if a.variants else None,
-        "arch": a.arch,
-        "img_size": a.img_size,
-        "min_time": a.min_time,
-        "device": a.device,
-        "threads": a.threads,
-        "batch_sizes": [int(b) for b in a.batch_sizes.split(",")] if a.batch_sizes else None,
-        "dtypes": a.dtypes.split(",") if a.dtypes else None,
+        "variants": args.variants.split(",") if args.variants else None,
+        "arch": args.arch,
+        "img_size": args.img_size,
+        "min_time": args.min_time,
+        "device": args.device,
+        "threads": args.threads,
+        "batch_sizes": [int(b) for b in args.batch_sizes.split(",")] if args.batch_sizes else None,
+        "dtypes": args.dtypes.split(",") if args.dtypes else None,
     }
-    bad = [p for p in a.part if p not in PARTS]
-    if a.compile_times:
-        device = "cpu" if a.device == "auto" else a.device
+    bad = [p for p in args.part if p not in PARTS]
+    if args.compile_times:
+        device = "cpu" if args.device == "auto" else args.device
         print(
             json.dumps(
-                compile_times(a.arch or "small", a.img_size or 224, device, "fp16" if device == "cuda" else "fp32")
+                compile_times(
+                    args.arch or "small", args.img_size or 224, device, "fp16" if device == "cuda" else "fp32"
+                )
             )
         )
         return 0
-    if a.render and not bad:
-        for folder in render(a.out):
+    if args.render and not bad:
+        for folder in render(args.out):
             print(f"written: {folder}")
-        if not a.part:
+        if not args.part:
             return 0
-    if bad or not (a.part or a.list):
+    if bad or not (args.part or args.list):
         raise UsageError(f"unknown part {', '.join(map(repr, bad)) or '(none given)'}; valid: {', '.join(PARTS)}")
     flags = _other_flags(list(sys.argv[1:] if argv is None else argv))
-    for part in a.part:
+    for part in args.part:
         print(f"part {part}", flush=True)
-        result = run_part(part, a.out, time_limit=a.time_limit, flags=flags, **overrides)
+        result = run_part(part, args.out, time_limit=args.time_limit, flags=flags, **overrides)
         if result["interrupted"]:
             print(f"part {part} not finished: {result['interrupted']['note']}", flush=True)
             if result["interrupted"]["signal"]:
                 break
-    for line in status(a.out, **overrides):
+    for line in status(args.out, **overrides):
         print(
             f"{line['part']:>14}  {line['model']:<14} {line['done']:>4} / {line['rows']:<4} rows done, "
             f"{line['ok']} measured"
         )
-    if a.copy_to is not None:
-        _copy(a.out, a.copy_to)
+    if args.copy_to is not None:
+        _copy(args.out, args.copy_to)
     return 0
 
 

@@ -41,18 +41,18 @@ _MEASURED = (
 
 
 def new_row(
-    variant: str, s: Settings, backend: str, dtype: str, batch: int, status: str, reason: str = "", **extra: Any
+    variant: str, settings: Settings, backend: str, dtype: str, batch: int, status: str, reason: str = "", **extra: Any
 ) -> dict[str, Any]:
     """A row of the results: its place, status and reason, every measured key ``None`` unless ``extra`` has it."""
-    key = tolerance_for(backend, dtype, torch_device(s.device).type)
+    key = tolerance_for(backend, dtype, torch_device(settings.device).type)
     row: dict[str, Any] = {
         "variant": variant,
-        "task": s.task,
-        "arch": s.arch,
+        "task": settings.task,
+        "arch": settings.arch,
         "backend": backend,
         "dtype": dtype,
         "batch": batch,
-        "device": get_backend(backend).row_device(torch_device(s.device).type),
+        "device": get_backend(backend).row_device(torch_device(settings.device).type),
         "status": status,
         "reason": reason,
         "parity_error": None,
@@ -79,18 +79,18 @@ class Measurer:
 
     def __init__(
         self,
-        s: Settings,
+        settings: Settings,
         phases: Phases,
         pairing: Pairing,
         add: Callable[[dict[str, Any], dict[str, Any] | None], None],
     ) -> None:
-        self.s, self.phases, self.pairing, self.add = s, phases, pairing, add
-        self.device = torch_device(s.device)
+        self.settings, self.phases, self.pairing, self.add = settings, phases, pairing, add
+        self.device = torch_device(settings.device)
         self.compile_spent = 0.0
         self.compile_count = 0
 
     def _fail(self, variant: str, backend: str, dtype: str, batch: int, reason: str, **extra: Any) -> None:
-        self.add(new_row(variant, self.s, backend, dtype, batch, "failed", reason, **extra), None)
+        self.add(new_row(variant, self.settings, backend, dtype, batch, "failed", reason, **extra), None)
 
     def job(
         self,
@@ -106,9 +106,9 @@ class Measurer:
     ) -> Call | None:
         """Build, check, time one combination; add its row (and overhead entry). Returns its call."""
         b = get_backend(backend)
-        over = compile_budget_reason(self.compile_spent, self.compile_count, self.s.compile_budget)
+        over = compile_budget_reason(self.compile_spent, self.compile_count, self.settings.compile_budget)
         if b.jit_compiles and over:
-            self.add(new_row(variant, self.s, backend, dtype, batch, "skipped", over), None)
+            self.add(new_row(variant, self.settings, backend, dtype, batch, "skipped", over), None)
             return None
         rss = PeakRSS()  # the sessions of earlier jobs were closed when they were no longer needed
         t0 = time.perf_counter()
@@ -156,10 +156,10 @@ class Measurer:
                     src,
                     x.numpy(),
                     dtype,
-                    threads=self.s.threads,
+                    threads=self.settings.threads,
                     device=self.device.type,
-                    cache_dir=self.s.cache_dir,
-                    dynamic_batch=self.s.dynamic_batch,
+                    cache_dir=self.settings.cache_dir,
+                    dynamic_batch=self.settings.dynamic_batch,
                 )
                 out = runner.output()
         except Exception as exc:  # any backend failure is a result to report, not a crash
@@ -169,18 +169,21 @@ class Measurer:
             return None
         return runner, info, out
 
-    def built_not_run(self, variant: str, b: Backend, dtype: str, batch: int, src: Path | None, why: str) -> None:
+    def built_not_run(self, variant: str, backend: Backend, dtype: str, batch: int, src: Path | None, why: str) -> None:
         """No GPU (or one whose engines cannot run here, ``why``): the engine of a backend that
         :attr:`~attnzoo.runtime.backends.Backend.builds_engine` built ahead of time, one per variant and dtype whose
         profile spans the run's batch sizes, kept in the cache and reused by every batch's row and by later runs;
         the rows say it was not run."""
         try:
-            with self.phases.phase(f"engine build, not run: {b.name}"):
-                facts = b.build_only(
-                    src, b.options(dtype=dtype, batch_sizes=self.s.batch_sizes, cache_dir=self.s.cache_dir)
+            with self.phases.phase(f"engine build, not run: {backend.name}"):
+                facts = backend.build_only(
+                    src,
+                    backend.options(
+                        dtype=dtype, batch_sizes=self.settings.batch_sizes, cache_dir=self.settings.cache_dir
+                    ),
                 )
         except Exception as exc:  # a build failure is a result to report, not a crash
-            self._fail(variant, b.name, dtype, batch, f"build: {first_line(exc, typed=True)}")
+            self._fail(variant, backend.name, dtype, batch, f"build: {first_line(exc, typed=True)}")
             return None
         p = facts["profile"]
         how = "reused from the engine cache, built" if facts["cached"] else "built"
@@ -190,7 +193,17 @@ class Measurer:
             f"(opt {p['opt']}), {facts['engine_size'] / 1e6:.1f} MB, {how} in "
             f"{facts['build_time_s']:.1f} s"
         )
-        row = new_row(variant, self.s, b.name, dtype, batch, "built", reason, build_s=facts["build_time_s"], info=facts)
+        row = new_row(
+            variant,
+            self.settings,
+            backend.name,
+            dtype,
+            batch,
+            "built",
+            reason,
+            build_s=facts["build_time_s"],
+            info=facts,
+        )
         self.add(row, None)
         return None
 
@@ -208,12 +221,12 @@ class Measurer:
         """Time a runner that passed parity, alone and then beside its partners; add its row (and overhead entry)
         only once every step succeeded, so a failure leaves one ``failed`` row and nothing else. May raise."""
         with rss, self.phases.phase("timing"):
-            samples = measure(runner.fn, self.s.min_time, cuda=runner.cuda)
+            samples = measure(runner.fn, self.settings.min_time, cuda=runner.cuda)
         mem, kind = runner.memory() if runner.memory else (rss.delta_mb, "peak RSS while timed - RSS before build")
         base = baseline_dtype(backend, dtype, eagers)
         row = new_row(
             variant,
-            self.s,
+            self.settings,
             backend,
             dtype,
             batch,

@@ -59,20 +59,20 @@ class Pairing:
     """The A/B partners of one run and what their pairs measured: ``standard``'s runners (partners of every later
     variant), the head-to-head pairs and their errors."""
 
-    def __init__(self, s: Settings, device: torch.device, phases: Phases) -> None:
-        self.s, self.device, self.phases = s, device, phases
+    def __init__(self, settings: Settings, device: torch.device, phases: Phases) -> None:
+        self.settings, self.device, self.phases = settings, device, phases
         self.standard: dict[tuple[str, str, int], Partner] = {}
         self.pairs: list[dict[str, Any]] = []  # head-to-head fp32 CPU runtimes (b time / a time)
         self.head_to_head_errors: list[str] = []
 
     def with_eager(self, row: dict[str, Any], runner: Call, base: str | None, eagers: dict[str, Partner]) -> None:
         """Time ``runner`` against the eager row of precision ``base``, A B A B; the speed-up's pairs in ``row``."""
-        eager = eagers[base].get() if base in eagers and self.s.pair_eager else None
+        eager = eagers[base].get() if base in eagers and self.settings.pair_eager else None
         if eager is None or eager is runner:
             return
         with self.phases.phase("A/B pairs with eager"):
             a, b = measure_pair(
-                eager.fn, runner.fn, self.s.min_time, cuda_a=eager.cuda, cuda_b=runner.cuda, settled=True
+                eager.fn, runner.fn, self.settings.min_time, cuda_a=eager.cuda, cuda_b=runner.cuda, settled=True
             )
         pair = ratio_stats(b, a)  # eager time / backend time = speed-up
         row.update(
@@ -89,15 +89,16 @@ class Pairing:
         if variant == "standard" or std is None:
             return None
         with self.phases.phase("A/B pairs with standard"):
-            a, b = measure_pair(std.fn, runner.fn, self.s.min_time, cuda_a=std.cuda, cuda_b=runner.cuda, settled=True)
+            a, b = measure_pair(
+                std.fn, runner.fn, self.settings.min_time, cuda_a=std.cuda, cuda_b=runner.cuda, settled=True
+            )
         return {
             "variant": variant,
             "backend": backend,
             "dtype": dtype,
             "batch": batch,
             **ratio_stats(a, b),
-            "variant_median_ms": float(np.median(b) * 1e3),
-            "standard_median_ms": float(np.median(a) * 1e3),
+            **_medians_ms(variant=b, standard=a),
         }
 
     def head_to_head(
@@ -118,7 +119,7 @@ class Pairing:
         a, b = sorted(live, key=lambda k: -speedup.get(k, 0.0))[:2]
         try:
             with self.phases.phase("CPU head-to-head"):
-                ta, tb = measure_pair(live[a].fn, live[b].fn, self.s.min_time, settled=True)
+                ta, tb = measure_pair(live[a].fn, live[b].fn, self.settings.min_time, settled=True)
         except Exception as exc:  # a timing failure is a note, not a crash
             self.head_to_head_errors.append(f"{variant} b{batch} {a}/{b}: {first_line(exc, typed=True)}")
             return
@@ -129,8 +130,7 @@ class Pairing:
                 "a": a,
                 "b": b,
                 **ratio_stats(ta, tb),
-                "a_median_ms": float(np.median(ta) * 1e3),
-                "b_median_ms": float(np.median(tb) * 1e3),
+                **_medians_ms(a=ta, b=tb),
             }
         )
 
@@ -159,3 +159,8 @@ class Pairing:
         for partner in self.standard.values():
             partner.close()
         self.standard.clear()
+
+
+def _medians_ms(**samples: Sequence[float]) -> dict[str, float]:
+    """Each side's median of a pair's timings (seconds), in ms, as ``<side>_median_ms`` in the order given."""
+    return {f"{side}_median_ms": float(np.median(times) * 1e3) for side, times in samples.items()}

@@ -114,22 +114,22 @@ def compile_budget_reason(spent: float, count: int, budget: float) -> str | None
     )
 
 
-def run_key(s: Settings, env: dict[str, Any]) -> dict[str, Any]:
+def run_key(settings: Settings, env: dict[str, Any]) -> dict[str, Any]:
     """What a row's numbers depend on beyond its own variant, backend, precision and batch: a run resumed from a
     row log must have the same (the machine included)."""
     gpu = env.get("gpu") or {}
-    dynamic = {"dynamic_batch": True} if s.dynamic_batch else {}  # absent when off: older logs still match
+    dynamic = {"dynamic_batch": True} if settings.dynamic_batch else {}  # absent when off: older logs still match
     return {
         **dynamic,
-        "task": s.task,
-        "arch": s.arch,
-        "img_size": s.img_size,
-        "threads": s.threads,
-        "min_time_s": s.min_time,
-        "seed": s.seed,
-        "device": torch_device(s.device).type,
-        "pair_eager": s.pair_eager,
-        "ceiling_size": s.ceiling_size,
+        "task": settings.task,
+        "arch": settings.arch,
+        "img_size": settings.img_size,
+        "threads": settings.threads,
+        "min_time_s": settings.min_time,
+        "seed": settings.seed,
+        "device": torch_device(settings.device).type,
+        "pair_eager": settings.pair_eager,
+        "ceiling_size": settings.ceiling_size,
         "cpu": env["cpu"].get("model"),
         "gpu": gpu.get("name"),
         "torch": env["versions"].get("torch"),
@@ -144,20 +144,23 @@ class Plan:
     """The rows of one run: the (backend, dtype) combinations in the order they run, why each one that cannot run
     here is skipped, the rows and groups an earlier run in the log finished, and the deadline."""
 
-    def __init__(self, s: Settings, log: RowLog | None = None) -> None:
-        self.s = s
-        self.device = torch_device(s.device)
+    def __init__(self, settings: Settings, log: RowLog | None = None) -> None:
+        self.settings = settings
+        self.device = torch_device(settings.device)
         self.done = kept_rows(log)
         self.groups_done = groups_done(log)
-        self.deadline = time.time() + s.time_limit if s.time_limit else None
-        self.combos = [(b, d) for b, d in run_asks(s.variants, s.backends, s.dtypes, s.batch_sizes)["combos"]]
+        self.deadline = time.time() + settings.time_limit if settings.time_limit else None
+        self.combos = [
+            (b, d)
+            for b, d in run_asks(settings.variants, settings.backends, settings.dtypes, settings.batch_sizes)["combos"]
+        ]
         self.skip = {c: row_unavailable_reason(c[0], c[1], self.device.type) for c in self.combos}
         reference = (reference_backend(), "fp32")
         self.skip[reference] = None  # the reference backend always runs
         # eager first, fp32 first of all: the parity reference's twin and every row's A/B baseline run before them
         self.combos.sort(key=lambda c: (not get_backend(c[0]).is_reference, c != reference))
         #: standard first: the overhead baseline
-        self.variants: list[str] = list(dict.fromkeys(["standard", *s.variants]))
+        self.variants: list[str] = list(dict.fromkeys(["standard", *settings.variants]))
 
     def todo(self, variant: str, batch: int) -> list[tuple[str, str]]:
         """The runnable combinations of ``variant`` at ``batch`` without a finished row in the log."""
@@ -165,7 +168,7 @@ class Plan:
 
     def finished(self, variant: str) -> bool:
         """Every row and group of ``variant`` is in the log."""
-        return all(not self.todo(variant, n) and (variant, n) in self.groups_done for n in self.s.batch_sizes)
+        return all(not self.todo(variant, n) and (variant, n) in self.groups_done for n in self.settings.batch_sizes)
 
     def onnx_jobs(self, variants: Sequence[str]) -> list[tuple[str, str]]:
         """The ``(variant, fp32 / fp16)`` ONNX files the rows still to measure read, in the order they run."""
@@ -173,7 +176,7 @@ class Plan:
             (v, src)
             for v in variants
             for src in dict.fromkeys(
-                onnx_source(d) for n in self.s.batch_sizes for b, d in self.todo(v, n) if takes_onnx(b)
+                onnx_source(d) for n in self.settings.batch_sizes for b, d in self.todo(v, n) if takes_onnx(b)
             )
         ]
 

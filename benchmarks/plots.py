@@ -50,8 +50,10 @@ def _save_fig(fig, path: Path) -> Path:
     return path
 
 
-def plot_latency(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
-    """Median latency (bars) with p90 (whisker) per variant, one bar per backend/dtype, one panel per batch."""
+def _batch_panels(rows: Sequence[Mapping[str, Any]]) -> tuple[Any, list[tuple[Any, int]], list, list, dict, float]:
+    """A chart of one panel per batch with a bar per variant and backend/dtype: the figure, ``(axes, batch)`` per
+    panel, the series ``(backend, dtype)``, the variants, each row by ``(variant, backend, dtype, batch)`` and the
+    width of a bar."""
     plt = _pyplot()
     batches = sorted({r["batch"] for r in rows})
     series = list(dict.fromkeys((r["backend"], r["dtype"]) for r in rows))
@@ -61,7 +63,13 @@ def plot_latency(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
         len(batches), 1, figsize=(max(8, 0.75 * len(variants) + 3), 3.6 * len(batches)), squeeze=False
     )
     width = 0.8 / max(len(series), 1)
-    for ax, batch in zip(axes[:, 0], batches, strict=False):
+    return fig, list(zip(axes[:, 0], batches, strict=False)), series, variants, lookup, width
+
+
+def plot_latency(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Median latency (bars) with p90 (whisker) per variant, one bar per backend/dtype, one panel per batch."""
+    fig, panels, series, variants, lookup, width = _batch_panels(rows)
+    for ax, batch in panels:
         for i, (backend, dtype) in enumerate(series):
             xs, med, err = [], [], []
             for j, v in enumerate(variants):
@@ -77,17 +85,9 @@ def plot_latency(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
 
 def plot_efficiency(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     """Fraction of the machine's matmul ceiling per variant, one bar per backend/dtype, one panel per batch."""
-    plt = _pyplot()
     rows = [r for r in rows if r.get("ceiling_fraction") is not None]
-    batches = sorted({r["batch"] for r in rows})
-    series = list(dict.fromkeys((r["backend"], r["dtype"]) for r in rows))
-    variants = list(dict.fromkeys(r["variant"] for r in rows))
-    lookup = {(r["variant"], r["backend"], r["dtype"], r["batch"]): r for r in rows}
-    fig, axes = plt.subplots(
-        len(batches), 1, figsize=(max(8, 0.75 * len(variants) + 3), 3.6 * len(batches)), squeeze=False
-    )
-    width = 0.8 / max(len(series), 1)
-    for ax, batch in zip(axes[:, 0], batches, strict=False):
+    fig, panels, series, variants, lookup, width = _batch_panels(rows)
+    for ax, batch in panels:
         for i, (backend, dtype) in enumerate(series):
             hits = [
                 (j, lookup[(v, backend, dtype, batch)])

@@ -30,7 +30,16 @@ from attnzoo.fileio import parse_json
 from attnzoo.limits import MAX_BATCH_SIZE
 from attnzoo.runtime.backends import reference_backend
 
-__all__ = ["LOG_NAME", "MAX_LINE_BYTES", "MAX_LOG_BYTES", "ROW_STATUSES", "RowLog", "read_log", "run_asks"]
+__all__ = [
+    "LOG_NAME",
+    "MAX_LINE_BYTES",
+    "MAX_LOG_BYTES",
+    "ROW_FIELDS",
+    "ROW_STATUSES",
+    "RowLog",
+    "read_log",
+    "run_asks",
+]
 
 #: The row log's file name in ``--out``.
 LOG_NAME = "rows.jsonl"
@@ -43,36 +52,55 @@ ROW_STATUSES = ("ok", "failed", "built", "skipped")
 
 #: A variant, backend or precision name (the registry's names are all of this form).
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}\Z")
+#: The checks of a column in a row log: a number >= 0 or null, text or null (``None``: a check of its own).
+_NUMBER, _TEXT = "number", "text"
+#: Columns of a latency row (CSV and JSON ``results``), in order, each with what the row log checks it is.
+_ROW_COLUMNS: dict[str, str | None] = {
+    "variant": None,
+    "task": None,
+    "arch": None,
+    "backend": None,
+    "dtype": None,
+    "batch": None,
+    "status": None,
+    "reason": None,
+    "parity_error": _NUMBER,
+    "parity_tol": _NUMBER,
+    "iterations": None,
+    "min_ms": _NUMBER,
+    "median_ms": _NUMBER,
+    "mean_ms": _NUMBER,
+    "p90_ms": _NUMBER,
+    "p95_ms": _NUMBER,
+    "p99_ms": _NUMBER,
+    "max_ms": _NUMBER,
+    "cv": _NUMBER,
+    "throughput_img_s": _NUMBER,
+    "peak_mem_mb": _NUMBER,
+    "mem_kind": _TEXT,
+    "baseline": _TEXT,
+    "speedup_vs_eager": _NUMBER,
+    "speedup_vs_eager_fp32": _NUMBER,
+    "speedup_pair_median": _NUMBER,
+    "speedup_pair_q1": _NUMBER,
+    "speedup_pair_q3": _NUMBER,
+    "speedup_pairs": None,
+    "cuda_graph": None,
+    "build_s": _NUMBER,
+    "gflop": _NUMBER,
+    "achieved_gflops": _NUMBER,
+    "ceiling_gflops": _NUMBER,
+    "ceiling_fraction": _NUMBER,
+    "roofline_us": _NUMBER,
+    "roofline_fraction": _NUMBER,
+    "device": _TEXT,
+    "load_1min": _NUMBER,
+}
+ROW_FIELDS = tuple(_ROW_COLUMNS)
 #: Row fields that are a number >= 0 or null.
-_ROW_NUMBERS = (
-    "parity_error",
-    "parity_tol",
-    "min_ms",
-    "median_ms",
-    "mean_ms",
-    "p90_ms",
-    "p95_ms",
-    "p99_ms",
-    "max_ms",
-    "cv",
-    "throughput_img_s",
-    "peak_mem_mb",
-    "speedup_vs_eager",
-    "speedup_vs_eager_fp32",
-    "speedup_pair_median",
-    "speedup_pair_q1",
-    "speedup_pair_q3",
-    "build_s",
-    "gflop",
-    "achieved_gflops",
-    "ceiling_gflops",
-    "ceiling_fraction",
-    "roofline_us",
-    "roofline_fraction",
-    "load_1min",
-)
+_ROW_NUMBERS = tuple(name for name, kind in _ROW_COLUMNS.items() if kind == _NUMBER)
 #: Row fields that are text or null.
-_ROW_TEXTS = ("mem_kind", "baseline", "device")
+_ROW_TEXTS = tuple(name for name, kind in _ROW_COLUMNS.items() if kind == _TEXT)
 #: An ``ok`` row's latency statistics, in the order their values must be.
 _ORDERED = ("min_ms", "median_ms", "p90_ms", "p95_ms", "p99_ms", "max_ms")
 _OVERHEAD_NUMBERS = ("ratio_median", "ratio_q1", "ratio_q3", "ratio_iqr", "variant_median_ms", "standard_median_ms")
@@ -186,19 +214,19 @@ def _check_row(record: dict[str, Any], key: Mapping[str, Any], asked: _Asked) ->
             _field(overhead, name, _is_num, _NUM, "overhead")
 
 
-def _check_timing(r: dict[str, Any]) -> None:
+def _check_timing(row: dict[str, Any]) -> None:
     """An ``ok`` row's statistics, as :func:`attnzoo.benchmarks.stats.summarize` makes them: all there, in order."""
-    _field(r, "iterations", _is_int(2, 10**9), "an integer >= 2 for an ok row", "row")
+    _field(row, "iterations", _is_int(2, 10**9), "an integer >= 2 for an ok row", "row")
     for name in (*_ORDERED, "mean_ms", "cv", "throughput_img_s"):
-        _field(r, name, _is_num, f"{_NUM} for an ok row", "row")
-    values = [r[name] for name in _ORDERED]
+        _field(row, name, _is_num, f"{_NUM} for an ok row", "row")
+    values = [row[name] for name in _ORDERED]
     if values[0] <= 0 or values != sorted(values):
         raise _Bad(f"row's latencies are not 0 < {' <= '.join(_ORDERED)} ({', '.join(f'{v:g}' for v in values)})")
-    if not r["min_ms"] <= r["mean_ms"] <= r["max_ms"]:
-        raise _Bad(f"row.mean_ms {r['mean_ms']:g} is outside min_ms..max_ms")
-    expected = r["batch"] * 1e3 / r["mean_ms"]
-    if not math.isclose(r["throughput_img_s"], expected, rel_tol=1e-6):
-        raise _Bad(f"row.throughput_img_s {r['throughput_img_s']:g} is not batch / mean_ms ({expected:g})")
+    if not row["min_ms"] <= row["mean_ms"] <= row["max_ms"]:
+        raise _Bad(f"row.mean_ms {row['mean_ms']:g} is outside min_ms..max_ms")
+    expected = row["batch"] * 1e3 / row["mean_ms"]
+    if not math.isclose(row["throughput_img_s"], expected, rel_tol=1e-6):
+        raise _Bad(f"row.throughput_img_s {row['throughput_img_s']:g} is not batch / mean_ms ({expected:g})")
 
 
 def _check_ceiling(record: dict[str, Any]) -> None:

@@ -123,14 +123,14 @@ class _Bench:
     """State of one run: its plan, the rows measured, the FLOP counts and profiles, the partners kept for A/B
     pairs (:class:`~attnzoo.benchmarks.pairing.Pairing`), where its time went."""
 
-    def __init__(self, s: Settings, log: RowLog | None = None) -> None:
-        self.s = s
+    def __init__(self, settings: Settings, log: RowLog | None = None) -> None:
+        self.settings = settings
         self.log = log
-        self.plan = Plan(s, log)
+        self.plan = Plan(settings, log)
         self.device = self.plan.device
         self.phases = Phases()  # seconds of this invocation by kind of work, in ``results.json``
-        self.pairing = Pairing(s, self.device, self.phases)
-        self.measurer = Measurer(s, self.phases, self.pairing, self.add)
+        self.pairing = Pairing(settings, self.device, self.phases)
+        self.measurer = Measurer(settings, self.phases, self.pairing, self.add)
         self.rows: list[dict[str, Any]] = []
         self.overheads: list[dict[str, Any]] = []
         self.profiles: list[dict[str, Any]] = []
@@ -157,18 +157,18 @@ class _Bench:
         if len(jobs) < 2 or usable_cores() < 2:
             return
         self.current = "the ONNX exports"
-        export_ahead(self.s, self.phases, jobs)
+        export_ahead(self.settings, self.phases, jobs)
 
     def inputs(self, model, batch: int) -> torch.Tensor:
         size = model.attnzoo_config["img_size"]
-        gen = torch.Generator().manual_seed(self.s.seed + batch)
+        gen = torch.Generator().manual_seed(self.settings.seed + batch)
         return torch.randn(batch, 3, size, size, generator=gen)
 
     def profile(self, variant: str, onnx_path: Path, x: torch.Tensor) -> None:
         """ORT profiler: per-op-type time of the naive session and of the tuned ``ort-cpu`` session."""
         xs = x.numpy()
         ort_cpu = onnx_reference()
-        options = ort_cpu.options(threads=self.s.threads, cache_dir=self.s.cache_dir, batch=len(xs))
+        options = ort_cpu.options(threads=self.settings.threads, cache_dir=self.settings.cache_dir, batch=len(xs))
         naive = profile_ops(lambda prefix: ort_cpu.profiled(onnx_path, options, prefix, optimize=False).session, xs)
         tuned = profile_ops(lambda prefix: ort_cpu.profiled(onnx_path, options, prefix).session, xs)
         self.profiles.append({"variant": variant, "batch": int(x.shape[0]), "naive": naive, "tuned": tuned})
@@ -182,19 +182,19 @@ class _Bench:
         if variant in counted:
             self.flops[variant] = counted[variant]
         if finished and not needed_later:  # only the rows that say why they cannot run here are written again
-            for batch in self.s.batch_sizes:
+            for batch in self.settings.batch_sizes:
                 for backend, dtype in self.plan.combos:
                     if reason := self.plan.skip[(backend, dtype)]:
-                        self.add(new_row(variant, self.s, backend, dtype, batch, "skipped", reason))
+                        self.add(new_row(variant, self.settings, backend, dtype, batch, "skipped", reason))
             return
-        model = bench_model(self.s, variant)
+        model = bench_model(self.settings, variant)
         if variant not in self.flops:
             with self.phases.phase("FLOP count"):
                 self.flops[variant] = count_flops(model, model.attnzoo_config["img_size"])
             if self.log is not None:
                 self.log.append({"kind": "flops", "variant": variant, "flops": self.flops[variant]})
-        exports = Exports(self.s, self.phases, variant, model)
-        for batch in self.s.batch_sizes:
+        exports = Exports(self.settings, self.phases, variant, model)
+        for batch in self.settings.batch_sizes:
             self.batch(variant, model, batch, exports, bar)
 
     def _reload(self, backend: str, dtype: str, group: _Group) -> Call | None:
@@ -208,10 +208,10 @@ class _Bench:
             src,
             group.x.numpy(),
             dtype,
-            threads=self.s.threads,
+            threads=self.settings.threads,
             device=self.device.type,
-            cache_dir=self.s.cache_dir,
-            dynamic_batch=self.s.dynamic_batch,
+            cache_dir=self.settings.cache_dir,
+            dynamic_batch=self.settings.dynamic_batch,
         )[0]
 
     def batch(self, variant: str, model, batch: int, exports: Exports, bar) -> None:
@@ -237,7 +237,7 @@ class _Bench:
         variant, batch = group.variant, group.batch
         reason = self.plan.skip[(backend, dtype)]
         if reason:
-            self.add(new_row(variant, self.s, backend, dtype, batch, "skipped", reason))
+            self.add(new_row(variant, self.settings, backend, dtype, batch, "skipped", reason))
             return
         kept = self.plan.done.get((variant, backend, dtype, batch))
         if kept is not None:
@@ -250,7 +250,9 @@ class _Bench:
         self.current = f"{variant} {backend} {dtype} b{batch}"
         bar.set_postfix_str(self.current)
         if takes_onnx(backend) and group.exports.get(src) is None:
-            self.add(new_row(variant, self.s, backend, dtype, batch, "failed", f"export: {group.exports.errors[src]}"))
+            self.add(
+                new_row(variant, self.settings, backend, dtype, batch, "failed", f"export: {group.exports.errors[src]}")
+            )
         else:
             if group.ref is None:
                 with torch.inference_mode(), self.phases.phase("eager reference"):
@@ -268,7 +270,7 @@ class _Bench:
         """The group's head-to-head and profiles, then its ``group`` line in the log."""
         variant, batch = group.variant, group.batch
         self.pairing.head_to_head(variant, batch, {k: v.get() for k, v in group.cpu_runners.items()}, self.all_rows())
-        if self.s.profile and group.exports.get("fp32") is not None:
+        if self.settings.profile and group.exports.get("fp32") is not None:
             try:
                 with self.phases.phase("ONNX Runtime profiles"):
                     self.profile(variant, group.exports.paths["fp32"], group.x)
@@ -305,8 +307,8 @@ class _Start(NamedTuple):
     todo: dict[str, int]
 
 
-def run_benchmark(s: Settings, hold_signals: Callable[[], object] | None = None) -> dict[str, Any]:
-    """Run everything in ``s`` not already in the row log of ``s.out``; return the result dict written to
+def run_benchmark(settings: Settings, hold_signals: Callable[[], object] | None = None) -> dict[str, Any]:
+    """Run everything in ``settings`` not already in the row log of ``settings.out``; return the result dict written to
     ``results.json``: every row of the log, this run's and the earlier runs' with the same :func:`run_key`.
 
     Ctrl-C or SIGTERM during the jobs ends them: the rows measured so far are returned, with ``interrupted``
@@ -320,35 +322,35 @@ def run_benchmark(s: Settings, hold_signals: Callable[[], object] | None = None)
             writing of what was measured.
 
     Raises:
-        ValueError: the log in ``s.out`` was written with another :func:`run_key`, or has a line that is not
+        ValueError: the log in ``settings.out`` was written with another :func:`run_key`, or has a line that is not
             valid (the file and line named; before anything is measured).
     """
-    torch.set_num_threads(s.threads)
+    torch.set_num_threads(settings.threads)
     env = environment()
-    Path(s.out).mkdir(parents=True, exist_ok=True)
+    Path(settings.out).mkdir(parents=True, exist_ok=True)
     started = time.time()
     log = RowLog(
-        Path(s.out) / LOG_NAME,
-        run_key(s, env),
-        run_asks(s.variants, s.backends, s.dtypes, s.batch_sizes),
-        {"command": s.command, "started": started},
+        Path(settings.out) / LOG_NAME,
+        run_key(settings, env),
+        run_asks(settings.variants, settings.backends, settings.dtypes, settings.batch_sizes),
+        {"command": settings.command, "started": started},
     )
     try:
-        return _run(s, env, log, started, hold_signals or (lambda: None))
+        return _run(settings, env, log, started, hold_signals or (lambda: None))
     finally:
         log.close()
 
 
 def _run(
-    s: Settings, env: dict[str, Any], log: RowLog, started: float, hold_signals: Callable[[], object]
+    settings: Settings, env: dict[str, Any], log: RowLog, started: float, hold_signals: Callable[[], object]
 ) -> dict[str, Any]:
-    bench = _Bench(s, log)
-    start = _start(s, env, log, bench, started)
-    interrupted = _jobs(s, bench, log, start, hold_signals)
-    return _result(s, env, log, bench, start, started, interrupted)
+    bench = _Bench(settings, log)
+    start = _start(settings, env, log, bench, started)
+    interrupted = _jobs(settings, bench, log, start, hold_signals)
+    return _result(settings, env, log, bench, start, started, interrupted)
 
 
-def _start(s: Settings, env: dict[str, Any], log: RowLog, bench: _Bench, started: float) -> _Start:
+def _start(settings: Settings, env: dict[str, Any], log: RowLog, bench: _Bench, started: float) -> _Start:
     """Before the first row: the GEMM throughput and the matmul ceiling measured, the estimate and the resume
     printed."""
     # the GEMM throughput of PyTorch and ONNX Runtime on this CPU, beside the rows of an ONNX Runtime CPU backend
@@ -359,17 +361,17 @@ def _start(s: Settings, env: dict[str, Any], log: RowLog, bench: _Bench, started
         for b, d in bench.plan.combos
     ):
         with bench.phases.phase("GEMM throughput"):
-            env["gemm_gflops"] = gemm_gflops(s.threads)
+            env["gemm_gflops"] = gemm_gflops(settings.threads)
     # the ceiling of every CPU row: measured once, before any model, with the run's threads; kept for a resumed run
     ceiling = next((r["ceiling"] for r in log.of("ceiling")), None)
-    if ceiling is None and s.ceiling_size:
+    if ceiling is None and settings.ceiling_size:
         with bench.phases.phase("matmul ceiling"):
-            ceiling = matmul_ceiling(s.threads, s.ceiling_size)
+            ceiling = matmul_ceiling(settings.threads, settings.ceiling_size)
         log.append({"kind": "ceiling", "ceiling": ceiling})
     variants = bench.plan.variants
-    todo = {v: sum(len(bench.plan.todo(v, n)) for n in s.batch_sizes) for v in variants}
-    load = estimate_load(s.threads)
-    estimate = estimate_seconds(s, bench.plan, variants, ceiling, load["slowdown"] if load else 1.0)
+    todo = {v: sum(len(bench.plan.todo(v, n)) for n in settings.batch_sizes) for v in variants}
+    load = estimate_load(settings.threads)
+    estimate = estimate_seconds(settings, bench.plan, variants, ceiling, load["slowdown"] if load else 1.0)
     if estimate is not None and any(todo.values()):
         print(estimate_line(estimate + time.time() - started, sum(todo.values()), load), flush=True)
     for line in resume_lines(log, len(bench.plan.done), sum(todo.values())):
@@ -378,28 +380,28 @@ def _start(s: Settings, env: dict[str, Any], log: RowLog, bench: _Bench, started
 
 
 def _jobs(
-    s: Settings, bench: _Bench, log: RowLog, start: _Start, hold_signals: Callable[[], object]
+    settings: Settings, bench: _Bench, log: RowLog, start: _Start, hold_signals: Callable[[], object]
 ) -> dict[str, Any] | None:
     """Every row and group still to measure, then the ceiling again; what stopped them early (``None``: nothing)."""
     variants, todo, ceiling = bench.plan.variants, start.todo, start.ceiling
     interrupted = None
     with tqdm(
-        total=sum(todo.values()), desc="bench-latency", unit="job", disable=not s.progress, dynamic_ncols=True
+        total=sum(todo.values()), desc="bench-latency", unit="job", disable=not settings.progress, dynamic_ncols=True
     ) as bar:
         try:
             bench.export_ahead(variants)
             for i, variant in enumerate(variants):
                 bench.variant(variant, bar, needed_later=any(todo[v] for v in variants[i + 1 :]))
-            if ceiling and s.ceiling_size:  # measured again, to show how far the machine's load moved it
+            if ceiling and settings.ceiling_size:  # measured again, to show how far the machine's load moved it
                 with bench.phases.phase("matmul ceiling"):
-                    end = matmul_ceiling(s.threads, s.ceiling_size, int8=False)["fp32"]["gflops"]
+                    end = matmul_ceiling(settings.threads, settings.ceiling_size, int8=False)["fp32"]["gflops"]
                 ceiling["fp32_end_gflops"] = end
         except TimeUp as exc:  # no signal: the rows are written and the command ends normally
             interrupted = {
                 "signal": None,
                 "during": str(exc),
                 "rows_kept": len(bench.rows),
-                "note": f"stopped at --time-limit {s.time_limit:g} s before {exc}; the "
+                "note": f"stopped at --time-limit {settings.time_limit:g} s before {exc}; the "
                 f"{len(bench.rows)} row(s) measured are kept (in {log.path.name} too: the same "
                 "command measures the rest)",
             }
@@ -420,35 +422,37 @@ def _jobs(
     return interrupted
 
 
-def _settings(s: Settings, rows: list[dict[str, Any]], variants: list[str], device: torch.device) -> dict[str, Any]:
+def _settings(
+    settings: Settings, rows: list[dict[str, Any]], variants: list[str], device: torch.device
+) -> dict[str, Any]:
     """``settings`` of the result: what the rows of the log cover and how they were measured."""
     return {
         "variants": list(dict.fromkeys(r["variant"] for r in rows)) or variants,
-        "standard_added": "standard" not in s.variants,
+        "standard_added": "standard" not in settings.variants,
         "backends": list(dict.fromkeys(r["backend"] for r in rows)),
         "dtypes": list(dict.fromkeys(r["dtype"] for r in rows)),
         "batch_sizes": list(dict.fromkeys(r["batch"] for r in rows)),
-        "task": s.task,
-        "arch": s.arch,
-        "img_size": s.img_size,
-        "threads": s.threads,
-        "min_time_s": s.min_time,
-        "time_limit_s": s.time_limit,
+        "task": settings.task,
+        "arch": settings.arch,
+        "img_size": settings.img_size,
+        "threads": settings.threads,
+        "min_time_s": settings.min_time,
+        "time_limit_s": settings.time_limit,
         "warmup_s": timing.WARMUP_S,
         "min_iterations": timing.MIN_ITERS,
         "device": str(device),
-        "seed": s.seed,
-        "compile_budget_s": s.compile_budget,
-        "dynamic_batch": s.dynamic_batch,
+        "seed": settings.seed,
+        "compile_budget_s": settings.compile_budget,
+        "dynamic_batch": settings.dynamic_batch,
         "tolerances": TOLERANCES,
-        "ceiling_size": s.ceiling_size,
+        "ceiling_size": settings.ceiling_size,
         "parity_measure": "max|out - eager fp32| / max(1, max|eager fp32|)",
-        "scope": s.scope,
+        "scope": settings.scope,
     }
 
 
 def _result(
-    s: Settings,
+    settings: Settings,
     env: dict[str, Any],
     log: RowLog,
     bench: _Bench,
@@ -463,13 +467,13 @@ def _result(
     flops = {f["variant"]: f["flops"] for f in log.of("flops")}
     speedups(rows)
     efficiency(rows, flops, start.ceiling, bench.device)
-    roofline_fractions(rows, (env.get("gpu") or {}).get("name"), s.task, s.arch, s.img_size)
+    roofline_fractions(rows, (env.get("gpu") or {}).get("name"), settings.task, settings.arch, settings.img_size)
     runs = log.of("run")
     return {
-        "command": s.command,
+        "command": settings.command,
         "interrupted": interrupted,
         "note": NOTE,
-        "settings": _settings(s, rows, bench.plan.variants, bench.device),
+        "settings": _settings(settings, rows, bench.plan.variants, bench.device),
         "row_log": {
             "file": LOG_NAME,
             "runs": [{"command": r.get("command"), "started": r.get("started")} for r in runs],

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from attnzoo.benchmarks.rowlog import LOG_NAME, RowLog
+from attnzoo.benchmarks.rowlog import LOG_NAME, ROW_FIELDS, RowLog
 from attnzoo.machine import cpu_summary
 from attnzoo.runtime.backends import reference_backend
 
@@ -44,48 +44,6 @@ __all__ = [
     "profile_markdown",
 ]
 
-#: Columns of a latency row (CSV and JSON ``results``), in order.
-ROW_FIELDS = (
-    "variant",
-    "task",
-    "arch",
-    "backend",
-    "dtype",
-    "batch",
-    "status",
-    "reason",
-    "parity_error",
-    "parity_tol",
-    "iterations",
-    "min_ms",
-    "median_ms",
-    "mean_ms",
-    "p90_ms",
-    "p95_ms",
-    "p99_ms",
-    "max_ms",
-    "cv",
-    "throughput_img_s",
-    "peak_mem_mb",
-    "mem_kind",
-    "baseline",
-    "speedup_vs_eager",
-    "speedup_vs_eager_fp32",
-    "speedup_pair_median",
-    "speedup_pair_q1",
-    "speedup_pair_q3",
-    "speedup_pairs",
-    "cuda_graph",
-    "build_s",
-    "gflop",
-    "achieved_gflops",
-    "ceiling_gflops",
-    "ceiling_fraction",
-    "roofline_us",
-    "roofline_fraction",
-    "device",
-    "load_1min",
-)
 #: Columns of an overhead row (variant against standard, A B A B alternation).
 OVERHEAD_FIELDS = (
     "variant",
@@ -214,30 +172,30 @@ _LATENCY_HEADER = [
 ]
 
 
-def _latency_cells(r: Mapping[str, Any]) -> list[str]:
+def _latency_cells(row: Mapping[str, Any]) -> list[str]:
     """One timed row of the latency table."""
     return [
-        r["variant"],
-        r["backend"],
-        r["dtype"],
-        str(r["batch"]),
-        _fmt(r["median_ms"]),
-        _fmt(r["min_ms"]),
-        _fmt(r["mean_ms"]),
-        _fmt(r["p90_ms"]),
-        _fmt(r["p95_ms"]),
-        _fmt(r["p99_ms"]),
-        _fmt(r["cv"], 3),
-        _fmt(r["throughput_img_s"], 1),
-        _fmt(r["peak_mem_mb"], 1),
-        _fmt(r.get("baseline")),
-        _fmt(r["speedup_vs_eager"]),
-        _pair(r),
-        _fmt(r.get("speedup_vs_eager_fp32")),
-        _fmt(r.get("achieved_gflops"), 1),
-        _percent(r.get("ceiling_fraction")),
-        _percent(r.get("roofline_fraction")),
-        f"{r['parity_error']:.1e}",
+        row["variant"],
+        row["backend"],
+        row["dtype"],
+        str(row["batch"]),
+        _fmt(row["median_ms"]),
+        _fmt(row["min_ms"]),
+        _fmt(row["mean_ms"]),
+        _fmt(row["p90_ms"]),
+        _fmt(row["p95_ms"]),
+        _fmt(row["p99_ms"]),
+        _fmt(row["cv"], 3),
+        _fmt(row["throughput_img_s"], 1),
+        _fmt(row["peak_mem_mb"], 1),
+        _fmt(row.get("baseline")),
+        _fmt(row["speedup_vs_eager"]),
+        _pair(row),
+        _fmt(row.get("speedup_vs_eager_fp32")),
+        _fmt(row.get("achieved_gflops"), 1),
+        _percent(row.get("ceiling_fraction")),
+        _percent(row.get("roofline_fraction")),
+        f"{row['parity_error']:.1e}",
     ]
 
 
@@ -376,10 +334,10 @@ def ceiling_line(ceiling: Any) -> str:
     )
 
 
-def _pair(r: Mapping[str, Any]) -> str:
-    if r.get("speedup_pair_median") is None:
+def _pair(row: Mapping[str, Any]) -> str:
+    if row.get("speedup_pair_median") is None:
         return "-"
-    return f"{r['speedup_pair_median']:.2f} [{r['speedup_pair_q1']:.2f}, {r['speedup_pair_q3']:.2f}]"
+    return f"{row['speedup_pair_median']:.2f} [{row['speedup_pair_q1']:.2f}, {row['speedup_pair_q3']:.2f}]"
 
 
 def _speedup_pivot(ok: list[Mapping[str, Any]]) -> str:

@@ -211,24 +211,17 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _add_range(group: argparse._ArgumentGroup, flag: str, kind: type, default: object, text: str) -> None:
+    """Add ``flag``, an inclusive range given as two numbers of type ``kind`` (``LO HI``)."""
+    group.add_argument(flag, type=kind, nargs=2, default=default, metavar=("LO", "HI"), help=text)
+
+
 def _add_scene_args(g: argparse._ArgumentGroup) -> None:
     """How the segmentation test scenes are composed, and the mIoU each kind of scene must reach."""
     g.add_argument("--size", type=int, default=56, help="canvas side in pixels (the segmenters' input size)")
-    g.add_argument(
-        "--fraction",
-        type=float,
-        nargs=2,
-        default=(0.35, 0.60),
-        metavar=("LO", "HI"),
-        help="garment side as a fraction of the canvas",
-    )
-    g.add_argument(
-        "--garment-px",
-        type=int,
-        nargs=2,
-        default=(28, 28),
-        metavar=("LO", "HI"),
-        help="garment side in pixels (28 28: the images themselves); 0 0: use --fraction",
+    _add_range(g, "--fraction", float, (0.35, 0.60), "garment side as a fraction of the canvas")
+    _add_range(
+        g, "--garment-px", int, (28, 28), "garment side in pixels (28 28: the images themselves); 0 0: use --fraction"
     )
     g.add_argument(
         "--overlap",
@@ -238,14 +231,13 @@ def _add_scene_args(g: argparse._ArgumentGroup) -> None:
         metavar="CAP",
         help="the most of a garment's pixels on earlier garments: one cap, or LO HI drawn per scene",
     )
-    g.add_argument("--garments", type=int, nargs=2, default=(2, 4), metavar=("LO", "HI"), help="garments per scene")
-    g.add_argument(
+    _add_range(g, "--garments", int, (2, 4), "garments per scene")
+    _add_range(
+        g,
         "--free-garment-px",
-        type=int,
-        nargs=2,
-        default=None,
-        metavar=("LO", "HI"),
-        help="garment side in pixels of the placed-anywhere scenes (default: as the first scenes)",
+        int,
+        None,
+        "garment side in pixels of the placed-anywhere scenes (default: as the first scenes)",
     )
     g.add_argument("--seg-min", type=float, default=SEG_MIN, help="target mIoU on the first scenes")
     g.add_argument("--free-min", type=float, default=FREE_MIN, help="target mIoU on the placed-anywhere scenes")

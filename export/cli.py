@@ -28,7 +28,7 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-from attnzoo.cli import CommandParser, Later, add_debug_flag, check_choice, entry_point
+from attnzoo.cli import CommandParser, Later, check_choice, entry_point, flag_values, with_arguments
 from attnzoo.errors import CommandError, UsageError
 from attnzoo.lazy import lazy_import
 from attnzoo.limits import MAX_BATCH_SIZE, check_batch_sizes, check_side
@@ -67,14 +67,15 @@ def build_parser() -> argparse.ArgumentParser:
         f"Default checkpoint: the zoo's trained model for the variant and task (attnzoo.zoo).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _model_arguments(parser)
-    _output_arguments(parser)
-    _target_arguments(parser)
+    return with_arguments(parser, _model_arguments, _output_arguments, _target_arguments, _quantization_arguments)
+
+
+def _quantization_arguments(parser: argparse.ArgumentParser) -> None:
+    """The group of the int8 / fp8 flags: where the Q/DQ pairs go, the calibration and the accuracy gates."""
     quantization = parser.add_argument_group("quantization (--dtype int8 / fp8)")
     _placement_arguments(quantization)
     _calibration_arguments(quantization)
     _gate_arguments(quantization)
-    return add_debug_flag(parser)
 
 
 def _model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -328,29 +329,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         with _warnings_as_lines():
             result = pipeline.export_model(
                 args.variant,
-                task=args.task,
-                arch=args.arch,
-                checkpoint=args.checkpoint,
-                random_init=args.random_init,
-                out=args.out,
-                format=args.format,
-                dtype=args.dtype,
-                opset=args.opset,
+                **flag_values(args, "task", "arch", "checkpoint", "random_init", "out", "format", "dtype", "opset"),
                 batch_sizes=batch_sizes or pipeline.DEFAULT_BATCH_SIZES,
                 input_size=input_size,
-                threads=args.threads,
-                quantize_extra_math=args.quantize_extra_math,
-                qdq_placement=args.qdq_placement,
-                calibration_data=args.calibration_data,
-                calibration_count=args.calibration_count,
-                calibration_seed=args.calibration_seed,
-                accept_accuracy_drop=args.accept_accuracy_drop,
-                eval_limit=args.eval_limit,
-                min_cosine=args.min_cosine,
-                fidelity_count=args.fidelity_count,
-                smooth_quant=args.smooth_quant,
+                **flag_values(
+                    args,
+                    "threads",
+                    "quantize_extra_math",
+                    "qdq_placement",
+                    "calibration_data",
+                    "calibration_count",
+                    "calibration_seed",
+                    "accept_accuracy_drop",
+                    "eval_limit",
+                    "min_cosine",
+                    "fidelity_count",
+                    "smooth_quant",
+                ),
                 progress=True,
-                **{name: getattr(args, name) for name in format_options()},
+                **flag_values(args, *format_options()),
             )
     except ExportError as exc:
         raise CommandError(str(exc)) from exc

@@ -28,41 +28,41 @@ __all__ = ["main", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(
         prog="report-variant",
         description=__doc__.splitlines()[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="docs/report-variant.md describes the report and its JSON schema.",
     )
-    p.add_argument("--variant", required=True, help="a registered variant (built-in or plugin)")
-    p.add_argument(
+    parser.add_argument("--variant", required=True, help="a registered variant (built-in or plugin)")
+    parser.add_argument(
         "--checkpoint",
         type=Path,
         default=None,
         help="your weights (default: the zoo's classifier of the variant, else a random init with "
         "accuracy marked absent)",
     )
-    p.add_argument("--out", type=Path, default=None, help="report folder (default variant-reports/VARIANT)")
-    p.add_argument(
+    parser.add_argument("--out", type=Path, default=None, help="report folder (default variant-reports/VARIANT)")
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="micro models, small sizes, short timing: a minute or two instead of up to 10",
     )
-    p.add_argument("--quiet", action="store_true", help="print only the verdict (no section progress on stderr)")
-    return add_debug_flag(p)
+    parser.add_argument("--quiet", action="store_true", help="print only the verdict (no section progress on stderr)")
+    return add_debug_flag(parser)
 
 
 @entry_point
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    a = build_parser().parse_args(args)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(arguments)
     result = report_variant(
-        a.variant,
-        checkpoint=a.checkpoint,
-        out=a.out,
-        quick=a.quick,
-        command=command_line([x for x in args if x != "--debug"]),
-        progress=not a.quiet,
+        args.variant,
+        checkpoint=args.checkpoint,
+        out=args.out,
+        quick=args.quick,
+        command=command_line([x for x in arguments if x != "--debug"]),
+        progress=not args.quiet,
     )
     print(result.verdict, flush=True)
     return 0

@@ -11,77 +11,60 @@ from typing import Any
 from attnzoo.fileio import atomic_write_text
 from attnzoo.models import BUILTIN_VARIANTS, VARIANT_NAMES, VARIANTS
 
+
+def _recipe(
+    arch: str,
+    img_size: int,
+    epochs: int,
+    batch_size: int,
+    warmup_epochs: float,
+    train_size: int | None,
+    val_size: int | None,
+    lr: float = 2e-3,
+    weight_decay: float = 0.05,
+    min_lr_ratio: float = 0.01,
+    seed: int = 0,
+    **extra: Any,
+) -> dict[str, Any]:
+    """One (data, task)'s recipe, its keys in the manifest's order; the peak lr, weight decay, final lr ratio and
+    seed are those of every recipe unless given."""
+    return dict(
+        arch=arch,
+        img_size=img_size,
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        weight_decay=weight_decay,
+        warmup_epochs=warmup_epochs,
+        min_lr_ratio=min_lr_ratio,
+        seed=seed,
+        train_size=train_size,
+        val_size=val_size,
+        **extra,
+    )
+
+
 #: One recipe per (data, task), shared by every variant so the numbers are comparable.
 RECIPES: dict[str, dict[str, Any]] = {
-    "fashion/cls": dict(
-        arch="micro-conv",
-        img_size=28,
-        epochs=6,
-        batch_size=64,
-        lr=2e-3,
-        weight_decay=0.05,
-        warmup_epochs=0.25,
-        min_lr_ratio=0.01,
-        seed=0,
-        train_size=None,
-        val_size=1000,
+    "fashion/cls": _recipe(
+        "micro-conv", 28, epochs=6, batch_size=64, warmup_epochs=0.25, train_size=None, val_size=1000
     ),
     # From results/studies/seg-occlusion: a 56-px canvas of 2-4 native 28-px garments, each scene drawing its
     # overlap cap from U(0, 1), 16 epochs from scratch (the 48-px, 10-epoch recipe before it lost on overlapping
     # garments: that study's README).
-    "fashion/seg": dict(
-        arch="micro-conv",
-        img_size=56,
+    "fashion/seg": _recipe(
+        "micro-conv",
+        56,
         epochs=16,
         batch_size=64,
-        lr=2e-3,
-        weight_decay=0.05,
         warmup_epochs=0.25,
-        min_lr_ratio=0.01,
-        seed=0,
         train_size=12000,
         val_size=300,
         scene={"garment_px": [28, 28], "overlap": [0.0, 1.0]},
     ),
-    "shapes/cls": dict(
-        arch="micro",
-        img_size=32,
-        epochs=6,
-        batch_size=32,
-        lr=2e-3,
-        weight_decay=0.05,
-        warmup_epochs=0.2,
-        min_lr_ratio=0.01,
-        seed=0,
-        train_size=6000,
-        val_size=300,
-    ),
-    "shapes/seg": dict(
-        arch="micro",
-        img_size=32,
-        epochs=10,
-        batch_size=32,
-        lr=2e-3,
-        weight_decay=0.05,
-        warmup_epochs=0.2,
-        min_lr_ratio=0.01,
-        seed=0,
-        train_size=6000,
-        val_size=300,
-    ),
-    "digits/cls": dict(
-        arch="micro",
-        img_size=32,
-        epochs=12,
-        batch_size=32,
-        lr=2e-3,
-        weight_decay=0.05,
-        warmup_epochs=1.0,
-        min_lr_ratio=0.01,
-        seed=0,
-        train_size=None,
-        val_size=None,
-    ),
+    "shapes/cls": _recipe("micro", 32, epochs=6, batch_size=32, warmup_epochs=0.2, train_size=6000, val_size=300),
+    "shapes/seg": _recipe("micro", 32, epochs=10, batch_size=32, warmup_epochs=0.2, train_size=6000, val_size=300),
+    "digits/cls": _recipe("micro", 32, epochs=12, batch_size=32, warmup_epochs=1.0, train_size=None, val_size=None),
 }
 #: Recipes a retrain of the zoo trains with (``build --retrain --out STAGING``), apart from the shipped zoo, which
 #: keeps one recipe per task meanwhile; ``adopt`` moves the finished retrain in, and then its recipe replaces the

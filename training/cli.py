@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from attnzoo.cli import add_debug_flag, entry_point
+from attnzoo.cli import add_debug_flag, add_range_flag, entry_point, flag_values
 from attnzoo.errors import CommandError, UsageError
 from attnzoo.fileio import atomic_write_text, parse_json
 from attnzoo.filekind import checkpoint_kind
@@ -46,69 +46,56 @@ def _parse_options(items: list[str]) -> dict:
 
 
 def _train_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(
         prog="train-model",
         description="Train an attnzoo model (AdamW, cosine schedule with warm-up, validation each epoch, resumable).",
     )
-    _add_recipe_args(p)
+    _add_recipe_args(parser)
     _add_scene_args(
-        p.add_argument_group(
+        parser.add_argument_group(
             "Fashion-MNIST scenes (--data fashion --task seg; default: 2-4 garments of 35-60 % of the "
             "canvas, at most 15 % of a garment on earlier ones; the zoo's: --scene-garment-px 28 28 "
             "--scene-overlap 0 1)"
         )
     )
-    _add_run_args(p)
-    return add_debug_flag(p)
+    _add_run_args(parser)
+    return add_debug_flag(parser)
 
 
-def _add_recipe_args(p: argparse.ArgumentParser) -> None:
+def _add_recipe_args(parser: argparse.ArgumentParser) -> None:
     """What is trained and how: the variant, task, data, model size and the optimiser's schedule."""
-    p.add_argument("--variant", required=True, help="attention variant (see attnzoo.models.VARIANTS)")
-    p.add_argument("--task", choices=("cls", "seg"), default="cls")
-    p.add_argument(
+    parser.add_argument("--variant", required=True, help="attention variant (see attnzoo.models.VARIANTS)")
+    parser.add_argument("--task", choices=("cls", "seg"), default="cls")
+    parser.add_argument(
         "--data",
         default="shapes",
         help="fashion (Fashion-MNIST), shapes, digits, a class-per-folder image folder or an ADE20K-layout folder",
     )
-    p.add_argument("--arch", default="micro", choices=tuple(ARCHS), help="architecture (default micro)")
-    p.add_argument("--img-size", type=int, default=None, help="input size (default 32)")
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--weight-decay", type=float, default=0.05)
-    p.add_argument("--warmup-epochs", type=float, default=0.5)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--train-size", type=int, default=None, help="train images (default: all / 8000 shapes)")
-    p.add_argument("--val-size", type=int, default=None, help="validation images (default: the data set's)")
-    p.add_argument("--decoder", choices=("linear", "mask"), default="linear", help="segmentation decoder")
+    parser.add_argument("--arch", default="micro", choices=tuple(ARCHS), help="architecture (default micro)")
+    parser.add_argument("--img-size", type=int, default=None, help="input size (default 32)")
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--weight-decay", type=float, default=0.05)
+    parser.add_argument("--warmup-epochs", type=float, default=0.5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--train-size", type=int, default=None, help="train images (default: all / 8000 shapes)")
+    parser.add_argument("--val-size", type=int, default=None, help="validation images (default: the data set's)")
+    parser.add_argument("--decoder", choices=("linear", "mask"), default="linear", help="segmentation decoder")
 
 
 def _add_scene_args(scene: argparse._ArgumentGroup) -> None:
     """How the Fashion-MNIST segmentation scenes are composed."""
-    scene.add_argument(
-        "--scene-garments",
-        type=int,
-        nargs=2,
-        metavar=("LO", "HI"),
-        default=None,
-        help="garments per scene, inclusive range (default 2 4)",
+    add_range_flag(scene, "--scene-garments", int, None, "garments per scene, inclusive range (default 2 4)")
+    add_range_flag(
+        scene, "--scene-fraction", float, None, "garment side as a fraction of the canvas (default 0.35 0.6)"
     )
-    scene.add_argument(
-        "--scene-fraction",
-        type=float,
-        nargs=2,
-        metavar=("LO", "HI"),
-        default=None,
-        help="garment side as a fraction of the canvas (default 0.35 0.6)",
-    )
-    scene.add_argument(
+    add_range_flag(
+        scene,
         "--scene-garment-px",
-        type=int,
-        nargs=2,
-        metavar=("LO", "HI"),
-        default=None,
-        help="garment side in pixels instead of a fraction (28 28: native, not resized)",
+        int,
+        None,
+        "garment side in pixels instead of a fraction (28 28: native, not resized)",
     )
     scene.add_argument(
         "--scene-overlap",
@@ -121,17 +108,17 @@ def _add_scene_args(scene: argparse._ArgumentGroup) -> None:
     )
 
 
-def _add_run_args(p: argparse.ArgumentParser) -> None:
+def _add_run_args(parser: argparse.ArgumentParser) -> None:
     """The variant's options, the output folder, threads, a starting checkpoint, resuming and the progress bar."""
-    p.add_argument(
+    parser.add_argument(
         "--option",
         action="append",
         default=[],
         metavar="KEY=VALUE",
         help="variant option, e.g. --option eps=1e-6 --option param_matched=true",
     )
-    p.add_argument("--out", default="runs", help="output folder")
-    p.add_argument(
+    parser.add_argument("--out", default="runs", help="output folder")
+    parser.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -139,20 +126,20 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
         "little from a second thread, and on a busy machine two threads made each step several times slower; "
         "the usable cores for tiny, small and base)",
     )
-    p.add_argument(
+    parser.add_argument(
         "--init-from",
         default=None,
         metavar="CKPT",
         help="start the encoder from this checkpoint of the same variant and arch (e.g. its classifier "
         "for a segmenter); the head starts fresh",
     )
-    p.add_argument(
+    parser.add_argument(
         "--resume",
         action="store_true",
         help="continue from the saved state in --out (<name>.state.safetensors + <name>.state.json); "
         "an error when it is missing or damaged",
     )
-    p.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-progress", action="store_true")
 
 
 def default_threads(arch: str) -> int | None:
@@ -218,19 +205,22 @@ def _scene_options(args: argparse.Namespace) -> dict[str, Any]:
 def _train_config(args: argparse.Namespace, options: dict[str, Any], scene: dict[str, Any]) -> Any:
     """The run's :class:`~attnzoo.training.train.TrainConfig` from the flags (its module is imported lazily)."""
     return training.TrainConfig(
-        variant=args.variant,
-        task=args.task,
-        data=args.data,
-        arch=args.arch,
-        img_size=args.img_size,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        weight_decay=args.weight_decay,
-        warmup_epochs=args.warmup_epochs,
-        seed=args.seed,
-        train_size=args.train_size,
-        val_size=args.val_size,
+        **flag_values(
+            args,
+            "variant",
+            "task",
+            "data",
+            "arch",
+            "img_size",
+            "epochs",
+            "batch_size",
+            "lr",
+            "weight_decay",
+            "warmup_epochs",
+            "seed",
+            "train_size",
+            "val_size",
+        ),
         options=options,
         out=args.out,
         threads=default_threads(args.arch) if args.threads is None else args.threads,
@@ -244,16 +234,16 @@ def _train_config(args: argparse.Namespace, options: dict[str, Any], scene: dict
 def evaluate_main(argv: list[str] | None = None) -> int:
     """``evaluate-model``: top-1 (cls) or mIoU + per-class IoU and the garments named right (seg) of a checkpoint on
     the test split."""
-    p = argparse.ArgumentParser(prog="evaluate-model", description="Re-evaluate a checkpoint on the test split.")
-    p.add_argument("checkpoint", help=".safetensors written by train-model (or a zoo file)")
-    p.add_argument("--data", default=None, help="data source (default: the one recorded in the checkpoint)")
-    p.add_argument("--split", choices=("train", "val", "test"), default="test")
-    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N images")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument(
+    parser = argparse.ArgumentParser(prog="evaluate-model", description="Re-evaluate a checkpoint on the test split.")
+    parser.add_argument("checkpoint", help=".safetensors written by train-model (or a zoo file)")
+    parser.add_argument("--data", default=None, help="data source (default: the one recorded in the checkpoint)")
+    parser.add_argument("--split", choices=("train", "val", "test"), default="test")
+    parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N images")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument(
         "--out", default=None, help="also write the result, with this command, as JSON to this file (written whole)"
     )
-    args = add_debug_flag(p).parse_args(argv)
+    args = add_debug_flag(parser).parse_args(argv)
     if args.limit is not None and args.limit < 1:
         raise UsageError("--limit must be >= 1")
     if args.out is not None and (Path(args.out).is_dir() or not Path(args.out).parent.is_dir()):

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from attnzoo.benchmarks.cli import variant_list
-from attnzoo.cli import add_debug_flag, entry_point, one_of, parse_names
+from attnzoo.cli import add_debug_flag, entry_point, flag_values, one_of, parse_names
 from attnzoo.errors import UsageError
 from attnzoo.fileio import default_cache_dir, writable_dir
 from attnzoo.limits import check_batch_sizes, check_side
@@ -156,13 +156,7 @@ def parse_settings(argv: Sequence[str]) -> Settings:
         sizes=sizes,
         seg_sizes=seg_sizes,
         batch_sizes=batch_sizes,
-        batch_px=args.batch_px,
-        threads=args.threads,
-        min_time=args.min_time,
-        min_iters=args.min_iters,
-        max_call_s=args.max_call_s,
-        seed=args.seed,
-        out=args.out,
+        **flag_values(args, "batch_px", "threads", "min_time", "min_iters", "max_call_s", "seed", "out"),
         cache_dir=args.cache_dir or default_cache_dir() / "scaling",
         progress=not args.no_progress,
         command=shlex.join([*COMMAND.split(), *argv]),

@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from attnzoo.cli import add_debug_flag, entry_point
+from attnzoo.cli import entry_point, with_arguments
 from attnzoo.errors import UsageError
 from attnzoo.fileio import CACHE_ENV
 from attnzoo.lazy import lazy_import
@@ -32,22 +32,20 @@ __all__ = ["main", "build_parser"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``serve-demo`` argument parser."""
-    p = argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(
         prog="serve-demo",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="The attnzoo Gradio demo (offline; on the CPU by default).",
         epilog="examples:\n" + __doc__.split("Examples::\n\n", 1)[1],
     )
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=7860, help="port (default 7860)")
-    _add_model_args(p)
-    _add_run_args(p)
-    return add_debug_flag(p)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=7860, help="port (default 7860)")
+    return with_arguments(parser, _add_model_args, _add_run_args)
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
     """Which models the demo serves (a folder, or the zoo's of a data set), on which backend and precision."""
-    p.add_argument(
+    parser.add_argument(
         "--models",
         type=Path,
         default=None,
@@ -55,7 +53,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         help="serve this folder of .onnx files from export-model (.safetensors checkpoints with "
         "--backend pytorch) instead of the zoo",
     )
-    p.add_argument(
+    parser.add_argument(
         "--backend",
         default=AUTO,
         help="auto (default: the faster of the CPU runtimes ort-cpu and openvino on this machine, timed "
@@ -63,14 +61,14 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "lists them): ort-cpu (alias onnxruntime), openvino, eager (alias pytorch: the checkpoints), "
         "tensorrt (needs an NVIDIA GPU; engines are built once into the cache folder)",
     )
-    p.add_argument(
+    parser.add_argument(
         "--backend-url",
         default=None,
         metavar="URL",
         help="run the models on a serve-models deployment at URL (Ray Serve, dynamic batching) "
         "instead of in this process; the demo preprocesses and draws as always",
     )
-    p.add_argument(
+    parser.add_argument(
         "--dtype",
         default=None,
         choices=SERVED_DTYPES,
@@ -81,23 +79,23 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "unquantized files (fp32 and fp16 exports) "
         "(default: every file of --models, a quantized one only when verified; the zoo at fp32)",
     )
-    p.add_argument(
+    parser.add_argument(
         "--data",
         default=DEFAULT_DATA,
         help=f"which zoo models to serve: those trained on this data set (default {DEFAULT_DATA})",
     )
 
 
-def _add_run_args(p: argparse.ArgumentParser) -> None:
+def _add_run_args(parser: argparse.ArgumentParser) -> None:
     """Where the exports are kept, the CPU threads of a model call and the segmentation's image size."""
-    p.add_argument(
+    parser.add_argument(
         "--cache-dir",
         type=Path,
         default=None,
         help=f"where the zoo's ONNX exports and TensorRT engines are kept (default ${CACHE_ENV} or ~/.cache/attnzoo)",
     )
-    p.add_argument("--threads", type=int, default=None, help="CPU runtime threads per model call")
-    p.add_argument(
+    parser.add_argument("--threads", type=int, default=None, help="CPU runtime threads per model call")
+    parser.add_argument(
         "--seg-max-side",
         type=int,
         default=None,

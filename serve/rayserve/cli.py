@@ -38,49 +38,49 @@ __all__ = ["main", "build_parser"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``serve-models`` argument parser (every setting defaults to None: config file, then built-in)."""
-    d = ServeConfig()
-    p = argparse.ArgumentParser(
+    builtin = ServeConfig()
+    parser = argparse.ArgumentParser(
         prog="serve-models",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Serve attnzoo models over HTTP with Ray Serve (dynamic batching, "
         "replicas). Flags override --config, which overrides the defaults.",
         epilog="examples:\n" + __doc__.split("Examples::\n\n", 1)[1],
     )
-    p.add_argument(
+    parser.add_argument(
         "--config",
         type=Path,
         default=None,
         metavar="FILE",
         help="YAML or JSON file with any of the settings below (keys as the long flags)",
     )
-    p.add_argument("--host", help=f"address the HTTP proxy listens on (default {d.host})")
-    p.add_argument("--port", type=int, help=f"HTTP port (default {d.port})")
-    p.add_argument(
+    parser.add_argument("--host", help=f"address the HTTP proxy listens on (default {builtin.host})")
+    parser.add_argument("--port", type=int, help=f"HTTP port (default {builtin.port})")
+    parser.add_argument(
         "--address",
         help="join this Ray cluster (e.g. auto, or ray://head:10001) instead of starting "
         "a local Ray; --models must then be readable at the same path on every node",
     )
-    _add_model_args(p.add_argument_group("models (default: the zoo)"), d)
-    run = p.add_argument_group("replicas and batching")
-    _add_replica_args(run, d)
-    _add_request_args(run, d)
-    p.add_argument(
+    _add_model_args(parser.add_argument_group("models (default: the zoo)"), builtin)
+    run = parser.add_argument_group("replicas and batching")
+    _add_replica_args(run, builtin)
+    _add_request_args(run, builtin)
+    parser.add_argument(
         "--cache-dir", type=Path, help="zoo / random-init exports (default $ATTNZOO_CACHE or ~/.cache/attnzoo)"
     )
-    p.add_argument(
+    parser.add_argument(
         "--metrics-port",
         type=int,
         default=None,
         help="local Ray only: port of Ray's Prometheus metrics (default: a free port, printed)",
     )
-    return add_debug_flag(p)
+    return add_debug_flag(parser)
 
 
-def _add_model_args(src: argparse._ArgumentGroup, d: ServeConfig) -> None:
+def _add_model_args(src: argparse._ArgumentGroup, builtin: ServeConfig) -> None:
     """Which models are served: a folder of exports, or the zoo's (or fresh ones of an arch) by variant and task;
-    ``d``: the built-in settings the help names."""
+    ``builtin``: the built-in settings the help names."""
     src.add_argument("--models", type=Path, metavar="DIR", help="serve this folder of export-model .onnx files")
-    src.add_argument("--data", help=f"zoo models trained on this data set (default {d.data})")
+    src.add_argument("--data", help=f"zoo models trained on this data set (default {builtin.data})")
     src.add_argument(
         "--arch",
         help="serve freshly initialised models of this arch (e.g. tiny: ViT-Ti at 224 px), "
@@ -92,16 +92,16 @@ def _add_model_args(src: argparse._ArgumentGroup, d: ServeConfig) -> None:
     )
 
 
-def _add_replica_args(run: argparse._ArgumentGroup, d: ServeConfig) -> None:
-    """How many replicas, what each reserves, and the dynamic batching; ``d``: the built-in settings."""
-    run.add_argument("--replicas", type=int, help=f"Ray Serve replicas (default {d.replicas})")
+def _add_replica_args(run: argparse._ArgumentGroup, builtin: ServeConfig) -> None:
+    """How many replicas, what each reserves, and the dynamic batching; ``builtin``: the built-in settings."""
+    run.add_argument("--replicas", type=int, help=f"Ray Serve replicas (default {builtin.replicas})")
     run.add_argument(
-        "--cpus-per-replica", type=float, help=f"CPUs each replica reserves (default {d.cpus_per_replica:g})"
+        "--cpus-per-replica", type=float, help=f"CPUs each replica reserves (default {builtin.cpus_per_replica:g})"
     )
     run.add_argument(
         "--gpus-per-replica",
         type=float,
-        help=f"GPUs each replica reserves (default {d.gpus_per_replica:g}); with --backend tensorrt",
+        help=f"GPUs each replica reserves (default {builtin.gpus_per_replica:g}); with --backend tensorrt",
     )
     run.add_argument("--threads", type=int, help="ONNX Runtime threads per replica (default: --cpus-per-replica)")
     run.add_argument(
@@ -112,14 +112,16 @@ def _add_replica_args(run: argparse._ArgumentGroup, d: ServeConfig) -> None:
         f"image at batch 1 than at 8; {DEFAULT_MAX_BATCH['gpu']} with --gpus-per-replica)",
     )
     run.add_argument(
-        "--batch-wait-ms", type=float, help=f"how long a batch waits for more requests (default {d.batch_wait_ms:g})"
+        "--batch-wait-ms",
+        type=float,
+        help=f"how long a batch waits for more requests (default {builtin.batch_wait_ms:g})",
     )
     run.add_argument("--no-batching", action="store_true", help="same as --max-batch-size 1 --batch-wait-ms 0")
 
 
-def _add_request_args(run: argparse._ArgumentGroup, d: ServeConfig) -> None:
+def _add_request_args(run: argparse._ArgumentGroup, builtin: ServeConfig) -> None:
     """What a replica admits at once and what it runs: decode memory, requests in flight, the backend and the
-    precision; ``d``: the built-in settings."""
+    precision; ``builtin``: the built-in settings."""
     run.add_argument(
         "--decode-memory-mb",
         type=float,
@@ -131,7 +133,7 @@ def _add_request_args(run: argparse._ArgumentGroup, d: ServeConfig) -> None:
     run.add_argument(
         "--max-ongoing-requests",
         type=int,
-        help=f"requests a replica takes at once, the rest wait in the proxy (default {d.max_ongoing_requests})",
+        help=f"requests a replica takes at once, the rest wait in the proxy (default {builtin.max_ongoing_requests})",
     )
     run.add_argument(
         "--backend",

@@ -124,50 +124,58 @@ def offline_bench(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(
         prog="python -m attnzoo.serve.rayserve.loadtest",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=__doc__.split("\n\n", 1)[0],
     )
-    p.add_argument("--variant", default="standard", help="model variant (default standard)")
-    p.add_argument("--arch", default="tiny", help="architecture, random-init as bench-latency (default tiny: ViT-Ti)")
-    p.add_argument("--clients", type=int, default=32, help="concurrent clients (default 32)")
-    p.add_argument("--duration", type=float, default=60.0, help="measured seconds per configuration (default 60)")
-    p.add_argument("--warmup", type=float, default=10.0, help="seconds of load before measuring (default 10)")
-    p.add_argument("--replicas", default="1,2", help="replica counts to run (default 1,2)")
-    p.add_argument("--max-batch-sizes", default="1,8", help="max batch sizes to run, 1 = batching off (default 1,8)")
-    p.add_argument("--batch-wait-ms", type=float, default=None, help="dynamic batching wait (default serve-models')")
-    p.add_argument("--threads", type=int, default=1, help="ONNX Runtime threads per replica (default 1)")
-    p.add_argument(
+    parser.add_argument("--variant", default="standard", help="model variant (default standard)")
+    parser.add_argument(
+        "--arch", default="tiny", help="architecture, random-init as bench-latency (default tiny: ViT-Ti)"
+    )
+    parser.add_argument("--clients", type=int, default=32, help="concurrent clients (default 32)")
+    parser.add_argument("--duration", type=float, default=60.0, help="measured seconds per configuration (default 60)")
+    parser.add_argument("--warmup", type=float, default=10.0, help="seconds of load before measuring (default 10)")
+    parser.add_argument("--replicas", default="1,2", help="replica counts to run (default 1,2)")
+    parser.add_argument(
+        "--max-batch-sizes", default="1,8", help="max batch sizes to run, 1 = batching off (default 1,8)"
+    )
+    parser.add_argument(
+        "--batch-wait-ms", type=float, default=None, help="dynamic batching wait (default serve-models')"
+    )
+    parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime threads per replica (default 1)")
+    parser.add_argument(
         "--offline-threads", default=None, help="bench-latency thread counts (default: 1 and the number of cores)"
     )
-    p.add_argument("--offline-batch-sizes", default="1,8", help="bench-latency batch sizes (default 1,8)")
-    p.add_argument("--offline-min-time", type=float, default=10.0, help="bench-latency --min-time (default 10)")
-    p.add_argument("--soak", type=float, default=0.0, help="seconds of one long run with the most replicas (0: none)")
-    p.add_argument("--kill-replica", action="store_true", help="run the replica-kill test (2 replicas)")
-    p.add_argument("--kill-duration", type=float, default=30.0, help="seconds of the kill test run (default 30)")
-    p.add_argument(
+    parser.add_argument("--offline-batch-sizes", default="1,8", help="bench-latency batch sizes (default 1,8)")
+    parser.add_argument("--offline-min-time", type=float, default=10.0, help="bench-latency --min-time (default 10)")
+    parser.add_argument(
+        "--soak", type=float, default=0.0, help="seconds of one long run with the most replicas (0: none)"
+    )
+    parser.add_argument("--kill-replica", action="store_true", help="run the replica-kill test (2 replicas)")
+    parser.add_argument("--kill-duration", type=float, default=30.0, help="seconds of the kill test run (default 30)")
+    parser.add_argument(
         "--kill-repeats",
         type=int,
         default=1,
         help="run the kill test this many times, each on a fresh deployment (default 1)",
     )
-    p.add_argument(
+    parser.add_argument(
         "--kill-only",
         action="store_true",
         help="only the offline reference and the kill test: no configuration runs or soak",
     )
-    p.add_argument("--timeout", type=float, default=60.0, help="a request with no answer after this is lost")
-    p.add_argument("--image", type=Path, default=None, help="image the clients send (default a shipped example)")
-    p.add_argument("--port", type=int, default=None, help="HTTP port (default: a free one)")
-    p.add_argument("--cache-dir", type=Path, default=None, help="bench-latency's cache (default as bench-latency)")
-    p.add_argument("--out", type=Path, default=Path("loadtest-out"), help="output folder")
-    p.add_argument(
+    parser.add_argument("--timeout", type=float, default=60.0, help="a request with no answer after this is lost")
+    parser.add_argument("--image", type=Path, default=None, help="image the clients send (default a shipped example)")
+    parser.add_argument("--port", type=int, default=None, help="HTTP port (default: a free one)")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="bench-latency's cache (default as bench-latency)")
+    parser.add_argument("--out", type=Path, default=Path("loadtest-out"), help="output folder")
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="a short check: 15 s per configuration, 3 s warm-up, 2 s bench --min-time, 15 s kill run",
     )
-    return add_debug_flag(p)
+    return add_debug_flag(parser)
 
 
 def _ints(text: str, flag: str) -> list[int]:

@@ -281,7 +281,7 @@ _VALUE_TYPES = frozenset(
 )
 #: Package folders not yet held to the one-letter rule: their one-letter names carrying state (``s: Settings``,
 #: ``a: argparse.Namespace``, ``e: Mapping``) are still to be renamed. Only ever remove a folder from this set.
-_ONE_LETTER_PENDING = frozenset({"benchmarks", "report", "serve", "training"})
+_ONE_LETTER_PENDING = frozenset({"report", "serve"})
 
 
 def _is_value_type(annotation: ast.expr) -> bool:
