@@ -279,9 +279,6 @@ def test_every_module_and_class_is_within_its_size_limit():
 _VALUE_TYPES = frozenset(
     {"int", "float", "bool", "str", "bytes", "complex", "Any", "Tensor", "ndarray", "slice", "FLOAT", "Value"}
 )
-#: Package folders not yet held to the one-letter rule: their one-letter names carrying state (``s: Settings``,
-#: ``a: argparse.Namespace``, ``e: Mapping``) are still to be renamed. Only ever remove a folder from this set.
-_ONE_LETTER_PENDING = frozenset({"report", "serve"})
 
 
 def _is_value_type(annotation: ast.expr) -> bool:
@@ -354,13 +351,6 @@ def test_no_one_letter_name_carries_state():
     found = [
         f"{path}:{line}: {what}"
         for path, source in _package_sources().items()
-        if path.split("/")[0] not in _ONE_LETTER_PENDING
         for line, what in one_letter_state(source)
     ]
     assert found == []
-
-
-def test_each_folder_not_yet_held_to_the_one_letter_rule_still_breaks_it():
-    """A folder whose names are renamed leaves :data:`_ONE_LETTER_PENDING`, so the rule covers it from then on."""
-    breaking = {path.split("/")[0] for path, source in _package_sources().items() if one_letter_state(source)}
-    assert sorted(_ONE_LETTER_PENDING - breaking) == []
