@@ -476,3 +476,14 @@ def test_a_zoo_job_trains_afresh_from_a_bad_state_saying_which_file(
     assert epochs == [1, 2] and row["epochs"] == 2 and not list(tmp_path.glob("*.state.*"))
     saved = json.loads((tmp_path / "standard_cls_shapes.json").read_text())
     assert [h["epoch"] for h in saved["history"]] == [1, 2]
+
+
+def test_the_data_sets_old_path_under_training_warns_and_is_the_data_layers_object():
+    import attnzoo.data
+    import attnzoo.training
+
+    with pytest.warns(DeprecationWarning, match="import it from attnzoo.data"):
+        assert attnzoo.training.load_data is attnzoo.data.load_data
+    assert "load_data" not in attnzoo.training.__all__
+    with pytest.raises(AttributeError):
+        attnzoo.training.no_such_name  # noqa: B018
