@@ -33,6 +33,7 @@ __all__ = [
     "remove_dead_temporaries",
     "no_space_problem",
     "atomic_write_bytes",
+    "save_png",
     "atomic_write_text",
     "write_json_report",
     "sha256_file",
@@ -157,6 +158,20 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically."""
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
+
+
+def save_png(fig: Any, path: Path, dpi: int) -> Path:
+    """Lay out a matplotlib figure, write it to ``path`` as a PNG atomically, close it; returns ``path``."""
+    import io
+
+    import matplotlib.pyplot as plt  # optional, heavy: matplotlib
+
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+    return path
 
 
 def atomic_write_text(path: PathLike, text: str) -> None:

@@ -4,12 +4,11 @@ backend and the overhead of each variant over ``standard``."""
 from __future__ import annotations
 
 import importlib.util
-import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from attnzoo.fileio import atomic_write_bytes
+from attnzoo.fileio import save_png
 
 __all__ = ["charts_unavailable", "plot_latency", "plot_efficiency", "plot_overhead"]
 
@@ -39,15 +38,8 @@ def _style(ax, title: str, ylabel: str, variants: Sequence[str]) -> None:
 
 
 def _save_fig(fig, path: Path) -> Path:
-    """Lay out, write the PNG atomically, close the figure."""
-    import matplotlib.pyplot as plt  # heavy: matplotlib
-
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
-    return path
+    """The benchmark charts at 110 dpi."""
+    return save_png(fig, path, dpi=110)
 
 
 def _batch_panels(rows: Sequence[Mapping[str, Any]]) -> tuple[Any, list[tuple[Any, int]], list, list, dict, float]:

@@ -4,13 +4,12 @@ block's output of every export that has block figures (:func:`plot_block_errors`
 
 from __future__ import annotations
 
-import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from attnzoo.benchmarks.tables import plot_latency, plot_overhead
-from attnzoo.fileio import atomic_write_bytes
+from attnzoo.fileio import save_png
 from attnzoo.lazy import lazy_import
 
 from .formats import block_entries, entry_title
@@ -74,9 +73,4 @@ def plot_block_errors(series: Mapping[str, Mapping[str, Sequence[float]]], path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel("rel. error at block output", fontsize=8)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
-    return path
+    return save_png(fig, path, dpi=100)
