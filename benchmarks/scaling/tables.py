@@ -4,6 +4,7 @@ measurement) and ``scaling.png`` (latency and peak memory against tokens and bat
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,95 +20,57 @@ def _num(value: float | None, fmt: str = "{:.2f}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
+#: A table's columns: ``(header, cell of one item)``.
+Columns = list[tuple[str, Callable[[dict[str, Any]], str]]]
+
+
+def _table(columns: Columns, items: list[dict[str, Any]]) -> str:
+    return markdown_table([header for header, _ in columns], [[cell(item) for _, cell in columns] for item in items])
+
+
 def _cost_table(result: dict[str, Any]) -> str:
     """Per family member: the FLOPs per token and per token pair, and where attention becomes most of the work."""
-    return markdown_table(
-        [
-            "family",
-            "variant",
-            "a: matrix FLOPs per token (x D^2)",
-            "b: matrix FLOPs per token pair (x D)",
-            "c: vector ops per token pair (x D)",
+    columns: Columns = [
+        ("family", lambda cost: cost["family"]),
+        ("variant", lambda cost: cost["variant"]),
+        ("a: matrix FLOPs per token (x D^2)", lambda cost: _num(cost["matrix_linear_D2"], "{:g}")),
+        ("b: matrix FLOPs per token pair (x D)", lambda cost: _num(cost["matrix_quadratic_D"], "{:g}")),
+        ("c: vector ops per token pair (x D)", lambda cost: _num(cost["vector_quadratic_D"], "{:g}")),
+        (
             f"N where b + c terms = a term (D = {result['cost_model'][0]['D']})",
-        ],
-        [
-            [
-                cost["family"],
-                cost["variant"],
-                _num(cost["matrix_linear_D2"], "{:g}"),
-                _num(cost["matrix_quadratic_D"], "{:g}"),
-                _num(cost["vector_quadratic_D"], "{:g}"),
-                f"{crossover_tokens(cost):,.0f}",
-            ]
-            for cost in result["cost_model"]
-        ],
-    )
+            lambda cost: f"{crossover_tokens(cost):,.0f}",
+        ),
+    ]
+    return _table(columns, result["cost_model"])
 
 
-def _fit_table(result: dict[str, Any]) -> str:
-    """Per sweep, variant and backend: the exponents of work, latency and peak memory."""
-    return markdown_table(
-        [
-            "sweep",
-            "variant",
-            "backend",
-            "tokens / batch",
-            "points",
-            "work exponent",
-            "latency exponent",
-            "peak-memory exponent",
-        ],
-        [
-            [
-                fit["sweep"],
-                fit["variant"],
-                fit["backend"],
-                f"{fit['range'][0]}-{fit['range'][1]}" if fit["range"] else "-",
-                str(fit["points"]),
-                _num(fit["work_exponent"]),
-                _num(fit["latency_exponent"]),
-                _num(fit["memory_exponent"]),
-            ]
-            for fit in result["fits"]
-        ],
-    )
+#: Per sweep, variant and backend: the exponents of work, latency and peak memory.
+_FIT_COLUMNS: Columns = [
+    ("sweep", lambda fit: fit["sweep"]),
+    ("variant", lambda fit: fit["variant"]),
+    ("backend", lambda fit: fit["backend"]),
+    ("tokens / batch", lambda fit: f"{fit['range'][0]}-{fit['range'][1]}" if fit["range"] else "-"),
+    ("points", lambda fit: str(fit["points"])),
+    ("work exponent", lambda fit: _num(fit["work_exponent"])),
+    ("latency exponent", lambda fit: _num(fit["latency_exponent"])),
+    ("peak-memory exponent", lambda fit: _num(fit["memory_exponent"])),
+]
 
-
-def _rows_table(result: dict[str, Any]) -> str:
-    """Every measurement, skipped and failed ones with their reason."""
-    return markdown_table(
-        [
-            "variant",
-            "backend",
-            "task",
-            "px",
-            "tokens",
-            "batch",
-            "GFLOP",
-            "median ms",
-            "ms / image",
-            "GFLOP/s",
-            "peak MB",
-            "status",
-        ],
-        [
-            [
-                row["variant"],
-                row["backend"],
-                row["task"],
-                str(row["img_size"]),
-                str(row["tokens"]),
-                str(row["batch"]),
-                _num(row["matrix_gflop"] + row["vector_gop"], "{:.1f}"),
-                _num(row["median_ms"], "{:.1f}"),
-                _num(row["per_image_ms"], "{:.1f}"),
-                _num(row["achieved_gflop_s"], "{:.1f}"),
-                _num(row["peak_mb"], "{:.0f}"),
-                row["status"] + (f": {row['reason']}" if row["reason"] else ""),
-            ]
-            for row in result["rows"]
-        ],
-    )
+#: Every measurement, skipped and failed ones with their reason.
+_ROW_COLUMNS: Columns = [
+    ("variant", lambda row: row["variant"]),
+    ("backend", lambda row: row["backend"]),
+    ("task", lambda row: row["task"]),
+    ("px", lambda row: str(row["img_size"])),
+    ("tokens", lambda row: str(row["tokens"])),
+    ("batch", lambda row: str(row["batch"])),
+    ("GFLOP", lambda row: _num(row["matrix_gflop"] + row["vector_gop"], "{:.1f}")),
+    ("median ms", lambda row: _num(row["median_ms"], "{:.1f}")),
+    ("ms / image", lambda row: _num(row["per_image_ms"], "{:.1f}")),
+    ("GFLOP/s", lambda row: _num(row["achieved_gflop_s"], "{:.1f}")),
+    ("peak MB", lambda row: _num(row["peak_mb"], "{:.0f}")),
+    ("status", lambda row: row["status"] + (f": {row['reason']}" if row["reason"] else "")),
+]
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -139,11 +102,11 @@ def markdown(result: dict[str, Any]) -> str:
             "",
             "work = counted matrix FLOPs + vector ops; latency ~ tokens^exponent (or batch^exponent).",
             "",
-            _fit_table(result),
+            _table(_FIT_COLUMNS, result["fits"]),
             "",
             "## Measurements",
             "",
-            _rows_table(result),
+            _table(_ROW_COLUMNS, result["rows"]),
             "",
         ]
     )
