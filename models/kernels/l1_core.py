@@ -54,10 +54,13 @@ __all__ = [
 BLOCK_Q = 64
 #: Keys per tile of the fused op: longer sequences take an online softmax over key tiles.
 BLOCK_K = 1024
-#: Scores per tile (heads x queries x keys): heads are taken together up to this many (6 heads x 64 x 1,024: a
-#: ViT-S image's heads). Larger tiles make fewer ATen calls per score, smaller ones stay in cache; the choice comes
-#: from exploratory timings on a loaded machine, and the fused-cores study times the op as it stands.
-TILE_ELEMENTS = 6 * BLOCK_Q * BLOCK_K
+#: Scores per tile (heads x queries x keys): heads are taken together up to this many (3 heads x 64 x 1,024 at a
+#: ViT-S image's 1,025 tokens). Larger tiles make fewer ATen calls per score, smaller ones keep a tile's two
+#: buffers (the running sum and one channel's maxima, 768 KB each) in a core's L2 cache: on a 2-core Xeon with
+#: AVX-512 and AMX (2 MB L2), one thread, six heads, the op alone took 136 ms instead of 151 ms at 1,025 tokens
+#: and 2.2 s instead of 3.8 s at 4,096 than with tiles twice this size (the whole block's rows:
+#: ``results/studies/fused-cores/l1-quick-1025-xeon``).
+TILE_ELEMENTS = 6 * 32 * BLOCK_K
 #: Queries per tile of :func:`l1_attention_decomposed`.
 DECOMPOSED_BLOCK = 128
 
