@@ -28,7 +28,7 @@ from attnzoo.modelconfig import ARCHS, check_variant
 from attnzoo.runtime.sessions import SERVED_DTYPES
 from attnzoo.serve.loading import resolve_backend
 from attnzoo.serve.rayserve.config import DEFAULT_MAX_BATCH, TASK_CHOICES, ServeConfig, merged, read_config_file
-from attnzoo.serve.rayserve.environment import _LOCAL
+from attnzoo.serve.rayserve.environment import _LOCAL, divert_native_stderr
 from attnzoo.serve.rayserve.launch import serve_models, startup_line
 
 registry = lazy_import("attnzoo.models")  # timm: a plugin's variant names are checked against it
@@ -200,18 +200,8 @@ def _native_stderr_off() -> None:
     """Once the stop is done: what native threads write to file descriptor 2 goes to ``/dev/null`` (Ray's core
     worker in this process, whose shutdown was given up on, logs each failed write to the raylet the stop ended,
     every half second until the process exits), while ``sys.stderr`` goes on to the real stream: the command's own
-    line is its last."""
-    try:
-        sys.stderr.flush()
-        kept = os.dup(2)
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, 2)
-        os.close(null)
-    except (OSError, AttributeError, ValueError):  # no stderr to begin with
-        return
-    sys.stderr = os.fdopen(
-        kept, "w", buffering=1, encoding=getattr(sys.stderr, "encoding", None) or "utf-8", errors="backslashreplace"
-    )
+    line is its last. Never put back: the process is ending."""
+    divert_native_stderr(os.devnull)
 
 
 def _announce(cfg: ServeConfig, served) -> None:

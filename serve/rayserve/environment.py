@@ -18,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ __all__ = [
     "haproxy_wrapper",
     "port_problem",
     "start_ray",
+    "divert_native_stderr",
     "metrics_url",
     "ray_logs",
     "free_port",
@@ -331,36 +332,47 @@ def _hold_back_token_notice() -> None:
 RAY_START_LOG = "ray-start.err"
 
 
-@contextlib.contextmanager
-def _native_stderr_to(path: str) -> Iterator[None]:
-    """While the body runs, what native code writes to file descriptor 2 goes to ``path``, and Python's
-    ``sys.stderr`` (the command's own lines, the stop's warning) still reaches the terminal through a copy of it.
-    Inside ``ray.init`` Ray's C++ logs to fd 2 (``Failed to connect to GCS ... within 5 seconds`` when a signal to
-    the process group has ended the GCS it just started); those lines are Ray's, not the command's."""
+def divert_native_stderr(path: str) -> Callable[[], None] | None:
+    """From now on, what native code writes to file descriptor 2 goes to ``path``, while Python's ``sys.stderr``
+    (the command's own lines, the stop's warning) still reaches the real stream through a copy of fd 2. Returns the
+    function that puts both back, or None where nothing was diverted (no fd 2, or ``path`` cannot be opened: a
+    ``$RAY_TMPDIR`` that Ray has not created yet)."""
     try:
+        sys.stderr.flush()
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    except OSError:  # no such folder yet ($RAY_TMPDIR, which Ray creates): fd 2 is left as it is
-        yield
-        return
+    except (OSError, AttributeError, ValueError):  # no stderr to begin with, or no such folder
+        return None
     try:
         terminal = os.dup(2)
     except OSError:  # no fd 2 (a daemon): nothing reaches a terminal anyway
         os.close(target)
-        yield
-        return
-    sys.stderr.flush()
+        return None
     kept = sys.stderr
-    errors = getattr(kept, "errors", None) or "backslashreplace"
-    sys.stderr = open(terminal, "w", buffering=1, encoding=kept.encoding, errors=errors, closefd=False)
+    encoding = getattr(kept, "encoding", None) or "utf-8"
+    sys.stderr = open(terminal, "w", buffering=1, encoding=encoding, errors="backslashreplace", closefd=False)
     os.dup2(target, 2)
     os.close(target)
-    try:
-        yield
-    finally:
+
+    def restore() -> None:
         sys.stderr.flush()
         os.dup2(terminal, 2)
         sys.stderr = kept
         os.close(terminal)
+
+    return restore
+
+
+@contextlib.contextmanager
+def _native_stderr_to(path: str) -> Iterator[None]:
+    """While the body runs, native writes to fd 2 go to ``path`` (:func:`divert_native_stderr`). Inside
+    ``ray.init`` Ray's C++ logs there (``Failed to connect to GCS ... within 5 seconds`` when a signal to the process
+    group has ended the GCS it just started); those lines are Ray's, not the command's."""
+    restore = divert_native_stderr(path)
+    try:
+        yield
+    finally:
+        if restore is not None:
+            restore()
 
 
 def start_ray(cfg: ServeConfig, metrics_port: int | None = None) -> bool:
