@@ -20,11 +20,12 @@ product computes them). No path materialises the (B, M, N, N, d) tensor of diffe
 even the N x N scores (``mae_impl``; ``auto`` picks by where the layer runs, :func:`auto_mae_impl`):
 
 - ``fused``: the custom op ``attnzoo::l1_attention`` (:mod:`attnzoo.models.kernels`), the whole core
-  ``softmax(sign * dist / d + mask) V`` tile by tile with an online softmax; ATen ops on the CPU (nothing
-  compiled), a Triton kernel on CUDA. ``auto`` in eager inference;
+  ``softmax(sign * dist / d + mask) V`` tile by tile with an online softmax; each tile's distances in a kernel
+  Numba compiles for the CPU it runs on, a Triton kernel on CUDA. ``auto`` in eager inference and under
+  ``torch.compile`` (the compiler keeps the op as one call);
 - ``tiled``: the same core in ordinary ops, a query tile at a time, which Inductor fuses into one loop per tile
-  that never stores the differences. ``auto`` under ``torch.compile`` and in AOTInductor packages
-  (:func:`export_mae_impl`), whose C++ loader could not run the op's Python kernel;
+  that never stores the differences. ``auto`` in AOTInductor packages (:func:`export_mae_impl`), whose C++ loader
+  could not run the op's Python kernel, and under ``torch.compile`` where the op has no compiled kernel;
 - ``cdist``: ``torch.cdist(p=1)``, then softmax and ``P V``. ``auto`` where autograd records (training: its
   backward is one ATen kernel, faster at the zoo's token counts than the op's tiled backward, a Python loop over
   ATen ops) and under a plain ``torch.export`` (ExecuTorch runs the program with its own kernels);
@@ -67,7 +68,7 @@ from collections.abc import Iterator, Mapping
 import torch
 from torch import nn
 
-from .kernels import l1_attention, l1_attention_decomposed, triton_unavailable_reason
+from .kernels import cpu_kernel_unavailable_reason, l1_attention, l1_attention_decomposed, triton_unavailable_reason
 from .registry import Paper, register_variant
 from .standard import StandardAttention, additive_mask
 
@@ -170,9 +171,9 @@ def export_mae_impl(impl: str) -> Iterator[None]:
 def auto_mae_impl(needs_grad: bool = False, device: torch.device | str = "cpu", tokens: int = 0) -> str:
     """What ``mae_impl="auto"`` runs now on ``device`` for ``tokens`` keys: while exporting to ONNX ``blocked``,
     or ``loop`` from :data:`ONNX_LOOP_TOKENS` keys on; ``cdist`` where ``needs_grad`` (autograd records); while
-    ``torch.compile`` traces, ``tiled`` on the CPU (the compiler fuses each tile into one loop) and ``fused`` on
-    CUDA with Triton (its kernel); under ``torch.export`` ``cdist`` or what :func:`export_mae_impl` set; else
-    ``fused``."""
+    ``torch.compile`` traces, ``fused`` where the op has its compiled kernel (the CPU with Numba, CUDA with Triton;
+    the compiler keeps the op as one call) and ``tiled`` elsewhere (the compiler fuses each tile into one loop);
+    under ``torch.export`` ``cdist`` or what :func:`export_mae_impl` set; else ``fused``."""
     if torch.onnx.is_in_onnx_export():
         return "loop" if tokens >= ONNX_LOOP_TOKENS else "blocked"
     if needs_grad:
@@ -180,7 +181,10 @@ def auto_mae_impl(needs_grad: bool = False, device: torch.device | str = "cpu", 
     if torch.compiler.is_compiling():
         if torch.compiler.is_exporting():
             return _EXPORT_IMPL[-1]
-        return "fused" if torch.device(device).type == "cuda" and triton_unavailable_reason() is None else "tiled"
+        kind = torch.device(device).type
+        if kind == "cuda":
+            return "fused" if triton_unavailable_reason() is None else "tiled"
+        return "fused" if kind == "cpu" and cpu_kernel_unavailable_reason() is None else "tiled"
     return "fused"
 
 

@@ -28,6 +28,7 @@ from typing import Any
 from attnzoo.fileio import atomic_path
 from attnzoo.lazy import lazy_import
 from attnzoo.limits import return_free_memory
+from attnzoo.models.kernels import cpu_kernel_unavailable_reason
 from attnzoo.runtime.backends import onnx_reference
 from attnzoo.runtime.contract import INPUT_NAME, OUTPUT_NAME
 from attnzoo.runtime.torch_export import fingerprint
@@ -93,7 +94,10 @@ def current_impl(variant_is_mae: bool, mode: str, tokens: int) -> str | None:
     if not variant_is_mae:
         return None
     onnx_form = "loop" if tokens >= wafe.ONNX_LOOP_TOKENS else "blocked"
-    return {"eager": "fused", "compiled": "tiled", "aoti": aoti.MAE_IMPL, "ort": onnx_form, "openvino": onnx_form}[mode]
+    compiled = "fused" if cpu_kernel_unavailable_reason() is None else "tiled"
+    return {"eager": "fused", "compiled": compiled, "aoti": aoti.MAE_IMPL, "ort": onnx_form, "openvino": onnx_form}[
+        mode
+    ]
 
 
 def configured(block: Any, impl: str | None) -> Any:

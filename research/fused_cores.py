@@ -10,10 +10,11 @@ the block also runs with it:
   PyTorch runs on its unfused math path; now V is zero-padded so that the fused flash kernel takes the call
   (``Belief2Attention.pad_value``);
 - ``wafe-mae``, ``anti-wafe-mae``: the current core is what ``mae_impl="auto"`` runs there
-  (``core_runners.current_impl``: the fused op ``attnzoo::l1_attention`` in eager, the tiled core under
-  ``torch.compile`` and in AOTInductor, the blocked or Loop ONNX form), and each alternative of :data:`MAE_ALTERNATIVES`
+  (``core_runners.current_impl``: the fused op ``attnzoo::l1_attention`` in eager and under ``torch.compile``, the
+  tiled core in AOTInductor, the blocked or Loop ONNX form), and each alternative of :data:`MAE_ALTERNATIVES`
   runs beside it (``cdist``: the form before the fused core, in eager and AOTInductor; ``broadcast``: the
-  compiled form before it; ``fused``: the op, opaque to the compiler; ``blocked`` / ``loop``: the other ONNX form).
+  compiled form before it; ``tiled``: the core in ordinary ops, fused by the compiler; ``fused``: the op, opaque
+  to the compiler; ``blocked`` / ``loop``: the other ONNX form).
 
 Within one (mode, tokens, batch, threads) group every block is called once per round, in a fixed order, so all of
 them see about the same load; a row's ``x standard`` is the median over rounds of its time / ``standard``'s time
@@ -75,7 +76,7 @@ BEFORE: dict[str, tuple[tuple[str, ...], Callable[[Any], None]]] = {
 #: The MAE cores run beside the current one, per mode (the current one left out where it is one of them).
 MAE_ALTERNATIVES: dict[str, tuple[str, ...]] = {
     "eager": ("cdist",),
-    "compiled": ("broadcast", "fused"),
+    "compiled": ("broadcast", "tiled", "fused"),
     "aoti": ("cdist", "fused"),
     "ort": ("blocked", "loop"),
     "openvino": ("blocked", "loop"),

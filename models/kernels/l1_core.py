@@ -8,10 +8,11 @@ product, so no attention kernel of PyTorch computes them; this module does, with
 ``attnzoo::l1_attention`` (:func:`l1_attention`) is a ``torch.library`` custom op, flash-style:
 
 - the queries in tiles of ``block_q`` rows, the keys in tiles of ``block_k``, several heads of one image at once
-  (:data:`TILE_ELEMENTS` scores per tile); for each pair of tiles the scores are computed channel by channel,
-  ``|a - b| = 2 max(a, b) - a - b``: one broadcast ``maximum`` of a query column against a contiguous row of keys
-  and one in-place add per channel, which ATen's kernels run at the machine's vector width (AVX2, AVX-512), on the
-  key axis;
+  (:data:`TILE_ELEMENTS` scores per tile); each tile's distances through ``|a - b| = 2 max(a, b) - a - b``: on
+  the CPU in a kernel Numba compiles for the machine it runs on (:mod:`.l1_cpu`: four query rows per pass over
+  the channels, vectorised along the keys at the machine's width, AVX2 or AVX-512, on
+  ``torch.get_num_threads()`` threads), elsewhere, or without Numba, in ATen ops (one broadcast ``maximum`` of a
+  query column against a contiguous row of keys and one in-place add per channel);
 - an online softmax over the key tiles (a running maximum and sum per query row, the partial output rescaled),
   ``P V`` a matrix product per tile, so memory is O(tile + N d);
 - rows whose keys are all masked give zeros, as ``F.scaled_dot_product_attention`` does;
@@ -21,8 +22,9 @@ product, so no attention kernel of PyTorch computes them; this module does, with
 The op has a fake (meta) kernel, so ``torch.compile`` keeps it in one graph and ``torch.export`` records it; a
 backward (``attnzoo::l1_attention_backward``: the tiles again, the probabilities recomputed from the saved row
 log-sum-exp, ``d/dq |q - k| = sign(q - k)``), so it trains; and on CUDA tensors its Triton kernel
-(:mod:`attnzoo.models.kernels.l1_triton`) where Triton is installed. It is plain Python over ATen ops: nothing is
-compiled at install or at run time.
+(:mod:`attnzoo.models.kernels.l1_triton`) where Triton is installed. Nothing is compiled at install: the CPU
+kernel on the op's first CPU call (seconds, then cached on disk), the Triton kernel on its first CUDA call. The
+backward's ``sign(q - k)`` terms run on ATen ops.
 
 :func:`l1_attention_decomposed` is the same core in ordinary ops, query tile by query tile, for compilers to fuse
 (``torch.compile`` and AOTInductor turn each tile's broadcast ``|q_i - k_j|`` sum into one loop): it stores a
@@ -31,6 +33,7 @@ tile of the scores, never the differences, when compiled; run eagerly it stores 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -48,19 +51,20 @@ __all__ = [
     "l1_attention_decomposed",
     "work_dtype",
     "triton_unavailable_reason",
+    "cpu_kernel_unavailable_reason",
 ]
 
 #: Queries per tile of the fused op, at least (:func:`default_block_q`).
 BLOCK_Q = 64
-#: Keys per tile of the fused op: longer sequences take an online softmax over key tiles.
-BLOCK_K = 1024
-#: Scores per tile (heads x queries x keys): heads are taken together up to this many (3 heads x 64 x 1,024 at a
-#: ViT-S image's 1,025 tokens). Larger tiles make fewer ATen calls per score, smaller ones keep a tile's two
-#: buffers (the running sum and one channel's maxima, 768 KB each) in a core's L2 cache: on a 2-core Xeon with
-#: AVX-512 and AMX (2 MB L2), one thread, six heads, the op alone took 136 ms instead of 151 ms at 1,025 tokens
-#: and 2.2 s instead of 3.8 s at 4,096 than with tiles twice this size (the whole block's rows:
-#: ``results/studies/fused-cores/l1-quick-1025-xeon``).
-TILE_ELEMENTS = 6 * 32 * BLOCK_K
+#: Keys per tile of the fused op: longer sequences take an online softmax over key tiles (a ViT-S image's 1,025
+#: tokens are one tile, so its rows are never rescaled).
+BLOCK_K = 2048
+#: Scores per tile (heads x queries x keys): heads are taken together up to this many (2 heads x 64 x 1,025 at a
+#: ViT-S image's 1,025 tokens). Larger tiles make fewer calls per score, smaller ones keep a tile's buffers in a
+#: core's L2 cache (the ATen tiles' running sum and one channel's maxima, 768 KB each): on that Xeon (2 MB L2)
+#: the ATen tiles took 136 ms instead of 151 ms at 1,025 tokens and 2.2 s instead of 3.8 s at 4,096 than with
+#: tiles twice this size (``results/studies/fused-cores/l1-quick-1025-xeon``).
+TILE_ELEMENTS = 6 * 32 * 1024
 #: Queries per tile of :func:`l1_attention_decomposed`.
 DECOMPOSED_BLOCK = 128
 
@@ -78,6 +82,17 @@ def triton_unavailable_reason() -> str | None:
         import triton  # noqa: F401  # optional: triton (brought by torch's CUDA wheels); the CUDA kernel only
     except ImportError as e:
         return f"Triton is not installed ({e})"
+    return None
+
+
+@functools.cache
+def cpu_kernel_unavailable_reason() -> str | None:
+    """Why the op's compiled CPU kernel (:mod:`.l1_cpu`, Numba) cannot run here (``None`` where it can); without
+    it the op runs on ATen ops."""
+    try:
+        import numba  # noqa: F401  # a dependency of the package; the CPU kernel's compiler
+    except ImportError as e:
+        return f"Numba is not installed ({e})"
     return None
 
 
@@ -109,10 +124,8 @@ def _causal_drop(i0: int, i1: int, j0: int, j1: int, device: torch.device) -> Te
     return torch.arange(j0, j1, device=device) > rows
 
 
-def _tile_scores(
-    q: Tensor, kt: Tensor, half_q: Tensor, half_k: Tensor, coef: float, mask: Tensor | None, drop: Tensor | None
-) -> Tensor:
-    """Scores of one tile, (G, bq, bk): ``coef * sum_c |q_ic - k_jc| + mask``, dropped pairs ``-inf``.
+def _tile_scores(q: Tensor, kt: Tensor, half_q: Tensor, half_k: Tensor, coef: float) -> Tensor:
+    """``coef * sum_c |q_ic - k_jc|`` of one tile, (G, bq, bk), in ATen ops (any device).
 
     ``q`` (G, bq, d); ``kt`` (G, d, bk), channels first; ``half_q`` (G, bq, 1) and ``half_k`` (G, 1, bk) are
     ``-sum_c / 2`` of each token, so that ``half_q + half_k + sum_c max(q_ic, k_jc)`` is half the distance.
@@ -123,12 +136,7 @@ def _tile_scores(
     for q_c, k_c in zip(q.transpose(-1, -2).unsqueeze(-1).unbind(1), kt.unsqueeze(-2).unbind(1), strict=True):
         torch.maximum(q_c, k_c, out=tmp)
         acc.add_(tmp)
-    scores = acc.mul_(2.0 * coef)
-    if mask is not None:
-        scores.add_(mask)
-    if drop is not None:
-        scores.masked_fill_(drop, _NEG_INF)
-    return scores
+    return acc.mul_(2.0 * coef)
 
 
 class _Tiles:
@@ -144,6 +152,10 @@ class _Tiles:
             q, k, v = (t.reshape(1, B * M, *t.shape[2:]) for t in (q, k, v))
         self.q, self.k, self.v = q.to(wd), k.to(wd), v.to(wd)
         self.kt = self.k.transpose(-1, -2).contiguous()  # (B, M, d, Nk)
+        #: the compiled CPU kernel (:mod:`.l1_cpu`) where it runs, else the ATen ops of :func:`_tile_scores`
+        self.cpu_kernel = q.device.type == "cpu" and cpu_kernel_unavailable_reason() is None
+        if self.cpu_kernel:
+            self.q = self.q.contiguous()
         self.half_q = self.q.sum(-1, keepdim=True).mul_(-0.5)  # (B, M, Nq, 1)
         self.half_k = self.k.sum(-1).unsqueeze(-2).mul_(-0.5)  # (B, M, 1, Nk)
         self.mask = None if attn_mask is None else attn_mask.expand(B, M, n_q, n_k)
@@ -167,17 +179,25 @@ class _Tiles:
                     yield b, slice(h0, h1), i0, i1
 
     def scores(self, b: int, h: slice, i0: int, i1: int, j0: int, j1: int, coef: float, is_causal: bool):
-        mask = None if self.mask is None else self.mask[b, h, i0:i1, j0:j1]
-        drop = _causal_drop(i0, i1, j0, j1, self.q.device) if is_causal else None
-        return _tile_scores(
-            self.q[b, h, i0:i1],
-            self.kt[b, h, :, j0:j1],
-            self.half_q[b, h, i0:i1],
-            self.half_k[b, h, :, j0:j1],
-            coef,
-            None if mask is None else mask.to(self.q.dtype),
-            drop,
-        )
+        """Scores of one tile, (G, bq, bk): ``coef * dist + mask``, pairs the causal mask drops ``-inf``."""
+        if self.cpu_kernel:
+            from . import l1_cpu  # heavy: Numba loads LLVM (about a second); only the op's CPU calls need it
+
+            half_q, half_k = self.half_q[b, h].squeeze(-1), self.half_k[b, h].squeeze(-2)
+            scores = l1_cpu.l1_scores(self.q[b, h], self.kt[b, h], half_q, half_k, i0, i1, j0, j1, coef)
+        else:
+            scores = _tile_scores(
+                self.q[b, h, i0:i1],
+                self.kt[b, h, :, j0:j1],
+                self.half_q[b, h, i0:i1],
+                self.half_k[b, h, :, j0:j1],
+                coef,
+            )
+        if self.mask is not None:
+            scores.add_(self.mask[b, h, i0:i1, j0:j1].to(self.q.dtype))
+        if is_causal and (drop := _causal_drop(i0, i1, j0, j1, self.q.device)) is not None:
+            scores.masked_fill_(drop, _NEG_INF)
+        return scores
 
 
 def _forward(

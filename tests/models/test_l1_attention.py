@@ -1,4 +1,5 @@
-"""The fused pairwise-L1 core (``attnzoo::l1_attention``, its decomposed form, its Triton kernel) against eq. 5-6.
+"""The fused pairwise-L1 core (``attnzoo::l1_attention``: its Numba CPU kernel, its ATen tiles, its Triton kernel;
+its decomposed form) against eq. 5-6.
 
 The reference below is written from the paper's equations (Yi Jin 2024, eq. 5-6:
 ``H = softmax(-/+ ||q_i - k_j||_1 / d) V``) with plain float64 loops over the queries; it calls no attnzoo code.
@@ -18,7 +19,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnzoo.models.kernels import l1_attention, l1_attention_decomposed, triton_unavailable_reason
+from attnzoo.models.kernels import (
+    cpu_kernel_unavailable_reason,
+    l1_attention,
+    l1_attention_decomposed,
+    l1_core,
+    triton_unavailable_reason,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 NEG_INF = float("-inf")
@@ -78,11 +85,45 @@ SHAPES = [(13, 11, 4, 5), (37, 37, 64, 1024), (9, 20, 3, 7)]
 MASK_KINDS = ["none", "bool", "float"]
 
 
+@pytest.fixture(params=["numba", "aten"])
+def cpu_path(request, monkeypatch):
+    """The op's two CPU paths: its Numba kernel, and the ATen tiles it runs on where Numba is missing."""
+    if request.param == "numba" and cpu_kernel_unavailable_reason() is not None:
+        pytest.fail(f"the CPU kernel must run here: {cpu_kernel_unavailable_reason()}")
+    if request.param == "aten":
+        monkeypatch.setattr(l1_core, "cpu_kernel_unavailable_reason", lambda: "Numba is not installed")
+    return request.param
+
+
+def test_cpu_kernel_scores_match_the_distances():
+    """The Numba kernel's tile of scores == ``coef * sum_c |q_ic - k_jc|`` in float64 loops, for tiles inside the
+    sequences (rows not a multiple of its four rows per pass, offset key spans), fp32 and fp64, an empty tile."""
+    from attnzoo.models.kernels import l1_cpu
+
+    gen = torch.Generator().manual_seed(2)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.float64, 1e-12)):
+        q, k = torch.randn(3, 11, 7, generator=gen, dtype=dtype), torch.randn(3, 13, 7, generator=gen, dtype=dtype)
+        kt = k.transpose(-1, -2).contiguous()
+        half_q, half_k = q.sum(-1) * -0.5, k.sum(-1) * -0.5
+        for i0, i1, j0, j1 in ((0, 11, 0, 13), (2, 9, 3, 12), (10, 11, 12, 13), (4, 5, 0, 13)):
+            got = l1_cpu.l1_scores(q, kt, half_q, half_k, i0, i1, j0, j1, -0.25)
+            want = torch.zeros(3, i1 - i0, j1 - j0, dtype=torch.float64)
+            for g in range(3):
+                for i in range(i0, i1):
+                    for j in range(j0, j1):
+                        want[g, i - i0, j - j0] = -0.25 * sum(
+                            abs(float(q[g, i, c]) - float(k[g, j, c])) for c in range(7)
+                        )
+            assert got.dtype == dtype
+            torch.testing.assert_close(got.double(), want, rtol=0, atol=tol)
+        assert l1_cpu.l1_scores(q, kt, half_q, half_k, 3, 3, 0, 13, 1.0).shape == (3, 0, 13)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("kind", MASK_KINDS)
 @pytest.mark.parametrize("sign", [-1.0, 1.0])
 @pytest.mark.parametrize("nq,nk,bq,bk", SHAPES)
-def test_fused_op_matches_eq_5_6(nq, nk, bq, bk, sign, kind, causal):
+def test_fused_op_matches_eq_5_6(nq, nk, bq, bk, sign, kind, causal, cpu_path):
     q, k, v = _inputs(nq, nk)
     mask = _mask(kind, nq, nk)
     out = l1_attention(q, k, v, sign, attn_mask=mask, is_causal=causal, block_q=bq, block_k=bk)
@@ -101,7 +142,7 @@ def test_decomposed_form_matches_eq_5_6(nq, nk, block, kind, causal):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_fused_op_low_precision_computes_in_fp32(dtype):
+def test_fused_op_low_precision_computes_in_fp32(dtype, cpu_path):
     """Large, similar vectors (entries near 50): in 16 bits ``2 max - a - b`` would lose the distances; the core
     computes in fp32 and returns the inputs' dtype, off the fp64 reference by that dtype's rounding only."""
     gen = torch.Generator().manual_seed(4)
@@ -112,7 +153,7 @@ def test_fused_op_low_precision_computes_in_fp32(dtype):
     assert (out.double() - ref).abs().max() < 2 * 50 * torch.finfo(dtype).eps
 
 
-def test_fused_op_gradients_gradcheck():
+def test_fused_op_gradients_gradcheck(cpu_path):
     """The op's backward (tiled, probabilities recomputed) against finite differences, float64, with a float mask,
     causal, a fully masked row and several tiles."""
     gen = torch.Generator().manual_seed(5)
@@ -129,7 +170,7 @@ def test_fused_op_gradients_gradcheck():
 
 
 @pytest.mark.parametrize("sign", [-1.0, 1.0])
-def test_fused_op_gradients_match_the_reference_fp32(sign):
+def test_fused_op_gradients_match_the_reference_fp32(sign, cpu_path):
     """fp32 gradients of the op == autograd through the float64 reference of eq. 5-6."""
     q, k, v = (t.requires_grad_() for t in _inputs(13, 11))
     mask = _mask("float", 13, 11)

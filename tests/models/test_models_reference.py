@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnzoo.models import VARIANT_NAMES, VARIANTS, create_attention
+from attnzoo.models import VARIANT_NAMES, VARIANTS, create_attention, wafe
 from attnzoo.models.wafe import MAE_BLOCK, auto_mae_impl, export_mae_impl, mae_block, pairwise_l1
 
 D, M, N, B = 32, 4, 7, 2
@@ -343,11 +343,12 @@ def test_mae_training_path_gradients_match_reference(name):
         torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-4)
 
 
-def test_auto_mae_impl_follows_the_tracer():
+def test_auto_mae_impl_follows_the_tracer(monkeypatch):
     """mae_impl="auto": the fused op in eager inference, cdist where autograd records and under a plain
     torch.export (ExecuTorch runs the program with its own kernels), what export_mae_impl sets under it, the
-    tiled core under torch.compile on the CPU (its compiler fuses each tile); the ONNX export's blocked form is
-    tested there."""
+    fused op under torch.compile on the CPU (its Numba kernel; the compiler keeps the op as one call), the tiled
+    core there where Numba is missing (the compiler fuses each tile); the ONNX export's blocked form is tested
+    there."""
     seen = []
 
     class Probe(torch.nn.Module):
@@ -365,11 +366,16 @@ def test_auto_mae_impl_follows_the_tracer():
     with export_mae_impl("tiled"):
         torch.export.export(probe, (torch.zeros(1),))
     assert seen[0] == "fused"
-    assert set(seen[1:compiled]) == {"tiled"}
+    assert set(seen[1:compiled]) == {"fused"}
     assert set(seen[compiled:exported]) == {"cdist"}
     assert set(seen[exported:]) == {"tiled"}
     with pytest.raises(ValueError, match="unknown mae_impl 'nope'"), export_mae_impl("nope"):
         pass
+    seen.clear()
+    torch._dynamo.reset()
+    monkeypatch.setattr(wafe, "cpu_kernel_unavailable_reason", lambda: "Numba is not installed")
+    torch.compile(probe, backend="eager", fullgraph=True)(torch.zeros(1))
+    assert seen and set(seen) == {"tiled"}
 
 
 @pytest.mark.slow

@@ -127,8 +127,9 @@ def test_runtimes_rows_the_onnx_forms_memory_and_bound(tmp_path):
 @pytest.mark.slow
 @pytest.mark.matrix  # four compiles and four AOTInductor packages of a ViT-S block: minutes on 2 cores
 def test_compiling_modes_rows_and_package_cache(tmp_path):
-    """torch.compile and AOTInductor rows of an MAE block: the tiled core current, its alternatives beside it, all
-    matching eager; the packages are cached, so a second run compiles none."""
+    """torch.compile and AOTInductor rows of an MAE block: the current core (the fused op compiled, the tiled core
+    in AOTInductor), its alternatives beside it, all matching eager; the packages are cached, so a second run
+    compiles none."""
     out, cache = tmp_path / "out", tmp_path / "cache"
     args = ["--variants", "none", "--compiled-variants", "wafe-mae", "--modes", "compiled,aoti", "--tokens", "9"]
     args += ["--batch-sizes", "1", "--rounds", "2", "--cache-dir", str(cache), "--no-progress"]
@@ -142,6 +143,8 @@ def test_compiling_modes_rows_and_package_cache(tmp_path):
         ("aoti", "wafe-mae", "cdist"),
         ("aoti", "wafe-mae", "fused"),
     }
+    current = {r["mode"]: r["impl"] for r in rows if r["variant"] == "wafe-mae" and r["core"] == "current"}
+    assert current == {"compiled": "fused", "aoti": "tiled"}
     assert all(r["parity_ok"] and r["peak_mb"] is not None for r in rows)
     packages = sorted((cache / "aoti").glob("*.pt2"))
     assert len(packages) == 4  # standard and the three MAE cores
