@@ -33,7 +33,6 @@ tile of the scores, never the differences, when compiled; run eagerly it stores 
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 
@@ -85,7 +84,6 @@ def triton_unavailable_reason() -> str | None:
     return None
 
 
-@functools.cache
 def cpu_kernel_unavailable_reason() -> str | None:
     """Why the op's compiled CPU kernel (:mod:`.l1_cpu`, Numba) cannot run here (``None`` where it can); without
     it the op runs on ATen ops."""
