@@ -11,15 +11,18 @@ A block (LayerNorm, attention, MLP) takes (batch, tokens, width) token tensors. 
   (``OPENVINO.compiled``), each with the group's threads.
 
 A row's peak memory (:class:`PeakResident`) is the process's peak resident set above its resident set just before
-the row's first call, for ``aoti``, ``ort`` and ``openvino`` just before its package or session is loaded (their
-weights and arenas count, the compile does not), for ``compiled`` just before its second call (the first compiles).
-The kernel's own peak counter (``/proc/self/status`` ``VmHWM``, reset through ``/proc/self/clear_refs``) records
-it, so no short peak is missed; freed heap is handed back first (``malloc_trim``).
+the row's call, for ``aoti``, ``ort`` and ``openvino`` just before its package or session is loaded (their
+weights and arenas count, the compile does not), for ``compiled`` after its first call (the compile): the median of
+:data:`MEASURES` tries, each from a fresh load, so that one try's allocator state (a heap another row left
+fragmented, a one-time code load such as the Numba kernel's) does not decide the row. The kernel's own peak
+counter (``/proc/self/status`` ``VmHWM``, reset through ``/proc/self/clear_refs``) records it, so no short peak is
+missed; freed heap is handed back first (``malloc_trim``).
 """
 
 from __future__ import annotations
 
 import copy
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,11 +44,23 @@ wafe = lazy_import("attnzoo.models.wafe")
 flops = lazy_import("attnzoo.benchmarks.flops")
 onnx_l1 = lazy_import("attnzoo.export.onnx_l1")
 
-__all__ = ["MODES", "COMPILING", "PeakResident", "Runner", "configured", "build_runner", "l1_bound", "current_impl"]
+__all__ = [
+    "MODES",
+    "COMPILING",
+    "MEASURES",
+    "PeakResident",
+    "Runner",
+    "configured",
+    "build_runner",
+    "l1_bound",
+    "current_impl",
+]
 
 MODES = ("eager", "compiled", "aoti", "ort", "openvino")
 #: Modes that compile the block (minutes per shape on a loaded 2-core machine): their variants are chosen apart.
 COMPILING = ("compiled", "aoti")
+#: Tries a row's peak memory is the median of (module docstring).
+MEASURES = 3
 #: Vector ops are counted as one FMA each (two matrix FLOPs): the issue's AVX-512 argument.
 FLOPS_PER_VECTOR_OP = 2
 
@@ -201,13 +216,20 @@ def _torch_call(fn: Any, x: Any) -> Any:
 
 
 def _measured(load: Callable[[], Any], run: Callable[[Any], Any] | None, build_s: float | None) -> Runner:
-    """Peak memory of ``load()`` and one call (``run(loaded)``; with no ``run``, ``load`` is the call)."""
-    with PeakResident() as mem:
-        loaded = load()
-        if run is not None:
-            run(loaded)
+    """Peak memory of ``load()`` and one call (``run(loaded)``; with no ``run``, ``load`` is the call), the median of
+    :data:`MEASURES` tries (each try's session freed before the next is measured)."""
+    peaks: list[float | None] = []
+    loaded = None
+    for _ in range(MEASURES):
+        loaded = None
+        with PeakResident() as mem:
+            loaded = load()
+            if run is not None:
+                run(loaded)
+        peaks.append(mem.mb)
     call = (lambda: run(loaded)) if run is not None else load
-    return Runner(call, mem.mb, build_s)
+    known = [p for p in peaks if p is not None]
+    return Runner(call, statistics.median(known) if len(known) == len(peaks) else None, build_s)
 
 
 def l1_bound(variant: str, tokens: int, width: int, arch: str) -> float:

@@ -187,7 +187,7 @@ def markdown(result: dict[str, Any]) -> str:
         "once per round. `x standard`: median over rounds of the block's time / `standard`'s in the same round "
         "(quartiles in brackets); `bound`: that ratio's arithmetic bound (an L1 term costs 3x a multiply-add); "
         "`speed-up`: this core's time / the current core's; `peak MB`: peak resident memory above the level "
-        "before the row's first call (or its load), `mem x std` its ratio to `standard`'s (research/"
+        "before the row's call (or its load), median of three tries, `mem x std` its ratio to `standard`'s (research/"
         "core_runners.py). `before`: the core this package ran before (belief2: the unpadded `[Q|Z] [K|Z]^T` call on "
         "PyTorch's unfused math path); the MAE cores are named by `mae_impl`. Parity: max abs difference from the "
         "eager block with the current core.",

@@ -44,8 +44,11 @@ __all__ = [
     "BLOCK_K",
     "TILE_ELEMENTS",
     "DECOMPOSED_BLOCK",
+    "DECOMPOSED_MIN_BLOCK",
+    "DECOMPOSED_TILE",
     "L1_ATTENTION_OP",
     "default_block_q",
+    "decomposed_block",
     "l1_attention",
     "l1_attention_decomposed",
     "work_dtype",
@@ -64,8 +67,17 @@ BLOCK_K = 2048
 #: the ATen tiles took 136 ms instead of 151 ms at 1,025 tokens and 2.2 s instead of 3.8 s at 4,096 than with
 #: tiles twice this size (``results/studies/fused-cores/l1-quick-1025-xeon``).
 TILE_ELEMENTS = 6 * 32 * 1024
-#: Queries per tile of :func:`l1_attention_decomposed`.
+#: Queries per tile of :func:`l1_attention_decomposed`, at most (:func:`decomposed_block`).
 DECOMPOSED_BLOCK = 128
+#: Queries per tile of :func:`l1_attention_decomposed`, at least: a tile count that compile time can bear.
+DECOMPOSED_MIN_BLOCK = 16
+#: Scores per image in one tile of :func:`l1_attention_decomposed` (heads x queries x keys: a ViT-S image's six heads
+#: x 64 queries x 1,024 keys, 1.5 MB in fp32). Longer sequences take fewer queries per tile, so the buffers a compiler
+#: keeps per tile stay this size. Inductor's C++ backend fuses up to eight tiles side by side (one kernel reading the
+#: keys once for all; ``cpp.max_horizontal_fusion_size``), so eight tiles' scores are alive at once: with 128 queries
+#: per tile a ViT-S block's AOTInductor package at 4,096 tokens peaked at 2.05-2.14x ``standard``'s memory, with 16
+#: at 1.19-1.26x, the block 1.07-1.4x slower (``results/studies/fused-cores/l1-numba-4096-xeon``, a 2-core Xeon).
+DECOMPOSED_TILE = 6 * 64 * 1024
 
 _NEG_INF = float("-inf")
 
@@ -112,6 +124,14 @@ def default_block_q(q_shape: Sequence[int], n_k: int, block_k: int = BLOCK_K, ma
     heads = M if masked else B * M
     keys = max(1, min(block_k, n_k))
     return max(1, min(max(n_q, 1), max(BLOCK_Q, TILE_ELEMENTS // (heads * keys))))
+
+
+def decomposed_block(heads: int, n_k: int) -> int:
+    """Queries per tile of :func:`l1_attention_decomposed` for ``heads`` heads of an image and ``n_k`` keys: as many
+    as fit :data:`DECOMPOSED_TILE` scores, within [:data:`DECOMPOSED_MIN_BLOCK`, :data:`DECOMPOSED_BLOCK`] (63 at a
+    ViT-S image's 1,025 tokens, 16 at 4,096, 128 at 197)."""
+    fit = DECOMPOSED_TILE // max(1, heads * n_k)
+    return max(DECOMPOSED_MIN_BLOCK, min(DECOMPOSED_BLOCK, fit))
 
 
 def _causal_drop(i0: int, i1: int, j0: int, j1: int, device: torch.device) -> Tensor | None:
@@ -396,11 +416,14 @@ def l1_attention_decomposed(
     scale: float | None = None,
     attn_mask: Tensor | None = None,
     is_causal: bool = False,
-    block: int = DECOMPOSED_BLOCK,
+    block: int | None = None,
 ) -> Tensor:
-    """The same core in ordinary ops, ``block`` queries at a time (for ``torch.compile`` and AOTInductor, which
-    fuse each tile's broadcast ``|q_i - k_j|`` sum into one loop); arguments as :func:`l1_attention`."""
+    """The same core in ordinary ops, ``block`` queries at a time (default :func:`decomposed_block`), for
+    ``torch.compile`` and AOTInductor, which fuse each tile's broadcast ``|q_i - k_j|`` sum into one loop; other
+    arguments as :func:`l1_attention`."""
     attn_mask = _checked(q, k, v, attn_mask)
+    if block is None:
+        block = decomposed_block(q.shape[1], k.shape[-2])
     if block < 1:
         raise ValueError(f"block must be >= 1, got {block}")
     scale = 1.0 / q.shape[-1] if scale is None else float(scale)

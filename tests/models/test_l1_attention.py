@@ -141,6 +141,32 @@ def test_decomposed_form_matches_eq_5_6(nq, nk, block, kind, causal):
     torch.testing.assert_close(out.double(), reference(q, k, v, 1.0, _additive(mask), causal), rtol=0, atol=1e-5)
 
 
+def test_decomposed_tiles_shrink_with_the_keys():
+    """A tile of the decomposed form holds about DECOMPOSED_TILE scores per image whatever the sequence: 63 queries
+    of a ViT-S image (6 heads, 1,025 keys), 16 at 4,096, never fewer than DECOMPOSED_MIN_BLOCK nor more than
+    DECOMPOSED_BLOCK."""
+    assert l1_core.decomposed_block(6, 1025) == 63
+    assert l1_core.decomposed_block(6, 4096) == 16
+    assert l1_core.decomposed_block(6, 197) == l1_core.DECOMPOSED_BLOCK
+    assert l1_core.decomposed_block(6, 10**6) == l1_core.DECOMPOSED_MIN_BLOCK
+    for n_k in (1025, 2048, 4096):  # above, the floor of DECOMPOSED_MIN_BLOCK queries binds
+        assert 6 * l1_core.decomposed_block(6, n_k) * n_k <= l1_core.DECOMPOSED_TILE
+
+
+def test_decomposed_form_by_default_holds_one_tile_of_differences(monkeypatch):
+    """Run eagerly, the decomposed form's largest buffer is one tile's (B, M, block, N, d) differences, the tile
+    chosen by decomposed_block: not the whole (B, M, N, N, d) tensor."""
+    monkeypatch.setattr(l1_core, "DECOMPOSED_TILE", 3 * 8 * 64)  # 8 queries of 64 keys per head of 3
+    monkeypatch.setattr(l1_core, "DECOMPOSED_MIN_BLOCK", 1)
+    n, d = 64, 16
+    q, k, v = _inputs(n, n, d=d, dv=d)
+    with torch.no_grad(), torch.profiler.profile(profile_memory=True) as prof:
+        out = l1_attention_decomposed(q, k, v, -1.0)
+    biggest = max(e.self_cpu_memory_usage for e in prof.events())
+    assert biggest <= 2 * 3 * 8 * n * d * 4  # (B=2, M=3, 8 queries, 64 keys, 16 channels) fp32
+    torch.testing.assert_close(out.double(), reference(q, k, v, -1.0), rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_fused_op_low_precision_computes_in_fp32(dtype, cpu_path):
     """Large, similar vectors (entries near 50): in 16 bits ``2 max - a - b`` would lose the distances; the core
