@@ -219,9 +219,8 @@ def _measured(load: Callable[[], Any], run: Callable[[Any], Any] | None, build_s
     """Peak memory of ``load()`` and one call (``run(loaded)``; with no ``run``, ``load`` is the call), the median of
     :data:`MEASURES` tries (each try's session freed before the next is measured)."""
     peaks: list[float | None] = []
-    loaded = None
     for _ in range(MEASURES):
-        loaded = None
+        loaded = None  # the previous try's session, freed before this one is measured
         with PeakResident() as mem:
             loaded = load()
             if run is not None:

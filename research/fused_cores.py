@@ -59,7 +59,7 @@ from attnzoo.lazy import lazy_import
 from attnzoo.machine import cpu_summary, environment, load_1min, load_average
 from attnzoo.runtime.parity import TOLERANCES, parity_error
 from attnzoo.runtime.torch_export import fingerprint
-from research.core_runners import COMPILING, MODES, build_runner, configured, current_impl, l1_bound
+from research.core_runners import COMPILING, MEASURES, MODES, build_runner, configured, current_impl, l1_bound
 from research.study import reprint, require_out
 
 # --help, --table and usage errors load without torch and timm
@@ -187,10 +187,10 @@ def markdown(result: dict[str, Any]) -> str:
         "once per round. `x standard`: median over rounds of the block's time / `standard`'s in the same round "
         "(quartiles in brackets); `bound`: that ratio's arithmetic bound (an L1 term costs 3x a multiply-add); "
         "`speed-up`: this core's time / the current core's; `peak MB`: peak resident memory above the level "
-        "before the row's call (or its load), median of three tries, `mem x std` its ratio to `standard`'s (research/"
-        "core_runners.py). `before`: the core this package ran before (belief2: the unpadded `[Q|Z] [K|Z]^T` call on "
-        "PyTorch's unfused math path); the MAE cores are named by `mae_impl`. Parity: max abs difference from the "
-        "eager block with the current core.",
+        f"before the row's call (or its load), median of {MEASURES} tries, `mem x std` its ratio to `standard`'s "
+        "(research/core_runners.py). `before`: the core this package ran before (belief2: the unpadded "
+        "`[Q|Z] [K|Z]^T` call on PyTorch's unfused math path); the MAE cores are named by `mae_impl`. Parity: max "
+        "abs difference from the eager block with the current core.",
         "",
     ]
     if not result.get("complete", True):
