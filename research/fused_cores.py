@@ -92,14 +92,19 @@ def _block(variant: str, seed: int):
     return models.create_model(variant, task="cls", arch=ARCH, num_classes=10).blocks[0].eval()
 
 
-def cores(variants: Sequence[str], mode: str, tokens: int, seed: int) -> dict[tuple[str, str], Any]:
-    """(variant, core) -> a block, ``standard`` first: ``current`` (as ``auto`` runs it, :func:`current_impl`),
-    ``before`` (:data:`BEFORE`) and, for the MAE variants, each core of :data:`MAE_ALTERNATIVES`."""
+def cores(
+    variants: Sequence[str], mode: str, tokens: int, seed: int, current_only: bool = False
+) -> dict[tuple[str, str], Any]:
+    """(variant, core) -> a block, ``standard`` first: ``current`` (as ``auto`` runs it, :func:`current_impl`)
+    and, unless ``current_only``, ``before`` (:data:`BEFORE`) and, for the MAE variants, each core of
+    :data:`MAE_ALTERNATIVES`."""
     out: dict[tuple[str, str], Any] = {}
     for v in dict.fromkeys(["standard", *variants]):
         block = _block(v, seed)
         now = current_impl(v in MAE_VARIANTS, mode, tokens)
         out[(v, "current")] = configured(block, None)  # auto: what a user's call runs
+        if current_only:
+            continue
         modes, restore = BEFORE.get(v, ((), None))
         if mode in modes and restore is not None:
             out[(v, "before")] = before = configured(block, None)
@@ -123,7 +128,7 @@ def run_group(
     """Rows of one (mode, tokens, batch, threads) group: every block round-robin, ratios to ``standard`` per
     round, each row's peak memory, bound and parity against the eager block with the current core."""
     seed = settings["seed"]
-    blocks = cores(mode_variants(settings, mode), mode, tokens, seed)
+    blocks = cores(mode_variants(settings, mode), mode, tokens, seed, settings.get("current_only", False))
     x = torch.randn(batch, tokens, WIDTH, generator=torch.Generator().manual_seed(seed + tokens + batch))
     torch.set_num_threads(threads)
     with torch.inference_mode():
@@ -195,6 +200,8 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     if not result.get("complete", True):
         lines += ["**Partial run**: stopped before every group was measured.", ""]
+    if s.get("current_only"):
+        lines += ["Only the current cores were timed (`--current-only`): no previous or alternative core.", ""]
     for mode in MODES:
         rows = [r for r in result["rows"] if r["mode"] == mode]
         if not rows:
@@ -268,6 +275,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--table", type=Path, metavar="JSON", default=None, help="print the table of a fused-cores.json"
     )
+    parser.add_argument(
+        "--current-only",
+        action="store_true",
+        help="time only the core a user's call runs, beside standard (no previous or alternative cores)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return add_debug_flag(parser)
 
@@ -286,6 +298,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "threads": _ints(args.threads, "--threads", 1),
         "rounds": args.rounds,
         "seed": args.seed,
+        **({"current_only": True} if args.current_only else {}),  # absent: every core (earlier runs' key)
     }
 
 

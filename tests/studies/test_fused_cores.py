@@ -72,6 +72,20 @@ def test_rows_ratios_previous_cores_and_resume(tmp_path, capsys):
     assert all(r["median_ms"] > 0 for r in again if r["tokens"] == 7)
 
 
+def test_current_only_times_the_core_a_users_call_runs():
+    from research.fused_cores import _settings, build_parser, cores
+
+    assert set(cores(["belief2", "wafe-mae"], "eager", 5, 0, current_only=True)) == {
+        ("standard", "current"),
+        ("belief2", "current"),
+        ("wafe-mae", "current"),
+    }
+    assert {"before", "cdist"} <= {core for _, core in cores(["belief2", "wafe-mae"], "eager", 5, 0)}
+    # the resume key: a run with the flag never resumes one without it
+    assert _settings(build_parser().parse_args(["--current-only"]))["current_only"] is True
+    assert "current_only" not in _settings(build_parser().parse_args([]))
+
+
 def test_current_core_labels_follow_auto_mae_impl():
     """The study labels each current MAE row with what mae_impl="auto" runs there; the rules live in
     attnzoo.models.wafe and attnzoo.targets.aoti.package, and these labels must not drift from them."""
