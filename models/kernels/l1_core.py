@@ -116,12 +116,22 @@ def _spans(n: int, block: int) -> list[tuple[int, int]]:
     return [(i, min(i + size, n)) for i in range(0, n, size)]
 
 
+def _merges_images(q_shape: Sequence[int], n_k: int, block_k: int, masked: bool) -> bool:
+    """Whether :func:`l1_attention` tiles every image's heads together, as (1, B*M, ...): only without a mask and
+    only where one image's heads leave a tile of :data:`TILE_ELEMENTS` scores unfilled (fewer than ~180 tokens for
+    six heads). Merging copies q, k and v (a qkv projection's head views cannot be merged in place): at 4,096 tokens,
+    batch 8, 48 MB each, which a ViT-S block's peak memory under torch.compile showed (1.51x ``standard``'s on a
+    2-core Xeon, ``results/studies/fused-cores/l1-numba-4096-b8-xeon``)."""
+    B, M, n_q = q_shape[0], q_shape[1], q_shape[2]
+    return not masked and B > 1 and M * n_q * max(1, min(block_k, n_k)) < TILE_ELEMENTS
+
+
 def default_block_q(q_shape: Sequence[int], n_k: int, block_k: int = BLOCK_K, masked: bool = False) -> int:
     """Queries per tile of :func:`l1_attention`: :data:`BLOCK_Q`, or more where every head the op tiles together
-    (an image's, or with no mask all of them) fits :data:`TILE_ELEMENTS` with them (at 197 tokens, batch 1, six
-    heads: one tile of all 197 queries instead of four, a quarter of the per-op overhead)."""
+    (an image's, or all images' where :func:`_merges_images`) fits :data:`TILE_ELEMENTS` with them (at 197 tokens,
+    batch 1, six heads: one tile of all 197 queries instead of four, a quarter of the per-op overhead)."""
     B, M, n_q = q_shape[0], q_shape[1], q_shape[2]
-    heads = M if masked else B * M
+    heads = B * M if _merges_images(q_shape, n_k, block_k, masked) else M
     keys = max(1, min(block_k, n_k))
     return max(1, min(max(n_q, 1), max(BLOCK_Q, TILE_ELEMENTS // (heads * keys))))
 
@@ -160,13 +170,15 @@ def _tile_scores(q: Tensor, kt: Tensor, half_q: Tensor, half_k: Tensor, coef: fl
 class _Tiles:
     """Inputs of one call laid out for tiling: work dtype, keys channels first, token half-sums, the mask as a
     (B, M, Nq, Nk) view (never copied); :meth:`chunks` walks (image, heads, query tile), the caller the key tiles.
-    Without a mask the images' heads are tiled together, as (1, B*M, ...), so small images fill a tile too."""
+    Small images' heads are tiled together, as (1, B*M, ...), so that they fill a tile too (:func:`_merges_images`);
+    otherwise k and v stay the caller's views (q is made contiguous for the compiled kernel, k copied channels
+    first)."""
 
     def __init__(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, block_q: int, block_k: int) -> None:
         wd = work_dtype(q.dtype)
         B, M, n_q, _ = q.shape
         n_k = k.shape[-2]
-        if attn_mask is None:
+        if _merges_images(q.shape, n_k, block_k, attn_mask is not None):
             q, k, v = (t.reshape(1, B * M, *t.shape[2:]) for t in (q, k, v))
         self.q, self.k, self.v = q.to(wd), k.to(wd), v.to(wd)
         self.kt = self.k.transpose(-1, -2).contiguous()  # (B, M, d, Nk)

@@ -131,6 +131,23 @@ def test_fused_op_matches_eq_5_6(nq, nk, bq, bk, sign, kind, causal, cpu_path):
     torch.testing.assert_close(out.double(), reference(q, k, v, sign, _additive(mask), causal), rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("n,merged", [(256, False), (20, True)])
+def test_images_merge_only_where_they_leave_a_tile_unfilled(n, merged, cpu_path):
+    """q, k, v as a qkv projection's strided head views: where one image's heads fill a tile the op tiles image by
+    image and reads k and v in place (only q, for the kernel, and k channels first are copied); small images'
+    heads are merged into (1, B*M, ...) to fill one. Either layout against eq. 5."""
+    d, heads = 8, 3
+    assert (heads * n * n >= l1_core.TILE_ELEMENTS) is not merged
+    qkv = torch.randn(2, n, 3, heads, d, generator=torch.Generator().manual_seed(4)).permute(2, 0, 3, 1, 4)
+    q, k, v = qkv.unbind(0)
+    block_q = l1_core.default_block_q(q.shape, n)
+    tiles = l1_core._Tiles(q, k, v, None, block_q, l1_core.BLOCK_K)
+    assert tiles.q.shape[:2] == ((1, 2 * heads) if merged else (2, heads))
+    assert (tiles.k.data_ptr() == k.data_ptr() and tiles.v.data_ptr() == v.data_ptr()) is not merged
+    out = l1_attention(q, k, v, -1.0, block_q=block_q)
+    torch.testing.assert_close(out.double(), reference(q, k, v, -1.0), rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("kind", MASK_KINDS)
 @pytest.mark.parametrize("nq,nk,block", [(13, 11, 4), (9, 20, 128)])
